@@ -1,0 +1,1 @@
+// Translation unit that owns the precompiled header shared by dettrial's own tests and examples.

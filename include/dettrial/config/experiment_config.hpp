@@ -1,0 +1,237 @@
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief Determined's experiment configuration (the fields a single machine gives meaning to).
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <optional>
+#include <sstream>
+#include <string>
+
+#include <yaml-cpp/yaml.h>
+
+#include "../detail/error.hpp"
+#include "../detail/yaml.hpp"
+#include "../trainer/units.hpp"
+#include "hyperparameters.hpp"
+
+namespace dettrial {
+
+/// When to checkpoint right after a validation (Determined's `checkpoint_policy`).
+enum class CheckpointPolicy { best, all, none };
+
+inline const char* to_string(CheckpointPolicy p) {
+  switch (p) {
+    case CheckpointPolicy::best: return "best";
+    case CheckpointPolicy::all: return "all";
+    case CheckpointPolicy::none: return "none";
+  }
+  return "?";
+}
+
+/**
+ * @brief An experiment configuration in Determined's YAML schema.
+ *
+ * Reads the fields that mean something without a cluster, with Determined's defaults, including the
+ * legacy `searcher.max_steps` (counted in steps of `scheduling_unit` batches). Errors carry
+ * `file:line:column`.
+ */
+class ExperimentConfig {
+ public:
+  std::string name;
+  std::string description;
+  /// The search space or values, as written (`hyperparameters`).
+  YAML::Node hyperparameters{YAML::NodeType::Map};
+  /// The free-form `data` section.
+  YAML::Node data{YAML::NodeType::Map};
+
+  struct Searcher {
+    std::string name = "single";
+    std::string metric;
+    bool smaller_is_better = true;
+    /// `searcher.max_length`, or the legacy `max_steps` converted to batches.
+    std::optional<TrainUnit> max_length;
+  } searcher;
+
+  std::int64_t scheduling_unit = 100;
+  std::int64_t records_per_epoch = 0;
+  std::optional<TrainUnit> min_validation_period;
+  std::optional<TrainUnit> min_checkpoint_period;
+  bool perform_initial_validation = false;
+  CheckpointPolicy checkpoint_policy = CheckpointPolicy::best;
+  std::int64_t max_restarts = 5;
+  std::int64_t slots_per_trial = 1;
+  std::int64_t aggregation_frequency = 1;
+  bool average_aggregated_gradients = true;
+  std::optional<std::uint64_t> experiment_seed;
+
+  /// The whole document, for `get_experiment_config()`.
+  YAML::Node yaml{YAML::NodeType::Map};
+  /// Where it came from (file name or "<string>"), for messages.
+  std::string source = "<string>";
+
+  /// Reads and parses a file; a missing or unreadable file is a ConfigError naming it.
+  static ExperimentConfig load_file(const std::filesystem::path& path) {
+    std::ifstream in(path);
+    if (!in) {
+      std::error_code ec;
+      const bool exists = std::filesystem::exists(path, ec);
+      throw ConfigError("cannot read experiment config '" + path.string() + "': " +
+                        (exists ? "permission denied or not a file" : "no such file"));
+    }
+    std::stringstream text;
+    text << in.rdbuf();
+    return parse(text.str(), path.string());
+  }
+
+  /// Parses YAML text; `source` names it in messages.
+  static ExperimentConfig parse(const std::string& text, std::string source = "<string>") {
+    YAML::Node root;
+    try {
+      root = YAML::Load(text);
+    } catch (const YAML::ParserException& e) {
+      throw ConfigError(source + ":" + std::to_string(e.mark.line + 1) + ":" + std::to_string(e.mark.column + 1) +
+                        ": YAML syntax error: " + e.msg);
+    }
+    return from_yaml(root, std::move(source));
+  }
+
+  static ExperimentConfig from_yaml(const YAML::Node& root, std::string source) {
+    ExperimentConfig c;
+    c.source = source;
+    if (root.IsNull() || !root.IsDefined()) throw ConfigError(source + ": the experiment config is empty");
+    if (!root.IsMap()) throw ConfigError(detail::where(root, source) + ": the experiment config must be a map");
+    c.yaml = root;
+    Reader r{source};
+    r.read(root, "name", c.name);
+    r.read(root, "description", c.description);
+    if (root["hyperparameters"]) {
+      c.hyperparameters = root["hyperparameters"];
+      if (!c.hyperparameters.IsMap() && !c.hyperparameters.IsNull())
+        throw ConfigError(detail::where(c.hyperparameters, source) + ": 'hyperparameters' must be a map");
+    }
+    if (root["data"]) c.data = root["data"];
+    r.read(root, "scheduling_unit", c.scheduling_unit);
+    if (c.scheduling_unit < 1)
+      throw ConfigError(detail::where(root["scheduling_unit"], source) + ": scheduling_unit must be at least 1");
+    r.read(root, "records_per_epoch", c.records_per_epoch);
+    r.read(root, "perform_initial_validation", c.perform_initial_validation);
+    r.read(root, "max_restarts", c.max_restarts);
+    c.min_validation_period = r.length(root, "min_validation_period", /*zero_means_never=*/true);
+    c.min_checkpoint_period = r.length(root, "min_checkpoint_period", /*zero_means_never=*/true);
+    if (const YAML::Node p = root["checkpoint_policy"]) {
+      std::string s;
+      r.read(root, "checkpoint_policy", s);
+      if (s == "best") c.checkpoint_policy = CheckpointPolicy::best;
+      else if (s == "all") c.checkpoint_policy = CheckpointPolicy::all;
+      else if (s == "none") c.checkpoint_policy = CheckpointPolicy::none;
+      else throw ConfigError(detail::where(p, source) + ": checkpoint_policy must be best, all or none, not '" + s + "'");
+    }
+    if (const YAML::Node res = root["resources"]) {
+      r.read(res, "slots_per_trial", c.slots_per_trial);
+      if (c.slots_per_trial < 1)
+        throw ConfigError(detail::where(res["slots_per_trial"], source) + ": resources.slots_per_trial must be at least 1");
+    }
+    if (const YAML::Node opt = root["optimizations"]) {
+      r.read(opt, "aggregation_frequency", c.aggregation_frequency);
+      if (c.aggregation_frequency < 1)
+        throw ConfigError(detail::where(opt["aggregation_frequency"], source) +
+                          ": optimizations.aggregation_frequency must be at least 1");
+      r.read(opt, "average_aggregated_gradients", c.average_aggregated_gradients);
+    }
+    if (const YAML::Node rep = root["reproducibility"]; rep && rep["experiment_seed"]) {
+      std::uint64_t seed = 0;
+      r.read(rep, "experiment_seed", seed);
+      c.experiment_seed = seed;
+    }
+    if (const YAML::Node s = root["searcher"]) {
+      if (!s.IsMap()) throw ConfigError(detail::where(s, source) + ": 'searcher' must be a map");
+      r.read(s, "name", c.searcher.name);
+      r.read(s, "metric", c.searcher.metric);
+      r.read(s, "smaller_is_better", c.searcher.smaller_is_better);
+      if (s["max_length"]) {
+        c.searcher.max_length = r.length(s, "max_length", /*zero_means_never=*/false);
+      } else if (s["max_steps"]) {
+        std::int64_t steps = 0;
+        r.read(s, "max_steps", steps);
+        if (steps < 0) throw ConfigError(detail::where(s["max_steps"], source) + ": searcher.max_steps must not be negative");
+        c.searcher.max_length = Batch(steps * c.scheduling_unit);
+      }
+    }
+    return c;
+  }
+
+  /**
+   * @brief The hyperparameters of the one trial this config describes: `const` entries and plain
+   * values resolved, nested maps kept. A search space (int, double, log, categorical) has no single
+   * value, so it is an error that names it.
+   */
+  Hyperparameters trial_hyperparameters() const {
+    return Hyperparameters(resolve_constants(hyperparameters, ""), source);
+  }
+
+ private:
+  YAML::Node resolve_constants(const YAML::Node& map, const std::string& prefix) const {
+    YAML::Node out(YAML::NodeType::Map);
+    if (!map.IsDefined() || map.IsNull()) return out;
+    for (const auto& kv : map) {
+      const std::string key = kv.first.Scalar();
+      const YAML::Node& v = kv.second;
+      if (v.IsMap() && v["type"]) {
+        const std::string type = v["type"].Scalar();
+        if (type == "const") {
+          if (!v["val"]) throw ConfigError(detail::where(v, source) + ": hyperparameter '" + prefix + key + "' of type const has no 'val'");
+          out[key] = v["val"];
+        } else if (type == "int" || type == "double" || type == "log" || type == "categorical") {
+          throw ConfigError(detail::where(v, source) + ": hyperparameter '" + prefix + key + "' is a search space (type: " +
+                            type + "), which has no single value; give it a value (type: const) to train one trial");
+        } else {
+          throw ConfigError(detail::where(v["type"], source) + ": hyperparameter '" + prefix + key + "' has unknown type '" +
+                            type + "' (expected const, int, double, log or categorical)");
+        }
+      } else if (v.IsMap()) {
+        out[key] = resolve_constants(v, prefix + key + ".");
+      } else {
+        out[key] = v;
+      }
+    }
+    return out;
+  }
+
+  struct Reader {
+    const std::string& source;
+    template <class T>
+    void read(const YAML::Node& map, const char* key, T& out) const {
+      const YAML::Node node = map[key];
+      if (!node || node.IsNull()) return;
+      if (!detail::try_read(node, out))
+        throw ConfigError(detail::where(node, source) + ": '" + key + "' is " + detail::describe(node) + ", which is not a " +
+                          detail::type_name<T>());
+    }
+    std::optional<TrainUnit> length(const YAML::Node& map, const char* key, bool zero_means_never) const {
+      const YAML::Node node = map[key];
+      if (!node || node.IsNull()) return std::nullopt;
+      if (!node.IsMap() || node.size() != 1)
+        throw ConfigError(detail::where(node, source) + ": '" + key +
+                          "' must be a map with exactly one of batches, records or epochs, e.g. {batches: 1000}");
+      const std::string unit_name = node.begin()->first.Scalar();
+      Unit unit;
+      if (unit_name == "batches") unit = Unit::batches;
+      else if (unit_name == "epochs") unit = Unit::epochs;
+      else if (unit_name == "records") unit = Unit::records;
+      else throw ConfigError(detail::where(node.begin()->first, source) + ": '" + key + "' has unit '" + unit_name +
+                             "'; expected batches, records or epochs");
+      std::int64_t value = 0;
+      if (!detail::try_read(node.begin()->second, value) || value < 0)
+        throw ConfigError(detail::where(node.begin()->second, source) + ": '" + key + "." + unit_name +
+                          "' must be a non-negative integer, found " + detail::describe(node.begin()->second));
+      // Determined maps a configured period below 1 to "never".
+      if (zero_means_never && value < 1) return TrainUnit(unit, TrainUnit::never_value);
+      return TrainUnit(unit, value);
+    }
+  };
+};
+
+}  // namespace dettrial

@@ -1,0 +1,128 @@
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief A trial's hyperparameters: typed, nested, with errors that name the key and the value.
+#pragma once
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <yaml-cpp/yaml.h>
+
+#include "../detail/error.hpp"
+#include "../detail/yaml.hpp"
+
+namespace dettrial {
+
+/**
+ * @brief The hyperparameters of one trial, as a YAML map (Determined's `hyperparameters` section with
+ * every value resolved).
+ *
+ * Nested values are reached with dotted paths (`optimizer.lr`); a key that itself contains a dot is
+ * found first. Reads are typed: `get<double>("lr")` fails with a HyperparameterError that names the
+ * key, the value found and where it was written when the value does not convert.
+ * @code{.cpp}
+ * auto hp = dettrial::Hyperparameters::parse("lr: 0.1\noptimizer: {momentum: 0.9}");
+ * double lr = hp.get<double>("lr");
+ * double m = hp.get<double>("optimizer.momentum");
+ * @endcode
+ */
+class Hyperparameters {
+ public:
+  Hyperparameters() : root_(YAML::NodeType::Map) {}
+  /// Wraps a YAML map; `source` names where it came from in messages (a file name, "--set").
+  explicit Hyperparameters(YAML::Node map, std::string source = "hyperparameters")
+      : root_(std::move(map)), source_(std::move(source)) {
+    if (!root_.IsDefined() || root_.IsNull()) root_ = YAML::Node(YAML::NodeType::Map);
+    if (!root_.IsMap())
+      throw HyperparameterError(detail::where(root_, source_) + ": hyperparameters must be a map of name: value, found " +
+                                detail::describe(root_));
+  }
+  /// Parses YAML text such as `"lr: 0.1\nglobal_batch_size: 64"`.
+  static Hyperparameters parse(const std::string& yaml_text, std::string source = "hyperparameters") {
+    try {
+      return Hyperparameters(YAML::Load(yaml_text), std::move(source));
+    } catch (const YAML::ParserException& e) {
+      throw HyperparameterError(source + ":" + std::to_string(e.mark.line + 1) + ":" + std::to_string(e.mark.column + 1) +
+                                ": YAML syntax error: " + e.msg);
+    }
+  }
+
+  /// True when `path` names a value.
+  bool contains(std::string_view path) const { return lookup(path).IsDefined(); }
+
+  /// The value at `path` as T; throws HyperparameterError naming the key when it is missing or mistyped.
+  template <class T>
+  T get(std::string_view path) const {
+    const YAML::Node node = require(path);
+    T value{};
+    if (!detail::try_read(node, value))
+      throw HyperparameterError(detail::where(node, source_) + ": hyperparameter '" + std::string(path) + "' is " +
+                                detail::describe(node) + ", which is not a " + detail::type_name<T>());
+    return value;
+  }
+
+  /// The value at `path` as T, or `fallback` when it is absent (a present but mistyped value still throws).
+  template <class T>
+  T get_or(std::string_view path, T fallback) const {
+    return contains(path) ? get<T>(path) : std::move(fallback);
+  }
+
+  /// The nested hyperparameters under `path` (which must be a map).
+  Hyperparameters nested(std::string_view path) const {
+    const YAML::Node node = require(path);
+    if (!node.IsMap())
+      throw HyperparameterError(detail::where(node, source_) + ": hyperparameter '" + std::string(path) + "' is " +
+                                detail::describe(node) + ", not a nested map");
+    return Hyperparameters(node, source_);
+  }
+
+  /// The raw YAML node at `path`; throws when missing.
+  YAML::Node node(std::string_view path) const { return require(path); }
+  /// The whole map.
+  const YAML::Node& yaml() const { return root_; }
+  /// Top-level names, in file order.
+  std::vector<std::string> names() const {
+    std::vector<std::string> out;
+    for (const auto& kv : root_) out.push_back(kv.first.Scalar());
+    return out;
+  }
+  const std::string& source() const { return source_; }
+
+ private:
+  YAML::Node lookup(std::string_view path) const {
+    // yaml-cpp's operator[] on a non-const node inserts; clone-free lookups go through const nodes.
+    const YAML::Node& root = root_;
+    if (YAML::Node whole = root[std::string(path)]; whole.IsDefined()) return whole;
+    YAML::Node current(root_);  // shares root_'s data; reset() rebinds it without writing
+    std::size_t start = 0;
+    while (start <= path.size()) {
+      const std::size_t dot = path.find('.', start);
+      const std::string part(path.substr(start, dot == std::string_view::npos ? std::string_view::npos : dot - start));
+      if (!current.IsMap()) return YAML::Node(YAML::NodeType::Undefined);
+      const YAML::Node& as_const = current;
+      YAML::Node next = as_const[part];
+      if (!next.IsDefined()) return next;
+      current.reset(next);
+      if (dot == std::string_view::npos) break;
+      start = dot + 1;
+    }
+    return current;
+  }
+
+  YAML::Node require(std::string_view path) const {
+    YAML::Node node = lookup(path);
+    if (!node.IsDefined()) {
+      std::string known;
+      for (const auto& name : names()) known += (known.empty() ? "" : ", ") + name;
+      throw HyperparameterError("hyperparameter '" + std::string(path) + "' is missing from " + source_ +
+                                (known.empty() ? " (it defines none)" : " (it defines: " + known + ")"));
+    }
+    return node;
+  }
+
+  YAML::Node root_;
+  std::string source_ = "hyperparameters";
+};
+
+}  // namespace dettrial

@@ -1,0 +1,329 @@
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief The trial context: hyperparameters, batch sizes, seed, device, counters, and the wrapping of
+/// models, optimizers, schedulers and reducers that the trainer drives.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include <torch/torch.h>
+#include <yaml-cpp/yaml.h>
+
+#include "../config/experiment_config.hpp"
+#include "../config/hyperparameters.hpp"
+#include "../detail/error.hpp"
+#include "../metrics/reducers.hpp"
+#include "../optim/clip.hpp"
+#include "../optim/lr_step.hpp"
+#include "to_device.hpp"
+
+namespace dettrial {
+
+/// A model as a trial holds it: a LibTorch module holder (`torch::nn::Sequential`, `MyNet`) or a
+/// `std::shared_ptr` to a `torch::nn::Module`.
+template <class M>
+concept ModelHandle =
+    requires(M& m) {
+      { m.ptr() } -> std::convertible_to<std::shared_ptr<torch::nn::Module>>;
+    } || requires(M& m) {
+      { m.get() } -> std::convertible_to<torch::nn::Module*>;
+      { std::shared_ptr<torch::nn::Module>(m) };
+    };
+
+/// A LibTorch optimizer (torch::optim::SGD, Adam, ... or a user subclass of torch::optim::Optimizer).
+template <class O>
+concept TorchOptimizer = std::derived_from<std::remove_cvref_t<O>, torch::optim::Optimizer>;
+
+/// The `std::shared_ptr<torch::nn::Module>` behind a model handle.
+template <ModelHandle M>
+std::shared_ptr<torch::nn::Module> module_of(M& m) {
+  if constexpr (requires { m.ptr(); }) return m.ptr();
+  else return std::shared_ptr<torch::nn::Module>(m);
+}
+
+/// Where a process sits in a data-parallel job. One process: rank 0 of 1.
+struct DistributedInfo {
+  int rank = 0;
+  int size = 1;
+  int local_rank = 0;
+  int local_size = 1;
+  bool is_chief() const { return rank == 0; }
+};
+
+/// Options that set up a Context (usually taken from the experiment config).
+struct ContextOptions {
+  /// The seed of every RNG; unset means: derived from `reproducibility.experiment_seed`, else from the clock.
+  std::optional<std::uint64_t> trial_seed;
+  /// The device; unset means CUDA device 0 when LibTorch has CUDA and a GPU is present, else the CPU.
+  std::optional<torch::Device> device;
+  std::int64_t aggregation_frequency = 1;
+  bool average_aggregated_gradients = true;
+  std::int64_t slots_per_trial = 1;
+};
+
+template <class TrialT>
+class Trainer;
+
+/**
+ * @brief What a trial sees of its run (Determined's PyTorchTrialContext).
+ *
+ * Imperative trials take it in their constructor and wrap their models, optimizers and schedulers
+ * with it; declarative trials may take it to read hyperparameters. The trainer keeps the counters.
+ */
+class Context {
+ public:
+  /// A context for the one trial an experiment config describes.
+  explicit Context(const ExperimentConfig& config, ContextOptions options = {})
+      : Context(config.trial_hyperparameters(), config, with_config_defaults(config, std::move(options))) {}
+
+  /// A context from hyperparameters alone (an empty experiment config).
+  explicit Context(Hyperparameters hparams, ContextOptions options = {})
+      : Context(std::move(hparams), ExperimentConfig{}, std::move(options)) {}
+
+  Context(Hyperparameters hparams, ExperimentConfig config, ContextOptions options)
+      : hparams_(std::move(hparams)), config_(std::move(config)), options_(std::move(options)) {
+    if (options_.aggregation_frequency < 1) throw ConfigError("aggregation_frequency must be at least 1");
+    if (options_.slots_per_trial < 1) throw ConfigError("slots_per_trial must be at least 1");
+    trial_seed_ = options_.trial_seed ? *options_.trial_seed : derive_trial_seed(config_.experiment_seed);
+    device_ = options_.device ? *options_.device
+                              : (torch::cuda::is_available() ? torch::Device(torch::kCUDA, 0) : torch::Device(torch::kCPU));
+    distributed_.size = 1;
+    seed_everything();
+  }
+
+  Context(const Context&) = delete;
+  Context& operator=(const Context&) = delete;
+
+  // ---- hyperparameters and configuration -------------------------------------------------------
+
+  /// The hyperparameter `name` (dotted for nested values) as T; throws HyperparameterError naming it.
+  template <class T>
+  T get_hparam(std::string_view name) const {
+    return hparams_.get<T>(name);
+  }
+  const Hyperparameters& get_hparams() const { return hparams_; }
+  /// The experiment config's `data` section.
+  const YAML::Node& get_data_config() const { return config_.data; }
+  const ExperimentConfig& get_experiment_config() const { return config_; }
+
+  /// `global_batch_size / slots_per_trial`; needs the `global_batch_size` hyperparameter.
+  std::int64_t get_per_slot_batch_size() const {
+    const std::int64_t global = global_batch_size_hparam();
+    return global / options_.slots_per_trial;
+  }
+  /// The effective global batch size, `per_slot * slots`.
+  std::int64_t get_global_batch_size() const { return get_per_slot_batch_size() * options_.slots_per_trial; }
+  /// True when the `global_batch_size` hyperparameter exists.
+  bool has_global_batch_size() const { return hparams_.contains("global_batch_size"); }
+
+  // ---- seed, device, distribution -------------------------------------------------------------
+
+  /// The seed every RNG was seeded with: the same seed gives the same run.
+  std::uint64_t get_trial_seed() const { return trial_seed_; }
+  const torch::Device& device() const { return device_; }
+  const DistributedInfo& distributed() const { return distributed_; }
+  std::int64_t aggregation_frequency() const { return options_.aggregation_frequency; }
+
+  /// Moves a nested batch to this context's device (see dettrial::to_device).
+  template <class B>
+  std::remove_cvref_t<B> to_device(B&& batch) const {
+    return dettrial::to_device(std::forward<B>(batch), device_, device_.is_cuda());
+  }
+
+  // ---- counters -------------------------------------------------------------------------------
+
+  /// The batch index training started (or resumed) from.
+  std::int64_t get_initial_batch() const { return initial_batch_; }
+  /// The global index of the batch being trained.
+  std::int64_t current_train_batch() const { return current_batch_; }
+  /// The epoch of the batch being trained.
+  std::int64_t current_train_epoch() const { return current_batch_ / require_epoch_len(); }
+  bool is_epoch_start() const { return current_batch_ % require_epoch_len() == 0; }
+  bool is_epoch_end() const { return current_batch_ % require_epoch_len() == require_epoch_len() - 1; }
+  /// True on batches that step the optimizers (every `aggregation_frequency`-th batch).
+  bool is_update_batch() const { return (current_batch_ + 1) % options_.aggregation_frequency == 0; }
+
+  /// Ask the trainer to checkpoint and stop at the next boundary.
+  void set_stop_requested(bool stop) { stop_requested_ = stop; }
+  bool get_stop_requested() const { return stop_requested_; }
+
+  // ---- wrapping -------------------------------------------------------------------------------
+
+  /// Moves the model to the device and registers it (train/eval mode, checkpoints). Returns it.
+  template <ModelHandle M>
+  M wrap_model(M model) {
+    auto module = module_of(model);
+    module->to(device_);
+    models_.push_back(std::move(module));
+    return model;
+  }
+
+  /**
+   * @brief Registers an optimizer so `step_optimizer` can aggregate, clip and step it. The optimizer
+   * must outlive the trainer (a member of the trial). `average_aggregated_gradients` defaults to
+   * the experiment config's.
+   */
+  template <TorchOptimizer O>
+  O& wrap_optimizer(O& optimizer, std::optional<bool> average_aggregated_gradients = std::nullopt) {
+    for (const auto& w : optimizers_)
+      if (w.optimizer == &optimizer) throw TrialError("this optimizer was already wrapped with wrap_optimizer");
+    WrappedOptimizer w{&optimizer, {}, average_aggregated_gradients.value_or(options_.average_aggregated_gradients)};
+    for (auto& group : optimizer.param_groups())
+      for (auto& p : group.params()) w.params.push_back(p);
+    optimizers_.push_back(std::move(w));
+    return optimizer;
+  }
+
+  /**
+   * @brief Registers an LR scheduler to be stepped by dettrial in `Mode` (see dettrial::lr_step),
+   * every `frequency` units. The scheduler must outlive the trainer. Returns it.
+   */
+  template <LRSchedulerLike S, LRStepMode Mode = lr_step::every_batch>
+  S& wrap_lr_scheduler(S& scheduler, Mode = {}, std::int64_t frequency = 1) {
+    if (frequency < 1) throw ConfigError("an LR scheduler's step frequency must be at least 1");
+    schedulers_.push_back(WrappedScheduler{&scheduler, [](void* s) { static_cast<S*>(s)->step(); }, &Mode::steps_after,
+                                           frequency, std::string(Mode::name)});
+    return scheduler;
+  }
+
+  /// Registers a user reducer (see MetricReducer): reset before each workload/validation, reduced at its end.
+  template <class R>
+  R& wrap_reducer(R& reducer, std::string name = {}, bool for_training = true, bool for_validation = true) {
+    static_assert(MetricReducer<R>,
+                  "dettrial::Context::wrap_reducer<R>: R must have reset() and reduce() returning a number or "
+                  "dettrial::MetricValues (see dettrial::MetricReducer)");
+    for (const auto& w : reducers_)
+      if (w.object == &reducer) throw TrialError("this reducer was already wrapped with wrap_reducer");
+    reducers_.push_back(detail::WrappedReducer::wrap(reducer, std::move(name), for_training, for_validation));
+    return reducer;
+  }
+
+  // ---- the training step ----------------------------------------------------------------------
+
+  /// Back-propagates `loss` (Determined's `context.backward`).
+  void backward(const torch::Tensor& loss, bool retain_graph = false, bool create_graph = false) {
+    loss.backward({}, retain_graph, create_graph);
+  }
+
+  /**
+   * @brief Steps a wrapped optimizer with Determined's semantics: on batches that are not update
+   * batches it returns (gradients accumulate); on update batches it divides the gradients by the
+   * aggregation frequency (if averaging), clips them, steps, and zeroes them.
+   */
+  template <GradientClipper Clip = clip::none>
+  void step_optimizer(torch::optim::Optimizer& optimizer, Clip clip_gradients = {}, bool auto_zero_grads = true) {
+    if (options_.aggregation_frequency > 1 && !auto_zero_grads)
+      throw TrialError("step_optimizer(auto_zero_grads=false) cannot be used with aggregation_frequency > 1");
+    if (!is_update_batch()) return;
+    WrappedOptimizer& w = find_optimizer(optimizer);
+    if (w.average && options_.aggregation_frequency > 1) {
+      const double scale = 1.0 / static_cast<double>(options_.aggregation_frequency);
+      for (auto& p : w.params)
+        if (p.grad().defined()) p.grad().mul_(scale);
+    }
+    clip_gradients(w.params);
+    optimizer.step();
+    if (auto_zero_grads) optimizer.zero_grad();
+  }
+
+  /// Every wrapped model, in wrap order.
+  const std::vector<std::shared_ptr<torch::nn::Module>>& models() const { return models_; }
+  std::size_t num_optimizers() const { return optimizers_.size(); }
+  std::size_t num_lr_schedulers() const { return schedulers_.size(); }
+
+ private:
+  template <class>
+  friend class Trainer;
+
+  struct WrappedOptimizer {
+    torch::optim::Optimizer* optimizer;
+    std::vector<torch::Tensor> params;
+    bool average;
+  };
+  struct WrappedScheduler {
+    void* scheduler;
+    void (*step)(void*);
+    std::int64_t (*steps_after)(std::int64_t, std::int64_t, std::int64_t, std::int64_t);
+    std::int64_t frequency;
+    std::string mode;
+  };
+
+  static ContextOptions with_config_defaults(const ExperimentConfig& config, ContextOptions o) {
+    o.aggregation_frequency = config.aggregation_frequency;
+    o.average_aggregated_gradients = config.average_aggregated_gradients;
+    o.slots_per_trial = config.slots_per_trial;
+    return o;
+  }
+
+  static std::uint64_t derive_trial_seed(std::optional<std::uint64_t> experiment_seed) {
+    // One trial of an experiment: a value in [0, 2^31) drawn from the experiment seed, as Determined's
+    // master draws trial seeds; without an experiment seed, the clock (Determined's default).
+    std::uint64_t x = experiment_seed ? *experiment_seed
+                                      : static_cast<std::uint64_t>(std::chrono::system_clock::now().time_since_epoch().count());
+    x += 0x9E3779B97F4A7C15ULL;  // splitmix64
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL;
+    x ^= x >> 31;
+    return x % (1ULL << 31);
+  }
+
+  void seed_everything() const {
+    torch::manual_seed(trial_seed_);  // CPU and, when present, every CUDA device
+  }
+
+  std::int64_t global_batch_size_hparam() const {
+    if (!hparams_.contains("global_batch_size"))
+      throw HyperparameterError(
+          "the batch size getters need the hyperparameter 'global_batch_size', which " + hparams_.source() +
+          " does not define");
+    const auto global = hparams_.get<std::int64_t>("global_batch_size");
+    if (global < options_.slots_per_trial)
+      throw HyperparameterError("global_batch_size (" + std::to_string(global) + ") is smaller than slots_per_trial (" +
+                                std::to_string(options_.slots_per_trial) + ")");
+    return global;
+  }
+
+  std::int64_t require_epoch_len() const {
+    if (epoch_len_ <= 0) throw TrialError("epoch counters are only known once training has started");
+    return epoch_len_;
+  }
+
+  WrappedOptimizer& find_optimizer(const torch::optim::Optimizer& optimizer) {
+    for (auto& w : optimizers_)
+      if (w.optimizer == &optimizer) return w;
+    throw TrialError("step_optimizer was given an optimizer that was not wrapped with context.wrap_optimizer");
+  }
+
+  /// Called by the trainer on update batches after train_batch: steps the schedulers per their mode.
+  void step_lr_schedulers(std::int64_t batch_idx) {
+    for (auto& s : schedulers_) {
+      const std::int64_t n = s.steps_after(batch_idx, options_.aggregation_frequency, epoch_len_, s.frequency);
+      for (std::int64_t i = 0; i < n; ++i) s.step(s.scheduler);
+    }
+  }
+
+  Hyperparameters hparams_;
+  ExperimentConfig config_;
+  ContextOptions options_;
+  std::uint64_t trial_seed_ = 0;
+  torch::Device device_{torch::kCPU};
+  DistributedInfo distributed_;
+
+  std::vector<std::shared_ptr<torch::nn::Module>> models_;
+  std::vector<WrappedOptimizer> optimizers_;
+  std::vector<WrappedScheduler> schedulers_;
+  std::vector<detail::WrappedReducer> reducers_;
+
+  std::int64_t initial_batch_ = 0;
+  std::int64_t current_batch_ = 0;
+  std::int64_t epoch_len_ = 0;
+  bool stop_requested_ = false;
+};
+
+}  // namespace dettrial

@@ -1,0 +1,117 @@
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief Reading IDX files (the MNIST format), raw or gzip-compressed, and MNIST-layout folders.
+#pragma once
+
+#include <array>
+#include <cerrno>
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <torch/torch.h>
+#include <zlib.h>
+
+#include "../detail/error.hpp"
+
+namespace dettrial {
+
+/**
+ * @brief Reads an IDX file (raw, or gzip: zlib reads both) into a tensor of its element type and
+ * dimensions. Errors name the file and what is wrong with it.
+ */
+inline torch::Tensor read_idx(const std::filesystem::path& path) {
+  const std::string name = path.string();
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec))
+    throw DataError("cannot read IDX file '" + name + "': " + (std::filesystem::exists(path, ec) ? "not a file" : "no such file"));
+  gzFile file = gzopen(name.c_str(), "rb");
+  if (!file) throw DataError("cannot open IDX file '" + name + "': " + std::strerror(errno));
+  struct Closer {
+    gzFile f;
+    ~Closer() { gzclose(f); }
+  } closer{file};
+  gzbuffer(file, 1 << 20);
+
+  auto read_exact = [&](void* dst, std::size_t bytes, const char* what) {
+    std::size_t done = 0;
+    auto* out = static_cast<unsigned char*>(dst);
+    while (done < bytes) {
+      const unsigned chunk = static_cast<unsigned>(std::min<std::size_t>(bytes - done, 1u << 30));
+      const int got = gzread(file, out + done, chunk);
+      if (got < 0) {
+        int code = 0;
+        throw DataError("cannot read IDX file '" + name + "': " + gzerror(file, &code));
+      }
+      if (got == 0)
+        throw DataError("IDX file '" + name + "' is truncated: its " + what + " needs " + std::to_string(bytes) +
+                        " bytes, found " + std::to_string(done));
+      done += static_cast<std::size_t>(got);
+    }
+  };
+
+  std::array<unsigned char, 4> magic{};
+  read_exact(magic.data(), 4, "header");
+  if (magic[0] != 0 || magic[1] != 0)
+    throw DataError("'" + name + "' is not an IDX file (its first two bytes are not zero)");
+  torch::ScalarType dtype;
+  std::size_t element_size;
+  switch (magic[2]) {
+    case 0x08: dtype = torch::kUInt8, element_size = 1; break;
+    case 0x09: dtype = torch::kInt8, element_size = 1; break;
+    case 0x0B: dtype = torch::kInt16, element_size = 2; break;
+    case 0x0C: dtype = torch::kInt32, element_size = 4; break;
+    case 0x0D: dtype = torch::kFloat32, element_size = 4; break;
+    case 0x0E: dtype = torch::kFloat64, element_size = 8; break;
+    default: throw DataError("IDX file '" + name + "' has unknown element type 0x" + std::to_string(magic[2]));
+  }
+  const int rank = magic[3];
+  if (rank < 1) throw DataError("IDX file '" + name + "' declares no dimensions");
+  std::vector<std::int64_t> dims(static_cast<std::size_t>(rank));
+  std::size_t count = 1;
+  for (auto& d : dims) {
+    std::array<unsigned char, 4> b{};
+    read_exact(b.data(), 4, "header");
+    d = (std::int64_t{b[0]} << 24) | (std::int64_t{b[1]} << 16) | (std::int64_t{b[2]} << 8) | std::int64_t{b[3]};
+    count *= static_cast<std::size_t>(d);
+  }
+  torch::Tensor out = torch::empty(dims, torch::TensorOptions().dtype(dtype));
+  read_exact(out.data_ptr(), count * element_size, "data");
+  if (element_size > 1) {  // IDX is big-endian
+    auto* bytes = static_cast<unsigned char*>(out.data_ptr());
+    for (std::size_t i = 0; i < count; ++i) std::reverse(bytes + i * element_size, bytes + (i + 1) * element_size);
+  }
+  return out;
+}
+
+/// Images (uint8, N x rows x cols) and labels (uint8, N) of one split of an MNIST-format folder.
+struct MnistSplit {
+  torch::Tensor images;
+  torch::Tensor labels;
+};
+
+/**
+ * @brief Loads split `train` or `t10k` of a folder in MNIST's layout (MNIST, Fashion-MNIST, ...):
+ * `<split>-images-idx3-ubyte[.gz]` and `<split>-labels-idx1-ubyte[.gz]` (also `-images.idx3-ubyte`).
+ */
+inline MnistSplit load_mnist(const std::filesystem::path& dir, const std::string& split) {
+  auto find = [&](const std::string& kind, const std::string& idx) {
+    const std::array<std::string, 4> names = {split + "-" + kind + "-" + idx + "-ubyte.gz", split + "-" + kind + "-" + idx + "-ubyte",
+                                              split + "-" + kind + "." + idx + "-ubyte.gz", split + "-" + kind + "." + idx + "-ubyte"};
+    std::error_code ec;
+    for (const auto& n : names)
+      if (std::filesystem::is_regular_file(dir / n, ec)) return dir / n;
+    throw DataError("no MNIST " + kind + " file for split '" + split + "' in '" + dir.string() + "' (looked for " + names[0] +
+                    " and " + names[1] + ")");
+  };
+  MnistSplit s{read_idx(find("images", "idx3")), read_idx(find("labels", "idx1"))};
+  if (s.images.dim() != 3 || s.labels.dim() != 1 || s.images.size(0) != s.labels.size(0))
+    throw DataError("MNIST split '" + split + "' in '" + dir.string() + "' is inconsistent: images " +
+                    std::to_string(s.images.size(0)) + " x ..., labels " + std::to_string(s.labels.size(0)));
+  return s;
+}
+
+}  // namespace dettrial

@@ -1,0 +1,33 @@
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief The exceptions dettrial throws. Every message names the thing at fault.
+#pragma once
+// IWYU pragma: private, include <dettrial/dettrial.hpp>
+
+#include <stdexcept>
+#include <string>
+
+namespace dettrial {
+
+/// Base of every error dettrial reports; `what()` is one readable sentence.
+struct Error : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+/// A broken, unreadable or inconsistent experiment configuration.
+struct ConfigError : Error {
+  using Error::Error;
+};
+/// A hyperparameter that is missing or has the wrong type.
+struct HyperparameterError : Error {
+  using Error::Error;
+};
+/// Data that cannot be read or does not have the expected shape.
+struct DataError : Error {
+  using Error::Error;
+};
+/// A trial that breaks the contract at run time (metrics without `loss`, an unwrapped optimizer, ...).
+struct TrialError : Error {
+  using Error::Error;
+};
+
+}  // namespace dettrial

@@ -1,0 +1,79 @@
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief Small helpers over yaml-cpp: positions for messages, typed reads that name the value at fault.
+#pragma once
+// IWYU pragma: private, include <dettrial/dettrial.hpp>
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <string_view>
+#include <typeinfo>
+#include <vector>
+
+#include <yaml-cpp/yaml.h>
+
+namespace dettrial::detail {
+
+/// "file:line:column" of a node (1-based), or just the source name when yaml-cpp has no position.
+inline std::string where(const YAML::Node& node, const std::string& source) {
+  const YAML::Mark mark = node.Mark();
+  if (mark.is_null()) return source;
+  return source + ":" + std::to_string(mark.line + 1) + ":" + std::to_string(mark.column + 1);
+}
+
+/// A human name for the C++ type a value was read as.
+template <class T>
+std::string type_name() {
+  if constexpr (std::is_same_v<T, bool>) return "bool";
+  else if constexpr (std::is_integral_v<T>) return "integer";
+  else if constexpr (std::is_floating_point_v<T>) return "number";
+  else if constexpr (std::is_same_v<T, std::string>) return "string";
+  else if constexpr (requires { typename T::value_type; typename T::allocator_type; } &&
+                     !requires { typename T::key_type; })
+    return "list of " + type_name<typename T::value_type>();
+  else if constexpr (requires { typename T::key_type; typename T::mapped_type; })
+    return "map of " + type_name<typename T::mapped_type>();
+  else if constexpr (std::is_same_v<T, YAML::Node>) return "YAML node";
+  else return typeid(T).name();
+}
+
+/// What a YAML node holds, for messages: `0.1`, `"abc"`, `a list`, `a map`.
+inline std::string describe(const YAML::Node& node) {
+  switch (node.Type()) {
+    case YAML::NodeType::Null: return "null";
+    case YAML::NodeType::Scalar: return "'" + node.Scalar() + "'";
+    case YAML::NodeType::Sequence: return "a list";
+    case YAML::NodeType::Map: return "a map";
+    default: return "nothing";
+  }
+}
+
+/// Reads `node` as T; integers are not silently truncated from fractions, and `1e3`-style
+/// integers are accepted when exact. Returns false when the value does not convert.
+template <class T>
+bool try_read(const YAML::Node& node, T& out) {
+  if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
+    if (!node.IsScalar()) return false;
+    if (YAML::convert<T>::decode(node, out)) return true;
+    double d = 0;
+    if (!YAML::convert<double>::decode(node, d)) return false;
+    const auto i = static_cast<T>(d);
+    if (static_cast<double>(i) != d) return false;
+    out = i;
+    return true;
+  } else if constexpr (std::is_same_v<T, std::string>) {
+    if (!node.IsScalar()) return false;
+    out = node.Scalar();
+    return true;
+  } else {
+    try {
+      out = node.as<T>();
+      return true;
+    } catch (const YAML::Exception&) {
+      return false;
+    }
+  }
+}
+
+}  // namespace dettrial::detail

@@ -1,0 +1,31 @@
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief dettrial: Determined's trial API for LibTorch, composed at compile time. Include this header.
+///
+/// A trial is a plain type with hooks (build_training_data_loader, build_validation_data_loader,
+/// train_batch, evaluate_batch, and either build_model/optimizer or a constructor that wraps them in
+/// the Context). dettrial::Trainer<MyTrial> checks them with concepts and runs Determined's loop.
+#pragma once
+
+#include "version.hpp"
+
+#include "detail/error.hpp"
+
+#include "config/experiment_config.hpp"
+#include "config/hyperparameters.hpp"
+#include "context/context.hpp"
+#include "context/to_device.hpp"
+#include "data/data_loader.hpp"
+#include "data/idx.hpp"
+#include "metrics/metrics.hpp"
+#include "metrics/reducers.hpp"
+#include "optim/clip.hpp"
+#include "optim/lr_step.hpp"
+#include "report/metrics_log.hpp"
+#include "report/progress.hpp"
+#include "trainer/callbacks.hpp"
+#include "trainer/fit_options.hpp"
+#include "trainer/main.hpp"
+#include "trainer/trainer.hpp"
+#include "trainer/units.hpp"
+#include "trial/concepts.hpp"

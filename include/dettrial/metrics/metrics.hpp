@@ -1,0 +1,173 @@
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief Metrics a trial returns per batch, and the reduced metrics dettrial reports.
+#pragma once
+
+#include <cmath>
+#include <cstddef>
+#include <initializer_list>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <unordered_set>
+#include <utility>
+#include <vector>
+
+#include <c10/util/SmallVector.h>
+#include <torch/torch.h>
+
+#include "../detail/error.hpp"
+
+namespace dettrial {
+
+/**
+ * @brief A metric name with static storage: string literals are taken as they are (no copy, no
+ * hashing), any other string is interned once, so a per-batch Metrics never allocates for its names.
+ */
+class MetricKey {
+ public:
+  template <std::size_t N>
+  consteval MetricKey(const char (&literal)[N]) : name_(literal, N - 1) {}  // NOLINT: implicit by design
+  MetricKey(const std::string& name) : name_(intern(name)) {}                // NOLINT: implicit by design
+  explicit MetricKey(std::string_view name) : name_(intern(std::string(name))) {}
+
+  constexpr std::string_view view() const { return name_; }
+  friend constexpr bool operator==(MetricKey a, MetricKey b) {
+    return a.name_.data() == b.name_.data() || a.name_ == b.name_;
+  }
+
+ private:
+  static std::string_view intern(const std::string& name) {
+    static std::mutex mutex;
+    static std::unordered_set<std::string> names;  // node-based: element addresses are stable
+    std::lock_guard lock(mutex);
+    return *names.insert(name).first;
+  }
+  std::string_view name_;
+};
+
+/// One metric value: a tensor (kept on its device, no sync) or a plain number.
+class MetricValue {
+ public:
+  MetricValue(torch::Tensor t) : tensor_(std::move(t)) {}  // NOLINT: implicit by design
+  MetricValue(double v) : number_(v) {}                     // NOLINT
+  MetricValue(float v) : number_(v) {}                      // NOLINT
+  MetricValue(int v) : number_(v) {}                        // NOLINT
+  MetricValue(std::int64_t v) : number_(static_cast<double>(v)) {}  // NOLINT
+
+  bool is_tensor() const { return tensor_.defined(); }
+  const torch::Tensor& tensor() const { return tensor_; }
+  /// The value as a double; for a tensor this synchronises with its device (scalar tensors only).
+  double to_double() const {
+    if (!tensor_.defined()) return number_;
+    if (tensor_.numel() != 1) return std::nan("");
+    return tensor_.detach().item<double>();
+  }
+
+ private:
+  torch::Tensor tensor_;
+  double number_ = 0;
+};
+
+/**
+ * @brief What `train_batch` and `evaluate_batch` return: named values, at least `loss` for training.
+ *
+ * Stored inline for up to 8 entries (no allocation), in the order given.
+ * @code{.cpp}
+ * return dettrial::Metrics{{"loss", loss}, {"train_error", error}};
+ * @endcode
+ */
+class Metrics {
+ public:
+  struct Entry {
+    MetricKey key;
+    MetricValue value;
+  };
+
+  Metrics() = default;
+  Metrics(std::initializer_list<Entry> entries) : entries_(entries.begin(), entries.end()) {}
+
+  /// Adds or replaces `key`.
+  Metrics& set(MetricKey key, MetricValue value) {
+    for (auto& e : entries_)
+      if (e.key == key) {
+        e.value = std::move(value);
+        return *this;
+      }
+    entries_.push_back(Entry{key, std::move(value)});
+    return *this;
+  }
+  /// The value of `name`, or nullptr.
+  const MetricValue* find(std::string_view name) const {
+    for (const auto& e : entries_)
+      if (e.key.view() == name) return &e.value;
+    return nullptr;
+  }
+  /// The value of `name`; throws TrialError naming the missing metric and those present.
+  const MetricValue& at(std::string_view name) const {
+    if (const auto* v = find(name)) return *v;
+    throw TrialError("metric '" + std::string(name) + "' is missing; the metrics are: " + names());
+  }
+  bool contains(std::string_view name) const { return find(name) != nullptr; }
+  std::size_t size() const { return entries_.size(); }
+  bool empty() const { return entries_.empty(); }
+  auto begin() const { return entries_.begin(); }
+  auto end() const { return entries_.end(); }
+  const Entry& operator[](std::size_t i) const { return entries_[i]; }
+
+  /// The names, comma-separated, for messages.
+  std::string names() const {
+    std::string s;
+    for (const auto& e : entries_) s += (s.empty() ? "" : ", ") + std::string(e.key.view());
+    return s.empty() ? "(none)" : s;
+  }
+
+ private:
+  c10::SmallVector<Entry, 8> entries_;
+};
+
+/// How a trial may return training metrics: Metrics, or a bare loss tensor (taken as `{"loss": t}`).
+template <class R>
+concept MetricsResult = std::same_as<std::remove_cvref_t<R>, Metrics> || std::same_as<std::remove_cvref_t<R>, torch::Tensor>;
+
+/// Turns a trial's return value into Metrics.
+inline Metrics as_metrics(Metrics m) { return m; }
+inline Metrics as_metrics(torch::Tensor loss) { return Metrics{{"loss", std::move(loss)}}; }
+
+/**
+ * @brief Reduced metrics as reported: names in first-seen order with plain numbers. A metric that
+ * cannot be averaged (a non-scalar training metric) is NaN, written as null in metrics.jsonl.
+ */
+class MetricValues {
+ public:
+  void set(std::string name, double value) {
+    for (auto& kv : values_)
+      if (kv.first == name) {
+        kv.second = value;
+        return;
+      }
+    values_.emplace_back(std::move(name), value);
+  }
+  std::optional<double> get(std::string_view name) const {
+    for (const auto& kv : values_)
+      if (kv.first == name) return kv.second;
+    return std::nullopt;
+  }
+  /// The value of `name`; throws naming the missing metric.
+  double at(std::string_view name) const {
+    if (auto v = get(name)) return *v;
+    std::string known;
+    for (const auto& kv : values_) known += (known.empty() ? "" : ", ") + kv.first;
+    throw TrialError("metric '" + std::string(name) + "' is not among the reported metrics (" + known + ")");
+  }
+  bool contains(std::string_view name) const { return get(name).has_value(); }
+  std::size_t size() const { return values_.size(); }
+  bool empty() const { return values_.empty(); }
+  auto begin() const { return values_.begin(); }
+  auto end() const { return values_.end(); }
+
+ private:
+  std::vector<std::pair<std::string, double>> values_;
+};
+
+}  // namespace dettrial

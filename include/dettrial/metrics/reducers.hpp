@@ -1,0 +1,270 @@
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief Metric reduction: Determined's averaging of training metrics over a workload, validation
+/// reducers (avg, sum, max, min) per metric, and user reducer types.
+#pragma once
+
+#include <concepts>
+#include <limits>
+#include <map>
+#include <optional>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include <torch/torch.h>
+
+#include "../detail/error.hpp"
+#include "metrics.hpp"
+
+namespace dettrial {
+
+/// A built-in validation reducer. `avg` is the unweighted mean over batches (Determined's `np.average`).
+enum class Reducer { avg, sum, max, min };
+
+inline const char* to_string(Reducer r) {
+  switch (r) {
+    case Reducer::avg: return "avg";
+    case Reducer::sum: return "sum";
+    case Reducer::max: return "max";
+    case Reducer::min: return "min";
+  }
+  return "?";
+}
+
+/// Which reducer each validation metric gets: one for all, or one per metric name (all names, exactly).
+using ReducerChoice = std::variant<Reducer, std::map<std::string, Reducer>>;
+
+/**
+ * @brief A user reducer (Determined's MetricReducer): the trial calls its own `update(...)` from
+ * `train_batch` or `evaluate_batch`; dettrial calls `reset()` before every training workload and
+ * every validation and `reduce()` at their end. `reduce()` returns a number (stored under the name the
+ * reducer was wrapped with) or MetricValues (merged into the metrics).
+ */
+template <class R>
+concept MetricReducer = requires(R& r) {
+  r.reset();
+  { r.reduce() };
+} && (std::convertible_to<decltype(std::declval<R&>().reduce()), double> ||
+      std::same_as<std::remove_cvref_t<decltype(std::declval<R&>().reduce())>, MetricValues>);
+
+namespace detail {
+
+/// Averages training metrics over the batches of one workload, unweighted, without syncing the
+/// device per batch: tensors are summed in place on their device and read once at the end.
+class WorkloadMeans {
+ public:
+  void reset() {
+    slots_.clear();
+    batches_ = 0;
+  }
+
+  void add(const Metrics& m, std::int64_t batch_idx) {
+    torch::NoGradGuard no_grad;
+    if (batches_ == 0) {
+      slots_.reserve(m.size());
+      for (const auto& e : m) slots_.push_back(Slot{e.key});
+    } else if (!same_keys(m)) {
+      throw TrialError("train_batch returned the metrics {" + m.names() + "} at batch " + std::to_string(batch_idx) +
+                       " but {" + slot_names() + "} earlier in the workload; every batch must return the same metrics");
+    }
+    for (std::size_t i = 0; i < m.size(); ++i) slots_[slot_of(m, i)].add(m[i].value);
+    ++batches_;
+  }
+
+  std::int64_t batches() const { return batches_; }
+
+  /// The means; this is the one device synchronisation per workload.
+  MetricValues means() const {
+    MetricValues out;
+    for (const auto& s : slots_) out.set(std::string(s.key.view()), s.mean(batches_));
+    return out;
+  }
+
+ private:
+  struct Slot {
+    MetricKey key;
+    torch::Tensor tensor_sum;  // double scalar on the metric's device
+    double number_sum = 0;
+    bool averageable = true;
+    void add(const MetricValue& v) {
+      if (!v.is_tensor()) {
+        number_sum += v.to_double();
+        return;
+      }
+      const torch::Tensor& t = v.tensor();
+      if (t.numel() != 1) {
+        averageable = false;
+        return;
+      }
+      if (!tensor_sum.defined()) tensor_sum = torch::zeros({}, t.options().dtype(torch::kDouble).requires_grad(false));
+      tensor_sum.add_(t.reshape({}));
+    }
+    double mean(std::int64_t n) const {
+      if (!averageable || n == 0) return std::numeric_limits<double>::quiet_NaN();
+      const double total = number_sum + (tensor_sum.defined() ? tensor_sum.item<double>() : 0.0);
+      return total / static_cast<double>(n);
+    }
+  };
+
+  bool same_keys(const Metrics& m) const {
+    if (m.size() != slots_.size()) return false;
+    for (std::size_t i = 0; i < m.size(); ++i)
+      if (!(m[i].key == slots_[i].key) && !has(m[i].key)) return false;
+    return true;
+  }
+  bool has(MetricKey k) const {
+    for (const auto& s : slots_)
+      if (s.key == k) return true;
+    return false;
+  }
+  std::size_t slot_of(const Metrics& m, std::size_t i) const {
+    if (slots_[i].key == m[i].key) return i;  // the usual case: same order every batch
+    for (std::size_t j = 0; j < slots_.size(); ++j)
+      if (slots_[j].key == m[i].key) return j;
+    return i;  // unreachable after same_keys()
+  }
+  std::string slot_names() const {
+    std::string s;
+    for (const auto& slot : slots_) s += (s.empty() ? "" : ", ") + std::string(slot.key.view());
+    return s;
+  }
+
+  std::vector<Slot> slots_;
+  std::int64_t batches_ = 0;
+};
+
+/// Reduces validation metrics batch by batch with a reducer per metric (Determined's per-slot step).
+class ValidationReduction {
+ public:
+  explicit ValidationReduction(ReducerChoice choice = Reducer::avg) : choice_(std::move(choice)) {}
+
+  void add(const Metrics& m, std::int64_t batch_idx) {
+    torch::NoGradGuard no_grad;
+    if (batches_ == 0) {
+      check_reducer_names(m);
+      for (const auto& e : m) slots_.push_back(Slot{std::string(e.key.view()), reducer_for(e.key.view())});
+    } else if (m.size() != slots_.size()) {
+      throw TrialError("evaluate_batch returned the metrics {" + m.names() + "} at batch " + std::to_string(batch_idx) +
+                       ", unlike the first batch; every batch must return the same metrics");
+    }
+    for (const auto& e : m) {
+      Slot* slot = find(e.key.view());
+      if (!slot)
+        throw TrialError("evaluate_batch returned metric '" + std::string(e.key.view()) + "' at batch " +
+                         std::to_string(batch_idx) + ", which the first batch did not; every batch must return the same metrics");
+      slot->add(e.value);
+    }
+    ++batches_;
+  }
+
+  std::int64_t batches() const { return batches_; }
+
+  MetricValues result() const {
+    MetricValues out;
+    for (const auto& s : slots_) out.set(s.name, s.result(batches_));
+    return out;
+  }
+
+ private:
+  struct Slot {
+    std::string name;
+    Reducer reducer;
+    torch::Tensor tensor_acc;
+    double number_acc = 0;
+    bool seen_number = false;
+    void add(const MetricValue& v) {
+      if (v.is_tensor() && v.tensor().numel() != 1)
+        throw TrialError("validation metric '" + name + "' has " + std::to_string(v.tensor().numel()) +
+                         " elements; dettrial reduces scalar validation metrics (return one number per batch)");
+      if (!v.is_tensor()) {
+        const double x = v.to_double();
+        if (!seen_number) number_acc = (reducer == Reducer::avg || reducer == Reducer::sum) ? 0.0 : x;
+        number_acc = combine(number_acc, x);
+        seen_number = true;
+        return;
+      }
+      const torch::Tensor t = v.tensor().detach().reshape({}).to(torch::kDouble);
+      if (!tensor_acc.defined()) {
+        tensor_acc = t.clone();
+        return;
+      }
+      switch (reducer) {
+        case Reducer::avg:
+        case Reducer::sum: tensor_acc.add_(t); break;
+        case Reducer::max: tensor_acc = torch::maximum(tensor_acc, t); break;
+        case Reducer::min: tensor_acc = torch::minimum(tensor_acc, t); break;
+      }
+    }
+    double combine(double a, double b) const {
+      switch (reducer) {
+        case Reducer::max: return std::max(a, b);
+        case Reducer::min: return std::min(a, b);
+        default: return a + b;
+      }
+    }
+    double result(std::int64_t n) const {
+      double value;
+      if (tensor_acc.defined() && seen_number) value = combine(tensor_acc.item<double>(), number_acc);
+      else if (tensor_acc.defined()) value = tensor_acc.item<double>();
+      else value = number_acc;
+      return reducer == Reducer::avg ? value / static_cast<double>(n) : value;
+    }
+  };
+
+  Reducer reducer_for(std::string_view name) const {
+    if (const auto* one = std::get_if<Reducer>(&choice_)) return *one;
+    return std::get<std::map<std::string, Reducer>>(choice_).at(std::string(name));
+  }
+  void check_reducer_names(const Metrics& m) const {
+    const auto* per_metric = std::get_if<std::map<std::string, Reducer>>(&choice_);
+    if (!per_metric) return;
+    std::string missing, extra;
+    for (const auto& e : m)
+      if (!per_metric->count(std::string(e.key.view()))) missing += (missing.empty() ? "" : ", ") + std::string(e.key.view());
+    for (const auto& [name, r] : *per_metric)
+      if (!m.contains(name)) extra += (extra.empty() ? "" : ", ") + name;
+    if (!missing.empty() || !extra.empty())
+      throw TrialError("evaluation_reducer() must name exactly the metrics evaluate_batch returns (" + m.names() + ")" +
+                       (missing.empty() ? "" : "; it has no reducer for: " + missing) +
+                       (extra.empty() ? "" : "; it names metrics that are not returned: " + extra));
+  }
+  Slot* find(std::string_view name) {
+    for (auto& s : slots_)
+      if (s.name == name) return &s;
+    return nullptr;
+  }
+
+  ReducerChoice choice_;
+  std::vector<Slot> slots_;
+  std::int64_t batches_ = 0;
+};
+
+/// A user reducer registered with the context, type-erased once at wrap time.
+struct WrappedReducer {
+  void* object;
+  void (*reset)(void*);
+  void (*reduce_into)(void*, const std::string& name, MetricValues& out);
+  std::string name;
+  bool for_training;
+  bool for_validation;
+
+  template <MetricReducer R>
+  static WrappedReducer wrap(R& r, std::string name, bool for_training, bool for_validation) {
+    return WrappedReducer{
+        &r, [](void* p) { static_cast<R*>(p)->reset(); },
+        [](void* p, const std::string& n, MetricValues& out) {
+          auto value = static_cast<R*>(p)->reduce();
+          if constexpr (std::same_as<std::remove_cvref_t<decltype(value)>, MetricValues>) {
+            for (const auto& [k, v] : value) out.set(k, v);
+          } else {
+            if (n.empty()) throw TrialError("a reducer whose reduce() returns a number needs a name in wrap_reducer");
+            out.set(n, static_cast<double>(value));
+          }
+        },
+        std::move(name), for_training, for_validation};
+  }
+};
+
+}  // namespace detail
+}  // namespace dettrial

@@ -1,0 +1,101 @@
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief LR step modes as policy types: when dettrial steps a wrapped learning-rate scheduler.
+#pragma once
+
+#include <concepts>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "../detail/error.hpp"
+
+namespace dettrial {
+
+/// Something with `step()`: LibTorch's schedulers (StepLR, ...) and any user type.
+template <class S>
+concept LRSchedulerLike = requires(S& s) { s.step(); };
+
+/**
+ * @brief The step modes, as Determined defines them. dettrial steps schedulers after `train_batch`,
+ * only on update batches (every `aggregation_frequency`-th batch); each mode says how many `step()`
+ * calls that update batch makes.
+ */
+namespace lr_step {
+
+/// After every batch (batches skipped by gradient aggregation are caught up on the update batch).
+struct every_batch {
+  static constexpr std::string_view name = "every_batch";
+  static std::int64_t steps_after(std::int64_t batch_idx, std::int64_t agg, std::int64_t /*epoch_len*/, std::int64_t freq) {
+    std::int64_t n = 0;
+    for (std::int64_t i = batch_idx - agg + 1; i <= batch_idx; ++i) n += ((i + 1) % freq == 0);
+    return n;
+  }
+};
+/// After the last batch of every epoch (more precisely: when the next update lands in a new epoch).
+struct every_epoch {
+  static constexpr std::string_view name = "every_epoch";
+  static std::int64_t steps_after(std::int64_t batch_idx, std::int64_t agg, std::int64_t epoch_len, std::int64_t freq) {
+    std::int64_t n = 0;
+    for (std::int64_t e = batch_idx / epoch_len; e < (batch_idx + agg) / epoch_len; ++e) n += ((e + 1) % freq == 0);
+    return n;
+  }
+};
+/// On update batches whose batch count is a multiple of the frequency. Like Determined, the frequency
+/// counts batches, not optimizer steps.
+struct every_optimizer_step {
+  static constexpr std::string_view name = "every_optimizer_step";
+  static std::int64_t steps_after(std::int64_t batch_idx, std::int64_t, std::int64_t, std::int64_t freq) {
+    return (batch_idx + 1) % freq == 0 ? 1 : 0;
+  }
+};
+/// Never stepped by dettrial: the trial calls `step()` itself (its state is still checkpointed).
+struct manual {
+  static constexpr std::string_view name = "manual";
+  static std::int64_t steps_after(std::int64_t, std::int64_t, std::int64_t, std::int64_t) { return 0; }
+};
+
+/// Calls `f(mode{})` with the mode named `name` (every_batch, every_epoch, every_optimizer_step,
+/// manual): how a YAML value picks a policy type once, at start-up.
+template <class F>
+decltype(auto) visit(std::string_view name, F&& f) {
+  if (name == every_batch::name) return f(every_batch{});
+  if (name == every_epoch::name) return f(every_epoch{});
+  if (name == every_optimizer_step::name) return f(every_optimizer_step{});
+  if (name == manual::name) return f(manual{});
+  throw ConfigError("unknown LR step mode '" + std::string(name) +
+                    "' (expected every_batch, every_epoch, every_optimizer_step or manual)");
+}
+
+}  // namespace lr_step
+
+/// A step mode policy: a type with `steps_after(batch_idx, aggregation_frequency, epoch_len, frequency)`.
+template <class M>
+concept LRStepMode = requires(std::int64_t i) {
+  { M::name } -> std::convertible_to<std::string_view>;
+  { M::steps_after(i, i, i, i) } -> std::convertible_to<std::int64_t>;
+};
+
+/**
+ * @brief A scheduler with its step mode and frequency: what a declarative trial's `lr_scheduler(opt)`
+ * returns to choose a mode other than `every_batch`.
+ * @code{.cpp}
+ * auto lr_scheduler(torch::optim::SGD& opt) {
+ *   return dettrial::scheduled(torch::optim::StepLR(opt, 1, 0.9), dettrial::lr_step::every_epoch{});
+ * }
+ * @endcode
+ */
+template <LRSchedulerLike S, LRStepMode Mode>
+struct ScheduledLR {
+  S scheduler;
+  std::int64_t frequency = 1;
+  using mode = Mode;
+};
+
+template <LRSchedulerLike S, LRStepMode Mode>
+ScheduledLR<S, Mode> scheduled(S scheduler, Mode, std::int64_t frequency = 1) {
+  if (frequency < 1) throw ConfigError("an LR scheduler's step frequency must be at least 1");
+  return ScheduledLR<S, Mode>{std::move(scheduler), frequency};
+}
+
+}  // namespace dettrial

@@ -1,0 +1,85 @@
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief The options of Trainer::fit (Determined's Trainer.fit arguments) and what fit returns.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <string>
+
+#include "../config/experiment_config.hpp"
+#include "../metrics/metrics.hpp"
+#include "../report/progress.hpp"
+#include "units.hpp"
+
+namespace dettrial {
+
+/**
+ * @brief How long to train and when to validate, checkpoint and report.
+ * @code{.cpp}
+ * trainer.fit({.max_length = dettrial::Epoch{5},
+ *              .validation_period = dettrial::Epoch{1},
+ *              .reporting_period = dettrial::Batch{100}});
+ * @endcode
+ */
+struct FitOptions {
+  /// Total training length (required): Batch, Epoch, or Record (converted with the global batch size).
+  std::optional<TrainUnit> max_length;
+  /// Validate when this period is reached (default: never, but always once at the end).
+  TrainUnit validation_period = never();
+  /// Checkpoint when this period is reached (default: never, but always once at the end).
+  TrainUnit checkpoint_period = never();
+  /// Report training metrics (and progress) when this period is reached.
+  TrainUnit reporting_period = Batch(100);
+  /// Whether to checkpoint right after a validation: all, none, or best by `searcher_metric`.
+  CheckpointPolicy checkpoint_policy = CheckpointPolicy::best;
+  /// The validation metric `best` compares, and its direction.
+  std::string searcher_metric;
+  bool smaller_is_better = true;
+  /// Validate once before training (when nothing has been trained yet).
+  bool step_zero_validation = false;
+  /// Train one batch, validate on one batch, then stop: a quick check that the trial runs.
+  bool test_mode = false;
+  /// A checkpoint directory to resume from.
+  std::optional<std::filesystem::path> latest_checkpoint;
+  /// Where metrics.jsonl (and checkpoints) go; empty means `runs/<date>-<time>` under the working directory.
+  std::filesystem::path output_dir;
+  /// Terminal and log output.
+  ReportOptions report;
+
+  /**
+   * @brief The options an experiment config implies, as Determined maps them: searcher.max_length (or
+   * max_steps x scheduling_unit), min_validation_period, min_checkpoint_period, reporting every
+   * scheduling_unit batches, perform_initial_validation, checkpoint_policy and the searcher metric.
+   */
+  static FitOptions from_config(const ExperimentConfig& config) {
+    FitOptions o;
+    o.max_length = config.searcher.max_length;
+    if (config.min_validation_period) o.validation_period = *config.min_validation_period;
+    if (config.min_checkpoint_period) o.checkpoint_period = *config.min_checkpoint_period;
+    o.reporting_period = Batch(config.scheduling_unit);
+    o.step_zero_validation = config.perform_initial_validation;
+    o.checkpoint_policy = config.checkpoint_policy;
+    o.searcher_metric = config.searcher.metric;
+    o.smaller_is_better = config.searcher.smaller_is_better;
+    return o;
+  }
+};
+
+/// What fit returns.
+struct FitResult {
+  std::int64_t batches_trained = 0;
+  std::int64_t epochs_trained = 0;
+  /// The last training report and the last validation.
+  MetricValues last_training_metrics;
+  MetricValues last_validation_metrics;
+  std::int64_t validations = 0;
+  /// Checkpoint boundaries reached whose checkpoint was not written (saving is not available yet).
+  std::int64_t checkpoints_not_saved = 0;
+  /// True when the trial asked to stop (context.set_stop_requested) before max_length.
+  bool stopped_early = false;
+  std::filesystem::path output_dir;
+};
+
+}  // namespace dettrial

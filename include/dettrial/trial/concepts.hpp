@@ -1,0 +1,308 @@
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief What a trial is: the hooks of both styles (declarative and imperative) as concepts, and the
+/// one-sentence diagnostics dettrial::Trainer gives when a hook is missing or mistyped.
+#pragma once
+
+#include <concepts>
+#include <cstdint>
+#include <type_traits>
+
+#include "../context/context.hpp"
+#include "../data/data_loader.hpp"
+#include "../metrics/metrics.hpp"
+#include "../metrics/reducers.hpp"
+#include "../optim/lr_step.hpp"
+
+namespace dettrial {
+namespace detail {
+
+/// Stands in for a type a broken trial does not provide, so declarations stay well-formed while the
+/// one diagnostic that matters is printed.
+struct missing {};
+
+template <class T>
+using training_loader_result = decltype(std::declval<T&>().build_training_data_loader());
+template <class T>
+using validation_loader_result = decltype(std::declval<T&>().build_validation_data_loader());
+
+template <class T>
+consteval auto training_loader_type() {
+  if constexpr (requires(T& t) { t.build_training_data_loader(); }) return std::type_identity<std::remove_cvref_t<training_loader_result<T>>>{};
+  else return std::type_identity<missing>{};
+}
+template <class T>
+consteval auto validation_loader_type() {
+  if constexpr (requires(T& t) { t.build_validation_data_loader(); }) return std::type_identity<std::remove_cvref_t<validation_loader_result<T>>>{};
+  else return std::type_identity<missing>{};
+}
+template <class L>
+consteval auto batch_type_of() {
+  if constexpr (BatchLoader<L>) return std::type_identity<batch_of<L>>{};
+  else return std::type_identity<missing>{};
+}
+
+}  // namespace detail
+
+/// The training loader type of trial T (`detail::missing` when it has none).
+template <class T>
+using training_loader_t = typename decltype(detail::training_loader_type<T>())::type;
+/// The validation loader type of trial T.
+template <class T>
+using validation_loader_t = typename decltype(detail::validation_loader_type<T>())::type;
+/// The batch type `train_batch` receives.
+template <class T>
+using training_batch_t = typename decltype(detail::batch_type_of<training_loader_t<T>>())::type;
+/// The batch type `evaluate_batch` receives.
+template <class T>
+using validation_batch_t = typename decltype(detail::batch_type_of<validation_loader_t<T>>())::type;
+
+/// A declarative trial builds its model with `build_model()` (the seed's MNIST tutorial style).
+template <class T>
+concept DeclaresModel = requires(T& t) { t.build_model(); };
+
+namespace detail {
+template <class T>
+consteval auto model_type() {
+  if constexpr (DeclaresModel<T>) return std::type_identity<std::remove_cvref_t<decltype(std::declval<T&>().build_model())>>{};
+  else return std::type_identity<missing>{};
+}
+template <class T, class M>
+consteval auto optimizer_type() {
+  if constexpr (requires(T& t, M& m) { t.optimizer(m); })
+    return std::type_identity<std::remove_cvref_t<decltype(std::declval<T&>().optimizer(std::declval<M&>()))>>{};
+  else return std::type_identity<missing>{};
+}
+/// What `optimizer(model)` may return: an optimizer by value or a smart pointer to one.
+template <class O>
+consteval auto optimizer_object_type() {
+  if constexpr (TorchOptimizer<O>) return std::type_identity<O>{};
+  else if constexpr (requires(O& o) { *o; } && TorchOptimizer<std::remove_cvref_t<decltype(*std::declval<O&>())>>)
+    return std::type_identity<std::remove_cvref_t<decltype(*std::declval<O&>())>>{};
+  else return std::type_identity<missing>{};
+}
+template <class T, class O>
+consteval auto scheduler_type() {
+  if constexpr (requires(T& t, O& o) { t.lr_scheduler(o); })
+    return std::type_identity<std::remove_cvref_t<decltype(std::declval<T&>().lr_scheduler(std::declval<O&>()))>>{};
+  else return std::type_identity<missing>{};
+}
+}  // namespace detail
+
+/// The model type of a declarative trial.
+template <class T>
+using model_t = typename decltype(detail::model_type<T>())::type;
+/// What a declarative trial's `optimizer(model)` returns.
+template <class T>
+using optimizer_result_t = typename decltype(detail::optimizer_type<T, model_t<T>>())::type;
+/// The optimizer class behind it.
+template <class T>
+using optimizer_t = typename decltype(detail::optimizer_object_type<optimizer_result_t<T>>())::type;
+/// What a declarative trial's optional `lr_scheduler(optimizer)` returns.
+template <class T>
+using scheduler_result_t = typename decltype(detail::scheduler_type<T, optimizer_t<T>>())::type;
+
+// ---- the hooks, one concept each -----------------------------------------------------------------
+
+template <class T>
+concept DeclaresTrainBatch = requires { &T::train_batch; } ||
+                             requires(T& t, training_batch_t<T>& b, model_t<T>& m, std::int64_t i) { t.train_batch(b, m, i, i); } ||
+                             requires(T& t, training_batch_t<T>& b, std::int64_t i) { t.train_batch(b, i, i); };
+template <class T>
+concept DeclaresEvaluateBatch = requires { &T::evaluate_batch; } ||
+                                requires(T& t, validation_batch_t<T>& b, model_t<T>& m) { t.evaluate_batch(b, m); } ||
+                                requires(T& t, validation_batch_t<T>& b) { t.evaluate_batch(b); };
+template <class T>
+concept DeclaresEvaluateFullDataset = requires { &T::evaluate_full_dataset; } ||
+                                      requires(T& t, validation_loader_t<T>& l, model_t<T>& m) { t.evaluate_full_dataset(l, m); } ||
+                                      requires(T& t, validation_loader_t<T>& l) { t.evaluate_full_dataset(l); };
+
+namespace detail {
+/// Calls train_batch in the trial's style; only used in unevaluated contexts and by the trainer.
+template <class T>
+decltype(auto) call_train_batch(T& t, training_batch_t<T>& b, model_t<T>& m, std::int64_t epoch_idx, std::int64_t batch_idx) {
+  if constexpr (DeclaresModel<T>) return t.train_batch(b, m, epoch_idx, batch_idx);
+  else return t.train_batch(b, epoch_idx, batch_idx);
+}
+template <class T>
+decltype(auto) call_evaluate_batch(T& t, validation_batch_t<T>& b, model_t<T>& m, std::int64_t batch_idx) {
+  if constexpr (DeclaresModel<T>) {
+    if constexpr (requires { t.evaluate_batch(b, m, batch_idx); }) return t.evaluate_batch(b, m, batch_idx);
+    else return t.evaluate_batch(b, m);
+  } else {
+    if constexpr (requires { t.evaluate_batch(b, batch_idx); }) return t.evaluate_batch(b, batch_idx);
+    else return t.evaluate_batch(b);
+  }
+}
+template <class T>
+decltype(auto) call_evaluate_full_dataset(T& t, validation_loader_t<T>& l, model_t<T>& m) {
+  if constexpr (DeclaresModel<T>) return t.evaluate_full_dataset(l, m);
+  else return t.evaluate_full_dataset(l);
+}
+}  // namespace detail
+
+template <class T>
+concept CallableTrainBatch =
+    (DeclaresModel<T> && requires(T& t, training_batch_t<T>& b, model_t<T>& m, std::int64_t i) { t.train_batch(b, m, i, i); }) ||
+    (!DeclaresModel<T> && requires(T& t, training_batch_t<T>& b, std::int64_t i) { t.train_batch(b, i, i); });
+template <class T>
+concept CallableEvaluateBatch =
+    (DeclaresModel<T> && (requires(T& t, validation_batch_t<T>& b, model_t<T>& m, std::int64_t i) { t.evaluate_batch(b, m, i); } ||
+                          requires(T& t, validation_batch_t<T>& b, model_t<T>& m) { t.evaluate_batch(b, m); })) ||
+    (!DeclaresModel<T> && (requires(T& t, validation_batch_t<T>& b, std::int64_t i) { t.evaluate_batch(b, i); } ||
+                           requires(T& t, validation_batch_t<T>& b) { t.evaluate_batch(b); }));
+template <class T>
+concept CallableEvaluateFullDataset =
+    (DeclaresModel<T> && requires(T& t, validation_loader_t<T>& l, model_t<T>& m) { t.evaluate_full_dataset(l, m); }) ||
+    (!DeclaresModel<T> && requires(T& t, validation_loader_t<T>& l) { t.evaluate_full_dataset(l); });
+
+namespace detail {
+
+/// The first thing wrong with a trial type, in the order a user would fix them.
+enum class TrialProblem {
+  none,
+  not_constructible,
+  no_training_loader,
+  training_loader_not_a_loader,
+  no_validation_loader,
+  validation_loader_not_a_loader,
+  model_not_a_module,
+  no_optimizer,
+  optimizer_not_an_optimizer,
+  scheduler_not_a_scheduler,
+  no_train_batch,
+  train_batch_not_callable,
+  train_batch_not_metrics,
+  no_evaluate_hook,
+  both_evaluate_hooks,
+  evaluate_batch_not_callable,
+  evaluate_batch_not_metrics,
+  evaluate_full_dataset_not_callable,
+  evaluate_full_dataset_not_metrics,
+};
+
+// These look at a hook's result only once the hook is known to be callable (a plain `&&` in one
+// condition would instantiate the call either way).
+template <class T>
+consteval bool evaluate_batch_returns_metrics() {
+  if constexpr (CallableEvaluateBatch<T>)
+    return std::same_as<std::remove_cvref_t<decltype(call_evaluate_batch(std::declval<T&>(), std::declval<validation_batch_t<T>&>(),
+                                                                         std::declval<model_t<T>&>(), 0))>,
+                        Metrics>;
+  else return false;
+}
+template <class T>
+consteval bool evaluate_full_dataset_returns_metrics() {
+  if constexpr (CallableEvaluateFullDataset<T>)
+    return std::same_as<std::remove_cvref_t<decltype(call_evaluate_full_dataset(std::declval<T&>(), std::declval<validation_loader_t<T>&>(),
+                                                                                 std::declval<model_t<T>&>()))>,
+                        Metrics>;
+  else return false;
+}
+
+template <class T>
+consteval TrialProblem first_trial_problem() {
+  using P = TrialProblem;
+  if constexpr (!std::constructible_from<T, Context&> && !std::default_initializable<T>) return P::not_constructible;
+  else if constexpr (!requires(T& t) { t.build_training_data_loader(); }) return P::no_training_loader;
+  else if constexpr (!BatchLoader<training_loader_t<T>>) return P::training_loader_not_a_loader;
+  else if constexpr (!requires(T& t) { t.build_validation_data_loader(); }) return P::no_validation_loader;
+  else if constexpr (!BatchLoader<validation_loader_t<T>>) return P::validation_loader_not_a_loader;
+  else if constexpr (DeclaresModel<T> && !ModelHandle<model_t<T>>) return P::model_not_a_module;
+  else if constexpr (DeclaresModel<T> && std::same_as<optimizer_result_t<T>, missing>) return P::no_optimizer;
+  else if constexpr (DeclaresModel<T> && std::same_as<optimizer_t<T>, missing>) return P::optimizer_not_an_optimizer;
+  else if constexpr (DeclaresModel<T> && !std::same_as<scheduler_result_t<T>, missing> &&
+                     !LRSchedulerLike<scheduler_result_t<T>> && !requires { typename scheduler_result_t<T>::mode; })
+    return P::scheduler_not_a_scheduler;
+  else if constexpr (!DeclaresTrainBatch<T>) return P::no_train_batch;
+  else if constexpr (!CallableTrainBatch<T>) return P::train_batch_not_callable;
+  else if constexpr (!MetricsResult<decltype(call_train_batch(std::declval<T&>(), std::declval<training_batch_t<T>&>(),
+                                                              std::declval<model_t<T>&>(), 0, 0))>)
+    return P::train_batch_not_metrics;
+  else if constexpr (!DeclaresEvaluateBatch<T> && !DeclaresEvaluateFullDataset<T>) return P::no_evaluate_hook;
+  else if constexpr (DeclaresEvaluateBatch<T> && DeclaresEvaluateFullDataset<T>) return P::both_evaluate_hooks;
+  else if constexpr (DeclaresEvaluateBatch<T> && !CallableEvaluateBatch<T>) return P::evaluate_batch_not_callable;
+  else if constexpr (DeclaresEvaluateBatch<T> && !evaluate_batch_returns_metrics<T>()) return P::evaluate_batch_not_metrics;
+  else if constexpr (DeclaresEvaluateFullDataset<T> && !CallableEvaluateFullDataset<T>) return P::evaluate_full_dataset_not_callable;
+  else if constexpr (DeclaresEvaluateFullDataset<T> && !evaluate_full_dataset_returns_metrics<T>())
+    return P::evaluate_full_dataset_not_metrics;
+  else return P::none;
+}
+
+/// Instantiated by dettrial::Trainer<T>: exactly one of these assertions fails for a broken trial,
+/// and its message is the one sentence that names the hook at fault.
+template <class T>
+struct TrialDiagnostics {
+  static constexpr TrialProblem problem = first_trial_problem<T>();
+  using P = TrialProblem;
+  static_assert(problem != P::not_constructible,
+                "dettrial::Trainer<T>: T must be constructible from dettrial::Context& (or default-constructible)");
+  static_assert(problem != P::no_training_loader,
+                "dettrial::Trainer<T>: T has no build_training_data_loader() hook; add one that returns a dettrial::DataLoader");
+  static_assert(problem != P::training_loader_not_a_loader,
+                "dettrial::Trainer<T>: T::build_training_data_loader() must return a dettrial::BatchLoader such as dettrial::DataLoader "
+                "(size(), set_epoch(epoch) and iteration over batches)");
+  static_assert(problem != P::no_validation_loader,
+                "dettrial::Trainer<T>: T has no build_validation_data_loader() hook; add one that returns a dettrial::DataLoader");
+  static_assert(problem != P::validation_loader_not_a_loader,
+                "dettrial::Trainer<T>: T::build_validation_data_loader() must return a dettrial::BatchLoader such as dettrial::DataLoader "
+                "(size(), set_epoch(epoch) and iteration over batches)");
+  static_assert(problem != P::model_not_a_module,
+                "dettrial::Trainer<T>: T::build_model() must return a LibTorch module (a torch::nn::ModuleHolder such as "
+                "torch::nn::Sequential, or a std::shared_ptr to a torch::nn::Module)");
+  static_assert(problem != P::no_optimizer,
+                "dettrial::Trainer<T>: T has build_model() but no optimizer(model) hook; add one that returns a torch::optim optimizer");
+  static_assert(problem != P::optimizer_not_an_optimizer,
+                "dettrial::Trainer<T>: T::optimizer(model) must return a torch::optim::Optimizer (by value or by smart pointer)");
+  static_assert(problem != P::scheduler_not_a_scheduler,
+                "dettrial::Trainer<T>: T::lr_scheduler(optimizer) must return a scheduler with step() or dettrial::scheduled(...)");
+  static_assert(problem != P::no_train_batch,
+                "dettrial::Trainer<T>: T has no train_batch hook; declare train_batch(batch, model, epoch_idx, batch_idx) in a "
+                "trial with build_model(), or train_batch(batch, epoch_idx, batch_idx) in one that wraps its model in its constructor");
+  static_assert(problem != P::train_batch_not_callable,
+                "dettrial::Trainer<T>: T::train_batch cannot be called with the training loader's batch type as "
+                "train_batch(batch, model, epoch_idx, batch_idx) (with build_model) or train_batch(batch, epoch_idx, batch_idx) (without)");
+  static_assert(problem != P::train_batch_not_metrics,
+                "dettrial::Trainer<T>: T::train_batch must return dettrial::Metrics (with a \"loss\" entry) or the loss as a torch::Tensor");
+  static_assert(problem != P::no_evaluate_hook,
+                "dettrial::Trainer<T>: T has neither evaluate_batch nor evaluate_full_dataset; define exactly one of them");
+  static_assert(problem != P::both_evaluate_hooks,
+                "dettrial::Trainer<T>: T defines both evaluate_batch and evaluate_full_dataset; define exactly one of them");
+  static_assert(problem != P::evaluate_batch_not_callable,
+                "dettrial::Trainer<T>: T::evaluate_batch cannot be called with the validation loader's batch type as "
+                "evaluate_batch(batch, model[, batch_idx]) (with build_model) or evaluate_batch(batch[, batch_idx]) (without)");
+  static_assert(problem != P::evaluate_batch_not_metrics, "dettrial::Trainer<T>: T::evaluate_batch must return dettrial::Metrics");
+  static_assert(problem != P::evaluate_full_dataset_not_callable,
+                "dettrial::Trainer<T>: T::evaluate_full_dataset cannot be called as evaluate_full_dataset(loader, model) (with "
+                "build_model) or evaluate_full_dataset(loader) (without)");
+  static_assert(problem != P::evaluate_full_dataset_not_metrics,
+                "dettrial::Trainer<T>: T::evaluate_full_dataset must return dettrial::Metrics");
+  static constexpr bool ok = problem == P::none;
+};
+
+}  // namespace detail
+
+/**
+ * @brief A trial: a plain type with Determined's hooks, in either style.
+ *
+ * - Declarative: `build_model()`, `optimizer(model)`, optional `lr_scheduler(optimizer)`,
+ *   `train_batch(batch, model, epoch_idx, batch_idx)` returning metrics with `loss`; the trainer does
+ *   backward, step and zero_grad.
+ * - Imperative: the constructor takes the Context and wraps models, optimizers and schedulers;
+ *   `train_batch(batch, epoch_idx, batch_idx)` calls `context.backward(loss)` and
+ *   `context.step_optimizer(opt)` itself.
+ *
+ * Both need `build_training_data_loader()`, `build_validation_data_loader()` and exactly one of
+ * `evaluate_batch` / `evaluate_full_dataset`.
+ */
+template <class T>
+concept Trial = detail::first_trial_problem<T>() == detail::TrialProblem::none;
+
+/// A trial in the declarative style.
+template <class T>
+concept DeclarativeTrial = Trial<T> && DeclaresModel<T>;
+/// A trial in the imperative style.
+template <class T>
+concept ImperativeTrial = Trial<T> && !DeclaresModel<T>;
+
+}  // namespace dettrial
