@@ -41,7 +41,8 @@ class Hyperparameters {
   /// Parses YAML text such as `"lr: 0.1\nglobal_batch_size: 64"`.
   static Hyperparameters parse(const std::string& yaml_text, std::string source = "hyperparameters") {
     try {
-      return Hyperparameters(YAML::Load(yaml_text), std::move(source));
+      YAML::Node root = YAML::Load(yaml_text);
+      return Hyperparameters(std::move(root), source);
     } catch (const YAML::ParserException& e) {
       throw HyperparameterError(source + ":" + std::to_string(e.mark.line + 1) + ":" + std::to_string(e.mark.column + 1) +
                                 ": YAML syntax error: " + e.msg);

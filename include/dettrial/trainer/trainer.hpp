@@ -89,6 +89,9 @@ class Trainer {
   /// declarative trial, its model, optimizer and scheduler, wrapped in `context`.
   template <class... Args>
   explicit Trainer(Context& context, Args&&... args) : context_(context) {
+    static_assert(std::constructible_from<TrialT, Context&, Args...> || std::constructible_from<TrialT, Args...>,
+                  "dettrial::Trainer<T>: T must be constructible from (dettrial::Context&, args...) or from (args...), "
+                  "where args are the Trainer's arguments after the context");
     if constexpr (trial_ok) {
       if constexpr (std::constructible_from<TrialT, Context&, Args...>)
         trial_ = std::make_unique<TrialT>(context, std::forward<Args>(args)...);
@@ -116,6 +119,13 @@ class Trainer {
     requires declarative
   {
     return *model_;
+  }
+
+  /// The optimizer of a declarative trial.
+  auto& optimizer()
+    requires declarative
+  {
+    return detail::deref(*optimizer_);
   }
 
   /**

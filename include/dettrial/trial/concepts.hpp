@@ -77,9 +77,11 @@ consteval auto optimizer_type() {
 template <class O>
 consteval auto optimizer_object_type() {
   if constexpr (TorchOptimizer<O>) return std::type_identity<O>{};
-  else if constexpr (requires(O& o) { *o; } && TorchOptimizer<std::remove_cvref_t<decltype(*std::declval<O&>())>>)
-    return std::type_identity<std::remove_cvref_t<decltype(*std::declval<O&>())>>{};
-  else return std::type_identity<missing>{};
+  else if constexpr (requires(O& o) { *o; }) {
+    if constexpr (TorchOptimizer<std::remove_cvref_t<decltype(*std::declval<O&>())>>)
+      return std::type_identity<std::remove_cvref_t<decltype(*std::declval<O&>())>>{};
+    else return std::type_identity<missing>{};
+  } else return std::type_identity<missing>{};
 }
 template <class T, class O>
 consteval auto scheduler_type() {
@@ -161,7 +163,6 @@ namespace detail {
 /// The first thing wrong with a trial type, in the order a user would fix them.
 enum class TrialProblem {
   none,
-  not_constructible,
   no_training_loader,
   training_loader_not_a_loader,
   no_validation_loader,
@@ -203,8 +204,7 @@ consteval bool evaluate_full_dataset_returns_metrics() {
 template <class T>
 consteval TrialProblem first_trial_problem() {
   using P = TrialProblem;
-  if constexpr (!std::constructible_from<T, Context&> && !std::default_initializable<T>) return P::not_constructible;
-  else if constexpr (!requires(T& t) { t.build_training_data_loader(); }) return P::no_training_loader;
+  if constexpr (!requires(T& t) { t.build_training_data_loader(); }) return P::no_training_loader;
   else if constexpr (!BatchLoader<training_loader_t<T>>) return P::training_loader_not_a_loader;
   else if constexpr (!requires(T& t) { t.build_validation_data_loader(); }) return P::no_validation_loader;
   else if constexpr (!BatchLoader<validation_loader_t<T>>) return P::validation_loader_not_a_loader;
@@ -235,8 +235,6 @@ template <class T>
 struct TrialDiagnostics {
   static constexpr TrialProblem problem = first_trial_problem<T>();
   using P = TrialProblem;
-  static_assert(problem != P::not_constructible,
-                "dettrial::Trainer<T>: T must be constructible from dettrial::Context& (or default-constructible)");
   static_assert(problem != P::no_training_loader,
                 "dettrial::Trainer<T>: T has no build_training_data_loader() hook; add one that returns a dettrial::DataLoader");
   static_assert(problem != P::training_loader_not_a_loader,

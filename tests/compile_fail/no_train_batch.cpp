@@ -1,0 +1,14 @@
+// EXPECT: T has no train_batch hook
+#include <dettrial/dettrial.hpp>
+struct Bad {
+  explicit Bad(dettrial::Context&) {}
+  torch::nn::Linear build_model() { return torch::nn::Linear(1, 1); }
+  torch::optim::SGD optimizer(torch::nn::Linear& m) { return torch::optim::SGD(m->parameters(), 0.1); }
+  auto build_training_data_loader() { return dettrial::DataLoader(dettrial::TensorDataset(torch::zeros({4, 1})), {.batch_size = 2}); }
+  auto build_validation_data_loader() { return build_training_data_loader(); }
+  dettrial::Metrics evaluate_batch(std::tuple<torch::Tensor>&, torch::nn::Linear&) { return {}; }
+};
+int main() {
+  dettrial::Context c(dettrial::Hyperparameters{});
+  dettrial::Trainer<Bad> t(c);
+}

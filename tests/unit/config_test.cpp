@@ -1,0 +1,173 @@
+// Experiment configs and hyperparameters: Determined's schema and defaults, typed reads, and errors
+// that name the file, line, key and value.
+#include <doctest/doctest.h>
+
+#include <fstream>
+
+#include <dettrial/dettrial.hpp>
+
+using namespace dettrial;
+
+TEST_CASE("hyperparameters: typed, nested, and errors that name the key and the value") {
+  const auto hp = Hyperparameters::parse(
+      "learning_rate: 0.001\nglobal_batch_size: 64\nname: net\npretrained: True\n"
+      "optimizer:\n  momentum: 0.9\n  betas: [0.9, 0.999]\nstart-epoch: 0\n",
+      "const.yaml");
+  CHECK(hp.get<double>("learning_rate") == 0.001);
+  CHECK(hp.get<int>("global_batch_size") == 64);
+  CHECK(hp.get<double>("global_batch_size") == 64.0);
+  CHECK(hp.get<std::string>("name") == "net");
+  CHECK(hp.get<bool>("pretrained"));
+  CHECK(hp.get<double>("optimizer.momentum") == 0.9);
+  CHECK(hp.get<std::vector<double>>("optimizer.betas") == std::vector<double>{0.9, 0.999});
+  CHECK(hp.nested("optimizer").get<double>("momentum") == 0.9);
+  CHECK(hp.get<int>("start-epoch") == 0);
+  CHECK(hp.get_or<double>("missing", 2.5) == 2.5);
+  CHECK(hp.names() == std::vector<std::string>{"learning_rate", "global_batch_size", "name", "pretrained", "optimizer", "start-epoch"});
+
+  CHECK_THROWS_WITH_AS(hp.get<double>("dropout"),
+                       "hyperparameter 'dropout' is missing from const.yaml (it defines: learning_rate, global_batch_size, "
+                       "name, pretrained, optimizer, start-epoch)",
+                       HyperparameterError);
+  CHECK_THROWS_WITH_AS(hp.get<double>("optimizer.beta1"), doctest::Contains("'optimizer.beta1' is missing"), HyperparameterError);
+  CHECK_THROWS_WITH_AS(hp.get<int>("learning_rate"), "const.yaml:1:16: hyperparameter 'learning_rate' is '0.001', which is not a integer",
+                       HyperparameterError);
+  CHECK_THROWS_WITH_AS(hp.get<double>("name"), "const.yaml:3:7: hyperparameter 'name' is 'net', which is not a number", HyperparameterError);
+  CHECK_THROWS_WITH_AS(hp.get<double>("optimizer"), doctest::Contains("hyperparameter 'optimizer' is a map, which is not a number"),
+                       HyperparameterError);
+  CHECK_THROWS_WITH_AS(hp.get<bool>("name"), doctest::Contains("which is not a bool"), HyperparameterError);
+  CHECK_THROWS_WITH_AS(Hyperparameters::parse("a: [1, 2", "x.yaml"), doctest::Contains("x.yaml:1:"), HyperparameterError);
+}
+
+TEST_CASE("the seed's const.yaml: legacy max_steps in steps of scheduling_unit, Determined's defaults") {
+  const auto c = ExperimentConfig::parse(R"(
+description: mnist_pytorch_const
+hyperparameters:
+    learning_rate: 0.001
+    dropout: 0.5
+    global_batch_size: 64
+    n_filters1: 40
+    n_filters2: 40
+searcher:
+    name: single
+    metric: validation_error
+    max_steps: 20
+    smaller_is_better: true
+entrypoint: model_def:MNistTrial
+)",
+                                         "const.yaml");
+  CHECK(c.description == "mnist_pytorch_const");
+  REQUIRE(c.searcher.max_length);
+  CHECK(*c.searcher.max_length == TrainUnit(Batch(2000)));
+  CHECK(c.searcher.metric == "validation_error");
+  CHECK(c.scheduling_unit == 100);
+  CHECK(c.checkpoint_policy == CheckpointPolicy::best);
+  CHECK(c.max_restarts == 5);
+  CHECK(c.aggregation_frequency == 1);
+  CHECK(c.average_aggregated_gradients);
+  CHECK_FALSE(c.perform_initial_validation);
+  CHECK_FALSE(c.experiment_seed);
+  const FitOptions o = FitOptions::from_config(c);
+  CHECK(o.reporting_period == TrainUnit(Batch(100)));
+  CHECK(o.validation_period.is_never());
+  CHECK(o.searcher_metric == "validation_error");
+  CHECK(c.trial_hyperparameters().get<int>("n_filters2") == 40);
+}
+
+TEST_CASE("config fields map to fit options; const hyperparameters resolve; search spaces are named") {
+  const auto c = ExperimentConfig::parse(R"(
+hyperparameters:
+  lr: {type: const, val: 0.5}
+  arch:
+    depth: 3
+    width: {type: const, val: 16}
+searcher: {name: single, metric: acc, smaller_is_better: false, max_length: {epochs: 4}}
+min_validation_period: {batches: 50}
+min_checkpoint_period: {records: 0}
+scheduling_unit: 10
+perform_initial_validation: true
+checkpoint_policy: all
+optimizations: {aggregation_frequency: 4, average_aggregated_gradients: false}
+reproducibility: {experiment_seed: 77}
+resources: {slots_per_trial: 1}
+data: {dir: /data}
+)");
+  CHECK(*c.searcher.max_length == TrainUnit(Epoch(4)));
+  CHECK(c.min_validation_period->value() == 50);
+  CHECK(c.min_checkpoint_period->is_never());  // Determined: a period below 1 means never
+  CHECK(c.aggregation_frequency == 4);
+  CHECK_FALSE(c.average_aggregated_gradients);
+  CHECK(*c.experiment_seed == 77);
+  CHECK(c.data["dir"].as<std::string>() == "/data");
+  const auto hp = c.trial_hyperparameters();
+  CHECK(hp.get<double>("lr") == 0.5);
+  CHECK(hp.get<int>("arch.width") == 16);
+  CHECK(hp.get<int>("arch.depth") == 3);
+  const FitOptions o = FitOptions::from_config(c);
+  CHECK(o.step_zero_validation);
+  CHECK(o.checkpoint_policy == CheckpointPolicy::all);
+  CHECK_FALSE(o.smaller_is_better);
+  CHECK(o.reporting_period == TrainUnit(Batch(10)));
+
+  Context a(c, ContextOptions{});
+  Context b(c, ContextOptions{});
+  CHECK(a.get_trial_seed() == b.get_trial_seed());  // derived from experiment_seed
+  CHECK(a.aggregation_frequency() == 4);
+
+  const auto search = ExperimentConfig::parse("hyperparameters:\n  lr:\n    type: log\n    minval: -4\n    maxval: -1\n    base: 10\n", "adaptive.yaml");
+  CHECK_THROWS_WITH_AS(search.trial_hyperparameters(),
+                       doctest::Contains("adaptive.yaml:3:5: hyperparameter 'lr' is a search space (type: log)"), ConfigError);
+}
+
+TEST_CASE("bad configs: syntax errors with their line, wrong types and values with file:line:column") {
+  CHECK_THROWS_WITH_AS(ExperimentConfig::parse("searcher:\n  name: single\n   metric: x\n", "bad.yaml"),
+                       doctest::Contains("bad.yaml:3:"), ConfigError);
+  CHECK_THROWS_WITH_AS(ExperimentConfig::parse("searcher:\n  name: single\n   metric: x\n", "bad.yaml"),
+                       doctest::Contains("YAML syntax error"), ConfigError);
+  CHECK_THROWS_WITH_AS(ExperimentConfig::parse("scheduling_unit: lots\n", "c.yaml"),
+                       "c.yaml:1:18: 'scheduling_unit' is 'lots', which is not a integer", ConfigError);
+  CHECK_THROWS_WITH_AS(ExperimentConfig::parse("scheduling_unit: 0\n", "c.yaml"), doctest::Contains("at least 1"), ConfigError);
+  CHECK_THROWS_WITH_AS(ExperimentConfig::parse("searcher:\n  max_length: {steps: 3}\n", "c.yaml"),
+                       "c.yaml:2:16: 'max_length' has unit 'steps'; expected batches, records or epochs", ConfigError);
+  CHECK_THROWS_WITH_AS(ExperimentConfig::parse("searcher:\n  max_length: {batches: -3}\n", "c.yaml"),
+                       doctest::Contains("'max_length.batches' must be a non-negative integer"), ConfigError);
+  CHECK_THROWS_WITH_AS(ExperimentConfig::parse("checkpoint_policy: sometimes\n", "c.yaml"),
+                       doctest::Contains("checkpoint_policy must be best, all or none, not 'sometimes'"), ConfigError);
+  CHECK_THROWS_WITH_AS(ExperimentConfig::parse("optimizations: {aggregation_frequency: 0}\n", "c.yaml"),
+                       doctest::Contains("aggregation_frequency must be at least 1"), ConfigError);
+  CHECK_THROWS_WITH_AS(ExperimentConfig::parse("", "empty.yaml"), "empty.yaml: the experiment config is empty", ConfigError);
+  CHECK_THROWS_WITH_AS(ExperimentConfig::load_file("/nonexistent/const.yaml"),
+                       "cannot read experiment config '/nonexistent/const.yaml': no such file", ConfigError);
+}
+
+TEST_CASE("train units: Determined's boundary rule") {
+  CHECK_FALSE(Batch(5).reached(0));
+  CHECK(Batch(5).reached(5));
+  CHECK(Batch(5).reached(10));
+  CHECK_FALSE(Batch(5).reached(6));
+  CHECK(Batch(0).reached(3));  // a period below 1 fires on every unit
+  CHECK(never().is_never());
+  CHECK_FALSE(never().reached(1'000'000));
+  const TrainUnit at = Batch::at({50, 10});
+  CHECK(at.reached(10));
+  CHECK(at.reached(50));
+  CHECK_FALSE(at.reached(20));
+  CHECK(Record(1000).in_batches_if_records(64) == TrainUnit(Batch(15)));
+  CHECK(Record(10).in_batches_if_records(64) == TrainUnit(Batch(1)));
+  CHECK(Epoch(2).to_string() == "2 epochs");
+}
+
+TEST_CASE("metrics: literal names without allocation, dynamic names interned, lookups that name what is missing") {
+  Metrics m{{"loss", torch::tensor(0.5)}, {"acc", 0.75}};
+  const std::string dynamic = "head_" + std::to_string(2);
+  m.set(dynamic, 3);
+  CHECK(m.size() == 3);
+  CHECK(m.at("loss").is_tensor());
+  CHECK(m.at("acc").to_double() == 0.75);
+  CHECK(m.at("head_2").to_double() == 3.0);
+  CHECK(MetricKey(dynamic).view().data() == MetricKey(std::string("head_2")).view().data());
+  CHECK_THROWS_WITH_AS(m.at("error"), "metric 'error' is missing; the metrics are: loss, acc, head_2", TrialError);
+  CHECK(lr_step::visit("every_epoch", [](auto mode) { return std::string(decltype(mode)::name); }) == "every_epoch");
+  CHECK_THROWS_WITH_AS(lr_step::visit("sometimes", [](auto) { return 0; }), doctest::Contains("unknown LR step mode 'sometimes'"),
+                       ConfigError);
+}

@@ -1,0 +1,117 @@
+// Small trials and data for dettrial's tests: a linear regression that trains in milliseconds.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include <dettrial/dettrial.hpp>
+
+namespace test {
+
+/// 64 records of y = x . w + noise, the same every time.
+inline std::tuple<torch::Tensor, torch::Tensor> regression_data(std::int64_t n = 64) {
+  auto gen = at::detail::createCPUGenerator(1234);
+  torch::Tensor x = torch::randn({n, 4}, gen);
+  torch::Tensor w = torch::tensor({1.5f, -2.0f, 0.5f, 3.0f});
+  torch::Tensor y = x.matmul(w).unsqueeze(1) + 0.1 * torch::randn({n, 1}, gen);
+  return {x, y};
+}
+
+inline dettrial::Hyperparameters hparams(const std::string& extra = "") {
+  return dettrial::Hyperparameters::parse("global_batch_size: 8\nlr: 0.05\n" + extra);
+}
+
+inline torch::nn::Sequential make_model() {
+  return torch::nn::Sequential(torch::nn::Linear(4, 8), torch::nn::ReLU(), torch::nn::Dropout(0.25), torch::nn::Linear(8, 1));
+}
+
+using Batch = std::tuple<torch::Tensor, torch::Tensor>;
+
+/// The declarative style: build_model / optimizer / train_batch(batch, model, epoch_idx, batch_idx).
+struct DeclarativeRegression {
+  dettrial::Context& context;
+  std::int64_t records = 64;
+  bool shuffle = true;
+  explicit DeclarativeRegression(dettrial::Context& c) : context(c) {}
+
+  torch::nn::Sequential build_model() { return make_model(); }
+  torch::optim::SGD optimizer(torch::nn::Sequential& model) {
+    return torch::optim::SGD(model->parameters(), torch::optim::SGDOptions(context.get_hparam<double>("lr")));
+  }
+  auto build_training_data_loader() {
+    auto [x, y] = regression_data(records);
+    return dettrial::DataLoader(dettrial::TensorDataset(x, y), {.batch_size = context.get_per_slot_batch_size(), .shuffle = shuffle});
+  }
+  auto build_validation_data_loader() {
+    auto [x, y] = regression_data(records);
+    return dettrial::DataLoader(dettrial::TensorDataset(x, y), {.batch_size = context.get_per_slot_batch_size()});
+  }
+  dettrial::Metrics train_batch(Batch& b, torch::nn::Sequential& model, std::int64_t, std::int64_t) {
+    auto& [x, y] = b;
+    return {{"loss", torch::mse_loss(model->forward(x), y)}};
+  }
+  dettrial::Metrics evaluate_batch(Batch& b, torch::nn::Sequential& model) {
+    auto& [x, y] = b;
+    return {{"validation_loss", torch::mse_loss(model->forward(x), y)}};
+  }
+};
+
+/// The same trial in the imperative style: the constructor wraps, train_batch steps.
+struct ImperativeRegression {
+  dettrial::Context& context;
+  torch::nn::Sequential model;
+  torch::optim::SGD opt;
+  explicit ImperativeRegression(dettrial::Context& c)
+      : context(c),
+        model(c.wrap_model(make_model())),
+        opt(model->parameters(), torch::optim::SGDOptions(c.get_hparam<double>("lr"))) {
+    context.wrap_optimizer(opt);
+  }
+  auto build_training_data_loader() {
+    auto [x, y] = regression_data();
+    return dettrial::DataLoader(dettrial::TensorDataset(x, y), {.batch_size = context.get_per_slot_batch_size(), .shuffle = true});
+  }
+  auto build_validation_data_loader() {
+    auto [x, y] = regression_data();
+    return dettrial::DataLoader(dettrial::TensorDataset(x, y), {.batch_size = context.get_per_slot_batch_size()});
+  }
+  dettrial::Metrics train_batch(Batch& b, std::int64_t, std::int64_t) {
+    auto& [x, y] = b;
+    torch::Tensor loss = torch::mse_loss(model->forward(x), y);
+    context.backward(loss);
+    context.step_optimizer(opt);
+    return {{"loss", loss}};
+  }
+  dettrial::Metrics evaluate_batch(Batch& b) {
+    auto& [x, y] = b;
+    return {{"validation_loss", torch::mse_loss(model->forward(x), y)}};
+  }
+};
+
+/// A quiet run writing into a fresh temporary directory.
+inline dettrial::FitOptions quiet(dettrial::FitOptions o) {
+  o.report.quiet = true;
+  if (o.output_dir.empty()) {
+    static int counter = 0;
+    o.output_dir = std::filesystem::temp_directory_path() /
+                   ("dettrial-test-" + std::to_string(::getpid()) + "-" + std::to_string(counter++));
+    std::filesystem::remove_all(o.output_dir);
+  }
+  return o;
+}
+
+inline std::vector<torch::Tensor> parameters_of(const dettrial::Context& c) {
+  std::vector<torch::Tensor> out;
+  for (const auto& m : c.models())
+    for (const auto& p : m->parameters()) out.push_back(p.detach().clone());
+  return out;
+}
+
+inline bool bit_identical(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
+  if (a.size() != b.size()) return false;
+  for (std::size_t i = 0; i < a.size(); ++i)
+    if (!torch::equal(a[i], b[i])) return false;
+  return true;
+}
+
+}  // namespace test

@@ -1,0 +1,502 @@
+// The training loop: Determined's boundaries and callback order, metric averaging and reduction,
+// gradient aggregation, LR step modes, clipping, seeding, and the errors fit reports.
+#include <doctest/doctest.h>
+
+#include <fstream>
+#include <sstream>
+
+#include "test_trials.hpp"
+
+using namespace dettrial;
+
+namespace {
+
+/// A trial whose data and metrics are counters, so averages and orders can be checked exactly.
+/// Its training loader has `epoch_len` batches; train_batch returns the batch index as a metric.
+struct CountingTrial {
+  Context& context;
+  torch::nn::Linear model{nullptr};
+  torch::optim::SGD opt;
+  std::int64_t epoch_len;
+  std::vector<std::int64_t> seen_batches;
+  CountingTrial(Context& c, std::int64_t epoch_len_ = 4)
+      : context(c), model(c.wrap_model(torch::nn::Linear(1, 1))), opt(model->parameters(), 0.0), epoch_len(epoch_len_) {
+    context.wrap_optimizer(opt);
+  }
+  auto build_training_data_loader() {
+    return DataLoader(TensorDataset(torch::arange(epoch_len * 2, torch::kFloat).unsqueeze(1)), {.batch_size = 2});
+  }
+  auto build_validation_data_loader() {
+    return DataLoader(TensorDataset(torch::arange(6, torch::kFloat).unsqueeze(1)), {.batch_size = 2});
+  }
+  Metrics train_batch(std::tuple<torch::Tensor>& b, std::int64_t epoch_idx, std::int64_t batch_idx) {
+    seen_batches.push_back(batch_idx);
+    torch::Tensor loss = model->forward(std::get<0>(b)).sum();
+    context.backward(loss);
+    context.step_optimizer(opt);
+    return {{"loss", torch::tensor(static_cast<double>(batch_idx))}, {"epoch", static_cast<double>(epoch_idx)}};
+  }
+  Metrics evaluate_batch(std::tuple<torch::Tensor>& b) {
+    // batch values 0,1 | 2,3 | 4,5: first elements 0, 2, 4
+    return {{"first", std::get<0>(b)[0][0]}, {"count", 1.0}};
+  }
+};
+
+/// Records every hook in order.
+struct Recorder {
+  std::vector<std::string> events;
+  std::vector<std::int64_t> workload_sizes;
+  std::int64_t last_batches = 0;
+  void on_trial_startup(std::int64_t first, const std::string&) { events.push_back("startup@" + std::to_string(first)); }
+  void on_trial_shutdown() { events.push_back("shutdown"); }
+  void on_training_start() { events.push_back("training_start"); }
+  void on_training_epoch_start(std::int64_t e) { events.push_back("epoch_start" + std::to_string(e)); }
+  void on_training_epoch_end(std::int64_t e) { events.push_back("epoch_end" + std::to_string(e)); }
+  void on_training_workload_end(const MetricValues& avg) {
+    const auto b = static_cast<std::int64_t>(avg.at("batches"));
+    events.push_back("train@" + std::to_string(b) + "(n=" + std::to_string(b - last_batches) + ")");
+    last_batches = b;
+  }
+  void on_validation_end(const MetricValues& m) { events.push_back("VAL@" + std::to_string(static_cast<std::int64_t>(m.at("batches_seen")))); }
+};
+
+/// Adds the batch count a validation ran at (what Determined's log shows as VAL@N).
+struct BatchesSeen {
+  Context* context;
+  void reset() {}
+  MetricValues reduce() {
+    MetricValues m;
+    m.set("batches_seen", static_cast<double>(seen));
+    return m;
+  }
+  std::int64_t seen = 0;
+};
+
+std::vector<std::string> read_lines(const std::filesystem::path& p) {
+  std::ifstream in(p);
+  std::vector<std::string> lines;
+  for (std::string l; std::getline(in, l);) lines.push_back(l);
+  return lines;
+}
+
+}  // namespace
+
+TEST_CASE("the loop follows Determined's verified boundary and callback sequence") {
+  // Reference: a 4-batch epoch, max_length Epoch(3), validation Batch(5), checkpoint Epoch(2),
+  // reporting Batch(3), step_zero_validation, checkpoint_policy none.
+  Context context(test::hparams(), ContextOptions{.trial_seed = 1});
+  Trainer<CountingTrial> trainer(context);
+  Recorder rec;
+  struct Seen {
+    Recorder* rec;
+    BatchesSeen* seen;
+    Context* ctx;
+    void on_validation_start() { seen->seen = rec->last_batches; }
+  };
+  BatchesSeen seen{&context};
+  context.wrap_reducer(seen, "", /*for_training=*/false, /*for_validation=*/true);
+  Seen hook{&rec, &seen, &context};
+  const FitResult r = trainer.fit(test::quiet({.max_length = Epoch(3),
+                                               .validation_period = Batch(5),
+                                               .checkpoint_period = Epoch(2),
+                                               .reporting_period = Batch(3),
+                                               .checkpoint_policy = CheckpointPolicy::none,
+                                               .step_zero_validation = true}),
+                                  hook, rec);
+  const std::vector<std::string> expected = {
+      "startup@0",     "training_start", "VAL@0",         "epoch_start0",  "train@3(n=3)", "epoch_end0",
+      "epoch_start1",  "train@5(n=2)",   "VAL@5",         "train@6(n=1)",  "epoch_end1",   "train@8(n=2)",
+      "epoch_start2",  "train@9(n=1)",   "train@10(n=1)", "VAL@10",        "epoch_end2",   "train@12(n=2)",
+      "VAL@12",        "shutdown"};
+  CHECK(rec.events == expected);
+  CHECK(r.batches_trained == 12);
+  CHECK(r.epochs_trained == 3);
+  CHECK(r.validations == 4);
+  // The checkpoint boundaries at 8 and at the end were reached; nothing pretends to have saved.
+  CHECK(r.checkpoints_not_saved == 2);
+  CHECK(trainer.trial().seen_batches == std::vector<std::int64_t>{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11});
+}
+
+TEST_CASE("training metrics are unweighted means over each workload; metrics.jsonl has every report") {
+  Context context(test::hparams(), ContextOptions{.trial_seed = 1});
+  Trainer<CountingTrial> trainer(context);
+  const FitResult r = trainer.fit(test::quiet({.max_length = Batch(7), .reporting_period = Batch(3)}));
+  // Workloads: batches 0-2 (mean 1), 3-5 (mean 4), 6 (mean 6).
+  CHECK(r.last_training_metrics.at("loss") == doctest::Approx(6.0));
+  CHECK(r.last_training_metrics.at("batches") == 7);
+  CHECK(r.last_training_metrics.at("epochs") == 1);
+  const auto lines = read_lines(r.output_dir / "metrics.jsonl");
+  REQUIRE(lines.size() == 4);
+  CHECK(lines[0].find("\"type\":\"training\",\"batches\":3,\"epochs\":0") != std::string::npos);
+  CHECK(lines[0].find("\"loss\":1,") != std::string::npos);
+  CHECK(lines[1].find("\"loss\":4,") != std::string::npos);
+  CHECK(lines[1].find("\"epoch\":0.66666666666666663") != std::string::npos);  // epochs 0, 1, 1
+  CHECK(lines[2].find("\"loss\":6,") != std::string::npos);
+  CHECK(lines[3].find("\"type\":\"validation\",\"batches\":7,\"epochs\":1") != std::string::npos);
+  // Validation: first elements 0, 2, 4 averaged over three batches.
+  CHECK(lines[3].find("\"first\":2,") != std::string::npos);
+}
+
+namespace {
+template <Reducer R>
+struct ReducingTrial : CountingTrial {
+  using CountingTrial::CountingTrial;
+  Reducer evaluation_reducer() const { return R; }
+};
+struct PerMetricReducers : CountingTrial {
+  using CountingTrial::CountingTrial;
+  std::map<std::string, Reducer> evaluation_reducer() const { return {{"first", Reducer::max}, {"count", Reducer::sum}}; }
+};
+struct WrongReducerNames : CountingTrial {
+  using CountingTrial::CountingTrial;
+  std::map<std::string, Reducer> evaluation_reducer() const { return {{"first", Reducer::max}, {"typo", Reducer::sum}}; }
+};
+template <class T>
+MetricValues validate_once() {
+  Context context(test::hparams(), ContextOptions{.trial_seed = 1});
+  Trainer<T> trainer(context);
+  return trainer.fit(test::quiet({.max_length = Batch(1)})).last_validation_metrics;
+}
+}  // namespace
+
+TEST_CASE("validation reducers: avg, sum, max, min, per metric, and names that must match") {
+  CHECK(validate_once<ReducingTrial<Reducer::avg>>().at("first") == doctest::Approx(2.0));
+  CHECK(validate_once<ReducingTrial<Reducer::sum>>().at("first") == doctest::Approx(6.0));
+  CHECK(validate_once<ReducingTrial<Reducer::max>>().at("first") == doctest::Approx(4.0));
+  CHECK(validate_once<ReducingTrial<Reducer::min>>().at("first") == doctest::Approx(0.0));
+  const MetricValues per = validate_once<PerMetricReducers>();
+  CHECK(per.at("first") == doctest::Approx(4.0));
+  CHECK(per.at("count") == doctest::Approx(3.0));
+  CHECK_THROWS_WITH_AS(validate_once<WrongReducerNames>(), doctest::Contains("it has no reducer for: count"), TrialError);
+  CHECK_THROWS_WITH_AS(validate_once<WrongReducerNames>(), doctest::Contains("not returned: typo"), TrialError);
+}
+
+namespace {
+/// A user reducer: the trial feeds it; dettrial resets and reduces it.
+struct Accuracy {
+  double correct = 0, total = 0;
+  int resets = 0;
+  void update(double c, double t) { correct += c, total += t; }
+  void reset() { correct = total = 0, ++resets; }
+  double reduce() const { return total > 0 ? correct / total : 0; }
+};
+struct ReducerTrial : CountingTrial {
+  Accuracy accuracy;
+  ReducerTrial(Context& c) : CountingTrial(c) { c.wrap_reducer(accuracy, "accuracy", /*for_training=*/false); }
+  Metrics evaluate_batch(std::tuple<torch::Tensor>& b, std::int64_t batch_idx) {
+    accuracy.update(batch_idx == 0 ? 0 : 2, 2);  // batches 0,1,2: 0/2, 2/2, 2/2
+    return CountingTrial::evaluate_batch(b);
+  }
+};
+}  // namespace
+
+TEST_CASE("a user reducer is reset before each validation and merged under its name") {
+  Context context(test::hparams(), ContextOptions{.trial_seed = 1});
+  Trainer<ReducerTrial> trainer(context);
+  const FitResult r = trainer.fit(test::quiet({.max_length = Batch(4), .validation_period = Batch(2)}));
+  CHECK(r.validations == 2);
+  CHECK(r.last_validation_metrics.at("accuracy") == doctest::Approx(4.0 / 6.0));
+  CHECK(trainer.trial().accuracy.resets == 2);
+}
+
+TEST_CASE("gradient aggregation: accumulate, average, then step on every second batch") {
+  // The Determined rule, by hand: grads of batches 2k and 2k+1 summed, divided by 2, one SGD step.
+  auto [x, y] = test::regression_data();
+  torch::manual_seed(5);
+  auto reference = torch::nn::Linear(4, 1);
+  auto start = reference->parameters();
+  std::vector<torch::Tensor> initial;
+  for (auto& p : start) initial.push_back(p.detach().clone());
+  torch::optim::SGD ref_opt(reference->parameters(), 0.1);
+  for (int b = 0; b < 8; ++b) {
+    auto loss = torch::mse_loss(reference->forward(x.narrow(0, b * 8, 8)), y.narrow(0, b * 8, 8));
+    loss.backward();
+    if (b % 2 == 1) {
+      for (auto& p : reference->parameters()) p.grad().div_(2);
+      ref_opt.step();
+      ref_opt.zero_grad();
+    }
+  }
+
+  struct Unshuffled {
+    Context& context;
+    torch::nn::Linear model;
+    torch::optim::SGD opt;
+    std::vector<torch::Tensor> init;
+    Unshuffled(Context& c, std::vector<torch::Tensor> init_)
+        : context(c), model(c.wrap_model(torch::nn::Linear(4, 1))), opt(model->parameters(), 0.1) {
+      torch::NoGradGuard g;
+      auto ps = model->parameters();
+      for (std::size_t i = 0; i < ps.size(); ++i) ps[i].copy_(init_[i]);
+      c.wrap_optimizer(opt);
+    }
+    auto build_training_data_loader() {
+      auto [x, y] = test::regression_data();
+      return DataLoader(TensorDataset(x, y), {.batch_size = 8});
+    }
+    auto build_validation_data_loader() { return build_training_data_loader(); }
+    Metrics train_batch(test::Batch& b, std::int64_t, std::int64_t) {
+      auto loss = torch::mse_loss(model->forward(std::get<0>(b)), std::get<1>(b));
+      context.backward(loss);
+      context.step_optimizer(opt);
+      return {{"loss", loss}};
+    }
+    Metrics evaluate_batch(test::Batch& b) { return {{"mse", torch::mse_loss(model->forward(std::get<0>(b)), std::get<1>(b))}}; }
+  };
+  Context context(test::hparams(), ContextOptions{.trial_seed = 1, .aggregation_frequency = 2});
+  Trainer<Unshuffled> trainer(context, initial);
+  trainer.fit(test::quiet({.max_length = Batch(8)}));
+  CHECK(test::bit_identical(test::parameters_of(context), [&] {
+    std::vector<torch::Tensor> v;
+    for (auto& p : reference->parameters()) v.push_back(p.detach());
+    return v;
+  }()));
+}
+
+namespace {
+/// A scheduler that counts its steps at each batch.
+struct CountingScheduler {
+  int steps = 0;
+  void step() { ++steps; }
+};
+template <class Mode>
+struct SchedulerTrial : CountingTrial {
+  CountingScheduler scheduler;
+  std::vector<int> steps_after_batch;
+  SchedulerTrial(Context& c, std::int64_t frequency) : CountingTrial(c) { c.wrap_lr_scheduler(scheduler, Mode{}, frequency); }
+  Metrics train_batch(std::tuple<torch::Tensor>& b, std::int64_t e, std::int64_t i) {
+    steps_after_batch.push_back(scheduler.steps);  // steps before this batch's own
+    return CountingTrial::train_batch(b, e, i);
+  }
+};
+template <class Mode>
+std::vector<int> schedule(std::int64_t agg, std::int64_t frequency) {
+  Context context(test::hparams(), ContextOptions{.trial_seed = 1, .aggregation_frequency = agg});
+  Trainer<SchedulerTrial<Mode>> trainer(context, frequency);
+  trainer.fit(test::quiet({.max_length = Batch(8)}));
+  auto v = trainer.trial().steps_after_batch;
+  v.push_back(trainer.trial().scheduler.steps);
+  return v;
+}
+}  // namespace
+
+TEST_CASE("LR step modes step on update batches only, with Determined's counting") {
+  // 4-batch epochs, 8 batches; entry i = steps taken before batch i (last entry: the total).
+  CHECK(schedule<lr_step::every_batch>(1, 1) == std::vector<int>{0, 1, 2, 3, 4, 5, 6, 7, 8});
+  CHECK(schedule<lr_step::every_batch>(1, 3) == std::vector<int>{0, 0, 0, 1, 1, 1, 2, 2, 2});
+  CHECK(schedule<lr_step::every_batch>(2, 1) == std::vector<int>{0, 0, 2, 2, 4, 4, 6, 6, 8});  // catches up
+  CHECK(schedule<lr_step::every_epoch>(1, 1) == std::vector<int>{0, 0, 0, 0, 1, 1, 1, 1, 2});
+  CHECK(schedule<lr_step::every_epoch>(1, 2) == std::vector<int>{0, 0, 0, 0, 0, 0, 0, 0, 1});
+  CHECK(schedule<lr_step::every_optimizer_step>(2, 2) == std::vector<int>{0, 0, 1, 1, 2, 2, 3, 3, 4});
+  CHECK(schedule<lr_step::every_optimizer_step>(2, 4) == std::vector<int>{0, 0, 0, 0, 1, 1, 1, 1, 2});
+  CHECK(schedule<lr_step::manual>(1, 1) == std::vector<int>{0, 0, 0, 0, 0, 0, 0, 0, 0});
+}
+
+TEST_CASE("a declarative trial's lr_scheduler is stepped in its chosen mode") {
+  struct WithScheduler : test::DeclarativeRegression {
+    using DeclarativeRegression::DeclarativeRegression;
+    auto lr_scheduler(torch::optim::SGD& opt) { return scheduled(torch::optim::StepLR(opt, 1, 0.5), lr_step::every_epoch{}); }
+  };
+  Context context(test::hparams(), ContextOptions{.trial_seed = 3});
+  Trainer<WithScheduler> trainer(context);
+  trainer.fit(test::quiet({.max_length = Epoch(3)}));
+  // 8 batches per epoch, three epochs: three step() calls, whatever LibTorch's StepLR makes of them
+  // (LibTorch's first step() does not decay, unlike Python's).
+  auto lr_of = [](torch::optim::Optimizer& o) { return static_cast<torch::optim::SGDOptions&>(o.param_groups()[0].options()).lr(); };
+  torch::optim::SGD reference(test::make_model()->parameters(), 0.05);
+  torch::optim::StepLR reference_scheduler(reference, 1, 0.5);
+  for (int i = 0; i < 3; ++i) reference_scheduler.step();
+  CHECK(lr_of(trainer.optimizer()) == lr_of(reference));
+  CHECK(lr_of(trainer.optimizer()) < 0.05);
+}
+
+TEST_CASE("step_optimizer clips by norm and by value before stepping") {
+  auto run = [](auto clip) {
+    Context context(test::hparams(), ContextOptions{.trial_seed = 1});
+    auto model = context.wrap_model(torch::nn::Linear(torch::nn::LinearOptions(2, 1).bias(false)));
+    model->weight.data().fill_(0);
+    torch::optim::SGD opt(model->parameters(), 1.0);
+    context.wrap_optimizer(opt);
+    model->forward(torch::tensor({{3.0f, 4.0f}})).sum().backward();  // gradient (3, 4), norm 5
+    context.step_optimizer(opt, clip);
+    return model->weight.detach().clone();
+  };
+  CHECK(torch::allclose(run(clip::none{}), torch::tensor({{-3.0f, -4.0f}})));
+  CHECK(torch::allclose(run(clip::by_norm{1.0}), torch::tensor({{-0.6f, -0.8f}}), 1e-4, 1e-5));
+  CHECK(torch::allclose(run(clip::by_value{3.5}), torch::tensor({{-3.0f, -3.5f}})));
+}
+
+namespace {
+template <class T>
+std::pair<std::vector<torch::Tensor>, double> train_regression(std::uint64_t seed) {
+  Context context(test::hparams(), ContextOptions{.trial_seed = seed});
+  Trainer<T> trainer(context);
+  const FitResult r = trainer.fit(test::quiet({.max_length = Epoch(3), .validation_period = Epoch(1)}));
+  return {test::parameters_of(context), r.last_validation_metrics.at("validation_loss")};
+}
+}  // namespace
+
+TEST_CASE("the same seed gives the same run, in both trial styles; another seed does not") {
+  const auto [declarative, loss_d] = train_regression<test::DeclarativeRegression>(11);
+  const auto [again, loss_again] = train_regression<test::DeclarativeRegression>(11);
+  const auto [imperative, loss_i] = train_regression<test::ImperativeRegression>(11);
+  const auto [other, loss_other] = train_regression<test::DeclarativeRegression>(12);
+  CHECK(test::bit_identical(declarative, again));
+  CHECK(loss_d == loss_again);
+  CHECK(test::bit_identical(declarative, imperative));  // dropout, shuffling and init all follow the seed
+  CHECK(loss_d == loss_i);
+  CHECK_FALSE(test::bit_identical(declarative, other));
+  CHECK(loss_d < 1.0);  // and it learns: the targets' variance is about 15
+}
+
+TEST_CASE("max_length in records and epochs; test_mode; step-zero validation; stop requests") {
+  Context context(test::hparams(), ContextOptions{.trial_seed = 1});
+  {
+    Trainer<CountingTrial> trainer(context);
+    // 60 records of a global batch of 8 are 7 batches (Determined rounds down, at least one).
+    CHECK(trainer.fit(test::quiet({.max_length = Record(60)})).batches_trained == 7);
+  }
+  {
+    Context c2(test::hparams(), ContextOptions{.trial_seed = 1});
+    Trainer<CountingTrial> trainer(c2, 5);
+    const FitResult r = trainer.fit(test::quiet({.max_length = Epoch(2)}));
+    CHECK(r.batches_trained == 10);
+    CHECK(r.epochs_trained == 2);
+  }
+  {
+    Context c3(test::hparams(), ContextOptions{.trial_seed = 1});
+    Trainer<CountingTrial> trainer(c3);
+    const FitResult r = trainer.fit(test::quiet({.max_length = Epoch(100), .test_mode = true}));
+    CHECK(r.batches_trained == 1);
+    CHECK(r.validations == 1);
+  }
+  {
+    struct StopsAtThree : CountingTrial {
+      using CountingTrial::CountingTrial;
+      Metrics train_batch(std::tuple<torch::Tensor>& b, std::int64_t e, std::int64_t i) {
+        if (i == 2) context.set_stop_requested(true);
+        return CountingTrial::train_batch(b, e, i);
+      }
+    };
+    Context c4(test::hparams(), ContextOptions{.trial_seed = 1});
+    Trainer<StopsAtThree> trainer(c4);
+    const FitResult r = trainer.fit(test::quiet({.max_length = Batch(100), .reporting_period = Batch(1)}));
+    CHECK(r.stopped_early);
+    CHECK(r.batches_trained == 3);
+    CHECK(r.validations == 0);  // a stop checkpoints and exits, as Determined does
+  }
+}
+
+TEST_CASE("fit reports bad lengths and broken trials with one clear message") {
+  Context context(test::hparams(), ContextOptions{.trial_seed = 1});
+  Trainer<CountingTrial> trainer(context);
+  CHECK_THROWS_WITH_AS(trainer.fit(test::quiet({})), doctest::Contains("fit() needs a training length"), ConfigError);
+  CHECK_THROWS_WITH_AS(trainer.fit(test::quiet({.max_length = Batch(0)})), doctest::Contains("max_length is 0 batches"), ConfigError);
+  CHECK_THROWS_WITH_AS(trainer.fit(test::quiet({.max_length = Batch(5), .latest_checkpoint = "ckpt"})),
+                       doctest::Contains("resuming from a checkpoint"), Error);
+
+  struct NoLoss : test::DeclarativeRegression {
+    using DeclarativeRegression::DeclarativeRegression;
+    Metrics train_batch(test::Batch& b, torch::nn::Sequential& m, std::int64_t, std::int64_t) {
+      return {{"mse", torch::mse_loss(m->forward(std::get<0>(b)), std::get<1>(b))}};
+    }
+  };
+  Context c2(test::hparams(), ContextOptions{.trial_seed = 1});
+  Trainer<NoLoss> no_loss(c2);
+  CHECK_THROWS_WITH_AS(no_loss.fit(test::quiet({.max_length = Batch(1)})), "metric 'loss' is missing; the metrics are: mse", TrialError);
+
+  struct ChangingKeys : CountingTrial {
+    using CountingTrial::CountingTrial;
+    Metrics train_batch(std::tuple<torch::Tensor>& b, std::int64_t e, std::int64_t i) {
+      CountingTrial::train_batch(b, e, i);
+      if (i == 1) return {{"loss", 1.0}, {"extra", 2.0}};
+      return {{"loss", 1.0}};
+    }
+  };
+  Context c3(test::hparams(), ContextOptions{.trial_seed = 1});
+  Trainer<ChangingKeys> changing(c3);
+  CHECK_THROWS_WITH_AS(changing.fit(test::quiet({.max_length = Batch(4)})),
+                       doctest::Contains("returned the metrics {loss, extra} at batch 1 but {loss} earlier"), TrialError);
+
+  struct Unwrapped {
+    Context& context;
+    torch::nn::Linear model;
+    torch::optim::SGD opt;
+    Unwrapped(Context& c) : context(c), model(c.wrap_model(torch::nn::Linear(1, 1))), opt(model->parameters(), 0.1) {}
+    auto build_training_data_loader() { return DataLoader(TensorDataset(torch::zeros({4, 1})), {.batch_size = 2}); }
+    auto build_validation_data_loader() { return build_training_data_loader(); }
+    Metrics train_batch(std::tuple<torch::Tensor>& b, std::int64_t, std::int64_t) { return {{"loss", 0.0}}; }
+    Metrics evaluate_batch(std::tuple<torch::Tensor>&) { return {{"x", 0.0}}; }
+  };
+  Context c4(test::hparams(), ContextOptions{.trial_seed = 1});
+  CHECK_THROWS_WITH_AS(Trainer<Unwrapped>{c4}, doctest::Contains("the trial wrapped no optimizer"), TrialError);
+
+  struct EmptyValidation : CountingTrial {
+    using CountingTrial::CountingTrial;
+    auto build_validation_data_loader() { return DataLoader(TensorDataset(torch::zeros({0, 1})), {.batch_size = 2}); }
+  };
+  Context c5(test::hparams(), ContextOptions{.trial_seed = 1});
+  Trainer<EmptyValidation> empty(c5);
+  CHECK_THROWS_WITH_AS(empty.fit(test::quiet({.max_length = Batch(1)})), "the validation data loader yielded no batches", DataError);
+}
+
+TEST_CASE("evaluate_full_dataset gets the whole validation loader and no reducer") {
+  struct FullDataset : CountingTrial {
+    using CountingTrial::CountingTrial;
+    Metrics evaluate_batch(std::tuple<torch::Tensor>&) = delete;
+    Metrics evaluate_full_dataset(DataLoader<TensorDataset<1>>& loader) {
+      double total = 0;
+      for (auto&& [x] : loader) total += x.sum().item<double>();
+      return {{"total", total}, {"batches_in_loader", static_cast<double>(loader.size())}};
+    }
+  };
+  Context context(test::hparams(), ContextOptions{.trial_seed = 1});
+  Trainer<FullDataset> trainer(context);
+  const FitResult r = trainer.fit(test::quiet({.max_length = Batch(2)}));
+  CHECK(r.last_validation_metrics.at("total") == 15.0);
+  CHECK(r.last_validation_metrics.at("batches_in_loader") == 3.0);
+}
+
+TEST_CASE("callbacks from build_callbacks and from fit, with per-batch metrics on request") {
+  struct WantsBatches {
+    std::vector<std::size_t> sizes;
+    void on_training_workload_end(const MetricValues&, std::span<const Metrics> batches) { sizes.push_back(batches.size()); }
+  };
+  struct EpochCounter {
+    int* ends;
+    void on_training_epoch_end(std::int64_t) { ++*ends; }
+  };
+  struct WithCallbacks : CountingTrial {
+    int ends = 0;
+    using CountingTrial::CountingTrial;
+    std::tuple<EpochCounter> build_callbacks() { return {EpochCounter{&ends}}; }
+  };
+  Context context(test::hparams(), ContextOptions{.trial_seed = 1});
+  Trainer<WithCallbacks> trainer(context);
+  WantsBatches wants;
+  trainer.fit(test::quiet({.max_length = Batch(8), .reporting_period = Batch(3)}), wants);
+  CHECK(wants.sizes == std::vector<std::size_t>{3, 3, 2});
+  CHECK(trainer.trial().ends == 2);
+}
+
+TEST_CASE("context: batch sizes, counters, to_device over nested batches") {
+  Context context(test::hparams(), ContextOptions{.trial_seed = 9, .slots_per_trial = 3});
+  CHECK(context.get_per_slot_batch_size() == 2);  // 8 // 3
+  CHECK(context.get_global_batch_size() == 6);
+  CHECK(context.get_trial_seed() == 9);
+  CHECK(context.device().is_cpu());
+  Context no_batch(Hyperparameters::parse("lr: 1"), ContextOptions{.trial_seed = 1});
+  CHECK_THROWS_WITH_AS(no_batch.get_per_slot_batch_size(), doctest::Contains("need the hyperparameter 'global_batch_size'"),
+                       HyperparameterError);
+  CHECK_THROWS_WITH_AS(no_batch.current_train_epoch(), doctest::Contains("once training has started"), TrialError);
+
+  using Nested = std::tuple<torch::Tensor, std::vector<torch::Tensor>, std::map<std::string, torch::Tensor>, std::string>;
+  Nested batch{torch::ones({5, 2}), {torch::zeros({5}), torch::ones({5})}, {{"mask", torch::ones({5})}}, "ids"};
+  Nested moved = context.to_device(batch);
+  CHECK(std::get<0>(moved).device().is_cpu());
+  CHECK(std::get<3>(moved) == "ids");
+  CHECK(std::get<2>(moved).at("mask").size(0) == 5);
+  CHECK(batch_length(moved) == 5);
+  CHECK(batch_length(std::vector<torch::Tensor>{torch::zeros({7, 1})}) == 7);
+  CHECK(batch_length(std::map<std::string, torch::Tensor>{{"a", torch::zeros({3})}}) == 3);
+}
