@@ -46,6 +46,12 @@ class MnistTrial {
                              torch::optim::SGDOptions(context_.get_hparam<double>("learning_rate")).momentum(0.9));
   }
 
+  /// Optional decay of the learning rate after every epoch (hyperparameter `lr_decay`, default 1: none).
+  auto lr_scheduler(torch::optim::SGD& optimizer) {
+    return dettrial::scheduled(torch::optim::StepLR(optimizer, 1, context_.get_hparams().get_or<double>("lr_decay", 1.0)),
+                               dettrial::lr_step::every_epoch{});
+  }
+
   auto build_training_data_loader() {
     return dettrial::DataLoader(dettrial::TensorDataset(train_.images, train_.labels),
                                 {.batch_size = context_.get_per_slot_batch_size(), .shuffle = true});

@@ -51,7 +51,8 @@ class Progress {
  public:
   using clock = std::chrono::steady_clock;
 
-  explicit Progress(ReportOptions options = {})
+  Progress() : Progress(ReportOptions{}) {}
+  explicit Progress(ReportOptions options)
       : quiet_(options.quiet), live_(!options.quiet && options.live_progress.value_or(isatty(fileno(stdout)) == 1)) {}
 
   /// Starts a phase ("train", "validate") of `total` units (0 when unknown).

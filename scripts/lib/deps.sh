@@ -1,0 +1,65 @@
+# shellcheck shell=bash
+# dettrial's dependencies on a Debian 12 machine: sourced by scripts/test and scripts/mnist.
+# Everything here is idempotent: what is already installed is left alone.
+
+DETTRIAL_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+DETTRIAL_CACHE=${DETTRIAL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/dettrial}
+DETTRIAL_VENV=${DETTRIAL_VENV:-$DETTRIAL_CACHE/venv}
+# The Python torch whose LibTorch dettrial is also built against (a 2.x, CUDA- and NCCL-built wheel).
+DETTRIAL_PIP_TORCH=${DETTRIAL_PIP_TORCH:-torch}
+
+dettrial_log() { printf '==> %s\n' "$*" >&2; }
+
+dettrial_as_root() {
+  if [ "$(id -u)" -eq 0 ]; then "$@"; elif command -v sudo >/dev/null; then sudo "$@"; else
+    dettrial_log "need root to run: $*"; return 1; fi
+}
+
+# Installs the Debian packages that are missing.
+dettrial_apt() {
+  local missing=() p
+  for p in "$@"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  [ ${#missing[@]} -eq 0 ] && return 0
+  dettrial_log "installing Debian packages: ${missing[*]}"
+  dettrial_as_root apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive dettrial_as_root apt-get install -y -qq --no-install-recommends "${missing[@]}"
+}
+
+# The build tools, Debian's LibTorch 1.13 (with Gloo's headers), yaml-cpp, range-v3, doctest, zlib,
+# and the real datasets (Fashion-MNIST).
+dettrial_base_deps() {
+  dettrial_apt build-essential cmake ninja-build git python3 python3-venv zlib1g-dev \
+    libtorch-dev libgloo-dev libyaml-cpp-dev librange-v3-dev doctest-dev dataset-fashion-mnist
+}
+
+# A venv with PyPI's torch; prints nothing, sets DETTRIAL_PIP_TORCH_PREFIX to its CMake prefix.
+dettrial_pip_torch() {
+  if [ ! -x "$DETTRIAL_VENV/bin/python" ]; then
+    dettrial_log "creating $DETTRIAL_VENV"
+    mkdir -p "$(dirname "$DETTRIAL_VENV")"
+    python3 -m venv "$DETTRIAL_VENV"
+  fi
+  if ! "$DETTRIAL_VENV/bin/python" -c 'import torch' 2>/dev/null; then
+    dettrial_log "installing $DETTRIAL_PIP_TORCH from PyPI into $DETTRIAL_VENV (a few GB)"
+    "$DETTRIAL_VENV/bin/python" -m pip install -q --upgrade pip
+    "$DETTRIAL_VENV/bin/python" -m pip install -q "$DETTRIAL_PIP_TORCH" numpy
+  fi
+  DETTRIAL_PIP_TORCH_PREFIX=$("$DETTRIAL_VENV/bin/python" -c 'import torch; print(torch.utils.cmake_prefix_path)')
+  DETTRIAL_PIP_TORCH_VERSION=$("$DETTRIAL_VENV/bin/python" -c 'import torch; print(torch.__version__)')
+  export DETTRIAL_PIP_TORCH_PREFIX DETTRIAL_PIP_TORCH_VERSION
+}
+
+# Configures and builds dettrial in build/<name> against the LibTorch at <prefix> ("" = the system's).
+dettrial_build() {
+  local name=$1 prefix=$2
+  shift 2
+  local dir="$DETTRIAL_ROOT/build/$name"
+  local args=(-S "$DETTRIAL_ROOT" -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Release "$@")
+  [ -n "$prefix" ] && args+=("-DCMAKE_PREFIX_PATH=$prefix" "-DTorch_DIR=$prefix/Torch")
+  dettrial_log "configuring $name"
+  cmake "${args[@]}" >"$dir.configure.log" 2>&1 || { mkdir -p "$dir"; cat "$dir.configure.log" >&2; return 1; }
+  dettrial_log "building $name (2 jobs)"
+  cmake --build "$dir" -j 2
+}
