@@ -1,0 +1,3252 @@
+// ==========================================================================================
+// dettrial, single-header edition: DO NOT MODIFY THIS FILE BY HAND.
+// It is generated from include/ by tools/amalgamate.py; edit the headers there and regenerate.
+// ==========================================================================================
+#pragma once
+// ---- begin dettrial/dettrial.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief dettrial: Determined's trial API for LibTorch, composed at compile time. Include this header.
+///
+/// A trial is a plain type with hooks (build_training_data_loader, build_validation_data_loader,
+/// train_batch, evaluate_batch, and either build_model/optimizer or a constructor that wraps them in
+/// the Context). dettrial::Trainer<MyTrial> checks them with concepts and runs Determined's loop.
+
+// ---- begin dettrial/version.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief dettrial's version: the one place it is written (CMake reads it from here).
+
+#define DETTRIAL_VERSION_MAJOR 0
+#define DETTRIAL_VERSION_MINOR 1
+#define DETTRIAL_VERSION_PATCH 0
+#define DETTRIAL_VERSION_STRING "0.1.0"
+
+namespace dettrial {
+inline constexpr const char* version = DETTRIAL_VERSION_STRING;
+}  // namespace dettrial
+// ---- end dettrial/version.hpp
+
+// ---- begin dettrial/detail/error.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief The exceptions dettrial throws. Every message names the thing at fault.
+
+#include <stdexcept>
+#include <string>
+
+namespace dettrial {
+
+/// Base of every error dettrial reports; `what()` is one readable sentence.
+struct Error : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+/// A broken, unreadable or inconsistent experiment configuration.
+struct ConfigError : Error {
+  using Error::Error;
+};
+/// A hyperparameter that is missing or has the wrong type.
+struct HyperparameterError : Error {
+  using Error::Error;
+};
+/// Data that cannot be read or does not have the expected shape.
+struct DataError : Error {
+  using Error::Error;
+};
+/// A trial that breaks the contract at run time (metrics without `loss`, an unwrapped optimizer, ...).
+struct TrialError : Error {
+  using Error::Error;
+};
+
+}  // namespace dettrial
+// ---- end dettrial/detail/error.hpp
+
+// ---- begin dettrial/config/experiment_config.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief Determined's experiment configuration (the fields a single machine gives meaning to).
+
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <optional>
+#include <sstream>
+#include <string>
+
+#include <yaml-cpp/yaml.h>
+
+// ---- begin dettrial/detail/yaml.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief Small helpers over yaml-cpp: positions for messages, typed reads that name the value at fault.
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <string_view>
+#include <typeinfo>
+#include <vector>
+
+#include <yaml-cpp/yaml.h>
+
+namespace dettrial::detail {
+
+/// "file:line:column" of a node (1-based), or just the source name when yaml-cpp has no position.
+inline std::string where(const YAML::Node& node, const std::string& source) {
+  const YAML::Mark mark = node.Mark();
+  if (mark.is_null()) return source;
+  return source + ":" + std::to_string(mark.line + 1) + ":" + std::to_string(mark.column + 1);
+}
+
+/// A human name for the C++ type a value was read as.
+template <class T>
+std::string type_name() {
+  if constexpr (std::is_same_v<T, bool>) return "bool";
+  else if constexpr (std::is_integral_v<T>) return "integer";
+  else if constexpr (std::is_floating_point_v<T>) return "number";
+  else if constexpr (std::is_same_v<T, std::string>) return "string";
+  else if constexpr (requires { typename T::value_type; typename T::allocator_type; } &&
+                     !requires { typename T::key_type; })
+    return "list of " + type_name<typename T::value_type>();
+  else if constexpr (requires { typename T::key_type; typename T::mapped_type; })
+    return "map of " + type_name<typename T::mapped_type>();
+  else if constexpr (std::is_same_v<T, YAML::Node>) return "YAML node";
+  else return typeid(T).name();
+}
+
+/// What a YAML node holds, for messages: `0.1`, `"abc"`, `a list`, `a map`.
+inline std::string describe(const YAML::Node& node) {
+  switch (node.Type()) {
+    case YAML::NodeType::Null: return "null";
+    case YAML::NodeType::Scalar: return "'" + node.Scalar() + "'";
+    case YAML::NodeType::Sequence: return "a list";
+    case YAML::NodeType::Map: return "a map";
+    default: return "nothing";
+  }
+}
+
+/// Reads `node` as T; integers are not silently truncated from fractions, and `1e3`-style
+/// integers are accepted when exact. Returns false when the value does not convert.
+template <class T>
+bool try_read(const YAML::Node& node, T& out) {
+  if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
+    if (!node.IsScalar()) return false;
+    if (YAML::convert<T>::decode(node, out)) return true;
+    double d = 0;
+    if (!YAML::convert<double>::decode(node, d)) return false;
+    const auto i = static_cast<T>(d);
+    if (static_cast<double>(i) != d) return false;
+    out = i;
+    return true;
+  } else if constexpr (std::is_same_v<T, std::string>) {
+    if (!node.IsScalar()) return false;
+    out = node.Scalar();
+    return true;
+  } else {
+    try {
+      out = node.as<T>();
+      return true;
+    } catch (const YAML::Exception&) {
+      return false;
+    }
+  }
+}
+
+}  // namespace dettrial::detail
+// ---- end dettrial/detail/yaml.hpp
+// ---- begin dettrial/trainer/units.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief Training lengths and periods: Batch, Epoch and Record, with Determined's boundary rule.
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <vector>
+
+
+namespace dettrial {
+
+/// The unit a length or a period is counted in.
+enum class Unit { batches, epochs, records };
+
+inline const char* to_string(Unit u) {
+  switch (u) {
+    case Unit::batches: return "batches";
+    case Unit::epochs: return "epochs";
+    case Unit::records: return "records";
+  }
+  return "?";
+}
+
+/**
+ * @brief A length or a period: an integer count of a unit, or an explicit schedule of points.
+ *
+ * As in Determined, a period `p` is reached after `n` units when `n % p == 0`; `n == 0` never reaches
+ * it, a period below 1 is reached on every unit, and a schedule is reached exactly at its points.
+ * Use the named forms: `Batch{100}`, `Epoch{2}`, `Record{60000}`, `Batch::at({10, 50})`.
+ */
+class TrainUnit {
+ public:
+  static constexpr std::int64_t never_value = std::numeric_limits<std::int64_t>::max();
+
+  constexpr TrainUnit(Unit unit, std::int64_t value) : unit_(unit), value_(value) {}
+  TrainUnit(Unit unit, std::vector<std::int64_t> points) : unit_(unit), points_(std::move(points)) {
+    std::sort(points_.begin(), points_.end());
+    value_ = points_.empty() ? never_value : points_.back();
+  }
+
+  constexpr Unit unit() const { return unit_; }
+  /// The period (or, for a schedule, its last point).
+  constexpr std::int64_t value() const { return value_; }
+  bool is_schedule() const { return !points_.empty(); }
+  const std::vector<std::int64_t>& points() const { return points_; }
+  bool is_never() const { return points_.empty() && value_ == never_value; }
+
+  /// Determined's `should_stop(n)`: is the boundary reached after `n` completed units?
+  bool reached(std::int64_t n) const {
+    if (!points_.empty()) return std::binary_search(points_.begin(), points_.end(), n);
+    if (n == 0) return false;
+    if (value_ < 1) return true;
+    return n % value_ == 0;
+  }
+
+  /// Records become batches of `global_batch_size`, at least one (Determined's `_from_values`).
+  TrainUnit in_batches_if_records(std::int64_t global_batch_size) const {
+    if (unit_ != Unit::records) return *this;
+    if (global_batch_size < 1) throw ConfigError("a length in records needs a global_batch_size of at least 1");
+    if (!points_.empty()) {
+      std::vector<std::int64_t> pts;
+      for (auto p : points_) pts.push_back(std::max<std::int64_t>(p / global_batch_size, 1));
+      return TrainUnit(Unit::batches, std::move(pts));
+    }
+    if (value_ == never_value) return TrainUnit(Unit::batches, never_value);
+    return TrainUnit(Unit::batches, std::max<std::int64_t>(value_ / global_batch_size, 1));
+  }
+
+  std::string to_string() const {
+    if (is_never()) return "never";
+    if (!points_.empty()) {
+      std::string s = std::string(dettrial::to_string(unit_)) + " at [";
+      for (std::size_t i = 0; i < points_.size(); ++i) s += (i ? ", " : "") + std::to_string(points_[i]);
+      return s + "]";
+    }
+    return std::to_string(value_) + " " + dettrial::to_string(unit_);
+  }
+
+  friend bool operator==(const TrainUnit&, const TrainUnit&) = default;
+
+ private:
+  Unit unit_;
+  std::int64_t value_ = never_value;
+  std::vector<std::int64_t> points_;
+};
+
+/// A count or period in batches (optimizer-agnostic: one batch is one call of `train_batch`).
+struct Batch : TrainUnit {
+  constexpr explicit Batch(std::int64_t n) : TrainUnit(Unit::batches, n) {}
+  static TrainUnit at(std::vector<std::int64_t> points) { return TrainUnit(Unit::batches, std::move(points)); }
+};
+/// A count or period in epochs (an epoch is the training loader's length, in batches).
+struct Epoch : TrainUnit {
+  constexpr explicit Epoch(std::int64_t n) : TrainUnit(Unit::epochs, n) {}
+  static TrainUnit at(std::vector<std::int64_t> points) { return TrainUnit(Unit::epochs, std::move(points)); }
+};
+/// A count or period in records, converted to batches of the global batch size at the start of fit.
+struct Record : TrainUnit {
+  constexpr explicit Record(std::int64_t n) : TrainUnit(Unit::records, n) {}
+};
+
+/// A period that is never reached.
+inline TrainUnit never() { return Batch(TrainUnit::never_value); }
+
+}  // namespace dettrial
+// ---- end dettrial/trainer/units.hpp
+// ---- begin dettrial/config/hyperparameters.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief A trial's hyperparameters: typed, nested, with errors that name the key and the value.
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <yaml-cpp/yaml.h>
+
+
+namespace dettrial {
+
+/**
+ * @brief The hyperparameters of one trial, as a YAML map (Determined's `hyperparameters` section with
+ * every value resolved).
+ *
+ * Nested values are reached with dotted paths (`optimizer.lr`); a key that itself contains a dot is
+ * found first. Reads are typed: `get<double>("lr")` fails with a HyperparameterError that names the
+ * key, the value found and where it was written when the value does not convert.
+ * @code{.cpp}
+ * auto hp = dettrial::Hyperparameters::parse("lr: 0.1\noptimizer: {momentum: 0.9}");
+ * double lr = hp.get<double>("lr");
+ * double m = hp.get<double>("optimizer.momentum");
+ * @endcode
+ */
+class Hyperparameters {
+ public:
+  Hyperparameters() : root_(YAML::NodeType::Map) {}
+  /// Wraps a YAML map; `source` names where it came from in messages (a file name, "--set").
+  explicit Hyperparameters(YAML::Node map, std::string source = "hyperparameters")
+      : root_(std::move(map)), source_(std::move(source)) {
+    if (!root_.IsDefined() || root_.IsNull()) root_ = YAML::Node(YAML::NodeType::Map);
+    if (!root_.IsMap())
+      throw HyperparameterError(detail::where(root_, source_) + ": hyperparameters must be a map of name: value, found " +
+                                detail::describe(root_));
+  }
+  /// Parses YAML text such as `"lr: 0.1\nglobal_batch_size: 64"`.
+  static Hyperparameters parse(const std::string& yaml_text, std::string source = "hyperparameters") {
+    try {
+      YAML::Node root = YAML::Load(yaml_text);
+      return Hyperparameters(std::move(root), source);
+    } catch (const YAML::ParserException& e) {
+      throw HyperparameterError(source + ":" + std::to_string(e.mark.line + 1) + ":" + std::to_string(e.mark.column + 1) +
+                                ": YAML syntax error: " + e.msg);
+    }
+  }
+
+  /// True when `path` names a value.
+  bool contains(std::string_view path) const { return lookup(path).IsDefined(); }
+
+  /// The value at `path` as T; throws HyperparameterError naming the key when it is missing or mistyped.
+  template <class T>
+  T get(std::string_view path) const {
+    const YAML::Node node = require(path);
+    T value{};
+    if (!detail::try_read(node, value))
+      throw HyperparameterError(detail::where(node, source_) + ": hyperparameter '" + std::string(path) + "' is " +
+                                detail::describe(node) + ", which is not a " + detail::type_name<T>());
+    return value;
+  }
+
+  /// The value at `path` as T, or `fallback` when it is absent (a present but mistyped value still throws).
+  template <class T>
+  T get_or(std::string_view path, T fallback) const {
+    return contains(path) ? get<T>(path) : std::move(fallback);
+  }
+
+  /// The nested hyperparameters under `path` (which must be a map).
+  Hyperparameters nested(std::string_view path) const {
+    const YAML::Node node = require(path);
+    if (!node.IsMap())
+      throw HyperparameterError(detail::where(node, source_) + ": hyperparameter '" + std::string(path) + "' is " +
+                                detail::describe(node) + ", not a nested map");
+    return Hyperparameters(node, source_);
+  }
+
+  /// The raw YAML node at `path`; throws when missing.
+  YAML::Node node(std::string_view path) const { return require(path); }
+  /// The whole map.
+  const YAML::Node& yaml() const { return root_; }
+  /// Top-level names, in file order.
+  std::vector<std::string> names() const {
+    std::vector<std::string> out;
+    for (const auto& kv : root_) out.push_back(kv.first.Scalar());
+    return out;
+  }
+  const std::string& source() const { return source_; }
+
+ private:
+  YAML::Node lookup(std::string_view path) const {
+    // yaml-cpp's operator[] on a non-const node inserts; clone-free lookups go through const nodes.
+    const YAML::Node& root = root_;
+    if (YAML::Node whole = root[std::string(path)]; whole.IsDefined()) return whole;
+    YAML::Node current(root_);  // shares root_'s data; reset() rebinds it without writing
+    std::size_t start = 0;
+    while (start <= path.size()) {
+      const std::size_t dot = path.find('.', start);
+      const std::string part(path.substr(start, dot == std::string_view::npos ? std::string_view::npos : dot - start));
+      if (!current.IsMap()) return YAML::Node(YAML::NodeType::Undefined);
+      const YAML::Node& as_const = current;
+      YAML::Node next = as_const[part];
+      if (!next.IsDefined()) return next;
+      current.reset(next);
+      if (dot == std::string_view::npos) break;
+      start = dot + 1;
+    }
+    return current;
+  }
+
+  YAML::Node require(std::string_view path) const {
+    YAML::Node node = lookup(path);
+    if (!node.IsDefined()) {
+      std::string known;
+      for (const auto& name : names()) known += (known.empty() ? "" : ", ") + name;
+      throw HyperparameterError("hyperparameter '" + std::string(path) + "' is missing from " + source_ +
+                                (known.empty() ? " (it defines none)" : " (it defines: " + known + ")"));
+    }
+    return node;
+  }
+
+  YAML::Node root_;
+  std::string source_ = "hyperparameters";
+};
+
+}  // namespace dettrial
+// ---- end dettrial/config/hyperparameters.hpp
+
+namespace dettrial {
+
+/// When to checkpoint right after a validation (Determined's `checkpoint_policy`).
+enum class CheckpointPolicy { best, all, none };
+
+inline const char* to_string(CheckpointPolicy p) {
+  switch (p) {
+    case CheckpointPolicy::best: return "best";
+    case CheckpointPolicy::all: return "all";
+    case CheckpointPolicy::none: return "none";
+  }
+  return "?";
+}
+
+/**
+ * @brief An experiment configuration in Determined's YAML schema.
+ *
+ * Reads the fields that mean something without a cluster, with Determined's defaults, including the
+ * legacy `searcher.max_steps` (counted in steps of `scheduling_unit` batches). Errors carry
+ * `file:line:column`.
+ */
+class ExperimentConfig {
+ public:
+  std::string name;
+  std::string description;
+  /// The search space or values, as written (`hyperparameters`).
+  YAML::Node hyperparameters{YAML::NodeType::Map};
+  /// The free-form `data` section.
+  YAML::Node data{YAML::NodeType::Map};
+
+  struct Searcher {
+    std::string name = "single";
+    std::string metric;
+    bool smaller_is_better = true;
+    /// `searcher.max_length`, or the legacy `max_steps` converted to batches.
+    std::optional<TrainUnit> max_length;
+  } searcher;
+
+  std::int64_t scheduling_unit = 100;
+  std::int64_t records_per_epoch = 0;
+  std::optional<TrainUnit> min_validation_period;
+  std::optional<TrainUnit> min_checkpoint_period;
+  bool perform_initial_validation = false;
+  CheckpointPolicy checkpoint_policy = CheckpointPolicy::best;
+  std::int64_t max_restarts = 5;
+  std::int64_t slots_per_trial = 1;
+  std::int64_t aggregation_frequency = 1;
+  bool average_aggregated_gradients = true;
+  std::optional<std::uint64_t> experiment_seed;
+
+  /// The whole document, for `get_experiment_config()`.
+  YAML::Node yaml{YAML::NodeType::Map};
+  /// Where it came from (file name or "<string>"), for messages.
+  std::string source = "<string>";
+
+  /// Reads and parses a file; a missing or unreadable file is a ConfigError naming it.
+  static ExperimentConfig load_file(const std::filesystem::path& path) {
+    std::ifstream in(path);
+    if (!in) {
+      std::error_code ec;
+      const bool exists = std::filesystem::exists(path, ec);
+      throw ConfigError("cannot read experiment config '" + path.string() + "': " +
+                        (exists ? "permission denied or not a file" : "no such file"));
+    }
+    std::stringstream text;
+    text << in.rdbuf();
+    return parse(text.str(), path.string());
+  }
+
+  /// Parses YAML text; `source` names it in messages.
+  static ExperimentConfig parse(const std::string& text, std::string source = "<string>") {
+    YAML::Node root;
+    try {
+      root = YAML::Load(text);
+    } catch (const YAML::ParserException& e) {
+      throw ConfigError(source + ":" + std::to_string(e.mark.line + 1) + ":" + std::to_string(e.mark.column + 1) +
+                        ": YAML syntax error: " + e.msg);
+    }
+    return from_yaml(root, std::move(source));
+  }
+
+  static ExperimentConfig from_yaml(const YAML::Node& root, std::string source) {
+    ExperimentConfig c;
+    c.source = source;
+    if (root.IsNull() || !root.IsDefined()) throw ConfigError(source + ": the experiment config is empty");
+    if (!root.IsMap()) throw ConfigError(detail::where(root, source) + ": the experiment config must be a map");
+    c.yaml = root;
+    Reader r{source};
+    r.read(root, "name", c.name);
+    r.read(root, "description", c.description);
+    if (root["hyperparameters"]) {
+      c.hyperparameters = root["hyperparameters"];
+      if (!c.hyperparameters.IsMap() && !c.hyperparameters.IsNull())
+        throw ConfigError(detail::where(c.hyperparameters, source) + ": 'hyperparameters' must be a map");
+    }
+    if (root["data"]) c.data = root["data"];
+    r.read(root, "scheduling_unit", c.scheduling_unit);
+    if (c.scheduling_unit < 1)
+      throw ConfigError(detail::where(root["scheduling_unit"], source) + ": scheduling_unit must be at least 1");
+    r.read(root, "records_per_epoch", c.records_per_epoch);
+    r.read(root, "perform_initial_validation", c.perform_initial_validation);
+    r.read(root, "max_restarts", c.max_restarts);
+    c.min_validation_period = r.length(root, "min_validation_period", /*zero_means_never=*/true);
+    c.min_checkpoint_period = r.length(root, "min_checkpoint_period", /*zero_means_never=*/true);
+    if (const YAML::Node p = root["checkpoint_policy"]) {
+      std::string s;
+      r.read(root, "checkpoint_policy", s);
+      if (s == "best") c.checkpoint_policy = CheckpointPolicy::best;
+      else if (s == "all") c.checkpoint_policy = CheckpointPolicy::all;
+      else if (s == "none") c.checkpoint_policy = CheckpointPolicy::none;
+      else throw ConfigError(detail::where(p, source) + ": checkpoint_policy must be best, all or none, not '" + s + "'");
+    }
+    if (const YAML::Node res = root["resources"]) {
+      r.read(res, "slots_per_trial", c.slots_per_trial);
+      if (c.slots_per_trial < 1)
+        throw ConfigError(detail::where(res["slots_per_trial"], source) + ": resources.slots_per_trial must be at least 1");
+    }
+    if (const YAML::Node opt = root["optimizations"]) {
+      r.read(opt, "aggregation_frequency", c.aggregation_frequency);
+      if (c.aggregation_frequency < 1)
+        throw ConfigError(detail::where(opt["aggregation_frequency"], source) +
+                          ": optimizations.aggregation_frequency must be at least 1");
+      r.read(opt, "average_aggregated_gradients", c.average_aggregated_gradients);
+    }
+    if (const YAML::Node rep = root["reproducibility"]; rep && rep["experiment_seed"]) {
+      std::uint64_t seed = 0;
+      r.read(rep, "experiment_seed", seed);
+      c.experiment_seed = seed;
+    }
+    if (const YAML::Node s = root["searcher"]) {
+      if (!s.IsMap()) throw ConfigError(detail::where(s, source) + ": 'searcher' must be a map");
+      r.read(s, "name", c.searcher.name);
+      r.read(s, "metric", c.searcher.metric);
+      r.read(s, "smaller_is_better", c.searcher.smaller_is_better);
+      if (s["max_length"]) {
+        c.searcher.max_length = r.length(s, "max_length", /*zero_means_never=*/false);
+      } else if (s["max_steps"]) {
+        std::int64_t steps = 0;
+        r.read(s, "max_steps", steps);
+        if (steps < 0) throw ConfigError(detail::where(s["max_steps"], source) + ": searcher.max_steps must not be negative");
+        c.searcher.max_length = Batch(steps * c.scheduling_unit);
+      }
+    }
+    return c;
+  }
+
+  /**
+   * @brief The hyperparameters of the one trial this config describes: `const` entries and plain
+   * values resolved, nested maps kept. A search space (int, double, log, categorical) has no single
+   * value, so it is an error that names it.
+   */
+  Hyperparameters trial_hyperparameters() const {
+    return Hyperparameters(resolve_constants(hyperparameters, ""), source);
+  }
+
+ private:
+  YAML::Node resolve_constants(const YAML::Node& map, const std::string& prefix) const {
+    YAML::Node out(YAML::NodeType::Map);
+    if (!map.IsDefined() || map.IsNull()) return out;
+    for (const auto& kv : map) {
+      const std::string key = kv.first.Scalar();
+      const YAML::Node& v = kv.second;
+      if (v.IsMap() && v["type"]) {
+        const std::string type = v["type"].Scalar();
+        if (type == "const") {
+          if (!v["val"]) throw ConfigError(detail::where(v, source) + ": hyperparameter '" + prefix + key + "' of type const has no 'val'");
+          out[key] = v["val"];
+        } else if (type == "int" || type == "double" || type == "log" || type == "categorical") {
+          throw ConfigError(detail::where(v, source) + ": hyperparameter '" + prefix + key + "' is a search space (type: " +
+                            type + "), which has no single value; give it a value (type: const) to train one trial");
+        } else {
+          throw ConfigError(detail::where(v["type"], source) + ": hyperparameter '" + prefix + key + "' has unknown type '" +
+                            type + "' (expected const, int, double, log or categorical)");
+        }
+      } else if (v.IsMap()) {
+        out[key] = resolve_constants(v, prefix + key + ".");
+      } else {
+        out[key] = v;
+      }
+    }
+    return out;
+  }
+
+  struct Reader {
+    const std::string& source;
+    template <class T>
+    void read(const YAML::Node& map, const char* key, T& out) const {
+      const YAML::Node node = map[key];
+      if (!node || node.IsNull()) return;
+      if (!detail::try_read(node, out))
+        throw ConfigError(detail::where(node, source) + ": '" + key + "' is " + detail::describe(node) + ", which is not a " +
+                          detail::type_name<T>());
+    }
+    std::optional<TrainUnit> length(const YAML::Node& map, const char* key, bool zero_means_never) const {
+      const YAML::Node node = map[key];
+      if (!node || node.IsNull()) return std::nullopt;
+      if (!node.IsMap() || node.size() != 1)
+        throw ConfigError(detail::where(node, source) + ": '" + key +
+                          "' must be a map with exactly one of batches, records or epochs, e.g. {batches: 1000}");
+      const std::string unit_name = node.begin()->first.Scalar();
+      Unit unit;
+      if (unit_name == "batches") unit = Unit::batches;
+      else if (unit_name == "epochs") unit = Unit::epochs;
+      else if (unit_name == "records") unit = Unit::records;
+      else throw ConfigError(detail::where(node.begin()->first, source) + ": '" + key + "' has unit '" + unit_name +
+                             "'; expected batches, records or epochs");
+      std::int64_t value = 0;
+      if (!detail::try_read(node.begin()->second, value) || value < 0)
+        throw ConfigError(detail::where(node.begin()->second, source) + ": '" + key + "." + unit_name +
+                          "' must be a non-negative integer, found " + detail::describe(node.begin()->second));
+      // Determined maps a configured period below 1 to "never".
+      if (zero_means_never && value < 1) return TrainUnit(unit, TrainUnit::never_value);
+      return TrainUnit(unit, value);
+    }
+  };
+};
+
+}  // namespace dettrial
+// ---- end dettrial/config/experiment_config.hpp
+// ---- begin dettrial/context/context.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief The trial context: hyperparameters, batch sizes, seed, device, counters, and the wrapping of
+/// models, optimizers, schedulers and reducers that the trainer drives.
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include <torch/torch.h>
+#include <yaml-cpp/yaml.h>
+
+// ---- begin dettrial/metrics/reducers.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief Metric reduction: Determined's averaging of training metrics over a workload, validation
+/// reducers (avg, sum, max, min) per metric, and user reducer types.
+
+#include <concepts>
+#include <limits>
+#include <map>
+#include <optional>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include <torch/torch.h>
+
+// ---- begin dettrial/metrics/metrics.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief Metrics a trial returns per batch, and the reduced metrics dettrial reports.
+
+#include <cmath>
+#include <cstddef>
+#include <initializer_list>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <unordered_set>
+#include <utility>
+#include <vector>
+
+#include <c10/util/SmallVector.h>
+#include <torch/torch.h>
+
+
+namespace dettrial {
+
+/**
+ * @brief A metric name with static storage: string literals are taken as they are (no copy, no
+ * hashing), any other string is interned once, so a per-batch Metrics never allocates for its names.
+ */
+class MetricKey {
+ public:
+  template <std::size_t N>
+  consteval MetricKey(const char (&literal)[N]) : name_(literal, N - 1) {}  // NOLINT: implicit by design
+  MetricKey(const std::string& name) : name_(intern(name)) {}                // NOLINT: implicit by design
+  explicit MetricKey(std::string_view name) : name_(intern(std::string(name))) {}
+
+  constexpr std::string_view view() const { return name_; }
+  friend constexpr bool operator==(MetricKey a, MetricKey b) {
+    return a.name_.data() == b.name_.data() || a.name_ == b.name_;
+  }
+
+ private:
+  static std::string_view intern(const std::string& name) {
+    static std::mutex mutex;
+    static std::unordered_set<std::string> names;  // node-based: element addresses are stable
+    std::lock_guard lock(mutex);
+    return *names.insert(name).first;
+  }
+  std::string_view name_;
+};
+
+/// One metric value: a tensor (kept on its device, no sync) or a plain number.
+class MetricValue {
+ public:
+  MetricValue(torch::Tensor t) : tensor_(std::move(t)) {}  // NOLINT: implicit by design
+  MetricValue(double v) : number_(v) {}                     // NOLINT
+  MetricValue(float v) : number_(v) {}                      // NOLINT
+  MetricValue(int v) : number_(v) {}                        // NOLINT
+  MetricValue(std::int64_t v) : number_(static_cast<double>(v)) {}  // NOLINT
+
+  bool is_tensor() const { return tensor_.defined(); }
+  const torch::Tensor& tensor() const { return tensor_; }
+  /// The value as a double; for a tensor this synchronises with its device (scalar tensors only).
+  double to_double() const {
+    if (!tensor_.defined()) return number_;
+    if (tensor_.numel() != 1) return std::nan("");
+    return tensor_.detach().item<double>();
+  }
+
+ private:
+  torch::Tensor tensor_;
+  double number_ = 0;
+};
+
+/**
+ * @brief What `train_batch` and `evaluate_batch` return: named values, at least `loss` for training.
+ *
+ * Stored inline for up to 8 entries (no allocation), in the order given.
+ * @code{.cpp}
+ * return dettrial::Metrics{{"loss", loss}, {"train_error", error}};
+ * @endcode
+ */
+class Metrics {
+ public:
+  struct Entry {
+    MetricKey key;
+    MetricValue value;
+  };
+
+  Metrics() = default;
+  Metrics(std::initializer_list<Entry> entries) : entries_(entries.begin(), entries.end()) {}
+
+  /// Adds or replaces `key`.
+  Metrics& set(MetricKey key, MetricValue value) {
+    for (auto& e : entries_)
+      if (e.key == key) {
+        e.value = std::move(value);
+        return *this;
+      }
+    entries_.push_back(Entry{key, std::move(value)});
+    return *this;
+  }
+  /// The value of `name`, or nullptr.
+  const MetricValue* find(std::string_view name) const {
+    for (const auto& e : entries_)
+      if (e.key.view() == name) return &e.value;
+    return nullptr;
+  }
+  /// The value of `name`; throws TrialError naming the missing metric and those present.
+  const MetricValue& at(std::string_view name) const {
+    if (const auto* v = find(name)) return *v;
+    throw TrialError("metric '" + std::string(name) + "' is missing; the metrics are: " + names());
+  }
+  bool contains(std::string_view name) const { return find(name) != nullptr; }
+  std::size_t size() const { return entries_.size(); }
+  bool empty() const { return entries_.empty(); }
+  auto begin() const { return entries_.begin(); }
+  auto end() const { return entries_.end(); }
+  const Entry& operator[](std::size_t i) const { return entries_[i]; }
+
+  /// The names, comma-separated, for messages.
+  std::string names() const {
+    std::string s;
+    for (const auto& e : entries_) s += (s.empty() ? "" : ", ") + std::string(e.key.view());
+    return s.empty() ? "(none)" : s;
+  }
+
+ private:
+  c10::SmallVector<Entry, 8> entries_;
+};
+
+/// How a trial may return training metrics: Metrics, or a bare loss tensor (taken as `{"loss": t}`).
+template <class R>
+concept MetricsResult = std::same_as<std::remove_cvref_t<R>, Metrics> || std::same_as<std::remove_cvref_t<R>, torch::Tensor>;
+
+/// Turns a trial's return value into Metrics.
+inline Metrics as_metrics(Metrics m) { return m; }
+inline Metrics as_metrics(torch::Tensor loss) { return Metrics{{"loss", std::move(loss)}}; }
+
+/**
+ * @brief Reduced metrics as reported: names in first-seen order with plain numbers. A metric that
+ * cannot be averaged (a non-scalar training metric) is NaN, written as null in metrics.jsonl.
+ */
+class MetricValues {
+ public:
+  void set(std::string name, double value) {
+    for (auto& kv : values_)
+      if (kv.first == name) {
+        kv.second = value;
+        return;
+      }
+    values_.emplace_back(std::move(name), value);
+  }
+  std::optional<double> get(std::string_view name) const {
+    for (const auto& kv : values_)
+      if (kv.first == name) return kv.second;
+    return std::nullopt;
+  }
+  /// The value of `name`; throws naming the missing metric.
+  double at(std::string_view name) const {
+    if (auto v = get(name)) return *v;
+    std::string known;
+    for (const auto& kv : values_) known += (known.empty() ? "" : ", ") + kv.first;
+    throw TrialError("metric '" + std::string(name) + "' is not among the reported metrics (" + known + ")");
+  }
+  bool contains(std::string_view name) const { return get(name).has_value(); }
+  std::size_t size() const { return values_.size(); }
+  bool empty() const { return values_.empty(); }
+  auto begin() const { return values_.begin(); }
+  auto end() const { return values_.end(); }
+
+ private:
+  std::vector<std::pair<std::string, double>> values_;
+};
+
+}  // namespace dettrial
+// ---- end dettrial/metrics/metrics.hpp
+
+namespace dettrial {
+
+/// A built-in validation reducer. `avg` is the unweighted mean over batches (Determined's `np.average`).
+enum class Reducer { avg, sum, max, min };
+
+inline const char* to_string(Reducer r) {
+  switch (r) {
+    case Reducer::avg: return "avg";
+    case Reducer::sum: return "sum";
+    case Reducer::max: return "max";
+    case Reducer::min: return "min";
+  }
+  return "?";
+}
+
+/// Which reducer each validation metric gets: one for all, or one per metric name (all names, exactly).
+using ReducerChoice = std::variant<Reducer, std::map<std::string, Reducer>>;
+
+/**
+ * @brief A user reducer (Determined's MetricReducer): the trial calls its own `update(...)` from
+ * `train_batch` or `evaluate_batch`; dettrial calls `reset()` before every training workload and
+ * every validation and `reduce()` at their end. `reduce()` returns a number (stored under the name the
+ * reducer was wrapped with) or MetricValues (merged into the metrics).
+ */
+template <class R>
+concept MetricReducer = requires(R& r) {
+  r.reset();
+  { r.reduce() };
+} && (std::convertible_to<decltype(std::declval<R&>().reduce()), double> ||
+      std::same_as<std::remove_cvref_t<decltype(std::declval<R&>().reduce())>, MetricValues>);
+
+namespace detail {
+
+/// Averages training metrics over the batches of one workload, unweighted, without syncing the
+/// device per batch: tensors are summed in place on their device and read once at the end.
+class WorkloadMeans {
+ public:
+  void reset() {
+    slots_.clear();
+    batches_ = 0;
+  }
+
+  void add(const Metrics& m, std::int64_t batch_idx) {
+    torch::NoGradGuard no_grad;
+    if (batches_ == 0) {
+      slots_.reserve(m.size());
+      for (const auto& e : m) slots_.push_back(Slot{e.key});
+    } else if (!same_keys(m)) {
+      throw TrialError("train_batch returned the metrics {" + m.names() + "} at batch " + std::to_string(batch_idx) +
+                       " but {" + slot_names() + "} earlier in the workload; every batch must return the same metrics");
+    }
+    for (std::size_t i = 0; i < m.size(); ++i) slots_[slot_of(m, i)].add(m[i].value);
+    ++batches_;
+  }
+
+  std::int64_t batches() const { return batches_; }
+
+  /// The means; this is the one device synchronisation per workload.
+  MetricValues means() const {
+    MetricValues out;
+    for (const auto& s : slots_) out.set(std::string(s.key.view()), s.mean(batches_));
+    return out;
+  }
+
+ private:
+  struct Slot {
+    MetricKey key;
+    torch::Tensor tensor_sum;  // double scalar on the metric's device
+    double number_sum = 0;
+    bool averageable = true;
+    void add(const MetricValue& v) {
+      if (!v.is_tensor()) {
+        number_sum += v.to_double();
+        return;
+      }
+      const torch::Tensor& t = v.tensor();
+      if (t.numel() != 1) {
+        averageable = false;
+        return;
+      }
+      if (!tensor_sum.defined()) tensor_sum = torch::zeros({}, t.options().dtype(torch::kDouble).requires_grad(false));
+      tensor_sum.add_(t.reshape({}));
+    }
+    double mean(std::int64_t n) const {
+      if (!averageable || n == 0) return std::numeric_limits<double>::quiet_NaN();
+      const double total = number_sum + (tensor_sum.defined() ? tensor_sum.item<double>() : 0.0);
+      return total / static_cast<double>(n);
+    }
+  };
+
+  bool same_keys(const Metrics& m) const {
+    if (m.size() != slots_.size()) return false;
+    for (std::size_t i = 0; i < m.size(); ++i)
+      if (!(m[i].key == slots_[i].key) && !has(m[i].key)) return false;
+    return true;
+  }
+  bool has(MetricKey k) const {
+    for (const auto& s : slots_)
+      if (s.key == k) return true;
+    return false;
+  }
+  std::size_t slot_of(const Metrics& m, std::size_t i) const {
+    if (slots_[i].key == m[i].key) return i;  // the usual case: same order every batch
+    for (std::size_t j = 0; j < slots_.size(); ++j)
+      if (slots_[j].key == m[i].key) return j;
+    return i;  // unreachable after same_keys()
+  }
+  std::string slot_names() const {
+    std::string s;
+    for (const auto& slot : slots_) s += (s.empty() ? "" : ", ") + std::string(slot.key.view());
+    return s;
+  }
+
+  std::vector<Slot> slots_;
+  std::int64_t batches_ = 0;
+};
+
+/// Reduces validation metrics batch by batch with a reducer per metric (Determined's per-slot step).
+class ValidationReduction {
+ public:
+  explicit ValidationReduction(ReducerChoice choice = Reducer::avg) : choice_(std::move(choice)) {}
+
+  void add(const Metrics& m, std::int64_t batch_idx) {
+    torch::NoGradGuard no_grad;
+    if (batches_ == 0) {
+      check_reducer_names(m);
+      for (const auto& e : m) slots_.push_back(Slot{std::string(e.key.view()), reducer_for(e.key.view())});
+    } else if (m.size() != slots_.size()) {
+      throw TrialError("evaluate_batch returned the metrics {" + m.names() + "} at batch " + std::to_string(batch_idx) +
+                       ", unlike the first batch; every batch must return the same metrics");
+    }
+    for (const auto& e : m) {
+      Slot* slot = find(e.key.view());
+      if (!slot)
+        throw TrialError("evaluate_batch returned metric '" + std::string(e.key.view()) + "' at batch " +
+                         std::to_string(batch_idx) + ", which the first batch did not; every batch must return the same metrics");
+      slot->add(e.value);
+    }
+    ++batches_;
+  }
+
+  std::int64_t batches() const { return batches_; }
+
+  MetricValues result() const {
+    MetricValues out;
+    for (const auto& s : slots_) out.set(s.name, s.result(batches_));
+    return out;
+  }
+
+ private:
+  struct Slot {
+    std::string name;
+    Reducer reducer;
+    torch::Tensor tensor_acc;
+    double number_acc = 0;
+    bool seen_number = false;
+    void add(const MetricValue& v) {
+      if (v.is_tensor() && v.tensor().numel() != 1)
+        throw TrialError("validation metric '" + name + "' has " + std::to_string(v.tensor().numel()) +
+                         " elements; dettrial reduces scalar validation metrics (return one number per batch)");
+      if (!v.is_tensor()) {
+        const double x = v.to_double();
+        if (!seen_number) number_acc = (reducer == Reducer::avg || reducer == Reducer::sum) ? 0.0 : x;
+        number_acc = combine(number_acc, x);
+        seen_number = true;
+        return;
+      }
+      const torch::Tensor t = v.tensor().detach().reshape({}).to(torch::kDouble);
+      if (!tensor_acc.defined()) {
+        tensor_acc = t.clone();
+        return;
+      }
+      switch (reducer) {
+        case Reducer::avg:
+        case Reducer::sum: tensor_acc.add_(t); break;
+        case Reducer::max: tensor_acc = torch::maximum(tensor_acc, t); break;
+        case Reducer::min: tensor_acc = torch::minimum(tensor_acc, t); break;
+      }
+    }
+    double combine(double a, double b) const {
+      switch (reducer) {
+        case Reducer::max: return std::max(a, b);
+        case Reducer::min: return std::min(a, b);
+        default: return a + b;
+      }
+    }
+    double result(std::int64_t n) const {
+      double value;
+      if (tensor_acc.defined() && seen_number) value = combine(tensor_acc.item<double>(), number_acc);
+      else if (tensor_acc.defined()) value = tensor_acc.item<double>();
+      else value = number_acc;
+      return reducer == Reducer::avg ? value / static_cast<double>(n) : value;
+    }
+  };
+
+  Reducer reducer_for(std::string_view name) const {
+    if (const auto* one = std::get_if<Reducer>(&choice_)) return *one;
+    return std::get<std::map<std::string, Reducer>>(choice_).at(std::string(name));
+  }
+  void check_reducer_names(const Metrics& m) const {
+    const auto* per_metric = std::get_if<std::map<std::string, Reducer>>(&choice_);
+    if (!per_metric) return;
+    std::string missing, extra;
+    for (const auto& e : m)
+      if (!per_metric->count(std::string(e.key.view()))) missing += (missing.empty() ? "" : ", ") + std::string(e.key.view());
+    for (const auto& [name, r] : *per_metric)
+      if (!m.contains(name)) extra += (extra.empty() ? "" : ", ") + name;
+    if (!missing.empty() || !extra.empty())
+      throw TrialError("evaluation_reducer() must name exactly the metrics evaluate_batch returns (" + m.names() + ")" +
+                       (missing.empty() ? "" : "; it has no reducer for: " + missing) +
+                       (extra.empty() ? "" : "; it names metrics that are not returned: " + extra));
+  }
+  Slot* find(std::string_view name) {
+    for (auto& s : slots_)
+      if (s.name == name) return &s;
+    return nullptr;
+  }
+
+  ReducerChoice choice_;
+  std::vector<Slot> slots_;
+  std::int64_t batches_ = 0;
+};
+
+/// A user reducer registered with the context, type-erased once at wrap time.
+struct WrappedReducer {
+  void* object;
+  void (*reset)(void*);
+  void (*reduce_into)(void*, const std::string& name, MetricValues& out);
+  std::string name;
+  bool for_training;
+  bool for_validation;
+
+  template <MetricReducer R>
+  static WrappedReducer wrap(R& r, std::string name, bool for_training, bool for_validation) {
+    return WrappedReducer{
+        &r, [](void* p) { static_cast<R*>(p)->reset(); },
+        [](void* p, const std::string& n, MetricValues& out) {
+          auto value = static_cast<R*>(p)->reduce();
+          if constexpr (std::same_as<std::remove_cvref_t<decltype(value)>, MetricValues>) {
+            for (const auto& [k, v] : value) out.set(k, v);
+          } else {
+            if (n.empty()) throw TrialError("a reducer whose reduce() returns a number needs a name in wrap_reducer");
+            out.set(n, static_cast<double>(value));
+          }
+        },
+        std::move(name), for_training, for_validation};
+  }
+};
+
+}  // namespace detail
+}  // namespace dettrial
+// ---- end dettrial/metrics/reducers.hpp
+// ---- begin dettrial/optim/clip.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief Gradient clipping policies for `step_optimizer`.
+
+#include <concepts>
+#include <vector>
+
+#include <torch/torch.h>
+
+namespace dettrial {
+
+/// A clipping policy: called with the optimizer's parameters before the step.
+template <class C>
+concept GradientClipper = std::invocable<C&, std::vector<torch::Tensor>&>;
+
+namespace clip {
+
+/// No clipping (the default).
+struct none {
+  void operator()(std::vector<torch::Tensor>&) const noexcept {}
+};
+/// Scales gradients so their total `norm_type`-norm is at most `max_norm` (torch's clip_grad_norm_).
+struct by_norm {
+  double max_norm;
+  double norm_type = 2.0;
+  void operator()(std::vector<torch::Tensor>& params) const {
+    torch::nn::utils::clip_grad_norm_(params, max_norm, norm_type);
+  }
+};
+/// Clamps every gradient element to [-clip_value, clip_value] (torch's clip_grad_value_).
+struct by_value {
+  double clip_value;
+  void operator()(std::vector<torch::Tensor>& params) const {
+    torch::nn::utils::clip_grad_value_(params, clip_value);
+  }
+};
+
+}  // namespace clip
+}  // namespace dettrial
+// ---- end dettrial/optim/clip.hpp
+// ---- begin dettrial/optim/lr_step.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief LR step modes as policy types: when dettrial steps a wrapped learning-rate scheduler.
+
+#include <concepts>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+
+namespace dettrial {
+
+/// Something with `step()`: LibTorch's schedulers (StepLR, ...) and any user type.
+template <class S>
+concept LRSchedulerLike = requires(S& s) { s.step(); };
+
+/**
+ * @brief The step modes, as Determined defines them. dettrial steps schedulers after `train_batch`,
+ * only on update batches (every `aggregation_frequency`-th batch); each mode says how many `step()`
+ * calls that update batch makes.
+ */
+namespace lr_step {
+
+/// After every batch (batches skipped by gradient aggregation are caught up on the update batch).
+struct every_batch {
+  static constexpr std::string_view name = "every_batch";
+  static std::int64_t steps_after(std::int64_t batch_idx, std::int64_t agg, std::int64_t /*epoch_len*/, std::int64_t freq) {
+    std::int64_t n = 0;
+    for (std::int64_t i = batch_idx - agg + 1; i <= batch_idx; ++i) n += ((i + 1) % freq == 0);
+    return n;
+  }
+};
+/// After the last batch of every epoch (more precisely: when the next update lands in a new epoch).
+struct every_epoch {
+  static constexpr std::string_view name = "every_epoch";
+  static std::int64_t steps_after(std::int64_t batch_idx, std::int64_t agg, std::int64_t epoch_len, std::int64_t freq) {
+    std::int64_t n = 0;
+    for (std::int64_t e = batch_idx / epoch_len; e < (batch_idx + agg) / epoch_len; ++e) n += ((e + 1) % freq == 0);
+    return n;
+  }
+};
+/// On update batches whose batch count is a multiple of the frequency. Like Determined, the frequency
+/// counts batches, not optimizer steps.
+struct every_optimizer_step {
+  static constexpr std::string_view name = "every_optimizer_step";
+  static std::int64_t steps_after(std::int64_t batch_idx, std::int64_t, std::int64_t, std::int64_t freq) {
+    return (batch_idx + 1) % freq == 0 ? 1 : 0;
+  }
+};
+/// Never stepped by dettrial: the trial calls `step()` itself (its state is still checkpointed).
+struct manual {
+  static constexpr std::string_view name = "manual";
+  static std::int64_t steps_after(std::int64_t, std::int64_t, std::int64_t, std::int64_t) { return 0; }
+};
+
+/// Calls `f(mode{})` with the mode named `name` (every_batch, every_epoch, every_optimizer_step,
+/// manual): how a YAML value picks a policy type once, at start-up.
+template <class F>
+decltype(auto) visit(std::string_view name, F&& f) {
+  if (name == every_batch::name) return f(every_batch{});
+  if (name == every_epoch::name) return f(every_epoch{});
+  if (name == every_optimizer_step::name) return f(every_optimizer_step{});
+  if (name == manual::name) return f(manual{});
+  throw ConfigError("unknown LR step mode '" + std::string(name) +
+                    "' (expected every_batch, every_epoch, every_optimizer_step or manual)");
+}
+
+}  // namespace lr_step
+
+/// A step mode policy: a type with `steps_after(batch_idx, aggregation_frequency, epoch_len, frequency)`.
+template <class M>
+concept LRStepMode = requires(std::int64_t i) {
+  { M::name } -> std::convertible_to<std::string_view>;
+  { M::steps_after(i, i, i, i) } -> std::convertible_to<std::int64_t>;
+};
+
+/**
+ * @brief A scheduler with its step mode and frequency: what a declarative trial's `lr_scheduler(opt)`
+ * returns to choose a mode other than `every_batch`.
+ * @code{.cpp}
+ * auto lr_scheduler(torch::optim::SGD& opt) {
+ *   return dettrial::scheduled(torch::optim::StepLR(opt, 1, 0.9), dettrial::lr_step::every_epoch{});
+ * }
+ * @endcode
+ */
+template <LRSchedulerLike S, LRStepMode Mode>
+struct ScheduledLR {
+  S scheduler;
+  std::int64_t frequency = 1;
+  using mode = Mode;
+};
+
+template <LRSchedulerLike S, LRStepMode Mode>
+ScheduledLR<S, Mode> scheduled(S scheduler, Mode, std::int64_t frequency = 1) {
+  if (frequency < 1) throw ConfigError("an LR scheduler's step frequency must be at least 1");
+  return ScheduledLR<S, Mode>{std::move(scheduler), frequency};
+}
+
+}  // namespace dettrial
+// ---- end dettrial/optim/lr_step.hpp
+// ---- begin dettrial/context/to_device.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief Moving nested batches to a device: tensors, tuples, pairs, vectors, string-keyed maps, and
+/// user types that teach dettrial how.
+
+#include <map>
+#include <string>
+#include <tuple>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include <torch/torch.h>
+
+namespace dettrial {
+
+namespace detail {
+template <class T>
+struct is_tuple_like : std::false_type {};
+template <class... Ts>
+struct is_tuple_like<std::tuple<Ts...>> : std::true_type {};
+template <class A, class B>
+struct is_tuple_like<std::pair<A, B>> : std::true_type {};
+template <class T>
+struct is_vector : std::false_type {};
+template <class T, class A>
+struct is_vector<std::vector<T, A>> : std::true_type {};
+template <class T>
+struct is_string_map : std::false_type {};
+template <class V, class C, class A>
+struct is_string_map<std::map<std::string, V, C, A>> : std::true_type {};
+template <class V, class H, class E, class A>
+struct is_string_map<std::unordered_map<std::string, V, H, E, A>> : std::true_type {};
+}  // namespace detail
+
+/**
+ * @brief Moves every tensor inside `batch` to `device`, in place.
+ *
+ * Recurses through std::tuple, std::pair, std::vector and string-keyed std::map / std::unordered_map.
+ * A user type is moved by its member `to_device(device, non_blocking)` if it has one, else by its
+ * member `to(device)` (Determined moves "anything with .to"); anything else is left as it is.
+ * Tensors already on `device` are not copied.
+ */
+struct to_device_in_place_fn {
+  template <class T>
+  void operator()(T& batch, const torch::Device& device, bool non_blocking = false) const {
+    using U = std::remove_cvref_t<T>;
+    if constexpr (std::is_same_v<U, torch::Tensor>) {
+      if (batch.defined() && batch.device() != device) batch = batch.to(device, non_blocking);
+    } else if constexpr (detail::is_tuple_like<U>::value) {
+      std::apply([&](auto&... parts) { ((*this)(parts, device, non_blocking), ...); }, batch);
+    } else if constexpr (detail::is_vector<U>::value) {
+      for (auto& part : batch) (*this)(part, device, non_blocking);
+    } else if constexpr (detail::is_string_map<U>::value) {
+      for (auto& kv : batch) (*this)(kv.second, device, non_blocking);
+    } else if constexpr (requires { batch.to_device(device, non_blocking); }) {
+      batch.to_device(device, non_blocking);
+    } else if constexpr (requires { batch = batch.to(device); }) {
+      batch = batch.to(device);
+    }
+  }
+};
+inline constexpr to_device_in_place_fn to_device_in_place{};
+
+/// Moves every tensor inside `batch` to `device` and returns it (see to_device_in_place).
+template <class T>
+std::remove_cvref_t<T> to_device(T&& batch, const torch::Device& device, bool non_blocking = false) {
+  std::remove_cvref_t<T> moved(std::forward<T>(batch));
+  to_device_in_place(moved, device, non_blocking);
+  return moved;
+}
+
+/// The number of records in a batch: the first dimension of its first tensor (Determined's data_length).
+template <class T>
+std::int64_t batch_length(const T& batch) {
+  using U = std::remove_cvref_t<T>;
+  if constexpr (std::is_same_v<U, torch::Tensor>) {
+    return batch.defined() && batch.dim() > 0 ? batch.size(0) : 1;
+  } else if constexpr (detail::is_tuple_like<U>::value) {
+    return batch_length(std::get<0>(batch));
+  } else if constexpr (detail::is_vector<U>::value || detail::is_string_map<U>::value) {
+    if (batch.empty()) return 0;
+    if constexpr (detail::is_vector<U>::value) return batch_length(batch.front());
+    else return batch_length(batch.begin()->second);
+  } else if constexpr (requires { { batch.size() } -> std::convertible_to<std::int64_t>; }) {
+    return static_cast<std::int64_t>(batch.size());
+  } else {
+    return 1;
+  }
+}
+
+}  // namespace dettrial
+// ---- end dettrial/context/to_device.hpp
+
+namespace dettrial {
+
+/// A model as a trial holds it: a LibTorch module holder (`torch::nn::Sequential`, `MyNet`) or a
+/// `std::shared_ptr` to a `torch::nn::Module`.
+template <class M>
+concept ModelHandle =
+    requires(M& m) {
+      { m.ptr() } -> std::convertible_to<std::shared_ptr<torch::nn::Module>>;
+    } || requires(M& m) {
+      { m.get() } -> std::convertible_to<torch::nn::Module*>;
+      { std::shared_ptr<torch::nn::Module>(m) };
+    };
+
+/// A LibTorch optimizer (torch::optim::SGD, Adam, ... or a user subclass of torch::optim::Optimizer).
+template <class O>
+concept TorchOptimizer = std::derived_from<std::remove_cvref_t<O>, torch::optim::Optimizer>;
+
+/// The `std::shared_ptr<torch::nn::Module>` behind a model handle.
+template <ModelHandle M>
+std::shared_ptr<torch::nn::Module> module_of(M& m) {
+  if constexpr (requires { m.ptr(); }) return m.ptr();
+  else return std::shared_ptr<torch::nn::Module>(m);
+}
+
+/// Where a process sits in a data-parallel job. One process: rank 0 of 1.
+struct DistributedInfo {
+  int rank = 0;
+  int size = 1;
+  int local_rank = 0;
+  int local_size = 1;
+  bool is_chief() const { return rank == 0; }
+};
+
+/// Options that set up a Context (usually taken from the experiment config).
+struct ContextOptions {
+  /// The seed of every RNG; unset means: derived from `reproducibility.experiment_seed`, else from the clock.
+  std::optional<std::uint64_t> trial_seed;
+  /// The device; unset means CUDA device 0 when LibTorch has CUDA and a GPU is present, else the CPU.
+  std::optional<torch::Device> device;
+  std::int64_t aggregation_frequency = 1;
+  bool average_aggregated_gradients = true;
+  std::int64_t slots_per_trial = 1;
+};
+
+template <class TrialT>
+class Trainer;
+
+/**
+ * @brief What a trial sees of its run (Determined's PyTorchTrialContext).
+ *
+ * Imperative trials take it in their constructor and wrap their models, optimizers and schedulers
+ * with it; declarative trials may take it to read hyperparameters. The trainer keeps the counters.
+ */
+class Context {
+ public:
+  /// A context for the one trial an experiment config describes.
+  explicit Context(const ExperimentConfig& config, ContextOptions options = {})
+      : Context(config.trial_hyperparameters(), config, with_config_defaults(config, std::move(options))) {}
+
+  /// A context from hyperparameters alone (an empty experiment config).
+  explicit Context(Hyperparameters hparams, ContextOptions options = {})
+      : Context(std::move(hparams), ExperimentConfig{}, std::move(options)) {}
+
+  Context(Hyperparameters hparams, ExperimentConfig config, ContextOptions options)
+      : hparams_(std::move(hparams)), config_(std::move(config)), options_(std::move(options)) {
+    if (options_.aggregation_frequency < 1) throw ConfigError("aggregation_frequency must be at least 1");
+    if (options_.slots_per_trial < 1) throw ConfigError("slots_per_trial must be at least 1");
+    trial_seed_ = options_.trial_seed ? *options_.trial_seed : derive_trial_seed(config_.experiment_seed);
+    device_ = options_.device ? *options_.device
+                              : (torch::cuda::is_available() ? torch::Device(torch::kCUDA, 0) : torch::Device(torch::kCPU));
+    distributed_.size = 1;
+    seed_everything();
+  }
+
+  Context(const Context&) = delete;
+  Context& operator=(const Context&) = delete;
+
+  // ---- hyperparameters and configuration -------------------------------------------------------
+
+  /// The hyperparameter `name` (dotted for nested values) as T; throws HyperparameterError naming it.
+  template <class T>
+  T get_hparam(std::string_view name) const {
+    return hparams_.get<T>(name);
+  }
+  const Hyperparameters& get_hparams() const { return hparams_; }
+  /// The experiment config's `data` section.
+  const YAML::Node& get_data_config() const { return config_.data; }
+  const ExperimentConfig& get_experiment_config() const { return config_; }
+
+  /// `global_batch_size / slots_per_trial`; needs the `global_batch_size` hyperparameter.
+  std::int64_t get_per_slot_batch_size() const {
+    const std::int64_t global = global_batch_size_hparam();
+    return global / options_.slots_per_trial;
+  }
+  /// The effective global batch size, `per_slot * slots`.
+  std::int64_t get_global_batch_size() const { return get_per_slot_batch_size() * options_.slots_per_trial; }
+  /// True when the `global_batch_size` hyperparameter exists.
+  bool has_global_batch_size() const { return hparams_.contains("global_batch_size"); }
+
+  // ---- seed, device, distribution -------------------------------------------------------------
+
+  /// The seed every RNG was seeded with: the same seed gives the same run.
+  std::uint64_t get_trial_seed() const { return trial_seed_; }
+  const torch::Device& device() const { return device_; }
+  const DistributedInfo& distributed() const { return distributed_; }
+  std::int64_t aggregation_frequency() const { return options_.aggregation_frequency; }
+
+  /// Moves a nested batch to this context's device (see dettrial::to_device).
+  template <class B>
+  std::remove_cvref_t<B> to_device(B&& batch) const {
+    return dettrial::to_device(std::forward<B>(batch), device_, device_.is_cuda());
+  }
+
+  // ---- counters -------------------------------------------------------------------------------
+
+  /// The batch index training started (or resumed) from.
+  std::int64_t get_initial_batch() const { return initial_batch_; }
+  /// The global index of the batch being trained.
+  std::int64_t current_train_batch() const { return current_batch_; }
+  /// The epoch of the batch being trained.
+  std::int64_t current_train_epoch() const { return current_batch_ / require_epoch_len(); }
+  bool is_epoch_start() const { return current_batch_ % require_epoch_len() == 0; }
+  bool is_epoch_end() const { return current_batch_ % require_epoch_len() == require_epoch_len() - 1; }
+  /// True on batches that step the optimizers (every `aggregation_frequency`-th batch).
+  bool is_update_batch() const { return (current_batch_ + 1) % options_.aggregation_frequency == 0; }
+
+  /// Ask the trainer to checkpoint and stop at the next boundary.
+  void set_stop_requested(bool stop) { stop_requested_ = stop; }
+  bool get_stop_requested() const { return stop_requested_; }
+
+  // ---- wrapping -------------------------------------------------------------------------------
+
+  /// Moves the model to the device and registers it (train/eval mode, checkpoints). Returns it.
+  template <ModelHandle M>
+  M wrap_model(M model) {
+    auto module = module_of(model);
+    module->to(device_);
+    models_.push_back(std::move(module));
+    return model;
+  }
+
+  /**
+   * @brief Registers an optimizer so `step_optimizer` can aggregate, clip and step it. The optimizer
+   * must outlive the trainer (a member of the trial). `average_aggregated_gradients` defaults to
+   * the experiment config's.
+   */
+  template <TorchOptimizer O>
+  O& wrap_optimizer(O& optimizer, std::optional<bool> average_aggregated_gradients = std::nullopt) {
+    for (const auto& w : optimizers_)
+      if (w.optimizer == &optimizer) throw TrialError("this optimizer was already wrapped with wrap_optimizer");
+    WrappedOptimizer w{&optimizer, {}, average_aggregated_gradients.value_or(options_.average_aggregated_gradients)};
+    for (auto& group : optimizer.param_groups())
+      for (auto& p : group.params()) w.params.push_back(p);
+    optimizers_.push_back(std::move(w));
+    return optimizer;
+  }
+
+  /**
+   * @brief Registers an LR scheduler to be stepped by dettrial in `Mode` (see dettrial::lr_step),
+   * every `frequency` units. The scheduler must outlive the trainer. Returns it.
+   */
+  template <LRSchedulerLike S, LRStepMode Mode = lr_step::every_batch>
+  S& wrap_lr_scheduler(S& scheduler, Mode = {}, std::int64_t frequency = 1) {
+    if (frequency < 1) throw ConfigError("an LR scheduler's step frequency must be at least 1");
+    schedulers_.push_back(WrappedScheduler{&scheduler, [](void* s) { static_cast<S*>(s)->step(); }, &Mode::steps_after,
+                                           frequency, std::string(Mode::name)});
+    return scheduler;
+  }
+
+  /// Registers a user reducer (see MetricReducer): reset before each workload/validation, reduced at its end.
+  template <class R>
+  R& wrap_reducer(R& reducer, std::string name = {}, bool for_training = true, bool for_validation = true) {
+    static_assert(MetricReducer<R>,
+                  "dettrial::Context::wrap_reducer<R>: R must have reset() and reduce() returning a number or "
+                  "dettrial::MetricValues (see dettrial::MetricReducer)");
+    for (const auto& w : reducers_)
+      if (w.object == &reducer) throw TrialError("this reducer was already wrapped with wrap_reducer");
+    reducers_.push_back(detail::WrappedReducer::wrap(reducer, std::move(name), for_training, for_validation));
+    return reducer;
+  }
+
+  // ---- the training step ----------------------------------------------------------------------
+
+  /// Back-propagates `loss` (Determined's `context.backward`).
+  void backward(const torch::Tensor& loss, bool retain_graph = false, bool create_graph = false) {
+    loss.backward({}, retain_graph, create_graph);
+  }
+
+  /**
+   * @brief Steps a wrapped optimizer with Determined's semantics: on batches that are not update
+   * batches it returns (gradients accumulate); on update batches it divides the gradients by the
+   * aggregation frequency (if averaging), clips them, steps, and zeroes them.
+   */
+  template <GradientClipper Clip = clip::none>
+  void step_optimizer(torch::optim::Optimizer& optimizer, Clip clip_gradients = {}, bool auto_zero_grads = true) {
+    if (options_.aggregation_frequency > 1 && !auto_zero_grads)
+      throw TrialError("step_optimizer(auto_zero_grads=false) cannot be used with aggregation_frequency > 1");
+    if (!is_update_batch()) return;
+    WrappedOptimizer& w = find_optimizer(optimizer);
+    if (w.average && options_.aggregation_frequency > 1) {
+      const double scale = 1.0 / static_cast<double>(options_.aggregation_frequency);
+      for (auto& p : w.params)
+        if (p.grad().defined()) p.grad().mul_(scale);
+    }
+    clip_gradients(w.params);
+    optimizer.step();
+    if (auto_zero_grads) optimizer.zero_grad();
+  }
+
+  /// Every wrapped model, in wrap order.
+  const std::vector<std::shared_ptr<torch::nn::Module>>& models() const { return models_; }
+  std::size_t num_optimizers() const { return optimizers_.size(); }
+  std::size_t num_lr_schedulers() const { return schedulers_.size(); }
+
+ private:
+  template <class>
+  friend class Trainer;
+
+  struct WrappedOptimizer {
+    torch::optim::Optimizer* optimizer;
+    std::vector<torch::Tensor> params;
+    bool average;
+  };
+  struct WrappedScheduler {
+    void* scheduler;
+    void (*step)(void*);
+    std::int64_t (*steps_after)(std::int64_t, std::int64_t, std::int64_t, std::int64_t);
+    std::int64_t frequency;
+    std::string mode;
+  };
+
+  static ContextOptions with_config_defaults(const ExperimentConfig& config, ContextOptions o) {
+    o.aggregation_frequency = config.aggregation_frequency;
+    o.average_aggregated_gradients = config.average_aggregated_gradients;
+    o.slots_per_trial = config.slots_per_trial;
+    return o;
+  }
+
+  static std::uint64_t derive_trial_seed(std::optional<std::uint64_t> experiment_seed) {
+    // One trial of an experiment: a value in [0, 2^31) drawn from the experiment seed, as Determined's
+    // master draws trial seeds; without an experiment seed, the clock (Determined's default).
+    std::uint64_t x = experiment_seed ? *experiment_seed
+                                      : static_cast<std::uint64_t>(std::chrono::system_clock::now().time_since_epoch().count());
+    x += 0x9E3779B97F4A7C15ULL;  // splitmix64
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL;
+    x ^= x >> 31;
+    return x % (1ULL << 31);
+  }
+
+  void seed_everything() const {
+    torch::manual_seed(trial_seed_);  // CPU and, when present, every CUDA device
+  }
+
+  std::int64_t global_batch_size_hparam() const {
+    if (!hparams_.contains("global_batch_size"))
+      throw HyperparameterError(
+          "the batch size getters need the hyperparameter 'global_batch_size', which " + hparams_.source() +
+          " does not define");
+    const auto global = hparams_.get<std::int64_t>("global_batch_size");
+    if (global < options_.slots_per_trial)
+      throw HyperparameterError("global_batch_size (" + std::to_string(global) + ") is smaller than slots_per_trial (" +
+                                std::to_string(options_.slots_per_trial) + ")");
+    return global;
+  }
+
+  std::int64_t require_epoch_len() const {
+    if (epoch_len_ <= 0) throw TrialError("epoch counters are only known once training has started");
+    return epoch_len_;
+  }
+
+  WrappedOptimizer& find_optimizer(const torch::optim::Optimizer& optimizer) {
+    for (auto& w : optimizers_)
+      if (w.optimizer == &optimizer) return w;
+    throw TrialError("step_optimizer was given an optimizer that was not wrapped with context.wrap_optimizer");
+  }
+
+  /// Called by the trainer on update batches after train_batch: steps the schedulers per their mode.
+  void step_lr_schedulers(std::int64_t batch_idx) {
+    for (auto& s : schedulers_) {
+      const std::int64_t n = s.steps_after(batch_idx, options_.aggregation_frequency, epoch_len_, s.frequency);
+      for (std::int64_t i = 0; i < n; ++i) s.step(s.scheduler);
+    }
+  }
+
+  Hyperparameters hparams_;
+  ExperimentConfig config_;
+  ContextOptions options_;
+  std::uint64_t trial_seed_ = 0;
+  torch::Device device_{torch::kCPU};
+  DistributedInfo distributed_;
+
+  std::vector<std::shared_ptr<torch::nn::Module>> models_;
+  std::vector<WrappedOptimizer> optimizers_;
+  std::vector<WrappedScheduler> schedulers_;
+  std::vector<detail::WrappedReducer> reducers_;
+
+  std::int64_t initial_batch_ = 0;
+  std::int64_t current_batch_ = 0;
+  std::int64_t epoch_len_ = 0;
+  bool stop_requested_ = false;
+};
+
+}  // namespace dettrial
+// ---- end dettrial/context/context.hpp
+// ---- begin dettrial/data/data_loader.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief Batch-level datasets and the DataLoader the trainer iterates, epoch by epoch, in a
+/// reproducible order.
+
+#include <concepts>
+#include <cstdint>
+#include <iterator>
+#include <optional>
+#include <ranges>
+#include <tuple>
+#include <utility>
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <torch/torch.h>
+
+
+namespace dettrial {
+
+/**
+ * @brief A dataset read a batch at a time: `size()` records, and `get_batch(indices)` with a 1-D
+ * int64 CPU tensor of record indices (vectorised: one gather per batch, not one call per record).
+ * A dataset may also offer `get_range(begin, end)` for contiguous, unshuffled reads (views, no copy).
+ */
+template <class D>
+concept BatchDataset = requires(D& d, const torch::Tensor& indices) {
+  { d.size() } -> std::convertible_to<std::int64_t>;
+  d.get_batch(indices);
+};
+
+/**
+ * @brief What the trainer needs of a data loader: `size()` batches per epoch, `set_epoch(e)` to fix
+ * the order of epoch `e`, and iteration over that epoch's batches.
+ */
+template <class L>
+concept BatchLoader = std::ranges::input_range<L> && requires(L& l, std::int64_t epoch) {
+  { l.size() } -> std::convertible_to<std::int64_t>;
+  l.set_epoch(epoch);
+};
+
+/// The batch type a loader yields.
+template <BatchLoader L>
+using batch_of = std::remove_cvref_t<std::ranges::range_reference_t<L>>;
+
+/**
+ * @brief Tensors indexed together along their first dimension (features, labels, ...).
+ * Batches are `std::tuple<torch::Tensor, ...>`, one element per tensor.
+ */
+template <std::size_t N>
+class TensorDataset {
+ public:
+  template <class... Ts>
+    requires(sizeof...(Ts) == N && (std::same_as<std::remove_cvref_t<Ts>, torch::Tensor> && ...))
+  explicit TensorDataset(Ts&&... tensors) : tensors_{std::forward<Ts>(tensors)...} {
+    for (const auto& t : tensors_) {
+      if (!t.defined() || t.dim() == 0) throw DataError("TensorDataset needs tensors with a first (record) dimension");
+      if (t.size(0) != tensors_[0].size(0))
+        throw DataError("TensorDataset tensors disagree on the number of records: " + std::to_string(tensors_[0].size(0)) +
+                        " and " + std::to_string(t.size(0)));
+    }
+  }
+
+  std::int64_t size() const { return tensors_[0].size(0); }
+
+  auto get_batch(const torch::Tensor& indices) const {
+    return make([&](const torch::Tensor& t) { return t.index_select(0, indices); });
+  }
+  auto get_range(std::int64_t begin, std::int64_t end) const {
+    return make([&](const torch::Tensor& t) { return t.narrow(0, begin, end - begin); });
+  }
+  const torch::Tensor& tensor(std::size_t i) const { return tensors_[i]; }
+
+ private:
+  template <class F>
+  auto make(F&& f) const {
+    return [&]<std::size_t... I>(std::index_sequence<I...>) {
+      return std::tuple{f(tensors_[I])...};
+    }(std::make_index_sequence<N>{});
+  }
+  std::array<torch::Tensor, N> tensors_;
+};
+
+template <class... Ts>
+TensorDataset(Ts&&...) -> TensorDataset<sizeof...(Ts)>;
+
+/// Options of a DataLoader.
+struct DataLoaderOptions {
+  std::int64_t batch_size = 1;
+  /// A different, reproducible order every epoch.
+  bool shuffle = false;
+  /// Drop the last, short batch of an epoch.
+  bool drop_last = false;
+  /// The shuffle seed; unset means one drawn from LibTorch's global generator (which the trial
+  /// seed has seeded), so the order follows the trial seed.
+  std::optional<std::uint64_t> seed;
+};
+
+/**
+ * @brief Iterates a BatchDataset in batches, one epoch at a time.
+ *
+ * The order of epoch `e` depends only on (seed, e): any epoch can be replayed on its own, which is
+ * what exact resume needs. Unshuffled loaders read contiguous ranges as views when the dataset can.
+ * @code{.cpp}
+ * dettrial::DataLoader loader(dettrial::TensorDataset(images, labels),
+ *                             {.batch_size = ctx.get_per_slot_batch_size(), .shuffle = true});
+ * @endcode
+ */
+template <BatchDataset D>
+class DataLoader {
+ public:
+  using dataset_type = D;
+  using batch_type = std::remove_cvref_t<decltype(std::declval<const D&>().get_batch(std::declval<const torch::Tensor&>()))>;
+
+  DataLoader(D dataset, DataLoaderOptions options) : dataset_(std::move(dataset)), options_(options) {
+    if (options_.batch_size < 1) throw DataError("DataLoader batch_size must be at least 1, not " + std::to_string(options_.batch_size));
+    records_ = static_cast<std::int64_t>(dataset_.size());
+    seed_ = options_.seed ? *options_.seed : draw_seed();
+    set_epoch(0);
+  }
+
+  /// Batches per epoch.
+  std::int64_t size() const {
+    return options_.drop_last ? records_ / options_.batch_size : (records_ + options_.batch_size - 1) / options_.batch_size;
+  }
+  std::int64_t num_records() const { return records_; }
+  const DataLoaderOptions& options() const { return options_; }
+  std::uint64_t seed() const { return seed_; }
+  const D& dataset() const { return dataset_; }
+
+  /// Fixes the order of epoch `epoch` (a permutation drawn from (seed, epoch) when shuffling).
+  void set_epoch(std::int64_t epoch) {
+    epoch_ = epoch;
+    if (!options_.shuffle) return;
+    auto generator = at::detail::createCPUGenerator(mix(seed_, static_cast<std::uint64_t>(epoch)));
+    order_ = torch::randperm(records_, generator, torch::TensorOptions().dtype(torch::kLong));
+  }
+  std::int64_t epoch() const { return epoch_; }
+
+  /// Batch `i` of the current epoch.
+  batch_type batch(std::int64_t i) const {
+    const std::int64_t begin = i * options_.batch_size;
+    const std::int64_t end = std::min(begin + options_.batch_size, records_);
+    if (options_.shuffle) return dataset_.get_batch(order_.narrow(0, begin, end - begin));
+    if constexpr (requires { dataset_.get_range(begin, end); }) return dataset_.get_range(begin, end);
+    else return dataset_.get_batch(torch::arange(begin, end, torch::kLong));
+  }
+
+  class iterator {
+   public:
+    using value_type = batch_type;
+    using difference_type = std::ptrdiff_t;
+    iterator() = default;
+    iterator(const DataLoader* loader, std::int64_t i) : loader_(loader), i_(i) {}
+    batch_type operator*() const { return loader_->batch(i_); }
+    iterator& operator++() {
+      ++i_;
+      return *this;
+    }
+    void operator++(int) { ++i_; }
+    friend bool operator==(const iterator& a, const iterator& b) { return a.i_ == b.i_; }
+
+   private:
+    const DataLoader* loader_ = nullptr;
+    std::int64_t i_ = 0;
+  };
+  iterator begin() const { return iterator(this, 0); }
+  iterator end() const { return iterator(this, size()); }
+
+ private:
+  static std::uint64_t mix(std::uint64_t seed, std::uint64_t epoch) {
+    std::uint64_t x = seed ^ (epoch * 0x9E3779B97F4A7C15ULL);
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL;
+    return x ^ (x >> 31);
+  }
+  static std::uint64_t draw_seed() {
+    return static_cast<std::uint64_t>(torch::randint(0, std::numeric_limits<std::int64_t>::max(), {1}, torch::kLong).item<std::int64_t>());
+  }
+
+  D dataset_;
+  DataLoaderOptions options_;
+  std::int64_t records_ = 0;
+  std::uint64_t seed_ = 0;
+  std::int64_t epoch_ = 0;
+  torch::Tensor order_;
+};
+
+}  // namespace dettrial
+// ---- end dettrial/data/data_loader.hpp
+// ---- begin dettrial/data/idx.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief Reading IDX files (the MNIST format), raw or gzip-compressed, and MNIST-layout folders.
+
+#include <array>
+#include <cerrno>
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <torch/torch.h>
+#include <zlib.h>
+
+
+namespace dettrial {
+
+/**
+ * @brief Reads an IDX file (raw, or gzip: zlib reads both) into a tensor of its element type and
+ * dimensions. Errors name the file and what is wrong with it.
+ */
+inline torch::Tensor read_idx(const std::filesystem::path& path) {
+  const std::string name = path.string();
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec))
+    throw DataError("cannot read IDX file '" + name + "': " + (std::filesystem::exists(path, ec) ? "not a file" : "no such file"));
+  gzFile file = gzopen(name.c_str(), "rb");
+  if (!file) throw DataError("cannot open IDX file '" + name + "': " + std::strerror(errno));
+  struct Closer {
+    gzFile f;
+    ~Closer() { gzclose(f); }
+  } closer{file};
+  gzbuffer(file, 1 << 20);
+
+  auto read_exact = [&](void* dst, std::size_t bytes, const char* what) {
+    std::size_t done = 0;
+    auto* out = static_cast<unsigned char*>(dst);
+    while (done < bytes) {
+      const unsigned chunk = static_cast<unsigned>(std::min<std::size_t>(bytes - done, 1u << 30));
+      const int got = gzread(file, out + done, chunk);
+      if (got < 0) {
+        int code = 0;
+        throw DataError("cannot read IDX file '" + name + "': " + gzerror(file, &code));
+      }
+      if (got == 0)
+        throw DataError("IDX file '" + name + "' is truncated: its " + what + " needs " + std::to_string(bytes) +
+                        " bytes, found " + std::to_string(done));
+      done += static_cast<std::size_t>(got);
+    }
+  };
+
+  std::array<unsigned char, 4> magic{};
+  read_exact(magic.data(), 4, "header");
+  if (magic[0] != 0 || magic[1] != 0)
+    throw DataError("'" + name + "' is not an IDX file (its first two bytes are not zero)");
+  torch::ScalarType dtype;
+  std::size_t element_size;
+  switch (magic[2]) {
+    case 0x08: dtype = torch::kUInt8, element_size = 1; break;
+    case 0x09: dtype = torch::kInt8, element_size = 1; break;
+    case 0x0B: dtype = torch::kInt16, element_size = 2; break;
+    case 0x0C: dtype = torch::kInt32, element_size = 4; break;
+    case 0x0D: dtype = torch::kFloat32, element_size = 4; break;
+    case 0x0E: dtype = torch::kFloat64, element_size = 8; break;
+    default: throw DataError("IDX file '" + name + "' has unknown element type 0x" + std::to_string(magic[2]));
+  }
+  const int rank = magic[3];
+  if (rank < 1) throw DataError("IDX file '" + name + "' declares no dimensions");
+  std::vector<std::int64_t> dims(static_cast<std::size_t>(rank));
+  std::size_t count = 1;
+  for (auto& d : dims) {
+    std::array<unsigned char, 4> b{};
+    read_exact(b.data(), 4, "header");
+    d = (std::int64_t{b[0]} << 24) | (std::int64_t{b[1]} << 16) | (std::int64_t{b[2]} << 8) | std::int64_t{b[3]};
+    count *= static_cast<std::size_t>(d);
+  }
+  torch::Tensor out = torch::empty(dims, torch::TensorOptions().dtype(dtype));
+  read_exact(out.data_ptr(), count * element_size, "data");
+  if (element_size > 1) {  // IDX is big-endian
+    auto* bytes = static_cast<unsigned char*>(out.data_ptr());
+    for (std::size_t i = 0; i < count; ++i) std::reverse(bytes + i * element_size, bytes + (i + 1) * element_size);
+  }
+  return out;
+}
+
+/// Images (uint8, N x rows x cols) and labels (uint8, N) of one split of an MNIST-format folder.
+struct MnistSplit {
+  torch::Tensor images;
+  torch::Tensor labels;
+};
+
+/**
+ * @brief Loads split `train` or `t10k` of a folder in MNIST's layout (MNIST, Fashion-MNIST, ...):
+ * `<split>-images-idx3-ubyte[.gz]` and `<split>-labels-idx1-ubyte[.gz]` (also `-images.idx3-ubyte`).
+ */
+inline MnistSplit load_mnist(const std::filesystem::path& dir, const std::string& split) {
+  auto find = [&](const std::string& kind, const std::string& idx) {
+    const std::array<std::string, 4> names = {split + "-" + kind + "-" + idx + "-ubyte.gz", split + "-" + kind + "-" + idx + "-ubyte",
+                                              split + "-" + kind + "." + idx + "-ubyte.gz", split + "-" + kind + "." + idx + "-ubyte"};
+    std::error_code ec;
+    for (const auto& n : names)
+      if (std::filesystem::is_regular_file(dir / n, ec)) return dir / n;
+    throw DataError("no MNIST " + kind + " file for split '" + split + "' in '" + dir.string() + "' (looked for " + names[0] +
+                    " and " + names[1] + ")");
+  };
+  MnistSplit s{read_idx(find("images", "idx3")), read_idx(find("labels", "idx1"))};
+  if (s.images.dim() != 3 || s.labels.dim() != 1 || s.images.size(0) != s.labels.size(0))
+    throw DataError("MNIST split '" + split + "' in '" + dir.string() + "' is inconsistent: images " +
+                    std::to_string(s.images.size(0)) + " x ..., labels " + std::to_string(s.labels.size(0)));
+  return s;
+}
+
+}  // namespace dettrial
+// ---- end dettrial/data/idx.hpp
+// ---- begin dettrial/report/metrics_log.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief metrics.jsonl: one JSON object per training or validation report, for tools to read.
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <string_view>
+
+
+namespace dettrial {
+
+namespace detail {
+// dettrial's fixed package set has no JSON library, and these records are flat: strings, integers
+// and doubles. Writing them directly is a few lines; reading them back is left to real JSON tools.
+inline void append_json_string(std::string& out, std::string_view s) {
+  out += '"';
+  for (const char c : s) {
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\r': out += "\\r"; break;
+      case '\t': out += "\\t"; break;
+      default:
+        if (static_cast<unsigned char>(c) < 0x20) {
+          char buf[8];
+          std::snprintf(buf, sizeof buf, "\\u%04x", c);
+          out += buf;
+        } else {
+          out += c;
+        }
+    }
+  }
+  out += '"';
+}
+inline void append_json_number(std::string& out, double v) {
+  if (!std::isfinite(v)) {
+    out += "null";  // JSON has no NaN or infinity
+    return;
+  }
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.17g", v);
+  out += buf;
+}
+}  // namespace detail
+
+/// Appends one line per report to `<dir>/metrics.jsonl`.
+class MetricsLog {
+ public:
+  MetricsLog() = default;
+  explicit MetricsLog(const std::filesystem::path& dir) : path_(dir / "metrics.jsonl") {
+    std::error_code ec;
+    std::filesystem::create_directories(dir, ec);
+    if (ec) throw Error("cannot create output directory '" + dir.string() + "': " + ec.message());
+    out_.open(path_, std::ios::app);
+    if (!out_) throw Error("cannot write '" + path_.string() + "'");
+  }
+  bool enabled() const { return out_.is_open(); }
+  const std::filesystem::path& path() const { return path_; }
+
+  /// `{"type": "training"|"validation", "batches": N, "epochs": E, <extra>, "metrics": {...}}`
+  void write(std::string_view type, std::int64_t batches, std::int64_t epochs, const MetricValues& metrics,
+             std::string_view extra_key = {}, double extra_value = 0) {
+    if (!out_.is_open()) return;
+    std::string line = "{\"type\":";
+    detail::append_json_string(line, type);
+    line += ",\"batches\":" + std::to_string(batches) + ",\"epochs\":" + std::to_string(epochs);
+    if (!extra_key.empty()) {
+      line += ',';
+      detail::append_json_string(line, extra_key);
+      line += ':';
+      detail::append_json_number(line, extra_value);
+    }
+    line += ",\"metrics\":{";
+    bool first = true;
+    for (const auto& [name, value] : metrics) {
+      if (!first) line += ',';
+      first = false;
+      detail::append_json_string(line, name);
+      line += ':';
+      detail::append_json_number(line, value);
+    }
+    line += "}}\n";
+    out_ << line;
+    out_.flush();
+  }
+
+ private:
+  std::filesystem::path path_;
+  std::ofstream out_;
+};
+
+}  // namespace dettrial
+// ---- end dettrial/report/metrics_log.hpp
+// ---- begin dettrial/report/progress.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief What the user sees: a live progress line with rate and ETA on a terminal, plain report
+/// lines otherwise.
+
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <string>
+#include <string_view>
+
+#include <unistd.h>
+
+
+namespace dettrial {
+
+/// Where reports go and whether a live progress line is drawn.
+struct ReportOptions {
+  /// Draw a live progress line: unset means only when stdout is a terminal.
+  std::optional<bool> live_progress;
+  /// Print report lines at all.
+  bool quiet = false;
+};
+
+namespace detail {
+
+inline std::string format_duration(double seconds) {
+  if (!std::isfinite(seconds) || seconds < 0) return "--:--";
+  const auto s = static_cast<long long>(seconds + 0.5);
+  char buf[32];
+  if (s >= 3600) std::snprintf(buf, sizeof buf, "%lld:%02lld:%02lld", s / 3600, (s / 60) % 60, s % 60);
+  else std::snprintf(buf, sizeof buf, "%lld:%02lld", s / 60, s % 60);
+  return buf;
+}
+
+inline std::string format_metrics(const MetricValues& metrics) {
+  std::string s;
+  char buf[64];
+  for (const auto& [name, value] : metrics) {
+    std::snprintf(buf, sizeof buf, "%.6g", value);
+    s += "  " + name + " " + (std::isfinite(value) ? std::string(buf) : std::string("n/a"));
+  }
+  return s;
+}
+
+/// Prints reports; draws the live line on terminals, throttled to a few updates a second.
+class Progress {
+ public:
+  using clock = std::chrono::steady_clock;
+
+  Progress() : Progress(ReportOptions{}) {}
+  explicit Progress(ReportOptions options)
+      : quiet_(options.quiet), live_(!options.quiet && options.live_progress.value_or(isatty(fileno(stdout)) == 1)) {}
+
+  /// Starts a phase ("train", "validate") of `total` units (0 when unknown).
+  void begin(std::string_view phase, std::int64_t done, std::int64_t total, std::string_view unit) {
+    phase_ = phase;
+    unit_ = unit;
+    start_done_ = done;
+    total_ = total;
+    start_ = clock::now();
+    next_draw_ = start_;
+  }
+
+  /// Cheap per-batch call: draws at most every 200 ms, only on terminals.
+  void update(std::int64_t done) {
+    if (!live_) return;
+    const auto now = clock::now();
+    if (now < next_draw_) return;
+    next_draw_ = now + std::chrono::milliseconds(200);
+    const double elapsed = std::chrono::duration<double>(now - start_).count();
+    const double rate = elapsed > 0 ? static_cast<double>(done - start_done_) / elapsed : 0.0;
+    char buf[256];
+    if (total_ > 0) {
+      const double eta = rate > 0 ? static_cast<double>(total_ - done) / rate : NAN;
+      std::snprintf(buf, sizeof buf, "\r\033[K%s %3.0f%% %lld/%lld %s  %.1f %s/s  ETA %s", phase_.c_str(),
+                    100.0 * static_cast<double>(done) / static_cast<double>(total_), static_cast<long long>(done),
+                    static_cast<long long>(total_), unit_.c_str(), rate, unit_.c_str(), format_duration(eta).c_str());
+    } else {
+      std::snprintf(buf, sizeof buf, "\r\033[K%s %lld %s  %.1f %s/s", phase_.c_str(), static_cast<long long>(done),
+                    unit_.c_str(), rate, unit_.c_str());
+    }
+    std::fputs(buf, stdout);
+    std::fflush(stdout);
+    drawn_ = true;
+  }
+
+  /// Prints one report line (clearing the live line first).
+  void line(const std::string& text) {
+    if (quiet_) return;
+    if (drawn_) std::fputs("\r\033[K", stdout);
+    drawn_ = false;
+    std::fputs(text.c_str(), stdout);
+    std::fputc('\n', stdout);
+    std::fflush(stdout);
+  }
+
+  /// Seconds since begin().
+  double elapsed() const { return std::chrono::duration<double>(clock::now() - start_).count(); }
+
+ private:
+  bool quiet_;
+  bool live_;
+  bool drawn_ = false;
+  std::string phase_, unit_;
+  std::int64_t start_done_ = 0, total_ = 0;
+  clock::time_point start_, next_draw_;
+};
+
+}  // namespace detail
+}  // namespace dettrial
+// ---- end dettrial/report/progress.hpp
+// ---- begin dettrial/trainer/callbacks.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief Callbacks: plain objects whose hooks are called only if they have them (found at compile time).
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <tuple>
+#include <utility>
+
+
+namespace dettrial {
+
+/**
+ * @brief A callback: any object with at least one of Determined's PyTorchCallback hooks:
+ * `on_trial_startup(first_batch_idx, checkpoint)`, `on_trial_shutdown()`, `on_training_start()`,
+ * `on_training_epoch_start(epoch_idx)`, `on_training_epoch_end(epoch_idx)`,
+ * `on_training_workload_end(avg_metrics[, batch_metrics])`, `on_validation_start()`,
+ * `on_validation_epoch_start()`, `on_validation_epoch_end(outputs)`, `on_validation_end(metrics)`.
+ * A hook a callback does not have costs nothing. The checkpoint hooks (`on_checkpoint_save_start`,
+ * `on_checkpoint_load_start`, `on_checkpoint_write_end`) are recognised too; they run when
+ * checkpoints are written and loaded.
+ */
+template <class C>
+concept Callback = requires(C& c, std::int64_t i, const std::string& s, const MetricValues& m,
+                            std::span<const Metrics> batches, std::span<const Metrics> outputs) {
+  requires requires { c.on_trial_startup(i, s); } || requires { c.on_trial_shutdown(); } ||
+               requires { c.on_training_start(); } || requires { c.on_training_epoch_start(i); } ||
+               requires { c.on_training_epoch_end(i); } || requires { c.on_training_workload_end(m, batches); } ||
+               requires { c.on_training_workload_end(m); } || requires { c.on_validation_start(); } ||
+               requires { c.on_validation_epoch_start(); } || requires { c.on_validation_epoch_end(outputs); } ||
+               requires { c.on_validation_end(m); } || requires { &C::on_checkpoint_save_start; } ||
+               requires { &C::on_checkpoint_load_start; } || requires { &C::on_checkpoint_write_end; };
+};
+
+namespace detail {
+
+/// Checks each callback type once, with a sentence instead of silence for a hook-less (misspelt) one.
+template <class C>
+consteval bool check_callback() {
+  static_assert(Callback<C>,
+                "dettrial callback: this type has none of dettrial's callback hooks (on_training_start, "
+                "on_training_epoch_end, on_validation_end, ...); check the hook names and parameter types");
+  return true;
+}
+
+template <class C>
+inline constexpr bool wants_batch_metrics_v =
+    requires(C& c, const MetricValues& m, std::span<const Metrics> b) { c.on_training_workload_end(m, b); };
+template <class C>
+inline constexpr bool wants_validation_outputs_v = requires(C& c, std::span<const Metrics> o) { c.on_validation_epoch_end(o); };
+
+/// A tuple of references to the callbacks of one fit: the trial's own, then the caller's.
+template <class... C>
+class CallbackSet {
+ public:
+  explicit CallbackSet(std::tuple<C&...> callbacks) : callbacks_(callbacks) { (check_callback<C>(), ...); }
+
+  template <class F>
+  void each(F&& f) {
+    std::apply([&](auto&... cb) { (f(cb), ...); }, callbacks_);
+  }
+  template <class F>
+  void each_reversed(F&& f) {
+    [&]<std::size_t... I>(std::index_sequence<I...>) {
+      (f(std::get<sizeof...(C) - 1 - I>(callbacks_)), ...);
+    }(std::index_sequence_for<C...>{});
+  }
+  /// Whether any callback wants per-batch training metrics (only then are they kept).
+  static constexpr bool wants_batch_metrics = (wants_batch_metrics_v<C> || ...);
+  /// Whether any callback wants the per-batch validation outputs.
+  static constexpr bool wants_validation_outputs = (wants_validation_outputs_v<C> || ...);
+
+ private:
+  std::tuple<C&...> callbacks_;
+};
+
+}  // namespace detail
+}  // namespace dettrial
+// ---- end dettrial/trainer/callbacks.hpp
+// ---- begin dettrial/trainer/fit_options.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief The options of Trainer::fit (Determined's Trainer.fit arguments) and what fit returns.
+
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <string>
+
+
+namespace dettrial {
+
+/**
+ * @brief How long to train and when to validate, checkpoint and report.
+ * @code{.cpp}
+ * trainer.fit({.max_length = dettrial::Epoch{5},
+ *              .validation_period = dettrial::Epoch{1},
+ *              .reporting_period = dettrial::Batch{100}});
+ * @endcode
+ */
+struct FitOptions {
+  /// Total training length (required): Batch, Epoch, or Record (converted with the global batch size).
+  std::optional<TrainUnit> max_length;
+  /// Validate when this period is reached (default: never, but always once at the end).
+  TrainUnit validation_period = never();
+  /// Checkpoint when this period is reached (default: never, but always once at the end).
+  TrainUnit checkpoint_period = never();
+  /// Report training metrics (and progress) when this period is reached.
+  TrainUnit reporting_period = Batch(100);
+  /// Whether to checkpoint right after a validation: all, none, or best by `searcher_metric`.
+  CheckpointPolicy checkpoint_policy = CheckpointPolicy::best;
+  /// The validation metric `best` compares, and its direction.
+  std::string searcher_metric;
+  bool smaller_is_better = true;
+  /// Validate once before training (when nothing has been trained yet).
+  bool step_zero_validation = false;
+  /// Train one batch, validate on one batch, then stop: a quick check that the trial runs.
+  bool test_mode = false;
+  /// A checkpoint directory to resume from.
+  std::optional<std::filesystem::path> latest_checkpoint;
+  /// Where metrics.jsonl (and checkpoints) go; empty means `runs/<date>-<time>` under the working directory.
+  std::filesystem::path output_dir;
+  /// Terminal and log output.
+  ReportOptions report;
+
+  /**
+   * @brief The options an experiment config implies, as Determined maps them: searcher.max_length (or
+   * max_steps x scheduling_unit), min_validation_period, min_checkpoint_period, reporting every
+   * scheduling_unit batches, perform_initial_validation, checkpoint_policy and the searcher metric.
+   */
+  static FitOptions from_config(const ExperimentConfig& config) {
+    FitOptions o;
+    o.max_length = config.searcher.max_length;
+    if (config.min_validation_period) o.validation_period = *config.min_validation_period;
+    if (config.min_checkpoint_period) o.checkpoint_period = *config.min_checkpoint_period;
+    o.reporting_period = Batch(config.scheduling_unit);
+    o.step_zero_validation = config.perform_initial_validation;
+    o.checkpoint_policy = config.checkpoint_policy;
+    o.searcher_metric = config.searcher.metric;
+    o.smaller_is_better = config.searcher.smaller_is_better;
+    return o;
+  }
+};
+
+/// What fit returns.
+struct FitResult {
+  std::int64_t batches_trained = 0;
+  std::int64_t epochs_trained = 0;
+  /// The last training report and the last validation.
+  MetricValues last_training_metrics;
+  MetricValues last_validation_metrics;
+  std::int64_t validations = 0;
+  /// Checkpoint boundaries reached whose checkpoint was not written (saving is not available yet).
+  std::int64_t checkpoints_not_saved = 0;
+  /// True when the trial asked to stop (context.set_stop_requested) before max_length.
+  bool stopped_early = false;
+  std::filesystem::path output_dir;
+};
+
+}  // namespace dettrial
+// ---- end dettrial/trainer/fit_options.hpp
+// ---- begin dettrial/trainer/main.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief dettrial::main<Trial>(argc, argv): a whole trial program's command line in one call.
+
+#include <cstdio>
+#include <exception>
+#include <iostream>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <c10/util/Exception.h>
+#include <yaml-cpp/yaml.h>
+
+// ---- begin dettrial/trainer/trainer.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief dettrial::Trainer<TrialT>: checks a trial at compile time and runs Determined's training
+/// loop for it, generated inline.
+
+#include <chrono>
+#include <cstdint>
+#include <ctime>
+#include <exception>
+#include <filesystem>
+#include <iterator>
+#include <memory>
+#include <optional>
+#include <ranges>
+#include <span>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <unistd.h>
+#include <utility>
+#include <vector>
+
+#include <torch/torch.h>
+
+// ---- begin dettrial/trial/concepts.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief What a trial is: the hooks of both styles (declarative and imperative) as concepts, and the
+/// one-sentence diagnostics dettrial::Trainer gives when a hook is missing or mistyped.
+
+#include <concepts>
+#include <cstdint>
+#include <type_traits>
+
+
+namespace dettrial {
+namespace detail {
+
+/// Stands in for a type a broken trial does not provide, so declarations stay well-formed while the
+/// one diagnostic that matters is printed.
+struct missing {};
+
+template <class T>
+using training_loader_result = decltype(std::declval<T&>().build_training_data_loader());
+template <class T>
+using validation_loader_result = decltype(std::declval<T&>().build_validation_data_loader());
+
+template <class T>
+consteval auto training_loader_type() {
+  if constexpr (requires(T& t) { t.build_training_data_loader(); }) return std::type_identity<std::remove_cvref_t<training_loader_result<T>>>{};
+  else return std::type_identity<missing>{};
+}
+template <class T>
+consteval auto validation_loader_type() {
+  if constexpr (requires(T& t) { t.build_validation_data_loader(); }) return std::type_identity<std::remove_cvref_t<validation_loader_result<T>>>{};
+  else return std::type_identity<missing>{};
+}
+template <class L>
+consteval auto batch_type_of() {
+  if constexpr (BatchLoader<L>) return std::type_identity<batch_of<L>>{};
+  else return std::type_identity<missing>{};
+}
+
+}  // namespace detail
+
+/// The training loader type of trial T (`detail::missing` when it has none).
+template <class T>
+using training_loader_t = typename decltype(detail::training_loader_type<T>())::type;
+/// The validation loader type of trial T.
+template <class T>
+using validation_loader_t = typename decltype(detail::validation_loader_type<T>())::type;
+/// The batch type `train_batch` receives.
+template <class T>
+using training_batch_t = typename decltype(detail::batch_type_of<training_loader_t<T>>())::type;
+/// The batch type `evaluate_batch` receives.
+template <class T>
+using validation_batch_t = typename decltype(detail::batch_type_of<validation_loader_t<T>>())::type;
+
+/// A declarative trial builds its model with `build_model()` (the seed's MNIST tutorial style).
+template <class T>
+concept DeclaresModel = requires(T& t) { t.build_model(); };
+
+namespace detail {
+template <class T>
+consteval auto model_type() {
+  if constexpr (DeclaresModel<T>) return std::type_identity<std::remove_cvref_t<decltype(std::declval<T&>().build_model())>>{};
+  else return std::type_identity<missing>{};
+}
+template <class T, class M>
+consteval auto optimizer_type() {
+  if constexpr (requires(T& t, M& m) { t.optimizer(m); })
+    return std::type_identity<std::remove_cvref_t<decltype(std::declval<T&>().optimizer(std::declval<M&>()))>>{};
+  else return std::type_identity<missing>{};
+}
+/// What `optimizer(model)` may return: an optimizer by value or a smart pointer to one.
+template <class O>
+consteval auto optimizer_object_type() {
+  if constexpr (TorchOptimizer<O>) return std::type_identity<O>{};
+  else if constexpr (requires(O& o) { *o; }) {
+    if constexpr (TorchOptimizer<std::remove_cvref_t<decltype(*std::declval<O&>())>>)
+      return std::type_identity<std::remove_cvref_t<decltype(*std::declval<O&>())>>{};
+    else return std::type_identity<missing>{};
+  } else return std::type_identity<missing>{};
+}
+template <class T, class O>
+consteval auto scheduler_type() {
+  if constexpr (requires(T& t, O& o) { t.lr_scheduler(o); })
+    return std::type_identity<std::remove_cvref_t<decltype(std::declval<T&>().lr_scheduler(std::declval<O&>()))>>{};
+  else return std::type_identity<missing>{};
+}
+}  // namespace detail
+
+/// The model type of a declarative trial.
+template <class T>
+using model_t = typename decltype(detail::model_type<T>())::type;
+/// What a declarative trial's `optimizer(model)` returns.
+template <class T>
+using optimizer_result_t = typename decltype(detail::optimizer_type<T, model_t<T>>())::type;
+/// The optimizer class behind it.
+template <class T>
+using optimizer_t = typename decltype(detail::optimizer_object_type<optimizer_result_t<T>>())::type;
+/// What a declarative trial's optional `lr_scheduler(optimizer)` returns.
+template <class T>
+using scheduler_result_t = typename decltype(detail::scheduler_type<T, optimizer_t<T>>())::type;
+
+// ---- the hooks, one concept each -----------------------------------------------------------------
+
+template <class T>
+concept DeclaresTrainBatch = requires { &T::train_batch; } ||
+                             requires(T& t, training_batch_t<T>& b, model_t<T>& m, std::int64_t i) { t.train_batch(b, m, i, i); } ||
+                             requires(T& t, training_batch_t<T>& b, std::int64_t i) { t.train_batch(b, i, i); };
+template <class T>
+concept DeclaresEvaluateBatch = requires { &T::evaluate_batch; } ||
+                                requires(T& t, validation_batch_t<T>& b, model_t<T>& m) { t.evaluate_batch(b, m); } ||
+                                requires(T& t, validation_batch_t<T>& b) { t.evaluate_batch(b); };
+template <class T>
+concept DeclaresEvaluateFullDataset = requires { &T::evaluate_full_dataset; } ||
+                                      requires(T& t, validation_loader_t<T>& l, model_t<T>& m) { t.evaluate_full_dataset(l, m); } ||
+                                      requires(T& t, validation_loader_t<T>& l) { t.evaluate_full_dataset(l); };
+
+namespace detail {
+/// Calls train_batch in the trial's style; only used in unevaluated contexts and by the trainer.
+template <class T>
+decltype(auto) call_train_batch(T& t, training_batch_t<T>& b, model_t<T>& m, std::int64_t epoch_idx, std::int64_t batch_idx) {
+  if constexpr (DeclaresModel<T>) return t.train_batch(b, m, epoch_idx, batch_idx);
+  else return t.train_batch(b, epoch_idx, batch_idx);
+}
+template <class T>
+decltype(auto) call_evaluate_batch(T& t, validation_batch_t<T>& b, model_t<T>& m, std::int64_t batch_idx) {
+  if constexpr (DeclaresModel<T>) {
+    if constexpr (requires { t.evaluate_batch(b, m, batch_idx); }) return t.evaluate_batch(b, m, batch_idx);
+    else return t.evaluate_batch(b, m);
+  } else {
+    if constexpr (requires { t.evaluate_batch(b, batch_idx); }) return t.evaluate_batch(b, batch_idx);
+    else return t.evaluate_batch(b);
+  }
+}
+template <class T>
+decltype(auto) call_evaluate_full_dataset(T& t, validation_loader_t<T>& l, model_t<T>& m) {
+  if constexpr (DeclaresModel<T>) return t.evaluate_full_dataset(l, m);
+  else return t.evaluate_full_dataset(l);
+}
+}  // namespace detail
+
+template <class T>
+concept CallableTrainBatch =
+    (DeclaresModel<T> && requires(T& t, training_batch_t<T>& b, model_t<T>& m, std::int64_t i) { t.train_batch(b, m, i, i); }) ||
+    (!DeclaresModel<T> && requires(T& t, training_batch_t<T>& b, std::int64_t i) { t.train_batch(b, i, i); });
+template <class T>
+concept CallableEvaluateBatch =
+    (DeclaresModel<T> && (requires(T& t, validation_batch_t<T>& b, model_t<T>& m, std::int64_t i) { t.evaluate_batch(b, m, i); } ||
+                          requires(T& t, validation_batch_t<T>& b, model_t<T>& m) { t.evaluate_batch(b, m); })) ||
+    (!DeclaresModel<T> && (requires(T& t, validation_batch_t<T>& b, std::int64_t i) { t.evaluate_batch(b, i); } ||
+                           requires(T& t, validation_batch_t<T>& b) { t.evaluate_batch(b); }));
+template <class T>
+concept CallableEvaluateFullDataset =
+    (DeclaresModel<T> && requires(T& t, validation_loader_t<T>& l, model_t<T>& m) { t.evaluate_full_dataset(l, m); }) ||
+    (!DeclaresModel<T> && requires(T& t, validation_loader_t<T>& l) { t.evaluate_full_dataset(l); });
+
+namespace detail {
+
+/// The first thing wrong with a trial type, in the order a user would fix them.
+enum class TrialProblem {
+  none,
+  no_training_loader,
+  training_loader_not_a_loader,
+  no_validation_loader,
+  validation_loader_not_a_loader,
+  model_not_a_module,
+  no_optimizer,
+  optimizer_not_an_optimizer,
+  scheduler_not_a_scheduler,
+  no_train_batch,
+  train_batch_not_callable,
+  train_batch_not_metrics,
+  no_evaluate_hook,
+  both_evaluate_hooks,
+  evaluate_batch_not_callable,
+  evaluate_batch_not_metrics,
+  evaluate_full_dataset_not_callable,
+  evaluate_full_dataset_not_metrics,
+};
+
+// These look at a hook's result only once the hook is known to be callable (a plain `&&` in one
+// condition would instantiate the call either way).
+template <class T>
+consteval bool evaluate_batch_returns_metrics() {
+  if constexpr (CallableEvaluateBatch<T>)
+    return std::same_as<std::remove_cvref_t<decltype(call_evaluate_batch(std::declval<T&>(), std::declval<validation_batch_t<T>&>(),
+                                                                         std::declval<model_t<T>&>(), 0))>,
+                        Metrics>;
+  else return false;
+}
+template <class T>
+consteval bool evaluate_full_dataset_returns_metrics() {
+  if constexpr (CallableEvaluateFullDataset<T>)
+    return std::same_as<std::remove_cvref_t<decltype(call_evaluate_full_dataset(std::declval<T&>(), std::declval<validation_loader_t<T>&>(),
+                                                                                 std::declval<model_t<T>&>()))>,
+                        Metrics>;
+  else return false;
+}
+
+template <class T>
+consteval TrialProblem first_trial_problem() {
+  using P = TrialProblem;
+  if constexpr (!requires(T& t) { t.build_training_data_loader(); }) return P::no_training_loader;
+  else if constexpr (!BatchLoader<training_loader_t<T>>) return P::training_loader_not_a_loader;
+  else if constexpr (!requires(T& t) { t.build_validation_data_loader(); }) return P::no_validation_loader;
+  else if constexpr (!BatchLoader<validation_loader_t<T>>) return P::validation_loader_not_a_loader;
+  else if constexpr (DeclaresModel<T> && !ModelHandle<model_t<T>>) return P::model_not_a_module;
+  else if constexpr (DeclaresModel<T> && std::same_as<optimizer_result_t<T>, missing>) return P::no_optimizer;
+  else if constexpr (DeclaresModel<T> && std::same_as<optimizer_t<T>, missing>) return P::optimizer_not_an_optimizer;
+  else if constexpr (DeclaresModel<T> && !std::same_as<scheduler_result_t<T>, missing> &&
+                     !LRSchedulerLike<scheduler_result_t<T>> && !requires { typename scheduler_result_t<T>::mode; })
+    return P::scheduler_not_a_scheduler;
+  else if constexpr (!DeclaresTrainBatch<T>) return P::no_train_batch;
+  else if constexpr (!CallableTrainBatch<T>) return P::train_batch_not_callable;
+  else if constexpr (!MetricsResult<decltype(call_train_batch(std::declval<T&>(), std::declval<training_batch_t<T>&>(),
+                                                              std::declval<model_t<T>&>(), 0, 0))>)
+    return P::train_batch_not_metrics;
+  else if constexpr (!DeclaresEvaluateBatch<T> && !DeclaresEvaluateFullDataset<T>) return P::no_evaluate_hook;
+  else if constexpr (DeclaresEvaluateBatch<T> && DeclaresEvaluateFullDataset<T>) return P::both_evaluate_hooks;
+  else if constexpr (DeclaresEvaluateBatch<T> && !CallableEvaluateBatch<T>) return P::evaluate_batch_not_callable;
+  else if constexpr (DeclaresEvaluateBatch<T> && !evaluate_batch_returns_metrics<T>()) return P::evaluate_batch_not_metrics;
+  else if constexpr (DeclaresEvaluateFullDataset<T> && !CallableEvaluateFullDataset<T>) return P::evaluate_full_dataset_not_callable;
+  else if constexpr (DeclaresEvaluateFullDataset<T> && !evaluate_full_dataset_returns_metrics<T>())
+    return P::evaluate_full_dataset_not_metrics;
+  else return P::none;
+}
+
+/// Instantiated by dettrial::Trainer<T>: exactly one of these assertions fails for a broken trial,
+/// and its message is the one sentence that names the hook at fault.
+template <class T>
+struct TrialDiagnostics {
+  static constexpr TrialProblem problem = first_trial_problem<T>();
+  using P = TrialProblem;
+  static_assert(problem != P::no_training_loader,
+                "dettrial::Trainer<T>: T has no build_training_data_loader() hook; add one that returns a dettrial::DataLoader");
+  static_assert(problem != P::training_loader_not_a_loader,
+                "dettrial::Trainer<T>: T::build_training_data_loader() must return a dettrial::BatchLoader such as dettrial::DataLoader "
+                "(size(), set_epoch(epoch) and iteration over batches)");
+  static_assert(problem != P::no_validation_loader,
+                "dettrial::Trainer<T>: T has no build_validation_data_loader() hook; add one that returns a dettrial::DataLoader");
+  static_assert(problem != P::validation_loader_not_a_loader,
+                "dettrial::Trainer<T>: T::build_validation_data_loader() must return a dettrial::BatchLoader such as dettrial::DataLoader "
+                "(size(), set_epoch(epoch) and iteration over batches)");
+  static_assert(problem != P::model_not_a_module,
+                "dettrial::Trainer<T>: T::build_model() must return a LibTorch module (a torch::nn::ModuleHolder such as "
+                "torch::nn::Sequential, or a std::shared_ptr to a torch::nn::Module)");
+  static_assert(problem != P::no_optimizer,
+                "dettrial::Trainer<T>: T has build_model() but no optimizer(model) hook; add one that returns a torch::optim optimizer");
+  static_assert(problem != P::optimizer_not_an_optimizer,
+                "dettrial::Trainer<T>: T::optimizer(model) must return a torch::optim::Optimizer (by value or by smart pointer)");
+  static_assert(problem != P::scheduler_not_a_scheduler,
+                "dettrial::Trainer<T>: T::lr_scheduler(optimizer) must return a scheduler with step() or dettrial::scheduled(...)");
+  static_assert(problem != P::no_train_batch,
+                "dettrial::Trainer<T>: T has no train_batch hook; declare train_batch(batch, model, epoch_idx, batch_idx) in a "
+                "trial with build_model(), or train_batch(batch, epoch_idx, batch_idx) in one that wraps its model in its constructor");
+  static_assert(problem != P::train_batch_not_callable,
+                "dettrial::Trainer<T>: T::train_batch cannot be called with the training loader's batch type as "
+                "train_batch(batch, model, epoch_idx, batch_idx) (with build_model) or train_batch(batch, epoch_idx, batch_idx) (without)");
+  static_assert(problem != P::train_batch_not_metrics,
+                "dettrial::Trainer<T>: T::train_batch must return dettrial::Metrics (with a \"loss\" entry) or the loss as a torch::Tensor");
+  static_assert(problem != P::no_evaluate_hook,
+                "dettrial::Trainer<T>: T has neither evaluate_batch nor evaluate_full_dataset; define exactly one of them");
+  static_assert(problem != P::both_evaluate_hooks,
+                "dettrial::Trainer<T>: T defines both evaluate_batch and evaluate_full_dataset; define exactly one of them");
+  static_assert(problem != P::evaluate_batch_not_callable,
+                "dettrial::Trainer<T>: T::evaluate_batch cannot be called with the validation loader's batch type as "
+                "evaluate_batch(batch, model[, batch_idx]) (with build_model) or evaluate_batch(batch[, batch_idx]) (without)");
+  static_assert(problem != P::evaluate_batch_not_metrics, "dettrial::Trainer<T>: T::evaluate_batch must return dettrial::Metrics");
+  static_assert(problem != P::evaluate_full_dataset_not_callable,
+                "dettrial::Trainer<T>: T::evaluate_full_dataset cannot be called as evaluate_full_dataset(loader, model) (with "
+                "build_model) or evaluate_full_dataset(loader) (without)");
+  static_assert(problem != P::evaluate_full_dataset_not_metrics,
+                "dettrial::Trainer<T>: T::evaluate_full_dataset must return dettrial::Metrics");
+  static constexpr bool ok = problem == P::none;
+};
+
+}  // namespace detail
+
+/**
+ * @brief A trial: a plain type with Determined's hooks, in either style.
+ *
+ * - Declarative: `build_model()`, `optimizer(model)`, optional `lr_scheduler(optimizer)`,
+ *   `train_batch(batch, model, epoch_idx, batch_idx)` returning metrics with `loss`; the trainer does
+ *   backward, step and zero_grad.
+ * - Imperative: the constructor takes the Context and wraps models, optimizers and schedulers;
+ *   `train_batch(batch, epoch_idx, batch_idx)` calls `context.backward(loss)` and
+ *   `context.step_optimizer(opt)` itself.
+ *
+ * Both need `build_training_data_loader()`, `build_validation_data_loader()` and exactly one of
+ * `evaluate_batch` / `evaluate_full_dataset`.
+ */
+template <class T>
+concept Trial = detail::first_trial_problem<T>() == detail::TrialProblem::none;
+
+/// A trial in the declarative style.
+template <class T>
+concept DeclarativeTrial = Trial<T> && DeclaresModel<T>;
+/// A trial in the imperative style.
+template <class T>
+concept ImperativeTrial = Trial<T> && !DeclaresModel<T>;
+
+}  // namespace dettrial
+// ---- end dettrial/trial/concepts.hpp
+
+namespace dettrial {
+
+namespace detail {
+template <class R>
+struct is_scheduled_lr : std::false_type {};
+template <class S, class M>
+struct is_scheduled_lr<ScheduledLR<S, M>> : std::true_type {};
+
+/// Dereferences a smart pointer, or returns the object itself.
+template <class O>
+decltype(auto) deref(O& o) {
+  if constexpr (TorchOptimizer<O>) return (o);
+  else return (*o);
+}
+}  // namespace detail
+
+/**
+ * @brief Runs a trial: builds it, and on `fit()` runs Determined's loop (workloads ending at any
+ * boundary, validation, reporting, the final validation) for it.
+ *
+ * `Trainer<T>` checks T's hooks at compile time; a trial that breaks the contract gets one sentence
+ * naming the hook at fault. The trial is built in place (it may keep references to itself), from the
+ * Context when it takes one.
+ * @code{.cpp}
+ * dettrial::Context context(dettrial::ExperimentConfig::load_file("const.yaml"));
+ * dettrial::Trainer<MnistTrial> trainer(context);
+ * trainer.fit({.max_length = dettrial::Epoch{1}});
+ * @endcode
+ * @tparam TrialT a type satisfying dettrial::Trial.
+ */
+template <class TrialT>
+class Trainer {
+  static constexpr bool trial_ok = detail::TrialDiagnostics<TrialT>::ok;
+  static constexpr bool declarative = DeclaresModel<TrialT>;
+
+  template <class X>
+  using if_ok = std::conditional_t<trial_ok, X, detail::missing>;
+  using Model = std::conditional_t<trial_ok && declarative, model_t<TrialT>, detail::missing>;
+  using OptimizerHolder = std::conditional_t<trial_ok && declarative, optimizer_result_t<TrialT>, detail::missing>;
+  using SchedulerResult = std::conditional_t<trial_ok && declarative, scheduler_result_t<TrialT>, detail::missing>;
+  using TrainLoader = if_ok<training_loader_t<TrialT>>;
+  using ValidationLoader = if_ok<validation_loader_t<TrialT>>;
+
+  static constexpr auto trial_callbacks_type() {
+    if constexpr (requires(TrialT& t) { t.build_callbacks(); })
+      return std::type_identity<decltype(std::declval<TrialT&>().build_callbacks())>{};
+    else return std::type_identity<std::tuple<>>{};
+  }
+  using TrialCallbacks = typename decltype(trial_callbacks_type())::type;
+
+ public:
+  /// Builds the trial (with `args...` after the context, when its constructor takes them) and, for a
+  /// declarative trial, its model, optimizer and scheduler, wrapped in `context`.
+  template <class... Args>
+  explicit Trainer(Context& context, Args&&... args) : context_(context) {
+    static_assert(std::constructible_from<TrialT, Context&, Args...> || std::constructible_from<TrialT, Args...>,
+                  "dettrial::Trainer<T>: T must be constructible from (dettrial::Context&, args...) or from (args...), "
+                  "where args are the Trainer's arguments after the context");
+    if constexpr (trial_ok) {
+      if constexpr (std::constructible_from<TrialT, Context&, Args...>)
+        trial_ = std::make_unique<TrialT>(context, std::forward<Args>(args)...);
+      else
+        trial_ = std::make_unique<TrialT>(std::forward<Args>(args)...);
+      if constexpr (declarative) build_declarative();
+      if constexpr (requires(TrialT& t) { t.build_callbacks(); })
+        callbacks_ = std::make_unique<TrialCallbacks>(trial_->build_callbacks());
+      else
+        callbacks_ = std::make_unique<TrialCallbacks>();
+      if (context_.models().empty())
+        throw TrialError("the trial wrapped no model: call context.wrap_model(...) in its constructor (or define build_model())");
+      if (context_.num_optimizers() == 0)
+        throw TrialError("the trial wrapped no optimizer: call context.wrap_optimizer(...) in its constructor (or define optimizer(model))");
+    }
+  }
+
+  Trainer(const Trainer&) = delete;
+  Trainer& operator=(const Trainer&) = delete;
+
+  TrialT& trial() { return *trial_; }
+  Context& context() { return context_; }
+  /// The model of a declarative trial.
+  Model& model()
+    requires declarative
+  {
+    return *model_;
+  }
+
+  /// The optimizer of a declarative trial.
+  auto& optimizer()
+    requires declarative
+  {
+    return detail::deref(*optimizer_);
+  }
+
+  /**
+   * @brief Trains until `max_length`, validating, checkpointing and reporting at the configured
+   * periods, and validates at the end. `callbacks...` (caller-owned) run after the trial's own.
+   */
+  template <class... Callbacks>
+  FitResult fit(FitOptions options, Callbacks&... callbacks) {
+    if constexpr (!trial_ok) {
+      return {};
+    } else {
+      auto set = std::apply([&](auto&... own) { return detail::CallbackSet<std::remove_reference_t<decltype(own)>..., Callbacks...>(
+                                                    std::tie(own..., callbacks...)); },
+                            *callbacks_);
+      return run(std::move(options), set);
+    }
+  }
+
+ private:
+  enum Boundary { train_boundary, validate_boundary, checkpoint_boundary, report_boundary, boundary_count };
+
+  struct RunState {
+    FitOptions options;
+    TrainUnit length = Batch(1);
+    std::int64_t epoch_len = 0;
+    std::int64_t batches_trained = 0;
+    std::int64_t epochs_trained = 0;
+    std::int64_t last_validation = -1;
+    std::int64_t last_checkpoint = -1;
+    std::optional<double> best_metric;
+    bool warned_best_without_metric = false;
+    FitResult result;
+    MetricsLog log;
+    detail::Progress progress;
+  };
+
+  void build_declarative() {
+    model_.emplace(context_.wrap_model(trial_->build_model()));
+    optimizer_.emplace(trial_->optimizer(*model_));
+    auto& optimizer = detail::deref(*optimizer_);
+    context_.wrap_optimizer(optimizer);
+    if constexpr (!std::same_as<SchedulerResult, detail::missing>) {
+      scheduler_ = std::make_unique<SchedulerResult>(trial_->lr_scheduler(optimizer));
+      if constexpr (detail::is_scheduled_lr<SchedulerResult>::value)
+        context_.wrap_lr_scheduler(scheduler_->scheduler, typename SchedulerResult::mode{}, scheduler_->frequency);
+      else
+        context_.wrap_lr_scheduler(*scheduler_, lr_step::every_batch{});
+    }
+  }
+
+  static std::filesystem::path default_output_dir() {
+    const std::time_t now = std::time(nullptr);
+    char stamp[32];
+    std::strftime(stamp, sizeof stamp, "%Y%m%d-%H%M%S", std::localtime(&now));
+    return std::filesystem::path("runs") / (std::string(stamp) + "-" + std::to_string(::getpid()));
+  }
+
+  TrainUnit resolve_length(const FitOptions& o) const {
+    if (o.test_mode) return Batch(1);
+    if (!o.max_length)
+      throw ConfigError("fit() needs a training length: set FitOptions::max_length (Batch, Epoch or Record), or "
+                        "searcher.max_length in the experiment config");
+    TrainUnit length = *o.max_length;
+    if (length.is_schedule()) throw ConfigError("max_length must be a count, not a schedule of points");
+    if (length.unit() == Unit::records) length = length.in_batches_if_records(context_.get_global_batch_size());
+    if (length.value() < 1)
+      throw ConfigError("max_length is " + length.to_string() + "; training needs a max_length of at least 1");
+    return length;
+  }
+  TrainUnit resolve_period(const TrainUnit& period) const {
+    return period.unit() == Unit::records ? period.in_batches_if_records(context_.get_global_batch_size()) : period;
+  }
+
+  template <class Set>
+  FitResult run(FitOptions options, Set& callbacks) {
+    if (options.latest_checkpoint)
+      throw Error("resuming from a checkpoint (latest_checkpoint '" + options.latest_checkpoint->string() +
+                  "') is not available in dettrial " DETTRIAL_VERSION_STRING);
+    RunState st{.options = std::move(options)};
+    FitOptions& o = st.options;
+    st.length = resolve_length(o);
+    o.validation_period = resolve_period(o.validation_period);
+    o.checkpoint_period = resolve_period(o.checkpoint_period);
+    o.reporting_period = resolve_period(o.reporting_period);
+    if (o.output_dir.empty()) o.output_dir = default_output_dir();
+    st.result.output_dir = o.output_dir;
+    st.log = MetricsLog(o.output_dir);
+    st.progress = detail::Progress(o.report);
+
+    train_loader_.emplace(trial_->build_training_data_loader());
+    validation_loader_.emplace(trial_->build_validation_data_loader());
+    st.epoch_len = static_cast<std::int64_t>(train_loader_->size());
+    if (st.epoch_len < 1) throw DataError("the training data loader yields no batches (its size() is 0)");
+    context_.epoch_len_ = st.epoch_len;
+    context_.initial_batch_ = 0;
+    context_.current_batch_ = 0;
+
+    st.progress.line("dettrial: trial seed " + std::to_string(context_.get_trial_seed()) + ", device " +
+                     context_.device().str() + ", training " + st.length.to_string() + " (an epoch is " +
+                     std::to_string(st.epoch_len) + " batches), output " + o.output_dir.string());
+
+    callbacks.each([&](auto& cb) {
+      if constexpr (requires { cb.on_trial_startup(std::int64_t{}, std::string{}); }) cb.on_trial_startup(std::int64_t{0}, std::string{});
+    });
+    struct Shutdown {
+      Set& callbacks;
+      ~Shutdown() {
+        callbacks.each_reversed([](auto& cb) {
+          if constexpr (requires { cb.on_trial_shutdown(); }) {
+            try {
+              cb.on_trial_shutdown();
+            } catch (const std::exception& e) {
+              std::fprintf(stderr, "dettrial: on_trial_shutdown failed: %s\n", e.what());
+            }
+          }
+        });
+      }
+    } shutdown{callbacks};
+
+    callbacks.each([&](auto& cb) {
+      if constexpr (requires { cb.on_training_start(); }) cb.on_training_start();
+    });
+
+    if (o.step_zero_validation && st.batches_trained == 0 && st.last_validation < 0) validate(st, callbacks);
+    train(st, callbacks);
+    if (!st.result.stopped_early) {
+      if (st.last_validation != st.batches_trained) validate(st, callbacks);
+      if (st.last_checkpoint != st.batches_trained) checkpoint(st);
+    }
+    st.result.batches_trained = st.batches_trained;
+    st.result.epochs_trained = st.epochs_trained;
+    return std::move(st.result);
+  }
+
+  std::int64_t remaining(const RunState& st) const {
+    return st.length.unit() == Unit::epochs ? st.length.value() - st.epochs_trained : st.length.value() - st.batches_trained;
+  }
+
+  template <class Set>
+  void train(RunState& st, Set& callbacks) {
+    using TrainBatch = training_batch_t<TrialT>;
+    detail::WorkloadMeans means;
+    std::vector<Metrics> batch_metrics;  // kept only when a callback asks for them
+    auto it = std::ranges::begin(*train_loader_);
+    auto end = std::ranges::end(*train_loader_);
+    std::int64_t batch_idx = st.batches_trained;
+    const bool non_blocking = context_.device().is_cuda();
+    const FitOptions& o = st.options;
+    const std::int64_t total = st.length.unit() == Unit::epochs ? st.length.value() * st.epoch_len : st.length.value();
+
+    while (remaining(st) > 0) {
+      for (const auto& m : context_.models()) m->train();
+      for (auto& r : context_.reducers_)
+        if (r.for_training) r.reset(r.object);
+      means.reset();
+      if constexpr (Set::wants_batch_metrics) batch_metrics.clear();
+      std::int64_t records = 0;
+      bool reached[boundary_count] = {};
+      st.progress.begin("train", st.batches_trained, total, "batches");
+
+      for (;;) {
+        const std::int64_t epoch_idx = batch_idx / st.epoch_len;
+        const std::int64_t in_epoch = batch_idx % st.epoch_len;
+        if (in_epoch == 0) {
+          callbacks.each([&](auto& cb) {
+            if constexpr (requires { cb.on_training_epoch_start(epoch_idx); }) cb.on_training_epoch_start(epoch_idx);
+          });
+          train_loader_->set_epoch(epoch_idx);
+          it = std::ranges::begin(*train_loader_);
+          end = std::ranges::end(*train_loader_);
+        }
+        if (it == end)
+          throw DataError("the training data loader ended after " + std::to_string(in_epoch) + " batches of epoch " +
+                          std::to_string(epoch_idx) + ", but its size() is " + std::to_string(st.epoch_len));
+        TrainBatch batch = *it;
+        ++it;
+        context_.current_batch_ = batch_idx;
+        to_device_in_place(batch, context_.device(), non_blocking);
+        records += record_count(batch);
+
+        Metrics metrics = as_metrics(detail::call_train_batch(*trial_, batch, model_or_missing(), epoch_idx, batch_idx));
+        if constexpr (declarative) {
+          const MetricValue& loss = metrics.at("loss");
+          if (!loss.is_tensor())
+            throw TrialError("train_batch must return the loss as a tensor (the trainer back-propagates it), not a number");
+          context_.backward(loss.tensor());
+          context_.step_optimizer(detail::deref(*optimizer_));
+        }
+        if (context_.is_update_batch()) context_.step_lr_schedulers(batch_idx);
+        means.add(metrics, batch_idx);
+        if constexpr (Set::wants_batch_metrics) batch_metrics.push_back(std::move(metrics));
+
+        ++st.batches_trained;
+        const bool epoch_end = in_epoch == st.epoch_len - 1;
+        if (epoch_end) {
+          callbacks.each([&](auto& cb) {
+            if constexpr (requires { cb.on_training_epoch_end(epoch_idx); }) cb.on_training_epoch_end(epoch_idx);
+          });
+          ++st.epochs_trained;
+        }
+        st.progress.update(st.batches_trained);
+
+        // Determined's boundary rule: batch periods on batches completed, epoch periods on the last
+        // batch of an epoch, on epochs completed.
+        auto hit = [&](const TrainUnit& u) {
+          return u.unit() == Unit::epochs ? epoch_end && u.reached(epoch_idx + 1) : u.reached(batch_idx + 1);
+        };
+        reached[train_boundary] = o.test_mode || hit(st.length);
+        reached[validate_boundary] = hit(o.validation_period);
+        reached[checkpoint_boundary] = hit(o.checkpoint_period);
+        reached[report_boundary] = hit(o.reporting_period);
+        ++batch_idx;
+        if (reached[train_boundary] || reached[validate_boundary] || reached[checkpoint_boundary] || reached[report_boundary])
+          break;
+      }
+
+      report_training(st, means, records, callbacks, batch_metrics);
+      if (reached[validate_boundary] && st.last_validation != st.batches_trained) validate(st, callbacks);
+      if (reached[checkpoint_boundary] && st.last_checkpoint != st.batches_trained) checkpoint(st);
+      if (context_.get_stop_requested()) {
+        if (st.last_checkpoint != st.batches_trained) checkpoint(st);
+        st.result.stopped_early = true;
+        st.progress.line("dettrial: stop requested after batch " + std::to_string(st.batches_trained));
+        return;
+      }
+    }
+  }
+
+  template <class Set>
+  void report_training(RunState& st, const detail::WorkloadMeans& means, std::int64_t records, Set& callbacks,
+                       const std::vector<Metrics>& batch_metrics) {
+    const double seconds = st.progress.elapsed();
+    MetricValues avg;
+    avg.set("batches", static_cast<double>(st.batches_trained));
+    avg.set("epochs", static_cast<double>(st.epochs_trained));
+    for (const auto& [name, value] : means.means()) avg.set(name, value);
+    for (auto& r : context_.reducers_)
+      if (r.for_training) r.reduce_into(r.object, r.name, avg);
+    const double rate = seconds > 0 ? static_cast<double>(records) / seconds : 0.0;
+    char tail[64];
+    std::snprintf(tail, sizeof tail, "  (%.1f samples/s)", rate);
+    st.progress.line("[train]" + detail::format_metrics(avg) + tail);
+    st.log.write("training", st.batches_trained, st.epochs_trained, avg, "samples_per_second", rate);
+    callbacks.each([&](auto& cb) {
+      if constexpr (requires { cb.on_training_workload_end(avg, std::span<const Metrics>(batch_metrics)); })
+        cb.on_training_workload_end(avg, std::span<const Metrics>(batch_metrics));
+      else if constexpr (requires { cb.on_training_workload_end(avg); })
+        cb.on_training_workload_end(avg);
+    });
+    st.result.last_training_metrics = std::move(avg);
+  }
+
+  template <class Set>
+  void validate(RunState& st, Set& callbacks) {
+    torch::NoGradGuard no_grad;
+    for (const auto& m : context_.models()) m->eval();
+    for (auto& r : context_.reducers_)
+      if (r.for_validation) r.reset(r.object);
+    callbacks.each([&](auto& cb) {
+      if constexpr (requires { cb.on_validation_start(); }) cb.on_validation_start();
+    });
+    st.progress.begin("validate", 0, static_cast<std::int64_t>(validation_loader_->size()), "batches");
+    MetricValues metrics;
+    std::int64_t records = 0;
+    if constexpr (DeclaresEvaluateBatch<TrialT>) {
+      callbacks.each([&](auto& cb) {
+        if constexpr (requires { cb.on_validation_epoch_start(); }) cb.on_validation_epoch_start();
+      });
+      detail::ValidationReduction reduction(evaluation_reducer());
+      std::vector<Metrics> outputs;
+      validation_loader_->set_epoch(0);
+      std::int64_t batch_idx = 0;
+      const bool non_blocking = context_.device().is_cuda();
+      for (auto&& loaded : *validation_loader_) {
+        validation_batch_t<TrialT> batch = std::move(loaded);
+        to_device_in_place(batch, context_.device(), non_blocking);
+        records += record_count(batch);
+        Metrics m = detail::call_evaluate_batch(*trial_, batch, model_or_missing(), batch_idx);
+        reduction.add(m, batch_idx);
+        if constexpr (Set::wants_validation_outputs) outputs.push_back(std::move(m));
+        ++batch_idx;
+        st.progress.update(batch_idx);
+        if (st.options.test_mode) break;
+      }
+      if (batch_idx == 0) throw DataError("the validation data loader yielded no batches");
+      callbacks.each([&](auto& cb) {
+        if constexpr (requires { cb.on_validation_epoch_end(std::span<const Metrics>(outputs)); })
+          cb.on_validation_epoch_end(std::span<const Metrics>(outputs));
+      });
+      metrics = reduction.result();
+    } else {
+      const Metrics m = detail::call_evaluate_full_dataset(*trial_, *validation_loader_, model_or_missing());
+      for (const auto& e : m) metrics.set(std::string(e.key.view()), e.value.to_double());
+    }
+    for (auto& r : context_.reducers_)
+      if (r.for_validation) r.reduce_into(r.object, r.name, metrics);
+    callbacks.each([&](auto& cb) {
+      if constexpr (requires { cb.on_validation_end(metrics); }) cb.on_validation_end(metrics);
+    });
+    st.last_validation = st.batches_trained;
+    ++st.result.validations;
+
+    const double seconds = st.progress.elapsed();
+    MetricValues reported;
+    reported.set("batches", static_cast<double>(st.batches_trained));
+    reported.set("epochs", static_cast<double>(st.epochs_trained));
+    for (const auto& [name, value] : metrics) reported.set(name, value);
+    char tail[96];
+    if (records > 0)
+      std::snprintf(tail, sizeof tail, "  (%lld records in %.2f s)", static_cast<long long>(records), seconds);
+    else
+      std::snprintf(tail, sizeof tail, "  (%.2f s)", seconds);
+    st.progress.line("[validation]" + detail::format_metrics(reported) + tail);
+    st.log.write("validation", st.batches_trained, st.epochs_trained, reported, "seconds", seconds);
+    st.result.last_validation_metrics = reported;
+    apply_checkpoint_policy(st, reported);
+  }
+
+  void apply_checkpoint_policy(RunState& st, const MetricValues& metrics) {
+    if (st.last_checkpoint == st.batches_trained) return;
+    switch (st.options.checkpoint_policy) {
+      case CheckpointPolicy::none: return;
+      case CheckpointPolicy::all: checkpoint(st); return;
+      case CheckpointPolicy::best: {
+        if (st.options.searcher_metric.empty()) {
+          if (!st.warned_best_without_metric)
+            st.progress.line("dettrial: checkpoint_policy 'best' has no searcher metric to compare; checkpointing after every validation");
+          st.warned_best_without_metric = true;
+          checkpoint(st);
+          return;
+        }
+        const auto value = metrics.get(st.options.searcher_metric);
+        if (!value)
+          throw TrialError("checkpoint_policy 'best' compares the searcher metric '" + st.options.searcher_metric +
+                           "', which validation did not report");
+        const bool better = !st.best_metric || (st.options.smaller_is_better ? *value < *st.best_metric : *value > *st.best_metric);
+        if (better) {
+          st.best_metric = *value;
+          checkpoint(st);
+        }
+        return;
+      }
+    }
+  }
+
+  /// A checkpoint boundary. Writing checkpoints is not available yet, so this says so and saves nothing.
+  void checkpoint(RunState& st) {
+    st.last_checkpoint = st.batches_trained;
+    ++st.result.checkpoints_not_saved;
+    st.progress.line("[checkpoint] batches " + std::to_string(st.batches_trained) +
+                     ": not saved (checkpoint saving is not available in dettrial " DETTRIAL_VERSION_STRING ")");
+  }
+
+  ReducerChoice evaluation_reducer() {
+    if constexpr (requires(TrialT& t) { ReducerChoice(t.evaluation_reducer()); }) return ReducerChoice(trial_->evaluation_reducer());
+    else return Reducer::avg;
+  }
+
+  template <class B>
+  std::int64_t record_count(const B& batch) {
+    if constexpr (requires(TrialT& t) { { t.get_batch_length(batch) } -> std::convertible_to<std::int64_t>; })
+      return trial_->get_batch_length(batch);
+    else return batch_length(batch);
+  }
+
+  auto& model_or_missing() {
+    if constexpr (declarative) return *model_;
+    else return missing_model_;
+  }
+
+  Context& context_;
+  std::unique_ptr<TrialT> trial_;
+  std::optional<Model> model_;
+  std::optional<OptimizerHolder> optimizer_;
+  std::unique_ptr<SchedulerResult> scheduler_;
+  std::unique_ptr<TrialCallbacks> callbacks_;
+  std::optional<TrainLoader> train_loader_;
+  std::optional<ValidationLoader> validation_loader_;
+  detail::missing missing_model_;
+};
+
+}  // namespace dettrial
+// ---- end dettrial/trainer/trainer.hpp
+
+namespace dettrial {
+
+namespace detail {
+
+inline const char* main_usage() {
+  return "usage: %s --config FILE [options]\n"
+         "\n"
+         "Trains the trial described by an experiment config in Determined's YAML schema.\n"
+         "\n"
+         "options:\n"
+         "  --config FILE        the experiment config (required)\n"
+         "  --set KEY=VALUE      override a config value; KEY is a dotted path such as\n"
+         "                       hyperparameters.learning_rate or data.dir (repeatable)\n"
+         "  --output DIR         where metrics.jsonl goes (default: runs/<date>-<time>)\n"
+         "  --test-mode          train one batch and validate one batch, to check the trial runs\n"
+         "  --quiet              print nothing but errors\n"
+         "  --help               show this text\n";
+}
+
+/// Applies `a.b.c=value` to a YAML document; the value is parsed as YAML (numbers stay numbers).
+inline void apply_override(YAML::Node& root, const std::string& assignment) {
+  const auto eq = assignment.find('=');
+  if (eq == std::string::npos || eq == 0)
+    throw ConfigError("--set needs KEY=VALUE with a dotted KEY, got '" + assignment + "'");
+  const std::string key = assignment.substr(0, eq);
+  YAML::Node value;
+  try {
+    value = YAML::Load(assignment.substr(eq + 1));
+  } catch (const YAML::Exception& e) {
+    throw ConfigError("--set " + key + ": the value is not valid YAML: " + e.msg);
+  }
+  YAML::Node node(root);
+  std::size_t start = 0;
+  for (;;) {
+    const auto dot = key.find('.', start);
+    const std::string part = key.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
+    if (part.empty()) throw ConfigError("--set: '" + key + "' has an empty path component");
+    if (!node.IsMap() && !node.IsNull() && node.IsDefined())
+      throw ConfigError("--set " + key + ": '" + key.substr(0, start ? start - 1 : 0) + "' is not a map");
+    if (dot == std::string::npos) {
+      node[part] = value;
+      return;
+    }
+    YAML::Node next = node[part];
+    node.reset(next);
+    start = dot + 1;
+  }
+}
+
+}  // namespace detail
+
+/**
+ * @brief The `main` of a trial program: parses the command line, reads the experiment config, builds
+ * the context and the trainer, and fits. Returns the process exit status: 0 on success, 1 when the
+ * run fails (with one line naming the problem), 2 on a command-line error.
+ * @code{.cpp}
+ * int main(int argc, char** argv) { return dettrial::main<MnistTrial>(argc, argv); }
+ * @endcode
+ */
+template <class TrialT, class... Args>
+int main(int argc, char** argv, Args&&... trial_args) {
+  const char* program = argc > 0 ? argv[0] : "trial";
+  std::string config_path;
+  std::vector<std::string> overrides;
+  std::string output;
+  bool test_mode = false, quiet = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view arg = argv[i];
+    auto value = [&](std::string_view flag) -> std::string {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "%s: %.*s needs a value\n", program, static_cast<int>(flag.size()), flag.data());
+        std::exit(2);
+      }
+      return argv[++i];
+    };
+    if (arg == "--help" || arg == "-h") {
+      std::printf(detail::main_usage(), program);
+      return 0;
+    } else if (arg == "--config") {
+      config_path = value(arg);
+    } else if (arg == "--set") {
+      overrides.push_back(value(arg));
+    } else if (arg == "--output") {
+      output = value(arg);
+    } else if (arg == "--test-mode") {
+      test_mode = true;
+    } else if (arg == "--quiet") {
+      quiet = true;
+    } else {
+      std::fprintf(stderr, "%s: unknown argument '%s'\n", program, argv[i]);
+      std::fprintf(stderr, detail::main_usage(), program);
+      return 2;
+    }
+  }
+  if (config_path.empty()) {
+    std::fprintf(stderr, "%s: --config FILE is required\n", program);
+    std::fprintf(stderr, detail::main_usage(), program);
+    return 2;
+  }
+  try {
+    ExperimentConfig config = ExperimentConfig::load_file(config_path);
+    if (!overrides.empty()) {
+      YAML::Node doc = YAML::Clone(config.yaml);
+      for (const auto& o : overrides) detail::apply_override(doc, o);
+      config = ExperimentConfig::from_yaml(doc, config_path + " (with --set)");
+    }
+    if (config.searcher.name != "single")
+      throw ConfigError(config_path + ": searcher '" + config.searcher.name +
+                        "' is not available in dettrial " DETTRIAL_VERSION_STRING "; use searcher name: single");
+    if (config.slots_per_trial != 1)
+      throw ConfigError(config_path + ": resources.slots_per_trial " + std::to_string(config.slots_per_trial) +
+                        " needs distributed training, which is not available in dettrial " DETTRIAL_VERSION_STRING);
+    FitOptions options = FitOptions::from_config(config);
+    options.test_mode = test_mode;
+    options.output_dir = output;
+    options.report.quiet = quiet;
+    if (!test_mode && !options.max_length)
+      throw ConfigError(config_path + ": the config sets no training length; add searcher.max_length, e.g. {batches: 1000}");
+    Context context(config);
+    Trainer<TrialT> trainer(context, std::forward<Args>(trial_args)...);
+    trainer.fit(std::move(options));
+    return 0;
+  } catch (const Error& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+  } catch (const c10::Error& e) {
+    std::fprintf(stderr, "error: LibTorch: %s\n", e.what_without_backtrace());
+  } catch (const YAML::Exception& e) {
+    std::fprintf(stderr, "error: YAML: %s\n", e.what());
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+  }
+  return 1;
+}
+
+}  // namespace dettrial
+// ---- end dettrial/trainer/main.hpp
+// ---- end dettrial/dettrial.hpp
