@@ -899,7 +899,8 @@ class WorkloadMeans {
         return;
       }
       if (!tensor_sum.defined()) tensor_sum = torch::zeros({}, t.options().dtype(torch::kDouble).requires_grad(false));
-      tensor_sum.add_(t.reshape({}));
+      if (t.dim() == 0) tensor_sum.add_(t);
+      else tensor_sum.add_(t.reshape({}));  // a one-element tensor of higher rank
     }
     double mean(std::int64_t n) const {
       if (!averageable || n == 0) return std::numeric_limits<double>::quiet_NaN();
