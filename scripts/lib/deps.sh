@@ -58,8 +58,9 @@ dettrial_build() {
   local dir="$DETTRIAL_ROOT/build/$name"
   local args=(-S "$DETTRIAL_ROOT" -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Release "$@")
   [ -n "$prefix" ] && args+=("-DCMAKE_PREFIX_PATH=$prefix" "-DTorch_DIR=$prefix/Torch")
+  mkdir -p "$DETTRIAL_ROOT/build"
   dettrial_log "configuring $name"
-  cmake "${args[@]}" >"$dir.configure.log" 2>&1 || { mkdir -p "$dir"; cat "$dir.configure.log" >&2; return 1; }
+  cmake "${args[@]}" >"$dir.configure.log" 2>&1 || { cat "$dir.configure.log" >&2; return 1; }
   dettrial_log "building $name (2 jobs)"
   cmake --build "$dir" -j 2
 }
