@@ -80,7 +80,9 @@ struct TrialError : Error {
 /// @file
 /// @brief Small helpers over yaml-cpp: positions for messages, typed reads that name the value at fault.
 
+#include <cmath>
 #include <cstdint>
+#include <limits>
 #include <map>
 #include <string>
 #include <string_view>
@@ -133,7 +135,9 @@ bool try_read(const YAML::Node& node, T& out) {
     if (!node.IsScalar()) return false;
     if (YAML::convert<T>::decode(node, out)) return true;
     double d = 0;
-    if (!YAML::convert<double>::decode(node, d)) return false;
+    if (!YAML::convert<double>::decode(node, d) || !std::isfinite(d)) return false;
+    if (d < static_cast<double>(std::numeric_limits<T>::lowest()) || d > static_cast<double>(std::numeric_limits<T>::max()))
+      return false;
     const auto i = static_cast<T>(d);
     if (static_cast<double>(i) != d) return false;
     out = i;
@@ -295,12 +299,20 @@ class Hyperparameters {
   Hyperparameters() : root_(YAML::NodeType::Map) {}
   /// Wraps a YAML map; `source` names where it came from in messages (a file name, "--set").
   explicit Hyperparameters(YAML::Node map, std::string source = "hyperparameters")
-      : root_(std::move(map)), source_(std::move(source)) {
-    if (!root_.IsDefined() || root_.IsNull()) root_ = YAML::Node(YAML::NodeType::Map);
+      : root_(map.IsDefined() && !map.IsNull() ? map : YAML::Node(YAML::NodeType::Map)), source_(std::move(source)) {
     if (!root_.IsMap())
       throw HyperparameterError(detail::where(root_, source_) + ": hyperparameters must be a map of name: value, found " +
                                 detail::describe(root_));
   }
+  // yaml-cpp's Node::operator= writes through to the node it refers to (which others may share);
+  // assigning Hyperparameters rebinds instead.
+  Hyperparameters(const Hyperparameters&) = default;
+  Hyperparameters& operator=(const Hyperparameters& other) {
+    root_.reset(other.root_);
+    source_ = other.source_;
+    return *this;
+  }
+
   /// Parses YAML text such as `"lr: 0.1\nglobal_batch_size: 64"`.
   static Hyperparameters parse(const std::string& yaml_text, std::string source = "hyperparameters") {
     try {
@@ -447,6 +459,32 @@ class ExperimentConfig {
   /// Where it came from (file name or "<string>"), for messages.
   std::string source = "<string>";
 
+  ExperimentConfig() = default;
+  ExperimentConfig(const ExperimentConfig&) = default;
+  /// Rebinds the YAML members (yaml-cpp's Node::operator= would write into the document they share).
+  ExperimentConfig& operator=(const ExperimentConfig& o) {
+    if (this == &o) return *this;
+    name = o.name;
+    description = o.description;
+    hyperparameters.reset(o.hyperparameters);
+    data.reset(o.data);
+    searcher = o.searcher;
+    scheduling_unit = o.scheduling_unit;
+    records_per_epoch = o.records_per_epoch;
+    min_validation_period = o.min_validation_period;
+    min_checkpoint_period = o.min_checkpoint_period;
+    perform_initial_validation = o.perform_initial_validation;
+    checkpoint_policy = o.checkpoint_policy;
+    max_restarts = o.max_restarts;
+    slots_per_trial = o.slots_per_trial;
+    aggregation_frequency = o.aggregation_frequency;
+    average_aggregated_gradients = o.average_aggregated_gradients;
+    experiment_seed = o.experiment_seed;
+    yaml.reset(o.yaml);
+    source = o.source;
+    return *this;
+  }
+
   /// Reads and parses a file; a missing or unreadable file is a ConfigError naming it.
   static ExperimentConfig load_file(const std::filesystem::path& path) {
     std::ifstream in(path);
@@ -476,18 +514,18 @@ class ExperimentConfig {
   static ExperimentConfig from_yaml(const YAML::Node& root, std::string source) {
     ExperimentConfig c;
     c.source = source;
-    if (root.IsNull() || !root.IsDefined()) throw ConfigError(source + ": the experiment config is empty");
+    if (!root.IsDefined() || root.IsNull()) throw ConfigError(source + ": the experiment config is empty");
     if (!root.IsMap()) throw ConfigError(detail::where(root, source) + ": the experiment config must be a map");
-    c.yaml = root;
+    c.yaml.reset(root);
     Reader r{source};
     r.read(root, "name", c.name);
     r.read(root, "description", c.description);
     if (root["hyperparameters"]) {
-      c.hyperparameters = root["hyperparameters"];
+      c.hyperparameters.reset(root["hyperparameters"]);
       if (!c.hyperparameters.IsMap() && !c.hyperparameters.IsNull())
         throw ConfigError(detail::where(c.hyperparameters, source) + ": 'hyperparameters' must be a map");
     }
-    if (root["data"]) c.data = root["data"];
+    if (root["data"]) c.data.reset(root["data"]);
     r.read(root, "scheduling_unit", c.scheduling_unit);
     if (c.scheduling_unit < 1)
       throw ConfigError(detail::where(root["scheduling_unit"], source) + ": scheduling_unit must be at least 1");
@@ -504,6 +542,9 @@ class ExperimentConfig {
       else if (s == "none") c.checkpoint_policy = CheckpointPolicy::none;
       else throw ConfigError(detail::where(p, source) + ": checkpoint_policy must be best, all or none, not '" + s + "'");
     }
+    for (const char* section : {"resources", "optimizations", "reproducibility", "searcher"})
+      if (const YAML::Node node = root[section]; node && !node.IsNull() && !node.IsMap())
+        throw ConfigError(detail::where(node, source) + ": '" + section + "' must be a map, found " + detail::describe(node));
     if (const YAML::Node res = root["resources"]) {
       r.read(res, "slots_per_trial", c.slots_per_trial);
       if (c.slots_per_trial < 1)
@@ -999,6 +1040,8 @@ class ValidationReduction {
       }
     }
     double combine(double a, double b) const {
+      if ((reducer == Reducer::max || reducer == Reducer::min) && (std::isnan(a) || std::isnan(b)))
+        return std::numeric_limits<double>::quiet_NaN();  // like np.max / torch::maximum
       switch (reducer) {
         case Reducer::max: return std::max(a, b);
         case Reducer::min: return std::min(a, b);
@@ -1347,9 +1390,12 @@ struct ContextOptions {
   std::optional<std::uint64_t> trial_seed;
   /// The device; unset means CUDA device 0 when LibTorch has CUDA and a GPU is present, else the CPU.
   std::optional<torch::Device> device;
-  std::int64_t aggregation_frequency = 1;
-  bool average_aggregated_gradients = true;
-  std::int64_t slots_per_trial = 1;
+  /// Unset: the experiment config's (`optimizations.aggregation_frequency`), else 1.
+  std::optional<std::int64_t> aggregation_frequency;
+  /// Unset: the experiment config's (`optimizations.average_aggregated_gradients`), else true.
+  std::optional<bool> average_aggregated_gradients;
+  /// Unset: the experiment config's (`resources.slots_per_trial`), else 1.
+  std::optional<std::int64_t> slots_per_trial;
 };
 
 template <class TrialT>
@@ -1365,7 +1411,7 @@ class Context {
  public:
   /// A context for the one trial an experiment config describes.
   explicit Context(const ExperimentConfig& config, ContextOptions options = {})
-      : Context(config.trial_hyperparameters(), config, with_config_defaults(config, std::move(options))) {}
+      : Context(config.trial_hyperparameters(), config, std::move(options)) {}
 
   /// A context from hyperparameters alone (an empty experiment config).
   explicit Context(Hyperparameters hparams, ContextOptions options = {})
@@ -1373,8 +1419,11 @@ class Context {
 
   Context(Hyperparameters hparams, ExperimentConfig config, ContextOptions options)
       : hparams_(std::move(hparams)), config_(std::move(config)), options_(std::move(options)) {
-    if (options_.aggregation_frequency < 1) throw ConfigError("aggregation_frequency must be at least 1");
-    if (options_.slots_per_trial < 1) throw ConfigError("slots_per_trial must be at least 1");
+    aggregation_frequency_ = options_.aggregation_frequency.value_or(config_.aggregation_frequency);
+    average_aggregated_gradients_ = options_.average_aggregated_gradients.value_or(config_.average_aggregated_gradients);
+    slots_per_trial_ = options_.slots_per_trial.value_or(config_.slots_per_trial);
+    if (aggregation_frequency_ < 1) throw ConfigError("aggregation_frequency must be at least 1");
+    if (slots_per_trial_ < 1) throw ConfigError("slots_per_trial must be at least 1");
     trial_seed_ = options_.trial_seed ? *options_.trial_seed : derive_trial_seed(config_.experiment_seed);
     device_ = options_.device ? *options_.device
                               : (torch::cuda::is_available() ? torch::Device(torch::kCUDA, 0) : torch::Device(torch::kCPU));
@@ -1400,10 +1449,10 @@ class Context {
   /// `global_batch_size / slots_per_trial`; needs the `global_batch_size` hyperparameter.
   std::int64_t get_per_slot_batch_size() const {
     const std::int64_t global = global_batch_size_hparam();
-    return global / options_.slots_per_trial;
+    return global / slots_per_trial_;
   }
   /// The effective global batch size, `per_slot * slots`.
-  std::int64_t get_global_batch_size() const { return get_per_slot_batch_size() * options_.slots_per_trial; }
+  std::int64_t get_global_batch_size() const { return get_per_slot_batch_size() * slots_per_trial_; }
   /// True when the `global_batch_size` hyperparameter exists.
   bool has_global_batch_size() const { return hparams_.contains("global_batch_size"); }
 
@@ -1413,7 +1462,7 @@ class Context {
   std::uint64_t get_trial_seed() const { return trial_seed_; }
   const torch::Device& device() const { return device_; }
   const DistributedInfo& distributed() const { return distributed_; }
-  std::int64_t aggregation_frequency() const { return options_.aggregation_frequency; }
+  std::int64_t aggregation_frequency() const { return aggregation_frequency_; }
 
   /// Moves a nested batch to this context's device (see dettrial::to_device).
   template <class B>
@@ -1432,7 +1481,7 @@ class Context {
   bool is_epoch_start() const { return current_batch_ % require_epoch_len() == 0; }
   bool is_epoch_end() const { return current_batch_ % require_epoch_len() == require_epoch_len() - 1; }
   /// True on batches that step the optimizers (every `aggregation_frequency`-th batch).
-  bool is_update_batch() const { return (current_batch_ + 1) % options_.aggregation_frequency == 0; }
+  bool is_update_batch() const { return (current_batch_ + 1) % aggregation_frequency_ == 0; }
 
   /// Ask the trainer to checkpoint and stop at the next boundary.
   void set_stop_requested(bool stop) { stop_requested_ = stop; }
@@ -1441,8 +1490,11 @@ class Context {
   // ---- wrapping -------------------------------------------------------------------------------
 
   /// Moves the model to the device and registers it (train/eval mode, checkpoints). Returns it.
-  template <ModelHandle M>
+  template <class M>
   M wrap_model(M model) {
+    static_assert(ModelHandle<M>,
+                  "dettrial::Context::wrap_model<M>: M must be a LibTorch module holder (torch::nn::Linear, "
+                  "torch::nn::Sequential, ...) or a std::shared_ptr to a torch::nn::Module");
     auto module = module_of(model);
     module->to(device_);
     models_.push_back(std::move(module));
@@ -1454,13 +1506,13 @@ class Context {
    * must outlive the trainer (a member of the trial). `average_aggregated_gradients` defaults to
    * the experiment config's.
    */
-  template <TorchOptimizer O>
+  template <class O>
   O& wrap_optimizer(O& optimizer, std::optional<bool> average_aggregated_gradients = std::nullopt) {
+    static_assert(TorchOptimizer<O>, "dettrial::Context::wrap_optimizer<O>: O must derive from torch::optim::Optimizer");
     for (const auto& w : optimizers_)
       if (w.optimizer == &optimizer) throw TrialError("this optimizer was already wrapped with wrap_optimizer");
-    WrappedOptimizer w{&optimizer, {}, average_aggregated_gradients.value_or(options_.average_aggregated_gradients)};
-    for (auto& group : optimizer.param_groups())
-      for (auto& p : group.params()) w.params.push_back(p);
+    WrappedOptimizer w{&optimizer, {}, average_aggregated_gradients.value_or(average_aggregated_gradients_)};
+    refresh_params(w);
     optimizers_.push_back(std::move(w));
     return optimizer;
   }
@@ -1469,8 +1521,12 @@ class Context {
    * @brief Registers an LR scheduler to be stepped by dettrial in `Mode` (see dettrial::lr_step),
    * every `frequency` units. The scheduler must outlive the trainer. Returns it.
    */
-  template <LRSchedulerLike S, LRStepMode Mode = lr_step::every_batch>
+  template <class S, class Mode = lr_step::every_batch>
   S& wrap_lr_scheduler(S& scheduler, Mode = {}, std::int64_t frequency = 1) {
+    static_assert(LRSchedulerLike<S>, "dettrial::Context::wrap_lr_scheduler<S>: S must have step() (a torch::optim scheduler)");
+    static_assert(LRStepMode<Mode>,
+                  "dettrial::Context::wrap_lr_scheduler: the mode must be a dettrial::lr_step policy (every_batch, "
+                  "every_epoch, every_optimizer_step, manual) or a type with name and steps_after(...)");
     if (frequency < 1) throw ConfigError("an LR scheduler's step frequency must be at least 1");
     schedulers_.push_back(WrappedScheduler{&scheduler, [](void* s) { static_cast<S*>(s)->step(); }, &Mode::steps_after,
                                            frequency, std::string(Mode::name)});
@@ -1485,6 +1541,11 @@ class Context {
                   "dettrial::MetricValues (see dettrial::MetricReducer)");
     for (const auto& w : reducers_)
       if (w.object == &reducer) throw TrialError("this reducer was already wrapped with wrap_reducer");
+    constexpr bool returns_many = std::same_as<std::remove_cvref_t<decltype(reducer.reduce())>, MetricValues>;
+    if (returns_many && !name.empty())
+      throw TrialError("wrap_reducer: reducer '" + name + "' returns MetricValues (merged by their own names), so wrap it without a name");
+    if (!returns_many && name.empty())
+      throw TrialError("wrap_reducer: a reducer whose reduce() returns a number needs a name to report it under");
     reducers_.push_back(detail::WrappedReducer::wrap(reducer, std::move(name), for_training, for_validation));
     return reducer;
   }
@@ -1501,20 +1562,38 @@ class Context {
    * batches it returns (gradients accumulate); on update batches it divides the gradients by the
    * aggregation frequency (if averaging), clips them, steps, and zeroes them.
    */
-  template <GradientClipper Clip = clip::none>
+  template <class Clip = clip::none>
   void step_optimizer(torch::optim::Optimizer& optimizer, Clip clip_gradients = {}, bool auto_zero_grads = true) {
-    if (options_.aggregation_frequency > 1 && !auto_zero_grads)
+    static_assert(GradientClipper<Clip>,
+                  "dettrial::Context::step_optimizer: the clip argument must be callable with std::vector<torch::Tensor>& "
+                  "(dettrial::clip::by_norm{...}, clip::by_value{...})");
+    if (aggregation_frequency_ > 1 && !auto_zero_grads)
       throw TrialError("step_optimizer(auto_zero_grads=false) cannot be used with aggregation_frequency > 1");
     if (!is_update_batch()) return;
     WrappedOptimizer& w = find_optimizer(optimizer);
-    if (w.average && options_.aggregation_frequency > 1) {
-      const double scale = 1.0 / static_cast<double>(options_.aggregation_frequency);
+    refresh_params(w);  // param groups may have grown since wrapping (unfrozen layers)
+    if (w.average && aggregation_frequency_ > 1) {
+      const double scale = 1.0 / static_cast<double>(aggregation_frequency_);
       for (auto& p : w.params)
         if (p.grad().defined()) p.grad().mul_(scale);
     }
     clip_gradients(w.params);
     optimizer.step();
     if (auto_zero_grads) optimizer.zero_grad();
+  }
+
+  /// True while a trainer's trial is registered here.
+  bool has_registrations() const {
+    return !models_.empty() || !optimizers_.empty() || !schedulers_.empty() || !reducers_.empty();
+  }
+  /// Forgets every wrapped object (called when their trainer goes away).
+  void release_registrations() {
+    models_.clear();
+    optimizers_.clear();
+    schedulers_.clear();
+    reducers_.clear();
+    stop_requested_ = false;
+    epoch_len_ = 0;
   }
 
   /// Every wrapped model, in wrap order.
@@ -1539,13 +1618,6 @@ class Context {
     std::string mode;
   };
 
-  static ContextOptions with_config_defaults(const ExperimentConfig& config, ContextOptions o) {
-    o.aggregation_frequency = config.aggregation_frequency;
-    o.average_aggregated_gradients = config.average_aggregated_gradients;
-    o.slots_per_trial = config.slots_per_trial;
-    return o;
-  }
-
   static std::uint64_t derive_trial_seed(std::optional<std::uint64_t> experiment_seed) {
     // One trial of an experiment: a value in [0, 2^31) drawn from the experiment seed, as Determined's
     // master draws trial seeds; without an experiment seed, the clock (Determined's default).
@@ -1568,15 +1640,25 @@ class Context {
           "the batch size getters need the hyperparameter 'global_batch_size', which " + hparams_.source() +
           " does not define");
     const auto global = hparams_.get<std::int64_t>("global_batch_size");
-    if (global < options_.slots_per_trial)
+    if (global < slots_per_trial_)
       throw HyperparameterError("global_batch_size (" + std::to_string(global) + ") is smaller than slots_per_trial (" +
-                                std::to_string(options_.slots_per_trial) + ")");
+                                std::to_string(slots_per_trial_) + ")");
     return global;
   }
 
   std::int64_t require_epoch_len() const {
     if (epoch_len_ <= 0) throw TrialError("epoch counters are only known once training has started");
     return epoch_len_;
+  }
+
+  /// Rebuilds the cached parameter list when the optimizer's groups changed size (no allocation otherwise).
+  static void refresh_params(WrappedOptimizer& w) {
+    std::size_t count = 0;
+    for (const auto& group : w.optimizer->param_groups()) count += group.params().size();
+    if (count == w.params.size()) return;
+    w.params.clear();
+    for (auto& group : w.optimizer->param_groups())
+      for (auto& p : group.params()) w.params.push_back(p);
   }
 
   WrappedOptimizer& find_optimizer(const torch::optim::Optimizer& optimizer) {
@@ -1588,7 +1670,7 @@ class Context {
   /// Called by the trainer on update batches after train_batch: steps the schedulers per their mode.
   void step_lr_schedulers(std::int64_t batch_idx) {
     for (auto& s : schedulers_) {
-      const std::int64_t n = s.steps_after(batch_idx, options_.aggregation_frequency, epoch_len_, s.frequency);
+      const std::int64_t n = s.steps_after(batch_idx, aggregation_frequency_, epoch_len_, s.frequency);
       for (std::int64_t i = 0; i < n; ++i) s.step(s.scheduler);
     }
   }
@@ -1596,6 +1678,9 @@ class Context {
   Hyperparameters hparams_;
   ExperimentConfig config_;
   ContextOptions options_;
+  std::int64_t aggregation_frequency_ = 1;
+  bool average_aggregated_gradients_ = true;
+  std::int64_t slots_per_trial_ = 1;
   std::uint64_t trial_seed_ = 0;
   torch::Device device_{torch::kCPU};
   DistributedInfo distributed_;
@@ -1636,7 +1721,8 @@ namespace dettrial {
 /**
  * @brief A dataset read a batch at a time: `size()` records, and `get_batch(indices)` with a 1-D
  * int64 CPU tensor of record indices (vectorised: one gather per batch, not one call per record).
- * A dataset may also offer `get_range(begin, end)` for contiguous, unshuffled reads (views, no copy).
+ * A dataset may also offer `get_range(begin, end)` for contiguous, unshuffled reads. Either way a
+ * batch must not alias the dataset's storage: a trial may change its batch in place.
  */
 template <class D>
 concept BatchDataset = requires(D& d, const torch::Tensor& indices) {
@@ -1681,8 +1767,10 @@ class TensorDataset {
   auto get_batch(const torch::Tensor& indices) const {
     return make([&](const torch::Tensor& t) { return t.index_select(0, indices); });
   }
+  /// Records [begin, end) as fresh tensors (one contiguous copy each), so in-place changes to a batch
+  /// never reach the dataset.
   auto get_range(std::int64_t begin, std::int64_t end) const {
-    return make([&](const torch::Tensor& t) { return t.narrow(0, begin, end - begin); });
+    return make([&](const torch::Tensor& t) { return t.narrow(0, begin, end - begin).clone(); });
   }
   const torch::Tensor& tensor(std::size_t i) const { return tensors_[i]; }
 
@@ -1715,14 +1803,18 @@ struct DataLoaderOptions {
  * @brief Iterates a BatchDataset in batches, one epoch at a time.
  *
  * The order of epoch `e` depends only on (seed, e): any epoch can be replayed on its own, which is
- * what exact resume needs. Unshuffled loaders read contiguous ranges as views when the dataset can.
+ * what exact resume needs. Unshuffled loaders read contiguous ranges when the dataset can.
  * @code{.cpp}
  * dettrial::DataLoader loader(dettrial::TensorDataset(images, labels),
  *                             {.batch_size = ctx.get_per_slot_batch_size(), .shuffle = true});
  * @endcode
  */
-template <BatchDataset D>
+template <class D>
 class DataLoader {
+  static_assert(BatchDataset<D>,
+                "dettrial::DataLoader<D>: D must be a dettrial::BatchDataset: size() records and get_batch(indices) "
+                "taking a 1-D int64 tensor of record indices (see dettrial::TensorDataset)");
+
  public:
   using dataset_type = D;
   using batch_type = std::remove_cvref_t<decltype(std::declval<const D&>().get_batch(std::declval<const torch::Tensor&>()))>;
@@ -1811,6 +1903,7 @@ class DataLoader {
 #include <array>
 #include <cerrno>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <string>
@@ -1870,7 +1963,11 @@ inline torch::Tensor read_idx(const std::filesystem::path& path) {
     case 0x0C: dtype = torch::kInt32, element_size = 4; break;
     case 0x0D: dtype = torch::kFloat32, element_size = 4; break;
     case 0x0E: dtype = torch::kFloat64, element_size = 8; break;
-    default: throw DataError("IDX file '" + name + "' has unknown element type 0x" + std::to_string(magic[2]));
+    default: {
+      char code[8];
+      std::snprintf(code, sizeof code, "0x%02X", magic[2]);
+      throw DataError("IDX file '" + name + "' has unknown element type " + code);
+    }
   }
   const int rank = magic[3];
   if (rank < 1) throw DataError("IDX file '" + name + "' declares no dimensions");
@@ -1909,7 +2006,7 @@ inline MnistSplit load_mnist(const std::filesystem::path& dir, const std::string
     for (const auto& n : names)
       if (std::filesystem::is_regular_file(dir / n, ec)) return dir / n;
     throw DataError("no MNIST " + kind + " file for split '" + split + "' in '" + dir.string() + "' (looked for " + names[0] +
-                    " and " + names[1] + ")");
+                    ", " + names[1] + ", " + names[2] + " and " + names[3] + ")");
   };
   MnistSplit s{read_idx(find("images", "idx3")), read_idx(find("labels", "idx1"))};
   if (s.images.dim() != 3 || s.labels.dim() != 1 || s.images.size(0) != s.labels.size(0))
@@ -2189,6 +2286,7 @@ inline constexpr bool wants_validation_outputs_v = requires(C& c, std::span<cons
 template <class... C>
 class CallbackSet {
  public:
+  static constexpr std::size_t size = sizeof...(C);
   explicit CallbackSet(std::tuple<C&...> callbacks) : callbacks_(callbacks) { (check_callback<C>(), ...); }
 
   template <class F>
@@ -2288,7 +2386,9 @@ struct FitResult {
   std::int64_t validations = 0;
   /// Checkpoint boundaries reached whose checkpoint was not written (saving is not available yet).
   std::int64_t checkpoints_not_saved = 0;
-  /// True when the trial asked to stop (context.set_stop_requested) before max_length.
+  /// True when the trial asked to stop (context.set_stop_requested).
+  bool stop_requested = false;
+  /// True when that stop came before max_length.
   bool stopped_early = false;
   std::filesystem::path output_dir;
 };
@@ -2348,6 +2448,11 @@ struct FitResult {
 
 namespace dettrial {
 namespace detail {
+
+template <class R>
+struct is_scheduled_lr : std::false_type {};
+template <class S, class M>
+struct is_scheduled_lr<ScheduledLR<S, M>> : std::true_type {};
 
 /// Stands in for a type a broken trial does not provide, so declarations stay well-formed while the
 /// one diagnostic that matters is printed.
@@ -2544,7 +2649,7 @@ consteval TrialProblem first_trial_problem() {
   else if constexpr (DeclaresModel<T> && std::same_as<optimizer_result_t<T>, missing>) return P::no_optimizer;
   else if constexpr (DeclaresModel<T> && std::same_as<optimizer_t<T>, missing>) return P::optimizer_not_an_optimizer;
   else if constexpr (DeclaresModel<T> && !std::same_as<scheduler_result_t<T>, missing> &&
-                     !LRSchedulerLike<scheduler_result_t<T>> && !requires { typename scheduler_result_t<T>::mode; })
+                     !LRSchedulerLike<scheduler_result_t<T>> && !is_scheduled_lr<scheduler_result_t<T>>::value)
     return P::scheduler_not_a_scheduler;
   else if constexpr (!DeclaresTrainBatch<T>) return P::no_train_batch;
   else if constexpr (!CallableTrainBatch<T>) return P::train_batch_not_callable;
@@ -2641,11 +2746,6 @@ concept ImperativeTrial = Trial<T> && !DeclaresModel<T>;
 namespace dettrial {
 
 namespace detail {
-template <class R>
-struct is_scheduled_lr : std::false_type {};
-template <class S, class M>
-struct is_scheduled_lr<ScheduledLR<S, M>> : std::true_type {};
-
 /// Dereferences a smart pointer, or returns the object itself.
 template <class O>
 decltype(auto) deref(O& o) {
@@ -2696,25 +2796,45 @@ class Trainer {
     static_assert(std::constructible_from<TrialT, Context&, Args...> || std::constructible_from<TrialT, Args...>,
                   "dettrial::Trainer<T>: T must be constructible from (dettrial::Context&, args...) or from (args...), "
                   "where args are the Trainer's arguments after the context");
+    if (context_.has_registrations())
+      throw TrialError("this context already serves a trainer; give each Trainer its own dettrial::Context");
     if constexpr (trial_ok) {
-      if constexpr (std::constructible_from<TrialT, Context&, Args...>)
-        trial_ = std::make_unique<TrialT>(context, std::forward<Args>(args)...);
-      else
-        trial_ = std::make_unique<TrialT>(std::forward<Args>(args)...);
-      if constexpr (declarative) build_declarative();
-      if constexpr (requires(TrialT& t) { t.build_callbacks(); })
-        callbacks_ = std::make_unique<TrialCallbacks>(trial_->build_callbacks());
-      else
-        callbacks_ = std::make_unique<TrialCallbacks>();
-      if (context_.models().empty())
-        throw TrialError("the trial wrapped no model: call context.wrap_model(...) in its constructor (or define build_model())");
-      if (context_.num_optimizers() == 0)
-        throw TrialError("the trial wrapped no optimizer: call context.wrap_optimizer(...) in its constructor (or define optimizer(model))");
+      // If building fails half-way, the context must not keep pointers into the half-built trial.
+      struct Release {
+        Context& context;
+        bool armed = true;
+        ~Release() {
+          if (armed) context.release_registrations();
+        }
+      } release{context_};
+      build(std::forward<Args>(args)...);
+      release.armed = false;
     }
   }
 
+ private:
+  template <class... Args>
+  void build(Args&&... args) {
+    if constexpr (std::constructible_from<TrialT, Context&, Args...>)
+      trial_ = std::make_unique<TrialT>(context_, std::forward<Args>(args)...);
+    else
+      trial_ = std::make_unique<TrialT>(std::forward<Args>(args)...);
+    if constexpr (declarative) build_declarative();
+    if constexpr (requires(TrialT& t) { t.build_callbacks(); })
+      callbacks_ = std::make_unique<TrialCallbacks>(trial_->build_callbacks());
+    else
+      callbacks_ = std::make_unique<TrialCallbacks>();
+    if (context_.models().empty())
+      throw TrialError("the trial wrapped no model: call context.wrap_model(...) in its constructor (or define build_model())");
+    if (context_.num_optimizers() == 0)
+      throw TrialError("the trial wrapped no optimizer: call context.wrap_optimizer(...) in its constructor (or define optimizer(model))");
+  }
+
+ public:
   Trainer(const Trainer&) = delete;
   Trainer& operator=(const Trainer&) = delete;
+  /// The context forgets the trial's models, optimizers, schedulers and reducers (they die with it).
+  ~Trainer() { context_.release_registrations(); }
 
   TrialT& trial() { return *trial_; }
   Context& context() { return context_; }
@@ -2791,7 +2911,7 @@ class Trainer {
     if (o.test_mode) return Batch(1);
     if (!o.max_length)
       throw ConfigError("fit() needs a training length: set FitOptions::max_length (Batch, Epoch or Record), or "
-                        "searcher.max_length in the experiment config");
+                        "searcher.max_length in the experiment config and build the options with FitOptions::from_config");
     TrainUnit length = *o.max_length;
     if (length.is_schedule()) throw ConfigError("max_length must be a count, not a schedule of points");
     if (length.unit() == Unit::records) length = length.in_batches_if_records(context_.get_global_batch_size());
@@ -2819,6 +2939,30 @@ class Trainer {
     st.log = MetricsLog(o.output_dir);
     st.progress = detail::Progress(o.report);
 
+    // Each callback that started gets on_trial_shutdown, in reverse order, whatever happens next.
+    std::size_t started = 0;
+    struct Shutdown {
+      Set& callbacks;
+      std::size_t& started;
+      ~Shutdown() {
+        std::size_t index = Set::size;
+        callbacks.each_reversed([&](auto& cb) {
+          if (index-- > started) return;
+          if constexpr (requires { cb.on_trial_shutdown(); }) {
+            try {
+              cb.on_trial_shutdown();
+            } catch (const std::exception& e) {
+              std::fprintf(stderr, "dettrial: on_trial_shutdown failed: %s\n", e.what());
+            }
+          }
+        });
+      }
+    } shutdown{callbacks, started};
+    callbacks.each([&](auto& cb) {
+      if constexpr (requires { cb.on_trial_startup(std::int64_t{}, std::string{}); }) cb.on_trial_startup(std::int64_t{0}, std::string{});
+      ++started;
+    });
+
     train_loader_.emplace(trial_->build_training_data_loader());
     validation_loader_.emplace(trial_->build_validation_data_loader());
     st.epoch_len = static_cast<std::int64_t>(train_loader_->size());
@@ -2832,30 +2976,12 @@ class Trainer {
                      std::to_string(st.epoch_len) + " batches), output " + o.output_dir.string());
 
     callbacks.each([&](auto& cb) {
-      if constexpr (requires { cb.on_trial_startup(std::int64_t{}, std::string{}); }) cb.on_trial_startup(std::int64_t{0}, std::string{});
-    });
-    struct Shutdown {
-      Set& callbacks;
-      ~Shutdown() {
-        callbacks.each_reversed([](auto& cb) {
-          if constexpr (requires { cb.on_trial_shutdown(); }) {
-            try {
-              cb.on_trial_shutdown();
-            } catch (const std::exception& e) {
-              std::fprintf(stderr, "dettrial: on_trial_shutdown failed: %s\n", e.what());
-            }
-          }
-        });
-      }
-    } shutdown{callbacks};
-
-    callbacks.each([&](auto& cb) {
       if constexpr (requires { cb.on_training_start(); }) cb.on_training_start();
     });
 
     if (o.step_zero_validation && st.batches_trained == 0 && st.last_validation < 0) validate(st, callbacks);
     train(st, callbacks);
-    if (!st.result.stopped_early) {
+    if (!st.result.stop_requested) {
       if (st.last_validation != st.batches_trained) validate(st, callbacks);
       if (st.last_checkpoint != st.batches_trained) checkpoint(st);
     }
@@ -2893,6 +3019,7 @@ class Trainer {
       for (;;) {
         const std::int64_t epoch_idx = batch_idx / st.epoch_len;
         const std::int64_t in_epoch = batch_idx % st.epoch_len;
+        context_.current_batch_ = batch_idx;
         if (in_epoch == 0) {
           callbacks.each([&](auto& cb) {
             if constexpr (requires { cb.on_training_epoch_start(epoch_idx); }) cb.on_training_epoch_start(epoch_idx);
@@ -2906,7 +3033,6 @@ class Trainer {
                           std::to_string(epoch_idx) + ", but its size() is " + std::to_string(st.epoch_len));
         TrainBatch batch = *it;
         ++it;
-        context_.current_batch_ = batch_idx;
         to_device_in_place(batch, context_.device(), non_blocking);
         records += record_count(batch);
 
@@ -2920,7 +3046,7 @@ class Trainer {
         }
         if (context_.is_update_batch()) context_.step_lr_schedulers(batch_idx);
         means.add(metrics, batch_idx);
-        if constexpr (Set::wants_batch_metrics) batch_metrics.push_back(std::move(metrics));
+        if constexpr (Set::wants_batch_metrics) batch_metrics.push_back(detached(metrics));
 
         ++st.batches_trained;
         const bool epoch_end = in_epoch == st.epoch_len - 1;
@@ -2947,13 +3073,18 @@ class Trainer {
       }
 
       report_training(st, means, records, callbacks, batch_metrics);
-      if (reached[validate_boundary] && st.last_validation != st.batches_trained) validate(st, callbacks);
-      if (reached[checkpoint_boundary] && st.last_checkpoint != st.batches_trained) checkpoint(st);
-      if (context_.get_stop_requested()) {
-        if (st.last_checkpoint != st.batches_trained) checkpoint(st);
-        st.result.stopped_early = true;
-        st.progress.line("dettrial: stop requested after batch " + std::to_string(st.batches_trained));
-        return;
+      // Determined handles the reached boundaries in this order and honours a stop request after each.
+      for (const Boundary b : {train_boundary, validate_boundary, checkpoint_boundary, report_boundary}) {
+        if (!reached[b]) continue;
+        if (b == validate_boundary && st.last_validation != st.batches_trained) validate(st, callbacks);
+        if (b == checkpoint_boundary && st.last_checkpoint != st.batches_trained) checkpoint(st);
+        if (context_.get_stop_requested()) {
+          if (st.last_checkpoint != st.batches_trained) checkpoint(st);
+          st.result.stopped_early = remaining(st) > 0;
+          st.result.stop_requested = true;
+          st.progress.line("dettrial: stop requested; stopped after batch " + std::to_string(st.batches_trained));
+          return;
+        }
       }
     }
   }
@@ -3081,6 +3212,14 @@ class Trainer {
     ++st.result.checkpoints_not_saved;
     st.progress.line("[checkpoint] batches " + std::to_string(st.batches_trained) +
                      ": not saved (checkpoint saving is not available in dettrial " DETTRIAL_VERSION_STRING ")");
+  }
+
+  /// A copy whose tensors are detached from the graph and on the CPU (kept for callbacks).
+  static Metrics detached(const Metrics& m) {
+    Metrics out;
+    for (const auto& e : m)
+      out.set(e.key, e.value.is_tensor() ? MetricValue(e.value.tensor().detach().cpu()) : e.value);
+    return out;
   }
 
   ReducerChoice evaluation_reducer() {

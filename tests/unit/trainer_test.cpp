@@ -382,6 +382,7 @@ TEST_CASE("max_length in records and epochs; test_mode; step-zero validation; st
     Trainer<StopsAtThree> trainer(c4);
     const FitResult r = trainer.fit(test::quiet({.max_length = Batch(100), .reporting_period = Batch(1)}));
     CHECK(r.stopped_early);
+    CHECK(r.stop_requested);
     CHECK(r.batches_trained == 3);
     CHECK(r.validations == 0);  // a stop checkpoints and exits, as Determined does
   }
@@ -464,12 +465,18 @@ TEST_CASE("callbacks from build_callbacks and from fit, with per-batch metrics o
   };
   struct EpochCounter {
     int* ends;
+    Context* context;
+    void on_training_epoch_start(std::int64_t epoch) {
+      // The context's counters already describe the batch that starts the epoch.
+      CHECK(context->current_train_epoch() == epoch);
+      CHECK(context->is_epoch_start());
+    }
     void on_training_epoch_end(std::int64_t) { ++*ends; }
   };
   struct WithCallbacks : CountingTrial {
     int ends = 0;
     using CountingTrial::CountingTrial;
-    std::tuple<EpochCounter> build_callbacks() { return {EpochCounter{&ends}}; }
+    std::tuple<EpochCounter> build_callbacks() { return {EpochCounter{&ends, &context}}; }
   };
   Context context(test::hparams(), ContextOptions{.trial_seed = 1});
   Trainer<WithCallbacks> trainer(context);
@@ -477,6 +484,8 @@ TEST_CASE("callbacks from build_callbacks and from fit, with per-batch metrics o
   trainer.fit(test::quiet({.max_length = Batch(8), .reporting_period = Batch(3)}), wants);
   CHECK(wants.sizes == std::vector<std::size_t>{3, 3, 2});
   CHECK(trainer.trial().ends == 2);
+  // A context serves one trainer at a time.
+  CHECK_THROWS_WITH_AS(Trainer<WithCallbacks>{context}, doctest::Contains("already serves a trainer"), TrialError);
 }
 
 TEST_CASE("context: batch sizes, counters, to_device over nested batches") {

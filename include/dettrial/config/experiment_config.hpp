@@ -72,6 +72,32 @@ class ExperimentConfig {
   /// Where it came from (file name or "<string>"), for messages.
   std::string source = "<string>";
 
+  ExperimentConfig() = default;
+  ExperimentConfig(const ExperimentConfig&) = default;
+  /// Rebinds the YAML members (yaml-cpp's Node::operator= would write into the document they share).
+  ExperimentConfig& operator=(const ExperimentConfig& o) {
+    if (this == &o) return *this;
+    name = o.name;
+    description = o.description;
+    hyperparameters.reset(o.hyperparameters);
+    data.reset(o.data);
+    searcher = o.searcher;
+    scheduling_unit = o.scheduling_unit;
+    records_per_epoch = o.records_per_epoch;
+    min_validation_period = o.min_validation_period;
+    min_checkpoint_period = o.min_checkpoint_period;
+    perform_initial_validation = o.perform_initial_validation;
+    checkpoint_policy = o.checkpoint_policy;
+    max_restarts = o.max_restarts;
+    slots_per_trial = o.slots_per_trial;
+    aggregation_frequency = o.aggregation_frequency;
+    average_aggregated_gradients = o.average_aggregated_gradients;
+    experiment_seed = o.experiment_seed;
+    yaml.reset(o.yaml);
+    source = o.source;
+    return *this;
+  }
+
   /// Reads and parses a file; a missing or unreadable file is a ConfigError naming it.
   static ExperimentConfig load_file(const std::filesystem::path& path) {
     std::ifstream in(path);
@@ -101,18 +127,18 @@ class ExperimentConfig {
   static ExperimentConfig from_yaml(const YAML::Node& root, std::string source) {
     ExperimentConfig c;
     c.source = source;
-    if (root.IsNull() || !root.IsDefined()) throw ConfigError(source + ": the experiment config is empty");
+    if (!root.IsDefined() || root.IsNull()) throw ConfigError(source + ": the experiment config is empty");
     if (!root.IsMap()) throw ConfigError(detail::where(root, source) + ": the experiment config must be a map");
-    c.yaml = root;
+    c.yaml.reset(root);
     Reader r{source};
     r.read(root, "name", c.name);
     r.read(root, "description", c.description);
     if (root["hyperparameters"]) {
-      c.hyperparameters = root["hyperparameters"];
+      c.hyperparameters.reset(root["hyperparameters"]);
       if (!c.hyperparameters.IsMap() && !c.hyperparameters.IsNull())
         throw ConfigError(detail::where(c.hyperparameters, source) + ": 'hyperparameters' must be a map");
     }
-    if (root["data"]) c.data = root["data"];
+    if (root["data"]) c.data.reset(root["data"]);
     r.read(root, "scheduling_unit", c.scheduling_unit);
     if (c.scheduling_unit < 1)
       throw ConfigError(detail::where(root["scheduling_unit"], source) + ": scheduling_unit must be at least 1");
@@ -129,6 +155,9 @@ class ExperimentConfig {
       else if (s == "none") c.checkpoint_policy = CheckpointPolicy::none;
       else throw ConfigError(detail::where(p, source) + ": checkpoint_policy must be best, all or none, not '" + s + "'");
     }
+    for (const char* section : {"resources", "optimizations", "reproducibility", "searcher"})
+      if (const YAML::Node node = root[section]; node && !node.IsNull() && !node.IsMap())
+        throw ConfigError(detail::where(node, source) + ": '" + section + "' must be a map, found " + detail::describe(node));
     if (const YAML::Node res = root["resources"]) {
       r.read(res, "slots_per_trial", c.slots_per_trial);
       if (c.slots_per_trial < 1)

@@ -32,12 +32,20 @@ class Hyperparameters {
   Hyperparameters() : root_(YAML::NodeType::Map) {}
   /// Wraps a YAML map; `source` names where it came from in messages (a file name, "--set").
   explicit Hyperparameters(YAML::Node map, std::string source = "hyperparameters")
-      : root_(std::move(map)), source_(std::move(source)) {
-    if (!root_.IsDefined() || root_.IsNull()) root_ = YAML::Node(YAML::NodeType::Map);
+      : root_(map.IsDefined() && !map.IsNull() ? map : YAML::Node(YAML::NodeType::Map)), source_(std::move(source)) {
     if (!root_.IsMap())
       throw HyperparameterError(detail::where(root_, source_) + ": hyperparameters must be a map of name: value, found " +
                                 detail::describe(root_));
   }
+  // yaml-cpp's Node::operator= writes through to the node it refers to (which others may share);
+  // assigning Hyperparameters rebinds instead.
+  Hyperparameters(const Hyperparameters&) = default;
+  Hyperparameters& operator=(const Hyperparameters& other) {
+    root_.reset(other.root_);
+    source_ = other.source_;
+    return *this;
+  }
+
   /// Parses YAML text such as `"lr: 0.1\nglobal_batch_size: 64"`.
   static Hyperparameters parse(const std::string& yaml_text, std::string source = "hyperparameters") {
     try {

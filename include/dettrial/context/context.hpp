@@ -62,9 +62,12 @@ struct ContextOptions {
   std::optional<std::uint64_t> trial_seed;
   /// The device; unset means CUDA device 0 when LibTorch has CUDA and a GPU is present, else the CPU.
   std::optional<torch::Device> device;
-  std::int64_t aggregation_frequency = 1;
-  bool average_aggregated_gradients = true;
-  std::int64_t slots_per_trial = 1;
+  /// Unset: the experiment config's (`optimizations.aggregation_frequency`), else 1.
+  std::optional<std::int64_t> aggregation_frequency;
+  /// Unset: the experiment config's (`optimizations.average_aggregated_gradients`), else true.
+  std::optional<bool> average_aggregated_gradients;
+  /// Unset: the experiment config's (`resources.slots_per_trial`), else 1.
+  std::optional<std::int64_t> slots_per_trial;
 };
 
 template <class TrialT>
@@ -80,7 +83,7 @@ class Context {
  public:
   /// A context for the one trial an experiment config describes.
   explicit Context(const ExperimentConfig& config, ContextOptions options = {})
-      : Context(config.trial_hyperparameters(), config, with_config_defaults(config, std::move(options))) {}
+      : Context(config.trial_hyperparameters(), config, std::move(options)) {}
 
   /// A context from hyperparameters alone (an empty experiment config).
   explicit Context(Hyperparameters hparams, ContextOptions options = {})
@@ -88,8 +91,11 @@ class Context {
 
   Context(Hyperparameters hparams, ExperimentConfig config, ContextOptions options)
       : hparams_(std::move(hparams)), config_(std::move(config)), options_(std::move(options)) {
-    if (options_.aggregation_frequency < 1) throw ConfigError("aggregation_frequency must be at least 1");
-    if (options_.slots_per_trial < 1) throw ConfigError("slots_per_trial must be at least 1");
+    aggregation_frequency_ = options_.aggregation_frequency.value_or(config_.aggregation_frequency);
+    average_aggregated_gradients_ = options_.average_aggregated_gradients.value_or(config_.average_aggregated_gradients);
+    slots_per_trial_ = options_.slots_per_trial.value_or(config_.slots_per_trial);
+    if (aggregation_frequency_ < 1) throw ConfigError("aggregation_frequency must be at least 1");
+    if (slots_per_trial_ < 1) throw ConfigError("slots_per_trial must be at least 1");
     trial_seed_ = options_.trial_seed ? *options_.trial_seed : derive_trial_seed(config_.experiment_seed);
     device_ = options_.device ? *options_.device
                               : (torch::cuda::is_available() ? torch::Device(torch::kCUDA, 0) : torch::Device(torch::kCPU));
@@ -115,10 +121,10 @@ class Context {
   /// `global_batch_size / slots_per_trial`; needs the `global_batch_size` hyperparameter.
   std::int64_t get_per_slot_batch_size() const {
     const std::int64_t global = global_batch_size_hparam();
-    return global / options_.slots_per_trial;
+    return global / slots_per_trial_;
   }
   /// The effective global batch size, `per_slot * slots`.
-  std::int64_t get_global_batch_size() const { return get_per_slot_batch_size() * options_.slots_per_trial; }
+  std::int64_t get_global_batch_size() const { return get_per_slot_batch_size() * slots_per_trial_; }
   /// True when the `global_batch_size` hyperparameter exists.
   bool has_global_batch_size() const { return hparams_.contains("global_batch_size"); }
 
@@ -128,7 +134,7 @@ class Context {
   std::uint64_t get_trial_seed() const { return trial_seed_; }
   const torch::Device& device() const { return device_; }
   const DistributedInfo& distributed() const { return distributed_; }
-  std::int64_t aggregation_frequency() const { return options_.aggregation_frequency; }
+  std::int64_t aggregation_frequency() const { return aggregation_frequency_; }
 
   /// Moves a nested batch to this context's device (see dettrial::to_device).
   template <class B>
@@ -147,7 +153,7 @@ class Context {
   bool is_epoch_start() const { return current_batch_ % require_epoch_len() == 0; }
   bool is_epoch_end() const { return current_batch_ % require_epoch_len() == require_epoch_len() - 1; }
   /// True on batches that step the optimizers (every `aggregation_frequency`-th batch).
-  bool is_update_batch() const { return (current_batch_ + 1) % options_.aggregation_frequency == 0; }
+  bool is_update_batch() const { return (current_batch_ + 1) % aggregation_frequency_ == 0; }
 
   /// Ask the trainer to checkpoint and stop at the next boundary.
   void set_stop_requested(bool stop) { stop_requested_ = stop; }
@@ -156,8 +162,11 @@ class Context {
   // ---- wrapping -------------------------------------------------------------------------------
 
   /// Moves the model to the device and registers it (train/eval mode, checkpoints). Returns it.
-  template <ModelHandle M>
+  template <class M>
   M wrap_model(M model) {
+    static_assert(ModelHandle<M>,
+                  "dettrial::Context::wrap_model<M>: M must be a LibTorch module holder (torch::nn::Linear, "
+                  "torch::nn::Sequential, ...) or a std::shared_ptr to a torch::nn::Module");
     auto module = module_of(model);
     module->to(device_);
     models_.push_back(std::move(module));
@@ -169,13 +178,13 @@ class Context {
    * must outlive the trainer (a member of the trial). `average_aggregated_gradients` defaults to
    * the experiment config's.
    */
-  template <TorchOptimizer O>
+  template <class O>
   O& wrap_optimizer(O& optimizer, std::optional<bool> average_aggregated_gradients = std::nullopt) {
+    static_assert(TorchOptimizer<O>, "dettrial::Context::wrap_optimizer<O>: O must derive from torch::optim::Optimizer");
     for (const auto& w : optimizers_)
       if (w.optimizer == &optimizer) throw TrialError("this optimizer was already wrapped with wrap_optimizer");
-    WrappedOptimizer w{&optimizer, {}, average_aggregated_gradients.value_or(options_.average_aggregated_gradients)};
-    for (auto& group : optimizer.param_groups())
-      for (auto& p : group.params()) w.params.push_back(p);
+    WrappedOptimizer w{&optimizer, {}, average_aggregated_gradients.value_or(average_aggregated_gradients_)};
+    refresh_params(w);
     optimizers_.push_back(std::move(w));
     return optimizer;
   }
@@ -184,8 +193,12 @@ class Context {
    * @brief Registers an LR scheduler to be stepped by dettrial in `Mode` (see dettrial::lr_step),
    * every `frequency` units. The scheduler must outlive the trainer. Returns it.
    */
-  template <LRSchedulerLike S, LRStepMode Mode = lr_step::every_batch>
+  template <class S, class Mode = lr_step::every_batch>
   S& wrap_lr_scheduler(S& scheduler, Mode = {}, std::int64_t frequency = 1) {
+    static_assert(LRSchedulerLike<S>, "dettrial::Context::wrap_lr_scheduler<S>: S must have step() (a torch::optim scheduler)");
+    static_assert(LRStepMode<Mode>,
+                  "dettrial::Context::wrap_lr_scheduler: the mode must be a dettrial::lr_step policy (every_batch, "
+                  "every_epoch, every_optimizer_step, manual) or a type with name and steps_after(...)");
     if (frequency < 1) throw ConfigError("an LR scheduler's step frequency must be at least 1");
     schedulers_.push_back(WrappedScheduler{&scheduler, [](void* s) { static_cast<S*>(s)->step(); }, &Mode::steps_after,
                                            frequency, std::string(Mode::name)});
@@ -200,6 +213,11 @@ class Context {
                   "dettrial::MetricValues (see dettrial::MetricReducer)");
     for (const auto& w : reducers_)
       if (w.object == &reducer) throw TrialError("this reducer was already wrapped with wrap_reducer");
+    constexpr bool returns_many = std::same_as<std::remove_cvref_t<decltype(reducer.reduce())>, MetricValues>;
+    if (returns_many && !name.empty())
+      throw TrialError("wrap_reducer: reducer '" + name + "' returns MetricValues (merged by their own names), so wrap it without a name");
+    if (!returns_many && name.empty())
+      throw TrialError("wrap_reducer: a reducer whose reduce() returns a number needs a name to report it under");
     reducers_.push_back(detail::WrappedReducer::wrap(reducer, std::move(name), for_training, for_validation));
     return reducer;
   }
@@ -216,20 +234,38 @@ class Context {
    * batches it returns (gradients accumulate); on update batches it divides the gradients by the
    * aggregation frequency (if averaging), clips them, steps, and zeroes them.
    */
-  template <GradientClipper Clip = clip::none>
+  template <class Clip = clip::none>
   void step_optimizer(torch::optim::Optimizer& optimizer, Clip clip_gradients = {}, bool auto_zero_grads = true) {
-    if (options_.aggregation_frequency > 1 && !auto_zero_grads)
+    static_assert(GradientClipper<Clip>,
+                  "dettrial::Context::step_optimizer: the clip argument must be callable with std::vector<torch::Tensor>& "
+                  "(dettrial::clip::by_norm{...}, clip::by_value{...})");
+    if (aggregation_frequency_ > 1 && !auto_zero_grads)
       throw TrialError("step_optimizer(auto_zero_grads=false) cannot be used with aggregation_frequency > 1");
     if (!is_update_batch()) return;
     WrappedOptimizer& w = find_optimizer(optimizer);
-    if (w.average && options_.aggregation_frequency > 1) {
-      const double scale = 1.0 / static_cast<double>(options_.aggregation_frequency);
+    refresh_params(w);  // param groups may have grown since wrapping (unfrozen layers)
+    if (w.average && aggregation_frequency_ > 1) {
+      const double scale = 1.0 / static_cast<double>(aggregation_frequency_);
       for (auto& p : w.params)
         if (p.grad().defined()) p.grad().mul_(scale);
     }
     clip_gradients(w.params);
     optimizer.step();
     if (auto_zero_grads) optimizer.zero_grad();
+  }
+
+  /// True while a trainer's trial is registered here.
+  bool has_registrations() const {
+    return !models_.empty() || !optimizers_.empty() || !schedulers_.empty() || !reducers_.empty();
+  }
+  /// Forgets every wrapped object (called when their trainer goes away).
+  void release_registrations() {
+    models_.clear();
+    optimizers_.clear();
+    schedulers_.clear();
+    reducers_.clear();
+    stop_requested_ = false;
+    epoch_len_ = 0;
   }
 
   /// Every wrapped model, in wrap order.
@@ -254,13 +290,6 @@ class Context {
     std::string mode;
   };
 
-  static ContextOptions with_config_defaults(const ExperimentConfig& config, ContextOptions o) {
-    o.aggregation_frequency = config.aggregation_frequency;
-    o.average_aggregated_gradients = config.average_aggregated_gradients;
-    o.slots_per_trial = config.slots_per_trial;
-    return o;
-  }
-
   static std::uint64_t derive_trial_seed(std::optional<std::uint64_t> experiment_seed) {
     // One trial of an experiment: a value in [0, 2^31) drawn from the experiment seed, as Determined's
     // master draws trial seeds; without an experiment seed, the clock (Determined's default).
@@ -283,15 +312,25 @@ class Context {
           "the batch size getters need the hyperparameter 'global_batch_size', which " + hparams_.source() +
           " does not define");
     const auto global = hparams_.get<std::int64_t>("global_batch_size");
-    if (global < options_.slots_per_trial)
+    if (global < slots_per_trial_)
       throw HyperparameterError("global_batch_size (" + std::to_string(global) + ") is smaller than slots_per_trial (" +
-                                std::to_string(options_.slots_per_trial) + ")");
+                                std::to_string(slots_per_trial_) + ")");
     return global;
   }
 
   std::int64_t require_epoch_len() const {
     if (epoch_len_ <= 0) throw TrialError("epoch counters are only known once training has started");
     return epoch_len_;
+  }
+
+  /// Rebuilds the cached parameter list when the optimizer's groups changed size (no allocation otherwise).
+  static void refresh_params(WrappedOptimizer& w) {
+    std::size_t count = 0;
+    for (const auto& group : w.optimizer->param_groups()) count += group.params().size();
+    if (count == w.params.size()) return;
+    w.params.clear();
+    for (auto& group : w.optimizer->param_groups())
+      for (auto& p : group.params()) w.params.push_back(p);
   }
 
   WrappedOptimizer& find_optimizer(const torch::optim::Optimizer& optimizer) {
@@ -303,7 +342,7 @@ class Context {
   /// Called by the trainer on update batches after train_batch: steps the schedulers per their mode.
   void step_lr_schedulers(std::int64_t batch_idx) {
     for (auto& s : schedulers_) {
-      const std::int64_t n = s.steps_after(batch_idx, options_.aggregation_frequency, epoch_len_, s.frequency);
+      const std::int64_t n = s.steps_after(batch_idx, aggregation_frequency_, epoch_len_, s.frequency);
       for (std::int64_t i = 0; i < n; ++i) s.step(s.scheduler);
     }
   }
@@ -311,6 +350,9 @@ class Context {
   Hyperparameters hparams_;
   ExperimentConfig config_;
   ContextOptions options_;
+  std::int64_t aggregation_frequency_ = 1;
+  bool average_aggregated_gradients_ = true;
+  std::int64_t slots_per_trial_ = 1;
   std::uint64_t trial_seed_ = 0;
   torch::Device device_{torch::kCPU};
   DistributedInfo distributed_;

@@ -22,7 +22,8 @@ namespace dettrial {
 /**
  * @brief A dataset read a batch at a time: `size()` records, and `get_batch(indices)` with a 1-D
  * int64 CPU tensor of record indices (vectorised: one gather per batch, not one call per record).
- * A dataset may also offer `get_range(begin, end)` for contiguous, unshuffled reads (views, no copy).
+ * A dataset may also offer `get_range(begin, end)` for contiguous, unshuffled reads. Either way a
+ * batch must not alias the dataset's storage: a trial may change its batch in place.
  */
 template <class D>
 concept BatchDataset = requires(D& d, const torch::Tensor& indices) {
@@ -67,8 +68,10 @@ class TensorDataset {
   auto get_batch(const torch::Tensor& indices) const {
     return make([&](const torch::Tensor& t) { return t.index_select(0, indices); });
   }
+  /// Records [begin, end) as fresh tensors (one contiguous copy each), so in-place changes to a batch
+  /// never reach the dataset.
   auto get_range(std::int64_t begin, std::int64_t end) const {
-    return make([&](const torch::Tensor& t) { return t.narrow(0, begin, end - begin); });
+    return make([&](const torch::Tensor& t) { return t.narrow(0, begin, end - begin).clone(); });
   }
   const torch::Tensor& tensor(std::size_t i) const { return tensors_[i]; }
 
@@ -101,14 +104,18 @@ struct DataLoaderOptions {
  * @brief Iterates a BatchDataset in batches, one epoch at a time.
  *
  * The order of epoch `e` depends only on (seed, e): any epoch can be replayed on its own, which is
- * what exact resume needs. Unshuffled loaders read contiguous ranges as views when the dataset can.
+ * what exact resume needs. Unshuffled loaders read contiguous ranges when the dataset can.
  * @code{.cpp}
  * dettrial::DataLoader loader(dettrial::TensorDataset(images, labels),
  *                             {.batch_size = ctx.get_per_slot_batch_size(), .shuffle = true});
  * @endcode
  */
-template <BatchDataset D>
+template <class D>
 class DataLoader {
+  static_assert(BatchDataset<D>,
+                "dettrial::DataLoader<D>: D must be a dettrial::BatchDataset: size() records and get_batch(indices) "
+                "taking a 1-D int64 tensor of record indices (see dettrial::TensorDataset)");
+
  public:
   using dataset_type = D;
   using batch_type = std::remove_cvref_t<decltype(std::declval<const D&>().get_batch(std::declval<const torch::Tensor&>()))>;

@@ -6,6 +6,7 @@
 #include <array>
 #include <cerrno>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <string>
@@ -66,7 +67,11 @@ inline torch::Tensor read_idx(const std::filesystem::path& path) {
     case 0x0C: dtype = torch::kInt32, element_size = 4; break;
     case 0x0D: dtype = torch::kFloat32, element_size = 4; break;
     case 0x0E: dtype = torch::kFloat64, element_size = 8; break;
-    default: throw DataError("IDX file '" + name + "' has unknown element type 0x" + std::to_string(magic[2]));
+    default: {
+      char code[8];
+      std::snprintf(code, sizeof code, "0x%02X", magic[2]);
+      throw DataError("IDX file '" + name + "' has unknown element type " + code);
+    }
   }
   const int rank = magic[3];
   if (rank < 1) throw DataError("IDX file '" + name + "' declares no dimensions");
@@ -105,7 +110,7 @@ inline MnistSplit load_mnist(const std::filesystem::path& dir, const std::string
     for (const auto& n : names)
       if (std::filesystem::is_regular_file(dir / n, ec)) return dir / n;
     throw DataError("no MNIST " + kind + " file for split '" + split + "' in '" + dir.string() + "' (looked for " + names[0] +
-                    " and " + names[1] + ")");
+                    ", " + names[1] + ", " + names[2] + " and " + names[3] + ")");
   };
   MnistSplit s{read_idx(find("images", "idx3")), read_idx(find("labels", "idx1"))};
   if (s.images.dim() != 3 || s.labels.dim() != 1 || s.images.size(0) != s.labels.size(0))

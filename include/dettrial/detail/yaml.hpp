@@ -4,7 +4,9 @@
 #pragma once
 // IWYU pragma: private, include <dettrial/dettrial.hpp>
 
+#include <cmath>
 #include <cstdint>
+#include <limits>
 #include <map>
 #include <string>
 #include <string_view>
@@ -57,7 +59,9 @@ bool try_read(const YAML::Node& node, T& out) {
     if (!node.IsScalar()) return false;
     if (YAML::convert<T>::decode(node, out)) return true;
     double d = 0;
-    if (!YAML::convert<double>::decode(node, d)) return false;
+    if (!YAML::convert<double>::decode(node, d) || !std::isfinite(d)) return false;
+    if (d < static_cast<double>(std::numeric_limits<T>::lowest()) || d > static_cast<double>(std::numeric_limits<T>::max()))
+      return false;
     const auto i = static_cast<T>(d);
     if (static_cast<double>(i) != d) return false;
     out = i;

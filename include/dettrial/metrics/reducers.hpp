@@ -198,6 +198,8 @@ class ValidationReduction {
       }
     }
     double combine(double a, double b) const {
+      if ((reducer == Reducer::max || reducer == Reducer::min) && (std::isnan(a) || std::isnan(b)))
+        return std::numeric_limits<double>::quiet_NaN();  // like np.max / torch::maximum
       switch (reducer) {
         case Reducer::max: return std::max(a, b);
         case Reducer::min: return std::min(a, b);

@@ -56,6 +56,7 @@ inline constexpr bool wants_validation_outputs_v = requires(C& c, std::span<cons
 template <class... C>
 class CallbackSet {
  public:
+  static constexpr std::size_t size = sizeof...(C);
   explicit CallbackSet(std::tuple<C&...> callbacks) : callbacks_(callbacks) { (check_callback<C>(), ...); }
 
   template <class F>

@@ -77,7 +77,9 @@ struct FitResult {
   std::int64_t validations = 0;
   /// Checkpoint boundaries reached whose checkpoint was not written (saving is not available yet).
   std::int64_t checkpoints_not_saved = 0;
-  /// True when the trial asked to stop (context.set_stop_requested) before max_length.
+  /// True when the trial asked to stop (context.set_stop_requested).
+  bool stop_requested = false;
+  /// True when that stop came before max_length.
   bool stopped_early = false;
   std::filesystem::path output_dir;
 };

@@ -37,11 +37,6 @@
 namespace dettrial {
 
 namespace detail {
-template <class R>
-struct is_scheduled_lr : std::false_type {};
-template <class S, class M>
-struct is_scheduled_lr<ScheduledLR<S, M>> : std::true_type {};
-
 /// Dereferences a smart pointer, or returns the object itself.
 template <class O>
 decltype(auto) deref(O& o) {
@@ -92,25 +87,45 @@ class Trainer {
     static_assert(std::constructible_from<TrialT, Context&, Args...> || std::constructible_from<TrialT, Args...>,
                   "dettrial::Trainer<T>: T must be constructible from (dettrial::Context&, args...) or from (args...), "
                   "where args are the Trainer's arguments after the context");
+    if (context_.has_registrations())
+      throw TrialError("this context already serves a trainer; give each Trainer its own dettrial::Context");
     if constexpr (trial_ok) {
-      if constexpr (std::constructible_from<TrialT, Context&, Args...>)
-        trial_ = std::make_unique<TrialT>(context, std::forward<Args>(args)...);
-      else
-        trial_ = std::make_unique<TrialT>(std::forward<Args>(args)...);
-      if constexpr (declarative) build_declarative();
-      if constexpr (requires(TrialT& t) { t.build_callbacks(); })
-        callbacks_ = std::make_unique<TrialCallbacks>(trial_->build_callbacks());
-      else
-        callbacks_ = std::make_unique<TrialCallbacks>();
-      if (context_.models().empty())
-        throw TrialError("the trial wrapped no model: call context.wrap_model(...) in its constructor (or define build_model())");
-      if (context_.num_optimizers() == 0)
-        throw TrialError("the trial wrapped no optimizer: call context.wrap_optimizer(...) in its constructor (or define optimizer(model))");
+      // If building fails half-way, the context must not keep pointers into the half-built trial.
+      struct Release {
+        Context& context;
+        bool armed = true;
+        ~Release() {
+          if (armed) context.release_registrations();
+        }
+      } release{context_};
+      build(std::forward<Args>(args)...);
+      release.armed = false;
     }
   }
 
+ private:
+  template <class... Args>
+  void build(Args&&... args) {
+    if constexpr (std::constructible_from<TrialT, Context&, Args...>)
+      trial_ = std::make_unique<TrialT>(context_, std::forward<Args>(args)...);
+    else
+      trial_ = std::make_unique<TrialT>(std::forward<Args>(args)...);
+    if constexpr (declarative) build_declarative();
+    if constexpr (requires(TrialT& t) { t.build_callbacks(); })
+      callbacks_ = std::make_unique<TrialCallbacks>(trial_->build_callbacks());
+    else
+      callbacks_ = std::make_unique<TrialCallbacks>();
+    if (context_.models().empty())
+      throw TrialError("the trial wrapped no model: call context.wrap_model(...) in its constructor (or define build_model())");
+    if (context_.num_optimizers() == 0)
+      throw TrialError("the trial wrapped no optimizer: call context.wrap_optimizer(...) in its constructor (or define optimizer(model))");
+  }
+
+ public:
   Trainer(const Trainer&) = delete;
   Trainer& operator=(const Trainer&) = delete;
+  /// The context forgets the trial's models, optimizers, schedulers and reducers (they die with it).
+  ~Trainer() { context_.release_registrations(); }
 
   TrialT& trial() { return *trial_; }
   Context& context() { return context_; }
@@ -187,7 +202,7 @@ class Trainer {
     if (o.test_mode) return Batch(1);
     if (!o.max_length)
       throw ConfigError("fit() needs a training length: set FitOptions::max_length (Batch, Epoch or Record), or "
-                        "searcher.max_length in the experiment config");
+                        "searcher.max_length in the experiment config and build the options with FitOptions::from_config");
     TrainUnit length = *o.max_length;
     if (length.is_schedule()) throw ConfigError("max_length must be a count, not a schedule of points");
     if (length.unit() == Unit::records) length = length.in_batches_if_records(context_.get_global_batch_size());
@@ -215,6 +230,30 @@ class Trainer {
     st.log = MetricsLog(o.output_dir);
     st.progress = detail::Progress(o.report);
 
+    // Each callback that started gets on_trial_shutdown, in reverse order, whatever happens next.
+    std::size_t started = 0;
+    struct Shutdown {
+      Set& callbacks;
+      std::size_t& started;
+      ~Shutdown() {
+        std::size_t index = Set::size;
+        callbacks.each_reversed([&](auto& cb) {
+          if (index-- > started) return;
+          if constexpr (requires { cb.on_trial_shutdown(); }) {
+            try {
+              cb.on_trial_shutdown();
+            } catch (const std::exception& e) {
+              std::fprintf(stderr, "dettrial: on_trial_shutdown failed: %s\n", e.what());
+            }
+          }
+        });
+      }
+    } shutdown{callbacks, started};
+    callbacks.each([&](auto& cb) {
+      if constexpr (requires { cb.on_trial_startup(std::int64_t{}, std::string{}); }) cb.on_trial_startup(std::int64_t{0}, std::string{});
+      ++started;
+    });
+
     train_loader_.emplace(trial_->build_training_data_loader());
     validation_loader_.emplace(trial_->build_validation_data_loader());
     st.epoch_len = static_cast<std::int64_t>(train_loader_->size());
@@ -228,30 +267,12 @@ class Trainer {
                      std::to_string(st.epoch_len) + " batches), output " + o.output_dir.string());
 
     callbacks.each([&](auto& cb) {
-      if constexpr (requires { cb.on_trial_startup(std::int64_t{}, std::string{}); }) cb.on_trial_startup(std::int64_t{0}, std::string{});
-    });
-    struct Shutdown {
-      Set& callbacks;
-      ~Shutdown() {
-        callbacks.each_reversed([](auto& cb) {
-          if constexpr (requires { cb.on_trial_shutdown(); }) {
-            try {
-              cb.on_trial_shutdown();
-            } catch (const std::exception& e) {
-              std::fprintf(stderr, "dettrial: on_trial_shutdown failed: %s\n", e.what());
-            }
-          }
-        });
-      }
-    } shutdown{callbacks};
-
-    callbacks.each([&](auto& cb) {
       if constexpr (requires { cb.on_training_start(); }) cb.on_training_start();
     });
 
     if (o.step_zero_validation && st.batches_trained == 0 && st.last_validation < 0) validate(st, callbacks);
     train(st, callbacks);
-    if (!st.result.stopped_early) {
+    if (!st.result.stop_requested) {
       if (st.last_validation != st.batches_trained) validate(st, callbacks);
       if (st.last_checkpoint != st.batches_trained) checkpoint(st);
     }
@@ -289,6 +310,7 @@ class Trainer {
       for (;;) {
         const std::int64_t epoch_idx = batch_idx / st.epoch_len;
         const std::int64_t in_epoch = batch_idx % st.epoch_len;
+        context_.current_batch_ = batch_idx;
         if (in_epoch == 0) {
           callbacks.each([&](auto& cb) {
             if constexpr (requires { cb.on_training_epoch_start(epoch_idx); }) cb.on_training_epoch_start(epoch_idx);
@@ -302,7 +324,6 @@ class Trainer {
                           std::to_string(epoch_idx) + ", but its size() is " + std::to_string(st.epoch_len));
         TrainBatch batch = *it;
         ++it;
-        context_.current_batch_ = batch_idx;
         to_device_in_place(batch, context_.device(), non_blocking);
         records += record_count(batch);
 
@@ -316,7 +337,7 @@ class Trainer {
         }
         if (context_.is_update_batch()) context_.step_lr_schedulers(batch_idx);
         means.add(metrics, batch_idx);
-        if constexpr (Set::wants_batch_metrics) batch_metrics.push_back(std::move(metrics));
+        if constexpr (Set::wants_batch_metrics) batch_metrics.push_back(detached(metrics));
 
         ++st.batches_trained;
         const bool epoch_end = in_epoch == st.epoch_len - 1;
@@ -343,13 +364,18 @@ class Trainer {
       }
 
       report_training(st, means, records, callbacks, batch_metrics);
-      if (reached[validate_boundary] && st.last_validation != st.batches_trained) validate(st, callbacks);
-      if (reached[checkpoint_boundary] && st.last_checkpoint != st.batches_trained) checkpoint(st);
-      if (context_.get_stop_requested()) {
-        if (st.last_checkpoint != st.batches_trained) checkpoint(st);
-        st.result.stopped_early = true;
-        st.progress.line("dettrial: stop requested after batch " + std::to_string(st.batches_trained));
-        return;
+      // Determined handles the reached boundaries in this order and honours a stop request after each.
+      for (const Boundary b : {train_boundary, validate_boundary, checkpoint_boundary, report_boundary}) {
+        if (!reached[b]) continue;
+        if (b == validate_boundary && st.last_validation != st.batches_trained) validate(st, callbacks);
+        if (b == checkpoint_boundary && st.last_checkpoint != st.batches_trained) checkpoint(st);
+        if (context_.get_stop_requested()) {
+          if (st.last_checkpoint != st.batches_trained) checkpoint(st);
+          st.result.stopped_early = remaining(st) > 0;
+          st.result.stop_requested = true;
+          st.progress.line("dettrial: stop requested; stopped after batch " + std::to_string(st.batches_trained));
+          return;
+        }
       }
     }
   }
@@ -477,6 +503,14 @@ class Trainer {
     ++st.result.checkpoints_not_saved;
     st.progress.line("[checkpoint] batches " + std::to_string(st.batches_trained) +
                      ": not saved (checkpoint saving is not available in dettrial " DETTRIAL_VERSION_STRING ")");
+  }
+
+  /// A copy whose tensors are detached from the graph and on the CPU (kept for callbacks).
+  static Metrics detached(const Metrics& m) {
+    Metrics out;
+    for (const auto& e : m)
+      out.set(e.key, e.value.is_tensor() ? MetricValue(e.value.tensor().detach().cpu()) : e.value);
+    return out;
   }
 
   ReducerChoice evaluation_reducer() {

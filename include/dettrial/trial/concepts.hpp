@@ -17,6 +17,11 @@
 namespace dettrial {
 namespace detail {
 
+template <class R>
+struct is_scheduled_lr : std::false_type {};
+template <class S, class M>
+struct is_scheduled_lr<ScheduledLR<S, M>> : std::true_type {};
+
 /// Stands in for a type a broken trial does not provide, so declarations stay well-formed while the
 /// one diagnostic that matters is printed.
 struct missing {};
@@ -212,7 +217,7 @@ consteval TrialProblem first_trial_problem() {
   else if constexpr (DeclaresModel<T> && std::same_as<optimizer_result_t<T>, missing>) return P::no_optimizer;
   else if constexpr (DeclaresModel<T> && std::same_as<optimizer_t<T>, missing>) return P::optimizer_not_an_optimizer;
   else if constexpr (DeclaresModel<T> && !std::same_as<scheduler_result_t<T>, missing> &&
-                     !LRSchedulerLike<scheduler_result_t<T>> && !requires { typename scheduler_result_t<T>::mode; })
+                     !LRSchedulerLike<scheduler_result_t<T>> && !is_scheduled_lr<scheduler_result_t<T>>::value)
     return P::scheduler_not_a_scheduler;
   else if constexpr (!DeclaresTrainBatch<T>) return P::no_train_batch;
   else if constexpr (!CallableTrainBatch<T>) return P::train_batch_not_callable;
