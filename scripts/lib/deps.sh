@@ -51,16 +51,20 @@ dettrial_pip_torch() {
   export DETTRIAL_PIP_TORCH_PREFIX DETTRIAL_PIP_TORCH_VERSION
 }
 
-# Configures and builds dettrial in build/<name> against the LibTorch at <prefix> ("" = the system's).
+# Configures build/<name> against the LibTorch at <prefix> ("" = the system's), with the tests and
+# examples on, and builds the given targets (all when none are given).
 dettrial_build() {
   local name=$1 prefix=$2
   shift 2
   local dir="$DETTRIAL_ROOT/build/$name"
-  local args=(-S "$DETTRIAL_ROOT" -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Release "$@")
+  local args=(-S "$DETTRIAL_ROOT" -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Release
+              -DDETTRIAL_BUILD_TESTS=ON -DDETTRIAL_BUILD_EXAMPLES=ON)
   [ -n "$prefix" ] && args+=("-DCMAKE_PREFIX_PATH=$prefix" "-DTorch_DIR=$prefix/Torch")
   mkdir -p "$DETTRIAL_ROOT/build"
   dettrial_log "configuring $name"
   cmake "${args[@]}" >"$dir.configure.log" 2>&1 || { cat "$dir.configure.log" >&2; return 1; }
-  dettrial_log "building $name (2 jobs)"
-  cmake --build "$dir" -j 2
+  local targets=()
+  for t in "$@"; do targets+=(--target "$t"); done
+  dettrial_log "building $name ${*:-(everything)} (2 jobs)"
+  cmake --build "$dir" -j 2 "${targets[@]}"
 }

@@ -1292,6 +1292,24 @@ template <class V, class H, class E, class A>
 struct is_string_map<std::unordered_map<std::string, V, H, E, A>> : std::true_type {};
 }  // namespace detail
 
+namespace detail {
+/// Calls `f(tensor&)` on every tensor inside a nested batch (tuples, pairs, vectors, string-keyed maps);
+/// other values are skipped.
+template <class T, class F>
+void for_each_tensor(T& batch, F&& f) {
+  using U = std::remove_cvref_t<T>;
+  if constexpr (std::is_same_v<U, torch::Tensor>) {
+    f(batch);
+  } else if constexpr (is_tuple_like<U>::value) {
+    std::apply([&](auto&... parts) { (for_each_tensor(parts, f), ...); }, batch);
+  } else if constexpr (is_vector<U>::value) {
+    for (auto& part : batch) for_each_tensor(part, f);
+  } else if constexpr (is_string_map<U>::value) {
+    for (auto& kv : batch) for_each_tensor(kv.second, f);
+  }
+}
+}  // namespace detail
+
 /**
  * @brief Moves every tensor inside `batch` to `device`, in place.
  *
@@ -1715,6 +1733,381 @@ class Context {
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
 
+// ---- begin dettrial/data/collate.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief Per-example datasets: `get(index)` one record at a time, stacked into batches by a collate
+/// function (nested tensors, tuples, vectors, string-keyed maps, numbers, strings).
+
+#include <concepts>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include <torch/torch.h>
+
+
+namespace dettrial {
+
+/// A dataset read one record at a time: `size()` records and `get(index)`.
+template <class D>
+concept ExampleDataset = requires(const D& d, std::int64_t i) {
+  { d.size() } -> std::convertible_to<std::int64_t>;
+  d.get(i);
+};
+
+/**
+ * @brief The default collate: stacks a vector of examples into one batch of the same shape.
+ * Tensors are stacked along a new first dimension; tuples, pairs, vectors and string-keyed maps are
+ * collated element by element; numbers become a 1-D tensor; strings a vector of strings.
+ */
+struct collate_fn {
+  template <class Example>
+  auto operator()(const std::vector<Example>& examples) const {
+    using E = std::remove_cvref_t<Example>;
+    if constexpr (std::is_same_v<E, torch::Tensor>) {
+      return torch::stack(examples);
+    } else if constexpr (detail::is_tuple_like<E>::value) {
+      return [&]<std::size_t... I>(std::index_sequence<I...>) {
+        return std::tuple{(*this)(field<I>(examples))...};
+      }(std::make_index_sequence<std::tuple_size_v<E>>{});
+    } else if constexpr (detail::is_vector<E>::value) {
+      using Inner = typename E::value_type;
+      std::vector<decltype((*this)(std::declval<const std::vector<Inner>&>()))> out;
+      const std::size_t width = examples.empty() ? 0 : examples.front().size();
+      for (std::size_t j = 0; j < width; ++j) {
+        std::vector<Inner> column;
+        column.reserve(examples.size());
+        for (const auto& e : examples) {
+          if (e.size() != width) throw DataError("collate: examples are vectors of different lengths");
+          column.push_back(e[j]);
+        }
+        out.push_back((*this)(column));
+      }
+      return out;
+    } else if constexpr (detail::is_string_map<E>::value) {
+      using Inner = typename E::mapped_type;
+      std::map<std::string, decltype((*this)(std::declval<const std::vector<Inner>&>()))> out;
+      if (examples.empty()) return out;
+      for (const auto& [key, unused] : examples.front()) {
+        std::vector<Inner> column;
+        column.reserve(examples.size());
+        for (const auto& e : examples) {
+          auto it = e.find(key);
+          if (it == e.end()) throw DataError("collate: an example has no key '" + key + "'");
+          column.push_back(it->second);
+        }
+        out.emplace(key, (*this)(column));
+      }
+      return out;
+    } else if constexpr (std::is_arithmetic_v<E>) {
+      return torch::tensor(std::vector<std::conditional_t<std::is_floating_point_v<E>, double, std::int64_t>>(examples.begin(),
+                                                                                                              examples.end()))
+          .to(std::is_floating_point_v<E> ? torch::kFloat : torch::kLong);
+    } else {
+      return examples;  // strings and other values: the list of them
+    }
+  }
+
+ private:
+  template <std::size_t I, class E>
+  static auto field(const std::vector<E>& examples) {
+    std::vector<std::remove_cvref_t<std::tuple_element_t<I, E>>> out;
+    out.reserve(examples.size());
+    for (const auto& e : examples) out.push_back(std::get<I>(e));
+    return out;
+  }
+};
+
+/// Turns a per-example dataset into a batch-level one: gathers the records of a batch and collates them.
+template <class D, class Collate = collate_fn>
+class ExampleBatches {
+  static_assert(ExampleDataset<D>, "dettrial::ExampleBatches<D>: D must have size() and get(index) (a dettrial::ExampleDataset)");
+
+ public:
+  explicit ExampleBatches(D dataset, Collate collate = {}) : dataset_(std::move(dataset)), collate_(std::move(collate)) {}
+  std::int64_t size() const { return static_cast<std::int64_t>(dataset_.size()); }
+  auto get_batch(const torch::Tensor& indices) const {
+    using Example = std::remove_cvref_t<decltype(dataset_.get(std::int64_t{}))>;
+    std::vector<Example> examples;
+    examples.reserve(static_cast<std::size_t>(indices.numel()));
+    const torch::Tensor order = indices.to(torch::kLong).contiguous();
+    const auto* idx = order.data_ptr<std::int64_t>();
+    for (std::int64_t i = 0; i < indices.numel(); ++i) examples.push_back(dataset_.get(idx[i]));
+    return collate_(examples);
+  }
+  const D& dataset() const { return dataset_; }
+
+ private:
+  D dataset_;
+  Collate collate_;
+};
+
+/// A per-example dataset with a custom collate function, for DataLoader.
+template <class D, class Collate>
+ExampleBatches<D, Collate> with_collate(D dataset, Collate collate) {
+  return ExampleBatches<D, Collate>(std::move(dataset), std::move(collate));
+}
+
+}  // namespace dettrial
+// ---- end dettrial/data/collate.hpp
+// ---- begin dettrial/data/prefetch.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief Background batch reading: worker threads fill a bounded ring of batches that the consumer
+/// takes strictly in order, so the order never depends on the number of workers.
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <mutex>
+#include <optional>
+#include <thread>
+#include <vector>
+
+namespace dettrial::detail {
+
+/**
+ * @brief Reads items `first, first+1, ..., end-1` with `workers` threads, at most `depth` ahead of the
+ * consumer. Workers claim positions in turn and write them to slot `position % depth`; `take()` returns
+ * them in position order. An exception in a worker is rethrown by the `take()` of its position.
+ */
+template <class T>
+class Prefetcher {
+ public:
+  using Read = std::function<T(std::int64_t)>;
+
+  Prefetcher(Read read, std::int64_t first, std::int64_t end, int workers, int depth)
+      : read_(std::move(read)), next_claim_(first), next_take_(first), end_(end),
+        slots_(static_cast<std::size_t>(std::max(depth, workers))) {
+    threads_.reserve(static_cast<std::size_t>(workers));
+    for (int w = 0; w < workers; ++w) threads_.emplace_back([this] { work(); });
+  }
+  Prefetcher(const Prefetcher&) = delete;
+  Prefetcher& operator=(const Prefetcher&) = delete;
+  ~Prefetcher() {
+    {
+      std::lock_guard lock(mutex_);
+      stopping_ = true;
+    }
+    changed_.notify_all();
+    for (auto& t : threads_) t.join();
+  }
+
+  /// True when every position has been taken.
+  bool done() const { return next_take_ >= end_; }
+
+  /// The next item, in order; waits for it if a worker is still reading it.
+  T take() {
+    std::unique_lock lock(mutex_);
+    Slot& slot = slots_[index(next_take_)];
+    changed_.wait(lock, [&] { return slot.position == next_take_ && (slot.value || slot.error); });
+    std::exception_ptr error = slot.error;
+    std::optional<T> value = std::move(slot.value);
+    slot.value.reset();
+    slot.error = nullptr;
+    slot.position = -1;
+    ++next_take_;
+    lock.unlock();
+    changed_.notify_all();
+    if (error) std::rethrow_exception(error);
+    return std::move(*value);
+  }
+
+ private:
+  struct Slot {
+    std::int64_t position = -1;
+    std::optional<T> value;
+    std::exception_ptr error;
+  };
+
+  std::size_t index(std::int64_t position) const { return static_cast<std::size_t>(position % static_cast<std::int64_t>(slots_.size())); }
+
+  void work() {
+    for (;;) {
+      std::int64_t position;
+      {
+        std::unique_lock lock(mutex_);
+        // Claim the next position once its slot is free: at most slots_.size() ahead of the consumer.
+        changed_.wait(lock, [&] {
+          return stopping_ || next_claim_ >= end_ || next_claim_ < next_take_ + static_cast<std::int64_t>(slots_.size());
+        });
+        if (stopping_ || next_claim_ >= end_) return;
+        position = next_claim_++;
+      }
+      std::optional<T> value;
+      std::exception_ptr error;
+      try {
+        value.emplace(read_(position));
+      } catch (...) {
+        error = std::current_exception();
+      }
+      {
+        std::lock_guard lock(mutex_);
+        Slot& slot = slots_[index(position)];
+        slot.position = position;
+        slot.value = std::move(value);
+        slot.error = error;
+      }
+      changed_.notify_all();
+    }
+  }
+
+  Read read_;
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  std::int64_t next_claim_;
+  std::int64_t next_take_;
+  std::int64_t end_;
+  bool stopping_ = false;
+  std::vector<Slot> slots_;
+  std::vector<std::thread> threads_;
+};
+
+}  // namespace dettrial::detail
+// ---- end dettrial/data/prefetch.hpp
+// ---- begin dettrial/data/sampler.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief The sampler chain: which records make up each batch a rank reads, with Determined's order of
+/// operations (shuffle per epoch, batch, repeat, shard by rank, skip) and O(1) random access.
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <range/v3/view/iota.hpp>
+#include <range/v3/view/take_while.hpp>
+#include <range/v3/view/transform.hpp>
+#include <torch/torch.h>
+
+
+namespace dettrial {
+
+/// How the trainer reads a loader: Determined's `get_data_loader(repeat, skip, num_replicas, rank)`.
+struct LoaderChain {
+  /// Endless epochs (training) or one pass (validation).
+  bool repeat = false;
+  /// Batches of this rank's stream to pass over (already trained); none of their records are read.
+  std::int64_t skip = 0;
+  /// Ranks sharing the data; rank `r` takes every `num_replicas`-th batch, starting at `r`.
+  std::int64_t num_replicas = 1;
+  std::int64_t rank = 0;
+};
+
+/// The records of one batch: `count` positions of the epoch's order starting at `first`.
+struct BatchSlice {
+  std::int64_t epoch = 0;
+  std::int64_t first = 0;
+  std::int64_t count = 0;
+  /// The record indices (int64, CPU) when the order is shuffled; undefined for the identity order.
+  torch::Tensor indices;
+};
+
+/**
+ * @brief Record order and batching for one dataset size, with Determined's sampler semantics.
+ *
+ * Epoch `e`'s order is a permutation drawn from (seed, e) alone (or the identity without shuffling),
+ * so any batch of any epoch can be computed on its own: that is what makes skipping O(1) and
+ * prefetching order-preserving. Batches of the endless (repeated) stream are numbered globally and
+ * dealt out to ranks by stride, like Determined's Repeat → DistributedBatch → Skip chain.
+ */
+class BatchSampler {
+ public:
+  BatchSampler(std::int64_t records, std::int64_t batch_size, bool drop_last, bool shuffle, std::uint64_t seed)
+      : records_(records), batch_size_(batch_size), drop_last_(drop_last), shuffle_(shuffle), seed_(seed),
+        cache_(std::make_shared<Cache>()) {
+    if (batch_size_ < 1) throw DataError("DataLoader batch_size must be at least 1, not " + std::to_string(batch_size_));
+    if (records_ < 1) throw DataError("DataLoader: the dataset is empty");
+    if (drop_last_ && batch_size_ > records_)
+      throw DataError("DataLoader: batch_size " + std::to_string(batch_size_) + " is larger than the dataset's " +
+                      std::to_string(records_) + " records, so drop_last leaves no batch");
+  }
+
+  std::int64_t records() const { return records_; }
+  std::int64_t batch_size() const { return batch_size_; }
+  bool shuffle() const { return shuffle_; }
+  std::uint64_t seed() const { return seed_; }
+
+  /// Batches in one epoch, before sharding.
+  std::int64_t batches_per_epoch() const {
+    return drop_last_ ? records_ / batch_size_ : (records_ + batch_size_ - 1) / batch_size_;
+  }
+  /// Batches one rank reads per epoch: Determined's `len(DistributedBatchSampler)`, `len//n + (len%n > rank)`.
+  std::int64_t batches_for(const LoaderChain& chain) const {
+    const std::int64_t len = batches_per_epoch();
+    return len / chain.num_replicas + (len % chain.num_replicas > chain.rank ? 1 : 0);
+  }
+
+  /// Batch `global` of the endless stream of epochs (batch `global % len` of epoch `global / len`).
+  BatchSlice global_batch(std::int64_t global) const {
+    const std::int64_t len = batches_per_epoch();
+    BatchSlice s;
+    s.epoch = global / len;
+    s.first = (global % len) * batch_size_;
+    s.count = std::min(batch_size_, records_ - s.first);
+    if (shuffle_) s.indices = order(s.epoch).narrow(0, s.first, s.count);
+    return s;
+  }
+
+  /// The `k`-th batch a rank reads under `chain` (before skipping): global batch `k * n + rank`.
+  BatchSlice rank_batch(const LoaderChain& chain, std::int64_t k) const {
+    return global_batch(k * chain.num_replicas + chain.rank);
+  }
+
+  /// The slices a rank reads, from its `skip`-th on: endless when repeating, one pass otherwise.
+  /// Skipping costs nothing: the view starts at `skip`.
+  auto slices(const LoaderChain& chain) const {
+    const std::int64_t end = chain.repeat ? std::numeric_limits<std::int64_t>::max() : batches_for(chain);
+    BatchSampler self = *this;
+    return ranges::views::iota(chain.skip) | ranges::views::take_while([end](std::int64_t k) { return k < end; }) |
+           ranges::views::transform([self, chain](std::int64_t k) { return self.rank_batch(chain, k); });
+  }
+
+  /// The order of epoch `e` (a permutation of the records; computed once and kept for the last epochs used).
+  torch::Tensor order(std::int64_t epoch) const {
+    std::lock_guard lock(cache_->mutex);
+    for (const auto& [e, perm] : cache_->orders)
+      if (e == epoch && perm.defined()) return perm;
+    auto generator = at::detail::createCPUGenerator(mix(seed_, static_cast<std::uint64_t>(epoch)));
+    torch::Tensor perm = torch::randperm(records_, generator, torch::TensorOptions().dtype(torch::kLong));
+    cache_->orders[cache_->next] = {epoch, perm};
+    cache_->next = (cache_->next + 1) % cache_->orders.size();
+    return perm;
+  }
+
+ private:
+  static std::uint64_t mix(std::uint64_t seed, std::uint64_t epoch) {
+    std::uint64_t x = seed ^ (epoch * 0x9E3779B97F4A7C15ULL);
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL;
+    return x ^ (x >> 31);
+  }
+  // Two epochs are live at an epoch boundary while prefetching; shared by copies of the sampler.
+  struct Cache {
+    std::mutex mutex;
+    std::array<std::pair<std::int64_t, torch::Tensor>, 2> orders{};
+    std::size_t next = 0;
+  };
+
+  std::int64_t records_;
+  std::int64_t batch_size_;
+  bool drop_last_;
+  bool shuffle_;
+  std::uint64_t seed_;
+  std::shared_ptr<Cache> cache_;
+};
+
+}  // namespace dettrial
+// ---- end dettrial/data/sampler.hpp
 
 namespace dettrial {
 
@@ -1731,18 +2124,19 @@ concept BatchDataset = requires(D& d, const torch::Tensor& indices) {
 };
 
 /**
- * @brief What the trainer needs of a data loader: `size()` batches per epoch, `set_epoch(e)` to fix
- * the order of epoch `e`, and iteration over that epoch's batches.
+ * @brief What the trainer needs of a data loader: `size()` batches per epoch, and `batches(chain)`,
+ * the batches one rank reads under Determined's repeat / shard / skip chain (see LoaderChain).
  */
 template <class L>
-concept BatchLoader = std::ranges::input_range<L> && requires(L& l, std::int64_t epoch) {
+concept BatchLoader = requires(const L& l, const LoaderChain& chain) {
   { l.size() } -> std::convertible_to<std::int64_t>;
-  l.set_epoch(epoch);
+  { l.batches(chain) };
+  requires std::ranges::input_range<decltype(l.batches(chain))>;
 };
 
 /// The batch type a loader yields.
 template <BatchLoader L>
-using batch_of = std::remove_cvref_t<std::ranges::range_reference_t<L>>;
+using batch_of = std::remove_cvref_t<std::ranges::range_reference_t<decltype(std::declval<const L&>().batches(LoaderChain{}))>>;
 
 /**
  * @brief Tensors indexed together along their first dimension (features, labels, ...).
@@ -1797,100 +2191,183 @@ struct DataLoaderOptions {
   /// The shuffle seed; unset means one drawn from LibTorch's global generator (which the trial
   /// seed has seeded), so the order follows the trial seed.
   std::optional<std::uint64_t> seed;
+  /// Threads reading batches in the background (0: read on the training thread). The order of
+  /// batches is the same whatever the number. The dataset's get_batch must then be thread-safe.
+  int workers = 0;
+  /// Batches read ahead per worker (the bounded queue's depth is workers x prefetch).
+  int prefetch = 2;
+  /// Copy batches into pinned (page-locked) memory, so copies to the GPU can be non-blocking.
+  /// Unset: when LibTorch has CUDA and a GPU is present.
+  std::optional<bool> pin_memory;
 };
 
+namespace detail {
+template <class D>
+auto as_batch_dataset(D dataset) {
+  if constexpr (BatchDataset<D>) return dataset;
+  else return ExampleBatches<D>(std::move(dataset));
+}
+}  // namespace detail
+
 /**
- * @brief Iterates a BatchDataset in batches, one epoch at a time.
+ * @brief Reads a dataset in batches, in a reproducible order, optionally on background threads.
  *
- * The order of epoch `e` depends only on (seed, e): any epoch can be replayed on its own, which is
- * what exact resume needs. Unshuffled loaders read contiguous ranges when the dataset can.
+ * Takes a batch-level dataset (`get_batch(indices)`, vectorised: dettrial::TensorDataset) or a
+ * per-example one (`get(index)`, collated by dettrial::collate_fn or by `with_collate`). The trainer
+ * reads it through `batches(chain)`, which applies Determined's repeat, shard and skip; iterating the
+ * loader itself is one unsharded pass (what `evaluate_full_dataset` sees).
  * @code{.cpp}
  * dettrial::DataLoader loader(dettrial::TensorDataset(images, labels),
- *                             {.batch_size = ctx.get_per_slot_batch_size(), .shuffle = true});
+ *                             {.batch_size = ctx.get_per_slot_batch_size(), .shuffle = true, .workers = 2});
  * @endcode
  */
 template <class D>
 class DataLoader {
-  static_assert(BatchDataset<D>,
-                "dettrial::DataLoader<D>: D must be a dettrial::BatchDataset: size() records and get_batch(indices) "
-                "taking a 1-D int64 tensor of record indices (see dettrial::TensorDataset)");
+  static_assert(BatchDataset<D> || ExampleDataset<D>,
+                "dettrial::DataLoader<D>: D must be a dettrial::BatchDataset (size() and get_batch(indices) taking a "
+                "1-D int64 tensor of record indices, like dettrial::TensorDataset) or a dettrial::ExampleDataset "
+                "(size() and get(index))");
 
  public:
-  using dataset_type = D;
-  using batch_type = std::remove_cvref_t<decltype(std::declval<const D&>().get_batch(std::declval<const torch::Tensor&>()))>;
+  using dataset_type = decltype(detail::as_batch_dataset(std::declval<D>()));
+  using batch_type =
+      std::remove_cvref_t<decltype(std::declval<const dataset_type&>().get_batch(std::declval<const torch::Tensor&>()))>;
 
-  DataLoader(D dataset, DataLoaderOptions options) : dataset_(std::move(dataset)), options_(options) {
-    if (options_.batch_size < 1) throw DataError("DataLoader batch_size must be at least 1, not " + std::to_string(options_.batch_size));
-    records_ = static_cast<std::int64_t>(dataset_.size());
-    seed_ = options_.seed ? *options_.seed : draw_seed();
-    set_epoch(0);
+  DataLoader(D dataset, DataLoaderOptions options)
+      : dataset_(std::make_shared<const dataset_type>(detail::as_batch_dataset(std::move(dataset)))),
+        options_(options),
+        sampler_(static_cast<std::int64_t>(dataset_->size()), options.batch_size, options.drop_last, options.shuffle,
+                 options.seed ? *options.seed : draw_seed()) {
+    if (options_.workers < 0) throw DataError("DataLoader workers must not be negative");
+    if (options_.prefetch < 1) throw DataError("DataLoader prefetch must be at least 1");
+    pin_ = options_.pin_memory.value_or(torch::cuda::is_available());
   }
 
-  /// Batches per epoch.
-  std::int64_t size() const {
-    return options_.drop_last ? records_ / options_.batch_size : (records_ + options_.batch_size - 1) / options_.batch_size;
-  }
-  std::int64_t num_records() const { return records_; }
+  /// Batches per epoch (one process).
+  std::int64_t size() const { return sampler_.batches_per_epoch(); }
+  /// Batches one rank reads per epoch under `chain` (Determined's sharded length).
+  std::int64_t batches_for(const LoaderChain& chain) const { return sampler_.batches_for(chain); }
+  std::int64_t num_records() const { return sampler_.records(); }
   const DataLoaderOptions& options() const { return options_; }
-  std::uint64_t seed() const { return seed_; }
-  const D& dataset() const { return dataset_; }
+  std::uint64_t seed() const { return sampler_.seed(); }
+  const dataset_type& dataset() const { return *dataset_; }
+  const BatchSampler& sampler() const { return sampler_; }
 
-  /// Fixes the order of epoch `epoch` (a permutation drawn from (seed, epoch) when shuffling).
-  void set_epoch(std::int64_t epoch) {
-    epoch_ = epoch;
-    if (!options_.shuffle) return;
-    auto generator = at::detail::createCPUGenerator(mix(seed_, static_cast<std::uint64_t>(epoch)));
-    order_ = torch::randperm(records_, generator, torch::TensorOptions().dtype(torch::kLong));
-  }
-  std::int64_t epoch() const { return epoch_; }
-
-  /// Batch `i` of the current epoch.
-  batch_type batch(std::int64_t i) const {
-    const std::int64_t begin = i * options_.batch_size;
-    const std::int64_t end = std::min(begin + options_.batch_size, records_);
-    if (options_.shuffle) return dataset_.get_batch(order_.narrow(0, begin, end - begin));
-    if constexpr (requires { dataset_.get_range(begin, end); }) return dataset_.get_range(begin, end);
-    else return dataset_.get_batch(torch::arange(begin, end, torch::kLong));
+  /// Reads the records of one slice (thread-safe when the dataset is).
+  batch_type read(const BatchSlice& slice) const {
+    batch_type batch = [&] {
+      if (slice.indices.defined()) return dataset_->get_batch(slice.indices);
+      if constexpr (requires { dataset_->get_range(slice.first, slice.first + slice.count); })
+        return dataset_->get_range(slice.first, slice.first + slice.count);
+      else
+        return dataset_->get_batch(torch::arange(slice.first, slice.first + slice.count, torch::kLong));
+    }();
+    if (pin_) pin_in_place(batch);
+    return batch;
   }
 
-  class iterator {
+  /// The batches a rank reads under `chain`, in order, prefetched by the loader's workers.
+  class Stream {
+   public:
+    class iterator {
+     public:
+      using value_type = batch_type;
+      using difference_type = std::ptrdiff_t;
+      iterator() = default;
+      explicit iterator(Stream* stream) : stream_(stream) { advance(); }
+      batch_type& operator*() const { return *current_; }
+      iterator& operator++() {
+        advance();
+        return *this;
+      }
+      void operator++(int) { advance(); }
+      friend bool operator==(const iterator& it, std::default_sentinel_t) { return !it.current_; }
+
+     private:
+      void advance() {
+        current_.reset();
+        if (stream_ && !stream_->exhausted()) current_.emplace(stream_->next());
+      }
+      Stream* stream_ = nullptr;
+      mutable std::optional<batch_type> current_;
+    };
+
+    Stream(const DataLoader& loader, LoaderChain chain)
+        : loader_(&loader), chain_(chain), position_(chain.skip),
+          end_(chain.repeat ? std::numeric_limits<std::int64_t>::max() : loader.batches_for(chain)) {
+      if (loader.options_.workers > 0 && position_ < end_)
+        prefetcher_ = std::make_unique<detail::Prefetcher<batch_type>>(
+            [loader = loader_, chain](std::int64_t k) { return loader->read(loader->sampler_.rank_batch(chain, k)); },
+            position_, end_, loader.options_.workers, loader.options_.workers * loader.options_.prefetch);
+    }
+    Stream(Stream&&) = default;
+
+    iterator begin() { return iterator(this); }
+    std::default_sentinel_t end() const { return {}; }
+    /// The position (in this rank's batches) of the next batch.
+    std::int64_t position() const { return position_; }
+
+   private:
+    bool exhausted() const { return position_ >= end_; }
+    batch_type next() {
+      const std::int64_t k = position_++;
+      if (prefetcher_) return prefetcher_->take();
+      return loader_->read(loader_->sampler_.rank_batch(chain_, k));
+    }
+
+    const DataLoader* loader_;
+    LoaderChain chain_;
+    std::int64_t position_;
+    std::int64_t end_;
+    std::unique_ptr<detail::Prefetcher<batch_type>> prefetcher_;
+  };
+
+  /// Determined's `get_data_loader(repeat, skip, num_replicas, rank)`: the batches this rank reads.
+  Stream batches(const LoaderChain& chain) const {
+    if (chain.num_replicas < 1 || chain.rank < 0 || chain.rank >= chain.num_replicas)
+      throw DataError("DataLoader: rank " + std::to_string(chain.rank) + " is not among " + std::to_string(chain.num_replicas) +
+                      " replicas");
+    if (chain.skip < 0) throw DataError("DataLoader: cannot skip a negative number of batches");
+    return Stream(*this, chain);
+  }
+
+  /// One unsharded pass over the data (epoch 0's order).
+  class PassIterator {
    public:
     using value_type = batch_type;
     using difference_type = std::ptrdiff_t;
-    iterator() = default;
-    iterator(const DataLoader* loader, std::int64_t i) : loader_(loader), i_(i) {}
-    batch_type operator*() const { return loader_->batch(i_); }
-    iterator& operator++() {
-      ++i_;
+    PassIterator() = default;
+    explicit PassIterator(const DataLoader& loader)
+        : stream_(std::make_shared<Stream>(loader.batches(LoaderChain{}))), it_(stream_->begin()) {}
+    batch_type& operator*() const { return *it_; }
+    PassIterator& operator++() {
+      ++it_;
       return *this;
     }
-    void operator++(int) { ++i_; }
-    friend bool operator==(const iterator& a, const iterator& b) { return a.i_ == b.i_; }
+    void operator++(int) { ++it_; }
+    friend bool operator==(const PassIterator& p, std::default_sentinel_t s) { return !p.stream_ || p.it_ == s; }
 
    private:
-    const DataLoader* loader_ = nullptr;
-    std::int64_t i_ = 0;
+    std::shared_ptr<Stream> stream_;  // shared: input iterators are copied by range algorithms
+    typename Stream::iterator it_;
   };
-  iterator begin() const { return iterator(this, 0); }
-  iterator end() const { return iterator(this, size()); }
+  PassIterator begin() const { return PassIterator(*this); }
+  std::default_sentinel_t end() const { return {}; }
 
  private:
-  static std::uint64_t mix(std::uint64_t seed, std::uint64_t epoch) {
-    std::uint64_t x = seed ^ (epoch * 0x9E3779B97F4A7C15ULL);
-    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
-    x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL;
-    return x ^ (x >> 31);
-  }
   static std::uint64_t draw_seed() {
     return static_cast<std::uint64_t>(torch::randint(0, std::numeric_limits<std::int64_t>::max(), {1}, torch::kLong).item<std::int64_t>());
   }
+  static void pin_in_place(batch_type& batch) {
+    detail::for_each_tensor(batch, [](torch::Tensor& t) {
+      if (t.defined() && t.device().is_cpu() && !t.is_pinned()) t = t.pin_memory();
+    });
+  }
 
-  D dataset_;
+  std::shared_ptr<const dataset_type> dataset_;  // shared with worker threads of live streams
   DataLoaderOptions options_;
-  std::int64_t records_ = 0;
-  std::uint64_t seed_ = 0;
-  std::int64_t epoch_ = 0;
-  torch::Tensor order_;
+  BatchSampler sampler_;
+  bool pin_ = false;
 };
 
 }  // namespace dettrial
@@ -2676,12 +3153,12 @@ struct TrialDiagnostics {
                 "dettrial::Trainer<T>: T has no build_training_data_loader() hook; add one that returns a dettrial::DataLoader");
   static_assert(problem != P::training_loader_not_a_loader,
                 "dettrial::Trainer<T>: T::build_training_data_loader() must return a dettrial::BatchLoader such as dettrial::DataLoader "
-                "(size(), set_epoch(epoch) and iteration over batches)");
+                "(size() batches per epoch and batches(chain), the batches one rank reads)");
   static_assert(problem != P::no_validation_loader,
                 "dettrial::Trainer<T>: T has no build_validation_data_loader() hook; add one that returns a dettrial::DataLoader");
   static_assert(problem != P::validation_loader_not_a_loader,
                 "dettrial::Trainer<T>: T::build_validation_data_loader() must return a dettrial::BatchLoader such as dettrial::DataLoader "
-                "(size(), set_epoch(epoch) and iteration over batches)");
+                "(size() batches per epoch and batches(chain), the batches one rank reads)");
   static_assert(problem != P::model_not_a_module,
                 "dettrial::Trainer<T>: T::build_model() must return a LibTorch module (a torch::nn::ModuleHolder such as "
                 "torch::nn::Sequential, or a std::shared_ptr to a torch::nn::Module)");
@@ -2965,7 +3442,7 @@ class Trainer {
 
     train_loader_.emplace(trial_->build_training_data_loader());
     validation_loader_.emplace(trial_->build_validation_data_loader());
-    st.epoch_len = static_cast<std::int64_t>(train_loader_->size());
+    st.epoch_len = epoch_length(*train_loader_, training_chain());
     if (st.epoch_len < 1) throw DataError("the training data loader yields no batches (its size() is 0)");
     context_.epoch_len_ = st.epoch_len;
     context_.initial_batch_ = 0;
@@ -2999,8 +3476,10 @@ class Trainer {
     using TrainBatch = training_batch_t<TrialT>;
     detail::WorkloadMeans means;
     std::vector<Metrics> batch_metrics;  // kept only when a callback asks for them
-    auto it = std::ranges::begin(*train_loader_);
-    auto end = std::ranges::end(*train_loader_);
+    // One endless stream for the whole run (Determined's repeat → shard → skip chain).
+    auto stream = train_loader_->batches(training_chain());
+    auto it = std::ranges::begin(stream);
+    const auto end = std::ranges::end(stream);
     std::int64_t batch_idx = st.batches_trained;
     const bool non_blocking = context_.device().is_cuda();
     const FitOptions& o = st.options;
@@ -3024,14 +3503,9 @@ class Trainer {
           callbacks.each([&](auto& cb) {
             if constexpr (requires { cb.on_training_epoch_start(epoch_idx); }) cb.on_training_epoch_start(epoch_idx);
           });
-          train_loader_->set_epoch(epoch_idx);
-          it = std::ranges::begin(*train_loader_);
-          end = std::ranges::end(*train_loader_);
         }
-        if (it == end)
-          throw DataError("the training data loader ended after " + std::to_string(in_epoch) + " batches of epoch " +
-                          std::to_string(epoch_idx) + ", but its size() is " + std::to_string(st.epoch_len));
-        TrainBatch batch = *it;
+        if (it == end) throw DataError("the training data loader's repeating stream ended at batch " + std::to_string(batch_idx));
+        TrainBatch batch = std::move(*it);
         ++it;
         to_device_in_place(batch, context_.device(), non_blocking);
         records += record_count(batch);
@@ -3122,7 +3596,7 @@ class Trainer {
     callbacks.each([&](auto& cb) {
       if constexpr (requires { cb.on_validation_start(); }) cb.on_validation_start();
     });
-    st.progress.begin("validate", 0, static_cast<std::int64_t>(validation_loader_->size()), "batches");
+    st.progress.begin("validate", 0, epoch_length(*validation_loader_, validation_chain()), "batches");
     MetricValues metrics;
     std::int64_t records = 0;
     if constexpr (DeclaresEvaluateBatch<TrialT>) {
@@ -3131,10 +3605,9 @@ class Trainer {
       });
       detail::ValidationReduction reduction(evaluation_reducer());
       std::vector<Metrics> outputs;
-      validation_loader_->set_epoch(0);
       std::int64_t batch_idx = 0;
       const bool non_blocking = context_.device().is_cuda();
-      for (auto&& loaded : *validation_loader_) {
+      for (auto&& loaded : validation_loader_->batches(validation_chain())) {
         validation_batch_t<TrialT> batch = std::move(loaded);
         to_device_in_place(batch, context_.device(), non_blocking);
         records += record_count(batch);
@@ -3220,6 +3693,25 @@ class Trainer {
     for (const auto& e : m)
       out.set(e.key, e.value.is_tensor() ? MetricValue(e.value.tensor().detach().cpu()) : e.value);
     return out;
+  }
+
+  /// The training loader's chain: endless, this rank's shard, skipping what was trained.
+  LoaderChain training_chain() const {
+    return LoaderChain{.repeat = true,
+                       .skip = context_.get_initial_batch(),
+                       .num_replicas = context_.distributed().size,
+                       .rank = context_.distributed().rank};
+  }
+  /// The validation loader's chain: one pass over this rank's shard.
+  LoaderChain validation_chain() const {
+    return LoaderChain{.repeat = false, .skip = 0, .num_replicas = context_.distributed().size, .rank = context_.distributed().rank};
+  }
+  /// Batches per epoch on this rank: the loader's sharded length when it knows one.
+  template <class L>
+  static std::int64_t epoch_length(const L& loader, const LoaderChain& chain) {
+    if constexpr (requires { { loader.batches_for(chain) } -> std::convertible_to<std::int64_t>; })
+      return static_cast<std::int64_t>(loader.batches_for(chain));
+    else return static_cast<std::int64_t>(loader.size());
   }
 
   ReducerChoice evaluation_reducer() {

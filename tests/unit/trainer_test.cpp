@@ -438,7 +438,7 @@ TEST_CASE("fit reports bad lengths and broken trials with one clear message") {
   };
   Context c5(test::hparams(), ContextOptions{.trial_seed = 1});
   Trainer<EmptyValidation> empty(c5);
-  CHECK_THROWS_WITH_AS(empty.fit(test::quiet({.max_length = Batch(1)})), "the validation data loader yielded no batches", DataError);
+  CHECK_THROWS_WITH_AS(empty.fit(test::quiet({.max_length = Batch(1)})), "DataLoader: the dataset is empty", DataError);
 }
 
 TEST_CASE("evaluate_full_dataset gets the whole validation loader and no reducer") {

@@ -34,6 +34,24 @@ template <class V, class H, class E, class A>
 struct is_string_map<std::unordered_map<std::string, V, H, E, A>> : std::true_type {};
 }  // namespace detail
 
+namespace detail {
+/// Calls `f(tensor&)` on every tensor inside a nested batch (tuples, pairs, vectors, string-keyed maps);
+/// other values are skipped.
+template <class T, class F>
+void for_each_tensor(T& batch, F&& f) {
+  using U = std::remove_cvref_t<T>;
+  if constexpr (std::is_same_v<U, torch::Tensor>) {
+    f(batch);
+  } else if constexpr (is_tuple_like<U>::value) {
+    std::apply([&](auto&... parts) { (for_each_tensor(parts, f), ...); }, batch);
+  } else if constexpr (is_vector<U>::value) {
+    for (auto& part : batch) for_each_tensor(part, f);
+  } else if constexpr (is_string_map<U>::value) {
+    for (auto& kv : batch) for_each_tensor(kv.second, f);
+  }
+}
+}  // namespace detail
+
 /**
  * @brief Moves every tensor inside `batch` to `device`, in place.
  *

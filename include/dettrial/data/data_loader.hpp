@@ -15,7 +15,11 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
 
+#include "../context/to_device.hpp"
 #include "../detail/error.hpp"
+#include "collate.hpp"
+#include "prefetch.hpp"
+#include "sampler.hpp"
 
 namespace dettrial {
 
@@ -32,18 +36,19 @@ concept BatchDataset = requires(D& d, const torch::Tensor& indices) {
 };
 
 /**
- * @brief What the trainer needs of a data loader: `size()` batches per epoch, `set_epoch(e)` to fix
- * the order of epoch `e`, and iteration over that epoch's batches.
+ * @brief What the trainer needs of a data loader: `size()` batches per epoch, and `batches(chain)`,
+ * the batches one rank reads under Determined's repeat / shard / skip chain (see LoaderChain).
  */
 template <class L>
-concept BatchLoader = std::ranges::input_range<L> && requires(L& l, std::int64_t epoch) {
+concept BatchLoader = requires(const L& l, const LoaderChain& chain) {
   { l.size() } -> std::convertible_to<std::int64_t>;
-  l.set_epoch(epoch);
+  { l.batches(chain) };
+  requires std::ranges::input_range<decltype(l.batches(chain))>;
 };
 
 /// The batch type a loader yields.
 template <BatchLoader L>
-using batch_of = std::remove_cvref_t<std::ranges::range_reference_t<L>>;
+using batch_of = std::remove_cvref_t<std::ranges::range_reference_t<decltype(std::declval<const L&>().batches(LoaderChain{}))>>;
 
 /**
  * @brief Tensors indexed together along their first dimension (features, labels, ...).
@@ -98,100 +103,183 @@ struct DataLoaderOptions {
   /// The shuffle seed; unset means one drawn from LibTorch's global generator (which the trial
   /// seed has seeded), so the order follows the trial seed.
   std::optional<std::uint64_t> seed;
+  /// Threads reading batches in the background (0: read on the training thread). The order of
+  /// batches is the same whatever the number. The dataset's get_batch must then be thread-safe.
+  int workers = 0;
+  /// Batches read ahead per worker (the bounded queue's depth is workers x prefetch).
+  int prefetch = 2;
+  /// Copy batches into pinned (page-locked) memory, so copies to the GPU can be non-blocking.
+  /// Unset: when LibTorch has CUDA and a GPU is present.
+  std::optional<bool> pin_memory;
 };
 
+namespace detail {
+template <class D>
+auto as_batch_dataset(D dataset) {
+  if constexpr (BatchDataset<D>) return dataset;
+  else return ExampleBatches<D>(std::move(dataset));
+}
+}  // namespace detail
+
 /**
- * @brief Iterates a BatchDataset in batches, one epoch at a time.
+ * @brief Reads a dataset in batches, in a reproducible order, optionally on background threads.
  *
- * The order of epoch `e` depends only on (seed, e): any epoch can be replayed on its own, which is
- * what exact resume needs. Unshuffled loaders read contiguous ranges when the dataset can.
+ * Takes a batch-level dataset (`get_batch(indices)`, vectorised: dettrial::TensorDataset) or a
+ * per-example one (`get(index)`, collated by dettrial::collate_fn or by `with_collate`). The trainer
+ * reads it through `batches(chain)`, which applies Determined's repeat, shard and skip; iterating the
+ * loader itself is one unsharded pass (what `evaluate_full_dataset` sees).
  * @code{.cpp}
  * dettrial::DataLoader loader(dettrial::TensorDataset(images, labels),
- *                             {.batch_size = ctx.get_per_slot_batch_size(), .shuffle = true});
+ *                             {.batch_size = ctx.get_per_slot_batch_size(), .shuffle = true, .workers = 2});
  * @endcode
  */
 template <class D>
 class DataLoader {
-  static_assert(BatchDataset<D>,
-                "dettrial::DataLoader<D>: D must be a dettrial::BatchDataset: size() records and get_batch(indices) "
-                "taking a 1-D int64 tensor of record indices (see dettrial::TensorDataset)");
+  static_assert(BatchDataset<D> || ExampleDataset<D>,
+                "dettrial::DataLoader<D>: D must be a dettrial::BatchDataset (size() and get_batch(indices) taking a "
+                "1-D int64 tensor of record indices, like dettrial::TensorDataset) or a dettrial::ExampleDataset "
+                "(size() and get(index))");
 
  public:
-  using dataset_type = D;
-  using batch_type = std::remove_cvref_t<decltype(std::declval<const D&>().get_batch(std::declval<const torch::Tensor&>()))>;
+  using dataset_type = decltype(detail::as_batch_dataset(std::declval<D>()));
+  using batch_type =
+      std::remove_cvref_t<decltype(std::declval<const dataset_type&>().get_batch(std::declval<const torch::Tensor&>()))>;
 
-  DataLoader(D dataset, DataLoaderOptions options) : dataset_(std::move(dataset)), options_(options) {
-    if (options_.batch_size < 1) throw DataError("DataLoader batch_size must be at least 1, not " + std::to_string(options_.batch_size));
-    records_ = static_cast<std::int64_t>(dataset_.size());
-    seed_ = options_.seed ? *options_.seed : draw_seed();
-    set_epoch(0);
+  DataLoader(D dataset, DataLoaderOptions options)
+      : dataset_(std::make_shared<const dataset_type>(detail::as_batch_dataset(std::move(dataset)))),
+        options_(options),
+        sampler_(static_cast<std::int64_t>(dataset_->size()), options.batch_size, options.drop_last, options.shuffle,
+                 options.seed ? *options.seed : draw_seed()) {
+    if (options_.workers < 0) throw DataError("DataLoader workers must not be negative");
+    if (options_.prefetch < 1) throw DataError("DataLoader prefetch must be at least 1");
+    pin_ = options_.pin_memory.value_or(torch::cuda::is_available());
   }
 
-  /// Batches per epoch.
-  std::int64_t size() const {
-    return options_.drop_last ? records_ / options_.batch_size : (records_ + options_.batch_size - 1) / options_.batch_size;
-  }
-  std::int64_t num_records() const { return records_; }
+  /// Batches per epoch (one process).
+  std::int64_t size() const { return sampler_.batches_per_epoch(); }
+  /// Batches one rank reads per epoch under `chain` (Determined's sharded length).
+  std::int64_t batches_for(const LoaderChain& chain) const { return sampler_.batches_for(chain); }
+  std::int64_t num_records() const { return sampler_.records(); }
   const DataLoaderOptions& options() const { return options_; }
-  std::uint64_t seed() const { return seed_; }
-  const D& dataset() const { return dataset_; }
+  std::uint64_t seed() const { return sampler_.seed(); }
+  const dataset_type& dataset() const { return *dataset_; }
+  const BatchSampler& sampler() const { return sampler_; }
 
-  /// Fixes the order of epoch `epoch` (a permutation drawn from (seed, epoch) when shuffling).
-  void set_epoch(std::int64_t epoch) {
-    epoch_ = epoch;
-    if (!options_.shuffle) return;
-    auto generator = at::detail::createCPUGenerator(mix(seed_, static_cast<std::uint64_t>(epoch)));
-    order_ = torch::randperm(records_, generator, torch::TensorOptions().dtype(torch::kLong));
-  }
-  std::int64_t epoch() const { return epoch_; }
-
-  /// Batch `i` of the current epoch.
-  batch_type batch(std::int64_t i) const {
-    const std::int64_t begin = i * options_.batch_size;
-    const std::int64_t end = std::min(begin + options_.batch_size, records_);
-    if (options_.shuffle) return dataset_.get_batch(order_.narrow(0, begin, end - begin));
-    if constexpr (requires { dataset_.get_range(begin, end); }) return dataset_.get_range(begin, end);
-    else return dataset_.get_batch(torch::arange(begin, end, torch::kLong));
+  /// Reads the records of one slice (thread-safe when the dataset is).
+  batch_type read(const BatchSlice& slice) const {
+    batch_type batch = [&] {
+      if (slice.indices.defined()) return dataset_->get_batch(slice.indices);
+      if constexpr (requires { dataset_->get_range(slice.first, slice.first + slice.count); })
+        return dataset_->get_range(slice.first, slice.first + slice.count);
+      else
+        return dataset_->get_batch(torch::arange(slice.first, slice.first + slice.count, torch::kLong));
+    }();
+    if (pin_) pin_in_place(batch);
+    return batch;
   }
 
-  class iterator {
+  /// The batches a rank reads under `chain`, in order, prefetched by the loader's workers.
+  class Stream {
+   public:
+    class iterator {
+     public:
+      using value_type = batch_type;
+      using difference_type = std::ptrdiff_t;
+      iterator() = default;
+      explicit iterator(Stream* stream) : stream_(stream) { advance(); }
+      batch_type& operator*() const { return *current_; }
+      iterator& operator++() {
+        advance();
+        return *this;
+      }
+      void operator++(int) { advance(); }
+      friend bool operator==(const iterator& it, std::default_sentinel_t) { return !it.current_; }
+
+     private:
+      void advance() {
+        current_.reset();
+        if (stream_ && !stream_->exhausted()) current_.emplace(stream_->next());
+      }
+      Stream* stream_ = nullptr;
+      mutable std::optional<batch_type> current_;
+    };
+
+    Stream(const DataLoader& loader, LoaderChain chain)
+        : loader_(&loader), chain_(chain), position_(chain.skip),
+          end_(chain.repeat ? std::numeric_limits<std::int64_t>::max() : loader.batches_for(chain)) {
+      if (loader.options_.workers > 0 && position_ < end_)
+        prefetcher_ = std::make_unique<detail::Prefetcher<batch_type>>(
+            [loader = loader_, chain](std::int64_t k) { return loader->read(loader->sampler_.rank_batch(chain, k)); },
+            position_, end_, loader.options_.workers, loader.options_.workers * loader.options_.prefetch);
+    }
+    Stream(Stream&&) = default;
+
+    iterator begin() { return iterator(this); }
+    std::default_sentinel_t end() const { return {}; }
+    /// The position (in this rank's batches) of the next batch.
+    std::int64_t position() const { return position_; }
+
+   private:
+    bool exhausted() const { return position_ >= end_; }
+    batch_type next() {
+      const std::int64_t k = position_++;
+      if (prefetcher_) return prefetcher_->take();
+      return loader_->read(loader_->sampler_.rank_batch(chain_, k));
+    }
+
+    const DataLoader* loader_;
+    LoaderChain chain_;
+    std::int64_t position_;
+    std::int64_t end_;
+    std::unique_ptr<detail::Prefetcher<batch_type>> prefetcher_;
+  };
+
+  /// Determined's `get_data_loader(repeat, skip, num_replicas, rank)`: the batches this rank reads.
+  Stream batches(const LoaderChain& chain) const {
+    if (chain.num_replicas < 1 || chain.rank < 0 || chain.rank >= chain.num_replicas)
+      throw DataError("DataLoader: rank " + std::to_string(chain.rank) + " is not among " + std::to_string(chain.num_replicas) +
+                      " replicas");
+    if (chain.skip < 0) throw DataError("DataLoader: cannot skip a negative number of batches");
+    return Stream(*this, chain);
+  }
+
+  /// One unsharded pass over the data (epoch 0's order).
+  class PassIterator {
    public:
     using value_type = batch_type;
     using difference_type = std::ptrdiff_t;
-    iterator() = default;
-    iterator(const DataLoader* loader, std::int64_t i) : loader_(loader), i_(i) {}
-    batch_type operator*() const { return loader_->batch(i_); }
-    iterator& operator++() {
-      ++i_;
+    PassIterator() = default;
+    explicit PassIterator(const DataLoader& loader)
+        : stream_(std::make_shared<Stream>(loader.batches(LoaderChain{}))), it_(stream_->begin()) {}
+    batch_type& operator*() const { return *it_; }
+    PassIterator& operator++() {
+      ++it_;
       return *this;
     }
-    void operator++(int) { ++i_; }
-    friend bool operator==(const iterator& a, const iterator& b) { return a.i_ == b.i_; }
+    void operator++(int) { ++it_; }
+    friend bool operator==(const PassIterator& p, std::default_sentinel_t s) { return !p.stream_ || p.it_ == s; }
 
    private:
-    const DataLoader* loader_ = nullptr;
-    std::int64_t i_ = 0;
+    std::shared_ptr<Stream> stream_;  // shared: input iterators are copied by range algorithms
+    typename Stream::iterator it_;
   };
-  iterator begin() const { return iterator(this, 0); }
-  iterator end() const { return iterator(this, size()); }
+  PassIterator begin() const { return PassIterator(*this); }
+  std::default_sentinel_t end() const { return {}; }
 
  private:
-  static std::uint64_t mix(std::uint64_t seed, std::uint64_t epoch) {
-    std::uint64_t x = seed ^ (epoch * 0x9E3779B97F4A7C15ULL);
-    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
-    x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL;
-    return x ^ (x >> 31);
-  }
   static std::uint64_t draw_seed() {
     return static_cast<std::uint64_t>(torch::randint(0, std::numeric_limits<std::int64_t>::max(), {1}, torch::kLong).item<std::int64_t>());
   }
+  static void pin_in_place(batch_type& batch) {
+    detail::for_each_tensor(batch, [](torch::Tensor& t) {
+      if (t.defined() && t.device().is_cpu() && !t.is_pinned()) t = t.pin_memory();
+    });
+  }
 
-  D dataset_;
+  std::shared_ptr<const dataset_type> dataset_;  // shared with worker threads of live streams
   DataLoaderOptions options_;
-  std::int64_t records_ = 0;
-  std::uint64_t seed_ = 0;
-  std::int64_t epoch_ = 0;
-  torch::Tensor order_;
+  BatchSampler sampler_;
+  bool pin_ = false;
 };
 
 }  // namespace dettrial

@@ -256,7 +256,7 @@ class Trainer {
 
     train_loader_.emplace(trial_->build_training_data_loader());
     validation_loader_.emplace(trial_->build_validation_data_loader());
-    st.epoch_len = static_cast<std::int64_t>(train_loader_->size());
+    st.epoch_len = epoch_length(*train_loader_, training_chain());
     if (st.epoch_len < 1) throw DataError("the training data loader yields no batches (its size() is 0)");
     context_.epoch_len_ = st.epoch_len;
     context_.initial_batch_ = 0;
@@ -290,8 +290,10 @@ class Trainer {
     using TrainBatch = training_batch_t<TrialT>;
     detail::WorkloadMeans means;
     std::vector<Metrics> batch_metrics;  // kept only when a callback asks for them
-    auto it = std::ranges::begin(*train_loader_);
-    auto end = std::ranges::end(*train_loader_);
+    // One endless stream for the whole run (Determined's repeat → shard → skip chain).
+    auto stream = train_loader_->batches(training_chain());
+    auto it = std::ranges::begin(stream);
+    const auto end = std::ranges::end(stream);
     std::int64_t batch_idx = st.batches_trained;
     const bool non_blocking = context_.device().is_cuda();
     const FitOptions& o = st.options;
@@ -315,14 +317,9 @@ class Trainer {
           callbacks.each([&](auto& cb) {
             if constexpr (requires { cb.on_training_epoch_start(epoch_idx); }) cb.on_training_epoch_start(epoch_idx);
           });
-          train_loader_->set_epoch(epoch_idx);
-          it = std::ranges::begin(*train_loader_);
-          end = std::ranges::end(*train_loader_);
         }
-        if (it == end)
-          throw DataError("the training data loader ended after " + std::to_string(in_epoch) + " batches of epoch " +
-                          std::to_string(epoch_idx) + ", but its size() is " + std::to_string(st.epoch_len));
-        TrainBatch batch = *it;
+        if (it == end) throw DataError("the training data loader's repeating stream ended at batch " + std::to_string(batch_idx));
+        TrainBatch batch = std::move(*it);
         ++it;
         to_device_in_place(batch, context_.device(), non_blocking);
         records += record_count(batch);
@@ -413,7 +410,7 @@ class Trainer {
     callbacks.each([&](auto& cb) {
       if constexpr (requires { cb.on_validation_start(); }) cb.on_validation_start();
     });
-    st.progress.begin("validate", 0, static_cast<std::int64_t>(validation_loader_->size()), "batches");
+    st.progress.begin("validate", 0, epoch_length(*validation_loader_, validation_chain()), "batches");
     MetricValues metrics;
     std::int64_t records = 0;
     if constexpr (DeclaresEvaluateBatch<TrialT>) {
@@ -422,10 +419,9 @@ class Trainer {
       });
       detail::ValidationReduction reduction(evaluation_reducer());
       std::vector<Metrics> outputs;
-      validation_loader_->set_epoch(0);
       std::int64_t batch_idx = 0;
       const bool non_blocking = context_.device().is_cuda();
-      for (auto&& loaded : *validation_loader_) {
+      for (auto&& loaded : validation_loader_->batches(validation_chain())) {
         validation_batch_t<TrialT> batch = std::move(loaded);
         to_device_in_place(batch, context_.device(), non_blocking);
         records += record_count(batch);
@@ -511,6 +507,25 @@ class Trainer {
     for (const auto& e : m)
       out.set(e.key, e.value.is_tensor() ? MetricValue(e.value.tensor().detach().cpu()) : e.value);
     return out;
+  }
+
+  /// The training loader's chain: endless, this rank's shard, skipping what was trained.
+  LoaderChain training_chain() const {
+    return LoaderChain{.repeat = true,
+                       .skip = context_.get_initial_batch(),
+                       .num_replicas = context_.distributed().size,
+                       .rank = context_.distributed().rank};
+  }
+  /// The validation loader's chain: one pass over this rank's shard.
+  LoaderChain validation_chain() const {
+    return LoaderChain{.repeat = false, .skip = 0, .num_replicas = context_.distributed().size, .rank = context_.distributed().rank};
+  }
+  /// Batches per epoch on this rank: the loader's sharded length when it knows one.
+  template <class L>
+  static std::int64_t epoch_length(const L& loader, const LoaderChain& chain) {
+    if constexpr (requires { { loader.batches_for(chain) } -> std::convertible_to<std::int64_t>; })
+      return static_cast<std::int64_t>(loader.batches_for(chain));
+    else return static_cast<std::int64_t>(loader.size());
   }
 
   ReducerChoice evaluation_reducer() {

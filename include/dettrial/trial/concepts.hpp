@@ -244,12 +244,12 @@ struct TrialDiagnostics {
                 "dettrial::Trainer<T>: T has no build_training_data_loader() hook; add one that returns a dettrial::DataLoader");
   static_assert(problem != P::training_loader_not_a_loader,
                 "dettrial::Trainer<T>: T::build_training_data_loader() must return a dettrial::BatchLoader such as dettrial::DataLoader "
-                "(size(), set_epoch(epoch) and iteration over batches)");
+                "(size() batches per epoch and batches(chain), the batches one rank reads)");
   static_assert(problem != P::no_validation_loader,
                 "dettrial::Trainer<T>: T has no build_validation_data_loader() hook; add one that returns a dettrial::DataLoader");
   static_assert(problem != P::validation_loader_not_a_loader,
                 "dettrial::Trainer<T>: T::build_validation_data_loader() must return a dettrial::BatchLoader such as dettrial::DataLoader "
-                "(size(), set_epoch(epoch) and iteration over batches)");
+                "(size() batches per epoch and batches(chain), the batches one rank reads)");
   static_assert(problem != P::model_not_a_module,
                 "dettrial::Trainer<T>: T::build_model() must return a LibTorch module (a torch::nn::ModuleHolder such as "
                 "torch::nn::Sequential, or a std::shared_ptr to a torch::nn::Module)");
