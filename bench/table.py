@@ -1,0 +1,31 @@
+"""Turns bench/run's JSON lines into one table with the ratios the project tracks."""
+import json
+import platform
+import sys
+
+rows = [json.loads(line) for line in open(sys.argv[1]) if line.startswith("{")]
+by_name = {r["name"]: r for r in rows}
+print()
+print(f"{'measurement':64} {'median':>12} {'unit':10} {'spread':>7}")
+for r in rows:
+    print(f"{r['name']:64} {r['value']:12.4g} {r['unit']:10} {r['spread']:7.3f}")
+
+
+def ratio(a, b, label):
+    if a in by_name and b in by_name:
+        print(f"{label:76} {by_name[a]['value'] / by_name[b]['value']:8.2f}x")
+
+
+print()
+print("ratios (higher is better for dettrial)")
+ratio("dettrial DataLoader (workers 0)", "torch::data::DataLoader (workers 0)", "dettrial / torch::data::DataLoader, batches/s (workers 0)")
+ratio("dettrial DataLoader (workers 2)", "torch::data::DataLoader (workers 2)", "dettrial / torch::data::DataLoader, batches/s (workers 2)")
+ratio("dettrial DataLoader (workers 0)", "torch.utils.data.DataLoader, TensorDataset (workers 0)",
+      "dettrial / Python DataLoader over TensorDataset, batches/s")
+ratio("dettrial DataLoader (workers 0)", "torch.utils.data.DataLoader, per-example Dataset (workers 0)",
+      "dettrial / Python DataLoader over a per-example Dataset, batches/s")
+if "MNIST example: Trainer + DataLoader" in by_name:
+    t = by_name["MNIST example: Trainer + DataLoader"]["value"]
+    p = by_name["MNIST example: pre-batched loop"]["value"]
+    print(f"{'MNIST example time per batch, Trainer + DataLoader / pre-batched loop':76} {t / p:8.3f}")
+print(f"\nmachine: {platform.machine()}, {platform.processor() or 'cpu'}; python torch {rows[-1].get('torch', '?') if rows else '?'}")
