@@ -58,7 +58,7 @@ dettrial_build() {
   shift 2
   local dir="$DETTRIAL_ROOT/build/$name"
   local args=(-S "$DETTRIAL_ROOT" -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Release
-              -DDETTRIAL_BUILD_TESTS=ON -DDETTRIAL_BUILD_EXAMPLES=ON)
+              -DDETTRIAL_BUILD_TESTS=ON -DDETTRIAL_BUILD_EXAMPLES=ON ${DETTRIAL_CMAKE_ARGS:-})
   [ -n "$prefix" ] && args+=("-DCMAKE_PREFIX_PATH=$prefix" "-DTorch_DIR=$prefix/Torch")
   mkdir -p "$DETTRIAL_ROOT/build"
   dettrial_log "configuring $name"

@@ -694,6 +694,7 @@ class ExperimentConfig {
 #include <cstddef>
 #include <initializer_list>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <unordered_set>

@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <initializer_list>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <unordered_set>

@@ -16,6 +16,7 @@
 #include "../config/experiment_config.hpp"
 #include "../context/context.hpp"
 #include "../detail/error.hpp"
+#include "../version.hpp"
 #include "fit_options.hpp"
 #include "trainer.hpp"
 

@@ -25,6 +25,7 @@
 
 #include "../context/context.hpp"
 #include "../detail/error.hpp"
+#include "../version.hpp"
 #include "../metrics/metrics.hpp"
 #include "../metrics/reducers.hpp"
 #include "../report/metrics_log.hpp"
