@@ -68,3 +68,18 @@ dettrial_build() {
   dettrial_log "building $name ${*:-(everything)} (2 jobs)"
   cmake --build "$dir" -j 2 "${targets[@]}"
 }
+
+# Conan 2 in the venv, then `conan create` of the recipe with Debian's LibTorch, yaml-cpp, range-v3
+# and zlib declared as platform requirements (Conan's central remote is not needed).
+dettrial_conan_create() {
+  local venv="$DETTRIAL_CACHE/conan-venv"
+  if [ ! -x "$venv/bin/conan" ]; then
+    dettrial_log "installing conan from PyPI into $venv"
+    python3 -m venv "$venv"
+    "$venv/bin/python" -m pip install -q conan
+  fi
+  local profile="$DETTRIAL_ROOT/packaging/conan/profiles/debian12"
+  dettrial_log "conan create (test_package trains a tiny trial)"
+  CONAN_HOME="$DETTRIAL_ROOT/build/conan-home" "$venv/bin/conan" create "$DETTRIAL_ROOT" \
+    -pr:h "$profile" -pr:b "$profile"
+}
