@@ -6,9 +6,10 @@ import sys
 rows = [json.loads(line) for line in open(sys.argv[1]) if line.startswith("{")]
 by_name = {r["name"]: r for r in rows}
 print()
-print(f"{'measurement':64} {'median':>12} {'unit':10} {'spread':>7}")
+print(f"{'measurement':64} {'median':>12} {'unit':10} {'spread':>7}  notes")
 for r in rows:
-    print(f"{r['name']:64} {r['value']:12.4g} {r['unit']:10} {r['spread']:7.3f}")
+    notes = ", ".join(f"{k}={v}" for k, v in r.items() if k in ("bit_identical", "equal_to_5_decimals", "batches"))
+    print(f"{r['name']:64} {r['value']:12.4g} {r['unit']:10} {r['spread']:7.3f}  {notes}")
 
 
 def ratio(a, b, label):

@@ -28,10 +28,11 @@ dettrial_apt() {
 }
 
 # The build tools, Debian's LibTorch 1.13 (with Gloo's headers), yaml-cpp, range-v3, doctest, zlib,
-# and the real datasets (Fashion-MNIST).
+# the real datasets (Fashion-MNIST), and Debian's Python torch (the parity peer of its LibTorch).
 dettrial_base_deps() {
   dettrial_apt build-essential cmake ninja-build git python3 python3-venv zlib1g-dev \
-    libtorch-dev libgloo-dev libyaml-cpp-dev librange-v3-dev doctest-dev dataset-fashion-mnist
+    libtorch-dev libgloo-dev libyaml-cpp-dev librange-v3-dev doctest-dev dataset-fashion-mnist \
+    python3-torch python3-numpy
 }
 
 # A venv with PyPI's torch; prints nothing, sets DETTRIAL_PIP_TORCH_PREFIX to its CMake prefix.
@@ -58,7 +59,7 @@ dettrial_build() {
   shift 2
   local dir="$DETTRIAL_ROOT/build/$name"
   local args=(-S "$DETTRIAL_ROOT" -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Release
-              -DDETTRIAL_BUILD_TESTS=ON -DDETTRIAL_BUILD_EXAMPLES=ON ${DETTRIAL_CMAKE_ARGS:-})
+              -DDETTRIAL_BUILD_TESTS=ON -DDETTRIAL_BUILD_EXAMPLES=ON -DDETTRIAL_BUILD_BENCH=ON ${DETTRIAL_CMAKE_ARGS:-})
   [ -n "$prefix" ] && args+=("-DCMAKE_PREFIX_PATH=$prefix" "-DTorch_DIR=$prefix/Torch")
   mkdir -p "$DETTRIAL_ROOT/build"
   dettrial_log "configuring $name"

@@ -134,6 +134,15 @@ TEST_CASE("DataLoader: skipping resumes the exact order, mid-epoch included, wit
     }
     CHECK(resumed == tail);
   }
+  // The sampler's range-v3 view of slices is the same chain, for code that wants indices only.
+  std::vector<std::int64_t> from_view;
+  std::int64_t taken = 0;
+  for (const BatchSlice& slice : loader.sampler().slices({.repeat = true, .skip = 5, .num_replicas = 2, .rank = 1})) {
+    for (std::int64_t i = 0; i < slice.count; ++i) from_view.push_back(slice.indices[i].item<std::int64_t>());
+    if (++taken == 15) break;
+  }
+  CHECK(from_view == ids_of(loader.batches({.repeat = true, .skip = 5, .num_replicas = 2, .rank = 1}), 15));
+
   CountingDataset counting;
   DataLoader skipper(counting, {.batch_size = 10});
   auto stream = skipper.batches({.repeat = true, .skip = 1'000'000});
