@@ -49,16 +49,6 @@ struct MlpTrial {
   dettrial::Metrics evaluate_batch(std::tuple<torch::Tensor, torch::Tensor>& b, torch::nn::Sequential& m) {
     return {{"validation_loss", torch::cross_entropy_loss(m->forward(std::get<0>(b)), std::get<1>(b))}};
   }
-  static torch::Tensor loss_of(torch::nn::Sequential& m, const std::tuple<torch::Tensor, torch::Tensor>& b) {
-    return torch::cross_entropy_loss(m->forward(std::get<0>(b)), std::get<1>(b));
-  }
-};
-
-/// The MNIST example's trial, with its loss as the hand loop computes it.
-struct MnistLoss {
-  static torch::Tensor loss_of(torch::nn::Sequential& m, const std::tuple<torch::Tensor, torch::Tensor>& b) {
-    return torch::nll_loss(m->forward(std::get<0>(b)), std::get<1>(b));
-  }
 };
 
 struct Run {
@@ -106,9 +96,10 @@ Run with_trainer(const dettrial::ExperimentConfig& config, std::int64_t batches,
 }
 
 /// The loop a user would write by hand: same construction order (so the same initial weights and RNG
-/// draws), same data order, forward / backward / step / zero_grad, and the loss summed on the device
-/// and read every `report_every` batches, as the Trainer reports it.
-template <class Trial, class Loss>
+/// draws), same data order, the trial's own train_batch for the forward pass and its metrics, then
+/// backward / step / zero_grad, with every metric summed on the device and read every `report_every`
+/// batches, as the Trainer reports them.
+template <class Trial>
 Run by_hand(const dettrial::ExperimentConfig& config, std::int64_t batches, bool record) {
   dettrial::Context context(config, {.trial_seed = seed});
   Trial trial(context);
@@ -119,23 +110,28 @@ Run by_hand(const dettrial::ExperimentConfig& config, std::int64_t batches, bool
   (void)validation;
   Run run;
   model->train();
-  torch::Tensor sum = torch::zeros({}, torch::kDouble);
+  std::vector<torch::Tensor> sums;
   std::int64_t n = 0;
   double reported = 0;
   const auto start = clock_type::now();
   for (auto&& batch : loader.batches({.repeat = true})) {
-    torch::Tensor loss = Loss::loss_of(model, batch);
+    const dettrial::Metrics metrics = trial.train_batch(batch, model, n / loader.size(), n);
+    const torch::Tensor& loss = metrics.at("loss").tensor();
     loss.backward();
     optimizer.step();
     optimizer.zero_grad();
     {
       torch::NoGradGuard no_grad;
-      sum.add_(loss);
+      if (sums.empty())
+        for (std::size_t i = 0; i < metrics.size(); ++i) sums.push_back(torch::zeros({}, torch::kDouble));
+      for (std::size_t i = 0; i < metrics.size(); ++i) sums[i].add_(metrics[i].value.tensor());
     }
     if (record) run.losses.push_back(loss.item<float>());
     if (++n % report_every == 0 || n == batches) {
-      reported += sum.item<double>();
-      sum.zero_();
+      for (auto& sum : sums) {
+        reported += sum.item<double>();
+        sum.zero_();
+      }
     }
     if (n == batches) break;
   }
@@ -163,15 +159,15 @@ void report(const std::string& name, double value, const char* unit, double spre
 }
 
 /// Verifies bit-identity once, then alternates trainer and hand loop `rounds` times.
-template <class Trial, class Loss>
+template <class Trial>
 bool compare(const char* label, const dettrial::ExperimentConfig& config, std::int64_t batches, int rounds) {
   const Run trainer = with_trainer<Trial>(config, batches, true);
-  const Run hand = by_hand<Trial, Loss>(config, batches, true);
+  const Run hand = by_hand<Trial>(config, batches, true);
   const bool same = identical(trainer, hand);
   std::vector<double> ratios, t_trainer, t_hand;
   for (int r = 0; r < rounds; ++r) {
     const double a = with_trainer<Trial>(config, batches, false).seconds_per_batch;
-    const double b = by_hand<Trial, Loss>(config, batches, false).seconds_per_batch;
+    const double b = by_hand<Trial>(config, batches, false).seconds_per_batch;
     t_trainer.push_back(a), t_hand.push_back(b), ratios.push_back(a / b);
   }
   const auto [lo, hi] = std::minmax_element(ratios.begin(), ratios.end());
@@ -205,7 +201,7 @@ void write_parity(const std::filesystem::path& dir, const dettrial::ExperimentCo
     if (static_cast<std::int64_t>(order.size()) == batches) break;
   }
   write_raw(dir / "order.i64", torch::stack(order));
-  const Run run = by_hand<MlpTrial, MlpTrial>(config, batches, true);
+  const Run run = by_hand<MlpTrial>(config, batches, true);
   write_raw(dir / "losses.f32", torch::tensor(run.losses));
   const Run timed = with_trainer<MlpTrial>(config, batches, false);
   std::ofstream(dir / "meta.json") << "{\"batches\": " << batches << ", \"batch_size\": 32, \"records\": " << trial.x.size(0)
@@ -226,13 +222,13 @@ int main(int argc, char** argv) {
   torch::set_num_threads(1);  // one thread: the per-batch cost of the framework shows most clearly
   bool ok = true;
   const auto mlp = dettrial::ExperimentConfig::parse("hyperparameters: {global_batch_size: 32}\n");
-  ok &= compare<MlpTrial, MlpTrial>("MLP 32-64-10, batch 32", mlp, quick ? 50 : 2000, quick ? 1 : 5);
+  ok &= compare<MlpTrial>("MLP 32-64-10, batch 32", mlp, quick ? 50 : 2000, quick ? 1 : 5);
   const char* fashion = "/usr/share/datasets/fashion-mnist";
   if (std::filesystem::exists(std::filesystem::path(fashion) / "train-images-idx3-ubyte.gz")) {
     const auto net = dettrial::ExperimentConfig::parse(
         "hyperparameters: {learning_rate: 0.03, dropout: 0.3, global_batch_size: 64, n_filters1: 40, n_filters2: 40}\n"
         "data: {dir: /usr/share/datasets/fashion-mnist}\n");
-    ok &= compare<mnist::MnistTrial, MnistLoss>("MNIST example network, batch 64", net, quick ? 5 : 200, quick ? 1 : 3);
+    ok &= compare<mnist::MnistTrial>("MNIST example network, batch 64", net, quick ? 5 : 200, quick ? 1 : 3);
   } else {
     std::fprintf(stderr, "skipping the MNIST network: %s is absent\n", fashion);
   }
