@@ -669,6 +669,27 @@ class ExperimentConfig {
 #include <torch/torch.h>
 #include <yaml-cpp/yaml.h>
 
+// ---- begin dettrial/detail/random.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief The 64-bit mixing function dettrial derives seeds with (trial seeds, per-epoch shuffles).
+
+#include <cstdint>
+
+namespace dettrial::detail {
+
+/// The golden-ratio increment of splitmix64.
+inline constexpr std::uint64_t golden_gamma = 0x9E3779B97F4A7C15ULL;
+
+/// splitmix64's finaliser: a bijection that spreads every input bit over the output.
+constexpr std::uint64_t mix64(std::uint64_t x) {
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL;
+  return x ^ (x >> 31);
+}
+
+}  // namespace dettrial::detail
+// ---- end dettrial/detail/random.hpp
 // ---- begin dettrial/metrics/reducers.hpp
 // SPDX-License-Identifier: Apache-2.0
 /// @file
@@ -907,11 +928,14 @@ class WorkloadMeans {
     if (batches_ == 0) {
       slots_.reserve(m.size());
       for (const auto& e : m) slots_.push_back(Slot{e.key});
-    } else if (!same_keys(m)) {
-      throw TrialError("train_batch returned the metrics {" + m.names() + "} at batch " + std::to_string(batch_idx) +
-                       " but {" + slot_names() + "} earlier in the workload; every batch must return the same metrics");
+    } else if (m.size() != slots_.size()) {
+      throw mismatch(m, batch_idx);
     }
-    for (std::size_t i = 0; i < m.size(); ++i) slots_[slot_of(m, i)].add(m[i].value);
+    for (std::size_t i = 0; i < m.size(); ++i) {
+      const std::size_t slot = slot_of(m[i].key, i);
+      if (slot == slots_.size()) throw mismatch(m, batch_idx);
+      slots_[slot].add(m[i].value);
+    }
     ++batches_;
   }
 
@@ -951,22 +975,17 @@ class WorkloadMeans {
     }
   };
 
-  bool same_keys(const Metrics& m) const {
-    if (m.size() != slots_.size()) return false;
-    for (std::size_t i = 0; i < m.size(); ++i)
-      if (!(m[i].key == slots_[i].key) && !has(m[i].key)) return false;
-    return true;
-  }
-  bool has(MetricKey k) const {
-    for (const auto& s : slots_)
-      if (s.key == k) return true;
-    return false;
-  }
-  std::size_t slot_of(const Metrics& m, std::size_t i) const {
-    if (slots_[i].key == m[i].key) return i;  // the usual case: same order every batch
+  /// The slot of `key` (tried first at `hint`: the usual case is the same order every batch), or
+  /// slots_.size() when the workload has no such metric.
+  std::size_t slot_of(MetricKey key, std::size_t hint) const {
+    if (hint < slots_.size() && slots_[hint].key == key) return hint;
     for (std::size_t j = 0; j < slots_.size(); ++j)
-      if (slots_[j].key == m[i].key) return j;
-    return i;  // unreachable after same_keys()
+      if (slots_[j].key == key) return j;
+    return slots_.size();
+  }
+  TrialError mismatch(const Metrics& m, std::int64_t batch_idx) const {
+    return TrialError("train_batch returned the metrics {" + m.names() + "} at batch " + std::to_string(batch_idx) + " but {" +
+                      slot_names() + "} earlier in the workload; every batch must return the same metrics");
   }
   std::string slot_names() const {
     std::string s;
@@ -1437,14 +1456,15 @@ class Context {
       : Context(std::move(hparams), ExperimentConfig{}, std::move(options)) {}
 
   Context(Hyperparameters hparams, ExperimentConfig config, ContextOptions options)
-      : hparams_(std::move(hparams)), config_(std::move(config)), options_(std::move(options)) {
-    aggregation_frequency_ = options_.aggregation_frequency.value_or(config_.aggregation_frequency);
-    average_aggregated_gradients_ = options_.average_aggregated_gradients.value_or(config_.average_aggregated_gradients);
-    slots_per_trial_ = options_.slots_per_trial.value_or(config_.slots_per_trial);
+      : hparams_(std::move(hparams)),
+        config_(std::move(config)),
+        aggregation_frequency_(options.aggregation_frequency.value_or(config_.aggregation_frequency)),
+        average_aggregated_gradients_(options.average_aggregated_gradients.value_or(config_.average_aggregated_gradients)),
+        slots_per_trial_(options.slots_per_trial.value_or(config_.slots_per_trial)) {
     if (aggregation_frequency_ < 1) throw ConfigError("aggregation_frequency must be at least 1");
     if (slots_per_trial_ < 1) throw ConfigError("slots_per_trial must be at least 1");
-    trial_seed_ = options_.trial_seed ? *options_.trial_seed : derive_trial_seed(config_.experiment_seed);
-    device_ = options_.device ? *options_.device
+    trial_seed_ = options.trial_seed ? *options.trial_seed : derive_trial_seed(config_.experiment_seed);
+    device_ = options.device ? *options.device
                               : (torch::cuda::is_available() ? torch::Device(torch::kCUDA, 0) : torch::Device(torch::kCPU));
     distributed_.size = 1;
     seed_everything();
@@ -1642,11 +1662,7 @@ class Context {
     // master draws trial seeds; without an experiment seed, the clock (Determined's default).
     std::uint64_t x = experiment_seed ? *experiment_seed
                                       : static_cast<std::uint64_t>(std::chrono::system_clock::now().time_since_epoch().count());
-    x += 0x9E3779B97F4A7C15ULL;  // splitmix64
-    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
-    x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL;
-    x ^= x >> 31;
-    return x % (1ULL << 31);
+    return detail::mix64(x + detail::golden_gamma) % (1ULL << 31);
   }
 
   void seed_everything() const {
@@ -1696,7 +1712,6 @@ class Context {
 
   Hyperparameters hparams_;
   ExperimentConfig config_;
-  ContextOptions options_;
   std::int64_t aggregation_frequency_ = 1;
   bool average_aggregated_gradients_ = true;
   std::int64_t slots_per_trial_ = 1;
@@ -2086,12 +2101,7 @@ class BatchSampler {
   }
 
  private:
-  static std::uint64_t mix(std::uint64_t seed, std::uint64_t epoch) {
-    std::uint64_t x = seed ^ (epoch * 0x9E3779B97F4A7C15ULL);
-    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
-    x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL;
-    return x ^ (x >> 31);
-  }
+  static std::uint64_t mix(std::uint64_t seed, std::uint64_t epoch) { return detail::mix64(seed ^ (epoch * detail::golden_gamma)); }
   // Two epochs are live at an epoch boundary while prefetching; shared by copies of the sampler.
   struct Cache {
     std::mutex mutex;

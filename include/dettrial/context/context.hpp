@@ -18,6 +18,7 @@
 #include "../config/experiment_config.hpp"
 #include "../config/hyperparameters.hpp"
 #include "../detail/error.hpp"
+#include "../detail/random.hpp"
 #include "../metrics/reducers.hpp"
 #include "../optim/clip.hpp"
 #include "../optim/lr_step.hpp"
@@ -90,14 +91,15 @@ class Context {
       : Context(std::move(hparams), ExperimentConfig{}, std::move(options)) {}
 
   Context(Hyperparameters hparams, ExperimentConfig config, ContextOptions options)
-      : hparams_(std::move(hparams)), config_(std::move(config)), options_(std::move(options)) {
-    aggregation_frequency_ = options_.aggregation_frequency.value_or(config_.aggregation_frequency);
-    average_aggregated_gradients_ = options_.average_aggregated_gradients.value_or(config_.average_aggregated_gradients);
-    slots_per_trial_ = options_.slots_per_trial.value_or(config_.slots_per_trial);
+      : hparams_(std::move(hparams)),
+        config_(std::move(config)),
+        aggregation_frequency_(options.aggregation_frequency.value_or(config_.aggregation_frequency)),
+        average_aggregated_gradients_(options.average_aggregated_gradients.value_or(config_.average_aggregated_gradients)),
+        slots_per_trial_(options.slots_per_trial.value_or(config_.slots_per_trial)) {
     if (aggregation_frequency_ < 1) throw ConfigError("aggregation_frequency must be at least 1");
     if (slots_per_trial_ < 1) throw ConfigError("slots_per_trial must be at least 1");
-    trial_seed_ = options_.trial_seed ? *options_.trial_seed : derive_trial_seed(config_.experiment_seed);
-    device_ = options_.device ? *options_.device
+    trial_seed_ = options.trial_seed ? *options.trial_seed : derive_trial_seed(config_.experiment_seed);
+    device_ = options.device ? *options.device
                               : (torch::cuda::is_available() ? torch::Device(torch::kCUDA, 0) : torch::Device(torch::kCPU));
     distributed_.size = 1;
     seed_everything();
@@ -295,11 +297,7 @@ class Context {
     // master draws trial seeds; without an experiment seed, the clock (Determined's default).
     std::uint64_t x = experiment_seed ? *experiment_seed
                                       : static_cast<std::uint64_t>(std::chrono::system_clock::now().time_since_epoch().count());
-    x += 0x9E3779B97F4A7C15ULL;  // splitmix64
-    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
-    x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL;
-    x ^= x >> 31;
-    return x % (1ULL << 31);
+    return detail::mix64(x + detail::golden_gamma) % (1ULL << 31);
   }
 
   void seed_everything() const {
@@ -349,7 +347,6 @@ class Context {
 
   Hyperparameters hparams_;
   ExperimentConfig config_;
-  ContextOptions options_;
   std::int64_t aggregation_frequency_ = 1;
   bool average_aggregated_gradients_ = true;
   std::int64_t slots_per_trial_ = 1;

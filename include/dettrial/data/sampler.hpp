@@ -17,6 +17,7 @@
 #include <torch/torch.h>
 
 #include "../detail/error.hpp"
+#include "../detail/random.hpp"
 
 namespace dettrial {
 
@@ -113,12 +114,7 @@ class BatchSampler {
   }
 
  private:
-  static std::uint64_t mix(std::uint64_t seed, std::uint64_t epoch) {
-    std::uint64_t x = seed ^ (epoch * 0x9E3779B97F4A7C15ULL);
-    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
-    x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL;
-    return x ^ (x >> 31);
-  }
+  static std::uint64_t mix(std::uint64_t seed, std::uint64_t epoch) { return detail::mix64(seed ^ (epoch * detail::golden_gamma)); }
   // Two epochs are live at an epoch boundary while prefetching; shared by copies of the sampler.
   struct Cache {
     std::mutex mutex;

@@ -64,11 +64,14 @@ class WorkloadMeans {
     if (batches_ == 0) {
       slots_.reserve(m.size());
       for (const auto& e : m) slots_.push_back(Slot{e.key});
-    } else if (!same_keys(m)) {
-      throw TrialError("train_batch returned the metrics {" + m.names() + "} at batch " + std::to_string(batch_idx) +
-                       " but {" + slot_names() + "} earlier in the workload; every batch must return the same metrics");
+    } else if (m.size() != slots_.size()) {
+      throw mismatch(m, batch_idx);
     }
-    for (std::size_t i = 0; i < m.size(); ++i) slots_[slot_of(m, i)].add(m[i].value);
+    for (std::size_t i = 0; i < m.size(); ++i) {
+      const std::size_t slot = slot_of(m[i].key, i);
+      if (slot == slots_.size()) throw mismatch(m, batch_idx);
+      slots_[slot].add(m[i].value);
+    }
     ++batches_;
   }
 
@@ -108,22 +111,17 @@ class WorkloadMeans {
     }
   };
 
-  bool same_keys(const Metrics& m) const {
-    if (m.size() != slots_.size()) return false;
-    for (std::size_t i = 0; i < m.size(); ++i)
-      if (!(m[i].key == slots_[i].key) && !has(m[i].key)) return false;
-    return true;
-  }
-  bool has(MetricKey k) const {
-    for (const auto& s : slots_)
-      if (s.key == k) return true;
-    return false;
-  }
-  std::size_t slot_of(const Metrics& m, std::size_t i) const {
-    if (slots_[i].key == m[i].key) return i;  // the usual case: same order every batch
+  /// The slot of `key` (tried first at `hint`: the usual case is the same order every batch), or
+  /// slots_.size() when the workload has no such metric.
+  std::size_t slot_of(MetricKey key, std::size_t hint) const {
+    if (hint < slots_.size() && slots_[hint].key == key) return hint;
     for (std::size_t j = 0; j < slots_.size(); ++j)
-      if (slots_[j].key == m[i].key) return j;
-    return i;  // unreachable after same_keys()
+      if (slots_[j].key == key) return j;
+    return slots_.size();
+  }
+  TrialError mismatch(const Metrics& m, std::int64_t batch_idx) const {
+    return TrialError("train_batch returned the metrics {" + m.names() + "} at batch " + std::to_string(batch_idx) + " but {" +
+                      slot_names() + "} earlier in the workload; every batch must return the same metrics");
   }
   std::string slot_names() const {
     std::string s;
