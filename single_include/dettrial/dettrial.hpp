@@ -53,6 +53,11 @@ struct HyperparameterError : Error {
 struct DataError : Error {
   using Error::Error;
 };
+/// A checkpoint that cannot be written or read: missing, truncated, corrupt, from another model or
+/// from a newer dettrial. The message names the file and, for a mismatch, the entry.
+struct CheckpointError : Error {
+  using Error::Error;
+};
 /// A trial that breaks the contract at run time (metrics without `loss`, an unwrapped optimizer, ...).
 struct TrialError : Error {
   using Error::Error;
@@ -60,6 +65,48 @@ struct TrialError : Error {
 
 }  // namespace dettrial
 // ---- end dettrial/detail/error.hpp
+
+// ---- begin dettrial/checkpoint/checkpoint.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief What a checkpoint holds and how a Context's models, optimizers, schedulers, gradients and
+/// RNGs go in and out of it; loading a checkpoint's models for evaluation or inference.
+///
+/// A checkpoint directory (Determined's layout):
+/// - `state_dict.pth`: `torch.load`-able dict with `models_state_dict`, `optimizers_state_dict` (Python
+///   layout), `lr_schedulers_state_dict`, `callbacks`, `rng_state`;
+/// - `dettrial_state.pt`: LibTorch's own archives of the optimizers and schedulers (every optimizer
+///   restored exactly, whatever its type) and, mid gradient aggregation, the pending gradients;
+/// - `trial_state.json`: where the trial stands (batches, epochs, last validation and checkpoint);
+/// - `load_data.json`: the experiment config and hyperparameters;
+/// - `metadata.json`, written last: steps completed, framework, format, each file's size and CRC-32.
+
+#include <cstdint>
+#include <filesystem>
+#include <mutex>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <utility>
+
+#include <torch/torch.h>
+
+// ---- begin dettrial/context/context.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief The trial context: hyperparameters, batch sizes, seed, device, counters, and the wrapping of
+/// models, optimizers, schedulers and reducers that the trainer drives.
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include <torch/torch.h>
+#include <yaml-cpp/yaml.h>
 
 // ---- begin dettrial/config/experiment_config.hpp
 // SPDX-License-Identifier: Apache-2.0
@@ -72,6 +119,7 @@ struct TrialError : Error {
 #include <optional>
 #include <sstream>
 #include <string>
+#include <utility>
 
 #include <yaml-cpp/yaml.h>
 
@@ -453,6 +501,14 @@ class ExperimentConfig {
   std::int64_t aggregation_frequency = 1;
   bool average_aggregated_gradients = true;
   std::optional<std::uint64_t> experiment_seed;
+  /// `checkpoint_storage`: where checkpoints go (`host_path`/`storage_path` of shared_fs, or
+  /// `container_path` of directory storage; unset means the run's output directory) and how many are kept.
+  struct CheckpointStorage {
+    std::optional<std::filesystem::path> path;
+    std::int64_t save_experiment_best = 0;
+    std::int64_t save_trial_best = 1;
+    std::int64_t save_trial_latest = 1;
+  } checkpoint_storage;
 
   /// The whole document, for `get_experiment_config()`.
   YAML::Node yaml{YAML::NodeType::Map};
@@ -480,6 +536,7 @@ class ExperimentConfig {
     aggregation_frequency = o.aggregation_frequency;
     average_aggregated_gradients = o.average_aggregated_gradients;
     experiment_seed = o.experiment_seed;
+    checkpoint_storage = o.checkpoint_storage;
     yaml.reset(o.yaml);
     source = o.source;
     return *this;
@@ -542,7 +599,7 @@ class ExperimentConfig {
       else if (s == "none") c.checkpoint_policy = CheckpointPolicy::none;
       else throw ConfigError(detail::where(p, source) + ": checkpoint_policy must be best, all or none, not '" + s + "'");
     }
-    for (const char* section : {"resources", "optimizations", "reproducibility", "searcher"})
+    for (const char* section : {"resources", "optimizations", "reproducibility", "searcher", "checkpoint_storage"})
       if (const YAML::Node node = root[section]; node && !node.IsNull() && !node.IsMap())
         throw ConfigError(detail::where(node, source) + ": '" + section + "' must be a map, found " + detail::describe(node));
     if (const YAML::Node res = root["resources"]) {
@@ -561,6 +618,23 @@ class ExperimentConfig {
       std::uint64_t seed = 0;
       r.read(rep, "experiment_seed", seed);
       c.experiment_seed = seed;
+    }
+    if (const YAML::Node cs = root["checkpoint_storage"]) {
+      auto& storage = c.checkpoint_storage;
+      const std::pair<const char*, std::int64_t*> counts[] = {{"save_experiment_best", &storage.save_experiment_best},
+                                                              {"save_trial_best", &storage.save_trial_best},
+                                                              {"save_trial_latest", &storage.save_trial_latest}};
+      for (const auto& [key, field_ptr] : counts) {
+        std::int64_t& field = *field_ptr;
+        r.read(cs, key, field);
+        if (field < 0) throw ConfigError(detail::where(cs[key], source) + ": checkpoint_storage." + key + " must not be negative");
+      }
+      std::string host_path, storage_path, container_path;
+      r.read(cs, "host_path", host_path);
+      r.read(cs, "storage_path", storage_path);
+      r.read(cs, "container_path", container_path);
+      if (!host_path.empty()) storage.path = storage_path.empty() ? std::filesystem::path(host_path) : std::filesystem::path(host_path) / storage_path;
+      else if (!container_path.empty()) storage.path = std::filesystem::path(container_path);
     }
     if (const YAML::Node s = root["searcher"]) {
       if (!s.IsMap()) throw ConfigError(detail::where(s, source) + ": 'searcher' must be a map");
@@ -652,23 +726,6 @@ class ExperimentConfig {
 
 }  // namespace dettrial
 // ---- end dettrial/config/experiment_config.hpp
-// ---- begin dettrial/context/context.hpp
-// SPDX-License-Identifier: Apache-2.0
-/// @file
-/// @brief The trial context: hyperparameters, batch sizes, seed, device, counters, and the wrapping of
-/// models, optimizers, schedulers and reducers that the trainer drives.
-
-#include <chrono>
-#include <cstdint>
-#include <memory>
-#include <optional>
-#include <string>
-#include <type_traits>
-#include <vector>
-
-#include <torch/torch.h>
-#include <yaml-cpp/yaml.h>
-
 // ---- begin dettrial/detail/random.hpp
 // SPDX-License-Identifier: Apache-2.0
 /// @file
@@ -1175,6 +1232,72 @@ struct by_value {
 }  // namespace clip
 }  // namespace dettrial
 // ---- end dettrial/optim/clip.hpp
+// ---- begin dettrial/optim/lr_state.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief Saving and restoring LR schedulers in checkpoints. LibTorch's schedulers have no
+/// serialization; their whole state is the step count (the optimizer keeps the learning rates).
+
+#include <concepts>
+#include <cstdint>
+#include <utility>
+
+#include <torch/torch.h>
+
+namespace dettrial {
+
+/**
+ * @brief An LR scheduler a checkpoint can restore exactly: a `torch::optim::LRScheduler` (StepLR,
+ * ...; dettrial saves its step count), or any type with `save(torch::serialize::OutputArchive&) const`
+ * and `load(torch::serialize::InputArchive&)`.
+ */
+template <class S>
+concept CheckpointableLRScheduler =
+    std::derived_from<S, torch::optim::LRScheduler> ||
+    requires(S& s, const S& cs, torch::serialize::OutputArchive& out, torch::serialize::InputArchive& in) {
+      cs.save(out);
+      s.load(in);
+    };
+
+namespace detail {
+
+/// Reaches LRScheduler's protected step count (the usual derived-class member-pointer route).
+struct LRSchedulerAccess : torch::optim::LRScheduler {
+  static unsigned& step_count(torch::optim::LRScheduler& s) { return s.*(&LRSchedulerAccess::step_count_); }
+};
+
+template <class S>
+void save_lr_scheduler(void* scheduler, torch::serialize::OutputArchive& archive) {
+  S& s = *static_cast<S*>(scheduler);
+  if constexpr (std::derived_from<S, torch::optim::LRScheduler>)
+    archive.write("step_count", c10::IValue(static_cast<std::int64_t>(LRSchedulerAccess::step_count(s))));
+  else
+    std::as_const(s).save(archive);
+}
+
+template <class S>
+void load_lr_scheduler(void* scheduler, torch::serialize::InputArchive& archive) {
+  S& s = *static_cast<S*>(scheduler);
+  if constexpr (std::derived_from<S, torch::optim::LRScheduler>) {
+    c10::IValue count;
+    archive.read("step_count", count);
+    LRSchedulerAccess::step_count(s) = static_cast<unsigned>(count.toInt());
+  } else {
+    s.load(archive);
+  }
+}
+
+/// Steps taken, when the scheduler is a LibTorch one (for the Python-side state dict); else -1.
+template <class S>
+std::int64_t lr_scheduler_steps(void* scheduler) {
+  if constexpr (std::derived_from<S, torch::optim::LRScheduler>)
+    return LRSchedulerAccess::step_count(*static_cast<S*>(scheduler));
+  else return -1;
+}
+
+}  // namespace detail
+}  // namespace dettrial
+// ---- end dettrial/optim/lr_state.hpp
 // ---- begin dettrial/optim/lr_step.hpp
 // SPDX-License-Identifier: Apache-2.0
 /// @file
@@ -1438,6 +1561,9 @@ struct ContextOptions {
 
 template <class TrialT>
 class Trainer;
+namespace detail {
+struct ContextCheckpoint;
+}
 
 /**
  * @brief What a trial sees of its run (Determined's PyTorchTrialContext).
@@ -1566,9 +1692,14 @@ class Context {
     static_assert(LRStepMode<Mode>,
                   "dettrial::Context::wrap_lr_scheduler: the mode must be a dettrial::lr_step policy (every_batch, "
                   "every_epoch, every_optimizer_step, manual) or a type with name and steps_after(...)");
+    static_assert(CheckpointableLRScheduler<S>,
+                  "dettrial::Context::wrap_lr_scheduler<S>: checkpoints must restore S, so S must derive from "
+                  "torch::optim::LRScheduler or have save(torch::serialize::OutputArchive&) const and "
+                  "load(torch::serialize::InputArchive&)");
     if (frequency < 1) throw ConfigError("an LR scheduler's step frequency must be at least 1");
     schedulers_.push_back(WrappedScheduler{&scheduler, [](void* s) { static_cast<S*>(s)->step(); }, &Mode::steps_after,
-                                           frequency, std::string(Mode::name)});
+                                           frequency, std::string(Mode::name), &detail::save_lr_scheduler<S>,
+                                           &detail::load_lr_scheduler<S>, &detail::lr_scheduler_steps<S>});
     return scheduler;
   }
 
@@ -1643,6 +1774,7 @@ class Context {
  private:
   template <class>
   friend class Trainer;
+  friend struct detail::ContextCheckpoint;
 
   struct WrappedOptimizer {
     torch::optim::Optimizer* optimizer;
@@ -1655,6 +1787,9 @@ class Context {
     std::int64_t (*steps_after)(std::int64_t, std::int64_t, std::int64_t, std::int64_t);
     std::int64_t frequency;
     std::string mode;
+    void (*save)(void*, torch::serialize::OutputArchive&);
+    void (*load)(void*, torch::serialize::InputArchive&);
+    std::int64_t (*steps_taken)(void*);
   };
 
   static std::uint64_t derive_trial_seed(std::optional<std::uint64_t> experiment_seed) {
@@ -1732,6 +1867,1011 @@ class Context {
 
 }  // namespace dettrial
 // ---- end dettrial/context/context.hpp
+// ---- begin dettrial/detail/json.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief Writing JSON (metrics lines, checkpoint metadata) and reading it back with yaml-cpp.
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <string>
+#include <string_view>
+
+#include <yaml-cpp/yaml.h>
+
+
+namespace dettrial::detail {
+
+// dettrial's fixed package set has no JSON library, and what it writes is small: metric lines and
+// checkpoint metadata. Writing is a few lines here; reading uses yaml-cpp (JSON is YAML 1.2 flow style).
+inline void append_json_string(std::string& out, std::string_view s) {
+  out += '"';
+  for (const char c : s) {
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\r': out += "\\r"; break;
+      case '\t': out += "\\t"; break;
+      default:
+        if (static_cast<unsigned char>(c) < 0x20) {
+          char buf[8];
+          std::snprintf(buf, sizeof buf, "\\u%04x", c);
+          out += buf;
+        } else {
+          out += c;
+        }
+    }
+  }
+  out += '"';
+}
+inline void append_json_number(std::string& out, double v) {
+  if (!std::isfinite(v)) {
+    out += "null";  // JSON has no NaN or infinity
+    return;
+  }
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.17g", v);
+  out += buf;
+}
+inline void append_json_integer(std::string& out, std::int64_t v) { out += std::to_string(v); }
+
+/// A YAML document as JSON: maps, sequences, and plain scalars typed by YAML's core schema (null,
+/// booleans, integers, floats); quoted scalars and everything else stay strings.
+inline void append_yaml_as_json(std::string& out, const YAML::Node& node) {
+  switch (node.Type()) {
+    case YAML::NodeType::Undefined:
+    case YAML::NodeType::Null: out += "null"; return;
+    case YAML::NodeType::Sequence: {
+      out += '[';
+      bool first = true;
+      for (const auto& item : node) {
+        if (!first) out += ", ";
+        first = false;
+        append_yaml_as_json(out, item);
+      }
+      out += ']';
+      return;
+    }
+    case YAML::NodeType::Map: {
+      out += '{';
+      bool first = true;
+      for (const auto& kv : node) {
+        if (!first) out += ", ";
+        first = false;
+        append_json_string(out, kv.first.Scalar());
+        out += ": ";
+        append_yaml_as_json(out, kv.second);
+      }
+      out += '}';
+      return;
+    }
+    case YAML::NodeType::Scalar: {
+      const std::string& s = node.Scalar();
+      if (node.Tag() != "!") {  // "!" marks a quoted scalar: always a string
+        if (s == "~" || s == "null" || s == "Null" || s == "NULL") { out += "null"; return; }
+        if (s == "true" || s == "True" || s == "TRUE") { out += "true"; return; }
+        if (s == "false" || s == "False" || s == "FALSE") { out += "false"; return; }
+        std::int64_t i = 0;
+        double d = 0;
+        if (YAML::convert<std::int64_t>::decode(node, i)) { append_json_integer(out, i); return; }
+        if (YAML::convert<double>::decode(node, d) && std::isfinite(d)) { append_json_number(out, d); return; }
+      }
+      append_json_string(out, s);
+      return;
+    }
+  }
+}
+
+/// Reads a JSON file written by dettrial; a missing or unparsable file is an error naming it.
+template <class ErrorT = Error>
+YAML::Node load_json_file(const std::filesystem::path& path) {
+  try {
+    return YAML::LoadFile(path.string());
+  } catch (const YAML::BadFile&) {
+    throw ErrorT("cannot read '" + path.string() + "'");
+  } catch (const YAML::Exception& e) {
+    throw ErrorT("'" + path.string() + "' is not valid JSON (line " + std::to_string(e.mark.line + 1) + "): " + e.msg);
+  }
+}
+
+}  // namespace dettrial::detail
+// ---- end dettrial/detail/json.hpp
+// ---- begin dettrial/checkpoint/state_dict.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief State dicts Python can load: models as name-to-tensor maps with Python's names, optimizers
+/// in Python's layout, written as a `torch.save` zip archive; and loading a model's state dict back
+/// with every name and shape checked before anything is copied.
+
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include <caffe2/serialize/inline_container.h>
+#include <torch/csrc/jit/serialization/export.h>
+#include <torch/csrc/jit/serialization/pickle.h>
+#include <torch/csrc/jit/serialization/pickler.h>
+#include <torch/torch.h>
+
+
+namespace dettrial {
+
+using StateDict = c10::impl::GenericDict;
+
+namespace detail {
+
+/**
+ * @brief `value` as a `torch.save` archive (a zip with `data.pkl` and `data/<n>`). The pickler is
+ * told not to tag containers with TorchScript types, so the file uses only the globals Python's
+ * weights-only loader allows (`_rebuild_tensor_v2`, the storage types, `OrderedDict`).
+ */
+inline std::string pickle_archive(const c10::IValue& value) {
+  std::vector<char> pickle;
+  torch::jit::Pickler pickler([&](const char* bytes, std::size_t n) { pickle.insert(pickle.end(), bytes, bytes + n); },
+                              /*tensor_table=*/nullptr, /*type_renamer=*/nullptr, /*memoized_class_types=*/nullptr,
+                              /*get_tensor_id=*/nullptr, /*tag_aggregates=*/false);
+  pickler.protocol();
+  pickler.pushIValue(value);
+  pickler.stop();
+  std::string out;
+  caffe2::serialize::PyTorchStreamWriter writer([&](const void* bytes, std::size_t n) {
+    out.append(static_cast<const char*>(bytes), n);
+    return n;
+  });
+  torch::jit::writeArchiveAndTensors("data", pickle.data(), pickle.size(), pickler.tensorData(), writer);
+  writer.writeEndOfFile();
+  return out;
+}
+
+/// Reads an archive written by pickle_archive (or a compatible `torch.save`); `file` names it in errors.
+inline c10::IValue unpickle_archive(const std::string& bytes, const std::filesystem::path& file) {
+  try {
+    return torch::jit::pickle_load(std::vector<char>(bytes.begin(), bytes.end()));
+  } catch (const std::exception& e) {
+    std::string why = e.what();
+    if (const auto nl = why.find('\n'); nl != std::string::npos) why.resize(nl);
+    throw CheckpointError("cannot read '" + file.string() + "' as a torch.save archive: " + why);
+  }
+}
+
+/// Every parameter and buffer of a module with Python's state-dict names, in Python's order.
+template <class F>
+void for_each_state_entry(const torch::nn::Module& module, F&& f) {
+  for (const auto& item : module.named_modules(/*name_prefix=*/"", /*include_self=*/true)) {
+    const std::string prefix = item.key().empty() ? std::string() : item.key() + ".";
+    for (const auto& p : item.value()->named_parameters(/*recurse=*/false))
+      if (p.value().defined()) f(prefix + p.key(), p.value());
+    for (const auto& b : item.value()->named_buffers(/*recurse=*/false))
+      if (b.value().defined()) f(prefix + b.key(), b.value());
+  }
+}
+
+inline std::string shape_text(c10::IntArrayRef sizes) {
+  std::ostringstream s;
+  s << sizes;
+  return s.str();
+}
+
+/// Optimizer state is keyed by the parameter's TensorImpl: its address as text in LibTorch 1.x, the
+/// pointer itself in 2.x. The key type tells which.
+template <class StateMap>
+auto optimizer_state_key(const torch::Tensor& p) {
+  using Key = typename StateMap::key_type;
+  if constexpr (std::is_same_v<Key, std::string>) {
+    std::ostringstream s;
+    s << p.unsafeGetTensorImpl();
+    return s.str();
+  } else {
+    return Key(p.unsafeGetTensorImpl());
+  }
+}
+
+inline c10::IValue scalar_tensor(double v) { return torch::tensor(v, torch::kFloat32); }
+
+/// One parameter's optimizer state and its group's options, in Python's names, for the built-in optimizers.
+inline bool python_param_state(const torch::optim::OptimizerParamState& state, c10::impl::GenericDict& out) {
+  auto put = [&](const char* key, const torch::Tensor& t) {
+    if (t.defined()) out.insert(key, t.detach());
+  };
+  if (const auto* s = dynamic_cast<const torch::optim::SGDParamState*>(&state)) {
+    put("momentum_buffer", s->momentum_buffer());
+  } else if (const auto* s = dynamic_cast<const torch::optim::AdamParamState*>(&state)) {
+    out.insert("step", scalar_tensor(static_cast<double>(s->step())));
+    put("exp_avg", s->exp_avg());
+    put("exp_avg_sq", s->exp_avg_sq());
+    put("max_exp_avg_sq", s->max_exp_avg_sq());
+  } else if (const auto* s = dynamic_cast<const torch::optim::AdamWParamState*>(&state)) {
+    out.insert("step", scalar_tensor(static_cast<double>(s->step())));
+    put("exp_avg", s->exp_avg());
+    put("exp_avg_sq", s->exp_avg_sq());
+    put("max_exp_avg_sq", s->max_exp_avg_sq());
+  } else if (const auto* s = dynamic_cast<const torch::optim::AdagradParamState*>(&state)) {
+    out.insert("step", scalar_tensor(static_cast<double>(s->step())));
+    put("sum", s->sum());
+  } else if (const auto* s = dynamic_cast<const torch::optim::RMSpropParamState*>(&state)) {
+    out.insert("step", static_cast<std::int64_t>(s->step()));
+    put("square_avg", s->square_avg());
+    put("momentum_buffer", s->momentum_buffer());
+    put("grad_avg", s->grad_avg());
+  } else {
+    return false;
+  }
+  return true;
+}
+
+inline void python_group_options(const torch::optim::OptimizerOptions& options, c10::impl::GenericDict& out) {
+  auto betas = [](const auto& b) { return c10::ivalue::Tuple::create({std::get<0>(b), std::get<1>(b)}); };
+  if (const auto* o = dynamic_cast<const torch::optim::SGDOptions*>(&options)) {
+    out.insert("lr", o->lr());
+    out.insert("momentum", o->momentum());
+    out.insert("dampening", o->dampening());
+    out.insert("weight_decay", o->weight_decay());
+    out.insert("nesterov", o->nesterov());
+    out.insert("maximize", false);
+  } else if (const auto* o = dynamic_cast<const torch::optim::AdamOptions*>(&options)) {
+    out.insert("lr", o->lr());
+    out.insert("betas", betas(o->betas()));
+    out.insert("eps", o->eps());
+    out.insert("weight_decay", o->weight_decay());
+    out.insert("amsgrad", o->amsgrad());
+    out.insert("maximize", false);
+  } else if (const auto* o = dynamic_cast<const torch::optim::AdamWOptions*>(&options)) {
+    out.insert("lr", o->lr());
+    out.insert("betas", betas(o->betas()));
+    out.insert("eps", o->eps());
+    out.insert("weight_decay", o->weight_decay());
+    out.insert("amsgrad", o->amsgrad());
+    out.insert("maximize", false);
+  } else if (const auto* o = dynamic_cast<const torch::optim::AdagradOptions*>(&options)) {
+    out.insert("lr", o->lr());
+    out.insert("lr_decay", o->lr_decay());
+    out.insert("weight_decay", o->weight_decay());
+    out.insert("initial_accumulator_value", o->initial_accumulator_value());
+    out.insert("eps", o->eps());
+    out.insert("maximize", false);
+  } else if (const auto* o = dynamic_cast<const torch::optim::RMSpropOptions*>(&options)) {
+    out.insert("lr", o->lr());
+    out.insert("alpha", o->alpha());
+    out.insert("eps", o->eps());
+    out.insert("weight_decay", o->weight_decay());
+    out.insert("momentum", o->momentum());
+    out.insert("centered", o->centered());
+    out.insert("maximize", false);
+  } else {
+    out.insert("lr", options.get_lr());
+  }
+}
+
+}  // namespace detail
+
+/**
+ * @brief A module's state dict as Python's `module.state_dict()` has it: parameters and buffers under
+ * their dotted names (`0.weight`, `fc1.bias`, `bn.running_mean`), detached.
+ */
+inline StateDict module_state_dict(const torch::nn::Module& module) {
+  StateDict out(c10::StringType::get(), c10::TensorType::get());
+  detail::for_each_state_entry(module, [&](const std::string& name, const torch::Tensor& t) { out.insert(name, t.detach()); });
+  return out;
+}
+
+/**
+ * @brief An optimizer's state dict in Python's layout: `state` keyed by parameter index (counted
+ * across groups), `param_groups` with their options and `params` as those indices. The built-in
+ * optimizers (SGD, Adam, AdamW, Adagrad, RMSprop) are written in full; for others, groups carry
+ * their learning rate and the state is left empty.
+ */
+inline StateDict optimizer_state_dict(torch::optim::Optimizer& optimizer) {
+  StateDict state(c10::IntType::get(), c10::AnyType::get());
+  c10::impl::GenericList groups(c10::AnyType::get());
+  std::int64_t index = 0;
+  auto& states = optimizer.state();
+  using StateMap = std::remove_cvref_t<decltype(states)>;
+  for (auto& group : optimizer.param_groups()) {
+    StateDict g(c10::StringType::get(), c10::AnyType::get());
+    detail::python_group_options(group.options(), g);
+    c10::List<std::int64_t> params;
+    for (const auto& p : group.params()) {
+      params.push_back(index);
+      if (const auto it = states.find(detail::optimizer_state_key<StateMap>(p)); it != states.end()) {
+        StateDict s(c10::StringType::get(), c10::AnyType::get());
+        if (detail::python_param_state(*it->second, s) && s.size() > 0) state.insert(index, s);
+      }
+      ++index;
+    }
+    g.insert("params", params);
+    groups.push_back(g);
+  }
+  StateDict out(c10::StringType::get(), c10::AnyType::get());
+  out.insert("state", state);
+  out.insert("param_groups", groups);
+  return out;
+}
+
+/**
+ * @brief Copies a state dict into a module after checking it fits: every parameter and buffer of the
+ * module present with the same shape, and no entry the module lacks. On any mismatch nothing is
+ * copied and CheckpointError names `what` (the file and model) and the entry.
+ */
+inline void load_module_state_dict(torch::nn::Module& module, const StateDict& state, const std::string& what) {
+  std::vector<std::pair<torch::Tensor, torch::Tensor>> copies;
+  std::map<std::string, bool> used;
+  for (const auto& entry : state) used[entry.key().toStringRef()] = false;
+  detail::for_each_state_entry(module, [&](const std::string& name, const torch::Tensor& target) {
+    const auto it = state.find(name);
+    if (it == state.end())
+      throw CheckpointError(what + " has no entry '" + name + "', which the model has (" + std::to_string(state.size()) +
+                            " entries in the checkpoint): is it from another network?");
+    if (!it->value().isTensor()) throw CheckpointError(what + ": entry '" + name + "' is not a tensor");
+    const torch::Tensor source = it->value().toTensor();
+    if (source.sizes() != target.sizes())
+      throw CheckpointError(what + ": entry '" + name + "' has shape " + detail::shape_text(source.sizes()) +
+                            " in the checkpoint but " + detail::shape_text(target.sizes()) + " in the model");
+    used[name] = true;
+    copies.emplace_back(target, source);
+  });
+  for (const auto& [name, seen] : used)
+    if (!seen) throw CheckpointError(what + " has entry '" + name + "', which the model does not have: is it from another network?");
+  torch::NoGradGuard no_grad;
+  for (auto& [target, source] : copies) target.copy_(source);
+}
+
+}  // namespace dettrial
+// ---- end dettrial/checkpoint/state_dict.hpp
+// ---- begin dettrial/checkpoint/storage.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief Checkpoint directories on disk: written crash-safely (temporary directory, fsync, rename),
+/// listed, checked (sizes and CRC-32 of every file), retained and deleted.
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <optional>
+#include <random>
+#include <sstream>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zlib.h>
+
+
+namespace dettrial {
+
+/// The layout version dettrial writes into `metadata.json`; it refuses to read newer ones.
+inline constexpr std::int64_t checkpoint_format_version = 1;
+
+/// One complete checkpoint directory, as its `metadata.json` describes it.
+struct CheckpointInfo {
+  std::filesystem::path path;
+  std::string uuid;
+  /// Determined's `steps_completed`: batches trained when it was written.
+  std::int64_t batches_trained = 0;
+  std::int64_t epochs_trained = 0;
+  /// Write order within its storage directory (1, 2, ...).
+  std::int64_t sequence = 0;
+  /// The searcher metric of the validation at the same batch, if there was one.
+  std::optional<double> validation_metric;
+};
+
+/// How many checkpoints a trial keeps (Determined's `checkpoint_storage.save_trial_*`).
+struct Retention {
+  /// The best N by the searcher metric (checkpoints that have a validation).
+  std::int64_t save_trial_best = 1;
+  /// The N most recent.
+  std::int64_t save_trial_latest = 1;
+};
+
+namespace detail {
+
+inline std::string errno_text() { return std::strerror(errno); }
+
+/// Writes `bytes` to `path` and fsyncs it, so a crash after this returns cannot lose or tear it.
+inline void write_file_synced(const std::filesystem::path& path, std::string_view bytes) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) throw CheckpointError("cannot create '" + path.string() + "': " + errno_text());
+  std::size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      const std::string why = errno_text();
+      ::close(fd);
+      throw CheckpointError("cannot write '" + path.string() + "': " + why);
+    }
+    done += static_cast<std::size_t>(n);
+  }
+  if (::fsync(fd) != 0) {
+    const std::string why = errno_text();
+    ::close(fd);
+    throw CheckpointError("cannot sync '" + path.string() + "' to disk: " + why);
+  }
+  if (::close(fd) != 0) throw CheckpointError("cannot close '" + path.string() + "': " + errno_text());
+}
+
+/// Makes a directory's entries (new files, renames) durable.
+inline void sync_directory(const std::filesystem::path& dir) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) throw CheckpointError("cannot open directory '" + dir.string() + "': " + errno_text());
+  const int rc = ::fsync(fd);
+  const std::string why = rc != 0 ? errno_text() : std::string();
+  ::close(fd);
+  if (rc != 0) throw CheckpointError("cannot sync directory '" + dir.string() + "': " + why);
+}
+
+inline std::string read_file_bytes(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw CheckpointError("cannot read '" + path.string() + "'");
+  std::ostringstream bytes;
+  bytes << in.rdbuf();
+  return std::move(bytes).str();
+}
+
+inline std::uint32_t crc32_of(std::string_view bytes) {
+  uLong crc = ::crc32(0L, Z_NULL, 0);
+  // zlib takes uInt lengths: feed large buffers in pieces.
+  while (!bytes.empty()) {
+    const std::size_t n = std::min<std::size_t>(bytes.size(), 1u << 30);
+    crc = ::crc32(crc, reinterpret_cast<const Bytef*>(bytes.data()), static_cast<uInt>(n));
+    bytes.remove_prefix(n);
+  }
+  return static_cast<std::uint32_t>(crc);
+}
+
+/// A random (version 4) UUID, Determined's name for a checkpoint directory.
+inline std::string new_uuid() {
+  std::random_device device;
+  std::uint64_t hi = (static_cast<std::uint64_t>(device()) << 32) | device();
+  std::uint64_t lo = (static_cast<std::uint64_t>(device()) << 32) | device();
+  hi = (hi & ~0xF000ULL) | 0x4000ULL;             // version 4
+  lo = (lo & ~(0xC0ULL << 56)) | (0x80ULL << 56);  // RFC 4122 variant
+  char text[37];
+  std::snprintf(text, sizeof text, "%08llx-%04llx-%04llx-%04llx-%012llx", static_cast<unsigned long long>(hi >> 32),
+                static_cast<unsigned long long>((hi >> 16) & 0xFFFF), static_cast<unsigned long long>(hi & 0xFFFF),
+                static_cast<unsigned long long>(lo >> 48), static_cast<unsigned long long>(lo & 0xFFFFFFFFFFFFULL));
+  return text;
+}
+
+inline bool is_hidden(const std::filesystem::path& p) {
+  const std::string name = p.filename().string();
+  return !name.empty() && name.front() == '.';
+}
+
+/// Removes what an interrupted writer or deleter left behind (hidden `.tmp-*` / `.deleting-*` folders).
+inline void remove_stale_entries(const std::filesystem::path& storage) {
+  std::error_code ec;
+  if (!std::filesystem::is_directory(storage, ec)) return;
+  for (const auto& entry : std::filesystem::directory_iterator(storage, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind(".tmp-", 0) == 0 || name.rfind(".deleting-", 0) == 0) std::filesystem::remove_all(entry.path(), ec);
+  }
+}
+
+}  // namespace detail
+
+/**
+ * @brief Writes one checkpoint crash-safely: every file goes into a hidden temporary directory and
+ * is synced; `commit` writes `metadata.json` (with each file's size and CRC-32) last, syncs, and
+ * renames the directory into place. Until then the storage holds only complete checkpoints; a
+ * writer destroyed without commit removes its temporary directory.
+ */
+class CheckpointWriter {
+ public:
+  CheckpointWriter(std::filesystem::path storage, std::string uuid)
+      : storage_(std::move(storage)), uuid_(std::move(uuid)), temp_(storage_ / (".tmp-" + uuid_)) {
+    std::error_code ec;
+    std::filesystem::create_directories(storage_, ec);
+    if (ec) throw CheckpointError("cannot create checkpoint storage '" + storage_.string() + "': " + ec.message());
+    std::filesystem::create_directory(temp_, ec);
+    if (ec) throw CheckpointError("cannot create '" + temp_.string() + "': " + ec.message());
+  }
+  CheckpointWriter(const CheckpointWriter&) = delete;
+  CheckpointWriter& operator=(const CheckpointWriter&) = delete;
+  ~CheckpointWriter() {
+    if (committed_) return;
+    std::error_code ec;
+    std::filesystem::remove_all(temp_, ec);
+  }
+
+  void add_file(const std::string& name, std::string_view bytes) {
+    detail::write_file_synced(temp_ / name, bytes);
+    detail::append_json_string(files_json_, name);
+    files_json_ += ": {\"size\": " + std::to_string(bytes.size()) + ", \"crc32\": " + std::to_string(detail::crc32_of(bytes)) + "}, ";
+  }
+
+  /// Writes `metadata.json` from `fields` (JSON members, without braces) plus the file list, and
+  /// moves the checkpoint into place. Returns its final path.
+  std::filesystem::path commit(const std::string& fields) {
+    std::string files = files_json_.empty() ? std::string() : files_json_.substr(0, files_json_.size() - 2);
+    detail::write_file_synced(temp_ / "metadata.json", "{" + fields + ", \"files\": {" + files + "}}\n");
+    detail::sync_directory(temp_);
+    const std::filesystem::path final_path = storage_ / uuid_;
+    if (::rename(temp_.c_str(), final_path.c_str()) != 0)
+      throw CheckpointError("cannot move checkpoint into place at '" + final_path.string() + "': " + detail::errno_text());
+    committed_ = true;
+    detail::sync_directory(storage_);
+    return final_path;
+  }
+
+ private:
+  std::filesystem::path storage_;
+  std::string uuid_;
+  std::filesystem::path temp_;
+  std::string files_json_;
+  bool committed_ = false;
+};
+
+/**
+ * @brief Reads and checks a checkpoint directory's `metadata.json`: present, parsable, a format this
+ * dettrial reads, and (when `verify_files`) every listed file present with its size and CRC-32.
+ * Throws CheckpointError naming the file at fault.
+ */
+inline CheckpointInfo read_checkpoint_info(const std::filesystem::path& dir, bool verify_files = true) {
+  std::error_code ec;
+  if (!std::filesystem::exists(dir, ec)) throw CheckpointError("checkpoint '" + dir.string() + "' does not exist");
+  if (!std::filesystem::is_directory(dir, ec))
+    throw CheckpointError("checkpoint '" + dir.string() + "' is not a directory (a checkpoint is a directory with metadata.json)");
+  const std::filesystem::path meta_path = dir / "metadata.json";
+  if (!std::filesystem::exists(meta_path, ec))
+    throw CheckpointError("'" + dir.string() + "' is not a complete dettrial checkpoint: it has no metadata.json");
+  const YAML::Node meta = detail::load_json_file<CheckpointError>(meta_path);
+  auto field = [&](const char* key) {
+    const YAML::Node v = meta[key];
+    if (!v) throw CheckpointError("'" + meta_path.string() + "' has no '" + key + "'");
+    return v;
+  };
+  CheckpointInfo info;
+  info.path = dir;
+  try {
+    const auto format = field("dettrial_format").as<std::int64_t>();
+    if (format > checkpoint_format_version)
+      throw CheckpointError("'" + meta_path.string() + "' is checkpoint format " + std::to_string(format) +
+                            ", written by a newer dettrial; this one reads formats up to " +
+                            std::to_string(checkpoint_format_version));
+    info.uuid = field("uuid").as<std::string>();
+    info.batches_trained = field("steps_completed").as<std::int64_t>();
+    info.epochs_trained = field("epochs_trained").as<std::int64_t>();
+    info.sequence = field("sequence").as<std::int64_t>();
+    if (const YAML::Node v = meta["validation_metric"]; v && !v.IsNull()) info.validation_metric = v.as<double>();
+  } catch (const YAML::Exception& e) {
+    throw CheckpointError("'" + meta_path.string() + "' has a field of the wrong type: " + e.msg);
+  }
+  if (verify_files) {
+    const YAML::Node files = meta["files"];
+    if (!files || !files.IsMap()) throw CheckpointError("'" + meta_path.string() + "' lists no files");
+    for (const auto& kv : files) {
+      const std::filesystem::path file = dir / kv.first.Scalar();
+      if (!std::filesystem::exists(file, ec)) throw CheckpointError("checkpoint file '" + file.string() + "' is missing");
+      const auto size = kv.second["size"].as<std::uint64_t>();
+      const auto actual = std::filesystem::file_size(file, ec);
+      if (ec || actual != size)
+        throw CheckpointError("checkpoint file '" + file.string() + "' is truncated or damaged: " + std::to_string(actual) +
+                              " bytes where " + std::to_string(size) + " were written");
+    }
+  }
+  return info;
+}
+
+/// Checks a file of a checkpoint against the CRC-32 recorded in its metadata.json, returning its bytes.
+inline std::string read_checked_file(const std::filesystem::path& dir, const std::string& name) {
+  const std::filesystem::path file = dir / name;
+  std::error_code ec;
+  if (!std::filesystem::exists(file, ec)) throw CheckpointError("checkpoint file '" + file.string() + "' is missing");
+  std::string bytes = detail::read_file_bytes(file);
+  const YAML::Node meta = detail::load_json_file<CheckpointError>(dir / "metadata.json");
+  const YAML::Node entry = meta["files"][name];
+  if (!entry) throw CheckpointError("'" + (dir / "metadata.json").string() + "' does not list '" + name + "'");
+  if (entry["size"].as<std::uint64_t>() != bytes.size() || entry["crc32"].as<std::uint32_t>() != detail::crc32_of(bytes))
+    throw CheckpointError("checkpoint file '" + file.string() + "' is damaged: its size or CRC-32 differs from what was written");
+  return bytes;
+}
+
+/// The complete checkpoints in a storage directory, oldest first (by write order). Hidden entries
+/// (checkpoints being written or deleted) are not checkpoints.
+inline std::vector<CheckpointInfo> list_checkpoints(const std::filesystem::path& storage) {
+  std::vector<CheckpointInfo> out;
+  std::error_code ec;
+  if (!std::filesystem::is_directory(storage, ec)) return out;
+  for (const auto& entry : std::filesystem::directory_iterator(storage, ec)) {
+    if (!entry.is_directory() || detail::is_hidden(entry.path())) continue;
+    if (!std::filesystem::exists(entry.path() / "metadata.json", ec)) continue;
+    out.push_back(read_checkpoint_info(entry.path(), /*verify_files=*/false));
+  }
+  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.sequence < b.sequence; });
+  return out;
+}
+
+/**
+ * @brief Resolves what a user names to resume from: a checkpoint directory itself, or a directory
+ * holding checkpoints (a trial's storage, or its output directory with `checkpoints/`), whose most
+ * recent checkpoint is taken. Throws CheckpointError when there is none.
+ */
+inline std::filesystem::path resolve_checkpoint(const std::filesystem::path& path) {
+  std::error_code ec;
+  if (std::filesystem::exists(path / "metadata.json", ec)) return path;
+  if (!std::filesystem::exists(path, ec)) throw CheckpointError("checkpoint '" + path.string() + "' does not exist");
+  for (const auto& storage : {path, path / "checkpoints"}) {
+    const auto all = list_checkpoints(storage);
+    if (!all.empty()) return all.back().path;
+  }
+  throw CheckpointError("'" + path.string() + "' holds no complete dettrial checkpoint (a directory with metadata.json)");
+}
+
+/**
+ * @brief The checkpoints `retention` lets go: all but the `save_trial_latest` most recent and the
+ * `save_trial_best` best by their validation metric. `keep_uuid` (the newest, while a trial still
+ * runs) is never chosen.
+ */
+inline std::vector<CheckpointInfo> checkpoints_to_delete(const std::vector<CheckpointInfo>& all, const Retention& retention,
+                                                         bool smaller_is_better, std::string_view keep_uuid = {}) {
+  std::vector<bool> keep(all.size(), false);
+  for (std::size_t i = 0; i < all.size(); ++i) {
+    if (all[i].uuid == keep_uuid) keep[i] = true;
+    if (static_cast<std::int64_t>(all.size() - i) <= retention.save_trial_latest) keep[i] = true;
+  }
+  std::vector<std::size_t> ranked;
+  for (std::size_t i = 0; i < all.size(); ++i)
+    if (all[i].validation_metric) ranked.push_back(i);
+  std::stable_sort(ranked.begin(), ranked.end(), [&](std::size_t a, std::size_t b) {
+    return smaller_is_better ? *all[a].validation_metric < *all[b].validation_metric
+                             : *all[a].validation_metric > *all[b].validation_metric;
+  });
+  for (std::size_t k = 0; k < ranked.size() && static_cast<std::int64_t>(k) < retention.save_trial_best; ++k) keep[ranked[k]] = true;
+  std::vector<CheckpointInfo> out;
+  for (std::size_t i = 0; i < all.size(); ++i)
+    if (!keep[i]) out.push_back(all[i]);
+  return out;
+}
+
+/// Deletes a checkpoint: renamed to a hidden name first (atomic), so a crash half-way through
+/// never leaves a directory that looks like a checkpoint but is not one.
+inline void delete_checkpoint(const CheckpointInfo& checkpoint) {
+  const std::filesystem::path doomed = checkpoint.path.parent_path() / (".deleting-" + checkpoint.uuid);
+  if (::rename(checkpoint.path.c_str(), doomed.c_str()) != 0)
+    throw CheckpointError("cannot delete checkpoint '" + checkpoint.path.string() + "': " + detail::errno_text());
+  std::error_code ec;
+  std::filesystem::remove_all(doomed, ec);
+}
+
+}  // namespace dettrial
+// ---- end dettrial/checkpoint/storage.hpp
+
+namespace dettrial {
+
+/// Where a trial stands (Determined's `_TrialState`); saved in every checkpoint as `trial_state.json`.
+struct TrialProgress {
+  std::int64_t trial_id = 0;
+  std::int64_t batches_trained = 0;
+  std::int64_t epochs_trained = 0;
+  /// `batches_trained` at the last validation and checkpoint; -1 when there was none.
+  std::int64_t last_validation = -1;
+  std::int64_t last_checkpoint = -1;
+  /// The best searcher metric validated so far (what `checkpoint_policy: best` compares against).
+  std::optional<double> best_validation;
+  /// The shuffle seeds of the data loaders (those that have one), so a resumed trial reads the same order.
+  std::optional<std::uint64_t> training_data_seed;
+  std::optional<std::uint64_t> validation_data_seed;
+
+  std::string to_json() const {
+    std::string out = "{\"trial_id\": " + std::to_string(trial_id) + ", \"batches_trained\": " + std::to_string(batches_trained) +
+                      ", \"epochs_trained\": " + std::to_string(epochs_trained) + ", \"last_val\": " + std::to_string(last_validation) +
+                      ", \"last_ckpt\": " + std::to_string(last_checkpoint) + ", \"best_validation\": ";
+    if (best_validation) detail::append_json_number(out, *best_validation);
+    else out += "null";
+    // As strings: 64-bit seeds do not survive JSON readers that use doubles.
+    for (const auto& [key, seed] : {std::pair{"training_data_seed", training_data_seed}, std::pair{"validation_data_seed", validation_data_seed}})
+      out += std::string(", \"") + key + "\": " + (seed ? "\"" + std::to_string(*seed) + "\"" : std::string("null"));
+    return out + "}\n";
+  }
+  static TrialProgress from_json(const std::filesystem::path& file) {
+    const YAML::Node n = detail::load_json_file<CheckpointError>(file);
+    TrialProgress p;
+    try {
+      p.trial_id = n["trial_id"].as<std::int64_t>();
+      p.batches_trained = n["batches_trained"].as<std::int64_t>();
+      p.epochs_trained = n["epochs_trained"].as<std::int64_t>();
+      p.last_validation = n["last_val"].as<std::int64_t>();
+      p.last_checkpoint = n["last_ckpt"].as<std::int64_t>();
+      if (n["best_validation"] && !n["best_validation"].IsNull()) p.best_validation = n["best_validation"].as<double>();
+      if (n["training_data_seed"] && !n["training_data_seed"].IsNull()) p.training_data_seed = n["training_data_seed"].as<std::uint64_t>();
+      if (n["validation_data_seed"] && !n["validation_data_seed"].IsNull())
+        p.validation_data_seed = n["validation_data_seed"].as<std::uint64_t>();
+    } catch (const YAML::Exception& e) {
+      throw CheckpointError("'" + file.string() + "' lacks a field or has one of the wrong type: " + e.msg);
+    }
+    return p;
+  }
+};
+
+namespace detail {
+
+inline const c10::IValue& require_entry(const StateDict& dict, const char* key, const std::string& what) {
+  const auto it = dict.find(key);
+  if (it == dict.end()) throw CheckpointError(what + " has no '" + key + "'");
+  return it->value();
+}
+
+/// Moves a Context's state into and out of checkpoint files (a friend of Context).
+struct ContextCheckpoint {
+  /// The Python-readable part (without callbacks, which the trainer adds).
+  static StateDict python_state(Context& c) {
+    c10::impl::GenericList models(c10::AnyType::get());
+    for (const auto& m : c.models_) models.push_back(module_state_dict(*m));
+    c10::impl::GenericList optimizers(c10::AnyType::get());
+    for (auto& w : c.optimizers_) optimizers.push_back(optimizer_state_dict(*w.optimizer));
+    c10::impl::GenericList schedulers(c10::AnyType::get());
+    for (auto& s : c.schedulers_) {
+      StateDict d(c10::StringType::get(), c10::AnyType::get());
+      // Python schedulers step once when built: LibTorch's k steps are Python's last_epoch k.
+      if (const std::int64_t steps = s.steps_taken(s.scheduler); steps >= 0) {
+        d.insert("last_epoch", steps);
+        d.insert("_step_count", steps + 1);
+      }
+      schedulers.push_back(d);
+    }
+    StateDict rng(c10::StringType::get(), c10::AnyType::get());
+    rng.insert("cpu_rng_state", at::detail::getDefaultCPUGenerator().get_state());
+    if (c.device_.is_cuda()) rng.insert("gpu_rng_state", at::globalContext().defaultGenerator(c.device_).get_state());
+    StateDict out(c10::StringType::get(), c10::AnyType::get());
+    out.insert("models_state_dict", models);
+    out.insert("optimizers_state_dict", optimizers);
+    out.insert("lr_schedulers_state_dict", schedulers);
+    out.insert("rng_state", rng);
+    return out;
+  }
+
+  /// LibTorch's archives of the optimizers and schedulers, and pending gradients when `with_grads`.
+  static std::string native_state(Context& c, bool with_grads) {
+    torch::serialize::OutputArchive archive;
+    archive.write("format", c10::IValue(checkpoint_format_version));
+    torch::serialize::OutputArchive optimizers;
+    for (std::size_t i = 0; i < c.optimizers_.size(); ++i) {
+      torch::serialize::OutputArchive one;
+      c.optimizers_[i].optimizer->save(one);
+      // LibTorch's optimizer load restores the per-parameter state but not the groups' options
+      // (learning rate, momentum, ...), which schedulers change: they are saved beside it.
+      torch::serialize::OutputArchive groups;
+      const auto& param_groups = c.optimizers_[i].optimizer->param_groups();
+      for (std::size_t g = 0; g < param_groups.size(); ++g) {
+        torch::serialize::OutputArchive options;
+        param_groups[g].options().serialize(options);
+        groups.write(std::to_string(g), options);
+      }
+      one.write("dettrial_group_options", groups);
+      optimizers.write(std::to_string(i), one);
+    }
+    archive.write("optimizers", optimizers);
+    torch::serialize::OutputArchive schedulers;
+    for (std::size_t i = 0; i < c.schedulers_.size(); ++i) {
+      torch::serialize::OutputArchive one;
+      c.schedulers_[i].save(c.schedulers_[i].scheduler, one);
+      schedulers.write(std::to_string(i), one);
+    }
+    archive.write("schedulers", schedulers);
+    if (with_grads) {
+      // By position: the models were checked entry by entry before these are read back.
+      torch::serialize::OutputArchive grads;
+      for (std::size_t i = 0; i < c.models_.size(); ++i) {
+        torch::serialize::OutputArchive model;
+        const auto params = c.models_[i]->parameters();
+        for (std::size_t j = 0; j < params.size(); ++j)
+          if (params[j].grad().defined()) model.write("p" + std::to_string(j), params[j].grad(), /*is_buffer=*/true);
+        grads.write(std::to_string(i), model);
+      }
+      archive.write("grads", grads);
+    }
+    std::string out;
+    archive.save_to([&](const void* bytes, std::size_t n) {
+      out.append(static_cast<const char*>(bytes), n);
+      return n;
+    });
+    return out;
+  }
+
+  /// Checks and loads every model of `top` (state_dict.pth's dict) into the context's models.
+  static void load_models(Context& c, const StateDict& top, const std::filesystem::path& file) {
+    const std::string what = "checkpoint file '" + file.string() + "'";
+    const c10::IValue& models = require_entry(top, "models_state_dict", what);
+    if (!models.isList()) throw CheckpointError(what + ": 'models_state_dict' is not a list");
+    const auto list = models.toList();
+    if (list.size() != c.models_.size())
+      throw CheckpointError(what + " holds " + std::to_string(list.size()) + " model(s), but the trial wraps " +
+                            std::to_string(c.models_.size()));
+    for (std::size_t i = 0; i < list.size(); ++i) {
+      const c10::IValue entry = list.get(i);
+      if (!entry.isGenericDict()) throw CheckpointError(what + ": model " + std::to_string(i) + " is not a state dict");
+      load_module_state_dict(*c.models_[i], entry.toGenericDict(), what + ", model " + std::to_string(i) + ",");
+    }
+  }
+
+  static void load_rng(Context& c, const StateDict& top, const std::filesystem::path& file) {
+    const std::string what = "checkpoint file '" + file.string() + "'";
+    const c10::IValue& rng = require_entry(top, "rng_state", what);
+    if (!rng.isGenericDict()) throw CheckpointError(what + ": 'rng_state' is not a dict");
+    const StateDict states = rng.toGenericDict();
+    set_generator_state(at::detail::getDefaultCPUGenerator(), require_entry(states, "cpu_rng_state", what + "'s rng_state").toTensor());
+    if (const auto gpu = states.find("gpu_rng_state"); gpu != states.end() && c.device_.is_cuda())
+      set_generator_state(at::globalContext().defaultGenerator(c.device_), gpu->value().toTensor());
+  }
+
+  static void set_generator_state(at::Generator generator, const torch::Tensor& state) {  // a handle: copies share the generator
+    std::lock_guard<std::mutex> lock(generator.mutex());
+    generator.set_state(state);
+  }
+
+  static void load_native(Context& c, const std::string& bytes, const std::filesystem::path& file) {
+    const std::string what = "checkpoint file '" + file.string() + "'";
+    torch::serialize::InputArchive archive;
+    try {
+      archive.load_from(bytes.data(), bytes.size());
+    } catch (const std::exception& e) {
+      throw CheckpointError("cannot read " + what + ": " + first_line(e.what()));
+    }
+    auto sub = [&](const char* key) {
+      torch::serialize::InputArchive a;
+      if (!archive.try_read(key, a)) throw CheckpointError(what + " has no '" + key + "' section");
+      return a;
+    };
+    auto count = [](torch::serialize::InputArchive& a) { return a.keys().size(); };
+    torch::serialize::InputArchive optimizers = sub("optimizers");
+    if (count(optimizers) != c.optimizers_.size())
+      throw CheckpointError(what + " holds " + std::to_string(count(optimizers)) + " optimizer(s), but the trial wraps " +
+                            std::to_string(c.optimizers_.size()));
+    for (std::size_t i = 0; i < c.optimizers_.size(); ++i) {
+      torch::serialize::InputArchive one;
+      optimizers.read(std::to_string(i), one);
+      try {
+        auto& optimizer = *c.optimizers_[i].optimizer;
+        optimizer.load(one);
+        torch::serialize::InputArchive groups;
+        one.read("dettrial_group_options", groups);
+        for (std::size_t g = 0; g < optimizer.param_groups().size(); ++g) {
+          torch::serialize::InputArchive options;
+          groups.read(std::to_string(g), options);
+          optimizer.param_groups()[g].options().serialize(options);
+        }
+      } catch (const std::exception& e) {
+        throw CheckpointError(what + ": optimizer " + std::to_string(i) + " does not match the trial's: " + first_line(e.what()));
+      }
+    }
+    torch::serialize::InputArchive schedulers = sub("schedulers");
+    if (count(schedulers) != c.schedulers_.size())
+      throw CheckpointError(what + " holds " + std::to_string(count(schedulers)) + " LR scheduler(s), but the trial wraps " +
+                            std::to_string(c.schedulers_.size()));
+    for (std::size_t i = 0; i < c.schedulers_.size(); ++i) {
+      torch::serialize::InputArchive one;
+      schedulers.read(std::to_string(i), one);
+      try {
+        c.schedulers_[i].load(c.schedulers_[i].scheduler, one);
+      } catch (const std::exception& e) {
+        throw CheckpointError(what + ": LR scheduler " + std::to_string(i) + " cannot be restored: " + first_line(e.what()));
+      }
+    }
+    torch::serialize::InputArchive grads;
+    const bool has_grads = archive.try_read("grads", grads);
+    for (std::size_t i = 0; i < c.models_.size(); ++i) {
+      torch::serialize::InputArchive model;
+      const bool has_model = has_grads && grads.try_read(std::to_string(i), model);
+      auto params = c.models_[i]->parameters();
+      for (std::size_t j = 0; j < params.size(); ++j) {
+        torch::Tensor g;
+        if (has_model && model.try_read("p" + std::to_string(j), g, /*is_buffer=*/true))
+          params[j].mutable_grad() = g.to(params[j].device());
+        else if (params[j].grad().defined())
+          params[j].mutable_grad() = torch::Tensor();  // nothing was pending at the checkpoint
+      }
+    }
+  }
+
+  static std::string first_line(std::string text) {
+    if (const auto nl = text.find('\n'); nl != std::string::npos) text.resize(nl);
+    return text;
+  }
+};
+
+}  // namespace detail
+
+/**
+ * @brief Loads a checkpoint's models into a trial's wrapped models, for evaluation or inference
+ * without training: build the trial (`Trainer<T> trainer(context)`), then
+ * `dettrial::load_models(path, context)`. `path` is a checkpoint directory, or a directory holding
+ * checkpoints (the latest is taken). Names and shapes are checked before anything is copied.
+ */
+inline CheckpointInfo load_models(const std::filesystem::path& path, Context& context) {
+  const std::filesystem::path dir = resolve_checkpoint(path);
+  const CheckpointInfo info = read_checkpoint_info(dir);
+  const std::filesystem::path file = dir / "state_dict.pth";
+  const c10::IValue top = detail::unpickle_archive(read_checked_file(dir, "state_dict.pth"), file);
+  if (!top.isGenericDict()) throw CheckpointError("checkpoint file '" + file.string() + "' does not hold a dict");
+  detail::ContextCheckpoint::load_models(context, top.toGenericDict(), file);
+  return info;
+}
+
+/// Loads model `index` of a checkpoint into a bare module (no trial needed), checking names and shapes.
+inline void load_model(const std::filesystem::path& path, torch::nn::Module& module, std::size_t index = 0) {
+  const std::filesystem::path dir = resolve_checkpoint(path);
+  const std::filesystem::path file = dir / "state_dict.pth";
+  const c10::IValue top = detail::unpickle_archive(read_checked_file(dir, "state_dict.pth"), file);
+  const std::string what = "checkpoint file '" + file.string() + "'";
+  if (!top.isGenericDict()) throw CheckpointError(what + " does not hold a dict");
+  const auto models = detail::require_entry(top.toGenericDict(), "models_state_dict", what).toList();
+  if (index >= models.size())
+    throw CheckpointError(what + " holds " + std::to_string(models.size()) + " model(s); there is no model " + std::to_string(index));
+  load_module_state_dict(module, models.get(index).toGenericDict(), what + ", model " + std::to_string(index) + ",");
+}
+
+}  // namespace dettrial
+// ---- end dettrial/checkpoint/checkpoint.hpp
+// ---- begin dettrial/checkpoint/policy.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief Checkpoint policies (Determined's `checkpoint_policy`) as types: whether a validation is
+/// followed by a checkpoint.
+
+#include <concepts>
+#include <string_view>
+#include <utility>
+
+
+namespace dettrial {
+
+/// A checkpoint policy: a name and whether to checkpoint after a validation, given whether it
+/// improved on the best searcher metric so far.
+template <class P>
+concept CheckpointPolicyType = requires(bool improved) {
+  { P::name } -> std::convertible_to<std::string_view>;
+  { P::after_validation(improved) } -> std::same_as<bool>;
+};
+
+namespace checkpoint_policy {
+/// After every validation.
+struct all {
+  static constexpr std::string_view name = "all";
+  static constexpr bool after_validation(bool) { return true; }
+};
+/// After a validation whose searcher metric is the best so far (Determined's default).
+struct best {
+  static constexpr std::string_view name = "best";
+  static constexpr bool after_validation(bool improved) { return improved; }
+};
+/// Never after a validation (periodic and final checkpoints still happen).
+struct none {
+  static constexpr std::string_view name = "none";
+  static constexpr bool after_validation(bool) { return false; }
+};
+
+/// Calls `f` with the policy type the runtime choice names (from the experiment config).
+template <class F>
+decltype(auto) visit(CheckpointPolicy policy, F&& f) {
+  switch (policy) {
+    case CheckpointPolicy::all: return std::forward<F>(f)(all{});
+    case CheckpointPolicy::none: return std::forward<F>(f)(none{});
+    case CheckpointPolicy::best: break;
+  }
+  return std::forward<F>(f)(best{});
+}
+}  // namespace checkpoint_policy
+
+static_assert(CheckpointPolicyType<checkpoint_policy::all> && CheckpointPolicyType<checkpoint_policy::best> &&
+              CheckpointPolicyType<checkpoint_policy::none>);
+
+}  // namespace dettrial
+// ---- end dettrial/checkpoint/policy.hpp
 // ---- begin dettrial/data/data_loader.hpp
 // SPDX-License-Identifier: Apache-2.0
 /// @file
@@ -2052,6 +3192,11 @@ class BatchSampler {
   std::int64_t batch_size() const { return batch_size_; }
   bool shuffle() const { return shuffle_; }
   std::uint64_t seed() const { return seed_; }
+  /// Changes the shuffle seed (a resumed trial gets back the order it was trained with).
+  void set_seed(std::uint64_t seed) {
+    seed_ = seed;
+    cache_ = std::make_shared<Cache>();
+  }
 
   /// Batches in one epoch, before sharding.
   std::int64_t batches_per_epoch() const {
@@ -2261,6 +3406,8 @@ class DataLoader {
   std::int64_t num_records() const { return sampler_.records(); }
   const DataLoaderOptions& options() const { return options_; }
   std::uint64_t seed() const { return sampler_.seed(); }
+  /// Changes the shuffle seed; streams made before keep the old one.
+  void set_seed(std::uint64_t seed) { sampler_.set_seed(seed); }
   const dataset_type& dataset() const { return *dataset_; }
   const BatchSampler& sampler() const { return sampler_; }
 
@@ -2520,41 +3667,6 @@ inline MnistSplit load_mnist(const std::filesystem::path& dir, const std::string
 
 namespace dettrial {
 
-namespace detail {
-// dettrial's fixed package set has no JSON library, and these records are flat: strings, integers
-// and doubles. Writing them directly is a few lines; reading them back is left to real JSON tools.
-inline void append_json_string(std::string& out, std::string_view s) {
-  out += '"';
-  for (const char c : s) {
-    switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
-      default:
-        if (static_cast<unsigned char>(c) < 0x20) {
-          char buf[8];
-          std::snprintf(buf, sizeof buf, "\\u%04x", c);
-          out += buf;
-        } else {
-          out += c;
-        }
-    }
-  }
-  out += '"';
-}
-inline void append_json_number(std::string& out, double v) {
-  if (!std::isfinite(v)) {
-    out += "null";  // JSON has no NaN or infinity
-    return;
-  }
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.17g", v);
-  out += buf;
-}
-}  // namespace detail
-
 /// Appends one line per report to `<dir>/metrics.jsonl`.
 class MetricsLog {
  public:
@@ -2737,9 +3849,12 @@ namespace dettrial {
  * `on_training_epoch_start(epoch_idx)`, `on_training_epoch_end(epoch_idx)`,
  * `on_training_workload_end(avg_metrics[, batch_metrics])`, `on_validation_start()`,
  * `on_validation_epoch_start()`, `on_validation_epoch_end(outputs)`, `on_validation_end(metrics)`.
- * A hook a callback does not have costs nothing. The checkpoint hooks (`on_checkpoint_save_start`,
- * `on_checkpoint_load_start`, `on_checkpoint_write_end`) are recognised too; they run when
- * checkpoints are written and loaded.
+ * A hook a callback does not have costs nothing. Checkpoint hooks: `on_checkpoint_save_start(StateDict&)`
+ * (may add entries to state_dict.pth), `on_checkpoint_write_end(path)` (chief only),
+ * `on_checkpoint_upload_end(uuid)`, `on_checkpoint_load_start(const StateDict&)`. A callback with
+ * state has `state_dict()` (returning anything convertible to `c10::IValue`) and
+ * `load_state_dict(const c10::IValue&)`: its state is saved under `callbacks/<name()>` (or
+ * `callback_<position>`) and restored on resume.
  */
 template <class C>
 concept Callback = requires(C& c, std::int64_t i, const std::string& s, const MetricValues& m,
@@ -2750,7 +3865,8 @@ concept Callback = requires(C& c, std::int64_t i, const std::string& s, const Me
                requires { c.on_training_workload_end(m); } || requires { c.on_validation_start(); } ||
                requires { c.on_validation_epoch_start(); } || requires { c.on_validation_epoch_end(outputs); } ||
                requires { c.on_validation_end(m); } || requires { &C::on_checkpoint_save_start; } ||
-               requires { &C::on_checkpoint_load_start; } || requires { &C::on_checkpoint_write_end; };
+               requires { &C::on_checkpoint_load_start; } || requires { &C::on_checkpoint_write_end; } ||
+               requires { &C::on_checkpoint_upload_end; } || requires { &C::state_dict; };
 };
 
 namespace detail {
@@ -2808,6 +3924,7 @@ class CallbackSet {
 #include <filesystem>
 #include <optional>
 #include <string>
+#include <vector>
 
 
 namespace dettrial {
@@ -2838,10 +3955,20 @@ struct FitOptions {
   bool step_zero_validation = false;
   /// Train one batch, validate on one batch, then stop: a quick check that the trial runs.
   bool test_mode = false;
-  /// A checkpoint directory to resume from.
+  /// Resume from this checkpoint: a checkpoint directory, or a directory holding checkpoints (a
+  /// storage directory, or a run's output directory), whose latest is taken.
   std::optional<std::filesystem::path> latest_checkpoint;
   /// Where metrics.jsonl (and checkpoints) go; empty means `runs/<date>-<time>` under the working directory.
   std::filesystem::path output_dir;
+  /// Where checkpoints go; empty means `<output_dir>/checkpoints`.
+  std::filesystem::path checkpoint_dir;
+  /// How many checkpoints to keep (best by the searcher metric, and latest).
+  Retention retention;
+  /// The trial's id, saved in its checkpoints: resuming a checkpoint of another trial loads its
+  /// weights and optimizer state but starts counting afresh (Determined's warm start).
+  std::int64_t trial_id = 0;
+  /// Catch SIGINT and SIGTERM during fit: finish the batch, checkpoint and return (see FitResult::signal).
+  bool handle_signals = true;
   /// Terminal and log output.
   ReportOptions report;
 
@@ -2860,6 +3987,9 @@ struct FitOptions {
     o.checkpoint_policy = config.checkpoint_policy;
     o.searcher_metric = config.searcher.metric;
     o.smaller_is_better = config.searcher.smaller_is_better;
+    if (config.checkpoint_storage.path) o.checkpoint_dir = *config.checkpoint_storage.path;
+    o.retention = {.save_trial_best = config.checkpoint_storage.save_trial_best,
+                   .save_trial_latest = config.checkpoint_storage.save_trial_latest};
     return o;
   }
 };
@@ -2872,12 +4002,18 @@ struct FitResult {
   MetricValues last_training_metrics;
   MetricValues last_validation_metrics;
   std::int64_t validations = 0;
-  /// Checkpoint boundaries reached whose checkpoint was not written (saving is not available yet).
-  std::int64_t checkpoints_not_saved = 0;
-  /// True when the trial asked to stop (context.set_stop_requested).
+  /// The checkpoints this fit wrote, oldest first (some may since have been deleted by retention).
+  std::vector<CheckpointInfo> checkpoints;
+  /// Where checkpoints went.
+  std::filesystem::path checkpoint_dir;
+  /// The batch training resumed from (0 for a fresh start).
+  std::int64_t resumed_from_batch = 0;
+  /// True when the trial asked to stop (context.set_stop_requested) or a signal did.
   bool stop_requested = false;
   /// True when that stop came before max_length.
   bool stopped_early = false;
+  /// The signal (SIGINT, SIGTERM) that stopped training after a checkpoint, or 0.
+  int signal = 0;
   std::filesystem::path output_dir;
 };
 
@@ -2890,6 +4026,7 @@ struct FitResult {
 
 #include <cstdio>
 #include <exception>
+#include <filesystem>
 #include <iostream>
 #include <string>
 #include <string_view>
@@ -2921,6 +4058,7 @@ struct FitResult {
 #include <utility>
 #include <vector>
 
+#include <c10/util/Type.h>
 #include <torch/torch.h>
 
 // ---- begin dettrial/trial/concepts.hpp
@@ -3230,6 +4368,66 @@ concept ImperativeTrial = Trial<T> && !DeclaresModel<T>;
 
 }  // namespace dettrial
 // ---- end dettrial/trial/concepts.hpp
+// ---- begin dettrial/trainer/signals.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief SIGINT and SIGTERM during fit: the first asks the trainer to finish the batch, checkpoint
+/// and return; a second one ends the process at once (the default action of that signal).
+
+#include <atomic>
+#include <csignal>
+
+#include <signal.h>
+#include <unistd.h>
+
+namespace dettrial::detail {
+
+/// The signal that asked the running fit to stop, or 0. Read once per batch (a relaxed load).
+inline std::atomic<int> pending_stop_signal{0};
+
+extern "C" inline void dettrial_on_stop_signal(int signal_number) {
+  if (pending_stop_signal.exchange(signal_number) != 0) {
+    // Second signal: give up at once, as if dettrial had not caught the first.
+    std::signal(signal_number, SIG_DFL);
+    std::raise(signal_number);
+    return;
+  }
+  static constexpr char message[] =
+      "\ndettrial: stop signal received; finishing the batch and checkpointing (send it again to abort)\n";
+  [[maybe_unused]] const auto n = ::write(STDERR_FILENO, message, sizeof message - 1);
+}
+
+/// Catches SIGINT and SIGTERM while alive; restores the previous handlers when it goes.
+class StopSignals {
+ public:
+  explicit StopSignals(bool enabled) : enabled_(enabled) {
+    if (!enabled_) return;
+    pending_stop_signal.store(0);
+    struct sigaction action {};
+    action.sa_handler = &dettrial_on_stop_signal;
+    sigemptyset(&action.sa_mask);
+    action.sa_flags = SA_RESTART;
+    ::sigaction(SIGINT, &action, &previous_int_);
+    ::sigaction(SIGTERM, &action, &previous_term_);
+  }
+  StopSignals(const StopSignals&) = delete;
+  StopSignals& operator=(const StopSignals&) = delete;
+  ~StopSignals() {
+    if (!enabled_) return;
+    ::sigaction(SIGINT, &previous_int_, nullptr);
+    ::sigaction(SIGTERM, &previous_term_, nullptr);
+  }
+  /// The signal received since construction, or 0.
+  static int received() { return pending_stop_signal.load(std::memory_order_relaxed); }
+
+ private:
+  bool enabled_;
+  struct sigaction previous_int_ {};
+  struct sigaction previous_term_ {};
+};
+
+}  // namespace dettrial::detail
+// ---- end dettrial/trainer/signals.hpp
 
 namespace dettrial {
 
@@ -3369,6 +4567,10 @@ class Trainer {
     std::int64_t last_checkpoint = -1;
     std::optional<double> best_metric;
     bool warned_best_without_metric = false;
+    /// Whether a validation is followed by a checkpoint (the policy picked at the start).
+    bool (*checkpoint_after_validation)(bool improved) = &checkpoint_policy::best::after_validation;
+    std::filesystem::path storage;
+    std::int64_t sequence = 0;
     FitResult result;
     MetricsLog log;
     detail::Progress progress;
@@ -3413,19 +4615,37 @@ class Trainer {
 
   template <class Set>
   FitResult run(FitOptions options, Set& callbacks) {
-    if (options.latest_checkpoint)
-      throw Error("resuming from a checkpoint (latest_checkpoint '" + options.latest_checkpoint->string() +
-                  "') is not available in dettrial " DETTRIAL_VERSION_STRING);
     RunState st{.options = std::move(options)};
     FitOptions& o = st.options;
     st.length = resolve_length(o);
     o.validation_period = resolve_period(o.validation_period);
     o.checkpoint_period = resolve_period(o.checkpoint_period);
     o.reporting_period = resolve_period(o.reporting_period);
+    if (o.retention.save_trial_best < 0 || o.retention.save_trial_latest < 0)
+      throw ConfigError("checkpoint retention counts (save_trial_best, save_trial_latest) must not be negative");
+    st.checkpoint_after_validation =
+        checkpoint_policy::visit(o.checkpoint_policy, []<class P>(P) { return &P::after_validation; });
+
+    // The checkpoint to resume from is found and checked before anything is written.
+    std::optional<std::filesystem::path> resume_dir;
+    std::optional<TrialProgress> resumed;
+    if (o.latest_checkpoint) {
+      resume_dir = resolve_checkpoint(*o.latest_checkpoint);
+      read_checkpoint_info(*resume_dir);
+      resumed = TrialProgress::from_json(*resume_dir / "trial_state.json");
+    }
+
     if (o.output_dir.empty()) o.output_dir = default_output_dir();
     st.result.output_dir = o.output_dir;
+    st.storage = o.checkpoint_dir.empty() ? o.output_dir / "checkpoints" : o.checkpoint_dir;
+    st.result.checkpoint_dir = st.storage;
     st.log = MetricsLog(o.output_dir);
     st.progress = detail::Progress(o.report);
+    if (context_.distributed().is_chief()) {
+      detail::remove_stale_entries(st.storage);
+      const auto existing = list_checkpoints(st.storage);
+      st.sequence = existing.empty() ? 0 : existing.back().sequence;
+    }
 
     // Each callback that started gets on_trial_shutdown, in reverse order, whatever happens next.
     std::size_t started = 0;
@@ -3446,8 +4666,11 @@ class Trainer {
         });
       }
     } shutdown{callbacks, started};
+    const bool same_trial = resumed && resumed->trial_id == o.trial_id;
+    const std::int64_t first_batch = same_trial ? resumed->batches_trained : 0;
+    const std::string resume_uuid = resume_dir ? resume_dir->filename().string() : std::string();
     callbacks.each([&](auto& cb) {
-      if constexpr (requires { cb.on_trial_startup(std::int64_t{}, std::string{}); }) cb.on_trial_startup(std::int64_t{0}, std::string{});
+      if constexpr (requires { cb.on_trial_startup(std::int64_t{}, std::string{}); }) cb.on_trial_startup(first_batch, resume_uuid);
       ++started;
     });
 
@@ -3456,12 +4679,20 @@ class Trainer {
     st.epoch_len = epoch_length(*train_loader_, training_chain());
     if (st.epoch_len < 1) throw DataError("the training data loader yields no batches (its size() is 0)");
     context_.epoch_len_ = st.epoch_len;
-    context_.initial_batch_ = 0;
-    context_.current_batch_ = 0;
+
+    if (resume_dir) restore(st, *resume_dir, same_trial ? *resumed : TrialProgress{.trial_id = o.trial_id}, callbacks);
+    context_.initial_batch_ = st.batches_trained;  // the training stream skips what was trained
+    context_.current_batch_ = st.batches_trained;
+    st.result.resumed_from_batch = st.batches_trained;
 
     st.progress.line("dettrial: trial seed " + std::to_string(context_.get_trial_seed()) + ", device " +
                      context_.device().str() + ", training " + st.length.to_string() + " (an epoch is " +
                      std::to_string(st.epoch_len) + " batches), output " + o.output_dir.string());
+    if (resume_dir)
+      st.progress.line("dettrial: resumed from " + resume_dir->string() +
+                       (same_trial ? " at batch " + std::to_string(st.batches_trained)
+                                   : std::string(" (another trial's checkpoint: weights and optimizer state only)")));
+    detail::StopSignals signals(o.handle_signals);
 
     callbacks.each([&](auto& cb) {
       if constexpr (requires { cb.on_training_start(); }) cb.on_training_start();
@@ -3471,7 +4702,9 @@ class Trainer {
     train(st, callbacks);
     if (!st.result.stop_requested) {
       if (st.last_validation != st.batches_trained) validate(st, callbacks);
-      if (st.last_checkpoint != st.batches_trained) checkpoint(st);
+      if (st.last_checkpoint != st.batches_trained) checkpoint(st, callbacks);
+      // The trial is complete: retention applies without sparing the newest.
+      if (context_.distributed().is_chief()) apply_retention(st, {});
     }
     st.result.batches_trained = st.batches_trained;
     st.result.epochs_trained = st.epochs_trained;
@@ -3555,16 +4788,26 @@ class Trainer {
         ++batch_idx;
         if (reached[train_boundary] || reached[validate_boundary] || reached[checkpoint_boundary] || reached[report_boundary])
           break;
+        if (detail::StopSignals::received() != 0) break;
       }
 
       report_training(st, means, records, callbacks, batch_metrics);
+      if (const int signal = detail::StopSignals::received(); signal != 0) {
+        if (st.last_checkpoint != st.batches_trained) checkpoint(st, callbacks);
+        st.result.signal = signal;
+        st.result.stop_requested = true;
+        st.result.stopped_early = remaining(st) > 0;
+        st.progress.line(std::string("dettrial: stopped by ") + (signal == SIGINT ? "SIGINT" : signal == SIGTERM ? "SIGTERM" : "a signal") +
+                         " after batch " + std::to_string(st.batches_trained) + "; resume from " + st.storage.string());
+        return;
+      }
       // Determined handles the reached boundaries in this order and honours a stop request after each.
       for (const Boundary b : {train_boundary, validate_boundary, checkpoint_boundary, report_boundary}) {
         if (!reached[b]) continue;
         if (b == validate_boundary && st.last_validation != st.batches_trained) validate(st, callbacks);
-        if (b == checkpoint_boundary && st.last_checkpoint != st.batches_trained) checkpoint(st);
+        if (b == checkpoint_boundary && st.last_checkpoint != st.batches_trained) checkpoint(st, callbacks);
         if (context_.get_stop_requested()) {
-          if (st.last_checkpoint != st.batches_trained) checkpoint(st);
+          if (st.last_checkpoint != st.batches_trained) checkpoint(st, callbacks);
           st.result.stopped_early = remaining(st) > 0;
           st.result.stop_requested = true;
           st.progress.line("dettrial: stop requested; stopped after batch " + std::to_string(st.batches_trained));
@@ -3660,42 +4903,172 @@ class Trainer {
     st.progress.line("[validation]" + detail::format_metrics(reported) + tail);
     st.log.write("validation", st.batches_trained, st.epochs_trained, reported, "seconds", seconds);
     st.result.last_validation_metrics = reported;
-    apply_checkpoint_policy(st, reported);
+    apply_checkpoint_policy(st, reported, callbacks);
   }
 
-  void apply_checkpoint_policy(RunState& st, const MetricValues& metrics) {
-    if (st.last_checkpoint == st.batches_trained) return;
-    switch (st.options.checkpoint_policy) {
-      case CheckpointPolicy::none: return;
-      case CheckpointPolicy::all: checkpoint(st); return;
-      case CheckpointPolicy::best: {
-        if (st.options.searcher_metric.empty()) {
-          if (!st.warned_best_without_metric)
-            st.progress.line("dettrial: checkpoint_policy 'best' has no searcher metric to compare; checkpointing after every validation");
-          st.warned_best_without_metric = true;
-          checkpoint(st);
-          return;
-        }
-        const auto value = metrics.get(st.options.searcher_metric);
-        if (!value)
-          throw TrialError("checkpoint_policy 'best' compares the searcher metric '" + st.options.searcher_metric +
-                           "', which validation did not report");
-        const bool better = !st.best_metric || (st.options.smaller_is_better ? *value < *st.best_metric : *value > *st.best_metric);
-        if (better) {
-          st.best_metric = *value;
-          checkpoint(st);
-        }
-        return;
-      }
+  /// After a validation: tracks the best searcher metric and checkpoints as the policy says.
+  template <class Set>
+  void apply_checkpoint_policy(RunState& st, const MetricValues& metrics, Set& callbacks) {
+    bool improved = true;  // without a searcher metric every validation counts as the best so far
+    if (!st.options.searcher_metric.empty()) {
+      const auto value = metrics.get(st.options.searcher_metric);
+      if (!value)
+        throw TrialError("the searcher metric '" + st.options.searcher_metric + "' was not reported by validation (it reported" +
+                         detail::format_metrics(metrics) + ")");
+      improved = !st.best_metric || (st.options.smaller_is_better ? *value < *st.best_metric : *value > *st.best_metric);
+      if (improved) st.best_metric = *value;
+    } else if (st.options.checkpoint_policy == CheckpointPolicy::best && !st.warned_best_without_metric) {
+      st.progress.line("dettrial: checkpoint_policy 'best' has no searcher metric to compare; checkpointing after every validation");
+      st.warned_best_without_metric = true;
     }
+    if (st.last_checkpoint != st.batches_trained && st.checkpoint_after_validation(improved)) checkpoint(st, callbacks);
   }
 
-  /// A checkpoint boundary. Writing checkpoints is not available yet, so this says so and saves nothing.
-  void checkpoint(RunState& st) {
+  TrialProgress progress_of(const RunState& st) const {
+    return TrialProgress{.trial_id = st.options.trial_id,
+                         .batches_trained = st.batches_trained,
+                         .epochs_trained = st.epochs_trained,
+                         .last_validation = st.last_validation,
+                         .last_checkpoint = st.last_checkpoint,
+                         .best_validation = st.best_metric,
+                         .training_data_seed = data_seed(*train_loader_),
+                         .validation_data_seed = data_seed(*validation_loader_)};
+  }
+  template <class L>
+  static std::optional<std::uint64_t> data_seed(const L& loader) {
+    if constexpr (requires { { loader.seed() } -> std::convertible_to<std::uint64_t>; }) return loader.seed();
+    else return std::nullopt;
+  }
+  template <class L>
+  static void restore_data_seed(L& loader, const std::optional<std::uint64_t>& seed) {
+    if constexpr (requires { loader.set_seed(std::uint64_t{}); })
+      if (seed) loader.set_seed(*seed);
+  }
+
+  /// A callback's name in checkpoints: its `name()` if it has one, else its position.
+  template <class C>
+  static std::string callback_name(const C& cb, std::size_t index) {
+    if constexpr (requires { std::string(cb.name()); }) return std::string(cb.name());
+    else return "callback_" + std::to_string(index);
+  }
+
+  /**
+   * @brief Writes a checkpoint (Determined's layout, crash-safe) on the chief, runs the checkpoint
+   * hooks, and applies retention sparing the new one.
+   */
+  template <class Set>
+  void checkpoint(RunState& st, Set& callbacks) {
     st.last_checkpoint = st.batches_trained;
-    ++st.result.checkpoints_not_saved;
-    st.progress.line("[checkpoint] batches " + std::to_string(st.batches_trained) +
-                     ": not saved (checkpoint saving is not available in dettrial " DETTRIAL_VERSION_STRING ")");
+    if (!context_.distributed().is_chief()) return;
+    const auto started = std::chrono::steady_clock::now();
+    StateDict top = detail::ContextCheckpoint::python_state(context_);
+    StateDict callback_states(c10::StringType::get(), c10::AnyType::get());
+    std::size_t index = 0;
+    callbacks.each([&](auto& cb) {
+      if constexpr (requires { c10::IValue(cb.state_dict()); }) callback_states.insert(callback_name(cb, index), c10::IValue(cb.state_dict()));
+      ++index;
+    });
+    top.insert("callbacks", callback_states);
+    callbacks.each([&](auto& cb) {
+      if constexpr (requires { cb.on_checkpoint_save_start(top); }) cb.on_checkpoint_save_start(top);
+    });
+
+    const std::string uuid = detail::new_uuid();
+    CheckpointWriter writer(st.storage, uuid);
+    writer.add_file("state_dict.pth", detail::pickle_archive(top));
+    const bool mid_aggregation = st.batches_trained % context_.aggregation_frequency() != 0;
+    writer.add_file("dettrial_state.pt", detail::ContextCheckpoint::native_state(context_, mid_aggregation));
+    writer.add_file("trial_state.json", progress_of(st).to_json());
+    writer.add_file("load_data.json", load_data_json());
+
+    CheckpointInfo info{.uuid = uuid, .batches_trained = st.batches_trained, .epochs_trained = st.epochs_trained, .sequence = ++st.sequence};
+    if (st.last_validation == st.batches_trained && !st.options.searcher_metric.empty())
+      info.validation_metric = st.result.last_validation_metrics.get(st.options.searcher_metric);
+    std::string fields;
+    fields += "\"uuid\": ";
+    detail::append_json_string(fields, uuid);
+    fields += ", \"steps_completed\": " + std::to_string(st.batches_trained);
+    fields += ", \"epochs_trained\": " + std::to_string(st.epochs_trained);
+    fields += ", \"sequence\": " + std::to_string(info.sequence);
+    fields += ", \"framework\": \"torch-" + std::to_string(TORCH_VERSION_MAJOR) + "." + std::to_string(TORCH_VERSION_MINOR) + "." +
+              std::to_string(TORCH_VERSION_PATCH) + "\", \"format\": \"pickle\"";
+    fields += ", \"dettrial_version\": \"" DETTRIAL_VERSION_STRING "\", \"dettrial_format\": " + std::to_string(checkpoint_format_version);
+    fields += ", \"searcher_metric\": ";
+    detail::append_json_string(fields, st.options.searcher_metric);
+    fields += ", \"validation_metric\": ";
+    if (info.validation_metric) detail::append_json_number(fields, *info.validation_metric);
+    else fields += "null";
+    info.path = writer.commit(fields);
+    st.result.checkpoints.push_back(info);
+
+    callbacks.each([&](auto& cb) {
+      if constexpr (requires { cb.on_checkpoint_write_end(info.path); }) cb.on_checkpoint_write_end(info.path);
+    });
+    callbacks.each([&](auto& cb) {
+      if constexpr (requires { cb.on_checkpoint_upload_end(uuid); }) cb.on_checkpoint_upload_end(uuid);
+    });
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    char tail[48];
+    std::snprintf(tail, sizeof tail, " (%.2f s)", seconds);
+    st.progress.line("[checkpoint] batches " + std::to_string(st.batches_trained) + ": " + info.path.string() + tail);
+    apply_retention(st, uuid);
+  }
+
+  /// Deletes the checkpoints retention lets go; `keep_uuid` (the newest, mid-trial) is spared.
+  void apply_retention(RunState& st, std::string_view keep_uuid) {
+    for (const CheckpointInfo& doomed :
+         checkpoints_to_delete(list_checkpoints(st.storage), st.options.retention, st.options.smaller_is_better, keep_uuid))
+      delete_checkpoint(doomed);
+  }
+
+  /// `load_data.json`: what Determined records to rebuild the trial (config, hyperparameters, type).
+  std::string load_data_json() const {
+    std::string out = "{\"trial_type\": \"dettrial\", \"experiment_config\": ";
+    detail::append_yaml_as_json(out, context_.get_experiment_config().yaml);
+    out += ", \"hparams\": ";
+    detail::append_yaml_as_json(out, context_.get_hparams().yaml());
+    out += ", \"trial_cls_spec\": ";
+    detail::append_json_string(out, c10::demangle(typeid(TrialT).name()));
+    out += ", \"is_trainer\": true}\n";
+    return out;
+  }
+
+  /**
+   * @brief Restores a checkpoint: models (names and shapes checked), optimizers, schedulers, pending
+   * gradients, RNGs, callbacks, and where the trial stands (`progress`).
+   */
+  template <class Set>
+  void restore(RunState& st, const std::filesystem::path& dir, const TrialProgress& progress, Set& callbacks) {
+    const std::filesystem::path file = dir / "state_dict.pth";
+    const c10::IValue loaded = detail::unpickle_archive(read_checked_file(dir, "state_dict.pth"), file);
+    if (!loaded.isGenericDict()) throw CheckpointError("checkpoint file '" + file.string() + "' does not hold a dict");
+    const StateDict top = loaded.toGenericDict();
+    callbacks.each([&](auto& cb) {
+      if constexpr (requires { cb.on_checkpoint_load_start(top); }) cb.on_checkpoint_load_start(top);
+    });
+    detail::ContextCheckpoint::load_models(context_, top, file);
+    detail::ContextCheckpoint::load_native(context_, read_checked_file(dir, "dettrial_state.pt"), dir / "dettrial_state.pt");
+    detail::ContextCheckpoint::load_rng(context_, top, file);
+    StateDict callback_states(c10::StringType::get(), c10::AnyType::get());
+    if (const auto it = top.find("callbacks"); it != top.end() && it->value().isGenericDict()) callback_states = it->value().toGenericDict();
+    std::size_t index = 0;
+    callbacks.each([&](auto& cb) {
+      if constexpr (requires { cb.load_state_dict(c10::IValue()); }) {
+        const std::string name = callback_name(cb, index);
+        if (const auto found = callback_states.find(name); found != callback_states.end())
+          cb.load_state_dict(found->value());
+        else
+          st.progress.line("dettrial: warning: the checkpoint has no state for callback '" + name + "'");
+      }
+      ++index;
+    });
+    restore_data_seed(*train_loader_, progress.training_data_seed);
+    restore_data_seed(*validation_loader_, progress.validation_data_seed);
+    st.batches_trained = progress.batches_trained;
+    st.epochs_trained = progress.epochs_trained;
+    st.last_validation = progress.last_validation;
+    st.last_checkpoint = progress.last_checkpoint;
+    st.best_metric = progress.best_validation;
   }
 
   /// A copy whose tensors are detached from the graph and on the CPU (kept for callbacks).
@@ -3769,10 +5142,15 @@ inline const char* main_usage() {
          "  --config FILE        the experiment config (required)\n"
          "  --set KEY=VALUE      override a config value; KEY is a dotted path such as\n"
          "                       hyperparameters.learning_rate or data.dir (repeatable)\n"
-         "  --output DIR         where metrics.jsonl goes (default: runs/<date>-<time>)\n"
+         "  --output DIR         where metrics.jsonl and checkpoints go (default: runs/<date>-<time>,\n"
+         "                       or the resumed run's directory with --resume)\n"
+         "  --resume PATH        continue from a checkpoint: a checkpoint directory, or a run's\n"
+         "                       output directory (its latest checkpoint)\n"
          "  --test-mode          train one batch and validate one batch, to check the trial runs\n"
          "  --quiet              print nothing but errors\n"
-         "  --help               show this text\n";
+         "  --help               show this text\n"
+         "\n"
+         "SIGINT or SIGTERM finishes the batch, checkpoints and exits with status 75; a second one aborts.\n";
 }
 
 /// Applies `a.b.c=value` to a YAML document; the value is parsed as YAML (numbers stay numbers).
@@ -3807,10 +5185,15 @@ inline void apply_override(YAML::Node& root, const std::string& assignment) {
 
 }  // namespace detail
 
+/// The exit status of a trial program stopped by SIGINT or SIGTERM after checkpointing (EX_TEMPFAIL:
+/// try again, for example with `--resume`).
+inline constexpr int exit_status_interrupted = 75;
+
 /**
  * @brief The `main` of a trial program: parses the command line, reads the experiment config, builds
  * the context and the trainer, and fits. Returns the process exit status: 0 on success, 1 when the
- * run fails (with one line naming the problem), 2 on a command-line error.
+ * run fails (with one line naming the problem), 2 on a command-line error, exit_status_interrupted
+ * (75) when a signal stopped it after a checkpoint.
  * @code{.cpp}
  * int main(int argc, char** argv) { return dettrial::main<MnistTrial>(argc, argv); }
  * @endcode
@@ -3821,6 +5204,7 @@ int main(int argc, char** argv, Args&&... trial_args) {
   std::string config_path;
   std::vector<std::string> overrides;
   std::string output;
+  std::string resume;
   bool test_mode = false, quiet = false;
   for (int i = 1; i < argc; ++i) {
     const std::string_view arg = argv[i];
@@ -3840,6 +5224,8 @@ int main(int argc, char** argv, Args&&... trial_args) {
       overrides.push_back(value(arg));
     } else if (arg == "--output") {
       output = value(arg);
+    } else if (arg == "--resume") {
+      resume = value(arg);
     } else if (arg == "--test-mode") {
       test_mode = true;
     } else if (arg == "--quiet") {
@@ -3872,12 +5258,19 @@ int main(int argc, char** argv, Args&&... trial_args) {
     options.test_mode = test_mode;
     options.output_dir = output;
     options.report.quiet = quiet;
+    if (!resume.empty()) {
+      const std::filesystem::path checkpoint = resolve_checkpoint(resume);
+      options.latest_checkpoint = checkpoint;
+      // Continue in the resumed run's directory (metrics.jsonl appended, checkpoints beside the old).
+      if (output.empty() && checkpoint.parent_path().filename() == "checkpoints")
+        options.output_dir = checkpoint.parent_path().parent_path();
+    }
     if (!test_mode && !options.max_length)
       throw ConfigError(config_path + ": the config sets no training length; add searcher.max_length, e.g. {batches: 1000}");
     Context context(config);
     Trainer<TrialT> trainer(context, std::forward<Args>(trial_args)...);
-    trainer.fit(std::move(options));
-    return 0;
+    const FitResult result = trainer.fit(std::move(options));
+    return result.signal != 0 ? exit_status_interrupted : 0;
   } catch (const Error& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
   } catch (const c10::Error& e) {

@@ -58,6 +58,7 @@ struct Recorder {
     last_batches = b;
   }
   void on_validation_end(const MetricValues& m) { events.push_back("VAL@" + std::to_string(static_cast<std::int64_t>(m.at("batches_seen")))); }
+  void on_checkpoint_write_end(const std::filesystem::path&) { events.push_back("CKPT@" + std::to_string(last_batches)); }
 };
 
 /// Adds the batch count a validation ran at (what Determined's log shows as VAL@N).
@@ -106,14 +107,15 @@ TEST_CASE("the loop follows Determined's verified boundary and callback sequence
   const std::vector<std::string> expected = {
       "startup@0",     "training_start", "VAL@0",         "epoch_start0",  "train@3(n=3)", "epoch_end0",
       "epoch_start1",  "train@5(n=2)",   "VAL@5",         "train@6(n=1)",  "epoch_end1",   "train@8(n=2)",
-      "epoch_start2",  "train@9(n=1)",   "train@10(n=1)", "VAL@10",        "epoch_end2",   "train@12(n=2)",
-      "VAL@12",        "shutdown"};
+      "CKPT@8",        "epoch_start2",   "train@9(n=1)",  "train@10(n=1)", "VAL@10",       "epoch_end2",
+      "train@12(n=2)", "VAL@12",         "CKPT@12",       "shutdown"};
   CHECK(rec.events == expected);
   CHECK(r.batches_trained == 12);
   CHECK(r.epochs_trained == 3);
   CHECK(r.validations == 4);
-  // The checkpoint boundaries at 8 and at the end were reached; nothing pretends to have saved.
-  CHECK(r.checkpoints_not_saved == 2);
+  REQUIRE(r.checkpoints.size() == 2);
+  CHECK(r.checkpoints[0].batches_trained == 8);
+  CHECK(r.checkpoints[1].batches_trained == 12);
   CHECK(trainer.trial().seen_batches == std::vector<std::int64_t>{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11});
 }
 
@@ -258,6 +260,13 @@ namespace {
 struct CountingScheduler {
   int steps = 0;
   void step() { ++steps; }
+  // Checkpoints restore user schedulers through save/load.
+  void save(torch::serialize::OutputArchive& out) const { out.write("steps", c10::IValue(std::int64_t{steps})); }
+  void load(torch::serialize::InputArchive& in) {
+    c10::IValue v;
+    in.read("steps", v);
+    steps = static_cast<int>(v.toInt());
+  }
 };
 template <class Mode>
 struct SchedulerTrial : CountingTrial {
@@ -393,8 +402,8 @@ TEST_CASE("fit reports bad lengths and broken trials with one clear message") {
   Trainer<CountingTrial> trainer(context);
   CHECK_THROWS_WITH_AS(trainer.fit(test::quiet({})), doctest::Contains("fit() needs a training length"), ConfigError);
   CHECK_THROWS_WITH_AS(trainer.fit(test::quiet({.max_length = Batch(0)})), doctest::Contains("max_length is 0 batches"), ConfigError);
-  CHECK_THROWS_WITH_AS(trainer.fit(test::quiet({.max_length = Batch(5), .latest_checkpoint = "ckpt"})),
-                       doctest::Contains("resuming from a checkpoint"), Error);
+  CHECK_THROWS_WITH_AS(trainer.fit(test::quiet({.max_length = Batch(5), .latest_checkpoint = "no-such-checkpoint"})),
+                       doctest::Contains("checkpoint 'no-such-checkpoint' does not exist"), CheckpointError);
 
   struct NoLoss : test::DeclarativeRegression {
     using DeclarativeRegression::DeclarativeRegression;

@@ -9,6 +9,7 @@
 #include <optional>
 #include <sstream>
 #include <string>
+#include <utility>
 
 #include <yaml-cpp/yaml.h>
 
@@ -66,6 +67,14 @@ class ExperimentConfig {
   std::int64_t aggregation_frequency = 1;
   bool average_aggregated_gradients = true;
   std::optional<std::uint64_t> experiment_seed;
+  /// `checkpoint_storage`: where checkpoints go (`host_path`/`storage_path` of shared_fs, or
+  /// `container_path` of directory storage; unset means the run's output directory) and how many are kept.
+  struct CheckpointStorage {
+    std::optional<std::filesystem::path> path;
+    std::int64_t save_experiment_best = 0;
+    std::int64_t save_trial_best = 1;
+    std::int64_t save_trial_latest = 1;
+  } checkpoint_storage;
 
   /// The whole document, for `get_experiment_config()`.
   YAML::Node yaml{YAML::NodeType::Map};
@@ -93,6 +102,7 @@ class ExperimentConfig {
     aggregation_frequency = o.aggregation_frequency;
     average_aggregated_gradients = o.average_aggregated_gradients;
     experiment_seed = o.experiment_seed;
+    checkpoint_storage = o.checkpoint_storage;
     yaml.reset(o.yaml);
     source = o.source;
     return *this;
@@ -155,7 +165,7 @@ class ExperimentConfig {
       else if (s == "none") c.checkpoint_policy = CheckpointPolicy::none;
       else throw ConfigError(detail::where(p, source) + ": checkpoint_policy must be best, all or none, not '" + s + "'");
     }
-    for (const char* section : {"resources", "optimizations", "reproducibility", "searcher"})
+    for (const char* section : {"resources", "optimizations", "reproducibility", "searcher", "checkpoint_storage"})
       if (const YAML::Node node = root[section]; node && !node.IsNull() && !node.IsMap())
         throw ConfigError(detail::where(node, source) + ": '" + section + "' must be a map, found " + detail::describe(node));
     if (const YAML::Node res = root["resources"]) {
@@ -174,6 +184,23 @@ class ExperimentConfig {
       std::uint64_t seed = 0;
       r.read(rep, "experiment_seed", seed);
       c.experiment_seed = seed;
+    }
+    if (const YAML::Node cs = root["checkpoint_storage"]) {
+      auto& storage = c.checkpoint_storage;
+      const std::pair<const char*, std::int64_t*> counts[] = {{"save_experiment_best", &storage.save_experiment_best},
+                                                              {"save_trial_best", &storage.save_trial_best},
+                                                              {"save_trial_latest", &storage.save_trial_latest}};
+      for (const auto& [key, field_ptr] : counts) {
+        std::int64_t& field = *field_ptr;
+        r.read(cs, key, field);
+        if (field < 0) throw ConfigError(detail::where(cs[key], source) + ": checkpoint_storage." + key + " must not be negative");
+      }
+      std::string host_path, storage_path, container_path;
+      r.read(cs, "host_path", host_path);
+      r.read(cs, "storage_path", storage_path);
+      r.read(cs, "container_path", container_path);
+      if (!host_path.empty()) storage.path = storage_path.empty() ? std::filesystem::path(host_path) : std::filesystem::path(host_path) / storage_path;
+      else if (!container_path.empty()) storage.path = std::filesystem::path(container_path);
     }
     if (const YAML::Node s = root["searcher"]) {
       if (!s.IsMap()) throw ConfigError(detail::where(s, source) + ": 'searcher' must be a map");

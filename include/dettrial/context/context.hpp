@@ -21,6 +21,7 @@
 #include "../detail/random.hpp"
 #include "../metrics/reducers.hpp"
 #include "../optim/clip.hpp"
+#include "../optim/lr_state.hpp"
 #include "../optim/lr_step.hpp"
 #include "to_device.hpp"
 
@@ -73,6 +74,9 @@ struct ContextOptions {
 
 template <class TrialT>
 class Trainer;
+namespace detail {
+struct ContextCheckpoint;
+}
 
 /**
  * @brief What a trial sees of its run (Determined's PyTorchTrialContext).
@@ -201,9 +205,14 @@ class Context {
     static_assert(LRStepMode<Mode>,
                   "dettrial::Context::wrap_lr_scheduler: the mode must be a dettrial::lr_step policy (every_batch, "
                   "every_epoch, every_optimizer_step, manual) or a type with name and steps_after(...)");
+    static_assert(CheckpointableLRScheduler<S>,
+                  "dettrial::Context::wrap_lr_scheduler<S>: checkpoints must restore S, so S must derive from "
+                  "torch::optim::LRScheduler or have save(torch::serialize::OutputArchive&) const and "
+                  "load(torch::serialize::InputArchive&)");
     if (frequency < 1) throw ConfigError("an LR scheduler's step frequency must be at least 1");
     schedulers_.push_back(WrappedScheduler{&scheduler, [](void* s) { static_cast<S*>(s)->step(); }, &Mode::steps_after,
-                                           frequency, std::string(Mode::name)});
+                                           frequency, std::string(Mode::name), &detail::save_lr_scheduler<S>,
+                                           &detail::load_lr_scheduler<S>, &detail::lr_scheduler_steps<S>});
     return scheduler;
   }
 
@@ -278,6 +287,7 @@ class Context {
  private:
   template <class>
   friend class Trainer;
+  friend struct detail::ContextCheckpoint;
 
   struct WrappedOptimizer {
     torch::optim::Optimizer* optimizer;
@@ -290,6 +300,9 @@ class Context {
     std::int64_t (*steps_after)(std::int64_t, std::int64_t, std::int64_t, std::int64_t);
     std::int64_t frequency;
     std::string mode;
+    void (*save)(void*, torch::serialize::OutputArchive&);
+    void (*load)(void*, torch::serialize::InputArchive&);
+    std::int64_t (*steps_taken)(void*);
   };
 
   static std::uint64_t derive_trial_seed(std::optional<std::uint64_t> experiment_seed) {

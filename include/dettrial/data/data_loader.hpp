@@ -162,6 +162,8 @@ class DataLoader {
   std::int64_t num_records() const { return sampler_.records(); }
   const DataLoaderOptions& options() const { return options_; }
   std::uint64_t seed() const { return sampler_.seed(); }
+  /// Changes the shuffle seed; streams made before keep the old one.
+  void set_seed(std::uint64_t seed) { sampler_.set_seed(seed); }
   const dataset_type& dataset() const { return *dataset_; }
   const BatchSampler& sampler() const { return sampler_; }
 

@@ -65,6 +65,11 @@ class BatchSampler {
   std::int64_t batch_size() const { return batch_size_; }
   bool shuffle() const { return shuffle_; }
   std::uint64_t seed() const { return seed_; }
+  /// Changes the shuffle seed (a resumed trial gets back the order it was trained with).
+  void set_seed(std::uint64_t seed) {
+    seed_ = seed;
+    cache_ = std::make_shared<Cache>();
+  }
 
   /// Batches in one epoch, before sharding.
   std::int64_t batches_per_epoch() const {

@@ -25,6 +25,11 @@ struct HyperparameterError : Error {
 struct DataError : Error {
   using Error::Error;
 };
+/// A checkpoint that cannot be written or read: missing, truncated, corrupt, from another model or
+/// from a newer dettrial. The message names the file and, for a mismatch, the entry.
+struct CheckpointError : Error {
+  using Error::Error;
+};
 /// A trial that breaks the contract at run time (metrics without `loss`, an unwrapped optimizer, ...).
 struct TrialError : Error {
   using Error::Error;

@@ -11,44 +11,10 @@
 #include <string_view>
 
 #include "../detail/error.hpp"
+#include "../detail/json.hpp"
 #include "../metrics/metrics.hpp"
 
 namespace dettrial {
-
-namespace detail {
-// dettrial's fixed package set has no JSON library, and these records are flat: strings, integers
-// and doubles. Writing them directly is a few lines; reading them back is left to real JSON tools.
-inline void append_json_string(std::string& out, std::string_view s) {
-  out += '"';
-  for (const char c : s) {
-    switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
-      default:
-        if (static_cast<unsigned char>(c) < 0x20) {
-          char buf[8];
-          std::snprintf(buf, sizeof buf, "\\u%04x", c);
-          out += buf;
-        } else {
-          out += c;
-        }
-    }
-  }
-  out += '"';
-}
-inline void append_json_number(std::string& out, double v) {
-  if (!std::isfinite(v)) {
-    out += "null";  // JSON has no NaN or infinity
-    return;
-  }
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.17g", v);
-  out += buf;
-}
-}  // namespace detail
 
 /// Appends one line per report to `<dir>/metrics.jsonl`.
 class MetricsLog {

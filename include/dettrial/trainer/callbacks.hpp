@@ -19,9 +19,12 @@ namespace dettrial {
  * `on_training_epoch_start(epoch_idx)`, `on_training_epoch_end(epoch_idx)`,
  * `on_training_workload_end(avg_metrics[, batch_metrics])`, `on_validation_start()`,
  * `on_validation_epoch_start()`, `on_validation_epoch_end(outputs)`, `on_validation_end(metrics)`.
- * A hook a callback does not have costs nothing. The checkpoint hooks (`on_checkpoint_save_start`,
- * `on_checkpoint_load_start`, `on_checkpoint_write_end`) are recognised too; they run when
- * checkpoints are written and loaded.
+ * A hook a callback does not have costs nothing. Checkpoint hooks: `on_checkpoint_save_start(StateDict&)`
+ * (may add entries to state_dict.pth), `on_checkpoint_write_end(path)` (chief only),
+ * `on_checkpoint_upload_end(uuid)`, `on_checkpoint_load_start(const StateDict&)`. A callback with
+ * state has `state_dict()` (returning anything convertible to `c10::IValue`) and
+ * `load_state_dict(const c10::IValue&)`: its state is saved under `callbacks/<name()>` (or
+ * `callback_<position>`) and restored on resume.
  */
 template <class C>
 concept Callback = requires(C& c, std::int64_t i, const std::string& s, const MetricValues& m,
@@ -32,7 +35,8 @@ concept Callback = requires(C& c, std::int64_t i, const std::string& s, const Me
                requires { c.on_training_workload_end(m); } || requires { c.on_validation_start(); } ||
                requires { c.on_validation_epoch_start(); } || requires { c.on_validation_epoch_end(outputs); } ||
                requires { c.on_validation_end(m); } || requires { &C::on_checkpoint_save_start; } ||
-               requires { &C::on_checkpoint_load_start; } || requires { &C::on_checkpoint_write_end; };
+               requires { &C::on_checkpoint_load_start; } || requires { &C::on_checkpoint_write_end; } ||
+               requires { &C::on_checkpoint_upload_end; } || requires { &C::state_dict; };
 };
 
 namespace detail {

@@ -7,7 +7,9 @@
 #include <filesystem>
 #include <optional>
 #include <string>
+#include <vector>
 
+#include "../checkpoint/storage.hpp"
 #include "../config/experiment_config.hpp"
 #include "../metrics/metrics.hpp"
 #include "../report/progress.hpp"
@@ -41,10 +43,20 @@ struct FitOptions {
   bool step_zero_validation = false;
   /// Train one batch, validate on one batch, then stop: a quick check that the trial runs.
   bool test_mode = false;
-  /// A checkpoint directory to resume from.
+  /// Resume from this checkpoint: a checkpoint directory, or a directory holding checkpoints (a
+  /// storage directory, or a run's output directory), whose latest is taken.
   std::optional<std::filesystem::path> latest_checkpoint;
   /// Where metrics.jsonl (and checkpoints) go; empty means `runs/<date>-<time>` under the working directory.
   std::filesystem::path output_dir;
+  /// Where checkpoints go; empty means `<output_dir>/checkpoints`.
+  std::filesystem::path checkpoint_dir;
+  /// How many checkpoints to keep (best by the searcher metric, and latest).
+  Retention retention;
+  /// The trial's id, saved in its checkpoints: resuming a checkpoint of another trial loads its
+  /// weights and optimizer state but starts counting afresh (Determined's warm start).
+  std::int64_t trial_id = 0;
+  /// Catch SIGINT and SIGTERM during fit: finish the batch, checkpoint and return (see FitResult::signal).
+  bool handle_signals = true;
   /// Terminal and log output.
   ReportOptions report;
 
@@ -63,6 +75,9 @@ struct FitOptions {
     o.checkpoint_policy = config.checkpoint_policy;
     o.searcher_metric = config.searcher.metric;
     o.smaller_is_better = config.searcher.smaller_is_better;
+    if (config.checkpoint_storage.path) o.checkpoint_dir = *config.checkpoint_storage.path;
+    o.retention = {.save_trial_best = config.checkpoint_storage.save_trial_best,
+                   .save_trial_latest = config.checkpoint_storage.save_trial_latest};
     return o;
   }
 };
@@ -75,12 +90,18 @@ struct FitResult {
   MetricValues last_training_metrics;
   MetricValues last_validation_metrics;
   std::int64_t validations = 0;
-  /// Checkpoint boundaries reached whose checkpoint was not written (saving is not available yet).
-  std::int64_t checkpoints_not_saved = 0;
-  /// True when the trial asked to stop (context.set_stop_requested).
+  /// The checkpoints this fit wrote, oldest first (some may since have been deleted by retention).
+  std::vector<CheckpointInfo> checkpoints;
+  /// Where checkpoints went.
+  std::filesystem::path checkpoint_dir;
+  /// The batch training resumed from (0 for a fresh start).
+  std::int64_t resumed_from_batch = 0;
+  /// True when the trial asked to stop (context.set_stop_requested) or a signal did.
   bool stop_requested = false;
   /// True when that stop came before max_length.
   bool stopped_early = false;
+  /// The signal (SIGINT, SIGTERM) that stopped training after a checkpoint, or 0.
+  int signal = 0;
   std::filesystem::path output_dir;
 };
 

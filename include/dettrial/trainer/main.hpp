@@ -5,6 +5,7 @@
 
 #include <cstdio>
 #include <exception>
+#include <filesystem>
 #include <iostream>
 #include <string>
 #include <string_view>
@@ -14,6 +15,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include "../config/experiment_config.hpp"
+#include "../checkpoint/storage.hpp"
 #include "../context/context.hpp"
 #include "../detail/error.hpp"
 #include "../version.hpp"
@@ -33,10 +35,15 @@ inline const char* main_usage() {
          "  --config FILE        the experiment config (required)\n"
          "  --set KEY=VALUE      override a config value; KEY is a dotted path such as\n"
          "                       hyperparameters.learning_rate or data.dir (repeatable)\n"
-         "  --output DIR         where metrics.jsonl goes (default: runs/<date>-<time>)\n"
+         "  --output DIR         where metrics.jsonl and checkpoints go (default: runs/<date>-<time>,\n"
+         "                       or the resumed run's directory with --resume)\n"
+         "  --resume PATH        continue from a checkpoint: a checkpoint directory, or a run's\n"
+         "                       output directory (its latest checkpoint)\n"
          "  --test-mode          train one batch and validate one batch, to check the trial runs\n"
          "  --quiet              print nothing but errors\n"
-         "  --help               show this text\n";
+         "  --help               show this text\n"
+         "\n"
+         "SIGINT or SIGTERM finishes the batch, checkpoints and exits with status 75; a second one aborts.\n";
 }
 
 /// Applies `a.b.c=value` to a YAML document; the value is parsed as YAML (numbers stay numbers).
@@ -71,10 +78,15 @@ inline void apply_override(YAML::Node& root, const std::string& assignment) {
 
 }  // namespace detail
 
+/// The exit status of a trial program stopped by SIGINT or SIGTERM after checkpointing (EX_TEMPFAIL:
+/// try again, for example with `--resume`).
+inline constexpr int exit_status_interrupted = 75;
+
 /**
  * @brief The `main` of a trial program: parses the command line, reads the experiment config, builds
  * the context and the trainer, and fits. Returns the process exit status: 0 on success, 1 when the
- * run fails (with one line naming the problem), 2 on a command-line error.
+ * run fails (with one line naming the problem), 2 on a command-line error, exit_status_interrupted
+ * (75) when a signal stopped it after a checkpoint.
  * @code{.cpp}
  * int main(int argc, char** argv) { return dettrial::main<MnistTrial>(argc, argv); }
  * @endcode
@@ -85,6 +97,7 @@ int main(int argc, char** argv, Args&&... trial_args) {
   std::string config_path;
   std::vector<std::string> overrides;
   std::string output;
+  std::string resume;
   bool test_mode = false, quiet = false;
   for (int i = 1; i < argc; ++i) {
     const std::string_view arg = argv[i];
@@ -104,6 +117,8 @@ int main(int argc, char** argv, Args&&... trial_args) {
       overrides.push_back(value(arg));
     } else if (arg == "--output") {
       output = value(arg);
+    } else if (arg == "--resume") {
+      resume = value(arg);
     } else if (arg == "--test-mode") {
       test_mode = true;
     } else if (arg == "--quiet") {
@@ -136,12 +151,19 @@ int main(int argc, char** argv, Args&&... trial_args) {
     options.test_mode = test_mode;
     options.output_dir = output;
     options.report.quiet = quiet;
+    if (!resume.empty()) {
+      const std::filesystem::path checkpoint = resolve_checkpoint(resume);
+      options.latest_checkpoint = checkpoint;
+      // Continue in the resumed run's directory (metrics.jsonl appended, checkpoints beside the old).
+      if (output.empty() && checkpoint.parent_path().filename() == "checkpoints")
+        options.output_dir = checkpoint.parent_path().parent_path();
+    }
     if (!test_mode && !options.max_length)
       throw ConfigError(config_path + ": the config sets no training length; add searcher.max_length, e.g. {batches: 1000}");
     Context context(config);
     Trainer<TrialT> trainer(context, std::forward<Args>(trial_args)...);
-    trainer.fit(std::move(options));
-    return 0;
+    const FitResult result = trainer.fit(std::move(options));
+    return result.signal != 0 ? exit_status_interrupted : 0;
   } catch (const Error& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
   } catch (const c10::Error& e) {

@@ -21,8 +21,11 @@
 #include <utility>
 #include <vector>
 
+#include <c10/util/Type.h>
 #include <torch/torch.h>
 
+#include "../checkpoint/checkpoint.hpp"
+#include "../checkpoint/policy.hpp"
 #include "../context/context.hpp"
 #include "../detail/error.hpp"
 #include "../version.hpp"
@@ -33,6 +36,7 @@
 #include "../trial/concepts.hpp"
 #include "callbacks.hpp"
 #include "fit_options.hpp"
+#include "signals.hpp"
 #include "units.hpp"
 
 namespace dettrial {
@@ -173,6 +177,10 @@ class Trainer {
     std::int64_t last_checkpoint = -1;
     std::optional<double> best_metric;
     bool warned_best_without_metric = false;
+    /// Whether a validation is followed by a checkpoint (the policy picked at the start).
+    bool (*checkpoint_after_validation)(bool improved) = &checkpoint_policy::best::after_validation;
+    std::filesystem::path storage;
+    std::int64_t sequence = 0;
     FitResult result;
     MetricsLog log;
     detail::Progress progress;
@@ -217,19 +225,37 @@ class Trainer {
 
   template <class Set>
   FitResult run(FitOptions options, Set& callbacks) {
-    if (options.latest_checkpoint)
-      throw Error("resuming from a checkpoint (latest_checkpoint '" + options.latest_checkpoint->string() +
-                  "') is not available in dettrial " DETTRIAL_VERSION_STRING);
     RunState st{.options = std::move(options)};
     FitOptions& o = st.options;
     st.length = resolve_length(o);
     o.validation_period = resolve_period(o.validation_period);
     o.checkpoint_period = resolve_period(o.checkpoint_period);
     o.reporting_period = resolve_period(o.reporting_period);
+    if (o.retention.save_trial_best < 0 || o.retention.save_trial_latest < 0)
+      throw ConfigError("checkpoint retention counts (save_trial_best, save_trial_latest) must not be negative");
+    st.checkpoint_after_validation =
+        checkpoint_policy::visit(o.checkpoint_policy, []<class P>(P) { return &P::after_validation; });
+
+    // The checkpoint to resume from is found and checked before anything is written.
+    std::optional<std::filesystem::path> resume_dir;
+    std::optional<TrialProgress> resumed;
+    if (o.latest_checkpoint) {
+      resume_dir = resolve_checkpoint(*o.latest_checkpoint);
+      read_checkpoint_info(*resume_dir);
+      resumed = TrialProgress::from_json(*resume_dir / "trial_state.json");
+    }
+
     if (o.output_dir.empty()) o.output_dir = default_output_dir();
     st.result.output_dir = o.output_dir;
+    st.storage = o.checkpoint_dir.empty() ? o.output_dir / "checkpoints" : o.checkpoint_dir;
+    st.result.checkpoint_dir = st.storage;
     st.log = MetricsLog(o.output_dir);
     st.progress = detail::Progress(o.report);
+    if (context_.distributed().is_chief()) {
+      detail::remove_stale_entries(st.storage);
+      const auto existing = list_checkpoints(st.storage);
+      st.sequence = existing.empty() ? 0 : existing.back().sequence;
+    }
 
     // Each callback that started gets on_trial_shutdown, in reverse order, whatever happens next.
     std::size_t started = 0;
@@ -250,8 +276,11 @@ class Trainer {
         });
       }
     } shutdown{callbacks, started};
+    const bool same_trial = resumed && resumed->trial_id == o.trial_id;
+    const std::int64_t first_batch = same_trial ? resumed->batches_trained : 0;
+    const std::string resume_uuid = resume_dir ? resume_dir->filename().string() : std::string();
     callbacks.each([&](auto& cb) {
-      if constexpr (requires { cb.on_trial_startup(std::int64_t{}, std::string{}); }) cb.on_trial_startup(std::int64_t{0}, std::string{});
+      if constexpr (requires { cb.on_trial_startup(std::int64_t{}, std::string{}); }) cb.on_trial_startup(first_batch, resume_uuid);
       ++started;
     });
 
@@ -260,12 +289,20 @@ class Trainer {
     st.epoch_len = epoch_length(*train_loader_, training_chain());
     if (st.epoch_len < 1) throw DataError("the training data loader yields no batches (its size() is 0)");
     context_.epoch_len_ = st.epoch_len;
-    context_.initial_batch_ = 0;
-    context_.current_batch_ = 0;
+
+    if (resume_dir) restore(st, *resume_dir, same_trial ? *resumed : TrialProgress{.trial_id = o.trial_id}, callbacks);
+    context_.initial_batch_ = st.batches_trained;  // the training stream skips what was trained
+    context_.current_batch_ = st.batches_trained;
+    st.result.resumed_from_batch = st.batches_trained;
 
     st.progress.line("dettrial: trial seed " + std::to_string(context_.get_trial_seed()) + ", device " +
                      context_.device().str() + ", training " + st.length.to_string() + " (an epoch is " +
                      std::to_string(st.epoch_len) + " batches), output " + o.output_dir.string());
+    if (resume_dir)
+      st.progress.line("dettrial: resumed from " + resume_dir->string() +
+                       (same_trial ? " at batch " + std::to_string(st.batches_trained)
+                                   : std::string(" (another trial's checkpoint: weights and optimizer state only)")));
+    detail::StopSignals signals(o.handle_signals);
 
     callbacks.each([&](auto& cb) {
       if constexpr (requires { cb.on_training_start(); }) cb.on_training_start();
@@ -275,7 +312,9 @@ class Trainer {
     train(st, callbacks);
     if (!st.result.stop_requested) {
       if (st.last_validation != st.batches_trained) validate(st, callbacks);
-      if (st.last_checkpoint != st.batches_trained) checkpoint(st);
+      if (st.last_checkpoint != st.batches_trained) checkpoint(st, callbacks);
+      // The trial is complete: retention applies without sparing the newest.
+      if (context_.distributed().is_chief()) apply_retention(st, {});
     }
     st.result.batches_trained = st.batches_trained;
     st.result.epochs_trained = st.epochs_trained;
@@ -359,16 +398,26 @@ class Trainer {
         ++batch_idx;
         if (reached[train_boundary] || reached[validate_boundary] || reached[checkpoint_boundary] || reached[report_boundary])
           break;
+        if (detail::StopSignals::received() != 0) break;
       }
 
       report_training(st, means, records, callbacks, batch_metrics);
+      if (const int signal = detail::StopSignals::received(); signal != 0) {
+        if (st.last_checkpoint != st.batches_trained) checkpoint(st, callbacks);
+        st.result.signal = signal;
+        st.result.stop_requested = true;
+        st.result.stopped_early = remaining(st) > 0;
+        st.progress.line(std::string("dettrial: stopped by ") + (signal == SIGINT ? "SIGINT" : signal == SIGTERM ? "SIGTERM" : "a signal") +
+                         " after batch " + std::to_string(st.batches_trained) + "; resume from " + st.storage.string());
+        return;
+      }
       // Determined handles the reached boundaries in this order and honours a stop request after each.
       for (const Boundary b : {train_boundary, validate_boundary, checkpoint_boundary, report_boundary}) {
         if (!reached[b]) continue;
         if (b == validate_boundary && st.last_validation != st.batches_trained) validate(st, callbacks);
-        if (b == checkpoint_boundary && st.last_checkpoint != st.batches_trained) checkpoint(st);
+        if (b == checkpoint_boundary && st.last_checkpoint != st.batches_trained) checkpoint(st, callbacks);
         if (context_.get_stop_requested()) {
-          if (st.last_checkpoint != st.batches_trained) checkpoint(st);
+          if (st.last_checkpoint != st.batches_trained) checkpoint(st, callbacks);
           st.result.stopped_early = remaining(st) > 0;
           st.result.stop_requested = true;
           st.progress.line("dettrial: stop requested; stopped after batch " + std::to_string(st.batches_trained));
@@ -464,42 +513,172 @@ class Trainer {
     st.progress.line("[validation]" + detail::format_metrics(reported) + tail);
     st.log.write("validation", st.batches_trained, st.epochs_trained, reported, "seconds", seconds);
     st.result.last_validation_metrics = reported;
-    apply_checkpoint_policy(st, reported);
+    apply_checkpoint_policy(st, reported, callbacks);
   }
 
-  void apply_checkpoint_policy(RunState& st, const MetricValues& metrics) {
-    if (st.last_checkpoint == st.batches_trained) return;
-    switch (st.options.checkpoint_policy) {
-      case CheckpointPolicy::none: return;
-      case CheckpointPolicy::all: checkpoint(st); return;
-      case CheckpointPolicy::best: {
-        if (st.options.searcher_metric.empty()) {
-          if (!st.warned_best_without_metric)
-            st.progress.line("dettrial: checkpoint_policy 'best' has no searcher metric to compare; checkpointing after every validation");
-          st.warned_best_without_metric = true;
-          checkpoint(st);
-          return;
-        }
-        const auto value = metrics.get(st.options.searcher_metric);
-        if (!value)
-          throw TrialError("checkpoint_policy 'best' compares the searcher metric '" + st.options.searcher_metric +
-                           "', which validation did not report");
-        const bool better = !st.best_metric || (st.options.smaller_is_better ? *value < *st.best_metric : *value > *st.best_metric);
-        if (better) {
-          st.best_metric = *value;
-          checkpoint(st);
-        }
-        return;
-      }
+  /// After a validation: tracks the best searcher metric and checkpoints as the policy says.
+  template <class Set>
+  void apply_checkpoint_policy(RunState& st, const MetricValues& metrics, Set& callbacks) {
+    bool improved = true;  // without a searcher metric every validation counts as the best so far
+    if (!st.options.searcher_metric.empty()) {
+      const auto value = metrics.get(st.options.searcher_metric);
+      if (!value)
+        throw TrialError("the searcher metric '" + st.options.searcher_metric + "' was not reported by validation (it reported" +
+                         detail::format_metrics(metrics) + ")");
+      improved = !st.best_metric || (st.options.smaller_is_better ? *value < *st.best_metric : *value > *st.best_metric);
+      if (improved) st.best_metric = *value;
+    } else if (st.options.checkpoint_policy == CheckpointPolicy::best && !st.warned_best_without_metric) {
+      st.progress.line("dettrial: checkpoint_policy 'best' has no searcher metric to compare; checkpointing after every validation");
+      st.warned_best_without_metric = true;
     }
+    if (st.last_checkpoint != st.batches_trained && st.checkpoint_after_validation(improved)) checkpoint(st, callbacks);
   }
 
-  /// A checkpoint boundary. Writing checkpoints is not available yet, so this says so and saves nothing.
-  void checkpoint(RunState& st) {
+  TrialProgress progress_of(const RunState& st) const {
+    return TrialProgress{.trial_id = st.options.trial_id,
+                         .batches_trained = st.batches_trained,
+                         .epochs_trained = st.epochs_trained,
+                         .last_validation = st.last_validation,
+                         .last_checkpoint = st.last_checkpoint,
+                         .best_validation = st.best_metric,
+                         .training_data_seed = data_seed(*train_loader_),
+                         .validation_data_seed = data_seed(*validation_loader_)};
+  }
+  template <class L>
+  static std::optional<std::uint64_t> data_seed(const L& loader) {
+    if constexpr (requires { { loader.seed() } -> std::convertible_to<std::uint64_t>; }) return loader.seed();
+    else return std::nullopt;
+  }
+  template <class L>
+  static void restore_data_seed(L& loader, const std::optional<std::uint64_t>& seed) {
+    if constexpr (requires { loader.set_seed(std::uint64_t{}); })
+      if (seed) loader.set_seed(*seed);
+  }
+
+  /// A callback's name in checkpoints: its `name()` if it has one, else its position.
+  template <class C>
+  static std::string callback_name(const C& cb, std::size_t index) {
+    if constexpr (requires { std::string(cb.name()); }) return std::string(cb.name());
+    else return "callback_" + std::to_string(index);
+  }
+
+  /**
+   * @brief Writes a checkpoint (Determined's layout, crash-safe) on the chief, runs the checkpoint
+   * hooks, and applies retention sparing the new one.
+   */
+  template <class Set>
+  void checkpoint(RunState& st, Set& callbacks) {
     st.last_checkpoint = st.batches_trained;
-    ++st.result.checkpoints_not_saved;
-    st.progress.line("[checkpoint] batches " + std::to_string(st.batches_trained) +
-                     ": not saved (checkpoint saving is not available in dettrial " DETTRIAL_VERSION_STRING ")");
+    if (!context_.distributed().is_chief()) return;
+    const auto started = std::chrono::steady_clock::now();
+    StateDict top = detail::ContextCheckpoint::python_state(context_);
+    StateDict callback_states(c10::StringType::get(), c10::AnyType::get());
+    std::size_t index = 0;
+    callbacks.each([&](auto& cb) {
+      if constexpr (requires { c10::IValue(cb.state_dict()); }) callback_states.insert(callback_name(cb, index), c10::IValue(cb.state_dict()));
+      ++index;
+    });
+    top.insert("callbacks", callback_states);
+    callbacks.each([&](auto& cb) {
+      if constexpr (requires { cb.on_checkpoint_save_start(top); }) cb.on_checkpoint_save_start(top);
+    });
+
+    const std::string uuid = detail::new_uuid();
+    CheckpointWriter writer(st.storage, uuid);
+    writer.add_file("state_dict.pth", detail::pickle_archive(top));
+    const bool mid_aggregation = st.batches_trained % context_.aggregation_frequency() != 0;
+    writer.add_file("dettrial_state.pt", detail::ContextCheckpoint::native_state(context_, mid_aggregation));
+    writer.add_file("trial_state.json", progress_of(st).to_json());
+    writer.add_file("load_data.json", load_data_json());
+
+    CheckpointInfo info{.uuid = uuid, .batches_trained = st.batches_trained, .epochs_trained = st.epochs_trained, .sequence = ++st.sequence};
+    if (st.last_validation == st.batches_trained && !st.options.searcher_metric.empty())
+      info.validation_metric = st.result.last_validation_metrics.get(st.options.searcher_metric);
+    std::string fields;
+    fields += "\"uuid\": ";
+    detail::append_json_string(fields, uuid);
+    fields += ", \"steps_completed\": " + std::to_string(st.batches_trained);
+    fields += ", \"epochs_trained\": " + std::to_string(st.epochs_trained);
+    fields += ", \"sequence\": " + std::to_string(info.sequence);
+    fields += ", \"framework\": \"torch-" + std::to_string(TORCH_VERSION_MAJOR) + "." + std::to_string(TORCH_VERSION_MINOR) + "." +
+              std::to_string(TORCH_VERSION_PATCH) + "\", \"format\": \"pickle\"";
+    fields += ", \"dettrial_version\": \"" DETTRIAL_VERSION_STRING "\", \"dettrial_format\": " + std::to_string(checkpoint_format_version);
+    fields += ", \"searcher_metric\": ";
+    detail::append_json_string(fields, st.options.searcher_metric);
+    fields += ", \"validation_metric\": ";
+    if (info.validation_metric) detail::append_json_number(fields, *info.validation_metric);
+    else fields += "null";
+    info.path = writer.commit(fields);
+    st.result.checkpoints.push_back(info);
+
+    callbacks.each([&](auto& cb) {
+      if constexpr (requires { cb.on_checkpoint_write_end(info.path); }) cb.on_checkpoint_write_end(info.path);
+    });
+    callbacks.each([&](auto& cb) {
+      if constexpr (requires { cb.on_checkpoint_upload_end(uuid); }) cb.on_checkpoint_upload_end(uuid);
+    });
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    char tail[48];
+    std::snprintf(tail, sizeof tail, " (%.2f s)", seconds);
+    st.progress.line("[checkpoint] batches " + std::to_string(st.batches_trained) + ": " + info.path.string() + tail);
+    apply_retention(st, uuid);
+  }
+
+  /// Deletes the checkpoints retention lets go; `keep_uuid` (the newest, mid-trial) is spared.
+  void apply_retention(RunState& st, std::string_view keep_uuid) {
+    for (const CheckpointInfo& doomed :
+         checkpoints_to_delete(list_checkpoints(st.storage), st.options.retention, st.options.smaller_is_better, keep_uuid))
+      delete_checkpoint(doomed);
+  }
+
+  /// `load_data.json`: what Determined records to rebuild the trial (config, hyperparameters, type).
+  std::string load_data_json() const {
+    std::string out = "{\"trial_type\": \"dettrial\", \"experiment_config\": ";
+    detail::append_yaml_as_json(out, context_.get_experiment_config().yaml);
+    out += ", \"hparams\": ";
+    detail::append_yaml_as_json(out, context_.get_hparams().yaml());
+    out += ", \"trial_cls_spec\": ";
+    detail::append_json_string(out, c10::demangle(typeid(TrialT).name()));
+    out += ", \"is_trainer\": true}\n";
+    return out;
+  }
+
+  /**
+   * @brief Restores a checkpoint: models (names and shapes checked), optimizers, schedulers, pending
+   * gradients, RNGs, callbacks, and where the trial stands (`progress`).
+   */
+  template <class Set>
+  void restore(RunState& st, const std::filesystem::path& dir, const TrialProgress& progress, Set& callbacks) {
+    const std::filesystem::path file = dir / "state_dict.pth";
+    const c10::IValue loaded = detail::unpickle_archive(read_checked_file(dir, "state_dict.pth"), file);
+    if (!loaded.isGenericDict()) throw CheckpointError("checkpoint file '" + file.string() + "' does not hold a dict");
+    const StateDict top = loaded.toGenericDict();
+    callbacks.each([&](auto& cb) {
+      if constexpr (requires { cb.on_checkpoint_load_start(top); }) cb.on_checkpoint_load_start(top);
+    });
+    detail::ContextCheckpoint::load_models(context_, top, file);
+    detail::ContextCheckpoint::load_native(context_, read_checked_file(dir, "dettrial_state.pt"), dir / "dettrial_state.pt");
+    detail::ContextCheckpoint::load_rng(context_, top, file);
+    StateDict callback_states(c10::StringType::get(), c10::AnyType::get());
+    if (const auto it = top.find("callbacks"); it != top.end() && it->value().isGenericDict()) callback_states = it->value().toGenericDict();
+    std::size_t index = 0;
+    callbacks.each([&](auto& cb) {
+      if constexpr (requires { cb.load_state_dict(c10::IValue()); }) {
+        const std::string name = callback_name(cb, index);
+        if (const auto found = callback_states.find(name); found != callback_states.end())
+          cb.load_state_dict(found->value());
+        else
+          st.progress.line("dettrial: warning: the checkpoint has no state for callback '" + name + "'");
+      }
+      ++index;
+    });
+    restore_data_seed(*train_loader_, progress.training_data_seed);
+    restore_data_seed(*validation_loader_, progress.validation_data_seed);
+    st.batches_trained = progress.batches_trained;
+    st.epochs_trained = progress.epochs_trained;
+    st.last_validation = progress.last_validation;
+    st.last_checkpoint = progress.last_checkpoint;
+    st.best_metric = progress.best_validation;
   }
 
   /// A copy whose tensors are detached from the graph and on the CPU (kept for callbacks).

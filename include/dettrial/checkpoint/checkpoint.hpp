@@ -1,0 +1,296 @@
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief What a checkpoint holds and how a Context's models, optimizers, schedulers, gradients and
+/// RNGs go in and out of it; loading a checkpoint's models for evaluation or inference.
+///
+/// A checkpoint directory (Determined's layout):
+/// - `state_dict.pth`: `torch.load`-able dict with `models_state_dict`, `optimizers_state_dict` (Python
+///   layout), `lr_schedulers_state_dict`, `callbacks`, `rng_state`;
+/// - `dettrial_state.pt`: LibTorch's own archives of the optimizers and schedulers (every optimizer
+///   restored exactly, whatever its type) and, mid gradient aggregation, the pending gradients;
+/// - `trial_state.json`: where the trial stands (batches, epochs, last validation and checkpoint);
+/// - `load_data.json`: the experiment config and hyperparameters;
+/// - `metadata.json`, written last: steps completed, framework, format, each file's size and CRC-32.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <mutex>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <utility>
+
+#include <torch/torch.h>
+
+#include "../context/context.hpp"
+#include "../detail/error.hpp"
+#include "../detail/json.hpp"
+#include "state_dict.hpp"
+#include "storage.hpp"
+
+namespace dettrial {
+
+/// Where a trial stands (Determined's `_TrialState`); saved in every checkpoint as `trial_state.json`.
+struct TrialProgress {
+  std::int64_t trial_id = 0;
+  std::int64_t batches_trained = 0;
+  std::int64_t epochs_trained = 0;
+  /// `batches_trained` at the last validation and checkpoint; -1 when there was none.
+  std::int64_t last_validation = -1;
+  std::int64_t last_checkpoint = -1;
+  /// The best searcher metric validated so far (what `checkpoint_policy: best` compares against).
+  std::optional<double> best_validation;
+  /// The shuffle seeds of the data loaders (those that have one), so a resumed trial reads the same order.
+  std::optional<std::uint64_t> training_data_seed;
+  std::optional<std::uint64_t> validation_data_seed;
+
+  std::string to_json() const {
+    std::string out = "{\"trial_id\": " + std::to_string(trial_id) + ", \"batches_trained\": " + std::to_string(batches_trained) +
+                      ", \"epochs_trained\": " + std::to_string(epochs_trained) + ", \"last_val\": " + std::to_string(last_validation) +
+                      ", \"last_ckpt\": " + std::to_string(last_checkpoint) + ", \"best_validation\": ";
+    if (best_validation) detail::append_json_number(out, *best_validation);
+    else out += "null";
+    // As strings: 64-bit seeds do not survive JSON readers that use doubles.
+    for (const auto& [key, seed] : {std::pair{"training_data_seed", training_data_seed}, std::pair{"validation_data_seed", validation_data_seed}})
+      out += std::string(", \"") + key + "\": " + (seed ? "\"" + std::to_string(*seed) + "\"" : std::string("null"));
+    return out + "}\n";
+  }
+  static TrialProgress from_json(const std::filesystem::path& file) {
+    const YAML::Node n = detail::load_json_file<CheckpointError>(file);
+    TrialProgress p;
+    try {
+      p.trial_id = n["trial_id"].as<std::int64_t>();
+      p.batches_trained = n["batches_trained"].as<std::int64_t>();
+      p.epochs_trained = n["epochs_trained"].as<std::int64_t>();
+      p.last_validation = n["last_val"].as<std::int64_t>();
+      p.last_checkpoint = n["last_ckpt"].as<std::int64_t>();
+      if (n["best_validation"] && !n["best_validation"].IsNull()) p.best_validation = n["best_validation"].as<double>();
+      if (n["training_data_seed"] && !n["training_data_seed"].IsNull()) p.training_data_seed = n["training_data_seed"].as<std::uint64_t>();
+      if (n["validation_data_seed"] && !n["validation_data_seed"].IsNull())
+        p.validation_data_seed = n["validation_data_seed"].as<std::uint64_t>();
+    } catch (const YAML::Exception& e) {
+      throw CheckpointError("'" + file.string() + "' lacks a field or has one of the wrong type: " + e.msg);
+    }
+    return p;
+  }
+};
+
+namespace detail {
+
+inline const c10::IValue& require_entry(const StateDict& dict, const char* key, const std::string& what) {
+  const auto it = dict.find(key);
+  if (it == dict.end()) throw CheckpointError(what + " has no '" + key + "'");
+  return it->value();
+}
+
+/// Moves a Context's state into and out of checkpoint files (a friend of Context).
+struct ContextCheckpoint {
+  /// The Python-readable part (without callbacks, which the trainer adds).
+  static StateDict python_state(Context& c) {
+    c10::impl::GenericList models(c10::AnyType::get());
+    for (const auto& m : c.models_) models.push_back(module_state_dict(*m));
+    c10::impl::GenericList optimizers(c10::AnyType::get());
+    for (auto& w : c.optimizers_) optimizers.push_back(optimizer_state_dict(*w.optimizer));
+    c10::impl::GenericList schedulers(c10::AnyType::get());
+    for (auto& s : c.schedulers_) {
+      StateDict d(c10::StringType::get(), c10::AnyType::get());
+      // Python schedulers step once when built: LibTorch's k steps are Python's last_epoch k.
+      if (const std::int64_t steps = s.steps_taken(s.scheduler); steps >= 0) {
+        d.insert("last_epoch", steps);
+        d.insert("_step_count", steps + 1);
+      }
+      schedulers.push_back(d);
+    }
+    StateDict rng(c10::StringType::get(), c10::AnyType::get());
+    rng.insert("cpu_rng_state", at::detail::getDefaultCPUGenerator().get_state());
+    if (c.device_.is_cuda()) rng.insert("gpu_rng_state", at::globalContext().defaultGenerator(c.device_).get_state());
+    StateDict out(c10::StringType::get(), c10::AnyType::get());
+    out.insert("models_state_dict", models);
+    out.insert("optimizers_state_dict", optimizers);
+    out.insert("lr_schedulers_state_dict", schedulers);
+    out.insert("rng_state", rng);
+    return out;
+  }
+
+  /// LibTorch's archives of the optimizers and schedulers, and pending gradients when `with_grads`.
+  static std::string native_state(Context& c, bool with_grads) {
+    torch::serialize::OutputArchive archive;
+    archive.write("format", c10::IValue(checkpoint_format_version));
+    torch::serialize::OutputArchive optimizers;
+    for (std::size_t i = 0; i < c.optimizers_.size(); ++i) {
+      torch::serialize::OutputArchive one;
+      c.optimizers_[i].optimizer->save(one);
+      // LibTorch's optimizer load restores the per-parameter state but not the groups' options
+      // (learning rate, momentum, ...), which schedulers change: they are saved beside it.
+      torch::serialize::OutputArchive groups;
+      const auto& param_groups = c.optimizers_[i].optimizer->param_groups();
+      for (std::size_t g = 0; g < param_groups.size(); ++g) {
+        torch::serialize::OutputArchive options;
+        param_groups[g].options().serialize(options);
+        groups.write(std::to_string(g), options);
+      }
+      one.write("dettrial_group_options", groups);
+      optimizers.write(std::to_string(i), one);
+    }
+    archive.write("optimizers", optimizers);
+    torch::serialize::OutputArchive schedulers;
+    for (std::size_t i = 0; i < c.schedulers_.size(); ++i) {
+      torch::serialize::OutputArchive one;
+      c.schedulers_[i].save(c.schedulers_[i].scheduler, one);
+      schedulers.write(std::to_string(i), one);
+    }
+    archive.write("schedulers", schedulers);
+    if (with_grads) {
+      // By position: the models were checked entry by entry before these are read back.
+      torch::serialize::OutputArchive grads;
+      for (std::size_t i = 0; i < c.models_.size(); ++i) {
+        torch::serialize::OutputArchive model;
+        const auto params = c.models_[i]->parameters();
+        for (std::size_t j = 0; j < params.size(); ++j)
+          if (params[j].grad().defined()) model.write("p" + std::to_string(j), params[j].grad(), /*is_buffer=*/true);
+        grads.write(std::to_string(i), model);
+      }
+      archive.write("grads", grads);
+    }
+    std::string out;
+    archive.save_to([&](const void* bytes, std::size_t n) {
+      out.append(static_cast<const char*>(bytes), n);
+      return n;
+    });
+    return out;
+  }
+
+  /// Checks and loads every model of `top` (state_dict.pth's dict) into the context's models.
+  static void load_models(Context& c, const StateDict& top, const std::filesystem::path& file) {
+    const std::string what = "checkpoint file '" + file.string() + "'";
+    const c10::IValue& models = require_entry(top, "models_state_dict", what);
+    if (!models.isList()) throw CheckpointError(what + ": 'models_state_dict' is not a list");
+    const auto list = models.toList();
+    if (list.size() != c.models_.size())
+      throw CheckpointError(what + " holds " + std::to_string(list.size()) + " model(s), but the trial wraps " +
+                            std::to_string(c.models_.size()));
+    for (std::size_t i = 0; i < list.size(); ++i) {
+      const c10::IValue entry = list.get(i);
+      if (!entry.isGenericDict()) throw CheckpointError(what + ": model " + std::to_string(i) + " is not a state dict");
+      load_module_state_dict(*c.models_[i], entry.toGenericDict(), what + ", model " + std::to_string(i) + ",");
+    }
+  }
+
+  static void load_rng(Context& c, const StateDict& top, const std::filesystem::path& file) {
+    const std::string what = "checkpoint file '" + file.string() + "'";
+    const c10::IValue& rng = require_entry(top, "rng_state", what);
+    if (!rng.isGenericDict()) throw CheckpointError(what + ": 'rng_state' is not a dict");
+    const StateDict states = rng.toGenericDict();
+    set_generator_state(at::detail::getDefaultCPUGenerator(), require_entry(states, "cpu_rng_state", what + "'s rng_state").toTensor());
+    if (const auto gpu = states.find("gpu_rng_state"); gpu != states.end() && c.device_.is_cuda())
+      set_generator_state(at::globalContext().defaultGenerator(c.device_), gpu->value().toTensor());
+  }
+
+  static void set_generator_state(at::Generator generator, const torch::Tensor& state) {  // a handle: copies share the generator
+    std::lock_guard<std::mutex> lock(generator.mutex());
+    generator.set_state(state);
+  }
+
+  static void load_native(Context& c, const std::string& bytes, const std::filesystem::path& file) {
+    const std::string what = "checkpoint file '" + file.string() + "'";
+    torch::serialize::InputArchive archive;
+    try {
+      archive.load_from(bytes.data(), bytes.size());
+    } catch (const std::exception& e) {
+      throw CheckpointError("cannot read " + what + ": " + first_line(e.what()));
+    }
+    auto sub = [&](const char* key) {
+      torch::serialize::InputArchive a;
+      if (!archive.try_read(key, a)) throw CheckpointError(what + " has no '" + key + "' section");
+      return a;
+    };
+    auto count = [](torch::serialize::InputArchive& a) { return a.keys().size(); };
+    torch::serialize::InputArchive optimizers = sub("optimizers");
+    if (count(optimizers) != c.optimizers_.size())
+      throw CheckpointError(what + " holds " + std::to_string(count(optimizers)) + " optimizer(s), but the trial wraps " +
+                            std::to_string(c.optimizers_.size()));
+    for (std::size_t i = 0; i < c.optimizers_.size(); ++i) {
+      torch::serialize::InputArchive one;
+      optimizers.read(std::to_string(i), one);
+      try {
+        auto& optimizer = *c.optimizers_[i].optimizer;
+        optimizer.load(one);
+        torch::serialize::InputArchive groups;
+        one.read("dettrial_group_options", groups);
+        for (std::size_t g = 0; g < optimizer.param_groups().size(); ++g) {
+          torch::serialize::InputArchive options;
+          groups.read(std::to_string(g), options);
+          optimizer.param_groups()[g].options().serialize(options);
+        }
+      } catch (const std::exception& e) {
+        throw CheckpointError(what + ": optimizer " + std::to_string(i) + " does not match the trial's: " + first_line(e.what()));
+      }
+    }
+    torch::serialize::InputArchive schedulers = sub("schedulers");
+    if (count(schedulers) != c.schedulers_.size())
+      throw CheckpointError(what + " holds " + std::to_string(count(schedulers)) + " LR scheduler(s), but the trial wraps " +
+                            std::to_string(c.schedulers_.size()));
+    for (std::size_t i = 0; i < c.schedulers_.size(); ++i) {
+      torch::serialize::InputArchive one;
+      schedulers.read(std::to_string(i), one);
+      try {
+        c.schedulers_[i].load(c.schedulers_[i].scheduler, one);
+      } catch (const std::exception& e) {
+        throw CheckpointError(what + ": LR scheduler " + std::to_string(i) + " cannot be restored: " + first_line(e.what()));
+      }
+    }
+    torch::serialize::InputArchive grads;
+    const bool has_grads = archive.try_read("grads", grads);
+    for (std::size_t i = 0; i < c.models_.size(); ++i) {
+      torch::serialize::InputArchive model;
+      const bool has_model = has_grads && grads.try_read(std::to_string(i), model);
+      auto params = c.models_[i]->parameters();
+      for (std::size_t j = 0; j < params.size(); ++j) {
+        torch::Tensor g;
+        if (has_model && model.try_read("p" + std::to_string(j), g, /*is_buffer=*/true))
+          params[j].mutable_grad() = g.to(params[j].device());
+        else if (params[j].grad().defined())
+          params[j].mutable_grad() = torch::Tensor();  // nothing was pending at the checkpoint
+      }
+    }
+  }
+
+  static std::string first_line(std::string text) {
+    if (const auto nl = text.find('\n'); nl != std::string::npos) text.resize(nl);
+    return text;
+  }
+};
+
+}  // namespace detail
+
+/**
+ * @brief Loads a checkpoint's models into a trial's wrapped models, for evaluation or inference
+ * without training: build the trial (`Trainer<T> trainer(context)`), then
+ * `dettrial::load_models(path, context)`. `path` is a checkpoint directory, or a directory holding
+ * checkpoints (the latest is taken). Names and shapes are checked before anything is copied.
+ */
+inline CheckpointInfo load_models(const std::filesystem::path& path, Context& context) {
+  const std::filesystem::path dir = resolve_checkpoint(path);
+  const CheckpointInfo info = read_checkpoint_info(dir);
+  const std::filesystem::path file = dir / "state_dict.pth";
+  const c10::IValue top = detail::unpickle_archive(read_checked_file(dir, "state_dict.pth"), file);
+  if (!top.isGenericDict()) throw CheckpointError("checkpoint file '" + file.string() + "' does not hold a dict");
+  detail::ContextCheckpoint::load_models(context, top.toGenericDict(), file);
+  return info;
+}
+
+/// Loads model `index` of a checkpoint into a bare module (no trial needed), checking names and shapes.
+inline void load_model(const std::filesystem::path& path, torch::nn::Module& module, std::size_t index = 0) {
+  const std::filesystem::path dir = resolve_checkpoint(path);
+  const std::filesystem::path file = dir / "state_dict.pth";
+  const c10::IValue top = detail::unpickle_archive(read_checked_file(dir, "state_dict.pth"), file);
+  const std::string what = "checkpoint file '" + file.string() + "'";
+  if (!top.isGenericDict()) throw CheckpointError(what + " does not hold a dict");
+  const auto models = detail::require_entry(top.toGenericDict(), "models_state_dict", what).toList();
+  if (index >= models.size())
+    throw CheckpointError(what + " holds " + std::to_string(models.size()) + " model(s); there is no model " + std::to_string(index));
+  load_module_state_dict(module, models.get(index).toGenericDict(), what + ", model " + std::to_string(index) + ",");
+}
+
+}  // namespace dettrial

@@ -1,0 +1,246 @@
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief State dicts Python can load: models as name-to-tensor maps with Python's names, optimizers
+/// in Python's layout, written as a `torch.save` zip archive; and loading a model's state dict back
+/// with every name and shape checked before anything is copied.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include <caffe2/serialize/inline_container.h>
+#include <torch/csrc/jit/serialization/export.h>
+#include <torch/csrc/jit/serialization/pickle.h>
+#include <torch/csrc/jit/serialization/pickler.h>
+#include <torch/torch.h>
+
+#include "../detail/error.hpp"
+
+namespace dettrial {
+
+using StateDict = c10::impl::GenericDict;
+
+namespace detail {
+
+/**
+ * @brief `value` as a `torch.save` archive (a zip with `data.pkl` and `data/<n>`). The pickler is
+ * told not to tag containers with TorchScript types, so the file uses only the globals Python's
+ * weights-only loader allows (`_rebuild_tensor_v2`, the storage types, `OrderedDict`).
+ */
+inline std::string pickle_archive(const c10::IValue& value) {
+  std::vector<char> pickle;
+  torch::jit::Pickler pickler([&](const char* bytes, std::size_t n) { pickle.insert(pickle.end(), bytes, bytes + n); },
+                              /*tensor_table=*/nullptr, /*type_renamer=*/nullptr, /*memoized_class_types=*/nullptr,
+                              /*get_tensor_id=*/nullptr, /*tag_aggregates=*/false);
+  pickler.protocol();
+  pickler.pushIValue(value);
+  pickler.stop();
+  std::string out;
+  caffe2::serialize::PyTorchStreamWriter writer([&](const void* bytes, std::size_t n) {
+    out.append(static_cast<const char*>(bytes), n);
+    return n;
+  });
+  torch::jit::writeArchiveAndTensors("data", pickle.data(), pickle.size(), pickler.tensorData(), writer);
+  writer.writeEndOfFile();
+  return out;
+}
+
+/// Reads an archive written by pickle_archive (or a compatible `torch.save`); `file` names it in errors.
+inline c10::IValue unpickle_archive(const std::string& bytes, const std::filesystem::path& file) {
+  try {
+    return torch::jit::pickle_load(std::vector<char>(bytes.begin(), bytes.end()));
+  } catch (const std::exception& e) {
+    std::string why = e.what();
+    if (const auto nl = why.find('\n'); nl != std::string::npos) why.resize(nl);
+    throw CheckpointError("cannot read '" + file.string() + "' as a torch.save archive: " + why);
+  }
+}
+
+/// Every parameter and buffer of a module with Python's state-dict names, in Python's order.
+template <class F>
+void for_each_state_entry(const torch::nn::Module& module, F&& f) {
+  for (const auto& item : module.named_modules(/*name_prefix=*/"", /*include_self=*/true)) {
+    const std::string prefix = item.key().empty() ? std::string() : item.key() + ".";
+    for (const auto& p : item.value()->named_parameters(/*recurse=*/false))
+      if (p.value().defined()) f(prefix + p.key(), p.value());
+    for (const auto& b : item.value()->named_buffers(/*recurse=*/false))
+      if (b.value().defined()) f(prefix + b.key(), b.value());
+  }
+}
+
+inline std::string shape_text(c10::IntArrayRef sizes) {
+  std::ostringstream s;
+  s << sizes;
+  return s.str();
+}
+
+/// Optimizer state is keyed by the parameter's TensorImpl: its address as text in LibTorch 1.x, the
+/// pointer itself in 2.x. The key type tells which.
+template <class StateMap>
+auto optimizer_state_key(const torch::Tensor& p) {
+  using Key = typename StateMap::key_type;
+  if constexpr (std::is_same_v<Key, std::string>) {
+    std::ostringstream s;
+    s << p.unsafeGetTensorImpl();
+    return s.str();
+  } else {
+    return Key(p.unsafeGetTensorImpl());
+  }
+}
+
+inline c10::IValue scalar_tensor(double v) { return torch::tensor(v, torch::kFloat32); }
+
+/// One parameter's optimizer state and its group's options, in Python's names, for the built-in optimizers.
+inline bool python_param_state(const torch::optim::OptimizerParamState& state, c10::impl::GenericDict& out) {
+  auto put = [&](const char* key, const torch::Tensor& t) {
+    if (t.defined()) out.insert(key, t.detach());
+  };
+  if (const auto* s = dynamic_cast<const torch::optim::SGDParamState*>(&state)) {
+    put("momentum_buffer", s->momentum_buffer());
+  } else if (const auto* s = dynamic_cast<const torch::optim::AdamParamState*>(&state)) {
+    out.insert("step", scalar_tensor(static_cast<double>(s->step())));
+    put("exp_avg", s->exp_avg());
+    put("exp_avg_sq", s->exp_avg_sq());
+    put("max_exp_avg_sq", s->max_exp_avg_sq());
+  } else if (const auto* s = dynamic_cast<const torch::optim::AdamWParamState*>(&state)) {
+    out.insert("step", scalar_tensor(static_cast<double>(s->step())));
+    put("exp_avg", s->exp_avg());
+    put("exp_avg_sq", s->exp_avg_sq());
+    put("max_exp_avg_sq", s->max_exp_avg_sq());
+  } else if (const auto* s = dynamic_cast<const torch::optim::AdagradParamState*>(&state)) {
+    out.insert("step", scalar_tensor(static_cast<double>(s->step())));
+    put("sum", s->sum());
+  } else if (const auto* s = dynamic_cast<const torch::optim::RMSpropParamState*>(&state)) {
+    out.insert("step", static_cast<std::int64_t>(s->step()));
+    put("square_avg", s->square_avg());
+    put("momentum_buffer", s->momentum_buffer());
+    put("grad_avg", s->grad_avg());
+  } else {
+    return false;
+  }
+  return true;
+}
+
+inline void python_group_options(const torch::optim::OptimizerOptions& options, c10::impl::GenericDict& out) {
+  auto betas = [](const auto& b) { return c10::ivalue::Tuple::create({std::get<0>(b), std::get<1>(b)}); };
+  if (const auto* o = dynamic_cast<const torch::optim::SGDOptions*>(&options)) {
+    out.insert("lr", o->lr());
+    out.insert("momentum", o->momentum());
+    out.insert("dampening", o->dampening());
+    out.insert("weight_decay", o->weight_decay());
+    out.insert("nesterov", o->nesterov());
+    out.insert("maximize", false);
+  } else if (const auto* o = dynamic_cast<const torch::optim::AdamOptions*>(&options)) {
+    out.insert("lr", o->lr());
+    out.insert("betas", betas(o->betas()));
+    out.insert("eps", o->eps());
+    out.insert("weight_decay", o->weight_decay());
+    out.insert("amsgrad", o->amsgrad());
+    out.insert("maximize", false);
+  } else if (const auto* o = dynamic_cast<const torch::optim::AdamWOptions*>(&options)) {
+    out.insert("lr", o->lr());
+    out.insert("betas", betas(o->betas()));
+    out.insert("eps", o->eps());
+    out.insert("weight_decay", o->weight_decay());
+    out.insert("amsgrad", o->amsgrad());
+    out.insert("maximize", false);
+  } else if (const auto* o = dynamic_cast<const torch::optim::AdagradOptions*>(&options)) {
+    out.insert("lr", o->lr());
+    out.insert("lr_decay", o->lr_decay());
+    out.insert("weight_decay", o->weight_decay());
+    out.insert("initial_accumulator_value", o->initial_accumulator_value());
+    out.insert("eps", o->eps());
+    out.insert("maximize", false);
+  } else if (const auto* o = dynamic_cast<const torch::optim::RMSpropOptions*>(&options)) {
+    out.insert("lr", o->lr());
+    out.insert("alpha", o->alpha());
+    out.insert("eps", o->eps());
+    out.insert("weight_decay", o->weight_decay());
+    out.insert("momentum", o->momentum());
+    out.insert("centered", o->centered());
+    out.insert("maximize", false);
+  } else {
+    out.insert("lr", options.get_lr());
+  }
+}
+
+}  // namespace detail
+
+/**
+ * @brief A module's state dict as Python's `module.state_dict()` has it: parameters and buffers under
+ * their dotted names (`0.weight`, `fc1.bias`, `bn.running_mean`), detached.
+ */
+inline StateDict module_state_dict(const torch::nn::Module& module) {
+  StateDict out(c10::StringType::get(), c10::TensorType::get());
+  detail::for_each_state_entry(module, [&](const std::string& name, const torch::Tensor& t) { out.insert(name, t.detach()); });
+  return out;
+}
+
+/**
+ * @brief An optimizer's state dict in Python's layout: `state` keyed by parameter index (counted
+ * across groups), `param_groups` with their options and `params` as those indices. The built-in
+ * optimizers (SGD, Adam, AdamW, Adagrad, RMSprop) are written in full; for others, groups carry
+ * their learning rate and the state is left empty.
+ */
+inline StateDict optimizer_state_dict(torch::optim::Optimizer& optimizer) {
+  StateDict state(c10::IntType::get(), c10::AnyType::get());
+  c10::impl::GenericList groups(c10::AnyType::get());
+  std::int64_t index = 0;
+  auto& states = optimizer.state();
+  using StateMap = std::remove_cvref_t<decltype(states)>;
+  for (auto& group : optimizer.param_groups()) {
+    StateDict g(c10::StringType::get(), c10::AnyType::get());
+    detail::python_group_options(group.options(), g);
+    c10::List<std::int64_t> params;
+    for (const auto& p : group.params()) {
+      params.push_back(index);
+      if (const auto it = states.find(detail::optimizer_state_key<StateMap>(p)); it != states.end()) {
+        StateDict s(c10::StringType::get(), c10::AnyType::get());
+        if (detail::python_param_state(*it->second, s) && s.size() > 0) state.insert(index, s);
+      }
+      ++index;
+    }
+    g.insert("params", params);
+    groups.push_back(g);
+  }
+  StateDict out(c10::StringType::get(), c10::AnyType::get());
+  out.insert("state", state);
+  out.insert("param_groups", groups);
+  return out;
+}
+
+/**
+ * @brief Copies a state dict into a module after checking it fits: every parameter and buffer of the
+ * module present with the same shape, and no entry the module lacks. On any mismatch nothing is
+ * copied and CheckpointError names `what` (the file and model) and the entry.
+ */
+inline void load_module_state_dict(torch::nn::Module& module, const StateDict& state, const std::string& what) {
+  std::vector<std::pair<torch::Tensor, torch::Tensor>> copies;
+  std::map<std::string, bool> used;
+  for (const auto& entry : state) used[entry.key().toStringRef()] = false;
+  detail::for_each_state_entry(module, [&](const std::string& name, const torch::Tensor& target) {
+    const auto it = state.find(name);
+    if (it == state.end())
+      throw CheckpointError(what + " has no entry '" + name + "', which the model has (" + std::to_string(state.size()) +
+                            " entries in the checkpoint): is it from another network?");
+    if (!it->value().isTensor()) throw CheckpointError(what + ": entry '" + name + "' is not a tensor");
+    const torch::Tensor source = it->value().toTensor();
+    if (source.sizes() != target.sizes())
+      throw CheckpointError(what + ": entry '" + name + "' has shape " + detail::shape_text(source.sizes()) +
+                            " in the checkpoint but " + detail::shape_text(target.sizes()) + " in the model");
+    used[name] = true;
+    copies.emplace_back(target, source);
+  });
+  for (const auto& [name, seen] : used)
+    if (!seen) throw CheckpointError(what + " has entry '" + name + "', which the model does not have: is it from another network?");
+  torch::NoGradGuard no_grad;
+  for (auto& [target, source] : copies) target.copy_(source);
+}
+
+}  // namespace dettrial

@@ -1,0 +1,326 @@
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief Checkpoint directories on disk: written crash-safely (temporary directory, fsync, rename),
+/// listed, checked (sizes and CRC-32 of every file), retained and deleted.
+#pragma once
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <optional>
+#include <random>
+#include <sstream>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include "../detail/error.hpp"
+#include "../detail/json.hpp"
+
+namespace dettrial {
+
+/// The layout version dettrial writes into `metadata.json`; it refuses to read newer ones.
+inline constexpr std::int64_t checkpoint_format_version = 1;
+
+/// One complete checkpoint directory, as its `metadata.json` describes it.
+struct CheckpointInfo {
+  std::filesystem::path path;
+  std::string uuid;
+  /// Determined's `steps_completed`: batches trained when it was written.
+  std::int64_t batches_trained = 0;
+  std::int64_t epochs_trained = 0;
+  /// Write order within its storage directory (1, 2, ...).
+  std::int64_t sequence = 0;
+  /// The searcher metric of the validation at the same batch, if there was one.
+  std::optional<double> validation_metric;
+};
+
+/// How many checkpoints a trial keeps (Determined's `checkpoint_storage.save_trial_*`).
+struct Retention {
+  /// The best N by the searcher metric (checkpoints that have a validation).
+  std::int64_t save_trial_best = 1;
+  /// The N most recent.
+  std::int64_t save_trial_latest = 1;
+};
+
+namespace detail {
+
+inline std::string errno_text() { return std::strerror(errno); }
+
+/// Writes `bytes` to `path` and fsyncs it, so a crash after this returns cannot lose or tear it.
+inline void write_file_synced(const std::filesystem::path& path, std::string_view bytes) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) throw CheckpointError("cannot create '" + path.string() + "': " + errno_text());
+  std::size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      const std::string why = errno_text();
+      ::close(fd);
+      throw CheckpointError("cannot write '" + path.string() + "': " + why);
+    }
+    done += static_cast<std::size_t>(n);
+  }
+  if (::fsync(fd) != 0) {
+    const std::string why = errno_text();
+    ::close(fd);
+    throw CheckpointError("cannot sync '" + path.string() + "' to disk: " + why);
+  }
+  if (::close(fd) != 0) throw CheckpointError("cannot close '" + path.string() + "': " + errno_text());
+}
+
+/// Makes a directory's entries (new files, renames) durable.
+inline void sync_directory(const std::filesystem::path& dir) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) throw CheckpointError("cannot open directory '" + dir.string() + "': " + errno_text());
+  const int rc = ::fsync(fd);
+  const std::string why = rc != 0 ? errno_text() : std::string();
+  ::close(fd);
+  if (rc != 0) throw CheckpointError("cannot sync directory '" + dir.string() + "': " + why);
+}
+
+inline std::string read_file_bytes(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw CheckpointError("cannot read '" + path.string() + "'");
+  std::ostringstream bytes;
+  bytes << in.rdbuf();
+  return std::move(bytes).str();
+}
+
+inline std::uint32_t crc32_of(std::string_view bytes) {
+  uLong crc = ::crc32(0L, Z_NULL, 0);
+  // zlib takes uInt lengths: feed large buffers in pieces.
+  while (!bytes.empty()) {
+    const std::size_t n = std::min<std::size_t>(bytes.size(), 1u << 30);
+    crc = ::crc32(crc, reinterpret_cast<const Bytef*>(bytes.data()), static_cast<uInt>(n));
+    bytes.remove_prefix(n);
+  }
+  return static_cast<std::uint32_t>(crc);
+}
+
+/// A random (version 4) UUID, Determined's name for a checkpoint directory.
+inline std::string new_uuid() {
+  std::random_device device;
+  std::uint64_t hi = (static_cast<std::uint64_t>(device()) << 32) | device();
+  std::uint64_t lo = (static_cast<std::uint64_t>(device()) << 32) | device();
+  hi = (hi & ~0xF000ULL) | 0x4000ULL;             // version 4
+  lo = (lo & ~(0xC0ULL << 56)) | (0x80ULL << 56);  // RFC 4122 variant
+  char text[37];
+  std::snprintf(text, sizeof text, "%08llx-%04llx-%04llx-%04llx-%012llx", static_cast<unsigned long long>(hi >> 32),
+                static_cast<unsigned long long>((hi >> 16) & 0xFFFF), static_cast<unsigned long long>(hi & 0xFFFF),
+                static_cast<unsigned long long>(lo >> 48), static_cast<unsigned long long>(lo & 0xFFFFFFFFFFFFULL));
+  return text;
+}
+
+inline bool is_hidden(const std::filesystem::path& p) {
+  const std::string name = p.filename().string();
+  return !name.empty() && name.front() == '.';
+}
+
+/// Removes what an interrupted writer or deleter left behind (hidden `.tmp-*` / `.deleting-*` folders).
+inline void remove_stale_entries(const std::filesystem::path& storage) {
+  std::error_code ec;
+  if (!std::filesystem::is_directory(storage, ec)) return;
+  for (const auto& entry : std::filesystem::directory_iterator(storage, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind(".tmp-", 0) == 0 || name.rfind(".deleting-", 0) == 0) std::filesystem::remove_all(entry.path(), ec);
+  }
+}
+
+}  // namespace detail
+
+/**
+ * @brief Writes one checkpoint crash-safely: every file goes into a hidden temporary directory and
+ * is synced; `commit` writes `metadata.json` (with each file's size and CRC-32) last, syncs, and
+ * renames the directory into place. Until then the storage holds only complete checkpoints; a
+ * writer destroyed without commit removes its temporary directory.
+ */
+class CheckpointWriter {
+ public:
+  CheckpointWriter(std::filesystem::path storage, std::string uuid)
+      : storage_(std::move(storage)), uuid_(std::move(uuid)), temp_(storage_ / (".tmp-" + uuid_)) {
+    std::error_code ec;
+    std::filesystem::create_directories(storage_, ec);
+    if (ec) throw CheckpointError("cannot create checkpoint storage '" + storage_.string() + "': " + ec.message());
+    std::filesystem::create_directory(temp_, ec);
+    if (ec) throw CheckpointError("cannot create '" + temp_.string() + "': " + ec.message());
+  }
+  CheckpointWriter(const CheckpointWriter&) = delete;
+  CheckpointWriter& operator=(const CheckpointWriter&) = delete;
+  ~CheckpointWriter() {
+    if (committed_) return;
+    std::error_code ec;
+    std::filesystem::remove_all(temp_, ec);
+  }
+
+  void add_file(const std::string& name, std::string_view bytes) {
+    detail::write_file_synced(temp_ / name, bytes);
+    detail::append_json_string(files_json_, name);
+    files_json_ += ": {\"size\": " + std::to_string(bytes.size()) + ", \"crc32\": " + std::to_string(detail::crc32_of(bytes)) + "}, ";
+  }
+
+  /// Writes `metadata.json` from `fields` (JSON members, without braces) plus the file list, and
+  /// moves the checkpoint into place. Returns its final path.
+  std::filesystem::path commit(const std::string& fields) {
+    std::string files = files_json_.empty() ? std::string() : files_json_.substr(0, files_json_.size() - 2);
+    detail::write_file_synced(temp_ / "metadata.json", "{" + fields + ", \"files\": {" + files + "}}\n");
+    detail::sync_directory(temp_);
+    const std::filesystem::path final_path = storage_ / uuid_;
+    if (::rename(temp_.c_str(), final_path.c_str()) != 0)
+      throw CheckpointError("cannot move checkpoint into place at '" + final_path.string() + "': " + detail::errno_text());
+    committed_ = true;
+    detail::sync_directory(storage_);
+    return final_path;
+  }
+
+ private:
+  std::filesystem::path storage_;
+  std::string uuid_;
+  std::filesystem::path temp_;
+  std::string files_json_;
+  bool committed_ = false;
+};
+
+/**
+ * @brief Reads and checks a checkpoint directory's `metadata.json`: present, parsable, a format this
+ * dettrial reads, and (when `verify_files`) every listed file present with its size and CRC-32.
+ * Throws CheckpointError naming the file at fault.
+ */
+inline CheckpointInfo read_checkpoint_info(const std::filesystem::path& dir, bool verify_files = true) {
+  std::error_code ec;
+  if (!std::filesystem::exists(dir, ec)) throw CheckpointError("checkpoint '" + dir.string() + "' does not exist");
+  if (!std::filesystem::is_directory(dir, ec))
+    throw CheckpointError("checkpoint '" + dir.string() + "' is not a directory (a checkpoint is a directory with metadata.json)");
+  const std::filesystem::path meta_path = dir / "metadata.json";
+  if (!std::filesystem::exists(meta_path, ec))
+    throw CheckpointError("'" + dir.string() + "' is not a complete dettrial checkpoint: it has no metadata.json");
+  const YAML::Node meta = detail::load_json_file<CheckpointError>(meta_path);
+  auto field = [&](const char* key) {
+    const YAML::Node v = meta[key];
+    if (!v) throw CheckpointError("'" + meta_path.string() + "' has no '" + key + "'");
+    return v;
+  };
+  CheckpointInfo info;
+  info.path = dir;
+  try {
+    const auto format = field("dettrial_format").as<std::int64_t>();
+    if (format > checkpoint_format_version)
+      throw CheckpointError("'" + meta_path.string() + "' is checkpoint format " + std::to_string(format) +
+                            ", written by a newer dettrial; this one reads formats up to " +
+                            std::to_string(checkpoint_format_version));
+    info.uuid = field("uuid").as<std::string>();
+    info.batches_trained = field("steps_completed").as<std::int64_t>();
+    info.epochs_trained = field("epochs_trained").as<std::int64_t>();
+    info.sequence = field("sequence").as<std::int64_t>();
+    if (const YAML::Node v = meta["validation_metric"]; v && !v.IsNull()) info.validation_metric = v.as<double>();
+  } catch (const YAML::Exception& e) {
+    throw CheckpointError("'" + meta_path.string() + "' has a field of the wrong type: " + e.msg);
+  }
+  if (verify_files) {
+    const YAML::Node files = meta["files"];
+    if (!files || !files.IsMap()) throw CheckpointError("'" + meta_path.string() + "' lists no files");
+    for (const auto& kv : files) {
+      const std::filesystem::path file = dir / kv.first.Scalar();
+      if (!std::filesystem::exists(file, ec)) throw CheckpointError("checkpoint file '" + file.string() + "' is missing");
+      const auto size = kv.second["size"].as<std::uint64_t>();
+      const auto actual = std::filesystem::file_size(file, ec);
+      if (ec || actual != size)
+        throw CheckpointError("checkpoint file '" + file.string() + "' is truncated or damaged: " + std::to_string(actual) +
+                              " bytes where " + std::to_string(size) + " were written");
+    }
+  }
+  return info;
+}
+
+/// Checks a file of a checkpoint against the CRC-32 recorded in its metadata.json, returning its bytes.
+inline std::string read_checked_file(const std::filesystem::path& dir, const std::string& name) {
+  const std::filesystem::path file = dir / name;
+  std::error_code ec;
+  if (!std::filesystem::exists(file, ec)) throw CheckpointError("checkpoint file '" + file.string() + "' is missing");
+  std::string bytes = detail::read_file_bytes(file);
+  const YAML::Node meta = detail::load_json_file<CheckpointError>(dir / "metadata.json");
+  const YAML::Node entry = meta["files"][name];
+  if (!entry) throw CheckpointError("'" + (dir / "metadata.json").string() + "' does not list '" + name + "'");
+  if (entry["size"].as<std::uint64_t>() != bytes.size() || entry["crc32"].as<std::uint32_t>() != detail::crc32_of(bytes))
+    throw CheckpointError("checkpoint file '" + file.string() + "' is damaged: its size or CRC-32 differs from what was written");
+  return bytes;
+}
+
+/// The complete checkpoints in a storage directory, oldest first (by write order). Hidden entries
+/// (checkpoints being written or deleted) are not checkpoints.
+inline std::vector<CheckpointInfo> list_checkpoints(const std::filesystem::path& storage) {
+  std::vector<CheckpointInfo> out;
+  std::error_code ec;
+  if (!std::filesystem::is_directory(storage, ec)) return out;
+  for (const auto& entry : std::filesystem::directory_iterator(storage, ec)) {
+    if (!entry.is_directory() || detail::is_hidden(entry.path())) continue;
+    if (!std::filesystem::exists(entry.path() / "metadata.json", ec)) continue;
+    out.push_back(read_checkpoint_info(entry.path(), /*verify_files=*/false));
+  }
+  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.sequence < b.sequence; });
+  return out;
+}
+
+/**
+ * @brief Resolves what a user names to resume from: a checkpoint directory itself, or a directory
+ * holding checkpoints (a trial's storage, or its output directory with `checkpoints/`), whose most
+ * recent checkpoint is taken. Throws CheckpointError when there is none.
+ */
+inline std::filesystem::path resolve_checkpoint(const std::filesystem::path& path) {
+  std::error_code ec;
+  if (std::filesystem::exists(path / "metadata.json", ec)) return path;
+  if (!std::filesystem::exists(path, ec)) throw CheckpointError("checkpoint '" + path.string() + "' does not exist");
+  for (const auto& storage : {path, path / "checkpoints"}) {
+    const auto all = list_checkpoints(storage);
+    if (!all.empty()) return all.back().path;
+  }
+  throw CheckpointError("'" + path.string() + "' holds no complete dettrial checkpoint (a directory with metadata.json)");
+}
+
+/**
+ * @brief The checkpoints `retention` lets go: all but the `save_trial_latest` most recent and the
+ * `save_trial_best` best by their validation metric. `keep_uuid` (the newest, while a trial still
+ * runs) is never chosen.
+ */
+inline std::vector<CheckpointInfo> checkpoints_to_delete(const std::vector<CheckpointInfo>& all, const Retention& retention,
+                                                         bool smaller_is_better, std::string_view keep_uuid = {}) {
+  std::vector<bool> keep(all.size(), false);
+  for (std::size_t i = 0; i < all.size(); ++i) {
+    if (all[i].uuid == keep_uuid) keep[i] = true;
+    if (static_cast<std::int64_t>(all.size() - i) <= retention.save_trial_latest) keep[i] = true;
+  }
+  std::vector<std::size_t> ranked;
+  for (std::size_t i = 0; i < all.size(); ++i)
+    if (all[i].validation_metric) ranked.push_back(i);
+  std::stable_sort(ranked.begin(), ranked.end(), [&](std::size_t a, std::size_t b) {
+    return smaller_is_better ? *all[a].validation_metric < *all[b].validation_metric
+                             : *all[a].validation_metric > *all[b].validation_metric;
+  });
+  for (std::size_t k = 0; k < ranked.size() && static_cast<std::int64_t>(k) < retention.save_trial_best; ++k) keep[ranked[k]] = true;
+  std::vector<CheckpointInfo> out;
+  for (std::size_t i = 0; i < all.size(); ++i)
+    if (!keep[i]) out.push_back(all[i]);
+  return out;
+}
+
+/// Deletes a checkpoint: renamed to a hidden name first (atomic), so a crash half-way through
+/// never leaves a directory that looks like a checkpoint but is not one.
+inline void delete_checkpoint(const CheckpointInfo& checkpoint) {
+  const std::filesystem::path doomed = checkpoint.path.parent_path() / (".deleting-" + checkpoint.uuid);
+  if (::rename(checkpoint.path.c_str(), doomed.c_str()) != 0)
+    throw CheckpointError("cannot delete checkpoint '" + checkpoint.path.string() + "': " + detail::errno_text());
+  std::error_code ec;
+  std::filesystem::remove_all(doomed, ec);
+}
+
+}  // namespace dettrial

@@ -1,0 +1,65 @@
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief Saving and restoring LR schedulers in checkpoints. LibTorch's schedulers have no
+/// serialization; their whole state is the step count (the optimizer keeps the learning rates).
+#pragma once
+
+#include <concepts>
+#include <cstdint>
+#include <utility>
+
+#include <torch/torch.h>
+
+namespace dettrial {
+
+/**
+ * @brief An LR scheduler a checkpoint can restore exactly: a `torch::optim::LRScheduler` (StepLR,
+ * ...; dettrial saves its step count), or any type with `save(torch::serialize::OutputArchive&) const`
+ * and `load(torch::serialize::InputArchive&)`.
+ */
+template <class S>
+concept CheckpointableLRScheduler =
+    std::derived_from<S, torch::optim::LRScheduler> ||
+    requires(S& s, const S& cs, torch::serialize::OutputArchive& out, torch::serialize::InputArchive& in) {
+      cs.save(out);
+      s.load(in);
+    };
+
+namespace detail {
+
+/// Reaches LRScheduler's protected step count (the usual derived-class member-pointer route).
+struct LRSchedulerAccess : torch::optim::LRScheduler {
+  static unsigned& step_count(torch::optim::LRScheduler& s) { return s.*(&LRSchedulerAccess::step_count_); }
+};
+
+template <class S>
+void save_lr_scheduler(void* scheduler, torch::serialize::OutputArchive& archive) {
+  S& s = *static_cast<S*>(scheduler);
+  if constexpr (std::derived_from<S, torch::optim::LRScheduler>)
+    archive.write("step_count", c10::IValue(static_cast<std::int64_t>(LRSchedulerAccess::step_count(s))));
+  else
+    std::as_const(s).save(archive);
+}
+
+template <class S>
+void load_lr_scheduler(void* scheduler, torch::serialize::InputArchive& archive) {
+  S& s = *static_cast<S*>(scheduler);
+  if constexpr (std::derived_from<S, torch::optim::LRScheduler>) {
+    c10::IValue count;
+    archive.read("step_count", count);
+    LRSchedulerAccess::step_count(s) = static_cast<unsigned>(count.toInt());
+  } else {
+    s.load(archive);
+  }
+}
+
+/// Steps taken, when the scheduler is a LibTorch one (for the Python-side state dict); else -1.
+template <class S>
+std::int64_t lr_scheduler_steps(void* scheduler) {
+  if constexpr (std::derived_from<S, torch::optim::LRScheduler>)
+    return LRSchedulerAccess::step_count(*static_cast<S*>(scheduler));
+  else return -1;
+}
+
+}  // namespace detail
+}  // namespace dettrial

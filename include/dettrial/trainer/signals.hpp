@@ -1,0 +1,59 @@
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief SIGINT and SIGTERM during fit: the first asks the trainer to finish the batch, checkpoint
+/// and return; a second one ends the process at once (the default action of that signal).
+#pragma once
+
+#include <atomic>
+#include <csignal>
+
+#include <signal.h>
+#include <unistd.h>
+
+namespace dettrial::detail {
+
+/// The signal that asked the running fit to stop, or 0. Read once per batch (a relaxed load).
+inline std::atomic<int> pending_stop_signal{0};
+
+extern "C" inline void dettrial_on_stop_signal(int signal_number) {
+  if (pending_stop_signal.exchange(signal_number) != 0) {
+    // Second signal: give up at once, as if dettrial had not caught the first.
+    std::signal(signal_number, SIG_DFL);
+    std::raise(signal_number);
+    return;
+  }
+  static constexpr char message[] =
+      "\ndettrial: stop signal received; finishing the batch and checkpointing (send it again to abort)\n";
+  [[maybe_unused]] const auto n = ::write(STDERR_FILENO, message, sizeof message - 1);
+}
+
+/// Catches SIGINT and SIGTERM while alive; restores the previous handlers when it goes.
+class StopSignals {
+ public:
+  explicit StopSignals(bool enabled) : enabled_(enabled) {
+    if (!enabled_) return;
+    pending_stop_signal.store(0);
+    struct sigaction action {};
+    action.sa_handler = &dettrial_on_stop_signal;
+    sigemptyset(&action.sa_mask);
+    action.sa_flags = SA_RESTART;
+    ::sigaction(SIGINT, &action, &previous_int_);
+    ::sigaction(SIGTERM, &action, &previous_term_);
+  }
+  StopSignals(const StopSignals&) = delete;
+  StopSignals& operator=(const StopSignals&) = delete;
+  ~StopSignals() {
+    if (!enabled_) return;
+    ::sigaction(SIGINT, &previous_int_, nullptr);
+    ::sigaction(SIGTERM, &previous_term_, nullptr);
+  }
+  /// The signal received since construction, or 0.
+  static int received() { return pending_stop_signal.load(std::memory_order_relaxed); }
+
+ private:
+  bool enabled_;
+  struct sigaction previous_int_ {};
+  struct sigaction previous_term_ {};
+};
+
+}  // namespace dettrial::detail
