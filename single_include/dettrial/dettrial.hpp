@@ -2177,7 +2177,9 @@ inline StateDict optimizer_state_dict(torch::optim::Optimizer& optimizer) {
   for (auto& group : optimizer.param_groups()) {
     StateDict g(c10::StringType::get(), c10::AnyType::get());
     detail::python_group_options(group.options(), g);
-    c10::List<std::int64_t> params;
+    // A list typed Any: an int-typed one would be pickled with TorchScript's build_intlist, which
+    // Python's weights-only loader refuses.
+    c10::impl::GenericList params(c10::AnyType::get());
     for (const auto& p : group.params()) {
       params.push_back(index);
       if (const auto it = states.find(detail::optimizer_state_key<StateMap>(p)); it != states.end()) {

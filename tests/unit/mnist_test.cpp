@@ -49,3 +49,51 @@ reproducibility: {experiment_seed: 7}
   MESSAGE("Fashion-MNIST test accuracy after 400 batches: " << r.last_validation_metrics.at("accuracy"));
   CHECK(r.last_validation_metrics.at("accuracy") > 0.75);
 }
+
+#ifdef DETTRIAL_MNIST10K_DIR
+// With DETTRIAL_INTEROP_DIR set (a CTest fixture), the checkpoint and the network's outputs on a
+// fixed input are left there for tests/python/load_checkpoint.py, which loads them with Python's
+// torch.load into the same network written in Python.
+TEST_CASE("a checkpoint of the MNIST trial reloads into a fresh trial and gives the same outputs") {
+  if (!std::filesystem::exists(DETTRIAL_MNIST10K_DIR)) {
+    MESSAGE("skipped: " DETTRIAL_MNIST10K_DIR " is absent");
+    return;
+  }
+  const char* interop = std::getenv("DETTRIAL_INTEROP_DIR");
+  const std::filesystem::path dir =
+      interop ? std::filesystem::path(interop) : std::filesystem::temp_directory_path() / ("dettrial-interop-" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  const ExperimentConfig config = ExperimentConfig::parse(R"(
+hyperparameters: {learning_rate: 0.05, lr_decay: 0.5, dropout: 0.2, global_batch_size: 64, n_filters1: 10, n_filters2: 20}
+reproducibility: {experiment_seed: 3}
+data: {dir: )" DETTRIAL_MNIST10K_DIR R"(, train_split: t10k, validation_split: t10k, holdout: 9000}
+)",
+                                                          "interop config");
+  Context context(config);
+  Trainer<mnist::MnistTrial> trainer(context);
+  FitOptions options{.max_length = Batch(20), .output_dir = dir / "run"};
+  options.report.quiet = true;
+  const FitResult r = trainer.fit(options);  // 16 batches per epoch: the StepLR decayed once
+  REQUIRE(r.checkpoints.size() == 1);
+
+  torch::NoGradGuard no_grad;
+  trainer.model()->eval();
+  const torch::Tensor input = torch::randn({16, 1, 28, 28}, at::detail::createCPUGenerator(42));
+  const torch::Tensor output = trainer.model()->forward(input);
+
+  Context fresh_context(config);
+  Trainer<mnist::MnistTrial> fresh(fresh_context);
+  load_models(r.checkpoints.back().path, fresh_context);
+  fresh.model()->eval();
+  CHECK(torch::equal(fresh.model()->forward(input), output));
+
+  StateDict io(c10::StringType::get(), c10::AnyType::get());
+  io.insert("input", input);
+  io.insert("output", output);
+  io.insert("lr", trainer.optimizer().param_groups()[0].options().get_lr());
+  io.insert("checkpoint", r.checkpoints.back().path.string());
+  io.insert("n_filters1", std::int64_t{10});
+  io.insert("n_filters2", std::int64_t{20});
+  dettrial::detail::write_file_synced(dir / "io.pt", dettrial::detail::pickle_archive(io));
+}
+#endif
