@@ -87,6 +87,7 @@ struct TrialError : Error {
 #include <optional>
 #include <sstream>
 #include <string>
+#include <vector>
 #include <utility>
 
 #include <torch/torch.h>
@@ -97,6 +98,7 @@ struct TrialError : Error {
 /// @brief The trial context: hyperparameters, batch sizes, seed, device, counters, and the wrapping of
 /// models, optimizers, schedulers and reducers that the trainer drives.
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -747,6 +749,352 @@ constexpr std::uint64_t mix64(std::uint64_t x) {
 
 }  // namespace dettrial::detail
 // ---- end dettrial/detail/random.hpp
+// ---- begin dettrial/distributed/communicator.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief The process group of a data-parallel job, on PyTorch's c10d: a TCPStore rendezvous and a
+/// Gloo (CPU) or NCCL (CUDA) backend chosen by a policy type, with the few collectives dettrial uses.
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <type_traits>
+#include <string>
+#include <vector>
+
+#include <torch/torch.h>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+// Gloo comes with LibTorch's c10d when it was built with it (USE_C10D_GLOO) and its headers are
+// installed (Debian: libgloo-dev); NCCL when LibTorch is CUDA-built and dettrial's CMake found nccl.h.
+#if defined(USE_C10D_GLOO) && __has_include(<gloo/algorithm.h>)
+#define DETTRIAL_HAS_GLOO 1
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#endif
+#if defined(DETTRIAL_HAS_NCCL)
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#endif
+
+// ---- begin dettrial/distributed/launch_environment.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief Where this process sits in a data-parallel job, read from the launcher's environment:
+/// torchrun, Slurm (`srun`), Open MPI / PMI (`mpirun`), plain RANK/WORLD_SIZE, else one process.
+
+#include <charconv>
+#include <cstdlib>
+#include <functional>
+#include <string>
+#include <string_view>
+
+
+namespace dettrial {
+
+/// The launcher a LaunchEnvironment was read from.
+enum class Launcher { single, torchrun, slurm, mpi, env };
+
+inline const char* launcher_name(Launcher l) {
+  switch (l) {
+    case Launcher::torchrun: return "torchrun";
+    case Launcher::slurm: return "Slurm";
+    case Launcher::mpi: return "MPI";
+    case Launcher::env: return "RANK/WORLD_SIZE";
+    case Launcher::single: break;
+  }
+  return "single process";
+}
+
+/**
+ * @brief Rank, world size and rendezvous address of this process, as its launcher set them.
+ *
+ * Checked in this order (Lightning's and Determined's): torchrun (RANK, GROUP_RANK, LOCAL_RANK and
+ * LOCAL_WORLD_SIZE all set; with TORCHELASTIC_USE_AGENT_STORE=True the agent hosts the store and
+ * every rank is a client under the prefix `/worker/attempt_<restart>`), Slurm (SLURM_PROCID,
+ * SLURM_NTASKS; the first node of the job's node list hosts the store, on MASTER_PORT or a port
+ * derived from the job id), Open MPI (OMPI_COMM_WORLD_RANK/SIZE) or PMI (PMI_RANK/SIZE), plain
+ * RANK and WORLD_SIZE, else one process. MASTER_ADDR and MASTER_PORT override the address.
+ */
+struct LaunchEnvironment {
+  Launcher launcher = Launcher::single;
+  int rank = 0;
+  int size = 1;
+  int local_rank = 0;
+  int local_size = 1;
+  std::string master_addr = "127.0.0.1";
+  int master_port = 29500;
+  /// torchrun's agent already hosts the TCPStore: every rank connects as a client.
+  bool agent_store = false;
+  /// The key prefix every store access takes (torchrun's per-restart prefix), or empty.
+  std::string store_prefix;
+
+  bool distributed() const { return size > 1; }
+
+  using Getenv = std::function<const char*(const char*)>;
+
+  static LaunchEnvironment detect(const Getenv& getenv = [](const char* name) { return std::getenv(name); }) {
+    auto has = [&](const char* name) { return getenv(name) != nullptr && *getenv(name) != '\0'; };
+    auto integer = [&](const char* name, int fallback) {
+      const char* text = getenv(name);
+      if (text == nullptr || *text == '\0') return fallback;
+      int value = 0;
+      const std::string_view s(text);
+      const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), value);
+      if (ec != std::errc() || end != s.data() + s.size() || value < 0)
+        throw ConfigError(std::string("environment variable ") + name + "='" + text + "' is not a non-negative integer");
+      return value;
+    };
+    LaunchEnvironment e;
+    if (has("RANK") && has("GROUP_RANK") && has("LOCAL_RANK") && has("LOCAL_WORLD_SIZE")) {
+      e.launcher = Launcher::torchrun;
+      e.rank = integer("RANK", 0);
+      e.size = integer("WORLD_SIZE", 1);
+      e.local_rank = integer("LOCAL_RANK", 0);
+      e.local_size = integer("LOCAL_WORLD_SIZE", 1);
+      if (const char* agent = getenv("TORCHELASTIC_USE_AGENT_STORE"); agent && std::string_view(agent) == "True") {
+        e.agent_store = true;
+        e.store_prefix = "/worker/attempt_" + std::to_string(integer("TORCHELASTIC_RESTART_COUNT", 0));
+      }
+    } else if (has("SLURM_PROCID") && (has("SLURM_NTASKS") || has("SLURM_NPROCS"))) {
+      e.launcher = Launcher::slurm;
+      e.rank = integer("SLURM_PROCID", 0);
+      e.size = has("SLURM_NTASKS") ? integer("SLURM_NTASKS", 1) : integer("SLURM_NPROCS", 1);
+      e.local_rank = integer("SLURM_LOCALID", 0);
+      e.local_size = integer("SLURM_NTASKS_PER_NODE", 1);
+      const char* nodes = has("SLURM_STEP_NODELIST") ? getenv("SLURM_STEP_NODELIST") : getenv("SLURM_JOB_NODELIST");
+      if (nodes) e.master_addr = first_slurm_host(nodes);
+      // Slurm sets no port: one derived from the job id keeps concurrent jobs on a node apart.
+      e.master_port = 10000 + integer("SLURM_JOB_ID", 0) % 20000;
+    } else if (has("OMPI_COMM_WORLD_RANK") && has("OMPI_COMM_WORLD_SIZE")) {
+      e.launcher = Launcher::mpi;
+      e.rank = integer("OMPI_COMM_WORLD_RANK", 0);
+      e.size = integer("OMPI_COMM_WORLD_SIZE", 1);
+      e.local_rank = integer("OMPI_COMM_WORLD_LOCAL_RANK", 0);
+      e.local_size = integer("OMPI_COMM_WORLD_LOCAL_SIZE", 1);
+    } else if (has("PMI_RANK") && has("PMI_SIZE")) {
+      e.launcher = Launcher::mpi;
+      e.rank = integer("PMI_RANK", 0);
+      e.size = integer("PMI_SIZE", 1);
+      e.local_rank = integer("MPI_LOCALRANKID", 0);
+    } else if (has("RANK") && has("WORLD_SIZE")) {
+      e.launcher = Launcher::env;
+      e.rank = integer("RANK", 0);
+      e.size = integer("WORLD_SIZE", 1);
+      e.local_rank = integer("LOCAL_RANK", e.rank);
+      e.local_size = integer("LOCAL_WORLD_SIZE", e.size);
+    } else {
+      return e;
+    }
+    if (has("MASTER_ADDR")) e.master_addr = getenv("MASTER_ADDR");
+    e.master_port = integer("MASTER_PORT", e.master_port);
+    if (e.size < 1) throw ConfigError(std::string(launcher_name(e.launcher)) + " gives a world size of 0");
+    if (e.rank >= e.size)
+      throw ConfigError(std::string(launcher_name(e.launcher)) + " gives rank " + std::to_string(e.rank) + " in a world of " +
+                        std::to_string(e.size));
+    if (e.master_port < 1 || e.master_port > 65535)
+      throw ConfigError("MASTER_PORT " + std::to_string(e.master_port) + " is not a TCP port");
+    return e;
+  }
+
+  /// The first host of a Slurm node list: "node[03-05,9],gpu1" gives "node03".
+  static std::string first_slurm_host(std::string_view list) {
+    std::string host;
+    for (std::size_t i = 0; i < list.size(); ++i) {
+      const char c = list[i];
+      if (c == ',') break;
+      if (c == '[') {
+        std::size_t j = i + 1;
+        while (j < list.size() && list[j] != '-' && list[j] != ',' && list[j] != ']') host += list[j++];
+        break;
+      }
+      host += c;
+    }
+    return host;
+  }
+};
+
+}  // namespace dettrial
+// ---- end dettrial/distributed/launch_environment.hpp
+
+namespace dettrial {
+
+/// A collective that failed or timed out: another rank died, hung or is unreachable.
+struct DistributedError : Error {
+  using Error::Error;
+};
+
+/// Distributed backends as policy types (`Communicator::create<backend::gloo>(...)`).
+namespace backend {
+/// Gloo over TCP: CPU tensors (any machine).
+struct gloo {
+  static constexpr const char* name = "gloo";
+};
+/// NCCL: CUDA tensors. Only when LibTorch is CUDA-built and dettrial was configured with NCCL.
+struct nccl {
+  static constexpr const char* name = "nccl";
+};
+/// Whether this build of dettrial has the Gloo backend.
+inline constexpr bool has_gloo =
+#if defined(DETTRIAL_HAS_GLOO)
+    true;
+#else
+    false;
+#endif
+/// Whether this build of dettrial has the NCCL backend.
+inline constexpr bool has_nccl =
+#if defined(DETTRIAL_HAS_NCCL)
+    true;
+#else
+    false;
+#endif
+}  // namespace backend
+
+namespace detail {
+// LibTorch 1.x backends derive from c10d::ProcessGroup; 2.x ones from c10d::Backend. Both have the
+// same collective signatures, which are all dettrial calls.
+#if TORCH_VERSION_MAJOR >= 2
+using C10dBackend = c10d::Backend;
+#else
+using C10dBackend = c10d::ProcessGroup;
+#endif
+}  // namespace detail
+
+/**
+ * @brief One process's handle on its job's process group. Every collective waits for its result and
+ * turns a failure (a dead or hung peer, after `timeout`) into a DistributedError naming this rank.
+ */
+class Communicator {
+ public:
+  /// Joins the job `env` describes with backend `B` (rank 0 hosts the TCPStore unless torchrun's agent does).
+  template <class B>
+  static std::shared_ptr<Communicator> create(const LaunchEnvironment& env, std::chrono::milliseconds timeout, B = {}) {
+    auto comm = std::shared_ptr<Communicator>(new Communicator(env, timeout, B::name));
+    try {
+      c10d::TCPStoreOptions options;
+      options.port = static_cast<std::uint16_t>(env.master_port);
+      options.isServer = env.rank == 0 && !env.agent_store;
+      if (!env.agent_store) options.numWorkers = static_cast<std::size_t>(env.size);
+      options.waitWorkers = !env.agent_store;
+      options.timeout = timeout;
+      c10::intrusive_ptr<c10d::Store> store = c10::make_intrusive<c10d::TCPStore>(env.master_addr, options);
+      if (!env.store_prefix.empty()) store = c10::make_intrusive<c10d::PrefixStore>(env.store_prefix, store);
+      if constexpr (std::is_same_v<B, backend::gloo>) {
+#if defined(DETTRIAL_HAS_GLOO)
+        auto gloo_options = c10d::ProcessGroupGloo::Options::create(timeout);
+        gloo_options->devices.push_back(gloo_device(env));
+        comm->backend_ = c10::make_intrusive<c10d::ProcessGroupGloo>(store, env.rank, env.size, gloo_options);
+#else
+        throw DistributedError("the Gloo backend is not in this build: LibTorch lacks c10d Gloo, or the gloo headers "
+                               "(Debian: libgloo-dev) are not installed");
+#endif
+      } else {
+#if defined(DETTRIAL_HAS_NCCL)
+        auto nccl_options = c10d::ProcessGroupNCCL::Options::create();
+        nccl_options->timeout = timeout;
+        comm->backend_ = c10::make_intrusive<c10d::ProcessGroupNCCL>(store, env.rank, env.size, nccl_options);
+#else
+        throw DistributedError("the NCCL backend is not in this build: LibTorch is not CUDA-built, or dettrial was configured "
+                               "without NCCL (DETTRIAL_NCCL)");
+#endif
+      }
+    } catch (const DistributedError&) {
+      throw;
+    } catch (const std::exception& e) {
+      throw DistributedError("rank " + std::to_string(env.rank) + " of " + std::to_string(env.size) + ": cannot join the " +
+                             B::name + " process group at " + env.master_addr + ":" + std::to_string(env.master_port) + " (" +
+                             launcher_name(env.launcher) + "): " + first_line(e.what()));
+    }
+    return comm;
+  }
+
+  int rank() const { return env_.rank; }
+  int size() const { return env_.size; }
+  const LaunchEnvironment& environment() const { return env_; }
+  const char* backend_name() const { return backend_name_; }
+  std::chrono::milliseconds timeout() const { return timeout_; }
+
+  /// Sums (or takes the max of) `tensors` across ranks, in place.
+  void allreduce(std::vector<torch::Tensor>& tensors, c10d::ReduceOp::RedOpType op = c10d::ReduceOp::SUM) {
+    c10d::AllreduceOptions options;
+    options.reduceOp = c10d::ReduceOp(op);
+    run("all-reduce", [&] { return backend_->allreduce(tensors, options); });
+  }
+  /// Starts an all-reduce and returns without waiting (see wait()).
+  c10::intrusive_ptr<c10d::Work> allreduce_async(std::vector<torch::Tensor>& tensors) {
+    try {
+      return backend_->allreduce(tensors);
+    } catch (const std::exception& e) {
+      throw failure("all-reduce", e);
+    }
+  }
+  void wait(const c10::intrusive_ptr<c10d::Work>& work, const char* what = "all-reduce") {
+    try {
+      work->wait(timeout_);
+    } catch (const std::exception& e) {
+      throw failure(what, e);
+    }
+  }
+  /// Copies `tensors` from `root` to every rank.
+  void broadcast(std::vector<torch::Tensor>& tensors, int root = 0) {
+    c10d::BroadcastOptions options;
+    options.rootRank = root;
+    run("broadcast", [&] { return backend_->broadcast(tensors, options); });
+  }
+  /// Every rank's `tensor` (same shape on all), gathered on every rank in rank order.
+  std::vector<torch::Tensor> allgather(const torch::Tensor& tensor) {
+    std::vector<std::vector<torch::Tensor>> out(1);
+    for (int r = 0; r < size(); ++r) out[0].push_back(torch::empty_like(tensor));
+    std::vector<torch::Tensor> in{tensor};
+    run("all-gather", [&] { return backend_->allgather(out, in); });
+    return out[0];
+  }
+  void barrier() {
+    run("barrier", [&] { return backend_->barrier(); });
+  }
+
+ private:
+  Communicator(LaunchEnvironment env, std::chrono::milliseconds timeout, const char* backend_name)
+      : env_(std::move(env)), timeout_(timeout), backend_name_(backend_name) {}
+
+#if defined(DETTRIAL_HAS_GLOO)
+  static std::shared_ptr<::gloo::transport::Device> gloo_device(const LaunchEnvironment& env) {
+    if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME"); ifname && *ifname)
+      return c10d::ProcessGroupGloo::createDeviceForInterface(ifname);
+    // One machine (the built-in launcher, a local torchrun): loopback needs no name resolution.
+    if (env.master_addr == "127.0.0.1" || env.master_addr == "localhost")
+      return c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1");
+    return c10d::ProcessGroupGloo::createDefaultDevice();
+  }
+#endif
+
+  template <class F>
+  void run(const char* what, F&& start) {
+    try {
+      start()->wait(timeout_);
+    } catch (const std::exception& e) {
+      throw failure(what, e);
+    }
+  }
+
+  DistributedError failure(const char* what, const std::exception& e) const {
+    return DistributedError("rank " + std::to_string(env_.rank) + " of " + std::to_string(env_.size) + ": " + what + " over " +
+                            backend_name_ + " failed; another rank has died, hung past the " +
+                            std::to_string(timeout_.count() / 1000) + " s timeout, or is unreachable (" + first_line(e.what()) + ")");
+  }
+
+  static std::string first_line(std::string text) {
+    if (const auto nl = text.find('\n'); nl != std::string::npos) text.resize(nl);
+    return text;
+  }
+
+  LaunchEnvironment env_;
+  std::chrono::milliseconds timeout_;
+  const char* backend_name_;
+  c10::intrusive_ptr<detail::C10dBackend> backend_;
+};
+
+}  // namespace dettrial
+// ---- end dettrial/distributed/communicator.hpp
 // ---- begin dettrial/metrics/reducers.hpp
 // SPDX-License-Identifier: Apache-2.0
 /// @file
@@ -1079,6 +1427,19 @@ class ValidationReduction {
   }
 
   std::int64_t batches() const { return batches_; }
+
+  /// A metric's total on this process: the sum over batches for avg and sum, else the max or min.
+  struct Total {
+    std::string name;
+    Reducer reducer;
+    double value;
+  };
+  /// The per-process totals, for combining across ranks (avg weighted by each rank's batch count).
+  std::vector<Total> totals() const {
+    std::vector<Total> out;
+    for (const auto& s : slots_) out.push_back(Total{s.name, s.reducer, s.result(1)});
+    return out;
+  }
 
   MetricValues result() const {
     MetricValues out;
@@ -1555,8 +1916,11 @@ struct ContextOptions {
   std::optional<std::int64_t> aggregation_frequency;
   /// Unset: the experiment config's (`optimizations.average_aggregated_gradients`), else true.
   std::optional<bool> average_aggregated_gradients;
-  /// Unset: the experiment config's (`resources.slots_per_trial`), else 1.
+  /// Unset: the experiment config's (`resources.slots_per_trial`), else 1. With a communicator, the
+  /// world size (a config asking for another number of slots is an error).
   std::optional<std::int64_t> slots_per_trial;
+  /// The process group of a data-parallel job (see Communicator::create); none for one process.
+  std::shared_ptr<Communicator> communicator;
 };
 
 template <class TrialT>
@@ -1589,10 +1953,22 @@ class Context {
         slots_per_trial_(options.slots_per_trial.value_or(config_.slots_per_trial)) {
     if (aggregation_frequency_ < 1) throw ConfigError("aggregation_frequency must be at least 1");
     if (slots_per_trial_ < 1) throw ConfigError("slots_per_trial must be at least 1");
+    if (options.communicator && options.communicator->size() > 1) {
+      communicator_ = std::move(options.communicator);
+      const LaunchEnvironment& env = communicator_->environment();
+      if (slots_per_trial_ > 1 && slots_per_trial_ != env.size)
+        throw ConfigError("resources.slots_per_trial is " + std::to_string(slots_per_trial_) + ", but " + launcher_name(env.launcher) +
+                          " started " + std::to_string(env.size) + " processes");
+      slots_per_trial_ = env.size;
+      distributed_ = DistributedInfo{.rank = env.rank, .size = env.size, .local_rank = env.local_rank, .local_size = env.local_size};
+    }
     trial_seed_ = options.trial_seed ? *options.trial_seed : derive_trial_seed(config_.experiment_seed);
+    // One GPU per process: the local rank picks it.
     device_ = options.device ? *options.device
-                              : (torch::cuda::is_available() ? torch::Device(torch::kCUDA, 0) : torch::Device(torch::kCPU));
-    distributed_.size = 1;
+                             : (torch::cuda::is_available()
+                                    ? torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(distributed_.local_rank %
+                                                                                                std::max<std::int64_t>(static_cast<std::int64_t>(torch::cuda::device_count()), 1)))
+                                    : torch::Device(torch::kCPU));
     seed_everything();
   }
 
@@ -1627,6 +2003,8 @@ class Context {
   std::uint64_t get_trial_seed() const { return trial_seed_; }
   const torch::Device& device() const { return device_; }
   const DistributedInfo& distributed() const { return distributed_; }
+  /// The job's process group, or null for one process.
+  Communicator* communicator() const { return communicator_.get(); }
   std::int64_t aggregation_frequency() const { return aggregation_frequency_; }
 
   /// Moves a nested batch to this context's device (see dettrial::to_device).
@@ -1742,6 +2120,7 @@ class Context {
     if (!is_update_batch()) return;
     WrappedOptimizer& w = find_optimizer(optimizer);
     refresh_params(w);  // param groups may have grown since wrapping (unfrozen layers)
+    if (communicator_) all_reduce_gradients(w);
     if (w.average && aggregation_frequency_ > 1) {
       const double scale = 1.0 / static_cast<double>(aggregation_frequency_);
       for (auto& p : w.params)
@@ -1776,10 +2155,16 @@ class Context {
   friend class Trainer;
   friend struct detail::ContextCheckpoint;
 
+  /// A flat buffer that carries the gradients of several parameters in one all-reduce.
+  struct GradientBucket {
+    torch::Tensor flat;
+    std::vector<std::pair<std::size_t, std::int64_t>> members;  // (parameter index, offset)
+  };
   struct WrappedOptimizer {
     torch::optim::Optimizer* optimizer;
     std::vector<torch::Tensor> params;
     bool average;
+    std::vector<GradientBucket> buckets;  // built on the first distributed step, then reused
   };
   struct WrappedScheduler {
     void* scheduler;
@@ -1827,8 +2212,58 @@ class Context {
     for (const auto& group : w.optimizer->param_groups()) count += group.params().size();
     if (count == w.params.size()) return;
     w.params.clear();
+    w.buckets.clear();
     for (auto& group : w.optimizer->param_groups())
       for (auto& p : group.params()) w.params.push_back(p);
+  }
+
+  /// PyTorch DDP's default bucket size.
+  static constexpr std::int64_t bucket_bytes = 25 << 20;
+
+  /**
+   * @brief Averages the gradients across ranks: packed into flat buckets (of one dtype and device,
+   * up to 25 MiB) whose all-reduces are all in flight at once, then divided by the world size. The
+   * buckets are allocated on the first step and reused. Parameters without a gradient count as zero.
+   */
+  void all_reduce_gradients(WrappedOptimizer& w) {
+    if (w.buckets.empty()) {
+      for (std::size_t i = 0; i < w.params.size(); ++i) {
+        const torch::Tensor& p = w.params[i];
+        if (w.buckets.empty() || w.buckets.back().flat.scalar_type() != p.scalar_type() ||
+            w.buckets.back().flat.device() != p.device() ||
+            (w.buckets.back().flat.numel() + p.numel()) * p.element_size() > bucket_bytes) {
+          w.buckets.push_back(GradientBucket{torch::empty({0}, p.options()), {}});
+        }
+        GradientBucket& b = w.buckets.back();
+        b.members.emplace_back(i, b.flat.numel());
+        b.flat = torch::empty({b.flat.numel() + p.numel()}, p.options());
+      }
+    }
+    std::vector<c10::intrusive_ptr<c10d::Work>> works;
+    works.reserve(w.buckets.size());
+    std::vector<torch::Tensor> one(1);
+    torch::NoGradGuard no_grad;
+    for (GradientBucket& b : w.buckets) {
+      for (const auto& [i, offset] : b.members) {
+        torch::Tensor slice = b.flat.narrow(0, offset, w.params[i].numel());
+        if (w.params[i].grad().defined()) slice.copy_(w.params[i].grad().reshape({-1}));
+        else slice.zero_();
+      }
+      one[0] = b.flat;
+      works.push_back(communicator_->allreduce_async(one));
+    }
+    const double scale = 1.0 / static_cast<double>(distributed_.size);
+    for (std::size_t k = 0; k < w.buckets.size(); ++k) {
+      communicator_->wait(works[k], "gradient all-reduce");
+      GradientBucket& b = w.buckets[k];
+      b.flat.mul_(scale);
+      for (const auto& [i, offset] : b.members) {
+        torch::Tensor& p = w.params[i];
+        const torch::Tensor slice = b.flat.narrow(0, offset, p.numel()).view(p.sizes());
+        if (p.grad().defined()) p.mutable_grad().copy_(slice);
+        else p.mutable_grad() = slice.clone();
+      }
+    }
   }
 
   WrappedOptimizer& find_optimizer(const torch::optim::Optimizer& optimizer) {
@@ -1853,6 +2288,7 @@ class Context {
   std::uint64_t trial_seed_ = 0;
   torch::Device device_{torch::kCPU};
   DistributedInfo distributed_;
+  std::shared_ptr<Communicator> communicator_;
 
   std::vector<std::shared_ptr<torch::nn::Module>> models_;
   std::vector<WrappedOptimizer> optimizers_;
@@ -1993,6 +2429,7 @@ YAML::Node load_json_file(const std::filesystem::path& path) {
 #include <sstream>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include <caffe2/serialize/inline_container.h>
@@ -2076,6 +2513,24 @@ auto optimizer_state_key(const torch::Tensor& p) {
 
 inline c10::IValue scalar_tensor(double v) { return torch::tensor(v, torch::kFloat32); }
 
+/// Adam and AdamW keep the same state and options under the same names.
+template <class State>
+void adam_param_state(const State& s, c10::impl::GenericDict& out) {
+  out.insert("step", scalar_tensor(static_cast<double>(s.step())));
+  for (const auto& [key, t] : {std::pair{"exp_avg", s.exp_avg()}, std::pair{"exp_avg_sq", s.exp_avg_sq()},
+                               std::pair{"max_exp_avg_sq", s.max_exp_avg_sq()}})
+    if (t.defined()) out.insert(key, t.detach());
+}
+template <class Options>
+void adam_options(const Options& o, c10::impl::GenericDict& out) {
+  out.insert("lr", o.lr());
+  out.insert("betas", c10::ivalue::Tuple::create({std::get<0>(o.betas()), std::get<1>(o.betas())}));
+  out.insert("eps", o.eps());
+  out.insert("weight_decay", o.weight_decay());
+  out.insert("amsgrad", o.amsgrad());
+  out.insert("maximize", false);
+}
+
 /// One parameter's optimizer state and its group's options, in Python's names, for the built-in optimizers.
 inline bool python_param_state(const torch::optim::OptimizerParamState& state, c10::impl::GenericDict& out) {
   auto put = [&](const char* key, const torch::Tensor& t) {
@@ -2084,15 +2539,9 @@ inline bool python_param_state(const torch::optim::OptimizerParamState& state, c
   if (const auto* s = dynamic_cast<const torch::optim::SGDParamState*>(&state)) {
     put("momentum_buffer", s->momentum_buffer());
   } else if (const auto* s = dynamic_cast<const torch::optim::AdamParamState*>(&state)) {
-    out.insert("step", scalar_tensor(static_cast<double>(s->step())));
-    put("exp_avg", s->exp_avg());
-    put("exp_avg_sq", s->exp_avg_sq());
-    put("max_exp_avg_sq", s->max_exp_avg_sq());
+    adam_param_state(*s, out);
   } else if (const auto* s = dynamic_cast<const torch::optim::AdamWParamState*>(&state)) {
-    out.insert("step", scalar_tensor(static_cast<double>(s->step())));
-    put("exp_avg", s->exp_avg());
-    put("exp_avg_sq", s->exp_avg_sq());
-    put("max_exp_avg_sq", s->max_exp_avg_sq());
+    adam_param_state(*s, out);
   } else if (const auto* s = dynamic_cast<const torch::optim::AdagradParamState*>(&state)) {
     out.insert("step", scalar_tensor(static_cast<double>(s->step())));
     put("sum", s->sum());
@@ -2108,7 +2557,6 @@ inline bool python_param_state(const torch::optim::OptimizerParamState& state, c
 }
 
 inline void python_group_options(const torch::optim::OptimizerOptions& options, c10::impl::GenericDict& out) {
-  auto betas = [](const auto& b) { return c10::ivalue::Tuple::create({std::get<0>(b), std::get<1>(b)}); };
   if (const auto* o = dynamic_cast<const torch::optim::SGDOptions*>(&options)) {
     out.insert("lr", o->lr());
     out.insert("momentum", o->momentum());
@@ -2117,19 +2565,9 @@ inline void python_group_options(const torch::optim::OptimizerOptions& options, 
     out.insert("nesterov", o->nesterov());
     out.insert("maximize", false);
   } else if (const auto* o = dynamic_cast<const torch::optim::AdamOptions*>(&options)) {
-    out.insert("lr", o->lr());
-    out.insert("betas", betas(o->betas()));
-    out.insert("eps", o->eps());
-    out.insert("weight_decay", o->weight_decay());
-    out.insert("amsgrad", o->amsgrad());
-    out.insert("maximize", false);
+    adam_options(*o, out);
   } else if (const auto* o = dynamic_cast<const torch::optim::AdamWOptions*>(&options)) {
-    out.insert("lr", o->lr());
-    out.insert("betas", betas(o->betas()));
-    out.insert("eps", o->eps());
-    out.insert("weight_decay", o->weight_decay());
-    out.insert("amsgrad", o->amsgrad());
-    out.insert("maximize", false);
+    adam_options(*o, out);
   } else if (const auto* o = dynamic_cast<const torch::optim::AdagradOptions*>(&options)) {
     out.insert("lr", o->lr());
     out.insert("lr_decay", o->lr_decay());
@@ -2608,10 +3046,18 @@ inline const c10::IValue& require_entry(const StateDict& dict, const char* key, 
   return it->value();
 }
 
+/// A checkpoint's `state_dict.pth`, its size and CRC-32 checked, as a dict.
+inline StateDict read_state_dict_file(const std::filesystem::path& dir) {
+  const std::filesystem::path file = dir / "state_dict.pth";
+  const c10::IValue top = unpickle_archive(read_checked_file(dir, "state_dict.pth"), file);
+  if (!top.isGenericDict()) throw CheckpointError("checkpoint file '" + file.string() + "' does not hold a dict");
+  return top.toGenericDict();
+}
+
 /// Moves a Context's state into and out of checkpoint files (a friend of Context).
 struct ContextCheckpoint {
   /// The Python-readable part (without callbacks, which the trainer adds).
-  static StateDict python_state(Context& c) {
+  static StateDict python_state(Context& c, const std::vector<torch::Tensor>& cpu_rng_per_rank = {}) {
     c10::impl::GenericList models(c10::AnyType::get());
     for (const auto& m : c.models_) models.push_back(module_state_dict(*m));
     c10::impl::GenericList optimizers(c10::AnyType::get());
@@ -2628,6 +3074,11 @@ struct ContextCheckpoint {
     }
     StateDict rng(c10::StringType::get(), c10::AnyType::get());
     rng.insert("cpu_rng_state", at::detail::getDefaultCPUGenerator().get_state());
+    if (!cpu_rng_per_rank.empty()) {  // a data-parallel job: each rank's own state, in rank order
+      c10::impl::GenericList states(c10::AnyType::get());
+      for (const auto& t : cpu_rng_per_rank) states.push_back(t);
+      rng.insert("cpu_rng_states", states);
+    }
     if (c.device_.is_cuda()) rng.insert("gpu_rng_state", at::globalContext().defaultGenerator(c.device_).get_state());
     StateDict out(c10::StringType::get(), c10::AnyType::get());
     out.insert("models_state_dict", models);
@@ -2706,7 +3157,12 @@ struct ContextCheckpoint {
     const c10::IValue& rng = require_entry(top, "rng_state", what);
     if (!rng.isGenericDict()) throw CheckpointError(what + ": 'rng_state' is not a dict");
     const StateDict states = rng.toGenericDict();
-    set_generator_state(at::detail::getDefaultCPUGenerator(), require_entry(states, "cpu_rng_state", what + "'s rng_state").toTensor());
+    torch::Tensor cpu = require_entry(states, "cpu_rng_state", what + "'s rng_state").toTensor();
+    if (const auto per_rank = states.find("cpu_rng_states"); per_rank != states.end() && per_rank->value().isList()) {
+      const auto list = per_rank->value().toList();
+      if (static_cast<std::size_t>(c.distributed_.rank) < list.size()) cpu = list.get(c.distributed_.rank).toTensor();
+    }
+    set_generator_state(at::detail::getDefaultCPUGenerator(), cpu);
     if (const auto gpu = states.find("gpu_rng_state"); gpu != states.end() && c.device_.is_cuda())
       set_generator_state(at::globalContext().defaultGenerator(c.device_), gpu->value().toTensor());
   }
@@ -2797,21 +3253,15 @@ struct ContextCheckpoint {
 inline CheckpointInfo load_models(const std::filesystem::path& path, Context& context) {
   const std::filesystem::path dir = resolve_checkpoint(path);
   const CheckpointInfo info = read_checkpoint_info(dir);
-  const std::filesystem::path file = dir / "state_dict.pth";
-  const c10::IValue top = detail::unpickle_archive(read_checked_file(dir, "state_dict.pth"), file);
-  if (!top.isGenericDict()) throw CheckpointError("checkpoint file '" + file.string() + "' does not hold a dict");
-  detail::ContextCheckpoint::load_models(context, top.toGenericDict(), file);
+  detail::ContextCheckpoint::load_models(context, detail::read_state_dict_file(dir), dir / "state_dict.pth");
   return info;
 }
 
 /// Loads model `index` of a checkpoint into a bare module (no trial needed), checking names and shapes.
 inline void load_model(const std::filesystem::path& path, torch::nn::Module& module, std::size_t index = 0) {
   const std::filesystem::path dir = resolve_checkpoint(path);
-  const std::filesystem::path file = dir / "state_dict.pth";
-  const c10::IValue top = detail::unpickle_archive(read_checked_file(dir, "state_dict.pth"), file);
-  const std::string what = "checkpoint file '" + file.string() + "'";
-  if (!top.isGenericDict()) throw CheckpointError(what + " does not hold a dict");
-  const auto models = detail::require_entry(top.toGenericDict(), "models_state_dict", what).toList();
+  const std::string what = "checkpoint file '" + (dir / "state_dict.pth").string() + "'";
+  const auto models = detail::require_entry(detail::read_state_dict_file(dir), "models_state_dict", what).toList();
   if (index >= models.size())
     throw CheckpointError(what + " holds " + std::to_string(models.size()) + " model(s); there is no model " + std::to_string(index));
   load_module_state_dict(module, models.get(index).toGenericDict(), what + ", model " + std::to_string(index) + ",");
@@ -2874,6 +3324,98 @@ static_assert(CheckpointPolicyType<checkpoint_policy::all> && CheckpointPolicyTy
 
 }  // namespace dettrial
 // ---- end dettrial/checkpoint/policy.hpp
+// ---- begin dettrial/distributed/metrics.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief Metrics across ranks, as Determined reduces them: training means averaged over ranks;
+/// validation reduced per rank, then across ranks (avg weighted by each rank's batch count).
+
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include <torch/torch.h>
+
+
+namespace dettrial::detail {
+
+/// Averages every metric but the counters (`batches`, `epochs`) over the ranks, in place.
+inline void average_across_ranks(MetricValues& metrics, Communicator& comm) {
+  std::vector<std::string> names;
+  std::vector<double> values;
+  for (const auto& [name, value] : metrics)
+    if (name != "batches" && name != "epochs") {
+      names.push_back(name);
+      values.push_back(value);
+    }
+  if (values.empty()) return;
+  std::vector<torch::Tensor> t{torch::tensor(values, torch::kDouble)};
+  comm.allreduce(t);
+  const auto* sums = t[0].data_ptr<double>();
+  for (std::size_t i = 0; i < names.size(); ++i) metrics.set(names[i], sums[i] / comm.size());
+}
+
+/// Combines per-rank validation totals: avg = sum over all batches / all batches; sum; max; min.
+inline MetricValues reduce_validation_across_ranks(const std::vector<ValidationReduction::Total>& totals, std::int64_t batches,
+                                                   Communicator& comm) {
+  std::vector<double> sums{static_cast<double>(batches)}, extremes;
+  for (const auto& t : totals) {
+    if (t.reducer == Reducer::avg || t.reducer == Reducer::sum) sums.push_back(t.value);
+    else extremes.push_back(t.reducer == Reducer::max ? t.value : -t.value);  // min as the max of negatives
+  }
+  std::vector<torch::Tensor> s{torch::tensor(sums, torch::kDouble)};
+  comm.allreduce(s);
+  std::vector<torch::Tensor> e{torch::tensor(extremes.empty() ? std::vector<double>{0.0} : extremes, torch::kDouble)};
+  if (!extremes.empty()) comm.allreduce(e, c10d::ReduceOp::MAX);
+  const auto* sum = s[0].data_ptr<double>();
+  const auto* ext = e[0].data_ptr<double>();
+  const double all_batches = sum[0];
+  MetricValues out;
+  std::size_t si = 1, ei = 0;
+  for (const auto& t : totals) {
+    switch (t.reducer) {
+      case Reducer::avg: out.set(t.name, sum[si++] / all_batches); break;
+      case Reducer::sum: out.set(t.name, sum[si++]); break;
+      case Reducer::max: out.set(t.name, ext[ei++]); break;
+      case Reducer::min: out.set(t.name, -ext[ei++]); break;
+    }
+  }
+  return out;
+}
+
+/// Sends the chief's metrics (names and values) to every rank.
+inline MetricValues broadcast_metrics(const MetricValues& metrics, Communicator& comm) {
+  std::string text;
+  std::vector<double> values;
+  for (const auto& [name, value] : metrics) {
+    text += name;
+    text += '\n';
+    values.push_back(value);
+  }
+  std::vector<torch::Tensor> sizes{torch::tensor({static_cast<std::int64_t>(text.size()), static_cast<std::int64_t>(values.size())})};
+  comm.broadcast(sizes);
+  const auto text_size = sizes[0][0].item<std::int64_t>();
+  const auto count = sizes[0][1].item<std::int64_t>();
+  std::vector<torch::Tensor> payload{torch::zeros({text_size}, torch::kUInt8), torch::zeros({count}, torch::kDouble)};
+  if (comm.rank() == 0) {
+    std::memcpy(payload[0].data_ptr<std::uint8_t>(), text.data(), text.size());
+    std::memcpy(payload[1].data_ptr<double>(), values.data(), values.size() * sizeof(double));
+  }
+  comm.broadcast(payload);
+  MetricValues out;
+  const std::string names(reinterpret_cast<const char*>(payload[0].data_ptr<std::uint8_t>()), static_cast<std::size_t>(text_size));
+  std::size_t start = 0;
+  for (std::int64_t i = 0; i < count; ++i) {
+    const std::size_t end = names.find('\n', start);
+    out.set(names.substr(start, end - start), payload[1].data_ptr<double>()[i]);
+    start = end + 1;
+  }
+  return out;
+}
+
+}  // namespace dettrial::detail
+// ---- end dettrial/distributed/metrics.hpp
 // ---- begin dettrial/data/data_loader.hpp
 // SPDX-License-Identifier: Apache-2.0
 /// @file
@@ -4034,6 +4576,20 @@ struct FitResult {
 #include <string_view>
 #include <vector>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <thread>
+#include <utility>
+
 #include <c10/util/Exception.h>
 #include <yaml-cpp/yaml.h>
 
@@ -4592,6 +5148,9 @@ class Trainer {
     }
   }
 
+
+ public:
+  /// `runs/<date>-<time>-<pid>` under the working directory.
   static std::filesystem::path default_output_dir() {
     const std::time_t now = std::time(nullptr);
     char stamp[32];
@@ -4599,6 +5158,7 @@ class Trainer {
     return std::filesystem::path("runs") / (std::string(stamp) + "-" + std::to_string(::getpid()));
   }
 
+ private:
   TrainUnit resolve_length(const FitOptions& o) const {
     if (o.test_mode) return Batch(1);
     if (!o.max_length)
@@ -4641,9 +5201,12 @@ class Trainer {
     st.result.output_dir = o.output_dir;
     st.storage = o.checkpoint_dir.empty() ? o.output_dir / "checkpoints" : o.checkpoint_dir;
     st.result.checkpoint_dir = st.storage;
-    st.log = MetricsLog(o.output_dir);
+    // One writer per job: the chief reports and writes metrics.jsonl and checkpoints.
+    const bool chief = context_.distributed().is_chief();
+    if (chief) st.log = MetricsLog(o.output_dir);
+    if (!chief) o.report.quiet = true;
     st.progress = detail::Progress(o.report);
-    if (context_.distributed().is_chief()) {
+    if (chief) {
       detail::remove_stale_entries(st.storage);
       const auto existing = list_checkpoints(st.storage);
       st.sequence = existing.empty() ? 0 : existing.back().sequence;
@@ -4686,10 +5249,14 @@ class Trainer {
     context_.initial_batch_ = st.batches_trained;  // the training stream skips what was trained
     context_.current_batch_ = st.batches_trained;
     st.result.resumed_from_batch = st.batches_trained;
+    if (Communicator* comm = context_.communicator()) broadcast_models(*comm);  // every rank starts from rank 0's weights
 
     st.progress.line("dettrial: trial seed " + std::to_string(context_.get_trial_seed()) + ", device " +
                      context_.device().str() + ", training " + st.length.to_string() + " (an epoch is " +
                      std::to_string(st.epoch_len) + " batches), output " + o.output_dir.string());
+    if (const Communicator* comm = context_.communicator())
+      st.progress.line("dettrial: " + std::to_string(comm->size()) + " processes (" + launcher_name(comm->environment().launcher) +
+                       ", " + comm->backend_name() + "), global batch " + std::to_string(context_.get_global_batch_size()));
     if (resume_dir)
       st.progress.line("dettrial: resumed from " + resume_dir->string() +
                        (same_trial ? " at batch " + std::to_string(st.batches_trained)
@@ -4790,11 +5357,12 @@ class Trainer {
         ++batch_idx;
         if (reached[train_boundary] || reached[validate_boundary] || reached[checkpoint_boundary] || reached[report_boundary])
           break;
-        if (detail::StopSignals::received() != 0) break;
+        // One process stops at any batch; a job only at boundaries, where its ranks agree.
+        if (!context_.communicator() && detail::StopSignals::received() != 0) break;
       }
 
       report_training(st, means, records, callbacks, batch_metrics);
-      if (const int signal = detail::StopSignals::received(); signal != 0) {
+      if (const int signal = agreed_max(detail::StopSignals::received()); signal != 0) {
         if (st.last_checkpoint != st.batches_trained) checkpoint(st, callbacks);
         st.result.signal = signal;
         st.result.stop_requested = true;
@@ -4808,7 +5376,7 @@ class Trainer {
         if (!reached[b]) continue;
         if (b == validate_boundary && st.last_validation != st.batches_trained) validate(st, callbacks);
         if (b == checkpoint_boundary && st.last_checkpoint != st.batches_trained) checkpoint(st, callbacks);
-        if (context_.get_stop_requested()) {
+        if (agreed_max(context_.get_stop_requested() ? 1 : 0) != 0) {
           if (st.last_checkpoint != st.batches_trained) checkpoint(st, callbacks);
           st.result.stopped_early = remaining(st) > 0;
           st.result.stop_requested = true;
@@ -4827,6 +5395,7 @@ class Trainer {
     avg.set("batches", static_cast<double>(st.batches_trained));
     avg.set("epochs", static_cast<double>(st.epochs_trained));
     for (const auto& [name, value] : means.means()) avg.set(name, value);
+    if (Communicator* comm = context_.communicator()) detail::average_across_ranks(avg, *comm);
     for (auto& r : context_.reducers_)
       if (r.for_training) r.reduce_into(r.object, r.name, avg);
     const double rate = seconds > 0 ? static_cast<double>(records) / seconds : 0.0;
@@ -4879,10 +5448,15 @@ class Trainer {
         if constexpr (requires { cb.on_validation_epoch_end(std::span<const Metrics>(outputs)); })
           cb.on_validation_epoch_end(std::span<const Metrics>(outputs));
       });
-      metrics = reduction.result();
+      Communicator* comm = context_.communicator();
+      metrics = comm ? detail::reduce_validation_across_ranks(reduction.totals(), reduction.batches(), *comm) : reduction.result();
     } else {
-      const Metrics m = detail::call_evaluate_full_dataset(*trial_, *validation_loader_, model_or_missing());
-      for (const auto& e : m) metrics.set(std::string(e.key.view()), e.value.to_double());
+      // The whole dataset on the chief only (Determined's rule); the others get its metrics.
+      if (context_.distributed().is_chief()) {
+        const Metrics m = detail::call_evaluate_full_dataset(*trial_, *validation_loader_, model_or_missing());
+        for (const auto& e : m) metrics.set(std::string(e.key.view()), e.value.to_double());
+      }
+      if (Communicator* comm = context_.communicator()) metrics = detail::broadcast_metrics(metrics, *comm);
     }
     for (auto& r : context_.reducers_)
       if (r.for_validation) r.reduce_into(r.object, r.name, metrics);
@@ -4961,9 +5535,12 @@ class Trainer {
   template <class Set>
   void checkpoint(RunState& st, Set& callbacks) {
     st.last_checkpoint = st.batches_trained;
+    // Every rank's CPU RNG goes to the chief (a collective: all ranks checkpoint at the same batches).
+    std::vector<torch::Tensor> rng_states;
+    if (Communicator* comm = context_.communicator()) rng_states = comm->allgather(at::detail::getDefaultCPUGenerator().get_state());
     if (!context_.distributed().is_chief()) return;
     const auto started = std::chrono::steady_clock::now();
-    StateDict top = detail::ContextCheckpoint::python_state(context_);
+    StateDict top = detail::ContextCheckpoint::python_state(context_, rng_states);
     StateDict callback_states(c10::StringType::get(), c10::AnyType::get());
     std::size_t index = 0;
     callbacks.each([&](auto& cb) {
@@ -5016,6 +5593,31 @@ class Trainer {
     apply_retention(st, uuid);
   }
 
+  /// The largest of `value` over the ranks (the value itself for one process): what every rank acts on.
+  int agreed_max(int value) {
+    Communicator* comm = context_.communicator();
+    if (!comm) return value;
+    std::vector<torch::Tensor> t{torch::tensor({static_cast<std::int64_t>(value)})};
+    comm->allreduce(t, c10d::ReduceOp::MAX);
+    return static_cast<int>(t[0].item<std::int64_t>());
+  }
+
+  /// Copies rank 0's parameters and buffers to every rank.
+  void broadcast_models(Communicator& comm) {
+    torch::NoGradGuard no_grad;
+    std::vector<torch::Tensor> one(1);
+    for (const auto& m : context_.models()) {
+      for (auto& p : m->parameters()) {
+        one[0] = p.detach();
+        comm.broadcast(one);
+      }
+      for (auto& b : m->buffers()) {
+        one[0] = b;
+        comm.broadcast(one);
+      }
+    }
+  }
+
   /// Deletes the checkpoints retention lets go; `keep_uuid` (the newest, mid-trial) is spared.
   void apply_retention(RunState& st, std::string_view keep_uuid) {
     for (const CheckpointInfo& doomed :
@@ -5042,9 +5644,7 @@ class Trainer {
   template <class Set>
   void restore(RunState& st, const std::filesystem::path& dir, const TrialProgress& progress, Set& callbacks) {
     const std::filesystem::path file = dir / "state_dict.pth";
-    const c10::IValue loaded = detail::unpickle_archive(read_checked_file(dir, "state_dict.pth"), file);
-    if (!loaded.isGenericDict()) throw CheckpointError("checkpoint file '" + file.string() + "' does not hold a dict");
-    const StateDict top = loaded.toGenericDict();
+    const StateDict top = detail::read_state_dict_file(dir);
     callbacks.each([&](auto& cb) {
       if constexpr (requires { cb.on_checkpoint_load_start(top); }) cb.on_checkpoint_load_start(top);
     });
@@ -5131,9 +5731,13 @@ class Trainer {
 }  // namespace dettrial
 // ---- end dettrial/trainer/trainer.hpp
 
+extern "C" char** environ;
+
 namespace dettrial {
 
 namespace detail {
+
+inline constexpr int exit_status_interrupted_value = 75;
 
 inline const char* main_usage() {
   return "usage: %s --config FILE [options]\n"
@@ -5148,6 +5752,11 @@ inline const char* main_usage() {
          "                       or the resumed run's directory with --resume)\n"
          "  --resume PATH        continue from a checkpoint: a checkpoint directory, or a run's\n"
          "                       output directory (its latest checkpoint)\n"
+         "  --nproc N            train data-parallel in N local processes (Gloo on CPU, NCCL on GPUs);\n"
+         "                       default: resources.slots_per_trial when no launcher (torchrun, srun,\n"
+         "                       mpirun) started this process\n"
+         "  --backend NAME       gloo or nccl (default: nccl when this process has a GPU and NCCL)\n"
+         "  --timeout SECONDS    how long ranks wait for each other before failing (default 300)\n"
          "  --test-mode          train one batch and validate one batch, to check the trial runs\n"
          "  --quiet              print nothing but errors\n"
          "  --help               show this text\n"
@@ -5185,11 +5794,107 @@ inline void apply_override(YAML::Node& root, const std::string& assignment) {
   }
 }
 
+/// A free TCP port on the loopback interface (the kernel picks it).
+inline int free_local_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) throw Error("cannot open a socket to find a free port");
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  socklen_t len = sizeof addr;
+  const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 &&
+                  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0;
+  ::close(fd);
+  if (!ok) throw Error("cannot find a free port on 127.0.0.1");
+  return ntohs(addr.sin_port);
+}
+
+inline std::atomic<int> launcher_signal{0};
+extern "C" inline void dettrial_launcher_on_signal(int signal_number) { launcher_signal.store(signal_number); }
+
+/**
+ * @brief The built-in launcher: runs this program `nproc` times with RANK, WORLD_SIZE, LOCAL_RANK,
+ * LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT set (one machine), forwards SIGINT/SIGTERM to them,
+ * and waits. When one rank fails, the others get `grace` to fail on their own (their collectives
+ * time out) and are then killed. Returns 0 when all succeed, exit_status_interrupted when all
+ * stopped on a signal, else 1 after naming the rank that failed first.
+ */
+inline int launch_local(const std::vector<std::string>& args, int nproc, std::chrono::seconds grace) {
+  const std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
+  const int port = free_local_port();
+  std::vector<pid_t> pids(static_cast<std::size_t>(nproc), -1);
+  std::vector<int> statuses(static_cast<std::size_t>(nproc), -1);
+  struct sigaction action {}, old_int{}, old_term{};
+  action.sa_handler = &dettrial_launcher_on_signal;
+  sigemptyset(&action.sa_mask);
+  ::sigaction(SIGINT, &action, &old_int);
+  ::sigaction(SIGTERM, &action, &old_term);
+  for (int rank = 0; rank < nproc; ++rank) {
+    std::vector<std::string> env_strings;
+    for (char** e = environ; *e; ++e) env_strings.emplace_back(*e);
+    for (const auto& [key, value] : {std::pair{"RANK", rank}, std::pair{"WORLD_SIZE", nproc}, std::pair{"LOCAL_RANK", rank},
+                                     std::pair{"LOCAL_WORLD_SIZE", nproc}, std::pair{"MASTER_PORT", port}})
+      env_strings.push_back(std::string(key) + "=" + std::to_string(value));
+    env_strings.push_back("MASTER_ADDR=127.0.0.1");
+    std::vector<char*> env, argv;
+    for (auto& e : env_strings) env.push_back(e.data());
+    env.push_back(nullptr);
+    std::vector<std::string> arg_copy = args;
+    for (auto& a : arg_copy) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    if (::posix_spawn(&pids[static_cast<std::size_t>(rank)], self.c_str(), nullptr, nullptr, argv.data(), env.data()) != 0)
+      throw Error("cannot start rank " + std::to_string(rank) + " of " + std::to_string(nproc));
+  }
+  int running = nproc, first_failure = -1, forwarded = 0;
+  std::chrono::steady_clock::time_point kill_at = std::chrono::steady_clock::time_point::max();
+  while (running > 0) {
+    if (const int sig = launcher_signal.load(); sig != 0 && sig != forwarded) {
+      for (std::size_t r = 0; r < pids.size(); ++r)
+        if (statuses[r] < 0) ::kill(pids[r], sig);
+      forwarded = sig;
+    }
+    int status = 0;
+    const pid_t pid = ::waitpid(-1, &status, WNOHANG);
+    if (pid > 0) {
+      for (std::size_t r = 0; r < pids.size(); ++r)
+        if (pids[r] == pid) {
+          statuses[r] = status;
+          --running;
+          const bool ok = WIFEXITED(status) && (WEXITSTATUS(status) == 0 || WEXITSTATUS(status) == exit_status_interrupted_value);
+          if (!ok && first_failure < 0) {
+            first_failure = static_cast<int>(r);
+            kill_at = std::chrono::steady_clock::now() + grace;
+          }
+        }
+      continue;
+    }
+    if (std::chrono::steady_clock::now() >= kill_at) {
+      for (std::size_t r = 0; r < pids.size(); ++r)
+        if (statuses[r] < 0) ::kill(pids[r], SIGKILL);
+      kill_at = std::chrono::steady_clock::time_point::max();
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ::sigaction(SIGINT, &old_int, nullptr);
+  ::sigaction(SIGTERM, &old_term, nullptr);
+  if (first_failure >= 0) {
+    const int status = statuses[static_cast<std::size_t>(first_failure)];
+    std::fprintf(stderr, "error: rank %d of %d %s\n", first_failure, nproc,
+                 WIFSIGNALED(status) ? ("was killed by signal " + std::to_string(WTERMSIG(status))).c_str()
+                                     : ("exited with status " + std::to_string(WEXITSTATUS(status))).c_str());
+    return 1;
+  }
+  bool all_interrupted = true;
+  for (const int status : statuses) all_interrupted = all_interrupted && WEXITSTATUS(status) == exit_status_interrupted_value;
+  return all_interrupted ? exit_status_interrupted_value : 0;
+}
+
 }  // namespace detail
 
 /// The exit status of a trial program stopped by SIGINT or SIGTERM after checkpointing (EX_TEMPFAIL:
 /// try again, for example with `--resume`).
-inline constexpr int exit_status_interrupted = 75;
+inline constexpr int exit_status_interrupted = detail::exit_status_interrupted_value;
 
 /**
  * @brief The `main` of a trial program: parses the command line, reads the experiment config, builds
@@ -5207,6 +5912,10 @@ int main(int argc, char** argv, Args&&... trial_args) {
   std::vector<std::string> overrides;
   std::string output;
   std::string resume;
+  std::string backend_name;
+  int nproc = 0;
+  long timeout_seconds = 300;
+  std::vector<std::string> child_args{program};  // what the built-in launcher passes to each rank
   bool test_mode = false, quiet = false;
   for (int i = 1; i < argc; ++i) {
     const std::string_view arg = argv[i];
@@ -5228,6 +5937,23 @@ int main(int argc, char** argv, Args&&... trial_args) {
       output = value(arg);
     } else if (arg == "--resume") {
       resume = value(arg);
+    } else if (arg == "--nproc" || arg == "--timeout") {
+      const std::string v = value(arg);
+      char* end = nullptr;
+      const long n = std::strtol(v.c_str(), &end, 10);
+      if (end == v.c_str() || *end != '\0' || n < 1) {
+        std::fprintf(stderr, "%s: %s needs a positive integer, not '%s'\n", program, argv[i - 1], v.c_str());
+        return 2;
+      }
+      if (arg == "--nproc") nproc = static_cast<int>(n);
+      else timeout_seconds = n;
+      if (arg == "--nproc") continue;  // the ranks themselves do not launch
+    } else if (arg == "--backend") {
+      backend_name = value(arg);
+      if (backend_name != "gloo" && backend_name != "nccl") {
+        std::fprintf(stderr, "%s: --backend must be gloo or nccl, not '%s'\n", program, backend_name.c_str());
+        return 2;
+      }
     } else if (arg == "--test-mode") {
       test_mode = true;
     } else if (arg == "--quiet") {
@@ -5237,6 +5963,13 @@ int main(int argc, char** argv, Args&&... trial_args) {
       std::fprintf(stderr, detail::main_usage(), program);
       return 2;
     }
+  }
+  for (int i = 1; i < argc; ++i) {
+    if (std::string_view(argv[i]) == "--nproc") {
+      ++i;
+      continue;
+    }
+    child_args.emplace_back(argv[i]);
   }
   if (config_path.empty()) {
     std::fprintf(stderr, "%s: --config FILE is required\n", program);
@@ -5253,9 +5986,24 @@ int main(int argc, char** argv, Args&&... trial_args) {
     if (config.searcher.name != "single")
       throw ConfigError(config_path + ": searcher '" + config.searcher.name +
                         "' is not available in dettrial " DETTRIAL_VERSION_STRING "; use searcher name: single");
-    if (config.slots_per_trial != 1)
-      throw ConfigError(config_path + ": resources.slots_per_trial " + std::to_string(config.slots_per_trial) +
-                        " needs distributed training, which is not available in dettrial " DETTRIAL_VERSION_STRING);
+    const LaunchEnvironment env = LaunchEnvironment::detect();
+    if (!env.distributed() && nproc == 0 && config.slots_per_trial > 1) nproc = static_cast<int>(config.slots_per_trial);
+    if (!env.distributed() && nproc > 1) {
+      // All ranks must agree on the output directory: the launcher picks it.
+      if (output.empty() && resume.empty()) {
+        child_args.emplace_back("--output");
+        child_args.push_back(Trainer<TrialT>::default_output_dir().string());
+      }
+      return detail::launch_local(child_args, nproc, std::chrono::seconds(timeout_seconds + 10));
+    }
+    std::shared_ptr<Communicator> communicator;
+    if (env.distributed()) {
+      const bool gpu = torch::cuda::is_available();
+      if (backend_name.empty()) backend_name = gpu && backend::has_nccl ? "nccl" : "gloo";
+      const std::chrono::milliseconds timeout = std::chrono::seconds(timeout_seconds);
+      communicator = backend_name == "nccl" ? Communicator::create(env, timeout, backend::nccl{})
+                                            : Communicator::create(env, timeout, backend::gloo{});
+    }
     FitOptions options = FitOptions::from_config(config);
     options.test_mode = test_mode;
     options.output_dir = output;
@@ -5269,7 +6017,7 @@ int main(int argc, char** argv, Args&&... trial_args) {
     }
     if (!test_mode && !options.max_length)
       throw ConfigError(config_path + ": the config sets no training length; add searcher.max_length, e.g. {batches: 1000}");
-    Context context(config);
+    Context context(config, ContextOptions{.communicator = communicator});
     Trainer<TrialT> trainer(context, std::forward<Args>(trial_args)...);
     const FitResult result = trainer.fit(std::move(options));
     return result.signal != 0 ? exit_status_interrupted : 0;

@@ -18,8 +18,6 @@
 using namespace dettrial;
 namespace fs = std::filesystem;
 
-extern char** environ;
-
 namespace {
 
 /// Every training and validation report as (kind, batches, name, value), to compare runs exactly.
@@ -406,29 +404,6 @@ struct FillTrial {
   Metrics evaluate_batch(std::tuple<torch::Tensor>&) { return {{"validation_loss", 0.0}}; }
 };
 
-pid_t spawn_self(const std::string& test_case, const fs::path& dir) {
-  const std::string self = fs::read_symlink("/proc/self/exe").string();
-  const std::string filter = "--test-case=" + test_case;
-  std::vector<std::string> env_strings;
-  for (char** e = environ; *e; ++e) env_strings.emplace_back(*e);
-  env_strings.push_back("DETTRIAL_CHILD_DIR=" + dir.string());
-  std::vector<char*> env;
-  for (auto& s : env_strings) env.push_back(s.data());
-  env.push_back(nullptr);
-  std::vector<std::string> args = {self, filter, "--no-skip", "--no-version", "--minimal"};
-  std::vector<char*> argv;
-  for (auto& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, "/dev/null", O_WRONLY, 0);
-  pid_t pid = 0;
-  const int rc = posix_spawn(&pid, self.c_str(), &actions, nullptr, argv.data(), env.data());
-  posix_spawn_file_actions_destroy(&actions);
-  REQUIRE(rc == 0);
-  return pid;
-}
-
 }  // namespace
 
 TEST_CASE("child process: writes checkpoints until killed" * doctest::skip()) {
@@ -471,7 +446,7 @@ TEST_CASE("a process killed (SIGKILL) at any moment while checkpointing leaves l
   std::int64_t last_seen = 0;
   int kills_with_checkpoints = 0;
   for (int round = 0; round < 16; ++round) {
-    const pid_t child = spawn_self("child process: writes checkpoints until killed", dir);
+    const pid_t child = test::spawn_self("child process: writes checkpoints until killed", {"DETTRIAL_CHILD_DIR=" + dir.string()});
     std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms(rng)));
     ::kill(child, SIGKILL);
     int status = 0;
@@ -502,7 +477,7 @@ TEST_CASE("a process killed (SIGKILL) at any moment while checkpointing leaves l
 TEST_CASE("a second stop signal aborts the process") {
   const fs::path dir = test::quiet({}).output_dir;
   fs::create_directories(dir);
-  const pid_t child = spawn_self("child process: a second stop signal aborts at once", dir);
+  const pid_t child = test::spawn_self("child process: a second stop signal aborts at once", {"DETTRIAL_CHILD_DIR=" + dir.string()});
   int status = 0;
   ::waitpid(child, &status, 0);
   CHECK(WIFSIGNALED(status));

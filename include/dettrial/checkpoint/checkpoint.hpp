@@ -19,6 +19,7 @@
 #include <optional>
 #include <sstream>
 #include <string>
+#include <vector>
 #include <utility>
 
 #include <torch/torch.h>
@@ -84,10 +85,18 @@ inline const c10::IValue& require_entry(const StateDict& dict, const char* key, 
   return it->value();
 }
 
+/// A checkpoint's `state_dict.pth`, its size and CRC-32 checked, as a dict.
+inline StateDict read_state_dict_file(const std::filesystem::path& dir) {
+  const std::filesystem::path file = dir / "state_dict.pth";
+  const c10::IValue top = unpickle_archive(read_checked_file(dir, "state_dict.pth"), file);
+  if (!top.isGenericDict()) throw CheckpointError("checkpoint file '" + file.string() + "' does not hold a dict");
+  return top.toGenericDict();
+}
+
 /// Moves a Context's state into and out of checkpoint files (a friend of Context).
 struct ContextCheckpoint {
   /// The Python-readable part (without callbacks, which the trainer adds).
-  static StateDict python_state(Context& c) {
+  static StateDict python_state(Context& c, const std::vector<torch::Tensor>& cpu_rng_per_rank = {}) {
     c10::impl::GenericList models(c10::AnyType::get());
     for (const auto& m : c.models_) models.push_back(module_state_dict(*m));
     c10::impl::GenericList optimizers(c10::AnyType::get());
@@ -104,6 +113,11 @@ struct ContextCheckpoint {
     }
     StateDict rng(c10::StringType::get(), c10::AnyType::get());
     rng.insert("cpu_rng_state", at::detail::getDefaultCPUGenerator().get_state());
+    if (!cpu_rng_per_rank.empty()) {  // a data-parallel job: each rank's own state, in rank order
+      c10::impl::GenericList states(c10::AnyType::get());
+      for (const auto& t : cpu_rng_per_rank) states.push_back(t);
+      rng.insert("cpu_rng_states", states);
+    }
     if (c.device_.is_cuda()) rng.insert("gpu_rng_state", at::globalContext().defaultGenerator(c.device_).get_state());
     StateDict out(c10::StringType::get(), c10::AnyType::get());
     out.insert("models_state_dict", models);
@@ -182,7 +196,12 @@ struct ContextCheckpoint {
     const c10::IValue& rng = require_entry(top, "rng_state", what);
     if (!rng.isGenericDict()) throw CheckpointError(what + ": 'rng_state' is not a dict");
     const StateDict states = rng.toGenericDict();
-    set_generator_state(at::detail::getDefaultCPUGenerator(), require_entry(states, "cpu_rng_state", what + "'s rng_state").toTensor());
+    torch::Tensor cpu = require_entry(states, "cpu_rng_state", what + "'s rng_state").toTensor();
+    if (const auto per_rank = states.find("cpu_rng_states"); per_rank != states.end() && per_rank->value().isList()) {
+      const auto list = per_rank->value().toList();
+      if (static_cast<std::size_t>(c.distributed_.rank) < list.size()) cpu = list.get(c.distributed_.rank).toTensor();
+    }
+    set_generator_state(at::detail::getDefaultCPUGenerator(), cpu);
     if (const auto gpu = states.find("gpu_rng_state"); gpu != states.end() && c.device_.is_cuda())
       set_generator_state(at::globalContext().defaultGenerator(c.device_), gpu->value().toTensor());
   }
@@ -273,21 +292,15 @@ struct ContextCheckpoint {
 inline CheckpointInfo load_models(const std::filesystem::path& path, Context& context) {
   const std::filesystem::path dir = resolve_checkpoint(path);
   const CheckpointInfo info = read_checkpoint_info(dir);
-  const std::filesystem::path file = dir / "state_dict.pth";
-  const c10::IValue top = detail::unpickle_archive(read_checked_file(dir, "state_dict.pth"), file);
-  if (!top.isGenericDict()) throw CheckpointError("checkpoint file '" + file.string() + "' does not hold a dict");
-  detail::ContextCheckpoint::load_models(context, top.toGenericDict(), file);
+  detail::ContextCheckpoint::load_models(context, detail::read_state_dict_file(dir), dir / "state_dict.pth");
   return info;
 }
 
 /// Loads model `index` of a checkpoint into a bare module (no trial needed), checking names and shapes.
 inline void load_model(const std::filesystem::path& path, torch::nn::Module& module, std::size_t index = 0) {
   const std::filesystem::path dir = resolve_checkpoint(path);
-  const std::filesystem::path file = dir / "state_dict.pth";
-  const c10::IValue top = detail::unpickle_archive(read_checked_file(dir, "state_dict.pth"), file);
-  const std::string what = "checkpoint file '" + file.string() + "'";
-  if (!top.isGenericDict()) throw CheckpointError(what + " does not hold a dict");
-  const auto models = detail::require_entry(top.toGenericDict(), "models_state_dict", what).toList();
+  const std::string what = "checkpoint file '" + (dir / "state_dict.pth").string() + "'";
+  const auto models = detail::require_entry(detail::read_state_dict_file(dir), "models_state_dict", what).toList();
   if (index >= models.size())
     throw CheckpointError(what + " holds " + std::to_string(models.size()) + " model(s); there is no model " + std::to_string(index));
   load_module_state_dict(module, models.get(index).toGenericDict(), what + ", model " + std::to_string(index) + ",");

@@ -12,6 +12,7 @@
 #include <sstream>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include <caffe2/serialize/inline_container.h>
@@ -96,6 +97,24 @@ auto optimizer_state_key(const torch::Tensor& p) {
 
 inline c10::IValue scalar_tensor(double v) { return torch::tensor(v, torch::kFloat32); }
 
+/// Adam and AdamW keep the same state and options under the same names.
+template <class State>
+void adam_param_state(const State& s, c10::impl::GenericDict& out) {
+  out.insert("step", scalar_tensor(static_cast<double>(s.step())));
+  for (const auto& [key, t] : {std::pair{"exp_avg", s.exp_avg()}, std::pair{"exp_avg_sq", s.exp_avg_sq()},
+                               std::pair{"max_exp_avg_sq", s.max_exp_avg_sq()}})
+    if (t.defined()) out.insert(key, t.detach());
+}
+template <class Options>
+void adam_options(const Options& o, c10::impl::GenericDict& out) {
+  out.insert("lr", o.lr());
+  out.insert("betas", c10::ivalue::Tuple::create({std::get<0>(o.betas()), std::get<1>(o.betas())}));
+  out.insert("eps", o.eps());
+  out.insert("weight_decay", o.weight_decay());
+  out.insert("amsgrad", o.amsgrad());
+  out.insert("maximize", false);
+}
+
 /// One parameter's optimizer state and its group's options, in Python's names, for the built-in optimizers.
 inline bool python_param_state(const torch::optim::OptimizerParamState& state, c10::impl::GenericDict& out) {
   auto put = [&](const char* key, const torch::Tensor& t) {
@@ -104,15 +123,9 @@ inline bool python_param_state(const torch::optim::OptimizerParamState& state, c
   if (const auto* s = dynamic_cast<const torch::optim::SGDParamState*>(&state)) {
     put("momentum_buffer", s->momentum_buffer());
   } else if (const auto* s = dynamic_cast<const torch::optim::AdamParamState*>(&state)) {
-    out.insert("step", scalar_tensor(static_cast<double>(s->step())));
-    put("exp_avg", s->exp_avg());
-    put("exp_avg_sq", s->exp_avg_sq());
-    put("max_exp_avg_sq", s->max_exp_avg_sq());
+    adam_param_state(*s, out);
   } else if (const auto* s = dynamic_cast<const torch::optim::AdamWParamState*>(&state)) {
-    out.insert("step", scalar_tensor(static_cast<double>(s->step())));
-    put("exp_avg", s->exp_avg());
-    put("exp_avg_sq", s->exp_avg_sq());
-    put("max_exp_avg_sq", s->max_exp_avg_sq());
+    adam_param_state(*s, out);
   } else if (const auto* s = dynamic_cast<const torch::optim::AdagradParamState*>(&state)) {
     out.insert("step", scalar_tensor(static_cast<double>(s->step())));
     put("sum", s->sum());
@@ -128,7 +141,6 @@ inline bool python_param_state(const torch::optim::OptimizerParamState& state, c
 }
 
 inline void python_group_options(const torch::optim::OptimizerOptions& options, c10::impl::GenericDict& out) {
-  auto betas = [](const auto& b) { return c10::ivalue::Tuple::create({std::get<0>(b), std::get<1>(b)}); };
   if (const auto* o = dynamic_cast<const torch::optim::SGDOptions*>(&options)) {
     out.insert("lr", o->lr());
     out.insert("momentum", o->momentum());
@@ -137,19 +149,9 @@ inline void python_group_options(const torch::optim::OptimizerOptions& options, 
     out.insert("nesterov", o->nesterov());
     out.insert("maximize", false);
   } else if (const auto* o = dynamic_cast<const torch::optim::AdamOptions*>(&options)) {
-    out.insert("lr", o->lr());
-    out.insert("betas", betas(o->betas()));
-    out.insert("eps", o->eps());
-    out.insert("weight_decay", o->weight_decay());
-    out.insert("amsgrad", o->amsgrad());
-    out.insert("maximize", false);
+    adam_options(*o, out);
   } else if (const auto* o = dynamic_cast<const torch::optim::AdamWOptions*>(&options)) {
-    out.insert("lr", o->lr());
-    out.insert("betas", betas(o->betas()));
-    out.insert("eps", o->eps());
-    out.insert("weight_decay", o->weight_decay());
-    out.insert("amsgrad", o->amsgrad());
-    out.insert("maximize", false);
+    adam_options(*o, out);
   } else if (const auto* o = dynamic_cast<const torch::optim::AdagradOptions*>(&options)) {
     out.insert("lr", o->lr());
     out.insert("lr_decay", o->lr_decay());

@@ -4,6 +4,7 @@
 /// models, optimizers, schedulers and reducers that the trainer drives.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -19,6 +20,7 @@
 #include "../config/hyperparameters.hpp"
 #include "../detail/error.hpp"
 #include "../detail/random.hpp"
+#include "../distributed/communicator.hpp"
 #include "../metrics/reducers.hpp"
 #include "../optim/clip.hpp"
 #include "../optim/lr_state.hpp"
@@ -68,8 +70,11 @@ struct ContextOptions {
   std::optional<std::int64_t> aggregation_frequency;
   /// Unset: the experiment config's (`optimizations.average_aggregated_gradients`), else true.
   std::optional<bool> average_aggregated_gradients;
-  /// Unset: the experiment config's (`resources.slots_per_trial`), else 1.
+  /// Unset: the experiment config's (`resources.slots_per_trial`), else 1. With a communicator, the
+  /// world size (a config asking for another number of slots is an error).
   std::optional<std::int64_t> slots_per_trial;
+  /// The process group of a data-parallel job (see Communicator::create); none for one process.
+  std::shared_ptr<Communicator> communicator;
 };
 
 template <class TrialT>
@@ -102,10 +107,22 @@ class Context {
         slots_per_trial_(options.slots_per_trial.value_or(config_.slots_per_trial)) {
     if (aggregation_frequency_ < 1) throw ConfigError("aggregation_frequency must be at least 1");
     if (slots_per_trial_ < 1) throw ConfigError("slots_per_trial must be at least 1");
+    if (options.communicator && options.communicator->size() > 1) {
+      communicator_ = std::move(options.communicator);
+      const LaunchEnvironment& env = communicator_->environment();
+      if (slots_per_trial_ > 1 && slots_per_trial_ != env.size)
+        throw ConfigError("resources.slots_per_trial is " + std::to_string(slots_per_trial_) + ", but " + launcher_name(env.launcher) +
+                          " started " + std::to_string(env.size) + " processes");
+      slots_per_trial_ = env.size;
+      distributed_ = DistributedInfo{.rank = env.rank, .size = env.size, .local_rank = env.local_rank, .local_size = env.local_size};
+    }
     trial_seed_ = options.trial_seed ? *options.trial_seed : derive_trial_seed(config_.experiment_seed);
+    // One GPU per process: the local rank picks it.
     device_ = options.device ? *options.device
-                              : (torch::cuda::is_available() ? torch::Device(torch::kCUDA, 0) : torch::Device(torch::kCPU));
-    distributed_.size = 1;
+                             : (torch::cuda::is_available()
+                                    ? torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(distributed_.local_rank %
+                                                                                                std::max<std::int64_t>(static_cast<std::int64_t>(torch::cuda::device_count()), 1)))
+                                    : torch::Device(torch::kCPU));
     seed_everything();
   }
 
@@ -140,6 +157,8 @@ class Context {
   std::uint64_t get_trial_seed() const { return trial_seed_; }
   const torch::Device& device() const { return device_; }
   const DistributedInfo& distributed() const { return distributed_; }
+  /// The job's process group, or null for one process.
+  Communicator* communicator() const { return communicator_.get(); }
   std::int64_t aggregation_frequency() const { return aggregation_frequency_; }
 
   /// Moves a nested batch to this context's device (see dettrial::to_device).
@@ -255,6 +274,7 @@ class Context {
     if (!is_update_batch()) return;
     WrappedOptimizer& w = find_optimizer(optimizer);
     refresh_params(w);  // param groups may have grown since wrapping (unfrozen layers)
+    if (communicator_) all_reduce_gradients(w);
     if (w.average && aggregation_frequency_ > 1) {
       const double scale = 1.0 / static_cast<double>(aggregation_frequency_);
       for (auto& p : w.params)
@@ -289,10 +309,16 @@ class Context {
   friend class Trainer;
   friend struct detail::ContextCheckpoint;
 
+  /// A flat buffer that carries the gradients of several parameters in one all-reduce.
+  struct GradientBucket {
+    torch::Tensor flat;
+    std::vector<std::pair<std::size_t, std::int64_t>> members;  // (parameter index, offset)
+  };
   struct WrappedOptimizer {
     torch::optim::Optimizer* optimizer;
     std::vector<torch::Tensor> params;
     bool average;
+    std::vector<GradientBucket> buckets;  // built on the first distributed step, then reused
   };
   struct WrappedScheduler {
     void* scheduler;
@@ -340,8 +366,58 @@ class Context {
     for (const auto& group : w.optimizer->param_groups()) count += group.params().size();
     if (count == w.params.size()) return;
     w.params.clear();
+    w.buckets.clear();
     for (auto& group : w.optimizer->param_groups())
       for (auto& p : group.params()) w.params.push_back(p);
+  }
+
+  /// PyTorch DDP's default bucket size.
+  static constexpr std::int64_t bucket_bytes = 25 << 20;
+
+  /**
+   * @brief Averages the gradients across ranks: packed into flat buckets (of one dtype and device,
+   * up to 25 MiB) whose all-reduces are all in flight at once, then divided by the world size. The
+   * buckets are allocated on the first step and reused. Parameters without a gradient count as zero.
+   */
+  void all_reduce_gradients(WrappedOptimizer& w) {
+    if (w.buckets.empty()) {
+      for (std::size_t i = 0; i < w.params.size(); ++i) {
+        const torch::Tensor& p = w.params[i];
+        if (w.buckets.empty() || w.buckets.back().flat.scalar_type() != p.scalar_type() ||
+            w.buckets.back().flat.device() != p.device() ||
+            (w.buckets.back().flat.numel() + p.numel()) * p.element_size() > bucket_bytes) {
+          w.buckets.push_back(GradientBucket{torch::empty({0}, p.options()), {}});
+        }
+        GradientBucket& b = w.buckets.back();
+        b.members.emplace_back(i, b.flat.numel());
+        b.flat = torch::empty({b.flat.numel() + p.numel()}, p.options());
+      }
+    }
+    std::vector<c10::intrusive_ptr<c10d::Work>> works;
+    works.reserve(w.buckets.size());
+    std::vector<torch::Tensor> one(1);
+    torch::NoGradGuard no_grad;
+    for (GradientBucket& b : w.buckets) {
+      for (const auto& [i, offset] : b.members) {
+        torch::Tensor slice = b.flat.narrow(0, offset, w.params[i].numel());
+        if (w.params[i].grad().defined()) slice.copy_(w.params[i].grad().reshape({-1}));
+        else slice.zero_();
+      }
+      one[0] = b.flat;
+      works.push_back(communicator_->allreduce_async(one));
+    }
+    const double scale = 1.0 / static_cast<double>(distributed_.size);
+    for (std::size_t k = 0; k < w.buckets.size(); ++k) {
+      communicator_->wait(works[k], "gradient all-reduce");
+      GradientBucket& b = w.buckets[k];
+      b.flat.mul_(scale);
+      for (const auto& [i, offset] : b.members) {
+        torch::Tensor& p = w.params[i];
+        const torch::Tensor slice = b.flat.narrow(0, offset, p.numel()).view(p.sizes());
+        if (p.grad().defined()) p.mutable_grad().copy_(slice);
+        else p.mutable_grad() = slice.clone();
+      }
+    }
   }
 
   WrappedOptimizer& find_optimizer(const torch::optim::Optimizer& optimizer) {
@@ -366,6 +442,7 @@ class Context {
   std::uint64_t trial_seed_ = 0;
   torch::Device device_{torch::kCPU};
   DistributedInfo distributed_;
+  std::shared_ptr<Communicator> communicator_;
 
   std::vector<std::shared_ptr<torch::nn::Module>> models_;
   std::vector<WrappedOptimizer> optimizers_;

@@ -159,6 +159,19 @@ class ValidationReduction {
 
   std::int64_t batches() const { return batches_; }
 
+  /// A metric's total on this process: the sum over batches for avg and sum, else the max or min.
+  struct Total {
+    std::string name;
+    Reducer reducer;
+    double value;
+  };
+  /// The per-process totals, for combining across ranks (avg weighted by each rank's batch count).
+  std::vector<Total> totals() const {
+    std::vector<Total> out;
+    for (const auto& s : slots_) out.push_back(Total{s.name, s.reducer, s.result(1)});
+    return out;
+  }
+
   MetricValues result() const {
     MetricValues out;
     for (const auto& s : slots_) out.set(s.name, s.result(batches_));

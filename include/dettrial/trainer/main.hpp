@@ -11,20 +11,40 @@
 #include <string_view>
 #include <vector>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <thread>
+#include <utility>
+
 #include <c10/util/Exception.h>
 #include <yaml-cpp/yaml.h>
 
 #include "../config/experiment_config.hpp"
 #include "../checkpoint/storage.hpp"
 #include "../context/context.hpp"
+#include "../distributed/communicator.hpp"
+#include "../distributed/launch_environment.hpp"
 #include "../detail/error.hpp"
 #include "../version.hpp"
 #include "fit_options.hpp"
 #include "trainer.hpp"
 
+extern "C" char** environ;
+
 namespace dettrial {
 
 namespace detail {
+
+inline constexpr int exit_status_interrupted_value = 75;
 
 inline const char* main_usage() {
   return "usage: %s --config FILE [options]\n"
@@ -39,6 +59,11 @@ inline const char* main_usage() {
          "                       or the resumed run's directory with --resume)\n"
          "  --resume PATH        continue from a checkpoint: a checkpoint directory, or a run's\n"
          "                       output directory (its latest checkpoint)\n"
+         "  --nproc N            train data-parallel in N local processes (Gloo on CPU, NCCL on GPUs);\n"
+         "                       default: resources.slots_per_trial when no launcher (torchrun, srun,\n"
+         "                       mpirun) started this process\n"
+         "  --backend NAME       gloo or nccl (default: nccl when this process has a GPU and NCCL)\n"
+         "  --timeout SECONDS    how long ranks wait for each other before failing (default 300)\n"
          "  --test-mode          train one batch and validate one batch, to check the trial runs\n"
          "  --quiet              print nothing but errors\n"
          "  --help               show this text\n"
@@ -76,11 +101,107 @@ inline void apply_override(YAML::Node& root, const std::string& assignment) {
   }
 }
 
+/// A free TCP port on the loopback interface (the kernel picks it).
+inline int free_local_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) throw Error("cannot open a socket to find a free port");
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  socklen_t len = sizeof addr;
+  const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 &&
+                  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0;
+  ::close(fd);
+  if (!ok) throw Error("cannot find a free port on 127.0.0.1");
+  return ntohs(addr.sin_port);
+}
+
+inline std::atomic<int> launcher_signal{0};
+extern "C" inline void dettrial_launcher_on_signal(int signal_number) { launcher_signal.store(signal_number); }
+
+/**
+ * @brief The built-in launcher: runs this program `nproc` times with RANK, WORLD_SIZE, LOCAL_RANK,
+ * LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT set (one machine), forwards SIGINT/SIGTERM to them,
+ * and waits. When one rank fails, the others get `grace` to fail on their own (their collectives
+ * time out) and are then killed. Returns 0 when all succeed, exit_status_interrupted when all
+ * stopped on a signal, else 1 after naming the rank that failed first.
+ */
+inline int launch_local(const std::vector<std::string>& args, int nproc, std::chrono::seconds grace) {
+  const std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
+  const int port = free_local_port();
+  std::vector<pid_t> pids(static_cast<std::size_t>(nproc), -1);
+  std::vector<int> statuses(static_cast<std::size_t>(nproc), -1);
+  struct sigaction action {}, old_int{}, old_term{};
+  action.sa_handler = &dettrial_launcher_on_signal;
+  sigemptyset(&action.sa_mask);
+  ::sigaction(SIGINT, &action, &old_int);
+  ::sigaction(SIGTERM, &action, &old_term);
+  for (int rank = 0; rank < nproc; ++rank) {
+    std::vector<std::string> env_strings;
+    for (char** e = environ; *e; ++e) env_strings.emplace_back(*e);
+    for (const auto& [key, value] : {std::pair{"RANK", rank}, std::pair{"WORLD_SIZE", nproc}, std::pair{"LOCAL_RANK", rank},
+                                     std::pair{"LOCAL_WORLD_SIZE", nproc}, std::pair{"MASTER_PORT", port}})
+      env_strings.push_back(std::string(key) + "=" + std::to_string(value));
+    env_strings.push_back("MASTER_ADDR=127.0.0.1");
+    std::vector<char*> env, argv;
+    for (auto& e : env_strings) env.push_back(e.data());
+    env.push_back(nullptr);
+    std::vector<std::string> arg_copy = args;
+    for (auto& a : arg_copy) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    if (::posix_spawn(&pids[static_cast<std::size_t>(rank)], self.c_str(), nullptr, nullptr, argv.data(), env.data()) != 0)
+      throw Error("cannot start rank " + std::to_string(rank) + " of " + std::to_string(nproc));
+  }
+  int running = nproc, first_failure = -1, forwarded = 0;
+  std::chrono::steady_clock::time_point kill_at = std::chrono::steady_clock::time_point::max();
+  while (running > 0) {
+    if (const int sig = launcher_signal.load(); sig != 0 && sig != forwarded) {
+      for (std::size_t r = 0; r < pids.size(); ++r)
+        if (statuses[r] < 0) ::kill(pids[r], sig);
+      forwarded = sig;
+    }
+    int status = 0;
+    const pid_t pid = ::waitpid(-1, &status, WNOHANG);
+    if (pid > 0) {
+      for (std::size_t r = 0; r < pids.size(); ++r)
+        if (pids[r] == pid) {
+          statuses[r] = status;
+          --running;
+          const bool ok = WIFEXITED(status) && (WEXITSTATUS(status) == 0 || WEXITSTATUS(status) == exit_status_interrupted_value);
+          if (!ok && first_failure < 0) {
+            first_failure = static_cast<int>(r);
+            kill_at = std::chrono::steady_clock::now() + grace;
+          }
+        }
+      continue;
+    }
+    if (std::chrono::steady_clock::now() >= kill_at) {
+      for (std::size_t r = 0; r < pids.size(); ++r)
+        if (statuses[r] < 0) ::kill(pids[r], SIGKILL);
+      kill_at = std::chrono::steady_clock::time_point::max();
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ::sigaction(SIGINT, &old_int, nullptr);
+  ::sigaction(SIGTERM, &old_term, nullptr);
+  if (first_failure >= 0) {
+    const int status = statuses[static_cast<std::size_t>(first_failure)];
+    std::fprintf(stderr, "error: rank %d of %d %s\n", first_failure, nproc,
+                 WIFSIGNALED(status) ? ("was killed by signal " + std::to_string(WTERMSIG(status))).c_str()
+                                     : ("exited with status " + std::to_string(WEXITSTATUS(status))).c_str());
+    return 1;
+  }
+  bool all_interrupted = true;
+  for (const int status : statuses) all_interrupted = all_interrupted && WEXITSTATUS(status) == exit_status_interrupted_value;
+  return all_interrupted ? exit_status_interrupted_value : 0;
+}
+
 }  // namespace detail
 
 /// The exit status of a trial program stopped by SIGINT or SIGTERM after checkpointing (EX_TEMPFAIL:
 /// try again, for example with `--resume`).
-inline constexpr int exit_status_interrupted = 75;
+inline constexpr int exit_status_interrupted = detail::exit_status_interrupted_value;
 
 /**
  * @brief The `main` of a trial program: parses the command line, reads the experiment config, builds
@@ -98,6 +219,10 @@ int main(int argc, char** argv, Args&&... trial_args) {
   std::vector<std::string> overrides;
   std::string output;
   std::string resume;
+  std::string backend_name;
+  int nproc = 0;
+  long timeout_seconds = 300;
+  std::vector<std::string> child_args{program};  // what the built-in launcher passes to each rank
   bool test_mode = false, quiet = false;
   for (int i = 1; i < argc; ++i) {
     const std::string_view arg = argv[i];
@@ -119,6 +244,23 @@ int main(int argc, char** argv, Args&&... trial_args) {
       output = value(arg);
     } else if (arg == "--resume") {
       resume = value(arg);
+    } else if (arg == "--nproc" || arg == "--timeout") {
+      const std::string v = value(arg);
+      char* end = nullptr;
+      const long n = std::strtol(v.c_str(), &end, 10);
+      if (end == v.c_str() || *end != '\0' || n < 1) {
+        std::fprintf(stderr, "%s: %s needs a positive integer, not '%s'\n", program, argv[i - 1], v.c_str());
+        return 2;
+      }
+      if (arg == "--nproc") nproc = static_cast<int>(n);
+      else timeout_seconds = n;
+      if (arg == "--nproc") continue;  // the ranks themselves do not launch
+    } else if (arg == "--backend") {
+      backend_name = value(arg);
+      if (backend_name != "gloo" && backend_name != "nccl") {
+        std::fprintf(stderr, "%s: --backend must be gloo or nccl, not '%s'\n", program, backend_name.c_str());
+        return 2;
+      }
     } else if (arg == "--test-mode") {
       test_mode = true;
     } else if (arg == "--quiet") {
@@ -128,6 +270,13 @@ int main(int argc, char** argv, Args&&... trial_args) {
       std::fprintf(stderr, detail::main_usage(), program);
       return 2;
     }
+  }
+  for (int i = 1; i < argc; ++i) {
+    if (std::string_view(argv[i]) == "--nproc") {
+      ++i;
+      continue;
+    }
+    child_args.emplace_back(argv[i]);
   }
   if (config_path.empty()) {
     std::fprintf(stderr, "%s: --config FILE is required\n", program);
@@ -144,9 +293,24 @@ int main(int argc, char** argv, Args&&... trial_args) {
     if (config.searcher.name != "single")
       throw ConfigError(config_path + ": searcher '" + config.searcher.name +
                         "' is not available in dettrial " DETTRIAL_VERSION_STRING "; use searcher name: single");
-    if (config.slots_per_trial != 1)
-      throw ConfigError(config_path + ": resources.slots_per_trial " + std::to_string(config.slots_per_trial) +
-                        " needs distributed training, which is not available in dettrial " DETTRIAL_VERSION_STRING);
+    const LaunchEnvironment env = LaunchEnvironment::detect();
+    if (!env.distributed() && nproc == 0 && config.slots_per_trial > 1) nproc = static_cast<int>(config.slots_per_trial);
+    if (!env.distributed() && nproc > 1) {
+      // All ranks must agree on the output directory: the launcher picks it.
+      if (output.empty() && resume.empty()) {
+        child_args.emplace_back("--output");
+        child_args.push_back(Trainer<TrialT>::default_output_dir().string());
+      }
+      return detail::launch_local(child_args, nproc, std::chrono::seconds(timeout_seconds + 10));
+    }
+    std::shared_ptr<Communicator> communicator;
+    if (env.distributed()) {
+      const bool gpu = torch::cuda::is_available();
+      if (backend_name.empty()) backend_name = gpu && backend::has_nccl ? "nccl" : "gloo";
+      const std::chrono::milliseconds timeout = std::chrono::seconds(timeout_seconds);
+      communicator = backend_name == "nccl" ? Communicator::create(env, timeout, backend::nccl{})
+                                            : Communicator::create(env, timeout, backend::gloo{});
+    }
     FitOptions options = FitOptions::from_config(config);
     options.test_mode = test_mode;
     options.output_dir = output;
@@ -160,7 +324,7 @@ int main(int argc, char** argv, Args&&... trial_args) {
     }
     if (!test_mode && !options.max_length)
       throw ConfigError(config_path + ": the config sets no training length; add searcher.max_length, e.g. {batches: 1000}");
-    Context context(config);
+    Context context(config, ContextOptions{.communicator = communicator});
     Trainer<TrialT> trainer(context, std::forward<Args>(trial_args)...);
     const FitResult result = trainer.fit(std::move(options));
     return result.signal != 0 ? exit_status_interrupted : 0;

@@ -27,6 +27,7 @@
 #include "../checkpoint/checkpoint.hpp"
 #include "../checkpoint/policy.hpp"
 #include "../context/context.hpp"
+#include "../distributed/metrics.hpp"
 #include "../detail/error.hpp"
 #include "../version.hpp"
 #include "../metrics/metrics.hpp"
@@ -200,6 +201,9 @@ class Trainer {
     }
   }
 
+
+ public:
+  /// `runs/<date>-<time>-<pid>` under the working directory.
   static std::filesystem::path default_output_dir() {
     const std::time_t now = std::time(nullptr);
     char stamp[32];
@@ -207,6 +211,7 @@ class Trainer {
     return std::filesystem::path("runs") / (std::string(stamp) + "-" + std::to_string(::getpid()));
   }
 
+ private:
   TrainUnit resolve_length(const FitOptions& o) const {
     if (o.test_mode) return Batch(1);
     if (!o.max_length)
@@ -249,9 +254,12 @@ class Trainer {
     st.result.output_dir = o.output_dir;
     st.storage = o.checkpoint_dir.empty() ? o.output_dir / "checkpoints" : o.checkpoint_dir;
     st.result.checkpoint_dir = st.storage;
-    st.log = MetricsLog(o.output_dir);
+    // One writer per job: the chief reports and writes metrics.jsonl and checkpoints.
+    const bool chief = context_.distributed().is_chief();
+    if (chief) st.log = MetricsLog(o.output_dir);
+    if (!chief) o.report.quiet = true;
     st.progress = detail::Progress(o.report);
-    if (context_.distributed().is_chief()) {
+    if (chief) {
       detail::remove_stale_entries(st.storage);
       const auto existing = list_checkpoints(st.storage);
       st.sequence = existing.empty() ? 0 : existing.back().sequence;
@@ -294,10 +302,14 @@ class Trainer {
     context_.initial_batch_ = st.batches_trained;  // the training stream skips what was trained
     context_.current_batch_ = st.batches_trained;
     st.result.resumed_from_batch = st.batches_trained;
+    if (Communicator* comm = context_.communicator()) broadcast_models(*comm);  // every rank starts from rank 0's weights
 
     st.progress.line("dettrial: trial seed " + std::to_string(context_.get_trial_seed()) + ", device " +
                      context_.device().str() + ", training " + st.length.to_string() + " (an epoch is " +
                      std::to_string(st.epoch_len) + " batches), output " + o.output_dir.string());
+    if (const Communicator* comm = context_.communicator())
+      st.progress.line("dettrial: " + std::to_string(comm->size()) + " processes (" + launcher_name(comm->environment().launcher) +
+                       ", " + comm->backend_name() + "), global batch " + std::to_string(context_.get_global_batch_size()));
     if (resume_dir)
       st.progress.line("dettrial: resumed from " + resume_dir->string() +
                        (same_trial ? " at batch " + std::to_string(st.batches_trained)
@@ -398,11 +410,12 @@ class Trainer {
         ++batch_idx;
         if (reached[train_boundary] || reached[validate_boundary] || reached[checkpoint_boundary] || reached[report_boundary])
           break;
-        if (detail::StopSignals::received() != 0) break;
+        // One process stops at any batch; a job only at boundaries, where its ranks agree.
+        if (!context_.communicator() && detail::StopSignals::received() != 0) break;
       }
 
       report_training(st, means, records, callbacks, batch_metrics);
-      if (const int signal = detail::StopSignals::received(); signal != 0) {
+      if (const int signal = agreed_max(detail::StopSignals::received()); signal != 0) {
         if (st.last_checkpoint != st.batches_trained) checkpoint(st, callbacks);
         st.result.signal = signal;
         st.result.stop_requested = true;
@@ -416,7 +429,7 @@ class Trainer {
         if (!reached[b]) continue;
         if (b == validate_boundary && st.last_validation != st.batches_trained) validate(st, callbacks);
         if (b == checkpoint_boundary && st.last_checkpoint != st.batches_trained) checkpoint(st, callbacks);
-        if (context_.get_stop_requested()) {
+        if (agreed_max(context_.get_stop_requested() ? 1 : 0) != 0) {
           if (st.last_checkpoint != st.batches_trained) checkpoint(st, callbacks);
           st.result.stopped_early = remaining(st) > 0;
           st.result.stop_requested = true;
@@ -435,6 +448,7 @@ class Trainer {
     avg.set("batches", static_cast<double>(st.batches_trained));
     avg.set("epochs", static_cast<double>(st.epochs_trained));
     for (const auto& [name, value] : means.means()) avg.set(name, value);
+    if (Communicator* comm = context_.communicator()) detail::average_across_ranks(avg, *comm);
     for (auto& r : context_.reducers_)
       if (r.for_training) r.reduce_into(r.object, r.name, avg);
     const double rate = seconds > 0 ? static_cast<double>(records) / seconds : 0.0;
@@ -487,10 +501,15 @@ class Trainer {
         if constexpr (requires { cb.on_validation_epoch_end(std::span<const Metrics>(outputs)); })
           cb.on_validation_epoch_end(std::span<const Metrics>(outputs));
       });
-      metrics = reduction.result();
+      Communicator* comm = context_.communicator();
+      metrics = comm ? detail::reduce_validation_across_ranks(reduction.totals(), reduction.batches(), *comm) : reduction.result();
     } else {
-      const Metrics m = detail::call_evaluate_full_dataset(*trial_, *validation_loader_, model_or_missing());
-      for (const auto& e : m) metrics.set(std::string(e.key.view()), e.value.to_double());
+      // The whole dataset on the chief only (Determined's rule); the others get its metrics.
+      if (context_.distributed().is_chief()) {
+        const Metrics m = detail::call_evaluate_full_dataset(*trial_, *validation_loader_, model_or_missing());
+        for (const auto& e : m) metrics.set(std::string(e.key.view()), e.value.to_double());
+      }
+      if (Communicator* comm = context_.communicator()) metrics = detail::broadcast_metrics(metrics, *comm);
     }
     for (auto& r : context_.reducers_)
       if (r.for_validation) r.reduce_into(r.object, r.name, metrics);
@@ -569,9 +588,12 @@ class Trainer {
   template <class Set>
   void checkpoint(RunState& st, Set& callbacks) {
     st.last_checkpoint = st.batches_trained;
+    // Every rank's CPU RNG goes to the chief (a collective: all ranks checkpoint at the same batches).
+    std::vector<torch::Tensor> rng_states;
+    if (Communicator* comm = context_.communicator()) rng_states = comm->allgather(at::detail::getDefaultCPUGenerator().get_state());
     if (!context_.distributed().is_chief()) return;
     const auto started = std::chrono::steady_clock::now();
-    StateDict top = detail::ContextCheckpoint::python_state(context_);
+    StateDict top = detail::ContextCheckpoint::python_state(context_, rng_states);
     StateDict callback_states(c10::StringType::get(), c10::AnyType::get());
     std::size_t index = 0;
     callbacks.each([&](auto& cb) {
@@ -624,6 +646,31 @@ class Trainer {
     apply_retention(st, uuid);
   }
 
+  /// The largest of `value` over the ranks (the value itself for one process): what every rank acts on.
+  int agreed_max(int value) {
+    Communicator* comm = context_.communicator();
+    if (!comm) return value;
+    std::vector<torch::Tensor> t{torch::tensor({static_cast<std::int64_t>(value)})};
+    comm->allreduce(t, c10d::ReduceOp::MAX);
+    return static_cast<int>(t[0].item<std::int64_t>());
+  }
+
+  /// Copies rank 0's parameters and buffers to every rank.
+  void broadcast_models(Communicator& comm) {
+    torch::NoGradGuard no_grad;
+    std::vector<torch::Tensor> one(1);
+    for (const auto& m : context_.models()) {
+      for (auto& p : m->parameters()) {
+        one[0] = p.detach();
+        comm.broadcast(one);
+      }
+      for (auto& b : m->buffers()) {
+        one[0] = b;
+        comm.broadcast(one);
+      }
+    }
+  }
+
   /// Deletes the checkpoints retention lets go; `keep_uuid` (the newest, mid-trial) is spared.
   void apply_retention(RunState& st, std::string_view keep_uuid) {
     for (const CheckpointInfo& doomed :
@@ -650,9 +697,7 @@ class Trainer {
   template <class Set>
   void restore(RunState& st, const std::filesystem::path& dir, const TrialProgress& progress, Set& callbacks) {
     const std::filesystem::path file = dir / "state_dict.pth";
-    const c10::IValue loaded = detail::unpickle_archive(read_checked_file(dir, "state_dict.pth"), file);
-    if (!loaded.isGenericDict()) throw CheckpointError("checkpoint file '" + file.string() + "' does not hold a dict");
-    const StateDict top = loaded.toGenericDict();
+    const StateDict top = detail::read_state_dict_file(dir);
     callbacks.each([&](auto& cb) {
       if constexpr (requires { cb.on_checkpoint_load_start(top); }) cb.on_checkpoint_load_start(top);
     });

@@ -1,0 +1,208 @@
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief The process group of a data-parallel job, on PyTorch's c10d: a TCPStore rendezvous and a
+/// Gloo (CPU) or NCCL (CUDA) backend chosen by a policy type, with the few collectives dettrial uses.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <type_traits>
+#include <string>
+#include <vector>
+
+#include <torch/torch.h>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+// Gloo comes with LibTorch's c10d when it was built with it (USE_C10D_GLOO) and its headers are
+// installed (Debian: libgloo-dev); NCCL when LibTorch is CUDA-built and dettrial's CMake found nccl.h.
+#if defined(USE_C10D_GLOO) && __has_include(<gloo/algorithm.h>)
+#define DETTRIAL_HAS_GLOO 1
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#endif
+#if defined(DETTRIAL_HAS_NCCL)
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#endif
+
+#include "../detail/error.hpp"
+#include "launch_environment.hpp"
+
+namespace dettrial {
+
+/// A collective that failed or timed out: another rank died, hung or is unreachable.
+struct DistributedError : Error {
+  using Error::Error;
+};
+
+/// Distributed backends as policy types (`Communicator::create<backend::gloo>(...)`).
+namespace backend {
+/// Gloo over TCP: CPU tensors (any machine).
+struct gloo {
+  static constexpr const char* name = "gloo";
+};
+/// NCCL: CUDA tensors. Only when LibTorch is CUDA-built and dettrial was configured with NCCL.
+struct nccl {
+  static constexpr const char* name = "nccl";
+};
+/// Whether this build of dettrial has the Gloo backend.
+inline constexpr bool has_gloo =
+#if defined(DETTRIAL_HAS_GLOO)
+    true;
+#else
+    false;
+#endif
+/// Whether this build of dettrial has the NCCL backend.
+inline constexpr bool has_nccl =
+#if defined(DETTRIAL_HAS_NCCL)
+    true;
+#else
+    false;
+#endif
+}  // namespace backend
+
+namespace detail {
+// LibTorch 1.x backends derive from c10d::ProcessGroup; 2.x ones from c10d::Backend. Both have the
+// same collective signatures, which are all dettrial calls.
+#if TORCH_VERSION_MAJOR >= 2
+using C10dBackend = c10d::Backend;
+#else
+using C10dBackend = c10d::ProcessGroup;
+#endif
+}  // namespace detail
+
+/**
+ * @brief One process's handle on its job's process group. Every collective waits for its result and
+ * turns a failure (a dead or hung peer, after `timeout`) into a DistributedError naming this rank.
+ */
+class Communicator {
+ public:
+  /// Joins the job `env` describes with backend `B` (rank 0 hosts the TCPStore unless torchrun's agent does).
+  template <class B>
+  static std::shared_ptr<Communicator> create(const LaunchEnvironment& env, std::chrono::milliseconds timeout, B = {}) {
+    auto comm = std::shared_ptr<Communicator>(new Communicator(env, timeout, B::name));
+    try {
+      c10d::TCPStoreOptions options;
+      options.port = static_cast<std::uint16_t>(env.master_port);
+      options.isServer = env.rank == 0 && !env.agent_store;
+      if (!env.agent_store) options.numWorkers = static_cast<std::size_t>(env.size);
+      options.waitWorkers = !env.agent_store;
+      options.timeout = timeout;
+      c10::intrusive_ptr<c10d::Store> store = c10::make_intrusive<c10d::TCPStore>(env.master_addr, options);
+      if (!env.store_prefix.empty()) store = c10::make_intrusive<c10d::PrefixStore>(env.store_prefix, store);
+      if constexpr (std::is_same_v<B, backend::gloo>) {
+#if defined(DETTRIAL_HAS_GLOO)
+        auto gloo_options = c10d::ProcessGroupGloo::Options::create(timeout);
+        gloo_options->devices.push_back(gloo_device(env));
+        comm->backend_ = c10::make_intrusive<c10d::ProcessGroupGloo>(store, env.rank, env.size, gloo_options);
+#else
+        throw DistributedError("the Gloo backend is not in this build: LibTorch lacks c10d Gloo, or the gloo headers "
+                               "(Debian: libgloo-dev) are not installed");
+#endif
+      } else {
+#if defined(DETTRIAL_HAS_NCCL)
+        auto nccl_options = c10d::ProcessGroupNCCL::Options::create();
+        nccl_options->timeout = timeout;
+        comm->backend_ = c10::make_intrusive<c10d::ProcessGroupNCCL>(store, env.rank, env.size, nccl_options);
+#else
+        throw DistributedError("the NCCL backend is not in this build: LibTorch is not CUDA-built, or dettrial was configured "
+                               "without NCCL (DETTRIAL_NCCL)");
+#endif
+      }
+    } catch (const DistributedError&) {
+      throw;
+    } catch (const std::exception& e) {
+      throw DistributedError("rank " + std::to_string(env.rank) + " of " + std::to_string(env.size) + ": cannot join the " +
+                             B::name + " process group at " + env.master_addr + ":" + std::to_string(env.master_port) + " (" +
+                             launcher_name(env.launcher) + "): " + first_line(e.what()));
+    }
+    return comm;
+  }
+
+  int rank() const { return env_.rank; }
+  int size() const { return env_.size; }
+  const LaunchEnvironment& environment() const { return env_; }
+  const char* backend_name() const { return backend_name_; }
+  std::chrono::milliseconds timeout() const { return timeout_; }
+
+  /// Sums (or takes the max of) `tensors` across ranks, in place.
+  void allreduce(std::vector<torch::Tensor>& tensors, c10d::ReduceOp::RedOpType op = c10d::ReduceOp::SUM) {
+    c10d::AllreduceOptions options;
+    options.reduceOp = c10d::ReduceOp(op);
+    run("all-reduce", [&] { return backend_->allreduce(tensors, options); });
+  }
+  /// Starts an all-reduce and returns without waiting (see wait()).
+  c10::intrusive_ptr<c10d::Work> allreduce_async(std::vector<torch::Tensor>& tensors) {
+    try {
+      return backend_->allreduce(tensors);
+    } catch (const std::exception& e) {
+      throw failure("all-reduce", e);
+    }
+  }
+  void wait(const c10::intrusive_ptr<c10d::Work>& work, const char* what = "all-reduce") {
+    try {
+      work->wait(timeout_);
+    } catch (const std::exception& e) {
+      throw failure(what, e);
+    }
+  }
+  /// Copies `tensors` from `root` to every rank.
+  void broadcast(std::vector<torch::Tensor>& tensors, int root = 0) {
+    c10d::BroadcastOptions options;
+    options.rootRank = root;
+    run("broadcast", [&] { return backend_->broadcast(tensors, options); });
+  }
+  /// Every rank's `tensor` (same shape on all), gathered on every rank in rank order.
+  std::vector<torch::Tensor> allgather(const torch::Tensor& tensor) {
+    std::vector<std::vector<torch::Tensor>> out(1);
+    for (int r = 0; r < size(); ++r) out[0].push_back(torch::empty_like(tensor));
+    std::vector<torch::Tensor> in{tensor};
+    run("all-gather", [&] { return backend_->allgather(out, in); });
+    return out[0];
+  }
+  void barrier() {
+    run("barrier", [&] { return backend_->barrier(); });
+  }
+
+ private:
+  Communicator(LaunchEnvironment env, std::chrono::milliseconds timeout, const char* backend_name)
+      : env_(std::move(env)), timeout_(timeout), backend_name_(backend_name) {}
+
+#if defined(DETTRIAL_HAS_GLOO)
+  static std::shared_ptr<::gloo::transport::Device> gloo_device(const LaunchEnvironment& env) {
+    if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME"); ifname && *ifname)
+      return c10d::ProcessGroupGloo::createDeviceForInterface(ifname);
+    // One machine (the built-in launcher, a local torchrun): loopback needs no name resolution.
+    if (env.master_addr == "127.0.0.1" || env.master_addr == "localhost")
+      return c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1");
+    return c10d::ProcessGroupGloo::createDefaultDevice();
+  }
+#endif
+
+  template <class F>
+  void run(const char* what, F&& start) {
+    try {
+      start()->wait(timeout_);
+    } catch (const std::exception& e) {
+      throw failure(what, e);
+    }
+  }
+
+  DistributedError failure(const char* what, const std::exception& e) const {
+    return DistributedError("rank " + std::to_string(env_.rank) + " of " + std::to_string(env_.size) + ": " + what + " over " +
+                            backend_name_ + " failed; another rank has died, hung past the " +
+                            std::to_string(timeout_.count() / 1000) + " s timeout, or is unreachable (" + first_line(e.what()) + ")");
+  }
+
+  static std::string first_line(std::string text) {
+    if (const auto nl = text.find('\n'); nl != std::string::npos) text.resize(nl);
+    return text;
+  }
+
+  LaunchEnvironment env_;
+  std::chrono::milliseconds timeout_;
+  const char* backend_name_;
+  c10::intrusive_ptr<detail::C10dBackend> backend_;
+};
+
+}  // namespace dettrial

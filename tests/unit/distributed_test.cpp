@@ -1,0 +1,245 @@
+// Data parallel on c10d: launcher environments, 2 ranks with Gloo on loopback against one process
+// over the same data, resume of a 2-rank run, and a dead rank that the others report in bounded time.
+#include <doctest/doctest.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <optional>
+#include <sstream>
+#include <sys/wait.h>
+#include <thread>
+
+#include "test_trials.hpp"
+
+using namespace dettrial;
+namespace fs = std::filesystem;
+
+namespace {
+
+LaunchEnvironment detect(std::map<std::string, std::string> vars) {
+  return LaunchEnvironment::detect([vars = std::move(vars)](const char* name) -> const char* {
+    const auto it = vars.find(name);
+    return it == vars.end() ? nullptr : it->second.c_str();
+  });
+}
+
+/// The same regression over 640 records, without dropout (its masks would differ between one
+/// batch of 64 and two of 32), SGD with momentum, shuffled.
+struct DataParallelTrial : test::DeclarativeRegression {
+  explicit DataParallelTrial(Context& c) : DeclarativeRegression(c) { records = 640; }
+  torch::nn::Sequential build_model() {
+    return torch::nn::Sequential(torch::nn::Linear(4, 16), torch::nn::Tanh(), torch::nn::Linear(16, 1));
+  }
+  torch::optim::SGD optimizer(torch::nn::Sequential& model) {
+    return torch::optim::SGD(model->parameters(), torch::optim::SGDOptions(0.02).momentum(0.9));
+  }
+  Metrics train_batch(test::Batch& b, torch::nn::Sequential& model, std::int64_t e, std::int64_t i) {
+    if (const char* die = std::getenv("DETTRIAL_DIE_AT"); die && context.distributed().rank == 1 && i == std::atoll(die))
+      std::_Exit(3);  // a rank that dies mid-run
+    return DeclarativeRegression::train_batch(b, model, e, i);
+  }
+};
+
+Hyperparameters data_parallel_hparams() { return Hyperparameters::parse("global_batch_size: 64\nlr: 0.02\n"); }
+
+FitOptions data_parallel_options(const fs::path& out, std::int64_t length) {
+  FitOptions o{.max_length = Batch(length), .validation_period = Batch(25), .reporting_period = Batch(10)};
+  o.output_dir = out;
+  o.report.quiet = true;
+  return o;
+}
+
+int wait_for(pid_t pid, std::chrono::seconds limit, bool& in_time) {
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  int status = 0;
+  while (::waitpid(pid, &status, WNOHANG) == 0) {
+    if (std::chrono::steady_clock::now() > deadline) {
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, &status, 0);
+      in_time = false;
+      return status;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  in_time = true;
+  return status;
+}
+
+bool all_succeeded(const std::vector<int>& statuses) {
+  for (const int s : statuses)
+    if (!WIFEXITED(s) || WEXITSTATUS(s) != 0) return false;
+  return true;
+}
+
+/// The records of a metrics.jsonl, each parsed.
+std::vector<YAML::Node> read_reports(const fs::path& p) {
+  std::ifstream in(p);
+  std::vector<YAML::Node> out;
+  for (std::string line; std::getline(in, line);) out.push_back(YAML::Load(line));
+  return out;
+}
+
+std::string read_text(const fs::path& p) {
+  std::ifstream in(p);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+/// Runs the data-parallel child test case as 2 ranks; returns their exit statuses.
+std::vector<int> run_two_ranks(const fs::path& dir, const std::vector<std::string>& extra_env, std::chrono::seconds limit,
+                               std::vector<bool>& in_time) {
+  static int runs = 0;  // a fresh port each run: the last one's may still be in TIME_WAIT
+  const std::string port = std::to_string(20000 + (::getpid() * 7 + 101 * runs++) % 20000);
+  std::vector<pid_t> pids;
+  for (int rank = 0; rank < 2; ++rank) {
+    std::vector<std::string> env = {"RANK=" + std::to_string(rank), "WORLD_SIZE=2", "MASTER_ADDR=127.0.0.1", "MASTER_PORT=" + port,
+                                    "DETTRIAL_CHILD_DIR=" + dir.string()};
+    env.insert(env.end(), extra_env.begin(), extra_env.end());
+    pids.push_back(test::spawn_self("child process: a data-parallel rank", env, (dir / ("rank" + std::to_string(rank) + ".log")).string()));
+  }
+  std::vector<int> statuses;
+  in_time.assign(2, false);
+  for (int rank = 0; rank < 2; ++rank) {
+    bool ok = false;
+    statuses.push_back(wait_for(pids[rank], limit, ok));
+    in_time[rank] = ok;
+  }
+  return statuses;
+}
+
+}  // namespace
+
+TEST_CASE("the launcher's environment gives rank, world size and rendezvous") {
+  CHECK(detect({}).launcher == Launcher::single);
+  CHECK(!detect({}).distributed());
+
+  const LaunchEnvironment torchrun = detect({{"RANK", "3"}, {"GROUP_RANK", "1"}, {"LOCAL_RANK", "1"}, {"LOCAL_WORLD_SIZE", "2"},
+                                             {"WORLD_SIZE", "4"}, {"MASTER_ADDR", "node7"}, {"MASTER_PORT", "29400"},
+                                             {"TORCHELASTIC_USE_AGENT_STORE", "True"}, {"TORCHELASTIC_RESTART_COUNT", "2"}});
+  CHECK(torchrun.launcher == Launcher::torchrun);
+  CHECK(torchrun.rank == 3);
+  CHECK(torchrun.size == 4);
+  CHECK(torchrun.local_rank == 1);
+  CHECK(torchrun.master_addr == "node7");
+  CHECK(torchrun.master_port == 29400);
+  CHECK(torchrun.agent_store);
+  CHECK(torchrun.store_prefix == "/worker/attempt_2");
+
+  const LaunchEnvironment slurm = detect({{"SLURM_PROCID", "5"}, {"SLURM_NTASKS", "8"}, {"SLURM_LOCALID", "1"},
+                                          {"SLURM_JOB_NODELIST", "gpu[03-06,9],cpu1"}, {"SLURM_JOB_ID", "123456"}});
+  CHECK(slurm.launcher == Launcher::slurm);
+  CHECK(slurm.rank == 5);
+  CHECK(slurm.size == 8);
+  CHECK(slurm.master_addr == "gpu03");
+  CHECK(slurm.master_port == 10000 + 123456 % 20000);
+
+  const LaunchEnvironment ompi = detect({{"OMPI_COMM_WORLD_RANK", "1"}, {"OMPI_COMM_WORLD_SIZE", "2"},
+                                         {"OMPI_COMM_WORLD_LOCAL_RANK", "1"}, {"MASTER_PORT", "30000"}});
+  CHECK(ompi.launcher == Launcher::mpi);
+  CHECK(ompi.rank == 1);
+  CHECK(ompi.size == 2);
+  CHECK(ompi.master_port == 30000);
+  CHECK(detect({{"PMI_RANK", "0"}, {"PMI_SIZE", "3"}}).size == 3);
+
+  const LaunchEnvironment plain = detect({{"RANK", "1"}, {"WORLD_SIZE", "2"}});
+  CHECK(plain.launcher == Launcher::env);
+  CHECK(plain.master_addr == "127.0.0.1");
+  CHECK(plain.master_port == 29500);
+
+  CHECK_THROWS_WITH_AS(detect({{"RANK", "two"}, {"WORLD_SIZE", "2"}}), doctest::Contains("RANK='two' is not a non-negative integer"),
+                       ConfigError);
+  CHECK_THROWS_WITH_AS(detect({{"RANK", "2"}, {"WORLD_SIZE", "2"}}), doctest::Contains("gives rank 2 in a world of 2"), ConfigError);
+}
+
+TEST_CASE("child process: a data-parallel rank" * doctest::skip()) {
+  const LaunchEnvironment env = LaunchEnvironment::detect();
+  REQUIRE(env.distributed());
+  const fs::path dir = std::getenv("DETTRIAL_CHILD_DIR");
+  auto comm = Communicator::create(env, std::chrono::seconds(std::atoi(std::getenv("DETTRIAL_TIMEOUT") ? std::getenv("DETTRIAL_TIMEOUT") : "60")),
+                                   backend::gloo{});
+  Context context(data_parallel_hparams(), ContextOptions{.trial_seed = 17, .communicator = comm});
+  Trainer<DataParallelTrial> trainer(context);
+  const std::int64_t length = std::atoll(std::getenv("DETTRIAL_LENGTH") ? std::getenv("DETTRIAL_LENGTH") : "50");
+  FitOptions o = data_parallel_options(dir / "run", length);
+  if (const char* resume = std::getenv("DETTRIAL_RESUME")) o.latest_checkpoint = resume;
+  trainer.fit(o);
+}
+
+TEST_CASE("2 ranks with Gloo train as one process does with the whole batch" * doctest::timeout(120)) {
+  const fs::path dir = test::quiet({}).output_dir;
+  fs::create_directories(dir);
+  std::vector<bool> in_time;
+  const std::vector<int> statuses = run_two_ranks(dir, {}, std::chrono::seconds(90), in_time);
+  for (int rank = 0; rank < 2; ++rank) {
+    CAPTURE(read_text(dir / ("rank" + std::to_string(rank) + ".log")));
+    REQUIRE(in_time[rank]);
+    REQUIRE(WIFEXITED(statuses[rank]));
+    REQUIRE(WEXITSTATUS(statuses[rank]) == 0);
+  }
+
+  // One process, the same seed, global batch 64 over the same data order.
+  Context context(data_parallel_hparams(), ContextOptions{.trial_seed = 17});
+  Trainer<DataParallelTrial> single(context);
+  const FitResult r = single.fit(data_parallel_options(dir / "single", 50));
+
+  torch::nn::Sequential ranked = DataParallelTrial(context).build_model();
+  load_model(dir / "run", *ranked);
+  const auto a = single.model()->parameters();
+  const auto b = ranked->parameters();
+  REQUIRE(a.size() == b.size());
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    const double rel = ((a[i] - b[i]).norm() / a[i].norm()).item<double>();
+    CAPTURE(i);
+    CHECK(rel < 1e-5);
+  }
+  // The chief's reports: the same training and validation losses (to float rounding).
+  std::optional<double> training_loss, validation_loss;
+  for (const YAML::Node& report : read_reports(dir / "run" / "metrics.jsonl")) {
+    if (report["batches"].as<int>() != 50) continue;
+    if (report["type"].as<std::string>() == "training") training_loss = report["metrics"]["loss"].as<double>();
+    else validation_loss = report["metrics"]["validation_loss"].as<double>();
+  }
+  REQUIRE(training_loss);
+  REQUIRE(validation_loss);
+  CHECK(*training_loss == doctest::Approx(r.last_training_metrics.at("loss")).epsilon(1e-5));
+  CHECK(*validation_loss == doctest::Approx(r.last_validation_metrics.at("validation_loss")).epsilon(1e-5));
+}
+
+TEST_CASE("a 2-rank run resumed from its checkpoint reproduces the uninterrupted run" * doctest::timeout(150)) {
+  const fs::path straight = test::quiet({}).output_dir, split = test::quiet({}).output_dir;
+  fs::create_directories(straight);
+  fs::create_directories(split);
+  std::vector<bool> in_time;
+  REQUIRE(all_succeeded(run_two_ranks(straight, {"DETTRIAL_LENGTH=30"}, std::chrono::seconds(90), in_time)));
+  REQUIRE(all_succeeded(run_two_ranks(split, {"DETTRIAL_LENGTH=12"}, std::chrono::seconds(90), in_time)));
+  REQUIRE(all_succeeded(
+      run_two_ranks(split, {"DETTRIAL_LENGTH=30", "DETTRIAL_RESUME=" + (split / "run").string()}, std::chrono::seconds(90), in_time)));
+  Context context(data_parallel_hparams(), ContextOptions{.trial_seed = 1});
+  torch::nn::Sequential x = DataParallelTrial(context).build_model(), y = DataParallelTrial(context).build_model();
+  load_model(straight / "run", *x);
+  load_model(split / "run", *y);
+  CHECK(test::bit_identical(x->parameters(), y->parameters()));
+}
+
+TEST_CASE("when a rank dies, the other stops within its timeout with an error naming itself" * doctest::timeout(120)) {
+  const fs::path dir = test::quiet({}).output_dir;
+  fs::create_directories(dir);
+  std::vector<bool> in_time;
+  const auto started = std::chrono::steady_clock::now();
+  const std::vector<int> statuses = run_two_ranks(dir, {"DETTRIAL_DIE_AT=7", "DETTRIAL_TIMEOUT=5"}, std::chrono::seconds(60), in_time);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  REQUIRE(in_time[0]);
+  CHECK(WIFEXITED(statuses[1]));
+  CHECK(WEXITSTATUS(statuses[1]) == 3);
+  CHECK(WIFEXITED(statuses[0]));
+  CHECK(WEXITSTATUS(statuses[0]) != 0);
+  const std::string log = read_text(dir / "rank0.log");
+  CAPTURE(log);
+  CHECK(log.find("rank 0 of 2: ") != std::string::npos);
+  CHECK(log.find("another rank has died") != std::string::npos);
+  CHECK(seconds < 45);
+}
