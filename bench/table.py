@@ -20,7 +20,7 @@ by_name = {r["name"]: r for r in rows}
 print()
 print(f"{'measurement':64} {'median':>12} {'unit':10} {'spread':>7}  notes")
 for r in rows:
-    notes = ", ".join(f"{k}={v}" for k, v in r.items() if k in ("bit_identical", "equal_to_5_decimals", "batches", "accuracy"))
+    notes = ", ".join(f"{k}={v}" for k, v in r.items() if k in ("bit_identical", "equal_to_5_decimals", "batches", "accuracy", "bytes"))
     print(f"{r['name']:64} {r['value']:12.4g} {r['unit']:10} {r['spread']:7.3f}  {notes}")
 
 
@@ -45,4 +45,10 @@ if "MNIST example, one Fashion-MNIST epoch end to end: dettrial" in by_name:
     c = by_name["MNIST example, one Fashion-MNIST epoch end to end: dettrial"]["value"]
     p = by_name["MNIST example, one Fashion-MNIST epoch end to end: Python"]["value"]
     print(f"{'MNIST epoch end to end, Python time / dettrial time':76} {p / c:8.2f}x")
+if "data parallel MLP step, 1 process, batch 64" in by_name:
+    one = by_name["data parallel MLP step, 1 process, batch 64"]["value"]
+    two = by_name["data parallel MLP step, 2 Gloo ranks, 32 each"]["value"]
+    ar = by_name["data parallel gradient all-reduce per step (2 ranks)"]["value"]
+    print(f"{'data parallel step time, 2 ranks / 1 process (same 2 cores)':76} {two / one:8.2f}")
+    print(f"{'share of a rank step spent in the gradient all-reduce':76} {ar / two:8.2f}")
 print(f"\nmachine: {platform.machine()}, {platform.processor() or 'cpu'}; python torch {rows[-1].get('torch', '?') if rows else '?'}")

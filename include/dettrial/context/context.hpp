@@ -256,6 +256,10 @@ class Context {
 
   /// Back-propagates `loss` (Determined's `context.backward`).
   void backward(const torch::Tensor& loss, bool retain_graph = false, bool create_graph = false) {
+    // In a job, an update batch's backward pass starts each gradient bucket's all-reduce as soon as
+    // the bucket's gradients are ready (see all_reduce_gradients).
+    if (communicator_)
+      for (auto& w : optimizers_) arm_gradient_hooks(w);
     loss.backward({}, retain_graph, create_graph);
   }
 
@@ -291,6 +295,7 @@ class Context {
   }
   /// Forgets every wrapped object (called when their trainer goes away).
   void release_registrations() {
+    for (auto& w : optimizers_) remove_gradient_hooks(w);
     models_.clear();
     optimizers_.clear();
     schedulers_.clear();
@@ -318,7 +323,15 @@ class Context {
     torch::optim::Optimizer* optimizer;
     std::vector<torch::Tensor> params;
     bool average;
-    std::vector<GradientBucket> buckets;  // built on the first distributed step, then reused
+    // Data parallel only: built on the first distributed step, then reused.
+    std::vector<GradientBucket> buckets;
+    std::vector<std::size_t> bucket_of;                      // per parameter
+    std::vector<std::int64_t> offset_of;                     // per parameter, in its bucket
+    std::vector<unsigned> hooks;                             // per parameter
+    std::vector<char> filled;                                // per parameter: its slice holds this step's gradient
+    std::vector<std::size_t> pending;                        // per bucket: parameters still to come
+    std::vector<c10::intrusive_ptr<c10d::Work>> works;       // the all-reduces started, in bucket order
+    bool armed = false;                                      // this backward pass feeds the buckets
   };
   struct WrappedScheduler {
     void* scheduler;
@@ -361,10 +374,11 @@ class Context {
   }
 
   /// Rebuilds the cached parameter list when the optimizer's groups changed size (no allocation otherwise).
-  static void refresh_params(WrappedOptimizer& w) {
+  void refresh_params(WrappedOptimizer& w) {
     std::size_t count = 0;
     for (const auto& group : w.optimizer->param_groups()) count += group.params().size();
     if (count == w.params.size()) return;
+    remove_gradient_hooks(w);
     w.params.clear();
     w.buckets.clear();
     for (auto& group : w.optimizer->param_groups())
@@ -375,40 +389,28 @@ class Context {
   static constexpr std::int64_t bucket_bytes = 25 << 20;
 
   /**
-   * @brief Averages the gradients across ranks: packed into flat buckets (of one dtype and device,
-   * up to 25 MiB) whose all-reduces are all in flight at once, then divided by the world size. The
-   * buckets are allocated on the first step and reused. Parameters without a gradient count as zero.
+   * @brief Averages the gradients across ranks, as PyTorch's DDP does: flat buckets (of one dtype and
+   * device, up to 25 MiB, filled from the last parameters back, the order the backward pass produces
+   * them) whose all-reduces start during the backward pass as each bucket fills, in bucket order on
+   * every rank; step_optimizer then waits for them and divides by the world size. The buckets are
+   * allocated on the first step and reused. A backward pass not run through `context.backward`, and
+   * parameters without a gradient (zeros), are handled here after the fact.
    */
   void all_reduce_gradients(WrappedOptimizer& w) {
-    if (w.buckets.empty()) {
-      for (std::size_t i = 0; i < w.params.size(); ++i) {
-        const torch::Tensor& p = w.params[i];
-        if (w.buckets.empty() || w.buckets.back().flat.scalar_type() != p.scalar_type() ||
-            w.buckets.back().flat.device() != p.device() ||
-            (w.buckets.back().flat.numel() + p.numel()) * p.element_size() > bucket_bytes) {
-          w.buckets.push_back(GradientBucket{torch::empty({0}, p.options()), {}});
-        }
-        GradientBucket& b = w.buckets.back();
-        b.members.emplace_back(i, b.flat.numel());
-        b.flat = torch::empty({b.flat.numel() + p.numel()}, p.options());
-      }
-    }
-    std::vector<c10::intrusive_ptr<c10d::Work>> works;
-    works.reserve(w.buckets.size());
-    std::vector<torch::Tensor> one(1);
+    if (w.buckets.empty()) build_buckets(w);
     torch::NoGradGuard no_grad;
-    for (GradientBucket& b : w.buckets) {
-      for (const auto& [i, offset] : b.members) {
-        torch::Tensor slice = b.flat.narrow(0, offset, w.params[i].numel());
-        if (w.params[i].grad().defined()) slice.copy_(w.params[i].grad().reshape({-1}));
-        else slice.zero_();
-      }
-      one[0] = b.flat;
-      works.push_back(communicator_->allreduce_async(one));
+    if (!w.armed) {  // the hooks did not feed this step (or saw two backward passes): start over
+      for (const auto& work : w.works) communicator_->wait(work, "gradient all-reduce");
+      std::fill(w.filled.begin(), w.filled.end(), 0);
+      w.works.clear();
     }
+    for (std::size_t i = 0; i < w.params.size(); ++i)
+      if (!w.filled[i]) fill_slice(w, i, torch::Tensor());
+    for (std::size_t b = 0; b < w.buckets.size(); ++b) w.pending[b] = 0;
+    start_ready_buckets(w);
     const double scale = 1.0 / static_cast<double>(distributed_.size);
     for (std::size_t k = 0; k < w.buckets.size(); ++k) {
-      communicator_->wait(works[k], "gradient all-reduce");
+      communicator_->wait(w.works[k], "gradient all-reduce");
       GradientBucket& b = w.buckets[k];
       b.flat.mul_(scale);
       for (const auto& [i, offset] : b.members) {
@@ -418,6 +420,81 @@ class Context {
         else p.mutable_grad() = slice.clone();
       }
     }
+    w.armed = false;
+  }
+
+  void build_buckets(WrappedOptimizer& w) {
+    w.bucket_of.assign(w.params.size(), 0);
+    w.offset_of.assign(w.params.size(), 0);
+    for (std::size_t k = w.params.size(); k-- > 0;) {
+      const torch::Tensor& p = w.params[k];
+      if (w.buckets.empty() || w.buckets.back().flat.scalar_type() != p.scalar_type() || w.buckets.back().flat.device() != p.device() ||
+          (w.buckets.back().flat.numel() + p.numel()) * p.element_size() > bucket_bytes)
+        w.buckets.push_back(GradientBucket{torch::empty({0}, p.options()), {}});
+      GradientBucket& b = w.buckets.back();
+      b.members.emplace_back(k, b.flat.numel());
+      w.offset_of[k] = b.flat.numel();
+      b.flat = torch::empty({b.flat.numel() + p.numel()}, p.options());
+      w.bucket_of[k] = w.buckets.size() - 1;
+    }
+    w.filled.assign(w.params.size(), 0);
+    w.pending.assign(w.buckets.size(), 0);
+    w.works.reserve(w.buckets.size());
+    // The hooks find their WrappedOptimizer by its optimizer: the vector holding it may grow.
+    torch::optim::Optimizer* optimizer = w.optimizer;
+    for (std::size_t k = 0; k < w.params.size(); ++k)
+      w.hooks.push_back(w.params[k].register_hook([this, optimizer, k](const torch::Tensor& grad) {
+        WrappedOptimizer& self = find_optimizer(*optimizer);
+        if (!self.armed) return;
+        if (self.filled[k]) {  // a second backward pass in this step: redone in step_optimizer
+          self.armed = false;
+          return;
+        }
+        torch::NoGradGuard no_grad;
+        fill_slice(self, k, grad);
+        --self.pending[self.bucket_of[k]];
+        start_ready_buckets(self);
+      }));
+  }
+
+  /// Puts parameter k's gradient for this step (its accumulated .grad plus `incoming`) into its slice.
+  static void fill_slice(WrappedOptimizer& w, std::size_t k, const torch::Tensor& incoming) {
+    const torch::Tensor& p = w.params[k];
+    torch::Tensor slice = w.buckets[w.bucket_of[k]].flat.narrow(0, w.offset_of[k], p.numel());
+    if (incoming.defined()) {
+      slice.copy_(incoming.reshape({-1}));
+      if (p.grad().defined()) slice.add_(p.grad().reshape({-1}));
+    } else if (p.grad().defined()) {
+      slice.copy_(p.grad().reshape({-1}));
+    } else {
+      slice.zero_();
+    }
+    w.filled[k] = 1;
+  }
+
+  /// Starts the all-reduces of the buckets that are full, strictly in bucket order (ranks must issue
+  /// collectives in the same order).
+  void start_ready_buckets(WrappedOptimizer& w) {
+    std::vector<torch::Tensor> one(1);
+    while (w.works.size() < w.buckets.size() && w.pending[w.works.size()] == 0) {
+      one[0] = w.buckets[w.works.size()].flat;
+      w.works.push_back(communicator_->allreduce_async(one));
+    }
+  }
+
+  /// Before an update batch's backward pass: every bucket waits for all its parameters.
+  void arm_gradient_hooks(WrappedOptimizer& w) {
+    w.armed = !w.buckets.empty() && is_update_batch();
+    if (!w.armed) return;
+    std::fill(w.filled.begin(), w.filled.end(), 0);
+    for (std::size_t b = 0; b < w.buckets.size(); ++b) w.pending[b] = w.buckets[b].members.size();
+    w.works.clear();
+  }
+
+  static void remove_gradient_hooks(WrappedOptimizer& w) {
+    for (std::size_t k = 0; k < w.hooks.size() && k < w.params.size(); ++k) w.params[k].remove_hook(w.hooks[k]);
+    w.hooks.clear();
+    w.armed = false;
   }
 
   WrappedOptimizer& find_optimizer(const torch::optim::Optimizer& optimizer) {
