@@ -122,6 +122,8 @@ struct TrialError : Error {
 #include <sstream>
 #include <string>
 #include <utility>
+#include <vector>
+#include <algorithm>
 
 #include <yaml-cpp/yaml.h>
 
@@ -134,6 +136,7 @@ struct TrialError : Error {
 #include <cstdint>
 #include <limits>
 #include <map>
+#include <algorithm>
 #include <string>
 #include <string_view>
 #include <typeinfo>
@@ -204,6 +207,32 @@ bool try_read(const YAML::Node& node, T& out) {
       return false;
     }
   }
+}
+
+
+/// Edit distance between two names (for "did you mean").
+inline std::size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<std::size_t> row(b.size() + 1);
+  for (std::size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (std::size_t i = 1; i <= a.size(); ++i) {
+    std::size_t diagonal = row[0];
+    row[0] = i;
+    for (std::size_t j = 1; j <= b.size(); ++j) {
+      const std::size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diagonal = up;
+    }
+  }
+  return row[b.size()];
+}
+
+/// "; did you mean 'x'?" for the nearest of `names` (at most a third of the name's letters apart), else "".
+inline std::string suggestion(const std::string& name, const std::vector<std::string>& names) {
+  std::string best;
+  std::size_t best_distance = name.size() / 3 + 1;
+  for (const auto& n : names)
+    if (const std::size_t d = edit_distance(name, n); d <= best_distance && (best.empty() || d < edit_distance(name, best))) best = n;
+  return best.empty() ? std::string() : "; did you mean '" + best + "'?";
 }
 
 }  // namespace dettrial::detail
@@ -490,7 +519,21 @@ class ExperimentConfig {
     bool smaller_is_better = true;
     /// `searcher.max_length`, or the legacy `max_steps` converted to batches.
     std::optional<TrainUnit> max_length;
+    /// random, grid, adaptive_asha: how many trials, and how many run at once (0: no limit).
+    std::int64_t max_trials = 1;
+    std::int64_t max_concurrent_trials = 16;
+    /// adaptive_asha: the time a trial gets (in `time_metric`, a validation metric such as
+    /// `batches`), the rungs' divisor, the most rungs, the bracket mode and explicit bracket rungs.
+    std::string time_metric = "batches";
+    std::int64_t max_time = 0;
+    double divisor = 4;
+    std::int64_t max_rungs = 5;
+    std::string mode = "standard";
+    std::vector<std::int64_t> bracket_rungs;
   } searcher;
+  /// Fields that mean something only on a Determined cluster (entrypoint, environment, ...): accepted
+  /// and ignored, listed here for one warning.
+  std::vector<std::string> ignored_fields;
 
   std::int64_t scheduling_unit = 100;
   std::int64_t records_per_epoch = 0;
@@ -539,6 +582,7 @@ class ExperimentConfig {
     average_aggregated_gradients = o.average_aggregated_gradients;
     experiment_seed = o.experiment_seed;
     checkpoint_storage = o.checkpoint_storage;
+    ignored_fields = o.ignored_fields;
     yaml.reset(o.yaml);
     source = o.source;
     return *this;
@@ -576,6 +620,7 @@ class ExperimentConfig {
     if (!root.IsDefined() || root.IsNull()) throw ConfigError(source + ": the experiment config is empty");
     if (!root.IsMap()) throw ConfigError(detail::where(root, source) + ": the experiment config must be a map");
     c.yaml.reset(root);
+    check_fields(root, source, c.ignored_fields);
     Reader r{source};
     r.read(root, "name", c.name);
     r.read(root, "description", c.description);
@@ -651,8 +696,118 @@ class ExperimentConfig {
         if (steps < 0) throw ConfigError(detail::where(s["max_steps"], source) + ": searcher.max_steps must not be negative");
         c.searcher.max_length = Batch(steps * c.scheduling_unit);
       }
+      read_search_fields(s, source, r, c.searcher);
     }
     return c;
+  }
+
+  /// The searchers dettrial runs, and the names Determined removed.
+  template <class R>  // the Reader, declared below
+  static void read_search_fields(const YAML::Node& s, const std::string& source, const R& r, Searcher& out) {
+    const std::string& name = out.name;
+    if (name == "adaptive" || name == "adaptive_simple" || name == "sync_halving")
+      throw ConfigError(detail::where(s["name"], source) + ": searcher '" + name + "' was removed from Determined; use adaptive_asha");
+    if (name != "single" && name != "random" && name != "grid" && name != "adaptive_asha" && name != "async_halving")
+      throw ConfigError(detail::where(s["name"], source) + ": unknown searcher '" + name + "'" +
+                        detail::suggestion(name, {"single", "random", "grid", "adaptive_asha"}) +
+                        " (dettrial runs single, random, grid and adaptive_asha)");
+    r.read(s, "max_trials", out.max_trials);
+    r.read(s, "max_concurrent_trials", out.max_concurrent_trials);
+    r.read(s, "time_metric", out.time_metric);
+    r.read(s, "max_time", out.max_time);
+    r.read(s, "divisor", out.divisor);
+    r.read(s, "max_rungs", out.max_rungs);
+    r.read(s, "num_rungs", out.max_rungs);  // async_halving
+    r.read(s, "mode", out.mode);
+    if (const YAML::Node b = s["bracket_rungs"]; b && !b.IsNull()) {
+      if (!b.IsSequence()) throw ConfigError(detail::where(b, source) + ": searcher.bracket_rungs must be a list of rung counts");
+      for (const auto& x : b) out.bracket_rungs.push_back(x.as<std::int64_t>());
+    }
+    if (name == "async_halving") {
+      out.name = "adaptive_asha";
+      out.bracket_rungs = {out.max_rungs};
+    }
+    auto positive = [&](const char* key, double value) {
+      if (s[key] && !(value >= 1)) throw ConfigError(detail::where(s[key], source) + ": searcher." + key + " must be at least 1");
+    };
+    positive("max_trials", static_cast<double>(out.max_trials));
+    positive("max_rungs", static_cast<double>(out.max_rungs));
+    if (out.max_concurrent_trials < 0)
+      throw ConfigError(detail::where(s["max_concurrent_trials"], source) + ": searcher.max_concurrent_trials must not be negative");
+    if (s["divisor"] && !(out.divisor > 1)) throw ConfigError(detail::where(s["divisor"], source) + ": searcher.divisor must be greater than 1");
+    if ((name == "random" || name == "adaptive_asha") && !s["max_trials"])
+      throw ConfigError(detail::where(s, source) + ": searcher '" + name + "' needs max_trials");
+    if (out.name == "adaptive_asha") {
+      // Determined needs time_metric and max_time; its deprecated max_length stands for them.
+      if (!s["max_time"] && out.max_length) {
+        out.max_time = out.max_length->value();
+        out.time_metric = out.max_length->unit() == Unit::epochs ? "epochs" : "batches";
+      }
+      if (out.max_time < 1)
+        throw ConfigError(detail::where(s, source) + ": searcher 'adaptive_asha' needs max_time (and time_metric, default batches)");
+    }
+  }
+
+  /**
+   * @brief Every key must be one of the schema's: cluster-only ones are collected in `ignored` (one
+   * warning), anything else is an error at its file:line:column with the nearest known name.
+   */
+  static void check_fields(const YAML::Node& root, const std::string& source, std::vector<std::string>& ignored) {
+    static const std::vector<std::string> top = {
+        "name", "description", "hyperparameters", "searcher", "records_per_epoch", "min_validation_period",
+        "min_checkpoint_period", "scheduling_unit", "perform_initial_validation", "checkpoint_policy", "max_restarts",
+        "checkpoint_storage", "resources", "optimizations", "reproducibility", "data"};
+    static const std::vector<std::string> top_cluster = {
+        "entrypoint", "environment", "bind_mounts", "labels", "project", "workspace", "debug", "profiling",
+        "tensorboard_storage", "pbs", "slurm", "log_policies", "retention_policy", "integrations", "data_layer",
+        "preemption_timeout", "security", "internal", "notes"};
+    static const std::vector<std::string> searcher = {
+        "name", "metric", "smaller_is_better", "max_length", "max_steps", "max_trials", "max_concurrent_trials",
+        "time_metric", "max_time", "divisor", "max_rungs", "num_rungs", "mode", "bracket_rungs"};
+    static const std::vector<std::string> searcher_cluster = {"source_trial_id", "source_checkpoint_uuid", "stop_once"};
+    static const std::vector<std::string> resources = {"slots_per_trial"};
+    static const std::vector<std::string> resources_cluster = {
+        "resource_pool", "max_slots", "priority", "weight", "shm_size", "devices", "native_parallel", "is_single_node", "agent_label"};
+    static const std::vector<std::string> optimizations = {"aggregation_frequency", "average_aggregated_gradients"};
+    static const std::vector<std::string> optimizations_cluster = {
+        "average_training_metrics", "gradient_compression", "mixed_precision", "tensor_fusion_threshold",
+        "tensor_fusion_cycle_time", "auto_tune_tensor_fusion", "grad_updates_size_file"};
+    static const std::vector<std::string> reproducibility = {"experiment_seed"};
+    static const std::vector<std::string> storage = {"type", "host_path", "storage_path", "container_path", "propagation",
+                                                     "save_experiment_best", "save_trial_best", "save_trial_latest"};
+    static const std::vector<std::string> storage_cloud = {"bucket", "access_key", "secret_key", "endpoint_url", "prefix",
+                                                           "region", "credentials", "account_url", "connection_string", "container"};
+    check_map(root, "", top, top_cluster, source, ignored);
+    const std::pair<const char*, std::pair<const std::vector<std::string>*, const std::vector<std::string>*>> sections[] = {
+        {"searcher", {&searcher, &searcher_cluster}},
+        {"resources", {&resources, &resources_cluster}},
+        {"optimizations", {&optimizations, &optimizations_cluster}},
+        {"reproducibility", {&reproducibility, nullptr}},
+        {"checkpoint_storage", {&storage, &storage_cloud}}};
+    for (const auto& [section, known] : sections)
+      if (const YAML::Node node = root[section]; node && node.IsMap())
+        check_map(node, std::string(section) + ".", *known.first, known.second ? *known.second : std::vector<std::string>{}, source, ignored);
+    if (const YAML::Node cs = root["checkpoint_storage"]; cs && cs.IsMap() && cs["type"]) {
+      const std::string type = cs["type"].Scalar();
+      if (type != "shared_fs" && type != "directory")
+        throw ConfigError(detail::where(cs["type"], source) + ": checkpoint_storage type '" + type +
+                          "' is not one dettrial writes (shared_fs or directory, on a local or mounted file system)");
+    }
+  }
+
+  static void check_map(const YAML::Node& map, const std::string& prefix, const std::vector<std::string>& known,
+                        const std::vector<std::string>& cluster, const std::string& source, std::vector<std::string>& ignored) {
+    for (const auto& kv : map) {
+      const std::string key = kv.first.Scalar();
+      if (std::find(known.begin(), known.end(), key) != known.end()) continue;
+      if (std::find(cluster.begin(), cluster.end(), key) != cluster.end()) {
+        ignored.push_back(prefix + key);
+        continue;
+      }
+      std::vector<std::string> all = known;
+      all.insert(all.end(), cluster.begin(), cluster.end());
+      throw ConfigError(detail::where(kv.first, source) + ": unknown field '" + prefix + key + "'" + detail::suggestion(key, all));
+    }
   }
 
   /**
@@ -4336,6 +4491,982 @@ class MetricsLog {
 
 }  // namespace dettrial
 // ---- end dettrial/report/metrics_log.hpp
+// ---- begin dettrial/search/experiment.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief Runs a hyperparameter search on one machine: each trial is its own process of the same
+/// program (a crash cannot take the experiment down), restarted from its latest checkpoint up to
+/// max_restarts times; ASHA's stop is a SIGTERM (the trial checkpoints and exits); an event log makes
+/// a second run of the same command continue the experiment; a summary table and summary.json at the end.
+
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <optional>
+#include <string>
+#include <thread>
+#include <variant>
+#include <vector>
+
+#include <yaml-cpp/yaml.h>
+
+// ---- begin dettrial/search/searchers.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief Determined's searchers: single, random, grid and adaptive_asha (stopping-based ASHA), each
+/// a type with the same three decisions (which trials to start, whether a validation stops a trial,
+/// which trials replace one that ended), chosen from the experiment config at the start.
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <map>
+#include <optional>
+#include <random>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include <yaml-cpp/yaml.h>
+
+// ---- begin dettrial/search/hyperparameter_space.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief Determined's hyperparameter space: const, int, double, log and categorical axes, nested maps;
+/// random samples and grid points, each as a plain YAML map of values a trial reads.
+
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <yaml-cpp/yaml.h>
+
+
+namespace dettrial {
+
+/// One leaf of a hyperparameter space.
+struct HyperparameterAxis {
+  enum class Type { constant, integer, real, log, categorical };
+  std::vector<std::string> path;  // nested keys, outermost first
+  Type type = Type::constant;
+  double minval = 0, maxval = 0, base = 10;
+  std::int64_t count = 0;  // grid points (0: not given)
+  std::vector<YAML::Node> values;  // const: one value; categorical: the choices
+
+  std::string name() const {
+    std::string out;
+    for (const auto& p : path) out += (out.empty() ? "" : ".") + p;
+    return out;
+  }
+};
+
+/**
+ * @brief A search space as an experiment config's `hyperparameters` section writes it. Parsing
+ * checks each axis (bounds, base, count, values) and names the file, line and column of a fault.
+ */
+class HyperparameterSpace {
+ public:
+  HyperparameterSpace() = default;
+  HyperparameterSpace(const YAML::Node& hyperparameters, const std::string& source) {
+    if (hyperparameters.IsDefined() && !hyperparameters.IsNull()) parse(hyperparameters, {}, source);
+  }
+
+  const std::vector<HyperparameterAxis>& axes() const { return axes_; }
+  /// True when every axis is a constant (one trial).
+  bool is_constant() const {
+    for (const auto& a : axes_)
+      if (a.type != HyperparameterAxis::Type::constant) return false;
+    return true;
+  }
+
+  /// A random point (Determined's sampling: uniform int in [min, max], Uniform(min, max),
+  /// base^Uniform(min, max), a uniform choice).
+  template <class Rng>
+  YAML::Node sample(Rng& rng) const {
+    YAML::Node out(YAML::NodeType::Map);
+    for (const auto& a : axes_) {
+      switch (a.type) {
+        case HyperparameterAxis::Type::constant: set(out, a.path, YAML::Clone(a.values[0])); break;
+        case HyperparameterAxis::Type::integer: {
+          std::uniform_int_distribution<std::int64_t> d(static_cast<std::int64_t>(a.minval), static_cast<std::int64_t>(a.maxval));
+          set(out, a.path, YAML::Node(d(rng)));
+          break;
+        }
+        case HyperparameterAxis::Type::real: set(out, a.path, YAML::Node(std::uniform_real_distribution<double>(a.minval, a.maxval)(rng))); break;
+        case HyperparameterAxis::Type::log:
+          set(out, a.path, YAML::Node(std::pow(a.base, std::uniform_real_distribution<double>(a.minval, a.maxval)(rng))));
+          break;
+        case HyperparameterAxis::Type::categorical: {
+          std::uniform_int_distribution<std::size_t> d(0, a.values.size() - 1);
+          set(out, a.path, YAML::Clone(a.values[d(rng)]));
+          break;
+        }
+      }
+    }
+    return out;
+  }
+
+  /// The values of one axis on a grid (Determined's `getGridAxes`).
+  static std::vector<YAML::Node> grid_values(const HyperparameterAxis& a) {
+    std::vector<YAML::Node> out;
+    auto linspace = [&](std::int64_t n, auto&& emit) {
+      if (n == 1) {
+        emit((a.minval + a.maxval) / 2);
+        return;
+      }
+      for (std::int64_t i = 0; i < n; ++i) emit(a.minval + static_cast<double>(i) * (a.maxval - a.minval) / static_cast<double>(n - 1));
+    };
+    switch (a.type) {
+      case HyperparameterAxis::Type::constant: out.push_back(YAML::Clone(a.values[0])); break;
+      case HyperparameterAxis::Type::categorical:
+        for (const auto& v : a.values) out.push_back(YAML::Clone(v));
+        break;
+      case HyperparameterAxis::Type::integer: {
+        const auto span = static_cast<std::int64_t>(a.maxval - a.minval) + 1;
+        linspace(std::min(a.count, span), [&](double v) { out.emplace_back(static_cast<std::int64_t>(std::llround(v))); });
+        break;
+      }
+      case HyperparameterAxis::Type::real: linspace(a.count, [&](double v) { out.emplace_back(v); }); break;
+      case HyperparameterAxis::Type::log: linspace(a.count, [&](double v) { out.emplace_back(std::pow(a.base, v)); }); break;
+    }
+    return out;
+  }
+
+  /// Every grid point: the cartesian product of the axes, the first axis varying slowest.
+  std::vector<YAML::Node> grid() const {
+    for (const auto& a : axes_)
+      if ((a.type == HyperparameterAxis::Type::integer || a.type == HyperparameterAxis::Type::real ||
+           a.type == HyperparameterAxis::Type::log) &&
+          a.count < 1)
+        throw ConfigError("the grid searcher needs 'count' for hyperparameter '" + a.name() + "' (type " + type_name(a.type) + ")");
+    std::vector<std::vector<YAML::Node>> values;
+    std::size_t total = 1;
+    for (const auto& a : axes_) {
+      values.push_back(grid_values(a));
+      total *= values.back().size();
+    }
+    std::vector<YAML::Node> out;
+    out.reserve(total);
+    std::vector<std::size_t> index(axes_.size(), 0);
+    for (std::size_t n = 0; n < total; ++n) {
+      YAML::Node point(YAML::NodeType::Map);
+      for (std::size_t k = 0; k < axes_.size(); ++k) set(point, axes_[k].path, YAML::Clone(values[k][index[k]]));
+      out.push_back(point);
+      for (std::size_t k = axes_.size(); k-- > 0;) {  // odometer: the last axis varies fastest
+        if (++index[k] < values[k].size()) break;
+        index[k] = 0;
+      }
+    }
+    return out;
+  }
+
+  static const char* type_name(HyperparameterAxis::Type t) {
+    switch (t) {
+      case HyperparameterAxis::Type::constant: return "const";
+      case HyperparameterAxis::Type::integer: return "int";
+      case HyperparameterAxis::Type::real: return "double";
+      case HyperparameterAxis::Type::log: return "log";
+      case HyperparameterAxis::Type::categorical: return "categorical";
+    }
+    return "?";
+  }
+
+ private:
+  static void set(YAML::Node& root, const std::vector<std::string>& path, const YAML::Node& value) {
+    YAML::Node node(root);
+    for (std::size_t i = 0; i + 1 < path.size(); ++i) {
+      YAML::Node next = node[path[i]];
+      if (!next.IsMap()) {
+        next = YAML::Node(YAML::NodeType::Map);
+        node[path[i]] = next;
+      }
+      node.reset(next);
+    }
+    node[path.back()] = value;
+  }
+
+  void parse(const YAML::Node& map, std::vector<std::string> prefix, const std::string& source) {
+    if (!map.IsMap()) throw ConfigError(detail::where(map, source) + ": 'hyperparameters' must be a map");
+    for (const auto& kv : map) {
+      std::vector<std::string> path = prefix;
+      path.push_back(kv.first.Scalar());
+      const YAML::Node& v = kv.second;
+      HyperparameterAxis a;
+      a.path = path;
+      const std::string name = a.name();
+      if (!v.IsMap() || !v["type"]) {
+        if (v.IsMap()) {
+          parse(v, path, source);  // nested
+          continue;
+        }
+        a.values.push_back(v);  // a plain value is a constant
+        axes_.push_back(std::move(a));
+        continue;
+      }
+      const std::string type = v["type"].Scalar();
+      auto number = [&](const char* key) {
+        const YAML::Node n = v[key];
+        double x = 0;
+        if (!n || !detail::try_read(n, x))
+          throw ConfigError(detail::where(n ? n : v, source) + ": hyperparameter '" + name + "' (type " + type + ") needs a number '" +
+                            key + "'" + (n ? ", found " + detail::describe(n) : std::string()));
+        return x;
+      };
+      if (type == "const") {
+        if (!v["val"]) throw ConfigError(detail::where(v, source) + ": hyperparameter '" + name + "' of type const has no 'val'");
+        a.values.push_back(v["val"]);
+      } else if (type == "int" || type == "double" || type == "log") {
+        a.type = type == "int" ? HyperparameterAxis::Type::integer : type == "double" ? HyperparameterAxis::Type::real : HyperparameterAxis::Type::log;
+        a.minval = number("minval");
+        a.maxval = number("maxval");
+        if (!(a.minval < a.maxval))
+          throw ConfigError(detail::where(v["maxval"], source) + ": hyperparameter '" + name + "' needs minval < maxval");
+        if (type == "int" && (a.minval != std::floor(a.minval) || a.maxval != std::floor(a.maxval)))
+          throw ConfigError(detail::where(v, source) + ": hyperparameter '" + name + "' of type int needs integer bounds");
+        if (type == "log") {
+          a.base = v["base"] ? number("base") : 10.0;
+          if (!(a.base > 0)) throw ConfigError(detail::where(v["base"], source) + ": hyperparameter '" + name + "' needs base > 0");
+        }
+        if (v["count"]) {
+          const double count = number("count");
+          if (count < 1 || count != std::floor(count))
+            throw ConfigError(detail::where(v["count"], source) + ": hyperparameter '" + name + "' needs a positive integer count");
+          a.count = static_cast<std::int64_t>(count);
+        }
+      } else if (type == "categorical") {
+        a.type = HyperparameterAxis::Type::categorical;
+        const YAML::Node vals = v["vals"];
+        if (!vals || !vals.IsSequence() || vals.size() == 0)
+          throw ConfigError(detail::where(vals ? vals : v, source) + ": hyperparameter '" + name + "' of type categorical needs a non-empty list 'vals'");
+        for (const auto& x : vals) a.values.push_back(x);
+      } else {
+        throw ConfigError(detail::where(v["type"], source) + ": hyperparameter '" + name + "' has unknown type '" + type +
+                          "' (expected const, int, double, log or categorical)");
+      }
+      axes_.push_back(std::move(a));
+    }
+  }
+
+  std::vector<HyperparameterAxis> axes_;
+};
+
+}  // namespace dettrial
+// ---- end dettrial/search/hyperparameter_space.hpp
+
+namespace dettrial {
+
+/// A trial a searcher asks for: its hyperparameters, its seed, and how long it may train (in the
+/// searcher's time unit, batches unless a length says otherwise).
+struct TrialRequest {
+  std::int64_t id = 0;
+  YAML::Node hparams{YAML::NodeType::Map};
+  std::uint64_t seed = 0;
+  std::int64_t max_length = 0;
+  int bracket = 0;
+};
+
+/// What a searcher says after a validation.
+enum class SearcherDecision { keep_training, stop };
+
+/// The searcher settings of an experiment config (`searcher:`), checked.
+struct SearcherConfig {
+  std::string name = "single";
+  std::string metric;
+  bool smaller_is_better = true;
+  std::int64_t max_trials = 1;
+  std::int64_t max_concurrent_trials = 16;
+  std::int64_t max_length = 0;  // single, random, grid: batches
+  // adaptive_asha
+  std::string time_metric = "batches";
+  std::int64_t max_time = 0;
+  double divisor = 4;
+  std::int64_t max_rungs = 5;
+  std::string mode = "standard";
+  std::vector<std::int64_t> bracket_rungs;
+};
+
+namespace detail {
+
+/// Draws trial seeds and hyperparameters from the experiment seed: the same seed, the same trials.
+class SearchRandom {
+ public:
+  explicit SearchRandom(std::uint64_t experiment_seed) : rng_(mix64(experiment_seed ^ 0x5EA2C4ULL)) {}
+  std::uint64_t trial_seed() { return std::uniform_int_distribution<std::uint64_t>(0, (1ULL << 31) - 1)(rng_); }
+  std::mt19937_64& engine() { return rng_; }
+
+ private:
+  std::mt19937_64 rng_;
+};
+
+}  // namespace detail
+
+namespace searcher {
+
+/// `random` (and `single`, one random trial of a constant space): `max_trials` trials, a new one
+/// each time one ends, `max_concurrent_trials` at a time; validations never stop a trial.
+class Random {
+ public:
+  Random(SearcherConfig config, HyperparameterSpace space, std::uint64_t experiment_seed)
+      : config_(std::move(config)), space_(std::move(space)), random_(experiment_seed) {}
+
+  std::vector<TrialRequest> initial() {
+    std::vector<TrialRequest> out;
+    const std::int64_t first = config_.max_concurrent_trials > 0 ? std::min(config_.max_trials, config_.max_concurrent_trials) : config_.max_trials;
+    for (std::int64_t i = 0; i < first; ++i) out.push_back(next());
+    return out;
+  }
+  SearcherDecision on_validation(std::int64_t, double, double) { return SearcherDecision::keep_training; }
+  std::vector<TrialRequest> on_trial_end(std::int64_t) {
+    if (created_ < config_.max_trials) return {next()};
+    return {};
+  }
+  std::int64_t max_trials() const { return config_.max_trials; }
+
+ private:
+  TrialRequest next() {
+    TrialRequest r;
+    r.id = ++created_;
+    r.seed = random_.trial_seed();
+    r.hparams = space_.sample(random_.engine());
+    r.max_length = config_.max_length;
+    return r;
+  }
+  SearcherConfig config_;
+  HyperparameterSpace space_;
+  detail::SearchRandom random_;
+  std::int64_t created_ = 0;
+};
+
+/// `grid`: every point of the grid, `max_concurrent_trials` at a time.
+class Grid {
+ public:
+  Grid(SearcherConfig config, const HyperparameterSpace& space, std::uint64_t experiment_seed)
+      : config_(std::move(config)), points_(space.grid()), random_(experiment_seed) {}
+
+  std::vector<TrialRequest> initial() {
+    std::vector<TrialRequest> out;
+    const auto n = static_cast<std::int64_t>(points_.size());
+    const std::int64_t first = config_.max_concurrent_trials > 0 ? std::min(n, config_.max_concurrent_trials) : n;
+    for (std::int64_t i = 0; i < first; ++i) out.push_back(next());
+    return out;
+  }
+  SearcherDecision on_validation(std::int64_t, double, double) { return SearcherDecision::keep_training; }
+  std::vector<TrialRequest> on_trial_end(std::int64_t) {
+    if (created_ < static_cast<std::int64_t>(points_.size())) return {next()};
+    return {};
+  }
+  std::int64_t max_trials() const { return static_cast<std::int64_t>(points_.size()); }
+
+ private:
+  TrialRequest next() {
+    TrialRequest r;
+    r.hparams = points_[static_cast<std::size_t>(created_)];
+    r.id = ++created_;
+    r.seed = random_.trial_seed();
+    r.max_length = config_.max_length;
+    return r;
+  }
+  SearcherConfig config_;
+  std::vector<YAML::Node> points_;
+  detail::SearchRandom random_;
+  std::int64_t created_ = 0;
+};
+
+/// One bracket of adaptive ASHA: its rungs (time each needs) and its share of trials and concurrency.
+struct AshaBracket {
+  std::int64_t rungs = 1;
+  std::int64_t max_trials = 0;
+  std::int64_t max_concurrent = 0;
+  std::vector<std::int64_t> units_needed;
+};
+
+/// Determined's bracket arithmetic (`adaptive_asha.go`).
+inline std::vector<AshaBracket> asha_brackets(const SearcherConfig& c) {
+  if (c.max_trials < 1) throw ConfigError("adaptive_asha needs max_trials of at least 1");
+  if (c.max_time < 1) throw ConfigError("adaptive_asha needs max_time of at least 1");
+  if (!(c.divisor > 1)) throw ConfigError("adaptive_asha needs a divisor greater than 1");
+  const auto max_rungs = std::min({c.max_rungs, static_cast<std::int64_t>(std::log(static_cast<double>(c.max_time)) / std::log(c.divisor)) + 1,
+                                   static_cast<std::int64_t>(std::log(static_cast<double>(c.max_trials)) / std::log(c.divisor)) + 1});
+  std::vector<std::int64_t> rungs = c.bracket_rungs;
+  if (rungs.empty()) {
+    std::int64_t low = 1;
+    if (c.mode == "standard") low = (max_rungs - 1) / 2 + 1;
+    else if (c.mode == "aggressive") low = max_rungs;
+    else if (c.mode != "conservative")
+      throw ConfigError("adaptive_asha mode must be aggressive, standard or conservative, not '" + c.mode + "'");
+    for (std::int64_t r = low; r <= max_rungs; ++r) rungs.push_back(r);
+  }
+  std::sort(rungs.rbegin(), rungs.rend());
+  std::vector<double> weights;
+  double total = 0;
+  for (const auto r : rungs) {
+    weights.push_back(std::pow(c.divisor, static_cast<double>(r - 1)) / static_cast<double>(r));
+    total += weights.back();
+  }
+  std::vector<AshaBracket> out;
+  std::int64_t assigned = 0;
+  for (std::size_t i = 0; i < rungs.size(); ++i) {
+    AshaBracket b;
+    b.rungs = rungs[i];
+    b.max_trials = std::max<std::int64_t>(static_cast<std::int64_t>(static_cast<double>(c.max_trials) * weights[i] / total), 1);
+    assigned += b.max_trials;
+    for (std::int64_t k = 0; k < b.rungs; ++k)
+      b.units_needed.push_back(std::max<std::int64_t>(
+          static_cast<std::int64_t>(static_cast<double>(c.max_time) / std::pow(c.divisor, static_cast<double>(b.rungs - k - 1))), 1));
+    out.push_back(std::move(b));
+  }
+  out.front().max_trials += std::max<std::int64_t>(c.max_trials - assigned, 0);
+  const auto n = static_cast<std::int64_t>(out.size());
+  for (std::int64_t i = 0; i < n; ++i) {
+    if (c.max_concurrent_trials > 0)
+      out[static_cast<std::size_t>(i)].max_concurrent =
+          std::max<std::int64_t>(c.max_concurrent_trials / n + (i < c.max_concurrent_trials % n ? 1 : 0), 1);
+    else
+      out[static_cast<std::size_t>(i)].max_concurrent = std::max(out.back().max_trials, static_cast<std::int64_t>(c.divisor));
+  }
+  return out;
+}
+
+/**
+ * @brief `adaptive_asha`, stopping-based as Determined implements it: trials train until stopped.
+ * On each validation a trial's metric enters every rung whose time it has reached; it is stopped at
+ * the top rung, or where it ranks outside the best `max(len(rung) / divisor, 1)` so far. A stopped or
+ * ended trial is replaced (new hyperparameters) while its bracket has trials left to create.
+ */
+class AdaptiveAsha {
+ public:
+  AdaptiveAsha(SearcherConfig config, HyperparameterSpace space, std::uint64_t experiment_seed)
+      : config_(std::move(config)), space_(std::move(space)), random_(experiment_seed), brackets_(asha_brackets(config_)) {
+    rung_metrics_.resize(brackets_.size());
+    for (std::size_t b = 0; b < brackets_.size(); ++b) rung_metrics_[b].resize(static_cast<std::size_t>(brackets_[b].rungs));
+    created_.assign(brackets_.size(), 0);
+  }
+
+  const std::vector<AshaBracket>& brackets() const { return brackets_; }
+
+  std::vector<TrialRequest> initial() {
+    std::vector<TrialRequest> out;
+    for (std::size_t b = 0; b < brackets_.size(); ++b)
+      for (std::int64_t i = 0; i < std::min(brackets_[b].max_concurrent, brackets_[b].max_trials); ++i) out.push_back(next(b));
+    return out;
+  }
+
+  /// `metric` is the searcher metric, `time` the time metric's value at this validation.
+  SearcherDecision on_validation(std::int64_t trial, double metric, double time) {
+    auto it = trials_.find(trial);
+    if (it == trials_.end()) return SearcherDecision::keep_training;
+    State& s = it->second;
+    const double value = config_.smaller_is_better ? metric : -metric;
+    const AshaBracket& bracket = brackets_[static_cast<std::size_t>(s.bracket)];
+    while (s.rung < bracket.rungs && time >= static_cast<double>(bracket.units_needed[static_cast<std::size_t>(s.rung)])) {
+      auto& rung = rung_metrics_[static_cast<std::size_t>(s.bracket)][static_cast<std::size_t>(s.rung)];
+      const auto pos = std::upper_bound(rung.begin(), rung.end(), value);
+      const auto index = static_cast<std::int64_t>(pos - rung.begin());
+      rung.insert(pos, value);
+      if (s.rung == bracket.rungs - 1) return SearcherDecision::stop;  // the top rung: done
+      if (index >= std::max<std::int64_t>(static_cast<std::int64_t>(static_cast<double>(rung.size()) / config_.divisor), 1))
+        return SearcherDecision::stop;
+      ++s.rung;
+    }
+    return SearcherDecision::keep_training;
+  }
+
+  /// A trial ended (stopped, finished or failed for good): its bracket may start a replacement.
+  std::vector<TrialRequest> on_trial_end(std::int64_t trial) {
+    auto it = trials_.find(trial);
+    if (it == trials_.end()) return {};
+    const auto b = static_cast<std::size_t>(it->second.bracket);
+    if (created_[b] < brackets_[b].max_trials) return {next(b)};
+    return {};
+  }
+  std::int64_t max_trials() const { return config_.max_trials; }
+
+ private:
+  struct State {
+    int bracket = 0;
+    std::int64_t rung = 0;
+  };
+  TrialRequest next(std::size_t bracket) {
+    TrialRequest r;
+    r.id = ++last_id_;
+    r.seed = random_.trial_seed();
+    r.hparams = space_.sample(random_.engine());
+    r.max_length = config_.max_time;
+    r.bracket = static_cast<int>(bracket);
+    ++created_[bracket];
+    trials_[r.id] = State{static_cast<int>(bracket), 0};
+    return r;
+  }
+  SearcherConfig config_;
+  HyperparameterSpace space_;
+  detail::SearchRandom random_;
+  std::vector<AshaBracket> brackets_;
+  std::vector<std::vector<std::vector<double>>> rung_metrics_;  // bracket, rung: sorted metrics
+  std::vector<std::int64_t> created_;
+  std::map<std::int64_t, State> trials_;
+  std::int64_t last_id_ = 0;
+};
+
+}  // namespace searcher
+
+/// The searcher an experiment config names.
+using Searcher = std::variant<searcher::Random, searcher::Grid, searcher::AdaptiveAsha>;
+
+/// Builds the searcher `config` names over `space` (single is random with one trial).
+inline Searcher make_searcher(const SearcherConfig& config, const HyperparameterSpace& space, std::uint64_t experiment_seed) {
+  if (config.name == "single") {
+    SearcherConfig one = config;
+    one.max_trials = 1;
+    return searcher::Random(one, space, experiment_seed);
+  }
+  if (config.name == "random") return searcher::Random(config, space, experiment_seed);
+  if (config.name == "grid") return searcher::Grid(config, space, experiment_seed);
+  if (config.name == "adaptive_asha") return searcher::AdaptiveAsha(config, space, experiment_seed);
+  throw ConfigError("searcher '" + config.name + "' is not one dettrial has (single, random, grid, adaptive_asha)");
+}
+
+}  // namespace dettrial
+// ---- end dettrial/search/searchers.hpp
+
+extern "C" char** environ;
+
+namespace dettrial {
+
+/// How a trial of an experiment ended (or where it stands).
+enum class TrialState { queued, running, completed, stopped_by_searcher, errored, interrupted };
+
+inline const char* to_string(TrialState s) {
+  switch (s) {
+    case TrialState::queued: return "QUEUED";
+    case TrialState::running: return "RUNNING";
+    case TrialState::completed: return "COMPLETED";
+    case TrialState::stopped_by_searcher: return "STOPPED_EARLY";
+    case TrialState::errored: return "ERRORED";
+    case TrialState::interrupted: return "INTERRUPTED";
+  }
+  return "?";
+}
+
+/// One line of the experiment summary.
+struct TrialSummary {
+  std::int64_t id = 0;
+  YAML::Node hparams;
+  TrialState state = TrialState::queued;
+  std::int64_t restarts = 0;
+  std::int64_t batches_trained = 0;
+  std::optional<double> best_metric;
+  std::optional<double> last_metric;
+  std::string best_checkpoint;
+};
+
+struct ExperimentOptions {
+  /// The experiment's folder: trials/<id>/ (config, log, metrics.jsonl, checkpoints), events.jsonl, summary.json.
+  std::filesystem::path output_dir;
+  /// The program that trains one trial, with dettrial::main's command line (normally this one).
+  std::filesystem::path program = "/proc/self/exe";
+  bool quiet = false;
+};
+
+namespace detail {
+inline std::atomic<int> experiment_signal{0};
+extern "C" inline void dettrial_experiment_on_signal(int s) { experiment_signal.store(s); }
+
+inline std::string one_line(const YAML::Node& node) {
+  YAML::Emitter out;
+  out << YAML::Flow << node;
+  return out.c_str();
+}
+}  // namespace detail
+
+/**
+ * @brief An experiment: a searcher, its trials as child processes, and the record that lets it
+ * resume. `run()` returns 0 when every trial ended (completed, stopped by the searcher, or errored
+ * after its restarts), exit_status 75 when interrupted by a signal.
+ */
+class Experiment {
+ public:
+  Experiment(ExperimentConfig config, ExperimentOptions options)
+      : config_(std::move(config)), options_(std::move(options)),
+        searcher_(make_searcher(searcher_config(config_), HyperparameterSpace(config_.hyperparameters, config_.source),
+                                config_.experiment_seed.value_or(0))) {
+    if (config_.searcher.metric.empty())
+      throw ConfigError(config_.source + ": searcher '" + config_.searcher.name + "' needs searcher.metric");
+  }
+
+  static SearcherConfig searcher_config(const ExperimentConfig& c) {
+    SearcherConfig s;
+    s.name = c.searcher.name;
+    s.metric = c.searcher.metric;
+    s.smaller_is_better = c.searcher.smaller_is_better;
+    s.max_trials = c.searcher.max_trials;
+    s.max_concurrent_trials = c.searcher.max_concurrent_trials;
+    s.time_metric = c.searcher.time_metric;
+    s.max_time = c.searcher.max_time;
+    s.divisor = c.searcher.divisor;
+    s.max_rungs = c.searcher.max_rungs;
+    s.mode = c.searcher.mode;
+    s.bracket_rungs = c.searcher.bracket_rungs;
+    if (c.searcher.max_length) s.max_length = c.searcher.max_length->value();
+    if (s.name != "adaptive_asha" && !c.searcher.max_length)
+      throw ConfigError(c.source + ": searcher '" + s.name + "' needs searcher.max_length, e.g. {batches: 1000}");
+    return s;
+  }
+
+  int run() {
+    namespace fs = std::filesystem;
+    fs::create_directories(options_.output_dir / "trials");
+    struct sigaction action {}, old_int{}, old_term{};
+    action.sa_handler = &detail::dettrial_experiment_on_signal;
+    sigemptyset(&action.sa_mask);
+    detail::experiment_signal.store(0);
+    ::sigaction(SIGINT, &action, &old_int);
+    ::sigaction(SIGTERM, &action, &old_term);
+    struct Restore {
+      struct sigaction i, t;
+      ~Restore() {
+        ::sigaction(SIGINT, &i, nullptr);
+        ::sigaction(SIGTERM, &t, nullptr);
+      }
+    } restore{old_int, old_term};
+
+    replay_or_start();
+    while (true) {
+      if (const int sig = detail::experiment_signal.load(); sig != 0) {
+        for (auto& [id, t] : running_) ::kill(t.pid, SIGTERM);
+        while (!running_.empty()) reap(/*interrupting=*/true);
+        write_summary();
+        say("dettrial: experiment interrupted; run the same command again to continue it");
+        return 75;
+      }
+      launch_queued();
+      if (running_.empty() && queue_.empty()) break;
+      poll_metrics();
+      reap(false);
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    write_summary();
+    return 0;
+  }
+
+  const std::map<std::int64_t, TrialSummary>& trials() const { return trials_; }
+
+ private:
+  struct Running {
+    pid_t pid = -1;
+    bool stop_sent = false;
+    std::uintmax_t metrics_offset = 0;
+  };
+
+  std::filesystem::path trial_dir(std::int64_t id) const { return options_.output_dir / "trials" / std::to_string(id); }
+
+  void say(const std::string& line) const {
+    if (!options_.quiet) std::printf("%s\n", line.c_str());
+    std::fflush(stdout);
+  }
+
+  // ---- the event log: what the searcher was told, in order, so a second run replays it ----------
+
+  void log_event(const std::string& json) {
+    std::ofstream(options_.output_dir / "events.jsonl", std::ios::app) << json << "\n";
+  }
+
+  void replay_or_start() {
+    const auto events_path = options_.output_dir / "events.jsonl";
+    std::vector<TrialRequest> first = std::visit([](auto& s) { return s.initial(); }, searcher_);
+    for (auto& r : first) add_trial(std::move(r));
+    if (!std::filesystem::exists(events_path)) return;
+    // Replay: the searcher is deterministic given its seed and the same events in the same order.
+    std::ifstream in(events_path);
+    std::int64_t replayed = 0;
+    for (std::string line; std::getline(in, line);) {
+      if (line.empty()) continue;
+      YAML::Node e;
+      try {
+        e = YAML::Load(line);
+      } catch (const YAML::Exception&) {
+        break;  // a torn last line from a crash: what came before stands
+      }
+      const auto id = e["trial"].as<std::int64_t>();
+      const std::string kind = e["event"].as<std::string>();
+      if (kind == "validation") {
+        std::visit([&](auto& s) { s.on_validation(id, e["metric"].as<double>(), e["time"].as<double>()); }, searcher_);
+        TrialSummary& t = trials_.at(id);
+        record_metric(t, e["metric"].as<double>());
+      } else if (kind == "end") {
+        TrialSummary& t = trials_.at(id);
+        t.state = state_from(e["state"].as<std::string>());
+        t.restarts = e["restarts"].as<std::int64_t>();
+        queue_.erase(std::remove(queue_.begin(), queue_.end(), id), queue_.end());
+        for (auto& r : std::visit([&](auto& s) { return s.on_trial_end(id); }, searcher_)) add_trial(std::move(r));
+      } else if (kind == "restart") {
+        trials_.at(id).restarts = e["restarts"].as<std::int64_t>();
+      }
+      ++replayed;
+    }
+    if (replayed > 0) say("dettrial: continuing the experiment in " + options_.output_dir.string() + " (" + std::to_string(replayed) + " events)");
+  }
+
+  static TrialState state_from(const std::string& s) {
+    for (auto st : {TrialState::completed, TrialState::stopped_by_searcher, TrialState::errored})
+      if (s == to_string(st)) return st;
+    return TrialState::errored;
+  }
+
+  void add_trial(TrialRequest r) {
+    TrialSummary t;
+    t.id = r.id;
+    t.hparams = r.hparams;
+    const std::int64_t id = r.id;
+    trials_[id] = t;
+    requests_[id] = std::move(r);
+    queue_.push_back(id);
+  }
+
+  void record_metric(TrialSummary& t, double metric) {
+    t.last_metric = metric;
+    const bool better = !t.best_metric || (config_.searcher.smaller_is_better ? metric < *t.best_metric : metric > *t.best_metric);
+    if (better) t.best_metric = metric;
+  }
+
+  // ---- trials as processes ---------------------------------------------------------------------
+
+  /// The trial's own experiment config: its hyperparameters as values, one trial, its length, seed and storage.
+  void write_trial_config(const TrialRequest& r) const {
+    YAML::Node doc = YAML::Clone(config_.yaml);
+    doc["hyperparameters"] = YAML::Clone(r.hparams);
+    YAML::Node searcher(YAML::NodeType::Map);
+    searcher["name"] = "single";
+    searcher["metric"] = config_.searcher.metric;
+    searcher["smaller_is_better"] = config_.searcher.smaller_is_better;
+    const std::string unit = config_.searcher.name == "adaptive_asha" ? config_.searcher.time_metric
+                             : config_.searcher.max_length ? std::string(unit_name(config_.searcher.max_length->unit()))
+                                                           : std::string("batches");
+    searcher["max_length"][unit] = r.max_length;
+    doc["searcher"] = searcher;
+    doc["reproducibility"]["experiment_seed"] = r.seed;
+    doc.remove("checkpoint_storage");
+    YAML::Node storage(YAML::NodeType::Map);
+    storage["type"] = "shared_fs";
+    storage["host_path"] = (trial_dir(r.id) / "checkpoints").string();
+    storage["save_trial_best"] = config_.checkpoint_storage.save_trial_best;
+    storage["save_trial_latest"] = std::max<std::int64_t>(config_.checkpoint_storage.save_trial_latest, 1);  // restarts need one
+    doc["checkpoint_storage"] = storage;
+    std::ofstream(trial_dir(r.id) / "config.yaml") << doc << "\n";
+  }
+
+  static const char* unit_name(Unit u) {
+    switch (u) {
+      case Unit::epochs: return "epochs";
+      case Unit::records: return "records";
+      case Unit::batches: break;
+    }
+    return "batches";
+  }
+
+  void launch_queued() {
+    while (!queue_.empty()) {
+      const std::int64_t id = queue_.front();
+      queue_.erase(queue_.begin());
+      launch(id);
+    }
+  }
+
+  void launch(std::int64_t id) {
+    namespace fs = std::filesystem;
+    const TrialRequest& r = requests_.at(id);
+    fs::create_directories(trial_dir(id));
+    write_trial_config(r);
+    std::vector<std::string> args = {options_.program.string(), "--config", (trial_dir(id) / "config.yaml").string(),
+                                     "--output", trial_dir(id).string(), "--quiet"};
+    if (!list_checkpoints(trial_dir(id) / "checkpoints").empty()) {
+      args.emplace_back("--resume");
+      args.push_back((trial_dir(id) / "checkpoints").string());
+    }
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    const std::string log = (trial_dir(id) / "log.txt").string();
+    posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+    posix_spawn_file_actions_adddup2(&actions, STDOUT_FILENO, STDERR_FILENO);
+    pid_t pid = -1;
+    const std::string program = options_.program.string();
+    const int rc = ::posix_spawn(&pid, program.c_str(), &actions, nullptr, argv.data(), environ);
+    posix_spawn_file_actions_destroy(&actions);
+    if (rc != 0) throw Error("cannot start trial " + std::to_string(id) + " (" + program + ")");
+    Running run;
+    run.pid = pid;
+    if (std::error_code ec; fs::exists(trial_dir(id) / "metrics.jsonl", ec)) run.metrics_offset = fs::file_size(trial_dir(id) / "metrics.jsonl", ec);
+    running_[id] = run;
+    trials_.at(id).state = TrialState::running;
+    say("[experiment] trial " + std::to_string(id) + " started: " + detail::one_line(r.hparams));
+  }
+
+  /// Reads the trials' new validation records and lets the searcher decide on each.
+  void poll_metrics() {
+    for (auto& [id, run] : running_) {
+      const auto path = trial_dir(id) / "metrics.jsonl";
+      std::ifstream in(path);
+      if (!in) continue;
+      in.seekg(static_cast<std::streamoff>(run.metrics_offset));
+      std::string line;
+      while (std::getline(in, line)) {
+        if (in.eof()) break;  // a line still being written: read it next time
+        run.metrics_offset += line.size() + 1;
+        if (line.find("\"type\":\"validation\"") == std::string::npos) continue;
+        const YAML::Node record = YAML::Load(line);
+        const YAML::Node metrics = record["metrics"];
+        if (!metrics[config_.searcher.metric]) continue;
+        const double metric = metrics[config_.searcher.metric].as<double>();
+        const std::string& time_metric = config_.searcher.time_metric;
+        const double time = metrics[time_metric] ? metrics[time_metric].as<double>() : record["batches"].as<double>();
+        TrialSummary& t = trials_.at(id);
+        record_metric(t, metric);
+        const SearcherDecision d = std::visit([&](auto& s) { return s.on_validation(id, metric, time); }, searcher_);
+        std::string event = "{\"event\": \"validation\", \"trial\": " + std::to_string(id) + ", \"metric\": ";
+        detail::append_json_number(event, metric);
+        event += ", \"time\": ";
+        detail::append_json_number(event, time);
+        log_event(event + "}");
+        // A trial at its full length ends by itself; a stop is for the ones with time left.
+        if (d == SearcherDecision::stop && !run.stop_sent && time < static_cast<double>(requests_.at(id).max_length)) {
+          ::kill(run.pid, SIGTERM);  // the trial checkpoints and exits
+          run.stop_sent = true;
+          say("[experiment] trial " + std::to_string(id) + " stopped by the searcher at " + time_metric + " " + std::to_string(static_cast<std::int64_t>(time)));
+        }
+      }
+    }
+  }
+
+  void reap(bool interrupting) {
+    int status = 0;
+    const pid_t pid = ::waitpid(-1, &status, interrupting ? 0 : WNOHANG);
+    if (pid <= 0) return;
+    auto it = std::find_if(running_.begin(), running_.end(), [&](const auto& kv) { return kv.second.pid == pid; });
+    if (it == running_.end()) return;
+    const std::int64_t id = it->first;
+    const bool stop_sent = it->second.stop_sent;
+    poll_metrics();  // its last records
+    running_.erase(it);
+    TrialSummary& t = trials_.at(id);
+    refresh_from_disk(t);
+    const bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+    // 75: stopped by a signal after a checkpoint; a SIGTERM that came after training ended kills it.
+    const bool stopped = (WIFEXITED(status) && WEXITSTATUS(status) == 75) || (stop_sent && WIFSIGNALED(status) && WTERMSIG(status) == SIGTERM);
+    if (interrupting && (stopped || !ok)) {
+      t.state = TrialState::interrupted;
+      return;  // continued by the next run
+    }
+    if (ok || (stopped && stop_sent)) {
+      // A trial that reached its length before the stop arrived completed all the same.
+      t.state = ok ? TrialState::completed : TrialState::stopped_by_searcher;
+    } else if (t.restarts < config_.max_restarts) {
+      ++t.restarts;
+      log_event("{\"event\": \"restart\", \"trial\": " + std::to_string(id) + ", \"restarts\": " + std::to_string(t.restarts) + "}");
+      say("[experiment] trial " + std::to_string(id) + " failed (" + describe_status(status) + "); restart " + std::to_string(t.restarts) +
+          " of " + std::to_string(config_.max_restarts) + " from its latest checkpoint");
+      queue_.push_back(id);
+      return;
+    } else {
+      t.state = TrialState::errored;
+      say("[experiment] trial " + std::to_string(id) + " failed (" + describe_status(status) + ") after " + std::to_string(t.restarts) +
+          " restarts; see " + (trial_dir(id) / "log.txt").string());
+    }
+    log_event("{\"event\": \"end\", \"trial\": " + std::to_string(id) + ", \"state\": \"" + to_string(t.state) + "\", \"restarts\": " +
+              std::to_string(t.restarts) + "}");
+    say("[experiment] trial " + std::to_string(id) + " " + to_string(t.state) + " after " + std::to_string(t.batches_trained) + " batches");
+    for (auto& r : std::visit([&](auto& s) { return s.on_trial_end(id); }, searcher_)) add_trial(std::move(r));
+  }
+
+  static std::string describe_status(int status) {
+    if (WIFSIGNALED(status)) return "killed by signal " + std::to_string(WTERMSIG(status));
+    return "exit status " + std::to_string(WEXITSTATUS(status));
+  }
+
+  /// Batches trained and the best checkpoint, from the trial's folder.
+  void refresh_from_disk(TrialSummary& t) const {
+    std::error_code ec;
+    const auto checkpoints = list_checkpoints(trial_dir(t.id) / "checkpoints");
+    std::optional<double> best;
+    for (const auto& c : checkpoints) {
+      t.batches_trained = std::max(t.batches_trained, c.batches_trained);
+      if (c.validation_metric &&
+          (!best || (config_.searcher.smaller_is_better ? *c.validation_metric < *best : *c.validation_metric > *best))) {
+        best = c.validation_metric;
+        t.best_checkpoint = c.path.string();
+      }
+    }
+    if (t.best_checkpoint.empty() && !checkpoints.empty()) t.best_checkpoint = checkpoints.back().path.string();
+  }
+
+  void write_summary() {
+    std::string json = "{\"experiment\": ";
+    detail::append_json_string(json, config_.name.empty() ? config_.description : config_.name);
+    json += ", \"searcher\": ";
+    detail::append_json_string(json, config_.searcher.name);
+    json += ", \"metric\": ";
+    detail::append_json_string(json, config_.searcher.metric);
+    json += ", \"trials\": [";
+    std::string table = "\n trial  state           batches  restarts  best " + config_.searcher.metric + "  last  hyperparameters\n";
+    bool first = true;
+    std::optional<std::int64_t> best_trial;
+    for (auto& [id, t] : trials_) {
+      refresh_from_disk(t);
+      if (t.best_metric && (!best_trial || (config_.searcher.smaller_is_better ? *t.best_metric < *trials_.at(*best_trial).best_metric
+                                                                                : *t.best_metric > *trials_.at(*best_trial).best_metric)))
+        best_trial = id;
+      if (!first) json += ", ";
+      first = false;
+      json += "{\"id\": " + std::to_string(id) + ", \"state\": \"" + to_string(t.state) + "\", \"batches_trained\": " +
+              std::to_string(t.batches_trained) + ", \"restarts\": " + std::to_string(t.restarts) + ", \"hparams\": ";
+      detail::append_yaml_as_json(json, t.hparams);
+      json += ", \"best_metric\": ";
+      if (t.best_metric) detail::append_json_number(json, *t.best_metric);
+      else json += "null";
+      json += ", \"last_metric\": ";
+      if (t.last_metric) detail::append_json_number(json, *t.last_metric);
+      else json += "null";
+      json += ", \"best_checkpoint\": ";
+      detail::append_json_string(json, t.best_checkpoint);
+      json += "}";
+      char row[160];
+      std::snprintf(row, sizeof row, " %5lld  %-14s %8lld  %8lld  %12s  %6s  ", static_cast<long long>(id), to_string(t.state),
+                    static_cast<long long>(t.batches_trained), static_cast<long long>(t.restarts),
+                    t.best_metric ? std::to_string(*t.best_metric).c_str() : "-", t.last_metric ? std::to_string(*t.last_metric).c_str() : "-");
+      table += row + detail::one_line(t.hparams) + "\n";
+    }
+    json += "], \"best_trial\": " + (best_trial ? std::to_string(*best_trial) : std::string("null")) + "}\n";
+    detail::write_file_synced(options_.output_dir / "summary.json", json);
+    if (best_trial) table += " best: trial " + std::to_string(*best_trial) + ", checkpoint " + trials_.at(*best_trial).best_checkpoint + "\n";
+    say(table + " summary: " + (options_.output_dir / "summary.json").string());
+  }
+
+  ExperimentConfig config_;
+  ExperimentOptions options_;
+  Searcher searcher_;
+  std::map<std::int64_t, TrialSummary> trials_;
+  std::map<std::int64_t, TrialRequest> requests_;
+  std::vector<std::int64_t> queue_;
+  std::map<std::int64_t, Running> running_;
+};
+
+}  // namespace dettrial
+// ---- end dettrial/search/experiment.hpp
 // ---- begin dettrial/report/progress.hpp
 // SPDX-License-Identifier: Apache-2.0
 /// @file
@@ -5826,7 +6957,9 @@ inline const char* main_usage() {
          "  --set KEY=VALUE      override a config value; KEY is a dotted path such as\n"
          "                       hyperparameters.learning_rate or data.dir (repeatable)\n"
          "  --output DIR         where metrics.jsonl and checkpoints go (default: runs/<date>-<time>,\n"
-         "                       or the resumed run's directory with --resume)\n"
+         "                       or the resumed run's directory with --resume); for a search, the\n"
+         "                       experiment's folder (default: runs/experiment-<name>); running the\n"
+         "                       same search command again continues it\n"
          "  --resume PATH        continue from a checkpoint: a checkpoint directory, or a run's\n"
          "                       output directory (its latest checkpoint)\n"
          "  --nproc N            train data-parallel in N local processes (Gloo on CPU, NCCL on GPUs);\n"
@@ -6060,9 +7193,22 @@ int main(int argc, char** argv, Args&&... trial_args) {
       for (const auto& o : overrides) detail::apply_override(doc, o);
       config = ExperimentConfig::from_yaml(doc, config_path + " (with --set)");
     }
-    if (config.searcher.name != "single")
-      throw ConfigError(config_path + ": searcher '" + config.searcher.name +
-                        "' is not available in dettrial " DETTRIAL_VERSION_STRING "; use searcher name: single");
+    if (!config.ignored_fields.empty() && !quiet) {
+      std::string fields;
+      for (const auto& f : config.ignored_fields) fields += (fields.empty() ? "" : ", ") + f;
+      std::fprintf(stderr, "dettrial: warning: ignoring fields that mean something only on a Determined cluster: %s\n", fields.c_str());
+    }
+    if (config.searcher.name != "single" || !HyperparameterSpace(config.hyperparameters, config.source).is_constant()) {
+      // A search: every trial is a process of this program (a single-trial config of its own).
+      if (config.searcher.name == "single")
+        throw ConfigError(config_path + ": the hyperparameters are a search space, but searcher 'single' trains one trial; "
+                          "use random, grid or adaptive_asha, or give each hyperparameter one value");
+      if (test_mode) throw ConfigError("--test-mode checks one trial; it does not run a search (searcher '" + config.searcher.name + "')");
+      const std::string stem = config.name.empty() ? std::filesystem::path(config_path).stem().string() : config.name;
+      ExperimentOptions experiment{.output_dir = output.empty() ? std::filesystem::path("runs") / ("experiment-" + stem) : std::filesystem::path(output),
+                                   .quiet = quiet};
+      return Experiment(config, experiment).run();
+    }
     const LaunchEnvironment env = LaunchEnvironment::detect();
     if (!env.distributed() && nproc == 0 && config.slots_per_trial > 1) nproc = static_cast<int>(config.slots_per_trial);
     if (!env.distributed() && nproc > 1) {

@@ -171,3 +171,51 @@ TEST_CASE("metrics: literal names without allocation, dynamic names interned, lo
   CHECK_THROWS_WITH_AS(lr_step::visit("sometimes", [](auto) { return 0; }), doctest::Contains("unknown LR step mode 'sometimes'"),
                        ConfigError);
 }
+
+TEST_CASE("experiment configs: unknown fields are errors at their place with the nearest name; cluster-only fields are listed") {
+  CHECK_THROWS_WITH_AS(ExperimentConfig::parse("name: x\nsearcher: {name: single, metric: loss, max_lenght: {batches: 5}}\n", "e.yaml"),
+                       "e.yaml:2:40: unknown field 'searcher.max_lenght'; did you mean 'max_length'?", ConfigError);
+  CHECK_THROWS_WITH_AS(ExperimentConfig::parse("hyperparameter:\n  lr: 0.1\n", "e.yaml"),
+                       "e.yaml:1:1: unknown field 'hyperparameter'; did you mean 'hyperparameters'?", ConfigError);
+  CHECK_THROWS_WITH_AS(ExperimentConfig::parse("zzz: 1\n", "e.yaml"), "e.yaml:1:1: unknown field 'zzz'", ConfigError);
+  const ExperimentConfig seed = ExperimentConfig::parse(
+      "entrypoint: model_def:MNistTrial\nresources: {slots_per_trial: 1, resource_pool: gpus}\nenvironment: {image: x}\n", "seed.yaml");
+  CHECK(seed.ignored_fields == std::vector<std::string>{"entrypoint", "environment", "resources.resource_pool"});
+  CHECK_THROWS_WITH_AS(ExperimentConfig::parse("checkpoint_storage: {type: s3, bucket: b}\n", "e.yaml"),
+                       doctest::Contains("e.yaml:1:28: checkpoint_storage type 's3' is not one dettrial writes"), ConfigError);
+}
+
+TEST_CASE("experiment configs: searchers are checked as Determined checks them") {
+  const ExperimentConfig asha = ExperimentConfig::parse(R"(
+searcher:
+  name: adaptive_asha
+  metric: validation_loss
+  max_trials: 16
+  max_time: 1000
+  time_metric: batches
+  divisor: 4
+  max_concurrent_trials: 8
+)",
+                                                        "asha.yaml");
+  CHECK(asha.searcher.max_trials == 16);
+  CHECK(asha.searcher.max_time == 1000);
+  CHECK(asha.searcher.max_concurrent_trials == 8);
+  // The deprecated max_length stands for time_metric and max_time.
+  const ExperimentConfig legacy =
+      ExperimentConfig::parse("searcher: {name: adaptive_asha, metric: m, max_trials: 4, max_length: {epochs: 3}}\n", "l.yaml");
+  CHECK(legacy.searcher.time_metric == "epochs");
+  CHECK(legacy.searcher.max_time == 3);
+  CHECK_THROWS_WITH_AS(ExperimentConfig::parse("searcher: {name: adaptive_asha, metric: m, max_trials: 4}\n", "a.yaml"),
+                       doctest::Contains("a.yaml:1:11: searcher 'adaptive_asha' needs max_time"), ConfigError);
+  CHECK_THROWS_WITH_AS(ExperimentConfig::parse("searcher: {name: random, metric: m, max_length: {batches: 5}}\n", "r.yaml"),
+                       doctest::Contains("searcher 'random' needs max_trials"), ConfigError);
+  CHECK_THROWS_WITH_AS(ExperimentConfig::parse("searcher: {name: adaptive_simple, metric: m}\n", "s.yaml"),
+                       doctest::Contains("s.yaml:1:18: searcher 'adaptive_simple' was removed from Determined; use adaptive_asha"),
+                       ConfigError);
+  CHECK_THROWS_WITH_AS(ExperimentConfig::parse("searcher: {name: grd, metric: m}\n", "s.yaml"),
+                       doctest::Contains("unknown searcher 'grd'; did you mean 'grid'?"), ConfigError);
+  CHECK_THROWS_WITH_AS(ExperimentConfig::parse("searcher: {name: adaptive_asha, metric: m, max_trials: 4, max_time: 9, divisor: 1}\n", "d.yaml"),
+                       doctest::Contains("d.yaml:1:81: searcher.divisor must be greater than 1"), ConfigError);
+  CHECK_THROWS_WITH_AS(ExperimentConfig::parse("searcher: {name: random, metric: m, max_trials: 0}\n", "t.yaml"),
+                       doctest::Contains("searcher.max_trials must be at least 1"), ConfigError);
+}

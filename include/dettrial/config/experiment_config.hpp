@@ -10,6 +10,8 @@
 #include <sstream>
 #include <string>
 #include <utility>
+#include <vector>
+#include <algorithm>
 
 #include <yaml-cpp/yaml.h>
 
@@ -54,7 +56,21 @@ class ExperimentConfig {
     bool smaller_is_better = true;
     /// `searcher.max_length`, or the legacy `max_steps` converted to batches.
     std::optional<TrainUnit> max_length;
+    /// random, grid, adaptive_asha: how many trials, and how many run at once (0: no limit).
+    std::int64_t max_trials = 1;
+    std::int64_t max_concurrent_trials = 16;
+    /// adaptive_asha: the time a trial gets (in `time_metric`, a validation metric such as
+    /// `batches`), the rungs' divisor, the most rungs, the bracket mode and explicit bracket rungs.
+    std::string time_metric = "batches";
+    std::int64_t max_time = 0;
+    double divisor = 4;
+    std::int64_t max_rungs = 5;
+    std::string mode = "standard";
+    std::vector<std::int64_t> bracket_rungs;
   } searcher;
+  /// Fields that mean something only on a Determined cluster (entrypoint, environment, ...): accepted
+  /// and ignored, listed here for one warning.
+  std::vector<std::string> ignored_fields;
 
   std::int64_t scheduling_unit = 100;
   std::int64_t records_per_epoch = 0;
@@ -103,6 +119,7 @@ class ExperimentConfig {
     average_aggregated_gradients = o.average_aggregated_gradients;
     experiment_seed = o.experiment_seed;
     checkpoint_storage = o.checkpoint_storage;
+    ignored_fields = o.ignored_fields;
     yaml.reset(o.yaml);
     source = o.source;
     return *this;
@@ -140,6 +157,7 @@ class ExperimentConfig {
     if (!root.IsDefined() || root.IsNull()) throw ConfigError(source + ": the experiment config is empty");
     if (!root.IsMap()) throw ConfigError(detail::where(root, source) + ": the experiment config must be a map");
     c.yaml.reset(root);
+    check_fields(root, source, c.ignored_fields);
     Reader r{source};
     r.read(root, "name", c.name);
     r.read(root, "description", c.description);
@@ -215,8 +233,118 @@ class ExperimentConfig {
         if (steps < 0) throw ConfigError(detail::where(s["max_steps"], source) + ": searcher.max_steps must not be negative");
         c.searcher.max_length = Batch(steps * c.scheduling_unit);
       }
+      read_search_fields(s, source, r, c.searcher);
     }
     return c;
+  }
+
+  /// The searchers dettrial runs, and the names Determined removed.
+  template <class R>  // the Reader, declared below
+  static void read_search_fields(const YAML::Node& s, const std::string& source, const R& r, Searcher& out) {
+    const std::string& name = out.name;
+    if (name == "adaptive" || name == "adaptive_simple" || name == "sync_halving")
+      throw ConfigError(detail::where(s["name"], source) + ": searcher '" + name + "' was removed from Determined; use adaptive_asha");
+    if (name != "single" && name != "random" && name != "grid" && name != "adaptive_asha" && name != "async_halving")
+      throw ConfigError(detail::where(s["name"], source) + ": unknown searcher '" + name + "'" +
+                        detail::suggestion(name, {"single", "random", "grid", "adaptive_asha"}) +
+                        " (dettrial runs single, random, grid and adaptive_asha)");
+    r.read(s, "max_trials", out.max_trials);
+    r.read(s, "max_concurrent_trials", out.max_concurrent_trials);
+    r.read(s, "time_metric", out.time_metric);
+    r.read(s, "max_time", out.max_time);
+    r.read(s, "divisor", out.divisor);
+    r.read(s, "max_rungs", out.max_rungs);
+    r.read(s, "num_rungs", out.max_rungs);  // async_halving
+    r.read(s, "mode", out.mode);
+    if (const YAML::Node b = s["bracket_rungs"]; b && !b.IsNull()) {
+      if (!b.IsSequence()) throw ConfigError(detail::where(b, source) + ": searcher.bracket_rungs must be a list of rung counts");
+      for (const auto& x : b) out.bracket_rungs.push_back(x.as<std::int64_t>());
+    }
+    if (name == "async_halving") {
+      out.name = "adaptive_asha";
+      out.bracket_rungs = {out.max_rungs};
+    }
+    auto positive = [&](const char* key, double value) {
+      if (s[key] && !(value >= 1)) throw ConfigError(detail::where(s[key], source) + ": searcher." + key + " must be at least 1");
+    };
+    positive("max_trials", static_cast<double>(out.max_trials));
+    positive("max_rungs", static_cast<double>(out.max_rungs));
+    if (out.max_concurrent_trials < 0)
+      throw ConfigError(detail::where(s["max_concurrent_trials"], source) + ": searcher.max_concurrent_trials must not be negative");
+    if (s["divisor"] && !(out.divisor > 1)) throw ConfigError(detail::where(s["divisor"], source) + ": searcher.divisor must be greater than 1");
+    if ((name == "random" || name == "adaptive_asha") && !s["max_trials"])
+      throw ConfigError(detail::where(s, source) + ": searcher '" + name + "' needs max_trials");
+    if (out.name == "adaptive_asha") {
+      // Determined needs time_metric and max_time; its deprecated max_length stands for them.
+      if (!s["max_time"] && out.max_length) {
+        out.max_time = out.max_length->value();
+        out.time_metric = out.max_length->unit() == Unit::epochs ? "epochs" : "batches";
+      }
+      if (out.max_time < 1)
+        throw ConfigError(detail::where(s, source) + ": searcher 'adaptive_asha' needs max_time (and time_metric, default batches)");
+    }
+  }
+
+  /**
+   * @brief Every key must be one of the schema's: cluster-only ones are collected in `ignored` (one
+   * warning), anything else is an error at its file:line:column with the nearest known name.
+   */
+  static void check_fields(const YAML::Node& root, const std::string& source, std::vector<std::string>& ignored) {
+    static const std::vector<std::string> top = {
+        "name", "description", "hyperparameters", "searcher", "records_per_epoch", "min_validation_period",
+        "min_checkpoint_period", "scheduling_unit", "perform_initial_validation", "checkpoint_policy", "max_restarts",
+        "checkpoint_storage", "resources", "optimizations", "reproducibility", "data"};
+    static const std::vector<std::string> top_cluster = {
+        "entrypoint", "environment", "bind_mounts", "labels", "project", "workspace", "debug", "profiling",
+        "tensorboard_storage", "pbs", "slurm", "log_policies", "retention_policy", "integrations", "data_layer",
+        "preemption_timeout", "security", "internal", "notes"};
+    static const std::vector<std::string> searcher = {
+        "name", "metric", "smaller_is_better", "max_length", "max_steps", "max_trials", "max_concurrent_trials",
+        "time_metric", "max_time", "divisor", "max_rungs", "num_rungs", "mode", "bracket_rungs"};
+    static const std::vector<std::string> searcher_cluster = {"source_trial_id", "source_checkpoint_uuid", "stop_once"};
+    static const std::vector<std::string> resources = {"slots_per_trial"};
+    static const std::vector<std::string> resources_cluster = {
+        "resource_pool", "max_slots", "priority", "weight", "shm_size", "devices", "native_parallel", "is_single_node", "agent_label"};
+    static const std::vector<std::string> optimizations = {"aggregation_frequency", "average_aggregated_gradients"};
+    static const std::vector<std::string> optimizations_cluster = {
+        "average_training_metrics", "gradient_compression", "mixed_precision", "tensor_fusion_threshold",
+        "tensor_fusion_cycle_time", "auto_tune_tensor_fusion", "grad_updates_size_file"};
+    static const std::vector<std::string> reproducibility = {"experiment_seed"};
+    static const std::vector<std::string> storage = {"type", "host_path", "storage_path", "container_path", "propagation",
+                                                     "save_experiment_best", "save_trial_best", "save_trial_latest"};
+    static const std::vector<std::string> storage_cloud = {"bucket", "access_key", "secret_key", "endpoint_url", "prefix",
+                                                           "region", "credentials", "account_url", "connection_string", "container"};
+    check_map(root, "", top, top_cluster, source, ignored);
+    const std::pair<const char*, std::pair<const std::vector<std::string>*, const std::vector<std::string>*>> sections[] = {
+        {"searcher", {&searcher, &searcher_cluster}},
+        {"resources", {&resources, &resources_cluster}},
+        {"optimizations", {&optimizations, &optimizations_cluster}},
+        {"reproducibility", {&reproducibility, nullptr}},
+        {"checkpoint_storage", {&storage, &storage_cloud}}};
+    for (const auto& [section, known] : sections)
+      if (const YAML::Node node = root[section]; node && node.IsMap())
+        check_map(node, std::string(section) + ".", *known.first, known.second ? *known.second : std::vector<std::string>{}, source, ignored);
+    if (const YAML::Node cs = root["checkpoint_storage"]; cs && cs.IsMap() && cs["type"]) {
+      const std::string type = cs["type"].Scalar();
+      if (type != "shared_fs" && type != "directory")
+        throw ConfigError(detail::where(cs["type"], source) + ": checkpoint_storage type '" + type +
+                          "' is not one dettrial writes (shared_fs or directory, on a local or mounted file system)");
+    }
+  }
+
+  static void check_map(const YAML::Node& map, const std::string& prefix, const std::vector<std::string>& known,
+                        const std::vector<std::string>& cluster, const std::string& source, std::vector<std::string>& ignored) {
+    for (const auto& kv : map) {
+      const std::string key = kv.first.Scalar();
+      if (std::find(known.begin(), known.end(), key) != known.end()) continue;
+      if (std::find(cluster.begin(), cluster.end(), key) != cluster.end()) {
+        ignored.push_back(prefix + key);
+        continue;
+      }
+      std::vector<std::string> all = known;
+      all.insert(all.end(), cluster.begin(), cluster.end());
+      throw ConfigError(detail::where(kv.first, source) + ": unknown field '" + prefix + key + "'" + detail::suggestion(key, all));
+    }
   }
 
   /**

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <limits>
 #include <map>
+#include <algorithm>
 #include <string>
 #include <string_view>
 #include <typeinfo>
@@ -78,6 +79,32 @@ bool try_read(const YAML::Node& node, T& out) {
       return false;
     }
   }
+}
+
+
+/// Edit distance between two names (for "did you mean").
+inline std::size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<std::size_t> row(b.size() + 1);
+  for (std::size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (std::size_t i = 1; i <= a.size(); ++i) {
+    std::size_t diagonal = row[0];
+    row[0] = i;
+    for (std::size_t j = 1; j <= b.size(); ++j) {
+      const std::size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diagonal = up;
+    }
+  }
+  return row[b.size()];
+}
+
+/// "; did you mean 'x'?" for the nearest of `names` (at most a third of the name's letters apart), else "".
+inline std::string suggestion(const std::string& name, const std::vector<std::string>& names) {
+  std::string best;
+  std::size_t best_distance = name.size() / 3 + 1;
+  for (const auto& n : names)
+    if (const std::size_t d = edit_distance(name, n); d <= best_distance && (best.empty() || d < edit_distance(name, best))) best = n;
+  return best.empty() ? std::string() : "; did you mean '" + best + "'?";
 }
 
 }  // namespace dettrial::detail

@@ -33,6 +33,8 @@
 #include "../context/context.hpp"
 #include "../distributed/communicator.hpp"
 #include "../distributed/launch_environment.hpp"
+#include "../search/experiment.hpp"
+#include "../search/hyperparameter_space.hpp"
 #include "../detail/error.hpp"
 #include "../version.hpp"
 #include "fit_options.hpp"
@@ -56,7 +58,9 @@ inline const char* main_usage() {
          "  --set KEY=VALUE      override a config value; KEY is a dotted path such as\n"
          "                       hyperparameters.learning_rate or data.dir (repeatable)\n"
          "  --output DIR         where metrics.jsonl and checkpoints go (default: runs/<date>-<time>,\n"
-         "                       or the resumed run's directory with --resume)\n"
+         "                       or the resumed run's directory with --resume); for a search, the\n"
+         "                       experiment's folder (default: runs/experiment-<name>); running the\n"
+         "                       same search command again continues it\n"
          "  --resume PATH        continue from a checkpoint: a checkpoint directory, or a run's\n"
          "                       output directory (its latest checkpoint)\n"
          "  --nproc N            train data-parallel in N local processes (Gloo on CPU, NCCL on GPUs);\n"
@@ -290,9 +294,22 @@ int main(int argc, char** argv, Args&&... trial_args) {
       for (const auto& o : overrides) detail::apply_override(doc, o);
       config = ExperimentConfig::from_yaml(doc, config_path + " (with --set)");
     }
-    if (config.searcher.name != "single")
-      throw ConfigError(config_path + ": searcher '" + config.searcher.name +
-                        "' is not available in dettrial " DETTRIAL_VERSION_STRING "; use searcher name: single");
+    if (!config.ignored_fields.empty() && !quiet) {
+      std::string fields;
+      for (const auto& f : config.ignored_fields) fields += (fields.empty() ? "" : ", ") + f;
+      std::fprintf(stderr, "dettrial: warning: ignoring fields that mean something only on a Determined cluster: %s\n", fields.c_str());
+    }
+    if (config.searcher.name != "single" || !HyperparameterSpace(config.hyperparameters, config.source).is_constant()) {
+      // A search: every trial is a process of this program (a single-trial config of its own).
+      if (config.searcher.name == "single")
+        throw ConfigError(config_path + ": the hyperparameters are a search space, but searcher 'single' trains one trial; "
+                          "use random, grid or adaptive_asha, or give each hyperparameter one value");
+      if (test_mode) throw ConfigError("--test-mode checks one trial; it does not run a search (searcher '" + config.searcher.name + "')");
+      const std::string stem = config.name.empty() ? std::filesystem::path(config_path).stem().string() : config.name;
+      ExperimentOptions experiment{.output_dir = output.empty() ? std::filesystem::path("runs") / ("experiment-" + stem) : std::filesystem::path(output),
+                                   .quiet = quiet};
+      return Experiment(config, experiment).run();
+    }
     const LaunchEnvironment env = LaunchEnvironment::detect();
     if (!env.distributed() && nproc == 0 && config.slots_per_trial > 1) nproc = static_cast<int>(config.slots_per_trial);
     if (!env.distributed() && nproc > 1) {

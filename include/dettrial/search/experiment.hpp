@@ -1,0 +1,460 @@
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief Runs a hyperparameter search on one machine: each trial is its own process of the same
+/// program (a crash cannot take the experiment down), restarted from its latest checkpoint up to
+/// max_restarts times; ASHA's stop is a SIGTERM (the trial checkpoints and exits); an event log makes
+/// a second run of the same command continue the experiment; a summary table and summary.json at the end.
+#pragma once
+
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <optional>
+#include <string>
+#include <thread>
+#include <variant>
+#include <vector>
+
+#include <yaml-cpp/yaml.h>
+
+#include "../checkpoint/storage.hpp"
+#include "../config/experiment_config.hpp"
+#include "../detail/error.hpp"
+#include "../detail/json.hpp"
+#include "searchers.hpp"
+
+extern "C" char** environ;
+
+namespace dettrial {
+
+/// How a trial of an experiment ended (or where it stands).
+enum class TrialState { queued, running, completed, stopped_by_searcher, errored, interrupted };
+
+inline const char* to_string(TrialState s) {
+  switch (s) {
+    case TrialState::queued: return "QUEUED";
+    case TrialState::running: return "RUNNING";
+    case TrialState::completed: return "COMPLETED";
+    case TrialState::stopped_by_searcher: return "STOPPED_EARLY";
+    case TrialState::errored: return "ERRORED";
+    case TrialState::interrupted: return "INTERRUPTED";
+  }
+  return "?";
+}
+
+/// One line of the experiment summary.
+struct TrialSummary {
+  std::int64_t id = 0;
+  YAML::Node hparams;
+  TrialState state = TrialState::queued;
+  std::int64_t restarts = 0;
+  std::int64_t batches_trained = 0;
+  std::optional<double> best_metric;
+  std::optional<double> last_metric;
+  std::string best_checkpoint;
+};
+
+struct ExperimentOptions {
+  /// The experiment's folder: trials/<id>/ (config, log, metrics.jsonl, checkpoints), events.jsonl, summary.json.
+  std::filesystem::path output_dir;
+  /// The program that trains one trial, with dettrial::main's command line (normally this one).
+  std::filesystem::path program = "/proc/self/exe";
+  bool quiet = false;
+};
+
+namespace detail {
+inline std::atomic<int> experiment_signal{0};
+extern "C" inline void dettrial_experiment_on_signal(int s) { experiment_signal.store(s); }
+
+inline std::string one_line(const YAML::Node& node) {
+  YAML::Emitter out;
+  out << YAML::Flow << node;
+  return out.c_str();
+}
+}  // namespace detail
+
+/**
+ * @brief An experiment: a searcher, its trials as child processes, and the record that lets it
+ * resume. `run()` returns 0 when every trial ended (completed, stopped by the searcher, or errored
+ * after its restarts), exit_status 75 when interrupted by a signal.
+ */
+class Experiment {
+ public:
+  Experiment(ExperimentConfig config, ExperimentOptions options)
+      : config_(std::move(config)), options_(std::move(options)),
+        searcher_(make_searcher(searcher_config(config_), HyperparameterSpace(config_.hyperparameters, config_.source),
+                                config_.experiment_seed.value_or(0))) {
+    if (config_.searcher.metric.empty())
+      throw ConfigError(config_.source + ": searcher '" + config_.searcher.name + "' needs searcher.metric");
+  }
+
+  static SearcherConfig searcher_config(const ExperimentConfig& c) {
+    SearcherConfig s;
+    s.name = c.searcher.name;
+    s.metric = c.searcher.metric;
+    s.smaller_is_better = c.searcher.smaller_is_better;
+    s.max_trials = c.searcher.max_trials;
+    s.max_concurrent_trials = c.searcher.max_concurrent_trials;
+    s.time_metric = c.searcher.time_metric;
+    s.max_time = c.searcher.max_time;
+    s.divisor = c.searcher.divisor;
+    s.max_rungs = c.searcher.max_rungs;
+    s.mode = c.searcher.mode;
+    s.bracket_rungs = c.searcher.bracket_rungs;
+    if (c.searcher.max_length) s.max_length = c.searcher.max_length->value();
+    if (s.name != "adaptive_asha" && !c.searcher.max_length)
+      throw ConfigError(c.source + ": searcher '" + s.name + "' needs searcher.max_length, e.g. {batches: 1000}");
+    return s;
+  }
+
+  int run() {
+    namespace fs = std::filesystem;
+    fs::create_directories(options_.output_dir / "trials");
+    struct sigaction action {}, old_int{}, old_term{};
+    action.sa_handler = &detail::dettrial_experiment_on_signal;
+    sigemptyset(&action.sa_mask);
+    detail::experiment_signal.store(0);
+    ::sigaction(SIGINT, &action, &old_int);
+    ::sigaction(SIGTERM, &action, &old_term);
+    struct Restore {
+      struct sigaction i, t;
+      ~Restore() {
+        ::sigaction(SIGINT, &i, nullptr);
+        ::sigaction(SIGTERM, &t, nullptr);
+      }
+    } restore{old_int, old_term};
+
+    replay_or_start();
+    while (true) {
+      if (const int sig = detail::experiment_signal.load(); sig != 0) {
+        for (auto& [id, t] : running_) ::kill(t.pid, SIGTERM);
+        while (!running_.empty()) reap(/*interrupting=*/true);
+        write_summary();
+        say("dettrial: experiment interrupted; run the same command again to continue it");
+        return 75;
+      }
+      launch_queued();
+      if (running_.empty() && queue_.empty()) break;
+      poll_metrics();
+      reap(false);
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    write_summary();
+    return 0;
+  }
+
+  const std::map<std::int64_t, TrialSummary>& trials() const { return trials_; }
+
+ private:
+  struct Running {
+    pid_t pid = -1;
+    bool stop_sent = false;
+    std::uintmax_t metrics_offset = 0;
+  };
+
+  std::filesystem::path trial_dir(std::int64_t id) const { return options_.output_dir / "trials" / std::to_string(id); }
+
+  void say(const std::string& line) const {
+    if (!options_.quiet) std::printf("%s\n", line.c_str());
+    std::fflush(stdout);
+  }
+
+  // ---- the event log: what the searcher was told, in order, so a second run replays it ----------
+
+  void log_event(const std::string& json) {
+    std::ofstream(options_.output_dir / "events.jsonl", std::ios::app) << json << "\n";
+  }
+
+  void replay_or_start() {
+    const auto events_path = options_.output_dir / "events.jsonl";
+    std::vector<TrialRequest> first = std::visit([](auto& s) { return s.initial(); }, searcher_);
+    for (auto& r : first) add_trial(std::move(r));
+    if (!std::filesystem::exists(events_path)) return;
+    // Replay: the searcher is deterministic given its seed and the same events in the same order.
+    std::ifstream in(events_path);
+    std::int64_t replayed = 0;
+    for (std::string line; std::getline(in, line);) {
+      if (line.empty()) continue;
+      YAML::Node e;
+      try {
+        e = YAML::Load(line);
+      } catch (const YAML::Exception&) {
+        break;  // a torn last line from a crash: what came before stands
+      }
+      const auto id = e["trial"].as<std::int64_t>();
+      const std::string kind = e["event"].as<std::string>();
+      if (kind == "validation") {
+        std::visit([&](auto& s) { s.on_validation(id, e["metric"].as<double>(), e["time"].as<double>()); }, searcher_);
+        TrialSummary& t = trials_.at(id);
+        record_metric(t, e["metric"].as<double>());
+      } else if (kind == "end") {
+        TrialSummary& t = trials_.at(id);
+        t.state = state_from(e["state"].as<std::string>());
+        t.restarts = e["restarts"].as<std::int64_t>();
+        queue_.erase(std::remove(queue_.begin(), queue_.end(), id), queue_.end());
+        for (auto& r : std::visit([&](auto& s) { return s.on_trial_end(id); }, searcher_)) add_trial(std::move(r));
+      } else if (kind == "restart") {
+        trials_.at(id).restarts = e["restarts"].as<std::int64_t>();
+      }
+      ++replayed;
+    }
+    if (replayed > 0) say("dettrial: continuing the experiment in " + options_.output_dir.string() + " (" + std::to_string(replayed) + " events)");
+  }
+
+  static TrialState state_from(const std::string& s) {
+    for (auto st : {TrialState::completed, TrialState::stopped_by_searcher, TrialState::errored})
+      if (s == to_string(st)) return st;
+    return TrialState::errored;
+  }
+
+  void add_trial(TrialRequest r) {
+    TrialSummary t;
+    t.id = r.id;
+    t.hparams = r.hparams;
+    const std::int64_t id = r.id;
+    trials_[id] = t;
+    requests_[id] = std::move(r);
+    queue_.push_back(id);
+  }
+
+  void record_metric(TrialSummary& t, double metric) {
+    t.last_metric = metric;
+    const bool better = !t.best_metric || (config_.searcher.smaller_is_better ? metric < *t.best_metric : metric > *t.best_metric);
+    if (better) t.best_metric = metric;
+  }
+
+  // ---- trials as processes ---------------------------------------------------------------------
+
+  /// The trial's own experiment config: its hyperparameters as values, one trial, its length, seed and storage.
+  void write_trial_config(const TrialRequest& r) const {
+    YAML::Node doc = YAML::Clone(config_.yaml);
+    doc["hyperparameters"] = YAML::Clone(r.hparams);
+    YAML::Node searcher(YAML::NodeType::Map);
+    searcher["name"] = "single";
+    searcher["metric"] = config_.searcher.metric;
+    searcher["smaller_is_better"] = config_.searcher.smaller_is_better;
+    const std::string unit = config_.searcher.name == "adaptive_asha" ? config_.searcher.time_metric
+                             : config_.searcher.max_length ? std::string(unit_name(config_.searcher.max_length->unit()))
+                                                           : std::string("batches");
+    searcher["max_length"][unit] = r.max_length;
+    doc["searcher"] = searcher;
+    doc["reproducibility"]["experiment_seed"] = r.seed;
+    doc.remove("checkpoint_storage");
+    YAML::Node storage(YAML::NodeType::Map);
+    storage["type"] = "shared_fs";
+    storage["host_path"] = (trial_dir(r.id) / "checkpoints").string();
+    storage["save_trial_best"] = config_.checkpoint_storage.save_trial_best;
+    storage["save_trial_latest"] = std::max<std::int64_t>(config_.checkpoint_storage.save_trial_latest, 1);  // restarts need one
+    doc["checkpoint_storage"] = storage;
+    std::ofstream(trial_dir(r.id) / "config.yaml") << doc << "\n";
+  }
+
+  static const char* unit_name(Unit u) {
+    switch (u) {
+      case Unit::epochs: return "epochs";
+      case Unit::records: return "records";
+      case Unit::batches: break;
+    }
+    return "batches";
+  }
+
+  void launch_queued() {
+    while (!queue_.empty()) {
+      const std::int64_t id = queue_.front();
+      queue_.erase(queue_.begin());
+      launch(id);
+    }
+  }
+
+  void launch(std::int64_t id) {
+    namespace fs = std::filesystem;
+    const TrialRequest& r = requests_.at(id);
+    fs::create_directories(trial_dir(id));
+    write_trial_config(r);
+    std::vector<std::string> args = {options_.program.string(), "--config", (trial_dir(id) / "config.yaml").string(),
+                                     "--output", trial_dir(id).string(), "--quiet"};
+    if (!list_checkpoints(trial_dir(id) / "checkpoints").empty()) {
+      args.emplace_back("--resume");
+      args.push_back((trial_dir(id) / "checkpoints").string());
+    }
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    const std::string log = (trial_dir(id) / "log.txt").string();
+    posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+    posix_spawn_file_actions_adddup2(&actions, STDOUT_FILENO, STDERR_FILENO);
+    pid_t pid = -1;
+    const std::string program = options_.program.string();
+    const int rc = ::posix_spawn(&pid, program.c_str(), &actions, nullptr, argv.data(), environ);
+    posix_spawn_file_actions_destroy(&actions);
+    if (rc != 0) throw Error("cannot start trial " + std::to_string(id) + " (" + program + ")");
+    Running run;
+    run.pid = pid;
+    if (std::error_code ec; fs::exists(trial_dir(id) / "metrics.jsonl", ec)) run.metrics_offset = fs::file_size(trial_dir(id) / "metrics.jsonl", ec);
+    running_[id] = run;
+    trials_.at(id).state = TrialState::running;
+    say("[experiment] trial " + std::to_string(id) + " started: " + detail::one_line(r.hparams));
+  }
+
+  /// Reads the trials' new validation records and lets the searcher decide on each.
+  void poll_metrics() {
+    for (auto& [id, run] : running_) {
+      const auto path = trial_dir(id) / "metrics.jsonl";
+      std::ifstream in(path);
+      if (!in) continue;
+      in.seekg(static_cast<std::streamoff>(run.metrics_offset));
+      std::string line;
+      while (std::getline(in, line)) {
+        if (in.eof()) break;  // a line still being written: read it next time
+        run.metrics_offset += line.size() + 1;
+        if (line.find("\"type\":\"validation\"") == std::string::npos) continue;
+        const YAML::Node record = YAML::Load(line);
+        const YAML::Node metrics = record["metrics"];
+        if (!metrics[config_.searcher.metric]) continue;
+        const double metric = metrics[config_.searcher.metric].as<double>();
+        const std::string& time_metric = config_.searcher.time_metric;
+        const double time = metrics[time_metric] ? metrics[time_metric].as<double>() : record["batches"].as<double>();
+        TrialSummary& t = trials_.at(id);
+        record_metric(t, metric);
+        const SearcherDecision d = std::visit([&](auto& s) { return s.on_validation(id, metric, time); }, searcher_);
+        std::string event = "{\"event\": \"validation\", \"trial\": " + std::to_string(id) + ", \"metric\": ";
+        detail::append_json_number(event, metric);
+        event += ", \"time\": ";
+        detail::append_json_number(event, time);
+        log_event(event + "}");
+        // A trial at its full length ends by itself; a stop is for the ones with time left.
+        if (d == SearcherDecision::stop && !run.stop_sent && time < static_cast<double>(requests_.at(id).max_length)) {
+          ::kill(run.pid, SIGTERM);  // the trial checkpoints and exits
+          run.stop_sent = true;
+          say("[experiment] trial " + std::to_string(id) + " stopped by the searcher at " + time_metric + " " + std::to_string(static_cast<std::int64_t>(time)));
+        }
+      }
+    }
+  }
+
+  void reap(bool interrupting) {
+    int status = 0;
+    const pid_t pid = ::waitpid(-1, &status, interrupting ? 0 : WNOHANG);
+    if (pid <= 0) return;
+    auto it = std::find_if(running_.begin(), running_.end(), [&](const auto& kv) { return kv.second.pid == pid; });
+    if (it == running_.end()) return;
+    const std::int64_t id = it->first;
+    const bool stop_sent = it->second.stop_sent;
+    poll_metrics();  // its last records
+    running_.erase(it);
+    TrialSummary& t = trials_.at(id);
+    refresh_from_disk(t);
+    const bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+    // 75: stopped by a signal after a checkpoint; a SIGTERM that came after training ended kills it.
+    const bool stopped = (WIFEXITED(status) && WEXITSTATUS(status) == 75) || (stop_sent && WIFSIGNALED(status) && WTERMSIG(status) == SIGTERM);
+    if (interrupting && (stopped || !ok)) {
+      t.state = TrialState::interrupted;
+      return;  // continued by the next run
+    }
+    if (ok || (stopped && stop_sent)) {
+      // A trial that reached its length before the stop arrived completed all the same.
+      t.state = ok ? TrialState::completed : TrialState::stopped_by_searcher;
+    } else if (t.restarts < config_.max_restarts) {
+      ++t.restarts;
+      log_event("{\"event\": \"restart\", \"trial\": " + std::to_string(id) + ", \"restarts\": " + std::to_string(t.restarts) + "}");
+      say("[experiment] trial " + std::to_string(id) + " failed (" + describe_status(status) + "); restart " + std::to_string(t.restarts) +
+          " of " + std::to_string(config_.max_restarts) + " from its latest checkpoint");
+      queue_.push_back(id);
+      return;
+    } else {
+      t.state = TrialState::errored;
+      say("[experiment] trial " + std::to_string(id) + " failed (" + describe_status(status) + ") after " + std::to_string(t.restarts) +
+          " restarts; see " + (trial_dir(id) / "log.txt").string());
+    }
+    log_event("{\"event\": \"end\", \"trial\": " + std::to_string(id) + ", \"state\": \"" + to_string(t.state) + "\", \"restarts\": " +
+              std::to_string(t.restarts) + "}");
+    say("[experiment] trial " + std::to_string(id) + " " + to_string(t.state) + " after " + std::to_string(t.batches_trained) + " batches");
+    for (auto& r : std::visit([&](auto& s) { return s.on_trial_end(id); }, searcher_)) add_trial(std::move(r));
+  }
+
+  static std::string describe_status(int status) {
+    if (WIFSIGNALED(status)) return "killed by signal " + std::to_string(WTERMSIG(status));
+    return "exit status " + std::to_string(WEXITSTATUS(status));
+  }
+
+  /// Batches trained and the best checkpoint, from the trial's folder.
+  void refresh_from_disk(TrialSummary& t) const {
+    std::error_code ec;
+    const auto checkpoints = list_checkpoints(trial_dir(t.id) / "checkpoints");
+    std::optional<double> best;
+    for (const auto& c : checkpoints) {
+      t.batches_trained = std::max(t.batches_trained, c.batches_trained);
+      if (c.validation_metric &&
+          (!best || (config_.searcher.smaller_is_better ? *c.validation_metric < *best : *c.validation_metric > *best))) {
+        best = c.validation_metric;
+        t.best_checkpoint = c.path.string();
+      }
+    }
+    if (t.best_checkpoint.empty() && !checkpoints.empty()) t.best_checkpoint = checkpoints.back().path.string();
+  }
+
+  void write_summary() {
+    std::string json = "{\"experiment\": ";
+    detail::append_json_string(json, config_.name.empty() ? config_.description : config_.name);
+    json += ", \"searcher\": ";
+    detail::append_json_string(json, config_.searcher.name);
+    json += ", \"metric\": ";
+    detail::append_json_string(json, config_.searcher.metric);
+    json += ", \"trials\": [";
+    std::string table = "\n trial  state           batches  restarts  best " + config_.searcher.metric + "  last  hyperparameters\n";
+    bool first = true;
+    std::optional<std::int64_t> best_trial;
+    for (auto& [id, t] : trials_) {
+      refresh_from_disk(t);
+      if (t.best_metric && (!best_trial || (config_.searcher.smaller_is_better ? *t.best_metric < *trials_.at(*best_trial).best_metric
+                                                                                : *t.best_metric > *trials_.at(*best_trial).best_metric)))
+        best_trial = id;
+      if (!first) json += ", ";
+      first = false;
+      json += "{\"id\": " + std::to_string(id) + ", \"state\": \"" + to_string(t.state) + "\", \"batches_trained\": " +
+              std::to_string(t.batches_trained) + ", \"restarts\": " + std::to_string(t.restarts) + ", \"hparams\": ";
+      detail::append_yaml_as_json(json, t.hparams);
+      json += ", \"best_metric\": ";
+      if (t.best_metric) detail::append_json_number(json, *t.best_metric);
+      else json += "null";
+      json += ", \"last_metric\": ";
+      if (t.last_metric) detail::append_json_number(json, *t.last_metric);
+      else json += "null";
+      json += ", \"best_checkpoint\": ";
+      detail::append_json_string(json, t.best_checkpoint);
+      json += "}";
+      char row[160];
+      std::snprintf(row, sizeof row, " %5lld  %-14s %8lld  %8lld  %12s  %6s  ", static_cast<long long>(id), to_string(t.state),
+                    static_cast<long long>(t.batches_trained), static_cast<long long>(t.restarts),
+                    t.best_metric ? std::to_string(*t.best_metric).c_str() : "-", t.last_metric ? std::to_string(*t.last_metric).c_str() : "-");
+      table += row + detail::one_line(t.hparams) + "\n";
+    }
+    json += "], \"best_trial\": " + (best_trial ? std::to_string(*best_trial) : std::string("null")) + "}\n";
+    detail::write_file_synced(options_.output_dir / "summary.json", json);
+    if (best_trial) table += " best: trial " + std::to_string(*best_trial) + ", checkpoint " + trials_.at(*best_trial).best_checkpoint + "\n";
+    say(table + " summary: " + (options_.output_dir / "summary.json").string());
+  }
+
+  ExperimentConfig config_;
+  ExperimentOptions options_;
+  Searcher searcher_;
+  std::map<std::int64_t, TrialSummary> trials_;
+  std::map<std::int64_t, TrialRequest> requests_;
+  std::vector<std::int64_t> queue_;
+  std::map<std::int64_t, Running> running_;
+};
+
+}  // namespace dettrial

@@ -1,0 +1,49 @@
+// A tiny trial for the experiment tests: a regression whose validation loss depends on the learning
+// rate, fast enough to run a dozen trials in seconds. With the hyperparameter `crash: 1` it crashes
+// once (abort) at batch 7, leaving a marker in data.marker_dir, so the runner must restart it.
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+
+#include <dettrial/dettrial.hpp>
+
+struct SyntheticTrial {
+  dettrial::Context& context;
+  explicit SyntheticTrial(dettrial::Context& c) : context(c) {}
+
+  torch::nn::Sequential build_model() {
+    const auto hidden = context.get_hparams().get_or<std::int64_t>("hidden", 16);
+    return torch::nn::Sequential(torch::nn::Linear(4, hidden), torch::nn::Tanh(), torch::nn::Linear(hidden, 1));
+  }
+  torch::optim::SGD optimizer(torch::nn::Sequential& model) {
+    return torch::optim::SGD(model->parameters(), torch::optim::SGDOptions(context.get_hparam<double>("lr")));
+  }
+  static dettrial::TensorDataset<2> data(std::int64_t n) {
+    auto gen = at::detail::createCPUGenerator(99);
+    torch::Tensor x = torch::randn({n, 4}, gen);
+    return dettrial::TensorDataset(x, x.matmul(torch::tensor({1.0f, -2.0f, 0.5f, 3.0f})).unsqueeze(1));
+  }
+  auto build_training_data_loader() {
+    return dettrial::DataLoader(data(256), {.batch_size = context.get_per_slot_batch_size(), .shuffle = true});
+  }
+  auto build_validation_data_loader() { return dettrial::DataLoader(data(128), {.batch_size = 64}); }
+
+  using Batch = std::tuple<torch::Tensor, torch::Tensor>;
+  dettrial::Metrics train_batch(Batch& b, torch::nn::Sequential& model, std::int64_t, std::int64_t batch_idx) {
+    if (batch_idx == 7 && context.get_hparams().get_or<std::int64_t>("crash", 0) == 1) {
+      const std::filesystem::path marker = std::filesystem::path(context.get_data_config()["marker_dir"].as<std::string>()) / "crashed";
+      if (!std::filesystem::exists(marker)) {
+        std::ofstream(marker) << "crashed once at batch 7\n";
+        std::abort();
+      }
+    }
+    auto& [x, y] = b;
+    return {{"loss", torch::mse_loss(model->forward(x), y)}};
+  }
+  dettrial::Metrics evaluate_batch(Batch& b, torch::nn::Sequential& model) {
+    auto& [x, y] = b;
+    return {{"validation_loss", torch::mse_loss(model->forward(x), y)}};
+  }
+};
+
+int main(int argc, char** argv) { return dettrial::main<SyntheticTrial>(argc, argv); }

@@ -1,0 +1,154 @@
+// Hyperparameter search: spaces (sampling, grids), searchers (single, random, grid, adaptive ASHA)
+// against Determined's rules and worked examples, and the errors of a bad space.
+#include <doctest/doctest.h>
+
+#include <set>
+
+#include <dettrial/dettrial.hpp>
+
+using namespace dettrial;
+
+namespace {
+HyperparameterSpace space_of(const std::string& yaml) { return HyperparameterSpace(YAML::Load(yaml), "space.yaml"); }
+
+SearcherConfig asha(std::int64_t max_trials, std::int64_t max_time, double divisor, const std::string& mode, std::int64_t concurrency = 16) {
+  SearcherConfig c;
+  c.name = "adaptive_asha";
+  c.metric = "validation_loss";
+  c.max_trials = max_trials;
+  c.max_time = max_time;
+  c.divisor = divisor;
+  c.mode = mode;
+  c.max_concurrent_trials = concurrency;
+  return c;
+}
+}  // namespace
+
+TEST_CASE("ASHA brackets follow Determined's worked example") {
+  // max_trials 16, max_time 1000, divisor 4, standard mode: 3 rungs at most; brackets of 3 and 2
+  // rungs with 12 and 4 trials and 8 concurrent each; rung lengths 62, 250, 1000 and 250, 1000.
+  const auto brackets = searcher::asha_brackets(asha(16, 1000, 4, "standard"));
+  REQUIRE(brackets.size() == 2);
+  CHECK(brackets[0].rungs == 3);
+  CHECK(brackets[1].rungs == 2);
+  CHECK(brackets[0].max_trials == 12);
+  CHECK(brackets[1].max_trials == 4);
+  CHECK(brackets[0].max_concurrent == 8);
+  CHECK(brackets[1].max_concurrent == 8);
+  CHECK(brackets[0].units_needed == std::vector<std::int64_t>{62, 250, 1000});
+  CHECK(brackets[1].units_needed == std::vector<std::int64_t>{250, 1000});
+  // The other modes: conservative keeps every bracket, aggressive only the deepest.
+  CHECK(searcher::asha_brackets(asha(16, 1000, 4, "conservative")).size() == 3);
+  CHECK(searcher::asha_brackets(asha(16, 1000, 4, "aggressive")).size() == 1);
+  CHECK_THROWS_WITH_AS(searcher::asha_brackets(asha(16, 1000, 4, "bold")), doctest::Contains("mode must be aggressive, standard or conservative"),
+                       ConfigError);
+}
+
+TEST_CASE("ASHA stops a trial that ranks outside the top 1/divisor of its rung, and at the top rung") {
+  searcher::AdaptiveAsha s(asha(16, 1000, 4, "aggressive"), space_of("lr: {type: double, minval: 0.001, maxval: 0.1}"), 7);
+  const auto first = s.initial();
+  REQUIRE(first.size() == 16);  // one bracket: min(16 concurrent, 16 trials)
+  CHECK(first[0].max_length == 1000);
+  // Rung 0 needs 62 units.
+  CHECK(s.on_validation(1, 0.5, 30) == SearcherDecision::keep_training);  // before the first rung
+  CHECK(s.on_validation(1, 0.5, 62) == SearcherDecision::keep_training);  // first in rung 0
+  CHECK(s.on_validation(2, 0.9, 62) == SearcherDecision::stop);           // second of 2: outside max(2/4, 1) = 1
+  CHECK(s.on_validation(3, 0.1, 70) == SearcherDecision::keep_training);  // the new best
+  CHECK(s.on_validation(1, 0.4, 250) == SearcherDecision::keep_training);  // rung 1, first there
+  CHECK(s.on_validation(1, 0.3, 1000) == SearcherDecision::stop);         // the top rung: done
+  // A stopped trial is replaced while the bracket has trials to create; here all 16 were created.
+  CHECK(s.on_trial_end(2).empty());
+}
+
+TEST_CASE("ASHA replaces stopped trials while its bracket has some to create") {
+  searcher::AdaptiveAsha s(asha(16, 1000, 4, "standard", 2), space_of("lr: {type: double, minval: 0.001, maxval: 0.1}"), 7);
+  const auto first = s.initial();  // 1 concurrent per bracket
+  REQUIRE(first.size() == 2);
+  CHECK(first[0].bracket == 0);
+  CHECK(first[1].bracket == 1);
+  const auto next = s.on_trial_end(first[0].id);
+  REQUIRE(next.size() == 1);
+  CHECK(next[0].bracket == 0);
+  CHECK(next[0].id == 3);
+}
+
+TEST_CASE("grid points: Determined's count rules per axis type, the cartesian product") {
+  const HyperparameterSpace space = space_of(R"(
+layers: {type: int, minval: 1, maxval: 3, count: 5}
+dropout: {type: double, minval: 0.0, maxval: 0.5, count: 3}
+lr: {type: log, base: 10, minval: -3, maxval: -1, count: 3}
+optimizer: {type: categorical, vals: [sgd, adam]}
+global_batch_size: 64
+)");
+  const auto& axes = space.axes();
+  REQUIRE(axes.size() == 5);
+  auto values = [](const HyperparameterAxis& a) {
+    std::vector<double> out;
+    for (const auto& v : HyperparameterSpace::grid_values(a)) out.push_back(v.as<double>());
+    return out;
+  };
+  CHECK(values(axes[0]) == std::vector<double>{1, 2, 3});  // count capped at max - min + 1
+  CHECK(values(axes[1]) == std::vector<double>{0.0, 0.25, 0.5});
+  const auto lr = values(axes[2]);
+  CHECK(lr[0] == doctest::Approx(0.001));
+  CHECK(lr[1] == doctest::Approx(0.01));
+  CHECK(lr[2] == doctest::Approx(0.1));
+  const auto points = space.grid();
+  CHECK(points.size() == 3 * 3 * 3 * 2);
+  std::set<std::string> distinct;
+  for (const auto& p : points) distinct.insert(YAML::Dump(p));
+  CHECK(distinct.size() == points.size());
+  CHECK(points[0]["global_batch_size"].as<int>() == 64);
+  // One point of an int axis is its middle, rounded.
+  CHECK(HyperparameterSpace::grid_values(space_of("n: {type: int, minval: 1, maxval: 4, count: 1}").axes()[0])[0].as<int>() == 3);
+  CHECK_THROWS_WITH_AS(space_of("lr: {type: double, minval: 0.1, maxval: 1.0}").grid(), doctest::Contains("needs 'count' for hyperparameter 'lr'"),
+                       ConfigError);
+}
+
+TEST_CASE("random samples stay in range, nest, and repeat with the experiment seed") {
+  const HyperparameterSpace space = space_of(R"(
+units: {type: int, minval: 8, maxval: 12}
+lr: {type: log, base: 10, minval: -4, maxval: -2}
+optimizer: {type: categorical, vals: [sgd, adam]}
+arch:
+  depth: {type: int, minval: 1, maxval: 2}
+  width: 32
+)");
+  std::mt19937_64 rng(1);
+  for (int i = 0; i < 200; ++i) {
+    const YAML::Node p = space.sample(rng);
+    CHECK(p["units"].as<int>() >= 8);
+    CHECK(p["units"].as<int>() <= 12);
+    CHECK(p["lr"].as<double>() >= 1e-4);
+    CHECK(p["lr"].as<double>() <= 1e-2);
+    CHECK((p["optimizer"].as<std::string>() == "sgd" || p["optimizer"].as<std::string>() == "adam"));
+    CHECK(p["arch"]["width"].as<int>() == 32);
+    CHECK(p["arch"]["depth"].as<int>() >= 1);
+  }
+  SearcherConfig random;
+  random.name = "random";
+  random.max_trials = 5;
+  random.max_concurrent_trials = 2;
+  searcher::Random a(random, space, 42), b(random, space, 42), c(random, space, 43);
+  const auto ta = a.initial(), tb = b.initial(), tc = c.initial();
+  REQUIRE(ta.size() == 2);
+  CHECK(YAML::Dump(ta[0].hparams) == YAML::Dump(tb[0].hparams));
+  CHECK(ta[0].seed == tb[0].seed);
+  CHECK(YAML::Dump(ta[0].hparams) + YAML::Dump(ta[1].hparams) != YAML::Dump(tc[0].hparams) + YAML::Dump(tc[1].hparams));
+  // A new trial each time one ends, until max_trials were created.
+  std::int64_t created = 2;
+  for (std::int64_t id = 1; id <= 5; ++id) created += static_cast<std::int64_t>(a.on_trial_end(id).size());
+  CHECK(created == 5);
+  // Nested hyperparameters reach a trial as a nested map (the Context reads "arch.depth").
+  const Hyperparameters h(space.sample(rng), "trial");
+  CHECK(h.get<int>("arch.width") == 32);
+}
+
+TEST_CASE("a bad search space names the file, line and column") {
+  CHECK_THROWS_WITH_AS(space_of("lr: {type: double, minval: 1.0, maxval: 0.5}"), doctest::Contains("space.yaml:1:"), ConfigError);
+  CHECK_THROWS_WITH_AS(space_of("lr: {type: double, minval: 1.0, maxval: 0.5}"), doctest::Contains("needs minval < maxval"), ConfigError);
+  CHECK_THROWS_WITH_AS(space_of("lr: {type: log, minval: -3, maxval: -1, base: -2}"), doctest::Contains("needs base > 0"), ConfigError);
+  CHECK_THROWS_WITH_AS(space_of("opt: {type: categorical, vals: []}"), doctest::Contains("needs a non-empty list 'vals'"), ConfigError);
+  CHECK_THROWS_WITH_AS(space_of("n: {type: int, minval: a, maxval: 3}"), doctest::Contains("needs a number 'minval'"), ConfigError);
+  CHECK_THROWS_WITH_AS(space_of("n: {type: integer, minval: 1, maxval: 3}"), doctest::Contains("unknown type 'integer'"), ConfigError);
+}
