@@ -5158,6 +5158,7 @@ class Experiment {
       reap(false);
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
+    apply_experiment_retention();
     write_summary();
     return 0;
   }
@@ -5262,7 +5263,9 @@ class Experiment {
     YAML::Node storage(YAML::NodeType::Map);
     storage["type"] = "shared_fs";
     storage["host_path"] = (trial_dir(r.id) / "checkpoints").string();
-    storage["save_trial_best"] = config_.checkpoint_storage.save_trial_best;
+    // The experiment's best are chosen among the trials' best, so each trial keeps its best until then.
+    storage["save_trial_best"] = std::max<std::int64_t>(config_.checkpoint_storage.save_trial_best,
+                                                        config_.checkpoint_storage.save_experiment_best > 0 ? 1 : 0);
     storage["save_trial_latest"] = std::max<std::int64_t>(config_.checkpoint_storage.save_trial_latest, 1);  // restarts need one
     doc["checkpoint_storage"] = storage;
     std::ofstream(trial_dir(r.id) / "config.yaml") << doc << "\n";
@@ -5400,8 +5403,8 @@ class Experiment {
 
   /// Batches trained and the best checkpoint, from the trial's folder.
   void refresh_from_disk(TrialSummary& t) const {
-    std::error_code ec;
     const auto checkpoints = list_checkpoints(trial_dir(t.id) / "checkpoints");
+    t.best_checkpoint.clear();
     std::optional<double> best;
     for (const auto& c : checkpoints) {
       t.batches_trained = std::max(t.batches_trained, c.batches_trained);
@@ -5412,6 +5415,34 @@ class Experiment {
       }
     }
     if (t.best_checkpoint.empty() && !checkpoints.empty()) t.best_checkpoint = checkpoints.back().path.string();
+  }
+
+  /**
+   * @brief Determined's garbage collection at the end of an experiment: a checkpoint goes when it is
+   * neither among the experiment's `save_experiment_best` nor its trial's `save_trial_best` (by the
+   * searcher metric), nor among its trial's `save_trial_latest`.
+   */
+  void apply_experiment_retention() {
+    const auto& storage = config_.checkpoint_storage;
+    if (storage.save_experiment_best == 0) return;  // the trials applied their own retention already
+    std::vector<CheckpointInfo> ranked;
+    std::map<std::string, std::int64_t> trial_best_keep;  // uuid -> kept by its trial's rules
+    for (const auto& [id, t] : trials_) {
+      const auto all = list_checkpoints(trial_dir(id) / "checkpoints");
+      for (const auto& c : checkpoints_to_delete(all, {.save_trial_best = storage.save_trial_best, .save_trial_latest = storage.save_trial_latest},
+                                                 config_.searcher.smaller_is_better))
+        trial_best_keep[c.uuid] = 0;  // candidates for deletion
+      for (const auto& c : all)
+        if (c.validation_metric) ranked.push_back(c);
+    }
+    std::stable_sort(ranked.begin(), ranked.end(), [&](const auto& a, const auto& b) {
+      return config_.searcher.smaller_is_better ? *a.validation_metric < *b.validation_metric : *a.validation_metric > *b.validation_metric;
+    });
+    for (std::size_t k = 0; k < ranked.size() && static_cast<std::int64_t>(k) < storage.save_experiment_best; ++k)
+      trial_best_keep.erase(ranked[k].uuid);  // among the experiment's best: kept
+    for (const auto& [id, t] : trials_)
+      for (const auto& c : list_checkpoints(trial_dir(id) / "checkpoints"))
+        if (trial_best_keep.count(c.uuid)) delete_checkpoint(c);
   }
 
   void write_summary() {

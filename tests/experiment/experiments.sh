@@ -12,7 +12,10 @@ case "$case_name" in
 random)
   "$program" --config "$configs/random.yaml" --output "$work/out" || fail "exit status $?"
   summary "assert len(s['trials']) == 4, s; assert all(t['state'] == 'COMPLETED' and t['batches_trained'] == 24 for t in s['trials']), s; \
-best = min(s['trials'], key=lambda t: t['best_metric']); assert s['best_trial'] == best['id'], s; print('random: 4 trials completed; best', best['id'])" || fail "bad summary"
+best = min(s['trials'], key=lambda t: t['best_metric']); assert s['best_trial'] == best['id'], s; \
+import glob, os; kept = glob.glob('$work/out/trials/*/checkpoints/*/metadata.json'); \
+assert len(kept) == 1 and os.path.dirname(kept[0]) == best['best_checkpoint'], (kept, best); \
+print('random: 4 trials completed; best', best['id'], 'and only its checkpoint kept')" || fail "bad summary"
   ;;
 asha)
   "$program" --config "$configs/asha.yaml" --output "$work/out" || fail "exit status $?"
