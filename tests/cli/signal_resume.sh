@@ -5,6 +5,7 @@
 set -u
 program=$1 config=$2 data=$3 out=$4
 rm -rf "$out"
+mkdir -p "$(dirname "$out")"
 "$program" --config "$config" --set "data.dir=$data" --output "$out" >"$out.log" 2>&1 &
 pid=$!
 for _ in $(seq 1 600); do  # until two training reports are written (at most 60 s)

@@ -166,7 +166,16 @@ TEST_CASE("child process: a data-parallel rank" * doctest::skip()) {
   const std::int64_t length = std::atoll(std::getenv("DETTRIAL_LENGTH") ? std::getenv("DETTRIAL_LENGTH") : "50");
   FitOptions o = data_parallel_options(dir / "run", length);
   if (const char* resume = std::getenv("DETTRIAL_RESUME")) o.latest_checkpoint = resume;
-  trainer.fit(o);
+  // Every rank hears of each checkpoint (the chief alone writes it).
+  struct Uploads {
+    std::vector<std::string> uuids;
+    void on_checkpoint_upload_end(const std::string& uuid) { uuids.push_back(uuid); }
+  } uploads;
+  const FitResult r = trainer.fit(o, uploads);
+  REQUIRE(!uploads.uuids.empty());
+  CHECK(uploads.uuids.back().size() == 36);
+  if (env.rank == 0) CHECK(uploads.uuids.back() == r.checkpoints.back().uuid);
+  CHECK(fs::exists(dir / "run" / "checkpoints" / uploads.uuids.back() / "metadata.json"));  // the final one, kept
 }
 
 TEST_CASE("2 ranks with Gloo train as one process does with the whole batch" * doctest::timeout(120)) {

@@ -427,7 +427,7 @@ class Experiment {
       for (const auto& c : all)
         if (c.validation_metric) ranked.push_back(c);
     }
-    std::stable_sort(ranked.begin(), ranked.end(), [&](const auto& a, const auto& b) {
+    std::stable_sort(ranked.begin(), ranked.end(), [&](const CheckpointInfo& a, const CheckpointInfo& b) {
       return config_.searcher.smaller_is_better ? *a.validation_metric < *b.validation_metric : *a.validation_metric > *b.validation_metric;
     });
     for (std::size_t k = 0; k < ranked.size() && static_cast<std::int64_t>(k) < storage.save_experiment_best; ++k)

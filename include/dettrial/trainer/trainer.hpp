@@ -4,8 +4,10 @@
 /// loop for it, generated inline.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <cstring>
 #include <ctime>
 #include <exception>
 #include <filesystem>
@@ -591,7 +593,14 @@ class Trainer {
     // Every rank's CPU RNG goes to the chief (a collective: all ranks checkpoint at the same batches).
     std::vector<torch::Tensor> rng_states;
     if (Communicator* comm = context_.communicator()) rng_states = comm->allgather(at::detail::getDefaultCPUGenerator().get_state());
-    if (!context_.distributed().is_chief()) return;
+    if (!context_.distributed().is_chief()) {
+      // The chief writes; the others learn the checkpoint's uuid once it is written (Determined's broadcast).
+      const std::string uuid = share_uuid({});
+      callbacks.each([&](auto& cb) {
+        if constexpr (requires { cb.on_checkpoint_upload_end(uuid); }) cb.on_checkpoint_upload_end(uuid);
+      });
+      return;
+    }
     const auto started = std::chrono::steady_clock::now();
     StateDict top = detail::ContextCheckpoint::python_state(context_, rng_states);
     StateDict callback_states(c10::StringType::get(), c10::AnyType::get());
@@ -632,6 +641,7 @@ class Trainer {
     else fields += "null";
     info.path = writer.commit(fields);
     st.result.checkpoints.push_back(info);
+    share_uuid(uuid);
 
     callbacks.each([&](auto& cb) {
       if constexpr (requires { cb.on_checkpoint_write_end(info.path); }) cb.on_checkpoint_write_end(info.path);
@@ -644,6 +654,16 @@ class Trainer {
     std::snprintf(tail, sizeof tail, " (%.2f s)", seconds);
     st.progress.line("[checkpoint] batches " + std::to_string(st.batches_trained) + ": " + info.path.string() + tail);
     apply_retention(st, uuid);
+  }
+
+  /// Sends the chief's checkpoint uuid to every rank (36 characters); one process keeps its own.
+  std::string share_uuid(const std::string& uuid) {
+    Communicator* comm = context_.communicator();
+    if (!comm) return uuid;
+    std::vector<torch::Tensor> t{torch::zeros({36}, torch::kUInt8)};
+    if (comm->rank() == 0) std::memcpy(t[0].data_ptr<std::uint8_t>(), uuid.data(), std::min<std::size_t>(uuid.size(), 36));
+    comm->broadcast(t);
+    return std::string(reinterpret_cast<const char*>(t[0].data_ptr<std::uint8_t>()), 36);
   }
 
   /// The largest of `value` over the ranks (the value itself for one process): what every rank acts on.
