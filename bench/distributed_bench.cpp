@@ -3,7 +3,6 @@
 // it moves). On a 2-core machine both ranks share the cores, so this shows the communication cost
 // and what it overlaps, not a speed-up. Prints JSON lines for bench/table.py.
 //   distributed_bench [--quick]
-#include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -18,8 +17,6 @@
 #include <vector>
 
 #include <dettrial/dettrial.hpp>
-
-extern "C" char** environ;
 
 namespace {
 
@@ -76,28 +73,12 @@ std::string run_two_ranks(int steps, int port) {
   const std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
   const std::filesystem::path out = std::filesystem::temp_directory_path() / ("dettrial-distributed-bench-" + std::to_string(::getpid()));
   std::vector<pid_t> pids;
-  for (int rank = 0; rank < 2; ++rank) {
-    std::vector<std::string> env_strings;
-    for (char** e = environ; *e; ++e) env_strings.emplace_back(*e);
-    env_strings.push_back("RANK=" + std::to_string(rank));
-    env_strings.push_back("WORLD_SIZE=2");
-    env_strings.push_back("MASTER_ADDR=127.0.0.1");
-    env_strings.push_back("MASTER_PORT=" + std::to_string(port));
-    std::vector<char*> env, argv;
-    for (auto& e : env_strings) env.push_back(e.data());
-    env.push_back(nullptr);
-    std::string steps_arg = std::to_string(steps);
-    std::string program = self, flag = "--rank-steps";
-    argv = {program.data(), flag.data(), steps_arg.data(), nullptr};
-    posix_spawn_file_actions_t actions;
-    posix_spawn_file_actions_init(&actions);
-    const std::string log = out.string() + "-rank" + std::to_string(rank);
-    posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    pid_t pid = 0;
-    if (posix_spawn(&pid, self.c_str(), &actions, nullptr, argv.data(), env.data()) != 0) throw std::runtime_error("cannot start a rank");
-    posix_spawn_file_actions_destroy(&actions);
-    pids.push_back(pid);
-  }
+  for (int rank = 0; rank < 2; ++rank)
+    pids.push_back(dettrial::detail::spawn_process(
+        self, {self, "--rank-steps", std::to_string(steps)},
+        {.extra_env = {"RANK=" + std::to_string(rank), "WORLD_SIZE=2", "MASTER_ADDR=127.0.0.1", "MASTER_PORT=" + std::to_string(port)},
+         .output = out.string() + "-rank" + std::to_string(rank),
+         .merge_stderr = false}));
   for (const pid_t pid : pids) {
     int status = 0;
     ::waitpid(pid, &status, 0);

@@ -63,6 +63,14 @@ struct TrialError : Error {
   using Error::Error;
 };
 
+namespace detail {
+/// The first line of a message (LibTorch's errors append a backtrace).
+inline std::string first_line(std::string text) {
+  if (const auto nl = text.find('\n'); nl != std::string::npos) text.resize(nl);
+  return text;
+}
+}  // namespace detail
+
 }  // namespace dettrial
 // ---- end dettrial/detail/error.hpp
 
@@ -1157,7 +1165,7 @@ class Communicator {
     } catch (const std::exception& e) {
       throw DistributedError("rank " + std::to_string(env.rank) + " of " + std::to_string(env.size) + ": cannot join the " +
                              B::name + " process group at " + env.master_addr + ":" + std::to_string(env.master_port) + " (" +
-                             launcher_name(env.launcher) + "): " + first_line(e.what()));
+                             launcher_name(env.launcher) + "): " + detail::first_line(e.what()));
     }
     return comm;
   }
@@ -1234,12 +1242,7 @@ class Communicator {
   DistributedError failure(const char* what, const std::exception& e) const {
     return DistributedError("rank " + std::to_string(env_.rank) + " of " + std::to_string(env_.size) + ": " + what + " over " +
                             backend_name_ + " failed; another rank has died, hung past the " +
-                            std::to_string(timeout_.count() / 1000) + " s timeout, or is unreachable (" + first_line(e.what()) + ")");
-  }
-
-  static std::string first_line(std::string text) {
-    if (const auto nl = text.find('\n'); nl != std::string::npos) text.resize(nl);
-    return text;
+                            std::to_string(timeout_.count() / 1000) + " s timeout, or is unreachable (" + detail::first_line(e.what()) + ")");
   }
 
   LaunchEnvironment env_;
@@ -2332,6 +2335,7 @@ class Context {
     std::vector<char> filled;                                // per parameter: its slice holds this step's gradient
     std::vector<std::size_t> pending;                        // per bucket: parameters still to come
     std::vector<c10::intrusive_ptr<c10d::Work>> works;       // the all-reduces started, in bucket order
+    std::vector<torch::Tensor> collective_arg{1};            // c10d takes a vector: one, reused
     bool armed = false;                                      // this backward pass feeds the buckets
   };
   struct WrappedScheduler {
@@ -2476,10 +2480,9 @@ class Context {
   /// Starts the all-reduces of the buckets that are full, strictly in bucket order (ranks must issue
   /// collectives in the same order).
   void start_ready_buckets(WrappedOptimizer& w) {
-    std::vector<torch::Tensor> one(1);
     while (w.works.size() < w.buckets.size() && w.pending[w.works.size()] == 0) {
-      one[0] = w.buckets[w.works.size()].flat;
-      w.works.push_back(communicator_->allreduce_async(one));
+      w.collective_arg[0] = w.buckets[w.works.size()].flat;
+      w.works.push_back(communicator_->allreduce_async(w.collective_arg));
     }
   }
 
@@ -2705,9 +2708,7 @@ inline c10::IValue unpickle_archive(const std::string& bytes, const std::filesys
   try {
     return torch::jit::pickle_load(std::vector<char>(bytes.begin(), bytes.end()));
   } catch (const std::exception& e) {
-    std::string why = e.what();
-    if (const auto nl = why.find('\n'); nl != std::string::npos) why.resize(nl);
-    throw CheckpointError("cannot read '" + file.string() + "' as a torch.save archive: " + why);
+    throw CheckpointError("cannot read '" + file.string() + "' as a torch.save archive: " + first_line(e.what()));
   }
 }
 
@@ -3466,11 +3467,6 @@ struct ContextCheckpoint {
           params[j].mutable_grad() = torch::Tensor();  // nothing was pending at the checkpoint
       }
     }
-  }
-
-  static std::string first_line(std::string text) {
-    if (const auto nl = text.find('\n'); nl != std::string::npos) text.resize(nl);
-    return text;
   }
 };
 
@@ -4499,11 +4495,7 @@ class MetricsLog {
 /// max_restarts times; ASHA's stop is a SIGTERM (the trial checkpoints and exits); an event log makes
 /// a second run of the same command continue the experiment; a summary table and summary.json at the end.
 
-#include <fcntl.h>
-#include <signal.h>
-#include <spawn.h>
 #include <sys/wait.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -4521,6 +4513,134 @@ class MetricsLog {
 
 #include <yaml-cpp/yaml.h>
 
+// ---- begin dettrial/detail/process.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief Starting child processes (ranks of the built-in launcher, trials of an experiment) with
+/// extra environment variables and their output sent to a file.
+
+#include <fcntl.h>
+#include <spawn.h>
+#include <unistd.h>
+
+#include <string>
+#include <vector>
+
+
+extern "C" char** environ;
+
+namespace dettrial::detail {
+
+struct SpawnOptions {
+  /// `NAME=value` entries added to this process's environment.
+  std::vector<std::string> extra_env;
+  /// Where stdout goes (and stderr, with merge_stderr); empty: inherited.
+  std::string output;
+  bool append = false;
+  bool merge_stderr = true;
+};
+
+/// Starts `program` with `args` as its argv (the program name first); returns its pid.
+inline pid_t spawn_process(const std::string& program, std::vector<std::string> args, const SpawnOptions& options = {}) {
+  std::vector<std::string> env_strings;
+  for (char** e = environ; *e; ++e) env_strings.emplace_back(*e);
+  env_strings.insert(env_strings.end(), options.extra_env.begin(), options.extra_env.end());
+  std::vector<char*> env, argv;
+  for (auto& e : env_strings) env.push_back(e.data());
+  env.push_back(nullptr);
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  if (!options.output.empty()) {
+    posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, options.output.c_str(),
+                                     O_WRONLY | O_CREAT | (options.append ? O_APPEND : O_TRUNC), 0644);
+    if (options.merge_stderr) posix_spawn_file_actions_adddup2(&actions, STDOUT_FILENO, STDERR_FILENO);
+  }
+  pid_t pid = -1;
+  const int rc = ::posix_spawn(&pid, program.c_str(), &actions, nullptr, argv.data(), env.data());
+  posix_spawn_file_actions_destroy(&actions);
+  if (rc != 0) throw Error("cannot start '" + program + "'");
+  return pid;
+}
+
+}  // namespace dettrial::detail
+// ---- end dettrial/detail/process.hpp
+// ---- begin dettrial/trainer/signals.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief SIGINT and SIGTERM during fit: the first asks the trainer to finish the batch, checkpoint
+/// and return; a second one ends the process at once (the default action of that signal).
+
+#include <atomic>
+#include <csignal>
+#include <optional>
+
+#include <signal.h>
+#include <unistd.h>
+
+namespace dettrial::detail {
+
+/// The signal that asked the running fit to stop, or 0. Read once per batch (a relaxed load).
+inline std::atomic<int> pending_stop_signal{0};
+
+extern "C" inline void dettrial_on_stop_signal(int signal_number) {
+  if (pending_stop_signal.exchange(signal_number) != 0) {
+    // Second signal: give up at once, as if dettrial had not caught the first.
+    std::signal(signal_number, SIG_DFL);
+    std::raise(signal_number);
+    return;
+  }
+  static constexpr char message[] =
+      "\ndettrial: stop signal received; finishing the batch and checkpointing (send it again to abort)\n";
+  [[maybe_unused]] const auto n = ::write(STDERR_FILENO, message, sizeof message - 1);
+}
+
+/// Installs `handler` for SIGINT and SIGTERM while alive; restores the previous handlers when it goes.
+class SignalHandlers {
+ public:
+  explicit SignalHandlers(void (*handler)(int), int flags = 0) {
+    struct sigaction action {};
+    action.sa_handler = handler;
+    sigemptyset(&action.sa_mask);
+    action.sa_flags = flags;
+    ::sigaction(SIGINT, &action, &previous_int_);
+    ::sigaction(SIGTERM, &action, &previous_term_);
+  }
+  SignalHandlers(const SignalHandlers&) = delete;
+  SignalHandlers& operator=(const SignalHandlers&) = delete;
+  ~SignalHandlers() {
+    ::sigaction(SIGINT, &previous_int_, nullptr);
+    ::sigaction(SIGTERM, &previous_term_, nullptr);
+  }
+
+ private:
+  struct sigaction previous_int_ {};
+  struct sigaction previous_term_ {};
+};
+
+/// Catches SIGINT and SIGTERM during fit (see dettrial_on_stop_signal).
+class StopSignals {
+ public:
+  explicit StopSignals(bool enabled) {
+    if (!enabled) return;
+    pending_stop_signal.store(0);
+    handlers_.emplace(&dettrial_on_stop_signal, SA_RESTART);
+  }
+  /// The signal received since construction, or 0.
+  static int received() { return pending_stop_signal.load(std::memory_order_relaxed); }
+
+ private:
+  std::optional<SignalHandlers> handlers_;
+};
+
+/// The last SIGINT/SIGTERM a process that supervises others (the built-in launcher, an experiment)
+/// received, to pass on to its children; 0 when none.
+inline std::atomic<int> supervisor_signal{0};
+extern "C" inline void dettrial_on_supervisor_signal(int signal_number) { supervisor_signal.store(signal_number); }
+
+}  // namespace dettrial::detail
+// ---- end dettrial/trainer/signals.hpp
 // ---- begin dettrial/search/searchers.hpp
 // SPDX-License-Identifier: Apache-2.0
 /// @file
@@ -5042,8 +5162,6 @@ inline Searcher make_searcher(const SearcherConfig& config, const Hyperparameter
 }  // namespace dettrial
 // ---- end dettrial/search/searchers.hpp
 
-extern "C" char** environ;
-
 namespace dettrial {
 
 /// How a trial of an experiment ended (or where it stands).
@@ -5082,9 +5200,6 @@ struct ExperimentOptions {
 };
 
 namespace detail {
-inline std::atomic<int> experiment_signal{0};
-extern "C" inline void dettrial_experiment_on_signal(int s) { experiment_signal.store(s); }
-
 inline std::string one_line(const YAML::Node& node) {
   YAML::Emitter out;
   out << YAML::Flow << node;
@@ -5129,23 +5244,12 @@ class Experiment {
   int run() {
     namespace fs = std::filesystem;
     fs::create_directories(options_.output_dir / "trials");
-    struct sigaction action {}, old_int{}, old_term{};
-    action.sa_handler = &detail::dettrial_experiment_on_signal;
-    sigemptyset(&action.sa_mask);
-    detail::experiment_signal.store(0);
-    ::sigaction(SIGINT, &action, &old_int);
-    ::sigaction(SIGTERM, &action, &old_term);
-    struct Restore {
-      struct sigaction i, t;
-      ~Restore() {
-        ::sigaction(SIGINT, &i, nullptr);
-        ::sigaction(SIGTERM, &t, nullptr);
-      }
-    } restore{old_int, old_term};
+    detail::supervisor_signal.store(0);
+    const detail::SignalHandlers handlers(&detail::dettrial_on_supervisor_signal);
 
     replay_or_start();
     while (true) {
-      if (const int sig = detail::experiment_signal.load(); sig != 0) {
+      if (const int sig = detail::supervisor_signal.load(); sig != 0) {
         for (auto& [id, t] : running_) ::kill(t.pid, SIGTERM);
         while (!running_.empty()) reap(/*interrupting=*/true);
         write_summary();
@@ -5254,7 +5358,7 @@ class Experiment {
     searcher["metric"] = config_.searcher.metric;
     searcher["smaller_is_better"] = config_.searcher.smaller_is_better;
     const std::string unit = config_.searcher.name == "adaptive_asha" ? config_.searcher.time_metric
-                             : config_.searcher.max_length ? std::string(unit_name(config_.searcher.max_length->unit()))
+                             : config_.searcher.max_length ? std::string(to_string(config_.searcher.max_length->unit()))
                                                            : std::string("batches");
     searcher["max_length"][unit] = r.max_length;
     doc["searcher"] = searcher;
@@ -5269,15 +5373,6 @@ class Experiment {
     storage["save_trial_latest"] = std::max<std::int64_t>(config_.checkpoint_storage.save_trial_latest, 1);  // restarts need one
     doc["checkpoint_storage"] = storage;
     std::ofstream(trial_dir(r.id) / "config.yaml") << doc << "\n";
-  }
-
-  static const char* unit_name(Unit u) {
-    switch (u) {
-      case Unit::epochs: return "epochs";
-      case Unit::records: return "records";
-      case Unit::batches: break;
-    }
-    return "batches";
   }
 
   void launch_queued() {
@@ -5299,21 +5394,9 @@ class Experiment {
       args.emplace_back("--resume");
       args.push_back((trial_dir(id) / "checkpoints").string());
     }
-    std::vector<char*> argv;
-    for (auto& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    posix_spawn_file_actions_t actions;
-    posix_spawn_file_actions_init(&actions);
-    const std::string log = (trial_dir(id) / "log.txt").string();
-    posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
-    posix_spawn_file_actions_adddup2(&actions, STDOUT_FILENO, STDERR_FILENO);
-    pid_t pid = -1;
-    const std::string program = options_.program.string();
-    const int rc = ::posix_spawn(&pid, program.c_str(), &actions, nullptr, argv.data(), environ);
-    posix_spawn_file_actions_destroy(&actions);
-    if (rc != 0) throw Error("cannot start trial " + std::to_string(id) + " (" + program + ")");
     Running run;
-    run.pid = pid;
+    run.pid = detail::spawn_process(options_.program.string(), std::move(args),
+                                    {.output = (trial_dir(id) / "log.txt").string(), .append = true});
     if (std::error_code ec; fs::exists(trial_dir(id) / "metrics.jsonl", ec)) run.metrics_offset = fs::file_size(trial_dir(id) / "metrics.jsonl", ec);
     running_[id] = run;
     trials_.at(id).state = TrialState::running;
@@ -5818,7 +5901,6 @@ struct FitResult {
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -6167,66 +6249,6 @@ concept ImperativeTrial = Trial<T> && !DeclaresModel<T>;
 
 }  // namespace dettrial
 // ---- end dettrial/trial/concepts.hpp
-// ---- begin dettrial/trainer/signals.hpp
-// SPDX-License-Identifier: Apache-2.0
-/// @file
-/// @brief SIGINT and SIGTERM during fit: the first asks the trainer to finish the batch, checkpoint
-/// and return; a second one ends the process at once (the default action of that signal).
-
-#include <atomic>
-#include <csignal>
-
-#include <signal.h>
-#include <unistd.h>
-
-namespace dettrial::detail {
-
-/// The signal that asked the running fit to stop, or 0. Read once per batch (a relaxed load).
-inline std::atomic<int> pending_stop_signal{0};
-
-extern "C" inline void dettrial_on_stop_signal(int signal_number) {
-  if (pending_stop_signal.exchange(signal_number) != 0) {
-    // Second signal: give up at once, as if dettrial had not caught the first.
-    std::signal(signal_number, SIG_DFL);
-    std::raise(signal_number);
-    return;
-  }
-  static constexpr char message[] =
-      "\ndettrial: stop signal received; finishing the batch and checkpointing (send it again to abort)\n";
-  [[maybe_unused]] const auto n = ::write(STDERR_FILENO, message, sizeof message - 1);
-}
-
-/// Catches SIGINT and SIGTERM while alive; restores the previous handlers when it goes.
-class StopSignals {
- public:
-  explicit StopSignals(bool enabled) : enabled_(enabled) {
-    if (!enabled_) return;
-    pending_stop_signal.store(0);
-    struct sigaction action {};
-    action.sa_handler = &dettrial_on_stop_signal;
-    sigemptyset(&action.sa_mask);
-    action.sa_flags = SA_RESTART;
-    ::sigaction(SIGINT, &action, &previous_int_);
-    ::sigaction(SIGTERM, &action, &previous_term_);
-  }
-  StopSignals(const StopSignals&) = delete;
-  StopSignals& operator=(const StopSignals&) = delete;
-  ~StopSignals() {
-    if (!enabled_) return;
-    ::sigaction(SIGINT, &previous_int_, nullptr);
-    ::sigaction(SIGTERM, &previous_term_, nullptr);
-  }
-  /// The signal received since construction, or 0.
-  static int received() { return pending_stop_signal.load(std::memory_order_relaxed); }
-
- private:
-  bool enabled_;
-  struct sigaction previous_int_ {};
-  struct sigaction previous_term_ {};
-};
-
-}  // namespace dettrial::detail
-// ---- end dettrial/trainer/signals.hpp
 
 namespace dettrial {
 
@@ -6990,8 +7012,6 @@ class Trainer {
 }  // namespace dettrial
 // ---- end dettrial/trainer/trainer.hpp
 
-extern "C" char** environ;
-
 namespace dettrial {
 
 namespace detail {
@@ -7071,9 +7091,6 @@ inline int free_local_port() {
   return ntohs(addr.sin_port);
 }
 
-inline std::atomic<int> launcher_signal{0};
-extern "C" inline void dettrial_launcher_on_signal(int signal_number) { launcher_signal.store(signal_number); }
-
 /**
  * @brief The built-in launcher: runs this program `nproc` times with RANK, WORLD_SIZE, LOCAL_RANK,
  * LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT set (one machine), forwards SIGINT/SIGTERM to them,
@@ -7086,31 +7103,19 @@ inline int launch_local(const std::vector<std::string>& args, int nproc, std::ch
   const int port = free_local_port();
   std::vector<pid_t> pids(static_cast<std::size_t>(nproc), -1);
   std::vector<int> statuses(static_cast<std::size_t>(nproc), -1);
-  struct sigaction action {}, old_int{}, old_term{};
-  action.sa_handler = &dettrial_launcher_on_signal;
-  sigemptyset(&action.sa_mask);
-  ::sigaction(SIGINT, &action, &old_int);
-  ::sigaction(SIGTERM, &action, &old_term);
+  supervisor_signal.store(0);
+  const SignalHandlers handlers(&dettrial_on_supervisor_signal);
   for (int rank = 0; rank < nproc; ++rank) {
-    std::vector<std::string> env_strings;
-    for (char** e = environ; *e; ++e) env_strings.emplace_back(*e);
+    SpawnOptions options{.extra_env = {"MASTER_ADDR=127.0.0.1"}};
     for (const auto& [key, value] : {std::pair{"RANK", rank}, std::pair{"WORLD_SIZE", nproc}, std::pair{"LOCAL_RANK", rank},
                                      std::pair{"LOCAL_WORLD_SIZE", nproc}, std::pair{"MASTER_PORT", port}})
-      env_strings.push_back(std::string(key) + "=" + std::to_string(value));
-    env_strings.push_back("MASTER_ADDR=127.0.0.1");
-    std::vector<char*> env, argv;
-    for (auto& e : env_strings) env.push_back(e.data());
-    env.push_back(nullptr);
-    std::vector<std::string> arg_copy = args;
-    for (auto& a : arg_copy) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    if (::posix_spawn(&pids[static_cast<std::size_t>(rank)], self.c_str(), nullptr, nullptr, argv.data(), env.data()) != 0)
-      throw Error("cannot start rank " + std::to_string(rank) + " of " + std::to_string(nproc));
+      options.extra_env.push_back(std::string(key) + "=" + std::to_string(value));
+    pids[static_cast<std::size_t>(rank)] = spawn_process(self, args, options);
   }
   int running = nproc, first_failure = -1, forwarded = 0;
   std::chrono::steady_clock::time_point kill_at = std::chrono::steady_clock::time_point::max();
   while (running > 0) {
-    if (const int sig = launcher_signal.load(); sig != 0 && sig != forwarded) {
+    if (const int sig = supervisor_signal.load(); sig != 0 && sig != forwarded) {
       for (std::size_t r = 0; r < pids.size(); ++r)
         if (statuses[r] < 0) ::kill(pids[r], sig);
       forwarded = sig;
@@ -7137,8 +7142,6 @@ inline int launch_local(const std::vector<std::string>& args, int nproc, std::ch
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
-  ::sigaction(SIGINT, &old_int, nullptr);
-  ::sigaction(SIGTERM, &old_term, nullptr);
   if (first_failure >= 0) {
     const int status = statuses[static_cast<std::size_t>(first_failure)];
     std::fprintf(stderr, "error: rank %d of %d %s\n", first_failure, nproc,
@@ -7208,7 +7211,6 @@ int main(int argc, char** argv, Args&&... trial_args) {
       }
       if (arg == "--nproc") nproc = static_cast<int>(n);
       else timeout_seconds = n;
-      if (arg == "--nproc") continue;  // the ranks themselves do not launch
     } else if (arg == "--backend") {
       backend_name = value(arg);
       if (backend_name != "gloo" && backend_name != "nccl") {

@@ -1,12 +1,7 @@
 // Small trials and data for dettrial's tests: a linear regression that trains in milliseconds.
 #pragma once
 
-#include <fcntl.h>
-#include <spawn.h>
-#include <unistd.h>
-
 #include <filesystem>
-#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -125,25 +120,8 @@ inline bool bit_identical(const std::vector<torch::Tensor>& a, const std::vector
 inline pid_t spawn_self(const std::string& test_case, const std::vector<std::string>& extra_env,
                         const std::string& output = "/dev/null") {
   const std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
-  std::vector<std::string> env_strings;
-  for (char** e = environ; *e; ++e) env_strings.emplace_back(*e);
-  env_strings.insert(env_strings.end(), extra_env.begin(), extra_env.end());
-  std::vector<char*> env;
-  for (auto& s : env_strings) env.push_back(s.data());
-  env.push_back(nullptr);
-  std::vector<std::string> args = {self, "--test-case=" + test_case, "--no-skip", "--no-version"};
-  std::vector<char*> argv;
-  for (auto& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, output.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  posix_spawn_file_actions_adddup2(&actions, STDOUT_FILENO, STDERR_FILENO);
-  pid_t pid = 0;
-  const int rc = posix_spawn(&pid, self.c_str(), &actions, nullptr, argv.data(), env.data());
-  posix_spawn_file_actions_destroy(&actions);
-  if (rc != 0) throw std::runtime_error("cannot start a child test process");
-  return pid;
+  return dettrial::detail::spawn_process(self, {self, "--test-case=" + test_case, "--no-skip", "--no-version"},
+                                         {.extra_env = extra_env, .output = output});
 }
 
 }  // namespace test

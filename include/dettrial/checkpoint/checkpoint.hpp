@@ -274,11 +274,6 @@ struct ContextCheckpoint {
       }
     }
   }
-
-  static std::string first_line(std::string text) {
-    if (const auto nl = text.find('\n'); nl != std::string::npos) text.resize(nl);
-    return text;
-  }
 };
 
 }  // namespace detail

@@ -57,9 +57,7 @@ inline c10::IValue unpickle_archive(const std::string& bytes, const std::filesys
   try {
     return torch::jit::pickle_load(std::vector<char>(bytes.begin(), bytes.end()));
   } catch (const std::exception& e) {
-    std::string why = e.what();
-    if (const auto nl = why.find('\n'); nl != std::string::npos) why.resize(nl);
-    throw CheckpointError("cannot read '" + file.string() + "' as a torch.save archive: " + why);
+    throw CheckpointError("cannot read '" + file.string() + "' as a torch.save archive: " + first_line(e.what()));
   }
 }
 

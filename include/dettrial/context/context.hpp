@@ -331,6 +331,7 @@ class Context {
     std::vector<char> filled;                                // per parameter: its slice holds this step's gradient
     std::vector<std::size_t> pending;                        // per bucket: parameters still to come
     std::vector<c10::intrusive_ptr<c10d::Work>> works;       // the all-reduces started, in bucket order
+    std::vector<torch::Tensor> collective_arg{1};            // c10d takes a vector: one, reused
     bool armed = false;                                      // this backward pass feeds the buckets
   };
   struct WrappedScheduler {
@@ -475,10 +476,9 @@ class Context {
   /// Starts the all-reduces of the buckets that are full, strictly in bucket order (ranks must issue
   /// collectives in the same order).
   void start_ready_buckets(WrappedOptimizer& w) {
-    std::vector<torch::Tensor> one(1);
     while (w.works.size() < w.buckets.size() && w.pending[w.works.size()] == 0) {
-      one[0] = w.buckets[w.works.size()].flat;
-      w.works.push_back(communicator_->allreduce_async(one));
+      w.collective_arg[0] = w.buckets[w.works.size()].flat;
+      w.works.push_back(communicator_->allreduce_async(w.collective_arg));
     }
   }
 

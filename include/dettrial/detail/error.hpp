@@ -35,4 +35,12 @@ struct TrialError : Error {
   using Error::Error;
 };
 
+namespace detail {
+/// The first line of a message (LibTorch's errors append a backtrace).
+inline std::string first_line(std::string text) {
+  if (const auto nl = text.find('\n'); nl != std::string::npos) text.resize(nl);
+  return text;
+}
+}  // namespace detail
+
 }  // namespace dettrial

@@ -114,7 +114,7 @@ class Communicator {
     } catch (const std::exception& e) {
       throw DistributedError("rank " + std::to_string(env.rank) + " of " + std::to_string(env.size) + ": cannot join the " +
                              B::name + " process group at " + env.master_addr + ":" + std::to_string(env.master_port) + " (" +
-                             launcher_name(env.launcher) + "): " + first_line(e.what()));
+                             launcher_name(env.launcher) + "): " + detail::first_line(e.what()));
     }
     return comm;
   }
@@ -191,12 +191,7 @@ class Communicator {
   DistributedError failure(const char* what, const std::exception& e) const {
     return DistributedError("rank " + std::to_string(env_.rank) + " of " + std::to_string(env_.size) + ": " + what + " over " +
                             backend_name_ + " failed; another rank has died, hung past the " +
-                            std::to_string(timeout_.count() / 1000) + " s timeout, or is unreachable (" + first_line(e.what()) + ")");
-  }
-
-  static std::string first_line(std::string text) {
-    if (const auto nl = text.find('\n'); nl != std::string::npos) text.resize(nl);
-    return text;
+                            std::to_string(timeout_.count() / 1000) + " s timeout, or is unreachable (" + detail::first_line(e.what()) + ")");
   }
 
   LaunchEnvironment env_;

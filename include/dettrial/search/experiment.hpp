@@ -6,11 +6,7 @@
 /// a second run of the same command continue the experiment; a summary table and summary.json at the end.
 #pragma once
 
-#include <fcntl.h>
-#include <signal.h>
-#include <spawn.h>
 #include <sys/wait.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -32,9 +28,9 @@
 #include "../config/experiment_config.hpp"
 #include "../detail/error.hpp"
 #include "../detail/json.hpp"
+#include "../detail/process.hpp"
+#include "../trainer/signals.hpp"
 #include "searchers.hpp"
-
-extern "C" char** environ;
 
 namespace dettrial {
 
@@ -74,9 +70,6 @@ struct ExperimentOptions {
 };
 
 namespace detail {
-inline std::atomic<int> experiment_signal{0};
-extern "C" inline void dettrial_experiment_on_signal(int s) { experiment_signal.store(s); }
-
 inline std::string one_line(const YAML::Node& node) {
   YAML::Emitter out;
   out << YAML::Flow << node;
@@ -121,23 +114,12 @@ class Experiment {
   int run() {
     namespace fs = std::filesystem;
     fs::create_directories(options_.output_dir / "trials");
-    struct sigaction action {}, old_int{}, old_term{};
-    action.sa_handler = &detail::dettrial_experiment_on_signal;
-    sigemptyset(&action.sa_mask);
-    detail::experiment_signal.store(0);
-    ::sigaction(SIGINT, &action, &old_int);
-    ::sigaction(SIGTERM, &action, &old_term);
-    struct Restore {
-      struct sigaction i, t;
-      ~Restore() {
-        ::sigaction(SIGINT, &i, nullptr);
-        ::sigaction(SIGTERM, &t, nullptr);
-      }
-    } restore{old_int, old_term};
+    detail::supervisor_signal.store(0);
+    const detail::SignalHandlers handlers(&detail::dettrial_on_supervisor_signal);
 
     replay_or_start();
     while (true) {
-      if (const int sig = detail::experiment_signal.load(); sig != 0) {
+      if (const int sig = detail::supervisor_signal.load(); sig != 0) {
         for (auto& [id, t] : running_) ::kill(t.pid, SIGTERM);
         while (!running_.empty()) reap(/*interrupting=*/true);
         write_summary();
@@ -246,7 +228,7 @@ class Experiment {
     searcher["metric"] = config_.searcher.metric;
     searcher["smaller_is_better"] = config_.searcher.smaller_is_better;
     const std::string unit = config_.searcher.name == "adaptive_asha" ? config_.searcher.time_metric
-                             : config_.searcher.max_length ? std::string(unit_name(config_.searcher.max_length->unit()))
+                             : config_.searcher.max_length ? std::string(to_string(config_.searcher.max_length->unit()))
                                                            : std::string("batches");
     searcher["max_length"][unit] = r.max_length;
     doc["searcher"] = searcher;
@@ -261,15 +243,6 @@ class Experiment {
     storage["save_trial_latest"] = std::max<std::int64_t>(config_.checkpoint_storage.save_trial_latest, 1);  // restarts need one
     doc["checkpoint_storage"] = storage;
     std::ofstream(trial_dir(r.id) / "config.yaml") << doc << "\n";
-  }
-
-  static const char* unit_name(Unit u) {
-    switch (u) {
-      case Unit::epochs: return "epochs";
-      case Unit::records: return "records";
-      case Unit::batches: break;
-    }
-    return "batches";
   }
 
   void launch_queued() {
@@ -291,21 +264,9 @@ class Experiment {
       args.emplace_back("--resume");
       args.push_back((trial_dir(id) / "checkpoints").string());
     }
-    std::vector<char*> argv;
-    for (auto& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    posix_spawn_file_actions_t actions;
-    posix_spawn_file_actions_init(&actions);
-    const std::string log = (trial_dir(id) / "log.txt").string();
-    posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
-    posix_spawn_file_actions_adddup2(&actions, STDOUT_FILENO, STDERR_FILENO);
-    pid_t pid = -1;
-    const std::string program = options_.program.string();
-    const int rc = ::posix_spawn(&pid, program.c_str(), &actions, nullptr, argv.data(), environ);
-    posix_spawn_file_actions_destroy(&actions);
-    if (rc != 0) throw Error("cannot start trial " + std::to_string(id) + " (" + program + ")");
     Running run;
-    run.pid = pid;
+    run.pid = detail::spawn_process(options_.program.string(), std::move(args),
+                                    {.output = (trial_dir(id) / "log.txt").string(), .append = true});
     if (std::error_code ec; fs::exists(trial_dir(id) / "metrics.jsonl", ec)) run.metrics_offset = fs::file_size(trial_dir(id) / "metrics.jsonl", ec);
     running_[id] = run;
     trials_.at(id).state = TrialState::running;

@@ -14,7 +14,6 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -36,11 +35,11 @@
 #include "../search/experiment.hpp"
 #include "../search/hyperparameter_space.hpp"
 #include "../detail/error.hpp"
+#include "../detail/process.hpp"
 #include "../version.hpp"
 #include "fit_options.hpp"
+#include "signals.hpp"
 #include "trainer.hpp"
-
-extern "C" char** environ;
 
 namespace dettrial {
 
@@ -121,9 +120,6 @@ inline int free_local_port() {
   return ntohs(addr.sin_port);
 }
 
-inline std::atomic<int> launcher_signal{0};
-extern "C" inline void dettrial_launcher_on_signal(int signal_number) { launcher_signal.store(signal_number); }
-
 /**
  * @brief The built-in launcher: runs this program `nproc` times with RANK, WORLD_SIZE, LOCAL_RANK,
  * LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT set (one machine), forwards SIGINT/SIGTERM to them,
@@ -136,31 +132,19 @@ inline int launch_local(const std::vector<std::string>& args, int nproc, std::ch
   const int port = free_local_port();
   std::vector<pid_t> pids(static_cast<std::size_t>(nproc), -1);
   std::vector<int> statuses(static_cast<std::size_t>(nproc), -1);
-  struct sigaction action {}, old_int{}, old_term{};
-  action.sa_handler = &dettrial_launcher_on_signal;
-  sigemptyset(&action.sa_mask);
-  ::sigaction(SIGINT, &action, &old_int);
-  ::sigaction(SIGTERM, &action, &old_term);
+  supervisor_signal.store(0);
+  const SignalHandlers handlers(&dettrial_on_supervisor_signal);
   for (int rank = 0; rank < nproc; ++rank) {
-    std::vector<std::string> env_strings;
-    for (char** e = environ; *e; ++e) env_strings.emplace_back(*e);
+    SpawnOptions options{.extra_env = {"MASTER_ADDR=127.0.0.1"}};
     for (const auto& [key, value] : {std::pair{"RANK", rank}, std::pair{"WORLD_SIZE", nproc}, std::pair{"LOCAL_RANK", rank},
                                      std::pair{"LOCAL_WORLD_SIZE", nproc}, std::pair{"MASTER_PORT", port}})
-      env_strings.push_back(std::string(key) + "=" + std::to_string(value));
-    env_strings.push_back("MASTER_ADDR=127.0.0.1");
-    std::vector<char*> env, argv;
-    for (auto& e : env_strings) env.push_back(e.data());
-    env.push_back(nullptr);
-    std::vector<std::string> arg_copy = args;
-    for (auto& a : arg_copy) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    if (::posix_spawn(&pids[static_cast<std::size_t>(rank)], self.c_str(), nullptr, nullptr, argv.data(), env.data()) != 0)
-      throw Error("cannot start rank " + std::to_string(rank) + " of " + std::to_string(nproc));
+      options.extra_env.push_back(std::string(key) + "=" + std::to_string(value));
+    pids[static_cast<std::size_t>(rank)] = spawn_process(self, args, options);
   }
   int running = nproc, first_failure = -1, forwarded = 0;
   std::chrono::steady_clock::time_point kill_at = std::chrono::steady_clock::time_point::max();
   while (running > 0) {
-    if (const int sig = launcher_signal.load(); sig != 0 && sig != forwarded) {
+    if (const int sig = supervisor_signal.load(); sig != 0 && sig != forwarded) {
       for (std::size_t r = 0; r < pids.size(); ++r)
         if (statuses[r] < 0) ::kill(pids[r], sig);
       forwarded = sig;
@@ -187,8 +171,6 @@ inline int launch_local(const std::vector<std::string>& args, int nproc, std::ch
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
-  ::sigaction(SIGINT, &old_int, nullptr);
-  ::sigaction(SIGTERM, &old_term, nullptr);
   if (first_failure >= 0) {
     const int status = statuses[static_cast<std::size_t>(first_failure)];
     std::fprintf(stderr, "error: rank %d of %d %s\n", first_failure, nproc,
@@ -258,7 +240,6 @@ int main(int argc, char** argv, Args&&... trial_args) {
       }
       if (arg == "--nproc") nproc = static_cast<int>(n);
       else timeout_seconds = n;
-      if (arg == "--nproc") continue;  // the ranks themselves do not launch
     } else if (arg == "--backend") {
       backend_name = value(arg);
       if (backend_name != "gloo" && backend_name != "nccl") {

@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <csignal>
+#include <optional>
 
 #include <signal.h>
 #include <unistd.h>
@@ -27,33 +28,47 @@ extern "C" inline void dettrial_on_stop_signal(int signal_number) {
   [[maybe_unused]] const auto n = ::write(STDERR_FILENO, message, sizeof message - 1);
 }
 
-/// Catches SIGINT and SIGTERM while alive; restores the previous handlers when it goes.
-class StopSignals {
+/// Installs `handler` for SIGINT and SIGTERM while alive; restores the previous handlers when it goes.
+class SignalHandlers {
  public:
-  explicit StopSignals(bool enabled) : enabled_(enabled) {
-    if (!enabled_) return;
-    pending_stop_signal.store(0);
+  explicit SignalHandlers(void (*handler)(int), int flags = 0) {
     struct sigaction action {};
-    action.sa_handler = &dettrial_on_stop_signal;
+    action.sa_handler = handler;
     sigemptyset(&action.sa_mask);
-    action.sa_flags = SA_RESTART;
+    action.sa_flags = flags;
     ::sigaction(SIGINT, &action, &previous_int_);
     ::sigaction(SIGTERM, &action, &previous_term_);
   }
-  StopSignals(const StopSignals&) = delete;
-  StopSignals& operator=(const StopSignals&) = delete;
-  ~StopSignals() {
-    if (!enabled_) return;
+  SignalHandlers(const SignalHandlers&) = delete;
+  SignalHandlers& operator=(const SignalHandlers&) = delete;
+  ~SignalHandlers() {
     ::sigaction(SIGINT, &previous_int_, nullptr);
     ::sigaction(SIGTERM, &previous_term_, nullptr);
+  }
+
+ private:
+  struct sigaction previous_int_ {};
+  struct sigaction previous_term_ {};
+};
+
+/// Catches SIGINT and SIGTERM during fit (see dettrial_on_stop_signal).
+class StopSignals {
+ public:
+  explicit StopSignals(bool enabled) {
+    if (!enabled) return;
+    pending_stop_signal.store(0);
+    handlers_.emplace(&dettrial_on_stop_signal, SA_RESTART);
   }
   /// The signal received since construction, or 0.
   static int received() { return pending_stop_signal.load(std::memory_order_relaxed); }
 
  private:
-  bool enabled_;
-  struct sigaction previous_int_ {};
-  struct sigaction previous_term_ {};
+  std::optional<SignalHandlers> handlers_;
 };
+
+/// The last SIGINT/SIGTERM a process that supervises others (the built-in launcher, an experiment)
+/// received, to pass on to its children; 0 when none.
+inline std::atomic<int> supervisor_signal{0};
+extern "C" inline void dettrial_on_supervisor_signal(int signal_number) { supervisor_signal.store(signal_number); }
 
 }  // namespace dettrial::detail

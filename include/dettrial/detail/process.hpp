@@ -1,0 +1,53 @@
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief Starting child processes (ranks of the built-in launcher, trials of an experiment) with
+/// extra environment variables and their output sent to a file.
+#pragma once
+
+#include <fcntl.h>
+#include <spawn.h>
+#include <unistd.h>
+
+#include <string>
+#include <vector>
+
+#include "error.hpp"
+
+extern "C" char** environ;
+
+namespace dettrial::detail {
+
+struct SpawnOptions {
+  /// `NAME=value` entries added to this process's environment.
+  std::vector<std::string> extra_env;
+  /// Where stdout goes (and stderr, with merge_stderr); empty: inherited.
+  std::string output;
+  bool append = false;
+  bool merge_stderr = true;
+};
+
+/// Starts `program` with `args` as its argv (the program name first); returns its pid.
+inline pid_t spawn_process(const std::string& program, std::vector<std::string> args, const SpawnOptions& options = {}) {
+  std::vector<std::string> env_strings;
+  for (char** e = environ; *e; ++e) env_strings.emplace_back(*e);
+  env_strings.insert(env_strings.end(), options.extra_env.begin(), options.extra_env.end());
+  std::vector<char*> env, argv;
+  for (auto& e : env_strings) env.push_back(e.data());
+  env.push_back(nullptr);
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  if (!options.output.empty()) {
+    posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, options.output.c_str(),
+                                     O_WRONLY | O_CREAT | (options.append ? O_APPEND : O_TRUNC), 0644);
+    if (options.merge_stderr) posix_spawn_file_actions_adddup2(&actions, STDOUT_FILENO, STDERR_FILENO);
+  }
+  pid_t pid = -1;
+  const int rc = ::posix_spawn(&pid, program.c_str(), &actions, nullptr, argv.data(), env.data());
+  posix_spawn_file_actions_destroy(&actions);
+  if (rc != 0) throw Error("cannot start '" + program + "'");
+  return pid;
+}
+
+}  // namespace dettrial::detail
