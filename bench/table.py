@@ -4,23 +4,26 @@ import platform
 import sys
 
 rows = [json.loads(line) for line in open(sys.argv[1]) if line.startswith("{")]
-# Repeated measurements (the end-to-end epochs) are reduced to their median.
+runs = {}  # every value of a repeated measurement, in the order measured
+for r in rows:
+    runs.setdefault(r["name"], []).append(r["value"])
+# Repeated measurements (parity rounds, end-to-end epochs) are reduced to their median.
 merged = {}
 for r in rows:
     merged.setdefault(r["name"], []).append(r)
 rows = []
 for name, group in merged.items():
     values = sorted(g["value"] for g in group)
-    row = dict(group[0])
-    row["value"] = values[len(values) // 2]
-    if len(values) > 1:
+    row = dict(sorted(group, key=lambda g: g["value"])[len(group) // 2])  # the median run, with its notes
+    if len(values) > 1 and values[0] > 0:
         row["spread"] = values[-1] / values[0]
     rows.append(row)
 by_name = {r["name"]: r for r in rows}
 print()
 print(f"{'measurement':64} {'median':>12} {'unit':10} {'spread':>7}  notes")
 for r in rows:
-    notes = ", ".join(f"{k}={v}" for k, v in r.items() if k in ("bit_identical", "equal_to_5_decimals", "batches", "accuracy", "bytes"))
+    notes = ", ".join(f"{k}={v}" for k, v in r.items()
+                      if k in ("bit_identical", "equal_to_5_decimals", "batches", "accuracy", "bytes", "quartiles", "rounds", "phases"))
     print(f"{r['name']:64} {r['value']:12.4g} {r['unit']:10} {r['spread']:7.3f}  {notes}")
 
 
@@ -41,10 +44,13 @@ if "MNIST example: Trainer + DataLoader" in by_name:
     t = by_name["MNIST example: Trainer + DataLoader"]["value"]
     p = by_name["MNIST example: pre-batched loop"]["value"]
     print(f"{'MNIST example time per batch, Trainer + DataLoader / pre-batched loop':76} {t / p:8.3f}")
-if "MNIST example, one Fashion-MNIST epoch end to end: dettrial" in by_name:
-    c = by_name["MNIST example, one Fashion-MNIST epoch end to end: dettrial"]["value"]
-    p = by_name["MNIST example, one Fashion-MNIST epoch end to end: Python"]["value"]
-    print(f"{'MNIST epoch end to end, Python time / dettrial time':76} {p / c:8.2f}x")
+cpp_epochs = runs.get("MNIST example, one Fashion-MNIST epoch end to end: dettrial", [])
+py_epochs = runs.get("MNIST example, one Fashion-MNIST epoch end to end: Python", [])
+if cpp_epochs and len(cpp_epochs) == len(py_epochs):
+    # Each pair ran back to back; the median of the pairs' ratios, with their range.
+    pairs = sorted(p / c for c, p in zip(cpp_epochs, py_epochs))
+    print(f"{'MNIST epoch end to end, Python time / dettrial time (median of ' + str(len(pairs)) + ' pairs)':76} "
+          f"{pairs[len(pairs) // 2]:8.3f}x  range {pairs[0]:.3f}-{pairs[-1]:.3f}")
 if "data parallel MLP step, 1 process, batch 64" in by_name:
     one = by_name["data parallel MLP step, 1 process, batch 64"]["value"]
     two = by_name["data parallel MLP step, 2 Gloo ranks, 32 each"]["value"]

@@ -3,9 +3,12 @@
 //  - dettrial's Trainer against a hand-written LibTorch loop doing the same work (same model, optimizer,
 //    data order, seed and metric reporting) on a tiny MLP (batch 32) and on the MNIST example network,
 //    with the losses and final parameters compared bit for bit;
-//  - the MLP's data, initial weights and batch order written to a folder for bench/parity.py, which
-//    replays them in Python PyTorch and compares the losses (to 5 decimals) and the time.
-// Usage: trainer_bench [--quick] [--parity-dir DIR]   or   trainer_bench --epoch (one MNIST epoch end to end)
+//  - for both models, the initial weights, the batches in the loader's order, the generator state
+//    (dropout) and the losses written to a folder for bench/parity.py, which replays them in Python
+//    PyTorch and compares the losses (to 5 decimals) and the time.
+// Usage: trainer_bench [--quick] [--overhead all|mlp|mnist|none] [--parity-dir DIR]
+//        trainer_bench --epoch                   one MNIST epoch end to end
+//        trainer_bench --profile trainer|hand    one side of the MLP comparison alone, for profilers
 // Prints one JSON object per measurement; exits 1 when losses or parameters are not bit-identical.
 #include <chrono>
 #include <cstdio>
@@ -17,6 +20,17 @@
 
 #include <dettrial/dettrial.hpp>
 #include <mnist/mnist_trial.hpp>
+
+// Under valgrind's callgrind (bench/run's instruction counts, `--instr-atstart=no`), only the timed
+// region is measured; outside valgrind these are a few no-op instructions.
+#if __has_include(<valgrind/callgrind.h>)
+#include <valgrind/callgrind.h>
+#define BENCH_MEASURE_START() CALLGRIND_START_INSTRUMENTATION
+#define BENCH_MEASURE_STOP() CALLGRIND_STOP_INSTRUMENTATION
+#else
+#define BENCH_MEASURE_START() (void)0
+#define BENCH_MEASURE_STOP() (void)0
+#endif
 
 namespace {
 
@@ -57,6 +71,13 @@ struct Run {
   std::vector<torch::Tensor> params;  // at the end
 };
 
+/// What bench/parity.py needs to replay a run in Python: the batches as the loader delivered them and
+/// the generator's state when the loop began (dropout draws from it).
+struct Recording {
+  std::vector<torch::Tensor> inputs, labels;
+  torch::Tensor rng_state;
+};
+
 /// Keeps per-batch losses (only in the verification runs: it costs a copy per batch).
 struct LossRecorder {
   std::vector<float>* losses;
@@ -65,10 +86,21 @@ struct LossRecorder {
   }
 };
 struct Clock {
+  std::int64_t batches;  // the run's length: its last report ends the timed region
   clock_type::time_point start, end;
-  void on_training_start() { start = clock_type::now(); }
-  void on_training_workload_end(const dettrial::MetricValues&) { end = clock_type::now(); }
+  void on_training_start() {
+    BENCH_MEASURE_START();
+    start = clock_type::now();
+  }
+  void on_training_workload_end(const dettrial::MetricValues& m) {
+    end = clock_type::now();
+    if (static_cast<std::int64_t>(m.at("batches")) == batches) BENCH_MEASURE_STOP();
+  }
 };
+
+double per_batch(clock_type::duration d, std::int64_t batches) {
+  return std::chrono::duration<double>(d).count() / static_cast<double>(batches);
+}
 
 std::vector<torch::Tensor> snapshot(const torch::nn::Module& m) {
   std::vector<torch::Tensor> out;
@@ -81,7 +113,7 @@ Run with_trainer(const dettrial::ExperimentConfig& config, std::int64_t batches,
   dettrial::Context context(config, {.trial_seed = seed});
   dettrial::Trainer<Trial> trainer(context);
   Run run;
-  Clock clock;
+  Clock clock{batches};
   LossRecorder recorder{&run.losses};
   const dettrial::FitOptions options{.max_length = dettrial::Batch(batches),
                                      .reporting_period = dettrial::Batch(report_every),
@@ -90,7 +122,7 @@ Run with_trainer(const dettrial::ExperimentConfig& config, std::int64_t batches,
                                      .report = {.quiet = true}};
   if (record) trainer.fit(options, clock, recorder);
   else trainer.fit(options, clock);
-  run.seconds_per_batch = std::chrono::duration<double>(clock.end - clock.start).count() / static_cast<double>(batches);
+  run.seconds_per_batch = per_batch(clock.end - clock.start, batches);
   run.params = snapshot(*trainer.model().ptr());
   return run;
 }
@@ -100,7 +132,7 @@ Run with_trainer(const dettrial::ExperimentConfig& config, std::int64_t batches,
 /// backward / step / zero_grad, with every metric summed on the device and read every `report_every`
 /// batches, as the Trainer reports them.
 template <class Trial>
-Run by_hand(const dettrial::ExperimentConfig& config, std::int64_t batches, bool record) {
+Run by_hand(const dettrial::ExperimentConfig& config, std::int64_t batches, bool record, Recording* recording = nullptr) {
   dettrial::Context context(config, {.trial_seed = seed});
   Trial trial(context);
   auto model = trial.build_model();
@@ -113,8 +145,14 @@ Run by_hand(const dettrial::ExperimentConfig& config, std::int64_t batches, bool
   std::vector<torch::Tensor> sums;
   std::int64_t n = 0;
   double reported = 0;
+  if (recording) recording->rng_state = at::detail::getDefaultCPUGenerator().get_state();
+  BENCH_MEASURE_START();
   const auto start = clock_type::now();
   for (auto&& batch : loader.batches({.repeat = true})) {
+    if (recording) {
+      recording->inputs.push_back(std::get<0>(batch).clone());
+      recording->labels.push_back(std::get<1>(batch).clone());
+    }
     const dettrial::Metrics metrics = trial.train_batch(batch, model, n / loader.size(), n);
     const torch::Tensor& loss = metrics.at("loss").tensor();
     loss.backward();
@@ -135,7 +173,8 @@ Run by_hand(const dettrial::ExperimentConfig& config, std::int64_t batches, bool
     }
     if (n == batches) break;
   }
-  run.seconds_per_batch = std::chrono::duration<double>(clock_type::now() - start).count() / static_cast<double>(batches);
+  run.seconds_per_batch = per_batch(clock_type::now() - start, batches);
+  BENCH_MEASURE_STOP();
   (void)reported;
   run.params = snapshot(*model.ptr());
   return run;
@@ -148,17 +187,24 @@ bool identical(const Run& a, const Run& b) {
   return true;
 }
 
-double median(std::vector<double> v) {
+double quantile(std::vector<double> v, double q) {
   std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
+  return v[static_cast<std::size_t>(q * static_cast<double>(v.size() - 1) + 0.5)];
+}
+double median(const std::vector<double>& v) { return quantile(v, 0.5); }
+double spread(const std::vector<double>& v) {
+  const auto [lo, hi] = std::minmax_element(v.begin(), v.end());
+  return *hi / *lo;
 }
 
-void report(const std::string& name, double value, const char* unit, double spread, const char* extra = "") {
-  std::printf("{\"name\": \"%s\", \"value\": %.6g, \"unit\": \"%s\", \"spread\": %.4g%s}\n", name.c_str(), value, unit, spread, extra);
+void report(const std::string& name, double value, const char* unit, double spread, const std::string& extra = "") {
+  std::printf("{\"name\": \"%s\", \"value\": %.6g, \"unit\": \"%s\", \"spread\": %.4g%s}\n", name.c_str(), value, unit, spread, extra.c_str());
   std::fflush(stdout);
 }
 
-/// Verifies bit-identity once, then alternates trainer and hand loop `rounds` times.
+/// Verifies bit-identity once, then alternates trainer and hand loop `rounds` times (which one goes
+/// first alternates too) and reports the median of the per-round ratios with their quartiles: this
+/// VM's speed drifts by up to 1.7x over seconds, so only ratios of runs adjacent in time mean much.
 template <class Trial>
 bool compare(const char* label, const dettrial::ExperimentConfig& config, std::int64_t batches, int rounds) {
   const Run trainer = with_trainer<Trial>(config, batches, true);
@@ -166,15 +212,22 @@ bool compare(const char* label, const dettrial::ExperimentConfig& config, std::i
   const bool same = identical(trainer, hand);
   std::vector<double> ratios, t_trainer, t_hand;
   for (int r = 0; r < rounds; ++r) {
-    const double a = with_trainer<Trial>(config, batches, false).seconds_per_batch;
-    const double b = by_hand<Trial>(config, batches, false).seconds_per_batch;
+    double a = 0, b = 0;
+    if (r % 2 == 0) {
+      a = with_trainer<Trial>(config, batches, false).seconds_per_batch;
+      b = by_hand<Trial>(config, batches, false).seconds_per_batch;
+    } else {
+      b = by_hand<Trial>(config, batches, false).seconds_per_batch;
+      a = with_trainer<Trial>(config, batches, false).seconds_per_batch;
+    }
     t_trainer.push_back(a), t_hand.push_back(b), ratios.push_back(a / b);
   }
-  const auto [lo, hi] = std::minmax_element(ratios.begin(), ratios.end());
-  report(std::string(label) + ": Trainer", median(t_trainer), "s/batch", 0);
-  report(std::string(label) + ": hand-written loop", median(t_hand), "s/batch", 0);
-  report(std::string(label) + ": Trainer / hand-written loop", median(ratios), "ratio", *hi / *lo,
-         same ? ", \"bit_identical\": true" : ", \"bit_identical\": false");
+  char extra[160];
+  std::snprintf(extra, sizeof extra, ", \"bit_identical\": %s, \"quartiles\": \"%.3f-%.3f\", \"rounds\": %d", same ? "true" : "false",
+                quantile(ratios, 0.25), quantile(ratios, 0.75), rounds);
+  report(std::string(label) + ": Trainer", median(t_trainer), "s/batch", spread(t_trainer));
+  report(std::string(label) + ": hand-written loop", median(t_hand), "s/batch", spread(t_hand));
+  report(std::string(label) + ": Trainer / hand-written loop", median(ratios), "ratio", spread(ratios), extra);
   return same;
 }
 
@@ -183,36 +236,49 @@ void write_raw(const std::filesystem::path& path, const torch::Tensor& t) {
   std::ofstream(path, std::ios::binary).write(static_cast<const char*>(c.data_ptr()), static_cast<std::streamsize>(c.nbytes()));
 }
 
-/// Writes what bench/parity.py needs to replay the MLP run in Python: data, batch order, initial
-/// weights, and the C++ losses and time.
-void write_parity(const std::filesystem::path& dir, const dettrial::ExperimentConfig& config, std::int64_t batches) {
+/// Writes what bench/parity.py needs to replay a run in Python (initial weights, the batches in order,
+/// the generator state, the C++ losses) and the Trainer's time per batch on the same run.
+/// `network` names the model and its settings for parity.py, as JSON members.
+template <class Trial>
+void write_parity(const std::filesystem::path& dir, const dettrial::ExperimentConfig& config, std::int64_t batches,
+                  const std::string& network) {
   std::filesystem::create_directories(dir);
-  dettrial::Context context(config, {.trial_seed = seed});
-  MlpTrial trial(context);
-  auto model = trial.build_model();
-  std::int64_t i = 0;
-  for (const auto& p : model->parameters()) write_raw(dir / ("param" + std::to_string(i++) + ".f32"), p.detach());
-  write_raw(dir / "x.f32", trial.x);
-  write_raw(dir / "y.i64", trial.y);
-  auto loader = trial.build_training_data_loader();
-  std::vector<torch::Tensor> order;
-  for (const auto& slice : loader.sampler().slices({.repeat = true})) {
-    order.push_back(slice.indices);
-    if (static_cast<std::int64_t>(order.size()) == batches) break;
+  {  // the initial weights, as the Trainer and the hand loop get them
+    dettrial::Context context(config, {.trial_seed = seed});
+    Trial trial(context);
+    auto model = trial.build_model();
+    std::int64_t i = 0;
+    for (const auto& p : model->parameters()) write_raw(dir / ("param" + std::to_string(i++) + ".f32"), p.detach());
   }
-  write_raw(dir / "order.i64", torch::stack(order));
-  const Run run = by_hand<MlpTrial>(config, batches, true);
+  Recording recording;
+  const Run run = by_hand<Trial>(config, batches, true, &recording);
+  const torch::Tensor inputs = torch::stack(recording.inputs);
+  write_raw(dir / "inputs.f32", inputs);
+  write_raw(dir / "labels.i64", torch::stack(recording.labels));
+  write_raw(dir / "rng_state.u8", recording.rng_state);
   write_raw(dir / "losses.f32", torch::tensor(run.losses));
-  const Run timed = with_trainer<MlpTrial>(config, batches, false);
-  std::ofstream(dir / "meta.json") << "{\"batches\": " << batches << ", \"batch_size\": 32, \"records\": " << trial.x.size(0)
-                                   << ", \"features\": 32, \"params\": " << i << ", \"cpp_seconds_per_batch\": " << timed.seconds_per_batch
-                                   << ", \"torch\": \"" << TORCH_VERSION_MAJOR << "." << TORCH_VERSION_MINOR << "\"}\n";
+  const Run timed = with_trainer<Trial>(config, batches, false);
+  std::string shape;
+  for (const auto d : inputs.sizes()) shape += (shape.empty() ? "" : ", ") + std::to_string(d);
+  std::ofstream(dir / "meta.json") << "{" << network << ", \"input_shape\": [" << shape << "], \"params\": " << run.params.size()
+                                   << ", \"rng_state_bytes\": " << recording.rng_state.numel()
+                                   << ", \"cpp_seconds_per_batch\": " << timed.seconds_per_batch << ", \"torch\": \""
+                                   << TORCH_VERSION_MAJOR << "." << TORCH_VERSION_MINOR << "\"}\n";
 }
 
 }  // namespace
 
+/// Times an epoch's phases: everything before training (reading the files, building the trial),
+/// training, validation.
+struct PhaseClock {
+  clock_type::time_point training_start, validation_start, validation_end;
+  void on_training_start() { training_start = clock_type::now(); }
+  void on_validation_start() { validation_start = clock_type::now(); }
+  void on_validation_end(const dettrial::MetricValues&) { validation_end = clock_type::now(); }
+};
+
 /// One epoch of the MNIST example end to end, as a user runs it: read the IDX files, build the trial,
-/// train one epoch, validate on the 10,000 test images. Wall time and the accuracy reached.
+/// train one epoch, validate on the 10,000 test images. Wall time, its phases and the accuracy reached.
 void mnist_epoch_end_to_end(const char* fashion) {
   const auto start = clock_type::now();
   const auto config = dettrial::ExperimentConfig::parse(
@@ -220,44 +286,75 @@ void mnist_epoch_end_to_end(const char* fashion) {
       "data: {dir: " + std::string(fashion) + "}\n");
   dettrial::Context context(config, {.trial_seed = seed});
   dettrial::Trainer<mnist::MnistTrial> trainer(context);
+  PhaseClock phases;
   const auto result = trainer.fit({.max_length = dettrial::Epoch(1),
                                    .reporting_period = dettrial::Batch(report_every),
                                    .checkpoint_policy = dettrial::CheckpointPolicy::none,
                                    .output_dir = "/tmp/dettrial-trainer-bench",
-                                   .report = {.quiet = true}});
-  const double seconds = std::chrono::duration<double>(clock_type::now() - start).count();
-  char extra[64];
-  std::snprintf(extra, sizeof extra, ", \"accuracy\": %.4f", result.last_validation_metrics.at("accuracy"));
-  report("MNIST example, one Fashion-MNIST epoch end to end: dettrial", seconds, "s", 1.0, extra);
+                                   .report = {.quiet = true}},
+                                  phases);
+  const auto end = clock_type::now();
+  const auto seconds = [](clock_type::duration d) { return std::chrono::duration<double>(d).count(); };
+  char extra[160];
+  std::snprintf(extra, sizeof extra, ", \"accuracy\": %.4f, \"phases\": \"load %.2f s, train %.2f s, validate %.2f s\"",
+                result.last_validation_metrics.at("accuracy"), seconds(phases.training_start - start),
+                seconds(phases.validation_start - phases.training_start), seconds(phases.validation_end - phases.validation_start));
+  report("MNIST example, one Fashion-MNIST epoch end to end: dettrial", seconds(end - start), "s", 1.0, extra);
 }
 
 int main(int argc, char** argv) {
   bool quick = false, epoch = false;
-  std::string parity_dir;
+  std::string parity_dir, overhead = "all", profile;
+  std::int64_t profile_batches = 20000;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
+    const bool has_value = i + 1 < argc;
     if (arg == "--quick") quick = true;
     else if (arg == "--epoch") epoch = true;
-    else if (arg == "--parity-dir" && i + 1 < argc) parity_dir = argv[++i];
+    else if (arg == "--parity-dir" && has_value) parity_dir = argv[++i];
+    else if (arg == "--overhead" && has_value) overhead = argv[++i];
+    else if (arg == "--profile" && has_value) profile = argv[++i];
+    else if (arg == "--batches" && has_value) profile_batches = std::stoll(argv[++i]);
+    else {
+      std::fprintf(stderr,
+                   "usage: trainer_bench [--quick] [--overhead all|mlp|mnist|none] [--parity-dir DIR]\n"
+                   "       trainer_bench --epoch\n"
+                   "       trainer_bench --profile trainer|hand [--batches N]   (the MLP, one side alone, for profilers)\n");
+      return 2;
+    }
   }
+  const char* fashion = "/usr/share/datasets/fashion-mnist";
   if (epoch) {  // uses the default thread count, as a user's run does
-    mnist_epoch_end_to_end("/usr/share/datasets/fashion-mnist");
+    mnist_epoch_end_to_end(fashion);
     return 0;
   }
   torch::set_num_threads(1);  // one thread: the per-batch cost of the framework shows most clearly
-  bool ok = true;
   const auto mlp = dettrial::ExperimentConfig::parse("hyperparameters: {global_batch_size: 32}\n");
-  ok &= compare<MlpTrial>("MLP 32-64-10, batch 32", mlp, quick ? 50 : 2000, quick ? 1 : 5);
-  const char* fashion = "/usr/share/datasets/fashion-mnist";
-  if (std::filesystem::exists(std::filesystem::path(fashion) / "train-images-idx3-ubyte.gz")) {
-    const auto net = dettrial::ExperimentConfig::parse(
-        "hyperparameters: {learning_rate: 0.03, dropout: 0.3, global_batch_size: 64, n_filters1: 40, n_filters2: 40}\n"
-        "data: {dir: /usr/share/datasets/fashion-mnist}\n");
-    ok &= compare<mnist::MnistTrial>("MNIST example network, batch 64", net, quick ? 5 : 200, quick ? 1 : 3);
-  } else {
-    std::fprintf(stderr, "skipping the MNIST network: %s is absent\n", fashion);
+  if (!profile.empty()) {
+    const Run run = profile == "trainer" ? with_trainer<MlpTrial>(mlp, profile_batches, false) : by_hand<MlpTrial>(mlp, profile_batches, false);
+    std::printf("%s: %.2f us/batch\n", profile.c_str(), 1e6 * run.seconds_per_batch);
+    return 0;
   }
-  if (!parity_dir.empty()) write_parity(parity_dir, mlp, quick ? 50 : 200);
+  const bool have_fashion = std::filesystem::exists(std::filesystem::path(fashion) / "train-images-idx3-ubyte.gz");
+  if (!have_fashion) std::fprintf(stderr, "skipping the MNIST network: %s is absent\n", fashion);
+  const auto net = dettrial::ExperimentConfig::parse(
+      "hyperparameters: {learning_rate: 0.03, dropout: 0.3, global_batch_size: 64, n_filters1: 40, n_filters2: 40}\n"
+      "data: {dir: " + std::string(fashion) + "}\n");
+
+  bool ok = true;
+  if (overhead == "all" || overhead == "mlp") ok &= compare<MlpTrial>("MLP 32-64-10, batch 32", mlp, quick ? 50 : 300, quick ? 1 : 201);
+  if ((overhead == "all" || overhead == "mnist") && have_fashion)
+    ok &= compare<mnist::MnistTrial>("MNIST example network, batch 64", net, quick ? 5 : 50, quick ? 1 : 15);
   if (!ok) std::fprintf(stderr, "trainer_bench: the Trainer's losses or parameters differ from the hand-written loop's\n");
+  if (!parity_dir.empty()) {
+    const std::filesystem::path dir(parity_dir);
+    std::filesystem::remove_all(dir);
+    write_parity<MlpTrial>(dir / "mlp", mlp, quick ? 50 : 200,
+                           "\"model\": \"mlp\", \"label\": \"MLP\", \"lr\": 0.05, \"momentum\": 0.9");
+    if (have_fashion)
+      write_parity<mnist::MnistTrial>(dir / "mnist", net, quick ? 5 : 200,
+                                      "\"model\": \"mnist\", \"label\": \"MNIST example network\", \"lr\": 0.03, \"momentum\": 0.9, "
+                                      "\"n_filters1\": 40, \"n_filters2\": 40, \"dropout\": 0.3");
+  }
   return ok ? 0 : 1;
 }

@@ -72,9 +72,8 @@ class MnistTrial {
   dettrial::Metrics evaluate_batch(Batch& batch, torch::nn::Sequential& model) {
     auto& [images, labels] = batch;
     const torch::Tensor output = model->forward(images);
-    return {{"validation_loss", torch::nll_loss(output, labels)},
-            {"validation_error", error_rate(output, labels)},
-            {"accuracy", 1.0 - error_rate(output, labels)}};
+    const torch::Tensor error = error_rate(output, labels);
+    return {{"validation_loss", torch::nll_loss(output, labels)}, {"validation_error", error}, {"accuracy", 1.0 - error}};
   }
 
   /// The seed's error rate, kept as a tensor so the device is not synchronised per batch.
