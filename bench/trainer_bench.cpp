@@ -8,7 +8,8 @@
 //    PyTorch and compares the losses (to 5 decimals) and the time.
 // Usage: trainer_bench [--quick] [--overhead all|mlp|mnist|none] [--parity-dir DIR]
 //        trainer_bench --epoch                   one MNIST epoch end to end
-//        trainer_bench --profile trainer|hand    one side of the MLP comparison alone, for profilers
+//        trainer_bench --profile trainer|hand [--model mlp|mnist] [--batches N]
+//                                                one side of a comparison alone, for profilers
 // Prints one JSON object per measurement; exits 1 when losses or parameters are not bit-identical.
 #include <chrono>
 #include <cstdio>
@@ -304,7 +305,7 @@ void mnist_epoch_end_to_end(const char* fashion) {
 
 int main(int argc, char** argv) {
   bool quick = false, epoch = false;
-  std::string parity_dir, overhead = "all", profile;
+  std::string parity_dir, overhead = "all", profile, profile_model = "mlp";
   std::int64_t profile_batches = 20000;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
@@ -314,12 +315,13 @@ int main(int argc, char** argv) {
     else if (arg == "--parity-dir" && has_value) parity_dir = argv[++i];
     else if (arg == "--overhead" && has_value) overhead = argv[++i];
     else if (arg == "--profile" && has_value) profile = argv[++i];
+    else if (arg == "--model" && has_value) profile_model = argv[++i];
     else if (arg == "--batches" && has_value) profile_batches = std::stoll(argv[++i]);
     else {
       std::fprintf(stderr,
                    "usage: trainer_bench [--quick] [--overhead all|mlp|mnist|none] [--parity-dir DIR]\n"
                    "       trainer_bench --epoch\n"
-                   "       trainer_bench --profile trainer|hand [--batches N]   (the MLP, one side alone, for profilers)\n");
+                   "       trainer_bench --profile trainer|hand [--model mlp|mnist] [--batches N]   (one side alone, for profilers)\n");
       return 2;
     }
   }
@@ -330,16 +332,19 @@ int main(int argc, char** argv) {
   }
   torch::set_num_threads(1);  // one thread: the per-batch cost of the framework shows most clearly
   const auto mlp = dettrial::ExperimentConfig::parse("hyperparameters: {global_batch_size: 32}\n");
-  if (!profile.empty()) {
-    const Run run = profile == "trainer" ? with_trainer<MlpTrial>(mlp, profile_batches, false) : by_hand<MlpTrial>(mlp, profile_batches, false);
-    std::printf("%s: %.2f us/batch\n", profile.c_str(), 1e6 * run.seconds_per_batch);
-    return 0;
-  }
   const bool have_fashion = std::filesystem::exists(std::filesystem::path(fashion) / "train-images-idx3-ubyte.gz");
   if (!have_fashion) std::fprintf(stderr, "skipping the MNIST network: %s is absent\n", fashion);
   const auto net = dettrial::ExperimentConfig::parse(
       "hyperparameters: {learning_rate: 0.03, dropout: 0.3, global_batch_size: 64, n_filters1: 40, n_filters2: 40}\n"
       "data: {dir: " + std::string(fashion) + "}\n");
+  if (!profile.empty()) {
+    const bool trainer = profile == "trainer";
+    const Run run = profile_model == "mnist"
+                        ? (trainer ? with_trainer<mnist::MnistTrial>(net, profile_batches, false) : by_hand<mnist::MnistTrial>(net, profile_batches, false))
+                        : (trainer ? with_trainer<MlpTrial>(mlp, profile_batches, false) : by_hand<MlpTrial>(mlp, profile_batches, false));
+    std::printf("%s %s: %.2f us/batch\n", profile_model.c_str(), profile.c_str(), 1e6 * run.seconds_per_batch);
+    return 0;
+  }
 
   bool ok = true;
   if (overhead == "all" || overhead == "mlp") ok &= compare<MlpTrial>("MLP 32-64-10, batch 32", mlp, quick ? 50 : 300, quick ? 1 : 201);
