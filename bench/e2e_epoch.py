@@ -67,7 +67,7 @@ def main():
             error = 1.0 - (output.argmax(1) == y).float().mean()
             sums += torch.stack([nn.functional.nll_loss(output, y), error, 1.0 - error]).double()
             batches += 1
-    validation_loss, validation_error, accuracy = (sums / batches).tolist()
+    _validation_loss, _validation_error, accuracy = (sums / batches).tolist()
     seconds = time.perf_counter() - start
     print(json.dumps({"name": "MNIST example, one Fashion-MNIST epoch end to end: Python", "value": seconds, "unit": "s",
                       "spread": 1.0, "accuracy": round(accuracy, 4), "torch": torch.__version__,

@@ -72,11 +72,12 @@ struct Run {
   std::vector<torch::Tensor> params;  // at the end
 };
 
-/// What bench/parity.py needs to replay a run in Python: the batches as the loader delivered them and
-/// the generator's state when the loop began (dropout draws from it).
+/// What bench/parity.py needs to replay a run in Python: the batches as the loader delivered them,
+/// the generator's state when the loop began (dropout draws from it) and the SGD settings used.
 struct Recording {
   std::vector<torch::Tensor> inputs, labels;
   torch::Tensor rng_state;
+  double lr = 0, momentum = 0;
 };
 
 /// Keeps per-batch losses (only in the verification runs: it costs a copy per batch).
@@ -146,7 +147,12 @@ Run by_hand(const dettrial::ExperimentConfig& config, std::int64_t batches, bool
   std::vector<torch::Tensor> sums;
   std::int64_t n = 0;
   double reported = 0;
-  if (recording) recording->rng_state = at::detail::getDefaultCPUGenerator().get_state();
+  if (recording) {
+    static_assert(std::is_same_v<decltype(optimizer), torch::optim::SGD>, "parity.py replays SGD");
+    const auto& sgd = static_cast<const torch::optim::SGDOptions&>(optimizer.param_groups().front().options());
+    recording->lr = sgd.lr(), recording->momentum = sgd.momentum();
+    recording->rng_state = at::detail::getDefaultCPUGenerator().get_state();
+  }
   BENCH_MEASURE_START();
   const auto start = clock_type::now();
   for (auto&& batch : loader.batches({.repeat = true})) {
@@ -239,7 +245,7 @@ void write_raw(const std::filesystem::path& path, const torch::Tensor& t) {
 
 /// Writes what bench/parity.py needs to replay a run in Python (initial weights, the batches in order,
 /// the generator state, the C++ losses) and the Trainer's time per batch on the same run.
-/// `network` names the model and its settings for parity.py, as JSON members.
+/// `network` names the model and its hyperparameters for parity.py, as JSON members.
 template <class Trial>
 void write_parity(const std::filesystem::path& dir, const dettrial::ExperimentConfig& config, std::int64_t batches,
                   const std::string& network) {
@@ -261,10 +267,17 @@ void write_parity(const std::filesystem::path& dir, const dettrial::ExperimentCo
   const Run timed = with_trainer<Trial>(config, batches, false);
   std::string shape;
   for (const auto d : inputs.sizes()) shape += (shape.empty() ? "" : ", ") + std::to_string(d);
-  std::ofstream(dir / "meta.json") << "{" << network << ", \"input_shape\": [" << shape << "], \"params\": " << run.params.size()
-                                   << ", \"rng_state_bytes\": " << recording.rng_state.numel()
+  std::ofstream(dir / "meta.json") << "{" << network << ", \"lr\": " << recording.lr << ", \"momentum\": " << recording.momentum
+                                   << ", \"input_shape\": [" << shape << "], \"params\": " << run.params.size()
                                    << ", \"cpp_seconds_per_batch\": " << timed.seconds_per_batch << ", \"torch\": \""
                                    << TORCH_VERSION_MAJOR << "." << TORCH_VERSION_MINOR << "\"}\n";
+}
+
+/// The MNIST example's settings used throughout (the seed's network with 40/40 filters).
+dettrial::ExperimentConfig mnist_config(const char* fashion) {
+  return dettrial::ExperimentConfig::parse(
+      "hyperparameters: {learning_rate: 0.03, dropout: 0.3, global_batch_size: 64, n_filters1: 40, n_filters2: 40}\n"
+      "data: {dir: " + std::string(fashion) + "}\n");
 }
 
 }  // namespace
@@ -282,10 +295,7 @@ struct PhaseClock {
 /// train one epoch, validate on the 10,000 test images. Wall time, its phases and the accuracy reached.
 void mnist_epoch_end_to_end(const char* fashion) {
   const auto start = clock_type::now();
-  const auto config = dettrial::ExperimentConfig::parse(
-      "hyperparameters: {learning_rate: 0.03, dropout: 0.3, global_batch_size: 64, n_filters1: 40, n_filters2: 40}\n"
-      "data: {dir: " + std::string(fashion) + "}\n");
-  dettrial::Context context(config, {.trial_seed = seed});
+  dettrial::Context context(mnist_config(fashion), {.trial_seed = seed});
   dettrial::Trainer<mnist::MnistTrial> trainer(context);
   PhaseClock phases;
   const auto result = trainer.fit({.max_length = dettrial::Epoch(1),
@@ -334,9 +344,7 @@ int main(int argc, char** argv) {
   const auto mlp = dettrial::ExperimentConfig::parse("hyperparameters: {global_batch_size: 32}\n");
   const bool have_fashion = std::filesystem::exists(std::filesystem::path(fashion) / "train-images-idx3-ubyte.gz");
   if (!have_fashion) std::fprintf(stderr, "skipping the MNIST network: %s is absent\n", fashion);
-  const auto net = dettrial::ExperimentConfig::parse(
-      "hyperparameters: {learning_rate: 0.03, dropout: 0.3, global_batch_size: 64, n_filters1: 40, n_filters2: 40}\n"
-      "data: {dir: " + std::string(fashion) + "}\n");
+  const auto net = mnist_config(fashion);
   if (!profile.empty()) {
     const bool trainer = profile == "trainer";
     const Run run = profile_model == "mnist"
@@ -354,12 +362,15 @@ int main(int argc, char** argv) {
   if (!parity_dir.empty()) {
     const std::filesystem::path dir(parity_dir);
     std::filesystem::remove_all(dir);
-    write_parity<MlpTrial>(dir / "mlp", mlp, quick ? 50 : 200,
-                           "\"model\": \"mlp\", \"label\": \"MLP\", \"lr\": 0.05, \"momentum\": 0.9");
-    if (have_fashion)
+    write_parity<MlpTrial>(dir / "mlp", mlp, quick ? 50 : 200, "\"model\": \"mlp\", \"label\": \"MLP\"");
+    if (have_fashion) {
+      const YAML::Node& h = net.hyperparameters;
       write_parity<mnist::MnistTrial>(dir / "mnist", net, quick ? 5 : 200,
-                                      "\"model\": \"mnist\", \"label\": \"MNIST example network\", \"lr\": 0.03, \"momentum\": 0.9, "
-                                      "\"n_filters1\": 40, \"n_filters2\": 40, \"dropout\": 0.3");
+                                      "\"model\": \"mnist\", \"label\": \"MNIST example network\", \"n_filters1\": " +
+                                          std::to_string(h["n_filters1"].as<std::int64_t>()) + ", \"n_filters2\": " +
+                                          std::to_string(h["n_filters2"].as<std::int64_t>()) + ", \"dropout\": " +
+                                          std::to_string(h["dropout"].as<double>()));
+    }
   }
   return ok ? 0 : 1;
 }
