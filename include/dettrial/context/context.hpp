@@ -21,6 +21,7 @@
 #include "../detail/error.hpp"
 #include "../detail/random.hpp"
 #include "../distributed/communicator.hpp"
+#include "../distributed/threads.hpp"
 #include "../metrics/reducers.hpp"
 #include "../optim/clip.hpp"
 #include "../optim/lr_state.hpp"
@@ -75,6 +76,10 @@ struct ContextOptions {
   std::optional<std::int64_t> slots_per_trial;
   /// The process group of a data-parallel job (see Communicator::create); none for one process.
   std::shared_ptr<Communicator> communicator;
+  /// Intra-op threads for this process (`--threads`). Unset: OMP_NUM_THREADS when set, else in a
+  /// data-parallel job this rank's share of the node's cores (see dettrial::choose_threads), else
+  /// LibTorch's default.
+  std::optional<int> threads;
 };
 
 template <class TrialT>
@@ -117,6 +122,14 @@ class Context {
       distributed_ = DistributedInfo{.rank = env.rank, .size = env.size, .local_rank = env.local_rank, .local_size = env.local_size};
     }
     trial_seed_ = options.trial_seed ? *options.trial_seed : derive_trial_seed(config_.experiment_seed);
+    // One trial seed for the job: the chief's (without an experiment seed each rank's clock differs,
+    // and the ranks would shard different permutations of the data).
+    if (communicator_) trial_seed_ = static_cast<std::uint64_t>(communicator_->broadcast_values({static_cast<std::int64_t>(trial_seed_)})[0]);
+    if (const auto choice = choose_threads(communicator_ ? communicator_->environment() : LaunchEnvironment{}, options.threads,
+                                           CoreCount::of_this_process())) {
+      if (choice->set_by_dettrial) torch::set_num_threads(choice->threads);
+      threads_ = *choice;
+    }
     // One GPU per process: the local rank picks it.
     device_ = options.device ? *options.device
                              : (torch::cuda::is_available()
@@ -159,6 +172,8 @@ class Context {
   const DistributedInfo& distributed() const { return distributed_; }
   /// The job's process group, or null for one process.
   Communicator* communicator() const { return communicator_.get(); }
+  /// The intra-op thread count this process was given and why, when one was chosen (see ContextOptions::threads).
+  const std::optional<ThreadChoice>& threads() const { return threads_; }
   std::int64_t aggregation_frequency() const { return aggregation_frequency_; }
 
   /// Moves a nested batch to this context's device (see dettrial::to_device).
@@ -235,21 +250,53 @@ class Context {
     return scheduler;
   }
 
-  /// Registers a user reducer (see MetricReducer): reset before each workload/validation, reduced at its end.
-  template <class R>
-  R& wrap_reducer(R& reducer, std::string name = {}, bool for_training = true, bool for_validation = true) {
-    static_assert(MetricReducer<R>,
-                  "dettrial::Context::wrap_reducer<R>: R must have reset() and reduce() returning a number or "
-                  "dettrial::MetricValues (see dettrial::MetricReducer)");
-    for (const auto& w : reducers_)
-      if (w.object == &reducer) throw TrialError("this reducer was already wrapped with wrap_reducer");
-    constexpr bool returns_many = std::same_as<std::remove_cvref_t<decltype(reducer.reduce())>, MetricValues>;
-    if (returns_many && !name.empty())
-      throw TrialError("wrap_reducer: reducer '" + name + "' returns MetricValues (merged by their own names), so wrap it without a name");
-    if (!returns_many && name.empty())
-      throw TrialError("wrap_reducer: a reducer whose reduce() returns a number needs a name to report it under");
-    reducers_.push_back(detail::WrappedReducer::wrap(reducer, std::move(name), for_training, for_validation));
-    return reducer;
+  /**
+   * @brief Registers a user reducer (Determined's `wrap_reducer`): reset before each training workload
+   * and validation, reduced at its end, and reported under `name` (or, for MetricValues, their own
+   * names). `reducer` is one of:
+   * - a CrossSlotReducer (`per_slot_reduce()` on every rank, `cross_slot_reduce(parts)` over all
+   *   ranks' parts): owned by the caller, returned as given;
+   * - a function of `const std::vector<T>&` (T = double unless given): dettrial keeps a
+   *   FunctionReducer<T> and returns it; the trial calls its `update(value)`, and the function gets
+   *   every rank's values in batch order;
+   * - a LocalReducer (`reduce()` only): one process only, since it cannot see the other ranks' data.
+   */
+  template <class T = double, class R>
+  decltype(auto) wrap_reducer(R&& reducer, std::string name = {}, bool for_training = true, bool for_validation = true) {
+    using Plain = std::remove_cvref_t<R>;
+    if constexpr (MetricReducer<Plain>) {
+      static_assert(std::is_lvalue_reference_v<R>,
+                    "dettrial::Context::wrap_reducer: a reducer object must outlive the trainer, so pass a member of the trial "
+                    "(an lvalue), not a temporary");
+      Plain& r = reducer;
+      for (const auto& w : reducers_)
+        if (w.object == &r) throw TrialError("this reducer was already wrapped with wrap_reducer");
+      if constexpr (!CrossSlotReducer<Plain>)
+        if (communicator_)
+          throw TrialError("wrap_reducer" + (name.empty() ? std::string() : " '" + name + "'") +
+                           ": this reducer has only reduce(), which sees one rank's data; in a data-parallel job give it "
+                           "per_slot_reduce() and cross_slot_reduce(parts) (see dettrial::CrossSlotReducer), or wrap a "
+                           "function with wrap_reducer(fn, name)");
+      check_reducer_name<reduced_metrics_t<Plain>>(name);
+      reducers_.push_back(detail::WrappedReducer::wrap(r, std::move(name), for_training, for_validation));
+      return static_cast<Plain&>(r);
+    } else {
+      static_assert(std::invocable<Plain&, const std::vector<T>&> && SlotValue<std::vector<T>>,
+                    "dettrial::Context::wrap_reducer: the reducer must have reset() and either reduce() or per_slot_reduce() and "
+                    "cross_slot_reduce(parts) returning a number or dettrial::MetricValues (see dettrial::MetricReducer), or be "
+                    "a function of const std::vector<T>& (T a number or tensor) returning one");
+      if constexpr (std::invocable<Plain&, const std::vector<T>&>) {
+        static_assert(ReducedMetrics<std::invoke_result_t<Plain&, const std::vector<T>&>>,
+                      "dettrial::Context::wrap_reducer(fn, name): fn must return a number or dettrial::MetricValues");
+        using Function = FunctionReducer<T, Plain>;
+        check_reducer_name<std::invoke_result_t<Plain&, const std::vector<T>&>>(name);
+        auto owned = std::make_shared<Function>(std::forward<R>(reducer));
+        Function& r = *owned;
+        owned_reducers_.push_back(std::move(owned));
+        reducers_.push_back(detail::WrappedReducer::wrap(r, std::move(name), for_training, for_validation));
+        return r;
+      }
+    }
   }
 
   // ---- the training step ----------------------------------------------------------------------
@@ -300,6 +347,7 @@ class Context {
     optimizers_.clear();
     schedulers_.clear();
     reducers_.clear();
+    owned_reducers_.clear();
     stop_requested_ = false;
     epoch_len_ = 0;
   }
@@ -345,6 +393,15 @@ class Context {
     std::int64_t (*steps_taken)(void*);
   };
 
+  template <class Result>
+  static void check_reducer_name(const std::string& name) {
+    constexpr bool returns_many = std::same_as<std::remove_cvref_t<Result>, MetricValues>;
+    if (returns_many && !name.empty())
+      throw TrialError("wrap_reducer: reducer '" + name + "' returns MetricValues (merged by their own names), so wrap it without a name");
+    if (!returns_many && name.empty())
+      throw TrialError("wrap_reducer: a reducer that returns a number needs a name to report it under");
+  }
+
   static std::uint64_t derive_trial_seed(std::optional<std::uint64_t> experiment_seed) {
     // One trial of an experiment: a value in [0, 2^31) drawn from the experiment seed, as Determined's
     // master draws trial seeds; without an experiment seed, the clock (Determined's default).
@@ -355,6 +412,14 @@ class Context {
 
   void seed_everything() const {
     torch::manual_seed(trial_seed_);  // CPU and, when present, every CUDA device
+  }
+
+  /// In a job, after the trial and its data loaders were built from the same seed on every rank:
+  /// ranks other than the chief continue on a stream of their own, derived from the trial seed and
+  /// the rank, so that their dropout masks and other draws differ.
+  void seed_rank_stream() const {
+    if (distributed_.rank > 0)
+      torch::manual_seed(detail::mix64(trial_seed_ ^ (static_cast<std::uint64_t>(distributed_.rank) * detail::golden_gamma)) >> 1);
   }
 
   std::int64_t global_batch_size_hparam() const {
@@ -520,11 +585,13 @@ class Context {
   torch::Device device_{torch::kCPU};
   DistributedInfo distributed_;
   std::shared_ptr<Communicator> communicator_;
+  std::optional<ThreadChoice> threads_;
 
   std::vector<std::shared_ptr<torch::nn::Module>> models_;
   std::vector<WrappedOptimizer> optimizers_;
   std::vector<WrappedScheduler> schedulers_;
   std::vector<detail::WrappedReducer> reducers_;
+  std::vector<std::shared_ptr<void>> owned_reducers_;  // the FunctionReducers wrap_reducer(fn) made
 
   std::int64_t initial_batch_ = 0;
   std::int64_t current_batch_ = 0;

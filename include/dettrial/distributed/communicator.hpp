@@ -4,12 +4,15 @@
 /// Gloo (CPU) or NCCL (CUDA) backend chosen by a policy type, with the few collectives dettrial uses.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <cstdint>
 #include <memory>
 #include <optional>
 #include <type_traits>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <torch/torch.h>
@@ -164,9 +167,59 @@ class Communicator {
     run("barrier", [&] { return backend_->barrier(); });
   }
 
+  /// Where this backend's collectives take their tensors: the CPU for Gloo, this rank's GPU for NCCL.
+  const torch::Device& device() const { return device_; }
+
+  /// The chief's `values` on every rank (each rank passes as many).
+  std::vector<std::int64_t> broadcast_values(const std::vector<std::int64_t>& values) {
+    std::vector<torch::Tensor> t{torch::tensor(values, torch::kLong).to(device_)};
+    broadcast(t);
+    const torch::Tensor host = t[0].cpu();
+    return {host.data_ptr<std::int64_t>(), host.data_ptr<std::int64_t>() + host.numel()};
+  }
+  /// The sum (or max, ...) of `values` over the ranks (each rank passes as many).
+  std::vector<double> allreduce_values(const std::vector<double>& values, c10d::ReduceOp::RedOpType op = c10d::ReduceOp::SUM) {
+    std::vector<torch::Tensor> t{torch::tensor(values, torch::kDouble).to(device_)};
+    allreduce(t, op);
+    const torch::Tensor host = t[0].cpu();
+    return {host.data_ptr<double>(), host.data_ptr<double>() + host.numel()};
+  }
+
+  /**
+   * @brief Every rank's `value`, in rank order, on every rank (Determined's object allgather). The
+   * values are pickled with LibTorch's serialization, so they may differ in size and shape between
+   * ranks: numbers, strings, tensors, and lists, tuples and dicts of them.
+   */
+  std::vector<c10::IValue> allgather_object(const c10::IValue& value) {
+    const std::vector<char> bytes = torch::pickle_save(value);
+    const torch::Tensor size = torch::tensor({static_cast<std::int64_t>(bytes.size())}, torch::kLong);
+    std::vector<std::int64_t> sizes;
+    std::int64_t longest = 0;
+    for (const torch::Tensor& s : allgather(size.to(device_))) {
+      sizes.push_back(s.cpu().item<std::int64_t>());
+      longest = std::max(longest, sizes.back());
+    }
+    torch::Tensor padded = torch::zeros({longest}, torch::kUInt8);
+    std::memcpy(padded.data_ptr<std::uint8_t>(), bytes.data(), bytes.size());
+    const std::vector<torch::Tensor> all = allgather(padded.to(device_));
+    std::vector<c10::IValue> out;
+    out.reserve(all.size());
+    for (std::size_t r = 0; r < all.size(); ++r) {
+      const torch::Tensor host = all[r].cpu();
+      const auto* data = reinterpret_cast<const char*>(host.data_ptr<std::uint8_t>());
+      out.push_back(torch::pickle_load(std::vector<char>(data, data + sizes[r])));
+    }
+    return out;
+  }
+
  private:
   Communicator(LaunchEnvironment env, std::chrono::milliseconds timeout, const char* backend_name)
-      : env_(std::move(env)), timeout_(timeout), backend_name_(backend_name) {}
+      : env_(std::move(env)), timeout_(timeout), backend_name_(backend_name) {
+    // NCCL: one GPU per process, picked by the local rank (as the Context picks its device).
+    if (std::string_view(backend_name_) == backend::nccl::name)
+      device_ = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(env_.local_rank % std::max<std::int64_t>(
+                                                                                 static_cast<std::int64_t>(torch::cuda::device_count()), 1)));
+  }
 
 #if defined(DETTRIAL_HAS_GLOO)
   static std::shared_ptr<::gloo::transport::Device> gloo_device(const LaunchEnvironment& env) {
@@ -197,6 +250,7 @@ class Communicator {
   LaunchEnvironment env_;
   std::chrono::milliseconds timeout_;
   const char* backend_name_;
+  torch::Device device_{torch::kCPU};
   c10::intrusive_ptr<detail::C10dBackend> backend_;
 };
 

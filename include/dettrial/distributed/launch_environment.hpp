@@ -4,6 +4,7 @@
 /// torchrun, Slurm (`srun`), Open MPI / PMI (`mpirun`), plain RANK/WORLD_SIZE, else one process.
 #pragma once
 
+#include <algorithm>
 #include <charconv>
 #include <cstdlib>
 #include <functional>
@@ -83,7 +84,12 @@ struct LaunchEnvironment {
       e.rank = integer("SLURM_PROCID", 0);
       e.size = has("SLURM_NTASKS") ? integer("SLURM_NTASKS", 1) : integer("SLURM_NPROCS", 1);
       e.local_rank = integer("SLURM_LOCALID", 0);
-      e.local_size = integer("SLURM_NTASKS_PER_NODE", 1);
+      // Tasks on this node: SLURM_NTASKS_PER_NODE when given, else this node's entry of the step's
+      // (or job's) task layout, such as "2(x3),1".
+      const char* layout = has("SLURM_STEP_TASKS_PER_NODE") ? getenv("SLURM_STEP_TASKS_PER_NODE") : getenv("SLURM_TASKS_PER_NODE");
+      e.local_size = has("SLURM_NTASKS_PER_NODE") ? integer("SLURM_NTASKS_PER_NODE", 1)
+                     : layout                     ? slurm_tasks_on_node(layout, integer("SLURM_NODEID", 0))
+                                                  : 1;
       const char* nodes = has("SLURM_STEP_NODELIST") ? getenv("SLURM_STEP_NODELIST") : getenv("SLURM_JOB_NODELIST");
       if (nodes) e.master_addr = first_slurm_host(nodes);
       // Slurm sets no port: one derived from the job id keeps concurrent jobs on a node apart.
@@ -99,6 +105,7 @@ struct LaunchEnvironment {
       e.rank = integer("PMI_RANK", 0);
       e.size = integer("PMI_SIZE", 1);
       e.local_rank = integer("MPI_LOCALRANKID", 0);
+      e.local_size = integer("MPI_LOCALNRANKS", 1);
     } else if (has("RANK") && has("WORLD_SIZE")) {
       e.launcher = Launcher::env;
       e.rank = integer("RANK", 0);
@@ -117,6 +124,26 @@ struct LaunchEnvironment {
     if (e.master_port < 1 || e.master_port > 65535)
       throw ConfigError("MASTER_PORT " + std::to_string(e.master_port) + " is not a TCP port");
     return e;
+  }
+
+  /// The tasks on node `node` of a Slurm task layout: "2(x3),1" gives 2 for nodes 0-2 and 1 for node 3
+  /// (1 when the layout is unreadable or shorter).
+  static int slurm_tasks_on_node(std::string_view layout, int node) {
+    int seen = 0;
+    while (!layout.empty()) {
+      const std::size_t comma = layout.find(',');
+      const std::string_view entry = layout.substr(0, comma);
+      int tasks = 0, repeat = 1;
+      const auto [end, ec] = std::from_chars(entry.data(), entry.data() + entry.size(), tasks);
+      if (ec != std::errc()) return 1;
+      if (const std::string_view rest(end, static_cast<std::size_t>(entry.data() + entry.size() - end)); rest.starts_with("(x"))
+        std::from_chars(rest.data() + 2, rest.data() + rest.size(), repeat);
+      if (node < seen + repeat) return std::max(tasks, 1);
+      seen += repeat;
+      if (comma == std::string_view::npos) break;
+      layout.remove_prefix(comma + 1);
+    }
+    return 1;
   }
 
   /// The first host of a Slurm node list: "node[03-05,9],gpu1" gives "node03".

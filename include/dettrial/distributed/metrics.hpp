@@ -1,94 +1,137 @@
 // SPDX-License-Identifier: Apache-2.0
 /// @file
 /// @brief Metrics across ranks, as Determined reduces them: training means averaged over ranks;
-/// validation reduced per rank, then across ranks (avg weighted by each rank's batch count).
+/// validation reduced per rank, then across ranks (avg weighted by each rank's batch count); user
+/// reducers per slot, then across slots; record counts of the whole job. Every rank computes the
+/// same result from the same gathered shares, so every decision taken on them is agreed.
 #pragma once
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
-#include <cstring>
+#include <limits>
 #include <string>
 #include <vector>
 
 #include <torch/torch.h>
 
+#include "../detail/error.hpp"
 #include "../metrics/metrics.hpp"
 #include "../metrics/reducers.hpp"
 #include "communicator.hpp"
 
 namespace dettrial::detail {
 
-/// Averages every metric but the counters (`batches`, `epochs`) over the ranks, in place.
-inline void average_across_ranks(MetricValues& metrics, Communicator& comm) {
-  std::vector<std::string> names;
-  std::vector<double> values;
-  for (const auto& [name, value] : metrics)
-    if (name != "batches" && name != "epochs") {
-      names.push_back(name);
-      values.push_back(value);
-    }
-  if (values.empty()) return;
-  std::vector<torch::Tensor> t{torch::tensor(values, torch::kDouble)};
-  comm.allreduce(t);
-  const auto* sums = t[0].data_ptr<double>();
-  for (std::size_t i = 0; i < names.size(); ++i) metrics.set(names[i], sums[i] / comm.size());
+/// What one rank contributes at the end of a training workload or a validation.
+struct RankShare {
+  /// Per metric: the training mean (training), or the per-rank total of its reducer (validation).
+  std::vector<ValidationReduction::Total> totals;
+  std::int64_t batches = 0;
+  std::int64_t records = 0;
+  /// The per-slot parts of the user reducers taking part, in registration order.
+  std::vector<c10::IValue> reducer_parts;
+};
+
+inline c10::IValue to_ivalue(const RankShare& share) {
+  c10::List<std::string> names;
+  c10::List<std::int64_t> kinds;
+  c10::List<double> values;
+  for (const auto& t : share.totals) {
+    names.push_back(t.name);
+    kinds.push_back(static_cast<std::int64_t>(t.reducer));
+    values.push_back(t.value);
+  }
+  c10::impl::GenericList parts(c10::AnyType::get());
+  for (const auto& p : share.reducer_parts) parts.push_back(p);
+  return c10::ivalue::Tuple::create({names, kinds, values, share.batches, share.records, parts});
 }
 
-/// Combines per-rank validation totals: avg = sum over all batches / all batches; sum; max; min.
-inline MetricValues reduce_validation_across_ranks(const std::vector<ValidationReduction::Total>& totals, std::int64_t batches,
-                                                   Communicator& comm) {
-  std::vector<double> sums{static_cast<double>(batches)}, extremes;
-  for (const auto& t : totals) {
-    if (t.reducer == Reducer::avg || t.reducer == Reducer::sum) sums.push_back(t.value);
-    else extremes.push_back(t.reducer == Reducer::max ? t.value : -t.value);  // min as the max of negatives
-  }
-  std::vector<torch::Tensor> s{torch::tensor(sums, torch::kDouble)};
-  comm.allreduce(s);
-  std::vector<torch::Tensor> e{torch::tensor(extremes.empty() ? std::vector<double>{0.0} : extremes, torch::kDouble)};
-  if (!extremes.empty()) comm.allreduce(e, c10d::ReduceOp::MAX);
-  const auto* sum = s[0].data_ptr<double>();
-  const auto* ext = e[0].data_ptr<double>();
-  const double all_batches = sum[0];
+inline RankShare from_ivalue(const c10::IValue& v) {
+  const auto& e = v.toTupleRef().elements();
+  RankShare share;
+  const auto names = e[0].toList();
+  const auto kinds = e[1].toList();
+  const auto values = e[2].toList();
+  for (std::size_t i = 0; i < names.size(); ++i)
+    share.totals.push_back({names.get(i).toStringRef(), static_cast<Reducer>(kinds.get(i).toInt()), values.get(i).toDouble()});
+  share.batches = e[3].toInt();
+  share.records = e[4].toInt();
+  for (const auto& p : e[5].toList()) share.reducer_parts.push_back(p);
+  return share;
+}
+
+/// Every rank's share, in rank order, on every rank (one all-gather); one process: its own.
+inline std::vector<RankShare> gather_shares(RankShare mine, Communicator* comm) {
+  if (comm == nullptr) return {std::move(mine)};
+  std::vector<RankShare> out;
+  for (const c10::IValue& v : comm->allgather_object(to_ivalue(mine))) out.push_back(from_ivalue(v));
+  return out;
+}
+
+inline std::int64_t total_records(const std::vector<RankShare>& shares) {
+  std::int64_t n = 0;
+  for (const auto& s : shares) n += s.records;
+  return n;
+}
+inline std::int64_t total_batches(const std::vector<RankShare>& shares) {
+  std::int64_t n = 0;
+  for (const auto& s : shares) n += s.batches;
+  return n;
+}
+
+/// Training: each metric's mean over the ranks that report it (every rank trains as many batches
+/// per workload, so this is Determined's per-batch mean over ranks, then over batches).
+inline MetricValues combine_training(const std::vector<RankShare>& shares) {
   MetricValues out;
-  std::size_t si = 1, ei = 0;
-  for (const auto& t : totals) {
-    switch (t.reducer) {
-      case Reducer::avg: out.set(t.name, sum[si++] / all_batches); break;
-      case Reducer::sum: out.set(t.name, sum[si++]); break;
-      case Reducer::max: out.set(t.name, ext[ei++]); break;
-      case Reducer::min: out.set(t.name, -ext[ei++]); break;
-    }
+  for (const auto& first : shares.front().totals) {
+    double sum = 0;
+    int ranks = 0;
+    for (const auto& s : shares)
+      for (const auto& t : s.totals)
+        if (t.name == first.name) {
+          sum += t.value;
+          ++ranks;
+        }
+    out.set(first.name, sum / ranks);
   }
   return out;
 }
 
-/// Sends the chief's metrics (names and values) to every rank.
-inline MetricValues broadcast_metrics(const MetricValues& metrics, Communicator& comm) {
-  std::string text;
-  std::vector<double> values;
-  for (const auto& [name, value] : metrics) {
-    text += name;
-    text += '\n';
-    values.push_back(value);
-  }
-  std::vector<torch::Tensor> sizes{torch::tensor({static_cast<std::int64_t>(text.size()), static_cast<std::int64_t>(values.size())})};
-  comm.broadcast(sizes);
-  const auto text_size = sizes[0][0].item<std::int64_t>();
-  const auto count = sizes[0][1].item<std::int64_t>();
-  std::vector<torch::Tensor> payload{torch::zeros({text_size}, torch::kUInt8), torch::zeros({count}, torch::kDouble)};
-  if (comm.rank() == 0) {
-    std::memcpy(payload[0].data_ptr<std::uint8_t>(), text.data(), text.size());
-    std::memcpy(payload[1].data_ptr<double>(), values.data(), values.size() * sizeof(double));
-  }
-  comm.broadcast(payload);
+/// Validation: avg = the sum over all batches of all ranks / all batches (Determined's mean weighted
+/// by each rank's batch count), sum, max and min over the ranks that validated any batch.
+inline MetricValues combine_validation(const std::vector<RankShare>& shares) {
   MetricValues out;
-  const std::string names(reinterpret_cast<const char*>(payload[0].data_ptr<std::uint8_t>()), static_cast<std::size_t>(text_size));
-  std::size_t start = 0;
-  for (std::int64_t i = 0; i < count; ++i) {
-    const std::size_t end = names.find('\n', start);
-    out.set(names.substr(start, end - start), payload[1].data_ptr<double>()[i]);
-    start = end + 1;
-  }
+  const double all_batches = static_cast<double>(total_batches(shares));
+  std::vector<std::string> seen;
+  for (const auto& share : shares)
+    for (const auto& first : share.totals) {
+      if (std::find(seen.begin(), seen.end(), first.name) != seen.end()) continue;
+      seen.push_back(first.name);
+      double value = first.reducer == Reducer::max   ? -std::numeric_limits<double>::infinity()
+                     : first.reducer == Reducer::min ? std::numeric_limits<double>::infinity()
+                                                     : 0.0;
+      for (const auto& s : shares)
+        for (const auto& t : s.totals) {
+          if (t.name != first.name) continue;
+          if (std::isnan(t.value)) value = t.value;  // like np.max / np.sum
+          else if (!std::isnan(value))
+            value = first.reducer == Reducer::max ? std::max(value, t.value) : first.reducer == Reducer::min ? std::min(value, t.value) : value + t.value;
+        }
+      out.set(first.name, first.reducer == Reducer::avg ? value / all_batches : value);
+    }
   return out;
+}
+
+/// The parts of reducer `index` (among those taking part), one per rank in rank order.
+inline std::vector<c10::IValue> reducer_parts(const std::vector<RankShare>& shares, std::size_t index) {
+  std::vector<c10::IValue> parts;
+  parts.reserve(shares.size());
+  for (const auto& s : shares) {
+    if (index >= s.reducer_parts.size())
+      throw DistributedError("the ranks wrapped different numbers of reducers; every rank must build the same trial");
+    parts.push_back(s.reducer_parts[index]);
+  }
+  return parts;
 }
 
 }  // namespace dettrial::detail

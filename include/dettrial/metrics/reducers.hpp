@@ -4,11 +4,14 @@
 /// reducers (avg, sum, max, min) per metric, and user reducer types.
 #pragma once
 
+#include <algorithm>
 #include <concepts>
 #include <limits>
 #include <map>
 #include <optional>
+#include <type_traits>
 #include <string>
+#include <utility>
 #include <variant>
 #include <vector>
 
@@ -35,18 +38,95 @@ inline const char* to_string(Reducer r) {
 /// Which reducer each validation metric gets: one for all, or one per metric name (all names, exactly).
 using ReducerChoice = std::variant<Reducer, std::map<std::string, Reducer>>;
 
+/// A value a reducer's per-slot part may be, so that it can cross processes (pickled, LibTorch's
+/// serialization): a number, a tensor, a string, or a std::vector / std::tuple of those.
+template <class P>
+concept SlotValue = std::copy_constructible<P> && requires(const P& p, const c10::IValue& v) {
+  c10::IValue(p);
+  { v.to<P>() } -> std::convertible_to<P>;
+};
+
+/// What a reducer's final step may return: a number (stored under the reducer's name) or
+/// MetricValues (merged by their own names).
+template <class T>
+concept ReducedMetrics = std::convertible_to<T, double> || std::same_as<std::remove_cvref_t<T>, MetricValues>;
+
 /**
- * @brief A user reducer (Determined's MetricReducer): the trial calls its own `update(...)` from
- * `train_batch` or `evaluate_batch`; dettrial calls `reset()` before every training workload and
- * every validation and `reduce()` at their end. `reduce()` returns a number (stored under the name the
- * reducer was wrapped with) or MetricValues (merged into the metrics).
+ * @brief A reducer for one process: dettrial calls `reset()` before every training workload and
+ * every validation and `reduce()` at their end; the trial feeds it through its own `update(...)`.
+ * It cannot see other ranks' data, so a data-parallel job needs a CrossSlotReducer instead.
  */
 template <class R>
-concept MetricReducer = requires(R& r) {
+concept LocalReducer = requires(R& r) {
   r.reset();
-  { r.reduce() };
-} && (std::convertible_to<decltype(std::declval<R&>().reduce()), double> ||
-      std::same_as<std::remove_cvref_t<decltype(std::declval<R&>().reduce())>, MetricValues>);
+  { r.reduce() } -> ReducedMetrics;
+};
+
+/// The type of a CrossSlotReducer's per-slot part.
+template <class R>
+using per_slot_t = std::remove_cvref_t<decltype(std::declval<R&>().per_slot_reduce())>;
+
+/**
+ * @brief Determined's MetricReducer, correct in any number of ranks: `per_slot_reduce()` on every
+ * rank at the end of a workload or validation (a SlotValue), then `cross_slot_reduce(parts)` with
+ * the parts of all ranks in rank order (one process: a list of one).
+ */
+template <class R>
+concept CrossSlotReducer = requires(R& r) {
+  r.reset();
+  r.per_slot_reduce();
+} && SlotValue<per_slot_t<R>> && requires(R& r, const std::vector<per_slot_t<R>>& parts) {
+  { r.cross_slot_reduce(parts) } -> ReducedMetrics;
+};
+
+/// A user reducer: a LocalReducer or a CrossSlotReducer (see Context::wrap_reducer).
+template <class R>
+concept MetricReducer = LocalReducer<R> || CrossSlotReducer<R>;
+
+namespace detail {
+template <MetricReducer R>
+constexpr auto reduced_metrics_type() {
+  if constexpr (CrossSlotReducer<R>)
+    return std::type_identity<decltype(std::declval<R&>().cross_slot_reduce(std::declval<const std::vector<per_slot_t<R>>&>()))>{};
+  else
+    return std::type_identity<decltype(std::declval<R&>().reduce())>{};
+}
+}  // namespace detail
+/// What a reducer's last step returns: a number or MetricValues.
+template <MetricReducer R>
+using reduced_metrics_t = std::remove_cvref_t<typename decltype(detail::reduced_metrics_type<R>())::type>;
+
+/**
+ * @brief The reducer `context.wrap_reducer(fn, name)` makes of a function (Determined's simple
+ * reducer): the trial calls `update(value)`; at the end of a workload or validation the values of
+ * all ranks, back in the order of the batches they came from, go to `fn(values)`.
+ */
+template <class T, class Fn>
+class FunctionReducer {
+ public:
+  explicit FunctionReducer(Fn fn) : fn_(std::move(fn)) {}
+  void update(T value) { values_.push_back(std::move(value)); }
+  void reset() { values_.clear(); }
+  const std::vector<T>& per_slot_reduce() const { return values_; }
+  /// Interleaves the ranks' lists (rank r's k-th value came from global batch k*n + r), then calls fn.
+  decltype(auto) cross_slot_reduce(const std::vector<std::vector<T>>& parts) {
+    std::vector<T> all;
+    std::size_t longest = 0, total = 0;
+    for (const auto& p : parts) {
+      longest = std::max(longest, p.size());
+      total += p.size();
+    }
+    all.reserve(total);
+    for (std::size_t k = 0; k < longest; ++k)
+      for (const auto& p : parts)
+        if (k < p.size()) all.push_back(p[k]);
+    return fn_(std::as_const(all));
+  }
+
+ private:
+  Fn fn_;
+  std::vector<T> values_;
+};
 
 namespace detail {
 
@@ -258,25 +338,46 @@ class ValidationReduction {
 struct WrappedReducer {
   void* object;
   void (*reset)(void*);
-  void (*reduce_into)(void*, const std::string& name, MetricValues& out);
+  /// This rank's part (a LocalReducer has none: it is reduced where it stands).
+  c10::IValue (*per_slot)(void*);
+  /// Reduces the parts of all ranks (rank order) into `out`.
+  void (*cross_slot_into)(void*, const std::string& name, const std::vector<c10::IValue>& parts, MetricValues& out);
   std::string name;
   bool for_training;
   bool for_validation;
+  /// Whether it reduces across ranks (a CrossSlotReducer); a LocalReducer sees one process only.
+  bool cross_slot;
+
+  template <class V>
+  static void store(V&& value, const std::string& name, MetricValues& out) {
+    if constexpr (std::same_as<std::remove_cvref_t<V>, MetricValues>) {
+      for (const auto& [k, v] : value) out.set(k, v);
+    } else {
+      out.set(name, static_cast<double>(value));
+    }
+  }
 
   template <MetricReducer R>
   static WrappedReducer wrap(R& r, std::string name, bool for_training, bool for_validation) {
-    return WrappedReducer{
-        &r, [](void* p) { static_cast<R*>(p)->reset(); },
-        [](void* p, const std::string& n, MetricValues& out) {
-          auto value = static_cast<R*>(p)->reduce();
-          if constexpr (std::same_as<std::remove_cvref_t<decltype(value)>, MetricValues>) {
-            for (const auto& [k, v] : value) out.set(k, v);
-          } else {
-            if (n.empty()) throw TrialError("a reducer whose reduce() returns a number needs a name in wrap_reducer");
-            out.set(n, static_cast<double>(value));
-          }
-        },
-        std::move(name), for_training, for_validation};
+    if constexpr (CrossSlotReducer<R>) {
+      return WrappedReducer{
+          &r, [](void* p) { static_cast<R*>(p)->reset(); },
+          [](void* p) { return c10::IValue(static_cast<R*>(p)->per_slot_reduce()); },
+          [](void* p, const std::string& n, const std::vector<c10::IValue>& parts, MetricValues& out) {
+            std::vector<per_slot_t<R>> typed;
+            typed.reserve(parts.size());
+            for (const auto& part : parts) typed.push_back(part.to<per_slot_t<R>>());
+            store(static_cast<R*>(p)->cross_slot_reduce(std::as_const(typed)), n, out);
+          },
+          std::move(name), for_training, for_validation, true};
+    } else {
+      return WrappedReducer{
+          &r, [](void* p) { static_cast<R*>(p)->reset(); }, [](void*) { return c10::IValue(); },
+          [](void* p, const std::string& n, const std::vector<c10::IValue>&, MetricValues& out) {
+            store(static_cast<R*>(p)->reduce(), n, out);
+          },
+          std::move(name), for_training, for_validation, false};
+    }
   }
 };
 

@@ -7,6 +7,7 @@
 #include <exception>
 #include <filesystem>
 #include <iostream>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -65,6 +66,8 @@ inline const char* main_usage() {
          "  --nproc N            train data-parallel in N local processes (Gloo on CPU, NCCL on GPUs);\n"
          "                       default: resources.slots_per_trial when no launcher (torchrun, srun,\n"
          "                       mpirun) started this process\n"
+         "  --threads N          intra-op threads per process (default: OMP_NUM_THREADS when set;\n"
+         "                       data parallel: this rank's share of the node's cores)\n"
          "  --backend NAME       gloo or nccl (default: nccl when this process has a GPU and NCCL)\n"
          "  --timeout SECONDS    how long ranks wait for each other before failing (default 300)\n"
          "  --test-mode          train one batch and validate one batch, to check the trial runs\n"
@@ -207,6 +210,7 @@ int main(int argc, char** argv, Args&&... trial_args) {
   std::string resume;
   std::string backend_name;
   int nproc = 0;
+  std::optional<int> threads;
   long timeout_seconds = 300;
   std::vector<std::string> child_args{program};  // what the built-in launcher passes to each rank
   bool test_mode = false, quiet = false;
@@ -230,7 +234,7 @@ int main(int argc, char** argv, Args&&... trial_args) {
       output = value(arg);
     } else if (arg == "--resume") {
       resume = value(arg);
-    } else if (arg == "--nproc" || arg == "--timeout") {
+    } else if (arg == "--nproc" || arg == "--timeout" || arg == "--threads") {
       const std::string v = value(arg);
       char* end = nullptr;
       const long n = std::strtol(v.c_str(), &end, 10);
@@ -239,6 +243,7 @@ int main(int argc, char** argv, Args&&... trial_args) {
         return 2;
       }
       if (arg == "--nproc") nproc = static_cast<int>(n);
+      else if (arg == "--threads") threads = static_cast<int>(n);
       else timeout_seconds = n;
     } else if (arg == "--backend") {
       backend_name = value(arg);
@@ -322,7 +327,7 @@ int main(int argc, char** argv, Args&&... trial_args) {
     }
     if (!test_mode && !options.max_length)
       throw ConfigError(config_path + ": the config sets no training length; add searcher.max_length, e.g. {batches: 1000}");
-    Context context(config, ContextOptions{.communicator = communicator});
+    Context context(config, ContextOptions{.communicator = communicator, .threads = threads});
     Trainer<TrialT> trainer(context, std::forward<Args>(trial_args)...);
     const FitResult result = trainer.fit(std::move(options));
     return result.signal != 0 ? exit_status_interrupted : 0;

@@ -29,6 +29,7 @@
 #include "../checkpoint/checkpoint.hpp"
 #include "../checkpoint/policy.hpp"
 #include "../context/context.hpp"
+#include "../distributed/communicator.hpp"
 #include "../distributed/metrics.hpp"
 #include "../detail/error.hpp"
 #include "../version.hpp"
@@ -36,6 +37,7 @@
 #include "../metrics/reducers.hpp"
 #include "../report/metrics_log.hpp"
 #include "../report/progress.hpp"
+#include "../report/runtime.hpp"
 #include "../trial/concepts.hpp"
 #include "callbacks.hpp"
 #include "fit_options.hpp"
@@ -297,6 +299,7 @@ class Trainer {
     train_loader_.emplace(trial_->build_training_data_loader());
     validation_loader_.emplace(trial_->build_validation_data_loader());
     st.epoch_len = epoch_length(*train_loader_, training_chain());
+    agree_across_ranks(st, first_batch);
     if (st.epoch_len < 1) throw DataError("the training data loader yields no batches (its size() is 0)");
     context_.epoch_len_ = st.epoch_len;
 
@@ -306,6 +309,8 @@ class Trainer {
     st.result.resumed_from_batch = st.batches_trained;
     if (Communicator* comm = context_.communicator()) broadcast_models(*comm);  // every rank starts from rank 0's weights
 
+    st.progress.line("dettrial " DETTRIAL_VERSION_STRING ": " +
+                     detail::runtime_summary(context_.threads() ? context_.threads()->source : std::string()));
     st.progress.line("dettrial: trial seed " + std::to_string(context_.get_trial_seed()) + ", device " +
                      context_.device().str() + ", training " + st.length.to_string() + " (an epoch is " +
                      std::to_string(st.epoch_len) + " batches), output " + o.output_dir.string());
@@ -446,14 +451,18 @@ class Trainer {
   void report_training(RunState& st, const detail::WorkloadMeans& means, std::int64_t records, Set& callbacks,
                        const std::vector<Metrics>& batch_metrics) {
     const double seconds = st.progress.elapsed();
+    detail::RankShare mine{.batches = means.batches(), .records = records};
+    for (const auto& [name, value] : means.means()) mine.totals.push_back({name, Reducer::avg, value});
+    for (auto& r : context_.reducers_)
+      if (r.for_training) mine.reducer_parts.push_back(r.per_slot(r.object));
+    const auto shares = detail::gather_shares(std::move(mine), context_.communicator());
     MetricValues avg;
     avg.set("batches", static_cast<double>(st.batches_trained));
     avg.set("epochs", static_cast<double>(st.epochs_trained));
-    for (const auto& [name, value] : means.means()) avg.set(name, value);
-    if (Communicator* comm = context_.communicator()) detail::average_across_ranks(avg, *comm);
-    for (auto& r : context_.reducers_)
-      if (r.for_training) r.reduce_into(r.object, r.name, avg);
-    const double rate = seconds > 0 ? static_cast<double>(records) / seconds : 0.0;
+    for (const auto& [name, value] : detail::combine_training(shares)) avg.set(name, value);
+    reduce_user_reducers(&detail::WrappedReducer::for_training, shares, avg);
+    // The whole job's records (every rank's), over the chief's clock.
+    const double rate = seconds > 0 ? static_cast<double>(detail::total_records(shares)) / seconds : 0.0;
     char tail[64];
     std::snprintf(tail, sizeof tail, "  (%.1f samples/s)", rate);
     st.progress.line("[train]" + detail::format_metrics(avg) + tail);
@@ -467,6 +476,14 @@ class Trainer {
     st.result.last_training_metrics = std::move(avg);
   }
 
+  /// Merges the user reducers taking part (`role`: for_training or for_validation) into `out`, each
+  /// reducing the parts of every rank.
+  void reduce_user_reducers(bool detail::WrappedReducer::*role, const std::vector<detail::RankShare>& shares, MetricValues& out) {
+    std::size_t index = 0;
+    for (auto& r : context_.reducers_)
+      if (r.*role) r.cross_slot_into(r.object, r.name, detail::reducer_parts(shares, index++), out);
+  }
+
   template <class Set>
   void validate(RunState& st, Set& callbacks) {
     torch::NoGradGuard no_grad;
@@ -477,8 +494,9 @@ class Trainer {
       if constexpr (requires { cb.on_validation_start(); }) cb.on_validation_start();
     });
     st.progress.begin("validate", 0, epoch_length(*validation_loader_, validation_chain()), "batches");
-    MetricValues metrics;
-    std::int64_t records = 0;
+    // This rank's share: its metric totals (evaluate_batch, over its shard) or, with
+    // evaluate_full_dataset, the chief's metrics over the whole set (taken as they are).
+    detail::RankShare mine;
     if constexpr (DeclaresEvaluateBatch<TrialT>) {
       callbacks.each([&](auto& cb) {
         if constexpr (requires { cb.on_validation_epoch_start(); }) cb.on_validation_epoch_start();
@@ -490,7 +508,7 @@ class Trainer {
       for (auto&& loaded : validation_loader_->batches(validation_chain())) {
         validation_batch_t<TrialT> batch = std::move(loaded);
         to_device_in_place(batch, context_.device(), non_blocking);
-        records += record_count(batch);
+        mine.records += record_count(batch);
         Metrics m = detail::call_evaluate_batch(*trial_, batch, model_or_missing(), batch_idx);
         reduction.add(m, batch_idx);
         if constexpr (Set::wants_validation_outputs) outputs.push_back(std::move(m));
@@ -498,23 +516,28 @@ class Trainer {
         st.progress.update(batch_idx);
         if (st.options.test_mode) break;
       }
-      if (batch_idx == 0) throw DataError("the validation data loader yielded no batches");
       callbacks.each([&](auto& cb) {
         if constexpr (requires { cb.on_validation_epoch_end(std::span<const Metrics>(outputs)); })
           cb.on_validation_epoch_end(std::span<const Metrics>(outputs));
       });
-      Communicator* comm = context_.communicator();
-      metrics = comm ? detail::reduce_validation_across_ranks(reduction.totals(), reduction.batches(), *comm) : reduction.result();
+      mine.totals = reduction.totals();
+      mine.batches = reduction.batches();
     } else {
       // The whole dataset on the chief only (Determined's rule); the others get its metrics.
       if (context_.distributed().is_chief()) {
         const Metrics m = detail::call_evaluate_full_dataset(*trial_, *validation_loader_, model_or_missing());
-        for (const auto& e : m) metrics.set(std::string(e.key.view()), e.value.to_double());
+        for (const auto& e : m) mine.totals.push_back({std::string(e.key.view()), Reducer::sum, e.value.to_double()});
+        mine.batches = 1;
       }
-      if (Communicator* comm = context_.communicator()) metrics = detail::broadcast_metrics(metrics, *comm);
     }
     for (auto& r : context_.reducers_)
-      if (r.for_validation) r.reduce_into(r.object, r.name, metrics);
+      if (r.for_validation) mine.reducer_parts.push_back(r.per_slot(r.object));
+    const auto shares = detail::gather_shares(std::move(mine), context_.communicator());
+    // Decided from the gathered shares, so every rank throws (or goes on) together.
+    if (detail::total_batches(shares) == 0) throw DataError("the validation data loader yielded no batches");
+    const std::int64_t records = detail::total_records(shares);
+    MetricValues metrics = detail::combine_validation(shares);
+    reduce_user_reducers(&detail::WrappedReducer::for_validation, shares, metrics);
     callbacks.each([&](auto& cb) {
       if constexpr (requires { cb.on_validation_end(metrics); }) cb.on_validation_end(metrics);
     });
@@ -547,6 +570,9 @@ class Trainer {
         throw TrialError("the searcher metric '" + st.options.searcher_metric + "' was not reported by validation (it reported" +
                          detail::format_metrics(metrics) + ")");
       improved = !st.best_metric || (st.options.smaller_is_better ? *value < *st.best_metric : *value > *st.best_metric);
+      // Every rank holds the same gathered metrics; the chief's decision is still the one acted on,
+      // because a checkpoint is a collective that all ranks enter or none.
+      if (Communicator* comm = context_.communicator()) improved = comm->broadcast_values({improved ? 1 : 0})[0] != 0;
       if (improved) st.best_metric = *value;
     } else if (st.options.checkpoint_policy == CheckpointPolicy::best && !st.warned_best_without_metric) {
       st.progress.line("dettrial: checkpoint_policy 'best' has no searcher metric to compare; checkpointing after every validation");
@@ -592,7 +618,9 @@ class Trainer {
     st.last_checkpoint = st.batches_trained;
     // Every rank's CPU RNG goes to the chief (a collective: all ranks checkpoint at the same batches).
     std::vector<torch::Tensor> rng_states;
-    if (Communicator* comm = context_.communicator()) rng_states = comm->allgather(at::detail::getDefaultCPUGenerator().get_state());
+    if (Communicator* comm = context_.communicator())
+      for (const torch::Tensor& state : comm->allgather(at::detail::getDefaultCPUGenerator().get_state().to(comm->device())))
+        rng_states.push_back(state.cpu());
     if (!context_.distributed().is_chief()) {
       // The chief writes; the others learn the checkpoint's uuid once it is written (Determined's broadcast).
       const std::string uuid = share_uuid({});
@@ -662,17 +690,58 @@ class Trainer {
     if (!comm) return uuid;
     std::vector<torch::Tensor> t{torch::zeros({36}, torch::kUInt8)};
     if (comm->rank() == 0) std::memcpy(t[0].data_ptr<std::uint8_t>(), uuid.data(), std::min<std::size_t>(uuid.size(), 36));
+    t[0] = t[0].to(comm->device());
     comm->broadcast(t);
-    return std::string(reinterpret_cast<const char*>(t[0].data_ptr<std::uint8_t>()), 36);
+    const torch::Tensor host = t[0].cpu();
+    return std::string(reinterpret_cast<const char*>(host.data_ptr<std::uint8_t>()), 36);
   }
 
   /// The largest of `value` over the ranks (the value itself for one process): what every rank acts on.
   int agreed_max(int value) {
     Communicator* comm = context_.communicator();
     if (!comm) return value;
-    std::vector<torch::Tensor> t{torch::tensor({static_cast<std::int64_t>(value)})};
-    comm->allreduce(t, c10d::ReduceOp::MAX);
-    return static_cast<int>(t[0].item<std::int64_t>());
+    return static_cast<int>(comm->allreduce_values({static_cast<double>(value)}, c10d::ReduceOp::MAX)[0]);
+  }
+
+  /**
+   * @brief Makes the ranks of a job agree before training: the epoch length is the chief's sharded
+   * length (Determined's rule; a rank whose shard is a batch shorter reads on into the next epoch of
+   * the endless stream), the data loaders shuffle with the chief's seeds, each rank's own RNG
+   * stream (dropout) is derived from the agreed trial seed and its rank, and the fit options that
+   * place boundaries must be the same on every rank.
+   */
+  void agree_across_ranks(RunState& st, std::int64_t first_batch) {
+    Communicator* comm = context_.communicator();
+    if (!comm) return;
+    const FitOptions& o = st.options;
+    const auto train_seed = data_seed(*train_loader_), validation_seed = data_seed(*validation_loader_);
+    // What places every boundary, by name: each rank compares its own with the chief's.
+    const std::pair<const char*, std::string> placed[] = {
+        {"max_length", st.length.to_string()},
+        {"the validation period", o.validation_period.to_string()},
+        {"the checkpoint period", o.checkpoint_period.to_string()},
+        {"the reporting period", o.reporting_period.to_string()},
+        {"test mode", o.test_mode ? "on" : "off"},
+        {"the batch resumed from", std::to_string(first_batch)},
+        {"aggregation_frequency", std::to_string(context_.aggregation_frequency())},
+        {"the global batch size", context_.has_global_batch_size() ? std::to_string(context_.get_global_batch_size()) : "-"}};
+    std::vector<std::int64_t> mine{st.epoch_len, static_cast<std::int64_t>(train_seed.value_or(0)), train_seed ? 1 : 0,
+                                   static_cast<std::int64_t>(validation_seed.value_or(0)), validation_seed ? 1 : 0};
+    for (const auto& [name, value] : placed) mine.push_back(static_cast<std::int64_t>(std::hash<std::string>{}(value)));
+    const std::vector<std::int64_t> chief = comm->broadcast_values(mine);
+    st.epoch_len = chief[0];
+    if (chief[2]) restore_data_seed(*train_loader_, static_cast<std::uint64_t>(chief[1]));
+    if (chief[4]) restore_data_seed(*validation_loader_, static_cast<std::uint64_t>(chief[3]));
+    int differs = -1;
+    for (std::size_t i = 0; i < std::size(placed) && differs < 0; ++i)
+      if (mine[5 + i] != chief[5 + i]) differs = static_cast<int>(i);
+    // Every rank learns that one differs, so all stop here rather than cross collectives later.
+    const int any = agreed_max(differs);
+    if (any >= 0)
+      throw ConfigError("the ranks of this job disagree on " + std::string(placed[differs >= 0 ? differs : any].first) +
+                        (differs >= 0 ? " (rank " + std::to_string(comm->rank()) + " has " + placed[differs].second + ")" : std::string()) +
+                        "; every rank must be given the same config and fit options");
+    context_.seed_rank_stream();
   }
 
   /// Copies rank 0's parameters and buffers to every rank.
@@ -768,9 +837,12 @@ class Trainer {
   /// Batches per epoch on this rank: the loader's sharded length when it knows one.
   template <class L>
   static std::int64_t epoch_length(const L& loader, const LoaderChain& chain) {
-    if constexpr (requires { { loader.batches_for(chain) } -> std::convertible_to<std::int64_t>; })
+    if constexpr (requires { { loader.batches_for(chain) } -> std::convertible_to<std::int64_t>; }) {
       return static_cast<std::int64_t>(loader.batches_for(chain));
-    else return static_cast<std::int64_t>(loader.size());
+    } else {  // Determined's DistributedBatchSampler length: len // n + (len % n > rank)
+      const auto len = static_cast<std::int64_t>(loader.size());
+      return len / chain.num_replicas + (len % chain.num_replicas > chain.rank ? 1 : 0);
+    }
   }
 
   ReducerChoice evaluation_reducer() {

@@ -1,0 +1,84 @@
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief How many threads each process of a data-parallel job computes with: its share of the
+/// cores, so that the ranks on a node do not each run an OpenMP team as large as the node.
+#pragma once
+
+#include <charconv>
+#include <optional>
+#include <sched.h>
+#include <string>
+#include <string_view>
+#include <thread>
+
+#include "../detail/error.hpp"
+#include "launch_environment.hpp"
+
+namespace dettrial {
+
+/// The intra-op thread count a process trains with, and why (printed once at start).
+struct ThreadChoice {
+  int threads = 1;
+  /// Where the number came from: "OMP_NUM_THREADS", "--threads", "SLURM_CPUS_PER_TASK", "cores bound to
+  /// this process", or "cores / ranks on this node".
+  std::string source;
+  /// Whether dettrial sets it (false: the user's OMP_NUM_THREADS, which LibTorch applies itself).
+  bool set_by_dettrial = true;
+};
+
+/// The cores this process may run on (its affinity mask) and the cores the machine has online.
+struct CoreCount {
+  int available = 1;
+  int online = 1;
+
+  static CoreCount of_this_process() {
+    CoreCount c;
+    c.online = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    c.available = ::sched_getaffinity(0, sizeof set, &set) == 0 ? std::max(1, CPU_COUNT(&set)) : c.online;
+    return c;
+  }
+};
+
+namespace detail {
+inline std::optional<int> positive_env(const LaunchEnvironment::Getenv& getenv, const char* name) {
+  const char* text = getenv(name);
+  if (text == nullptr || *text == '\0') return std::nullopt;
+  int value = 0;
+  const std::string_view s(text);
+  const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), value);
+  if (ec != std::errc() || end != s.data() + s.size() || value < 1)
+    throw ConfigError(std::string("environment variable ") + name + "='" + text + "' is not a positive integer");
+  return value;
+}
+}  // namespace detail
+
+/**
+ * @brief The threads per rank: the user's choice wins (OMP_NUM_THREADS, then `requested`, from
+ * `--threads` or ContextOptions), then Slurm's SLURM_CPUS_PER_TASK, then the cores this process is
+ * bound to when a launcher bound it (mpirun binds each rank to a core), else the cores available
+ * divided by the ranks on this node (the built-in launcher, torchrun without OMP_NUM_THREADS, srun
+ * without binding). One process with no choice made keeps LibTorch's default (nullopt).
+ */
+inline std::optional<ThreadChoice> choose_threads(
+    const LaunchEnvironment& env, std::optional<int> requested, CoreCount cores,
+    const LaunchEnvironment::Getenv& getenv = [](const char* name) { return std::getenv(name); }) {
+  if (const auto omp = detail::positive_env(getenv, "OMP_NUM_THREADS"))
+    return ThreadChoice{.threads = *omp, .source = "OMP_NUM_THREADS", .set_by_dettrial = false};
+  if (requested) {
+    if (*requested < 1) throw ConfigError("the thread count must be at least 1, not " + std::to_string(*requested));
+    return ThreadChoice{.threads = *requested, .source = "--threads"};
+  }
+  if (!env.distributed()) return std::nullopt;
+  if (env.launcher == Launcher::slurm)
+    if (const auto per_task = detail::positive_env(getenv, "SLURM_CPUS_PER_TASK"))
+      return ThreadChoice{.threads = *per_task, .source = "SLURM_CPUS_PER_TASK"};
+  if (cores.available < cores.online)
+    return ThreadChoice{.threads = cores.available, .source = "cores bound to this process"};
+  const int ranks_here = std::max(1, std::min(env.local_size, env.size));
+  return ThreadChoice{.threads = std::max(1, cores.available / ranks_here),
+                      .source = std::to_string(cores.available) + " cores / " + std::to_string(ranks_here) + " ranks on this node"};
+}
+
+}  // namespace dettrial
