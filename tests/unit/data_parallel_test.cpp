@@ -1,0 +1,410 @@
+// Data parallel on uneven data: 2 and 3 ranks (Gloo, CPU) whose batches per epoch do not divide by
+// the rank count, with no seed, epoch periods, an epoch LR step mode, gradient aggregation, class
+// and function reducers, and `best` checkpoints driven by a reducer's metric. Also the thread count
+// each rank chooses under each launcher.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <numeric>
+#include <sstream>
+#include <sys/wait.h>
+#include <thread>
+
+#include "test_trials.hpp"
+
+using namespace dettrial;
+namespace fs = std::filesystem;
+
+namespace {
+
+// 97 training records: per-slot batch 3 (2 ranks) gives 33 batches, per-slot 2 (3 ranks) 49; both
+// end in a partial batch, and neither count divides by its rank count. 53 validation records.
+constexpr std::int64_t train_records = 97, validation_records = 53;
+constexpr std::int64_t epochs = 3;
+
+/// Features whose first column is the record's index (the model reads the other three).
+test::Batch indexed_data(std::int64_t n, std::uint64_t seed) {
+  auto gen = at::detail::createCPUGenerator(seed);
+  torch::Tensor x = torch::randn({n, 4}, gen);
+  x.select(1, 0).copy_(torch::arange(n, torch::kFloat));
+  torch::Tensor y = x.narrow(1, 1, 3).matmul(torch::tensor({1.5f, -2.0f, 0.5f})).unsqueeze(1);
+  return {x, y};
+}
+
+/// Mean squared error over records, reduced across ranks: per slot (sum, count), then summed.
+struct SquaredError {
+  double sum = 0, count = 0;
+  void update(const torch::Tensor& squared_errors) {
+    sum += squared_errors.sum().item<double>();
+    count += static_cast<double>(squared_errors.numel());
+  }
+  void reset() { sum = count = 0; }
+  std::vector<double> per_slot_reduce() const { return {sum, count}; }
+  double cross_slot_reduce(const std::vector<std::vector<double>>& parts) const {
+    double s = 0, c = 0;
+    for (const auto& p : parts) {
+      s += p[0];
+      c += p[1];
+    }
+    return s / c;
+  }
+};
+
+/// Records trained in a workload on all ranks, and on how many ranks (MetricValues under their own names).
+struct TrainedRecords {
+  std::int64_t records = 0;
+  void reset() { records = 0; }
+  std::int64_t per_slot_reduce() const { return records; }
+  MetricValues cross_slot_reduce(const std::vector<std::int64_t>& parts) const {
+    MetricValues m;
+    m.set("trained_records", static_cast<double>(std::accumulate(parts.begin(), parts.end(), std::int64_t{0})));
+    m.set("trained_ranks", static_cast<double>(parts.size()));
+    return m;
+  }
+};
+
+/// 1 when the values ascend and there is one per validation batch (27 of 2 records), else 0.
+struct AscendingCount {
+  double operator()(const std::vector<double>& firsts) const {
+    return std::is_sorted(firsts.begin(), firsts.end()) && firsts.size() == (validation_records + 1) / 2 ? 1.0 : 0.0;
+  }
+};
+struct Sum {
+  double operator()(const std::vector<double>& v) const { return std::accumulate(v.begin(), v.end(), 0.0); }
+};
+
+/// A reducer with reduce() alone: it sees one rank, so a job must refuse it.
+struct LocalOnly {
+  void reset() {}
+  double reduce() const { return 0; }
+};
+
+struct UnevenTrial {
+  Context& context;
+  torch::nn::Sequential model;
+  torch::optim::SGD opt;
+  torch::optim::StepLR scheduler;
+  SquaredError val_mse;
+  TrainedRecords trained;
+  // Function reducers: dettrial owns them; the trial keeps what wrap_reducer returned.
+  FunctionReducer<double, AscendingCount>* in_order = nullptr;
+  FunctionReducer<double, Sum>* index_sum = nullptr;
+  std::vector<std::pair<std::int64_t, std::vector<std::int64_t>>> seen;  // (batch_idx, record indices)
+
+  explicit UnevenTrial(Context& c)
+      : context(c),
+        model(c.wrap_model(torch::nn::Sequential(torch::nn::Linear(3, 8), torch::nn::Tanh(), torch::nn::Dropout(0.2),
+                                                 torch::nn::Linear(8, 1)))),
+        opt(model->parameters(), torch::optim::SGDOptions(0.05).momentum(0.5)),
+        scheduler(opt, /*step_size=*/1, /*gamma=*/0.5) {
+    c.wrap_optimizer(opt);
+    c.wrap_lr_scheduler(scheduler, lr_step::every_epoch{});
+    c.wrap_reducer(val_mse, "val_mse", /*for_training=*/false);
+    c.wrap_reducer(trained, "", /*for_training=*/true, /*for_validation=*/false);
+    // The first record of every validation batch, from all ranks: back in batch order, they ascend.
+    in_order = &c.wrap_reducer(AscendingCount{}, "val_in_order", /*for_training=*/false);
+    index_sum = &c.wrap_reducer(Sum{}, "val_index_sum", /*for_training=*/false);
+  }
+  auto build_training_data_loader() {
+    auto [x, y] = indexed_data(train_records, 11);
+    return DataLoader(TensorDataset(x, y), {.batch_size = context.get_per_slot_batch_size(), .shuffle = true});
+  }
+  auto build_validation_data_loader() {
+    auto [x, y] = indexed_data(validation_records, 12);
+    return DataLoader(TensorDataset(x, y), {.batch_size = 2});
+  }
+  Metrics train_batch(test::Batch& b, std::int64_t, std::int64_t batch_idx) {
+    auto& [x, y] = b;
+    const torch::Tensor ids = x.select(1, 0).to(torch::kLong);
+    seen.emplace_back(batch_idx, std::vector<std::int64_t>(ids.data_ptr<std::int64_t>(), ids.data_ptr<std::int64_t>() + ids.numel()));
+    trained.records += x.size(0);
+    torch::Tensor loss = torch::mse_loss(model->forward(x.narrow(1, 1, 3)), y);
+    context.backward(loss);
+    context.step_optimizer(opt);
+    return {{"loss", loss}};
+  }
+  Metrics evaluate_batch(test::Batch& b) {
+    auto& [x, y] = b;
+    const torch::Tensor err = (model->forward(x.narrow(1, 1, 3)) - y).pow(2);
+    val_mse.update(err);
+    in_order->update(x[0][0].item<double>());
+    index_sum->update(x.select(1, 0).sum().item<double>());
+    return {{"validation_loss", err.mean()}};
+  }
+};
+
+std::string read_text(const fs::path& p) {
+  std::ifstream in(p);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+int wait_for(pid_t pid, std::chrono::seconds limit, bool& in_time) {
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  int status = 0;
+  while (::waitpid(pid, &status, WNOHANG) == 0) {
+    if (std::chrono::steady_clock::now() > deadline) {
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, &status, 0);
+      in_time = false;
+      return status;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  in_time = true;
+  return status;
+}
+
+/// Runs the uneven child test case as `n` ranks under RANK/WORLD_SIZE; requires that all succeed.
+void run_ranks(int n, const fs::path& dir) {
+  static int runs = 0;
+  const std::string port = std::to_string(21000 + (::getpid() * 13 + 97 * runs++) % 20000);
+  std::vector<pid_t> pids;
+  for (int rank = 0; rank < n; ++rank) {
+    const std::vector<std::string> env = {"RANK=" + std::to_string(rank), "WORLD_SIZE=" + std::to_string(n),
+                                          "LOCAL_RANK=" + std::to_string(rank), "LOCAL_WORLD_SIZE=" + std::to_string(n),
+                                          "MASTER_ADDR=127.0.0.1", "MASTER_PORT=" + port, "DETTRIAL_CHILD_DIR=" + dir.string()};
+    pids.push_back(test::spawn_self("child process: a rank on uneven data", env, (dir / ("rank" + std::to_string(rank) + ".log")).string()));
+  }
+  for (int rank = 0; rank < n; ++rank) {
+    bool in_time = false;
+    const int status = wait_for(pids[static_cast<std::size_t>(rank)], std::chrono::seconds(150), in_time);
+    CAPTURE(rank);
+    CAPTURE(read_text(dir / ("rank" + std::to_string(rank) + ".log")));
+    REQUIRE(in_time);
+    REQUIRE(WIFEXITED(status));
+    REQUIRE(WEXITSTATUS(status) == 0);
+  }
+}
+
+std::vector<YAML::Node> read_reports(const fs::path& p) {
+  std::ifstream in(p);
+  std::vector<YAML::Node> out;
+  for (std::string line; std::getline(in, line);) out.push_back(YAML::Load(line));
+  return out;
+}
+
+void check_uneven_job(int n) {
+  const fs::path dir = test::quiet({}).output_dir;
+  fs::create_directories(dir);
+  run_ranks(n, dir);
+
+  const std::int64_t per_slot = 6 / n;
+  const std::int64_t batches_per_epoch = (train_records + per_slot - 1) / per_slot;
+  const std::int64_t epoch_len = batches_per_epoch / n + (batches_per_epoch % n > 0 ? 1 : 0);  // the chief's shard
+  REQUIRE(batches_per_epoch % n != 0);
+
+  // Every rank: the chief's epoch length, the whole length trained, the LR stepped once per epoch,
+  // the same parameters, the same checkpoints heard of, its share of the cores.
+  std::map<std::int64_t, std::vector<std::int64_t>> global;  // global batch -> record indices
+  std::string first_params;
+  std::string first_uploads;
+  for (int rank = 0; rank < n; ++rank) {
+    CAPTURE(rank);
+    const YAML::Node result = YAML::LoadFile((dir / ("rank" + std::to_string(rank) + ".yaml")).string());
+    CHECK(result["batches_trained"].as<std::int64_t>() == epochs * epoch_len);
+    CHECK(result["epochs_trained"].as<std::int64_t>() == epochs);
+    // Stepped once per epoch, 3 times; LibTorch's StepLR does not decay on its first step().
+    CHECK(result["lr"].as<double>() == doctest::Approx(0.05 * 0.25));
+    if (std::getenv("OMP_NUM_THREADS") == nullptr) {  // else the user's setting wins
+      CHECK(result["threads"].as<int>() == std::max(1, result["cores"].as<int>() / n));
+      CHECK(result["threads_source"].as<std::string>().find("ranks on this node") != std::string::npos);
+    }
+    if (rank == 0) {
+      first_params = result["params"].as<std::string>();
+      first_uploads = result["uploads"].as<std::string>();
+    }
+    CHECK(result["params"].as<std::string>() == first_params);
+    CHECK(result["uploads"].as<std::string>() == first_uploads);
+    for (const auto& b : result["seen"]) {
+      const auto k = b[0].as<std::int64_t>();
+      global[k * n + rank] = b[1].as<std::vector<std::int64_t>>();
+    }
+  }
+  // The ranks together read the endless stream's batches 0, 1, 2, ... with none missing, and each
+  // complete epoch of that stream trains every record exactly once (one shuffle, the chief's seed).
+  REQUIRE(static_cast<std::int64_t>(global.size()) == n * epochs * epoch_len);
+  REQUIRE(global.rbegin()->first == n * epochs * epoch_len - 1);
+  const std::int64_t complete = static_cast<std::int64_t>(global.size()) / batches_per_epoch;
+  REQUIRE(complete >= 2);
+  std::vector<std::vector<std::int64_t>> orders;
+  for (std::int64_t e = 0; e < complete; ++e) {
+    std::vector<std::int64_t> records;
+    for (std::int64_t g = e * batches_per_epoch; g < (e + 1) * batches_per_epoch; ++g)
+      records.insert(records.end(), global[g].begin(), global[g].end());
+    orders.push_back(records);
+    std::sort(records.begin(), records.end());
+    std::vector<std::int64_t> all(train_records);
+    std::iota(all.begin(), all.end(), 0);
+    CAPTURE(e);
+    CHECK(records == all);
+  }
+  CHECK(orders[0] != orders[1]);  // shuffled anew each epoch
+
+  // The chief's reports: one validation per epoch over the whole validation set, the reducers'
+  // values equal to what one process computes over the same records.
+  std::vector<YAML::Node> validations;
+  std::int64_t reported_records = 0;
+  for (const YAML::Node& r : read_reports(dir / "run" / "metrics.jsonl")) {
+    if (r["type"].as<std::string>() == "validation") validations.push_back(r);
+    else {
+      CHECK(r["metrics"]["trained_ranks"].as<int>() == n);
+      reported_records += r["metrics"]["trained_records"].as<std::int64_t>();
+    }
+  }
+  std::int64_t records_seen = 0;
+  for (const auto& [g, ids] : global) records_seen += static_cast<std::int64_t>(ids.size());
+  CHECK(reported_records == records_seen);
+  REQUIRE(validations.size() == epochs);
+  for (std::size_t v = 0; v < validations.size(); ++v) {
+    const YAML::Node m = validations[v]["metrics"];
+    CHECK(validations[v]["batches"].as<std::int64_t>() == static_cast<std::int64_t>(v + 1) * epoch_len);
+    CHECK(m["val_index_sum"].as<double>() == validation_records * (validation_records - 1) / 2);
+    CHECK(m["val_in_order"].as<double>() == 1.0);
+  }
+  // val_mse of the final weights, as one process computes it over all 53 records.
+  const YAML::Node chief = YAML::LoadFile((dir / "rank0.yaml").string());
+  torch::nn::Sequential model(torch::nn::Linear(3, 8), torch::nn::Tanh(), torch::nn::Dropout(0.2), torch::nn::Linear(8, 1));
+  load_model(dir / "run", *model);
+  model->eval();
+  auto [x, y] = indexed_data(validation_records, 12);
+  const double one_process = (model->forward(x.narrow(1, 1, 3)) - y).pow(2).mean().item<double>();
+  CHECK(validations.back()["metrics"]["val_mse"].as<double>() == doctest::Approx(one_process).epsilon(1e-6));
+
+  // `best` by the reducer's metric: every checkpoint after a validation improved on the one before
+  // (the last is written at the end whatever its value).
+  const auto metrics = chief["checkpoint_metrics"].as<std::vector<double>>();
+  REQUIRE(metrics.size() >= 2);
+  for (std::size_t i = 1; i + 1 < metrics.size(); ++i) CHECK(metrics[i] < metrics[i - 1]);
+}
+
+LaunchEnvironment env_of(std::map<std::string, std::string> vars) {
+  return LaunchEnvironment::detect([vars = std::move(vars)](const char* name) -> const char* {
+    const auto it = vars.find(name);
+    return it == vars.end() ? nullptr : it->second.c_str();
+  });
+}
+
+}  // namespace
+
+TEST_CASE("child process: a rank on uneven data" * doctest::skip()) {
+  const LaunchEnvironment env = LaunchEnvironment::detect();
+  REQUIRE(env.distributed());
+  const fs::path dir = std::getenv("DETTRIAL_CHILD_DIR");
+  auto comm = Communicator::create(env, std::chrono::seconds(60), backend::gloo{});
+  // No seed anywhere: the ranks must still shuffle alike.
+  Context context(Hyperparameters::parse("global_batch_size: 6\n"), ContextOptions{.aggregation_frequency = 2, .communicator = comm});
+  LocalOnly local;
+  CHECK_THROWS_WITH_AS(context.wrap_reducer(local, "local"), doctest::Contains("has only reduce(), which sees one rank's data"), TrialError);
+
+  Trainer<UnevenTrial> trainer(context);
+  FitOptions o{.max_length = Epoch(epochs), .validation_period = Epoch(1), .reporting_period = Batch(5)};
+  o.searcher_metric = "val_mse";
+  o.checkpoint_policy = CheckpointPolicy::best;
+  o.output_dir = dir / "run";
+  o.report.quiet = true;
+  struct Uploads {
+    std::string uuids;
+    void on_checkpoint_upload_end(const std::string& uuid) { uuids += uuid + " "; }
+  } uploads;
+  const FitResult r = trainer.fit(o, uploads);
+
+  YAML::Emitter out;
+  out << YAML::BeginMap;
+  out << YAML::Key << "batches_trained" << YAML::Value << r.batches_trained;
+  out << YAML::Key << "epochs_trained" << YAML::Value << r.epochs_trained;
+  out << YAML::Key << "lr" << YAML::Value << static_cast<torch::optim::SGDOptions&>(trainer.trial().opt.param_groups()[0].options()).lr();
+  out << YAML::Key << "threads" << YAML::Value << at::get_num_threads();
+  out << YAML::Key << "cores" << YAML::Value << CoreCount::of_this_process().available;
+  out << YAML::Key << "threads_source" << YAML::Value << (context.threads() ? context.threads()->source : std::string("none"));
+  std::ostringstream params;
+  for (const auto& p : trainer.trial().model->parameters()) params << p.sum().item<double>() << "," << p.pow(2).sum().item<double>() << ";";
+  out << YAML::Key << "params" << YAML::Value << params.str();
+  out << YAML::Key << "uploads" << YAML::Value << uploads.uuids;
+  out << YAML::Key << "checkpoint_metrics" << YAML::Value << YAML::Flow << YAML::BeginSeq;
+  for (const auto& c : r.checkpoints) out << c.validation_metric.value_or(-1.0);
+  out << YAML::EndSeq;
+  out << YAML::Key << "seen" << YAML::Value << YAML::BeginSeq;
+  std::int64_t k = 0;
+  for (const auto& [batch_idx, ids] : trainer.trial().seen) {
+    CHECK(batch_idx == k);  // each rank's batches are numbered 0, 1, 2, ... (its k-th is global k*n + rank)
+    out << YAML::Flow << YAML::BeginSeq << k++ << YAML::Flow << ids << YAML::EndSeq;
+  }
+  out << YAML::EndSeq << YAML::EndMap;
+  std::ofstream(dir / ("rank" + std::to_string(env.rank) + ".yaml")) << out.c_str();
+}
+
+TEST_CASE("2 ranks on uneven data agree on every boundary, shuffle alike without a seed and reduce as one process" *
+          doctest::timeout(200)) {
+  check_uneven_job(2);
+}
+
+TEST_CASE("3 ranks on uneven data agree on every boundary, shuffle alike without a seed and reduce as one process" *
+          doctest::timeout(200)) {
+  check_uneven_job(3);
+}
+
+TEST_CASE("a function reducer interleaves the ranks' values back into batch order") {
+  FunctionReducer<double, std::function<double(const std::vector<double>&)>> r(
+      [](const std::vector<double>& v) { return v.size() == 5 && std::is_sorted(v.begin(), v.end()) ? v.back() : -1.0; });
+  // Global batches 0..4 dealt to 2 ranks by stride: rank 0 has 0, 2, 4; rank 1 has 1, 3.
+  CHECK(r.cross_slot_reduce({{0, 2, 4}, {1, 3}}) == 4.0);
+  r.update(7);
+  CHECK(r.per_slot_reduce() == std::vector<double>{7});
+  r.reset();
+  CHECK(r.per_slot_reduce().empty());
+}
+
+TEST_CASE("threads per rank: the user's setting wins, else Slurm's, the launcher's binding, or a share of the node") {
+  const CoreCount machine{.available = 16, .online = 16};
+  auto no_env = [](const char*) -> const char* { return nullptr; };
+  // One process: LibTorch's default, unless the user chose.
+  CHECK(!choose_threads(LaunchEnvironment{}, std::nullopt, machine, no_env));
+  CHECK(choose_threads(LaunchEnvironment{}, 3, machine, no_env)->threads == 3);
+
+  // The built-in launcher (--nproc 4) and torchrun without OMP_NUM_THREADS: a quarter each.
+  const auto builtin = env_of({{"RANK", "1"}, {"WORLD_SIZE", "4"}, {"LOCAL_RANK", "1"}, {"LOCAL_WORLD_SIZE", "4"}});
+  CHECK(choose_threads(builtin, std::nullopt, machine, no_env)->threads == 4);
+  CHECK(choose_threads(builtin, std::nullopt, machine, no_env)->source == "16 cores / 4 ranks on this node");
+  CHECK(choose_threads(builtin, std::nullopt, CoreCount{.available = 2, .online = 2}, no_env)->threads == 1);
+  // Two nodes of 2 ranks: the ranks on this node share it.
+  const auto two_nodes = env_of({{"RANK", "3"}, {"WORLD_SIZE", "4"}, {"GROUP_RANK", "1"}, {"LOCAL_RANK", "1"}, {"LOCAL_WORLD_SIZE", "2"}});
+  CHECK(choose_threads(two_nodes, std::nullopt, machine, no_env)->threads == 8);
+
+  // The user's OMP_NUM_THREADS wins over everything (LibTorch has applied it; dettrial leaves it).
+  auto omp = [](const char* name) -> const char* { return std::string_view(name) == "OMP_NUM_THREADS" ? "5" : nullptr; };
+  const auto user = choose_threads(builtin, 2, machine, omp);
+  CHECK(user->threads == 5);
+  CHECK(!user->set_by_dettrial);
+  // Then --threads.
+  CHECK(choose_threads(builtin, 2, machine, no_env)->threads == 2);
+  CHECK(choose_threads(builtin, 2, machine, no_env)->source == "--threads");
+  auto bad = [](const char* name) -> const char* { return std::string_view(name) == "OMP_NUM_THREADS" ? "many" : nullptr; };
+  CHECK_THROWS_WITH_AS(choose_threads(builtin, std::nullopt, machine, bad), doctest::Contains("OMP_NUM_THREADS='many'"), ConfigError);
+
+  // mpirun binds each rank to a core: its mask is its share.
+  const auto mpi = env_of({{"OMPI_COMM_WORLD_RANK", "0"}, {"OMPI_COMM_WORLD_SIZE", "2"}, {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}});
+  CHECK(choose_threads(mpi, std::nullopt, CoreCount{.available = 1, .online = 16}, no_env)->threads == 1);
+  CHECK(choose_threads(mpi, std::nullopt, CoreCount{.available = 1, .online = 16}, no_env)->source == "cores bound to this process");
+
+  // srun: SLURM_CPUS_PER_TASK when given, else the tasks on this node from the task layout.
+  std::map<std::string, std::string> slurm_vars = {{"SLURM_PROCID", "2"}, {"SLURM_NTASKS", "5"}, {"SLURM_NODEID", "1"},
+                                                   {"SLURM_TASKS_PER_NODE", "2(x2),1"}, {"SLURM_JOB_NODELIST", "n[1-3]"}};
+  const auto slurm = env_of(slurm_vars);
+  CHECK(slurm.local_size == 2);
+  CHECK(choose_threads(slurm, std::nullopt, machine, no_env)->threads == 8);
+  auto cpus = [](const char* name) -> const char* { return std::string_view(name) == "SLURM_CPUS_PER_TASK" ? "3" : nullptr; };
+  CHECK(choose_threads(slurm, std::nullopt, machine, cpus)->threads == 3);
+  slurm_vars["SLURM_NODEID"] = "2";
+  CHECK(env_of(slurm_vars).local_size == 1);
+  CHECK(LaunchEnvironment::slurm_tasks_on_node("4", 0) == 4);
+  CHECK(LaunchEnvironment::slurm_tasks_on_node("3(x2),1", 1) == 3);
+  CHECK(LaunchEnvironment::slurm_tasks_on_node("3(x2),1", 2) == 1);
+  CHECK(LaunchEnvironment::slurm_tasks_on_node("garbage", 0) == 1);
+}
