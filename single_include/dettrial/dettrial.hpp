@@ -918,12 +918,15 @@ constexpr std::uint64_t mix64(std::uint64_t x) {
 /// @brief The process group of a data-parallel job, on PyTorch's c10d: a TCPStore rendezvous and a
 /// Gloo (CPU) or NCCL (CUDA) backend chosen by a policy type, with the few collectives dettrial uses.
 
+#include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <cstdint>
 #include <memory>
 #include <optional>
 #include <type_traits>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <torch/torch.h>
@@ -945,6 +948,7 @@ constexpr std::uint64_t mix64(std::uint64_t x) {
 /// @brief Where this process sits in a data-parallel job, read from the launcher's environment:
 /// torchrun, Slurm (`srun`), Open MPI / PMI (`mpirun`), plain RANK/WORLD_SIZE, else one process.
 
+#include <algorithm>
 #include <charconv>
 #include <cstdlib>
 #include <functional>
@@ -1023,7 +1027,12 @@ struct LaunchEnvironment {
       e.rank = integer("SLURM_PROCID", 0);
       e.size = has("SLURM_NTASKS") ? integer("SLURM_NTASKS", 1) : integer("SLURM_NPROCS", 1);
       e.local_rank = integer("SLURM_LOCALID", 0);
-      e.local_size = integer("SLURM_NTASKS_PER_NODE", 1);
+      // Tasks on this node: SLURM_NTASKS_PER_NODE when given, else this node's entry of the step's
+      // (or job's) task layout, such as "2(x3),1".
+      const char* layout = has("SLURM_STEP_TASKS_PER_NODE") ? getenv("SLURM_STEP_TASKS_PER_NODE") : getenv("SLURM_TASKS_PER_NODE");
+      e.local_size = has("SLURM_NTASKS_PER_NODE") ? integer("SLURM_NTASKS_PER_NODE", 1)
+                     : layout                     ? slurm_tasks_on_node(layout, integer("SLURM_NODEID", 0))
+                                                  : 1;
       const char* nodes = has("SLURM_STEP_NODELIST") ? getenv("SLURM_STEP_NODELIST") : getenv("SLURM_JOB_NODELIST");
       if (nodes) e.master_addr = first_slurm_host(nodes);
       // Slurm sets no port: one derived from the job id keeps concurrent jobs on a node apart.
@@ -1039,6 +1048,7 @@ struct LaunchEnvironment {
       e.rank = integer("PMI_RANK", 0);
       e.size = integer("PMI_SIZE", 1);
       e.local_rank = integer("MPI_LOCALRANKID", 0);
+      e.local_size = integer("MPI_LOCALNRANKS", 1);
     } else if (has("RANK") && has("WORLD_SIZE")) {
       e.launcher = Launcher::env;
       e.rank = integer("RANK", 0);
@@ -1057,6 +1067,26 @@ struct LaunchEnvironment {
     if (e.master_port < 1 || e.master_port > 65535)
       throw ConfigError("MASTER_PORT " + std::to_string(e.master_port) + " is not a TCP port");
     return e;
+  }
+
+  /// The tasks on node `node` of a Slurm task layout: "2(x3),1" gives 2 for nodes 0-2 and 1 for node 3
+  /// (1 when the layout is unreadable or shorter).
+  static int slurm_tasks_on_node(std::string_view layout, int node) {
+    int seen = 0;
+    while (!layout.empty()) {
+      const std::size_t comma = layout.find(',');
+      const std::string_view entry = layout.substr(0, comma);
+      int tasks = 0, repeat = 1;
+      const auto [end, ec] = std::from_chars(entry.data(), entry.data() + entry.size(), tasks);
+      if (ec != std::errc()) return 1;
+      if (const std::string_view rest(end, static_cast<std::size_t>(entry.data() + entry.size() - end)); rest.starts_with("(x"))
+        std::from_chars(rest.data() + 2, rest.data() + rest.size(), repeat);
+      if (node < seen + repeat) return std::max(tasks, 1);
+      seen += repeat;
+      if (comma == std::string_view::npos) break;
+      layout.remove_prefix(comma + 1);
+    }
+    return 1;
   }
 
   /// The first host of a Slurm node list: "node[03-05,9],gpu1" gives "node03".
@@ -1215,9 +1245,59 @@ class Communicator {
     run("barrier", [&] { return backend_->barrier(); });
   }
 
+  /// Where this backend's collectives take their tensors: the CPU for Gloo, this rank's GPU for NCCL.
+  const torch::Device& device() const { return device_; }
+
+  /// The chief's `values` on every rank (each rank passes as many).
+  std::vector<std::int64_t> broadcast_values(const std::vector<std::int64_t>& values) {
+    std::vector<torch::Tensor> t{torch::tensor(values, torch::kLong).to(device_)};
+    broadcast(t);
+    const torch::Tensor host = t[0].cpu();
+    return {host.data_ptr<std::int64_t>(), host.data_ptr<std::int64_t>() + host.numel()};
+  }
+  /// The sum (or max, ...) of `values` over the ranks (each rank passes as many).
+  std::vector<double> allreduce_values(const std::vector<double>& values, c10d::ReduceOp::RedOpType op = c10d::ReduceOp::SUM) {
+    std::vector<torch::Tensor> t{torch::tensor(values, torch::kDouble).to(device_)};
+    allreduce(t, op);
+    const torch::Tensor host = t[0].cpu();
+    return {host.data_ptr<double>(), host.data_ptr<double>() + host.numel()};
+  }
+
+  /**
+   * @brief Every rank's `value`, in rank order, on every rank (Determined's object allgather). The
+   * values are pickled with LibTorch's serialization, so they may differ in size and shape between
+   * ranks: numbers, strings, tensors, and lists, tuples and dicts of them.
+   */
+  std::vector<c10::IValue> allgather_object(const c10::IValue& value) {
+    const std::vector<char> bytes = torch::pickle_save(value);
+    const torch::Tensor size = torch::tensor({static_cast<std::int64_t>(bytes.size())}, torch::kLong);
+    std::vector<std::int64_t> sizes;
+    std::int64_t longest = 0;
+    for (const torch::Tensor& s : allgather(size.to(device_))) {
+      sizes.push_back(s.cpu().item<std::int64_t>());
+      longest = std::max(longest, sizes.back());
+    }
+    torch::Tensor padded = torch::zeros({longest}, torch::kUInt8);
+    std::memcpy(padded.data_ptr<std::uint8_t>(), bytes.data(), bytes.size());
+    const std::vector<torch::Tensor> all = allgather(padded.to(device_));
+    std::vector<c10::IValue> out;
+    out.reserve(all.size());
+    for (std::size_t r = 0; r < all.size(); ++r) {
+      const torch::Tensor host = all[r].cpu();
+      const auto* data = reinterpret_cast<const char*>(host.data_ptr<std::uint8_t>());
+      out.push_back(torch::pickle_load(std::vector<char>(data, data + sizes[r])));
+    }
+    return out;
+  }
+
  private:
   Communicator(LaunchEnvironment env, std::chrono::milliseconds timeout, const char* backend_name)
-      : env_(std::move(env)), timeout_(timeout), backend_name_(backend_name) {}
+      : env_(std::move(env)), timeout_(timeout), backend_name_(backend_name) {
+    // NCCL: one GPU per process, picked by the local rank (as the Context picks its device).
+    if (std::string_view(backend_name_) == backend::nccl::name)
+      device_ = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(env_.local_rank % std::max<std::int64_t>(
+                                                                                 static_cast<std::int64_t>(torch::cuda::device_count()), 1)));
+  }
 
 #if defined(DETTRIAL_HAS_GLOO)
   static std::shared_ptr<::gloo::transport::Device> gloo_device(const LaunchEnvironment& env) {
@@ -1248,22 +1328,109 @@ class Communicator {
   LaunchEnvironment env_;
   std::chrono::milliseconds timeout_;
   const char* backend_name_;
+  torch::Device device_{torch::kCPU};
   c10::intrusive_ptr<detail::C10dBackend> backend_;
 };
 
 }  // namespace dettrial
 // ---- end dettrial/distributed/communicator.hpp
+// ---- begin dettrial/distributed/threads.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief How many threads each process of a data-parallel job computes with: its share of the
+/// cores, so that the ranks on a node do not each run an OpenMP team as large as the node.
+
+#include <charconv>
+#include <optional>
+#include <sched.h>
+#include <string>
+#include <string_view>
+#include <thread>
+
+
+namespace dettrial {
+
+/// The intra-op thread count a process trains with, and why (printed once at start).
+struct ThreadChoice {
+  int threads = 1;
+  /// Where the number came from: "OMP_NUM_THREADS", "--threads", "SLURM_CPUS_PER_TASK", "cores bound to
+  /// this process", or "cores / ranks on this node".
+  std::string source;
+  /// Whether dettrial sets it (false: the user's OMP_NUM_THREADS, which LibTorch applies itself).
+  bool set_by_dettrial = true;
+};
+
+/// The cores this process may run on (its affinity mask) and the cores the machine has online.
+struct CoreCount {
+  int available = 1;
+  int online = 1;
+
+  static CoreCount of_this_process() {
+    CoreCount c;
+    c.online = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    c.available = ::sched_getaffinity(0, sizeof set, &set) == 0 ? std::max(1, CPU_COUNT(&set)) : c.online;
+    return c;
+  }
+};
+
+namespace detail {
+inline std::optional<int> positive_env(const LaunchEnvironment::Getenv& getenv, const char* name) {
+  const char* text = getenv(name);
+  if (text == nullptr || *text == '\0') return std::nullopt;
+  int value = 0;
+  const std::string_view s(text);
+  const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), value);
+  if (ec != std::errc() || end != s.data() + s.size() || value < 1)
+    throw ConfigError(std::string("environment variable ") + name + "='" + text + "' is not a positive integer");
+  return value;
+}
+}  // namespace detail
+
+/**
+ * @brief The threads per rank: the user's choice wins (OMP_NUM_THREADS, then `requested`, from
+ * `--threads` or ContextOptions), then Slurm's SLURM_CPUS_PER_TASK, then the cores this process is
+ * bound to when a launcher bound it (mpirun binds each rank to a core), else the cores available
+ * divided by the ranks on this node (the built-in launcher, torchrun without OMP_NUM_THREADS, srun
+ * without binding). One process with no choice made keeps LibTorch's default (nullopt).
+ */
+inline std::optional<ThreadChoice> choose_threads(
+    const LaunchEnvironment& env, std::optional<int> requested, CoreCount cores,
+    const LaunchEnvironment::Getenv& getenv = [](const char* name) { return std::getenv(name); }) {
+  if (const auto omp = detail::positive_env(getenv, "OMP_NUM_THREADS"))
+    return ThreadChoice{.threads = *omp, .source = "OMP_NUM_THREADS", .set_by_dettrial = false};
+  if (requested) {
+    if (*requested < 1) throw ConfigError("the thread count must be at least 1, not " + std::to_string(*requested));
+    return ThreadChoice{.threads = *requested, .source = "--threads"};
+  }
+  if (!env.distributed()) return std::nullopt;
+  if (env.launcher == Launcher::slurm)
+    if (const auto per_task = detail::positive_env(getenv, "SLURM_CPUS_PER_TASK"))
+      return ThreadChoice{.threads = *per_task, .source = "SLURM_CPUS_PER_TASK"};
+  if (cores.available < cores.online)
+    return ThreadChoice{.threads = cores.available, .source = "cores bound to this process"};
+  const int ranks_here = std::max(1, std::min(env.local_size, env.size));
+  return ThreadChoice{.threads = std::max(1, cores.available / ranks_here),
+                      .source = std::to_string(cores.available) + " cores / " + std::to_string(ranks_here) + " ranks on this node"};
+}
+
+}  // namespace dettrial
+// ---- end dettrial/distributed/threads.hpp
 // ---- begin dettrial/metrics/reducers.hpp
 // SPDX-License-Identifier: Apache-2.0
 /// @file
 /// @brief Metric reduction: Determined's averaging of training metrics over a workload, validation
 /// reducers (avg, sum, max, min) per metric, and user reducer types.
 
+#include <algorithm>
 #include <concepts>
 #include <limits>
 #include <map>
 #include <optional>
+#include <type_traits>
 #include <string>
+#include <utility>
 #include <variant>
 #include <vector>
 
@@ -1462,18 +1629,95 @@ inline const char* to_string(Reducer r) {
 /// Which reducer each validation metric gets: one for all, or one per metric name (all names, exactly).
 using ReducerChoice = std::variant<Reducer, std::map<std::string, Reducer>>;
 
+/// A value a reducer's per-slot part may be, so that it can cross processes (pickled, LibTorch's
+/// serialization): a number, a tensor, a string, or a std::vector / std::tuple of those.
+template <class P>
+concept SlotValue = std::copy_constructible<P> && requires(const P& p, const c10::IValue& v) {
+  c10::IValue(p);
+  { v.to<P>() } -> std::convertible_to<P>;
+};
+
+/// What a reducer's final step may return: a number (stored under the reducer's name) or
+/// MetricValues (merged by their own names).
+template <class T>
+concept ReducedMetrics = std::convertible_to<T, double> || std::same_as<std::remove_cvref_t<T>, MetricValues>;
+
 /**
- * @brief A user reducer (Determined's MetricReducer): the trial calls its own `update(...)` from
- * `train_batch` or `evaluate_batch`; dettrial calls `reset()` before every training workload and
- * every validation and `reduce()` at their end. `reduce()` returns a number (stored under the name the
- * reducer was wrapped with) or MetricValues (merged into the metrics).
+ * @brief A reducer for one process: dettrial calls `reset()` before every training workload and
+ * every validation and `reduce()` at their end; the trial feeds it through its own `update(...)`.
+ * It cannot see other ranks' data, so a data-parallel job needs a CrossSlotReducer instead.
  */
 template <class R>
-concept MetricReducer = requires(R& r) {
+concept LocalReducer = requires(R& r) {
   r.reset();
-  { r.reduce() };
-} && (std::convertible_to<decltype(std::declval<R&>().reduce()), double> ||
-      std::same_as<std::remove_cvref_t<decltype(std::declval<R&>().reduce())>, MetricValues>);
+  { r.reduce() } -> ReducedMetrics;
+};
+
+/// The type of a CrossSlotReducer's per-slot part.
+template <class R>
+using per_slot_t = std::remove_cvref_t<decltype(std::declval<R&>().per_slot_reduce())>;
+
+/**
+ * @brief Determined's MetricReducer, correct in any number of ranks: `per_slot_reduce()` on every
+ * rank at the end of a workload or validation (a SlotValue), then `cross_slot_reduce(parts)` with
+ * the parts of all ranks in rank order (one process: a list of one).
+ */
+template <class R>
+concept CrossSlotReducer = requires(R& r) {
+  r.reset();
+  r.per_slot_reduce();
+} && SlotValue<per_slot_t<R>> && requires(R& r, const std::vector<per_slot_t<R>>& parts) {
+  { r.cross_slot_reduce(parts) } -> ReducedMetrics;
+};
+
+/// A user reducer: a LocalReducer or a CrossSlotReducer (see Context::wrap_reducer).
+template <class R>
+concept MetricReducer = LocalReducer<R> || CrossSlotReducer<R>;
+
+namespace detail {
+template <MetricReducer R>
+constexpr auto reduced_metrics_type() {
+  if constexpr (CrossSlotReducer<R>)
+    return std::type_identity<decltype(std::declval<R&>().cross_slot_reduce(std::declval<const std::vector<per_slot_t<R>>&>()))>{};
+  else
+    return std::type_identity<decltype(std::declval<R&>().reduce())>{};
+}
+}  // namespace detail
+/// What a reducer's last step returns: a number or MetricValues.
+template <MetricReducer R>
+using reduced_metrics_t = std::remove_cvref_t<typename decltype(detail::reduced_metrics_type<R>())::type>;
+
+/**
+ * @brief The reducer `context.wrap_reducer(fn, name)` makes of a function (Determined's simple
+ * reducer): the trial calls `update(value)`; at the end of a workload or validation the values of
+ * all ranks, back in the order of the batches they came from, go to `fn(values)`.
+ */
+template <class T, class Fn>
+class FunctionReducer {
+ public:
+  explicit FunctionReducer(Fn fn) : fn_(std::move(fn)) {}
+  void update(T value) { values_.push_back(std::move(value)); }
+  void reset() { values_.clear(); }
+  const std::vector<T>& per_slot_reduce() const { return values_; }
+  /// Interleaves the ranks' lists (rank r's k-th value came from global batch k*n + r), then calls fn.
+  decltype(auto) cross_slot_reduce(const std::vector<std::vector<T>>& parts) {
+    std::vector<T> all;
+    std::size_t longest = 0, total = 0;
+    for (const auto& p : parts) {
+      longest = std::max(longest, p.size());
+      total += p.size();
+    }
+    all.reserve(total);
+    for (std::size_t k = 0; k < longest; ++k)
+      for (const auto& p : parts)
+        if (k < p.size()) all.push_back(p[k]);
+    return fn_(std::as_const(all));
+  }
+
+ private:
+  Fn fn_;
+  std::vector<T> values_;
+};
 
 namespace detail {
 
@@ -1685,25 +1929,46 @@ class ValidationReduction {
 struct WrappedReducer {
   void* object;
   void (*reset)(void*);
-  void (*reduce_into)(void*, const std::string& name, MetricValues& out);
+  /// This rank's part (a LocalReducer has none: it is reduced where it stands).
+  c10::IValue (*per_slot)(void*);
+  /// Reduces the parts of all ranks (rank order) into `out`.
+  void (*cross_slot_into)(void*, const std::string& name, const std::vector<c10::IValue>& parts, MetricValues& out);
   std::string name;
   bool for_training;
   bool for_validation;
+  /// Whether it reduces across ranks (a CrossSlotReducer); a LocalReducer sees one process only.
+  bool cross_slot;
+
+  template <class V>
+  static void store(V&& value, const std::string& name, MetricValues& out) {
+    if constexpr (std::same_as<std::remove_cvref_t<V>, MetricValues>) {
+      for (const auto& [k, v] : value) out.set(k, v);
+    } else {
+      out.set(name, static_cast<double>(value));
+    }
+  }
 
   template <MetricReducer R>
   static WrappedReducer wrap(R& r, std::string name, bool for_training, bool for_validation) {
-    return WrappedReducer{
-        &r, [](void* p) { static_cast<R*>(p)->reset(); },
-        [](void* p, const std::string& n, MetricValues& out) {
-          auto value = static_cast<R*>(p)->reduce();
-          if constexpr (std::same_as<std::remove_cvref_t<decltype(value)>, MetricValues>) {
-            for (const auto& [k, v] : value) out.set(k, v);
-          } else {
-            if (n.empty()) throw TrialError("a reducer whose reduce() returns a number needs a name in wrap_reducer");
-            out.set(n, static_cast<double>(value));
-          }
-        },
-        std::move(name), for_training, for_validation};
+    if constexpr (CrossSlotReducer<R>) {
+      return WrappedReducer{
+          &r, [](void* p) { static_cast<R*>(p)->reset(); },
+          [](void* p) { return c10::IValue(static_cast<R*>(p)->per_slot_reduce()); },
+          [](void* p, const std::string& n, const std::vector<c10::IValue>& parts, MetricValues& out) {
+            std::vector<per_slot_t<R>> typed;
+            typed.reserve(parts.size());
+            for (const auto& part : parts) typed.push_back(part.to<per_slot_t<R>>());
+            store(static_cast<R*>(p)->cross_slot_reduce(std::as_const(typed)), n, out);
+          },
+          std::move(name), for_training, for_validation, true};
+    } else {
+      return WrappedReducer{
+          &r, [](void* p) { static_cast<R*>(p)->reset(); }, [](void*) { return c10::IValue(); },
+          [](void* p, const std::string& n, const std::vector<c10::IValue>&, MetricValues& out) {
+            store(static_cast<R*>(p)->reduce(), n, out);
+          },
+          std::move(name), for_training, for_validation, false};
+    }
   }
 };
 
@@ -2079,6 +2344,10 @@ struct ContextOptions {
   std::optional<std::int64_t> slots_per_trial;
   /// The process group of a data-parallel job (see Communicator::create); none for one process.
   std::shared_ptr<Communicator> communicator;
+  /// Intra-op threads for this process (`--threads`). Unset: OMP_NUM_THREADS when set, else in a
+  /// data-parallel job this rank's share of the node's cores (see dettrial::choose_threads), else
+  /// LibTorch's default.
+  std::optional<int> threads;
 };
 
 template <class TrialT>
@@ -2121,6 +2390,14 @@ class Context {
       distributed_ = DistributedInfo{.rank = env.rank, .size = env.size, .local_rank = env.local_rank, .local_size = env.local_size};
     }
     trial_seed_ = options.trial_seed ? *options.trial_seed : derive_trial_seed(config_.experiment_seed);
+    // One trial seed for the job: the chief's (without an experiment seed each rank's clock differs,
+    // and the ranks would shard different permutations of the data).
+    if (communicator_) trial_seed_ = static_cast<std::uint64_t>(communicator_->broadcast_values({static_cast<std::int64_t>(trial_seed_)})[0]);
+    if (const auto choice = choose_threads(communicator_ ? communicator_->environment() : LaunchEnvironment{}, options.threads,
+                                           CoreCount::of_this_process())) {
+      if (choice->set_by_dettrial) torch::set_num_threads(choice->threads);
+      threads_ = *choice;
+    }
     // One GPU per process: the local rank picks it.
     device_ = options.device ? *options.device
                              : (torch::cuda::is_available()
@@ -2163,6 +2440,8 @@ class Context {
   const DistributedInfo& distributed() const { return distributed_; }
   /// The job's process group, or null for one process.
   Communicator* communicator() const { return communicator_.get(); }
+  /// The intra-op thread count this process was given and why, when one was chosen (see ContextOptions::threads).
+  const std::optional<ThreadChoice>& threads() const { return threads_; }
   std::int64_t aggregation_frequency() const { return aggregation_frequency_; }
 
   /// Moves a nested batch to this context's device (see dettrial::to_device).
@@ -2239,21 +2518,57 @@ class Context {
     return scheduler;
   }
 
-  /// Registers a user reducer (see MetricReducer): reset before each workload/validation, reduced at its end.
-  template <class R>
-  R& wrap_reducer(R& reducer, std::string name = {}, bool for_training = true, bool for_validation = true) {
-    static_assert(MetricReducer<R>,
-                  "dettrial::Context::wrap_reducer<R>: R must have reset() and reduce() returning a number or "
-                  "dettrial::MetricValues (see dettrial::MetricReducer)");
-    for (const auto& w : reducers_)
-      if (w.object == &reducer) throw TrialError("this reducer was already wrapped with wrap_reducer");
-    constexpr bool returns_many = std::same_as<std::remove_cvref_t<decltype(reducer.reduce())>, MetricValues>;
-    if (returns_many && !name.empty())
-      throw TrialError("wrap_reducer: reducer '" + name + "' returns MetricValues (merged by their own names), so wrap it without a name");
-    if (!returns_many && name.empty())
-      throw TrialError("wrap_reducer: a reducer whose reduce() returns a number needs a name to report it under");
-    reducers_.push_back(detail::WrappedReducer::wrap(reducer, std::move(name), for_training, for_validation));
-    return reducer;
+  /**
+   * @brief Registers a user reducer (Determined's `wrap_reducer`): reset before each training workload
+   * and validation, reduced at its end, and reported under `name` (or, for MetricValues, their own
+   * names). `reducer` is one of:
+   * - a CrossSlotReducer (`per_slot_reduce()` on every rank, `cross_slot_reduce(parts)` over all
+   *   ranks' parts): owned by the caller, returned as given;
+   * - a function of `const std::vector<T>&` (T = double unless given): dettrial keeps a
+   *   FunctionReducer<T> and returns it; the trial calls its `update(value)`, and the function gets
+   *   every rank's values in batch order;
+   * - a LocalReducer (`reduce()` only): one process only, since it cannot see the other ranks' data.
+   */
+  template <class T = double, class R>
+  decltype(auto) wrap_reducer(R&& reducer, std::string name = {}, bool for_training = true, bool for_validation = true) {
+    using Plain = std::remove_cvref_t<R>;
+    if constexpr (MetricReducer<Plain>) {
+      static_assert(std::is_lvalue_reference_v<R>,
+                    "dettrial::Context::wrap_reducer: a reducer object must outlive the trainer, so pass a member of the trial "
+                    "(an lvalue), not a temporary");
+      Plain& r = reducer;
+      for (const auto& w : reducers_)
+        if (w.object == &r) throw TrialError("this reducer was already wrapped with wrap_reducer");
+      if constexpr (!CrossSlotReducer<Plain>)
+        if (communicator_)
+          throw TrialError("wrap_reducer" + (name.empty() ? std::string() : " '" + name + "'") +
+                           ": this reducer has only reduce(), which sees one rank's data; in a data-parallel job give it "
+                           "per_slot_reduce() and cross_slot_reduce(parts) (see dettrial::CrossSlotReducer), or wrap a "
+                           "function with wrap_reducer(fn, name)");
+      check_reducer_name<reduced_metrics_t<Plain>>(name);
+      reducers_.push_back(detail::WrappedReducer::wrap(r, std::move(name), for_training, for_validation));
+      return static_cast<Plain&>(r);
+    } else {
+      constexpr bool is_function = std::invocable<Plain&, const std::vector<T>&>;
+      static_assert(is_function && SlotValue<std::vector<T>>,
+                    "dettrial::Context::wrap_reducer: the reducer must have reset() and either reduce() returning a number or "
+                    "dettrial::MetricValues, or per_slot_reduce() returning a number, tensor, string or std::vector/std::tuple of "
+                    "them and cross_slot_reduce(parts) returning a number or dettrial::MetricValues (see dettrial::MetricReducer), "
+                    "or be a function of const std::vector<T>& (T a number or tensor) returning one");
+      if constexpr (is_function) {
+        using Result = std::invoke_result_t<Plain&, const std::vector<T>&>;
+        static_assert(ReducedMetrics<Result>, "dettrial::Context::wrap_reducer(fn, name): fn must return a number or dettrial::MetricValues");
+        if constexpr (ReducedMetrics<Result>) {
+          using Function = FunctionReducer<T, Plain>;
+          check_reducer_name<Result>(name);
+          auto owned = std::make_shared<Function>(std::forward<R>(reducer));
+          Function& r = *owned;
+          owned_reducers_.push_back(std::move(owned));
+          reducers_.push_back(detail::WrappedReducer::wrap(r, std::move(name), for_training, for_validation));
+          return r;
+        }
+      }
+    }
   }
 
   // ---- the training step ----------------------------------------------------------------------
@@ -2304,6 +2619,7 @@ class Context {
     optimizers_.clear();
     schedulers_.clear();
     reducers_.clear();
+    owned_reducers_.clear();
     stop_requested_ = false;
     epoch_len_ = 0;
   }
@@ -2349,6 +2665,15 @@ class Context {
     std::int64_t (*steps_taken)(void*);
   };
 
+  template <class Result>
+  static void check_reducer_name(const std::string& name) {
+    constexpr bool returns_many = std::same_as<std::remove_cvref_t<Result>, MetricValues>;
+    if (returns_many && !name.empty())
+      throw TrialError("wrap_reducer: reducer '" + name + "' returns MetricValues (merged by their own names), so wrap it without a name");
+    if (!returns_many && name.empty())
+      throw TrialError("wrap_reducer: a reducer that returns a number needs a name to report it under");
+  }
+
   static std::uint64_t derive_trial_seed(std::optional<std::uint64_t> experiment_seed) {
     // One trial of an experiment: a value in [0, 2^31) drawn from the experiment seed, as Determined's
     // master draws trial seeds; without an experiment seed, the clock (Determined's default).
@@ -2359,6 +2684,14 @@ class Context {
 
   void seed_everything() const {
     torch::manual_seed(trial_seed_);  // CPU and, when present, every CUDA device
+  }
+
+  /// In a job, after the trial and its data loaders were built from the same seed on every rank:
+  /// ranks other than the chief continue on a stream of their own, derived from the trial seed and
+  /// the rank, so that their dropout masks and other draws differ.
+  void seed_rank_stream() const {
+    if (distributed_.rank > 0)
+      torch::manual_seed(detail::mix64(trial_seed_ ^ (static_cast<std::uint64_t>(distributed_.rank) * detail::golden_gamma)) >> 1);
   }
 
   std::int64_t global_batch_size_hparam() const {
@@ -2524,11 +2857,13 @@ class Context {
   torch::Device device_{torch::kCPU};
   DistributedInfo distributed_;
   std::shared_ptr<Communicator> communicator_;
+  std::optional<ThreadChoice> threads_;
 
   std::vector<std::shared_ptr<torch::nn::Module>> models_;
   std::vector<WrappedOptimizer> optimizers_;
   std::vector<WrappedScheduler> schedulers_;
   std::vector<detail::WrappedReducer> reducers_;
+  std::vector<std::shared_ptr<void>> owned_reducers_;  // the FunctionReducers wrap_reducer(fn) made
 
   std::int64_t initial_batch_ = 0;
   std::int64_t current_batch_ = 0;
@@ -3556,10 +3891,14 @@ static_assert(CheckpointPolicyType<checkpoint_policy::all> && CheckpointPolicyTy
 // SPDX-License-Identifier: Apache-2.0
 /// @file
 /// @brief Metrics across ranks, as Determined reduces them: training means averaged over ranks;
-/// validation reduced per rank, then across ranks (avg weighted by each rank's batch count).
+/// validation reduced per rank, then across ranks (avg weighted by each rank's batch count); user
+/// reducers per slot, then across slots; record counts of the whole job. Every rank computes the
+/// same result from the same gathered shares, so every decision taken on them is agreed.
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
-#include <cstring>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -3568,78 +3907,116 @@ static_assert(CheckpointPolicyType<checkpoint_policy::all> && CheckpointPolicyTy
 
 namespace dettrial::detail {
 
-/// Averages every metric but the counters (`batches`, `epochs`) over the ranks, in place.
-inline void average_across_ranks(MetricValues& metrics, Communicator& comm) {
-  std::vector<std::string> names;
-  std::vector<double> values;
-  for (const auto& [name, value] : metrics)
-    if (name != "batches" && name != "epochs") {
-      names.push_back(name);
-      values.push_back(value);
-    }
-  if (values.empty()) return;
-  std::vector<torch::Tensor> t{torch::tensor(values, torch::kDouble)};
-  comm.allreduce(t);
-  const auto* sums = t[0].data_ptr<double>();
-  for (std::size_t i = 0; i < names.size(); ++i) metrics.set(names[i], sums[i] / comm.size());
+/// What one rank contributes at the end of a training workload or a validation.
+struct RankShare {
+  /// Per metric: the training mean (training), or the per-rank total of its reducer (validation).
+  std::vector<ValidationReduction::Total> totals;
+  std::int64_t batches = 0;
+  std::int64_t records = 0;
+  /// The per-slot parts of the user reducers taking part, in registration order.
+  std::vector<c10::IValue> reducer_parts;
+};
+
+inline c10::IValue to_ivalue(const RankShare& share) {
+  c10::List<std::string> names;
+  c10::List<std::int64_t> kinds;
+  c10::List<double> values;
+  for (const auto& t : share.totals) {
+    names.push_back(t.name);
+    kinds.push_back(static_cast<std::int64_t>(t.reducer));
+    values.push_back(t.value);
+  }
+  c10::impl::GenericList parts(c10::AnyType::get());
+  for (const auto& p : share.reducer_parts) parts.push_back(p);
+  return c10::ivalue::Tuple::create({names, kinds, values, share.batches, share.records, parts});
 }
 
-/// Combines per-rank validation totals: avg = sum over all batches / all batches; sum; max; min.
-inline MetricValues reduce_validation_across_ranks(const std::vector<ValidationReduction::Total>& totals, std::int64_t batches,
-                                                   Communicator& comm) {
-  std::vector<double> sums{static_cast<double>(batches)}, extremes;
-  for (const auto& t : totals) {
-    if (t.reducer == Reducer::avg || t.reducer == Reducer::sum) sums.push_back(t.value);
-    else extremes.push_back(t.reducer == Reducer::max ? t.value : -t.value);  // min as the max of negatives
-  }
-  std::vector<torch::Tensor> s{torch::tensor(sums, torch::kDouble)};
-  comm.allreduce(s);
-  std::vector<torch::Tensor> e{torch::tensor(extremes.empty() ? std::vector<double>{0.0} : extremes, torch::kDouble)};
-  if (!extremes.empty()) comm.allreduce(e, c10d::ReduceOp::MAX);
-  const auto* sum = s[0].data_ptr<double>();
-  const auto* ext = e[0].data_ptr<double>();
-  const double all_batches = sum[0];
+inline RankShare from_ivalue(const c10::IValue& v) {
+  const auto& e = v.toTupleRef().elements();
+  RankShare share;
+  const auto names = e[0].toList();
+  const auto kinds = e[1].toList();
+  const auto values = e[2].toList();
+  for (std::size_t i = 0; i < names.size(); ++i)
+    share.totals.push_back({names.get(i).toStringRef(), static_cast<Reducer>(kinds.get(i).toInt()), values.get(i).toDouble()});
+  share.batches = e[3].toInt();
+  share.records = e[4].toInt();
+  for (const auto& p : e[5].toList()) share.reducer_parts.push_back(p);
+  return share;
+}
+
+/// Every rank's share, in rank order, on every rank (one all-gather); one process: its own.
+inline std::vector<RankShare> gather_shares(RankShare mine, Communicator* comm) {
+  if (comm == nullptr) return {std::move(mine)};
+  std::vector<RankShare> out;
+  for (const c10::IValue& v : comm->allgather_object(to_ivalue(mine))) out.push_back(from_ivalue(v));
+  return out;
+}
+
+inline std::int64_t total_records(const std::vector<RankShare>& shares) {
+  std::int64_t n = 0;
+  for (const auto& s : shares) n += s.records;
+  return n;
+}
+inline std::int64_t total_batches(const std::vector<RankShare>& shares) {
+  std::int64_t n = 0;
+  for (const auto& s : shares) n += s.batches;
+  return n;
+}
+
+/// Training: each metric's mean over the ranks that report it (every rank trains as many batches
+/// per workload, so this is Determined's per-batch mean over ranks, then over batches).
+inline MetricValues combine_training(const std::vector<RankShare>& shares) {
   MetricValues out;
-  std::size_t si = 1, ei = 0;
-  for (const auto& t : totals) {
-    switch (t.reducer) {
-      case Reducer::avg: out.set(t.name, sum[si++] / all_batches); break;
-      case Reducer::sum: out.set(t.name, sum[si++]); break;
-      case Reducer::max: out.set(t.name, ext[ei++]); break;
-      case Reducer::min: out.set(t.name, -ext[ei++]); break;
-    }
+  for (const auto& first : shares.front().totals) {
+    double sum = 0;
+    int ranks = 0;
+    for (const auto& s : shares)
+      for (const auto& t : s.totals)
+        if (t.name == first.name) {
+          sum += t.value;
+          ++ranks;
+        }
+    out.set(first.name, sum / ranks);
   }
   return out;
 }
 
-/// Sends the chief's metrics (names and values) to every rank.
-inline MetricValues broadcast_metrics(const MetricValues& metrics, Communicator& comm) {
-  std::string text;
-  std::vector<double> values;
-  for (const auto& [name, value] : metrics) {
-    text += name;
-    text += '\n';
-    values.push_back(value);
-  }
-  std::vector<torch::Tensor> sizes{torch::tensor({static_cast<std::int64_t>(text.size()), static_cast<std::int64_t>(values.size())})};
-  comm.broadcast(sizes);
-  const auto text_size = sizes[0][0].item<std::int64_t>();
-  const auto count = sizes[0][1].item<std::int64_t>();
-  std::vector<torch::Tensor> payload{torch::zeros({text_size}, torch::kUInt8), torch::zeros({count}, torch::kDouble)};
-  if (comm.rank() == 0) {
-    std::memcpy(payload[0].data_ptr<std::uint8_t>(), text.data(), text.size());
-    std::memcpy(payload[1].data_ptr<double>(), values.data(), values.size() * sizeof(double));
-  }
-  comm.broadcast(payload);
+/// Validation: avg = the sum over all batches of all ranks / all batches (Determined's mean weighted
+/// by each rank's batch count), sum, max and min over the ranks that validated any batch.
+inline MetricValues combine_validation(const std::vector<RankShare>& shares) {
   MetricValues out;
-  const std::string names(reinterpret_cast<const char*>(payload[0].data_ptr<std::uint8_t>()), static_cast<std::size_t>(text_size));
-  std::size_t start = 0;
-  for (std::int64_t i = 0; i < count; ++i) {
-    const std::size_t end = names.find('\n', start);
-    out.set(names.substr(start, end - start), payload[1].data_ptr<double>()[i]);
-    start = end + 1;
-  }
+  const double all_batches = static_cast<double>(total_batches(shares));
+  std::vector<std::string> seen;
+  for (const auto& share : shares)
+    for (const auto& first : share.totals) {
+      if (std::find(seen.begin(), seen.end(), first.name) != seen.end()) continue;
+      seen.push_back(first.name);
+      double value = first.reducer == Reducer::max   ? -std::numeric_limits<double>::infinity()
+                     : first.reducer == Reducer::min ? std::numeric_limits<double>::infinity()
+                                                     : 0.0;
+      for (const auto& s : shares)
+        for (const auto& t : s.totals) {
+          if (t.name != first.name) continue;
+          if (std::isnan(t.value)) value = t.value;  // like np.max / np.sum
+          else if (!std::isnan(value))
+            value = first.reducer == Reducer::max ? std::max(value, t.value) : first.reducer == Reducer::min ? std::min(value, t.value) : value + t.value;
+        }
+      out.set(first.name, first.reducer == Reducer::avg ? value / all_batches : value);
+    }
   return out;
+}
+
+/// The parts of reducer `index` (among those taking part), one per rank in rank order.
+inline std::vector<c10::IValue> reducer_parts(const std::vector<RankShare>& shares, std::size_t index) {
+  std::vector<c10::IValue> parts;
+  parts.reserve(shares.size());
+  for (const auto& s : shares) {
+    if (index >= s.reducer_parts.size())
+      throw DistributedError("the ranks wrapped different numbers of reducers; every rank must build the same trial");
+    parts.push_back(s.reducer_parts[index]);
+  }
+  return parts;
 }
 
 }  // namespace dettrial::detail
@@ -5695,6 +6072,70 @@ class Progress {
 }  // namespace detail
 }  // namespace dettrial
 // ---- end dettrial/report/progress.hpp
+// ---- begin dettrial/report/runtime.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief What a run computes with, for its first line: the LibTorch version and build, the BLAS
+/// behind it, and the intra-op threads. A LibTorch linked against the system BLAS (Debian's) is
+/// 10x slower on the reference BLAS than on OpenBLAS, so the first line names the library loaded.
+
+#include <link.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+#include <string_view>
+
+#include <ATen/Context.h>
+#include <ATen/Parallel.h>
+#include <torch/torch.h>
+
+namespace dettrial::detail {
+
+/// The BLAS this process loaded: "MKL (built in)" for an MKL-built LibTorch (PyPI's wheel), else the
+/// shared BLAS library loaded, named by its real file ("OpenBLAS (.../openblas-pthread/libblas.so.3)",
+/// "reference BLAS (.../blas/libblas.so.3)"), or "unknown".
+inline std::string loaded_blas() {
+  if (at::globalContext().hasMKL()) return "MKL (built in)";
+  std::string found;
+  ::dl_iterate_phdr(
+      [](dl_phdr_info* info, std::size_t, void* out) {
+        const std::string_view name = info->dlpi_name ? info->dlpi_name : "";
+        const std::string_view file = name.substr(name.rfind('/') == std::string_view::npos ? 0 : name.rfind('/') + 1);
+        if (file.starts_with("libblas.so") || file.starts_with("libopenblas") || file.starts_with("libblis") ||
+            file.starts_with("libflexiblas") || file.starts_with("libmkl_rt")) {
+          *static_cast<std::string*>(out) = std::string(name);
+          return 1;
+        }
+        return 0;
+      },
+      &found);
+  if (found.empty()) return "unknown";
+  std::error_code ec;
+  const std::string real = std::filesystem::canonical(found, ec).string();
+  const std::string path = ec ? found : real;
+  const char* kind = path.find("openblas") != std::string::npos ? "OpenBLAS"
+                     : path.find("blis") != std::string::npos   ? "BLIS"
+                     : path.find("mkl") != std::string::npos    ? "MKL"
+                     : path.find("/blas/") != std::string::npos ? "reference BLAS (slow: install an optimized BLAS such as OpenBLAS)"
+                                                                : "BLAS";
+  return std::string(kind) + " (" + path + ")";
+}
+
+/// "LibTorch 2.5.1 (CUDA 12.4), MKL (built in), 4 threads" and the source of the thread count.
+inline std::string runtime_summary(std::string_view threads_source) {
+  std::string s = "LibTorch " + std::to_string(TORCH_VERSION_MAJOR) + "." + std::to_string(TORCH_VERSION_MINOR) + "." +
+                  std::to_string(TORCH_VERSION_PATCH);
+  s += torch::cuda::is_available() ? " (CUDA, " + std::to_string(torch::cuda::device_count()) + " GPUs)" : " (CPU)";
+  s += ", " + loaded_blas();
+  const int threads = at::get_num_threads();
+  s += ", " + std::to_string(threads) + (threads == 1 ? " thread" : " threads");
+  s += threads_source.empty() ? std::string(" (LibTorch's default)") : " (" + std::string(threads_source) + ")";
+  return s;
+}
+
+}  // namespace dettrial::detail
+// ---- end dettrial/report/runtime.hpp
 // ---- begin dettrial/trainer/callbacks.hpp
 // SPDX-License-Identifier: Apache-2.0
 /// @file
@@ -5894,6 +6335,7 @@ struct FitResult {
 #include <exception>
 #include <filesystem>
 #include <iostream>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -6505,6 +6947,7 @@ class Trainer {
     train_loader_.emplace(trial_->build_training_data_loader());
     validation_loader_.emplace(trial_->build_validation_data_loader());
     st.epoch_len = epoch_length(*train_loader_, training_chain());
+    agree_across_ranks(st, first_batch);
     if (st.epoch_len < 1) throw DataError("the training data loader yields no batches (its size() is 0)");
     context_.epoch_len_ = st.epoch_len;
 
@@ -6514,6 +6957,8 @@ class Trainer {
     st.result.resumed_from_batch = st.batches_trained;
     if (Communicator* comm = context_.communicator()) broadcast_models(*comm);  // every rank starts from rank 0's weights
 
+    st.progress.line("dettrial " DETTRIAL_VERSION_STRING ": " +
+                     detail::runtime_summary(context_.threads() ? context_.threads()->source : std::string()));
     st.progress.line("dettrial: trial seed " + std::to_string(context_.get_trial_seed()) + ", device " +
                      context_.device().str() + ", training " + st.length.to_string() + " (an epoch is " +
                      std::to_string(st.epoch_len) + " batches), output " + o.output_dir.string());
@@ -6654,14 +7099,18 @@ class Trainer {
   void report_training(RunState& st, const detail::WorkloadMeans& means, std::int64_t records, Set& callbacks,
                        const std::vector<Metrics>& batch_metrics) {
     const double seconds = st.progress.elapsed();
+    detail::RankShare mine{.batches = means.batches(), .records = records};
+    for (const auto& [name, value] : means.means()) mine.totals.push_back({name, Reducer::avg, value});
+    for (auto& r : context_.reducers_)
+      if (r.for_training) mine.reducer_parts.push_back(r.per_slot(r.object));
+    const auto shares = detail::gather_shares(std::move(mine), context_.communicator());
     MetricValues avg;
     avg.set("batches", static_cast<double>(st.batches_trained));
     avg.set("epochs", static_cast<double>(st.epochs_trained));
-    for (const auto& [name, value] : means.means()) avg.set(name, value);
-    if (Communicator* comm = context_.communicator()) detail::average_across_ranks(avg, *comm);
-    for (auto& r : context_.reducers_)
-      if (r.for_training) r.reduce_into(r.object, r.name, avg);
-    const double rate = seconds > 0 ? static_cast<double>(records) / seconds : 0.0;
+    for (const auto& [name, value] : detail::combine_training(shares)) avg.set(name, value);
+    reduce_user_reducers(&detail::WrappedReducer::for_training, shares, avg);
+    // The whole job's records (every rank's), over the chief's clock.
+    const double rate = seconds > 0 ? static_cast<double>(detail::total_records(shares)) / seconds : 0.0;
     char tail[64];
     std::snprintf(tail, sizeof tail, "  (%.1f samples/s)", rate);
     st.progress.line("[train]" + detail::format_metrics(avg) + tail);
@@ -6675,6 +7124,14 @@ class Trainer {
     st.result.last_training_metrics = std::move(avg);
   }
 
+  /// Merges the user reducers taking part (`role`: for_training or for_validation) into `out`, each
+  /// reducing the parts of every rank.
+  void reduce_user_reducers(bool detail::WrappedReducer::*role, const std::vector<detail::RankShare>& shares, MetricValues& out) {
+    std::size_t index = 0;
+    for (auto& r : context_.reducers_)
+      if (r.*role) r.cross_slot_into(r.object, r.name, detail::reducer_parts(shares, index++), out);
+  }
+
   template <class Set>
   void validate(RunState& st, Set& callbacks) {
     torch::NoGradGuard no_grad;
@@ -6685,8 +7142,9 @@ class Trainer {
       if constexpr (requires { cb.on_validation_start(); }) cb.on_validation_start();
     });
     st.progress.begin("validate", 0, epoch_length(*validation_loader_, validation_chain()), "batches");
-    MetricValues metrics;
-    std::int64_t records = 0;
+    // This rank's share: its metric totals (evaluate_batch, over its shard) or, with
+    // evaluate_full_dataset, the chief's metrics over the whole set (taken as they are).
+    detail::RankShare mine;
     if constexpr (DeclaresEvaluateBatch<TrialT>) {
       callbacks.each([&](auto& cb) {
         if constexpr (requires { cb.on_validation_epoch_start(); }) cb.on_validation_epoch_start();
@@ -6698,7 +7156,7 @@ class Trainer {
       for (auto&& loaded : validation_loader_->batches(validation_chain())) {
         validation_batch_t<TrialT> batch = std::move(loaded);
         to_device_in_place(batch, context_.device(), non_blocking);
-        records += record_count(batch);
+        mine.records += record_count(batch);
         Metrics m = detail::call_evaluate_batch(*trial_, batch, model_or_missing(), batch_idx);
         reduction.add(m, batch_idx);
         if constexpr (Set::wants_validation_outputs) outputs.push_back(std::move(m));
@@ -6706,23 +7164,28 @@ class Trainer {
         st.progress.update(batch_idx);
         if (st.options.test_mode) break;
       }
-      if (batch_idx == 0) throw DataError("the validation data loader yielded no batches");
       callbacks.each([&](auto& cb) {
         if constexpr (requires { cb.on_validation_epoch_end(std::span<const Metrics>(outputs)); })
           cb.on_validation_epoch_end(std::span<const Metrics>(outputs));
       });
-      Communicator* comm = context_.communicator();
-      metrics = comm ? detail::reduce_validation_across_ranks(reduction.totals(), reduction.batches(), *comm) : reduction.result();
+      mine.totals = reduction.totals();
+      mine.batches = reduction.batches();
     } else {
       // The whole dataset on the chief only (Determined's rule); the others get its metrics.
       if (context_.distributed().is_chief()) {
         const Metrics m = detail::call_evaluate_full_dataset(*trial_, *validation_loader_, model_or_missing());
-        for (const auto& e : m) metrics.set(std::string(e.key.view()), e.value.to_double());
+        for (const auto& e : m) mine.totals.push_back({std::string(e.key.view()), Reducer::sum, e.value.to_double()});
+        mine.batches = 1;
       }
-      if (Communicator* comm = context_.communicator()) metrics = detail::broadcast_metrics(metrics, *comm);
     }
     for (auto& r : context_.reducers_)
-      if (r.for_validation) r.reduce_into(r.object, r.name, metrics);
+      if (r.for_validation) mine.reducer_parts.push_back(r.per_slot(r.object));
+    const auto shares = detail::gather_shares(std::move(mine), context_.communicator());
+    // Decided from the gathered shares, so every rank throws (or goes on) together.
+    if (detail::total_batches(shares) == 0) throw DataError("the validation data loader yielded no batches");
+    const std::int64_t records = detail::total_records(shares);
+    MetricValues metrics = detail::combine_validation(shares);
+    reduce_user_reducers(&detail::WrappedReducer::for_validation, shares, metrics);
     callbacks.each([&](auto& cb) {
       if constexpr (requires { cb.on_validation_end(metrics); }) cb.on_validation_end(metrics);
     });
@@ -6755,6 +7218,9 @@ class Trainer {
         throw TrialError("the searcher metric '" + st.options.searcher_metric + "' was not reported by validation (it reported" +
                          detail::format_metrics(metrics) + ")");
       improved = !st.best_metric || (st.options.smaller_is_better ? *value < *st.best_metric : *value > *st.best_metric);
+      // Every rank holds the same gathered metrics; the chief's decision is still the one acted on,
+      // because a checkpoint is a collective that all ranks enter or none.
+      if (Communicator* comm = context_.communicator()) improved = comm->broadcast_values({improved ? 1 : 0})[0] != 0;
       if (improved) st.best_metric = *value;
     } else if (st.options.checkpoint_policy == CheckpointPolicy::best && !st.warned_best_without_metric) {
       st.progress.line("dettrial: checkpoint_policy 'best' has no searcher metric to compare; checkpointing after every validation");
@@ -6800,7 +7266,9 @@ class Trainer {
     st.last_checkpoint = st.batches_trained;
     // Every rank's CPU RNG goes to the chief (a collective: all ranks checkpoint at the same batches).
     std::vector<torch::Tensor> rng_states;
-    if (Communicator* comm = context_.communicator()) rng_states = comm->allgather(at::detail::getDefaultCPUGenerator().get_state());
+    if (Communicator* comm = context_.communicator())
+      for (const torch::Tensor& state : comm->allgather(at::detail::getDefaultCPUGenerator().get_state().to(comm->device())))
+        rng_states.push_back(state.cpu());
     if (!context_.distributed().is_chief()) {
       // The chief writes; the others learn the checkpoint's uuid once it is written (Determined's broadcast).
       const std::string uuid = share_uuid({});
@@ -6870,17 +7338,58 @@ class Trainer {
     if (!comm) return uuid;
     std::vector<torch::Tensor> t{torch::zeros({36}, torch::kUInt8)};
     if (comm->rank() == 0) std::memcpy(t[0].data_ptr<std::uint8_t>(), uuid.data(), std::min<std::size_t>(uuid.size(), 36));
+    t[0] = t[0].to(comm->device());
     comm->broadcast(t);
-    return std::string(reinterpret_cast<const char*>(t[0].data_ptr<std::uint8_t>()), 36);
+    const torch::Tensor host = t[0].cpu();
+    return std::string(reinterpret_cast<const char*>(host.data_ptr<std::uint8_t>()), 36);
   }
 
   /// The largest of `value` over the ranks (the value itself for one process): what every rank acts on.
   int agreed_max(int value) {
     Communicator* comm = context_.communicator();
     if (!comm) return value;
-    std::vector<torch::Tensor> t{torch::tensor({static_cast<std::int64_t>(value)})};
-    comm->allreduce(t, c10d::ReduceOp::MAX);
-    return static_cast<int>(t[0].item<std::int64_t>());
+    return static_cast<int>(comm->allreduce_values({static_cast<double>(value)}, c10d::ReduceOp::MAX)[0]);
+  }
+
+  /**
+   * @brief Makes the ranks of a job agree before training: the epoch length is the chief's sharded
+   * length (Determined's rule; a rank whose shard is a batch shorter reads on into the next epoch of
+   * the endless stream), the data loaders shuffle with the chief's seeds, each rank's own RNG
+   * stream (dropout) is derived from the agreed trial seed and its rank, and the fit options that
+   * place boundaries must be the same on every rank.
+   */
+  void agree_across_ranks(RunState& st, std::int64_t first_batch) {
+    Communicator* comm = context_.communicator();
+    if (!comm) return;
+    const FitOptions& o = st.options;
+    const auto train_seed = data_seed(*train_loader_), validation_seed = data_seed(*validation_loader_);
+    // What places every boundary, by name: each rank compares its own with the chief's.
+    const std::pair<const char*, std::string> placed[] = {
+        {"max_length", st.length.to_string()},
+        {"the validation period", o.validation_period.to_string()},
+        {"the checkpoint period", o.checkpoint_period.to_string()},
+        {"the reporting period", o.reporting_period.to_string()},
+        {"test mode", o.test_mode ? "on" : "off"},
+        {"the batch resumed from", std::to_string(first_batch)},
+        {"aggregation_frequency", std::to_string(context_.aggregation_frequency())},
+        {"the global batch size", context_.has_global_batch_size() ? std::to_string(context_.get_global_batch_size()) : "-"}};
+    std::vector<std::int64_t> mine{st.epoch_len, static_cast<std::int64_t>(train_seed.value_or(0)), train_seed ? 1 : 0,
+                                   static_cast<std::int64_t>(validation_seed.value_or(0)), validation_seed ? 1 : 0};
+    for (const auto& [name, value] : placed) mine.push_back(static_cast<std::int64_t>(std::hash<std::string>{}(value)));
+    const std::vector<std::int64_t> chief = comm->broadcast_values(mine);
+    st.epoch_len = chief[0];
+    if (chief[2]) restore_data_seed(*train_loader_, static_cast<std::uint64_t>(chief[1]));
+    if (chief[4]) restore_data_seed(*validation_loader_, static_cast<std::uint64_t>(chief[3]));
+    int differs = -1;
+    for (std::size_t i = 0; i < std::size(placed) && differs < 0; ++i)
+      if (mine[5 + i] != chief[5 + i]) differs = static_cast<int>(i);
+    // Every rank learns that one differs, so all stop here rather than cross collectives later.
+    const int any = agreed_max(differs);
+    if (any >= 0)
+      throw ConfigError("the ranks of this job disagree on " + std::string(placed[differs >= 0 ? differs : any].first) +
+                        (differs >= 0 ? " (rank " + std::to_string(comm->rank()) + " has " + placed[differs].second + ")" : std::string()) +
+                        "; every rank must be given the same config and fit options");
+    context_.seed_rank_stream();
   }
 
   /// Copies rank 0's parameters and buffers to every rank.
@@ -6976,9 +7485,12 @@ class Trainer {
   /// Batches per epoch on this rank: the loader's sharded length when it knows one.
   template <class L>
   static std::int64_t epoch_length(const L& loader, const LoaderChain& chain) {
-    if constexpr (requires { { loader.batches_for(chain) } -> std::convertible_to<std::int64_t>; })
+    if constexpr (requires { { loader.batches_for(chain) } -> std::convertible_to<std::int64_t>; }) {
       return static_cast<std::int64_t>(loader.batches_for(chain));
-    else return static_cast<std::int64_t>(loader.size());
+    } else {  // Determined's DistributedBatchSampler length: len // n + (len % n > rank)
+      const auto len = static_cast<std::int64_t>(loader.size());
+      return len / chain.num_replicas + (len % chain.num_replicas > chain.rank ? 1 : 0);
+    }
   }
 
   ReducerChoice evaluation_reducer() {
@@ -7036,6 +7548,8 @@ inline const char* main_usage() {
          "  --nproc N            train data-parallel in N local processes (Gloo on CPU, NCCL on GPUs);\n"
          "                       default: resources.slots_per_trial when no launcher (torchrun, srun,\n"
          "                       mpirun) started this process\n"
+         "  --threads N          intra-op threads per process (default: OMP_NUM_THREADS when set;\n"
+         "                       data parallel: this rank's share of the node's cores)\n"
          "  --backend NAME       gloo or nccl (default: nccl when this process has a GPU and NCCL)\n"
          "  --timeout SECONDS    how long ranks wait for each other before failing (default 300)\n"
          "  --test-mode          train one batch and validate one batch, to check the trial runs\n"
@@ -7178,6 +7692,7 @@ int main(int argc, char** argv, Args&&... trial_args) {
   std::string resume;
   std::string backend_name;
   int nproc = 0;
+  std::optional<int> threads;
   long timeout_seconds = 300;
   std::vector<std::string> child_args{program};  // what the built-in launcher passes to each rank
   bool test_mode = false, quiet = false;
@@ -7201,7 +7716,7 @@ int main(int argc, char** argv, Args&&... trial_args) {
       output = value(arg);
     } else if (arg == "--resume") {
       resume = value(arg);
-    } else if (arg == "--nproc" || arg == "--timeout") {
+    } else if (arg == "--nproc" || arg == "--timeout" || arg == "--threads") {
       const std::string v = value(arg);
       char* end = nullptr;
       const long n = std::strtol(v.c_str(), &end, 10);
@@ -7210,6 +7725,7 @@ int main(int argc, char** argv, Args&&... trial_args) {
         return 2;
       }
       if (arg == "--nproc") nproc = static_cast<int>(n);
+      else if (arg == "--threads") threads = static_cast<int>(n);
       else timeout_seconds = n;
     } else if (arg == "--backend") {
       backend_name = value(arg);
@@ -7293,7 +7809,7 @@ int main(int argc, char** argv, Args&&... trial_args) {
     }
     if (!test_mode && !options.max_length)
       throw ConfigError(config_path + ": the config sets no training length; add searcher.max_length, e.g. {batches: 1000}");
-    Context context(config, ContextOptions{.communicator = communicator});
+    Context context(config, ContextOptions{.communicator = communicator, .threads = threads});
     Trainer<TrialT> trainer(context, std::forward<Args>(trial_args)...);
     const FitResult result = trainer.fit(std::move(options));
     return result.signal != 0 ? exit_status_interrupted : 0;

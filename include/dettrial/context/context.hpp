@@ -281,20 +281,24 @@ class Context {
       reducers_.push_back(detail::WrappedReducer::wrap(r, std::move(name), for_training, for_validation));
       return static_cast<Plain&>(r);
     } else {
-      static_assert(std::invocable<Plain&, const std::vector<T>&> && SlotValue<std::vector<T>>,
-                    "dettrial::Context::wrap_reducer: the reducer must have reset() and either reduce() or per_slot_reduce() and "
-                    "cross_slot_reduce(parts) returning a number or dettrial::MetricValues (see dettrial::MetricReducer), or be "
-                    "a function of const std::vector<T>& (T a number or tensor) returning one");
-      if constexpr (std::invocable<Plain&, const std::vector<T>&>) {
-        static_assert(ReducedMetrics<std::invoke_result_t<Plain&, const std::vector<T>&>>,
-                      "dettrial::Context::wrap_reducer(fn, name): fn must return a number or dettrial::MetricValues");
-        using Function = FunctionReducer<T, Plain>;
-        check_reducer_name<std::invoke_result_t<Plain&, const std::vector<T>&>>(name);
-        auto owned = std::make_shared<Function>(std::forward<R>(reducer));
-        Function& r = *owned;
-        owned_reducers_.push_back(std::move(owned));
-        reducers_.push_back(detail::WrappedReducer::wrap(r, std::move(name), for_training, for_validation));
-        return r;
+      constexpr bool is_function = std::invocable<Plain&, const std::vector<T>&>;
+      static_assert(is_function && SlotValue<std::vector<T>>,
+                    "dettrial::Context::wrap_reducer: the reducer must have reset() and either reduce() returning a number or "
+                    "dettrial::MetricValues, or per_slot_reduce() returning a number, tensor, string or std::vector/std::tuple of "
+                    "them and cross_slot_reduce(parts) returning a number or dettrial::MetricValues (see dettrial::MetricReducer), "
+                    "or be a function of const std::vector<T>& (T a number or tensor) returning one");
+      if constexpr (is_function) {
+        using Result = std::invoke_result_t<Plain&, const std::vector<T>&>;
+        static_assert(ReducedMetrics<Result>, "dettrial::Context::wrap_reducer(fn, name): fn must return a number or dettrial::MetricValues");
+        if constexpr (ReducedMetrics<Result>) {
+          using Function = FunctionReducer<T, Plain>;
+          check_reducer_name<Result>(name);
+          auto owned = std::make_shared<Function>(std::forward<R>(reducer));
+          Function& r = *owned;
+          owned_reducers_.push_back(std::move(owned));
+          reducers_.push_back(detail::WrappedReducer::wrap(r, std::move(name), for_training, for_validation));
+          return r;
+        }
       }
     }
   }
