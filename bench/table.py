@@ -57,4 +57,10 @@ if "data parallel MLP step, 1 process, batch 64" in by_name:
     ar = by_name["data parallel gradient all-reduce per step (2 ranks)"]["value"]
     print(f"{'data parallel step time, 2 ranks / 1 process (same 2 cores)':76} {two / one:8.2f}")
     print(f"{'share of a rank step spent in the gradient all-reduce':76} {ar / two:8.2f}")
+launcher_rows = [r for r in rows if r["name"].startswith("2-rank MNIST job, ")]
+if launcher_rows:
+    best = max(r["value"] for r in launcher_rows)
+    for r in launcher_rows:
+        label = r["name"].removeprefix("2-rank MNIST job, ")
+        print(f"{'2-rank MNIST job samples/s, ' + label[:36] + ' / best launcher':76} {r['value'] / best:8.2f}  ({r.get('threads', '?')})")
 print(f"\nmachine: {platform.machine()}, {platform.processor() or 'cpu'}; python torch {rows[-1].get('torch', '?') if rows else '?'}")

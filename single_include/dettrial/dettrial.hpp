@@ -952,6 +952,7 @@ constexpr std::uint64_t mix64(std::uint64_t x) {
 #include <charconv>
 #include <cstdlib>
 #include <functional>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -999,18 +1000,23 @@ struct LaunchEnvironment {
 
   using Getenv = std::function<const char*(const char*)>;
 
+  /// The integer in environment variable `name` (at least `least`), or nullopt when it is unset or
+  /// empty; throws ConfigError naming the variable when it is not such an integer.
+  static std::optional<int> env_integer(const Getenv& getenv, const char* name, int least) {
+    const char* text = getenv(name);
+    if (text == nullptr || *text == '\0') return std::nullopt;
+    int value = 0;
+    const std::string_view s(text);
+    const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), value);
+    if (ec != std::errc() || end != s.data() + s.size() || value < least)
+      throw ConfigError(std::string("environment variable ") + name + "='" + text + "' is not " +
+                        (least > 0 ? "a positive integer" : "a non-negative integer"));
+    return value;
+  }
+
   static LaunchEnvironment detect(const Getenv& getenv = [](const char* name) { return std::getenv(name); }) {
     auto has = [&](const char* name) { return getenv(name) != nullptr && *getenv(name) != '\0'; };
-    auto integer = [&](const char* name, int fallback) {
-      const char* text = getenv(name);
-      if (text == nullptr || *text == '\0') return fallback;
-      int value = 0;
-      const std::string_view s(text);
-      const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), value);
-      if (ec != std::errc() || end != s.data() + s.size() || value < 0)
-        throw ConfigError(std::string("environment variable ") + name + "='" + text + "' is not a non-negative integer");
-      return value;
-    };
+    auto integer = [&](const char* name, int fallback) { return env_integer(getenv, name, 0).value_or(fallback); };
     LaunchEnvironment e;
     if (has("RANK") && has("GROUP_RANK") && has("LOCAL_RANK") && has("LOCAL_WORLD_SIZE")) {
       e.launcher = Launcher::torchrun;
@@ -1340,11 +1346,11 @@ class Communicator {
 /// @brief How many threads each process of a data-parallel job computes with: its share of the
 /// cores, so that the ranks on a node do not each run an OpenMP team as large as the node.
 
-#include <charconv>
+#include <algorithm>
+#include <cstdlib>
 #include <optional>
 #include <sched.h>
 #include <string>
-#include <string_view>
 #include <thread>
 
 
@@ -1375,19 +1381,6 @@ struct CoreCount {
   }
 };
 
-namespace detail {
-inline std::optional<int> positive_env(const LaunchEnvironment::Getenv& getenv, const char* name) {
-  const char* text = getenv(name);
-  if (text == nullptr || *text == '\0') return std::nullopt;
-  int value = 0;
-  const std::string_view s(text);
-  const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), value);
-  if (ec != std::errc() || end != s.data() + s.size() || value < 1)
-    throw ConfigError(std::string("environment variable ") + name + "='" + text + "' is not a positive integer");
-  return value;
-}
-}  // namespace detail
-
 /**
  * @brief The threads per rank: the user's choice wins (OMP_NUM_THREADS, then `requested`, from
  * `--threads` or ContextOptions), then Slurm's SLURM_CPUS_PER_TASK, then the cores this process is
@@ -1398,7 +1391,7 @@ inline std::optional<int> positive_env(const LaunchEnvironment::Getenv& getenv, 
 inline std::optional<ThreadChoice> choose_threads(
     const LaunchEnvironment& env, std::optional<int> requested, CoreCount cores,
     const LaunchEnvironment::Getenv& getenv = [](const char* name) { return std::getenv(name); }) {
-  if (const auto omp = detail::positive_env(getenv, "OMP_NUM_THREADS"))
+  if (const auto omp = LaunchEnvironment::env_integer(getenv, "OMP_NUM_THREADS", 1))
     return ThreadChoice{.threads = *omp, .source = "OMP_NUM_THREADS", .set_by_dettrial = false};
   if (requested) {
     if (*requested < 1) throw ConfigError("the thread count must be at least 1, not " + std::to_string(*requested));
@@ -1406,7 +1399,7 @@ inline std::optional<ThreadChoice> choose_threads(
   }
   if (!env.distributed()) return std::nullopt;
   if (env.launcher == Launcher::slurm)
-    if (const auto per_task = detail::positive_env(getenv, "SLURM_CPUS_PER_TASK"))
+    if (const auto per_task = LaunchEnvironment::env_integer(getenv, "SLURM_CPUS_PER_TASK", 1))
       return ThreadChoice{.threads = *per_task, .source = "SLURM_CPUS_PER_TASK"};
   if (cores.available < cores.online)
     return ThreadChoice{.threads = cores.available, .source = "cores bound to this process"};

@@ -138,29 +138,6 @@ struct UnevenTrial {
   }
 };
 
-std::string read_text(const fs::path& p) {
-  std::ifstream in(p);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-int wait_for(pid_t pid, std::chrono::seconds limit, bool& in_time) {
-  const auto deadline = std::chrono::steady_clock::now() + limit;
-  int status = 0;
-  while (::waitpid(pid, &status, WNOHANG) == 0) {
-    if (std::chrono::steady_clock::now() > deadline) {
-      ::kill(pid, SIGKILL);
-      ::waitpid(pid, &status, 0);
-      in_time = false;
-      return status;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  in_time = true;
-  return status;
-}
-
 /// Runs the uneven child test case as `n` ranks under RANK/WORLD_SIZE; requires that all succeed.
 void run_ranks(int n, const fs::path& dir) {
   static int runs = 0;
@@ -174,20 +151,13 @@ void run_ranks(int n, const fs::path& dir) {
   }
   for (int rank = 0; rank < n; ++rank) {
     bool in_time = false;
-    const int status = wait_for(pids[static_cast<std::size_t>(rank)], std::chrono::seconds(150), in_time);
+    const int status = test::wait_for(pids[static_cast<std::size_t>(rank)], std::chrono::seconds(150), in_time);
     CAPTURE(rank);
-    CAPTURE(read_text(dir / ("rank" + std::to_string(rank) + ".log")));
+    CAPTURE(test::read_text(dir / ("rank" + std::to_string(rank) + ".log")));
     REQUIRE(in_time);
     REQUIRE(WIFEXITED(status));
     REQUIRE(WEXITSTATUS(status) == 0);
   }
-}
-
-std::vector<YAML::Node> read_reports(const fs::path& p) {
-  std::ifstream in(p);
-  std::vector<YAML::Node> out;
-  for (std::string line; std::getline(in, line);) out.push_back(YAML::Load(line));
-  return out;
 }
 
 void check_uneven_job(int n) {
@@ -251,7 +221,7 @@ void check_uneven_job(int n) {
   // values equal to what one process computes over the same records.
   std::vector<YAML::Node> validations;
   std::int64_t reported_records = 0;
-  for (const YAML::Node& r : read_reports(dir / "run" / "metrics.jsonl")) {
+  for (const YAML::Node& r : test::read_reports(dir / "run" / "metrics.jsonl")) {
     if (r["type"].as<std::string>() == "validation") validations.push_back(r);
     else {
       CHECK(r["metrics"]["trained_ranks"].as<int>() == n);

@@ -52,41 +52,10 @@ FitOptions data_parallel_options(const fs::path& out, std::int64_t length) {
   return o;
 }
 
-int wait_for(pid_t pid, std::chrono::seconds limit, bool& in_time) {
-  const auto deadline = std::chrono::steady_clock::now() + limit;
-  int status = 0;
-  while (::waitpid(pid, &status, WNOHANG) == 0) {
-    if (std::chrono::steady_clock::now() > deadline) {
-      ::kill(pid, SIGKILL);
-      ::waitpid(pid, &status, 0);
-      in_time = false;
-      return status;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  in_time = true;
-  return status;
-}
-
 bool all_succeeded(const std::vector<int>& statuses) {
   for (const int s : statuses)
     if (!WIFEXITED(s) || WEXITSTATUS(s) != 0) return false;
   return true;
-}
-
-/// The records of a metrics.jsonl, each parsed.
-std::vector<YAML::Node> read_reports(const fs::path& p) {
-  std::ifstream in(p);
-  std::vector<YAML::Node> out;
-  for (std::string line; std::getline(in, line);) out.push_back(YAML::Load(line));
-  return out;
-}
-
-std::string read_text(const fs::path& p) {
-  std::ifstream in(p);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
 }
 
 /// Runs the data-parallel child test case as 2 ranks; returns their exit statuses.
@@ -105,7 +74,7 @@ std::vector<int> run_two_ranks(const fs::path& dir, const std::vector<std::strin
   in_time.assign(2, false);
   for (int rank = 0; rank < 2; ++rank) {
     bool ok = false;
-    statuses.push_back(wait_for(pids[rank], limit, ok));
+    statuses.push_back(test::wait_for(pids[rank], limit, ok));
     in_time[rank] = ok;
   }
   return statuses;
@@ -184,7 +153,7 @@ TEST_CASE("2 ranks with Gloo train as one process does with the whole batch" * d
   std::vector<bool> in_time;
   const std::vector<int> statuses = run_two_ranks(dir, {}, std::chrono::seconds(90), in_time);
   for (int rank = 0; rank < 2; ++rank) {
-    CAPTURE(read_text(dir / ("rank" + std::to_string(rank) + ".log")));
+    CAPTURE(test::read_text(dir / ("rank" + std::to_string(rank) + ".log")));
     REQUIRE(in_time[rank]);
     REQUIRE(WIFEXITED(statuses[rank]));
     REQUIRE(WEXITSTATUS(statuses[rank]) == 0);
@@ -207,7 +176,7 @@ TEST_CASE("2 ranks with Gloo train as one process does with the whole batch" * d
   }
   // The chief's reports: the same training and validation losses (to float rounding).
   std::optional<double> training_loss, validation_loss;
-  for (const YAML::Node& report : read_reports(dir / "run" / "metrics.jsonl")) {
+  for (const YAML::Node& report : test::read_reports(dir / "run" / "metrics.jsonl")) {
     if (report["batches"].as<int>() != 50) continue;
     if (report["type"].as<std::string>() == "training") training_loss = report["metrics"]["loss"].as<double>();
     else validation_loss = report["metrics"]["validation_loss"].as<double>();
@@ -246,7 +215,7 @@ TEST_CASE("when a rank dies, the other stops within its timeout with an error na
   CHECK(WEXITSTATUS(statuses[1]) == 3);
   CHECK(WIFEXITED(statuses[0]));
   CHECK(WEXITSTATUS(statuses[0]) != 0);
-  const std::string log = read_text(dir / "rank0.log");
+  const std::string log = test::read_text(dir / "rank0.log");
   CAPTURE(log);
   CHECK(log.find("rank 0 of 2: ") != std::string::npos);
   CHECK(log.find("another rank has died") != std::string::npos);

@@ -1,7 +1,13 @@
 // Small trials and data for dettrial's tests: a linear regression that trains in milliseconds.
 #pragma once
 
+#include <chrono>
+#include <csignal>
 #include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <sys/wait.h>
+#include <thread>
 #include <string>
 #include <vector>
 
@@ -113,6 +119,38 @@ inline bool bit_identical(const std::vector<torch::Tensor>& a, const std::vector
   for (std::size_t i = 0; i < a.size(); ++i)
     if (!torch::equal(a[i], b[i])) return false;
   return true;
+}
+
+/// Waits for `pid` up to `limit`; kills it when late. `in_time` says whether it ended by itself.
+inline int wait_for(pid_t pid, std::chrono::seconds limit, bool& in_time) {
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  int status = 0;
+  while (::waitpid(pid, &status, WNOHANG) == 0) {
+    if (std::chrono::steady_clock::now() > deadline) {
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, &status, 0);
+      in_time = false;
+      return status;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  in_time = true;
+  return status;
+}
+
+inline std::string read_text(const std::filesystem::path& p) {
+  std::ifstream in(p);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+/// The records of a metrics.jsonl, each parsed.
+inline std::vector<YAML::Node> read_reports(const std::filesystem::path& p) {
+  std::ifstream in(p);
+  std::vector<YAML::Node> out;
+  for (std::string line; std::getline(in, line);) out.push_back(YAML::Load(line));
+  return out;
 }
 
 /// Starts this test program again running only `test_case` (skipped ones included), with `extra_env`

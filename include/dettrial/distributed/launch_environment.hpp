@@ -8,6 +8,7 @@
 #include <charconv>
 #include <cstdlib>
 #include <functional>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -56,18 +57,23 @@ struct LaunchEnvironment {
 
   using Getenv = std::function<const char*(const char*)>;
 
+  /// The integer in environment variable `name` (at least `least`), or nullopt when it is unset or
+  /// empty; throws ConfigError naming the variable when it is not such an integer.
+  static std::optional<int> env_integer(const Getenv& getenv, const char* name, int least) {
+    const char* text = getenv(name);
+    if (text == nullptr || *text == '\0') return std::nullopt;
+    int value = 0;
+    const std::string_view s(text);
+    const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), value);
+    if (ec != std::errc() || end != s.data() + s.size() || value < least)
+      throw ConfigError(std::string("environment variable ") + name + "='" + text + "' is not " +
+                        (least > 0 ? "a positive integer" : "a non-negative integer"));
+    return value;
+  }
+
   static LaunchEnvironment detect(const Getenv& getenv = [](const char* name) { return std::getenv(name); }) {
     auto has = [&](const char* name) { return getenv(name) != nullptr && *getenv(name) != '\0'; };
-    auto integer = [&](const char* name, int fallback) {
-      const char* text = getenv(name);
-      if (text == nullptr || *text == '\0') return fallback;
-      int value = 0;
-      const std::string_view s(text);
-      const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), value);
-      if (ec != std::errc() || end != s.data() + s.size() || value < 0)
-        throw ConfigError(std::string("environment variable ") + name + "='" + text + "' is not a non-negative integer");
-      return value;
-    };
+    auto integer = [&](const char* name, int fallback) { return env_integer(getenv, name, 0).value_or(fallback); };
     LaunchEnvironment e;
     if (has("RANK") && has("GROUP_RANK") && has("LOCAL_RANK") && has("LOCAL_WORLD_SIZE")) {
       e.launcher = Launcher::torchrun;

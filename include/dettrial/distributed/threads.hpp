@@ -4,11 +4,11 @@
 /// cores, so that the ranks on a node do not each run an OpenMP team as large as the node.
 #pragma once
 
-#include <charconv>
+#include <algorithm>
+#include <cstdlib>
 #include <optional>
 #include <sched.h>
 #include <string>
-#include <string_view>
 #include <thread>
 
 #include "../detail/error.hpp"
@@ -41,19 +41,6 @@ struct CoreCount {
   }
 };
 
-namespace detail {
-inline std::optional<int> positive_env(const LaunchEnvironment::Getenv& getenv, const char* name) {
-  const char* text = getenv(name);
-  if (text == nullptr || *text == '\0') return std::nullopt;
-  int value = 0;
-  const std::string_view s(text);
-  const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), value);
-  if (ec != std::errc() || end != s.data() + s.size() || value < 1)
-    throw ConfigError(std::string("environment variable ") + name + "='" + text + "' is not a positive integer");
-  return value;
-}
-}  // namespace detail
-
 /**
  * @brief The threads per rank: the user's choice wins (OMP_NUM_THREADS, then `requested`, from
  * `--threads` or ContextOptions), then Slurm's SLURM_CPUS_PER_TASK, then the cores this process is
@@ -64,7 +51,7 @@ inline std::optional<int> positive_env(const LaunchEnvironment::Getenv& getenv, 
 inline std::optional<ThreadChoice> choose_threads(
     const LaunchEnvironment& env, std::optional<int> requested, CoreCount cores,
     const LaunchEnvironment::Getenv& getenv = [](const char* name) { return std::getenv(name); }) {
-  if (const auto omp = detail::positive_env(getenv, "OMP_NUM_THREADS"))
+  if (const auto omp = LaunchEnvironment::env_integer(getenv, "OMP_NUM_THREADS", 1))
     return ThreadChoice{.threads = *omp, .source = "OMP_NUM_THREADS", .set_by_dettrial = false};
   if (requested) {
     if (*requested < 1) throw ConfigError("the thread count must be at least 1, not " + std::to_string(*requested));
@@ -72,7 +59,7 @@ inline std::optional<ThreadChoice> choose_threads(
   }
   if (!env.distributed()) return std::nullopt;
   if (env.launcher == Launcher::slurm)
-    if (const auto per_task = detail::positive_env(getenv, "SLURM_CPUS_PER_TASK"))
+    if (const auto per_task = LaunchEnvironment::env_integer(getenv, "SLURM_CPUS_PER_TASK", 1))
       return ThreadChoice{.threads = *per_task, .source = "SLURM_CPUS_PER_TASK"};
   if (cores.available < cores.online)
     return ThreadChoice{.threads = cores.available, .source = "cores bound to this process"};

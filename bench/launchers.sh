@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# The same 2-rank MNIST job (the 10,000 real digits less a 1,000 holdout, global batch 64, 282
+# batches) under each launcher, rounds alternating the order: the built-in launcher (--nproc 2),
+# torchrun, mpirun, and the built-in launcher with every rank given all the cores (--threads =
+# cores: what ranks did before they took their share). Prints one JSON line per launcher and round
+# (samples/s of the training reports after the first, which includes start-up) for bench/table.py.
+#   bench/launchers.sh MNIST_BINARY MNIST10K_DIR PYTHON_VENV [ROUNDS]
+set -euo pipefail
+mnist=$1 data=$2 venv=$3 rounds=${4:-3}
+cores=$(nproc)
+config=$(dirname "$0")/../tests/cli/ddp.yaml
+scratch=$(mktemp -d)
+trap 'rm -rf "$scratch"' EXIT
+common=(--config "$config" --set "data.dir=$data" --set "searcher.max_length={batches: 282}" --set scheduling_unit=40)
+
+run() {  # name, command...
+  local name=$1
+  shift
+  local out="$scratch/out"
+  env -u OMP_NUM_THREADS "$@" --output "$scratch/run-$RANDOM" >"$out" 2>&1 || { cat "$out" >&2; return 1; }
+  python3 - "$name" "$out" <<'PY'
+import json, re, statistics, sys
+rates = [float(m) for m in re.findall(r"^\[train\].*\(([0-9.]+) samples/s\)", open(sys.argv[2]).read(), re.M)][1:]
+threads = re.search(r"^dettrial [^:]*:.*, ([0-9]+ threads? \(.*\))$", open(sys.argv[2]).read(), re.M)
+print(json.dumps({"name": f"2-rank MNIST job, {sys.argv[1]}", "value": statistics.median(rates), "unit": "samples/s",
+                  "spread": max(rates) / min(rates), "threads": threads.group(1) if threads else "?"}))
+PY
+}
+
+launchers=(builtin torchrun mpirun oversubscribed)
+for ((round = 0; round < rounds; ++round)); do
+  for ((i = 0; i < ${#launchers[@]}; ++i)); do
+    launcher=${launchers[$(((i + round) % ${#launchers[@]}))]}
+    case $launcher in
+      builtin) run "built-in launcher (--nproc 2)" "$mnist" "${common[@]}" --nproc 2 ;;
+      torchrun) run "torchrun --nproc-per-node=2" "$venv/bin/torchrun" --no-python --nproc-per-node=2 --master-port=29631 \
+                  "$mnist" "${common[@]}" ;;
+      mpirun) command -v mpirun >/dev/null && run "mpirun -np 2 (bound to cores)" mpirun -np 2 --allow-run-as-root \
+                -x MASTER_PORT=29632 "$mnist" "${common[@]}" ;;
+      oversubscribed) run "built-in launcher, every rank $cores threads (before threads per rank)" "$mnist" "${common[@]}" \
+                        --nproc 2 --threads "$cores" ;;
+    esac
+  done
+done
