@@ -1381,27 +1381,44 @@ struct CoreCount {
   }
 };
 
+namespace detail {
+/// The thread count OpenMP takes from OMP_NUM_THREADS: its leading integer ("4", " 8", "4,2" for
+/// nested teams); nullopt when unset or unreadable (OpenMP then warns and ignores it itself).
+inline std::optional<int> omp_num_threads(const LaunchEnvironment::Getenv& getenv) {
+  const char* text = getenv("OMP_NUM_THREADS");
+  if (text == nullptr) return std::nullopt;
+  while (*text == ' ' || *text == '\t') ++text;
+  int value = 0;
+  const char* end = text;
+  while (*end >= '0' && *end <= '9' && value < 1'000'000) value = value * 10 + (*end++ - '0');
+  if (end == text || value < 1) return std::nullopt;
+  return value;
+}
+}  // namespace detail
+
 /**
- * @brief The threads per rank: the user's choice wins (OMP_NUM_THREADS, then `requested`, from
- * `--threads` or ContextOptions), then Slurm's SLURM_CPUS_PER_TASK, then the cores this process is
- * bound to when a launcher bound it (mpirun binds each rank to a core), else the cores available
- * divided by the ranks on this node (the built-in launcher, torchrun without OMP_NUM_THREADS, srun
- * without binding). One process with no choice made keeps LibTorch's default (nullopt).
+ * @brief The threads per rank: the user's choice wins (`requested`, from `--threads` or
+ * ContextOptions, then OMP_NUM_THREADS, which torchrun sets to 1 by itself), then Slurm's
+ * SLURM_CPUS_PER_TASK, then, under launchers that bind each rank to its own cores (mpirun, srun),
+ * the cores this process is bound to, else the cores available divided by the ranks on this node
+ * (the built-in launcher, torchrun without OMP_NUM_THREADS; also a mask shared by all ranks, such as
+ * taskset's or a container's). One process with no choice made keeps LibTorch's default (nullopt).
  */
 inline std::optional<ThreadChoice> choose_threads(
     const LaunchEnvironment& env, std::optional<int> requested, CoreCount cores,
     const LaunchEnvironment::Getenv& getenv = [](const char* name) { return std::getenv(name); }) {
-  if (const auto omp = LaunchEnvironment::env_integer(getenv, "OMP_NUM_THREADS", 1))
-    return ThreadChoice{.threads = *omp, .source = "OMP_NUM_THREADS", .set_by_dettrial = false};
   if (requested) {
     if (*requested < 1) throw ConfigError("the thread count must be at least 1, not " + std::to_string(*requested));
     return ThreadChoice{.threads = *requested, .source = "--threads"};
   }
+  if (const auto omp = detail::omp_num_threads(getenv))
+    return ThreadChoice{.threads = *omp, .source = "OMP_NUM_THREADS", .set_by_dettrial = false};
   if (!env.distributed()) return std::nullopt;
   if (env.launcher == Launcher::slurm)
     if (const auto per_task = LaunchEnvironment::env_integer(getenv, "SLURM_CPUS_PER_TASK", 1))
       return ThreadChoice{.threads = *per_task, .source = "SLURM_CPUS_PER_TASK"};
-  if (cores.available < cores.online)
+  const bool binds_ranks = env.launcher == Launcher::mpi || env.launcher == Launcher::slurm;
+  if (binds_ranks && cores.available < cores.online)
     return ThreadChoice{.threads = cores.available, .source = "cores bound to this process"};
   const int ranks_here = std::max(1, std::min(env.local_size, env.size));
   return ThreadChoice{.threads = std::max(1, cores.available / ranks_here),
@@ -1691,9 +1708,20 @@ class FunctionReducer {
   explicit FunctionReducer(Fn fn) : fn_(std::move(fn)) {}
   void update(T value) { values_.push_back(std::move(value)); }
   void reset() { values_.clear(); }
-  const std::vector<T>& per_slot_reduce() const { return values_; }
+  /// This rank's values; tensors on the CPU (a pickled tensor comes back on the device it left, and
+  /// every rank must be able to read every rank's values).
+  std::vector<T> per_slot_reduce() const {
+    if constexpr (std::same_as<T, torch::Tensor>) {
+      std::vector<T> host;
+      host.reserve(values_.size());
+      for (const auto& t : values_) host.push_back(t.detach().cpu());
+      return host;
+    } else {
+      return values_;
+    }
+  }
   /// Interleaves the ranks' lists (rank r's k-th value came from global batch k*n + r), then calls fn.
-  decltype(auto) cross_slot_reduce(const std::vector<std::vector<T>>& parts) {
+  auto cross_slot_reduce(const std::vector<std::vector<T>>& parts) {
     std::vector<T> all;
     std::size_t longest = 0, total = 0;
     for (const auto& p : parts) {
@@ -2552,7 +2580,7 @@ class Context {
         using Result = std::invoke_result_t<Plain&, const std::vector<T>&>;
         static_assert(ReducedMetrics<Result>, "dettrial::Context::wrap_reducer(fn, name): fn must return a number or dettrial::MetricValues");
         if constexpr (ReducedMetrics<Result>) {
-          using Function = FunctionReducer<T, Plain>;
+          using Function = FunctionReducer<T, std::decay_t<R>>;  // a function reference becomes a pointer
           check_reducer_name<Result>(name);
           auto owned = std::make_shared<Function>(std::forward<R>(reducer));
           Function& r = *owned;
@@ -3961,7 +3989,9 @@ inline std::int64_t total_batches(const std::vector<RankShare>& shares) {
 /// per workload, so this is Determined's per-batch mean over ranks, then over batches).
 inline MetricValues combine_training(const std::vector<RankShare>& shares) {
   MetricValues out;
-  for (const auto& first : shares.front().totals) {
+  for (const auto& share : shares)
+    for (const auto& first : share.totals) {
+    if (out.contains(first.name)) continue;
     double sum = 0;
     int ranks = 0;
     for (const auto& s : shares)
@@ -3971,7 +4001,7 @@ inline MetricValues combine_training(const std::vector<RankShare>& shares) {
           ++ranks;
         }
     out.set(first.name, sum / ranks);
-  }
+    }
   return out;
 }
 
@@ -7120,6 +7150,10 @@ class Trainer {
   /// Merges the user reducers taking part (`role`: for_training or for_validation) into `out`, each
   /// reducing the parts of every rank.
   void reduce_user_reducers(bool detail::WrappedReducer::*role, const std::vector<detail::RankShare>& shares, MetricValues& out) {
+    // Every rank sees every share, so a mismatch stops all ranks here together.
+    for (const auto& s : shares)
+      if (s.reducer_parts.size() != shares.front().reducer_parts.size())
+        throw DistributedError("the ranks wrapped different numbers of reducers; every rank must build the same trial");
     std::size_t index = 0;
     for (auto& r : context_.reducers_)
       if (r.*role) r.cross_slot_into(r.object, r.name, detail::reducer_parts(shares, index++), out);
@@ -7363,6 +7397,9 @@ class Trainer {
         {"the checkpoint period", o.checkpoint_period.to_string()},
         {"the reporting period", o.reporting_period.to_string()},
         {"test mode", o.test_mode ? "on" : "off"},
+        {"step-zero validation", o.step_zero_validation ? "on" : "off"},
+        {"the checkpoint policy", std::to_string(static_cast<int>(o.checkpoint_policy))},
+        {"the searcher metric", o.searcher_metric + (o.smaller_is_better ? " (smaller is better)" : " (larger is better)")},
         {"the batch resumed from", std::to_string(first_batch)},
         {"aggregation_frequency", std::to_string(context_.aggregation_frequency())},
         {"the global batch size", context_.has_global_batch_size() ? std::to_string(context_.get_global_batch_size()) : "-"}};

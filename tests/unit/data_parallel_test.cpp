@@ -320,7 +320,20 @@ TEST_CASE("3 ranks on uneven data agree on every boundary, shuffle alike without
   check_uneven_job(3);
 }
 
+double plain_sum(const std::vector<double>& v) { return std::accumulate(v.begin(), v.end(), 0.0); }
+
 TEST_CASE("a function reducer interleaves the ranks' values back into batch order") {
+  // A plain function, a lambda and tensors all make function reducers.
+  Context context(Hyperparameters{});
+  auto& sum = context.wrap_reducer(plain_sum, "sum");
+  sum.update(2);
+  sum.update(3);
+  CHECK(sum.cross_slot_reduce({sum.per_slot_reduce(), {10}}) == 15);
+  auto& rows = context.wrap_reducer<torch::Tensor>([](const std::vector<torch::Tensor>& t) { return torch::cat(t).sum().item<double>(); },
+                                                   "rows");
+  rows.update(torch::ones({2}));
+  CHECK(rows.cross_slot_reduce({rows.per_slot_reduce(), {torch::ones({3})}}) == 5);
+
   FunctionReducer<double, std::function<double(const std::vector<double>&)>> r(
       [](const std::vector<double>& v) { return v.size() == 5 && std::is_sorted(v.begin(), v.end()) ? v.back() : -1.0; });
   // Global batches 0..4 dealt to 2 ranks by stride: rank 0 has 0, 2, 4; rank 1 has 1, 3.
@@ -347,21 +360,28 @@ TEST_CASE("threads per rank: the user's setting wins, else Slurm's, the launcher
   const auto two_nodes = env_of({{"RANK", "3"}, {"WORLD_SIZE", "4"}, {"GROUP_RANK", "1"}, {"LOCAL_RANK", "1"}, {"LOCAL_WORLD_SIZE", "2"}});
   CHECK(choose_threads(two_nodes, std::nullopt, machine, no_env)->threads == 8);
 
-  // The user's OMP_NUM_THREADS wins over everything (LibTorch has applied it; dettrial leaves it).
+  // The user's choice wins: --threads (torchrun sets OMP_NUM_THREADS=1 by itself), then OMP_NUM_THREADS,
+  // which LibTorch has applied (dettrial leaves it), read as OpenMP reads it.
   auto omp = [](const char* name) -> const char* { return std::string_view(name) == "OMP_NUM_THREADS" ? "5" : nullptr; };
-  const auto user = choose_threads(builtin, 2, machine, omp);
+  CHECK(choose_threads(builtin, 2, machine, omp)->threads == 2);
+  CHECK(choose_threads(builtin, 2, machine, omp)->source == "--threads");
+  const auto user = choose_threads(builtin, std::nullopt, machine, omp);
   CHECK(user->threads == 5);
   CHECK(!user->set_by_dettrial);
-  // Then --threads.
-  CHECK(choose_threads(builtin, 2, machine, no_env)->threads == 2);
-  CHECK(choose_threads(builtin, 2, machine, no_env)->source == "--threads");
+  CHECK(choose_threads(LaunchEnvironment{}, std::nullopt, machine, omp)->threads == 5);
+  CHECK_THROWS_WITH_AS(choose_threads(builtin, 0, machine, no_env), doctest::Contains("at least 1"), ConfigError);
+  auto nested = [](const char* name) -> const char* { return std::string_view(name) == "OMP_NUM_THREADS" ? " 4,2" : nullptr; };
+  CHECK(choose_threads(builtin, std::nullopt, machine, nested)->threads == 4);
   auto bad = [](const char* name) -> const char* { return std::string_view(name) == "OMP_NUM_THREADS" ? "many" : nullptr; };
-  CHECK_THROWS_WITH_AS(choose_threads(builtin, std::nullopt, machine, bad), doctest::Contains("OMP_NUM_THREADS='many'"), ConfigError);
+  CHECK(choose_threads(builtin, std::nullopt, machine, bad)->source == "16 cores / 4 ranks on this node");
 
   // mpirun binds each rank to a core: its mask is its share.
   const auto mpi = env_of({{"OMPI_COMM_WORLD_RANK", "0"}, {"OMPI_COMM_WORLD_SIZE", "2"}, {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}});
   CHECK(choose_threads(mpi, std::nullopt, CoreCount{.available = 1, .online = 16}, no_env)->threads == 1);
   CHECK(choose_threads(mpi, std::nullopt, CoreCount{.available = 1, .online = 16}, no_env)->source == "cores bound to this process");
+
+  // A mask every rank shares (taskset, a container's cpuset) is not a per-rank binding.
+  CHECK(choose_threads(builtin, std::nullopt, CoreCount{.available = 8, .online = 16}, no_env)->threads == 2);
 
   // srun: SLURM_CPUS_PER_TASK when given, else the tasks on this node from the task layout.
   std::map<std::string, std::string> slurm_vars = {{"SLURM_PROCID", "2"}, {"SLURM_NTASKS", "5"}, {"SLURM_NODEID", "1"},

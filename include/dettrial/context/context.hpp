@@ -291,7 +291,7 @@ class Context {
         using Result = std::invoke_result_t<Plain&, const std::vector<T>&>;
         static_assert(ReducedMetrics<Result>, "dettrial::Context::wrap_reducer(fn, name): fn must return a number or dettrial::MetricValues");
         if constexpr (ReducedMetrics<Result>) {
-          using Function = FunctionReducer<T, Plain>;
+          using Function = FunctionReducer<T, std::decay_t<R>>;  // a function reference becomes a pointer
           check_reducer_name<Result>(name);
           auto owned = std::make_shared<Function>(std::forward<R>(reducer));
           Function& r = *owned;

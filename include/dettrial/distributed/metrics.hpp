@@ -83,7 +83,9 @@ inline std::int64_t total_batches(const std::vector<RankShare>& shares) {
 /// per workload, so this is Determined's per-batch mean over ranks, then over batches).
 inline MetricValues combine_training(const std::vector<RankShare>& shares) {
   MetricValues out;
-  for (const auto& first : shares.front().totals) {
+  for (const auto& share : shares)
+    for (const auto& first : share.totals) {
+    if (out.contains(first.name)) continue;
     double sum = 0;
     int ranks = 0;
     for (const auto& s : shares)
@@ -93,7 +95,7 @@ inline MetricValues combine_training(const std::vector<RankShare>& shares) {
           ++ranks;
         }
     out.set(first.name, sum / ranks);
-  }
+    }
   return out;
 }
 

@@ -41,27 +41,44 @@ struct CoreCount {
   }
 };
 
+namespace detail {
+/// The thread count OpenMP takes from OMP_NUM_THREADS: its leading integer ("4", " 8", "4,2" for
+/// nested teams); nullopt when unset or unreadable (OpenMP then warns and ignores it itself).
+inline std::optional<int> omp_num_threads(const LaunchEnvironment::Getenv& getenv) {
+  const char* text = getenv("OMP_NUM_THREADS");
+  if (text == nullptr) return std::nullopt;
+  while (*text == ' ' || *text == '\t') ++text;
+  int value = 0;
+  const char* end = text;
+  while (*end >= '0' && *end <= '9' && value < 1'000'000) value = value * 10 + (*end++ - '0');
+  if (end == text || value < 1) return std::nullopt;
+  return value;
+}
+}  // namespace detail
+
 /**
- * @brief The threads per rank: the user's choice wins (OMP_NUM_THREADS, then `requested`, from
- * `--threads` or ContextOptions), then Slurm's SLURM_CPUS_PER_TASK, then the cores this process is
- * bound to when a launcher bound it (mpirun binds each rank to a core), else the cores available
- * divided by the ranks on this node (the built-in launcher, torchrun without OMP_NUM_THREADS, srun
- * without binding). One process with no choice made keeps LibTorch's default (nullopt).
+ * @brief The threads per rank: the user's choice wins (`requested`, from `--threads` or
+ * ContextOptions, then OMP_NUM_THREADS, which torchrun sets to 1 by itself), then Slurm's
+ * SLURM_CPUS_PER_TASK, then, under launchers that bind each rank to its own cores (mpirun, srun),
+ * the cores this process is bound to, else the cores available divided by the ranks on this node
+ * (the built-in launcher, torchrun without OMP_NUM_THREADS; also a mask shared by all ranks, such as
+ * taskset's or a container's). One process with no choice made keeps LibTorch's default (nullopt).
  */
 inline std::optional<ThreadChoice> choose_threads(
     const LaunchEnvironment& env, std::optional<int> requested, CoreCount cores,
     const LaunchEnvironment::Getenv& getenv = [](const char* name) { return std::getenv(name); }) {
-  if (const auto omp = LaunchEnvironment::env_integer(getenv, "OMP_NUM_THREADS", 1))
-    return ThreadChoice{.threads = *omp, .source = "OMP_NUM_THREADS", .set_by_dettrial = false};
   if (requested) {
     if (*requested < 1) throw ConfigError("the thread count must be at least 1, not " + std::to_string(*requested));
     return ThreadChoice{.threads = *requested, .source = "--threads"};
   }
+  if (const auto omp = detail::omp_num_threads(getenv))
+    return ThreadChoice{.threads = *omp, .source = "OMP_NUM_THREADS", .set_by_dettrial = false};
   if (!env.distributed()) return std::nullopt;
   if (env.launcher == Launcher::slurm)
     if (const auto per_task = LaunchEnvironment::env_integer(getenv, "SLURM_CPUS_PER_TASK", 1))
       return ThreadChoice{.threads = *per_task, .source = "SLURM_CPUS_PER_TASK"};
-  if (cores.available < cores.online)
+  const bool binds_ranks = env.launcher == Launcher::mpi || env.launcher == Launcher::slurm;
+  if (binds_ranks && cores.available < cores.online)
     return ThreadChoice{.threads = cores.available, .source = "cores bound to this process"};
   const int ranks_here = std::max(1, std::min(env.local_size, env.size));
   return ThreadChoice{.threads = std::max(1, cores.available / ranks_here),

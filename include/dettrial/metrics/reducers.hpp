@@ -107,9 +107,20 @@ class FunctionReducer {
   explicit FunctionReducer(Fn fn) : fn_(std::move(fn)) {}
   void update(T value) { values_.push_back(std::move(value)); }
   void reset() { values_.clear(); }
-  const std::vector<T>& per_slot_reduce() const { return values_; }
+  /// This rank's values; tensors on the CPU (a pickled tensor comes back on the device it left, and
+  /// every rank must be able to read every rank's values).
+  std::vector<T> per_slot_reduce() const {
+    if constexpr (std::same_as<T, torch::Tensor>) {
+      std::vector<T> host;
+      host.reserve(values_.size());
+      for (const auto& t : values_) host.push_back(t.detach().cpu());
+      return host;
+    } else {
+      return values_;
+    }
+  }
   /// Interleaves the ranks' lists (rank r's k-th value came from global batch k*n + r), then calls fn.
-  decltype(auto) cross_slot_reduce(const std::vector<std::vector<T>>& parts) {
+  auto cross_slot_reduce(const std::vector<std::vector<T>>& parts) {
     std::vector<T> all;
     std::size_t longest = 0, total = 0;
     for (const auto& p : parts) {

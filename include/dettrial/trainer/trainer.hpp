@@ -479,6 +479,10 @@ class Trainer {
   /// Merges the user reducers taking part (`role`: for_training or for_validation) into `out`, each
   /// reducing the parts of every rank.
   void reduce_user_reducers(bool detail::WrappedReducer::*role, const std::vector<detail::RankShare>& shares, MetricValues& out) {
+    // Every rank sees every share, so a mismatch stops all ranks here together.
+    for (const auto& s : shares)
+      if (s.reducer_parts.size() != shares.front().reducer_parts.size())
+        throw DistributedError("the ranks wrapped different numbers of reducers; every rank must build the same trial");
     std::size_t index = 0;
     for (auto& r : context_.reducers_)
       if (r.*role) r.cross_slot_into(r.object, r.name, detail::reducer_parts(shares, index++), out);
@@ -722,6 +726,9 @@ class Trainer {
         {"the checkpoint period", o.checkpoint_period.to_string()},
         {"the reporting period", o.reporting_period.to_string()},
         {"test mode", o.test_mode ? "on" : "off"},
+        {"step-zero validation", o.step_zero_validation ? "on" : "off"},
+        {"the checkpoint policy", std::to_string(static_cast<int>(o.checkpoint_policy))},
+        {"the searcher metric", o.searcher_metric + (o.smaller_is_better ? " (smaller is better)" : " (larger is better)")},
         {"the batch resumed from", std::to_string(first_batch)},
         {"aggregation_frequency", std::to_string(context_.aggregation_frequency())},
         {"the global batch size", context_.has_global_batch_size() ? std::to_string(context_.get_global_batch_size()) : "-"}};
