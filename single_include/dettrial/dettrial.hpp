@@ -1864,12 +1864,6 @@ class ValidationReduction {
     return out;
   }
 
-  MetricValues result() const {
-    MetricValues out;
-    for (const auto& s : slots_) out.set(s.name, s.result(batches_));
-    return out;
-  }
-
  private:
   struct Slot {
     std::string name;
@@ -3920,6 +3914,7 @@ static_assert(CheckpointPolicyType<checkpoint_policy::all> && CheckpointPolicyTy
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <numeric>
 #include <string>
 #include <vector>
 
@@ -3985,48 +3980,49 @@ inline std::int64_t total_batches(const std::vector<RankShare>& shares) {
   return n;
 }
 
-/// Training: each metric's mean over the ranks that report it (every rank trains as many batches
-/// per workload, so this is Determined's per-batch mean over ranks, then over batches).
-inline MetricValues combine_training(const std::vector<RankShare>& shares) {
-  MetricValues out;
+/// Each metric any rank reported (in the order first seen, chief first), with its reducer and the
+/// values of the ranks that reported it.
+struct MetricAcrossRanks {
+  std::string name;
+  Reducer reducer;
+  std::vector<double> values;
+};
+inline std::vector<MetricAcrossRanks> by_metric(const std::vector<RankShare>& shares) {
+  std::vector<MetricAcrossRanks> out;
   for (const auto& share : shares)
-    for (const auto& first : share.totals) {
-    if (out.contains(first.name)) continue;
-    double sum = 0;
-    int ranks = 0;
-    for (const auto& s : shares)
-      for (const auto& t : s.totals)
-        if (t.name == first.name) {
-          sum += t.value;
-          ++ranks;
-        }
-    out.set(first.name, sum / ranks);
+    for (const auto& t : share.totals) {
+      auto it = std::find_if(out.begin(), out.end(), [&](const MetricAcrossRanks& m) { return m.name == t.name; });
+      if (it == out.end()) it = out.insert(out.end(), MetricAcrossRanks{t.name, t.reducer, {}});
+      it->values.push_back(t.value);
     }
   return out;
 }
 
+/// Training: each metric's mean over the ranks that report it (every rank trains as many batches
+/// per workload, so this is Determined's per-batch mean over ranks, then over batches).
+inline MetricValues combine_training(const std::vector<RankShare>& shares) {
+  MetricValues out;
+  for (const auto& m : by_metric(shares))
+    out.set(m.name, std::accumulate(m.values.begin(), m.values.end(), 0.0) / static_cast<double>(m.values.size()));
+  return out;
+}
+
 /// Validation: avg = the sum over all batches of all ranks / all batches (Determined's mean weighted
-/// by each rank's batch count), sum, max and min over the ranks that validated any batch.
+/// by each rank's batch count), sum, max and min over the ranks that validated any batch; a NaN
+/// anywhere gives NaN, like np.max / np.sum.
 inline MetricValues combine_validation(const std::vector<RankShare>& shares) {
   MetricValues out;
   const double all_batches = static_cast<double>(total_batches(shares));
-  std::vector<std::string> seen;
-  for (const auto& share : shares)
-    for (const auto& first : share.totals) {
-      if (std::find(seen.begin(), seen.end(), first.name) != seen.end()) continue;
-      seen.push_back(first.name);
-      double value = first.reducer == Reducer::max   ? -std::numeric_limits<double>::infinity()
-                     : first.reducer == Reducer::min ? std::numeric_limits<double>::infinity()
-                                                     : 0.0;
-      for (const auto& s : shares)
-        for (const auto& t : s.totals) {
-          if (t.name != first.name) continue;
-          if (std::isnan(t.value)) value = t.value;  // like np.max / np.sum
-          else if (!std::isnan(value))
-            value = first.reducer == Reducer::max ? std::max(value, t.value) : first.reducer == Reducer::min ? std::min(value, t.value) : value + t.value;
-        }
-      out.set(first.name, first.reducer == Reducer::avg ? value / all_batches : value);
+  for (const auto& m : by_metric(shares)) {
+    double value = m.reducer == Reducer::max   ? -std::numeric_limits<double>::infinity()
+                   : m.reducer == Reducer::min ? std::numeric_limits<double>::infinity()
+                                               : 0.0;
+    for (const double v : m.values) {
+      if (std::isnan(v) || std::isnan(value)) value = std::numeric_limits<double>::quiet_NaN();
+      else value = m.reducer == Reducer::max ? std::max(value, v) : m.reducer == Reducer::min ? std::min(value, v) : value + v;
     }
+    out.set(m.name, m.reducer == Reducer::avg ? value / all_batches : value);
+  }
   return out;
 }
 

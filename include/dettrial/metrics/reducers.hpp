@@ -263,12 +263,6 @@ class ValidationReduction {
     return out;
   }
 
-  MetricValues result() const {
-    MetricValues out;
-    for (const auto& s : slots_) out.set(s.name, s.result(batches_));
-    return out;
-  }
-
  private:
   struct Slot {
     std::string name;
