@@ -10,6 +10,7 @@
 //        trainer_bench --epoch                   one MNIST epoch end to end
 //        trainer_bench --profile trainer|hand [--model mlp|mnist] [--batches N]
 //                                                one side of a comparison alone, for profilers
+// Every side runs on the CPU (the claims are the CPU's, whatever GPU the machine has).
 // Prints one JSON object per measurement; exits 1 when losses or parameters are not bit-identical.
 #include <chrono>
 #include <cstdio>
@@ -112,7 +113,7 @@ std::vector<torch::Tensor> snapshot(const torch::nn::Module& m) {
 
 template <class Trial>
 Run with_trainer(const dettrial::ExperimentConfig& config, std::int64_t batches, bool record) {
-  dettrial::Context context(config, {.trial_seed = seed});
+  dettrial::Context context(config, {.trial_seed = seed, .device = torch::Device(torch::kCPU)});
   dettrial::Trainer<Trial> trainer(context);
   Run run;
   Clock clock{batches};
@@ -135,7 +136,7 @@ Run with_trainer(const dettrial::ExperimentConfig& config, std::int64_t batches,
 /// batches, as the Trainer reports them.
 template <class Trial>
 Run by_hand(const dettrial::ExperimentConfig& config, std::int64_t batches, bool record, Recording* recording = nullptr) {
-  dettrial::Context context(config, {.trial_seed = seed});
+  dettrial::Context context(config, {.trial_seed = seed, .device = torch::Device(torch::kCPU)});
   Trial trial(context);
   auto model = trial.build_model();
   auto optimizer = trial.optimizer(model);
@@ -251,7 +252,7 @@ void write_parity(const std::filesystem::path& dir, const dettrial::ExperimentCo
                   const std::string& network) {
   std::filesystem::create_directories(dir);
   {  // the initial weights, as the Trainer and the hand loop get them
-    dettrial::Context context(config, {.trial_seed = seed});
+    dettrial::Context context(config, {.trial_seed = seed, .device = torch::Device(torch::kCPU)});
     Trial trial(context);
     auto model = trial.build_model();
     std::int64_t i = 0;
@@ -295,7 +296,7 @@ struct PhaseClock {
 /// train one epoch, validate on the 10,000 test images. Wall time, its phases and the accuracy reached.
 void mnist_epoch_end_to_end(const char* fashion) {
   const auto start = clock_type::now();
-  dettrial::Context context(mnist_config(fashion), {.trial_seed = seed});
+  dettrial::Context context(mnist_config(fashion), {.trial_seed = seed, .device = torch::Device(torch::kCPU)});
   dettrial::Trainer<mnist::MnistTrial> trainer(context);
   PhaseClock phases;
   const auto result = trainer.fit({.max_length = dettrial::Epoch(1),

@@ -32,3 +32,16 @@ function(dettrial_enable_nccl target)
   target_compile_definitions(${target} INTERFACE DETTRIAL_HAS_NCCL USE_C10D_NCCL)
   target_include_directories(${target} SYSTEM INTERFACE "${DETTRIAL_NCCL_INCLUDE_DIR}")
 endfunction()
+
+# PyPI's torch wheels link parts of libstdc++ statically into libtorch_cpu.so and export them
+# (std::filesystem among them; PyTorch issue 133437). The dynamic linker binds a program's symbol to
+# the first library in its search order that defines it, and the compiler names libstdc++ after the
+# user's libraries, so a program's std::filesystem calls would run the wheel's copy, built from
+# another libstdc++ than the program's headers: it crashes in remove_all on some toolchains. Naming
+# libstdc++ first, kept under --as-needed, makes every std:: symbol bind to the system's own
+# libstdc++. Harmless with LibTorch builds that export nothing of it (Debian's). A target opts out
+# with the property DETTRIAL_KEEP_LINK_ORDER (for example when it links libc++).
+function(dettrial_link_stdlib_first target)
+  target_link_options(${target} INTERFACE
+    "$<$<AND:$<PLATFORM_ID:Linux>,$<CXX_COMPILER_ID:GNU,Clang>,$<NOT:$<BOOL:$<TARGET_PROPERTY:DETTRIAL_KEEP_LINK_ORDER>>>>:SHELL:-Wl,--push-state,--no-as-needed -lstdc++ -Wl,--pop-state>")
+endfunction()

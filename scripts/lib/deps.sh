@@ -68,8 +68,9 @@ dettrial_build() {
   cmake "${args[@]}" >"$dir.configure.log" 2>&1 || { cat "$dir.configure.log" >&2; return 1; }
   local targets=()
   for t in "$@"; do targets+=(--target "$t"); done
-  dettrial_log "building $name ${*:-(everything)} (2 jobs)"
-  cmake --build "$dir" -j 2 "${targets[@]}"
+  local jobs=${DETTRIAL_BUILD_JOBS:-2}
+  dettrial_log "building $name ${*:-(everything)} ($jobs jobs)"
+  cmake --build "$dir" -j "$jobs" "${targets[@]}"
 }
 
 # Conan 2 in the venv, then `conan create` of the recipe with Debian's LibTorch, yaml-cpp, range-v3

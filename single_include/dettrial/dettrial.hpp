@@ -554,6 +554,9 @@ class ExperimentConfig {
   std::int64_t aggregation_frequency = 1;
   bool average_aggregated_gradients = true;
   std::optional<std::uint64_t> experiment_seed;
+  /// `reproducibility.deterministic` (dettrial's): LibTorch's deterministic algorithms on, cuDNN's
+  /// autotuner off, so that runs with one seed are bit-identical on a GPU too. Unset: LibTorch's defaults.
+  std::optional<bool> deterministic;
   /// `checkpoint_storage`: where checkpoints go (`host_path`/`storage_path` of shared_fs, or
   /// `container_path` of directory storage; unset means the run's output directory) and how many are kept.
   struct CheckpointStorage {
@@ -589,6 +592,7 @@ class ExperimentConfig {
     aggregation_frequency = o.aggregation_frequency;
     average_aggregated_gradients = o.average_aggregated_gradients;
     experiment_seed = o.experiment_seed;
+    deterministic = o.deterministic;
     checkpoint_storage = o.checkpoint_storage;
     ignored_fields = o.ignored_fields;
     yaml.reset(o.yaml);
@@ -673,6 +677,11 @@ class ExperimentConfig {
       std::uint64_t seed = 0;
       r.read(rep, "experiment_seed", seed);
       c.experiment_seed = seed;
+    }
+    if (const YAML::Node rep = root["reproducibility"]; rep && rep["deterministic"]) {
+      bool on = false;
+      r.read(rep, "deterministic", on);
+      c.deterministic = on;
     }
     if (const YAML::Node cs = root["checkpoint_storage"]) {
       auto& storage = c.checkpoint_storage;
@@ -780,7 +789,7 @@ class ExperimentConfig {
     static const std::vector<std::string> optimizations_cluster = {
         "average_training_metrics", "gradient_compression", "mixed_precision", "tensor_fusion_threshold",
         "tensor_fusion_cycle_time", "auto_tune_tensor_fusion", "grad_updates_size_file"};
-    static const std::vector<std::string> reproducibility = {"experiment_seed"};
+    static const std::vector<std::string> reproducibility = {"experiment_seed", "deterministic"};
     static const std::vector<std::string> storage = {"type", "host_path", "storage_path", "container_path", "propagation",
                                                      "save_experiment_best", "save_trial_best", "save_trial_latest"};
     static const std::vector<std::string> storage_cloud = {"bucket", "access_key", "secret_key", "endpoint_url", "prefix",
@@ -1206,6 +1215,24 @@ class Communicator {
     return comm;
   }
 
+  /**
+   * @brief A communicator over a c10d backend made elsewhere (one dettrial does not create, or a
+   * test double), whose collectives take their tensors on `device`. `name` is the backend's name in
+   * messages; the backend must be `env.size` ranks wide with this process as `env.rank`.
+   */
+  static std::shared_ptr<Communicator> adopt(c10::intrusive_ptr<detail::C10dBackend> backend, const LaunchEnvironment& env,
+                                             std::chrono::milliseconds timeout, torch::Device device, const char* name) {
+    if (!backend) throw DistributedError("Communicator::adopt was given no backend");
+    if (backend->getRank() != env.rank || backend->getSize() != env.size)
+      throw DistributedError(std::string("the ") + name + " backend is rank " + std::to_string(backend->getRank()) + " of " +
+                             std::to_string(backend->getSize()) + ", but the launch environment says rank " + std::to_string(env.rank) +
+                             " of " + std::to_string(env.size));
+    auto comm = std::shared_ptr<Communicator>(new Communicator(env, timeout, name));
+    comm->device_ = device;
+    comm->backend_ = std::move(backend);
+    return comm;
+  }
+
   int rank() const { return env_.rank; }
   int size() const { return env_.size; }
   const LaunchEnvironment& environment() const { return env_; }
@@ -1252,7 +1279,10 @@ class Communicator {
   }
 
   /// Where this backend's collectives take their tensors: the CPU for Gloo, this rank's GPU for NCCL.
+  /// Every collective dettrial issues passes tensors on this device.
   const torch::Device& device() const { return device_; }
+  /// The c10d backend underneath, for collectives of one's own.
+  const c10::intrusive_ptr<detail::C10dBackend>& backend() const { return backend_; }
 
   /// The chief's `values` on every rank (each rank passes as many).
   std::vector<std::int64_t> broadcast_values(const std::vector<std::int64_t>& values) {
@@ -2359,6 +2389,8 @@ struct ContextOptions {
   std::optional<std::int64_t> slots_per_trial;
   /// The process group of a data-parallel job (see Communicator::create); none for one process.
   std::shared_ptr<Communicator> communicator;
+  /// Deterministic algorithms (see ExperimentConfig::deterministic); unset: the config's.
+  std::optional<bool> deterministic;
   /// Intra-op threads for this process (`--threads`). Unset: OMP_NUM_THREADS when set, else in a
   /// data-parallel job this rank's share of the node's cores (see dettrial::choose_threads), else
   /// LibTorch's default.
@@ -2404,6 +2436,18 @@ class Context {
       slots_per_trial_ = env.size;
       distributed_ = DistributedInfo{.rank = env.rank, .size = env.size, .local_rank = env.local_rank, .local_size = env.local_size};
     }
+    // One GPU per process: the local rank picks it.
+    device_ = options.device ? *options.device
+                             : (torch::cuda::is_available()
+                                    ? torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(distributed_.local_rank %
+                                                                                                std::max<std::int64_t>(static_cast<std::int64_t>(torch::cuda::device_count()), 1)))
+                                    : torch::Device(torch::kCPU));
+    // NCCL takes tensors on one GPU only: models, gradients and every collective must be there. (Gloo
+    // takes CPU tensors, and CUDA ones too.)
+    if (communicator_ && !communicator_->device().is_cpu() && communicator_->device() != device_)
+      throw ConfigError(std::string("the ") + communicator_->backend_name() + " backend of rank " + std::to_string(distributed_.rank) +
+                        " takes tensors on " + communicator_->device().str() + ", but this process's device is " + device_.str() +
+                        "; give every rank the device its local rank picks (or leave ContextOptions::device unset)");
     trial_seed_ = options.trial_seed ? *options.trial_seed : derive_trial_seed(config_.experiment_seed);
     // One trial seed for the job: the chief's (without an experiment seed each rank's clock differs,
     // and the ranks would shard different permutations of the data).
@@ -2413,12 +2457,7 @@ class Context {
       if (choice->set_by_dettrial) torch::set_num_threads(choice->threads);
       threads_ = *choice;
     }
-    // One GPU per process: the local rank picks it.
-    device_ = options.device ? *options.device
-                             : (torch::cuda::is_available()
-                                    ? torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(distributed_.local_rank %
-                                                                                                std::max<std::int64_t>(static_cast<std::int64_t>(torch::cuda::device_count()), 1)))
-                                    : torch::Device(torch::kCPU));
+    if (const auto on = options.deterministic ? options.deterministic : config_.deterministic) set_deterministic(*on);
     seed_everything();
   }
 
@@ -2695,6 +2734,16 @@ class Context {
     std::uint64_t x = experiment_seed ? *experiment_seed
                                       : static_cast<std::uint64_t>(std::chrono::system_clock::now().time_since_epoch().count());
     return detail::mix64(x + detail::golden_gamma) % (1ULL << 31);
+  }
+
+  /// LibTorch's switches for bit-identical runs (process-wide): deterministic algorithms (an op
+  /// without a deterministic implementation throws, naming itself), cuDNN's deterministic kernels and
+  /// no autotuning, and cuBLAS's fixed workspace, which it needs before its first use.
+  static void set_deterministic(bool on) {
+    at::globalContext().setDeterministicAlgorithms(on, /*warn_only=*/false);
+    at::globalContext().setDeterministicCuDNN(on);
+    at::globalContext().setBenchmarkCuDNN(!on && at::globalContext().benchmarkCuDNN());
+    if (on) ::setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8", /*overwrite=*/0);
   }
 
   void seed_everything() const {
@@ -3179,7 +3228,11 @@ inline void python_group_options(const torch::optim::OptimizerOptions& options, 
  */
 inline StateDict module_state_dict(const torch::nn::Module& module) {
   StateDict out(c10::StringType::get(), c10::TensorType::get());
-  detail::for_each_state_entry(module, [&](const std::string& name, const torch::Tensor& t) { out.insert(name, t.detach()); });
+  // LibTorch's pickler writes CPU and CUDA tensors (a CUDA one is copied out and tagged with its
+  // device); others, such as the lazy device's, are saved as CPU copies.
+  detail::for_each_state_entry(module, [&](const std::string& name, const torch::Tensor& t) {
+    out.insert(name, t.device().is_cpu() || t.device().is_cuda() ? t.detach() : t.detach().cpu());
+  });
   return out;
 }
 
@@ -3640,7 +3693,8 @@ inline StateDict read_state_dict_file(const std::filesystem::path& dir) {
 /// Moves a Context's state into and out of checkpoint files (a friend of Context).
 struct ContextCheckpoint {
   /// The Python-readable part (without callbacks, which the trainer adds).
-  static StateDict python_state(Context& c, const std::vector<torch::Tensor>& cpu_rng_per_rank = {}) {
+  static StateDict python_state(Context& c, const std::vector<torch::Tensor>& cpu_rng_per_rank = {},
+                                const std::vector<torch::Tensor>& gpu_rng_per_rank = {}) {
     c10::impl::GenericList models(c10::AnyType::get());
     for (const auto& m : c.models_) models.push_back(module_state_dict(*m));
     c10::impl::GenericList optimizers(c10::AnyType::get());
@@ -3663,6 +3717,11 @@ struct ContextCheckpoint {
       rng.insert("cpu_rng_states", states);
     }
     if (c.device_.is_cuda()) rng.insert("gpu_rng_state", at::globalContext().defaultGenerator(c.device_).get_state());
+    if (!gpu_rng_per_rank.empty()) {  // each rank's GPU generator, in rank order (dettrial's field)
+      c10::impl::GenericList states(c10::AnyType::get());
+      for (const auto& t : gpu_rng_per_rank) states.push_back(t);
+      rng.insert("gpu_rng_states", states);
+    }
     StateDict out(c10::StringType::get(), c10::AnyType::get());
     out.insert("models_state_dict", models);
     out.insert("optimizers_state_dict", optimizers);
@@ -3746,8 +3805,14 @@ struct ContextCheckpoint {
       if (static_cast<std::size_t>(c.distributed_.rank) < list.size()) cpu = list.get(c.distributed_.rank).toTensor();
     }
     set_generator_state(at::detail::getDefaultCPUGenerator(), cpu);
-    if (const auto gpu = states.find("gpu_rng_state"); gpu != states.end() && c.device_.is_cuda())
-      set_generator_state(at::globalContext().defaultGenerator(c.device_), gpu->value().toTensor());
+    if (const auto gpu = states.find("gpu_rng_state"); gpu != states.end() && c.device_.is_cuda()) {
+      torch::Tensor state = gpu->value().toTensor();
+      if (const auto per_rank = states.find("gpu_rng_states"); per_rank != states.end() && per_rank->value().isList()) {
+        const auto list = per_rank->value().toList();
+        if (static_cast<std::size_t>(c.distributed_.rank) < list.size()) state = list.get(c.distributed_.rank).toTensor();
+      }
+      set_generator_state(at::globalContext().defaultGenerator(c.device_), state);
+    }
   }
 
   static void set_generator_state(at::Generator generator, const torch::Tensor& state) {  // a handle: copies share the generator
@@ -7287,11 +7352,16 @@ class Trainer {
   template <class Set>
   void checkpoint(RunState& st, Set& callbacks) {
     st.last_checkpoint = st.batches_trained;
-    // Every rank's CPU RNG goes to the chief (a collective: all ranks checkpoint at the same batches).
-    std::vector<torch::Tensor> rng_states;
-    if (Communicator* comm = context_.communicator())
+    // Every rank's RNGs go to the chief (collectives: all ranks checkpoint at the same batches).
+    std::vector<torch::Tensor> rng_states, gpu_rng_states;
+    if (Communicator* comm = context_.communicator()) {
       for (const torch::Tensor& state : comm->allgather(at::detail::getDefaultCPUGenerator().get_state().to(comm->device())))
         rng_states.push_back(state.cpu());
+      if (context_.device().is_cuda())
+        for (const torch::Tensor& state :
+             comm->allgather(at::globalContext().defaultGenerator(context_.device()).get_state().to(comm->device())))
+          gpu_rng_states.push_back(state.cpu());
+    }
     if (!context_.distributed().is_chief()) {
       // The chief writes; the others learn the checkpoint's uuid once it is written (Determined's broadcast).
       const std::string uuid = share_uuid({});
@@ -7301,7 +7371,7 @@ class Trainer {
       return;
     }
     const auto started = std::chrono::steady_clock::now();
-    StateDict top = detail::ContextCheckpoint::python_state(context_, rng_states);
+    StateDict top = detail::ContextCheckpoint::python_state(context_, rng_states, gpu_rng_states);
     StateDict callback_states(c10::StringType::get(), c10::AnyType::get());
     std::size_t index = 0;
     callbacks.each([&](auto& cb) {

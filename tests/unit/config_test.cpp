@@ -119,6 +119,25 @@ data: {dir: /data}
                        doctest::Contains("adaptive.yaml:3:5: hyperparameter 'lr' is a search space (type: log)"), ConfigError);
 }
 
+TEST_CASE("reproducibility.deterministic turns LibTorch's deterministic switches on, and off again") {
+  const ExperimentConfig on = ExperimentConfig::parse("reproducibility: {experiment_seed: 3, deterministic: true}\n", "d.yaml");
+  REQUIRE(on.deterministic);
+  CHECK(*on.deterministic);
+  CHECK_FALSE(ExperimentConfig::parse("reproducibility: {experiment_seed: 3}\n", "d.yaml").deterministic);
+  CHECK_THROWS_WITH_AS(ExperimentConfig::parse("reproducibility: {deterministic: sure}\n", "d.yaml"),
+                       doctest::Contains("d.yaml:1:34: 'deterministic' is 'sure'"), ConfigError);
+  {
+    Context context(on);
+    CHECK(at::globalContext().deterministicAlgorithms());
+    CHECK(at::globalContext().deterministicCuDNN());
+    CHECK_FALSE(at::globalContext().benchmarkCuDNN());
+    CHECK(std::getenv("CUBLAS_WORKSPACE_CONFIG") != nullptr);
+  }
+  Context off(ExperimentConfig::parse("reproducibility: {deterministic: false}\n", "d.yaml"));
+  CHECK_FALSE(at::globalContext().deterministicAlgorithms());
+  CHECK_FALSE(at::globalContext().deterministicCuDNN());
+}
+
 TEST_CASE("bad configs: syntax errors with their line, wrong types and values with file:line:column") {
   CHECK_THROWS_WITH_AS(ExperimentConfig::parse("searcher:\n  name: single\n   metric: x\n", "bad.yaml"),
                        doctest::Contains("bad.yaml:3:"), ConfigError);

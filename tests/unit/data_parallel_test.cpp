@@ -312,11 +312,13 @@ TEST_CASE("child process: a rank on uneven data" * doctest::skip()) {
 
 TEST_CASE("2 ranks on uneven data agree on every boundary, shuffle alike without a seed and reduce as one process" *
           doctest::timeout(200)) {
+  if (test::skip_without_gloo()) return;
   check_uneven_job(2);
 }
 
 TEST_CASE("3 ranks on uneven data agree on every boundary, shuffle alike without a seed and reduce as one process" *
           doctest::timeout(200)) {
+  if (test::skip_without_gloo()) return;
   check_uneven_job(3);
 }
 

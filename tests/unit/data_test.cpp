@@ -13,6 +13,8 @@
 
 #include <dettrial/dettrial.hpp>
 
+#include "skip.hpp"
+
 using namespace dettrial;
 
 namespace {
@@ -251,10 +253,7 @@ TEST_CASE("read_idx reads raw and gzip IDX files and names what is wrong with br
 
 TEST_CASE("real data: Fashion-MNIST from Debian's dataset-fashion-mnist") {
   const std::filesystem::path dir = "/usr/share/datasets/fashion-mnist";
-  if (!std::filesystem::exists(dir / "train-images-idx3-ubyte.gz")) {
-    MESSAGE("skipped: Debian's dataset-fashion-mnist is not installed (scripts/test installs it)");
-    return;
-  }
+  if (!std::filesystem::exists(dir / "train-images-idx3-ubyte.gz")) return test::skip("Debian's dataset-fashion-mnist is not installed (scripts/test installs it)");
   const MnistSplit train = load_mnist(dir, "train");
   const MnistSplit test = load_mnist(dir, "t10k");
   CHECK(train.images.sizes() == torch::IntArrayRef({60000, 28, 28}));
@@ -266,10 +265,7 @@ TEST_CASE("real data: Fashion-MNIST from Debian's dataset-fashion-mnist") {
 #ifdef DETTRIAL_MNIST10K_DIR
 TEST_CASE("real data: the 10,000 MNIST digits") {
   const std::filesystem::path dir = DETTRIAL_MNIST10K_DIR;
-  if (!std::filesystem::exists(dir)) {
-    MESSAGE("skipped: " << dir << " is absent");
-    return;
-  }
+  if (!std::filesystem::exists(dir)) return test::skip(dir.string() + " is absent (the 10,000 MNIST digits)");
   const MnistSplit digits = load_mnist(dir, "t10k");
   CHECK(digits.images.sizes() == torch::IntArrayRef({10000, 28, 28}));
   CHECK(digits.labels.min().item<int>() == 0);

@@ -1,5 +1,6 @@
 // Data parallel on c10d: launcher environments, 2 ranks with Gloo on loopback against one process
-// over the same data, resume of a 2-rank run, and a dead rank that the others report in bounded time.
+// over the same data, resume of a 2-rank run, a dead rank that the others report in bounded time,
+// and a job whose backend takes tensors on one device only, as NCCL does.
 #include <doctest/doctest.h>
 
 #include <chrono>
@@ -11,6 +12,8 @@
 #include <sstream>
 #include <sys/wait.h>
 #include <thread>
+
+#include <torch/csrc/lazy/ts_backend/ts_backend_impl.h>
 
 #include "test_trials.hpp"
 
@@ -26,15 +29,31 @@ LaunchEnvironment detect(std::map<std::string, std::string> vars) {
   });
 }
 
+/// A linear layer whose parameters are made on `device` from a CPU one's. LibTorch's Module::to
+/// cannot move parameters to the lazy device (it keeps each variable and swaps its data, which needs
+/// the same tensor type), so the stand-in device's models are made there.
+struct OnDeviceLinearImpl : torch::nn::Module {
+  OnDeviceLinearImpl(const torch::nn::Linear& cpu, torch::Device device)
+      : weight(register_parameter("weight", cpu->weight.detach().to(device))),
+        bias(register_parameter("bias", cpu->bias.detach().to(device))) {}
+  torch::Tensor forward(const torch::Tensor& x) { return torch::nn::functional::linear(x, weight, bias); }
+  torch::Tensor weight, bias;
+};
+TORCH_MODULE(OnDeviceLinear);
+
 /// The same regression over 640 records, without dropout (its masks would differ between one
 /// batch of 64 and two of 32), SGD with momentum, shuffled.
 struct DataParallelTrial : test::DeclarativeRegression {
   explicit DataParallelTrial(Context& c) : DeclarativeRegression(c) { records = 640; }
   torch::nn::Sequential build_model() {
-    return torch::nn::Sequential(torch::nn::Linear(4, 16), torch::nn::Tanh(), torch::nn::Linear(16, 1));
+    torch::nn::Linear first(4, 16);
+    torch::nn::Linear second(16, 1);
+    if (context.device().type() == torch::kLazy)
+      return torch::nn::Sequential(OnDeviceLinear(first, context.device()), torch::nn::Tanh(), OnDeviceLinear(second, context.device()));
+    return torch::nn::Sequential(first, torch::nn::Tanh(), second);
   }
   torch::optim::SGD optimizer(torch::nn::Sequential& model) {
-    return torch::optim::SGD(model->parameters(), torch::optim::SGDOptions(0.02).momentum(0.9));
+    return torch::optim::SGD(model->parameters(), torch::optim::SGDOptions(0.02).momentum(context.get_hparam<double>("momentum")));
   }
   Metrics train_batch(test::Batch& b, torch::nn::Sequential& model, std::int64_t e, std::int64_t i) {
     if (const char* die = std::getenv("DETTRIAL_DIE_AT"); die && context.distributed().rank == 1 && i == std::atoll(die))
@@ -43,7 +62,10 @@ struct DataParallelTrial : test::DeclarativeRegression {
   }
 };
 
-Hyperparameters data_parallel_hparams() { return Hyperparameters::parse("global_batch_size: 64\nlr: 0.02\n"); }
+/// Momentum 0 for the stand-in device: LibTorch's optimizer archive cannot write lazy tensors.
+Hyperparameters data_parallel_hparams(double momentum = 0.9) {
+  return Hyperparameters::parse("global_batch_size: 64\nlr: 0.02\nmomentum: " + std::to_string(momentum) + "\n");
+}
 
 FitOptions data_parallel_options(const fs::path& out, std::int64_t length) {
   FitOptions o{.max_length = Batch(length), .validation_period = Batch(25), .reporting_period = Batch(10)};
@@ -51,6 +73,79 @@ FitOptions data_parallel_options(const fs::path& out, std::int64_t length) {
   o.report.quiet = true;
   return o;
 }
+
+/**
+ * A c10d backend standing in for NCCL on machines without GPUs: its collectives take tensors on one
+ * device only and refuse any other, as ProcessGroupNCCL refuses CPU tensors. Its device is
+ * LibTorch's lazy (TorchScript) device, which is not the CPU but keeps its data on the host, so a
+ * whole job can run on it; the collectives run on host copies through a real Gloo group.
+ */
+class OneDeviceBackend final : public dettrial::detail::C10dBackend {
+ public:
+  OneDeviceBackend(c10::intrusive_ptr<dettrial::detail::C10dBackend> inner, torch::Device device)
+      : dettrial::detail::C10dBackend(inner->getRank(), inner->getSize()), inner_(std::move(inner)), device_(device) {}
+  const std::string getBackendName() const override { return "one-device"; }
+
+  c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors, const c10d::BroadcastOptions& options) override {
+    std::vector<at::Tensor> host = to_host("broadcast", tensors);
+    auto work = inner_->broadcast(host, options);
+    return finish(work, host, tensors);
+  }
+  c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& options) override {
+    std::vector<at::Tensor> host = to_host("all-reduce", tensors);
+    auto work = inner_->allreduce(host, options);
+    return finish(work, host, tensors);
+  }
+  c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
+                                           const c10d::AllgatherOptions& options) override {
+    std::vector<at::Tensor> host_in = to_host("all-gather", inputs);
+    std::vector<std::vector<at::Tensor>> host_out;
+    for (auto& out : outputs) host_out.push_back(to_host("all-gather output", out));
+    auto work = inner_->allgather(host_out, host_in, options);
+    work->wait();
+    for (std::size_t i = 0; i < outputs.size(); ++i)
+      for (std::size_t j = 0; j < outputs[i].size(); ++j) outputs[i][j].copy_(host_out[i][j]);
+    return work;
+  }
+  c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& options) override { return inner_->barrier(options); }
+
+  /// How many collectives of each kind took tensors on the device.
+  std::map<std::string, int> seen;
+
+ private:
+  std::vector<at::Tensor> to_host(const std::string& what, const std::vector<at::Tensor>& tensors) {
+    std::vector<at::Tensor> host;
+    for (const at::Tensor& t : tensors) {
+      if (t.device() != device_)
+        throw std::runtime_error(what + " was given a tensor on " + t.device().str() + "; this backend takes tensors on " +
+                                 device_.str() + " only");
+      host.push_back(t.cpu());
+    }
+    ++seen[what];
+    return host;
+  }
+  static c10::intrusive_ptr<c10d::Work> finish(c10::intrusive_ptr<c10d::Work> work, std::vector<at::Tensor>& host,
+                                               std::vector<at::Tensor>& tensors) {
+    work->wait();
+    for (std::size_t i = 0; i < tensors.size(); ++i) tensors[i].copy_(host[i]);
+    return work;
+  }
+
+  c10::intrusive_ptr<dettrial::detail::C10dBackend> inner_;
+  torch::Device device_;
+};
+
+/// The stand-in device: the lazy TorchScript backend's (data on the host, but not the CPU device).
+torch::Device one_device() {
+  static const bool initialized = [] {
+    torch::lazy::InitTorchScriptBackend();
+    return true;
+  }();
+  (void)initialized;
+  return torch::Device(torch::kLazy, 0);
+}
+
+void check_matches_one_process(const fs::path& dir, std::int64_t length, double momentum = 0.9);
 
 bool all_succeeded(const std::vector<int>& statuses) {
   for (const int s : statuses)
@@ -128,9 +223,23 @@ TEST_CASE("child process: a data-parallel rank" * doctest::skip()) {
   const LaunchEnvironment env = LaunchEnvironment::detect();
   REQUIRE(env.distributed());
   const fs::path dir = std::getenv("DETTRIAL_CHILD_DIR");
-  auto comm = Communicator::create(env, std::chrono::seconds(std::atoi(std::getenv("DETTRIAL_TIMEOUT") ? std::getenv("DETTRIAL_TIMEOUT") : "60")),
-                                   backend::gloo{});
-  Context context(data_parallel_hparams(), ContextOptions{.trial_seed = 17, .communicator = comm});
+  const auto timeout = std::chrono::seconds(std::atoi(std::getenv("DETTRIAL_TIMEOUT") ? std::getenv("DETTRIAL_TIMEOUT") : "60"));
+  auto comm = Communicator::create(env, timeout, backend::gloo{});
+  ContextOptions options{.trial_seed = 17, .communicator = comm};
+  // The stand-in for NCCL: every tensor of the job, and of every collective, on one device.
+  OneDeviceBackend* one_device_backend = nullptr;
+  if (std::getenv("DETTRIAL_ONE_DEVICE")) {
+    auto backend = c10::make_intrusive<OneDeviceBackend>(comm->backend(), one_device());
+    one_device_backend = backend.get();
+    options.communicator = Communicator::adopt(backend, env, timeout, one_device(), "one-device");
+    options.device = one_device();
+    // A CPU tensor is refused with the device named (both ranks: nothing reaches the group).
+    std::vector<torch::Tensor> cpu{torch::zeros({2})};
+    CHECK_THROWS_WITH_AS(options.communicator->allreduce(cpu), doctest::Contains("this backend takes tensors on lazy:0 only"),
+                         DistributedError);
+    one_device_backend->seen.clear();
+  }
+  Context context(data_parallel_hparams(one_device_backend ? 0.0 : 0.9), std::move(options));
   Trainer<DataParallelTrial> trainer(context);
   const std::int64_t length = std::atoll(std::getenv("DETTRIAL_LENGTH") ? std::getenv("DETTRIAL_LENGTH") : "50");
   FitOptions o = data_parallel_options(dir / "run", length);
@@ -145,9 +254,14 @@ TEST_CASE("child process: a data-parallel rank" * doctest::skip()) {
   CHECK(uploads.uuids.back().size() == 36);
   if (env.rank == 0) CHECK(uploads.uuids.back() == r.checkpoints.back().uuid);
   CHECK(fs::exists(dir / "run" / "checkpoints" / uploads.uuids.back() / "metadata.json"));  // the final one, kept
+  if (one_device_backend) {
+    std::ofstream seen(dir / ("rank" + std::to_string(env.rank) + ".collectives"));
+    for (const auto& [what, count] : one_device_backend->seen) seen << what << ": " << count << "\n";
+  }
 }
 
 TEST_CASE("2 ranks with Gloo train as one process does with the whole batch" * doctest::timeout(120)) {
+  if (test::skip_without_gloo()) return;
   const fs::path dir = test::quiet({}).output_dir;
   fs::create_directories(dir);
   std::vector<bool> in_time;
@@ -159,10 +273,55 @@ TEST_CASE("2 ranks with Gloo train as one process does with the whole batch" * d
     REQUIRE(WEXITSTATUS(statuses[rank]) == 0);
   }
 
-  // One process, the same seed, global batch 64 over the same data order.
-  Context context(data_parallel_hparams(), ContextOptions{.trial_seed = 17});
+  check_matches_one_process(dir, 50);
+}
+
+TEST_CASE("a backend that takes tensors on one device only (as NCCL does) gets every collective's tensors there" *
+          doctest::timeout(150)) {
+  if (test::skip_without_gloo()) return;
+  const fs::path dir = test::quiet({}).output_dir;
+  fs::create_directories(dir);
+  std::vector<bool> in_time;
+  const std::vector<int> statuses = run_two_ranks(dir, {"DETTRIAL_ONE_DEVICE=1"}, std::chrono::seconds(120), in_time);
+  for (int rank = 0; rank < 2; ++rank) {
+    CAPTURE(test::read_text(dir / ("rank" + std::to_string(rank) + ".log")));
+    REQUIRE(in_time[rank]);
+    REQUIRE(WIFEXITED(statuses[rank]));
+    REQUIRE(WEXITSTATUS(statuses[rank]) == 0);
+    // Gradients, metrics, validation, checkpoints and the start-up agreement all went through it.
+    const std::string seen = test::read_text(dir / ("rank" + std::to_string(rank) + ".collectives"));
+    CAPTURE(seen);
+    CHECK(seen.find("all-reduce: ") != std::string::npos);
+    CHECK(seen.find("broadcast: ") != std::string::npos);
+    CHECK(seen.find("all-gather: ") != std::string::npos);
+  }
+  check_matches_one_process(dir, 50, /*momentum=*/0.0);
+}
+
+TEST_CASE("a backend on a device other than the context's is refused with both devices named") {
+  if (test::skip_without_gloo()) return;
+  // One rank of a 1-rank group is enough to build the communicator; the check needs a size-2 world,
+  // so a second (idle) rank is faked by the environment's size and a backend that never runs.
+  LaunchEnvironment env;
+  env.rank = 0;
+  env.size = 2;
+  struct Idle final : dettrial::detail::C10dBackend {
+    Idle() : dettrial::detail::C10dBackend(0, 2) {}
+    const std::string getBackendName() const override { return "idle"; }
+  };
+  auto comm = Communicator::adopt(c10::make_intrusive<Idle>(), env, std::chrono::seconds(5), one_device(), "one-device");
+  CHECK_THROWS_WITH_AS(Context(data_parallel_hparams(), ContextOptions{.device = torch::Device(torch::kCPU), .communicator = comm}),
+                       doctest::Contains("the one-device backend of rank 0 takes tensors on lazy:0, but this process's device is cpu"),
+                       ConfigError);
+}
+
+namespace {
+/// The 2-rank run in `dir` (its chief's checkpoint and reports) against one process with the same
+/// seed and global batch 64 over the same data order: the same parameters and losses to float rounding.
+void check_matches_one_process(const fs::path& dir, std::int64_t length, double momentum) {
+  Context context(data_parallel_hparams(momentum), ContextOptions{.trial_seed = 17});
   Trainer<DataParallelTrial> single(context);
-  const FitResult r = single.fit(data_parallel_options(dir / "single", 50));
+  const FitResult r = single.fit(data_parallel_options(dir / "single", length));
 
   torch::nn::Sequential ranked = DataParallelTrial(context).build_model();
   load_model(dir / "run", *ranked);
@@ -177,7 +336,7 @@ TEST_CASE("2 ranks with Gloo train as one process does with the whole batch" * d
   // The chief's reports: the same training and validation losses (to float rounding).
   std::optional<double> training_loss, validation_loss;
   for (const YAML::Node& report : test::read_reports(dir / "run" / "metrics.jsonl")) {
-    if (report["batches"].as<int>() != 50) continue;
+    if (report["batches"].as<int>() != length) continue;
     if (report["type"].as<std::string>() == "training") training_loss = report["metrics"]["loss"].as<double>();
     else validation_loss = report["metrics"]["validation_loss"].as<double>();
   }
@@ -186,8 +345,10 @@ TEST_CASE("2 ranks with Gloo train as one process does with the whole batch" * d
   CHECK(*training_loss == doctest::Approx(r.last_training_metrics.at("loss")).epsilon(1e-5));
   CHECK(*validation_loss == doctest::Approx(r.last_validation_metrics.at("validation_loss")).epsilon(1e-5));
 }
+}  // namespace
 
 TEST_CASE("a 2-rank run resumed from its checkpoint reproduces the uninterrupted run" * doctest::timeout(150)) {
+  if (test::skip_without_gloo()) return;
   const fs::path straight = test::quiet({}).output_dir, split = test::quiet({}).output_dir;
   fs::create_directories(straight);
   fs::create_directories(split);
@@ -204,6 +365,7 @@ TEST_CASE("a 2-rank run resumed from its checkpoint reproduces the uninterrupted
 }
 
 TEST_CASE("when a rank dies, the other stops within its timeout with an error naming itself" * doctest::timeout(120)) {
+  if (test::skip_without_gloo()) return;
   const fs::path dir = test::quiet({}).output_dir;
   fs::create_directories(dir);
   std::vector<bool> in_time;

@@ -13,6 +13,8 @@
 
 #include <dettrial/dettrial.hpp>
 
+#include "skip.hpp"
+
 namespace test {
 
 /// 64 records of y = x . w + noise, the same every time.
@@ -114,11 +116,17 @@ inline std::vector<torch::Tensor> parameters_of(const dettrial::Context& c) {
   return out;
 }
 
+/// Same sizes and bits (compared on the CPU: a run on a GPU against a reference made on it).
 inline bool bit_identical(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
   if (a.size() != b.size()) return false;
   for (std::size_t i = 0; i < a.size(); ++i)
-    if (!torch::equal(a[i], b[i])) return false;
+    if (a[i].device() != b[i].device() || !torch::equal(a[i].cpu(), b[i].cpu())) return false;
   return true;
+}
+
+/// The device a Context picks by default: CUDA device 0 when there is a GPU, else the CPU.
+inline torch::Device default_device() {
+  return torch::cuda::is_available() ? torch::Device(torch::kCUDA, 0) : torch::Device(torch::kCPU);
 }
 
 /// Waits for `pid` up to `limit`; kills it when late. `in_time` says whether it ended by itself.
@@ -151,6 +159,13 @@ inline std::vector<YAML::Node> read_reports(const std::filesystem::path& p) {
   std::vector<YAML::Node> out;
   for (std::string line; std::getline(in, line);) out.push_back(YAML::Load(line));
   return out;
+}
+
+/// True (and the test case marked skipped) when this build has no Gloo backend for multi-process jobs.
+inline bool skip_without_gloo() {
+  if (dettrial::backend::has_gloo) return false;
+  skip("the Gloo backend is not in this build (LibTorch without c10d Gloo, or no gloo headers: Debian's libgloo-dev)");
+  return true;
 }
 
 /// Starts this test program again running only `test_case` (skipped ones included), with `extra_env`

@@ -202,10 +202,14 @@ TEST_CASE("a user reducer is reset before each validation and merged under its n
 }
 
 TEST_CASE("gradient aggregation: accumulate, average, then step on every second batch") {
-  // The Determined rule, by hand: grads of batches 2k and 2k+1 summed, divided by 2, one SGD step.
-  auto [x, y] = test::regression_data();
+  // The Determined rule, by hand: grads of batches 2k and 2k+1 summed, divided by 2, one SGD step,
+  // on the device the context picks (the same kernels: bit-identical there too).
+  const torch::Device device = test::default_device();
+  auto [cpu_x, cpu_y] = test::regression_data();
+  const torch::Tensor x = cpu_x.to(device), y = cpu_y.to(device);
   torch::manual_seed(5);
   auto reference = torch::nn::Linear(4, 1);
+  reference->to(device);
   auto start = reference->parameters();
   std::vector<torch::Tensor> initial;
   for (auto& p : start) initial.push_back(p.detach().clone());
@@ -326,9 +330,9 @@ TEST_CASE("step_optimizer clips by norm and by value before stepping") {
     model->weight.data().fill_(0);
     torch::optim::SGD opt(model->parameters(), 1.0);
     context.wrap_optimizer(opt);
-    model->forward(torch::tensor({{3.0f, 4.0f}})).sum().backward();  // gradient (3, 4), norm 5
+    model->forward(torch::tensor({{3.0f, 4.0f}}).to(context.device())).sum().backward();  // gradient (3, 4), norm 5
     context.step_optimizer(opt, clip);
-    return model->weight.detach().clone();
+    return model->weight.detach().cpu();
   };
   CHECK(torch::allclose(run(clip::none{}), torch::tensor({{-3.0f, -4.0f}})));
   CHECK(torch::allclose(run(clip::by_norm{1.0}), torch::tensor({{-0.6f, -0.8f}}), 1e-4, 1e-5));
@@ -502,7 +506,7 @@ TEST_CASE("context: batch sizes, counters, to_device over nested batches") {
   CHECK(context.get_per_slot_batch_size() == 2);  // 8 // 3
   CHECK(context.get_global_batch_size() == 6);
   CHECK(context.get_trial_seed() == 9);
-  CHECK(context.device().is_cpu());
+  CHECK(context.device() == test::default_device());
   Context no_batch(Hyperparameters::parse("lr: 1"), ContextOptions{.trial_seed = 1});
   CHECK_THROWS_WITH_AS(no_batch.get_per_slot_batch_size(), doctest::Contains("need the hyperparameter 'global_batch_size'"),
                        HyperparameterError);
@@ -511,7 +515,9 @@ TEST_CASE("context: batch sizes, counters, to_device over nested batches") {
   using Nested = std::tuple<torch::Tensor, std::vector<torch::Tensor>, std::map<std::string, torch::Tensor>, std::string>;
   Nested batch{torch::ones({5, 2}), {torch::zeros({5}), torch::ones({5})}, {{"mask", torch::ones({5})}}, "ids"};
   Nested moved = context.to_device(batch);
-  CHECK(std::get<0>(moved).device().is_cpu());
+  CHECK(std::get<0>(moved).device() == context.device());
+  CHECK(std::get<1>(moved)[1].device() == context.device());
+  CHECK(std::get<2>(moved).at("mask").device() == context.device());
   CHECK(std::get<3>(moved) == "ids");
   CHECK(std::get<2>(moved).at("mask").size(0) == 5);
   CHECK(batch_length(moved) == 5);

@@ -96,7 +96,8 @@ inline StateDict read_state_dict_file(const std::filesystem::path& dir) {
 /// Moves a Context's state into and out of checkpoint files (a friend of Context).
 struct ContextCheckpoint {
   /// The Python-readable part (without callbacks, which the trainer adds).
-  static StateDict python_state(Context& c, const std::vector<torch::Tensor>& cpu_rng_per_rank = {}) {
+  static StateDict python_state(Context& c, const std::vector<torch::Tensor>& cpu_rng_per_rank = {},
+                                const std::vector<torch::Tensor>& gpu_rng_per_rank = {}) {
     c10::impl::GenericList models(c10::AnyType::get());
     for (const auto& m : c.models_) models.push_back(module_state_dict(*m));
     c10::impl::GenericList optimizers(c10::AnyType::get());
@@ -119,6 +120,11 @@ struct ContextCheckpoint {
       rng.insert("cpu_rng_states", states);
     }
     if (c.device_.is_cuda()) rng.insert("gpu_rng_state", at::globalContext().defaultGenerator(c.device_).get_state());
+    if (!gpu_rng_per_rank.empty()) {  // each rank's GPU generator, in rank order (dettrial's field)
+      c10::impl::GenericList states(c10::AnyType::get());
+      for (const auto& t : gpu_rng_per_rank) states.push_back(t);
+      rng.insert("gpu_rng_states", states);
+    }
     StateDict out(c10::StringType::get(), c10::AnyType::get());
     out.insert("models_state_dict", models);
     out.insert("optimizers_state_dict", optimizers);
@@ -202,8 +208,14 @@ struct ContextCheckpoint {
       if (static_cast<std::size_t>(c.distributed_.rank) < list.size()) cpu = list.get(c.distributed_.rank).toTensor();
     }
     set_generator_state(at::detail::getDefaultCPUGenerator(), cpu);
-    if (const auto gpu = states.find("gpu_rng_state"); gpu != states.end() && c.device_.is_cuda())
-      set_generator_state(at::globalContext().defaultGenerator(c.device_), gpu->value().toTensor());
+    if (const auto gpu = states.find("gpu_rng_state"); gpu != states.end() && c.device_.is_cuda()) {
+      torch::Tensor state = gpu->value().toTensor();
+      if (const auto per_rank = states.find("gpu_rng_states"); per_rank != states.end() && per_rank->value().isList()) {
+        const auto list = per_rank->value().toList();
+        if (static_cast<std::size_t>(c.distributed_.rank) < list.size()) state = list.get(c.distributed_.rank).toTensor();
+      }
+      set_generator_state(at::globalContext().defaultGenerator(c.device_), state);
+    }
   }
 
   static void set_generator_state(at::Generator generator, const torch::Tensor& state) {  // a handle: copies share the generator

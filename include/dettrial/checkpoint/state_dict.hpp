@@ -178,7 +178,11 @@ inline void python_group_options(const torch::optim::OptimizerOptions& options, 
  */
 inline StateDict module_state_dict(const torch::nn::Module& module) {
   StateDict out(c10::StringType::get(), c10::TensorType::get());
-  detail::for_each_state_entry(module, [&](const std::string& name, const torch::Tensor& t) { out.insert(name, t.detach()); });
+  // LibTorch's pickler writes CPU and CUDA tensors (a CUDA one is copied out and tagged with its
+  // device); others, such as the lazy device's, are saved as CPU copies.
+  detail::for_each_state_entry(module, [&](const std::string& name, const torch::Tensor& t) {
+    out.insert(name, t.device().is_cpu() || t.device().is_cuda() ? t.detach() : t.detach().cpu());
+  });
   return out;
 }
 

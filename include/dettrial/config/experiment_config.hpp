@@ -83,6 +83,9 @@ class ExperimentConfig {
   std::int64_t aggregation_frequency = 1;
   bool average_aggregated_gradients = true;
   std::optional<std::uint64_t> experiment_seed;
+  /// `reproducibility.deterministic` (dettrial's): LibTorch's deterministic algorithms on, cuDNN's
+  /// autotuner off, so that runs with one seed are bit-identical on a GPU too. Unset: LibTorch's defaults.
+  std::optional<bool> deterministic;
   /// `checkpoint_storage`: where checkpoints go (`host_path`/`storage_path` of shared_fs, or
   /// `container_path` of directory storage; unset means the run's output directory) and how many are kept.
   struct CheckpointStorage {
@@ -118,6 +121,7 @@ class ExperimentConfig {
     aggregation_frequency = o.aggregation_frequency;
     average_aggregated_gradients = o.average_aggregated_gradients;
     experiment_seed = o.experiment_seed;
+    deterministic = o.deterministic;
     checkpoint_storage = o.checkpoint_storage;
     ignored_fields = o.ignored_fields;
     yaml.reset(o.yaml);
@@ -202,6 +206,11 @@ class ExperimentConfig {
       std::uint64_t seed = 0;
       r.read(rep, "experiment_seed", seed);
       c.experiment_seed = seed;
+    }
+    if (const YAML::Node rep = root["reproducibility"]; rep && rep["deterministic"]) {
+      bool on = false;
+      r.read(rep, "deterministic", on);
+      c.deterministic = on;
     }
     if (const YAML::Node cs = root["checkpoint_storage"]) {
       auto& storage = c.checkpoint_storage;
@@ -309,7 +318,7 @@ class ExperimentConfig {
     static const std::vector<std::string> optimizations_cluster = {
         "average_training_metrics", "gradient_compression", "mixed_precision", "tensor_fusion_threshold",
         "tensor_fusion_cycle_time", "auto_tune_tensor_fusion", "grad_updates_size_file"};
-    static const std::vector<std::string> reproducibility = {"experiment_seed"};
+    static const std::vector<std::string> reproducibility = {"experiment_seed", "deterministic"};
     static const std::vector<std::string> storage = {"type", "host_path", "storage_path", "container_path", "propagation",
                                                      "save_experiment_best", "save_trial_best", "save_trial_latest"};
     static const std::vector<std::string> storage_cloud = {"bucket", "access_key", "secret_key", "endpoint_url", "prefix",

@@ -76,6 +76,8 @@ struct ContextOptions {
   std::optional<std::int64_t> slots_per_trial;
   /// The process group of a data-parallel job (see Communicator::create); none for one process.
   std::shared_ptr<Communicator> communicator;
+  /// Deterministic algorithms (see ExperimentConfig::deterministic); unset: the config's.
+  std::optional<bool> deterministic;
   /// Intra-op threads for this process (`--threads`). Unset: OMP_NUM_THREADS when set, else in a
   /// data-parallel job this rank's share of the node's cores (see dettrial::choose_threads), else
   /// LibTorch's default.
@@ -121,6 +123,18 @@ class Context {
       slots_per_trial_ = env.size;
       distributed_ = DistributedInfo{.rank = env.rank, .size = env.size, .local_rank = env.local_rank, .local_size = env.local_size};
     }
+    // One GPU per process: the local rank picks it.
+    device_ = options.device ? *options.device
+                             : (torch::cuda::is_available()
+                                    ? torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(distributed_.local_rank %
+                                                                                                std::max<std::int64_t>(static_cast<std::int64_t>(torch::cuda::device_count()), 1)))
+                                    : torch::Device(torch::kCPU));
+    // NCCL takes tensors on one GPU only: models, gradients and every collective must be there. (Gloo
+    // takes CPU tensors, and CUDA ones too.)
+    if (communicator_ && !communicator_->device().is_cpu() && communicator_->device() != device_)
+      throw ConfigError(std::string("the ") + communicator_->backend_name() + " backend of rank " + std::to_string(distributed_.rank) +
+                        " takes tensors on " + communicator_->device().str() + ", but this process's device is " + device_.str() +
+                        "; give every rank the device its local rank picks (or leave ContextOptions::device unset)");
     trial_seed_ = options.trial_seed ? *options.trial_seed : derive_trial_seed(config_.experiment_seed);
     // One trial seed for the job: the chief's (without an experiment seed each rank's clock differs,
     // and the ranks would shard different permutations of the data).
@@ -130,12 +144,7 @@ class Context {
       if (choice->set_by_dettrial) torch::set_num_threads(choice->threads);
       threads_ = *choice;
     }
-    // One GPU per process: the local rank picks it.
-    device_ = options.device ? *options.device
-                             : (torch::cuda::is_available()
-                                    ? torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(distributed_.local_rank %
-                                                                                                std::max<std::int64_t>(static_cast<std::int64_t>(torch::cuda::device_count()), 1)))
-                                    : torch::Device(torch::kCPU));
+    if (const auto on = options.deterministic ? options.deterministic : config_.deterministic) set_deterministic(*on);
     seed_everything();
   }
 
@@ -412,6 +421,16 @@ class Context {
     std::uint64_t x = experiment_seed ? *experiment_seed
                                       : static_cast<std::uint64_t>(std::chrono::system_clock::now().time_since_epoch().count());
     return detail::mix64(x + detail::golden_gamma) % (1ULL << 31);
+  }
+
+  /// LibTorch's switches for bit-identical runs (process-wide): deterministic algorithms (an op
+  /// without a deterministic implementation throws, naming itself), cuDNN's deterministic kernels and
+  /// no autotuning, and cuBLAS's fixed workspace, which it needs before its first use.
+  static void set_deterministic(bool on) {
+    at::globalContext().setDeterministicAlgorithms(on, /*warn_only=*/false);
+    at::globalContext().setDeterministicCuDNN(on);
+    at::globalContext().setBenchmarkCuDNN(!on && at::globalContext().benchmarkCuDNN());
+    if (on) ::setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8", /*overwrite=*/0);
   }
 
   void seed_everything() const {

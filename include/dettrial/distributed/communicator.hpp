@@ -122,6 +122,24 @@ class Communicator {
     return comm;
   }
 
+  /**
+   * @brief A communicator over a c10d backend made elsewhere (one dettrial does not create, or a
+   * test double), whose collectives take their tensors on `device`. `name` is the backend's name in
+   * messages; the backend must be `env.size` ranks wide with this process as `env.rank`.
+   */
+  static std::shared_ptr<Communicator> adopt(c10::intrusive_ptr<detail::C10dBackend> backend, const LaunchEnvironment& env,
+                                             std::chrono::milliseconds timeout, torch::Device device, const char* name) {
+    if (!backend) throw DistributedError("Communicator::adopt was given no backend");
+    if (backend->getRank() != env.rank || backend->getSize() != env.size)
+      throw DistributedError(std::string("the ") + name + " backend is rank " + std::to_string(backend->getRank()) + " of " +
+                             std::to_string(backend->getSize()) + ", but the launch environment says rank " + std::to_string(env.rank) +
+                             " of " + std::to_string(env.size));
+    auto comm = std::shared_ptr<Communicator>(new Communicator(env, timeout, name));
+    comm->device_ = device;
+    comm->backend_ = std::move(backend);
+    return comm;
+  }
+
   int rank() const { return env_.rank; }
   int size() const { return env_.size; }
   const LaunchEnvironment& environment() const { return env_; }
@@ -168,7 +186,10 @@ class Communicator {
   }
 
   /// Where this backend's collectives take their tensors: the CPU for Gloo, this rank's GPU for NCCL.
+  /// Every collective dettrial issues passes tensors on this device.
   const torch::Device& device() const { return device_; }
+  /// The c10d backend underneath, for collectives of one's own.
+  const c10::intrusive_ptr<detail::C10dBackend>& backend() const { return backend_; }
 
   /// The chief's `values` on every rank (each rank passes as many).
   std::vector<std::int64_t> broadcast_values(const std::vector<std::int64_t>& values) {

@@ -620,11 +620,16 @@ class Trainer {
   template <class Set>
   void checkpoint(RunState& st, Set& callbacks) {
     st.last_checkpoint = st.batches_trained;
-    // Every rank's CPU RNG goes to the chief (a collective: all ranks checkpoint at the same batches).
-    std::vector<torch::Tensor> rng_states;
-    if (Communicator* comm = context_.communicator())
+    // Every rank's RNGs go to the chief (collectives: all ranks checkpoint at the same batches).
+    std::vector<torch::Tensor> rng_states, gpu_rng_states;
+    if (Communicator* comm = context_.communicator()) {
       for (const torch::Tensor& state : comm->allgather(at::detail::getDefaultCPUGenerator().get_state().to(comm->device())))
         rng_states.push_back(state.cpu());
+      if (context_.device().is_cuda())
+        for (const torch::Tensor& state :
+             comm->allgather(at::globalContext().defaultGenerator(context_.device()).get_state().to(comm->device())))
+          gpu_rng_states.push_back(state.cpu());
+    }
     if (!context_.distributed().is_chief()) {
       // The chief writes; the others learn the checkpoint's uuid once it is written (Determined's broadcast).
       const std::string uuid = share_uuid({});
@@ -634,7 +639,7 @@ class Trainer {
       return;
     }
     const auto started = std::chrono::steady_clock::now();
-    StateDict top = detail::ContextCheckpoint::python_state(context_, rng_states);
+    StateDict top = detail::ContextCheckpoint::python_state(context_, rng_states, gpu_rng_states);
     StateDict callback_states(c10::StringType::get(), c10::AnyType::get());
     std::size_t index = 0;
     callbacks.each([&](auto& cb) {

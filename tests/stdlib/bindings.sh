@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Which library a program's C++ standard library symbols bind to at run time.
+#
+#   bindings.sh expect-none PROGRAM   passes when none of PROGRAM's std:: symbols that the C++
+#                                     standard library (libstdc++.so.6) defines bind into LibTorch
+#   bindings.sh expect-some PROGRAM   the control: passes when some do (the check can see them)
+#
+# PyPI's torch wheels export a statically linked copy of parts of libstdc++ (std::filesystem among
+# them) from libtorch_cpu.so; a program that binds to those mixes two libstdc++ versions. Exits 77
+# (a CTest skip) when this LibTorch exports none of libstdc++'s symbols: nothing can bind there.
+set -uo pipefail
+mode=$1 program=$(readlink -f "$2")
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+
+libs=$(ldd "$program") || { echo "ldd cannot read $program" >&2; exit 1; }
+stdcxx=$(awk '/libstdc\+\+\.so/ {print $3; exit}' <<<"$libs")
+torch_libs=$(awk '/lib(torch|c10)[a-z_]*\.so/ {print $3}' <<<"$libs")
+if [ -z "$stdcxx" ] || [ -z "$torch_libs" ]; then
+  echo "$program does not load both libstdc++ and LibTorch:" >&2; echo "$libs" >&2; exit 1
+fi
+
+# The std:: symbols (mangled _ZSt..., _ZNSt..., _ZNKSt...) libstdc++ defines.
+nm -D --defined-only "$stdcxx" | awk '{print $NF}' | grep -E '^_Z(N[KVRO]*)?St' | sed 's/@.*//' | sort -u >"$work/stdcxx"
+exported=0
+for lib in $torch_libs; do
+  n=$(nm -D --defined-only "$lib" | awk '{print $NF}' | sed 's/@.*//' | sort -u | comm -12 - "$work/stdcxx" | wc -l)
+  exported=$((exported + n))
+done
+if [ "$exported" -eq 0 ]; then
+  echo "skipped: this LibTorch ($(echo $torch_libs | tr '\n' ' ')) exports none of libstdc++'s symbols; nothing can bind into it"
+  exit 77
+fi
+echo "LibTorch exports $exported of libstdc++'s std:: symbols"
+
+# Every binding the dynamic linker makes for the program itself, resolved eagerly.
+if ! LD_BIND_NOW=1 LD_DEBUG=bindings LD_DEBUG_OUTPUT="$work/ld" "$program" "$work/run" >"$work/out" 2>&1; then
+  echo "$program failed:" >&2; cat "$work/out" >&2; exit 1
+fi
+cat "$work"/ld.* | grep -F "binding file $program [0] to " |
+  sed -nE 's/.* to ([^ ]+) \[[0-9]+\]: normal symbol `([^'"'"']+)'"'"'.*/\1 \2/p' |
+  grep -E '/lib(torch|c10)[a-z_]*\.so[^ ]* ' | sort -u >"$work/into_torch" || true
+awk '{print $2}' "$work/into_torch" | sort -u | comm -12 - "$work/stdcxx" >"$work/wrong"
+wrong=$(wc -l <"$work/wrong")
+
+case $mode in
+  expect-none)
+    if [ "$wrong" -gt 0 ]; then
+      echo "FAIL: $wrong of $program's C++ standard library symbols bind into LibTorch instead of $stdcxx:"
+      head -n 20 "$work/wrong" | c++filt | sed 's/^/  /'
+      exit 1
+    fi
+    echo "ok: every std:: symbol of $(basename "$program") that libstdc++ defines binds to $stdcxx" ;;
+  expect-some)
+    if [ "$wrong" -eq 0 ]; then
+      echo "FAIL: the control program bound none of its std:: symbols into LibTorch; the check cannot see the hazard"
+      exit 1
+    fi
+    echo "ok: without dettrial's link order, $wrong std:: symbols bind into LibTorch, e.g.:"
+    head -n 5 "$work/wrong" | c++filt | sed 's/^/  /' ;;
+  *) echo "usage: bindings.sh expect-none|expect-some PROGRAM" >&2; exit 2 ;;
+esac
