@@ -4,9 +4,6 @@ import platform
 import sys
 
 rows = [json.loads(line) for line in open(sys.argv[1]) if line.startswith("{")]
-runs = {}  # every value of a repeated measurement, in the order measured
-for r in rows:
-    runs.setdefault(r["name"], []).append(r["value"])
 # Repeated measurements (parity rounds, end-to-end epochs) are reduced to their median.
 merged = {}
 for r in rows:
@@ -23,7 +20,8 @@ print()
 print(f"{'measurement':64} {'median':>12} {'unit':10} {'spread':>7}  notes")
 for r in rows:
     notes = ", ".join(f"{k}={v}" for k, v in r.items()
-                      if k in ("bit_identical", "equal_to_5_decimals", "batches", "accuracy", "bytes", "quartiles", "rounds", "phases"))
+                      if k in ("bit_identical", "equal_to_5_decimals", "batches", "accuracy", "bytes", "quartiles", "rounds", "phases",
+                               "threads"))
     print(f"{r['name']:64} {r['value']:12.4g} {r['unit']:10} {r['spread']:7.3f}  {notes}")
 
 
@@ -44,13 +42,23 @@ if "MNIST example: Trainer + DataLoader" in by_name:
     t = by_name["MNIST example: Trainer + DataLoader"]["value"]
     p = by_name["MNIST example: pre-batched loop"]["value"]
     print(f"{'MNIST example time per batch, Trainer + DataLoader / pre-batched loop':76} {t / p:8.3f}")
-cpp_epochs = runs.get("MNIST example, one Fashion-MNIST epoch end to end: dettrial", [])
-py_epochs = runs.get("MNIST example, one Fashion-MNIST epoch end to end: Python", [])
-if cpp_epochs and len(cpp_epochs) == len(py_epochs):
-    # Each pair ran back to back; the median of the pairs' ratios, with their range.
-    pairs = sorted(p / c for c, p in zip(cpp_epochs, py_epochs))
-    print(f"{'MNIST epoch end to end, Python time / dettrial time (median of ' + str(len(pairs)) + ' pairs)':76} "
-          f"{pairs[len(pairs) // 2]:8.3f}x  range {pairs[0]:.3f}-{pairs[-1]:.3f}")
+# End to end (bench/e2e.sh): per round, each side's time over dettrial's, at each thread setting.
+e2e = [r for r in (json.loads(line) for line in open(sys.argv[1]) if line.startswith("{")) if "e2e_side" in r]
+for threads in dict.fromkeys(r["e2e_threads"] for r in e2e):
+    by_round = {}
+    for r in e2e:
+        if r["e2e_threads"] == threads:
+            by_round.setdefault(r["e2e_round"], {})[r["e2e_side"]] = r["value"]
+    for side, label in (("python", "plain PyTorch loop"), ("determined", "Determined's Trainer")):
+        pairs = sorted(sides[side] / sides["dettrial"] for sides in by_round.values() if side in sides and "dettrial" in sides)
+        if pairs:
+            what = f"end to end, {label} time / dettrial time, {threads} threads ({len(pairs)} rounds)"
+            print(f"{what:76} {pairs[len(pairs) // 2]:8.3f}x  range {pairs[0]:.3f}-{pairs[-1]:.3f}")
+for model in ("mlp", "mnist"):
+    ref = by_name.get(f"Debian LibTorch, Trainer, {model} batch, 1 thread: reference BLAS")
+    fast = by_name.get(f"Debian LibTorch, Trainer, {model} batch, 1 thread: OpenBLAS BLAS")
+    if ref and fast:
+        print(f"{'Debian LibTorch, ' + model + ' batch time, reference BLAS / OpenBLAS':76} {ref['value'] / fast['value']:8.2f}x")
 if "data parallel MLP step, 1 process, batch 64" in by_name:
     one = by_name["data parallel MLP step, 1 process, batch 64"]["value"]
     two = by_name["data parallel MLP step, 2 Gloo ranks, 32 each"]["value"]

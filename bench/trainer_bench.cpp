@@ -7,13 +7,14 @@
 //    (dropout) and the losses written to a folder for bench/parity.py, which replays them in Python
 //    PyTorch and compares the losses (to 5 decimals) and the time.
 // Usage: trainer_bench [--quick] [--overhead all|mlp|mnist|none] [--parity-dir DIR]
-//        trainer_bench --epoch                   one MNIST epoch end to end
+//        trainer_bench --epoch [--batches N]     one MNIST epoch (or N batches) end to end
 //        trainer_bench --profile trainer|hand [--model mlp|mnist] [--batches N]
 //                                                one side of a comparison alone, for profilers
 // Every side runs on the CPU (the claims are the CPU's, whatever GPU the machine has).
 // Prints one JSON object per measurement; exits 1 when losses or parameters are not bit-identical.
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -293,13 +294,14 @@ struct PhaseClock {
 };
 
 /// One epoch of the MNIST example end to end, as a user runs it: read the IDX files, build the trial,
-/// train one epoch, validate on the 10,000 test images. Wall time, its phases and the accuracy reached.
-void mnist_epoch_end_to_end(const char* fashion) {
+/// train one epoch (or `batches`), validate on the 10,000 test images. Wall time, its phases and the
+/// accuracy reached.
+void mnist_epoch_end_to_end(const char* fashion, std::int64_t batches) {
   const auto start = clock_type::now();
   dettrial::Context context(mnist_config(fashion), {.trial_seed = seed, .device = torch::Device(torch::kCPU)});
   dettrial::Trainer<mnist::MnistTrial> trainer(context);
   PhaseClock phases;
-  const auto result = trainer.fit({.max_length = dettrial::Epoch(1),
+  const auto result = trainer.fit({.max_length = batches > 0 ? dettrial::TrainUnit(dettrial::Batch(batches)) : dettrial::Epoch(1),
                                    .reporting_period = dettrial::Batch(report_every),
                                    .checkpoint_policy = dettrial::CheckpointPolicy::none,
                                    .output_dir = "/tmp/dettrial-trainer-bench",
@@ -311,13 +313,16 @@ void mnist_epoch_end_to_end(const char* fashion) {
   std::snprintf(extra, sizeof extra, ", \"accuracy\": %.4f, \"phases\": \"load %.2f s, train %.2f s, validate %.2f s\"",
                 result.last_validation_metrics.at("accuracy"), seconds(phases.training_start - start),
                 seconds(phases.validation_start - phases.training_start), seconds(phases.validation_end - phases.validation_start));
-  report("MNIST example, one Fashion-MNIST epoch end to end: dettrial", seconds(end - start), "s", 1.0, extra);
+  const std::string what = batches > 0 ? std::to_string(batches) + " batches" : "one Fashion-MNIST epoch";
+  std::snprintf(extra + std::strlen(extra), sizeof extra - std::strlen(extra), ", \"threads\": %d", torch::get_num_threads());
+  report("MNIST example, " + what + " end to end: dettrial", seconds(end - start), "s", 1.0, extra);
 }
 
 int main(int argc, char** argv) {
   bool quick = false, epoch = false;
   std::string parity_dir, overhead = "all", profile, profile_model = "mlp";
   std::int64_t profile_batches = 20000;
+  bool batches_given = false;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     const bool has_value = i + 1 < argc;
@@ -327,18 +332,18 @@ int main(int argc, char** argv) {
     else if (arg == "--overhead" && has_value) overhead = argv[++i];
     else if (arg == "--profile" && has_value) profile = argv[++i];
     else if (arg == "--model" && has_value) profile_model = argv[++i];
-    else if (arg == "--batches" && has_value) profile_batches = std::stoll(argv[++i]);
+    else if (arg == "--batches" && has_value) profile_batches = std::stoll(argv[++i]), batches_given = true;
     else {
       std::fprintf(stderr,
                    "usage: trainer_bench [--quick] [--overhead all|mlp|mnist|none] [--parity-dir DIR]\n"
-                   "       trainer_bench --epoch\n"
+                   "       trainer_bench --epoch [--batches N]\n"
                    "       trainer_bench --profile trainer|hand [--model mlp|mnist] [--batches N]   (one side alone, for profilers)\n");
       return 2;
     }
   }
   const char* fashion = "/usr/share/datasets/fashion-mnist";
   if (epoch) {  // uses the default thread count, as a user's run does
-    mnist_epoch_end_to_end(fashion);
+    mnist_epoch_end_to_end(fashion, batches_given ? profile_batches : 0);
     return 0;
   }
   torch::set_num_threads(1);  // one thread: the per-batch cost of the framework shows most clearly

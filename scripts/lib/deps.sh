@@ -54,6 +54,20 @@ dettrial_pip_torch() {
   export DETTRIAL_PIP_TORCH_PREFIX DETTRIAL_PIP_TORCH_VERSION
 }
 
+# A venv with Determined (PyPI's `determined`) that sees the torch of $DETTRIAL_VENV through a .pth
+# file, for bench/run's end-to-end comparison with Determined's own Trainer. Prints its python.
+dettrial_determined_python() {
+  local venv="$DETTRIAL_CACHE/determined-venv"
+  if ! "$venv/bin/python" -c 'import determined, torch' 2>/dev/null; then
+    dettrial_log "installing determined from PyPI into $venv"
+    python3 -m venv "$venv" || return 1
+    "$DETTRIAL_VENV/bin/python" -c 'import site; print(site.getsitepackages()[0])' \
+      >"$("$venv/bin/python" -c 'import site; print(site.getsitepackages()[0])')/dettrial-torch.pth"
+    "$venv/bin/python" -m pip install -q determined >&2 || return 1
+  fi
+  echo "$venv/bin/python"
+}
+
 # Configures build/<name> against the LibTorch at <prefix> ("" = the system's), with the tests and
 # examples on, and builds the given targets (all when none are given).
 dettrial_build() {

@@ -20,18 +20,17 @@ if [ -z "$stdcxx" ] || [ -z "$torch_libs" ]; then
   echo "$program does not load both libstdc++ and LibTorch:" >&2; echo "$libs" >&2; exit 1
 fi
 
-# The std:: symbols (mangled _ZSt..., _ZNSt..., _ZNKSt...) libstdc++ defines.
+# The std:: symbols (mangled _ZSt..., _ZNSt..., _ZNKSt...) libstdc++ defines, those LibTorch exports
+# too, and those of them the program needs.
 nm -D --defined-only "$stdcxx" | awk '{print $NF}' | grep -E '^_Z(N[KVRO]*)?St' | sed 's/@.*//' | sort -u >"$work/stdcxx"
-exported=0
-for lib in $torch_libs; do
-  n=$(nm -D --defined-only "$lib" | awk '{print $NF}' | sed 's/@.*//' | sort -u | comm -12 - "$work/stdcxx" | wc -l)
-  exported=$((exported + n))
-done
-if [ "$exported" -eq 0 ]; then
-  echo "skipped: this LibTorch ($(echo $torch_libs | tr '\n' ' ')) exports none of libstdc++'s symbols; nothing can bind into it"
+for lib in $torch_libs; do nm -D --defined-only "$lib" | awk '{print $NF}' | sed 's/@.*//'; done | sort -u |
+  comm -12 - "$work/stdcxx" >"$work/both"
+nm -D --undefined-only "$program" | awk '{print $NF}' | sed 's/@.*//' | sort -u | comm -12 - "$work/both" >"$work/at_risk"
+if [ ! -s "$work/at_risk" ]; then
+  echo "skipped: this LibTorch exports none of the libstdc++ symbols $(basename "$program") uses ($(wc -l <"$work/both") others); nothing of it can bind there"
   exit 77
 fi
-echo "LibTorch exports $exported of libstdc++'s std:: symbols"
+echo "LibTorch exports $(wc -l <"$work/both") of libstdc++'s std:: symbols, $(wc -l <"$work/at_risk") of them used by $(basename "$program")"
 
 # Every binding the dynamic linker makes for the program itself, resolved eagerly.
 if ! LD_BIND_NOW=1 LD_DEBUG=bindings LD_DEBUG_OUTPUT="$work/ld" "$program" "$work/run" >"$work/out" 2>&1; then
