@@ -71,4 +71,5 @@ if launcher_rows:
     for r in launcher_rows:
         label = r["name"].removeprefix("2-rank MNIST job, ")
         print(f"{'2-rank MNIST job samples/s, ' + label[:36] + ' / best launcher':76} {r['value'] / best:8.2f}  ({r.get('threads', '?')})")
-print(f"\nmachine: {platform.machine()}, {platform.processor() or 'cpu'}; python torch {rows[-1].get('torch', '?') if rows else '?'}")
+torch_version = next((r["torch"] for r in rows if "torch" in r), "?")
+print(f"\nmachine: {platform.machine()}, {platform.processor() or 'cpu'}, {__import__('os').cpu_count()} cores; python torch {torch_version}")
