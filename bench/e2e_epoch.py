@@ -30,6 +30,7 @@ def read_idx(path):
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--batches", type=int, default=0, help="train this many batches instead of one epoch")
+    parser.add_argument("--trace", help="write the training phase under torch's profiler as a Chrome trace")
     args = parser.parse_args()
     torch.manual_seed(17)
     start = time.perf_counter()
@@ -47,6 +48,9 @@ def main():
     train = DataLoader(TensorDataset(train_x, train_y), batch_size=64, shuffle=True)
     test = DataLoader(TensorDataset(test_x, test_y), batch_size=500)
     loaded = time.perf_counter()
+    profiler = torch.autograd.profiler.profile() if args.trace else None
+    if profiler:
+        profiler.__enter__()
     model.train()
     total = torch.zeros((), dtype=torch.float64)
     for b, (x, y) in enumerate(train):
@@ -62,6 +66,9 @@ def main():
             total.item()
         if b + 1 == args.batches:
             break
+    if profiler:
+        profiler.__exit__(None, None, None)
+        profiler.export_chrome_trace(args.trace)
     trained = time.perf_counter()
     model.eval()
     # The trial's validation metrics: loss, error and accuracy per batch, averaged over the batches.

@@ -7,7 +7,9 @@
 //    (dropout) and the losses written to a folder for bench/parity.py, which replays them in Python
 //    PyTorch and compares the losses (to 5 decimals) and the time.
 // Usage: trainer_bench [--quick] [--overhead all|mlp|mnist|none] [--parity-dir DIR]
-//        trainer_bench --epoch [--batches N]     one MNIST epoch (or N batches) end to end
+//        trainer_bench --epoch [--batches N] [--trace FILE]
+//                                                one MNIST epoch (or N batches) end to end; with
+//                                                --trace, its training under LibTorch's profiler
 //        trainer_bench --profile trainer|hand [--model mlp|mnist] [--batches N]
 //                                                one side of a comparison alone, for profilers
 // Every side runs on the CPU (the claims are the CPU's, whatever GPU the machine has).
@@ -23,6 +25,7 @@
 
 #include <dettrial/dettrial.hpp>
 #include <mnist/mnist_trial.hpp>
+#include <torch/csrc/autograd/profiler_legacy.h>
 
 // Under valgrind's callgrind (bench/run's instruction counts, `--instr-atstart=no`), only the timed
 // region is measured; outside valgrind these are a few no-op instructions.
@@ -296,17 +299,28 @@ struct PhaseClock {
 /// One epoch of the MNIST example end to end, as a user runs it: read the IDX files, build the trial,
 /// train one epoch (or `batches`), validate on the 10,000 test images. Wall time, its phases and the
 /// accuracy reached.
-void mnist_epoch_end_to_end(const char* fashion, std::int64_t batches) {
+/// A training phase under LibTorch's (legacy, CPU) profiler, written as a Chrome trace to `file`.
+struct TrainingTrace {
+  std::string file;
+  std::unique_ptr<torch::autograd::profiler::RecordProfile> profile;
+  void on_training_start() {
+    if (!file.empty()) profile = std::make_unique<torch::autograd::profiler::RecordProfile>(file);
+  }
+  void on_validation_start() { profile.reset(); }
+};
+
+void mnist_epoch_end_to_end(const char* fashion, std::int64_t batches, const std::string& trace_file) {
   const auto start = clock_type::now();
   dettrial::Context context(mnist_config(fashion), {.trial_seed = seed, .device = torch::Device(torch::kCPU)});
   dettrial::Trainer<mnist::MnistTrial> trainer(context);
   PhaseClock phases;
+  TrainingTrace trace{trace_file, nullptr};
   const auto result = trainer.fit({.max_length = batches > 0 ? dettrial::TrainUnit(dettrial::Batch(batches)) : dettrial::Epoch(1),
                                    .reporting_period = dettrial::Batch(report_every),
                                    .checkpoint_policy = dettrial::CheckpointPolicy::none,
                                    .output_dir = "/tmp/dettrial-trainer-bench",
                                    .report = {.quiet = true}},
-                                  phases);
+                                  phases, trace);
   const auto end = clock_type::now();
   const auto seconds = [](clock_type::duration d) { return std::chrono::duration<double>(d).count(); };
   char extra[160];
@@ -320,7 +334,7 @@ void mnist_epoch_end_to_end(const char* fashion, std::int64_t batches) {
 
 int main(int argc, char** argv) {
   bool quick = false, epoch = false;
-  std::string parity_dir, overhead = "all", profile, profile_model = "mlp";
+  std::string parity_dir, overhead = "all", profile, profile_model = "mlp", trace_file;
   std::int64_t profile_batches = 20000;
   bool batches_given = false;
   for (int i = 1; i < argc; ++i) {
@@ -329,6 +343,7 @@ int main(int argc, char** argv) {
     if (arg == "--quick") quick = true;
     else if (arg == "--epoch") epoch = true;
     else if (arg == "--parity-dir" && has_value) parity_dir = argv[++i];
+    else if (arg == "--trace" && has_value) trace_file = argv[++i];
     else if (arg == "--overhead" && has_value) overhead = argv[++i];
     else if (arg == "--profile" && has_value) profile = argv[++i];
     else if (arg == "--model" && has_value) profile_model = argv[++i];
@@ -336,14 +351,14 @@ int main(int argc, char** argv) {
     else {
       std::fprintf(stderr,
                    "usage: trainer_bench [--quick] [--overhead all|mlp|mnist|none] [--parity-dir DIR]\n"
-                   "       trainer_bench --epoch [--batches N]\n"
+                   "       trainer_bench --epoch [--batches N] [--trace FILE]\n"
                    "       trainer_bench --profile trainer|hand [--model mlp|mnist] [--batches N]   (one side alone, for profilers)\n");
       return 2;
     }
   }
   const char* fashion = "/usr/share/datasets/fashion-mnist";
   if (epoch) {  // uses the default thread count, as a user's run does
-    mnist_epoch_end_to_end(fashion, batches_given ? profile_batches : 0);
+    mnist_epoch_end_to_end(fashion, batches_given ? profile_batches : 0, trace_file);
     return 0;
   }
   torch::set_num_threads(1);  // one thread: the per-batch cost of the framework shows most clearly

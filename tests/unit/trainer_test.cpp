@@ -3,6 +3,7 @@
 #include <doctest/doctest.h>
 
 #include <fstream>
+#include <sys/resource.h>
 #include <sstream>
 
 #include "test_trials.hpp"
@@ -523,4 +524,56 @@ TEST_CASE("context: batch sizes, counters, to_device over nested batches") {
   CHECK(batch_length(moved) == 5);
   CHECK(batch_length(std::vector<torch::Tensor>{torch::zeros({7, 1})}) == 7);
   CHECK(batch_length(std::map<std::string, torch::Tensor>{{"a", torch::zeros({3})}}) == 3);
+}
+
+namespace {
+/// Page faults per batch of a small convolutional network's training steps (batch 64 of 28x28
+/// images, as the MNIST example's): activations and gradients of a few MiB made and freed every batch.
+double page_faults_per_batch() {
+  auto faults = [] {
+    rusage usage{};
+    ::getrusage(RUSAGE_SELF, &usage);
+    return usage.ru_minflt;
+  };
+  torch::nn::Sequential net(torch::nn::Conv2d(1, 40, 5), torch::nn::MaxPool2d(2), torch::nn::ReLU(), torch::nn::Conv2d(40, 40, 5),
+                            torch::nn::MaxPool2d(2), torch::nn::ReLU(), torch::nn::Flatten(), torch::nn::Linear(640, 10));
+  torch::optim::SGD optimizer(net->parameters(), 0.01);
+  const torch::Tensor images = torch::randn({64, 1, 28, 28}), labels = torch::randint(10, {64});
+  auto step = [&] {
+    optimizer.zero_grad();
+    torch::cross_entropy_loss(net->forward(images), labels).backward();
+    optimizer.step();
+  };
+  for (int i = 0; i < 3; ++i) step();  // warm-up: the first batches map what the run will need
+  const long before = faults();
+  constexpr int batches = 10;
+  for (int i = 0; i < batches; ++i) step();
+  return static_cast<double>(faults() - before) / batches;
+}
+}  // namespace
+
+TEST_CASE("child process: page faults of re-allocated activations" * doctest::skip()) {
+  Context context(test::hparams(), ContextOptions{.trial_seed = 1});
+  std::ofstream(std::getenv("DETTRIAL_CHILD_OUT")) << page_faults_per_batch();
+}
+
+TEST_CASE("a Context keeps freed memory in the process: training steps take no fresh pages") {
+  // Each side in a fresh process (malloc's settings are process-wide): dettrial's, and glibc's own
+  // (DETTRIAL_MALLOC=system).
+  const std::filesystem::path dir = test::quiet({}).output_dir;
+  std::filesystem::create_directories(dir);
+  auto measure = [&](const std::string& name, std::vector<std::string> env) {
+    env.push_back("DETTRIAL_CHILD_OUT=" + (dir / name).string());
+    bool in_time = false;
+    const int status = test::wait_for(test::spawn_self("child process: page faults of re-allocated activations", env), std::chrono::seconds(60),
+                                      in_time);
+    REQUIRE(in_time);
+    REQUIRE(WIFEXITED(status));
+    REQUIRE(WEXITSTATUS(status) == 0);
+    return std::stod(test::read_text(dir / name));
+  };
+  const double kept = measure("kept", {}), system = measure("system", {"DETTRIAL_MALLOC=system"});
+  MESSAGE("page faults per batch: " << kept << " kept, " << system << " with glibc's defaults");
+  CHECK(system > 500);        // under glibc's defaults each batch maps fresh pages for its activations...
+  CHECK(kept < system / 10);  // ...and hardly any when freed memory is kept
 }

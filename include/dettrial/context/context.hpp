@@ -19,6 +19,7 @@
 #include "../config/experiment_config.hpp"
 #include "../config/hyperparameters.hpp"
 #include "../detail/error.hpp"
+#include "../detail/malloc.hpp"
 #include "../detail/random.hpp"
 #include "../distributed/communicator.hpp"
 #include "../distributed/threads.hpp"
@@ -145,6 +146,7 @@ class Context {
       threads_ = *choice;
     }
     if (const auto on = options.deterministic ? options.deterministic : config_.deterministic) set_deterministic(*on);
+    detail::keep_freed_memory();
     seed_everything();
   }
 

@@ -16,6 +16,8 @@
 #include <ATen/Parallel.h>
 #include <torch/torch.h>
 
+#include "../detail/malloc.hpp"
+
 namespace dettrial::detail {
 
 /// The BLAS this process loaded: "MKL (built in)" for an MKL-built LibTorch (PyPI's wheel), else the
@@ -57,6 +59,7 @@ inline std::string runtime_summary(std::string_view threads_source) {
   const int threads = at::get_num_threads();
   s += ", " + std::to_string(threads) + (threads == 1 ? " thread" : " threads");
   s += threads_source.empty() ? std::string(" (LibTorch's default)") : " (" + std::string(threads_source) + ")";
+  if (keep_freed_memory()) s += ", malloc keeps freed memory";
   return s;
 }
 
