@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdlib>
+#include <initializer_list>
 
 #if defined(__GLIBC__) && __has_include(<malloc.h>)
 #include <malloc.h>

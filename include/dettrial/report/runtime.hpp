@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 /// @file
 /// @brief What a run computes with, for its first line: the LibTorch version and build, the BLAS
-/// behind it, and the intra-op threads. A LibTorch linked against the system BLAS (Debian's) is
-/// 10x slower on the reference BLAS than on OpenBLAS, so the first line names the library loaded.
+/// behind it, and the intra-op threads. A LibTorch linked against the system BLAS (Debian's) runs
+/// much slower on the reference BLAS than on OpenBLAS (1.8x on a small MLP, more with wider layers),
+/// so the first line names the library loaded.
 #pragma once
 
 #include <link.h>
