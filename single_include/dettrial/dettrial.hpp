@@ -5028,7 +5028,9 @@ class MetricsLog {
 #include <spawn.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <string>
+#include <string_view>
 #include <vector>
 
 
@@ -5037,7 +5039,8 @@ extern "C" char** environ;
 namespace dettrial::detail {
 
 struct SpawnOptions {
-  /// `NAME=value` entries added to this process's environment.
+  /// `NAME=value` entries added to this process's environment; each replaces an inherited variable
+  /// of the same name (getenv would otherwise find the inherited one first).
   std::vector<std::string> extra_env;
   /// Where stdout goes (and stderr, with merge_stderr); empty: inherited.
   std::string output;
@@ -5048,7 +5051,13 @@ struct SpawnOptions {
 /// Starts `program` with `args` as its argv (the program name first); returns its pid.
 inline pid_t spawn_process(const std::string& program, std::vector<std::string> args, const SpawnOptions& options = {}) {
   std::vector<std::string> env_strings;
-  for (char** e = environ; *e; ++e) env_strings.emplace_back(*e);
+  auto name_of = [](std::string_view entry) { return entry.substr(0, entry.find('=')); };
+  for (char** e = environ; *e; ++e) {
+    const std::string_view name = name_of(*e);
+    const bool replaced = std::any_of(options.extra_env.begin(), options.extra_env.end(),
+                                      [&](const std::string& extra) { return name_of(extra) == name; });
+    if (!replaced) env_strings.emplace_back(*e);
+  }
   env_strings.insert(env_strings.end(), options.extra_env.begin(), options.extra_env.end());
   std::vector<char*> env, argv;
   for (auto& e : env_strings) env.push_back(e.data());
