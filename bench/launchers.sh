@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The same 2-rank MNIST job (the 10,000 real digits less a 1,000 holdout, global batch 64, 282
 # batches; 280 here, 7 full reports of 40) under each launcher, rounds alternating the order: the built-in launcher (--nproc 2),
-# torchrun, mpirun, and the built-in launcher with every rank given all the cores (--threads =
-# cores: what ranks did before they took their share). Prints one JSON line per launcher and round
+# torchrun, mpirun, the built-in launcher with its ranks left unbound (--no-cpu-bind: what it did
+# before it bound each rank to its share of the CPUs), and the built-in launcher with every rank
+# given all the cores (--threads = cores: what ranks did before they took their share). Prints one JSON line per launcher and round
 # (samples/s of the training reports after the first, which includes start-up) for bench/table.py.
 #   bench/launchers.sh MNIST_BINARY MNIST10K_DIR PYTHON_VENV [ROUNDS]
 set -euo pipefail
@@ -28,7 +29,7 @@ print(json.dumps({"name": f"2-rank MNIST job, {sys.argv[1]}", "value": statistic
 PY
 }
 
-launchers=(builtin torchrun mpirun oversubscribed)
+launchers=(builtin torchrun mpirun unbound oversubscribed)
 for ((round = 0; round < rounds; ++round)); do
   for ((i = 0; i < ${#launchers[@]}; ++i)); do
     launcher=${launchers[$(((i + round) % ${#launchers[@]}))]}
@@ -38,6 +39,7 @@ for ((round = 0; round < rounds; ++round)); do
                   "$mnist" "${common[@]}" ;;
       mpirun) command -v mpirun >/dev/null && run "mpirun -np 2 (bound to cores)" mpirun -np 2 --allow-run-as-root \
                 -x MASTER_PORT=29632 "$mnist" "${common[@]}" ;;
+      unbound) run "built-in launcher, ranks unbound (--no-cpu-bind)" "$mnist" "${common[@]}" --nproc 2 --no-cpu-bind ;;
       oversubscribed) run "built-in launcher, every rank $cores threads (before threads per rank)" "$mnist" "${common[@]}" \
                         --nproc 2 --threads "$cores" ;;
     esac

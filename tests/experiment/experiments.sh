@@ -7,6 +7,19 @@ rm -rf "$work"
 mkdir -p "$work"
 fail() { echo "experiments.sh ($case_name): $*"; exit 1; }
 summary() { python3 -c "import json,sys; s=json.load(open('$work/out/summary.json')); $1"; }
+# No report in any trial's metrics.jsonl twice, and no validation told to the searcher twice.
+no_duplicates() {
+  python3 - "$work/out" <<'PY' || fail "duplicate records"
+import collections, glob, json, sys
+for path in glob.glob(sys.argv[1] + "/trials/*/metrics.jsonl"):
+    keys = [(r["type"], r["batches"]) for r in map(json.loads, open(path))]
+    twice = [k for k, n in collections.Counter(keys).items() if n > 1]
+    assert not twice, (path, twice)
+events = [json.loads(l) for l in open(sys.argv[1] + "/events.jsonl")]
+told = [(e["trial"], e["batches"]) for e in events if e["event"] == "validation"]
+assert len(told) == len(set(told)), collections.Counter(told).most_common(3)
+PY
+}
 
 case "$case_name" in
 random)
@@ -29,11 +42,75 @@ import os; assert os.path.isdir(best['best_checkpoint']), best; \
 print('asha:', len(stopped), 'of', len(t), 'trials stopped by the searcher; best', best['id'], best['best_metric'])" || fail "bad summary"
   ;;
 crash)
-  "$program" --config "$configs/crash.yaml" --set "data.marker_dir=$work" --output "$work/out" || fail "exit status $?"
+  # Reports every 2 batches, validations every 3 and checkpoints only every 4: the crash at batch 7
+  # comes after records past the checkpoint at batch 4, which the restarted trial writes again.
+  "$program" --config "$configs/crash.yaml" --set "data.marker_dir=$work" --set scheduling_unit=2 --set min_validation_period.batches=3 \
+    --set checkpoint_policy=none --output "$work/out" || fail "exit status $?"
   [ -f "$work/crashed" ] || fail "the trial did not crash"
   summary "t = {x['hparams']['crash']: x for x in s['trials']}; c = t[1]; assert c['state'] == 'COMPLETED' and c['restarts'] == 1 and c['batches_trained'] == 16, c; \
 print('crash: the crashed trial restarted once from its checkpoint and completed')" || fail "bad summary"
-  grep -q "resumed from" "$work/out/trials/"*/log.txt 2>/dev/null || true
+  no_duplicates
+  grep -q "dropped .* record(s) of .*metrics.jsonl written after that checkpoint" "$work/out/trials/"*/log.txt || fail "the restart did not drop the records past its checkpoint"
+  ;;
+config_error)
+  # A hyperparameter the trial reads is missing from the space: the first trial says so, the search
+  # stops (no restarts, no second trial) and exits 78 with the error on the terminal.
+  "$program" --config "$configs/missing_hparam.yaml" --output "$work/out" >"$work/out.log" 2>&1
+  status=$?
+  cat "$work/out.log"
+  [ "$status" -eq 78 ] || fail "exit status $status, expected 78 (configuration error)"
+  grep -q "the search stopped: trial 1's configuration is wrong" "$work/out.log" || fail "no stop message"
+  grep -q "error: .*'lr'" "$work/out.log" || fail "the trial's error (the hyperparameter lr) is not on the terminal"
+  grep -q "missing_hparam.yaml" "$work/out.log" || fail "the user's config file is not named"
+  [ ! -e "$work/out/trials/2" ] || fail "a second trial was started"
+  [ "$(grep -c 'trial 1 started' "$work/out.log")" -eq 1 ] || fail "trial 1 was started more than once"
+  # The searcher metric misspelled: the same, with a suggestion.
+  "$program" --config "$configs/random.yaml" --set searcher.metric=val_loss --set searcher.max_concurrent_trials=1 \
+    --output "$work/metric" >"$work/metric.log" 2>&1
+  status=$?
+  cat "$work/metric.log"
+  [ "$status" -eq 78 ] || fail "misspelled metric: exit status $status, expected 78"
+  grep -q "searcher.metric 'val_loss' is not a metric validation reports (it reported .*validation_loss); did you mean 'validation_loss'?" \
+    "$work/metric.log" || fail "misspelled metric: no clear error"
+  echo "config_error: both searches stopped at their first trial with exit status 78"
+  ;;
+failed_trial)
+  # A trial that fails every time ends ERRORED after its restarts; the experiment exits 1 and says so.
+  "$program" --config "$configs/failing.yaml" --output "$work/out" >"$work/out.log" 2>&1
+  status=$?
+  cat "$work/out.log"
+  [ "$status" -eq 1 ] || fail "exit status $status, expected 1"
+  grep -q "1 of 2 trials failed" "$work/out.log" || fail "no failure count"
+  grep -q "error: synthetic failure at batch 3" "$work/out.log" || fail "the trial's error is not on the terminal"
+  summary "t = {x['hparams']['crash']: x for x in s['trials']}; assert t[0]['state'] == 'COMPLETED' and t[2]['state'] == 'ERRORED' and t[2]['restarts'] == 1, t; \
+print('failed_trial: ERRORED after 1 restart, the other completed, exit status 1')" || fail "bad summary"
+  ;;
+ctrl_c)
+  # Ctrl-C in a terminal signals the whole foreground process group: the runner and, unless they have
+  # groups of their own, every trial (which then also gets the runner's SIGTERM and aborts).
+  setsid "$program" --config "$configs/random.yaml" --set searcher.max_length.batches=400 --set data.batch_sleep_ms=10 \
+    --set scheduling_unit=5 --output "$work/out" >"$work/first.log" 2>&1 &
+  pid=$!
+  for _ in $(seq 1 300); do
+    [ "$(cat "$work/out/trials/"{1,2}/metrics.jsonl 2>/dev/null | grep -c training)" -ge 2 ] && break
+    sleep 0.1
+  done
+  kill -INT -- "-$pid"
+  wait "$pid"
+  status=$?
+  cat "$work/first.log"
+  [ "$status" -eq 75 ] || fail "interrupted experiment exited with $status, expected 75"
+  for trial in 1 2; do
+    log="$work/out/trials/$trial/log.txt"
+    [ "$(grep -c 'stop signal received' "$log")" -eq 1 ] || { cat "$log"; fail "trial $trial did not get exactly one stop signal"; }
+    [ -n "$(ls "$work/out/trials/$trial/checkpoints")" ] || fail "trial $trial left no checkpoint"
+  done
+  summary "assert [t['state'] for t in s['trials'][:2]] == ['INTERRUPTED', 'INTERRUPTED'], s" || fail "bad summary"
+  "$program" --config "$configs/random.yaml" --set searcher.max_length.batches=400 --set scheduling_unit=5 --output "$work/out" \
+    >"$work/second.log" 2>&1 || { cat "$work/second.log"; fail "the second run failed"; }
+  summary "assert len(s['trials']) == 4 and all(t['state'] == 'COMPLETED' and t['batches_trained'] == 400 for t in s['trials']), s" || fail "bad summary"
+  no_duplicates
+  echo "ctrl_c: both trials checkpointed on one signal each; the second run completed them without a repeated record"
   ;;
 resume)
   # Interrupt the experiment once its first trial has ended, then run the same command again.

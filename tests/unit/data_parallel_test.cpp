@@ -346,6 +346,57 @@ TEST_CASE("a function reducer interleaves the ranks' values back into batch orde
   CHECK(r.per_slot_reduce().empty());
 }
 
+TEST_CASE("the built-in launcher's CPU shares: contiguous, one rank's at most one CPU larger than another's") {
+  CHECK(share_of_cpus({0, 1}, 2, 0) == std::vector<int>{0});
+  CHECK(share_of_cpus({0, 1}, 2, 1) == std::vector<int>{1});
+  // 7 CPUs (a mask with a hole) for 3 ranks: 3, 2 and 2.
+  const std::vector<int> cpus{0, 1, 2, 4, 5, 6, 7};
+  CHECK(share_of_cpus(cpus, 3, 0) == std::vector<int>{0, 1, 2});
+  CHECK(share_of_cpus(cpus, 3, 1) == std::vector<int>{4, 5});
+  CHECK(share_of_cpus(cpus, 3, 2) == std::vector<int>{6, 7});
+  CHECK(share_of_cpus({0, 1}, 3, 0).empty());  // fewer CPUs than ranks: nobody is bound
+  CHECK(cpu_list_text({0, 1, 2, 4, 6, 7}) == "0-2,4,6-7");
+  CHECK(cpu_list_text({3}) == "3");
+  // A bound rank computes with the CPUs it was given.
+  const auto builtin = env_of({{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"LOCAL_RANK", "1"}, {"LOCAL_WORLD_SIZE", "2"}});
+  auto bound = [](const char* name) -> const char* { return std::string_view(name) == "DETTRIAL_RANK_CPUS" ? "8-15" : nullptr; };
+  const auto choice = choose_threads(builtin, std::nullopt, CoreCount{.available = 8, .online = 16}, bound);
+  CHECK(choice->threads == 8);
+  CHECK(choice->source == "CPUs 8-15 bound to this rank by the launcher");
+}
+
+TEST_CASE("child process: a rank reports the CPUs it may run on" * doctest::skip()) {
+  std::ofstream(fs::path(std::getenv("DETTRIAL_CHILD_OUT")) / ("rank" + std::string(std::getenv("RANK")))) << cpu_list_text(allowed_cpus()) << ' '
+                                                                                                         << (std::getenv("DETTRIAL_RANK_CPUS") ? std::getenv("DETTRIAL_RANK_CPUS") : "unbound");
+}
+
+TEST_CASE("the built-in launcher binds each rank to its own CPUs, and leaves them unbound when asked") {
+  const std::vector<int> cpus = allowed_cpus();
+  if (cpus.size() < 2) {
+    test::skip("this process may run on " + std::to_string(cpus.size()) + " CPU; binding 2 ranks needs 2");
+    return;
+  }
+  const fs::path dir = test::quiet({}).output_dir;
+  fs::create_directories(dir);
+  ::setenv("DETTRIAL_CHILD_OUT", dir.c_str(), 1);
+  const std::string self = fs::read_symlink("/proc/self/exe").string();
+  const std::vector<std::string> args{self, "--test-case=child process: a rank reports the CPUs it may run on", "--no-skip", "--no-version"};
+  auto ranks = [&](bool bind) {
+    for (int r = 0; r < 2; ++r) fs::remove(dir / ("rank" + std::to_string(r)));
+    REQUIRE(dettrial::detail::launch_local(args, 2, std::chrono::seconds(30), bind) == 0);
+    return std::pair{test::read_text(dir / "rank0"), test::read_text(dir / "rank1")};
+  };
+  const auto [rank0, rank1] = ranks(true);
+  const std::string first = cpu_list_text(share_of_cpus(cpus, 2, 0)), second = cpu_list_text(share_of_cpus(cpus, 2, 1));
+  CHECK(rank0 == first + " " + first);
+  CHECK(rank1 == second + " " + second);
+  CHECK(allowed_cpus() == cpus);  // the launcher's own thread is unbound again
+  const auto [free0, free1] = ranks(false);
+  CHECK(free0 == cpu_list_text(cpus) + " unbound");
+  CHECK(free1 == cpu_list_text(cpus) + " unbound");
+  ::unsetenv("DETTRIAL_CHILD_OUT");
+}
+
 TEST_CASE("threads per rank: the user's setting wins, else Slurm's, the launcher's binding, or a share of the node") {
   const CoreCount machine{.available = 16, .online = 16};
   auto no_env = [](const char*) -> const char* { return nullptr; };

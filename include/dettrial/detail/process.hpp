@@ -27,6 +27,9 @@ struct SpawnOptions {
   std::string output;
   bool append = false;
   bool merge_stderr = true;
+  /// Starts the child in a process group of its own: a terminal's Ctrl-C (sent to the foreground
+  /// group) then reaches it only through the supervisor that forwards it, once.
+  bool own_process_group = false;
 };
 
 /// Starts `program` with `args` as its argv (the program name first); returns its pid.
@@ -52,8 +55,15 @@ inline pid_t spawn_process(const std::string& program, std::vector<std::string> 
                                      O_WRONLY | O_CREAT | (options.append ? O_APPEND : O_TRUNC), 0644);
     if (options.merge_stderr) posix_spawn_file_actions_adddup2(&actions, STDOUT_FILENO, STDERR_FILENO);
   }
+  posix_spawnattr_t attributes;
+  posix_spawnattr_init(&attributes);
+  if (options.own_process_group) {
+    posix_spawnattr_setflags(&attributes, POSIX_SPAWN_SETPGROUP);
+    posix_spawnattr_setpgroup(&attributes, 0);
+  }
   pid_t pid = -1;
-  const int rc = ::posix_spawn(&pid, program.c_str(), &actions, nullptr, argv.data(), env.data());
+  const int rc = ::posix_spawn(&pid, program.c_str(), &actions, &attributes, argv.data(), env.data());
+  posix_spawnattr_destroy(&attributes);
   posix_spawn_file_actions_destroy(&actions);
   if (rc != 0) throw Error("cannot start '" + program + "'");
   return pid;

@@ -10,6 +10,7 @@
 #include <sched.h>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "../detail/error.hpp"
 #include "launch_environment.hpp"
@@ -19,8 +20,8 @@ namespace dettrial {
 /// The intra-op thread count a process trains with, and why (printed once at start).
 struct ThreadChoice {
   int threads = 1;
-  /// Where the number came from: "OMP_NUM_THREADS", "--threads", "SLURM_CPUS_PER_TASK", "cores bound to
-  /// this process", or "cores / ranks on this node".
+  /// Where the number came from: "OMP_NUM_THREADS", "--threads", "SLURM_CPUS_PER_TASK", "CPUs ... bound
+  /// to this rank by the launcher", "cores bound to this process", or "cores / ranks on this node".
   std::string source;
   /// Whether dettrial sets it (false: the user's OMP_NUM_THREADS, which LibTorch applies itself).
   bool set_by_dettrial = true;
@@ -41,6 +42,42 @@ struct CoreCount {
   }
 };
 
+/// The environment variable in which the built-in launcher tells a rank the CPUs it bound it to.
+inline constexpr const char* rank_cpus_variable = "DETTRIAL_RANK_CPUS";
+
+/// The CPUs this process may run on (its affinity mask), in increasing order.
+inline std::vector<int> allowed_cpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  std::vector<int> cpus;
+  if (::sched_getaffinity(0, sizeof set, &set) != 0) return cpus;
+  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu)
+    if (CPU_ISSET(cpu, &set)) cpus.push_back(cpu);
+  return cpus;
+}
+
+/// Rank `rank`'s share when `ranks` processes split `cpus`: contiguous runs whose sizes differ by at
+/// most one (the first ranks take the extra CPUs). Empty when there are fewer CPUs than ranks.
+inline std::vector<int> share_of_cpus(const std::vector<int>& cpus, int ranks, int rank) {
+  const auto n = static_cast<std::ptrdiff_t>(cpus.size());
+  if (ranks < 1 || rank < 0 || rank >= ranks || n < ranks) return {};
+  const std::ptrdiff_t base = n / ranks, extra = n % ranks;
+  const std::ptrdiff_t first = rank * base + std::min<std::ptrdiff_t>(rank, extra);
+  return {cpus.begin() + first, cpus.begin() + first + base + (rank < extra ? 1 : 0)};
+}
+
+/// A CPU list as Linux writes one ("0-3,8,10-11").
+inline std::string cpu_list_text(const std::vector<int>& cpus) {
+  std::string text;
+  for (std::size_t i = 0; i < cpus.size();) {
+    std::size_t j = i;
+    while (j + 1 < cpus.size() && cpus[j + 1] == cpus[j] + 1) ++j;
+    text += (text.empty() ? "" : ",") + std::to_string(cpus[i]) + (j > i ? "-" + std::to_string(cpus[j]) : "");
+    i = j + 1;
+  }
+  return text;
+}
+
 namespace detail {
 /// The thread count OpenMP takes from OMP_NUM_THREADS: its leading integer ("4", " 8", "4,2" for
 /// nested teams); nullopt when unset or unreadable (OpenMP then warns and ignores it itself).
@@ -59,9 +96,9 @@ inline std::optional<int> omp_num_threads(const LaunchEnvironment::Getenv& geten
 /**
  * @brief The threads per rank: the user's choice wins (`requested`, from `--threads` or
  * ContextOptions, then OMP_NUM_THREADS, which torchrun sets to 1 by itself), then Slurm's
- * SLURM_CPUS_PER_TASK, then, under launchers that bind each rank to its own cores (mpirun, srun),
- * the cores this process is bound to, else the cores available divided by the ranks on this node
- * (the built-in launcher, torchrun without OMP_NUM_THREADS; also a mask shared by all ranks, such as
+ * SLURM_CPUS_PER_TASK, then, under launchers that bind each rank to its own cores (dettrial's
+ * built-in launcher, mpirun, srun), the cores this process is bound to, else the cores available divided by the ranks on this node
+ * (torchrun without OMP_NUM_THREADS, the built-in launcher on fewer cores than ranks; also a mask shared by all ranks, such as
  * taskset's or a container's). One process with no choice made keeps LibTorch's default (nullopt).
  */
 inline std::optional<ThreadChoice> choose_threads(
@@ -77,6 +114,8 @@ inline std::optional<ThreadChoice> choose_threads(
   if (env.launcher == Launcher::slurm)
     if (const auto per_task = LaunchEnvironment::env_integer(getenv, "SLURM_CPUS_PER_TASK", 1))
       return ThreadChoice{.threads = *per_task, .source = "SLURM_CPUS_PER_TASK"};
+  if (const char* bound = getenv(rank_cpus_variable); bound && *bound)
+    return ThreadChoice{.threads = cores.available, .source = (cores.available == 1 ? "CPU " : "CPUs ") + std::string(bound) + " bound to this rank by the launcher"};
   const bool binds_ranks = env.launcher == Launcher::mpi || env.launcher == Launcher::slurm;
   if (binds_ranks && cores.available < cores.online)
     return ThreadChoice{.threads = cores.available, .source = "cores bound to this process"};

@@ -3,10 +3,13 @@
 /// @brief metrics.jsonl: one JSON object per training or validation report, for tools to read.
 #pragma once
 
+#include <charconv>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -20,15 +23,37 @@ namespace dettrial {
 class MetricsLog {
  public:
   MetricsLog() = default;
-  explicit MetricsLog(const std::filesystem::path& dir) : path_(dir / "metrics.jsonl") {
+  /**
+   * Opens `<dir>/metrics.jsonl` for appending. Resuming a trial from its checkpoint at
+   * `resumed_at` batches, the records written after that checkpoint (by the run that stopped
+   * without checkpointing again) describe training that is about to be done again: they are
+   * dropped first, with a torn last line, so that no report appears twice.
+   */
+  explicit MetricsLog(const std::filesystem::path& dir, std::optional<std::int64_t> resumed_at = std::nullopt)
+      : path_(dir / "metrics.jsonl") {
     std::error_code ec;
     std::filesystem::create_directories(dir, ec);
     if (ec) throw Error("cannot create output directory '" + dir.string() + "': " + ec.message());
+    if (resumed_at && std::filesystem::exists(path_, ec)) dropped_ = drop_records_after(*resumed_at);
     out_.open(path_, std::ios::app);
     if (!out_) throw Error("cannot write '" + path_.string() + "'");
   }
   bool enabled() const { return out_.is_open(); }
   const std::filesystem::path& path() const { return path_; }
+  /// How many records opening it for a resume dropped.
+  std::size_t dropped() const { return dropped_; }
+
+  /// The `"batches"` of one metrics.jsonl line, or nullopt for a line that is not a complete record.
+  static std::optional<std::int64_t> batches_of(std::string_view line) {
+    constexpr std::string_view key = "\"batches\":";
+    const auto at = line.find(key);
+    if (at == std::string_view::npos || line.empty() || line.back() != '}') return std::nullopt;
+    std::int64_t batches = 0;
+    const char* first = line.data() + at + key.size();
+    const auto [end, ec] = std::from_chars(first, line.data() + line.size(), batches);
+    if (ec != std::errc() || end == first) return std::nullopt;
+    return batches;
+  }
 
   /// `{"type": "training"|"validation", "batches": N, "epochs": E, <extra>, "metrics": {...}}`
   void write(std::string_view type, std::int64_t batches, std::int64_t epochs, const MetricValues& metrics,
@@ -58,8 +83,34 @@ class MetricsLog {
   }
 
  private:
+  /// Rewrites the file (a new file renamed over it) without the records past `batches`.
+  std::size_t drop_records_after(std::int64_t batches) {
+    std::ifstream in(path_, std::ios::binary);
+    std::string kept, line;
+    std::size_t dropped = 0;
+    while (std::getline(in, line)) {
+      const bool complete = !in.eof();  // the last line without its newline is torn
+      const auto at = batches_of(line);
+      if (complete && at && *at <= batches) kept += line + "\n";
+      else ++dropped;
+    }
+    if (dropped == 0) return 0;
+    const std::filesystem::path temporary = path_.string() + ".tmp";
+    {
+      std::ofstream out(temporary, std::ios::binary | std::ios::trunc);
+      out << kept;
+      out.flush();
+      if (!out) throw Error("cannot write '" + temporary.string() + "'");
+    }
+    std::error_code ec;
+    std::filesystem::rename(temporary, path_, ec);
+    if (ec) throw Error("cannot replace '" + path_.string() + "': " + ec.message());
+    return dropped;
+  }
+
   std::filesystem::path path_;
   std::ofstream out_;
+  std::size_t dropped_ = 0;
 };
 
 }  // namespace dettrial

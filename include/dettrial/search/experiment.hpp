@@ -6,6 +6,7 @@
 /// a second run of the same command continue the experiment; a summary table and summary.json at the end.
 #pragma once
 
+#include <sys/stat.h>
 #include <sys/wait.h>
 
 #include <algorithm>
@@ -27,8 +28,10 @@
 #include "../checkpoint/storage.hpp"
 #include "../config/experiment_config.hpp"
 #include "../detail/error.hpp"
+#include "../detail/exit_status.hpp"
 #include "../detail/json.hpp"
 #include "../detail/process.hpp"
+#include "../report/metrics_log.hpp"
 #include "../trainer/signals.hpp"
 #include "searchers.hpp"
 
@@ -79,8 +82,11 @@ inline std::string one_line(const YAML::Node& node) {
 
 /**
  * @brief An experiment: a searcher, its trials as child processes, and the record that lets it
- * resume. `run()` returns 0 when every trial ended (completed, stopped by the searcher, or errored
- * after its restarts), exit_status 75 when interrupted by a signal.
+ * resume. `run()` returns 0 when every trial completed or was stopped by the searcher, 1 when some
+ * trial still failed after its restarts, 75 (exit_status_interrupted) when a signal interrupted it,
+ * and 78 (exit_status_config_error) when a trial's configuration was wrong: that error would repeat
+ * in every trial, so the search stops at the first one (other trials checkpoint and stop), prints
+ * it, and continues when the same command runs again after the fix.
  */
 class Experiment {
  public:
@@ -115,16 +121,22 @@ class Experiment {
     namespace fs = std::filesystem;
     fs::create_directories(options_.output_dir / "trials");
     detail::supervisor_signal.store(0);
+    detail::supervisor_signal_count.store(0);
     const detail::SignalHandlers handlers(&detail::dettrial_on_supervisor_signal);
 
     replay_or_start();
     while (true) {
-      if (const int sig = detail::supervisor_signal.load(); sig != 0) {
-        for (auto& [id, t] : running_) ::kill(t.pid, SIGTERM);
-        while (!running_.empty()) reap(/*interrupting=*/true);
+      if (detail::supervisor_signal_count.load() != 0 || config_error_) {
+        stop_running_trials();
         write_summary();
+        if (config_error_) {
+          std::fprintf(stderr, "dettrial: the search stopped: trial %lld's configuration is wrong, and every trial would fail the same way:\n%s\n"
+                               "dettrial: fix it and run the same command again to continue the experiment\n",
+                       static_cast<long long>(config_error_->first), config_error_->second.c_str());
+          return detail::exit_status_config_value;
+        }
         say("dettrial: experiment interrupted; run the same command again to continue it");
-        return 75;
+        return detail::exit_status_interrupted_value;
       }
       launch_queued();
       if (running_.empty() && queue_.empty()) break;
@@ -134,7 +146,11 @@ class Experiment {
     }
     apply_experiment_retention();
     write_summary();
-    return 0;
+    const auto failed = std::ranges::count_if(trials_, [](const auto& kv) { return kv.second.state == TrialState::errored; });
+    if (failed == 0) return 0;
+    std::fprintf(stderr, "dettrial: %lld of %zu trials failed (ERRORED in the summary above); each trial's log.txt says why\n",
+                 static_cast<long long>(failed), trials_.size());
+    return 1;
   }
 
   const std::map<std::int64_t, TrialSummary>& trials() const { return trials_; }
@@ -143,8 +159,25 @@ class Experiment {
   struct Running {
     pid_t pid = -1;
     bool stop_sent = false;
+    /// How far metrics.jsonl has been read, in the file with this inode (a resumed trial rewrites
+    /// the file without the records past its checkpoint: then it is read again from the start).
     std::uintmax_t metrics_offset = 0;
+    ino_t metrics_inode = 0;
   };
+
+  /// SIGTERM to every running trial (each checkpoints and exits), once per signal this process got
+  /// (a second Ctrl-C makes them abort), and waits for them.
+  void stop_running_trials() {
+    int forwarded = 0;
+    while (!running_.empty()) {
+      const int signals = std::max(1, detail::supervisor_signal_count.load());
+      if (signals > forwarded) {
+        for (auto& [id, t] : running_) ::kill(t.pid, SIGTERM);
+        forwarded = signals;
+      }
+      reap(/*interrupting=*/true);  // waits; a signal interrupts the wait
+    }
+  }
 
   std::filesystem::path trial_dir(std::int64_t id) const { return options_.output_dir / "trials" / std::to_string(id); }
 
@@ -181,6 +214,7 @@ class Experiment {
         std::visit([&](auto& s) { s.on_validation(id, e["metric"].as<double>(), e["time"].as<double>()); }, searcher_);
         TrialSummary& t = trials_.at(id);
         record_metric(t, e["metric"].as<double>());
+        if (e["batches"]) validated_batches_[id] = std::max(validated_batches_[id], e["batches"].as<std::int64_t>());
       } else if (kind == "end") {
         TrialSummary& t = trials_.at(id);
         t.state = state_from(e["state"].as<std::string>());
@@ -265,9 +299,12 @@ class Experiment {
       args.push_back((trial_dir(id) / "checkpoints").string());
     }
     Running run;
+    // In a process group of its own: a Ctrl-C reaches the trial once, as this runner's SIGTERM.
     run.pid = detail::spawn_process(options_.program.string(), std::move(args),
-                                    {.output = (trial_dir(id) / "log.txt").string(), .append = true});
-    if (std::error_code ec; fs::exists(trial_dir(id) / "metrics.jsonl", ec)) run.metrics_offset = fs::file_size(trial_dir(id) / "metrics.jsonl", ec);
+                                    {.extra_env = {std::string(detail::supervisor_pid_variable) + "=" + std::to_string(::getpid())},
+                                     .output = (trial_dir(id) / "log.txt").string(),
+                                     .append = true,
+                                     .own_process_group = true});
     running_[id] = run;
     trials_.at(id).state = TrialState::running;
     say("[experiment] trial " + std::to_string(id) + " started: " + detail::one_line(r.hparams));
@@ -277,6 +314,12 @@ class Experiment {
   void poll_metrics() {
     for (auto& [id, run] : running_) {
       const auto path = trial_dir(id) / "metrics.jsonl";
+      struct stat file {};
+      if (::stat(path.c_str(), &file) != 0) continue;
+      if (file.st_ino != run.metrics_inode || static_cast<std::uintmax_t>(file.st_size) < run.metrics_offset) {
+        run.metrics_inode = file.st_ino;  // a new file: read it from the start; validations already told are skipped
+        run.metrics_offset = 0;
+      }
       std::ifstream in(path);
       if (!in) continue;
       in.seekg(static_cast<std::streamoff>(run.metrics_offset));
@@ -285,6 +328,11 @@ class Experiment {
         if (in.eof()) break;  // a line still being written: read it next time
         run.metrics_offset += line.size() + 1;
         if (line.find("\"type\":\"validation\"") == std::string::npos) continue;
+        // Each validation reaches the searcher once, also when a restarted trial trains it again.
+        const auto batches = MetricsLog::batches_of(line);
+        if (!batches) continue;
+        if (const auto told = validated_batches_.find(id); told != validated_batches_.end() && *batches <= told->second) continue;
+        validated_batches_[id] = *batches;
         const YAML::Node record = YAML::Load(line);
         const YAML::Node metrics = record["metrics"];
         if (!metrics[config_.searcher.metric]) continue;
@@ -298,7 +346,7 @@ class Experiment {
         detail::append_json_number(event, metric);
         event += ", \"time\": ";
         detail::append_json_number(event, time);
-        log_event(event + "}");
+        log_event(event + ", \"batches\": " + std::to_string(*batches) + "}");
         // A trial at its full length ends by itself; a stop is for the ones with time left.
         if (d == SearcherDecision::stop && !run.stop_sent && time < static_cast<double>(requests_.at(id).max_length)) {
           ::kill(run.pid, SIGTERM);  // the trial checkpoints and exits
@@ -323,7 +371,16 @@ class Experiment {
     refresh_from_disk(t);
     const bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
     // 75: stopped by a signal after a checkpoint; a SIGTERM that came after training ended kills it.
-    const bool stopped = (WIFEXITED(status) && WEXITSTATUS(status) == 75) || (stop_sent && WIFSIGNALED(status) && WTERMSIG(status) == SIGTERM);
+    const bool stopped = (WIFEXITED(status) && WEXITSTATUS(status) == detail::exit_status_interrupted_value) ||
+                         (stop_sent && WIFSIGNALED(status) && WTERMSIG(status) == SIGTERM);
+    if (WIFEXITED(status) && WEXITSTATUS(status) == detail::exit_status_config_value) {
+      // Not restarted, and not ended in the event log: after the fix the next run trains it.
+      t.state = TrialState::errored;
+      if (!config_error_)
+        config_error_.emplace(id, last_error_line(id) + "\n(trial " + std::to_string(id) + "'s config " + (trial_dir(id) / "config.yaml").string() +
+                                      " is " + config_.source + " with the trial's hyperparameters " + detail::one_line(t.hparams) + ")");
+      return;
+    }
     if (interrupting && (stopped || !ok)) {
       t.state = TrialState::interrupted;
       return;  // continued by the next run
@@ -334,19 +391,35 @@ class Experiment {
     } else if (t.restarts < config_.max_restarts) {
       ++t.restarts;
       log_event("{\"event\": \"restart\", \"trial\": " + std::to_string(id) + ", \"restarts\": " + std::to_string(t.restarts) + "}");
-      say("[experiment] trial " + std::to_string(id) + " failed (" + describe_status(status) + "); restart " + std::to_string(t.restarts) +
-          " of " + std::to_string(config_.max_restarts) + " from its latest checkpoint");
+      say("[experiment] trial " + std::to_string(id) + " failed (" + describe_failure(id, status) + "); restart " +
+          std::to_string(t.restarts) + " of " + std::to_string(config_.max_restarts) + " from its latest checkpoint");
       queue_.push_back(id);
       return;
     } else {
       t.state = TrialState::errored;
-      say("[experiment] trial " + std::to_string(id) + " failed (" + describe_status(status) + ") after " + std::to_string(t.restarts) +
-          " restarts; see " + (trial_dir(id) / "log.txt").string());
+      std::fprintf(stderr, "[experiment] trial %lld failed (%s) after %lld restarts; see %s\n", static_cast<long long>(id),
+                   describe_failure(id, status).c_str(), static_cast<long long>(t.restarts),
+                   (trial_dir(id) / "log.txt").c_str());
     }
     log_event("{\"event\": \"end\", \"trial\": " + std::to_string(id) + ", \"state\": \"" + to_string(t.state) + "\", \"restarts\": " +
               std::to_string(t.restarts) + "}");
     say("[experiment] trial " + std::to_string(id) + " " + to_string(t.state) + " after " + std::to_string(t.batches_trained) + " batches");
     for (auto& r : std::visit([&](auto& s) { return s.on_trial_end(id); }, searcher_)) add_trial(std::move(r));
+  }
+
+  /// The last `error: ...` line of a trial's log (what its program printed before it exited), or
+  /// empty (a trial killed by a signal prints none).
+  std::string last_error_line(std::int64_t id) const {
+    std::ifstream in(trial_dir(id) / "log.txt");
+    std::string line, last;
+    while (std::getline(in, line))
+      if (line.rfind("error: ", 0) == 0) last = line;
+    return last;
+  }
+  /// describe_status and the trial's error line: "exit status 1: error: ...".
+  std::string describe_failure(std::int64_t id, int status) const {
+    const std::string error = last_error_line(id);
+    return describe_status(status) + (error.empty() ? "" : ": " + error);
   }
 
   static std::string describe_status(int status) {
@@ -447,6 +520,10 @@ class Experiment {
   std::map<std::int64_t, TrialRequest> requests_;
   std::vector<std::int64_t> queue_;
   std::map<std::int64_t, Running> running_;
+  /// Per trial, the batches of the last validation the searcher was told of.
+  std::map<std::int64_t, std::int64_t> validated_batches_;
+  /// The first trial that failed with a configuration error, and that error.
+  std::optional<std::pair<std::int64_t, std::string>> config_error_;
 };
 
 }  // namespace dettrial

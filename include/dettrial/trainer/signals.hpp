@@ -10,6 +10,9 @@
 
 #include <signal.h>
 #include <unistd.h>
+#if defined(__linux__)
+#include <sys/prctl.h>
+#endif
 
 namespace dettrial::detail {
 
@@ -67,8 +70,28 @@ class StopSignals {
 };
 
 /// The last SIGINT/SIGTERM a process that supervises others (the built-in launcher, an experiment)
-/// received, to pass on to its children; 0 when none.
+/// received, to pass on to its children; 0 when none. Its children run in process groups of their
+/// own, so a terminal's Ctrl-C reaches them only through their supervisor, once per Ctrl-C.
 inline std::atomic<int> supervisor_signal{0};
-extern "C" inline void dettrial_on_supervisor_signal(int signal_number) { supervisor_signal.store(signal_number); }
+/// How many such signals arrived: the first asks the children to checkpoint and stop, a second one
+/// passed on makes them abort.
+inline std::atomic<int> supervisor_signal_count{0};
+extern "C" inline void dettrial_on_supervisor_signal(int signal_number) {
+  supervisor_signal.store(signal_number);
+  supervisor_signal_count.fetch_add(1);
+}
+
+/// Ends this process with SIGTERM when the process that started it exits first (a killed launcher
+/// or experiment runner must not leave ranks or trials running in process groups of their own).
+/// `supervisor` is the pid the child was told in DETTRIAL_SUPERVISOR_PID.
+inline void stop_with_supervisor(pid_t supervisor) {
+#if defined(__linux__)
+  ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+#endif
+  if (::getppid() != supervisor) std::raise(SIGTERM);  // it exited before prctl took effect
+}
+
+/// The variable that tells a child its supervisor's pid.
+inline constexpr const char* supervisor_pid_variable = "DETTRIAL_SUPERVISOR_PID";
 
 }  // namespace dettrial::detail

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <ctime>
 #include <exception>
@@ -32,6 +33,7 @@
 #include "../distributed/communicator.hpp"
 #include "../distributed/metrics.hpp"
 #include "../detail/error.hpp"
+#include "../detail/yaml.hpp"
 #include "../version.hpp"
 #include "../metrics/metrics.hpp"
 #include "../metrics/reducers.hpp"
@@ -260,9 +262,13 @@ class Trainer {
     st.result.checkpoint_dir = st.storage;
     // One writer per job: the chief reports and writes metrics.jsonl and checkpoints.
     const bool chief = context_.distributed().is_chief();
-    if (chief) st.log = MetricsLog(o.output_dir);
+    const bool same_trial = resumed && resumed->trial_id == o.trial_id;
+    if (chief) st.log = MetricsLog(o.output_dir, same_trial ? std::optional(resumed->batches_trained) : std::nullopt);
     if (!chief) o.report.quiet = true;
     st.progress = detail::Progress(o.report);
+    if (st.log.dropped() > 0)  // also under --quiet: a trial's log says why its metrics.jsonl shrank
+      std::fprintf(stderr, "dettrial: resuming at batch %lld: dropped %zu record(s) of %s written after that checkpoint (that training is done again)\n",
+                   static_cast<long long>(resumed->batches_trained), st.log.dropped(), st.log.path().c_str());
     if (chief) {
       detail::remove_stale_entries(st.storage);
       const auto existing = list_checkpoints(st.storage);
@@ -288,7 +294,6 @@ class Trainer {
         });
       }
     } shutdown{callbacks, started};
-    const bool same_trial = resumed && resumed->trial_id == o.trial_id;
     const std::int64_t first_batch = same_trial ? resumed->batches_trained : 0;
     const std::string resume_uuid = resume_dir ? resume_dir->filename().string() : std::string();
     callbacks.each([&](auto& cb) {
@@ -570,9 +575,22 @@ class Trainer {
     bool improved = true;  // without a searcher metric every validation counts as the best so far
     if (!st.options.searcher_metric.empty()) {
       const auto value = metrics.get(st.options.searcher_metric);
-      if (!value)
-        throw TrialError("the searcher metric '" + st.options.searcher_metric + "' was not reported by validation (it reported" +
-                         detail::format_metrics(metrics) + ")");
+      if (!value) {
+        // A configuration error (exit status 78): every trial of a search would fail the same way.
+        std::vector<std::string> names;
+        for (const auto& [name, ignored] : metrics) names.push_back(name);
+        std::string reported;
+        for (const auto& name : names) reported += (reported.empty() ? "" : ", ") + name;
+        std::string hint = detail::suggestion(st.options.searcher_metric, names);
+        if (hint.empty()) {  // val_loss for validation_loss: the same last word, one candidate
+          auto last_word = [](const std::string& n) { return n.substr(n.rfind('_') == std::string::npos ? 0 : n.rfind('_') + 1); };
+          const auto same = std::ranges::count_if(names, [&](const std::string& n) { return last_word(n) == last_word(st.options.searcher_metric); });
+          if (same == 1)
+            hint = "; did you mean '" + *std::ranges::find_if(names, [&](const std::string& n) { return last_word(n) == last_word(st.options.searcher_metric); }) + "'?";
+        }
+        throw ConfigError("searcher.metric '" + st.options.searcher_metric + "' is not a metric validation reports (it reported " +
+                          reported + ")" + hint);
+      }
       improved = !st.best_metric || (st.options.smaller_is_better ? *value < *st.best_metric : *value > *st.best_metric);
       // Every rank holds the same gathered metrics; the chief's decision is still the one acted on,
       // because a checkpoint is a collective that all ranks enter or none.

@@ -1,0 +1,16 @@
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief The exit statuses of a trial program that its supervisors (the built-in launcher, an
+/// experiment runner, a user's script) act on: one source for all of them.
+#pragma once
+
+namespace dettrial::detail {
+
+/// Stopped by SIGINT or SIGTERM after a checkpoint: continue it later (sysexits' EX_TEMPFAIL).
+inline constexpr int exit_status_interrupted_value = 75;
+/// The configuration or the trial's use of it is wrong (a missing hyperparameter, a searcher metric
+/// that validation does not report, a broken config): running it again fails the same way, so an
+/// experiment does not restart it (sysexits' EX_CONFIG).
+inline constexpr int exit_status_config_value = 78;
+
+}  // namespace dettrial::detail
