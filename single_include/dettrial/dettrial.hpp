@@ -109,6 +109,7 @@ inline std::string first_line(std::string text) {
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <filesystem>
 #include <memory>
 #include <optional>
 #include <string>
@@ -1891,7 +1892,7 @@ class WorkloadMeans {
  private:
   struct Slot {
     MetricKey key;
-    torch::Tensor tensor_sum;  // double scalar on the metric's device
+    torch::Tensor tensor_sum{};  // double scalar on the metric's device
     double number_sum = 0;
     bool averageable = true;
     void add(const MetricValue& v) {
@@ -1980,7 +1981,7 @@ class ValidationReduction {
   struct Slot {
     std::string name;
     Reducer reducer;
-    torch::Tensor tensor_acc;
+    torch::Tensor tensor_acc{};
     double number_acc = 0;
     bool seen_number = false;
     void add(const MetricValue& v) {
@@ -2459,20 +2460,20 @@ struct DistributedInfo {
 /// Options that set up a Context (usually taken from the experiment config).
 struct ContextOptions {
   /// The seed of every RNG; unset means: derived from `reproducibility.experiment_seed`, else from the clock.
-  std::optional<std::uint64_t> trial_seed;
+  std::optional<std::uint64_t> trial_seed{};
   /// The device; unset means CUDA device 0 when LibTorch has CUDA and a GPU is present, else the CPU.
-  std::optional<torch::Device> device;
+  std::optional<torch::Device> device{};
   /// Unset: the experiment config's (`optimizations.aggregation_frequency`), else 1.
-  std::optional<std::int64_t> aggregation_frequency;
+  std::optional<std::int64_t> aggregation_frequency{};
   /// Unset: the experiment config's (`optimizations.average_aggregated_gradients`), else true.
-  std::optional<bool> average_aggregated_gradients;
+  std::optional<bool> average_aggregated_gradients{};
   /// Unset: the experiment config's (`resources.slots_per_trial`), else 1. With a communicator, the
   /// world size (a config asking for another number of slots is an error).
-  std::optional<std::int64_t> slots_per_trial;
+  std::optional<std::int64_t> slots_per_trial{};
   /// The process group of a data-parallel job (see Communicator::create); none for one process.
   std::shared_ptr<Communicator> communicator;
   /// Deterministic algorithms (see ExperimentConfig::deterministic); unset: the config's.
-  std::optional<bool> deterministic;
+  std::optional<bool> deterministic{};
   /// Intra-op threads for this process (`--threads`). Unset: OMP_NUM_THREADS when set, else in a
   /// data-parallel job this rank's share of the node's cores (see dettrial::choose_threads), else
   /// LibTorch's default.
@@ -2557,6 +2558,10 @@ class Context {
   const Hyperparameters& get_hparams() const { return hparams_; }
   /// The experiment config's `data` section.
   const YAML::Node& get_data_config() const { return config_.data; }
+  /// The running fit's output folder (metrics.jsonl, checkpoints/; in a search, the trial's own
+  /// `trials/<id>/`): where a trial's or callback's own files belong. Empty until `fit` starts (the
+  /// trial's constructor runs before), so read it in hooks and batches.
+  const std::filesystem::path& output_dir() const { return output_dir_; }
   const ExperimentConfig& get_experiment_config() const { return config_; }
 
   /// `global_batch_size / slots_per_trial`; needs the `global_batch_size` hyperparameter.
@@ -2781,13 +2786,13 @@ class Context {
     std::vector<torch::Tensor> params;
     bool average;
     // Data parallel only: built on the first distributed step, then reused.
-    std::vector<GradientBucket> buckets;
-    std::vector<std::size_t> bucket_of;                      // per parameter
-    std::vector<std::int64_t> offset_of;                     // per parameter, in its bucket
-    std::vector<unsigned> hooks;                             // per parameter
-    std::vector<char> filled;                                // per parameter: its slice holds this step's gradient
-    std::vector<std::size_t> pending;                        // per bucket: parameters still to come
-    std::vector<c10::intrusive_ptr<c10d::Work>> works;       // the all-reduces started, in bucket order
+    std::vector<GradientBucket> buckets{};
+    std::vector<std::size_t> bucket_of{};                      // per parameter
+    std::vector<std::int64_t> offset_of{};                     // per parameter, in its bucket
+    std::vector<unsigned> hooks{};                             // per parameter
+    std::vector<char> filled{};                                // per parameter: its slice holds this step's gradient
+    std::vector<std::size_t> pending{};                        // per bucket: parameters still to come
+    std::vector<c10::intrusive_ptr<c10d::Work>> works{};       // the all-reduces started, in bucket order
     std::vector<torch::Tensor> collective_arg{1};            // c10d takes a vector: one, reused
     bool armed = false;                                      // this backward pass feeds the buckets
   };
@@ -3013,6 +3018,7 @@ class Context {
   std::vector<std::shared_ptr<void>> owned_reducers_;  // the FunctionReducers wrap_reducer(fn) made
 
   std::int64_t initial_batch_ = 0;
+  std::filesystem::path output_dir_{};
   std::int64_t current_batch_ = 0;
   std::int64_t epoch_len_ = 0;
   bool stop_requested_ = false;
@@ -3417,7 +3423,7 @@ inline constexpr std::int64_t checkpoint_format_version = 1;
 
 /// One complete checkpoint directory, as its `metadata.json` describes it.
 struct CheckpointInfo {
-  std::filesystem::path path;
+  std::filesystem::path path{};
   std::string uuid;
   /// Determined's `steps_completed`: batches trained when it was written.
   std::int64_t batches_trained = 0;
@@ -3425,7 +3431,7 @@ struct CheckpointInfo {
   /// Write order within its storage directory (1, 2, ...).
   std::int64_t sequence = 0;
   /// The searcher metric of the validation at the same batch, if there was one.
-  std::optional<double> validation_metric;
+  std::optional<double> validation_metric{};
 };
 
 /// How many checkpoints a trial keeps (Determined's `checkpoint_storage.save_trial_*`).
@@ -3721,10 +3727,10 @@ struct TrialProgress {
   std::int64_t last_validation = -1;
   std::int64_t last_checkpoint = -1;
   /// The best searcher metric validated so far (what `checkpoint_policy: best` compares against).
-  std::optional<double> best_validation;
+  std::optional<double> best_validation{};
   /// The shuffle seeds of the data loaders (those that have one), so a resumed trial reads the same order.
-  std::optional<std::uint64_t> training_data_seed;
-  std::optional<std::uint64_t> validation_data_seed;
+  std::optional<std::uint64_t> training_data_seed{};
+  std::optional<std::uint64_t> validation_data_seed{};
 
   std::string to_json() const {
     std::string out = "{\"trial_id\": " + std::to_string(trial_id) + ", \"batches_trained\": " + std::to_string(batches_trained) +
@@ -4074,11 +4080,11 @@ namespace dettrial::detail {
 /// What one rank contributes at the end of a training workload or a validation.
 struct RankShare {
   /// Per metric: the training mean (training), or the per-rank total of its reducer (validation).
-  std::vector<ValidationReduction::Total> totals;
+  std::vector<ValidationReduction::Total> totals{};
   std::int64_t batches = 0;
   std::int64_t records = 0;
   /// The per-slot parts of the user reducers taking part, in registration order.
-  std::vector<c10::IValue> reducer_parts;
+  std::vector<c10::IValue> reducer_parts{};
 };
 
 inline c10::IValue to_ivalue(const RankShare& share) {
@@ -4096,7 +4102,10 @@ inline c10::IValue to_ivalue(const RankShare& share) {
 }
 
 inline RankShare from_ivalue(const c10::IValue& v) {
-  const auto& e = v.toTupleRef().elements();
+  // Through an ArrayRef of checked size: indexing the tuple's elements directly past 3 (its inline
+  // storage) is what GCC's -Warray-bounds cannot prove safe.
+  const c10::ArrayRef<c10::IValue> e = v.toTupleRef().elements().asArrayRef();
+  if (e.size() != 6) throw Error("a rank sent a metrics share of " + std::to_string(e.size()) + " fields, not 6 (ranks built from different dettrial versions?)");
   RankShare share;
   const auto names = e[0].toList();
   const auto kinds = e[1].toList();
@@ -4662,7 +4671,7 @@ struct DataLoaderOptions {
   bool drop_last = false;
   /// The shuffle seed; unset means one drawn from LibTorch's global generator (which the trial
   /// seed has seeded), so the order follows the trial seed.
-  std::optional<std::uint64_t> seed;
+  std::optional<std::uint64_t> seed{};
   /// Threads reading batches in the background (0: read on the training thread). The order of
   /// batches is the same whatever the number. The dataset's get_batch must then be thread-safe.
   int workers = 0;
@@ -4670,7 +4679,7 @@ struct DataLoaderOptions {
   int prefetch = 2;
   /// Copy batches into pinned (page-locked) memory, so copies to the GPU can be non-blocking.
   /// Unset: when LibTorch has CUDA and a GPU is present.
-  std::optional<bool> pin_memory;
+  std::optional<bool> pin_memory{};
 };
 
 namespace detail {
@@ -5151,7 +5160,7 @@ struct SpawnOptions {
   /// of the same name (getenv would otherwise find the inherited one first).
   std::vector<std::string> extra_env;
   /// Where stdout goes (and stderr, with merge_stderr); empty: inherited.
-  std::string output;
+  std::string output{};
   bool append = false;
   bool merge_stderr = true;
   /// Starts the child in a process group of its own: a terminal's Ctrl-C (sent to the foreground
@@ -6611,7 +6620,7 @@ struct FitOptions {
   /// Whether to checkpoint right after a validation: all, none, or best by `searcher_metric`.
   CheckpointPolicy checkpoint_policy = CheckpointPolicy::best;
   /// The validation metric `best` compares, and its direction.
-  std::string searcher_metric;
+  std::string searcher_metric{};
   bool smaller_is_better = true;
   /// Validate once before training (when nothing has been trained yet).
   bool step_zero_validation = false;
@@ -6619,20 +6628,20 @@ struct FitOptions {
   bool test_mode = false;
   /// Resume from this checkpoint: a checkpoint directory, or a directory holding checkpoints (a
   /// storage directory, or a run's output directory), whose latest is taken.
-  std::optional<std::filesystem::path> latest_checkpoint;
+  std::optional<std::filesystem::path> latest_checkpoint{};
   /// Where metrics.jsonl (and checkpoints) go; empty means `runs/<date>-<time>` under the working directory.
-  std::filesystem::path output_dir;
+  std::filesystem::path output_dir{};
   /// Where checkpoints go; empty means `<output_dir>/checkpoints`.
-  std::filesystem::path checkpoint_dir;
+  std::filesystem::path checkpoint_dir{};
   /// How many checkpoints to keep (best by the searcher metric, and latest).
-  Retention retention;
+  Retention retention{};
   /// The trial's id, saved in its checkpoints: resuming a checkpoint of another trial loads its
   /// weights and optimizer state but starts counting afresh (Determined's warm start).
   std::int64_t trial_id = 0;
   /// Catch SIGINT and SIGTERM during fit: finish the batch, checkpoint and return (see FitResult::signal).
   bool handle_signals = true;
   /// Terminal and log output.
-  ReportOptions report;
+  ReportOptions report{};
 
   /**
    * @brief The options an experiment config implies, as Determined maps them: searcher.max_length (or
@@ -6667,7 +6676,7 @@ struct FitResult {
   /// The checkpoints this fit wrote, oldest first (some may since have been deleted by retention).
   std::vector<CheckpointInfo> checkpoints;
   /// Where checkpoints went.
-  std::filesystem::path checkpoint_dir;
+  std::filesystem::path checkpoint_dir{};
   /// The batch training resumed from (0 for a fresh start).
   std::int64_t resumed_from_batch = 0;
   /// True when the trial asked to stop (context.set_stop_requested) or a signal did.
@@ -6676,7 +6685,7 @@ struct FitResult {
   bool stopped_early = false;
   /// The signal (SIGINT, SIGTERM) that stopped training after a checkpoint, or 0.
   int signal = 0;
-  std::filesystem::path output_dir;
+  std::filesystem::path output_dir{};
 };
 
 }  // namespace dettrial
@@ -7186,15 +7195,15 @@ class Trainer {
     std::int64_t epochs_trained = 0;
     std::int64_t last_validation = -1;
     std::int64_t last_checkpoint = -1;
-    std::optional<double> best_metric;
+    std::optional<double> best_metric{};
     bool warned_best_without_metric = false;
     /// Whether a validation is followed by a checkpoint (the policy picked at the start).
     bool (*checkpoint_after_validation)(bool improved) = &checkpoint_policy::best::after_validation;
-    std::filesystem::path storage;
+    std::filesystem::path storage{};
     std::int64_t sequence = 0;
-    FitResult result;
-    MetricsLog log;
-    detail::Progress progress;
+    FitResult result{};
+    MetricsLog log{};
+    detail::Progress progress{};
   };
 
   void build_declarative() {
@@ -7262,6 +7271,7 @@ class Trainer {
 
     if (o.output_dir.empty()) o.output_dir = default_output_dir();
     st.result.output_dir = o.output_dir;
+    context_.output_dir_ = o.output_dir;
     st.storage = o.checkpoint_dir.empty() ? o.output_dir / "checkpoints" : o.checkpoint_dir;
     st.result.checkpoint_dir = st.storage;
     // One writer per job: the chief reports and writes metrics.jsonl and checkpoints.

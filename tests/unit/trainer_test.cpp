@@ -494,12 +494,22 @@ TEST_CASE("callbacks from build_callbacks and from fit, with per-batch metrics o
     using CountingTrial::CountingTrial;
     std::tuple<EpochCounter> build_callbacks() { return {EpochCounter{&ends, &context}}; }
   };
+  // Where a callback's own files go: the fit's output folder, known from the first hook on.
+  struct SeesOutputDir {
+    Context* context;
+    std::filesystem::path seen;
+    void on_trial_startup(std::int64_t, const std::string&) { seen = context->output_dir(); }
+  };
   Context context(test::hparams(), ContextOptions{.trial_seed = 1});
   Trainer<WithCallbacks> trainer(context);
   WantsBatches wants;
-  trainer.fit(test::quiet({.max_length = Batch(8), .reporting_period = Batch(3)}), wants);
+  SeesOutputDir sees{&context, {}};
+  const FitOptions options = test::quiet({.max_length = Batch(8), .reporting_period = Batch(3)});
+  trainer.fit(options, wants, sees);
   CHECK(wants.sizes == std::vector<std::size_t>{3, 3, 2});
   CHECK(trainer.trial().ends == 2);
+  CHECK(!sees.seen.empty());
+  CHECK(sees.seen == options.output_dir);
   // A context serves one trainer at a time.
   CHECK_THROWS_WITH_AS(Trainer<WithCallbacks>{context}, doctest::Contains("already serves a trainer"), TrialError);
 }

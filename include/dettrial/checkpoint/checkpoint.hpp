@@ -41,10 +41,10 @@ struct TrialProgress {
   std::int64_t last_validation = -1;
   std::int64_t last_checkpoint = -1;
   /// The best searcher metric validated so far (what `checkpoint_policy: best` compares against).
-  std::optional<double> best_validation;
+  std::optional<double> best_validation{};
   /// The shuffle seeds of the data loaders (those that have one), so a resumed trial reads the same order.
-  std::optional<std::uint64_t> training_data_seed;
-  std::optional<std::uint64_t> validation_data_seed;
+  std::optional<std::uint64_t> training_data_seed{};
+  std::optional<std::uint64_t> validation_data_seed{};
 
   std::string to_json() const {
     std::string out = "{\"trial_id\": " + std::to_string(trial_id) + ", \"batches_trained\": " + std::to_string(batches_trained) +

@@ -33,7 +33,7 @@ inline constexpr std::int64_t checkpoint_format_version = 1;
 
 /// One complete checkpoint directory, as its `metadata.json` describes it.
 struct CheckpointInfo {
-  std::filesystem::path path;
+  std::filesystem::path path{};
   std::string uuid;
   /// Determined's `steps_completed`: batches trained when it was written.
   std::int64_t batches_trained = 0;
@@ -41,7 +41,7 @@ struct CheckpointInfo {
   /// Write order within its storage directory (1, 2, ...).
   std::int64_t sequence = 0;
   /// The searcher metric of the validation at the same batch, if there was one.
-  std::optional<double> validation_metric;
+  std::optional<double> validation_metric{};
 };
 
 /// How many checkpoints a trial keeps (Determined's `checkpoint_storage.save_trial_*`).

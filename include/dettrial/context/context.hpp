@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <filesystem>
 #include <memory>
 #include <optional>
 #include <string>
@@ -65,20 +66,20 @@ struct DistributedInfo {
 /// Options that set up a Context (usually taken from the experiment config).
 struct ContextOptions {
   /// The seed of every RNG; unset means: derived from `reproducibility.experiment_seed`, else from the clock.
-  std::optional<std::uint64_t> trial_seed;
+  std::optional<std::uint64_t> trial_seed{};
   /// The device; unset means CUDA device 0 when LibTorch has CUDA and a GPU is present, else the CPU.
-  std::optional<torch::Device> device;
+  std::optional<torch::Device> device{};
   /// Unset: the experiment config's (`optimizations.aggregation_frequency`), else 1.
-  std::optional<std::int64_t> aggregation_frequency;
+  std::optional<std::int64_t> aggregation_frequency{};
   /// Unset: the experiment config's (`optimizations.average_aggregated_gradients`), else true.
-  std::optional<bool> average_aggregated_gradients;
+  std::optional<bool> average_aggregated_gradients{};
   /// Unset: the experiment config's (`resources.slots_per_trial`), else 1. With a communicator, the
   /// world size (a config asking for another number of slots is an error).
-  std::optional<std::int64_t> slots_per_trial;
+  std::optional<std::int64_t> slots_per_trial{};
   /// The process group of a data-parallel job (see Communicator::create); none for one process.
   std::shared_ptr<Communicator> communicator;
   /// Deterministic algorithms (see ExperimentConfig::deterministic); unset: the config's.
-  std::optional<bool> deterministic;
+  std::optional<bool> deterministic{};
   /// Intra-op threads for this process (`--threads`). Unset: OMP_NUM_THREADS when set, else in a
   /// data-parallel job this rank's share of the node's cores (see dettrial::choose_threads), else
   /// LibTorch's default.
@@ -163,6 +164,10 @@ class Context {
   const Hyperparameters& get_hparams() const { return hparams_; }
   /// The experiment config's `data` section.
   const YAML::Node& get_data_config() const { return config_.data; }
+  /// The running fit's output folder (metrics.jsonl, checkpoints/; in a search, the trial's own
+  /// `trials/<id>/`): where a trial's or callback's own files belong. Empty until `fit` starts (the
+  /// trial's constructor runs before), so read it in hooks and batches.
+  const std::filesystem::path& output_dir() const { return output_dir_; }
   const ExperimentConfig& get_experiment_config() const { return config_; }
 
   /// `global_batch_size / slots_per_trial`; needs the `global_batch_size` hyperparameter.
@@ -387,13 +392,13 @@ class Context {
     std::vector<torch::Tensor> params;
     bool average;
     // Data parallel only: built on the first distributed step, then reused.
-    std::vector<GradientBucket> buckets;
-    std::vector<std::size_t> bucket_of;                      // per parameter
-    std::vector<std::int64_t> offset_of;                     // per parameter, in its bucket
-    std::vector<unsigned> hooks;                             // per parameter
-    std::vector<char> filled;                                // per parameter: its slice holds this step's gradient
-    std::vector<std::size_t> pending;                        // per bucket: parameters still to come
-    std::vector<c10::intrusive_ptr<c10d::Work>> works;       // the all-reduces started, in bucket order
+    std::vector<GradientBucket> buckets{};
+    std::vector<std::size_t> bucket_of{};                      // per parameter
+    std::vector<std::int64_t> offset_of{};                     // per parameter, in its bucket
+    std::vector<unsigned> hooks{};                             // per parameter
+    std::vector<char> filled{};                                // per parameter: its slice holds this step's gradient
+    std::vector<std::size_t> pending{};                        // per bucket: parameters still to come
+    std::vector<c10::intrusive_ptr<c10d::Work>> works{};       // the all-reduces started, in bucket order
     std::vector<torch::Tensor> collective_arg{1};            // c10d takes a vector: one, reused
     bool armed = false;                                      // this backward pass feeds the buckets
   };
@@ -619,6 +624,7 @@ class Context {
   std::vector<std::shared_ptr<void>> owned_reducers_;  // the FunctionReducers wrap_reducer(fn) made
 
   std::int64_t initial_batch_ = 0;
+  std::filesystem::path output_dir_{};
   std::int64_t current_batch_ = 0;
   std::int64_t epoch_len_ = 0;
   bool stop_requested_ = false;

@@ -102,7 +102,7 @@ struct DataLoaderOptions {
   bool drop_last = false;
   /// The shuffle seed; unset means one drawn from LibTorch's global generator (which the trial
   /// seed has seeded), so the order follows the trial seed.
-  std::optional<std::uint64_t> seed;
+  std::optional<std::uint64_t> seed{};
   /// Threads reading batches in the background (0: read on the training thread). The order of
   /// batches is the same whatever the number. The dataset's get_batch must then be thread-safe.
   int workers = 0;
@@ -110,7 +110,7 @@ struct DataLoaderOptions {
   int prefetch = 2;
   /// Copy batches into pinned (page-locked) memory, so copies to the GPU can be non-blocking.
   /// Unset: when LibTorch has CUDA and a GPU is present.
-  std::optional<bool> pin_memory;
+  std::optional<bool> pin_memory{};
 };
 
 namespace detail {

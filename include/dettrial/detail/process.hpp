@@ -24,7 +24,7 @@ struct SpawnOptions {
   /// of the same name (getenv would otherwise find the inherited one first).
   std::vector<std::string> extra_env;
   /// Where stdout goes (and stderr, with merge_stderr); empty: inherited.
-  std::string output;
+  std::string output{};
   bool append = false;
   bool merge_stderr = true;
   /// Starts the child in a process group of its own: a terminal's Ctrl-C (sent to the foreground

@@ -26,11 +26,11 @@ namespace dettrial::detail {
 /// What one rank contributes at the end of a training workload or a validation.
 struct RankShare {
   /// Per metric: the training mean (training), or the per-rank total of its reducer (validation).
-  std::vector<ValidationReduction::Total> totals;
+  std::vector<ValidationReduction::Total> totals{};
   std::int64_t batches = 0;
   std::int64_t records = 0;
   /// The per-slot parts of the user reducers taking part, in registration order.
-  std::vector<c10::IValue> reducer_parts;
+  std::vector<c10::IValue> reducer_parts{};
 };
 
 inline c10::IValue to_ivalue(const RankShare& share) {
@@ -48,7 +48,10 @@ inline c10::IValue to_ivalue(const RankShare& share) {
 }
 
 inline RankShare from_ivalue(const c10::IValue& v) {
-  const auto& e = v.toTupleRef().elements();
+  // Through an ArrayRef of checked size: indexing the tuple's elements directly past 3 (its inline
+  // storage) is what GCC's -Warray-bounds cannot prove safe.
+  const c10::ArrayRef<c10::IValue> e = v.toTupleRef().elements().asArrayRef();
+  if (e.size() != 6) throw Error("a rank sent a metrics share of " + std::to_string(e.size()) + " fields, not 6 (ranks built from different dettrial versions?)");
   RankShare share;
   const auto names = e[0].toList();
   const auto kinds = e[1].toList();

@@ -178,7 +178,7 @@ class WorkloadMeans {
  private:
   struct Slot {
     MetricKey key;
-    torch::Tensor tensor_sum;  // double scalar on the metric's device
+    torch::Tensor tensor_sum{};  // double scalar on the metric's device
     double number_sum = 0;
     bool averageable = true;
     void add(const MetricValue& v) {
@@ -267,7 +267,7 @@ class ValidationReduction {
   struct Slot {
     std::string name;
     Reducer reducer;
-    torch::Tensor tensor_acc;
+    torch::Tensor tensor_acc{};
     double number_acc = 0;
     bool seen_number = false;
     void add(const MetricValue& v) {

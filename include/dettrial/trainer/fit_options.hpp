@@ -37,7 +37,7 @@ struct FitOptions {
   /// Whether to checkpoint right after a validation: all, none, or best by `searcher_metric`.
   CheckpointPolicy checkpoint_policy = CheckpointPolicy::best;
   /// The validation metric `best` compares, and its direction.
-  std::string searcher_metric;
+  std::string searcher_metric{};
   bool smaller_is_better = true;
   /// Validate once before training (when nothing has been trained yet).
   bool step_zero_validation = false;
@@ -45,20 +45,20 @@ struct FitOptions {
   bool test_mode = false;
   /// Resume from this checkpoint: a checkpoint directory, or a directory holding checkpoints (a
   /// storage directory, or a run's output directory), whose latest is taken.
-  std::optional<std::filesystem::path> latest_checkpoint;
+  std::optional<std::filesystem::path> latest_checkpoint{};
   /// Where metrics.jsonl (and checkpoints) go; empty means `runs/<date>-<time>` under the working directory.
-  std::filesystem::path output_dir;
+  std::filesystem::path output_dir{};
   /// Where checkpoints go; empty means `<output_dir>/checkpoints`.
-  std::filesystem::path checkpoint_dir;
+  std::filesystem::path checkpoint_dir{};
   /// How many checkpoints to keep (best by the searcher metric, and latest).
-  Retention retention;
+  Retention retention{};
   /// The trial's id, saved in its checkpoints: resuming a checkpoint of another trial loads its
   /// weights and optimizer state but starts counting afresh (Determined's warm start).
   std::int64_t trial_id = 0;
   /// Catch SIGINT and SIGTERM during fit: finish the batch, checkpoint and return (see FitResult::signal).
   bool handle_signals = true;
   /// Terminal and log output.
-  ReportOptions report;
+  ReportOptions report{};
 
   /**
    * @brief The options an experiment config implies, as Determined maps them: searcher.max_length (or
@@ -93,7 +93,7 @@ struct FitResult {
   /// The checkpoints this fit wrote, oldest first (some may since have been deleted by retention).
   std::vector<CheckpointInfo> checkpoints;
   /// Where checkpoints went.
-  std::filesystem::path checkpoint_dir;
+  std::filesystem::path checkpoint_dir{};
   /// The batch training resumed from (0 for a fresh start).
   std::int64_t resumed_from_batch = 0;
   /// True when the trial asked to stop (context.set_stop_requested) or a signal did.
@@ -102,7 +102,7 @@ struct FitResult {
   bool stopped_early = false;
   /// The signal (SIGINT, SIGTERM) that stopped training after a checkpoint, or 0.
   int signal = 0;
-  std::filesystem::path output_dir;
+  std::filesystem::path output_dir{};
 };
 
 }  // namespace dettrial

@@ -182,15 +182,15 @@ class Trainer {
     std::int64_t epochs_trained = 0;
     std::int64_t last_validation = -1;
     std::int64_t last_checkpoint = -1;
-    std::optional<double> best_metric;
+    std::optional<double> best_metric{};
     bool warned_best_without_metric = false;
     /// Whether a validation is followed by a checkpoint (the policy picked at the start).
     bool (*checkpoint_after_validation)(bool improved) = &checkpoint_policy::best::after_validation;
-    std::filesystem::path storage;
+    std::filesystem::path storage{};
     std::int64_t sequence = 0;
-    FitResult result;
-    MetricsLog log;
-    detail::Progress progress;
+    FitResult result{};
+    MetricsLog log{};
+    detail::Progress progress{};
   };
 
   void build_declarative() {
@@ -258,6 +258,7 @@ class Trainer {
 
     if (o.output_dir.empty()) o.output_dir = default_output_dir();
     st.result.output_dir = o.output_dir;
+    context_.output_dir_ = o.output_dir;
     st.storage = o.checkpoint_dir.empty() ? o.output_dir / "checkpoints" : o.checkpoint_dir;
     st.result.checkpoint_dir = st.storage;
     // One writer per job: the chief reports and writes metrics.jsonl and checkpoints.
