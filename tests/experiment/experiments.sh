@@ -6,6 +6,15 @@ case_name=$1 program=$2 configs=$3 work=$4
 rm -rf "$work"
 mkdir -p "$work"
 fail() { echo "experiments.sh ($case_name): $*"; exit 1; }
+# Runs a command with its output in LOG (then printed); fails unless it exits with STATUS.
+expect_status() {
+  local expected=$1 log=$2
+  shift 2
+  "$@" >"$log" 2>&1
+  local status=$?
+  cat "$log"
+  [ "$status" -eq "$expected" ] || fail "$(basename "$log" .log): exit status $status, expected $expected"
+}
 summary() { python3 -c "import json,sys; s=json.load(open('$work/out/summary.json')); $1"; }
 # No report in any trial's metrics.jsonl twice, and no validation told to the searcher twice.
 no_duplicates() {
@@ -55,31 +64,22 @@ print('crash: the crashed trial restarted once from its checkpoint and completed
 config_error)
   # A hyperparameter the trial reads is missing from the space: the first trial says so, the search
   # stops (no restarts, no second trial) and exits 78 with the error on the terminal.
-  "$program" --config "$configs/missing_hparam.yaml" --output "$work/out" >"$work/out.log" 2>&1
-  status=$?
-  cat "$work/out.log"
-  [ "$status" -eq 78 ] || fail "exit status $status, expected 78 (configuration error)"
+  expect_status 78 "$work/out.log" "$program" --config "$configs/missing_hparam.yaml" --output "$work/out"
   grep -q "the search stopped: trial 1's configuration is wrong" "$work/out.log" || fail "no stop message"
   grep -q "error: .*'lr'" "$work/out.log" || fail "the trial's error (the hyperparameter lr) is not on the terminal"
   grep -q "missing_hparam.yaml" "$work/out.log" || fail "the user's config file is not named"
   [ ! -e "$work/out/trials/2" ] || fail "a second trial was started"
   [ "$(grep -c 'trial 1 started' "$work/out.log")" -eq 1 ] || fail "trial 1 was started more than once"
   # The searcher metric misspelled: the same, with a suggestion.
-  "$program" --config "$configs/random.yaml" --set searcher.metric=val_loss --set searcher.max_concurrent_trials=1 \
-    --output "$work/metric" >"$work/metric.log" 2>&1
-  status=$?
-  cat "$work/metric.log"
-  [ "$status" -eq 78 ] || fail "misspelled metric: exit status $status, expected 78"
+  expect_status 78 "$work/metric.log" "$program" --config "$configs/random.yaml" --set searcher.metric=val_loss \
+    --set searcher.max_concurrent_trials=1 --output "$work/metric"
   grep -q "searcher.metric 'val_loss' is not a metric validation reports (it reported .*validation_loss); did you mean 'validation_loss'?" \
     "$work/metric.log" || fail "misspelled metric: no clear error"
   echo "config_error: both searches stopped at their first trial with exit status 78"
   ;;
 failed_trial)
   # A trial that fails every time ends ERRORED after its restarts; the experiment exits 1 and says so.
-  "$program" --config "$configs/failing.yaml" --output "$work/out" >"$work/out.log" 2>&1
-  status=$?
-  cat "$work/out.log"
-  [ "$status" -eq 1 ] || fail "exit status $status, expected 1"
+  expect_status 1 "$work/out.log" "$program" --config "$configs/failing.yaml" --output "$work/out"
   grep -q "1 of 2 trials failed" "$work/out.log" || fail "no failure count"
   grep -q "error: synthetic failure at batch 3" "$work/out.log" || fail "the trial's error is not on the terminal"
   summary "t = {x['hparams']['crash']: x for x in s['trials']}; assert t[0]['state'] == 'COMPLETED' and t[2]['state'] == 'ERRORED' and t[2]['restarts'] == 1, t; \
