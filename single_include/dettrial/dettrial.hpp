@@ -1441,24 +1441,6 @@ struct ThreadChoice {
   bool set_by_dettrial = true;
 };
 
-/// The cores this process may run on (its affinity mask) and the cores the machine has online.
-struct CoreCount {
-  int available = 1;
-  int online = 1;
-
-  static CoreCount of_this_process() {
-    CoreCount c;
-    c.online = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-    cpu_set_t set;
-    CPU_ZERO(&set);
-    c.available = ::sched_getaffinity(0, sizeof set, &set) == 0 ? std::max(1, CPU_COUNT(&set)) : c.online;
-    return c;
-  }
-};
-
-/// The environment variable in which the built-in launcher tells a rank the CPUs it bound it to.
-inline constexpr const char* rank_cpus_variable = "DETTRIAL_RANK_CPUS";
-
 /// The CPUs this process may run on (its affinity mask), in increasing order.
 inline std::vector<int> allowed_cpus() {
   cpu_set_t set;
@@ -1469,6 +1451,31 @@ inline std::vector<int> allowed_cpus() {
     if (CPU_ISSET(cpu, &set)) cpus.push_back(cpu);
   return cpus;
 }
+
+/// Sets the calling thread's CPU affinity (inherited by the processes it starts); whether it could.
+inline bool set_thread_cpus(const std::vector<int>& cpus) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  for (const int cpu : cpus) CPU_SET(cpu, &set);
+  return ::sched_setaffinity(0, sizeof set, &set) == 0;
+}
+
+/// The cores this process may run on (its affinity mask) and the cores the machine has online.
+struct CoreCount {
+  int available = 1;
+  int online = 1;
+
+  static CoreCount of_this_process() {
+    CoreCount c;
+    c.online = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    const auto allowed = allowed_cpus();
+    c.available = allowed.empty() ? c.online : static_cast<int>(allowed.size());
+    return c;
+  }
+};
+
+/// The environment variable in which the built-in launcher tells a rank the CPUs it bound it to.
+inline constexpr const char* rank_cpus_variable = "DETTRIAL_RANK_CPUS";
 
 /// Rank `rank`'s share when `ranks` processes split `cpus`: contiguous runs whose sizes differ by at
 /// most one (the first ranks take the extra CPUs). Empty when there are fewer CPUs than ranks.
@@ -1511,9 +1518,9 @@ inline std::optional<int> omp_num_threads(const LaunchEnvironment::Getenv& geten
  * @brief The threads per rank: the user's choice wins (`requested`, from `--threads` or
  * ContextOptions, then OMP_NUM_THREADS, which torchrun sets to 1 by itself), then Slurm's
  * SLURM_CPUS_PER_TASK, then, under launchers that bind each rank to its own cores (dettrial's
- * built-in launcher, mpirun, srun), the cores this process is bound to, else the cores available divided by the ranks on this node
- * (torchrun without OMP_NUM_THREADS, the built-in launcher on fewer cores than ranks; also a mask shared by all ranks, such as
- * taskset's or a container's). One process with no choice made keeps LibTorch's default (nullopt).
+ * built-in launcher, mpirun, srun), the cores this process is bound to, else the cores available
+ * divided by the ranks on this node (torchrun without OMP_NUM_THREADS, the built-in launcher on fewer
+ * cores than ranks; also a mask shared by all ranks, such as taskset's or a container's). One process with no choice made keeps LibTorch's default (nullopt).
  */
 inline std::optional<ThreadChoice> choose_threads(
     const LaunchEnvironment& env, std::optional<int> requested, CoreCount cores,
@@ -1529,7 +1536,8 @@ inline std::optional<ThreadChoice> choose_threads(
     if (const auto per_task = LaunchEnvironment::env_integer(getenv, "SLURM_CPUS_PER_TASK", 1))
       return ThreadChoice{.threads = *per_task, .source = "SLURM_CPUS_PER_TASK"};
   if (const char* bound = getenv(rank_cpus_variable); bound && *bound)
-    return ThreadChoice{.threads = cores.available, .source = (cores.available == 1 ? "CPU " : "CPUs ") + std::string(bound) + " bound to this rank by the launcher"};
+    return ThreadChoice{.threads = cores.available,
+                        .source = (cores.available == 1 ? "CPU " : "CPUs ") + std::string(bound) + " bound to this rank by the launcher"};
   const bool binds_ranks = env.launcher == Launcher::mpi || env.launcher == Launcher::slurm;
   if (binds_ranks && cores.available < cores.online)
     return ThreadChoice{.threads = cores.available, .source = "cores bound to this process"};
@@ -6707,7 +6715,6 @@ struct FitResult {
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
-#include <sched.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -7596,11 +7603,11 @@ class Trainer {
         std::string reported;
         for (const auto& name : names) reported += (reported.empty() ? "" : ", ") + name;
         std::string hint = detail::suggestion(st.options.searcher_metric, names);
-        if (hint.empty()) {  // val_loss for validation_loss: the same last word, one candidate
+        if (hint.empty()) {  // val_loss for validation_loss: the one name with the same last word
           auto last_word = [](const std::string& n) { return n.substr(n.rfind('_') == std::string::npos ? 0 : n.rfind('_') + 1); };
-          const auto same = std::ranges::count_if(names, [&](const std::string& n) { return last_word(n) == last_word(st.options.searcher_metric); });
-          if (same == 1)
-            hint = "; did you mean '" + *std::ranges::find_if(names, [&](const std::string& n) { return last_word(n) == last_word(st.options.searcher_metric); }) + "'?";
+          std::vector<std::string> same;
+          std::ranges::copy_if(names, std::back_inserter(same), [&](const std::string& n) { return last_word(n) == last_word(st.options.searcher_metric); });
+          if (same.size() == 1) hint = "; did you mean '" + same.front() + "'?";
         }
         throw ConfigError("searcher.metric '" + st.options.searcher_metric + "' is not a metric validation reports (it reported " +
                           reported + ")" + hint);
@@ -8054,14 +8061,6 @@ inline int free_local_port() {
   return ntohs(addr.sin_port);
 }
 
-/// Sets the calling thread's CPU affinity (inherited by the processes it starts); whether it could.
-inline bool set_thread_cpus(const std::vector<int>& cpus) {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  for (const int cpu : cpus) CPU_SET(cpu, &set);
-  return ::sched_setaffinity(0, sizeof set, &set) == 0;
-}
-
 /**
  * @brief The built-in launcher: runs this program `nproc` times with RANK, WORLD_SIZE, LOCAL_RANK,
  * LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT set (one machine), forwards SIGINT/SIGTERM to them,
@@ -8317,14 +8316,11 @@ int main(int argc, char** argv, Args&&... trial_args) {
                            "raise it to train on (e.g. --set searcher.max_length.batches=N)\n",
                    static_cast<long long>(result.resumed_from_batch), config_path.c_str());
     return result.signal != 0 ? exit_status_interrupted : 0;
-  } catch (const ConfigError& e) {
-    std::fprintf(stderr, "error: %s\n", e.what());
-    return exit_status_config_error;
-  } catch (const HyperparameterError& e) {
-    std::fprintf(stderr, "error: %s\n", e.what());
-    return exit_status_config_error;
   } catch (const Error& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
+    // Running a wrong configuration again fails the same way: say so in the status.
+    const bool configuration = dynamic_cast<const ConfigError*>(&e) != nullptr || dynamic_cast<const HyperparameterError*>(&e) != nullptr;
+    if (configuration) return exit_status_config_error;
   } catch (const c10::Error& e) {
     std::fprintf(stderr, "error: LibTorch: %s\n", e.what_without_backtrace());
   } catch (const YAML::Exception& e) {

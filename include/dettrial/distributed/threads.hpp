@@ -27,24 +27,6 @@ struct ThreadChoice {
   bool set_by_dettrial = true;
 };
 
-/// The cores this process may run on (its affinity mask) and the cores the machine has online.
-struct CoreCount {
-  int available = 1;
-  int online = 1;
-
-  static CoreCount of_this_process() {
-    CoreCount c;
-    c.online = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-    cpu_set_t set;
-    CPU_ZERO(&set);
-    c.available = ::sched_getaffinity(0, sizeof set, &set) == 0 ? std::max(1, CPU_COUNT(&set)) : c.online;
-    return c;
-  }
-};
-
-/// The environment variable in which the built-in launcher tells a rank the CPUs it bound it to.
-inline constexpr const char* rank_cpus_variable = "DETTRIAL_RANK_CPUS";
-
 /// The CPUs this process may run on (its affinity mask), in increasing order.
 inline std::vector<int> allowed_cpus() {
   cpu_set_t set;
@@ -55,6 +37,31 @@ inline std::vector<int> allowed_cpus() {
     if (CPU_ISSET(cpu, &set)) cpus.push_back(cpu);
   return cpus;
 }
+
+/// Sets the calling thread's CPU affinity (inherited by the processes it starts); whether it could.
+inline bool set_thread_cpus(const std::vector<int>& cpus) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  for (const int cpu : cpus) CPU_SET(cpu, &set);
+  return ::sched_setaffinity(0, sizeof set, &set) == 0;
+}
+
+/// The cores this process may run on (its affinity mask) and the cores the machine has online.
+struct CoreCount {
+  int available = 1;
+  int online = 1;
+
+  static CoreCount of_this_process() {
+    CoreCount c;
+    c.online = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    const auto allowed = allowed_cpus();
+    c.available = allowed.empty() ? c.online : static_cast<int>(allowed.size());
+    return c;
+  }
+};
+
+/// The environment variable in which the built-in launcher tells a rank the CPUs it bound it to.
+inline constexpr const char* rank_cpus_variable = "DETTRIAL_RANK_CPUS";
 
 /// Rank `rank`'s share when `ranks` processes split `cpus`: contiguous runs whose sizes differ by at
 /// most one (the first ranks take the extra CPUs). Empty when there are fewer CPUs than ranks.
@@ -97,9 +104,9 @@ inline std::optional<int> omp_num_threads(const LaunchEnvironment::Getenv& geten
  * @brief The threads per rank: the user's choice wins (`requested`, from `--threads` or
  * ContextOptions, then OMP_NUM_THREADS, which torchrun sets to 1 by itself), then Slurm's
  * SLURM_CPUS_PER_TASK, then, under launchers that bind each rank to its own cores (dettrial's
- * built-in launcher, mpirun, srun), the cores this process is bound to, else the cores available divided by the ranks on this node
- * (torchrun without OMP_NUM_THREADS, the built-in launcher on fewer cores than ranks; also a mask shared by all ranks, such as
- * taskset's or a container's). One process with no choice made keeps LibTorch's default (nullopt).
+ * built-in launcher, mpirun, srun), the cores this process is bound to, else the cores available
+ * divided by the ranks on this node (torchrun without OMP_NUM_THREADS, the built-in launcher on fewer
+ * cores than ranks; also a mask shared by all ranks, such as taskset's or a container's). One process with no choice made keeps LibTorch's default (nullopt).
  */
 inline std::optional<ThreadChoice> choose_threads(
     const LaunchEnvironment& env, std::optional<int> requested, CoreCount cores,
@@ -115,7 +122,8 @@ inline std::optional<ThreadChoice> choose_threads(
     if (const auto per_task = LaunchEnvironment::env_integer(getenv, "SLURM_CPUS_PER_TASK", 1))
       return ThreadChoice{.threads = *per_task, .source = "SLURM_CPUS_PER_TASK"};
   if (const char* bound = getenv(rank_cpus_variable); bound && *bound)
-    return ThreadChoice{.threads = cores.available, .source = (cores.available == 1 ? "CPU " : "CPUs ") + std::string(bound) + " bound to this rank by the launcher"};
+    return ThreadChoice{.threads = cores.available,
+                        .source = (cores.available == 1 ? "CPU " : "CPUs ") + std::string(bound) + " bound to this rank by the launcher"};
   const bool binds_ranks = env.launcher == Launcher::mpi || env.launcher == Launcher::slurm;
   if (binds_ranks && cores.available < cores.online)
     return ThreadChoice{.threads = cores.available, .source = "cores bound to this process"};

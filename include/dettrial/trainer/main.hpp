@@ -15,7 +15,6 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
-#include <sched.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -178,14 +177,6 @@ inline int free_local_port() {
   ::close(fd);
   if (!ok) throw Error("cannot find a free port on 127.0.0.1");
   return ntohs(addr.sin_port);
-}
-
-/// Sets the calling thread's CPU affinity (inherited by the processes it starts); whether it could.
-inline bool set_thread_cpus(const std::vector<int>& cpus) {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  for (const int cpu : cpus) CPU_SET(cpu, &set);
-  return ::sched_setaffinity(0, sizeof set, &set) == 0;
 }
 
 /**
@@ -443,14 +434,11 @@ int main(int argc, char** argv, Args&&... trial_args) {
                            "raise it to train on (e.g. --set searcher.max_length.batches=N)\n",
                    static_cast<long long>(result.resumed_from_batch), config_path.c_str());
     return result.signal != 0 ? exit_status_interrupted : 0;
-  } catch (const ConfigError& e) {
-    std::fprintf(stderr, "error: %s\n", e.what());
-    return exit_status_config_error;
-  } catch (const HyperparameterError& e) {
-    std::fprintf(stderr, "error: %s\n", e.what());
-    return exit_status_config_error;
   } catch (const Error& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
+    // Running a wrong configuration again fails the same way: say so in the status.
+    const bool configuration = dynamic_cast<const ConfigError*>(&e) != nullptr || dynamic_cast<const HyperparameterError*>(&e) != nullptr;
+    if (configuration) return exit_status_config_error;
   } catch (const c10::Error& e) {
     std::fprintf(stderr, "error: LibTorch: %s\n", e.what_without_backtrace());
   } catch (const YAML::Exception& e) {

@@ -583,11 +583,11 @@ class Trainer {
         std::string reported;
         for (const auto& name : names) reported += (reported.empty() ? "" : ", ") + name;
         std::string hint = detail::suggestion(st.options.searcher_metric, names);
-        if (hint.empty()) {  // val_loss for validation_loss: the same last word, one candidate
+        if (hint.empty()) {  // val_loss for validation_loss: the one name with the same last word
           auto last_word = [](const std::string& n) { return n.substr(n.rfind('_') == std::string::npos ? 0 : n.rfind('_') + 1); };
-          const auto same = std::ranges::count_if(names, [&](const std::string& n) { return last_word(n) == last_word(st.options.searcher_metric); });
-          if (same == 1)
-            hint = "; did you mean '" + *std::ranges::find_if(names, [&](const std::string& n) { return last_word(n) == last_word(st.options.searcher_metric); }) + "'?";
+          std::vector<std::string> same;
+          std::ranges::copy_if(names, std::back_inserter(same), [&](const std::string& n) { return last_word(n) == last_word(st.options.searcher_metric); });
+          if (same.size() == 1) hint = "; did you mean '" + same.front() + "'?";
         }
         throw ConfigError("searcher.metric '" + st.options.searcher_metric + "' is not a metric validation reports (it reported " +
                           reported + ")" + hint);
