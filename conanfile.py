@@ -27,6 +27,7 @@ class DettrialConan(ConanFile):
         self.requires("libtorch/[>=1.13]", transitive_headers=True)
         self.requires("yaml-cpp/[>=0.7]", transitive_headers=True)
         self.requires("range-v3/[>=0.12]", transitive_headers=True)
+        self.requires("nlohmann_json/[>=3.10]", transitive_headers=True)
         self.requires("zlib/[>=1.2]", transitive_headers=True)
 
     def layout(self):

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include <dettrial/dettrial.hpp>
+#include <dettrial/detail/process.hpp>
 
 namespace {
 

@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
-"""Generates single_include/dettrial/dettrial.hpp from include/ (dettrial's headers inlined once each,
-system and third-party includes kept). `--check` fails when the committed file is stale."""
+"""Generates single_include/dettrial/dettrial.hpp (the trial API) and single_include/dettrial/main.hpp
+(the opt-in command line, which includes the first and inlines only what it adds) from include/
+(dettrial's headers inlined once each, system and third-party includes kept). `--check` fails when a
+committed file is stale."""
 import argparse
 import pathlib
 import re
@@ -9,7 +11,9 @@ import sys
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 INCLUDE = ROOT / "include"
 ENTRY = INCLUDE / "dettrial" / "dettrial.hpp"
+MAIN_ENTRY = INCLUDE / "dettrial" / "main.hpp"
 OUTPUT = ROOT / "single_include" / "dettrial" / "dettrial.hpp"
+MAIN_OUTPUT = ROOT / "single_include" / "dettrial" / "main.hpp"
 BANNER = """// ==========================================================================================
 // dettrial, single-header edition: DO NOT MODIFY THIS FILE BY HAND.
 // It is generated from include/ by tools/amalgamate.py; edit the headers there and regenerate.
@@ -47,26 +51,32 @@ def inline(path: pathlib.Path, seen: set, out: list):
     out.append(f"// ---- end {rel}\n")
 
 
-def generate() -> str:
+def generate() -> dict:
+    seen = set()
     out = [BANNER, "#pragma once\n"]
-    inline(ENTRY.resolve(), set(), out)
-    return "".join(out)
+    inline(ENTRY.resolve(), seen, out)
+    # main.hpp includes dettrial.hpp: its single-header edition includes the file above instead.
+    main_out = [BANNER, "#pragma once\n", '#include "dettrial.hpp"\n']
+    inline(MAIN_ENTRY.resolve(), seen, main_out)
+    return {OUTPUT: "".join(out), MAIN_OUTPUT: "".join(main_out)}
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--check", action="store_true", help="fail if the committed single header is stale")
     args = parser.parse_args()
-    text = generate()
+    files = generate()
     if args.check:
-        if not OUTPUT.is_file() or OUTPUT.read_text() != text:
-            print(f"{OUTPUT.relative_to(ROOT)} is out of date: run python3 tools/amalgamate.py", file=sys.stderr)
-            return 1
-        print(f"{OUTPUT.relative_to(ROOT)} is up to date")
-        return 0
-    OUTPUT.parent.mkdir(parents=True, exist_ok=True)
-    OUTPUT.write_text(text, newline="\n")
-    print(f"wrote {OUTPUT.relative_to(ROOT)}")
+        stale = [path for path, text in files.items() if not path.is_file() or path.read_text() != text]
+        for path in stale:
+            print(f"{path.relative_to(ROOT)} is out of date: run python3 tools/amalgamate.py", file=sys.stderr)
+        if not stale:
+            print("single_include/ is up to date")
+        return 1 if stale else 0
+    for path, text in files.items():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, newline="\n")
+        print(f"wrote {path.relative_to(ROOT)}")
     return 0
 
 

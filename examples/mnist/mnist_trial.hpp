@@ -81,9 +81,6 @@ class MnistTrial {
     return 1.0 - output.argmax(1).eq(labels).to(torch::kFloat).mean();
   }
 
-  std::int64_t training_records() const { return train_.images.size(0); }
-  std::int64_t validation_records() const { return validation_.images.size(0); }
-
  private:
   void load() {
     dettrial::MnistSplit train = dettrial::load_mnist(dir_, train_split_);

@@ -27,13 +27,13 @@ dettrial_apt() {
   DEBIAN_FRONTEND=noninteractive dettrial_as_root apt-get install -y -qq --no-install-recommends "${missing[@]}"
 }
 
-# The build tools, Debian's LibTorch 1.13 (with Gloo's headers), yaml-cpp, range-v3, doctest, zlib,
+# The build tools, Debian's LibTorch 1.13 (with Gloo's headers), yaml-cpp, range-v3, nlohmann/json, doctest, zlib,
 # the real datasets (Fashion-MNIST), Debian's Python torch (the parity peer of its LibTorch), and
 # Open MPI's mpirun (one of the launchers the distributed tests use), and OpenBLAS, which takes over
 # libblas.so.3 from the reference BLAS that Debian's LibTorch would otherwise compute with (10x slower).
 dettrial_base_deps() {
   dettrial_apt build-essential cmake ninja-build git python3 python3-venv zlib1g-dev \
-    libtorch-dev libgloo-dev libyaml-cpp-dev librange-v3-dev doctest-dev dataset-fashion-mnist \
+    libtorch-dev libgloo-dev libyaml-cpp-dev librange-v3-dev nlohmann-json3-dev doctest-dev dataset-fashion-mnist \
     python3-torch python3-numpy openmpi-bin libopenblas0-pthread
 }
 

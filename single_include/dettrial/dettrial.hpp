@@ -11,6 +11,8 @@
 /// A trial is a plain type with hooks (build_training_data_loader, build_validation_data_loader,
 /// train_batch, evaluate_batch, and either build_model/optimizer or a constructor that wraps them in
 /// the Context). dettrial::Trainer<MyTrial> checks them with concepts and runs Determined's loop.
+/// The command line (dettrial::main: the launcher, the experiment runner) is one more, opt-in header:
+/// <dettrial/main.hpp>.
 
 // ---- begin dettrial/version.hpp
 // SPDX-License-Identifier: Apache-2.0
@@ -27,7 +29,7 @@ inline constexpr const char* version = DETTRIAL_VERSION_STRING;
 }  // namespace dettrial
 // ---- end dettrial/version.hpp
 
-// ---- begin dettrial/detail/error.hpp
+// ---- begin dettrial/error.hpp
 // SPDX-License-Identifier: Apache-2.0
 /// @file
 /// @brief The exceptions dettrial throws. Every message names the thing at fault.
@@ -63,61 +65,9 @@ struct TrialError : Error {
   using Error::Error;
 };
 
-namespace detail {
-/// The first line of a message (LibTorch's errors append a backtrace).
-inline std::string first_line(std::string text) {
-  if (const auto nl = text.find('\n'); nl != std::string::npos) text.resize(nl);
-  return text;
-}
-}  // namespace detail
 
 }  // namespace dettrial
-// ---- end dettrial/detail/error.hpp
-
-// ---- begin dettrial/checkpoint/checkpoint.hpp
-// SPDX-License-Identifier: Apache-2.0
-/// @file
-/// @brief What a checkpoint holds and how a Context's models, optimizers, schedulers, gradients and
-/// RNGs go in and out of it; loading a checkpoint's models for evaluation or inference.
-///
-/// A checkpoint directory (Determined's layout):
-/// - `state_dict.pth`: `torch.load`-able dict with `models_state_dict`, `optimizers_state_dict` (Python
-///   layout), `lr_schedulers_state_dict`, `callbacks`, `rng_state`;
-/// - `dettrial_state.pt`: LibTorch's own archives of the optimizers and schedulers (every optimizer
-///   restored exactly, whatever its type) and, mid gradient aggregation, the pending gradients;
-/// - `trial_state.json`: where the trial stands (batches, epochs, last validation and checkpoint);
-/// - `load_data.json`: the experiment config and hyperparameters;
-/// - `metadata.json`, written last: steps completed, framework, format, each file's size and CRC-32.
-
-#include <cstdint>
-#include <filesystem>
-#include <mutex>
-#include <optional>
-#include <sstream>
-#include <string>
-#include <vector>
-#include <utility>
-
-#include <torch/torch.h>
-
-// ---- begin dettrial/context/context.hpp
-// SPDX-License-Identifier: Apache-2.0
-/// @file
-/// @brief The trial context: hyperparameters, batch sizes, seed, device, counters, and the wrapping of
-/// models, optimizers, schedulers and reducers that the trainer drives.
-
-#include <algorithm>
-#include <chrono>
-#include <cstdint>
-#include <filesystem>
-#include <memory>
-#include <optional>
-#include <string>
-#include <type_traits>
-#include <vector>
-
-#include <torch/torch.h>
-#include <yaml-cpp/yaml.h>
+// ---- end dettrial/error.hpp
 
 // ---- begin dettrial/config/experiment_config.hpp
 // SPDX-License-Identifier: Apache-2.0
@@ -246,7 +196,7 @@ inline std::string suggestion(const std::string& name, const std::vector<std::st
 
 }  // namespace dettrial::detail
 // ---- end dettrial/detail/yaml.hpp
-// ---- begin dettrial/trainer/units.hpp
+// ---- begin dettrial/config/units.hpp
 // SPDX-License-Identifier: Apache-2.0
 /// @file
 /// @brief Training lengths and periods: Batch, Epoch and Record, with Determined's boundary rule.
@@ -354,7 +304,7 @@ struct Record : TrainUnit {
 inline TrainUnit never() { return Batch(TrainUnit::never_value); }
 
 }  // namespace dettrial
-// ---- end dettrial/trainer/units.hpp
+// ---- end dettrial/config/units.hpp
 // ---- begin dettrial/config/hyperparameters.hpp
 // SPDX-License-Identifier: Apache-2.0
 /// @file
@@ -901,49 +851,390 @@ class ExperimentConfig {
 
 }  // namespace dettrial
 // ---- end dettrial/config/experiment_config.hpp
-// ---- begin dettrial/detail/malloc.hpp
+// ---- begin dettrial/data/data_loader.hpp
 // SPDX-License-Identifier: Apache-2.0
 /// @file
-/// @brief Keeping freed memory in the process: glibc's malloc settings for a training loop.
+/// @brief Batch-level datasets and the DataLoader the trainer iterates, epoch by epoch, in a
+/// reproducible order.
 
-#include <cstdlib>
-#include <initializer_list>
+#include <concepts>
+#include <cstdint>
+#include <iterator>
+#include <optional>
+#include <ranges>
+#include <tuple>
+#include <utility>
 
-#if defined(__GLIBC__) && __has_include(<malloc.h>)
-#include <malloc.h>
-#define DETTRIAL_HAS_MALLOPT 1
-#endif
+#include <ATen/CPUGeneratorImpl.h>
+#include <torch/torch.h>
+
+// ---- begin dettrial/data/to_device.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief Moving nested batches to a device: tensors, tuples, pairs, vectors, string-keyed maps, and
+/// user types that teach dettrial how.
+
+#include <map>
+#include <string>
+#include <tuple>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include <torch/torch.h>
+
+namespace dettrial {
+
+namespace detail {
+template <class T>
+struct is_tuple_like : std::false_type {};
+template <class... Ts>
+struct is_tuple_like<std::tuple<Ts...>> : std::true_type {};
+template <class A, class B>
+struct is_tuple_like<std::pair<A, B>> : std::true_type {};
+template <class T>
+struct is_vector : std::false_type {};
+template <class T, class A>
+struct is_vector<std::vector<T, A>> : std::true_type {};
+template <class T>
+struct is_string_map : std::false_type {};
+template <class V, class C, class A>
+struct is_string_map<std::map<std::string, V, C, A>> : std::true_type {};
+template <class V, class H, class E, class A>
+struct is_string_map<std::unordered_map<std::string, V, H, E, A>> : std::true_type {};
+}  // namespace detail
+
+namespace detail {
+/// Calls `f(tensor&)` on every tensor inside a nested batch (tuples, pairs, vectors, string-keyed maps);
+/// other values are skipped.
+template <class T, class F>
+void for_each_tensor(T& batch, F&& f) {
+  using U = std::remove_cvref_t<T>;
+  if constexpr (std::is_same_v<U, torch::Tensor>) {
+    f(batch);
+  } else if constexpr (is_tuple_like<U>::value) {
+    std::apply([&](auto&... parts) { (for_each_tensor(parts, f), ...); }, batch);
+  } else if constexpr (is_vector<U>::value) {
+    for (auto& part : batch) for_each_tensor(part, f);
+  } else if constexpr (is_string_map<U>::value) {
+    for (auto& kv : batch) for_each_tensor(kv.second, f);
+  }
+}
+}  // namespace detail
+
+/**
+ * @brief Moves every tensor inside `batch` to `device`, in place.
+ *
+ * Recurses through std::tuple, std::pair, std::vector and string-keyed std::map / std::unordered_map.
+ * A user type is moved by its member `to_device(device, non_blocking)` if it has one, else by its
+ * member `to(device)` (Determined moves "anything with .to"); anything else is left as it is.
+ * Tensors already on `device` are not copied.
+ */
+struct to_device_in_place_fn {
+  template <class T>
+  void operator()(T& batch, const torch::Device& device, bool non_blocking = false) const {
+    using U = std::remove_cvref_t<T>;
+    if constexpr (std::is_same_v<U, torch::Tensor>) {
+      if (batch.defined() && batch.device() != device) batch = batch.to(device, non_blocking);
+    } else if constexpr (detail::is_tuple_like<U>::value) {
+      std::apply([&](auto&... parts) { ((*this)(parts, device, non_blocking), ...); }, batch);
+    } else if constexpr (detail::is_vector<U>::value) {
+      for (auto& part : batch) (*this)(part, device, non_blocking);
+    } else if constexpr (detail::is_string_map<U>::value) {
+      for (auto& kv : batch) (*this)(kv.second, device, non_blocking);
+    } else if constexpr (requires { batch.to_device(device, non_blocking); }) {
+      batch.to_device(device, non_blocking);
+    } else if constexpr (requires { batch = batch.to(device); }) {
+      batch = batch.to(device);
+    }
+  }
+};
+inline constexpr to_device_in_place_fn to_device_in_place{};
+
+/// Moves every tensor inside `batch` to `device` and returns it (see to_device_in_place).
+template <class T>
+std::remove_cvref_t<T> to_device(T&& batch, const torch::Device& device, bool non_blocking = false) {
+  std::remove_cvref_t<T> moved(std::forward<T>(batch));
+  to_device_in_place(moved, device, non_blocking);
+  return moved;
+}
+
+/// The number of records in a batch: the first dimension of its first tensor (Determined's data_length).
+template <class T>
+std::int64_t batch_length(const T& batch) {
+  using U = std::remove_cvref_t<T>;
+  if constexpr (std::is_same_v<U, torch::Tensor>) {
+    return batch.defined() && batch.dim() > 0 ? batch.size(0) : 1;
+  } else if constexpr (detail::is_tuple_like<U>::value) {
+    return batch_length(std::get<0>(batch));
+  } else if constexpr (detail::is_vector<U>::value || detail::is_string_map<U>::value) {
+    if (batch.empty()) return 0;
+    if constexpr (detail::is_vector<U>::value) return batch_length(batch.front());
+    else return batch_length(batch.begin()->second);
+  } else if constexpr (requires { { batch.size() } -> std::convertible_to<std::int64_t>; }) {
+    return static_cast<std::int64_t>(batch.size());
+  } else {
+    return 1;
+  }
+}
+
+}  // namespace dettrial
+// ---- end dettrial/data/to_device.hpp
+// ---- begin dettrial/data/collate.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief Per-example datasets: `get(index)` one record at a time, stacked into batches by a collate
+/// function (nested tensors, tuples, vectors, string-keyed maps, numbers, strings).
+
+#include <concepts>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include <torch/torch.h>
+
+
+namespace dettrial {
+
+/// A dataset read one record at a time: `size()` records and `get(index)`.
+template <class D>
+concept ExampleDataset = requires(const D& d, std::int64_t i) {
+  { d.size() } -> std::convertible_to<std::int64_t>;
+  d.get(i);
+};
+
+/**
+ * @brief The default collate: stacks a vector of examples into one batch of the same shape.
+ * Tensors are stacked along a new first dimension; tuples, pairs, vectors and string-keyed maps are
+ * collated element by element; numbers become a 1-D tensor; strings a vector of strings.
+ */
+struct collate_fn {
+  template <class Example>
+  auto operator()(const std::vector<Example>& examples) const {
+    using E = std::remove_cvref_t<Example>;
+    if constexpr (std::is_same_v<E, torch::Tensor>) {
+      return torch::stack(examples);
+    } else if constexpr (detail::is_tuple_like<E>::value) {
+      return [&]<std::size_t... I>(std::index_sequence<I...>) {
+        return std::tuple{(*this)(field<I>(examples))...};
+      }(std::make_index_sequence<std::tuple_size_v<E>>{});
+    } else if constexpr (detail::is_vector<E>::value) {
+      using Inner = typename E::value_type;
+      std::vector<decltype((*this)(std::declval<const std::vector<Inner>&>()))> out;
+      const std::size_t width = examples.empty() ? 0 : examples.front().size();
+      for (std::size_t j = 0; j < width; ++j) {
+        std::vector<Inner> column;
+        column.reserve(examples.size());
+        for (const auto& e : examples) {
+          if (e.size() != width) throw DataError("collate: examples are vectors of different lengths");
+          column.push_back(e[j]);
+        }
+        out.push_back((*this)(column));
+      }
+      return out;
+    } else if constexpr (detail::is_string_map<E>::value) {
+      using Inner = typename E::mapped_type;
+      std::map<std::string, decltype((*this)(std::declval<const std::vector<Inner>&>()))> out;
+      if (examples.empty()) return out;
+      for (const auto& [key, unused] : examples.front()) {
+        std::vector<Inner> column;
+        column.reserve(examples.size());
+        for (const auto& e : examples) {
+          auto it = e.find(key);
+          if (it == e.end()) throw DataError("collate: an example has no key '" + key + "'");
+          column.push_back(it->second);
+        }
+        out.emplace(key, (*this)(column));
+      }
+      return out;
+    } else if constexpr (std::is_arithmetic_v<E>) {
+      return torch::tensor(std::vector<std::conditional_t<std::is_floating_point_v<E>, double, std::int64_t>>(examples.begin(),
+                                                                                                              examples.end()))
+          .to(std::is_floating_point_v<E> ? torch::kFloat : torch::kLong);
+    } else {
+      return examples;  // strings and other values: the list of them
+    }
+  }
+
+ private:
+  template <std::size_t I, class E>
+  static auto field(const std::vector<E>& examples) {
+    std::vector<std::remove_cvref_t<std::tuple_element_t<I, E>>> out;
+    out.reserve(examples.size());
+    for (const auto& e : examples) out.push_back(std::get<I>(e));
+    return out;
+  }
+};
+
+/// Turns a per-example dataset into a batch-level one: gathers the records of a batch and collates them.
+template <class D, class Collate = collate_fn>
+class ExampleBatches {
+  static_assert(ExampleDataset<D>, "dettrial::ExampleBatches<D>: D must have size() and get(index) (a dettrial::ExampleDataset)");
+
+ public:
+  explicit ExampleBatches(D dataset, Collate collate = {}) : dataset_(std::move(dataset)), collate_(std::move(collate)) {}
+  std::int64_t size() const { return static_cast<std::int64_t>(dataset_.size()); }
+  auto get_batch(const torch::Tensor& indices) const {
+    using Example = std::remove_cvref_t<decltype(dataset_.get(std::int64_t{}))>;
+    std::vector<Example> examples;
+    examples.reserve(static_cast<std::size_t>(indices.numel()));
+    const torch::Tensor order = indices.to(torch::kLong).contiguous();
+    const auto* idx = order.data_ptr<std::int64_t>();
+    for (std::int64_t i = 0; i < indices.numel(); ++i) examples.push_back(dataset_.get(idx[i]));
+    return collate_(examples);
+  }
+  const D& dataset() const { return dataset_; }
+
+ private:
+  D dataset_;
+  Collate collate_;
+};
+
+/// A per-example dataset with a custom collate function, for DataLoader.
+template <class D, class Collate>
+ExampleBatches<D, Collate> with_collate(D dataset, Collate collate) {
+  return ExampleBatches<D, Collate>(std::move(dataset), std::move(collate));
+}
+
+}  // namespace dettrial
+// ---- end dettrial/data/collate.hpp
+// ---- begin dettrial/data/prefetch.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief Background batch reading: worker threads fill a bounded ring of batches that the consumer
+/// takes strictly in order, so the order never depends on the number of workers.
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <mutex>
+#include <optional>
+#include <thread>
+#include <vector>
 
 namespace dettrial::detail {
 
 /**
- * @brief Makes glibc keep the memory a training loop frees, once per process; returns whether it did.
- *
- * By default glibc serves each block above its mmap threshold with a fresh mapping and unmaps it on
- * free, and trims the heap's free top: a loop that frees and re-allocates the same megabytes of
- * activations and gradients every batch then takes thousands of page faults a batch, each zeroing a
- * page (the MNIST example: 1.9 million faults in 300 batches, about a quarter of its time). With the
- * mmap threshold at its maximum (32 MiB) and trimming only beyond 1 GiB, freed blocks are reused;
- * the process keeps what it used at its peak. Left alone when the user tuned malloc (a `MALLOC_*_`
- * variable or `GLIBC_TUNABLES`) or set `DETTRIAL_MALLOC=system`.
+ * @brief Reads items `first, first+1, ..., end-1` with `workers` threads, at most `depth` ahead of the
+ * consumer. Workers claim positions in turn and write them to slot `position % depth`; `take()` returns
+ * them in position order. An exception in a worker is rethrown by the `take()` of its position.
  */
-inline bool keep_freed_memory() {
-#if defined(DETTRIAL_HAS_MALLOPT)
-  static const bool applied = [] {
-    for (const char* name : {"DETTRIAL_MALLOC", "GLIBC_TUNABLES", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_",
-                             "MALLOC_TOP_PAD_", "MALLOC_MMAP_MAX_", "MALLOC_ARENA_MAX"})
-      if (const char* value = std::getenv(name); value && *value) return false;
-    return ::mallopt(M_MMAP_THRESHOLD, 32 * 1024 * 1024) == 1 && ::mallopt(M_TRIM_THRESHOLD, 1024 * 1024 * 1024) == 1 &&
-           ::mallopt(M_TOP_PAD, 64 * 1024 * 1024) == 1;
-  }();
-  return applied;
-#else
-  return false;
-#endif
-}
+template <class T>
+class Prefetcher {
+ public:
+  using Read = std::function<T(std::int64_t)>;
+
+  Prefetcher(Read read, std::int64_t first, std::int64_t end, int workers, int depth)
+      : read_(std::move(read)), next_claim_(first), next_take_(first), end_(end),
+        slots_(static_cast<std::size_t>(std::max(depth, workers))) {
+    threads_.reserve(static_cast<std::size_t>(workers));
+    for (int w = 0; w < workers; ++w) threads_.emplace_back([this] { work(); });
+  }
+  Prefetcher(const Prefetcher&) = delete;
+  Prefetcher& operator=(const Prefetcher&) = delete;
+  ~Prefetcher() {
+    {
+      std::lock_guard lock(mutex_);
+      stopping_ = true;
+    }
+    changed_.notify_all();
+    for (auto& t : threads_) t.join();
+  }
+
+  /// The next item, in order; waits for it if a worker is still reading it.
+  T take() {
+    std::unique_lock lock(mutex_);
+    Slot& slot = slots_[index(next_take_)];
+    changed_.wait(lock, [&] { return slot.position == next_take_ && (slot.value || slot.error); });
+    std::exception_ptr error = slot.error;
+    std::optional<T> value = std::move(slot.value);
+    slot.value.reset();
+    slot.error = nullptr;
+    slot.position = -1;
+    ++next_take_;
+    lock.unlock();
+    changed_.notify_all();
+    if (error) std::rethrow_exception(error);
+    return std::move(*value);
+  }
+
+ private:
+  struct Slot {
+    std::int64_t position = -1;
+    std::optional<T> value;
+    std::exception_ptr error;
+  };
+
+  std::size_t index(std::int64_t position) const { return static_cast<std::size_t>(position % static_cast<std::int64_t>(slots_.size())); }
+
+  void work() {
+    for (;;) {
+      std::int64_t position;
+      {
+        std::unique_lock lock(mutex_);
+        // Claim the next position once its slot is free: at most slots_.size() ahead of the consumer.
+        changed_.wait(lock, [&] {
+          return stopping_ || next_claim_ >= end_ || next_claim_ < next_take_ + static_cast<std::int64_t>(slots_.size());
+        });
+        if (stopping_ || next_claim_ >= end_) return;
+        position = next_claim_++;
+      }
+      std::optional<T> value;
+      std::exception_ptr error;
+      try {
+        value.emplace(read_(position));
+      } catch (...) {
+        error = std::current_exception();
+      }
+      {
+        std::lock_guard lock(mutex_);
+        Slot& slot = slots_[index(position)];
+        slot.position = position;
+        slot.value = std::move(value);
+        slot.error = error;
+      }
+      changed_.notify_all();
+    }
+  }
+
+  Read read_;
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  std::int64_t next_claim_;
+  std::int64_t next_take_;
+  std::int64_t end_;
+  bool stopping_ = false;
+  std::vector<Slot> slots_;
+  std::vector<std::thread> threads_;
+};
 
 }  // namespace dettrial::detail
-// ---- end dettrial/detail/malloc.hpp
+// ---- end dettrial/data/prefetch.hpp
+// ---- begin dettrial/data/sampler.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief The sampler chain: which records make up each batch a rank reads, with Determined's order of
+/// operations (shuffle per epoch, batch, repeat, shard by rank, skip) and O(1) random access.
+
+#include <cstdint>
+#include <limits>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <range/v3/view/drop.hpp>
+#include <range/v3/view/iota.hpp>
+#include <range/v3/view/stride.hpp>
+#include <range/v3/view/transform.hpp>
+#include <torch/torch.h>
+
 // ---- begin dettrial/detail/random.hpp
 // SPDX-License-Identifier: Apache-2.0
 /// @file
@@ -965,608 +1256,516 @@ constexpr std::uint64_t mix64(std::uint64_t x) {
 
 }  // namespace dettrial::detail
 // ---- end dettrial/detail/random.hpp
-// ---- begin dettrial/distributed/communicator.hpp
-// SPDX-License-Identifier: Apache-2.0
-/// @file
-/// @brief The process group of a data-parallel job, on PyTorch's c10d: a TCPStore rendezvous and a
-/// Gloo (CPU) or NCCL (CUDA) backend chosen by a policy type, with the few collectives dettrial uses.
-
-#include <algorithm>
-#include <chrono>
-#include <cstring>
-#include <cstdint>
-#include <memory>
-#include <optional>
-#include <type_traits>
-#include <string>
-#include <string_view>
-#include <vector>
-
-#include <torch/torch.h>
-#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
-#include <torch/csrc/distributed/c10d/TCPStore.hpp>
-// Gloo comes with LibTorch's c10d when it was built with it (USE_C10D_GLOO) and its headers are
-// installed (Debian: libgloo-dev); NCCL when LibTorch is CUDA-built and dettrial's CMake found nccl.h.
-#if defined(USE_C10D_GLOO) && __has_include(<gloo/algorithm.h>)
-#define DETTRIAL_HAS_GLOO 1
-#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
-#endif
-#if defined(DETTRIAL_HAS_NCCL)
-#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
-#endif
-
-// ---- begin dettrial/distributed/launch_environment.hpp
-// SPDX-License-Identifier: Apache-2.0
-/// @file
-/// @brief Where this process sits in a data-parallel job, read from the launcher's environment:
-/// torchrun, Slurm (`srun`), Open MPI / PMI (`mpirun`), plain RANK/WORLD_SIZE, else one process.
-
-#include <algorithm>
-#include <charconv>
-#include <cstdlib>
-#include <functional>
-#include <optional>
-#include <string>
-#include <string_view>
-
 
 namespace dettrial {
 
-/// The launcher a LaunchEnvironment was read from.
-enum class Launcher { single, torchrun, slurm, mpi, env };
+/// How the trainer reads a loader: Determined's `get_data_loader(repeat, skip, num_replicas, rank)`.
+struct LoaderChain {
+  /// Endless epochs (training) or one pass (validation).
+  bool repeat = false;
+  /// Batches of this rank's stream to pass over (already trained); none of their records are read.
+  std::int64_t skip = 0;
+  /// Ranks sharing the data; rank `r` takes every `num_replicas`-th batch, starting at `r`.
+  std::int64_t num_replicas = 1;
+  std::int64_t rank = 0;
+};
 
-inline const char* launcher_name(Launcher l) {
-  switch (l) {
-    case Launcher::torchrun: return "torchrun";
-    case Launcher::slurm: return "Slurm";
-    case Launcher::mpi: return "MPI";
-    case Launcher::env: return "RANK/WORLD_SIZE";
-    case Launcher::single: break;
-  }
-  return "single process";
-}
+/// The records of one batch: `count` positions of the epoch's order starting at `first`.
+struct BatchSlice {
+  std::int64_t epoch = 0;
+  std::int64_t first = 0;
+  std::int64_t count = 0;
+  /// The record indices (int64, CPU) when the order is shuffled; undefined for the identity order.
+  torch::Tensor indices;
+};
 
 /**
- * @brief Rank, world size and rendezvous address of this process, as its launcher set them.
+ * @brief Record order and batching for one dataset size, with Determined's sampler semantics.
  *
- * Checked in this order (Lightning's and Determined's): torchrun (RANK, GROUP_RANK, LOCAL_RANK and
- * LOCAL_WORLD_SIZE all set; with TORCHELASTIC_USE_AGENT_STORE=True the agent hosts the store and
- * every rank is a client under the prefix `/worker/attempt_<restart>`), Slurm (SLURM_PROCID,
- * SLURM_NTASKS; the first node of the job's node list hosts the store, on MASTER_PORT or a port
- * derived from the job id), Open MPI (OMPI_COMM_WORLD_RANK/SIZE) or PMI (PMI_RANK/SIZE), plain
- * RANK and WORLD_SIZE, else one process. MASTER_ADDR and MASTER_PORT override the address.
+ * Epoch `e`'s order is a permutation drawn from (seed, e) alone (or the identity without shuffling),
+ * so any batch of any epoch can be computed on its own: that is what makes skipping O(1) and
+ * prefetching order-preserving. Batches of the endless (repeated) stream are numbered globally and
+ * dealt out to ranks by stride, like Determined's Repeat → DistributedBatch → Skip chain.
  */
-struct LaunchEnvironment {
-  Launcher launcher = Launcher::single;
-  int rank = 0;
-  int size = 1;
-  int local_rank = 0;
-  int local_size = 1;
-  std::string master_addr = "127.0.0.1";
-  int master_port = 29500;
-  /// torchrun's agent already hosts the TCPStore: every rank connects as a client.
-  bool agent_store = false;
-  /// The key prefix every store access takes (torchrun's per-restart prefix), or empty.
-  std::string store_prefix;
-
-  bool distributed() const { return size > 1; }
-
-  using Getenv = std::function<const char*(const char*)>;
-
-  /// The integer in environment variable `name` (at least `least`), or nullopt when it is unset or
-  /// empty; throws ConfigError naming the variable when it is not such an integer.
-  static std::optional<int> env_integer(const Getenv& getenv, const char* name, int least) {
-    const char* text = getenv(name);
-    if (text == nullptr || *text == '\0') return std::nullopt;
-    int value = 0;
-    const std::string_view s(text);
-    const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), value);
-    if (ec != std::errc() || end != s.data() + s.size() || value < least)
-      throw ConfigError(std::string("environment variable ") + name + "='" + text + "' is not " +
-                        (least > 0 ? "a positive integer" : "a non-negative integer"));
-    return value;
-  }
-
-  static LaunchEnvironment detect(const Getenv& getenv = [](const char* name) { return std::getenv(name); }) {
-    auto has = [&](const char* name) { return getenv(name) != nullptr && *getenv(name) != '\0'; };
-    auto integer = [&](const char* name, int fallback) { return env_integer(getenv, name, 0).value_or(fallback); };
-    LaunchEnvironment e;
-    if (has("RANK") && has("GROUP_RANK") && has("LOCAL_RANK") && has("LOCAL_WORLD_SIZE")) {
-      e.launcher = Launcher::torchrun;
-      e.rank = integer("RANK", 0);
-      e.size = integer("WORLD_SIZE", 1);
-      e.local_rank = integer("LOCAL_RANK", 0);
-      e.local_size = integer("LOCAL_WORLD_SIZE", 1);
-      if (const char* agent = getenv("TORCHELASTIC_USE_AGENT_STORE"); agent && std::string_view(agent) == "True") {
-        e.agent_store = true;
-        e.store_prefix = "/worker/attempt_" + std::to_string(integer("TORCHELASTIC_RESTART_COUNT", 0));
-      }
-    } else if (has("SLURM_PROCID") && (has("SLURM_NTASKS") || has("SLURM_NPROCS"))) {
-      e.launcher = Launcher::slurm;
-      e.rank = integer("SLURM_PROCID", 0);
-      e.size = has("SLURM_NTASKS") ? integer("SLURM_NTASKS", 1) : integer("SLURM_NPROCS", 1);
-      e.local_rank = integer("SLURM_LOCALID", 0);
-      // Tasks on this node: SLURM_NTASKS_PER_NODE when given, else this node's entry of the step's
-      // (or job's) task layout, such as "2(x3),1".
-      const char* layout = has("SLURM_STEP_TASKS_PER_NODE") ? getenv("SLURM_STEP_TASKS_PER_NODE") : getenv("SLURM_TASKS_PER_NODE");
-      e.local_size = has("SLURM_NTASKS_PER_NODE") ? integer("SLURM_NTASKS_PER_NODE", 1)
-                     : layout                     ? slurm_tasks_on_node(layout, integer("SLURM_NODEID", 0))
-                                                  : 1;
-      const char* nodes = has("SLURM_STEP_NODELIST") ? getenv("SLURM_STEP_NODELIST") : getenv("SLURM_JOB_NODELIST");
-      if (nodes) e.master_addr = first_slurm_host(nodes);
-      // Slurm sets no port: one derived from the job id keeps concurrent jobs on a node apart.
-      e.master_port = 10000 + integer("SLURM_JOB_ID", 0) % 20000;
-    } else if (has("OMPI_COMM_WORLD_RANK") && has("OMPI_COMM_WORLD_SIZE")) {
-      e.launcher = Launcher::mpi;
-      e.rank = integer("OMPI_COMM_WORLD_RANK", 0);
-      e.size = integer("OMPI_COMM_WORLD_SIZE", 1);
-      e.local_rank = integer("OMPI_COMM_WORLD_LOCAL_RANK", 0);
-      e.local_size = integer("OMPI_COMM_WORLD_LOCAL_SIZE", 1);
-    } else if (has("PMI_RANK") && has("PMI_SIZE")) {
-      e.launcher = Launcher::mpi;
-      e.rank = integer("PMI_RANK", 0);
-      e.size = integer("PMI_SIZE", 1);
-      e.local_rank = integer("MPI_LOCALRANKID", 0);
-      e.local_size = integer("MPI_LOCALNRANKS", 1);
-    } else if (has("RANK") && has("WORLD_SIZE")) {
-      e.launcher = Launcher::env;
-      e.rank = integer("RANK", 0);
-      e.size = integer("WORLD_SIZE", 1);
-      e.local_rank = integer("LOCAL_RANK", e.rank);
-      e.local_size = integer("LOCAL_WORLD_SIZE", e.size);
-    } else {
-      return e;
-    }
-    if (has("MASTER_ADDR")) e.master_addr = getenv("MASTER_ADDR");
-    e.master_port = integer("MASTER_PORT", e.master_port);
-    if (e.size < 1) throw ConfigError(std::string(launcher_name(e.launcher)) + " gives a world size of 0");
-    if (e.rank >= e.size)
-      throw ConfigError(std::string(launcher_name(e.launcher)) + " gives rank " + std::to_string(e.rank) + " in a world of " +
-                        std::to_string(e.size));
-    if (e.master_port < 1 || e.master_port > 65535)
-      throw ConfigError("MASTER_PORT " + std::to_string(e.master_port) + " is not a TCP port");
-    return e;
-  }
-
-  /// The tasks on node `node` of a Slurm task layout: "2(x3),1" gives 2 for nodes 0-2 and 1 for node 3
-  /// (1 when the layout is unreadable or shorter).
-  static int slurm_tasks_on_node(std::string_view layout, int node) {
-    int seen = 0;
-    while (!layout.empty()) {
-      const std::size_t comma = layout.find(',');
-      const std::string_view entry = layout.substr(0, comma);
-      int tasks = 0, repeat = 1;
-      const auto [end, ec] = std::from_chars(entry.data(), entry.data() + entry.size(), tasks);
-      if (ec != std::errc()) return 1;
-      if (const std::string_view rest(end, static_cast<std::size_t>(entry.data() + entry.size() - end)); rest.starts_with("(x"))
-        std::from_chars(rest.data() + 2, rest.data() + rest.size(), repeat);
-      if (node < seen + repeat) return std::max(tasks, 1);
-      seen += repeat;
-      if (comma == std::string_view::npos) break;
-      layout.remove_prefix(comma + 1);
-    }
-    return 1;
-  }
-
-  /// The first host of a Slurm node list: "node[03-05,9],gpu1" gives "node03".
-  static std::string first_slurm_host(std::string_view list) {
-    std::string host;
-    for (std::size_t i = 0; i < list.size(); ++i) {
-      const char c = list[i];
-      if (c == ',') break;
-      if (c == '[') {
-        std::size_t j = i + 1;
-        while (j < list.size() && list[j] != '-' && list[j] != ',' && list[j] != ']') host += list[j++];
-        break;
-      }
-      host += c;
-    }
-    return host;
-  }
-};
-
-}  // namespace dettrial
-// ---- end dettrial/distributed/launch_environment.hpp
-
-namespace dettrial {
-
-/// A collective that failed or timed out: another rank died, hung or is unreachable.
-struct DistributedError : Error {
-  using Error::Error;
-};
-
-/// Distributed backends as policy types (`Communicator::create<backend::gloo>(...)`).
-namespace backend {
-/// Gloo over TCP: CPU tensors (any machine).
-struct gloo {
-  static constexpr const char* name = "gloo";
-};
-/// NCCL: CUDA tensors. Only when LibTorch is CUDA-built and dettrial was configured with NCCL.
-struct nccl {
-  static constexpr const char* name = "nccl";
-};
-/// Whether this build of dettrial has the Gloo backend.
-inline constexpr bool has_gloo =
-#if defined(DETTRIAL_HAS_GLOO)
-    true;
-#else
-    false;
-#endif
-/// Whether this build of dettrial has the NCCL backend.
-inline constexpr bool has_nccl =
-#if defined(DETTRIAL_HAS_NCCL)
-    true;
-#else
-    false;
-#endif
-}  // namespace backend
-
-namespace detail {
-// LibTorch 1.x backends derive from c10d::ProcessGroup; 2.x ones from c10d::Backend. Both have the
-// same collective signatures, which are all dettrial calls.
-#if TORCH_VERSION_MAJOR >= 2
-using C10dBackend = c10d::Backend;
-#else
-using C10dBackend = c10d::ProcessGroup;
-#endif
-}  // namespace detail
-
-/**
- * @brief One process's handle on its job's process group. Every collective waits for its result and
- * turns a failure (a dead or hung peer, after `timeout`) into a DistributedError naming this rank.
- */
-class Communicator {
+class BatchSampler {
  public:
-  /// Joins the job `env` describes with backend `B` (rank 0 hosts the TCPStore unless torchrun's agent does).
-  template <class B>
-  static std::shared_ptr<Communicator> create(const LaunchEnvironment& env, std::chrono::milliseconds timeout, B = {}) {
-    auto comm = std::shared_ptr<Communicator>(new Communicator(env, timeout, B::name));
-    try {
-      c10d::TCPStoreOptions options;
-      options.port = static_cast<std::uint16_t>(env.master_port);
-      options.isServer = env.rank == 0 && !env.agent_store;
-      if (!env.agent_store) options.numWorkers = static_cast<std::size_t>(env.size);
-      options.waitWorkers = !env.agent_store;
-      options.timeout = timeout;
-      c10::intrusive_ptr<c10d::Store> store = c10::make_intrusive<c10d::TCPStore>(env.master_addr, options);
-      if (!env.store_prefix.empty()) store = c10::make_intrusive<c10d::PrefixStore>(env.store_prefix, store);
-      if constexpr (std::is_same_v<B, backend::gloo>) {
-#if defined(DETTRIAL_HAS_GLOO)
-        auto gloo_options = c10d::ProcessGroupGloo::Options::create(timeout);
-        gloo_options->devices.push_back(gloo_device(env));
-        comm->backend_ = c10::make_intrusive<c10d::ProcessGroupGloo>(store, env.rank, env.size, gloo_options);
-#else
-        throw DistributedError("the Gloo backend is not in this build: LibTorch lacks c10d Gloo, or the gloo headers "
-                               "(Debian: libgloo-dev) are not installed");
-#endif
-      } else {
-#if defined(DETTRIAL_HAS_NCCL)
-        auto nccl_options = c10d::ProcessGroupNCCL::Options::create();
-        nccl_options->timeout = timeout;
-        comm->backend_ = c10::make_intrusive<c10d::ProcessGroupNCCL>(store, env.rank, env.size, nccl_options);
-#else
-        throw DistributedError("the NCCL backend is not in this build: LibTorch is not CUDA-built, or dettrial was configured "
-                               "without NCCL (DETTRIAL_NCCL)");
-#endif
-      }
-    } catch (const DistributedError&) {
-      throw;
-    } catch (const std::exception& e) {
-      throw DistributedError("rank " + std::to_string(env.rank) + " of " + std::to_string(env.size) + ": cannot join the " +
-                             B::name + " process group at " + env.master_addr + ":" + std::to_string(env.master_port) + " (" +
-                             launcher_name(env.launcher) + "): " + detail::first_line(e.what()));
-    }
-    return comm;
+  BatchSampler(std::int64_t records, std::int64_t batch_size, bool drop_last, bool shuffle, std::uint64_t seed)
+      : records_(records), batch_size_(batch_size), drop_last_(drop_last), shuffle_(shuffle), seed_(seed),
+        cache_(std::make_shared<Cache>()) {
+    if (batch_size_ < 1) throw DataError("DataLoader batch_size must be at least 1, not " + std::to_string(batch_size_));
+    if (records_ < 1) throw DataError("DataLoader: the dataset is empty");
+    if (drop_last_ && batch_size_ > records_)
+      throw DataError("DataLoader: batch_size " + std::to_string(batch_size_) + " is larger than the dataset's " +
+                      std::to_string(records_) + " records, so drop_last leaves no batch");
+  }
+
+  std::int64_t records() const { return records_; }
+  std::int64_t batch_size() const { return batch_size_; }
+  bool shuffle() const { return shuffle_; }
+  std::uint64_t seed() const { return seed_; }
+  /// Changes the shuffle seed (a resumed trial gets back the order it was trained with).
+  void set_seed(std::uint64_t seed) {
+    seed_ = seed;
+    cache_ = std::make_shared<Cache>();
+  }
+
+  /// Batches in one epoch, before sharding.
+  std::int64_t batches_per_epoch() const {
+    return drop_last_ ? records_ / batch_size_ : (records_ + batch_size_ - 1) / batch_size_;
+  }
+  /// Batches one rank reads per epoch: Determined's `len(DistributedBatchSampler)`, `len//n + (len%n > rank)`.
+  std::int64_t batches_for(const LoaderChain& chain) const {
+    const std::int64_t len = batches_per_epoch();
+    return len / chain.num_replicas + (len % chain.num_replicas > chain.rank ? 1 : 0);
+  }
+
+  /// Batch `global` of the endless stream of epochs (batch `global % len` of epoch `global / len`).
+  BatchSlice global_batch(std::int64_t global) const {
+    const std::int64_t len = batches_per_epoch();
+    BatchSlice s;
+    s.epoch = global / len;
+    s.first = (global % len) * batch_size_;
+    s.count = std::min(batch_size_, records_ - s.first);
+    if (shuffle_) s.indices = order(s.epoch).narrow(0, s.first, s.count);
+    return s;
   }
 
   /**
-   * @brief A communicator over a c10d backend made elsewhere (one dettrial does not create, or a
-   * test double), whose collectives take their tensors on `device`. `name` is the backend's name in
-   * messages; the backend must be `env.size` ranks wide with this process as `env.rank`.
+   * @brief The slices a rank reads under `chain`: Determined's chain, as views. The global batches of
+   * the epochs (endless when repeating, one epoch otherwise), this rank's share of them (every
+   * `num_replicas`-th, from its rank on), without the first `skip` of those. A random-access view:
+   * skipping costs nothing, and the loader's workers read any position of it.
    */
-  static std::shared_ptr<Communicator> adopt(c10::intrusive_ptr<detail::C10dBackend> backend, const LaunchEnvironment& env,
-                                             std::chrono::milliseconds timeout, torch::Device device, const char* name) {
-    if (!backend) throw DistributedError("Communicator::adopt was given no backend");
-    if (backend->getRank() != env.rank || backend->getSize() != env.size)
-      throw DistributedError(std::string("the ") + name + " backend is rank " + std::to_string(backend->getRank()) + " of " +
-                             std::to_string(backend->getSize()) + ", but the launch environment says rank " + std::to_string(env.rank) +
-                             " of " + std::to_string(env.size));
-    auto comm = std::shared_ptr<Communicator>(new Communicator(env, timeout, name));
-    comm->device_ = device;
-    comm->backend_ = std::move(backend);
-    return comm;
+  auto slices(const LoaderChain& chain) const {
+    namespace views = ranges::views;
+    const std::int64_t global_end = chain.repeat ? std::numeric_limits<std::int64_t>::max() : batches_per_epoch();
+    return views::iota(std::int64_t{0}, global_end)                                   // repeat (or one epoch)
+           | views::drop(chain.rank) | views::stride(chain.num_replicas)            // shard
+           | views::drop(chain.skip)                                                  // skip
+           | views::transform([self = *this](std::int64_t global) { return self.global_batch(global); });
   }
 
-  int rank() const { return env_.rank; }
-  int size() const { return env_.size; }
-  const LaunchEnvironment& environment() const { return env_; }
-  const char* backend_name() const { return backend_name_; }
-  std::chrono::milliseconds timeout() const { return timeout_; }
-
-  /// Sums (or takes the max of) `tensors` across ranks, in place.
-  void allreduce(std::vector<torch::Tensor>& tensors, c10d::ReduceOp::RedOpType op = c10d::ReduceOp::SUM) {
-    c10d::AllreduceOptions options;
-    options.reduceOp = c10d::ReduceOp(op);
-    run("all-reduce", [&] { return backend_->allreduce(tensors, options); });
-  }
-  /// Starts an all-reduce and returns without waiting (see wait()).
-  c10::intrusive_ptr<c10d::Work> allreduce_async(std::vector<torch::Tensor>& tensors) {
-    try {
-      return backend_->allreduce(tensors);
-    } catch (const std::exception& e) {
-      throw failure("all-reduce", e);
-    }
-  }
-  void wait(const c10::intrusive_ptr<c10d::Work>& work, const char* what = "all-reduce") {
-    try {
-      work->wait(timeout_);
-    } catch (const std::exception& e) {
-      throw failure(what, e);
-    }
-  }
-  /// Copies `tensors` from `root` to every rank.
-  void broadcast(std::vector<torch::Tensor>& tensors, int root = 0) {
-    c10d::BroadcastOptions options;
-    options.rootRank = root;
-    run("broadcast", [&] { return backend_->broadcast(tensors, options); });
-  }
-  /// Every rank's `tensor` (same shape on all), gathered on every rank in rank order.
-  std::vector<torch::Tensor> allgather(const torch::Tensor& tensor) {
-    std::vector<std::vector<torch::Tensor>> out(1);
-    for (int r = 0; r < size(); ++r) out[0].push_back(torch::empty_like(tensor));
-    std::vector<torch::Tensor> in{tensor};
-    run("all-gather", [&] { return backend_->allgather(out, in); });
-    return out[0];
-  }
-  void barrier() {
-    run("barrier", [&] { return backend_->barrier(); });
-  }
-
-  /// Where this backend's collectives take their tensors: the CPU for Gloo, this rank's GPU for NCCL.
-  /// Every collective dettrial issues passes tensors on this device.
-  const torch::Device& device() const { return device_; }
-  /// The c10d backend underneath, for collectives of one's own.
-  const c10::intrusive_ptr<detail::C10dBackend>& backend() const { return backend_; }
-
-  /// The chief's `values` on every rank (each rank passes as many).
-  std::vector<std::int64_t> broadcast_values(const std::vector<std::int64_t>& values) {
-    std::vector<torch::Tensor> t{torch::tensor(values, torch::kLong).to(device_)};
-    broadcast(t);
-    const torch::Tensor host = t[0].cpu();
-    return {host.data_ptr<std::int64_t>(), host.data_ptr<std::int64_t>() + host.numel()};
-  }
-  /// The sum (or max, ...) of `values` over the ranks (each rank passes as many).
-  std::vector<double> allreduce_values(const std::vector<double>& values, c10d::ReduceOp::RedOpType op = c10d::ReduceOp::SUM) {
-    std::vector<torch::Tensor> t{torch::tensor(values, torch::kDouble).to(device_)};
-    allreduce(t, op);
-    const torch::Tensor host = t[0].cpu();
-    return {host.data_ptr<double>(), host.data_ptr<double>() + host.numel()};
-  }
-
-  /**
-   * @brief Every rank's `value`, in rank order, on every rank (Determined's object allgather). The
-   * values are pickled with LibTorch's serialization, so they may differ in size and shape between
-   * ranks: numbers, strings, tensors, and lists, tuples and dicts of them.
-   */
-  std::vector<c10::IValue> allgather_object(const c10::IValue& value) {
-    const std::vector<char> bytes = torch::pickle_save(value);
-    const torch::Tensor size = torch::tensor({static_cast<std::int64_t>(bytes.size())}, torch::kLong);
-    std::vector<std::int64_t> sizes;
-    std::int64_t longest = 0;
-    for (const torch::Tensor& s : allgather(size.to(device_))) {
-      sizes.push_back(s.cpu().item<std::int64_t>());
-      longest = std::max(longest, sizes.back());
-    }
-    torch::Tensor padded = torch::zeros({longest}, torch::kUInt8);
-    std::memcpy(padded.data_ptr<std::uint8_t>(), bytes.data(), bytes.size());
-    const std::vector<torch::Tensor> all = allgather(padded.to(device_));
-    std::vector<c10::IValue> out;
-    out.reserve(all.size());
-    for (std::size_t r = 0; r < all.size(); ++r) {
-      const torch::Tensor host = all[r].cpu();
-      const auto* data = reinterpret_cast<const char*>(host.data_ptr<std::uint8_t>());
-      out.push_back(torch::pickle_load(std::vector<char>(data, data + sizes[r])));
-    }
-    return out;
+  /// The order of epoch `e` (a permutation of the records; computed once and kept for the last epochs used).
+  torch::Tensor order(std::int64_t epoch) const {
+    std::lock_guard lock(cache_->mutex);
+    for (const auto& [e, perm] : cache_->orders)
+      if (e == epoch && perm.defined()) return perm;
+    auto generator = at::detail::createCPUGenerator(mix(seed_, static_cast<std::uint64_t>(epoch)));
+    torch::Tensor perm = torch::randperm(records_, generator, torch::TensorOptions().dtype(torch::kLong));
+    cache_->orders[cache_->next] = {epoch, perm};
+    cache_->next = (cache_->next + 1) % cache_->orders.size();
+    return perm;
   }
 
  private:
-  Communicator(LaunchEnvironment env, std::chrono::milliseconds timeout, const char* backend_name)
-      : env_(std::move(env)), timeout_(timeout), backend_name_(backend_name) {
-    // NCCL: one GPU per process, picked by the local rank (as the Context picks its device).
-    if (std::string_view(backend_name_) == backend::nccl::name)
-      device_ = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(env_.local_rank % std::max<std::int64_t>(
-                                                                                 static_cast<std::int64_t>(torch::cuda::device_count()), 1)));
-  }
+  static std::uint64_t mix(std::uint64_t seed, std::uint64_t epoch) { return detail::mix64(seed ^ (epoch * detail::golden_gamma)); }
+  // Two epochs are live at an epoch boundary while prefetching; shared by copies of the sampler.
+  struct Cache {
+    std::mutex mutex;
+    std::array<std::pair<std::int64_t, torch::Tensor>, 2> orders{};
+    std::size_t next = 0;
+  };
 
-#if defined(DETTRIAL_HAS_GLOO)
-  static std::shared_ptr<::gloo::transport::Device> gloo_device(const LaunchEnvironment& env) {
-    if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME"); ifname && *ifname)
-      return c10d::ProcessGroupGloo::createDeviceForInterface(ifname);
-    // One machine (the built-in launcher, a local torchrun): loopback needs no name resolution.
-    if (env.master_addr == "127.0.0.1" || env.master_addr == "localhost")
-      return c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1");
-    return c10d::ProcessGroupGloo::createDefaultDevice();
-  }
-#endif
-
-  template <class F>
-  void run(const char* what, F&& start) {
-    try {
-      start()->wait(timeout_);
-    } catch (const std::exception& e) {
-      throw failure(what, e);
-    }
-  }
-
-  DistributedError failure(const char* what, const std::exception& e) const {
-    return DistributedError("rank " + std::to_string(env_.rank) + " of " + std::to_string(env_.size) + ": " + what + " over " +
-                            backend_name_ + " failed; another rank has died, hung past the " +
-                            std::to_string(timeout_.count() / 1000) + " s timeout, or is unreachable (" + detail::first_line(e.what()) + ")");
-  }
-
-  LaunchEnvironment env_;
-  std::chrono::milliseconds timeout_;
-  const char* backend_name_;
-  torch::Device device_{torch::kCPU};
-  c10::intrusive_ptr<detail::C10dBackend> backend_;
+  std::int64_t records_;
+  std::int64_t batch_size_;
+  bool drop_last_;
+  bool shuffle_;
+  std::uint64_t seed_;
+  std::shared_ptr<Cache> cache_;
 };
 
 }  // namespace dettrial
-// ---- end dettrial/distributed/communicator.hpp
-// ---- begin dettrial/distributed/threads.hpp
-// SPDX-License-Identifier: Apache-2.0
-/// @file
-/// @brief How many threads each process of a data-parallel job computes with: its share of the
-/// cores, so that the ranks on a node do not each run an OpenMP team as large as the node.
-
-#include <algorithm>
-#include <cstdlib>
-#include <optional>
-#include <sched.h>
-#include <string>
-#include <thread>
-#include <vector>
-
+// ---- end dettrial/data/sampler.hpp
 
 namespace dettrial {
 
-/// The intra-op thread count a process trains with, and why (printed once at start).
-struct ThreadChoice {
-  int threads = 1;
-  /// Where the number came from: "OMP_NUM_THREADS", "--threads", "SLURM_CPUS_PER_TASK", "CPUs ... bound
-  /// to this rank by the launcher", "cores bound to this process", or "cores / ranks on this node".
-  std::string source;
-  /// Whether dettrial sets it (false: the user's OMP_NUM_THREADS, which LibTorch applies itself).
-  bool set_by_dettrial = true;
+/**
+ * @brief A dataset read a batch at a time: `size()` records, and `get_batch(indices)` with a 1-D
+ * int64 CPU tensor of record indices (vectorised: one gather per batch, not one call per record).
+ * A dataset may also offer `get_range(begin, end)` for contiguous, unshuffled reads. Either way a
+ * batch must not alias the dataset's storage: a trial may change its batch in place.
+ */
+template <class D>
+concept BatchDataset = requires(D& d, const torch::Tensor& indices) {
+  { d.size() } -> std::convertible_to<std::int64_t>;
+  d.get_batch(indices);
 };
 
-/// The CPUs this process may run on (its affinity mask), in increasing order.
-inline std::vector<int> allowed_cpus() {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  std::vector<int> cpus;
-  if (::sched_getaffinity(0, sizeof set, &set) != 0) return cpus;
-  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu)
-    if (CPU_ISSET(cpu, &set)) cpus.push_back(cpu);
-  return cpus;
-}
-
-/// Sets the calling thread's CPU affinity (inherited by the processes it starts); whether it could.
-inline bool set_thread_cpus(const std::vector<int>& cpus) {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  for (const int cpu : cpus) CPU_SET(cpu, &set);
-  return ::sched_setaffinity(0, sizeof set, &set) == 0;
-}
-
-/// The cores this process may run on (its affinity mask) and the cores the machine has online.
-struct CoreCount {
-  int available = 1;
-  int online = 1;
-
-  static CoreCount of_this_process() {
-    CoreCount c;
-    c.online = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-    const auto allowed = allowed_cpus();
-    c.available = allowed.empty() ? c.online : static_cast<int>(allowed.size());
-    return c;
-  }
+/**
+ * @brief What the trainer needs of a data loader: `size()` batches per epoch, and `batches(chain)`,
+ * the batches one rank reads under Determined's repeat / shard / skip chain (see LoaderChain).
+ */
+template <class L>
+concept BatchLoader = requires(const L& l, const LoaderChain& chain) {
+  { l.size() } -> std::convertible_to<std::int64_t>;
+  { l.batches(chain) };
+  requires std::ranges::input_range<decltype(l.batches(chain))>;
 };
 
-/// The environment variable in which the built-in launcher tells a rank the CPUs it bound it to.
-inline constexpr const char* rank_cpus_variable = "DETTRIAL_RANK_CPUS";
+/// The batch type a loader yields.
+template <BatchLoader L>
+using batch_of = std::remove_cvref_t<std::ranges::range_reference_t<decltype(std::declval<const L&>().batches(LoaderChain{}))>>;
 
-/// Rank `rank`'s share when `ranks` processes split `cpus`: contiguous runs whose sizes differ by at
-/// most one (the first ranks take the extra CPUs). Empty when there are fewer CPUs than ranks.
-inline std::vector<int> share_of_cpus(const std::vector<int>& cpus, int ranks, int rank) {
-  const auto n = static_cast<std::ptrdiff_t>(cpus.size());
-  if (ranks < 1 || rank < 0 || rank >= ranks || n < ranks) return {};
-  const std::ptrdiff_t base = n / ranks, extra = n % ranks;
-  const std::ptrdiff_t first = rank * base + std::min<std::ptrdiff_t>(rank, extra);
-  return {cpus.begin() + first, cpus.begin() + first + base + (rank < extra ? 1 : 0)};
-}
-
-/// A CPU list as Linux writes one ("0-3,8,10-11").
-inline std::string cpu_list_text(const std::vector<int>& cpus) {
-  std::string text;
-  for (std::size_t i = 0; i < cpus.size();) {
-    std::size_t j = i;
-    while (j + 1 < cpus.size() && cpus[j + 1] == cpus[j] + 1) ++j;
-    text += (text.empty() ? "" : ",") + std::to_string(cpus[i]) + (j > i ? "-" + std::to_string(cpus[j]) : "");
-    i = j + 1;
+/**
+ * @brief Tensors indexed together along their first dimension (features, labels, ...).
+ * Batches are `std::tuple<torch::Tensor, ...>`, one element per tensor.
+ */
+template <std::size_t N>
+class TensorDataset {
+ public:
+  template <class... Ts>
+    requires(sizeof...(Ts) == N && (std::same_as<std::remove_cvref_t<Ts>, torch::Tensor> && ...))
+  explicit TensorDataset(Ts&&... tensors) : tensors_{std::forward<Ts>(tensors)...} {
+    for (const auto& t : tensors_) {
+      if (!t.defined() || t.dim() == 0) throw DataError("TensorDataset needs tensors with a first (record) dimension");
+      if (t.size(0) != tensors_[0].size(0))
+        throw DataError("TensorDataset tensors disagree on the number of records: " + std::to_string(tensors_[0].size(0)) +
+                        " and " + std::to_string(t.size(0)));
+    }
   }
-  return text;
-}
+
+  std::int64_t size() const { return tensors_[0].size(0); }
+
+  auto get_batch(const torch::Tensor& indices) const {
+    return make([&](const torch::Tensor& t) { return t.index_select(0, indices); });
+  }
+  /// Records [begin, end) as fresh tensors (one contiguous copy each), so in-place changes to a batch
+  /// never reach the dataset.
+  auto get_range(std::int64_t begin, std::int64_t end) const {
+    return make([&](const torch::Tensor& t) { return t.narrow(0, begin, end - begin).clone(); });
+  }
+  const torch::Tensor& tensor(std::size_t i) const { return tensors_[i]; }
+
+ private:
+  template <class F>
+  auto make(F&& f) const {
+    return [&]<std::size_t... I>(std::index_sequence<I...>) {
+      return std::tuple{f(tensors_[I])...};
+    }(std::make_index_sequence<N>{});
+  }
+  std::array<torch::Tensor, N> tensors_;
+};
+
+template <class... Ts>
+TensorDataset(Ts&&...) -> TensorDataset<sizeof...(Ts)>;
+
+/// Options of a DataLoader.
+struct DataLoaderOptions {
+  std::int64_t batch_size = 1;
+  /// A different, reproducible order every epoch.
+  bool shuffle = false;
+  /// Drop the last, short batch of an epoch.
+  bool drop_last = false;
+  /// The shuffle seed; unset means one drawn from LibTorch's global generator (which the trial
+  /// seed has seeded), so the order follows the trial seed.
+  std::optional<std::uint64_t> seed{};
+  /// Threads reading batches in the background (0: read on the training thread). The order of
+  /// batches is the same whatever the number. The dataset's get_batch must then be thread-safe.
+  int workers = 0;
+  /// Batches read ahead per worker (the bounded queue's depth is workers x prefetch).
+  int prefetch = 2;
+  /// Copy batches into pinned (page-locked) memory, so copies to the GPU can be non-blocking.
+  /// Unset: when LibTorch has CUDA and a GPU is present.
+  std::optional<bool> pin_memory{};
+};
 
 namespace detail {
-/// The thread count OpenMP takes from OMP_NUM_THREADS: its leading integer ("4", " 8", "4,2" for
-/// nested teams); nullopt when unset or unreadable (OpenMP then warns and ignores it itself).
-inline std::optional<int> omp_num_threads(const LaunchEnvironment::Getenv& getenv) {
-  const char* text = getenv("OMP_NUM_THREADS");
-  if (text == nullptr) return std::nullopt;
-  while (*text == ' ' || *text == '\t') ++text;
-  int value = 0;
-  const char* end = text;
-  while (*end >= '0' && *end <= '9' && value < 1'000'000) value = value * 10 + (*end++ - '0');
-  if (end == text || value < 1) return std::nullopt;
-  return value;
+template <class D>
+auto as_batch_dataset(D dataset) {
+  if constexpr (BatchDataset<D>) return dataset;
+  else return ExampleBatches<D>(std::move(dataset));
 }
 }  // namespace detail
 
 /**
- * @brief The threads per rank: the user's choice wins (`requested`, from `--threads` or
- * ContextOptions, then OMP_NUM_THREADS, which torchrun sets to 1 by itself), then Slurm's
- * SLURM_CPUS_PER_TASK, then, under launchers that bind each rank to its own cores (dettrial's
- * built-in launcher, mpirun, srun), the cores this process is bound to, else the cores available
- * divided by the ranks on this node (torchrun without OMP_NUM_THREADS, the built-in launcher on fewer
- * cores than ranks; also a mask shared by all ranks, such as taskset's or a container's). One process with no choice made keeps LibTorch's default (nullopt).
+ * @brief Reads a dataset in batches, in a reproducible order, optionally on background threads.
+ *
+ * Takes a batch-level dataset (`get_batch(indices)`, vectorised: dettrial::TensorDataset) or a
+ * per-example one (`get(index)`, collated by dettrial::collate_fn or by `with_collate`). The trainer
+ * reads it through `batches(chain)`, which applies Determined's repeat, shard and skip; iterating the
+ * loader itself is one unsharded pass (what `evaluate_full_dataset` sees).
+ * @code{.cpp}
+ * dettrial::DataLoader loader(dettrial::TensorDataset(images, labels),
+ *                             {.batch_size = ctx.get_per_slot_batch_size(), .shuffle = true, .workers = 2});
+ * @endcode
  */
-inline std::optional<ThreadChoice> choose_threads(
-    const LaunchEnvironment& env, std::optional<int> requested, CoreCount cores,
-    const LaunchEnvironment::Getenv& getenv = [](const char* name) { return std::getenv(name); }) {
-  if (requested) {
-    if (*requested < 1) throw ConfigError("the thread count must be at least 1, not " + std::to_string(*requested));
-    return ThreadChoice{.threads = *requested, .source = "--threads"};
+template <class D>
+class DataLoader {
+  static_assert(BatchDataset<D> || ExampleDataset<D>,
+                "dettrial::DataLoader<D>: D must be a dettrial::BatchDataset (size() and get_batch(indices) taking a "
+                "1-D int64 tensor of record indices, like dettrial::TensorDataset) or a dettrial::ExampleDataset "
+                "(size() and get(index))");
+
+ public:
+  using dataset_type = decltype(detail::as_batch_dataset(std::declval<D>()));
+  using batch_type =
+      std::remove_cvref_t<decltype(std::declval<const dataset_type&>().get_batch(std::declval<const torch::Tensor&>()))>;
+
+  DataLoader(D dataset, DataLoaderOptions options)
+      : dataset_(std::make_shared<const dataset_type>(detail::as_batch_dataset(std::move(dataset)))),
+        options_(options),
+        sampler_(static_cast<std::int64_t>(dataset_->size()), options.batch_size, options.drop_last, options.shuffle,
+                 options.seed ? *options.seed : draw_seed()) {
+    if (options_.workers < 0) throw DataError("DataLoader workers must not be negative");
+    if (options_.prefetch < 1) throw DataError("DataLoader prefetch must be at least 1");
+    pin_ = options_.pin_memory.value_or(torch::cuda::is_available());
   }
-  if (const auto omp = detail::omp_num_threads(getenv))
-    return ThreadChoice{.threads = *omp, .source = "OMP_NUM_THREADS", .set_by_dettrial = false};
-  if (!env.distributed()) return std::nullopt;
-  if (env.launcher == Launcher::slurm)
-    if (const auto per_task = LaunchEnvironment::env_integer(getenv, "SLURM_CPUS_PER_TASK", 1))
-      return ThreadChoice{.threads = *per_task, .source = "SLURM_CPUS_PER_TASK"};
-  if (const char* bound = getenv(rank_cpus_variable); bound && *bound)
-    return ThreadChoice{.threads = cores.available,
-                        .source = (cores.available == 1 ? "CPU " : "CPUs ") + std::string(bound) + " bound to this rank by the launcher"};
-  const bool binds_ranks = env.launcher == Launcher::mpi || env.launcher == Launcher::slurm;
-  if (binds_ranks && cores.available < cores.online)
-    return ThreadChoice{.threads = cores.available, .source = "cores bound to this process"};
-  const int ranks_here = std::max(1, std::min(env.local_size, env.size));
-  return ThreadChoice{.threads = std::max(1, cores.available / ranks_here),
-                      .source = std::to_string(cores.available) + " cores / " + std::to_string(ranks_here) + " ranks on this node"};
-}
+
+  /// Batches per epoch (one process).
+  std::int64_t size() const { return sampler_.batches_per_epoch(); }
+  /// Batches one rank reads per epoch under `chain` (Determined's sharded length).
+  std::int64_t batches_for(const LoaderChain& chain) const { return sampler_.batches_for(chain); }
+  std::int64_t num_records() const { return sampler_.records(); }
+  const DataLoaderOptions& options() const { return options_; }
+  std::uint64_t seed() const { return sampler_.seed(); }
+  /// Changes the shuffle seed; streams made before keep the old one.
+  void set_seed(std::uint64_t seed) { sampler_.set_seed(seed); }
+  const dataset_type& dataset() const { return *dataset_; }
+  const BatchSampler& sampler() const { return sampler_; }
+
+  /// Reads the records of one slice (thread-safe when the dataset is).
+  batch_type read(const BatchSlice& slice) const {
+    batch_type batch = [&] {
+      if (slice.indices.defined()) return dataset_->get_batch(slice.indices);
+      if constexpr (requires { dataset_->get_range(slice.first, slice.first + slice.count); })
+        return dataset_->get_range(slice.first, slice.first + slice.count);
+      else
+        return dataset_->get_batch(torch::arange(slice.first, slice.first + slice.count, torch::kLong));
+    }();
+    if (pin_) pin_in_place(batch);
+    return batch;
+  }
+
+  /// The batches a rank reads under `chain`, in order, prefetched by the loader's workers.
+  class Stream {
+   public:
+    class iterator {
+     public:
+      using value_type = batch_type;
+      using difference_type = std::ptrdiff_t;
+      iterator() = default;
+      explicit iterator(Stream* stream) : stream_(stream) { advance(); }
+      batch_type& operator*() const { return *current_; }
+      iterator& operator++() {
+        advance();
+        return *this;
+      }
+      void operator++(int) { advance(); }
+      friend bool operator==(const iterator& it, std::default_sentinel_t) { return !it.current_; }
+
+     private:
+      void advance() {
+        current_.reset();
+        if (stream_ && !stream_->exhausted()) current_.emplace(stream_->next());
+      }
+      Stream* stream_ = nullptr;
+      mutable std::optional<batch_type> current_;
+    };
+
+    Stream(const DataLoader& loader, LoaderChain chain)
+        : loader_(&loader), slices_(loader.sampler_.slices(chain)), skip_(chain.skip), position_(chain.skip),
+          end_(chain.repeat ? std::numeric_limits<std::int64_t>::max() : loader.batches_for(chain)) {
+      if (loader.options_.workers > 0 && position_ < end_)
+        prefetcher_ = std::make_unique<detail::Prefetcher<batch_type>>(
+            [loader = loader_, slices = slices_, skip = skip_](std::int64_t k) { return loader->read(slices[k - skip]); },
+            position_, end_, loader.options_.workers, loader.options_.workers * loader.options_.prefetch);
+    }
+    Stream(Stream&&) = default;
+
+    iterator begin() { return iterator(this); }
+    std::default_sentinel_t end() const { return {}; }
+    /// The position (in this rank's batches) of the next batch.
+    std::int64_t position() const { return position_; }
+
+   private:
+    bool exhausted() const { return position_ >= end_; }
+    batch_type next() {
+      const std::int64_t k = position_++;
+      if (prefetcher_) return prefetcher_->take();
+      return loader_->read(slices_[k - skip_]);
+    }
+
+    using Slices = decltype(std::declval<const BatchSampler&>().slices(std::declval<const LoaderChain&>()));
+    const DataLoader* loader_;
+    Slices slices_;  // the sampler chain this stream reads
+    std::int64_t skip_;
+    std::int64_t position_;
+    std::int64_t end_;
+    std::unique_ptr<detail::Prefetcher<batch_type>> prefetcher_;
+  };
+
+  /// Determined's `get_data_loader(repeat, skip, num_replicas, rank)`: the batches this rank reads.
+  Stream batches(const LoaderChain& chain) const {
+    if (chain.num_replicas < 1 || chain.rank < 0 || chain.rank >= chain.num_replicas)
+      throw DataError("DataLoader: rank " + std::to_string(chain.rank) + " is not among " + std::to_string(chain.num_replicas) +
+                      " replicas");
+    if (chain.skip < 0) throw DataError("DataLoader: cannot skip a negative number of batches");
+    return Stream(*this, chain);
+  }
+
+  /// One unsharded pass over the data (epoch 0's order).
+  class PassIterator {
+   public:
+    using value_type = batch_type;
+    using difference_type = std::ptrdiff_t;
+    PassIterator() = default;
+    explicit PassIterator(const DataLoader& loader)
+        : stream_(std::make_shared<Stream>(loader.batches(LoaderChain{}))), it_(stream_->begin()) {}
+    batch_type& operator*() const { return *it_; }
+    PassIterator& operator++() {
+      ++it_;
+      return *this;
+    }
+    void operator++(int) { ++it_; }
+    friend bool operator==(const PassIterator& p, std::default_sentinel_t s) { return !p.stream_ || p.it_ == s; }
+
+   private:
+    std::shared_ptr<Stream> stream_;  // shared: input iterators are copied by range algorithms
+    typename Stream::iterator it_;
+  };
+  PassIterator begin() const { return PassIterator(*this); }
+  std::default_sentinel_t end() const { return {}; }
+
+ private:
+  static std::uint64_t draw_seed() {
+    return static_cast<std::uint64_t>(torch::randint(0, std::numeric_limits<std::int64_t>::max(), {1}, torch::kLong).item<std::int64_t>());
+  }
+  static void pin_in_place(batch_type& batch) {
+    detail::for_each_tensor(batch, [](torch::Tensor& t) {
+      if (t.defined() && t.device().is_cpu() && !t.is_pinned()) t = t.pin_memory();
+    });
+  }
+
+  std::shared_ptr<const dataset_type> dataset_;  // shared with worker threads of live streams
+  DataLoaderOptions options_;
+  BatchSampler sampler_;
+  bool pin_ = false;
+};
 
 }  // namespace dettrial
-// ---- end dettrial/distributed/threads.hpp
-// ---- begin dettrial/metrics/reducers.hpp
+// ---- end dettrial/data/data_loader.hpp
+// ---- begin dettrial/data/idx.hpp
 // SPDX-License-Identifier: Apache-2.0
 /// @file
-/// @brief Metric reduction: Determined's averaging of training metrics over a workload, validation
-/// reducers (avg, sum, max, min) per metric, and user reducer types.
+/// @brief Reading IDX files (the MNIST format), raw or gzip-compressed, and MNIST-layout folders.
 
-#include <algorithm>
-#include <concepts>
-#include <limits>
-#include <map>
-#include <optional>
-#include <type_traits>
+#include <array>
+#include <cerrno>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
 #include <string>
 #include <utility>
-#include <variant>
 #include <vector>
 
 #include <torch/torch.h>
+#include <zlib.h>
 
+
+namespace dettrial {
+
+/**
+ * @brief Reads an IDX file (raw, or gzip: zlib reads both) into a tensor of its element type and
+ * dimensions. Errors name the file and what is wrong with it.
+ */
+inline torch::Tensor read_idx(const std::filesystem::path& path) {
+  const std::string name = path.string();
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec))
+    throw DataError("cannot read IDX file '" + name + "': " + (std::filesystem::exists(path, ec) ? "not a file" : "no such file"));
+  gzFile file = gzopen(name.c_str(), "rb");
+  if (!file) throw DataError("cannot open IDX file '" + name + "': " + std::strerror(errno));
+  struct Closer {
+    gzFile f;
+    ~Closer() { gzclose(f); }
+  } closer{file};
+  gzbuffer(file, 1 << 20);
+
+  auto read_exact = [&](void* dst, std::size_t bytes, const char* what) {
+    std::size_t done = 0;
+    auto* out = static_cast<unsigned char*>(dst);
+    while (done < bytes) {
+      const unsigned chunk = static_cast<unsigned>(std::min<std::size_t>(bytes - done, 1u << 30));
+      const int got = gzread(file, out + done, chunk);
+      if (got < 0) {
+        int code = 0;
+        throw DataError("cannot read IDX file '" + name + "': " + gzerror(file, &code));
+      }
+      if (got == 0)
+        throw DataError("IDX file '" + name + "' is truncated: its " + what + " needs " + std::to_string(bytes) +
+                        " bytes, found " + std::to_string(done));
+      done += static_cast<std::size_t>(got);
+    }
+  };
+
+  std::array<unsigned char, 4> magic{};
+  read_exact(magic.data(), 4, "header");
+  if (magic[0] != 0 || magic[1] != 0)
+    throw DataError("'" + name + "' is not an IDX file (its first two bytes are not zero)");
+  torch::ScalarType dtype;
+  std::size_t element_size;
+  switch (magic[2]) {
+    case 0x08: dtype = torch::kUInt8, element_size = 1; break;
+    case 0x09: dtype = torch::kInt8, element_size = 1; break;
+    case 0x0B: dtype = torch::kInt16, element_size = 2; break;
+    case 0x0C: dtype = torch::kInt32, element_size = 4; break;
+    case 0x0D: dtype = torch::kFloat32, element_size = 4; break;
+    case 0x0E: dtype = torch::kFloat64, element_size = 8; break;
+    default: {
+      char code[8];
+      std::snprintf(code, sizeof code, "0x%02X", magic[2]);
+      throw DataError("IDX file '" + name + "' has unknown element type " + code);
+    }
+  }
+  const int rank = magic[3];
+  if (rank < 1) throw DataError("IDX file '" + name + "' declares no dimensions");
+  std::vector<std::int64_t> dims(static_cast<std::size_t>(rank));
+  std::size_t count = 1;
+  for (auto& d : dims) {
+    std::array<unsigned char, 4> b{};
+    read_exact(b.data(), 4, "header");
+    d = (std::int64_t{b[0]} << 24) | (std::int64_t{b[1]} << 16) | (std::int64_t{b[2]} << 8) | std::int64_t{b[3]};
+    count *= static_cast<std::size_t>(d);
+  }
+  torch::Tensor out = torch::empty(dims, torch::TensorOptions().dtype(dtype));
+  read_exact(out.data_ptr(), count * element_size, "data");
+  if (element_size > 1) {  // IDX is big-endian
+    auto* bytes = static_cast<unsigned char*>(out.data_ptr());
+    for (std::size_t i = 0; i < count; ++i) std::reverse(bytes + i * element_size, bytes + (i + 1) * element_size);
+  }
+  return out;
+}
+
+/// Images (uint8, N x rows x cols) and labels (uint8, N) of one split of an MNIST-format folder.
+struct MnistSplit {
+  torch::Tensor images;
+  torch::Tensor labels;
+};
+
+/**
+ * @brief Loads split `train` or `t10k` of a folder in MNIST's layout (MNIST, Fashion-MNIST, ...):
+ * `<split>-images-idx3-ubyte[.gz]` and `<split>-labels-idx1-ubyte[.gz]` (also `-images.idx3-ubyte`).
+ */
+inline MnistSplit load_mnist(const std::filesystem::path& dir, const std::string& split) {
+  auto find = [&](const std::string& kind, const std::string& idx) {
+    const std::array<std::string, 4> names = {split + "-" + kind + "-" + idx + "-ubyte.gz", split + "-" + kind + "-" + idx + "-ubyte",
+                                              split + "-" + kind + "." + idx + "-ubyte.gz", split + "-" + kind + "." + idx + "-ubyte"};
+    std::error_code ec;
+    for (const auto& n : names)
+      if (std::filesystem::is_regular_file(dir / n, ec)) return dir / n;
+    throw DataError("no MNIST " + kind + " file for split '" + split + "' in '" + dir.string() + "' (looked for " + names[0] +
+                    ", " + names[1] + ", " + names[2] + " and " + names[3] + ")");
+  };
+  MnistSplit s{read_idx(find("images", "idx3")), read_idx(find("labels", "idx1"))};
+  if (s.images.dim() != 3 || s.labels.dim() != 1 || s.images.size(0) != s.labels.size(0))
+    throw DataError("MNIST split '" + split + "' in '" + dir.string() + "' is inconsistent: images " +
+                    std::to_string(s.images.size(0)) + " x ..., labels " + std::to_string(s.labels.size(0)));
+  return s;
+}
+
+}  // namespace dettrial
+// ---- end dettrial/data/idx.hpp
 // ---- begin dettrial/metrics/metrics.hpp
 // SPDX-License-Identifier: Apache-2.0
 /// @file
@@ -1739,8 +1938,40 @@ class MetricValues {
   std::vector<std::pair<std::string, double>> values_;
 };
 
+/**
+ * @brief Which way a searcher metric improves: the one rule for "is this metric better", used by
+ * `checkpoint_policy: best`, checkpoint retention's best checkpoints, and a search's best trial and
+ * checkpoint. A tie is not an improvement.
+ */
+struct MetricOrder {
+  bool smaller_is_better = true;
+  /// Whether `a` is strictly better than `b`.
+  bool better(double a, double b) const { return smaller_is_better ? a < b : a > b; }
+  /// Whether `candidate` improves on `best` (with nothing so far, it does).
+  bool improves(double candidate, const std::optional<double>& best) const { return !best || better(candidate, *best); }
+};
+
 }  // namespace dettrial
 // ---- end dettrial/metrics/metrics.hpp
+// ---- begin dettrial/metrics/reducers.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief Metric reduction: Determined's averaging of training metrics over a workload, validation
+/// reducers (avg, sum, max, min) per metric, and user reducer types.
+
+#include <algorithm>
+#include <concepts>
+#include <limits>
+#include <map>
+#include <optional>
+#include <type_traits>
+#include <string>
+#include <utility>
+#include <variant>
+#include <vector>
+
+#include <torch/torch.h>
+
 
 namespace dettrial {
 
@@ -2215,6 +2446,19 @@ std::int64_t lr_scheduler_steps(void* scheduler) {
   else return -1;
 }
 
+/// A wrapped LR scheduler with its type erased: how to step, save and restore it, and when it steps.
+struct WrappedScheduler {
+  void* scheduler;
+  void (*step)(void*);
+  /// The step mode's rule (see dettrial::LRStepMode): steps due after batch_idx.
+  std::int64_t (*steps_after)(std::int64_t batch_idx, std::int64_t aggregation_frequency, std::int64_t epoch_len, std::int64_t frequency);
+  std::int64_t frequency;
+  void (*save)(void*, torch::serialize::OutputArchive&);
+  void (*load)(void*, torch::serialize::InputArchive&);
+  /// Steps taken, for a LibTorch scheduler; -1 for others.
+  std::int64_t (*steps_taken)(void*);
+};
+
 }  // namespace detail
 }  // namespace dettrial
 // ---- end dettrial/optim/lr_state.hpp
@@ -2274,18 +2518,6 @@ struct manual {
   static std::int64_t steps_after(std::int64_t, std::int64_t, std::int64_t, std::int64_t) { return 0; }
 };
 
-/// Calls `f(mode{})` with the mode named `name` (every_batch, every_epoch, every_optimizer_step,
-/// manual): how a YAML value picks a policy type once, at start-up.
-template <class F>
-decltype(auto) visit(std::string_view name, F&& f) {
-  if (name == every_batch::name) return f(every_batch{});
-  if (name == every_epoch::name) return f(every_epoch{});
-  if (name == every_optimizer_step::name) return f(every_optimizer_step{});
-  if (name == manual::name) return f(manual{});
-  throw ConfigError("unknown LR step mode '" + std::string(name) +
-                    "' (expected every_batch, every_epoch, every_optimizer_step or manual)");
-}
-
 }  // namespace lr_step
 
 /// A step mode policy: a type with `steps_after(batch_idx, aggregation_frequency, epoch_len, frequency)`.
@@ -2319,118 +2551,962 @@ ScheduledLR<S, Mode> scheduled(S scheduler, Mode, std::int64_t frequency = 1) {
 
 }  // namespace dettrial
 // ---- end dettrial/optim/lr_step.hpp
-// ---- begin dettrial/context/to_device.hpp
+// ---- begin dettrial/distributed/communicator.hpp
 // SPDX-License-Identifier: Apache-2.0
 /// @file
-/// @brief Moving nested batches to a device: tensors, tuples, pairs, vectors, string-keyed maps, and
-/// user types that teach dettrial how.
+/// @brief The process group of a data-parallel job, on PyTorch's c10d: a TCPStore rendezvous and a
+/// Gloo (CPU) or NCCL (CUDA) backend chosen by a policy type, with the few collectives dettrial uses.
 
-#include <map>
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <type_traits>
 #include <string>
-#include <tuple>
-#include <unordered_map>
+#include <string_view>
+#include <vector>
+
+#include <torch/torch.h>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+// Gloo comes with LibTorch's c10d when it was built with it (USE_C10D_GLOO) and its headers are
+// installed (Debian: libgloo-dev); NCCL when LibTorch is CUDA-built and dettrial's CMake found nccl.h.
+#if defined(USE_C10D_GLOO) && __has_include(<gloo/algorithm.h>)
+#define DETTRIAL_HAS_GLOO 1
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#endif
+#if defined(DETTRIAL_HAS_NCCL)
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#endif
+
+// ---- begin dettrial/detail/text.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief Small text helpers for error messages.
+
+#include <string>
+
+namespace dettrial::detail {
+/// The first line of a message (LibTorch's errors append a backtrace).
+inline std::string first_line(std::string text) {
+  if (const auto nl = text.find('\n'); nl != std::string::npos) text.resize(nl);
+  return text;
+}
+}  // namespace dettrial::detail
+// ---- end dettrial/detail/text.hpp
+// ---- begin dettrial/distributed/launch_environment.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief Where this process sits in a data-parallel job, read from the launcher's environment:
+/// torchrun, Slurm (`srun`), Open MPI / PMI (`mpirun`), plain RANK/WORLD_SIZE, else one process.
+
+#include <algorithm>
+#include <charconv>
+#include <cstdlib>
+#include <functional>
+#include <optional>
+#include <string>
+#include <string_view>
+
+
+namespace dettrial {
+
+/// The launcher a LaunchEnvironment was read from.
+enum class Launcher { single, torchrun, slurm, mpi, env };
+
+inline const char* launcher_name(Launcher l) {
+  switch (l) {
+    case Launcher::torchrun: return "torchrun";
+    case Launcher::slurm: return "Slurm";
+    case Launcher::mpi: return "MPI";
+    case Launcher::env: return "RANK/WORLD_SIZE";
+    case Launcher::single: break;
+  }
+  return "single process";
+}
+
+/**
+ * @brief Rank, world size and rendezvous address of this process, as its launcher set them.
+ *
+ * Checked in this order (Lightning's and Determined's): torchrun (RANK, GROUP_RANK, LOCAL_RANK and
+ * LOCAL_WORLD_SIZE all set; with TORCHELASTIC_USE_AGENT_STORE=True the agent hosts the store and
+ * every rank is a client under the prefix `/worker/attempt_<restart>`), Slurm (SLURM_PROCID,
+ * SLURM_NTASKS; the first node of the job's node list hosts the store, on MASTER_PORT or a port
+ * derived from the job id), Open MPI (OMPI_COMM_WORLD_RANK/SIZE) or PMI (PMI_RANK/SIZE), plain
+ * RANK and WORLD_SIZE, else one process. MASTER_ADDR and MASTER_PORT override the address.
+ */
+struct LaunchEnvironment {
+  Launcher launcher = Launcher::single;
+  int rank = 0;
+  int size = 1;
+  int local_rank = 0;
+  int local_size = 1;
+  std::string master_addr = "127.0.0.1";
+  int master_port = 29500;
+  /// torchrun's agent already hosts the TCPStore: every rank connects as a client.
+  bool agent_store = false;
+  /// The key prefix every store access takes (torchrun's per-restart prefix), or empty.
+  std::string store_prefix;
+
+  bool distributed() const { return size > 1; }
+
+  using Getenv = std::function<const char*(const char*)>;
+
+  /// The integer in environment variable `name` (at least `least`), or nullopt when it is unset or
+  /// empty; throws ConfigError naming the variable when it is not such an integer.
+  static std::optional<int> env_integer(const Getenv& getenv, const char* name, int least) {
+    const char* text = getenv(name);
+    if (text == nullptr || *text == '\0') return std::nullopt;
+    int value = 0;
+    const std::string_view s(text);
+    const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), value);
+    if (ec != std::errc() || end != s.data() + s.size() || value < least)
+      throw ConfigError(std::string("environment variable ") + name + "='" + text + "' is not " +
+                        (least > 0 ? "a positive integer" : "a non-negative integer"));
+    return value;
+  }
+
+  static LaunchEnvironment detect(const Getenv& getenv = [](const char* name) { return std::getenv(name); }) {
+    auto has = [&](const char* name) { return getenv(name) != nullptr && *getenv(name) != '\0'; };
+    auto integer = [&](const char* name, int fallback) { return env_integer(getenv, name, 0).value_or(fallback); };
+    LaunchEnvironment e;
+    if (has("RANK") && has("GROUP_RANK") && has("LOCAL_RANK") && has("LOCAL_WORLD_SIZE")) {
+      e.launcher = Launcher::torchrun;
+      e.rank = integer("RANK", 0);
+      e.size = integer("WORLD_SIZE", 1);
+      e.local_rank = integer("LOCAL_RANK", 0);
+      e.local_size = integer("LOCAL_WORLD_SIZE", 1);
+      if (const char* agent = getenv("TORCHELASTIC_USE_AGENT_STORE"); agent && std::string_view(agent) == "True") {
+        e.agent_store = true;
+        e.store_prefix = "/worker/attempt_" + std::to_string(integer("TORCHELASTIC_RESTART_COUNT", 0));
+      }
+    } else if (has("SLURM_PROCID") && (has("SLURM_NTASKS") || has("SLURM_NPROCS"))) {
+      e.launcher = Launcher::slurm;
+      e.rank = integer("SLURM_PROCID", 0);
+      e.size = has("SLURM_NTASKS") ? integer("SLURM_NTASKS", 1) : integer("SLURM_NPROCS", 1);
+      e.local_rank = integer("SLURM_LOCALID", 0);
+      // Tasks on this node: SLURM_NTASKS_PER_NODE when given, else this node's entry of the step's
+      // (or job's) task layout, such as "2(x3),1".
+      const char* layout = has("SLURM_STEP_TASKS_PER_NODE") ? getenv("SLURM_STEP_TASKS_PER_NODE") : getenv("SLURM_TASKS_PER_NODE");
+      e.local_size = has("SLURM_NTASKS_PER_NODE") ? integer("SLURM_NTASKS_PER_NODE", 1)
+                     : layout                     ? slurm_tasks_on_node(layout, integer("SLURM_NODEID", 0))
+                                                  : 1;
+      const char* nodes = has("SLURM_STEP_NODELIST") ? getenv("SLURM_STEP_NODELIST") : getenv("SLURM_JOB_NODELIST");
+      if (nodes) e.master_addr = first_slurm_host(nodes);
+      // Slurm sets no port: one derived from the job id keeps concurrent jobs on a node apart.
+      e.master_port = 10000 + integer("SLURM_JOB_ID", 0) % 20000;
+    } else if (has("OMPI_COMM_WORLD_RANK") && has("OMPI_COMM_WORLD_SIZE")) {
+      e.launcher = Launcher::mpi;
+      e.rank = integer("OMPI_COMM_WORLD_RANK", 0);
+      e.size = integer("OMPI_COMM_WORLD_SIZE", 1);
+      e.local_rank = integer("OMPI_COMM_WORLD_LOCAL_RANK", 0);
+      e.local_size = integer("OMPI_COMM_WORLD_LOCAL_SIZE", 1);
+    } else if (has("PMI_RANK") && has("PMI_SIZE")) {
+      e.launcher = Launcher::mpi;
+      e.rank = integer("PMI_RANK", 0);
+      e.size = integer("PMI_SIZE", 1);
+      e.local_rank = integer("MPI_LOCALRANKID", 0);
+      e.local_size = integer("MPI_LOCALNRANKS", 1);
+    } else if (has("RANK") && has("WORLD_SIZE")) {
+      e.launcher = Launcher::env;
+      e.rank = integer("RANK", 0);
+      e.size = integer("WORLD_SIZE", 1);
+      e.local_rank = integer("LOCAL_RANK", e.rank);
+      e.local_size = integer("LOCAL_WORLD_SIZE", e.size);
+    } else {
+      return e;
+    }
+    if (has("MASTER_ADDR")) e.master_addr = getenv("MASTER_ADDR");
+    e.master_port = integer("MASTER_PORT", e.master_port);
+    if (e.size < 1) throw ConfigError(std::string(launcher_name(e.launcher)) + " gives a world size of 0");
+    if (e.rank >= e.size)
+      throw ConfigError(std::string(launcher_name(e.launcher)) + " gives rank " + std::to_string(e.rank) + " in a world of " +
+                        std::to_string(e.size));
+    if (e.master_port < 1 || e.master_port > 65535)
+      throw ConfigError("MASTER_PORT " + std::to_string(e.master_port) + " is not a TCP port");
+    return e;
+  }
+
+  /// The tasks on node `node` of a Slurm task layout: "2(x3),1" gives 2 for nodes 0-2 and 1 for node 3
+  /// (1 when the layout is unreadable or shorter).
+  static int slurm_tasks_on_node(std::string_view layout, int node) {
+    int seen = 0;
+    while (!layout.empty()) {
+      const std::size_t comma = layout.find(',');
+      const std::string_view entry = layout.substr(0, comma);
+      int tasks = 0, repeat = 1;
+      const auto [end, ec] = std::from_chars(entry.data(), entry.data() + entry.size(), tasks);
+      if (ec != std::errc()) return 1;
+      if (const std::string_view rest(end, static_cast<std::size_t>(entry.data() + entry.size() - end)); rest.starts_with("(x"))
+        std::from_chars(rest.data() + 2, rest.data() + rest.size(), repeat);
+      if (node < seen + repeat) return std::max(tasks, 1);
+      seen += repeat;
+      if (comma == std::string_view::npos) break;
+      layout.remove_prefix(comma + 1);
+    }
+    return 1;
+  }
+
+  /// The first host of a Slurm node list: "node[03-05,9],gpu1" gives "node03".
+  static std::string first_slurm_host(std::string_view list) {
+    std::string host;
+    for (std::size_t i = 0; i < list.size(); ++i) {
+      const char c = list[i];
+      if (c == ',') break;
+      if (c == '[') {
+        std::size_t j = i + 1;
+        while (j < list.size() && list[j] != '-' && list[j] != ',' && list[j] != ']') host += list[j++];
+        break;
+      }
+      host += c;
+    }
+    return host;
+  }
+};
+
+}  // namespace dettrial
+// ---- end dettrial/distributed/launch_environment.hpp
+
+namespace dettrial {
+
+/// A collective that failed or timed out: another rank died, hung or is unreachable.
+struct DistributedError : Error {
+  using Error::Error;
+};
+
+/// Distributed backends as policy types (`Communicator::create<backend::gloo>(...)`).
+namespace backend {
+/// Gloo over TCP: CPU tensors (any machine).
+struct gloo {
+  static constexpr const char* name = "gloo";
+};
+/// NCCL: CUDA tensors. Only when LibTorch is CUDA-built and dettrial was configured with NCCL.
+struct nccl {
+  static constexpr const char* name = "nccl";
+};
+/// Whether this build of dettrial has the Gloo backend.
+inline constexpr bool has_gloo =
+#if defined(DETTRIAL_HAS_GLOO)
+    true;
+#else
+    false;
+#endif
+/// Whether this build of dettrial has the NCCL backend.
+inline constexpr bool has_nccl =
+#if defined(DETTRIAL_HAS_NCCL)
+    true;
+#else
+    false;
+#endif
+}  // namespace backend
+
+namespace detail {
+// LibTorch 1.x backends derive from c10d::ProcessGroup; 2.x ones from c10d::Backend. Both have the
+// same collective signatures, which are all dettrial calls.
+#if TORCH_VERSION_MAJOR >= 2
+using C10dBackend = c10d::Backend;
+#else
+using C10dBackend = c10d::ProcessGroup;
+#endif
+}  // namespace detail
+
+/**
+ * @brief One process's handle on its job's process group. Every collective waits for its result and
+ * turns a failure (a dead or hung peer, after `timeout`) into a DistributedError naming this rank.
+ */
+class Communicator {
+ public:
+  /// Joins the job `env` describes with backend `B` (rank 0 hosts the TCPStore unless torchrun's agent does).
+  template <class B>
+  static std::shared_ptr<Communicator> create(const LaunchEnvironment& env, std::chrono::milliseconds timeout, B = {}) {
+    auto comm = std::shared_ptr<Communicator>(new Communicator(env, timeout, B::name));
+    try {
+      c10d::TCPStoreOptions options;
+      options.port = static_cast<std::uint16_t>(env.master_port);
+      options.isServer = env.rank == 0 && !env.agent_store;
+      if (!env.agent_store) options.numWorkers = static_cast<std::size_t>(env.size);
+      options.waitWorkers = !env.agent_store;
+      options.timeout = timeout;
+      c10::intrusive_ptr<c10d::Store> store = c10::make_intrusive<c10d::TCPStore>(env.master_addr, options);
+      if (!env.store_prefix.empty()) store = c10::make_intrusive<c10d::PrefixStore>(env.store_prefix, store);
+      if constexpr (std::is_same_v<B, backend::gloo>) {
+#if defined(DETTRIAL_HAS_GLOO)
+        auto gloo_options = c10d::ProcessGroupGloo::Options::create(timeout);
+        gloo_options->devices.push_back(gloo_device(env));
+        comm->backend_ = c10::make_intrusive<c10d::ProcessGroupGloo>(store, env.rank, env.size, gloo_options);
+#else
+        throw DistributedError("the Gloo backend is not in this build: LibTorch lacks c10d Gloo, or the gloo headers "
+                               "(Debian: libgloo-dev) are not installed");
+#endif
+      } else {
+#if defined(DETTRIAL_HAS_NCCL)
+        auto nccl_options = c10d::ProcessGroupNCCL::Options::create();
+        nccl_options->timeout = timeout;
+        comm->backend_ = c10::make_intrusive<c10d::ProcessGroupNCCL>(store, env.rank, env.size, nccl_options);
+#else
+        throw DistributedError("the NCCL backend is not in this build: LibTorch is not CUDA-built, or dettrial was configured "
+                               "without NCCL (DETTRIAL_NCCL)");
+#endif
+      }
+    } catch (const DistributedError&) {
+      throw;
+    } catch (const std::exception& e) {
+      throw DistributedError("rank " + std::to_string(env.rank) + " of " + std::to_string(env.size) + ": cannot join the " +
+                             B::name + " process group at " + env.master_addr + ":" + std::to_string(env.master_port) + " (" +
+                             launcher_name(env.launcher) + "): " + detail::first_line(e.what()));
+    }
+    return comm;
+  }
+
+  /**
+   * @brief A communicator over a c10d backend made elsewhere (one dettrial does not create, or a
+   * test double), whose collectives take their tensors on `device`. `name` is the backend's name in
+   * messages; the backend must be `env.size` ranks wide with this process as `env.rank`.
+   */
+  static std::shared_ptr<Communicator> adopt(c10::intrusive_ptr<detail::C10dBackend> backend, const LaunchEnvironment& env,
+                                             std::chrono::milliseconds timeout, torch::Device device, const char* name) {
+    if (!backend) throw DistributedError("Communicator::adopt was given no backend");
+    if (backend->getRank() != env.rank || backend->getSize() != env.size)
+      throw DistributedError(std::string("the ") + name + " backend is rank " + std::to_string(backend->getRank()) + " of " +
+                             std::to_string(backend->getSize()) + ", but the launch environment says rank " + std::to_string(env.rank) +
+                             " of " + std::to_string(env.size));
+    auto comm = std::shared_ptr<Communicator>(new Communicator(env, timeout, name));
+    comm->device_ = device;
+    comm->backend_ = std::move(backend);
+    return comm;
+  }
+
+  int rank() const { return env_.rank; }
+  int size() const { return env_.size; }
+  const LaunchEnvironment& environment() const { return env_; }
+  const char* backend_name() const { return backend_name_; }
+  std::chrono::milliseconds timeout() const { return timeout_; }
+
+  /// Sums (or takes the max of) `tensors` across ranks, in place.
+  void allreduce(std::vector<torch::Tensor>& tensors, c10d::ReduceOp::RedOpType op = c10d::ReduceOp::SUM) {
+    c10d::AllreduceOptions options;
+    options.reduceOp = c10d::ReduceOp(op);
+    run("all-reduce", [&] { return backend_->allreduce(tensors, options); });
+  }
+  /// Starts an all-reduce and returns without waiting (see wait()).
+  c10::intrusive_ptr<c10d::Work> allreduce_async(std::vector<torch::Tensor>& tensors) {
+    try {
+      return backend_->allreduce(tensors);
+    } catch (const std::exception& e) {
+      throw failure("all-reduce", e);
+    }
+  }
+  void wait(const c10::intrusive_ptr<c10d::Work>& work, const char* what = "all-reduce") {
+    try {
+      work->wait(timeout_);
+    } catch (const std::exception& e) {
+      throw failure(what, e);
+    }
+  }
+  /// Copies `tensors` from `root` to every rank.
+  void broadcast(std::vector<torch::Tensor>& tensors, int root = 0) {
+    c10d::BroadcastOptions options;
+    options.rootRank = root;
+    run("broadcast", [&] { return backend_->broadcast(tensors, options); });
+  }
+  /// Every rank's `tensor` (same shape on all), gathered on every rank in rank order.
+  std::vector<torch::Tensor> allgather(const torch::Tensor& tensor) {
+    std::vector<std::vector<torch::Tensor>> out(1);
+    for (int r = 0; r < size(); ++r) out[0].push_back(torch::empty_like(tensor));
+    std::vector<torch::Tensor> in{tensor};
+    run("all-gather", [&] { return backend_->allgather(out, in); });
+    return out[0];
+  }
+  void barrier() {
+    run("barrier", [&] { return backend_->barrier(); });
+  }
+
+  /// Where this backend's collectives take their tensors: the CPU for Gloo, this rank's GPU for NCCL.
+  /// Every collective dettrial issues passes tensors on this device.
+  const torch::Device& device() const { return device_; }
+  /// The c10d backend underneath, for collectives of one's own.
+  const c10::intrusive_ptr<detail::C10dBackend>& backend() const { return backend_; }
+
+  /// The chief's `values` on every rank (each rank passes as many).
+  std::vector<std::int64_t> broadcast_values(const std::vector<std::int64_t>& values) {
+    std::vector<torch::Tensor> t{torch::tensor(values, torch::kLong).to(device_)};
+    broadcast(t);
+    const torch::Tensor host = t[0].cpu();
+    return {host.data_ptr<std::int64_t>(), host.data_ptr<std::int64_t>() + host.numel()};
+  }
+  /// The sum (or max, ...) of `values` over the ranks (each rank passes as many).
+  std::vector<double> allreduce_values(const std::vector<double>& values, c10d::ReduceOp::RedOpType op = c10d::ReduceOp::SUM) {
+    std::vector<torch::Tensor> t{torch::tensor(values, torch::kDouble).to(device_)};
+    allreduce(t, op);
+    const torch::Tensor host = t[0].cpu();
+    return {host.data_ptr<double>(), host.data_ptr<double>() + host.numel()};
+  }
+
+  /**
+   * @brief Every rank's `value`, in rank order, on every rank (Determined's object allgather). The
+   * values are pickled with LibTorch's serialization, so they may differ in size and shape between
+   * ranks: numbers, strings, tensors, and lists, tuples and dicts of them.
+   */
+  std::vector<c10::IValue> allgather_object(const c10::IValue& value) {
+    const std::vector<char> bytes = torch::pickle_save(value);
+    const torch::Tensor size = torch::tensor({static_cast<std::int64_t>(bytes.size())}, torch::kLong);
+    std::vector<std::int64_t> sizes;
+    std::int64_t longest = 0;
+    for (const torch::Tensor& s : allgather(size.to(device_))) {
+      sizes.push_back(s.cpu().item<std::int64_t>());
+      longest = std::max(longest, sizes.back());
+    }
+    torch::Tensor padded = torch::zeros({longest}, torch::kUInt8);
+    std::memcpy(padded.data_ptr<std::uint8_t>(), bytes.data(), bytes.size());
+    const std::vector<torch::Tensor> all = allgather(padded.to(device_));
+    std::vector<c10::IValue> out;
+    out.reserve(all.size());
+    for (std::size_t r = 0; r < all.size(); ++r) {
+      const torch::Tensor host = all[r].cpu();
+      const auto* data = reinterpret_cast<const char*>(host.data_ptr<std::uint8_t>());
+      out.push_back(torch::pickle_load(std::vector<char>(data, data + sizes[r])));
+    }
+    return out;
+  }
+
+ private:
+  Communicator(LaunchEnvironment env, std::chrono::milliseconds timeout, const char* backend_name)
+      : env_(std::move(env)), timeout_(timeout), backend_name_(backend_name) {
+    // NCCL: one GPU per process, picked by the local rank (as the Context picks its device).
+    if (std::string_view(backend_name_) == backend::nccl::name)
+      device_ = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(env_.local_rank % std::max<std::int64_t>(
+                                                                                 static_cast<std::int64_t>(torch::cuda::device_count()), 1)));
+  }
+
+#if defined(DETTRIAL_HAS_GLOO)
+  static std::shared_ptr<::gloo::transport::Device> gloo_device(const LaunchEnvironment& env) {
+    if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME"); ifname && *ifname)
+      return c10d::ProcessGroupGloo::createDeviceForInterface(ifname);
+    // One machine (the built-in launcher, a local torchrun): loopback needs no name resolution.
+    if (env.master_addr == "127.0.0.1" || env.master_addr == "localhost")
+      return c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1");
+    return c10d::ProcessGroupGloo::createDefaultDevice();
+  }
+#endif
+
+  template <class F>
+  void run(const char* what, F&& start) {
+    try {
+      start()->wait(timeout_);
+    } catch (const std::exception& e) {
+      throw failure(what, e);
+    }
+  }
+
+  DistributedError failure(const char* what, const std::exception& e) const {
+    return DistributedError("rank " + std::to_string(env_.rank) + " of " + std::to_string(env_.size) + ": " + what + " over " +
+                            backend_name_ + " failed; another rank has died, hung past the " +
+                            std::to_string(timeout_.count() / 1000) + " s timeout, or is unreachable (" + detail::first_line(e.what()) + ")");
+  }
+
+  LaunchEnvironment env_;
+  std::chrono::milliseconds timeout_;
+  const char* backend_name_;
+  torch::Device device_{torch::kCPU};
+  c10::intrusive_ptr<detail::C10dBackend> backend_;
+};
+
+}  // namespace dettrial
+// ---- end dettrial/distributed/communicator.hpp
+// ---- begin dettrial/distributed/gradient_buckets.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief Gradient averaging across the ranks of a job, as PyTorch's DDP does it: flat buckets whose
+/// all-reduces start during the backward pass.
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
 #include <utility>
 #include <vector>
 
 #include <torch/torch.h>
 
+
+namespace dettrial::detail {
+
+/**
+ * @brief The gradient buckets of one optimizer's parameters in a data-parallel job.
+ *
+ * Flat buckets (of one dtype and device, up to 25 MiB, PyTorch DDP's default, filled from the last
+ * parameters back, the order the backward pass produces them) whose all-reduces start during the
+ * backward pass as each bucket fills, in bucket order on every rank; `all_reduce` then waits for them
+ * and divides by the world size. The buckets are allocated on the first step and reused: a step
+ * allocates nothing. A backward pass not armed (not run through `context.backward`, or two backward
+ * passes in one step), and parameters without a gradient (zeros), are handled in `all_reduce` after
+ * the fact. The object must not move once it has hooks (the Context holds it by pointer).
+ */
+class GradientBuckets {
+ public:
+  static constexpr std::int64_t bucket_bytes = 25 << 20;
+
+  GradientBuckets(Communicator& communicator, std::vector<torch::Tensor> params)
+      : communicator_(communicator), params_(std::move(params)) {}
+  GradientBuckets(const GradientBuckets&) = delete;
+  GradientBuckets& operator=(const GradientBuckets&) = delete;
+  ~GradientBuckets() {
+    for (std::size_t k = 0; k < hooks_.size(); ++k) params_[k].remove_hook(hooks_[k]);
+  }
+
+  /// Before a batch's backward pass: on update batches every bucket waits for all its parameters.
+  void arm(bool update_batch) {
+    armed_ = !buckets_.empty() && update_batch;
+    if (!armed_) return;
+    std::fill(filled_.begin(), filled_.end(), 0);
+    for (std::size_t b = 0; b < buckets_.size(); ++b) pending_[b] = buckets_[b].members.size();
+    works_.clear();
+  }
+
+  /// Replaces every parameter's gradient by its average over the ranks.
+  void all_reduce() {
+    if (buckets_.empty()) build();
+    torch::NoGradGuard no_grad;
+    if (!armed_) {  // the hooks did not feed this step (or saw two backward passes): start over
+      for (const auto& work : works_) communicator_.wait(work, "gradient all-reduce");
+      std::fill(filled_.begin(), filled_.end(), 0);
+      works_.clear();
+    }
+    for (std::size_t i = 0; i < params_.size(); ++i)
+      if (!filled_[i]) fill_slice(i, torch::Tensor());
+    std::fill(pending_.begin(), pending_.end(), 0);
+    start_ready_buckets();
+    const double scale = 1.0 / static_cast<double>(communicator_.size());
+    for (std::size_t k = 0; k < buckets_.size(); ++k) {
+      communicator_.wait(works_[k], "gradient all-reduce");
+      Bucket& b = buckets_[k];
+      b.flat.mul_(scale);
+      for (const auto& [i, offset] : b.members) {
+        torch::Tensor& p = params_[i];
+        const torch::Tensor slice = b.flat.narrow(0, offset, p.numel()).view(p.sizes());
+        if (p.grad().defined()) p.mutable_grad().copy_(slice);
+        else p.mutable_grad() = slice.clone();
+      }
+    }
+    armed_ = false;
+  }
+
+ private:
+  /// A flat buffer that carries the gradients of several parameters in one all-reduce.
+  struct Bucket {
+    torch::Tensor flat;
+    std::vector<std::pair<std::size_t, std::int64_t>> members;  // (parameter index, offset)
+  };
+
+  void build() {
+    bucket_of_.assign(params_.size(), 0);
+    offset_of_.assign(params_.size(), 0);
+    for (std::size_t k = params_.size(); k-- > 0;) {
+      const torch::Tensor& p = params_[k];
+      if (buckets_.empty() || buckets_.back().flat.scalar_type() != p.scalar_type() || buckets_.back().flat.device() != p.device() ||
+          (buckets_.back().flat.numel() + p.numel()) * p.element_size() > bucket_bytes)
+        buckets_.push_back(Bucket{torch::empty({0}, p.options()), {}});
+      Bucket& b = buckets_.back();
+      b.members.emplace_back(k, b.flat.numel());
+      offset_of_[k] = b.flat.numel();
+      b.flat = torch::empty({b.flat.numel() + p.numel()}, p.options());
+      bucket_of_[k] = buckets_.size() - 1;
+    }
+    filled_.assign(params_.size(), 0);
+    pending_.assign(buckets_.size(), 0);
+    works_.reserve(buckets_.size());
+    for (std::size_t k = 0; k < params_.size(); ++k)
+      hooks_.push_back(params_[k].register_hook([this, k](const torch::Tensor& grad) {
+        if (!armed_) return;
+        if (filled_[k]) {  // a second backward pass in this step: redone in all_reduce
+          armed_ = false;
+          return;
+        }
+        torch::NoGradGuard no_grad;
+        fill_slice(k, grad);
+        --pending_[bucket_of_[k]];
+        start_ready_buckets();
+      }));
+  }
+
+  /// Puts parameter k's gradient for this step (its accumulated .grad plus `incoming`) into its slice.
+  void fill_slice(std::size_t k, const torch::Tensor& incoming) {
+    const torch::Tensor& p = params_[k];
+    torch::Tensor slice = buckets_[bucket_of_[k]].flat.narrow(0, offset_of_[k], p.numel());
+    if (incoming.defined()) {
+      slice.copy_(incoming.reshape({-1}));
+      if (p.grad().defined()) slice.add_(p.grad().reshape({-1}));
+    } else if (p.grad().defined()) {
+      slice.copy_(p.grad().reshape({-1}));
+    } else {
+      slice.zero_();
+    }
+    filled_[k] = 1;
+  }
+
+  /// Starts the all-reduces of the buckets that are full, strictly in bucket order (ranks must issue
+  /// collectives in the same order).
+  void start_ready_buckets() {
+    while (works_.size() < buckets_.size() && pending_[works_.size()] == 0) {
+      collective_arg_[0] = buckets_[works_.size()].flat;
+      works_.push_back(communicator_.allreduce_async(collective_arg_));
+    }
+  }
+
+  Communicator& communicator_;
+  std::vector<torch::Tensor> params_;
+  std::vector<Bucket> buckets_{};
+  std::vector<std::size_t> bucket_of_{};                 // per parameter
+  std::vector<std::int64_t> offset_of_{};                // per parameter, in its bucket
+  std::vector<unsigned> hooks_{};                        // per parameter
+  std::vector<char> filled_{};                           // per parameter: its slice holds this step's gradient
+  std::vector<std::size_t> pending_{};                   // per bucket: parameters still to come
+  std::vector<c10::intrusive_ptr<c10d::Work>> works_{};  // the all-reduces started, in bucket order
+  std::vector<torch::Tensor> collective_arg_{1};         // c10d takes a vector: one, reused
+  bool armed_ = false;                                   // this backward pass feeds the buckets
+};
+
+}  // namespace dettrial::detail
+// ---- end dettrial/distributed/gradient_buckets.hpp
+// ---- begin dettrial/distributed/metrics.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief Metrics across ranks, as Determined reduces them: training means averaged over ranks;
+/// validation reduced per rank, then across ranks (avg weighted by each rank's batch count); user
+/// reducers per slot, then across slots; record counts of the whole job. Every rank computes the
+/// same result from the same gathered shares, so every decision taken on them is agreed.
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include <torch/torch.h>
+
+
+namespace dettrial::detail {
+
+/// What one rank contributes at the end of a training workload or a validation.
+struct RankShare {
+  /// Per metric: the training mean (training), or the per-rank total of its reducer (validation).
+  std::vector<ValidationReduction::Total> totals{};
+  std::int64_t batches = 0;
+  std::int64_t records = 0;
+  /// The per-slot parts of the user reducers taking part, in registration order.
+  std::vector<c10::IValue> reducer_parts{};
+};
+
+inline c10::IValue to_ivalue(const RankShare& share) {
+  c10::List<std::string> names;
+  c10::List<std::int64_t> kinds;
+  c10::List<double> values;
+  for (const auto& t : share.totals) {
+    names.push_back(t.name);
+    kinds.push_back(static_cast<std::int64_t>(t.reducer));
+    values.push_back(t.value);
+  }
+  c10::impl::GenericList parts(c10::AnyType::get());
+  for (const auto& p : share.reducer_parts) parts.push_back(p);
+  return c10::ivalue::Tuple::create({names, kinds, values, share.batches, share.records, parts});
+}
+
+inline RankShare from_ivalue(const c10::IValue& v) {
+  // Through an ArrayRef of checked size: indexing the tuple's elements directly past 3 (its inline
+  // storage) is what GCC's -Warray-bounds cannot prove safe.
+  const c10::ArrayRef<c10::IValue> e = v.toTupleRef().elements().asArrayRef();
+  if (e.size() != 6) throw Error("a rank sent a metrics share of " + std::to_string(e.size()) + " fields, not 6 (ranks built from different dettrial versions?)");
+  RankShare share;
+  const auto names = e[0].toList();
+  const auto kinds = e[1].toList();
+  const auto values = e[2].toList();
+  for (std::size_t i = 0; i < names.size(); ++i)
+    share.totals.push_back({names.get(i).toStringRef(), static_cast<Reducer>(kinds.get(i).toInt()), values.get(i).toDouble()});
+  share.batches = e[3].toInt();
+  share.records = e[4].toInt();
+  for (const auto& p : e[5].toList()) share.reducer_parts.push_back(p);
+  return share;
+}
+
+/// Every rank's share, in rank order, on every rank (one all-gather); one process: its own.
+inline std::vector<RankShare> gather_shares(RankShare mine, Communicator* comm) {
+  if (comm == nullptr) return {std::move(mine)};
+  std::vector<RankShare> out;
+  for (const c10::IValue& v : comm->allgather_object(to_ivalue(mine))) out.push_back(from_ivalue(v));
+  return out;
+}
+
+inline std::int64_t total_records(const std::vector<RankShare>& shares) {
+  std::int64_t n = 0;
+  for (const auto& s : shares) n += s.records;
+  return n;
+}
+inline std::int64_t total_batches(const std::vector<RankShare>& shares) {
+  std::int64_t n = 0;
+  for (const auto& s : shares) n += s.batches;
+  return n;
+}
+
+/// Each metric any rank reported (in the order first seen, chief first), with its reducer and the
+/// values of the ranks that reported it.
+struct MetricAcrossRanks {
+  std::string name;
+  Reducer reducer;
+  std::vector<double> values;
+};
+inline std::vector<MetricAcrossRanks> by_metric(const std::vector<RankShare>& shares) {
+  std::vector<MetricAcrossRanks> out;
+  for (const auto& share : shares)
+    for (const auto& t : share.totals) {
+      auto it = std::find_if(out.begin(), out.end(), [&](const MetricAcrossRanks& m) { return m.name == t.name; });
+      if (it == out.end()) it = out.insert(out.end(), MetricAcrossRanks{t.name, t.reducer, {}});
+      it->values.push_back(t.value);
+    }
+  return out;
+}
+
+/// Training: each metric's mean over the ranks that report it (every rank trains as many batches
+/// per workload, so this is Determined's per-batch mean over ranks, then over batches).
+inline MetricValues combine_training(const std::vector<RankShare>& shares) {
+  MetricValues out;
+  for (const auto& m : by_metric(shares))
+    out.set(m.name, std::accumulate(m.values.begin(), m.values.end(), 0.0) / static_cast<double>(m.values.size()));
+  return out;
+}
+
+/// Validation: avg = the sum over all batches of all ranks / all batches (Determined's mean weighted
+/// by each rank's batch count), sum, max and min over the ranks that validated any batch; a NaN
+/// anywhere gives NaN, like np.max / np.sum.
+inline MetricValues combine_validation(const std::vector<RankShare>& shares) {
+  MetricValues out;
+  const double all_batches = static_cast<double>(total_batches(shares));
+  for (const auto& m : by_metric(shares)) {
+    double value = m.reducer == Reducer::max   ? -std::numeric_limits<double>::infinity()
+                   : m.reducer == Reducer::min ? std::numeric_limits<double>::infinity()
+                                               : 0.0;
+    for (const double v : m.values) {
+      if (std::isnan(v) || std::isnan(value)) value = std::numeric_limits<double>::quiet_NaN();
+      else value = m.reducer == Reducer::max ? std::max(value, v) : m.reducer == Reducer::min ? std::min(value, v) : value + v;
+    }
+    out.set(m.name, m.reducer == Reducer::avg ? value / all_batches : value);
+  }
+  return out;
+}
+
+/// The parts of reducer `index` (among those taking part), one per rank in rank order.
+inline std::vector<c10::IValue> reducer_parts(const std::vector<RankShare>& shares, std::size_t index) {
+  std::vector<c10::IValue> parts;
+  parts.reserve(shares.size());
+  for (const auto& s : shares) {
+    if (index >= s.reducer_parts.size())
+      throw DistributedError("the ranks wrapped different numbers of reducers; every rank must build the same trial");
+    parts.push_back(s.reducer_parts[index]);
+  }
+  return parts;
+}
+
+}  // namespace dettrial::detail
+// ---- end dettrial/distributed/metrics.hpp
+// ---- begin dettrial/distributed/threads.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief How many threads each process of a data-parallel job computes with: its share of the
+/// cores, so that the ranks on a node do not each run an OpenMP team as large as the node.
+
+#include <algorithm>
+#include <cstdlib>
+#include <optional>
+#include <sched.h>
+#include <string>
+#include <thread>
+#include <vector>
+
+
 namespace dettrial {
 
-namespace detail {
-template <class T>
-struct is_tuple_like : std::false_type {};
-template <class... Ts>
-struct is_tuple_like<std::tuple<Ts...>> : std::true_type {};
-template <class A, class B>
-struct is_tuple_like<std::pair<A, B>> : std::true_type {};
-template <class T>
-struct is_vector : std::false_type {};
-template <class T, class A>
-struct is_vector<std::vector<T, A>> : std::true_type {};
-template <class T>
-struct is_string_map : std::false_type {};
-template <class V, class C, class A>
-struct is_string_map<std::map<std::string, V, C, A>> : std::true_type {};
-template <class V, class H, class E, class A>
-struct is_string_map<std::unordered_map<std::string, V, H, E, A>> : std::true_type {};
-}  // namespace detail
+/// The intra-op thread count a process trains with, and why (printed once at start).
+struct ThreadChoice {
+  int threads = 1;
+  /// Where the number came from: "OMP_NUM_THREADS", "--threads", "SLURM_CPUS_PER_TASK", "CPUs ... bound
+  /// to this rank by the launcher", "cores bound to this process", or "cores / ranks on this node".
+  std::string source;
+  /// Whether dettrial sets it (false: the user's OMP_NUM_THREADS, which LibTorch applies itself).
+  bool set_by_dettrial = true;
+};
+
+/// The CPUs this process may run on (its affinity mask), in increasing order.
+inline std::vector<int> allowed_cpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  std::vector<int> cpus;
+  if (::sched_getaffinity(0, sizeof set, &set) != 0) return cpus;
+  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu)
+    if (CPU_ISSET(cpu, &set)) cpus.push_back(cpu);
+  return cpus;
+}
+
+/// Sets the calling thread's CPU affinity (inherited by the processes it starts); whether it could.
+inline bool set_thread_cpus(const std::vector<int>& cpus) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  for (const int cpu : cpus) CPU_SET(cpu, &set);
+  return ::sched_setaffinity(0, sizeof set, &set) == 0;
+}
+
+/// The cores this process may run on (its affinity mask) and the cores the machine has online.
+struct CoreCount {
+  int available = 1;
+  int online = 1;
+
+  static CoreCount of_this_process() {
+    CoreCount c;
+    c.online = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    const auto allowed = allowed_cpus();
+    c.available = allowed.empty() ? c.online : static_cast<int>(allowed.size());
+    return c;
+  }
+};
+
+/// The environment variable in which the built-in launcher tells a rank the CPUs it bound it to.
+inline constexpr const char* rank_cpus_variable = "DETTRIAL_RANK_CPUS";
+
+/// Rank `rank`'s share when `ranks` processes split `cpus`: contiguous runs whose sizes differ by at
+/// most one (the first ranks take the extra CPUs). Empty when there are fewer CPUs than ranks.
+inline std::vector<int> share_of_cpus(const std::vector<int>& cpus, int ranks, int rank) {
+  const auto n = static_cast<std::ptrdiff_t>(cpus.size());
+  if (ranks < 1 || rank < 0 || rank >= ranks || n < ranks) return {};
+  const std::ptrdiff_t base = n / ranks, extra = n % ranks;
+  const std::ptrdiff_t first = rank * base + std::min<std::ptrdiff_t>(rank, extra);
+  return {cpus.begin() + first, cpus.begin() + first + base + (rank < extra ? 1 : 0)};
+}
+
+/// A CPU list as Linux writes one ("0-3,8,10-11").
+inline std::string cpu_list_text(const std::vector<int>& cpus) {
+  std::string text;
+  for (std::size_t i = 0; i < cpus.size();) {
+    std::size_t j = i;
+    while (j + 1 < cpus.size() && cpus[j + 1] == cpus[j] + 1) ++j;
+    text += (text.empty() ? "" : ",") + std::to_string(cpus[i]) + (j > i ? "-" + std::to_string(cpus[j]) : "");
+    i = j + 1;
+  }
+  return text;
+}
 
 namespace detail {
-/// Calls `f(tensor&)` on every tensor inside a nested batch (tuples, pairs, vectors, string-keyed maps);
-/// other values are skipped.
-template <class T, class F>
-void for_each_tensor(T& batch, F&& f) {
-  using U = std::remove_cvref_t<T>;
-  if constexpr (std::is_same_v<U, torch::Tensor>) {
-    f(batch);
-  } else if constexpr (is_tuple_like<U>::value) {
-    std::apply([&](auto&... parts) { (for_each_tensor(parts, f), ...); }, batch);
-  } else if constexpr (is_vector<U>::value) {
-    for (auto& part : batch) for_each_tensor(part, f);
-  } else if constexpr (is_string_map<U>::value) {
-    for (auto& kv : batch) for_each_tensor(kv.second, f);
-  }
+/// The thread count OpenMP takes from OMP_NUM_THREADS: its leading integer ("4", " 8", "4,2" for
+/// nested teams); nullopt when unset or unreadable (OpenMP then warns and ignores it itself).
+inline std::optional<int> omp_num_threads(const LaunchEnvironment::Getenv& getenv) {
+  const char* text = getenv("OMP_NUM_THREADS");
+  if (text == nullptr) return std::nullopt;
+  while (*text == ' ' || *text == '\t') ++text;
+  int value = 0;
+  const char* end = text;
+  while (*end >= '0' && *end <= '9' && value < 1'000'000) value = value * 10 + (*end++ - '0');
+  if (end == text || value < 1) return std::nullopt;
+  return value;
 }
 }  // namespace detail
 
 /**
- * @brief Moves every tensor inside `batch` to `device`, in place.
- *
- * Recurses through std::tuple, std::pair, std::vector and string-keyed std::map / std::unordered_map.
- * A user type is moved by its member `to_device(device, non_blocking)` if it has one, else by its
- * member `to(device)` (Determined moves "anything with .to"); anything else is left as it is.
- * Tensors already on `device` are not copied.
+ * @brief The threads per rank: the user's choice wins (`requested`, from `--threads` or
+ * ContextOptions, then OMP_NUM_THREADS, which torchrun sets to 1 by itself), then Slurm's
+ * SLURM_CPUS_PER_TASK, then, under launchers that bind each rank to its own cores (dettrial's
+ * built-in launcher, mpirun, srun), the cores this process is bound to, else the cores available
+ * divided by the ranks on this node (torchrun without OMP_NUM_THREADS, the built-in launcher on fewer
+ * cores than ranks; also a mask shared by all ranks, such as taskset's or a container's). One process with no choice made keeps LibTorch's default (nullopt).
  */
-struct to_device_in_place_fn {
-  template <class T>
-  void operator()(T& batch, const torch::Device& device, bool non_blocking = false) const {
-    using U = std::remove_cvref_t<T>;
-    if constexpr (std::is_same_v<U, torch::Tensor>) {
-      if (batch.defined() && batch.device() != device) batch = batch.to(device, non_blocking);
-    } else if constexpr (detail::is_tuple_like<U>::value) {
-      std::apply([&](auto&... parts) { ((*this)(parts, device, non_blocking), ...); }, batch);
-    } else if constexpr (detail::is_vector<U>::value) {
-      for (auto& part : batch) (*this)(part, device, non_blocking);
-    } else if constexpr (detail::is_string_map<U>::value) {
-      for (auto& kv : batch) (*this)(kv.second, device, non_blocking);
-    } else if constexpr (requires { batch.to_device(device, non_blocking); }) {
-      batch.to_device(device, non_blocking);
-    } else if constexpr (requires { batch = batch.to(device); }) {
-      batch = batch.to(device);
-    }
+inline std::optional<ThreadChoice> choose_threads(
+    const LaunchEnvironment& env, std::optional<int> requested, CoreCount cores,
+    const LaunchEnvironment::Getenv& getenv = [](const char* name) { return std::getenv(name); }) {
+  if (requested) {
+    if (*requested < 1) throw ConfigError("the thread count must be at least 1, not " + std::to_string(*requested));
+    return ThreadChoice{.threads = *requested, .source = "--threads"};
   }
-};
-inline constexpr to_device_in_place_fn to_device_in_place{};
-
-/// Moves every tensor inside `batch` to `device` and returns it (see to_device_in_place).
-template <class T>
-std::remove_cvref_t<T> to_device(T&& batch, const torch::Device& device, bool non_blocking = false) {
-  std::remove_cvref_t<T> moved(std::forward<T>(batch));
-  to_device_in_place(moved, device, non_blocking);
-  return moved;
-}
-
-/// The number of records in a batch: the first dimension of its first tensor (Determined's data_length).
-template <class T>
-std::int64_t batch_length(const T& batch) {
-  using U = std::remove_cvref_t<T>;
-  if constexpr (std::is_same_v<U, torch::Tensor>) {
-    return batch.defined() && batch.dim() > 0 ? batch.size(0) : 1;
-  } else if constexpr (detail::is_tuple_like<U>::value) {
-    return batch_length(std::get<0>(batch));
-  } else if constexpr (detail::is_vector<U>::value || detail::is_string_map<U>::value) {
-    if (batch.empty()) return 0;
-    if constexpr (detail::is_vector<U>::value) return batch_length(batch.front());
-    else return batch_length(batch.begin()->second);
-  } else if constexpr (requires { { batch.size() } -> std::convertible_to<std::int64_t>; }) {
-    return static_cast<std::int64_t>(batch.size());
-  } else {
-    return 1;
-  }
+  if (const auto omp = detail::omp_num_threads(getenv))
+    return ThreadChoice{.threads = *omp, .source = "OMP_NUM_THREADS", .set_by_dettrial = false};
+  if (!env.distributed()) return std::nullopt;
+  if (env.launcher == Launcher::slurm)
+    if (const auto per_task = LaunchEnvironment::env_integer(getenv, "SLURM_CPUS_PER_TASK", 1))
+      return ThreadChoice{.threads = *per_task, .source = "SLURM_CPUS_PER_TASK"};
+  if (const char* bound = getenv(rank_cpus_variable); bound && *bound)
+    return ThreadChoice{.threads = cores.available,
+                        .source = (cores.available == 1 ? "CPU " : "CPUs ") + std::string(bound) + " bound to this rank by the launcher"};
+  const bool binds_ranks = env.launcher == Launcher::mpi || env.launcher == Launcher::slurm;
+  if (binds_ranks && cores.available < cores.online)
+    return ThreadChoice{.threads = cores.available, .source = "cores bound to this process"};
+  const int ranks_here = std::max(1, std::min(env.local_size, env.size));
+  return ThreadChoice{.threads = std::max(1, cores.available / ranks_here),
+                      .source = std::to_string(cores.available) + " cores / " + std::to_string(ranks_here) + " ranks on this node"};
 }
 
 }  // namespace dettrial
-// ---- end dettrial/context/to_device.hpp
+// ---- end dettrial/distributed/threads.hpp
+// ---- begin dettrial/context/context.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief The trial context: hyperparameters, batch sizes, seed, device, counters, and the wrapping of
+/// models, optimizers, schedulers and reducers that the trainer drives.
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include <torch/torch.h>
+#include <yaml-cpp/yaml.h>
+
+// ---- begin dettrial/detail/malloc.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief Keeping freed memory in the process: glibc's malloc settings for a training loop.
+
+#include <cstdlib>
+#include <initializer_list>
+
+#if defined(__GLIBC__) && __has_include(<malloc.h>)
+#include <malloc.h>
+#define DETTRIAL_HAS_MALLOPT 1
+#endif
+
+namespace dettrial::detail {
+
+/**
+ * @brief Makes glibc keep the memory a training loop frees, once per process; returns whether it did.
+ *
+ * By default glibc serves each block above its mmap threshold with a fresh mapping and unmaps it on
+ * free, and trims the heap's free top: a loop that frees and re-allocates the same megabytes of
+ * activations and gradients every batch then takes thousands of page faults a batch, each zeroing a
+ * page (the MNIST example: 1.9 million faults in 300 batches, about a quarter of its time). With the
+ * mmap threshold at its maximum (32 MiB) and trimming only beyond 1 GiB, freed blocks are reused;
+ * the process keeps what it used at its peak. Left alone when the user tuned malloc (a `MALLOC_*_`
+ * variable or `GLIBC_TUNABLES`) or set `DETTRIAL_MALLOC=system`.
+ */
+inline bool keep_freed_memory() {
+#if defined(DETTRIAL_HAS_MALLOPT)
+  static const bool applied = [] {
+    for (const char* name : {"DETTRIAL_MALLOC", "GLIBC_TUNABLES", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_",
+                             "MALLOC_TOP_PAD_", "MALLOC_MMAP_MAX_", "MALLOC_ARENA_MAX"})
+      if (const char* value = std::getenv(name); value && *value) return false;
+    return ::mallopt(M_MMAP_THRESHOLD, 32 * 1024 * 1024) == 1 && ::mallopt(M_TRIM_THRESHOLD, 1024 * 1024 * 1024) == 1 &&
+           ::mallopt(M_TOP_PAD, 64 * 1024 * 1024) == 1;
+  }();
+  return applied;
+#else
+  return false;
+#endif
+}
+
+}  // namespace dettrial::detail
+// ---- end dettrial/detail/malloc.hpp
 
 namespace dettrial {
 
@@ -2488,11 +3564,18 @@ struct ContextOptions {
   std::optional<int> threads;
 };
 
-template <class TrialT>
-class Trainer;
 namespace detail {
-struct ContextCheckpoint;
-}
+/// Where the running fit stands: set by the trainer, read through the Context's counters.
+struct RunPosition {
+  /// The batch index training started (or resumed) from.
+  std::int64_t initial_batch = 0;
+  /// The global index of the batch being trained.
+  std::int64_t current_batch = 0;
+  /// Batches per epoch on this rank; 0 until training starts.
+  std::int64_t epoch_len = 0;
+  std::filesystem::path output_dir{};
+};
+}  // namespace detail
 
 /**
  * @brief What a trial sees of its run (Determined's PyTorchTrialContext).
@@ -2569,7 +3652,7 @@ class Context {
   /// The running fit's output folder (metrics.jsonl, checkpoints/; in a search, the trial's own
   /// `trials/<id>/`): where a trial's or callback's own files belong. Empty until `fit` starts (the
   /// trial's constructor runs before), so read it in hooks and batches.
-  const std::filesystem::path& output_dir() const { return output_dir_; }
+  const std::filesystem::path& output_dir() const { return position_.output_dir; }
   const ExperimentConfig& get_experiment_config() const { return config_; }
 
   /// `global_batch_size / slots_per_trial`; needs the `global_batch_size` hyperparameter.
@@ -2603,15 +3686,15 @@ class Context {
   // ---- counters -------------------------------------------------------------------------------
 
   /// The batch index training started (or resumed) from.
-  std::int64_t get_initial_batch() const { return initial_batch_; }
+  std::int64_t get_initial_batch() const { return position_.initial_batch; }
   /// The global index of the batch being trained.
-  std::int64_t current_train_batch() const { return current_batch_; }
+  std::int64_t current_train_batch() const { return position_.current_batch; }
   /// The epoch of the batch being trained.
-  std::int64_t current_train_epoch() const { return current_batch_ / require_epoch_len(); }
-  bool is_epoch_start() const { return current_batch_ % require_epoch_len() == 0; }
-  bool is_epoch_end() const { return current_batch_ % require_epoch_len() == require_epoch_len() - 1; }
+  std::int64_t current_train_epoch() const { return position_.current_batch / require_epoch_len(); }
+  bool is_epoch_start() const { return position_.current_batch % require_epoch_len() == 0; }
+  bool is_epoch_end() const { return position_.current_batch % require_epoch_len() == require_epoch_len() - 1; }
   /// True on batches that step the optimizers (every `aggregation_frequency`-th batch).
-  bool is_update_batch() const { return (current_batch_ + 1) % aggregation_frequency_ == 0; }
+  bool is_update_batch() const { return (position_.current_batch + 1) % aggregation_frequency_ == 0; }
 
   /// Ask the trainer to checkpoint and stop at the next boundary.
   void set_stop_requested(bool stop) { stop_requested_ = stop; }
@@ -2641,7 +3724,7 @@ class Context {
     static_assert(TorchOptimizer<O>, "dettrial::Context::wrap_optimizer<O>: O must derive from torch::optim::Optimizer");
     for (const auto& w : optimizers_)
       if (w.optimizer == &optimizer) throw TrialError("this optimizer was already wrapped with wrap_optimizer");
-    WrappedOptimizer w{&optimizer, {}, average_aggregated_gradients.value_or(average_aggregated_gradients_)};
+    WrappedOptimizer w{&optimizer, {}, average_aggregated_gradients.value_or(average_aggregated_gradients_), nullptr};
     refresh_params(w);
     optimizers_.push_back(std::move(w));
     return optimizer;
@@ -2662,9 +3745,9 @@ class Context {
                   "torch::optim::LRScheduler or have save(torch::serialize::OutputArchive&) const and "
                   "load(torch::serialize::InputArchive&)");
     if (frequency < 1) throw ConfigError("an LR scheduler's step frequency must be at least 1");
-    schedulers_.push_back(WrappedScheduler{&scheduler, [](void* s) { static_cast<S*>(s)->step(); }, &Mode::steps_after,
-                                           frequency, std::string(Mode::name), &detail::save_lr_scheduler<S>,
-                                           &detail::load_lr_scheduler<S>, &detail::lr_scheduler_steps<S>});
+    schedulers_.push_back(detail::WrappedScheduler{&scheduler, [](void* s) { static_cast<S*>(s)->step(); }, &Mode::steps_after,
+                                                   frequency, &detail::save_lr_scheduler<S>, &detail::load_lr_scheduler<S>,
+                                                   &detail::lr_scheduler_steps<S>});
     return scheduler;
   }
 
@@ -2727,8 +3810,8 @@ class Context {
   void backward(const torch::Tensor& loss, bool retain_graph = false, bool create_graph = false) {
     // In a job, an update batch's backward pass starts each gradient bucket's all-reduce as soon as
     // the bucket's gradients are ready (see all_reduce_gradients).
-    if (communicator_)
-      for (auto& w : optimizers_) arm_gradient_hooks(w);
+    for (auto& w : optimizers_)
+      if (w.buckets) w.buckets->arm(is_update_batch());
     loss.backward({}, retain_graph, create_graph);
   }
 
@@ -2747,7 +3830,10 @@ class Context {
     if (!is_update_batch()) return;
     WrappedOptimizer& w = find_optimizer(optimizer);
     refresh_params(w);  // param groups may have grown since wrapping (unfrozen layers)
-    if (communicator_) all_reduce_gradients(w);
+    if (communicator_) {
+      if (!w.buckets) w.buckets = std::make_unique<detail::GradientBuckets>(*communicator_, w.params);
+      w.buckets->all_reduce();
+    }
     if (w.average && aggregation_frequency_ > 1) {
       const double scale = 1.0 / static_cast<double>(aggregation_frequency_);
       for (auto& p : w.params)
@@ -2764,55 +3850,54 @@ class Context {
   }
   /// Forgets every wrapped object (called when their trainer goes away).
   void release_registrations() {
-    for (auto& w : optimizers_) remove_gradient_hooks(w);
     models_.clear();
     optimizers_.clear();
     schedulers_.clear();
     reducers_.clear();
     owned_reducers_.clear();
     stop_requested_ = false;
-    epoch_len_ = 0;
+    position_ = {};
   }
 
   /// Every wrapped model, in wrap order.
   const std::vector<std::shared_ptr<torch::nn::Module>>& models() const { return models_; }
   std::size_t num_optimizers() const { return optimizers_.size(); }
+  /// Wrapped optimizer `i`, in wrap order.
+  torch::optim::Optimizer& optimizer(std::size_t i) const { return *optimizers_.at(i).optimizer; }
   std::size_t num_lr_schedulers() const { return schedulers_.size(); }
+  /// Wrapped LR scheduler `i` (type-erased: how to step, save and restore it), in wrap order.
+  const detail::WrappedScheduler& lr_scheduler(std::size_t i) const { return schedulers_.at(i); }
+
+  // ---- driven by the trainer (trials read the counters and metrics above) ---------------------
+
+  /// Where the running fit stands; the trainer moves it, the counters above read it.
+  detail::RunPosition& position() { return position_; }
+  /// The wrapped reducers, reset and reduced by the trainer at each workload.
+  std::span<detail::WrappedReducer> reducers() { return reducers_; }
+
+  /// Steps the schedulers per their mode; the trainer calls it on update batches after train_batch.
+  void step_lr_schedulers(std::int64_t batch_idx) {
+    for (auto& s : schedulers_) {
+      const std::int64_t n = s.steps_after(batch_idx, aggregation_frequency_, position_.epoch_len, s.frequency);
+      for (std::int64_t i = 0; i < n; ++i) s.step(s.scheduler);
+    }
+  }
+
+  /// In a job, after the trial and its data loaders were built from the same seed on every rank:
+  /// ranks other than the chief continue on a stream of their own, derived from the trial seed and
+  /// the rank, so that their dropout masks and other draws differ.
+  void seed_rank_stream() const {
+    if (distributed_.rank > 0)
+      torch::manual_seed(detail::mix64(trial_seed_ ^ (static_cast<std::uint64_t>(distributed_.rank) * detail::golden_gamma)) >> 1);
+  }
 
  private:
-  template <class>
-  friend class Trainer;
-  friend struct detail::ContextCheckpoint;
-
-  /// A flat buffer that carries the gradients of several parameters in one all-reduce.
-  struct GradientBucket {
-    torch::Tensor flat;
-    std::vector<std::pair<std::size_t, std::int64_t>> members;  // (parameter index, offset)
-  };
   struct WrappedOptimizer {
     torch::optim::Optimizer* optimizer;
     std::vector<torch::Tensor> params;
     bool average;
-    // Data parallel only: built on the first distributed step, then reused.
-    std::vector<GradientBucket> buckets{};
-    std::vector<std::size_t> bucket_of{};                      // per parameter
-    std::vector<std::int64_t> offset_of{};                     // per parameter, in its bucket
-    std::vector<unsigned> hooks{};                             // per parameter
-    std::vector<char> filled{};                                // per parameter: its slice holds this step's gradient
-    std::vector<std::size_t> pending{};                        // per bucket: parameters still to come
-    std::vector<c10::intrusive_ptr<c10d::Work>> works{};       // the all-reduces started, in bucket order
-    std::vector<torch::Tensor> collective_arg{1};            // c10d takes a vector: one, reused
-    bool armed = false;                                      // this backward pass feeds the buckets
-  };
-  struct WrappedScheduler {
-    void* scheduler;
-    void (*step)(void*);
-    std::int64_t (*steps_after)(std::int64_t, std::int64_t, std::int64_t, std::int64_t);
-    std::int64_t frequency;
-    std::string mode;
-    void (*save)(void*, torch::serialize::OutputArchive&);
-    void (*load)(void*, torch::serialize::InputArchive&);
-    std::int64_t (*steps_taken)(void*);
+    /// Data parallel only: made on the first step, dropped when the parameters change.
+    std::unique_ptr<detail::GradientBuckets> buckets;
   };
 
   template <class Result>
@@ -2846,14 +3931,6 @@ class Context {
     torch::manual_seed(trial_seed_);  // CPU and, when present, every CUDA device
   }
 
-  /// In a job, after the trial and its data loaders were built from the same seed on every rank:
-  /// ranks other than the chief continue on a stream of their own, derived from the trial seed and
-  /// the rank, so that their dropout masks and other draws differ.
-  void seed_rank_stream() const {
-    if (distributed_.rank > 0)
-      torch::manual_seed(detail::mix64(trial_seed_ ^ (static_cast<std::uint64_t>(distributed_.rank) * detail::golden_gamma)) >> 1);
-  }
-
   std::int64_t global_batch_size_hparam() const {
     if (!hparams_.contains("global_batch_size"))
       throw HyperparameterError(
@@ -2867,8 +3944,8 @@ class Context {
   }
 
   std::int64_t require_epoch_len() const {
-    if (epoch_len_ <= 0) throw TrialError("epoch counters are only known once training has started");
-    return epoch_len_;
+    if (position_.epoch_len <= 0) throw TrialError("epoch counters are only known once training has started");
+    return position_.epoch_len;
   }
 
   /// Rebuilds the cached parameter list when the optimizer's groups changed size (no allocation otherwise).
@@ -2876,136 +3953,16 @@ class Context {
     std::size_t count = 0;
     for (const auto& group : w.optimizer->param_groups()) count += group.params().size();
     if (count == w.params.size()) return;
-    remove_gradient_hooks(w);
+    w.buckets.reset();
     w.params.clear();
-    w.buckets.clear();
     for (auto& group : w.optimizer->param_groups())
       for (auto& p : group.params()) w.params.push_back(p);
-  }
-
-  /// PyTorch DDP's default bucket size.
-  static constexpr std::int64_t bucket_bytes = 25 << 20;
-
-  /**
-   * @brief Averages the gradients across ranks, as PyTorch's DDP does: flat buckets (of one dtype and
-   * device, up to 25 MiB, filled from the last parameters back, the order the backward pass produces
-   * them) whose all-reduces start during the backward pass as each bucket fills, in bucket order on
-   * every rank; step_optimizer then waits for them and divides by the world size. The buckets are
-   * allocated on the first step and reused. A backward pass not run through `context.backward`, and
-   * parameters without a gradient (zeros), are handled here after the fact.
-   */
-  void all_reduce_gradients(WrappedOptimizer& w) {
-    if (w.buckets.empty()) build_buckets(w);
-    torch::NoGradGuard no_grad;
-    if (!w.armed) {  // the hooks did not feed this step (or saw two backward passes): start over
-      for (const auto& work : w.works) communicator_->wait(work, "gradient all-reduce");
-      std::fill(w.filled.begin(), w.filled.end(), 0);
-      w.works.clear();
-    }
-    for (std::size_t i = 0; i < w.params.size(); ++i)
-      if (!w.filled[i]) fill_slice(w, i, torch::Tensor());
-    for (std::size_t b = 0; b < w.buckets.size(); ++b) w.pending[b] = 0;
-    start_ready_buckets(w);
-    const double scale = 1.0 / static_cast<double>(distributed_.size);
-    for (std::size_t k = 0; k < w.buckets.size(); ++k) {
-      communicator_->wait(w.works[k], "gradient all-reduce");
-      GradientBucket& b = w.buckets[k];
-      b.flat.mul_(scale);
-      for (const auto& [i, offset] : b.members) {
-        torch::Tensor& p = w.params[i];
-        const torch::Tensor slice = b.flat.narrow(0, offset, p.numel()).view(p.sizes());
-        if (p.grad().defined()) p.mutable_grad().copy_(slice);
-        else p.mutable_grad() = slice.clone();
-      }
-    }
-    w.armed = false;
-  }
-
-  void build_buckets(WrappedOptimizer& w) {
-    w.bucket_of.assign(w.params.size(), 0);
-    w.offset_of.assign(w.params.size(), 0);
-    for (std::size_t k = w.params.size(); k-- > 0;) {
-      const torch::Tensor& p = w.params[k];
-      if (w.buckets.empty() || w.buckets.back().flat.scalar_type() != p.scalar_type() || w.buckets.back().flat.device() != p.device() ||
-          (w.buckets.back().flat.numel() + p.numel()) * p.element_size() > bucket_bytes)
-        w.buckets.push_back(GradientBucket{torch::empty({0}, p.options()), {}});
-      GradientBucket& b = w.buckets.back();
-      b.members.emplace_back(k, b.flat.numel());
-      w.offset_of[k] = b.flat.numel();
-      b.flat = torch::empty({b.flat.numel() + p.numel()}, p.options());
-      w.bucket_of[k] = w.buckets.size() - 1;
-    }
-    w.filled.assign(w.params.size(), 0);
-    w.pending.assign(w.buckets.size(), 0);
-    w.works.reserve(w.buckets.size());
-    // The hooks find their WrappedOptimizer by its optimizer: the vector holding it may grow.
-    torch::optim::Optimizer* optimizer = w.optimizer;
-    for (std::size_t k = 0; k < w.params.size(); ++k)
-      w.hooks.push_back(w.params[k].register_hook([this, optimizer, k](const torch::Tensor& grad) {
-        WrappedOptimizer& self = find_optimizer(*optimizer);
-        if (!self.armed) return;
-        if (self.filled[k]) {  // a second backward pass in this step: redone in step_optimizer
-          self.armed = false;
-          return;
-        }
-        torch::NoGradGuard no_grad;
-        fill_slice(self, k, grad);
-        --self.pending[self.bucket_of[k]];
-        start_ready_buckets(self);
-      }));
-  }
-
-  /// Puts parameter k's gradient for this step (its accumulated .grad plus `incoming`) into its slice.
-  static void fill_slice(WrappedOptimizer& w, std::size_t k, const torch::Tensor& incoming) {
-    const torch::Tensor& p = w.params[k];
-    torch::Tensor slice = w.buckets[w.bucket_of[k]].flat.narrow(0, w.offset_of[k], p.numel());
-    if (incoming.defined()) {
-      slice.copy_(incoming.reshape({-1}));
-      if (p.grad().defined()) slice.add_(p.grad().reshape({-1}));
-    } else if (p.grad().defined()) {
-      slice.copy_(p.grad().reshape({-1}));
-    } else {
-      slice.zero_();
-    }
-    w.filled[k] = 1;
-  }
-
-  /// Starts the all-reduces of the buckets that are full, strictly in bucket order (ranks must issue
-  /// collectives in the same order).
-  void start_ready_buckets(WrappedOptimizer& w) {
-    while (w.works.size() < w.buckets.size() && w.pending[w.works.size()] == 0) {
-      w.collective_arg[0] = w.buckets[w.works.size()].flat;
-      w.works.push_back(communicator_->allreduce_async(w.collective_arg));
-    }
-  }
-
-  /// Before an update batch's backward pass: every bucket waits for all its parameters.
-  void arm_gradient_hooks(WrappedOptimizer& w) {
-    w.armed = !w.buckets.empty() && is_update_batch();
-    if (!w.armed) return;
-    std::fill(w.filled.begin(), w.filled.end(), 0);
-    for (std::size_t b = 0; b < w.buckets.size(); ++b) w.pending[b] = w.buckets[b].members.size();
-    w.works.clear();
-  }
-
-  static void remove_gradient_hooks(WrappedOptimizer& w) {
-    for (std::size_t k = 0; k < w.hooks.size() && k < w.params.size(); ++k) w.params[k].remove_hook(w.hooks[k]);
-    w.hooks.clear();
-    w.armed = false;
   }
 
   WrappedOptimizer& find_optimizer(const torch::optim::Optimizer& optimizer) {
     for (auto& w : optimizers_)
       if (w.optimizer == &optimizer) return w;
     throw TrialError("step_optimizer was given an optimizer that was not wrapped with context.wrap_optimizer");
-  }
-
-  /// Called by the trainer on update batches after train_batch: steps the schedulers per their mode.
-  void step_lr_schedulers(std::int64_t batch_idx) {
-    for (auto& s : schedulers_) {
-      const std::int64_t n = s.steps_after(batch_idx, aggregation_frequency_, epoch_len_, s.frequency);
-      for (std::int64_t i = 0; i < n; ++i) s.step(s.scheduler);
-    }
   }
 
   Hyperparameters hparams_;
@@ -3021,126 +3978,595 @@ class Context {
 
   std::vector<std::shared_ptr<torch::nn::Module>> models_;
   std::vector<WrappedOptimizer> optimizers_;
-  std::vector<WrappedScheduler> schedulers_;
+  std::vector<detail::WrappedScheduler> schedulers_;
   std::vector<detail::WrappedReducer> reducers_;
   std::vector<std::shared_ptr<void>> owned_reducers_;  // the FunctionReducers wrap_reducer(fn) made
 
-  std::int64_t initial_batch_ = 0;
-  std::filesystem::path output_dir_{};
-  std::int64_t current_batch_ = 0;
-  std::int64_t epoch_len_ = 0;
+  detail::RunPosition position_{};
   bool stop_requested_ = false;
 };
 
 }  // namespace dettrial
 // ---- end dettrial/context/context.hpp
+// ---- begin dettrial/trial/concepts.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief What a trial is: the hooks of both styles (declarative and imperative) as concepts, and the
+/// one-sentence diagnostics dettrial::Trainer gives when a hook is missing or mistyped.
+///
+/// dettrial::Trial is the conjunction of five named pieces, each a concept a user can check on its
+/// own (a failed `template <dettrial::Trial T>` names the piece that does not hold):
+/// TrainingDataLoaderHook, ValidationDataLoaderHook, ModelHooks, TrainBatchHook and EvaluationHook.
+/// The `Declares...` concepts only ask whether a hook is there; the `...Hook` concepts ask whether it
+/// is there and right. All of them are false, never a hard error, for a broken trial.
+
+#include <concepts>
+#include <cstdint>
+#include <type_traits>
+
+
+namespace dettrial {
+namespace detail {
+
+template <class R>
+struct is_scheduled_lr : std::false_type {};
+template <class S, class M>
+struct is_scheduled_lr<ScheduledLR<S, M>> : std::true_type {};
+
+/// Stands in for a type a broken trial does not provide, so declarations stay well-formed while the
+/// one diagnostic that matters is printed.
+struct missing {};
+
+}  // namespace detail
+
+// ---- the data loaders ----------------------------------------------------------------------------
+
+/// T has a `build_training_data_loader()` hook (whatever it returns).
+template <class T>
+concept DeclaresTrainingDataLoader = requires(T& t) { t.build_training_data_loader(); };
+/// T has a `build_validation_data_loader()` hook (whatever it returns).
+template <class T>
+concept DeclaresValidationDataLoader = requires(T& t) { t.build_validation_data_loader(); };
+
+namespace detail {
+
+template <class T>
+using training_loader_result = decltype(std::declval<T&>().build_training_data_loader());
+template <class T>
+using validation_loader_result = decltype(std::declval<T&>().build_validation_data_loader());
+
+template <class T>
+consteval auto training_loader_type() {
+  if constexpr (DeclaresTrainingDataLoader<T>) return std::type_identity<std::remove_cvref_t<training_loader_result<T>>>{};
+  else return std::type_identity<missing>{};
+}
+template <class T>
+consteval auto validation_loader_type() {
+  if constexpr (DeclaresValidationDataLoader<T>) return std::type_identity<std::remove_cvref_t<validation_loader_result<T>>>{};
+  else return std::type_identity<missing>{};
+}
+template <class L>
+consteval auto batch_type_of() {
+  if constexpr (BatchLoader<L>) return std::type_identity<batch_of<L>>{};
+  else return std::type_identity<missing>{};
+}
+
+}  // namespace detail
+
+/// The training loader type of trial T (`detail::missing` when it has none).
+template <class T>
+using training_loader_t = typename decltype(detail::training_loader_type<T>())::type;
+/// The validation loader type of trial T.
+template <class T>
+using validation_loader_t = typename decltype(detail::validation_loader_type<T>())::type;
+/// The batch type `train_batch` receives.
+template <class T>
+using training_batch_t = typename decltype(detail::batch_type_of<training_loader_t<T>>())::type;
+/// The batch type `evaluate_batch` receives.
+template <class T>
+using validation_batch_t = typename decltype(detail::batch_type_of<validation_loader_t<T>>())::type;
+
+/// Piece 1 of dettrial::Trial: `build_training_data_loader()` returns a dettrial::BatchLoader (such
+/// as dettrial::DataLoader).
+template <class T>
+concept TrainingDataLoaderHook = DeclaresTrainingDataLoader<T> && BatchLoader<training_loader_t<T>>;
+/// Piece 2 of dettrial::Trial: `build_validation_data_loader()` returns a dettrial::BatchLoader.
+template <class T>
+concept ValidationDataLoaderHook = DeclaresValidationDataLoader<T> && BatchLoader<validation_loader_t<T>>;
+
+// ---- the model, optimizer and scheduler of a declarative trial ----------------------------------
+
+/// A declarative trial builds its model with `build_model()` (the seed's MNIST tutorial style).
+template <class T>
+concept DeclaresModel = requires(T& t) { t.build_model(); };
+
+namespace detail {
+template <class T>
+consteval auto model_type() {
+  if constexpr (DeclaresModel<T>) return std::type_identity<std::remove_cvref_t<decltype(std::declval<T&>().build_model())>>{};
+  else return std::type_identity<missing>{};
+}
+}  // namespace detail
+
+/// The model type of a declarative trial.
+template <class T>
+using model_t = typename decltype(detail::model_type<T>())::type;
+
+/// A declarative trial with an `optimizer(model)` hook taking what `build_model()` returns (whatever
+/// the hook returns).
+template <class T>
+concept DeclaresOptimizer = DeclaresModel<T> && requires(T& t, model_t<T>& m) { t.optimizer(m); };
+
+namespace detail {
+template <class T>
+consteval auto optimizer_type() {
+  if constexpr (DeclaresOptimizer<T>)
+    return std::type_identity<std::remove_cvref_t<decltype(std::declval<T&>().optimizer(std::declval<model_t<T>&>()))>>{};
+  else return std::type_identity<missing>{};
+}
+/// What `optimizer(model)` may return: an optimizer by value or a smart pointer to one.
+template <class O>
+consteval auto optimizer_object_type() {
+  if constexpr (TorchOptimizer<O>) return std::type_identity<O>{};
+  else if constexpr (requires(O& o) { *o; }) {
+    if constexpr (TorchOptimizer<std::remove_cvref_t<decltype(*std::declval<O&>())>>)
+      return std::type_identity<std::remove_cvref_t<decltype(*std::declval<O&>())>>{};
+    else return std::type_identity<missing>{};
+  } else return std::type_identity<missing>{};
+}
+}  // namespace detail
+
+/// What a declarative trial's `optimizer(model)` returns.
+template <class T>
+using optimizer_result_t = typename decltype(detail::optimizer_type<T>())::type;
+/// The optimizer class behind it.
+template <class T>
+using optimizer_t = typename decltype(detail::optimizer_object_type<optimizer_result_t<T>>())::type;
+
+/// A declarative trial with an `lr_scheduler(optimizer)` hook taking the optimizer class behind what
+/// `optimizer(model)` returns (whatever the hook returns).
+template <class T>
+concept DeclaresLRScheduler = DeclaresModel<T> && requires(T& t, optimizer_t<T>& o) { t.lr_scheduler(o); };
+
+namespace detail {
+template <class T>
+consteval auto scheduler_type() {
+  if constexpr (DeclaresLRScheduler<T>)
+    return std::type_identity<std::remove_cvref_t<decltype(std::declval<T&>().lr_scheduler(std::declval<optimizer_t<T>&>()))>>{};
+  else return std::type_identity<missing>{};
+}
+}  // namespace detail
+
+/// What a declarative trial's optional `lr_scheduler(optimizer)` returns.
+template <class T>
+using scheduler_result_t = typename decltype(detail::scheduler_type<T>())::type;
+
+/// `build_model()` returns a LibTorch module (a dettrial::ModelHandle).
+template <class T>
+concept BuildModelHook = DeclaresModel<T> && ModelHandle<model_t<T>>;
+/// `optimizer(model)` returns a torch::optim optimizer, by value or by smart pointer.
+template <class T>
+concept OptimizerHook = DeclaresOptimizer<T> && TorchOptimizer<optimizer_t<T>>;
+/// `lr_scheduler(optimizer)` returns a scheduler with `step()` or a dettrial::scheduled(...) one.
+template <class T>
+concept LRSchedulerHook =
+    DeclaresLRScheduler<T> && (LRSchedulerLike<scheduler_result_t<T>> || detail::is_scheduled_lr<scheduler_result_t<T>>::value);
+
+/// Piece 3 of dettrial::Trial: a declarative trial (one with `build_model()`) has a BuildModelHook,
+/// an OptimizerHook and, if it declares one, an LRSchedulerHook. True for an imperative trial, which
+/// wraps its model and optimizer in its constructor.
+template <class T>
+concept ModelHooks = !DeclaresModel<T> || (BuildModelHook<T> && OptimizerHook<T> && (!DeclaresLRScheduler<T> || LRSchedulerHook<T>));
+
+// ---- train_batch and the evaluation hook ---------------------------------------------------------
+
+template <class T>
+concept DeclaresTrainBatch = requires { &T::train_batch; } ||
+                             requires(T& t, training_batch_t<T>& b, model_t<T>& m, std::int64_t i) { t.train_batch(b, m, i, i); } ||
+                             requires(T& t, training_batch_t<T>& b, std::int64_t i) { t.train_batch(b, i, i); };
+template <class T>
+concept DeclaresEvaluateBatch = requires { &T::evaluate_batch; } ||
+                                requires(T& t, validation_batch_t<T>& b, model_t<T>& m) { t.evaluate_batch(b, m); } ||
+                                requires(T& t, validation_batch_t<T>& b) { t.evaluate_batch(b); };
+template <class T>
+concept DeclaresEvaluateFullDataset = requires { &T::evaluate_full_dataset; } ||
+                                      requires(T& t, validation_loader_t<T>& l, model_t<T>& m) { t.evaluate_full_dataset(l, m); } ||
+                                      requires(T& t, validation_loader_t<T>& l) { t.evaluate_full_dataset(l); };
+
+namespace detail {
+/// Calls train_batch in the trial's style; only used in unevaluated contexts and by the trainer.
+template <class T>
+decltype(auto) call_train_batch(T& t, training_batch_t<T>& b, model_t<T>& m, std::int64_t epoch_idx, std::int64_t batch_idx) {
+  if constexpr (DeclaresModel<T>) return t.train_batch(b, m, epoch_idx, batch_idx);
+  else return t.train_batch(b, epoch_idx, batch_idx);
+}
+template <class T>
+decltype(auto) call_evaluate_batch(T& t, validation_batch_t<T>& b, model_t<T>& m, std::int64_t batch_idx) {
+  if constexpr (DeclaresModel<T>) {
+    if constexpr (requires { t.evaluate_batch(b, m, batch_idx); }) return t.evaluate_batch(b, m, batch_idx);
+    else return t.evaluate_batch(b, m);
+  } else {
+    if constexpr (requires { t.evaluate_batch(b, batch_idx); }) return t.evaluate_batch(b, batch_idx);
+    else return t.evaluate_batch(b);
+  }
+}
+template <class T>
+decltype(auto) call_evaluate_full_dataset(T& t, validation_loader_t<T>& l, model_t<T>& m) {
+  if constexpr (DeclaresModel<T>) return t.evaluate_full_dataset(l, m);
+  else return t.evaluate_full_dataset(l);
+}
+}  // namespace detail
+
+template <class T>
+concept CallableTrainBatch =
+    (DeclaresModel<T> && requires(T& t, training_batch_t<T>& b, model_t<T>& m, std::int64_t i) { t.train_batch(b, m, i, i); }) ||
+    (!DeclaresModel<T> && requires(T& t, training_batch_t<T>& b, std::int64_t i) { t.train_batch(b, i, i); });
+template <class T>
+concept CallableEvaluateBatch =
+    (DeclaresModel<T> && (requires(T& t, validation_batch_t<T>& b, model_t<T>& m, std::int64_t i) { t.evaluate_batch(b, m, i); } ||
+                          requires(T& t, validation_batch_t<T>& b, model_t<T>& m) { t.evaluate_batch(b, m); })) ||
+    (!DeclaresModel<T> && (requires(T& t, validation_batch_t<T>& b, std::int64_t i) { t.evaluate_batch(b, i); } ||
+                           requires(T& t, validation_batch_t<T>& b) { t.evaluate_batch(b); }));
+template <class T>
+concept CallableEvaluateFullDataset =
+    (DeclaresModel<T> && requires(T& t, validation_loader_t<T>& l, model_t<T>& m) { t.evaluate_full_dataset(l, m); }) ||
+    (!DeclaresModel<T> && requires(T& t, validation_loader_t<T>& l) { t.evaluate_full_dataset(l); });
+
+namespace detail {
+// What a hook returns. Only named once the hook is known to be callable: the concepts below put these
+// after the Callable... check in a conjunction, which substitutes its right side only when its left
+// side holds (naming one of these for a hook that cannot be called would be a hard error).
+template <class T>
+using train_batch_result_t =
+    decltype(call_train_batch(std::declval<T&>(), std::declval<training_batch_t<T>&>(), std::declval<model_t<T>&>(), 0, 0));
+template <class T>
+using evaluate_batch_result_t =
+    decltype(call_evaluate_batch(std::declval<T&>(), std::declval<validation_batch_t<T>&>(), std::declval<model_t<T>&>(), 0));
+template <class T>
+using evaluate_full_dataset_result_t =
+    decltype(call_evaluate_full_dataset(std::declval<T&>(), std::declval<validation_loader_t<T>&>(), std::declval<model_t<T>&>()));
+}  // namespace detail
+
+/// Piece 4 of dettrial::Trial: `train_batch` can be called with the training loader's batch type, as
+/// `train_batch(batch, model, epoch_idx, batch_idx)` in a declarative trial or
+/// `train_batch(batch, epoch_idx, batch_idx)` in an imperative one, and returns dettrial::Metrics (with
+/// a "loss" entry) or the loss as a torch::Tensor.
+template <class T>
+concept TrainBatchHook = DeclaresTrainBatch<T> && CallableTrainBatch<T> && MetricsResult<detail::train_batch_result_t<T>>;
+
+/// `evaluate_batch` can be called with the validation loader's batch type, as
+/// `evaluate_batch(batch, model[, batch_idx])` (declarative) or `evaluate_batch(batch[, batch_idx])`
+/// (imperative), and returns dettrial::Metrics.
+template <class T>
+concept EvaluateBatchHook = DeclaresEvaluateBatch<T> && CallableEvaluateBatch<T> &&
+                            std::same_as<std::remove_cvref_t<detail::evaluate_batch_result_t<T>>, Metrics>;
+/// `evaluate_full_dataset` can be called with the validation loader, as
+/// `evaluate_full_dataset(loader, model)` (declarative) or `evaluate_full_dataset(loader)`
+/// (imperative), and returns dettrial::Metrics.
+template <class T>
+concept EvaluateFullDatasetHook = DeclaresEvaluateFullDataset<T> && CallableEvaluateFullDataset<T> &&
+                                  std::same_as<std::remove_cvref_t<detail::evaluate_full_dataset_result_t<T>>, Metrics>;
+
+/// Piece 5 of dettrial::Trial: exactly one of `evaluate_batch` (an EvaluateBatchHook) and
+/// `evaluate_full_dataset` (an EvaluateFullDatasetHook).
+template <class T>
+concept EvaluationHook = (EvaluateBatchHook<T> && !DeclaresEvaluateFullDataset<T>) || (EvaluateFullDatasetHook<T> && !DeclaresEvaluateBatch<T>);
+
+namespace detail {
+
+/// The first thing wrong with a trial type, in the order a user would fix them.
+enum class TrialProblem {
+  none,
+  no_training_loader,
+  training_loader_not_a_loader,
+  no_validation_loader,
+  validation_loader_not_a_loader,
+  model_not_a_module,
+  no_optimizer,
+  optimizer_not_an_optimizer,
+  scheduler_not_a_scheduler,
+  no_train_batch,
+  train_batch_not_callable,
+  train_batch_not_metrics,
+  no_evaluate_hook,
+  both_evaluate_hooks,
+  evaluate_batch_not_callable,
+  evaluate_batch_not_metrics,
+  evaluate_full_dataset_not_callable,
+  evaluate_full_dataset_not_metrics,
+};
+
+/// The first thing wrong with a trial, from the same concepts dettrial::Trial is made of (each rule
+/// is stated once, in its concept).
+template <class T>
+consteval TrialProblem first_trial_problem() {
+  using P = TrialProblem;
+  if constexpr (!DeclaresTrainingDataLoader<T>) return P::no_training_loader;
+  else if constexpr (!TrainingDataLoaderHook<T>) return P::training_loader_not_a_loader;
+  else if constexpr (!DeclaresValidationDataLoader<T>) return P::no_validation_loader;
+  else if constexpr (!ValidationDataLoaderHook<T>) return P::validation_loader_not_a_loader;
+  else if constexpr (DeclaresModel<T> && !BuildModelHook<T>) return P::model_not_a_module;
+  else if constexpr (DeclaresModel<T> && !DeclaresOptimizer<T>) return P::no_optimizer;
+  else if constexpr (DeclaresModel<T> && !OptimizerHook<T>) return P::optimizer_not_an_optimizer;
+  else if constexpr (DeclaresLRScheduler<T> && !LRSchedulerHook<T>) return P::scheduler_not_a_scheduler;
+  else if constexpr (!DeclaresTrainBatch<T>) return P::no_train_batch;
+  else if constexpr (!CallableTrainBatch<T>) return P::train_batch_not_callable;
+  else if constexpr (!TrainBatchHook<T>) return P::train_batch_not_metrics;
+  else if constexpr (!DeclaresEvaluateBatch<T> && !DeclaresEvaluateFullDataset<T>) return P::no_evaluate_hook;
+  else if constexpr (DeclaresEvaluateBatch<T> && DeclaresEvaluateFullDataset<T>) return P::both_evaluate_hooks;
+  else if constexpr (DeclaresEvaluateBatch<T> && !CallableEvaluateBatch<T>) return P::evaluate_batch_not_callable;
+  else if constexpr (DeclaresEvaluateBatch<T> && !EvaluateBatchHook<T>) return P::evaluate_batch_not_metrics;
+  else if constexpr (DeclaresEvaluateFullDataset<T> && !CallableEvaluateFullDataset<T>) return P::evaluate_full_dataset_not_callable;
+  else if constexpr (DeclaresEvaluateFullDataset<T> && !EvaluateFullDatasetHook<T>) return P::evaluate_full_dataset_not_metrics;
+  else return P::none;
+}
+
+/// Instantiated by dettrial::Trainer<T>: exactly one of these assertions fails for a broken trial,
+/// and its message is the one sentence that names the hook at fault.
+template <class T>
+struct TrialDiagnostics {
+  static constexpr TrialProblem problem = first_trial_problem<T>();
+  using P = TrialProblem;
+  static_assert(problem != P::no_training_loader,
+                "dettrial::Trainer<T>: T has no build_training_data_loader() hook; add one that returns a dettrial::DataLoader");
+  static_assert(problem != P::training_loader_not_a_loader,
+                "dettrial::Trainer<T>: T::build_training_data_loader() must return a dettrial::BatchLoader such as dettrial::DataLoader "
+                "(size() batches per epoch and batches(chain), the batches one rank reads)");
+  static_assert(problem != P::no_validation_loader,
+                "dettrial::Trainer<T>: T has no build_validation_data_loader() hook; add one that returns a dettrial::DataLoader");
+  static_assert(problem != P::validation_loader_not_a_loader,
+                "dettrial::Trainer<T>: T::build_validation_data_loader() must return a dettrial::BatchLoader such as dettrial::DataLoader "
+                "(size() batches per epoch and batches(chain), the batches one rank reads)");
+  static_assert(problem != P::model_not_a_module,
+                "dettrial::Trainer<T>: T::build_model() must return a LibTorch module (a torch::nn::ModuleHolder such as "
+                "torch::nn::Sequential, or a std::shared_ptr to a torch::nn::Module)");
+  static_assert(problem != P::no_optimizer,
+                "dettrial::Trainer<T>: T has build_model() but no optimizer(model) hook; add one that returns a torch::optim optimizer");
+  static_assert(problem != P::optimizer_not_an_optimizer,
+                "dettrial::Trainer<T>: T::optimizer(model) must return a torch::optim::Optimizer (by value or by smart pointer)");
+  static_assert(problem != P::scheduler_not_a_scheduler,
+                "dettrial::Trainer<T>: T::lr_scheduler(optimizer) must return a scheduler with step() or dettrial::scheduled(...)");
+  static_assert(problem != P::no_train_batch,
+                "dettrial::Trainer<T>: T has no train_batch hook; declare train_batch(batch, model, epoch_idx, batch_idx) in a "
+                "trial with build_model(), or train_batch(batch, epoch_idx, batch_idx) in one that wraps its model in its constructor");
+  static_assert(problem != P::train_batch_not_callable,
+                "dettrial::Trainer<T>: T::train_batch cannot be called with the training loader's batch type as "
+                "train_batch(batch, model, epoch_idx, batch_idx) (with build_model) or train_batch(batch, epoch_idx, batch_idx) (without)");
+  static_assert(problem != P::train_batch_not_metrics,
+                "dettrial::Trainer<T>: T::train_batch must return dettrial::Metrics (with a \"loss\" entry) or the loss as a torch::Tensor");
+  static_assert(problem != P::no_evaluate_hook,
+                "dettrial::Trainer<T>: T has neither evaluate_batch nor evaluate_full_dataset; define exactly one of them");
+  static_assert(problem != P::both_evaluate_hooks,
+                "dettrial::Trainer<T>: T defines both evaluate_batch and evaluate_full_dataset; define exactly one of them");
+  static_assert(problem != P::evaluate_batch_not_callable,
+                "dettrial::Trainer<T>: T::evaluate_batch cannot be called with the validation loader's batch type as "
+                "evaluate_batch(batch, model[, batch_idx]) (with build_model) or evaluate_batch(batch[, batch_idx]) (without)");
+  static_assert(problem != P::evaluate_batch_not_metrics, "dettrial::Trainer<T>: T::evaluate_batch must return dettrial::Metrics");
+  static_assert(problem != P::evaluate_full_dataset_not_callable,
+                "dettrial::Trainer<T>: T::evaluate_full_dataset cannot be called as evaluate_full_dataset(loader, model) (with "
+                "build_model) or evaluate_full_dataset(loader) (without)");
+  static_assert(problem != P::evaluate_full_dataset_not_metrics,
+                "dettrial::Trainer<T>: T::evaluate_full_dataset must return dettrial::Metrics");
+  static constexpr bool ok = problem == P::none;
+};
+
+}  // namespace detail
+
+/**
+ * @brief A trial: a plain type with Determined's hooks, in either style.
+ *
+ * - Declarative: `build_model()`, `optimizer(model)`, optional `lr_scheduler(optimizer)`,
+ *   `train_batch(batch, model, epoch_idx, batch_idx)` returning metrics with `loss`; the trainer does
+ *   backward, step and zero_grad.
+ * - Imperative: the constructor takes the Context and wraps models, optimizers and schedulers;
+ *   `train_batch(batch, epoch_idx, batch_idx)` calls `context.backward(loss)` and
+ *   `context.step_optimizer(opt)` itself.
+ *
+ * Both need `build_training_data_loader()`, `build_validation_data_loader()` and exactly one of
+ * `evaluate_batch` / `evaluate_full_dataset`. Each of these is a concept of its own, so a compiler's
+ * "constraints not satisfied" note names the piece that does not hold; dettrial::Trainer<T> says the
+ * same in one sentence.
+ */
+template <class T>
+concept Trial = TrainingDataLoaderHook<T> && ValidationDataLoaderHook<T> && ModelHooks<T> && TrainBatchHook<T> && EvaluationHook<T>;
+
+/// A trial in the declarative style.
+template <class T>
+concept DeclarativeTrial = Trial<T> && DeclaresModel<T>;
+/// A trial in the imperative style.
+template <class T>
+concept ImperativeTrial = Trial<T> && !DeclaresModel<T>;
+
+}  // namespace dettrial
+// ---- end dettrial/trial/concepts.hpp
+// ---- begin dettrial/checkpoint/checkpoint.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief What a checkpoint holds and how a Context's models, optimizers, schedulers, gradients and
+/// RNGs go in and out of it; loading a checkpoint's models for evaluation or inference.
+///
+/// A checkpoint directory (Determined's layout):
+/// - `state_dict.pth`: `torch.load`-able dict with `models_state_dict`, `optimizers_state_dict` (Python
+///   layout), `lr_schedulers_state_dict`, `callbacks`, `rng_state`;
+/// - `dettrial_state.pt`: LibTorch's own archives of the optimizers and schedulers (every optimizer
+///   restored exactly, whatever its type) and, mid gradient aggregation, the pending gradients;
+/// - `trial_state.json`: where the trial stands (batches, epochs, last validation and checkpoint);
+/// - `load_data.json`: the experiment config and hyperparameters;
+/// - `metadata.json`, written last: steps completed, framework, format, each file's size and CRC-32.
+
+#include <cstdint>
+#include <filesystem>
+#include <mutex>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <vector>
+#include <utility>
+
+#include <torch/torch.h>
+
 // ---- begin dettrial/detail/json.hpp
 // SPDX-License-Identifier: Apache-2.0
 /// @file
-/// @brief Writing JSON (metrics lines, checkpoint metadata) and reading it back with yaml-cpp.
+/// @brief The JSON dettrial writes and reads (metrics lines, events, checkpoint metadata, summaries),
+/// with nlohmann/json.
 
+#include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <cstdint>
-#include <cstdio>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <limits>
+#include <sstream>
+#include <stdexcept>
 #include <string>
 #include <string_view>
+#include <type_traits>
+#include <utility>
 
+#include <nlohmann/json.hpp>
 #include <yaml-cpp/yaml.h>
 
 
 namespace dettrial::detail {
 
-// dettrial's fixed package set has no JSON library, and what it writes is small: metric lines and
-// checkpoint metadata. Writing is a few lines here; reading uses yaml-cpp (JSON is YAML 1.2 flow style).
-inline void append_json_string(std::string& out, std::string_view s) {
-  out += '"';
-  for (const char c : s) {
-    switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
-      default:
-        if (static_cast<unsigned char>(c) < 0x20) {
-          char buf[8];
-          std::snprintf(buf, sizeof buf, "\\u%04x", c);
-          out += buf;
-        } else {
-          out += c;
-        }
-    }
-  }
-  out += '"';
-}
-inline void append_json_number(std::string& out, double v) {
-  if (!std::isfinite(v)) {
-    out += "null";  // JSON has no NaN or infinity
-    return;
-  }
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.17g", v);
-  out += buf;
-}
-inline void append_json_integer(std::string& out, std::int64_t v) { out += std::to_string(v); }
+/// A JSON value whose objects keep their keys in insertion order (the order dettrial writes them).
+using Json = nlohmann::ordered_json;
+
+// ---- writing: nlohmann/json's dump; numbers as it writes them (shortest text that reads back exactly,
+// 1.0 as `1.0`), NaN and infinities (which JSON lacks) as null, bytes that are not UTF-8 as U+FFFD.
+
+/// One compact line, as in metrics.jsonl and events.jsonl: `{"type":"training","batches":3}` and a newline.
+inline std::string json_line(const Json& j) { return j.dump(-1, ' ', false, Json::error_handler_t::replace) + "\n"; }
+
+/// The text of a JSON file (metadata.json, trial_state.json, load_data.json, summary.json), indented.
+inline std::string json_text(const Json& j) { return j.dump(2, ' ', false, Json::error_handler_t::replace) + "\n"; }
 
 /// A YAML document as JSON: maps, sequences, and plain scalars typed by YAML's core schema (null,
-/// booleans, integers, floats); quoted scalars and everything else stay strings.
-inline void append_yaml_as_json(std::string& out, const YAML::Node& node) {
+/// booleans, integers, finite floats); quoted scalars (tag "!") and everything else (`.inf`, `.nan`,
+/// text) stay strings. A map's keys are their scalar text.
+inline Json yaml_to_json(const YAML::Node& node) {
   switch (node.Type()) {
     case YAML::NodeType::Undefined:
-    case YAML::NodeType::Null: out += "null"; return;
+    case YAML::NodeType::Null: return nullptr;
     case YAML::NodeType::Sequence: {
-      out += '[';
-      bool first = true;
-      for (const auto& item : node) {
-        if (!first) out += ", ";
-        first = false;
-        append_yaml_as_json(out, item);
-      }
-      out += ']';
-      return;
+      Json out = Json::array();
+      for (const auto& item : node) out.push_back(yaml_to_json(item));
+      return out;
     }
     case YAML::NodeType::Map: {
-      out += '{';
-      bool first = true;
-      for (const auto& kv : node) {
-        if (!first) out += ", ";
-        first = false;
-        append_json_string(out, kv.first.Scalar());
-        out += ": ";
-        append_yaml_as_json(out, kv.second);
-      }
-      out += '}';
-      return;
+      Json out = Json::object();
+      for (const auto& kv : node) out[kv.first.Scalar()] = yaml_to_json(kv.second);
+      return out;
     }
     case YAML::NodeType::Scalar: {
       const std::string& s = node.Scalar();
       if (node.Tag() != "!") {  // "!" marks a quoted scalar: always a string
-        if (s == "~" || s == "null" || s == "Null" || s == "NULL") { out += "null"; return; }
-        if (s == "true" || s == "True" || s == "TRUE") { out += "true"; return; }
-        if (s == "false" || s == "False" || s == "FALSE") { out += "false"; return; }
+        if (s == "~" || s == "null" || s == "Null" || s == "NULL") return nullptr;
+        if (s == "true" || s == "True" || s == "TRUE") return true;
+        if (s == "false" || s == "False" || s == "FALSE") return false;
         std::int64_t i = 0;
         double d = 0;
-        if (YAML::convert<std::int64_t>::decode(node, i)) { append_json_integer(out, i); return; }
-        if (YAML::convert<double>::decode(node, d) && std::isfinite(d)) { append_json_number(out, d); return; }
+        if (YAML::convert<std::int64_t>::decode(node, i)) return i;
+        if (YAML::convert<double>::decode(node, d) && std::isfinite(d)) return d;
       }
-      append_json_string(out, s);
-      return;
+      return s;
     }
+  }
+  return nullptr;
+}
+
+// ---- reading ---------------------------------------------------------------------------------
+
+/// Reads a JSON file written by dettrial; a missing or unparsable file is an ErrorT naming it:
+/// "cannot read '<path>'", "'<path>' is not valid JSON (line N): <reason>".
+template <class ErrorT = Error>
+Json read_json_file(const std::filesystem::path& path) {
+  std::error_code ec;
+  std::ifstream in(path, std::ios::binary);
+  if (!in || std::filesystem::is_directory(path, ec)) throw ErrorT("cannot read '" + path.string() + "'");
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (in.bad()) throw ErrorT("cannot read '" + path.string() + "'");
+  try {
+    return Json::parse(text);
+  } catch (const Json::parse_error& e) {
+    // e.byte: 1-based, the byte the parser stopped at. Its message says where too; the reason follows the first ": ".
+    const std::size_t at = std::min<std::size_t>(e.byte > 0 ? e.byte - 1 : 0, text.size());
+    const auto line = 1 + std::count(text.begin(), text.begin() + static_cast<std::ptrdiff_t>(at), '\n');
+    const std::string what = e.what();
+    const auto colon = what.find(": ");
+    throw ErrorT("'" + path.string() + "' is not valid JSON (line " + std::to_string(line) +
+                 "): " + (colon == std::string::npos ? what : what.substr(colon + 2)));
   }
 }
 
-/// Reads a JSON file written by dettrial; a missing or unparsable file is an error naming it.
-template <class ErrorT = Error>
-YAML::Node load_json_file(const std::filesystem::path& path) {
-  try {
-    return YAML::LoadFile(path.string());
-  } catch (const YAML::BadFile&) {
-    throw ErrorT("cannot read '" + path.string() + "'");
-  } catch (const YAML::Exception& e) {
-    throw ErrorT("'" + path.string() + "' is not valid JSON (line " + std::to_string(e.mark.line + 1) + "): " + e.msg);
+/// A field of a JSON document that is missing or has the wrong type, as `json_field` and `json_as`
+/// report it ("no 'uuid'", "'uuid' is a number, not a string"); readers turn it into their own
+/// error naming the file.
+struct JsonFieldError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+/// `object[key]`, or nullptr when `object` is not an object or lacks `key`.
+inline const Json* json_find(const Json& object, const std::string& key) {
+  if (!object.is_object()) return nullptr;
+  const auto it = object.find(key);
+  return it == object.end() ? nullptr : &*it;
+}
+
+/// `object[key]`; a missing key throws JsonFieldError("no '<key>'").
+inline const Json& json_field(const Json& object, const std::string& key) {
+  if (const Json* v = json_find(object, key)) return *v;
+  throw JsonFieldError("no '" + key + "'");
+}
+
+/// "a string", "a number", "null", ...: what a JSON value is, for messages.
+inline std::string json_kind(const Json& j) {
+  switch (j.type()) {
+    case Json::value_t::null: return "null";
+    case Json::value_t::object: return "an object";
+    case Json::value_t::array: return "an array";
+    case Json::value_t::string: return "a string";
+    case Json::value_t::boolean: return "a boolean";
+    case Json::value_t::number_integer:
+    case Json::value_t::number_unsigned: return "an integer";
+    case Json::value_t::number_float: return "a number";
+    default: return std::string("a ") + j.type_name();
+  }
+}
+
+/**
+ * @brief `value` (named `field` in messages) as a T, strictly: integral types only from JSON
+ * integers within their range, floating point from any JSON number, strings from strings, bool
+ * from true and false. Anything else throws JsonFieldError("'<field>' is a string, not an integer").
+ */
+template <class T>
+T json_as(const Json& value, std::string_view field) {
+  const auto wrong = [&](const std::string& expected) {
+    return JsonFieldError("'" + std::string(field) + "' is " + json_kind(value) + ", not " + expected);
+  };
+  if constexpr (std::is_same_v<T, bool>) {
+    if (!value.is_boolean()) throw wrong("true or false");
+    return value.get<bool>();
+  } else if constexpr (std::is_integral_v<T>) {
+    if (value.is_number_unsigned()) {
+      if (const auto u = value.get<std::uint64_t>(); std::in_range<T>(u)) return static_cast<T>(u);
+    } else if (value.is_number_integer()) {
+      if (const auto i = value.get<std::int64_t>(); std::in_range<T>(i)) return static_cast<T>(i);
+    } else {
+      throw wrong(std::is_signed_v<T> ? "an integer" : "a non-negative integer");
+    }
+    throw JsonFieldError("'" + std::string(field) + "' is " + value.dump() + ", out of range");
+  } else if constexpr (std::is_floating_point_v<T>) {
+    if (!value.is_number()) throw wrong("a number");
+    return value.get<T>();
+  } else if constexpr (std::is_same_v<T, std::string>) {
+    if (!value.is_string()) throw wrong("a string");
+    return value.get<std::string>();
+  } else {
+    static_assert(std::is_same_v<T, std::string>, "json_as reads bool, integers, floating point and std::string");
   }
 }
 
@@ -3415,6 +4841,7 @@ inline void load_module_state_dict(torch::nn::Module& module, const StateDict& s
 #include <sstream>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -3563,15 +4990,18 @@ class CheckpointWriter {
 
   void add_file(const std::string& name, std::string_view bytes) {
     detail::write_file_synced(temp_ / name, bytes);
-    detail::append_json_string(files_json_, name);
-    files_json_ += ": {\"size\": " + std::to_string(bytes.size()) + ", \"crc32\": " + std::to_string(detail::crc32_of(bytes)) + "}, ";
+    files_[name] = {{"size", bytes.size()}, {"crc32", detail::crc32_of(bytes)}};
   }
 
-  /// Writes `metadata.json` from `fields` (JSON members, without braces) plus the file list, and
-  /// moves the checkpoint into place. Returns its final path.
-  std::filesystem::path commit(const std::string& fields) {
-    std::string files = files_json_.empty() ? std::string() : files_json_.substr(0, files_json_.size() - 2);
-    detail::write_file_synced(temp_ / "metadata.json", "{" + fields + ", \"files\": {" + files + "}}\n");
+  /// Writes `metadata.json`: the members of `fields` (a JSON object), then `"files"` (each file's
+  /// `"size"` and `"crc32"`), and moves the checkpoint into place. Returns its final path.
+  std::filesystem::path commit(detail::Json fields) {
+    const std::filesystem::path meta_path = temp_ / "metadata.json";
+    if (!fields.is_object())
+      throw CheckpointError("the fields of '" + meta_path.string() + "' must be a JSON object, not " + detail::json_kind(fields));
+    fields.erase("files");
+    fields["files"] = files_;
+    detail::write_file_synced(meta_path, detail::json_text(fields));
     detail::sync_directory(temp_);
     const std::filesystem::path final_path = storage_ / uuid_;
     if (::rename(temp_.c_str(), final_path.c_str()) != 0)
@@ -3585,7 +5015,7 @@ class CheckpointWriter {
   std::filesystem::path storage_;
   std::string uuid_;
   std::filesystem::path temp_;
-  std::string files_json_;
+  detail::Json files_ = detail::Json::object();
   bool committed_ = false;
 };
 
@@ -3602,35 +5032,41 @@ inline CheckpointInfo read_checkpoint_info(const std::filesystem::path& dir, boo
   const std::filesystem::path meta_path = dir / "metadata.json";
   if (!std::filesystem::exists(meta_path, ec))
     throw CheckpointError("'" + dir.string() + "' is not a complete dettrial checkpoint: it has no metadata.json");
-  const YAML::Node meta = detail::load_json_file<CheckpointError>(meta_path);
-  auto field = [&](const char* key) {
-    const YAML::Node v = meta[key];
+  const detail::Json meta = detail::read_json_file<CheckpointError>(meta_path);
+  auto field = [&](const char* key) -> const detail::Json& {
+    const detail::Json* v = detail::json_find(meta, key);
     if (!v) throw CheckpointError("'" + meta_path.string() + "' has no '" + key + "'");
-    return v;
+    return *v;
   };
   CheckpointInfo info;
   info.path = dir;
   try {
-    const auto format = field("dettrial_format").as<std::int64_t>();
+    const auto format = detail::json_as<std::int64_t>(field("dettrial_format"), "dettrial_format");
     if (format > checkpoint_format_version)
       throw CheckpointError("'" + meta_path.string() + "' is checkpoint format " + std::to_string(format) +
                             ", written by a newer dettrial; this one reads formats up to " +
                             std::to_string(checkpoint_format_version));
-    info.uuid = field("uuid").as<std::string>();
-    info.batches_trained = field("steps_completed").as<std::int64_t>();
-    info.epochs_trained = field("epochs_trained").as<std::int64_t>();
-    info.sequence = field("sequence").as<std::int64_t>();
-    if (const YAML::Node v = meta["validation_metric"]; v && !v.IsNull()) info.validation_metric = v.as<double>();
-  } catch (const YAML::Exception& e) {
-    throw CheckpointError("'" + meta_path.string() + "' has a field of the wrong type: " + e.msg);
+    info.uuid = detail::json_as<std::string>(field("uuid"), "uuid");
+    info.batches_trained = detail::json_as<std::int64_t>(field("steps_completed"), "steps_completed");
+    info.epochs_trained = detail::json_as<std::int64_t>(field("epochs_trained"), "epochs_trained");
+    info.sequence = detail::json_as<std::int64_t>(field("sequence"), "sequence");
+    if (const detail::Json* v = detail::json_find(meta, "validation_metric"); v && !v->is_null())
+      info.validation_metric = detail::json_as<double>(*v, "validation_metric");
+  } catch (const detail::JsonFieldError& e) {
+    throw CheckpointError("'" + meta_path.string() + "' has a field of the wrong type: " + e.what());
   }
   if (verify_files) {
-    const YAML::Node files = meta["files"];
-    if (!files || !files.IsMap()) throw CheckpointError("'" + meta_path.string() + "' lists no files");
-    for (const auto& kv : files) {
-      const std::filesystem::path file = dir / kv.first.Scalar();
+    const detail::Json* files = detail::json_find(meta, "files");
+    if (!files || !files->is_object()) throw CheckpointError("'" + meta_path.string() + "' lists no files");
+    for (auto it = files->begin(); it != files->end(); ++it) {
+      const std::filesystem::path file = dir / it.key();
       if (!std::filesystem::exists(file, ec)) throw CheckpointError("checkpoint file '" + file.string() + "' is missing");
-      const auto size = kv.second["size"].as<std::uint64_t>();
+      std::uint64_t size = 0;
+      try {
+        size = detail::json_as<std::uint64_t>(detail::json_field(it.value(), "size"), "files." + it.key() + ".size");
+      } catch (const detail::JsonFieldError& e) {
+        throw CheckpointError("'" + meta_path.string() + "' has a bad entry for file '" + it.key() + "': " + e.what());
+      }
       const auto actual = std::filesystem::file_size(file, ec);
       if (ec || actual != size)
         throw CheckpointError("checkpoint file '" + file.string() + "' is truncated or damaged: " + std::to_string(actual) +
@@ -3646,10 +5082,20 @@ inline std::string read_checked_file(const std::filesystem::path& dir, const std
   std::error_code ec;
   if (!std::filesystem::exists(file, ec)) throw CheckpointError("checkpoint file '" + file.string() + "' is missing");
   std::string bytes = detail::read_file_bytes(file);
-  const YAML::Node meta = detail::load_json_file<CheckpointError>(dir / "metadata.json");
-  const YAML::Node entry = meta["files"][name];
-  if (!entry) throw CheckpointError("'" + (dir / "metadata.json").string() + "' does not list '" + name + "'");
-  if (entry["size"].as<std::uint64_t>() != bytes.size() || entry["crc32"].as<std::uint32_t>() != detail::crc32_of(bytes))
+  const std::filesystem::path meta_path = dir / "metadata.json";
+  const detail::Json meta = detail::read_json_file<CheckpointError>(meta_path);
+  const detail::Json* files = detail::json_find(meta, "files");
+  const detail::Json* entry = files ? detail::json_find(*files, name) : nullptr;
+  if (!entry) throw CheckpointError("'" + meta_path.string() + "' does not list '" + name + "'");
+  std::uint64_t size = 0;
+  std::uint32_t crc32 = 0;
+  try {
+    size = detail::json_as<std::uint64_t>(detail::json_field(*entry, "size"), "files." + name + ".size");
+    crc32 = detail::json_as<std::uint32_t>(detail::json_field(*entry, "crc32"), "files." + name + ".crc32");
+  } catch (const detail::JsonFieldError& e) {
+    throw CheckpointError("'" + meta_path.string() + "' has a bad entry for file '" + name + "': " + e.what());
+  }
+  if (size != bytes.size() || crc32 != detail::crc32_of(bytes))
     throw CheckpointError("checkpoint file '" + file.string() + "' is damaged: its size or CRC-32 differs from what was written");
   return bytes;
 }
@@ -3701,8 +5147,7 @@ inline std::vector<CheckpointInfo> checkpoints_to_delete(const std::vector<Check
   for (std::size_t i = 0; i < all.size(); ++i)
     if (all[i].validation_metric) ranked.push_back(i);
   std::stable_sort(ranked.begin(), ranked.end(), [&](std::size_t a, std::size_t b) {
-    return smaller_is_better ? *all[a].validation_metric < *all[b].validation_metric
-                             : *all[a].validation_metric > *all[b].validation_metric;
+    return MetricOrder{smaller_is_better}.better(*all[a].validation_metric, *all[b].validation_metric);
   });
   for (std::size_t k = 0; k < ranked.size() && static_cast<std::int64_t>(k) < retention.save_trial_best; ++k) keep[ranked[k]] = true;
   std::vector<CheckpointInfo> out;
@@ -3741,31 +5186,47 @@ struct TrialProgress {
   std::optional<std::uint64_t> validation_data_seed{};
 
   std::string to_json() const {
-    std::string out = "{\"trial_id\": " + std::to_string(trial_id) + ", \"batches_trained\": " + std::to_string(batches_trained) +
-                      ", \"epochs_trained\": " + std::to_string(epochs_trained) + ", \"last_val\": " + std::to_string(last_validation) +
-                      ", \"last_ckpt\": " + std::to_string(last_checkpoint) + ", \"best_validation\": ";
-    if (best_validation) detail::append_json_number(out, *best_validation);
-    else out += "null";
+    const auto optional = [](const auto& v) { return v ? detail::Json(*v) : detail::Json(nullptr); };
     // As strings: 64-bit seeds do not survive JSON readers that use doubles.
-    for (const auto& [key, seed] : {std::pair{"training_data_seed", training_data_seed}, std::pair{"validation_data_seed", validation_data_seed}})
-      out += std::string(", \"") + key + "\": " + (seed ? "\"" + std::to_string(*seed) + "\"" : std::string("null"));
-    return out + "}\n";
+    const auto seed_text = [](const std::optional<std::uint64_t>& seed) { return seed ? detail::Json(std::to_string(*seed)) : detail::Json(nullptr); };
+    const detail::Json j = {{"trial_id", trial_id},
+                            {"batches_trained", batches_trained},
+                            {"epochs_trained", epochs_trained},
+                            {"last_val", last_validation},
+                            {"last_ckpt", last_checkpoint},
+                            {"best_validation", optional(best_validation)},
+                            {"training_data_seed", seed_text(training_data_seed)},
+                            {"validation_data_seed", seed_text(validation_data_seed)}};
+    return detail::json_text(j);
   }
   static TrialProgress from_json(const std::filesystem::path& file) {
-    const YAML::Node n = detail::load_json_file<CheckpointError>(file);
+    const detail::Json n = detail::read_json_file<CheckpointError>(file);
     TrialProgress p;
     try {
-      p.trial_id = n["trial_id"].as<std::int64_t>();
-      p.batches_trained = n["batches_trained"].as<std::int64_t>();
-      p.epochs_trained = n["epochs_trained"].as<std::int64_t>();
-      p.last_validation = n["last_val"].as<std::int64_t>();
-      p.last_checkpoint = n["last_ckpt"].as<std::int64_t>();
-      if (n["best_validation"] && !n["best_validation"].IsNull()) p.best_validation = n["best_validation"].as<double>();
-      if (n["training_data_seed"] && !n["training_data_seed"].IsNull()) p.training_data_seed = n["training_data_seed"].as<std::uint64_t>();
-      if (n["validation_data_seed"] && !n["validation_data_seed"].IsNull())
-        p.validation_data_seed = n["validation_data_seed"].as<std::uint64_t>();
-    } catch (const YAML::Exception& e) {
-      throw CheckpointError("'" + file.string() + "' lacks a field or has one of the wrong type: " + e.msg);
+      const auto integer = [&](const char* key) { return detail::json_as<std::int64_t>(detail::json_field(n, key), key); };
+      // A seed is a string of digits (as written) or, from another writer, a non-negative integer.
+      const auto seed = [&](const char* key) -> std::optional<std::uint64_t> {
+        const detail::Json* v = detail::json_find(n, key);
+        if (!v || v->is_null()) return std::nullopt;
+        if (!v->is_string()) return detail::json_as<std::uint64_t>(*v, key);
+        const std::string& text = v->get_ref<const std::string&>();
+        std::uint64_t value = 0;
+        const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+        if (ec != std::errc() || end != text.data() + text.size() || text.empty())
+          throw detail::JsonFieldError(std::string("'") + key + "' is " + v->dump() + ", not a 64-bit seed");
+        return value;
+      };
+      p.trial_id = integer("trial_id");
+      p.batches_trained = integer("batches_trained");
+      p.epochs_trained = integer("epochs_trained");
+      p.last_validation = integer("last_val");
+      p.last_checkpoint = integer("last_ckpt");
+      if (const detail::Json* v = detail::json_find(n, "best_validation"); v && !v->is_null())
+        p.best_validation = detail::json_as<double>(*v, "best_validation");
+      p.training_data_seed = seed("training_data_seed");
+      p.validation_data_seed = seed("validation_data_seed");
+    } catch (const detail::JsonFieldError& e) {
+      throw CheckpointError("'" + file.string() + "' lacks a field or has one of the wrong type: " + e.what());
     }
     return p;
   }
@@ -3787,17 +5248,18 @@ inline StateDict read_state_dict_file(const std::filesystem::path& dir) {
   return top.toGenericDict();
 }
 
-/// Moves a Context's state into and out of checkpoint files (a friend of Context).
+/// Moves a Context's state into and out of checkpoint files, through the Context's public accessors.
 struct ContextCheckpoint {
   /// The Python-readable part (without callbacks, which the trainer adds).
   static StateDict python_state(Context& c, const std::vector<torch::Tensor>& cpu_rng_per_rank = {},
                                 const std::vector<torch::Tensor>& gpu_rng_per_rank = {}) {
     c10::impl::GenericList models(c10::AnyType::get());
-    for (const auto& m : c.models_) models.push_back(module_state_dict(*m));
+    for (const auto& m : c.models()) models.push_back(module_state_dict(*m));
     c10::impl::GenericList optimizers(c10::AnyType::get());
-    for (auto& w : c.optimizers_) optimizers.push_back(optimizer_state_dict(*w.optimizer));
+    for (std::size_t i = 0; i < c.num_optimizers(); ++i) optimizers.push_back(optimizer_state_dict(c.optimizer(i)));
     c10::impl::GenericList schedulers(c10::AnyType::get());
-    for (auto& s : c.schedulers_) {
+    for (std::size_t i = 0; i < c.num_lr_schedulers(); ++i) {
+      const WrappedScheduler& s = c.lr_scheduler(i);
       StateDict d(c10::StringType::get(), c10::AnyType::get());
       // Python schedulers step once when built: LibTorch's k steps are Python's last_epoch k.
       if (const std::int64_t steps = s.steps_taken(s.scheduler); steps >= 0) {
@@ -3813,7 +5275,7 @@ struct ContextCheckpoint {
       for (const auto& t : cpu_rng_per_rank) states.push_back(t);
       rng.insert("cpu_rng_states", states);
     }
-    if (c.device_.is_cuda()) rng.insert("gpu_rng_state", at::globalContext().defaultGenerator(c.device_).get_state());
+    if (c.device().is_cuda()) rng.insert("gpu_rng_state", at::globalContext().defaultGenerator(c.device()).get_state());
     if (!gpu_rng_per_rank.empty()) {  // each rank's GPU generator, in rank order (dettrial's field)
       c10::impl::GenericList states(c10::AnyType::get());
       for (const auto& t : gpu_rng_per_rank) states.push_back(t);
@@ -3832,13 +5294,13 @@ struct ContextCheckpoint {
     torch::serialize::OutputArchive archive;
     archive.write("format", c10::IValue(checkpoint_format_version));
     torch::serialize::OutputArchive optimizers;
-    for (std::size_t i = 0; i < c.optimizers_.size(); ++i) {
+    for (std::size_t i = 0; i < c.num_optimizers(); ++i) {
       torch::serialize::OutputArchive one;
-      c.optimizers_[i].optimizer->save(one);
+      c.optimizer(i).save(one);
       // LibTorch's optimizer load restores the per-parameter state but not the groups' options
       // (learning rate, momentum, ...), which schedulers change: they are saved beside it.
       torch::serialize::OutputArchive groups;
-      const auto& param_groups = c.optimizers_[i].optimizer->param_groups();
+      const auto& param_groups = c.optimizer(i).param_groups();
       for (std::size_t g = 0; g < param_groups.size(); ++g) {
         torch::serialize::OutputArchive options;
         param_groups[g].options().serialize(options);
@@ -3849,18 +5311,18 @@ struct ContextCheckpoint {
     }
     archive.write("optimizers", optimizers);
     torch::serialize::OutputArchive schedulers;
-    for (std::size_t i = 0; i < c.schedulers_.size(); ++i) {
+    for (std::size_t i = 0; i < c.num_lr_schedulers(); ++i) {
       torch::serialize::OutputArchive one;
-      c.schedulers_[i].save(c.schedulers_[i].scheduler, one);
+      c.lr_scheduler(i).save(c.lr_scheduler(i).scheduler, one);
       schedulers.write(std::to_string(i), one);
     }
     archive.write("schedulers", schedulers);
     if (with_grads) {
       // By position: the models were checked entry by entry before these are read back.
       torch::serialize::OutputArchive grads;
-      for (std::size_t i = 0; i < c.models_.size(); ++i) {
+      for (std::size_t i = 0; i < c.models().size(); ++i) {
         torch::serialize::OutputArchive model;
-        const auto params = c.models_[i]->parameters();
+        const auto params = c.models()[i]->parameters();
         for (std::size_t j = 0; j < params.size(); ++j)
           if (params[j].grad().defined()) model.write("p" + std::to_string(j), params[j].grad(), /*is_buffer=*/true);
         grads.write(std::to_string(i), model);
@@ -3881,13 +5343,13 @@ struct ContextCheckpoint {
     const c10::IValue& models = require_entry(top, "models_state_dict", what);
     if (!models.isList()) throw CheckpointError(what + ": 'models_state_dict' is not a list");
     const auto list = models.toList();
-    if (list.size() != c.models_.size())
+    if (list.size() != c.models().size())
       throw CheckpointError(what + " holds " + std::to_string(list.size()) + " model(s), but the trial wraps " +
-                            std::to_string(c.models_.size()));
+                            std::to_string(c.models().size()));
     for (std::size_t i = 0; i < list.size(); ++i) {
       const c10::IValue entry = list.get(i);
       if (!entry.isGenericDict()) throw CheckpointError(what + ": model " + std::to_string(i) + " is not a state dict");
-      load_module_state_dict(*c.models_[i], entry.toGenericDict(), what + ", model " + std::to_string(i) + ",");
+      load_module_state_dict(*c.models()[i], entry.toGenericDict(), what + ", model " + std::to_string(i) + ",");
     }
   }
 
@@ -3899,16 +5361,16 @@ struct ContextCheckpoint {
     torch::Tensor cpu = require_entry(states, "cpu_rng_state", what + "'s rng_state").toTensor();
     if (const auto per_rank = states.find("cpu_rng_states"); per_rank != states.end() && per_rank->value().isList()) {
       const auto list = per_rank->value().toList();
-      if (static_cast<std::size_t>(c.distributed_.rank) < list.size()) cpu = list.get(c.distributed_.rank).toTensor();
+      if (static_cast<std::size_t>(c.distributed().rank) < list.size()) cpu = list.get(c.distributed().rank).toTensor();
     }
     set_generator_state(at::detail::getDefaultCPUGenerator(), cpu);
-    if (const auto gpu = states.find("gpu_rng_state"); gpu != states.end() && c.device_.is_cuda()) {
+    if (const auto gpu = states.find("gpu_rng_state"); gpu != states.end() && c.device().is_cuda()) {
       torch::Tensor state = gpu->value().toTensor();
       if (const auto per_rank = states.find("gpu_rng_states"); per_rank != states.end() && per_rank->value().isList()) {
         const auto list = per_rank->value().toList();
-        if (static_cast<std::size_t>(c.distributed_.rank) < list.size()) state = list.get(c.distributed_.rank).toTensor();
+        if (static_cast<std::size_t>(c.distributed().rank) < list.size()) state = list.get(c.distributed().rank).toTensor();
       }
-      set_generator_state(at::globalContext().defaultGenerator(c.device_), state);
+      set_generator_state(at::globalContext().defaultGenerator(c.device()), state);
     }
   }
 
@@ -3932,14 +5394,14 @@ struct ContextCheckpoint {
     };
     auto count = [](torch::serialize::InputArchive& a) { return a.keys().size(); };
     torch::serialize::InputArchive optimizers = sub("optimizers");
-    if (count(optimizers) != c.optimizers_.size())
+    if (count(optimizers) != c.num_optimizers())
       throw CheckpointError(what + " holds " + std::to_string(count(optimizers)) + " optimizer(s), but the trial wraps " +
-                            std::to_string(c.optimizers_.size()));
-    for (std::size_t i = 0; i < c.optimizers_.size(); ++i) {
+                            std::to_string(c.num_optimizers()));
+    for (std::size_t i = 0; i < c.num_optimizers(); ++i) {
       torch::serialize::InputArchive one;
       optimizers.read(std::to_string(i), one);
       try {
-        auto& optimizer = *c.optimizers_[i].optimizer;
+        auto& optimizer = c.optimizer(i);
         optimizer.load(one);
         torch::serialize::InputArchive groups;
         one.read("dettrial_group_options", groups);
@@ -3953,24 +5415,24 @@ struct ContextCheckpoint {
       }
     }
     torch::serialize::InputArchive schedulers = sub("schedulers");
-    if (count(schedulers) != c.schedulers_.size())
+    if (count(schedulers) != c.num_lr_schedulers())
       throw CheckpointError(what + " holds " + std::to_string(count(schedulers)) + " LR scheduler(s), but the trial wraps " +
-                            std::to_string(c.schedulers_.size()));
-    for (std::size_t i = 0; i < c.schedulers_.size(); ++i) {
+                            std::to_string(c.num_lr_schedulers()));
+    for (std::size_t i = 0; i < c.num_lr_schedulers(); ++i) {
       torch::serialize::InputArchive one;
       schedulers.read(std::to_string(i), one);
       try {
-        c.schedulers_[i].load(c.schedulers_[i].scheduler, one);
+        c.lr_scheduler(i).load(c.lr_scheduler(i).scheduler, one);
       } catch (const std::exception& e) {
         throw CheckpointError(what + ": LR scheduler " + std::to_string(i) + " cannot be restored: " + first_line(e.what()));
       }
     }
     torch::serialize::InputArchive grads;
     const bool has_grads = archive.try_read("grads", grads);
-    for (std::size_t i = 0; i < c.models_.size(); ++i) {
+    for (std::size_t i = 0; i < c.models().size(); ++i) {
       torch::serialize::InputArchive model;
       const bool has_model = has_grads && grads.try_read(std::to_string(i), model);
-      auto params = c.models_[i]->parameters();
+      auto params = c.models()[i]->parameters();
       for (std::size_t j = 0; j < params.size(); ++j) {
         torch::Tensor g;
         if (has_model && model.try_read("p" + std::to_string(j), g, /*is_buffer=*/true))
@@ -4064,936 +5526,141 @@ static_assert(CheckpointPolicyType<checkpoint_policy::all> && CheckpointPolicyTy
 
 }  // namespace dettrial
 // ---- end dettrial/checkpoint/policy.hpp
-// ---- begin dettrial/distributed/metrics.hpp
+// ---- begin dettrial/checkpoint/trial_checkpoint.hpp
 // SPDX-License-Identifier: Apache-2.0
 /// @file
-/// @brief Metrics across ranks, as Determined reduces them: training means averaged over ranks;
-/// validation reduced per rank, then across ranks (avg weighted by each rank's batch count); user
-/// reducers per slot, then across slots; record counts of the whole job. Every rank computes the
-/// same result from the same gathered shares, so every decision taken on them is agreed.
+/// @brief A trial's checkpoint as the trainer writes and restores it: the Context's state, the
+/// callbacks' states, where the trial stands, and the files of Determined's layout (see
+/// checkpoint.hpp). The trainer decides when; these functions decide what and how.
 
 #include <algorithm>
-#include <cmath>
 #include <cstdint>
-#include <limits>
-#include <numeric>
-#include <string>
-#include <vector>
-
-#include <torch/torch.h>
-
-
-namespace dettrial::detail {
-
-/// What one rank contributes at the end of a training workload or a validation.
-struct RankShare {
-  /// Per metric: the training mean (training), or the per-rank total of its reducer (validation).
-  std::vector<ValidationReduction::Total> totals{};
-  std::int64_t batches = 0;
-  std::int64_t records = 0;
-  /// The per-slot parts of the user reducers taking part, in registration order.
-  std::vector<c10::IValue> reducer_parts{};
-};
-
-inline c10::IValue to_ivalue(const RankShare& share) {
-  c10::List<std::string> names;
-  c10::List<std::int64_t> kinds;
-  c10::List<double> values;
-  for (const auto& t : share.totals) {
-    names.push_back(t.name);
-    kinds.push_back(static_cast<std::int64_t>(t.reducer));
-    values.push_back(t.value);
-  }
-  c10::impl::GenericList parts(c10::AnyType::get());
-  for (const auto& p : share.reducer_parts) parts.push_back(p);
-  return c10::ivalue::Tuple::create({names, kinds, values, share.batches, share.records, parts});
-}
-
-inline RankShare from_ivalue(const c10::IValue& v) {
-  // Through an ArrayRef of checked size: indexing the tuple's elements directly past 3 (its inline
-  // storage) is what GCC's -Warray-bounds cannot prove safe.
-  const c10::ArrayRef<c10::IValue> e = v.toTupleRef().elements().asArrayRef();
-  if (e.size() != 6) throw Error("a rank sent a metrics share of " + std::to_string(e.size()) + " fields, not 6 (ranks built from different dettrial versions?)");
-  RankShare share;
-  const auto names = e[0].toList();
-  const auto kinds = e[1].toList();
-  const auto values = e[2].toList();
-  for (std::size_t i = 0; i < names.size(); ++i)
-    share.totals.push_back({names.get(i).toStringRef(), static_cast<Reducer>(kinds.get(i).toInt()), values.get(i).toDouble()});
-  share.batches = e[3].toInt();
-  share.records = e[4].toInt();
-  for (const auto& p : e[5].toList()) share.reducer_parts.push_back(p);
-  return share;
-}
-
-/// Every rank's share, in rank order, on every rank (one all-gather); one process: its own.
-inline std::vector<RankShare> gather_shares(RankShare mine, Communicator* comm) {
-  if (comm == nullptr) return {std::move(mine)};
-  std::vector<RankShare> out;
-  for (const c10::IValue& v : comm->allgather_object(to_ivalue(mine))) out.push_back(from_ivalue(v));
-  return out;
-}
-
-inline std::int64_t total_records(const std::vector<RankShare>& shares) {
-  std::int64_t n = 0;
-  for (const auto& s : shares) n += s.records;
-  return n;
-}
-inline std::int64_t total_batches(const std::vector<RankShare>& shares) {
-  std::int64_t n = 0;
-  for (const auto& s : shares) n += s.batches;
-  return n;
-}
-
-/// Each metric any rank reported (in the order first seen, chief first), with its reducer and the
-/// values of the ranks that reported it.
-struct MetricAcrossRanks {
-  std::string name;
-  Reducer reducer;
-  std::vector<double> values;
-};
-inline std::vector<MetricAcrossRanks> by_metric(const std::vector<RankShare>& shares) {
-  std::vector<MetricAcrossRanks> out;
-  for (const auto& share : shares)
-    for (const auto& t : share.totals) {
-      auto it = std::find_if(out.begin(), out.end(), [&](const MetricAcrossRanks& m) { return m.name == t.name; });
-      if (it == out.end()) it = out.insert(out.end(), MetricAcrossRanks{t.name, t.reducer, {}});
-      it->values.push_back(t.value);
-    }
-  return out;
-}
-
-/// Training: each metric's mean over the ranks that report it (every rank trains as many batches
-/// per workload, so this is Determined's per-batch mean over ranks, then over batches).
-inline MetricValues combine_training(const std::vector<RankShare>& shares) {
-  MetricValues out;
-  for (const auto& m : by_metric(shares))
-    out.set(m.name, std::accumulate(m.values.begin(), m.values.end(), 0.0) / static_cast<double>(m.values.size()));
-  return out;
-}
-
-/// Validation: avg = the sum over all batches of all ranks / all batches (Determined's mean weighted
-/// by each rank's batch count), sum, max and min over the ranks that validated any batch; a NaN
-/// anywhere gives NaN, like np.max / np.sum.
-inline MetricValues combine_validation(const std::vector<RankShare>& shares) {
-  MetricValues out;
-  const double all_batches = static_cast<double>(total_batches(shares));
-  for (const auto& m : by_metric(shares)) {
-    double value = m.reducer == Reducer::max   ? -std::numeric_limits<double>::infinity()
-                   : m.reducer == Reducer::min ? std::numeric_limits<double>::infinity()
-                                               : 0.0;
-    for (const double v : m.values) {
-      if (std::isnan(v) || std::isnan(value)) value = std::numeric_limits<double>::quiet_NaN();
-      else value = m.reducer == Reducer::max ? std::max(value, v) : m.reducer == Reducer::min ? std::min(value, v) : value + v;
-    }
-    out.set(m.name, m.reducer == Reducer::avg ? value / all_batches : value);
-  }
-  return out;
-}
-
-/// The parts of reducer `index` (among those taking part), one per rank in rank order.
-inline std::vector<c10::IValue> reducer_parts(const std::vector<RankShare>& shares, std::size_t index) {
-  std::vector<c10::IValue> parts;
-  parts.reserve(shares.size());
-  for (const auto& s : shares) {
-    if (index >= s.reducer_parts.size())
-      throw DistributedError("the ranks wrapped different numbers of reducers; every rank must build the same trial");
-    parts.push_back(s.reducer_parts[index]);
-  }
-  return parts;
-}
-
-}  // namespace dettrial::detail
-// ---- end dettrial/distributed/metrics.hpp
-// ---- begin dettrial/data/data_loader.hpp
-// SPDX-License-Identifier: Apache-2.0
-/// @file
-/// @brief Batch-level datasets and the DataLoader the trainer iterates, epoch by epoch, in a
-/// reproducible order.
-
-#include <concepts>
-#include <cstdint>
-#include <iterator>
-#include <optional>
-#include <ranges>
-#include <tuple>
-#include <utility>
-
-#include <ATen/CPUGeneratorImpl.h>
-#include <torch/torch.h>
-
-// ---- begin dettrial/data/collate.hpp
-// SPDX-License-Identifier: Apache-2.0
-/// @file
-/// @brief Per-example datasets: `get(index)` one record at a time, stacked into batches by a collate
-/// function (nested tensors, tuples, vectors, string-keyed maps, numbers, strings).
-
-#include <concepts>
-#include <cstdint>
-#include <map>
-#include <string>
-#include <tuple>
-#include <utility>
-#include <vector>
-
-#include <torch/torch.h>
-
-
-namespace dettrial {
-
-/// A dataset read one record at a time: `size()` records and `get(index)`.
-template <class D>
-concept ExampleDataset = requires(const D& d, std::int64_t i) {
-  { d.size() } -> std::convertible_to<std::int64_t>;
-  d.get(i);
-};
-
-/**
- * @brief The default collate: stacks a vector of examples into one batch of the same shape.
- * Tensors are stacked along a new first dimension; tuples, pairs, vectors and string-keyed maps are
- * collated element by element; numbers become a 1-D tensor; strings a vector of strings.
- */
-struct collate_fn {
-  template <class Example>
-  auto operator()(const std::vector<Example>& examples) const {
-    using E = std::remove_cvref_t<Example>;
-    if constexpr (std::is_same_v<E, torch::Tensor>) {
-      return torch::stack(examples);
-    } else if constexpr (detail::is_tuple_like<E>::value) {
-      return [&]<std::size_t... I>(std::index_sequence<I...>) {
-        return std::tuple{(*this)(field<I>(examples))...};
-      }(std::make_index_sequence<std::tuple_size_v<E>>{});
-    } else if constexpr (detail::is_vector<E>::value) {
-      using Inner = typename E::value_type;
-      std::vector<decltype((*this)(std::declval<const std::vector<Inner>&>()))> out;
-      const std::size_t width = examples.empty() ? 0 : examples.front().size();
-      for (std::size_t j = 0; j < width; ++j) {
-        std::vector<Inner> column;
-        column.reserve(examples.size());
-        for (const auto& e : examples) {
-          if (e.size() != width) throw DataError("collate: examples are vectors of different lengths");
-          column.push_back(e[j]);
-        }
-        out.push_back((*this)(column));
-      }
-      return out;
-    } else if constexpr (detail::is_string_map<E>::value) {
-      using Inner = typename E::mapped_type;
-      std::map<std::string, decltype((*this)(std::declval<const std::vector<Inner>&>()))> out;
-      if (examples.empty()) return out;
-      for (const auto& [key, unused] : examples.front()) {
-        std::vector<Inner> column;
-        column.reserve(examples.size());
-        for (const auto& e : examples) {
-          auto it = e.find(key);
-          if (it == e.end()) throw DataError("collate: an example has no key '" + key + "'");
-          column.push_back(it->second);
-        }
-        out.emplace(key, (*this)(column));
-      }
-      return out;
-    } else if constexpr (std::is_arithmetic_v<E>) {
-      return torch::tensor(std::vector<std::conditional_t<std::is_floating_point_v<E>, double, std::int64_t>>(examples.begin(),
-                                                                                                              examples.end()))
-          .to(std::is_floating_point_v<E> ? torch::kFloat : torch::kLong);
-    } else {
-      return examples;  // strings and other values: the list of them
-    }
-  }
-
- private:
-  template <std::size_t I, class E>
-  static auto field(const std::vector<E>& examples) {
-    std::vector<std::remove_cvref_t<std::tuple_element_t<I, E>>> out;
-    out.reserve(examples.size());
-    for (const auto& e : examples) out.push_back(std::get<I>(e));
-    return out;
-  }
-};
-
-/// Turns a per-example dataset into a batch-level one: gathers the records of a batch and collates them.
-template <class D, class Collate = collate_fn>
-class ExampleBatches {
-  static_assert(ExampleDataset<D>, "dettrial::ExampleBatches<D>: D must have size() and get(index) (a dettrial::ExampleDataset)");
-
- public:
-  explicit ExampleBatches(D dataset, Collate collate = {}) : dataset_(std::move(dataset)), collate_(std::move(collate)) {}
-  std::int64_t size() const { return static_cast<std::int64_t>(dataset_.size()); }
-  auto get_batch(const torch::Tensor& indices) const {
-    using Example = std::remove_cvref_t<decltype(dataset_.get(std::int64_t{}))>;
-    std::vector<Example> examples;
-    examples.reserve(static_cast<std::size_t>(indices.numel()));
-    const torch::Tensor order = indices.to(torch::kLong).contiguous();
-    const auto* idx = order.data_ptr<std::int64_t>();
-    for (std::int64_t i = 0; i < indices.numel(); ++i) examples.push_back(dataset_.get(idx[i]));
-    return collate_(examples);
-  }
-  const D& dataset() const { return dataset_; }
-
- private:
-  D dataset_;
-  Collate collate_;
-};
-
-/// A per-example dataset with a custom collate function, for DataLoader.
-template <class D, class Collate>
-ExampleBatches<D, Collate> with_collate(D dataset, Collate collate) {
-  return ExampleBatches<D, Collate>(std::move(dataset), std::move(collate));
-}
-
-}  // namespace dettrial
-// ---- end dettrial/data/collate.hpp
-// ---- begin dettrial/data/prefetch.hpp
-// SPDX-License-Identifier: Apache-2.0
-/// @file
-/// @brief Background batch reading: worker threads fill a bounded ring of batches that the consumer
-/// takes strictly in order, so the order never depends on the number of workers.
-
-#include <atomic>
-#include <condition_variable>
-#include <cstdint>
-#include <exception>
-#include <functional>
-#include <mutex>
-#include <optional>
-#include <thread>
-#include <vector>
-
-namespace dettrial::detail {
-
-/**
- * @brief Reads items `first, first+1, ..., end-1` with `workers` threads, at most `depth` ahead of the
- * consumer. Workers claim positions in turn and write them to slot `position % depth`; `take()` returns
- * them in position order. An exception in a worker is rethrown by the `take()` of its position.
- */
-template <class T>
-class Prefetcher {
- public:
-  using Read = std::function<T(std::int64_t)>;
-
-  Prefetcher(Read read, std::int64_t first, std::int64_t end, int workers, int depth)
-      : read_(std::move(read)), next_claim_(first), next_take_(first), end_(end),
-        slots_(static_cast<std::size_t>(std::max(depth, workers))) {
-    threads_.reserve(static_cast<std::size_t>(workers));
-    for (int w = 0; w < workers; ++w) threads_.emplace_back([this] { work(); });
-  }
-  Prefetcher(const Prefetcher&) = delete;
-  Prefetcher& operator=(const Prefetcher&) = delete;
-  ~Prefetcher() {
-    {
-      std::lock_guard lock(mutex_);
-      stopping_ = true;
-    }
-    changed_.notify_all();
-    for (auto& t : threads_) t.join();
-  }
-
-  /// True when every position has been taken.
-  bool done() const { return next_take_ >= end_; }
-
-  /// The next item, in order; waits for it if a worker is still reading it.
-  T take() {
-    std::unique_lock lock(mutex_);
-    Slot& slot = slots_[index(next_take_)];
-    changed_.wait(lock, [&] { return slot.position == next_take_ && (slot.value || slot.error); });
-    std::exception_ptr error = slot.error;
-    std::optional<T> value = std::move(slot.value);
-    slot.value.reset();
-    slot.error = nullptr;
-    slot.position = -1;
-    ++next_take_;
-    lock.unlock();
-    changed_.notify_all();
-    if (error) std::rethrow_exception(error);
-    return std::move(*value);
-  }
-
- private:
-  struct Slot {
-    std::int64_t position = -1;
-    std::optional<T> value;
-    std::exception_ptr error;
-  };
-
-  std::size_t index(std::int64_t position) const { return static_cast<std::size_t>(position % static_cast<std::int64_t>(slots_.size())); }
-
-  void work() {
-    for (;;) {
-      std::int64_t position;
-      {
-        std::unique_lock lock(mutex_);
-        // Claim the next position once its slot is free: at most slots_.size() ahead of the consumer.
-        changed_.wait(lock, [&] {
-          return stopping_ || next_claim_ >= end_ || next_claim_ < next_take_ + static_cast<std::int64_t>(slots_.size());
-        });
-        if (stopping_ || next_claim_ >= end_) return;
-        position = next_claim_++;
-      }
-      std::optional<T> value;
-      std::exception_ptr error;
-      try {
-        value.emplace(read_(position));
-      } catch (...) {
-        error = std::current_exception();
-      }
-      {
-        std::lock_guard lock(mutex_);
-        Slot& slot = slots_[index(position)];
-        slot.position = position;
-        slot.value = std::move(value);
-        slot.error = error;
-      }
-      changed_.notify_all();
-    }
-  }
-
-  Read read_;
-  std::mutex mutex_;
-  std::condition_variable changed_;
-  std::int64_t next_claim_;
-  std::int64_t next_take_;
-  std::int64_t end_;
-  bool stopping_ = false;
-  std::vector<Slot> slots_;
-  std::vector<std::thread> threads_;
-};
-
-}  // namespace dettrial::detail
-// ---- end dettrial/data/prefetch.hpp
-// ---- begin dettrial/data/sampler.hpp
-// SPDX-License-Identifier: Apache-2.0
-/// @file
-/// @brief The sampler chain: which records make up each batch a rank reads, with Determined's order of
-/// operations (shuffle per epoch, batch, repeat, shard by rank, skip) and O(1) random access.
-
-#include <cstdint>
-#include <memory>
-#include <mutex>
-#include <optional>
-#include <string>
-
-#include <ATen/CPUGeneratorImpl.h>
-#include <range/v3/view/iota.hpp>
-#include <range/v3/view/take_while.hpp>
-#include <range/v3/view/transform.hpp>
-#include <torch/torch.h>
-
-
-namespace dettrial {
-
-/// How the trainer reads a loader: Determined's `get_data_loader(repeat, skip, num_replicas, rank)`.
-struct LoaderChain {
-  /// Endless epochs (training) or one pass (validation).
-  bool repeat = false;
-  /// Batches of this rank's stream to pass over (already trained); none of their records are read.
-  std::int64_t skip = 0;
-  /// Ranks sharing the data; rank `r` takes every `num_replicas`-th batch, starting at `r`.
-  std::int64_t num_replicas = 1;
-  std::int64_t rank = 0;
-};
-
-/// The records of one batch: `count` positions of the epoch's order starting at `first`.
-struct BatchSlice {
-  std::int64_t epoch = 0;
-  std::int64_t first = 0;
-  std::int64_t count = 0;
-  /// The record indices (int64, CPU) when the order is shuffled; undefined for the identity order.
-  torch::Tensor indices;
-};
-
-/**
- * @brief Record order and batching for one dataset size, with Determined's sampler semantics.
- *
- * Epoch `e`'s order is a permutation drawn from (seed, e) alone (or the identity without shuffling),
- * so any batch of any epoch can be computed on its own: that is what makes skipping O(1) and
- * prefetching order-preserving. Batches of the endless (repeated) stream are numbered globally and
- * dealt out to ranks by stride, like Determined's Repeat → DistributedBatch → Skip chain.
- */
-class BatchSampler {
- public:
-  BatchSampler(std::int64_t records, std::int64_t batch_size, bool drop_last, bool shuffle, std::uint64_t seed)
-      : records_(records), batch_size_(batch_size), drop_last_(drop_last), shuffle_(shuffle), seed_(seed),
-        cache_(std::make_shared<Cache>()) {
-    if (batch_size_ < 1) throw DataError("DataLoader batch_size must be at least 1, not " + std::to_string(batch_size_));
-    if (records_ < 1) throw DataError("DataLoader: the dataset is empty");
-    if (drop_last_ && batch_size_ > records_)
-      throw DataError("DataLoader: batch_size " + std::to_string(batch_size_) + " is larger than the dataset's " +
-                      std::to_string(records_) + " records, so drop_last leaves no batch");
-  }
-
-  std::int64_t records() const { return records_; }
-  std::int64_t batch_size() const { return batch_size_; }
-  bool shuffle() const { return shuffle_; }
-  std::uint64_t seed() const { return seed_; }
-  /// Changes the shuffle seed (a resumed trial gets back the order it was trained with).
-  void set_seed(std::uint64_t seed) {
-    seed_ = seed;
-    cache_ = std::make_shared<Cache>();
-  }
-
-  /// Batches in one epoch, before sharding.
-  std::int64_t batches_per_epoch() const {
-    return drop_last_ ? records_ / batch_size_ : (records_ + batch_size_ - 1) / batch_size_;
-  }
-  /// Batches one rank reads per epoch: Determined's `len(DistributedBatchSampler)`, `len//n + (len%n > rank)`.
-  std::int64_t batches_for(const LoaderChain& chain) const {
-    const std::int64_t len = batches_per_epoch();
-    return len / chain.num_replicas + (len % chain.num_replicas > chain.rank ? 1 : 0);
-  }
-
-  /// Batch `global` of the endless stream of epochs (batch `global % len` of epoch `global / len`).
-  BatchSlice global_batch(std::int64_t global) const {
-    const std::int64_t len = batches_per_epoch();
-    BatchSlice s;
-    s.epoch = global / len;
-    s.first = (global % len) * batch_size_;
-    s.count = std::min(batch_size_, records_ - s.first);
-    if (shuffle_) s.indices = order(s.epoch).narrow(0, s.first, s.count);
-    return s;
-  }
-
-  /// The `k`-th batch a rank reads under `chain` (before skipping): global batch `k * n + rank`.
-  BatchSlice rank_batch(const LoaderChain& chain, std::int64_t k) const {
-    return global_batch(k * chain.num_replicas + chain.rank);
-  }
-
-  /// The slices a rank reads, from its `skip`-th on: endless when repeating, one pass otherwise.
-  /// Skipping costs nothing: the view starts at `skip`.
-  auto slices(const LoaderChain& chain) const {
-    const std::int64_t end = chain.repeat ? std::numeric_limits<std::int64_t>::max() : batches_for(chain);
-    BatchSampler self = *this;
-    return ranges::views::iota(chain.skip) | ranges::views::take_while([end](std::int64_t k) { return k < end; }) |
-           ranges::views::transform([self, chain](std::int64_t k) { return self.rank_batch(chain, k); });
-  }
-
-  /// The order of epoch `e` (a permutation of the records; computed once and kept for the last epochs used).
-  torch::Tensor order(std::int64_t epoch) const {
-    std::lock_guard lock(cache_->mutex);
-    for (const auto& [e, perm] : cache_->orders)
-      if (e == epoch && perm.defined()) return perm;
-    auto generator = at::detail::createCPUGenerator(mix(seed_, static_cast<std::uint64_t>(epoch)));
-    torch::Tensor perm = torch::randperm(records_, generator, torch::TensorOptions().dtype(torch::kLong));
-    cache_->orders[cache_->next] = {epoch, perm};
-    cache_->next = (cache_->next + 1) % cache_->orders.size();
-    return perm;
-  }
-
- private:
-  static std::uint64_t mix(std::uint64_t seed, std::uint64_t epoch) { return detail::mix64(seed ^ (epoch * detail::golden_gamma)); }
-  // Two epochs are live at an epoch boundary while prefetching; shared by copies of the sampler.
-  struct Cache {
-    std::mutex mutex;
-    std::array<std::pair<std::int64_t, torch::Tensor>, 2> orders{};
-    std::size_t next = 0;
-  };
-
-  std::int64_t records_;
-  std::int64_t batch_size_;
-  bool drop_last_;
-  bool shuffle_;
-  std::uint64_t seed_;
-  std::shared_ptr<Cache> cache_;
-};
-
-}  // namespace dettrial
-// ---- end dettrial/data/sampler.hpp
-
-namespace dettrial {
-
-/**
- * @brief A dataset read a batch at a time: `size()` records, and `get_batch(indices)` with a 1-D
- * int64 CPU tensor of record indices (vectorised: one gather per batch, not one call per record).
- * A dataset may also offer `get_range(begin, end)` for contiguous, unshuffled reads. Either way a
- * batch must not alias the dataset's storage: a trial may change its batch in place.
- */
-template <class D>
-concept BatchDataset = requires(D& d, const torch::Tensor& indices) {
-  { d.size() } -> std::convertible_to<std::int64_t>;
-  d.get_batch(indices);
-};
-
-/**
- * @brief What the trainer needs of a data loader: `size()` batches per epoch, and `batches(chain)`,
- * the batches one rank reads under Determined's repeat / shard / skip chain (see LoaderChain).
- */
-template <class L>
-concept BatchLoader = requires(const L& l, const LoaderChain& chain) {
-  { l.size() } -> std::convertible_to<std::int64_t>;
-  { l.batches(chain) };
-  requires std::ranges::input_range<decltype(l.batches(chain))>;
-};
-
-/// The batch type a loader yields.
-template <BatchLoader L>
-using batch_of = std::remove_cvref_t<std::ranges::range_reference_t<decltype(std::declval<const L&>().batches(LoaderChain{}))>>;
-
-/**
- * @brief Tensors indexed together along their first dimension (features, labels, ...).
- * Batches are `std::tuple<torch::Tensor, ...>`, one element per tensor.
- */
-template <std::size_t N>
-class TensorDataset {
- public:
-  template <class... Ts>
-    requires(sizeof...(Ts) == N && (std::same_as<std::remove_cvref_t<Ts>, torch::Tensor> && ...))
-  explicit TensorDataset(Ts&&... tensors) : tensors_{std::forward<Ts>(tensors)...} {
-    for (const auto& t : tensors_) {
-      if (!t.defined() || t.dim() == 0) throw DataError("TensorDataset needs tensors with a first (record) dimension");
-      if (t.size(0) != tensors_[0].size(0))
-        throw DataError("TensorDataset tensors disagree on the number of records: " + std::to_string(tensors_[0].size(0)) +
-                        " and " + std::to_string(t.size(0)));
-    }
-  }
-
-  std::int64_t size() const { return tensors_[0].size(0); }
-
-  auto get_batch(const torch::Tensor& indices) const {
-    return make([&](const torch::Tensor& t) { return t.index_select(0, indices); });
-  }
-  /// Records [begin, end) as fresh tensors (one contiguous copy each), so in-place changes to a batch
-  /// never reach the dataset.
-  auto get_range(std::int64_t begin, std::int64_t end) const {
-    return make([&](const torch::Tensor& t) { return t.narrow(0, begin, end - begin).clone(); });
-  }
-  const torch::Tensor& tensor(std::size_t i) const { return tensors_[i]; }
-
- private:
-  template <class F>
-  auto make(F&& f) const {
-    return [&]<std::size_t... I>(std::index_sequence<I...>) {
-      return std::tuple{f(tensors_[I])...};
-    }(std::make_index_sequence<N>{});
-  }
-  std::array<torch::Tensor, N> tensors_;
-};
-
-template <class... Ts>
-TensorDataset(Ts&&...) -> TensorDataset<sizeof...(Ts)>;
-
-/// Options of a DataLoader.
-struct DataLoaderOptions {
-  std::int64_t batch_size = 1;
-  /// A different, reproducible order every epoch.
-  bool shuffle = false;
-  /// Drop the last, short batch of an epoch.
-  bool drop_last = false;
-  /// The shuffle seed; unset means one drawn from LibTorch's global generator (which the trial
-  /// seed has seeded), so the order follows the trial seed.
-  std::optional<std::uint64_t> seed{};
-  /// Threads reading batches in the background (0: read on the training thread). The order of
-  /// batches is the same whatever the number. The dataset's get_batch must then be thread-safe.
-  int workers = 0;
-  /// Batches read ahead per worker (the bounded queue's depth is workers x prefetch).
-  int prefetch = 2;
-  /// Copy batches into pinned (page-locked) memory, so copies to the GPU can be non-blocking.
-  /// Unset: when LibTorch has CUDA and a GPU is present.
-  std::optional<bool> pin_memory{};
-};
-
-namespace detail {
-template <class D>
-auto as_batch_dataset(D dataset) {
-  if constexpr (BatchDataset<D>) return dataset;
-  else return ExampleBatches<D>(std::move(dataset));
-}
-}  // namespace detail
-
-/**
- * @brief Reads a dataset in batches, in a reproducible order, optionally on background threads.
- *
- * Takes a batch-level dataset (`get_batch(indices)`, vectorised: dettrial::TensorDataset) or a
- * per-example one (`get(index)`, collated by dettrial::collate_fn or by `with_collate`). The trainer
- * reads it through `batches(chain)`, which applies Determined's repeat, shard and skip; iterating the
- * loader itself is one unsharded pass (what `evaluate_full_dataset` sees).
- * @code{.cpp}
- * dettrial::DataLoader loader(dettrial::TensorDataset(images, labels),
- *                             {.batch_size = ctx.get_per_slot_batch_size(), .shuffle = true, .workers = 2});
- * @endcode
- */
-template <class D>
-class DataLoader {
-  static_assert(BatchDataset<D> || ExampleDataset<D>,
-                "dettrial::DataLoader<D>: D must be a dettrial::BatchDataset (size() and get_batch(indices) taking a "
-                "1-D int64 tensor of record indices, like dettrial::TensorDataset) or a dettrial::ExampleDataset "
-                "(size() and get(index))");
-
- public:
-  using dataset_type = decltype(detail::as_batch_dataset(std::declval<D>()));
-  using batch_type =
-      std::remove_cvref_t<decltype(std::declval<const dataset_type&>().get_batch(std::declval<const torch::Tensor&>()))>;
-
-  DataLoader(D dataset, DataLoaderOptions options)
-      : dataset_(std::make_shared<const dataset_type>(detail::as_batch_dataset(std::move(dataset)))),
-        options_(options),
-        sampler_(static_cast<std::int64_t>(dataset_->size()), options.batch_size, options.drop_last, options.shuffle,
-                 options.seed ? *options.seed : draw_seed()) {
-    if (options_.workers < 0) throw DataError("DataLoader workers must not be negative");
-    if (options_.prefetch < 1) throw DataError("DataLoader prefetch must be at least 1");
-    pin_ = options_.pin_memory.value_or(torch::cuda::is_available());
-  }
-
-  /// Batches per epoch (one process).
-  std::int64_t size() const { return sampler_.batches_per_epoch(); }
-  /// Batches one rank reads per epoch under `chain` (Determined's sharded length).
-  std::int64_t batches_for(const LoaderChain& chain) const { return sampler_.batches_for(chain); }
-  std::int64_t num_records() const { return sampler_.records(); }
-  const DataLoaderOptions& options() const { return options_; }
-  std::uint64_t seed() const { return sampler_.seed(); }
-  /// Changes the shuffle seed; streams made before keep the old one.
-  void set_seed(std::uint64_t seed) { sampler_.set_seed(seed); }
-  const dataset_type& dataset() const { return *dataset_; }
-  const BatchSampler& sampler() const { return sampler_; }
-
-  /// Reads the records of one slice (thread-safe when the dataset is).
-  batch_type read(const BatchSlice& slice) const {
-    batch_type batch = [&] {
-      if (slice.indices.defined()) return dataset_->get_batch(slice.indices);
-      if constexpr (requires { dataset_->get_range(slice.first, slice.first + slice.count); })
-        return dataset_->get_range(slice.first, slice.first + slice.count);
-      else
-        return dataset_->get_batch(torch::arange(slice.first, slice.first + slice.count, torch::kLong));
-    }();
-    if (pin_) pin_in_place(batch);
-    return batch;
-  }
-
-  /// The batches a rank reads under `chain`, in order, prefetched by the loader's workers.
-  class Stream {
-   public:
-    class iterator {
-     public:
-      using value_type = batch_type;
-      using difference_type = std::ptrdiff_t;
-      iterator() = default;
-      explicit iterator(Stream* stream) : stream_(stream) { advance(); }
-      batch_type& operator*() const { return *current_; }
-      iterator& operator++() {
-        advance();
-        return *this;
-      }
-      void operator++(int) { advance(); }
-      friend bool operator==(const iterator& it, std::default_sentinel_t) { return !it.current_; }
-
-     private:
-      void advance() {
-        current_.reset();
-        if (stream_ && !stream_->exhausted()) current_.emplace(stream_->next());
-      }
-      Stream* stream_ = nullptr;
-      mutable std::optional<batch_type> current_;
-    };
-
-    Stream(const DataLoader& loader, LoaderChain chain)
-        : loader_(&loader), chain_(chain), position_(chain.skip),
-          end_(chain.repeat ? std::numeric_limits<std::int64_t>::max() : loader.batches_for(chain)) {
-      if (loader.options_.workers > 0 && position_ < end_)
-        prefetcher_ = std::make_unique<detail::Prefetcher<batch_type>>(
-            [loader = loader_, chain](std::int64_t k) { return loader->read(loader->sampler_.rank_batch(chain, k)); },
-            position_, end_, loader.options_.workers, loader.options_.workers * loader.options_.prefetch);
-    }
-    Stream(Stream&&) = default;
-
-    iterator begin() { return iterator(this); }
-    std::default_sentinel_t end() const { return {}; }
-    /// The position (in this rank's batches) of the next batch.
-    std::int64_t position() const { return position_; }
-
-   private:
-    bool exhausted() const { return position_ >= end_; }
-    batch_type next() {
-      const std::int64_t k = position_++;
-      if (prefetcher_) return prefetcher_->take();
-      return loader_->read(loader_->sampler_.rank_batch(chain_, k));
-    }
-
-    const DataLoader* loader_;
-    LoaderChain chain_;
-    std::int64_t position_;
-    std::int64_t end_;
-    std::unique_ptr<detail::Prefetcher<batch_type>> prefetcher_;
-  };
-
-  /// Determined's `get_data_loader(repeat, skip, num_replicas, rank)`: the batches this rank reads.
-  Stream batches(const LoaderChain& chain) const {
-    if (chain.num_replicas < 1 || chain.rank < 0 || chain.rank >= chain.num_replicas)
-      throw DataError("DataLoader: rank " + std::to_string(chain.rank) + " is not among " + std::to_string(chain.num_replicas) +
-                      " replicas");
-    if (chain.skip < 0) throw DataError("DataLoader: cannot skip a negative number of batches");
-    return Stream(*this, chain);
-  }
-
-  /// One unsharded pass over the data (epoch 0's order).
-  class PassIterator {
-   public:
-    using value_type = batch_type;
-    using difference_type = std::ptrdiff_t;
-    PassIterator() = default;
-    explicit PassIterator(const DataLoader& loader)
-        : stream_(std::make_shared<Stream>(loader.batches(LoaderChain{}))), it_(stream_->begin()) {}
-    batch_type& operator*() const { return *it_; }
-    PassIterator& operator++() {
-      ++it_;
-      return *this;
-    }
-    void operator++(int) { ++it_; }
-    friend bool operator==(const PassIterator& p, std::default_sentinel_t s) { return !p.stream_ || p.it_ == s; }
-
-   private:
-    std::shared_ptr<Stream> stream_;  // shared: input iterators are copied by range algorithms
-    typename Stream::iterator it_;
-  };
-  PassIterator begin() const { return PassIterator(*this); }
-  std::default_sentinel_t end() const { return {}; }
-
- private:
-  static std::uint64_t draw_seed() {
-    return static_cast<std::uint64_t>(torch::randint(0, std::numeric_limits<std::int64_t>::max(), {1}, torch::kLong).item<std::int64_t>());
-  }
-  static void pin_in_place(batch_type& batch) {
-    detail::for_each_tensor(batch, [](torch::Tensor& t) {
-      if (t.defined() && t.device().is_cpu() && !t.is_pinned()) t = t.pin_memory();
-    });
-  }
-
-  std::shared_ptr<const dataset_type> dataset_;  // shared with worker threads of live streams
-  DataLoaderOptions options_;
-  BatchSampler sampler_;
-  bool pin_ = false;
-};
-
-}  // namespace dettrial
-// ---- end dettrial/data/data_loader.hpp
-// ---- begin dettrial/data/idx.hpp
-// SPDX-License-Identifier: Apache-2.0
-/// @file
-/// @brief Reading IDX files (the MNIST format), raw or gzip-compressed, and MNIST-layout folders.
-
-#include <array>
-#include <cerrno>
-#include <cstdint>
-#include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
 #include <torch/torch.h>
-#include <zlib.h>
 
 
-namespace dettrial {
+namespace dettrial::detail {
 
-/**
- * @brief Reads an IDX file (raw, or gzip: zlib reads both) into a tensor of its element type and
- * dimensions. Errors name the file and what is wrong with it.
- */
-inline torch::Tensor read_idx(const std::filesystem::path& path) {
-  const std::string name = path.string();
-  std::error_code ec;
-  if (!std::filesystem::is_regular_file(path, ec))
-    throw DataError("cannot read IDX file '" + name + "': " + (std::filesystem::exists(path, ec) ? "not a file" : "no such file"));
-  gzFile file = gzopen(name.c_str(), "rb");
-  if (!file) throw DataError("cannot open IDX file '" + name + "': " + std::strerror(errno));
-  struct Closer {
-    gzFile f;
-    ~Closer() { gzclose(f); }
-  } closer{file};
-  gzbuffer(file, 1 << 20);
+/// Every rank's CPU (and, on GPUs, CUDA) generator state, in rank order; empty for one process.
+struct RankRngStates {
+  std::vector<torch::Tensor> cpu;
+  std::vector<torch::Tensor> gpu;
+};
 
-  auto read_exact = [&](void* dst, std::size_t bytes, const char* what) {
-    std::size_t done = 0;
-    auto* out = static_cast<unsigned char*>(dst);
-    while (done < bytes) {
-      const unsigned chunk = static_cast<unsigned>(std::min<std::size_t>(bytes - done, 1u << 30));
-      const int got = gzread(file, out + done, chunk);
-      if (got < 0) {
-        int code = 0;
-        throw DataError("cannot read IDX file '" + name + "': " + gzerror(file, &code));
-      }
-      if (got == 0)
-        throw DataError("IDX file '" + name + "' is truncated: its " + what + " needs " + std::to_string(bytes) +
-                        " bytes, found " + std::to_string(done));
-      done += static_cast<std::size_t>(got);
-    }
-  };
-
-  std::array<unsigned char, 4> magic{};
-  read_exact(magic.data(), 4, "header");
-  if (magic[0] != 0 || magic[1] != 0)
-    throw DataError("'" + name + "' is not an IDX file (its first two bytes are not zero)");
-  torch::ScalarType dtype;
-  std::size_t element_size;
-  switch (magic[2]) {
-    case 0x08: dtype = torch::kUInt8, element_size = 1; break;
-    case 0x09: dtype = torch::kInt8, element_size = 1; break;
-    case 0x0B: dtype = torch::kInt16, element_size = 2; break;
-    case 0x0C: dtype = torch::kInt32, element_size = 4; break;
-    case 0x0D: dtype = torch::kFloat32, element_size = 4; break;
-    case 0x0E: dtype = torch::kFloat64, element_size = 8; break;
-    default: {
-      char code[8];
-      std::snprintf(code, sizeof code, "0x%02X", magic[2]);
-      throw DataError("IDX file '" + name + "' has unknown element type " + code);
-    }
-  }
-  const int rank = magic[3];
-  if (rank < 1) throw DataError("IDX file '" + name + "' declares no dimensions");
-  std::vector<std::int64_t> dims(static_cast<std::size_t>(rank));
-  std::size_t count = 1;
-  for (auto& d : dims) {
-    std::array<unsigned char, 4> b{};
-    read_exact(b.data(), 4, "header");
-    d = (std::int64_t{b[0]} << 24) | (std::int64_t{b[1]} << 16) | (std::int64_t{b[2]} << 8) | std::int64_t{b[3]};
-    count *= static_cast<std::size_t>(d);
-  }
-  torch::Tensor out = torch::empty(dims, torch::TensorOptions().dtype(dtype));
-  read_exact(out.data_ptr(), count * element_size, "data");
-  if (element_size > 1) {  // IDX is big-endian
-    auto* bytes = static_cast<unsigned char*>(out.data_ptr());
-    for (std::size_t i = 0; i < count; ++i) std::reverse(bytes + i * element_size, bytes + (i + 1) * element_size);
-  }
+/// Gathers every rank's generator states (a collective: all ranks checkpoint at the same batches).
+inline RankRngStates gather_rng_states(Context& c) {
+  RankRngStates out;
+  Communicator* comm = c.communicator();
+  if (!comm) return out;
+  for (const torch::Tensor& state : comm->allgather(at::detail::getDefaultCPUGenerator().get_state().to(comm->device())))
+    out.cpu.push_back(state.cpu());
+  if (c.device().is_cuda())
+    for (const torch::Tensor& state : comm->allgather(at::globalContext().defaultGenerator(c.device()).get_state().to(comm->device())))
+      out.gpu.push_back(state.cpu());
   return out;
 }
 
-/// Images (uint8, N x rows x cols) and labels (uint8, N) of one split of an MNIST-format folder.
-struct MnistSplit {
-  torch::Tensor images;
-  torch::Tensor labels;
-};
-
-/**
- * @brief Loads split `train` or `t10k` of a folder in MNIST's layout (MNIST, Fashion-MNIST, ...):
- * `<split>-images-idx3-ubyte[.gz]` and `<split>-labels-idx1-ubyte[.gz]` (also `-images.idx3-ubyte`).
- */
-inline MnistSplit load_mnist(const std::filesystem::path& dir, const std::string& split) {
-  auto find = [&](const std::string& kind, const std::string& idx) {
-    const std::array<std::string, 4> names = {split + "-" + kind + "-" + idx + "-ubyte.gz", split + "-" + kind + "-" + idx + "-ubyte",
-                                              split + "-" + kind + "." + idx + "-ubyte.gz", split + "-" + kind + "." + idx + "-ubyte"};
-    std::error_code ec;
-    for (const auto& n : names)
-      if (std::filesystem::is_regular_file(dir / n, ec)) return dir / n;
-    throw DataError("no MNIST " + kind + " file for split '" + split + "' in '" + dir.string() + "' (looked for " + names[0] +
-                    ", " + names[1] + ", " + names[2] + " and " + names[3] + ")");
-  };
-  MnistSplit s{read_idx(find("images", "idx3")), read_idx(find("labels", "idx1"))};
-  if (s.images.dim() != 3 || s.labels.dim() != 1 || s.images.size(0) != s.labels.size(0))
-    throw DataError("MNIST split '" + split + "' in '" + dir.string() + "' is inconsistent: images " +
-                    std::to_string(s.images.size(0)) + " x ..., labels " + std::to_string(s.labels.size(0)));
-  return s;
+/// Sends the chief's checkpoint uuid to every rank (36 characters); one process keeps its own.
+inline std::string share_uuid(Communicator* comm, const std::string& uuid) {
+  if (!comm) return uuid;
+  std::vector<torch::Tensor> t{torch::zeros({36}, torch::kUInt8)};
+  if (comm->rank() == 0) std::memcpy(t[0].data_ptr<std::uint8_t>(), uuid.data(), std::min<std::size_t>(uuid.size(), 36));
+  t[0] = t[0].to(comm->device());
+  comm->broadcast(t);
+  const torch::Tensor host = t[0].cpu();
+  return std::string(reinterpret_cast<const char*>(host.data_ptr<std::uint8_t>()), 36);
 }
 
-}  // namespace dettrial
-// ---- end dettrial/data/idx.hpp
+/// state_dict.pth's dict: the Context's Python-readable state and the callbacks' states.
+inline StateDict trial_state_dict(Context& c, const RankRngStates& rng, StateDict callback_states) {
+  StateDict top = ContextCheckpoint::python_state(c, rng.cpu, rng.gpu);
+  top.insert("callbacks", std::move(callback_states));
+  return top;
+}
+
+/// The callbacks' states in a checkpoint's state dict (empty when it has none).
+inline StateDict callback_states_of(const StateDict& top) {
+  if (const auto it = top.find("callbacks"); it != top.end() && it->value().isGenericDict()) return it->value().toGenericDict();
+  return StateDict(c10::StringType::get(), c10::AnyType::get());
+}
+
+/// `load_data.json`: what Determined records to rebuild the trial (config, hyperparameters, type).
+inline Json load_data(const Context& c, std::string_view trial_type) {
+  return Json{{"trial_type", "dettrial"},
+              {"experiment_config", yaml_to_json(c.get_experiment_config().yaml)},
+              {"hparams", yaml_to_json(c.get_hparams().yaml())},
+              {"trial_cls_spec", trial_type},
+              {"is_trainer", true}};
+}
+
+/// What a trial's checkpoint records besides the Context's state.
+struct TrialCheckpointRecord {
+  TrialProgress progress;
+  /// The checkpoint's place among the trial's checkpoints (1 for the first).
+  std::int64_t sequence = 0;
+  /// Written between optimizer steps: the pending (aggregated) gradients are saved too.
+  bool mid_aggregation = false;
+  std::string searcher_metric;
+  /// The searcher metric of a validation at this very batch, if there was one.
+  std::optional<double> validation_metric;
+  std::string trial_type;
+};
+
+/// Writes a checkpoint into `storage` (crash-safe: a temporary directory renamed when complete) and
+/// returns what list_checkpoints will say about it. `top` is state_dict.pth's dict.
+inline CheckpointInfo write_trial_checkpoint(Context& c, const std::filesystem::path& storage, const StateDict& top,
+                                             const TrialCheckpointRecord& record) {
+  CheckpointInfo info{.uuid = new_uuid(),
+                      .batches_trained = record.progress.batches_trained,
+                      .epochs_trained = record.progress.epochs_trained,
+                      .sequence = record.sequence,
+                      .validation_metric = record.validation_metric};
+  CheckpointWriter writer(storage, info.uuid);
+  writer.add_file("state_dict.pth", pickle_archive(top));
+  writer.add_file("dettrial_state.pt", ContextCheckpoint::native_state(c, record.mid_aggregation));
+  writer.add_file("trial_state.json", record.progress.to_json());
+  writer.add_file("load_data.json", json_text(load_data(c, record.trial_type)));
+  const std::string framework = "torch-" + std::to_string(TORCH_VERSION_MAJOR) + "." + std::to_string(TORCH_VERSION_MINOR) + "." +
+                                std::to_string(TORCH_VERSION_PATCH);
+  Json metadata{{"uuid", info.uuid},
+                {"steps_completed", info.batches_trained},
+                {"epochs_trained", info.epochs_trained},
+                {"sequence", info.sequence},
+                {"framework", framework},
+                {"format", "pickle"},
+                {"dettrial_version", DETTRIAL_VERSION_STRING},
+                {"dettrial_format", checkpoint_format_version},
+                {"searcher_metric", record.searcher_metric},
+                {"validation_metric", nullptr}};
+  if (info.validation_metric) metadata["validation_metric"] = *info.validation_metric;
+  info.path = writer.commit(std::move(metadata));
+  return info;
+}
+
+/// Restores the Context's models (names and shapes checked first), optimizers, schedulers, pending
+/// gradients and RNGs from checkpoint `dir`, whose state_dict.pth holds `top`.
+inline void restore_context(Context& c, const std::filesystem::path& dir, const StateDict& top) {
+  const std::filesystem::path file = dir / "state_dict.pth";
+  ContextCheckpoint::load_models(c, top, file);
+  ContextCheckpoint::load_native(c, read_checked_file(dir, "dettrial_state.pt"), dir / "dettrial_state.pt");
+  ContextCheckpoint::load_rng(c, top, file);
+}
+
+}  // namespace dettrial::detail
+// ---- end dettrial/checkpoint/trial_checkpoint.hpp
 // ---- begin dettrial/report/metrics_log.hpp
 // SPDX-License-Identifier: Apache-2.0
 /// @file
 /// @brief metrics.jsonl: one JSON object per training or validation report, for tools to read.
 
-#include <charconv>
-#include <cmath>
 #include <cstdint>
-#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <optional>
@@ -5027,42 +5694,30 @@ class MetricsLog {
   /// How many records opening it for a resume dropped.
   std::size_t dropped() const { return dropped_; }
 
-  /// The `"batches"` of one metrics.jsonl line, or nullopt for a line that is not a complete record.
+  /// The `"batches"` of a metrics.jsonl record, or nullopt for one without an integer `"batches"`.
+  static std::optional<std::int64_t> batches_of_record(const detail::Json& record) {
+    const detail::Json* batches = detail::json_find(record, "batches");
+    if (!batches || !batches->is_number_integer()) return std::nullopt;
+    return batches->get<std::int64_t>();
+  }
+  /// The `"batches"` of one metrics.jsonl line, or nullopt for a line that is not a complete record
+  /// (one torn by a crash does not parse).
   static std::optional<std::int64_t> batches_of(std::string_view line) {
-    constexpr std::string_view key = "\"batches\":";
-    const auto at = line.find(key);
-    if (at == std::string_view::npos || line.empty() || line.back() != '}') return std::nullopt;
-    std::int64_t batches = 0;
-    const char* first = line.data() + at + key.size();
-    const auto [end, ec] = std::from_chars(first, line.data() + line.size(), batches);
-    if (ec != std::errc() || end == first) return std::nullopt;
-    return batches;
+    const detail::Json record = detail::Json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (record.is_discarded()) return std::nullopt;
+    return batches_of_record(record);
   }
 
-  /// `{"type": "training"|"validation", "batches": N, "epochs": E, <extra>, "metrics": {...}}`
+  /// `{"type":"training"|"validation","batches":N,"epochs":E,<extra>,"metrics":{...}}`, one compact line.
   void write(std::string_view type, std::int64_t batches, std::int64_t epochs, const MetricValues& metrics,
              std::string_view extra_key = {}, double extra_value = 0) {
     if (!out_.is_open()) return;
-    std::string line = "{\"type\":";
-    detail::append_json_string(line, type);
-    line += ",\"batches\":" + std::to_string(batches) + ",\"epochs\":" + std::to_string(epochs);
-    if (!extra_key.empty()) {
-      line += ',';
-      detail::append_json_string(line, extra_key);
-      line += ':';
-      detail::append_json_number(line, extra_value);
-    }
-    line += ",\"metrics\":{";
-    bool first = true;
-    for (const auto& [name, value] : metrics) {
-      if (!first) line += ',';
-      first = false;
-      detail::append_json_string(line, name);
-      line += ':';
-      detail::append_json_number(line, value);
-    }
-    line += "}}\n";
-    out_ << line;
+    detail::Json record = {{"type", std::string(type)}, {"batches", batches}, {"epochs", epochs}};
+    if (!extra_key.empty()) record[std::string(extra_key)] = extra_value;
+    detail::Json values = detail::Json::object();
+    for (const auto& [name, value] : metrics) values[name] = value;  // NaN is written as null
+    record["metrics"] = std::move(values);
+    out_ << detail::json_line(record);
     out_.flush();
   }
 
@@ -5099,123 +5754,624 @@ class MetricsLog {
 
 }  // namespace dettrial
 // ---- end dettrial/report/metrics_log.hpp
-// ---- begin dettrial/search/experiment.hpp
+// ---- begin dettrial/report/progress.hpp
 // SPDX-License-Identifier: Apache-2.0
 /// @file
-/// @brief Runs a hyperparameter search on one machine: each trial is its own process of the same
-/// program (a crash cannot take the experiment down), restarted from its latest checkpoint up to
-/// max_restarts times; ASHA's stop is a SIGTERM (the trial checkpoints and exits); an event log makes
-/// a second run of the same command continue the experiment; a summary table and summary.json at the end.
+/// @brief What the user sees: a live progress line with rate and ETA on a terminal, plain report
+/// lines otherwise.
 
-#include <sys/stat.h>
-#include <sys/wait.h>
-
-#include <algorithm>
-#include <atomic>
 #include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <string>
+#include <string_view>
+
+#include <unistd.h>
+
+
+namespace dettrial {
+
+/// Where reports go and whether a live progress line is drawn.
+struct ReportOptions {
+  /// Draw a live progress line: unset means only when stdout is a terminal.
+  std::optional<bool> live_progress;
+  /// Print report lines at all.
+  bool quiet = false;
+};
+
+namespace detail {
+
+inline std::string format_duration(double seconds) {
+  if (!std::isfinite(seconds) || seconds < 0) return "--:--";
+  const auto s = static_cast<long long>(seconds + 0.5);
+  char buf[32];
+  if (s >= 3600) std::snprintf(buf, sizeof buf, "%lld:%02lld:%02lld", s / 3600, (s / 60) % 60, s % 60);
+  else std::snprintf(buf, sizeof buf, "%lld:%02lld", s / 60, s % 60);
+  return buf;
+}
+
+inline std::string format_metrics(const MetricValues& metrics) {
+  std::string s;
+  char buf[64];
+  for (const auto& [name, value] : metrics) {
+    std::snprintf(buf, sizeof buf, "%.6g", value);
+    s += "  " + name + " " + (std::isfinite(value) ? std::string(buf) : std::string("n/a"));
+  }
+  return s;
+}
+
+/// Prints reports; draws the live line on terminals, throttled to a few updates a second.
+class Progress {
+ public:
+  using clock = std::chrono::steady_clock;
+
+  Progress() : Progress(ReportOptions{}) {}
+  explicit Progress(ReportOptions options)
+      : quiet_(options.quiet), live_(!options.quiet && options.live_progress.value_or(isatty(fileno(stdout)) == 1)) {}
+
+  /// Starts a phase ("train", "validate") of `total` units (0 when unknown).
+  void begin(std::string_view phase, std::int64_t done, std::int64_t total, std::string_view unit) {
+    phase_ = phase;
+    unit_ = unit;
+    start_done_ = done;
+    total_ = total;
+    start_ = clock::now();
+    next_draw_ = start_;
+  }
+
+  /// Cheap per-batch call: draws at most every 200 ms, only on terminals.
+  void update(std::int64_t done) {
+    if (!live_) return;
+    const auto now = clock::now();
+    if (now < next_draw_) return;
+    next_draw_ = now + std::chrono::milliseconds(200);
+    const double elapsed = std::chrono::duration<double>(now - start_).count();
+    const double rate = elapsed > 0 ? static_cast<double>(done - start_done_) / elapsed : 0.0;
+    char buf[256];
+    if (total_ > 0) {
+      const double eta = rate > 0 ? static_cast<double>(total_ - done) / rate : NAN;
+      std::snprintf(buf, sizeof buf, "\r\033[K%s %3.0f%% %lld/%lld %s  %.1f %s/s  ETA %s", phase_.c_str(),
+                    100.0 * static_cast<double>(done) / static_cast<double>(total_), static_cast<long long>(done),
+                    static_cast<long long>(total_), unit_.c_str(), rate, unit_.c_str(), format_duration(eta).c_str());
+    } else {
+      std::snprintf(buf, sizeof buf, "\r\033[K%s %lld %s  %.1f %s/s", phase_.c_str(), static_cast<long long>(done),
+                    unit_.c_str(), rate, unit_.c_str());
+    }
+    std::fputs(buf, stdout);
+    std::fflush(stdout);
+    drawn_ = true;
+  }
+
+  /// Prints one report line (clearing the live line first).
+  void line(const std::string& text) {
+    if (quiet_) return;
+    if (drawn_) std::fputs("\r\033[K", stdout);
+    drawn_ = false;
+    std::fputs(text.c_str(), stdout);
+    std::fputc('\n', stdout);
+    std::fflush(stdout);
+  }
+
+  /// Seconds since begin().
+  double elapsed() const { return std::chrono::duration<double>(clock::now() - start_).count(); }
+
+ private:
+  bool quiet_;
+  bool live_;
+  bool drawn_ = false;
+  std::string phase_, unit_;
+  std::int64_t start_done_ = 0, total_ = 0;
+  clock::time_point start_, next_draw_;
+};
+
+}  // namespace detail
+}  // namespace dettrial
+// ---- end dettrial/report/progress.hpp
+// ---- begin dettrial/report/reporter.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief The one place a fit reports through: the terminal (progress and result lines) and the
+/// run's metrics.jsonl. Only the chief of a job writes; the other ranks stay quiet.
+
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
-#include <map>
 #include <optional>
 #include <string>
-#include <thread>
-#include <variant>
-#include <vector>
-
-#include <yaml-cpp/yaml.h>
-
-// ---- begin dettrial/detail/exit_status.hpp
-// SPDX-License-Identifier: Apache-2.0
-/// @file
-/// @brief The exit statuses of a trial program that its supervisors (the built-in launcher, an
-/// experiment runner, a user's script) act on: one source for all of them.
-
-namespace dettrial::detail {
-
-/// Stopped by SIGINT or SIGTERM after a checkpoint: continue it later (sysexits' EX_TEMPFAIL).
-inline constexpr int exit_status_interrupted_value = 75;
-/// The configuration or the trial's use of it is wrong (a missing hyperparameter, a searcher metric
-/// that validation does not report, a broken config): running it again fails the same way, so an
-/// experiment does not restart it (sysexits' EX_CONFIG).
-inline constexpr int exit_status_config_value = 78;
-
-}  // namespace dettrial::detail
-// ---- end dettrial/detail/exit_status.hpp
-// ---- begin dettrial/detail/process.hpp
-// SPDX-License-Identifier: Apache-2.0
-/// @file
-/// @brief Starting child processes (ranks of the built-in launcher, trials of an experiment) with
-/// extra environment variables and their output sent to a file.
-
-#include <fcntl.h>
-#include <spawn.h>
-#include <unistd.h>
-
-#include <algorithm>
-#include <string>
 #include <string_view>
-#include <vector>
 
-
-extern "C" char** environ;
 
 namespace dettrial::detail {
 
-struct SpawnOptions {
-  /// `NAME=value` entries added to this process's environment; each replaces an inherited variable
-  /// of the same name (getenv would otherwise find the inherited one first).
-  std::vector<std::string> extra_env;
-  /// Where stdout goes (and stderr, with merge_stderr); empty: inherited.
-  std::string output{};
-  bool append = false;
-  bool merge_stderr = true;
-  /// Starts the child in a process group of its own: a terminal's Ctrl-C (sent to the foreground
-  /// group) then reaches it only through the supervisor that forwards it, once.
-  bool own_process_group = false;
+/// What a fit reports, in the words and files users read: one object, so that new outlets (event
+/// files, a profiler) plug in here rather than into the loop.
+class Reporter {
+ public:
+  Reporter() = default;
+  /// `writes` is true on the chief: it prints (unless `options.quiet`) and writes
+  /// `<output_dir>/metrics.jsonl`, dropping the records a resumed run at batch `resumed_at` redoes.
+  Reporter(bool writes, ReportOptions options, const std::filesystem::path& output_dir, std::optional<std::int64_t> resumed_at) {
+    if (writes) log_ = MetricsLog(output_dir, resumed_at);
+    if (!writes) options.quiet = true;
+    progress_ = Progress(options);
+    if (log_.dropped() > 0)  // also under --quiet: a trial's log says why its metrics.jsonl shrank
+      std::fprintf(stderr, "dettrial: resuming at batch %lld: dropped %zu record(s) of %s written after that checkpoint (that training is done again)\n",
+                   static_cast<long long>(resumed_at.value_or(0)), log_.dropped(), log_.path().c_str());
+  }
+
+  /// A line of its own (start-up facts, warnings, stops).
+  void line(const std::string& text) { progress_.line(text); }
+
+  /// A phase with a live progress line: `done` of `total` units so far.
+  void begin(std::string_view phase, std::int64_t done, std::int64_t total, std::string_view unit) { progress_.begin(phase, done, total, unit); }
+  void update(std::int64_t done) { progress_.update(done); }
+  /// Seconds since the phase began.
+  double elapsed() const { return progress_.elapsed(); }
+
+  /// A training workload's averaged metrics and the job's samples per second.
+  void training(std::int64_t batches, std::int64_t epochs, const MetricValues& metrics, double samples_per_second) {
+    char tail[64];
+    std::snprintf(tail, sizeof tail, "  (%.1f samples/s)", samples_per_second);
+    progress_.line("[train]" + format_metrics(metrics) + tail);
+    log_.write("training", batches, epochs, metrics, "samples_per_second", samples_per_second);
+  }
+
+  /// A validation's metrics, over `records` records (0: not counted) in `seconds`.
+  void validation(std::int64_t batches, std::int64_t epochs, const MetricValues& metrics, std::int64_t records, double seconds) {
+    char tail[96];
+    if (records > 0)
+      std::snprintf(tail, sizeof tail, "  (%lld records in %.2f s)", static_cast<long long>(records), seconds);
+    else
+      std::snprintf(tail, sizeof tail, "  (%.2f s)", seconds);
+    progress_.line("[validation]" + format_metrics(metrics) + tail);
+    log_.write("validation", batches, epochs, metrics, "seconds", seconds);
+  }
+
+  /// A checkpoint written at `batches`.
+  void checkpoint(std::int64_t batches, const std::filesystem::path& path, double seconds) {
+    char tail[48];
+    std::snprintf(tail, sizeof tail, " (%.2f s)", seconds);
+    progress_.line("[checkpoint] batches " + std::to_string(batches) + ": " + path.string() + tail);
+  }
+
+ private:
+  Progress progress_{};
+  MetricsLog log_{};
 };
 
-/// Starts `program` with `args` as its argv (the program name first); returns its pid.
-inline pid_t spawn_process(const std::string& program, std::vector<std::string> args, const SpawnOptions& options = {}) {
-  std::vector<std::string> env_strings;
-  auto name_of = [](std::string_view entry) { return entry.substr(0, entry.find('=')); };
-  for (char** e = environ; *e; ++e) {
-    const std::string_view name = name_of(*e);
-    const bool replaced = std::any_of(options.extra_env.begin(), options.extra_env.end(),
-                                      [&](const std::string& extra) { return name_of(extra) == name; });
-    if (!replaced) env_strings.emplace_back(*e);
-  }
-  env_strings.insert(env_strings.end(), options.extra_env.begin(), options.extra_env.end());
-  std::vector<char*> env, argv;
-  for (auto& e : env_strings) env.push_back(e.data());
-  env.push_back(nullptr);
-  for (auto& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  if (!options.output.empty()) {
-    posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, options.output.c_str(),
-                                     O_WRONLY | O_CREAT | (options.append ? O_APPEND : O_TRUNC), 0644);
-    if (options.merge_stderr) posix_spawn_file_actions_adddup2(&actions, STDOUT_FILENO, STDERR_FILENO);
-  }
-  posix_spawnattr_t attributes;
-  posix_spawnattr_init(&attributes);
-  if (options.own_process_group) {
-    posix_spawnattr_setflags(&attributes, POSIX_SPAWN_SETPGROUP);
-    posix_spawnattr_setpgroup(&attributes, 0);
-  }
-  pid_t pid = -1;
-  const int rc = ::posix_spawn(&pid, program.c_str(), &actions, &attributes, argv.data(), env.data());
-  posix_spawnattr_destroy(&attributes);
-  posix_spawn_file_actions_destroy(&actions);
-  if (rc != 0) throw Error("cannot start '" + program + "'");
-  return pid;
+}  // namespace dettrial::detail
+// ---- end dettrial/report/reporter.hpp
+// ---- begin dettrial/report/runtime.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief What a run computes with, for its first line: the LibTorch version and build, the BLAS
+/// behind it, and the intra-op threads. A LibTorch linked against the system BLAS (Debian's) runs
+/// much slower on the reference BLAS than on OpenBLAS (1.8x on a small MLP, more with wider layers),
+/// so the first line names the library loaded.
+
+#include <link.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+#include <string_view>
+
+#include <ATen/Context.h>
+#include <ATen/Parallel.h>
+#include <torch/torch.h>
+
+
+namespace dettrial::detail {
+
+/// The BLAS this process loaded: "MKL (built in)" for an MKL-built LibTorch (PyPI's wheel), else the
+/// shared BLAS library loaded, named by its real file ("OpenBLAS (.../openblas-pthread/libblas.so.3)",
+/// "reference BLAS (.../blas/libblas.so.3)"), or "unknown".
+inline std::string loaded_blas() {
+  if (at::globalContext().hasMKL()) return "MKL (built in)";
+  std::string found;
+  ::dl_iterate_phdr(
+      [](dl_phdr_info* info, std::size_t, void* out) {
+        const std::string_view name = info->dlpi_name ? info->dlpi_name : "";
+        const std::string_view file = name.substr(name.rfind('/') == std::string_view::npos ? 0 : name.rfind('/') + 1);
+        if (file.starts_with("libblas.so") || file.starts_with("libopenblas") || file.starts_with("libblis") ||
+            file.starts_with("libflexiblas") || file.starts_with("libmkl_rt")) {
+          *static_cast<std::string*>(out) = std::string(name);
+          return 1;
+        }
+        return 0;
+      },
+      &found);
+  if (found.empty()) return "unknown";
+  std::error_code ec;
+  const std::string real = std::filesystem::canonical(found, ec).string();
+  const std::string path = ec ? found : real;
+  const char* kind = path.find("openblas") != std::string::npos ? "OpenBLAS"
+                     : path.find("blis") != std::string::npos   ? "BLIS"
+                     : path.find("mkl") != std::string::npos    ? "MKL"
+                     : path.find("/blas/") != std::string::npos ? "reference BLAS (slow: install an optimized BLAS such as OpenBLAS)"
+                                                                : "BLAS";
+  return std::string(kind) + " (" + path + ")";
+}
+
+/// "LibTorch 2.5.1 (CUDA 12.4), MKL (built in), 4 threads" and the source of the thread count.
+inline std::string runtime_summary(std::string_view threads_source) {
+  std::string s = "LibTorch " + std::to_string(TORCH_VERSION_MAJOR) + "." + std::to_string(TORCH_VERSION_MINOR) + "." +
+                  std::to_string(TORCH_VERSION_PATCH);
+  s += torch::cuda::is_available() ? " (CUDA, " + std::to_string(torch::cuda::device_count()) + " GPUs)" : " (CPU)";
+  s += ", " + loaded_blas();
+  const int threads = at::get_num_threads();
+  s += ", " + std::to_string(threads) + (threads == 1 ? " thread" : " threads");
+  s += threads_source.empty() ? std::string(" (LibTorch's default)") : " (" + std::string(threads_source) + ")";
+  if (keep_freed_memory()) s += ", malloc keeps freed memory";
+  return s;
 }
 
 }  // namespace dettrial::detail
-// ---- end dettrial/detail/process.hpp
-// ---- begin dettrial/trainer/signals.hpp
+// ---- end dettrial/report/runtime.hpp
+// ---- begin dettrial/trainer/callbacks.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief Callbacks: plain objects whose hooks are called only if they have them (found at compile
+/// time), and the one table of those hooks.
+
+#include <cstdint>
+#include <filesystem>
+#include <span>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+
+
+namespace dettrial {
+
+/**
+ * @brief The callback hooks, one type each: the table both the compile-time check and the trainer's
+ * calls use. Each names the hook and the arguments the trainer passes (Determined's PyTorchCallback).
+ *
+ * A callback declaring a hook by name (a non-overloaded member) that cannot be called with these
+ * arguments is a compile error naming the hook, never a hook silently not called.
+ */
+namespace hook {
+
+// NAME: the member function; ...: the argument types the trainer passes, in order. A hook whose
+// member is a template or an overload set is found by calling it, not by name.
+#define DETTRIAL_DETAIL_CALLBACK_HOOK(NAME, ...)                                                                         \
+  struct NAME {                                                                                                           \
+    static constexpr const char* name = #NAME;                                                                            \
+    using arguments = std::tuple<__VA_ARGS__>;                                                                            \
+    template <class C>                                                                                                    \
+    static constexpr bool named_in = requires { &C::NAME; };                                                             \
+    template <class C, class... A>                                                                                        \
+    static consteval bool callable_with(std::tuple<A...>*) {                                                              \
+      return requires(C& c, A... a) { c.NAME(std::forward<A>(a)...); };                                                 \
+    }                                                                                                                     \
+    template <class C>                                                                                                    \
+    static constexpr bool callable = callable_with<C>(static_cast<arguments*>(nullptr));                                 \
+    template <class C, class... A>                                                                                        \
+    static void call(C& c, A&&... a) {                                                                                    \
+      c.NAME(std::forward<A>(a)...);                                                                                      \
+    }                                                                                                                     \
+    template <class C>                                                                                                    \
+    static consteval bool check() {                                                                                       \
+      static_assert(!named_in<C> || callable<C>,                                                                          \
+                    "dettrial callback: " #NAME " is declared but cannot be called as " #NAME "(" #__VA_ARGS__ ")");   \
+      return true;                                                                                                        \
+    }                                                                                                                     \
+  };
+
+DETTRIAL_DETAIL_CALLBACK_HOOK(on_trial_startup, std::int64_t, const std::string&)
+DETTRIAL_DETAIL_CALLBACK_HOOK(on_trial_shutdown)
+DETTRIAL_DETAIL_CALLBACK_HOOK(on_training_start)
+DETTRIAL_DETAIL_CALLBACK_HOOK(on_training_epoch_start, std::int64_t)
+DETTRIAL_DETAIL_CALLBACK_HOOK(on_training_epoch_end, std::int64_t)
+DETTRIAL_DETAIL_CALLBACK_HOOK(on_validation_start)
+DETTRIAL_DETAIL_CALLBACK_HOOK(on_validation_epoch_start)
+DETTRIAL_DETAIL_CALLBACK_HOOK(on_validation_epoch_end, std::span<const Metrics>)
+DETTRIAL_DETAIL_CALLBACK_HOOK(on_validation_end, const MetricValues&)
+DETTRIAL_DETAIL_CALLBACK_HOOK(on_checkpoint_save_start, StateDict&)
+DETTRIAL_DETAIL_CALLBACK_HOOK(on_checkpoint_write_end, const std::filesystem::path&)
+DETTRIAL_DETAIL_CALLBACK_HOOK(on_checkpoint_upload_end, const std::string&)
+DETTRIAL_DETAIL_CALLBACK_HOOK(on_checkpoint_load_start, const StateDict&)
+DETTRIAL_DETAIL_CALLBACK_HOOK(load_state_dict, const c10::IValue&)
+#undef DETTRIAL_DETAIL_CALLBACK_HOOK
+
+/// `on_training_workload_end(avg_metrics[, batch_metrics])`: the one hook with two forms (the
+/// per-batch metrics are kept only when a callback takes them).
+struct on_training_workload_end {
+  static constexpr const char* name = "on_training_workload_end";
+  template <class C>
+  static constexpr bool named_in = requires { &C::on_training_workload_end; };
+  template <class C>
+  static constexpr bool takes_batches = requires(C& c, const MetricValues& m, std::span<const Metrics> b) { c.on_training_workload_end(m, b); };
+  template <class C>
+  static constexpr bool callable = takes_batches<C> || requires(C& c, const MetricValues& m) { c.on_training_workload_end(m); };
+  template <class C>
+  static void call(C& c, const MetricValues& metrics, std::span<const Metrics> batches) {
+    if constexpr (takes_batches<C>) c.on_training_workload_end(metrics, batches);
+    else c.on_training_workload_end(metrics);
+  }
+  template <class C>
+  static consteval bool check() {
+    static_assert(!named_in<C> || callable<C>,
+                  "dettrial callback: on_training_workload_end is declared but cannot be called as "
+                  "on_training_workload_end(const MetricValues&) or on_training_workload_end(const MetricValues&, std::span<const Metrics>)");
+    return true;
+  }
+};
+
+/// `state_dict()`: a callback's state for checkpoints, anything convertible to `c10::IValue`.
+struct state_dict {
+  static constexpr const char* name = "state_dict";
+  template <class C>
+  static constexpr bool named_in = requires { &C::state_dict; };
+  template <class C>
+  static constexpr bool callable = requires(C& c) { c10::IValue(c.state_dict()); };
+  template <class C>
+  static c10::IValue call(C& c) { return c10::IValue(c.state_dict()); }
+  template <class C>
+  static consteval bool check() {
+    static_assert(!named_in<C> || callable<C>,
+                  "dettrial callback: state_dict is declared but state_dict() does not return something convertible to c10::IValue");
+    return true;
+  }
+};
+
+/// Every hook, in the order Determined documents them.
+using all = std::tuple<on_trial_startup, on_trial_shutdown, on_training_start, on_training_epoch_start, on_training_epoch_end,
+                       on_training_workload_end, on_validation_start, on_validation_epoch_start, on_validation_epoch_end,
+                       on_validation_end, on_checkpoint_save_start, on_checkpoint_write_end, on_checkpoint_upload_end,
+                       on_checkpoint_load_start, state_dict, load_state_dict>;
+
+}  // namespace hook
+
+namespace detail {
+template <class C, class... Hook>
+consteval bool has_any_hook(std::tuple<Hook...>*) {
+  return ((Hook::template named_in<C> || Hook::template callable<C>) || ...);
+}
+template <class C, class... Hook>
+consteval bool check_hooks(std::tuple<Hook...>*) {
+  return (Hook::template check<C>() && ...);
+}
+}  // namespace detail
+
+/**
+ * @brief A callback: any object with at least one of the hooks in dettrial::hook (Determined's
+ * PyTorchCallback): `on_trial_startup(first_batch_idx, checkpoint_uuid)`, `on_trial_shutdown()`,
+ * `on_training_start()`, `on_training_epoch_start(epoch_idx)`, `on_training_epoch_end(epoch_idx)`,
+ * `on_training_workload_end(avg_metrics[, batch_metrics])`, `on_validation_start()`,
+ * `on_validation_epoch_start()`, `on_validation_epoch_end(outputs)`, `on_validation_end(metrics)`.
+ * A hook a callback does not have costs nothing. Checkpoint hooks: `on_checkpoint_save_start(StateDict&)`
+ * (may add entries to state_dict.pth), `on_checkpoint_write_end(path)` (chief only),
+ * `on_checkpoint_upload_end(uuid)`, `on_checkpoint_load_start(const StateDict&)`. A callback with
+ * state has `state_dict()` (returning anything convertible to `c10::IValue`) and
+ * `load_state_dict(const c10::IValue&)`: its state is saved under `callbacks/<name()>` (or
+ * `callback_<position>`) and restored on resume.
+ */
+template <class C>
+concept Callback = detail::has_any_hook<C>(static_cast<hook::all*>(nullptr));
+
+namespace detail {
+
+/// Checks each callback type once: a sentence instead of silence for a hook-less (misspelt) one, and
+/// for a hook declared with the wrong parameters.
+template <class C>
+consteval bool check_callback() {
+  static_assert(Callback<C>,
+                "dettrial callback: this type has none of dettrial's callback hooks (on_training_start, "
+                "on_training_epoch_end, on_validation_end, ...); check the hook names and parameter types");
+  return check_hooks<C>(static_cast<hook::all*>(nullptr));
+}
+
+/// A tuple of references to the callbacks of one fit: the trial's own, then the caller's.
+template <class... C>
+class CallbackSet {
+ public:
+  static constexpr std::size_t size = sizeof...(C);
+  explicit CallbackSet(std::tuple<C&...> callbacks) : callbacks_(callbacks) { (check_callback<C>(), ...); }
+
+  /// Calls `Hook` on every callback that has it, in order, with the table's argument types.
+  template <class Hook, class... A>
+  void call(A&&... args) {
+    std::apply([&](auto&... cb) { (call_one<Hook>(cb, args...), ...); }, callbacks_);
+  }
+  /// Calls `f(callback)` for each callback, in order (reversed: last first).
+  template <class F>
+  void each(F&& f) {
+    std::apply([&](auto&... cb) { (f(cb), ...); }, callbacks_);
+  }
+  template <class F>
+  void each_reversed(F&& f) {
+    [&]<std::size_t... I>(std::index_sequence<I...>) {
+      (f(std::get<sizeof...(C) - 1 - I>(callbacks_)), ...);
+    }(std::index_sequence_for<C...>{});
+  }
+  /// Whether any callback wants per-batch training metrics (only then are they kept).
+  static constexpr bool wants_batch_metrics = (hook::on_training_workload_end::takes_batches<C> || ...);
+  /// Whether any callback wants the per-batch validation outputs.
+  static constexpr bool wants_validation_outputs = (hook::on_validation_epoch_end::callable<C> || ...);
+
+ private:
+  template <class Hook, class Callback, class... A>
+  static void call_one(Callback& cb, A&... args) {
+    if constexpr (Hook::template callable<Callback>) Hook::call(cb, args...);
+  }
+  std::tuple<C&...> callbacks_;
+};
+
+}  // namespace detail
+}  // namespace dettrial
+// ---- end dettrial/trainer/callbacks.hpp
+// ---- begin dettrial/trainer/fit_options.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief The options of Trainer::fit (Determined's Trainer.fit arguments) and what fit returns.
+
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
+
+
+namespace dettrial {
+
+/**
+ * @brief How long to train and when to validate, checkpoint and report.
+ * @code{.cpp}
+ * trainer.fit({.max_length = dettrial::Epoch{5},
+ *              .validation_period = dettrial::Epoch{1},
+ *              .reporting_period = dettrial::Batch{100}});
+ * @endcode
+ */
+struct FitOptions {
+  /// Total training length (required): Batch, Epoch, or Record (converted with the global batch size).
+  std::optional<TrainUnit> max_length;
+  /// Validate when this period is reached (default: never, but always once at the end).
+  TrainUnit validation_period = never();
+  /// Checkpoint when this period is reached (default: never, but always once at the end).
+  TrainUnit checkpoint_period = never();
+  /// Report training metrics (and progress) when this period is reached.
+  TrainUnit reporting_period = Batch(100);
+  /// Whether to checkpoint right after a validation: all, none, or best by `searcher_metric`.
+  CheckpointPolicy checkpoint_policy = CheckpointPolicy::best;
+  /// The validation metric `best` compares, and its direction.
+  std::string searcher_metric{};
+  bool smaller_is_better = true;
+  /// Validate once before training (when nothing has been trained yet).
+  bool step_zero_validation = false;
+  /// Train one batch, validate on one batch, then stop: a quick check that the trial runs.
+  bool test_mode = false;
+  /// Resume from this checkpoint: a checkpoint directory, or a directory holding checkpoints (a
+  /// storage directory, or a run's output directory), whose latest is taken.
+  std::optional<std::filesystem::path> latest_checkpoint{};
+  /// Where metrics.jsonl (and checkpoints) go; empty means `runs/<date>-<time>` under the working directory.
+  std::filesystem::path output_dir{};
+  /// Where checkpoints go; empty means `<output_dir>/checkpoints`.
+  std::filesystem::path checkpoint_dir{};
+  /// How many checkpoints to keep (best by the searcher metric, and latest).
+  Retention retention{};
+  /// The trial's id, saved in its checkpoints: resuming a checkpoint of another trial loads its
+  /// weights and optimizer state but starts counting afresh (Determined's warm start).
+  std::int64_t trial_id = 0;
+  /// Catch SIGINT and SIGTERM during fit: finish the batch, checkpoint and return (see FitResult::signal).
+  bool handle_signals = true;
+  /// Terminal and log output.
+  ReportOptions report{};
+
+  /**
+   * @brief The options an experiment config implies, as Determined maps them: searcher.max_length (or
+   * max_steps x scheduling_unit), min_validation_period, min_checkpoint_period, reporting every
+   * scheduling_unit batches, perform_initial_validation, checkpoint_policy and the searcher metric.
+   */
+  static FitOptions from_config(const ExperimentConfig& config) {
+    FitOptions o;
+    o.max_length = config.searcher.max_length;
+    if (config.min_validation_period) o.validation_period = *config.min_validation_period;
+    if (config.min_checkpoint_period) o.checkpoint_period = *config.min_checkpoint_period;
+    o.reporting_period = Batch(config.scheduling_unit);
+    o.step_zero_validation = config.perform_initial_validation;
+    o.checkpoint_policy = config.checkpoint_policy;
+    o.searcher_metric = config.searcher.metric;
+    o.smaller_is_better = config.searcher.smaller_is_better;
+    if (config.checkpoint_storage.path) o.checkpoint_dir = *config.checkpoint_storage.path;
+    o.retention = {.save_trial_best = config.checkpoint_storage.save_trial_best,
+                   .save_trial_latest = config.checkpoint_storage.save_trial_latest};
+    return o;
+  }
+};
+
+/// What fit returns.
+struct FitResult {
+  std::int64_t batches_trained = 0;
+  std::int64_t epochs_trained = 0;
+  /// The last training report and the last validation.
+  MetricValues last_training_metrics;
+  MetricValues last_validation_metrics;
+  std::int64_t validations = 0;
+  /// The checkpoints this fit wrote, oldest first (some may since have been deleted by retention).
+  std::vector<CheckpointInfo> checkpoints;
+  /// Where checkpoints went.
+  std::filesystem::path checkpoint_dir{};
+  /// The batch training resumed from (0 for a fresh start).
+  std::int64_t resumed_from_batch = 0;
+  /// True when the trial asked to stop (context.set_stop_requested) or a signal did.
+  bool stop_requested = false;
+  /// True when that stop came before max_length.
+  bool stopped_early = false;
+  /// The signal (SIGINT, SIGTERM) that stopped training after a checkpoint, or 0.
+  int signal = 0;
+  std::filesystem::path output_dir{};
+};
+
+}  // namespace dettrial
+// ---- end dettrial/trainer/fit_options.hpp
+// ---- begin dettrial/trainer/trainer.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief dettrial::Trainer<TrialT>: checks a trial at compile time and runs Determined's training
+/// loop for it, generated inline.
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <ctime>
+#include <exception>
+#include <filesystem>
+#include <iterator>
+#include <memory>
+#include <optional>
+#include <ranges>
+#include <span>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <unistd.h>
+#include <utility>
+#include <vector>
+
+#include <c10/util/Type.h>
+#include <torch/torch.h>
+
+// ---- begin dettrial/detail/scope_exit.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief Runs a function when a scope ends, however it ends (std::experimental::scope_exit's role).
+
+#include <utility>
+
+namespace dettrial::detail {
+
+template <class F>
+class ScopeExit {
+ public:
+  explicit ScopeExit(F f) : f_(std::move(f)) {}
+  ScopeExit(const ScopeExit&) = delete;
+  ScopeExit& operator=(const ScopeExit&) = delete;
+  ~ScopeExit() {
+    if (armed_) f_();
+  }
+  /// The scope ended as planned: do not run the function.
+  void dismiss() { armed_ = false; }
+
+ private:
+  F f_;
+  bool armed_ = true;
+};
+
+/// `auto guard = on_scope_exit([&] { ... });`
+template <class F>
+ScopeExit<F> on_scope_exit(F f) {
+  return ScopeExit<F>(std::move(f));
+}
+
+}  // namespace dettrial::detail
+// ---- end dettrial/detail/scope_exit.hpp
+// ---- begin dettrial/detail/signals.hpp
 // SPDX-License-Identifier: Apache-2.0
 /// @file
 /// @brief SIGINT and SIGTERM during fit: the first asks the trainer to finish the batch, checkpoint
@@ -5271,13 +6427,19 @@ class SignalHandlers {
   struct sigaction previous_term_ {};
 };
 
-/// Catches SIGINT and SIGTERM during fit (see dettrial_on_stop_signal).
+/// Catches SIGINT and SIGTERM during one fit (see dettrial_on_stop_signal). A signal belongs to the
+/// fit it arrived in: it is forgotten when that fit ends, so a later fit in the process trains.
 class StopSignals {
  public:
   explicit StopSignals(bool enabled) {
-    if (!enabled) return;
     pending_stop_signal.store(0);
-    handlers_.emplace(&dettrial_on_stop_signal, SA_RESTART);
+    if (enabled) handlers_.emplace(&dettrial_on_stop_signal, SA_RESTART);
+  }
+  StopSignals(const StopSignals&) = delete;
+  StopSignals& operator=(const StopSignals&) = delete;
+  ~StopSignals() {
+    handlers_.reset();  // first: a signal arriving now gets the previous handler, not a stale record
+    pending_stop_signal.store(0);
   }
   /// The signal received since construction, or 0.
   static int received() { return pending_stop_signal.load(std::memory_order_relaxed); }
@@ -5285,6 +6447,11 @@ class StopSignals {
  private:
   std::optional<SignalHandlers> handlers_;
 };
+
+/// "SIGINT", "SIGTERM", or "a signal": how a stop is reported.
+inline const char* signal_name(int signal_number) {
+  return signal_number == SIGINT ? "SIGINT" : signal_number == SIGTERM ? "SIGTERM" : "a signal";
+}
 
 /// The last SIGINT/SIGTERM a process that supervises others (the built-in launcher, an experiment)
 /// received, to pass on to its children; 0 when none. Its children run in process groups of their
@@ -5312,27 +6479,809 @@ inline void stop_with_supervisor(pid_t supervisor) {
 inline constexpr const char* supervisor_pid_variable = "DETTRIAL_SUPERVISOR_PID";
 
 }  // namespace dettrial::detail
-// ---- end dettrial/trainer/signals.hpp
-// ---- begin dettrial/search/searchers.hpp
-// SPDX-License-Identifier: Apache-2.0
-/// @file
-/// @brief Determined's searchers: single, random, grid and adaptive_asha (stopping-based ASHA), each
-/// a type with the same three decisions (which trials to start, whether a validation stops a trial,
-/// which trials replace one that ended), chosen from the experiment config at the start.
+// ---- end dettrial/detail/signals.hpp
 
-#include <algorithm>
-#include <cmath>
-#include <cstdint>
-#include <limits>
-#include <map>
-#include <optional>
-#include <random>
-#include <string>
-#include <variant>
-#include <vector>
+namespace dettrial {
 
-#include <yaml-cpp/yaml.h>
+namespace detail {
+/// Dereferences a smart pointer, or returns the object itself.
+template <class O>
+decltype(auto) deref(O& o) {
+  if constexpr (TorchOptimizer<O>) return (o);
+  else return (*o);
+}
+}  // namespace detail
 
+/**
+ * @brief Runs a trial: builds it, and on `fit()` runs Determined's loop (workloads ending at any
+ * boundary, validation, reporting, the final validation) for it.
+ *
+ * `Trainer<T>` checks T's hooks at compile time; a trial that breaks the contract gets one sentence
+ * naming the hook at fault. The trial is built in place (it may keep references to itself), from the
+ * Context when it takes one.
+ * @code{.cpp}
+ * dettrial::Context context(dettrial::ExperimentConfig::load_file("const.yaml"));
+ * dettrial::Trainer<MnistTrial> trainer(context);
+ * trainer.fit({.max_length = dettrial::Epoch{1}});
+ * @endcode
+ * @tparam TrialT a type satisfying dettrial::Trial.
+ */
+template <class TrialT>
+class Trainer {
+  static constexpr bool trial_ok = detail::TrialDiagnostics<TrialT>::ok;
+  static constexpr bool declarative = DeclaresModel<TrialT>;
+
+  template <class X>
+  using if_ok = std::conditional_t<trial_ok, X, detail::missing>;
+  using Model = std::conditional_t<trial_ok && declarative, model_t<TrialT>, detail::missing>;
+  using OptimizerHolder = std::conditional_t<trial_ok && declarative, optimizer_result_t<TrialT>, detail::missing>;
+  using SchedulerResult = std::conditional_t<trial_ok && declarative, scheduler_result_t<TrialT>, detail::missing>;
+  using TrainLoader = if_ok<training_loader_t<TrialT>>;
+  using ValidationLoader = if_ok<validation_loader_t<TrialT>>;
+
+  static constexpr auto trial_callbacks_type() {
+    if constexpr (requires(TrialT& t) { t.build_callbacks(); })
+      return std::type_identity<decltype(std::declval<TrialT&>().build_callbacks())>{};
+    else return std::type_identity<std::tuple<>>{};
+  }
+  using TrialCallbacks = typename decltype(trial_callbacks_type())::type;
+
+ public:
+  /// Builds the trial (with `args...` after the context, when its constructor takes them) and, for a
+  /// declarative trial, its model, optimizer and scheduler, wrapped in `context`.
+  template <class... Args>
+  explicit Trainer(Context& context, Args&&... args) : context_(context) {
+    static_assert(std::constructible_from<TrialT, Context&, Args...> || std::constructible_from<TrialT, Args...>,
+                  "dettrial::Trainer<T>: T must be constructible from (dettrial::Context&, args...) or from (args...), "
+                  "where args are the Trainer's arguments after the context");
+    if (context_.has_registrations())
+      throw TrialError("this context already serves a trainer; give each Trainer its own dettrial::Context");
+    if constexpr (trial_ok) {
+      // If building fails half-way, the context must not keep pointers into the half-built trial.
+      auto release = detail::on_scope_exit([this] { context_.release_registrations(); });
+      build(std::forward<Args>(args)...);
+      release.dismiss();
+    }
+  }
+
+ private:
+  template <class... Args>
+  void build(Args&&... args) {
+    if constexpr (std::constructible_from<TrialT, Context&, Args...>)
+      trial_ = std::make_unique<TrialT>(context_, std::forward<Args>(args)...);
+    else
+      trial_ = std::make_unique<TrialT>(std::forward<Args>(args)...);
+    if constexpr (declarative) build_declarative();
+    if constexpr (requires(TrialT& t) { t.build_callbacks(); })
+      callbacks_ = std::make_unique<TrialCallbacks>(trial_->build_callbacks());
+    else
+      callbacks_ = std::make_unique<TrialCallbacks>();
+    if (context_.models().empty())
+      throw TrialError("the trial wrapped no model: call context.wrap_model(...) in its constructor (or define build_model())");
+    if (context_.num_optimizers() == 0)
+      throw TrialError("the trial wrapped no optimizer: call context.wrap_optimizer(...) in its constructor (or define optimizer(model))");
+  }
+
+ public:
+  Trainer(const Trainer&) = delete;
+  Trainer& operator=(const Trainer&) = delete;
+  /// The context forgets the trial's models, optimizers, schedulers and reducers (they die with it).
+  ~Trainer() { context_.release_registrations(); }
+
+  TrialT& trial() { return *trial_; }
+  Context& context() { return context_; }
+  /// The model of a declarative trial.
+  Model& model()
+    requires declarative
+  {
+    return *model_;
+  }
+
+  /// The optimizer of a declarative trial.
+  auto& optimizer()
+    requires declarative
+  {
+    return detail::deref(*optimizer_);
+  }
+
+  /**
+   * @brief Trains until `max_length`, validating, checkpointing and reporting at the configured
+   * periods, and validates at the end. `callbacks...` (caller-owned) run after the trial's own.
+   */
+  template <class... Callbacks>
+  FitResult fit(FitOptions options, Callbacks&... callbacks) {
+    if constexpr (!trial_ok) {
+      return {};
+    } else {
+      auto set = std::apply([&](auto&... own) { return detail::CallbackSet<std::remove_reference_t<decltype(own)>..., Callbacks...>(
+                                                    std::tie(own..., callbacks...)); },
+                            *callbacks_);
+      return run(std::move(options), set);
+    }
+  }
+
+
+ private:
+  /// Which boundaries the last batch of a workload reached (Determined handles them in this order).
+  struct Reached {
+    bool length = false;
+    bool validation = false;
+    bool checkpoint = false;
+    bool report = false;
+  };
+
+  /// One fit: its options with every period in batches, where it stands, and what it reports.
+  struct RunState {
+    FitOptions options;
+    TrainUnit length = Batch(1);
+    std::int64_t epoch_len = 0;
+    std::int64_t batches_trained = 0;
+    std::int64_t epochs_trained = 0;
+    std::int64_t last_validation = -1;
+    std::int64_t last_checkpoint = -1;
+    std::optional<double> best_metric{};
+    bool warned_best_without_metric = false;
+    /// Whether a validation is followed by a checkpoint (the policy picked at the start).
+    bool (*checkpoint_after_validation)(bool improved) = &checkpoint_policy::best::after_validation;
+    std::filesystem::path storage{};
+    std::int64_t sequence = 0;
+    /// The checkpoint resumed from, and where it says the trial stood.
+    std::optional<std::filesystem::path> resume_dir{};
+    std::optional<TrialProgress> resumed{};
+    bool same_trial = false;
+    FitResult result{};
+    detail::Reporter reporter{};
+  };
+
+  /// What a training workload accumulates; kept across workloads so that a batch allocates nothing.
+  struct Workload {
+    detail::WorkloadMeans means;
+    std::vector<Metrics> batch_metrics{};  // kept only when a callback asks for them
+    std::int64_t records = 0;
+  };
+
+  void build_declarative() {
+    model_.emplace(context_.wrap_model(trial_->build_model()));
+    optimizer_.emplace(trial_->optimizer(*model_));
+    auto& optimizer = detail::deref(*optimizer_);
+    context_.wrap_optimizer(optimizer);
+    if constexpr (!std::same_as<SchedulerResult, detail::missing>) {
+      scheduler_ = std::make_unique<SchedulerResult>(trial_->lr_scheduler(optimizer));
+      if constexpr (detail::is_scheduled_lr<SchedulerResult>::value)
+        context_.wrap_lr_scheduler(scheduler_->scheduler, typename SchedulerResult::mode{}, scheduler_->frequency);
+      else
+        context_.wrap_lr_scheduler(*scheduler_, lr_step::every_batch{});
+    }
+  }
+
+ public:
+  /// `runs/<date>-<time>-<pid>` under the working directory.
+  static std::filesystem::path default_output_dir() {
+    const std::time_t now = std::time(nullptr);
+    char stamp[32];
+    std::strftime(stamp, sizeof stamp, "%Y%m%d-%H%M%S", std::localtime(&now));
+    return std::filesystem::path("runs") / (std::string(stamp) + "-" + std::to_string(::getpid()));
+  }
+
+ private:
+  // ---- a fit from start to end ----------------------------------------------------------------
+
+  template <class Set>
+  FitResult run(FitOptions options, Set& callbacks) {
+    RunState st = begin_run(std::move(options));
+    // Each callback that started gets on_trial_shutdown, in reverse order, whatever happens next.
+    std::size_t started = 0;
+    const auto shutdown = detail::on_scope_exit([&] { shut_down(callbacks, started); });
+    const std::int64_t first_batch = st.same_trial ? st.resumed->batches_trained : 0;
+    const std::string resume_uuid = st.resume_dir ? st.resume_dir->filename().string() : std::string();
+    callbacks.each([&](auto& cb) {
+      using C = std::remove_reference_t<decltype(cb)>;
+      if constexpr (hook::on_trial_startup::callable<C>) cb.on_trial_startup(first_batch, resume_uuid);
+      ++started;
+    });
+    prepare_training(st, callbacks, first_batch);
+    announce(st);
+    const detail::StopSignals signals(st.options.handle_signals);
+    callbacks.template call<hook::on_training_start>();
+    if (st.options.step_zero_validation && st.batches_trained == 0 && st.last_validation < 0) validate(st, callbacks);
+    train(st, callbacks);
+    if (!st.result.stop_requested) {
+      if (st.last_validation != st.batches_trained) validate(st, callbacks);
+      checkpoint_unless_current(st, callbacks);
+      // The trial is complete: retention applies without sparing the newest.
+      if (context_.distributed().is_chief()) apply_retention(st, {});
+    }
+    st.result.batches_trained = st.batches_trained;
+    st.result.epochs_trained = st.epochs_trained;
+    return std::move(st.result);
+  }
+
+  /// Checks the options, finds (and checks) the checkpoint to resume from before anything is
+  /// written, and sets up the output folder, checkpoint storage and reporter.
+  RunState begin_run(FitOptions options) {
+    RunState st{.options = std::move(options)};
+    FitOptions& o = st.options;
+    st.length = resolve_length(o);
+    o.validation_period = resolve_period(o.validation_period);
+    o.checkpoint_period = resolve_period(o.checkpoint_period);
+    o.reporting_period = resolve_period(o.reporting_period);
+    if (o.retention.save_trial_best < 0 || o.retention.save_trial_latest < 0)
+      throw ConfigError("checkpoint retention counts (save_trial_best, save_trial_latest) must not be negative");
+    st.checkpoint_after_validation = checkpoint_policy::visit(o.checkpoint_policy, []<class P>(P) { return &P::after_validation; });
+    if (o.latest_checkpoint) {
+      st.resume_dir = resolve_checkpoint(*o.latest_checkpoint);
+      read_checkpoint_info(*st.resume_dir);
+      st.resumed = TrialProgress::from_json(*st.resume_dir / "trial_state.json");
+      st.same_trial = st.resumed->trial_id == o.trial_id;
+    }
+    if (o.output_dir.empty()) o.output_dir = default_output_dir();
+    st.result.output_dir = o.output_dir;
+    context_.position().output_dir = o.output_dir;
+    st.storage = o.checkpoint_dir.empty() ? o.output_dir / "checkpoints" : o.checkpoint_dir;
+    st.result.checkpoint_dir = st.storage;
+    // One writer per job: the chief reports and writes metrics.jsonl and checkpoints.
+    const bool chief = context_.distributed().is_chief();
+    st.reporter = detail::Reporter(chief, o.report, o.output_dir,
+                                   st.same_trial ? std::optional(st.resumed->batches_trained) : std::nullopt);
+    if (chief) {
+      detail::remove_stale_entries(st.storage);
+      const auto existing = list_checkpoints(st.storage);
+      st.sequence = existing.empty() ? 0 : existing.back().sequence;
+    }
+    return st;
+  }
+
+  /// Builds the data loaders, makes the ranks agree, restores the checkpoint and sets the counters.
+  template <class Set>
+  void prepare_training(RunState& st, Set& callbacks, std::int64_t first_batch) {
+    train_loader_.emplace(trial_->build_training_data_loader());
+    validation_loader_.emplace(trial_->build_validation_data_loader());
+    st.epoch_len = epoch_length(*train_loader_, training_chain());
+    agree_across_ranks(st, first_batch);
+    if (st.epoch_len < 1) throw DataError("the training data loader yields no batches (its size() is 0)");
+    detail::RunPosition& position = context_.position();
+    position.epoch_len = st.epoch_len;
+    if (st.resume_dir) restore(st, *st.resume_dir, st.same_trial ? *st.resumed : TrialProgress{.trial_id = st.options.trial_id}, callbacks);
+    position.initial_batch = st.batches_trained;  // the training stream skips what was trained
+    position.current_batch = st.batches_trained;
+    st.result.resumed_from_batch = st.batches_trained;
+    if (Communicator* comm = context_.communicator()) broadcast_models(*comm);  // every rank starts from rank 0's weights
+  }
+
+  /// The run's first lines: the runtime, the trial, the job, the checkpoint resumed from.
+  void announce(RunState& st) {
+    const FitOptions& o = st.options;
+    st.reporter.line("dettrial " DETTRIAL_VERSION_STRING ": " +
+                     detail::runtime_summary(context_.threads() ? context_.threads()->source : std::string()));
+    st.reporter.line("dettrial: trial seed " + std::to_string(context_.get_trial_seed()) + ", device " + context_.device().str() +
+                     ", training " + st.length.to_string() + " (an epoch is " + std::to_string(st.epoch_len) + " batches), output " +
+                     o.output_dir.string());
+    if (const Communicator* comm = context_.communicator())
+      st.reporter.line("dettrial: " + std::to_string(comm->size()) + " processes (" + launcher_name(comm->environment().launcher) +
+                       ", " + comm->backend_name() + "), global batch " + std::to_string(context_.get_global_batch_size()));
+    if (st.resume_dir)
+      st.reporter.line("dettrial: resumed from " + st.resume_dir->string() +
+                       (st.same_trial ? " at batch " + std::to_string(st.batches_trained)
+                                      : std::string(" (another trial's checkpoint: weights and optimizer state only)")));
+    if (const std::int64_t records = context_.get_experiment_config().records_per_epoch; records > 0)
+      st.reporter.line("dettrial: records_per_epoch (" + std::to_string(records) + ") is not used: an epoch is the training "
+                       "data loader's length, " + std::to_string(st.epoch_len) + " batches on this rank");
+  }
+
+  /// on_trial_shutdown for the callbacks that started, last first; a failing hook is reported, not thrown.
+  template <class Set>
+  static void shut_down(Set& callbacks, std::size_t started) {
+    std::size_t index = Set::size;
+    callbacks.each_reversed([&](auto& cb) {
+      using C = std::remove_reference_t<decltype(cb)>;
+      if (index-- > started) return;
+      if constexpr (hook::on_trial_shutdown::callable<C>) {
+        try {
+          cb.on_trial_shutdown();
+        } catch (const std::exception& e) {
+          std::fprintf(stderr, "dettrial: on_trial_shutdown failed: %s\n", e.what());
+        }
+      }
+    });
+  }
+
+  TrainUnit resolve_length(const FitOptions& o) const {
+    if (o.test_mode) return Batch(1);
+    if (!o.max_length)
+      throw ConfigError("fit() needs a training length: set FitOptions::max_length (Batch, Epoch or Record), or "
+                        "searcher.max_length in the experiment config and build the options with FitOptions::from_config");
+    TrainUnit length = *o.max_length;
+    if (length.is_schedule()) throw ConfigError("max_length must be a count, not a schedule of points");
+    if (length.unit() == Unit::records) length = length.in_batches_if_records(context_.get_global_batch_size());
+    if (length.value() < 1)
+      throw ConfigError("max_length is " + length.to_string() + "; training needs a max_length of at least 1");
+    return length;
+  }
+  TrainUnit resolve_period(const TrainUnit& period) const {
+    return period.unit() == Unit::records ? period.in_batches_if_records(context_.get_global_batch_size()) : period;
+  }
+
+  // ---- the loop: train until a boundary, then handle each boundary reached ------------------
+
+  std::int64_t remaining(const RunState& st) const {
+    return st.length.unit() == Unit::epochs ? st.length.value() - st.epochs_trained : st.length.value() - st.batches_trained;
+  }
+
+  template <class Set>
+  void train(RunState& st, Set& callbacks) {
+    // One endless stream for the whole run (Determined's repeat → shard → skip chain).
+    auto stream = train_loader_->batches(training_chain());
+    auto it = std::ranges::begin(stream);
+    const auto end = std::ranges::end(stream);
+    Workload workload;
+    while (remaining(st) > 0) {
+      const Reached reached = train_until_boundary(st, it, end, workload, callbacks);
+      report_training(st, workload, callbacks);
+      if (const int signal = agreed_max(detail::StopSignals::received()); signal != 0)
+        return stop(st, callbacks, signal, std::string("dettrial: stopped by ") + detail::signal_name(signal) + " after batch " +
+                                               std::to_string(st.batches_trained) + "; resume from " + st.storage.string());
+      if (handle_boundaries(st, reached, callbacks)) return;
+    }
+  }
+
+  /// Trains batch after batch until one reaches a boundary (or, in one process, a stop signal arrives).
+  template <class Set, class It, class End>
+  Reached train_until_boundary(RunState& st, It& it, const End& end, Workload& workload, Set& callbacks) {
+    for (const auto& m : context_.models()) m->train();
+    for (auto& r : context_.reducers())
+      if (r.for_training) r.reset(r.object);
+    workload.means.reset();
+    workload.batch_metrics.clear();
+    workload.records = 0;
+    st.reporter.begin("train", st.batches_trained,
+                      st.length.unit() == Unit::epochs ? st.length.value() * st.epoch_len : st.length.value(), "batches");
+    for (;;) {
+      const std::int64_t batch_idx = st.batches_trained, epoch_idx = batch_idx / st.epoch_len;
+      const bool epoch_start = batch_idx % st.epoch_len == 0, epoch_end = batch_idx % st.epoch_len == st.epoch_len - 1;
+      context_.position().current_batch = batch_idx;
+      if (epoch_start) callbacks.template call<hook::on_training_epoch_start>(epoch_idx);
+      if (it == end) throw DataError("the training data loader's repeating stream ended at batch " + std::to_string(batch_idx));
+      train_batch(st, *it, workload, batch_idx, epoch_idx, callbacks);
+      ++it;
+      ++st.batches_trained;
+      if (epoch_end) {
+        callbacks.template call<hook::on_training_epoch_end>(epoch_idx);
+        ++st.epochs_trained;
+      }
+      st.reporter.update(st.batches_trained);
+      const Reached reached = boundaries_after(st, batch_idx, epoch_idx, epoch_end);
+      if (reached.length || reached.validation || reached.checkpoint || reached.report) return reached;
+      // One process stops at any batch; a job only at boundaries, where its ranks agree.
+      if (!context_.communicator() && detail::StopSignals::received() != 0) return reached;
+    }
+  }
+
+  /// One batch: to the device, train_batch, and for a declarative trial backward and step.
+  template <class Set, class Loaded>
+  void train_batch(RunState&, Loaded&& loaded, Workload& workload, std::int64_t batch_idx, std::int64_t epoch_idx, Set&) {
+    training_batch_t<TrialT> batch = std::move(loaded);
+    to_device_in_place(batch, context_.device(), context_.device().is_cuda());
+    workload.records += record_count(batch);
+    Metrics metrics = as_metrics(detail::call_train_batch(*trial_, batch, model_or_missing(), epoch_idx, batch_idx));
+    if constexpr (declarative) {
+      const MetricValue& loss = metrics.at("loss");
+      if (!loss.is_tensor()) throw TrialError("train_batch must return the loss as a tensor (the trainer back-propagates it), not a number");
+      context_.backward(loss.tensor());
+      context_.step_optimizer(detail::deref(*optimizer_));
+    }
+    if (context_.is_update_batch()) context_.step_lr_schedulers(batch_idx);
+    workload.means.add(metrics, batch_idx);
+    if constexpr (Set::wants_batch_metrics) workload.batch_metrics.push_back(detached(metrics));
+  }
+
+  /// Determined's boundary rule: batch periods on batches completed; epoch periods on the last batch
+  /// of an epoch, on epochs completed.
+  Reached boundaries_after(const RunState& st, std::int64_t batch_idx, std::int64_t epoch_idx, bool epoch_end) const {
+    auto hit = [&](const TrainUnit& u) { return u.unit() == Unit::epochs ? epoch_end && u.reached(epoch_idx + 1) : u.reached(batch_idx + 1); };
+    const FitOptions& o = st.options;
+    return Reached{.length = o.test_mode || hit(st.length),
+                   .validation = hit(o.validation_period),
+                   .checkpoint = hit(o.checkpoint_period),
+                   .report = hit(o.reporting_period)};
+  }
+
+  /// Validates and checkpoints as reached, in Determined's order (length, validation, checkpoint,
+  /// report), honouring a stop request after each. Returns true when training stops.
+  template <class Set>
+  bool handle_boundaries(RunState& st, const Reached& reached, Set& callbacks) {
+    enum class Kind { length, validation, checkpoint, report };
+    const std::pair<bool, Kind> in_order[] = {
+        {reached.length, Kind::length}, {reached.validation, Kind::validation}, {reached.checkpoint, Kind::checkpoint}, {reached.report, Kind::report}};
+    for (const auto& [hit, kind] : in_order) {
+      if (!hit) continue;
+      if (kind == Kind::validation && st.last_validation != st.batches_trained) validate(st, callbacks);
+      if (kind == Kind::checkpoint) checkpoint_unless_current(st, callbacks);
+      if (agreed_max(context_.get_stop_requested() ? 1 : 0) != 0) {
+        stop(st, callbacks, 0, "dettrial: stop requested; stopped after batch " + std::to_string(st.batches_trained));
+        return true;
+      }
+    }
+    return false;
+  }
+
+  /// The one way training stops early: checkpoint (unless current), record why, say so.
+  template <class Set>
+  void stop(RunState& st, Set& callbacks, int signal, const std::string& message) {
+    checkpoint_unless_current(st, callbacks);
+    st.result.signal = signal;
+    st.result.stop_requested = true;
+    st.result.stopped_early = remaining(st) > 0;
+    st.reporter.line(message);
+  }
+
+  template <class Set>
+  void checkpoint_unless_current(RunState& st, Set& callbacks) {
+    if (st.last_checkpoint != st.batches_trained) checkpoint(st, callbacks);
+  }
+
+  // ---- reports and validation -----------------------------------------------------------------
+
+  template <class Set>
+  void report_training(RunState& st, const Workload& workload, Set& callbacks) {
+    const double seconds = st.reporter.elapsed();
+    detail::RankShare mine{.batches = workload.means.batches(), .records = workload.records};
+    for (const auto& [name, value] : workload.means.means()) mine.totals.push_back({name, Reducer::avg, value});
+    for (auto& r : context_.reducers())
+      if (r.for_training) mine.reducer_parts.push_back(r.per_slot(r.object));
+    const auto shares = detail::gather_shares(std::move(mine), context_.communicator());
+    MetricValues avg;
+    avg.set("batches", static_cast<double>(st.batches_trained));
+    avg.set("epochs", static_cast<double>(st.epochs_trained));
+    for (const auto& [name, value] : detail::combine_training(shares)) avg.set(name, value);
+    reduce_user_reducers(&detail::WrappedReducer::for_training, shares, avg);
+    // The whole job's records (every rank's), over the chief's clock.
+    const double rate = seconds > 0 ? static_cast<double>(detail::total_records(shares)) / seconds : 0.0;
+    st.reporter.training(st.batches_trained, st.epochs_trained, avg, rate);
+    callbacks.template call<hook::on_training_workload_end>(avg, std::span<const Metrics>(workload.batch_metrics));
+    st.result.last_training_metrics = std::move(avg);
+  }
+
+  /// Merges the user reducers taking part (`role`: for_training or for_validation) into `out`, each
+  /// reducing the parts of every rank.
+  void reduce_user_reducers(bool detail::WrappedReducer::*role, const std::vector<detail::RankShare>& shares, MetricValues& out) {
+    // Every rank sees every share, so a mismatch stops all ranks here together.
+    for (const auto& s : shares)
+      if (s.reducer_parts.size() != shares.front().reducer_parts.size())
+        throw DistributedError("the ranks wrapped different numbers of reducers; every rank must build the same trial");
+    std::size_t index = 0;
+    for (auto& r : context_.reducers())
+      if (r.*role) r.cross_slot_into(r.object, r.name, detail::reducer_parts(shares, index++), out);
+  }
+
+  template <class Set>
+  void validate(RunState& st, Set& callbacks) {
+    torch::NoGradGuard no_grad;
+    for (const auto& m : context_.models()) m->eval();
+    for (auto& r : context_.reducers())
+      if (r.for_validation) r.reset(r.object);
+    callbacks.template call<hook::on_validation_start>();
+    st.reporter.begin("validate", 0, epoch_length(*validation_loader_, validation_chain()), "batches");
+    detail::RankShare mine = evaluate(st, callbacks);
+    for (auto& r : context_.reducers())
+      if (r.for_validation) mine.reducer_parts.push_back(r.per_slot(r.object));
+    const auto shares = detail::gather_shares(std::move(mine), context_.communicator());
+    // Decided from the gathered shares, so every rank throws (or goes on) together.
+    if (detail::total_batches(shares) == 0) throw DataError("the validation data loader yielded no batches");
+    MetricValues metrics = detail::combine_validation(shares);
+    reduce_user_reducers(&detail::WrappedReducer::for_validation, shares, metrics);
+    callbacks.template call<hook::on_validation_end>(metrics);
+    st.last_validation = st.batches_trained;
+    ++st.result.validations;
+    MetricValues reported;
+    reported.set("batches", static_cast<double>(st.batches_trained));
+    reported.set("epochs", static_cast<double>(st.epochs_trained));
+    for (const auto& [name, value] : metrics) reported.set(name, value);
+    st.reporter.validation(st.batches_trained, st.epochs_trained, reported, detail::total_records(shares), st.reporter.elapsed());
+    st.result.last_validation_metrics = reported;
+    apply_checkpoint_policy(st, reported, callbacks);
+  }
+
+  /// This rank's share of a validation: its metric totals over its shard (evaluate_batch) or, with
+  /// evaluate_full_dataset, the chief's metrics over the whole set (taken as they are).
+  template <class Set>
+  detail::RankShare evaluate(RunState& st, Set& callbacks) {
+    detail::RankShare mine;
+    if constexpr (DeclaresEvaluateBatch<TrialT>) {
+      callbacks.template call<hook::on_validation_epoch_start>();
+      detail::ValidationReduction reduction(evaluation_reducer());
+      std::vector<Metrics> outputs;
+      std::int64_t batch_idx = 0;
+      for (auto&& loaded : validation_loader_->batches(validation_chain())) {
+        validation_batch_t<TrialT> batch = std::move(loaded);
+        to_device_in_place(batch, context_.device(), context_.device().is_cuda());
+        mine.records += record_count(batch);
+        Metrics m = detail::call_evaluate_batch(*trial_, batch, model_or_missing(), batch_idx);
+        reduction.add(m, batch_idx);
+        if constexpr (Set::wants_validation_outputs) outputs.push_back(std::move(m));
+        st.reporter.update(++batch_idx);
+        if (st.options.test_mode) break;
+      }
+      callbacks.template call<hook::on_validation_epoch_end>(std::span<const Metrics>(outputs));
+      mine.totals = reduction.totals();
+      mine.batches = reduction.batches();
+    } else if (context_.distributed().is_chief()) {  // the whole dataset on the chief only (Determined's rule)
+      const Metrics m = detail::call_evaluate_full_dataset(*trial_, *validation_loader_, model_or_missing());
+      for (const auto& e : m) mine.totals.push_back({std::string(e.key.view()), Reducer::sum, e.value.to_double()});
+      mine.batches = 1;
+    }
+    return mine;
+  }
+
+  /// After a validation: tracks the best searcher metric and checkpoints as the policy says.
+  template <class Set>
+  void apply_checkpoint_policy(RunState& st, const MetricValues& metrics, Set& callbacks) {
+    bool improved = true;  // without a searcher metric every validation counts as the best so far
+    if (!st.options.searcher_metric.empty()) {
+      const auto value = metrics.get(st.options.searcher_metric);
+      if (!value) throw missing_searcher_metric(st.options.searcher_metric, metrics);
+      improved = MetricOrder{st.options.smaller_is_better}.improves(*value, st.best_metric);
+      // Every rank holds the same gathered metrics; the chief's decision is still the one acted on,
+      // because a checkpoint is a collective that all ranks enter or none.
+      if (Communicator* comm = context_.communicator()) improved = comm->broadcast_values({improved ? 1 : 0})[0] != 0;
+      if (improved) st.best_metric = *value;
+    } else if (st.options.checkpoint_policy == CheckpointPolicy::best && !st.warned_best_without_metric) {
+      st.reporter.line("dettrial: checkpoint_policy 'best' has no searcher metric to compare; checkpointing after every validation");
+      st.warned_best_without_metric = true;
+    }
+    if (st.checkpoint_after_validation(improved)) checkpoint_unless_current(st, callbacks);
+  }
+
+  /// A configuration error (exit status 78): every trial of a search would fail the same way.
+  static ConfigError missing_searcher_metric(const std::string& metric, const MetricValues& metrics) {
+    std::vector<std::string> names;
+    for (const auto& [name, ignored] : metrics) names.push_back(name);
+    std::string reported;
+    for (const auto& name : names) reported += (reported.empty() ? "" : ", ") + name;
+    std::string hint = detail::suggestion(metric, names);
+    if (hint.empty()) {  // val_loss for validation_loss: the one name with the same last word
+      auto last_word = [](const std::string& n) { return n.substr(n.rfind('_') == std::string::npos ? 0 : n.rfind('_') + 1); };
+      std::vector<std::string> same;
+      std::ranges::copy_if(names, std::back_inserter(same), [&](const std::string& n) { return last_word(n) == last_word(metric); });
+      if (same.size() == 1) hint = "; did you mean '" + same.front() + "'?";
+    }
+    return ConfigError("searcher.metric '" + metric + "' is not a metric validation reports (it reported " + reported + ")" + hint);
+  }
+
+  TrialProgress progress_of(const RunState& st) const {
+    return TrialProgress{.trial_id = st.options.trial_id,
+                         .batches_trained = st.batches_trained,
+                         .epochs_trained = st.epochs_trained,
+                         .last_validation = st.last_validation,
+                         .last_checkpoint = st.last_checkpoint,
+                         .best_validation = st.best_metric,
+                         .training_data_seed = data_seed(*train_loader_),
+                         .validation_data_seed = data_seed(*validation_loader_)};
+  }
+  template <class L>
+  static std::optional<std::uint64_t> data_seed(const L& loader) {
+    if constexpr (requires { { loader.seed() } -> std::convertible_to<std::uint64_t>; }) return loader.seed();
+    else return std::nullopt;
+  }
+  template <class L>
+  static void restore_data_seed(L& loader, const std::optional<std::uint64_t>& seed) {
+    if constexpr (requires { loader.set_seed(std::uint64_t{}); })
+      if (seed) loader.set_seed(*seed);
+  }
+
+  // ---- checkpoints: when, and the callbacks' part (checkpoint/ writes and reads the files) ----
+
+  /// A callback's name in checkpoints: its `name()` if it has one, else its position.
+  template <class C>
+  static std::string callback_name(const C& cb, std::size_t index) {
+    if constexpr (requires { std::string(cb.name()); }) return std::string(cb.name());
+    else return "callback_" + std::to_string(index);
+  }
+
+  /// Writes a checkpoint (Determined's layout, crash-safe) on the chief, runs the checkpoint hooks,
+  /// and applies retention sparing the new one.
+  template <class Set>
+  void checkpoint(RunState& st, Set& callbacks) {
+    st.last_checkpoint = st.batches_trained;
+    const detail::RankRngStates rng = detail::gather_rng_states(context_);  // every rank's, to the chief
+    if (!context_.distributed().is_chief()) {
+      // The chief writes; the others learn the checkpoint's uuid once it is written (Determined's broadcast).
+      callbacks.template call<hook::on_checkpoint_upload_end>(detail::share_uuid(context_.communicator(), {}));
+      return;
+    }
+    const auto started = std::chrono::steady_clock::now();
+    StateDict top = detail::trial_state_dict(context_, rng, callback_states(callbacks));
+    callbacks.template call<hook::on_checkpoint_save_start>(top);
+    const bool validated_here = st.last_validation == st.batches_trained && !st.options.searcher_metric.empty();
+    const CheckpointInfo info = detail::write_trial_checkpoint(
+        context_, st.storage, top,
+        {.progress = progress_of(st),
+         .sequence = ++st.sequence,
+         .mid_aggregation = st.batches_trained % context_.aggregation_frequency() != 0,
+         .searcher_metric = st.options.searcher_metric,
+         .validation_metric = validated_here ? st.result.last_validation_metrics.get(st.options.searcher_metric) : std::nullopt,
+         .trial_type = c10::demangle(typeid(TrialT).name())});
+    st.result.checkpoints.push_back(info);
+    detail::share_uuid(context_.communicator(), info.uuid);
+    callbacks.template call<hook::on_checkpoint_write_end>(info.path);
+    callbacks.template call<hook::on_checkpoint_upload_end>(info.uuid);
+    st.reporter.checkpoint(st.batches_trained, info.path, std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
+    apply_retention(st, info.uuid);
+  }
+
+  template <class Set>
+  static StateDict callback_states(Set& callbacks) {
+    StateDict states(c10::StringType::get(), c10::AnyType::get());
+    std::size_t index = 0;
+    callbacks.each([&](auto& cb) {
+      if constexpr (hook::state_dict::callable<std::remove_reference_t<decltype(cb)>>)
+        states.insert(callback_name(cb, index), hook::state_dict::call(cb));
+      ++index;
+    });
+    return states;
+  }
+
+  /// The largest of `value` over the ranks (the value itself for one process): what every rank acts on.
+  int agreed_max(int value) {
+    Communicator* comm = context_.communicator();
+    if (!comm) return value;
+    return static_cast<int>(comm->allreduce_values({static_cast<double>(value)}, c10d::ReduceOp::MAX)[0]);
+  }
+
+  /**
+   * @brief Makes the ranks of a job agree before training: the epoch length is the chief's sharded
+   * length (Determined's rule; a rank whose shard is a batch shorter reads on into the next epoch of
+   * the endless stream), the data loaders shuffle with the chief's seeds, each rank's own RNG
+   * stream (dropout) is derived from the agreed trial seed and its rank, and the fit options that
+   * place boundaries must be the same on every rank.
+   */
+  void agree_across_ranks(RunState& st, std::int64_t first_batch) {
+    Communicator* comm = context_.communicator();
+    if (!comm) return;
+    const FitOptions& o = st.options;
+    const auto train_seed = data_seed(*train_loader_), validation_seed = data_seed(*validation_loader_);
+    // What places every boundary, by name: each rank compares its own with the chief's.
+    const std::pair<const char*, std::string> placed[] = {
+        {"max_length", st.length.to_string()},
+        {"the validation period", o.validation_period.to_string()},
+        {"the checkpoint period", o.checkpoint_period.to_string()},
+        {"the reporting period", o.reporting_period.to_string()},
+        {"test mode", o.test_mode ? "on" : "off"},
+        {"step-zero validation", o.step_zero_validation ? "on" : "off"},
+        {"the checkpoint policy", std::to_string(static_cast<int>(o.checkpoint_policy))},
+        {"the searcher metric", o.searcher_metric + (o.smaller_is_better ? " (smaller is better)" : " (larger is better)")},
+        {"the batch resumed from", std::to_string(first_batch)},
+        {"aggregation_frequency", std::to_string(context_.aggregation_frequency())},
+        {"the global batch size", context_.has_global_batch_size() ? std::to_string(context_.get_global_batch_size()) : "-"}};
+    std::vector<std::int64_t> mine{st.epoch_len, static_cast<std::int64_t>(train_seed.value_or(0)), train_seed ? 1 : 0,
+                                   static_cast<std::int64_t>(validation_seed.value_or(0)), validation_seed ? 1 : 0};
+    for (const auto& [name, value] : placed) mine.push_back(static_cast<std::int64_t>(std::hash<std::string>{}(value)));
+    const std::vector<std::int64_t> chief = comm->broadcast_values(mine);
+    st.epoch_len = chief[0];
+    if (chief[2]) restore_data_seed(*train_loader_, static_cast<std::uint64_t>(chief[1]));
+    if (chief[4]) restore_data_seed(*validation_loader_, static_cast<std::uint64_t>(chief[3]));
+    int differs = -1;
+    for (std::size_t i = 0; i < std::size(placed) && differs < 0; ++i)
+      if (mine[5 + i] != chief[5 + i]) differs = static_cast<int>(i);
+    // Every rank learns that one differs, so all stop here rather than cross collectives later.
+    const int any = agreed_max(differs);
+    if (any >= 0)
+      throw ConfigError("the ranks of this job disagree on " + std::string(placed[differs >= 0 ? differs : any].first) +
+                        (differs >= 0 ? " (rank " + std::to_string(comm->rank()) + " has " + placed[differs].second + ")" : std::string()) +
+                        "; every rank must be given the same config and fit options");
+    context_.seed_rank_stream();
+  }
+
+  /// Copies rank 0's parameters and buffers to every rank.
+  void broadcast_models(Communicator& comm) {
+    torch::NoGradGuard no_grad;
+    std::vector<torch::Tensor> one(1);
+    for (const auto& m : context_.models()) {
+      for (auto& p : m->parameters()) {
+        one[0] = p.detach();
+        comm.broadcast(one);
+      }
+      for (auto& b : m->buffers()) {
+        one[0] = b;
+        comm.broadcast(one);
+      }
+    }
+  }
+
+  /// Deletes the checkpoints retention lets go; `keep_uuid` (the newest, mid-trial) is spared.
+  void apply_retention(RunState& st, std::string_view keep_uuid) {
+    for (const CheckpointInfo& doomed :
+         checkpoints_to_delete(list_checkpoints(st.storage), st.options.retention, st.options.smaller_is_better, keep_uuid))
+      delete_checkpoint(doomed);
+  }
+
+  /**
+   * @brief Restores a checkpoint: models (names and shapes checked), optimizers, schedulers, pending
+   * gradients, RNGs, callbacks, and where the trial stands (`progress`).
+   */
+  template <class Set>
+  void restore(RunState& st, const std::filesystem::path& dir, const TrialProgress& progress, Set& callbacks) {
+    const StateDict top = detail::read_state_dict_file(dir);
+    callbacks.template call<hook::on_checkpoint_load_start>(top);
+    detail::restore_context(context_, dir, top);
+    const StateDict states = detail::callback_states_of(top);
+    std::size_t index = 0;
+    callbacks.each([&](auto& cb) {
+      if constexpr (hook::load_state_dict::callable<std::remove_reference_t<decltype(cb)>>) {
+        const std::string name = callback_name(cb, index);
+        if (const auto found = states.find(name); found != states.end()) cb.load_state_dict(found->value());
+        else st.reporter.line("dettrial: warning: the checkpoint has no state for callback '" + name + "'");
+      }
+      ++index;
+    });
+    restore_data_seed(*train_loader_, progress.training_data_seed);
+    restore_data_seed(*validation_loader_, progress.validation_data_seed);
+    st.batches_trained = progress.batches_trained;
+    st.epochs_trained = progress.epochs_trained;
+    st.last_validation = progress.last_validation;
+    st.last_checkpoint = progress.last_checkpoint;
+    st.best_metric = progress.best_validation;
+  }
+
+  /// A copy whose tensors are detached from the graph and on the CPU (kept for callbacks).
+  static Metrics detached(const Metrics& m) {
+    Metrics out;
+    for (const auto& e : m)
+      out.set(e.key, e.value.is_tensor() ? MetricValue(e.value.tensor().detach().cpu()) : e.value);
+    return out;
+  }
+
+  /// The training loader's chain: endless, this rank's shard, skipping what was trained.
+  LoaderChain training_chain() const {
+    return LoaderChain{.repeat = true,
+                       .skip = context_.get_initial_batch(),
+                       .num_replicas = context_.distributed().size,
+                       .rank = context_.distributed().rank};
+  }
+  /// The validation loader's chain: one pass over this rank's shard.
+  LoaderChain validation_chain() const {
+    return LoaderChain{.repeat = false, .skip = 0, .num_replicas = context_.distributed().size, .rank = context_.distributed().rank};
+  }
+  /// Batches per epoch on this rank: the loader's sharded length when it knows one.
+  template <class L>
+  static std::int64_t epoch_length(const L& loader, const LoaderChain& chain) {
+    if constexpr (requires { { loader.batches_for(chain) } -> std::convertible_to<std::int64_t>; }) {
+      return static_cast<std::int64_t>(loader.batches_for(chain));
+    } else {  // Determined's DistributedBatchSampler length: len // n + (len % n > rank)
+      const auto len = static_cast<std::int64_t>(loader.size());
+      return len / chain.num_replicas + (len % chain.num_replicas > chain.rank ? 1 : 0);
+    }
+  }
+
+  ReducerChoice evaluation_reducer() {
+    if constexpr (requires(TrialT& t) { ReducerChoice(t.evaluation_reducer()); }) return ReducerChoice(trial_->evaluation_reducer());
+    else return Reducer::avg;
+  }
+
+  template <class B>
+  std::int64_t record_count(const B& batch) {
+    if constexpr (requires(TrialT& t) { { t.get_batch_length(batch) } -> std::convertible_to<std::int64_t>; })
+      return trial_->get_batch_length(batch);
+    else return batch_length(batch);
+  }
+
+  auto& model_or_missing() {
+    if constexpr (declarative) return *model_;
+    else return missing_model_;
+  }
+
+  Context& context_;
+  std::unique_ptr<TrialT> trial_;
+  std::optional<Model> model_;
+  std::optional<OptimizerHolder> optimizer_;
+  std::unique_ptr<SchedulerResult> scheduler_;
+  std::unique_ptr<TrialCallbacks> callbacks_;
+  std::optional<TrainLoader> train_loader_;
+  std::optional<ValidationLoader> validation_loader_;
+  detail::missing missing_model_;
+};
+
+}  // namespace dettrial
+// ---- end dettrial/trainer/trainer.hpp
 // ---- begin dettrial/search/hyperparameter_space.hpp
 // SPDX-License-Identifier: Apache-2.0
 /// @file
@@ -5558,6 +7507,26 @@ class HyperparameterSpace {
 
 }  // namespace dettrial
 // ---- end dettrial/search/hyperparameter_space.hpp
+// ---- begin dettrial/search/searchers.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief Determined's searchers: single, random, grid and adaptive_asha (stopping-based ASHA), each
+/// a type with the same three decisions (which trials to start, whether a validation stops a trial,
+/// which trials replace one that ended), chosen from the experiment config at the start.
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <map>
+#include <optional>
+#include <random>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include <yaml-cpp/yaml.h>
+
 
 namespace dettrial {
 
@@ -5833,2504 +7802,4 @@ inline Searcher make_searcher(const SearcherConfig& config, const Hyperparameter
 
 }  // namespace dettrial
 // ---- end dettrial/search/searchers.hpp
-
-namespace dettrial {
-
-/// How a trial of an experiment ended (or where it stands).
-enum class TrialState { queued, running, completed, stopped_by_searcher, errored, interrupted };
-
-inline const char* to_string(TrialState s) {
-  switch (s) {
-    case TrialState::queued: return "QUEUED";
-    case TrialState::running: return "RUNNING";
-    case TrialState::completed: return "COMPLETED";
-    case TrialState::stopped_by_searcher: return "STOPPED_EARLY";
-    case TrialState::errored: return "ERRORED";
-    case TrialState::interrupted: return "INTERRUPTED";
-  }
-  return "?";
-}
-
-/// One line of the experiment summary.
-struct TrialSummary {
-  std::int64_t id = 0;
-  YAML::Node hparams;
-  TrialState state = TrialState::queued;
-  std::int64_t restarts = 0;
-  std::int64_t batches_trained = 0;
-  std::optional<double> best_metric;
-  std::optional<double> last_metric;
-  std::string best_checkpoint;
-};
-
-struct ExperimentOptions {
-  /// The experiment's folder: trials/<id>/ (config, log, metrics.jsonl, checkpoints), events.jsonl, summary.json.
-  std::filesystem::path output_dir;
-  /// The program that trains one trial, with dettrial::main's command line (normally this one).
-  std::filesystem::path program = "/proc/self/exe";
-  bool quiet = false;
-};
-
-namespace detail {
-inline std::string one_line(const YAML::Node& node) {
-  YAML::Emitter out;
-  out << YAML::Flow << node;
-  return out.c_str();
-}
-}  // namespace detail
-
-/**
- * @brief An experiment: a searcher, its trials as child processes, and the record that lets it
- * resume. `run()` returns 0 when every trial completed or was stopped by the searcher, 1 when some
- * trial still failed after its restarts, 75 (exit_status_interrupted) when a signal interrupted it,
- * and 78 (exit_status_config_error) when a trial's configuration was wrong: that error would repeat
- * in every trial, so the search stops at the first one (other trials checkpoint and stop), prints
- * it, and continues when the same command runs again after the fix.
- */
-class Experiment {
- public:
-  Experiment(ExperimentConfig config, ExperimentOptions options)
-      : config_(std::move(config)), options_(std::move(options)),
-        searcher_(make_searcher(searcher_config(config_), HyperparameterSpace(config_.hyperparameters, config_.source),
-                                config_.experiment_seed.value_or(0))) {
-    if (config_.searcher.metric.empty())
-      throw ConfigError(config_.source + ": searcher '" + config_.searcher.name + "' needs searcher.metric");
-  }
-
-  static SearcherConfig searcher_config(const ExperimentConfig& c) {
-    SearcherConfig s;
-    s.name = c.searcher.name;
-    s.metric = c.searcher.metric;
-    s.smaller_is_better = c.searcher.smaller_is_better;
-    s.max_trials = c.searcher.max_trials;
-    s.max_concurrent_trials = c.searcher.max_concurrent_trials;
-    s.time_metric = c.searcher.time_metric;
-    s.max_time = c.searcher.max_time;
-    s.divisor = c.searcher.divisor;
-    s.max_rungs = c.searcher.max_rungs;
-    s.mode = c.searcher.mode;
-    s.bracket_rungs = c.searcher.bracket_rungs;
-    if (c.searcher.max_length) s.max_length = c.searcher.max_length->value();
-    if (s.name != "adaptive_asha" && !c.searcher.max_length)
-      throw ConfigError(c.source + ": searcher '" + s.name + "' needs searcher.max_length, e.g. {batches: 1000}");
-    return s;
-  }
-
-  int run() {
-    namespace fs = std::filesystem;
-    fs::create_directories(options_.output_dir / "trials");
-    detail::supervisor_signal.store(0);
-    detail::supervisor_signal_count.store(0);
-    const detail::SignalHandlers handlers(&detail::dettrial_on_supervisor_signal);
-
-    replay_or_start();
-    while (true) {
-      if (detail::supervisor_signal_count.load() != 0 || config_error_) {
-        stop_running_trials();
-        write_summary();
-        if (config_error_) {
-          std::fprintf(stderr, "dettrial: the search stopped: trial %lld's configuration is wrong, and every trial would fail the same way:\n%s\n"
-                               "dettrial: fix it and run the same command again to continue the experiment\n",
-                       static_cast<long long>(config_error_->first), config_error_->second.c_str());
-          return detail::exit_status_config_value;
-        }
-        say("dettrial: experiment interrupted; run the same command again to continue it");
-        return detail::exit_status_interrupted_value;
-      }
-      launch_queued();
-      if (running_.empty() && queue_.empty()) break;
-      poll_metrics();
-      reap(false);
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    }
-    apply_experiment_retention();
-    write_summary();
-    const auto failed = std::ranges::count_if(trials_, [](const auto& kv) { return kv.second.state == TrialState::errored; });
-    if (failed == 0) return 0;
-    std::fprintf(stderr, "dettrial: %lld of %zu trials failed (ERRORED in the summary above); each trial's log.txt says why\n",
-                 static_cast<long long>(failed), trials_.size());
-    return 1;
-  }
-
-  const std::map<std::int64_t, TrialSummary>& trials() const { return trials_; }
-
- private:
-  struct Running {
-    pid_t pid = -1;
-    bool stop_sent = false;
-    /// How far metrics.jsonl has been read, in the file with this inode (a resumed trial rewrites
-    /// the file without the records past its checkpoint: then it is read again from the start).
-    std::uintmax_t metrics_offset = 0;
-    ino_t metrics_inode = 0;
-  };
-
-  /// SIGTERM to every running trial (each checkpoints and exits), once per signal this process got
-  /// (a second Ctrl-C makes them abort), and waits for them.
-  void stop_running_trials() {
-    int forwarded = 0;
-    while (!running_.empty()) {
-      const int signals = std::max(1, detail::supervisor_signal_count.load());
-      if (signals > forwarded) {
-        for (auto& [id, t] : running_) ::kill(t.pid, SIGTERM);
-        forwarded = signals;
-      }
-      reap(/*interrupting=*/true);  // waits; a signal interrupts the wait
-    }
-  }
-
-  std::filesystem::path trial_dir(std::int64_t id) const { return options_.output_dir / "trials" / std::to_string(id); }
-
-  void say(const std::string& line) const {
-    if (!options_.quiet) std::printf("%s\n", line.c_str());
-    std::fflush(stdout);
-  }
-
-  // ---- the event log: what the searcher was told, in order, so a second run replays it ----------
-
-  void log_event(const std::string& json) {
-    std::ofstream(options_.output_dir / "events.jsonl", std::ios::app) << json << "\n";
-  }
-
-  void replay_or_start() {
-    const auto events_path = options_.output_dir / "events.jsonl";
-    std::vector<TrialRequest> first = std::visit([](auto& s) { return s.initial(); }, searcher_);
-    for (auto& r : first) add_trial(std::move(r));
-    if (!std::filesystem::exists(events_path)) return;
-    // Replay: the searcher is deterministic given its seed and the same events in the same order.
-    std::ifstream in(events_path);
-    std::int64_t replayed = 0;
-    for (std::string line; std::getline(in, line);) {
-      if (line.empty()) continue;
-      YAML::Node e;
-      try {
-        e = YAML::Load(line);
-      } catch (const YAML::Exception&) {
-        break;  // a torn last line from a crash: what came before stands
-      }
-      const auto id = e["trial"].as<std::int64_t>();
-      const std::string kind = e["event"].as<std::string>();
-      if (kind == "validation") {
-        std::visit([&](auto& s) { s.on_validation(id, e["metric"].as<double>(), e["time"].as<double>()); }, searcher_);
-        TrialSummary& t = trials_.at(id);
-        record_metric(t, e["metric"].as<double>());
-        if (e["batches"]) validated_batches_[id] = std::max(validated_batches_[id], e["batches"].as<std::int64_t>());
-      } else if (kind == "end") {
-        TrialSummary& t = trials_.at(id);
-        t.state = state_from(e["state"].as<std::string>());
-        t.restarts = e["restarts"].as<std::int64_t>();
-        queue_.erase(std::remove(queue_.begin(), queue_.end(), id), queue_.end());
-        for (auto& r : std::visit([&](auto& s) { return s.on_trial_end(id); }, searcher_)) add_trial(std::move(r));
-      } else if (kind == "restart") {
-        trials_.at(id).restarts = e["restarts"].as<std::int64_t>();
-      }
-      ++replayed;
-    }
-    if (replayed > 0) say("dettrial: continuing the experiment in " + options_.output_dir.string() + " (" + std::to_string(replayed) + " events)");
-  }
-
-  static TrialState state_from(const std::string& s) {
-    for (auto st : {TrialState::completed, TrialState::stopped_by_searcher, TrialState::errored})
-      if (s == to_string(st)) return st;
-    return TrialState::errored;
-  }
-
-  void add_trial(TrialRequest r) {
-    TrialSummary t;
-    t.id = r.id;
-    t.hparams = r.hparams;
-    const std::int64_t id = r.id;
-    trials_[id] = t;
-    requests_[id] = std::move(r);
-    queue_.push_back(id);
-  }
-
-  void record_metric(TrialSummary& t, double metric) {
-    t.last_metric = metric;
-    const bool better = !t.best_metric || (config_.searcher.smaller_is_better ? metric < *t.best_metric : metric > *t.best_metric);
-    if (better) t.best_metric = metric;
-  }
-
-  // ---- trials as processes ---------------------------------------------------------------------
-
-  /// The trial's own experiment config: its hyperparameters as values, one trial, its length, seed and storage.
-  void write_trial_config(const TrialRequest& r) const {
-    YAML::Node doc = YAML::Clone(config_.yaml);
-    doc["hyperparameters"] = YAML::Clone(r.hparams);
-    YAML::Node searcher(YAML::NodeType::Map);
-    searcher["name"] = "single";
-    searcher["metric"] = config_.searcher.metric;
-    searcher["smaller_is_better"] = config_.searcher.smaller_is_better;
-    const std::string unit = config_.searcher.name == "adaptive_asha" ? config_.searcher.time_metric
-                             : config_.searcher.max_length ? std::string(to_string(config_.searcher.max_length->unit()))
-                                                           : std::string("batches");
-    searcher["max_length"][unit] = r.max_length;
-    doc["searcher"] = searcher;
-    doc["reproducibility"]["experiment_seed"] = r.seed;
-    doc.remove("checkpoint_storage");
-    YAML::Node storage(YAML::NodeType::Map);
-    storage["type"] = "shared_fs";
-    storage["host_path"] = (trial_dir(r.id) / "checkpoints").string();
-    // The experiment's best are chosen among the trials' best, so each trial keeps its best until then.
-    storage["save_trial_best"] = std::max<std::int64_t>(config_.checkpoint_storage.save_trial_best,
-                                                        config_.checkpoint_storage.save_experiment_best > 0 ? 1 : 0);
-    storage["save_trial_latest"] = std::max<std::int64_t>(config_.checkpoint_storage.save_trial_latest, 1);  // restarts need one
-    doc["checkpoint_storage"] = storage;
-    std::ofstream(trial_dir(r.id) / "config.yaml") << doc << "\n";
-  }
-
-  void launch_queued() {
-    while (!queue_.empty()) {
-      const std::int64_t id = queue_.front();
-      queue_.erase(queue_.begin());
-      launch(id);
-    }
-  }
-
-  void launch(std::int64_t id) {
-    namespace fs = std::filesystem;
-    const TrialRequest& r = requests_.at(id);
-    fs::create_directories(trial_dir(id));
-    write_trial_config(r);
-    std::vector<std::string> args = {options_.program.string(), "--config", (trial_dir(id) / "config.yaml").string(),
-                                     "--output", trial_dir(id).string(), "--quiet"};
-    if (!list_checkpoints(trial_dir(id) / "checkpoints").empty()) {
-      args.emplace_back("--resume");
-      args.push_back((trial_dir(id) / "checkpoints").string());
-    }
-    Running run;
-    // In a process group of its own: a Ctrl-C reaches the trial once, as this runner's SIGTERM.
-    run.pid = detail::spawn_process(options_.program.string(), std::move(args),
-                                    {.extra_env = {std::string(detail::supervisor_pid_variable) + "=" + std::to_string(::getpid())},
-                                     .output = (trial_dir(id) / "log.txt").string(),
-                                     .append = true,
-                                     .own_process_group = true});
-    running_[id] = run;
-    trials_.at(id).state = TrialState::running;
-    say("[experiment] trial " + std::to_string(id) + " started: " + detail::one_line(r.hparams));
-  }
-
-  /// Reads the trials' new validation records and lets the searcher decide on each.
-  void poll_metrics() {
-    for (auto& [id, run] : running_) {
-      const auto path = trial_dir(id) / "metrics.jsonl";
-      struct stat file {};
-      if (::stat(path.c_str(), &file) != 0) continue;
-      if (file.st_ino != run.metrics_inode || static_cast<std::uintmax_t>(file.st_size) < run.metrics_offset) {
-        run.metrics_inode = file.st_ino;  // a new file: read it from the start; validations already told are skipped
-        run.metrics_offset = 0;
-      }
-      std::ifstream in(path);
-      if (!in) continue;
-      in.seekg(static_cast<std::streamoff>(run.metrics_offset));
-      std::string line;
-      while (std::getline(in, line)) {
-        if (in.eof()) break;  // a line still being written: read it next time
-        run.metrics_offset += line.size() + 1;
-        if (line.find("\"type\":\"validation\"") == std::string::npos) continue;
-        // Each validation reaches the searcher once, also when a restarted trial trains it again.
-        const auto batches = MetricsLog::batches_of(line);
-        if (!batches) continue;
-        if (const auto told = validated_batches_.find(id); told != validated_batches_.end() && *batches <= told->second) continue;
-        validated_batches_[id] = *batches;
-        const YAML::Node record = YAML::Load(line);
-        const YAML::Node metrics = record["metrics"];
-        if (!metrics[config_.searcher.metric]) continue;
-        const double metric = metrics[config_.searcher.metric].as<double>();
-        const std::string& time_metric = config_.searcher.time_metric;
-        const double time = metrics[time_metric] ? metrics[time_metric].as<double>() : record["batches"].as<double>();
-        TrialSummary& t = trials_.at(id);
-        record_metric(t, metric);
-        const SearcherDecision d = std::visit([&](auto& s) { return s.on_validation(id, metric, time); }, searcher_);
-        std::string event = "{\"event\": \"validation\", \"trial\": " + std::to_string(id) + ", \"metric\": ";
-        detail::append_json_number(event, metric);
-        event += ", \"time\": ";
-        detail::append_json_number(event, time);
-        log_event(event + ", \"batches\": " + std::to_string(*batches) + "}");
-        // A trial at its full length ends by itself; a stop is for the ones with time left.
-        if (d == SearcherDecision::stop && !run.stop_sent && time < static_cast<double>(requests_.at(id).max_length)) {
-          ::kill(run.pid, SIGTERM);  // the trial checkpoints and exits
-          run.stop_sent = true;
-          say("[experiment] trial " + std::to_string(id) + " stopped by the searcher at " + time_metric + " " + std::to_string(static_cast<std::int64_t>(time)));
-        }
-      }
-    }
-  }
-
-  void reap(bool interrupting) {
-    int status = 0;
-    const pid_t pid = ::waitpid(-1, &status, interrupting ? 0 : WNOHANG);
-    if (pid <= 0) return;
-    auto it = std::find_if(running_.begin(), running_.end(), [&](const auto& kv) { return kv.second.pid == pid; });
-    if (it == running_.end()) return;
-    const std::int64_t id = it->first;
-    const bool stop_sent = it->second.stop_sent;
-    poll_metrics();  // its last records
-    running_.erase(it);
-    TrialSummary& t = trials_.at(id);
-    refresh_from_disk(t);
-    const bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
-    // 75: stopped by a signal after a checkpoint; a SIGTERM that came after training ended kills it.
-    const bool stopped = (WIFEXITED(status) && WEXITSTATUS(status) == detail::exit_status_interrupted_value) ||
-                         (stop_sent && WIFSIGNALED(status) && WTERMSIG(status) == SIGTERM);
-    if (WIFEXITED(status) && WEXITSTATUS(status) == detail::exit_status_config_value) {
-      // Not restarted, and not ended in the event log: after the fix the next run trains it.
-      t.state = TrialState::errored;
-      if (!config_error_)
-        config_error_.emplace(id, last_error_line(id) + "\n(trial " + std::to_string(id) + "'s config " + (trial_dir(id) / "config.yaml").string() +
-                                      " is " + config_.source + " with the trial's hyperparameters " + detail::one_line(t.hparams) + ")");
-      return;
-    }
-    if (interrupting && (stopped || !ok)) {
-      t.state = TrialState::interrupted;
-      return;  // continued by the next run
-    }
-    if (ok || (stopped && stop_sent)) {
-      // A trial that reached its length before the stop arrived completed all the same.
-      t.state = ok ? TrialState::completed : TrialState::stopped_by_searcher;
-    } else if (t.restarts < config_.max_restarts) {
-      ++t.restarts;
-      log_event("{\"event\": \"restart\", \"trial\": " + std::to_string(id) + ", \"restarts\": " + std::to_string(t.restarts) + "}");
-      say("[experiment] trial " + std::to_string(id) + " failed (" + describe_failure(id, status) + "); restart " +
-          std::to_string(t.restarts) + " of " + std::to_string(config_.max_restarts) + " from its latest checkpoint");
-      queue_.push_back(id);
-      return;
-    } else {
-      t.state = TrialState::errored;
-      std::fprintf(stderr, "[experiment] trial %lld failed (%s) after %lld restarts; see %s\n", static_cast<long long>(id),
-                   describe_failure(id, status).c_str(), static_cast<long long>(t.restarts),
-                   (trial_dir(id) / "log.txt").c_str());
-    }
-    log_event("{\"event\": \"end\", \"trial\": " + std::to_string(id) + ", \"state\": \"" + to_string(t.state) + "\", \"restarts\": " +
-              std::to_string(t.restarts) + "}");
-    say("[experiment] trial " + std::to_string(id) + " " + to_string(t.state) + " after " + std::to_string(t.batches_trained) + " batches");
-    for (auto& r : std::visit([&](auto& s) { return s.on_trial_end(id); }, searcher_)) add_trial(std::move(r));
-  }
-
-  /// The last `error: ...` line of a trial's log (what its program printed before it exited), or
-  /// empty (a trial killed by a signal prints none).
-  std::string last_error_line(std::int64_t id) const {
-    std::ifstream in(trial_dir(id) / "log.txt");
-    std::string line, last;
-    while (std::getline(in, line))
-      if (line.rfind("error: ", 0) == 0) last = line;
-    return last;
-  }
-  /// describe_status and the trial's error line: "exit status 1: error: ...".
-  std::string describe_failure(std::int64_t id, int status) const {
-    const std::string error = last_error_line(id);
-    return describe_status(status) + (error.empty() ? "" : ": " + error);
-  }
-
-  static std::string describe_status(int status) {
-    if (WIFSIGNALED(status)) return "killed by signal " + std::to_string(WTERMSIG(status));
-    return "exit status " + std::to_string(WEXITSTATUS(status));
-  }
-
-  /// Batches trained and the best checkpoint, from the trial's folder.
-  void refresh_from_disk(TrialSummary& t) const {
-    const auto checkpoints = list_checkpoints(trial_dir(t.id) / "checkpoints");
-    t.best_checkpoint.clear();
-    std::optional<double> best;
-    for (const auto& c : checkpoints) {
-      t.batches_trained = std::max(t.batches_trained, c.batches_trained);
-      if (c.validation_metric &&
-          (!best || (config_.searcher.smaller_is_better ? *c.validation_metric < *best : *c.validation_metric > *best))) {
-        best = c.validation_metric;
-        t.best_checkpoint = c.path.string();
-      }
-    }
-    if (t.best_checkpoint.empty() && !checkpoints.empty()) t.best_checkpoint = checkpoints.back().path.string();
-  }
-
-  /**
-   * @brief Determined's garbage collection at the end of an experiment: a checkpoint goes when it is
-   * neither among the experiment's `save_experiment_best` nor its trial's `save_trial_best` (by the
-   * searcher metric), nor among its trial's `save_trial_latest`.
-   */
-  void apply_experiment_retention() {
-    const auto& storage = config_.checkpoint_storage;
-    if (storage.save_experiment_best == 0) return;  // the trials applied their own retention already
-    std::vector<CheckpointInfo> ranked;
-    std::map<std::string, std::int64_t> trial_best_keep;  // uuid -> kept by its trial's rules
-    for (const auto& [id, t] : trials_) {
-      const auto all = list_checkpoints(trial_dir(id) / "checkpoints");
-      for (const auto& c : checkpoints_to_delete(all, {.save_trial_best = storage.save_trial_best, .save_trial_latest = storage.save_trial_latest},
-                                                 config_.searcher.smaller_is_better))
-        trial_best_keep[c.uuid] = 0;  // candidates for deletion
-      for (const auto& c : all)
-        if (c.validation_metric) ranked.push_back(c);
-    }
-    std::stable_sort(ranked.begin(), ranked.end(), [&](const CheckpointInfo& a, const CheckpointInfo& b) {
-      return config_.searcher.smaller_is_better ? *a.validation_metric < *b.validation_metric : *a.validation_metric > *b.validation_metric;
-    });
-    for (std::size_t k = 0; k < ranked.size() && static_cast<std::int64_t>(k) < storage.save_experiment_best; ++k)
-      trial_best_keep.erase(ranked[k].uuid);  // among the experiment's best: kept
-    for (const auto& [id, t] : trials_)
-      for (const auto& c : list_checkpoints(trial_dir(id) / "checkpoints"))
-        if (trial_best_keep.count(c.uuid)) delete_checkpoint(c);
-  }
-
-  void write_summary() {
-    std::string json = "{\"experiment\": ";
-    detail::append_json_string(json, config_.name.empty() ? config_.description : config_.name);
-    json += ", \"searcher\": ";
-    detail::append_json_string(json, config_.searcher.name);
-    json += ", \"metric\": ";
-    detail::append_json_string(json, config_.searcher.metric);
-    json += ", \"trials\": [";
-    std::string table = "\n trial  state           batches  restarts  best " + config_.searcher.metric + "  last  hyperparameters\n";
-    bool first = true;
-    std::optional<std::int64_t> best_trial;
-    for (auto& [id, t] : trials_) {
-      refresh_from_disk(t);
-      if (t.best_metric && (!best_trial || (config_.searcher.smaller_is_better ? *t.best_metric < *trials_.at(*best_trial).best_metric
-                                                                                : *t.best_metric > *trials_.at(*best_trial).best_metric)))
-        best_trial = id;
-      if (!first) json += ", ";
-      first = false;
-      json += "{\"id\": " + std::to_string(id) + ", \"state\": \"" + to_string(t.state) + "\", \"batches_trained\": " +
-              std::to_string(t.batches_trained) + ", \"restarts\": " + std::to_string(t.restarts) + ", \"hparams\": ";
-      detail::append_yaml_as_json(json, t.hparams);
-      json += ", \"best_metric\": ";
-      if (t.best_metric) detail::append_json_number(json, *t.best_metric);
-      else json += "null";
-      json += ", \"last_metric\": ";
-      if (t.last_metric) detail::append_json_number(json, *t.last_metric);
-      else json += "null";
-      json += ", \"best_checkpoint\": ";
-      detail::append_json_string(json, t.best_checkpoint);
-      json += "}";
-      char row[160];
-      std::snprintf(row, sizeof row, " %5lld  %-14s %8lld  %8lld  %12s  %6s  ", static_cast<long long>(id), to_string(t.state),
-                    static_cast<long long>(t.batches_trained), static_cast<long long>(t.restarts),
-                    t.best_metric ? std::to_string(*t.best_metric).c_str() : "-", t.last_metric ? std::to_string(*t.last_metric).c_str() : "-");
-      table += row + detail::one_line(t.hparams) + "\n";
-    }
-    json += "], \"best_trial\": " + (best_trial ? std::to_string(*best_trial) : std::string("null")) + "}\n";
-    detail::write_file_synced(options_.output_dir / "summary.json", json);
-    if (best_trial) table += " best: trial " + std::to_string(*best_trial) + ", checkpoint " + trials_.at(*best_trial).best_checkpoint + "\n";
-    say(table + " summary: " + (options_.output_dir / "summary.json").string());
-  }
-
-  ExperimentConfig config_;
-  ExperimentOptions options_;
-  Searcher searcher_;
-  std::map<std::int64_t, TrialSummary> trials_;
-  std::map<std::int64_t, TrialRequest> requests_;
-  std::vector<std::int64_t> queue_;
-  std::map<std::int64_t, Running> running_;
-  /// Per trial, the batches of the last validation the searcher was told of.
-  std::map<std::int64_t, std::int64_t> validated_batches_;
-  /// The first trial that failed with a configuration error, and that error.
-  std::optional<std::pair<std::int64_t, std::string>> config_error_;
-};
-
-}  // namespace dettrial
-// ---- end dettrial/search/experiment.hpp
-// ---- begin dettrial/report/progress.hpp
-// SPDX-License-Identifier: Apache-2.0
-/// @file
-/// @brief What the user sees: a live progress line with rate and ETA on a terminal, plain report
-/// lines otherwise.
-
-#include <chrono>
-#include <cmath>
-#include <cstdint>
-#include <cstdio>
-#include <string>
-#include <string_view>
-
-#include <unistd.h>
-
-
-namespace dettrial {
-
-/// Where reports go and whether a live progress line is drawn.
-struct ReportOptions {
-  /// Draw a live progress line: unset means only when stdout is a terminal.
-  std::optional<bool> live_progress;
-  /// Print report lines at all.
-  bool quiet = false;
-};
-
-namespace detail {
-
-inline std::string format_duration(double seconds) {
-  if (!std::isfinite(seconds) || seconds < 0) return "--:--";
-  const auto s = static_cast<long long>(seconds + 0.5);
-  char buf[32];
-  if (s >= 3600) std::snprintf(buf, sizeof buf, "%lld:%02lld:%02lld", s / 3600, (s / 60) % 60, s % 60);
-  else std::snprintf(buf, sizeof buf, "%lld:%02lld", s / 60, s % 60);
-  return buf;
-}
-
-inline std::string format_metrics(const MetricValues& metrics) {
-  std::string s;
-  char buf[64];
-  for (const auto& [name, value] : metrics) {
-    std::snprintf(buf, sizeof buf, "%.6g", value);
-    s += "  " + name + " " + (std::isfinite(value) ? std::string(buf) : std::string("n/a"));
-  }
-  return s;
-}
-
-/// Prints reports; draws the live line on terminals, throttled to a few updates a second.
-class Progress {
- public:
-  using clock = std::chrono::steady_clock;
-
-  Progress() : Progress(ReportOptions{}) {}
-  explicit Progress(ReportOptions options)
-      : quiet_(options.quiet), live_(!options.quiet && options.live_progress.value_or(isatty(fileno(stdout)) == 1)) {}
-
-  /// Starts a phase ("train", "validate") of `total` units (0 when unknown).
-  void begin(std::string_view phase, std::int64_t done, std::int64_t total, std::string_view unit) {
-    phase_ = phase;
-    unit_ = unit;
-    start_done_ = done;
-    total_ = total;
-    start_ = clock::now();
-    next_draw_ = start_;
-  }
-
-  /// Cheap per-batch call: draws at most every 200 ms, only on terminals.
-  void update(std::int64_t done) {
-    if (!live_) return;
-    const auto now = clock::now();
-    if (now < next_draw_) return;
-    next_draw_ = now + std::chrono::milliseconds(200);
-    const double elapsed = std::chrono::duration<double>(now - start_).count();
-    const double rate = elapsed > 0 ? static_cast<double>(done - start_done_) / elapsed : 0.0;
-    char buf[256];
-    if (total_ > 0) {
-      const double eta = rate > 0 ? static_cast<double>(total_ - done) / rate : NAN;
-      std::snprintf(buf, sizeof buf, "\r\033[K%s %3.0f%% %lld/%lld %s  %.1f %s/s  ETA %s", phase_.c_str(),
-                    100.0 * static_cast<double>(done) / static_cast<double>(total_), static_cast<long long>(done),
-                    static_cast<long long>(total_), unit_.c_str(), rate, unit_.c_str(), format_duration(eta).c_str());
-    } else {
-      std::snprintf(buf, sizeof buf, "\r\033[K%s %lld %s  %.1f %s/s", phase_.c_str(), static_cast<long long>(done),
-                    unit_.c_str(), rate, unit_.c_str());
-    }
-    std::fputs(buf, stdout);
-    std::fflush(stdout);
-    drawn_ = true;
-  }
-
-  /// Prints one report line (clearing the live line first).
-  void line(const std::string& text) {
-    if (quiet_) return;
-    if (drawn_) std::fputs("\r\033[K", stdout);
-    drawn_ = false;
-    std::fputs(text.c_str(), stdout);
-    std::fputc('\n', stdout);
-    std::fflush(stdout);
-  }
-
-  /// Seconds since begin().
-  double elapsed() const { return std::chrono::duration<double>(clock::now() - start_).count(); }
-
- private:
-  bool quiet_;
-  bool live_;
-  bool drawn_ = false;
-  std::string phase_, unit_;
-  std::int64_t start_done_ = 0, total_ = 0;
-  clock::time_point start_, next_draw_;
-};
-
-}  // namespace detail
-}  // namespace dettrial
-// ---- end dettrial/report/progress.hpp
-// ---- begin dettrial/report/runtime.hpp
-// SPDX-License-Identifier: Apache-2.0
-/// @file
-/// @brief What a run computes with, for its first line: the LibTorch version and build, the BLAS
-/// behind it, and the intra-op threads. A LibTorch linked against the system BLAS (Debian's) runs
-/// much slower on the reference BLAS than on OpenBLAS (1.8x on a small MLP, more with wider layers),
-/// so the first line names the library loaded.
-
-#include <link.h>
-
-#include <cstdlib>
-#include <filesystem>
-#include <string>
-#include <string_view>
-
-#include <ATen/Context.h>
-#include <ATen/Parallel.h>
-#include <torch/torch.h>
-
-
-namespace dettrial::detail {
-
-/// The BLAS this process loaded: "MKL (built in)" for an MKL-built LibTorch (PyPI's wheel), else the
-/// shared BLAS library loaded, named by its real file ("OpenBLAS (.../openblas-pthread/libblas.so.3)",
-/// "reference BLAS (.../blas/libblas.so.3)"), or "unknown".
-inline std::string loaded_blas() {
-  if (at::globalContext().hasMKL()) return "MKL (built in)";
-  std::string found;
-  ::dl_iterate_phdr(
-      [](dl_phdr_info* info, std::size_t, void* out) {
-        const std::string_view name = info->dlpi_name ? info->dlpi_name : "";
-        const std::string_view file = name.substr(name.rfind('/') == std::string_view::npos ? 0 : name.rfind('/') + 1);
-        if (file.starts_with("libblas.so") || file.starts_with("libopenblas") || file.starts_with("libblis") ||
-            file.starts_with("libflexiblas") || file.starts_with("libmkl_rt")) {
-          *static_cast<std::string*>(out) = std::string(name);
-          return 1;
-        }
-        return 0;
-      },
-      &found);
-  if (found.empty()) return "unknown";
-  std::error_code ec;
-  const std::string real = std::filesystem::canonical(found, ec).string();
-  const std::string path = ec ? found : real;
-  const char* kind = path.find("openblas") != std::string::npos ? "OpenBLAS"
-                     : path.find("blis") != std::string::npos   ? "BLIS"
-                     : path.find("mkl") != std::string::npos    ? "MKL"
-                     : path.find("/blas/") != std::string::npos ? "reference BLAS (slow: install an optimized BLAS such as OpenBLAS)"
-                                                                : "BLAS";
-  return std::string(kind) + " (" + path + ")";
-}
-
-/// "LibTorch 2.5.1 (CUDA 12.4), MKL (built in), 4 threads" and the source of the thread count.
-inline std::string runtime_summary(std::string_view threads_source) {
-  std::string s = "LibTorch " + std::to_string(TORCH_VERSION_MAJOR) + "." + std::to_string(TORCH_VERSION_MINOR) + "." +
-                  std::to_string(TORCH_VERSION_PATCH);
-  s += torch::cuda::is_available() ? " (CUDA, " + std::to_string(torch::cuda::device_count()) + " GPUs)" : " (CPU)";
-  s += ", " + loaded_blas();
-  const int threads = at::get_num_threads();
-  s += ", " + std::to_string(threads) + (threads == 1 ? " thread" : " threads");
-  s += threads_source.empty() ? std::string(" (LibTorch's default)") : " (" + std::string(threads_source) + ")";
-  if (keep_freed_memory()) s += ", malloc keeps freed memory";
-  return s;
-}
-
-}  // namespace dettrial::detail
-// ---- end dettrial/report/runtime.hpp
-// ---- begin dettrial/trainer/callbacks.hpp
-// SPDX-License-Identifier: Apache-2.0
-/// @file
-/// @brief Callbacks: plain objects whose hooks are called only if they have them (found at compile time).
-
-#include <cstdint>
-#include <span>
-#include <string>
-#include <tuple>
-#include <utility>
-
-
-namespace dettrial {
-
-/**
- * @brief A callback: any object with at least one of Determined's PyTorchCallback hooks:
- * `on_trial_startup(first_batch_idx, checkpoint)`, `on_trial_shutdown()`, `on_training_start()`,
- * `on_training_epoch_start(epoch_idx)`, `on_training_epoch_end(epoch_idx)`,
- * `on_training_workload_end(avg_metrics[, batch_metrics])`, `on_validation_start()`,
- * `on_validation_epoch_start()`, `on_validation_epoch_end(outputs)`, `on_validation_end(metrics)`.
- * A hook a callback does not have costs nothing. Checkpoint hooks: `on_checkpoint_save_start(StateDict&)`
- * (may add entries to state_dict.pth), `on_checkpoint_write_end(path)` (chief only),
- * `on_checkpoint_upload_end(uuid)`, `on_checkpoint_load_start(const StateDict&)`. A callback with
- * state has `state_dict()` (returning anything convertible to `c10::IValue`) and
- * `load_state_dict(const c10::IValue&)`: its state is saved under `callbacks/<name()>` (or
- * `callback_<position>`) and restored on resume.
- */
-template <class C>
-concept Callback = requires(C& c, std::int64_t i, const std::string& s, const MetricValues& m,
-                            std::span<const Metrics> batches, std::span<const Metrics> outputs) {
-  requires requires { c.on_trial_startup(i, s); } || requires { c.on_trial_shutdown(); } ||
-               requires { c.on_training_start(); } || requires { c.on_training_epoch_start(i); } ||
-               requires { c.on_training_epoch_end(i); } || requires { c.on_training_workload_end(m, batches); } ||
-               requires { c.on_training_workload_end(m); } || requires { c.on_validation_start(); } ||
-               requires { c.on_validation_epoch_start(); } || requires { c.on_validation_epoch_end(outputs); } ||
-               requires { c.on_validation_end(m); } || requires { &C::on_checkpoint_save_start; } ||
-               requires { &C::on_checkpoint_load_start; } || requires { &C::on_checkpoint_write_end; } ||
-               requires { &C::on_checkpoint_upload_end; } || requires { &C::state_dict; };
-};
-
-namespace detail {
-
-/// Checks each callback type once, with a sentence instead of silence for a hook-less (misspelt) one.
-template <class C>
-consteval bool check_callback() {
-  static_assert(Callback<C>,
-                "dettrial callback: this type has none of dettrial's callback hooks (on_training_start, "
-                "on_training_epoch_end, on_validation_end, ...); check the hook names and parameter types");
-  return true;
-}
-
-template <class C>
-inline constexpr bool wants_batch_metrics_v =
-    requires(C& c, const MetricValues& m, std::span<const Metrics> b) { c.on_training_workload_end(m, b); };
-template <class C>
-inline constexpr bool wants_validation_outputs_v = requires(C& c, std::span<const Metrics> o) { c.on_validation_epoch_end(o); };
-
-/// A tuple of references to the callbacks of one fit: the trial's own, then the caller's.
-template <class... C>
-class CallbackSet {
- public:
-  static constexpr std::size_t size = sizeof...(C);
-  explicit CallbackSet(std::tuple<C&...> callbacks) : callbacks_(callbacks) { (check_callback<C>(), ...); }
-
-  template <class F>
-  void each(F&& f) {
-    std::apply([&](auto&... cb) { (f(cb), ...); }, callbacks_);
-  }
-  template <class F>
-  void each_reversed(F&& f) {
-    [&]<std::size_t... I>(std::index_sequence<I...>) {
-      (f(std::get<sizeof...(C) - 1 - I>(callbacks_)), ...);
-    }(std::index_sequence_for<C...>{});
-  }
-  /// Whether any callback wants per-batch training metrics (only then are they kept).
-  static constexpr bool wants_batch_metrics = (wants_batch_metrics_v<C> || ...);
-  /// Whether any callback wants the per-batch validation outputs.
-  static constexpr bool wants_validation_outputs = (wants_validation_outputs_v<C> || ...);
-
- private:
-  std::tuple<C&...> callbacks_;
-};
-
-}  // namespace detail
-}  // namespace dettrial
-// ---- end dettrial/trainer/callbacks.hpp
-// ---- begin dettrial/trainer/fit_options.hpp
-// SPDX-License-Identifier: Apache-2.0
-/// @file
-/// @brief The options of Trainer::fit (Determined's Trainer.fit arguments) and what fit returns.
-
-#include <cstdint>
-#include <filesystem>
-#include <optional>
-#include <string>
-#include <vector>
-
-
-namespace dettrial {
-
-/**
- * @brief How long to train and when to validate, checkpoint and report.
- * @code{.cpp}
- * trainer.fit({.max_length = dettrial::Epoch{5},
- *              .validation_period = dettrial::Epoch{1},
- *              .reporting_period = dettrial::Batch{100}});
- * @endcode
- */
-struct FitOptions {
-  /// Total training length (required): Batch, Epoch, or Record (converted with the global batch size).
-  std::optional<TrainUnit> max_length;
-  /// Validate when this period is reached (default: never, but always once at the end).
-  TrainUnit validation_period = never();
-  /// Checkpoint when this period is reached (default: never, but always once at the end).
-  TrainUnit checkpoint_period = never();
-  /// Report training metrics (and progress) when this period is reached.
-  TrainUnit reporting_period = Batch(100);
-  /// Whether to checkpoint right after a validation: all, none, or best by `searcher_metric`.
-  CheckpointPolicy checkpoint_policy = CheckpointPolicy::best;
-  /// The validation metric `best` compares, and its direction.
-  std::string searcher_metric{};
-  bool smaller_is_better = true;
-  /// Validate once before training (when nothing has been trained yet).
-  bool step_zero_validation = false;
-  /// Train one batch, validate on one batch, then stop: a quick check that the trial runs.
-  bool test_mode = false;
-  /// Resume from this checkpoint: a checkpoint directory, or a directory holding checkpoints (a
-  /// storage directory, or a run's output directory), whose latest is taken.
-  std::optional<std::filesystem::path> latest_checkpoint{};
-  /// Where metrics.jsonl (and checkpoints) go; empty means `runs/<date>-<time>` under the working directory.
-  std::filesystem::path output_dir{};
-  /// Where checkpoints go; empty means `<output_dir>/checkpoints`.
-  std::filesystem::path checkpoint_dir{};
-  /// How many checkpoints to keep (best by the searcher metric, and latest).
-  Retention retention{};
-  /// The trial's id, saved in its checkpoints: resuming a checkpoint of another trial loads its
-  /// weights and optimizer state but starts counting afresh (Determined's warm start).
-  std::int64_t trial_id = 0;
-  /// Catch SIGINT and SIGTERM during fit: finish the batch, checkpoint and return (see FitResult::signal).
-  bool handle_signals = true;
-  /// Terminal and log output.
-  ReportOptions report{};
-
-  /**
-   * @brief The options an experiment config implies, as Determined maps them: searcher.max_length (or
-   * max_steps x scheduling_unit), min_validation_period, min_checkpoint_period, reporting every
-   * scheduling_unit batches, perform_initial_validation, checkpoint_policy and the searcher metric.
-   */
-  static FitOptions from_config(const ExperimentConfig& config) {
-    FitOptions o;
-    o.max_length = config.searcher.max_length;
-    if (config.min_validation_period) o.validation_period = *config.min_validation_period;
-    if (config.min_checkpoint_period) o.checkpoint_period = *config.min_checkpoint_period;
-    o.reporting_period = Batch(config.scheduling_unit);
-    o.step_zero_validation = config.perform_initial_validation;
-    o.checkpoint_policy = config.checkpoint_policy;
-    o.searcher_metric = config.searcher.metric;
-    o.smaller_is_better = config.searcher.smaller_is_better;
-    if (config.checkpoint_storage.path) o.checkpoint_dir = *config.checkpoint_storage.path;
-    o.retention = {.save_trial_best = config.checkpoint_storage.save_trial_best,
-                   .save_trial_latest = config.checkpoint_storage.save_trial_latest};
-    return o;
-  }
-};
-
-/// What fit returns.
-struct FitResult {
-  std::int64_t batches_trained = 0;
-  std::int64_t epochs_trained = 0;
-  /// The last training report and the last validation.
-  MetricValues last_training_metrics;
-  MetricValues last_validation_metrics;
-  std::int64_t validations = 0;
-  /// The checkpoints this fit wrote, oldest first (some may since have been deleted by retention).
-  std::vector<CheckpointInfo> checkpoints;
-  /// Where checkpoints went.
-  std::filesystem::path checkpoint_dir{};
-  /// The batch training resumed from (0 for a fresh start).
-  std::int64_t resumed_from_batch = 0;
-  /// True when the trial asked to stop (context.set_stop_requested) or a signal did.
-  bool stop_requested = false;
-  /// True when that stop came before max_length.
-  bool stopped_early = false;
-  /// The signal (SIGINT, SIGTERM) that stopped training after a checkpoint, or 0.
-  int signal = 0;
-  std::filesystem::path output_dir{};
-};
-
-}  // namespace dettrial
-// ---- end dettrial/trainer/fit_options.hpp
-// ---- begin dettrial/trainer/main.hpp
-// SPDX-License-Identifier: Apache-2.0
-/// @file
-/// @brief dettrial::main<Trial>(argc, argv): a whole trial program's command line in one call.
-
-#include <cstdio>
-#include <exception>
-#include <filesystem>
-#include <iostream>
-#include <map>
-#include <optional>
-#include <string>
-#include <string_view>
-#include <vector>
-
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <signal.h>
-#include <sys/socket.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
-#include <atomic>
-#include <chrono>
-#include <cstdlib>
-#include <thread>
-#include <utility>
-
-#include <c10/util/Exception.h>
-#include <yaml-cpp/yaml.h>
-
-// ---- begin dettrial/trainer/trainer.hpp
-// SPDX-License-Identifier: Apache-2.0
-/// @file
-/// @brief dettrial::Trainer<TrialT>: checks a trial at compile time and runs Determined's training
-/// loop for it, generated inline.
-
-#include <algorithm>
-#include <chrono>
-#include <cstdint>
-#include <cstdio>
-#include <cstring>
-#include <ctime>
-#include <exception>
-#include <filesystem>
-#include <iterator>
-#include <memory>
-#include <optional>
-#include <ranges>
-#include <span>
-#include <string>
-#include <tuple>
-#include <type_traits>
-#include <unistd.h>
-#include <utility>
-#include <vector>
-
-#include <c10/util/Type.h>
-#include <torch/torch.h>
-
-// ---- begin dettrial/trial/concepts.hpp
-// SPDX-License-Identifier: Apache-2.0
-/// @file
-/// @brief What a trial is: the hooks of both styles (declarative and imperative) as concepts, and the
-/// one-sentence diagnostics dettrial::Trainer gives when a hook is missing or mistyped.
-
-#include <concepts>
-#include <cstdint>
-#include <type_traits>
-
-
-namespace dettrial {
-namespace detail {
-
-template <class R>
-struct is_scheduled_lr : std::false_type {};
-template <class S, class M>
-struct is_scheduled_lr<ScheduledLR<S, M>> : std::true_type {};
-
-/// Stands in for a type a broken trial does not provide, so declarations stay well-formed while the
-/// one diagnostic that matters is printed.
-struct missing {};
-
-template <class T>
-using training_loader_result = decltype(std::declval<T&>().build_training_data_loader());
-template <class T>
-using validation_loader_result = decltype(std::declval<T&>().build_validation_data_loader());
-
-template <class T>
-consteval auto training_loader_type() {
-  if constexpr (requires(T& t) { t.build_training_data_loader(); }) return std::type_identity<std::remove_cvref_t<training_loader_result<T>>>{};
-  else return std::type_identity<missing>{};
-}
-template <class T>
-consteval auto validation_loader_type() {
-  if constexpr (requires(T& t) { t.build_validation_data_loader(); }) return std::type_identity<std::remove_cvref_t<validation_loader_result<T>>>{};
-  else return std::type_identity<missing>{};
-}
-template <class L>
-consteval auto batch_type_of() {
-  if constexpr (BatchLoader<L>) return std::type_identity<batch_of<L>>{};
-  else return std::type_identity<missing>{};
-}
-
-}  // namespace detail
-
-/// The training loader type of trial T (`detail::missing` when it has none).
-template <class T>
-using training_loader_t = typename decltype(detail::training_loader_type<T>())::type;
-/// The validation loader type of trial T.
-template <class T>
-using validation_loader_t = typename decltype(detail::validation_loader_type<T>())::type;
-/// The batch type `train_batch` receives.
-template <class T>
-using training_batch_t = typename decltype(detail::batch_type_of<training_loader_t<T>>())::type;
-/// The batch type `evaluate_batch` receives.
-template <class T>
-using validation_batch_t = typename decltype(detail::batch_type_of<validation_loader_t<T>>())::type;
-
-/// A declarative trial builds its model with `build_model()` (the seed's MNIST tutorial style).
-template <class T>
-concept DeclaresModel = requires(T& t) { t.build_model(); };
-
-namespace detail {
-template <class T>
-consteval auto model_type() {
-  if constexpr (DeclaresModel<T>) return std::type_identity<std::remove_cvref_t<decltype(std::declval<T&>().build_model())>>{};
-  else return std::type_identity<missing>{};
-}
-template <class T, class M>
-consteval auto optimizer_type() {
-  if constexpr (requires(T& t, M& m) { t.optimizer(m); })
-    return std::type_identity<std::remove_cvref_t<decltype(std::declval<T&>().optimizer(std::declval<M&>()))>>{};
-  else return std::type_identity<missing>{};
-}
-/// What `optimizer(model)` may return: an optimizer by value or a smart pointer to one.
-template <class O>
-consteval auto optimizer_object_type() {
-  if constexpr (TorchOptimizer<O>) return std::type_identity<O>{};
-  else if constexpr (requires(O& o) { *o; }) {
-    if constexpr (TorchOptimizer<std::remove_cvref_t<decltype(*std::declval<O&>())>>)
-      return std::type_identity<std::remove_cvref_t<decltype(*std::declval<O&>())>>{};
-    else return std::type_identity<missing>{};
-  } else return std::type_identity<missing>{};
-}
-template <class T, class O>
-consteval auto scheduler_type() {
-  if constexpr (requires(T& t, O& o) { t.lr_scheduler(o); })
-    return std::type_identity<std::remove_cvref_t<decltype(std::declval<T&>().lr_scheduler(std::declval<O&>()))>>{};
-  else return std::type_identity<missing>{};
-}
-}  // namespace detail
-
-/// The model type of a declarative trial.
-template <class T>
-using model_t = typename decltype(detail::model_type<T>())::type;
-/// What a declarative trial's `optimizer(model)` returns.
-template <class T>
-using optimizer_result_t = typename decltype(detail::optimizer_type<T, model_t<T>>())::type;
-/// The optimizer class behind it.
-template <class T>
-using optimizer_t = typename decltype(detail::optimizer_object_type<optimizer_result_t<T>>())::type;
-/// What a declarative trial's optional `lr_scheduler(optimizer)` returns.
-template <class T>
-using scheduler_result_t = typename decltype(detail::scheduler_type<T, optimizer_t<T>>())::type;
-
-// ---- the hooks, one concept each -----------------------------------------------------------------
-
-template <class T>
-concept DeclaresTrainBatch = requires { &T::train_batch; } ||
-                             requires(T& t, training_batch_t<T>& b, model_t<T>& m, std::int64_t i) { t.train_batch(b, m, i, i); } ||
-                             requires(T& t, training_batch_t<T>& b, std::int64_t i) { t.train_batch(b, i, i); };
-template <class T>
-concept DeclaresEvaluateBatch = requires { &T::evaluate_batch; } ||
-                                requires(T& t, validation_batch_t<T>& b, model_t<T>& m) { t.evaluate_batch(b, m); } ||
-                                requires(T& t, validation_batch_t<T>& b) { t.evaluate_batch(b); };
-template <class T>
-concept DeclaresEvaluateFullDataset = requires { &T::evaluate_full_dataset; } ||
-                                      requires(T& t, validation_loader_t<T>& l, model_t<T>& m) { t.evaluate_full_dataset(l, m); } ||
-                                      requires(T& t, validation_loader_t<T>& l) { t.evaluate_full_dataset(l); };
-
-namespace detail {
-/// Calls train_batch in the trial's style; only used in unevaluated contexts and by the trainer.
-template <class T>
-decltype(auto) call_train_batch(T& t, training_batch_t<T>& b, model_t<T>& m, std::int64_t epoch_idx, std::int64_t batch_idx) {
-  if constexpr (DeclaresModel<T>) return t.train_batch(b, m, epoch_idx, batch_idx);
-  else return t.train_batch(b, epoch_idx, batch_idx);
-}
-template <class T>
-decltype(auto) call_evaluate_batch(T& t, validation_batch_t<T>& b, model_t<T>& m, std::int64_t batch_idx) {
-  if constexpr (DeclaresModel<T>) {
-    if constexpr (requires { t.evaluate_batch(b, m, batch_idx); }) return t.evaluate_batch(b, m, batch_idx);
-    else return t.evaluate_batch(b, m);
-  } else {
-    if constexpr (requires { t.evaluate_batch(b, batch_idx); }) return t.evaluate_batch(b, batch_idx);
-    else return t.evaluate_batch(b);
-  }
-}
-template <class T>
-decltype(auto) call_evaluate_full_dataset(T& t, validation_loader_t<T>& l, model_t<T>& m) {
-  if constexpr (DeclaresModel<T>) return t.evaluate_full_dataset(l, m);
-  else return t.evaluate_full_dataset(l);
-}
-}  // namespace detail
-
-template <class T>
-concept CallableTrainBatch =
-    (DeclaresModel<T> && requires(T& t, training_batch_t<T>& b, model_t<T>& m, std::int64_t i) { t.train_batch(b, m, i, i); }) ||
-    (!DeclaresModel<T> && requires(T& t, training_batch_t<T>& b, std::int64_t i) { t.train_batch(b, i, i); });
-template <class T>
-concept CallableEvaluateBatch =
-    (DeclaresModel<T> && (requires(T& t, validation_batch_t<T>& b, model_t<T>& m, std::int64_t i) { t.evaluate_batch(b, m, i); } ||
-                          requires(T& t, validation_batch_t<T>& b, model_t<T>& m) { t.evaluate_batch(b, m); })) ||
-    (!DeclaresModel<T> && (requires(T& t, validation_batch_t<T>& b, std::int64_t i) { t.evaluate_batch(b, i); } ||
-                           requires(T& t, validation_batch_t<T>& b) { t.evaluate_batch(b); }));
-template <class T>
-concept CallableEvaluateFullDataset =
-    (DeclaresModel<T> && requires(T& t, validation_loader_t<T>& l, model_t<T>& m) { t.evaluate_full_dataset(l, m); }) ||
-    (!DeclaresModel<T> && requires(T& t, validation_loader_t<T>& l) { t.evaluate_full_dataset(l); });
-
-namespace detail {
-
-/// The first thing wrong with a trial type, in the order a user would fix them.
-enum class TrialProblem {
-  none,
-  no_training_loader,
-  training_loader_not_a_loader,
-  no_validation_loader,
-  validation_loader_not_a_loader,
-  model_not_a_module,
-  no_optimizer,
-  optimizer_not_an_optimizer,
-  scheduler_not_a_scheduler,
-  no_train_batch,
-  train_batch_not_callable,
-  train_batch_not_metrics,
-  no_evaluate_hook,
-  both_evaluate_hooks,
-  evaluate_batch_not_callable,
-  evaluate_batch_not_metrics,
-  evaluate_full_dataset_not_callable,
-  evaluate_full_dataset_not_metrics,
-};
-
-// These look at a hook's result only once the hook is known to be callable (a plain `&&` in one
-// condition would instantiate the call either way).
-template <class T>
-consteval bool evaluate_batch_returns_metrics() {
-  if constexpr (CallableEvaluateBatch<T>)
-    return std::same_as<std::remove_cvref_t<decltype(call_evaluate_batch(std::declval<T&>(), std::declval<validation_batch_t<T>&>(),
-                                                                         std::declval<model_t<T>&>(), 0))>,
-                        Metrics>;
-  else return false;
-}
-template <class T>
-consteval bool evaluate_full_dataset_returns_metrics() {
-  if constexpr (CallableEvaluateFullDataset<T>)
-    return std::same_as<std::remove_cvref_t<decltype(call_evaluate_full_dataset(std::declval<T&>(), std::declval<validation_loader_t<T>&>(),
-                                                                                 std::declval<model_t<T>&>()))>,
-                        Metrics>;
-  else return false;
-}
-
-template <class T>
-consteval TrialProblem first_trial_problem() {
-  using P = TrialProblem;
-  if constexpr (!requires(T& t) { t.build_training_data_loader(); }) return P::no_training_loader;
-  else if constexpr (!BatchLoader<training_loader_t<T>>) return P::training_loader_not_a_loader;
-  else if constexpr (!requires(T& t) { t.build_validation_data_loader(); }) return P::no_validation_loader;
-  else if constexpr (!BatchLoader<validation_loader_t<T>>) return P::validation_loader_not_a_loader;
-  else if constexpr (DeclaresModel<T> && !ModelHandle<model_t<T>>) return P::model_not_a_module;
-  else if constexpr (DeclaresModel<T> && std::same_as<optimizer_result_t<T>, missing>) return P::no_optimizer;
-  else if constexpr (DeclaresModel<T> && std::same_as<optimizer_t<T>, missing>) return P::optimizer_not_an_optimizer;
-  else if constexpr (DeclaresModel<T> && !std::same_as<scheduler_result_t<T>, missing> &&
-                     !LRSchedulerLike<scheduler_result_t<T>> && !is_scheduled_lr<scheduler_result_t<T>>::value)
-    return P::scheduler_not_a_scheduler;
-  else if constexpr (!DeclaresTrainBatch<T>) return P::no_train_batch;
-  else if constexpr (!CallableTrainBatch<T>) return P::train_batch_not_callable;
-  else if constexpr (!MetricsResult<decltype(call_train_batch(std::declval<T&>(), std::declval<training_batch_t<T>&>(),
-                                                              std::declval<model_t<T>&>(), 0, 0))>)
-    return P::train_batch_not_metrics;
-  else if constexpr (!DeclaresEvaluateBatch<T> && !DeclaresEvaluateFullDataset<T>) return P::no_evaluate_hook;
-  else if constexpr (DeclaresEvaluateBatch<T> && DeclaresEvaluateFullDataset<T>) return P::both_evaluate_hooks;
-  else if constexpr (DeclaresEvaluateBatch<T> && !CallableEvaluateBatch<T>) return P::evaluate_batch_not_callable;
-  else if constexpr (DeclaresEvaluateBatch<T> && !evaluate_batch_returns_metrics<T>()) return P::evaluate_batch_not_metrics;
-  else if constexpr (DeclaresEvaluateFullDataset<T> && !CallableEvaluateFullDataset<T>) return P::evaluate_full_dataset_not_callable;
-  else if constexpr (DeclaresEvaluateFullDataset<T> && !evaluate_full_dataset_returns_metrics<T>())
-    return P::evaluate_full_dataset_not_metrics;
-  else return P::none;
-}
-
-/// Instantiated by dettrial::Trainer<T>: exactly one of these assertions fails for a broken trial,
-/// and its message is the one sentence that names the hook at fault.
-template <class T>
-struct TrialDiagnostics {
-  static constexpr TrialProblem problem = first_trial_problem<T>();
-  using P = TrialProblem;
-  static_assert(problem != P::no_training_loader,
-                "dettrial::Trainer<T>: T has no build_training_data_loader() hook; add one that returns a dettrial::DataLoader");
-  static_assert(problem != P::training_loader_not_a_loader,
-                "dettrial::Trainer<T>: T::build_training_data_loader() must return a dettrial::BatchLoader such as dettrial::DataLoader "
-                "(size() batches per epoch and batches(chain), the batches one rank reads)");
-  static_assert(problem != P::no_validation_loader,
-                "dettrial::Trainer<T>: T has no build_validation_data_loader() hook; add one that returns a dettrial::DataLoader");
-  static_assert(problem != P::validation_loader_not_a_loader,
-                "dettrial::Trainer<T>: T::build_validation_data_loader() must return a dettrial::BatchLoader such as dettrial::DataLoader "
-                "(size() batches per epoch and batches(chain), the batches one rank reads)");
-  static_assert(problem != P::model_not_a_module,
-                "dettrial::Trainer<T>: T::build_model() must return a LibTorch module (a torch::nn::ModuleHolder such as "
-                "torch::nn::Sequential, or a std::shared_ptr to a torch::nn::Module)");
-  static_assert(problem != P::no_optimizer,
-                "dettrial::Trainer<T>: T has build_model() but no optimizer(model) hook; add one that returns a torch::optim optimizer");
-  static_assert(problem != P::optimizer_not_an_optimizer,
-                "dettrial::Trainer<T>: T::optimizer(model) must return a torch::optim::Optimizer (by value or by smart pointer)");
-  static_assert(problem != P::scheduler_not_a_scheduler,
-                "dettrial::Trainer<T>: T::lr_scheduler(optimizer) must return a scheduler with step() or dettrial::scheduled(...)");
-  static_assert(problem != P::no_train_batch,
-                "dettrial::Trainer<T>: T has no train_batch hook; declare train_batch(batch, model, epoch_idx, batch_idx) in a "
-                "trial with build_model(), or train_batch(batch, epoch_idx, batch_idx) in one that wraps its model in its constructor");
-  static_assert(problem != P::train_batch_not_callable,
-                "dettrial::Trainer<T>: T::train_batch cannot be called with the training loader's batch type as "
-                "train_batch(batch, model, epoch_idx, batch_idx) (with build_model) or train_batch(batch, epoch_idx, batch_idx) (without)");
-  static_assert(problem != P::train_batch_not_metrics,
-                "dettrial::Trainer<T>: T::train_batch must return dettrial::Metrics (with a \"loss\" entry) or the loss as a torch::Tensor");
-  static_assert(problem != P::no_evaluate_hook,
-                "dettrial::Trainer<T>: T has neither evaluate_batch nor evaluate_full_dataset; define exactly one of them");
-  static_assert(problem != P::both_evaluate_hooks,
-                "dettrial::Trainer<T>: T defines both evaluate_batch and evaluate_full_dataset; define exactly one of them");
-  static_assert(problem != P::evaluate_batch_not_callable,
-                "dettrial::Trainer<T>: T::evaluate_batch cannot be called with the validation loader's batch type as "
-                "evaluate_batch(batch, model[, batch_idx]) (with build_model) or evaluate_batch(batch[, batch_idx]) (without)");
-  static_assert(problem != P::evaluate_batch_not_metrics, "dettrial::Trainer<T>: T::evaluate_batch must return dettrial::Metrics");
-  static_assert(problem != P::evaluate_full_dataset_not_callable,
-                "dettrial::Trainer<T>: T::evaluate_full_dataset cannot be called as evaluate_full_dataset(loader, model) (with "
-                "build_model) or evaluate_full_dataset(loader) (without)");
-  static_assert(problem != P::evaluate_full_dataset_not_metrics,
-                "dettrial::Trainer<T>: T::evaluate_full_dataset must return dettrial::Metrics");
-  static constexpr bool ok = problem == P::none;
-};
-
-}  // namespace detail
-
-/**
- * @brief A trial: a plain type with Determined's hooks, in either style.
- *
- * - Declarative: `build_model()`, `optimizer(model)`, optional `lr_scheduler(optimizer)`,
- *   `train_batch(batch, model, epoch_idx, batch_idx)` returning metrics with `loss`; the trainer does
- *   backward, step and zero_grad.
- * - Imperative: the constructor takes the Context and wraps models, optimizers and schedulers;
- *   `train_batch(batch, epoch_idx, batch_idx)` calls `context.backward(loss)` and
- *   `context.step_optimizer(opt)` itself.
- *
- * Both need `build_training_data_loader()`, `build_validation_data_loader()` and exactly one of
- * `evaluate_batch` / `evaluate_full_dataset`.
- */
-template <class T>
-concept Trial = detail::first_trial_problem<T>() == detail::TrialProblem::none;
-
-/// A trial in the declarative style.
-template <class T>
-concept DeclarativeTrial = Trial<T> && DeclaresModel<T>;
-/// A trial in the imperative style.
-template <class T>
-concept ImperativeTrial = Trial<T> && !DeclaresModel<T>;
-
-}  // namespace dettrial
-// ---- end dettrial/trial/concepts.hpp
-
-namespace dettrial {
-
-namespace detail {
-/// Dereferences a smart pointer, or returns the object itself.
-template <class O>
-decltype(auto) deref(O& o) {
-  if constexpr (TorchOptimizer<O>) return (o);
-  else return (*o);
-}
-}  // namespace detail
-
-/**
- * @brief Runs a trial: builds it, and on `fit()` runs Determined's loop (workloads ending at any
- * boundary, validation, reporting, the final validation) for it.
- *
- * `Trainer<T>` checks T's hooks at compile time; a trial that breaks the contract gets one sentence
- * naming the hook at fault. The trial is built in place (it may keep references to itself), from the
- * Context when it takes one.
- * @code{.cpp}
- * dettrial::Context context(dettrial::ExperimentConfig::load_file("const.yaml"));
- * dettrial::Trainer<MnistTrial> trainer(context);
- * trainer.fit({.max_length = dettrial::Epoch{1}});
- * @endcode
- * @tparam TrialT a type satisfying dettrial::Trial.
- */
-template <class TrialT>
-class Trainer {
-  static constexpr bool trial_ok = detail::TrialDiagnostics<TrialT>::ok;
-  static constexpr bool declarative = DeclaresModel<TrialT>;
-
-  template <class X>
-  using if_ok = std::conditional_t<trial_ok, X, detail::missing>;
-  using Model = std::conditional_t<trial_ok && declarative, model_t<TrialT>, detail::missing>;
-  using OptimizerHolder = std::conditional_t<trial_ok && declarative, optimizer_result_t<TrialT>, detail::missing>;
-  using SchedulerResult = std::conditional_t<trial_ok && declarative, scheduler_result_t<TrialT>, detail::missing>;
-  using TrainLoader = if_ok<training_loader_t<TrialT>>;
-  using ValidationLoader = if_ok<validation_loader_t<TrialT>>;
-
-  static constexpr auto trial_callbacks_type() {
-    if constexpr (requires(TrialT& t) { t.build_callbacks(); })
-      return std::type_identity<decltype(std::declval<TrialT&>().build_callbacks())>{};
-    else return std::type_identity<std::tuple<>>{};
-  }
-  using TrialCallbacks = typename decltype(trial_callbacks_type())::type;
-
- public:
-  /// Builds the trial (with `args...` after the context, when its constructor takes them) and, for a
-  /// declarative trial, its model, optimizer and scheduler, wrapped in `context`.
-  template <class... Args>
-  explicit Trainer(Context& context, Args&&... args) : context_(context) {
-    static_assert(std::constructible_from<TrialT, Context&, Args...> || std::constructible_from<TrialT, Args...>,
-                  "dettrial::Trainer<T>: T must be constructible from (dettrial::Context&, args...) or from (args...), "
-                  "where args are the Trainer's arguments after the context");
-    if (context_.has_registrations())
-      throw TrialError("this context already serves a trainer; give each Trainer its own dettrial::Context");
-    if constexpr (trial_ok) {
-      // If building fails half-way, the context must not keep pointers into the half-built trial.
-      struct Release {
-        Context& context;
-        bool armed = true;
-        ~Release() {
-          if (armed) context.release_registrations();
-        }
-      } release{context_};
-      build(std::forward<Args>(args)...);
-      release.armed = false;
-    }
-  }
-
- private:
-  template <class... Args>
-  void build(Args&&... args) {
-    if constexpr (std::constructible_from<TrialT, Context&, Args...>)
-      trial_ = std::make_unique<TrialT>(context_, std::forward<Args>(args)...);
-    else
-      trial_ = std::make_unique<TrialT>(std::forward<Args>(args)...);
-    if constexpr (declarative) build_declarative();
-    if constexpr (requires(TrialT& t) { t.build_callbacks(); })
-      callbacks_ = std::make_unique<TrialCallbacks>(trial_->build_callbacks());
-    else
-      callbacks_ = std::make_unique<TrialCallbacks>();
-    if (context_.models().empty())
-      throw TrialError("the trial wrapped no model: call context.wrap_model(...) in its constructor (or define build_model())");
-    if (context_.num_optimizers() == 0)
-      throw TrialError("the trial wrapped no optimizer: call context.wrap_optimizer(...) in its constructor (or define optimizer(model))");
-  }
-
- public:
-  Trainer(const Trainer&) = delete;
-  Trainer& operator=(const Trainer&) = delete;
-  /// The context forgets the trial's models, optimizers, schedulers and reducers (they die with it).
-  ~Trainer() { context_.release_registrations(); }
-
-  TrialT& trial() { return *trial_; }
-  Context& context() { return context_; }
-  /// The model of a declarative trial.
-  Model& model()
-    requires declarative
-  {
-    return *model_;
-  }
-
-  /// The optimizer of a declarative trial.
-  auto& optimizer()
-    requires declarative
-  {
-    return detail::deref(*optimizer_);
-  }
-
-  /**
-   * @brief Trains until `max_length`, validating, checkpointing and reporting at the configured
-   * periods, and validates at the end. `callbacks...` (caller-owned) run after the trial's own.
-   */
-  template <class... Callbacks>
-  FitResult fit(FitOptions options, Callbacks&... callbacks) {
-    if constexpr (!trial_ok) {
-      return {};
-    } else {
-      auto set = std::apply([&](auto&... own) { return detail::CallbackSet<std::remove_reference_t<decltype(own)>..., Callbacks...>(
-                                                    std::tie(own..., callbacks...)); },
-                            *callbacks_);
-      return run(std::move(options), set);
-    }
-  }
-
- private:
-  enum Boundary { train_boundary, validate_boundary, checkpoint_boundary, report_boundary, boundary_count };
-
-  struct RunState {
-    FitOptions options;
-    TrainUnit length = Batch(1);
-    std::int64_t epoch_len = 0;
-    std::int64_t batches_trained = 0;
-    std::int64_t epochs_trained = 0;
-    std::int64_t last_validation = -1;
-    std::int64_t last_checkpoint = -1;
-    std::optional<double> best_metric{};
-    bool warned_best_without_metric = false;
-    /// Whether a validation is followed by a checkpoint (the policy picked at the start).
-    bool (*checkpoint_after_validation)(bool improved) = &checkpoint_policy::best::after_validation;
-    std::filesystem::path storage{};
-    std::int64_t sequence = 0;
-    FitResult result{};
-    MetricsLog log{};
-    detail::Progress progress{};
-  };
-
-  void build_declarative() {
-    model_.emplace(context_.wrap_model(trial_->build_model()));
-    optimizer_.emplace(trial_->optimizer(*model_));
-    auto& optimizer = detail::deref(*optimizer_);
-    context_.wrap_optimizer(optimizer);
-    if constexpr (!std::same_as<SchedulerResult, detail::missing>) {
-      scheduler_ = std::make_unique<SchedulerResult>(trial_->lr_scheduler(optimizer));
-      if constexpr (detail::is_scheduled_lr<SchedulerResult>::value)
-        context_.wrap_lr_scheduler(scheduler_->scheduler, typename SchedulerResult::mode{}, scheduler_->frequency);
-      else
-        context_.wrap_lr_scheduler(*scheduler_, lr_step::every_batch{});
-    }
-  }
-
-
- public:
-  /// `runs/<date>-<time>-<pid>` under the working directory.
-  static std::filesystem::path default_output_dir() {
-    const std::time_t now = std::time(nullptr);
-    char stamp[32];
-    std::strftime(stamp, sizeof stamp, "%Y%m%d-%H%M%S", std::localtime(&now));
-    return std::filesystem::path("runs") / (std::string(stamp) + "-" + std::to_string(::getpid()));
-  }
-
- private:
-  TrainUnit resolve_length(const FitOptions& o) const {
-    if (o.test_mode) return Batch(1);
-    if (!o.max_length)
-      throw ConfigError("fit() needs a training length: set FitOptions::max_length (Batch, Epoch or Record), or "
-                        "searcher.max_length in the experiment config and build the options with FitOptions::from_config");
-    TrainUnit length = *o.max_length;
-    if (length.is_schedule()) throw ConfigError("max_length must be a count, not a schedule of points");
-    if (length.unit() == Unit::records) length = length.in_batches_if_records(context_.get_global_batch_size());
-    if (length.value() < 1)
-      throw ConfigError("max_length is " + length.to_string() + "; training needs a max_length of at least 1");
-    return length;
-  }
-  TrainUnit resolve_period(const TrainUnit& period) const {
-    return period.unit() == Unit::records ? period.in_batches_if_records(context_.get_global_batch_size()) : period;
-  }
-
-  template <class Set>
-  FitResult run(FitOptions options, Set& callbacks) {
-    RunState st{.options = std::move(options)};
-    FitOptions& o = st.options;
-    st.length = resolve_length(o);
-    o.validation_period = resolve_period(o.validation_period);
-    o.checkpoint_period = resolve_period(o.checkpoint_period);
-    o.reporting_period = resolve_period(o.reporting_period);
-    if (o.retention.save_trial_best < 0 || o.retention.save_trial_latest < 0)
-      throw ConfigError("checkpoint retention counts (save_trial_best, save_trial_latest) must not be negative");
-    st.checkpoint_after_validation =
-        checkpoint_policy::visit(o.checkpoint_policy, []<class P>(P) { return &P::after_validation; });
-
-    // The checkpoint to resume from is found and checked before anything is written.
-    std::optional<std::filesystem::path> resume_dir;
-    std::optional<TrialProgress> resumed;
-    if (o.latest_checkpoint) {
-      resume_dir = resolve_checkpoint(*o.latest_checkpoint);
-      read_checkpoint_info(*resume_dir);
-      resumed = TrialProgress::from_json(*resume_dir / "trial_state.json");
-    }
-
-    if (o.output_dir.empty()) o.output_dir = default_output_dir();
-    st.result.output_dir = o.output_dir;
-    context_.output_dir_ = o.output_dir;
-    st.storage = o.checkpoint_dir.empty() ? o.output_dir / "checkpoints" : o.checkpoint_dir;
-    st.result.checkpoint_dir = st.storage;
-    // One writer per job: the chief reports and writes metrics.jsonl and checkpoints.
-    const bool chief = context_.distributed().is_chief();
-    const bool same_trial = resumed && resumed->trial_id == o.trial_id;
-    if (chief) st.log = MetricsLog(o.output_dir, same_trial ? std::optional(resumed->batches_trained) : std::nullopt);
-    if (!chief) o.report.quiet = true;
-    st.progress = detail::Progress(o.report);
-    if (st.log.dropped() > 0)  // also under --quiet: a trial's log says why its metrics.jsonl shrank
-      std::fprintf(stderr, "dettrial: resuming at batch %lld: dropped %zu record(s) of %s written after that checkpoint (that training is done again)\n",
-                   static_cast<long long>(resumed->batches_trained), st.log.dropped(), st.log.path().c_str());
-    if (chief) {
-      detail::remove_stale_entries(st.storage);
-      const auto existing = list_checkpoints(st.storage);
-      st.sequence = existing.empty() ? 0 : existing.back().sequence;
-    }
-
-    // Each callback that started gets on_trial_shutdown, in reverse order, whatever happens next.
-    std::size_t started = 0;
-    struct Shutdown {
-      Set& callbacks;
-      std::size_t& started;
-      ~Shutdown() {
-        std::size_t index = Set::size;
-        callbacks.each_reversed([&](auto& cb) {
-          if (index-- > started) return;
-          if constexpr (requires { cb.on_trial_shutdown(); }) {
-            try {
-              cb.on_trial_shutdown();
-            } catch (const std::exception& e) {
-              std::fprintf(stderr, "dettrial: on_trial_shutdown failed: %s\n", e.what());
-            }
-          }
-        });
-      }
-    } shutdown{callbacks, started};
-    const std::int64_t first_batch = same_trial ? resumed->batches_trained : 0;
-    const std::string resume_uuid = resume_dir ? resume_dir->filename().string() : std::string();
-    callbacks.each([&](auto& cb) {
-      if constexpr (requires { cb.on_trial_startup(std::int64_t{}, std::string{}); }) cb.on_trial_startup(first_batch, resume_uuid);
-      ++started;
-    });
-
-    train_loader_.emplace(trial_->build_training_data_loader());
-    validation_loader_.emplace(trial_->build_validation_data_loader());
-    st.epoch_len = epoch_length(*train_loader_, training_chain());
-    agree_across_ranks(st, first_batch);
-    if (st.epoch_len < 1) throw DataError("the training data loader yields no batches (its size() is 0)");
-    context_.epoch_len_ = st.epoch_len;
-
-    if (resume_dir) restore(st, *resume_dir, same_trial ? *resumed : TrialProgress{.trial_id = o.trial_id}, callbacks);
-    context_.initial_batch_ = st.batches_trained;  // the training stream skips what was trained
-    context_.current_batch_ = st.batches_trained;
-    st.result.resumed_from_batch = st.batches_trained;
-    if (Communicator* comm = context_.communicator()) broadcast_models(*comm);  // every rank starts from rank 0's weights
-
-    st.progress.line("dettrial " DETTRIAL_VERSION_STRING ": " +
-                     detail::runtime_summary(context_.threads() ? context_.threads()->source : std::string()));
-    st.progress.line("dettrial: trial seed " + std::to_string(context_.get_trial_seed()) + ", device " +
-                     context_.device().str() + ", training " + st.length.to_string() + " (an epoch is " +
-                     std::to_string(st.epoch_len) + " batches), output " + o.output_dir.string());
-    if (const Communicator* comm = context_.communicator())
-      st.progress.line("dettrial: " + std::to_string(comm->size()) + " processes (" + launcher_name(comm->environment().launcher) +
-                       ", " + comm->backend_name() + "), global batch " + std::to_string(context_.get_global_batch_size()));
-    if (resume_dir)
-      st.progress.line("dettrial: resumed from " + resume_dir->string() +
-                       (same_trial ? " at batch " + std::to_string(st.batches_trained)
-                                   : std::string(" (another trial's checkpoint: weights and optimizer state only)")));
-    detail::StopSignals signals(o.handle_signals);
-
-    callbacks.each([&](auto& cb) {
-      if constexpr (requires { cb.on_training_start(); }) cb.on_training_start();
-    });
-
-    if (o.step_zero_validation && st.batches_trained == 0 && st.last_validation < 0) validate(st, callbacks);
-    train(st, callbacks);
-    if (!st.result.stop_requested) {
-      if (st.last_validation != st.batches_trained) validate(st, callbacks);
-      if (st.last_checkpoint != st.batches_trained) checkpoint(st, callbacks);
-      // The trial is complete: retention applies without sparing the newest.
-      if (context_.distributed().is_chief()) apply_retention(st, {});
-    }
-    st.result.batches_trained = st.batches_trained;
-    st.result.epochs_trained = st.epochs_trained;
-    return std::move(st.result);
-  }
-
-  std::int64_t remaining(const RunState& st) const {
-    return st.length.unit() == Unit::epochs ? st.length.value() - st.epochs_trained : st.length.value() - st.batches_trained;
-  }
-
-  template <class Set>
-  void train(RunState& st, Set& callbacks) {
-    using TrainBatch = training_batch_t<TrialT>;
-    detail::WorkloadMeans means;
-    std::vector<Metrics> batch_metrics;  // kept only when a callback asks for them
-    // One endless stream for the whole run (Determined's repeat → shard → skip chain).
-    auto stream = train_loader_->batches(training_chain());
-    auto it = std::ranges::begin(stream);
-    const auto end = std::ranges::end(stream);
-    std::int64_t batch_idx = st.batches_trained;
-    const bool non_blocking = context_.device().is_cuda();
-    const FitOptions& o = st.options;
-    const std::int64_t total = st.length.unit() == Unit::epochs ? st.length.value() * st.epoch_len : st.length.value();
-
-    while (remaining(st) > 0) {
-      for (const auto& m : context_.models()) m->train();
-      for (auto& r : context_.reducers_)
-        if (r.for_training) r.reset(r.object);
-      means.reset();
-      if constexpr (Set::wants_batch_metrics) batch_metrics.clear();
-      std::int64_t records = 0;
-      bool reached[boundary_count] = {};
-      st.progress.begin("train", st.batches_trained, total, "batches");
-
-      for (;;) {
-        const std::int64_t epoch_idx = batch_idx / st.epoch_len;
-        const std::int64_t in_epoch = batch_idx % st.epoch_len;
-        context_.current_batch_ = batch_idx;
-        if (in_epoch == 0) {
-          callbacks.each([&](auto& cb) {
-            if constexpr (requires { cb.on_training_epoch_start(epoch_idx); }) cb.on_training_epoch_start(epoch_idx);
-          });
-        }
-        if (it == end) throw DataError("the training data loader's repeating stream ended at batch " + std::to_string(batch_idx));
-        TrainBatch batch = std::move(*it);
-        ++it;
-        to_device_in_place(batch, context_.device(), non_blocking);
-        records += record_count(batch);
-
-        Metrics metrics = as_metrics(detail::call_train_batch(*trial_, batch, model_or_missing(), epoch_idx, batch_idx));
-        if constexpr (declarative) {
-          const MetricValue& loss = metrics.at("loss");
-          if (!loss.is_tensor())
-            throw TrialError("train_batch must return the loss as a tensor (the trainer back-propagates it), not a number");
-          context_.backward(loss.tensor());
-          context_.step_optimizer(detail::deref(*optimizer_));
-        }
-        if (context_.is_update_batch()) context_.step_lr_schedulers(batch_idx);
-        means.add(metrics, batch_idx);
-        if constexpr (Set::wants_batch_metrics) batch_metrics.push_back(detached(metrics));
-
-        ++st.batches_trained;
-        const bool epoch_end = in_epoch == st.epoch_len - 1;
-        if (epoch_end) {
-          callbacks.each([&](auto& cb) {
-            if constexpr (requires { cb.on_training_epoch_end(epoch_idx); }) cb.on_training_epoch_end(epoch_idx);
-          });
-          ++st.epochs_trained;
-        }
-        st.progress.update(st.batches_trained);
-
-        // Determined's boundary rule: batch periods on batches completed, epoch periods on the last
-        // batch of an epoch, on epochs completed.
-        auto hit = [&](const TrainUnit& u) {
-          return u.unit() == Unit::epochs ? epoch_end && u.reached(epoch_idx + 1) : u.reached(batch_idx + 1);
-        };
-        reached[train_boundary] = o.test_mode || hit(st.length);
-        reached[validate_boundary] = hit(o.validation_period);
-        reached[checkpoint_boundary] = hit(o.checkpoint_period);
-        reached[report_boundary] = hit(o.reporting_period);
-        ++batch_idx;
-        if (reached[train_boundary] || reached[validate_boundary] || reached[checkpoint_boundary] || reached[report_boundary])
-          break;
-        // One process stops at any batch; a job only at boundaries, where its ranks agree.
-        if (!context_.communicator() && detail::StopSignals::received() != 0) break;
-      }
-
-      report_training(st, means, records, callbacks, batch_metrics);
-      if (const int signal = agreed_max(detail::StopSignals::received()); signal != 0) {
-        if (st.last_checkpoint != st.batches_trained) checkpoint(st, callbacks);
-        st.result.signal = signal;
-        st.result.stop_requested = true;
-        st.result.stopped_early = remaining(st) > 0;
-        st.progress.line(std::string("dettrial: stopped by ") + (signal == SIGINT ? "SIGINT" : signal == SIGTERM ? "SIGTERM" : "a signal") +
-                         " after batch " + std::to_string(st.batches_trained) + "; resume from " + st.storage.string());
-        return;
-      }
-      // Determined handles the reached boundaries in this order and honours a stop request after each.
-      for (const Boundary b : {train_boundary, validate_boundary, checkpoint_boundary, report_boundary}) {
-        if (!reached[b]) continue;
-        if (b == validate_boundary && st.last_validation != st.batches_trained) validate(st, callbacks);
-        if (b == checkpoint_boundary && st.last_checkpoint != st.batches_trained) checkpoint(st, callbacks);
-        if (agreed_max(context_.get_stop_requested() ? 1 : 0) != 0) {
-          if (st.last_checkpoint != st.batches_trained) checkpoint(st, callbacks);
-          st.result.stopped_early = remaining(st) > 0;
-          st.result.stop_requested = true;
-          st.progress.line("dettrial: stop requested; stopped after batch " + std::to_string(st.batches_trained));
-          return;
-        }
-      }
-    }
-  }
-
-  template <class Set>
-  void report_training(RunState& st, const detail::WorkloadMeans& means, std::int64_t records, Set& callbacks,
-                       const std::vector<Metrics>& batch_metrics) {
-    const double seconds = st.progress.elapsed();
-    detail::RankShare mine{.batches = means.batches(), .records = records};
-    for (const auto& [name, value] : means.means()) mine.totals.push_back({name, Reducer::avg, value});
-    for (auto& r : context_.reducers_)
-      if (r.for_training) mine.reducer_parts.push_back(r.per_slot(r.object));
-    const auto shares = detail::gather_shares(std::move(mine), context_.communicator());
-    MetricValues avg;
-    avg.set("batches", static_cast<double>(st.batches_trained));
-    avg.set("epochs", static_cast<double>(st.epochs_trained));
-    for (const auto& [name, value] : detail::combine_training(shares)) avg.set(name, value);
-    reduce_user_reducers(&detail::WrappedReducer::for_training, shares, avg);
-    // The whole job's records (every rank's), over the chief's clock.
-    const double rate = seconds > 0 ? static_cast<double>(detail::total_records(shares)) / seconds : 0.0;
-    char tail[64];
-    std::snprintf(tail, sizeof tail, "  (%.1f samples/s)", rate);
-    st.progress.line("[train]" + detail::format_metrics(avg) + tail);
-    st.log.write("training", st.batches_trained, st.epochs_trained, avg, "samples_per_second", rate);
-    callbacks.each([&](auto& cb) {
-      if constexpr (requires { cb.on_training_workload_end(avg, std::span<const Metrics>(batch_metrics)); })
-        cb.on_training_workload_end(avg, std::span<const Metrics>(batch_metrics));
-      else if constexpr (requires { cb.on_training_workload_end(avg); })
-        cb.on_training_workload_end(avg);
-    });
-    st.result.last_training_metrics = std::move(avg);
-  }
-
-  /// Merges the user reducers taking part (`role`: for_training or for_validation) into `out`, each
-  /// reducing the parts of every rank.
-  void reduce_user_reducers(bool detail::WrappedReducer::*role, const std::vector<detail::RankShare>& shares, MetricValues& out) {
-    // Every rank sees every share, so a mismatch stops all ranks here together.
-    for (const auto& s : shares)
-      if (s.reducer_parts.size() != shares.front().reducer_parts.size())
-        throw DistributedError("the ranks wrapped different numbers of reducers; every rank must build the same trial");
-    std::size_t index = 0;
-    for (auto& r : context_.reducers_)
-      if (r.*role) r.cross_slot_into(r.object, r.name, detail::reducer_parts(shares, index++), out);
-  }
-
-  template <class Set>
-  void validate(RunState& st, Set& callbacks) {
-    torch::NoGradGuard no_grad;
-    for (const auto& m : context_.models()) m->eval();
-    for (auto& r : context_.reducers_)
-      if (r.for_validation) r.reset(r.object);
-    callbacks.each([&](auto& cb) {
-      if constexpr (requires { cb.on_validation_start(); }) cb.on_validation_start();
-    });
-    st.progress.begin("validate", 0, epoch_length(*validation_loader_, validation_chain()), "batches");
-    // This rank's share: its metric totals (evaluate_batch, over its shard) or, with
-    // evaluate_full_dataset, the chief's metrics over the whole set (taken as they are).
-    detail::RankShare mine;
-    if constexpr (DeclaresEvaluateBatch<TrialT>) {
-      callbacks.each([&](auto& cb) {
-        if constexpr (requires { cb.on_validation_epoch_start(); }) cb.on_validation_epoch_start();
-      });
-      detail::ValidationReduction reduction(evaluation_reducer());
-      std::vector<Metrics> outputs;
-      std::int64_t batch_idx = 0;
-      const bool non_blocking = context_.device().is_cuda();
-      for (auto&& loaded : validation_loader_->batches(validation_chain())) {
-        validation_batch_t<TrialT> batch = std::move(loaded);
-        to_device_in_place(batch, context_.device(), non_blocking);
-        mine.records += record_count(batch);
-        Metrics m = detail::call_evaluate_batch(*trial_, batch, model_or_missing(), batch_idx);
-        reduction.add(m, batch_idx);
-        if constexpr (Set::wants_validation_outputs) outputs.push_back(std::move(m));
-        ++batch_idx;
-        st.progress.update(batch_idx);
-        if (st.options.test_mode) break;
-      }
-      callbacks.each([&](auto& cb) {
-        if constexpr (requires { cb.on_validation_epoch_end(std::span<const Metrics>(outputs)); })
-          cb.on_validation_epoch_end(std::span<const Metrics>(outputs));
-      });
-      mine.totals = reduction.totals();
-      mine.batches = reduction.batches();
-    } else {
-      // The whole dataset on the chief only (Determined's rule); the others get its metrics.
-      if (context_.distributed().is_chief()) {
-        const Metrics m = detail::call_evaluate_full_dataset(*trial_, *validation_loader_, model_or_missing());
-        for (const auto& e : m) mine.totals.push_back({std::string(e.key.view()), Reducer::sum, e.value.to_double()});
-        mine.batches = 1;
-      }
-    }
-    for (auto& r : context_.reducers_)
-      if (r.for_validation) mine.reducer_parts.push_back(r.per_slot(r.object));
-    const auto shares = detail::gather_shares(std::move(mine), context_.communicator());
-    // Decided from the gathered shares, so every rank throws (or goes on) together.
-    if (detail::total_batches(shares) == 0) throw DataError("the validation data loader yielded no batches");
-    const std::int64_t records = detail::total_records(shares);
-    MetricValues metrics = detail::combine_validation(shares);
-    reduce_user_reducers(&detail::WrappedReducer::for_validation, shares, metrics);
-    callbacks.each([&](auto& cb) {
-      if constexpr (requires { cb.on_validation_end(metrics); }) cb.on_validation_end(metrics);
-    });
-    st.last_validation = st.batches_trained;
-    ++st.result.validations;
-
-    const double seconds = st.progress.elapsed();
-    MetricValues reported;
-    reported.set("batches", static_cast<double>(st.batches_trained));
-    reported.set("epochs", static_cast<double>(st.epochs_trained));
-    for (const auto& [name, value] : metrics) reported.set(name, value);
-    char tail[96];
-    if (records > 0)
-      std::snprintf(tail, sizeof tail, "  (%lld records in %.2f s)", static_cast<long long>(records), seconds);
-    else
-      std::snprintf(tail, sizeof tail, "  (%.2f s)", seconds);
-    st.progress.line("[validation]" + detail::format_metrics(reported) + tail);
-    st.log.write("validation", st.batches_trained, st.epochs_trained, reported, "seconds", seconds);
-    st.result.last_validation_metrics = reported;
-    apply_checkpoint_policy(st, reported, callbacks);
-  }
-
-  /// After a validation: tracks the best searcher metric and checkpoints as the policy says.
-  template <class Set>
-  void apply_checkpoint_policy(RunState& st, const MetricValues& metrics, Set& callbacks) {
-    bool improved = true;  // without a searcher metric every validation counts as the best so far
-    if (!st.options.searcher_metric.empty()) {
-      const auto value = metrics.get(st.options.searcher_metric);
-      if (!value) {
-        // A configuration error (exit status 78): every trial of a search would fail the same way.
-        std::vector<std::string> names;
-        for (const auto& [name, ignored] : metrics) names.push_back(name);
-        std::string reported;
-        for (const auto& name : names) reported += (reported.empty() ? "" : ", ") + name;
-        std::string hint = detail::suggestion(st.options.searcher_metric, names);
-        if (hint.empty()) {  // val_loss for validation_loss: the one name with the same last word
-          auto last_word = [](const std::string& n) { return n.substr(n.rfind('_') == std::string::npos ? 0 : n.rfind('_') + 1); };
-          std::vector<std::string> same;
-          std::ranges::copy_if(names, std::back_inserter(same), [&](const std::string& n) { return last_word(n) == last_word(st.options.searcher_metric); });
-          if (same.size() == 1) hint = "; did you mean '" + same.front() + "'?";
-        }
-        throw ConfigError("searcher.metric '" + st.options.searcher_metric + "' is not a metric validation reports (it reported " +
-                          reported + ")" + hint);
-      }
-      improved = !st.best_metric || (st.options.smaller_is_better ? *value < *st.best_metric : *value > *st.best_metric);
-      // Every rank holds the same gathered metrics; the chief's decision is still the one acted on,
-      // because a checkpoint is a collective that all ranks enter or none.
-      if (Communicator* comm = context_.communicator()) improved = comm->broadcast_values({improved ? 1 : 0})[0] != 0;
-      if (improved) st.best_metric = *value;
-    } else if (st.options.checkpoint_policy == CheckpointPolicy::best && !st.warned_best_without_metric) {
-      st.progress.line("dettrial: checkpoint_policy 'best' has no searcher metric to compare; checkpointing after every validation");
-      st.warned_best_without_metric = true;
-    }
-    if (st.last_checkpoint != st.batches_trained && st.checkpoint_after_validation(improved)) checkpoint(st, callbacks);
-  }
-
-  TrialProgress progress_of(const RunState& st) const {
-    return TrialProgress{.trial_id = st.options.trial_id,
-                         .batches_trained = st.batches_trained,
-                         .epochs_trained = st.epochs_trained,
-                         .last_validation = st.last_validation,
-                         .last_checkpoint = st.last_checkpoint,
-                         .best_validation = st.best_metric,
-                         .training_data_seed = data_seed(*train_loader_),
-                         .validation_data_seed = data_seed(*validation_loader_)};
-  }
-  template <class L>
-  static std::optional<std::uint64_t> data_seed(const L& loader) {
-    if constexpr (requires { { loader.seed() } -> std::convertible_to<std::uint64_t>; }) return loader.seed();
-    else return std::nullopt;
-  }
-  template <class L>
-  static void restore_data_seed(L& loader, const std::optional<std::uint64_t>& seed) {
-    if constexpr (requires { loader.set_seed(std::uint64_t{}); })
-      if (seed) loader.set_seed(*seed);
-  }
-
-  /// A callback's name in checkpoints: its `name()` if it has one, else its position.
-  template <class C>
-  static std::string callback_name(const C& cb, std::size_t index) {
-    if constexpr (requires { std::string(cb.name()); }) return std::string(cb.name());
-    else return "callback_" + std::to_string(index);
-  }
-
-  /**
-   * @brief Writes a checkpoint (Determined's layout, crash-safe) on the chief, runs the checkpoint
-   * hooks, and applies retention sparing the new one.
-   */
-  template <class Set>
-  void checkpoint(RunState& st, Set& callbacks) {
-    st.last_checkpoint = st.batches_trained;
-    // Every rank's RNGs go to the chief (collectives: all ranks checkpoint at the same batches).
-    std::vector<torch::Tensor> rng_states, gpu_rng_states;
-    if (Communicator* comm = context_.communicator()) {
-      for (const torch::Tensor& state : comm->allgather(at::detail::getDefaultCPUGenerator().get_state().to(comm->device())))
-        rng_states.push_back(state.cpu());
-      if (context_.device().is_cuda())
-        for (const torch::Tensor& state :
-             comm->allgather(at::globalContext().defaultGenerator(context_.device()).get_state().to(comm->device())))
-          gpu_rng_states.push_back(state.cpu());
-    }
-    if (!context_.distributed().is_chief()) {
-      // The chief writes; the others learn the checkpoint's uuid once it is written (Determined's broadcast).
-      const std::string uuid = share_uuid({});
-      callbacks.each([&](auto& cb) {
-        if constexpr (requires { cb.on_checkpoint_upload_end(uuid); }) cb.on_checkpoint_upload_end(uuid);
-      });
-      return;
-    }
-    const auto started = std::chrono::steady_clock::now();
-    StateDict top = detail::ContextCheckpoint::python_state(context_, rng_states, gpu_rng_states);
-    StateDict callback_states(c10::StringType::get(), c10::AnyType::get());
-    std::size_t index = 0;
-    callbacks.each([&](auto& cb) {
-      if constexpr (requires { c10::IValue(cb.state_dict()); }) callback_states.insert(callback_name(cb, index), c10::IValue(cb.state_dict()));
-      ++index;
-    });
-    top.insert("callbacks", callback_states);
-    callbacks.each([&](auto& cb) {
-      if constexpr (requires { cb.on_checkpoint_save_start(top); }) cb.on_checkpoint_save_start(top);
-    });
-
-    const std::string uuid = detail::new_uuid();
-    CheckpointWriter writer(st.storage, uuid);
-    writer.add_file("state_dict.pth", detail::pickle_archive(top));
-    const bool mid_aggregation = st.batches_trained % context_.aggregation_frequency() != 0;
-    writer.add_file("dettrial_state.pt", detail::ContextCheckpoint::native_state(context_, mid_aggregation));
-    writer.add_file("trial_state.json", progress_of(st).to_json());
-    writer.add_file("load_data.json", load_data_json());
-
-    CheckpointInfo info{.uuid = uuid, .batches_trained = st.batches_trained, .epochs_trained = st.epochs_trained, .sequence = ++st.sequence};
-    if (st.last_validation == st.batches_trained && !st.options.searcher_metric.empty())
-      info.validation_metric = st.result.last_validation_metrics.get(st.options.searcher_metric);
-    std::string fields;
-    fields += "\"uuid\": ";
-    detail::append_json_string(fields, uuid);
-    fields += ", \"steps_completed\": " + std::to_string(st.batches_trained);
-    fields += ", \"epochs_trained\": " + std::to_string(st.epochs_trained);
-    fields += ", \"sequence\": " + std::to_string(info.sequence);
-    fields += ", \"framework\": \"torch-" + std::to_string(TORCH_VERSION_MAJOR) + "." + std::to_string(TORCH_VERSION_MINOR) + "." +
-              std::to_string(TORCH_VERSION_PATCH) + "\", \"format\": \"pickle\"";
-    fields += ", \"dettrial_version\": \"" DETTRIAL_VERSION_STRING "\", \"dettrial_format\": " + std::to_string(checkpoint_format_version);
-    fields += ", \"searcher_metric\": ";
-    detail::append_json_string(fields, st.options.searcher_metric);
-    fields += ", \"validation_metric\": ";
-    if (info.validation_metric) detail::append_json_number(fields, *info.validation_metric);
-    else fields += "null";
-    info.path = writer.commit(fields);
-    st.result.checkpoints.push_back(info);
-    share_uuid(uuid);
-
-    callbacks.each([&](auto& cb) {
-      if constexpr (requires { cb.on_checkpoint_write_end(info.path); }) cb.on_checkpoint_write_end(info.path);
-    });
-    callbacks.each([&](auto& cb) {
-      if constexpr (requires { cb.on_checkpoint_upload_end(uuid); }) cb.on_checkpoint_upload_end(uuid);
-    });
-    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
-    char tail[48];
-    std::snprintf(tail, sizeof tail, " (%.2f s)", seconds);
-    st.progress.line("[checkpoint] batches " + std::to_string(st.batches_trained) + ": " + info.path.string() + tail);
-    apply_retention(st, uuid);
-  }
-
-  /// Sends the chief's checkpoint uuid to every rank (36 characters); one process keeps its own.
-  std::string share_uuid(const std::string& uuid) {
-    Communicator* comm = context_.communicator();
-    if (!comm) return uuid;
-    std::vector<torch::Tensor> t{torch::zeros({36}, torch::kUInt8)};
-    if (comm->rank() == 0) std::memcpy(t[0].data_ptr<std::uint8_t>(), uuid.data(), std::min<std::size_t>(uuid.size(), 36));
-    t[0] = t[0].to(comm->device());
-    comm->broadcast(t);
-    const torch::Tensor host = t[0].cpu();
-    return std::string(reinterpret_cast<const char*>(host.data_ptr<std::uint8_t>()), 36);
-  }
-
-  /// The largest of `value` over the ranks (the value itself for one process): what every rank acts on.
-  int agreed_max(int value) {
-    Communicator* comm = context_.communicator();
-    if (!comm) return value;
-    return static_cast<int>(comm->allreduce_values({static_cast<double>(value)}, c10d::ReduceOp::MAX)[0]);
-  }
-
-  /**
-   * @brief Makes the ranks of a job agree before training: the epoch length is the chief's sharded
-   * length (Determined's rule; a rank whose shard is a batch shorter reads on into the next epoch of
-   * the endless stream), the data loaders shuffle with the chief's seeds, each rank's own RNG
-   * stream (dropout) is derived from the agreed trial seed and its rank, and the fit options that
-   * place boundaries must be the same on every rank.
-   */
-  void agree_across_ranks(RunState& st, std::int64_t first_batch) {
-    Communicator* comm = context_.communicator();
-    if (!comm) return;
-    const FitOptions& o = st.options;
-    const auto train_seed = data_seed(*train_loader_), validation_seed = data_seed(*validation_loader_);
-    // What places every boundary, by name: each rank compares its own with the chief's.
-    const std::pair<const char*, std::string> placed[] = {
-        {"max_length", st.length.to_string()},
-        {"the validation period", o.validation_period.to_string()},
-        {"the checkpoint period", o.checkpoint_period.to_string()},
-        {"the reporting period", o.reporting_period.to_string()},
-        {"test mode", o.test_mode ? "on" : "off"},
-        {"step-zero validation", o.step_zero_validation ? "on" : "off"},
-        {"the checkpoint policy", std::to_string(static_cast<int>(o.checkpoint_policy))},
-        {"the searcher metric", o.searcher_metric + (o.smaller_is_better ? " (smaller is better)" : " (larger is better)")},
-        {"the batch resumed from", std::to_string(first_batch)},
-        {"aggregation_frequency", std::to_string(context_.aggregation_frequency())},
-        {"the global batch size", context_.has_global_batch_size() ? std::to_string(context_.get_global_batch_size()) : "-"}};
-    std::vector<std::int64_t> mine{st.epoch_len, static_cast<std::int64_t>(train_seed.value_or(0)), train_seed ? 1 : 0,
-                                   static_cast<std::int64_t>(validation_seed.value_or(0)), validation_seed ? 1 : 0};
-    for (const auto& [name, value] : placed) mine.push_back(static_cast<std::int64_t>(std::hash<std::string>{}(value)));
-    const std::vector<std::int64_t> chief = comm->broadcast_values(mine);
-    st.epoch_len = chief[0];
-    if (chief[2]) restore_data_seed(*train_loader_, static_cast<std::uint64_t>(chief[1]));
-    if (chief[4]) restore_data_seed(*validation_loader_, static_cast<std::uint64_t>(chief[3]));
-    int differs = -1;
-    for (std::size_t i = 0; i < std::size(placed) && differs < 0; ++i)
-      if (mine[5 + i] != chief[5 + i]) differs = static_cast<int>(i);
-    // Every rank learns that one differs, so all stop here rather than cross collectives later.
-    const int any = agreed_max(differs);
-    if (any >= 0)
-      throw ConfigError("the ranks of this job disagree on " + std::string(placed[differs >= 0 ? differs : any].first) +
-                        (differs >= 0 ? " (rank " + std::to_string(comm->rank()) + " has " + placed[differs].second + ")" : std::string()) +
-                        "; every rank must be given the same config and fit options");
-    context_.seed_rank_stream();
-  }
-
-  /// Copies rank 0's parameters and buffers to every rank.
-  void broadcast_models(Communicator& comm) {
-    torch::NoGradGuard no_grad;
-    std::vector<torch::Tensor> one(1);
-    for (const auto& m : context_.models()) {
-      for (auto& p : m->parameters()) {
-        one[0] = p.detach();
-        comm.broadcast(one);
-      }
-      for (auto& b : m->buffers()) {
-        one[0] = b;
-        comm.broadcast(one);
-      }
-    }
-  }
-
-  /// Deletes the checkpoints retention lets go; `keep_uuid` (the newest, mid-trial) is spared.
-  void apply_retention(RunState& st, std::string_view keep_uuid) {
-    for (const CheckpointInfo& doomed :
-         checkpoints_to_delete(list_checkpoints(st.storage), st.options.retention, st.options.smaller_is_better, keep_uuid))
-      delete_checkpoint(doomed);
-  }
-
-  /// `load_data.json`: what Determined records to rebuild the trial (config, hyperparameters, type).
-  std::string load_data_json() const {
-    std::string out = "{\"trial_type\": \"dettrial\", \"experiment_config\": ";
-    detail::append_yaml_as_json(out, context_.get_experiment_config().yaml);
-    out += ", \"hparams\": ";
-    detail::append_yaml_as_json(out, context_.get_hparams().yaml());
-    out += ", \"trial_cls_spec\": ";
-    detail::append_json_string(out, c10::demangle(typeid(TrialT).name()));
-    out += ", \"is_trainer\": true}\n";
-    return out;
-  }
-
-  /**
-   * @brief Restores a checkpoint: models (names and shapes checked), optimizers, schedulers, pending
-   * gradients, RNGs, callbacks, and where the trial stands (`progress`).
-   */
-  template <class Set>
-  void restore(RunState& st, const std::filesystem::path& dir, const TrialProgress& progress, Set& callbacks) {
-    const std::filesystem::path file = dir / "state_dict.pth";
-    const StateDict top = detail::read_state_dict_file(dir);
-    callbacks.each([&](auto& cb) {
-      if constexpr (requires { cb.on_checkpoint_load_start(top); }) cb.on_checkpoint_load_start(top);
-    });
-    detail::ContextCheckpoint::load_models(context_, top, file);
-    detail::ContextCheckpoint::load_native(context_, read_checked_file(dir, "dettrial_state.pt"), dir / "dettrial_state.pt");
-    detail::ContextCheckpoint::load_rng(context_, top, file);
-    StateDict callback_states(c10::StringType::get(), c10::AnyType::get());
-    if (const auto it = top.find("callbacks"); it != top.end() && it->value().isGenericDict()) callback_states = it->value().toGenericDict();
-    std::size_t index = 0;
-    callbacks.each([&](auto& cb) {
-      if constexpr (requires { cb.load_state_dict(c10::IValue()); }) {
-        const std::string name = callback_name(cb, index);
-        if (const auto found = callback_states.find(name); found != callback_states.end())
-          cb.load_state_dict(found->value());
-        else
-          st.progress.line("dettrial: warning: the checkpoint has no state for callback '" + name + "'");
-      }
-      ++index;
-    });
-    restore_data_seed(*train_loader_, progress.training_data_seed);
-    restore_data_seed(*validation_loader_, progress.validation_data_seed);
-    st.batches_trained = progress.batches_trained;
-    st.epochs_trained = progress.epochs_trained;
-    st.last_validation = progress.last_validation;
-    st.last_checkpoint = progress.last_checkpoint;
-    st.best_metric = progress.best_validation;
-  }
-
-  /// A copy whose tensors are detached from the graph and on the CPU (kept for callbacks).
-  static Metrics detached(const Metrics& m) {
-    Metrics out;
-    for (const auto& e : m)
-      out.set(e.key, e.value.is_tensor() ? MetricValue(e.value.tensor().detach().cpu()) : e.value);
-    return out;
-  }
-
-  /// The training loader's chain: endless, this rank's shard, skipping what was trained.
-  LoaderChain training_chain() const {
-    return LoaderChain{.repeat = true,
-                       .skip = context_.get_initial_batch(),
-                       .num_replicas = context_.distributed().size,
-                       .rank = context_.distributed().rank};
-  }
-  /// The validation loader's chain: one pass over this rank's shard.
-  LoaderChain validation_chain() const {
-    return LoaderChain{.repeat = false, .skip = 0, .num_replicas = context_.distributed().size, .rank = context_.distributed().rank};
-  }
-  /// Batches per epoch on this rank: the loader's sharded length when it knows one.
-  template <class L>
-  static std::int64_t epoch_length(const L& loader, const LoaderChain& chain) {
-    if constexpr (requires { { loader.batches_for(chain) } -> std::convertible_to<std::int64_t>; }) {
-      return static_cast<std::int64_t>(loader.batches_for(chain));
-    } else {  // Determined's DistributedBatchSampler length: len // n + (len % n > rank)
-      const auto len = static_cast<std::int64_t>(loader.size());
-      return len / chain.num_replicas + (len % chain.num_replicas > chain.rank ? 1 : 0);
-    }
-  }
-
-  ReducerChoice evaluation_reducer() {
-    if constexpr (requires(TrialT& t) { ReducerChoice(t.evaluation_reducer()); }) return ReducerChoice(trial_->evaluation_reducer());
-    else return Reducer::avg;
-  }
-
-  template <class B>
-  std::int64_t record_count(const B& batch) {
-    if constexpr (requires(TrialT& t) { { t.get_batch_length(batch) } -> std::convertible_to<std::int64_t>; })
-      return trial_->get_batch_length(batch);
-    else return batch_length(batch);
-  }
-
-  auto& model_or_missing() {
-    if constexpr (declarative) return *model_;
-    else return missing_model_;
-  }
-
-  Context& context_;
-  std::unique_ptr<TrialT> trial_;
-  std::optional<Model> model_;
-  std::optional<OptimizerHolder> optimizer_;
-  std::unique_ptr<SchedulerResult> scheduler_;
-  std::unique_ptr<TrialCallbacks> callbacks_;
-  std::optional<TrainLoader> train_loader_;
-  std::optional<ValidationLoader> validation_loader_;
-  detail::missing missing_model_;
-};
-
-}  // namespace dettrial
-// ---- end dettrial/trainer/trainer.hpp
-
-namespace dettrial {
-
-namespace detail {
-
-
-inline const char* main_usage() {
-  return "usage: %s --config FILE [options]\n"
-         "\n"
-         "Trains the trial described by an experiment config in Determined's YAML schema.\n"
-         "\n"
-         "options:\n"
-         "  --config FILE        the experiment config (required)\n"
-         "  --set KEY=VALUE      override a config value; KEY is a dotted path such as\n"
-         "                       hyperparameters.learning_rate or data.dir (repeatable)\n"
-         "  --output DIR         where metrics.jsonl and checkpoints go (default: runs/<date>-<time>,\n"
-         "                       or the resumed run's directory with --resume); for a search, the\n"
-         "                       experiment's folder (default: runs/experiment-<name>); running the\n"
-         "                       same search command again continues it\n"
-         "  --resume PATH        continue from a checkpoint: a checkpoint directory, or a run's\n"
-         "                       output directory (its latest checkpoint)\n"
-         "  --nproc N            train data-parallel in N local processes (Gloo on CPU, NCCL on GPUs);\n"
-         "                       default: resources.slots_per_trial when no launcher (torchrun, srun,\n"
-         "                       mpirun) started this process\n"
-         "  --threads N          intra-op threads per process (default: OMP_NUM_THREADS when set;\n"
-         "                       data parallel: this rank's share of the node's cores)\n"
-         "  --no-cpu-bind        with --nproc: leave the ranks unbound (by default each rank is bound\n"
-         "                       to its share of the CPUs, unless --threads or OMP_NUM_THREADS is set)\n"
-         "  --backend NAME       gloo or nccl (default: nccl when this process has a GPU and NCCL)\n"
-         "  --timeout SECONDS    how long ranks wait for each other before failing (default 300)\n"
-         "  --test-mode          train one batch and validate one batch, to check the trial runs\n"
-         "  --quiet              print nothing but errors\n"
-         "  --help               show this text\n"
-         "\n"
-         "SIGINT or SIGTERM finishes the batch, checkpoints and exits with status 75; a second one aborts.\n"
-         "Exit status: 0 done, 1 failed, 2 bad command line, 75 stopped by a signal (continue with\n"
-         "--resume), 78 wrong configuration (running it again fails the same way).\n";
-}
-
-/// Applies `a.b.c=value` to a YAML document; the value is parsed as YAML (numbers stay numbers).
-inline void apply_override(YAML::Node& root, const std::string& assignment) {
-  const auto eq = assignment.find('=');
-  if (eq == std::string::npos || eq == 0)
-    throw ConfigError("--set needs KEY=VALUE with a dotted KEY, got '" + assignment + "'");
-  const std::string key = assignment.substr(0, eq);
-  YAML::Node value;
-  try {
-    value = YAML::Load(assignment.substr(eq + 1));
-  } catch (const YAML::Exception& e) {
-    throw ConfigError("--set " + key + ": the value is not valid YAML: " + e.msg);
-  }
-  YAML::Node node(root);
-  std::size_t start = 0;
-  for (;;) {
-    const auto dot = key.find('.', start);
-    const std::string part = key.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
-    if (part.empty()) throw ConfigError("--set: '" + key + "' has an empty path component");
-    if (!node.IsMap() && !node.IsNull() && node.IsDefined())
-      throw ConfigError("--set " + key + ": '" + key.substr(0, start ? start - 1 : 0) + "' is not a map");
-    if (dot == std::string::npos) {
-      node[part] = value;
-      return;
-    }
-    YAML::Node next = node[part];
-    node.reset(next);
-    start = dot + 1;
-  }
-}
-
-/// The experiment config a checkpoint was written under (its load_data.json: the run's config with
-/// the overrides it was given), for `--resume` without `--config`.
-inline ExperimentConfig resumed_run_config(const std::filesystem::path& checkpoint) {
-  const std::filesystem::path file = checkpoint / "load_data.json";
-  YAML::Node load_data;
-  try {
-    load_data = YAML::LoadFile(file.string());
-  } catch (const YAML::Exception& e) {
-    throw ConfigError("cannot read the resumed run's config from '" + file.string() + "' (" + e.what() + "); give it with --config");
-  }
-  if (!load_data["experiment_config"] || !load_data["experiment_config"].IsMap())
-    throw ConfigError("'" + file.string() + "' holds no experiment_config; give the run's config with --config");
-  return ExperimentConfig::from_yaml(load_data["experiment_config"], file.string() + " (the resumed run's config)");
-}
-
-/// Every scalar of a YAML document by its dotted path ("searcher.max_length.batches"), sequences by index.
-inline void flatten_yaml(const YAML::Node& node, const std::string& path, std::map<std::string, std::string>& out) {
-  if (node.IsMap()) {
-    for (const auto& kv : node) flatten_yaml(kv.second, path.empty() ? kv.first.as<std::string>() : path + "." + kv.first.as<std::string>(), out);
-  } else if (node.IsSequence()) {
-    for (std::size_t i = 0; i < node.size(); ++i) flatten_yaml(node[i], path + "[" + std::to_string(i) + "]", out);
-  } else if (node.IsScalar()) {
-    out[path] = node.Scalar();
-  } else {
-    out[path] = "null";
-  }
-}
-
-/// The fields where `given` differs from the resumed run's `stored` config, one "path: old -> new"
-/// per line (numbers compared as numbers: 1e-3 is 0.001), or empty.
-inline std::string config_differences(const YAML::Node& stored, const YAML::Node& given) {
-  std::map<std::string, std::string> a, b;
-  flatten_yaml(stored, "", a);
-  flatten_yaml(given, "", b);
-  auto same = [](const std::string& x, const std::string& y) {
-    if (x == y) return true;
-    char* end_x = nullptr;
-    char* end_y = nullptr;
-    const double dx = std::strtod(x.c_str(), &end_x), dy = std::strtod(y.c_str(), &end_y);
-    return !x.empty() && !y.empty() && *end_x == '\0' && *end_y == '\0' && dx == dy;
-  };
-  std::string out;
-  for (const auto& [path, value] : a)
-    if (const auto it = b.find(path); it == b.end()) out += "  " + path + ": " + value + " -> (not set)\n";
-    else if (!same(value, it->second)) out += "  " + path + ": " + value + " -> " + it->second + "\n";
-  for (const auto& [path, value] : b)
-    if (!a.count(path)) out += "  " + path + ": (not set) -> " + value + "\n";
-  return out;
-}
-
-/// A free TCP port on the loopback interface (the kernel picks it).
-inline int free_local_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) throw Error("cannot open a socket to find a free port");
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  socklen_t len = sizeof addr;
-  const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 &&
-                  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0;
-  ::close(fd);
-  if (!ok) throw Error("cannot find a free port on 127.0.0.1");
-  return ntohs(addr.sin_port);
-}
-
-/**
- * @brief The built-in launcher: runs this program `nproc` times with RANK, WORLD_SIZE, LOCAL_RANK,
- * LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT set (one machine), forwards SIGINT/SIGTERM to them,
- * and waits. With `bind_cpus` and at least one CPU per rank, each rank is bound to its own share of
- * the CPUs this process may use (as mpirun binds ranks to cores: unbound, the ranks' threads
- * migrate between cores and the 2-rank MNIST job trained about 15% slower) and told which in
- * DETTRIAL_RANK_CPUS. When one rank fails, the others get `grace` to fail on their own (their
- * collectives time out) and are then killed. Returns 0 when all succeed, exit_status_interrupted
- * when all stopped on a signal, else 1 after naming the rank that failed first.
- */
-inline int launch_local(const std::vector<std::string>& args, int nproc, std::chrono::seconds grace, bool bind_cpus = true) {
-  const std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
-  const int port = free_local_port();
-  std::vector<pid_t> pids(static_cast<std::size_t>(nproc), -1);
-  std::vector<int> statuses(static_cast<std::size_t>(nproc), -1);
-  supervisor_signal.store(0);
-  supervisor_signal_count.store(0);
-  const SignalHandlers handlers(&dettrial_on_supervisor_signal);
-  const std::vector<int> all_cpus = allowed_cpus();
-  for (int rank = 0; rank < nproc; ++rank) {
-    // Each rank in a process group of its own: a Ctrl-C reaches it once, forwarded from here.
-    SpawnOptions options{.extra_env = {"MASTER_ADDR=127.0.0.1", std::string(supervisor_pid_variable) + "=" + std::to_string(::getpid())},
-                         .own_process_group = true};
-    for (const auto& [key, value] : {std::pair{"RANK", rank}, std::pair{"WORLD_SIZE", nproc}, std::pair{"LOCAL_RANK", rank},
-                                     std::pair{"LOCAL_WORLD_SIZE", nproc}, std::pair{"MASTER_PORT", port}})
-      options.extra_env.push_back(std::string(key) + "=" + std::to_string(value));
-    // The child inherits the affinity of the thread that starts it: bind this thread, start, restore.
-    const std::vector<int> cpus = bind_cpus ? share_of_cpus(all_cpus, nproc, rank) : std::vector<int>{};
-    const bool bound = !cpus.empty() && set_thread_cpus(cpus);
-    if (bound) options.extra_env.push_back(std::string(rank_cpus_variable) + "=" + cpu_list_text(cpus));
-    try {
-      pids[static_cast<std::size_t>(rank)] = spawn_process(self, args, options);
-    } catch (...) {
-      if (bound) set_thread_cpus(all_cpus);
-      throw;
-    }
-    if (bound) set_thread_cpus(all_cpus);
-  }
-  int running = nproc, first_failure = -1, forwarded = 0;
-  std::chrono::steady_clock::time_point kill_at = std::chrono::steady_clock::time_point::max();
-  while (running > 0) {
-    if (const int signals = supervisor_signal_count.load(); signals > forwarded) {
-      for (std::size_t r = 0; r < pids.size(); ++r)
-        if (statuses[r] < 0) ::kill(pids[r], supervisor_signal.load());
-      forwarded = signals;
-    }
-    int status = 0;
-    const pid_t pid = ::waitpid(-1, &status, WNOHANG);
-    if (pid > 0) {
-      for (std::size_t r = 0; r < pids.size(); ++r)
-        if (pids[r] == pid) {
-          statuses[r] = status;
-          --running;
-          const bool ok = WIFEXITED(status) && (WEXITSTATUS(status) == 0 || WEXITSTATUS(status) == exit_status_interrupted_value);
-          if (!ok && first_failure < 0) {
-            first_failure = static_cast<int>(r);
-            kill_at = std::chrono::steady_clock::now() + grace;
-          }
-        }
-      continue;
-    }
-    if (std::chrono::steady_clock::now() >= kill_at) {
-      for (std::size_t r = 0; r < pids.size(); ++r)
-        if (statuses[r] < 0) ::kill(pids[r], SIGKILL);
-      kill_at = std::chrono::steady_clock::time_point::max();
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  if (first_failure >= 0) {
-    const int status = statuses[static_cast<std::size_t>(first_failure)];
-    std::fprintf(stderr, "error: rank %d of %d %s\n", first_failure, nproc,
-                 WIFSIGNALED(status) ? ("was killed by signal " + std::to_string(WTERMSIG(status))).c_str()
-                                     : ("exited with status " + std::to_string(WEXITSTATUS(status))).c_str());
-    // A configuration error stays one: whoever started this job must not retry it.
-    return WIFEXITED(status) && WEXITSTATUS(status) == exit_status_config_value ? exit_status_config_value : 1;
-  }
-  bool all_interrupted = true;
-  for (const int status : statuses) all_interrupted = all_interrupted && WEXITSTATUS(status) == exit_status_interrupted_value;
-  return all_interrupted ? exit_status_interrupted_value : 0;
-}
-
-}  // namespace detail
-
-/// The exit status of a trial program stopped by SIGINT or SIGTERM after checkpointing (EX_TEMPFAIL:
-/// try again, for example with `--resume`).
-inline constexpr int exit_status_interrupted = detail::exit_status_interrupted_value;
-/// The exit status of a trial program whose configuration is wrong (ConfigError, HyperparameterError):
-/// running it again would fail the same way (EX_CONFIG).
-inline constexpr int exit_status_config_error = detail::exit_status_config_value;
-
-/**
- * @brief The `main` of a trial program: parses the command line, reads the experiment config, builds
- * the context and the trainer, and fits. Returns the process exit status: 0 on success, 1 when the
- * run fails (with one line naming the problem), 2 on a command-line error, exit_status_interrupted
- * (75) when a signal stopped it after a checkpoint, exit_status_config_error (78) when the
- * configuration is wrong (the message names the file and the field).
- * @code{.cpp}
- * int main(int argc, char** argv) { return dettrial::main<MnistTrial>(argc, argv); }
- * @endcode
- */
-template <class TrialT, class... Args>
-int main(int argc, char** argv, Args&&... trial_args) {
-  const char* program = argc > 0 ? argv[0] : "trial";
-  if (const char* supervisor = std::getenv(detail::supervisor_pid_variable); supervisor && *supervisor)
-    detail::stop_with_supervisor(static_cast<pid_t>(std::strtol(supervisor, nullptr, 10)));
-  std::string config_path;
-  std::vector<std::string> overrides;
-  std::string output;
-  std::string resume;
-  std::string backend_name;
-  int nproc = 0;
-  std::optional<int> threads;
-  long timeout_seconds = 300;
-  std::vector<std::string> child_args{program};  // what the built-in launcher passes to each rank
-  bool test_mode = false, quiet = false, no_cpu_bind = false;
-  for (int i = 1; i < argc; ++i) {
-    const std::string_view arg = argv[i];
-    auto value = [&](std::string_view flag) -> std::string {
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "%s: %.*s needs a value\n", program, static_cast<int>(flag.size()), flag.data());
-        std::exit(2);
-      }
-      return argv[++i];
-    };
-    if (arg == "--help" || arg == "-h") {
-      std::printf(detail::main_usage(), program);
-      return 0;
-    } else if (arg == "--config") {
-      config_path = value(arg);
-    } else if (arg == "--set") {
-      overrides.push_back(value(arg));
-    } else if (arg == "--output") {
-      output = value(arg);
-    } else if (arg == "--resume") {
-      resume = value(arg);
-    } else if (arg == "--nproc" || arg == "--timeout" || arg == "--threads") {
-      const std::string v = value(arg);
-      char* end = nullptr;
-      const long n = std::strtol(v.c_str(), &end, 10);
-      if (end == v.c_str() || *end != '\0' || n < 1) {
-        std::fprintf(stderr, "%s: %s needs a positive integer, not '%s'\n", program, argv[i - 1], v.c_str());
-        return 2;
-      }
-      if (arg == "--nproc") nproc = static_cast<int>(n);
-      else if (arg == "--threads") threads = static_cast<int>(n);
-      else timeout_seconds = n;
-    } else if (arg == "--backend") {
-      backend_name = value(arg);
-      if (backend_name != "gloo" && backend_name != "nccl") {
-        std::fprintf(stderr, "%s: --backend must be gloo or nccl, not '%s'\n", program, backend_name.c_str());
-        return 2;
-      }
-    } else if (arg == "--test-mode") {
-      test_mode = true;
-    } else if (arg == "--quiet") {
-      quiet = true;
-    } else if (arg == "--no-cpu-bind") {
-      no_cpu_bind = true;
-    } else {
-      std::fprintf(stderr, "%s: unknown argument '%s'\n", program, argv[i]);
-      std::fprintf(stderr, detail::main_usage(), program);
-      return 2;
-    }
-  }
-  for (int i = 1; i < argc; ++i) {
-    if (std::string_view(argv[i]) == "--nproc") {
-      ++i;
-      continue;
-    }
-    child_args.emplace_back(argv[i]);
-  }
-  if (config_path.empty() && resume.empty()) {
-    std::fprintf(stderr, "%s: --config FILE is required (or --resume DIR, which reads the run's own config)\n", program);
-    std::fprintf(stderr, detail::main_usage(), program);
-    return 2;
-  }
-  try {
-    // --resume alone: the run's own config, with the overrides it was given.
-    std::optional<std::filesystem::path> resumed_checkpoint;
-    if (!resume.empty()) resumed_checkpoint = resolve_checkpoint(resume);
-    ExperimentConfig config = config_path.empty() ? detail::resumed_run_config(*resumed_checkpoint) : ExperimentConfig::load_file(config_path);
-    if (config_path.empty()) config_path = config.source;
-    if (!overrides.empty()) {
-      YAML::Node doc = YAML::Clone(config.yaml);
-      for (const auto& o : overrides) detail::apply_override(doc, o);
-      config = ExperimentConfig::from_yaml(doc, config_path + " (with --set)");
-    }
-    if (!config.ignored_fields.empty() && !quiet) {
-      std::string fields;
-      for (const auto& f : config.ignored_fields) fields += (fields.empty() ? "" : ", ") + f;
-      std::fprintf(stderr, "dettrial: warning: ignoring fields that mean something only on a Determined cluster: %s\n", fields.c_str());
-    }
-    if (config.searcher.name != "single" || !HyperparameterSpace(config.hyperparameters, config.source).is_constant()) {
-      // A search: every trial is a process of this program (a single-trial config of its own).
-      if (config.searcher.name == "single")
-        throw ConfigError(config_path + ": the hyperparameters are a search space, but searcher 'single' trains one trial; "
-                          "use random, grid or adaptive_asha, or give each hyperparameter one value");
-      if (test_mode) throw ConfigError("--test-mode checks one trial; it does not run a search (searcher '" + config.searcher.name + "')");
-      const std::string stem = config.name.empty() ? std::filesystem::path(config_path).stem().string() : config.name;
-      ExperimentOptions experiment{.output_dir = output.empty() ? std::filesystem::path("runs") / ("experiment-" + stem) : std::filesystem::path(output),
-                                   .quiet = quiet};
-      return Experiment(config, experiment).run();
-    }
-    const LaunchEnvironment env = LaunchEnvironment::detect();
-    if (!env.distributed() && nproc == 0 && config.slots_per_trial > 1) nproc = static_cast<int>(config.slots_per_trial);
-    if (!env.distributed() && nproc > 1) {
-      // All ranks must agree on the output directory: the launcher picks it.
-      if (output.empty() && resume.empty()) {
-        child_args.emplace_back("--output");
-        child_args.push_back(Trainer<TrialT>::default_output_dir().string());
-      }
-      // The user's own thread count (--threads, OMP_NUM_THREADS) leaves the ranks unbound: they may
-      // want more threads than a rank's share of the cores.
-      const bool bind_cpus = !no_cpu_bind && !threads && !detail::omp_num_threads([](const char* n) { return std::getenv(n); });
-      return detail::launch_local(child_args, nproc, std::chrono::seconds(timeout_seconds + 10), bind_cpus);
-    }
-    // --config with --resume: say what differs from the run's config (that is what changes now).
-    if (resumed_checkpoint && config.source.find("(the resumed run's config)") == std::string::npos && !quiet && env.rank == 0) {
-      if (std::error_code ec; std::filesystem::exists(*resumed_checkpoint / "load_data.json", ec)) {
-        const std::string differences = detail::config_differences(detail::resumed_run_config(*resumed_checkpoint).yaml, config.yaml);
-        if (!differences.empty())
-          std::fprintf(stderr, "dettrial: resuming %s with a config that differs from the run's own (its load_data.json); now:\n%s",
-                       resumed_checkpoint->string().c_str(), differences.c_str());
-      }
-    }
-    std::shared_ptr<Communicator> communicator;
-    if (env.distributed()) {
-      const bool gpu = torch::cuda::is_available();
-      if (backend_name.empty()) backend_name = gpu && backend::has_nccl ? "nccl" : "gloo";
-      const std::chrono::milliseconds timeout = std::chrono::seconds(timeout_seconds);
-      communicator = backend_name == "nccl" ? Communicator::create(env, timeout, backend::nccl{})
-                                            : Communicator::create(env, timeout, backend::gloo{});
-    }
-    FitOptions options = FitOptions::from_config(config);
-    options.test_mode = test_mode;
-    options.output_dir = output;
-    options.report.quiet = quiet;
-    if (resumed_checkpoint) {
-      const std::filesystem::path checkpoint = *resumed_checkpoint;
-      options.latest_checkpoint = checkpoint;
-      // Continue in the resumed run's directory (metrics.jsonl appended, checkpoints beside the old).
-      if (output.empty() && checkpoint.parent_path().filename() == "checkpoints")
-        options.output_dir = checkpoint.parent_path().parent_path();
-    }
-    if (!test_mode && !options.max_length)
-      throw ConfigError(config_path + ": the config sets no training length; add searcher.max_length, e.g. {batches: 1000}");
-    Context context(config, ContextOptions{.communicator = communicator, .threads = threads});
-    Trainer<TrialT> trainer(context, std::forward<Args>(trial_args)...);
-    const FitResult result = trainer.fit(std::move(options));
-    if (result.resumed_from_batch > 0 && result.batches_trained == result.resumed_from_batch && result.signal == 0 && !quiet &&
-        context.distributed().is_chief())
-      std::fprintf(stderr, "dettrial: nothing left to train: the checkpoint is at batch %lld, which already reaches searcher.max_length of %s; "
-                           "raise it to train on (e.g. --set searcher.max_length.batches=N)\n",
-                   static_cast<long long>(result.resumed_from_batch), config_path.c_str());
-    return result.signal != 0 ? exit_status_interrupted : 0;
-  } catch (const Error& e) {
-    std::fprintf(stderr, "error: %s\n", e.what());
-    // Running a wrong configuration again fails the same way: say so in the status.
-    const bool configuration = dynamic_cast<const ConfigError*>(&e) != nullptr || dynamic_cast<const HyperparameterError*>(&e) != nullptr;
-    if (configuration) return exit_status_config_error;
-  } catch (const c10::Error& e) {
-    std::fprintf(stderr, "error: LibTorch: %s\n", e.what_without_backtrace());
-  } catch (const YAML::Exception& e) {
-    std::fprintf(stderr, "error: YAML: %s\n", e.what());
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "error: %s\n", e.what());
-  }
-  return 1;
-}
-
-}  // namespace dettrial
-// ---- end dettrial/trainer/main.hpp
 // ---- end dettrial/dettrial.hpp

@@ -21,7 +21,7 @@ cat "$out.log"
 [ "$status" -eq 75 ] || { echo "signal_resume: exit status $status after SIGTERM, expected 75"; exit 1; }
 metadata=$(ls "$out"/checkpoints/*/metadata.json 2>/dev/null | head -n 1)
 [ -n "$metadata" ] || { echo "signal_resume: no checkpoint after SIGTERM"; exit 1; }
-batches=$(sed -E 's/.*"steps_completed": ([0-9]+).*/\1/' "$metadata")
+batches=$(sed -nE 's/.*"steps_completed": ([0-9]+).*/\1/p' "$metadata")
 target=$((batches + 7))
 "$program" --config "$config" --set "data.dir=$data" --set "searcher.max_length.batches=$target" --resume "$out" >"$out.resume.log" 2>&1
 status=$?

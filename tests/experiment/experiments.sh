@@ -117,7 +117,7 @@ resume)
   "$program" --config "$configs/random.yaml" --set searcher.max_concurrent_trials=1 --output "$work/out" >"$work/first.log" 2>&1 &
   pid=$!
   for _ in $(seq 1 600); do
-    grep -q '"event": "end"' "$work/out/events.jsonl" 2>/dev/null && break
+    grep -q '"event":"end"' "$work/out/events.jsonl" 2>/dev/null && break
     sleep 0.1
   done
   kill -INT "$pid"
@@ -125,9 +125,9 @@ resume)
   status=$?
   cat "$work/first.log"
   [ "$status" -eq 75 ] || fail "interrupted experiment exited with $status, expected 75"
-  ended_before=$(grep -c '"event": "end"' "$work/out/events.jsonl")
+  ended_before=$(grep -c '"event":"end"' "$work/out/events.jsonl")
   "$program" --config "$configs/random.yaml" --set searcher.max_concurrent_trials=1 --output "$work/out" || fail "the second run failed"
-  ends=$(grep -c '"event": "end"' "$work/out/events.jsonl")
+  ends=$(grep -c '"event":"end"' "$work/out/events.jsonl")
   [ "$ends" -eq 4 ] || fail "$ends trials ended in all, expected 4 (each once)"
   summary "assert len(s['trials']) == 4 and all(t['state'] == 'COMPLETED' for t in s['trials']), s; \
 print('resume: continued after', $ended_before, 'ended trial(s); 4 completed, none redone')" || fail "bad summary"

@@ -10,7 +10,7 @@
 #include <filesystem>
 #include <fstream>
 
-#include <dettrial/dettrial.hpp>
+#include <dettrial/main.hpp>
 
 struct SyntheticTrial {
   dettrial::Context& context;

@@ -40,7 +40,7 @@ int main(int argc, char** argv) {
   {
     dettrial::CheckpointWriter writer(root / "checkpoints", "0b7e2c56-0000-4000-8000-000000000001");
     writer.add_file("state.bin", "bytes");
-    writer.commit("\"uuid\": \"0b7e2c56-0000-4000-8000-000000000001\", \"sequence\": 1");
+    writer.commit({{"uuid", "0b7e2c56-0000-4000-8000-000000000001"}, {"sequence", 1}});
   }
   dettrial::CheckpointInfo written;
   written.uuid = "0b7e2c56-0000-4000-8000-000000000001";

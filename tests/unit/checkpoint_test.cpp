@@ -379,6 +379,19 @@ TEST_CASE("SIGTERM finishes the batch, checkpoints and returns; the run resumes 
   ::sigaction(SIGTERM, nullptr, &now);
   const bool restored = now.sa_handler == before.sa_handler;
   CHECK(restored);
+  // The signal belonged to that fit: later fits in the process train to the end, with dettrial's
+  // handlers or without them.
+  for (const bool handle_signals : {false, true}) {
+    CAPTURE(handle_signals);
+    Context again(test::hparams(), ContextOptions{.trial_seed = 3});
+    Trainer<test::DeclarativeRegression> next(again);
+    FitOptions o = test::quiet({.max_length = Batch(7)});
+    o.handle_signals = handle_signals;
+    const FitResult full = next.fit(o);
+    CHECK(full.signal == 0);
+    CHECK_FALSE(full.stop_requested);
+    CHECK(full.batches_trained == 7);
+  }
 }
 
 // ---- crash safety: child processes killed while they write checkpoints --------------------------

@@ -186,9 +186,6 @@ TEST_CASE("metrics: literal names without allocation, dynamic names interned, lo
   CHECK(m.at("head_2").to_double() == 3.0);
   CHECK(MetricKey(dynamic).view().data() == MetricKey(std::string("head_2")).view().data());
   CHECK_THROWS_WITH_AS(m.at("error"), "metric 'error' is missing; the metrics are: loss, acc, head_2", TrialError);
-  CHECK(lr_step::visit("every_epoch", [](auto mode) { return std::string(decltype(mode)::name); }) == "every_epoch");
-  CHECK_THROWS_WITH_AS(lr_step::visit("sometimes", [](auto) { return 0; }), doctest::Contains("unknown LR step mode 'sometimes'"),
-                       ConfigError);
 }
 
 TEST_CASE("experiment configs: unknown fields are errors at their place with the nearest name; cluster-only fields are listed") {

@@ -337,10 +337,10 @@ void check_matches_one_process(const fs::path& dir, std::int64_t length, double 
   }
   // The chief's reports: the same training and validation losses (to float rounding).
   std::optional<double> training_loss, validation_loss;
-  for (const YAML::Node& report : test::read_reports(dir / "run" / "metrics.jsonl")) {
-    if (report["batches"].as<int>() != length) continue;
-    if (report["type"].as<std::string>() == "training") training_loss = report["metrics"]["loss"].as<double>();
-    else validation_loss = report["metrics"]["validation_loss"].as<double>();
+  for (const nlohmann::json& report : test::read_reports(dir / "run" / "metrics.jsonl")) {
+    if (report["batches"].get<int>() != length) continue;
+    if (report["type"].get<std::string>() == "training") training_loss = report["metrics"]["loss"].get<double>();
+    else validation_loss = report["metrics"]["validation_loss"].get<double>();
   }
   REQUIRE(training_loss);
   REQUIRE(validation_loss);

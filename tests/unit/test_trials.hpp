@@ -11,7 +11,8 @@
 #include <string>
 #include <vector>
 
-#include <dettrial/dettrial.hpp>
+#include <dettrial/main.hpp>
+#include <nlohmann/json.hpp>
 
 #include "skip.hpp"
 
@@ -154,10 +155,10 @@ inline std::string read_text(const std::filesystem::path& p) {
 }
 
 /// The records of a metrics.jsonl, each parsed.
-inline std::vector<YAML::Node> read_reports(const std::filesystem::path& p) {
+inline std::vector<nlohmann::json> read_reports(const std::filesystem::path& p) {
   std::ifstream in(p);
-  std::vector<YAML::Node> out;
-  for (std::string line; std::getline(in, line);) out.push_back(YAML::Load(line));
+  std::vector<nlohmann::json> out;
+  for (std::string line; std::getline(in, line);) out.push_back(nlohmann::json::parse(line));
   return out;
 }
 

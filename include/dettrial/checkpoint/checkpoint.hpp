@@ -25,7 +25,8 @@
 #include <torch/torch.h>
 
 #include "../context/context.hpp"
-#include "../detail/error.hpp"
+#include "../error.hpp"
+#include "../detail/text.hpp"
 #include "../detail/json.hpp"
 #include "state_dict.hpp"
 #include "storage.hpp"
@@ -47,31 +48,47 @@ struct TrialProgress {
   std::optional<std::uint64_t> validation_data_seed{};
 
   std::string to_json() const {
-    std::string out = "{\"trial_id\": " + std::to_string(trial_id) + ", \"batches_trained\": " + std::to_string(batches_trained) +
-                      ", \"epochs_trained\": " + std::to_string(epochs_trained) + ", \"last_val\": " + std::to_string(last_validation) +
-                      ", \"last_ckpt\": " + std::to_string(last_checkpoint) + ", \"best_validation\": ";
-    if (best_validation) detail::append_json_number(out, *best_validation);
-    else out += "null";
+    const auto optional = [](const auto& v) { return v ? detail::Json(*v) : detail::Json(nullptr); };
     // As strings: 64-bit seeds do not survive JSON readers that use doubles.
-    for (const auto& [key, seed] : {std::pair{"training_data_seed", training_data_seed}, std::pair{"validation_data_seed", validation_data_seed}})
-      out += std::string(", \"") + key + "\": " + (seed ? "\"" + std::to_string(*seed) + "\"" : std::string("null"));
-    return out + "}\n";
+    const auto seed_text = [](const std::optional<std::uint64_t>& seed) { return seed ? detail::Json(std::to_string(*seed)) : detail::Json(nullptr); };
+    const detail::Json j = {{"trial_id", trial_id},
+                            {"batches_trained", batches_trained},
+                            {"epochs_trained", epochs_trained},
+                            {"last_val", last_validation},
+                            {"last_ckpt", last_checkpoint},
+                            {"best_validation", optional(best_validation)},
+                            {"training_data_seed", seed_text(training_data_seed)},
+                            {"validation_data_seed", seed_text(validation_data_seed)}};
+    return detail::json_text(j);
   }
   static TrialProgress from_json(const std::filesystem::path& file) {
-    const YAML::Node n = detail::load_json_file<CheckpointError>(file);
+    const detail::Json n = detail::read_json_file<CheckpointError>(file);
     TrialProgress p;
     try {
-      p.trial_id = n["trial_id"].as<std::int64_t>();
-      p.batches_trained = n["batches_trained"].as<std::int64_t>();
-      p.epochs_trained = n["epochs_trained"].as<std::int64_t>();
-      p.last_validation = n["last_val"].as<std::int64_t>();
-      p.last_checkpoint = n["last_ckpt"].as<std::int64_t>();
-      if (n["best_validation"] && !n["best_validation"].IsNull()) p.best_validation = n["best_validation"].as<double>();
-      if (n["training_data_seed"] && !n["training_data_seed"].IsNull()) p.training_data_seed = n["training_data_seed"].as<std::uint64_t>();
-      if (n["validation_data_seed"] && !n["validation_data_seed"].IsNull())
-        p.validation_data_seed = n["validation_data_seed"].as<std::uint64_t>();
-    } catch (const YAML::Exception& e) {
-      throw CheckpointError("'" + file.string() + "' lacks a field or has one of the wrong type: " + e.msg);
+      const auto integer = [&](const char* key) { return detail::json_as<std::int64_t>(detail::json_field(n, key), key); };
+      // A seed is a string of digits (as written) or, from another writer, a non-negative integer.
+      const auto seed = [&](const char* key) -> std::optional<std::uint64_t> {
+        const detail::Json* v = detail::json_find(n, key);
+        if (!v || v->is_null()) return std::nullopt;
+        if (!v->is_string()) return detail::json_as<std::uint64_t>(*v, key);
+        const std::string& text = v->get_ref<const std::string&>();
+        std::uint64_t value = 0;
+        const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+        if (ec != std::errc() || end != text.data() + text.size() || text.empty())
+          throw detail::JsonFieldError(std::string("'") + key + "' is " + v->dump() + ", not a 64-bit seed");
+        return value;
+      };
+      p.trial_id = integer("trial_id");
+      p.batches_trained = integer("batches_trained");
+      p.epochs_trained = integer("epochs_trained");
+      p.last_validation = integer("last_val");
+      p.last_checkpoint = integer("last_ckpt");
+      if (const detail::Json* v = detail::json_find(n, "best_validation"); v && !v->is_null())
+        p.best_validation = detail::json_as<double>(*v, "best_validation");
+      p.training_data_seed = seed("training_data_seed");
+      p.validation_data_seed = seed("validation_data_seed");
+    } catch (const detail::JsonFieldError& e) {
+      throw CheckpointError("'" + file.string() + "' lacks a field or has one of the wrong type: " + e.what());
     }
     return p;
   }
@@ -93,17 +110,18 @@ inline StateDict read_state_dict_file(const std::filesystem::path& dir) {
   return top.toGenericDict();
 }
 
-/// Moves a Context's state into and out of checkpoint files (a friend of Context).
+/// Moves a Context's state into and out of checkpoint files, through the Context's public accessors.
 struct ContextCheckpoint {
   /// The Python-readable part (without callbacks, which the trainer adds).
   static StateDict python_state(Context& c, const std::vector<torch::Tensor>& cpu_rng_per_rank = {},
                                 const std::vector<torch::Tensor>& gpu_rng_per_rank = {}) {
     c10::impl::GenericList models(c10::AnyType::get());
-    for (const auto& m : c.models_) models.push_back(module_state_dict(*m));
+    for (const auto& m : c.models()) models.push_back(module_state_dict(*m));
     c10::impl::GenericList optimizers(c10::AnyType::get());
-    for (auto& w : c.optimizers_) optimizers.push_back(optimizer_state_dict(*w.optimizer));
+    for (std::size_t i = 0; i < c.num_optimizers(); ++i) optimizers.push_back(optimizer_state_dict(c.optimizer(i)));
     c10::impl::GenericList schedulers(c10::AnyType::get());
-    for (auto& s : c.schedulers_) {
+    for (std::size_t i = 0; i < c.num_lr_schedulers(); ++i) {
+      const WrappedScheduler& s = c.lr_scheduler(i);
       StateDict d(c10::StringType::get(), c10::AnyType::get());
       // Python schedulers step once when built: LibTorch's k steps are Python's last_epoch k.
       if (const std::int64_t steps = s.steps_taken(s.scheduler); steps >= 0) {
@@ -119,7 +137,7 @@ struct ContextCheckpoint {
       for (const auto& t : cpu_rng_per_rank) states.push_back(t);
       rng.insert("cpu_rng_states", states);
     }
-    if (c.device_.is_cuda()) rng.insert("gpu_rng_state", at::globalContext().defaultGenerator(c.device_).get_state());
+    if (c.device().is_cuda()) rng.insert("gpu_rng_state", at::globalContext().defaultGenerator(c.device()).get_state());
     if (!gpu_rng_per_rank.empty()) {  // each rank's GPU generator, in rank order (dettrial's field)
       c10::impl::GenericList states(c10::AnyType::get());
       for (const auto& t : gpu_rng_per_rank) states.push_back(t);
@@ -138,13 +156,13 @@ struct ContextCheckpoint {
     torch::serialize::OutputArchive archive;
     archive.write("format", c10::IValue(checkpoint_format_version));
     torch::serialize::OutputArchive optimizers;
-    for (std::size_t i = 0; i < c.optimizers_.size(); ++i) {
+    for (std::size_t i = 0; i < c.num_optimizers(); ++i) {
       torch::serialize::OutputArchive one;
-      c.optimizers_[i].optimizer->save(one);
+      c.optimizer(i).save(one);
       // LibTorch's optimizer load restores the per-parameter state but not the groups' options
       // (learning rate, momentum, ...), which schedulers change: they are saved beside it.
       torch::serialize::OutputArchive groups;
-      const auto& param_groups = c.optimizers_[i].optimizer->param_groups();
+      const auto& param_groups = c.optimizer(i).param_groups();
       for (std::size_t g = 0; g < param_groups.size(); ++g) {
         torch::serialize::OutputArchive options;
         param_groups[g].options().serialize(options);
@@ -155,18 +173,18 @@ struct ContextCheckpoint {
     }
     archive.write("optimizers", optimizers);
     torch::serialize::OutputArchive schedulers;
-    for (std::size_t i = 0; i < c.schedulers_.size(); ++i) {
+    for (std::size_t i = 0; i < c.num_lr_schedulers(); ++i) {
       torch::serialize::OutputArchive one;
-      c.schedulers_[i].save(c.schedulers_[i].scheduler, one);
+      c.lr_scheduler(i).save(c.lr_scheduler(i).scheduler, one);
       schedulers.write(std::to_string(i), one);
     }
     archive.write("schedulers", schedulers);
     if (with_grads) {
       // By position: the models were checked entry by entry before these are read back.
       torch::serialize::OutputArchive grads;
-      for (std::size_t i = 0; i < c.models_.size(); ++i) {
+      for (std::size_t i = 0; i < c.models().size(); ++i) {
         torch::serialize::OutputArchive model;
-        const auto params = c.models_[i]->parameters();
+        const auto params = c.models()[i]->parameters();
         for (std::size_t j = 0; j < params.size(); ++j)
           if (params[j].grad().defined()) model.write("p" + std::to_string(j), params[j].grad(), /*is_buffer=*/true);
         grads.write(std::to_string(i), model);
@@ -187,13 +205,13 @@ struct ContextCheckpoint {
     const c10::IValue& models = require_entry(top, "models_state_dict", what);
     if (!models.isList()) throw CheckpointError(what + ": 'models_state_dict' is not a list");
     const auto list = models.toList();
-    if (list.size() != c.models_.size())
+    if (list.size() != c.models().size())
       throw CheckpointError(what + " holds " + std::to_string(list.size()) + " model(s), but the trial wraps " +
-                            std::to_string(c.models_.size()));
+                            std::to_string(c.models().size()));
     for (std::size_t i = 0; i < list.size(); ++i) {
       const c10::IValue entry = list.get(i);
       if (!entry.isGenericDict()) throw CheckpointError(what + ": model " + std::to_string(i) + " is not a state dict");
-      load_module_state_dict(*c.models_[i], entry.toGenericDict(), what + ", model " + std::to_string(i) + ",");
+      load_module_state_dict(*c.models()[i], entry.toGenericDict(), what + ", model " + std::to_string(i) + ",");
     }
   }
 
@@ -205,16 +223,16 @@ struct ContextCheckpoint {
     torch::Tensor cpu = require_entry(states, "cpu_rng_state", what + "'s rng_state").toTensor();
     if (const auto per_rank = states.find("cpu_rng_states"); per_rank != states.end() && per_rank->value().isList()) {
       const auto list = per_rank->value().toList();
-      if (static_cast<std::size_t>(c.distributed_.rank) < list.size()) cpu = list.get(c.distributed_.rank).toTensor();
+      if (static_cast<std::size_t>(c.distributed().rank) < list.size()) cpu = list.get(c.distributed().rank).toTensor();
     }
     set_generator_state(at::detail::getDefaultCPUGenerator(), cpu);
-    if (const auto gpu = states.find("gpu_rng_state"); gpu != states.end() && c.device_.is_cuda()) {
+    if (const auto gpu = states.find("gpu_rng_state"); gpu != states.end() && c.device().is_cuda()) {
       torch::Tensor state = gpu->value().toTensor();
       if (const auto per_rank = states.find("gpu_rng_states"); per_rank != states.end() && per_rank->value().isList()) {
         const auto list = per_rank->value().toList();
-        if (static_cast<std::size_t>(c.distributed_.rank) < list.size()) state = list.get(c.distributed_.rank).toTensor();
+        if (static_cast<std::size_t>(c.distributed().rank) < list.size()) state = list.get(c.distributed().rank).toTensor();
       }
-      set_generator_state(at::globalContext().defaultGenerator(c.device_), state);
+      set_generator_state(at::globalContext().defaultGenerator(c.device()), state);
     }
   }
 
@@ -238,14 +256,14 @@ struct ContextCheckpoint {
     };
     auto count = [](torch::serialize::InputArchive& a) { return a.keys().size(); };
     torch::serialize::InputArchive optimizers = sub("optimizers");
-    if (count(optimizers) != c.optimizers_.size())
+    if (count(optimizers) != c.num_optimizers())
       throw CheckpointError(what + " holds " + std::to_string(count(optimizers)) + " optimizer(s), but the trial wraps " +
-                            std::to_string(c.optimizers_.size()));
-    for (std::size_t i = 0; i < c.optimizers_.size(); ++i) {
+                            std::to_string(c.num_optimizers()));
+    for (std::size_t i = 0; i < c.num_optimizers(); ++i) {
       torch::serialize::InputArchive one;
       optimizers.read(std::to_string(i), one);
       try {
-        auto& optimizer = *c.optimizers_[i].optimizer;
+        auto& optimizer = c.optimizer(i);
         optimizer.load(one);
         torch::serialize::InputArchive groups;
         one.read("dettrial_group_options", groups);
@@ -259,24 +277,24 @@ struct ContextCheckpoint {
       }
     }
     torch::serialize::InputArchive schedulers = sub("schedulers");
-    if (count(schedulers) != c.schedulers_.size())
+    if (count(schedulers) != c.num_lr_schedulers())
       throw CheckpointError(what + " holds " + std::to_string(count(schedulers)) + " LR scheduler(s), but the trial wraps " +
-                            std::to_string(c.schedulers_.size()));
-    for (std::size_t i = 0; i < c.schedulers_.size(); ++i) {
+                            std::to_string(c.num_lr_schedulers()));
+    for (std::size_t i = 0; i < c.num_lr_schedulers(); ++i) {
       torch::serialize::InputArchive one;
       schedulers.read(std::to_string(i), one);
       try {
-        c.schedulers_[i].load(c.schedulers_[i].scheduler, one);
+        c.lr_scheduler(i).load(c.lr_scheduler(i).scheduler, one);
       } catch (const std::exception& e) {
         throw CheckpointError(what + ": LR scheduler " + std::to_string(i) + " cannot be restored: " + first_line(e.what()));
       }
     }
     torch::serialize::InputArchive grads;
     const bool has_grads = archive.try_read("grads", grads);
-    for (std::size_t i = 0; i < c.models_.size(); ++i) {
+    for (std::size_t i = 0; i < c.models().size(); ++i) {
       torch::serialize::InputArchive model;
       const bool has_model = has_grads && grads.try_read(std::to_string(i), model);
-      auto params = c.models_[i]->parameters();
+      auto params = c.models()[i]->parameters();
       for (std::size_t j = 0; j < params.size(); ++j) {
         torch::Tensor g;
         if (has_model && model.try_read("p" + std::to_string(j), g, /*is_buffer=*/true))

@@ -21,7 +21,8 @@
 #include <torch/csrc/jit/serialization/pickler.h>
 #include <torch/torch.h>
 
-#include "../detail/error.hpp"
+#include "../error.hpp"
+#include "../detail/text.hpp"
 
 namespace dettrial {
 

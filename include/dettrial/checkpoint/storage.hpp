@@ -15,6 +15,7 @@
 #include <sstream>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -23,8 +24,9 @@
 #include <unistd.h>
 #include <zlib.h>
 
-#include "../detail/error.hpp"
+#include "../error.hpp"
 #include "../detail/json.hpp"
+#include "../metrics/metrics.hpp"
 
 namespace dettrial {
 
@@ -165,15 +167,18 @@ class CheckpointWriter {
 
   void add_file(const std::string& name, std::string_view bytes) {
     detail::write_file_synced(temp_ / name, bytes);
-    detail::append_json_string(files_json_, name);
-    files_json_ += ": {\"size\": " + std::to_string(bytes.size()) + ", \"crc32\": " + std::to_string(detail::crc32_of(bytes)) + "}, ";
+    files_[name] = {{"size", bytes.size()}, {"crc32", detail::crc32_of(bytes)}};
   }
 
-  /// Writes `metadata.json` from `fields` (JSON members, without braces) plus the file list, and
-  /// moves the checkpoint into place. Returns its final path.
-  std::filesystem::path commit(const std::string& fields) {
-    std::string files = files_json_.empty() ? std::string() : files_json_.substr(0, files_json_.size() - 2);
-    detail::write_file_synced(temp_ / "metadata.json", "{" + fields + ", \"files\": {" + files + "}}\n");
+  /// Writes `metadata.json`: the members of `fields` (a JSON object), then `"files"` (each file's
+  /// `"size"` and `"crc32"`), and moves the checkpoint into place. Returns its final path.
+  std::filesystem::path commit(detail::Json fields) {
+    const std::filesystem::path meta_path = temp_ / "metadata.json";
+    if (!fields.is_object())
+      throw CheckpointError("the fields of '" + meta_path.string() + "' must be a JSON object, not " + detail::json_kind(fields));
+    fields.erase("files");
+    fields["files"] = files_;
+    detail::write_file_synced(meta_path, detail::json_text(fields));
     detail::sync_directory(temp_);
     const std::filesystem::path final_path = storage_ / uuid_;
     if (::rename(temp_.c_str(), final_path.c_str()) != 0)
@@ -187,7 +192,7 @@ class CheckpointWriter {
   std::filesystem::path storage_;
   std::string uuid_;
   std::filesystem::path temp_;
-  std::string files_json_;
+  detail::Json files_ = detail::Json::object();
   bool committed_ = false;
 };
 
@@ -204,35 +209,41 @@ inline CheckpointInfo read_checkpoint_info(const std::filesystem::path& dir, boo
   const std::filesystem::path meta_path = dir / "metadata.json";
   if (!std::filesystem::exists(meta_path, ec))
     throw CheckpointError("'" + dir.string() + "' is not a complete dettrial checkpoint: it has no metadata.json");
-  const YAML::Node meta = detail::load_json_file<CheckpointError>(meta_path);
-  auto field = [&](const char* key) {
-    const YAML::Node v = meta[key];
+  const detail::Json meta = detail::read_json_file<CheckpointError>(meta_path);
+  auto field = [&](const char* key) -> const detail::Json& {
+    const detail::Json* v = detail::json_find(meta, key);
     if (!v) throw CheckpointError("'" + meta_path.string() + "' has no '" + key + "'");
-    return v;
+    return *v;
   };
   CheckpointInfo info;
   info.path = dir;
   try {
-    const auto format = field("dettrial_format").as<std::int64_t>();
+    const auto format = detail::json_as<std::int64_t>(field("dettrial_format"), "dettrial_format");
     if (format > checkpoint_format_version)
       throw CheckpointError("'" + meta_path.string() + "' is checkpoint format " + std::to_string(format) +
                             ", written by a newer dettrial; this one reads formats up to " +
                             std::to_string(checkpoint_format_version));
-    info.uuid = field("uuid").as<std::string>();
-    info.batches_trained = field("steps_completed").as<std::int64_t>();
-    info.epochs_trained = field("epochs_trained").as<std::int64_t>();
-    info.sequence = field("sequence").as<std::int64_t>();
-    if (const YAML::Node v = meta["validation_metric"]; v && !v.IsNull()) info.validation_metric = v.as<double>();
-  } catch (const YAML::Exception& e) {
-    throw CheckpointError("'" + meta_path.string() + "' has a field of the wrong type: " + e.msg);
+    info.uuid = detail::json_as<std::string>(field("uuid"), "uuid");
+    info.batches_trained = detail::json_as<std::int64_t>(field("steps_completed"), "steps_completed");
+    info.epochs_trained = detail::json_as<std::int64_t>(field("epochs_trained"), "epochs_trained");
+    info.sequence = detail::json_as<std::int64_t>(field("sequence"), "sequence");
+    if (const detail::Json* v = detail::json_find(meta, "validation_metric"); v && !v->is_null())
+      info.validation_metric = detail::json_as<double>(*v, "validation_metric");
+  } catch (const detail::JsonFieldError& e) {
+    throw CheckpointError("'" + meta_path.string() + "' has a field of the wrong type: " + e.what());
   }
   if (verify_files) {
-    const YAML::Node files = meta["files"];
-    if (!files || !files.IsMap()) throw CheckpointError("'" + meta_path.string() + "' lists no files");
-    for (const auto& kv : files) {
-      const std::filesystem::path file = dir / kv.first.Scalar();
+    const detail::Json* files = detail::json_find(meta, "files");
+    if (!files || !files->is_object()) throw CheckpointError("'" + meta_path.string() + "' lists no files");
+    for (auto it = files->begin(); it != files->end(); ++it) {
+      const std::filesystem::path file = dir / it.key();
       if (!std::filesystem::exists(file, ec)) throw CheckpointError("checkpoint file '" + file.string() + "' is missing");
-      const auto size = kv.second["size"].as<std::uint64_t>();
+      std::uint64_t size = 0;
+      try {
+        size = detail::json_as<std::uint64_t>(detail::json_field(it.value(), "size"), "files." + it.key() + ".size");
+      } catch (const detail::JsonFieldError& e) {
+        throw CheckpointError("'" + meta_path.string() + "' has a bad entry for file '" + it.key() + "': " + e.what());
+      }
       const auto actual = std::filesystem::file_size(file, ec);
       if (ec || actual != size)
         throw CheckpointError("checkpoint file '" + file.string() + "' is truncated or damaged: " + std::to_string(actual) +
@@ -248,10 +259,20 @@ inline std::string read_checked_file(const std::filesystem::path& dir, const std
   std::error_code ec;
   if (!std::filesystem::exists(file, ec)) throw CheckpointError("checkpoint file '" + file.string() + "' is missing");
   std::string bytes = detail::read_file_bytes(file);
-  const YAML::Node meta = detail::load_json_file<CheckpointError>(dir / "metadata.json");
-  const YAML::Node entry = meta["files"][name];
-  if (!entry) throw CheckpointError("'" + (dir / "metadata.json").string() + "' does not list '" + name + "'");
-  if (entry["size"].as<std::uint64_t>() != bytes.size() || entry["crc32"].as<std::uint32_t>() != detail::crc32_of(bytes))
+  const std::filesystem::path meta_path = dir / "metadata.json";
+  const detail::Json meta = detail::read_json_file<CheckpointError>(meta_path);
+  const detail::Json* files = detail::json_find(meta, "files");
+  const detail::Json* entry = files ? detail::json_find(*files, name) : nullptr;
+  if (!entry) throw CheckpointError("'" + meta_path.string() + "' does not list '" + name + "'");
+  std::uint64_t size = 0;
+  std::uint32_t crc32 = 0;
+  try {
+    size = detail::json_as<std::uint64_t>(detail::json_field(*entry, "size"), "files." + name + ".size");
+    crc32 = detail::json_as<std::uint32_t>(detail::json_field(*entry, "crc32"), "files." + name + ".crc32");
+  } catch (const detail::JsonFieldError& e) {
+    throw CheckpointError("'" + meta_path.string() + "' has a bad entry for file '" + name + "': " + e.what());
+  }
+  if (size != bytes.size() || crc32 != detail::crc32_of(bytes))
     throw CheckpointError("checkpoint file '" + file.string() + "' is damaged: its size or CRC-32 differs from what was written");
   return bytes;
 }
@@ -303,8 +324,7 @@ inline std::vector<CheckpointInfo> checkpoints_to_delete(const std::vector<Check
   for (std::size_t i = 0; i < all.size(); ++i)
     if (all[i].validation_metric) ranked.push_back(i);
   std::stable_sort(ranked.begin(), ranked.end(), [&](std::size_t a, std::size_t b) {
-    return smaller_is_better ? *all[a].validation_metric < *all[b].validation_metric
-                             : *all[a].validation_metric > *all[b].validation_metric;
+    return MetricOrder{smaller_is_better}.better(*all[a].validation_metric, *all[b].validation_metric);
   });
   for (std::size_t k = 0; k < ranked.size() && static_cast<std::int64_t>(k) < retention.save_trial_best; ++k) keep[ranked[k]] = true;
   std::vector<CheckpointInfo> out;

@@ -15,9 +15,9 @@
 
 #include <yaml-cpp/yaml.h>
 
-#include "../detail/error.hpp"
+#include "../error.hpp"
 #include "../detail/yaml.hpp"
-#include "../trainer/units.hpp"
+#include "units.hpp"
 #include "hyperparameters.hpp"
 
 namespace dettrial {

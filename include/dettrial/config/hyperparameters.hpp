@@ -9,7 +9,7 @@
 
 #include <yaml-cpp/yaml.h>
 
-#include "../detail/error.hpp"
+#include "../error.hpp"
 #include "../detail/yaml.hpp"
 
 namespace dettrial {

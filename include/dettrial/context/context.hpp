@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -19,16 +20,17 @@
 
 #include "../config/experiment_config.hpp"
 #include "../config/hyperparameters.hpp"
-#include "../detail/error.hpp"
+#include "../error.hpp"
 #include "../detail/malloc.hpp"
 #include "../detail/random.hpp"
 #include "../distributed/communicator.hpp"
+#include "../distributed/gradient_buckets.hpp"
 #include "../distributed/threads.hpp"
 #include "../metrics/reducers.hpp"
 #include "../optim/clip.hpp"
 #include "../optim/lr_state.hpp"
 #include "../optim/lr_step.hpp"
-#include "to_device.hpp"
+#include "../data/to_device.hpp"
 
 namespace dettrial {
 
@@ -86,11 +88,18 @@ struct ContextOptions {
   std::optional<int> threads;
 };
 
-template <class TrialT>
-class Trainer;
 namespace detail {
-struct ContextCheckpoint;
-}
+/// Where the running fit stands: set by the trainer, read through the Context's counters.
+struct RunPosition {
+  /// The batch index training started (or resumed) from.
+  std::int64_t initial_batch = 0;
+  /// The global index of the batch being trained.
+  std::int64_t current_batch = 0;
+  /// Batches per epoch on this rank; 0 until training starts.
+  std::int64_t epoch_len = 0;
+  std::filesystem::path output_dir{};
+};
+}  // namespace detail
 
 /**
  * @brief What a trial sees of its run (Determined's PyTorchTrialContext).
@@ -167,7 +176,7 @@ class Context {
   /// The running fit's output folder (metrics.jsonl, checkpoints/; in a search, the trial's own
   /// `trials/<id>/`): where a trial's or callback's own files belong. Empty until `fit` starts (the
   /// trial's constructor runs before), so read it in hooks and batches.
-  const std::filesystem::path& output_dir() const { return output_dir_; }
+  const std::filesystem::path& output_dir() const { return position_.output_dir; }
   const ExperimentConfig& get_experiment_config() const { return config_; }
 
   /// `global_batch_size / slots_per_trial`; needs the `global_batch_size` hyperparameter.
@@ -201,15 +210,15 @@ class Context {
   // ---- counters -------------------------------------------------------------------------------
 
   /// The batch index training started (or resumed) from.
-  std::int64_t get_initial_batch() const { return initial_batch_; }
+  std::int64_t get_initial_batch() const { return position_.initial_batch; }
   /// The global index of the batch being trained.
-  std::int64_t current_train_batch() const { return current_batch_; }
+  std::int64_t current_train_batch() const { return position_.current_batch; }
   /// The epoch of the batch being trained.
-  std::int64_t current_train_epoch() const { return current_batch_ / require_epoch_len(); }
-  bool is_epoch_start() const { return current_batch_ % require_epoch_len() == 0; }
-  bool is_epoch_end() const { return current_batch_ % require_epoch_len() == require_epoch_len() - 1; }
+  std::int64_t current_train_epoch() const { return position_.current_batch / require_epoch_len(); }
+  bool is_epoch_start() const { return position_.current_batch % require_epoch_len() == 0; }
+  bool is_epoch_end() const { return position_.current_batch % require_epoch_len() == require_epoch_len() - 1; }
   /// True on batches that step the optimizers (every `aggregation_frequency`-th batch).
-  bool is_update_batch() const { return (current_batch_ + 1) % aggregation_frequency_ == 0; }
+  bool is_update_batch() const { return (position_.current_batch + 1) % aggregation_frequency_ == 0; }
 
   /// Ask the trainer to checkpoint and stop at the next boundary.
   void set_stop_requested(bool stop) { stop_requested_ = stop; }
@@ -239,7 +248,7 @@ class Context {
     static_assert(TorchOptimizer<O>, "dettrial::Context::wrap_optimizer<O>: O must derive from torch::optim::Optimizer");
     for (const auto& w : optimizers_)
       if (w.optimizer == &optimizer) throw TrialError("this optimizer was already wrapped with wrap_optimizer");
-    WrappedOptimizer w{&optimizer, {}, average_aggregated_gradients.value_or(average_aggregated_gradients_)};
+    WrappedOptimizer w{&optimizer, {}, average_aggregated_gradients.value_or(average_aggregated_gradients_), nullptr};
     refresh_params(w);
     optimizers_.push_back(std::move(w));
     return optimizer;
@@ -260,9 +269,9 @@ class Context {
                   "torch::optim::LRScheduler or have save(torch::serialize::OutputArchive&) const and "
                   "load(torch::serialize::InputArchive&)");
     if (frequency < 1) throw ConfigError("an LR scheduler's step frequency must be at least 1");
-    schedulers_.push_back(WrappedScheduler{&scheduler, [](void* s) { static_cast<S*>(s)->step(); }, &Mode::steps_after,
-                                           frequency, std::string(Mode::name), &detail::save_lr_scheduler<S>,
-                                           &detail::load_lr_scheduler<S>, &detail::lr_scheduler_steps<S>});
+    schedulers_.push_back(detail::WrappedScheduler{&scheduler, [](void* s) { static_cast<S*>(s)->step(); }, &Mode::steps_after,
+                                                   frequency, &detail::save_lr_scheduler<S>, &detail::load_lr_scheduler<S>,
+                                                   &detail::lr_scheduler_steps<S>});
     return scheduler;
   }
 
@@ -325,8 +334,8 @@ class Context {
   void backward(const torch::Tensor& loss, bool retain_graph = false, bool create_graph = false) {
     // In a job, an update batch's backward pass starts each gradient bucket's all-reduce as soon as
     // the bucket's gradients are ready (see all_reduce_gradients).
-    if (communicator_)
-      for (auto& w : optimizers_) arm_gradient_hooks(w);
+    for (auto& w : optimizers_)
+      if (w.buckets) w.buckets->arm(is_update_batch());
     loss.backward({}, retain_graph, create_graph);
   }
 
@@ -345,7 +354,10 @@ class Context {
     if (!is_update_batch()) return;
     WrappedOptimizer& w = find_optimizer(optimizer);
     refresh_params(w);  // param groups may have grown since wrapping (unfrozen layers)
-    if (communicator_) all_reduce_gradients(w);
+    if (communicator_) {
+      if (!w.buckets) w.buckets = std::make_unique<detail::GradientBuckets>(*communicator_, w.params);
+      w.buckets->all_reduce();
+    }
     if (w.average && aggregation_frequency_ > 1) {
       const double scale = 1.0 / static_cast<double>(aggregation_frequency_);
       for (auto& p : w.params)
@@ -362,55 +374,54 @@ class Context {
   }
   /// Forgets every wrapped object (called when their trainer goes away).
   void release_registrations() {
-    for (auto& w : optimizers_) remove_gradient_hooks(w);
     models_.clear();
     optimizers_.clear();
     schedulers_.clear();
     reducers_.clear();
     owned_reducers_.clear();
     stop_requested_ = false;
-    epoch_len_ = 0;
+    position_ = {};
   }
 
   /// Every wrapped model, in wrap order.
   const std::vector<std::shared_ptr<torch::nn::Module>>& models() const { return models_; }
   std::size_t num_optimizers() const { return optimizers_.size(); }
+  /// Wrapped optimizer `i`, in wrap order.
+  torch::optim::Optimizer& optimizer(std::size_t i) const { return *optimizers_.at(i).optimizer; }
   std::size_t num_lr_schedulers() const { return schedulers_.size(); }
+  /// Wrapped LR scheduler `i` (type-erased: how to step, save and restore it), in wrap order.
+  const detail::WrappedScheduler& lr_scheduler(std::size_t i) const { return schedulers_.at(i); }
+
+  // ---- driven by the trainer (trials read the counters and metrics above) ---------------------
+
+  /// Where the running fit stands; the trainer moves it, the counters above read it.
+  detail::RunPosition& position() { return position_; }
+  /// The wrapped reducers, reset and reduced by the trainer at each workload.
+  std::span<detail::WrappedReducer> reducers() { return reducers_; }
+
+  /// Steps the schedulers per their mode; the trainer calls it on update batches after train_batch.
+  void step_lr_schedulers(std::int64_t batch_idx) {
+    for (auto& s : schedulers_) {
+      const std::int64_t n = s.steps_after(batch_idx, aggregation_frequency_, position_.epoch_len, s.frequency);
+      for (std::int64_t i = 0; i < n; ++i) s.step(s.scheduler);
+    }
+  }
+
+  /// In a job, after the trial and its data loaders were built from the same seed on every rank:
+  /// ranks other than the chief continue on a stream of their own, derived from the trial seed and
+  /// the rank, so that their dropout masks and other draws differ.
+  void seed_rank_stream() const {
+    if (distributed_.rank > 0)
+      torch::manual_seed(detail::mix64(trial_seed_ ^ (static_cast<std::uint64_t>(distributed_.rank) * detail::golden_gamma)) >> 1);
+  }
 
  private:
-  template <class>
-  friend class Trainer;
-  friend struct detail::ContextCheckpoint;
-
-  /// A flat buffer that carries the gradients of several parameters in one all-reduce.
-  struct GradientBucket {
-    torch::Tensor flat;
-    std::vector<std::pair<std::size_t, std::int64_t>> members;  // (parameter index, offset)
-  };
   struct WrappedOptimizer {
     torch::optim::Optimizer* optimizer;
     std::vector<torch::Tensor> params;
     bool average;
-    // Data parallel only: built on the first distributed step, then reused.
-    std::vector<GradientBucket> buckets{};
-    std::vector<std::size_t> bucket_of{};                      // per parameter
-    std::vector<std::int64_t> offset_of{};                     // per parameter, in its bucket
-    std::vector<unsigned> hooks{};                             // per parameter
-    std::vector<char> filled{};                                // per parameter: its slice holds this step's gradient
-    std::vector<std::size_t> pending{};                        // per bucket: parameters still to come
-    std::vector<c10::intrusive_ptr<c10d::Work>> works{};       // the all-reduces started, in bucket order
-    std::vector<torch::Tensor> collective_arg{1};            // c10d takes a vector: one, reused
-    bool armed = false;                                      // this backward pass feeds the buckets
-  };
-  struct WrappedScheduler {
-    void* scheduler;
-    void (*step)(void*);
-    std::int64_t (*steps_after)(std::int64_t, std::int64_t, std::int64_t, std::int64_t);
-    std::int64_t frequency;
-    std::string mode;
-    void (*save)(void*, torch::serialize::OutputArchive&);
-    void (*load)(void*, torch::serialize::InputArchive&);
-    std::int64_t (*steps_taken)(void*);
+    /// Data parallel only: made on the first step, dropped when the parameters change.
+    std::unique_ptr<detail::GradientBuckets> buckets;
   };
 
   template <class Result>
@@ -444,14 +455,6 @@ class Context {
     torch::manual_seed(trial_seed_);  // CPU and, when present, every CUDA device
   }
 
-  /// In a job, after the trial and its data loaders were built from the same seed on every rank:
-  /// ranks other than the chief continue on a stream of their own, derived from the trial seed and
-  /// the rank, so that their dropout masks and other draws differ.
-  void seed_rank_stream() const {
-    if (distributed_.rank > 0)
-      torch::manual_seed(detail::mix64(trial_seed_ ^ (static_cast<std::uint64_t>(distributed_.rank) * detail::golden_gamma)) >> 1);
-  }
-
   std::int64_t global_batch_size_hparam() const {
     if (!hparams_.contains("global_batch_size"))
       throw HyperparameterError(
@@ -465,8 +468,8 @@ class Context {
   }
 
   std::int64_t require_epoch_len() const {
-    if (epoch_len_ <= 0) throw TrialError("epoch counters are only known once training has started");
-    return epoch_len_;
+    if (position_.epoch_len <= 0) throw TrialError("epoch counters are only known once training has started");
+    return position_.epoch_len;
   }
 
   /// Rebuilds the cached parameter list when the optimizer's groups changed size (no allocation otherwise).
@@ -474,136 +477,16 @@ class Context {
     std::size_t count = 0;
     for (const auto& group : w.optimizer->param_groups()) count += group.params().size();
     if (count == w.params.size()) return;
-    remove_gradient_hooks(w);
+    w.buckets.reset();
     w.params.clear();
-    w.buckets.clear();
     for (auto& group : w.optimizer->param_groups())
       for (auto& p : group.params()) w.params.push_back(p);
-  }
-
-  /// PyTorch DDP's default bucket size.
-  static constexpr std::int64_t bucket_bytes = 25 << 20;
-
-  /**
-   * @brief Averages the gradients across ranks, as PyTorch's DDP does: flat buckets (of one dtype and
-   * device, up to 25 MiB, filled from the last parameters back, the order the backward pass produces
-   * them) whose all-reduces start during the backward pass as each bucket fills, in bucket order on
-   * every rank; step_optimizer then waits for them and divides by the world size. The buckets are
-   * allocated on the first step and reused. A backward pass not run through `context.backward`, and
-   * parameters without a gradient (zeros), are handled here after the fact.
-   */
-  void all_reduce_gradients(WrappedOptimizer& w) {
-    if (w.buckets.empty()) build_buckets(w);
-    torch::NoGradGuard no_grad;
-    if (!w.armed) {  // the hooks did not feed this step (or saw two backward passes): start over
-      for (const auto& work : w.works) communicator_->wait(work, "gradient all-reduce");
-      std::fill(w.filled.begin(), w.filled.end(), 0);
-      w.works.clear();
-    }
-    for (std::size_t i = 0; i < w.params.size(); ++i)
-      if (!w.filled[i]) fill_slice(w, i, torch::Tensor());
-    for (std::size_t b = 0; b < w.buckets.size(); ++b) w.pending[b] = 0;
-    start_ready_buckets(w);
-    const double scale = 1.0 / static_cast<double>(distributed_.size);
-    for (std::size_t k = 0; k < w.buckets.size(); ++k) {
-      communicator_->wait(w.works[k], "gradient all-reduce");
-      GradientBucket& b = w.buckets[k];
-      b.flat.mul_(scale);
-      for (const auto& [i, offset] : b.members) {
-        torch::Tensor& p = w.params[i];
-        const torch::Tensor slice = b.flat.narrow(0, offset, p.numel()).view(p.sizes());
-        if (p.grad().defined()) p.mutable_grad().copy_(slice);
-        else p.mutable_grad() = slice.clone();
-      }
-    }
-    w.armed = false;
-  }
-
-  void build_buckets(WrappedOptimizer& w) {
-    w.bucket_of.assign(w.params.size(), 0);
-    w.offset_of.assign(w.params.size(), 0);
-    for (std::size_t k = w.params.size(); k-- > 0;) {
-      const torch::Tensor& p = w.params[k];
-      if (w.buckets.empty() || w.buckets.back().flat.scalar_type() != p.scalar_type() || w.buckets.back().flat.device() != p.device() ||
-          (w.buckets.back().flat.numel() + p.numel()) * p.element_size() > bucket_bytes)
-        w.buckets.push_back(GradientBucket{torch::empty({0}, p.options()), {}});
-      GradientBucket& b = w.buckets.back();
-      b.members.emplace_back(k, b.flat.numel());
-      w.offset_of[k] = b.flat.numel();
-      b.flat = torch::empty({b.flat.numel() + p.numel()}, p.options());
-      w.bucket_of[k] = w.buckets.size() - 1;
-    }
-    w.filled.assign(w.params.size(), 0);
-    w.pending.assign(w.buckets.size(), 0);
-    w.works.reserve(w.buckets.size());
-    // The hooks find their WrappedOptimizer by its optimizer: the vector holding it may grow.
-    torch::optim::Optimizer* optimizer = w.optimizer;
-    for (std::size_t k = 0; k < w.params.size(); ++k)
-      w.hooks.push_back(w.params[k].register_hook([this, optimizer, k](const torch::Tensor& grad) {
-        WrappedOptimizer& self = find_optimizer(*optimizer);
-        if (!self.armed) return;
-        if (self.filled[k]) {  // a second backward pass in this step: redone in step_optimizer
-          self.armed = false;
-          return;
-        }
-        torch::NoGradGuard no_grad;
-        fill_slice(self, k, grad);
-        --self.pending[self.bucket_of[k]];
-        start_ready_buckets(self);
-      }));
-  }
-
-  /// Puts parameter k's gradient for this step (its accumulated .grad plus `incoming`) into its slice.
-  static void fill_slice(WrappedOptimizer& w, std::size_t k, const torch::Tensor& incoming) {
-    const torch::Tensor& p = w.params[k];
-    torch::Tensor slice = w.buckets[w.bucket_of[k]].flat.narrow(0, w.offset_of[k], p.numel());
-    if (incoming.defined()) {
-      slice.copy_(incoming.reshape({-1}));
-      if (p.grad().defined()) slice.add_(p.grad().reshape({-1}));
-    } else if (p.grad().defined()) {
-      slice.copy_(p.grad().reshape({-1}));
-    } else {
-      slice.zero_();
-    }
-    w.filled[k] = 1;
-  }
-
-  /// Starts the all-reduces of the buckets that are full, strictly in bucket order (ranks must issue
-  /// collectives in the same order).
-  void start_ready_buckets(WrappedOptimizer& w) {
-    while (w.works.size() < w.buckets.size() && w.pending[w.works.size()] == 0) {
-      w.collective_arg[0] = w.buckets[w.works.size()].flat;
-      w.works.push_back(communicator_->allreduce_async(w.collective_arg));
-    }
-  }
-
-  /// Before an update batch's backward pass: every bucket waits for all its parameters.
-  void arm_gradient_hooks(WrappedOptimizer& w) {
-    w.armed = !w.buckets.empty() && is_update_batch();
-    if (!w.armed) return;
-    std::fill(w.filled.begin(), w.filled.end(), 0);
-    for (std::size_t b = 0; b < w.buckets.size(); ++b) w.pending[b] = w.buckets[b].members.size();
-    w.works.clear();
-  }
-
-  static void remove_gradient_hooks(WrappedOptimizer& w) {
-    for (std::size_t k = 0; k < w.hooks.size() && k < w.params.size(); ++k) w.params[k].remove_hook(w.hooks[k]);
-    w.hooks.clear();
-    w.armed = false;
   }
 
   WrappedOptimizer& find_optimizer(const torch::optim::Optimizer& optimizer) {
     for (auto& w : optimizers_)
       if (w.optimizer == &optimizer) return w;
     throw TrialError("step_optimizer was given an optimizer that was not wrapped with context.wrap_optimizer");
-  }
-
-  /// Called by the trainer on update batches after train_batch: steps the schedulers per their mode.
-  void step_lr_schedulers(std::int64_t batch_idx) {
-    for (auto& s : schedulers_) {
-      const std::int64_t n = s.steps_after(batch_idx, aggregation_frequency_, epoch_len_, s.frequency);
-      for (std::int64_t i = 0; i < n; ++i) s.step(s.scheduler);
-    }
   }
 
   Hyperparameters hparams_;
@@ -619,14 +502,11 @@ class Context {
 
   std::vector<std::shared_ptr<torch::nn::Module>> models_;
   std::vector<WrappedOptimizer> optimizers_;
-  std::vector<WrappedScheduler> schedulers_;
+  std::vector<detail::WrappedScheduler> schedulers_;
   std::vector<detail::WrappedReducer> reducers_;
   std::vector<std::shared_ptr<void>> owned_reducers_;  // the FunctionReducers wrap_reducer(fn) made
 
-  std::int64_t initial_batch_ = 0;
-  std::filesystem::path output_dir_{};
-  std::int64_t current_batch_ = 0;
-  std::int64_t epoch_len_ = 0;
+  detail::RunPosition position_{};
   bool stop_requested_ = false;
 };
 

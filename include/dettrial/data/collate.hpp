@@ -14,8 +14,8 @@
 
 #include <torch/torch.h>
 
-#include "../context/to_device.hpp"
-#include "../detail/error.hpp"
+#include "to_device.hpp"
+#include "../error.hpp"
 
 namespace dettrial {
 

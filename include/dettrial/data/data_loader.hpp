@@ -15,8 +15,8 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
 
-#include "../context/to_device.hpp"
-#include "../detail/error.hpp"
+#include "to_device.hpp"
+#include "../error.hpp"
 #include "collate.hpp"
 #include "prefetch.hpp"
 #include "sampler.hpp"
@@ -207,11 +207,11 @@ class DataLoader {
     };
 
     Stream(const DataLoader& loader, LoaderChain chain)
-        : loader_(&loader), chain_(chain), position_(chain.skip),
+        : loader_(&loader), slices_(loader.sampler_.slices(chain)), skip_(chain.skip), position_(chain.skip),
           end_(chain.repeat ? std::numeric_limits<std::int64_t>::max() : loader.batches_for(chain)) {
       if (loader.options_.workers > 0 && position_ < end_)
         prefetcher_ = std::make_unique<detail::Prefetcher<batch_type>>(
-            [loader = loader_, chain](std::int64_t k) { return loader->read(loader->sampler_.rank_batch(chain, k)); },
+            [loader = loader_, slices = slices_, skip = skip_](std::int64_t k) { return loader->read(slices[k - skip]); },
             position_, end_, loader.options_.workers, loader.options_.workers * loader.options_.prefetch);
     }
     Stream(Stream&&) = default;
@@ -226,11 +226,13 @@ class DataLoader {
     batch_type next() {
       const std::int64_t k = position_++;
       if (prefetcher_) return prefetcher_->take();
-      return loader_->read(loader_->sampler_.rank_batch(chain_, k));
+      return loader_->read(slices_[k - skip_]);
     }
 
+    using Slices = decltype(std::declval<const BatchSampler&>().slices(std::declval<const LoaderChain&>()));
     const DataLoader* loader_;
-    LoaderChain chain_;
+    Slices slices_;  // the sampler chain this stream reads
+    std::int64_t skip_;
     std::int64_t position_;
     std::int64_t end_;
     std::unique_ptr<detail::Prefetcher<batch_type>> prefetcher_;

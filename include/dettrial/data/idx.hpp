@@ -16,7 +16,7 @@
 #include <torch/torch.h>
 #include <zlib.h>
 
-#include "../detail/error.hpp"
+#include "../error.hpp"
 
 namespace dettrial {
 

@@ -44,9 +44,6 @@ class Prefetcher {
     for (auto& t : threads_) t.join();
   }
 
-  /// True when every position has been taken.
-  bool done() const { return next_take_ >= end_; }
-
   /// The next item, in order; waits for it if a worker is still reading it.
   T take() {
     std::unique_lock lock(mutex_);

@@ -5,18 +5,20 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <range/v3/view/drop.hpp>
 #include <range/v3/view/iota.hpp>
-#include <range/v3/view/take_while.hpp>
+#include <range/v3/view/stride.hpp>
 #include <range/v3/view/transform.hpp>
 #include <torch/torch.h>
 
-#include "../detail/error.hpp"
+#include "../error.hpp"
 #include "../detail/random.hpp"
 
 namespace dettrial {
@@ -92,18 +94,19 @@ class BatchSampler {
     return s;
   }
 
-  /// The `k`-th batch a rank reads under `chain` (before skipping): global batch `k * n + rank`.
-  BatchSlice rank_batch(const LoaderChain& chain, std::int64_t k) const {
-    return global_batch(k * chain.num_replicas + chain.rank);
-  }
-
-  /// The slices a rank reads, from its `skip`-th on: endless when repeating, one pass otherwise.
-  /// Skipping costs nothing: the view starts at `skip`.
+  /**
+   * @brief The slices a rank reads under `chain`: Determined's chain, as views. The global batches of
+   * the epochs (endless when repeating, one epoch otherwise), this rank's share of them (every
+   * `num_replicas`-th, from its rank on), without the first `skip` of those. A random-access view:
+   * skipping costs nothing, and the loader's workers read any position of it.
+   */
   auto slices(const LoaderChain& chain) const {
-    const std::int64_t end = chain.repeat ? std::numeric_limits<std::int64_t>::max() : batches_for(chain);
-    BatchSampler self = *this;
-    return ranges::views::iota(chain.skip) | ranges::views::take_while([end](std::int64_t k) { return k < end; }) |
-           ranges::views::transform([self, chain](std::int64_t k) { return self.rank_batch(chain, k); });
+    namespace views = ranges::views;
+    const std::int64_t global_end = chain.repeat ? std::numeric_limits<std::int64_t>::max() : batches_per_epoch();
+    return views::iota(std::int64_t{0}, global_end)                                   // repeat (or one epoch)
+           | views::drop(chain.rank) | views::stride(chain.num_replicas)            // shard
+           | views::drop(chain.skip)                                                  // skip
+           | views::transform([self = *this](std::int64_t global) { return self.global_batch(global); });
   }
 
   /// The order of epoch `e` (a permutation of the records; computed once and kept for the last epochs used).

@@ -1,111 +1,166 @@
 // SPDX-License-Identifier: Apache-2.0
 /// @file
-/// @brief Writing JSON (metrics lines, checkpoint metadata) and reading it back with yaml-cpp.
+/// @brief The JSON dettrial writes and reads (metrics lines, events, checkpoint metadata, summaries),
+/// with nlohmann/json.
 #pragma once
 
+#include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <cstdint>
-#include <cstdio>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <limits>
+#include <sstream>
+#include <stdexcept>
 #include <string>
 #include <string_view>
+#include <type_traits>
+#include <utility>
 
+#include <nlohmann/json.hpp>
 #include <yaml-cpp/yaml.h>
 
-#include "error.hpp"
+#include "../error.hpp"
 
 namespace dettrial::detail {
 
-// dettrial's fixed package set has no JSON library, and what it writes is small: metric lines and
-// checkpoint metadata. Writing is a few lines here; reading uses yaml-cpp (JSON is YAML 1.2 flow style).
-inline void append_json_string(std::string& out, std::string_view s) {
-  out += '"';
-  for (const char c : s) {
-    switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
-      default:
-        if (static_cast<unsigned char>(c) < 0x20) {
-          char buf[8];
-          std::snprintf(buf, sizeof buf, "\\u%04x", c);
-          out += buf;
-        } else {
-          out += c;
-        }
-    }
-  }
-  out += '"';
-}
-inline void append_json_number(std::string& out, double v) {
-  if (!std::isfinite(v)) {
-    out += "null";  // JSON has no NaN or infinity
-    return;
-  }
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.17g", v);
-  out += buf;
-}
-inline void append_json_integer(std::string& out, std::int64_t v) { out += std::to_string(v); }
+/// A JSON value whose objects keep their keys in insertion order (the order dettrial writes them).
+using Json = nlohmann::ordered_json;
+
+// ---- writing: nlohmann/json's dump; numbers as it writes them (shortest text that reads back exactly,
+// 1.0 as `1.0`), NaN and infinities (which JSON lacks) as null, bytes that are not UTF-8 as U+FFFD.
+
+/// One compact line, as in metrics.jsonl and events.jsonl: `{"type":"training","batches":3}` and a newline.
+inline std::string json_line(const Json& j) { return j.dump(-1, ' ', false, Json::error_handler_t::replace) + "\n"; }
+
+/// The text of a JSON file (metadata.json, trial_state.json, load_data.json, summary.json), indented.
+inline std::string json_text(const Json& j) { return j.dump(2, ' ', false, Json::error_handler_t::replace) + "\n"; }
 
 /// A YAML document as JSON: maps, sequences, and plain scalars typed by YAML's core schema (null,
-/// booleans, integers, floats); quoted scalars and everything else stay strings.
-inline void append_yaml_as_json(std::string& out, const YAML::Node& node) {
+/// booleans, integers, finite floats); quoted scalars (tag "!") and everything else (`.inf`, `.nan`,
+/// text) stay strings. A map's keys are their scalar text.
+inline Json yaml_to_json(const YAML::Node& node) {
   switch (node.Type()) {
     case YAML::NodeType::Undefined:
-    case YAML::NodeType::Null: out += "null"; return;
+    case YAML::NodeType::Null: return nullptr;
     case YAML::NodeType::Sequence: {
-      out += '[';
-      bool first = true;
-      for (const auto& item : node) {
-        if (!first) out += ", ";
-        first = false;
-        append_yaml_as_json(out, item);
-      }
-      out += ']';
-      return;
+      Json out = Json::array();
+      for (const auto& item : node) out.push_back(yaml_to_json(item));
+      return out;
     }
     case YAML::NodeType::Map: {
-      out += '{';
-      bool first = true;
-      for (const auto& kv : node) {
-        if (!first) out += ", ";
-        first = false;
-        append_json_string(out, kv.first.Scalar());
-        out += ": ";
-        append_yaml_as_json(out, kv.second);
-      }
-      out += '}';
-      return;
+      Json out = Json::object();
+      for (const auto& kv : node) out[kv.first.Scalar()] = yaml_to_json(kv.second);
+      return out;
     }
     case YAML::NodeType::Scalar: {
       const std::string& s = node.Scalar();
       if (node.Tag() != "!") {  // "!" marks a quoted scalar: always a string
-        if (s == "~" || s == "null" || s == "Null" || s == "NULL") { out += "null"; return; }
-        if (s == "true" || s == "True" || s == "TRUE") { out += "true"; return; }
-        if (s == "false" || s == "False" || s == "FALSE") { out += "false"; return; }
+        if (s == "~" || s == "null" || s == "Null" || s == "NULL") return nullptr;
+        if (s == "true" || s == "True" || s == "TRUE") return true;
+        if (s == "false" || s == "False" || s == "FALSE") return false;
         std::int64_t i = 0;
         double d = 0;
-        if (YAML::convert<std::int64_t>::decode(node, i)) { append_json_integer(out, i); return; }
-        if (YAML::convert<double>::decode(node, d) && std::isfinite(d)) { append_json_number(out, d); return; }
+        if (YAML::convert<std::int64_t>::decode(node, i)) return i;
+        if (YAML::convert<double>::decode(node, d) && std::isfinite(d)) return d;
       }
-      append_json_string(out, s);
-      return;
+      return s;
     }
+  }
+  return nullptr;
+}
+
+// ---- reading ---------------------------------------------------------------------------------
+
+/// Reads a JSON file written by dettrial; a missing or unparsable file is an ErrorT naming it:
+/// "cannot read '<path>'", "'<path>' is not valid JSON (line N): <reason>".
+template <class ErrorT = Error>
+Json read_json_file(const std::filesystem::path& path) {
+  std::error_code ec;
+  std::ifstream in(path, std::ios::binary);
+  if (!in || std::filesystem::is_directory(path, ec)) throw ErrorT("cannot read '" + path.string() + "'");
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (in.bad()) throw ErrorT("cannot read '" + path.string() + "'");
+  try {
+    return Json::parse(text);
+  } catch (const Json::parse_error& e) {
+    // e.byte: 1-based, the byte the parser stopped at. Its message says where too; the reason follows the first ": ".
+    const std::size_t at = std::min<std::size_t>(e.byte > 0 ? e.byte - 1 : 0, text.size());
+    const auto line = 1 + std::count(text.begin(), text.begin() + static_cast<std::ptrdiff_t>(at), '\n');
+    const std::string what = e.what();
+    const auto colon = what.find(": ");
+    throw ErrorT("'" + path.string() + "' is not valid JSON (line " + std::to_string(line) +
+                 "): " + (colon == std::string::npos ? what : what.substr(colon + 2)));
   }
 }
 
-/// Reads a JSON file written by dettrial; a missing or unparsable file is an error naming it.
-template <class ErrorT = Error>
-YAML::Node load_json_file(const std::filesystem::path& path) {
-  try {
-    return YAML::LoadFile(path.string());
-  } catch (const YAML::BadFile&) {
-    throw ErrorT("cannot read '" + path.string() + "'");
-  } catch (const YAML::Exception& e) {
-    throw ErrorT("'" + path.string() + "' is not valid JSON (line " + std::to_string(e.mark.line + 1) + "): " + e.msg);
+/// A field of a JSON document that is missing or has the wrong type, as `json_field` and `json_as`
+/// report it ("no 'uuid'", "'uuid' is a number, not a string"); readers turn it into their own
+/// error naming the file.
+struct JsonFieldError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+/// `object[key]`, or nullptr when `object` is not an object or lacks `key`.
+inline const Json* json_find(const Json& object, const std::string& key) {
+  if (!object.is_object()) return nullptr;
+  const auto it = object.find(key);
+  return it == object.end() ? nullptr : &*it;
+}
+
+/// `object[key]`; a missing key throws JsonFieldError("no '<key>'").
+inline const Json& json_field(const Json& object, const std::string& key) {
+  if (const Json* v = json_find(object, key)) return *v;
+  throw JsonFieldError("no '" + key + "'");
+}
+
+/// "a string", "a number", "null", ...: what a JSON value is, for messages.
+inline std::string json_kind(const Json& j) {
+  switch (j.type()) {
+    case Json::value_t::null: return "null";
+    case Json::value_t::object: return "an object";
+    case Json::value_t::array: return "an array";
+    case Json::value_t::string: return "a string";
+    case Json::value_t::boolean: return "a boolean";
+    case Json::value_t::number_integer:
+    case Json::value_t::number_unsigned: return "an integer";
+    case Json::value_t::number_float: return "a number";
+    default: return std::string("a ") + j.type_name();
+  }
+}
+
+/**
+ * @brief `value` (named `field` in messages) as a T, strictly: integral types only from JSON
+ * integers within their range, floating point from any JSON number, strings from strings, bool
+ * from true and false. Anything else throws JsonFieldError("'<field>' is a string, not an integer").
+ */
+template <class T>
+T json_as(const Json& value, std::string_view field) {
+  const auto wrong = [&](const std::string& expected) {
+    return JsonFieldError("'" + std::string(field) + "' is " + json_kind(value) + ", not " + expected);
+  };
+  if constexpr (std::is_same_v<T, bool>) {
+    if (!value.is_boolean()) throw wrong("true or false");
+    return value.get<bool>();
+  } else if constexpr (std::is_integral_v<T>) {
+    if (value.is_number_unsigned()) {
+      if (const auto u = value.get<std::uint64_t>(); std::in_range<T>(u)) return static_cast<T>(u);
+    } else if (value.is_number_integer()) {
+      if (const auto i = value.get<std::int64_t>(); std::in_range<T>(i)) return static_cast<T>(i);
+    } else {
+      throw wrong(std::is_signed_v<T> ? "an integer" : "a non-negative integer");
+    }
+    throw JsonFieldError("'" + std::string(field) + "' is " + value.dump() + ", out of range");
+  } else if constexpr (std::is_floating_point_v<T>) {
+    if (!value.is_number()) throw wrong("a number");
+    return value.get<T>();
+  } else if constexpr (std::is_same_v<T, std::string>) {
+    if (!value.is_string()) throw wrong("a string");
+    return value.get<std::string>();
+  } else {
+    static_assert(std::is_same_v<T, std::string>, "json_as reads bool, integers, floating point and std::string");
   }
 }
 

@@ -13,7 +13,7 @@
 #include <string_view>
 #include <vector>
 
-#include "error.hpp"
+#include "../error.hpp"
 
 extern "C" char** environ;
 

@@ -28,7 +28,8 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
 
-#include "../detail/error.hpp"
+#include "../error.hpp"
+#include "../detail/text.hpp"
 #include "launch_environment.hpp"
 
 namespace dettrial {

@@ -12,7 +12,7 @@
 #include <string>
 #include <string_view>
 
-#include "../detail/error.hpp"
+#include "../error.hpp"
 
 namespace dettrial {
 

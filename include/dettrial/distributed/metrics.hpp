@@ -16,7 +16,7 @@
 
 #include <torch/torch.h>
 
-#include "../detail/error.hpp"
+#include "../error.hpp"
 #include "../metrics/metrics.hpp"
 #include "../metrics/reducers.hpp"
 #include "communicator.hpp"

@@ -12,7 +12,7 @@
 #include <thread>
 #include <vector>
 
-#include "../detail/error.hpp"
+#include "../error.hpp"
 #include "launch_environment.hpp"
 
 namespace dettrial {

@@ -17,7 +17,7 @@
 
 #include <torch/torch.h>
 
-#include "../detail/error.hpp"
+#include "../error.hpp"
 #include "metrics.hpp"
 
 namespace dettrial {

@@ -61,5 +61,18 @@ std::int64_t lr_scheduler_steps(void* scheduler) {
   else return -1;
 }
 
+/// A wrapped LR scheduler with its type erased: how to step, save and restore it, and when it steps.
+struct WrappedScheduler {
+  void* scheduler;
+  void (*step)(void*);
+  /// The step mode's rule (see dettrial::LRStepMode): steps due after batch_idx.
+  std::int64_t (*steps_after)(std::int64_t batch_idx, std::int64_t aggregation_frequency, std::int64_t epoch_len, std::int64_t frequency);
+  std::int64_t frequency;
+  void (*save)(void*, torch::serialize::OutputArchive&);
+  void (*load)(void*, torch::serialize::InputArchive&);
+  /// Steps taken, for a LibTorch scheduler; -1 for others.
+  std::int64_t (*steps_taken)(void*);
+};
+
 }  // namespace detail
 }  // namespace dettrial

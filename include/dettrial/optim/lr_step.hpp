@@ -8,7 +8,7 @@
 #include <string>
 #include <string_view>
 
-#include "../detail/error.hpp"
+#include "../error.hpp"
 
 namespace dettrial {
 
@@ -54,18 +54,6 @@ struct manual {
   static constexpr std::string_view name = "manual";
   static std::int64_t steps_after(std::int64_t, std::int64_t, std::int64_t, std::int64_t) { return 0; }
 };
-
-/// Calls `f(mode{})` with the mode named `name` (every_batch, every_epoch, every_optimizer_step,
-/// manual): how a YAML value picks a policy type once, at start-up.
-template <class F>
-decltype(auto) visit(std::string_view name, F&& f) {
-  if (name == every_batch::name) return f(every_batch{});
-  if (name == every_epoch::name) return f(every_epoch{});
-  if (name == every_optimizer_step::name) return f(every_optimizer_step{});
-  if (name == manual::name) return f(manual{});
-  throw ConfigError("unknown LR step mode '" + std::string(name) +
-                    "' (expected every_batch, every_epoch, every_optimizer_step or manual)");
-}
 
 }  // namespace lr_step
 

@@ -3,17 +3,14 @@
 /// @brief metrics.jsonl: one JSON object per training or validation report, for tools to read.
 #pragma once
 
-#include <charconv>
-#include <cmath>
 #include <cstdint>
-#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <optional>
 #include <string>
 #include <string_view>
 
-#include "../detail/error.hpp"
+#include "../error.hpp"
 #include "../detail/json.hpp"
 #include "../metrics/metrics.hpp"
 
@@ -43,42 +40,30 @@ class MetricsLog {
   /// How many records opening it for a resume dropped.
   std::size_t dropped() const { return dropped_; }
 
-  /// The `"batches"` of one metrics.jsonl line, or nullopt for a line that is not a complete record.
+  /// The `"batches"` of a metrics.jsonl record, or nullopt for one without an integer `"batches"`.
+  static std::optional<std::int64_t> batches_of_record(const detail::Json& record) {
+    const detail::Json* batches = detail::json_find(record, "batches");
+    if (!batches || !batches->is_number_integer()) return std::nullopt;
+    return batches->get<std::int64_t>();
+  }
+  /// The `"batches"` of one metrics.jsonl line, or nullopt for a line that is not a complete record
+  /// (one torn by a crash does not parse).
   static std::optional<std::int64_t> batches_of(std::string_view line) {
-    constexpr std::string_view key = "\"batches\":";
-    const auto at = line.find(key);
-    if (at == std::string_view::npos || line.empty() || line.back() != '}') return std::nullopt;
-    std::int64_t batches = 0;
-    const char* first = line.data() + at + key.size();
-    const auto [end, ec] = std::from_chars(first, line.data() + line.size(), batches);
-    if (ec != std::errc() || end == first) return std::nullopt;
-    return batches;
+    const detail::Json record = detail::Json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (record.is_discarded()) return std::nullopt;
+    return batches_of_record(record);
   }
 
-  /// `{"type": "training"|"validation", "batches": N, "epochs": E, <extra>, "metrics": {...}}`
+  /// `{"type":"training"|"validation","batches":N,"epochs":E,<extra>,"metrics":{...}}`, one compact line.
   void write(std::string_view type, std::int64_t batches, std::int64_t epochs, const MetricValues& metrics,
              std::string_view extra_key = {}, double extra_value = 0) {
     if (!out_.is_open()) return;
-    std::string line = "{\"type\":";
-    detail::append_json_string(line, type);
-    line += ",\"batches\":" + std::to_string(batches) + ",\"epochs\":" + std::to_string(epochs);
-    if (!extra_key.empty()) {
-      line += ',';
-      detail::append_json_string(line, extra_key);
-      line += ':';
-      detail::append_json_number(line, extra_value);
-    }
-    line += ",\"metrics\":{";
-    bool first = true;
-    for (const auto& [name, value] : metrics) {
-      if (!first) line += ',';
-      first = false;
-      detail::append_json_string(line, name);
-      line += ':';
-      detail::append_json_number(line, value);
-    }
-    line += "}}\n";
-    out_ << line;
+    detail::Json record = {{"type", std::string(type)}, {"batches", batches}, {"epochs", epochs}};
+    if (!extra_key.empty()) record[std::string(extra_key)] = extra_value;
+    detail::Json values = detail::Json::object();
+    for (const auto& [name, value] : metrics) values[name] = value;  // NaN is written as null
+    record["metrics"] = std::move(values);
+    out_ << detail::json_line(record);
     out_.flush();
   }
 

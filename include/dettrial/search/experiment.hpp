@@ -27,12 +27,13 @@
 
 #include "../checkpoint/storage.hpp"
 #include "../config/experiment_config.hpp"
-#include "../detail/error.hpp"
+#include "../error.hpp"
 #include "../detail/exit_status.hpp"
 #include "../detail/json.hpp"
 #include "../detail/process.hpp"
+#include "../metrics/metrics.hpp"
 #include "../report/metrics_log.hpp"
-#include "../trainer/signals.hpp"
+#include "../detail/signals.hpp"
 #include "searchers.hpp"
 
 namespace dettrial {
@@ -188,8 +189,8 @@ class Experiment {
 
   // ---- the event log: what the searcher was told, in order, so a second run replays it ----------
 
-  void log_event(const std::string& json) {
-    std::ofstream(options_.output_dir / "events.jsonl", std::ios::app) << json << "\n";
+  void log_event(const detail::Json& event) {
+    std::ofstream(options_.output_dir / "events.jsonl", std::ios::app) << detail::json_line(event);
   }
 
   void replay_or_start() {
@@ -202,27 +203,31 @@ class Experiment {
     std::int64_t replayed = 0;
     for (std::string line; std::getline(in, line);) {
       if (line.empty()) continue;
-      YAML::Node e;
+      const detail::Json e = detail::Json::parse(line, nullptr, /*allow_exceptions=*/false);
+      if (e.is_discarded()) break;  // a torn last line from a crash: what came before stands
       try {
-        e = YAML::Load(line);
-      } catch (const YAML::Exception&) {
-        break;  // a torn last line from a crash: what came before stands
-      }
-      const auto id = e["trial"].as<std::int64_t>();
-      const std::string kind = e["event"].as<std::string>();
-      if (kind == "validation") {
-        std::visit([&](auto& s) { s.on_validation(id, e["metric"].as<double>(), e["time"].as<double>()); }, searcher_);
-        TrialSummary& t = trials_.at(id);
-        record_metric(t, e["metric"].as<double>());
-        if (e["batches"]) validated_batches_[id] = std::max(validated_batches_[id], e["batches"].as<std::int64_t>());
-      } else if (kind == "end") {
-        TrialSummary& t = trials_.at(id);
-        t.state = state_from(e["state"].as<std::string>());
-        t.restarts = e["restarts"].as<std::int64_t>();
-        queue_.erase(std::remove(queue_.begin(), queue_.end(), id), queue_.end());
-        for (auto& r : std::visit([&](auto& s) { return s.on_trial_end(id); }, searcher_)) add_trial(std::move(r));
-      } else if (kind == "restart") {
-        trials_.at(id).restarts = e["restarts"].as<std::int64_t>();
+        const auto get = [&e](const char* key) -> const detail::Json& { return detail::json_field(e, key); };
+        const auto id = detail::json_as<std::int64_t>(get("trial"), "trial");
+        const auto kind = detail::json_as<std::string>(get("event"), "event");
+        if (kind == "validation") {
+          const double metric = detail::json_as<double>(get("metric"), "metric");
+          const double time = detail::json_as<double>(get("time"), "time");
+          std::visit([&](auto& s) { s.on_validation(id, metric, time); }, searcher_);
+          TrialSummary& t = trials_.at(id);
+          record_metric(t, metric);
+          if (const detail::Json* b = detail::json_find(e, "batches"))
+            validated_batches_[id] = std::max(validated_batches_[id], detail::json_as<std::int64_t>(*b, "batches"));
+        } else if (kind == "end") {
+          TrialSummary& t = trials_.at(id);
+          t.state = state_from(detail::json_as<std::string>(get("state"), "state"));
+          t.restarts = detail::json_as<std::int64_t>(get("restarts"), "restarts");
+          queue_.erase(std::remove(queue_.begin(), queue_.end(), id), queue_.end());
+          for (auto& r : std::visit([&](auto& s) { return s.on_trial_end(id); }, searcher_)) add_trial(std::move(r));
+        } else if (kind == "restart") {
+          trials_.at(id).restarts = detail::json_as<std::int64_t>(get("restarts"), "restarts");
+        }
+      } catch (const detail::JsonFieldError& err) {
+        throw Error("'" + events_path.string() + "' has an event that lacks a field or has one of the wrong type (" + err.what() + "): " + line);
       }
       ++replayed;
     }
@@ -247,7 +252,7 @@ class Experiment {
 
   void record_metric(TrialSummary& t, double metric) {
     t.last_metric = metric;
-    const bool better = !t.best_metric || (config_.searcher.smaller_is_better ? metric < *t.best_metric : metric > *t.best_metric);
+    const bool better = order().improves(metric, t.best_metric);
     if (better) t.best_metric = metric;
   }
 
@@ -327,26 +332,26 @@ class Experiment {
       while (std::getline(in, line)) {
         if (in.eof()) break;  // a line still being written: read it next time
         run.metrics_offset += line.size() + 1;
-        if (line.find("\"type\":\"validation\"") == std::string::npos) continue;
+        const detail::Json record = detail::Json::parse(line, nullptr, /*allow_exceptions=*/false);
+        if (record.is_discarded()) continue;  // not a complete record
+        const detail::Json* type = detail::json_find(record, "type");
+        if (!type || !type->is_string() || type->get_ref<const std::string&>() != "validation") continue;
         // Each validation reaches the searcher once, also when a restarted trial trains it again.
-        const auto batches = MetricsLog::batches_of(line);
+        const auto batches = MetricsLog::batches_of_record(record);
         if (!batches) continue;
         if (const auto told = validated_batches_.find(id); told != validated_batches_.end() && *batches <= told->second) continue;
         validated_batches_[id] = *batches;
-        const YAML::Node record = YAML::Load(line);
-        const YAML::Node metrics = record["metrics"];
-        if (!metrics[config_.searcher.metric]) continue;
-        const double metric = metrics[config_.searcher.metric].as<double>();
+        const detail::Json* metrics = detail::json_find(record, "metrics");
+        const detail::Json* searcher_metric = metrics ? detail::json_find(*metrics, config_.searcher.metric) : nullptr;
+        if (!searcher_metric || !searcher_metric->is_number()) continue;  // absent, or null (NaN)
+        const double metric = searcher_metric->get<double>();
         const std::string& time_metric = config_.searcher.time_metric;
-        const double time = metrics[time_metric] ? metrics[time_metric].as<double>() : record["batches"].as<double>();
+        const detail::Json* time_value = detail::json_find(*metrics, time_metric);
+        const double time = time_value && time_value->is_number() ? time_value->get<double>() : static_cast<double>(*batches);
         TrialSummary& t = trials_.at(id);
         record_metric(t, metric);
         const SearcherDecision d = std::visit([&](auto& s) { return s.on_validation(id, metric, time); }, searcher_);
-        std::string event = "{\"event\": \"validation\", \"trial\": " + std::to_string(id) + ", \"metric\": ";
-        detail::append_json_number(event, metric);
-        event += ", \"time\": ";
-        detail::append_json_number(event, time);
-        log_event(event + ", \"batches\": " + std::to_string(*batches) + "}");
+        log_event({{"event", "validation"}, {"trial", id}, {"metric", metric}, {"time", time}, {"batches", *batches}});
         // A trial at its full length ends by itself; a stop is for the ones with time left.
         if (d == SearcherDecision::stop && !run.stop_sent && time < static_cast<double>(requests_.at(id).max_length)) {
           ::kill(run.pid, SIGTERM);  // the trial checkpoints and exits
@@ -390,7 +395,7 @@ class Experiment {
       t.state = ok ? TrialState::completed : TrialState::stopped_by_searcher;
     } else if (t.restarts < config_.max_restarts) {
       ++t.restarts;
-      log_event("{\"event\": \"restart\", \"trial\": " + std::to_string(id) + ", \"restarts\": " + std::to_string(t.restarts) + "}");
+      log_event({{"event", "restart"}, {"trial", id}, {"restarts", t.restarts}});
       say("[experiment] trial " + std::to_string(id) + " failed (" + describe_failure(id, status) + "); restart " +
           std::to_string(t.restarts) + " of " + std::to_string(config_.max_restarts) + " from its latest checkpoint");
       queue_.push_back(id);
@@ -401,8 +406,7 @@ class Experiment {
                    describe_failure(id, status).c_str(), static_cast<long long>(t.restarts),
                    (trial_dir(id) / "log.txt").c_str());
     }
-    log_event("{\"event\": \"end\", \"trial\": " + std::to_string(id) + ", \"state\": \"" + to_string(t.state) + "\", \"restarts\": " +
-              std::to_string(t.restarts) + "}");
+    log_event({{"event", "end"}, {"trial", id}, {"state", to_string(t.state)}, {"restarts", t.restarts}});
     say("[experiment] trial " + std::to_string(id) + " " + to_string(t.state) + " after " + std::to_string(t.batches_trained) + " batches");
     for (auto& r : std::visit([&](auto& s) { return s.on_trial_end(id); }, searcher_)) add_trial(std::move(r));
   }
@@ -434,8 +438,7 @@ class Experiment {
     std::optional<double> best;
     for (const auto& c : checkpoints) {
       t.batches_trained = std::max(t.batches_trained, c.batches_trained);
-      if (c.validation_metric &&
-          (!best || (config_.searcher.smaller_is_better ? *c.validation_metric < *best : *c.validation_metric > *best))) {
+      if (c.validation_metric && order().improves(*c.validation_metric, best)) {
         best = c.validation_metric;
         t.best_checkpoint = c.path.string();
       }
@@ -462,7 +465,7 @@ class Experiment {
         if (c.validation_metric) ranked.push_back(c);
     }
     std::stable_sort(ranked.begin(), ranked.end(), [&](const CheckpointInfo& a, const CheckpointInfo& b) {
-      return config_.searcher.smaller_is_better ? *a.validation_metric < *b.validation_metric : *a.validation_metric > *b.validation_metric;
+      return order().better(*a.validation_metric, *b.validation_metric);
     });
     for (std::size_t k = 0; k < ranked.size() && static_cast<std::int64_t>(k) < storage.save_experiment_best; ++k)
       trial_best_keep.erase(ranked[k].uuid);  // among the experiment's best: kept
@@ -471,44 +474,37 @@ class Experiment {
         if (trial_best_keep.count(c.uuid)) delete_checkpoint(c);
   }
 
+  /// The searcher metric's direction: the one "better" rule (dettrial::MetricOrder).
+  MetricOrder order() const { return MetricOrder{config_.searcher.smaller_is_better}; }
+
   void write_summary() {
-    std::string json = "{\"experiment\": ";
-    detail::append_json_string(json, config_.name.empty() ? config_.description : config_.name);
-    json += ", \"searcher\": ";
-    detail::append_json_string(json, config_.searcher.name);
-    json += ", \"metric\": ";
-    detail::append_json_string(json, config_.searcher.metric);
-    json += ", \"trials\": [";
+    detail::Json summary = {{"experiment", config_.name.empty() ? config_.description : config_.name},
+                            {"searcher", config_.searcher.name},
+                            {"metric", config_.searcher.metric},
+                            {"trials", detail::Json::array()}};
+    const auto optional = [](const std::optional<double>& v) { return v ? detail::Json(*v) : detail::Json(nullptr); };
     std::string table = "\n trial  state           batches  restarts  best " + config_.searcher.metric + "  last  hyperparameters\n";
-    bool first = true;
     std::optional<std::int64_t> best_trial;
     for (auto& [id, t] : trials_) {
       refresh_from_disk(t);
-      if (t.best_metric && (!best_trial || (config_.searcher.smaller_is_better ? *t.best_metric < *trials_.at(*best_trial).best_metric
-                                                                                : *t.best_metric > *trials_.at(*best_trial).best_metric)))
+      if (t.best_metric && (!best_trial || order().better(*t.best_metric, *trials_.at(*best_trial).best_metric)))
         best_trial = id;
-      if (!first) json += ", ";
-      first = false;
-      json += "{\"id\": " + std::to_string(id) + ", \"state\": \"" + to_string(t.state) + "\", \"batches_trained\": " +
-              std::to_string(t.batches_trained) + ", \"restarts\": " + std::to_string(t.restarts) + ", \"hparams\": ";
-      detail::append_yaml_as_json(json, t.hparams);
-      json += ", \"best_metric\": ";
-      if (t.best_metric) detail::append_json_number(json, *t.best_metric);
-      else json += "null";
-      json += ", \"last_metric\": ";
-      if (t.last_metric) detail::append_json_number(json, *t.last_metric);
-      else json += "null";
-      json += ", \"best_checkpoint\": ";
-      detail::append_json_string(json, t.best_checkpoint);
-      json += "}";
+      summary["trials"].push_back({{"id", id},
+                                   {"state", to_string(t.state)},
+                                   {"batches_trained", t.batches_trained},
+                                   {"restarts", t.restarts},
+                                   {"hparams", detail::yaml_to_json(t.hparams)},
+                                   {"best_metric", optional(t.best_metric)},
+                                   {"last_metric", optional(t.last_metric)},
+                                   {"best_checkpoint", t.best_checkpoint}});
       char row[160];
       std::snprintf(row, sizeof row, " %5lld  %-14s %8lld  %8lld  %12s  %6s  ", static_cast<long long>(id), to_string(t.state),
                     static_cast<long long>(t.batches_trained), static_cast<long long>(t.restarts),
                     t.best_metric ? std::to_string(*t.best_metric).c_str() : "-", t.last_metric ? std::to_string(*t.last_metric).c_str() : "-");
       table += row + detail::one_line(t.hparams) + "\n";
     }
-    json += "], \"best_trial\": " + (best_trial ? std::to_string(*best_trial) : std::string("null")) + "}\n";
-    detail::write_file_synced(options_.output_dir / "summary.json", json);
+    summary["best_trial"] = best_trial ? detail::Json(*best_trial) : detail::Json(nullptr);
+    detail::write_file_synced(options_.output_dir / "summary.json", detail::json_text(summary));
     if (best_trial) table += " best: trial " + std::to_string(*best_trial) + ", checkpoint " + trials_.at(*best_trial).best_checkpoint + "\n";
     say(table + " summary: " + (options_.output_dir / "summary.json").string());
   }

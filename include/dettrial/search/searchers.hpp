@@ -18,7 +18,7 @@
 
 #include <yaml-cpp/yaml.h>
 
-#include "../detail/error.hpp"
+#include "../error.hpp"
 #include "../detail/random.hpp"
 #include "../detail/yaml.hpp"
 #include "hyperparameter_space.hpp"

@@ -13,7 +13,7 @@
 #include "../config/experiment_config.hpp"
 #include "../metrics/metrics.hpp"
 #include "../report/progress.hpp"
-#include "units.hpp"
+#include "../config/units.hpp"
 
 namespace dettrial {
 

@@ -29,22 +29,23 @@
 
 #include "../checkpoint/checkpoint.hpp"
 #include "../checkpoint/policy.hpp"
+#include "../checkpoint/trial_checkpoint.hpp"
 #include "../context/context.hpp"
 #include "../distributed/communicator.hpp"
 #include "../distributed/metrics.hpp"
-#include "../detail/error.hpp"
+#include "../error.hpp"
+#include "../detail/scope_exit.hpp"
 #include "../detail/yaml.hpp"
 #include "../version.hpp"
 #include "../metrics/metrics.hpp"
 #include "../metrics/reducers.hpp"
-#include "../report/metrics_log.hpp"
-#include "../report/progress.hpp"
+#include "../report/reporter.hpp"
 #include "../report/runtime.hpp"
 #include "../trial/concepts.hpp"
 #include "callbacks.hpp"
 #include "fit_options.hpp"
-#include "signals.hpp"
-#include "units.hpp"
+#include "../detail/signals.hpp"
+#include "../config/units.hpp"
 
 namespace dettrial {
 
@@ -103,15 +104,9 @@ class Trainer {
       throw TrialError("this context already serves a trainer; give each Trainer its own dettrial::Context");
     if constexpr (trial_ok) {
       // If building fails half-way, the context must not keep pointers into the half-built trial.
-      struct Release {
-        Context& context;
-        bool armed = true;
-        ~Release() {
-          if (armed) context.release_registrations();
-        }
-      } release{context_};
+      auto release = detail::on_scope_exit([this] { context_.release_registrations(); });
       build(std::forward<Args>(args)...);
-      release.armed = false;
+      release.dismiss();
     }
   }
 
@@ -171,9 +166,17 @@ class Trainer {
     }
   }
 
- private:
-  enum Boundary { train_boundary, validate_boundary, checkpoint_boundary, report_boundary, boundary_count };
 
+ private:
+  /// Which boundaries the last batch of a workload reached (Determined handles them in this order).
+  struct Reached {
+    bool length = false;
+    bool validation = false;
+    bool checkpoint = false;
+    bool report = false;
+  };
+
+  /// One fit: its options with every period in batches, where it stands, and what it reports.
   struct RunState {
     FitOptions options;
     TrainUnit length = Batch(1);
@@ -188,9 +191,19 @@ class Trainer {
     bool (*checkpoint_after_validation)(bool improved) = &checkpoint_policy::best::after_validation;
     std::filesystem::path storage{};
     std::int64_t sequence = 0;
+    /// The checkpoint resumed from, and where it says the trial stood.
+    std::optional<std::filesystem::path> resume_dir{};
+    std::optional<TrialProgress> resumed{};
+    bool same_trial = false;
     FitResult result{};
-    MetricsLog log{};
-    detail::Progress progress{};
+    detail::Reporter reporter{};
+  };
+
+  /// What a training workload accumulates; kept across workloads so that a batch allocates nothing.
+  struct Workload {
+    detail::WorkloadMeans means;
+    std::vector<Metrics> batch_metrics{};  // kept only when a callback asks for them
+    std::int64_t records = 0;
   };
 
   void build_declarative() {
@@ -207,7 +220,6 @@ class Trainer {
     }
   }
 
-
  public:
   /// `runs/<date>-<time>-<pid>` under the working directory.
   static std::filesystem::path default_output_dir() {
@@ -218,6 +230,127 @@ class Trainer {
   }
 
  private:
+  // ---- a fit from start to end ----------------------------------------------------------------
+
+  template <class Set>
+  FitResult run(FitOptions options, Set& callbacks) {
+    RunState st = begin_run(std::move(options));
+    // Each callback that started gets on_trial_shutdown, in reverse order, whatever happens next.
+    std::size_t started = 0;
+    const auto shutdown = detail::on_scope_exit([&] { shut_down(callbacks, started); });
+    const std::int64_t first_batch = st.same_trial ? st.resumed->batches_trained : 0;
+    const std::string resume_uuid = st.resume_dir ? st.resume_dir->filename().string() : std::string();
+    callbacks.each([&](auto& cb) {
+      using C = std::remove_reference_t<decltype(cb)>;
+      if constexpr (hook::on_trial_startup::callable<C>) cb.on_trial_startup(first_batch, resume_uuid);
+      ++started;
+    });
+    prepare_training(st, callbacks, first_batch);
+    announce(st);
+    const detail::StopSignals signals(st.options.handle_signals);
+    callbacks.template call<hook::on_training_start>();
+    if (st.options.step_zero_validation && st.batches_trained == 0 && st.last_validation < 0) validate(st, callbacks);
+    train(st, callbacks);
+    if (!st.result.stop_requested) {
+      if (st.last_validation != st.batches_trained) validate(st, callbacks);
+      checkpoint_unless_current(st, callbacks);
+      // The trial is complete: retention applies without sparing the newest.
+      if (context_.distributed().is_chief()) apply_retention(st, {});
+    }
+    st.result.batches_trained = st.batches_trained;
+    st.result.epochs_trained = st.epochs_trained;
+    return std::move(st.result);
+  }
+
+  /// Checks the options, finds (and checks) the checkpoint to resume from before anything is
+  /// written, and sets up the output folder, checkpoint storage and reporter.
+  RunState begin_run(FitOptions options) {
+    RunState st{.options = std::move(options)};
+    FitOptions& o = st.options;
+    st.length = resolve_length(o);
+    o.validation_period = resolve_period(o.validation_period);
+    o.checkpoint_period = resolve_period(o.checkpoint_period);
+    o.reporting_period = resolve_period(o.reporting_period);
+    if (o.retention.save_trial_best < 0 || o.retention.save_trial_latest < 0)
+      throw ConfigError("checkpoint retention counts (save_trial_best, save_trial_latest) must not be negative");
+    st.checkpoint_after_validation = checkpoint_policy::visit(o.checkpoint_policy, []<class P>(P) { return &P::after_validation; });
+    if (o.latest_checkpoint) {
+      st.resume_dir = resolve_checkpoint(*o.latest_checkpoint);
+      read_checkpoint_info(*st.resume_dir);
+      st.resumed = TrialProgress::from_json(*st.resume_dir / "trial_state.json");
+      st.same_trial = st.resumed->trial_id == o.trial_id;
+    }
+    if (o.output_dir.empty()) o.output_dir = default_output_dir();
+    st.result.output_dir = o.output_dir;
+    context_.position().output_dir = o.output_dir;
+    st.storage = o.checkpoint_dir.empty() ? o.output_dir / "checkpoints" : o.checkpoint_dir;
+    st.result.checkpoint_dir = st.storage;
+    // One writer per job: the chief reports and writes metrics.jsonl and checkpoints.
+    const bool chief = context_.distributed().is_chief();
+    st.reporter = detail::Reporter(chief, o.report, o.output_dir,
+                                   st.same_trial ? std::optional(st.resumed->batches_trained) : std::nullopt);
+    if (chief) {
+      detail::remove_stale_entries(st.storage);
+      const auto existing = list_checkpoints(st.storage);
+      st.sequence = existing.empty() ? 0 : existing.back().sequence;
+    }
+    return st;
+  }
+
+  /// Builds the data loaders, makes the ranks agree, restores the checkpoint and sets the counters.
+  template <class Set>
+  void prepare_training(RunState& st, Set& callbacks, std::int64_t first_batch) {
+    train_loader_.emplace(trial_->build_training_data_loader());
+    validation_loader_.emplace(trial_->build_validation_data_loader());
+    st.epoch_len = epoch_length(*train_loader_, training_chain());
+    agree_across_ranks(st, first_batch);
+    if (st.epoch_len < 1) throw DataError("the training data loader yields no batches (its size() is 0)");
+    detail::RunPosition& position = context_.position();
+    position.epoch_len = st.epoch_len;
+    if (st.resume_dir) restore(st, *st.resume_dir, st.same_trial ? *st.resumed : TrialProgress{.trial_id = st.options.trial_id}, callbacks);
+    position.initial_batch = st.batches_trained;  // the training stream skips what was trained
+    position.current_batch = st.batches_trained;
+    st.result.resumed_from_batch = st.batches_trained;
+    if (Communicator* comm = context_.communicator()) broadcast_models(*comm);  // every rank starts from rank 0's weights
+  }
+
+  /// The run's first lines: the runtime, the trial, the job, the checkpoint resumed from.
+  void announce(RunState& st) {
+    const FitOptions& o = st.options;
+    st.reporter.line("dettrial " DETTRIAL_VERSION_STRING ": " +
+                     detail::runtime_summary(context_.threads() ? context_.threads()->source : std::string()));
+    st.reporter.line("dettrial: trial seed " + std::to_string(context_.get_trial_seed()) + ", device " + context_.device().str() +
+                     ", training " + st.length.to_string() + " (an epoch is " + std::to_string(st.epoch_len) + " batches), output " +
+                     o.output_dir.string());
+    if (const Communicator* comm = context_.communicator())
+      st.reporter.line("dettrial: " + std::to_string(comm->size()) + " processes (" + launcher_name(comm->environment().launcher) +
+                       ", " + comm->backend_name() + "), global batch " + std::to_string(context_.get_global_batch_size()));
+    if (st.resume_dir)
+      st.reporter.line("dettrial: resumed from " + st.resume_dir->string() +
+                       (st.same_trial ? " at batch " + std::to_string(st.batches_trained)
+                                      : std::string(" (another trial's checkpoint: weights and optimizer state only)")));
+    if (const std::int64_t records = context_.get_experiment_config().records_per_epoch; records > 0)
+      st.reporter.line("dettrial: records_per_epoch (" + std::to_string(records) + ") is not used: an epoch is the training "
+                       "data loader's length, " + std::to_string(st.epoch_len) + " batches on this rank");
+  }
+
+  /// on_trial_shutdown for the callbacks that started, last first; a failing hook is reported, not thrown.
+  template <class Set>
+  static void shut_down(Set& callbacks, std::size_t started) {
+    std::size_t index = Set::size;
+    callbacks.each_reversed([&](auto& cb) {
+      using C = std::remove_reference_t<decltype(cb)>;
+      if (index-- > started) return;
+      if constexpr (hook::on_trial_shutdown::callable<C>) {
+        try {
+          cb.on_trial_shutdown();
+        } catch (const std::exception& e) {
+          std::fprintf(stderr, "dettrial: on_trial_shutdown failed: %s\n", e.what());
+        }
+      }
+    });
+  }
+
   TrainUnit resolve_length(const FitOptions& o) const {
     if (o.test_mode) return Batch(1);
     if (!o.max_length)
@@ -234,117 +367,7 @@ class Trainer {
     return period.unit() == Unit::records ? period.in_batches_if_records(context_.get_global_batch_size()) : period;
   }
 
-  template <class Set>
-  FitResult run(FitOptions options, Set& callbacks) {
-    RunState st{.options = std::move(options)};
-    FitOptions& o = st.options;
-    st.length = resolve_length(o);
-    o.validation_period = resolve_period(o.validation_period);
-    o.checkpoint_period = resolve_period(o.checkpoint_period);
-    o.reporting_period = resolve_period(o.reporting_period);
-    if (o.retention.save_trial_best < 0 || o.retention.save_trial_latest < 0)
-      throw ConfigError("checkpoint retention counts (save_trial_best, save_trial_latest) must not be negative");
-    st.checkpoint_after_validation =
-        checkpoint_policy::visit(o.checkpoint_policy, []<class P>(P) { return &P::after_validation; });
-
-    // The checkpoint to resume from is found and checked before anything is written.
-    std::optional<std::filesystem::path> resume_dir;
-    std::optional<TrialProgress> resumed;
-    if (o.latest_checkpoint) {
-      resume_dir = resolve_checkpoint(*o.latest_checkpoint);
-      read_checkpoint_info(*resume_dir);
-      resumed = TrialProgress::from_json(*resume_dir / "trial_state.json");
-    }
-
-    if (o.output_dir.empty()) o.output_dir = default_output_dir();
-    st.result.output_dir = o.output_dir;
-    context_.output_dir_ = o.output_dir;
-    st.storage = o.checkpoint_dir.empty() ? o.output_dir / "checkpoints" : o.checkpoint_dir;
-    st.result.checkpoint_dir = st.storage;
-    // One writer per job: the chief reports and writes metrics.jsonl and checkpoints.
-    const bool chief = context_.distributed().is_chief();
-    const bool same_trial = resumed && resumed->trial_id == o.trial_id;
-    if (chief) st.log = MetricsLog(o.output_dir, same_trial ? std::optional(resumed->batches_trained) : std::nullopt);
-    if (!chief) o.report.quiet = true;
-    st.progress = detail::Progress(o.report);
-    if (st.log.dropped() > 0)  // also under --quiet: a trial's log says why its metrics.jsonl shrank
-      std::fprintf(stderr, "dettrial: resuming at batch %lld: dropped %zu record(s) of %s written after that checkpoint (that training is done again)\n",
-                   static_cast<long long>(resumed->batches_trained), st.log.dropped(), st.log.path().c_str());
-    if (chief) {
-      detail::remove_stale_entries(st.storage);
-      const auto existing = list_checkpoints(st.storage);
-      st.sequence = existing.empty() ? 0 : existing.back().sequence;
-    }
-
-    // Each callback that started gets on_trial_shutdown, in reverse order, whatever happens next.
-    std::size_t started = 0;
-    struct Shutdown {
-      Set& callbacks;
-      std::size_t& started;
-      ~Shutdown() {
-        std::size_t index = Set::size;
-        callbacks.each_reversed([&](auto& cb) {
-          if (index-- > started) return;
-          if constexpr (requires { cb.on_trial_shutdown(); }) {
-            try {
-              cb.on_trial_shutdown();
-            } catch (const std::exception& e) {
-              std::fprintf(stderr, "dettrial: on_trial_shutdown failed: %s\n", e.what());
-            }
-          }
-        });
-      }
-    } shutdown{callbacks, started};
-    const std::int64_t first_batch = same_trial ? resumed->batches_trained : 0;
-    const std::string resume_uuid = resume_dir ? resume_dir->filename().string() : std::string();
-    callbacks.each([&](auto& cb) {
-      if constexpr (requires { cb.on_trial_startup(std::int64_t{}, std::string{}); }) cb.on_trial_startup(first_batch, resume_uuid);
-      ++started;
-    });
-
-    train_loader_.emplace(trial_->build_training_data_loader());
-    validation_loader_.emplace(trial_->build_validation_data_loader());
-    st.epoch_len = epoch_length(*train_loader_, training_chain());
-    agree_across_ranks(st, first_batch);
-    if (st.epoch_len < 1) throw DataError("the training data loader yields no batches (its size() is 0)");
-    context_.epoch_len_ = st.epoch_len;
-
-    if (resume_dir) restore(st, *resume_dir, same_trial ? *resumed : TrialProgress{.trial_id = o.trial_id}, callbacks);
-    context_.initial_batch_ = st.batches_trained;  // the training stream skips what was trained
-    context_.current_batch_ = st.batches_trained;
-    st.result.resumed_from_batch = st.batches_trained;
-    if (Communicator* comm = context_.communicator()) broadcast_models(*comm);  // every rank starts from rank 0's weights
-
-    st.progress.line("dettrial " DETTRIAL_VERSION_STRING ": " +
-                     detail::runtime_summary(context_.threads() ? context_.threads()->source : std::string()));
-    st.progress.line("dettrial: trial seed " + std::to_string(context_.get_trial_seed()) + ", device " +
-                     context_.device().str() + ", training " + st.length.to_string() + " (an epoch is " +
-                     std::to_string(st.epoch_len) + " batches), output " + o.output_dir.string());
-    if (const Communicator* comm = context_.communicator())
-      st.progress.line("dettrial: " + std::to_string(comm->size()) + " processes (" + launcher_name(comm->environment().launcher) +
-                       ", " + comm->backend_name() + "), global batch " + std::to_string(context_.get_global_batch_size()));
-    if (resume_dir)
-      st.progress.line("dettrial: resumed from " + resume_dir->string() +
-                       (same_trial ? " at batch " + std::to_string(st.batches_trained)
-                                   : std::string(" (another trial's checkpoint: weights and optimizer state only)")));
-    detail::StopSignals signals(o.handle_signals);
-
-    callbacks.each([&](auto& cb) {
-      if constexpr (requires { cb.on_training_start(); }) cb.on_training_start();
-    });
-
-    if (o.step_zero_validation && st.batches_trained == 0 && st.last_validation < 0) validate(st, callbacks);
-    train(st, callbacks);
-    if (!st.result.stop_requested) {
-      if (st.last_validation != st.batches_trained) validate(st, callbacks);
-      if (st.last_checkpoint != st.batches_trained) checkpoint(st, callbacks);
-      // The trial is complete: retention applies without sparing the newest.
-      if (context_.distributed().is_chief()) apply_retention(st, {});
-    }
-    st.result.batches_trained = st.batches_trained;
-    st.result.epochs_trained = st.epochs_trained;
-    return std::move(st.result);
-  }
+  // ---- the loop: train until a boundary, then handle each boundary reached ------------------
 
   std::int64_t remaining(const RunState& st) const {
     return st.length.unit() == Unit::epochs ? st.length.value() - st.epochs_trained : st.length.value() - st.batches_trained;
@@ -352,114 +375,124 @@ class Trainer {
 
   template <class Set>
   void train(RunState& st, Set& callbacks) {
-    using TrainBatch = training_batch_t<TrialT>;
-    detail::WorkloadMeans means;
-    std::vector<Metrics> batch_metrics;  // kept only when a callback asks for them
     // One endless stream for the whole run (Determined's repeat → shard → skip chain).
     auto stream = train_loader_->batches(training_chain());
     auto it = std::ranges::begin(stream);
     const auto end = std::ranges::end(stream);
-    std::int64_t batch_idx = st.batches_trained;
-    const bool non_blocking = context_.device().is_cuda();
-    const FitOptions& o = st.options;
-    const std::int64_t total = st.length.unit() == Unit::epochs ? st.length.value() * st.epoch_len : st.length.value();
-
+    Workload workload;
     while (remaining(st) > 0) {
-      for (const auto& m : context_.models()) m->train();
-      for (auto& r : context_.reducers_)
-        if (r.for_training) r.reset(r.object);
-      means.reset();
-      if constexpr (Set::wants_batch_metrics) batch_metrics.clear();
-      std::int64_t records = 0;
-      bool reached[boundary_count] = {};
-      st.progress.begin("train", st.batches_trained, total, "batches");
-
-      for (;;) {
-        const std::int64_t epoch_idx = batch_idx / st.epoch_len;
-        const std::int64_t in_epoch = batch_idx % st.epoch_len;
-        context_.current_batch_ = batch_idx;
-        if (in_epoch == 0) {
-          callbacks.each([&](auto& cb) {
-            if constexpr (requires { cb.on_training_epoch_start(epoch_idx); }) cb.on_training_epoch_start(epoch_idx);
-          });
-        }
-        if (it == end) throw DataError("the training data loader's repeating stream ended at batch " + std::to_string(batch_idx));
-        TrainBatch batch = std::move(*it);
-        ++it;
-        to_device_in_place(batch, context_.device(), non_blocking);
-        records += record_count(batch);
-
-        Metrics metrics = as_metrics(detail::call_train_batch(*trial_, batch, model_or_missing(), epoch_idx, batch_idx));
-        if constexpr (declarative) {
-          const MetricValue& loss = metrics.at("loss");
-          if (!loss.is_tensor())
-            throw TrialError("train_batch must return the loss as a tensor (the trainer back-propagates it), not a number");
-          context_.backward(loss.tensor());
-          context_.step_optimizer(detail::deref(*optimizer_));
-        }
-        if (context_.is_update_batch()) context_.step_lr_schedulers(batch_idx);
-        means.add(metrics, batch_idx);
-        if constexpr (Set::wants_batch_metrics) batch_metrics.push_back(detached(metrics));
-
-        ++st.batches_trained;
-        const bool epoch_end = in_epoch == st.epoch_len - 1;
-        if (epoch_end) {
-          callbacks.each([&](auto& cb) {
-            if constexpr (requires { cb.on_training_epoch_end(epoch_idx); }) cb.on_training_epoch_end(epoch_idx);
-          });
-          ++st.epochs_trained;
-        }
-        st.progress.update(st.batches_trained);
-
-        // Determined's boundary rule: batch periods on batches completed, epoch periods on the last
-        // batch of an epoch, on epochs completed.
-        auto hit = [&](const TrainUnit& u) {
-          return u.unit() == Unit::epochs ? epoch_end && u.reached(epoch_idx + 1) : u.reached(batch_idx + 1);
-        };
-        reached[train_boundary] = o.test_mode || hit(st.length);
-        reached[validate_boundary] = hit(o.validation_period);
-        reached[checkpoint_boundary] = hit(o.checkpoint_period);
-        reached[report_boundary] = hit(o.reporting_period);
-        ++batch_idx;
-        if (reached[train_boundary] || reached[validate_boundary] || reached[checkpoint_boundary] || reached[report_boundary])
-          break;
-        // One process stops at any batch; a job only at boundaries, where its ranks agree.
-        if (!context_.communicator() && detail::StopSignals::received() != 0) break;
-      }
-
-      report_training(st, means, records, callbacks, batch_metrics);
-      if (const int signal = agreed_max(detail::StopSignals::received()); signal != 0) {
-        if (st.last_checkpoint != st.batches_trained) checkpoint(st, callbacks);
-        st.result.signal = signal;
-        st.result.stop_requested = true;
-        st.result.stopped_early = remaining(st) > 0;
-        st.progress.line(std::string("dettrial: stopped by ") + (signal == SIGINT ? "SIGINT" : signal == SIGTERM ? "SIGTERM" : "a signal") +
-                         " after batch " + std::to_string(st.batches_trained) + "; resume from " + st.storage.string());
-        return;
-      }
-      // Determined handles the reached boundaries in this order and honours a stop request after each.
-      for (const Boundary b : {train_boundary, validate_boundary, checkpoint_boundary, report_boundary}) {
-        if (!reached[b]) continue;
-        if (b == validate_boundary && st.last_validation != st.batches_trained) validate(st, callbacks);
-        if (b == checkpoint_boundary && st.last_checkpoint != st.batches_trained) checkpoint(st, callbacks);
-        if (agreed_max(context_.get_stop_requested() ? 1 : 0) != 0) {
-          if (st.last_checkpoint != st.batches_trained) checkpoint(st, callbacks);
-          st.result.stopped_early = remaining(st) > 0;
-          st.result.stop_requested = true;
-          st.progress.line("dettrial: stop requested; stopped after batch " + std::to_string(st.batches_trained));
-          return;
-        }
-      }
+      const Reached reached = train_until_boundary(st, it, end, workload, callbacks);
+      report_training(st, workload, callbacks);
+      if (const int signal = agreed_max(detail::StopSignals::received()); signal != 0)
+        return stop(st, callbacks, signal, std::string("dettrial: stopped by ") + detail::signal_name(signal) + " after batch " +
+                                               std::to_string(st.batches_trained) + "; resume from " + st.storage.string());
+      if (handle_boundaries(st, reached, callbacks)) return;
     }
   }
 
+  /// Trains batch after batch until one reaches a boundary (or, in one process, a stop signal arrives).
+  template <class Set, class It, class End>
+  Reached train_until_boundary(RunState& st, It& it, const End& end, Workload& workload, Set& callbacks) {
+    for (const auto& m : context_.models()) m->train();
+    for (auto& r : context_.reducers())
+      if (r.for_training) r.reset(r.object);
+    workload.means.reset();
+    workload.batch_metrics.clear();
+    workload.records = 0;
+    st.reporter.begin("train", st.batches_trained,
+                      st.length.unit() == Unit::epochs ? st.length.value() * st.epoch_len : st.length.value(), "batches");
+    for (;;) {
+      const std::int64_t batch_idx = st.batches_trained, epoch_idx = batch_idx / st.epoch_len;
+      const bool epoch_start = batch_idx % st.epoch_len == 0, epoch_end = batch_idx % st.epoch_len == st.epoch_len - 1;
+      context_.position().current_batch = batch_idx;
+      if (epoch_start) callbacks.template call<hook::on_training_epoch_start>(epoch_idx);
+      if (it == end) throw DataError("the training data loader's repeating stream ended at batch " + std::to_string(batch_idx));
+      train_batch(st, *it, workload, batch_idx, epoch_idx, callbacks);
+      ++it;
+      ++st.batches_trained;
+      if (epoch_end) {
+        callbacks.template call<hook::on_training_epoch_end>(epoch_idx);
+        ++st.epochs_trained;
+      }
+      st.reporter.update(st.batches_trained);
+      const Reached reached = boundaries_after(st, batch_idx, epoch_idx, epoch_end);
+      if (reached.length || reached.validation || reached.checkpoint || reached.report) return reached;
+      // One process stops at any batch; a job only at boundaries, where its ranks agree.
+      if (!context_.communicator() && detail::StopSignals::received() != 0) return reached;
+    }
+  }
+
+  /// One batch: to the device, train_batch, and for a declarative trial backward and step.
+  template <class Set, class Loaded>
+  void train_batch(RunState&, Loaded&& loaded, Workload& workload, std::int64_t batch_idx, std::int64_t epoch_idx, Set&) {
+    training_batch_t<TrialT> batch = std::move(loaded);
+    to_device_in_place(batch, context_.device(), context_.device().is_cuda());
+    workload.records += record_count(batch);
+    Metrics metrics = as_metrics(detail::call_train_batch(*trial_, batch, model_or_missing(), epoch_idx, batch_idx));
+    if constexpr (declarative) {
+      const MetricValue& loss = metrics.at("loss");
+      if (!loss.is_tensor()) throw TrialError("train_batch must return the loss as a tensor (the trainer back-propagates it), not a number");
+      context_.backward(loss.tensor());
+      context_.step_optimizer(detail::deref(*optimizer_));
+    }
+    if (context_.is_update_batch()) context_.step_lr_schedulers(batch_idx);
+    workload.means.add(metrics, batch_idx);
+    if constexpr (Set::wants_batch_metrics) workload.batch_metrics.push_back(detached(metrics));
+  }
+
+  /// Determined's boundary rule: batch periods on batches completed; epoch periods on the last batch
+  /// of an epoch, on epochs completed.
+  Reached boundaries_after(const RunState& st, std::int64_t batch_idx, std::int64_t epoch_idx, bool epoch_end) const {
+    auto hit = [&](const TrainUnit& u) { return u.unit() == Unit::epochs ? epoch_end && u.reached(epoch_idx + 1) : u.reached(batch_idx + 1); };
+    const FitOptions& o = st.options;
+    return Reached{.length = o.test_mode || hit(st.length),
+                   .validation = hit(o.validation_period),
+                   .checkpoint = hit(o.checkpoint_period),
+                   .report = hit(o.reporting_period)};
+  }
+
+  /// Validates and checkpoints as reached, in Determined's order (length, validation, checkpoint,
+  /// report), honouring a stop request after each. Returns true when training stops.
   template <class Set>
-  void report_training(RunState& st, const detail::WorkloadMeans& means, std::int64_t records, Set& callbacks,
-                       const std::vector<Metrics>& batch_metrics) {
-    const double seconds = st.progress.elapsed();
-    detail::RankShare mine{.batches = means.batches(), .records = records};
-    for (const auto& [name, value] : means.means()) mine.totals.push_back({name, Reducer::avg, value});
-    for (auto& r : context_.reducers_)
+  bool handle_boundaries(RunState& st, const Reached& reached, Set& callbacks) {
+    enum class Kind { length, validation, checkpoint, report };
+    const std::pair<bool, Kind> in_order[] = {
+        {reached.length, Kind::length}, {reached.validation, Kind::validation}, {reached.checkpoint, Kind::checkpoint}, {reached.report, Kind::report}};
+    for (const auto& [hit, kind] : in_order) {
+      if (!hit) continue;
+      if (kind == Kind::validation && st.last_validation != st.batches_trained) validate(st, callbacks);
+      if (kind == Kind::checkpoint) checkpoint_unless_current(st, callbacks);
+      if (agreed_max(context_.get_stop_requested() ? 1 : 0) != 0) {
+        stop(st, callbacks, 0, "dettrial: stop requested; stopped after batch " + std::to_string(st.batches_trained));
+        return true;
+      }
+    }
+    return false;
+  }
+
+  /// The one way training stops early: checkpoint (unless current), record why, say so.
+  template <class Set>
+  void stop(RunState& st, Set& callbacks, int signal, const std::string& message) {
+    checkpoint_unless_current(st, callbacks);
+    st.result.signal = signal;
+    st.result.stop_requested = true;
+    st.result.stopped_early = remaining(st) > 0;
+    st.reporter.line(message);
+  }
+
+  template <class Set>
+  void checkpoint_unless_current(RunState& st, Set& callbacks) {
+    if (st.last_checkpoint != st.batches_trained) checkpoint(st, callbacks);
+  }
+
+  // ---- reports and validation -----------------------------------------------------------------
+
+  template <class Set>
+  void report_training(RunState& st, const Workload& workload, Set& callbacks) {
+    const double seconds = st.reporter.elapsed();
+    detail::RankShare mine{.batches = workload.means.batches(), .records = workload.records};
+    for (const auto& [name, value] : workload.means.means()) mine.totals.push_back({name, Reducer::avg, value});
+    for (auto& r : context_.reducers())
       if (r.for_training) mine.reducer_parts.push_back(r.per_slot(r.object));
     const auto shares = detail::gather_shares(std::move(mine), context_.communicator());
     MetricValues avg;
@@ -469,16 +502,8 @@ class Trainer {
     reduce_user_reducers(&detail::WrappedReducer::for_training, shares, avg);
     // The whole job's records (every rank's), over the chief's clock.
     const double rate = seconds > 0 ? static_cast<double>(detail::total_records(shares)) / seconds : 0.0;
-    char tail[64];
-    std::snprintf(tail, sizeof tail, "  (%.1f samples/s)", rate);
-    st.progress.line("[train]" + detail::format_metrics(avg) + tail);
-    st.log.write("training", st.batches_trained, st.epochs_trained, avg, "samples_per_second", rate);
-    callbacks.each([&](auto& cb) {
-      if constexpr (requires { cb.on_training_workload_end(avg, std::span<const Metrics>(batch_metrics)); })
-        cb.on_training_workload_end(avg, std::span<const Metrics>(batch_metrics));
-      else if constexpr (requires { cb.on_training_workload_end(avg); })
-        cb.on_training_workload_end(avg);
-    });
+    st.reporter.training(st.batches_trained, st.epochs_trained, avg, rate);
+    callbacks.template call<hook::on_training_workload_end>(avg, std::span<const Metrics>(workload.batch_metrics));
     st.result.last_training_metrics = std::move(avg);
   }
 
@@ -490,7 +515,7 @@ class Trainer {
       if (s.reducer_parts.size() != shares.front().reducer_parts.size())
         throw DistributedError("the ranks wrapped different numbers of reducers; every rank must build the same trial");
     std::size_t index = 0;
-    for (auto& r : context_.reducers_)
+    for (auto& r : context_.reducers())
       if (r.*role) r.cross_slot_into(r.object, r.name, detail::reducer_parts(shares, index++), out);
   }
 
@@ -498,76 +523,59 @@ class Trainer {
   void validate(RunState& st, Set& callbacks) {
     torch::NoGradGuard no_grad;
     for (const auto& m : context_.models()) m->eval();
-    for (auto& r : context_.reducers_)
+    for (auto& r : context_.reducers())
       if (r.for_validation) r.reset(r.object);
-    callbacks.each([&](auto& cb) {
-      if constexpr (requires { cb.on_validation_start(); }) cb.on_validation_start();
-    });
-    st.progress.begin("validate", 0, epoch_length(*validation_loader_, validation_chain()), "batches");
-    // This rank's share: its metric totals (evaluate_batch, over its shard) or, with
-    // evaluate_full_dataset, the chief's metrics over the whole set (taken as they are).
-    detail::RankShare mine;
-    if constexpr (DeclaresEvaluateBatch<TrialT>) {
-      callbacks.each([&](auto& cb) {
-        if constexpr (requires { cb.on_validation_epoch_start(); }) cb.on_validation_epoch_start();
-      });
-      detail::ValidationReduction reduction(evaluation_reducer());
-      std::vector<Metrics> outputs;
-      std::int64_t batch_idx = 0;
-      const bool non_blocking = context_.device().is_cuda();
-      for (auto&& loaded : validation_loader_->batches(validation_chain())) {
-        validation_batch_t<TrialT> batch = std::move(loaded);
-        to_device_in_place(batch, context_.device(), non_blocking);
-        mine.records += record_count(batch);
-        Metrics m = detail::call_evaluate_batch(*trial_, batch, model_or_missing(), batch_idx);
-        reduction.add(m, batch_idx);
-        if constexpr (Set::wants_validation_outputs) outputs.push_back(std::move(m));
-        ++batch_idx;
-        st.progress.update(batch_idx);
-        if (st.options.test_mode) break;
-      }
-      callbacks.each([&](auto& cb) {
-        if constexpr (requires { cb.on_validation_epoch_end(std::span<const Metrics>(outputs)); })
-          cb.on_validation_epoch_end(std::span<const Metrics>(outputs));
-      });
-      mine.totals = reduction.totals();
-      mine.batches = reduction.batches();
-    } else {
-      // The whole dataset on the chief only (Determined's rule); the others get its metrics.
-      if (context_.distributed().is_chief()) {
-        const Metrics m = detail::call_evaluate_full_dataset(*trial_, *validation_loader_, model_or_missing());
-        for (const auto& e : m) mine.totals.push_back({std::string(e.key.view()), Reducer::sum, e.value.to_double()});
-        mine.batches = 1;
-      }
-    }
-    for (auto& r : context_.reducers_)
+    callbacks.template call<hook::on_validation_start>();
+    st.reporter.begin("validate", 0, epoch_length(*validation_loader_, validation_chain()), "batches");
+    detail::RankShare mine = evaluate(st, callbacks);
+    for (auto& r : context_.reducers())
       if (r.for_validation) mine.reducer_parts.push_back(r.per_slot(r.object));
     const auto shares = detail::gather_shares(std::move(mine), context_.communicator());
     // Decided from the gathered shares, so every rank throws (or goes on) together.
     if (detail::total_batches(shares) == 0) throw DataError("the validation data loader yielded no batches");
-    const std::int64_t records = detail::total_records(shares);
     MetricValues metrics = detail::combine_validation(shares);
     reduce_user_reducers(&detail::WrappedReducer::for_validation, shares, metrics);
-    callbacks.each([&](auto& cb) {
-      if constexpr (requires { cb.on_validation_end(metrics); }) cb.on_validation_end(metrics);
-    });
+    callbacks.template call<hook::on_validation_end>(metrics);
     st.last_validation = st.batches_trained;
     ++st.result.validations;
-
-    const double seconds = st.progress.elapsed();
     MetricValues reported;
     reported.set("batches", static_cast<double>(st.batches_trained));
     reported.set("epochs", static_cast<double>(st.epochs_trained));
     for (const auto& [name, value] : metrics) reported.set(name, value);
-    char tail[96];
-    if (records > 0)
-      std::snprintf(tail, sizeof tail, "  (%lld records in %.2f s)", static_cast<long long>(records), seconds);
-    else
-      std::snprintf(tail, sizeof tail, "  (%.2f s)", seconds);
-    st.progress.line("[validation]" + detail::format_metrics(reported) + tail);
-    st.log.write("validation", st.batches_trained, st.epochs_trained, reported, "seconds", seconds);
+    st.reporter.validation(st.batches_trained, st.epochs_trained, reported, detail::total_records(shares), st.reporter.elapsed());
     st.result.last_validation_metrics = reported;
     apply_checkpoint_policy(st, reported, callbacks);
+  }
+
+  /// This rank's share of a validation: its metric totals over its shard (evaluate_batch) or, with
+  /// evaluate_full_dataset, the chief's metrics over the whole set (taken as they are).
+  template <class Set>
+  detail::RankShare evaluate(RunState& st, Set& callbacks) {
+    detail::RankShare mine;
+    if constexpr (DeclaresEvaluateBatch<TrialT>) {
+      callbacks.template call<hook::on_validation_epoch_start>();
+      detail::ValidationReduction reduction(evaluation_reducer());
+      std::vector<Metrics> outputs;
+      std::int64_t batch_idx = 0;
+      for (auto&& loaded : validation_loader_->batches(validation_chain())) {
+        validation_batch_t<TrialT> batch = std::move(loaded);
+        to_device_in_place(batch, context_.device(), context_.device().is_cuda());
+        mine.records += record_count(batch);
+        Metrics m = detail::call_evaluate_batch(*trial_, batch, model_or_missing(), batch_idx);
+        reduction.add(m, batch_idx);
+        if constexpr (Set::wants_validation_outputs) outputs.push_back(std::move(m));
+        st.reporter.update(++batch_idx);
+        if (st.options.test_mode) break;
+      }
+      callbacks.template call<hook::on_validation_epoch_end>(std::span<const Metrics>(outputs));
+      mine.totals = reduction.totals();
+      mine.batches = reduction.batches();
+    } else if (context_.distributed().is_chief()) {  // the whole dataset on the chief only (Determined's rule)
+      const Metrics m = detail::call_evaluate_full_dataset(*trial_, *validation_loader_, model_or_missing());
+      for (const auto& e : m) mine.totals.push_back({std::string(e.key.view()), Reducer::sum, e.value.to_double()});
+      mine.batches = 1;
+    }
+    return mine;
   }
 
   /// After a validation: tracks the best searcher metric and checkpoints as the policy says.
@@ -576,32 +584,33 @@ class Trainer {
     bool improved = true;  // without a searcher metric every validation counts as the best so far
     if (!st.options.searcher_metric.empty()) {
       const auto value = metrics.get(st.options.searcher_metric);
-      if (!value) {
-        // A configuration error (exit status 78): every trial of a search would fail the same way.
-        std::vector<std::string> names;
-        for (const auto& [name, ignored] : metrics) names.push_back(name);
-        std::string reported;
-        for (const auto& name : names) reported += (reported.empty() ? "" : ", ") + name;
-        std::string hint = detail::suggestion(st.options.searcher_metric, names);
-        if (hint.empty()) {  // val_loss for validation_loss: the one name with the same last word
-          auto last_word = [](const std::string& n) { return n.substr(n.rfind('_') == std::string::npos ? 0 : n.rfind('_') + 1); };
-          std::vector<std::string> same;
-          std::ranges::copy_if(names, std::back_inserter(same), [&](const std::string& n) { return last_word(n) == last_word(st.options.searcher_metric); });
-          if (same.size() == 1) hint = "; did you mean '" + same.front() + "'?";
-        }
-        throw ConfigError("searcher.metric '" + st.options.searcher_metric + "' is not a metric validation reports (it reported " +
-                          reported + ")" + hint);
-      }
-      improved = !st.best_metric || (st.options.smaller_is_better ? *value < *st.best_metric : *value > *st.best_metric);
+      if (!value) throw missing_searcher_metric(st.options.searcher_metric, metrics);
+      improved = MetricOrder{st.options.smaller_is_better}.improves(*value, st.best_metric);
       // Every rank holds the same gathered metrics; the chief's decision is still the one acted on,
       // because a checkpoint is a collective that all ranks enter or none.
       if (Communicator* comm = context_.communicator()) improved = comm->broadcast_values({improved ? 1 : 0})[0] != 0;
       if (improved) st.best_metric = *value;
     } else if (st.options.checkpoint_policy == CheckpointPolicy::best && !st.warned_best_without_metric) {
-      st.progress.line("dettrial: checkpoint_policy 'best' has no searcher metric to compare; checkpointing after every validation");
+      st.reporter.line("dettrial: checkpoint_policy 'best' has no searcher metric to compare; checkpointing after every validation");
       st.warned_best_without_metric = true;
     }
-    if (st.last_checkpoint != st.batches_trained && st.checkpoint_after_validation(improved)) checkpoint(st, callbacks);
+    if (st.checkpoint_after_validation(improved)) checkpoint_unless_current(st, callbacks);
+  }
+
+  /// A configuration error (exit status 78): every trial of a search would fail the same way.
+  static ConfigError missing_searcher_metric(const std::string& metric, const MetricValues& metrics) {
+    std::vector<std::string> names;
+    for (const auto& [name, ignored] : metrics) names.push_back(name);
+    std::string reported;
+    for (const auto& name : names) reported += (reported.empty() ? "" : ", ") + name;
+    std::string hint = detail::suggestion(metric, names);
+    if (hint.empty()) {  // val_loss for validation_loss: the one name with the same last word
+      auto last_word = [](const std::string& n) { return n.substr(n.rfind('_') == std::string::npos ? 0 : n.rfind('_') + 1); };
+      std::vector<std::string> same;
+      std::ranges::copy_if(names, std::back_inserter(same), [&](const std::string& n) { return last_word(n) == last_word(metric); });
+      if (same.size() == 1) hint = "; did you mean '" + same.front() + "'?";
+    }
+    return ConfigError("searcher.metric '" + metric + "' is not a metric validation reports (it reported " + reported + ")" + hint);
   }
 
   TrialProgress progress_of(const RunState& st) const {
@@ -625,6 +634,8 @@ class Trainer {
       if (seed) loader.set_seed(*seed);
   }
 
+  // ---- checkpoints: when, and the callbacks' part (checkpoint/ writes and reads the files) ----
+
   /// A callback's name in checkpoints: its `name()` if it has one, else its position.
   template <class C>
   static std::string callback_name(const C& cb, std::size_t index) {
@@ -632,96 +643,47 @@ class Trainer {
     else return "callback_" + std::to_string(index);
   }
 
-  /**
-   * @brief Writes a checkpoint (Determined's layout, crash-safe) on the chief, runs the checkpoint
-   * hooks, and applies retention sparing the new one.
-   */
+  /// Writes a checkpoint (Determined's layout, crash-safe) on the chief, runs the checkpoint hooks,
+  /// and applies retention sparing the new one.
   template <class Set>
   void checkpoint(RunState& st, Set& callbacks) {
     st.last_checkpoint = st.batches_trained;
-    // Every rank's RNGs go to the chief (collectives: all ranks checkpoint at the same batches).
-    std::vector<torch::Tensor> rng_states, gpu_rng_states;
-    if (Communicator* comm = context_.communicator()) {
-      for (const torch::Tensor& state : comm->allgather(at::detail::getDefaultCPUGenerator().get_state().to(comm->device())))
-        rng_states.push_back(state.cpu());
-      if (context_.device().is_cuda())
-        for (const torch::Tensor& state :
-             comm->allgather(at::globalContext().defaultGenerator(context_.device()).get_state().to(comm->device())))
-          gpu_rng_states.push_back(state.cpu());
-    }
+    const detail::RankRngStates rng = detail::gather_rng_states(context_);  // every rank's, to the chief
     if (!context_.distributed().is_chief()) {
       // The chief writes; the others learn the checkpoint's uuid once it is written (Determined's broadcast).
-      const std::string uuid = share_uuid({});
-      callbacks.each([&](auto& cb) {
-        if constexpr (requires { cb.on_checkpoint_upload_end(uuid); }) cb.on_checkpoint_upload_end(uuid);
-      });
+      callbacks.template call<hook::on_checkpoint_upload_end>(detail::share_uuid(context_.communicator(), {}));
       return;
     }
     const auto started = std::chrono::steady_clock::now();
-    StateDict top = detail::ContextCheckpoint::python_state(context_, rng_states, gpu_rng_states);
-    StateDict callback_states(c10::StringType::get(), c10::AnyType::get());
-    std::size_t index = 0;
-    callbacks.each([&](auto& cb) {
-      if constexpr (requires { c10::IValue(cb.state_dict()); }) callback_states.insert(callback_name(cb, index), c10::IValue(cb.state_dict()));
-      ++index;
-    });
-    top.insert("callbacks", callback_states);
-    callbacks.each([&](auto& cb) {
-      if constexpr (requires { cb.on_checkpoint_save_start(top); }) cb.on_checkpoint_save_start(top);
-    });
-
-    const std::string uuid = detail::new_uuid();
-    CheckpointWriter writer(st.storage, uuid);
-    writer.add_file("state_dict.pth", detail::pickle_archive(top));
-    const bool mid_aggregation = st.batches_trained % context_.aggregation_frequency() != 0;
-    writer.add_file("dettrial_state.pt", detail::ContextCheckpoint::native_state(context_, mid_aggregation));
-    writer.add_file("trial_state.json", progress_of(st).to_json());
-    writer.add_file("load_data.json", load_data_json());
-
-    CheckpointInfo info{.uuid = uuid, .batches_trained = st.batches_trained, .epochs_trained = st.epochs_trained, .sequence = ++st.sequence};
-    if (st.last_validation == st.batches_trained && !st.options.searcher_metric.empty())
-      info.validation_metric = st.result.last_validation_metrics.get(st.options.searcher_metric);
-    std::string fields;
-    fields += "\"uuid\": ";
-    detail::append_json_string(fields, uuid);
-    fields += ", \"steps_completed\": " + std::to_string(st.batches_trained);
-    fields += ", \"epochs_trained\": " + std::to_string(st.epochs_trained);
-    fields += ", \"sequence\": " + std::to_string(info.sequence);
-    fields += ", \"framework\": \"torch-" + std::to_string(TORCH_VERSION_MAJOR) + "." + std::to_string(TORCH_VERSION_MINOR) + "." +
-              std::to_string(TORCH_VERSION_PATCH) + "\", \"format\": \"pickle\"";
-    fields += ", \"dettrial_version\": \"" DETTRIAL_VERSION_STRING "\", \"dettrial_format\": " + std::to_string(checkpoint_format_version);
-    fields += ", \"searcher_metric\": ";
-    detail::append_json_string(fields, st.options.searcher_metric);
-    fields += ", \"validation_metric\": ";
-    if (info.validation_metric) detail::append_json_number(fields, *info.validation_metric);
-    else fields += "null";
-    info.path = writer.commit(fields);
+    StateDict top = detail::trial_state_dict(context_, rng, callback_states(callbacks));
+    callbacks.template call<hook::on_checkpoint_save_start>(top);
+    const bool validated_here = st.last_validation == st.batches_trained && !st.options.searcher_metric.empty();
+    const CheckpointInfo info = detail::write_trial_checkpoint(
+        context_, st.storage, top,
+        {.progress = progress_of(st),
+         .sequence = ++st.sequence,
+         .mid_aggregation = st.batches_trained % context_.aggregation_frequency() != 0,
+         .searcher_metric = st.options.searcher_metric,
+         .validation_metric = validated_here ? st.result.last_validation_metrics.get(st.options.searcher_metric) : std::nullopt,
+         .trial_type = c10::demangle(typeid(TrialT).name())});
     st.result.checkpoints.push_back(info);
-    share_uuid(uuid);
-
-    callbacks.each([&](auto& cb) {
-      if constexpr (requires { cb.on_checkpoint_write_end(info.path); }) cb.on_checkpoint_write_end(info.path);
-    });
-    callbacks.each([&](auto& cb) {
-      if constexpr (requires { cb.on_checkpoint_upload_end(uuid); }) cb.on_checkpoint_upload_end(uuid);
-    });
-    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
-    char tail[48];
-    std::snprintf(tail, sizeof tail, " (%.2f s)", seconds);
-    st.progress.line("[checkpoint] batches " + std::to_string(st.batches_trained) + ": " + info.path.string() + tail);
-    apply_retention(st, uuid);
+    detail::share_uuid(context_.communicator(), info.uuid);
+    callbacks.template call<hook::on_checkpoint_write_end>(info.path);
+    callbacks.template call<hook::on_checkpoint_upload_end>(info.uuid);
+    st.reporter.checkpoint(st.batches_trained, info.path, std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
+    apply_retention(st, info.uuid);
   }
 
-  /// Sends the chief's checkpoint uuid to every rank (36 characters); one process keeps its own.
-  std::string share_uuid(const std::string& uuid) {
-    Communicator* comm = context_.communicator();
-    if (!comm) return uuid;
-    std::vector<torch::Tensor> t{torch::zeros({36}, torch::kUInt8)};
-    if (comm->rank() == 0) std::memcpy(t[0].data_ptr<std::uint8_t>(), uuid.data(), std::min<std::size_t>(uuid.size(), 36));
-    t[0] = t[0].to(comm->device());
-    comm->broadcast(t);
-    const torch::Tensor host = t[0].cpu();
-    return std::string(reinterpret_cast<const char*>(host.data_ptr<std::uint8_t>()), 36);
+  template <class Set>
+  static StateDict callback_states(Set& callbacks) {
+    StateDict states(c10::StringType::get(), c10::AnyType::get());
+    std::size_t index = 0;
+    callbacks.each([&](auto& cb) {
+      if constexpr (hook::state_dict::callable<std::remove_reference_t<decltype(cb)>>)
+        states.insert(callback_name(cb, index), hook::state_dict::call(cb));
+      ++index;
+    });
+    return states;
   }
 
   /// The largest of `value` over the ranks (the value itself for one process): what every rank acts on.
@@ -798,42 +760,22 @@ class Trainer {
       delete_checkpoint(doomed);
   }
 
-  /// `load_data.json`: what Determined records to rebuild the trial (config, hyperparameters, type).
-  std::string load_data_json() const {
-    std::string out = "{\"trial_type\": \"dettrial\", \"experiment_config\": ";
-    detail::append_yaml_as_json(out, context_.get_experiment_config().yaml);
-    out += ", \"hparams\": ";
-    detail::append_yaml_as_json(out, context_.get_hparams().yaml());
-    out += ", \"trial_cls_spec\": ";
-    detail::append_json_string(out, c10::demangle(typeid(TrialT).name()));
-    out += ", \"is_trainer\": true}\n";
-    return out;
-  }
-
   /**
    * @brief Restores a checkpoint: models (names and shapes checked), optimizers, schedulers, pending
    * gradients, RNGs, callbacks, and where the trial stands (`progress`).
    */
   template <class Set>
   void restore(RunState& st, const std::filesystem::path& dir, const TrialProgress& progress, Set& callbacks) {
-    const std::filesystem::path file = dir / "state_dict.pth";
     const StateDict top = detail::read_state_dict_file(dir);
-    callbacks.each([&](auto& cb) {
-      if constexpr (requires { cb.on_checkpoint_load_start(top); }) cb.on_checkpoint_load_start(top);
-    });
-    detail::ContextCheckpoint::load_models(context_, top, file);
-    detail::ContextCheckpoint::load_native(context_, read_checked_file(dir, "dettrial_state.pt"), dir / "dettrial_state.pt");
-    detail::ContextCheckpoint::load_rng(context_, top, file);
-    StateDict callback_states(c10::StringType::get(), c10::AnyType::get());
-    if (const auto it = top.find("callbacks"); it != top.end() && it->value().isGenericDict()) callback_states = it->value().toGenericDict();
+    callbacks.template call<hook::on_checkpoint_load_start>(top);
+    detail::restore_context(context_, dir, top);
+    const StateDict states = detail::callback_states_of(top);
     std::size_t index = 0;
     callbacks.each([&](auto& cb) {
-      if constexpr (requires { cb.load_state_dict(c10::IValue()); }) {
+      if constexpr (hook::load_state_dict::callable<std::remove_reference_t<decltype(cb)>>) {
         const std::string name = callback_name(cb, index);
-        if (const auto found = callback_states.find(name); found != callback_states.end())
-          cb.load_state_dict(found->value());
-        else
-          st.progress.line("dettrial: warning: the checkpoint has no state for callback '" + name + "'");
+        if (const auto found = states.find(name); found != states.end()) cb.load_state_dict(found->value());
+        else st.reporter.line("dettrial: warning: the checkpoint has no state for callback '" + name + "'");
       }
       ++index;
     });

@@ -54,13 +54,19 @@ class SignalHandlers {
   struct sigaction previous_term_ {};
 };
 
-/// Catches SIGINT and SIGTERM during fit (see dettrial_on_stop_signal).
+/// Catches SIGINT and SIGTERM during one fit (see dettrial_on_stop_signal). A signal belongs to the
+/// fit it arrived in: it is forgotten when that fit ends, so a later fit in the process trains.
 class StopSignals {
  public:
   explicit StopSignals(bool enabled) {
-    if (!enabled) return;
     pending_stop_signal.store(0);
-    handlers_.emplace(&dettrial_on_stop_signal, SA_RESTART);
+    if (enabled) handlers_.emplace(&dettrial_on_stop_signal, SA_RESTART);
+  }
+  StopSignals(const StopSignals&) = delete;
+  StopSignals& operator=(const StopSignals&) = delete;
+  ~StopSignals() {
+    handlers_.reset();  // first: a signal arriving now gets the previous handler, not a stale record
+    pending_stop_signal.store(0);
   }
   /// The signal received since construction, or 0.
   static int received() { return pending_stop_signal.load(std::memory_order_relaxed); }
@@ -68,6 +74,11 @@ class StopSignals {
  private:
   std::optional<SignalHandlers> handlers_;
 };
+
+/// "SIGINT", "SIGTERM", or "a signal": how a stop is reported.
+inline const char* signal_name(int signal_number) {
+  return signal_number == SIGINT ? "SIGINT" : signal_number == SIGTERM ? "SIGTERM" : "a signal";
+}
 
 /// The last SIGINT/SIGTERM a process that supervises others (the built-in launcher, an experiment)
 /// received, to pass on to its children; 0 when none. Its children run in process groups of their

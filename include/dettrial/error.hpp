@@ -2,7 +2,6 @@
 /// @file
 /// @brief The exceptions dettrial throws. Every message names the thing at fault.
 #pragma once
-// IWYU pragma: private, include <dettrial/dettrial.hpp>
 
 #include <stdexcept>
 #include <string>
@@ -35,12 +34,5 @@ struct TrialError : Error {
   using Error::Error;
 };
 
-namespace detail {
-/// The first line of a message (LibTorch's errors append a backtrace).
-inline std::string first_line(std::string text) {
-  if (const auto nl = text.find('\n'); nl != std::string::npos) text.resize(nl);
-  return text;
-}
-}  // namespace detail
 
 }  // namespace dettrial

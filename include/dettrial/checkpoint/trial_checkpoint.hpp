@@ -1,0 +1,135 @@
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief A trial's checkpoint as the trainer writes and restores it: the Context's state, the
+/// callbacks' states, where the trial stands, and the files of Determined's layout (see
+/// checkpoint.hpp). The trainer decides when; these functions decide what and how.
+#pragma once
+// IWYU pragma: private, include <dettrial/dettrial.hpp>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include <torch/torch.h>
+
+#include "../context/context.hpp"
+#include "../detail/json.hpp"
+#include "../version.hpp"
+#include "checkpoint.hpp"
+#include "state_dict.hpp"
+#include "storage.hpp"
+
+namespace dettrial::detail {
+
+/// Every rank's CPU (and, on GPUs, CUDA) generator state, in rank order; empty for one process.
+struct RankRngStates {
+  std::vector<torch::Tensor> cpu;
+  std::vector<torch::Tensor> gpu;
+};
+
+/// Gathers every rank's generator states (a collective: all ranks checkpoint at the same batches).
+inline RankRngStates gather_rng_states(Context& c) {
+  RankRngStates out;
+  Communicator* comm = c.communicator();
+  if (!comm) return out;
+  for (const torch::Tensor& state : comm->allgather(at::detail::getDefaultCPUGenerator().get_state().to(comm->device())))
+    out.cpu.push_back(state.cpu());
+  if (c.device().is_cuda())
+    for (const torch::Tensor& state : comm->allgather(at::globalContext().defaultGenerator(c.device()).get_state().to(comm->device())))
+      out.gpu.push_back(state.cpu());
+  return out;
+}
+
+/// Sends the chief's checkpoint uuid to every rank (36 characters); one process keeps its own.
+inline std::string share_uuid(Communicator* comm, const std::string& uuid) {
+  if (!comm) return uuid;
+  std::vector<torch::Tensor> t{torch::zeros({36}, torch::kUInt8)};
+  if (comm->rank() == 0) std::memcpy(t[0].data_ptr<std::uint8_t>(), uuid.data(), std::min<std::size_t>(uuid.size(), 36));
+  t[0] = t[0].to(comm->device());
+  comm->broadcast(t);
+  const torch::Tensor host = t[0].cpu();
+  return std::string(reinterpret_cast<const char*>(host.data_ptr<std::uint8_t>()), 36);
+}
+
+/// state_dict.pth's dict: the Context's Python-readable state and the callbacks' states.
+inline StateDict trial_state_dict(Context& c, const RankRngStates& rng, StateDict callback_states) {
+  StateDict top = ContextCheckpoint::python_state(c, rng.cpu, rng.gpu);
+  top.insert("callbacks", std::move(callback_states));
+  return top;
+}
+
+/// The callbacks' states in a checkpoint's state dict (empty when it has none).
+inline StateDict callback_states_of(const StateDict& top) {
+  if (const auto it = top.find("callbacks"); it != top.end() && it->value().isGenericDict()) return it->value().toGenericDict();
+  return StateDict(c10::StringType::get(), c10::AnyType::get());
+}
+
+/// `load_data.json`: what Determined records to rebuild the trial (config, hyperparameters, type).
+inline Json load_data(const Context& c, std::string_view trial_type) {
+  return Json{{"trial_type", "dettrial"},
+              {"experiment_config", yaml_to_json(c.get_experiment_config().yaml)},
+              {"hparams", yaml_to_json(c.get_hparams().yaml())},
+              {"trial_cls_spec", trial_type},
+              {"is_trainer", true}};
+}
+
+/// What a trial's checkpoint records besides the Context's state.
+struct TrialCheckpointRecord {
+  TrialProgress progress;
+  /// The checkpoint's place among the trial's checkpoints (1 for the first).
+  std::int64_t sequence = 0;
+  /// Written between optimizer steps: the pending (aggregated) gradients are saved too.
+  bool mid_aggregation = false;
+  std::string searcher_metric;
+  /// The searcher metric of a validation at this very batch, if there was one.
+  std::optional<double> validation_metric;
+  std::string trial_type;
+};
+
+/// Writes a checkpoint into `storage` (crash-safe: a temporary directory renamed when complete) and
+/// returns what list_checkpoints will say about it. `top` is state_dict.pth's dict.
+inline CheckpointInfo write_trial_checkpoint(Context& c, const std::filesystem::path& storage, const StateDict& top,
+                                             const TrialCheckpointRecord& record) {
+  CheckpointInfo info{.uuid = new_uuid(),
+                      .batches_trained = record.progress.batches_trained,
+                      .epochs_trained = record.progress.epochs_trained,
+                      .sequence = record.sequence,
+                      .validation_metric = record.validation_metric};
+  CheckpointWriter writer(storage, info.uuid);
+  writer.add_file("state_dict.pth", pickle_archive(top));
+  writer.add_file("dettrial_state.pt", ContextCheckpoint::native_state(c, record.mid_aggregation));
+  writer.add_file("trial_state.json", record.progress.to_json());
+  writer.add_file("load_data.json", json_text(load_data(c, record.trial_type)));
+  const std::string framework = "torch-" + std::to_string(TORCH_VERSION_MAJOR) + "." + std::to_string(TORCH_VERSION_MINOR) + "." +
+                                std::to_string(TORCH_VERSION_PATCH);
+  Json metadata{{"uuid", info.uuid},
+                {"steps_completed", info.batches_trained},
+                {"epochs_trained", info.epochs_trained},
+                {"sequence", info.sequence},
+                {"framework", framework},
+                {"format", "pickle"},
+                {"dettrial_version", DETTRIAL_VERSION_STRING},
+                {"dettrial_format", checkpoint_format_version},
+                {"searcher_metric", record.searcher_metric},
+                {"validation_metric", nullptr}};
+  if (info.validation_metric) metadata["validation_metric"] = *info.validation_metric;
+  info.path = writer.commit(std::move(metadata));
+  return info;
+}
+
+/// Restores the Context's models (names and shapes checked first), optimizers, schedulers, pending
+/// gradients and RNGs from checkpoint `dir`, whose state_dict.pth holds `top`.
+inline void restore_context(Context& c, const std::filesystem::path& dir, const StateDict& top) {
+  const std::filesystem::path file = dir / "state_dict.pth";
+  ContextCheckpoint::load_models(c, top, file);
+  ContextCheckpoint::load_native(c, read_checked_file(dir, "dettrial_state.pt"), dir / "dettrial_state.pt");
+  ContextCheckpoint::load_rng(c, top, file);
+}
+
+}  // namespace dettrial::detail

@@ -1,0 +1,155 @@
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief Gradient averaging across the ranks of a job, as PyTorch's DDP does it: flat buckets whose
+/// all-reduces start during the backward pass.
+#pragma once
+// IWYU pragma: private, include <dettrial/dettrial.hpp>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+#include <torch/torch.h>
+
+#include "communicator.hpp"
+
+namespace dettrial::detail {
+
+/**
+ * @brief The gradient buckets of one optimizer's parameters in a data-parallel job.
+ *
+ * Flat buckets (of one dtype and device, up to 25 MiB, PyTorch DDP's default, filled from the last
+ * parameters back, the order the backward pass produces them) whose all-reduces start during the
+ * backward pass as each bucket fills, in bucket order on every rank; `all_reduce` then waits for them
+ * and divides by the world size. The buckets are allocated on the first step and reused: a step
+ * allocates nothing. A backward pass not armed (not run through `context.backward`, or two backward
+ * passes in one step), and parameters without a gradient (zeros), are handled in `all_reduce` after
+ * the fact. The object must not move once it has hooks (the Context holds it by pointer).
+ */
+class GradientBuckets {
+ public:
+  static constexpr std::int64_t bucket_bytes = 25 << 20;
+
+  GradientBuckets(Communicator& communicator, std::vector<torch::Tensor> params)
+      : communicator_(communicator), params_(std::move(params)) {}
+  GradientBuckets(const GradientBuckets&) = delete;
+  GradientBuckets& operator=(const GradientBuckets&) = delete;
+  ~GradientBuckets() {
+    for (std::size_t k = 0; k < hooks_.size(); ++k) params_[k].remove_hook(hooks_[k]);
+  }
+
+  /// Before a batch's backward pass: on update batches every bucket waits for all its parameters.
+  void arm(bool update_batch) {
+    armed_ = !buckets_.empty() && update_batch;
+    if (!armed_) return;
+    std::fill(filled_.begin(), filled_.end(), 0);
+    for (std::size_t b = 0; b < buckets_.size(); ++b) pending_[b] = buckets_[b].members.size();
+    works_.clear();
+  }
+
+  /// Replaces every parameter's gradient by its average over the ranks.
+  void all_reduce() {
+    if (buckets_.empty()) build();
+    torch::NoGradGuard no_grad;
+    if (!armed_) {  // the hooks did not feed this step (or saw two backward passes): start over
+      for (const auto& work : works_) communicator_.wait(work, "gradient all-reduce");
+      std::fill(filled_.begin(), filled_.end(), 0);
+      works_.clear();
+    }
+    for (std::size_t i = 0; i < params_.size(); ++i)
+      if (!filled_[i]) fill_slice(i, torch::Tensor());
+    std::fill(pending_.begin(), pending_.end(), 0);
+    start_ready_buckets();
+    const double scale = 1.0 / static_cast<double>(communicator_.size());
+    for (std::size_t k = 0; k < buckets_.size(); ++k) {
+      communicator_.wait(works_[k], "gradient all-reduce");
+      Bucket& b = buckets_[k];
+      b.flat.mul_(scale);
+      for (const auto& [i, offset] : b.members) {
+        torch::Tensor& p = params_[i];
+        const torch::Tensor slice = b.flat.narrow(0, offset, p.numel()).view(p.sizes());
+        if (p.grad().defined()) p.mutable_grad().copy_(slice);
+        else p.mutable_grad() = slice.clone();
+      }
+    }
+    armed_ = false;
+  }
+
+ private:
+  /// A flat buffer that carries the gradients of several parameters in one all-reduce.
+  struct Bucket {
+    torch::Tensor flat;
+    std::vector<std::pair<std::size_t, std::int64_t>> members;  // (parameter index, offset)
+  };
+
+  void build() {
+    bucket_of_.assign(params_.size(), 0);
+    offset_of_.assign(params_.size(), 0);
+    for (std::size_t k = params_.size(); k-- > 0;) {
+      const torch::Tensor& p = params_[k];
+      if (buckets_.empty() || buckets_.back().flat.scalar_type() != p.scalar_type() || buckets_.back().flat.device() != p.device() ||
+          (buckets_.back().flat.numel() + p.numel()) * p.element_size() > bucket_bytes)
+        buckets_.push_back(Bucket{torch::empty({0}, p.options()), {}});
+      Bucket& b = buckets_.back();
+      b.members.emplace_back(k, b.flat.numel());
+      offset_of_[k] = b.flat.numel();
+      b.flat = torch::empty({b.flat.numel() + p.numel()}, p.options());
+      bucket_of_[k] = buckets_.size() - 1;
+    }
+    filled_.assign(params_.size(), 0);
+    pending_.assign(buckets_.size(), 0);
+    works_.reserve(buckets_.size());
+    for (std::size_t k = 0; k < params_.size(); ++k)
+      hooks_.push_back(params_[k].register_hook([this, k](const torch::Tensor& grad) {
+        if (!armed_) return;
+        if (filled_[k]) {  // a second backward pass in this step: redone in all_reduce
+          armed_ = false;
+          return;
+        }
+        torch::NoGradGuard no_grad;
+        fill_slice(k, grad);
+        --pending_[bucket_of_[k]];
+        start_ready_buckets();
+      }));
+  }
+
+  /// Puts parameter k's gradient for this step (its accumulated .grad plus `incoming`) into its slice.
+  void fill_slice(std::size_t k, const torch::Tensor& incoming) {
+    const torch::Tensor& p = params_[k];
+    torch::Tensor slice = buckets_[bucket_of_[k]].flat.narrow(0, offset_of_[k], p.numel());
+    if (incoming.defined()) {
+      slice.copy_(incoming.reshape({-1}));
+      if (p.grad().defined()) slice.add_(p.grad().reshape({-1}));
+    } else if (p.grad().defined()) {
+      slice.copy_(p.grad().reshape({-1}));
+    } else {
+      slice.zero_();
+    }
+    filled_[k] = 1;
+  }
+
+  /// Starts the all-reduces of the buckets that are full, strictly in bucket order (ranks must issue
+  /// collectives in the same order).
+  void start_ready_buckets() {
+    while (works_.size() < buckets_.size() && pending_[works_.size()] == 0) {
+      collective_arg_[0] = buckets_[works_.size()].flat;
+      works_.push_back(communicator_.allreduce_async(collective_arg_));
+    }
+  }
+
+  Communicator& communicator_;
+  std::vector<torch::Tensor> params_;
+  std::vector<Bucket> buckets_{};
+  std::vector<std::size_t> bucket_of_{};                 // per parameter
+  std::vector<std::int64_t> offset_of_{};                // per parameter, in its bucket
+  std::vector<unsigned> hooks_{};                        // per parameter
+  std::vector<char> filled_{};                           // per parameter: its slice holds this step's gradient
+  std::vector<std::size_t> pending_{};                   // per bucket: parameters still to come
+  std::vector<c10::intrusive_ptr<c10d::Work>> works_{};  // the all-reduces started, in bucket order
+  std::vector<torch::Tensor> collective_arg_{1};         // c10d takes a vector: one, reused
+  bool armed_ = false;                                   // this backward pass feeds the buckets
+};
+
+}  // namespace dettrial::detail

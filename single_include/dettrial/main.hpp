@@ -1,0 +1,1081 @@
+// ==========================================================================================
+// dettrial, single-header edition: DO NOT MODIFY THIS FILE BY HAND.
+// It is generated from include/ by tools/amalgamate.py; edit the headers there and regenerate.
+// ==========================================================================================
+#pragma once
+#include "dettrial.hpp"
+// ---- begin dettrial/main.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief dettrial's command line, opt-in: `dettrial::main<MyTrial>(argc, argv)` (one trial, a
+/// data-parallel job through the built-in launcher, or a hyperparameter search). Include it in the
+/// one translation unit that defines `main`; trials need only <dettrial/dettrial.hpp>.
+
+
+// ---- begin dettrial/cli/main.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief dettrial::main<Trial>(argc, argv): a whole trial program's command line in one call.
+
+#include <cstdio>
+#include <exception>
+#include <filesystem>
+#include <iostream>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <thread>
+#include <utility>
+
+#include <c10/util/Exception.h>
+#include <yaml-cpp/yaml.h>
+
+// ---- begin dettrial/search/experiment.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief Runs a hyperparameter search on one machine: each trial is its own process of the same
+/// program (a crash cannot take the experiment down), restarted from its latest checkpoint up to
+/// max_restarts times; ASHA's stop is a SIGTERM (the trial checkpoints and exits); an event log makes
+/// a second run of the same command continue the experiment; a summary table and summary.json at the end.
+
+#include <sys/stat.h>
+#include <sys/wait.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <optional>
+#include <string>
+#include <thread>
+#include <variant>
+#include <vector>
+
+#include <yaml-cpp/yaml.h>
+
+// ---- begin dettrial/detail/exit_status.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief The exit statuses of a trial program that its supervisors (the built-in launcher, an
+/// experiment runner, a user's script) act on: one source for all of them.
+
+namespace dettrial::detail {
+
+/// Stopped by SIGINT or SIGTERM after a checkpoint: continue it later (sysexits' EX_TEMPFAIL).
+inline constexpr int exit_status_interrupted_value = 75;
+/// The configuration or the trial's use of it is wrong (a missing hyperparameter, a searcher metric
+/// that validation does not report, a broken config): running it again fails the same way, so an
+/// experiment does not restart it (sysexits' EX_CONFIG).
+inline constexpr int exit_status_config_value = 78;
+
+}  // namespace dettrial::detail
+// ---- end dettrial/detail/exit_status.hpp
+// ---- begin dettrial/detail/process.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief Starting child processes (ranks of the built-in launcher, trials of an experiment) with
+/// extra environment variables and their output sent to a file.
+
+#include <fcntl.h>
+#include <spawn.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <string>
+#include <string_view>
+#include <vector>
+
+
+extern "C" char** environ;
+
+namespace dettrial::detail {
+
+struct SpawnOptions {
+  /// `NAME=value` entries added to this process's environment; each replaces an inherited variable
+  /// of the same name (getenv would otherwise find the inherited one first).
+  std::vector<std::string> extra_env;
+  /// Where stdout goes (and stderr, with merge_stderr); empty: inherited.
+  std::string output{};
+  bool append = false;
+  bool merge_stderr = true;
+  /// Starts the child in a process group of its own: a terminal's Ctrl-C (sent to the foreground
+  /// group) then reaches it only through the supervisor that forwards it, once.
+  bool own_process_group = false;
+};
+
+/// Starts `program` with `args` as its argv (the program name first); returns its pid.
+inline pid_t spawn_process(const std::string& program, std::vector<std::string> args, const SpawnOptions& options = {}) {
+  std::vector<std::string> env_strings;
+  auto name_of = [](std::string_view entry) { return entry.substr(0, entry.find('=')); };
+  for (char** e = environ; *e; ++e) {
+    const std::string_view name = name_of(*e);
+    const bool replaced = std::any_of(options.extra_env.begin(), options.extra_env.end(),
+                                      [&](const std::string& extra) { return name_of(extra) == name; });
+    if (!replaced) env_strings.emplace_back(*e);
+  }
+  env_strings.insert(env_strings.end(), options.extra_env.begin(), options.extra_env.end());
+  std::vector<char*> env, argv;
+  for (auto& e : env_strings) env.push_back(e.data());
+  env.push_back(nullptr);
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  if (!options.output.empty()) {
+    posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, options.output.c_str(),
+                                     O_WRONLY | O_CREAT | (options.append ? O_APPEND : O_TRUNC), 0644);
+    if (options.merge_stderr) posix_spawn_file_actions_adddup2(&actions, STDOUT_FILENO, STDERR_FILENO);
+  }
+  posix_spawnattr_t attributes;
+  posix_spawnattr_init(&attributes);
+  if (options.own_process_group) {
+    posix_spawnattr_setflags(&attributes, POSIX_SPAWN_SETPGROUP);
+    posix_spawnattr_setpgroup(&attributes, 0);
+  }
+  pid_t pid = -1;
+  const int rc = ::posix_spawn(&pid, program.c_str(), &actions, &attributes, argv.data(), env.data());
+  posix_spawnattr_destroy(&attributes);
+  posix_spawn_file_actions_destroy(&actions);
+  if (rc != 0) throw Error("cannot start '" + program + "'");
+  return pid;
+}
+
+}  // namespace dettrial::detail
+// ---- end dettrial/detail/process.hpp
+
+namespace dettrial {
+
+/// How a trial of an experiment ended (or where it stands).
+enum class TrialState { queued, running, completed, stopped_by_searcher, errored, interrupted };
+
+inline const char* to_string(TrialState s) {
+  switch (s) {
+    case TrialState::queued: return "QUEUED";
+    case TrialState::running: return "RUNNING";
+    case TrialState::completed: return "COMPLETED";
+    case TrialState::stopped_by_searcher: return "STOPPED_EARLY";
+    case TrialState::errored: return "ERRORED";
+    case TrialState::interrupted: return "INTERRUPTED";
+  }
+  return "?";
+}
+
+/// One line of the experiment summary.
+struct TrialSummary {
+  std::int64_t id = 0;
+  YAML::Node hparams;
+  TrialState state = TrialState::queued;
+  std::int64_t restarts = 0;
+  std::int64_t batches_trained = 0;
+  std::optional<double> best_metric;
+  std::optional<double> last_metric;
+  std::string best_checkpoint;
+};
+
+struct ExperimentOptions {
+  /// The experiment's folder: trials/<id>/ (config, log, metrics.jsonl, checkpoints), events.jsonl, summary.json.
+  std::filesystem::path output_dir;
+  /// The program that trains one trial, with dettrial::main's command line (normally this one).
+  std::filesystem::path program = "/proc/self/exe";
+  bool quiet = false;
+};
+
+namespace detail {
+inline std::string one_line(const YAML::Node& node) {
+  YAML::Emitter out;
+  out << YAML::Flow << node;
+  return out.c_str();
+}
+}  // namespace detail
+
+/**
+ * @brief An experiment: a searcher, its trials as child processes, and the record that lets it
+ * resume. `run()` returns 0 when every trial completed or was stopped by the searcher, 1 when some
+ * trial still failed after its restarts, 75 (exit_status_interrupted) when a signal interrupted it,
+ * and 78 (exit_status_config_error) when a trial's configuration was wrong: that error would repeat
+ * in every trial, so the search stops at the first one (other trials checkpoint and stop), prints
+ * it, and continues when the same command runs again after the fix.
+ */
+class Experiment {
+ public:
+  Experiment(ExperimentConfig config, ExperimentOptions options)
+      : config_(std::move(config)), options_(std::move(options)),
+        searcher_(make_searcher(searcher_config(config_), HyperparameterSpace(config_.hyperparameters, config_.source),
+                                config_.experiment_seed.value_or(0))) {
+    if (config_.searcher.metric.empty())
+      throw ConfigError(config_.source + ": searcher '" + config_.searcher.name + "' needs searcher.metric");
+  }
+
+  static SearcherConfig searcher_config(const ExperimentConfig& c) {
+    SearcherConfig s;
+    s.name = c.searcher.name;
+    s.metric = c.searcher.metric;
+    s.smaller_is_better = c.searcher.smaller_is_better;
+    s.max_trials = c.searcher.max_trials;
+    s.max_concurrent_trials = c.searcher.max_concurrent_trials;
+    s.time_metric = c.searcher.time_metric;
+    s.max_time = c.searcher.max_time;
+    s.divisor = c.searcher.divisor;
+    s.max_rungs = c.searcher.max_rungs;
+    s.mode = c.searcher.mode;
+    s.bracket_rungs = c.searcher.bracket_rungs;
+    if (c.searcher.max_length) s.max_length = c.searcher.max_length->value();
+    if (s.name != "adaptive_asha" && !c.searcher.max_length)
+      throw ConfigError(c.source + ": searcher '" + s.name + "' needs searcher.max_length, e.g. {batches: 1000}");
+    return s;
+  }
+
+  int run() {
+    namespace fs = std::filesystem;
+    fs::create_directories(options_.output_dir / "trials");
+    detail::supervisor_signal.store(0);
+    detail::supervisor_signal_count.store(0);
+    const detail::SignalHandlers handlers(&detail::dettrial_on_supervisor_signal);
+
+    replay_or_start();
+    while (true) {
+      if (detail::supervisor_signal_count.load() != 0 || config_error_) {
+        stop_running_trials();
+        write_summary();
+        if (config_error_) {
+          std::fprintf(stderr, "dettrial: the search stopped: trial %lld's configuration is wrong, and every trial would fail the same way:\n%s\n"
+                               "dettrial: fix it and run the same command again to continue the experiment\n",
+                       static_cast<long long>(config_error_->first), config_error_->second.c_str());
+          return detail::exit_status_config_value;
+        }
+        say("dettrial: experiment interrupted; run the same command again to continue it");
+        return detail::exit_status_interrupted_value;
+      }
+      launch_queued();
+      if (running_.empty() && queue_.empty()) break;
+      poll_metrics();
+      reap(false);
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    apply_experiment_retention();
+    write_summary();
+    const auto failed = std::ranges::count_if(trials_, [](const auto& kv) { return kv.second.state == TrialState::errored; });
+    if (failed == 0) return 0;
+    std::fprintf(stderr, "dettrial: %lld of %zu trials failed (ERRORED in the summary above); each trial's log.txt says why\n",
+                 static_cast<long long>(failed), trials_.size());
+    return 1;
+  }
+
+  const std::map<std::int64_t, TrialSummary>& trials() const { return trials_; }
+
+ private:
+  struct Running {
+    pid_t pid = -1;
+    bool stop_sent = false;
+    /// How far metrics.jsonl has been read, in the file with this inode (a resumed trial rewrites
+    /// the file without the records past its checkpoint: then it is read again from the start).
+    std::uintmax_t metrics_offset = 0;
+    ino_t metrics_inode = 0;
+  };
+
+  /// SIGTERM to every running trial (each checkpoints and exits), once per signal this process got
+  /// (a second Ctrl-C makes them abort), and waits for them.
+  void stop_running_trials() {
+    int forwarded = 0;
+    while (!running_.empty()) {
+      const int signals = std::max(1, detail::supervisor_signal_count.load());
+      if (signals > forwarded) {
+        for (auto& [id, t] : running_) ::kill(t.pid, SIGTERM);
+        forwarded = signals;
+      }
+      reap(/*interrupting=*/true);  // waits; a signal interrupts the wait
+    }
+  }
+
+  std::filesystem::path trial_dir(std::int64_t id) const { return options_.output_dir / "trials" / std::to_string(id); }
+
+  void say(const std::string& line) const {
+    if (!options_.quiet) std::printf("%s\n", line.c_str());
+    std::fflush(stdout);
+  }
+
+  // ---- the event log: what the searcher was told, in order, so a second run replays it ----------
+
+  void log_event(const detail::Json& event) {
+    std::ofstream(options_.output_dir / "events.jsonl", std::ios::app) << detail::json_line(event);
+  }
+
+  void replay_or_start() {
+    const auto events_path = options_.output_dir / "events.jsonl";
+    std::vector<TrialRequest> first = std::visit([](auto& s) { return s.initial(); }, searcher_);
+    for (auto& r : first) add_trial(std::move(r));
+    if (!std::filesystem::exists(events_path)) return;
+    // Replay: the searcher is deterministic given its seed and the same events in the same order.
+    std::ifstream in(events_path);
+    std::int64_t replayed = 0;
+    for (std::string line; std::getline(in, line);) {
+      if (line.empty()) continue;
+      const detail::Json e = detail::Json::parse(line, nullptr, /*allow_exceptions=*/false);
+      if (e.is_discarded()) break;  // a torn last line from a crash: what came before stands
+      try {
+        const auto get = [&e](const char* key) -> const detail::Json& { return detail::json_field(e, key); };
+        const auto id = detail::json_as<std::int64_t>(get("trial"), "trial");
+        const auto kind = detail::json_as<std::string>(get("event"), "event");
+        if (kind == "validation") {
+          const double metric = detail::json_as<double>(get("metric"), "metric");
+          const double time = detail::json_as<double>(get("time"), "time");
+          std::visit([&](auto& s) { s.on_validation(id, metric, time); }, searcher_);
+          TrialSummary& t = trials_.at(id);
+          record_metric(t, metric);
+          if (const detail::Json* b = detail::json_find(e, "batches"))
+            validated_batches_[id] = std::max(validated_batches_[id], detail::json_as<std::int64_t>(*b, "batches"));
+        } else if (kind == "end") {
+          TrialSummary& t = trials_.at(id);
+          t.state = state_from(detail::json_as<std::string>(get("state"), "state"));
+          t.restarts = detail::json_as<std::int64_t>(get("restarts"), "restarts");
+          queue_.erase(std::remove(queue_.begin(), queue_.end(), id), queue_.end());
+          for (auto& r : std::visit([&](auto& s) { return s.on_trial_end(id); }, searcher_)) add_trial(std::move(r));
+        } else if (kind == "restart") {
+          trials_.at(id).restarts = detail::json_as<std::int64_t>(get("restarts"), "restarts");
+        }
+      } catch (const detail::JsonFieldError& err) {
+        throw Error("'" + events_path.string() + "' has an event that lacks a field or has one of the wrong type (" + err.what() + "): " + line);
+      }
+      ++replayed;
+    }
+    if (replayed > 0) say("dettrial: continuing the experiment in " + options_.output_dir.string() + " (" + std::to_string(replayed) + " events)");
+  }
+
+  static TrialState state_from(const std::string& s) {
+    for (auto st : {TrialState::completed, TrialState::stopped_by_searcher, TrialState::errored})
+      if (s == to_string(st)) return st;
+    return TrialState::errored;
+  }
+
+  void add_trial(TrialRequest r) {
+    TrialSummary t;
+    t.id = r.id;
+    t.hparams = r.hparams;
+    const std::int64_t id = r.id;
+    trials_[id] = t;
+    requests_[id] = std::move(r);
+    queue_.push_back(id);
+  }
+
+  void record_metric(TrialSummary& t, double metric) {
+    t.last_metric = metric;
+    const bool better = order().improves(metric, t.best_metric);
+    if (better) t.best_metric = metric;
+  }
+
+  // ---- trials as processes ---------------------------------------------------------------------
+
+  /// The trial's own experiment config: its hyperparameters as values, one trial, its length, seed and storage.
+  void write_trial_config(const TrialRequest& r) const {
+    YAML::Node doc = YAML::Clone(config_.yaml);
+    doc["hyperparameters"] = YAML::Clone(r.hparams);
+    YAML::Node searcher(YAML::NodeType::Map);
+    searcher["name"] = "single";
+    searcher["metric"] = config_.searcher.metric;
+    searcher["smaller_is_better"] = config_.searcher.smaller_is_better;
+    const std::string unit = config_.searcher.name == "adaptive_asha" ? config_.searcher.time_metric
+                             : config_.searcher.max_length ? std::string(to_string(config_.searcher.max_length->unit()))
+                                                           : std::string("batches");
+    searcher["max_length"][unit] = r.max_length;
+    doc["searcher"] = searcher;
+    doc["reproducibility"]["experiment_seed"] = r.seed;
+    doc.remove("checkpoint_storage");
+    YAML::Node storage(YAML::NodeType::Map);
+    storage["type"] = "shared_fs";
+    storage["host_path"] = (trial_dir(r.id) / "checkpoints").string();
+    // The experiment's best are chosen among the trials' best, so each trial keeps its best until then.
+    storage["save_trial_best"] = std::max<std::int64_t>(config_.checkpoint_storage.save_trial_best,
+                                                        config_.checkpoint_storage.save_experiment_best > 0 ? 1 : 0);
+    storage["save_trial_latest"] = std::max<std::int64_t>(config_.checkpoint_storage.save_trial_latest, 1);  // restarts need one
+    doc["checkpoint_storage"] = storage;
+    std::ofstream(trial_dir(r.id) / "config.yaml") << doc << "\n";
+  }
+
+  void launch_queued() {
+    while (!queue_.empty()) {
+      const std::int64_t id = queue_.front();
+      queue_.erase(queue_.begin());
+      launch(id);
+    }
+  }
+
+  void launch(std::int64_t id) {
+    namespace fs = std::filesystem;
+    const TrialRequest& r = requests_.at(id);
+    fs::create_directories(trial_dir(id));
+    write_trial_config(r);
+    std::vector<std::string> args = {options_.program.string(), "--config", (trial_dir(id) / "config.yaml").string(),
+                                     "--output", trial_dir(id).string(), "--quiet"};
+    if (!list_checkpoints(trial_dir(id) / "checkpoints").empty()) {
+      args.emplace_back("--resume");
+      args.push_back((trial_dir(id) / "checkpoints").string());
+    }
+    Running run;
+    // In a process group of its own: a Ctrl-C reaches the trial once, as this runner's SIGTERM.
+    run.pid = detail::spawn_process(options_.program.string(), std::move(args),
+                                    {.extra_env = {std::string(detail::supervisor_pid_variable) + "=" + std::to_string(::getpid())},
+                                     .output = (trial_dir(id) / "log.txt").string(),
+                                     .append = true,
+                                     .own_process_group = true});
+    running_[id] = run;
+    trials_.at(id).state = TrialState::running;
+    say("[experiment] trial " + std::to_string(id) + " started: " + detail::one_line(r.hparams));
+  }
+
+  /// Reads the trials' new validation records and lets the searcher decide on each.
+  void poll_metrics() {
+    for (auto& [id, run] : running_) {
+      const auto path = trial_dir(id) / "metrics.jsonl";
+      struct stat file {};
+      if (::stat(path.c_str(), &file) != 0) continue;
+      if (file.st_ino != run.metrics_inode || static_cast<std::uintmax_t>(file.st_size) < run.metrics_offset) {
+        run.metrics_inode = file.st_ino;  // a new file: read it from the start; validations already told are skipped
+        run.metrics_offset = 0;
+      }
+      std::ifstream in(path);
+      if (!in) continue;
+      in.seekg(static_cast<std::streamoff>(run.metrics_offset));
+      std::string line;
+      while (std::getline(in, line)) {
+        if (in.eof()) break;  // a line still being written: read it next time
+        run.metrics_offset += line.size() + 1;
+        const detail::Json record = detail::Json::parse(line, nullptr, /*allow_exceptions=*/false);
+        if (record.is_discarded()) continue;  // not a complete record
+        const detail::Json* type = detail::json_find(record, "type");
+        if (!type || !type->is_string() || type->get_ref<const std::string&>() != "validation") continue;
+        // Each validation reaches the searcher once, also when a restarted trial trains it again.
+        const auto batches = MetricsLog::batches_of_record(record);
+        if (!batches) continue;
+        if (const auto told = validated_batches_.find(id); told != validated_batches_.end() && *batches <= told->second) continue;
+        validated_batches_[id] = *batches;
+        const detail::Json* metrics = detail::json_find(record, "metrics");
+        const detail::Json* searcher_metric = metrics ? detail::json_find(*metrics, config_.searcher.metric) : nullptr;
+        if (!searcher_metric || !searcher_metric->is_number()) continue;  // absent, or null (NaN)
+        const double metric = searcher_metric->get<double>();
+        const std::string& time_metric = config_.searcher.time_metric;
+        const detail::Json* time_value = detail::json_find(*metrics, time_metric);
+        const double time = time_value && time_value->is_number() ? time_value->get<double>() : static_cast<double>(*batches);
+        TrialSummary& t = trials_.at(id);
+        record_metric(t, metric);
+        const SearcherDecision d = std::visit([&](auto& s) { return s.on_validation(id, metric, time); }, searcher_);
+        log_event({{"event", "validation"}, {"trial", id}, {"metric", metric}, {"time", time}, {"batches", *batches}});
+        // A trial at its full length ends by itself; a stop is for the ones with time left.
+        if (d == SearcherDecision::stop && !run.stop_sent && time < static_cast<double>(requests_.at(id).max_length)) {
+          ::kill(run.pid, SIGTERM);  // the trial checkpoints and exits
+          run.stop_sent = true;
+          say("[experiment] trial " + std::to_string(id) + " stopped by the searcher at " + time_metric + " " + std::to_string(static_cast<std::int64_t>(time)));
+        }
+      }
+    }
+  }
+
+  void reap(bool interrupting) {
+    int status = 0;
+    const pid_t pid = ::waitpid(-1, &status, interrupting ? 0 : WNOHANG);
+    if (pid <= 0) return;
+    auto it = std::find_if(running_.begin(), running_.end(), [&](const auto& kv) { return kv.second.pid == pid; });
+    if (it == running_.end()) return;
+    const std::int64_t id = it->first;
+    const bool stop_sent = it->second.stop_sent;
+    poll_metrics();  // its last records
+    running_.erase(it);
+    TrialSummary& t = trials_.at(id);
+    refresh_from_disk(t);
+    const bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+    // 75: stopped by a signal after a checkpoint; a SIGTERM that came after training ended kills it.
+    const bool stopped = (WIFEXITED(status) && WEXITSTATUS(status) == detail::exit_status_interrupted_value) ||
+                         (stop_sent && WIFSIGNALED(status) && WTERMSIG(status) == SIGTERM);
+    if (WIFEXITED(status) && WEXITSTATUS(status) == detail::exit_status_config_value) {
+      // Not restarted, and not ended in the event log: after the fix the next run trains it.
+      t.state = TrialState::errored;
+      if (!config_error_)
+        config_error_.emplace(id, last_error_line(id) + "\n(trial " + std::to_string(id) + "'s config " + (trial_dir(id) / "config.yaml").string() +
+                                      " is " + config_.source + " with the trial's hyperparameters " + detail::one_line(t.hparams) + ")");
+      return;
+    }
+    if (interrupting && (stopped || !ok)) {
+      t.state = TrialState::interrupted;
+      return;  // continued by the next run
+    }
+    if (ok || (stopped && stop_sent)) {
+      // A trial that reached its length before the stop arrived completed all the same.
+      t.state = ok ? TrialState::completed : TrialState::stopped_by_searcher;
+    } else if (t.restarts < config_.max_restarts) {
+      ++t.restarts;
+      log_event({{"event", "restart"}, {"trial", id}, {"restarts", t.restarts}});
+      say("[experiment] trial " + std::to_string(id) + " failed (" + describe_failure(id, status) + "); restart " +
+          std::to_string(t.restarts) + " of " + std::to_string(config_.max_restarts) + " from its latest checkpoint");
+      queue_.push_back(id);
+      return;
+    } else {
+      t.state = TrialState::errored;
+      std::fprintf(stderr, "[experiment] trial %lld failed (%s) after %lld restarts; see %s\n", static_cast<long long>(id),
+                   describe_failure(id, status).c_str(), static_cast<long long>(t.restarts),
+                   (trial_dir(id) / "log.txt").c_str());
+    }
+    log_event({{"event", "end"}, {"trial", id}, {"state", to_string(t.state)}, {"restarts", t.restarts}});
+    say("[experiment] trial " + std::to_string(id) + " " + to_string(t.state) + " after " + std::to_string(t.batches_trained) + " batches");
+    for (auto& r : std::visit([&](auto& s) { return s.on_trial_end(id); }, searcher_)) add_trial(std::move(r));
+  }
+
+  /// The last `error: ...` line of a trial's log (what its program printed before it exited), or
+  /// empty (a trial killed by a signal prints none).
+  std::string last_error_line(std::int64_t id) const {
+    std::ifstream in(trial_dir(id) / "log.txt");
+    std::string line, last;
+    while (std::getline(in, line))
+      if (line.rfind("error: ", 0) == 0) last = line;
+    return last;
+  }
+  /// describe_status and the trial's error line: "exit status 1: error: ...".
+  std::string describe_failure(std::int64_t id, int status) const {
+    const std::string error = last_error_line(id);
+    return describe_status(status) + (error.empty() ? "" : ": " + error);
+  }
+
+  static std::string describe_status(int status) {
+    if (WIFSIGNALED(status)) return "killed by signal " + std::to_string(WTERMSIG(status));
+    return "exit status " + std::to_string(WEXITSTATUS(status));
+  }
+
+  /// Batches trained and the best checkpoint, from the trial's folder.
+  void refresh_from_disk(TrialSummary& t) const {
+    const auto checkpoints = list_checkpoints(trial_dir(t.id) / "checkpoints");
+    t.best_checkpoint.clear();
+    std::optional<double> best;
+    for (const auto& c : checkpoints) {
+      t.batches_trained = std::max(t.batches_trained, c.batches_trained);
+      if (c.validation_metric && order().improves(*c.validation_metric, best)) {
+        best = c.validation_metric;
+        t.best_checkpoint = c.path.string();
+      }
+    }
+    if (t.best_checkpoint.empty() && !checkpoints.empty()) t.best_checkpoint = checkpoints.back().path.string();
+  }
+
+  /**
+   * @brief Determined's garbage collection at the end of an experiment: a checkpoint goes when it is
+   * neither among the experiment's `save_experiment_best` nor its trial's `save_trial_best` (by the
+   * searcher metric), nor among its trial's `save_trial_latest`.
+   */
+  void apply_experiment_retention() {
+    const auto& storage = config_.checkpoint_storage;
+    if (storage.save_experiment_best == 0) return;  // the trials applied their own retention already
+    std::vector<CheckpointInfo> ranked;
+    std::map<std::string, std::int64_t> trial_best_keep;  // uuid -> kept by its trial's rules
+    for (const auto& [id, t] : trials_) {
+      const auto all = list_checkpoints(trial_dir(id) / "checkpoints");
+      for (const auto& c : checkpoints_to_delete(all, {.save_trial_best = storage.save_trial_best, .save_trial_latest = storage.save_trial_latest},
+                                                 config_.searcher.smaller_is_better))
+        trial_best_keep[c.uuid] = 0;  // candidates for deletion
+      for (const auto& c : all)
+        if (c.validation_metric) ranked.push_back(c);
+    }
+    std::stable_sort(ranked.begin(), ranked.end(), [&](const CheckpointInfo& a, const CheckpointInfo& b) {
+      return order().better(*a.validation_metric, *b.validation_metric);
+    });
+    for (std::size_t k = 0; k < ranked.size() && static_cast<std::int64_t>(k) < storage.save_experiment_best; ++k)
+      trial_best_keep.erase(ranked[k].uuid);  // among the experiment's best: kept
+    for (const auto& [id, t] : trials_)
+      for (const auto& c : list_checkpoints(trial_dir(id) / "checkpoints"))
+        if (trial_best_keep.count(c.uuid)) delete_checkpoint(c);
+  }
+
+  /// The searcher metric's direction: the one "better" rule (dettrial::MetricOrder).
+  MetricOrder order() const { return MetricOrder{config_.searcher.smaller_is_better}; }
+
+  void write_summary() {
+    detail::Json summary = {{"experiment", config_.name.empty() ? config_.description : config_.name},
+                            {"searcher", config_.searcher.name},
+                            {"metric", config_.searcher.metric},
+                            {"trials", detail::Json::array()}};
+    const auto optional = [](const std::optional<double>& v) { return v ? detail::Json(*v) : detail::Json(nullptr); };
+    std::string table = "\n trial  state           batches  restarts  best " + config_.searcher.metric + "  last  hyperparameters\n";
+    std::optional<std::int64_t> best_trial;
+    for (auto& [id, t] : trials_) {
+      refresh_from_disk(t);
+      if (t.best_metric && (!best_trial || order().better(*t.best_metric, *trials_.at(*best_trial).best_metric)))
+        best_trial = id;
+      summary["trials"].push_back({{"id", id},
+                                   {"state", to_string(t.state)},
+                                   {"batches_trained", t.batches_trained},
+                                   {"restarts", t.restarts},
+                                   {"hparams", detail::yaml_to_json(t.hparams)},
+                                   {"best_metric", optional(t.best_metric)},
+                                   {"last_metric", optional(t.last_metric)},
+                                   {"best_checkpoint", t.best_checkpoint}});
+      char row[160];
+      std::snprintf(row, sizeof row, " %5lld  %-14s %8lld  %8lld  %12s  %6s  ", static_cast<long long>(id), to_string(t.state),
+                    static_cast<long long>(t.batches_trained), static_cast<long long>(t.restarts),
+                    t.best_metric ? std::to_string(*t.best_metric).c_str() : "-", t.last_metric ? std::to_string(*t.last_metric).c_str() : "-");
+      table += row + detail::one_line(t.hparams) + "\n";
+    }
+    summary["best_trial"] = best_trial ? detail::Json(*best_trial) : detail::Json(nullptr);
+    detail::write_file_synced(options_.output_dir / "summary.json", detail::json_text(summary));
+    if (best_trial) table += " best: trial " + std::to_string(*best_trial) + ", checkpoint " + trials_.at(*best_trial).best_checkpoint + "\n";
+    say(table + " summary: " + (options_.output_dir / "summary.json").string());
+  }
+
+  ExperimentConfig config_;
+  ExperimentOptions options_;
+  Searcher searcher_;
+  std::map<std::int64_t, TrialSummary> trials_;
+  std::map<std::int64_t, TrialRequest> requests_;
+  std::vector<std::int64_t> queue_;
+  std::map<std::int64_t, Running> running_;
+  /// Per trial, the batches of the last validation the searcher was told of.
+  std::map<std::int64_t, std::int64_t> validated_batches_;
+  /// The first trial that failed with a configuration error, and that error.
+  std::optional<std::pair<std::int64_t, std::string>> config_error_;
+};
+
+}  // namespace dettrial
+// ---- end dettrial/search/experiment.hpp
+// ---- begin dettrial/cli/launcher.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief The built-in launcher (`--nproc N`): the ranks of a data-parallel job on this machine, each
+/// bound to its own share of the CPUs, with signals forwarded and a failed rank named.
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+
+namespace dettrial::detail {
+
+/// A free TCP port on the loopback interface (the kernel picks it).
+inline int free_local_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) throw Error("cannot open a socket to find a free port");
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  socklen_t len = sizeof addr;
+  const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 &&
+                  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0;
+  ::close(fd);
+  if (!ok) throw Error("cannot find a free port on 127.0.0.1");
+  return ntohs(addr.sin_port);
+}
+
+/**
+ * @brief The built-in launcher: runs this program `nproc` times with RANK, WORLD_SIZE, LOCAL_RANK,
+ * LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT set (one machine), forwards SIGINT/SIGTERM to them,
+ * and waits. With `bind_cpus` and at least one CPU per rank, each rank is bound to its own share of
+ * the CPUs this process may use (as mpirun binds ranks to cores: unbound, the ranks' threads
+ * migrate between cores and the 2-rank MNIST job trained about 15% slower) and told which in
+ * DETTRIAL_RANK_CPUS. When one rank fails, the others get `grace` to fail on their own (their
+ * collectives time out) and are then killed. Returns 0 when all succeed, exit_status_interrupted
+ * when all stopped on a signal, else 1 after naming the rank that failed first.
+ */
+inline int launch_local(const std::vector<std::string>& args, int nproc, std::chrono::seconds grace, bool bind_cpus = true) {
+  const std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
+  const int port = free_local_port();
+  std::vector<pid_t> pids(static_cast<std::size_t>(nproc), -1);
+  std::vector<int> statuses(static_cast<std::size_t>(nproc), -1);
+  supervisor_signal.store(0);
+  supervisor_signal_count.store(0);
+  const SignalHandlers handlers(&dettrial_on_supervisor_signal);
+  const std::vector<int> all_cpus = allowed_cpus();
+  for (int rank = 0; rank < nproc; ++rank) {
+    // Each rank in a process group of its own: a Ctrl-C reaches it once, forwarded from here.
+    SpawnOptions options{.extra_env = {"MASTER_ADDR=127.0.0.1", std::string(supervisor_pid_variable) + "=" + std::to_string(::getpid())},
+                         .own_process_group = true};
+    for (const auto& [key, value] : {std::pair{"RANK", rank}, std::pair{"WORLD_SIZE", nproc}, std::pair{"LOCAL_RANK", rank},
+                                     std::pair{"LOCAL_WORLD_SIZE", nproc}, std::pair{"MASTER_PORT", port}})
+      options.extra_env.push_back(std::string(key) + "=" + std::to_string(value));
+    // The child inherits the affinity of the thread that starts it: bind this thread, start, restore.
+    const std::vector<int> cpus = bind_cpus ? share_of_cpus(all_cpus, nproc, rank) : std::vector<int>{};
+    const bool bound = !cpus.empty() && set_thread_cpus(cpus);
+    if (bound) options.extra_env.push_back(std::string(rank_cpus_variable) + "=" + cpu_list_text(cpus));
+    try {
+      pids[static_cast<std::size_t>(rank)] = spawn_process(self, args, options);
+    } catch (...) {
+      if (bound) set_thread_cpus(all_cpus);
+      throw;
+    }
+    if (bound) set_thread_cpus(all_cpus);
+  }
+  int running = nproc, first_failure = -1, forwarded = 0;
+  std::chrono::steady_clock::time_point kill_at = std::chrono::steady_clock::time_point::max();
+  while (running > 0) {
+    if (const int signals = supervisor_signal_count.load(); signals > forwarded) {
+      for (std::size_t r = 0; r < pids.size(); ++r)
+        if (statuses[r] < 0) ::kill(pids[r], supervisor_signal.load());
+      forwarded = signals;
+    }
+    int status = 0;
+    const pid_t pid = ::waitpid(-1, &status, WNOHANG);
+    if (pid > 0) {
+      for (std::size_t r = 0; r < pids.size(); ++r)
+        if (pids[r] == pid) {
+          statuses[r] = status;
+          --running;
+          const bool ok = WIFEXITED(status) && (WEXITSTATUS(status) == 0 || WEXITSTATUS(status) == exit_status_interrupted_value);
+          if (!ok && first_failure < 0) {
+            first_failure = static_cast<int>(r);
+            kill_at = std::chrono::steady_clock::now() + grace;
+          }
+        }
+      continue;
+    }
+    if (std::chrono::steady_clock::now() >= kill_at) {
+      for (std::size_t r = 0; r < pids.size(); ++r)
+        if (statuses[r] < 0) ::kill(pids[r], SIGKILL);
+      kill_at = std::chrono::steady_clock::time_point::max();
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  if (first_failure >= 0) {
+    const int status = statuses[static_cast<std::size_t>(first_failure)];
+    std::fprintf(stderr, "error: rank %d of %d %s\n", first_failure, nproc,
+                 WIFSIGNALED(status) ? ("was killed by signal " + std::to_string(WTERMSIG(status))).c_str()
+                                     : ("exited with status " + std::to_string(WEXITSTATUS(status))).c_str());
+    // A configuration error stays one: whoever started this job must not retry it.
+    return WIFEXITED(status) && WEXITSTATUS(status) == exit_status_config_value ? exit_status_config_value : 1;
+  }
+  bool all_interrupted = true;
+  for (const int status : statuses) all_interrupted = all_interrupted && WEXITSTATUS(status) == exit_status_interrupted_value;
+  return all_interrupted ? exit_status_interrupted_value : 0;
+}
+
+}  // namespace dettrial::detail
+// ---- end dettrial/cli/launcher.hpp
+
+namespace dettrial {
+
+namespace detail {
+
+
+inline const char* main_usage() {
+  return "usage: %s --config FILE [options]\n"
+         "\n"
+         "Trains the trial described by an experiment config in Determined's YAML schema.\n"
+         "\n"
+         "options:\n"
+         "  --config FILE        the experiment config (required)\n"
+         "  --set KEY=VALUE      override a config value; KEY is a dotted path such as\n"
+         "                       hyperparameters.learning_rate or data.dir (repeatable)\n"
+         "  --output DIR         where metrics.jsonl and checkpoints go (default: runs/<date>-<time>,\n"
+         "                       or the resumed run's directory with --resume); for a search, the\n"
+         "                       experiment's folder (default: runs/experiment-<name>); running the\n"
+         "                       same search command again continues it\n"
+         "  --resume PATH        continue from a checkpoint: a checkpoint directory, or a run's\n"
+         "                       output directory (its latest checkpoint)\n"
+         "  --nproc N            train data-parallel in N local processes (Gloo on CPU, NCCL on GPUs);\n"
+         "                       default: resources.slots_per_trial when no launcher (torchrun, srun,\n"
+         "                       mpirun) started this process\n"
+         "  --threads N          intra-op threads per process (default: OMP_NUM_THREADS when set;\n"
+         "                       data parallel: this rank's share of the node's cores)\n"
+         "  --no-cpu-bind        with --nproc: leave the ranks unbound (by default each rank is bound\n"
+         "                       to its share of the CPUs, unless --threads or OMP_NUM_THREADS is set)\n"
+         "  --backend NAME       gloo or nccl (default: nccl when this process has a GPU and NCCL)\n"
+         "  --timeout SECONDS    how long ranks wait for each other before failing (default 300)\n"
+         "  --test-mode          train one batch and validate one batch, to check the trial runs\n"
+         "  --quiet              print nothing but errors\n"
+         "  --help               show this text\n"
+         "\n"
+         "SIGINT or SIGTERM finishes the batch, checkpoints and exits with status 75; a second one aborts.\n"
+         "Exit status: 0 done, 1 failed, 2 bad command line, 75 stopped by a signal (continue with\n"
+         "--resume), 78 wrong configuration (running it again fails the same way).\n";
+}
+
+/// Applies `a.b.c=value` to a YAML document; the value is parsed as YAML (numbers stay numbers).
+inline void apply_override(YAML::Node& root, const std::string& assignment) {
+  const auto eq = assignment.find('=');
+  if (eq == std::string::npos || eq == 0)
+    throw ConfigError("--set needs KEY=VALUE with a dotted KEY, got '" + assignment + "'");
+  const std::string key = assignment.substr(0, eq);
+  YAML::Node value;
+  try {
+    value = YAML::Load(assignment.substr(eq + 1));
+  } catch (const YAML::Exception& e) {
+    throw ConfigError("--set " + key + ": the value is not valid YAML: " + e.msg);
+  }
+  YAML::Node node(root);
+  std::size_t start = 0;
+  for (;;) {
+    const auto dot = key.find('.', start);
+    const std::string part = key.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
+    if (part.empty()) throw ConfigError("--set: '" + key + "' has an empty path component");
+    if (!node.IsMap() && !node.IsNull() && node.IsDefined())
+      throw ConfigError("--set " + key + ": '" + key.substr(0, start ? start - 1 : 0) + "' is not a map");
+    if (dot == std::string::npos) {
+      node[part] = value;
+      return;
+    }
+    YAML::Node next = node[part];
+    node.reset(next);
+    start = dot + 1;
+  }
+}
+
+/// The experiment config a checkpoint was written under (its load_data.json: the run's config with
+/// the overrides it was given), for `--resume` without `--config`.
+inline ExperimentConfig resumed_run_config(const std::filesystem::path& checkpoint) {
+  const std::filesystem::path file = checkpoint / "load_data.json";
+  YAML::Node load_data;
+  try {
+    load_data = YAML::LoadFile(file.string());
+  } catch (const YAML::Exception& e) {
+    throw ConfigError("cannot read the resumed run's config from '" + file.string() + "' (" + e.what() + "); give it with --config");
+  }
+  if (!load_data["experiment_config"] || !load_data["experiment_config"].IsMap())
+    throw ConfigError("'" + file.string() + "' holds no experiment_config; give the run's config with --config");
+  return ExperimentConfig::from_yaml(load_data["experiment_config"], file.string() + " (the resumed run's config)");
+}
+
+/// Every scalar of a YAML document by its dotted path ("searcher.max_length.batches"), sequences by index.
+inline void flatten_yaml(const YAML::Node& node, const std::string& path, std::map<std::string, std::string>& out) {
+  if (node.IsMap()) {
+    for (const auto& kv : node) flatten_yaml(kv.second, path.empty() ? kv.first.as<std::string>() : path + "." + kv.first.as<std::string>(), out);
+  } else if (node.IsSequence()) {
+    for (std::size_t i = 0; i < node.size(); ++i) flatten_yaml(node[i], path + "[" + std::to_string(i) + "]", out);
+  } else if (node.IsScalar()) {
+    out[path] = node.Scalar();
+  } else {
+    out[path] = "null";
+  }
+}
+
+/// The fields where `given` differs from the resumed run's `stored` config, one "path: old -> new"
+/// per line (numbers compared as numbers: 1e-3 is 0.001), or empty.
+inline std::string config_differences(const YAML::Node& stored, const YAML::Node& given) {
+  std::map<std::string, std::string> a, b;
+  flatten_yaml(stored, "", a);
+  flatten_yaml(given, "", b);
+  auto same = [](const std::string& x, const std::string& y) {
+    if (x == y) return true;
+    char* end_x = nullptr;
+    char* end_y = nullptr;
+    const double dx = std::strtod(x.c_str(), &end_x), dy = std::strtod(y.c_str(), &end_y);
+    return !x.empty() && !y.empty() && *end_x == '\0' && *end_y == '\0' && dx == dy;
+  };
+  std::string out;
+  for (const auto& [path, value] : a)
+    if (const auto it = b.find(path); it == b.end()) out += "  " + path + ": " + value + " -> (not set)\n";
+    else if (!same(value, it->second)) out += "  " + path + ": " + value + " -> " + it->second + "\n";
+  for (const auto& [path, value] : b)
+    if (!a.count(path)) out += "  " + path + ": (not set) -> " + value + "\n";
+  return out;
+}
+
+}  // namespace detail
+
+/// The exit status of a trial program stopped by SIGINT or SIGTERM after checkpointing (EX_TEMPFAIL:
+/// try again, for example with `--resume`).
+inline constexpr int exit_status_interrupted = detail::exit_status_interrupted_value;
+/// The exit status of a trial program whose configuration is wrong (ConfigError, HyperparameterError):
+/// running it again would fail the same way (EX_CONFIG).
+inline constexpr int exit_status_config_error = detail::exit_status_config_value;
+
+/**
+ * @brief The `main` of a trial program: parses the command line, reads the experiment config, builds
+ * the context and the trainer, and fits. Returns the process exit status: 0 on success, 1 when the
+ * run fails (with one line naming the problem), 2 on a command-line error, exit_status_interrupted
+ * (75) when a signal stopped it after a checkpoint, exit_status_config_error (78) when the
+ * configuration is wrong (the message names the file and the field).
+ * @code{.cpp}
+ * int main(int argc, char** argv) { return dettrial::main<MnistTrial>(argc, argv); }
+ * @endcode
+ */
+template <class TrialT, class... Args>
+int main(int argc, char** argv, Args&&... trial_args) {
+  const char* program = argc > 0 ? argv[0] : "trial";
+  if (const char* supervisor = std::getenv(detail::supervisor_pid_variable); supervisor && *supervisor)
+    detail::stop_with_supervisor(static_cast<pid_t>(std::strtol(supervisor, nullptr, 10)));
+  std::string config_path;
+  std::vector<std::string> overrides;
+  std::string output;
+  std::string resume;
+  std::string backend_name;
+  int nproc = 0;
+  std::optional<int> threads;
+  long timeout_seconds = 300;
+  std::vector<std::string> child_args{program};  // what the built-in launcher passes to each rank
+  bool test_mode = false, quiet = false, no_cpu_bind = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view arg = argv[i];
+    auto value = [&](std::string_view flag) -> std::string {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "%s: %.*s needs a value\n", program, static_cast<int>(flag.size()), flag.data());
+        std::exit(2);
+      }
+      return argv[++i];
+    };
+    if (arg == "--help" || arg == "-h") {
+      std::printf(detail::main_usage(), program);
+      return 0;
+    } else if (arg == "--config") {
+      config_path = value(arg);
+    } else if (arg == "--set") {
+      overrides.push_back(value(arg));
+    } else if (arg == "--output") {
+      output = value(arg);
+    } else if (arg == "--resume") {
+      resume = value(arg);
+    } else if (arg == "--nproc" || arg == "--timeout" || arg == "--threads") {
+      const std::string v = value(arg);
+      char* end = nullptr;
+      const long n = std::strtol(v.c_str(), &end, 10);
+      if (end == v.c_str() || *end != '\0' || n < 1) {
+        std::fprintf(stderr, "%s: %s needs a positive integer, not '%s'\n", program, argv[i - 1], v.c_str());
+        return 2;
+      }
+      if (arg == "--nproc") nproc = static_cast<int>(n);
+      else if (arg == "--threads") threads = static_cast<int>(n);
+      else timeout_seconds = n;
+    } else if (arg == "--backend") {
+      backend_name = value(arg);
+      if (backend_name != "gloo" && backend_name != "nccl") {
+        std::fprintf(stderr, "%s: --backend must be gloo or nccl, not '%s'\n", program, backend_name.c_str());
+        return 2;
+      }
+    } else if (arg == "--test-mode") {
+      test_mode = true;
+    } else if (arg == "--quiet") {
+      quiet = true;
+    } else if (arg == "--no-cpu-bind") {
+      no_cpu_bind = true;
+    } else {
+      std::fprintf(stderr, "%s: unknown argument '%s'\n", program, argv[i]);
+      std::fprintf(stderr, detail::main_usage(), program);
+      return 2;
+    }
+  }
+  for (int i = 1; i < argc; ++i) {
+    if (std::string_view(argv[i]) == "--nproc") {
+      ++i;
+      continue;
+    }
+    child_args.emplace_back(argv[i]);
+  }
+  if (config_path.empty() && resume.empty()) {
+    std::fprintf(stderr, "%s: --config FILE is required (or --resume DIR, which reads the run's own config)\n", program);
+    std::fprintf(stderr, detail::main_usage(), program);
+    return 2;
+  }
+  try {
+    // --resume alone: the run's own config, with the overrides it was given.
+    std::optional<std::filesystem::path> resumed_checkpoint;
+    if (!resume.empty()) resumed_checkpoint = resolve_checkpoint(resume);
+    ExperimentConfig config = config_path.empty() ? detail::resumed_run_config(*resumed_checkpoint) : ExperimentConfig::load_file(config_path);
+    if (config_path.empty()) config_path = config.source;
+    if (!overrides.empty()) {
+      YAML::Node doc = YAML::Clone(config.yaml);
+      for (const auto& o : overrides) detail::apply_override(doc, o);
+      config = ExperimentConfig::from_yaml(doc, config_path + " (with --set)");
+    }
+    if (!config.ignored_fields.empty() && !quiet) {
+      std::string fields;
+      for (const auto& f : config.ignored_fields) fields += (fields.empty() ? "" : ", ") + f;
+      std::fprintf(stderr, "dettrial: warning: ignoring fields that mean something only on a Determined cluster: %s\n", fields.c_str());
+    }
+    if (config.searcher.name != "single" || !HyperparameterSpace(config.hyperparameters, config.source).is_constant()) {
+      // A search: every trial is a process of this program (a single-trial config of its own).
+      if (config.searcher.name == "single")
+        throw ConfigError(config_path + ": the hyperparameters are a search space, but searcher 'single' trains one trial; "
+                          "use random, grid or adaptive_asha, or give each hyperparameter one value");
+      if (test_mode) throw ConfigError("--test-mode checks one trial; it does not run a search (searcher '" + config.searcher.name + "')");
+      const std::string stem = config.name.empty() ? std::filesystem::path(config_path).stem().string() : config.name;
+      ExperimentOptions experiment{.output_dir = output.empty() ? std::filesystem::path("runs") / ("experiment-" + stem) : std::filesystem::path(output),
+                                   .quiet = quiet};
+      return Experiment(config, experiment).run();
+    }
+    const LaunchEnvironment env = LaunchEnvironment::detect();
+    if (!env.distributed() && nproc == 0 && config.slots_per_trial > 1) nproc = static_cast<int>(config.slots_per_trial);
+    if (!env.distributed() && nproc > 1) {
+      // All ranks must agree on the output directory: the launcher picks it.
+      if (output.empty() && resume.empty()) {
+        child_args.emplace_back("--output");
+        child_args.push_back(Trainer<TrialT>::default_output_dir().string());
+      }
+      // The user's own thread count (--threads, OMP_NUM_THREADS) leaves the ranks unbound: they may
+      // want more threads than a rank's share of the cores.
+      const bool bind_cpus = !no_cpu_bind && !threads && !detail::omp_num_threads([](const char* n) { return std::getenv(n); });
+      return detail::launch_local(child_args, nproc, std::chrono::seconds(timeout_seconds + 10), bind_cpus);
+    }
+    // --config with --resume: say what differs from the run's config (that is what changes now).
+    if (resumed_checkpoint && config.source.find("(the resumed run's config)") == std::string::npos && !quiet && env.rank == 0) {
+      if (std::error_code ec; std::filesystem::exists(*resumed_checkpoint / "load_data.json", ec)) {
+        const std::string differences = detail::config_differences(detail::resumed_run_config(*resumed_checkpoint).yaml, config.yaml);
+        if (!differences.empty())
+          std::fprintf(stderr, "dettrial: resuming %s with a config that differs from the run's own (its load_data.json); now:\n%s",
+                       resumed_checkpoint->string().c_str(), differences.c_str());
+      }
+    }
+    std::shared_ptr<Communicator> communicator;
+    if (env.distributed()) {
+      const bool gpu = torch::cuda::is_available();
+      if (backend_name.empty()) backend_name = gpu && backend::has_nccl ? "nccl" : "gloo";
+      const std::chrono::milliseconds timeout = std::chrono::seconds(timeout_seconds);
+      communicator = backend_name == "nccl" ? Communicator::create(env, timeout, backend::nccl{})
+                                            : Communicator::create(env, timeout, backend::gloo{});
+    }
+    FitOptions options = FitOptions::from_config(config);
+    options.test_mode = test_mode;
+    options.output_dir = output;
+    options.report.quiet = quiet;
+    if (resumed_checkpoint) {
+      const std::filesystem::path checkpoint = *resumed_checkpoint;
+      options.latest_checkpoint = checkpoint;
+      // Continue in the resumed run's directory (metrics.jsonl appended, checkpoints beside the old).
+      if (output.empty() && checkpoint.parent_path().filename() == "checkpoints")
+        options.output_dir = checkpoint.parent_path().parent_path();
+    }
+    if (!test_mode && !options.max_length)
+      throw ConfigError(config_path + ": the config sets no training length; add searcher.max_length, e.g. {batches: 1000}");
+    Context context(config, ContextOptions{.communicator = communicator, .threads = threads});
+    Trainer<TrialT> trainer(context, std::forward<Args>(trial_args)...);
+    const FitResult result = trainer.fit(std::move(options));
+    if (result.resumed_from_batch > 0 && result.batches_trained == result.resumed_from_batch && result.signal == 0 && !quiet &&
+        context.distributed().is_chief())
+      std::fprintf(stderr, "dettrial: nothing left to train: the checkpoint is at batch %lld, which already reaches searcher.max_length of %s; "
+                           "raise it to train on (e.g. --set searcher.max_length.batches=N)\n",
+                   static_cast<long long>(result.resumed_from_batch), config_path.c_str());
+    return result.signal != 0 ? exit_status_interrupted : 0;
+  } catch (const Error& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    // Running a wrong configuration again fails the same way: say so in the status.
+    const bool configuration = dynamic_cast<const ConfigError*>(&e) != nullptr || dynamic_cast<const HyperparameterError*>(&e) != nullptr;
+    if (configuration) return exit_status_config_error;
+  } catch (const c10::Error& e) {
+    std::fprintf(stderr, "error: LibTorch: %s\n", e.what_without_backtrace());
+  } catch (const YAML::Exception& e) {
+    std::fprintf(stderr, "error: YAML: %s\n", e.what());
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+  }
+  return 1;
+}
+
+}  // namespace dettrial
+// ---- end dettrial/cli/main.hpp
+// ---- end dettrial/main.hpp
