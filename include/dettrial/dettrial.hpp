@@ -24,6 +24,7 @@
 #include "optim/clip.hpp"
 #include "optim/lr_state.hpp"
 #include "optim/lr_step.hpp"
+#include "distributed/agreement.hpp"
 #include "distributed/communicator.hpp"
 #include "distributed/gradient_buckets.hpp"
 #include "distributed/launch_environment.hpp"

@@ -33,6 +33,10 @@ struct CheckpointError : Error {
 struct TrialError : Error {
   using Error::Error;
 };
+/// A collective that failed or timed out: another rank died, hung or is unreachable.
+struct DistributedError : Error {
+  using Error::Error;
+};
 
 
 }  // namespace dettrial

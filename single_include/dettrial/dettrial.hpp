@@ -64,6 +64,10 @@ struct CheckpointError : Error {
 struct TrialError : Error {
   using Error::Error;
 };
+/// A collective that failed or timed out: another rank died, hung or is unreachable.
+struct DistributedError : Error {
+  using Error::Error;
+};
 
 
 }  // namespace dettrial
@@ -2551,6 +2555,21 @@ ScheduledLR<S, Mode> scheduled(S scheduler, Mode, std::int64_t frequency = 1) {
 
 }  // namespace dettrial
 // ---- end dettrial/optim/lr_step.hpp
+// ---- begin dettrial/distributed/agreement.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief What the ranks of a job must agree on, and how they come to agree: the chief's weights, the
+/// settings that place every boundary, and decisions every rank acts on together.
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <torch/torch.h>
+
 // ---- begin dettrial/distributed/communicator.hpp
 // SPDX-License-Identifier: Apache-2.0
 /// @file
@@ -2770,11 +2789,6 @@ struct LaunchEnvironment {
 // ---- end dettrial/distributed/launch_environment.hpp
 
 namespace dettrial {
-
-/// A collective that failed or timed out: another rank died, hung or is unreachable.
-struct DistributedError : Error {
-  using Error::Error;
-};
 
 /// Distributed backends as policy types (`Communicator::create<backend::gloo>(...)`).
 namespace backend {
@@ -3015,6 +3029,59 @@ class Communicator {
 
 }  // namespace dettrial
 // ---- end dettrial/distributed/communicator.hpp
+
+namespace dettrial::detail {
+
+/// The largest of `value` over the ranks (the value itself for one process): what every rank acts on.
+inline int agreed_max(Communicator* comm, int value) {
+  if (!comm) return value;
+  return static_cast<int>(comm->allreduce_values({static_cast<double>(value)}, c10d::ReduceOp::MAX)[0]);
+}
+
+/// Copies rank 0's parameters and buffers of `modules` to every rank.
+inline void broadcast_modules(Communicator& comm, const std::vector<std::shared_ptr<torch::nn::Module>>& modules) {
+  torch::NoGradGuard no_grad;
+  std::vector<torch::Tensor> one(1);
+  for (const auto& m : modules) {
+    for (auto& p : m->parameters()) {
+      one[0] = p.detach();
+      comm.broadcast(one);
+    }
+    for (auto& b : m->buffers()) {
+      one[0] = b;
+      comm.broadcast(one);
+    }
+  }
+}
+
+/// A setting every rank must share, by name, with this rank's value as text.
+struct RankSetting {
+  const char* name;
+  std::string value;
+};
+
+/**
+ * @brief Checks that every rank holds the chief's `settings`. When one differs, every rank learns it
+ * (one more collective), so all stop here together, with a ConfigError naming the setting and, on
+ * the rank that differs, its value, rather than crossing collectives later.
+ */
+inline void require_same_settings(Communicator& comm, std::span<const RankSetting> settings) {
+  std::vector<std::int64_t> mine;
+  for (const auto& s : settings) mine.push_back(static_cast<std::int64_t>(std::hash<std::string>{}(s.value)));
+  const std::vector<std::int64_t> chief = comm.broadcast_values(mine);
+  int differs = -1;
+  for (std::size_t i = 0; i < settings.size() && differs < 0; ++i)
+    if (mine[i] != chief[i]) differs = static_cast<int>(i);
+  const int any = agreed_max(&comm, differs);
+  if (any < 0) return;
+  const RankSetting& at_fault = settings[static_cast<std::size_t>(differs >= 0 ? differs : any)];
+  throw ConfigError("the ranks of this job disagree on " + std::string(at_fault.name) +
+                    (differs >= 0 ? " (rank " + std::to_string(comm.rank()) + " has " + at_fault.value + ")" : std::string()) +
+                    "; every rank must be given the same config and fit options");
+}
+
+}  // namespace dettrial::detail
+// ---- end dettrial/distributed/agreement.hpp
 // ---- begin dettrial/distributed/gradient_buckets.hpp
 // SPDX-License-Identifier: Apache-2.0
 /// @file
@@ -3507,6 +3574,17 @@ inline bool keep_freed_memory() {
 
 }  // namespace dettrial::detail
 // ---- end dettrial/detail/malloc.hpp
+// ---- begin dettrial/optim/handles.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief What a trial hands dettrial to train: a LibTorch model (a module holder or a shared
+/// pointer to a module) and a LibTorch optimizer.
+
+#include <concepts>
+#include <memory>
+#include <type_traits>
+
+#include <torch/torch.h>
 
 namespace dettrial {
 
@@ -3531,6 +3609,11 @@ std::shared_ptr<torch::nn::Module> module_of(M& m) {
   if constexpr (requires { m.ptr(); }) return m.ptr();
   else return std::shared_ptr<torch::nn::Module>(m);
 }
+
+}  // namespace dettrial
+// ---- end dettrial/optim/handles.hpp
+
+namespace dettrial {
 
 /// Where a process sits in a data-parallel job. One process: rank 0 of 1.
 struct DistributedInfo {
@@ -3708,9 +3791,11 @@ class Context {
     static_assert(ModelHandle<M>,
                   "dettrial::Context::wrap_model<M>: M must be a LibTorch module holder (torch::nn::Linear, "
                   "torch::nn::Sequential, ...) or a std::shared_ptr to a torch::nn::Module");
-    auto module = module_of(model);
-    module->to(device_);
-    models_.push_back(std::move(module));
+    if constexpr (ModelHandle<M>) {  // only the sentence above when it is not
+      auto module = module_of(model);
+      module->to(device_);
+      models_.push_back(std::move(module));
+    }
     return model;
   }
 
@@ -3722,11 +3807,13 @@ class Context {
   template <class O>
   O& wrap_optimizer(O& optimizer, std::optional<bool> average_aggregated_gradients = std::nullopt) {
     static_assert(TorchOptimizer<O>, "dettrial::Context::wrap_optimizer<O>: O must derive from torch::optim::Optimizer");
-    for (const auto& w : optimizers_)
-      if (w.optimizer == &optimizer) throw TrialError("this optimizer was already wrapped with wrap_optimizer");
-    WrappedOptimizer w{&optimizer, {}, average_aggregated_gradients.value_or(average_aggregated_gradients_), nullptr};
-    refresh_params(w);
-    optimizers_.push_back(std::move(w));
+    if constexpr (TorchOptimizer<O>) {  // only the sentence above when it is not
+      for (const auto& w : optimizers_)
+        if (w.optimizer == &optimizer) throw TrialError("this optimizer was already wrapped with wrap_optimizer");
+      WrappedOptimizer w{&optimizer, {}, average_aggregated_gradients.value_or(average_aggregated_gradients_), nullptr};
+      refresh_params(w);
+      optimizers_.push_back(std::move(w));
+    }
     return optimizer;
   }
 
@@ -3740,14 +3827,15 @@ class Context {
     static_assert(LRStepMode<Mode>,
                   "dettrial::Context::wrap_lr_scheduler: the mode must be a dettrial::lr_step policy (every_batch, "
                   "every_epoch, every_optimizer_step, manual) or a type with name and steps_after(...)");
-    static_assert(CheckpointableLRScheduler<S>,
+    static_assert(!LRSchedulerLike<S> || CheckpointableLRScheduler<S>,  // one sentence at a time
                   "dettrial::Context::wrap_lr_scheduler<S>: checkpoints must restore S, so S must derive from "
                   "torch::optim::LRScheduler or have save(torch::serialize::OutputArchive&) const and "
                   "load(torch::serialize::InputArchive&)");
     if (frequency < 1) throw ConfigError("an LR scheduler's step frequency must be at least 1");
-    schedulers_.push_back(detail::WrappedScheduler{&scheduler, [](void* s) { static_cast<S*>(s)->step(); }, &Mode::steps_after,
-                                                   frequency, &detail::save_lr_scheduler<S>, &detail::load_lr_scheduler<S>,
-                                                   &detail::lr_scheduler_steps<S>});
+    if constexpr (LRSchedulerLike<S> && LRStepMode<Mode> && CheckpointableLRScheduler<S>)  // else only the sentence above
+      schedulers_.push_back(detail::WrappedScheduler{&scheduler, [](void* s) { static_cast<S*>(s)->step(); }, &Mode::steps_after,
+                                                     frequency, &detail::save_lr_scheduler<S>, &detail::load_lr_scheduler<S>,
+                                                     &detail::lr_scheduler_steps<S>});
     return scheduler;
   }
 
@@ -3839,7 +3927,7 @@ class Context {
       for (auto& p : w.params)
         if (p.grad().defined()) p.grad().mul_(scale);
     }
-    clip_gradients(w.params);
+    if constexpr (GradientClipper<Clip>) clip_gradients(w.params);  // else only the sentence above
     optimizer.step();
     if (auto_zero_grads) optimizer.zero_grad();
   }
@@ -6676,7 +6764,7 @@ class Trainer {
     const std::string resume_uuid = st.resume_dir ? st.resume_dir->filename().string() : std::string();
     callbacks.each([&](auto& cb) {
       using C = std::remove_reference_t<decltype(cb)>;
-      if constexpr (hook::on_trial_startup::callable<C>) cb.on_trial_startup(first_batch, resume_uuid);
+      if constexpr (hook::on_trial_startup::callable<C>) hook::on_trial_startup::call(cb, first_batch, resume_uuid);
       ++started;
     });
     prepare_training(st, callbacks, first_batch);
@@ -6745,7 +6833,7 @@ class Trainer {
     position.initial_batch = st.batches_trained;  // the training stream skips what was trained
     position.current_batch = st.batches_trained;
     st.result.resumed_from_batch = st.batches_trained;
-    if (Communicator* comm = context_.communicator()) broadcast_models(*comm);  // every rank starts from rank 0's weights
+    if (Communicator* comm = context_.communicator()) detail::broadcast_modules(*comm, context_.models());  // every rank starts from rank 0's weights
   }
 
   /// The run's first lines: the runtime, the trial, the job, the checkpoint resumed from.
@@ -6777,7 +6865,7 @@ class Trainer {
       if (index-- > started) return;
       if constexpr (hook::on_trial_shutdown::callable<C>) {
         try {
-          cb.on_trial_shutdown();
+          hook::on_trial_shutdown::call(cb);
         } catch (const std::exception& e) {
           std::fprintf(stderr, "dettrial: on_trial_shutdown failed: %s\n", e.what());
         }
@@ -7120,12 +7208,8 @@ class Trainer {
     return states;
   }
 
-  /// The largest of `value` over the ranks (the value itself for one process): what every rank acts on.
-  int agreed_max(int value) {
-    Communicator* comm = context_.communicator();
-    if (!comm) return value;
-    return static_cast<int>(comm->allreduce_values({static_cast<double>(value)}, c10d::ReduceOp::MAX)[0]);
-  }
+  /// The largest of `value` over the ranks: what every rank acts on.
+  int agreed_max(int value) { return detail::agreed_max(context_.communicator(), value); }
 
   /**
    * @brief Makes the ranks of a job agree before training: the epoch length is the chief's sharded
@@ -7137,10 +7221,15 @@ class Trainer {
   void agree_across_ranks(RunState& st, std::int64_t first_batch) {
     Communicator* comm = context_.communicator();
     if (!comm) return;
-    const FitOptions& o = st.options;
     const auto train_seed = data_seed(*train_loader_), validation_seed = data_seed(*validation_loader_);
-    // What places every boundary, by name: each rank compares its own with the chief's.
-    const std::pair<const char*, std::string> placed[] = {
+    const std::vector<std::int64_t> chief =
+        comm->broadcast_values({st.epoch_len, static_cast<std::int64_t>(train_seed.value_or(0)), train_seed ? 1 : 0,
+                                static_cast<std::int64_t>(validation_seed.value_or(0)), validation_seed ? 1 : 0});
+    st.epoch_len = chief[0];
+    if (chief[2]) restore_data_seed(*train_loader_, static_cast<std::uint64_t>(chief[1]));
+    if (chief[4]) restore_data_seed(*validation_loader_, static_cast<std::uint64_t>(chief[3]));
+    const FitOptions& o = st.options;
+    const detail::RankSetting placing_boundaries[] = {
         {"max_length", st.length.to_string()},
         {"the validation period", o.validation_period.to_string()},
         {"the checkpoint period", o.checkpoint_period.to_string()},
@@ -7152,39 +7241,8 @@ class Trainer {
         {"the batch resumed from", std::to_string(first_batch)},
         {"aggregation_frequency", std::to_string(context_.aggregation_frequency())},
         {"the global batch size", context_.has_global_batch_size() ? std::to_string(context_.get_global_batch_size()) : "-"}};
-    std::vector<std::int64_t> mine{st.epoch_len, static_cast<std::int64_t>(train_seed.value_or(0)), train_seed ? 1 : 0,
-                                   static_cast<std::int64_t>(validation_seed.value_or(0)), validation_seed ? 1 : 0};
-    for (const auto& [name, value] : placed) mine.push_back(static_cast<std::int64_t>(std::hash<std::string>{}(value)));
-    const std::vector<std::int64_t> chief = comm->broadcast_values(mine);
-    st.epoch_len = chief[0];
-    if (chief[2]) restore_data_seed(*train_loader_, static_cast<std::uint64_t>(chief[1]));
-    if (chief[4]) restore_data_seed(*validation_loader_, static_cast<std::uint64_t>(chief[3]));
-    int differs = -1;
-    for (std::size_t i = 0; i < std::size(placed) && differs < 0; ++i)
-      if (mine[5 + i] != chief[5 + i]) differs = static_cast<int>(i);
-    // Every rank learns that one differs, so all stop here rather than cross collectives later.
-    const int any = agreed_max(differs);
-    if (any >= 0)
-      throw ConfigError("the ranks of this job disagree on " + std::string(placed[differs >= 0 ? differs : any].first) +
-                        (differs >= 0 ? " (rank " + std::to_string(comm->rank()) + " has " + placed[differs].second + ")" : std::string()) +
-                        "; every rank must be given the same config and fit options");
+    detail::require_same_settings(*comm, placing_boundaries);
     context_.seed_rank_stream();
-  }
-
-  /// Copies rank 0's parameters and buffers to every rank.
-  void broadcast_models(Communicator& comm) {
-    torch::NoGradGuard no_grad;
-    std::vector<torch::Tensor> one(1);
-    for (const auto& m : context_.models()) {
-      for (auto& p : m->parameters()) {
-        one[0] = p.detach();
-        comm.broadcast(one);
-      }
-      for (auto& b : m->buffers()) {
-        one[0] = b;
-        comm.broadcast(one);
-      }
-    }
   }
 
   /// Deletes the checkpoints retention lets go; `keep_uuid` (the newest, mid-trial) is spared.
@@ -7208,7 +7266,7 @@ class Trainer {
     callbacks.each([&](auto& cb) {
       if constexpr (hook::load_state_dict::callable<std::remove_reference_t<decltype(cb)>>) {
         const std::string name = callback_name(cb, index);
-        if (const auto found = states.find(name); found != states.end()) cb.load_state_dict(found->value());
+        if (const auto found = states.find(name); found != states.end()) hook::load_state_dict::call(cb, found->value());
         else st.reporter.line("dettrial: warning: the checkpoint has no state for callback '" + name + "'");
       }
       ++index;

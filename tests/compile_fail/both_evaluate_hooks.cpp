@@ -1,4 +1,4 @@
-// EXPECT: T defines both evaluate_batch and evaluate_full_dataset; define exactly one of them
+// EXPECT: T defines both evaluate_batch and evaluate_full_dataset. define exactly one of them
 #include <dettrial/dettrial.hpp>
 struct Bad {
   explicit Bad(dettrial::Context&) {}

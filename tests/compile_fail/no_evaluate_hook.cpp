@@ -1,4 +1,4 @@
-// EXPECT: T has neither evaluate_batch nor evaluate_full_dataset; define exactly one of them
+// EXPECT: T has neither evaluate_batch nor evaluate_full_dataset. define exactly one of them
 #include <dettrial/dettrial.hpp>
 struct Bad {
   explicit Bad(dettrial::Context&) {}

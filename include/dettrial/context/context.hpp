@@ -28,33 +28,12 @@
 #include "../distributed/threads.hpp"
 #include "../metrics/reducers.hpp"
 #include "../optim/clip.hpp"
+#include "../optim/handles.hpp"
 #include "../optim/lr_state.hpp"
 #include "../optim/lr_step.hpp"
 #include "../data/to_device.hpp"
 
 namespace dettrial {
-
-/// A model as a trial holds it: a LibTorch module holder (`torch::nn::Sequential`, `MyNet`) or a
-/// `std::shared_ptr` to a `torch::nn::Module`.
-template <class M>
-concept ModelHandle =
-    requires(M& m) {
-      { m.ptr() } -> std::convertible_to<std::shared_ptr<torch::nn::Module>>;
-    } || requires(M& m) {
-      { m.get() } -> std::convertible_to<torch::nn::Module*>;
-      { std::shared_ptr<torch::nn::Module>(m) };
-    };
-
-/// A LibTorch optimizer (torch::optim::SGD, Adam, ... or a user subclass of torch::optim::Optimizer).
-template <class O>
-concept TorchOptimizer = std::derived_from<std::remove_cvref_t<O>, torch::optim::Optimizer>;
-
-/// The `std::shared_ptr<torch::nn::Module>` behind a model handle.
-template <ModelHandle M>
-std::shared_ptr<torch::nn::Module> module_of(M& m) {
-  if constexpr (requires { m.ptr(); }) return m.ptr();
-  else return std::shared_ptr<torch::nn::Module>(m);
-}
 
 /// Where a process sits in a data-parallel job. One process: rank 0 of 1.
 struct DistributedInfo {
@@ -232,9 +211,11 @@ class Context {
     static_assert(ModelHandle<M>,
                   "dettrial::Context::wrap_model<M>: M must be a LibTorch module holder (torch::nn::Linear, "
                   "torch::nn::Sequential, ...) or a std::shared_ptr to a torch::nn::Module");
-    auto module = module_of(model);
-    module->to(device_);
-    models_.push_back(std::move(module));
+    if constexpr (ModelHandle<M>) {  // only the sentence above when it is not
+      auto module = module_of(model);
+      module->to(device_);
+      models_.push_back(std::move(module));
+    }
     return model;
   }
 
@@ -246,11 +227,13 @@ class Context {
   template <class O>
   O& wrap_optimizer(O& optimizer, std::optional<bool> average_aggregated_gradients = std::nullopt) {
     static_assert(TorchOptimizer<O>, "dettrial::Context::wrap_optimizer<O>: O must derive from torch::optim::Optimizer");
-    for (const auto& w : optimizers_)
-      if (w.optimizer == &optimizer) throw TrialError("this optimizer was already wrapped with wrap_optimizer");
-    WrappedOptimizer w{&optimizer, {}, average_aggregated_gradients.value_or(average_aggregated_gradients_), nullptr};
-    refresh_params(w);
-    optimizers_.push_back(std::move(w));
+    if constexpr (TorchOptimizer<O>) {  // only the sentence above when it is not
+      for (const auto& w : optimizers_)
+        if (w.optimizer == &optimizer) throw TrialError("this optimizer was already wrapped with wrap_optimizer");
+      WrappedOptimizer w{&optimizer, {}, average_aggregated_gradients.value_or(average_aggregated_gradients_), nullptr};
+      refresh_params(w);
+      optimizers_.push_back(std::move(w));
+    }
     return optimizer;
   }
 
@@ -264,14 +247,15 @@ class Context {
     static_assert(LRStepMode<Mode>,
                   "dettrial::Context::wrap_lr_scheduler: the mode must be a dettrial::lr_step policy (every_batch, "
                   "every_epoch, every_optimizer_step, manual) or a type with name and steps_after(...)");
-    static_assert(CheckpointableLRScheduler<S>,
+    static_assert(!LRSchedulerLike<S> || CheckpointableLRScheduler<S>,  // one sentence at a time
                   "dettrial::Context::wrap_lr_scheduler<S>: checkpoints must restore S, so S must derive from "
                   "torch::optim::LRScheduler or have save(torch::serialize::OutputArchive&) const and "
                   "load(torch::serialize::InputArchive&)");
     if (frequency < 1) throw ConfigError("an LR scheduler's step frequency must be at least 1");
-    schedulers_.push_back(detail::WrappedScheduler{&scheduler, [](void* s) { static_cast<S*>(s)->step(); }, &Mode::steps_after,
-                                                   frequency, &detail::save_lr_scheduler<S>, &detail::load_lr_scheduler<S>,
-                                                   &detail::lr_scheduler_steps<S>});
+    if constexpr (LRSchedulerLike<S> && LRStepMode<Mode> && CheckpointableLRScheduler<S>)  // else only the sentence above
+      schedulers_.push_back(detail::WrappedScheduler{&scheduler, [](void* s) { static_cast<S*>(s)->step(); }, &Mode::steps_after,
+                                                     frequency, &detail::save_lr_scheduler<S>, &detail::load_lr_scheduler<S>,
+                                                     &detail::lr_scheduler_steps<S>});
     return scheduler;
   }
 
@@ -363,7 +347,7 @@ class Context {
       for (auto& p : w.params)
         if (p.grad().defined()) p.grad().mul_(scale);
     }
-    clip_gradients(w.params);
+    if constexpr (GradientClipper<Clip>) clip_gradients(w.params);  // else only the sentence above
     optimizer.step();
     if (auto_zero_grads) optimizer.zero_grad();
   }

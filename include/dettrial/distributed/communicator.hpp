@@ -34,11 +34,6 @@
 
 namespace dettrial {
 
-/// A collective that failed or timed out: another rank died, hung or is unreachable.
-struct DistributedError : Error {
-  using Error::Error;
-};
-
 /// Distributed backends as policy types (`Communicator::create<backend::gloo>(...)`).
 namespace backend {
 /// Gloo over TCP: CPU tensors (any machine).

@@ -31,6 +31,7 @@
 #include "../checkpoint/policy.hpp"
 #include "../checkpoint/trial_checkpoint.hpp"
 #include "../context/context.hpp"
+#include "../distributed/agreement.hpp"
 #include "../distributed/communicator.hpp"
 #include "../distributed/metrics.hpp"
 #include "../error.hpp"
@@ -242,7 +243,7 @@ class Trainer {
     const std::string resume_uuid = st.resume_dir ? st.resume_dir->filename().string() : std::string();
     callbacks.each([&](auto& cb) {
       using C = std::remove_reference_t<decltype(cb)>;
-      if constexpr (hook::on_trial_startup::callable<C>) cb.on_trial_startup(first_batch, resume_uuid);
+      if constexpr (hook::on_trial_startup::callable<C>) hook::on_trial_startup::call(cb, first_batch, resume_uuid);
       ++started;
     });
     prepare_training(st, callbacks, first_batch);
@@ -311,7 +312,7 @@ class Trainer {
     position.initial_batch = st.batches_trained;  // the training stream skips what was trained
     position.current_batch = st.batches_trained;
     st.result.resumed_from_batch = st.batches_trained;
-    if (Communicator* comm = context_.communicator()) broadcast_models(*comm);  // every rank starts from rank 0's weights
+    if (Communicator* comm = context_.communicator()) detail::broadcast_modules(*comm, context_.models());  // every rank starts from rank 0's weights
   }
 
   /// The run's first lines: the runtime, the trial, the job, the checkpoint resumed from.
@@ -343,7 +344,7 @@ class Trainer {
       if (index-- > started) return;
       if constexpr (hook::on_trial_shutdown::callable<C>) {
         try {
-          cb.on_trial_shutdown();
+          hook::on_trial_shutdown::call(cb);
         } catch (const std::exception& e) {
           std::fprintf(stderr, "dettrial: on_trial_shutdown failed: %s\n", e.what());
         }
@@ -686,12 +687,8 @@ class Trainer {
     return states;
   }
 
-  /// The largest of `value` over the ranks (the value itself for one process): what every rank acts on.
-  int agreed_max(int value) {
-    Communicator* comm = context_.communicator();
-    if (!comm) return value;
-    return static_cast<int>(comm->allreduce_values({static_cast<double>(value)}, c10d::ReduceOp::MAX)[0]);
-  }
+  /// The largest of `value` over the ranks: what every rank acts on.
+  int agreed_max(int value) { return detail::agreed_max(context_.communicator(), value); }
 
   /**
    * @brief Makes the ranks of a job agree before training: the epoch length is the chief's sharded
@@ -703,10 +700,15 @@ class Trainer {
   void agree_across_ranks(RunState& st, std::int64_t first_batch) {
     Communicator* comm = context_.communicator();
     if (!comm) return;
-    const FitOptions& o = st.options;
     const auto train_seed = data_seed(*train_loader_), validation_seed = data_seed(*validation_loader_);
-    // What places every boundary, by name: each rank compares its own with the chief's.
-    const std::pair<const char*, std::string> placed[] = {
+    const std::vector<std::int64_t> chief =
+        comm->broadcast_values({st.epoch_len, static_cast<std::int64_t>(train_seed.value_or(0)), train_seed ? 1 : 0,
+                                static_cast<std::int64_t>(validation_seed.value_or(0)), validation_seed ? 1 : 0});
+    st.epoch_len = chief[0];
+    if (chief[2]) restore_data_seed(*train_loader_, static_cast<std::uint64_t>(chief[1]));
+    if (chief[4]) restore_data_seed(*validation_loader_, static_cast<std::uint64_t>(chief[3]));
+    const FitOptions& o = st.options;
+    const detail::RankSetting placing_boundaries[] = {
         {"max_length", st.length.to_string()},
         {"the validation period", o.validation_period.to_string()},
         {"the checkpoint period", o.checkpoint_period.to_string()},
@@ -718,39 +720,8 @@ class Trainer {
         {"the batch resumed from", std::to_string(first_batch)},
         {"aggregation_frequency", std::to_string(context_.aggregation_frequency())},
         {"the global batch size", context_.has_global_batch_size() ? std::to_string(context_.get_global_batch_size()) : "-"}};
-    std::vector<std::int64_t> mine{st.epoch_len, static_cast<std::int64_t>(train_seed.value_or(0)), train_seed ? 1 : 0,
-                                   static_cast<std::int64_t>(validation_seed.value_or(0)), validation_seed ? 1 : 0};
-    for (const auto& [name, value] : placed) mine.push_back(static_cast<std::int64_t>(std::hash<std::string>{}(value)));
-    const std::vector<std::int64_t> chief = comm->broadcast_values(mine);
-    st.epoch_len = chief[0];
-    if (chief[2]) restore_data_seed(*train_loader_, static_cast<std::uint64_t>(chief[1]));
-    if (chief[4]) restore_data_seed(*validation_loader_, static_cast<std::uint64_t>(chief[3]));
-    int differs = -1;
-    for (std::size_t i = 0; i < std::size(placed) && differs < 0; ++i)
-      if (mine[5 + i] != chief[5 + i]) differs = static_cast<int>(i);
-    // Every rank learns that one differs, so all stop here rather than cross collectives later.
-    const int any = agreed_max(differs);
-    if (any >= 0)
-      throw ConfigError("the ranks of this job disagree on " + std::string(placed[differs >= 0 ? differs : any].first) +
-                        (differs >= 0 ? " (rank " + std::to_string(comm->rank()) + " has " + placed[differs].second + ")" : std::string()) +
-                        "; every rank must be given the same config and fit options");
+    detail::require_same_settings(*comm, placing_boundaries);
     context_.seed_rank_stream();
-  }
-
-  /// Copies rank 0's parameters and buffers to every rank.
-  void broadcast_models(Communicator& comm) {
-    torch::NoGradGuard no_grad;
-    std::vector<torch::Tensor> one(1);
-    for (const auto& m : context_.models()) {
-      for (auto& p : m->parameters()) {
-        one[0] = p.detach();
-        comm.broadcast(one);
-      }
-      for (auto& b : m->buffers()) {
-        one[0] = b;
-        comm.broadcast(one);
-      }
-    }
   }
 
   /// Deletes the checkpoints retention lets go; `keep_uuid` (the newest, mid-trial) is spared.
@@ -774,7 +745,7 @@ class Trainer {
     callbacks.each([&](auto& cb) {
       if constexpr (hook::load_state_dict::callable<std::remove_reference_t<decltype(cb)>>) {
         const std::string name = callback_name(cb, index);
-        if (const auto found = states.find(name); found != states.end()) cb.load_state_dict(found->value());
+        if (const auto found = states.find(name); found != states.end()) hook::load_state_dict::call(cb, found->value());
         else st.reporter.line("dettrial: warning: the checkpoint has no state for callback '" + name + "'");
       }
       ++index;

@@ -2,13 +2,19 @@
 /// @file
 /// @brief What a trial is: the hooks of both styles (declarative and imperative) as concepts, and the
 /// one-sentence diagnostics dettrial::Trainer gives when a hook is missing or mistyped.
+///
+/// dettrial::Trial is the conjunction of five named pieces, each a concept a user can check on its
+/// own (a failed `template <dettrial::Trial T>` names the piece that does not hold):
+/// TrainingDataLoaderHook, ValidationDataLoaderHook, ModelHooks, TrainBatchHook and EvaluationHook.
+/// The `Declares...` concepts only ask whether a hook is there; the `...Hook` concepts ask whether it
+/// is there and right. All of them are false, never a hard error, for a broken trial.
 #pragma once
 
 #include <concepts>
 #include <cstdint>
 #include <type_traits>
 
-#include "../context/context.hpp"
+#include "../optim/handles.hpp"
 #include "../data/data_loader.hpp"
 #include "../metrics/metrics.hpp"
 #include "../metrics/reducers.hpp"
@@ -26,6 +32,19 @@ struct is_scheduled_lr<ScheduledLR<S, M>> : std::true_type {};
 /// one diagnostic that matters is printed.
 struct missing {};
 
+}  // namespace detail
+
+// ---- the data loaders ----------------------------------------------------------------------------
+
+/// T has a `build_training_data_loader()` hook (whatever it returns).
+template <class T>
+concept DeclaresTrainingDataLoader = requires(T& t) { t.build_training_data_loader(); };
+/// T has a `build_validation_data_loader()` hook (whatever it returns).
+template <class T>
+concept DeclaresValidationDataLoader = requires(T& t) { t.build_validation_data_loader(); };
+
+namespace detail {
+
 template <class T>
 using training_loader_result = decltype(std::declval<T&>().build_training_data_loader());
 template <class T>
@@ -33,12 +52,12 @@ using validation_loader_result = decltype(std::declval<T&>().build_validation_da
 
 template <class T>
 consteval auto training_loader_type() {
-  if constexpr (requires(T& t) { t.build_training_data_loader(); }) return std::type_identity<std::remove_cvref_t<training_loader_result<T>>>{};
+  if constexpr (DeclaresTrainingDataLoader<T>) return std::type_identity<std::remove_cvref_t<training_loader_result<T>>>{};
   else return std::type_identity<missing>{};
 }
 template <class T>
 consteval auto validation_loader_type() {
-  if constexpr (requires(T& t) { t.build_validation_data_loader(); }) return std::type_identity<std::remove_cvref_t<validation_loader_result<T>>>{};
+  if constexpr (DeclaresValidationDataLoader<T>) return std::type_identity<std::remove_cvref_t<validation_loader_result<T>>>{};
   else return std::type_identity<missing>{};
 }
 template <class L>
@@ -62,6 +81,16 @@ using training_batch_t = typename decltype(detail::batch_type_of<training_loader
 template <class T>
 using validation_batch_t = typename decltype(detail::batch_type_of<validation_loader_t<T>>())::type;
 
+/// Piece 1 of dettrial::Trial: `build_training_data_loader()` returns a dettrial::BatchLoader (such
+/// as dettrial::DataLoader).
+template <class T>
+concept TrainingDataLoaderHook = DeclaresTrainingDataLoader<T> && BatchLoader<training_loader_t<T>>;
+/// Piece 2 of dettrial::Trial: `build_validation_data_loader()` returns a dettrial::BatchLoader.
+template <class T>
+concept ValidationDataLoaderHook = DeclaresValidationDataLoader<T> && BatchLoader<validation_loader_t<T>>;
+
+// ---- the model, optimizer and scheduler of a declarative trial ----------------------------------
+
 /// A declarative trial builds its model with `build_model()` (the seed's MNIST tutorial style).
 template <class T>
 concept DeclaresModel = requires(T& t) { t.build_model(); };
@@ -72,10 +101,22 @@ consteval auto model_type() {
   if constexpr (DeclaresModel<T>) return std::type_identity<std::remove_cvref_t<decltype(std::declval<T&>().build_model())>>{};
   else return std::type_identity<missing>{};
 }
-template <class T, class M>
+}  // namespace detail
+
+/// The model type of a declarative trial.
+template <class T>
+using model_t = typename decltype(detail::model_type<T>())::type;
+
+/// A declarative trial with an `optimizer(model)` hook taking what `build_model()` returns (whatever
+/// the hook returns).
+template <class T>
+concept DeclaresOptimizer = DeclaresModel<T> && requires(T& t, model_t<T>& m) { t.optimizer(m); };
+
+namespace detail {
+template <class T>
 consteval auto optimizer_type() {
-  if constexpr (requires(T& t, M& m) { t.optimizer(m); })
-    return std::type_identity<std::remove_cvref_t<decltype(std::declval<T&>().optimizer(std::declval<M&>()))>>{};
+  if constexpr (DeclaresOptimizer<T>)
+    return std::type_identity<std::remove_cvref_t<decltype(std::declval<T&>().optimizer(std::declval<model_t<T>&>()))>>{};
   else return std::type_identity<missing>{};
 }
 /// What `optimizer(model)` may return: an optimizer by value or a smart pointer to one.
@@ -88,28 +129,51 @@ consteval auto optimizer_object_type() {
     else return std::type_identity<missing>{};
   } else return std::type_identity<missing>{};
 }
-template <class T, class O>
+}  // namespace detail
+
+/// What a declarative trial's `optimizer(model)` returns.
+template <class T>
+using optimizer_result_t = typename decltype(detail::optimizer_type<T>())::type;
+/// The optimizer class behind it.
+template <class T>
+using optimizer_t = typename decltype(detail::optimizer_object_type<optimizer_result_t<T>>())::type;
+
+/// A declarative trial with an `lr_scheduler(optimizer)` hook taking the optimizer class behind what
+/// `optimizer(model)` returns (whatever the hook returns).
+template <class T>
+concept DeclaresLRScheduler = DeclaresModel<T> && requires(T& t, optimizer_t<T>& o) { t.lr_scheduler(o); };
+
+namespace detail {
+template <class T>
 consteval auto scheduler_type() {
-  if constexpr (requires(T& t, O& o) { t.lr_scheduler(o); })
-    return std::type_identity<std::remove_cvref_t<decltype(std::declval<T&>().lr_scheduler(std::declval<O&>()))>>{};
+  if constexpr (DeclaresLRScheduler<T>)
+    return std::type_identity<std::remove_cvref_t<decltype(std::declval<T&>().lr_scheduler(std::declval<optimizer_t<T>&>()))>>{};
   else return std::type_identity<missing>{};
 }
 }  // namespace detail
 
-/// The model type of a declarative trial.
-template <class T>
-using model_t = typename decltype(detail::model_type<T>())::type;
-/// What a declarative trial's `optimizer(model)` returns.
-template <class T>
-using optimizer_result_t = typename decltype(detail::optimizer_type<T, model_t<T>>())::type;
-/// The optimizer class behind it.
-template <class T>
-using optimizer_t = typename decltype(detail::optimizer_object_type<optimizer_result_t<T>>())::type;
 /// What a declarative trial's optional `lr_scheduler(optimizer)` returns.
 template <class T>
-using scheduler_result_t = typename decltype(detail::scheduler_type<T, optimizer_t<T>>())::type;
+using scheduler_result_t = typename decltype(detail::scheduler_type<T>())::type;
 
-// ---- the hooks, one concept each -----------------------------------------------------------------
+/// `build_model()` returns a LibTorch module (a dettrial::ModelHandle).
+template <class T>
+concept BuildModelHook = DeclaresModel<T> && ModelHandle<model_t<T>>;
+/// `optimizer(model)` returns a torch::optim optimizer, by value or by smart pointer.
+template <class T>
+concept OptimizerHook = DeclaresOptimizer<T> && TorchOptimizer<optimizer_t<T>>;
+/// `lr_scheduler(optimizer)` returns a scheduler with `step()` or a dettrial::scheduled(...) one.
+template <class T>
+concept LRSchedulerHook =
+    DeclaresLRScheduler<T> && (LRSchedulerLike<scheduler_result_t<T>> || detail::is_scheduled_lr<scheduler_result_t<T>>::value);
+
+/// Piece 3 of dettrial::Trial: a declarative trial (one with `build_model()`) has a BuildModelHook,
+/// an OptimizerHook and, if it declares one, an LRSchedulerHook. True for an imperative trial, which
+/// wraps its model and optimizer in its constructor.
+template <class T>
+concept ModelHooks = !DeclaresModel<T> || (BuildModelHook<T> && OptimizerHook<T> && (!DeclaresLRScheduler<T> || LRSchedulerHook<T>));
+
+// ---- train_batch and the evaluation hook ---------------------------------------------------------
 
 template <class T>
 concept DeclaresTrainBatch = requires { &T::train_batch; } ||
@@ -164,6 +228,46 @@ concept CallableEvaluateFullDataset =
     (!DeclaresModel<T> && requires(T& t, validation_loader_t<T>& l) { t.evaluate_full_dataset(l); });
 
 namespace detail {
+// What a hook returns. Only named once the hook is known to be callable: the concepts below put these
+// after the Callable... check in a conjunction, which substitutes its right side only when its left
+// side holds (naming one of these for a hook that cannot be called would be a hard error).
+template <class T>
+using train_batch_result_t =
+    decltype(call_train_batch(std::declval<T&>(), std::declval<training_batch_t<T>&>(), std::declval<model_t<T>&>(), 0, 0));
+template <class T>
+using evaluate_batch_result_t =
+    decltype(call_evaluate_batch(std::declval<T&>(), std::declval<validation_batch_t<T>&>(), std::declval<model_t<T>&>(), 0));
+template <class T>
+using evaluate_full_dataset_result_t =
+    decltype(call_evaluate_full_dataset(std::declval<T&>(), std::declval<validation_loader_t<T>&>(), std::declval<model_t<T>&>()));
+}  // namespace detail
+
+/// Piece 4 of dettrial::Trial: `train_batch` can be called with the training loader's batch type, as
+/// `train_batch(batch, model, epoch_idx, batch_idx)` in a declarative trial or
+/// `train_batch(batch, epoch_idx, batch_idx)` in an imperative one, and returns dettrial::Metrics (with
+/// a "loss" entry) or the loss as a torch::Tensor.
+template <class T>
+concept TrainBatchHook = DeclaresTrainBatch<T> && CallableTrainBatch<T> && MetricsResult<detail::train_batch_result_t<T>>;
+
+/// `evaluate_batch` can be called with the validation loader's batch type, as
+/// `evaluate_batch(batch, model[, batch_idx])` (declarative) or `evaluate_batch(batch[, batch_idx])`
+/// (imperative), and returns dettrial::Metrics.
+template <class T>
+concept EvaluateBatchHook = DeclaresEvaluateBatch<T> && CallableEvaluateBatch<T> &&
+                            std::same_as<std::remove_cvref_t<detail::evaluate_batch_result_t<T>>, Metrics>;
+/// `evaluate_full_dataset` can be called with the validation loader, as
+/// `evaluate_full_dataset(loader, model)` (declarative) or `evaluate_full_dataset(loader)`
+/// (imperative), and returns dettrial::Metrics.
+template <class T>
+concept EvaluateFullDatasetHook = DeclaresEvaluateFullDataset<T> && CallableEvaluateFullDataset<T> &&
+                                  std::same_as<std::remove_cvref_t<detail::evaluate_full_dataset_result_t<T>>, Metrics>;
+
+/// Piece 5 of dettrial::Trial: exactly one of `evaluate_batch` (an EvaluateBatchHook) and
+/// `evaluate_full_dataset` (an EvaluateFullDatasetHook).
+template <class T>
+concept EvaluationHook = (EvaluateBatchHook<T> && !DeclaresEvaluateFullDataset<T>) || (EvaluateFullDatasetHook<T> && !DeclaresEvaluateBatch<T>);
+
+namespace detail {
 
 /// The first thing wrong with a trial type, in the order a user would fix them.
 enum class TrialProblem {
@@ -187,50 +291,28 @@ enum class TrialProblem {
   evaluate_full_dataset_not_metrics,
 };
 
-// These look at a hook's result only once the hook is known to be callable (a plain `&&` in one
-// condition would instantiate the call either way).
-template <class T>
-consteval bool evaluate_batch_returns_metrics() {
-  if constexpr (CallableEvaluateBatch<T>)
-    return std::same_as<std::remove_cvref_t<decltype(call_evaluate_batch(std::declval<T&>(), std::declval<validation_batch_t<T>&>(),
-                                                                         std::declval<model_t<T>&>(), 0))>,
-                        Metrics>;
-  else return false;
-}
-template <class T>
-consteval bool evaluate_full_dataset_returns_metrics() {
-  if constexpr (CallableEvaluateFullDataset<T>)
-    return std::same_as<std::remove_cvref_t<decltype(call_evaluate_full_dataset(std::declval<T&>(), std::declval<validation_loader_t<T>&>(),
-                                                                                 std::declval<model_t<T>&>()))>,
-                        Metrics>;
-  else return false;
-}
-
+/// The first thing wrong with a trial, from the same concepts dettrial::Trial is made of (each rule
+/// is stated once, in its concept).
 template <class T>
 consteval TrialProblem first_trial_problem() {
   using P = TrialProblem;
-  if constexpr (!requires(T& t) { t.build_training_data_loader(); }) return P::no_training_loader;
-  else if constexpr (!BatchLoader<training_loader_t<T>>) return P::training_loader_not_a_loader;
-  else if constexpr (!requires(T& t) { t.build_validation_data_loader(); }) return P::no_validation_loader;
-  else if constexpr (!BatchLoader<validation_loader_t<T>>) return P::validation_loader_not_a_loader;
-  else if constexpr (DeclaresModel<T> && !ModelHandle<model_t<T>>) return P::model_not_a_module;
-  else if constexpr (DeclaresModel<T> && std::same_as<optimizer_result_t<T>, missing>) return P::no_optimizer;
-  else if constexpr (DeclaresModel<T> && std::same_as<optimizer_t<T>, missing>) return P::optimizer_not_an_optimizer;
-  else if constexpr (DeclaresModel<T> && !std::same_as<scheduler_result_t<T>, missing> &&
-                     !LRSchedulerLike<scheduler_result_t<T>> && !is_scheduled_lr<scheduler_result_t<T>>::value)
-    return P::scheduler_not_a_scheduler;
+  if constexpr (!DeclaresTrainingDataLoader<T>) return P::no_training_loader;
+  else if constexpr (!TrainingDataLoaderHook<T>) return P::training_loader_not_a_loader;
+  else if constexpr (!DeclaresValidationDataLoader<T>) return P::no_validation_loader;
+  else if constexpr (!ValidationDataLoaderHook<T>) return P::validation_loader_not_a_loader;
+  else if constexpr (DeclaresModel<T> && !BuildModelHook<T>) return P::model_not_a_module;
+  else if constexpr (DeclaresModel<T> && !DeclaresOptimizer<T>) return P::no_optimizer;
+  else if constexpr (DeclaresModel<T> && !OptimizerHook<T>) return P::optimizer_not_an_optimizer;
+  else if constexpr (DeclaresLRScheduler<T> && !LRSchedulerHook<T>) return P::scheduler_not_a_scheduler;
   else if constexpr (!DeclaresTrainBatch<T>) return P::no_train_batch;
   else if constexpr (!CallableTrainBatch<T>) return P::train_batch_not_callable;
-  else if constexpr (!MetricsResult<decltype(call_train_batch(std::declval<T&>(), std::declval<training_batch_t<T>&>(),
-                                                              std::declval<model_t<T>&>(), 0, 0))>)
-    return P::train_batch_not_metrics;
+  else if constexpr (!TrainBatchHook<T>) return P::train_batch_not_metrics;
   else if constexpr (!DeclaresEvaluateBatch<T> && !DeclaresEvaluateFullDataset<T>) return P::no_evaluate_hook;
   else if constexpr (DeclaresEvaluateBatch<T> && DeclaresEvaluateFullDataset<T>) return P::both_evaluate_hooks;
   else if constexpr (DeclaresEvaluateBatch<T> && !CallableEvaluateBatch<T>) return P::evaluate_batch_not_callable;
-  else if constexpr (DeclaresEvaluateBatch<T> && !evaluate_batch_returns_metrics<T>()) return P::evaluate_batch_not_metrics;
+  else if constexpr (DeclaresEvaluateBatch<T> && !EvaluateBatchHook<T>) return P::evaluate_batch_not_metrics;
   else if constexpr (DeclaresEvaluateFullDataset<T> && !CallableEvaluateFullDataset<T>) return P::evaluate_full_dataset_not_callable;
-  else if constexpr (DeclaresEvaluateFullDataset<T> && !evaluate_full_dataset_returns_metrics<T>())
-    return P::evaluate_full_dataset_not_metrics;
+  else if constexpr (DeclaresEvaluateFullDataset<T> && !EvaluateFullDatasetHook<T>) return P::evaluate_full_dataset_not_metrics;
   else return P::none;
 }
 
@@ -296,10 +378,12 @@ struct TrialDiagnostics {
  *   `context.step_optimizer(opt)` itself.
  *
  * Both need `build_training_data_loader()`, `build_validation_data_loader()` and exactly one of
- * `evaluate_batch` / `evaluate_full_dataset`.
+ * `evaluate_batch` / `evaluate_full_dataset`. Each of these is a concept of its own, so a compiler's
+ * "constraints not satisfied" note names the piece that does not hold; dettrial::Trainer<T> says the
+ * same in one sentence.
  */
 template <class T>
-concept Trial = detail::first_trial_problem<T>() == detail::TrialProblem::none;
+concept Trial = TrainingDataLoaderHook<T> && ValidationDataLoaderHook<T> && ModelHooks<T> && TrainBatchHook<T> && EvaluationHook<T>;
 
 /// A trial in the declarative style.
 template <class T>

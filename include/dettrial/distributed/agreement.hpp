@@ -1,0 +1,70 @@
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief What the ranks of a job must agree on, and how they come to agree: the chief's weights, the
+/// settings that place every boundary, and decisions every rank acts on together.
+#pragma once
+// IWYU pragma: private, include <dettrial/dettrial.hpp>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <torch/torch.h>
+
+#include "../error.hpp"
+#include "communicator.hpp"
+
+namespace dettrial::detail {
+
+/// The largest of `value` over the ranks (the value itself for one process): what every rank acts on.
+inline int agreed_max(Communicator* comm, int value) {
+  if (!comm) return value;
+  return static_cast<int>(comm->allreduce_values({static_cast<double>(value)}, c10d::ReduceOp::MAX)[0]);
+}
+
+/// Copies rank 0's parameters and buffers of `modules` to every rank.
+inline void broadcast_modules(Communicator& comm, const std::vector<std::shared_ptr<torch::nn::Module>>& modules) {
+  torch::NoGradGuard no_grad;
+  std::vector<torch::Tensor> one(1);
+  for (const auto& m : modules) {
+    for (auto& p : m->parameters()) {
+      one[0] = p.detach();
+      comm.broadcast(one);
+    }
+    for (auto& b : m->buffers()) {
+      one[0] = b;
+      comm.broadcast(one);
+    }
+  }
+}
+
+/// A setting every rank must share, by name, with this rank's value as text.
+struct RankSetting {
+  const char* name;
+  std::string value;
+};
+
+/**
+ * @brief Checks that every rank holds the chief's `settings`. When one differs, every rank learns it
+ * (one more collective), so all stop here together, with a ConfigError naming the setting and, on
+ * the rank that differs, its value, rather than crossing collectives later.
+ */
+inline void require_same_settings(Communicator& comm, std::span<const RankSetting> settings) {
+  std::vector<std::int64_t> mine;
+  for (const auto& s : settings) mine.push_back(static_cast<std::int64_t>(std::hash<std::string>{}(s.value)));
+  const std::vector<std::int64_t> chief = comm.broadcast_values(mine);
+  int differs = -1;
+  for (std::size_t i = 0; i < settings.size() && differs < 0; ++i)
+    if (mine[i] != chief[i]) differs = static_cast<int>(i);
+  const int any = agreed_max(&comm, differs);
+  if (any < 0) return;
+  const RankSetting& at_fault = settings[static_cast<std::size_t>(differs >= 0 ? differs : any)];
+  throw ConfigError("the ranks of this job disagree on " + std::string(at_fault.name) +
+                    (differs >= 0 ? " (rank " + std::to_string(comm.rank()) + " has " + at_fault.value + ")" : std::string()) +
+                    "; every rank must be given the same config and fit options");
+}
+
+}  // namespace dettrial::detail

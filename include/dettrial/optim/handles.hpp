@@ -1,0 +1,37 @@
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief What a trial hands dettrial to train: a LibTorch model (a module holder or a shared
+/// pointer to a module) and a LibTorch optimizer.
+#pragma once
+
+#include <concepts>
+#include <memory>
+#include <type_traits>
+
+#include <torch/torch.h>
+
+namespace dettrial {
+
+/// A model as a trial holds it: a LibTorch module holder (`torch::nn::Sequential`, `MyNet`) or a
+/// `std::shared_ptr` to a `torch::nn::Module`.
+template <class M>
+concept ModelHandle =
+    requires(M& m) {
+      { m.ptr() } -> std::convertible_to<std::shared_ptr<torch::nn::Module>>;
+    } || requires(M& m) {
+      { m.get() } -> std::convertible_to<torch::nn::Module*>;
+      { std::shared_ptr<torch::nn::Module>(m) };
+    };
+
+/// A LibTorch optimizer (torch::optim::SGD, Adam, ... or a user subclass of torch::optim::Optimizer).
+template <class O>
+concept TorchOptimizer = std::derived_from<std::remove_cvref_t<O>, torch::optim::Optimizer>;
+
+/// The `std::shared_ptr<torch::nn::Module>` behind a model handle.
+template <ModelHandle M>
+std::shared_ptr<torch::nn::Module> module_of(M& m) {
+  if constexpr (requires { m.ptr(); }) return m.ptr();
+  else return std::shared_ptr<torch::nn::Module>(m);
+}
+
+}  // namespace dettrial
