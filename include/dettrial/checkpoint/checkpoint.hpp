@@ -220,20 +220,18 @@ struct ContextCheckpoint {
     const c10::IValue& rng = require_entry(top, "rng_state", what);
     if (!rng.isGenericDict()) throw CheckpointError(what + ": 'rng_state' is not a dict");
     const StateDict states = rng.toGenericDict();
-    torch::Tensor cpu = require_entry(states, "cpu_rng_state", what + "'s rng_state").toTensor();
-    if (const auto per_rank = states.find("cpu_rng_states"); per_rank != states.end() && per_rank->value().isList()) {
-      const auto list = per_rank->value().toList();
-      if (static_cast<std::size_t>(c.distributed().rank) < list.size()) cpu = list.get(c.distributed().rank).toTensor();
-    }
-    set_generator_state(at::detail::getDefaultCPUGenerator(), cpu);
-    if (const auto gpu = states.find("gpu_rng_state"); gpu != states.end() && c.device().is_cuda()) {
-      torch::Tensor state = gpu->value().toTensor();
-      if (const auto per_rank = states.find("gpu_rng_states"); per_rank != states.end() && per_rank->value().isList()) {
+    // This rank's own state from a job's per-rank list when there is one, else the chief's.
+    const auto this_ranks = [&](const char* per_rank_key, torch::Tensor chiefs) {
+      if (const auto per_rank = states.find(per_rank_key); per_rank != states.end() && per_rank->value().isList()) {
         const auto list = per_rank->value().toList();
-        if (static_cast<std::size_t>(c.distributed().rank) < list.size()) state = list.get(c.distributed().rank).toTensor();
+        if (static_cast<std::size_t>(c.distributed().rank) < list.size()) return list.get(c.distributed().rank).toTensor();
       }
-      set_generator_state(at::globalContext().defaultGenerator(c.device()), state);
-    }
+      return chiefs;
+    };
+    set_generator_state(at::detail::getDefaultCPUGenerator(),
+                        this_ranks("cpu_rng_states", require_entry(states, "cpu_rng_state", what + "'s rng_state").toTensor()));
+    if (const auto gpu = states.find("gpu_rng_state"); gpu != states.end() && c.device().is_cuda())
+      set_generator_state(at::globalContext().defaultGenerator(c.device()), this_ranks("gpu_rng_states", gpu->value().toTensor()));
   }
 
   static void set_generator_state(at::Generator generator, const torch::Tensor& state) {  // a handle: copies share the generator
