@@ -71,5 +71,11 @@ if launcher_rows:
     for r in launcher_rows:
         label = r["name"].removeprefix("2-rank MNIST job, ")
         print(f"{'2-rank MNIST job samples/s, ' + label[:36] + ' / best launcher':76} {r['value'] / best:8.2f}  ({r.get('threads', '?')})")
+compile_base = by_name.get("compile time at -O2: plain LibTorch loop")
+if compile_base:
+    print("compile time (lower is better; the target is a trial TU at most 1.5x the plain LibTorch TU)")
+    for side in ("dettrial trial TU, no command line", "dettrial MNIST example main", "dettrial MNIST example main, main.hpp precompiled"):
+        if f"compile time at -O2: {side}" in by_name:
+            print(f"{'compile time at -O2, ' + side + ' / plain LibTorch loop':76} {by_name['compile time at -O2: ' + side]['value'] / compile_base['value']:8.2f}x")
 torch_version = next((r["torch"] for r in rows if "torch" in r), "?")
 print(f"\nmachine: {platform.machine()}, {platform.processor() or 'cpu'}, {__import__('os').cpu_count()} cores; python torch {torch_version}")

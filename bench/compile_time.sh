@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Compile time of a trial: the same network (the MNIST example's) as a hand-written LibTorch loop,
+# as a dettrial trial TU without the command line, as the MNIST example's main (trial and command
+# line), and that main again with <dettrial/main.hpp> precompiled (the README's recipe). Each
+# command is the build's own compile command at -O2 with nothing precompiled unless said, rounds
+# rotated; one JSON line per compile (seconds of wall time), table.py prints the median ratios.
+#   bench/compile_time.sh BUILD_DIR [ROUNDS]     (BUILD_DIR: a bench build, e.g. build/bench-pip)
+set -euo pipefail
+dir=$1 rounds=${2:-3}
+scratch=$(mktemp -d)
+trap 'rm -rf "$scratch"' EXIT
+# The compile command ninja would run for TARGET's one source, without a precompiled header, at -O2.
+command_of() {
+  ninja -C "$dir" -t commands "$1" | grep -E -- " -o [^ ]*CMakeFiles/$1\.dir/[^ ]+\.cpp\.o -c " | tail -n 1 |
+    sed -E 's/ -Xclang -include-pch -Xclang [^ ]+//g; s/ -include [^ ]*cmake_pch[^ ]*//g; s/ -Winvalid-pch//g;
+            s/ -O[0-3s]( |$)/ -O2 /g; s/ -o [^ ]+/ -o \/dev\/null/'
+}
+plain=$(command_of compile_plain_loop)
+trial=$(command_of compile_trial_only)
+example=$(command_of mnist)
+for c in "$plain" "$trial" "$example"; do [ -n "$c" ] || { echo "compile_time.sh: no compile command found in $dir" >&2; exit 1; }; done
+# The recipe: precompile <dettrial/main.hpp> once with the example's flags, then include it first.
+pch_flags=$(echo "$example" | sed -E 's/ -c [^ ]+\.cpp//; s/ -o [^ ]+//; s/^cd [^&]+&& //')
+echo '#include <dettrial/main.hpp>' > "$scratch/dettrial_pch.hpp"
+(cd "$dir" && eval "${pch_flags#*&& } -x c++-header $scratch/dettrial_pch.hpp -o $scratch/dettrial_pch.hpp.gch")
+with_pch=$(echo "$example" | sed -E "s| -c | -include $scratch/dettrial_pch.hpp -c |")
+timed() {  # name, command: one JSON line with the wall time
+  local start end
+  start=$(date +%s.%N)
+  if ! (cd "$dir" && eval "$2") >"$scratch/out" 2>&1; then
+    echo "compile_time.sh: the $1 did not compile:" >&2
+    tail -n 20 "$scratch/out" >&2
+    exit 1
+  fi
+  end=$(date +%s.%N)
+  python3 -c 'import json, sys; print(json.dumps({"name": "compile time at -O2: " + sys.argv[1], "value": float(sys.argv[3]) - float(sys.argv[2]), "unit": "s", "spread": 1.0}))' "$1" "$start" "$end"
+}
+names=("plain LibTorch loop" "dettrial trial TU, no command line" "dettrial MNIST example main" "dettrial MNIST example main, main.hpp precompiled")
+commands=("$plain" "$trial" "$example" "$with_pch")
+for ((round = 0; round < rounds; ++round)); do
+  for ((k = 0; k < 4; ++k)); do
+    i=$(((k + round) % 4))
+    timed "${names[$i]}" "${commands[$i]}"
+  done
+done
