@@ -91,8 +91,10 @@ ctrl_c)
   setsid "$program" --config "$configs/random.yaml" --set searcher.max_length.batches=400 --set data.batch_sleep_ms=10 \
     --set scheduling_unit=5 --output "$work/out" >"$work/first.log" 2>&1 &
   pid=$!
-  for _ in $(seq 1 300); do
-    [ "$(cat "$work/out/trials/"{1,2}/metrics.jsonl 2>/dev/null | grep -c training)" -ge 2 ] && break
+  # Both trials training (one training report each), so that both have their stop handlers.
+  for _ in $(seq 1 600); do
+    [ "$(grep -c training "$work/out/trials/1/metrics.jsonl" 2>/dev/null)" -ge 1 ] &&
+      [ "$(grep -c training "$work/out/trials/2/metrics.jsonl" 2>/dev/null)" -ge 1 ] && break
     sleep 0.1
   done
   kill -INT -- "-$pid"
