@@ -5,14 +5,11 @@
 #pragma once
 
 #include <algorithm>
-#include <charconv>
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
-#include <limits>
-#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <string_view>

@@ -408,7 +408,7 @@ class Trainer {
       context_.position().current_batch = batch_idx;
       if (epoch_start) callbacks.template call<hook::on_training_epoch_start>(epoch_idx);
       if (it == end) throw DataError("the training data loader's repeating stream ended at batch " + std::to_string(batch_idx));
-      train_batch(st, *it, workload, batch_idx, epoch_idx, callbacks);
+      train_batch<Set>(*it, workload, batch_idx, epoch_idx);
       ++it;
       ++st.batches_trained;
       if (epoch_end) {
@@ -425,7 +425,7 @@ class Trainer {
 
   /// One batch: to the device, train_batch, and for a declarative trial backward and step.
   template <class Set, class Loaded>
-  void train_batch(RunState&, Loaded&& loaded, Workload& workload, std::int64_t batch_idx, std::int64_t epoch_idx, Set&) {
+  void train_batch(Loaded&& loaded, Workload& workload, std::int64_t batch_idx, std::int64_t epoch_idx) {
     training_batch_t<TrialT> batch = std::move(loaded);
     to_device_in_place(batch, context_.device(), context_.device().is_cuda());
     workload.records += record_count(batch);
