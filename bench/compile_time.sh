@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Compile time of a trial: the same network (the MNIST example's) as a hand-written LibTorch loop,
 # as a dettrial trial TU without the command line, as the MNIST example's main (trial and command
-# line), and that main again with <dettrial/main.hpp> precompiled (the README's recipe). Each
+# line), both again in separate-compilation mode (DETTRIAL_SEPARATE_COMPILATION: dettrial's
+# non-template code declared only), that main with <dettrial/main.hpp> precompiled (the README's
+# recipe), and the one source file that compiles dettrial's non-template code (once per build). Each
 # command is the build's own compile command at -O2 with nothing precompiled unless said, rounds
 # rotated; one JSON line per compile (seconds of wall time), table.py prints the median ratios.
 #   bench/compile_time.sh BUILD_DIR [ROUNDS]     (BUILD_DIR: a bench build, e.g. build/bench-pip)
@@ -24,6 +26,9 @@ pch_flags=$(echo "$example" | sed -E 's/ -c [^ ]+\.cpp//; s/ -o [^ ]+//; s/^cd [
 echo '#include <dettrial/main.hpp>' > "$scratch/dettrial_pch.hpp"
 (cd "$dir" && eval "${pch_flags#*&& } -x c++-header $scratch/dettrial_pch.hpp -o $scratch/dettrial_pch.hpp.gch")
 with_pch=$(echo "$example" | sed -E "s| -c | -include $scratch/dettrial_pch.hpp -c |")
+separate() { echo "$1" | sed -E "s| -c | -DDETTRIAL_SEPARATE_COMPILATION -c |"; }
+echo '#include <dettrial/src.hpp>' > "$scratch/compiled.cpp"
+compiled=$(separate "$example" | sed -E "s| -c [^ ]+\.cpp| -c $scratch/compiled.cpp|")
 timed() {  # name, command: one JSON line with the wall time
   local start end
   start=$(date +%s.%N)
@@ -35,11 +40,14 @@ timed() {  # name, command: one JSON line with the wall time
   end=$(date +%s.%N)
   python3 -c 'import json, sys; print(json.dumps({"name": "compile time at -O2: " + sys.argv[1], "value": float(sys.argv[3]) - float(sys.argv[2]), "unit": "s", "spread": 1.0}))' "$1" "$start" "$end"
 }
-names=("plain LibTorch loop" "dettrial trial TU, no command line" "dettrial MNIST example main" "dettrial MNIST example main, main.hpp precompiled")
-commands=("$plain" "$trial" "$example" "$with_pch")
+names=("plain LibTorch loop" "dettrial trial TU, no command line" "dettrial trial TU, separate compilation"
+       "dettrial MNIST example main" "dettrial MNIST example main, separate compilation"
+       "dettrial MNIST example main, main.hpp precompiled" "dettrial's compiled part (once per build, separate compilation)")
+commands=("$plain" "$trial" "$(separate "$trial")" "$example" "$(separate "$example")" "$with_pch" "$compiled")
+n=${#names[@]}
 for ((round = 0; round < rounds; ++round)); do
-  for ((k = 0; k < 4; ++k)); do
-    i=$(((k + round) % 4))
+  for ((k = 0; k < n; ++k)); do
+    i=$(((k + round) % n))
     timed "${names[$i]}" "${commands[$i]}"
   done
 done

@@ -74,7 +74,10 @@ if launcher_rows:
 compile_base = by_name.get("compile time at -O2: plain LibTorch loop")
 if compile_base:
     print("compile time (lower is better; the target is a trial TU at most 1.5x the plain LibTorch TU)")
-    for side in ("dettrial trial TU, no command line", "dettrial MNIST example main", "dettrial MNIST example main, main.hpp precompiled"):
+    for side in ("dettrial trial TU, no command line", "dettrial trial TU, separate compilation",
+                 "dettrial MNIST example main", "dettrial MNIST example main, separate compilation",
+                 "dettrial MNIST example main, main.hpp precompiled",
+                 "dettrial's compiled part (once per build, separate compilation)"):
         if f"compile time at -O2: {side}" in by_name:
             print(f"{'compile time at -O2, ' + side + ' / plain LibTorch loop':76} {by_name['compile time at -O2: ' + side]['value'] / compile_base['value']:8.2f}x")
 torch_version = next((r["torch"] for r in rows if "torch" in r), "?")

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""Generates single_include/dettrial/dettrial.hpp (the trial API) and single_include/dettrial/main.hpp
-(the opt-in command line, which includes the first and inlines only what it adds) from include/
+"""Generates single_include/dettrial/dettrial.hpp (the trial API), single_include/dettrial/main.hpp
+(the opt-in command line, which includes the first and inlines only what it adds) and
+single_include/dettrial/src.hpp (separate-compilation mode's source, which includes main.hpp) from include/
 (dettrial's headers inlined once each, system and third-party includes kept). `--check` fails when a
 committed file is stale."""
 import argparse
@@ -14,6 +15,8 @@ ENTRY = INCLUDE / "dettrial" / "dettrial.hpp"
 MAIN_ENTRY = INCLUDE / "dettrial" / "main.hpp"
 OUTPUT = ROOT / "single_include" / "dettrial" / "dettrial.hpp"
 MAIN_OUTPUT = ROOT / "single_include" / "dettrial" / "main.hpp"
+SRC_ENTRY = INCLUDE / "dettrial" / "src.hpp"
+SRC_OUTPUT = ROOT / "single_include" / "dettrial" / "src.hpp"
 BANNER = """// ==========================================================================================
 // dettrial, single-header edition: DO NOT MODIFY THIS FILE BY HAND.
 // It is generated from include/ by tools/amalgamate.py; edit the headers there and regenerate.
@@ -58,7 +61,10 @@ def generate() -> dict:
     # main.hpp includes dettrial.hpp: its single-header edition includes the file above instead.
     main_out = [BANNER, "#pragma once\n", '#include "dettrial.hpp"\n']
     inline(MAIN_ENTRY.resolve(), seen, main_out)
-    return {OUTPUT: "".join(out), MAIN_OUTPUT: "".join(main_out)}
+    # src.hpp only includes main.hpp: copied as it is, it includes the single-header main.hpp beside it.
+    src = SRC_ENTRY.read_text()
+    assert re.findall(r'#\s*include\s*"([^"]+)"', src) == ["main.hpp"], "src.hpp must include main.hpp only"
+    return {OUTPUT: "".join(out), MAIN_OUTPUT: "".join(main_out), SRC_OUTPUT: BANNER + src}
 
 
 def main() -> int:

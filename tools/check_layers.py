@@ -11,7 +11,8 @@ DETTRIAL = ROOT / "include" / "dettrial"
 # Bottom to top. A header may include headers of its own folder and of lower layers only; folders on
 # one layer do not include each other. The top-level files: version.hpp and error.hpp are the base
 # (detail/'s internals use the public error types),
-# dettrial.hpp (the trial API) sits below the command line, main.hpp on top.
+# dettrial.hpp (the trial API) sits below the command line, main.hpp above it, and src.hpp (the
+# separate-compilation mode's source, which includes everything) on top.
 LAYERS = [
     ["version.hpp", "error.hpp"],
     ["detail"],
@@ -24,6 +25,7 @@ LAYERS = [
     ["dettrial.hpp"],
     ["cli"],
     ["main.hpp"],
+    ["src.hpp"],
 ]
 RANK = {name: level for level, names in enumerate(LAYERS) for name in names}
 INCLUDE_RE = re.compile(r'^\s*#\s*include\s*"([^"]+)"', re.M)

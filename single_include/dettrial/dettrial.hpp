@@ -80,9 +80,7 @@ struct DistributedError : Error {
 
 #include <cstdint>
 #include <filesystem>
-#include <fstream>
 #include <optional>
-#include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -107,14 +105,38 @@ struct DistributedError : Error {
 
 #include <yaml-cpp/yaml.h>
 
+// ---- begin dettrial/detail/linkage.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief Header-only (the default) or separate compilation: where dettrial's non-template code is compiled.
+///
+/// Header-only, every function is `inline` and compiled in each translation unit that uses it. With
+/// `DETTRIAL_SEPARATE_COMPILATION` defined in every translation unit of a program (the CMake target
+/// `dettrial::compiled` does it), the headers declare the non-template functions only and
+/// <dettrial/src.hpp>, included in one source file, compiles them once: a trial's translation unit
+/// then instantiates the loop for its own trial and nothing else (the way Asio and fmt offer it).
+
+#define DETTRIAL_DETAIL_LINKAGE_INCLUDED 1
+
+#if defined(DETTRIAL_SEPARATE_COMPILATION)
+/// Marks a non-template function defined in a header's definitions section.
+#define DETTRIAL_INLINE
+#if defined(DETTRIAL_COMPILING_DEFINITIONS)
+#define DETTRIAL_HEADER_DEFINITIONS 1
+#else
+#define DETTRIAL_HEADER_DEFINITIONS 0
+#endif
+#else
+#define DETTRIAL_INLINE inline
+/// 1 where a header's definitions section is compiled: always header-only, in <dettrial/src.hpp> otherwise.
+#define DETTRIAL_HEADER_DEFINITIONS 1
+#endif
+// ---- end dettrial/detail/linkage.hpp
+
 namespace dettrial::detail {
 
 /// "file:line:column" of a node (1-based), or just the source name when yaml-cpp has no position.
-inline std::string where(const YAML::Node& node, const std::string& source) {
-  const YAML::Mark mark = node.Mark();
-  if (mark.is_null()) return source;
-  return source + ":" + std::to_string(mark.line + 1) + ":" + std::to_string(mark.column + 1);
-}
+DETTRIAL_INLINE std::string where(const YAML::Node& node, const std::string& source);
 
 /// A human name for the C++ type a value was read as.
 template <class T>
@@ -133,15 +155,7 @@ std::string type_name() {
 }
 
 /// What a YAML node holds, for messages: `0.1`, `"abc"`, `a list`, `a map`.
-inline std::string describe(const YAML::Node& node) {
-  switch (node.Type()) {
-    case YAML::NodeType::Null: return "null";
-    case YAML::NodeType::Scalar: return "'" + node.Scalar() + "'";
-    case YAML::NodeType::Sequence: return "a list";
-    case YAML::NodeType::Map: return "a map";
-    default: return "nothing";
-  }
-}
+DETTRIAL_INLINE std::string describe(const YAML::Node& node);
 
 /// Reads `node` as T; integers are not silently truncated from fractions, and `1e3`-style
 /// integers are accepted when exact. Returns false when the value does not convert.
@@ -174,7 +188,34 @@ bool try_read(const YAML::Node& node, T& out) {
 
 
 /// Edit distance between two names (for "did you mean").
-inline std::size_t edit_distance(const std::string& a, const std::string& b) {
+DETTRIAL_INLINE std::size_t edit_distance(const std::string& a, const std::string& b);
+
+/// "; did you mean 'x'?" for the nearest of `names` (at most a third of the name's letters apart), else "".
+DETTRIAL_INLINE std::string suggestion(const std::string& name, const std::vector<std::string>& names);
+
+}  // namespace dettrial::detail
+
+// Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
+#if DETTRIAL_HEADER_DEFINITIONS
+namespace dettrial::detail {
+
+DETTRIAL_INLINE std::string where(const YAML::Node& node, const std::string& source) {
+  const YAML::Mark mark = node.Mark();
+  if (mark.is_null()) return source;
+  return source + ":" + std::to_string(mark.line + 1) + ":" + std::to_string(mark.column + 1);
+}
+
+DETTRIAL_INLINE std::string describe(const YAML::Node& node) {
+  switch (node.Type()) {
+    case YAML::NodeType::Null: return "null";
+    case YAML::NodeType::Scalar: return "'" + node.Scalar() + "'";
+    case YAML::NodeType::Sequence: return "a list";
+    case YAML::NodeType::Map: return "a map";
+    default: return "nothing";
+  }
+}
+
+DETTRIAL_INLINE std::size_t edit_distance(const std::string& a, const std::string& b) {
   std::vector<std::size_t> row(b.size() + 1);
   for (std::size_t j = 0; j <= b.size(); ++j) row[j] = j;
   for (std::size_t i = 1; i <= a.size(); ++i) {
@@ -189,8 +230,7 @@ inline std::size_t edit_distance(const std::string& a, const std::string& b) {
   return row[b.size()];
 }
 
-/// "; did you mean 'x'?" for the nearest of `names` (at most a third of the name's letters apart), else "".
-inline std::string suggestion(const std::string& name, const std::vector<std::string>& names) {
+DETTRIAL_INLINE std::string suggestion(const std::string& name, const std::vector<std::string>& names) {
   std::string best;
   std::size_t best_distance = name.size() / 3 + 1;
   for (const auto& n : names)
@@ -199,6 +239,7 @@ inline std::string suggestion(const std::string& name, const std::vector<std::st
 }
 
 }  // namespace dettrial::detail
+#endif  // DETTRIAL_HEADER_DEFINITIONS
 // ---- end dettrial/detail/yaml.hpp
 // ---- begin dettrial/config/units.hpp
 // SPDX-License-Identifier: Apache-2.0
@@ -217,14 +258,7 @@ namespace dettrial {
 /// The unit a length or a period is counted in.
 enum class Unit { batches, epochs, records };
 
-inline const char* to_string(Unit u) {
-  switch (u) {
-    case Unit::batches: return "batches";
-    case Unit::epochs: return "epochs";
-    case Unit::records: return "records";
-  }
-  return "?";
-}
+DETTRIAL_INLINE const char* to_string(Unit u);
 
 /**
  * @brief A length or a period: an integer count of a unit, or an explicit schedule of points.
@@ -238,10 +272,7 @@ class TrainUnit {
   static constexpr std::int64_t never_value = std::numeric_limits<std::int64_t>::max();
 
   constexpr TrainUnit(Unit unit, std::int64_t value) : unit_(unit), value_(value) {}
-  TrainUnit(Unit unit, std::vector<std::int64_t> points) : unit_(unit), points_(std::move(points)) {
-    std::sort(points_.begin(), points_.end());
-    value_ = points_.empty() ? never_value : points_.back();
-  }
+  TrainUnit(Unit unit, std::vector<std::int64_t> points);
 
   constexpr Unit unit() const { return unit_; }
   /// The period (or, for a schedule, its last point).
@@ -251,35 +282,12 @@ class TrainUnit {
   bool is_never() const { return points_.empty() && value_ == never_value; }
 
   /// Determined's `should_stop(n)`: is the boundary reached after `n` completed units?
-  bool reached(std::int64_t n) const {
-    if (!points_.empty()) return std::binary_search(points_.begin(), points_.end(), n);
-    if (n == 0) return false;
-    if (value_ < 1) return true;
-    return n % value_ == 0;
-  }
+  bool reached(std::int64_t n) const;
 
   /// Records become batches of `global_batch_size`, at least one (Determined's `_from_values`).
-  TrainUnit in_batches_if_records(std::int64_t global_batch_size) const {
-    if (unit_ != Unit::records) return *this;
-    if (global_batch_size < 1) throw ConfigError("a length in records needs a global_batch_size of at least 1");
-    if (!points_.empty()) {
-      std::vector<std::int64_t> pts;
-      for (auto p : points_) pts.push_back(std::max<std::int64_t>(p / global_batch_size, 1));
-      return TrainUnit(Unit::batches, std::move(pts));
-    }
-    if (value_ == never_value) return TrainUnit(Unit::batches, never_value);
-    return TrainUnit(Unit::batches, std::max<std::int64_t>(value_ / global_batch_size, 1));
-  }
+  TrainUnit in_batches_if_records(std::int64_t global_batch_size) const;
 
-  std::string to_string() const {
-    if (is_never()) return "never";
-    if (!points_.empty()) {
-      std::string s = std::string(dettrial::to_string(unit_)) + " at [";
-      for (std::size_t i = 0; i < points_.size(); ++i) s += (i ? ", " : "") + std::to_string(points_[i]);
-      return s + "]";
-    }
-    return std::to_string(value_) + " " + dettrial::to_string(unit_);
-  }
+  std::string to_string() const;
 
   friend bool operator==(const TrainUnit&, const TrainUnit&) = default;
 
@@ -308,6 +316,56 @@ struct Record : TrainUnit {
 inline TrainUnit never() { return Batch(TrainUnit::never_value); }
 
 }  // namespace dettrial
+
+// Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
+#if DETTRIAL_HEADER_DEFINITIONS
+namespace dettrial {
+
+DETTRIAL_INLINE const char* to_string(Unit u) {
+  switch (u) {
+    case Unit::batches: return "batches";
+    case Unit::epochs: return "epochs";
+    case Unit::records: return "records";
+  }
+  return "?";
+}
+
+DETTRIAL_INLINE TrainUnit::TrainUnit(Unit unit, std::vector<std::int64_t> points) : unit_(unit), points_(std::move(points)) {
+  std::sort(points_.begin(), points_.end());
+  value_ = points_.empty() ? never_value : points_.back();
+}
+
+DETTRIAL_INLINE bool TrainUnit::reached(std::int64_t n) const {
+  if (!points_.empty()) return std::binary_search(points_.begin(), points_.end(), n);
+  if (n == 0) return false;
+  if (value_ < 1) return true;
+  return n % value_ == 0;
+}
+
+DETTRIAL_INLINE TrainUnit TrainUnit::in_batches_if_records(std::int64_t global_batch_size) const {
+  if (unit_ != Unit::records) return *this;
+  if (global_batch_size < 1) throw ConfigError("a length in records needs a global_batch_size of at least 1");
+  if (!points_.empty()) {
+    std::vector<std::int64_t> pts;
+    for (auto p : points_) pts.push_back(std::max<std::int64_t>(p / global_batch_size, 1));
+    return TrainUnit(Unit::batches, std::move(pts));
+  }
+  if (value_ == never_value) return TrainUnit(Unit::batches, never_value);
+  return TrainUnit(Unit::batches, std::max<std::int64_t>(value_ / global_batch_size, 1));
+}
+
+DETTRIAL_INLINE std::string TrainUnit::to_string() const {
+  if (is_never()) return "never";
+  if (!points_.empty()) {
+    std::string s = std::string(dettrial::to_string(unit_)) + " at [";
+    for (std::size_t i = 0; i < points_.size(); ++i) s += (i ? ", " : "") + std::to_string(points_[i]);
+    return s + "]";
+  }
+  return std::to_string(value_) + " " + dettrial::to_string(unit_);
+}
+
+}  // namespace dettrial
+#endif  // DETTRIAL_HEADER_DEFINITIONS
 // ---- end dettrial/config/units.hpp
 // ---- begin dettrial/config/hyperparameters.hpp
 // SPDX-License-Identifier: Apache-2.0
@@ -340,31 +398,14 @@ class Hyperparameters {
  public:
   Hyperparameters() : root_(YAML::NodeType::Map) {}
   /// Wraps a YAML map; `source` names where it came from in messages (a file name, "--set").
-  explicit Hyperparameters(YAML::Node map, std::string source = "hyperparameters")
-      : root_(map.IsDefined() && !map.IsNull() ? map : YAML::Node(YAML::NodeType::Map)), source_(std::move(source)) {
-    if (!root_.IsMap())
-      throw HyperparameterError(detail::where(root_, source_) + ": hyperparameters must be a map of name: value, found " +
-                                detail::describe(root_));
-  }
+  explicit Hyperparameters(YAML::Node map, std::string source = "hyperparameters");
   // yaml-cpp's Node::operator= writes through to the node it refers to (which others may share);
   // assigning Hyperparameters rebinds instead.
   Hyperparameters(const Hyperparameters&) = default;
-  Hyperparameters& operator=(const Hyperparameters& other) {
-    root_.reset(other.root_);
-    source_ = other.source_;
-    return *this;
-  }
+  Hyperparameters& operator=(const Hyperparameters& other);
 
   /// Parses YAML text such as `"lr: 0.1\nglobal_batch_size: 64"`.
-  static Hyperparameters parse(const std::string& yaml_text, std::string source = "hyperparameters") {
-    try {
-      YAML::Node root = YAML::Load(yaml_text);
-      return Hyperparameters(std::move(root), source);
-    } catch (const YAML::ParserException& e) {
-      throw HyperparameterError(source + ":" + std::to_string(e.mark.line + 1) + ":" + std::to_string(e.mark.column + 1) +
-                                ": YAML syntax error: " + e.msg);
-    }
-  }
+  static Hyperparameters parse(const std::string& yaml_text, std::string source = "hyperparameters");
 
   /// True when `path` names a value.
   bool contains(std::string_view path) const { return lookup(path).IsDefined(); }
@@ -387,63 +428,101 @@ class Hyperparameters {
   }
 
   /// The nested hyperparameters under `path` (which must be a map).
-  Hyperparameters nested(std::string_view path) const {
-    const YAML::Node node = require(path);
-    if (!node.IsMap())
-      throw HyperparameterError(detail::where(node, source_) + ": hyperparameter '" + std::string(path) + "' is " +
-                                detail::describe(node) + ", not a nested map");
-    return Hyperparameters(node, source_);
-  }
+  Hyperparameters nested(std::string_view path) const;
 
   /// The raw YAML node at `path`; throws when missing.
   YAML::Node node(std::string_view path) const { return require(path); }
   /// The whole map.
   const YAML::Node& yaml() const { return root_; }
   /// Top-level names, in file order.
-  std::vector<std::string> names() const {
-    std::vector<std::string> out;
-    for (const auto& kv : root_) out.push_back(kv.first.Scalar());
-    return out;
-  }
+  std::vector<std::string> names() const;
   const std::string& source() const { return source_; }
 
  private:
-  YAML::Node lookup(std::string_view path) const {
-    // yaml-cpp's operator[] on a non-const node inserts; clone-free lookups go through const nodes.
-    const YAML::Node& root = root_;
-    if (YAML::Node whole = root[std::string(path)]; whole.IsDefined()) return whole;
-    YAML::Node current(root_);  // shares root_'s data; reset() rebinds it without writing
-    std::size_t start = 0;
-    while (start <= path.size()) {
-      const std::size_t dot = path.find('.', start);
-      const std::string part(path.substr(start, dot == std::string_view::npos ? std::string_view::npos : dot - start));
-      if (!current.IsMap()) return YAML::Node(YAML::NodeType::Undefined);
-      const YAML::Node& as_const = current;
-      YAML::Node next = as_const[part];
-      if (!next.IsDefined()) return next;
-      current.reset(next);
-      if (dot == std::string_view::npos) break;
-      start = dot + 1;
-    }
-    return current;
-  }
+  YAML::Node lookup(std::string_view path) const;
 
-  YAML::Node require(std::string_view path) const {
-    YAML::Node node = lookup(path);
-    if (!node.IsDefined()) {
-      std::string known;
-      for (const auto& name : names()) known += (known.empty() ? "" : ", ") + name;
-      throw HyperparameterError("hyperparameter '" + std::string(path) + "' is missing from " + source_ +
-                                (known.empty() ? " (it defines none)" : " (it defines: " + known + ")"));
-    }
-    return node;
-  }
+  YAML::Node require(std::string_view path) const;
 
   YAML::Node root_;
   std::string source_ = "hyperparameters";
 };
 
 }  // namespace dettrial
+
+// Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
+#if DETTRIAL_HEADER_DEFINITIONS
+namespace dettrial {
+
+DETTRIAL_INLINE Hyperparameters::Hyperparameters(YAML::Node map, std::string source)
+    : root_(map.IsDefined() && !map.IsNull() ? map : YAML::Node(YAML::NodeType::Map)), source_(std::move(source)) {
+  if (!root_.IsMap())
+    throw HyperparameterError(detail::where(root_, source_) + ": hyperparameters must be a map of name: value, found " +
+                              detail::describe(root_));
+}
+
+DETTRIAL_INLINE Hyperparameters& Hyperparameters::operator=(const Hyperparameters& other) {
+  root_.reset(other.root_);
+  source_ = other.source_;
+  return *this;
+}
+
+DETTRIAL_INLINE Hyperparameters Hyperparameters::parse(const std::string& yaml_text, std::string source) {
+  try {
+    YAML::Node root = YAML::Load(yaml_text);
+    return Hyperparameters(std::move(root), source);
+  } catch (const YAML::ParserException& e) {
+    throw HyperparameterError(source + ":" + std::to_string(e.mark.line + 1) + ":" + std::to_string(e.mark.column + 1) +
+                              ": YAML syntax error: " + e.msg);
+  }
+}
+
+DETTRIAL_INLINE Hyperparameters Hyperparameters::nested(std::string_view path) const {
+  const YAML::Node node = require(path);
+  if (!node.IsMap())
+    throw HyperparameterError(detail::where(node, source_) + ": hyperparameter '" + std::string(path) + "' is " +
+                              detail::describe(node) + ", not a nested map");
+  return Hyperparameters(node, source_);
+}
+
+DETTRIAL_INLINE std::vector<std::string> Hyperparameters::names() const {
+  std::vector<std::string> out;
+  for (const auto& kv : root_) out.push_back(kv.first.Scalar());
+  return out;
+}
+
+DETTRIAL_INLINE YAML::Node Hyperparameters::lookup(std::string_view path) const {
+  // yaml-cpp's operator[] on a non-const node inserts; clone-free lookups go through const nodes.
+  const YAML::Node& root = root_;
+  if (YAML::Node whole = root[std::string(path)]; whole.IsDefined()) return whole;
+  YAML::Node current(root_);  // shares root_'s data; reset() rebinds it without writing
+  std::size_t start = 0;
+  while (start <= path.size()) {
+    const std::size_t dot = path.find('.', start);
+    const std::string part(path.substr(start, dot == std::string_view::npos ? std::string_view::npos : dot - start));
+    if (!current.IsMap()) return YAML::Node(YAML::NodeType::Undefined);
+    const YAML::Node& as_const = current;
+    YAML::Node next = as_const[part];
+    if (!next.IsDefined()) return next;
+    current.reset(next);
+    if (dot == std::string_view::npos) break;
+    start = dot + 1;
+  }
+  return current;
+}
+
+DETTRIAL_INLINE YAML::Node Hyperparameters::require(std::string_view path) const {
+  YAML::Node node = lookup(path);
+  if (!node.IsDefined()) {
+    std::string known;
+    for (const auto& name : names()) known += (known.empty() ? "" : ", ") + name;
+    throw HyperparameterError("hyperparameter '" + std::string(path) + "' is missing from " + source_ +
+                              (known.empty() ? " (it defines none)" : " (it defines: " + known + ")"));
+  }
+  return node;
+}
+
+}  // namespace dettrial
+#endif  // DETTRIAL_HEADER_DEFINITIONS
 // ---- end dettrial/config/hyperparameters.hpp
 
 namespace dettrial {
@@ -451,14 +530,7 @@ namespace dettrial {
 /// When to checkpoint right after a validation (Determined's `checkpoint_policy`).
 enum class CheckpointPolicy { best, all, none };
 
-inline const char* to_string(CheckpointPolicy p) {
-  switch (p) {
-    case CheckpointPolicy::best: return "best";
-    case CheckpointPolicy::all: return "all";
-    case CheckpointPolicy::none: return "none";
-  }
-  return "?";
-}
+DETTRIAL_INLINE const char* to_string(CheckpointPolicy p);
 
 /**
  * @brief An experiment configuration in Determined's YAML schema.
@@ -529,149 +601,15 @@ class ExperimentConfig {
   ExperimentConfig() = default;
   ExperimentConfig(const ExperimentConfig&) = default;
   /// Rebinds the YAML members (yaml-cpp's Node::operator= would write into the document they share).
-  ExperimentConfig& operator=(const ExperimentConfig& o) {
-    if (this == &o) return *this;
-    name = o.name;
-    description = o.description;
-    hyperparameters.reset(o.hyperparameters);
-    data.reset(o.data);
-    searcher = o.searcher;
-    scheduling_unit = o.scheduling_unit;
-    records_per_epoch = o.records_per_epoch;
-    min_validation_period = o.min_validation_period;
-    min_checkpoint_period = o.min_checkpoint_period;
-    perform_initial_validation = o.perform_initial_validation;
-    checkpoint_policy = o.checkpoint_policy;
-    max_restarts = o.max_restarts;
-    slots_per_trial = o.slots_per_trial;
-    aggregation_frequency = o.aggregation_frequency;
-    average_aggregated_gradients = o.average_aggregated_gradients;
-    experiment_seed = o.experiment_seed;
-    deterministic = o.deterministic;
-    checkpoint_storage = o.checkpoint_storage;
-    ignored_fields = o.ignored_fields;
-    yaml.reset(o.yaml);
-    source = o.source;
-    return *this;
-  }
+  ExperimentConfig& operator=(const ExperimentConfig& o);
 
   /// Reads and parses a file; a missing or unreadable file is a ConfigError naming it.
-  static ExperimentConfig load_file(const std::filesystem::path& path) {
-    std::ifstream in(path);
-    if (!in) {
-      std::error_code ec;
-      const bool exists = std::filesystem::exists(path, ec);
-      throw ConfigError("cannot read experiment config '" + path.string() + "': " +
-                        (exists ? "permission denied or not a file" : "no such file"));
-    }
-    std::stringstream text;
-    text << in.rdbuf();
-    return parse(text.str(), path.string());
-  }
+  static ExperimentConfig load_file(const std::filesystem::path& path);
 
   /// Parses YAML text; `source` names it in messages.
-  static ExperimentConfig parse(const std::string& text, std::string source = "<string>") {
-    YAML::Node root;
-    try {
-      root = YAML::Load(text);
-    } catch (const YAML::ParserException& e) {
-      throw ConfigError(source + ":" + std::to_string(e.mark.line + 1) + ":" + std::to_string(e.mark.column + 1) +
-                        ": YAML syntax error: " + e.msg);
-    }
-    return from_yaml(root, std::move(source));
-  }
+  static ExperimentConfig parse(const std::string& text, std::string source = "<string>");
 
-  static ExperimentConfig from_yaml(const YAML::Node& root, std::string source) {
-    ExperimentConfig c;
-    c.source = source;
-    if (!root.IsDefined() || root.IsNull()) throw ConfigError(source + ": the experiment config is empty");
-    if (!root.IsMap()) throw ConfigError(detail::where(root, source) + ": the experiment config must be a map");
-    c.yaml.reset(root);
-    check_fields(root, source, c.ignored_fields);
-    Reader r{source};
-    r.read(root, "name", c.name);
-    r.read(root, "description", c.description);
-    if (root["hyperparameters"]) {
-      c.hyperparameters.reset(root["hyperparameters"]);
-      if (!c.hyperparameters.IsMap() && !c.hyperparameters.IsNull())
-        throw ConfigError(detail::where(c.hyperparameters, source) + ": 'hyperparameters' must be a map");
-    }
-    if (root["data"]) c.data.reset(root["data"]);
-    r.read(root, "scheduling_unit", c.scheduling_unit);
-    if (c.scheduling_unit < 1)
-      throw ConfigError(detail::where(root["scheduling_unit"], source) + ": scheduling_unit must be at least 1");
-    r.read(root, "records_per_epoch", c.records_per_epoch);
-    r.read(root, "perform_initial_validation", c.perform_initial_validation);
-    r.read(root, "max_restarts", c.max_restarts);
-    c.min_validation_period = r.length(root, "min_validation_period", /*zero_means_never=*/true);
-    c.min_checkpoint_period = r.length(root, "min_checkpoint_period", /*zero_means_never=*/true);
-    if (const YAML::Node p = root["checkpoint_policy"]) {
-      std::string s;
-      r.read(root, "checkpoint_policy", s);
-      if (s == "best") c.checkpoint_policy = CheckpointPolicy::best;
-      else if (s == "all") c.checkpoint_policy = CheckpointPolicy::all;
-      else if (s == "none") c.checkpoint_policy = CheckpointPolicy::none;
-      else throw ConfigError(detail::where(p, source) + ": checkpoint_policy must be best, all or none, not '" + s + "'");
-    }
-    for (const char* section : {"resources", "optimizations", "reproducibility", "searcher", "checkpoint_storage"})
-      if (const YAML::Node node = root[section]; node && !node.IsNull() && !node.IsMap())
-        throw ConfigError(detail::where(node, source) + ": '" + section + "' must be a map, found " + detail::describe(node));
-    if (const YAML::Node res = root["resources"]) {
-      r.read(res, "slots_per_trial", c.slots_per_trial);
-      if (c.slots_per_trial < 1)
-        throw ConfigError(detail::where(res["slots_per_trial"], source) + ": resources.slots_per_trial must be at least 1");
-    }
-    if (const YAML::Node opt = root["optimizations"]) {
-      r.read(opt, "aggregation_frequency", c.aggregation_frequency);
-      if (c.aggregation_frequency < 1)
-        throw ConfigError(detail::where(opt["aggregation_frequency"], source) +
-                          ": optimizations.aggregation_frequency must be at least 1");
-      r.read(opt, "average_aggregated_gradients", c.average_aggregated_gradients);
-    }
-    if (const YAML::Node rep = root["reproducibility"]; rep && rep["experiment_seed"]) {
-      std::uint64_t seed = 0;
-      r.read(rep, "experiment_seed", seed);
-      c.experiment_seed = seed;
-    }
-    if (const YAML::Node rep = root["reproducibility"]; rep && rep["deterministic"]) {
-      bool on = false;
-      r.read(rep, "deterministic", on);
-      c.deterministic = on;
-    }
-    if (const YAML::Node cs = root["checkpoint_storage"]) {
-      auto& storage = c.checkpoint_storage;
-      const std::pair<const char*, std::int64_t*> counts[] = {{"save_experiment_best", &storage.save_experiment_best},
-                                                              {"save_trial_best", &storage.save_trial_best},
-                                                              {"save_trial_latest", &storage.save_trial_latest}};
-      for (const auto& [key, field_ptr] : counts) {
-        std::int64_t& field = *field_ptr;
-        r.read(cs, key, field);
-        if (field < 0) throw ConfigError(detail::where(cs[key], source) + ": checkpoint_storage." + key + " must not be negative");
-      }
-      std::string host_path, storage_path, container_path;
-      r.read(cs, "host_path", host_path);
-      r.read(cs, "storage_path", storage_path);
-      r.read(cs, "container_path", container_path);
-      if (!host_path.empty()) storage.path = storage_path.empty() ? std::filesystem::path(host_path) : std::filesystem::path(host_path) / storage_path;
-      else if (!container_path.empty()) storage.path = std::filesystem::path(container_path);
-    }
-    if (const YAML::Node s = root["searcher"]) {
-      if (!s.IsMap()) throw ConfigError(detail::where(s, source) + ": 'searcher' must be a map");
-      r.read(s, "name", c.searcher.name);
-      r.read(s, "metric", c.searcher.metric);
-      r.read(s, "smaller_is_better", c.searcher.smaller_is_better);
-      if (s["max_length"]) {
-        c.searcher.max_length = r.length(s, "max_length", /*zero_means_never=*/false);
-      } else if (s["max_steps"]) {
-        std::int64_t steps = 0;
-        r.read(s, "max_steps", steps);
-        if (steps < 0) throw ConfigError(detail::where(s["max_steps"], source) + ": searcher.max_steps must not be negative");
-        c.searcher.max_length = Batch(steps * c.scheduling_unit);
-      }
-      read_search_fields(s, source, r, c.searcher);
-    }
-    return c;
-  }
+  static ExperimentConfig from_yaml(const YAML::Node& root, std::string source);
 
   /// The searchers dettrial runs, and the names Determined removed.
   template <class R>  // the Reader, declared below
@@ -724,63 +662,10 @@ class ExperimentConfig {
    * @brief Every key must be one of the schema's: cluster-only ones are collected in `ignored` (one
    * warning), anything else is an error at its file:line:column with the nearest known name.
    */
-  static void check_fields(const YAML::Node& root, const std::string& source, std::vector<std::string>& ignored) {
-    static const std::vector<std::string> top = {
-        "name", "description", "hyperparameters", "searcher", "records_per_epoch", "min_validation_period",
-        "min_checkpoint_period", "scheduling_unit", "perform_initial_validation", "checkpoint_policy", "max_restarts",
-        "checkpoint_storage", "resources", "optimizations", "reproducibility", "data"};
-    static const std::vector<std::string> top_cluster = {
-        "entrypoint", "environment", "bind_mounts", "labels", "project", "workspace", "debug", "profiling",
-        "tensorboard_storage", "pbs", "slurm", "log_policies", "retention_policy", "integrations", "data_layer",
-        "preemption_timeout", "security", "internal", "notes"};
-    static const std::vector<std::string> searcher = {
-        "name", "metric", "smaller_is_better", "max_length", "max_steps", "max_trials", "max_concurrent_trials",
-        "time_metric", "max_time", "divisor", "max_rungs", "num_rungs", "mode", "bracket_rungs"};
-    static const std::vector<std::string> searcher_cluster = {"source_trial_id", "source_checkpoint_uuid", "stop_once"};
-    static const std::vector<std::string> resources = {"slots_per_trial"};
-    static const std::vector<std::string> resources_cluster = {
-        "resource_pool", "max_slots", "priority", "weight", "shm_size", "devices", "native_parallel", "is_single_node", "agent_label"};
-    static const std::vector<std::string> optimizations = {"aggregation_frequency", "average_aggregated_gradients"};
-    static const std::vector<std::string> optimizations_cluster = {
-        "average_training_metrics", "gradient_compression", "mixed_precision", "tensor_fusion_threshold",
-        "tensor_fusion_cycle_time", "auto_tune_tensor_fusion", "grad_updates_size_file"};
-    static const std::vector<std::string> reproducibility = {"experiment_seed", "deterministic"};
-    static const std::vector<std::string> storage = {"type", "host_path", "storage_path", "container_path", "propagation",
-                                                     "save_experiment_best", "save_trial_best", "save_trial_latest"};
-    static const std::vector<std::string> storage_cloud = {"bucket", "access_key", "secret_key", "endpoint_url", "prefix",
-                                                           "region", "credentials", "account_url", "connection_string", "container"};
-    check_map(root, "", top, top_cluster, source, ignored);
-    const std::pair<const char*, std::pair<const std::vector<std::string>*, const std::vector<std::string>*>> sections[] = {
-        {"searcher", {&searcher, &searcher_cluster}},
-        {"resources", {&resources, &resources_cluster}},
-        {"optimizations", {&optimizations, &optimizations_cluster}},
-        {"reproducibility", {&reproducibility, nullptr}},
-        {"checkpoint_storage", {&storage, &storage_cloud}}};
-    for (const auto& [section, known] : sections)
-      if (const YAML::Node node = root[section]; node && node.IsMap())
-        check_map(node, std::string(section) + ".", *known.first, known.second ? *known.second : std::vector<std::string>{}, source, ignored);
-    if (const YAML::Node cs = root["checkpoint_storage"]; cs && cs.IsMap() && cs["type"]) {
-      const std::string type = cs["type"].Scalar();
-      if (type != "shared_fs" && type != "directory")
-        throw ConfigError(detail::where(cs["type"], source) + ": checkpoint_storage type '" + type +
-                          "' is not one dettrial writes (shared_fs or directory, on a local or mounted file system)");
-    }
-  }
+  static void check_fields(const YAML::Node& root, const std::string& source, std::vector<std::string>& ignored);
 
   static void check_map(const YAML::Node& map, const std::string& prefix, const std::vector<std::string>& known,
-                        const std::vector<std::string>& cluster, const std::string& source, std::vector<std::string>& ignored) {
-    for (const auto& kv : map) {
-      const std::string key = kv.first.Scalar();
-      if (std::find(known.begin(), known.end(), key) != known.end()) continue;
-      if (std::find(cluster.begin(), cluster.end(), key) != cluster.end()) {
-        ignored.push_back(prefix + key);
-        continue;
-      }
-      std::vector<std::string> all = known;
-      all.insert(all.end(), cluster.begin(), cluster.end());
-      throw ConfigError(detail::where(kv.first, source) + ": unknown field '" + prefix + key + "'" + detail::suggestion(key, all));
-    }
-  }
+                        const std::vector<std::string>& cluster, const std::string& source, std::vector<std::string>& ignored);
 
   /**
    * @brief The hyperparameters of the one trial this config describes: `const` entries and plain
@@ -792,32 +677,7 @@ class ExperimentConfig {
   }
 
  private:
-  YAML::Node resolve_constants(const YAML::Node& map, const std::string& prefix) const {
-    YAML::Node out(YAML::NodeType::Map);
-    if (!map.IsDefined() || map.IsNull()) return out;
-    for (const auto& kv : map) {
-      const std::string key = kv.first.Scalar();
-      const YAML::Node& v = kv.second;
-      if (v.IsMap() && v["type"]) {
-        const std::string type = v["type"].Scalar();
-        if (type == "const") {
-          if (!v["val"]) throw ConfigError(detail::where(v, source) + ": hyperparameter '" + prefix + key + "' of type const has no 'val'");
-          out[key] = v["val"];
-        } else if (type == "int" || type == "double" || type == "log" || type == "categorical") {
-          throw ConfigError(detail::where(v, source) + ": hyperparameter '" + prefix + key + "' is a search space (type: " +
-                            type + "), which has no single value; give it a value (type: const) to train one trial");
-        } else {
-          throw ConfigError(detail::where(v["type"], source) + ": hyperparameter '" + prefix + key + "' has unknown type '" +
-                            type + "' (expected const, int, double, log or categorical)");
-        }
-      } else if (v.IsMap()) {
-        out[key] = resolve_constants(v, prefix + key + ".");
-      } else {
-        out[key] = v;
-      }
-    }
-    return out;
-  }
+  YAML::Node resolve_constants(const YAML::Node& map, const std::string& prefix) const;
 
   struct Reader {
     const std::string& source;
@@ -829,31 +689,282 @@ class ExperimentConfig {
         throw ConfigError(detail::where(node, source) + ": '" + key + "' is " + detail::describe(node) + ", which is not a " +
                           detail::type_name<T>());
     }
-    std::optional<TrainUnit> length(const YAML::Node& map, const char* key, bool zero_means_never) const {
-      const YAML::Node node = map[key];
-      if (!node || node.IsNull()) return std::nullopt;
-      if (!node.IsMap() || node.size() != 1)
-        throw ConfigError(detail::where(node, source) + ": '" + key +
-                          "' must be a map with exactly one of batches, records or epochs, e.g. {batches: 1000}");
-      const std::string unit_name = node.begin()->first.Scalar();
-      Unit unit;
-      if (unit_name == "batches") unit = Unit::batches;
-      else if (unit_name == "epochs") unit = Unit::epochs;
-      else if (unit_name == "records") unit = Unit::records;
-      else throw ConfigError(detail::where(node.begin()->first, source) + ": '" + key + "' has unit '" + unit_name +
-                             "'; expected batches, records or epochs");
-      std::int64_t value = 0;
-      if (!detail::try_read(node.begin()->second, value) || value < 0)
-        throw ConfigError(detail::where(node.begin()->second, source) + ": '" + key + "." + unit_name +
-                          "' must be a non-negative integer, found " + detail::describe(node.begin()->second));
-      // Determined maps a configured period below 1 to "never".
-      if (zero_means_never && value < 1) return TrainUnit(unit, TrainUnit::never_value);
-      return TrainUnit(unit, value);
-    }
+    std::optional<TrainUnit> length(const YAML::Node& map, const char* key, bool zero_means_never) const;
   };
 };
 
 }  // namespace dettrial
+
+// Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
+#if DETTRIAL_HEADER_DEFINITIONS
+#include <fstream>
+#include <sstream>
+
+namespace dettrial {
+
+DETTRIAL_INLINE const char* to_string(CheckpointPolicy p) {
+  switch (p) {
+    case CheckpointPolicy::best: return "best";
+    case CheckpointPolicy::all: return "all";
+    case CheckpointPolicy::none: return "none";
+  }
+  return "?";
+}
+
+DETTRIAL_INLINE ExperimentConfig& ExperimentConfig::operator=(const ExperimentConfig& o) {
+  if (this == &o) return *this;
+  name = o.name;
+  description = o.description;
+  hyperparameters.reset(o.hyperparameters);
+  data.reset(o.data);
+  searcher = o.searcher;
+  scheduling_unit = o.scheduling_unit;
+  records_per_epoch = o.records_per_epoch;
+  min_validation_period = o.min_validation_period;
+  min_checkpoint_period = o.min_checkpoint_period;
+  perform_initial_validation = o.perform_initial_validation;
+  checkpoint_policy = o.checkpoint_policy;
+  max_restarts = o.max_restarts;
+  slots_per_trial = o.slots_per_trial;
+  aggregation_frequency = o.aggregation_frequency;
+  average_aggregated_gradients = o.average_aggregated_gradients;
+  experiment_seed = o.experiment_seed;
+  deterministic = o.deterministic;
+  checkpoint_storage = o.checkpoint_storage;
+  ignored_fields = o.ignored_fields;
+  yaml.reset(o.yaml);
+  source = o.source;
+  return *this;
+}
+
+DETTRIAL_INLINE ExperimentConfig ExperimentConfig::load_file(const std::filesystem::path& path) {
+  std::ifstream in(path);
+  if (!in) {
+    std::error_code ec;
+    const bool exists = std::filesystem::exists(path, ec);
+    throw ConfigError("cannot read experiment config '" + path.string() + "': " +
+                      (exists ? "permission denied or not a file" : "no such file"));
+  }
+  std::stringstream text;
+  text << in.rdbuf();
+  return parse(text.str(), path.string());
+}
+
+DETTRIAL_INLINE ExperimentConfig ExperimentConfig::parse(const std::string& text, std::string source) {
+  YAML::Node root;
+  try {
+    root = YAML::Load(text);
+  } catch (const YAML::ParserException& e) {
+    throw ConfigError(source + ":" + std::to_string(e.mark.line + 1) + ":" + std::to_string(e.mark.column + 1) +
+                      ": YAML syntax error: " + e.msg);
+  }
+  return from_yaml(root, std::move(source));
+}
+
+DETTRIAL_INLINE ExperimentConfig ExperimentConfig::from_yaml(const YAML::Node& root, std::string source) {
+  ExperimentConfig c;
+  c.source = source;
+  if (!root.IsDefined() || root.IsNull()) throw ConfigError(source + ": the experiment config is empty");
+  if (!root.IsMap()) throw ConfigError(detail::where(root, source) + ": the experiment config must be a map");
+  c.yaml.reset(root);
+  check_fields(root, source, c.ignored_fields);
+  Reader r{source};
+  r.read(root, "name", c.name);
+  r.read(root, "description", c.description);
+  if (root["hyperparameters"]) {
+    c.hyperparameters.reset(root["hyperparameters"]);
+    if (!c.hyperparameters.IsMap() && !c.hyperparameters.IsNull())
+      throw ConfigError(detail::where(c.hyperparameters, source) + ": 'hyperparameters' must be a map");
+  }
+  if (root["data"]) c.data.reset(root["data"]);
+  r.read(root, "scheduling_unit", c.scheduling_unit);
+  if (c.scheduling_unit < 1)
+    throw ConfigError(detail::where(root["scheduling_unit"], source) + ": scheduling_unit must be at least 1");
+  r.read(root, "records_per_epoch", c.records_per_epoch);
+  r.read(root, "perform_initial_validation", c.perform_initial_validation);
+  r.read(root, "max_restarts", c.max_restarts);
+  c.min_validation_period = r.length(root, "min_validation_period", /*zero_means_never=*/true);
+  c.min_checkpoint_period = r.length(root, "min_checkpoint_period", /*zero_means_never=*/true);
+  if (const YAML::Node p = root["checkpoint_policy"]) {
+    std::string s;
+    r.read(root, "checkpoint_policy", s);
+    if (s == "best") c.checkpoint_policy = CheckpointPolicy::best;
+    else if (s == "all") c.checkpoint_policy = CheckpointPolicy::all;
+    else if (s == "none") c.checkpoint_policy = CheckpointPolicy::none;
+    else throw ConfigError(detail::where(p, source) + ": checkpoint_policy must be best, all or none, not '" + s + "'");
+  }
+  for (const char* section : {"resources", "optimizations", "reproducibility", "searcher", "checkpoint_storage"})
+    if (const YAML::Node node = root[section]; node && !node.IsNull() && !node.IsMap())
+      throw ConfigError(detail::where(node, source) + ": '" + section + "' must be a map, found " + detail::describe(node));
+  if (const YAML::Node res = root["resources"]) {
+    r.read(res, "slots_per_trial", c.slots_per_trial);
+    if (c.slots_per_trial < 1)
+      throw ConfigError(detail::where(res["slots_per_trial"], source) + ": resources.slots_per_trial must be at least 1");
+  }
+  if (const YAML::Node opt = root["optimizations"]) {
+    r.read(opt, "aggregation_frequency", c.aggregation_frequency);
+    if (c.aggregation_frequency < 1)
+      throw ConfigError(detail::where(opt["aggregation_frequency"], source) +
+                        ": optimizations.aggregation_frequency must be at least 1");
+    r.read(opt, "average_aggregated_gradients", c.average_aggregated_gradients);
+  }
+  if (const YAML::Node rep = root["reproducibility"]; rep && rep["experiment_seed"]) {
+    std::uint64_t seed = 0;
+    r.read(rep, "experiment_seed", seed);
+    c.experiment_seed = seed;
+  }
+  if (const YAML::Node rep = root["reproducibility"]; rep && rep["deterministic"]) {
+    bool on = false;
+    r.read(rep, "deterministic", on);
+    c.deterministic = on;
+  }
+  if (const YAML::Node cs = root["checkpoint_storage"]) {
+    auto& storage = c.checkpoint_storage;
+    const std::pair<const char*, std::int64_t*> counts[] = {{"save_experiment_best", &storage.save_experiment_best},
+                                                            {"save_trial_best", &storage.save_trial_best},
+                                                            {"save_trial_latest", &storage.save_trial_latest}};
+    for (const auto& [key, field_ptr] : counts) {
+      std::int64_t& field = *field_ptr;
+      r.read(cs, key, field);
+      if (field < 0) throw ConfigError(detail::where(cs[key], source) + ": checkpoint_storage." + key + " must not be negative");
+    }
+    std::string host_path, storage_path, container_path;
+    r.read(cs, "host_path", host_path);
+    r.read(cs, "storage_path", storage_path);
+    r.read(cs, "container_path", container_path);
+    if (!host_path.empty()) storage.path = storage_path.empty() ? std::filesystem::path(host_path) : std::filesystem::path(host_path) / storage_path;
+    else if (!container_path.empty()) storage.path = std::filesystem::path(container_path);
+  }
+  if (const YAML::Node s = root["searcher"]) {
+    if (!s.IsMap()) throw ConfigError(detail::where(s, source) + ": 'searcher' must be a map");
+    r.read(s, "name", c.searcher.name);
+    r.read(s, "metric", c.searcher.metric);
+    r.read(s, "smaller_is_better", c.searcher.smaller_is_better);
+    if (s["max_length"]) {
+      c.searcher.max_length = r.length(s, "max_length", /*zero_means_never=*/false);
+    } else if (s["max_steps"]) {
+      std::int64_t steps = 0;
+      r.read(s, "max_steps", steps);
+      if (steps < 0) throw ConfigError(detail::where(s["max_steps"], source) + ": searcher.max_steps must not be negative");
+      c.searcher.max_length = Batch(steps * c.scheduling_unit);
+    }
+    read_search_fields(s, source, r, c.searcher);
+  }
+  return c;
+}
+
+DETTRIAL_INLINE void ExperimentConfig::check_fields(const YAML::Node& root, const std::string& source,
+                                                   std::vector<std::string>& ignored) {
+  static const std::vector<std::string> top = {
+      "name", "description", "hyperparameters", "searcher", "records_per_epoch", "min_validation_period",
+      "min_checkpoint_period", "scheduling_unit", "perform_initial_validation", "checkpoint_policy", "max_restarts",
+      "checkpoint_storage", "resources", "optimizations", "reproducibility", "data"};
+  static const std::vector<std::string> top_cluster = {
+      "entrypoint", "environment", "bind_mounts", "labels", "project", "workspace", "debug", "profiling",
+      "tensorboard_storage", "pbs", "slurm", "log_policies", "retention_policy", "integrations", "data_layer",
+      "preemption_timeout", "security", "internal", "notes"};
+  static const std::vector<std::string> searcher = {
+      "name", "metric", "smaller_is_better", "max_length", "max_steps", "max_trials", "max_concurrent_trials",
+      "time_metric", "max_time", "divisor", "max_rungs", "num_rungs", "mode", "bracket_rungs"};
+  static const std::vector<std::string> searcher_cluster = {"source_trial_id", "source_checkpoint_uuid", "stop_once"};
+  static const std::vector<std::string> resources = {"slots_per_trial"};
+  static const std::vector<std::string> resources_cluster = {
+      "resource_pool", "max_slots", "priority", "weight", "shm_size", "devices", "native_parallel", "is_single_node", "agent_label"};
+  static const std::vector<std::string> optimizations = {"aggregation_frequency", "average_aggregated_gradients"};
+  static const std::vector<std::string> optimizations_cluster = {
+      "average_training_metrics", "gradient_compression", "mixed_precision", "tensor_fusion_threshold",
+      "tensor_fusion_cycle_time", "auto_tune_tensor_fusion", "grad_updates_size_file"};
+  static const std::vector<std::string> reproducibility = {"experiment_seed", "deterministic"};
+  static const std::vector<std::string> storage = {"type", "host_path", "storage_path", "container_path", "propagation",
+                                                   "save_experiment_best", "save_trial_best", "save_trial_latest"};
+  static const std::vector<std::string> storage_cloud = {"bucket", "access_key", "secret_key", "endpoint_url", "prefix",
+                                                         "region", "credentials", "account_url", "connection_string", "container"};
+  check_map(root, "", top, top_cluster, source, ignored);
+  const std::pair<const char*, std::pair<const std::vector<std::string>*, const std::vector<std::string>*>> sections[] = {
+      {"searcher", {&searcher, &searcher_cluster}},
+      {"resources", {&resources, &resources_cluster}},
+      {"optimizations", {&optimizations, &optimizations_cluster}},
+      {"reproducibility", {&reproducibility, nullptr}},
+      {"checkpoint_storage", {&storage, &storage_cloud}}};
+  for (const auto& [section, known] : sections)
+    if (const YAML::Node node = root[section]; node && node.IsMap())
+      check_map(node, std::string(section) + ".", *known.first, known.second ? *known.second : std::vector<std::string>{}, source, ignored);
+  if (const YAML::Node cs = root["checkpoint_storage"]; cs && cs.IsMap() && cs["type"]) {
+    const std::string type = cs["type"].Scalar();
+    if (type != "shared_fs" && type != "directory")
+      throw ConfigError(detail::where(cs["type"], source) + ": checkpoint_storage type '" + type +
+                        "' is not one dettrial writes (shared_fs or directory, on a local or mounted file system)");
+  }
+}
+
+DETTRIAL_INLINE void ExperimentConfig::check_map(const YAML::Node& map, const std::string& prefix,
+                                                const std::vector<std::string>& known, const std::vector<std::string>& cluster,
+                                                const std::string& source, std::vector<std::string>& ignored) {
+  for (const auto& kv : map) {
+    const std::string key = kv.first.Scalar();
+    if (std::find(known.begin(), known.end(), key) != known.end()) continue;
+    if (std::find(cluster.begin(), cluster.end(), key) != cluster.end()) {
+      ignored.push_back(prefix + key);
+      continue;
+    }
+    std::vector<std::string> all = known;
+    all.insert(all.end(), cluster.begin(), cluster.end());
+    throw ConfigError(detail::where(kv.first, source) + ": unknown field '" + prefix + key + "'" + detail::suggestion(key, all));
+  }
+}
+
+DETTRIAL_INLINE YAML::Node ExperimentConfig::resolve_constants(const YAML::Node& map, const std::string& prefix) const {
+  YAML::Node out(YAML::NodeType::Map);
+  if (!map.IsDefined() || map.IsNull()) return out;
+  for (const auto& kv : map) {
+    const std::string key = kv.first.Scalar();
+    const YAML::Node& v = kv.second;
+    if (v.IsMap() && v["type"]) {
+      const std::string type = v["type"].Scalar();
+      if (type == "const") {
+        if (!v["val"]) throw ConfigError(detail::where(v, source) + ": hyperparameter '" + prefix + key + "' of type const has no 'val'");
+        out[key] = v["val"];
+      } else if (type == "int" || type == "double" || type == "log" || type == "categorical") {
+        throw ConfigError(detail::where(v, source) + ": hyperparameter '" + prefix + key + "' is a search space (type: " +
+                          type + "), which has no single value; give it a value (type: const) to train one trial");
+      } else {
+        throw ConfigError(detail::where(v["type"], source) + ": hyperparameter '" + prefix + key + "' has unknown type '" +
+                          type + "' (expected const, int, double, log or categorical)");
+      }
+    } else if (v.IsMap()) {
+      out[key] = resolve_constants(v, prefix + key + ".");
+    } else {
+      out[key] = v;
+    }
+  }
+  return out;
+}
+
+DETTRIAL_INLINE std::optional<TrainUnit> ExperimentConfig::Reader::length(const YAML::Node& map, const char* key,
+                                                                          bool zero_means_never) const {
+  const YAML::Node node = map[key];
+  if (!node || node.IsNull()) return std::nullopt;
+  if (!node.IsMap() || node.size() != 1)
+    throw ConfigError(detail::where(node, source) + ": '" + key +
+                      "' must be a map with exactly one of batches, records or epochs, e.g. {batches: 1000}");
+  const std::string unit_name = node.begin()->first.Scalar();
+  Unit unit;
+  if (unit_name == "batches") unit = Unit::batches;
+  else if (unit_name == "epochs") unit = Unit::epochs;
+  else if (unit_name == "records") unit = Unit::records;
+  else throw ConfigError(detail::where(node.begin()->first, source) + ": '" + key + "' has unit '" + unit_name +
+                         "'; expected batches, records or epochs");
+  std::int64_t value = 0;
+  if (!detail::try_read(node.begin()->second, value) || value < 0)
+    throw ConfigError(detail::where(node.begin()->second, source) + ": '" + key + "." + unit_name +
+                      "' must be a non-negative integer, found " + detail::describe(node.begin()->second));
+  // Determined maps a configured period below 1 to "never".
+  if (zero_means_never && value < 1) return TrainUnit(unit, TrainUnit::never_value);
+  return TrainUnit(unit, value);
+}
+
+}  // namespace dettrial
+#endif  // DETTRIAL_HEADER_DEFINITIONS
 // ---- end dettrial/config/experiment_config.hpp
 // ---- begin dettrial/data/data_loader.hpp
 // SPDX-License-Identifier: Apache-2.0
@@ -1293,46 +1404,24 @@ struct BatchSlice {
  */
 class BatchSampler {
  public:
-  BatchSampler(std::int64_t records, std::int64_t batch_size, bool drop_last, bool shuffle, std::uint64_t seed)
-      : records_(records), batch_size_(batch_size), drop_last_(drop_last), shuffle_(shuffle), seed_(seed),
-        cache_(std::make_shared<Cache>()) {
-    if (batch_size_ < 1) throw DataError("DataLoader batch_size must be at least 1, not " + std::to_string(batch_size_));
-    if (records_ < 1) throw DataError("DataLoader: the dataset is empty");
-    if (drop_last_ && batch_size_ > records_)
-      throw DataError("DataLoader: batch_size " + std::to_string(batch_size_) + " is larger than the dataset's " +
-                      std::to_string(records_) + " records, so drop_last leaves no batch");
-  }
+  BatchSampler(std::int64_t records, std::int64_t batch_size, bool drop_last, bool shuffle, std::uint64_t seed);
 
   std::int64_t records() const { return records_; }
   std::int64_t batch_size() const { return batch_size_; }
   bool shuffle() const { return shuffle_; }
   std::uint64_t seed() const { return seed_; }
   /// Changes the shuffle seed (a resumed trial gets back the order it was trained with).
-  void set_seed(std::uint64_t seed) {
-    seed_ = seed;
-    cache_ = std::make_shared<Cache>();
-  }
+  void set_seed(std::uint64_t seed);
 
   /// Batches in one epoch, before sharding.
   std::int64_t batches_per_epoch() const {
     return drop_last_ ? records_ / batch_size_ : (records_ + batch_size_ - 1) / batch_size_;
   }
   /// Batches one rank reads per epoch: Determined's `len(DistributedBatchSampler)`, `len//n + (len%n > rank)`.
-  std::int64_t batches_for(const LoaderChain& chain) const {
-    const std::int64_t len = batches_per_epoch();
-    return len / chain.num_replicas + (len % chain.num_replicas > chain.rank ? 1 : 0);
-  }
+  std::int64_t batches_for(const LoaderChain& chain) const;
 
   /// Batch `global` of the endless stream of epochs (batch `global % len` of epoch `global / len`).
-  BatchSlice global_batch(std::int64_t global) const {
-    const std::int64_t len = batches_per_epoch();
-    BatchSlice s;
-    s.epoch = global / len;
-    s.first = (global % len) * batch_size_;
-    s.count = std::min(batch_size_, records_ - s.first);
-    if (shuffle_) s.indices = order(s.epoch).narrow(0, s.first, s.count);
-    return s;
-  }
+  BatchSlice global_batch(std::int64_t global) const;
 
   /**
    * @brief The slices a rank reads under `chain`: Determined's chain, as views. The global batches of
@@ -1350,16 +1439,7 @@ class BatchSampler {
   }
 
   /// The order of epoch `e` (a permutation of the records; computed once and kept for the last epochs used).
-  torch::Tensor order(std::int64_t epoch) const {
-    std::lock_guard lock(cache_->mutex);
-    for (const auto& [e, perm] : cache_->orders)
-      if (e == epoch && perm.defined()) return perm;
-    auto generator = at::detail::createCPUGenerator(mix(seed_, static_cast<std::uint64_t>(epoch)));
-    torch::Tensor perm = torch::randperm(records_, generator, torch::TensorOptions().dtype(torch::kLong));
-    cache_->orders[cache_->next] = {epoch, perm};
-    cache_->next = (cache_->next + 1) % cache_->orders.size();
-    return perm;
-  }
+  torch::Tensor order(std::int64_t epoch) const;
 
  private:
   static std::uint64_t mix(std::uint64_t seed, std::uint64_t epoch) { return detail::mix64(seed ^ (epoch * detail::golden_gamma)); }
@@ -1379,6 +1459,55 @@ class BatchSampler {
 };
 
 }  // namespace dettrial
+
+// Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
+#if DETTRIAL_HEADER_DEFINITIONS
+namespace dettrial {
+
+DETTRIAL_INLINE BatchSampler::BatchSampler(std::int64_t records, std::int64_t batch_size, bool drop_last, bool shuffle,
+                                           std::uint64_t seed)
+    : records_(records), batch_size_(batch_size), drop_last_(drop_last), shuffle_(shuffle), seed_(seed),
+      cache_(std::make_shared<Cache>()) {
+  if (batch_size_ < 1) throw DataError("DataLoader batch_size must be at least 1, not " + std::to_string(batch_size_));
+  if (records_ < 1) throw DataError("DataLoader: the dataset is empty");
+  if (drop_last_ && batch_size_ > records_)
+    throw DataError("DataLoader: batch_size " + std::to_string(batch_size_) + " is larger than the dataset's " +
+                    std::to_string(records_) + " records, so drop_last leaves no batch");
+}
+
+DETTRIAL_INLINE void BatchSampler::set_seed(std::uint64_t seed) {
+  seed_ = seed;
+  cache_ = std::make_shared<Cache>();
+}
+
+DETTRIAL_INLINE std::int64_t BatchSampler::batches_for(const LoaderChain& chain) const {
+  const std::int64_t len = batches_per_epoch();
+  return len / chain.num_replicas + (len % chain.num_replicas > chain.rank ? 1 : 0);
+}
+
+DETTRIAL_INLINE BatchSlice BatchSampler::global_batch(std::int64_t global) const {
+  const std::int64_t len = batches_per_epoch();
+  BatchSlice s;
+  s.epoch = global / len;
+  s.first = (global % len) * batch_size_;
+  s.count = std::min(batch_size_, records_ - s.first);
+  if (shuffle_) s.indices = order(s.epoch).narrow(0, s.first, s.count);
+  return s;
+}
+
+DETTRIAL_INLINE torch::Tensor BatchSampler::order(std::int64_t epoch) const {
+  std::lock_guard lock(cache_->mutex);
+  for (const auto& [e, perm] : cache_->orders)
+    if (e == epoch && perm.defined()) return perm;
+  auto generator = at::detail::createCPUGenerator(mix(seed_, static_cast<std::uint64_t>(epoch)));
+  torch::Tensor perm = torch::randperm(records_, generator, torch::TensorOptions().dtype(torch::kLong));
+  cache_->orders[cache_->next] = {epoch, perm};
+  cache_->next = (cache_->next + 1) % cache_->orders.size();
+  return perm;
+}
+
+}  // namespace dettrial
+#endif  // DETTRIAL_HEADER_DEFINITIONS
 // ---- end dettrial/data/sampler.hpp
 
 namespace dettrial {
@@ -1653,18 +1782,13 @@ class DataLoader {
 /// @file
 /// @brief Reading IDX files (the MNIST format), raw or gzip-compressed, and MNIST-layout folders.
 
-#include <array>
-#include <cerrno>
 #include <cstdint>
-#include <cstdio>
-#include <cstring>
 #include <filesystem>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include <torch/torch.h>
-#include <zlib.h>
 
 
 namespace dettrial {
@@ -1673,7 +1797,34 @@ namespace dettrial {
  * @brief Reads an IDX file (raw, or gzip: zlib reads both) into a tensor of its element type and
  * dimensions. Errors name the file and what is wrong with it.
  */
-inline torch::Tensor read_idx(const std::filesystem::path& path) {
+DETTRIAL_INLINE torch::Tensor read_idx(const std::filesystem::path& path);
+
+/// Images (uint8, N x rows x cols) and labels (uint8, N) of one split of an MNIST-format folder.
+struct MnistSplit {
+  torch::Tensor images;
+  torch::Tensor labels;
+};
+
+/**
+ * @brief Loads split `train` or `t10k` of a folder in MNIST's layout (MNIST, Fashion-MNIST, ...):
+ * `<split>-images-idx3-ubyte[.gz]` and `<split>-labels-idx1-ubyte[.gz]` (also `-images.idx3-ubyte`).
+ */
+DETTRIAL_INLINE MnistSplit load_mnist(const std::filesystem::path& dir, const std::string& split);
+
+}  // namespace dettrial
+
+// Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
+#if DETTRIAL_HEADER_DEFINITIONS
+#include <array>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+
+#include <zlib.h>
+
+namespace dettrial {
+
+DETTRIAL_INLINE torch::Tensor read_idx(const std::filesystem::path& path) {
   const std::string name = path.string();
   std::error_code ec;
   if (!std::filesystem::is_regular_file(path, ec))
@@ -1741,17 +1892,7 @@ inline torch::Tensor read_idx(const std::filesystem::path& path) {
   return out;
 }
 
-/// Images (uint8, N x rows x cols) and labels (uint8, N) of one split of an MNIST-format folder.
-struct MnistSplit {
-  torch::Tensor images;
-  torch::Tensor labels;
-};
-
-/**
- * @brief Loads split `train` or `t10k` of a folder in MNIST's layout (MNIST, Fashion-MNIST, ...):
- * `<split>-images-idx3-ubyte[.gz]` and `<split>-labels-idx1-ubyte[.gz]` (also `-images.idx3-ubyte`).
- */
-inline MnistSplit load_mnist(const std::filesystem::path& dir, const std::string& split) {
+DETTRIAL_INLINE MnistSplit load_mnist(const std::filesystem::path& dir, const std::string& split) {
   auto find = [&](const std::string& kind, const std::string& idx) {
     const std::array<std::string, 4> names = {split + "-" + kind + "-" + idx + "-ubyte.gz", split + "-" + kind + "-" + idx + "-ubyte",
                                               split + "-" + kind + "." + idx + "-ubyte.gz", split + "-" + kind + "." + idx + "-ubyte"};
@@ -1769,6 +1910,7 @@ inline MnistSplit load_mnist(const std::filesystem::path& dir, const std::string
 }
 
 }  // namespace dettrial
+#endif  // DETTRIAL_HEADER_DEFINITIONS
 // ---- end dettrial/data/idx.hpp
 // ---- begin dettrial/metrics/metrics.hpp
 // SPDX-License-Identifier: Apache-2.0
@@ -1809,12 +1951,7 @@ class MetricKey {
   }
 
  private:
-  static std::string_view intern(const std::string& name) {
-    static std::mutex mutex;
-    static std::unordered_set<std::string> names;  // node-based: element addresses are stable
-    std::lock_guard lock(mutex);
-    return *names.insert(name).first;
-  }
+  static std::string_view intern(const std::string& name);
   std::string_view name_;
 };
 
@@ -1830,11 +1967,7 @@ class MetricValue {
   bool is_tensor() const { return tensor_.defined(); }
   const torch::Tensor& tensor() const { return tensor_; }
   /// The value as a double; for a tensor this synchronises with its device (scalar tensors only).
-  double to_double() const {
-    if (!tensor_.defined()) return number_;
-    if (tensor_.numel() != 1) return std::nan("");
-    return tensor_.detach().item<double>();
-  }
+  double to_double() const;
 
  private:
   torch::Tensor tensor_;
@@ -1860,26 +1993,11 @@ class Metrics {
   Metrics(std::initializer_list<Entry> entries) : entries_(entries.begin(), entries.end()) {}
 
   /// Adds or replaces `key`.
-  Metrics& set(MetricKey key, MetricValue value) {
-    for (auto& e : entries_)
-      if (e.key == key) {
-        e.value = std::move(value);
-        return *this;
-      }
-    entries_.push_back(Entry{key, std::move(value)});
-    return *this;
-  }
+  Metrics& set(MetricKey key, MetricValue value);
   /// The value of `name`, or nullptr.
-  const MetricValue* find(std::string_view name) const {
-    for (const auto& e : entries_)
-      if (e.key.view() == name) return &e.value;
-    return nullptr;
-  }
+  const MetricValue* find(std::string_view name) const;
   /// The value of `name`; throws TrialError naming the missing metric and those present.
-  const MetricValue& at(std::string_view name) const {
-    if (const auto* v = find(name)) return *v;
-    throw TrialError("metric '" + std::string(name) + "' is missing; the metrics are: " + names());
-  }
+  const MetricValue& at(std::string_view name) const;
   bool contains(std::string_view name) const { return find(name) != nullptr; }
   std::size_t size() const { return entries_.size(); }
   bool empty() const { return entries_.empty(); }
@@ -1888,11 +2006,7 @@ class Metrics {
   const Entry& operator[](std::size_t i) const { return entries_[i]; }
 
   /// The names, comma-separated, for messages.
-  std::string names() const {
-    std::string s;
-    for (const auto& e : entries_) s += (s.empty() ? "" : ", ") + std::string(e.key.view());
-    return s.empty() ? "(none)" : s;
-  }
+  std::string names() const;
 
  private:
   c10::SmallVector<Entry, 8> entries_;
@@ -1912,26 +2026,10 @@ inline Metrics as_metrics(torch::Tensor loss) { return Metrics{{"loss", std::mov
  */
 class MetricValues {
  public:
-  void set(std::string name, double value) {
-    for (auto& kv : values_)
-      if (kv.first == name) {
-        kv.second = value;
-        return;
-      }
-    values_.emplace_back(std::move(name), value);
-  }
-  std::optional<double> get(std::string_view name) const {
-    for (const auto& kv : values_)
-      if (kv.first == name) return kv.second;
-    return std::nullopt;
-  }
+  void set(std::string name, double value);
+  std::optional<double> get(std::string_view name) const;
   /// The value of `name`; throws naming the missing metric.
-  double at(std::string_view name) const {
-    if (auto v = get(name)) return *v;
-    std::string known;
-    for (const auto& kv : values_) known += (known.empty() ? "" : ", ") + kv.first;
-    throw TrialError("metric '" + std::string(name) + "' is not among the reported metrics (" + known + ")");
-  }
+  double at(std::string_view name) const;
   bool contains(std::string_view name) const { return get(name).has_value(); }
   std::size_t size() const { return values_.size(); }
   bool empty() const { return values_.empty(); }
@@ -1956,6 +2054,75 @@ struct MetricOrder {
 };
 
 }  // namespace dettrial
+
+// Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
+#if DETTRIAL_HEADER_DEFINITIONS
+namespace dettrial {
+
+DETTRIAL_INLINE std::string_view MetricKey::intern(const std::string& name) {
+  static std::mutex mutex;
+  static std::unordered_set<std::string> names;  // node-based: element addresses are stable
+  std::lock_guard lock(mutex);
+  return *names.insert(name).first;
+}
+
+DETTRIAL_INLINE double MetricValue::to_double() const {
+  if (!tensor_.defined()) return number_;
+  if (tensor_.numel() != 1) return std::nan("");
+  return tensor_.detach().item<double>();
+}
+
+DETTRIAL_INLINE Metrics& Metrics::set(MetricKey key, MetricValue value) {
+  for (auto& e : entries_)
+    if (e.key == key) {
+      e.value = std::move(value);
+      return *this;
+    }
+  entries_.push_back(Entry{key, std::move(value)});
+  return *this;
+}
+
+DETTRIAL_INLINE const MetricValue* Metrics::find(std::string_view name) const {
+  for (const auto& e : entries_)
+    if (e.key.view() == name) return &e.value;
+  return nullptr;
+}
+
+DETTRIAL_INLINE const MetricValue& Metrics::at(std::string_view name) const {
+  if (const auto* v = find(name)) return *v;
+  throw TrialError("metric '" + std::string(name) + "' is missing; the metrics are: " + names());
+}
+
+DETTRIAL_INLINE std::string Metrics::names() const {
+  std::string s;
+  for (const auto& e : entries_) s += (s.empty() ? "" : ", ") + std::string(e.key.view());
+  return s.empty() ? "(none)" : s;
+}
+
+DETTRIAL_INLINE void MetricValues::set(std::string name, double value) {
+  for (auto& kv : values_)
+    if (kv.first == name) {
+      kv.second = value;
+      return;
+    }
+  values_.emplace_back(std::move(name), value);
+}
+
+DETTRIAL_INLINE std::optional<double> MetricValues::get(std::string_view name) const {
+  for (const auto& kv : values_)
+    if (kv.first == name) return kv.second;
+  return std::nullopt;
+}
+
+DETTRIAL_INLINE double MetricValues::at(std::string_view name) const {
+  if (auto v = get(name)) return *v;
+  std::string known;
+  for (const auto& kv : values_) known += (known.empty() ? "" : ", ") + kv.first;
+  throw TrialError("metric '" + std::string(name) + "' is not among the reported metrics (" + known + ")");
+}
+
+}  // namespace dettrial
+#endif  // DETTRIAL_HEADER_DEFINITIONS
 // ---- end dettrial/metrics/metrics.hpp
 // ---- begin dettrial/metrics/reducers.hpp
 // SPDX-License-Identifier: Apache-2.0
@@ -1982,15 +2149,7 @@ namespace dettrial {
 /// A built-in validation reducer. `avg` is the unweighted mean over batches (Determined's `np.average`).
 enum class Reducer { avg, sum, max, min };
 
-inline const char* to_string(Reducer r) {
-  switch (r) {
-    case Reducer::avg: return "avg";
-    case Reducer::sum: return "sum";
-    case Reducer::max: return "max";
-    case Reducer::min: return "min";
-  }
-  return "?";
-}
+DETTRIAL_INLINE const char* to_string(Reducer r);
 
 /// Which reducer each validation metric gets: one for all, or one per metric name (all names, exactly).
 using ReducerChoice = std::variant<Reducer, std::map<std::string, Reducer>>;
@@ -2102,35 +2261,14 @@ namespace detail {
 /// device per batch: tensors are summed in place on their device and read once at the end.
 class WorkloadMeans {
  public:
-  void reset() {
-    slots_.clear();
-    batches_ = 0;
-  }
+  void reset();
 
-  void add(const Metrics& m, std::int64_t batch_idx) {
-    torch::NoGradGuard no_grad;
-    if (batches_ == 0) {
-      slots_.reserve(m.size());
-      for (const auto& e : m) slots_.push_back(Slot{e.key});
-    } else if (m.size() != slots_.size()) {
-      throw mismatch(m, batch_idx);
-    }
-    for (std::size_t i = 0; i < m.size(); ++i) {
-      const std::size_t slot = slot_of(m[i].key, i);
-      if (slot == slots_.size()) throw mismatch(m, batch_idx);
-      slots_[slot].add(m[i].value);
-    }
-    ++batches_;
-  }
+  void add(const Metrics& m, std::int64_t batch_idx);
 
   std::int64_t batches() const { return batches_; }
 
   /// The means; this is the one device synchronisation per workload.
-  MetricValues means() const {
-    MetricValues out;
-    for (const auto& s : slots_) out.set(std::string(s.key.view()), s.mean(batches_));
-    return out;
-  }
+  MetricValues means() const;
 
  private:
   struct Slot {
@@ -2138,44 +2276,15 @@ class WorkloadMeans {
     torch::Tensor tensor_sum{};  // double scalar on the metric's device
     double number_sum = 0;
     bool averageable = true;
-    void add(const MetricValue& v) {
-      if (!v.is_tensor()) {
-        number_sum += v.to_double();
-        return;
-      }
-      const torch::Tensor& t = v.tensor();
-      if (t.numel() != 1) {
-        averageable = false;
-        return;
-      }
-      if (!tensor_sum.defined()) tensor_sum = torch::zeros({}, t.options().dtype(torch::kDouble).requires_grad(false));
-      if (t.dim() == 0) tensor_sum.add_(t);
-      else tensor_sum.add_(t.reshape({}));  // a one-element tensor of higher rank
-    }
-    double mean(std::int64_t n) const {
-      if (!averageable || n == 0) return std::numeric_limits<double>::quiet_NaN();
-      const double total = number_sum + (tensor_sum.defined() ? tensor_sum.item<double>() : 0.0);
-      return total / static_cast<double>(n);
-    }
+    void add(const MetricValue& v);
+    double mean(std::int64_t n) const;
   };
 
   /// The slot of `key` (tried first at `hint`: the usual case is the same order every batch), or
   /// slots_.size() when the workload has no such metric.
-  std::size_t slot_of(MetricKey key, std::size_t hint) const {
-    if (hint < slots_.size() && slots_[hint].key == key) return hint;
-    for (std::size_t j = 0; j < slots_.size(); ++j)
-      if (slots_[j].key == key) return j;
-    return slots_.size();
-  }
-  TrialError mismatch(const Metrics& m, std::int64_t batch_idx) const {
-    return TrialError("train_batch returned the metrics {" + m.names() + "} at batch " + std::to_string(batch_idx) + " but {" +
-                      slot_names() + "} earlier in the workload; every batch must return the same metrics");
-  }
-  std::string slot_names() const {
-    std::string s;
-    for (const auto& slot : slots_) s += (s.empty() ? "" : ", ") + std::string(slot.key.view());
-    return s;
-  }
+  std::size_t slot_of(MetricKey key, std::size_t hint) const;
+  TrialError mismatch(const Metrics& m, std::int64_t batch_idx) const;
+  std::string slot_names() const;
 
   std::vector<Slot> slots_;
   std::int64_t batches_ = 0;
@@ -2186,24 +2295,7 @@ class ValidationReduction {
  public:
   explicit ValidationReduction(ReducerChoice choice = Reducer::avg) : choice_(std::move(choice)) {}
 
-  void add(const Metrics& m, std::int64_t batch_idx) {
-    torch::NoGradGuard no_grad;
-    if (batches_ == 0) {
-      check_reducer_names(m);
-      for (const auto& e : m) slots_.push_back(Slot{std::string(e.key.view()), reducer_for(e.key.view())});
-    } else if (m.size() != slots_.size()) {
-      throw TrialError("evaluate_batch returned the metrics {" + m.names() + "} at batch " + std::to_string(batch_idx) +
-                       ", unlike the first batch; every batch must return the same metrics");
-    }
-    for (const auto& e : m) {
-      Slot* slot = find(e.key.view());
-      if (!slot)
-        throw TrialError("evaluate_batch returned metric '" + std::string(e.key.view()) + "' at batch " +
-                         std::to_string(batch_idx) + ", which the first batch did not; every batch must return the same metrics");
-      slot->add(e.value);
-    }
-    ++batches_;
-  }
+  void add(const Metrics& m, std::int64_t batch_idx);
 
   std::int64_t batches() const { return batches_; }
 
@@ -2214,11 +2306,7 @@ class ValidationReduction {
     double value;
   };
   /// The per-process totals, for combining across ranks (avg weighted by each rank's batch count).
-  std::vector<Total> totals() const {
-    std::vector<Total> out;
-    for (const auto& s : slots_) out.push_back(Total{s.name, s.reducer, s.result(1)});
-    return out;
-  }
+  std::vector<Total> totals() const;
 
  private:
   struct Slot {
@@ -2227,69 +2315,14 @@ class ValidationReduction {
     torch::Tensor tensor_acc{};
     double number_acc = 0;
     bool seen_number = false;
-    void add(const MetricValue& v) {
-      if (v.is_tensor() && v.tensor().numel() != 1)
-        throw TrialError("validation metric '" + name + "' has " + std::to_string(v.tensor().numel()) +
-                         " elements; dettrial reduces scalar validation metrics (return one number per batch)");
-      if (!v.is_tensor()) {
-        const double x = v.to_double();
-        if (!seen_number) number_acc = (reducer == Reducer::avg || reducer == Reducer::sum) ? 0.0 : x;
-        number_acc = combine(number_acc, x);
-        seen_number = true;
-        return;
-      }
-      const torch::Tensor t = v.tensor().detach().reshape({}).to(torch::kDouble);
-      if (!tensor_acc.defined()) {
-        tensor_acc = t.clone();
-        return;
-      }
-      switch (reducer) {
-        case Reducer::avg:
-        case Reducer::sum: tensor_acc.add_(t); break;
-        case Reducer::max: tensor_acc = torch::maximum(tensor_acc, t); break;
-        case Reducer::min: tensor_acc = torch::minimum(tensor_acc, t); break;
-      }
-    }
-    double combine(double a, double b) const {
-      if ((reducer == Reducer::max || reducer == Reducer::min) && (std::isnan(a) || std::isnan(b)))
-        return std::numeric_limits<double>::quiet_NaN();  // like np.max / torch::maximum
-      switch (reducer) {
-        case Reducer::max: return std::max(a, b);
-        case Reducer::min: return std::min(a, b);
-        default: return a + b;
-      }
-    }
-    double result(std::int64_t n) const {
-      double value;
-      if (tensor_acc.defined() && seen_number) value = combine(tensor_acc.item<double>(), number_acc);
-      else if (tensor_acc.defined()) value = tensor_acc.item<double>();
-      else value = number_acc;
-      return reducer == Reducer::avg ? value / static_cast<double>(n) : value;
-    }
+    void add(const MetricValue& v);
+    double combine(double a, double b) const;
+    double result(std::int64_t n) const;
   };
 
-  Reducer reducer_for(std::string_view name) const {
-    if (const auto* one = std::get_if<Reducer>(&choice_)) return *one;
-    return std::get<std::map<std::string, Reducer>>(choice_).at(std::string(name));
-  }
-  void check_reducer_names(const Metrics& m) const {
-    const auto* per_metric = std::get_if<std::map<std::string, Reducer>>(&choice_);
-    if (!per_metric) return;
-    std::string missing, extra;
-    for (const auto& e : m)
-      if (!per_metric->count(std::string(e.key.view()))) missing += (missing.empty() ? "" : ", ") + std::string(e.key.view());
-    for (const auto& [name, r] : *per_metric)
-      if (!m.contains(name)) extra += (extra.empty() ? "" : ", ") + name;
-    if (!missing.empty() || !extra.empty())
-      throw TrialError("evaluation_reducer() must name exactly the metrics evaluate_batch returns (" + m.names() + ")" +
-                       (missing.empty() ? "" : "; it has no reducer for: " + missing) +
-                       (extra.empty() ? "" : "; it names metrics that are not returned: " + extra));
-  }
-  Slot* find(std::string_view name) {
-    for (auto& s : slots_)
-      if (s.name == name) return &s;
-    return nullptr;
-  }
+  Reducer reducer_for(std::string_view name) const;
+  void check_reducer_names(const Metrics& m) const;
+  Slot* find(std::string_view name);
 
   ReducerChoice choice_;
   std::vector<Slot> slots_;
@@ -2345,6 +2378,184 @@ struct WrappedReducer {
 
 }  // namespace detail
 }  // namespace dettrial
+
+// Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
+#if DETTRIAL_HEADER_DEFINITIONS
+namespace dettrial {
+
+DETTRIAL_INLINE const char* to_string(Reducer r) {
+  switch (r) {
+    case Reducer::avg: return "avg";
+    case Reducer::sum: return "sum";
+    case Reducer::max: return "max";
+    case Reducer::min: return "min";
+  }
+  return "?";
+}
+
+namespace detail {
+
+DETTRIAL_INLINE void WorkloadMeans::reset() {
+  slots_.clear();
+  batches_ = 0;
+}
+
+DETTRIAL_INLINE void WorkloadMeans::add(const Metrics& m, std::int64_t batch_idx) {
+  torch::NoGradGuard no_grad;
+  if (batches_ == 0) {
+    slots_.reserve(m.size());
+    for (const auto& e : m) slots_.push_back(Slot{e.key});
+  } else if (m.size() != slots_.size()) {
+    throw mismatch(m, batch_idx);
+  }
+  for (std::size_t i = 0; i < m.size(); ++i) {
+    const std::size_t slot = slot_of(m[i].key, i);
+    if (slot == slots_.size()) throw mismatch(m, batch_idx);
+    slots_[slot].add(m[i].value);
+  }
+  ++batches_;
+}
+
+DETTRIAL_INLINE MetricValues WorkloadMeans::means() const {
+  MetricValues out;
+  for (const auto& s : slots_) out.set(std::string(s.key.view()), s.mean(batches_));
+  return out;
+}
+
+DETTRIAL_INLINE void WorkloadMeans::Slot::add(const MetricValue& v) {
+  if (!v.is_tensor()) {
+    number_sum += v.to_double();
+    return;
+  }
+  const torch::Tensor& t = v.tensor();
+  if (t.numel() != 1) {
+    averageable = false;
+    return;
+  }
+  if (!tensor_sum.defined()) tensor_sum = torch::zeros({}, t.options().dtype(torch::kDouble).requires_grad(false));
+  if (t.dim() == 0) tensor_sum.add_(t);
+  else tensor_sum.add_(t.reshape({}));  // a one-element tensor of higher rank
+}
+
+DETTRIAL_INLINE double WorkloadMeans::Slot::mean(std::int64_t n) const {
+  if (!averageable || n == 0) return std::numeric_limits<double>::quiet_NaN();
+  const double total = number_sum + (tensor_sum.defined() ? tensor_sum.item<double>() : 0.0);
+  return total / static_cast<double>(n);
+}
+
+DETTRIAL_INLINE std::size_t WorkloadMeans::slot_of(MetricKey key, std::size_t hint) const {
+  if (hint < slots_.size() && slots_[hint].key == key) return hint;
+  for (std::size_t j = 0; j < slots_.size(); ++j)
+    if (slots_[j].key == key) return j;
+  return slots_.size();
+}
+
+DETTRIAL_INLINE TrialError WorkloadMeans::mismatch(const Metrics& m, std::int64_t batch_idx) const {
+  return TrialError("train_batch returned the metrics {" + m.names() + "} at batch " + std::to_string(batch_idx) + " but {" +
+                    slot_names() + "} earlier in the workload; every batch must return the same metrics");
+}
+
+DETTRIAL_INLINE std::string WorkloadMeans::slot_names() const {
+  std::string s;
+  for (const auto& slot : slots_) s += (s.empty() ? "" : ", ") + std::string(slot.key.view());
+  return s;
+}
+
+DETTRIAL_INLINE void ValidationReduction::add(const Metrics& m, std::int64_t batch_idx) {
+  torch::NoGradGuard no_grad;
+  if (batches_ == 0) {
+    check_reducer_names(m);
+    for (const auto& e : m) slots_.push_back(Slot{std::string(e.key.view()), reducer_for(e.key.view())});
+  } else if (m.size() != slots_.size()) {
+    throw TrialError("evaluate_batch returned the metrics {" + m.names() + "} at batch " + std::to_string(batch_idx) +
+                     ", unlike the first batch; every batch must return the same metrics");
+  }
+  for (const auto& e : m) {
+    Slot* slot = find(e.key.view());
+    if (!slot)
+      throw TrialError("evaluate_batch returned metric '" + std::string(e.key.view()) + "' at batch " +
+                       std::to_string(batch_idx) + ", which the first batch did not; every batch must return the same metrics");
+    slot->add(e.value);
+  }
+  ++batches_;
+}
+
+DETTRIAL_INLINE std::vector<ValidationReduction::Total> ValidationReduction::totals() const {
+  std::vector<Total> out;
+  for (const auto& s : slots_) out.push_back(Total{s.name, s.reducer, s.result(1)});
+  return out;
+}
+
+DETTRIAL_INLINE void ValidationReduction::Slot::add(const MetricValue& v) {
+  if (v.is_tensor() && v.tensor().numel() != 1)
+    throw TrialError("validation metric '" + name + "' has " + std::to_string(v.tensor().numel()) +
+                     " elements; dettrial reduces scalar validation metrics (return one number per batch)");
+  if (!v.is_tensor()) {
+    const double x = v.to_double();
+    if (!seen_number) number_acc = (reducer == Reducer::avg || reducer == Reducer::sum) ? 0.0 : x;
+    number_acc = combine(number_acc, x);
+    seen_number = true;
+    return;
+  }
+  const torch::Tensor t = v.tensor().detach().reshape({}).to(torch::kDouble);
+  if (!tensor_acc.defined()) {
+    tensor_acc = t.clone();
+    return;
+  }
+  switch (reducer) {
+    case Reducer::avg:
+    case Reducer::sum: tensor_acc.add_(t); break;
+    case Reducer::max: tensor_acc = torch::maximum(tensor_acc, t); break;
+    case Reducer::min: tensor_acc = torch::minimum(tensor_acc, t); break;
+  }
+}
+
+DETTRIAL_INLINE double ValidationReduction::Slot::combine(double a, double b) const {
+  if ((reducer == Reducer::max || reducer == Reducer::min) && (std::isnan(a) || std::isnan(b)))
+    return std::numeric_limits<double>::quiet_NaN();  // like np.max / torch::maximum
+  switch (reducer) {
+    case Reducer::max: return std::max(a, b);
+    case Reducer::min: return std::min(a, b);
+    default: return a + b;
+  }
+}
+
+DETTRIAL_INLINE double ValidationReduction::Slot::result(std::int64_t n) const {
+  double value;
+  if (tensor_acc.defined() && seen_number) value = combine(tensor_acc.item<double>(), number_acc);
+  else if (tensor_acc.defined()) value = tensor_acc.item<double>();
+  else value = number_acc;
+  return reducer == Reducer::avg ? value / static_cast<double>(n) : value;
+}
+
+DETTRIAL_INLINE Reducer ValidationReduction::reducer_for(std::string_view name) const {
+  if (const auto* one = std::get_if<Reducer>(&choice_)) return *one;
+  return std::get<std::map<std::string, Reducer>>(choice_).at(std::string(name));
+}
+
+DETTRIAL_INLINE void ValidationReduction::check_reducer_names(const Metrics& m) const {
+  const auto* per_metric = std::get_if<std::map<std::string, Reducer>>(&choice_);
+  if (!per_metric) return;
+  std::string missing, extra;
+  for (const auto& e : m)
+    if (!per_metric->count(std::string(e.key.view()))) missing += (missing.empty() ? "" : ", ") + std::string(e.key.view());
+  for (const auto& [name, r] : *per_metric)
+    if (!m.contains(name)) extra += (extra.empty() ? "" : ", ") + name;
+  if (!missing.empty() || !extra.empty())
+    throw TrialError("evaluation_reducer() must name exactly the metrics evaluate_batch returns (" + m.names() + ")" +
+                     (missing.empty() ? "" : "; it has no reducer for: " + missing) +
+                     (extra.empty() ? "" : "; it names metrics that are not returned: " + extra));
+}
+
+DETTRIAL_INLINE ValidationReduction::Slot* ValidationReduction::find(std::string_view name) {
+  for (auto& s : slots_)
+    if (s.name == name) return &s;
+  return nullptr;
+}
+
+}  // namespace detail
+}  // namespace dettrial
+#endif  // DETTRIAL_HEADER_DEFINITIONS
 // ---- end dettrial/metrics/reducers.hpp
 // ---- begin dettrial/optim/clip.hpp
 // SPDX-License-Identifier: Apache-2.0
@@ -2493,20 +2704,12 @@ namespace lr_step {
 /// After every batch (batches skipped by gradient aggregation are caught up on the update batch).
 struct every_batch {
   static constexpr std::string_view name = "every_batch";
-  static std::int64_t steps_after(std::int64_t batch_idx, std::int64_t agg, std::int64_t /*epoch_len*/, std::int64_t freq) {
-    std::int64_t n = 0;
-    for (std::int64_t i = batch_idx - agg + 1; i <= batch_idx; ++i) n += ((i + 1) % freq == 0);
-    return n;
-  }
+  static std::int64_t steps_after(std::int64_t batch_idx, std::int64_t agg, std::int64_t /*epoch_len*/, std::int64_t freq);
 };
 /// After the last batch of every epoch (more precisely: when the next update lands in a new epoch).
 struct every_epoch {
   static constexpr std::string_view name = "every_epoch";
-  static std::int64_t steps_after(std::int64_t batch_idx, std::int64_t agg, std::int64_t epoch_len, std::int64_t freq) {
-    std::int64_t n = 0;
-    for (std::int64_t e = batch_idx / epoch_len; e < (batch_idx + agg) / epoch_len; ++e) n += ((e + 1) % freq == 0);
-    return n;
-  }
+  static std::int64_t steps_after(std::int64_t batch_idx, std::int64_t agg, std::int64_t epoch_len, std::int64_t freq);
 };
 /// On update batches whose batch count is a multiple of the frequency. Like Determined, the frequency
 /// counts batches, not optimizer steps.
@@ -2554,6 +2757,25 @@ ScheduledLR<S, Mode> scheduled(S scheduler, Mode, std::int64_t frequency = 1) {
 }
 
 }  // namespace dettrial
+
+// Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
+#if DETTRIAL_HEADER_DEFINITIONS
+namespace dettrial::lr_step {
+
+DETTRIAL_INLINE std::int64_t every_batch::steps_after(std::int64_t batch_idx, std::int64_t agg, std::int64_t /*epoch_len*/, std::int64_t freq) {
+  std::int64_t n = 0;
+  for (std::int64_t i = batch_idx - agg + 1; i <= batch_idx; ++i) n += ((i + 1) % freq == 0);
+  return n;
+}
+
+DETTRIAL_INLINE std::int64_t every_epoch::steps_after(std::int64_t batch_idx, std::int64_t agg, std::int64_t epoch_len, std::int64_t freq) {
+  std::int64_t n = 0;
+  for (std::int64_t e = batch_idx / epoch_len; e < (batch_idx + agg) / epoch_len; ++e) n += ((e + 1) % freq == 0);
+  return n;
+}
+
+}  // namespace dettrial::lr_step
+#endif  // DETTRIAL_HEADER_DEFINITIONS
 // ---- end dettrial/optim/lr_step.hpp
 // ---- begin dettrial/distributed/agreement.hpp
 // SPDX-License-Identifier: Apache-2.0
@@ -2588,16 +2810,18 @@ ScheduledLR<S, Mode> scheduled(S scheduler, Mode, std::int64_t frequency = 1) {
 #include <vector>
 
 #include <torch/torch.h>
-#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
-#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+// The backends' base class and collectives' types; the stores and the Gloo and NCCL backends are
+// needed only where the process group is made (the definitions below), so a trial's translation
+// unit in separate-compilation mode does not parse them.
+#if TORCH_VERSION_MAJOR >= 2
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#else
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#endif
 // Gloo comes with LibTorch's c10d when it was built with it (USE_C10D_GLOO) and its headers are
 // installed (Debian: libgloo-dev); NCCL when LibTorch is CUDA-built and dettrial's CMake found nccl.h.
 #if defined(USE_C10D_GLOO) && __has_include(<gloo/algorithm.h>)
 #define DETTRIAL_HAS_GLOO 1
-#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
-#endif
-#if defined(DETTRIAL_HAS_NCCL)
-#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
 
 // ---- begin dettrial/detail/text.hpp
@@ -2607,13 +2831,23 @@ ScheduledLR<S, Mode> scheduled(S scheduler, Mode, std::int64_t frequency = 1) {
 
 #include <string>
 
+
 namespace dettrial::detail {
 /// The first line of a message (LibTorch's errors append a backtrace).
-inline std::string first_line(std::string text) {
+DETTRIAL_INLINE std::string first_line(std::string text);
+}  // namespace dettrial::detail
+
+// Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
+#if DETTRIAL_HEADER_DEFINITIONS
+namespace dettrial::detail {
+
+DETTRIAL_INLINE std::string first_line(std::string text) {
   if (const auto nl = text.find('\n'); nl != std::string::npos) text.resize(nl);
   return text;
 }
+
 }  // namespace dettrial::detail
+#endif  // DETTRIAL_HEADER_DEFINITIONS
 // ---- end dettrial/detail/text.hpp
 // ---- begin dettrial/distributed/launch_environment.hpp
 // SPDX-License-Identifier: Apache-2.0
@@ -2635,16 +2869,7 @@ namespace dettrial {
 /// The launcher a LaunchEnvironment was read from.
 enum class Launcher { single, torchrun, slurm, mpi, env };
 
-inline const char* launcher_name(Launcher l) {
-  switch (l) {
-    case Launcher::torchrun: return "torchrun";
-    case Launcher::slurm: return "Slurm";
-    case Launcher::mpi: return "MPI";
-    case Launcher::env: return "RANK/WORLD_SIZE";
-    case Launcher::single: break;
-  }
-  return "single process";
-}
+DETTRIAL_INLINE const char* launcher_name(Launcher l);
 
 /**
  * @brief Rank, world size and rendezvous address of this process, as its launcher set them.
@@ -2675,117 +2900,143 @@ struct LaunchEnvironment {
 
   /// The integer in environment variable `name` (at least `least`), or nullopt when it is unset or
   /// empty; throws ConfigError naming the variable when it is not such an integer.
-  static std::optional<int> env_integer(const Getenv& getenv, const char* name, int least) {
-    const char* text = getenv(name);
-    if (text == nullptr || *text == '\0') return std::nullopt;
-    int value = 0;
-    const std::string_view s(text);
-    const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), value);
-    if (ec != std::errc() || end != s.data() + s.size() || value < least)
-      throw ConfigError(std::string("environment variable ") + name + "='" + text + "' is not " +
-                        (least > 0 ? "a positive integer" : "a non-negative integer"));
-    return value;
-  }
+  static std::optional<int> env_integer(const Getenv& getenv, const char* name, int least);
 
-  static LaunchEnvironment detect(const Getenv& getenv = [](const char* name) { return std::getenv(name); }) {
-    auto has = [&](const char* name) { return getenv(name) != nullptr && *getenv(name) != '\0'; };
-    auto integer = [&](const char* name, int fallback) { return env_integer(getenv, name, 0).value_or(fallback); };
-    LaunchEnvironment e;
-    if (has("RANK") && has("GROUP_RANK") && has("LOCAL_RANK") && has("LOCAL_WORLD_SIZE")) {
-      e.launcher = Launcher::torchrun;
-      e.rank = integer("RANK", 0);
-      e.size = integer("WORLD_SIZE", 1);
-      e.local_rank = integer("LOCAL_RANK", 0);
-      e.local_size = integer("LOCAL_WORLD_SIZE", 1);
-      if (const char* agent = getenv("TORCHELASTIC_USE_AGENT_STORE"); agent && std::string_view(agent) == "True") {
-        e.agent_store = true;
-        e.store_prefix = "/worker/attempt_" + std::to_string(integer("TORCHELASTIC_RESTART_COUNT", 0));
-      }
-    } else if (has("SLURM_PROCID") && (has("SLURM_NTASKS") || has("SLURM_NPROCS"))) {
-      e.launcher = Launcher::slurm;
-      e.rank = integer("SLURM_PROCID", 0);
-      e.size = has("SLURM_NTASKS") ? integer("SLURM_NTASKS", 1) : integer("SLURM_NPROCS", 1);
-      e.local_rank = integer("SLURM_LOCALID", 0);
-      // Tasks on this node: SLURM_NTASKS_PER_NODE when given, else this node's entry of the step's
-      // (or job's) task layout, such as "2(x3),1".
-      const char* layout = has("SLURM_STEP_TASKS_PER_NODE") ? getenv("SLURM_STEP_TASKS_PER_NODE") : getenv("SLURM_TASKS_PER_NODE");
-      e.local_size = has("SLURM_NTASKS_PER_NODE") ? integer("SLURM_NTASKS_PER_NODE", 1)
-                     : layout                     ? slurm_tasks_on_node(layout, integer("SLURM_NODEID", 0))
-                                                  : 1;
-      const char* nodes = has("SLURM_STEP_NODELIST") ? getenv("SLURM_STEP_NODELIST") : getenv("SLURM_JOB_NODELIST");
-      if (nodes) e.master_addr = first_slurm_host(nodes);
-      // Slurm sets no port: one derived from the job id keeps concurrent jobs on a node apart.
-      e.master_port = 10000 + integer("SLURM_JOB_ID", 0) % 20000;
-    } else if (has("OMPI_COMM_WORLD_RANK") && has("OMPI_COMM_WORLD_SIZE")) {
-      e.launcher = Launcher::mpi;
-      e.rank = integer("OMPI_COMM_WORLD_RANK", 0);
-      e.size = integer("OMPI_COMM_WORLD_SIZE", 1);
-      e.local_rank = integer("OMPI_COMM_WORLD_LOCAL_RANK", 0);
-      e.local_size = integer("OMPI_COMM_WORLD_LOCAL_SIZE", 1);
-    } else if (has("PMI_RANK") && has("PMI_SIZE")) {
-      e.launcher = Launcher::mpi;
-      e.rank = integer("PMI_RANK", 0);
-      e.size = integer("PMI_SIZE", 1);
-      e.local_rank = integer("MPI_LOCALRANKID", 0);
-      e.local_size = integer("MPI_LOCALNRANKS", 1);
-    } else if (has("RANK") && has("WORLD_SIZE")) {
-      e.launcher = Launcher::env;
-      e.rank = integer("RANK", 0);
-      e.size = integer("WORLD_SIZE", 1);
-      e.local_rank = integer("LOCAL_RANK", e.rank);
-      e.local_size = integer("LOCAL_WORLD_SIZE", e.size);
-    } else {
-      return e;
-    }
-    if (has("MASTER_ADDR")) e.master_addr = getenv("MASTER_ADDR");
-    e.master_port = integer("MASTER_PORT", e.master_port);
-    if (e.size < 1) throw ConfigError(std::string(launcher_name(e.launcher)) + " gives a world size of 0");
-    if (e.rank >= e.size)
-      throw ConfigError(std::string(launcher_name(e.launcher)) + " gives rank " + std::to_string(e.rank) + " in a world of " +
-                        std::to_string(e.size));
-    if (e.master_port < 1 || e.master_port > 65535)
-      throw ConfigError("MASTER_PORT " + std::to_string(e.master_port) + " is not a TCP port");
-    return e;
-  }
+  static LaunchEnvironment detect(const Getenv& getenv = [](const char* name) { return std::getenv(name); });
 
   /// The tasks on node `node` of a Slurm task layout: "2(x3),1" gives 2 for nodes 0-2 and 1 for node 3
   /// (1 when the layout is unreadable or shorter).
-  static int slurm_tasks_on_node(std::string_view layout, int node) {
-    int seen = 0;
-    while (!layout.empty()) {
-      const std::size_t comma = layout.find(',');
-      const std::string_view entry = layout.substr(0, comma);
-      int tasks = 0, repeat = 1;
-      const auto [end, ec] = std::from_chars(entry.data(), entry.data() + entry.size(), tasks);
-      if (ec != std::errc()) return 1;
-      if (const std::string_view rest(end, static_cast<std::size_t>(entry.data() + entry.size() - end)); rest.starts_with("(x"))
-        std::from_chars(rest.data() + 2, rest.data() + rest.size(), repeat);
-      if (node < seen + repeat) return std::max(tasks, 1);
-      seen += repeat;
-      if (comma == std::string_view::npos) break;
-      layout.remove_prefix(comma + 1);
-    }
-    return 1;
-  }
+  static int slurm_tasks_on_node(std::string_view layout, int node);
 
   /// The first host of a Slurm node list: "node[03-05,9],gpu1" gives "node03".
-  static std::string first_slurm_host(std::string_view list) {
-    std::string host;
-    for (std::size_t i = 0; i < list.size(); ++i) {
-      const char c = list[i];
-      if (c == ',') break;
-      if (c == '[') {
-        std::size_t j = i + 1;
-        while (j < list.size() && list[j] != '-' && list[j] != ',' && list[j] != ']') host += list[j++];
-        break;
-      }
-      host += c;
-    }
-    return host;
-  }
+  static std::string first_slurm_host(std::string_view list);
 };
 
 }  // namespace dettrial
+
+// Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
+#if DETTRIAL_HEADER_DEFINITIONS
+namespace dettrial {
+
+DETTRIAL_INLINE const char* launcher_name(Launcher l) {
+  switch (l) {
+    case Launcher::torchrun: return "torchrun";
+    case Launcher::slurm: return "Slurm";
+    case Launcher::mpi: return "MPI";
+    case Launcher::env: return "RANK/WORLD_SIZE";
+    case Launcher::single: break;
+  }
+  return "single process";
+}
+
+DETTRIAL_INLINE std::optional<int> LaunchEnvironment::env_integer(const Getenv& getenv, const char* name, int least) {
+  const char* text = getenv(name);
+  if (text == nullptr || *text == '\0') return std::nullopt;
+  int value = 0;
+  const std::string_view s(text);
+  const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), value);
+  if (ec != std::errc() || end != s.data() + s.size() || value < least)
+    throw ConfigError(std::string("environment variable ") + name + "='" + text + "' is not " +
+                      (least > 0 ? "a positive integer" : "a non-negative integer"));
+  return value;
+}
+
+DETTRIAL_INLINE LaunchEnvironment LaunchEnvironment::detect(const Getenv& getenv) {
+  auto has = [&](const char* name) { return getenv(name) != nullptr && *getenv(name) != '\0'; };
+  auto integer = [&](const char* name, int fallback) { return env_integer(getenv, name, 0).value_or(fallback); };
+  LaunchEnvironment e;
+  if (has("RANK") && has("GROUP_RANK") && has("LOCAL_RANK") && has("LOCAL_WORLD_SIZE")) {
+    e.launcher = Launcher::torchrun;
+    e.rank = integer("RANK", 0);
+    e.size = integer("WORLD_SIZE", 1);
+    e.local_rank = integer("LOCAL_RANK", 0);
+    e.local_size = integer("LOCAL_WORLD_SIZE", 1);
+    if (const char* agent = getenv("TORCHELASTIC_USE_AGENT_STORE"); agent && std::string_view(agent) == "True") {
+      e.agent_store = true;
+      e.store_prefix = "/worker/attempt_" + std::to_string(integer("TORCHELASTIC_RESTART_COUNT", 0));
+    }
+  } else if (has("SLURM_PROCID") && (has("SLURM_NTASKS") || has("SLURM_NPROCS"))) {
+    e.launcher = Launcher::slurm;
+    e.rank = integer("SLURM_PROCID", 0);
+    e.size = has("SLURM_NTASKS") ? integer("SLURM_NTASKS", 1) : integer("SLURM_NPROCS", 1);
+    e.local_rank = integer("SLURM_LOCALID", 0);
+    // Tasks on this node: SLURM_NTASKS_PER_NODE when given, else this node's entry of the step's
+    // (or job's) task layout, such as "2(x3),1".
+    const char* layout = has("SLURM_STEP_TASKS_PER_NODE") ? getenv("SLURM_STEP_TASKS_PER_NODE") : getenv("SLURM_TASKS_PER_NODE");
+    e.local_size = has("SLURM_NTASKS_PER_NODE") ? integer("SLURM_NTASKS_PER_NODE", 1)
+                   : layout                     ? slurm_tasks_on_node(layout, integer("SLURM_NODEID", 0))
+                                                : 1;
+    const char* nodes = has("SLURM_STEP_NODELIST") ? getenv("SLURM_STEP_NODELIST") : getenv("SLURM_JOB_NODELIST");
+    if (nodes) e.master_addr = first_slurm_host(nodes);
+    // Slurm sets no port: one derived from the job id keeps concurrent jobs on a node apart.
+    e.master_port = 10000 + integer("SLURM_JOB_ID", 0) % 20000;
+  } else if (has("OMPI_COMM_WORLD_RANK") && has("OMPI_COMM_WORLD_SIZE")) {
+    e.launcher = Launcher::mpi;
+    e.rank = integer("OMPI_COMM_WORLD_RANK", 0);
+    e.size = integer("OMPI_COMM_WORLD_SIZE", 1);
+    e.local_rank = integer("OMPI_COMM_WORLD_LOCAL_RANK", 0);
+    e.local_size = integer("OMPI_COMM_WORLD_LOCAL_SIZE", 1);
+  } else if (has("PMI_RANK") && has("PMI_SIZE")) {
+    e.launcher = Launcher::mpi;
+    e.rank = integer("PMI_RANK", 0);
+    e.size = integer("PMI_SIZE", 1);
+    e.local_rank = integer("MPI_LOCALRANKID", 0);
+    e.local_size = integer("MPI_LOCALNRANKS", 1);
+  } else if (has("RANK") && has("WORLD_SIZE")) {
+    e.launcher = Launcher::env;
+    e.rank = integer("RANK", 0);
+    e.size = integer("WORLD_SIZE", 1);
+    e.local_rank = integer("LOCAL_RANK", e.rank);
+    e.local_size = integer("LOCAL_WORLD_SIZE", e.size);
+  } else {
+    return e;
+  }
+  if (has("MASTER_ADDR")) e.master_addr = getenv("MASTER_ADDR");
+  e.master_port = integer("MASTER_PORT", e.master_port);
+  if (e.size < 1) throw ConfigError(std::string(launcher_name(e.launcher)) + " gives a world size of 0");
+  if (e.rank >= e.size)
+    throw ConfigError(std::string(launcher_name(e.launcher)) + " gives rank " + std::to_string(e.rank) + " in a world of " +
+                      std::to_string(e.size));
+  if (e.master_port < 1 || e.master_port > 65535)
+    throw ConfigError("MASTER_PORT " + std::to_string(e.master_port) + " is not a TCP port");
+  return e;
+}
+
+DETTRIAL_INLINE int LaunchEnvironment::slurm_tasks_on_node(std::string_view layout, int node) {
+  int seen = 0;
+  while (!layout.empty()) {
+    const std::size_t comma = layout.find(',');
+    const std::string_view entry = layout.substr(0, comma);
+    int tasks = 0, repeat = 1;
+    const auto [end, ec] = std::from_chars(entry.data(), entry.data() + entry.size(), tasks);
+    if (ec != std::errc()) return 1;
+    if (const std::string_view rest(end, static_cast<std::size_t>(entry.data() + entry.size() - end)); rest.starts_with("(x"))
+      std::from_chars(rest.data() + 2, rest.data() + rest.size(), repeat);
+    if (node < seen + repeat) return std::max(tasks, 1);
+    seen += repeat;
+    if (comma == std::string_view::npos) break;
+    layout.remove_prefix(comma + 1);
+  }
+  return 1;
+}
+
+DETTRIAL_INLINE std::string LaunchEnvironment::first_slurm_host(std::string_view list) {
+  std::string host;
+  for (std::size_t i = 0; i < list.size(); ++i) {
+    const char c = list[i];
+    if (c == ',') break;
+    if (c == '[') {
+      std::size_t j = i + 1;
+      while (j < list.size() && list[j] != '-' && list[j] != ',' && list[j] != ']') host += list[j++];
+      break;
+    }
+    host += c;
+  }
+  return host;
+}
+
+}  // namespace dettrial
+#endif  // DETTRIAL_HEADER_DEFINITIONS
 // ---- end dettrial/distributed/launch_environment.hpp
 
 namespace dettrial {
@@ -2835,43 +3086,9 @@ class Communicator {
   /// Joins the job `env` describes with backend `B` (rank 0 hosts the TCPStore unless torchrun's agent does).
   template <class B>
   static std::shared_ptr<Communicator> create(const LaunchEnvironment& env, std::chrono::milliseconds timeout, B = {}) {
-    auto comm = std::shared_ptr<Communicator>(new Communicator(env, timeout, B::name));
-    try {
-      c10d::TCPStoreOptions options;
-      options.port = static_cast<std::uint16_t>(env.master_port);
-      options.isServer = env.rank == 0 && !env.agent_store;
-      if (!env.agent_store) options.numWorkers = static_cast<std::size_t>(env.size);
-      options.waitWorkers = !env.agent_store;
-      options.timeout = timeout;
-      c10::intrusive_ptr<c10d::Store> store = c10::make_intrusive<c10d::TCPStore>(env.master_addr, options);
-      if (!env.store_prefix.empty()) store = c10::make_intrusive<c10d::PrefixStore>(env.store_prefix, store);
-      if constexpr (std::is_same_v<B, backend::gloo>) {
-#if defined(DETTRIAL_HAS_GLOO)
-        auto gloo_options = c10d::ProcessGroupGloo::Options::create(timeout);
-        gloo_options->devices.push_back(gloo_device(env));
-        comm->backend_ = c10::make_intrusive<c10d::ProcessGroupGloo>(store, env.rank, env.size, gloo_options);
-#else
-        throw DistributedError("the Gloo backend is not in this build: LibTorch lacks c10d Gloo, or the gloo headers "
-                               "(Debian: libgloo-dev) are not installed");
-#endif
-      } else {
-#if defined(DETTRIAL_HAS_NCCL)
-        auto nccl_options = c10d::ProcessGroupNCCL::Options::create();
-        nccl_options->timeout = timeout;
-        comm->backend_ = c10::make_intrusive<c10d::ProcessGroupNCCL>(store, env.rank, env.size, nccl_options);
-#else
-        throw DistributedError("the NCCL backend is not in this build: LibTorch is not CUDA-built, or dettrial was configured "
-                               "without NCCL (DETTRIAL_NCCL)");
-#endif
-      }
-    } catch (const DistributedError&) {
-      throw;
-    } catch (const std::exception& e) {
-      throw DistributedError("rank " + std::to_string(env.rank) + " of " + std::to_string(env.size) + ": cannot join the " +
-                             B::name + " process group at " + env.master_addr + ":" + std::to_string(env.master_port) + " (" +
-                             launcher_name(env.launcher) + "): " + detail::first_line(e.what()));
-    }
-    return comm;
+    static_assert(std::is_same_v<B, backend::gloo> || std::is_same_v<B, backend::nccl>,
+                  "dettrial: Communicator::create takes backend::gloo or backend::nccl (adopt() takes a backend of one's own)");
+    return join(env, timeout, B::name);
   }
 
   /**
@@ -2880,17 +3097,7 @@ class Communicator {
    * messages; the backend must be `env.size` ranks wide with this process as `env.rank`.
    */
   static std::shared_ptr<Communicator> adopt(c10::intrusive_ptr<detail::C10dBackend> backend, const LaunchEnvironment& env,
-                                             std::chrono::milliseconds timeout, torch::Device device, const char* name) {
-    if (!backend) throw DistributedError("Communicator::adopt was given no backend");
-    if (backend->getRank() != env.rank || backend->getSize() != env.size)
-      throw DistributedError(std::string("the ") + name + " backend is rank " + std::to_string(backend->getRank()) + " of " +
-                             std::to_string(backend->getSize()) + ", but the launch environment says rank " + std::to_string(env.rank) +
-                             " of " + std::to_string(env.size));
-    auto comm = std::shared_ptr<Communicator>(new Communicator(env, timeout, name));
-    comm->device_ = device;
-    comm->backend_ = std::move(backend);
-    return comm;
-  }
+                                             std::chrono::milliseconds timeout, torch::Device device, const char* name);
 
   int rank() const { return env_.rank; }
   int size() const { return env_.size; }
@@ -2899,43 +3106,15 @@ class Communicator {
   std::chrono::milliseconds timeout() const { return timeout_; }
 
   /// Sums (or takes the max of) `tensors` across ranks, in place.
-  void allreduce(std::vector<torch::Tensor>& tensors, c10d::ReduceOp::RedOpType op = c10d::ReduceOp::SUM) {
-    c10d::AllreduceOptions options;
-    options.reduceOp = c10d::ReduceOp(op);
-    run("all-reduce", [&] { return backend_->allreduce(tensors, options); });
-  }
+  void allreduce(std::vector<torch::Tensor>& tensors, c10d::ReduceOp::RedOpType op = c10d::ReduceOp::SUM);
   /// Starts an all-reduce and returns without waiting (see wait()).
-  c10::intrusive_ptr<c10d::Work> allreduce_async(std::vector<torch::Tensor>& tensors) {
-    try {
-      return backend_->allreduce(tensors);
-    } catch (const std::exception& e) {
-      throw failure("all-reduce", e);
-    }
-  }
-  void wait(const c10::intrusive_ptr<c10d::Work>& work, const char* what = "all-reduce") {
-    try {
-      work->wait(timeout_);
-    } catch (const std::exception& e) {
-      throw failure(what, e);
-    }
-  }
+  c10::intrusive_ptr<c10d::Work> allreduce_async(std::vector<torch::Tensor>& tensors);
+  void wait(const c10::intrusive_ptr<c10d::Work>& work, const char* what = "all-reduce");
   /// Copies `tensors` from `root` to every rank.
-  void broadcast(std::vector<torch::Tensor>& tensors, int root = 0) {
-    c10d::BroadcastOptions options;
-    options.rootRank = root;
-    run("broadcast", [&] { return backend_->broadcast(tensors, options); });
-  }
+  void broadcast(std::vector<torch::Tensor>& tensors, int root = 0);
   /// Every rank's `tensor` (same shape on all), gathered on every rank in rank order.
-  std::vector<torch::Tensor> allgather(const torch::Tensor& tensor) {
-    std::vector<std::vector<torch::Tensor>> out(1);
-    for (int r = 0; r < size(); ++r) out[0].push_back(torch::empty_like(tensor));
-    std::vector<torch::Tensor> in{tensor};
-    run("all-gather", [&] { return backend_->allgather(out, in); });
-    return out[0];
-  }
-  void barrier() {
-    run("barrier", [&] { return backend_->barrier(); });
-  }
+  std::vector<torch::Tensor> allgather(const torch::Tensor& tensor);
+  void barrier();
 
   /// Where this backend's collectives take their tensors: the CPU for Gloo, this rank's GPU for NCCL.
   /// Every collective dettrial issues passes tensors on this device.
@@ -2944,66 +3123,23 @@ class Communicator {
   const c10::intrusive_ptr<detail::C10dBackend>& backend() const { return backend_; }
 
   /// The chief's `values` on every rank (each rank passes as many).
-  std::vector<std::int64_t> broadcast_values(const std::vector<std::int64_t>& values) {
-    std::vector<torch::Tensor> t{torch::tensor(values, torch::kLong).to(device_)};
-    broadcast(t);
-    const torch::Tensor host = t[0].cpu();
-    return {host.data_ptr<std::int64_t>(), host.data_ptr<std::int64_t>() + host.numel()};
-  }
+  std::vector<std::int64_t> broadcast_values(const std::vector<std::int64_t>& values);
   /// The sum (or max, ...) of `values` over the ranks (each rank passes as many).
-  std::vector<double> allreduce_values(const std::vector<double>& values, c10d::ReduceOp::RedOpType op = c10d::ReduceOp::SUM) {
-    std::vector<torch::Tensor> t{torch::tensor(values, torch::kDouble).to(device_)};
-    allreduce(t, op);
-    const torch::Tensor host = t[0].cpu();
-    return {host.data_ptr<double>(), host.data_ptr<double>() + host.numel()};
-  }
+  std::vector<double> allreduce_values(const std::vector<double>& values, c10d::ReduceOp::RedOpType op = c10d::ReduceOp::SUM);
 
   /**
    * @brief Every rank's `value`, in rank order, on every rank (Determined's object allgather). The
    * values are pickled with LibTorch's serialization, so they may differ in size and shape between
    * ranks: numbers, strings, tensors, and lists, tuples and dicts of them.
    */
-  std::vector<c10::IValue> allgather_object(const c10::IValue& value) {
-    const std::vector<char> bytes = torch::pickle_save(value);
-    const torch::Tensor size = torch::tensor({static_cast<std::int64_t>(bytes.size())}, torch::kLong);
-    std::vector<std::int64_t> sizes;
-    std::int64_t longest = 0;
-    for (const torch::Tensor& s : allgather(size.to(device_))) {
-      sizes.push_back(s.cpu().item<std::int64_t>());
-      longest = std::max(longest, sizes.back());
-    }
-    torch::Tensor padded = torch::zeros({longest}, torch::kUInt8);
-    std::memcpy(padded.data_ptr<std::uint8_t>(), bytes.data(), bytes.size());
-    const std::vector<torch::Tensor> all = allgather(padded.to(device_));
-    std::vector<c10::IValue> out;
-    out.reserve(all.size());
-    for (std::size_t r = 0; r < all.size(); ++r) {
-      const torch::Tensor host = all[r].cpu();
-      const auto* data = reinterpret_cast<const char*>(host.data_ptr<std::uint8_t>());
-      out.push_back(torch::pickle_load(std::vector<char>(data, data + sizes[r])));
-    }
-    return out;
-  }
+  std::vector<c10::IValue> allgather_object(const c10::IValue& value);
 
  private:
-  Communicator(LaunchEnvironment env, std::chrono::milliseconds timeout, const char* backend_name)
-      : env_(std::move(env)), timeout_(timeout), backend_name_(backend_name) {
-    // NCCL: one GPU per process, picked by the local rank (as the Context picks its device).
-    if (std::string_view(backend_name_) == backend::nccl::name)
-      device_ = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(env_.local_rank % std::max<std::int64_t>(
-                                                                                 static_cast<std::int64_t>(torch::cuda::device_count()), 1)));
-  }
+  Communicator(LaunchEnvironment env, std::chrono::milliseconds timeout, const char* backend_name);
 
-#if defined(DETTRIAL_HAS_GLOO)
-  static std::shared_ptr<::gloo::transport::Device> gloo_device(const LaunchEnvironment& env) {
-    if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME"); ifname && *ifname)
-      return c10d::ProcessGroupGloo::createDeviceForInterface(ifname);
-    // One machine (the built-in launcher, a local torchrun): loopback needs no name resolution.
-    if (env.master_addr == "127.0.0.1" || env.master_addr == "localhost")
-      return c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1");
-    return c10d::ProcessGroupGloo::createDefaultDevice();
-  }
-#endif
+  /// Joins the job with the backend named `backend_name` (backend::gloo::name or backend::nccl::name).
+  static std::shared_ptr<Communicator> join(const LaunchEnvironment& env, std::chrono::milliseconds timeout,
+                                            const char* backend_name);
 
   template <class F>
   void run(const char* what, F&& start) {
@@ -3014,11 +3150,7 @@ class Communicator {
     }
   }
 
-  DistributedError failure(const char* what, const std::exception& e) const {
-    return DistributedError("rank " + std::to_string(env_.rank) + " of " + std::to_string(env_.size) + ": " + what + " over " +
-                            backend_name_ + " failed; another rank has died, hung past the " +
-                            std::to_string(timeout_.count() / 1000) + " s timeout, or is unreachable (" + detail::first_line(e.what()) + ")");
-  }
+  DistributedError failure(const char* what, const std::exception& e) const;
 
   LaunchEnvironment env_;
   std::chrono::milliseconds timeout_;
@@ -3028,18 +3160,215 @@ class Communicator {
 };
 
 }  // namespace dettrial
+
+// Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
+#if DETTRIAL_HEADER_DEFINITIONS
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#if defined(DETTRIAL_HAS_GLOO)
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#endif
+#if defined(DETTRIAL_HAS_NCCL)
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#endif
+namespace dettrial {
+
+#if defined(DETTRIAL_HAS_GLOO)
+namespace detail {
+/// Gloo's transport device: the interface GLOO_SOCKET_IFNAME names, loopback for a job on one
+/// machine, else the host name's address.
+DETTRIAL_INLINE std::shared_ptr<::gloo::transport::Device> gloo_device(const LaunchEnvironment& env) {
+  if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME"); ifname && *ifname)
+    return c10d::ProcessGroupGloo::createDeviceForInterface(ifname);
+  // One machine (the built-in launcher, a local torchrun): loopback needs no name resolution.
+  if (env.master_addr == "127.0.0.1" || env.master_addr == "localhost")
+    return c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1");
+  return c10d::ProcessGroupGloo::createDefaultDevice();
+}
+}  // namespace detail
+#endif
+
+DETTRIAL_INLINE std::shared_ptr<Communicator> Communicator::join(const LaunchEnvironment& env, std::chrono::milliseconds timeout,
+                                                                 const char* backend_name) {
+  auto comm = std::shared_ptr<Communicator>(new Communicator(env, timeout, backend_name));
+  try {
+    c10d::TCPStoreOptions options;
+    options.port = static_cast<std::uint16_t>(env.master_port);
+    options.isServer = env.rank == 0 && !env.agent_store;
+    if (!env.agent_store) options.numWorkers = static_cast<std::size_t>(env.size);
+    options.waitWorkers = !env.agent_store;
+    options.timeout = timeout;
+    c10::intrusive_ptr<c10d::Store> store = c10::make_intrusive<c10d::TCPStore>(env.master_addr, options);
+    if (!env.store_prefix.empty()) store = c10::make_intrusive<c10d::PrefixStore>(env.store_prefix, store);
+    if (std::string_view(backend_name) == backend::gloo::name) {
+#if defined(DETTRIAL_HAS_GLOO)
+      auto gloo_options = c10d::ProcessGroupGloo::Options::create(timeout);
+      gloo_options->devices.push_back(detail::gloo_device(env));
+      comm->backend_ = c10::make_intrusive<c10d::ProcessGroupGloo>(store, env.rank, env.size, gloo_options);
+#else
+      throw DistributedError("the Gloo backend is not in this build: LibTorch lacks c10d Gloo, or the gloo headers "
+                             "(Debian: libgloo-dev) are not installed");
+#endif
+    } else {
+#if defined(DETTRIAL_HAS_NCCL)
+      auto nccl_options = c10d::ProcessGroupNCCL::Options::create();
+      nccl_options->timeout = timeout;
+      comm->backend_ = c10::make_intrusive<c10d::ProcessGroupNCCL>(store, env.rank, env.size, nccl_options);
+#else
+      throw DistributedError("the NCCL backend is not in this build: LibTorch is not CUDA-built, or dettrial was configured "
+                             "without NCCL (DETTRIAL_NCCL)");
+#endif
+    }
+  } catch (const DistributedError&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw DistributedError("rank " + std::to_string(env.rank) + " of " + std::to_string(env.size) + ": cannot join the " +
+                           backend_name + " process group at " + env.master_addr + ":" + std::to_string(env.master_port) + " (" +
+                           launcher_name(env.launcher) + "): " + detail::first_line(e.what()));
+  }
+  return comm;
+}
+
+DETTRIAL_INLINE std::shared_ptr<Communicator> Communicator::adopt(c10::intrusive_ptr<detail::C10dBackend> backend, const LaunchEnvironment& env,
+                                                                  std::chrono::milliseconds timeout, torch::Device device, const char* name) {
+  if (!backend) throw DistributedError("Communicator::adopt was given no backend");
+  if (backend->getRank() != env.rank || backend->getSize() != env.size)
+    throw DistributedError(std::string("the ") + name + " backend is rank " + std::to_string(backend->getRank()) + " of " +
+                           std::to_string(backend->getSize()) + ", but the launch environment says rank " + std::to_string(env.rank) +
+                           " of " + std::to_string(env.size));
+  auto comm = std::shared_ptr<Communicator>(new Communicator(env, timeout, name));
+  comm->device_ = device;
+  comm->backend_ = std::move(backend);
+  return comm;
+}
+
+DETTRIAL_INLINE void Communicator::allreduce(std::vector<torch::Tensor>& tensors, c10d::ReduceOp::RedOpType op) {
+  c10d::AllreduceOptions options;
+  options.reduceOp = c10d::ReduceOp(op);
+  run("all-reduce", [&] { return backend_->allreduce(tensors, options); });
+}
+
+DETTRIAL_INLINE c10::intrusive_ptr<c10d::Work> Communicator::allreduce_async(std::vector<torch::Tensor>& tensors) {
+  try {
+    return backend_->allreduce(tensors);
+  } catch (const std::exception& e) {
+    throw failure("all-reduce", e);
+  }
+}
+
+DETTRIAL_INLINE void Communicator::wait(const c10::intrusive_ptr<c10d::Work>& work, const char* what) {
+  try {
+    work->wait(timeout_);
+  } catch (const std::exception& e) {
+    throw failure(what, e);
+  }
+}
+
+DETTRIAL_INLINE void Communicator::broadcast(std::vector<torch::Tensor>& tensors, int root) {
+  c10d::BroadcastOptions options;
+  options.rootRank = root;
+  run("broadcast", [&] { return backend_->broadcast(tensors, options); });
+}
+
+DETTRIAL_INLINE std::vector<torch::Tensor> Communicator::allgather(const torch::Tensor& tensor) {
+  std::vector<std::vector<torch::Tensor>> out(1);
+  for (int r = 0; r < size(); ++r) out[0].push_back(torch::empty_like(tensor));
+  std::vector<torch::Tensor> in{tensor};
+  run("all-gather", [&] { return backend_->allgather(out, in); });
+  return out[0];
+}
+
+DETTRIAL_INLINE void Communicator::barrier() {
+  run("barrier", [&] { return backend_->barrier(); });
+}
+
+DETTRIAL_INLINE std::vector<std::int64_t> Communicator::broadcast_values(const std::vector<std::int64_t>& values) {
+  std::vector<torch::Tensor> t{torch::tensor(values, torch::kLong).to(device_)};
+  broadcast(t);
+  const torch::Tensor host = t[0].cpu();
+  return {host.data_ptr<std::int64_t>(), host.data_ptr<std::int64_t>() + host.numel()};
+}
+
+DETTRIAL_INLINE std::vector<double> Communicator::allreduce_values(const std::vector<double>& values, c10d::ReduceOp::RedOpType op) {
+  std::vector<torch::Tensor> t{torch::tensor(values, torch::kDouble).to(device_)};
+  allreduce(t, op);
+  const torch::Tensor host = t[0].cpu();
+  return {host.data_ptr<double>(), host.data_ptr<double>() + host.numel()};
+}
+
+DETTRIAL_INLINE std::vector<c10::IValue> Communicator::allgather_object(const c10::IValue& value) {
+  const std::vector<char> bytes = torch::pickle_save(value);
+  const torch::Tensor size = torch::tensor({static_cast<std::int64_t>(bytes.size())}, torch::kLong);
+  std::vector<std::int64_t> sizes;
+  std::int64_t longest = 0;
+  for (const torch::Tensor& s : allgather(size.to(device_))) {
+    sizes.push_back(s.cpu().item<std::int64_t>());
+    longest = std::max(longest, sizes.back());
+  }
+  torch::Tensor padded = torch::zeros({longest}, torch::kUInt8);
+  std::memcpy(padded.data_ptr<std::uint8_t>(), bytes.data(), bytes.size());
+  const std::vector<torch::Tensor> all = allgather(padded.to(device_));
+  std::vector<c10::IValue> out;
+  out.reserve(all.size());
+  for (std::size_t r = 0; r < all.size(); ++r) {
+    const torch::Tensor host = all[r].cpu();
+    const auto* data = reinterpret_cast<const char*>(host.data_ptr<std::uint8_t>());
+    out.push_back(torch::pickle_load(std::vector<char>(data, data + sizes[r])));
+  }
+  return out;
+}
+
+DETTRIAL_INLINE Communicator::Communicator(LaunchEnvironment env, std::chrono::milliseconds timeout, const char* backend_name)
+    : env_(std::move(env)), timeout_(timeout), backend_name_(backend_name) {
+  // NCCL: one GPU per process, picked by the local rank (as the Context picks its device).
+  if (std::string_view(backend_name_) == backend::nccl::name)
+    device_ = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(env_.local_rank % std::max<std::int64_t>(
+                                                                               static_cast<std::int64_t>(torch::cuda::device_count()), 1)));
+}
+
+DETTRIAL_INLINE DistributedError Communicator::failure(const char* what, const std::exception& e) const {
+  return DistributedError("rank " + std::to_string(env_.rank) + " of " + std::to_string(env_.size) + ": " + what + " over " +
+                          backend_name_ + " failed; another rank has died, hung past the " +
+                          std::to_string(timeout_.count() / 1000) + " s timeout, or is unreachable (" + detail::first_line(e.what()) + ")");
+}
+
+}  // namespace dettrial
+#endif  // DETTRIAL_HEADER_DEFINITIONS
 // ---- end dettrial/distributed/communicator.hpp
 
 namespace dettrial::detail {
 
 /// The largest of `value` over the ranks (the value itself for one process): what every rank acts on.
-inline int agreed_max(Communicator* comm, int value) {
+DETTRIAL_INLINE int agreed_max(Communicator* comm, int value);
+
+/// Copies rank 0's parameters and buffers of `modules` to every rank.
+DETTRIAL_INLINE void broadcast_modules(Communicator& comm, const std::vector<std::shared_ptr<torch::nn::Module>>& modules);
+
+/// A setting every rank must share, by name, with this rank's value as text.
+struct RankSetting {
+  const char* name;
+  std::string value;
+};
+
+/**
+ * @brief Checks that every rank holds the chief's `settings`. When one differs, every rank learns it
+ * (one more collective), so all stop here together, with a ConfigError naming the setting and, on
+ * the rank that differs, its value, rather than crossing collectives later.
+ */
+DETTRIAL_INLINE void require_same_settings(Communicator& comm, std::span<const RankSetting> settings);
+
+}  // namespace dettrial::detail
+
+// Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
+#if DETTRIAL_HEADER_DEFINITIONS
+namespace dettrial::detail {
+
+DETTRIAL_INLINE int agreed_max(Communicator* comm, int value) {
   if (!comm) return value;
   return static_cast<int>(comm->allreduce_values({static_cast<double>(value)}, c10d::ReduceOp::MAX)[0]);
 }
 
-/// Copies rank 0's parameters and buffers of `modules` to every rank.
-inline void broadcast_modules(Communicator& comm, const std::vector<std::shared_ptr<torch::nn::Module>>& modules) {
+DETTRIAL_INLINE void broadcast_modules(Communicator& comm, const std::vector<std::shared_ptr<torch::nn::Module>>& modules) {
   torch::NoGradGuard no_grad;
   std::vector<torch::Tensor> one(1);
   for (const auto& m : modules) {
@@ -3054,18 +3383,7 @@ inline void broadcast_modules(Communicator& comm, const std::vector<std::shared_
   }
 }
 
-/// A setting every rank must share, by name, with this rank's value as text.
-struct RankSetting {
-  const char* name;
-  std::string value;
-};
-
-/**
- * @brief Checks that every rank holds the chief's `settings`. When one differs, every rank learns it
- * (one more collective), so all stop here together, with a ConfigError naming the setting and, on
- * the rank that differs, its value, rather than crossing collectives later.
- */
-inline void require_same_settings(Communicator& comm, std::span<const RankSetting> settings) {
+DETTRIAL_INLINE void require_same_settings(Communicator& comm, std::span<const RankSetting> settings) {
   std::vector<std::int64_t> mine;
   for (const auto& s : settings) mine.push_back(static_cast<std::int64_t>(std::hash<std::string>{}(s.value)));
   const std::vector<std::int64_t> chief = comm.broadcast_values(mine);
@@ -3081,6 +3399,7 @@ inline void require_same_settings(Communicator& comm, std::span<const RankSettin
 }
 
 }  // namespace dettrial::detail
+#endif  // DETTRIAL_HEADER_DEFINITIONS
 // ---- end dettrial/distributed/agreement.hpp
 // ---- begin dettrial/distributed/gradient_buckets.hpp
 // SPDX-License-Identifier: Apache-2.0
@@ -3118,46 +3437,13 @@ class GradientBuckets {
       : communicator_(communicator), params_(std::move(params)) {}
   GradientBuckets(const GradientBuckets&) = delete;
   GradientBuckets& operator=(const GradientBuckets&) = delete;
-  ~GradientBuckets() {
-    for (std::size_t k = 0; k < hooks_.size(); ++k) params_[k].remove_hook(hooks_[k]);
-  }
+  ~GradientBuckets();
 
   /// Before a batch's backward pass: on update batches every bucket waits for all its parameters.
-  void arm(bool update_batch) {
-    armed_ = !buckets_.empty() && update_batch;
-    if (!armed_) return;
-    std::fill(filled_.begin(), filled_.end(), 0);
-    for (std::size_t b = 0; b < buckets_.size(); ++b) pending_[b] = buckets_[b].members.size();
-    works_.clear();
-  }
+  void arm(bool update_batch);
 
   /// Replaces every parameter's gradient by its average over the ranks.
-  void all_reduce() {
-    if (buckets_.empty()) build();
-    torch::NoGradGuard no_grad;
-    if (!armed_) {  // the hooks did not feed this step (or saw two backward passes): start over
-      for (const auto& work : works_) communicator_.wait(work, "gradient all-reduce");
-      std::fill(filled_.begin(), filled_.end(), 0);
-      works_.clear();
-    }
-    for (std::size_t i = 0; i < params_.size(); ++i)
-      if (!filled_[i]) fill_slice(i, torch::Tensor());
-    std::fill(pending_.begin(), pending_.end(), 0);
-    start_ready_buckets();
-    const double scale = 1.0 / static_cast<double>(communicator_.size());
-    for (std::size_t k = 0; k < buckets_.size(); ++k) {
-      communicator_.wait(works_[k], "gradient all-reduce");
-      Bucket& b = buckets_[k];
-      b.flat.mul_(scale);
-      for (const auto& [i, offset] : b.members) {
-        torch::Tensor& p = params_[i];
-        const torch::Tensor slice = b.flat.narrow(0, offset, p.numel()).view(p.sizes());
-        if (p.grad().defined()) p.mutable_grad().copy_(slice);
-        else p.mutable_grad() = slice.clone();
-      }
-    }
-    armed_ = false;
-  }
+  void all_reduce();
 
  private:
   /// A flat buffer that carries the gradients of several parameters in one all-reduce.
@@ -3166,60 +3452,14 @@ class GradientBuckets {
     std::vector<std::pair<std::size_t, std::int64_t>> members;  // (parameter index, offset)
   };
 
-  void build() {
-    bucket_of_.assign(params_.size(), 0);
-    offset_of_.assign(params_.size(), 0);
-    for (std::size_t k = params_.size(); k-- > 0;) {
-      const torch::Tensor& p = params_[k];
-      if (buckets_.empty() || buckets_.back().flat.scalar_type() != p.scalar_type() || buckets_.back().flat.device() != p.device() ||
-          (buckets_.back().flat.numel() + p.numel()) * p.element_size() > bucket_bytes)
-        buckets_.push_back(Bucket{torch::empty({0}, p.options()), {}});
-      Bucket& b = buckets_.back();
-      b.members.emplace_back(k, b.flat.numel());
-      offset_of_[k] = b.flat.numel();
-      b.flat = torch::empty({b.flat.numel() + p.numel()}, p.options());
-      bucket_of_[k] = buckets_.size() - 1;
-    }
-    filled_.assign(params_.size(), 0);
-    pending_.assign(buckets_.size(), 0);
-    works_.reserve(buckets_.size());
-    for (std::size_t k = 0; k < params_.size(); ++k)
-      hooks_.push_back(params_[k].register_hook([this, k](const torch::Tensor& grad) {
-        if (!armed_) return;
-        if (filled_[k]) {  // a second backward pass in this step: redone in all_reduce
-          armed_ = false;
-          return;
-        }
-        torch::NoGradGuard no_grad;
-        fill_slice(k, grad);
-        --pending_[bucket_of_[k]];
-        start_ready_buckets();
-      }));
-  }
+  void build();
 
   /// Puts parameter k's gradient for this step (its accumulated .grad plus `incoming`) into its slice.
-  void fill_slice(std::size_t k, const torch::Tensor& incoming) {
-    const torch::Tensor& p = params_[k];
-    torch::Tensor slice = buckets_[bucket_of_[k]].flat.narrow(0, offset_of_[k], p.numel());
-    if (incoming.defined()) {
-      slice.copy_(incoming.reshape({-1}));
-      if (p.grad().defined()) slice.add_(p.grad().reshape({-1}));
-    } else if (p.grad().defined()) {
-      slice.copy_(p.grad().reshape({-1}));
-    } else {
-      slice.zero_();
-    }
-    filled_[k] = 1;
-  }
+  void fill_slice(std::size_t k, const torch::Tensor& incoming);
 
   /// Starts the all-reduces of the buckets that are full, strictly in bucket order (ranks must issue
   /// collectives in the same order).
-  void start_ready_buckets() {
-    while (works_.size() < buckets_.size() && pending_[works_.size()] == 0) {
-      collective_arg_[0] = buckets_[works_.size()].flat;
-      works_.push_back(communicator_.allreduce_async(collective_arg_));
-    }
-  }
+  void start_ready_buckets();
 
   Communicator& communicator_;
   std::vector<torch::Tensor> params_;
@@ -3235,6 +3475,104 @@ class GradientBuckets {
 };
 
 }  // namespace dettrial::detail
+
+// Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
+#if DETTRIAL_HEADER_DEFINITIONS
+namespace dettrial::detail {
+
+DETTRIAL_INLINE GradientBuckets::~GradientBuckets() {
+  for (std::size_t k = 0; k < hooks_.size(); ++k) params_[k].remove_hook(hooks_[k]);
+}
+
+DETTRIAL_INLINE void GradientBuckets::arm(bool update_batch) {
+  armed_ = !buckets_.empty() && update_batch;
+  if (!armed_) return;
+  std::fill(filled_.begin(), filled_.end(), 0);
+  for (std::size_t b = 0; b < buckets_.size(); ++b) pending_[b] = buckets_[b].members.size();
+  works_.clear();
+}
+
+DETTRIAL_INLINE void GradientBuckets::all_reduce() {
+  if (buckets_.empty()) build();
+  torch::NoGradGuard no_grad;
+  if (!armed_) {  // the hooks did not feed this step (or saw two backward passes): start over
+    for (const auto& work : works_) communicator_.wait(work, "gradient all-reduce");
+    std::fill(filled_.begin(), filled_.end(), 0);
+    works_.clear();
+  }
+  for (std::size_t i = 0; i < params_.size(); ++i)
+    if (!filled_[i]) fill_slice(i, torch::Tensor());
+  std::fill(pending_.begin(), pending_.end(), 0);
+  start_ready_buckets();
+  const double scale = 1.0 / static_cast<double>(communicator_.size());
+  for (std::size_t k = 0; k < buckets_.size(); ++k) {
+    communicator_.wait(works_[k], "gradient all-reduce");
+    Bucket& b = buckets_[k];
+    b.flat.mul_(scale);
+    for (const auto& [i, offset] : b.members) {
+      torch::Tensor& p = params_[i];
+      const torch::Tensor slice = b.flat.narrow(0, offset, p.numel()).view(p.sizes());
+      if (p.grad().defined()) p.mutable_grad().copy_(slice);
+      else p.mutable_grad() = slice.clone();
+    }
+  }
+  armed_ = false;
+}
+
+DETTRIAL_INLINE void GradientBuckets::build() {
+  bucket_of_.assign(params_.size(), 0);
+  offset_of_.assign(params_.size(), 0);
+  for (std::size_t k = params_.size(); k-- > 0;) {
+    const torch::Tensor& p = params_[k];
+    if (buckets_.empty() || buckets_.back().flat.scalar_type() != p.scalar_type() || buckets_.back().flat.device() != p.device() ||
+        (buckets_.back().flat.numel() + p.numel()) * p.element_size() > bucket_bytes)
+      buckets_.push_back(Bucket{torch::empty({0}, p.options()), {}});
+    Bucket& b = buckets_.back();
+    b.members.emplace_back(k, b.flat.numel());
+    offset_of_[k] = b.flat.numel();
+    b.flat = torch::empty({b.flat.numel() + p.numel()}, p.options());
+    bucket_of_[k] = buckets_.size() - 1;
+  }
+  filled_.assign(params_.size(), 0);
+  pending_.assign(buckets_.size(), 0);
+  works_.reserve(buckets_.size());
+  for (std::size_t k = 0; k < params_.size(); ++k)
+    hooks_.push_back(params_[k].register_hook([this, k](const torch::Tensor& grad) {
+      if (!armed_) return;
+      if (filled_[k]) {  // a second backward pass in this step: redone in all_reduce
+        armed_ = false;
+        return;
+      }
+      torch::NoGradGuard no_grad;
+      fill_slice(k, grad);
+      --pending_[bucket_of_[k]];
+      start_ready_buckets();
+    }));
+}
+
+DETTRIAL_INLINE void GradientBuckets::fill_slice(std::size_t k, const torch::Tensor& incoming) {
+  const torch::Tensor& p = params_[k];
+  torch::Tensor slice = buckets_[bucket_of_[k]].flat.narrow(0, offset_of_[k], p.numel());
+  if (incoming.defined()) {
+    slice.copy_(incoming.reshape({-1}));
+    if (p.grad().defined()) slice.add_(p.grad().reshape({-1}));
+  } else if (p.grad().defined()) {
+    slice.copy_(p.grad().reshape({-1}));
+  } else {
+    slice.zero_();
+  }
+  filled_[k] = 1;
+}
+
+DETTRIAL_INLINE void GradientBuckets::start_ready_buckets() {
+  while (works_.size() < buckets_.size() && pending_[works_.size()] == 0) {
+    collective_arg_[0] = buckets_[works_.size()].flat;
+    works_.push_back(communicator_.allreduce_async(collective_arg_));
+  }
+}
+
+}  // namespace dettrial::detail
+#endif  // DETTRIAL_HEADER_DEFINITIONS
 // ---- end dettrial/distributed/gradient_buckets.hpp
 // ---- begin dettrial/distributed/metrics.hpp
 // SPDX-License-Identifier: Apache-2.0
@@ -3267,7 +3605,44 @@ struct RankShare {
   std::vector<c10::IValue> reducer_parts{};
 };
 
-inline c10::IValue to_ivalue(const RankShare& share) {
+DETTRIAL_INLINE c10::IValue to_ivalue(const RankShare& share);
+
+DETTRIAL_INLINE RankShare from_ivalue(const c10::IValue& v);
+
+/// Every rank's share, in rank order, on every rank (one all-gather); one process: its own.
+DETTRIAL_INLINE std::vector<RankShare> gather_shares(RankShare mine, Communicator* comm);
+
+DETTRIAL_INLINE std::int64_t total_records(const std::vector<RankShare>& shares);
+DETTRIAL_INLINE std::int64_t total_batches(const std::vector<RankShare>& shares);
+
+/// Each metric any rank reported (in the order first seen, chief first), with its reducer and the
+/// values of the ranks that reported it.
+struct MetricAcrossRanks {
+  std::string name;
+  Reducer reducer;
+  std::vector<double> values;
+};
+DETTRIAL_INLINE std::vector<MetricAcrossRanks> by_metric(const std::vector<RankShare>& shares);
+
+/// Training: each metric's mean over the ranks that report it (every rank trains as many batches
+/// per workload, so this is Determined's per-batch mean over ranks, then over batches).
+DETTRIAL_INLINE MetricValues combine_training(const std::vector<RankShare>& shares);
+
+/// Validation: avg = the sum over all batches of all ranks / all batches (Determined's mean weighted
+/// by each rank's batch count), sum, max and min over the ranks that validated any batch; a NaN
+/// anywhere gives NaN, like np.max / np.sum.
+DETTRIAL_INLINE MetricValues combine_validation(const std::vector<RankShare>& shares);
+
+/// The parts of reducer `index` (among those taking part), one per rank in rank order.
+DETTRIAL_INLINE std::vector<c10::IValue> reducer_parts(const std::vector<RankShare>& shares, std::size_t index);
+
+}  // namespace dettrial::detail
+
+// Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
+#if DETTRIAL_HEADER_DEFINITIONS
+namespace dettrial::detail {
+
+DETTRIAL_INLINE c10::IValue to_ivalue(const RankShare& share) {
   c10::List<std::string> names;
   c10::List<std::int64_t> kinds;
   c10::List<double> values;
@@ -3281,7 +3656,7 @@ inline c10::IValue to_ivalue(const RankShare& share) {
   return c10::ivalue::Tuple::create({names, kinds, values, share.batches, share.records, parts});
 }
 
-inline RankShare from_ivalue(const c10::IValue& v) {
+DETTRIAL_INLINE RankShare from_ivalue(const c10::IValue& v) {
   // Through an ArrayRef of checked size: indexing the tuple's elements directly past 3 (its inline
   // storage) is what GCC's -Warray-bounds cannot prove safe.
   const c10::ArrayRef<c10::IValue> e = v.toTupleRef().elements().asArrayRef();
@@ -3298,33 +3673,26 @@ inline RankShare from_ivalue(const c10::IValue& v) {
   return share;
 }
 
-/// Every rank's share, in rank order, on every rank (one all-gather); one process: its own.
-inline std::vector<RankShare> gather_shares(RankShare mine, Communicator* comm) {
+DETTRIAL_INLINE std::vector<RankShare> gather_shares(RankShare mine, Communicator* comm) {
   if (comm == nullptr) return {std::move(mine)};
   std::vector<RankShare> out;
   for (const c10::IValue& v : comm->allgather_object(to_ivalue(mine))) out.push_back(from_ivalue(v));
   return out;
 }
 
-inline std::int64_t total_records(const std::vector<RankShare>& shares) {
+DETTRIAL_INLINE std::int64_t total_records(const std::vector<RankShare>& shares) {
   std::int64_t n = 0;
   for (const auto& s : shares) n += s.records;
   return n;
 }
-inline std::int64_t total_batches(const std::vector<RankShare>& shares) {
+
+DETTRIAL_INLINE std::int64_t total_batches(const std::vector<RankShare>& shares) {
   std::int64_t n = 0;
   for (const auto& s : shares) n += s.batches;
   return n;
 }
 
-/// Each metric any rank reported (in the order first seen, chief first), with its reducer and the
-/// values of the ranks that reported it.
-struct MetricAcrossRanks {
-  std::string name;
-  Reducer reducer;
-  std::vector<double> values;
-};
-inline std::vector<MetricAcrossRanks> by_metric(const std::vector<RankShare>& shares) {
+DETTRIAL_INLINE std::vector<MetricAcrossRanks> by_metric(const std::vector<RankShare>& shares) {
   std::vector<MetricAcrossRanks> out;
   for (const auto& share : shares)
     for (const auto& t : share.totals) {
@@ -3335,19 +3703,14 @@ inline std::vector<MetricAcrossRanks> by_metric(const std::vector<RankShare>& sh
   return out;
 }
 
-/// Training: each metric's mean over the ranks that report it (every rank trains as many batches
-/// per workload, so this is Determined's per-batch mean over ranks, then over batches).
-inline MetricValues combine_training(const std::vector<RankShare>& shares) {
+DETTRIAL_INLINE MetricValues combine_training(const std::vector<RankShare>& shares) {
   MetricValues out;
   for (const auto& m : by_metric(shares))
     out.set(m.name, std::accumulate(m.values.begin(), m.values.end(), 0.0) / static_cast<double>(m.values.size()));
   return out;
 }
 
-/// Validation: avg = the sum over all batches of all ranks / all batches (Determined's mean weighted
-/// by each rank's batch count), sum, max and min over the ranks that validated any batch; a NaN
-/// anywhere gives NaN, like np.max / np.sum.
-inline MetricValues combine_validation(const std::vector<RankShare>& shares) {
+DETTRIAL_INLINE MetricValues combine_validation(const std::vector<RankShare>& shares) {
   MetricValues out;
   const double all_batches = static_cast<double>(total_batches(shares));
   for (const auto& m : by_metric(shares)) {
@@ -3363,8 +3726,7 @@ inline MetricValues combine_validation(const std::vector<RankShare>& shares) {
   return out;
 }
 
-/// The parts of reducer `index` (among those taking part), one per rank in rank order.
-inline std::vector<c10::IValue> reducer_parts(const std::vector<RankShare>& shares, std::size_t index) {
+DETTRIAL_INLINE std::vector<c10::IValue> reducer_parts(const std::vector<RankShare>& shares, std::size_t index) {
   std::vector<c10::IValue> parts;
   parts.reserve(shares.size());
   for (const auto& s : shares) {
@@ -3376,6 +3738,7 @@ inline std::vector<c10::IValue> reducer_parts(const std::vector<RankShare>& shar
 }
 
 }  // namespace dettrial::detail
+#endif  // DETTRIAL_HEADER_DEFINITIONS
 // ---- end dettrial/distributed/metrics.hpp
 // ---- begin dettrial/distributed/threads.hpp
 // SPDX-License-Identifier: Apache-2.0
@@ -3386,7 +3749,6 @@ inline std::vector<c10::IValue> reducer_parts(const std::vector<RankShare>& shar
 #include <algorithm>
 #include <cstdlib>
 #include <optional>
-#include <sched.h>
 #include <string>
 #include <thread>
 #include <vector>
@@ -3405,7 +3767,56 @@ struct ThreadChoice {
 };
 
 /// The CPUs this process may run on (its affinity mask), in increasing order.
-inline std::vector<int> allowed_cpus() {
+DETTRIAL_INLINE std::vector<int> allowed_cpus();
+
+/// Sets the calling thread's CPU affinity (inherited by the processes it starts); whether it could.
+DETTRIAL_INLINE bool set_thread_cpus(const std::vector<int>& cpus);
+
+/// The cores this process may run on (its affinity mask) and the cores the machine has online.
+struct CoreCount {
+  int available = 1;
+  int online = 1;
+
+  static CoreCount of_this_process();
+};
+
+/// The environment variable in which the built-in launcher tells a rank the CPUs it bound it to.
+inline constexpr const char* rank_cpus_variable = "DETTRIAL_RANK_CPUS";
+
+/// Rank `rank`'s share when `ranks` processes split `cpus`: contiguous runs whose sizes differ by at
+/// most one (the first ranks take the extra CPUs). Empty when there are fewer CPUs than ranks.
+DETTRIAL_INLINE std::vector<int> share_of_cpus(const std::vector<int>& cpus, int ranks, int rank);
+
+/// A CPU list as Linux writes one ("0-3,8,10-11").
+DETTRIAL_INLINE std::string cpu_list_text(const std::vector<int>& cpus);
+
+namespace detail {
+/// The thread count OpenMP takes from OMP_NUM_THREADS: its leading integer ("4", " 8", "4,2" for
+/// nested teams); nullopt when unset or unreadable (OpenMP then warns and ignores it itself).
+DETTRIAL_INLINE std::optional<int> omp_num_threads(const LaunchEnvironment::Getenv& getenv);
+}  // namespace detail
+
+/**
+ * @brief The threads per rank: the user's choice wins (`requested`, from `--threads` or
+ * ContextOptions, then OMP_NUM_THREADS, which torchrun sets to 1 by itself), then Slurm's
+ * SLURM_CPUS_PER_TASK, then, under launchers that bind each rank to its own cores (dettrial's
+ * built-in launcher, mpirun, srun), the cores this process is bound to, else the cores available
+ * divided by the ranks on this node (torchrun without OMP_NUM_THREADS, the built-in launcher on fewer
+ * cores than ranks; also a mask shared by all ranks, such as taskset's or a container's). One process with no choice made keeps LibTorch's default (nullopt).
+ */
+DETTRIAL_INLINE std::optional<ThreadChoice> choose_threads(
+    const LaunchEnvironment& env, std::optional<int> requested, CoreCount cores,
+    const LaunchEnvironment::Getenv& getenv = [](const char* name) { return std::getenv(name); });
+
+}  // namespace dettrial
+
+// Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
+#if DETTRIAL_HEADER_DEFINITIONS
+#include <sched.h>
+
+namespace dettrial {
+
+DETTRIAL_INLINE std::vector<int> allowed_cpus() {
   cpu_set_t set;
   CPU_ZERO(&set);
   std::vector<int> cpus;
@@ -3415,34 +3826,22 @@ inline std::vector<int> allowed_cpus() {
   return cpus;
 }
 
-/// Sets the calling thread's CPU affinity (inherited by the processes it starts); whether it could.
-inline bool set_thread_cpus(const std::vector<int>& cpus) {
+DETTRIAL_INLINE bool set_thread_cpus(const std::vector<int>& cpus) {
   cpu_set_t set;
   CPU_ZERO(&set);
   for (const int cpu : cpus) CPU_SET(cpu, &set);
   return ::sched_setaffinity(0, sizeof set, &set) == 0;
 }
 
-/// The cores this process may run on (its affinity mask) and the cores the machine has online.
-struct CoreCount {
-  int available = 1;
-  int online = 1;
+DETTRIAL_INLINE CoreCount CoreCount::of_this_process() {
+  CoreCount c;
+  c.online = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const auto allowed = allowed_cpus();
+  c.available = allowed.empty() ? c.online : static_cast<int>(allowed.size());
+  return c;
+}
 
-  static CoreCount of_this_process() {
-    CoreCount c;
-    c.online = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-    const auto allowed = allowed_cpus();
-    c.available = allowed.empty() ? c.online : static_cast<int>(allowed.size());
-    return c;
-  }
-};
-
-/// The environment variable in which the built-in launcher tells a rank the CPUs it bound it to.
-inline constexpr const char* rank_cpus_variable = "DETTRIAL_RANK_CPUS";
-
-/// Rank `rank`'s share when `ranks` processes split `cpus`: contiguous runs whose sizes differ by at
-/// most one (the first ranks take the extra CPUs). Empty when there are fewer CPUs than ranks.
-inline std::vector<int> share_of_cpus(const std::vector<int>& cpus, int ranks, int rank) {
+DETTRIAL_INLINE std::vector<int> share_of_cpus(const std::vector<int>& cpus, int ranks, int rank) {
   const auto n = static_cast<std::ptrdiff_t>(cpus.size());
   if (ranks < 1 || rank < 0 || rank >= ranks || n < ranks) return {};
   const std::ptrdiff_t base = n / ranks, extra = n % ranks;
@@ -3450,8 +3849,7 @@ inline std::vector<int> share_of_cpus(const std::vector<int>& cpus, int ranks, i
   return {cpus.begin() + first, cpus.begin() + first + base + (rank < extra ? 1 : 0)};
 }
 
-/// A CPU list as Linux writes one ("0-3,8,10-11").
-inline std::string cpu_list_text(const std::vector<int>& cpus) {
+DETTRIAL_INLINE std::string cpu_list_text(const std::vector<int>& cpus) {
   std::string text;
   for (std::size_t i = 0; i < cpus.size();) {
     std::size_t j = i;
@@ -3463,9 +3861,7 @@ inline std::string cpu_list_text(const std::vector<int>& cpus) {
 }
 
 namespace detail {
-/// The thread count OpenMP takes from OMP_NUM_THREADS: its leading integer ("4", " 8", "4,2" for
-/// nested teams); nullopt when unset or unreadable (OpenMP then warns and ignores it itself).
-inline std::optional<int> omp_num_threads(const LaunchEnvironment::Getenv& getenv) {
+DETTRIAL_INLINE std::optional<int> omp_num_threads(const LaunchEnvironment::Getenv& getenv) {
   const char* text = getenv("OMP_NUM_THREADS");
   if (text == nullptr) return std::nullopt;
   while (*text == ' ' || *text == '\t') ++text;
@@ -3477,17 +3873,8 @@ inline std::optional<int> omp_num_threads(const LaunchEnvironment::Getenv& geten
 }
 }  // namespace detail
 
-/**
- * @brief The threads per rank: the user's choice wins (`requested`, from `--threads` or
- * ContextOptions, then OMP_NUM_THREADS, which torchrun sets to 1 by itself), then Slurm's
- * SLURM_CPUS_PER_TASK, then, under launchers that bind each rank to its own cores (dettrial's
- * built-in launcher, mpirun, srun), the cores this process is bound to, else the cores available
- * divided by the ranks on this node (torchrun without OMP_NUM_THREADS, the built-in launcher on fewer
- * cores than ranks; also a mask shared by all ranks, such as taskset's or a container's). One process with no choice made keeps LibTorch's default (nullopt).
- */
-inline std::optional<ThreadChoice> choose_threads(
-    const LaunchEnvironment& env, std::optional<int> requested, CoreCount cores,
-    const LaunchEnvironment::Getenv& getenv = [](const char* name) { return std::getenv(name); }) {
+DETTRIAL_INLINE std::optional<ThreadChoice> choose_threads(const LaunchEnvironment& env, std::optional<int> requested, CoreCount cores,
+                                                           const LaunchEnvironment::Getenv& getenv) {
   if (requested) {
     if (*requested < 1) throw ConfigError("the thread count must be at least 1, not " + std::to_string(*requested));
     return ThreadChoice{.threads = *requested, .source = "--threads"};
@@ -3510,6 +3897,7 @@ inline std::optional<ThreadChoice> choose_threads(
 }
 
 }  // namespace dettrial
+#endif  // DETTRIAL_HEADER_DEFINITIONS
 // ---- end dettrial/distributed/threads.hpp
 // ---- begin dettrial/context/context.hpp
 // SPDX-License-Identifier: Apache-2.0
@@ -3544,6 +3932,7 @@ inline std::optional<ThreadChoice> choose_threads(
 #define DETTRIAL_HAS_MALLOPT 1
 #endif
 
+
 namespace dettrial::detail {
 
 /**
@@ -3557,7 +3946,15 @@ namespace dettrial::detail {
  * the process keeps what it used at its peak. Left alone when the user tuned malloc (a `MALLOC_*_`
  * variable or `GLIBC_TUNABLES`) or set `DETTRIAL_MALLOC=system`.
  */
-inline bool keep_freed_memory() {
+DETTRIAL_INLINE bool keep_freed_memory();
+
+}  // namespace dettrial::detail
+
+// Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
+#if DETTRIAL_HEADER_DEFINITIONS
+namespace dettrial::detail {
+
+DETTRIAL_INLINE bool keep_freed_memory() {
 #if defined(DETTRIAL_HAS_MALLOPT)
   static const bool applied = [] {
     for (const char* name : {"DETTRIAL_MALLOC", "GLIBC_TUNABLES", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_",
@@ -3573,6 +3970,7 @@ inline bool keep_freed_memory() {
 }
 
 }  // namespace dettrial::detail
+#endif  // DETTRIAL_HEADER_DEFINITIONS
 // ---- end dettrial/detail/malloc.hpp
 // ---- begin dettrial/optim/handles.hpp
 // SPDX-License-Identifier: Apache-2.0
@@ -3676,48 +4074,7 @@ class Context {
   explicit Context(Hyperparameters hparams, ContextOptions options = {})
       : Context(std::move(hparams), ExperimentConfig{}, std::move(options)) {}
 
-  Context(Hyperparameters hparams, ExperimentConfig config, ContextOptions options)
-      : hparams_(std::move(hparams)),
-        config_(std::move(config)),
-        aggregation_frequency_(options.aggregation_frequency.value_or(config_.aggregation_frequency)),
-        average_aggregated_gradients_(options.average_aggregated_gradients.value_or(config_.average_aggregated_gradients)),
-        slots_per_trial_(options.slots_per_trial.value_or(config_.slots_per_trial)) {
-    if (aggregation_frequency_ < 1) throw ConfigError("aggregation_frequency must be at least 1");
-    if (slots_per_trial_ < 1) throw ConfigError("slots_per_trial must be at least 1");
-    if (options.communicator && options.communicator->size() > 1) {
-      communicator_ = std::move(options.communicator);
-      const LaunchEnvironment& env = communicator_->environment();
-      if (slots_per_trial_ > 1 && slots_per_trial_ != env.size)
-        throw ConfigError("resources.slots_per_trial is " + std::to_string(slots_per_trial_) + ", but " + launcher_name(env.launcher) +
-                          " started " + std::to_string(env.size) + " processes");
-      slots_per_trial_ = env.size;
-      distributed_ = DistributedInfo{.rank = env.rank, .size = env.size, .local_rank = env.local_rank, .local_size = env.local_size};
-    }
-    // One GPU per process: the local rank picks it.
-    device_ = options.device ? *options.device
-                             : (torch::cuda::is_available()
-                                    ? torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(distributed_.local_rank %
-                                                                                                std::max<std::int64_t>(static_cast<std::int64_t>(torch::cuda::device_count()), 1)))
-                                    : torch::Device(torch::kCPU));
-    // NCCL takes tensors on one GPU only: models, gradients and every collective must be there. (Gloo
-    // takes CPU tensors, and CUDA ones too.)
-    if (communicator_ && !communicator_->device().is_cpu() && communicator_->device() != device_)
-      throw ConfigError(std::string("the ") + communicator_->backend_name() + " backend of rank " + std::to_string(distributed_.rank) +
-                        " takes tensors on " + communicator_->device().str() + ", but this process's device is " + device_.str() +
-                        "; give every rank the device its local rank picks (or leave ContextOptions::device unset)");
-    trial_seed_ = options.trial_seed ? *options.trial_seed : derive_trial_seed(config_.experiment_seed);
-    // One trial seed for the job: the chief's (without an experiment seed each rank's clock differs,
-    // and the ranks would shard different permutations of the data).
-    if (communicator_) trial_seed_ = static_cast<std::uint64_t>(communicator_->broadcast_values({static_cast<std::int64_t>(trial_seed_)})[0]);
-    if (const auto choice = choose_threads(communicator_ ? communicator_->environment() : LaunchEnvironment{}, options.threads,
-                                           CoreCount::of_this_process())) {
-      if (choice->set_by_dettrial) torch::set_num_threads(choice->threads);
-      threads_ = *choice;
-    }
-    if (const auto on = options.deterministic ? options.deterministic : config_.deterministic) set_deterministic(*on);
-    detail::keep_freed_memory();
-    seed_everything();
-  }
+  Context(Hyperparameters hparams, ExperimentConfig config, ContextOptions options);
 
   Context(const Context&) = delete;
   Context& operator=(const Context&) = delete;
@@ -3739,10 +4096,7 @@ class Context {
   const ExperimentConfig& get_experiment_config() const { return config_; }
 
   /// `global_batch_size / slots_per_trial`; needs the `global_batch_size` hyperparameter.
-  std::int64_t get_per_slot_batch_size() const {
-    const std::int64_t global = global_batch_size_hparam();
-    return global / slots_per_trial_;
-  }
+  std::int64_t get_per_slot_batch_size() const;
   /// The effective global batch size, `per_slot * slots`.
   std::int64_t get_global_batch_size() const { return get_per_slot_batch_size() * slots_per_trial_; }
   /// True when the `global_batch_size` hyperparameter exists.
@@ -3895,13 +4249,7 @@ class Context {
   // ---- the training step ----------------------------------------------------------------------
 
   /// Back-propagates `loss` (Determined's `context.backward`).
-  void backward(const torch::Tensor& loss, bool retain_graph = false, bool create_graph = false) {
-    // In a job, an update batch's backward pass starts each gradient bucket's all-reduce as soon as
-    // the bucket's gradients are ready (see all_reduce_gradients).
-    for (auto& w : optimizers_)
-      if (w.buckets) w.buckets->arm(is_update_batch());
-    loss.backward({}, retain_graph, create_graph);
-  }
+  void backward(const torch::Tensor& loss, bool retain_graph = false, bool create_graph = false);
 
   /**
    * @brief Steps a wrapped optimizer with Determined's semantics: on batches that are not update
@@ -3937,15 +4285,7 @@ class Context {
     return !models_.empty() || !optimizers_.empty() || !schedulers_.empty() || !reducers_.empty();
   }
   /// Forgets every wrapped object (called when their trainer goes away).
-  void release_registrations() {
-    models_.clear();
-    optimizers_.clear();
-    schedulers_.clear();
-    reducers_.clear();
-    owned_reducers_.clear();
-    stop_requested_ = false;
-    position_ = {};
-  }
+  void release_registrations();
 
   /// Every wrapped model, in wrap order.
   const std::vector<std::shared_ptr<torch::nn::Module>>& models() const { return models_; }
@@ -3964,20 +4304,12 @@ class Context {
   std::span<detail::WrappedReducer> reducers() { return reducers_; }
 
   /// Steps the schedulers per their mode; the trainer calls it on update batches after train_batch.
-  void step_lr_schedulers(std::int64_t batch_idx) {
-    for (auto& s : schedulers_) {
-      const std::int64_t n = s.steps_after(batch_idx, aggregation_frequency_, position_.epoch_len, s.frequency);
-      for (std::int64_t i = 0; i < n; ++i) s.step(s.scheduler);
-    }
-  }
+  void step_lr_schedulers(std::int64_t batch_idx);
 
   /// In a job, after the trial and its data loaders were built from the same seed on every rank:
   /// ranks other than the chief continue on a stream of their own, derived from the trial seed and
   /// the rank, so that their dropout masks and other draws differ.
-  void seed_rank_stream() const {
-    if (distributed_.rank > 0)
-      torch::manual_seed(detail::mix64(trial_seed_ ^ (static_cast<std::uint64_t>(distributed_.rank) * detail::golden_gamma)) >> 1);
-  }
+  void seed_rank_stream() const;
 
  private:
   struct WrappedOptimizer {
@@ -3997,61 +4329,25 @@ class Context {
       throw TrialError("wrap_reducer: a reducer that returns a number needs a name to report it under");
   }
 
-  static std::uint64_t derive_trial_seed(std::optional<std::uint64_t> experiment_seed) {
-    // One trial of an experiment: a value in [0, 2^31) drawn from the experiment seed, as Determined's
-    // master draws trial seeds; without an experiment seed, the clock (Determined's default).
-    std::uint64_t x = experiment_seed ? *experiment_seed
-                                      : static_cast<std::uint64_t>(std::chrono::system_clock::now().time_since_epoch().count());
-    return detail::mix64(x + detail::golden_gamma) % (1ULL << 31);
-  }
+  static std::uint64_t derive_trial_seed(std::optional<std::uint64_t> experiment_seed);
 
   /// LibTorch's switches for bit-identical runs (process-wide): deterministic algorithms (an op
   /// without a deterministic implementation throws, naming itself), cuDNN's deterministic kernels and
   /// no autotuning, and cuBLAS's fixed workspace, which it needs before its first use.
-  static void set_deterministic(bool on) {
-    at::globalContext().setDeterministicAlgorithms(on, /*warn_only=*/false);
-    at::globalContext().setDeterministicCuDNN(on);
-    at::globalContext().setBenchmarkCuDNN(!on && at::globalContext().benchmarkCuDNN());
-    if (on) ::setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8", /*overwrite=*/0);
-  }
+  static void set_deterministic(bool on);
 
   void seed_everything() const {
     torch::manual_seed(trial_seed_);  // CPU and, when present, every CUDA device
   }
 
-  std::int64_t global_batch_size_hparam() const {
-    if (!hparams_.contains("global_batch_size"))
-      throw HyperparameterError(
-          "the batch size getters need the hyperparameter 'global_batch_size', which " + hparams_.source() +
-          " does not define");
-    const auto global = hparams_.get<std::int64_t>("global_batch_size");
-    if (global < slots_per_trial_)
-      throw HyperparameterError("global_batch_size (" + std::to_string(global) + ") is smaller than slots_per_trial (" +
-                                std::to_string(slots_per_trial_) + ")");
-    return global;
-  }
+  std::int64_t global_batch_size_hparam() const;
 
-  std::int64_t require_epoch_len() const {
-    if (position_.epoch_len <= 0) throw TrialError("epoch counters are only known once training has started");
-    return position_.epoch_len;
-  }
+  std::int64_t require_epoch_len() const;
 
   /// Rebuilds the cached parameter list when the optimizer's groups changed size (no allocation otherwise).
-  void refresh_params(WrappedOptimizer& w) {
-    std::size_t count = 0;
-    for (const auto& group : w.optimizer->param_groups()) count += group.params().size();
-    if (count == w.params.size()) return;
-    w.buckets.reset();
-    w.params.clear();
-    for (auto& group : w.optimizer->param_groups())
-      for (auto& p : group.params()) w.params.push_back(p);
-  }
+  void refresh_params(WrappedOptimizer& w);
 
-  WrappedOptimizer& find_optimizer(const torch::optim::Optimizer& optimizer) {
-    for (auto& w : optimizers_)
-      if (w.optimizer == &optimizer) return w;
-    throw TrialError("step_optimizer was given an optimizer that was not wrapped with context.wrap_optimizer");
-  }
+  WrappedOptimizer& find_optimizer(const torch::optim::Optimizer& optimizer);
 
   Hyperparameters hparams_;
   ExperimentConfig config_;
@@ -4075,6 +4371,139 @@ class Context {
 };
 
 }  // namespace dettrial
+
+// Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
+#if DETTRIAL_HEADER_DEFINITIONS
+namespace dettrial {
+
+DETTRIAL_INLINE Context::Context(Hyperparameters hparams, ExperimentConfig config, ContextOptions options)
+    : hparams_(std::move(hparams)),
+      config_(std::move(config)),
+      aggregation_frequency_(options.aggregation_frequency.value_or(config_.aggregation_frequency)),
+      average_aggregated_gradients_(options.average_aggregated_gradients.value_or(config_.average_aggregated_gradients)),
+      slots_per_trial_(options.slots_per_trial.value_or(config_.slots_per_trial)) {
+  if (aggregation_frequency_ < 1) throw ConfigError("aggregation_frequency must be at least 1");
+  if (slots_per_trial_ < 1) throw ConfigError("slots_per_trial must be at least 1");
+  if (options.communicator && options.communicator->size() > 1) {
+    communicator_ = std::move(options.communicator);
+    const LaunchEnvironment& env = communicator_->environment();
+    if (slots_per_trial_ > 1 && slots_per_trial_ != env.size)
+      throw ConfigError("resources.slots_per_trial is " + std::to_string(slots_per_trial_) + ", but " + launcher_name(env.launcher) +
+                        " started " + std::to_string(env.size) + " processes");
+    slots_per_trial_ = env.size;
+    distributed_ = DistributedInfo{.rank = env.rank, .size = env.size, .local_rank = env.local_rank, .local_size = env.local_size};
+  }
+  // One GPU per process: the local rank picks it.
+  device_ = options.device ? *options.device
+                           : (torch::cuda::is_available()
+                                  ? torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(distributed_.local_rank %
+                                                                                              std::max<std::int64_t>(static_cast<std::int64_t>(torch::cuda::device_count()), 1)))
+                                  : torch::Device(torch::kCPU));
+  // NCCL takes tensors on one GPU only: models, gradients and every collective must be there. (Gloo
+  // takes CPU tensors, and CUDA ones too.)
+  if (communicator_ && !communicator_->device().is_cpu() && communicator_->device() != device_)
+    throw ConfigError(std::string("the ") + communicator_->backend_name() + " backend of rank " + std::to_string(distributed_.rank) +
+                      " takes tensors on " + communicator_->device().str() + ", but this process's device is " + device_.str() +
+                      "; give every rank the device its local rank picks (or leave ContextOptions::device unset)");
+  trial_seed_ = options.trial_seed ? *options.trial_seed : derive_trial_seed(config_.experiment_seed);
+  // One trial seed for the job: the chief's (without an experiment seed each rank's clock differs,
+  // and the ranks would shard different permutations of the data).
+  if (communicator_) trial_seed_ = static_cast<std::uint64_t>(communicator_->broadcast_values({static_cast<std::int64_t>(trial_seed_)})[0]);
+  if (const auto choice = choose_threads(communicator_ ? communicator_->environment() : LaunchEnvironment{}, options.threads,
+                                         CoreCount::of_this_process())) {
+    if (choice->set_by_dettrial) torch::set_num_threads(choice->threads);
+    threads_ = *choice;
+  }
+  if (const auto on = options.deterministic ? options.deterministic : config_.deterministic) set_deterministic(*on);
+  detail::keep_freed_memory();
+  seed_everything();
+}
+
+DETTRIAL_INLINE std::int64_t Context::get_per_slot_batch_size() const {
+  const std::int64_t global = global_batch_size_hparam();
+  return global / slots_per_trial_;
+}
+
+DETTRIAL_INLINE void Context::backward(const torch::Tensor& loss, bool retain_graph, bool create_graph) {
+  // In a job, an update batch's backward pass starts each gradient bucket's all-reduce as soon as
+  // the bucket's gradients are ready (see all_reduce_gradients).
+  for (auto& w : optimizers_)
+    if (w.buckets) w.buckets->arm(is_update_batch());
+  loss.backward({}, retain_graph, create_graph);
+}
+
+DETTRIAL_INLINE void Context::release_registrations() {
+  models_.clear();
+  optimizers_.clear();
+  schedulers_.clear();
+  reducers_.clear();
+  owned_reducers_.clear();
+  stop_requested_ = false;
+  position_ = {};
+}
+
+DETTRIAL_INLINE void Context::step_lr_schedulers(std::int64_t batch_idx) {
+  for (auto& s : schedulers_) {
+    const std::int64_t n = s.steps_after(batch_idx, aggregation_frequency_, position_.epoch_len, s.frequency);
+    for (std::int64_t i = 0; i < n; ++i) s.step(s.scheduler);
+  }
+}
+
+DETTRIAL_INLINE void Context::seed_rank_stream() const {
+  if (distributed_.rank > 0)
+    torch::manual_seed(detail::mix64(trial_seed_ ^ (static_cast<std::uint64_t>(distributed_.rank) * detail::golden_gamma)) >> 1);
+}
+
+DETTRIAL_INLINE std::uint64_t Context::derive_trial_seed(std::optional<std::uint64_t> experiment_seed) {
+  // One trial of an experiment: a value in [0, 2^31) drawn from the experiment seed, as Determined's
+  // master draws trial seeds; without an experiment seed, the clock (Determined's default).
+  std::uint64_t x = experiment_seed ? *experiment_seed
+                                    : static_cast<std::uint64_t>(std::chrono::system_clock::now().time_since_epoch().count());
+  return detail::mix64(x + detail::golden_gamma) % (1ULL << 31);
+}
+
+DETTRIAL_INLINE void Context::set_deterministic(bool on) {
+  at::globalContext().setDeterministicAlgorithms(on, /*warn_only=*/false);
+  at::globalContext().setDeterministicCuDNN(on);
+  at::globalContext().setBenchmarkCuDNN(!on && at::globalContext().benchmarkCuDNN());
+  if (on) ::setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8", /*overwrite=*/0);
+}
+
+DETTRIAL_INLINE std::int64_t Context::global_batch_size_hparam() const {
+  if (!hparams_.contains("global_batch_size"))
+    throw HyperparameterError(
+        "the batch size getters need the hyperparameter 'global_batch_size', which " + hparams_.source() +
+        " does not define");
+  const auto global = hparams_.get<std::int64_t>("global_batch_size");
+  if (global < slots_per_trial_)
+    throw HyperparameterError("global_batch_size (" + std::to_string(global) + ") is smaller than slots_per_trial (" +
+                              std::to_string(slots_per_trial_) + ")");
+  return global;
+}
+
+DETTRIAL_INLINE std::int64_t Context::require_epoch_len() const {
+  if (position_.epoch_len <= 0) throw TrialError("epoch counters are only known once training has started");
+  return position_.epoch_len;
+}
+
+DETTRIAL_INLINE void Context::refresh_params(WrappedOptimizer& w) {
+  std::size_t count = 0;
+  for (const auto& group : w.optimizer->param_groups()) count += group.params().size();
+  if (count == w.params.size()) return;
+  w.buckets.reset();
+  w.params.clear();
+  for (auto& group : w.optimizer->param_groups())
+    for (auto& p : group.params()) w.params.push_back(p);
+}
+
+DETTRIAL_INLINE Context::WrappedOptimizer& Context::find_optimizer(const torch::optim::Optimizer& optimizer) {
+  for (auto& w : optimizers_)
+    if (w.optimizer == &optimizer) return w;
+  throw TrialError("step_optimizer was given an optimizer that was not wrapped with context.wrap_optimizer");
+}
+
+}  // namespace dettrial
+#endif  // DETTRIAL_HEADER_DEFINITIONS
 // ---- end dettrial/context/context.hpp
 // ---- begin dettrial/trial/concepts.hpp
 // SPDX-License-Identifier: Apache-2.0
@@ -4532,36 +4961,7 @@ inline std::string json_text(const Json& j) { return j.dump(2, ' ', false, Json:
 /// A YAML document as JSON: maps, sequences, and plain scalars typed by YAML's core schema (null,
 /// booleans, integers, finite floats); quoted scalars (tag "!") and everything else (`.inf`, `.nan`,
 /// text) stay strings. A map's keys are their scalar text.
-inline Json yaml_to_json(const YAML::Node& node) {
-  switch (node.Type()) {
-    case YAML::NodeType::Undefined:
-    case YAML::NodeType::Null: return nullptr;
-    case YAML::NodeType::Sequence: {
-      Json out = Json::array();
-      for (const auto& item : node) out.push_back(yaml_to_json(item));
-      return out;
-    }
-    case YAML::NodeType::Map: {
-      Json out = Json::object();
-      for (const auto& kv : node) out[kv.first.Scalar()] = yaml_to_json(kv.second);
-      return out;
-    }
-    case YAML::NodeType::Scalar: {
-      const std::string& s = node.Scalar();
-      if (node.Tag() != "!") {  // "!" marks a quoted scalar: always a string
-        if (s == "~" || s == "null" || s == "Null" || s == "NULL") return nullptr;
-        if (s == "true" || s == "True" || s == "TRUE") return true;
-        if (s == "false" || s == "False" || s == "FALSE") return false;
-        std::int64_t i = 0;
-        double d = 0;
-        if (YAML::convert<std::int64_t>::decode(node, i)) return i;
-        if (YAML::convert<double>::decode(node, d) && std::isfinite(d)) return d;
-      }
-      return s;
-    }
-  }
-  return nullptr;
-}
+DETTRIAL_INLINE Json yaml_to_json(const YAML::Node& node);
 
 // ---- reading ---------------------------------------------------------------------------------
 
@@ -4595,32 +4995,13 @@ struct JsonFieldError : std::runtime_error {
 };
 
 /// `object[key]`, or nullptr when `object` is not an object or lacks `key`.
-inline const Json* json_find(const Json& object, const std::string& key) {
-  if (!object.is_object()) return nullptr;
-  const auto it = object.find(key);
-  return it == object.end() ? nullptr : &*it;
-}
+DETTRIAL_INLINE const Json* json_find(const Json& object, const std::string& key);
 
 /// `object[key]`; a missing key throws JsonFieldError("no '<key>'").
-inline const Json& json_field(const Json& object, const std::string& key) {
-  if (const Json* v = json_find(object, key)) return *v;
-  throw JsonFieldError("no '" + key + "'");
-}
+DETTRIAL_INLINE const Json& json_field(const Json& object, const std::string& key);
 
 /// "a string", "a number", "null", ...: what a JSON value is, for messages.
-inline std::string json_kind(const Json& j) {
-  switch (j.type()) {
-    case Json::value_t::null: return "null";
-    case Json::value_t::object: return "an object";
-    case Json::value_t::array: return "an array";
-    case Json::value_t::string: return "a string";
-    case Json::value_t::boolean: return "a boolean";
-    case Json::value_t::number_integer:
-    case Json::value_t::number_unsigned: return "an integer";
-    case Json::value_t::number_float: return "a number";
-    default: return std::string("a ") + j.type_name();
-  }
-}
+DETTRIAL_INLINE std::string json_kind(const Json& j);
 
 /**
  * @brief `value` (named `field` in messages) as a T, strictly: integral types only from JSON
@@ -4656,6 +5037,69 @@ T json_as(const Json& value, std::string_view field) {
 }
 
 }  // namespace dettrial::detail
+
+// Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
+#if DETTRIAL_HEADER_DEFINITIONS
+namespace dettrial::detail {
+
+DETTRIAL_INLINE Json yaml_to_json(const YAML::Node& node) {
+  switch (node.Type()) {
+    case YAML::NodeType::Undefined:
+    case YAML::NodeType::Null: return nullptr;
+    case YAML::NodeType::Sequence: {
+      Json out = Json::array();
+      for (const auto& item : node) out.push_back(yaml_to_json(item));
+      return out;
+    }
+    case YAML::NodeType::Map: {
+      Json out = Json::object();
+      for (const auto& kv : node) out[kv.first.Scalar()] = yaml_to_json(kv.second);
+      return out;
+    }
+    case YAML::NodeType::Scalar: {
+      const std::string& s = node.Scalar();
+      if (node.Tag() != "!") {  // "!" marks a quoted scalar: always a string
+        if (s == "~" || s == "null" || s == "Null" || s == "NULL") return nullptr;
+        if (s == "true" || s == "True" || s == "TRUE") return true;
+        if (s == "false" || s == "False" || s == "FALSE") return false;
+        std::int64_t i = 0;
+        double d = 0;
+        if (YAML::convert<std::int64_t>::decode(node, i)) return i;
+        if (YAML::convert<double>::decode(node, d) && std::isfinite(d)) return d;
+      }
+      return s;
+    }
+  }
+  return nullptr;
+}
+
+DETTRIAL_INLINE const Json* json_find(const Json& object, const std::string& key) {
+  if (!object.is_object()) return nullptr;
+  const auto it = object.find(key);
+  return it == object.end() ? nullptr : &*it;
+}
+
+DETTRIAL_INLINE const Json& json_field(const Json& object, const std::string& key) {
+  if (const Json* v = json_find(object, key)) return *v;
+  throw JsonFieldError("no '" + key + "'");
+}
+
+DETTRIAL_INLINE std::string json_kind(const Json& j) {
+  switch (j.type()) {
+    case Json::value_t::null: return "null";
+    case Json::value_t::object: return "an object";
+    case Json::value_t::array: return "an array";
+    case Json::value_t::string: return "a string";
+    case Json::value_t::boolean: return "a boolean";
+    case Json::value_t::number_integer:
+    case Json::value_t::number_unsigned: return "an integer";
+    case Json::value_t::number_float: return "a number";
+    default: return std::string("a ") + j.type_name();
+  }
+}
+
+}  // namespace dettrial::detail
+#endif  // DETTRIAL_HEADER_DEFINITIONS
 // ---- end dettrial/detail/json.hpp
 // ---- begin dettrial/checkpoint/state_dict.hpp
 // SPDX-License-Identifier: Apache-2.0
@@ -4674,10 +5118,6 @@ T json_as(const Json& value, std::string_view field) {
 #include <utility>
 #include <vector>
 
-#include <caffe2/serialize/inline_container.h>
-#include <torch/csrc/jit/serialization/export.h>
-#include <torch/csrc/jit/serialization/pickle.h>
-#include <torch/csrc/jit/serialization/pickler.h>
 #include <torch/torch.h>
 
 
@@ -4692,32 +5132,10 @@ namespace detail {
  * told not to tag containers with TorchScript types, so the file uses only the globals Python's
  * weights-only loader allows (`_rebuild_tensor_v2`, the storage types, `OrderedDict`).
  */
-inline std::string pickle_archive(const c10::IValue& value) {
-  std::vector<char> pickle;
-  torch::jit::Pickler pickler([&](const char* bytes, std::size_t n) { pickle.insert(pickle.end(), bytes, bytes + n); },
-                              /*tensor_table=*/nullptr, /*type_renamer=*/nullptr, /*memoized_class_types=*/nullptr,
-                              /*get_tensor_id=*/nullptr, /*tag_aggregates=*/false);
-  pickler.protocol();
-  pickler.pushIValue(value);
-  pickler.stop();
-  std::string out;
-  caffe2::serialize::PyTorchStreamWriter writer([&](const void* bytes, std::size_t n) {
-    out.append(static_cast<const char*>(bytes), n);
-    return n;
-  });
-  torch::jit::writeArchiveAndTensors("data", pickle.data(), pickle.size(), pickler.tensorData(), writer);
-  writer.writeEndOfFile();
-  return out;
-}
+DETTRIAL_INLINE std::string pickle_archive(const c10::IValue& value);
 
 /// Reads an archive written by pickle_archive (or a compatible `torch.save`); `file` names it in errors.
-inline c10::IValue unpickle_archive(const std::string& bytes, const std::filesystem::path& file) {
-  try {
-    return torch::jit::pickle_load(std::vector<char>(bytes.begin(), bytes.end()));
-  } catch (const std::exception& e) {
-    throw CheckpointError("cannot read '" + file.string() + "' as a torch.save archive: " + first_line(e.what()));
-  }
-}
+DETTRIAL_INLINE c10::IValue unpickle_archive(const std::string& bytes, const std::filesystem::path& file);
 
 /// Every parameter and buffer of a module with Python's state-dict names, in Python's order.
 template <class F>
@@ -4731,11 +5149,7 @@ void for_each_state_entry(const torch::nn::Module& module, F&& f) {
   }
 }
 
-inline std::string shape_text(c10::IntArrayRef sizes) {
-  std::ostringstream s;
-  s << sizes;
-  return s.str();
-}
+DETTRIAL_INLINE std::string shape_text(c10::IntArrayRef sizes);
 
 /// Optimizer state is keyed by the parameter's TensorImpl: its address as text in LibTorch 1.x, the
 /// pointer itself in 2.x. The key type tells which.
@@ -4772,7 +5186,78 @@ void adam_options(const Options& o, c10::impl::GenericDict& out) {
 }
 
 /// One parameter's optimizer state and its group's options, in Python's names, for the built-in optimizers.
-inline bool python_param_state(const torch::optim::OptimizerParamState& state, c10::impl::GenericDict& out) {
+DETTRIAL_INLINE bool python_param_state(const torch::optim::OptimizerParamState& state, c10::impl::GenericDict& out);
+
+DETTRIAL_INLINE void python_group_options(const torch::optim::OptimizerOptions& options, c10::impl::GenericDict& out);
+
+}  // namespace detail
+
+/**
+ * @brief A module's state dict as Python's `module.state_dict()` has it: parameters and buffers under
+ * their dotted names (`0.weight`, `fc1.bias`, `bn.running_mean`), detached.
+ */
+DETTRIAL_INLINE StateDict module_state_dict(const torch::nn::Module& module);
+
+/**
+ * @brief An optimizer's state dict in Python's layout: `state` keyed by parameter index (counted
+ * across groups), `param_groups` with their options and `params` as those indices. The built-in
+ * optimizers (SGD, Adam, AdamW, Adagrad, RMSprop) are written in full; for others, groups carry
+ * their learning rate and the state is left empty.
+ */
+DETTRIAL_INLINE StateDict optimizer_state_dict(torch::optim::Optimizer& optimizer);
+
+/**
+ * @brief Copies a state dict into a module after checking it fits: every parameter and buffer of the
+ * module present with the same shape, and no entry the module lacks. On any mismatch nothing is
+ * copied and CheckpointError names `what` (the file and model) and the entry.
+ */
+DETTRIAL_INLINE void load_module_state_dict(torch::nn::Module& module, const StateDict& state, const std::string& what);
+
+}  // namespace dettrial
+
+// Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
+#if DETTRIAL_HEADER_DEFINITIONS
+#include <caffe2/serialize/inline_container.h>
+#include <torch/csrc/jit/serialization/export.h>
+#include <torch/csrc/jit/serialization/pickle.h>
+#include <torch/csrc/jit/serialization/pickler.h>
+
+namespace dettrial {
+namespace detail {
+
+DETTRIAL_INLINE std::string pickle_archive(const c10::IValue& value) {
+  std::vector<char> pickle;
+  torch::jit::Pickler pickler([&](const char* bytes, std::size_t n) { pickle.insert(pickle.end(), bytes, bytes + n); },
+                              /*tensor_table=*/nullptr, /*type_renamer=*/nullptr, /*memoized_class_types=*/nullptr,
+                              /*get_tensor_id=*/nullptr, /*tag_aggregates=*/false);
+  pickler.protocol();
+  pickler.pushIValue(value);
+  pickler.stop();
+  std::string out;
+  caffe2::serialize::PyTorchStreamWriter writer([&](const void* bytes, std::size_t n) {
+    out.append(static_cast<const char*>(bytes), n);
+    return n;
+  });
+  torch::jit::writeArchiveAndTensors("data", pickle.data(), pickle.size(), pickler.tensorData(), writer);
+  writer.writeEndOfFile();
+  return out;
+}
+
+DETTRIAL_INLINE c10::IValue unpickle_archive(const std::string& bytes, const std::filesystem::path& file) {
+  try {
+    return torch::jit::pickle_load(std::vector<char>(bytes.begin(), bytes.end()));
+  } catch (const std::exception& e) {
+    throw CheckpointError("cannot read '" + file.string() + "' as a torch.save archive: " + first_line(e.what()));
+  }
+}
+
+DETTRIAL_INLINE std::string shape_text(c10::IntArrayRef sizes) {
+  std::ostringstream s;
+  s << sizes;
+  return s.str();
+}
+
+DETTRIAL_INLINE bool python_param_state(const torch::optim::OptimizerParamState& state, c10::impl::GenericDict& out) {
   auto put = [&](const char* key, const torch::Tensor& t) {
     if (t.defined()) out.insert(key, t.detach());
   };
@@ -4796,7 +5281,7 @@ inline bool python_param_state(const torch::optim::OptimizerParamState& state, c
   return true;
 }
 
-inline void python_group_options(const torch::optim::OptimizerOptions& options, c10::impl::GenericDict& out) {
+DETTRIAL_INLINE void python_group_options(const torch::optim::OptimizerOptions& options, c10::impl::GenericDict& out) {
   if (const auto* o = dynamic_cast<const torch::optim::SGDOptions*>(&options)) {
     out.insert("lr", o->lr());
     out.insert("momentum", o->momentum());
@@ -4830,11 +5315,7 @@ inline void python_group_options(const torch::optim::OptimizerOptions& options, 
 
 }  // namespace detail
 
-/**
- * @brief A module's state dict as Python's `module.state_dict()` has it: parameters and buffers under
- * their dotted names (`0.weight`, `fc1.bias`, `bn.running_mean`), detached.
- */
-inline StateDict module_state_dict(const torch::nn::Module& module) {
+DETTRIAL_INLINE StateDict module_state_dict(const torch::nn::Module& module) {
   StateDict out(c10::StringType::get(), c10::TensorType::get());
   // LibTorch's pickler writes CPU and CUDA tensors (a CUDA one is copied out and tagged with its
   // device); others, such as the lazy device's, are saved as CPU copies.
@@ -4844,13 +5325,7 @@ inline StateDict module_state_dict(const torch::nn::Module& module) {
   return out;
 }
 
-/**
- * @brief An optimizer's state dict in Python's layout: `state` keyed by parameter index (counted
- * across groups), `param_groups` with their options and `params` as those indices. The built-in
- * optimizers (SGD, Adam, AdamW, Adagrad, RMSprop) are written in full; for others, groups carry
- * their learning rate and the state is left empty.
- */
-inline StateDict optimizer_state_dict(torch::optim::Optimizer& optimizer) {
+DETTRIAL_INLINE StateDict optimizer_state_dict(torch::optim::Optimizer& optimizer) {
   StateDict state(c10::IntType::get(), c10::AnyType::get());
   c10::impl::GenericList groups(c10::AnyType::get());
   std::int64_t index = 0;
@@ -4879,12 +5354,7 @@ inline StateDict optimizer_state_dict(torch::optim::Optimizer& optimizer) {
   return out;
 }
 
-/**
- * @brief Copies a state dict into a module after checking it fits: every parameter and buffer of the
- * module present with the same shape, and no entry the module lacks. On any mismatch nothing is
- * copied and CheckpointError names `what` (the file and model) and the entry.
- */
-inline void load_module_state_dict(torch::nn::Module& module, const StateDict& state, const std::string& what) {
+DETTRIAL_INLINE void load_module_state_dict(torch::nn::Module& module, const StateDict& state, const std::string& what) {
   std::vector<std::pair<torch::Tensor, torch::Tensor>> copies;
   std::map<std::string, bool> used;
   for (const auto& entry : state) used[entry.key().toStringRef()] = false;
@@ -4908,6 +5378,7 @@ inline void load_module_state_dict(torch::nn::Module& module, const StateDict& s
 }
 
 }  // namespace dettrial
+#endif  // DETTRIAL_HEADER_DEFINITIONS
 // ---- end dettrial/checkpoint/state_dict.hpp
 // ---- begin dettrial/checkpoint/storage.hpp
 // SPDX-License-Identifier: Apache-2.0
@@ -4920,20 +5391,12 @@ inline void load_module_state_dict(torch::nn::Module& module, const StateDict& s
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <optional>
-#include <random>
-#include <sstream>
 #include <string>
 #include <string_view>
 #include <type_traits>
 #include <utility>
 #include <vector>
-
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
-#include <zlib.h>
 
 
 namespace dettrial {
@@ -4967,7 +5430,102 @@ namespace detail {
 inline std::string errno_text() { return std::strerror(errno); }
 
 /// Writes `bytes` to `path` and fsyncs it, so a crash after this returns cannot lose or tear it.
-inline void write_file_synced(const std::filesystem::path& path, std::string_view bytes) {
+DETTRIAL_INLINE void write_file_synced(const std::filesystem::path& path, std::string_view bytes);
+
+/// Makes a directory's entries (new files, renames) durable.
+DETTRIAL_INLINE void sync_directory(const std::filesystem::path& dir);
+
+DETTRIAL_INLINE std::string read_file_bytes(const std::filesystem::path& path);
+
+DETTRIAL_INLINE std::uint32_t crc32_of(std::string_view bytes);
+
+/// A random (version 4) UUID, Determined's name for a checkpoint directory.
+DETTRIAL_INLINE std::string new_uuid();
+
+DETTRIAL_INLINE bool is_hidden(const std::filesystem::path& p);
+
+/// Removes what an interrupted writer or deleter left behind (hidden `.tmp-*` / `.deleting-*` folders).
+DETTRIAL_INLINE void remove_stale_entries(const std::filesystem::path& storage);
+
+}  // namespace detail
+
+/**
+ * @brief Writes one checkpoint crash-safely: every file goes into a hidden temporary directory and
+ * is synced; `commit` writes `metadata.json` (with each file's size and CRC-32) last, syncs, and
+ * renames the directory into place. Until then the storage holds only complete checkpoints; a
+ * writer destroyed without commit removes its temporary directory.
+ */
+class CheckpointWriter {
+ public:
+  CheckpointWriter(std::filesystem::path storage, std::string uuid);
+  CheckpointWriter(const CheckpointWriter&) = delete;
+  CheckpointWriter& operator=(const CheckpointWriter&) = delete;
+  ~CheckpointWriter();
+
+  void add_file(const std::string& name, std::string_view bytes);
+
+  /// Writes `metadata.json`: the members of `fields` (a JSON object), then `"files"` (each file's
+  /// `"size"` and `"crc32"`), and moves the checkpoint into place. Returns its final path.
+  std::filesystem::path commit(detail::Json fields);
+
+ private:
+  std::filesystem::path storage_;
+  std::string uuid_;
+  std::filesystem::path temp_;
+  detail::Json files_ = detail::Json::object();
+  bool committed_ = false;
+};
+
+/**
+ * @brief Reads and checks a checkpoint directory's `metadata.json`: present, parsable, a format this
+ * dettrial reads, and (when `verify_files`) every listed file present with its size and CRC-32.
+ * Throws CheckpointError naming the file at fault.
+ */
+DETTRIAL_INLINE CheckpointInfo read_checkpoint_info(const std::filesystem::path& dir, bool verify_files = true);
+
+/// Checks a file of a checkpoint against the CRC-32 recorded in its metadata.json, returning its bytes.
+DETTRIAL_INLINE std::string read_checked_file(const std::filesystem::path& dir, const std::string& name);
+
+/// The complete checkpoints in a storage directory, oldest first (by write order). Hidden entries
+/// (checkpoints being written or deleted) are not checkpoints.
+DETTRIAL_INLINE std::vector<CheckpointInfo> list_checkpoints(const std::filesystem::path& storage);
+
+/**
+ * @brief Resolves what a user names to resume from: a checkpoint directory itself, or a directory
+ * holding checkpoints (a trial's storage, or its output directory with `checkpoints/`), whose most
+ * recent checkpoint is taken. Throws CheckpointError when there is none.
+ */
+DETTRIAL_INLINE std::filesystem::path resolve_checkpoint(const std::filesystem::path& path);
+
+/**
+ * @brief The checkpoints `retention` lets go: all but the `save_trial_latest` most recent and the
+ * `save_trial_best` best by their validation metric. `keep_uuid` (the newest, while a trial still
+ * runs) is never chosen.
+ */
+DETTRIAL_INLINE std::vector<CheckpointInfo> checkpoints_to_delete(const std::vector<CheckpointInfo>& all, const Retention& retention,
+                                                                  bool smaller_is_better, std::string_view keep_uuid = {});
+
+/// Deletes a checkpoint: renamed to a hidden name first (atomic), so a crash half-way through
+/// never leaves a directory that looks like a checkpoint but is not one.
+DETTRIAL_INLINE void delete_checkpoint(const CheckpointInfo& checkpoint);
+
+}  // namespace dettrial
+
+// Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
+#if DETTRIAL_HEADER_DEFINITIONS
+#include <fstream>
+#include <random>
+#include <sstream>
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zlib.h>
+
+namespace dettrial {
+namespace detail {
+
+DETTRIAL_INLINE void write_file_synced(const std::filesystem::path& path, std::string_view bytes) {
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) throw CheckpointError("cannot create '" + path.string() + "': " + errno_text());
   std::size_t done = 0;
@@ -4989,8 +5547,7 @@ inline void write_file_synced(const std::filesystem::path& path, std::string_vie
   if (::close(fd) != 0) throw CheckpointError("cannot close '" + path.string() + "': " + errno_text());
 }
 
-/// Makes a directory's entries (new files, renames) durable.
-inline void sync_directory(const std::filesystem::path& dir) {
+DETTRIAL_INLINE void sync_directory(const std::filesystem::path& dir) {
   const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (fd < 0) throw CheckpointError("cannot open directory '" + dir.string() + "': " + errno_text());
   const int rc = ::fsync(fd);
@@ -4999,7 +5556,7 @@ inline void sync_directory(const std::filesystem::path& dir) {
   if (rc != 0) throw CheckpointError("cannot sync directory '" + dir.string() + "': " + why);
 }
 
-inline std::string read_file_bytes(const std::filesystem::path& path) {
+DETTRIAL_INLINE std::string read_file_bytes(const std::filesystem::path& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw CheckpointError("cannot read '" + path.string() + "'");
   std::ostringstream bytes;
@@ -5007,7 +5564,7 @@ inline std::string read_file_bytes(const std::filesystem::path& path) {
   return std::move(bytes).str();
 }
 
-inline std::uint32_t crc32_of(std::string_view bytes) {
+DETTRIAL_INLINE std::uint32_t crc32_of(std::string_view bytes) {
   uLong crc = ::crc32(0L, Z_NULL, 0);
   // zlib takes uInt lengths: feed large buffers in pieces.
   while (!bytes.empty()) {
@@ -5018,8 +5575,7 @@ inline std::uint32_t crc32_of(std::string_view bytes) {
   return static_cast<std::uint32_t>(crc);
 }
 
-/// A random (version 4) UUID, Determined's name for a checkpoint directory.
-inline std::string new_uuid() {
+DETTRIAL_INLINE std::string new_uuid() {
   std::random_device device;
   std::uint64_t hi = (static_cast<std::uint64_t>(device()) << 32) | device();
   std::uint64_t lo = (static_cast<std::uint64_t>(device()) << 32) | device();
@@ -5032,13 +5588,12 @@ inline std::string new_uuid() {
   return text;
 }
 
-inline bool is_hidden(const std::filesystem::path& p) {
+DETTRIAL_INLINE bool is_hidden(const std::filesystem::path& p) {
   const std::string name = p.filename().string();
   return !name.empty() && name.front() == '.';
 }
 
-/// Removes what an interrupted writer or deleter left behind (hidden `.tmp-*` / `.deleting-*` folders).
-inline void remove_stale_entries(const std::filesystem::path& storage) {
+DETTRIAL_INLINE void remove_stale_entries(const std::filesystem::path& storage) {
   std::error_code ec;
   if (!std::filesystem::is_directory(storage, ec)) return;
   for (const auto& entry : std::filesystem::directory_iterator(storage, ec)) {
@@ -5049,67 +5604,43 @@ inline void remove_stale_entries(const std::filesystem::path& storage) {
 
 }  // namespace detail
 
-/**
- * @brief Writes one checkpoint crash-safely: every file goes into a hidden temporary directory and
- * is synced; `commit` writes `metadata.json` (with each file's size and CRC-32) last, syncs, and
- * renames the directory into place. Until then the storage holds only complete checkpoints; a
- * writer destroyed without commit removes its temporary directory.
- */
-class CheckpointWriter {
- public:
-  CheckpointWriter(std::filesystem::path storage, std::string uuid)
-      : storage_(std::move(storage)), uuid_(std::move(uuid)), temp_(storage_ / (".tmp-" + uuid_)) {
-    std::error_code ec;
-    std::filesystem::create_directories(storage_, ec);
-    if (ec) throw CheckpointError("cannot create checkpoint storage '" + storage_.string() + "': " + ec.message());
-    std::filesystem::create_directory(temp_, ec);
-    if (ec) throw CheckpointError("cannot create '" + temp_.string() + "': " + ec.message());
-  }
-  CheckpointWriter(const CheckpointWriter&) = delete;
-  CheckpointWriter& operator=(const CheckpointWriter&) = delete;
-  ~CheckpointWriter() {
-    if (committed_) return;
-    std::error_code ec;
-    std::filesystem::remove_all(temp_, ec);
-  }
+DETTRIAL_INLINE CheckpointWriter::CheckpointWriter(std::filesystem::path storage, std::string uuid)
+    : storage_(std::move(storage)), uuid_(std::move(uuid)), temp_(storage_ / (".tmp-" + uuid_)) {
+  std::error_code ec;
+  std::filesystem::create_directories(storage_, ec);
+  if (ec) throw CheckpointError("cannot create checkpoint storage '" + storage_.string() + "': " + ec.message());
+  std::filesystem::create_directory(temp_, ec);
+  if (ec) throw CheckpointError("cannot create '" + temp_.string() + "': " + ec.message());
+}
 
-  void add_file(const std::string& name, std::string_view bytes) {
-    detail::write_file_synced(temp_ / name, bytes);
-    files_[name] = {{"size", bytes.size()}, {"crc32", detail::crc32_of(bytes)}};
-  }
+DETTRIAL_INLINE CheckpointWriter::~CheckpointWriter() {
+  if (committed_) return;
+  std::error_code ec;
+  std::filesystem::remove_all(temp_, ec);
+}
 
-  /// Writes `metadata.json`: the members of `fields` (a JSON object), then `"files"` (each file's
-  /// `"size"` and `"crc32"`), and moves the checkpoint into place. Returns its final path.
-  std::filesystem::path commit(detail::Json fields) {
-    const std::filesystem::path meta_path = temp_ / "metadata.json";
-    if (!fields.is_object())
-      throw CheckpointError("the fields of '" + meta_path.string() + "' must be a JSON object, not " + detail::json_kind(fields));
-    fields.erase("files");
-    fields["files"] = files_;
-    detail::write_file_synced(meta_path, detail::json_text(fields));
-    detail::sync_directory(temp_);
-    const std::filesystem::path final_path = storage_ / uuid_;
-    if (::rename(temp_.c_str(), final_path.c_str()) != 0)
-      throw CheckpointError("cannot move checkpoint into place at '" + final_path.string() + "': " + detail::errno_text());
-    committed_ = true;
-    detail::sync_directory(storage_);
-    return final_path;
-  }
+DETTRIAL_INLINE void CheckpointWriter::add_file(const std::string& name, std::string_view bytes) {
+  detail::write_file_synced(temp_ / name, bytes);
+  files_[name] = {{"size", bytes.size()}, {"crc32", detail::crc32_of(bytes)}};
+}
 
- private:
-  std::filesystem::path storage_;
-  std::string uuid_;
-  std::filesystem::path temp_;
-  detail::Json files_ = detail::Json::object();
-  bool committed_ = false;
-};
+DETTRIAL_INLINE std::filesystem::path CheckpointWriter::commit(detail::Json fields) {
+  const std::filesystem::path meta_path = temp_ / "metadata.json";
+  if (!fields.is_object())
+    throw CheckpointError("the fields of '" + meta_path.string() + "' must be a JSON object, not " + detail::json_kind(fields));
+  fields.erase("files");
+  fields["files"] = files_;
+  detail::write_file_synced(meta_path, detail::json_text(fields));
+  detail::sync_directory(temp_);
+  const std::filesystem::path final_path = storage_ / uuid_;
+  if (::rename(temp_.c_str(), final_path.c_str()) != 0)
+    throw CheckpointError("cannot move checkpoint into place at '" + final_path.string() + "': " + detail::errno_text());
+  committed_ = true;
+  detail::sync_directory(storage_);
+  return final_path;
+}
 
-/**
- * @brief Reads and checks a checkpoint directory's `metadata.json`: present, parsable, a format this
- * dettrial reads, and (when `verify_files`) every listed file present with its size and CRC-32.
- * Throws CheckpointError naming the file at fault.
- */
-inline CheckpointInfo read_checkpoint_info(const std::filesystem::path& dir, bool verify_files = true) {
+DETTRIAL_INLINE CheckpointInfo read_checkpoint_info(const std::filesystem::path& dir, bool verify_files) {
   std::error_code ec;
   if (!std::filesystem::exists(dir, ec)) throw CheckpointError("checkpoint '" + dir.string() + "' does not exist");
   if (!std::filesystem::is_directory(dir, ec))
@@ -5161,8 +5692,7 @@ inline CheckpointInfo read_checkpoint_info(const std::filesystem::path& dir, boo
   return info;
 }
 
-/// Checks a file of a checkpoint against the CRC-32 recorded in its metadata.json, returning its bytes.
-inline std::string read_checked_file(const std::filesystem::path& dir, const std::string& name) {
+DETTRIAL_INLINE std::string read_checked_file(const std::filesystem::path& dir, const std::string& name) {
   const std::filesystem::path file = dir / name;
   std::error_code ec;
   if (!std::filesystem::exists(file, ec)) throw CheckpointError("checkpoint file '" + file.string() + "' is missing");
@@ -5185,9 +5715,7 @@ inline std::string read_checked_file(const std::filesystem::path& dir, const std
   return bytes;
 }
 
-/// The complete checkpoints in a storage directory, oldest first (by write order). Hidden entries
-/// (checkpoints being written or deleted) are not checkpoints.
-inline std::vector<CheckpointInfo> list_checkpoints(const std::filesystem::path& storage) {
+DETTRIAL_INLINE std::vector<CheckpointInfo> list_checkpoints(const std::filesystem::path& storage) {
   std::vector<CheckpointInfo> out;
   std::error_code ec;
   if (!std::filesystem::is_directory(storage, ec)) return out;
@@ -5200,12 +5728,7 @@ inline std::vector<CheckpointInfo> list_checkpoints(const std::filesystem::path&
   return out;
 }
 
-/**
- * @brief Resolves what a user names to resume from: a checkpoint directory itself, or a directory
- * holding checkpoints (a trial's storage, or its output directory with `checkpoints/`), whose most
- * recent checkpoint is taken. Throws CheckpointError when there is none.
- */
-inline std::filesystem::path resolve_checkpoint(const std::filesystem::path& path) {
+DETTRIAL_INLINE std::filesystem::path resolve_checkpoint(const std::filesystem::path& path) {
   std::error_code ec;
   if (std::filesystem::exists(path / "metadata.json", ec)) return path;
   if (!std::filesystem::exists(path, ec)) throw CheckpointError("checkpoint '" + path.string() + "' does not exist");
@@ -5216,13 +5739,8 @@ inline std::filesystem::path resolve_checkpoint(const std::filesystem::path& pat
   throw CheckpointError("'" + path.string() + "' holds no complete dettrial checkpoint (a directory with metadata.json)");
 }
 
-/**
- * @brief The checkpoints `retention` lets go: all but the `save_trial_latest` most recent and the
- * `save_trial_best` best by their validation metric. `keep_uuid` (the newest, while a trial still
- * runs) is never chosen.
- */
-inline std::vector<CheckpointInfo> checkpoints_to_delete(const std::vector<CheckpointInfo>& all, const Retention& retention,
-                                                         bool smaller_is_better, std::string_view keep_uuid = {}) {
+DETTRIAL_INLINE std::vector<CheckpointInfo> checkpoints_to_delete(const std::vector<CheckpointInfo>& all, const Retention& retention,
+                                                                  bool smaller_is_better, std::string_view keep_uuid) {
   std::vector<bool> keep(all.size(), false);
   for (std::size_t i = 0; i < all.size(); ++i) {
     if (all[i].uuid == keep_uuid) keep[i] = true;
@@ -5241,9 +5759,7 @@ inline std::vector<CheckpointInfo> checkpoints_to_delete(const std::vector<Check
   return out;
 }
 
-/// Deletes a checkpoint: renamed to a hidden name first (atomic), so a crash half-way through
-/// never leaves a directory that looks like a checkpoint but is not one.
-inline void delete_checkpoint(const CheckpointInfo& checkpoint) {
+DETTRIAL_INLINE void delete_checkpoint(const CheckpointInfo& checkpoint) {
   const std::filesystem::path doomed = checkpoint.path.parent_path() / (".deleting-" + checkpoint.uuid);
   if (::rename(checkpoint.path.c_str(), doomed.c_str()) != 0)
     throw CheckpointError("cannot delete checkpoint '" + checkpoint.path.string() + "': " + detail::errno_text());
@@ -5252,6 +5768,7 @@ inline void delete_checkpoint(const CheckpointInfo& checkpoint) {
 }
 
 }  // namespace dettrial
+#endif  // DETTRIAL_HEADER_DEFINITIONS
 // ---- end dettrial/checkpoint/storage.hpp
 
 namespace dettrial {
@@ -5270,261 +5787,34 @@ struct TrialProgress {
   std::optional<std::uint64_t> training_data_seed{};
   std::optional<std::uint64_t> validation_data_seed{};
 
-  std::string to_json() const {
-    const auto optional = [](const auto& v) { return v ? detail::Json(*v) : detail::Json(nullptr); };
-    // As strings: 64-bit seeds do not survive JSON readers that use doubles.
-    const auto seed_text = [](const std::optional<std::uint64_t>& seed) { return seed ? detail::Json(std::to_string(*seed)) : detail::Json(nullptr); };
-    const detail::Json j = {{"trial_id", trial_id},
-                            {"batches_trained", batches_trained},
-                            {"epochs_trained", epochs_trained},
-                            {"last_val", last_validation},
-                            {"last_ckpt", last_checkpoint},
-                            {"best_validation", optional(best_validation)},
-                            {"training_data_seed", seed_text(training_data_seed)},
-                            {"validation_data_seed", seed_text(validation_data_seed)}};
-    return detail::json_text(j);
-  }
-  static TrialProgress from_json(const std::filesystem::path& file) {
-    const detail::Json n = detail::read_json_file<CheckpointError>(file);
-    TrialProgress p;
-    try {
-      const auto integer = [&](const char* key) { return detail::json_as<std::int64_t>(detail::json_field(n, key), key); };
-      // A seed is a string of digits (as written) or, from another writer, a non-negative integer.
-      const auto seed = [&](const char* key) -> std::optional<std::uint64_t> {
-        const detail::Json* v = detail::json_find(n, key);
-        if (!v || v->is_null()) return std::nullopt;
-        if (!v->is_string()) return detail::json_as<std::uint64_t>(*v, key);
-        const std::string& text = v->get_ref<const std::string&>();
-        std::uint64_t value = 0;
-        const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
-        if (ec != std::errc() || end != text.data() + text.size() || text.empty())
-          throw detail::JsonFieldError(std::string("'") + key + "' is " + v->dump() + ", not a 64-bit seed");
-        return value;
-      };
-      p.trial_id = integer("trial_id");
-      p.batches_trained = integer("batches_trained");
-      p.epochs_trained = integer("epochs_trained");
-      p.last_validation = integer("last_val");
-      p.last_checkpoint = integer("last_ckpt");
-      if (const detail::Json* v = detail::json_find(n, "best_validation"); v && !v->is_null())
-        p.best_validation = detail::json_as<double>(*v, "best_validation");
-      p.training_data_seed = seed("training_data_seed");
-      p.validation_data_seed = seed("validation_data_seed");
-    } catch (const detail::JsonFieldError& e) {
-      throw CheckpointError("'" + file.string() + "' lacks a field or has one of the wrong type: " + e.what());
-    }
-    return p;
-  }
+  std::string to_json() const;
+  static TrialProgress from_json(const std::filesystem::path& file);
 };
 
 namespace detail {
 
-inline const c10::IValue& require_entry(const StateDict& dict, const char* key, const std::string& what) {
-  const auto it = dict.find(key);
-  if (it == dict.end()) throw CheckpointError(what + " has no '" + key + "'");
-  return it->value();
-}
+DETTRIAL_INLINE const c10::IValue& require_entry(const StateDict& dict, const char* key, const std::string& what);
 
 /// A checkpoint's `state_dict.pth`, its size and CRC-32 checked, as a dict.
-inline StateDict read_state_dict_file(const std::filesystem::path& dir) {
-  const std::filesystem::path file = dir / "state_dict.pth";
-  const c10::IValue top = unpickle_archive(read_checked_file(dir, "state_dict.pth"), file);
-  if (!top.isGenericDict()) throw CheckpointError("checkpoint file '" + file.string() + "' does not hold a dict");
-  return top.toGenericDict();
-}
+DETTRIAL_INLINE StateDict read_state_dict_file(const std::filesystem::path& dir);
 
 /// Moves a Context's state into and out of checkpoint files, through the Context's public accessors.
 struct ContextCheckpoint {
   /// The Python-readable part (without callbacks, which the trainer adds).
   static StateDict python_state(Context& c, const std::vector<torch::Tensor>& cpu_rng_per_rank = {},
-                                const std::vector<torch::Tensor>& gpu_rng_per_rank = {}) {
-    c10::impl::GenericList models(c10::AnyType::get());
-    for (const auto& m : c.models()) models.push_back(module_state_dict(*m));
-    c10::impl::GenericList optimizers(c10::AnyType::get());
-    for (std::size_t i = 0; i < c.num_optimizers(); ++i) optimizers.push_back(optimizer_state_dict(c.optimizer(i)));
-    c10::impl::GenericList schedulers(c10::AnyType::get());
-    for (std::size_t i = 0; i < c.num_lr_schedulers(); ++i) {
-      const WrappedScheduler& s = c.lr_scheduler(i);
-      StateDict d(c10::StringType::get(), c10::AnyType::get());
-      // Python schedulers step once when built: LibTorch's k steps are Python's last_epoch k.
-      if (const std::int64_t steps = s.steps_taken(s.scheduler); steps >= 0) {
-        d.insert("last_epoch", steps);
-        d.insert("_step_count", steps + 1);
-      }
-      schedulers.push_back(d);
-    }
-    StateDict rng(c10::StringType::get(), c10::AnyType::get());
-    rng.insert("cpu_rng_state", at::detail::getDefaultCPUGenerator().get_state());
-    if (!cpu_rng_per_rank.empty()) {  // a data-parallel job: each rank's own state, in rank order
-      c10::impl::GenericList states(c10::AnyType::get());
-      for (const auto& t : cpu_rng_per_rank) states.push_back(t);
-      rng.insert("cpu_rng_states", states);
-    }
-    if (c.device().is_cuda()) rng.insert("gpu_rng_state", at::globalContext().defaultGenerator(c.device()).get_state());
-    if (!gpu_rng_per_rank.empty()) {  // each rank's GPU generator, in rank order (dettrial's field)
-      c10::impl::GenericList states(c10::AnyType::get());
-      for (const auto& t : gpu_rng_per_rank) states.push_back(t);
-      rng.insert("gpu_rng_states", states);
-    }
-    StateDict out(c10::StringType::get(), c10::AnyType::get());
-    out.insert("models_state_dict", models);
-    out.insert("optimizers_state_dict", optimizers);
-    out.insert("lr_schedulers_state_dict", schedulers);
-    out.insert("rng_state", rng);
-    return out;
-  }
+                                const std::vector<torch::Tensor>& gpu_rng_per_rank = {});
 
   /// LibTorch's archives of the optimizers and schedulers, and pending gradients when `with_grads`.
-  static std::string native_state(Context& c, bool with_grads) {
-    torch::serialize::OutputArchive archive;
-    archive.write("format", c10::IValue(checkpoint_format_version));
-    torch::serialize::OutputArchive optimizers;
-    for (std::size_t i = 0; i < c.num_optimizers(); ++i) {
-      torch::serialize::OutputArchive one;
-      c.optimizer(i).save(one);
-      // LibTorch's optimizer load restores the per-parameter state but not the groups' options
-      // (learning rate, momentum, ...), which schedulers change: they are saved beside it.
-      torch::serialize::OutputArchive groups;
-      const auto& param_groups = c.optimizer(i).param_groups();
-      for (std::size_t g = 0; g < param_groups.size(); ++g) {
-        torch::serialize::OutputArchive options;
-        param_groups[g].options().serialize(options);
-        groups.write(std::to_string(g), options);
-      }
-      one.write("dettrial_group_options", groups);
-      optimizers.write(std::to_string(i), one);
-    }
-    archive.write("optimizers", optimizers);
-    torch::serialize::OutputArchive schedulers;
-    for (std::size_t i = 0; i < c.num_lr_schedulers(); ++i) {
-      torch::serialize::OutputArchive one;
-      c.lr_scheduler(i).save(c.lr_scheduler(i).scheduler, one);
-      schedulers.write(std::to_string(i), one);
-    }
-    archive.write("schedulers", schedulers);
-    if (with_grads) {
-      // By position: the models were checked entry by entry before these are read back.
-      torch::serialize::OutputArchive grads;
-      for (std::size_t i = 0; i < c.models().size(); ++i) {
-        torch::serialize::OutputArchive model;
-        const auto params = c.models()[i]->parameters();
-        for (std::size_t j = 0; j < params.size(); ++j)
-          if (params[j].grad().defined()) model.write("p" + std::to_string(j), params[j].grad(), /*is_buffer=*/true);
-        grads.write(std::to_string(i), model);
-      }
-      archive.write("grads", grads);
-    }
-    std::string out;
-    archive.save_to([&](const void* bytes, std::size_t n) {
-      out.append(static_cast<const char*>(bytes), n);
-      return n;
-    });
-    return out;
-  }
+  static std::string native_state(Context& c, bool with_grads);
 
   /// Checks and loads every model of `top` (state_dict.pth's dict) into the context's models.
-  static void load_models(Context& c, const StateDict& top, const std::filesystem::path& file) {
-    const std::string what = "checkpoint file '" + file.string() + "'";
-    const c10::IValue& models = require_entry(top, "models_state_dict", what);
-    if (!models.isList()) throw CheckpointError(what + ": 'models_state_dict' is not a list");
-    const auto list = models.toList();
-    if (list.size() != c.models().size())
-      throw CheckpointError(what + " holds " + std::to_string(list.size()) + " model(s), but the trial wraps " +
-                            std::to_string(c.models().size()));
-    for (std::size_t i = 0; i < list.size(); ++i) {
-      const c10::IValue entry = list.get(i);
-      if (!entry.isGenericDict()) throw CheckpointError(what + ": model " + std::to_string(i) + " is not a state dict");
-      load_module_state_dict(*c.models()[i], entry.toGenericDict(), what + ", model " + std::to_string(i) + ",");
-    }
-  }
+  static void load_models(Context& c, const StateDict& top, const std::filesystem::path& file);
 
-  static void load_rng(Context& c, const StateDict& top, const std::filesystem::path& file) {
-    const std::string what = "checkpoint file '" + file.string() + "'";
-    const c10::IValue& rng = require_entry(top, "rng_state", what);
-    if (!rng.isGenericDict()) throw CheckpointError(what + ": 'rng_state' is not a dict");
-    const StateDict states = rng.toGenericDict();
-    // This rank's own state from a job's per-rank list when there is one, else the chief's.
-    const auto this_ranks = [&](const char* per_rank_key, torch::Tensor chiefs) {
-      if (const auto per_rank = states.find(per_rank_key); per_rank != states.end() && per_rank->value().isList()) {
-        const auto list = per_rank->value().toList();
-        if (static_cast<std::size_t>(c.distributed().rank) < list.size()) return list.get(c.distributed().rank).toTensor();
-      }
-      return chiefs;
-    };
-    set_generator_state(at::detail::getDefaultCPUGenerator(),
-                        this_ranks("cpu_rng_states", require_entry(states, "cpu_rng_state", what + "'s rng_state").toTensor()));
-    if (const auto gpu = states.find("gpu_rng_state"); gpu != states.end() && c.device().is_cuda())
-      set_generator_state(at::globalContext().defaultGenerator(c.device()), this_ranks("gpu_rng_states", gpu->value().toTensor()));
-  }
+  static void load_rng(Context& c, const StateDict& top, const std::filesystem::path& file);
 
-  static void set_generator_state(at::Generator generator, const torch::Tensor& state) {  // a handle: copies share the generator
-    std::lock_guard<std::mutex> lock(generator.mutex());
-    generator.set_state(state);
-  }
+  static void set_generator_state(at::Generator generator, const torch::Tensor& state);  // a handle: copies share the generator
 
-  static void load_native(Context& c, const std::string& bytes, const std::filesystem::path& file) {
-    const std::string what = "checkpoint file '" + file.string() + "'";
-    torch::serialize::InputArchive archive;
-    try {
-      archive.load_from(bytes.data(), bytes.size());
-    } catch (const std::exception& e) {
-      throw CheckpointError("cannot read " + what + ": " + first_line(e.what()));
-    }
-    auto sub = [&](const char* key) {
-      torch::serialize::InputArchive a;
-      if (!archive.try_read(key, a)) throw CheckpointError(what + " has no '" + key + "' section");
-      return a;
-    };
-    auto count = [](torch::serialize::InputArchive& a) { return a.keys().size(); };
-    torch::serialize::InputArchive optimizers = sub("optimizers");
-    if (count(optimizers) != c.num_optimizers())
-      throw CheckpointError(what + " holds " + std::to_string(count(optimizers)) + " optimizer(s), but the trial wraps " +
-                            std::to_string(c.num_optimizers()));
-    for (std::size_t i = 0; i < c.num_optimizers(); ++i) {
-      torch::serialize::InputArchive one;
-      optimizers.read(std::to_string(i), one);
-      try {
-        auto& optimizer = c.optimizer(i);
-        optimizer.load(one);
-        torch::serialize::InputArchive groups;
-        one.read("dettrial_group_options", groups);
-        for (std::size_t g = 0; g < optimizer.param_groups().size(); ++g) {
-          torch::serialize::InputArchive options;
-          groups.read(std::to_string(g), options);
-          optimizer.param_groups()[g].options().serialize(options);
-        }
-      } catch (const std::exception& e) {
-        throw CheckpointError(what + ": optimizer " + std::to_string(i) + " does not match the trial's: " + first_line(e.what()));
-      }
-    }
-    torch::serialize::InputArchive schedulers = sub("schedulers");
-    if (count(schedulers) != c.num_lr_schedulers())
-      throw CheckpointError(what + " holds " + std::to_string(count(schedulers)) + " LR scheduler(s), but the trial wraps " +
-                            std::to_string(c.num_lr_schedulers()));
-    for (std::size_t i = 0; i < c.num_lr_schedulers(); ++i) {
-      torch::serialize::InputArchive one;
-      schedulers.read(std::to_string(i), one);
-      try {
-        c.lr_scheduler(i).load(c.lr_scheduler(i).scheduler, one);
-      } catch (const std::exception& e) {
-        throw CheckpointError(what + ": LR scheduler " + std::to_string(i) + " cannot be restored: " + first_line(e.what()));
-      }
-    }
-    torch::serialize::InputArchive grads;
-    const bool has_grads = archive.try_read("grads", grads);
-    for (std::size_t i = 0; i < c.models().size(); ++i) {
-      torch::serialize::InputArchive model;
-      const bool has_model = has_grads && grads.try_read(std::to_string(i), model);
-      auto params = c.models()[i]->parameters();
-      for (std::size_t j = 0; j < params.size(); ++j) {
-        torch::Tensor g;
-        if (has_model && model.try_read("p" + std::to_string(j), g, /*is_buffer=*/true))
-          params[j].mutable_grad() = g.to(params[j].device());
-        else if (params[j].grad().defined())
-          params[j].mutable_grad() = torch::Tensor();  // nothing was pending at the checkpoint
-      }
-    }
-  }
+  static void load_native(Context& c, const std::string& bytes, const std::filesystem::path& file);
 };
 
 }  // namespace detail
@@ -5535,15 +5825,277 @@ struct ContextCheckpoint {
  * `dettrial::load_models(path, context)`. `path` is a checkpoint directory, or a directory holding
  * checkpoints (the latest is taken). Names and shapes are checked before anything is copied.
  */
-inline CheckpointInfo load_models(const std::filesystem::path& path, Context& context) {
+DETTRIAL_INLINE CheckpointInfo load_models(const std::filesystem::path& path, Context& context);
+
+/// Loads model `index` of a checkpoint into a bare module (no trial needed), checking names and shapes.
+DETTRIAL_INLINE void load_model(const std::filesystem::path& path, torch::nn::Module& module, std::size_t index = 0);
+
+}  // namespace dettrial
+
+// Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
+#if DETTRIAL_HEADER_DEFINITIONS
+namespace dettrial {
+
+DETTRIAL_INLINE std::string TrialProgress::to_json() const {
+  const auto optional = [](const auto& v) { return v ? detail::Json(*v) : detail::Json(nullptr); };
+  // As strings: 64-bit seeds do not survive JSON readers that use doubles.
+  const auto seed_text = [](const std::optional<std::uint64_t>& seed) { return seed ? detail::Json(std::to_string(*seed)) : detail::Json(nullptr); };
+  const detail::Json j = {{"trial_id", trial_id},
+                          {"batches_trained", batches_trained},
+                          {"epochs_trained", epochs_trained},
+                          {"last_val", last_validation},
+                          {"last_ckpt", last_checkpoint},
+                          {"best_validation", optional(best_validation)},
+                          {"training_data_seed", seed_text(training_data_seed)},
+                          {"validation_data_seed", seed_text(validation_data_seed)}};
+  return detail::json_text(j);
+}
+
+DETTRIAL_INLINE TrialProgress TrialProgress::from_json(const std::filesystem::path& file) {
+  const detail::Json n = detail::read_json_file<CheckpointError>(file);
+  TrialProgress p;
+  try {
+    const auto integer = [&](const char* key) { return detail::json_as<std::int64_t>(detail::json_field(n, key), key); };
+    // A seed is a string of digits (as written) or, from another writer, a non-negative integer.
+    const auto seed = [&](const char* key) -> std::optional<std::uint64_t> {
+      const detail::Json* v = detail::json_find(n, key);
+      if (!v || v->is_null()) return std::nullopt;
+      if (!v->is_string()) return detail::json_as<std::uint64_t>(*v, key);
+      const std::string& text = v->get_ref<const std::string&>();
+      std::uint64_t value = 0;
+      const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+      if (ec != std::errc() || end != text.data() + text.size() || text.empty())
+        throw detail::JsonFieldError(std::string("'") + key + "' is " + v->dump() + ", not a 64-bit seed");
+      return value;
+    };
+    p.trial_id = integer("trial_id");
+    p.batches_trained = integer("batches_trained");
+    p.epochs_trained = integer("epochs_trained");
+    p.last_validation = integer("last_val");
+    p.last_checkpoint = integer("last_ckpt");
+    if (const detail::Json* v = detail::json_find(n, "best_validation"); v && !v->is_null())
+      p.best_validation = detail::json_as<double>(*v, "best_validation");
+    p.training_data_seed = seed("training_data_seed");
+    p.validation_data_seed = seed("validation_data_seed");
+  } catch (const detail::JsonFieldError& e) {
+    throw CheckpointError("'" + file.string() + "' lacks a field or has one of the wrong type: " + e.what());
+  }
+  return p;
+}
+
+namespace detail {
+
+DETTRIAL_INLINE const c10::IValue& require_entry(const StateDict& dict, const char* key, const std::string& what) {
+  const auto it = dict.find(key);
+  if (it == dict.end()) throw CheckpointError(what + " has no '" + key + "'");
+  return it->value();
+}
+
+DETTRIAL_INLINE StateDict read_state_dict_file(const std::filesystem::path& dir) {
+  const std::filesystem::path file = dir / "state_dict.pth";
+  const c10::IValue top = unpickle_archive(read_checked_file(dir, "state_dict.pth"), file);
+  if (!top.isGenericDict()) throw CheckpointError("checkpoint file '" + file.string() + "' does not hold a dict");
+  return top.toGenericDict();
+}
+
+DETTRIAL_INLINE StateDict ContextCheckpoint::python_state(Context& c, const std::vector<torch::Tensor>& cpu_rng_per_rank,
+                                                           const std::vector<torch::Tensor>& gpu_rng_per_rank) {
+  c10::impl::GenericList models(c10::AnyType::get());
+  for (const auto& m : c.models()) models.push_back(module_state_dict(*m));
+  c10::impl::GenericList optimizers(c10::AnyType::get());
+  for (std::size_t i = 0; i < c.num_optimizers(); ++i) optimizers.push_back(optimizer_state_dict(c.optimizer(i)));
+  c10::impl::GenericList schedulers(c10::AnyType::get());
+  for (std::size_t i = 0; i < c.num_lr_schedulers(); ++i) {
+    const WrappedScheduler& s = c.lr_scheduler(i);
+    StateDict d(c10::StringType::get(), c10::AnyType::get());
+    // Python schedulers step once when built: LibTorch's k steps are Python's last_epoch k.
+    if (const std::int64_t steps = s.steps_taken(s.scheduler); steps >= 0) {
+      d.insert("last_epoch", steps);
+      d.insert("_step_count", steps + 1);
+    }
+    schedulers.push_back(d);
+  }
+  StateDict rng(c10::StringType::get(), c10::AnyType::get());
+  rng.insert("cpu_rng_state", at::detail::getDefaultCPUGenerator().get_state());
+  if (!cpu_rng_per_rank.empty()) {  // a data-parallel job: each rank's own state, in rank order
+    c10::impl::GenericList states(c10::AnyType::get());
+    for (const auto& t : cpu_rng_per_rank) states.push_back(t);
+    rng.insert("cpu_rng_states", states);
+  }
+  if (c.device().is_cuda()) rng.insert("gpu_rng_state", at::globalContext().defaultGenerator(c.device()).get_state());
+  if (!gpu_rng_per_rank.empty()) {  // each rank's GPU generator, in rank order (dettrial's field)
+    c10::impl::GenericList states(c10::AnyType::get());
+    for (const auto& t : gpu_rng_per_rank) states.push_back(t);
+    rng.insert("gpu_rng_states", states);
+  }
+  StateDict out(c10::StringType::get(), c10::AnyType::get());
+  out.insert("models_state_dict", models);
+  out.insert("optimizers_state_dict", optimizers);
+  out.insert("lr_schedulers_state_dict", schedulers);
+  out.insert("rng_state", rng);
+  return out;
+}
+
+DETTRIAL_INLINE std::string ContextCheckpoint::native_state(Context& c, bool with_grads) {
+  torch::serialize::OutputArchive archive;
+  archive.write("format", c10::IValue(checkpoint_format_version));
+  torch::serialize::OutputArchive optimizers;
+  for (std::size_t i = 0; i < c.num_optimizers(); ++i) {
+    torch::serialize::OutputArchive one;
+    c.optimizer(i).save(one);
+    // LibTorch's optimizer load restores the per-parameter state but not the groups' options
+    // (learning rate, momentum, ...), which schedulers change: they are saved beside it.
+    torch::serialize::OutputArchive groups;
+    const auto& param_groups = c.optimizer(i).param_groups();
+    for (std::size_t g = 0; g < param_groups.size(); ++g) {
+      torch::serialize::OutputArchive options;
+      param_groups[g].options().serialize(options);
+      groups.write(std::to_string(g), options);
+    }
+    one.write("dettrial_group_options", groups);
+    optimizers.write(std::to_string(i), one);
+  }
+  archive.write("optimizers", optimizers);
+  torch::serialize::OutputArchive schedulers;
+  for (std::size_t i = 0; i < c.num_lr_schedulers(); ++i) {
+    torch::serialize::OutputArchive one;
+    c.lr_scheduler(i).save(c.lr_scheduler(i).scheduler, one);
+    schedulers.write(std::to_string(i), one);
+  }
+  archive.write("schedulers", schedulers);
+  if (with_grads) {
+    // By position: the models were checked entry by entry before these are read back.
+    torch::serialize::OutputArchive grads;
+    for (std::size_t i = 0; i < c.models().size(); ++i) {
+      torch::serialize::OutputArchive model;
+      const auto params = c.models()[i]->parameters();
+      for (std::size_t j = 0; j < params.size(); ++j)
+        if (params[j].grad().defined()) model.write("p" + std::to_string(j), params[j].grad(), /*is_buffer=*/true);
+      grads.write(std::to_string(i), model);
+    }
+    archive.write("grads", grads);
+  }
+  std::string out;
+  archive.save_to([&](const void* bytes, std::size_t n) {
+    out.append(static_cast<const char*>(bytes), n);
+    return n;
+  });
+  return out;
+}
+
+DETTRIAL_INLINE void ContextCheckpoint::load_models(Context& c, const StateDict& top, const std::filesystem::path& file) {
+  const std::string what = "checkpoint file '" + file.string() + "'";
+  const c10::IValue& models = require_entry(top, "models_state_dict", what);
+  if (!models.isList()) throw CheckpointError(what + ": 'models_state_dict' is not a list");
+  const auto list = models.toList();
+  if (list.size() != c.models().size())
+    throw CheckpointError(what + " holds " + std::to_string(list.size()) + " model(s), but the trial wraps " +
+                          std::to_string(c.models().size()));
+  for (std::size_t i = 0; i < list.size(); ++i) {
+    const c10::IValue entry = list.get(i);
+    if (!entry.isGenericDict()) throw CheckpointError(what + ": model " + std::to_string(i) + " is not a state dict");
+    load_module_state_dict(*c.models()[i], entry.toGenericDict(), what + ", model " + std::to_string(i) + ",");
+  }
+}
+
+DETTRIAL_INLINE void ContextCheckpoint::load_rng(Context& c, const StateDict& top, const std::filesystem::path& file) {
+  const std::string what = "checkpoint file '" + file.string() + "'";
+  const c10::IValue& rng = require_entry(top, "rng_state", what);
+  if (!rng.isGenericDict()) throw CheckpointError(what + ": 'rng_state' is not a dict");
+  const StateDict states = rng.toGenericDict();
+  // This rank's own state from a job's per-rank list when there is one, else the chief's.
+  const auto this_ranks = [&](const char* per_rank_key, torch::Tensor chiefs) {
+    if (const auto per_rank = states.find(per_rank_key); per_rank != states.end() && per_rank->value().isList()) {
+      const auto list = per_rank->value().toList();
+      if (static_cast<std::size_t>(c.distributed().rank) < list.size()) return list.get(c.distributed().rank).toTensor();
+    }
+    return chiefs;
+  };
+  set_generator_state(at::detail::getDefaultCPUGenerator(),
+                      this_ranks("cpu_rng_states", require_entry(states, "cpu_rng_state", what + "'s rng_state").toTensor()));
+  if (const auto gpu = states.find("gpu_rng_state"); gpu != states.end() && c.device().is_cuda())
+    set_generator_state(at::globalContext().defaultGenerator(c.device()), this_ranks("gpu_rng_states", gpu->value().toTensor()));
+}
+
+DETTRIAL_INLINE void ContextCheckpoint::set_generator_state(at::Generator generator, const torch::Tensor& state) {
+  std::lock_guard<std::mutex> lock(generator.mutex());
+  generator.set_state(state);
+}
+
+DETTRIAL_INLINE void ContextCheckpoint::load_native(Context& c, const std::string& bytes, const std::filesystem::path& file) {
+  const std::string what = "checkpoint file '" + file.string() + "'";
+  torch::serialize::InputArchive archive;
+  try {
+    archive.load_from(bytes.data(), bytes.size());
+  } catch (const std::exception& e) {
+    throw CheckpointError("cannot read " + what + ": " + first_line(e.what()));
+  }
+  auto sub = [&](const char* key) {
+    torch::serialize::InputArchive a;
+    if (!archive.try_read(key, a)) throw CheckpointError(what + " has no '" + key + "' section");
+    return a;
+  };
+  auto count = [](torch::serialize::InputArchive& a) { return a.keys().size(); };
+  torch::serialize::InputArchive optimizers = sub("optimizers");
+  if (count(optimizers) != c.num_optimizers())
+    throw CheckpointError(what + " holds " + std::to_string(count(optimizers)) + " optimizer(s), but the trial wraps " +
+                          std::to_string(c.num_optimizers()));
+  for (std::size_t i = 0; i < c.num_optimizers(); ++i) {
+    torch::serialize::InputArchive one;
+    optimizers.read(std::to_string(i), one);
+    try {
+      auto& optimizer = c.optimizer(i);
+      optimizer.load(one);
+      torch::serialize::InputArchive groups;
+      one.read("dettrial_group_options", groups);
+      for (std::size_t g = 0; g < optimizer.param_groups().size(); ++g) {
+        torch::serialize::InputArchive options;
+        groups.read(std::to_string(g), options);
+        optimizer.param_groups()[g].options().serialize(options);
+      }
+    } catch (const std::exception& e) {
+      throw CheckpointError(what + ": optimizer " + std::to_string(i) + " does not match the trial's: " + first_line(e.what()));
+    }
+  }
+  torch::serialize::InputArchive schedulers = sub("schedulers");
+  if (count(schedulers) != c.num_lr_schedulers())
+    throw CheckpointError(what + " holds " + std::to_string(count(schedulers)) + " LR scheduler(s), but the trial wraps " +
+                          std::to_string(c.num_lr_schedulers()));
+  for (std::size_t i = 0; i < c.num_lr_schedulers(); ++i) {
+    torch::serialize::InputArchive one;
+    schedulers.read(std::to_string(i), one);
+    try {
+      c.lr_scheduler(i).load(c.lr_scheduler(i).scheduler, one);
+    } catch (const std::exception& e) {
+      throw CheckpointError(what + ": LR scheduler " + std::to_string(i) + " cannot be restored: " + first_line(e.what()));
+    }
+  }
+  torch::serialize::InputArchive grads;
+  const bool has_grads = archive.try_read("grads", grads);
+  for (std::size_t i = 0; i < c.models().size(); ++i) {
+    torch::serialize::InputArchive model;
+    const bool has_model = has_grads && grads.try_read(std::to_string(i), model);
+    auto params = c.models()[i]->parameters();
+    for (std::size_t j = 0; j < params.size(); ++j) {
+      torch::Tensor g;
+      if (has_model && model.try_read("p" + std::to_string(j), g, /*is_buffer=*/true))
+        params[j].mutable_grad() = g.to(params[j].device());
+      else if (params[j].grad().defined())
+        params[j].mutable_grad() = torch::Tensor();  // nothing was pending at the checkpoint
+    }
+  }
+}
+
+}  // namespace detail
+
+DETTRIAL_INLINE CheckpointInfo load_models(const std::filesystem::path& path, Context& context) {
   const std::filesystem::path dir = resolve_checkpoint(path);
   const CheckpointInfo info = read_checkpoint_info(dir);
   detail::ContextCheckpoint::load_models(context, detail::read_state_dict_file(dir), dir / "state_dict.pth");
   return info;
 }
 
-/// Loads model `index` of a checkpoint into a bare module (no trial needed), checking names and shapes.
-inline void load_model(const std::filesystem::path& path, torch::nn::Module& module, std::size_t index = 0) {
+DETTRIAL_INLINE void load_model(const std::filesystem::path& path, torch::nn::Module& module, std::size_t index) {
   const std::filesystem::path dir = resolve_checkpoint(path);
   const std::string what = "checkpoint file '" + (dir / "state_dict.pth").string() + "'";
   const auto models = detail::require_entry(detail::read_state_dict_file(dir), "models_state_dict", what).toList();
@@ -5553,6 +6105,7 @@ inline void load_model(const std::filesystem::path& path, torch::nn::Module& mod
 }
 
 }  // namespace dettrial
+#endif  // DETTRIAL_HEADER_DEFINITIONS
 // ---- end dettrial/checkpoint/checkpoint.hpp
 // ---- begin dettrial/checkpoint/policy.hpp
 // SPDX-License-Identifier: Apache-2.0
@@ -5638,50 +6191,19 @@ struct RankRngStates {
 };
 
 /// Gathers every rank's generator states (a collective: all ranks checkpoint at the same batches).
-inline RankRngStates gather_rng_states(Context& c) {
-  RankRngStates out;
-  Communicator* comm = c.communicator();
-  if (!comm) return out;
-  for (const torch::Tensor& state : comm->allgather(at::detail::getDefaultCPUGenerator().get_state().to(comm->device())))
-    out.cpu.push_back(state.cpu());
-  if (c.device().is_cuda())
-    for (const torch::Tensor& state : comm->allgather(at::globalContext().defaultGenerator(c.device()).get_state().to(comm->device())))
-      out.gpu.push_back(state.cpu());
-  return out;
-}
+DETTRIAL_INLINE RankRngStates gather_rng_states(Context& c);
 
 /// Sends the chief's checkpoint uuid to every rank (36 characters); one process keeps its own.
-inline std::string share_uuid(Communicator* comm, const std::string& uuid) {
-  if (!comm) return uuid;
-  std::vector<torch::Tensor> t{torch::zeros({36}, torch::kUInt8)};
-  if (comm->rank() == 0) std::memcpy(t[0].data_ptr<std::uint8_t>(), uuid.data(), std::min<std::size_t>(uuid.size(), 36));
-  t[0] = t[0].to(comm->device());
-  comm->broadcast(t);
-  const torch::Tensor host = t[0].cpu();
-  return std::string(reinterpret_cast<const char*>(host.data_ptr<std::uint8_t>()), 36);
-}
+DETTRIAL_INLINE std::string share_uuid(Communicator* comm, const std::string& uuid);
 
 /// state_dict.pth's dict: the Context's Python-readable state and the callbacks' states.
-inline StateDict trial_state_dict(Context& c, const RankRngStates& rng, StateDict callback_states) {
-  StateDict top = ContextCheckpoint::python_state(c, rng.cpu, rng.gpu);
-  top.insert("callbacks", std::move(callback_states));
-  return top;
-}
+DETTRIAL_INLINE StateDict trial_state_dict(Context& c, const RankRngStates& rng, StateDict callback_states);
 
 /// The callbacks' states in a checkpoint's state dict (empty when it has none).
-inline StateDict callback_states_of(const StateDict& top) {
-  if (const auto it = top.find("callbacks"); it != top.end() && it->value().isGenericDict()) return it->value().toGenericDict();
-  return StateDict(c10::StringType::get(), c10::AnyType::get());
-}
+DETTRIAL_INLINE StateDict callback_states_of(const StateDict& top);
 
 /// `load_data.json`: what Determined records to rebuild the trial (config, hyperparameters, type).
-inline Json load_data(const Context& c, std::string_view trial_type) {
-  return Json{{"trial_type", "dettrial"},
-              {"experiment_config", yaml_to_json(c.get_experiment_config().yaml)},
-              {"hparams", yaml_to_json(c.get_hparams().yaml())},
-              {"trial_cls_spec", trial_type},
-              {"is_trainer", true}};
-}
+DETTRIAL_INLINE Json load_data(const Context& c, std::string_view trial_type);
 
 /// What a trial's checkpoint records besides the Context's state.
 struct TrialCheckpointRecord {
@@ -5698,8 +6220,62 @@ struct TrialCheckpointRecord {
 
 /// Writes a checkpoint into `storage` (crash-safe: a temporary directory renamed when complete) and
 /// returns what list_checkpoints will say about it. `top` is state_dict.pth's dict.
-inline CheckpointInfo write_trial_checkpoint(Context& c, const std::filesystem::path& storage, const StateDict& top,
-                                             const TrialCheckpointRecord& record) {
+DETTRIAL_INLINE CheckpointInfo write_trial_checkpoint(Context& c, const std::filesystem::path& storage, const StateDict& top,
+                                                      const TrialCheckpointRecord& record);
+
+/// Restores the Context's models (names and shapes checked first), optimizers, schedulers, pending
+/// gradients and RNGs from checkpoint `dir`, whose state_dict.pth holds `top`.
+DETTRIAL_INLINE void restore_context(Context& c, const std::filesystem::path& dir, const StateDict& top);
+
+}  // namespace dettrial::detail
+
+// Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
+#if DETTRIAL_HEADER_DEFINITIONS
+namespace dettrial::detail {
+
+DETTRIAL_INLINE RankRngStates gather_rng_states(Context& c) {
+  RankRngStates out;
+  Communicator* comm = c.communicator();
+  if (!comm) return out;
+  for (const torch::Tensor& state : comm->allgather(at::detail::getDefaultCPUGenerator().get_state().to(comm->device())))
+    out.cpu.push_back(state.cpu());
+  if (c.device().is_cuda())
+    for (const torch::Tensor& state : comm->allgather(at::globalContext().defaultGenerator(c.device()).get_state().to(comm->device())))
+      out.gpu.push_back(state.cpu());
+  return out;
+}
+
+DETTRIAL_INLINE std::string share_uuid(Communicator* comm, const std::string& uuid) {
+  if (!comm) return uuid;
+  std::vector<torch::Tensor> t{torch::zeros({36}, torch::kUInt8)};
+  if (comm->rank() == 0) std::memcpy(t[0].data_ptr<std::uint8_t>(), uuid.data(), std::min<std::size_t>(uuid.size(), 36));
+  t[0] = t[0].to(comm->device());
+  comm->broadcast(t);
+  const torch::Tensor host = t[0].cpu();
+  return std::string(reinterpret_cast<const char*>(host.data_ptr<std::uint8_t>()), 36);
+}
+
+DETTRIAL_INLINE StateDict trial_state_dict(Context& c, const RankRngStates& rng, StateDict callback_states) {
+  StateDict top = ContextCheckpoint::python_state(c, rng.cpu, rng.gpu);
+  top.insert("callbacks", std::move(callback_states));
+  return top;
+}
+
+DETTRIAL_INLINE StateDict callback_states_of(const StateDict& top) {
+  if (const auto it = top.find("callbacks"); it != top.end() && it->value().isGenericDict()) return it->value().toGenericDict();
+  return StateDict(c10::StringType::get(), c10::AnyType::get());
+}
+
+DETTRIAL_INLINE Json load_data(const Context& c, std::string_view trial_type) {
+  return Json{{"trial_type", "dettrial"},
+              {"experiment_config", yaml_to_json(c.get_experiment_config().yaml)},
+              {"hparams", yaml_to_json(c.get_hparams().yaml())},
+              {"trial_cls_spec", trial_type},
+              {"is_trainer", true}};
+}
+
+DETTRIAL_INLINE CheckpointInfo write_trial_checkpoint(Context& c, const std::filesystem::path& storage, const StateDict& top,
+                                                      const TrialCheckpointRecord& record) {
   CheckpointInfo info{.uuid = new_uuid(),
                       .batches_trained = record.progress.batches_trained,
                       .epochs_trained = record.progress.epochs_trained,
@@ -5727,9 +6303,7 @@ inline CheckpointInfo write_trial_checkpoint(Context& c, const std::filesystem::
   return info;
 }
 
-/// Restores the Context's models (names and shapes checked first), optimizers, schedulers, pending
-/// gradients and RNGs from checkpoint `dir`, whose state_dict.pth holds `top`.
-inline void restore_context(Context& c, const std::filesystem::path& dir, const StateDict& top) {
+DETTRIAL_INLINE void restore_context(Context& c, const std::filesystem::path& dir, const StateDict& top) {
   const std::filesystem::path file = dir / "state_dict.pth";
   ContextCheckpoint::load_models(c, top, file);
   ContextCheckpoint::load_native(c, read_checked_file(dir, "dettrial_state.pt"), dir / "dettrial_state.pt");
@@ -5737,6 +6311,7 @@ inline void restore_context(Context& c, const std::filesystem::path& dir, const 
 }
 
 }  // namespace dettrial::detail
+#endif  // DETTRIAL_HEADER_DEFINITIONS
 // ---- end dettrial/checkpoint/trial_checkpoint.hpp
 // ---- begin dettrial/report/metrics_log.hpp
 // SPDX-License-Identifier: Apache-2.0
@@ -5763,72 +6338,25 @@ class MetricsLog {
    * without checkpointing again) describe training that is about to be done again: they are
    * dropped first, with a torn last line, so that no report appears twice.
    */
-  explicit MetricsLog(const std::filesystem::path& dir, std::optional<std::int64_t> resumed_at = std::nullopt)
-      : path_(dir / "metrics.jsonl") {
-    std::error_code ec;
-    std::filesystem::create_directories(dir, ec);
-    if (ec) throw Error("cannot create output directory '" + dir.string() + "': " + ec.message());
-    if (resumed_at && std::filesystem::exists(path_, ec)) dropped_ = drop_records_after(*resumed_at);
-    out_.open(path_, std::ios::app);
-    if (!out_) throw Error("cannot write '" + path_.string() + "'");
-  }
+  explicit MetricsLog(const std::filesystem::path& dir, std::optional<std::int64_t> resumed_at = std::nullopt);
   bool enabled() const { return out_.is_open(); }
   const std::filesystem::path& path() const { return path_; }
   /// How many records opening it for a resume dropped.
   std::size_t dropped() const { return dropped_; }
 
   /// The `"batches"` of a metrics.jsonl record, or nullopt for one without an integer `"batches"`.
-  static std::optional<std::int64_t> batches_of_record(const detail::Json& record) {
-    const detail::Json* batches = detail::json_find(record, "batches");
-    if (!batches || !batches->is_number_integer()) return std::nullopt;
-    return batches->get<std::int64_t>();
-  }
+  static std::optional<std::int64_t> batches_of_record(const detail::Json& record);
   /// The `"batches"` of one metrics.jsonl line, or nullopt for a line that is not a complete record
   /// (one torn by a crash does not parse).
-  static std::optional<std::int64_t> batches_of(std::string_view line) {
-    const detail::Json record = detail::Json::parse(line, nullptr, /*allow_exceptions=*/false);
-    if (record.is_discarded()) return std::nullopt;
-    return batches_of_record(record);
-  }
+  static std::optional<std::int64_t> batches_of(std::string_view line);
 
   /// `{"type":"training"|"validation","batches":N,"epochs":E,<extra>,"metrics":{...}}`, one compact line.
   void write(std::string_view type, std::int64_t batches, std::int64_t epochs, const MetricValues& metrics,
-             std::string_view extra_key = {}, double extra_value = 0) {
-    if (!out_.is_open()) return;
-    detail::Json record = {{"type", std::string(type)}, {"batches", batches}, {"epochs", epochs}};
-    if (!extra_key.empty()) record[std::string(extra_key)] = extra_value;
-    detail::Json values = detail::Json::object();
-    for (const auto& [name, value] : metrics) values[name] = value;  // NaN is written as null
-    record["metrics"] = std::move(values);
-    out_ << detail::json_line(record);
-    out_.flush();
-  }
+             std::string_view extra_key = {}, double extra_value = 0);
 
  private:
   /// Rewrites the file (a new file renamed over it) without the records past `batches`.
-  std::size_t drop_records_after(std::int64_t batches) {
-    std::ifstream in(path_, std::ios::binary);
-    std::string kept, line;
-    std::size_t dropped = 0;
-    while (std::getline(in, line)) {
-      const bool complete = !in.eof();  // the last line without its newline is torn
-      const auto at = batches_of(line);
-      if (complete && at && *at <= batches) kept += line + "\n";
-      else ++dropped;
-    }
-    if (dropped == 0) return 0;
-    const std::filesystem::path temporary = path_.string() + ".tmp";
-    {
-      std::ofstream out(temporary, std::ios::binary | std::ios::trunc);
-      out << kept;
-      out.flush();
-      if (!out) throw Error("cannot write '" + temporary.string() + "'");
-    }
-    std::error_code ec;
-    std::filesystem::rename(temporary, path_, ec);
-    if (ec) throw Error("cannot replace '" + path_.string() + "': " + ec.message());
-    return dropped;
-  }
+  std::size_t drop_records_after(std::int64_t batches);
 
   std::filesystem::path path_;
   std::ofstream out_;
@@ -5836,6 +6364,71 @@ class MetricsLog {
 };
 
 }  // namespace dettrial
+
+// Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
+#if DETTRIAL_HEADER_DEFINITIONS
+namespace dettrial {
+
+DETTRIAL_INLINE MetricsLog::MetricsLog(const std::filesystem::path& dir, std::optional<std::int64_t> resumed_at)
+    : path_(dir / "metrics.jsonl") {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) throw Error("cannot create output directory '" + dir.string() + "': " + ec.message());
+  if (resumed_at && std::filesystem::exists(path_, ec)) dropped_ = drop_records_after(*resumed_at);
+  out_.open(path_, std::ios::app);
+  if (!out_) throw Error("cannot write '" + path_.string() + "'");
+}
+
+DETTRIAL_INLINE std::optional<std::int64_t> MetricsLog::batches_of_record(const detail::Json& record) {
+  const detail::Json* batches = detail::json_find(record, "batches");
+  if (!batches || !batches->is_number_integer()) return std::nullopt;
+  return batches->get<std::int64_t>();
+}
+
+DETTRIAL_INLINE std::optional<std::int64_t> MetricsLog::batches_of(std::string_view line) {
+  const detail::Json record = detail::Json::parse(line, nullptr, /*allow_exceptions=*/false);
+  if (record.is_discarded()) return std::nullopt;
+  return batches_of_record(record);
+}
+
+DETTRIAL_INLINE void MetricsLog::write(std::string_view type, std::int64_t batches, std::int64_t epochs,
+                                       const MetricValues& metrics, std::string_view extra_key, double extra_value) {
+  if (!out_.is_open()) return;
+  detail::Json record = {{"type", std::string(type)}, {"batches", batches}, {"epochs", epochs}};
+  if (!extra_key.empty()) record[std::string(extra_key)] = extra_value;
+  detail::Json values = detail::Json::object();
+  for (const auto& [name, value] : metrics) values[name] = value;  // NaN is written as null
+  record["metrics"] = std::move(values);
+  out_ << detail::json_line(record);
+  out_.flush();
+}
+
+DETTRIAL_INLINE std::size_t MetricsLog::drop_records_after(std::int64_t batches) {
+  std::ifstream in(path_, std::ios::binary);
+  std::string kept, line;
+  std::size_t dropped = 0;
+  while (std::getline(in, line)) {
+    const bool complete = !in.eof();  // the last line without its newline is torn
+    const auto at = batches_of(line);
+    if (complete && at && *at <= batches) kept += line + "\n";
+    else ++dropped;
+  }
+  if (dropped == 0) return 0;
+  const std::filesystem::path temporary = path_.string() + ".tmp";
+  {
+    std::ofstream out(temporary, std::ios::binary | std::ios::trunc);
+    out << kept;
+    out.flush();
+    if (!out) throw Error("cannot write '" + temporary.string() + "'");
+  }
+  std::error_code ec;
+  std::filesystem::rename(temporary, path_, ec);
+  if (ec) throw Error("cannot replace '" + path_.string() + "': " + ec.message());
+  return dropped;
+}
+
+}  // namespace dettrial
+#endif  // DETTRIAL_HEADER_DEFINITIONS
 // ---- end dettrial/report/metrics_log.hpp
 // ---- begin dettrial/report/progress.hpp
 // SPDX-License-Identifier: Apache-2.0
@@ -5850,8 +6443,6 @@ class MetricsLog {
 #include <string>
 #include <string_view>
 
-#include <unistd.h>
-
 
 namespace dettrial {
 
@@ -5865,24 +6456,9 @@ struct ReportOptions {
 
 namespace detail {
 
-inline std::string format_duration(double seconds) {
-  if (!std::isfinite(seconds) || seconds < 0) return "--:--";
-  const auto s = static_cast<long long>(seconds + 0.5);
-  char buf[32];
-  if (s >= 3600) std::snprintf(buf, sizeof buf, "%lld:%02lld:%02lld", s / 3600, (s / 60) % 60, s % 60);
-  else std::snprintf(buf, sizeof buf, "%lld:%02lld", s / 60, s % 60);
-  return buf;
-}
+DETTRIAL_INLINE std::string format_duration(double seconds);
 
-inline std::string format_metrics(const MetricValues& metrics) {
-  std::string s;
-  char buf[64];
-  for (const auto& [name, value] : metrics) {
-    std::snprintf(buf, sizeof buf, "%.6g", value);
-    s += "  " + name + " " + (std::isfinite(value) ? std::string(buf) : std::string("n/a"));
-  }
-  return s;
-}
+DETTRIAL_INLINE std::string format_metrics(const MetricValues& metrics);
 
 /// Prints reports; draws the live line on terminals, throttled to a few updates a second.
 class Progress {
@@ -5890,51 +6466,16 @@ class Progress {
   using clock = std::chrono::steady_clock;
 
   Progress() : Progress(ReportOptions{}) {}
-  explicit Progress(ReportOptions options)
-      : quiet_(options.quiet), live_(!options.quiet && options.live_progress.value_or(isatty(fileno(stdout)) == 1)) {}
+  explicit Progress(ReportOptions options);
 
   /// Starts a phase ("train", "validate") of `total` units (0 when unknown).
-  void begin(std::string_view phase, std::int64_t done, std::int64_t total, std::string_view unit) {
-    phase_ = phase;
-    unit_ = unit;
-    start_done_ = done;
-    total_ = total;
-    start_ = clock::now();
-    next_draw_ = start_;
-  }
+  void begin(std::string_view phase, std::int64_t done, std::int64_t total, std::string_view unit);
 
   /// Cheap per-batch call: draws at most every 200 ms, only on terminals.
-  void update(std::int64_t done) {
-    if (!live_) return;
-    const auto now = clock::now();
-    if (now < next_draw_) return;
-    next_draw_ = now + std::chrono::milliseconds(200);
-    const double elapsed = std::chrono::duration<double>(now - start_).count();
-    const double rate = elapsed > 0 ? static_cast<double>(done - start_done_) / elapsed : 0.0;
-    char buf[256];
-    if (total_ > 0) {
-      const double eta = rate > 0 ? static_cast<double>(total_ - done) / rate : NAN;
-      std::snprintf(buf, sizeof buf, "\r\033[K%s %3.0f%% %lld/%lld %s  %.1f %s/s  ETA %s", phase_.c_str(),
-                    100.0 * static_cast<double>(done) / static_cast<double>(total_), static_cast<long long>(done),
-                    static_cast<long long>(total_), unit_.c_str(), rate, unit_.c_str(), format_duration(eta).c_str());
-    } else {
-      std::snprintf(buf, sizeof buf, "\r\033[K%s %lld %s  %.1f %s/s", phase_.c_str(), static_cast<long long>(done),
-                    unit_.c_str(), rate, unit_.c_str());
-    }
-    std::fputs(buf, stdout);
-    std::fflush(stdout);
-    drawn_ = true;
-  }
+  void update(std::int64_t done);
 
   /// Prints one report line (clearing the live line first).
-  void line(const std::string& text) {
-    if (quiet_) return;
-    if (drawn_) std::fputs("\r\033[K", stdout);
-    drawn_ = false;
-    std::fputs(text.c_str(), stdout);
-    std::fputc('\n', stdout);
-    std::fflush(stdout);
-  }
+  void line(const std::string& text);
 
   /// Seconds since begin().
   double elapsed() const { return std::chrono::duration<double>(clock::now() - start_).count(); }
@@ -5950,6 +6491,77 @@ class Progress {
 
 }  // namespace detail
 }  // namespace dettrial
+
+// Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
+#if DETTRIAL_HEADER_DEFINITIONS
+#include <unistd.h>
+
+namespace dettrial::detail {
+
+DETTRIAL_INLINE std::string format_duration(double seconds) {
+  if (!std::isfinite(seconds) || seconds < 0) return "--:--";
+  const auto s = static_cast<long long>(seconds + 0.5);
+  char buf[32];
+  if (s >= 3600) std::snprintf(buf, sizeof buf, "%lld:%02lld:%02lld", s / 3600, (s / 60) % 60, s % 60);
+  else std::snprintf(buf, sizeof buf, "%lld:%02lld", s / 60, s % 60);
+  return buf;
+}
+
+DETTRIAL_INLINE std::string format_metrics(const MetricValues& metrics) {
+  std::string s;
+  char buf[64];
+  for (const auto& [name, value] : metrics) {
+    std::snprintf(buf, sizeof buf, "%.6g", value);
+    s += "  " + name + " " + (std::isfinite(value) ? std::string(buf) : std::string("n/a"));
+  }
+  return s;
+}
+
+DETTRIAL_INLINE Progress::Progress(ReportOptions options)
+    : quiet_(options.quiet), live_(!options.quiet && options.live_progress.value_or(isatty(fileno(stdout)) == 1)) {}
+
+DETTRIAL_INLINE void Progress::begin(std::string_view phase, std::int64_t done, std::int64_t total, std::string_view unit) {
+  phase_ = phase;
+  unit_ = unit;
+  start_done_ = done;
+  total_ = total;
+  start_ = clock::now();
+  next_draw_ = start_;
+}
+
+DETTRIAL_INLINE void Progress::update(std::int64_t done) {
+  if (!live_) return;
+  const auto now = clock::now();
+  if (now < next_draw_) return;
+  next_draw_ = now + std::chrono::milliseconds(200);
+  const double elapsed = std::chrono::duration<double>(now - start_).count();
+  const double rate = elapsed > 0 ? static_cast<double>(done - start_done_) / elapsed : 0.0;
+  char buf[256];
+  if (total_ > 0) {
+    const double eta = rate > 0 ? static_cast<double>(total_ - done) / rate : NAN;
+    std::snprintf(buf, sizeof buf, "\r\033[K%s %3.0f%% %lld/%lld %s  %.1f %s/s  ETA %s", phase_.c_str(),
+                  100.0 * static_cast<double>(done) / static_cast<double>(total_), static_cast<long long>(done),
+                  static_cast<long long>(total_), unit_.c_str(), rate, unit_.c_str(), format_duration(eta).c_str());
+  } else {
+    std::snprintf(buf, sizeof buf, "\r\033[K%s %lld %s  %.1f %s/s", phase_.c_str(), static_cast<long long>(done),
+                  unit_.c_str(), rate, unit_.c_str());
+  }
+  std::fputs(buf, stdout);
+  std::fflush(stdout);
+  drawn_ = true;
+}
+
+DETTRIAL_INLINE void Progress::line(const std::string& text) {
+  if (quiet_) return;
+  if (drawn_) std::fputs("\r\033[K", stdout);
+  drawn_ = false;
+  std::fputs(text.c_str(), stdout);
+  std::fputc('\n', stdout);
+  std::fflush(stdout);
+}
+
+}  // namespace dettrial::detail
+#endif  // DETTRIAL_HEADER_DEFINITIONS
 // ---- end dettrial/report/progress.hpp
 // ---- begin dettrial/report/reporter.hpp
 // SPDX-License-Identifier: Apache-2.0
@@ -5974,14 +6586,7 @@ class Reporter {
   Reporter() = default;
   /// `writes` is true on the chief: it prints (unless `options.quiet`) and writes
   /// `<output_dir>/metrics.jsonl`, dropping the records a resumed run at batch `resumed_at` redoes.
-  Reporter(bool writes, ReportOptions options, const std::filesystem::path& output_dir, std::optional<std::int64_t> resumed_at) {
-    if (writes) log_ = MetricsLog(output_dir, resumed_at);
-    if (!writes) options.quiet = true;
-    progress_ = Progress(options);
-    if (log_.dropped() > 0)  // also under --quiet: a trial's log says why its metrics.jsonl shrank
-      std::fprintf(stderr, "dettrial: resuming at batch %lld: dropped %zu record(s) of %s written after that checkpoint (that training is done again)\n",
-                   static_cast<long long>(resumed_at.value_or(0)), log_.dropped(), log_.path().c_str());
-  }
+  Reporter(bool writes, ReportOptions options, const std::filesystem::path& output_dir, std::optional<std::int64_t> resumed_at);
 
   /// A line of its own (start-up facts, warnings, stops).
   void line(const std::string& text) { progress_.line(text); }
@@ -5993,30 +6598,13 @@ class Reporter {
   double elapsed() const { return progress_.elapsed(); }
 
   /// A training workload's averaged metrics and the job's samples per second.
-  void training(std::int64_t batches, std::int64_t epochs, const MetricValues& metrics, double samples_per_second) {
-    char tail[64];
-    std::snprintf(tail, sizeof tail, "  (%.1f samples/s)", samples_per_second);
-    progress_.line("[train]" + format_metrics(metrics) + tail);
-    log_.write("training", batches, epochs, metrics, "samples_per_second", samples_per_second);
-  }
+  void training(std::int64_t batches, std::int64_t epochs, const MetricValues& metrics, double samples_per_second);
 
   /// A validation's metrics, over `records` records (0: not counted) in `seconds`.
-  void validation(std::int64_t batches, std::int64_t epochs, const MetricValues& metrics, std::int64_t records, double seconds) {
-    char tail[96];
-    if (records > 0)
-      std::snprintf(tail, sizeof tail, "  (%lld records in %.2f s)", static_cast<long long>(records), seconds);
-    else
-      std::snprintf(tail, sizeof tail, "  (%.2f s)", seconds);
-    progress_.line("[validation]" + format_metrics(metrics) + tail);
-    log_.write("validation", batches, epochs, metrics, "seconds", seconds);
-  }
+  void validation(std::int64_t batches, std::int64_t epochs, const MetricValues& metrics, std::int64_t records, double seconds);
 
   /// A checkpoint written at `batches`.
-  void checkpoint(std::int64_t batches, const std::filesystem::path& path, double seconds) {
-    char tail[48];
-    std::snprintf(tail, sizeof tail, " (%.2f s)", seconds);
-    progress_.line("[checkpoint] batches " + std::to_string(batches) + ": " + path.string() + tail);
-  }
+  void checkpoint(std::int64_t batches, const std::filesystem::path& path, double seconds);
 
  private:
   Progress progress_{};
@@ -6024,6 +6612,48 @@ class Reporter {
 };
 
 }  // namespace dettrial::detail
+
+// Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
+#if DETTRIAL_HEADER_DEFINITIONS
+namespace dettrial::detail {
+
+DETTRIAL_INLINE Reporter::Reporter(bool writes, ReportOptions options, const std::filesystem::path& output_dir,
+                                   std::optional<std::int64_t> resumed_at) {
+  if (writes) log_ = MetricsLog(output_dir, resumed_at);
+  if (!writes) options.quiet = true;
+  progress_ = Progress(options);
+  if (log_.dropped() > 0)  // also under --quiet: a trial's log says why its metrics.jsonl shrank
+    std::fprintf(stderr, "dettrial: resuming at batch %lld: dropped %zu record(s) of %s written after that checkpoint (that training is done again)\n",
+                 static_cast<long long>(resumed_at.value_or(0)), log_.dropped(), log_.path().c_str());
+}
+
+DETTRIAL_INLINE void Reporter::training(std::int64_t batches, std::int64_t epochs, const MetricValues& metrics,
+                                        double samples_per_second) {
+  char tail[64];
+  std::snprintf(tail, sizeof tail, "  (%.1f samples/s)", samples_per_second);
+  progress_.line("[train]" + format_metrics(metrics) + tail);
+  log_.write("training", batches, epochs, metrics, "samples_per_second", samples_per_second);
+}
+
+DETTRIAL_INLINE void Reporter::validation(std::int64_t batches, std::int64_t epochs, const MetricValues& metrics,
+                                          std::int64_t records, double seconds) {
+  char tail[96];
+  if (records > 0)
+    std::snprintf(tail, sizeof tail, "  (%lld records in %.2f s)", static_cast<long long>(records), seconds);
+  else
+    std::snprintf(tail, sizeof tail, "  (%.2f s)", seconds);
+  progress_.line("[validation]" + format_metrics(metrics) + tail);
+  log_.write("validation", batches, epochs, metrics, "seconds", seconds);
+}
+
+DETTRIAL_INLINE void Reporter::checkpoint(std::int64_t batches, const std::filesystem::path& path, double seconds) {
+  char tail[48];
+  std::snprintf(tail, sizeof tail, " (%.2f s)", seconds);
+  progress_.line("[checkpoint] batches " + std::to_string(batches) + ": " + path.string() + tail);
+}
+
+}  // namespace dettrial::detail
+#endif  // DETTRIAL_HEADER_DEFINITIONS
 // ---- end dettrial/report/reporter.hpp
 // ---- begin dettrial/report/runtime.hpp
 // SPDX-License-Identifier: Apache-2.0
@@ -6033,15 +6663,9 @@ class Reporter {
 /// much slower on the reference BLAS than on OpenBLAS (1.8x on a small MLP, more with wider layers),
 /// so the first line names the library loaded.
 
-#include <link.h>
-
-#include <cstdlib>
-#include <filesystem>
 #include <string>
 #include <string_view>
 
-#include <ATen/Context.h>
-#include <ATen/Parallel.h>
 #include <torch/torch.h>
 
 
@@ -6050,7 +6674,26 @@ namespace dettrial::detail {
 /// The BLAS this process loaded: "MKL (built in)" for an MKL-built LibTorch (PyPI's wheel), else the
 /// shared BLAS library loaded, named by its real file ("OpenBLAS (.../openblas-pthread/libblas.so.3)",
 /// "reference BLAS (.../blas/libblas.so.3)"), or "unknown".
-inline std::string loaded_blas() {
+DETTRIAL_INLINE std::string loaded_blas();
+
+/// "LibTorch 2.5.1 (CUDA 12.4), MKL (built in), 4 threads" and the source of the thread count.
+DETTRIAL_INLINE std::string runtime_summary(std::string_view threads_source);
+
+}  // namespace dettrial::detail
+
+// Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
+#if DETTRIAL_HEADER_DEFINITIONS
+#include <link.h>
+
+#include <cstdlib>
+#include <filesystem>
+
+#include <ATen/Context.h>
+#include <ATen/Parallel.h>
+
+namespace dettrial::detail {
+
+DETTRIAL_INLINE std::string loaded_blas() {
   if (at::globalContext().hasMKL()) return "MKL (built in)";
   std::string found;
   ::dl_iterate_phdr(
@@ -6077,8 +6720,7 @@ inline std::string loaded_blas() {
   return std::string(kind) + " (" + path + ")";
 }
 
-/// "LibTorch 2.5.1 (CUDA 12.4), MKL (built in), 4 threads" and the source of the thread count.
-inline std::string runtime_summary(std::string_view threads_source) {
+DETTRIAL_INLINE std::string runtime_summary(std::string_view threads_source) {
   std::string s = "LibTorch " + std::to_string(TORCH_VERSION_MAJOR) + "." + std::to_string(TORCH_VERSION_MINOR) + "." +
                   std::to_string(TORCH_VERSION_PATCH);
   s += torch::cuda::is_available() ? " (CUDA, " + std::to_string(torch::cuda::device_count()) + " GPUs)" : " (CPU)";
@@ -6091,6 +6733,7 @@ inline std::string runtime_summary(std::string_view threads_source) {
 }
 
 }  // namespace dettrial::detail
+#endif  // DETTRIAL_HEADER_DEFINITIONS
 // ---- end dettrial/report/runtime.hpp
 // ---- begin dettrial/trainer/callbacks.hpp
 // SPDX-License-Identifier: Apache-2.0
@@ -6349,21 +6992,7 @@ struct FitOptions {
    * max_steps x scheduling_unit), min_validation_period, min_checkpoint_period, reporting every
    * scheduling_unit batches, perform_initial_validation, checkpoint_policy and the searcher metric.
    */
-  static FitOptions from_config(const ExperimentConfig& config) {
-    FitOptions o;
-    o.max_length = config.searcher.max_length;
-    if (config.min_validation_period) o.validation_period = *config.min_validation_period;
-    if (config.min_checkpoint_period) o.checkpoint_period = *config.min_checkpoint_period;
-    o.reporting_period = Batch(config.scheduling_unit);
-    o.step_zero_validation = config.perform_initial_validation;
-    o.checkpoint_policy = config.checkpoint_policy;
-    o.searcher_metric = config.searcher.metric;
-    o.smaller_is_better = config.searcher.smaller_is_better;
-    if (config.checkpoint_storage.path) o.checkpoint_dir = *config.checkpoint_storage.path;
-    o.retention = {.save_trial_best = config.checkpoint_storage.save_trial_best,
-                   .save_trial_latest = config.checkpoint_storage.save_trial_latest};
-    return o;
-  }
+  static FitOptions from_config(const ExperimentConfig& config);
 };
 
 /// What fit returns.
@@ -6390,6 +7019,29 @@ struct FitResult {
 };
 
 }  // namespace dettrial
+
+// Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
+#if DETTRIAL_HEADER_DEFINITIONS
+namespace dettrial {
+
+DETTRIAL_INLINE FitOptions FitOptions::from_config(const ExperimentConfig& config) {
+  FitOptions o;
+  o.max_length = config.searcher.max_length;
+  if (config.min_validation_period) o.validation_period = *config.min_validation_period;
+  if (config.min_checkpoint_period) o.checkpoint_period = *config.min_checkpoint_period;
+  o.reporting_period = Batch(config.scheduling_unit);
+  o.step_zero_validation = config.perform_initial_validation;
+  o.checkpoint_policy = config.checkpoint_policy;
+  o.searcher_metric = config.searcher.metric;
+  o.smaller_is_better = config.searcher.smaller_is_better;
+  if (config.checkpoint_storage.path) o.checkpoint_dir = *config.checkpoint_storage.path;
+  o.retention = {.save_trial_best = config.checkpoint_storage.save_trial_best,
+                 .save_trial_latest = config.checkpoint_storage.save_trial_latest};
+  return o;
+}
+
+}  // namespace dettrial
+#endif  // DETTRIAL_HEADER_DEFINITIONS
 // ---- end dettrial/trainer/fit_options.hpp
 // ---- begin dettrial/trainer/trainer.hpp
 // SPDX-License-Identifier: Apache-2.0
@@ -6466,44 +7118,22 @@ ScopeExit<F> on_scope_exit(F f) {
 
 #include <signal.h>
 #include <unistd.h>
-#if defined(__linux__)
-#include <sys/prctl.h>
-#endif
+
 
 namespace dettrial::detail {
 
 /// The signal that asked the running fit to stop, or 0. Read once per batch (a relaxed load).
 inline std::atomic<int> pending_stop_signal{0};
 
-extern "C" inline void dettrial_on_stop_signal(int signal_number) {
-  if (pending_stop_signal.exchange(signal_number) != 0) {
-    // Second signal: give up at once, as if dettrial had not caught the first.
-    std::signal(signal_number, SIG_DFL);
-    std::raise(signal_number);
-    return;
-  }
-  static constexpr char message[] =
-      "\ndettrial: stop signal received; finishing the batch and checkpointing (send it again to abort)\n";
-  [[maybe_unused]] const auto n = ::write(STDERR_FILENO, message, sizeof message - 1);
-}
+extern "C" DETTRIAL_INLINE void dettrial_on_stop_signal(int signal_number);
 
 /// Installs `handler` for SIGINT and SIGTERM while alive; restores the previous handlers when it goes.
 class SignalHandlers {
  public:
-  explicit SignalHandlers(void (*handler)(int), int flags = 0) {
-    struct sigaction action {};
-    action.sa_handler = handler;
-    sigemptyset(&action.sa_mask);
-    action.sa_flags = flags;
-    ::sigaction(SIGINT, &action, &previous_int_);
-    ::sigaction(SIGTERM, &action, &previous_term_);
-  }
+  explicit SignalHandlers(void (*handler)(int), int flags = 0);
   SignalHandlers(const SignalHandlers&) = delete;
   SignalHandlers& operator=(const SignalHandlers&) = delete;
-  ~SignalHandlers() {
-    ::sigaction(SIGINT, &previous_int_, nullptr);
-    ::sigaction(SIGTERM, &previous_term_, nullptr);
-  }
+  ~SignalHandlers();
 
  private:
   struct sigaction previous_int_ {};
@@ -6514,16 +7144,10 @@ class SignalHandlers {
 /// fit it arrived in: it is forgotten when that fit ends, so a later fit in the process trains.
 class StopSignals {
  public:
-  explicit StopSignals(bool enabled) {
-    pending_stop_signal.store(0);
-    if (enabled) handlers_.emplace(&dettrial_on_stop_signal, SA_RESTART);
-  }
+  explicit StopSignals(bool enabled);
   StopSignals(const StopSignals&) = delete;
   StopSignals& operator=(const StopSignals&) = delete;
-  ~StopSignals() {
-    handlers_.reset();  // first: a signal arriving now gets the previous handler, not a stale record
-    pending_stop_signal.store(0);
-  }
+  ~StopSignals();
   /// The signal received since construction, or 0.
   static int received() { return pending_stop_signal.load(std::memory_order_relaxed); }
 
@@ -6543,25 +7167,76 @@ inline std::atomic<int> supervisor_signal{0};
 /// How many such signals arrived: the first asks the children to checkpoint and stop, a second one
 /// passed on makes them abort.
 inline std::atomic<int> supervisor_signal_count{0};
-extern "C" inline void dettrial_on_supervisor_signal(int signal_number) {
-  supervisor_signal.store(signal_number);
-  supervisor_signal_count.fetch_add(1);
-}
+extern "C" DETTRIAL_INLINE void dettrial_on_supervisor_signal(int signal_number);
 
 /// Ends this process with SIGTERM when the process that started it exits first (a killed launcher
 /// or experiment runner must not leave ranks or trials running in process groups of their own).
 /// `supervisor` is the pid the child was told in DETTRIAL_SUPERVISOR_PID.
-inline void stop_with_supervisor(pid_t supervisor) {
+DETTRIAL_INLINE void stop_with_supervisor(pid_t supervisor);
+
+/// The variable that tells a child its supervisor's pid.
+inline constexpr const char* supervisor_pid_variable = "DETTRIAL_SUPERVISOR_PID";
+
+}  // namespace dettrial::detail
+
+// Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
+#if DETTRIAL_HEADER_DEFINITIONS
+#if defined(__linux__)
+#include <sys/prctl.h>
+#endif
+
+namespace dettrial::detail {
+
+extern "C" DETTRIAL_INLINE void dettrial_on_stop_signal(int signal_number) {
+  if (pending_stop_signal.exchange(signal_number) != 0) {
+    // Second signal: give up at once, as if dettrial had not caught the first.
+    std::signal(signal_number, SIG_DFL);
+    std::raise(signal_number);
+    return;
+  }
+  static constexpr char message[] =
+      "\ndettrial: stop signal received; finishing the batch and checkpointing (send it again to abort)\n";
+  [[maybe_unused]] const auto n = ::write(STDERR_FILENO, message, sizeof message - 1);
+}
+
+DETTRIAL_INLINE SignalHandlers::SignalHandlers(void (*handler)(int), int flags) {
+  struct sigaction action {};
+  action.sa_handler = handler;
+  sigemptyset(&action.sa_mask);
+  action.sa_flags = flags;
+  ::sigaction(SIGINT, &action, &previous_int_);
+  ::sigaction(SIGTERM, &action, &previous_term_);
+}
+
+DETTRIAL_INLINE SignalHandlers::~SignalHandlers() {
+  ::sigaction(SIGINT, &previous_int_, nullptr);
+  ::sigaction(SIGTERM, &previous_term_, nullptr);
+}
+
+DETTRIAL_INLINE StopSignals::StopSignals(bool enabled) {
+  pending_stop_signal.store(0);
+  if (enabled) handlers_.emplace(&dettrial_on_stop_signal, SA_RESTART);
+}
+
+DETTRIAL_INLINE StopSignals::~StopSignals() {
+  handlers_.reset();  // first: a signal arriving now gets the previous handler, not a stale record
+  pending_stop_signal.store(0);
+}
+
+extern "C" DETTRIAL_INLINE void dettrial_on_supervisor_signal(int signal_number) {
+  supervisor_signal.store(signal_number);
+  supervisor_signal_count.fetch_add(1);
+}
+
+DETTRIAL_INLINE void stop_with_supervisor(pid_t supervisor) {
 #if defined(__linux__)
   ::prctl(PR_SET_PDEATHSIG, SIGTERM);
 #endif
   if (::getppid() != supervisor) std::raise(SIGTERM);  // it exited before prctl took effect
 }
 
-/// The variable that tells a child its supervisor's pid.
-inline constexpr const char* supervisor_pid_variable = "DETTRIAL_SUPERVISOR_PID";
-
 }  // namespace dettrial::detail
+#endif  // DETTRIAL_HEADER_DEFINITIONS
 // ---- end dettrial/detail/signals.hpp
 
 namespace dettrial {
@@ -7361,11 +8036,7 @@ struct HyperparameterAxis {
   std::int64_t count = 0;  // grid points (0: not given)
   std::vector<YAML::Node> values;  // const: one value; categorical: the choices
 
-  std::string name() const {
-    std::string out;
-    for (const auto& p : path) out += (out.empty() ? "" : ".") + p;
-    return out;
-  }
+  std::string name() const;
 };
 
 /**
@@ -7375,17 +8046,11 @@ struct HyperparameterAxis {
 class HyperparameterSpace {
  public:
   HyperparameterSpace() = default;
-  HyperparameterSpace(const YAML::Node& hyperparameters, const std::string& source) {
-    if (hyperparameters.IsDefined() && !hyperparameters.IsNull()) parse(hyperparameters, {}, source);
-  }
+  HyperparameterSpace(const YAML::Node& hyperparameters, const std::string& source);
 
   const std::vector<HyperparameterAxis>& axes() const { return axes_; }
   /// True when every axis is a constant (one trial).
-  bool is_constant() const {
-    for (const auto& a : axes_)
-      if (a.type != HyperparameterAxis::Type::constant) return false;
-    return true;
-  }
+  bool is_constant() const;
 
   /// A random point (Determined's sampling: uniform int in [min, max], Uniform(min, max),
   /// base^Uniform(min, max), a uniform choice).
@@ -7415,150 +8080,183 @@ class HyperparameterSpace {
   }
 
   /// The values of one axis on a grid (Determined's `getGridAxes`).
-  static std::vector<YAML::Node> grid_values(const HyperparameterAxis& a) {
-    std::vector<YAML::Node> out;
-    auto linspace = [&](std::int64_t n, auto&& emit) {
-      if (n == 1) {
-        emit((a.minval + a.maxval) / 2);
-        return;
-      }
-      for (std::int64_t i = 0; i < n; ++i) emit(a.minval + static_cast<double>(i) * (a.maxval - a.minval) / static_cast<double>(n - 1));
-    };
-    switch (a.type) {
-      case HyperparameterAxis::Type::constant: out.push_back(YAML::Clone(a.values[0])); break;
-      case HyperparameterAxis::Type::categorical:
-        for (const auto& v : a.values) out.push_back(YAML::Clone(v));
-        break;
-      case HyperparameterAxis::Type::integer: {
-        const auto span = static_cast<std::int64_t>(a.maxval - a.minval) + 1;
-        linspace(std::min(a.count, span), [&](double v) { out.emplace_back(static_cast<std::int64_t>(std::llround(v))); });
-        break;
-      }
-      case HyperparameterAxis::Type::real: linspace(a.count, [&](double v) { out.emplace_back(v); }); break;
-      case HyperparameterAxis::Type::log: linspace(a.count, [&](double v) { out.emplace_back(std::pow(a.base, v)); }); break;
-    }
-    return out;
-  }
+  static std::vector<YAML::Node> grid_values(const HyperparameterAxis& a);
 
   /// Every grid point: the cartesian product of the axes, the first axis varying slowest.
-  std::vector<YAML::Node> grid() const {
-    for (const auto& a : axes_)
-      if ((a.type == HyperparameterAxis::Type::integer || a.type == HyperparameterAxis::Type::real ||
-           a.type == HyperparameterAxis::Type::log) &&
-          a.count < 1)
-        throw ConfigError("the grid searcher needs 'count' for hyperparameter '" + a.name() + "' (type " + type_name(a.type) + ")");
-    std::vector<std::vector<YAML::Node>> values;
-    std::size_t total = 1;
-    for (const auto& a : axes_) {
-      values.push_back(grid_values(a));
-      total *= values.back().size();
-    }
-    std::vector<YAML::Node> out;
-    out.reserve(total);
-    std::vector<std::size_t> index(axes_.size(), 0);
-    for (std::size_t n = 0; n < total; ++n) {
-      YAML::Node point(YAML::NodeType::Map);
-      for (std::size_t k = 0; k < axes_.size(); ++k) set(point, axes_[k].path, YAML::Clone(values[k][index[k]]));
-      out.push_back(point);
-      for (std::size_t k = axes_.size(); k-- > 0;) {  // odometer: the last axis varies fastest
-        if (++index[k] < values[k].size()) break;
-        index[k] = 0;
-      }
-    }
-    return out;
-  }
+  std::vector<YAML::Node> grid() const;
 
-  static const char* type_name(HyperparameterAxis::Type t) {
-    switch (t) {
-      case HyperparameterAxis::Type::constant: return "const";
-      case HyperparameterAxis::Type::integer: return "int";
-      case HyperparameterAxis::Type::real: return "double";
-      case HyperparameterAxis::Type::log: return "log";
-      case HyperparameterAxis::Type::categorical: return "categorical";
-    }
-    return "?";
-  }
+  static const char* type_name(HyperparameterAxis::Type t);
 
  private:
-  static void set(YAML::Node& root, const std::vector<std::string>& path, const YAML::Node& value) {
-    YAML::Node node(root);
-    for (std::size_t i = 0; i + 1 < path.size(); ++i) {
-      YAML::Node next = node[path[i]];
-      if (!next.IsMap()) {
-        next = YAML::Node(YAML::NodeType::Map);
-        node[path[i]] = next;
-      }
-      node.reset(next);
-    }
-    node[path.back()] = value;
-  }
+  static void set(YAML::Node& root, const std::vector<std::string>& path, const YAML::Node& value);
 
-  void parse(const YAML::Node& map, std::vector<std::string> prefix, const std::string& source) {
-    if (!map.IsMap()) throw ConfigError(detail::where(map, source) + ": 'hyperparameters' must be a map");
-    for (const auto& kv : map) {
-      std::vector<std::string> path = prefix;
-      path.push_back(kv.first.Scalar());
-      const YAML::Node& v = kv.second;
-      HyperparameterAxis a;
-      a.path = path;
-      const std::string name = a.name();
-      if (!v.IsMap() || !v["type"]) {
-        if (v.IsMap()) {
-          parse(v, path, source);  // nested
-          continue;
-        }
-        a.values.push_back(v);  // a plain value is a constant
-        axes_.push_back(std::move(a));
-        continue;
-      }
-      const std::string type = v["type"].Scalar();
-      auto number = [&](const char* key) {
-        const YAML::Node n = v[key];
-        double x = 0;
-        if (!n || !detail::try_read(n, x))
-          throw ConfigError(detail::where(n ? n : v, source) + ": hyperparameter '" + name + "' (type " + type + ") needs a number '" +
-                            key + "'" + (n ? ", found " + detail::describe(n) : std::string()));
-        return x;
-      };
-      if (type == "const") {
-        if (!v["val"]) throw ConfigError(detail::where(v, source) + ": hyperparameter '" + name + "' of type const has no 'val'");
-        a.values.push_back(v["val"]);
-      } else if (type == "int" || type == "double" || type == "log") {
-        a.type = type == "int" ? HyperparameterAxis::Type::integer : type == "double" ? HyperparameterAxis::Type::real : HyperparameterAxis::Type::log;
-        a.minval = number("minval");
-        a.maxval = number("maxval");
-        if (!(a.minval < a.maxval))
-          throw ConfigError(detail::where(v["maxval"], source) + ": hyperparameter '" + name + "' needs minval < maxval");
-        if (type == "int" && (a.minval != std::floor(a.minval) || a.maxval != std::floor(a.maxval)))
-          throw ConfigError(detail::where(v, source) + ": hyperparameter '" + name + "' of type int needs integer bounds");
-        if (type == "log") {
-          a.base = v["base"] ? number("base") : 10.0;
-          if (!(a.base > 0)) throw ConfigError(detail::where(v["base"], source) + ": hyperparameter '" + name + "' needs base > 0");
-        }
-        if (v["count"]) {
-          const double count = number("count");
-          if (count < 1 || count != std::floor(count))
-            throw ConfigError(detail::where(v["count"], source) + ": hyperparameter '" + name + "' needs a positive integer count");
-          a.count = static_cast<std::int64_t>(count);
-        }
-      } else if (type == "categorical") {
-        a.type = HyperparameterAxis::Type::categorical;
-        const YAML::Node vals = v["vals"];
-        if (!vals || !vals.IsSequence() || vals.size() == 0)
-          throw ConfigError(detail::where(vals ? vals : v, source) + ": hyperparameter '" + name + "' of type categorical needs a non-empty list 'vals'");
-        for (const auto& x : vals) a.values.push_back(x);
-      } else {
-        throw ConfigError(detail::where(v["type"], source) + ": hyperparameter '" + name + "' has unknown type '" + type +
-                          "' (expected const, int, double, log or categorical)");
-      }
-      axes_.push_back(std::move(a));
-    }
-  }
+  void parse(const YAML::Node& map, std::vector<std::string> prefix, const std::string& source);
 
   std::vector<HyperparameterAxis> axes_;
 };
 
 }  // namespace dettrial
+
+// Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
+#if DETTRIAL_HEADER_DEFINITIONS
+namespace dettrial {
+
+DETTRIAL_INLINE std::string HyperparameterAxis::name() const {
+  std::string out;
+  for (const auto& p : path) out += (out.empty() ? "" : ".") + p;
+  return out;
+}
+
+DETTRIAL_INLINE HyperparameterSpace::HyperparameterSpace(const YAML::Node& hyperparameters, const std::string& source) {
+  if (hyperparameters.IsDefined() && !hyperparameters.IsNull()) parse(hyperparameters, {}, source);
+}
+
+DETTRIAL_INLINE bool HyperparameterSpace::is_constant() const {
+  for (const auto& a : axes_)
+    if (a.type != HyperparameterAxis::Type::constant) return false;
+  return true;
+}
+
+DETTRIAL_INLINE std::vector<YAML::Node> HyperparameterSpace::grid_values(const HyperparameterAxis& a) {
+  std::vector<YAML::Node> out;
+  auto linspace = [&](std::int64_t n, auto&& emit) {
+    if (n == 1) {
+      emit((a.minval + a.maxval) / 2);
+      return;
+    }
+    for (std::int64_t i = 0; i < n; ++i) emit(a.minval + static_cast<double>(i) * (a.maxval - a.minval) / static_cast<double>(n - 1));
+  };
+  switch (a.type) {
+    case HyperparameterAxis::Type::constant: out.push_back(YAML::Clone(a.values[0])); break;
+    case HyperparameterAxis::Type::categorical:
+      for (const auto& v : a.values) out.push_back(YAML::Clone(v));
+      break;
+    case HyperparameterAxis::Type::integer: {
+      const auto span = static_cast<std::int64_t>(a.maxval - a.minval) + 1;
+      linspace(std::min(a.count, span), [&](double v) { out.emplace_back(static_cast<std::int64_t>(std::llround(v))); });
+      break;
+    }
+    case HyperparameterAxis::Type::real: linspace(a.count, [&](double v) { out.emplace_back(v); }); break;
+    case HyperparameterAxis::Type::log: linspace(a.count, [&](double v) { out.emplace_back(std::pow(a.base, v)); }); break;
+  }
+  return out;
+}
+
+DETTRIAL_INLINE std::vector<YAML::Node> HyperparameterSpace::grid() const {
+  for (const auto& a : axes_)
+    if ((a.type == HyperparameterAxis::Type::integer || a.type == HyperparameterAxis::Type::real ||
+         a.type == HyperparameterAxis::Type::log) &&
+        a.count < 1)
+      throw ConfigError("the grid searcher needs 'count' for hyperparameter '" + a.name() + "' (type " + type_name(a.type) + ")");
+  std::vector<std::vector<YAML::Node>> values;
+  std::size_t total = 1;
+  for (const auto& a : axes_) {
+    values.push_back(grid_values(a));
+    total *= values.back().size();
+  }
+  std::vector<YAML::Node> out;
+  out.reserve(total);
+  std::vector<std::size_t> index(axes_.size(), 0);
+  for (std::size_t n = 0; n < total; ++n) {
+    YAML::Node point(YAML::NodeType::Map);
+    for (std::size_t k = 0; k < axes_.size(); ++k) set(point, axes_[k].path, YAML::Clone(values[k][index[k]]));
+    out.push_back(point);
+    for (std::size_t k = axes_.size(); k-- > 0;) {  // odometer: the last axis varies fastest
+      if (++index[k] < values[k].size()) break;
+      index[k] = 0;
+    }
+  }
+  return out;
+}
+
+DETTRIAL_INLINE const char* HyperparameterSpace::type_name(HyperparameterAxis::Type t) {
+  switch (t) {
+    case HyperparameterAxis::Type::constant: return "const";
+    case HyperparameterAxis::Type::integer: return "int";
+    case HyperparameterAxis::Type::real: return "double";
+    case HyperparameterAxis::Type::log: return "log";
+    case HyperparameterAxis::Type::categorical: return "categorical";
+  }
+  return "?";
+}
+
+DETTRIAL_INLINE void HyperparameterSpace::set(YAML::Node& root, const std::vector<std::string>& path, const YAML::Node& value) {
+  YAML::Node node(root);
+  for (std::size_t i = 0; i + 1 < path.size(); ++i) {
+    YAML::Node next = node[path[i]];
+    if (!next.IsMap()) {
+      next = YAML::Node(YAML::NodeType::Map);
+      node[path[i]] = next;
+    }
+    node.reset(next);
+  }
+  node[path.back()] = value;
+}
+
+DETTRIAL_INLINE void HyperparameterSpace::parse(const YAML::Node& map, std::vector<std::string> prefix, const std::string& source) {
+  if (!map.IsMap()) throw ConfigError(detail::where(map, source) + ": 'hyperparameters' must be a map");
+  for (const auto& kv : map) {
+    std::vector<std::string> path = prefix;
+    path.push_back(kv.first.Scalar());
+    const YAML::Node& v = kv.second;
+    HyperparameterAxis a;
+    a.path = path;
+    const std::string name = a.name();
+    if (!v.IsMap() || !v["type"]) {
+      if (v.IsMap()) {
+        parse(v, path, source);  // nested
+        continue;
+      }
+      a.values.push_back(v);  // a plain value is a constant
+      axes_.push_back(std::move(a));
+      continue;
+    }
+    const std::string type = v["type"].Scalar();
+    auto number = [&](const char* key) {
+      const YAML::Node n = v[key];
+      double x = 0;
+      if (!n || !detail::try_read(n, x))
+        throw ConfigError(detail::where(n ? n : v, source) + ": hyperparameter '" + name + "' (type " + type + ") needs a number '" +
+                          key + "'" + (n ? ", found " + detail::describe(n) : std::string()));
+      return x;
+    };
+    if (type == "const") {
+      if (!v["val"]) throw ConfigError(detail::where(v, source) + ": hyperparameter '" + name + "' of type const has no 'val'");
+      a.values.push_back(v["val"]);
+    } else if (type == "int" || type == "double" || type == "log") {
+      a.type = type == "int" ? HyperparameterAxis::Type::integer : type == "double" ? HyperparameterAxis::Type::real : HyperparameterAxis::Type::log;
+      a.minval = number("minval");
+      a.maxval = number("maxval");
+      if (!(a.minval < a.maxval))
+        throw ConfigError(detail::where(v["maxval"], source) + ": hyperparameter '" + name + "' needs minval < maxval");
+      if (type == "int" && (a.minval != std::floor(a.minval) || a.maxval != std::floor(a.maxval)))
+        throw ConfigError(detail::where(v, source) + ": hyperparameter '" + name + "' of type int needs integer bounds");
+      if (type == "log") {
+        a.base = v["base"] ? number("base") : 10.0;
+        if (!(a.base > 0)) throw ConfigError(detail::where(v["base"], source) + ": hyperparameter '" + name + "' needs base > 0");
+      }
+      if (v["count"]) {
+        const double count = number("count");
+        if (count < 1 || count != std::floor(count))
+          throw ConfigError(detail::where(v["count"], source) + ": hyperparameter '" + name + "' needs a positive integer count");
+        a.count = static_cast<std::int64_t>(count);
+      }
+    } else if (type == "categorical") {
+      a.type = HyperparameterAxis::Type::categorical;
+      const YAML::Node vals = v["vals"];
+      if (!vals || !vals.IsSequence() || vals.size() == 0)
+        throw ConfigError(detail::where(vals ? vals : v, source) + ": hyperparameter '" + name + "' of type categorical needs a non-empty list 'vals'");
+      for (const auto& x : vals) a.values.push_back(x);
+    } else {
+      throw ConfigError(detail::where(v["type"], source) + ": hyperparameter '" + name + "' has unknown type '" + type +
+                        "' (expected const, int, double, log or categorical)");
+    }
+    axes_.push_back(std::move(a));
+  }
+}
+
+}  // namespace dettrial
+#endif  // DETTRIAL_HEADER_DEFINITIONS
 // ---- end dettrial/search/hyperparameter_space.hpp
 // ---- begin dettrial/search/searchers.hpp
 // SPDX-License-Identifier: Apache-2.0
@@ -7634,31 +8332,15 @@ namespace searcher {
 /// each time one ends, `max_concurrent_trials` at a time; validations never stop a trial.
 class Random {
  public:
-  Random(SearcherConfig config, HyperparameterSpace space, std::uint64_t experiment_seed)
-      : config_(std::move(config)), space_(std::move(space)), random_(experiment_seed) {}
+  Random(SearcherConfig config, HyperparameterSpace space, std::uint64_t experiment_seed);
 
-  std::vector<TrialRequest> initial() {
-    std::vector<TrialRequest> out;
-    const std::int64_t first = config_.max_concurrent_trials > 0 ? std::min(config_.max_trials, config_.max_concurrent_trials) : config_.max_trials;
-    for (std::int64_t i = 0; i < first; ++i) out.push_back(next());
-    return out;
-  }
+  std::vector<TrialRequest> initial();
   SearcherDecision on_validation(std::int64_t, double, double) { return SearcherDecision::keep_training; }
-  std::vector<TrialRequest> on_trial_end(std::int64_t) {
-    if (created_ < config_.max_trials) return {next()};
-    return {};
-  }
+  std::vector<TrialRequest> on_trial_end(std::int64_t);
   std::int64_t max_trials() const { return config_.max_trials; }
 
  private:
-  TrialRequest next() {
-    TrialRequest r;
-    r.id = ++created_;
-    r.seed = random_.trial_seed();
-    r.hparams = space_.sample(random_.engine());
-    r.max_length = config_.max_length;
-    return r;
-  }
+  TrialRequest next();
   SearcherConfig config_;
   HyperparameterSpace space_;
   detail::SearchRandom random_;
@@ -7668,32 +8350,15 @@ class Random {
 /// `grid`: every point of the grid, `max_concurrent_trials` at a time.
 class Grid {
  public:
-  Grid(SearcherConfig config, const HyperparameterSpace& space, std::uint64_t experiment_seed)
-      : config_(std::move(config)), points_(space.grid()), random_(experiment_seed) {}
+  Grid(SearcherConfig config, const HyperparameterSpace& space, std::uint64_t experiment_seed);
 
-  std::vector<TrialRequest> initial() {
-    std::vector<TrialRequest> out;
-    const auto n = static_cast<std::int64_t>(points_.size());
-    const std::int64_t first = config_.max_concurrent_trials > 0 ? std::min(n, config_.max_concurrent_trials) : n;
-    for (std::int64_t i = 0; i < first; ++i) out.push_back(next());
-    return out;
-  }
+  std::vector<TrialRequest> initial();
   SearcherDecision on_validation(std::int64_t, double, double) { return SearcherDecision::keep_training; }
-  std::vector<TrialRequest> on_trial_end(std::int64_t) {
-    if (created_ < static_cast<std::int64_t>(points_.size())) return {next()};
-    return {};
-  }
+  std::vector<TrialRequest> on_trial_end(std::int64_t);
   std::int64_t max_trials() const { return static_cast<std::int64_t>(points_.size()); }
 
  private:
-  TrialRequest next() {
-    TrialRequest r;
-    r.hparams = points_[static_cast<std::size_t>(created_)];
-    r.id = ++created_;
-    r.seed = random_.trial_seed();
-    r.max_length = config_.max_length;
-    return r;
-  }
+  TrialRequest next();
   SearcherConfig config_;
   std::vector<YAML::Node> points_;
   detail::SearchRandom random_;
@@ -7709,7 +8374,109 @@ struct AshaBracket {
 };
 
 /// Determined's bracket arithmetic (`adaptive_asha.go`).
-inline std::vector<AshaBracket> asha_brackets(const SearcherConfig& c) {
+DETTRIAL_INLINE std::vector<AshaBracket> asha_brackets(const SearcherConfig& c);
+
+/**
+ * @brief `adaptive_asha`, stopping-based as Determined implements it: trials train until stopped.
+ * On each validation a trial's metric enters every rung whose time it has reached; it is stopped at
+ * the top rung, or where it ranks outside the best `max(len(rung) / divisor, 1)` so far. A stopped or
+ * ended trial is replaced (new hyperparameters) while its bracket has trials left to create.
+ */
+class AdaptiveAsha {
+ public:
+  AdaptiveAsha(SearcherConfig config, HyperparameterSpace space, std::uint64_t experiment_seed);
+
+  const std::vector<AshaBracket>& brackets() const { return brackets_; }
+
+  std::vector<TrialRequest> initial();
+
+  /// `metric` is the searcher metric, `time` the time metric's value at this validation.
+  SearcherDecision on_validation(std::int64_t trial, double metric, double time);
+
+  /// A trial ended (stopped, finished or failed for good): its bracket may start a replacement.
+  std::vector<TrialRequest> on_trial_end(std::int64_t trial);
+  std::int64_t max_trials() const { return config_.max_trials; }
+
+ private:
+  struct State {
+    int bracket = 0;
+    std::int64_t rung = 0;
+  };
+  TrialRequest next(std::size_t bracket);
+  SearcherConfig config_;
+  HyperparameterSpace space_;
+  detail::SearchRandom random_;
+  std::vector<AshaBracket> brackets_;
+  std::vector<std::vector<std::vector<double>>> rung_metrics_;  // bracket, rung: sorted metrics
+  std::vector<std::int64_t> created_;
+  std::map<std::int64_t, State> trials_;
+  std::int64_t last_id_ = 0;
+};
+
+}  // namespace searcher
+
+/// The searcher an experiment config names.
+using Searcher = std::variant<searcher::Random, searcher::Grid, searcher::AdaptiveAsha>;
+
+/// Builds the searcher `config` names over `space` (single is random with one trial).
+DETTRIAL_INLINE Searcher make_searcher(const SearcherConfig& config, const HyperparameterSpace& space, std::uint64_t experiment_seed);
+
+}  // namespace dettrial
+
+// Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
+#if DETTRIAL_HEADER_DEFINITIONS
+namespace dettrial::searcher {
+
+DETTRIAL_INLINE Random::Random(SearcherConfig config, HyperparameterSpace space, std::uint64_t experiment_seed)
+    : config_(std::move(config)), space_(std::move(space)), random_(experiment_seed) {}
+
+DETTRIAL_INLINE std::vector<TrialRequest> Random::initial() {
+  std::vector<TrialRequest> out;
+  const std::int64_t first = config_.max_concurrent_trials > 0 ? std::min(config_.max_trials, config_.max_concurrent_trials) : config_.max_trials;
+  for (std::int64_t i = 0; i < first; ++i) out.push_back(next());
+  return out;
+}
+
+DETTRIAL_INLINE std::vector<TrialRequest> Random::on_trial_end(std::int64_t) {
+  if (created_ < config_.max_trials) return {next()};
+  return {};
+}
+
+DETTRIAL_INLINE TrialRequest Random::next() {
+  TrialRequest r;
+  r.id = ++created_;
+  r.seed = random_.trial_seed();
+  r.hparams = space_.sample(random_.engine());
+  r.max_length = config_.max_length;
+  return r;
+}
+
+DETTRIAL_INLINE Grid::Grid(SearcherConfig config, const HyperparameterSpace& space, std::uint64_t experiment_seed)
+    : config_(std::move(config)), points_(space.grid()), random_(experiment_seed) {}
+
+DETTRIAL_INLINE std::vector<TrialRequest> Grid::initial() {
+  std::vector<TrialRequest> out;
+  const auto n = static_cast<std::int64_t>(points_.size());
+  const std::int64_t first = config_.max_concurrent_trials > 0 ? std::min(n, config_.max_concurrent_trials) : n;
+  for (std::int64_t i = 0; i < first; ++i) out.push_back(next());
+  return out;
+}
+
+DETTRIAL_INLINE std::vector<TrialRequest> Grid::on_trial_end(std::int64_t) {
+  if (created_ < static_cast<std::int64_t>(points_.size())) return {next()};
+  return {};
+}
+
+DETTRIAL_INLINE TrialRequest Grid::next() {
+  TrialRequest r;
+  r.hparams = points_[static_cast<std::size_t>(created_)];
+  r.id = ++created_;
+  r.seed = random_.trial_seed();
+  r.max_length = config_.max_length;
+  return r;
+}
+
+DETTRIAL_INLINE std::vector<AshaBracket> asha_brackets(const SearcherConfig& c) {
   if (c.max_trials < 1) throw ConfigError("adaptive_asha needs max_trials of at least 1");
   if (c.max_time < 1) throw ConfigError("adaptive_asha needs max_time of at least 1");
   if (!(c.divisor > 1)) throw ConfigError("adaptive_asha needs a divisor greater than 1");
@@ -7755,93 +8522,64 @@ inline std::vector<AshaBracket> asha_brackets(const SearcherConfig& c) {
   return out;
 }
 
-/**
- * @brief `adaptive_asha`, stopping-based as Determined implements it: trials train until stopped.
- * On each validation a trial's metric enters every rung whose time it has reached; it is stopped at
- * the top rung, or where it ranks outside the best `max(len(rung) / divisor, 1)` so far. A stopped or
- * ended trial is replaced (new hyperparameters) while its bracket has trials left to create.
- */
-class AdaptiveAsha {
- public:
-  AdaptiveAsha(SearcherConfig config, HyperparameterSpace space, std::uint64_t experiment_seed)
-      : config_(std::move(config)), space_(std::move(space)), random_(experiment_seed), brackets_(asha_brackets(config_)) {
-    rung_metrics_.resize(brackets_.size());
-    for (std::size_t b = 0; b < brackets_.size(); ++b) rung_metrics_[b].resize(static_cast<std::size_t>(brackets_[b].rungs));
-    created_.assign(brackets_.size(), 0);
+DETTRIAL_INLINE AdaptiveAsha::AdaptiveAsha(SearcherConfig config, HyperparameterSpace space, std::uint64_t experiment_seed)
+    : config_(std::move(config)), space_(std::move(space)), random_(experiment_seed), brackets_(asha_brackets(config_)) {
+  rung_metrics_.resize(brackets_.size());
+  for (std::size_t b = 0; b < brackets_.size(); ++b) rung_metrics_[b].resize(static_cast<std::size_t>(brackets_[b].rungs));
+  created_.assign(brackets_.size(), 0);
+}
+
+DETTRIAL_INLINE std::vector<TrialRequest> AdaptiveAsha::initial() {
+  std::vector<TrialRequest> out;
+  for (std::size_t b = 0; b < brackets_.size(); ++b)
+    for (std::int64_t i = 0; i < std::min(brackets_[b].max_concurrent, brackets_[b].max_trials); ++i) out.push_back(next(b));
+  return out;
+}
+
+DETTRIAL_INLINE SearcherDecision AdaptiveAsha::on_validation(std::int64_t trial, double metric, double time) {
+  auto it = trials_.find(trial);
+  if (it == trials_.end()) return SearcherDecision::keep_training;
+  State& s = it->second;
+  const double value = config_.smaller_is_better ? metric : -metric;
+  const AshaBracket& bracket = brackets_[static_cast<std::size_t>(s.bracket)];
+  while (s.rung < bracket.rungs && time >= static_cast<double>(bracket.units_needed[static_cast<std::size_t>(s.rung)])) {
+    auto& rung = rung_metrics_[static_cast<std::size_t>(s.bracket)][static_cast<std::size_t>(s.rung)];
+    const auto pos = std::upper_bound(rung.begin(), rung.end(), value);
+    const auto index = static_cast<std::int64_t>(pos - rung.begin());
+    rung.insert(pos, value);
+    if (s.rung == bracket.rungs - 1) return SearcherDecision::stop;  // the top rung: done
+    if (index >= std::max<std::int64_t>(static_cast<std::int64_t>(static_cast<double>(rung.size()) / config_.divisor), 1))
+      return SearcherDecision::stop;
+    ++s.rung;
   }
+  return SearcherDecision::keep_training;
+}
 
-  const std::vector<AshaBracket>& brackets() const { return brackets_; }
+DETTRIAL_INLINE std::vector<TrialRequest> AdaptiveAsha::on_trial_end(std::int64_t trial) {
+  auto it = trials_.find(trial);
+  if (it == trials_.end()) return {};
+  const auto b = static_cast<std::size_t>(it->second.bracket);
+  if (created_[b] < brackets_[b].max_trials) return {next(b)};
+  return {};
+}
 
-  std::vector<TrialRequest> initial() {
-    std::vector<TrialRequest> out;
-    for (std::size_t b = 0; b < brackets_.size(); ++b)
-      for (std::int64_t i = 0; i < std::min(brackets_[b].max_concurrent, brackets_[b].max_trials); ++i) out.push_back(next(b));
-    return out;
-  }
+DETTRIAL_INLINE TrialRequest AdaptiveAsha::next(std::size_t bracket) {
+  TrialRequest r;
+  r.id = ++last_id_;
+  r.seed = random_.trial_seed();
+  r.hparams = space_.sample(random_.engine());
+  r.max_length = config_.max_time;
+  r.bracket = static_cast<int>(bracket);
+  ++created_[bracket];
+  trials_[r.id] = State{static_cast<int>(bracket), 0};
+  return r;
+}
 
-  /// `metric` is the searcher metric, `time` the time metric's value at this validation.
-  SearcherDecision on_validation(std::int64_t trial, double metric, double time) {
-    auto it = trials_.find(trial);
-    if (it == trials_.end()) return SearcherDecision::keep_training;
-    State& s = it->second;
-    const double value = config_.smaller_is_better ? metric : -metric;
-    const AshaBracket& bracket = brackets_[static_cast<std::size_t>(s.bracket)];
-    while (s.rung < bracket.rungs && time >= static_cast<double>(bracket.units_needed[static_cast<std::size_t>(s.rung)])) {
-      auto& rung = rung_metrics_[static_cast<std::size_t>(s.bracket)][static_cast<std::size_t>(s.rung)];
-      const auto pos = std::upper_bound(rung.begin(), rung.end(), value);
-      const auto index = static_cast<std::int64_t>(pos - rung.begin());
-      rung.insert(pos, value);
-      if (s.rung == bracket.rungs - 1) return SearcherDecision::stop;  // the top rung: done
-      if (index >= std::max<std::int64_t>(static_cast<std::int64_t>(static_cast<double>(rung.size()) / config_.divisor), 1))
-        return SearcherDecision::stop;
-      ++s.rung;
-    }
-    return SearcherDecision::keep_training;
-  }
+}  // namespace dettrial::searcher
 
-  /// A trial ended (stopped, finished or failed for good): its bracket may start a replacement.
-  std::vector<TrialRequest> on_trial_end(std::int64_t trial) {
-    auto it = trials_.find(trial);
-    if (it == trials_.end()) return {};
-    const auto b = static_cast<std::size_t>(it->second.bracket);
-    if (created_[b] < brackets_[b].max_trials) return {next(b)};
-    return {};
-  }
-  std::int64_t max_trials() const { return config_.max_trials; }
+namespace dettrial {
 
- private:
-  struct State {
-    int bracket = 0;
-    std::int64_t rung = 0;
-  };
-  TrialRequest next(std::size_t bracket) {
-    TrialRequest r;
-    r.id = ++last_id_;
-    r.seed = random_.trial_seed();
-    r.hparams = space_.sample(random_.engine());
-    r.max_length = config_.max_time;
-    r.bracket = static_cast<int>(bracket);
-    ++created_[bracket];
-    trials_[r.id] = State{static_cast<int>(bracket), 0};
-    return r;
-  }
-  SearcherConfig config_;
-  HyperparameterSpace space_;
-  detail::SearchRandom random_;
-  std::vector<AshaBracket> brackets_;
-  std::vector<std::vector<std::vector<double>>> rung_metrics_;  // bracket, rung: sorted metrics
-  std::vector<std::int64_t> created_;
-  std::map<std::int64_t, State> trials_;
-  std::int64_t last_id_ = 0;
-};
-
-}  // namespace searcher
-
-/// The searcher an experiment config names.
-using Searcher = std::variant<searcher::Random, searcher::Grid, searcher::AdaptiveAsha>;
-
-/// Builds the searcher `config` names over `space` (single is random with one trial).
-inline Searcher make_searcher(const SearcherConfig& config, const HyperparameterSpace& space, std::uint64_t experiment_seed) {
+DETTRIAL_INLINE Searcher make_searcher(const SearcherConfig& config, const HyperparameterSpace& space, std::uint64_t experiment_seed) {
   if (config.name == "single") {
     SearcherConfig one = config;
     one.max_trials = 1;
@@ -7854,5 +8592,6 @@ inline Searcher make_searcher(const SearcherConfig& config, const Hyperparameter
 }
 
 }  // namespace dettrial
+#endif  // DETTRIAL_HEADER_DEFINITIONS
 // ---- end dettrial/search/searchers.hpp
 // ---- end dettrial/dettrial.hpp

@@ -15,14 +15,11 @@
 #include <utility>
 #include <vector>
 
-#include <caffe2/serialize/inline_container.h>
-#include <torch/csrc/jit/serialization/export.h>
-#include <torch/csrc/jit/serialization/pickle.h>
-#include <torch/csrc/jit/serialization/pickler.h>
 #include <torch/torch.h>
 
 #include "../error.hpp"
 #include "../detail/text.hpp"
+#include "../detail/linkage.hpp"
 
 namespace dettrial {
 
@@ -35,32 +32,10 @@ namespace detail {
  * told not to tag containers with TorchScript types, so the file uses only the globals Python's
  * weights-only loader allows (`_rebuild_tensor_v2`, the storage types, `OrderedDict`).
  */
-inline std::string pickle_archive(const c10::IValue& value) {
-  std::vector<char> pickle;
-  torch::jit::Pickler pickler([&](const char* bytes, std::size_t n) { pickle.insert(pickle.end(), bytes, bytes + n); },
-                              /*tensor_table=*/nullptr, /*type_renamer=*/nullptr, /*memoized_class_types=*/nullptr,
-                              /*get_tensor_id=*/nullptr, /*tag_aggregates=*/false);
-  pickler.protocol();
-  pickler.pushIValue(value);
-  pickler.stop();
-  std::string out;
-  caffe2::serialize::PyTorchStreamWriter writer([&](const void* bytes, std::size_t n) {
-    out.append(static_cast<const char*>(bytes), n);
-    return n;
-  });
-  torch::jit::writeArchiveAndTensors("data", pickle.data(), pickle.size(), pickler.tensorData(), writer);
-  writer.writeEndOfFile();
-  return out;
-}
+DETTRIAL_INLINE std::string pickle_archive(const c10::IValue& value);
 
 /// Reads an archive written by pickle_archive (or a compatible `torch.save`); `file` names it in errors.
-inline c10::IValue unpickle_archive(const std::string& bytes, const std::filesystem::path& file) {
-  try {
-    return torch::jit::pickle_load(std::vector<char>(bytes.begin(), bytes.end()));
-  } catch (const std::exception& e) {
-    throw CheckpointError("cannot read '" + file.string() + "' as a torch.save archive: " + first_line(e.what()));
-  }
-}
+DETTRIAL_INLINE c10::IValue unpickle_archive(const std::string& bytes, const std::filesystem::path& file);
 
 /// Every parameter and buffer of a module with Python's state-dict names, in Python's order.
 template <class F>
@@ -74,11 +49,7 @@ void for_each_state_entry(const torch::nn::Module& module, F&& f) {
   }
 }
 
-inline std::string shape_text(c10::IntArrayRef sizes) {
-  std::ostringstream s;
-  s << sizes;
-  return s.str();
-}
+DETTRIAL_INLINE std::string shape_text(c10::IntArrayRef sizes);
 
 /// Optimizer state is keyed by the parameter's TensorImpl: its address as text in LibTorch 1.x, the
 /// pointer itself in 2.x. The key type tells which.
@@ -115,7 +86,78 @@ void adam_options(const Options& o, c10::impl::GenericDict& out) {
 }
 
 /// One parameter's optimizer state and its group's options, in Python's names, for the built-in optimizers.
-inline bool python_param_state(const torch::optim::OptimizerParamState& state, c10::impl::GenericDict& out) {
+DETTRIAL_INLINE bool python_param_state(const torch::optim::OptimizerParamState& state, c10::impl::GenericDict& out);
+
+DETTRIAL_INLINE void python_group_options(const torch::optim::OptimizerOptions& options, c10::impl::GenericDict& out);
+
+}  // namespace detail
+
+/**
+ * @brief A module's state dict as Python's `module.state_dict()` has it: parameters and buffers under
+ * their dotted names (`0.weight`, `fc1.bias`, `bn.running_mean`), detached.
+ */
+DETTRIAL_INLINE StateDict module_state_dict(const torch::nn::Module& module);
+
+/**
+ * @brief An optimizer's state dict in Python's layout: `state` keyed by parameter index (counted
+ * across groups), `param_groups` with their options and `params` as those indices. The built-in
+ * optimizers (SGD, Adam, AdamW, Adagrad, RMSprop) are written in full; for others, groups carry
+ * their learning rate and the state is left empty.
+ */
+DETTRIAL_INLINE StateDict optimizer_state_dict(torch::optim::Optimizer& optimizer);
+
+/**
+ * @brief Copies a state dict into a module after checking it fits: every parameter and buffer of the
+ * module present with the same shape, and no entry the module lacks. On any mismatch nothing is
+ * copied and CheckpointError names `what` (the file and model) and the entry.
+ */
+DETTRIAL_INLINE void load_module_state_dict(torch::nn::Module& module, const StateDict& state, const std::string& what);
+
+}  // namespace dettrial
+
+// Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
+#if DETTRIAL_HEADER_DEFINITIONS
+#include <caffe2/serialize/inline_container.h>
+#include <torch/csrc/jit/serialization/export.h>
+#include <torch/csrc/jit/serialization/pickle.h>
+#include <torch/csrc/jit/serialization/pickler.h>
+
+namespace dettrial {
+namespace detail {
+
+DETTRIAL_INLINE std::string pickle_archive(const c10::IValue& value) {
+  std::vector<char> pickle;
+  torch::jit::Pickler pickler([&](const char* bytes, std::size_t n) { pickle.insert(pickle.end(), bytes, bytes + n); },
+                              /*tensor_table=*/nullptr, /*type_renamer=*/nullptr, /*memoized_class_types=*/nullptr,
+                              /*get_tensor_id=*/nullptr, /*tag_aggregates=*/false);
+  pickler.protocol();
+  pickler.pushIValue(value);
+  pickler.stop();
+  std::string out;
+  caffe2::serialize::PyTorchStreamWriter writer([&](const void* bytes, std::size_t n) {
+    out.append(static_cast<const char*>(bytes), n);
+    return n;
+  });
+  torch::jit::writeArchiveAndTensors("data", pickle.data(), pickle.size(), pickler.tensorData(), writer);
+  writer.writeEndOfFile();
+  return out;
+}
+
+DETTRIAL_INLINE c10::IValue unpickle_archive(const std::string& bytes, const std::filesystem::path& file) {
+  try {
+    return torch::jit::pickle_load(std::vector<char>(bytes.begin(), bytes.end()));
+  } catch (const std::exception& e) {
+    throw CheckpointError("cannot read '" + file.string() + "' as a torch.save archive: " + first_line(e.what()));
+  }
+}
+
+DETTRIAL_INLINE std::string shape_text(c10::IntArrayRef sizes) {
+  std::ostringstream s;
+  s << sizes;
+  return s.str();
+}
+
+DETTRIAL_INLINE bool python_param_state(const torch::optim::OptimizerParamState& state, c10::impl::GenericDict& out) {
   auto put = [&](const char* key, const torch::Tensor& t) {
     if (t.defined()) out.insert(key, t.detach());
   };
@@ -139,7 +181,7 @@ inline bool python_param_state(const torch::optim::OptimizerParamState& state, c
   return true;
 }
 
-inline void python_group_options(const torch::optim::OptimizerOptions& options, c10::impl::GenericDict& out) {
+DETTRIAL_INLINE void python_group_options(const torch::optim::OptimizerOptions& options, c10::impl::GenericDict& out) {
   if (const auto* o = dynamic_cast<const torch::optim::SGDOptions*>(&options)) {
     out.insert("lr", o->lr());
     out.insert("momentum", o->momentum());
@@ -173,11 +215,7 @@ inline void python_group_options(const torch::optim::OptimizerOptions& options, 
 
 }  // namespace detail
 
-/**
- * @brief A module's state dict as Python's `module.state_dict()` has it: parameters and buffers under
- * their dotted names (`0.weight`, `fc1.bias`, `bn.running_mean`), detached.
- */
-inline StateDict module_state_dict(const torch::nn::Module& module) {
+DETTRIAL_INLINE StateDict module_state_dict(const torch::nn::Module& module) {
   StateDict out(c10::StringType::get(), c10::TensorType::get());
   // LibTorch's pickler writes CPU and CUDA tensors (a CUDA one is copied out and tagged with its
   // device); others, such as the lazy device's, are saved as CPU copies.
@@ -187,13 +225,7 @@ inline StateDict module_state_dict(const torch::nn::Module& module) {
   return out;
 }
 
-/**
- * @brief An optimizer's state dict in Python's layout: `state` keyed by parameter index (counted
- * across groups), `param_groups` with their options and `params` as those indices. The built-in
- * optimizers (SGD, Adam, AdamW, Adagrad, RMSprop) are written in full; for others, groups carry
- * their learning rate and the state is left empty.
- */
-inline StateDict optimizer_state_dict(torch::optim::Optimizer& optimizer) {
+DETTRIAL_INLINE StateDict optimizer_state_dict(torch::optim::Optimizer& optimizer) {
   StateDict state(c10::IntType::get(), c10::AnyType::get());
   c10::impl::GenericList groups(c10::AnyType::get());
   std::int64_t index = 0;
@@ -222,12 +254,7 @@ inline StateDict optimizer_state_dict(torch::optim::Optimizer& optimizer) {
   return out;
 }
 
-/**
- * @brief Copies a state dict into a module after checking it fits: every parameter and buffer of the
- * module present with the same shape, and no entry the module lacks. On any mismatch nothing is
- * copied and CheckpointError names `what` (the file and model) and the entry.
- */
-inline void load_module_state_dict(torch::nn::Module& module, const StateDict& state, const std::string& what) {
+DETTRIAL_INLINE void load_module_state_dict(torch::nn::Module& module, const StateDict& state, const std::string& what) {
   std::vector<std::pair<torch::Tensor, torch::Tensor>> copies;
   std::map<std::string, bool> used;
   for (const auto& entry : state) used[entry.key().toStringRef()] = false;
@@ -251,3 +278,4 @@ inline void load_module_state_dict(torch::nn::Module& module, const StateDict& s
 }
 
 }  // namespace dettrial
+#endif  // DETTRIAL_HEADER_DEFINITIONS

@@ -9,24 +9,17 @@
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <optional>
-#include <random>
-#include <sstream>
 #include <string>
 #include <string_view>
 #include <type_traits>
 #include <utility>
 #include <vector>
 
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
-#include <zlib.h>
-
 #include "../error.hpp"
 #include "../detail/json.hpp"
 #include "../metrics/metrics.hpp"
+#include "../detail/linkage.hpp"
 
 namespace dettrial {
 
@@ -59,7 +52,102 @@ namespace detail {
 inline std::string errno_text() { return std::strerror(errno); }
 
 /// Writes `bytes` to `path` and fsyncs it, so a crash after this returns cannot lose or tear it.
-inline void write_file_synced(const std::filesystem::path& path, std::string_view bytes) {
+DETTRIAL_INLINE void write_file_synced(const std::filesystem::path& path, std::string_view bytes);
+
+/// Makes a directory's entries (new files, renames) durable.
+DETTRIAL_INLINE void sync_directory(const std::filesystem::path& dir);
+
+DETTRIAL_INLINE std::string read_file_bytes(const std::filesystem::path& path);
+
+DETTRIAL_INLINE std::uint32_t crc32_of(std::string_view bytes);
+
+/// A random (version 4) UUID, Determined's name for a checkpoint directory.
+DETTRIAL_INLINE std::string new_uuid();
+
+DETTRIAL_INLINE bool is_hidden(const std::filesystem::path& p);
+
+/// Removes what an interrupted writer or deleter left behind (hidden `.tmp-*` / `.deleting-*` folders).
+DETTRIAL_INLINE void remove_stale_entries(const std::filesystem::path& storage);
+
+}  // namespace detail
+
+/**
+ * @brief Writes one checkpoint crash-safely: every file goes into a hidden temporary directory and
+ * is synced; `commit` writes `metadata.json` (with each file's size and CRC-32) last, syncs, and
+ * renames the directory into place. Until then the storage holds only complete checkpoints; a
+ * writer destroyed without commit removes its temporary directory.
+ */
+class CheckpointWriter {
+ public:
+  CheckpointWriter(std::filesystem::path storage, std::string uuid);
+  CheckpointWriter(const CheckpointWriter&) = delete;
+  CheckpointWriter& operator=(const CheckpointWriter&) = delete;
+  ~CheckpointWriter();
+
+  void add_file(const std::string& name, std::string_view bytes);
+
+  /// Writes `metadata.json`: the members of `fields` (a JSON object), then `"files"` (each file's
+  /// `"size"` and `"crc32"`), and moves the checkpoint into place. Returns its final path.
+  std::filesystem::path commit(detail::Json fields);
+
+ private:
+  std::filesystem::path storage_;
+  std::string uuid_;
+  std::filesystem::path temp_;
+  detail::Json files_ = detail::Json::object();
+  bool committed_ = false;
+};
+
+/**
+ * @brief Reads and checks a checkpoint directory's `metadata.json`: present, parsable, a format this
+ * dettrial reads, and (when `verify_files`) every listed file present with its size and CRC-32.
+ * Throws CheckpointError naming the file at fault.
+ */
+DETTRIAL_INLINE CheckpointInfo read_checkpoint_info(const std::filesystem::path& dir, bool verify_files = true);
+
+/// Checks a file of a checkpoint against the CRC-32 recorded in its metadata.json, returning its bytes.
+DETTRIAL_INLINE std::string read_checked_file(const std::filesystem::path& dir, const std::string& name);
+
+/// The complete checkpoints in a storage directory, oldest first (by write order). Hidden entries
+/// (checkpoints being written or deleted) are not checkpoints.
+DETTRIAL_INLINE std::vector<CheckpointInfo> list_checkpoints(const std::filesystem::path& storage);
+
+/**
+ * @brief Resolves what a user names to resume from: a checkpoint directory itself, or a directory
+ * holding checkpoints (a trial's storage, or its output directory with `checkpoints/`), whose most
+ * recent checkpoint is taken. Throws CheckpointError when there is none.
+ */
+DETTRIAL_INLINE std::filesystem::path resolve_checkpoint(const std::filesystem::path& path);
+
+/**
+ * @brief The checkpoints `retention` lets go: all but the `save_trial_latest` most recent and the
+ * `save_trial_best` best by their validation metric. `keep_uuid` (the newest, while a trial still
+ * runs) is never chosen.
+ */
+DETTRIAL_INLINE std::vector<CheckpointInfo> checkpoints_to_delete(const std::vector<CheckpointInfo>& all, const Retention& retention,
+                                                                  bool smaller_is_better, std::string_view keep_uuid = {});
+
+/// Deletes a checkpoint: renamed to a hidden name first (atomic), so a crash half-way through
+/// never leaves a directory that looks like a checkpoint but is not one.
+DETTRIAL_INLINE void delete_checkpoint(const CheckpointInfo& checkpoint);
+
+}  // namespace dettrial
+
+// Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
+#if DETTRIAL_HEADER_DEFINITIONS
+#include <fstream>
+#include <random>
+#include <sstream>
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zlib.h>
+
+namespace dettrial {
+namespace detail {
+
+DETTRIAL_INLINE void write_file_synced(const std::filesystem::path& path, std::string_view bytes) {
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) throw CheckpointError("cannot create '" + path.string() + "': " + errno_text());
   std::size_t done = 0;
@@ -81,8 +169,7 @@ inline void write_file_synced(const std::filesystem::path& path, std::string_vie
   if (::close(fd) != 0) throw CheckpointError("cannot close '" + path.string() + "': " + errno_text());
 }
 
-/// Makes a directory's entries (new files, renames) durable.
-inline void sync_directory(const std::filesystem::path& dir) {
+DETTRIAL_INLINE void sync_directory(const std::filesystem::path& dir) {
   const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (fd < 0) throw CheckpointError("cannot open directory '" + dir.string() + "': " + errno_text());
   const int rc = ::fsync(fd);
@@ -91,7 +178,7 @@ inline void sync_directory(const std::filesystem::path& dir) {
   if (rc != 0) throw CheckpointError("cannot sync directory '" + dir.string() + "': " + why);
 }
 
-inline std::string read_file_bytes(const std::filesystem::path& path) {
+DETTRIAL_INLINE std::string read_file_bytes(const std::filesystem::path& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw CheckpointError("cannot read '" + path.string() + "'");
   std::ostringstream bytes;
@@ -99,7 +186,7 @@ inline std::string read_file_bytes(const std::filesystem::path& path) {
   return std::move(bytes).str();
 }
 
-inline std::uint32_t crc32_of(std::string_view bytes) {
+DETTRIAL_INLINE std::uint32_t crc32_of(std::string_view bytes) {
   uLong crc = ::crc32(0L, Z_NULL, 0);
   // zlib takes uInt lengths: feed large buffers in pieces.
   while (!bytes.empty()) {
@@ -110,8 +197,7 @@ inline std::uint32_t crc32_of(std::string_view bytes) {
   return static_cast<std::uint32_t>(crc);
 }
 
-/// A random (version 4) UUID, Determined's name for a checkpoint directory.
-inline std::string new_uuid() {
+DETTRIAL_INLINE std::string new_uuid() {
   std::random_device device;
   std::uint64_t hi = (static_cast<std::uint64_t>(device()) << 32) | device();
   std::uint64_t lo = (static_cast<std::uint64_t>(device()) << 32) | device();
@@ -124,13 +210,12 @@ inline std::string new_uuid() {
   return text;
 }
 
-inline bool is_hidden(const std::filesystem::path& p) {
+DETTRIAL_INLINE bool is_hidden(const std::filesystem::path& p) {
   const std::string name = p.filename().string();
   return !name.empty() && name.front() == '.';
 }
 
-/// Removes what an interrupted writer or deleter left behind (hidden `.tmp-*` / `.deleting-*` folders).
-inline void remove_stale_entries(const std::filesystem::path& storage) {
+DETTRIAL_INLINE void remove_stale_entries(const std::filesystem::path& storage) {
   std::error_code ec;
   if (!std::filesystem::is_directory(storage, ec)) return;
   for (const auto& entry : std::filesystem::directory_iterator(storage, ec)) {
@@ -141,67 +226,43 @@ inline void remove_stale_entries(const std::filesystem::path& storage) {
 
 }  // namespace detail
 
-/**
- * @brief Writes one checkpoint crash-safely: every file goes into a hidden temporary directory and
- * is synced; `commit` writes `metadata.json` (with each file's size and CRC-32) last, syncs, and
- * renames the directory into place. Until then the storage holds only complete checkpoints; a
- * writer destroyed without commit removes its temporary directory.
- */
-class CheckpointWriter {
- public:
-  CheckpointWriter(std::filesystem::path storage, std::string uuid)
-      : storage_(std::move(storage)), uuid_(std::move(uuid)), temp_(storage_ / (".tmp-" + uuid_)) {
-    std::error_code ec;
-    std::filesystem::create_directories(storage_, ec);
-    if (ec) throw CheckpointError("cannot create checkpoint storage '" + storage_.string() + "': " + ec.message());
-    std::filesystem::create_directory(temp_, ec);
-    if (ec) throw CheckpointError("cannot create '" + temp_.string() + "': " + ec.message());
-  }
-  CheckpointWriter(const CheckpointWriter&) = delete;
-  CheckpointWriter& operator=(const CheckpointWriter&) = delete;
-  ~CheckpointWriter() {
-    if (committed_) return;
-    std::error_code ec;
-    std::filesystem::remove_all(temp_, ec);
-  }
+DETTRIAL_INLINE CheckpointWriter::CheckpointWriter(std::filesystem::path storage, std::string uuid)
+    : storage_(std::move(storage)), uuid_(std::move(uuid)), temp_(storage_ / (".tmp-" + uuid_)) {
+  std::error_code ec;
+  std::filesystem::create_directories(storage_, ec);
+  if (ec) throw CheckpointError("cannot create checkpoint storage '" + storage_.string() + "': " + ec.message());
+  std::filesystem::create_directory(temp_, ec);
+  if (ec) throw CheckpointError("cannot create '" + temp_.string() + "': " + ec.message());
+}
 
-  void add_file(const std::string& name, std::string_view bytes) {
-    detail::write_file_synced(temp_ / name, bytes);
-    files_[name] = {{"size", bytes.size()}, {"crc32", detail::crc32_of(bytes)}};
-  }
+DETTRIAL_INLINE CheckpointWriter::~CheckpointWriter() {
+  if (committed_) return;
+  std::error_code ec;
+  std::filesystem::remove_all(temp_, ec);
+}
 
-  /// Writes `metadata.json`: the members of `fields` (a JSON object), then `"files"` (each file's
-  /// `"size"` and `"crc32"`), and moves the checkpoint into place. Returns its final path.
-  std::filesystem::path commit(detail::Json fields) {
-    const std::filesystem::path meta_path = temp_ / "metadata.json";
-    if (!fields.is_object())
-      throw CheckpointError("the fields of '" + meta_path.string() + "' must be a JSON object, not " + detail::json_kind(fields));
-    fields.erase("files");
-    fields["files"] = files_;
-    detail::write_file_synced(meta_path, detail::json_text(fields));
-    detail::sync_directory(temp_);
-    const std::filesystem::path final_path = storage_ / uuid_;
-    if (::rename(temp_.c_str(), final_path.c_str()) != 0)
-      throw CheckpointError("cannot move checkpoint into place at '" + final_path.string() + "': " + detail::errno_text());
-    committed_ = true;
-    detail::sync_directory(storage_);
-    return final_path;
-  }
+DETTRIAL_INLINE void CheckpointWriter::add_file(const std::string& name, std::string_view bytes) {
+  detail::write_file_synced(temp_ / name, bytes);
+  files_[name] = {{"size", bytes.size()}, {"crc32", detail::crc32_of(bytes)}};
+}
 
- private:
-  std::filesystem::path storage_;
-  std::string uuid_;
-  std::filesystem::path temp_;
-  detail::Json files_ = detail::Json::object();
-  bool committed_ = false;
-};
+DETTRIAL_INLINE std::filesystem::path CheckpointWriter::commit(detail::Json fields) {
+  const std::filesystem::path meta_path = temp_ / "metadata.json";
+  if (!fields.is_object())
+    throw CheckpointError("the fields of '" + meta_path.string() + "' must be a JSON object, not " + detail::json_kind(fields));
+  fields.erase("files");
+  fields["files"] = files_;
+  detail::write_file_synced(meta_path, detail::json_text(fields));
+  detail::sync_directory(temp_);
+  const std::filesystem::path final_path = storage_ / uuid_;
+  if (::rename(temp_.c_str(), final_path.c_str()) != 0)
+    throw CheckpointError("cannot move checkpoint into place at '" + final_path.string() + "': " + detail::errno_text());
+  committed_ = true;
+  detail::sync_directory(storage_);
+  return final_path;
+}
 
-/**
- * @brief Reads and checks a checkpoint directory's `metadata.json`: present, parsable, a format this
- * dettrial reads, and (when `verify_files`) every listed file present with its size and CRC-32.
- * Throws CheckpointError naming the file at fault.
- */
-inline CheckpointInfo read_checkpoint_info(const std::filesystem::path& dir, bool verify_files = true) {
+DETTRIAL_INLINE CheckpointInfo read_checkpoint_info(const std::filesystem::path& dir, bool verify_files) {
   std::error_code ec;
   if (!std::filesystem::exists(dir, ec)) throw CheckpointError("checkpoint '" + dir.string() + "' does not exist");
   if (!std::filesystem::is_directory(dir, ec))
@@ -253,8 +314,7 @@ inline CheckpointInfo read_checkpoint_info(const std::filesystem::path& dir, boo
   return info;
 }
 
-/// Checks a file of a checkpoint against the CRC-32 recorded in its metadata.json, returning its bytes.
-inline std::string read_checked_file(const std::filesystem::path& dir, const std::string& name) {
+DETTRIAL_INLINE std::string read_checked_file(const std::filesystem::path& dir, const std::string& name) {
   const std::filesystem::path file = dir / name;
   std::error_code ec;
   if (!std::filesystem::exists(file, ec)) throw CheckpointError("checkpoint file '" + file.string() + "' is missing");
@@ -277,9 +337,7 @@ inline std::string read_checked_file(const std::filesystem::path& dir, const std
   return bytes;
 }
 
-/// The complete checkpoints in a storage directory, oldest first (by write order). Hidden entries
-/// (checkpoints being written or deleted) are not checkpoints.
-inline std::vector<CheckpointInfo> list_checkpoints(const std::filesystem::path& storage) {
+DETTRIAL_INLINE std::vector<CheckpointInfo> list_checkpoints(const std::filesystem::path& storage) {
   std::vector<CheckpointInfo> out;
   std::error_code ec;
   if (!std::filesystem::is_directory(storage, ec)) return out;
@@ -292,12 +350,7 @@ inline std::vector<CheckpointInfo> list_checkpoints(const std::filesystem::path&
   return out;
 }
 
-/**
- * @brief Resolves what a user names to resume from: a checkpoint directory itself, or a directory
- * holding checkpoints (a trial's storage, or its output directory with `checkpoints/`), whose most
- * recent checkpoint is taken. Throws CheckpointError when there is none.
- */
-inline std::filesystem::path resolve_checkpoint(const std::filesystem::path& path) {
+DETTRIAL_INLINE std::filesystem::path resolve_checkpoint(const std::filesystem::path& path) {
   std::error_code ec;
   if (std::filesystem::exists(path / "metadata.json", ec)) return path;
   if (!std::filesystem::exists(path, ec)) throw CheckpointError("checkpoint '" + path.string() + "' does not exist");
@@ -308,13 +361,8 @@ inline std::filesystem::path resolve_checkpoint(const std::filesystem::path& pat
   throw CheckpointError("'" + path.string() + "' holds no complete dettrial checkpoint (a directory with metadata.json)");
 }
 
-/**
- * @brief The checkpoints `retention` lets go: all but the `save_trial_latest` most recent and the
- * `save_trial_best` best by their validation metric. `keep_uuid` (the newest, while a trial still
- * runs) is never chosen.
- */
-inline std::vector<CheckpointInfo> checkpoints_to_delete(const std::vector<CheckpointInfo>& all, const Retention& retention,
-                                                         bool smaller_is_better, std::string_view keep_uuid = {}) {
+DETTRIAL_INLINE std::vector<CheckpointInfo> checkpoints_to_delete(const std::vector<CheckpointInfo>& all, const Retention& retention,
+                                                                  bool smaller_is_better, std::string_view keep_uuid) {
   std::vector<bool> keep(all.size(), false);
   for (std::size_t i = 0; i < all.size(); ++i) {
     if (all[i].uuid == keep_uuid) keep[i] = true;
@@ -333,9 +381,7 @@ inline std::vector<CheckpointInfo> checkpoints_to_delete(const std::vector<Check
   return out;
 }
 
-/// Deletes a checkpoint: renamed to a hidden name first (atomic), so a crash half-way through
-/// never leaves a directory that looks like a checkpoint but is not one.
-inline void delete_checkpoint(const CheckpointInfo& checkpoint) {
+DETTRIAL_INLINE void delete_checkpoint(const CheckpointInfo& checkpoint) {
   const std::filesystem::path doomed = checkpoint.path.parent_path() / (".deleting-" + checkpoint.uuid);
   if (::rename(checkpoint.path.c_str(), doomed.c_str()) != 0)
     throw CheckpointError("cannot delete checkpoint '" + checkpoint.path.string() + "': " + detail::errno_text());
@@ -344,3 +390,4 @@ inline void delete_checkpoint(const CheckpointInfo& checkpoint) {
 }
 
 }  // namespace dettrial
+#endif  // DETTRIAL_HEADER_DEFINITIONS

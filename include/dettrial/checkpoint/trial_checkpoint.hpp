@@ -24,6 +24,7 @@
 #include "checkpoint.hpp"
 #include "state_dict.hpp"
 #include "storage.hpp"
+#include "../detail/linkage.hpp"
 
 namespace dettrial::detail {
 
@@ -34,50 +35,19 @@ struct RankRngStates {
 };
 
 /// Gathers every rank's generator states (a collective: all ranks checkpoint at the same batches).
-inline RankRngStates gather_rng_states(Context& c) {
-  RankRngStates out;
-  Communicator* comm = c.communicator();
-  if (!comm) return out;
-  for (const torch::Tensor& state : comm->allgather(at::detail::getDefaultCPUGenerator().get_state().to(comm->device())))
-    out.cpu.push_back(state.cpu());
-  if (c.device().is_cuda())
-    for (const torch::Tensor& state : comm->allgather(at::globalContext().defaultGenerator(c.device()).get_state().to(comm->device())))
-      out.gpu.push_back(state.cpu());
-  return out;
-}
+DETTRIAL_INLINE RankRngStates gather_rng_states(Context& c);
 
 /// Sends the chief's checkpoint uuid to every rank (36 characters); one process keeps its own.
-inline std::string share_uuid(Communicator* comm, const std::string& uuid) {
-  if (!comm) return uuid;
-  std::vector<torch::Tensor> t{torch::zeros({36}, torch::kUInt8)};
-  if (comm->rank() == 0) std::memcpy(t[0].data_ptr<std::uint8_t>(), uuid.data(), std::min<std::size_t>(uuid.size(), 36));
-  t[0] = t[0].to(comm->device());
-  comm->broadcast(t);
-  const torch::Tensor host = t[0].cpu();
-  return std::string(reinterpret_cast<const char*>(host.data_ptr<std::uint8_t>()), 36);
-}
+DETTRIAL_INLINE std::string share_uuid(Communicator* comm, const std::string& uuid);
 
 /// state_dict.pth's dict: the Context's Python-readable state and the callbacks' states.
-inline StateDict trial_state_dict(Context& c, const RankRngStates& rng, StateDict callback_states) {
-  StateDict top = ContextCheckpoint::python_state(c, rng.cpu, rng.gpu);
-  top.insert("callbacks", std::move(callback_states));
-  return top;
-}
+DETTRIAL_INLINE StateDict trial_state_dict(Context& c, const RankRngStates& rng, StateDict callback_states);
 
 /// The callbacks' states in a checkpoint's state dict (empty when it has none).
-inline StateDict callback_states_of(const StateDict& top) {
-  if (const auto it = top.find("callbacks"); it != top.end() && it->value().isGenericDict()) return it->value().toGenericDict();
-  return StateDict(c10::StringType::get(), c10::AnyType::get());
-}
+DETTRIAL_INLINE StateDict callback_states_of(const StateDict& top);
 
 /// `load_data.json`: what Determined records to rebuild the trial (config, hyperparameters, type).
-inline Json load_data(const Context& c, std::string_view trial_type) {
-  return Json{{"trial_type", "dettrial"},
-              {"experiment_config", yaml_to_json(c.get_experiment_config().yaml)},
-              {"hparams", yaml_to_json(c.get_hparams().yaml())},
-              {"trial_cls_spec", trial_type},
-              {"is_trainer", true}};
-}
+DETTRIAL_INLINE Json load_data(const Context& c, std::string_view trial_type);
 
 /// What a trial's checkpoint records besides the Context's state.
 struct TrialCheckpointRecord {
@@ -94,8 +64,62 @@ struct TrialCheckpointRecord {
 
 /// Writes a checkpoint into `storage` (crash-safe: a temporary directory renamed when complete) and
 /// returns what list_checkpoints will say about it. `top` is state_dict.pth's dict.
-inline CheckpointInfo write_trial_checkpoint(Context& c, const std::filesystem::path& storage, const StateDict& top,
-                                             const TrialCheckpointRecord& record) {
+DETTRIAL_INLINE CheckpointInfo write_trial_checkpoint(Context& c, const std::filesystem::path& storage, const StateDict& top,
+                                                      const TrialCheckpointRecord& record);
+
+/// Restores the Context's models (names and shapes checked first), optimizers, schedulers, pending
+/// gradients and RNGs from checkpoint `dir`, whose state_dict.pth holds `top`.
+DETTRIAL_INLINE void restore_context(Context& c, const std::filesystem::path& dir, const StateDict& top);
+
+}  // namespace dettrial::detail
+
+// Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
+#if DETTRIAL_HEADER_DEFINITIONS
+namespace dettrial::detail {
+
+DETTRIAL_INLINE RankRngStates gather_rng_states(Context& c) {
+  RankRngStates out;
+  Communicator* comm = c.communicator();
+  if (!comm) return out;
+  for (const torch::Tensor& state : comm->allgather(at::detail::getDefaultCPUGenerator().get_state().to(comm->device())))
+    out.cpu.push_back(state.cpu());
+  if (c.device().is_cuda())
+    for (const torch::Tensor& state : comm->allgather(at::globalContext().defaultGenerator(c.device()).get_state().to(comm->device())))
+      out.gpu.push_back(state.cpu());
+  return out;
+}
+
+DETTRIAL_INLINE std::string share_uuid(Communicator* comm, const std::string& uuid) {
+  if (!comm) return uuid;
+  std::vector<torch::Tensor> t{torch::zeros({36}, torch::kUInt8)};
+  if (comm->rank() == 0) std::memcpy(t[0].data_ptr<std::uint8_t>(), uuid.data(), std::min<std::size_t>(uuid.size(), 36));
+  t[0] = t[0].to(comm->device());
+  comm->broadcast(t);
+  const torch::Tensor host = t[0].cpu();
+  return std::string(reinterpret_cast<const char*>(host.data_ptr<std::uint8_t>()), 36);
+}
+
+DETTRIAL_INLINE StateDict trial_state_dict(Context& c, const RankRngStates& rng, StateDict callback_states) {
+  StateDict top = ContextCheckpoint::python_state(c, rng.cpu, rng.gpu);
+  top.insert("callbacks", std::move(callback_states));
+  return top;
+}
+
+DETTRIAL_INLINE StateDict callback_states_of(const StateDict& top) {
+  if (const auto it = top.find("callbacks"); it != top.end() && it->value().isGenericDict()) return it->value().toGenericDict();
+  return StateDict(c10::StringType::get(), c10::AnyType::get());
+}
+
+DETTRIAL_INLINE Json load_data(const Context& c, std::string_view trial_type) {
+  return Json{{"trial_type", "dettrial"},
+              {"experiment_config", yaml_to_json(c.get_experiment_config().yaml)},
+              {"hparams", yaml_to_json(c.get_hparams().yaml())},
+              {"trial_cls_spec", trial_type},
+              {"is_trainer", true}};
+}
+
+DETTRIAL_INLINE CheckpointInfo write_trial_checkpoint(Context& c, const std::filesystem::path& storage, const StateDict& top,
+                                                      const TrialCheckpointRecord& record) {
   CheckpointInfo info{.uuid = new_uuid(),
                       .batches_trained = record.progress.batches_trained,
                       .epochs_trained = record.progress.epochs_trained,
@@ -123,9 +147,7 @@ inline CheckpointInfo write_trial_checkpoint(Context& c, const std::filesystem::
   return info;
 }
 
-/// Restores the Context's models (names and shapes checked first), optimizers, schedulers, pending
-/// gradients and RNGs from checkpoint `dir`, whose state_dict.pth holds `top`.
-inline void restore_context(Context& c, const std::filesystem::path& dir, const StateDict& top) {
+DETTRIAL_INLINE void restore_context(Context& c, const std::filesystem::path& dir, const StateDict& top) {
   const std::filesystem::path file = dir / "state_dict.pth";
   ContextCheckpoint::load_models(c, top, file);
   ContextCheckpoint::load_native(c, read_checked_file(dir, "dettrial_state.pt"), dir / "dettrial_state.pt");
@@ -133,3 +155,4 @@ inline void restore_context(Context& c, const std::filesystem::path& dir, const 
 }
 
 }  // namespace dettrial::detail
+#endif  // DETTRIAL_HEADER_DEFINITIONS

@@ -12,10 +12,7 @@
 #include <utility>
 #include <vector>
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <signal.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -24,11 +21,36 @@
 #include "../detail/signals.hpp"
 #include "../distributed/threads.hpp"
 #include "../error.hpp"
+#include "../detail/linkage.hpp"
 
 namespace dettrial::detail {
 
 /// A free TCP port on the loopback interface (the kernel picks it).
-inline int free_local_port() {
+DETTRIAL_INLINE int free_local_port();
+
+/**
+ * @brief The built-in launcher: runs this program `nproc` times with RANK, WORLD_SIZE, LOCAL_RANK,
+ * LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT set (one machine), forwards SIGINT/SIGTERM to them,
+ * and waits. With `bind_cpus` and at least one CPU per rank, each rank is bound to its own share of
+ * the CPUs this process may use (as mpirun binds ranks to cores: unbound, the ranks' threads
+ * migrate between cores and the 2-rank MNIST job trained about 15% slower) and told which in
+ * DETTRIAL_RANK_CPUS. When one rank fails, the others get `grace` to fail on their own (their
+ * collectives time out) and are then killed. Returns 0 when all succeed, exit_status_interrupted
+ * when all stopped on a signal, else 1 after naming the rank that failed first.
+ */
+DETTRIAL_INLINE int launch_local(const std::vector<std::string>& args, int nproc, std::chrono::seconds grace, bool bind_cpus = true);
+
+}  // namespace dettrial::detail
+
+// Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
+#if DETTRIAL_HEADER_DEFINITIONS
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+namespace dettrial::detail {
+
+DETTRIAL_INLINE int free_local_port() {
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
   if (fd < 0) throw Error("cannot open a socket to find a free port");
   sockaddr_in addr{};
@@ -43,17 +65,7 @@ inline int free_local_port() {
   return ntohs(addr.sin_port);
 }
 
-/**
- * @brief The built-in launcher: runs this program `nproc` times with RANK, WORLD_SIZE, LOCAL_RANK,
- * LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT set (one machine), forwards SIGINT/SIGTERM to them,
- * and waits. With `bind_cpus` and at least one CPU per rank, each rank is bound to its own share of
- * the CPUs this process may use (as mpirun binds ranks to cores: unbound, the ranks' threads
- * migrate between cores and the 2-rank MNIST job trained about 15% slower) and told which in
- * DETTRIAL_RANK_CPUS. When one rank fails, the others get `grace` to fail on their own (their
- * collectives time out) and are then killed. Returns 0 when all succeed, exit_status_interrupted
- * when all stopped on a signal, else 1 after naming the rank that failed first.
- */
-inline int launch_local(const std::vector<std::string>& args, int nproc, std::chrono::seconds grace, bool bind_cpus = true) {
+DETTRIAL_INLINE int launch_local(const std::vector<std::string>& args, int nproc, std::chrono::seconds grace, bool bind_cpus) {
   const std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
   const int port = free_local_port();
   std::vector<pid_t> pids(static_cast<std::size_t>(nproc), -1);
@@ -125,3 +137,4 @@ inline int launch_local(const std::vector<std::string>& args, int nproc, std::ch
 }
 
 }  // namespace dettrial::detail
+#endif  // DETTRIAL_HEADER_DEFINITIONS

@@ -42,124 +42,28 @@
 #include "../detail/signals.hpp"
 #include "launcher.hpp"
 #include "../trainer/trainer.hpp"
+#include "../detail/linkage.hpp"
 
 namespace dettrial {
 
 namespace detail {
 
 
-inline const char* main_usage() {
-  return "usage: %s --config FILE [options]\n"
-         "\n"
-         "Trains the trial described by an experiment config in Determined's YAML schema.\n"
-         "\n"
-         "options:\n"
-         "  --config FILE        the experiment config (required)\n"
-         "  --set KEY=VALUE      override a config value; KEY is a dotted path such as\n"
-         "                       hyperparameters.learning_rate or data.dir (repeatable)\n"
-         "  --output DIR         where metrics.jsonl and checkpoints go (default: runs/<date>-<time>,\n"
-         "                       or the resumed run's directory with --resume); for a search, the\n"
-         "                       experiment's folder (default: runs/experiment-<name>); running the\n"
-         "                       same search command again continues it\n"
-         "  --resume PATH        continue from a checkpoint: a checkpoint directory, or a run's\n"
-         "                       output directory (its latest checkpoint)\n"
-         "  --nproc N            train data-parallel in N local processes (Gloo on CPU, NCCL on GPUs);\n"
-         "                       default: resources.slots_per_trial when no launcher (torchrun, srun,\n"
-         "                       mpirun) started this process\n"
-         "  --threads N          intra-op threads per process (default: OMP_NUM_THREADS when set;\n"
-         "                       data parallel: this rank's share of the node's cores)\n"
-         "  --no-cpu-bind        with --nproc: leave the ranks unbound (by default each rank is bound\n"
-         "                       to its share of the CPUs, unless --threads or OMP_NUM_THREADS is set)\n"
-         "  --backend NAME       gloo or nccl (default: nccl when this process has a GPU and NCCL)\n"
-         "  --timeout SECONDS    how long ranks wait for each other before failing (default 300)\n"
-         "  --test-mode          train one batch and validate one batch, to check the trial runs\n"
-         "  --quiet              print nothing but errors\n"
-         "  --help               show this text\n"
-         "\n"
-         "SIGINT or SIGTERM finishes the batch, checkpoints and exits with status 75; a second one aborts.\n"
-         "Exit status: 0 done, 1 failed, 2 bad command line, 75 stopped by a signal (continue with\n"
-         "--resume), 78 wrong configuration (running it again fails the same way).\n";
-}
+DETTRIAL_INLINE const char* main_usage();
 
 /// Applies `a.b.c=value` to a YAML document; the value is parsed as YAML (numbers stay numbers).
-inline void apply_override(YAML::Node& root, const std::string& assignment) {
-  const auto eq = assignment.find('=');
-  if (eq == std::string::npos || eq == 0)
-    throw ConfigError("--set needs KEY=VALUE with a dotted KEY, got '" + assignment + "'");
-  const std::string key = assignment.substr(0, eq);
-  YAML::Node value;
-  try {
-    value = YAML::Load(assignment.substr(eq + 1));
-  } catch (const YAML::Exception& e) {
-    throw ConfigError("--set " + key + ": the value is not valid YAML: " + e.msg);
-  }
-  YAML::Node node(root);
-  std::size_t start = 0;
-  for (;;) {
-    const auto dot = key.find('.', start);
-    const std::string part = key.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
-    if (part.empty()) throw ConfigError("--set: '" + key + "' has an empty path component");
-    if (!node.IsMap() && !node.IsNull() && node.IsDefined())
-      throw ConfigError("--set " + key + ": '" + key.substr(0, start ? start - 1 : 0) + "' is not a map");
-    if (dot == std::string::npos) {
-      node[part] = value;
-      return;
-    }
-    YAML::Node next = node[part];
-    node.reset(next);
-    start = dot + 1;
-  }
-}
+DETTRIAL_INLINE void apply_override(YAML::Node& root, const std::string& assignment);
 
 /// The experiment config a checkpoint was written under (its load_data.json: the run's config with
 /// the overrides it was given), for `--resume` without `--config`.
-inline ExperimentConfig resumed_run_config(const std::filesystem::path& checkpoint) {
-  const std::filesystem::path file = checkpoint / "load_data.json";
-  YAML::Node load_data;
-  try {
-    load_data = YAML::LoadFile(file.string());
-  } catch (const YAML::Exception& e) {
-    throw ConfigError("cannot read the resumed run's config from '" + file.string() + "' (" + e.what() + "); give it with --config");
-  }
-  if (!load_data["experiment_config"] || !load_data["experiment_config"].IsMap())
-    throw ConfigError("'" + file.string() + "' holds no experiment_config; give the run's config with --config");
-  return ExperimentConfig::from_yaml(load_data["experiment_config"], file.string() + " (the resumed run's config)");
-}
+DETTRIAL_INLINE ExperimentConfig resumed_run_config(const std::filesystem::path& checkpoint);
 
 /// Every scalar of a YAML document by its dotted path ("searcher.max_length.batches"), sequences by index.
-inline void flatten_yaml(const YAML::Node& node, const std::string& path, std::map<std::string, std::string>& out) {
-  if (node.IsMap()) {
-    for (const auto& kv : node) flatten_yaml(kv.second, path.empty() ? kv.first.as<std::string>() : path + "." + kv.first.as<std::string>(), out);
-  } else if (node.IsSequence()) {
-    for (std::size_t i = 0; i < node.size(); ++i) flatten_yaml(node[i], path + "[" + std::to_string(i) + "]", out);
-  } else if (node.IsScalar()) {
-    out[path] = node.Scalar();
-  } else {
-    out[path] = "null";
-  }
-}
+DETTRIAL_INLINE void flatten_yaml(const YAML::Node& node, const std::string& path, std::map<std::string, std::string>& out);
 
 /// The fields where `given` differs from the resumed run's `stored` config, one "path: old -> new"
 /// per line (numbers compared as numbers: 1e-3 is 0.001), or empty.
-inline std::string config_differences(const YAML::Node& stored, const YAML::Node& given) {
-  std::map<std::string, std::string> a, b;
-  flatten_yaml(stored, "", a);
-  flatten_yaml(given, "", b);
-  auto same = [](const std::string& x, const std::string& y) {
-    if (x == y) return true;
-    char* end_x = nullptr;
-    char* end_y = nullptr;
-    const double dx = std::strtod(x.c_str(), &end_x), dy = std::strtod(y.c_str(), &end_y);
-    return !x.empty() && !y.empty() && *end_x == '\0' && *end_y == '\0' && dx == dy;
-  };
-  std::string out;
-  for (const auto& [path, value] : a)
-    if (const auto it = b.find(path); it == b.end()) out += "  " + path + ": " + value + " -> (not set)\n";
-    else if (!same(value, it->second)) out += "  " + path + ": " + value + " -> " + it->second + "\n";
-  for (const auto& [path, value] : b)
-    if (!a.count(path)) out += "  " + path + ": (not set) -> " + value + "\n";
-  return out;
-}
+DETTRIAL_INLINE std::string config_differences(const YAML::Node& stored, const YAML::Node& given);
 
 }  // namespace detail
 
@@ -351,3 +255,117 @@ int main(int argc, char** argv, Args&&... trial_args) {
 }
 
 }  // namespace dettrial
+
+// Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
+#if DETTRIAL_HEADER_DEFINITIONS
+namespace dettrial::detail {
+
+DETTRIAL_INLINE const char* main_usage() {
+  return "usage: %s --config FILE [options]\n"
+         "\n"
+         "Trains the trial described by an experiment config in Determined's YAML schema.\n"
+         "\n"
+         "options:\n"
+         "  --config FILE        the experiment config (required)\n"
+         "  --set KEY=VALUE      override a config value; KEY is a dotted path such as\n"
+         "                       hyperparameters.learning_rate or data.dir (repeatable)\n"
+         "  --output DIR         where metrics.jsonl and checkpoints go (default: runs/<date>-<time>,\n"
+         "                       or the resumed run's directory with --resume); for a search, the\n"
+         "                       experiment's folder (default: runs/experiment-<name>); running the\n"
+         "                       same search command again continues it\n"
+         "  --resume PATH        continue from a checkpoint: a checkpoint directory, or a run's\n"
+         "                       output directory (its latest checkpoint)\n"
+         "  --nproc N            train data-parallel in N local processes (Gloo on CPU, NCCL on GPUs);\n"
+         "                       default: resources.slots_per_trial when no launcher (torchrun, srun,\n"
+         "                       mpirun) started this process\n"
+         "  --threads N          intra-op threads per process (default: OMP_NUM_THREADS when set;\n"
+         "                       data parallel: this rank's share of the node's cores)\n"
+         "  --no-cpu-bind        with --nproc: leave the ranks unbound (by default each rank is bound\n"
+         "                       to its share of the CPUs, unless --threads or OMP_NUM_THREADS is set)\n"
+         "  --backend NAME       gloo or nccl (default: nccl when this process has a GPU and NCCL)\n"
+         "  --timeout SECONDS    how long ranks wait for each other before failing (default 300)\n"
+         "  --test-mode          train one batch and validate one batch, to check the trial runs\n"
+         "  --quiet              print nothing but errors\n"
+         "  --help               show this text\n"
+         "\n"
+         "SIGINT or SIGTERM finishes the batch, checkpoints and exits with status 75; a second one aborts.\n"
+         "Exit status: 0 done, 1 failed, 2 bad command line, 75 stopped by a signal (continue with\n"
+         "--resume), 78 wrong configuration (running it again fails the same way).\n";
+}
+
+DETTRIAL_INLINE void apply_override(YAML::Node& root, const std::string& assignment) {
+  const auto eq = assignment.find('=');
+  if (eq == std::string::npos || eq == 0)
+    throw ConfigError("--set needs KEY=VALUE with a dotted KEY, got '" + assignment + "'");
+  const std::string key = assignment.substr(0, eq);
+  YAML::Node value;
+  try {
+    value = YAML::Load(assignment.substr(eq + 1));
+  } catch (const YAML::Exception& e) {
+    throw ConfigError("--set " + key + ": the value is not valid YAML: " + e.msg);
+  }
+  YAML::Node node(root);
+  std::size_t start = 0;
+  for (;;) {
+    const auto dot = key.find('.', start);
+    const std::string part = key.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
+    if (part.empty()) throw ConfigError("--set: '" + key + "' has an empty path component");
+    if (!node.IsMap() && !node.IsNull() && node.IsDefined())
+      throw ConfigError("--set " + key + ": '" + key.substr(0, start ? start - 1 : 0) + "' is not a map");
+    if (dot == std::string::npos) {
+      node[part] = value;
+      return;
+    }
+    YAML::Node next = node[part];
+    node.reset(next);
+    start = dot + 1;
+  }
+}
+
+DETTRIAL_INLINE ExperimentConfig resumed_run_config(const std::filesystem::path& checkpoint) {
+  const std::filesystem::path file = checkpoint / "load_data.json";
+  YAML::Node load_data;
+  try {
+    load_data = YAML::LoadFile(file.string());
+  } catch (const YAML::Exception& e) {
+    throw ConfigError("cannot read the resumed run's config from '" + file.string() + "' (" + e.what() + "); give it with --config");
+  }
+  if (!load_data["experiment_config"] || !load_data["experiment_config"].IsMap())
+    throw ConfigError("'" + file.string() + "' holds no experiment_config; give the run's config with --config");
+  return ExperimentConfig::from_yaml(load_data["experiment_config"], file.string() + " (the resumed run's config)");
+}
+
+DETTRIAL_INLINE void flatten_yaml(const YAML::Node& node, const std::string& path, std::map<std::string, std::string>& out) {
+  if (node.IsMap()) {
+    for (const auto& kv : node) flatten_yaml(kv.second, path.empty() ? kv.first.as<std::string>() : path + "." + kv.first.as<std::string>(), out);
+  } else if (node.IsSequence()) {
+    for (std::size_t i = 0; i < node.size(); ++i) flatten_yaml(node[i], path + "[" + std::to_string(i) + "]", out);
+  } else if (node.IsScalar()) {
+    out[path] = node.Scalar();
+  } else {
+    out[path] = "null";
+  }
+}
+
+DETTRIAL_INLINE std::string config_differences(const YAML::Node& stored, const YAML::Node& given) {
+  std::map<std::string, std::string> a, b;
+  flatten_yaml(stored, "", a);
+  flatten_yaml(given, "", b);
+  auto same = [](const std::string& x, const std::string& y) {
+    if (x == y) return true;
+    char* end_x = nullptr;
+    char* end_y = nullptr;
+    const double dx = std::strtod(x.c_str(), &end_x), dy = std::strtod(y.c_str(), &end_y);
+    return !x.empty() && !y.empty() && *end_x == '\0' && *end_y == '\0' && dx == dy;
+  };
+  std::string out;
+  for (const auto& [path, value] : a)
+    if (const auto it = b.find(path); it == b.end()) out += "  " + path + ": " + value + " -> (not set)\n";
+    else if (!same(value, it->second)) out += "  " + path + ": " + value + " -> " + it->second + "\n";
+  for (const auto& [path, value] : b)
+    if (!a.count(path)) out += "  " + path + ": (not set) -> " + value + "\n";
+  return out;
+}
+
+}  // namespace dettrial::detail
+#endif  // DETTRIAL_HEADER_DEFINITIONS

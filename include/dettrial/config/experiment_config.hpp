@@ -5,9 +5,7 @@
 
 #include <cstdint>
 #include <filesystem>
-#include <fstream>
 #include <optional>
-#include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -19,20 +17,14 @@
 #include "../detail/yaml.hpp"
 #include "units.hpp"
 #include "hyperparameters.hpp"
+#include "../detail/linkage.hpp"
 
 namespace dettrial {
 
 /// When to checkpoint right after a validation (Determined's `checkpoint_policy`).
 enum class CheckpointPolicy { best, all, none };
 
-inline const char* to_string(CheckpointPolicy p) {
-  switch (p) {
-    case CheckpointPolicy::best: return "best";
-    case CheckpointPolicy::all: return "all";
-    case CheckpointPolicy::none: return "none";
-  }
-  return "?";
-}
+DETTRIAL_INLINE const char* to_string(CheckpointPolicy p);
 
 /**
  * @brief An experiment configuration in Determined's YAML schema.
@@ -103,149 +95,15 @@ class ExperimentConfig {
   ExperimentConfig() = default;
   ExperimentConfig(const ExperimentConfig&) = default;
   /// Rebinds the YAML members (yaml-cpp's Node::operator= would write into the document they share).
-  ExperimentConfig& operator=(const ExperimentConfig& o) {
-    if (this == &o) return *this;
-    name = o.name;
-    description = o.description;
-    hyperparameters.reset(o.hyperparameters);
-    data.reset(o.data);
-    searcher = o.searcher;
-    scheduling_unit = o.scheduling_unit;
-    records_per_epoch = o.records_per_epoch;
-    min_validation_period = o.min_validation_period;
-    min_checkpoint_period = o.min_checkpoint_period;
-    perform_initial_validation = o.perform_initial_validation;
-    checkpoint_policy = o.checkpoint_policy;
-    max_restarts = o.max_restarts;
-    slots_per_trial = o.slots_per_trial;
-    aggregation_frequency = o.aggregation_frequency;
-    average_aggregated_gradients = o.average_aggregated_gradients;
-    experiment_seed = o.experiment_seed;
-    deterministic = o.deterministic;
-    checkpoint_storage = o.checkpoint_storage;
-    ignored_fields = o.ignored_fields;
-    yaml.reset(o.yaml);
-    source = o.source;
-    return *this;
-  }
+  ExperimentConfig& operator=(const ExperimentConfig& o);
 
   /// Reads and parses a file; a missing or unreadable file is a ConfigError naming it.
-  static ExperimentConfig load_file(const std::filesystem::path& path) {
-    std::ifstream in(path);
-    if (!in) {
-      std::error_code ec;
-      const bool exists = std::filesystem::exists(path, ec);
-      throw ConfigError("cannot read experiment config '" + path.string() + "': " +
-                        (exists ? "permission denied or not a file" : "no such file"));
-    }
-    std::stringstream text;
-    text << in.rdbuf();
-    return parse(text.str(), path.string());
-  }
+  static ExperimentConfig load_file(const std::filesystem::path& path);
 
   /// Parses YAML text; `source` names it in messages.
-  static ExperimentConfig parse(const std::string& text, std::string source = "<string>") {
-    YAML::Node root;
-    try {
-      root = YAML::Load(text);
-    } catch (const YAML::ParserException& e) {
-      throw ConfigError(source + ":" + std::to_string(e.mark.line + 1) + ":" + std::to_string(e.mark.column + 1) +
-                        ": YAML syntax error: " + e.msg);
-    }
-    return from_yaml(root, std::move(source));
-  }
+  static ExperimentConfig parse(const std::string& text, std::string source = "<string>");
 
-  static ExperimentConfig from_yaml(const YAML::Node& root, std::string source) {
-    ExperimentConfig c;
-    c.source = source;
-    if (!root.IsDefined() || root.IsNull()) throw ConfigError(source + ": the experiment config is empty");
-    if (!root.IsMap()) throw ConfigError(detail::where(root, source) + ": the experiment config must be a map");
-    c.yaml.reset(root);
-    check_fields(root, source, c.ignored_fields);
-    Reader r{source};
-    r.read(root, "name", c.name);
-    r.read(root, "description", c.description);
-    if (root["hyperparameters"]) {
-      c.hyperparameters.reset(root["hyperparameters"]);
-      if (!c.hyperparameters.IsMap() && !c.hyperparameters.IsNull())
-        throw ConfigError(detail::where(c.hyperparameters, source) + ": 'hyperparameters' must be a map");
-    }
-    if (root["data"]) c.data.reset(root["data"]);
-    r.read(root, "scheduling_unit", c.scheduling_unit);
-    if (c.scheduling_unit < 1)
-      throw ConfigError(detail::where(root["scheduling_unit"], source) + ": scheduling_unit must be at least 1");
-    r.read(root, "records_per_epoch", c.records_per_epoch);
-    r.read(root, "perform_initial_validation", c.perform_initial_validation);
-    r.read(root, "max_restarts", c.max_restarts);
-    c.min_validation_period = r.length(root, "min_validation_period", /*zero_means_never=*/true);
-    c.min_checkpoint_period = r.length(root, "min_checkpoint_period", /*zero_means_never=*/true);
-    if (const YAML::Node p = root["checkpoint_policy"]) {
-      std::string s;
-      r.read(root, "checkpoint_policy", s);
-      if (s == "best") c.checkpoint_policy = CheckpointPolicy::best;
-      else if (s == "all") c.checkpoint_policy = CheckpointPolicy::all;
-      else if (s == "none") c.checkpoint_policy = CheckpointPolicy::none;
-      else throw ConfigError(detail::where(p, source) + ": checkpoint_policy must be best, all or none, not '" + s + "'");
-    }
-    for (const char* section : {"resources", "optimizations", "reproducibility", "searcher", "checkpoint_storage"})
-      if (const YAML::Node node = root[section]; node && !node.IsNull() && !node.IsMap())
-        throw ConfigError(detail::where(node, source) + ": '" + section + "' must be a map, found " + detail::describe(node));
-    if (const YAML::Node res = root["resources"]) {
-      r.read(res, "slots_per_trial", c.slots_per_trial);
-      if (c.slots_per_trial < 1)
-        throw ConfigError(detail::where(res["slots_per_trial"], source) + ": resources.slots_per_trial must be at least 1");
-    }
-    if (const YAML::Node opt = root["optimizations"]) {
-      r.read(opt, "aggregation_frequency", c.aggregation_frequency);
-      if (c.aggregation_frequency < 1)
-        throw ConfigError(detail::where(opt["aggregation_frequency"], source) +
-                          ": optimizations.aggregation_frequency must be at least 1");
-      r.read(opt, "average_aggregated_gradients", c.average_aggregated_gradients);
-    }
-    if (const YAML::Node rep = root["reproducibility"]; rep && rep["experiment_seed"]) {
-      std::uint64_t seed = 0;
-      r.read(rep, "experiment_seed", seed);
-      c.experiment_seed = seed;
-    }
-    if (const YAML::Node rep = root["reproducibility"]; rep && rep["deterministic"]) {
-      bool on = false;
-      r.read(rep, "deterministic", on);
-      c.deterministic = on;
-    }
-    if (const YAML::Node cs = root["checkpoint_storage"]) {
-      auto& storage = c.checkpoint_storage;
-      const std::pair<const char*, std::int64_t*> counts[] = {{"save_experiment_best", &storage.save_experiment_best},
-                                                              {"save_trial_best", &storage.save_trial_best},
-                                                              {"save_trial_latest", &storage.save_trial_latest}};
-      for (const auto& [key, field_ptr] : counts) {
-        std::int64_t& field = *field_ptr;
-        r.read(cs, key, field);
-        if (field < 0) throw ConfigError(detail::where(cs[key], source) + ": checkpoint_storage." + key + " must not be negative");
-      }
-      std::string host_path, storage_path, container_path;
-      r.read(cs, "host_path", host_path);
-      r.read(cs, "storage_path", storage_path);
-      r.read(cs, "container_path", container_path);
-      if (!host_path.empty()) storage.path = storage_path.empty() ? std::filesystem::path(host_path) : std::filesystem::path(host_path) / storage_path;
-      else if (!container_path.empty()) storage.path = std::filesystem::path(container_path);
-    }
-    if (const YAML::Node s = root["searcher"]) {
-      if (!s.IsMap()) throw ConfigError(detail::where(s, source) + ": 'searcher' must be a map");
-      r.read(s, "name", c.searcher.name);
-      r.read(s, "metric", c.searcher.metric);
-      r.read(s, "smaller_is_better", c.searcher.smaller_is_better);
-      if (s["max_length"]) {
-        c.searcher.max_length = r.length(s, "max_length", /*zero_means_never=*/false);
-      } else if (s["max_steps"]) {
-        std::int64_t steps = 0;
-        r.read(s, "max_steps", steps);
-        if (steps < 0) throw ConfigError(detail::where(s["max_steps"], source) + ": searcher.max_steps must not be negative");
-        c.searcher.max_length = Batch(steps * c.scheduling_unit);
-      }
-      read_search_fields(s, source, r, c.searcher);
-    }
-    return c;
-  }
+  static ExperimentConfig from_yaml(const YAML::Node& root, std::string source);
 
   /// The searchers dettrial runs, and the names Determined removed.
   template <class R>  // the Reader, declared below
@@ -298,63 +156,10 @@ class ExperimentConfig {
    * @brief Every key must be one of the schema's: cluster-only ones are collected in `ignored` (one
    * warning), anything else is an error at its file:line:column with the nearest known name.
    */
-  static void check_fields(const YAML::Node& root, const std::string& source, std::vector<std::string>& ignored) {
-    static const std::vector<std::string> top = {
-        "name", "description", "hyperparameters", "searcher", "records_per_epoch", "min_validation_period",
-        "min_checkpoint_period", "scheduling_unit", "perform_initial_validation", "checkpoint_policy", "max_restarts",
-        "checkpoint_storage", "resources", "optimizations", "reproducibility", "data"};
-    static const std::vector<std::string> top_cluster = {
-        "entrypoint", "environment", "bind_mounts", "labels", "project", "workspace", "debug", "profiling",
-        "tensorboard_storage", "pbs", "slurm", "log_policies", "retention_policy", "integrations", "data_layer",
-        "preemption_timeout", "security", "internal", "notes"};
-    static const std::vector<std::string> searcher = {
-        "name", "metric", "smaller_is_better", "max_length", "max_steps", "max_trials", "max_concurrent_trials",
-        "time_metric", "max_time", "divisor", "max_rungs", "num_rungs", "mode", "bracket_rungs"};
-    static const std::vector<std::string> searcher_cluster = {"source_trial_id", "source_checkpoint_uuid", "stop_once"};
-    static const std::vector<std::string> resources = {"slots_per_trial"};
-    static const std::vector<std::string> resources_cluster = {
-        "resource_pool", "max_slots", "priority", "weight", "shm_size", "devices", "native_parallel", "is_single_node", "agent_label"};
-    static const std::vector<std::string> optimizations = {"aggregation_frequency", "average_aggregated_gradients"};
-    static const std::vector<std::string> optimizations_cluster = {
-        "average_training_metrics", "gradient_compression", "mixed_precision", "tensor_fusion_threshold",
-        "tensor_fusion_cycle_time", "auto_tune_tensor_fusion", "grad_updates_size_file"};
-    static const std::vector<std::string> reproducibility = {"experiment_seed", "deterministic"};
-    static const std::vector<std::string> storage = {"type", "host_path", "storage_path", "container_path", "propagation",
-                                                     "save_experiment_best", "save_trial_best", "save_trial_latest"};
-    static const std::vector<std::string> storage_cloud = {"bucket", "access_key", "secret_key", "endpoint_url", "prefix",
-                                                           "region", "credentials", "account_url", "connection_string", "container"};
-    check_map(root, "", top, top_cluster, source, ignored);
-    const std::pair<const char*, std::pair<const std::vector<std::string>*, const std::vector<std::string>*>> sections[] = {
-        {"searcher", {&searcher, &searcher_cluster}},
-        {"resources", {&resources, &resources_cluster}},
-        {"optimizations", {&optimizations, &optimizations_cluster}},
-        {"reproducibility", {&reproducibility, nullptr}},
-        {"checkpoint_storage", {&storage, &storage_cloud}}};
-    for (const auto& [section, known] : sections)
-      if (const YAML::Node node = root[section]; node && node.IsMap())
-        check_map(node, std::string(section) + ".", *known.first, known.second ? *known.second : std::vector<std::string>{}, source, ignored);
-    if (const YAML::Node cs = root["checkpoint_storage"]; cs && cs.IsMap() && cs["type"]) {
-      const std::string type = cs["type"].Scalar();
-      if (type != "shared_fs" && type != "directory")
-        throw ConfigError(detail::where(cs["type"], source) + ": checkpoint_storage type '" + type +
-                          "' is not one dettrial writes (shared_fs or directory, on a local or mounted file system)");
-    }
-  }
+  static void check_fields(const YAML::Node& root, const std::string& source, std::vector<std::string>& ignored);
 
   static void check_map(const YAML::Node& map, const std::string& prefix, const std::vector<std::string>& known,
-                        const std::vector<std::string>& cluster, const std::string& source, std::vector<std::string>& ignored) {
-    for (const auto& kv : map) {
-      const std::string key = kv.first.Scalar();
-      if (std::find(known.begin(), known.end(), key) != known.end()) continue;
-      if (std::find(cluster.begin(), cluster.end(), key) != cluster.end()) {
-        ignored.push_back(prefix + key);
-        continue;
-      }
-      std::vector<std::string> all = known;
-      all.insert(all.end(), cluster.begin(), cluster.end());
-      throw ConfigError(detail::where(kv.first, source) + ": unknown field '" + prefix + key + "'" + detail::suggestion(key, all));
-    }
-  }
+                        const std::vector<std::string>& cluster, const std::string& source, std::vector<std::string>& ignored);
 
   /**
    * @brief The hyperparameters of the one trial this config describes: `const` entries and plain
@@ -366,32 +171,7 @@ class ExperimentConfig {
   }
 
  private:
-  YAML::Node resolve_constants(const YAML::Node& map, const std::string& prefix) const {
-    YAML::Node out(YAML::NodeType::Map);
-    if (!map.IsDefined() || map.IsNull()) return out;
-    for (const auto& kv : map) {
-      const std::string key = kv.first.Scalar();
-      const YAML::Node& v = kv.second;
-      if (v.IsMap() && v["type"]) {
-        const std::string type = v["type"].Scalar();
-        if (type == "const") {
-          if (!v["val"]) throw ConfigError(detail::where(v, source) + ": hyperparameter '" + prefix + key + "' of type const has no 'val'");
-          out[key] = v["val"];
-        } else if (type == "int" || type == "double" || type == "log" || type == "categorical") {
-          throw ConfigError(detail::where(v, source) + ": hyperparameter '" + prefix + key + "' is a search space (type: " +
-                            type + "), which has no single value; give it a value (type: const) to train one trial");
-        } else {
-          throw ConfigError(detail::where(v["type"], source) + ": hyperparameter '" + prefix + key + "' has unknown type '" +
-                            type + "' (expected const, int, double, log or categorical)");
-        }
-      } else if (v.IsMap()) {
-        out[key] = resolve_constants(v, prefix + key + ".");
-      } else {
-        out[key] = v;
-      }
-    }
-    return out;
-  }
+  YAML::Node resolve_constants(const YAML::Node& map, const std::string& prefix) const;
 
   struct Reader {
     const std::string& source;
@@ -403,28 +183,279 @@ class ExperimentConfig {
         throw ConfigError(detail::where(node, source) + ": '" + key + "' is " + detail::describe(node) + ", which is not a " +
                           detail::type_name<T>());
     }
-    std::optional<TrainUnit> length(const YAML::Node& map, const char* key, bool zero_means_never) const {
-      const YAML::Node node = map[key];
-      if (!node || node.IsNull()) return std::nullopt;
-      if (!node.IsMap() || node.size() != 1)
-        throw ConfigError(detail::where(node, source) + ": '" + key +
-                          "' must be a map with exactly one of batches, records or epochs, e.g. {batches: 1000}");
-      const std::string unit_name = node.begin()->first.Scalar();
-      Unit unit;
-      if (unit_name == "batches") unit = Unit::batches;
-      else if (unit_name == "epochs") unit = Unit::epochs;
-      else if (unit_name == "records") unit = Unit::records;
-      else throw ConfigError(detail::where(node.begin()->first, source) + ": '" + key + "' has unit '" + unit_name +
-                             "'; expected batches, records or epochs");
-      std::int64_t value = 0;
-      if (!detail::try_read(node.begin()->second, value) || value < 0)
-        throw ConfigError(detail::where(node.begin()->second, source) + ": '" + key + "." + unit_name +
-                          "' must be a non-negative integer, found " + detail::describe(node.begin()->second));
-      // Determined maps a configured period below 1 to "never".
-      if (zero_means_never && value < 1) return TrainUnit(unit, TrainUnit::never_value);
-      return TrainUnit(unit, value);
-    }
+    std::optional<TrainUnit> length(const YAML::Node& map, const char* key, bool zero_means_never) const;
   };
 };
 
 }  // namespace dettrial
+
+// Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
+#if DETTRIAL_HEADER_DEFINITIONS
+#include <fstream>
+#include <sstream>
+
+namespace dettrial {
+
+DETTRIAL_INLINE const char* to_string(CheckpointPolicy p) {
+  switch (p) {
+    case CheckpointPolicy::best: return "best";
+    case CheckpointPolicy::all: return "all";
+    case CheckpointPolicy::none: return "none";
+  }
+  return "?";
+}
+
+DETTRIAL_INLINE ExperimentConfig& ExperimentConfig::operator=(const ExperimentConfig& o) {
+  if (this == &o) return *this;
+  name = o.name;
+  description = o.description;
+  hyperparameters.reset(o.hyperparameters);
+  data.reset(o.data);
+  searcher = o.searcher;
+  scheduling_unit = o.scheduling_unit;
+  records_per_epoch = o.records_per_epoch;
+  min_validation_period = o.min_validation_period;
+  min_checkpoint_period = o.min_checkpoint_period;
+  perform_initial_validation = o.perform_initial_validation;
+  checkpoint_policy = o.checkpoint_policy;
+  max_restarts = o.max_restarts;
+  slots_per_trial = o.slots_per_trial;
+  aggregation_frequency = o.aggregation_frequency;
+  average_aggregated_gradients = o.average_aggregated_gradients;
+  experiment_seed = o.experiment_seed;
+  deterministic = o.deterministic;
+  checkpoint_storage = o.checkpoint_storage;
+  ignored_fields = o.ignored_fields;
+  yaml.reset(o.yaml);
+  source = o.source;
+  return *this;
+}
+
+DETTRIAL_INLINE ExperimentConfig ExperimentConfig::load_file(const std::filesystem::path& path) {
+  std::ifstream in(path);
+  if (!in) {
+    std::error_code ec;
+    const bool exists = std::filesystem::exists(path, ec);
+    throw ConfigError("cannot read experiment config '" + path.string() + "': " +
+                      (exists ? "permission denied or not a file" : "no such file"));
+  }
+  std::stringstream text;
+  text << in.rdbuf();
+  return parse(text.str(), path.string());
+}
+
+DETTRIAL_INLINE ExperimentConfig ExperimentConfig::parse(const std::string& text, std::string source) {
+  YAML::Node root;
+  try {
+    root = YAML::Load(text);
+  } catch (const YAML::ParserException& e) {
+    throw ConfigError(source + ":" + std::to_string(e.mark.line + 1) + ":" + std::to_string(e.mark.column + 1) +
+                      ": YAML syntax error: " + e.msg);
+  }
+  return from_yaml(root, std::move(source));
+}
+
+DETTRIAL_INLINE ExperimentConfig ExperimentConfig::from_yaml(const YAML::Node& root, std::string source) {
+  ExperimentConfig c;
+  c.source = source;
+  if (!root.IsDefined() || root.IsNull()) throw ConfigError(source + ": the experiment config is empty");
+  if (!root.IsMap()) throw ConfigError(detail::where(root, source) + ": the experiment config must be a map");
+  c.yaml.reset(root);
+  check_fields(root, source, c.ignored_fields);
+  Reader r{source};
+  r.read(root, "name", c.name);
+  r.read(root, "description", c.description);
+  if (root["hyperparameters"]) {
+    c.hyperparameters.reset(root["hyperparameters"]);
+    if (!c.hyperparameters.IsMap() && !c.hyperparameters.IsNull())
+      throw ConfigError(detail::where(c.hyperparameters, source) + ": 'hyperparameters' must be a map");
+  }
+  if (root["data"]) c.data.reset(root["data"]);
+  r.read(root, "scheduling_unit", c.scheduling_unit);
+  if (c.scheduling_unit < 1)
+    throw ConfigError(detail::where(root["scheduling_unit"], source) + ": scheduling_unit must be at least 1");
+  r.read(root, "records_per_epoch", c.records_per_epoch);
+  r.read(root, "perform_initial_validation", c.perform_initial_validation);
+  r.read(root, "max_restarts", c.max_restarts);
+  c.min_validation_period = r.length(root, "min_validation_period", /*zero_means_never=*/true);
+  c.min_checkpoint_period = r.length(root, "min_checkpoint_period", /*zero_means_never=*/true);
+  if (const YAML::Node p = root["checkpoint_policy"]) {
+    std::string s;
+    r.read(root, "checkpoint_policy", s);
+    if (s == "best") c.checkpoint_policy = CheckpointPolicy::best;
+    else if (s == "all") c.checkpoint_policy = CheckpointPolicy::all;
+    else if (s == "none") c.checkpoint_policy = CheckpointPolicy::none;
+    else throw ConfigError(detail::where(p, source) + ": checkpoint_policy must be best, all or none, not '" + s + "'");
+  }
+  for (const char* section : {"resources", "optimizations", "reproducibility", "searcher", "checkpoint_storage"})
+    if (const YAML::Node node = root[section]; node && !node.IsNull() && !node.IsMap())
+      throw ConfigError(detail::where(node, source) + ": '" + section + "' must be a map, found " + detail::describe(node));
+  if (const YAML::Node res = root["resources"]) {
+    r.read(res, "slots_per_trial", c.slots_per_trial);
+    if (c.slots_per_trial < 1)
+      throw ConfigError(detail::where(res["slots_per_trial"], source) + ": resources.slots_per_trial must be at least 1");
+  }
+  if (const YAML::Node opt = root["optimizations"]) {
+    r.read(opt, "aggregation_frequency", c.aggregation_frequency);
+    if (c.aggregation_frequency < 1)
+      throw ConfigError(detail::where(opt["aggregation_frequency"], source) +
+                        ": optimizations.aggregation_frequency must be at least 1");
+    r.read(opt, "average_aggregated_gradients", c.average_aggregated_gradients);
+  }
+  if (const YAML::Node rep = root["reproducibility"]; rep && rep["experiment_seed"]) {
+    std::uint64_t seed = 0;
+    r.read(rep, "experiment_seed", seed);
+    c.experiment_seed = seed;
+  }
+  if (const YAML::Node rep = root["reproducibility"]; rep && rep["deterministic"]) {
+    bool on = false;
+    r.read(rep, "deterministic", on);
+    c.deterministic = on;
+  }
+  if (const YAML::Node cs = root["checkpoint_storage"]) {
+    auto& storage = c.checkpoint_storage;
+    const std::pair<const char*, std::int64_t*> counts[] = {{"save_experiment_best", &storage.save_experiment_best},
+                                                            {"save_trial_best", &storage.save_trial_best},
+                                                            {"save_trial_latest", &storage.save_trial_latest}};
+    for (const auto& [key, field_ptr] : counts) {
+      std::int64_t& field = *field_ptr;
+      r.read(cs, key, field);
+      if (field < 0) throw ConfigError(detail::where(cs[key], source) + ": checkpoint_storage." + key + " must not be negative");
+    }
+    std::string host_path, storage_path, container_path;
+    r.read(cs, "host_path", host_path);
+    r.read(cs, "storage_path", storage_path);
+    r.read(cs, "container_path", container_path);
+    if (!host_path.empty()) storage.path = storage_path.empty() ? std::filesystem::path(host_path) : std::filesystem::path(host_path) / storage_path;
+    else if (!container_path.empty()) storage.path = std::filesystem::path(container_path);
+  }
+  if (const YAML::Node s = root["searcher"]) {
+    if (!s.IsMap()) throw ConfigError(detail::where(s, source) + ": 'searcher' must be a map");
+    r.read(s, "name", c.searcher.name);
+    r.read(s, "metric", c.searcher.metric);
+    r.read(s, "smaller_is_better", c.searcher.smaller_is_better);
+    if (s["max_length"]) {
+      c.searcher.max_length = r.length(s, "max_length", /*zero_means_never=*/false);
+    } else if (s["max_steps"]) {
+      std::int64_t steps = 0;
+      r.read(s, "max_steps", steps);
+      if (steps < 0) throw ConfigError(detail::where(s["max_steps"], source) + ": searcher.max_steps must not be negative");
+      c.searcher.max_length = Batch(steps * c.scheduling_unit);
+    }
+    read_search_fields(s, source, r, c.searcher);
+  }
+  return c;
+}
+
+DETTRIAL_INLINE void ExperimentConfig::check_fields(const YAML::Node& root, const std::string& source,
+                                                   std::vector<std::string>& ignored) {
+  static const std::vector<std::string> top = {
+      "name", "description", "hyperparameters", "searcher", "records_per_epoch", "min_validation_period",
+      "min_checkpoint_period", "scheduling_unit", "perform_initial_validation", "checkpoint_policy", "max_restarts",
+      "checkpoint_storage", "resources", "optimizations", "reproducibility", "data"};
+  static const std::vector<std::string> top_cluster = {
+      "entrypoint", "environment", "bind_mounts", "labels", "project", "workspace", "debug", "profiling",
+      "tensorboard_storage", "pbs", "slurm", "log_policies", "retention_policy", "integrations", "data_layer",
+      "preemption_timeout", "security", "internal", "notes"};
+  static const std::vector<std::string> searcher = {
+      "name", "metric", "smaller_is_better", "max_length", "max_steps", "max_trials", "max_concurrent_trials",
+      "time_metric", "max_time", "divisor", "max_rungs", "num_rungs", "mode", "bracket_rungs"};
+  static const std::vector<std::string> searcher_cluster = {"source_trial_id", "source_checkpoint_uuid", "stop_once"};
+  static const std::vector<std::string> resources = {"slots_per_trial"};
+  static const std::vector<std::string> resources_cluster = {
+      "resource_pool", "max_slots", "priority", "weight", "shm_size", "devices", "native_parallel", "is_single_node", "agent_label"};
+  static const std::vector<std::string> optimizations = {"aggregation_frequency", "average_aggregated_gradients"};
+  static const std::vector<std::string> optimizations_cluster = {
+      "average_training_metrics", "gradient_compression", "mixed_precision", "tensor_fusion_threshold",
+      "tensor_fusion_cycle_time", "auto_tune_tensor_fusion", "grad_updates_size_file"};
+  static const std::vector<std::string> reproducibility = {"experiment_seed", "deterministic"};
+  static const std::vector<std::string> storage = {"type", "host_path", "storage_path", "container_path", "propagation",
+                                                   "save_experiment_best", "save_trial_best", "save_trial_latest"};
+  static const std::vector<std::string> storage_cloud = {"bucket", "access_key", "secret_key", "endpoint_url", "prefix",
+                                                         "region", "credentials", "account_url", "connection_string", "container"};
+  check_map(root, "", top, top_cluster, source, ignored);
+  const std::pair<const char*, std::pair<const std::vector<std::string>*, const std::vector<std::string>*>> sections[] = {
+      {"searcher", {&searcher, &searcher_cluster}},
+      {"resources", {&resources, &resources_cluster}},
+      {"optimizations", {&optimizations, &optimizations_cluster}},
+      {"reproducibility", {&reproducibility, nullptr}},
+      {"checkpoint_storage", {&storage, &storage_cloud}}};
+  for (const auto& [section, known] : sections)
+    if (const YAML::Node node = root[section]; node && node.IsMap())
+      check_map(node, std::string(section) + ".", *known.first, known.second ? *known.second : std::vector<std::string>{}, source, ignored);
+  if (const YAML::Node cs = root["checkpoint_storage"]; cs && cs.IsMap() && cs["type"]) {
+    const std::string type = cs["type"].Scalar();
+    if (type != "shared_fs" && type != "directory")
+      throw ConfigError(detail::where(cs["type"], source) + ": checkpoint_storage type '" + type +
+                        "' is not one dettrial writes (shared_fs or directory, on a local or mounted file system)");
+  }
+}
+
+DETTRIAL_INLINE void ExperimentConfig::check_map(const YAML::Node& map, const std::string& prefix,
+                                                const std::vector<std::string>& known, const std::vector<std::string>& cluster,
+                                                const std::string& source, std::vector<std::string>& ignored) {
+  for (const auto& kv : map) {
+    const std::string key = kv.first.Scalar();
+    if (std::find(known.begin(), known.end(), key) != known.end()) continue;
+    if (std::find(cluster.begin(), cluster.end(), key) != cluster.end()) {
+      ignored.push_back(prefix + key);
+      continue;
+    }
+    std::vector<std::string> all = known;
+    all.insert(all.end(), cluster.begin(), cluster.end());
+    throw ConfigError(detail::where(kv.first, source) + ": unknown field '" + prefix + key + "'" + detail::suggestion(key, all));
+  }
+}
+
+DETTRIAL_INLINE YAML::Node ExperimentConfig::resolve_constants(const YAML::Node& map, const std::string& prefix) const {
+  YAML::Node out(YAML::NodeType::Map);
+  if (!map.IsDefined() || map.IsNull()) return out;
+  for (const auto& kv : map) {
+    const std::string key = kv.first.Scalar();
+    const YAML::Node& v = kv.second;
+    if (v.IsMap() && v["type"]) {
+      const std::string type = v["type"].Scalar();
+      if (type == "const") {
+        if (!v["val"]) throw ConfigError(detail::where(v, source) + ": hyperparameter '" + prefix + key + "' of type const has no 'val'");
+        out[key] = v["val"];
+      } else if (type == "int" || type == "double" || type == "log" || type == "categorical") {
+        throw ConfigError(detail::where(v, source) + ": hyperparameter '" + prefix + key + "' is a search space (type: " +
+                          type + "), which has no single value; give it a value (type: const) to train one trial");
+      } else {
+        throw ConfigError(detail::where(v["type"], source) + ": hyperparameter '" + prefix + key + "' has unknown type '" +
+                          type + "' (expected const, int, double, log or categorical)");
+      }
+    } else if (v.IsMap()) {
+      out[key] = resolve_constants(v, prefix + key + ".");
+    } else {
+      out[key] = v;
+    }
+  }
+  return out;
+}
+
+DETTRIAL_INLINE std::optional<TrainUnit> ExperimentConfig::Reader::length(const YAML::Node& map, const char* key,
+                                                                          bool zero_means_never) const {
+  const YAML::Node node = map[key];
+  if (!node || node.IsNull()) return std::nullopt;
+  if (!node.IsMap() || node.size() != 1)
+    throw ConfigError(detail::where(node, source) + ": '" + key +
+                      "' must be a map with exactly one of batches, records or epochs, e.g. {batches: 1000}");
+  const std::string unit_name = node.begin()->first.Scalar();
+  Unit unit;
+  if (unit_name == "batches") unit = Unit::batches;
+  else if (unit_name == "epochs") unit = Unit::epochs;
+  else if (unit_name == "records") unit = Unit::records;
+  else throw ConfigError(detail::where(node.begin()->first, source) + ": '" + key + "' has unit '" + unit_name +
+                         "'; expected batches, records or epochs");
+  std::int64_t value = 0;
+  if (!detail::try_read(node.begin()->second, value) || value < 0)
+    throw ConfigError(detail::where(node.begin()->second, source) + ": '" + key + "." + unit_name +
+                      "' must be a non-negative integer, found " + detail::describe(node.begin()->second));
+  // Determined maps a configured period below 1 to "never".
+  if (zero_means_never && value < 1) return TrainUnit(unit, TrainUnit::never_value);
+  return TrainUnit(unit, value);
+}
+
+}  // namespace dettrial
+#endif  // DETTRIAL_HEADER_DEFINITIONS

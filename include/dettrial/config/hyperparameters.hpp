@@ -11,6 +11,7 @@
 
 #include "../error.hpp"
 #include "../detail/yaml.hpp"
+#include "../detail/linkage.hpp"
 
 namespace dettrial {
 
@@ -31,31 +32,14 @@ class Hyperparameters {
  public:
   Hyperparameters() : root_(YAML::NodeType::Map) {}
   /// Wraps a YAML map; `source` names where it came from in messages (a file name, "--set").
-  explicit Hyperparameters(YAML::Node map, std::string source = "hyperparameters")
-      : root_(map.IsDefined() && !map.IsNull() ? map : YAML::Node(YAML::NodeType::Map)), source_(std::move(source)) {
-    if (!root_.IsMap())
-      throw HyperparameterError(detail::where(root_, source_) + ": hyperparameters must be a map of name: value, found " +
-                                detail::describe(root_));
-  }
+  explicit Hyperparameters(YAML::Node map, std::string source = "hyperparameters");
   // yaml-cpp's Node::operator= writes through to the node it refers to (which others may share);
   // assigning Hyperparameters rebinds instead.
   Hyperparameters(const Hyperparameters&) = default;
-  Hyperparameters& operator=(const Hyperparameters& other) {
-    root_.reset(other.root_);
-    source_ = other.source_;
-    return *this;
-  }
+  Hyperparameters& operator=(const Hyperparameters& other);
 
   /// Parses YAML text such as `"lr: 0.1\nglobal_batch_size: 64"`.
-  static Hyperparameters parse(const std::string& yaml_text, std::string source = "hyperparameters") {
-    try {
-      YAML::Node root = YAML::Load(yaml_text);
-      return Hyperparameters(std::move(root), source);
-    } catch (const YAML::ParserException& e) {
-      throw HyperparameterError(source + ":" + std::to_string(e.mark.line + 1) + ":" + std::to_string(e.mark.column + 1) +
-                                ": YAML syntax error: " + e.msg);
-    }
-  }
+  static Hyperparameters parse(const std::string& yaml_text, std::string source = "hyperparameters");
 
   /// True when `path` names a value.
   bool contains(std::string_view path) const { return lookup(path).IsDefined(); }
@@ -78,60 +62,98 @@ class Hyperparameters {
   }
 
   /// The nested hyperparameters under `path` (which must be a map).
-  Hyperparameters nested(std::string_view path) const {
-    const YAML::Node node = require(path);
-    if (!node.IsMap())
-      throw HyperparameterError(detail::where(node, source_) + ": hyperparameter '" + std::string(path) + "' is " +
-                                detail::describe(node) + ", not a nested map");
-    return Hyperparameters(node, source_);
-  }
+  Hyperparameters nested(std::string_view path) const;
 
   /// The raw YAML node at `path`; throws when missing.
   YAML::Node node(std::string_view path) const { return require(path); }
   /// The whole map.
   const YAML::Node& yaml() const { return root_; }
   /// Top-level names, in file order.
-  std::vector<std::string> names() const {
-    std::vector<std::string> out;
-    for (const auto& kv : root_) out.push_back(kv.first.Scalar());
-    return out;
-  }
+  std::vector<std::string> names() const;
   const std::string& source() const { return source_; }
 
  private:
-  YAML::Node lookup(std::string_view path) const {
-    // yaml-cpp's operator[] on a non-const node inserts; clone-free lookups go through const nodes.
-    const YAML::Node& root = root_;
-    if (YAML::Node whole = root[std::string(path)]; whole.IsDefined()) return whole;
-    YAML::Node current(root_);  // shares root_'s data; reset() rebinds it without writing
-    std::size_t start = 0;
-    while (start <= path.size()) {
-      const std::size_t dot = path.find('.', start);
-      const std::string part(path.substr(start, dot == std::string_view::npos ? std::string_view::npos : dot - start));
-      if (!current.IsMap()) return YAML::Node(YAML::NodeType::Undefined);
-      const YAML::Node& as_const = current;
-      YAML::Node next = as_const[part];
-      if (!next.IsDefined()) return next;
-      current.reset(next);
-      if (dot == std::string_view::npos) break;
-      start = dot + 1;
-    }
-    return current;
-  }
+  YAML::Node lookup(std::string_view path) const;
 
-  YAML::Node require(std::string_view path) const {
-    YAML::Node node = lookup(path);
-    if (!node.IsDefined()) {
-      std::string known;
-      for (const auto& name : names()) known += (known.empty() ? "" : ", ") + name;
-      throw HyperparameterError("hyperparameter '" + std::string(path) + "' is missing from " + source_ +
-                                (known.empty() ? " (it defines none)" : " (it defines: " + known + ")"));
-    }
-    return node;
-  }
+  YAML::Node require(std::string_view path) const;
 
   YAML::Node root_;
   std::string source_ = "hyperparameters";
 };
 
 }  // namespace dettrial
+
+// Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
+#if DETTRIAL_HEADER_DEFINITIONS
+namespace dettrial {
+
+DETTRIAL_INLINE Hyperparameters::Hyperparameters(YAML::Node map, std::string source)
+    : root_(map.IsDefined() && !map.IsNull() ? map : YAML::Node(YAML::NodeType::Map)), source_(std::move(source)) {
+  if (!root_.IsMap())
+    throw HyperparameterError(detail::where(root_, source_) + ": hyperparameters must be a map of name: value, found " +
+                              detail::describe(root_));
+}
+
+DETTRIAL_INLINE Hyperparameters& Hyperparameters::operator=(const Hyperparameters& other) {
+  root_.reset(other.root_);
+  source_ = other.source_;
+  return *this;
+}
+
+DETTRIAL_INLINE Hyperparameters Hyperparameters::parse(const std::string& yaml_text, std::string source) {
+  try {
+    YAML::Node root = YAML::Load(yaml_text);
+    return Hyperparameters(std::move(root), source);
+  } catch (const YAML::ParserException& e) {
+    throw HyperparameterError(source + ":" + std::to_string(e.mark.line + 1) + ":" + std::to_string(e.mark.column + 1) +
+                              ": YAML syntax error: " + e.msg);
+  }
+}
+
+DETTRIAL_INLINE Hyperparameters Hyperparameters::nested(std::string_view path) const {
+  const YAML::Node node = require(path);
+  if (!node.IsMap())
+    throw HyperparameterError(detail::where(node, source_) + ": hyperparameter '" + std::string(path) + "' is " +
+                              detail::describe(node) + ", not a nested map");
+  return Hyperparameters(node, source_);
+}
+
+DETTRIAL_INLINE std::vector<std::string> Hyperparameters::names() const {
+  std::vector<std::string> out;
+  for (const auto& kv : root_) out.push_back(kv.first.Scalar());
+  return out;
+}
+
+DETTRIAL_INLINE YAML::Node Hyperparameters::lookup(std::string_view path) const {
+  // yaml-cpp's operator[] on a non-const node inserts; clone-free lookups go through const nodes.
+  const YAML::Node& root = root_;
+  if (YAML::Node whole = root[std::string(path)]; whole.IsDefined()) return whole;
+  YAML::Node current(root_);  // shares root_'s data; reset() rebinds it without writing
+  std::size_t start = 0;
+  while (start <= path.size()) {
+    const std::size_t dot = path.find('.', start);
+    const std::string part(path.substr(start, dot == std::string_view::npos ? std::string_view::npos : dot - start));
+    if (!current.IsMap()) return YAML::Node(YAML::NodeType::Undefined);
+    const YAML::Node& as_const = current;
+    YAML::Node next = as_const[part];
+    if (!next.IsDefined()) return next;
+    current.reset(next);
+    if (dot == std::string_view::npos) break;
+    start = dot + 1;
+  }
+  return current;
+}
+
+DETTRIAL_INLINE YAML::Node Hyperparameters::require(std::string_view path) const {
+  YAML::Node node = lookup(path);
+  if (!node.IsDefined()) {
+    std::string known;
+    for (const auto& name : names()) known += (known.empty() ? "" : ", ") + name;
+    throw HyperparameterError("hyperparameter '" + std::string(path) + "' is missing from " + source_ +
+                              (known.empty() ? " (it defines none)" : " (it defines: " + known + ")"));
+  }
+  return node;
+}
+
+}  // namespace dettrial
+#endif  // DETTRIAL_HEADER_DEFINITIONS

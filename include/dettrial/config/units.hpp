@@ -10,20 +10,14 @@
 #include <vector>
 
 #include "../error.hpp"
+#include "../detail/linkage.hpp"
 
 namespace dettrial {
 
 /// The unit a length or a period is counted in.
 enum class Unit { batches, epochs, records };
 
-inline const char* to_string(Unit u) {
-  switch (u) {
-    case Unit::batches: return "batches";
-    case Unit::epochs: return "epochs";
-    case Unit::records: return "records";
-  }
-  return "?";
-}
+DETTRIAL_INLINE const char* to_string(Unit u);
 
 /**
  * @brief A length or a period: an integer count of a unit, or an explicit schedule of points.
@@ -37,10 +31,7 @@ class TrainUnit {
   static constexpr std::int64_t never_value = std::numeric_limits<std::int64_t>::max();
 
   constexpr TrainUnit(Unit unit, std::int64_t value) : unit_(unit), value_(value) {}
-  TrainUnit(Unit unit, std::vector<std::int64_t> points) : unit_(unit), points_(std::move(points)) {
-    std::sort(points_.begin(), points_.end());
-    value_ = points_.empty() ? never_value : points_.back();
-  }
+  TrainUnit(Unit unit, std::vector<std::int64_t> points);
 
   constexpr Unit unit() const { return unit_; }
   /// The period (or, for a schedule, its last point).
@@ -50,35 +41,12 @@ class TrainUnit {
   bool is_never() const { return points_.empty() && value_ == never_value; }
 
   /// Determined's `should_stop(n)`: is the boundary reached after `n` completed units?
-  bool reached(std::int64_t n) const {
-    if (!points_.empty()) return std::binary_search(points_.begin(), points_.end(), n);
-    if (n == 0) return false;
-    if (value_ < 1) return true;
-    return n % value_ == 0;
-  }
+  bool reached(std::int64_t n) const;
 
   /// Records become batches of `global_batch_size`, at least one (Determined's `_from_values`).
-  TrainUnit in_batches_if_records(std::int64_t global_batch_size) const {
-    if (unit_ != Unit::records) return *this;
-    if (global_batch_size < 1) throw ConfigError("a length in records needs a global_batch_size of at least 1");
-    if (!points_.empty()) {
-      std::vector<std::int64_t> pts;
-      for (auto p : points_) pts.push_back(std::max<std::int64_t>(p / global_batch_size, 1));
-      return TrainUnit(Unit::batches, std::move(pts));
-    }
-    if (value_ == never_value) return TrainUnit(Unit::batches, never_value);
-    return TrainUnit(Unit::batches, std::max<std::int64_t>(value_ / global_batch_size, 1));
-  }
+  TrainUnit in_batches_if_records(std::int64_t global_batch_size) const;
 
-  std::string to_string() const {
-    if (is_never()) return "never";
-    if (!points_.empty()) {
-      std::string s = std::string(dettrial::to_string(unit_)) + " at [";
-      for (std::size_t i = 0; i < points_.size(); ++i) s += (i ? ", " : "") + std::to_string(points_[i]);
-      return s + "]";
-    }
-    return std::to_string(value_) + " " + dettrial::to_string(unit_);
-  }
+  std::string to_string() const;
 
   friend bool operator==(const TrainUnit&, const TrainUnit&) = default;
 
@@ -107,3 +75,53 @@ struct Record : TrainUnit {
 inline TrainUnit never() { return Batch(TrainUnit::never_value); }
 
 }  // namespace dettrial
+
+// Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
+#if DETTRIAL_HEADER_DEFINITIONS
+namespace dettrial {
+
+DETTRIAL_INLINE const char* to_string(Unit u) {
+  switch (u) {
+    case Unit::batches: return "batches";
+    case Unit::epochs: return "epochs";
+    case Unit::records: return "records";
+  }
+  return "?";
+}
+
+DETTRIAL_INLINE TrainUnit::TrainUnit(Unit unit, std::vector<std::int64_t> points) : unit_(unit), points_(std::move(points)) {
+  std::sort(points_.begin(), points_.end());
+  value_ = points_.empty() ? never_value : points_.back();
+}
+
+DETTRIAL_INLINE bool TrainUnit::reached(std::int64_t n) const {
+  if (!points_.empty()) return std::binary_search(points_.begin(), points_.end(), n);
+  if (n == 0) return false;
+  if (value_ < 1) return true;
+  return n % value_ == 0;
+}
+
+DETTRIAL_INLINE TrainUnit TrainUnit::in_batches_if_records(std::int64_t global_batch_size) const {
+  if (unit_ != Unit::records) return *this;
+  if (global_batch_size < 1) throw ConfigError("a length in records needs a global_batch_size of at least 1");
+  if (!points_.empty()) {
+    std::vector<std::int64_t> pts;
+    for (auto p : points_) pts.push_back(std::max<std::int64_t>(p / global_batch_size, 1));
+    return TrainUnit(Unit::batches, std::move(pts));
+  }
+  if (value_ == never_value) return TrainUnit(Unit::batches, never_value);
+  return TrainUnit(Unit::batches, std::max<std::int64_t>(value_ / global_batch_size, 1));
+}
+
+DETTRIAL_INLINE std::string TrainUnit::to_string() const {
+  if (is_never()) return "never";
+  if (!points_.empty()) {
+    std::string s = std::string(dettrial::to_string(unit_)) + " at [";
+    for (std::size_t i = 0; i < points_.size(); ++i) s += (i ? ", " : "") + std::to_string(points_[i]);
+    return s + "]";
+  }
+  return std::to_string(value_) + " " + dettrial::to_string(unit_);
+}
+
+}  // namespace dettrial
+#endif  // DETTRIAL_HEADER_DEFINITIONS

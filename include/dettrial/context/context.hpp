@@ -32,6 +32,7 @@
 #include "../optim/lr_state.hpp"
 #include "../optim/lr_step.hpp"
 #include "../data/to_device.hpp"
+#include "../detail/linkage.hpp"
 
 namespace dettrial {
 
@@ -96,48 +97,7 @@ class Context {
   explicit Context(Hyperparameters hparams, ContextOptions options = {})
       : Context(std::move(hparams), ExperimentConfig{}, std::move(options)) {}
 
-  Context(Hyperparameters hparams, ExperimentConfig config, ContextOptions options)
-      : hparams_(std::move(hparams)),
-        config_(std::move(config)),
-        aggregation_frequency_(options.aggregation_frequency.value_or(config_.aggregation_frequency)),
-        average_aggregated_gradients_(options.average_aggregated_gradients.value_or(config_.average_aggregated_gradients)),
-        slots_per_trial_(options.slots_per_trial.value_or(config_.slots_per_trial)) {
-    if (aggregation_frequency_ < 1) throw ConfigError("aggregation_frequency must be at least 1");
-    if (slots_per_trial_ < 1) throw ConfigError("slots_per_trial must be at least 1");
-    if (options.communicator && options.communicator->size() > 1) {
-      communicator_ = std::move(options.communicator);
-      const LaunchEnvironment& env = communicator_->environment();
-      if (slots_per_trial_ > 1 && slots_per_trial_ != env.size)
-        throw ConfigError("resources.slots_per_trial is " + std::to_string(slots_per_trial_) + ", but " + launcher_name(env.launcher) +
-                          " started " + std::to_string(env.size) + " processes");
-      slots_per_trial_ = env.size;
-      distributed_ = DistributedInfo{.rank = env.rank, .size = env.size, .local_rank = env.local_rank, .local_size = env.local_size};
-    }
-    // One GPU per process: the local rank picks it.
-    device_ = options.device ? *options.device
-                             : (torch::cuda::is_available()
-                                    ? torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(distributed_.local_rank %
-                                                                                                std::max<std::int64_t>(static_cast<std::int64_t>(torch::cuda::device_count()), 1)))
-                                    : torch::Device(torch::kCPU));
-    // NCCL takes tensors on one GPU only: models, gradients and every collective must be there. (Gloo
-    // takes CPU tensors, and CUDA ones too.)
-    if (communicator_ && !communicator_->device().is_cpu() && communicator_->device() != device_)
-      throw ConfigError(std::string("the ") + communicator_->backend_name() + " backend of rank " + std::to_string(distributed_.rank) +
-                        " takes tensors on " + communicator_->device().str() + ", but this process's device is " + device_.str() +
-                        "; give every rank the device its local rank picks (or leave ContextOptions::device unset)");
-    trial_seed_ = options.trial_seed ? *options.trial_seed : derive_trial_seed(config_.experiment_seed);
-    // One trial seed for the job: the chief's (without an experiment seed each rank's clock differs,
-    // and the ranks would shard different permutations of the data).
-    if (communicator_) trial_seed_ = static_cast<std::uint64_t>(communicator_->broadcast_values({static_cast<std::int64_t>(trial_seed_)})[0]);
-    if (const auto choice = choose_threads(communicator_ ? communicator_->environment() : LaunchEnvironment{}, options.threads,
-                                           CoreCount::of_this_process())) {
-      if (choice->set_by_dettrial) torch::set_num_threads(choice->threads);
-      threads_ = *choice;
-    }
-    if (const auto on = options.deterministic ? options.deterministic : config_.deterministic) set_deterministic(*on);
-    detail::keep_freed_memory();
-    seed_everything();
-  }
+  Context(Hyperparameters hparams, ExperimentConfig config, ContextOptions options);
 
   Context(const Context&) = delete;
   Context& operator=(const Context&) = delete;
@@ -159,10 +119,7 @@ class Context {
   const ExperimentConfig& get_experiment_config() const { return config_; }
 
   /// `global_batch_size / slots_per_trial`; needs the `global_batch_size` hyperparameter.
-  std::int64_t get_per_slot_batch_size() const {
-    const std::int64_t global = global_batch_size_hparam();
-    return global / slots_per_trial_;
-  }
+  std::int64_t get_per_slot_batch_size() const;
   /// The effective global batch size, `per_slot * slots`.
   std::int64_t get_global_batch_size() const { return get_per_slot_batch_size() * slots_per_trial_; }
   /// True when the `global_batch_size` hyperparameter exists.
@@ -315,13 +272,7 @@ class Context {
   // ---- the training step ----------------------------------------------------------------------
 
   /// Back-propagates `loss` (Determined's `context.backward`).
-  void backward(const torch::Tensor& loss, bool retain_graph = false, bool create_graph = false) {
-    // In a job, an update batch's backward pass starts each gradient bucket's all-reduce as soon as
-    // the bucket's gradients are ready (see all_reduce_gradients).
-    for (auto& w : optimizers_)
-      if (w.buckets) w.buckets->arm(is_update_batch());
-    loss.backward({}, retain_graph, create_graph);
-  }
+  void backward(const torch::Tensor& loss, bool retain_graph = false, bool create_graph = false);
 
   /**
    * @brief Steps a wrapped optimizer with Determined's semantics: on batches that are not update
@@ -357,15 +308,7 @@ class Context {
     return !models_.empty() || !optimizers_.empty() || !schedulers_.empty() || !reducers_.empty();
   }
   /// Forgets every wrapped object (called when their trainer goes away).
-  void release_registrations() {
-    models_.clear();
-    optimizers_.clear();
-    schedulers_.clear();
-    reducers_.clear();
-    owned_reducers_.clear();
-    stop_requested_ = false;
-    position_ = {};
-  }
+  void release_registrations();
 
   /// Every wrapped model, in wrap order.
   const std::vector<std::shared_ptr<torch::nn::Module>>& models() const { return models_; }
@@ -384,20 +327,12 @@ class Context {
   std::span<detail::WrappedReducer> reducers() { return reducers_; }
 
   /// Steps the schedulers per their mode; the trainer calls it on update batches after train_batch.
-  void step_lr_schedulers(std::int64_t batch_idx) {
-    for (auto& s : schedulers_) {
-      const std::int64_t n = s.steps_after(batch_idx, aggregation_frequency_, position_.epoch_len, s.frequency);
-      for (std::int64_t i = 0; i < n; ++i) s.step(s.scheduler);
-    }
-  }
+  void step_lr_schedulers(std::int64_t batch_idx);
 
   /// In a job, after the trial and its data loaders were built from the same seed on every rank:
   /// ranks other than the chief continue on a stream of their own, derived from the trial seed and
   /// the rank, so that their dropout masks and other draws differ.
-  void seed_rank_stream() const {
-    if (distributed_.rank > 0)
-      torch::manual_seed(detail::mix64(trial_seed_ ^ (static_cast<std::uint64_t>(distributed_.rank) * detail::golden_gamma)) >> 1);
-  }
+  void seed_rank_stream() const;
 
  private:
   struct WrappedOptimizer {
@@ -417,61 +352,25 @@ class Context {
       throw TrialError("wrap_reducer: a reducer that returns a number needs a name to report it under");
   }
 
-  static std::uint64_t derive_trial_seed(std::optional<std::uint64_t> experiment_seed) {
-    // One trial of an experiment: a value in [0, 2^31) drawn from the experiment seed, as Determined's
-    // master draws trial seeds; without an experiment seed, the clock (Determined's default).
-    std::uint64_t x = experiment_seed ? *experiment_seed
-                                      : static_cast<std::uint64_t>(std::chrono::system_clock::now().time_since_epoch().count());
-    return detail::mix64(x + detail::golden_gamma) % (1ULL << 31);
-  }
+  static std::uint64_t derive_trial_seed(std::optional<std::uint64_t> experiment_seed);
 
   /// LibTorch's switches for bit-identical runs (process-wide): deterministic algorithms (an op
   /// without a deterministic implementation throws, naming itself), cuDNN's deterministic kernels and
   /// no autotuning, and cuBLAS's fixed workspace, which it needs before its first use.
-  static void set_deterministic(bool on) {
-    at::globalContext().setDeterministicAlgorithms(on, /*warn_only=*/false);
-    at::globalContext().setDeterministicCuDNN(on);
-    at::globalContext().setBenchmarkCuDNN(!on && at::globalContext().benchmarkCuDNN());
-    if (on) ::setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8", /*overwrite=*/0);
-  }
+  static void set_deterministic(bool on);
 
   void seed_everything() const {
     torch::manual_seed(trial_seed_);  // CPU and, when present, every CUDA device
   }
 
-  std::int64_t global_batch_size_hparam() const {
-    if (!hparams_.contains("global_batch_size"))
-      throw HyperparameterError(
-          "the batch size getters need the hyperparameter 'global_batch_size', which " + hparams_.source() +
-          " does not define");
-    const auto global = hparams_.get<std::int64_t>("global_batch_size");
-    if (global < slots_per_trial_)
-      throw HyperparameterError("global_batch_size (" + std::to_string(global) + ") is smaller than slots_per_trial (" +
-                                std::to_string(slots_per_trial_) + ")");
-    return global;
-  }
+  std::int64_t global_batch_size_hparam() const;
 
-  std::int64_t require_epoch_len() const {
-    if (position_.epoch_len <= 0) throw TrialError("epoch counters are only known once training has started");
-    return position_.epoch_len;
-  }
+  std::int64_t require_epoch_len() const;
 
   /// Rebuilds the cached parameter list when the optimizer's groups changed size (no allocation otherwise).
-  void refresh_params(WrappedOptimizer& w) {
-    std::size_t count = 0;
-    for (const auto& group : w.optimizer->param_groups()) count += group.params().size();
-    if (count == w.params.size()) return;
-    w.buckets.reset();
-    w.params.clear();
-    for (auto& group : w.optimizer->param_groups())
-      for (auto& p : group.params()) w.params.push_back(p);
-  }
+  void refresh_params(WrappedOptimizer& w);
 
-  WrappedOptimizer& find_optimizer(const torch::optim::Optimizer& optimizer) {
-    for (auto& w : optimizers_)
-      if (w.optimizer == &optimizer) return w;
-    throw TrialError("step_optimizer was given an optimizer that was not wrapped with context.wrap_optimizer");
-  }
+  WrappedOptimizer& find_optimizer(const torch::optim::Optimizer& optimizer);
 
   Hyperparameters hparams_;
   ExperimentConfig config_;
@@ -495,3 +394,136 @@ class Context {
 };
 
 }  // namespace dettrial
+
+// Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
+#if DETTRIAL_HEADER_DEFINITIONS
+namespace dettrial {
+
+DETTRIAL_INLINE Context::Context(Hyperparameters hparams, ExperimentConfig config, ContextOptions options)
+    : hparams_(std::move(hparams)),
+      config_(std::move(config)),
+      aggregation_frequency_(options.aggregation_frequency.value_or(config_.aggregation_frequency)),
+      average_aggregated_gradients_(options.average_aggregated_gradients.value_or(config_.average_aggregated_gradients)),
+      slots_per_trial_(options.slots_per_trial.value_or(config_.slots_per_trial)) {
+  if (aggregation_frequency_ < 1) throw ConfigError("aggregation_frequency must be at least 1");
+  if (slots_per_trial_ < 1) throw ConfigError("slots_per_trial must be at least 1");
+  if (options.communicator && options.communicator->size() > 1) {
+    communicator_ = std::move(options.communicator);
+    const LaunchEnvironment& env = communicator_->environment();
+    if (slots_per_trial_ > 1 && slots_per_trial_ != env.size)
+      throw ConfigError("resources.slots_per_trial is " + std::to_string(slots_per_trial_) + ", but " + launcher_name(env.launcher) +
+                        " started " + std::to_string(env.size) + " processes");
+    slots_per_trial_ = env.size;
+    distributed_ = DistributedInfo{.rank = env.rank, .size = env.size, .local_rank = env.local_rank, .local_size = env.local_size};
+  }
+  // One GPU per process: the local rank picks it.
+  device_ = options.device ? *options.device
+                           : (torch::cuda::is_available()
+                                  ? torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(distributed_.local_rank %
+                                                                                              std::max<std::int64_t>(static_cast<std::int64_t>(torch::cuda::device_count()), 1)))
+                                  : torch::Device(torch::kCPU));
+  // NCCL takes tensors on one GPU only: models, gradients and every collective must be there. (Gloo
+  // takes CPU tensors, and CUDA ones too.)
+  if (communicator_ && !communicator_->device().is_cpu() && communicator_->device() != device_)
+    throw ConfigError(std::string("the ") + communicator_->backend_name() + " backend of rank " + std::to_string(distributed_.rank) +
+                      " takes tensors on " + communicator_->device().str() + ", but this process's device is " + device_.str() +
+                      "; give every rank the device its local rank picks (or leave ContextOptions::device unset)");
+  trial_seed_ = options.trial_seed ? *options.trial_seed : derive_trial_seed(config_.experiment_seed);
+  // One trial seed for the job: the chief's (without an experiment seed each rank's clock differs,
+  // and the ranks would shard different permutations of the data).
+  if (communicator_) trial_seed_ = static_cast<std::uint64_t>(communicator_->broadcast_values({static_cast<std::int64_t>(trial_seed_)})[0]);
+  if (const auto choice = choose_threads(communicator_ ? communicator_->environment() : LaunchEnvironment{}, options.threads,
+                                         CoreCount::of_this_process())) {
+    if (choice->set_by_dettrial) torch::set_num_threads(choice->threads);
+    threads_ = *choice;
+  }
+  if (const auto on = options.deterministic ? options.deterministic : config_.deterministic) set_deterministic(*on);
+  detail::keep_freed_memory();
+  seed_everything();
+}
+
+DETTRIAL_INLINE std::int64_t Context::get_per_slot_batch_size() const {
+  const std::int64_t global = global_batch_size_hparam();
+  return global / slots_per_trial_;
+}
+
+DETTRIAL_INLINE void Context::backward(const torch::Tensor& loss, bool retain_graph, bool create_graph) {
+  // In a job, an update batch's backward pass starts each gradient bucket's all-reduce as soon as
+  // the bucket's gradients are ready (see all_reduce_gradients).
+  for (auto& w : optimizers_)
+    if (w.buckets) w.buckets->arm(is_update_batch());
+  loss.backward({}, retain_graph, create_graph);
+}
+
+DETTRIAL_INLINE void Context::release_registrations() {
+  models_.clear();
+  optimizers_.clear();
+  schedulers_.clear();
+  reducers_.clear();
+  owned_reducers_.clear();
+  stop_requested_ = false;
+  position_ = {};
+}
+
+DETTRIAL_INLINE void Context::step_lr_schedulers(std::int64_t batch_idx) {
+  for (auto& s : schedulers_) {
+    const std::int64_t n = s.steps_after(batch_idx, aggregation_frequency_, position_.epoch_len, s.frequency);
+    for (std::int64_t i = 0; i < n; ++i) s.step(s.scheduler);
+  }
+}
+
+DETTRIAL_INLINE void Context::seed_rank_stream() const {
+  if (distributed_.rank > 0)
+    torch::manual_seed(detail::mix64(trial_seed_ ^ (static_cast<std::uint64_t>(distributed_.rank) * detail::golden_gamma)) >> 1);
+}
+
+DETTRIAL_INLINE std::uint64_t Context::derive_trial_seed(std::optional<std::uint64_t> experiment_seed) {
+  // One trial of an experiment: a value in [0, 2^31) drawn from the experiment seed, as Determined's
+  // master draws trial seeds; without an experiment seed, the clock (Determined's default).
+  std::uint64_t x = experiment_seed ? *experiment_seed
+                                    : static_cast<std::uint64_t>(std::chrono::system_clock::now().time_since_epoch().count());
+  return detail::mix64(x + detail::golden_gamma) % (1ULL << 31);
+}
+
+DETTRIAL_INLINE void Context::set_deterministic(bool on) {
+  at::globalContext().setDeterministicAlgorithms(on, /*warn_only=*/false);
+  at::globalContext().setDeterministicCuDNN(on);
+  at::globalContext().setBenchmarkCuDNN(!on && at::globalContext().benchmarkCuDNN());
+  if (on) ::setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8", /*overwrite=*/0);
+}
+
+DETTRIAL_INLINE std::int64_t Context::global_batch_size_hparam() const {
+  if (!hparams_.contains("global_batch_size"))
+    throw HyperparameterError(
+        "the batch size getters need the hyperparameter 'global_batch_size', which " + hparams_.source() +
+        " does not define");
+  const auto global = hparams_.get<std::int64_t>("global_batch_size");
+  if (global < slots_per_trial_)
+    throw HyperparameterError("global_batch_size (" + std::to_string(global) + ") is smaller than slots_per_trial (" +
+                              std::to_string(slots_per_trial_) + ")");
+  return global;
+}
+
+DETTRIAL_INLINE std::int64_t Context::require_epoch_len() const {
+  if (position_.epoch_len <= 0) throw TrialError("epoch counters are only known once training has started");
+  return position_.epoch_len;
+}
+
+DETTRIAL_INLINE void Context::refresh_params(WrappedOptimizer& w) {
+  std::size_t count = 0;
+  for (const auto& group : w.optimizer->param_groups()) count += group.params().size();
+  if (count == w.params.size()) return;
+  w.buckets.reset();
+  w.params.clear();
+  for (auto& group : w.optimizer->param_groups())
+    for (auto& p : group.params()) w.params.push_back(p);
+}
+
+DETTRIAL_INLINE Context::WrappedOptimizer& Context::find_optimizer(const torch::optim::Optimizer& optimizer) {
+  for (auto& w : optimizers_)
+    if (w.optimizer == &optimizer) return w;
+  throw TrialError("step_optimizer was given an optimizer that was not wrapped with context.wrap_optimizer");
+}
+
+}  // namespace dettrial
+#endif  // DETTRIAL_HEADER_DEFINITIONS

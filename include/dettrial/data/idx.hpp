@@ -3,20 +3,16 @@
 /// @brief Reading IDX files (the MNIST format), raw or gzip-compressed, and MNIST-layout folders.
 #pragma once
 
-#include <array>
-#include <cerrno>
 #include <cstdint>
-#include <cstdio>
-#include <cstring>
 #include <filesystem>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include <torch/torch.h>
-#include <zlib.h>
 
 #include "../error.hpp"
+#include "../detail/linkage.hpp"
 
 namespace dettrial {
 
@@ -24,7 +20,34 @@ namespace dettrial {
  * @brief Reads an IDX file (raw, or gzip: zlib reads both) into a tensor of its element type and
  * dimensions. Errors name the file and what is wrong with it.
  */
-inline torch::Tensor read_idx(const std::filesystem::path& path) {
+DETTRIAL_INLINE torch::Tensor read_idx(const std::filesystem::path& path);
+
+/// Images (uint8, N x rows x cols) and labels (uint8, N) of one split of an MNIST-format folder.
+struct MnistSplit {
+  torch::Tensor images;
+  torch::Tensor labels;
+};
+
+/**
+ * @brief Loads split `train` or `t10k` of a folder in MNIST's layout (MNIST, Fashion-MNIST, ...):
+ * `<split>-images-idx3-ubyte[.gz]` and `<split>-labels-idx1-ubyte[.gz]` (also `-images.idx3-ubyte`).
+ */
+DETTRIAL_INLINE MnistSplit load_mnist(const std::filesystem::path& dir, const std::string& split);
+
+}  // namespace dettrial
+
+// Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
+#if DETTRIAL_HEADER_DEFINITIONS
+#include <array>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+
+#include <zlib.h>
+
+namespace dettrial {
+
+DETTRIAL_INLINE torch::Tensor read_idx(const std::filesystem::path& path) {
   const std::string name = path.string();
   std::error_code ec;
   if (!std::filesystem::is_regular_file(path, ec))
@@ -92,17 +115,7 @@ inline torch::Tensor read_idx(const std::filesystem::path& path) {
   return out;
 }
 
-/// Images (uint8, N x rows x cols) and labels (uint8, N) of one split of an MNIST-format folder.
-struct MnistSplit {
-  torch::Tensor images;
-  torch::Tensor labels;
-};
-
-/**
- * @brief Loads split `train` or `t10k` of a folder in MNIST's layout (MNIST, Fashion-MNIST, ...):
- * `<split>-images-idx3-ubyte[.gz]` and `<split>-labels-idx1-ubyte[.gz]` (also `-images.idx3-ubyte`).
- */
-inline MnistSplit load_mnist(const std::filesystem::path& dir, const std::string& split) {
+DETTRIAL_INLINE MnistSplit load_mnist(const std::filesystem::path& dir, const std::string& split) {
   auto find = [&](const std::string& kind, const std::string& idx) {
     const std::array<std::string, 4> names = {split + "-" + kind + "-" + idx + "-ubyte.gz", split + "-" + kind + "-" + idx + "-ubyte",
                                               split + "-" + kind + "." + idx + "-ubyte.gz", split + "-" + kind + "." + idx + "-ubyte"};
@@ -120,3 +133,4 @@ inline MnistSplit load_mnist(const std::filesystem::path& dir, const std::string
 }
 
 }  // namespace dettrial
+#endif  // DETTRIAL_HEADER_DEFINITIONS

@@ -20,6 +20,7 @@
 
 #include "../error.hpp"
 #include "../detail/random.hpp"
+#include "../detail/linkage.hpp"
 
 namespace dettrial {
 
@@ -53,46 +54,24 @@ struct BatchSlice {
  */
 class BatchSampler {
  public:
-  BatchSampler(std::int64_t records, std::int64_t batch_size, bool drop_last, bool shuffle, std::uint64_t seed)
-      : records_(records), batch_size_(batch_size), drop_last_(drop_last), shuffle_(shuffle), seed_(seed),
-        cache_(std::make_shared<Cache>()) {
-    if (batch_size_ < 1) throw DataError("DataLoader batch_size must be at least 1, not " + std::to_string(batch_size_));
-    if (records_ < 1) throw DataError("DataLoader: the dataset is empty");
-    if (drop_last_ && batch_size_ > records_)
-      throw DataError("DataLoader: batch_size " + std::to_string(batch_size_) + " is larger than the dataset's " +
-                      std::to_string(records_) + " records, so drop_last leaves no batch");
-  }
+  BatchSampler(std::int64_t records, std::int64_t batch_size, bool drop_last, bool shuffle, std::uint64_t seed);
 
   std::int64_t records() const { return records_; }
   std::int64_t batch_size() const { return batch_size_; }
   bool shuffle() const { return shuffle_; }
   std::uint64_t seed() const { return seed_; }
   /// Changes the shuffle seed (a resumed trial gets back the order it was trained with).
-  void set_seed(std::uint64_t seed) {
-    seed_ = seed;
-    cache_ = std::make_shared<Cache>();
-  }
+  void set_seed(std::uint64_t seed);
 
   /// Batches in one epoch, before sharding.
   std::int64_t batches_per_epoch() const {
     return drop_last_ ? records_ / batch_size_ : (records_ + batch_size_ - 1) / batch_size_;
   }
   /// Batches one rank reads per epoch: Determined's `len(DistributedBatchSampler)`, `len//n + (len%n > rank)`.
-  std::int64_t batches_for(const LoaderChain& chain) const {
-    const std::int64_t len = batches_per_epoch();
-    return len / chain.num_replicas + (len % chain.num_replicas > chain.rank ? 1 : 0);
-  }
+  std::int64_t batches_for(const LoaderChain& chain) const;
 
   /// Batch `global` of the endless stream of epochs (batch `global % len` of epoch `global / len`).
-  BatchSlice global_batch(std::int64_t global) const {
-    const std::int64_t len = batches_per_epoch();
-    BatchSlice s;
-    s.epoch = global / len;
-    s.first = (global % len) * batch_size_;
-    s.count = std::min(batch_size_, records_ - s.first);
-    if (shuffle_) s.indices = order(s.epoch).narrow(0, s.first, s.count);
-    return s;
-  }
+  BatchSlice global_batch(std::int64_t global) const;
 
   /**
    * @brief The slices a rank reads under `chain`: Determined's chain, as views. The global batches of
@@ -110,16 +89,7 @@ class BatchSampler {
   }
 
   /// The order of epoch `e` (a permutation of the records; computed once and kept for the last epochs used).
-  torch::Tensor order(std::int64_t epoch) const {
-    std::lock_guard lock(cache_->mutex);
-    for (const auto& [e, perm] : cache_->orders)
-      if (e == epoch && perm.defined()) return perm;
-    auto generator = at::detail::createCPUGenerator(mix(seed_, static_cast<std::uint64_t>(epoch)));
-    torch::Tensor perm = torch::randperm(records_, generator, torch::TensorOptions().dtype(torch::kLong));
-    cache_->orders[cache_->next] = {epoch, perm};
-    cache_->next = (cache_->next + 1) % cache_->orders.size();
-    return perm;
-  }
+  torch::Tensor order(std::int64_t epoch) const;
 
  private:
   static std::uint64_t mix(std::uint64_t seed, std::uint64_t epoch) { return detail::mix64(seed ^ (epoch * detail::golden_gamma)); }
@@ -139,3 +109,52 @@ class BatchSampler {
 };
 
 }  // namespace dettrial
+
+// Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
+#if DETTRIAL_HEADER_DEFINITIONS
+namespace dettrial {
+
+DETTRIAL_INLINE BatchSampler::BatchSampler(std::int64_t records, std::int64_t batch_size, bool drop_last, bool shuffle,
+                                           std::uint64_t seed)
+    : records_(records), batch_size_(batch_size), drop_last_(drop_last), shuffle_(shuffle), seed_(seed),
+      cache_(std::make_shared<Cache>()) {
+  if (batch_size_ < 1) throw DataError("DataLoader batch_size must be at least 1, not " + std::to_string(batch_size_));
+  if (records_ < 1) throw DataError("DataLoader: the dataset is empty");
+  if (drop_last_ && batch_size_ > records_)
+    throw DataError("DataLoader: batch_size " + std::to_string(batch_size_) + " is larger than the dataset's " +
+                    std::to_string(records_) + " records, so drop_last leaves no batch");
+}
+
+DETTRIAL_INLINE void BatchSampler::set_seed(std::uint64_t seed) {
+  seed_ = seed;
+  cache_ = std::make_shared<Cache>();
+}
+
+DETTRIAL_INLINE std::int64_t BatchSampler::batches_for(const LoaderChain& chain) const {
+  const std::int64_t len = batches_per_epoch();
+  return len / chain.num_replicas + (len % chain.num_replicas > chain.rank ? 1 : 0);
+}
+
+DETTRIAL_INLINE BatchSlice BatchSampler::global_batch(std::int64_t global) const {
+  const std::int64_t len = batches_per_epoch();
+  BatchSlice s;
+  s.epoch = global / len;
+  s.first = (global % len) * batch_size_;
+  s.count = std::min(batch_size_, records_ - s.first);
+  if (shuffle_) s.indices = order(s.epoch).narrow(0, s.first, s.count);
+  return s;
+}
+
+DETTRIAL_INLINE torch::Tensor BatchSampler::order(std::int64_t epoch) const {
+  std::lock_guard lock(cache_->mutex);
+  for (const auto& [e, perm] : cache_->orders)
+    if (e == epoch && perm.defined()) return perm;
+  auto generator = at::detail::createCPUGenerator(mix(seed_, static_cast<std::uint64_t>(epoch)));
+  torch::Tensor perm = torch::randperm(records_, generator, torch::TensorOptions().dtype(torch::kLong));
+  cache_->orders[cache_->next] = {epoch, perm};
+  cache_->next = (cache_->next + 1) % cache_->orders.size();
+  return perm;
+}
+
+}  // namespace dettrial
+#endif  // DETTRIAL_HEADER_DEFINITIONS

@@ -20,6 +20,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include "../error.hpp"
+#include "linkage.hpp"
 
 namespace dettrial::detail {
 
@@ -38,36 +39,7 @@ inline std::string json_text(const Json& j) { return j.dump(2, ' ', false, Json:
 /// A YAML document as JSON: maps, sequences, and plain scalars typed by YAML's core schema (null,
 /// booleans, integers, finite floats); quoted scalars (tag "!") and everything else (`.inf`, `.nan`,
 /// text) stay strings. A map's keys are their scalar text.
-inline Json yaml_to_json(const YAML::Node& node) {
-  switch (node.Type()) {
-    case YAML::NodeType::Undefined:
-    case YAML::NodeType::Null: return nullptr;
-    case YAML::NodeType::Sequence: {
-      Json out = Json::array();
-      for (const auto& item : node) out.push_back(yaml_to_json(item));
-      return out;
-    }
-    case YAML::NodeType::Map: {
-      Json out = Json::object();
-      for (const auto& kv : node) out[kv.first.Scalar()] = yaml_to_json(kv.second);
-      return out;
-    }
-    case YAML::NodeType::Scalar: {
-      const std::string& s = node.Scalar();
-      if (node.Tag() != "!") {  // "!" marks a quoted scalar: always a string
-        if (s == "~" || s == "null" || s == "Null" || s == "NULL") return nullptr;
-        if (s == "true" || s == "True" || s == "TRUE") return true;
-        if (s == "false" || s == "False" || s == "FALSE") return false;
-        std::int64_t i = 0;
-        double d = 0;
-        if (YAML::convert<std::int64_t>::decode(node, i)) return i;
-        if (YAML::convert<double>::decode(node, d) && std::isfinite(d)) return d;
-      }
-      return s;
-    }
-  }
-  return nullptr;
-}
+DETTRIAL_INLINE Json yaml_to_json(const YAML::Node& node);
 
 // ---- reading ---------------------------------------------------------------------------------
 
@@ -101,32 +73,13 @@ struct JsonFieldError : std::runtime_error {
 };
 
 /// `object[key]`, or nullptr when `object` is not an object or lacks `key`.
-inline const Json* json_find(const Json& object, const std::string& key) {
-  if (!object.is_object()) return nullptr;
-  const auto it = object.find(key);
-  return it == object.end() ? nullptr : &*it;
-}
+DETTRIAL_INLINE const Json* json_find(const Json& object, const std::string& key);
 
 /// `object[key]`; a missing key throws JsonFieldError("no '<key>'").
-inline const Json& json_field(const Json& object, const std::string& key) {
-  if (const Json* v = json_find(object, key)) return *v;
-  throw JsonFieldError("no '" + key + "'");
-}
+DETTRIAL_INLINE const Json& json_field(const Json& object, const std::string& key);
 
 /// "a string", "a number", "null", ...: what a JSON value is, for messages.
-inline std::string json_kind(const Json& j) {
-  switch (j.type()) {
-    case Json::value_t::null: return "null";
-    case Json::value_t::object: return "an object";
-    case Json::value_t::array: return "an array";
-    case Json::value_t::string: return "a string";
-    case Json::value_t::boolean: return "a boolean";
-    case Json::value_t::number_integer:
-    case Json::value_t::number_unsigned: return "an integer";
-    case Json::value_t::number_float: return "a number";
-    default: return std::string("a ") + j.type_name();
-  }
-}
+DETTRIAL_INLINE std::string json_kind(const Json& j);
 
 /**
  * @brief `value` (named `field` in messages) as a T, strictly: integral types only from JSON
@@ -162,3 +115,66 @@ T json_as(const Json& value, std::string_view field) {
 }
 
 }  // namespace dettrial::detail
+
+// Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
+#if DETTRIAL_HEADER_DEFINITIONS
+namespace dettrial::detail {
+
+DETTRIAL_INLINE Json yaml_to_json(const YAML::Node& node) {
+  switch (node.Type()) {
+    case YAML::NodeType::Undefined:
+    case YAML::NodeType::Null: return nullptr;
+    case YAML::NodeType::Sequence: {
+      Json out = Json::array();
+      for (const auto& item : node) out.push_back(yaml_to_json(item));
+      return out;
+    }
+    case YAML::NodeType::Map: {
+      Json out = Json::object();
+      for (const auto& kv : node) out[kv.first.Scalar()] = yaml_to_json(kv.second);
+      return out;
+    }
+    case YAML::NodeType::Scalar: {
+      const std::string& s = node.Scalar();
+      if (node.Tag() != "!") {  // "!" marks a quoted scalar: always a string
+        if (s == "~" || s == "null" || s == "Null" || s == "NULL") return nullptr;
+        if (s == "true" || s == "True" || s == "TRUE") return true;
+        if (s == "false" || s == "False" || s == "FALSE") return false;
+        std::int64_t i = 0;
+        double d = 0;
+        if (YAML::convert<std::int64_t>::decode(node, i)) return i;
+        if (YAML::convert<double>::decode(node, d) && std::isfinite(d)) return d;
+      }
+      return s;
+    }
+  }
+  return nullptr;
+}
+
+DETTRIAL_INLINE const Json* json_find(const Json& object, const std::string& key) {
+  if (!object.is_object()) return nullptr;
+  const auto it = object.find(key);
+  return it == object.end() ? nullptr : &*it;
+}
+
+DETTRIAL_INLINE const Json& json_field(const Json& object, const std::string& key) {
+  if (const Json* v = json_find(object, key)) return *v;
+  throw JsonFieldError("no '" + key + "'");
+}
+
+DETTRIAL_INLINE std::string json_kind(const Json& j) {
+  switch (j.type()) {
+    case Json::value_t::null: return "null";
+    case Json::value_t::object: return "an object";
+    case Json::value_t::array: return "an array";
+    case Json::value_t::string: return "a string";
+    case Json::value_t::boolean: return "a boolean";
+    case Json::value_t::number_integer:
+    case Json::value_t::number_unsigned: return "an integer";
+    case Json::value_t::number_float: return "a number";
+    default: return std::string("a ") + j.type_name();
+  }
+}
+
+}  // namespace dettrial::detail
+#endif  // DETTRIAL_HEADER_DEFINITIONS

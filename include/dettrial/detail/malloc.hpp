@@ -11,6 +11,8 @@
 #define DETTRIAL_HAS_MALLOPT 1
 #endif
 
+#include "linkage.hpp"
+
 namespace dettrial::detail {
 
 /**
@@ -24,7 +26,15 @@ namespace dettrial::detail {
  * the process keeps what it used at its peak. Left alone when the user tuned malloc (a `MALLOC_*_`
  * variable or `GLIBC_TUNABLES`) or set `DETTRIAL_MALLOC=system`.
  */
-inline bool keep_freed_memory() {
+DETTRIAL_INLINE bool keep_freed_memory();
+
+}  // namespace dettrial::detail
+
+// Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
+#if DETTRIAL_HEADER_DEFINITIONS
+namespace dettrial::detail {
+
+DETTRIAL_INLINE bool keep_freed_memory() {
 #if defined(DETTRIAL_HAS_MALLOPT)
   static const bool applied = [] {
     for (const char* name : {"DETTRIAL_MALLOC", "GLIBC_TUNABLES", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_",
@@ -40,3 +50,4 @@ inline bool keep_freed_memory() {
 }
 
 }  // namespace dettrial::detail
+#endif  // DETTRIAL_HEADER_DEFINITIONS

@@ -4,8 +4,6 @@
 /// extra environment variables and their output sent to a file.
 #pragma once
 
-#include <fcntl.h>
-#include <spawn.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -14,6 +12,7 @@
 #include <vector>
 
 #include "../error.hpp"
+#include "linkage.hpp"
 
 extern "C" char** environ;
 
@@ -33,7 +32,18 @@ struct SpawnOptions {
 };
 
 /// Starts `program` with `args` as its argv (the program name first); returns its pid.
-inline pid_t spawn_process(const std::string& program, std::vector<std::string> args, const SpawnOptions& options = {}) {
+DETTRIAL_INLINE pid_t spawn_process(const std::string& program, std::vector<std::string> args, const SpawnOptions& options = {});
+
+}  // namespace dettrial::detail
+
+// Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
+#if DETTRIAL_HEADER_DEFINITIONS
+#include <fcntl.h>
+#include <spawn.h>
+
+namespace dettrial::detail {
+
+DETTRIAL_INLINE pid_t spawn_process(const std::string& program, std::vector<std::string> args, const SpawnOptions& options) {
   std::vector<std::string> env_strings;
   auto name_of = [](std::string_view entry) { return entry.substr(0, entry.find('=')); };
   for (char** e = environ; *e; ++e) {
@@ -70,3 +80,4 @@ inline pid_t spawn_process(const std::string& program, std::vector<std::string> 
 }
 
 }  // namespace dettrial::detail
+#endif  // DETTRIAL_HEADER_DEFINITIONS

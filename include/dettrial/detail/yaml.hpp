@@ -16,14 +16,12 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include "linkage.hpp"
+
 namespace dettrial::detail {
 
 /// "file:line:column" of a node (1-based), or just the source name when yaml-cpp has no position.
-inline std::string where(const YAML::Node& node, const std::string& source) {
-  const YAML::Mark mark = node.Mark();
-  if (mark.is_null()) return source;
-  return source + ":" + std::to_string(mark.line + 1) + ":" + std::to_string(mark.column + 1);
-}
+DETTRIAL_INLINE std::string where(const YAML::Node& node, const std::string& source);
 
 /// A human name for the C++ type a value was read as.
 template <class T>
@@ -42,15 +40,7 @@ std::string type_name() {
 }
 
 /// What a YAML node holds, for messages: `0.1`, `"abc"`, `a list`, `a map`.
-inline std::string describe(const YAML::Node& node) {
-  switch (node.Type()) {
-    case YAML::NodeType::Null: return "null";
-    case YAML::NodeType::Scalar: return "'" + node.Scalar() + "'";
-    case YAML::NodeType::Sequence: return "a list";
-    case YAML::NodeType::Map: return "a map";
-    default: return "nothing";
-  }
-}
+DETTRIAL_INLINE std::string describe(const YAML::Node& node);
 
 /// Reads `node` as T; integers are not silently truncated from fractions, and `1e3`-style
 /// integers are accepted when exact. Returns false when the value does not convert.
@@ -83,7 +73,34 @@ bool try_read(const YAML::Node& node, T& out) {
 
 
 /// Edit distance between two names (for "did you mean").
-inline std::size_t edit_distance(const std::string& a, const std::string& b) {
+DETTRIAL_INLINE std::size_t edit_distance(const std::string& a, const std::string& b);
+
+/// "; did you mean 'x'?" for the nearest of `names` (at most a third of the name's letters apart), else "".
+DETTRIAL_INLINE std::string suggestion(const std::string& name, const std::vector<std::string>& names);
+
+}  // namespace dettrial::detail
+
+// Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
+#if DETTRIAL_HEADER_DEFINITIONS
+namespace dettrial::detail {
+
+DETTRIAL_INLINE std::string where(const YAML::Node& node, const std::string& source) {
+  const YAML::Mark mark = node.Mark();
+  if (mark.is_null()) return source;
+  return source + ":" + std::to_string(mark.line + 1) + ":" + std::to_string(mark.column + 1);
+}
+
+DETTRIAL_INLINE std::string describe(const YAML::Node& node) {
+  switch (node.Type()) {
+    case YAML::NodeType::Null: return "null";
+    case YAML::NodeType::Scalar: return "'" + node.Scalar() + "'";
+    case YAML::NodeType::Sequence: return "a list";
+    case YAML::NodeType::Map: return "a map";
+    default: return "nothing";
+  }
+}
+
+DETTRIAL_INLINE std::size_t edit_distance(const std::string& a, const std::string& b) {
   std::vector<std::size_t> row(b.size() + 1);
   for (std::size_t j = 0; j <= b.size(); ++j) row[j] = j;
   for (std::size_t i = 1; i <= a.size(); ++i) {
@@ -98,8 +115,7 @@ inline std::size_t edit_distance(const std::string& a, const std::string& b) {
   return row[b.size()];
 }
 
-/// "; did you mean 'x'?" for the nearest of `names` (at most a third of the name's letters apart), else "".
-inline std::string suggestion(const std::string& name, const std::vector<std::string>& names) {
+DETTRIAL_INLINE std::string suggestion(const std::string& name, const std::vector<std::string>& names) {
   std::string best;
   std::size_t best_distance = name.size() / 3 + 1;
   for (const auto& n : names)
@@ -108,3 +124,4 @@ inline std::string suggestion(const std::string& name, const std::vector<std::st
 }
 
 }  // namespace dettrial::detail
+#endif  // DETTRIAL_HEADER_DEFINITIONS

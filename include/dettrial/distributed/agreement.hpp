@@ -16,17 +16,41 @@
 
 #include "../error.hpp"
 #include "communicator.hpp"
+#include "../detail/linkage.hpp"
 
 namespace dettrial::detail {
 
 /// The largest of `value` over the ranks (the value itself for one process): what every rank acts on.
-inline int agreed_max(Communicator* comm, int value) {
+DETTRIAL_INLINE int agreed_max(Communicator* comm, int value);
+
+/// Copies rank 0's parameters and buffers of `modules` to every rank.
+DETTRIAL_INLINE void broadcast_modules(Communicator& comm, const std::vector<std::shared_ptr<torch::nn::Module>>& modules);
+
+/// A setting every rank must share, by name, with this rank's value as text.
+struct RankSetting {
+  const char* name;
+  std::string value;
+};
+
+/**
+ * @brief Checks that every rank holds the chief's `settings`. When one differs, every rank learns it
+ * (one more collective), so all stop here together, with a ConfigError naming the setting and, on
+ * the rank that differs, its value, rather than crossing collectives later.
+ */
+DETTRIAL_INLINE void require_same_settings(Communicator& comm, std::span<const RankSetting> settings);
+
+}  // namespace dettrial::detail
+
+// Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
+#if DETTRIAL_HEADER_DEFINITIONS
+namespace dettrial::detail {
+
+DETTRIAL_INLINE int agreed_max(Communicator* comm, int value) {
   if (!comm) return value;
   return static_cast<int>(comm->allreduce_values({static_cast<double>(value)}, c10d::ReduceOp::MAX)[0]);
 }
 
-/// Copies rank 0's parameters and buffers of `modules` to every rank.
-inline void broadcast_modules(Communicator& comm, const std::vector<std::shared_ptr<torch::nn::Module>>& modules) {
+DETTRIAL_INLINE void broadcast_modules(Communicator& comm, const std::vector<std::shared_ptr<torch::nn::Module>>& modules) {
   torch::NoGradGuard no_grad;
   std::vector<torch::Tensor> one(1);
   for (const auto& m : modules) {
@@ -41,18 +65,7 @@ inline void broadcast_modules(Communicator& comm, const std::vector<std::shared_
   }
 }
 
-/// A setting every rank must share, by name, with this rank's value as text.
-struct RankSetting {
-  const char* name;
-  std::string value;
-};
-
-/**
- * @brief Checks that every rank holds the chief's `settings`. When one differs, every rank learns it
- * (one more collective), so all stop here together, with a ConfigError naming the setting and, on
- * the rank that differs, its value, rather than crossing collectives later.
- */
-inline void require_same_settings(Communicator& comm, std::span<const RankSetting> settings) {
+DETTRIAL_INLINE void require_same_settings(Communicator& comm, std::span<const RankSetting> settings) {
   std::vector<std::int64_t> mine;
   for (const auto& s : settings) mine.push_back(static_cast<std::int64_t>(std::hash<std::string>{}(s.value)));
   const std::vector<std::int64_t> chief = comm.broadcast_values(mine);
@@ -68,3 +81,4 @@ inline void require_same_settings(Communicator& comm, std::span<const RankSettin
 }
 
 }  // namespace dettrial::detail
+#endif  // DETTRIAL_HEADER_DEFINITIONS

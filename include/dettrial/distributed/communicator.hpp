@@ -16,21 +16,24 @@
 #include <vector>
 
 #include <torch/torch.h>
-#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
-#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+// The backends' base class and collectives' types; the stores and the Gloo and NCCL backends are
+// needed only where the process group is made (the definitions below), so a trial's translation
+// unit in separate-compilation mode does not parse them.
+#if TORCH_VERSION_MAJOR >= 2
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#else
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#endif
 // Gloo comes with LibTorch's c10d when it was built with it (USE_C10D_GLOO) and its headers are
 // installed (Debian: libgloo-dev); NCCL when LibTorch is CUDA-built and dettrial's CMake found nccl.h.
 #if defined(USE_C10D_GLOO) && __has_include(<gloo/algorithm.h>)
 #define DETTRIAL_HAS_GLOO 1
-#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
-#endif
-#if defined(DETTRIAL_HAS_NCCL)
-#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
 
 #include "../error.hpp"
 #include "../detail/text.hpp"
 #include "launch_environment.hpp"
+#include "../detail/linkage.hpp"
 
 namespace dettrial {
 
@@ -79,43 +82,9 @@ class Communicator {
   /// Joins the job `env` describes with backend `B` (rank 0 hosts the TCPStore unless torchrun's agent does).
   template <class B>
   static std::shared_ptr<Communicator> create(const LaunchEnvironment& env, std::chrono::milliseconds timeout, B = {}) {
-    auto comm = std::shared_ptr<Communicator>(new Communicator(env, timeout, B::name));
-    try {
-      c10d::TCPStoreOptions options;
-      options.port = static_cast<std::uint16_t>(env.master_port);
-      options.isServer = env.rank == 0 && !env.agent_store;
-      if (!env.agent_store) options.numWorkers = static_cast<std::size_t>(env.size);
-      options.waitWorkers = !env.agent_store;
-      options.timeout = timeout;
-      c10::intrusive_ptr<c10d::Store> store = c10::make_intrusive<c10d::TCPStore>(env.master_addr, options);
-      if (!env.store_prefix.empty()) store = c10::make_intrusive<c10d::PrefixStore>(env.store_prefix, store);
-      if constexpr (std::is_same_v<B, backend::gloo>) {
-#if defined(DETTRIAL_HAS_GLOO)
-        auto gloo_options = c10d::ProcessGroupGloo::Options::create(timeout);
-        gloo_options->devices.push_back(gloo_device(env));
-        comm->backend_ = c10::make_intrusive<c10d::ProcessGroupGloo>(store, env.rank, env.size, gloo_options);
-#else
-        throw DistributedError("the Gloo backend is not in this build: LibTorch lacks c10d Gloo, or the gloo headers "
-                               "(Debian: libgloo-dev) are not installed");
-#endif
-      } else {
-#if defined(DETTRIAL_HAS_NCCL)
-        auto nccl_options = c10d::ProcessGroupNCCL::Options::create();
-        nccl_options->timeout = timeout;
-        comm->backend_ = c10::make_intrusive<c10d::ProcessGroupNCCL>(store, env.rank, env.size, nccl_options);
-#else
-        throw DistributedError("the NCCL backend is not in this build: LibTorch is not CUDA-built, or dettrial was configured "
-                               "without NCCL (DETTRIAL_NCCL)");
-#endif
-      }
-    } catch (const DistributedError&) {
-      throw;
-    } catch (const std::exception& e) {
-      throw DistributedError("rank " + std::to_string(env.rank) + " of " + std::to_string(env.size) + ": cannot join the " +
-                             B::name + " process group at " + env.master_addr + ":" + std::to_string(env.master_port) + " (" +
-                             launcher_name(env.launcher) + "): " + detail::first_line(e.what()));
-    }
-    return comm;
+    static_assert(std::is_same_v<B, backend::gloo> || std::is_same_v<B, backend::nccl>,
+                  "dettrial: Communicator::create takes backend::gloo or backend::nccl (adopt() takes a backend of one's own)");
+    return join(env, timeout, B::name);
   }
 
   /**
@@ -124,17 +93,7 @@ class Communicator {
    * messages; the backend must be `env.size` ranks wide with this process as `env.rank`.
    */
   static std::shared_ptr<Communicator> adopt(c10::intrusive_ptr<detail::C10dBackend> backend, const LaunchEnvironment& env,
-                                             std::chrono::milliseconds timeout, torch::Device device, const char* name) {
-    if (!backend) throw DistributedError("Communicator::adopt was given no backend");
-    if (backend->getRank() != env.rank || backend->getSize() != env.size)
-      throw DistributedError(std::string("the ") + name + " backend is rank " + std::to_string(backend->getRank()) + " of " +
-                             std::to_string(backend->getSize()) + ", but the launch environment says rank " + std::to_string(env.rank) +
-                             " of " + std::to_string(env.size));
-    auto comm = std::shared_ptr<Communicator>(new Communicator(env, timeout, name));
-    comm->device_ = device;
-    comm->backend_ = std::move(backend);
-    return comm;
-  }
+                                             std::chrono::milliseconds timeout, torch::Device device, const char* name);
 
   int rank() const { return env_.rank; }
   int size() const { return env_.size; }
@@ -143,43 +102,15 @@ class Communicator {
   std::chrono::milliseconds timeout() const { return timeout_; }
 
   /// Sums (or takes the max of) `tensors` across ranks, in place.
-  void allreduce(std::vector<torch::Tensor>& tensors, c10d::ReduceOp::RedOpType op = c10d::ReduceOp::SUM) {
-    c10d::AllreduceOptions options;
-    options.reduceOp = c10d::ReduceOp(op);
-    run("all-reduce", [&] { return backend_->allreduce(tensors, options); });
-  }
+  void allreduce(std::vector<torch::Tensor>& tensors, c10d::ReduceOp::RedOpType op = c10d::ReduceOp::SUM);
   /// Starts an all-reduce and returns without waiting (see wait()).
-  c10::intrusive_ptr<c10d::Work> allreduce_async(std::vector<torch::Tensor>& tensors) {
-    try {
-      return backend_->allreduce(tensors);
-    } catch (const std::exception& e) {
-      throw failure("all-reduce", e);
-    }
-  }
-  void wait(const c10::intrusive_ptr<c10d::Work>& work, const char* what = "all-reduce") {
-    try {
-      work->wait(timeout_);
-    } catch (const std::exception& e) {
-      throw failure(what, e);
-    }
-  }
+  c10::intrusive_ptr<c10d::Work> allreduce_async(std::vector<torch::Tensor>& tensors);
+  void wait(const c10::intrusive_ptr<c10d::Work>& work, const char* what = "all-reduce");
   /// Copies `tensors` from `root` to every rank.
-  void broadcast(std::vector<torch::Tensor>& tensors, int root = 0) {
-    c10d::BroadcastOptions options;
-    options.rootRank = root;
-    run("broadcast", [&] { return backend_->broadcast(tensors, options); });
-  }
+  void broadcast(std::vector<torch::Tensor>& tensors, int root = 0);
   /// Every rank's `tensor` (same shape on all), gathered on every rank in rank order.
-  std::vector<torch::Tensor> allgather(const torch::Tensor& tensor) {
-    std::vector<std::vector<torch::Tensor>> out(1);
-    for (int r = 0; r < size(); ++r) out[0].push_back(torch::empty_like(tensor));
-    std::vector<torch::Tensor> in{tensor};
-    run("all-gather", [&] { return backend_->allgather(out, in); });
-    return out[0];
-  }
-  void barrier() {
-    run("barrier", [&] { return backend_->barrier(); });
-  }
+  std::vector<torch::Tensor> allgather(const torch::Tensor& tensor);
+  void barrier();
 
   /// Where this backend's collectives take their tensors: the CPU for Gloo, this rank's GPU for NCCL.
   /// Every collective dettrial issues passes tensors on this device.
@@ -188,66 +119,23 @@ class Communicator {
   const c10::intrusive_ptr<detail::C10dBackend>& backend() const { return backend_; }
 
   /// The chief's `values` on every rank (each rank passes as many).
-  std::vector<std::int64_t> broadcast_values(const std::vector<std::int64_t>& values) {
-    std::vector<torch::Tensor> t{torch::tensor(values, torch::kLong).to(device_)};
-    broadcast(t);
-    const torch::Tensor host = t[0].cpu();
-    return {host.data_ptr<std::int64_t>(), host.data_ptr<std::int64_t>() + host.numel()};
-  }
+  std::vector<std::int64_t> broadcast_values(const std::vector<std::int64_t>& values);
   /// The sum (or max, ...) of `values` over the ranks (each rank passes as many).
-  std::vector<double> allreduce_values(const std::vector<double>& values, c10d::ReduceOp::RedOpType op = c10d::ReduceOp::SUM) {
-    std::vector<torch::Tensor> t{torch::tensor(values, torch::kDouble).to(device_)};
-    allreduce(t, op);
-    const torch::Tensor host = t[0].cpu();
-    return {host.data_ptr<double>(), host.data_ptr<double>() + host.numel()};
-  }
+  std::vector<double> allreduce_values(const std::vector<double>& values, c10d::ReduceOp::RedOpType op = c10d::ReduceOp::SUM);
 
   /**
    * @brief Every rank's `value`, in rank order, on every rank (Determined's object allgather). The
    * values are pickled with LibTorch's serialization, so they may differ in size and shape between
    * ranks: numbers, strings, tensors, and lists, tuples and dicts of them.
    */
-  std::vector<c10::IValue> allgather_object(const c10::IValue& value) {
-    const std::vector<char> bytes = torch::pickle_save(value);
-    const torch::Tensor size = torch::tensor({static_cast<std::int64_t>(bytes.size())}, torch::kLong);
-    std::vector<std::int64_t> sizes;
-    std::int64_t longest = 0;
-    for (const torch::Tensor& s : allgather(size.to(device_))) {
-      sizes.push_back(s.cpu().item<std::int64_t>());
-      longest = std::max(longest, sizes.back());
-    }
-    torch::Tensor padded = torch::zeros({longest}, torch::kUInt8);
-    std::memcpy(padded.data_ptr<std::uint8_t>(), bytes.data(), bytes.size());
-    const std::vector<torch::Tensor> all = allgather(padded.to(device_));
-    std::vector<c10::IValue> out;
-    out.reserve(all.size());
-    for (std::size_t r = 0; r < all.size(); ++r) {
-      const torch::Tensor host = all[r].cpu();
-      const auto* data = reinterpret_cast<const char*>(host.data_ptr<std::uint8_t>());
-      out.push_back(torch::pickle_load(std::vector<char>(data, data + sizes[r])));
-    }
-    return out;
-  }
+  std::vector<c10::IValue> allgather_object(const c10::IValue& value);
 
  private:
-  Communicator(LaunchEnvironment env, std::chrono::milliseconds timeout, const char* backend_name)
-      : env_(std::move(env)), timeout_(timeout), backend_name_(backend_name) {
-    // NCCL: one GPU per process, picked by the local rank (as the Context picks its device).
-    if (std::string_view(backend_name_) == backend::nccl::name)
-      device_ = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(env_.local_rank % std::max<std::int64_t>(
-                                                                                 static_cast<std::int64_t>(torch::cuda::device_count()), 1)));
-  }
+  Communicator(LaunchEnvironment env, std::chrono::milliseconds timeout, const char* backend_name);
 
-#if defined(DETTRIAL_HAS_GLOO)
-  static std::shared_ptr<::gloo::transport::Device> gloo_device(const LaunchEnvironment& env) {
-    if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME"); ifname && *ifname)
-      return c10d::ProcessGroupGloo::createDeviceForInterface(ifname);
-    // One machine (the built-in launcher, a local torchrun): loopback needs no name resolution.
-    if (env.master_addr == "127.0.0.1" || env.master_addr == "localhost")
-      return c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1");
-    return c10d::ProcessGroupGloo::createDefaultDevice();
-  }
-#endif
+  /// Joins the job with the backend named `backend_name` (backend::gloo::name or backend::nccl::name).
+  static std::shared_ptr<Communicator> join(const LaunchEnvironment& env, std::chrono::milliseconds timeout,
+                                            const char* backend_name);
 
   template <class F>
   void run(const char* what, F&& start) {
@@ -258,11 +146,7 @@ class Communicator {
     }
   }
 
-  DistributedError failure(const char* what, const std::exception& e) const {
-    return DistributedError("rank " + std::to_string(env_.rank) + " of " + std::to_string(env_.size) + ": " + what + " over " +
-                            backend_name_ + " failed; another rank has died, hung past the " +
-                            std::to_string(timeout_.count() / 1000) + " s timeout, or is unreachable (" + detail::first_line(e.what()) + ")");
-  }
+  DistributedError failure(const char* what, const std::exception& e) const;
 
   LaunchEnvironment env_;
   std::chrono::milliseconds timeout_;
@@ -272,3 +156,177 @@ class Communicator {
 };
 
 }  // namespace dettrial
+
+// Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
+#if DETTRIAL_HEADER_DEFINITIONS
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#if defined(DETTRIAL_HAS_GLOO)
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#endif
+#if defined(DETTRIAL_HAS_NCCL)
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#endif
+namespace dettrial {
+
+#if defined(DETTRIAL_HAS_GLOO)
+namespace detail {
+/// Gloo's transport device: the interface GLOO_SOCKET_IFNAME names, loopback for a job on one
+/// machine, else the host name's address.
+DETTRIAL_INLINE std::shared_ptr<::gloo::transport::Device> gloo_device(const LaunchEnvironment& env) {
+  if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME"); ifname && *ifname)
+    return c10d::ProcessGroupGloo::createDeviceForInterface(ifname);
+  // One machine (the built-in launcher, a local torchrun): loopback needs no name resolution.
+  if (env.master_addr == "127.0.0.1" || env.master_addr == "localhost")
+    return c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1");
+  return c10d::ProcessGroupGloo::createDefaultDevice();
+}
+}  // namespace detail
+#endif
+
+DETTRIAL_INLINE std::shared_ptr<Communicator> Communicator::join(const LaunchEnvironment& env, std::chrono::milliseconds timeout,
+                                                                 const char* backend_name) {
+  auto comm = std::shared_ptr<Communicator>(new Communicator(env, timeout, backend_name));
+  try {
+    c10d::TCPStoreOptions options;
+    options.port = static_cast<std::uint16_t>(env.master_port);
+    options.isServer = env.rank == 0 && !env.agent_store;
+    if (!env.agent_store) options.numWorkers = static_cast<std::size_t>(env.size);
+    options.waitWorkers = !env.agent_store;
+    options.timeout = timeout;
+    c10::intrusive_ptr<c10d::Store> store = c10::make_intrusive<c10d::TCPStore>(env.master_addr, options);
+    if (!env.store_prefix.empty()) store = c10::make_intrusive<c10d::PrefixStore>(env.store_prefix, store);
+    if (std::string_view(backend_name) == backend::gloo::name) {
+#if defined(DETTRIAL_HAS_GLOO)
+      auto gloo_options = c10d::ProcessGroupGloo::Options::create(timeout);
+      gloo_options->devices.push_back(detail::gloo_device(env));
+      comm->backend_ = c10::make_intrusive<c10d::ProcessGroupGloo>(store, env.rank, env.size, gloo_options);
+#else
+      throw DistributedError("the Gloo backend is not in this build: LibTorch lacks c10d Gloo, or the gloo headers "
+                             "(Debian: libgloo-dev) are not installed");
+#endif
+    } else {
+#if defined(DETTRIAL_HAS_NCCL)
+      auto nccl_options = c10d::ProcessGroupNCCL::Options::create();
+      nccl_options->timeout = timeout;
+      comm->backend_ = c10::make_intrusive<c10d::ProcessGroupNCCL>(store, env.rank, env.size, nccl_options);
+#else
+      throw DistributedError("the NCCL backend is not in this build: LibTorch is not CUDA-built, or dettrial was configured "
+                             "without NCCL (DETTRIAL_NCCL)");
+#endif
+    }
+  } catch (const DistributedError&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw DistributedError("rank " + std::to_string(env.rank) + " of " + std::to_string(env.size) + ": cannot join the " +
+                           backend_name + " process group at " + env.master_addr + ":" + std::to_string(env.master_port) + " (" +
+                           launcher_name(env.launcher) + "): " + detail::first_line(e.what()));
+  }
+  return comm;
+}
+
+DETTRIAL_INLINE std::shared_ptr<Communicator> Communicator::adopt(c10::intrusive_ptr<detail::C10dBackend> backend, const LaunchEnvironment& env,
+                                                                  std::chrono::milliseconds timeout, torch::Device device, const char* name) {
+  if (!backend) throw DistributedError("Communicator::adopt was given no backend");
+  if (backend->getRank() != env.rank || backend->getSize() != env.size)
+    throw DistributedError(std::string("the ") + name + " backend is rank " + std::to_string(backend->getRank()) + " of " +
+                           std::to_string(backend->getSize()) + ", but the launch environment says rank " + std::to_string(env.rank) +
+                           " of " + std::to_string(env.size));
+  auto comm = std::shared_ptr<Communicator>(new Communicator(env, timeout, name));
+  comm->device_ = device;
+  comm->backend_ = std::move(backend);
+  return comm;
+}
+
+DETTRIAL_INLINE void Communicator::allreduce(std::vector<torch::Tensor>& tensors, c10d::ReduceOp::RedOpType op) {
+  c10d::AllreduceOptions options;
+  options.reduceOp = c10d::ReduceOp(op);
+  run("all-reduce", [&] { return backend_->allreduce(tensors, options); });
+}
+
+DETTRIAL_INLINE c10::intrusive_ptr<c10d::Work> Communicator::allreduce_async(std::vector<torch::Tensor>& tensors) {
+  try {
+    return backend_->allreduce(tensors);
+  } catch (const std::exception& e) {
+    throw failure("all-reduce", e);
+  }
+}
+
+DETTRIAL_INLINE void Communicator::wait(const c10::intrusive_ptr<c10d::Work>& work, const char* what) {
+  try {
+    work->wait(timeout_);
+  } catch (const std::exception& e) {
+    throw failure(what, e);
+  }
+}
+
+DETTRIAL_INLINE void Communicator::broadcast(std::vector<torch::Tensor>& tensors, int root) {
+  c10d::BroadcastOptions options;
+  options.rootRank = root;
+  run("broadcast", [&] { return backend_->broadcast(tensors, options); });
+}
+
+DETTRIAL_INLINE std::vector<torch::Tensor> Communicator::allgather(const torch::Tensor& tensor) {
+  std::vector<std::vector<torch::Tensor>> out(1);
+  for (int r = 0; r < size(); ++r) out[0].push_back(torch::empty_like(tensor));
+  std::vector<torch::Tensor> in{tensor};
+  run("all-gather", [&] { return backend_->allgather(out, in); });
+  return out[0];
+}
+
+DETTRIAL_INLINE void Communicator::barrier() {
+  run("barrier", [&] { return backend_->barrier(); });
+}
+
+DETTRIAL_INLINE std::vector<std::int64_t> Communicator::broadcast_values(const std::vector<std::int64_t>& values) {
+  std::vector<torch::Tensor> t{torch::tensor(values, torch::kLong).to(device_)};
+  broadcast(t);
+  const torch::Tensor host = t[0].cpu();
+  return {host.data_ptr<std::int64_t>(), host.data_ptr<std::int64_t>() + host.numel()};
+}
+
+DETTRIAL_INLINE std::vector<double> Communicator::allreduce_values(const std::vector<double>& values, c10d::ReduceOp::RedOpType op) {
+  std::vector<torch::Tensor> t{torch::tensor(values, torch::kDouble).to(device_)};
+  allreduce(t, op);
+  const torch::Tensor host = t[0].cpu();
+  return {host.data_ptr<double>(), host.data_ptr<double>() + host.numel()};
+}
+
+DETTRIAL_INLINE std::vector<c10::IValue> Communicator::allgather_object(const c10::IValue& value) {
+  const std::vector<char> bytes = torch::pickle_save(value);
+  const torch::Tensor size = torch::tensor({static_cast<std::int64_t>(bytes.size())}, torch::kLong);
+  std::vector<std::int64_t> sizes;
+  std::int64_t longest = 0;
+  for (const torch::Tensor& s : allgather(size.to(device_))) {
+    sizes.push_back(s.cpu().item<std::int64_t>());
+    longest = std::max(longest, sizes.back());
+  }
+  torch::Tensor padded = torch::zeros({longest}, torch::kUInt8);
+  std::memcpy(padded.data_ptr<std::uint8_t>(), bytes.data(), bytes.size());
+  const std::vector<torch::Tensor> all = allgather(padded.to(device_));
+  std::vector<c10::IValue> out;
+  out.reserve(all.size());
+  for (std::size_t r = 0; r < all.size(); ++r) {
+    const torch::Tensor host = all[r].cpu();
+    const auto* data = reinterpret_cast<const char*>(host.data_ptr<std::uint8_t>());
+    out.push_back(torch::pickle_load(std::vector<char>(data, data + sizes[r])));
+  }
+  return out;
+}
+
+DETTRIAL_INLINE Communicator::Communicator(LaunchEnvironment env, std::chrono::milliseconds timeout, const char* backend_name)
+    : env_(std::move(env)), timeout_(timeout), backend_name_(backend_name) {
+  // NCCL: one GPU per process, picked by the local rank (as the Context picks its device).
+  if (std::string_view(backend_name_) == backend::nccl::name)
+    device_ = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(env_.local_rank % std::max<std::int64_t>(
+                                                                               static_cast<std::int64_t>(torch::cuda::device_count()), 1)));
+}
+
+DETTRIAL_INLINE DistributedError Communicator::failure(const char* what, const std::exception& e) const {
+  return DistributedError("rank " + std::to_string(env_.rank) + " of " + std::to_string(env_.size) + ": " + what + " over " +
+                          backend_name_ + " failed; another rank has died, hung past the " +
+                          std::to_string(timeout_.count() / 1000) + " s timeout, or is unreachable (" + detail::first_line(e.what()) + ")");
+}
+
+}  // namespace dettrial
+#endif  // DETTRIAL_HEADER_DEFINITIONS

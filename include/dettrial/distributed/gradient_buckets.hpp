@@ -14,6 +14,7 @@
 #include <torch/torch.h>
 
 #include "communicator.hpp"
+#include "../detail/linkage.hpp"
 
 namespace dettrial::detail {
 
@@ -36,46 +37,13 @@ class GradientBuckets {
       : communicator_(communicator), params_(std::move(params)) {}
   GradientBuckets(const GradientBuckets&) = delete;
   GradientBuckets& operator=(const GradientBuckets&) = delete;
-  ~GradientBuckets() {
-    for (std::size_t k = 0; k < hooks_.size(); ++k) params_[k].remove_hook(hooks_[k]);
-  }
+  ~GradientBuckets();
 
   /// Before a batch's backward pass: on update batches every bucket waits for all its parameters.
-  void arm(bool update_batch) {
-    armed_ = !buckets_.empty() && update_batch;
-    if (!armed_) return;
-    std::fill(filled_.begin(), filled_.end(), 0);
-    for (std::size_t b = 0; b < buckets_.size(); ++b) pending_[b] = buckets_[b].members.size();
-    works_.clear();
-  }
+  void arm(bool update_batch);
 
   /// Replaces every parameter's gradient by its average over the ranks.
-  void all_reduce() {
-    if (buckets_.empty()) build();
-    torch::NoGradGuard no_grad;
-    if (!armed_) {  // the hooks did not feed this step (or saw two backward passes): start over
-      for (const auto& work : works_) communicator_.wait(work, "gradient all-reduce");
-      std::fill(filled_.begin(), filled_.end(), 0);
-      works_.clear();
-    }
-    for (std::size_t i = 0; i < params_.size(); ++i)
-      if (!filled_[i]) fill_slice(i, torch::Tensor());
-    std::fill(pending_.begin(), pending_.end(), 0);
-    start_ready_buckets();
-    const double scale = 1.0 / static_cast<double>(communicator_.size());
-    for (std::size_t k = 0; k < buckets_.size(); ++k) {
-      communicator_.wait(works_[k], "gradient all-reduce");
-      Bucket& b = buckets_[k];
-      b.flat.mul_(scale);
-      for (const auto& [i, offset] : b.members) {
-        torch::Tensor& p = params_[i];
-        const torch::Tensor slice = b.flat.narrow(0, offset, p.numel()).view(p.sizes());
-        if (p.grad().defined()) p.mutable_grad().copy_(slice);
-        else p.mutable_grad() = slice.clone();
-      }
-    }
-    armed_ = false;
-  }
+  void all_reduce();
 
  private:
   /// A flat buffer that carries the gradients of several parameters in one all-reduce.
@@ -84,60 +52,14 @@ class GradientBuckets {
     std::vector<std::pair<std::size_t, std::int64_t>> members;  // (parameter index, offset)
   };
 
-  void build() {
-    bucket_of_.assign(params_.size(), 0);
-    offset_of_.assign(params_.size(), 0);
-    for (std::size_t k = params_.size(); k-- > 0;) {
-      const torch::Tensor& p = params_[k];
-      if (buckets_.empty() || buckets_.back().flat.scalar_type() != p.scalar_type() || buckets_.back().flat.device() != p.device() ||
-          (buckets_.back().flat.numel() + p.numel()) * p.element_size() > bucket_bytes)
-        buckets_.push_back(Bucket{torch::empty({0}, p.options()), {}});
-      Bucket& b = buckets_.back();
-      b.members.emplace_back(k, b.flat.numel());
-      offset_of_[k] = b.flat.numel();
-      b.flat = torch::empty({b.flat.numel() + p.numel()}, p.options());
-      bucket_of_[k] = buckets_.size() - 1;
-    }
-    filled_.assign(params_.size(), 0);
-    pending_.assign(buckets_.size(), 0);
-    works_.reserve(buckets_.size());
-    for (std::size_t k = 0; k < params_.size(); ++k)
-      hooks_.push_back(params_[k].register_hook([this, k](const torch::Tensor& grad) {
-        if (!armed_) return;
-        if (filled_[k]) {  // a second backward pass in this step: redone in all_reduce
-          armed_ = false;
-          return;
-        }
-        torch::NoGradGuard no_grad;
-        fill_slice(k, grad);
-        --pending_[bucket_of_[k]];
-        start_ready_buckets();
-      }));
-  }
+  void build();
 
   /// Puts parameter k's gradient for this step (its accumulated .grad plus `incoming`) into its slice.
-  void fill_slice(std::size_t k, const torch::Tensor& incoming) {
-    const torch::Tensor& p = params_[k];
-    torch::Tensor slice = buckets_[bucket_of_[k]].flat.narrow(0, offset_of_[k], p.numel());
-    if (incoming.defined()) {
-      slice.copy_(incoming.reshape({-1}));
-      if (p.grad().defined()) slice.add_(p.grad().reshape({-1}));
-    } else if (p.grad().defined()) {
-      slice.copy_(p.grad().reshape({-1}));
-    } else {
-      slice.zero_();
-    }
-    filled_[k] = 1;
-  }
+  void fill_slice(std::size_t k, const torch::Tensor& incoming);
 
   /// Starts the all-reduces of the buckets that are full, strictly in bucket order (ranks must issue
   /// collectives in the same order).
-  void start_ready_buckets() {
-    while (works_.size() < buckets_.size() && pending_[works_.size()] == 0) {
-      collective_arg_[0] = buckets_[works_.size()].flat;
-      works_.push_back(communicator_.allreduce_async(collective_arg_));
-    }
-  }
+  void start_ready_buckets();
 
   Communicator& communicator_;
   std::vector<torch::Tensor> params_;
@@ -153,3 +75,101 @@ class GradientBuckets {
 };
 
 }  // namespace dettrial::detail
+
+// Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
+#if DETTRIAL_HEADER_DEFINITIONS
+namespace dettrial::detail {
+
+DETTRIAL_INLINE GradientBuckets::~GradientBuckets() {
+  for (std::size_t k = 0; k < hooks_.size(); ++k) params_[k].remove_hook(hooks_[k]);
+}
+
+DETTRIAL_INLINE void GradientBuckets::arm(bool update_batch) {
+  armed_ = !buckets_.empty() && update_batch;
+  if (!armed_) return;
+  std::fill(filled_.begin(), filled_.end(), 0);
+  for (std::size_t b = 0; b < buckets_.size(); ++b) pending_[b] = buckets_[b].members.size();
+  works_.clear();
+}
+
+DETTRIAL_INLINE void GradientBuckets::all_reduce() {
+  if (buckets_.empty()) build();
+  torch::NoGradGuard no_grad;
+  if (!armed_) {  // the hooks did not feed this step (or saw two backward passes): start over
+    for (const auto& work : works_) communicator_.wait(work, "gradient all-reduce");
+    std::fill(filled_.begin(), filled_.end(), 0);
+    works_.clear();
+  }
+  for (std::size_t i = 0; i < params_.size(); ++i)
+    if (!filled_[i]) fill_slice(i, torch::Tensor());
+  std::fill(pending_.begin(), pending_.end(), 0);
+  start_ready_buckets();
+  const double scale = 1.0 / static_cast<double>(communicator_.size());
+  for (std::size_t k = 0; k < buckets_.size(); ++k) {
+    communicator_.wait(works_[k], "gradient all-reduce");
+    Bucket& b = buckets_[k];
+    b.flat.mul_(scale);
+    for (const auto& [i, offset] : b.members) {
+      torch::Tensor& p = params_[i];
+      const torch::Tensor slice = b.flat.narrow(0, offset, p.numel()).view(p.sizes());
+      if (p.grad().defined()) p.mutable_grad().copy_(slice);
+      else p.mutable_grad() = slice.clone();
+    }
+  }
+  armed_ = false;
+}
+
+DETTRIAL_INLINE void GradientBuckets::build() {
+  bucket_of_.assign(params_.size(), 0);
+  offset_of_.assign(params_.size(), 0);
+  for (std::size_t k = params_.size(); k-- > 0;) {
+    const torch::Tensor& p = params_[k];
+    if (buckets_.empty() || buckets_.back().flat.scalar_type() != p.scalar_type() || buckets_.back().flat.device() != p.device() ||
+        (buckets_.back().flat.numel() + p.numel()) * p.element_size() > bucket_bytes)
+      buckets_.push_back(Bucket{torch::empty({0}, p.options()), {}});
+    Bucket& b = buckets_.back();
+    b.members.emplace_back(k, b.flat.numel());
+    offset_of_[k] = b.flat.numel();
+    b.flat = torch::empty({b.flat.numel() + p.numel()}, p.options());
+    bucket_of_[k] = buckets_.size() - 1;
+  }
+  filled_.assign(params_.size(), 0);
+  pending_.assign(buckets_.size(), 0);
+  works_.reserve(buckets_.size());
+  for (std::size_t k = 0; k < params_.size(); ++k)
+    hooks_.push_back(params_[k].register_hook([this, k](const torch::Tensor& grad) {
+      if (!armed_) return;
+      if (filled_[k]) {  // a second backward pass in this step: redone in all_reduce
+        armed_ = false;
+        return;
+      }
+      torch::NoGradGuard no_grad;
+      fill_slice(k, grad);
+      --pending_[bucket_of_[k]];
+      start_ready_buckets();
+    }));
+}
+
+DETTRIAL_INLINE void GradientBuckets::fill_slice(std::size_t k, const torch::Tensor& incoming) {
+  const torch::Tensor& p = params_[k];
+  torch::Tensor slice = buckets_[bucket_of_[k]].flat.narrow(0, offset_of_[k], p.numel());
+  if (incoming.defined()) {
+    slice.copy_(incoming.reshape({-1}));
+    if (p.grad().defined()) slice.add_(p.grad().reshape({-1}));
+  } else if (p.grad().defined()) {
+    slice.copy_(p.grad().reshape({-1}));
+  } else {
+    slice.zero_();
+  }
+  filled_[k] = 1;
+}
+
+DETTRIAL_INLINE void GradientBuckets::start_ready_buckets() {
+  while (works_.size() < buckets_.size() && pending_[works_.size()] == 0) {
+    collective_arg_[0] = buckets_[works_.size()].flat;
+    works_.push_back(communicator_.allreduce_async(collective_arg_));
+  }
+}
+
+}  // namespace dettrial::detail
+#endif  // DETTRIAL_HEADER_DEFINITIONS

@@ -20,6 +20,7 @@
 #include "../metrics/metrics.hpp"
 #include "../metrics/reducers.hpp"
 #include "communicator.hpp"
+#include "../detail/linkage.hpp"
 
 namespace dettrial::detail {
 
@@ -33,7 +34,44 @@ struct RankShare {
   std::vector<c10::IValue> reducer_parts{};
 };
 
-inline c10::IValue to_ivalue(const RankShare& share) {
+DETTRIAL_INLINE c10::IValue to_ivalue(const RankShare& share);
+
+DETTRIAL_INLINE RankShare from_ivalue(const c10::IValue& v);
+
+/// Every rank's share, in rank order, on every rank (one all-gather); one process: its own.
+DETTRIAL_INLINE std::vector<RankShare> gather_shares(RankShare mine, Communicator* comm);
+
+DETTRIAL_INLINE std::int64_t total_records(const std::vector<RankShare>& shares);
+DETTRIAL_INLINE std::int64_t total_batches(const std::vector<RankShare>& shares);
+
+/// Each metric any rank reported (in the order first seen, chief first), with its reducer and the
+/// values of the ranks that reported it.
+struct MetricAcrossRanks {
+  std::string name;
+  Reducer reducer;
+  std::vector<double> values;
+};
+DETTRIAL_INLINE std::vector<MetricAcrossRanks> by_metric(const std::vector<RankShare>& shares);
+
+/// Training: each metric's mean over the ranks that report it (every rank trains as many batches
+/// per workload, so this is Determined's per-batch mean over ranks, then over batches).
+DETTRIAL_INLINE MetricValues combine_training(const std::vector<RankShare>& shares);
+
+/// Validation: avg = the sum over all batches of all ranks / all batches (Determined's mean weighted
+/// by each rank's batch count), sum, max and min over the ranks that validated any batch; a NaN
+/// anywhere gives NaN, like np.max / np.sum.
+DETTRIAL_INLINE MetricValues combine_validation(const std::vector<RankShare>& shares);
+
+/// The parts of reducer `index` (among those taking part), one per rank in rank order.
+DETTRIAL_INLINE std::vector<c10::IValue> reducer_parts(const std::vector<RankShare>& shares, std::size_t index);
+
+}  // namespace dettrial::detail
+
+// Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
+#if DETTRIAL_HEADER_DEFINITIONS
+namespace dettrial::detail {
+
+DETTRIAL_INLINE c10::IValue to_ivalue(const RankShare& share) {
   c10::List<std::string> names;
   c10::List<std::int64_t> kinds;
   c10::List<double> values;
@@ -47,7 +85,7 @@ inline c10::IValue to_ivalue(const RankShare& share) {
   return c10::ivalue::Tuple::create({names, kinds, values, share.batches, share.records, parts});
 }
 
-inline RankShare from_ivalue(const c10::IValue& v) {
+DETTRIAL_INLINE RankShare from_ivalue(const c10::IValue& v) {
   // Through an ArrayRef of checked size: indexing the tuple's elements directly past 3 (its inline
   // storage) is what GCC's -Warray-bounds cannot prove safe.
   const c10::ArrayRef<c10::IValue> e = v.toTupleRef().elements().asArrayRef();
@@ -64,33 +102,26 @@ inline RankShare from_ivalue(const c10::IValue& v) {
   return share;
 }
 
-/// Every rank's share, in rank order, on every rank (one all-gather); one process: its own.
-inline std::vector<RankShare> gather_shares(RankShare mine, Communicator* comm) {
+DETTRIAL_INLINE std::vector<RankShare> gather_shares(RankShare mine, Communicator* comm) {
   if (comm == nullptr) return {std::move(mine)};
   std::vector<RankShare> out;
   for (const c10::IValue& v : comm->allgather_object(to_ivalue(mine))) out.push_back(from_ivalue(v));
   return out;
 }
 
-inline std::int64_t total_records(const std::vector<RankShare>& shares) {
+DETTRIAL_INLINE std::int64_t total_records(const std::vector<RankShare>& shares) {
   std::int64_t n = 0;
   for (const auto& s : shares) n += s.records;
   return n;
 }
-inline std::int64_t total_batches(const std::vector<RankShare>& shares) {
+
+DETTRIAL_INLINE std::int64_t total_batches(const std::vector<RankShare>& shares) {
   std::int64_t n = 0;
   for (const auto& s : shares) n += s.batches;
   return n;
 }
 
-/// Each metric any rank reported (in the order first seen, chief first), with its reducer and the
-/// values of the ranks that reported it.
-struct MetricAcrossRanks {
-  std::string name;
-  Reducer reducer;
-  std::vector<double> values;
-};
-inline std::vector<MetricAcrossRanks> by_metric(const std::vector<RankShare>& shares) {
+DETTRIAL_INLINE std::vector<MetricAcrossRanks> by_metric(const std::vector<RankShare>& shares) {
   std::vector<MetricAcrossRanks> out;
   for (const auto& share : shares)
     for (const auto& t : share.totals) {
@@ -101,19 +132,14 @@ inline std::vector<MetricAcrossRanks> by_metric(const std::vector<RankShare>& sh
   return out;
 }
 
-/// Training: each metric's mean over the ranks that report it (every rank trains as many batches
-/// per workload, so this is Determined's per-batch mean over ranks, then over batches).
-inline MetricValues combine_training(const std::vector<RankShare>& shares) {
+DETTRIAL_INLINE MetricValues combine_training(const std::vector<RankShare>& shares) {
   MetricValues out;
   for (const auto& m : by_metric(shares))
     out.set(m.name, std::accumulate(m.values.begin(), m.values.end(), 0.0) / static_cast<double>(m.values.size()));
   return out;
 }
 
-/// Validation: avg = the sum over all batches of all ranks / all batches (Determined's mean weighted
-/// by each rank's batch count), sum, max and min over the ranks that validated any batch; a NaN
-/// anywhere gives NaN, like np.max / np.sum.
-inline MetricValues combine_validation(const std::vector<RankShare>& shares) {
+DETTRIAL_INLINE MetricValues combine_validation(const std::vector<RankShare>& shares) {
   MetricValues out;
   const double all_batches = static_cast<double>(total_batches(shares));
   for (const auto& m : by_metric(shares)) {
@@ -129,8 +155,7 @@ inline MetricValues combine_validation(const std::vector<RankShare>& shares) {
   return out;
 }
 
-/// The parts of reducer `index` (among those taking part), one per rank in rank order.
-inline std::vector<c10::IValue> reducer_parts(const std::vector<RankShare>& shares, std::size_t index) {
+DETTRIAL_INLINE std::vector<c10::IValue> reducer_parts(const std::vector<RankShare>& shares, std::size_t index) {
   std::vector<c10::IValue> parts;
   parts.reserve(shares.size());
   for (const auto& s : shares) {
@@ -142,3 +167,4 @@ inline std::vector<c10::IValue> reducer_parts(const std::vector<RankShare>& shar
 }
 
 }  // namespace dettrial::detail
+#endif  // DETTRIAL_HEADER_DEFINITIONS

@@ -7,13 +7,13 @@
 #include <algorithm>
 #include <cstdlib>
 #include <optional>
-#include <sched.h>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "../error.hpp"
 #include "launch_environment.hpp"
+#include "../detail/linkage.hpp"
 
 namespace dettrial {
 
@@ -28,7 +28,56 @@ struct ThreadChoice {
 };
 
 /// The CPUs this process may run on (its affinity mask), in increasing order.
-inline std::vector<int> allowed_cpus() {
+DETTRIAL_INLINE std::vector<int> allowed_cpus();
+
+/// Sets the calling thread's CPU affinity (inherited by the processes it starts); whether it could.
+DETTRIAL_INLINE bool set_thread_cpus(const std::vector<int>& cpus);
+
+/// The cores this process may run on (its affinity mask) and the cores the machine has online.
+struct CoreCount {
+  int available = 1;
+  int online = 1;
+
+  static CoreCount of_this_process();
+};
+
+/// The environment variable in which the built-in launcher tells a rank the CPUs it bound it to.
+inline constexpr const char* rank_cpus_variable = "DETTRIAL_RANK_CPUS";
+
+/// Rank `rank`'s share when `ranks` processes split `cpus`: contiguous runs whose sizes differ by at
+/// most one (the first ranks take the extra CPUs). Empty when there are fewer CPUs than ranks.
+DETTRIAL_INLINE std::vector<int> share_of_cpus(const std::vector<int>& cpus, int ranks, int rank);
+
+/// A CPU list as Linux writes one ("0-3,8,10-11").
+DETTRIAL_INLINE std::string cpu_list_text(const std::vector<int>& cpus);
+
+namespace detail {
+/// The thread count OpenMP takes from OMP_NUM_THREADS: its leading integer ("4", " 8", "4,2" for
+/// nested teams); nullopt when unset or unreadable (OpenMP then warns and ignores it itself).
+DETTRIAL_INLINE std::optional<int> omp_num_threads(const LaunchEnvironment::Getenv& getenv);
+}  // namespace detail
+
+/**
+ * @brief The threads per rank: the user's choice wins (`requested`, from `--threads` or
+ * ContextOptions, then OMP_NUM_THREADS, which torchrun sets to 1 by itself), then Slurm's
+ * SLURM_CPUS_PER_TASK, then, under launchers that bind each rank to its own cores (dettrial's
+ * built-in launcher, mpirun, srun), the cores this process is bound to, else the cores available
+ * divided by the ranks on this node (torchrun without OMP_NUM_THREADS, the built-in launcher on fewer
+ * cores than ranks; also a mask shared by all ranks, such as taskset's or a container's). One process with no choice made keeps LibTorch's default (nullopt).
+ */
+DETTRIAL_INLINE std::optional<ThreadChoice> choose_threads(
+    const LaunchEnvironment& env, std::optional<int> requested, CoreCount cores,
+    const LaunchEnvironment::Getenv& getenv = [](const char* name) { return std::getenv(name); });
+
+}  // namespace dettrial
+
+// Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
+#if DETTRIAL_HEADER_DEFINITIONS
+#include <sched.h>
+
+namespace dettrial {
+
+DETTRIAL_INLINE std::vector<int> allowed_cpus() {
   cpu_set_t set;
   CPU_ZERO(&set);
   std::vector<int> cpus;
@@ -38,34 +87,22 @@ inline std::vector<int> allowed_cpus() {
   return cpus;
 }
 
-/// Sets the calling thread's CPU affinity (inherited by the processes it starts); whether it could.
-inline bool set_thread_cpus(const std::vector<int>& cpus) {
+DETTRIAL_INLINE bool set_thread_cpus(const std::vector<int>& cpus) {
   cpu_set_t set;
   CPU_ZERO(&set);
   for (const int cpu : cpus) CPU_SET(cpu, &set);
   return ::sched_setaffinity(0, sizeof set, &set) == 0;
 }
 
-/// The cores this process may run on (its affinity mask) and the cores the machine has online.
-struct CoreCount {
-  int available = 1;
-  int online = 1;
+DETTRIAL_INLINE CoreCount CoreCount::of_this_process() {
+  CoreCount c;
+  c.online = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const auto allowed = allowed_cpus();
+  c.available = allowed.empty() ? c.online : static_cast<int>(allowed.size());
+  return c;
+}
 
-  static CoreCount of_this_process() {
-    CoreCount c;
-    c.online = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-    const auto allowed = allowed_cpus();
-    c.available = allowed.empty() ? c.online : static_cast<int>(allowed.size());
-    return c;
-  }
-};
-
-/// The environment variable in which the built-in launcher tells a rank the CPUs it bound it to.
-inline constexpr const char* rank_cpus_variable = "DETTRIAL_RANK_CPUS";
-
-/// Rank `rank`'s share when `ranks` processes split `cpus`: contiguous runs whose sizes differ by at
-/// most one (the first ranks take the extra CPUs). Empty when there are fewer CPUs than ranks.
-inline std::vector<int> share_of_cpus(const std::vector<int>& cpus, int ranks, int rank) {
+DETTRIAL_INLINE std::vector<int> share_of_cpus(const std::vector<int>& cpus, int ranks, int rank) {
   const auto n = static_cast<std::ptrdiff_t>(cpus.size());
   if (ranks < 1 || rank < 0 || rank >= ranks || n < ranks) return {};
   const std::ptrdiff_t base = n / ranks, extra = n % ranks;
@@ -73,8 +110,7 @@ inline std::vector<int> share_of_cpus(const std::vector<int>& cpus, int ranks, i
   return {cpus.begin() + first, cpus.begin() + first + base + (rank < extra ? 1 : 0)};
 }
 
-/// A CPU list as Linux writes one ("0-3,8,10-11").
-inline std::string cpu_list_text(const std::vector<int>& cpus) {
+DETTRIAL_INLINE std::string cpu_list_text(const std::vector<int>& cpus) {
   std::string text;
   for (std::size_t i = 0; i < cpus.size();) {
     std::size_t j = i;
@@ -86,9 +122,7 @@ inline std::string cpu_list_text(const std::vector<int>& cpus) {
 }
 
 namespace detail {
-/// The thread count OpenMP takes from OMP_NUM_THREADS: its leading integer ("4", " 8", "4,2" for
-/// nested teams); nullopt when unset or unreadable (OpenMP then warns and ignores it itself).
-inline std::optional<int> omp_num_threads(const LaunchEnvironment::Getenv& getenv) {
+DETTRIAL_INLINE std::optional<int> omp_num_threads(const LaunchEnvironment::Getenv& getenv) {
   const char* text = getenv("OMP_NUM_THREADS");
   if (text == nullptr) return std::nullopt;
   while (*text == ' ' || *text == '\t') ++text;
@@ -100,17 +134,8 @@ inline std::optional<int> omp_num_threads(const LaunchEnvironment::Getenv& geten
 }
 }  // namespace detail
 
-/**
- * @brief The threads per rank: the user's choice wins (`requested`, from `--threads` or
- * ContextOptions, then OMP_NUM_THREADS, which torchrun sets to 1 by itself), then Slurm's
- * SLURM_CPUS_PER_TASK, then, under launchers that bind each rank to its own cores (dettrial's
- * built-in launcher, mpirun, srun), the cores this process is bound to, else the cores available
- * divided by the ranks on this node (torchrun without OMP_NUM_THREADS, the built-in launcher on fewer
- * cores than ranks; also a mask shared by all ranks, such as taskset's or a container's). One process with no choice made keeps LibTorch's default (nullopt).
- */
-inline std::optional<ThreadChoice> choose_threads(
-    const LaunchEnvironment& env, std::optional<int> requested, CoreCount cores,
-    const LaunchEnvironment::Getenv& getenv = [](const char* name) { return std::getenv(name); }) {
+DETTRIAL_INLINE std::optional<ThreadChoice> choose_threads(const LaunchEnvironment& env, std::optional<int> requested, CoreCount cores,
+                                                           const LaunchEnvironment::Getenv& getenv) {
   if (requested) {
     if (*requested < 1) throw ConfigError("the thread count must be at least 1, not " + std::to_string(*requested));
     return ThreadChoice{.threads = *requested, .source = "--threads"};
@@ -133,3 +158,4 @@ inline std::optional<ThreadChoice> choose_threads(
 }
 
 }  // namespace dettrial
+#endif  // DETTRIAL_HEADER_DEFINITIONS

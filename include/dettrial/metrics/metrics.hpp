@@ -18,6 +18,7 @@
 #include <torch/torch.h>
 
 #include "../error.hpp"
+#include "../detail/linkage.hpp"
 
 namespace dettrial {
 
@@ -38,12 +39,7 @@ class MetricKey {
   }
 
  private:
-  static std::string_view intern(const std::string& name) {
-    static std::mutex mutex;
-    static std::unordered_set<std::string> names;  // node-based: element addresses are stable
-    std::lock_guard lock(mutex);
-    return *names.insert(name).first;
-  }
+  static std::string_view intern(const std::string& name);
   std::string_view name_;
 };
 
@@ -59,11 +55,7 @@ class MetricValue {
   bool is_tensor() const { return tensor_.defined(); }
   const torch::Tensor& tensor() const { return tensor_; }
   /// The value as a double; for a tensor this synchronises with its device (scalar tensors only).
-  double to_double() const {
-    if (!tensor_.defined()) return number_;
-    if (tensor_.numel() != 1) return std::nan("");
-    return tensor_.detach().item<double>();
-  }
+  double to_double() const;
 
  private:
   torch::Tensor tensor_;
@@ -89,26 +81,11 @@ class Metrics {
   Metrics(std::initializer_list<Entry> entries) : entries_(entries.begin(), entries.end()) {}
 
   /// Adds or replaces `key`.
-  Metrics& set(MetricKey key, MetricValue value) {
-    for (auto& e : entries_)
-      if (e.key == key) {
-        e.value = std::move(value);
-        return *this;
-      }
-    entries_.push_back(Entry{key, std::move(value)});
-    return *this;
-  }
+  Metrics& set(MetricKey key, MetricValue value);
   /// The value of `name`, or nullptr.
-  const MetricValue* find(std::string_view name) const {
-    for (const auto& e : entries_)
-      if (e.key.view() == name) return &e.value;
-    return nullptr;
-  }
+  const MetricValue* find(std::string_view name) const;
   /// The value of `name`; throws TrialError naming the missing metric and those present.
-  const MetricValue& at(std::string_view name) const {
-    if (const auto* v = find(name)) return *v;
-    throw TrialError("metric '" + std::string(name) + "' is missing; the metrics are: " + names());
-  }
+  const MetricValue& at(std::string_view name) const;
   bool contains(std::string_view name) const { return find(name) != nullptr; }
   std::size_t size() const { return entries_.size(); }
   bool empty() const { return entries_.empty(); }
@@ -117,11 +94,7 @@ class Metrics {
   const Entry& operator[](std::size_t i) const { return entries_[i]; }
 
   /// The names, comma-separated, for messages.
-  std::string names() const {
-    std::string s;
-    for (const auto& e : entries_) s += (s.empty() ? "" : ", ") + std::string(e.key.view());
-    return s.empty() ? "(none)" : s;
-  }
+  std::string names() const;
 
  private:
   c10::SmallVector<Entry, 8> entries_;
@@ -141,26 +114,10 @@ inline Metrics as_metrics(torch::Tensor loss) { return Metrics{{"loss", std::mov
  */
 class MetricValues {
  public:
-  void set(std::string name, double value) {
-    for (auto& kv : values_)
-      if (kv.first == name) {
-        kv.second = value;
-        return;
-      }
-    values_.emplace_back(std::move(name), value);
-  }
-  std::optional<double> get(std::string_view name) const {
-    for (const auto& kv : values_)
-      if (kv.first == name) return kv.second;
-    return std::nullopt;
-  }
+  void set(std::string name, double value);
+  std::optional<double> get(std::string_view name) const;
   /// The value of `name`; throws naming the missing metric.
-  double at(std::string_view name) const {
-    if (auto v = get(name)) return *v;
-    std::string known;
-    for (const auto& kv : values_) known += (known.empty() ? "" : ", ") + kv.first;
-    throw TrialError("metric '" + std::string(name) + "' is not among the reported metrics (" + known + ")");
-  }
+  double at(std::string_view name) const;
   bool contains(std::string_view name) const { return get(name).has_value(); }
   std::size_t size() const { return values_.size(); }
   bool empty() const { return values_.empty(); }
@@ -185,3 +142,72 @@ struct MetricOrder {
 };
 
 }  // namespace dettrial
+
+// Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
+#if DETTRIAL_HEADER_DEFINITIONS
+namespace dettrial {
+
+DETTRIAL_INLINE std::string_view MetricKey::intern(const std::string& name) {
+  static std::mutex mutex;
+  static std::unordered_set<std::string> names;  // node-based: element addresses are stable
+  std::lock_guard lock(mutex);
+  return *names.insert(name).first;
+}
+
+DETTRIAL_INLINE double MetricValue::to_double() const {
+  if (!tensor_.defined()) return number_;
+  if (tensor_.numel() != 1) return std::nan("");
+  return tensor_.detach().item<double>();
+}
+
+DETTRIAL_INLINE Metrics& Metrics::set(MetricKey key, MetricValue value) {
+  for (auto& e : entries_)
+    if (e.key == key) {
+      e.value = std::move(value);
+      return *this;
+    }
+  entries_.push_back(Entry{key, std::move(value)});
+  return *this;
+}
+
+DETTRIAL_INLINE const MetricValue* Metrics::find(std::string_view name) const {
+  for (const auto& e : entries_)
+    if (e.key.view() == name) return &e.value;
+  return nullptr;
+}
+
+DETTRIAL_INLINE const MetricValue& Metrics::at(std::string_view name) const {
+  if (const auto* v = find(name)) return *v;
+  throw TrialError("metric '" + std::string(name) + "' is missing; the metrics are: " + names());
+}
+
+DETTRIAL_INLINE std::string Metrics::names() const {
+  std::string s;
+  for (const auto& e : entries_) s += (s.empty() ? "" : ", ") + std::string(e.key.view());
+  return s.empty() ? "(none)" : s;
+}
+
+DETTRIAL_INLINE void MetricValues::set(std::string name, double value) {
+  for (auto& kv : values_)
+    if (kv.first == name) {
+      kv.second = value;
+      return;
+    }
+  values_.emplace_back(std::move(name), value);
+}
+
+DETTRIAL_INLINE std::optional<double> MetricValues::get(std::string_view name) const {
+  for (const auto& kv : values_)
+    if (kv.first == name) return kv.second;
+  return std::nullopt;
+}
+
+DETTRIAL_INLINE double MetricValues::at(std::string_view name) const {
+  if (auto v = get(name)) return *v;
+  std::string known;
+  for (const auto& kv : values_) known += (known.empty() ? "" : ", ") + kv.first;
+  throw TrialError("metric '" + std::string(name) + "' is not among the reported metrics (" + known + ")");
+}
+
+}  // namespace dettrial
+#endif  // DETTRIAL_HEADER_DEFINITIONS

@@ -19,21 +19,14 @@
 
 #include "../error.hpp"
 #include "metrics.hpp"
+#include "../detail/linkage.hpp"
 
 namespace dettrial {
 
 /// A built-in validation reducer. `avg` is the unweighted mean over batches (Determined's `np.average`).
 enum class Reducer { avg, sum, max, min };
 
-inline const char* to_string(Reducer r) {
-  switch (r) {
-    case Reducer::avg: return "avg";
-    case Reducer::sum: return "sum";
-    case Reducer::max: return "max";
-    case Reducer::min: return "min";
-  }
-  return "?";
-}
+DETTRIAL_INLINE const char* to_string(Reducer r);
 
 /// Which reducer each validation metric gets: one for all, or one per metric name (all names, exactly).
 using ReducerChoice = std::variant<Reducer, std::map<std::string, Reducer>>;
@@ -145,35 +138,14 @@ namespace detail {
 /// device per batch: tensors are summed in place on their device and read once at the end.
 class WorkloadMeans {
  public:
-  void reset() {
-    slots_.clear();
-    batches_ = 0;
-  }
+  void reset();
 
-  void add(const Metrics& m, std::int64_t batch_idx) {
-    torch::NoGradGuard no_grad;
-    if (batches_ == 0) {
-      slots_.reserve(m.size());
-      for (const auto& e : m) slots_.push_back(Slot{e.key});
-    } else if (m.size() != slots_.size()) {
-      throw mismatch(m, batch_idx);
-    }
-    for (std::size_t i = 0; i < m.size(); ++i) {
-      const std::size_t slot = slot_of(m[i].key, i);
-      if (slot == slots_.size()) throw mismatch(m, batch_idx);
-      slots_[slot].add(m[i].value);
-    }
-    ++batches_;
-  }
+  void add(const Metrics& m, std::int64_t batch_idx);
 
   std::int64_t batches() const { return batches_; }
 
   /// The means; this is the one device synchronisation per workload.
-  MetricValues means() const {
-    MetricValues out;
-    for (const auto& s : slots_) out.set(std::string(s.key.view()), s.mean(batches_));
-    return out;
-  }
+  MetricValues means() const;
 
  private:
   struct Slot {
@@ -181,44 +153,15 @@ class WorkloadMeans {
     torch::Tensor tensor_sum{};  // double scalar on the metric's device
     double number_sum = 0;
     bool averageable = true;
-    void add(const MetricValue& v) {
-      if (!v.is_tensor()) {
-        number_sum += v.to_double();
-        return;
-      }
-      const torch::Tensor& t = v.tensor();
-      if (t.numel() != 1) {
-        averageable = false;
-        return;
-      }
-      if (!tensor_sum.defined()) tensor_sum = torch::zeros({}, t.options().dtype(torch::kDouble).requires_grad(false));
-      if (t.dim() == 0) tensor_sum.add_(t);
-      else tensor_sum.add_(t.reshape({}));  // a one-element tensor of higher rank
-    }
-    double mean(std::int64_t n) const {
-      if (!averageable || n == 0) return std::numeric_limits<double>::quiet_NaN();
-      const double total = number_sum + (tensor_sum.defined() ? tensor_sum.item<double>() : 0.0);
-      return total / static_cast<double>(n);
-    }
+    void add(const MetricValue& v);
+    double mean(std::int64_t n) const;
   };
 
   /// The slot of `key` (tried first at `hint`: the usual case is the same order every batch), or
   /// slots_.size() when the workload has no such metric.
-  std::size_t slot_of(MetricKey key, std::size_t hint) const {
-    if (hint < slots_.size() && slots_[hint].key == key) return hint;
-    for (std::size_t j = 0; j < slots_.size(); ++j)
-      if (slots_[j].key == key) return j;
-    return slots_.size();
-  }
-  TrialError mismatch(const Metrics& m, std::int64_t batch_idx) const {
-    return TrialError("train_batch returned the metrics {" + m.names() + "} at batch " + std::to_string(batch_idx) + " but {" +
-                      slot_names() + "} earlier in the workload; every batch must return the same metrics");
-  }
-  std::string slot_names() const {
-    std::string s;
-    for (const auto& slot : slots_) s += (s.empty() ? "" : ", ") + std::string(slot.key.view());
-    return s;
-  }
+  std::size_t slot_of(MetricKey key, std::size_t hint) const;
+  TrialError mismatch(const Metrics& m, std::int64_t batch_idx) const;
+  std::string slot_names() const;
 
   std::vector<Slot> slots_;
   std::int64_t batches_ = 0;
@@ -229,24 +172,7 @@ class ValidationReduction {
  public:
   explicit ValidationReduction(ReducerChoice choice = Reducer::avg) : choice_(std::move(choice)) {}
 
-  void add(const Metrics& m, std::int64_t batch_idx) {
-    torch::NoGradGuard no_grad;
-    if (batches_ == 0) {
-      check_reducer_names(m);
-      for (const auto& e : m) slots_.push_back(Slot{std::string(e.key.view()), reducer_for(e.key.view())});
-    } else if (m.size() != slots_.size()) {
-      throw TrialError("evaluate_batch returned the metrics {" + m.names() + "} at batch " + std::to_string(batch_idx) +
-                       ", unlike the first batch; every batch must return the same metrics");
-    }
-    for (const auto& e : m) {
-      Slot* slot = find(e.key.view());
-      if (!slot)
-        throw TrialError("evaluate_batch returned metric '" + std::string(e.key.view()) + "' at batch " +
-                         std::to_string(batch_idx) + ", which the first batch did not; every batch must return the same metrics");
-      slot->add(e.value);
-    }
-    ++batches_;
-  }
+  void add(const Metrics& m, std::int64_t batch_idx);
 
   std::int64_t batches() const { return batches_; }
 
@@ -257,11 +183,7 @@ class ValidationReduction {
     double value;
   };
   /// The per-process totals, for combining across ranks (avg weighted by each rank's batch count).
-  std::vector<Total> totals() const {
-    std::vector<Total> out;
-    for (const auto& s : slots_) out.push_back(Total{s.name, s.reducer, s.result(1)});
-    return out;
-  }
+  std::vector<Total> totals() const;
 
  private:
   struct Slot {
@@ -270,69 +192,14 @@ class ValidationReduction {
     torch::Tensor tensor_acc{};
     double number_acc = 0;
     bool seen_number = false;
-    void add(const MetricValue& v) {
-      if (v.is_tensor() && v.tensor().numel() != 1)
-        throw TrialError("validation metric '" + name + "' has " + std::to_string(v.tensor().numel()) +
-                         " elements; dettrial reduces scalar validation metrics (return one number per batch)");
-      if (!v.is_tensor()) {
-        const double x = v.to_double();
-        if (!seen_number) number_acc = (reducer == Reducer::avg || reducer == Reducer::sum) ? 0.0 : x;
-        number_acc = combine(number_acc, x);
-        seen_number = true;
-        return;
-      }
-      const torch::Tensor t = v.tensor().detach().reshape({}).to(torch::kDouble);
-      if (!tensor_acc.defined()) {
-        tensor_acc = t.clone();
-        return;
-      }
-      switch (reducer) {
-        case Reducer::avg:
-        case Reducer::sum: tensor_acc.add_(t); break;
-        case Reducer::max: tensor_acc = torch::maximum(tensor_acc, t); break;
-        case Reducer::min: tensor_acc = torch::minimum(tensor_acc, t); break;
-      }
-    }
-    double combine(double a, double b) const {
-      if ((reducer == Reducer::max || reducer == Reducer::min) && (std::isnan(a) || std::isnan(b)))
-        return std::numeric_limits<double>::quiet_NaN();  // like np.max / torch::maximum
-      switch (reducer) {
-        case Reducer::max: return std::max(a, b);
-        case Reducer::min: return std::min(a, b);
-        default: return a + b;
-      }
-    }
-    double result(std::int64_t n) const {
-      double value;
-      if (tensor_acc.defined() && seen_number) value = combine(tensor_acc.item<double>(), number_acc);
-      else if (tensor_acc.defined()) value = tensor_acc.item<double>();
-      else value = number_acc;
-      return reducer == Reducer::avg ? value / static_cast<double>(n) : value;
-    }
+    void add(const MetricValue& v);
+    double combine(double a, double b) const;
+    double result(std::int64_t n) const;
   };
 
-  Reducer reducer_for(std::string_view name) const {
-    if (const auto* one = std::get_if<Reducer>(&choice_)) return *one;
-    return std::get<std::map<std::string, Reducer>>(choice_).at(std::string(name));
-  }
-  void check_reducer_names(const Metrics& m) const {
-    const auto* per_metric = std::get_if<std::map<std::string, Reducer>>(&choice_);
-    if (!per_metric) return;
-    std::string missing, extra;
-    for (const auto& e : m)
-      if (!per_metric->count(std::string(e.key.view()))) missing += (missing.empty() ? "" : ", ") + std::string(e.key.view());
-    for (const auto& [name, r] : *per_metric)
-      if (!m.contains(name)) extra += (extra.empty() ? "" : ", ") + name;
-    if (!missing.empty() || !extra.empty())
-      throw TrialError("evaluation_reducer() must name exactly the metrics evaluate_batch returns (" + m.names() + ")" +
-                       (missing.empty() ? "" : "; it has no reducer for: " + missing) +
-                       (extra.empty() ? "" : "; it names metrics that are not returned: " + extra));
-  }
-  Slot* find(std::string_view name) {
-    for (auto& s : slots_)
-      if (s.name == name) return &s;
-    return nullptr;
-  }
+  Reducer reducer_for(std::string_view name) const;
+  void check_reducer_names(const Metrics& m) const;
+  Slot* find(std::string_view name);
 
   ReducerChoice choice_;
   std::vector<Slot> slots_;
@@ -388,3 +255,181 @@ struct WrappedReducer {
 
 }  // namespace detail
 }  // namespace dettrial
+
+// Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
+#if DETTRIAL_HEADER_DEFINITIONS
+namespace dettrial {
+
+DETTRIAL_INLINE const char* to_string(Reducer r) {
+  switch (r) {
+    case Reducer::avg: return "avg";
+    case Reducer::sum: return "sum";
+    case Reducer::max: return "max";
+    case Reducer::min: return "min";
+  }
+  return "?";
+}
+
+namespace detail {
+
+DETTRIAL_INLINE void WorkloadMeans::reset() {
+  slots_.clear();
+  batches_ = 0;
+}
+
+DETTRIAL_INLINE void WorkloadMeans::add(const Metrics& m, std::int64_t batch_idx) {
+  torch::NoGradGuard no_grad;
+  if (batches_ == 0) {
+    slots_.reserve(m.size());
+    for (const auto& e : m) slots_.push_back(Slot{e.key});
+  } else if (m.size() != slots_.size()) {
+    throw mismatch(m, batch_idx);
+  }
+  for (std::size_t i = 0; i < m.size(); ++i) {
+    const std::size_t slot = slot_of(m[i].key, i);
+    if (slot == slots_.size()) throw mismatch(m, batch_idx);
+    slots_[slot].add(m[i].value);
+  }
+  ++batches_;
+}
+
+DETTRIAL_INLINE MetricValues WorkloadMeans::means() const {
+  MetricValues out;
+  for (const auto& s : slots_) out.set(std::string(s.key.view()), s.mean(batches_));
+  return out;
+}
+
+DETTRIAL_INLINE void WorkloadMeans::Slot::add(const MetricValue& v) {
+  if (!v.is_tensor()) {
+    number_sum += v.to_double();
+    return;
+  }
+  const torch::Tensor& t = v.tensor();
+  if (t.numel() != 1) {
+    averageable = false;
+    return;
+  }
+  if (!tensor_sum.defined()) tensor_sum = torch::zeros({}, t.options().dtype(torch::kDouble).requires_grad(false));
+  if (t.dim() == 0) tensor_sum.add_(t);
+  else tensor_sum.add_(t.reshape({}));  // a one-element tensor of higher rank
+}
+
+DETTRIAL_INLINE double WorkloadMeans::Slot::mean(std::int64_t n) const {
+  if (!averageable || n == 0) return std::numeric_limits<double>::quiet_NaN();
+  const double total = number_sum + (tensor_sum.defined() ? tensor_sum.item<double>() : 0.0);
+  return total / static_cast<double>(n);
+}
+
+DETTRIAL_INLINE std::size_t WorkloadMeans::slot_of(MetricKey key, std::size_t hint) const {
+  if (hint < slots_.size() && slots_[hint].key == key) return hint;
+  for (std::size_t j = 0; j < slots_.size(); ++j)
+    if (slots_[j].key == key) return j;
+  return slots_.size();
+}
+
+DETTRIAL_INLINE TrialError WorkloadMeans::mismatch(const Metrics& m, std::int64_t batch_idx) const {
+  return TrialError("train_batch returned the metrics {" + m.names() + "} at batch " + std::to_string(batch_idx) + " but {" +
+                    slot_names() + "} earlier in the workload; every batch must return the same metrics");
+}
+
+DETTRIAL_INLINE std::string WorkloadMeans::slot_names() const {
+  std::string s;
+  for (const auto& slot : slots_) s += (s.empty() ? "" : ", ") + std::string(slot.key.view());
+  return s;
+}
+
+DETTRIAL_INLINE void ValidationReduction::add(const Metrics& m, std::int64_t batch_idx) {
+  torch::NoGradGuard no_grad;
+  if (batches_ == 0) {
+    check_reducer_names(m);
+    for (const auto& e : m) slots_.push_back(Slot{std::string(e.key.view()), reducer_for(e.key.view())});
+  } else if (m.size() != slots_.size()) {
+    throw TrialError("evaluate_batch returned the metrics {" + m.names() + "} at batch " + std::to_string(batch_idx) +
+                     ", unlike the first batch; every batch must return the same metrics");
+  }
+  for (const auto& e : m) {
+    Slot* slot = find(e.key.view());
+    if (!slot)
+      throw TrialError("evaluate_batch returned metric '" + std::string(e.key.view()) + "' at batch " +
+                       std::to_string(batch_idx) + ", which the first batch did not; every batch must return the same metrics");
+    slot->add(e.value);
+  }
+  ++batches_;
+}
+
+DETTRIAL_INLINE std::vector<ValidationReduction::Total> ValidationReduction::totals() const {
+  std::vector<Total> out;
+  for (const auto& s : slots_) out.push_back(Total{s.name, s.reducer, s.result(1)});
+  return out;
+}
+
+DETTRIAL_INLINE void ValidationReduction::Slot::add(const MetricValue& v) {
+  if (v.is_tensor() && v.tensor().numel() != 1)
+    throw TrialError("validation metric '" + name + "' has " + std::to_string(v.tensor().numel()) +
+                     " elements; dettrial reduces scalar validation metrics (return one number per batch)");
+  if (!v.is_tensor()) {
+    const double x = v.to_double();
+    if (!seen_number) number_acc = (reducer == Reducer::avg || reducer == Reducer::sum) ? 0.0 : x;
+    number_acc = combine(number_acc, x);
+    seen_number = true;
+    return;
+  }
+  const torch::Tensor t = v.tensor().detach().reshape({}).to(torch::kDouble);
+  if (!tensor_acc.defined()) {
+    tensor_acc = t.clone();
+    return;
+  }
+  switch (reducer) {
+    case Reducer::avg:
+    case Reducer::sum: tensor_acc.add_(t); break;
+    case Reducer::max: tensor_acc = torch::maximum(tensor_acc, t); break;
+    case Reducer::min: tensor_acc = torch::minimum(tensor_acc, t); break;
+  }
+}
+
+DETTRIAL_INLINE double ValidationReduction::Slot::combine(double a, double b) const {
+  if ((reducer == Reducer::max || reducer == Reducer::min) && (std::isnan(a) || std::isnan(b)))
+    return std::numeric_limits<double>::quiet_NaN();  // like np.max / torch::maximum
+  switch (reducer) {
+    case Reducer::max: return std::max(a, b);
+    case Reducer::min: return std::min(a, b);
+    default: return a + b;
+  }
+}
+
+DETTRIAL_INLINE double ValidationReduction::Slot::result(std::int64_t n) const {
+  double value;
+  if (tensor_acc.defined() && seen_number) value = combine(tensor_acc.item<double>(), number_acc);
+  else if (tensor_acc.defined()) value = tensor_acc.item<double>();
+  else value = number_acc;
+  return reducer == Reducer::avg ? value / static_cast<double>(n) : value;
+}
+
+DETTRIAL_INLINE Reducer ValidationReduction::reducer_for(std::string_view name) const {
+  if (const auto* one = std::get_if<Reducer>(&choice_)) return *one;
+  return std::get<std::map<std::string, Reducer>>(choice_).at(std::string(name));
+}
+
+DETTRIAL_INLINE void ValidationReduction::check_reducer_names(const Metrics& m) const {
+  const auto* per_metric = std::get_if<std::map<std::string, Reducer>>(&choice_);
+  if (!per_metric) return;
+  std::string missing, extra;
+  for (const auto& e : m)
+    if (!per_metric->count(std::string(e.key.view()))) missing += (missing.empty() ? "" : ", ") + std::string(e.key.view());
+  for (const auto& [name, r] : *per_metric)
+    if (!m.contains(name)) extra += (extra.empty() ? "" : ", ") + name;
+  if (!missing.empty() || !extra.empty())
+    throw TrialError("evaluation_reducer() must name exactly the metrics evaluate_batch returns (" + m.names() + ")" +
+                     (missing.empty() ? "" : "; it has no reducer for: " + missing) +
+                     (extra.empty() ? "" : "; it names metrics that are not returned: " + extra));
+}
+
+DETTRIAL_INLINE ValidationReduction::Slot* ValidationReduction::find(std::string_view name) {
+  for (auto& s : slots_)
+    if (s.name == name) return &s;
+  return nullptr;
+}
+
+}  // namespace detail
+}  // namespace dettrial
+#endif  // DETTRIAL_HEADER_DEFINITIONS

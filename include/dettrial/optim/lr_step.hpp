@@ -9,6 +9,7 @@
 #include <string_view>
 
 #include "../error.hpp"
+#include "../detail/linkage.hpp"
 
 namespace dettrial {
 
@@ -26,20 +27,12 @@ namespace lr_step {
 /// After every batch (batches skipped by gradient aggregation are caught up on the update batch).
 struct every_batch {
   static constexpr std::string_view name = "every_batch";
-  static std::int64_t steps_after(std::int64_t batch_idx, std::int64_t agg, std::int64_t /*epoch_len*/, std::int64_t freq) {
-    std::int64_t n = 0;
-    for (std::int64_t i = batch_idx - agg + 1; i <= batch_idx; ++i) n += ((i + 1) % freq == 0);
-    return n;
-  }
+  static std::int64_t steps_after(std::int64_t batch_idx, std::int64_t agg, std::int64_t /*epoch_len*/, std::int64_t freq);
 };
 /// After the last batch of every epoch (more precisely: when the next update lands in a new epoch).
 struct every_epoch {
   static constexpr std::string_view name = "every_epoch";
-  static std::int64_t steps_after(std::int64_t batch_idx, std::int64_t agg, std::int64_t epoch_len, std::int64_t freq) {
-    std::int64_t n = 0;
-    for (std::int64_t e = batch_idx / epoch_len; e < (batch_idx + agg) / epoch_len; ++e) n += ((e + 1) % freq == 0);
-    return n;
-  }
+  static std::int64_t steps_after(std::int64_t batch_idx, std::int64_t agg, std::int64_t epoch_len, std::int64_t freq);
 };
 /// On update batches whose batch count is a multiple of the frequency. Like Determined, the frequency
 /// counts batches, not optimizer steps.
@@ -87,3 +80,22 @@ ScheduledLR<S, Mode> scheduled(S scheduler, Mode, std::int64_t frequency = 1) {
 }
 
 }  // namespace dettrial
+
+// Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
+#if DETTRIAL_HEADER_DEFINITIONS
+namespace dettrial::lr_step {
+
+DETTRIAL_INLINE std::int64_t every_batch::steps_after(std::int64_t batch_idx, std::int64_t agg, std::int64_t /*epoch_len*/, std::int64_t freq) {
+  std::int64_t n = 0;
+  for (std::int64_t i = batch_idx - agg + 1; i <= batch_idx; ++i) n += ((i + 1) % freq == 0);
+  return n;
+}
+
+DETTRIAL_INLINE std::int64_t every_epoch::steps_after(std::int64_t batch_idx, std::int64_t agg, std::int64_t epoch_len, std::int64_t freq) {
+  std::int64_t n = 0;
+  for (std::int64_t e = batch_idx / epoch_len; e < (batch_idx + agg) / epoch_len; ++e) n += ((e + 1) % freq == 0);
+  return n;
+}
+
+}  // namespace dettrial::lr_step
+#endif  // DETTRIAL_HEADER_DEFINITIONS

@@ -13,6 +13,7 @@
 #include "../error.hpp"
 #include "../detail/json.hpp"
 #include "../metrics/metrics.hpp"
+#include "../detail/linkage.hpp"
 
 namespace dettrial {
 
@@ -26,72 +27,25 @@ class MetricsLog {
    * without checkpointing again) describe training that is about to be done again: they are
    * dropped first, with a torn last line, so that no report appears twice.
    */
-  explicit MetricsLog(const std::filesystem::path& dir, std::optional<std::int64_t> resumed_at = std::nullopt)
-      : path_(dir / "metrics.jsonl") {
-    std::error_code ec;
-    std::filesystem::create_directories(dir, ec);
-    if (ec) throw Error("cannot create output directory '" + dir.string() + "': " + ec.message());
-    if (resumed_at && std::filesystem::exists(path_, ec)) dropped_ = drop_records_after(*resumed_at);
-    out_.open(path_, std::ios::app);
-    if (!out_) throw Error("cannot write '" + path_.string() + "'");
-  }
+  explicit MetricsLog(const std::filesystem::path& dir, std::optional<std::int64_t> resumed_at = std::nullopt);
   bool enabled() const { return out_.is_open(); }
   const std::filesystem::path& path() const { return path_; }
   /// How many records opening it for a resume dropped.
   std::size_t dropped() const { return dropped_; }
 
   /// The `"batches"` of a metrics.jsonl record, or nullopt for one without an integer `"batches"`.
-  static std::optional<std::int64_t> batches_of_record(const detail::Json& record) {
-    const detail::Json* batches = detail::json_find(record, "batches");
-    if (!batches || !batches->is_number_integer()) return std::nullopt;
-    return batches->get<std::int64_t>();
-  }
+  static std::optional<std::int64_t> batches_of_record(const detail::Json& record);
   /// The `"batches"` of one metrics.jsonl line, or nullopt for a line that is not a complete record
   /// (one torn by a crash does not parse).
-  static std::optional<std::int64_t> batches_of(std::string_view line) {
-    const detail::Json record = detail::Json::parse(line, nullptr, /*allow_exceptions=*/false);
-    if (record.is_discarded()) return std::nullopt;
-    return batches_of_record(record);
-  }
+  static std::optional<std::int64_t> batches_of(std::string_view line);
 
   /// `{"type":"training"|"validation","batches":N,"epochs":E,<extra>,"metrics":{...}}`, one compact line.
   void write(std::string_view type, std::int64_t batches, std::int64_t epochs, const MetricValues& metrics,
-             std::string_view extra_key = {}, double extra_value = 0) {
-    if (!out_.is_open()) return;
-    detail::Json record = {{"type", std::string(type)}, {"batches", batches}, {"epochs", epochs}};
-    if (!extra_key.empty()) record[std::string(extra_key)] = extra_value;
-    detail::Json values = detail::Json::object();
-    for (const auto& [name, value] : metrics) values[name] = value;  // NaN is written as null
-    record["metrics"] = std::move(values);
-    out_ << detail::json_line(record);
-    out_.flush();
-  }
+             std::string_view extra_key = {}, double extra_value = 0);
 
  private:
   /// Rewrites the file (a new file renamed over it) without the records past `batches`.
-  std::size_t drop_records_after(std::int64_t batches) {
-    std::ifstream in(path_, std::ios::binary);
-    std::string kept, line;
-    std::size_t dropped = 0;
-    while (std::getline(in, line)) {
-      const bool complete = !in.eof();  // the last line without its newline is torn
-      const auto at = batches_of(line);
-      if (complete && at && *at <= batches) kept += line + "\n";
-      else ++dropped;
-    }
-    if (dropped == 0) return 0;
-    const std::filesystem::path temporary = path_.string() + ".tmp";
-    {
-      std::ofstream out(temporary, std::ios::binary | std::ios::trunc);
-      out << kept;
-      out.flush();
-      if (!out) throw Error("cannot write '" + temporary.string() + "'");
-    }
-    std::error_code ec;
-    std::filesystem::rename(temporary, path_, ec);
-    if (ec) throw Error("cannot replace '" + path_.string() + "': " + ec.message());
-    return dropped;
-  }
+  std::size_t drop_records_after(std::int64_t batches);
 
   std::filesystem::path path_;
   std::ofstream out_;
@@ -99,3 +53,68 @@ class MetricsLog {
 };
 
 }  // namespace dettrial
+
+// Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
+#if DETTRIAL_HEADER_DEFINITIONS
+namespace dettrial {
+
+DETTRIAL_INLINE MetricsLog::MetricsLog(const std::filesystem::path& dir, std::optional<std::int64_t> resumed_at)
+    : path_(dir / "metrics.jsonl") {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) throw Error("cannot create output directory '" + dir.string() + "': " + ec.message());
+  if (resumed_at && std::filesystem::exists(path_, ec)) dropped_ = drop_records_after(*resumed_at);
+  out_.open(path_, std::ios::app);
+  if (!out_) throw Error("cannot write '" + path_.string() + "'");
+}
+
+DETTRIAL_INLINE std::optional<std::int64_t> MetricsLog::batches_of_record(const detail::Json& record) {
+  const detail::Json* batches = detail::json_find(record, "batches");
+  if (!batches || !batches->is_number_integer()) return std::nullopt;
+  return batches->get<std::int64_t>();
+}
+
+DETTRIAL_INLINE std::optional<std::int64_t> MetricsLog::batches_of(std::string_view line) {
+  const detail::Json record = detail::Json::parse(line, nullptr, /*allow_exceptions=*/false);
+  if (record.is_discarded()) return std::nullopt;
+  return batches_of_record(record);
+}
+
+DETTRIAL_INLINE void MetricsLog::write(std::string_view type, std::int64_t batches, std::int64_t epochs,
+                                       const MetricValues& metrics, std::string_view extra_key, double extra_value) {
+  if (!out_.is_open()) return;
+  detail::Json record = {{"type", std::string(type)}, {"batches", batches}, {"epochs", epochs}};
+  if (!extra_key.empty()) record[std::string(extra_key)] = extra_value;
+  detail::Json values = detail::Json::object();
+  for (const auto& [name, value] : metrics) values[name] = value;  // NaN is written as null
+  record["metrics"] = std::move(values);
+  out_ << detail::json_line(record);
+  out_.flush();
+}
+
+DETTRIAL_INLINE std::size_t MetricsLog::drop_records_after(std::int64_t batches) {
+  std::ifstream in(path_, std::ios::binary);
+  std::string kept, line;
+  std::size_t dropped = 0;
+  while (std::getline(in, line)) {
+    const bool complete = !in.eof();  // the last line without its newline is torn
+    const auto at = batches_of(line);
+    if (complete && at && *at <= batches) kept += line + "\n";
+    else ++dropped;
+  }
+  if (dropped == 0) return 0;
+  const std::filesystem::path temporary = path_.string() + ".tmp";
+  {
+    std::ofstream out(temporary, std::ios::binary | std::ios::trunc);
+    out << kept;
+    out.flush();
+    if (!out) throw Error("cannot write '" + temporary.string() + "'");
+  }
+  std::error_code ec;
+  std::filesystem::rename(temporary, path_, ec);
+  if (ec) throw Error("cannot replace '" + path_.string() + "': " + ec.message());
+  return dropped;
+}
+
+}  // namespace dettrial
+#endif  // DETTRIAL_HEADER_DEFINITIONS

@@ -6,25 +6,39 @@
 /// so the first line names the library loaded.
 #pragma once
 
-#include <link.h>
-
-#include <cstdlib>
-#include <filesystem>
 #include <string>
 #include <string_view>
 
-#include <ATen/Context.h>
-#include <ATen/Parallel.h>
 #include <torch/torch.h>
 
 #include "../detail/malloc.hpp"
+#include "../detail/linkage.hpp"
 
 namespace dettrial::detail {
 
 /// The BLAS this process loaded: "MKL (built in)" for an MKL-built LibTorch (PyPI's wheel), else the
 /// shared BLAS library loaded, named by its real file ("OpenBLAS (.../openblas-pthread/libblas.so.3)",
 /// "reference BLAS (.../blas/libblas.so.3)"), or "unknown".
-inline std::string loaded_blas() {
+DETTRIAL_INLINE std::string loaded_blas();
+
+/// "LibTorch 2.5.1 (CUDA 12.4), MKL (built in), 4 threads" and the source of the thread count.
+DETTRIAL_INLINE std::string runtime_summary(std::string_view threads_source);
+
+}  // namespace dettrial::detail
+
+// Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
+#if DETTRIAL_HEADER_DEFINITIONS
+#include <link.h>
+
+#include <cstdlib>
+#include <filesystem>
+
+#include <ATen/Context.h>
+#include <ATen/Parallel.h>
+
+namespace dettrial::detail {
+
+DETTRIAL_INLINE std::string loaded_blas() {
   if (at::globalContext().hasMKL()) return "MKL (built in)";
   std::string found;
   ::dl_iterate_phdr(
@@ -51,8 +65,7 @@ inline std::string loaded_blas() {
   return std::string(kind) + " (" + path + ")";
 }
 
-/// "LibTorch 2.5.1 (CUDA 12.4), MKL (built in), 4 threads" and the source of the thread count.
-inline std::string runtime_summary(std::string_view threads_source) {
+DETTRIAL_INLINE std::string runtime_summary(std::string_view threads_source) {
   std::string s = "LibTorch " + std::to_string(TORCH_VERSION_MAJOR) + "." + std::to_string(TORCH_VERSION_MINOR) + "." +
                   std::to_string(TORCH_VERSION_PATCH);
   s += torch::cuda::is_available() ? " (CUDA, " + std::to_string(torch::cuda::device_count()) + " GPUs)" : " (CPU)";
@@ -65,3 +78,4 @@ inline std::string runtime_summary(std::string_view threads_source) {
 }
 
 }  // namespace dettrial::detail
+#endif  // DETTRIAL_HEADER_DEFINITIONS

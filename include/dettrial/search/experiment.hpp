@@ -35,23 +35,14 @@
 #include "../report/metrics_log.hpp"
 #include "../detail/signals.hpp"
 #include "searchers.hpp"
+#include "../detail/linkage.hpp"
 
 namespace dettrial {
 
 /// How a trial of an experiment ended (or where it stands).
 enum class TrialState { queued, running, completed, stopped_by_searcher, errored, interrupted };
 
-inline const char* to_string(TrialState s) {
-  switch (s) {
-    case TrialState::queued: return "QUEUED";
-    case TrialState::running: return "RUNNING";
-    case TrialState::completed: return "COMPLETED";
-    case TrialState::stopped_by_searcher: return "STOPPED_EARLY";
-    case TrialState::errored: return "ERRORED";
-    case TrialState::interrupted: return "INTERRUPTED";
-  }
-  return "?";
-}
+DETTRIAL_INLINE const char* to_string(TrialState s);
 
 /// One line of the experiment summary.
 struct TrialSummary {
@@ -74,11 +65,7 @@ struct ExperimentOptions {
 };
 
 namespace detail {
-inline std::string one_line(const YAML::Node& node) {
-  YAML::Emitter out;
-  out << YAML::Flow << node;
-  return out.c_str();
-}
+DETTRIAL_INLINE std::string one_line(const YAML::Node& node);
 }  // namespace detail
 
 /**
@@ -91,68 +78,11 @@ inline std::string one_line(const YAML::Node& node) {
  */
 class Experiment {
  public:
-  Experiment(ExperimentConfig config, ExperimentOptions options)
-      : config_(std::move(config)), options_(std::move(options)),
-        searcher_(make_searcher(searcher_config(config_), HyperparameterSpace(config_.hyperparameters, config_.source),
-                                config_.experiment_seed.value_or(0))) {
-    if (config_.searcher.metric.empty())
-      throw ConfigError(config_.source + ": searcher '" + config_.searcher.name + "' needs searcher.metric");
-  }
+  Experiment(ExperimentConfig config, ExperimentOptions options);
 
-  static SearcherConfig searcher_config(const ExperimentConfig& c) {
-    SearcherConfig s;
-    s.name = c.searcher.name;
-    s.metric = c.searcher.metric;
-    s.smaller_is_better = c.searcher.smaller_is_better;
-    s.max_trials = c.searcher.max_trials;
-    s.max_concurrent_trials = c.searcher.max_concurrent_trials;
-    s.time_metric = c.searcher.time_metric;
-    s.max_time = c.searcher.max_time;
-    s.divisor = c.searcher.divisor;
-    s.max_rungs = c.searcher.max_rungs;
-    s.mode = c.searcher.mode;
-    s.bracket_rungs = c.searcher.bracket_rungs;
-    if (c.searcher.max_length) s.max_length = c.searcher.max_length->value();
-    if (s.name != "adaptive_asha" && !c.searcher.max_length)
-      throw ConfigError(c.source + ": searcher '" + s.name + "' needs searcher.max_length, e.g. {batches: 1000}");
-    return s;
-  }
+  static SearcherConfig searcher_config(const ExperimentConfig& c);
 
-  int run() {
-    namespace fs = std::filesystem;
-    fs::create_directories(options_.output_dir / "trials");
-    detail::supervisor_signal.store(0);
-    detail::supervisor_signal_count.store(0);
-    const detail::SignalHandlers handlers(&detail::dettrial_on_supervisor_signal);
-
-    replay_or_start();
-    while (true) {
-      if (detail::supervisor_signal_count.load() != 0 || config_error_) {
-        stop_running_trials();
-        write_summary();
-        if (config_error_) {
-          std::fprintf(stderr, "dettrial: the search stopped: trial %lld's configuration is wrong, and every trial would fail the same way:\n%s\n"
-                               "dettrial: fix it and run the same command again to continue the experiment\n",
-                       static_cast<long long>(config_error_->first), config_error_->second.c_str());
-          return detail::exit_status_config_value;
-        }
-        say("dettrial: experiment interrupted; run the same command again to continue it");
-        return detail::exit_status_interrupted_value;
-      }
-      launch_queued();
-      if (running_.empty() && queue_.empty()) break;
-      poll_metrics();
-      reap(false);
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    }
-    apply_experiment_retention();
-    write_summary();
-    const auto failed = std::ranges::count_if(trials_, [](const auto& kv) { return kv.second.state == TrialState::errored; });
-    if (failed == 0) return 0;
-    std::fprintf(stderr, "dettrial: %lld of %zu trials failed (ERRORED in the summary above); each trial's log.txt says why\n",
-                 static_cast<long long>(failed), trials_.size());
-    return 1;
-  }
+  int run();
 
   const std::map<std::int64_t, TrialSummary>& trials() const { return trials_; }
 
@@ -168,346 +98,60 @@ class Experiment {
 
   /// SIGTERM to every running trial (each checkpoints and exits), once per signal this process got
   /// (a second Ctrl-C makes them abort), and waits for them.
-  void stop_running_trials() {
-    int forwarded = 0;
-    while (!running_.empty()) {
-      const int signals = std::max(1, detail::supervisor_signal_count.load());
-      if (signals > forwarded) {
-        for (auto& [id, t] : running_) ::kill(t.pid, SIGTERM);
-        forwarded = signals;
-      }
-      reap(/*interrupting=*/true);  // waits; a signal interrupts the wait
-    }
-  }
+  void stop_running_trials();
 
   std::filesystem::path trial_dir(std::int64_t id) const { return options_.output_dir / "trials" / std::to_string(id); }
 
-  void say(const std::string& line) const {
-    if (!options_.quiet) std::printf("%s\n", line.c_str());
-    std::fflush(stdout);
-  }
+  void say(const std::string& line) const;
 
   // ---- the event log: what the searcher was told, in order, so a second run replays it ----------
 
-  void log_event(const detail::Json& event) {
-    std::ofstream(options_.output_dir / "events.jsonl", std::ios::app) << detail::json_line(event);
-  }
+  void log_event(const detail::Json& event);
 
-  void replay_or_start() {
-    const auto events_path = options_.output_dir / "events.jsonl";
-    std::vector<TrialRequest> first = std::visit([](auto& s) { return s.initial(); }, searcher_);
-    for (auto& r : first) add_trial(std::move(r));
-    if (!std::filesystem::exists(events_path)) return;
-    // Replay: the searcher is deterministic given its seed and the same events in the same order.
-    std::ifstream in(events_path);
-    std::int64_t replayed = 0;
-    for (std::string line; std::getline(in, line);) {
-      if (line.empty()) continue;
-      const detail::Json e = detail::Json::parse(line, nullptr, /*allow_exceptions=*/false);
-      if (e.is_discarded()) break;  // a torn last line from a crash: what came before stands
-      try {
-        const auto get = [&e](const char* key) -> const detail::Json& { return detail::json_field(e, key); };
-        const auto id = detail::json_as<std::int64_t>(get("trial"), "trial");
-        const auto kind = detail::json_as<std::string>(get("event"), "event");
-        if (kind == "validation") {
-          const double metric = detail::json_as<double>(get("metric"), "metric");
-          const double time = detail::json_as<double>(get("time"), "time");
-          std::visit([&](auto& s) { s.on_validation(id, metric, time); }, searcher_);
-          TrialSummary& t = trials_.at(id);
-          record_metric(t, metric);
-          if (const detail::Json* b = detail::json_find(e, "batches"))
-            validated_batches_[id] = std::max(validated_batches_[id], detail::json_as<std::int64_t>(*b, "batches"));
-        } else if (kind == "end") {
-          TrialSummary& t = trials_.at(id);
-          t.state = state_from(detail::json_as<std::string>(get("state"), "state"));
-          t.restarts = detail::json_as<std::int64_t>(get("restarts"), "restarts");
-          queue_.erase(std::remove(queue_.begin(), queue_.end(), id), queue_.end());
-          for (auto& r : std::visit([&](auto& s) { return s.on_trial_end(id); }, searcher_)) add_trial(std::move(r));
-        } else if (kind == "restart") {
-          trials_.at(id).restarts = detail::json_as<std::int64_t>(get("restarts"), "restarts");
-        }
-      } catch (const detail::JsonFieldError& err) {
-        throw Error("'" + events_path.string() + "' has an event that lacks a field or has one of the wrong type (" + err.what() + "): " + line);
-      }
-      ++replayed;
-    }
-    if (replayed > 0) say("dettrial: continuing the experiment in " + options_.output_dir.string() + " (" + std::to_string(replayed) + " events)");
-  }
+  void replay_or_start();
 
-  static TrialState state_from(const std::string& s) {
-    for (auto st : {TrialState::completed, TrialState::stopped_by_searcher, TrialState::errored})
-      if (s == to_string(st)) return st;
-    return TrialState::errored;
-  }
+  static TrialState state_from(const std::string& s);
 
-  void add_trial(TrialRequest r) {
-    TrialSummary t;
-    t.id = r.id;
-    t.hparams = r.hparams;
-    const std::int64_t id = r.id;
-    trials_[id] = t;
-    requests_[id] = std::move(r);
-    queue_.push_back(id);
-  }
+  void add_trial(TrialRequest r);
 
-  void record_metric(TrialSummary& t, double metric) {
-    t.last_metric = metric;
-    const bool better = order().improves(metric, t.best_metric);
-    if (better) t.best_metric = metric;
-  }
+  void record_metric(TrialSummary& t, double metric);
 
   // ---- trials as processes ---------------------------------------------------------------------
 
   /// The trial's own experiment config: its hyperparameters as values, one trial, its length, seed and storage.
-  void write_trial_config(const TrialRequest& r) const {
-    YAML::Node doc = YAML::Clone(config_.yaml);
-    doc["hyperparameters"] = YAML::Clone(r.hparams);
-    YAML::Node searcher(YAML::NodeType::Map);
-    searcher["name"] = "single";
-    searcher["metric"] = config_.searcher.metric;
-    searcher["smaller_is_better"] = config_.searcher.smaller_is_better;
-    const std::string unit = config_.searcher.name == "adaptive_asha" ? config_.searcher.time_metric
-                             : config_.searcher.max_length ? std::string(to_string(config_.searcher.max_length->unit()))
-                                                           : std::string("batches");
-    searcher["max_length"][unit] = r.max_length;
-    doc["searcher"] = searcher;
-    doc["reproducibility"]["experiment_seed"] = r.seed;
-    doc.remove("checkpoint_storage");
-    YAML::Node storage(YAML::NodeType::Map);
-    storage["type"] = "shared_fs";
-    storage["host_path"] = (trial_dir(r.id) / "checkpoints").string();
-    // The experiment's best are chosen among the trials' best, so each trial keeps its best until then.
-    storage["save_trial_best"] = std::max<std::int64_t>(config_.checkpoint_storage.save_trial_best,
-                                                        config_.checkpoint_storage.save_experiment_best > 0 ? 1 : 0);
-    storage["save_trial_latest"] = std::max<std::int64_t>(config_.checkpoint_storage.save_trial_latest, 1);  // restarts need one
-    doc["checkpoint_storage"] = storage;
-    std::ofstream(trial_dir(r.id) / "config.yaml") << doc << "\n";
-  }
+  void write_trial_config(const TrialRequest& r) const;
 
-  void launch_queued() {
-    while (!queue_.empty()) {
-      const std::int64_t id = queue_.front();
-      queue_.erase(queue_.begin());
-      launch(id);
-    }
-  }
+  void launch_queued();
 
-  void launch(std::int64_t id) {
-    namespace fs = std::filesystem;
-    const TrialRequest& r = requests_.at(id);
-    fs::create_directories(trial_dir(id));
-    write_trial_config(r);
-    std::vector<std::string> args = {options_.program.string(), "--config", (trial_dir(id) / "config.yaml").string(),
-                                     "--output", trial_dir(id).string(), "--quiet"};
-    if (!list_checkpoints(trial_dir(id) / "checkpoints").empty()) {
-      args.emplace_back("--resume");
-      args.push_back((trial_dir(id) / "checkpoints").string());
-    }
-    Running run;
-    // In a process group of its own: a Ctrl-C reaches the trial once, as this runner's SIGTERM.
-    run.pid = detail::spawn_process(options_.program.string(), std::move(args),
-                                    {.extra_env = {std::string(detail::supervisor_pid_variable) + "=" + std::to_string(::getpid())},
-                                     .output = (trial_dir(id) / "log.txt").string(),
-                                     .append = true,
-                                     .own_process_group = true});
-    running_[id] = run;
-    trials_.at(id).state = TrialState::running;
-    say("[experiment] trial " + std::to_string(id) + " started: " + detail::one_line(r.hparams));
-  }
+  void launch(std::int64_t id);
 
   /// Reads the trials' new validation records and lets the searcher decide on each.
-  void poll_metrics() {
-    for (auto& [id, run] : running_) {
-      const auto path = trial_dir(id) / "metrics.jsonl";
-      struct stat file {};
-      if (::stat(path.c_str(), &file) != 0) continue;
-      if (file.st_ino != run.metrics_inode || static_cast<std::uintmax_t>(file.st_size) < run.metrics_offset) {
-        run.metrics_inode = file.st_ino;  // a new file: read it from the start; validations already told are skipped
-        run.metrics_offset = 0;
-      }
-      std::ifstream in(path);
-      if (!in) continue;
-      in.seekg(static_cast<std::streamoff>(run.metrics_offset));
-      std::string line;
-      while (std::getline(in, line)) {
-        if (in.eof()) break;  // a line still being written: read it next time
-        run.metrics_offset += line.size() + 1;
-        const detail::Json record = detail::Json::parse(line, nullptr, /*allow_exceptions=*/false);
-        if (record.is_discarded()) continue;  // not a complete record
-        const detail::Json* type = detail::json_find(record, "type");
-        if (!type || !type->is_string() || type->get_ref<const std::string&>() != "validation") continue;
-        // Each validation reaches the searcher once, also when a restarted trial trains it again.
-        const auto batches = MetricsLog::batches_of_record(record);
-        if (!batches) continue;
-        if (const auto told = validated_batches_.find(id); told != validated_batches_.end() && *batches <= told->second) continue;
-        validated_batches_[id] = *batches;
-        const detail::Json* metrics = detail::json_find(record, "metrics");
-        const detail::Json* searcher_metric = metrics ? detail::json_find(*metrics, config_.searcher.metric) : nullptr;
-        if (!searcher_metric || !searcher_metric->is_number()) continue;  // absent, or null (NaN)
-        const double metric = searcher_metric->get<double>();
-        const std::string& time_metric = config_.searcher.time_metric;
-        const detail::Json* time_value = detail::json_find(*metrics, time_metric);
-        const double time = time_value && time_value->is_number() ? time_value->get<double>() : static_cast<double>(*batches);
-        TrialSummary& t = trials_.at(id);
-        record_metric(t, metric);
-        const SearcherDecision d = std::visit([&](auto& s) { return s.on_validation(id, metric, time); }, searcher_);
-        log_event({{"event", "validation"}, {"trial", id}, {"metric", metric}, {"time", time}, {"batches", *batches}});
-        // A trial at its full length ends by itself; a stop is for the ones with time left.
-        if (d == SearcherDecision::stop && !run.stop_sent && time < static_cast<double>(requests_.at(id).max_length)) {
-          ::kill(run.pid, SIGTERM);  // the trial checkpoints and exits
-          run.stop_sent = true;
-          say("[experiment] trial " + std::to_string(id) + " stopped by the searcher at " + time_metric + " " + std::to_string(static_cast<std::int64_t>(time)));
-        }
-      }
-    }
-  }
+  void poll_metrics();
 
-  void reap(bool interrupting) {
-    int status = 0;
-    const pid_t pid = ::waitpid(-1, &status, interrupting ? 0 : WNOHANG);
-    if (pid <= 0) return;
-    auto it = std::find_if(running_.begin(), running_.end(), [&](const auto& kv) { return kv.second.pid == pid; });
-    if (it == running_.end()) return;
-    const std::int64_t id = it->first;
-    const bool stop_sent = it->second.stop_sent;
-    poll_metrics();  // its last records
-    running_.erase(it);
-    TrialSummary& t = trials_.at(id);
-    refresh_from_disk(t);
-    const bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
-    // 75: stopped by a signal after a checkpoint; a SIGTERM that came after training ended kills it.
-    const bool stopped = (WIFEXITED(status) && WEXITSTATUS(status) == detail::exit_status_interrupted_value) ||
-                         (stop_sent && WIFSIGNALED(status) && WTERMSIG(status) == SIGTERM);
-    if (WIFEXITED(status) && WEXITSTATUS(status) == detail::exit_status_config_value) {
-      // Not restarted, and not ended in the event log: after the fix the next run trains it.
-      t.state = TrialState::errored;
-      if (!config_error_)
-        config_error_.emplace(id, last_error_line(id) + "\n(trial " + std::to_string(id) + "'s config " + (trial_dir(id) / "config.yaml").string() +
-                                      " is " + config_.source + " with the trial's hyperparameters " + detail::one_line(t.hparams) + ")");
-      return;
-    }
-    if (interrupting && (stopped || !ok)) {
-      t.state = TrialState::interrupted;
-      return;  // continued by the next run
-    }
-    if (ok || (stopped && stop_sent)) {
-      // A trial that reached its length before the stop arrived completed all the same.
-      t.state = ok ? TrialState::completed : TrialState::stopped_by_searcher;
-    } else if (t.restarts < config_.max_restarts) {
-      ++t.restarts;
-      log_event({{"event", "restart"}, {"trial", id}, {"restarts", t.restarts}});
-      say("[experiment] trial " + std::to_string(id) + " failed (" + describe_failure(id, status) + "); restart " +
-          std::to_string(t.restarts) + " of " + std::to_string(config_.max_restarts) + " from its latest checkpoint");
-      queue_.push_back(id);
-      return;
-    } else {
-      t.state = TrialState::errored;
-      std::fprintf(stderr, "[experiment] trial %lld failed (%s) after %lld restarts; see %s\n", static_cast<long long>(id),
-                   describe_failure(id, status).c_str(), static_cast<long long>(t.restarts),
-                   (trial_dir(id) / "log.txt").c_str());
-    }
-    log_event({{"event", "end"}, {"trial", id}, {"state", to_string(t.state)}, {"restarts", t.restarts}});
-    say("[experiment] trial " + std::to_string(id) + " " + to_string(t.state) + " after " + std::to_string(t.batches_trained) + " batches");
-    for (auto& r : std::visit([&](auto& s) { return s.on_trial_end(id); }, searcher_)) add_trial(std::move(r));
-  }
+  void reap(bool interrupting);
 
   /// The last `error: ...` line of a trial's log (what its program printed before it exited), or
   /// empty (a trial killed by a signal prints none).
-  std::string last_error_line(std::int64_t id) const {
-    std::ifstream in(trial_dir(id) / "log.txt");
-    std::string line, last;
-    while (std::getline(in, line))
-      if (line.rfind("error: ", 0) == 0) last = line;
-    return last;
-  }
+  std::string last_error_line(std::int64_t id) const;
   /// describe_status and the trial's error line: "exit status 1: error: ...".
-  std::string describe_failure(std::int64_t id, int status) const {
-    const std::string error = last_error_line(id);
-    return describe_status(status) + (error.empty() ? "" : ": " + error);
-  }
+  std::string describe_failure(std::int64_t id, int status) const;
 
-  static std::string describe_status(int status) {
-    if (WIFSIGNALED(status)) return "killed by signal " + std::to_string(WTERMSIG(status));
-    return "exit status " + std::to_string(WEXITSTATUS(status));
-  }
+  static std::string describe_status(int status);
 
   /// Batches trained and the best checkpoint, from the trial's folder.
-  void refresh_from_disk(TrialSummary& t) const {
-    const auto checkpoints = list_checkpoints(trial_dir(t.id) / "checkpoints");
-    t.best_checkpoint.clear();
-    std::optional<double> best;
-    for (const auto& c : checkpoints) {
-      t.batches_trained = std::max(t.batches_trained, c.batches_trained);
-      if (c.validation_metric && order().improves(*c.validation_metric, best)) {
-        best = c.validation_metric;
-        t.best_checkpoint = c.path.string();
-      }
-    }
-    if (t.best_checkpoint.empty() && !checkpoints.empty()) t.best_checkpoint = checkpoints.back().path.string();
-  }
+  void refresh_from_disk(TrialSummary& t) const;
 
   /**
    * @brief Determined's garbage collection at the end of an experiment: a checkpoint goes when it is
    * neither among the experiment's `save_experiment_best` nor its trial's `save_trial_best` (by the
    * searcher metric), nor among its trial's `save_trial_latest`.
    */
-  void apply_experiment_retention() {
-    const auto& storage = config_.checkpoint_storage;
-    if (storage.save_experiment_best == 0) return;  // the trials applied their own retention already
-    std::vector<CheckpointInfo> ranked;
-    std::map<std::string, std::int64_t> trial_best_keep;  // uuid -> kept by its trial's rules
-    for (const auto& [id, t] : trials_) {
-      const auto all = list_checkpoints(trial_dir(id) / "checkpoints");
-      for (const auto& c : checkpoints_to_delete(all, {.save_trial_best = storage.save_trial_best, .save_trial_latest = storage.save_trial_latest},
-                                                 config_.searcher.smaller_is_better))
-        trial_best_keep[c.uuid] = 0;  // candidates for deletion
-      for (const auto& c : all)
-        if (c.validation_metric) ranked.push_back(c);
-    }
-    std::stable_sort(ranked.begin(), ranked.end(), [&](const CheckpointInfo& a, const CheckpointInfo& b) {
-      return order().better(*a.validation_metric, *b.validation_metric);
-    });
-    for (std::size_t k = 0; k < ranked.size() && static_cast<std::int64_t>(k) < storage.save_experiment_best; ++k)
-      trial_best_keep.erase(ranked[k].uuid);  // among the experiment's best: kept
-    for (const auto& [id, t] : trials_)
-      for (const auto& c : list_checkpoints(trial_dir(id) / "checkpoints"))
-        if (trial_best_keep.count(c.uuid)) delete_checkpoint(c);
-  }
+  void apply_experiment_retention();
 
   /// The searcher metric's direction: the one "better" rule (dettrial::MetricOrder).
   MetricOrder order() const { return MetricOrder{config_.searcher.smaller_is_better}; }
 
-  void write_summary() {
-    detail::Json summary = {{"experiment", config_.name.empty() ? config_.description : config_.name},
-                            {"searcher", config_.searcher.name},
-                            {"metric", config_.searcher.metric},
-                            {"trials", detail::Json::array()}};
-    const auto optional = [](const std::optional<double>& v) { return v ? detail::Json(*v) : detail::Json(nullptr); };
-    std::string table = "\n trial  state           batches  restarts  best " + config_.searcher.metric + "  last  hyperparameters\n";
-    std::optional<std::int64_t> best_trial;
-    for (auto& [id, t] : trials_) {
-      refresh_from_disk(t);
-      if (t.best_metric && (!best_trial || order().better(*t.best_metric, *trials_.at(*best_trial).best_metric)))
-        best_trial = id;
-      summary["trials"].push_back({{"id", id},
-                                   {"state", to_string(t.state)},
-                                   {"batches_trained", t.batches_trained},
-                                   {"restarts", t.restarts},
-                                   {"hparams", detail::yaml_to_json(t.hparams)},
-                                   {"best_metric", optional(t.best_metric)},
-                                   {"last_metric", optional(t.last_metric)},
-                                   {"best_checkpoint", t.best_checkpoint}});
-      char row[160];
-      std::snprintf(row, sizeof row, " %5lld  %-14s %8lld  %8lld  %12s  %6s  ", static_cast<long long>(id), to_string(t.state),
-                    static_cast<long long>(t.batches_trained), static_cast<long long>(t.restarts),
-                    t.best_metric ? std::to_string(*t.best_metric).c_str() : "-", t.last_metric ? std::to_string(*t.last_metric).c_str() : "-");
-      table += row + detail::one_line(t.hparams) + "\n";
-    }
-    summary["best_trial"] = best_trial ? detail::Json(*best_trial) : detail::Json(nullptr);
-    detail::write_file_synced(options_.output_dir / "summary.json", detail::json_text(summary));
-    if (best_trial) table += " best: trial " + std::to_string(*best_trial) + ", checkpoint " + trials_.at(*best_trial).best_checkpoint + "\n";
-    say(table + " summary: " + (options_.output_dir / "summary.json").string());
-  }
+  void write_summary();
 
   ExperimentConfig config_;
   ExperimentOptions options_;
@@ -523,3 +167,421 @@ class Experiment {
 };
 
 }  // namespace dettrial
+
+// Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
+#if DETTRIAL_HEADER_DEFINITIONS
+namespace dettrial {
+
+DETTRIAL_INLINE const char* to_string(TrialState s) {
+  switch (s) {
+    case TrialState::queued: return "QUEUED";
+    case TrialState::running: return "RUNNING";
+    case TrialState::completed: return "COMPLETED";
+    case TrialState::stopped_by_searcher: return "STOPPED_EARLY";
+    case TrialState::errored: return "ERRORED";
+    case TrialState::interrupted: return "INTERRUPTED";
+  }
+  return "?";
+}
+
+}  // namespace dettrial
+
+namespace dettrial::detail {
+
+DETTRIAL_INLINE std::string one_line(const YAML::Node& node) {
+  YAML::Emitter out;
+  out << YAML::Flow << node;
+  return out.c_str();
+}
+
+}  // namespace dettrial::detail
+
+namespace dettrial {
+
+DETTRIAL_INLINE Experiment::Experiment(ExperimentConfig config, ExperimentOptions options)
+    : config_(std::move(config)), options_(std::move(options)),
+      searcher_(make_searcher(searcher_config(config_), HyperparameterSpace(config_.hyperparameters, config_.source),
+                              config_.experiment_seed.value_or(0))) {
+  if (config_.searcher.metric.empty())
+    throw ConfigError(config_.source + ": searcher '" + config_.searcher.name + "' needs searcher.metric");
+}
+
+DETTRIAL_INLINE SearcherConfig Experiment::searcher_config(const ExperimentConfig& c) {
+  SearcherConfig s;
+  s.name = c.searcher.name;
+  s.metric = c.searcher.metric;
+  s.smaller_is_better = c.searcher.smaller_is_better;
+  s.max_trials = c.searcher.max_trials;
+  s.max_concurrent_trials = c.searcher.max_concurrent_trials;
+  s.time_metric = c.searcher.time_metric;
+  s.max_time = c.searcher.max_time;
+  s.divisor = c.searcher.divisor;
+  s.max_rungs = c.searcher.max_rungs;
+  s.mode = c.searcher.mode;
+  s.bracket_rungs = c.searcher.bracket_rungs;
+  if (c.searcher.max_length) s.max_length = c.searcher.max_length->value();
+  if (s.name != "adaptive_asha" && !c.searcher.max_length)
+    throw ConfigError(c.source + ": searcher '" + s.name + "' needs searcher.max_length, e.g. {batches: 1000}");
+  return s;
+}
+
+DETTRIAL_INLINE int Experiment::run() {
+  namespace fs = std::filesystem;
+  fs::create_directories(options_.output_dir / "trials");
+  detail::supervisor_signal.store(0);
+  detail::supervisor_signal_count.store(0);
+  const detail::SignalHandlers handlers(&detail::dettrial_on_supervisor_signal);
+
+  replay_or_start();
+  while (true) {
+    if (detail::supervisor_signal_count.load() != 0 || config_error_) {
+      stop_running_trials();
+      write_summary();
+      if (config_error_) {
+        std::fprintf(stderr, "dettrial: the search stopped: trial %lld's configuration is wrong, and every trial would fail the same way:\n%s\n"
+                             "dettrial: fix it and run the same command again to continue the experiment\n",
+                     static_cast<long long>(config_error_->first), config_error_->second.c_str());
+        return detail::exit_status_config_value;
+      }
+      say("dettrial: experiment interrupted; run the same command again to continue it");
+      return detail::exit_status_interrupted_value;
+    }
+    launch_queued();
+    if (running_.empty() && queue_.empty()) break;
+    poll_metrics();
+    reap(false);
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  apply_experiment_retention();
+  write_summary();
+  const auto failed = std::ranges::count_if(trials_, [](const auto& kv) { return kv.second.state == TrialState::errored; });
+  if (failed == 0) return 0;
+  std::fprintf(stderr, "dettrial: %lld of %zu trials failed (ERRORED in the summary above); each trial's log.txt says why\n",
+               static_cast<long long>(failed), trials_.size());
+  return 1;
+}
+
+DETTRIAL_INLINE void Experiment::stop_running_trials() {
+  int forwarded = 0;
+  while (!running_.empty()) {
+    const int signals = std::max(1, detail::supervisor_signal_count.load());
+    if (signals > forwarded) {
+      for (auto& [id, t] : running_) ::kill(t.pid, SIGTERM);
+      forwarded = signals;
+    }
+    reap(/*interrupting=*/true);  // waits; a signal interrupts the wait
+  }
+}
+
+DETTRIAL_INLINE void Experiment::say(const std::string& line) const {
+  if (!options_.quiet) std::printf("%s\n", line.c_str());
+  std::fflush(stdout);
+}
+
+DETTRIAL_INLINE void Experiment::log_event(const detail::Json& event) {
+  std::ofstream(options_.output_dir / "events.jsonl", std::ios::app) << detail::json_line(event);
+}
+
+DETTRIAL_INLINE void Experiment::replay_or_start() {
+  const auto events_path = options_.output_dir / "events.jsonl";
+  std::vector<TrialRequest> first = std::visit([](auto& s) { return s.initial(); }, searcher_);
+  for (auto& r : first) add_trial(std::move(r));
+  if (!std::filesystem::exists(events_path)) return;
+  // Replay: the searcher is deterministic given its seed and the same events in the same order.
+  std::ifstream in(events_path);
+  std::int64_t replayed = 0;
+  for (std::string line; std::getline(in, line);) {
+    if (line.empty()) continue;
+    const detail::Json e = detail::Json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (e.is_discarded()) break;  // a torn last line from a crash: what came before stands
+    try {
+      const auto get = [&e](const char* key) -> const detail::Json& { return detail::json_field(e, key); };
+      const auto id = detail::json_as<std::int64_t>(get("trial"), "trial");
+      const auto kind = detail::json_as<std::string>(get("event"), "event");
+      if (kind == "validation") {
+        const double metric = detail::json_as<double>(get("metric"), "metric");
+        const double time = detail::json_as<double>(get("time"), "time");
+        std::visit([&](auto& s) { s.on_validation(id, metric, time); }, searcher_);
+        TrialSummary& t = trials_.at(id);
+        record_metric(t, metric);
+        if (const detail::Json* b = detail::json_find(e, "batches"))
+          validated_batches_[id] = std::max(validated_batches_[id], detail::json_as<std::int64_t>(*b, "batches"));
+      } else if (kind == "end") {
+        TrialSummary& t = trials_.at(id);
+        t.state = state_from(detail::json_as<std::string>(get("state"), "state"));
+        t.restarts = detail::json_as<std::int64_t>(get("restarts"), "restarts");
+        queue_.erase(std::remove(queue_.begin(), queue_.end(), id), queue_.end());
+        for (auto& r : std::visit([&](auto& s) { return s.on_trial_end(id); }, searcher_)) add_trial(std::move(r));
+      } else if (kind == "restart") {
+        trials_.at(id).restarts = detail::json_as<std::int64_t>(get("restarts"), "restarts");
+      }
+    } catch (const detail::JsonFieldError& err) {
+      throw Error("'" + events_path.string() + "' has an event that lacks a field or has one of the wrong type (" + err.what() + "): " + line);
+    }
+    ++replayed;
+  }
+  if (replayed > 0) say("dettrial: continuing the experiment in " + options_.output_dir.string() + " (" + std::to_string(replayed) + " events)");
+}
+
+DETTRIAL_INLINE TrialState Experiment::state_from(const std::string& s) {
+  for (auto st : {TrialState::completed, TrialState::stopped_by_searcher, TrialState::errored})
+    if (s == to_string(st)) return st;
+  return TrialState::errored;
+}
+
+DETTRIAL_INLINE void Experiment::add_trial(TrialRequest r) {
+  TrialSummary t;
+  t.id = r.id;
+  t.hparams = r.hparams;
+  const std::int64_t id = r.id;
+  trials_[id] = t;
+  requests_[id] = std::move(r);
+  queue_.push_back(id);
+}
+
+DETTRIAL_INLINE void Experiment::record_metric(TrialSummary& t, double metric) {
+  t.last_metric = metric;
+  const bool better = order().improves(metric, t.best_metric);
+  if (better) t.best_metric = metric;
+}
+
+DETTRIAL_INLINE void Experiment::write_trial_config(const TrialRequest& r) const {
+  YAML::Node doc = YAML::Clone(config_.yaml);
+  doc["hyperparameters"] = YAML::Clone(r.hparams);
+  YAML::Node searcher(YAML::NodeType::Map);
+  searcher["name"] = "single";
+  searcher["metric"] = config_.searcher.metric;
+  searcher["smaller_is_better"] = config_.searcher.smaller_is_better;
+  const std::string unit = config_.searcher.name == "adaptive_asha" ? config_.searcher.time_metric
+                           : config_.searcher.max_length ? std::string(to_string(config_.searcher.max_length->unit()))
+                                                         : std::string("batches");
+  searcher["max_length"][unit] = r.max_length;
+  doc["searcher"] = searcher;
+  doc["reproducibility"]["experiment_seed"] = r.seed;
+  doc.remove("checkpoint_storage");
+  YAML::Node storage(YAML::NodeType::Map);
+  storage["type"] = "shared_fs";
+  storage["host_path"] = (trial_dir(r.id) / "checkpoints").string();
+  // The experiment's best are chosen among the trials' best, so each trial keeps its best until then.
+  storage["save_trial_best"] = std::max<std::int64_t>(config_.checkpoint_storage.save_trial_best,
+                                                      config_.checkpoint_storage.save_experiment_best > 0 ? 1 : 0);
+  storage["save_trial_latest"] = std::max<std::int64_t>(config_.checkpoint_storage.save_trial_latest, 1);  // restarts need one
+  doc["checkpoint_storage"] = storage;
+  std::ofstream(trial_dir(r.id) / "config.yaml") << doc << "\n";
+}
+
+DETTRIAL_INLINE void Experiment::launch_queued() {
+  while (!queue_.empty()) {
+    const std::int64_t id = queue_.front();
+    queue_.erase(queue_.begin());
+    launch(id);
+  }
+}
+
+DETTRIAL_INLINE void Experiment::launch(std::int64_t id) {
+  namespace fs = std::filesystem;
+  const TrialRequest& r = requests_.at(id);
+  fs::create_directories(trial_dir(id));
+  write_trial_config(r);
+  std::vector<std::string> args = {options_.program.string(), "--config", (trial_dir(id) / "config.yaml").string(),
+                                   "--output", trial_dir(id).string(), "--quiet"};
+  if (!list_checkpoints(trial_dir(id) / "checkpoints").empty()) {
+    args.emplace_back("--resume");
+    args.push_back((trial_dir(id) / "checkpoints").string());
+  }
+  Running run;
+  // In a process group of its own: a Ctrl-C reaches the trial once, as this runner's SIGTERM.
+  run.pid = detail::spawn_process(options_.program.string(), std::move(args),
+                                  {.extra_env = {std::string(detail::supervisor_pid_variable) + "=" + std::to_string(::getpid())},
+                                   .output = (trial_dir(id) / "log.txt").string(),
+                                   .append = true,
+                                   .own_process_group = true});
+  running_[id] = run;
+  trials_.at(id).state = TrialState::running;
+  say("[experiment] trial " + std::to_string(id) + " started: " + detail::one_line(r.hparams));
+}
+
+DETTRIAL_INLINE void Experiment::poll_metrics() {
+  for (auto& [id, run] : running_) {
+    const auto path = trial_dir(id) / "metrics.jsonl";
+    struct stat file {};
+    if (::stat(path.c_str(), &file) != 0) continue;
+    if (file.st_ino != run.metrics_inode || static_cast<std::uintmax_t>(file.st_size) < run.metrics_offset) {
+      run.metrics_inode = file.st_ino;  // a new file: read it from the start; validations already told are skipped
+      run.metrics_offset = 0;
+    }
+    std::ifstream in(path);
+    if (!in) continue;
+    in.seekg(static_cast<std::streamoff>(run.metrics_offset));
+    std::string line;
+    while (std::getline(in, line)) {
+      if (in.eof()) break;  // a line still being written: read it next time
+      run.metrics_offset += line.size() + 1;
+      const detail::Json record = detail::Json::parse(line, nullptr, /*allow_exceptions=*/false);
+      if (record.is_discarded()) continue;  // not a complete record
+      const detail::Json* type = detail::json_find(record, "type");
+      if (!type || !type->is_string() || type->get_ref<const std::string&>() != "validation") continue;
+      // Each validation reaches the searcher once, also when a restarted trial trains it again.
+      const auto batches = MetricsLog::batches_of_record(record);
+      if (!batches) continue;
+      if (const auto told = validated_batches_.find(id); told != validated_batches_.end() && *batches <= told->second) continue;
+      validated_batches_[id] = *batches;
+      const detail::Json* metrics = detail::json_find(record, "metrics");
+      const detail::Json* searcher_metric = metrics ? detail::json_find(*metrics, config_.searcher.metric) : nullptr;
+      if (!searcher_metric || !searcher_metric->is_number()) continue;  // absent, or null (NaN)
+      const double metric = searcher_metric->get<double>();
+      const std::string& time_metric = config_.searcher.time_metric;
+      const detail::Json* time_value = detail::json_find(*metrics, time_metric);
+      const double time = time_value && time_value->is_number() ? time_value->get<double>() : static_cast<double>(*batches);
+      TrialSummary& t = trials_.at(id);
+      record_metric(t, metric);
+      const SearcherDecision d = std::visit([&](auto& s) { return s.on_validation(id, metric, time); }, searcher_);
+      log_event({{"event", "validation"}, {"trial", id}, {"metric", metric}, {"time", time}, {"batches", *batches}});
+      // A trial at its full length ends by itself; a stop is for the ones with time left.
+      if (d == SearcherDecision::stop && !run.stop_sent && time < static_cast<double>(requests_.at(id).max_length)) {
+        ::kill(run.pid, SIGTERM);  // the trial checkpoints and exits
+        run.stop_sent = true;
+        say("[experiment] trial " + std::to_string(id) + " stopped by the searcher at " + time_metric + " " + std::to_string(static_cast<std::int64_t>(time)));
+      }
+    }
+  }
+}
+
+DETTRIAL_INLINE void Experiment::reap(bool interrupting) {
+  int status = 0;
+  const pid_t pid = ::waitpid(-1, &status, interrupting ? 0 : WNOHANG);
+  if (pid <= 0) return;
+  auto it = std::find_if(running_.begin(), running_.end(), [&](const auto& kv) { return kv.second.pid == pid; });
+  if (it == running_.end()) return;
+  const std::int64_t id = it->first;
+  const bool stop_sent = it->second.stop_sent;
+  poll_metrics();  // its last records
+  running_.erase(it);
+  TrialSummary& t = trials_.at(id);
+  refresh_from_disk(t);
+  const bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+  // 75: stopped by a signal after a checkpoint; a SIGTERM that came after training ended kills it.
+  const bool stopped = (WIFEXITED(status) && WEXITSTATUS(status) == detail::exit_status_interrupted_value) ||
+                       (stop_sent && WIFSIGNALED(status) && WTERMSIG(status) == SIGTERM);
+  if (WIFEXITED(status) && WEXITSTATUS(status) == detail::exit_status_config_value) {
+    // Not restarted, and not ended in the event log: after the fix the next run trains it.
+    t.state = TrialState::errored;
+    if (!config_error_)
+      config_error_.emplace(id, last_error_line(id) + "\n(trial " + std::to_string(id) + "'s config " + (trial_dir(id) / "config.yaml").string() +
+                                    " is " + config_.source + " with the trial's hyperparameters " + detail::one_line(t.hparams) + ")");
+    return;
+  }
+  if (interrupting && (stopped || !ok)) {
+    t.state = TrialState::interrupted;
+    return;  // continued by the next run
+  }
+  if (ok || (stopped && stop_sent)) {
+    // A trial that reached its length before the stop arrived completed all the same.
+    t.state = ok ? TrialState::completed : TrialState::stopped_by_searcher;
+  } else if (t.restarts < config_.max_restarts) {
+    ++t.restarts;
+    log_event({{"event", "restart"}, {"trial", id}, {"restarts", t.restarts}});
+    say("[experiment] trial " + std::to_string(id) + " failed (" + describe_failure(id, status) + "); restart " +
+        std::to_string(t.restarts) + " of " + std::to_string(config_.max_restarts) + " from its latest checkpoint");
+    queue_.push_back(id);
+    return;
+  } else {
+    t.state = TrialState::errored;
+    std::fprintf(stderr, "[experiment] trial %lld failed (%s) after %lld restarts; see %s\n", static_cast<long long>(id),
+                 describe_failure(id, status).c_str(), static_cast<long long>(t.restarts),
+                 (trial_dir(id) / "log.txt").c_str());
+  }
+  log_event({{"event", "end"}, {"trial", id}, {"state", to_string(t.state)}, {"restarts", t.restarts}});
+  say("[experiment] trial " + std::to_string(id) + " " + to_string(t.state) + " after " + std::to_string(t.batches_trained) + " batches");
+  for (auto& r : std::visit([&](auto& s) { return s.on_trial_end(id); }, searcher_)) add_trial(std::move(r));
+}
+
+DETTRIAL_INLINE std::string Experiment::last_error_line(std::int64_t id) const {
+  std::ifstream in(trial_dir(id) / "log.txt");
+  std::string line, last;
+  while (std::getline(in, line))
+    if (line.rfind("error: ", 0) == 0) last = line;
+  return last;
+}
+
+DETTRIAL_INLINE std::string Experiment::describe_failure(std::int64_t id, int status) const {
+  const std::string error = last_error_line(id);
+  return describe_status(status) + (error.empty() ? "" : ": " + error);
+}
+
+DETTRIAL_INLINE std::string Experiment::describe_status(int status) {
+  if (WIFSIGNALED(status)) return "killed by signal " + std::to_string(WTERMSIG(status));
+  return "exit status " + std::to_string(WEXITSTATUS(status));
+}
+
+DETTRIAL_INLINE void Experiment::refresh_from_disk(TrialSummary& t) const {
+  const auto checkpoints = list_checkpoints(trial_dir(t.id) / "checkpoints");
+  t.best_checkpoint.clear();
+  std::optional<double> best;
+  for (const auto& c : checkpoints) {
+    t.batches_trained = std::max(t.batches_trained, c.batches_trained);
+    if (c.validation_metric && order().improves(*c.validation_metric, best)) {
+      best = c.validation_metric;
+      t.best_checkpoint = c.path.string();
+    }
+  }
+  if (t.best_checkpoint.empty() && !checkpoints.empty()) t.best_checkpoint = checkpoints.back().path.string();
+}
+
+DETTRIAL_INLINE void Experiment::apply_experiment_retention() {
+  const auto& storage = config_.checkpoint_storage;
+  if (storage.save_experiment_best == 0) return;  // the trials applied their own retention already
+  std::vector<CheckpointInfo> ranked;
+  std::map<std::string, std::int64_t> trial_best_keep;  // uuid -> kept by its trial's rules
+  for (const auto& [id, t] : trials_) {
+    const auto all = list_checkpoints(trial_dir(id) / "checkpoints");
+    for (const auto& c : checkpoints_to_delete(all, {.save_trial_best = storage.save_trial_best, .save_trial_latest = storage.save_trial_latest},
+                                               config_.searcher.smaller_is_better))
+      trial_best_keep[c.uuid] = 0;  // candidates for deletion
+    for (const auto& c : all)
+      if (c.validation_metric) ranked.push_back(c);
+  }
+  std::stable_sort(ranked.begin(), ranked.end(), [&](const CheckpointInfo& a, const CheckpointInfo& b) {
+    return order().better(*a.validation_metric, *b.validation_metric);
+  });
+  for (std::size_t k = 0; k < ranked.size() && static_cast<std::int64_t>(k) < storage.save_experiment_best; ++k)
+    trial_best_keep.erase(ranked[k].uuid);  // among the experiment's best: kept
+  for (const auto& [id, t] : trials_)
+    for (const auto& c : list_checkpoints(trial_dir(id) / "checkpoints"))
+      if (trial_best_keep.count(c.uuid)) delete_checkpoint(c);
+}
+
+DETTRIAL_INLINE void Experiment::write_summary() {
+  detail::Json summary = {{"experiment", config_.name.empty() ? config_.description : config_.name},
+                          {"searcher", config_.searcher.name},
+                          {"metric", config_.searcher.metric},
+                          {"trials", detail::Json::array()}};
+  const auto optional = [](const std::optional<double>& v) { return v ? detail::Json(*v) : detail::Json(nullptr); };
+  std::string table = "\n trial  state           batches  restarts  best " + config_.searcher.metric + "  last  hyperparameters\n";
+  std::optional<std::int64_t> best_trial;
+  for (auto& [id, t] : trials_) {
+    refresh_from_disk(t);
+    if (t.best_metric && (!best_trial || order().better(*t.best_metric, *trials_.at(*best_trial).best_metric)))
+      best_trial = id;
+    summary["trials"].push_back({{"id", id},
+                                 {"state", to_string(t.state)},
+                                 {"batches_trained", t.batches_trained},
+                                 {"restarts", t.restarts},
+                                 {"hparams", detail::yaml_to_json(t.hparams)},
+                                 {"best_metric", optional(t.best_metric)},
+                                 {"last_metric", optional(t.last_metric)},
+                                 {"best_checkpoint", t.best_checkpoint}});
+    char row[160];
+    std::snprintf(row, sizeof row, " %5lld  %-14s %8lld  %8lld  %12s  %6s  ", static_cast<long long>(id), to_string(t.state),
+                  static_cast<long long>(t.batches_trained), static_cast<long long>(t.restarts),
+                  t.best_metric ? std::to_string(*t.best_metric).c_str() : "-", t.last_metric ? std::to_string(*t.last_metric).c_str() : "-");
+    table += row + detail::one_line(t.hparams) + "\n";
+  }
+  summary["best_trial"] = best_trial ? detail::Json(*best_trial) : detail::Json(nullptr);
+  detail::write_file_synced(options_.output_dir / "summary.json", detail::json_text(summary));
+  if (best_trial) table += " best: trial " + std::to_string(*best_trial) + ", checkpoint " + trials_.at(*best_trial).best_checkpoint + "\n";
+  say(table + " summary: " + (options_.output_dir / "summary.json").string());
+}
+
+}  // namespace dettrial
+#endif  // DETTRIAL_HEADER_DEFINITIONS

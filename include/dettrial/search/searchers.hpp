@@ -22,6 +22,7 @@
 #include "../detail/random.hpp"
 #include "../detail/yaml.hpp"
 #include "hyperparameter_space.hpp"
+#include "../detail/linkage.hpp"
 
 namespace dettrial {
 
@@ -76,31 +77,15 @@ namespace searcher {
 /// each time one ends, `max_concurrent_trials` at a time; validations never stop a trial.
 class Random {
  public:
-  Random(SearcherConfig config, HyperparameterSpace space, std::uint64_t experiment_seed)
-      : config_(std::move(config)), space_(std::move(space)), random_(experiment_seed) {}
+  Random(SearcherConfig config, HyperparameterSpace space, std::uint64_t experiment_seed);
 
-  std::vector<TrialRequest> initial() {
-    std::vector<TrialRequest> out;
-    const std::int64_t first = config_.max_concurrent_trials > 0 ? std::min(config_.max_trials, config_.max_concurrent_trials) : config_.max_trials;
-    for (std::int64_t i = 0; i < first; ++i) out.push_back(next());
-    return out;
-  }
+  std::vector<TrialRequest> initial();
   SearcherDecision on_validation(std::int64_t, double, double) { return SearcherDecision::keep_training; }
-  std::vector<TrialRequest> on_trial_end(std::int64_t) {
-    if (created_ < config_.max_trials) return {next()};
-    return {};
-  }
+  std::vector<TrialRequest> on_trial_end(std::int64_t);
   std::int64_t max_trials() const { return config_.max_trials; }
 
  private:
-  TrialRequest next() {
-    TrialRequest r;
-    r.id = ++created_;
-    r.seed = random_.trial_seed();
-    r.hparams = space_.sample(random_.engine());
-    r.max_length = config_.max_length;
-    return r;
-  }
+  TrialRequest next();
   SearcherConfig config_;
   HyperparameterSpace space_;
   detail::SearchRandom random_;
@@ -110,32 +95,15 @@ class Random {
 /// `grid`: every point of the grid, `max_concurrent_trials` at a time.
 class Grid {
  public:
-  Grid(SearcherConfig config, const HyperparameterSpace& space, std::uint64_t experiment_seed)
-      : config_(std::move(config)), points_(space.grid()), random_(experiment_seed) {}
+  Grid(SearcherConfig config, const HyperparameterSpace& space, std::uint64_t experiment_seed);
 
-  std::vector<TrialRequest> initial() {
-    std::vector<TrialRequest> out;
-    const auto n = static_cast<std::int64_t>(points_.size());
-    const std::int64_t first = config_.max_concurrent_trials > 0 ? std::min(n, config_.max_concurrent_trials) : n;
-    for (std::int64_t i = 0; i < first; ++i) out.push_back(next());
-    return out;
-  }
+  std::vector<TrialRequest> initial();
   SearcherDecision on_validation(std::int64_t, double, double) { return SearcherDecision::keep_training; }
-  std::vector<TrialRequest> on_trial_end(std::int64_t) {
-    if (created_ < static_cast<std::int64_t>(points_.size())) return {next()};
-    return {};
-  }
+  std::vector<TrialRequest> on_trial_end(std::int64_t);
   std::int64_t max_trials() const { return static_cast<std::int64_t>(points_.size()); }
 
  private:
-  TrialRequest next() {
-    TrialRequest r;
-    r.hparams = points_[static_cast<std::size_t>(created_)];
-    r.id = ++created_;
-    r.seed = random_.trial_seed();
-    r.max_length = config_.max_length;
-    return r;
-  }
+  TrialRequest next();
   SearcherConfig config_;
   std::vector<YAML::Node> points_;
   detail::SearchRandom random_;
@@ -151,7 +119,109 @@ struct AshaBracket {
 };
 
 /// Determined's bracket arithmetic (`adaptive_asha.go`).
-inline std::vector<AshaBracket> asha_brackets(const SearcherConfig& c) {
+DETTRIAL_INLINE std::vector<AshaBracket> asha_brackets(const SearcherConfig& c);
+
+/**
+ * @brief `adaptive_asha`, stopping-based as Determined implements it: trials train until stopped.
+ * On each validation a trial's metric enters every rung whose time it has reached; it is stopped at
+ * the top rung, or where it ranks outside the best `max(len(rung) / divisor, 1)` so far. A stopped or
+ * ended trial is replaced (new hyperparameters) while its bracket has trials left to create.
+ */
+class AdaptiveAsha {
+ public:
+  AdaptiveAsha(SearcherConfig config, HyperparameterSpace space, std::uint64_t experiment_seed);
+
+  const std::vector<AshaBracket>& brackets() const { return brackets_; }
+
+  std::vector<TrialRequest> initial();
+
+  /// `metric` is the searcher metric, `time` the time metric's value at this validation.
+  SearcherDecision on_validation(std::int64_t trial, double metric, double time);
+
+  /// A trial ended (stopped, finished or failed for good): its bracket may start a replacement.
+  std::vector<TrialRequest> on_trial_end(std::int64_t trial);
+  std::int64_t max_trials() const { return config_.max_trials; }
+
+ private:
+  struct State {
+    int bracket = 0;
+    std::int64_t rung = 0;
+  };
+  TrialRequest next(std::size_t bracket);
+  SearcherConfig config_;
+  HyperparameterSpace space_;
+  detail::SearchRandom random_;
+  std::vector<AshaBracket> brackets_;
+  std::vector<std::vector<std::vector<double>>> rung_metrics_;  // bracket, rung: sorted metrics
+  std::vector<std::int64_t> created_;
+  std::map<std::int64_t, State> trials_;
+  std::int64_t last_id_ = 0;
+};
+
+}  // namespace searcher
+
+/// The searcher an experiment config names.
+using Searcher = std::variant<searcher::Random, searcher::Grid, searcher::AdaptiveAsha>;
+
+/// Builds the searcher `config` names over `space` (single is random with one trial).
+DETTRIAL_INLINE Searcher make_searcher(const SearcherConfig& config, const HyperparameterSpace& space, std::uint64_t experiment_seed);
+
+}  // namespace dettrial
+
+// Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
+#if DETTRIAL_HEADER_DEFINITIONS
+namespace dettrial::searcher {
+
+DETTRIAL_INLINE Random::Random(SearcherConfig config, HyperparameterSpace space, std::uint64_t experiment_seed)
+    : config_(std::move(config)), space_(std::move(space)), random_(experiment_seed) {}
+
+DETTRIAL_INLINE std::vector<TrialRequest> Random::initial() {
+  std::vector<TrialRequest> out;
+  const std::int64_t first = config_.max_concurrent_trials > 0 ? std::min(config_.max_trials, config_.max_concurrent_trials) : config_.max_trials;
+  for (std::int64_t i = 0; i < first; ++i) out.push_back(next());
+  return out;
+}
+
+DETTRIAL_INLINE std::vector<TrialRequest> Random::on_trial_end(std::int64_t) {
+  if (created_ < config_.max_trials) return {next()};
+  return {};
+}
+
+DETTRIAL_INLINE TrialRequest Random::next() {
+  TrialRequest r;
+  r.id = ++created_;
+  r.seed = random_.trial_seed();
+  r.hparams = space_.sample(random_.engine());
+  r.max_length = config_.max_length;
+  return r;
+}
+
+DETTRIAL_INLINE Grid::Grid(SearcherConfig config, const HyperparameterSpace& space, std::uint64_t experiment_seed)
+    : config_(std::move(config)), points_(space.grid()), random_(experiment_seed) {}
+
+DETTRIAL_INLINE std::vector<TrialRequest> Grid::initial() {
+  std::vector<TrialRequest> out;
+  const auto n = static_cast<std::int64_t>(points_.size());
+  const std::int64_t first = config_.max_concurrent_trials > 0 ? std::min(n, config_.max_concurrent_trials) : n;
+  for (std::int64_t i = 0; i < first; ++i) out.push_back(next());
+  return out;
+}
+
+DETTRIAL_INLINE std::vector<TrialRequest> Grid::on_trial_end(std::int64_t) {
+  if (created_ < static_cast<std::int64_t>(points_.size())) return {next()};
+  return {};
+}
+
+DETTRIAL_INLINE TrialRequest Grid::next() {
+  TrialRequest r;
+  r.hparams = points_[static_cast<std::size_t>(created_)];
+  r.id = ++created_;
+  r.seed = random_.trial_seed();
+  r.max_length = config_.max_length;
+  return r;
+}
+
+DETTRIAL_INLINE std::vector<AshaBracket> asha_brackets(const SearcherConfig& c) {
   if (c.max_trials < 1) throw ConfigError("adaptive_asha needs max_trials of at least 1");
   if (c.max_time < 1) throw ConfigError("adaptive_asha needs max_time of at least 1");
   if (!(c.divisor > 1)) throw ConfigError("adaptive_asha needs a divisor greater than 1");
@@ -197,93 +267,64 @@ inline std::vector<AshaBracket> asha_brackets(const SearcherConfig& c) {
   return out;
 }
 
-/**
- * @brief `adaptive_asha`, stopping-based as Determined implements it: trials train until stopped.
- * On each validation a trial's metric enters every rung whose time it has reached; it is stopped at
- * the top rung, or where it ranks outside the best `max(len(rung) / divisor, 1)` so far. A stopped or
- * ended trial is replaced (new hyperparameters) while its bracket has trials left to create.
- */
-class AdaptiveAsha {
- public:
-  AdaptiveAsha(SearcherConfig config, HyperparameterSpace space, std::uint64_t experiment_seed)
-      : config_(std::move(config)), space_(std::move(space)), random_(experiment_seed), brackets_(asha_brackets(config_)) {
-    rung_metrics_.resize(brackets_.size());
-    for (std::size_t b = 0; b < brackets_.size(); ++b) rung_metrics_[b].resize(static_cast<std::size_t>(brackets_[b].rungs));
-    created_.assign(brackets_.size(), 0);
+DETTRIAL_INLINE AdaptiveAsha::AdaptiveAsha(SearcherConfig config, HyperparameterSpace space, std::uint64_t experiment_seed)
+    : config_(std::move(config)), space_(std::move(space)), random_(experiment_seed), brackets_(asha_brackets(config_)) {
+  rung_metrics_.resize(brackets_.size());
+  for (std::size_t b = 0; b < brackets_.size(); ++b) rung_metrics_[b].resize(static_cast<std::size_t>(brackets_[b].rungs));
+  created_.assign(brackets_.size(), 0);
+}
+
+DETTRIAL_INLINE std::vector<TrialRequest> AdaptiveAsha::initial() {
+  std::vector<TrialRequest> out;
+  for (std::size_t b = 0; b < brackets_.size(); ++b)
+    for (std::int64_t i = 0; i < std::min(brackets_[b].max_concurrent, brackets_[b].max_trials); ++i) out.push_back(next(b));
+  return out;
+}
+
+DETTRIAL_INLINE SearcherDecision AdaptiveAsha::on_validation(std::int64_t trial, double metric, double time) {
+  auto it = trials_.find(trial);
+  if (it == trials_.end()) return SearcherDecision::keep_training;
+  State& s = it->second;
+  const double value = config_.smaller_is_better ? metric : -metric;
+  const AshaBracket& bracket = brackets_[static_cast<std::size_t>(s.bracket)];
+  while (s.rung < bracket.rungs && time >= static_cast<double>(bracket.units_needed[static_cast<std::size_t>(s.rung)])) {
+    auto& rung = rung_metrics_[static_cast<std::size_t>(s.bracket)][static_cast<std::size_t>(s.rung)];
+    const auto pos = std::upper_bound(rung.begin(), rung.end(), value);
+    const auto index = static_cast<std::int64_t>(pos - rung.begin());
+    rung.insert(pos, value);
+    if (s.rung == bracket.rungs - 1) return SearcherDecision::stop;  // the top rung: done
+    if (index >= std::max<std::int64_t>(static_cast<std::int64_t>(static_cast<double>(rung.size()) / config_.divisor), 1))
+      return SearcherDecision::stop;
+    ++s.rung;
   }
+  return SearcherDecision::keep_training;
+}
 
-  const std::vector<AshaBracket>& brackets() const { return brackets_; }
+DETTRIAL_INLINE std::vector<TrialRequest> AdaptiveAsha::on_trial_end(std::int64_t trial) {
+  auto it = trials_.find(trial);
+  if (it == trials_.end()) return {};
+  const auto b = static_cast<std::size_t>(it->second.bracket);
+  if (created_[b] < brackets_[b].max_trials) return {next(b)};
+  return {};
+}
 
-  std::vector<TrialRequest> initial() {
-    std::vector<TrialRequest> out;
-    for (std::size_t b = 0; b < brackets_.size(); ++b)
-      for (std::int64_t i = 0; i < std::min(brackets_[b].max_concurrent, brackets_[b].max_trials); ++i) out.push_back(next(b));
-    return out;
-  }
+DETTRIAL_INLINE TrialRequest AdaptiveAsha::next(std::size_t bracket) {
+  TrialRequest r;
+  r.id = ++last_id_;
+  r.seed = random_.trial_seed();
+  r.hparams = space_.sample(random_.engine());
+  r.max_length = config_.max_time;
+  r.bracket = static_cast<int>(bracket);
+  ++created_[bracket];
+  trials_[r.id] = State{static_cast<int>(bracket), 0};
+  return r;
+}
 
-  /// `metric` is the searcher metric, `time` the time metric's value at this validation.
-  SearcherDecision on_validation(std::int64_t trial, double metric, double time) {
-    auto it = trials_.find(trial);
-    if (it == trials_.end()) return SearcherDecision::keep_training;
-    State& s = it->second;
-    const double value = config_.smaller_is_better ? metric : -metric;
-    const AshaBracket& bracket = brackets_[static_cast<std::size_t>(s.bracket)];
-    while (s.rung < bracket.rungs && time >= static_cast<double>(bracket.units_needed[static_cast<std::size_t>(s.rung)])) {
-      auto& rung = rung_metrics_[static_cast<std::size_t>(s.bracket)][static_cast<std::size_t>(s.rung)];
-      const auto pos = std::upper_bound(rung.begin(), rung.end(), value);
-      const auto index = static_cast<std::int64_t>(pos - rung.begin());
-      rung.insert(pos, value);
-      if (s.rung == bracket.rungs - 1) return SearcherDecision::stop;  // the top rung: done
-      if (index >= std::max<std::int64_t>(static_cast<std::int64_t>(static_cast<double>(rung.size()) / config_.divisor), 1))
-        return SearcherDecision::stop;
-      ++s.rung;
-    }
-    return SearcherDecision::keep_training;
-  }
+}  // namespace dettrial::searcher
 
-  /// A trial ended (stopped, finished or failed for good): its bracket may start a replacement.
-  std::vector<TrialRequest> on_trial_end(std::int64_t trial) {
-    auto it = trials_.find(trial);
-    if (it == trials_.end()) return {};
-    const auto b = static_cast<std::size_t>(it->second.bracket);
-    if (created_[b] < brackets_[b].max_trials) return {next(b)};
-    return {};
-  }
-  std::int64_t max_trials() const { return config_.max_trials; }
+namespace dettrial {
 
- private:
-  struct State {
-    int bracket = 0;
-    std::int64_t rung = 0;
-  };
-  TrialRequest next(std::size_t bracket) {
-    TrialRequest r;
-    r.id = ++last_id_;
-    r.seed = random_.trial_seed();
-    r.hparams = space_.sample(random_.engine());
-    r.max_length = config_.max_time;
-    r.bracket = static_cast<int>(bracket);
-    ++created_[bracket];
-    trials_[r.id] = State{static_cast<int>(bracket), 0};
-    return r;
-  }
-  SearcherConfig config_;
-  HyperparameterSpace space_;
-  detail::SearchRandom random_;
-  std::vector<AshaBracket> brackets_;
-  std::vector<std::vector<std::vector<double>>> rung_metrics_;  // bracket, rung: sorted metrics
-  std::vector<std::int64_t> created_;
-  std::map<std::int64_t, State> trials_;
-  std::int64_t last_id_ = 0;
-};
-
-}  // namespace searcher
-
-/// The searcher an experiment config names.
-using Searcher = std::variant<searcher::Random, searcher::Grid, searcher::AdaptiveAsha>;
-
-/// Builds the searcher `config` names over `space` (single is random with one trial).
-inline Searcher make_searcher(const SearcherConfig& config, const HyperparameterSpace& space, std::uint64_t experiment_seed) {
+DETTRIAL_INLINE Searcher make_searcher(const SearcherConfig& config, const HyperparameterSpace& space, std::uint64_t experiment_seed) {
   if (config.name == "single") {
     SearcherConfig one = config;
     one.max_trials = 1;
@@ -296,3 +337,4 @@ inline Searcher make_searcher(const SearcherConfig& config, const Hyperparameter
 }
 
 }  // namespace dettrial
+#endif  // DETTRIAL_HEADER_DEFINITIONS

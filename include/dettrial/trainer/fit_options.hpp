@@ -14,6 +14,7 @@
 #include "../metrics/metrics.hpp"
 #include "../report/progress.hpp"
 #include "../config/units.hpp"
+#include "../detail/linkage.hpp"
 
 namespace dettrial {
 
@@ -65,21 +66,7 @@ struct FitOptions {
    * max_steps x scheduling_unit), min_validation_period, min_checkpoint_period, reporting every
    * scheduling_unit batches, perform_initial_validation, checkpoint_policy and the searcher metric.
    */
-  static FitOptions from_config(const ExperimentConfig& config) {
-    FitOptions o;
-    o.max_length = config.searcher.max_length;
-    if (config.min_validation_period) o.validation_period = *config.min_validation_period;
-    if (config.min_checkpoint_period) o.checkpoint_period = *config.min_checkpoint_period;
-    o.reporting_period = Batch(config.scheduling_unit);
-    o.step_zero_validation = config.perform_initial_validation;
-    o.checkpoint_policy = config.checkpoint_policy;
-    o.searcher_metric = config.searcher.metric;
-    o.smaller_is_better = config.searcher.smaller_is_better;
-    if (config.checkpoint_storage.path) o.checkpoint_dir = *config.checkpoint_storage.path;
-    o.retention = {.save_trial_best = config.checkpoint_storage.save_trial_best,
-                   .save_trial_latest = config.checkpoint_storage.save_trial_latest};
-    return o;
-  }
+  static FitOptions from_config(const ExperimentConfig& config);
 };
 
 /// What fit returns.
@@ -106,3 +93,26 @@ struct FitResult {
 };
 
 }  // namespace dettrial
+
+// Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
+#if DETTRIAL_HEADER_DEFINITIONS
+namespace dettrial {
+
+DETTRIAL_INLINE FitOptions FitOptions::from_config(const ExperimentConfig& config) {
+  FitOptions o;
+  o.max_length = config.searcher.max_length;
+  if (config.min_validation_period) o.validation_period = *config.min_validation_period;
+  if (config.min_checkpoint_period) o.checkpoint_period = *config.min_checkpoint_period;
+  o.reporting_period = Batch(config.scheduling_unit);
+  o.step_zero_validation = config.perform_initial_validation;
+  o.checkpoint_policy = config.checkpoint_policy;
+  o.searcher_metric = config.searcher.metric;
+  o.smaller_is_better = config.searcher.smaller_is_better;
+  if (config.checkpoint_storage.path) o.checkpoint_dir = *config.checkpoint_storage.path;
+  o.retention = {.save_trial_best = config.checkpoint_storage.save_trial_best,
+                 .save_trial_latest = config.checkpoint_storage.save_trial_latest};
+  return o;
+}
+
+}  // namespace dettrial
+#endif  // DETTRIAL_HEADER_DEFINITIONS
