@@ -119,6 +119,48 @@ data: {dir: /data}
                        doctest::Contains("adaptive.yaml:3:5: hyperparameter 'lr' is a search space (type: log)"), ConfigError);
 }
 
+TEST_CASE("legacy integer periods count steps of scheduling_unit batches, as Determined reads them") {
+  // The TFKerasTrial tutorial's const.yaml, unchanged.
+  const auto c = ExperimentConfig::parse(R"(description: mnist_keras_const_simple
+hyperparameters:
+    global_batch_size: 32
+searcher:
+    name: single
+    metric: val_accuracy
+    max_steps: 40
+min_validation_period: 10
+entrypoint: model_def:MNISTTrial
+)", "const.yaml");
+  REQUIRE(c.min_validation_period);
+  CHECK(*c.min_validation_period == TrainUnit(Batch(1000)));
+  CHECK(*c.searcher.max_length == TrainUnit(Batch(4000)));
+  CHECK_FALSE(c.min_checkpoint_period);
+  const auto seven = ExperimentConfig::parse("scheduling_unit: 7
+min_validation_period: 3
+min_checkpoint_period: 0
+");
+  CHECK(*seven.min_validation_period == TrainUnit(Batch(21)));
+  CHECK(seven.min_checkpoint_period->is_never());
+  CHECK_THROWS_WITH_AS(ExperimentConfig::parse("min_validation_period: -2\n", "p.yaml"),
+                       doctest::Contains("p.yaml:1:24: 'min_validation_period' is -2; give a length such as {batches: 1000}"),
+                       ConfigError);
+  CHECK_THROWS_WITH_AS(ExperimentConfig::parse("min_checkpoint_period: often\n", "p.yaml"),
+                       doctest::Contains("'min_checkpoint_period' is 'often'"), ConfigError);
+  CHECK_THROWS_WITH_AS(ExperimentConfig::parse("searcher: {max_length: 40}\n", "p.yaml"),
+                       doctest::Contains("'max_length' must be a map with exactly one of batches, records or epochs"), ConfigError);
+}
+
+TEST_CASE("shared_fs's legacy checkpoint_path and tensorboard_path are accepted as cluster-only fields") {
+  const auto c = ExperimentConfig::parse(R"(checkpoint_storage:
+  type: shared_fs
+  host_path: /tmp
+  checkpoint_path: determined-checkpoint
+  tensorboard_path: determined-tensorboard
+)");
+  CHECK(c.ignored_fields == std::vector<std::string>{"checkpoint_storage.checkpoint_path", "checkpoint_storage.tensorboard_path"});
+  CHECK(c.checkpoint_storage.path == std::filesystem::path("/tmp"));
+}
+
 TEST_CASE("reproducibility.deterministic turns LibTorch's deterministic switches on, and off again") {
   const ExperimentConfig on = ExperimentConfig::parse("reproducibility: {experiment_seed: 3, deterministic: true}\n", "d.yaml");
   REQUIRE(on.deterministic);

@@ -183,7 +183,10 @@ class ExperimentConfig {
         throw ConfigError(detail::where(node, source) + ": '" + key + "' is " + detail::describe(node) + ", which is not a " +
                           detail::type_name<T>());
     }
-    std::optional<TrainUnit> length(const YAML::Node& map, const char* key, bool zero_means_never) const;
+    /// A length (`{batches: N}`, `{records: N}`, `{epochs: N}`). With `step_batches` > 0, a plain
+    /// integer is also accepted: Determined's legacy form, N steps of `step_batches` batches.
+    std::optional<TrainUnit> length(const YAML::Node& map, const char* key, bool zero_means_never,
+                                    std::int64_t step_batches = 0) const;
   };
 };
 
@@ -277,8 +280,9 @@ DETTRIAL_INLINE ExperimentConfig ExperimentConfig::from_yaml(const YAML::Node& r
   r.read(root, "records_per_epoch", c.records_per_epoch);
   r.read(root, "perform_initial_validation", c.perform_initial_validation);
   r.read(root, "max_restarts", c.max_restarts);
-  c.min_validation_period = r.length(root, "min_validation_period", /*zero_means_never=*/true);
-  c.min_checkpoint_period = r.length(root, "min_checkpoint_period", /*zero_means_never=*/true);
+  // The legacy integer form counts steps of scheduling_unit batches, as Determined reads it.
+  c.min_validation_period = r.length(root, "min_validation_period", /*zero_means_never=*/true, c.scheduling_unit);
+  c.min_checkpoint_period = r.length(root, "min_checkpoint_period", /*zero_means_never=*/true, c.scheduling_unit);
   if (const YAML::Node p = root["checkpoint_policy"]) {
     std::string s;
     r.read(root, "checkpoint_policy", s);
@@ -371,7 +375,8 @@ DETTRIAL_INLINE void ExperimentConfig::check_fields(const YAML::Node& root, cons
   static const std::vector<std::string> reproducibility = {"experiment_seed", "deterministic"};
   static const std::vector<std::string> storage = {"type", "host_path", "storage_path", "container_path", "propagation",
                                                    "save_experiment_best", "save_trial_best", "save_trial_latest"};
-  static const std::vector<std::string> storage_cloud = {"bucket", "access_key", "secret_key", "endpoint_url", "prefix",
+  // Cloud storage, and shared_fs's legacy checkpoint_path / tensorboard_path (paths inside a task's container).
+  static const std::vector<std::string> storage_cloud = {"checkpoint_path", "tensorboard_path", "bucket", "access_key", "secret_key", "endpoint_url", "prefix",
                                                          "region", "credentials", "account_url", "connection_string", "container"};
   check_map(root, "", top, top_cluster, source, ignored);
   const std::pair<const char*, std::pair<const std::vector<std::string>*, const std::vector<std::string>*>> sections[] = {
@@ -435,12 +440,22 @@ DETTRIAL_INLINE YAML::Node ExperimentConfig::resolve_constants(const YAML::Node&
 }
 
 DETTRIAL_INLINE std::optional<TrainUnit> ExperimentConfig::Reader::length(const YAML::Node& map, const char* key,
-                                                                          bool zero_means_never) const {
+                                                                          bool zero_means_never, std::int64_t step_batches) const {
   const YAML::Node node = map[key];
   if (!node || node.IsNull()) return std::nullopt;
+  if (step_batches > 0 && node.IsScalar()) {
+    std::int64_t steps = 0;
+    if (!detail::try_read(node, steps) || steps < 0)
+      throw ConfigError(detail::where(node, source) + ": '" + key + "' is " + detail::describe(node) +
+                        "; give a length such as {batches: 1000}, or a non-negative number of steps of scheduling_unit (" +
+                        std::to_string(step_batches) + ") batches");
+    if (zero_means_never && steps < 1) return TrainUnit(Unit::batches, TrainUnit::never_value);
+    return TrainUnit(Unit::batches, steps * step_batches);
+  }
   if (!node.IsMap() || node.size() != 1)
     throw ConfigError(detail::where(node, source) + ": '" + key +
-                      "' must be a map with exactly one of batches, records or epochs, e.g. {batches: 1000}");
+                      "' must be a map with exactly one of batches, records or epochs, e.g. {batches: 1000}" +
+                      (step_batches > 0 ? ", or a number of steps of scheduling_unit batches" : ""));
   const std::string unit_name = node.begin()->first.Scalar();
   Unit unit;
   if (unit_name == "batches") unit = Unit::batches;
