@@ -79,6 +79,6 @@ if compile_base:
                  "dettrial MNIST example main, main.hpp precompiled",
                  "dettrial's compiled part (once per build, separate compilation)"):
         if f"compile time at -O2: {side}" in by_name:
-            print(f"{'compile time at -O2, ' + side + ' / plain LibTorch loop':76} {by_name['compile time at -O2: ' + side]['value'] / compile_base['value']:8.2f}x")
+            print(f"{'compile time at -O2, ' + side + ' / plain LibTorch loop':112} {by_name['compile time at -O2: ' + side]['value'] / compile_base['value']:8.2f}x")
 torch_version = next((r["torch"] for r in rows if "torch" in r), "?")
 print(f"\nmachine: {platform.machine()}, {platform.processor() or 'cpu'}, {__import__('os').cpu_count()} cores; python torch {torch_version}")

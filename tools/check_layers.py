@@ -19,7 +19,7 @@ LAYERS = [
     ["config", "data", "metrics", "optim"],
     ["distributed"],
     ["context"],
-    ["trial", "checkpoint", "report"],
+    ["trial", "keras", "checkpoint", "report"],
     ["trainer"],
     ["search"],
     ["dettrial.hpp"],

@@ -689,7 +689,10 @@ class ExperimentConfig {
         throw ConfigError(detail::where(node, source) + ": '" + key + "' is " + detail::describe(node) + ", which is not a " +
                           detail::type_name<T>());
     }
-    std::optional<TrainUnit> length(const YAML::Node& map, const char* key, bool zero_means_never) const;
+    /// A length (`{batches: N}`, `{records: N}`, `{epochs: N}`). With `step_batches` > 0, a plain
+    /// integer is also accepted: Determined's legacy form, N steps of `step_batches` batches.
+    std::optional<TrainUnit> length(const YAML::Node& map, const char* key, bool zero_means_never,
+                                    std::int64_t step_batches = 0) const;
   };
 };
 
@@ -783,8 +786,9 @@ DETTRIAL_INLINE ExperimentConfig ExperimentConfig::from_yaml(const YAML::Node& r
   r.read(root, "records_per_epoch", c.records_per_epoch);
   r.read(root, "perform_initial_validation", c.perform_initial_validation);
   r.read(root, "max_restarts", c.max_restarts);
-  c.min_validation_period = r.length(root, "min_validation_period", /*zero_means_never=*/true);
-  c.min_checkpoint_period = r.length(root, "min_checkpoint_period", /*zero_means_never=*/true);
+  // The legacy integer form counts steps of scheduling_unit batches, as Determined reads it.
+  c.min_validation_period = r.length(root, "min_validation_period", /*zero_means_never=*/true, c.scheduling_unit);
+  c.min_checkpoint_period = r.length(root, "min_checkpoint_period", /*zero_means_never=*/true, c.scheduling_unit);
   if (const YAML::Node p = root["checkpoint_policy"]) {
     std::string s;
     r.read(root, "checkpoint_policy", s);
@@ -877,7 +881,8 @@ DETTRIAL_INLINE void ExperimentConfig::check_fields(const YAML::Node& root, cons
   static const std::vector<std::string> reproducibility = {"experiment_seed", "deterministic"};
   static const std::vector<std::string> storage = {"type", "host_path", "storage_path", "container_path", "propagation",
                                                    "save_experiment_best", "save_trial_best", "save_trial_latest"};
-  static const std::vector<std::string> storage_cloud = {"bucket", "access_key", "secret_key", "endpoint_url", "prefix",
+  // Cloud storage, and shared_fs's legacy checkpoint_path / tensorboard_path (paths inside a task's container).
+  static const std::vector<std::string> storage_cloud = {"checkpoint_path", "tensorboard_path", "bucket", "access_key", "secret_key", "endpoint_url", "prefix",
                                                          "region", "credentials", "account_url", "connection_string", "container"};
   check_map(root, "", top, top_cluster, source, ignored);
   const std::pair<const char*, std::pair<const std::vector<std::string>*, const std::vector<std::string>*>> sections[] = {
@@ -941,12 +946,22 @@ DETTRIAL_INLINE YAML::Node ExperimentConfig::resolve_constants(const YAML::Node&
 }
 
 DETTRIAL_INLINE std::optional<TrainUnit> ExperimentConfig::Reader::length(const YAML::Node& map, const char* key,
-                                                                          bool zero_means_never) const {
+                                                                          bool zero_means_never, std::int64_t step_batches) const {
   const YAML::Node node = map[key];
   if (!node || node.IsNull()) return std::nullopt;
+  if (step_batches > 0 && node.IsScalar()) {
+    std::int64_t steps = 0;
+    if (!detail::try_read(node, steps) || steps < 0)
+      throw ConfigError(detail::where(node, source) + ": '" + key + "' is " + detail::describe(node) +
+                        "; give a length such as {batches: 1000}, or a non-negative number of steps of scheduling_unit (" +
+                        std::to_string(step_batches) + ") batches");
+    if (zero_means_never && steps < 1) return TrainUnit(Unit::batches, TrainUnit::never_value);
+    return TrainUnit(Unit::batches, steps * step_batches);
+  }
   if (!node.IsMap() || node.size() != 1)
     throw ConfigError(detail::where(node, source) + ": '" + key +
-                      "' must be a map with exactly one of batches, records or epochs, e.g. {batches: 1000}");
+                      "' must be a map with exactly one of batches, records or epochs, e.g. {batches: 1000}" +
+                      (step_batches > 0 ? ", or a number of steps of scheduling_unit batches" : ""));
   const std::string unit_name = node.begin()->first.Scalar();
   Unit unit;
   if (unit_name == "batches") unit = Unit::batches;
@@ -7106,6 +7121,420 @@ ScopeExit<F> on_scope_exit(F f) {
 
 }  // namespace dettrial::detail
 // ---- end dettrial/detail/scope_exit.hpp
+// ---- begin dettrial/keras/keras.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief The TFKerasTrial style: a compiled model (optimizer, loss and metrics by name, as
+/// `model.compile` takes them) and in-memory data; dettrial writes the training and validation steps.
+///
+/// A Keras-style trial has `build_model()` returning `dettrial::keras::compile(...)`'s result and
+/// `build_training_data_loader()` / `build_validation_data_loader()` returning an `InMemorySequence`
+/// (or any dettrial loader of `(inputs, labels)` batches); `Trainer<MyKerasTrial>` runs it through
+/// `keras::TrialAdapter`, under the same loop, checkpoints, searchers and data parallel as any trial.
+/// Training metrics are `loss` and the compiled metrics; validation metrics carry Keras's `val_`
+/// prefix (`val_loss`, `val_accuracy`).
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <variant>
+#include <vector>
+
+#include <torch/torch.h>
+
+
+namespace dettrial::keras {
+
+/**
+ * @brief Supervised data held in memory, in batches (Determined's `InMemorySequence`): inputs,
+ * labels with as many rows, and the batch size of this process's loader.
+ * @code{.cpp}
+ * return dettrial::keras::InMemorySequence{.data = images, .labels = labels, .batch_size = 32};
+ * @endcode
+ */
+struct InMemorySequence {
+  torch::Tensor data;
+  torch::Tensor labels;
+  std::int64_t batch_size = 32;
+  /// Training batches are drawn in a new order every epoch (Keras's `fit(shuffle=True)`), from the
+  /// trial's seed; validation batches come in order.
+  bool shuffle = true;
+};
+
+/// Loss functions with Keras's names and semantics (the mean over the batch).
+namespace losses {
+/// Integer class labels against logits (`from_logits`) or probabilities.
+struct SparseCategoricalCrossentropy {
+  bool from_logits = false;
+};
+/// One-hot (or soft) labels against logits or probabilities.
+struct CategoricalCrossentropy {
+  bool from_logits = false;
+};
+/// 0/1 labels against logits or probabilities, element-wise.
+struct BinaryCrossentropy {
+  bool from_logits = false;
+};
+struct MeanSquaredError {};
+struct MeanAbsoluteError {};
+/// A loss of one's own: `(y_pred, y_true) -> scalar tensor`.
+using Custom = std::function<torch::Tensor(const torch::Tensor& y_pred, const torch::Tensor& y_true)>;
+
+inline SparseCategoricalCrossentropy sparse_categorical_crossentropy(bool from_logits = false) { return {from_logits}; }
+inline CategoricalCrossentropy categorical_crossentropy(bool from_logits = false) { return {from_logits}; }
+inline BinaryCrossentropy binary_crossentropy(bool from_logits = false) { return {from_logits}; }
+}  // namespace losses
+
+/// The losses `compile` takes: one of Keras's (chosen once; a switch per batch) or one's own.
+using Loss = std::variant<losses::SparseCategoricalCrossentropy, losses::CategoricalCrossentropy, losses::BinaryCrossentropy,
+                          losses::MeanSquaredError, losses::MeanAbsoluteError, losses::Custom>;
+
+/// An optimizer by Keras's name (`"adam"`, `"sgd"`, `"rmsprop"`, `"adamw"`, `"adagrad"`, with
+/// Keras's default settings) or one already made over the model's parameters.
+using OptimizerChoice = std::variant<std::string, std::shared_ptr<torch::optim::Optimizer>>;
+
+/// What `model.compile` takes. Keras's defaults: RMSprop, no metrics.
+struct CompileOptions {
+  OptimizerChoice optimizer = std::string("rmsprop");
+  Loss loss = losses::SparseCategoricalCrossentropy{};
+  /// Metric names: `accuracy` (resolved from the loss as Keras does), `sparse_categorical_accuracy`,
+  /// `categorical_accuracy`, `binary_accuracy`, `mse`/`mean_squared_error`, `mae`/`mean_absolute_error`.
+  std::vector<std::string> metrics;
+};
+
+/// A metric `compile` resolved from its name; the name is what the reports show.
+struct CompiledMetric {
+  enum class Kind { sparse_categorical_accuracy, categorical_accuracy, binary_accuracy, mean_squared_error, mean_absolute_error };
+  Kind kind;
+  MetricKey name;
+  MetricKey validation_name;  // with Keras's "val_" prefix
+};
+
+/// A model with its optimizer, loss and metrics: what a Keras-style trial's `build_model()` returns.
+template <ModelHandle M>
+struct CompiledModel {
+  M model;
+  std::shared_ptr<torch::optim::Optimizer> optimizer;
+  Loss loss;
+  std::vector<CompiledMetric> metrics;
+};
+
+namespace detail {
+/// Keras's optimizer of that name over `parameters`, with Keras's defaults (Adam: lr 0.001, eps 1e-7; SGD:
+/// lr 0.01; RMSprop: lr 0.001, rho 0.9, eps 1e-7; AdamW: lr 0.001, weight decay 0.004, eps 1e-7;
+/// Adagrad: lr 0.001, initial accumulator 0.1, eps 1e-7). An unknown name is a ConfigError with a suggestion.
+DETTRIAL_INLINE std::shared_ptr<torch::optim::Optimizer> optimizer_named(const std::string& name,
+                                                                        const std::vector<torch::Tensor>& parameters);
+/// The metrics of `names`, `accuracy` resolved by `loss` as Keras resolves it.
+DETTRIAL_INLINE std::vector<CompiledMetric> metrics_named(const std::vector<std::string>& names, const Loss& loss);
+/// The loss of a batch (the mean over its rows).
+DETTRIAL_INLINE torch::Tensor loss_value(const Loss& loss, const torch::Tensor& y_pred, const torch::Tensor& y_true);
+/// One metric of a batch, as a tensor on the batch's device (no synchronisation).
+DETTRIAL_INLINE torch::Tensor metric_value(CompiledMetric::Kind kind, const torch::Tensor& y_pred, const torch::Tensor& y_true);
+}  // namespace detail
+
+/**
+ * @brief `model.compile(optimizer, loss, metrics)`: the model with an optimizer over its parameters
+ * (by name with Keras's defaults, or given), a loss and metrics. Bad names are a ConfigError naming them.
+ * @code{.cpp}
+ * return dettrial::keras::compile(context.wrap_model(model), {.optimizer = "adam",
+ *     .loss = dettrial::keras::losses::sparse_categorical_crossentropy(true), .metrics = {"accuracy"}});
+ * @endcode
+ */
+template <ModelHandle M>
+CompiledModel<M> compile(M model, CompileOptions options) {
+  auto optimizer = std::visit(
+      [&](auto& choice) -> std::shared_ptr<torch::optim::Optimizer> {
+        if constexpr (std::is_same_v<std::decay_t<decltype(choice)>, std::string>)
+          return detail::optimizer_named(choice, model->parameters());
+        else return choice;
+      },
+      options.optimizer);
+  if (!optimizer) throw ConfigError("keras::compile was given no optimizer");
+  auto metrics = detail::metrics_named(options.metrics, options.loss);
+  return CompiledModel<M>{std::move(model), std::move(optimizer), std::move(options.loss), std::move(metrics)};
+}
+
+/// Initialises a model's Linear and Conv layers as Keras's Dense and Conv layers are (Glorot-uniform
+/// weights, zero biases) instead of LibTorch's defaults, so a port starts where the Keras model starts.
+DETTRIAL_INLINE void initialize_like_keras(torch::nn::Module& model);
+
+/// A type whose `build_model()` returns a keras::CompiledModel: a Keras-style trial.
+template <class T>
+struct is_compiled_model : std::false_type {};
+template <class M>
+struct is_compiled_model<CompiledModel<M>> : std::true_type {};
+
+template <class K>
+concept KerasTrial = requires(K& k) {
+  requires is_compiled_model<std::remove_cvref_t<decltype(k.build_model())>>::value;
+  k.build_training_data_loader();
+  k.build_validation_data_loader();
+};
+
+/**
+ * @brief Keras's `EarlyStopping`: asks the trial to stop once `monitor` (a validation metric) has not
+ * improved by more than `min_delta` for `patience` validations. Its state is checkpointed, so a
+ * resumed trial counts on. Return it from a Keras-style trial's `keras_callbacks()`.
+ */
+class EarlyStopping {
+ public:
+  struct Options {
+    std::string monitor = "val_loss";
+    double min_delta = 0;
+    std::int64_t patience = 0;
+    /// "min", "max", or "auto" (max for names containing "acc", else min, as Keras guesses).
+    std::string mode = "auto";
+  };
+  EarlyStopping(Context& context, Options options);
+
+  void on_validation_end(const MetricValues& metrics);
+  c10::IValue state_dict() const { return c10::IValue(std::vector<double>{best_, static_cast<double>(wait_)}); }
+  void load_state_dict(const c10::IValue& state);
+  /// Validations since the last improvement.
+  std::int64_t wait() const { return wait_; }
+
+ private:
+  Context* context_;
+  Options options_;
+  bool smaller_is_better_;
+  double best_;
+  std::int64_t wait_ = 0;
+};
+
+/**
+ * @brief A Keras-style trial as a dettrial trial: builds the user's trial, its compiled model (wrapped
+ * in the context unless `build_model` did) and optimizer, and writes `train_batch` (forward, loss,
+ * backward, optimizer step, metrics) and `evaluate_batch` (the same without the step, `val_` names).
+ * `Trainer<K>` uses it for every KerasTrial K.
+ */
+template <KerasTrial K>
+class TrialAdapter {
+  static auto make_loader(InMemorySequence s, bool training) {
+    if (!s.data.defined() || !s.labels.defined())
+      throw TrialError("keras::InMemorySequence needs both data and labels");
+    if (s.data.size(0) != s.labels.size(0))
+      throw TrialError("keras::InMemorySequence has " + std::to_string(s.data.size(0)) + " inputs but " +
+                       std::to_string(s.labels.size(0)) + " labels");
+    return DataLoader(TensorDataset(std::move(s.data), std::move(s.labels)),
+                      {.batch_size = s.batch_size, .shuffle = training && s.shuffle});
+  }
+  template <class L>
+  static auto as_loader(L loader, bool training) {
+    if constexpr (std::is_same_v<std::remove_cvref_t<L>, InMemorySequence>) return make_loader(std::move(loader), training);
+    else return loader;
+  }
+
+ public:
+  using Compiled = std::remove_cvref_t<decltype(std::declval<K&>().build_model())>;
+
+  template <class... Args>
+  explicit TrialAdapter(Context& context, Args&&... args)
+      : context_(context), trial_(make_trial(context, std::forward<Args>(args)...)), compiled_(trial_.build_model()) {
+    const auto module = module_of(compiled_.model);
+    bool wrapped = false;
+    for (const auto& m : context.models()) wrapped = wrapped || m.get() == module.get();
+    if (!wrapped) compiled_.model = context.wrap_model(compiled_.model);
+    context.wrap_optimizer(*compiled_.optimizer);
+  }
+
+  K& trial() { return trial_; }
+  Compiled& compiled() { return compiled_; }
+
+  auto build_training_data_loader() { return as_loader(trial_.build_training_data_loader(), /*training=*/true); }
+  auto build_validation_data_loader() { return as_loader(trial_.build_validation_data_loader(), /*training=*/false); }
+
+  auto build_callbacks() {
+    if constexpr (requires(K& k) { k.keras_callbacks(); }) return trial_.keras_callbacks();
+    else return std::tuple<>{};
+  }
+
+  template <class Batch>
+  Metrics train_batch(Batch& batch, std::int64_t, std::int64_t) {
+    auto& [x, y] = batch;
+    const torch::Tensor y_pred = compiled_.model->forward(x);
+    const torch::Tensor loss = detail::loss_value(compiled_.loss, y_pred, y);
+    context_.backward(loss);
+    context_.step_optimizer(*compiled_.optimizer);
+    Metrics out{{"loss", loss.detach()}};
+    const torch::Tensor seen = y_pred.detach();
+    for (const CompiledMetric& m : compiled_.metrics) out.set(m.name, detail::metric_value(m.kind, seen, y));
+    return out;
+  }
+
+  template <class Batch>
+  Metrics evaluate_batch(Batch& batch) {
+    torch::NoGradGuard no_grad;
+    auto& [x, y] = batch;
+    const torch::Tensor y_pred = compiled_.model->forward(x);
+    Metrics out{{"val_loss", detail::loss_value(compiled_.loss, y_pred, y)}};
+    for (const CompiledMetric& m : compiled_.metrics) out.set(m.validation_name, detail::metric_value(m.kind, y_pred, y));
+    return out;
+  }
+
+ private:
+  template <class... Args>
+  static K make_trial(Context& context, Args&&... args) {
+    if constexpr (std::constructible_from<K, Context&, Args...>) return K(context, std::forward<Args>(args)...);
+    else return K(std::forward<Args>(args)...);
+  }
+
+  Context& context_;
+  K trial_;
+  Compiled compiled_;
+};
+
+}  // namespace dettrial::keras
+
+// Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
+#if DETTRIAL_HEADER_DEFINITIONS
+#include <cmath>
+#include <limits>
+
+namespace dettrial::keras {
+
+namespace detail {
+
+DETTRIAL_INLINE std::shared_ptr<torch::optim::Optimizer> optimizer_named(const std::string& name,
+                                                                        const std::vector<torch::Tensor>& parameters) {
+  namespace optim = torch::optim;
+  if (name == "adam") return std::make_shared<optim::Adam>(parameters, optim::AdamOptions(1e-3).eps(1e-7));
+  if (name == "sgd") return std::make_shared<optim::SGD>(parameters, optim::SGDOptions(1e-2));
+  if (name == "rmsprop") return std::make_shared<optim::RMSprop>(parameters, optim::RMSpropOptions(1e-3).alpha(0.9).eps(1e-7));
+  if (name == "adamw") return std::make_shared<optim::AdamW>(parameters, optim::AdamWOptions(1e-3).eps(1e-7).weight_decay(0.004));
+  if (name == "adagrad")
+    return std::make_shared<optim::Adagrad>(parameters, optim::AdagradOptions(1e-3).initial_accumulator_value(0.1).eps(1e-7));
+  throw ConfigError("keras::compile: unknown optimizer '" + name + "'" +
+                    dettrial::detail::suggestion(name, {"adam", "sgd", "rmsprop", "adamw", "adagrad"}) +
+                    " (by name: adam, sgd, rmsprop, adamw, adagrad; or pass an optimizer)");
+}
+
+DETTRIAL_INLINE std::vector<CompiledMetric> metrics_named(const std::vector<std::string>& names, const Loss& loss) {
+  using Kind = CompiledMetric::Kind;
+  std::vector<CompiledMetric> out;
+  for (const std::string& name : names) {
+    if (name == "loss") throw ConfigError("keras::compile: 'loss' is always reported; it is not a metric to ask for");
+    Kind kind;
+    if (name == "accuracy" || name == "acc") {
+      // Keras picks the accuracy that fits the loss.
+      if (std::holds_alternative<losses::CategoricalCrossentropy>(loss)) kind = Kind::categorical_accuracy;
+      else if (std::holds_alternative<losses::BinaryCrossentropy>(loss)) kind = Kind::binary_accuracy;
+      else kind = Kind::sparse_categorical_accuracy;
+    } else if (name == "sparse_categorical_accuracy") kind = Kind::sparse_categorical_accuracy;
+    else if (name == "categorical_accuracy") kind = Kind::categorical_accuracy;
+    else if (name == "binary_accuracy") kind = Kind::binary_accuracy;
+    else if (name == "mse" || name == "mean_squared_error") kind = Kind::mean_squared_error;
+    else if (name == "mae" || name == "mean_absolute_error") kind = Kind::mean_absolute_error;
+    else
+      throw ConfigError("keras::compile: unknown metric '" + name + "'" +
+                        dettrial::detail::suggestion(name, {"accuracy", "sparse_categorical_accuracy", "categorical_accuracy",
+                                                            "binary_accuracy", "mse", "mae"}));
+    out.push_back({kind, MetricKey(name), MetricKey("val_" + name)});
+  }
+  return out;
+}
+
+DETTRIAL_INLINE torch::Tensor loss_value(const Loss& loss, const torch::Tensor& y_pred, const torch::Tensor& y_true) {
+  // Keras clips probabilities to [eps, 1 - eps] before the logarithm (eps = 1e-7).
+  constexpr double eps = 1e-7;
+  return std::visit(
+      [&](const auto& l) -> torch::Tensor {
+        using L = std::decay_t<decltype(l)>;
+        if constexpr (std::is_same_v<L, losses::SparseCategoricalCrossentropy>) {
+          const torch::Tensor log_p = l.from_logits ? torch::log_softmax(y_pred, -1) : y_pred.clamp(eps, 1 - eps).log();
+          return torch::nll_loss(log_p, y_true.to(torch::kLong));
+        } else if constexpr (std::is_same_v<L, losses::CategoricalCrossentropy>) {
+          const torch::Tensor log_p = l.from_logits ? torch::log_softmax(y_pred, -1) : y_pred.clamp(eps, 1 - eps).log();
+          return -(y_true.to(log_p.dtype()) * log_p).sum(-1).mean();
+        } else if constexpr (std::is_same_v<L, losses::BinaryCrossentropy>) {
+          const torch::Tensor target = y_true.to(y_pred.dtype()).reshape(y_pred.sizes());
+          if (l.from_logits) return torch::binary_cross_entropy_with_logits(y_pred, target);
+          return torch::binary_cross_entropy(y_pred.clamp(eps, 1 - eps), target);
+        } else if constexpr (std::is_same_v<L, losses::MeanSquaredError>) {
+          return torch::mse_loss(y_pred, y_true.to(y_pred.dtype()).reshape(y_pred.sizes()));
+        } else if constexpr (std::is_same_v<L, losses::MeanAbsoluteError>) {
+          return torch::l1_loss(y_pred, y_true.to(y_pred.dtype()).reshape(y_pred.sizes()));
+        } else {
+          if (!l) throw TrialError("keras::compile was given an empty custom loss");
+          return l(y_pred, y_true);
+        }
+      },
+      loss);
+}
+
+DETTRIAL_INLINE torch::Tensor metric_value(CompiledMetric::Kind kind, const torch::Tensor& y_pred, const torch::Tensor& y_true) {
+  using Kind = CompiledMetric::Kind;
+  switch (kind) {
+    case Kind::sparse_categorical_accuracy:
+      return y_pred.argmax(-1).eq(y_true.to(torch::kLong).reshape({-1})).to(torch::kFloat).mean();
+    case Kind::categorical_accuracy: return y_pred.argmax(-1).eq(y_true.argmax(-1)).to(torch::kFloat).mean();
+    case Kind::binary_accuracy:
+      // Keras's threshold: 0.5.
+      return y_pred.gt(0.5).eq(y_true.reshape(y_pred.sizes()).gt(0.5)).to(torch::kFloat).mean();
+    case Kind::mean_squared_error: return (y_pred - y_true.to(y_pred.dtype()).reshape(y_pred.sizes())).pow(2).mean();
+    case Kind::mean_absolute_error: return (y_pred - y_true.to(y_pred.dtype()).reshape(y_pred.sizes())).abs().mean();
+  }
+  throw TrialError("keras: unknown metric kind");
+}
+
+}  // namespace detail
+
+DETTRIAL_INLINE void initialize_like_keras(torch::nn::Module& model) {
+  torch::NoGradGuard no_grad;
+  for (const auto& m : model.modules(/*include_self=*/true)) {
+    if (auto* linear = m->as<torch::nn::LinearImpl>()) {
+      torch::nn::init::xavier_uniform_(linear->weight);
+      if (linear->bias.defined()) torch::nn::init::zeros_(linear->bias);
+    } else if (auto* conv = m->as<torch::nn::Conv2dImpl>()) {
+      torch::nn::init::xavier_uniform_(conv->weight);
+      if (conv->bias.defined()) torch::nn::init::zeros_(conv->bias);
+    } else if (auto* conv1 = m->as<torch::nn::Conv1dImpl>()) {
+      torch::nn::init::xavier_uniform_(conv1->weight);
+      if (conv1->bias.defined()) torch::nn::init::zeros_(conv1->bias);
+    }
+  }
+}
+
+DETTRIAL_INLINE EarlyStopping::EarlyStopping(Context& context, Options options)
+    : context_(&context),
+      options_(std::move(options)),
+      smaller_is_better_(options_.mode == "min" || (options_.mode == "auto" && options_.monitor.find("acc") == std::string::npos)),
+      best_(smaller_is_better_ ? std::numeric_limits<double>::infinity() : -std::numeric_limits<double>::infinity()) {
+  if (options_.mode != "min" && options_.mode != "max" && options_.mode != "auto")
+    throw ConfigError("keras::EarlyStopping: mode is '" + options_.mode + "'; expected min, max or auto");
+  if (options_.patience < 0) throw ConfigError("keras::EarlyStopping: patience must not be negative");
+}
+
+DETTRIAL_INLINE void EarlyStopping::on_validation_end(const MetricValues& metrics) {
+  const std::optional<double> value = metrics.get(options_.monitor);
+  if (!value) {
+    std::string names;
+    for (const auto& [name, v] : metrics) names += (names.empty() ? "" : ", ") + name;
+    throw TrialError("keras::EarlyStopping monitors '" + options_.monitor + "', which validation does not report (it reports " +
+                     names + ")");
+  }
+  const double delta = smaller_is_better_ ? best_ - *value : *value - best_;
+  if (delta > options_.min_delta) {
+    best_ = *value;
+    wait_ = 0;
+    return;
+  }
+  if (++wait_ >= options_.patience) context_->set_stop_requested(true);
+}
+
+DETTRIAL_INLINE void EarlyStopping::load_state_dict(const c10::IValue& state) {
+  const std::vector<double> v = state.toDoubleVector();
+  if (v.size() != 2) throw CheckpointError("keras::EarlyStopping: its checkpointed state has " + std::to_string(v.size()) + " values, not 2");
+  best_ = v[0];
+  wait_ = static_cast<std::int64_t>(v[1]);
+}
+
+}  // namespace dettrial::keras
+#endif  // DETTRIAL_HEADER_DEFINITIONS
+// ---- end dettrial/keras/keras.hpp
 // ---- begin dettrial/detail/signals.hpp
 // SPDX-License-Identifier: Apache-2.0
 /// @file
@@ -8006,6 +8435,21 @@ class Trainer {
   std::optional<TrainLoader> train_loader_;
   std::optional<ValidationLoader> validation_loader_;
   detail::missing missing_model_;
+};
+
+/**
+ * @brief A Keras-style trial (keras::KerasTrial: `build_model()` returns `keras::compile(...)`) runs
+ * as the trial keras::TrialAdapter writes for it: the same loop, checkpoints, searchers and data
+ * parallel; `trial()` is the user's trial.
+ */
+template <class K>
+  requires keras::KerasTrial<K>
+class Trainer<K> : public Trainer<keras::TrialAdapter<K>> {
+  using Adapted = Trainer<keras::TrialAdapter<K>>;
+
+ public:
+  using Adapted::Adapted;
+  K& trial() { return Adapted::trial().trial(); }
 };
 
 }  // namespace dettrial

@@ -23,6 +23,7 @@
 #include <iostream>
 #include <map>
 #include <optional>
+#include <random>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -866,6 +867,15 @@ DETTRIAL_INLINE void apply_override(YAML::Node& root, const std::string& assignm
 /// the overrides it was given), for `--resume` without `--config`.
 DETTRIAL_INLINE ExperimentConfig resumed_run_config(const std::filesystem::path& checkpoint);
 
+/// One trial's config from a config whose hyperparameters are a search space: one point drawn from
+/// the space (seeded by reproducibility.experiment_seed when set) as constant values, under searcher
+/// `single`. Determined does this for `single` over a space, and for `det experiment create --test`.
+DETTRIAL_INLINE ExperimentConfig one_trial_drawn(const ExperimentConfig& config);
+
+/// The checkpoint `--resume PATH` continues from, or nullopt when PATH is a run's directory that holds
+/// none yet (the run stopped before its first): with a config given, that run starts afresh there.
+DETTRIAL_INLINE std::optional<std::filesystem::path> checkpoint_to_resume(const std::filesystem::path& path, bool config_given);
+
 /// Every scalar of a YAML document by its dotted path ("searcher.max_length.batches"), sequences by index.
 DETTRIAL_INLINE void flatten_yaml(const YAML::Node& node, const std::string& path, std::map<std::string, std::string>& out);
 
@@ -971,7 +981,21 @@ int main(int argc, char** argv, Args&&... trial_args) {
   try {
     // --resume alone: the run's own config, with the overrides it was given.
     std::optional<std::filesystem::path> resumed_checkpoint;
-    if (!resume.empty()) resumed_checkpoint = resolve_checkpoint(resume);
+    if (!resume.empty()) {
+      resumed_checkpoint = detail::checkpoint_to_resume(resume, !config_path.empty());
+      if (!resumed_checkpoint) {
+        // Said and done by the process that trains (rank 0), not by a launcher of local ranks.
+        const LaunchEnvironment here = LaunchEnvironment::detect();
+        if (here.rank == 0 && (here.distributed() || nproc <= 1)) {
+          if (!quiet)
+            std::fprintf(stderr, "dettrial: '%s' holds no checkpoint yet (the run stopped before its first): starting it afresh there\n",
+                         resume.c_str());
+          MetricsLog(resume, /*resumed_at=*/-1);  // drops every record: they describe training about to be redone
+        }
+        if (output.empty()) output = resume;
+        resume.clear();
+      }
+    }
     ExperimentConfig config = config_path.empty() ? detail::resumed_run_config(*resumed_checkpoint) : ExperimentConfig::load_file(config_path);
     if (config_path.empty()) config_path = config.source;
     if (!overrides.empty()) {
@@ -984,12 +1008,22 @@ int main(int argc, char** argv, Args&&... trial_args) {
       for (const auto& f : config.ignored_fields) fields += (fields.empty() ? "" : ", ") + f;
       std::fprintf(stderr, "dettrial: warning: ignoring fields that mean something only on a Determined cluster: %s\n", fields.c_str());
     }
-    if (config.searcher.name != "single" || !HyperparameterSpace(config.hyperparameters, config.source).is_constant()) {
+    const bool one_point = HyperparameterSpace(config.hyperparameters, config.source).is_constant();
+    if ((config.searcher.name == "single" || test_mode) && (!one_point || config.searcher.name != "single")) {
+      // One trial from a search config, as Determined runs `single` over a space and `--test`: one
+      // point drawn from the space, trained here (its drawn values are in the run's load_data.json).
+      const bool draws = !one_point;
+      config = detail::one_trial_drawn(config);
+      if (!quiet && LaunchEnvironment::detect().rank == 0) {
+        YAML::Emitter values;
+        values << YAML::Flow << config.hyperparameters;
+        std::fprintf(stderr, "dettrial: %s: one trial%s%s\n",
+                     test_mode ? "--test-mode of a search" : "searcher 'single' over a search space",
+                     draws ? ", with hyperparameters drawn from the space: " : "", draws ? values.c_str() : "");
+      }
+    }
+    if (config.searcher.name != "single") {
       // A search: every trial is a process of this program (a single-trial config of its own).
-      if (config.searcher.name == "single")
-        throw ConfigError(config_path + ": the hyperparameters are a search space, but searcher 'single' trains one trial; "
-                          "use random, grid or adaptive_asha, or give each hyperparameter one value");
-      if (test_mode) throw ConfigError("--test-mode checks one trial; it does not run a search (searcher '" + config.searcher.name + "')");
       const std::string stem = config.name.empty() ? std::filesystem::path(config_path).stem().string() : config.name;
       ExperimentOptions experiment{.output_dir = output.empty() ? std::filesystem::path("runs") / ("experiment-" + stem) : std::filesystem::path(output),
                                    .quiet = quiet};
@@ -1099,6 +1133,27 @@ DETTRIAL_INLINE const char* main_usage() {
          "SIGINT or SIGTERM finishes the batch, checkpoints and exits with status 75; a second one aborts.\n"
          "Exit status: 0 done, 1 failed, 2 bad command line, 75 stopped by a signal (continue with\n"
          "--resume), 78 wrong configuration (running it again fails the same way).\n";
+}
+
+DETTRIAL_INLINE ExperimentConfig one_trial_drawn(const ExperimentConfig& config) {
+  const HyperparameterSpace space(config.hyperparameters, config.source);
+  std::mt19937_64 rng(config.experiment_seed ? *config.experiment_seed : std::random_device{}());
+  YAML::Node doc = YAML::Clone(config.yaml);
+  doc["hyperparameters"] = space.sample(rng);
+  doc["searcher"]["name"] = "single";
+  return ExperimentConfig::from_yaml(doc, config.source);
+}
+
+DETTRIAL_INLINE std::optional<std::filesystem::path> checkpoint_to_resume(const std::filesystem::path& path, bool config_given) {
+  std::error_code ec;
+  const bool run_directory = std::filesystem::is_directory(path, ec) && !std::filesystem::exists(path / "metadata.json", ec);
+  if (run_directory && list_checkpoints(path).empty() && list_checkpoints(path / "checkpoints").empty()) {
+    if (!config_given)
+      throw CheckpointError("'" + path.string() + "' holds no checkpoint yet (the run stopped before its first), so it has no "
+                            "config of its own to resume with; give --config FILE to start it afresh there");
+    return std::nullopt;
+  }
+  return resolve_checkpoint(path);
 }
 
 DETTRIAL_INLINE void apply_override(YAML::Node& root, const std::string& assignment) {

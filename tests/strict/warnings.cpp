@@ -1,4 +1,4 @@
-// dettrial's headers and both examples in one translation unit, compiled with -Wall -Wextra
+// dettrial's headers and the examples in one translation unit, compiled with -Wall -Wextra
 // -Wpedantic -Werror (tests/CMakeLists.txt): a user's strict build must not fail on dettrial's code
 // or on code written the way the README writes it (designated initializers that leave options out).
 #define main mnist_example_main
@@ -7,5 +7,10 @@
 #define main regression_example_main
 #include "../../examples/regression/main.cpp"
 #undef main
+#define main keras_example_main
+#include "../../examples/keras_mnist/main.cpp"
+#undef main
 
-int main(int argc, char** argv) { return argc > 99 ? mnist_example_main(argc, argv) + regression_example_main() : 0; }
+int main(int argc, char** argv) {
+  return argc > 99 ? mnist_example_main(argc, argv) + regression_example_main() + keras_example_main(argc, argv) : 0;
+}

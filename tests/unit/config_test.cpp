@@ -135,14 +135,11 @@ entrypoint: model_def:MNISTTrial
   CHECK(*c.min_validation_period == TrainUnit(Batch(1000)));
   CHECK(*c.searcher.max_length == TrainUnit(Batch(4000)));
   CHECK_FALSE(c.min_checkpoint_period);
-  const auto seven = ExperimentConfig::parse("scheduling_unit: 7
-min_validation_period: 3
-min_checkpoint_period: 0
-");
+  const auto seven = ExperimentConfig::parse("scheduling_unit: 7\nmin_validation_period: 3\nmin_checkpoint_period: 0\n");
   CHECK(*seven.min_validation_period == TrainUnit(Batch(21)));
   CHECK(seven.min_checkpoint_period->is_never());
   CHECK_THROWS_WITH_AS(ExperimentConfig::parse("min_validation_period: -2\n", "p.yaml"),
-                       doctest::Contains("p.yaml:1:24: 'min_validation_period' is -2; give a length such as {batches: 1000}"),
+                       doctest::Contains("p.yaml:1:24: 'min_validation_period' is '-2'; give a length such as {batches: 1000}"),
                        ConfigError);
   CHECK_THROWS_WITH_AS(ExperimentConfig::parse("min_checkpoint_period: often\n", "p.yaml"),
                        doctest::Contains("'min_checkpoint_period' is 'often'"), ConfigError);

@@ -43,6 +43,7 @@
 #include "../report/reporter.hpp"
 #include "../report/runtime.hpp"
 #include "../trial/concepts.hpp"
+#include "../keras/keras.hpp"
 #include "callbacks.hpp"
 #include "fit_options.hpp"
 #include "../detail/signals.hpp"
@@ -815,6 +816,21 @@ class Trainer {
   std::optional<TrainLoader> train_loader_;
   std::optional<ValidationLoader> validation_loader_;
   detail::missing missing_model_;
+};
+
+/**
+ * @brief A Keras-style trial (keras::KerasTrial: `build_model()` returns `keras::compile(...)`) runs
+ * as the trial keras::TrialAdapter writes for it: the same loop, checkpoints, searchers and data
+ * parallel; `trial()` is the user's trial.
+ */
+template <class K>
+  requires keras::KerasTrial<K>
+class Trainer<K> : public Trainer<keras::TrialAdapter<K>> {
+  using Adapted = Trainer<keras::TrialAdapter<K>>;
+
+ public:
+  using Adapted::Adapted;
+  K& trial() { return Adapted::trial().trial(); }
 };
 
 }  // namespace dettrial

@@ -1,0 +1,175 @@
+// The Keras-style trial: compile by names, Keras's losses and metrics, the steps dettrial writes,
+// val_ names, early stopping, and exact resume.
+#include <doctest/doctest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "test_trials.hpp"
+
+using namespace dettrial;
+namespace fs = std::filesystem;
+
+namespace {
+
+/// Three separable clusters in 2-D, 90 points (an epoch of 3 batches of 32: the last one partial).
+struct Clusters {
+  torch::Tensor x, y;
+};
+Clusters clusters(std::int64_t n = 90) {
+  auto gen = at::detail::createCPUGenerator(42);
+  torch::Tensor y = torch::arange(n, torch::kLong) % 3;
+  torch::Tensor centres = torch::tensor({{3.0f, 0.0f}, {-3.0f, 3.0f}, {0.0f, -3.0f}});
+  return {centres.index_select(0, y) + 0.5 * torch::randn({n, 2}, gen), y};
+}
+
+/// The tutorial's shape in small: a compiled model and two in-memory sequences, no train_batch.
+struct ClusterTrial {
+  Context& context;
+  Clusters data = clusters();
+  explicit ClusterTrial(Context& c) : context(c) {}
+  auto build_model() {
+    torch::nn::Sequential model(torch::nn::Linear(2, 16), torch::nn::ReLU(), torch::nn::Linear(16, 3));
+    keras::initialize_like_keras(*model);
+    model = context.wrap_model(model);
+    return keras::compile(model, {.optimizer = "adam", .loss = keras::losses::sparse_categorical_crossentropy(true),
+                                  .metrics = {"accuracy"}});
+  }
+  keras::InMemorySequence build_training_data_loader() { return {.data = data.x, .labels = data.y, .batch_size = 32}; }
+  keras::InMemorySequence build_validation_data_loader() {
+    return {.data = data.x, .labels = data.y, .batch_size = 30, .shuffle = false};
+  }
+};
+
+/// Builds its model without wrapping it (dettrial wraps it), with an optimizer object, and stops early.
+struct EarlyTrial {
+  Context& context;
+  Clusters data = clusters();
+  explicit EarlyTrial(Context& c) : context(c) {}
+  auto build_model() {
+    torch::nn::Sequential model(torch::nn::Linear(2, 3));
+    // Learning rate 0: val_loss never improves after the first validation.
+    auto sgd = std::make_shared<torch::optim::SGD>(model->parameters(), torch::optim::SGDOptions(0.0));
+    return keras::compile(model, {.optimizer = sgd, .loss = keras::losses::sparse_categorical_crossentropy(true)});
+  }
+  keras::InMemorySequence build_training_data_loader() { return {.data = data.x, .labels = data.y, .batch_size = 10}; }
+  keras::InMemorySequence build_validation_data_loader() { return {.data = data.x, .labels = data.y, .batch_size = 90}; }
+  auto keras_callbacks() { return std::make_tuple(keras::EarlyStopping(context, {.monitor = "val_loss", .patience = 2})); }
+};
+
+std::vector<torch::Tensor> weights(Context& c) { return test::parameters_of(c); }
+
+}  // namespace
+
+TEST_CASE("keras::compile resolves names as Keras does, and names what it does not know") {
+  torch::nn::Linear model(2, 3);
+  auto adam = keras::compile(model, {.optimizer = "adam", .metrics = {"accuracy", "mse"}});
+  auto* options = dynamic_cast<torch::optim::AdamOptions*>(&adam.optimizer->param_groups()[0].options());
+  REQUIRE(options != nullptr);
+  CHECK(options->lr() == doctest::Approx(1e-3));
+  CHECK(options->eps() == doctest::Approx(1e-7));  // Keras's epsilon, not LibTorch's 1e-8
+  REQUIRE(adam.metrics.size() == 2);
+  CHECK(adam.metrics[0].kind == keras::CompiledMetric::Kind::sparse_categorical_accuracy);
+  CHECK(adam.metrics[0].validation_name.view() == "val_accuracy");
+  CHECK(adam.metrics[1].kind == keras::CompiledMetric::Kind::mean_squared_error);
+  auto categorical = keras::compile(model, {.loss = keras::losses::categorical_crossentropy(), .metrics = {"accuracy"}});
+  CHECK(categorical.metrics[0].kind == keras::CompiledMetric::Kind::categorical_accuracy);
+  CHECK(dynamic_cast<torch::optim::RMSprop*>(categorical.optimizer.get()) != nullptr);  // Keras's default optimizer
+  CHECK_THROWS_WITH_AS(keras::compile(model, {.optimizer = "adamm"}),
+                       doctest::Contains("unknown optimizer 'adamm'; did you mean 'adam'?"), ConfigError);
+  CHECK_THROWS_WITH_AS(keras::compile(model, {.metrics = {"acuracy"}}),
+                       doctest::Contains("unknown metric 'acuracy'; did you mean 'accuracy'?"), ConfigError);
+  CHECK_THROWS_WITH_AS(keras::compile(model, {.metrics = {"loss"}}), doctest::Contains("'loss' is always reported"), ConfigError);
+}
+
+TEST_CASE("Keras's losses and metrics: the batch means Keras computes") {
+  const torch::Tensor logits = torch::tensor({{2.0f, 0.5f, -1.0f}, {0.1f, 0.2f, 3.0f}, {1.0f, 1.0f, 0.0f}});
+  const torch::Tensor labels = torch::tensor({0, 2, 1}, torch::kLong);
+  const torch::Tensor probabilities = torch::softmax(logits, 1);
+  const double expected = torch::cross_entropy_loss(logits, labels).item<double>();
+  using keras::detail::loss_value;
+  CHECK(loss_value(keras::losses::sparse_categorical_crossentropy(true), logits, labels).item<double>() == doctest::Approx(expected));
+  CHECK(loss_value(keras::losses::sparse_categorical_crossentropy(false), probabilities, labels).item<double>() ==
+        doctest::Approx(expected).epsilon(1e-5));
+  const torch::Tensor one_hot = torch::one_hot(labels, 3);
+  CHECK(loss_value(keras::losses::categorical_crossentropy(true), logits, one_hot).item<double>() == doctest::Approx(expected));
+  // Probabilities are clipped to [1e-7, 1 - 1e-7] before the logarithm, as Keras does: a zero costs -log(1e-7).
+  CHECK(loss_value(keras::losses::sparse_categorical_crossentropy(false), torch::tensor({{0.0f, 1.0f}}), torch::tensor({0}, torch::kLong))
+            .item<double>() == doctest::Approx(-std::log(1e-7)).epsilon(1e-4));
+  using Kind = keras::CompiledMetric::Kind;
+  CHECK(keras::detail::metric_value(Kind::sparse_categorical_accuracy, logits, labels).item<double>() == doctest::Approx(2.0 / 3.0));
+  CHECK(keras::detail::metric_value(Kind::categorical_accuracy, logits, one_hot).item<double>() == doctest::Approx(2.0 / 3.0));
+  CHECK(keras::detail::metric_value(Kind::binary_accuracy, torch::tensor({0.9f, 0.2f, 0.6f}), torch::tensor({1.0f, 0.0f, 0.0f}))
+            .item<double>() == doctest::Approx(2.0 / 3.0));
+}
+
+TEST_CASE("a Keras-style trial trains under Trainer: loss and accuracy, val_ names, metrics.jsonl") {
+  Context context(test::hparams(), ContextOptions{.trial_seed = 3});
+  Trainer<ClusterTrial> trainer(context);
+  static_assert(std::is_same_v<decltype(trainer.trial()), ClusterTrial&>);
+  const FitResult r = trainer.fit(test::quiet({.max_length = Epoch(200), .validation_period = Epoch(50),
+                                               .searcher_metric = "val_accuracy", .smaller_is_better = false}));
+  CHECK(r.batches_trained == 600);  // 3 batches an epoch (32, 32, 26)
+  CHECK(r.last_training_metrics.contains("loss"));
+  CHECK(r.last_training_metrics.contains("accuracy"));
+  CHECK(r.last_validation_metrics.at("val_accuracy") > 0.95);
+  CHECK(r.last_validation_metrics.at("val_loss") < 0.3);
+  CHECK_FALSE(r.last_validation_metrics.contains("accuracy"));
+  std::ifstream in(r.output_dir / "metrics.jsonl");
+  std::string line, last_validation;
+  while (std::getline(in, line))
+    if (line.find("\"type\":\"validation\"") != std::string::npos) last_validation = line;
+  CHECK(last_validation.find("\"val_loss\"") != std::string::npos);
+  CHECK(last_validation.find("\"val_accuracy\"") != std::string::npos);
+}
+
+TEST_CASE("a Keras-style trial stops and resumes bit-identically (model, Adam's state, the data order)") {
+  const auto options = [](std::int64_t length) {
+    return test::quiet({.max_length = Batch(length), .checkpoint_period = Batch(4), .searcher_metric = "val_loss"});
+  };
+  Context straight_context(test::hparams(), ContextOptions{.trial_seed = 11});
+  Trainer<ClusterTrial> straight(straight_context);
+  straight.fit(options(10));
+
+  Context first_context(test::hparams(), ContextOptions{.trial_seed = 11});
+  Trainer<ClusterTrial> first(first_context);
+  const FitResult stopped = first.fit(options(5));  // checkpoints at 4 and at the end, 5: mid-epoch
+  REQUIRE(stopped.checkpoints.back().batches_trained == 5);
+
+  Context second_context(test::hparams(), ContextOptions{.trial_seed = 99});
+  Trainer<ClusterTrial> second(second_context);
+  FitOptions resume = options(10);
+  resume.latest_checkpoint = stopped.output_dir;
+  const FitResult resumed = second.fit(resume);
+  CHECK(resumed.resumed_from_batch == 5);
+  const auto a = weights(straight_context), b = weights(second_context);
+  REQUIRE(a.size() == b.size());
+  for (std::size_t i = 0; i < a.size(); ++i) CHECK(torch::equal(a[i], b[i]));
+}
+
+TEST_CASE("keras::EarlyStopping stops after patience validations without improvement, counting on after a resume") {
+  Context context(test::hparams(), ContextOptions{.trial_seed = 1});
+  Trainer<EarlyTrial> trainer(context);  // the model is wrapped by dettrial: build_model did not
+  CHECK(context.models().size() == 1);
+  const FitResult r = trainer.fit(test::quiet({.max_length = Batch(50), .validation_period = Batch(3), .searcher_metric = "val_loss"}));
+  // Validations at 3 (the best), 6 (wait 1), 9 (wait 2: stop).
+  CHECK(r.stop_requested);
+  CHECK(r.batches_trained == 9);
+
+  keras::EarlyStopping early(context, {.monitor = "val_accuracy", .patience = 1});  // "acc": larger is better
+  MetricValues m;
+  m.set("val_accuracy", 0.5);
+  early.on_validation_end(m);
+  CHECK(early.wait() == 0);
+  early.on_validation_end(m);  // no improvement
+  CHECK(early.wait() == 1);
+  keras::EarlyStopping restored(context, {.monitor = "val_accuracy", .patience = 1});
+  restored.load_state_dict(early.state_dict());
+  CHECK(restored.wait() == 1);
+  MetricValues other;
+  other.set("accuracy", 1.0);
+  CHECK_THROWS_WITH_AS(restored.on_validation_end(other),
+                       doctest::Contains("monitors 'val_accuracy', which validation does not report (it reports accuracy)"), TrialError);
+}
