@@ -524,6 +524,53 @@ DETTRIAL_INLINE YAML::Node Hyperparameters::require(std::string_view path) const
 }  // namespace dettrial
 #endif  // DETTRIAL_HEADER_DEFINITIONS
 // ---- end dettrial/config/hyperparameters.hpp
+// ---- begin dettrial/config/precision.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief The precision of a trial's forward passes (`optimizations.mixed_precision`).
+
+#include <string>
+
+
+namespace dettrial {
+
+/// fp32 (autocast off), or autocast to bf16 or to fp16 (with a gradient scaler).
+enum class Precision { fp32, bf16, fp16 };
+
+DETTRIAL_INLINE const char* to_string(Precision p);
+
+/// `optimizations.mixed_precision`: O0 / fp32 (off), bf16, fp16, and Apex's O1 read as fp16 autocast
+/// (what O1 amounts to). Apex's O2 and O3 (fp16 master weights) and anything else are a ConfigError.
+DETTRIAL_INLINE Precision parse_precision(const std::string& text);
+
+}  // namespace dettrial
+
+// Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
+#if DETTRIAL_HEADER_DEFINITIONS
+namespace dettrial {
+
+DETTRIAL_INLINE const char* to_string(Precision p) {
+  switch (p) {
+    case Precision::fp32: return "fp32";
+    case Precision::bf16: return "bf16";
+    case Precision::fp16: return "fp16";
+  }
+  return "?";
+}
+
+DETTRIAL_INLINE Precision parse_precision(const std::string& text) {
+  if (text == "O0" || text == "fp32" || text == "off") return Precision::fp32;
+  if (text == "bf16" || text == "bfloat16") return Precision::bf16;
+  if (text == "fp16" || text == "float16" || text == "O1") return Precision::fp16;
+  if (text == "O2" || text == "O3")
+    throw ConfigError("mixed_precision '" + text + "' is Apex's fp16 master weights, which dettrial does not do; "
+                      "use O1 or fp16 (autocast with a gradient scaler), or bf16");
+  throw ConfigError("mixed_precision is '" + text + "'; expected O0 (off), fp16 (or O1) or bf16");
+}
+
+}  // namespace dettrial
+#endif  // DETTRIAL_HEADER_DEFINITIONS
+// ---- end dettrial/config/precision.hpp
 
 namespace dettrial {
 
@@ -579,6 +626,8 @@ class ExperimentConfig {
   std::int64_t max_restarts = 5;
   std::int64_t slots_per_trial = 1;
   std::int64_t aggregation_frequency = 1;
+  /// `optimizations.mixed_precision`: autocast (and for fp16 a gradient scaler) around forward passes.
+  Precision mixed_precision = Precision::fp32;
   bool average_aggregated_gradients = true;
   std::optional<std::uint64_t> experiment_seed;
   /// `reproducibility.deterministic` (dettrial's): LibTorch's deterministic algorithms on, cuDNN's
@@ -730,6 +779,7 @@ DETTRIAL_INLINE ExperimentConfig& ExperimentConfig::operator=(const ExperimentCo
   max_restarts = o.max_restarts;
   slots_per_trial = o.slots_per_trial;
   aggregation_frequency = o.aggregation_frequency;
+  mixed_precision = o.mixed_precision;
   average_aggregated_gradients = o.average_aggregated_gradients;
   experiment_seed = o.experiment_seed;
   deterministic = o.deterministic;
@@ -806,6 +856,15 @@ DETTRIAL_INLINE ExperimentConfig ExperimentConfig::from_yaml(const YAML::Node& r
       throw ConfigError(detail::where(res["slots_per_trial"], source) + ": resources.slots_per_trial must be at least 1");
   }
   if (const YAML::Node opt = root["optimizations"]) {
+    if (const YAML::Node mp = opt["mixed_precision"]; mp && !mp.IsNull()) {
+      std::string text;
+      r.read(opt, "mixed_precision", text);
+      try {
+        c.mixed_precision = parse_precision(text);
+      } catch (const ConfigError& e) {
+        throw ConfigError(detail::where(mp, source) + ": optimizations." + e.what());
+      }
+    }
     r.read(opt, "aggregation_frequency", c.aggregation_frequency);
     if (c.aggregation_frequency < 1)
       throw ConfigError(detail::where(opt["aggregation_frequency"], source) +
@@ -874,9 +933,9 @@ DETTRIAL_INLINE void ExperimentConfig::check_fields(const YAML::Node& root, cons
   static const std::vector<std::string> resources = {"slots_per_trial"};
   static const std::vector<std::string> resources_cluster = {
       "resource_pool", "max_slots", "priority", "weight", "shm_size", "devices", "native_parallel", "is_single_node", "agent_label"};
-  static const std::vector<std::string> optimizations = {"aggregation_frequency", "average_aggregated_gradients"};
+  static const std::vector<std::string> optimizations = {"aggregation_frequency", "average_aggregated_gradients", "mixed_precision"};
   static const std::vector<std::string> optimizations_cluster = {
-      "average_training_metrics", "gradient_compression", "mixed_precision", "tensor_fusion_threshold",
+      "average_training_metrics", "gradient_compression", "tensor_fusion_threshold",
       "tensor_fusion_cycle_time", "auto_tune_tensor_fusion", "grad_updates_size_file"};
   static const std::vector<std::string> reproducibility = {"experiment_seed", "deterministic"};
   static const std::vector<std::string> storage = {"type", "host_path", "storage_path", "container_path", "propagation",
@@ -4025,6 +4084,250 @@ std::shared_ptr<torch::nn::Module> module_of(M& m) {
 
 }  // namespace dettrial
 // ---- end dettrial/optim/handles.hpp
+// ---- begin dettrial/optim/mixed_precision.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief Mixed precision (see config/precision.hpp for the setting): autocast for a device (torch.autocast's C++ side, across LibTorch versions)
+/// and a gradient scaler with PyTorch's GradScaler semantics and checkpoint layout.
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <torch/torch.h>
+#include <ATen/autocast_mode.h>
+
+
+namespace dettrial {
+
+/**
+ * @brief Autocast on `device` to `dtype` while alive, the previous state restored after (as
+ * `with torch.autocast(...)`); no dtype turns autocast off inside (for a backward pass). Autocast
+ * is per thread, like LibTorch's.
+ */
+class AutocastGuard {
+ public:
+  AutocastGuard(torch::DeviceType device, std::optional<at::ScalarType> dtype);
+  ~AutocastGuard();
+  AutocastGuard(const AutocastGuard&) = delete;
+  AutocastGuard& operator=(const AutocastGuard&) = delete;
+
+ private:
+  torch::DeviceType device_;
+  bool previous_enabled_;
+  at::ScalarType previous_dtype_;
+  bool nested_;
+};
+
+/**
+ * @brief A gradient scaler for fp16 training with PyTorch's `torch.amp.GradScaler` semantics: the
+ * loss is multiplied by the scale before the backward pass; before an optimizer step the gradients
+ * are unscaled and checked, and a step with an inf or NaN gradient is skipped; after each update
+ * batch the scale backs off (on inf/NaN) or grows after `growth_interval` clean steps.
+ *
+ * Wrap it with `context.wrap_scaler(scaler)` (or let `optimizations.mixed_precision: fp16` make one):
+ * then `context.backward` scales the loss, `context.step_optimizer` unscales, clips and steps (or
+ * skips), and the trainer updates the scale once per update batch, as Determined's automatic mixed
+ * precision does. Its state is saved in checkpoints as `scaler_state_dict`, the layout Python's
+ * `GradScaler.load_state_dict` reads.
+ */
+class GradScaler {
+ public:
+  struct Options {
+    double init_scale = 65536.0;
+    double growth_factor = 2.0;
+    double backoff_factor = 0.5;
+    std::int64_t growth_interval = 2000;
+    bool enabled = true;
+  };
+  GradScaler() : GradScaler(Options{}) {}
+  explicit GradScaler(Options options);
+
+  bool enabled() const { return options_.enabled; }
+  /// The current scale (a float32 value, as PyTorch keeps it).
+  double get_scale() const { return scale_; }
+  std::int64_t growth_tracker() const { return growth_tracker_; }
+  /// Optimizer steps skipped because a gradient was inf or NaN, since construction or restore.
+  std::int64_t skipped_steps() const { return skipped_; }
+
+  /// `loss` times the scale (no synchronisation). A wrapped scaler's loss is scaled by
+  /// `context.backward`; scaling it here as well is a TrialError.
+  torch::Tensor scale(const torch::Tensor& loss) const;
+
+  /// Unscales the gradients of `params` in place and records whether any is inf or NaN (on their
+  /// device: no synchronisation). Once per step; `step` calls it when it was not.
+  void unscale(const std::vector<torch::Tensor>& params);
+  /// Steps `optimizer` unless the unscaled gradients hold an inf or NaN (one synchronisation with the
+  /// device, as PyTorch's step). Returns whether it stepped.
+  bool step(torch::optim::Optimizer& optimizer, const std::vector<torch::Tensor>& params);
+  /// After a step: backs off on inf/NaN, else counts a clean step and grows the scale every
+  /// `growth_interval` of them. Does nothing when no step was taken since the last update.
+  void update();
+
+  /// PyTorch's `GradScaler.state_dict()`: scale, growth_factor, backoff_factor, growth_interval, _growth_tracker.
+  c10::impl::GenericDict state_dict() const;
+  /// Restores what state_dict() (or Python's GradScaler) wrote; a missing or mistyped entry is a CheckpointError.
+  void load_state_dict(const c10::impl::GenericDict& state);
+
+  /// Set by Context::wrap_scaler: the context scales losses itself.
+  void mark_wrapped() { wrapped_ = true; }
+
+ private:
+  Options options_;
+  double scale_;
+  std::int64_t growth_tracker_ = 0;
+  std::int64_t skipped_ = 0;
+  torch::Tensor found_inf_;  // set by unscale, on the gradients' device
+  bool unscaled_ = false;
+  bool stepped_ = false;
+  bool last_found_inf_ = false;
+  bool wrapped_ = false;
+};
+
+}  // namespace dettrial
+
+// Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
+#if DETTRIAL_HEADER_DEFINITIONS
+namespace dettrial {
+
+namespace detail {
+// LibTorch 2.4 made autocast's switches take a device type; before, CPU and CUDA had their own.
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
+DETTRIAL_INLINE bool autocast_enabled(torch::DeviceType d) { return at::autocast::is_autocast_enabled(d); }
+DETTRIAL_INLINE void set_autocast_enabled(torch::DeviceType d, bool on) { at::autocast::set_autocast_enabled(d, on); }
+DETTRIAL_INLINE at::ScalarType autocast_dtype(torch::DeviceType d) { return at::autocast::get_autocast_dtype(d); }
+DETTRIAL_INLINE void set_autocast_dtype(torch::DeviceType d, at::ScalarType t) { at::autocast::set_autocast_dtype(d, t); }
+#else
+DETTRIAL_INLINE bool autocast_enabled(torch::DeviceType d) {
+  return d == torch::kCPU ? at::autocast::is_cpu_enabled() : at::autocast::is_enabled();
+}
+DETTRIAL_INLINE void set_autocast_enabled(torch::DeviceType d, bool on) {
+  if (d == torch::kCPU) at::autocast::set_cpu_enabled(on);
+  else at::autocast::set_enabled(on);
+}
+DETTRIAL_INLINE at::ScalarType autocast_dtype(torch::DeviceType d) {
+  return d == torch::kCPU ? at::autocast::get_autocast_cpu_dtype() : at::autocast::get_autocast_gpu_dtype();
+}
+DETTRIAL_INLINE void set_autocast_dtype(torch::DeviceType d, at::ScalarType t) {
+  if (d == torch::kCPU) at::autocast::set_autocast_cpu_dtype(t);
+  else at::autocast::set_autocast_gpu_dtype(t);
+}
+#endif
+}  // namespace detail
+
+DETTRIAL_INLINE AutocastGuard::AutocastGuard(torch::DeviceType device, std::optional<at::ScalarType> dtype)
+    : device_(device),
+      previous_enabled_(detail::autocast_enabled(device)),
+      previous_dtype_(detail::autocast_dtype(device)),
+      nested_(dtype.has_value()) {
+  if (!dtype) {
+    detail::set_autocast_enabled(device, false);
+    return;
+  }
+  detail::set_autocast_dtype(device, *dtype);
+  detail::set_autocast_enabled(device, true);
+  at::autocast::increment_nesting();
+}
+
+DETTRIAL_INLINE AutocastGuard::~AutocastGuard() {
+  // Casts cached for the outermost region are dropped when it ends (torch.autocast's __exit__).
+  if (nested_ && at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
+  detail::set_autocast_enabled(device_, previous_enabled_);
+  detail::set_autocast_dtype(device_, previous_dtype_);
+}
+
+DETTRIAL_INLINE GradScaler::GradScaler(Options options) : options_(options), scale_(static_cast<float>(options.init_scale)) {
+  if (!(options_.init_scale > 0)) throw ConfigError("GradScaler: init_scale must be positive");
+  if (!(options_.growth_factor > 1)) throw ConfigError("GradScaler: growth_factor must be above 1");
+  if (!(options_.backoff_factor > 0 && options_.backoff_factor < 1)) throw ConfigError("GradScaler: backoff_factor must be in (0, 1)");
+  if (options_.growth_interval < 1) throw ConfigError("GradScaler: growth_interval must be at least 1");
+}
+
+DETTRIAL_INLINE torch::Tensor GradScaler::scale(const torch::Tensor& loss) const {
+  if (wrapped_)
+    throw TrialError("this GradScaler is wrapped with context.wrap_scaler: context.backward scales the loss itself; "
+                     "pass the loss unscaled");
+  return options_.enabled ? loss * scale_ : loss;
+}
+
+DETTRIAL_INLINE void GradScaler::unscale(const std::vector<torch::Tensor>& params) {
+  if (!options_.enabled || unscaled_) return;
+  // The reciprocal in double, then float32, as PyTorch computes inv_scale.
+  const double inverse = static_cast<float>(1.0 / scale_);
+  torch::Tensor found;
+  for (const torch::Tensor& p : params) {
+    const torch::Tensor& g = p.grad();
+    if (!g.defined()) continue;
+    if (!found.defined()) found = torch::zeros({}, g.options().dtype(torch::kFloat));
+    found.logical_or_(torch::isfinite(g).all().logical_not());
+    g.mul_(inverse);
+  }
+  found_inf_ = found;
+  unscaled_ = true;
+}
+
+DETTRIAL_INLINE bool GradScaler::step(torch::optim::Optimizer& optimizer, const std::vector<torch::Tensor>& params) {
+  if (!options_.enabled) {
+    optimizer.step();
+    return true;
+  }
+  unscale(params);
+  last_found_inf_ = found_inf_.defined() && found_inf_.item<float>() != 0;
+  unscaled_ = false;
+  stepped_ = true;
+  if (last_found_inf_) {
+    ++skipped_;
+    return false;
+  }
+  optimizer.step();
+  return true;
+}
+
+DETTRIAL_INLINE void GradScaler::update() {
+  if (!options_.enabled || !stepped_) return;
+  stepped_ = false;
+  // PyTorch keeps the scale in float32: each new scale is rounded to it.
+  if (last_found_inf_) {
+    scale_ = static_cast<float>(scale_ * options_.backoff_factor);
+    growth_tracker_ = 0;
+  } else if (++growth_tracker_ == options_.growth_interval) {
+    scale_ = static_cast<float>(scale_ * options_.growth_factor);
+    growth_tracker_ = 0;
+  }
+}
+
+DETTRIAL_INLINE c10::impl::GenericDict GradScaler::state_dict() const {
+  c10::impl::GenericDict d(c10::StringType::get(), c10::AnyType::get());
+  if (!options_.enabled) return d;  // PyTorch's disabled scaler saves nothing
+  d.insert("scale", scale_);
+  d.insert("growth_factor", options_.growth_factor);
+  d.insert("backoff_factor", options_.backoff_factor);
+  d.insert("growth_interval", options_.growth_interval);
+  d.insert("_growth_tracker", growth_tracker_);
+  return d;
+}
+
+DETTRIAL_INLINE void GradScaler::load_state_dict(const c10::impl::GenericDict& state) {
+  if (!options_.enabled) return;
+  if (state.empty()) throw CheckpointError("the checkpoint's scaler_state_dict is empty: it was saved by a disabled GradScaler");
+  const auto number = [&](const char* key) {
+    const auto it = state.find(key);
+    if (it == state.end() || !(it->value().isDouble() || it->value().isInt()))
+      throw CheckpointError(std::string("the checkpoint's scaler_state_dict lacks a number '") + key + "'");
+    return it->value().isDouble() ? it->value().toDouble() : static_cast<double>(it->value().toInt());
+  };
+  scale_ = static_cast<float>(number("scale"));
+  options_.growth_factor = number("growth_factor");
+  options_.backoff_factor = number("backoff_factor");
+  options_.growth_interval = static_cast<std::int64_t>(number("growth_interval"));
+  growth_tracker_ = static_cast<std::int64_t>(number("_growth_tracker"));
+  stepped_ = unscaled_ = false;
+}
+
+}  // namespace dettrial
+#endif  // DETTRIAL_HEADER_DEFINITIONS
+// ---- end dettrial/optim/mixed_precision.hpp
 
 namespace dettrial {
 
@@ -4058,6 +4361,9 @@ struct ContextOptions {
   /// data-parallel job this rank's share of the node's cores (see dettrial::choose_threads), else
   /// LibTorch's default.
   std::optional<int> threads;
+  /// Autocast around forward passes (and for fp16 a gradient scaler); unset: the config's
+  /// `optimizations.mixed_precision`.
+  std::optional<Precision> mixed_precision{};
 };
 
 namespace detail {
@@ -4263,8 +4569,25 @@ class Context {
 
   // ---- the training step ----------------------------------------------------------------------
 
-  /// Back-propagates `loss` (Determined's `context.backward`).
+  /// Back-propagates `loss` (Determined's `context.backward`): outside autocast, and multiplied by the
+  /// gradient scaler's scale when one is in use.
   void backward(const torch::Tensor& loss, bool retain_graph = false, bool create_graph = false);
+
+  // ---- mixed precision ------------------------------------------------------------------------
+
+  /**
+   * @brief Registers a gradient scaler (Determined's `wrap_scaler`): from then on `backward` scales
+   * the loss, `step_optimizer` unscales the gradients before clipping and skips a step with an inf
+   * or NaN gradient, and the trainer updates the scale after each update batch; checkpoints keep its
+   * state. At most one; with `mixed_precision: fp16` the context has one of its own unless a trial wraps one.
+   */
+  GradScaler& wrap_scaler(GradScaler& scaler);
+  /// The scaler in use, or nullptr.
+  GradScaler* scaler() const { return scaler_; }
+  /// The precision forward passes run in (the trainer enters autocast around the trial's hooks).
+  Precision precision() const { return precision_; }
+  /// Autocast's dtype for this precision on this context's device; none for fp32.
+  std::optional<at::ScalarType> autocast_dtype() const;
 
   /**
    * @brief Steps a wrapped optimizer with Determined's semantics: on batches that are not update
@@ -4290,8 +4613,10 @@ class Context {
       for (auto& p : w.params)
         if (p.grad().defined()) p.grad().mul_(scale);
     }
+    if (scaler_) scaler_->unscale(w.params);  // clipping sees the true gradients
     if constexpr (GradientClipper<Clip>) clip_gradients(w.params);  // else only the sentence above
-    optimizer.step();
+    if (scaler_) scaler_->step(optimizer, w.params);  // skipped when a gradient is inf or NaN
+    else optimizer.step();
     if (auto_zero_grads) optimizer.zero_grad();
   }
 
@@ -4320,6 +4645,10 @@ class Context {
 
   /// Steps the schedulers per their mode; the trainer calls it on update batches after train_batch.
   void step_lr_schedulers(std::int64_t batch_idx);
+  /// Updates the gradient scaler's scale after an update batch (once, however many optimizers stepped).
+  void update_scaler() {
+    if (scaler_) scaler_->update();
+  }
 
   /// In a job, after the trial and its data loaders were built from the same seed on every rank:
   /// ranks other than the chief continue on a stream of their own, derived from the trial seed and
@@ -4383,6 +4712,9 @@ class Context {
 
   detail::RunPosition position_{};
   bool stop_requested_ = false;
+  Precision precision_ = Precision::fp32;
+  std::unique_ptr<GradScaler> own_scaler_;  // fp16 without a scaler of the trial's
+  GradScaler* scaler_ = nullptr;
 };
 
 }  // namespace dettrial
@@ -4430,6 +4762,17 @@ DETTRIAL_INLINE Context::Context(Hyperparameters hparams, ExperimentConfig confi
     threads_ = *choice;
   }
   if (const auto on = options.deterministic ? options.deterministic : config_.deterministic) set_deterministic(*on);
+  precision_ = options.mixed_precision.value_or(config_.mixed_precision);
+#if TORCH_VERSION_MAJOR < 2
+  if (precision_ == Precision::fp16 && device_.is_cpu())
+    throw ConfigError("mixed_precision fp16 autocasts on the CPU from LibTorch 2 on; this LibTorch " TORCH_VERSION
+                      " autocasts the CPU to bf16 only (use bf16)");
+#endif
+  if (precision_ == Precision::fp16) {  // fp16's narrow range needs loss scaling; bf16's does not
+    own_scaler_ = std::make_unique<GradScaler>();
+    own_scaler_->mark_wrapped();
+    scaler_ = own_scaler_.get();
+  }
   detail::keep_freed_memory();
   seed_everything();
 }
@@ -4444,7 +4787,27 @@ DETTRIAL_INLINE void Context::backward(const torch::Tensor& loss, bool retain_gr
   // the bucket's gradients are ready (see all_reduce_gradients).
   for (auto& w : optimizers_)
     if (w.buckets) w.buckets->arm(is_update_batch());
-  loss.backward({}, retain_graph, create_graph);
+  // Outside autocast (PyTorch's advice: backward ops run in the dtypes forward chose).
+  std::optional<AutocastGuard> autocast_off;
+  if (precision_ != Precision::fp32) autocast_off.emplace(device_.type(), std::nullopt);
+  if (scaler_ && scaler_->enabled()) (loss * scaler_->get_scale()).backward({}, retain_graph, create_graph);
+  else loss.backward({}, retain_graph, create_graph);
+}
+
+DETTRIAL_INLINE GradScaler& Context::wrap_scaler(GradScaler& scaler) {
+  if (scaler_ && scaler_ != own_scaler_.get()) throw TrialError("wrap_scaler was called twice: a context takes one GradScaler");
+  scaler.mark_wrapped();
+  scaler_ = &scaler;
+  return scaler;
+}
+
+DETTRIAL_INLINE std::optional<at::ScalarType> Context::autocast_dtype() const {
+  switch (precision_) {
+    case Precision::fp32: return std::nullopt;
+    case Precision::bf16: return at::kBFloat16;
+    case Precision::fp16: return at::kHalf;
+  }
+  return std::nullopt;
 }
 
 DETTRIAL_INLINE void Context::release_registrations() {
@@ -4455,6 +4818,7 @@ DETTRIAL_INLINE void Context::release_registrations() {
   owned_reducers_.clear();
   stop_requested_ = false;
   position_ = {};
+  scaler_ = own_scaler_.get();
 }
 
 DETTRIAL_INLINE void Context::step_lr_schedulers(std::int64_t batch_idx) {
@@ -5948,6 +6312,7 @@ DETTRIAL_INLINE StateDict ContextCheckpoint::python_state(Context& c, const std:
   out.insert("optimizers_state_dict", optimizers);
   out.insert("lr_schedulers_state_dict", schedulers);
   out.insert("rng_state", rng);
+  if (c.scaler()) out.insert("scaler_state_dict", c.scaler()->state_dict());  // Determined's key
   return out;
 }
 
@@ -6323,6 +6688,11 @@ DETTRIAL_INLINE void restore_context(Context& c, const std::filesystem::path& di
   ContextCheckpoint::load_models(c, top, file);
   ContextCheckpoint::load_native(c, read_checked_file(dir, "dettrial_state.pt"), dir / "dettrial_state.pt");
   ContextCheckpoint::load_rng(c, top, file);
+  // A checkpoint written without a scaler (fp32, or bf16) leaves a new one at its initial scale.
+  if (const auto it = top.find("scaler_state_dict"); c.scaler() && it != top.end()) {
+    if (!it->value().isGenericDict()) throw CheckpointError("'" + file.string() + "': scaler_state_dict is not a dict");
+    c.scaler()->load_state_dict(it->value().toGenericDict());
+  }
 }
 
 }  // namespace dettrial::detail
@@ -8049,14 +8419,19 @@ class Trainer {
     training_batch_t<TrialT> batch = std::move(loaded);
     to_device_in_place(batch, context_.device(), context_.device().is_cuda());
     workload.records += record_count(batch);
-    Metrics metrics = as_metrics(detail::call_train_batch(*trial_, batch, model_or_missing(), epoch_idx, batch_idx));
+    Metrics metrics = as_metrics(in_precision([&]() -> decltype(auto) {
+      return detail::call_train_batch(*trial_, batch, model_or_missing(), epoch_idx, batch_idx);
+    }));
     if constexpr (declarative) {
       const MetricValue& loss = metrics.at("loss");
       if (!loss.is_tensor()) throw TrialError("train_batch must return the loss as a tensor (the trainer back-propagates it), not a number");
       context_.backward(loss.tensor());
       context_.step_optimizer(detail::deref(*optimizer_));
     }
-    if (context_.is_update_batch()) context_.step_lr_schedulers(batch_idx);
+    if (context_.is_update_batch()) {
+      context_.update_scaler();
+      context_.step_lr_schedulers(batch_idx);
+    }
     workload.means.add(metrics, batch_idx);
     if constexpr (Set::wants_batch_metrics) workload.batch_metrics.push_back(detached(metrics));
   }
@@ -8182,7 +8557,7 @@ class Trainer {
         validation_batch_t<TrialT> batch = std::move(loaded);
         to_device_in_place(batch, context_.device(), context_.device().is_cuda());
         mine.records += record_count(batch);
-        Metrics m = detail::call_evaluate_batch(*trial_, batch, model_or_missing(), batch_idx);
+        Metrics m = in_precision([&]() -> decltype(auto) { return detail::call_evaluate_batch(*trial_, batch, model_or_missing(), batch_idx); });
         reduction.add(m, batch_idx);
         if constexpr (Set::wants_validation_outputs) outputs.push_back(std::move(m));
         st.reporter.update(++batch_idx);
@@ -8192,7 +8567,9 @@ class Trainer {
       mine.totals = reduction.totals();
       mine.batches = reduction.batches();
     } else if (context_.distributed().is_chief()) {  // the whole dataset on the chief only (Determined's rule)
-      const Metrics m = detail::call_evaluate_full_dataset(*trial_, *validation_loader_, model_or_missing());
+      const Metrics m = in_precision([&]() -> decltype(auto) {
+        return detail::call_evaluate_full_dataset(*trial_, *validation_loader_, model_or_missing());
+      });
       for (const auto& e : m) mine.totals.push_back({std::string(e.key.view()), Reducer::sum, e.value.to_double()});
       mine.batches = 1;
     }
@@ -8419,6 +8796,16 @@ class Trainer {
     if constexpr (requires(TrialT& t) { { t.get_batch_length(batch) } -> std::convertible_to<std::int64_t>; })
       return trial_->get_batch_length(batch);
     else return batch_length(batch);
+  }
+
+  /// Runs a trial hook under autocast when the context's precision asks for it (no cost at fp32).
+  template <class F>
+  decltype(auto) in_precision(F&& hook) {
+    if (const std::optional<at::ScalarType> dtype = context_.autocast_dtype()) {
+      AutocastGuard autocast(context_.device().type(), dtype);
+      return std::forward<F>(hook)();
+    }
+    return std::forward<F>(hook)();
   }
 
   auto& model_or_missing() {

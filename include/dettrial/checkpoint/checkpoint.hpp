@@ -194,6 +194,7 @@ DETTRIAL_INLINE StateDict ContextCheckpoint::python_state(Context& c, const std:
   out.insert("optimizers_state_dict", optimizers);
   out.insert("lr_schedulers_state_dict", schedulers);
   out.insert("rng_state", rng);
+  if (c.scaler()) out.insert("scaler_state_dict", c.scaler()->state_dict());  // Determined's key
   return out;
 }
 

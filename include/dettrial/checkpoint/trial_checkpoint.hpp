@@ -152,6 +152,11 @@ DETTRIAL_INLINE void restore_context(Context& c, const std::filesystem::path& di
   ContextCheckpoint::load_models(c, top, file);
   ContextCheckpoint::load_native(c, read_checked_file(dir, "dettrial_state.pt"), dir / "dettrial_state.pt");
   ContextCheckpoint::load_rng(c, top, file);
+  // A checkpoint written without a scaler (fp32, or bf16) leaves a new one at its initial scale.
+  if (const auto it = top.find("scaler_state_dict"); c.scaler() && it != top.end()) {
+    if (!it->value().isGenericDict()) throw CheckpointError("'" + file.string() + "': scaler_state_dict is not a dict");
+    c.scaler()->load_state_dict(it->value().toGenericDict());
+  }
 }
 
 }  // namespace dettrial::detail

@@ -17,6 +17,7 @@
 #include "../detail/yaml.hpp"
 #include "units.hpp"
 #include "hyperparameters.hpp"
+#include "precision.hpp"
 #include "../detail/linkage.hpp"
 
 namespace dettrial {
@@ -73,6 +74,8 @@ class ExperimentConfig {
   std::int64_t max_restarts = 5;
   std::int64_t slots_per_trial = 1;
   std::int64_t aggregation_frequency = 1;
+  /// `optimizations.mixed_precision`: autocast (and for fp16 a gradient scaler) around forward passes.
+  Precision mixed_precision = Precision::fp32;
   bool average_aggregated_gradients = true;
   std::optional<std::uint64_t> experiment_seed;
   /// `reproducibility.deterministic` (dettrial's): LibTorch's deterministic algorithms on, cuDNN's
@@ -224,6 +227,7 @@ DETTRIAL_INLINE ExperimentConfig& ExperimentConfig::operator=(const ExperimentCo
   max_restarts = o.max_restarts;
   slots_per_trial = o.slots_per_trial;
   aggregation_frequency = o.aggregation_frequency;
+  mixed_precision = o.mixed_precision;
   average_aggregated_gradients = o.average_aggregated_gradients;
   experiment_seed = o.experiment_seed;
   deterministic = o.deterministic;
@@ -300,6 +304,15 @@ DETTRIAL_INLINE ExperimentConfig ExperimentConfig::from_yaml(const YAML::Node& r
       throw ConfigError(detail::where(res["slots_per_trial"], source) + ": resources.slots_per_trial must be at least 1");
   }
   if (const YAML::Node opt = root["optimizations"]) {
+    if (const YAML::Node mp = opt["mixed_precision"]; mp && !mp.IsNull()) {
+      std::string text;
+      r.read(opt, "mixed_precision", text);
+      try {
+        c.mixed_precision = parse_precision(text);
+      } catch (const ConfigError& e) {
+        throw ConfigError(detail::where(mp, source) + ": optimizations." + e.what());
+      }
+    }
     r.read(opt, "aggregation_frequency", c.aggregation_frequency);
     if (c.aggregation_frequency < 1)
       throw ConfigError(detail::where(opt["aggregation_frequency"], source) +
@@ -368,9 +381,9 @@ DETTRIAL_INLINE void ExperimentConfig::check_fields(const YAML::Node& root, cons
   static const std::vector<std::string> resources = {"slots_per_trial"};
   static const std::vector<std::string> resources_cluster = {
       "resource_pool", "max_slots", "priority", "weight", "shm_size", "devices", "native_parallel", "is_single_node", "agent_label"};
-  static const std::vector<std::string> optimizations = {"aggregation_frequency", "average_aggregated_gradients"};
+  static const std::vector<std::string> optimizations = {"aggregation_frequency", "average_aggregated_gradients", "mixed_precision"};
   static const std::vector<std::string> optimizations_cluster = {
-      "average_training_metrics", "gradient_compression", "mixed_precision", "tensor_fusion_threshold",
+      "average_training_metrics", "gradient_compression", "tensor_fusion_threshold",
       "tensor_fusion_cycle_time", "auto_tune_tensor_fusion", "grad_updates_size_file"};
   static const std::vector<std::string> reproducibility = {"experiment_seed", "deterministic"};
   static const std::vector<std::string> storage = {"type", "host_path", "storage_path", "container_path", "propagation",

@@ -31,6 +31,8 @@
 #include "../optim/handles.hpp"
 #include "../optim/lr_state.hpp"
 #include "../optim/lr_step.hpp"
+#include "../optim/mixed_precision.hpp"
+#include "../config/precision.hpp"
 #include "../data/to_device.hpp"
 #include "../detail/linkage.hpp"
 
@@ -66,6 +68,9 @@ struct ContextOptions {
   /// data-parallel job this rank's share of the node's cores (see dettrial::choose_threads), else
   /// LibTorch's default.
   std::optional<int> threads;
+  /// Autocast around forward passes (and for fp16 a gradient scaler); unset: the config's
+  /// `optimizations.mixed_precision`.
+  std::optional<Precision> mixed_precision{};
 };
 
 namespace detail {
@@ -271,8 +276,25 @@ class Context {
 
   // ---- the training step ----------------------------------------------------------------------
 
-  /// Back-propagates `loss` (Determined's `context.backward`).
+  /// Back-propagates `loss` (Determined's `context.backward`): outside autocast, and multiplied by the
+  /// gradient scaler's scale when one is in use.
   void backward(const torch::Tensor& loss, bool retain_graph = false, bool create_graph = false);
+
+  // ---- mixed precision ------------------------------------------------------------------------
+
+  /**
+   * @brief Registers a gradient scaler (Determined's `wrap_scaler`): from then on `backward` scales
+   * the loss, `step_optimizer` unscales the gradients before clipping and skips a step with an inf
+   * or NaN gradient, and the trainer updates the scale after each update batch; checkpoints keep its
+   * state. At most one; with `mixed_precision: fp16` the context has one of its own unless a trial wraps one.
+   */
+  GradScaler& wrap_scaler(GradScaler& scaler);
+  /// The scaler in use, or nullptr.
+  GradScaler* scaler() const { return scaler_; }
+  /// The precision forward passes run in (the trainer enters autocast around the trial's hooks).
+  Precision precision() const { return precision_; }
+  /// Autocast's dtype for this precision on this context's device; none for fp32.
+  std::optional<at::ScalarType> autocast_dtype() const;
 
   /**
    * @brief Steps a wrapped optimizer with Determined's semantics: on batches that are not update
@@ -298,8 +320,10 @@ class Context {
       for (auto& p : w.params)
         if (p.grad().defined()) p.grad().mul_(scale);
     }
+    if (scaler_) scaler_->unscale(w.params);  // clipping sees the true gradients
     if constexpr (GradientClipper<Clip>) clip_gradients(w.params);  // else only the sentence above
-    optimizer.step();
+    if (scaler_) scaler_->step(optimizer, w.params);  // skipped when a gradient is inf or NaN
+    else optimizer.step();
     if (auto_zero_grads) optimizer.zero_grad();
   }
 
@@ -328,6 +352,10 @@ class Context {
 
   /// Steps the schedulers per their mode; the trainer calls it on update batches after train_batch.
   void step_lr_schedulers(std::int64_t batch_idx);
+  /// Updates the gradient scaler's scale after an update batch (once, however many optimizers stepped).
+  void update_scaler() {
+    if (scaler_) scaler_->update();
+  }
 
   /// In a job, after the trial and its data loaders were built from the same seed on every rank:
   /// ranks other than the chief continue on a stream of their own, derived from the trial seed and
@@ -391,6 +419,9 @@ class Context {
 
   detail::RunPosition position_{};
   bool stop_requested_ = false;
+  Precision precision_ = Precision::fp32;
+  std::unique_ptr<GradScaler> own_scaler_;  // fp16 without a scaler of the trial's
+  GradScaler* scaler_ = nullptr;
 };
 
 }  // namespace dettrial
@@ -438,6 +469,17 @@ DETTRIAL_INLINE Context::Context(Hyperparameters hparams, ExperimentConfig confi
     threads_ = *choice;
   }
   if (const auto on = options.deterministic ? options.deterministic : config_.deterministic) set_deterministic(*on);
+  precision_ = options.mixed_precision.value_or(config_.mixed_precision);
+#if TORCH_VERSION_MAJOR < 2
+  if (precision_ == Precision::fp16 && device_.is_cpu())
+    throw ConfigError("mixed_precision fp16 autocasts on the CPU from LibTorch 2 on; this LibTorch " TORCH_VERSION
+                      " autocasts the CPU to bf16 only (use bf16)");
+#endif
+  if (precision_ == Precision::fp16) {  // fp16's narrow range needs loss scaling; bf16's does not
+    own_scaler_ = std::make_unique<GradScaler>();
+    own_scaler_->mark_wrapped();
+    scaler_ = own_scaler_.get();
+  }
   detail::keep_freed_memory();
   seed_everything();
 }
@@ -452,7 +494,27 @@ DETTRIAL_INLINE void Context::backward(const torch::Tensor& loss, bool retain_gr
   // the bucket's gradients are ready (see all_reduce_gradients).
   for (auto& w : optimizers_)
     if (w.buckets) w.buckets->arm(is_update_batch());
-  loss.backward({}, retain_graph, create_graph);
+  // Outside autocast (PyTorch's advice: backward ops run in the dtypes forward chose).
+  std::optional<AutocastGuard> autocast_off;
+  if (precision_ != Precision::fp32) autocast_off.emplace(device_.type(), std::nullopt);
+  if (scaler_ && scaler_->enabled()) (loss * scaler_->get_scale()).backward({}, retain_graph, create_graph);
+  else loss.backward({}, retain_graph, create_graph);
+}
+
+DETTRIAL_INLINE GradScaler& Context::wrap_scaler(GradScaler& scaler) {
+  if (scaler_ && scaler_ != own_scaler_.get()) throw TrialError("wrap_scaler was called twice: a context takes one GradScaler");
+  scaler.mark_wrapped();
+  scaler_ = &scaler;
+  return scaler;
+}
+
+DETTRIAL_INLINE std::optional<at::ScalarType> Context::autocast_dtype() const {
+  switch (precision_) {
+    case Precision::fp32: return std::nullopt;
+    case Precision::bf16: return at::kBFloat16;
+    case Precision::fp16: return at::kHalf;
+  }
+  return std::nullopt;
 }
 
 DETTRIAL_INLINE void Context::release_registrations() {
@@ -463,6 +525,7 @@ DETTRIAL_INLINE void Context::release_registrations() {
   owned_reducers_.clear();
   stop_requested_ = false;
   position_ = {};
+  scaler_ = own_scaler_.get();
 }
 
 DETTRIAL_INLINE void Context::step_lr_schedulers(std::int64_t batch_idx) {

@@ -430,14 +430,19 @@ class Trainer {
     training_batch_t<TrialT> batch = std::move(loaded);
     to_device_in_place(batch, context_.device(), context_.device().is_cuda());
     workload.records += record_count(batch);
-    Metrics metrics = as_metrics(detail::call_train_batch(*trial_, batch, model_or_missing(), epoch_idx, batch_idx));
+    Metrics metrics = as_metrics(in_precision([&]() -> decltype(auto) {
+      return detail::call_train_batch(*trial_, batch, model_or_missing(), epoch_idx, batch_idx);
+    }));
     if constexpr (declarative) {
       const MetricValue& loss = metrics.at("loss");
       if (!loss.is_tensor()) throw TrialError("train_batch must return the loss as a tensor (the trainer back-propagates it), not a number");
       context_.backward(loss.tensor());
       context_.step_optimizer(detail::deref(*optimizer_));
     }
-    if (context_.is_update_batch()) context_.step_lr_schedulers(batch_idx);
+    if (context_.is_update_batch()) {
+      context_.update_scaler();
+      context_.step_lr_schedulers(batch_idx);
+    }
     workload.means.add(metrics, batch_idx);
     if constexpr (Set::wants_batch_metrics) workload.batch_metrics.push_back(detached(metrics));
   }
@@ -563,7 +568,7 @@ class Trainer {
         validation_batch_t<TrialT> batch = std::move(loaded);
         to_device_in_place(batch, context_.device(), context_.device().is_cuda());
         mine.records += record_count(batch);
-        Metrics m = detail::call_evaluate_batch(*trial_, batch, model_or_missing(), batch_idx);
+        Metrics m = in_precision([&]() -> decltype(auto) { return detail::call_evaluate_batch(*trial_, batch, model_or_missing(), batch_idx); });
         reduction.add(m, batch_idx);
         if constexpr (Set::wants_validation_outputs) outputs.push_back(std::move(m));
         st.reporter.update(++batch_idx);
@@ -573,7 +578,9 @@ class Trainer {
       mine.totals = reduction.totals();
       mine.batches = reduction.batches();
     } else if (context_.distributed().is_chief()) {  // the whole dataset on the chief only (Determined's rule)
-      const Metrics m = detail::call_evaluate_full_dataset(*trial_, *validation_loader_, model_or_missing());
+      const Metrics m = in_precision([&]() -> decltype(auto) {
+        return detail::call_evaluate_full_dataset(*trial_, *validation_loader_, model_or_missing());
+      });
       for (const auto& e : m) mine.totals.push_back({std::string(e.key.view()), Reducer::sum, e.value.to_double()});
       mine.batches = 1;
     }
@@ -800,6 +807,16 @@ class Trainer {
     if constexpr (requires(TrialT& t) { { t.get_batch_length(batch) } -> std::convertible_to<std::int64_t>; })
       return trial_->get_batch_length(batch);
     else return batch_length(batch);
+  }
+
+  /// Runs a trial hook under autocast when the context's precision asks for it (no cost at fp32).
+  template <class F>
+  decltype(auto) in_precision(F&& hook) {
+    if (const std::optional<at::ScalarType> dtype = context_.autocast_dtype()) {
+      AutocastGuard autocast(context_.device().type(), dtype);
+      return std::forward<F>(hook)();
+    }
+    return std::forward<F>(hook)();
   }
 
   auto& model_or_missing() {

@@ -1,0 +1,245 @@
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief Mixed precision (see config/precision.hpp for the setting): autocast for a device (torch.autocast's C++ side, across LibTorch versions)
+/// and a gradient scaler with PyTorch's GradScaler semantics and checkpoint layout.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <torch/torch.h>
+#include <ATen/autocast_mode.h>
+
+#include "../error.hpp"
+#include "../detail/linkage.hpp"
+
+namespace dettrial {
+
+/**
+ * @brief Autocast on `device` to `dtype` while alive, the previous state restored after (as
+ * `with torch.autocast(...)`); no dtype turns autocast off inside (for a backward pass). Autocast
+ * is per thread, like LibTorch's.
+ */
+class AutocastGuard {
+ public:
+  AutocastGuard(torch::DeviceType device, std::optional<at::ScalarType> dtype);
+  ~AutocastGuard();
+  AutocastGuard(const AutocastGuard&) = delete;
+  AutocastGuard& operator=(const AutocastGuard&) = delete;
+
+ private:
+  torch::DeviceType device_;
+  bool previous_enabled_;
+  at::ScalarType previous_dtype_;
+  bool nested_;
+};
+
+/**
+ * @brief A gradient scaler for fp16 training with PyTorch's `torch.amp.GradScaler` semantics: the
+ * loss is multiplied by the scale before the backward pass; before an optimizer step the gradients
+ * are unscaled and checked, and a step with an inf or NaN gradient is skipped; after each update
+ * batch the scale backs off (on inf/NaN) or grows after `growth_interval` clean steps.
+ *
+ * Wrap it with `context.wrap_scaler(scaler)` (or let `optimizations.mixed_precision: fp16` make one):
+ * then `context.backward` scales the loss, `context.step_optimizer` unscales, clips and steps (or
+ * skips), and the trainer updates the scale once per update batch, as Determined's automatic mixed
+ * precision does. Its state is saved in checkpoints as `scaler_state_dict`, the layout Python's
+ * `GradScaler.load_state_dict` reads.
+ */
+class GradScaler {
+ public:
+  struct Options {
+    double init_scale = 65536.0;
+    double growth_factor = 2.0;
+    double backoff_factor = 0.5;
+    std::int64_t growth_interval = 2000;
+    bool enabled = true;
+  };
+  GradScaler() : GradScaler(Options{}) {}
+  explicit GradScaler(Options options);
+
+  bool enabled() const { return options_.enabled; }
+  /// The current scale (a float32 value, as PyTorch keeps it).
+  double get_scale() const { return scale_; }
+  std::int64_t growth_tracker() const { return growth_tracker_; }
+  /// Optimizer steps skipped because a gradient was inf or NaN, since construction or restore.
+  std::int64_t skipped_steps() const { return skipped_; }
+
+  /// `loss` times the scale (no synchronisation). A wrapped scaler's loss is scaled by
+  /// `context.backward`; scaling it here as well is a TrialError.
+  torch::Tensor scale(const torch::Tensor& loss) const;
+
+  /// Unscales the gradients of `params` in place and records whether any is inf or NaN (on their
+  /// device: no synchronisation). Once per step; `step` calls it when it was not.
+  void unscale(const std::vector<torch::Tensor>& params);
+  /// Steps `optimizer` unless the unscaled gradients hold an inf or NaN (one synchronisation with the
+  /// device, as PyTorch's step). Returns whether it stepped.
+  bool step(torch::optim::Optimizer& optimizer, const std::vector<torch::Tensor>& params);
+  /// After a step: backs off on inf/NaN, else counts a clean step and grows the scale every
+  /// `growth_interval` of them. Does nothing when no step was taken since the last update.
+  void update();
+
+  /// PyTorch's `GradScaler.state_dict()`: scale, growth_factor, backoff_factor, growth_interval, _growth_tracker.
+  c10::impl::GenericDict state_dict() const;
+  /// Restores what state_dict() (or Python's GradScaler) wrote; a missing or mistyped entry is a CheckpointError.
+  void load_state_dict(const c10::impl::GenericDict& state);
+
+  /// Set by Context::wrap_scaler: the context scales losses itself.
+  void mark_wrapped() { wrapped_ = true; }
+
+ private:
+  Options options_;
+  double scale_;
+  std::int64_t growth_tracker_ = 0;
+  std::int64_t skipped_ = 0;
+  torch::Tensor found_inf_;  // set by unscale, on the gradients' device
+  bool unscaled_ = false;
+  bool stepped_ = false;
+  bool last_found_inf_ = false;
+  bool wrapped_ = false;
+};
+
+}  // namespace dettrial
+
+// Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
+#if DETTRIAL_HEADER_DEFINITIONS
+namespace dettrial {
+
+namespace detail {
+// LibTorch 2.4 made autocast's switches take a device type; before, CPU and CUDA had their own.
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
+DETTRIAL_INLINE bool autocast_enabled(torch::DeviceType d) { return at::autocast::is_autocast_enabled(d); }
+DETTRIAL_INLINE void set_autocast_enabled(torch::DeviceType d, bool on) { at::autocast::set_autocast_enabled(d, on); }
+DETTRIAL_INLINE at::ScalarType autocast_dtype(torch::DeviceType d) { return at::autocast::get_autocast_dtype(d); }
+DETTRIAL_INLINE void set_autocast_dtype(torch::DeviceType d, at::ScalarType t) { at::autocast::set_autocast_dtype(d, t); }
+#else
+DETTRIAL_INLINE bool autocast_enabled(torch::DeviceType d) {
+  return d == torch::kCPU ? at::autocast::is_cpu_enabled() : at::autocast::is_enabled();
+}
+DETTRIAL_INLINE void set_autocast_enabled(torch::DeviceType d, bool on) {
+  if (d == torch::kCPU) at::autocast::set_cpu_enabled(on);
+  else at::autocast::set_enabled(on);
+}
+DETTRIAL_INLINE at::ScalarType autocast_dtype(torch::DeviceType d) {
+  return d == torch::kCPU ? at::autocast::get_autocast_cpu_dtype() : at::autocast::get_autocast_gpu_dtype();
+}
+DETTRIAL_INLINE void set_autocast_dtype(torch::DeviceType d, at::ScalarType t) {
+  if (d == torch::kCPU) at::autocast::set_autocast_cpu_dtype(t);
+  else at::autocast::set_autocast_gpu_dtype(t);
+}
+#endif
+}  // namespace detail
+
+DETTRIAL_INLINE AutocastGuard::AutocastGuard(torch::DeviceType device, std::optional<at::ScalarType> dtype)
+    : device_(device),
+      previous_enabled_(detail::autocast_enabled(device)),
+      previous_dtype_(detail::autocast_dtype(device)),
+      nested_(dtype.has_value()) {
+  if (!dtype) {
+    detail::set_autocast_enabled(device, false);
+    return;
+  }
+  detail::set_autocast_dtype(device, *dtype);
+  detail::set_autocast_enabled(device, true);
+  at::autocast::increment_nesting();
+}
+
+DETTRIAL_INLINE AutocastGuard::~AutocastGuard() {
+  // Casts cached for the outermost region are dropped when it ends (torch.autocast's __exit__).
+  if (nested_ && at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
+  detail::set_autocast_enabled(device_, previous_enabled_);
+  detail::set_autocast_dtype(device_, previous_dtype_);
+}
+
+DETTRIAL_INLINE GradScaler::GradScaler(Options options) : options_(options), scale_(static_cast<float>(options.init_scale)) {
+  if (!(options_.init_scale > 0)) throw ConfigError("GradScaler: init_scale must be positive");
+  if (!(options_.growth_factor > 1)) throw ConfigError("GradScaler: growth_factor must be above 1");
+  if (!(options_.backoff_factor > 0 && options_.backoff_factor < 1)) throw ConfigError("GradScaler: backoff_factor must be in (0, 1)");
+  if (options_.growth_interval < 1) throw ConfigError("GradScaler: growth_interval must be at least 1");
+}
+
+DETTRIAL_INLINE torch::Tensor GradScaler::scale(const torch::Tensor& loss) const {
+  if (wrapped_)
+    throw TrialError("this GradScaler is wrapped with context.wrap_scaler: context.backward scales the loss itself; "
+                     "pass the loss unscaled");
+  return options_.enabled ? loss * scale_ : loss;
+}
+
+DETTRIAL_INLINE void GradScaler::unscale(const std::vector<torch::Tensor>& params) {
+  if (!options_.enabled || unscaled_) return;
+  // The reciprocal in double, then float32, as PyTorch computes inv_scale.
+  const double inverse = static_cast<float>(1.0 / scale_);
+  torch::Tensor found;
+  for (const torch::Tensor& p : params) {
+    const torch::Tensor& g = p.grad();
+    if (!g.defined()) continue;
+    if (!found.defined()) found = torch::zeros({}, g.options().dtype(torch::kFloat));
+    found.logical_or_(torch::isfinite(g).all().logical_not());
+    g.mul_(inverse);
+  }
+  found_inf_ = found;
+  unscaled_ = true;
+}
+
+DETTRIAL_INLINE bool GradScaler::step(torch::optim::Optimizer& optimizer, const std::vector<torch::Tensor>& params) {
+  if (!options_.enabled) {
+    optimizer.step();
+    return true;
+  }
+  unscale(params);
+  last_found_inf_ = found_inf_.defined() && found_inf_.item<float>() != 0;
+  unscaled_ = false;
+  stepped_ = true;
+  if (last_found_inf_) {
+    ++skipped_;
+    return false;
+  }
+  optimizer.step();
+  return true;
+}
+
+DETTRIAL_INLINE void GradScaler::update() {
+  if (!options_.enabled || !stepped_) return;
+  stepped_ = false;
+  // PyTorch keeps the scale in float32: each new scale is rounded to it.
+  if (last_found_inf_) {
+    scale_ = static_cast<float>(scale_ * options_.backoff_factor);
+    growth_tracker_ = 0;
+  } else if (++growth_tracker_ == options_.growth_interval) {
+    scale_ = static_cast<float>(scale_ * options_.growth_factor);
+    growth_tracker_ = 0;
+  }
+}
+
+DETTRIAL_INLINE c10::impl::GenericDict GradScaler::state_dict() const {
+  c10::impl::GenericDict d(c10::StringType::get(), c10::AnyType::get());
+  if (!options_.enabled) return d;  // PyTorch's disabled scaler saves nothing
+  d.insert("scale", scale_);
+  d.insert("growth_factor", options_.growth_factor);
+  d.insert("backoff_factor", options_.backoff_factor);
+  d.insert("growth_interval", options_.growth_interval);
+  d.insert("_growth_tracker", growth_tracker_);
+  return d;
+}
+
+DETTRIAL_INLINE void GradScaler::load_state_dict(const c10::impl::GenericDict& state) {
+  if (!options_.enabled) return;
+  if (state.empty()) throw CheckpointError("the checkpoint's scaler_state_dict is empty: it was saved by a disabled GradScaler");
+  const auto number = [&](const char* key) {
+    const auto it = state.find(key);
+    if (it == state.end() || !(it->value().isDouble() || it->value().isInt()))
+      throw CheckpointError(std::string("the checkpoint's scaler_state_dict lacks a number '") + key + "'");
+    return it->value().isDouble() ? it->value().toDouble() : static_cast<double>(it->value().toInt());
+  };
+  scale_ = static_cast<float>(number("scale"));
+  options_.growth_factor = number("growth_factor");
+  options_.backoff_factor = number("backoff_factor");
+  options_.growth_interval = static_cast<std::int64_t>(number("growth_interval"));
+  growth_tracker_ = static_cast<std::int64_t>(number("_growth_tracker"));
+  stepped_ = unscaled_ = false;
+}
+
+}  // namespace dettrial
+#endif  // DETTRIAL_HEADER_DEFINITIONS

@@ -1,0 +1,213 @@
+// Mixed precision: the gradient scaler's PyTorch semantics (scale, unscale, skipped steps, growth and
+// backoff, state dict), bf16 autocast around the trial's hooks, and exact resume with a scaler.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <limits>
+
+#include "test_trials.hpp"
+
+using namespace dettrial;
+
+namespace {
+
+/// The imperative regression trial with a scaler of its own (fp32 forward: the scaler alone is under
+/// test, the same on every LibTorch), a loss made inf on batch `inf_at`, and a record of the dtypes
+/// its forward passes produced.
+struct ScaledRegression : test::ImperativeRegression {
+  GradScaler scaler{GradScaler::Options{.growth_interval = 3}};
+  std::int64_t inf_at = -1;
+  torch::ScalarType forward_dtype = torch::kFloat, validation_dtype = torch::kFloat;
+  explicit ScaledRegression(Context& c) : test::ImperativeRegression(c) {
+    if (c.get_hparams().get_or<bool>("wrap_scaler", true)) c.wrap_scaler(scaler);
+  }
+  Metrics train_batch(test::Batch& b, std::int64_t, std::int64_t batch_idx) {
+    auto& [x, y] = b;
+    const torch::Tensor out = model->forward(x);
+    forward_dtype = out.scalar_type();
+    torch::Tensor loss = torch::mse_loss(out.to(torch::kFloat), y);
+    if (batch_idx == inf_at) loss = loss * std::numeric_limits<float>::infinity();
+    context.backward(loss);
+    context.step_optimizer(opt, clip::by_norm{10.0});
+    return {{"loss", loss.detach()}};
+  }
+  Metrics evaluate_batch(test::Batch& b) {
+    auto& [x, y] = b;
+    const torch::Tensor out = model->forward(x);
+    validation_dtype = out.scalar_type();
+    return {{"validation_loss", torch::mse_loss(out.to(torch::kFloat), y)}};
+  }
+};
+
+std::vector<torch::Tensor> copies(const std::vector<torch::Tensor>& params) {
+  std::vector<torch::Tensor> out;
+  for (const auto& p : params) out.push_back(p.detach().clone());
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("GradScaler: PyTorch's scale, unscale, skipped step, backoff and growth, and state dict") {
+  torch::nn::Linear model(3, 1);
+  torch::optim::SGD sgd(model->parameters(), 0.1);
+  GradScaler scaler(GradScaler::Options{.init_scale = 1024, .growth_interval = 2});
+  const torch::Tensor x = torch::ones({2, 3});
+  const auto params = model->parameters();
+
+  // A clean step: the unscaled gradient is the true one, the step is taken.
+  torch::Tensor loss = model->forward(x).sum();
+  CHECK(scaler.scale(loss).item<double>() == doctest::Approx(loss.item<double>() * 1024));
+  scaler.scale(loss).backward();
+  scaler.unscale(params);
+  CHECK(torch::allclose(params[0].grad(), torch::full({1, 3}, 2.0f)));  // d(sum)/dw = 2 per weight
+  const torch::Tensor before = params[0].detach().clone();
+  CHECK(scaler.step(sgd, params));
+  CHECK_FALSE(torch::equal(before, params[0]));
+  scaler.update();
+  CHECK(scaler.get_scale() == 1024);
+  CHECK(scaler.growth_tracker() == 1);
+
+  // An inf gradient: the step is skipped, the scale backs off, the count restarts.
+  sgd.zero_grad();
+  scaler.scale(model->forward(x).sum() * std::numeric_limits<float>::infinity()).backward();
+  const torch::Tensor kept = params[0].detach().clone();
+  CHECK_FALSE(scaler.step(sgd, params));
+  CHECK(torch::equal(kept, params[0]));
+  scaler.update();
+  CHECK(scaler.get_scale() == 512);
+  CHECK(scaler.growth_tracker() == 0);
+  CHECK(scaler.skipped_steps() == 1);
+
+  // Two clean steps (growth_interval) double it.
+  for (int i = 0; i < 2; ++i) {
+    sgd.zero_grad();
+    scaler.scale(model->forward(x).sum()).backward();
+    scaler.step(sgd, params);
+    scaler.update();
+  }
+  CHECK(scaler.get_scale() == 1024);
+  CHECK(scaler.growth_tracker() == 0);
+  scaler.update();  // no step since the last update: nothing happens
+  CHECK(scaler.growth_tracker() == 0);
+
+  // Python's layout, and back.
+  const auto state = scaler.state_dict();
+  CHECK(state.at("scale").toDouble() == 1024);
+  CHECK(state.at("growth_factor").toDouble() == 2);
+  CHECK(state.at("backoff_factor").toDouble() == 0.5);
+  CHECK(state.at("growth_interval").toInt() == 2);
+  CHECK(state.at("_growth_tracker").toInt() == 0);
+  GradScaler restored;
+  restored.load_state_dict(state);
+  CHECK(restored.get_scale() == 1024);
+  c10::impl::GenericDict partial(c10::StringType::get(), c10::AnyType::get());
+  partial.insert("scale", 8.0);
+  CHECK_THROWS_WITH_AS(restored.load_state_dict(partial), doctest::Contains("lacks a number 'growth_factor'"), CheckpointError);
+  CHECK_THROWS_WITH_AS(GradScaler(GradScaler::Options{.backoff_factor = 2}), doctest::Contains("backoff_factor must be in (0, 1)"),
+                       ConfigError);
+}
+
+TEST_CASE("a wrapped scaler: backward scales, step_optimizer unscales and clips; the run equals one without it") {
+  // Powers of two scale exactly: with no inf, the scaled run is bit-identical to the plain one.
+  Context plain_context(test::hparams("wrap_scaler: false\n"), ContextOptions{.trial_seed = 4});
+  Trainer<ScaledRegression> plain(plain_context);
+  plain.fit(test::quiet({.max_length = Batch(12)}));
+  Context scaled_context(test::hparams(), ContextOptions{.trial_seed = 4});
+  Trainer<ScaledRegression> scaled(scaled_context);
+  scaled.fit(test::quiet({.max_length = Batch(12)}));
+  const auto a = test::parameters_of(plain_context), b = test::parameters_of(scaled_context);
+  for (std::size_t i = 0; i < a.size(); ++i) CHECK(torch::equal(a[i], b[i]));
+  CHECK(scaled.trial().scaler.get_scale() == 65536 * 2 * 2 * 2 * 2);  // grown every 3 clean update batches
+  CHECK_THROWS_WITH_AS(scaled.trial().scaler.scale(torch::ones({})), doctest::Contains("context.backward scales the loss itself"),
+                       TrialError);
+  CHECK_THROWS_WITH_AS(scaled_context.wrap_scaler(scaled.trial().scaler), doctest::Contains("wrap_scaler was called twice"), TrialError);
+}
+
+TEST_CASE("an inf loss skips that optimizer step and backs the scale off; training goes on") {
+  const auto run = [](std::int64_t length, std::vector<torch::Tensor>& params, double& scale, std::int64_t& skipped) {
+    Context context(test::hparams(), ContextOptions{.trial_seed = 5});
+    Trainer<ScaledRegression> trainer(context);
+    trainer.trial().inf_at = 4;
+    const FitResult r = trainer.fit(test::quiet({.max_length = Batch(length)}));
+    params = copies(test::parameters_of(context));
+    scale = trainer.trial().scaler.get_scale();
+    skipped = trainer.trial().scaler.skipped_steps();
+    return r;
+  };
+  std::vector<torch::Tensor> before, after, later;
+  double scale_before = 0, scale_after = 0, scale_later = 0;
+  std::int64_t skipped = 0;
+  run(4, before, scale_before, skipped);  // up to the inf batch
+  CHECK(skipped == 0);
+  run(5, after, scale_after, skipped);    // through it
+  for (std::size_t i = 0; i < before.size(); ++i) CHECK(torch::equal(before[i], after[i]));  // batch 4's step was skipped
+  CHECK(skipped == 1);
+  CHECK(scale_after == scale_before / 2);
+  const FitResult r = run(9, later, scale_later, skipped);  // and on
+  CHECK(skipped == 1);
+  CHECK(std::isfinite(r.last_validation_metrics.at("validation_loss")));
+  CHECK_FALSE(torch::equal(after[0], later[0]));
+}
+
+TEST_CASE("bf16 autocast runs the trial's forward passes in bf16, backward outside; the loss stays close to fp32") {
+  const auto final_loss = [](std::optional<Precision> precision, torch::ScalarType& forward, torch::ScalarType& validation) {
+    Context context(test::hparams("wrap_scaler: false\n"), ContextOptions{.trial_seed = 6, .mixed_precision = precision});
+    Trainer<ScaledRegression> trainer(context);
+    const FitResult r = trainer.fit(test::quiet({.max_length = Batch(40)}));
+    forward = trainer.trial().forward_dtype;
+    validation = trainer.trial().validation_dtype;
+    return r.last_validation_metrics.at("validation_loss");
+  };
+  torch::ScalarType forward{}, validation{};
+  const double fp32 = final_loss(std::nullopt, forward, validation);
+  CHECK((forward == torch::kFloat));
+  const double bf16 = final_loss(Precision::bf16, forward, validation);
+  CHECK((forward == torch::kBFloat16));
+  CHECK((validation == torch::kBFloat16));
+  CHECK(bf16 == doctest::Approx(fp32).epsilon(0.05));
+  CHECK(bf16 != fp32);  // it did run in another precision
+  // Autocast is off again outside the trainer.
+  CHECK((torch::nn::Linear(2, 2)->forward(torch::ones({1, 2})).scalar_type() == torch::kFloat));
+}
+
+TEST_CASE("stopping and resuming with a scaler is exact: parameters, scale and growth count") {
+  const auto options = [](std::int64_t length) { return test::quiet({.max_length = Batch(length), .checkpoint_period = Batch(4)}); };
+  Context straight_context(test::hparams(), ContextOptions{.trial_seed = 8});
+  Trainer<ScaledRegression> straight(straight_context);
+  straight.trial().inf_at = 2;
+  straight.fit(options(11));
+
+  Context first_context(test::hparams(), ContextOptions{.trial_seed = 8});
+  Trainer<ScaledRegression> first(first_context);
+  first.trial().inf_at = 2;
+  const FitResult stopped = first.fit(options(5));
+  const StateDict saved = dettrial::detail::read_state_dict_file(stopped.checkpoints.back().path);
+  REQUIRE(saved.contains("scaler_state_dict"));
+  CHECK(saved.at("scaler_state_dict").toGenericDict().at("_growth_tracker").toInt() == first.trial().scaler.growth_tracker());
+
+  Context second_context(test::hparams(), ContextOptions{.trial_seed = 77});
+  Trainer<ScaledRegression> second(second_context);
+  second.trial().inf_at = 2;
+  FitOptions resume = options(11);
+  resume.latest_checkpoint = stopped.output_dir;
+  second.fit(resume);
+  CHECK(second.trial().scaler.get_scale() == straight.trial().scaler.get_scale());
+  CHECK(second.trial().scaler.growth_tracker() == straight.trial().scaler.growth_tracker());
+  const auto a = test::parameters_of(straight_context), b = test::parameters_of(second_context);
+  for (std::size_t i = 0; i < a.size(); ++i) CHECK(torch::equal(a[i], b[i]));
+}
+
+TEST_CASE("optimizations.mixed_precision: O0, O1, bf16, fp16 read; Apex's O2 refused with the reason") {
+  CHECK(ExperimentConfig::parse("optimizations: {mixed_precision: bf16}\n").mixed_precision == Precision::bf16);
+  CHECK(ExperimentConfig::parse("optimizations: {mixed_precision: O1}\n").mixed_precision == Precision::fp16);
+  CHECK(ExperimentConfig::parse("optimizations: {mixed_precision: O0}\n").mixed_precision == Precision::fp32);
+  CHECK(ExperimentConfig::parse("{}\n").mixed_precision == Precision::fp32);
+  CHECK_THROWS_WITH_AS(ExperimentConfig::parse("optimizations: {mixed_precision: O2}\n", "mp.yaml"),
+                       doctest::Contains("mp.yaml:1:34: optimizations.mixed_precision 'O2' is Apex's fp16 master weights"), ConfigError);
+  CHECK_THROWS_WITH_AS(ExperimentConfig::parse("optimizations: {mixed_precision: half}\n", "mp.yaml"),
+                       doctest::Contains("expected O0 (off), fp16 (or O1) or bf16"), ConfigError);
+  Context bf16(ExperimentConfig::parse("optimizations: {mixed_precision: bf16}\n"));
+  CHECK(bf16.precision() == Precision::bf16);
+  CHECK(bf16.scaler() == nullptr);  // bf16 needs no loss scaling
+}
