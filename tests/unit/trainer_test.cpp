@@ -347,6 +347,48 @@ TEST_CASE("step_optimizer clips by norm and by value before stepping") {
 }
 
 namespace {
+/// The declarative regression trial with gradient clipping by value through the optional hook.
+struct ClippedDeclarative : test::DeclarativeRegression {
+  using test::DeclarativeRegression::DeclarativeRegression;
+  clip::by_value gradient_clipping() const { return clip::by_value{1e-3}; }
+};
+}  // namespace
+
+TEST_CASE("a declarative trial's gradient_clipping() hook clips before each step") {
+  const auto first_step = [](auto tag) {
+    using T = typename decltype(tag)::type;
+    Context context(test::hparams(), ContextOptions{.trial_seed = 2});
+    Trainer<T> trainer(context);
+    const auto before = test::parameters_of(context)[0].detach().clone();
+    trainer.fit(test::quiet({.max_length = Batch(1)}));
+    return (test::parameters_of(context)[0] - before).abs().max().item<double>();
+  };
+  const double clipped = first_step(std::type_identity<ClippedDeclarative>{});
+  // SGD at lr 0.05 with every gradient component clipped to 1e-3 moves no weight by more than 5e-5.
+  CHECK(clipped <= 0.05 * 1e-3 + 1e-9);
+  CHECK(first_step(std::type_identity<test::DeclarativeRegression>{}) > 10 * clipped);
+}
+
+TEST_CASE("context.distributed getters, and backward(output, gradient)") {
+  const DistributedInfo two_nodes{.rank = 5, .size = 8, .local_rank = 1, .local_size = 4};
+  CHECK(two_nodes.get_rank() == 5);
+  CHECK(two_nodes.get_size() == 8);
+  CHECK(two_nodes.get_local_rank() == 1);
+  CHECK(two_nodes.get_local_size() == 4);
+  CHECK(two_nodes.get_cross_rank() == 1);
+  CHECK(two_nodes.get_cross_size() == 2);
+  CHECK(DistributedInfo{}.get_cross_size() == 1);
+
+  Context context(test::hparams(), ContextOptions{.trial_seed = 1});
+  auto model = context.wrap_model(torch::nn::Linear(torch::nn::LinearOptions(2, 2).bias(false)));
+  const torch::Tensor out = model->forward(torch::tensor({{1.0f, 2.0f}}));
+  context.backward(out, torch::tensor({{1.0f, 0.0f}}));  // d(out[0][0])/dW: row 0 is the input
+  CHECK(torch::allclose(model->weight.grad(), torch::tensor({{1.0f, 2.0f}, {0.0f, 0.0f}})));
+  CHECK_THROWS_WITH_AS(context.backward(model->forward(torch::ones({1, 2})), torch::ones({3})),
+                       doctest::Contains("the gradient's shape [3] differs from the output's [1, 2]"), TrialError);
+}
+
+namespace {
 template <class T>
 std::pair<std::vector<torch::Tensor>, double> train_regression(std::uint64_t seed) {
   Context context(test::hparams(), ContextOptions{.trial_seed = seed});

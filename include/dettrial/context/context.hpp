@@ -45,6 +45,20 @@ struct DistributedInfo {
   int local_rank = 0;
   int local_size = 1;
   bool is_chief() const { return rank == 0; }
+
+  // Determined's `context.distributed` getters. Nodes are numbered as launchers place ranks: a
+  // node's ranks are consecutive, `local_size` of them (torchrun, srun, mpirun by slot).
+  int get_rank() const { return rank; }
+  int get_size() const { return size; }
+  int get_local_rank() const { return local_rank; }
+  int get_local_size() const { return local_size; }
+  /// This process's node: `rank / local_size`.
+  int get_cross_rank() const { return rank / (local_size > 0 ? local_size : 1); }
+  /// The number of nodes: `size / local_size`, rounded up.
+  int get_cross_size() const {
+    const int per_node = local_size > 0 ? local_size : 1;
+    return (size + per_node - 1) / per_node;
+  }
 };
 
 /// Options that set up a Context (usually taken from the experiment config).
@@ -279,6 +293,8 @@ class Context {
   /// Back-propagates `loss` (Determined's `context.backward`): outside autocast, and multiplied by the
   /// gradient scaler's scale when one is in use.
   void backward(const torch::Tensor& loss, bool retain_graph = false, bool create_graph = false);
+  /// Back-propagates a non-scalar `output` with `gradient` (PyTorch's `backward(gradient)`).
+  void backward(const torch::Tensor& output, const torch::Tensor& gradient, bool retain_graph = false, bool create_graph = false);
 
   // ---- mixed precision ------------------------------------------------------------------------
 
@@ -499,6 +515,19 @@ DETTRIAL_INLINE void Context::backward(const torch::Tensor& loss, bool retain_gr
   if (precision_ != Precision::fp32) autocast_off.emplace(device_.type(), std::nullopt);
   if (scaler_ && scaler_->enabled()) (loss * scaler_->get_scale()).backward({}, retain_graph, create_graph);
   else loss.backward({}, retain_graph, create_graph);
+}
+
+DETTRIAL_INLINE void Context::backward(const torch::Tensor& output, const torch::Tensor& gradient, bool retain_graph, bool create_graph) {
+  if (!gradient.defined()) return backward(output, retain_graph, create_graph);
+  if (gradient.sizes() != output.sizes())
+    throw TrialError("context.backward: the gradient's shape " + c10::str(gradient.sizes()) + " differs from the output's " +
+                     c10::str(output.sizes()));
+  for (auto& w : optimizers_)
+    if (w.buckets) w.buckets->arm(is_update_batch());
+  std::optional<AutocastGuard> autocast_off;
+  if (precision_ != Precision::fp32) autocast_off.emplace(device_.type(), std::nullopt);
+  if (scaler_ && scaler_->enabled()) output.backward(gradient * scaler_->get_scale(), retain_graph, create_graph);
+  else output.backward(gradient, retain_graph, create_graph);
 }
 
 DETTRIAL_INLINE GradScaler& Context::wrap_scaler(GradScaler& scaler) {

@@ -437,7 +437,11 @@ class Trainer {
       const MetricValue& loss = metrics.at("loss");
       if (!loss.is_tensor()) throw TrialError("train_batch must return the loss as a tensor (the trainer back-propagates it), not a number");
       context_.backward(loss.tensor());
-      context_.step_optimizer(detail::deref(*optimizer_));
+      // An optional hook: gradient_clipping() returns a clip policy (clip::by_norm{...}, clip::by_value{...}).
+      if constexpr (requires(TrialT& t) { t.gradient_clipping(); })
+        context_.step_optimizer(detail::deref(*optimizer_), trial_->gradient_clipping());
+      else
+        context_.step_optimizer(detail::deref(*optimizer_));
     }
     if (context_.is_update_batch()) {
       context_.update_scaler();
