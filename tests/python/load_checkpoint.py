@@ -65,6 +65,15 @@ def main(directory):
     scheduler = state["lr_schedulers_state_dict"][0]
     assert scheduler["last_epoch"] >= 1, scheduler
 
+    # The gradient scaler under Determined's key, in GradScaler.state_dict()'s layout: 20 clean steps
+    # from 1024 with growth every 8 give 4096 and 4 steps counted.
+    scaler = state["scaler_state_dict"]
+    assert scaler == {"scale": 4096.0, "growth_factor": 2.0, "backoff_factor": 0.5, "growth_interval": 8, "_growth_tracker": 4}, scaler
+    if hasattr(torch, "amp") and hasattr(torch.amp, "GradScaler"):  # torch 2.3+: a CPU GradScaler reads it
+        python_scaler = torch.amp.GradScaler("cpu")
+        python_scaler.load_state_dict(scaler)
+        assert python_scaler.get_scale() == 4096.0 and python_scaler._get_growth_tracker() == 4
+
     with open(os.path.join(checkpoint, "metadata.json")) as f:
         metadata = json.load(f)
     assert metadata["steps_completed"] == 20, metadata

@@ -68,6 +68,9 @@ data: {dir: )" DETTRIAL_MNIST10K_DIR R"(, train_split: t10k, validation_split: t
 )",
                                                           "interop config");
   Context context(config);
+  // A gradient scaler too (powers of two: the training is the same), so that Python loads its state.
+  GradScaler scaler(GradScaler::Options{.init_scale = 1024, .growth_interval = 8});
+  context.wrap_scaler(scaler);
   Trainer<mnist::MnistTrial> trainer(context);
   FitOptions options{.max_length = Batch(20), .output_dir = dir / "run"};
   options.report.quiet = true;
