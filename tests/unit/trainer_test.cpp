@@ -364,8 +364,9 @@ TEST_CASE("a declarative trial's gradient_clipping() hook clips before each step
     return (test::parameters_of(context)[0] - before).abs().max().item<double>();
   };
   const double clipped = first_step(std::type_identity<ClippedDeclarative>{});
-  // SGD at lr 0.05 with every gradient component clipped to 1e-3 moves no weight by more than 5e-5.
-  CHECK(clipped <= 0.05 * 1e-3 + 1e-9);
+  // SGD at lr 0.05 with every gradient component clipped to 1e-3 moves no weight by more than 5e-5
+  // (give or take float32 rounding of the weights).
+  CHECK(clipped <= 0.05 * 1e-3 * 1.01);
   CHECK(first_step(std::type_identity<test::DeclarativeRegression>{}) > 10 * clipped);
 }
 
