@@ -4091,6 +4091,7 @@ std::shared_ptr<torch::nn::Module> module_of(M& m) {
 /// and a gradient scaler with PyTorch's GradScaler semantics and checkpoint layout.
 
 #include <cstdint>
+#include <limits>
 #include <optional>
 #include <string>
 #include <vector>
@@ -4181,7 +4182,7 @@ class GradScaler {
   torch::Tensor found_inf_;  // set by unscale, on the gradients' device
   bool unscaled_ = false;
   bool stepped_ = false;
-  bool last_found_inf_ = false;
+  bool found_inf_since_update_ = false;  // any optimizer's, since the last update (PyTorch combines them)
   bool wrapped_ = false;
 };
 
@@ -4248,7 +4249,8 @@ DETTRIAL_INLINE torch::Tensor GradScaler::scale(const torch::Tensor& loss) const
   if (wrapped_)
     throw TrialError("this GradScaler is wrapped with context.wrap_scaler: context.backward scales the loss itself; "
                      "pass the loss unscaled");
-  return options_.enabled ? loss * scale_ : loss;
+  // In float32 (PyTorch multiplies by a float32 tensor): an fp16 loss times 65536 would overflow.
+  return options_.enabled ? loss.to(torch::kFloat) * scale_ : loss;
 }
 
 DETTRIAL_INLINE void GradScaler::unscale(const std::vector<torch::Tensor>& params) {
@@ -4273,10 +4275,11 @@ DETTRIAL_INLINE bool GradScaler::step(torch::optim::Optimizer& optimizer, const 
     return true;
   }
   unscale(params);
-  last_found_inf_ = found_inf_.defined() && found_inf_.item<float>() != 0;
+  const bool found_inf = found_inf_.defined() && found_inf_.item<float>() != 0;
+  found_inf_since_update_ = found_inf_since_update_ || found_inf;
   unscaled_ = false;
   stepped_ = true;
-  if (last_found_inf_) {
+  if (found_inf) {
     ++skipped_;
     return false;
   }
@@ -4288,13 +4291,16 @@ DETTRIAL_INLINE void GradScaler::update() {
   if (!options_.enabled || !stepped_) return;
   stepped_ = false;
   // PyTorch keeps the scale in float32: each new scale is rounded to it.
-  if (last_found_inf_) {
+  if (found_inf_since_update_) {
     scale_ = static_cast<float>(scale_ * options_.backoff_factor);
     growth_tracker_ = 0;
   } else if (++growth_tracker_ == options_.growth_interval) {
-    scale_ = static_cast<float>(scale_ * options_.growth_factor);
+    // A scale that would leave float32's range stays where it is (as PyTorch's update keeps it finite).
+    const double grown = scale_ * options_.growth_factor;
+    if (grown <= std::numeric_limits<float>::max()) scale_ = static_cast<float>(grown);
     growth_tracker_ = 0;
   }
+  found_inf_since_update_ = false;
 }
 
 DETTRIAL_INLINE c10::impl::GenericDict GradScaler::state_dict() const {
@@ -4322,7 +4328,7 @@ DETTRIAL_INLINE void GradScaler::load_state_dict(const c10::impl::GenericDict& s
   options_.backoff_factor = number("backoff_factor");
   options_.growth_interval = static_cast<std::int64_t>(number("growth_interval"));
   growth_tracker_ = static_cast<std::int64_t>(number("_growth_tracker"));
-  stepped_ = unscaled_ = false;
+  stepped_ = unscaled_ = found_inf_since_update_ = false;
 }
 
 }  // namespace dettrial
@@ -4633,6 +4639,9 @@ class Context {
     if constexpr (GradientClipper<Clip>) clip_gradients(w.params);  // else only the sentence above
     if (scaler_) scaler_->step(optimizer, w.params);  // skipped when a gradient is inf or NaN
     else optimizer.step();
+    // Autocast caches low-precision copies of the weights until its region ends; a forward pass
+    // later in the same train_batch must see the stepped weights.
+    if (precision_ != Precision::fp32) at::autocast::clear_cache();
     if (auto_zero_grads) optimizer.zero_grad();
   }
 
@@ -4806,7 +4815,8 @@ DETTRIAL_INLINE void Context::backward(const torch::Tensor& loss, bool retain_gr
   // Outside autocast (PyTorch's advice: backward ops run in the dtypes forward chose).
   std::optional<AutocastGuard> autocast_off;
   if (precision_ != Precision::fp32) autocast_off.emplace(device_.type(), std::nullopt);
-  if (scaler_ && scaler_->enabled()) (loss * scaler_->get_scale()).backward({}, retain_graph, create_graph);
+  // Scaled in float32, as PyTorch's GradScaler does (an fp16 loss times 65536 would overflow).
+  if (scaler_ && scaler_->enabled()) (loss.to(torch::kFloat) * scaler_->get_scale()).backward({}, retain_graph, create_graph);
   else loss.backward({}, retain_graph, create_graph);
 }
 
@@ -7737,7 +7747,9 @@ class TrialAdapter {
     bool wrapped = false;
     for (const auto& m : context.models()) wrapped = wrapped || m.get() == module.get();
     if (!wrapped) compiled_.model = context.wrap_model(compiled_.model);
-    context.wrap_optimizer(*compiled_.optimizer);
+    bool optimizer_wrapped = false;
+    for (std::size_t i = 0; i < context.num_optimizers(); ++i) optimizer_wrapped = optimizer_wrapped || &context.optimizer(i) == compiled_.optimizer.get();
+    if (!optimizer_wrapped) context.wrap_optimizer(*compiled_.optimizer);
   }
 
   K& trial() { return trial_; }
@@ -7836,15 +7848,20 @@ DETTRIAL_INLINE std::vector<CompiledMetric> metrics_named(const std::vector<std:
   return out;
 }
 
-DETTRIAL_INLINE torch::Tensor loss_value(const Loss& loss, const torch::Tensor& y_pred, const torch::Tensor& y_true) {
-  // Keras clips probabilities to [eps, 1 - eps] before the logarithm (eps = 1e-7).
+DETTRIAL_INLINE torch::Tensor loss_value(const Loss& loss, const torch::Tensor& output, const torch::Tensor& y_true) {
+  // Keras clips probabilities to [eps, 1 - eps] before the logarithm (eps = 1e-7). Losses are
+  // computed in float32: under autocast the outputs may be fp16/bf16, and some losses (binary
+  // cross-entropy on probabilities) refuse to autocast.
   constexpr double eps = 1e-7;
+  const bool low = output.scalar_type() == torch::kHalf || output.scalar_type() == torch::kBFloat16;
+  const torch::Tensor y_pred = low ? output.to(torch::kFloat) : output;
   return std::visit(
       [&](const auto& l) -> torch::Tensor {
         using L = std::decay_t<decltype(l)>;
         if constexpr (std::is_same_v<L, losses::SparseCategoricalCrossentropy>) {
+          // Classes on the last axis; labels of shape (N) or (N, 1) (Keras squeezes the last axis).
           const torch::Tensor log_p = l.from_logits ? torch::log_softmax(y_pred, -1) : y_pred.clamp(eps, 1 - eps).log();
-          return torch::nll_loss(log_p, y_true.to(torch::kLong));
+          return torch::nll_loss(log_p.reshape({-1, log_p.size(-1)}), y_true.to(torch::kLong).reshape({-1}));
         } else if constexpr (std::is_same_v<L, losses::CategoricalCrossentropy>) {
           const torch::Tensor log_p = l.from_logits ? torch::log_softmax(y_pred, -1) : y_pred.clamp(eps, 1 - eps).log();
           return -(y_true.to(log_p.dtype()) * log_p).sum(-1).mean();
@@ -7868,7 +7885,7 @@ DETTRIAL_INLINE torch::Tensor metric_value(CompiledMetric::Kind kind, const torc
   using Kind = CompiledMetric::Kind;
   switch (kind) {
     case Kind::sparse_categorical_accuracy:
-      return y_pred.argmax(-1).eq(y_true.to(torch::kLong).reshape({-1})).to(torch::kFloat).mean();
+      return y_pred.argmax(-1).reshape({-1}).eq(y_true.to(torch::kLong).reshape({-1})).to(torch::kFloat).mean();
     case Kind::categorical_accuracy: return y_pred.argmax(-1).eq(y_true.argmax(-1)).to(torch::kFloat).mean();
     case Kind::binary_accuracy:
       // Keras's threshold: 0.5.

@@ -872,9 +872,11 @@ DETTRIAL_INLINE ExperimentConfig resumed_run_config(const std::filesystem::path&
 /// `single`. Determined does this for `single` over a space, and for `det experiment create --test`.
 DETTRIAL_INLINE ExperimentConfig one_trial_drawn(const ExperimentConfig& config);
 
-/// The checkpoint `--resume PATH` continues from, or nullopt when PATH is a run's directory that holds
-/// none yet (the run stopped before its first): with a config given, that run starts afresh there.
-DETTRIAL_INLINE std::optional<std::filesystem::path> checkpoint_to_resume(const std::filesystem::path& path, bool config_given);
+/// The checkpoint `--resume PATH` continues from, or nullopt when PATH is a dettrial run's folder (it
+/// has a metrics.jsonl) that holds no checkpoint yet, nor does the config's checkpoint storage (the
+/// run stopped before its first): with a config given, that run starts afresh there.
+DETTRIAL_INLINE std::optional<std::filesystem::path> checkpoint_to_resume(const std::filesystem::path& path,
+                                                                         const std::string& config_path);
 
 /// Every scalar of a YAML document by its dotted path ("searcher.max_length.batches"), sequences by index.
 DETTRIAL_INLINE void flatten_yaml(const YAML::Node& node, const std::string& path, std::map<std::string, std::string>& out);
@@ -981,17 +983,11 @@ int main(int argc, char** argv, Args&&... trial_args) {
   try {
     // --resume alone: the run's own config, with the overrides it was given.
     std::optional<std::filesystem::path> resumed_checkpoint;
+    std::string afresh;  // a run folder without checkpoint, started again (said and done just before training)
     if (!resume.empty()) {
-      resumed_checkpoint = detail::checkpoint_to_resume(resume, !config_path.empty());
+      resumed_checkpoint = detail::checkpoint_to_resume(resume, config_path);
       if (!resumed_checkpoint) {
-        // Said and done by the process that trains (rank 0), not by a launcher of local ranks.
-        const LaunchEnvironment here = LaunchEnvironment::detect();
-        if (here.rank == 0 && (here.distributed() || nproc <= 1)) {
-          if (!quiet)
-            std::fprintf(stderr, "dettrial: '%s' holds no checkpoint yet (the run stopped before its first): starting it afresh there\n",
-                         resume.c_str());
-          MetricsLog(resume, /*resumed_at=*/-1);  // drops every record: they describe training about to be redone
-        }
+        afresh = resume;
         if (output.empty()) output = resume;
         resume.clear();
       }
@@ -1013,7 +1009,17 @@ int main(int argc, char** argv, Args&&... trial_args) {
       // One trial from a search config, as Determined runs `single` over a space and `--test`: one
       // point drawn from the space, trained here (its drawn values are in the run's load_data.json).
       const bool draws = !one_point;
+      const bool several_ranks = LaunchEnvironment::detect().distributed() || nproc > 1 || config.slots_per_trial > 1;
+      if (draws && several_ranks && !config.experiment_seed && !resumed_checkpoint)
+        throw ConfigError(config_path + ": a data-parallel trial drawn from a search space needs reproducibility.experiment_seed, "
+                          "so that every rank draws the same hyperparameters");
       config = detail::one_trial_drawn(config);
+      // Resuming such a trial: the hyperparameters it was drawn with, not a new draw.
+      if (draws && resumed_checkpoint && std::filesystem::exists(*resumed_checkpoint / "load_data.json")) {
+        YAML::Node doc = YAML::Clone(config.yaml);
+        doc["hyperparameters"] = YAML::Clone(detail::resumed_run_config(*resumed_checkpoint).yaml["hyperparameters"]);
+        config = ExperimentConfig::from_yaml(doc, config.source);
+      }
       if (!quiet && LaunchEnvironment::detect().rank == 0) {
         YAML::Emitter values;
         values << YAML::Flow << config.hyperparameters;
@@ -1072,6 +1078,12 @@ int main(int argc, char** argv, Args&&... trial_args) {
     }
     if (!test_mode && !options.max_length)
       throw ConfigError(config_path + ": the config sets no training length; add searcher.max_length, e.g. {batches: 1000}");
+    if (!afresh.empty() && env.rank == 0) {
+      if (!quiet)
+        std::fprintf(stderr, "dettrial: '%s' holds no checkpoint yet (the run stopped before its first): starting it afresh there\n",
+                     afresh.c_str());
+      MetricsLog(afresh, /*resumed_at=*/-1);  // drops every record: they describe training about to be redone
+    }
     Context context(config, ContextOptions{.communicator = communicator, .threads = threads});
     Trainer<TrialT> trainer(context, std::forward<Args>(trial_args)...);
     const FitResult result = trainer.fit(std::move(options));
@@ -1144,16 +1156,21 @@ DETTRIAL_INLINE ExperimentConfig one_trial_drawn(const ExperimentConfig& config)
   return ExperimentConfig::from_yaml(doc, config.source);
 }
 
-DETTRIAL_INLINE std::optional<std::filesystem::path> checkpoint_to_resume(const std::filesystem::path& path, bool config_given) {
+DETTRIAL_INLINE std::optional<std::filesystem::path> checkpoint_to_resume(const std::filesystem::path& path,
+                                                                         const std::string& config_path) {
   std::error_code ec;
-  const bool run_directory = std::filesystem::is_directory(path, ec) && !std::filesystem::exists(path / "metadata.json", ec);
-  if (run_directory && list_checkpoints(path).empty() && list_checkpoints(path / "checkpoints").empty()) {
-    if (!config_given)
-      throw CheckpointError("'" + path.string() + "' holds no checkpoint yet (the run stopped before its first), so it has no "
-                            "config of its own to resume with; give --config FILE to start it afresh there");
+  const bool run_folder = std::filesystem::is_directory(path, ec) && std::filesystem::exists(path / "metrics.jsonl", ec) &&
+                          !std::filesystem::exists(path / "metadata.json", ec);
+  if (!run_folder || !list_checkpoints(path).empty() || !list_checkpoints(path / "checkpoints").empty())
+    return resolve_checkpoint(path);  // a checkpoint, a folder holding some, or resolve_checkpoint's error
+  if (!config_path.empty()) {
+    // The config may keep checkpoints elsewhere (checkpoint_storage.host_path): the run's are there.
+    if (const auto storage = ExperimentConfig::load_file(config_path).checkpoint_storage.path; storage && !list_checkpoints(*storage).empty())
+      return resolve_checkpoint(*storage);
     return std::nullopt;
   }
-  return resolve_checkpoint(path);
+  throw CheckpointError("'" + path.string() + "' holds no checkpoint yet (the run stopped before its first), so it has no "
+                        "config of its own to resume with; give --config FILE to start it afresh there");
 }
 
 DETTRIAL_INLINE void apply_override(YAML::Node& root, const std::string& assignment) {

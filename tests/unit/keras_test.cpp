@@ -93,6 +93,14 @@ TEST_CASE("Keras's losses and metrics: the batch means Keras computes") {
   CHECK(loss_value(keras::losses::sparse_categorical_crossentropy(true), logits, labels).item<double>() == doctest::Approx(expected));
   CHECK(loss_value(keras::losses::sparse_categorical_crossentropy(false), probabilities, labels).item<double>() ==
         doctest::Approx(expected).epsilon(1e-5));
+  // Labels of shape (N, 1), as keras.datasets gives some: squeezed as Keras does.
+  CHECK(loss_value(keras::losses::sparse_categorical_crossentropy(true), logits, labels.unsqueeze(1)).item<double>() ==
+        doctest::Approx(expected));
+  CHECK(keras::detail::metric_value(keras::CompiledMetric::Kind::sparse_categorical_accuracy, logits, labels.unsqueeze(1))
+            .item<double>() == doctest::Approx(2.0 / 3.0));
+  // Outputs under autocast (bf16) give the loss in float32.
+  CHECK((loss_value(keras::losses::sparse_categorical_crossentropy(true), logits.to(torch::kBFloat16), labels).scalar_type() ==
+         torch::kFloat));
   const torch::Tensor one_hot = torch::one_hot(labels, 3);
   CHECK(loss_value(keras::losses::categorical_crossentropy(true), logits, one_hot).item<double>() == doctest::Approx(expected));
   // Probabilities are clipped to [1e-7, 1 - 1e-7] before the logarithm, as Keras does: a zero costs -log(1e-7).

@@ -108,6 +108,21 @@ TEST_CASE("GradScaler: PyTorch's scale, unscale, skipped step, backoff and growt
                        ConfigError);
 }
 
+TEST_CASE("GradScaler: an inf in one optimizer's gradients backs the scale off though another's were clean; fp16 losses scale in fp32") {
+  torch::nn::Linear a(2, 1), b(2, 1);
+  torch::optim::SGD sa(a->parameters(), 0.1), sb(b->parameters(), 0.1);
+  GradScaler scaler(GradScaler::Options{.init_scale = 8, .growth_interval = 1});
+  const torch::Tensor x = torch::ones({1, 2});
+  (scaler.scale(a->forward(x).sum() * std::numeric_limits<float>::infinity()) + scaler.scale(b->forward(x).sum())).backward();
+  CHECK_FALSE(scaler.step(sa, a->parameters()));
+  CHECK(scaler.step(sb, b->parameters()));
+  scaler.update();
+  CHECK(scaler.get_scale() == 4);  // backed off, not grown
+  GradScaler big;
+  const torch::Tensor half_loss = torch::full({}, 2.0, torch::kHalf);
+  CHECK(big.scale(half_loss).item<double>() == 131072.0);  // fp16 would overflow at 65504
+}
+
 TEST_CASE("a wrapped scaler: backward scales, step_optimizer unscales and clips; the run equals one without it") {
   // Powers of two scale exactly: with no inf, the scaled run is bit-identical to the plain one.
   Context plain_context(test::hparams("wrap_scaler: false\n"), ContextOptions{.trial_seed = 4});

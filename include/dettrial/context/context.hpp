@@ -340,6 +340,9 @@ class Context {
     if constexpr (GradientClipper<Clip>) clip_gradients(w.params);  // else only the sentence above
     if (scaler_) scaler_->step(optimizer, w.params);  // skipped when a gradient is inf or NaN
     else optimizer.step();
+    // Autocast caches low-precision copies of the weights until its region ends; a forward pass
+    // later in the same train_batch must see the stepped weights.
+    if (precision_ != Precision::fp32) at::autocast::clear_cache();
     if (auto_zero_grads) optimizer.zero_grad();
   }
 
@@ -513,7 +516,8 @@ DETTRIAL_INLINE void Context::backward(const torch::Tensor& loss, bool retain_gr
   // Outside autocast (PyTorch's advice: backward ops run in the dtypes forward chose).
   std::optional<AutocastGuard> autocast_off;
   if (precision_ != Precision::fp32) autocast_off.emplace(device_.type(), std::nullopt);
-  if (scaler_ && scaler_->enabled()) (loss * scaler_->get_scale()).backward({}, retain_graph, create_graph);
+  // Scaled in float32, as PyTorch's GradScaler does (an fp16 loss times 65536 would overflow).
+  if (scaler_ && scaler_->enabled()) (loss.to(torch::kFloat) * scaler_->get_scale()).backward({}, retain_graph, create_graph);
   else loss.backward({}, retain_graph, create_graph);
 }
 

@@ -222,7 +222,9 @@ class TrialAdapter {
     bool wrapped = false;
     for (const auto& m : context.models()) wrapped = wrapped || m.get() == module.get();
     if (!wrapped) compiled_.model = context.wrap_model(compiled_.model);
-    context.wrap_optimizer(*compiled_.optimizer);
+    bool optimizer_wrapped = false;
+    for (std::size_t i = 0; i < context.num_optimizers(); ++i) optimizer_wrapped = optimizer_wrapped || &context.optimizer(i) == compiled_.optimizer.get();
+    if (!optimizer_wrapped) context.wrap_optimizer(*compiled_.optimizer);
   }
 
   K& trial() { return trial_; }
@@ -321,15 +323,20 @@ DETTRIAL_INLINE std::vector<CompiledMetric> metrics_named(const std::vector<std:
   return out;
 }
 
-DETTRIAL_INLINE torch::Tensor loss_value(const Loss& loss, const torch::Tensor& y_pred, const torch::Tensor& y_true) {
-  // Keras clips probabilities to [eps, 1 - eps] before the logarithm (eps = 1e-7).
+DETTRIAL_INLINE torch::Tensor loss_value(const Loss& loss, const torch::Tensor& output, const torch::Tensor& y_true) {
+  // Keras clips probabilities to [eps, 1 - eps] before the logarithm (eps = 1e-7). Losses are
+  // computed in float32: under autocast the outputs may be fp16/bf16, and some losses (binary
+  // cross-entropy on probabilities) refuse to autocast.
   constexpr double eps = 1e-7;
+  const bool low = output.scalar_type() == torch::kHalf || output.scalar_type() == torch::kBFloat16;
+  const torch::Tensor y_pred = low ? output.to(torch::kFloat) : output;
   return std::visit(
       [&](const auto& l) -> torch::Tensor {
         using L = std::decay_t<decltype(l)>;
         if constexpr (std::is_same_v<L, losses::SparseCategoricalCrossentropy>) {
+          // Classes on the last axis; labels of shape (N) or (N, 1) (Keras squeezes the last axis).
           const torch::Tensor log_p = l.from_logits ? torch::log_softmax(y_pred, -1) : y_pred.clamp(eps, 1 - eps).log();
-          return torch::nll_loss(log_p, y_true.to(torch::kLong));
+          return torch::nll_loss(log_p.reshape({-1, log_p.size(-1)}), y_true.to(torch::kLong).reshape({-1}));
         } else if constexpr (std::is_same_v<L, losses::CategoricalCrossentropy>) {
           const torch::Tensor log_p = l.from_logits ? torch::log_softmax(y_pred, -1) : y_pred.clamp(eps, 1 - eps).log();
           return -(y_true.to(log_p.dtype()) * log_p).sum(-1).mean();
@@ -353,7 +360,7 @@ DETTRIAL_INLINE torch::Tensor metric_value(CompiledMetric::Kind kind, const torc
   using Kind = CompiledMetric::Kind;
   switch (kind) {
     case Kind::sparse_categorical_accuracy:
-      return y_pred.argmax(-1).eq(y_true.to(torch::kLong).reshape({-1})).to(torch::kFloat).mean();
+      return y_pred.argmax(-1).reshape({-1}).eq(y_true.to(torch::kLong).reshape({-1})).to(torch::kFloat).mean();
     case Kind::categorical_accuracy: return y_pred.argmax(-1).eq(y_true.argmax(-1)).to(torch::kFloat).mean();
     case Kind::binary_accuracy:
       // Keras's threshold: 0.5.

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <optional>
 #include <string>
 #include <vector>
@@ -97,7 +98,7 @@ class GradScaler {
   torch::Tensor found_inf_;  // set by unscale, on the gradients' device
   bool unscaled_ = false;
   bool stepped_ = false;
-  bool last_found_inf_ = false;
+  bool found_inf_since_update_ = false;  // any optimizer's, since the last update (PyTorch combines them)
   bool wrapped_ = false;
 };
 
@@ -164,7 +165,8 @@ DETTRIAL_INLINE torch::Tensor GradScaler::scale(const torch::Tensor& loss) const
   if (wrapped_)
     throw TrialError("this GradScaler is wrapped with context.wrap_scaler: context.backward scales the loss itself; "
                      "pass the loss unscaled");
-  return options_.enabled ? loss * scale_ : loss;
+  // In float32 (PyTorch multiplies by a float32 tensor): an fp16 loss times 65536 would overflow.
+  return options_.enabled ? loss.to(torch::kFloat) * scale_ : loss;
 }
 
 DETTRIAL_INLINE void GradScaler::unscale(const std::vector<torch::Tensor>& params) {
@@ -189,10 +191,11 @@ DETTRIAL_INLINE bool GradScaler::step(torch::optim::Optimizer& optimizer, const 
     return true;
   }
   unscale(params);
-  last_found_inf_ = found_inf_.defined() && found_inf_.item<float>() != 0;
+  const bool found_inf = found_inf_.defined() && found_inf_.item<float>() != 0;
+  found_inf_since_update_ = found_inf_since_update_ || found_inf;
   unscaled_ = false;
   stepped_ = true;
-  if (last_found_inf_) {
+  if (found_inf) {
     ++skipped_;
     return false;
   }
@@ -204,13 +207,16 @@ DETTRIAL_INLINE void GradScaler::update() {
   if (!options_.enabled || !stepped_) return;
   stepped_ = false;
   // PyTorch keeps the scale in float32: each new scale is rounded to it.
-  if (last_found_inf_) {
+  if (found_inf_since_update_) {
     scale_ = static_cast<float>(scale_ * options_.backoff_factor);
     growth_tracker_ = 0;
   } else if (++growth_tracker_ == options_.growth_interval) {
-    scale_ = static_cast<float>(scale_ * options_.growth_factor);
+    // A scale that would leave float32's range stays where it is (as PyTorch's update keeps it finite).
+    const double grown = scale_ * options_.growth_factor;
+    if (grown <= std::numeric_limits<float>::max()) scale_ = static_cast<float>(grown);
     growth_tracker_ = 0;
   }
+  found_inf_since_update_ = false;
 }
 
 DETTRIAL_INLINE c10::impl::GenericDict GradScaler::state_dict() const {
@@ -238,7 +244,7 @@ DETTRIAL_INLINE void GradScaler::load_state_dict(const c10::impl::GenericDict& s
   options_.backoff_factor = number("backoff_factor");
   options_.growth_interval = static_cast<std::int64_t>(number("growth_interval"));
   growth_tracker_ = static_cast<std::int64_t>(number("_growth_tracker"));
-  stepped_ = unscaled_ = false;
+  stepped_ = unscaled_ = found_inf_since_update_ = false;
 }
 
 }  // namespace dettrial
