@@ -509,6 +509,13 @@ DETTRIAL_INLINE std::int64_t Context::get_per_slot_batch_size() const {
 }
 
 DETTRIAL_INLINE void Context::backward(const torch::Tensor& loss, bool retain_graph, bool create_graph) {
+  backward(loss, torch::Tensor(), retain_graph, create_graph);
+}
+
+DETTRIAL_INLINE void Context::backward(const torch::Tensor& output, const torch::Tensor& gradient, bool retain_graph, bool create_graph) {
+  if (gradient.defined() && gradient.sizes() != output.sizes())
+    throw TrialError("context.backward: the gradient's shape " + c10::str(gradient.sizes()) + " differs from the output's " +
+                     c10::str(output.sizes()));
   // In a job, an update batch's backward pass starts each gradient bucket's all-reduce as soon as
   // the bucket's gradients are ready (see all_reduce_gradients).
   for (auto& w : optimizers_)
@@ -516,22 +523,11 @@ DETTRIAL_INLINE void Context::backward(const torch::Tensor& loss, bool retain_gr
   // Outside autocast (PyTorch's advice: backward ops run in the dtypes forward chose).
   std::optional<AutocastGuard> autocast_off;
   if (precision_ != Precision::fp32) autocast_off.emplace(device_.type(), std::nullopt);
-  // Scaled in float32, as PyTorch's GradScaler does (an fp16 loss times 65536 would overflow).
-  if (scaler_ && scaler_->enabled()) (loss.to(torch::kFloat) * scaler_->get_scale()).backward({}, retain_graph, create_graph);
-  else loss.backward({}, retain_graph, create_graph);
-}
-
-DETTRIAL_INLINE void Context::backward(const torch::Tensor& output, const torch::Tensor& gradient, bool retain_graph, bool create_graph) {
-  if (!gradient.defined()) return backward(output, retain_graph, create_graph);
-  if (gradient.sizes() != output.sizes())
-    throw TrialError("context.backward: the gradient's shape " + c10::str(gradient.sizes()) + " differs from the output's " +
-                     c10::str(output.sizes()));
-  for (auto& w : optimizers_)
-    if (w.buckets) w.buckets->arm(is_update_batch());
-  std::optional<AutocastGuard> autocast_off;
-  if (precision_ != Precision::fp32) autocast_off.emplace(device_.type(), std::nullopt);
-  if (scaler_ && scaler_->enabled()) output.backward(gradient * scaler_->get_scale(), retain_graph, create_graph);
-  else output.backward(gradient, retain_graph, create_graph);
+  const bool scaled = scaler_ && scaler_->enabled();
+  if (!gradient.defined())  // a loss: scaled in float32, as PyTorch's GradScaler does (fp16 times 65536 overflows)
+    (scaled ? output.to(torch::kFloat) * scaler_->get_scale() : output).backward({}, retain_graph, create_graph);
+  else
+    output.backward(scaled ? gradient * scaler_->get_scale() : gradient, retain_graph, create_graph);
 }
 
 DETTRIAL_INLINE GradScaler& Context::wrap_scaler(GradScaler& scaler) {
