@@ -89,6 +89,18 @@ data: {dir: )" DETTRIAL_MNIST10K_DIR R"(, train_split: t10k, validation_split: t
   fresh.model()->eval();
   CHECK(torch::equal(fresh.model()->forward(input), output));
 
+  // Determined's load_trial_from_checkpoint_path: the trial rebuilt from the checkpoint's
+  // load_data.json (a changed hyperparameter merged in), its weights loaded.
+  auto loaded = load_trial_from_checkpoint_path<mnist::MnistTrial>(r.checkpoints.back().path.parent_path(),
+                                                                   {.hparams = YAML::Load("{dropout: 0.0, n_filters1: 10}")});
+  CHECK(loaded.context().get_hparam<double>("dropout") == 0.0);
+  CHECK(loaded.context().get_hparam<double>("learning_rate") == 0.05);
+  CHECK(loaded.context().get_hparam<std::int64_t>("n_filters2") == 20);
+  loaded.model().eval();
+  CHECK(torch::equal(loaded.trainer().model()->forward(input), output));
+  CHECK_THROWS_WITH_AS(load_trial_from_checkpoint_path<mnist::MnistTrial>(r.checkpoints.back().path, {.hparams = YAML::Load("{n_filters1: 12}")}),
+                       doctest::Contains("has shape"), CheckpointError);
+
   StateDict io(c10::StringType::get(), c10::AnyType::get());
   io.insert("input", input.cpu());
   io.insert("output", output.cpu());
@@ -100,3 +112,64 @@ data: {dir: )" DETTRIAL_MNIST10K_DIR R"(, train_split: t10k, validation_split: t
   dettrial::detail::write_file_synced(dir / "io.pt", dettrial::detail::pickle_archive(io));
 }
 #endif
+
+// Weights written by Python (tests/python/write_weights.py, run here with the build's Python) load
+// into the same network built in C++: a plain state dict, a Determined checkpoint directory, a
+// DistributedDataParallel-wrapped dict, and a backbone for fine-tuning (non-strict).
+TEST_CASE("weights written by Python load into the same network in C++") {
+  const std::string python = DETTRIAL_TEST_PYTHON;
+  if (python.empty()) return test::skip("no Python with this LibTorch's torch given (-DDETTRIAL_PYTHON=...)");
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / ("dettrial-python-weights-" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  const std::string command = "'" + python + "' '" DETTRIAL_TESTS_SOURCE_DIR "/python/write_weights.py' '" + dir.string() + "'";
+  const int status = std::system(command.c_str());
+  if (WIFEXITED(status) && WEXITSTATUS(status) == 77) return test::skip(python + " has no torch");
+  REQUIRE_MESSAGE(status == 0, command);
+  auto network = [] {
+    return torch::nn::Sequential(
+        torch::nn::Conv2d(torch::nn::Conv2dOptions(1, 10, 5)), torch::nn::MaxPool2d(2), torch::nn::ReLU(),
+        torch::nn::Conv2d(torch::nn::Conv2dOptions(10, 20, 5)), torch::nn::MaxPool2d(2), torch::nn::ReLU(),
+        torch::nn::Flatten(), torch::nn::Linear(16 * 20, 50), torch::nn::ReLU(), torch::nn::Dropout(0.2),
+        torch::nn::Linear(50, 10), torch::nn::LogSoftmax(1));
+  };
+  const StateDict io = dettrial::detail::unpickle_archive(dettrial::detail::read_file_bytes(dir / "io.pt"), dir / "io.pt").toGenericDict();
+  const torch::Tensor input = io.at("input").toTensor(), output = io.at("output").toTensor();
+  torch::NoGradGuard no_grad;
+  for (const char* file : {"plain.pt", "determined", "wrapped.pt"}) {
+    CAPTURE(file);
+    auto net = network();
+    const IncompatibleKeys keys = load_weights(net, dir / file);
+    CHECK(keys.empty());
+    net->eval();
+    CHECK(torch::allclose(net->forward(input), output, /*rtol=*/0, /*atol=*/1e-6));
+  }
+
+  // Fine-tuning: the backbone loads, the new head keeps its own values and both lists are given.
+  auto net = network();
+  const torch::Tensor head_before = net[10]->as<torch::nn::Linear>()->weight.clone();
+  CHECK_THROWS_WITH_AS(load_weights(net, dir / "backbone.pt"),
+                       doctest::Contains("missing from the file: '10.weight'"), CheckpointError);
+  const IncompatibleKeys keys = load_weights(net, dir / "backbone.pt", {.strict = false});
+  CHECK(keys.missing_keys == std::vector<std::string>{"10.weight", "10.bias"});
+  CHECK(keys.unexpected_keys == std::vector<std::string>{"projection.weight"});
+  CHECK(torch::equal(net[10]->as<torch::nn::Linear>()->weight, head_before));
+  auto reference = network();
+  load_weights(reference, dir / "plain.pt");
+  CHECK(torch::equal(net[0]->as<torch::nn::Conv2d>()->weight, reference[0]->as<torch::nn::Conv2d>()->weight));
+  CHECK(torch::equal(net[7]->as<torch::nn::Linear>()->bias, reference[7]->as<torch::nn::Linear>()->bias));
+
+  // A shape mismatch is refused, strict or not, and nothing is loaded.
+  auto fresh = network();
+  const torch::Tensor conv_before = fresh[0]->as<torch::nn::Conv2d>()->weight.clone();
+  CHECK_THROWS_WITH_AS(load_weights(fresh, dir / "wrong_shape.pt", {.strict = false}),
+                       doctest::Contains("size mismatch: '10.weight' is [5, 50] in the file but [10, 50] in the model"), CheckpointError);
+  CHECK(torch::equal(fresh[0]->as<torch::nn::Conv2d>()->weight, conv_before));
+  CHECK_THROWS_WITH_AS(load_weights(fresh, dir / "determined", {.model_index = 1}), doctest::Contains("holds 1 model(s); model 1 was asked for"),
+                       CheckpointError);
+  CHECK_THROWS_WITH_AS(load_weights(fresh, dir / "optimizer.pt"),
+                       doctest::Contains("is neither a model's state dict nor a checkpoint holding one: it has 'state', 'param_groups'"),
+                       CheckpointError);
+  CHECK_THROWS_WITH_AS(load_weights(fresh, dir / "io.pt"), doctest::Contains("not in the model: 'input'"), CheckpointError);
+  CHECK_THROWS_WITH_AS(load_weights(fresh, dir / "absent.pt"), doctest::Contains("does not exist"), CheckpointError);
+  std::filesystem::remove_all(dir);
+}

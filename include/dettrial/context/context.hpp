@@ -85,9 +85,18 @@ struct ContextOptions {
   /// Autocast around forward passes (and for fp16 a gradient scaler); unset: the config's
   /// `optimizations.mixed_precision`.
   std::optional<Precision> mixed_precision{};
+  /// The trial's id in its experiment (Determined's `get_trial_id`). Unset: `DET_TRIAL_ID` from the
+  /// environment, which dettrial's search runner sets for each trial (as Determined's agents do),
+  /// else 0: a trial run on its own belongs to no experiment.
+  std::optional<std::int64_t> trial_id{};
+  /// The experiment's id (Determined's `get_experiment_id`). Unset: `DET_EXPERIMENT_ID`, else 0.
+  std::optional<std::int64_t> experiment_id{};
 };
 
 namespace detail {
+/// A non-negative integer id from environment variable `name`; 0 when unset; ConfigError when not a number.
+DETTRIAL_INLINE std::int64_t id_from_environment(const char* name);
+
 /// Where the running fit stands: set by the trainer, read through the Context's counters.
 struct RunPosition {
   /// The batch index training started (or resumed) from.
@@ -148,6 +157,11 @@ class Context {
 
   /// The seed every RNG was seeded with: the same seed gives the same run.
   std::uint64_t get_trial_seed() const { return trial_seed_; }
+  /// The trial's id in its experiment: 1, 2, ... in a search run by dettrial; 0 for a trial run on its
+  /// own (see ContextOptions::trial_id).
+  std::int64_t get_trial_id() const { return trial_id_; }
+  /// The experiment's id: a search's own number, kept when it is continued; 0 for a trial run on its own.
+  std::int64_t get_experiment_id() const { return experiment_id_; }
   const torch::Device& device() const { return device_; }
   const DistributedInfo& distributed() const { return distributed_; }
   /// The job's process group, or null for one process.
@@ -425,6 +439,8 @@ class Context {
   bool average_aggregated_gradients_ = true;
   std::int64_t slots_per_trial_ = 1;
   std::uint64_t trial_seed_ = 0;
+  std::int64_t trial_id_ = 0;
+  std::int64_t experiment_id_ = 0;
   torch::Device device_{torch::kCPU};
   DistributedInfo distributed_;
   std::shared_ptr<Communicator> communicator_;
@@ -447,7 +463,23 @@ class Context {
 
 // Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
 #if DETTRIAL_HEADER_DEFINITIONS
+#include <cerrno>
+#include <cstdlib>
+
 namespace dettrial {
+
+namespace detail {
+DETTRIAL_INLINE std::int64_t id_from_environment(const char* name) {
+  const char* text = std::getenv(name);
+  if (!text || !*text) return 0;
+  char* end = nullptr;
+  errno = 0;
+  const long long id = std::strtoll(text, &end, 10);
+  if (errno != 0 || *end != '\0' || id < 0)
+    throw ConfigError(std::string(name) + " is '" + text + "'; it must be a trial or experiment id (a non-negative integer)");
+  return id;
+}
+}  // namespace detail
 
 DETTRIAL_INLINE Context::Context(Hyperparameters hparams, ExperimentConfig config, ContextOptions options)
     : hparams_(std::move(hparams)),
@@ -479,6 +511,8 @@ DETTRIAL_INLINE Context::Context(Hyperparameters hparams, ExperimentConfig confi
                       " takes tensors on " + communicator_->device().str() + ", but this process's device is " + device_.str() +
                       "; give every rank the device its local rank picks (or leave ContextOptions::device unset)");
   trial_seed_ = options.trial_seed ? *options.trial_seed : derive_trial_seed(config_.experiment_seed);
+  trial_id_ = options.trial_id ? *options.trial_id : detail::id_from_environment("DET_TRIAL_ID");
+  experiment_id_ = options.experiment_id ? *options.experiment_id : detail::id_from_environment("DET_EXPERIMENT_ID");
   // One trial seed for the job: the chief's (without an experiment seed each rank's clock differs,
   // and the ranks would shard different permutations of the data).
   if (communicator_) trial_seed_ = static_cast<std::uint64_t>(communicator_->broadcast_values({static_cast<std::int64_t>(trial_seed_)})[0]);

@@ -18,6 +18,7 @@
 #include <fstream>
 #include <map>
 #include <optional>
+#include <random>
 #include <string>
 #include <thread>
 #include <variant>
@@ -153,7 +154,12 @@ class Experiment {
 
   void write_summary();
 
+  /// The experiment's id, kept in its folder's `experiment.json` (drawn when the folder is new, so a
+  /// continued experiment keeps it): what each trial's `context.get_experiment_id()` returns.
+  static std::int64_t experiment_id_in(const std::filesystem::path& dir);
+
   ExperimentConfig config_;
+  std::int64_t experiment_id_ = 0;
   ExperimentOptions options_;
   Searcher searcher_;
   std::map<std::int64_t, TrialSummary> trials_;
@@ -228,6 +234,7 @@ DETTRIAL_INLINE SearcherConfig Experiment::searcher_config(const ExperimentConfi
 DETTRIAL_INLINE int Experiment::run() {
   namespace fs = std::filesystem;
   fs::create_directories(options_.output_dir / "trials");
+  experiment_id_ = experiment_id_in(options_.output_dir);
   detail::supervisor_signal.store(0);
   detail::supervisor_signal_count.store(0);
   const detail::SignalHandlers handlers(&detail::dettrial_on_supervisor_signal);
@@ -276,6 +283,21 @@ DETTRIAL_INLINE void Experiment::stop_running_trials() {
 DETTRIAL_INLINE void Experiment::say(const std::string& line) const {
   if (!options_.quiet) std::printf("%s\n", line.c_str());
   std::fflush(stdout);
+}
+
+DETTRIAL_INLINE std::int64_t Experiment::experiment_id_in(const std::filesystem::path& dir) {
+  const std::filesystem::path file = dir / "experiment.json";
+  if (std::filesystem::exists(file)) {
+    std::ifstream in(file);
+    const detail::Json j = detail::Json::parse(in, nullptr, /*allow_exceptions=*/false);
+    if (j.is_discarded() || !j.is_object() || !j.contains("id") || !j["id"].is_number_integer())
+      throw Error("'" + file.string() + "' is damaged (it should hold {\"id\": <the experiment's id>}); restore or delete it");
+    return j["id"].get<std::int64_t>();
+  }
+  std::random_device device;
+  const std::int64_t id = 1 + static_cast<std::int64_t>((static_cast<std::uint64_t>(device()) << 32 | device()) % 2147483646ULL);
+  std::ofstream(file) << detail::json_line(detail::Json{{"id", id}});
+  return id;
 }
 
 DETTRIAL_INLINE void Experiment::log_event(const detail::Json& event) {
@@ -392,7 +414,9 @@ DETTRIAL_INLINE void Experiment::launch(std::int64_t id) {
   Running run;
   // In a process group of its own: a Ctrl-C reaches the trial once, as this runner's SIGTERM.
   run.pid = detail::spawn_process(options_.program.string(), std::move(args),
-                                  {.extra_env = {std::string(detail::supervisor_pid_variable) + "=" + std::to_string(::getpid())},
+                                  {.extra_env = {std::string(detail::supervisor_pid_variable) + "=" + std::to_string(::getpid()),
+                                                 // Determined's own variables: context.get_trial_id() / get_experiment_id()
+                                                 "DET_TRIAL_ID=" + std::to_string(id), "DET_EXPERIMENT_ID=" + std::to_string(experiment_id_)},
                                    .output = (trial_dir(id) / "log.txt").string(),
                                    .append = true,
                                    .own_process_group = true});

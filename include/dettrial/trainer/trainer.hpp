@@ -183,6 +183,8 @@ class Trainer {
     FitOptions options;
     TrainUnit length = Batch(1);
     std::int64_t epoch_len = 0;
+    /// The training loader's own batches per epoch on this rank (epoch_len, unless records_per_epoch sets it).
+    std::int64_t data_epoch_len = 0;
     std::int64_t batches_trained = 0;
     std::int64_t epochs_trained = 0;
     std::int64_t last_validation = -1;
@@ -307,6 +309,12 @@ class Trainer {
     st.epoch_len = epoch_length(*train_loader_, training_chain());
     agree_across_ranks(st, first_batch);
     if (st.epoch_len < 1) throw DataError("the training data loader yields no batches (its size() is 0)");
+    st.data_epoch_len = st.epoch_len;
+    // Determined's records_per_epoch: the epoch of epoch-based lengths, periods, LR steps and epoch
+    // hooks, in global batches (its legacy sequencer's records_per_epoch // global_batch_size, at
+    // least 1), whatever the loader's own length; the data still reshuffles at its own epochs.
+    if (const std::int64_t records = context_.get_experiment_config().records_per_epoch; records > 0)
+      st.epoch_len = std::max<std::int64_t>(records / context_.get_global_batch_size(), 1);
     detail::RunPosition& position = context_.position();
     position.epoch_len = st.epoch_len;
     if (st.resume_dir) restore(st, *st.resume_dir, st.same_trial ? *st.resumed : TrialProgress{.trial_id = st.options.trial_id}, callbacks);
@@ -332,8 +340,9 @@ class Trainer {
                        (st.same_trial ? " at batch " + std::to_string(st.batches_trained)
                                       : std::string(" (another trial's checkpoint: weights and optimizer state only)")));
     if (const std::int64_t records = context_.get_experiment_config().records_per_epoch; records > 0)
-      st.reporter.line("dettrial: records_per_epoch (" + std::to_string(records) + ") is not used: an epoch is the training "
-                       "data loader's length, " + std::to_string(st.epoch_len) + " batches on this rank");
+      st.reporter.line("dettrial: records_per_epoch " + std::to_string(records) + " sets the epoch: " + std::to_string(st.epoch_len) +
+                       " batches of " + std::to_string(context_.get_global_batch_size()) +
+                       " records (the training data loader's own epoch is " + std::to_string(st.data_epoch_len) + " batches on this rank)");
   }
 
   /// on_trial_shutdown for the callbacks that started, last first; a failing hook is reported, not thrown.
