@@ -839,7 +839,7 @@ DETTRIAL_INLINE ExperimentConfig ExperimentConfig::from_yaml(const YAML::Node& r
   // The legacy integer form counts steps of scheduling_unit batches, as Determined reads it.
   c.min_validation_period = r.length(root, "min_validation_period", /*zero_means_never=*/true, c.scheduling_unit);
   c.min_checkpoint_period = r.length(root, "min_checkpoint_period", /*zero_means_never=*/true, c.scheduling_unit);
-  if (const YAML::Node p = root["checkpoint_policy"]) {
+  if (const YAML::Node p = root["checkpoint_policy"]; p && !p.IsNull()) {  // null: the default, as the schema allows
     std::string s;
     r.read(root, "checkpoint_policy", s);
     if (s == "best") c.checkpoint_policy = CheckpointPolicy::best;
@@ -852,8 +852,10 @@ DETTRIAL_INLINE ExperimentConfig ExperimentConfig::from_yaml(const YAML::Node& r
       throw ConfigError(detail::where(node, source) + ": '" + section + "' must be a map, found " + detail::describe(node));
   if (const YAML::Node res = root["resources"]) {
     r.read(res, "slots_per_trial", c.slots_per_trial);
-    if (c.slots_per_trial < 1)
-      throw ConfigError(detail::where(res["slots_per_trial"], source) + ": resources.slots_per_trial must be at least 1");
+    if (c.slots_per_trial < 0)
+      throw ConfigError(detail::where(res["slots_per_trial"], source) + ": resources.slots_per_trial must not be negative");
+    // 0 is a trial without a GPU slot on a cluster (the schema's minimum): here, one process.
+    if (c.slots_per_trial == 0) c.slots_per_trial = 1;
   }
   if (const YAML::Node opt = root["optimizations"]) {
     if (const YAML::Node mp = opt["mixed_precision"]; mp && !mp.IsNull()) {
@@ -871,12 +873,12 @@ DETTRIAL_INLINE ExperimentConfig ExperimentConfig::from_yaml(const YAML::Node& r
                         ": optimizations.aggregation_frequency must be at least 1");
     r.read(opt, "average_aggregated_gradients", c.average_aggregated_gradients);
   }
-  if (const YAML::Node rep = root["reproducibility"]; rep && rep["experiment_seed"]) {
+  if (const YAML::Node rep = root["reproducibility"]; rep && rep["experiment_seed"] && !rep["experiment_seed"].IsNull()) {
     std::uint64_t seed = 0;
     r.read(rep, "experiment_seed", seed);
     c.experiment_seed = seed;
   }
-  if (const YAML::Node rep = root["reproducibility"]; rep && rep["deterministic"]) {
+  if (const YAML::Node rep = root["reproducibility"]; rep && rep["deterministic"] && !rep["deterministic"].IsNull()) {
     bool on = false;
     r.read(rep, "deterministic", on);
     c.deterministic = on;
@@ -903,7 +905,13 @@ DETTRIAL_INLINE ExperimentConfig ExperimentConfig::from_yaml(const YAML::Node& r
     r.read(s, "name", c.searcher.name);
     r.read(s, "metric", c.searcher.metric);
     r.read(s, "smaller_is_better", c.searcher.smaller_is_better);
-    if (s["max_length"]) {
+    if (const YAML::Node ml = s["max_length"]; ml && ml.IsScalar()) {
+      // The schema's unitless form (searcher-length.json: an integer), read as batches.
+      std::int64_t n = 0;
+      r.read(s, "max_length", n);
+      if (n < 0) throw ConfigError(detail::where(ml, source) + ": searcher.max_length must not be negative");
+      c.searcher.max_length = Batch(n);
+    } else if (s["max_length"]) {
       c.searcher.max_length = r.length(s, "max_length", /*zero_means_never=*/false);
     } else if (s["max_steps"]) {
       std::int64_t steps = 0;
@@ -929,10 +937,12 @@ DETTRIAL_INLINE void ExperimentConfig::check_fields(const YAML::Node& root, cons
   static const std::vector<std::string> searcher = {
       "name", "metric", "smaller_is_better", "max_length", "max_steps", "max_trials", "max_concurrent_trials",
       "time_metric", "max_time", "divisor", "max_rungs", "num_rungs", "mode", "bracket_rungs"};
-  static const std::vector<std::string> searcher_cluster = {"source_trial_id", "source_checkpoint_uuid", "stop_once"};
+  // budget, train_stragglers: the removed searchers' fields (refused by name, with the searcher); unit: custom's.
+  static const std::vector<std::string> searcher_cluster = {"source_trial_id", "source_checkpoint_uuid", "stop_once", "budget",
+                                                            "train_stragglers", "unit"};
   static const std::vector<std::string> resources = {"slots_per_trial"};
   static const std::vector<std::string> resources_cluster = {
-      "resource_pool", "max_slots", "priority", "weight", "shm_size", "devices", "native_parallel", "is_single_node", "agent_label"};
+      "slots", "resource_pool", "max_slots", "priority", "weight", "shm_size", "devices", "native_parallel", "is_single_node", "agent_label"};
   static const std::vector<std::string> optimizations = {"aggregation_frequency", "average_aggregated_gradients", "mixed_precision"};
   static const std::vector<std::string> optimizations_cluster = {
       "average_training_metrics", "gradient_compression", "tensor_fusion_threshold",
@@ -942,7 +952,7 @@ DETTRIAL_INLINE void ExperimentConfig::check_fields(const YAML::Node& root, cons
                                                    "save_experiment_best", "save_trial_best", "save_trial_latest"};
   // Cloud storage, and shared_fs's legacy checkpoint_path / tensorboard_path (paths inside a task's container).
   static const std::vector<std::string> storage_cloud = {"checkpoint_path", "tensorboard_path", "bucket", "access_key", "secret_key", "endpoint_url", "prefix",
-                                                         "region", "credentials", "account_url", "connection_string", "container"};
+                                                         "region", "credentials", "credential", "user", "account_url", "connection_string", "container"};
   check_map(root, "", top, top_cluster, source, ignored);
   const std::pair<const char*, std::pair<const std::vector<std::string>*, const std::vector<std::string>*>> sections[] = {
       {"searcher", {&searcher, &searcher_cluster}},
@@ -1046,9 +1056,12 @@ DETTRIAL_INLINE std::optional<TrainUnit> ExperimentConfig::Reader::length(const 
 /// @brief Batch-level datasets and the DataLoader the trainer iterates, epoch by epoch, in a
 /// reproducible order.
 
+#include <algorithm>
 #include <concepts>
 #include <cstdint>
 #include <iterator>
+#include <limits>
+#include <memory>
 #include <optional>
 #include <ranges>
 #include <tuple>
@@ -1408,7 +1421,9 @@ class Prefetcher {
 // SPDX-License-Identifier: Apache-2.0
 /// @file
 /// @brief The sampler chain: which records make up each batch a rank reads, with Determined's order of
-/// operations (shuffle per epoch, batch, repeat, shard by rank, skip) and O(1) random access.
+/// operations (an epoch's order, batch, repeat, shard by rank, skip) and O(1) random access. The
+/// epoch's order is the built-in one (in order, or shuffled per epoch), a user's sampler's, or a
+/// user's batch sampler's batches; the chain steps are those of samplers.hpp.
 
 #include <cstdint>
 #include <limits>
@@ -1416,8 +1431,31 @@ class Prefetcher {
 #include <mutex>
 #include <optional>
 #include <string>
+#include <vector>
 
-#include <ATen/CPUGeneratorImpl.h>
+#include <torch/torch.h>
+
+// ---- begin dettrial/data/samplers.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief Determined's `determined.pytorch.samplers`, for loaders and batch samplers a trial writes
+/// itself: the reproducible shuffle, and the chain steps repeat, distribute (shard by rank) and skip
+/// as range-v3 views with O(1) random access. dettrial's own loader reads its batches through them.
+
+#include <concepts>
+#include <cstdint>
+#include <functional>
+#include <limits>
+#include <memory>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include <range/v3/range/access.hpp>
+#include <range/v3/range/concepts.hpp>
+#include <range/v3/range/primitives.hpp>
+#include <range/v3/range/traits.hpp>
+#include <range/v3/view/all.hpp>
 #include <range/v3/view/drop.hpp>
 #include <range/v3/view/iota.hpp>
 #include <range/v3/view/stride.hpp>
@@ -1448,6 +1486,239 @@ constexpr std::uint64_t mix64(std::uint64_t x) {
 
 namespace dettrial {
 
+/**
+ * @brief A sampler: the record order of epoch `e` (Python's `DataLoader(sampler=...)`), a 1-D tensor
+ * of record indices (int64; other integer types are converted). It may leave records out or repeat
+ * them (weighted sampling), but every epoch must have the same length, and it must be a function of
+ * the epoch (the same order whenever it is asked, and on every rank): skipping to a resumed position
+ * recomputes an epoch instead of replaying the ones before it.
+ */
+using SamplerFunction = std::function<torch::Tensor(std::int64_t epoch)>;
+
+/**
+ * @brief A batch sampler: the batches of epoch `e` (Python's `DataLoader(batch_sampler=...)`), each a
+ * 1-D tensor of record indices; batches may differ in size, but every epoch must have the same number
+ * of them. Like a SamplerFunction, a function of the epoch.
+ */
+using BatchSamplerFunction = std::function<std::vector<torch::Tensor>(std::int64_t epoch)>;
+
+/// Determined's `determined.pytorch.samplers`, with the epoch made explicit so that any batch of any
+/// epoch can be computed on its own (O(1) skipping).
+namespace samplers {
+
+/**
+ * @brief Determined's `ReproducibleShuffleSampler`: the record order of epoch `e` is a permutation
+ * drawn from (seed, e) alone, the very permutation dettrial's `DataLoader{.shuffle = true, .seed = seed}`
+ * uses. Usable directly as `DataLoaderOptions::sampler`; over an inner sampler it shuffles that
+ * sampler's order of each epoch (Determined's `ReproducibleShuffleSampler(sampler, seed)`).
+ * @code{.cpp}
+ * dettrial::DataLoader loader(dataset, {.batch_size = 32,
+ *                                       .sampler = dettrial::samplers::ReproducibleShuffleSampler(dataset.size(), seed)});
+ * @endcode
+ */
+class ReproducibleShuffleSampler {
+ public:
+  /// Shuffles the records `0 .. records-1`.
+  ReproducibleShuffleSampler(std::int64_t records, std::uint64_t seed);
+  /// Shuffles `inner(e)`, the order another sampler gives epoch `e`.
+  ReproducibleShuffleSampler(SamplerFunction inner, std::uint64_t seed);
+
+  /// The record order of epoch `epoch` (CPU; int64, or the inner sampler's integer type).
+  torch::Tensor operator()(std::int64_t epoch) const;
+  std::uint64_t seed() const { return seed_; }
+
+  /// The permutation of `0 .. n-1` for (seed, epoch): one CPU generator seeded from both, one randperm.
+  static torch::Tensor permutation(std::int64_t n, std::uint64_t seed, std::int64_t epoch);
+
+ private:
+  std::int64_t records_ = 0;
+  SamplerFunction inner_;
+  std::uint64_t seed_;
+};
+
+/// Determined's `len(DistributedBatchSampler)`: of `length` items, rank `rank` of `num_replicas` takes
+/// `length // num_replicas + (length % num_replicas > rank)`.
+constexpr std::int64_t distributed_length(std::int64_t length, std::int64_t num_replicas, std::int64_t rank) {
+  return length / num_replicas + (length % num_replicas > rank ? 1 : 0);
+}
+
+namespace detail {
+/// Item `k` of a stream of epochs: `batch_of(k / batches_per_epoch, k % batches_per_epoch)`.
+template <class BatchOf>
+struct EpochBatch {
+  std::int64_t batches_per_epoch;
+  BatchOf batch_of;
+  auto operator()(std::int64_t k) const { return batch_of(k / batches_per_epoch, k % batches_per_epoch); }
+};
+
+/// `end` items of the stream of epochs (the type repeat and one_epoch share).
+template <class BatchOf>
+auto epochs(std::int64_t batches_per_epoch, BatchOf batch_of, std::int64_t end) {
+  return ranges::views::iota(std::int64_t{0}, end) |
+         ranges::views::transform(EpochBatch<BatchOf>{batches_per_epoch, std::move(batch_of)});
+}
+
+/// A fixed sequence of batches, kept for repeat: a view of an lvalue (or the view itself), or the
+/// container moved into shared ownership.
+template <class R>
+auto hold(R&& batches) {
+  if constexpr (std::is_lvalue_reference_v<R> || ranges::view_<std::remove_cvref_t<R>>)
+    return ranges::views::all(std::forward<R>(batches));
+  else
+    return std::make_shared<const std::remove_cvref_t<R>>(std::forward<R>(batches));
+}
+
+template <class T>
+inline constexpr bool is_shared_ptr = false;
+template <class T>
+inline constexpr bool is_shared_ptr<std::shared_ptr<T>> = true;
+
+/// Batch `index` of a held sequence, whatever the epoch (a copy: a tensor costs a reference count).
+template <class Held, class Value>
+struct HeldBatch {
+  Held held;
+  Value operator()(std::int64_t /*epoch*/, std::int64_t index) const {
+    if constexpr (is_shared_ptr<Held>) return Value(ranges::begin(*held)[index]);
+    else return Value(ranges::begin(held)[index]);
+  }
+};
+
+DETTRIAL_INLINE void check_batches_per_epoch(std::int64_t batches_per_epoch, const char* who);
+DETTRIAL_INLINE void check_replicas(std::int64_t num_replicas, std::int64_t rank);
+DETTRIAL_INLINE void check_skip(std::int64_t skip);
+}  // namespace detail
+
+/**
+ * @brief Determined's `RepeatBatchSampler` (and `RepeatSampler`): epoch after epoch, endlessly.
+ * - `samplers::repeat(batches_per_epoch, batch_of)`: batch `k` of the stream is
+ *   `batch_of(k / batches_per_epoch, k % batches_per_epoch)`, so each epoch may differ (a shuffle).
+ * - `batches | samplers::repeat` (or `samplers::repeat(batches)`): a fixed sequence (random access,
+ *   sized), the same every epoch. An lvalue is viewed (keep it alive), an rvalue container is kept.
+ * Random access: position `k` costs one call, whatever `k`.
+ */
+struct repeat_fn {
+  template <class BatchOf>
+    requires std::invocable<const BatchOf&, std::int64_t, std::int64_t>
+  auto operator()(std::int64_t batches_per_epoch, BatchOf batch_of) const {
+    detail::check_batches_per_epoch(batches_per_epoch, "repeat");
+    return detail::epochs(batches_per_epoch, std::move(batch_of), std::numeric_limits<std::int64_t>::max());
+  }
+  template <class R>
+    requires ranges::random_access_range<R> && ranges::sized_range<R>
+  auto operator()(R&& batches) const {
+    const auto n = static_cast<std::int64_t>(ranges::size(batches));
+    using Held = decltype(detail::hold(std::forward<R>(batches)));
+    return (*this)(n, detail::HeldBatch<Held, ranges::range_value_t<R>>{detail::hold(std::forward<R>(batches))});
+  }
+  template <class R>
+    requires ranges::random_access_range<R> && ranges::sized_range<R>
+  friend auto operator|(R&& batches, const repeat_fn& self) {
+    return self(std::forward<R>(batches));
+  }
+};
+/// See repeat_fn.
+inline constexpr repeat_fn repeat{};
+
+/// One epoch of `batch_of(0, index)`: the chain without repeat (validation). The same view type as
+/// `samplers::repeat(batches_per_epoch, batch_of)`, so either can be chosen at run time.
+struct one_epoch_fn {
+  template <class BatchOf>
+    requires std::invocable<const BatchOf&, std::int64_t, std::int64_t>
+  auto operator()(std::int64_t batches_per_epoch, BatchOf batch_of) const {
+    detail::check_batches_per_epoch(batches_per_epoch, "one_epoch");
+    return detail::epochs(batches_per_epoch, std::move(batch_of), batches_per_epoch);
+  }
+};
+/// See one_epoch_fn.
+inline constexpr one_epoch_fn one_epoch{};
+
+/**
+ * @brief Determined's `DistributedBatchSampler` (and `DistributedSampler`): rank `rank` of
+ * `num_replicas` takes every `num_replicas`-th item, starting at item `rank`. A view adaptor:
+ * `stream | samplers::distribute(num_replicas, rank)`; over a sized sequence its length is
+ * `distributed_length(size, num_replicas, rank)`. Apply it after repeat (Determined's rule: shard the
+ * endless stream, so ranks never drift apart at epoch ends).
+ */
+struct distribute_fn {
+  auto operator()(std::int64_t num_replicas, std::int64_t rank) const {
+    detail::check_replicas(num_replicas, rank);
+    return ranges::views::drop(rank) | ranges::views::stride(num_replicas);
+  }
+};
+/// See distribute_fn.
+inline constexpr distribute_fn distribute{};
+
+/**
+ * @brief Determined's `SkipBatchSampler` (and `SkipSampler`): passes over the first `n` items. A view
+ * adaptor: `stream | samplers::skip(n)`; on a random-access stream nothing of the skipped items is
+ * computed. Apply it last, after repeat and distribute, counting this rank's batches (Determined's
+ * `steps_completed`).
+ */
+struct skip_fn {
+  auto operator()(std::int64_t n) const {
+    detail::check_skip(n);
+    return ranges::views::drop(n);
+  }
+};
+/// See skip_fn.
+inline constexpr skip_fn skip{};
+
+}  // namespace samplers
+}  // namespace dettrial
+
+// Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
+#if DETTRIAL_HEADER_DEFINITIONS
+#include <string>
+
+#include <ATen/CPUGeneratorImpl.h>
+
+namespace dettrial::samplers {
+
+DETTRIAL_INLINE ReproducibleShuffleSampler::ReproducibleShuffleSampler(std::int64_t records, std::uint64_t seed)
+    : records_(records), seed_(seed) {
+  if (records_ < 0) throw DataError("samplers::ReproducibleShuffleSampler: cannot shuffle " + std::to_string(records_) + " records");
+}
+
+DETTRIAL_INLINE ReproducibleShuffleSampler::ReproducibleShuffleSampler(SamplerFunction inner, std::uint64_t seed)
+    : inner_(std::move(inner)), seed_(seed) {
+  if (!inner_) throw DataError("samplers::ReproducibleShuffleSampler: the inner sampler is empty");
+}
+
+DETTRIAL_INLINE torch::Tensor ReproducibleShuffleSampler::operator()(std::int64_t epoch) const {
+  if (!inner_) return permutation(records_, seed_, epoch);
+  const torch::Tensor order = inner_(epoch);
+  if (!order.defined() || order.dim() != 1)
+    throw DataError("samplers::ReproducibleShuffleSampler: the inner sampler must return a 1-D tensor of record indices (epoch " +
+                    std::to_string(epoch) + ")");
+  return order.to(torch::kCPU).index_select(0, permutation(order.size(0), seed_, epoch));
+}
+
+DETTRIAL_INLINE torch::Tensor ReproducibleShuffleSampler::permutation(std::int64_t n, std::uint64_t seed, std::int64_t epoch) {
+  const std::uint64_t mixed = dettrial::detail::mix64(seed ^ (static_cast<std::uint64_t>(epoch) * dettrial::detail::golden_gamma));
+  auto generator = at::detail::createCPUGenerator(mixed);
+  return torch::randperm(n, generator, torch::TensorOptions().dtype(torch::kLong));
+}
+
+namespace detail {
+DETTRIAL_INLINE void check_batches_per_epoch(std::int64_t batches_per_epoch, const char* who) {
+  if (batches_per_epoch < 1)
+    throw DataError(std::string("samplers::") + who + ": an epoch needs at least one batch, not " + std::to_string(batches_per_epoch));
+}
+DETTRIAL_INLINE void check_replicas(std::int64_t num_replicas, std::int64_t rank) {
+  if (num_replicas < 1 || rank < 0 || rank >= num_replicas)
+    throw DataError("samplers::distribute: rank " + std::to_string(rank) + " is not among " + std::to_string(num_replicas) + " replicas");
+}
+DETTRIAL_INLINE void check_skip(std::int64_t skip) {
+  if (skip < 0) throw DataError("samplers::skip: cannot skip a negative number of batches (" + std::to_string(skip) + ")");
+}
+}  // namespace detail
+
+}  // namespace dettrial::samplers
+#endif  // DETTRIAL_HEADER_DEFINITIONS
+// ---- end dettrial/data/samplers.hpp
+
+namespace dettrial {
+
 /// How the trainer reads a loader: Determined's `get_data_loader(repeat, skip, num_replicas, rank)`.
 struct LoaderChain {
   /// Endless epochs (training) or one pass (validation).
@@ -1464,7 +1735,8 @@ struct BatchSlice {
   std::int64_t epoch = 0;
   std::int64_t first = 0;
   std::int64_t count = 0;
-  /// The record indices (int64, CPU) when the order is shuffled; undefined for the identity order.
+  /// The record indices (int64, CPU) when the order is shuffled or a user's sampler or batch sampler
+  /// gives it; undefined for the identity order (records `first .. first+count-1`).
   torch::Tensor indices;
 };
 
@@ -1472,63 +1744,108 @@ struct BatchSlice {
  * @brief Record order and batching for one dataset size, with Determined's sampler semantics.
  *
  * Epoch `e`'s order is a permutation drawn from (seed, e) alone (or the identity without shuffling),
- * so any batch of any epoch can be computed on its own: that is what makes skipping O(1) and
- * prefetching order-preserving. Batches of the endless (repeated) stream are numbered globally and
- * dealt out to ranks by stride, like Determined's Repeat → DistributedBatch → Skip chain.
+ * or what a user's sampler or batch sampler gives for `e`, so any batch of any epoch can be computed
+ * on its own: that is what makes skipping O(1) and prefetching order-preserving. Batches of the
+ * endless (repeated) stream are numbered globally and dealt out to ranks by stride, like Determined's
+ * Repeat → DistributedBatch → Skip chain (samplers::repeat, samplers::distribute, samplers::skip).
+ *
+ * A shuffled or user-given epoch is computed once, on first use, and kept while it is read (the
+ * last epochs used, enough for the loader's prefetch): a user's sampler is called at most once per
+ * epoch read in order, never per batch, and never for epochs that a skip passes over whole (epoch 0
+ * excepted, called by the constructor to learn the epoch's length).
  */
 class BatchSampler {
  public:
+  /// The built-in order: the records in order, or shuffled per epoch from (seed, epoch).
   BatchSampler(std::int64_t records, std::int64_t batch_size, bool drop_last, bool shuffle, std::uint64_t seed);
+  /// A sampler's order of each epoch (Python's `sampler=`), cut into batches of `batch_size`.
+  BatchSampler(std::int64_t records, SamplerFunction sampler, std::int64_t batch_size, bool drop_last, std::uint64_t seed);
+  /// A batch sampler's batches of each epoch (Python's `batch_sampler=`).
+  BatchSampler(std::int64_t records, BatchSamplerFunction batch_sampler, std::uint64_t seed);
 
+  /// The dataset's records.
   std::int64_t records() const { return records_; }
+  /// Records per batch (the last one of an epoch may be short); 0 with a batch sampler.
   std::int64_t batch_size() const { return batch_size_; }
   bool shuffle() const { return shuffle_; }
+  bool has_sampler() const { return user_ && user_->sampler; }
+  bool has_batch_sampler() const { return user_ && user_->batch_sampler; }
   std::uint64_t seed() const { return seed_; }
-  /// Changes the shuffle seed (a resumed trial gets back the order it was trained with).
+  /// Changes the shuffle seed (a resumed trial gets back the order it was trained with). A user's
+  /// sampler does not depend on it: its cached epochs are kept.
   void set_seed(std::uint64_t seed);
 
   /// Batches in one epoch, before sharding.
-  std::int64_t batches_per_epoch() const {
-    return drop_last_ ? records_ / batch_size_ : (records_ + batch_size_ - 1) / batch_size_;
-  }
+  std::int64_t batches_per_epoch() const { return batches_per_epoch_; }
   /// Batches one rank reads per epoch: Determined's `len(DistributedBatchSampler)`, `len//n + (len%n > rank)`.
-  std::int64_t batches_for(const LoaderChain& chain) const;
+  std::int64_t batches_for(const LoaderChain& chain) const {
+    return samplers::distributed_length(batches_per_epoch_, chain.num_replicas, chain.rank);
+  }
 
+  /// Batch `index` of epoch `epoch`.
+  BatchSlice batch(std::int64_t epoch, std::int64_t index) const;
   /// Batch `global` of the endless stream of epochs (batch `global % len` of epoch `global / len`).
   BatchSlice global_batch(std::int64_t global) const;
 
   /**
-   * @brief The slices a rank reads under `chain`: Determined's chain, as views. The global batches of
-   * the epochs (endless when repeating, one epoch otherwise), this rank's share of them (every
+   * @brief The slices a rank reads under `chain`: Determined's chain, as views. The batches of the
+   * epochs (endless when repeating, one epoch otherwise), this rank's share of them (every
    * `num_replicas`-th, from its rank on), without the first `skip` of those. A random-access view:
    * skipping costs nothing, and the loader's workers read any position of it.
    */
   auto slices(const LoaderChain& chain) const {
-    namespace views = ranges::views;
-    const std::int64_t global_end = chain.repeat ? std::numeric_limits<std::int64_t>::max() : batches_per_epoch();
-    return views::iota(std::int64_t{0}, global_end)                                   // repeat (or one epoch)
-           | views::drop(chain.rank) | views::stride(chain.num_replicas)            // shard
-           | views::drop(chain.skip)                                                  // skip
-           | views::transform([self = *this](std::int64_t global) { return self.global_batch(global); });
+    auto batch_of = [self = *this](std::int64_t epoch, std::int64_t index) { return self.batch(epoch, index); };
+    auto epochs = chain.repeat ? samplers::repeat(batches_per_epoch_, batch_of) : samplers::one_epoch(batches_per_epoch_, batch_of);
+    return std::move(epochs) | samplers::distribute(chain.num_replicas, chain.rank) | samplers::skip(chain.skip);
   }
 
-  /// The order of epoch `e` (a permutation of the records; computed once and kept for the last epochs used).
+  /// The order of epoch `e`: the records of its batches, in order (int64, CPU). For a batch sampler,
+  /// its batches concatenated.
   torch::Tensor order(std::int64_t epoch) const;
 
+  /// Keeps enough epochs cached for a reader up to `batches_in_flight` of this rank's batches ahead
+  /// under `chain` (the loader's prefetch), so no epoch is computed twice while it is being read.
+  /// Only grows the cache (a few epoch orders: O(records) each).
+  void keep_epochs_in_flight(std::int64_t batches_in_flight, const LoaderChain& chain) const;
+
  private:
-  static std::uint64_t mix(std::uint64_t seed, std::uint64_t epoch) { return detail::mix64(seed ^ (epoch * detail::golden_gamma)); }
-  // Two epochs are live at an epoch boundary while prefetching; shared by copies of the sampler.
+  struct User {
+    SamplerFunction sampler;
+    BatchSamplerFunction batch_sampler;
+  };
+  /// One epoch's order, computed once.
+  struct EpochOrder {
+    std::int64_t epoch = -1;
+    torch::Tensor order;
+    /// A batch sampler's batch `i` is `order[offsets[i], offsets[i+1])`; empty otherwise.
+    std::vector<std::int64_t> offsets;
+    std::uint64_t used = 0;  // when last used, for least-recently-used replacement
+  };
+  // The last epochs used: at least the two live at an epoch boundary while prefetching, more when
+  // the prefetch spans several epochs. Shared by copies of the sampler.
   struct Cache {
     std::mutex mutex;
-    std::array<std::pair<std::int64_t, torch::Tensor>, 2> orders{};
-    std::size_t next = 0;
+    std::vector<EpochOrder> epochs;
+    std::size_t capacity = 2;
+    std::uint64_t clock = 0;
   };
+
+  /// Epoch `epoch`'s order, from the cache or computed; the cache's mutex must be held.
+  const EpochOrder& cached(std::int64_t epoch) const;
+  /// Computes epoch `epoch`'s order: the permutation, or the user's sampler or batch sampler (checked).
+  EpochOrder compute(std::int64_t epoch) const;
+  /// Checks and converts what a user's sampler gave: 1-D, integer, within the dataset; an owned int64 copy.
+  torch::Tensor user_indices(const torch::Tensor& given, const std::string& what, std::int64_t epoch) const;
+  bool identity() const { return !user_ && !shuffle_; }
 
   std::int64_t records_;
   std::int64_t batch_size_;
   bool drop_last_;
   bool shuffle_;
   std::uint64_t seed_;
+  std::int64_t batches_per_epoch_ = 0;
+  std::int64_t order_length_ = -1;  // a sampler's epoch length, once known
+  std::shared_ptr<const User> user_;
   std::shared_ptr<Cache> cache_;
 };
 
@@ -1536,6 +1853,8 @@ class BatchSampler {
 
 // Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
 #if DETTRIAL_HEADER_DEFINITIONS
+#include <algorithm>
+
 namespace dettrial {
 
 DETTRIAL_INLINE BatchSampler::BatchSampler(std::int64_t records, std::int64_t batch_size, bool drop_last, bool shuffle,
@@ -1547,37 +1866,151 @@ DETTRIAL_INLINE BatchSampler::BatchSampler(std::int64_t records, std::int64_t ba
   if (drop_last_ && batch_size_ > records_)
     throw DataError("DataLoader: batch_size " + std::to_string(batch_size_) + " is larger than the dataset's " +
                     std::to_string(records_) + " records, so drop_last leaves no batch");
+  batches_per_epoch_ = drop_last_ ? records_ / batch_size_ : (records_ + batch_size_ - 1) / batch_size_;
+}
+
+DETTRIAL_INLINE BatchSampler::BatchSampler(std::int64_t records, SamplerFunction sampler, std::int64_t batch_size, bool drop_last,
+                                           std::uint64_t seed)
+    : records_(records), batch_size_(batch_size), drop_last_(drop_last), shuffle_(false), seed_(seed),
+      user_(std::make_shared<const User>(User{std::move(sampler), {}})), cache_(std::make_shared<Cache>()) {
+  if (!user_->sampler) throw DataError("DataLoader: the sampler is an empty function");
+  if (batch_size_ < 1) throw DataError("DataLoader batch_size must be at least 1, not " + std::to_string(batch_size_));
+  if (records_ < 1) throw DataError("DataLoader: the dataset is empty");
+  {
+    std::lock_guard lock(cache_->mutex);
+    order_length_ = cached(0).order.size(0);
+  }
+  if (drop_last_ && batch_size_ > order_length_)
+    throw DataError("DataLoader: batch_size " + std::to_string(batch_size_) + " is larger than the sampler's " +
+                    std::to_string(order_length_) + " records, so drop_last leaves no batch");
+  batches_per_epoch_ = drop_last_ ? order_length_ / batch_size_ : (order_length_ + batch_size_ - 1) / batch_size_;
+}
+
+DETTRIAL_INLINE BatchSampler::BatchSampler(std::int64_t records, BatchSamplerFunction batch_sampler, std::uint64_t seed)
+    : records_(records), batch_size_(0), drop_last_(false), shuffle_(false), seed_(seed),
+      user_(std::make_shared<const User>(User{{}, std::move(batch_sampler)})), cache_(std::make_shared<Cache>()) {
+  if (!user_->batch_sampler) throw DataError("DataLoader: the batch_sampler is an empty function");
+  if (records_ < 1) throw DataError("DataLoader: the dataset is empty");
+  std::lock_guard lock(cache_->mutex);
+  batches_per_epoch_ = static_cast<std::int64_t>(cached(0).offsets.size()) - 1;
 }
 
 DETTRIAL_INLINE void BatchSampler::set_seed(std::uint64_t seed) {
   seed_ = seed;
-  cache_ = std::make_shared<Cache>();
+  if (!user_) cache_ = std::make_shared<Cache>();
 }
 
-DETTRIAL_INLINE std::int64_t BatchSampler::batches_for(const LoaderChain& chain) const {
-  const std::int64_t len = batches_per_epoch();
-  return len / chain.num_replicas + (len % chain.num_replicas > chain.rank ? 1 : 0);
-}
-
-DETTRIAL_INLINE BatchSlice BatchSampler::global_batch(std::int64_t global) const {
-  const std::int64_t len = batches_per_epoch();
+DETTRIAL_INLINE BatchSlice BatchSampler::batch(std::int64_t epoch, std::int64_t index) const {
   BatchSlice s;
-  s.epoch = global / len;
-  s.first = (global % len) * batch_size_;
-  s.count = std::min(batch_size_, records_ - s.first);
-  if (shuffle_) s.indices = order(s.epoch).narrow(0, s.first, s.count);
+  s.epoch = epoch;
+  if (identity()) {
+    s.first = index * batch_size_;
+    s.count = std::min(batch_size_, records_ - s.first);
+    return s;
+  }
+  std::lock_guard lock(cache_->mutex);
+  const EpochOrder& e = cached(epoch);
+  if (e.offsets.empty()) {
+    s.first = index * batch_size_;
+    s.count = std::min(batch_size_, e.order.size(0) - s.first);
+  } else {
+    s.first = e.offsets[static_cast<std::size_t>(index)];
+    s.count = e.offsets[static_cast<std::size_t>(index) + 1] - s.first;
+  }
+  s.indices = e.order.narrow(0, s.first, s.count);
   return s;
 }
 
+DETTRIAL_INLINE BatchSlice BatchSampler::global_batch(std::int64_t global) const {
+  return batch(global / batches_per_epoch_, global % batches_per_epoch_);
+}
+
 DETTRIAL_INLINE torch::Tensor BatchSampler::order(std::int64_t epoch) const {
+  if (identity()) return torch::arange(records_, torch::kLong);
   std::lock_guard lock(cache_->mutex);
-  for (const auto& [e, perm] : cache_->orders)
-    if (e == epoch && perm.defined()) return perm;
-  auto generator = at::detail::createCPUGenerator(mix(seed_, static_cast<std::uint64_t>(epoch)));
-  torch::Tensor perm = torch::randperm(records_, generator, torch::TensorOptions().dtype(torch::kLong));
-  cache_->orders[cache_->next] = {epoch, perm};
-  cache_->next = (cache_->next + 1) % cache_->orders.size();
-  return perm;
+  return cached(epoch).order;
+}
+
+DETTRIAL_INLINE void BatchSampler::keep_epochs_in_flight(std::int64_t batches_in_flight, const LoaderChain& chain) const {
+  // Read in order on one thread, one epoch is live (two at a boundary). With workers reading up to
+  // `batches_in_flight` ahead, in any order within that window, an epoch may still be needed while
+  // positions up to a window either side of it are read: the epochs of two windows, and the ends.
+  const std::int64_t window_epochs = batches_in_flight * chain.num_replicas / batches_per_epoch_;
+  const auto needed = static_cast<std::size_t>(batches_in_flight <= 1 ? 2 : 2 * window_epochs + 4);
+  std::lock_guard lock(cache_->mutex);
+  cache_->capacity = std::max(cache_->capacity, needed);
+}
+
+DETTRIAL_INLINE const BatchSampler::EpochOrder& BatchSampler::cached(std::int64_t epoch) const {
+  Cache& cache = *cache_;
+  const std::uint64_t now = ++cache.clock;
+  for (EpochOrder& e : cache.epochs)
+    if (e.epoch == epoch) {
+      e.used = now;
+      return e;
+    }
+  EpochOrder fresh = compute(epoch);
+  fresh.used = now;
+  if (cache.epochs.size() < cache.capacity) return cache.epochs.emplace_back(std::move(fresh));
+  auto oldest = std::min_element(cache.epochs.begin(), cache.epochs.end(),
+                                 [](const EpochOrder& a, const EpochOrder& b) { return a.used < b.used; });
+  *oldest = std::move(fresh);
+  return *oldest;
+}
+
+DETTRIAL_INLINE BatchSampler::EpochOrder BatchSampler::compute(std::int64_t epoch) const {
+  EpochOrder e;
+  e.epoch = epoch;
+  const std::string in_epoch = " in epoch " + std::to_string(epoch);
+  if (!user_) {
+    e.order = samplers::ReproducibleShuffleSampler::permutation(records_, seed_, epoch);
+  } else if (user_->sampler) {
+    e.order = user_indices(user_->sampler(epoch), "the sampler", epoch);
+    const std::int64_t length = e.order.size(0);
+    if (length == 0) throw DataError("DataLoader: the sampler gave no records" + in_epoch);
+    if (order_length_ >= 0 && length != order_length_)
+      throw DataError("DataLoader: the sampler gave " + std::to_string(length) + " records" + in_epoch + " but " +
+                      std::to_string(order_length_) + " in epoch 0; every epoch must have the same length (repeat, "
+                      "shard and skip count on it)");
+  } else {
+    std::vector<torch::Tensor> batches = user_->batch_sampler(epoch);
+    const auto count = static_cast<std::int64_t>(batches.size());
+    if (count == 0) throw DataError("DataLoader: the batch_sampler gave no batches" + in_epoch);
+    if (batches_per_epoch_ > 0 && count != batches_per_epoch_)
+      throw DataError("DataLoader: the batch_sampler gave " + std::to_string(count) + " batches" + in_epoch + " but " +
+                      std::to_string(batches_per_epoch_) + " in epoch 0; every epoch must have the same number of batches "
+                      "(repeat, shard and skip count on it)");
+    e.offsets.reserve(batches.size() + 1);
+    e.offsets.push_back(0);
+    for (std::size_t i = 0; i < batches.size(); ++i) {
+      batches[i] = user_indices(batches[i], "batch " + std::to_string(i) + " of the batch_sampler", epoch);
+      if (batches[i].size(0) == 0)
+        throw DataError("DataLoader: batch " + std::to_string(i) + " of the batch_sampler is empty" + in_epoch);
+      e.offsets.push_back(e.offsets.back() + batches[i].size(0));
+    }
+    e.order = torch::cat(batches);
+  }
+  return e;
+}
+
+DETTRIAL_INLINE torch::Tensor BatchSampler::user_indices(const torch::Tensor& given, const std::string& what, std::int64_t epoch) const {
+  const std::string in_epoch = " in epoch " + std::to_string(epoch);
+  if (!given.defined() || given.dim() != 1)
+    throw DataError("DataLoader: " + what + " must give a 1-D tensor of record indices, not " +
+                    (given.defined() ? "a " + std::to_string(given.dim()) + "-D tensor" : std::string("an undefined tensor")) +
+                    in_epoch);
+  if (!c10::isIntegralType(given.scalar_type(), /*includeBool=*/false))
+    throw DataError("DataLoader: " + what + " must give integer record indices, not " +
+                    std::string(c10::toString(given.scalar_type())) + in_epoch);
+  torch::Tensor indices = given.to(torch::kCPU, torch::kLong, /*non_blocking=*/false, /*copy=*/true).contiguous();
+  if (indices.numel() > 0) {
+    const std::int64_t low = indices.min().item<std::int64_t>();
+    const std::int64_t high = indices.max().item<std::int64_t>();
+    if (low < 0 || high >= records_)
+      throw DataError("DataLoader: " + what + " gave record index " + std::to_string(low < 0 ? low : high) + in_epoch +
+                      ", but the dataset has " + std::to_string(records_) + " records");
+  }
+  return indices;
 }
 
 }  // namespace dettrial
@@ -1663,6 +2096,18 @@ struct DataLoaderOptions {
   bool shuffle = false;
   /// Drop the last, short batch of an epoch.
   bool drop_last = false;
+  /// A sampler (Python's `sampler=`): the record order of each epoch, `torch::Tensor(std::int64_t epoch)`
+  /// (1-D, integer record indices), cut into batches by batch_size and drop_last. Every epoch must
+  /// have the same length. Mutually exclusive with shuffle: shuffle in the sampler
+  /// (samplers::ReproducibleShuffleSampler). Called once per epoch, never per batch (under the
+  /// loader's lock, possibly on a worker thread); it must be a function of the epoch, the same on
+  /// every rank, since a resumed run recomputes the epoch it resumes in.
+  SamplerFunction sampler{};
+  /// A batch sampler (Python's `batch_sampler=`): the batches of each epoch,
+  /// `std::vector<torch::Tensor>(std::int64_t epoch)`, of any sizes; every epoch must have the same
+  /// number of them. batch_size, shuffle, drop_last and sampler must then be left at their defaults.
+  /// Called like a sampler: once per epoch, a function of the epoch.
+  BatchSamplerFunction batch_sampler{};
   /// The shuffle seed; unset means one drawn from LibTorch's global generator (which the trial
   /// seed has seeded), so the order follows the trial seed.
   std::optional<std::uint64_t> seed{};
@@ -1682,6 +2127,9 @@ auto as_batch_dataset(D dataset) {
   if constexpr (BatchDataset<D>) return dataset;
   else return ExampleBatches<D>(std::move(dataset));
 }
+/// The loader's record order and batching for its options: built-in, a sampler's or a batch
+/// sampler's. Throws DataError naming an option that conflicts with a sampler or batch sampler.
+DETTRIAL_INLINE BatchSampler make_batch_sampler(std::int64_t records, const DataLoaderOptions& options, std::uint64_t seed);
 }  // namespace detail
 
 /**
@@ -1690,7 +2138,9 @@ auto as_batch_dataset(D dataset) {
  * Takes a batch-level dataset (`get_batch(indices)`, vectorised: dettrial::TensorDataset) or a
  * per-example one (`get(index)`, collated by dettrial::collate_fn or by `with_collate`). The trainer
  * reads it through `batches(chain)`, which applies Determined's repeat, shard and skip; iterating the
- * loader itself is one unsharded pass (what `evaluate_full_dataset` sees).
+ * loader itself is one unsharded pass (what `evaluate_full_dataset` sees). The order of an epoch is the
+ * built-in one (`shuffle`), or a user's `sampler` or `batch_sampler` (see DataLoaderOptions), with the
+ * same repeat, shard and skip on top.
  * @code{.cpp}
  * dettrial::DataLoader loader(dettrial::TensorDataset(images, labels),
  *                             {.batch_size = ctx.get_per_slot_batch_size(), .shuffle = true, .workers = 2});
@@ -1711,8 +2161,8 @@ class DataLoader {
   DataLoader(D dataset, DataLoaderOptions options)
       : dataset_(std::make_shared<const dataset_type>(detail::as_batch_dataset(std::move(dataset)))),
         options_(options),
-        sampler_(static_cast<std::int64_t>(dataset_->size()), options.batch_size, options.drop_last, options.shuffle,
-                 options.seed ? *options.seed : draw_seed()) {
+        sampler_(detail::make_batch_sampler(static_cast<std::int64_t>(dataset_->size()), options_,
+                                            options.seed ? *options.seed : draw_seed())) {
     if (options_.workers < 0) throw DataError("DataLoader workers must not be negative");
     if (options_.prefetch < 1) throw DataError("DataLoader prefetch must be at least 1");
     pin_ = options_.pin_memory.value_or(torch::cuda::is_available());
@@ -1725,7 +2175,7 @@ class DataLoader {
   std::int64_t num_records() const { return sampler_.records(); }
   const DataLoaderOptions& options() const { return options_; }
   std::uint64_t seed() const { return sampler_.seed(); }
-  /// Changes the shuffle seed; streams made before keep the old one.
+  /// Changes the shuffle seed; streams made before keep the old one. (A user's sampler ignores it.)
   void set_seed(std::uint64_t seed) { sampler_.set_seed(seed); }
   const dataset_type& dataset() const { return *dataset_; }
   const BatchSampler& sampler() const { return sampler_; }
@@ -1772,7 +2222,9 @@ class DataLoader {
     Stream(const DataLoader& loader, LoaderChain chain)
         : loader_(&loader), slices_(loader.sampler_.slices(chain)), skip_(chain.skip), position_(chain.skip),
           end_(chain.repeat ? std::numeric_limits<std::int64_t>::max() : loader.batches_for(chain)) {
-      if (loader.options_.workers > 0 && position_ < end_)
+      const int workers = loader.options_.workers;
+      loader.sampler_.keep_epochs_in_flight(workers > 0 ? std::max(workers * loader.options_.prefetch, workers) : 1, chain);
+      if (workers > 0 && position_ < end_)
         prefetcher_ = std::make_unique<detail::Prefetcher<batch_type>>(
             [loader = loader_, slices = slices_, skip = skip_](std::int64_t k) { return loader->read(slices[k - skip]); },
             position_, end_, loader.options_.workers, loader.options_.workers * loader.options_.prefetch);
@@ -1850,6 +2302,36 @@ class DataLoader {
 };
 
 }  // namespace dettrial
+
+// Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
+#if DETTRIAL_HEADER_DEFINITIONS
+#include <string>
+
+namespace dettrial::detail {
+
+DETTRIAL_INLINE BatchSampler make_batch_sampler(std::int64_t records, const DataLoaderOptions& options, std::uint64_t seed) {
+  if (options.batch_sampler) {
+    const char* conflict = options.sampler            ? "sampler"
+                           : options.batch_size != 1  ? "batch_size"
+                           : options.shuffle          ? "shuffle"
+                           : options.drop_last        ? "drop_last"
+                                                      : nullptr;
+    if (conflict)
+      throw DataError(std::string("DataLoader: the batch_sampler option is mutually exclusive with ") + conflict +
+                      " (the batch sampler makes the batches: leave " + conflict + " at its default)");
+    return BatchSampler(records, options.batch_sampler, seed);
+  }
+  if (options.sampler) {
+    if (options.shuffle)
+      throw DataError("DataLoader: the sampler option is mutually exclusive with shuffle (shuffle in the sampler, with "
+                      "dettrial::samplers::ReproducibleShuffleSampler)");
+    return BatchSampler(records, options.sampler, options.batch_size, options.drop_last, seed);
+  }
+  return BatchSampler(records, options.batch_size, options.drop_last, options.shuffle, seed);
+}
+
+}  // namespace dettrial::detail
+#endif  // DETTRIAL_HEADER_DEFINITIONS
 // ---- end dettrial/data/data_loader.hpp
 // ---- begin dettrial/data/idx.hpp
 // SPDX-License-Identifier: Apache-2.0
@@ -2631,6 +3113,282 @@ DETTRIAL_INLINE ValidationReduction::Slot* ValidationReduction::find(std::string
 }  // namespace dettrial
 #endif  // DETTRIAL_HEADER_DEFINITIONS
 // ---- end dettrial/metrics/reducers.hpp
+// ---- begin dettrial/optim/adadelta.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief Adadelta, which LibTorch lacks: a `torch::optim::Optimizer` with Python's
+/// `torch.optim.Adadelta` arithmetic, LibTorch's serialization, and Python's state-dict layout.
+
+#include <cstdint>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include <torch/torch.h>
+
+
+namespace dettrial::optim {
+
+/// Adadelta's options, with Python's defaults (`torch.optim.Adadelta(params, lr=1.0, rho=0.9,
+/// eps=1e-6, weight_decay=0, maximize=False)`), written the way LibTorch writes its optimizers' options.
+struct AdadeltaOptions : torch::optim::OptimizerCloneableOptions<AdadeltaOptions> {
+  AdadeltaOptions(double lr = 1.0) : lr_(lr) {}  // NOLINT(google-explicit-constructor): LibTorch's style
+  TORCH_ARG(double, lr) = 1.0;
+  TORCH_ARG(double, rho) = 0.9;
+  TORCH_ARG(double, eps) = 1e-6;
+  TORCH_ARG(double, weight_decay) = 0;
+  TORCH_ARG(bool, maximize) = false;
+
+ public:
+  void serialize(torch::serialize::InputArchive& archive) override;
+  void serialize(torch::serialize::OutputArchive& archive) const override;
+  friend bool operator==(const AdadeltaOptions& lhs, const AdadeltaOptions& rhs);
+  ~AdadeltaOptions() override = default;
+  double get_lr() const override { return lr(); }
+  void set_lr(const double lr) override { this->lr(lr); }
+};
+
+/// One parameter's Adadelta state: the step count and the running averages of squared gradients
+/// (`square_avg`) and of squared updates (`acc_delta`), as Python's `optimizer.state[p]` holds them.
+struct AdadeltaParamState : torch::optim::OptimizerCloneableParamState<AdadeltaParamState> {
+  TORCH_ARG(std::int64_t, step) = 0;
+  TORCH_ARG(torch::Tensor, square_avg);
+  TORCH_ARG(torch::Tensor, acc_delta);
+
+ public:
+  void serialize(torch::serialize::InputArchive& archive) override;
+  void serialize(torch::serialize::OutputArchive& archive) const override;
+  friend bool operator==(const AdadeltaParamState& lhs, const AdadeltaParamState& rhs);
+  ~AdadeltaParamState() override = default;
+};
+
+/**
+ * @brief Adadelta (Zeiler 2012) as PyTorch's `torch.optim.Adadelta` computes it, operation for
+ * operation (its single-tensor path; the multi-tensor one does the same operations in the same
+ * order), so the parameters follow Python's bit for bit on the same device.
+ *
+ * The state of a parameter is made on its first step with a gradient (as Python's), `save` and `load`
+ * work like LibTorch's optimizers (`torch::save(optimizer, ...)`, dettrial's native checkpoints), and
+ * `load` restores the groups' options (learning rates) as well, on every LibTorch version.
+ * @code{.cpp}
+ * dettrial::optim::Adadelta opt(model->parameters(), dettrial::optim::AdadeltaOptions(1.0).rho(0.95));
+ * @endcode
+ * An invalid option (lr, eps or weight_decay negative, rho outside [0, 1]) is a ConfigError.
+ */
+class Adadelta : public torch::optim::Optimizer {
+ public:
+  explicit Adadelta(const std::vector<torch::optim::OptimizerParamGroup>& param_groups, AdadeltaOptions defaults = {});
+  explicit Adadelta(std::vector<torch::Tensor> params, AdadeltaOptions defaults = {});
+
+  torch::Tensor step(LossClosure closure = nullptr) override;
+  void save(torch::serialize::OutputArchive& archive) const override;
+  void load(torch::serialize::InputArchive& archive) override;
+
+ private:
+  template <typename Self, typename Archive>
+  static void serialize(Self& self, Archive& archive) {
+    _TORCH_OPTIM_SERIALIZE_WITH_TEMPLATE_ARG(Adadelta);
+  }
+};
+
+/// Writes one parameter's state as Python's `Adadelta.state_dict()["state"][i]` holds it: `step` (a
+/// float32 0-dim tensor), `square_avg`, `acc_delta`.
+DETTRIAL_INLINE void python_param_state(const AdadeltaParamState& state, c10::impl::GenericDict& out);
+/// Writes a group's options as Python's `Adadelta.state_dict()["param_groups"][i]` holds them (less
+/// `params`): lr, rho, eps, weight_decay, maximize, capturable, foreach (None), differentiable.
+DETTRIAL_INLINE void python_group_options(const AdadeltaOptions& options, c10::impl::GenericDict& out);
+
+}  // namespace dettrial::optim
+
+namespace dettrial::detail {
+
+/// The key of a parameter in `Optimizer::state()`: LibTorch 1.x keys it by the TensorImpl's address
+/// printed as a string, 2.x by the address itself.
+template <class StateMap>
+auto adadelta_state_key(const torch::Tensor& p) {
+  using Key = typename StateMap::key_type;
+  if constexpr (std::is_same_v<Key, std::string>) {
+    std::ostringstream s;
+    s << p.unsafeGetTensorImpl();
+    return s.str();
+  } else {
+    return Key(p.unsafeGetTensorImpl());
+  }
+}
+
+}  // namespace dettrial::detail
+
+// Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
+#if DETTRIAL_HEADER_DEFINITIONS
+#include <charconv>
+
+namespace dettrial::detail {
+
+DETTRIAL_INLINE std::string adadelta_number(double value) {
+  char text[32];
+  const auto result = std::to_chars(text, text + sizeof text, value);
+  return std::string(text, result.ptr);
+}
+
+// Python's checks (torch.optim.Adadelta.__init__), as one sentence naming the option and its value.
+DETTRIAL_INLINE void check_adadelta_options(const dettrial::optim::AdadeltaOptions& o, const std::string& where) {
+  const auto invalid = [&](const char* name, double value, const char* rule) {
+    throw ConfigError("dettrial::optim::Adadelta: " + where + name + " must be " + rule + ", not " +
+                      adadelta_number(value));
+  };
+  if (!(o.lr() >= 0)) invalid("lr", o.lr(), "at least 0");
+  if (!(o.rho() >= 0 && o.rho() <= 1)) invalid("rho", o.rho(), "in [0, 1]");
+  if (!(o.eps() >= 0)) invalid("eps", o.eps(), "at least 0");
+  if (!(o.weight_decay() >= 0)) invalid("weight_decay", o.weight_decay(), "at least 0");
+}
+
+}  // namespace dettrial::detail
+
+namespace dettrial::optim {
+
+DETTRIAL_INLINE void AdadeltaOptions::serialize(torch::serialize::OutputArchive& archive) const {
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(lr);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(rho);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(eps);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(weight_decay);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(maximize);
+}
+
+DETTRIAL_INLINE void AdadeltaOptions::serialize(torch::serialize::InputArchive& archive) {
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(double, lr);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(double, rho);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(double, eps);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(double, weight_decay);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(bool, maximize);
+}
+
+DETTRIAL_INLINE bool operator==(const AdadeltaOptions& lhs, const AdadeltaOptions& rhs) {
+  return lhs.lr() == rhs.lr() && lhs.rho() == rhs.rho() && lhs.eps() == rhs.eps() &&
+         lhs.weight_decay() == rhs.weight_decay() && lhs.maximize() == rhs.maximize();
+}
+
+DETTRIAL_INLINE void AdadeltaParamState::serialize(torch::serialize::OutputArchive& archive) const {
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(step);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(square_avg);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(acc_delta);
+}
+
+DETTRIAL_INLINE void AdadeltaParamState::serialize(torch::serialize::InputArchive& archive) {
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(std::int64_t, step);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(torch::Tensor, square_avg);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(torch::Tensor, acc_delta);
+}
+
+DETTRIAL_INLINE bool operator==(const AdadeltaParamState& lhs, const AdadeltaParamState& rhs) {
+  const auto same = [](const torch::Tensor& a, const torch::Tensor& b) {
+    return a.defined() == b.defined() && (!a.defined() || torch::equal(a, b));
+  };
+  return lhs.step() == rhs.step() && same(lhs.square_avg(), rhs.square_avg()) && same(lhs.acc_delta(), rhs.acc_delta());
+}
+
+DETTRIAL_INLINE Adadelta::Adadelta(const std::vector<torch::optim::OptimizerParamGroup>& param_groups, AdadeltaOptions defaults)
+    : torch::optim::Optimizer(param_groups, std::make_unique<AdadeltaOptions>(defaults)) {
+  detail::check_adadelta_options(defaults, "");
+  for (std::size_t i = 0; i < param_groups_.size(); ++i) {
+    const auto* options = dynamic_cast<const AdadeltaOptions*>(&param_groups_[i].options());
+    if (!options)
+      throw ConfigError("dettrial::optim::Adadelta: parameter group " + std::to_string(i) +
+                        " has another optimizer's options; give it AdadeltaOptions or none");
+    detail::check_adadelta_options(*options, "parameter group " + std::to_string(i) + "'s ");
+  }
+}
+
+DETTRIAL_INLINE Adadelta::Adadelta(std::vector<torch::Tensor> params, AdadeltaOptions defaults)
+    : Adadelta(std::vector<torch::optim::OptimizerParamGroup>{torch::optim::OptimizerParamGroup(std::move(params))},
+               std::move(defaults)) {}
+
+DETTRIAL_INLINE torch::Tensor Adadelta::step(LossClosure closure) {
+  torch::NoGradGuard no_grad;
+  torch::Tensor loss;
+  if (closure != nullptr) {
+    at::AutoGradMode enable_grad(true);
+    loss = closure();
+  }
+  using StateMap = std::remove_cvref_t<decltype(state_)>;
+  for (auto& group : param_groups_) {
+    const auto& options = static_cast<const AdadeltaOptions&>(group.options());
+    const double lr = options.lr(), rho = options.rho(), eps = options.eps(), weight_decay = options.weight_decay();
+    for (auto& p : group.params()) {
+      if (!p.grad().defined()) continue;
+      if (p.grad().is_sparse()) throw TrialError("dettrial::optim::Adadelta does not support sparse gradients");
+      auto& slot = state_[dettrial::detail::adadelta_state_key<StateMap>(p)];
+      if (!slot) {
+        auto fresh = std::make_unique<AdadeltaParamState>();
+        fresh->step(0);
+        fresh->square_avg(torch::zeros_like(p, torch::MemoryFormat::Preserve));
+        fresh->acc_delta(torch::zeros_like(p, torch::MemoryFormat::Preserve));
+        slot = std::move(fresh);
+      }
+      auto& state = static_cast<AdadeltaParamState&>(*slot);
+      state.step(state.step() + 1);
+
+      // Python's _single_tensor_adadelta, operation for operation.
+      torch::Tensor grad = options.maximize() ? -p.grad() : p.grad();
+      if (weight_decay != 0) grad = grad.add(p, weight_decay);
+      torch::Tensor square_avg = state.square_avg(), acc_delta = state.acc_delta();
+      if (p.is_complex()) {
+        square_avg = torch::view_as_real(square_avg);
+        acc_delta = torch::view_as_real(acc_delta);
+        grad = torch::view_as_real(grad);
+      }
+      square_avg.mul_(rho).addcmul_(grad, grad, 1 - rho);
+      const torch::Tensor stddev = square_avg.add(eps).sqrt_();
+      torch::Tensor delta = acc_delta.add(eps).sqrt_();
+      delta.div_(stddev).mul_(grad);
+      acc_delta.mul_(rho).addcmul_(delta, delta, 1 - rho);
+      if (p.is_complex()) delta = torch::view_as_complex(delta);
+      p.add_(delta, -lr);
+    }
+  }
+  return loss;
+}
+
+DETTRIAL_INLINE void Adadelta::save(torch::serialize::OutputArchive& archive) const {
+  serialize(*this, archive);
+}
+
+DETTRIAL_INLINE void Adadelta::load(torch::serialize::InputArchive& archive) {
+  serialize(*this, archive);
+  // LibTorch 1.x restores the per-parameter state only: the groups' options (learning rates a
+  // scheduler changed) are read back here, on every version.
+  torch::serialize::InputArchive groups;
+  archive.read("param_groups", groups);
+  for (std::size_t i = 0; i < param_groups_.size(); ++i) {
+    torch::serialize::InputArchive group, options;
+    groups.read("param_groups/" + std::to_string(i), group);
+    group.read("options", options);
+    static_cast<AdadeltaOptions&>(param_groups_[i].options()).serialize(options);
+  }
+}
+
+DETTRIAL_INLINE void python_param_state(const AdadeltaParamState& state, c10::impl::GenericDict& out) {
+  // Python keeps the step as a float32 0-dim tensor on the CPU (not capturable).
+  out.insert("step", torch::scalar_tensor(static_cast<double>(state.step()), torch::kFloat));
+  if (state.square_avg().defined()) out.insert("square_avg", state.square_avg().detach());
+  if (state.acc_delta().defined()) out.insert("acc_delta", state.acc_delta().detach());
+}
+
+DETTRIAL_INLINE void python_group_options(const AdadeltaOptions& options, c10::impl::GenericDict& out) {
+  out.insert("lr", options.lr());
+  out.insert("rho", options.rho());
+  out.insert("eps", options.eps());
+  out.insert("weight_decay", options.weight_decay());
+  out.insert("maximize", options.maximize());
+  out.insert("capturable", false);
+  out.insert("foreach", c10::IValue());  // None: Python's default (it picks the implementation)
+  out.insert("differentiable", false);
+}
+
+}  // namespace dettrial::optim
+#endif  // DETTRIAL_HEADER_DEFINITIONS
+// ---- end dettrial/optim/adadelta.hpp
 // ---- begin dettrial/optim/clip.hpp
 // SPDX-License-Identifier: Apache-2.0
 /// @file
@@ -2680,6 +3438,7 @@ struct by_value {
 
 #include <concepts>
 #include <cstdint>
+#include <string>
 #include <utility>
 
 #include <torch/torch.h>
@@ -2746,7 +3505,20 @@ struct WrappedScheduler {
   void (*load)(void*, torch::serialize::InputArchive&);
   /// Steps taken, for a LibTorch scheduler; -1 for others.
   std::int64_t (*steps_taken)(void*);
+  /// Writes Python's `state_dict()` of the scheduler, when it has `python_state` (dettrial::optim's); else null.
+  void (*python_state)(void*, c10::impl::GenericDict&) = nullptr;
+  /// For lr_step::on_validation: `step(metric)` with the validation's value of `metric`.
+  void (*step_with_metric)(void*, double) = nullptr;
+  std::string metric{};
 };
+
+/// The scheduler's own Python state dict writer, when it has one.
+template <class S>
+auto python_state_writer() -> void (*)(void*, c10::impl::GenericDict&) {
+  if constexpr (requires(const S& s, c10::impl::GenericDict& d) { s.python_state(d); })
+    return [](void* s, c10::impl::GenericDict& d) { static_cast<const S*>(s)->python_state(d); };
+  else return nullptr;
+}
 
 }  // namespace detail
 }  // namespace dettrial
@@ -2799,7 +3571,26 @@ struct manual {
   static std::int64_t steps_after(std::int64_t, std::int64_t, std::int64_t, std::int64_t) { return 0; }
 };
 
+/**
+ * @brief After every validation, with that validation's value of `metric` (after the trial's
+ * callbacks' on_validation_end): for schedulers stepped with a metric, `step(double)`, such as
+ * dettrial::optim::ReduceLROnPlateau. Never stepped by batches.
+ * @code{.cpp}
+ * context.wrap_lr_scheduler(plateau, dettrial::lr_step::on_validation{"validation_loss"});
+ * @endcode
+ */
+struct on_validation {
+  static constexpr std::string_view name = "on_validation";
+  static std::int64_t steps_after(std::int64_t, std::int64_t, std::int64_t, std::int64_t) { return 0; }
+  /// The validation metric passed to the scheduler's step.
+  std::string metric;
+};
+
 }  // namespace lr_step
+
+/// A scheduler stepped with a metric (ReduceLROnPlateau): `step(double)`.
+template <class S>
+concept MetricLRSchedulerLike = requires(S& s, double metric) { s.step(metric); };
 
 /// A step mode policy: a type with `steps_after(batch_idx, aggregation_frequency, epoch_len, frequency)`.
 template <class M>
@@ -2851,6 +3642,616 @@ DETTRIAL_INLINE std::int64_t every_epoch::steps_after(std::int64_t batch_idx, st
 }  // namespace dettrial::lr_step
 #endif  // DETTRIAL_HEADER_DEFINITIONS
 // ---- end dettrial/optim/lr_step.hpp
+// ---- begin dettrial/optim/schedulers.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief Learning-rate schedulers with PyTorch's (Python's) semantics: StepLR, MultiStepLR,
+/// ExponentialLR and ReduceLROnPlateau, exact resume, and Python's `scheduler.state_dict()` layout.
+///
+/// LibTorch's own `torch::optim::StepLR` decays one step later than Python's (it does not count the
+/// step Python's constructor takes), so a schedule ported from Python drifts by one step. These follow
+/// Python's `torch.optim.lr_scheduler` to the bit: after k `step()` calls the learning rates are
+/// Python's after k calls, computed with Python's chainable (multiplicative) arithmetic.
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <utility>
+#include <variant>
+#include <vector>
+
+#include <torch/torch.h>
+
+
+namespace dettrial::optim {
+
+/**
+ * @brief What StepLR, MultiStepLR and ExponentialLR share: Python's `LRScheduler` state (`base_lrs`,
+ * `last_epoch`, `_step_count`, `_last_lr`). Constructing one does what Python's constructor does:
+ * it records the groups' current learning rates as `base_lrs` and takes one step, so `last_epoch`
+ * starts at 0 and the step count at 1.
+ */
+class EpochLRScheduler {
+ public:
+  /// Python's `last_epoch`: the number of `step()` calls since construction.
+  std::int64_t last_epoch() const { return last_epoch_; }
+  /// Python's `_step_count`: `last_epoch() + 1` (the constructor's own step counts).
+  std::int64_t step_count() const { return step_count_; }
+  /// The groups' learning rates when the scheduler was made.
+  const std::vector<double>& base_lrs() const { return base_lrs_; }
+  /// The groups' learning rates after the last step (Python's `get_last_lr()`).
+  std::vector<double> get_last_lr() const { return last_lr_; }
+  torch::optim::Optimizer& optimizer() const { return *optimizer_; }
+
+ protected:
+  EpochLRScheduler(torch::optim::Optimizer& optimizer, const char* name);
+  /// One Python `step()`: `last_epoch` and the step count advance, and each group's learning rate is
+  /// multiplied by `factor` when `decay` (Python's `group["lr"] * ...`), else left as it is.
+  void advance(bool decay, double factor);
+  /// The state every scheduler saves (with its type's name, checked on load).
+  void save_common(torch::serialize::OutputArchive& archive) const;
+  void load_common(torch::serialize::InputArchive& archive);
+  /// Python's LRScheduler entries of `state_dict()`, after the subclass's own.
+  void python_common(c10::impl::GenericDict& out) const;
+  /// A ConfigError naming the class, the argument, the rule and the value.
+  [[noreturn]] void invalid(const char* argument, const std::string& rule, const std::string& value) const;
+
+  torch::optim::Optimizer* optimizer_;
+  const char* name_;  // "StepLR", ...
+  std::vector<double> base_lrs_;
+  std::int64_t last_epoch_ = -1;
+  std::int64_t step_count_ = 0;
+  std::vector<double> last_lr_;
+};
+
+/// Python's `StepLR(optimizer, step_size, gamma=0.1)`: multiplies each group's learning rate by
+/// `gamma` on every `step_size`-th step.
+class StepLR : public EpochLRScheduler {
+ public:
+  StepLR(torch::optim::Optimizer& optimizer, std::int64_t step_size, double gamma = 0.1);
+  void step();
+  std::int64_t step_size() const { return step_size_; }
+  double gamma() const { return gamma_; }
+  void save(torch::serialize::OutputArchive& archive) const;
+  void load(torch::serialize::InputArchive& archive);
+  /// Python's `state_dict()`: step_size, gamma, base_lrs, last_epoch, verbose, _step_count,
+  /// _get_lr_called_within_step, _is_initial, _last_lr.
+  void python_state(c10::impl::GenericDict& out) const;
+
+ private:
+  std::int64_t step_size_;
+  double gamma_;
+};
+
+/// Python's `MultiStepLR(optimizer, milestones, gamma=0.1)`: multiplies each group's learning rate by
+/// `gamma` when `last_epoch` reaches a milestone (by `gamma` to the n-th power for a milestone given n
+/// times, as Python's Counter does).
+class MultiStepLR : public EpochLRScheduler {
+ public:
+  MultiStepLR(torch::optim::Optimizer& optimizer, const std::vector<std::int64_t>& milestones, double gamma = 0.1);
+  void step();
+  /// Each milestone with the number of times it was given.
+  const std::map<std::int64_t, std::int64_t>& milestones() const { return milestones_; }
+  double gamma() const { return gamma_; }
+  void save(torch::serialize::OutputArchive& archive) const;
+  void load(torch::serialize::InputArchive& archive);
+  /// Python's `state_dict()`: milestones (a dict milestone -> count, as Python's Counter pickles
+  /// into one), gamma, and the LRScheduler entries as StepLR's.
+  void python_state(c10::impl::GenericDict& out) const;
+
+ private:
+  std::map<std::int64_t, std::int64_t> milestones_;
+  double gamma_;
+};
+
+/// Python's `ExponentialLR(optimizer, gamma)`: multiplies each group's learning rate by `gamma` on
+/// every step.
+class ExponentialLR : public EpochLRScheduler {
+ public:
+  ExponentialLR(torch::optim::Optimizer& optimizer, double gamma);
+  void step();
+  double gamma() const { return gamma_; }
+  void save(torch::serialize::OutputArchive& archive) const;
+  void load(torch::serialize::InputArchive& archive);
+  /// Python's `state_dict()`: gamma and the LRScheduler entries as StepLR's.
+  void python_state(c10::impl::GenericDict& out) const;
+
+ private:
+  double gamma_;
+};
+
+/// ReduceLROnPlateau's options, with Python's defaults.
+struct ReduceLROnPlateauOptions {
+  /// "min": the metric should go down (a loss); "max": up (an accuracy).
+  std::string mode = "min";
+  /// The learning rate is multiplied by it on a plateau; in [0, 1).
+  double factor = 0.1;
+  /// Epochs without improvement tolerated; the rate drops on the next one.
+  std::int64_t patience = 10;
+  /// How much better than the best a metric must be to count as an improvement.
+  double threshold = 1e-4;
+  /// "rel": better than best * (1 -/+ threshold); "abs": better than best -/+ threshold.
+  std::string threshold_mode = "rel";
+  /// Epochs after a drop during which bad epochs are not counted.
+  std::int64_t cooldown = 0;
+  /// The lowest learning rate: one for all groups, or one per group.
+  std::variant<double, std::vector<double>> min_lr = 0.0;
+  /// A drop smaller than this is not made.
+  double eps = 1e-8;
+};
+
+/**
+ * @brief Python's `ReduceLROnPlateau`: `step(metric)` once per evaluation; when the metric has not
+ * improved (by `threshold`) for more than `patience` steps, each group's learning rate becomes
+ * `max(lr * factor, min_lr)` (unless that lowers it by `eps` or less), and `cooldown` steps follow in
+ * which bad epochs are not counted. Python's rules and arithmetic, exactly.
+ */
+class ReduceLROnPlateau {
+ public:
+  using Options = ReduceLROnPlateauOptions;
+  explicit ReduceLROnPlateau(torch::optim::Optimizer& optimizer, ReduceLROnPlateauOptions options = {});
+
+  void step(double metric);
+  /// A 0-dim tensor metric (read once: one synchronisation with its device).
+  void step(const torch::Tensor& metric) { step(metric.item<double>()); }
+
+  /// The number of `step` calls.
+  std::int64_t last_epoch() const { return last_epoch_; }
+  std::vector<double> get_last_lr() const { return last_lr_; }
+  /// The best metric so far (+inf in "min" mode, -inf in "max" mode before any).
+  double best() const { return best_; }
+  std::int64_t num_bad_epochs() const { return num_bad_epochs_; }
+  std::int64_t cooldown_counter() const { return cooldown_counter_; }
+  bool in_cooldown() const { return cooldown_counter_ > 0; }
+  const std::vector<double>& min_lrs() const { return min_lrs_; }
+  const ReduceLROnPlateauOptions& options() const { return options_; }
+  torch::optim::Optimizer& optimizer() const { return *optimizer_; }
+
+  void save(torch::serialize::OutputArchive& archive) const;
+  void load(torch::serialize::InputArchive& archive);
+  /// Python's `state_dict()`: factor, default_min_lr, min_lrs, patience, cooldown, eps, verbose,
+  /// last_epoch, _last_lr, mode_worse, mode, threshold, threshold_mode, best, cooldown_counter,
+  /// num_bad_epochs.
+  void python_state(c10::impl::GenericDict& out) const;
+
+ private:
+  bool is_better(double a, double best) const;
+  void reduce_lr();
+  double mode_worse() const;
+
+  torch::optim::Optimizer* optimizer_;
+  ReduceLROnPlateauOptions options_;
+  bool min_mode_ = true;      // options_.mode == "min"
+  bool rel_threshold_ = true;  // options_.threshold_mode == "rel"
+  std::vector<double> min_lrs_;
+  std::int64_t last_epoch_ = 0;
+  std::vector<double> last_lr_;
+  double best_;
+  std::int64_t num_bad_epochs_ = 0;
+  std::int64_t cooldown_counter_ = 0;
+};
+
+}  // namespace dettrial::optim
+
+// Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
+#if DETTRIAL_HEADER_DEFINITIONS
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <limits>
+
+namespace dettrial::detail {
+
+DETTRIAL_INLINE std::string scheduler_number(double value) {
+  char text[32];
+  const auto result = std::to_chars(text, text + sizeof text, value);
+  return std::string(text, result.ptr);
+}
+
+DETTRIAL_INLINE std::vector<double> scheduler_group_lrs(const torch::optim::Optimizer& optimizer) {
+  std::vector<double> lrs;
+  for (const auto& group : optimizer.param_groups()) lrs.push_back(group.options().get_lr());
+  return lrs;
+}
+
+/// A Python list of numbers: typed Any, as Python's weights-only loader wants lists.
+DETTRIAL_INLINE c10::impl::GenericList scheduler_python_list(const std::vector<double>& values) {
+  c10::impl::GenericList list(c10::AnyType::get());
+  for (const double v : values) list.push_back(v);
+  return list;
+}
+
+/// Reads one saved entry of a scheduler; absent or of another type is a CheckpointError.
+struct SchedulerArchive {
+  torch::serialize::InputArchive& archive;
+  std::string owner;  // "dettrial::optim::StepLR's saved state"
+
+  c10::IValue entry(const char* key) const {
+    c10::IValue value;
+    if (!archive.try_read(key, value)) throw CheckpointError(owner + " has no '" + key + "'");
+    return value;
+  }
+  [[noreturn]] void mistyped(const char* key, const char* type) const {
+    throw CheckpointError(owner + ": '" + key + "' is not " + type);
+  }
+  std::int64_t integer(const char* key) const {
+    const c10::IValue v = entry(key);
+    if (!v.isInt()) mistyped(key, "an integer");
+    return v.toInt();
+  }
+  double number(const char* key) const {
+    const c10::IValue v = entry(key);
+    if (!v.isDouble()) mistyped(key, "a number");
+    return v.toDouble();
+  }
+  std::string text(const char* key) const {
+    const c10::IValue v = entry(key);
+    if (!v.isString()) mistyped(key, "a string");
+    return v.toStringRef();
+  }
+  std::vector<double> numbers(const char* key) const {
+    const c10::IValue v = entry(key);
+    if (!v.isDoubleList()) mistyped(key, "a list of numbers");
+    return v.toDoubleVector();
+  }
+  std::vector<std::int64_t> integers(const char* key) const {
+    const c10::IValue v = entry(key);
+    if (!v.isIntList()) mistyped(key, "a list of integers");
+    return v.toIntVector();
+  }
+  /// A list with one entry per parameter group of `optimizer`.
+  std::vector<double> per_group(const char* key, const torch::optim::Optimizer& optimizer) const {
+    std::vector<double> values = numbers(key);
+    if (values.size() != optimizer.param_groups().size())
+      throw CheckpointError(owner + " has " + std::to_string(values.size()) + " value(s) in '" + key +
+                            "', but the optimizer has " + std::to_string(optimizer.param_groups().size()) +
+                            " parameter group(s)");
+    return values;
+  }
+};
+
+DETTRIAL_INLINE void check_scheduler_type(const SchedulerArchive& in, const std::string& name) {
+  const std::string saved = in.text("scheduler");
+  if (saved != name)
+    throw CheckpointError(in.owner + " was written by a " + saved + ": is the checkpoint from another trial?");
+}
+
+}  // namespace dettrial::detail
+
+namespace dettrial::optim {
+
+// ------------------------------------------------------------------------------------------------
+// EpochLRScheduler
+
+DETTRIAL_INLINE EpochLRScheduler::EpochLRScheduler(torch::optim::Optimizer& optimizer, const char* name)
+    : optimizer_(&optimizer), name_(name), base_lrs_(detail::scheduler_group_lrs(optimizer)), last_lr_(base_lrs_) {}
+
+DETTRIAL_INLINE void EpochLRScheduler::advance(bool decay, double factor) {
+  ++step_count_;
+  ++last_epoch_;
+  if (decay)
+    for (auto& group : optimizer_->param_groups()) group.options().set_lr(group.options().get_lr() * factor);
+  last_lr_ = detail::scheduler_group_lrs(*optimizer_);
+}
+
+DETTRIAL_INLINE void EpochLRScheduler::invalid(const char* argument, const std::string& rule, const std::string& value) const {
+  throw ConfigError(std::string("dettrial::optim::") + name_ + ": " + argument + " must be " + rule + ", not " + value);
+}
+
+DETTRIAL_INLINE void EpochLRScheduler::save_common(torch::serialize::OutputArchive& archive) const {
+  archive.write("scheduler", c10::IValue(std::string(name_)));
+  archive.write("last_epoch", c10::IValue(last_epoch_));
+  archive.write("step_count", c10::IValue(step_count_));
+  archive.write("base_lrs", c10::IValue(base_lrs_));
+  archive.write("last_lr", c10::IValue(last_lr_));
+}
+
+DETTRIAL_INLINE void EpochLRScheduler::load_common(torch::serialize::InputArchive& archive) {
+  const detail::SchedulerArchive in{archive, std::string("dettrial::optim::") + name_ + "'s saved state"};
+  detail::check_scheduler_type(in, name_);
+  // Everything read before anything is changed: a mismatch leaves the scheduler as it was.
+  const std::int64_t last_epoch = in.integer("last_epoch");
+  const std::int64_t step_count = in.integer("step_count");
+  std::vector<double> base_lrs = in.per_group("base_lrs", *optimizer_);
+  std::vector<double> last_lr = in.per_group("last_lr", *optimizer_);
+  last_epoch_ = last_epoch;
+  step_count_ = step_count;
+  base_lrs_ = std::move(base_lrs);
+  last_lr_ = std::move(last_lr);
+}
+
+DETTRIAL_INLINE void EpochLRScheduler::python_common(c10::impl::GenericDict& out) const {
+  out.insert("base_lrs", detail::scheduler_python_list(base_lrs_));
+  out.insert("last_epoch", last_epoch_);
+  out.insert("verbose", false);  // torch < 2.2 has it
+  out.insert("_step_count", step_count_);
+  out.insert("_get_lr_called_within_step", false);
+  out.insert("_is_initial", false);  // torch >= 2.6 has it
+  out.insert("_last_lr", detail::scheduler_python_list(last_lr_));
+}
+
+// ------------------------------------------------------------------------------------------------
+// StepLR
+
+DETTRIAL_INLINE StepLR::StepLR(torch::optim::Optimizer& optimizer, std::int64_t step_size, double gamma)
+    : EpochLRScheduler(optimizer, "StepLR"), step_size_(step_size), gamma_(gamma) {
+  if (step_size < 1) invalid("step_size", "at least 1", std::to_string(step_size));
+  if (!(gamma > 0)) invalid("gamma", "positive", detail::scheduler_number(gamma));
+  step();  // Python's constructor steps once: last_epoch 0, no decay
+}
+
+DETTRIAL_INLINE void StepLR::step() {
+  const std::int64_t epoch = last_epoch_ + 1;
+  advance(epoch != 0 && epoch % step_size_ == 0, gamma_);
+}
+
+DETTRIAL_INLINE void StepLR::save(torch::serialize::OutputArchive& archive) const {
+  save_common(archive);
+  archive.write("step_size", c10::IValue(step_size_));
+  archive.write("gamma", c10::IValue(gamma_));
+}
+
+DETTRIAL_INLINE void StepLR::load(torch::serialize::InputArchive& archive) {
+  const detail::SchedulerArchive in{archive, "dettrial::optim::StepLR's saved state"};
+  detail::check_scheduler_type(in, name_);
+  const std::int64_t step_size = in.integer("step_size");
+  const double gamma = in.number("gamma");
+  load_common(archive);
+  step_size_ = step_size;
+  gamma_ = gamma;
+}
+
+DETTRIAL_INLINE void StepLR::python_state(c10::impl::GenericDict& out) const {
+  out.insert("step_size", step_size_);
+  out.insert("gamma", gamma_);
+  python_common(out);
+}
+
+// ------------------------------------------------------------------------------------------------
+// MultiStepLR
+
+DETTRIAL_INLINE MultiStepLR::MultiStepLR(torch::optim::Optimizer& optimizer, const std::vector<std::int64_t>& milestones,
+                                         double gamma)
+    : EpochLRScheduler(optimizer, "MultiStepLR"), gamma_(gamma) {
+  for (const std::int64_t m : milestones) {
+    if (m < 0) invalid("milestones", "at least 0", std::to_string(m));
+    ++milestones_[m];
+  }
+  if (!(gamma > 0)) invalid("gamma", "positive", detail::scheduler_number(gamma));
+  step();  // Python's constructor steps once: last_epoch 0 (a decay only if 0 is a milestone)
+}
+
+DETTRIAL_INLINE void MultiStepLR::step() {
+  const auto it = milestones_.find(last_epoch_ + 1);
+  // Python: group["lr"] * gamma ** count (the power first, as Python's float pow computes it).
+  advance(it != milestones_.end(), it != milestones_.end() ? std::pow(gamma_, static_cast<double>(it->second)) : 1.0);
+}
+
+DETTRIAL_INLINE void MultiStepLR::save(torch::serialize::OutputArchive& archive) const {
+  save_common(archive);
+  std::vector<std::int64_t> milestones;  // each as often as it was given
+  for (const auto& [m, count] : milestones_) milestones.insert(milestones.end(), static_cast<std::size_t>(count), m);
+  archive.write("milestones", c10::IValue(milestones));
+  archive.write("gamma", c10::IValue(gamma_));
+}
+
+DETTRIAL_INLINE void MultiStepLR::load(torch::serialize::InputArchive& archive) {
+  const detail::SchedulerArchive in{archive, "dettrial::optim::MultiStepLR's saved state"};
+  detail::check_scheduler_type(in, name_);
+  const std::vector<std::int64_t> milestones = in.integers("milestones");
+  const double gamma = in.number("gamma");
+  load_common(archive);
+  milestones_.clear();
+  for (const std::int64_t m : milestones) ++milestones_[m];
+  gamma_ = gamma;
+}
+
+DETTRIAL_INLINE void MultiStepLR::python_state(c10::impl::GenericDict& out) const {
+  // Python's Counter is a dict subclass; a plain dict of the same entries is what its
+  // load_state_dict and get_lr need.
+  c10::impl::GenericDict milestones(c10::IntType::get(), c10::AnyType::get());
+  for (const auto& [m, count] : milestones_) milestones.insert(m, count);
+  out.insert("milestones", milestones);
+  out.insert("gamma", gamma_);
+  python_common(out);
+}
+
+// ------------------------------------------------------------------------------------------------
+// ExponentialLR
+
+DETTRIAL_INLINE ExponentialLR::ExponentialLR(torch::optim::Optimizer& optimizer, double gamma)
+    : EpochLRScheduler(optimizer, "ExponentialLR"), gamma_(gamma) {
+  if (!(gamma > 0)) invalid("gamma", "positive", detail::scheduler_number(gamma));
+  step();  // Python's constructor steps once: last_epoch 0, no decay
+}
+
+DETTRIAL_INLINE void ExponentialLR::step() {
+  advance(last_epoch_ + 1 != 0, gamma_);
+}
+
+DETTRIAL_INLINE void ExponentialLR::save(torch::serialize::OutputArchive& archive) const {
+  save_common(archive);
+  archive.write("gamma", c10::IValue(gamma_));
+}
+
+DETTRIAL_INLINE void ExponentialLR::load(torch::serialize::InputArchive& archive) {
+  const detail::SchedulerArchive in{archive, "dettrial::optim::ExponentialLR's saved state"};
+  detail::check_scheduler_type(in, name_);
+  const double gamma = in.number("gamma");
+  load_common(archive);
+  gamma_ = gamma;
+}
+
+DETTRIAL_INLINE void ExponentialLR::python_state(c10::impl::GenericDict& out) const {
+  out.insert("gamma", gamma_);
+  python_common(out);
+}
+
+// ------------------------------------------------------------------------------------------------
+// ReduceLROnPlateau
+
+DETTRIAL_INLINE ReduceLROnPlateau::ReduceLROnPlateau(torch::optim::Optimizer& optimizer, ReduceLROnPlateauOptions options)
+    : optimizer_(&optimizer), options_(std::move(options)) {
+  const auto invalid = [](const char* argument, const std::string& rule, const std::string& value) {
+    throw ConfigError(std::string("dettrial::optim::ReduceLROnPlateau: ") + argument + " must be " + rule + ", not " + value);
+  };
+  const auto& o = options_;
+  if (o.mode != "min" && o.mode != "max") invalid("mode", "\"min\" or \"max\"", '"' + o.mode + '"');
+  if (!(o.factor >= 0 && o.factor < 1)) invalid("factor", "in [0, 1)", dettrial::detail::scheduler_number(o.factor));
+  if (o.patience < 0) invalid("patience", "at least 0", std::to_string(o.patience));
+  if (!(o.threshold >= 0)) invalid("threshold", "at least 0", dettrial::detail::scheduler_number(o.threshold));
+  if (o.threshold_mode != "rel" && o.threshold_mode != "abs")
+    invalid("threshold_mode", "\"rel\" or \"abs\"", '"' + o.threshold_mode + '"');
+  if (o.cooldown < 0) invalid("cooldown", "at least 0", std::to_string(o.cooldown));
+  if (!(o.eps >= 0)) invalid("eps", "at least 0", dettrial::detail::scheduler_number(o.eps));
+  const std::size_t groups = optimizer.param_groups().size();
+  if (const auto* per_group = std::get_if<std::vector<double>>(&o.min_lr)) {
+    if (per_group->size() != groups)
+      invalid("min_lr", "one value per parameter group (" + std::to_string(groups) + ")",
+              std::to_string(per_group->size()) + " values");
+    min_lrs_ = *per_group;
+  } else {
+    min_lrs_.assign(groups, std::get<double>(o.min_lr));
+  }
+  for (const double m : min_lrs_)
+    if (!(m >= 0)) invalid("min_lr", "at least 0", dettrial::detail::scheduler_number(m));
+  min_mode_ = o.mode == "min";
+  rel_threshold_ = o.threshold_mode == "rel";
+  last_lr_ = dettrial::detail::scheduler_group_lrs(optimizer);
+  best_ = mode_worse();
+}
+
+DETTRIAL_INLINE double ReduceLROnPlateau::mode_worse() const {
+  return min_mode_ ? std::numeric_limits<double>::infinity() : -std::numeric_limits<double>::infinity();
+}
+
+DETTRIAL_INLINE bool ReduceLROnPlateau::is_better(double a, double best) const {
+  // Python's _is_better, term for term.
+  if (min_mode_ && rel_threshold_) return a < best * (1. - options_.threshold);
+  if (min_mode_) return a < best - options_.threshold;
+  if (rel_threshold_) return a > best * (options_.threshold + 1.);
+  return a > best + options_.threshold;
+}
+
+DETTRIAL_INLINE void ReduceLROnPlateau::step(double metric) {
+  ++last_epoch_;
+  if (is_better(metric, best_)) {
+    best_ = metric;
+    num_bad_epochs_ = 0;
+  } else {
+    ++num_bad_epochs_;
+  }
+  if (in_cooldown()) {
+    --cooldown_counter_;
+    num_bad_epochs_ = 0;  // bad epochs in cooldown are not counted
+  }
+  if (num_bad_epochs_ > options_.patience) {
+    reduce_lr();
+    cooldown_counter_ = options_.cooldown;
+    num_bad_epochs_ = 0;
+  }
+  last_lr_ = dettrial::detail::scheduler_group_lrs(*optimizer_);
+}
+
+DETTRIAL_INLINE void ReduceLROnPlateau::reduce_lr() {
+  auto& groups = optimizer_->param_groups();
+  if (groups.size() != min_lrs_.size()) {
+    // Python: a group added since construction gets the one min_lr, or it is an error.
+    if (!std::holds_alternative<double>(options_.min_lr))
+      throw TrialError("dettrial::optim::ReduceLROnPlateau: the optimizer has " + std::to_string(groups.size()) +
+                       " parameter groups but min_lr has " + std::to_string(min_lrs_.size()) +
+                       " values (was a group added after the scheduler was made?)");
+    min_lrs_.assign(groups.size(), std::get<double>(options_.min_lr));
+  }
+  for (std::size_t i = 0; i < groups.size(); ++i) {
+    const double old_lr = groups[i].options().get_lr();
+    const double new_lr = std::max(old_lr * options_.factor, min_lrs_[i]);
+    if (old_lr - new_lr > options_.eps) groups[i].options().set_lr(new_lr);
+  }
+}
+
+DETTRIAL_INLINE void ReduceLROnPlateau::save(torch::serialize::OutputArchive& archive) const {
+  archive.write("scheduler", c10::IValue(std::string("ReduceLROnPlateau")));
+  archive.write("mode", c10::IValue(options_.mode));
+  archive.write("factor", c10::IValue(options_.factor));
+  archive.write("patience", c10::IValue(options_.patience));
+  archive.write("threshold", c10::IValue(options_.threshold));
+  archive.write("threshold_mode", c10::IValue(options_.threshold_mode));
+  archive.write("cooldown", c10::IValue(options_.cooldown));
+  // The one min_lr, when there is one (Python's default_min_lr), and the per-group values.
+  if (const auto* one = std::get_if<double>(&options_.min_lr)) archive.write("default_min_lr", c10::IValue(*one));
+  archive.write("min_lrs", c10::IValue(min_lrs_));
+  archive.write("eps", c10::IValue(options_.eps));
+  archive.write("last_epoch", c10::IValue(last_epoch_));
+  archive.write("last_lr", c10::IValue(last_lr_));
+  archive.write("best", c10::IValue(best_));
+  archive.write("num_bad_epochs", c10::IValue(num_bad_epochs_));
+  archive.write("cooldown_counter", c10::IValue(cooldown_counter_));
+}
+
+DETTRIAL_INLINE void ReduceLROnPlateau::load(torch::serialize::InputArchive& archive) {
+  const dettrial::detail::SchedulerArchive in{archive, "dettrial::optim::ReduceLROnPlateau's saved state"};
+  dettrial::detail::check_scheduler_type(in, "ReduceLROnPlateau");
+  // Everything read and checked before anything is changed.
+  ReduceLROnPlateauOptions options;
+  options.mode = in.text("mode");
+  options.factor = in.number("factor");
+  options.patience = in.integer("patience");
+  options.threshold = in.number("threshold");
+  options.threshold_mode = in.text("threshold_mode");
+  options.cooldown = in.integer("cooldown");
+  options.eps = in.number("eps");
+  if ((options.mode != "min" && options.mode != "max") || (options.threshold_mode != "rel" && options.threshold_mode != "abs"))
+    throw CheckpointError(in.owner + " has mode '" + options.mode + "' and threshold_mode '" + options.threshold_mode +
+                          "': expected min or max, and rel or abs");
+  std::vector<double> min_lrs = in.per_group("min_lrs", *optimizer_);
+  c10::IValue default_min_lr;
+  if (archive.try_read("default_min_lr", default_min_lr) && default_min_lr.isDouble())
+    options.min_lr = default_min_lr.toDouble();
+  else
+    options.min_lr = min_lrs;
+  const std::int64_t last_epoch = in.integer("last_epoch");
+  std::vector<double> last_lr = in.per_group("last_lr", *optimizer_);
+  const double best = in.number("best");
+  const std::int64_t num_bad_epochs = in.integer("num_bad_epochs");
+  const std::int64_t cooldown_counter = in.integer("cooldown_counter");
+
+  options_ = std::move(options);
+  min_mode_ = options_.mode == "min";
+  rel_threshold_ = options_.threshold_mode == "rel";
+  min_lrs_ = std::move(min_lrs);
+  last_epoch_ = last_epoch;
+  last_lr_ = std::move(last_lr);
+  best_ = best;
+  num_bad_epochs_ = num_bad_epochs;
+  cooldown_counter_ = cooldown_counter;
+}
+
+DETTRIAL_INLINE void ReduceLROnPlateau::python_state(c10::impl::GenericDict& out) const {
+  out.insert("factor", options_.factor);
+  // None when min_lr was given per group (Python's default_min_lr).
+  if (const auto* one = std::get_if<double>(&options_.min_lr)) out.insert("default_min_lr", *one);
+  else out.insert("default_min_lr", c10::IValue());
+  out.insert("min_lrs", dettrial::detail::scheduler_python_list(min_lrs_));
+  out.insert("patience", options_.patience);
+  out.insert("cooldown", options_.cooldown);
+  out.insert("eps", options_.eps);
+  out.insert("verbose", false);  // torch < 2.2 has it
+  out.insert("last_epoch", last_epoch_);
+  out.insert("_last_lr", dettrial::detail::scheduler_python_list(last_lr_));
+  out.insert("mode_worse", mode_worse());
+  out.insert("mode", options_.mode);
+  out.insert("threshold", options_.threshold);
+  out.insert("threshold_mode", options_.threshold_mode);
+  out.insert("best", best_);
+  out.insert("cooldown_counter", cooldown_counter_);
+  out.insert("num_bad_epochs", num_bad_epochs_);
+}
+
+}  // namespace dettrial::optim
+#endif  // DETTRIAL_HEADER_DEFINITIONS
+// ---- end dettrial/optim/schedulers.hpp
 // ---- begin dettrial/distributed/agreement.hpp
 // SPDX-License-Identifier: Apache-2.0
 /// @file
@@ -4384,9 +5785,18 @@ struct ContextOptions {
   /// Autocast around forward passes (and for fp16 a gradient scaler); unset: the config's
   /// `optimizations.mixed_precision`.
   std::optional<Precision> mixed_precision{};
+  /// The trial's id in its experiment (Determined's `get_trial_id`). Unset: `DET_TRIAL_ID` from the
+  /// environment, which dettrial's search runner sets for each trial (as Determined's agents do),
+  /// else 0: a trial run on its own belongs to no experiment.
+  std::optional<std::int64_t> trial_id{};
+  /// The experiment's id (Determined's `get_experiment_id`). Unset: `DET_EXPERIMENT_ID`, else 0.
+  std::optional<std::int64_t> experiment_id{};
 };
 
 namespace detail {
+/// A non-negative integer id from environment variable `name`; 0 when unset; ConfigError when not a number.
+DETTRIAL_INLINE std::int64_t id_from_environment(const char* name);
+
 /// Where the running fit stands: set by the trainer, read through the Context's counters.
 struct RunPosition {
   /// The batch index training started (or resumed) from.
@@ -4447,6 +5857,11 @@ class Context {
 
   /// The seed every RNG was seeded with: the same seed gives the same run.
   std::uint64_t get_trial_seed() const { return trial_seed_; }
+  /// The trial's id in its experiment: 1, 2, ... in a search run by dettrial; 0 for a trial run on its
+  /// own (see ContextOptions::trial_id).
+  std::int64_t get_trial_id() const { return trial_id_; }
+  /// The experiment's id: a search's own number, kept when it is continued; 0 for a trial run on its own.
+  std::int64_t get_experiment_id() const { return experiment_id_; }
   const torch::Device& device() const { return device_; }
   const DistributedInfo& distributed() const { return distributed_; }
   /// The job's process group, or null for one process.
@@ -4517,22 +5932,39 @@ class Context {
    * every `frequency` units. The scheduler must outlive the trainer. Returns it.
    */
   template <class S, class Mode = lr_step::every_batch>
-  S& wrap_lr_scheduler(S& scheduler, Mode = {}, std::int64_t frequency = 1) {
-    static_assert(LRSchedulerLike<S>, "dettrial::Context::wrap_lr_scheduler<S>: S must have step() (a torch::optim scheduler)");
+  S& wrap_lr_scheduler(S& scheduler, Mode mode = {}, std::int64_t frequency = 1) {
+    constexpr bool by_metric = std::same_as<Mode, lr_step::on_validation>;
+    constexpr bool steppable = by_metric ? MetricLRSchedulerLike<S> : LRSchedulerLike<S>;
+    static_assert(by_metric || LRSchedulerLike<S>, "dettrial::Context::wrap_lr_scheduler<S>: S must have step() (a torch::optim scheduler)");
+    static_assert(!by_metric || MetricLRSchedulerLike<S>,
+                  "dettrial::Context::wrap_lr_scheduler<S>: lr_step::on_validation steps S with the validation metric, so S "
+                  "must have step(double) (like dettrial::optim::ReduceLROnPlateau)");
     static_assert(LRStepMode<Mode>,
                   "dettrial::Context::wrap_lr_scheduler: the mode must be a dettrial::lr_step policy (every_batch, "
-                  "every_epoch, every_optimizer_step, manual) or a type with name and steps_after(...)");
-    static_assert(!LRSchedulerLike<S> || CheckpointableLRScheduler<S>,  // one sentence at a time
+                  "every_epoch, every_optimizer_step, manual, on_validation) or a type with name and steps_after(...)");
+    static_assert(!steppable || CheckpointableLRScheduler<S>,  // one sentence at a time
                   "dettrial::Context::wrap_lr_scheduler<S>: checkpoints must restore S, so S must derive from "
                   "torch::optim::LRScheduler or have save(torch::serialize::OutputArchive&) const and "
                   "load(torch::serialize::InputArchive&)");
     if (frequency < 1) throw ConfigError("an LR scheduler's step frequency must be at least 1");
-    if constexpr (LRSchedulerLike<S> && LRStepMode<Mode> && CheckpointableLRScheduler<S>)  // else only the sentence above
-      schedulers_.push_back(detail::WrappedScheduler{&scheduler, [](void* s) { static_cast<S*>(s)->step(); }, &Mode::steps_after,
-                                                     frequency, &detail::save_lr_scheduler<S>, &detail::load_lr_scheduler<S>,
-                                                     &detail::lr_scheduler_steps<S>});
+    if constexpr (steppable && LRStepMode<Mode> && CheckpointableLRScheduler<S>) {  // else only the sentences above
+      detail::WrappedScheduler w{&scheduler, nullptr, &Mode::steps_after, frequency, &detail::save_lr_scheduler<S>,
+                                 &detail::load_lr_scheduler<S>, &detail::lr_scheduler_steps<S>, detail::python_state_writer<S>()};
+      if constexpr (by_metric) {
+        if (mode.metric.empty())
+          throw ConfigError("lr_step::on_validation needs the validation metric to step with, e.g. lr_step::on_validation{\"validation_loss\"}");
+        w.step_with_metric = [](void* s, double metric) { static_cast<S*>(s)->step(metric); };
+        w.metric = mode.metric;
+      } else {
+        w.step = [](void* s) { static_cast<S*>(s)->step(); };
+      }
+      schedulers_.push_back(std::move(w));
+    }
     return scheduler;
   }
+
+  /// Steps the lr_step::on_validation schedulers with this validation's metrics (the trainer calls it).
+  void step_lr_schedulers_on_validation(const MetricValues& metrics);
 
   /**
    * @brief Registers a user reducer (Determined's `wrap_reducer`): reset before each training workload
@@ -4724,6 +6156,8 @@ class Context {
   bool average_aggregated_gradients_ = true;
   std::int64_t slots_per_trial_ = 1;
   std::uint64_t trial_seed_ = 0;
+  std::int64_t trial_id_ = 0;
+  std::int64_t experiment_id_ = 0;
   torch::Device device_{torch::kCPU};
   DistributedInfo distributed_;
   std::shared_ptr<Communicator> communicator_;
@@ -4746,7 +6180,23 @@ class Context {
 
 // Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
 #if DETTRIAL_HEADER_DEFINITIONS
+#include <cerrno>
+#include <cstdlib>
+
 namespace dettrial {
+
+namespace detail {
+DETTRIAL_INLINE std::int64_t id_from_environment(const char* name) {
+  const char* text = std::getenv(name);
+  if (!text || !*text) return 0;
+  char* end = nullptr;
+  errno = 0;
+  const long long id = std::strtoll(text, &end, 10);
+  if (errno != 0 || *end != '\0' || id < 0)
+    throw ConfigError(std::string(name) + " is '" + text + "'; it must be a trial or experiment id (a non-negative integer)");
+  return id;
+}
+}  // namespace detail
 
 DETTRIAL_INLINE Context::Context(Hyperparameters hparams, ExperimentConfig config, ContextOptions options)
     : hparams_(std::move(hparams)),
@@ -4778,6 +6228,8 @@ DETTRIAL_INLINE Context::Context(Hyperparameters hparams, ExperimentConfig confi
                       " takes tensors on " + communicator_->device().str() + ", but this process's device is " + device_.str() +
                       "; give every rank the device its local rank picks (or leave ContextOptions::device unset)");
   trial_seed_ = options.trial_seed ? *options.trial_seed : derive_trial_seed(config_.experiment_seed);
+  trial_id_ = options.trial_id ? *options.trial_id : detail::id_from_environment("DET_TRIAL_ID");
+  experiment_id_ = options.experiment_id ? *options.experiment_id : detail::id_from_environment("DET_EXPERIMENT_ID");
   // One trial seed for the job: the chief's (without an experiment seed each rank's clock differs,
   // and the ranks would shard different permutations of the data).
   if (communicator_) trial_seed_ = static_cast<std::uint64_t>(communicator_->broadcast_values({static_cast<std::int64_t>(trial_seed_)})[0]);
@@ -4854,6 +6306,20 @@ DETTRIAL_INLINE void Context::release_registrations() {
   stop_requested_ = false;
   position_ = {};
   scaler_ = own_scaler_.get();
+}
+
+DETTRIAL_INLINE void Context::step_lr_schedulers_on_validation(const MetricValues& metrics) {
+  for (auto& s : schedulers_) {
+    if (!s.step_with_metric) continue;
+    const std::optional<double> value = metrics.get(s.metric);
+    if (!value) {
+      std::string names;
+      for (const auto& [name, v] : metrics) names += (names.empty() ? "" : ", ") + name;
+      throw ConfigError("the LR scheduler stepped on validation needs the validation metric '" + s.metric +
+                        "', which the validation did not report (it reported: " + names + ")");
+    }
+    s.step_with_metric(s.scheduler, *value);
+  }
 }
 
 DETTRIAL_INLINE void Context::step_lr_schedulers(std::int64_t batch_idx) {
@@ -5548,7 +7014,11 @@ namespace detail {
  */
 DETTRIAL_INLINE std::string pickle_archive(const c10::IValue& value);
 
-/// Reads an archive written by pickle_archive (or a compatible `torch.save`); `file` names it in errors.
+/// A pickle Python's torch.save wrote, rewritten into the opcodes LibTorch's unpickler reads.
+DETTRIAL_INLINE std::string pickle_for_libtorch(std::string_view pickle);
+
+/// Reads an archive written by pickle_archive or by Python's `torch.save` (state dicts, checkpoints:
+/// dicts, lists, tensors, numbers, strings); `file` names it in errors.
 DETTRIAL_INLINE c10::IValue unpickle_archive(const std::string& bytes, const std::filesystem::path& file);
 
 /// Every parameter and buffer of a module with Python's state-dict names, in Python's order.
@@ -5615,7 +7085,7 @@ DETTRIAL_INLINE StateDict module_state_dict(const torch::nn::Module& module);
 /**
  * @brief An optimizer's state dict in Python's layout: `state` keyed by parameter index (counted
  * across groups), `param_groups` with their options and `params` as those indices. The built-in
- * optimizers (SGD, Adam, AdamW, Adagrad, RMSprop) are written in full; for others, groups carry
+ * optimizers (SGD, Adam, AdamW, Adagrad, RMSprop, and dettrial::optim::Adadelta) are written in full; for others, groups carry
  * their learning rate and the state is left empty.
  */
 DETTRIAL_INLINE StateDict optimizer_state_dict(torch::optim::Optimizer& optimizer);
@@ -5635,6 +7105,13 @@ DETTRIAL_INLINE void load_module_state_dict(torch::nn::Module& module, const Sta
 #include <torch/csrc/jit/serialization/export.h>
 #include <torch/csrc/jit/serialization/pickle.h>
 #include <torch/csrc/jit/serialization/pickler.h>
+#include <torch/csrc/jit/serialization/unpickler.h>
+
+#include <algorithm>
+#include <cstring>
+#include <set>
+#include <stdexcept>
+#include <string_view>
 
 namespace dettrial {
 namespace detail {
@@ -5657,9 +7134,197 @@ DETTRIAL_INLINE std::string pickle_archive(const c10::IValue& value) {
   return out;
 }
 
+DETTRIAL_INLINE std::string pickle_for_libtorch(std::string_view pickle) {
+  // LibTorch's unpickler reads what LibTorch writes, not all that Python's torch.save writes:
+  // - `collections.OrderedDict` becomes None (LibTorch expects one only as a tensor's empty backward
+  //   hooks), so a Python state dict (an OrderedDict with a `_metadata` attribute) does not load;
+  // - SETITEM and APPEND (one item at a time, which Python writes for a batch of one) are unknown.
+  // So the pickle is rewritten opcode by opcode, following the stack: `OrderedDict()` becomes an
+  // empty dict (its items follow as SETITEMS either way); BUILD, which would set `_metadata`, goes
+  // with the opcodes of that state (POP is unknown too); SETITEM becomes MARK (put before its key)
+  // + SETITEMS, APPEND MARK + APPENDS.
+  // Pickles are position-independent (the memo is indexed, not addressed), so this is safe.
+  struct Entry {
+    std::size_t start;          // where the opcodes that pushed it begin in `out`
+    bool mark = false;
+    bool ordered_dict = false;  // the OrderedDict class itself (emitted as nothing)
+  };
+  std::string out;
+  out.reserve(pickle.size() + 64);
+  std::vector<Entry> stack;
+  std::set<std::uint64_t> class_memo;    // memo slots of the OrderedDict class (left empty)
+  std::map<std::uint64_t, std::size_t> put_at;  // where each memo slot was filled in `out`
+  std::set<std::uint64_t> dropped_memo;  // slots filled inside dropped opcodes
+  bool rewrote = false;
+  std::size_t i = 0;
+  const auto fail = [](const std::string& why) { throw std::runtime_error("unsupported pickle: " + why); };
+  const auto need = [&](std::size_t n) {
+    if (i + n > pickle.size()) fail("it ends inside an opcode");
+  };
+  const auto little_endian = [&](std::size_t at, std::size_t n) {
+    std::uint64_t v = 0;
+    for (std::size_t b = 0; b < n; ++b) v |= static_cast<std::uint64_t>(static_cast<unsigned char>(pickle[at + b])) << (8 * b);
+    return v;
+  };
+  const auto line_end = [&](std::size_t from) {
+    const std::size_t nl = pickle.find('\n', from);
+    if (nl == std::string_view::npos) fail("it ends inside a text argument");
+    return nl + 1;
+  };
+  const auto pop = [&](std::size_t n) {
+    if (stack.size() < n) fail("stack underflow");
+    for (std::size_t k = 0; k < n; ++k) {
+      if (stack.back().ordered_dict) fail("an OrderedDict is built other than as OrderedDict()");
+      stack.pop_back();
+    }
+  };
+  const auto pop_to_mark = [&] {  // pops through the mark; returns where the mark began
+    while (!stack.empty() && !stack.back().mark) pop(1);
+    if (stack.empty()) fail("no MARK");
+    const std::size_t start = stack.back().start;
+    stack.pop_back();
+    return start;
+  };
+  const auto top_is_class = [&] { return !stack.empty() && stack.back().ordered_dict; };
+  while (i < pickle.size()) {
+    const std::size_t start = i;
+    const unsigned char op = static_cast<unsigned char>(pickle[i++]);
+    std::size_t arg_end = i;
+    switch (op) {
+      case 0x80: case 'K': case 'q': case 'h': case 0x82: arg_end = i + 1; break;  // PROTO BININT1 BINPUT BINGET EXT1
+      case 'M': case 0x83: arg_end = i + 2; break;                                   // BININT2 EXT2
+      case 'J': case 'r': case 'j': case 0x84: arg_end = i + 4; break;               // BININT LONG_BINPUT LONG_BINGET EXT4
+      case 'G': case 0x95: arg_end = i + 8; break;                                   // BINFLOAT FRAME
+      case 0x8a: case 'U': case 'C': case 0x8c: need(1); arg_end = i + 1 + little_endian(i, 1); break;  // LONG1 SHORT_BIN*
+      case 0x8b: case 'X': case 'T': case 'B': need(4); arg_end = i + 4 + little_endian(i, 4); break;   // LONG4 BIN*
+      case 0x8d: case 0x8e: case 0x96: need(8); arg_end = i + 8 + little_endian(i, 8); break;            // *8
+      case 'I': case 'L': case 'F': case 'S': case 'V': case 'P': case 'p': case 'g': arg_end = line_end(i); break;
+      case 'c': case 'i': arg_end = line_end(line_end(i)); break;  // GLOBAL, INST: module and name lines
+      default: break;
+    }
+    need(arg_end - i);
+    i = arg_end;
+    const std::string_view whole = pickle.substr(start, arg_end - start);
+    const std::size_t here = out.size();
+    switch (op) {
+      case 'c':
+        if (whole == std::string_view("ccollections\nOrderedDict\n")) {
+          stack.push_back({here, false, true});
+          rewrote = true;
+          continue;
+        }
+        stack.push_back({here});
+        break;
+      case 'q': case 'r': {  // PUT: the OrderedDict class's slot is remembered, not filled
+        const std::uint64_t slot = little_endian(start + 1, op == 'q' ? 1 : 4);
+        if (top_is_class()) {
+          class_memo.insert(slot);
+          continue;
+        }
+        put_at[slot] = here;
+        break;
+      }
+      case 'p': case 'g': throw std::runtime_error("unsupported pickle: text PUT and GET opcodes (protocol 0)");
+      case 'h': case 'j':
+        if (dropped_memo.count(little_endian(start + 1, op == 'h' ? 1 : 4))) fail("a value inside a state dict's _metadata is used elsewhere");
+        if (class_memo.count(little_endian(start + 1, op == 'h' ? 1 : 4))) {
+          stack.push_back({here, false, true});
+          continue;
+        }
+        stack.push_back({here});
+        break;
+      case ')':
+        if (top_is_class() && i < pickle.size() && pickle[i] == 'R') {  // OrderedDict() → {}
+          ++i;
+          const std::size_t at = stack.back().start;
+          stack.pop_back();
+          stack.push_back({at});
+          out.push_back('}');
+          continue;
+        }
+        stack.push_back({here});
+        break;
+      case 's': case 'a': {  // SETITEM, APPEND → MARK before the key (or item) + SETITEMS, APPENDS
+        const std::size_t items = op == 's' ? 2 : 1;
+        if (stack.size() < items + 1) fail("stack underflow");
+        const std::size_t first = stack[stack.size() - items].start;
+        pop(items);
+        out.insert(out.begin() + static_cast<std::ptrdiff_t>(first), '(');
+        out.push_back(op == 's' ? 'u' : 'e');
+        continue;
+      }
+      case 'b':  // BUILD: after a rewritten OrderedDict the state is its `_metadata`: its opcodes are dropped
+        if (rewrote) {
+          if (stack.empty()) fail("stack underflow");
+          const std::size_t state_start = stack.back().start;
+          pop(1);
+          out.resize(state_start);
+          for (const auto& [slot, at] : put_at)
+            if (at >= state_start) dropped_memo.insert(slot);
+          continue;
+        }
+        pop(1);
+        break;
+      case '(': stack.push_back({here, true}); break;
+      case 't': case 'l': case 'd': stack.push_back({pop_to_mark()}); break;  // TUPLE LIST DICT
+      case 'u': case 'e': pop_to_mark(); break;                               // SETITEMS APPENDS
+      case '1': pop_to_mark(); break;                                          // POP_MARK
+      case '0': pop(1); break;
+      case '2': if (stack.empty()) fail("DUP of nothing"); stack.push_back(stack.back()); break;
+      case 0x85: case 0x86: case 0x87: {  // TUPLE1..3
+        const std::size_t n = op - 0x84;
+        if (stack.size() < n) fail("stack underflow");
+        const std::size_t at = stack[stack.size() - n].start;
+        pop(n);
+        stack.push_back({at});
+        break;
+      }
+      case 'R': case 0x81: case 0x93: {  // REDUCE NEWOBJ STACK_GLOBAL: two in, one out
+        if (stack.size() < 2) fail("stack underflow");
+        const std::size_t at = stack[stack.size() - 2].start;
+        pop(2);
+        stack.push_back({at});
+        break;
+      }
+      case 'Q': {  // BINPERSID: replaces the top
+        if (stack.empty()) fail("stack underflow");
+        const std::size_t at = stack.back().start;
+        pop(1);
+        stack.push_back({at});
+        break;
+      }
+      case 0x80: case 0x95: case 0x94: case '.': break;  // PROTO FRAME MEMOIZE STOP
+      case 'K': case 'M': case 'J': case 'I': case 'L': case 'F': case 'G': case 'S': case 'T': case 'U': case 'V': case 'X':
+      case 'B': case 'C': case 0x8a: case 0x8b: case 0x8c: case 0x8d: case 0x8e: case 'N': case 0x88: case 0x89: case '}':
+      case ']': case 'P': case 0x8f:
+        stack.push_back({here});
+        break;
+      default:
+        fail("opcode " + std::to_string(op));
+    }
+    out.append(whole);
+  }
+  return out;
+}
+
 DETTRIAL_INLINE c10::IValue unpickle_archive(const std::string& bytes, const std::filesystem::path& file) {
   try {
-    return torch::jit::pickle_load(std::vector<char>(bytes.begin(), bytes.end()));
+    std::istringstream stream(bytes);
+    caffe2::serialize::PyTorchStreamReader reader(&stream);
+    auto [pickle_data, pickle_size] = reader.getRecord("data.pkl");
+    const std::string pickle = pickle_for_libtorch(std::string_view(static_cast<const char*>(pickle_data.get()), pickle_size));
+    std::size_t read = 0;
+    torch::jit::Unpickler unpickler(
+        [&](char* buffer, std::size_t n) {
+          n = std::min(n, pickle.size() - read);
+          std::memcpy(buffer, pickle.data() + read, n);
+          read += n;
+          return n;
+        },
+        /*type_resolver=*/nullptr, /*obj_loader=*/nullptr,
+        [&](const std::string& name) { return std::get<0>(reader.getRecord("data/" + name)); }, /*device=*/{});
+    unpickler.set_version(reader.version());
+    return unpickler.parse_ivalue();
   } catch (const std::exception& e) {
     throw CheckpointError("cannot read '" + file.string() + "' as a torch.save archive: " + first_line(e.what()));
   }
@@ -5684,6 +7349,8 @@ DETTRIAL_INLINE bool python_param_state(const torch::optim::OptimizerParamState&
   } else if (const auto* s = dynamic_cast<const torch::optim::AdagradParamState*>(&state)) {
     out.insert("step", scalar_tensor(static_cast<double>(s->step())));
     put("sum", s->sum());
+  } else if (const auto* s = dynamic_cast<const dettrial::optim::AdadeltaParamState*>(&state)) {
+    dettrial::optim::python_param_state(*s, out);
   } else if (const auto* s = dynamic_cast<const torch::optim::RMSpropParamState*>(&state)) {
     out.insert("step", static_cast<std::int64_t>(s->step()));
     put("square_avg", s->square_avg());
@@ -5714,6 +7381,8 @@ DETTRIAL_INLINE void python_group_options(const torch::optim::OptimizerOptions& 
     out.insert("initial_accumulator_value", o->initial_accumulator_value());
     out.insert("eps", o->eps());
     out.insert("maximize", false);
+  } else if (const auto* o = dynamic_cast<const dettrial::optim::AdadeltaOptions*>(&options)) {
+    dettrial::optim::python_group_options(*o, out);
   } else if (const auto* o = dynamic_cast<const torch::optim::RMSpropOptions*>(&options)) {
     out.insert("lr", o->lr());
     out.insert("alpha", o->alpha());
@@ -6322,8 +7991,10 @@ DETTRIAL_INLINE StateDict ContextCheckpoint::python_state(Context& c, const std:
   for (std::size_t i = 0; i < c.num_lr_schedulers(); ++i) {
     const WrappedScheduler& s = c.lr_scheduler(i);
     StateDict d(c10::StringType::get(), c10::AnyType::get());
-    // Python schedulers step once when built: LibTorch's k steps are Python's last_epoch k.
-    if (const std::int64_t steps = s.steps_taken(s.scheduler); steps >= 0) {
+    if (s.python_state) {  // dettrial::optim's schedulers write Python's own state dict
+      s.python_state(s.scheduler, d);
+    } else if (const std::int64_t steps = s.steps_taken(s.scheduler); steps >= 0) {
+      // Python schedulers step once when built: LibTorch's k steps are Python's last_epoch k.
       d.insert("last_epoch", steps);
       d.insert("_step_count", steps + 1);
     }
@@ -6522,6 +8193,188 @@ DETTRIAL_INLINE void load_model(const std::filesystem::path& path, torch::nn::Mo
 }  // namespace dettrial
 #endif  // DETTRIAL_HEADER_DEFINITIONS
 // ---- end dettrial/checkpoint/checkpoint.hpp
+// ---- begin dettrial/checkpoint/load_weights.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief Weights from elsewhere: a state dict Python wrote (`torch.save(model.state_dict())`), a
+/// Determined or dettrial checkpoint directory (`state_dict.pth`), loaded into a model for a warm
+/// start or fine-tuning, strictly or listing what does not match (Python's `strict=False`).
+
+#include <cstddef>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include <torch/torch.h>
+
+
+namespace dettrial {
+
+/// How to load weights into a model.
+struct LoadWeightsOptions {
+  /// Every entry of the model present in the file and none the model lacks (Python's `strict=True`);
+  /// false loads what matches and lists the rest in the returned IncompatibleKeys.
+  bool strict = true;
+  /// Which model of a checkpoint holding several (`models_state_dict[i]`).
+  std::size_t model_index = 0;
+};
+
+/// What a non-strict load left out: Python's `_IncompatibleKeys`.
+struct IncompatibleKeys {
+  /// Entries of the model the file has no value for (they keep their current values).
+  std::vector<std::string> missing_keys;
+  /// Entries of the file the model does not have (ignored).
+  std::vector<std::string> unexpected_keys;
+  bool empty() const { return missing_keys.empty() && unexpected_keys.empty(); }
+};
+
+/**
+ * @brief One model's state dict from `path`, whatever wrote it:
+ * - a checkpoint directory (Determined's or dettrial's): its `state_dict.pth`, `models_state_dict[model_index]`;
+ * - a `torch.save` file of a model's `state_dict()` (tensors by name);
+ * - a `torch.save` file of a dict holding one: under `models_state_dict` (Determined's layout),
+ *   `model_state_dict`, `state_dict` or `model` (common Python conventions).
+ * Names of a model saved wrapped in Python's DistributedDataParallel (`module.` before every name)
+ * are unwrapped. Throws CheckpointError naming the file and what it holds when none of these fits.
+ */
+DETTRIAL_INLINE StateDict read_model_state_dict(const std::filesystem::path& path, std::size_t model_index = 0);
+
+/**
+ * @brief Copies `state` into `module`. Shapes must match for every entry both have (Python refuses
+ * those too, strict or not); strictly, the names must match one for one. Nothing is copied when
+ * something is refused: CheckpointError names `what` and every offending entry.
+ */
+DETTRIAL_INLINE IncompatibleKeys load_state_dict(torch::nn::Module& module, const StateDict& state, bool strict = true,
+                                                 const std::string& what = "the state dict");
+
+/**
+ * @brief Loads weights written by Python, Determined or dettrial into a model, for a warm start or
+ * fine-tuning (call it where the trial builds its model). Returns what a non-strict load left out.
+ * @code{.cpp}
+ * auto keys = dettrial::load_weights(model, "pretrained/resnet.pt", {.strict = false});
+ * for (const auto& k : keys.missing_keys) std::printf("new, not loaded: %s\n", k.c_str());
+ * @endcode
+ */
+template <ModelHandle M>
+IncompatibleKeys load_weights(M& model, const std::filesystem::path& path, LoadWeightsOptions options = {}) {
+  return load_state_dict(*module_of(model), read_model_state_dict(path, options.model_index), options.strict, "'" + path.string() + "'");
+}
+
+}  // namespace dettrial
+
+// Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
+#if DETTRIAL_HEADER_DEFINITIONS
+#include <fstream>
+#include <iterator>
+#include <map>
+#include <utility>
+
+namespace dettrial {
+namespace detail {
+
+/// Whether every value of `d` is a tensor (a model's state dict, as opposed to a checkpoint's top level).
+DETTRIAL_INLINE bool all_tensors(const StateDict& d) {
+  for (const auto& entry : d)
+    if (!entry.key().isString() || !entry.value().isTensor()) return false;
+  return d.size() > 0;
+}
+
+DETTRIAL_INLINE std::string keys_text(const StateDict& d) {
+  std::string out;
+  std::size_t shown = 0;
+  for (const auto& entry : d) {
+    if (shown++ == 8) return out + ", ...";
+    out += (out.empty() ? "" : ", ") + (entry.key().isString() ? "'" + entry.key().toStringRef() + "'" : std::string("(not a name)"));
+  }
+  return out.empty() ? "nothing" : out;
+}
+
+/// Python's DistributedDataParallel saves `module.<name>`: the model's own names without it.
+DETTRIAL_INLINE StateDict unwrapped(const StateDict& d) {
+  const std::string prefix = "module.";
+  for (const auto& entry : d)
+    if (entry.key().toStringRef().compare(0, prefix.size(), prefix) != 0) return d;
+  StateDict out(c10::StringType::get(), c10::TensorType::get());
+  for (const auto& entry : d) out.insert(entry.key().toStringRef().substr(prefix.size()), entry.value());
+  return out;
+}
+
+}  // namespace detail
+
+DETTRIAL_INLINE StateDict read_model_state_dict(const std::filesystem::path& path, std::size_t model_index) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (!fs::exists(path, ec)) throw CheckpointError("cannot load weights: '" + path.string() + "' does not exist");
+  const bool directory = fs::is_directory(path, ec);
+  const fs::path file = directory ? path / "state_dict.pth" : path;
+  if (directory && !fs::exists(file, ec))
+    throw CheckpointError("cannot load weights: '" + path.string() + "' is a directory without state_dict.pth (not a checkpoint)");
+  // A dettrial checkpoint lists its files' sizes and checksums: use them when they are there.
+  const bool listed = directory && fs::exists(path / "metadata.json", ec) && fs::exists(path / "dettrial_state.pt", ec);
+  const std::string bytes = listed ? read_checked_file(path, "state_dict.pth") : detail::read_file_bytes(file);
+  const c10::IValue top = detail::unpickle_archive(bytes, file);
+  if (!top.isGenericDict())
+    throw CheckpointError("'" + file.string() + "' holds a " + top.tagKind() + ", not a state dict (a dict of tensors by name)");
+  const StateDict dict = top.toGenericDict();
+  if (detail::all_tensors(dict)) return detail::unwrapped(dict);
+  if (const auto it = dict.find("models_state_dict"); it != dict.end()) {
+    if (!it->value().isList()) throw CheckpointError("'" + file.string() + "': models_state_dict is not a list");
+    const auto models = it->value().toList();
+    if (model_index >= models.size())
+      throw CheckpointError("'" + file.string() + "' holds " + std::to_string(models.size()) + " model(s); model " +
+                            std::to_string(model_index) + " was asked for");
+    const c10::IValue model = models.get(model_index);
+    if (!model.isGenericDict() || !(detail::all_tensors(model.toGenericDict()) || model.toGenericDict().size() == 0))
+      throw CheckpointError("'" + file.string() + "': models_state_dict[" + std::to_string(model_index) + "] is not a state dict");
+    return detail::unwrapped(model.toGenericDict());
+  }
+  for (const char* key : {"model_state_dict", "state_dict", "model"})
+    if (const auto it = dict.find(key); it != dict.end() && it->value().isGenericDict() && detail::all_tensors(it->value().toGenericDict()))
+      return detail::unwrapped(it->value().toGenericDict());
+  throw CheckpointError("'" + file.string() + "' is neither a model's state dict nor a checkpoint holding one: it has " +
+                        detail::keys_text(dict) + " (expected tensors by name, or models_state_dict, model_state_dict or state_dict)");
+}
+
+DETTRIAL_INLINE IncompatibleKeys load_state_dict(torch::nn::Module& module, const StateDict& state, bool strict, const std::string& what) {
+  IncompatibleKeys keys;
+  std::vector<std::string> wrong_shapes;
+  std::vector<std::pair<torch::Tensor, torch::Tensor>> copies;
+  std::map<std::string, bool> used;
+  for (const auto& entry : state) used[entry.key().toStringRef()] = false;
+  detail::for_each_state_entry(module, [&](const std::string& name, const torch::Tensor& target) {
+    const auto it = state.find(name);
+    if (it == state.end() || !it->value().isTensor()) {
+      keys.missing_keys.push_back(name);
+      return;
+    }
+    used[name] = true;
+    const torch::Tensor source = it->value().toTensor();
+    if (source.sizes() != target.sizes()) {
+      wrong_shapes.push_back("'" + name + "' is " + detail::shape_text(source.sizes()) + " in the file but " +
+                             detail::shape_text(target.sizes()) + " in the model");
+      return;
+    }
+    copies.emplace_back(target, source);
+  });
+  for (const auto& [name, seen] : used)
+    if (!seen) keys.unexpected_keys.push_back(name);
+  std::string problems;
+  for (const auto& w : wrong_shapes) problems += "\n  size mismatch: " + w;
+  if (strict) {
+    for (const auto& k : keys.missing_keys) problems += "\n  missing from the file: '" + k + "'";
+    for (const auto& k : keys.unexpected_keys) problems += "\n  not in the model: '" + k + "'";
+  }
+  if (!problems.empty())
+    throw CheckpointError("cannot load " + what + " into the model (nothing was loaded):" + problems +
+                          (strict && wrong_shapes.empty() ? "\n(load with strict = false to load the entries that match)" : ""));
+  torch::NoGradGuard no_grad;
+  for (auto& [target, source] : copies) target.copy_(source);
+  return keys;
+}
+
+}  // namespace dettrial
+#endif  // DETTRIAL_HEADER_DEFINITIONS
+// ---- end dettrial/checkpoint/load_weights.hpp
 // ---- begin dettrial/checkpoint/policy.hpp
 // SPDX-License-Identifier: Apache-2.0
 /// @file
@@ -7463,6 +9316,21 @@ DETTRIAL_INLINE FitOptions FitOptions::from_config(const ExperimentConfig& confi
 }  // namespace dettrial
 #endif  // DETTRIAL_HEADER_DEFINITIONS
 // ---- end dettrial/trainer/fit_options.hpp
+// ---- begin dettrial/trainer/load_trial.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief Determined's `load_trial_from_checkpoint_path`: a trial rebuilt from a checkpoint, with the
+/// hyperparameters and config it was trained with (its `load_data.json`), optionally changed, and
+/// its models' weights loaded: for inference, evaluation or fine-tuning outside a run.
+
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <utility>
+
+#include <torch/torch.h>
+#include <yaml-cpp/yaml.h>
+
 // ---- begin dettrial/trainer/trainer.hpp
 // SPDX-License-Identifier: Apache-2.0
 /// @file
@@ -8214,6 +10082,8 @@ class Trainer {
     FitOptions options;
     TrainUnit length = Batch(1);
     std::int64_t epoch_len = 0;
+    /// The training loader's own batches per epoch on this rank (epoch_len, unless records_per_epoch sets it).
+    std::int64_t data_epoch_len = 0;
     std::int64_t batches_trained = 0;
     std::int64_t epochs_trained = 0;
     std::int64_t last_validation = -1;
@@ -8338,6 +10208,12 @@ class Trainer {
     st.epoch_len = epoch_length(*train_loader_, training_chain());
     agree_across_ranks(st, first_batch);
     if (st.epoch_len < 1) throw DataError("the training data loader yields no batches (its size() is 0)");
+    st.data_epoch_len = st.epoch_len;
+    // Determined's records_per_epoch: the epoch of epoch-based lengths, periods, LR steps and epoch
+    // hooks, in global batches (its legacy sequencer's records_per_epoch // global_batch_size, at
+    // least 1), whatever the loader's own length; the data still reshuffles at its own epochs.
+    if (const std::int64_t records = context_.get_experiment_config().records_per_epoch; records > 0)
+      st.epoch_len = std::max<std::int64_t>(records / context_.get_global_batch_size(), 1);
     detail::RunPosition& position = context_.position();
     position.epoch_len = st.epoch_len;
     if (st.resume_dir) restore(st, *st.resume_dir, st.same_trial ? *st.resumed : TrialProgress{.trial_id = st.options.trial_id}, callbacks);
@@ -8363,8 +10239,9 @@ class Trainer {
                        (st.same_trial ? " at batch " + std::to_string(st.batches_trained)
                                       : std::string(" (another trial's checkpoint: weights and optimizer state only)")));
     if (const std::int64_t records = context_.get_experiment_config().records_per_epoch; records > 0)
-      st.reporter.line("dettrial: records_per_epoch (" + std::to_string(records) + ") is not used: an epoch is the training "
-                       "data loader's length, " + std::to_string(st.epoch_len) + " batches on this rank");
+      st.reporter.line("dettrial: records_per_epoch " + std::to_string(records) + " sets the epoch: " + std::to_string(st.epoch_len) +
+                       " batches of " + std::to_string(context_.get_global_batch_size()) +
+                       " records (the training data loader's own epoch is " + std::to_string(st.data_epoch_len) + " batches on this rank)");
   }
 
   /// on_trial_shutdown for the callbacks that started, last first; a failing hook is reported, not thrown.
@@ -8578,6 +10455,7 @@ class Trainer {
     MetricValues metrics = detail::combine_validation(shares);
     reduce_user_reducers(&detail::WrappedReducer::for_validation, shares, metrics);
     callbacks.template call<hook::on_validation_end>(metrics);
+    context_.step_lr_schedulers_on_validation(metrics);  // the same reduced metrics on every rank
     st.last_validation = st.batches_trained;
     ++st.result.validations;
     MetricValues reported;
@@ -8887,6 +10765,111 @@ class Trainer<K> : public Trainer<keras::TrialAdapter<K>> {
 
 }  // namespace dettrial
 // ---- end dettrial/trainer/trainer.hpp
+
+namespace dettrial {
+
+struct LoadTrialOptions {
+  /// Hyperparameters to change, merged over the checkpoint's (a map; nested maps are merged key by key):
+  /// `{.hparams = YAML::Load("{dropout: 0.0}")}`.
+  YAML::Node hparams{};
+  /// The device the models go to; unset: as a Context picks it (the first GPU, else the CPU).
+  std::optional<torch::Device> device{};
+};
+
+/// A trial rebuilt by load_trial_from_checkpoint_path: it owns the Context and the trial's Trainer.
+template <class TrialT>
+class LoadedTrial {
+ public:
+  LoadedTrial(std::unique_ptr<Context> context, std::unique_ptr<Trainer<TrialT>> trainer)
+      : context_(std::move(context)), trainer_(std::move(trainer)) {}
+  TrialT& trial() { return trainer_->trial(); }
+  Context& context() { return *context_; }
+  /// The trainer around the trial: `fit` continues training the loaded weights (a warm start).
+  Trainer<TrialT>& trainer() { return *trainer_; }
+  /// The trial's first (or `index`-th) model, as the context wrapped it.
+  torch::nn::Module& model(std::size_t index = 0) { return *context_->models().at(index); }
+
+ private:
+  std::unique_ptr<Context> context_;  // before the trainer, which refers to it: destroyed after it
+  std::unique_ptr<Trainer<TrialT>> trainer_;
+};
+
+namespace detail {
+/// `changes` merged into the map `target`, nested maps key by key.
+DETTRIAL_INLINE void merge_yaml_map(YAML::Node target, const YAML::Node& changes);
+/// The experiment config a checkpoint was trained under, with its trial's hyperparameters (from its
+/// `load_data.json`) and `overrides` merged over them.
+DETTRIAL_INLINE ExperimentConfig checkpoint_trial_config(const std::filesystem::path& checkpoint, const YAML::Node& overrides);
+}  // namespace detail
+
+/**
+ * @brief Rebuilds `TrialT` from a checkpoint (a checkpoint directory, or a folder holding checkpoints
+ * whose latest is taken): its experiment config and hyperparameters from the checkpoint's
+ * `load_data.json` with `options.hparams` merged over them, the trial built as the Trainer builds it
+ * (with `trial_args...` after the Context), and every model's weights loaded, names and shapes
+ * checked. The models are left in training mode; call `eval()` for inference.
+ * @code{.cpp}
+ * auto loaded = dettrial::load_trial_from_checkpoint_path<MnistTrial>("runs/x/checkpoints",
+ *                                                                    {.hparams = YAML::Load("{dropout: 0.0}")});
+ * loaded.model().eval();
+ * @endcode
+ */
+template <class TrialT, class... Args>
+LoadedTrial<TrialT> load_trial_from_checkpoint_path(const std::filesystem::path& path, const LoadTrialOptions& options = {},
+                                                    Args&&... trial_args) {
+  const std::filesystem::path dir = resolve_checkpoint(path);
+  auto context = std::make_unique<Context>(detail::checkpoint_trial_config(dir, options.hparams), ContextOptions{.device = options.device});
+  auto trainer = std::make_unique<Trainer<TrialT>>(*context, std::forward<Args>(trial_args)...);
+  detail::ContextCheckpoint::load_models(*context, detail::read_state_dict_file(dir), dir / "state_dict.pth");
+  return LoadedTrial<TrialT>(std::move(context), std::move(trainer));
+}
+
+}  // namespace dettrial
+
+// Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
+#if DETTRIAL_HEADER_DEFINITIONS
+#include <string>
+
+namespace dettrial::detail {
+
+DETTRIAL_INLINE void merge_yaml_map(YAML::Node target, const YAML::Node& changes) {
+  for (const auto& entry : changes) {
+    const std::string key = entry.first.as<std::string>();
+    if (entry.second.IsMap() && target[key] && target[key].IsMap()) merge_yaml_map(target[key], entry.second);
+    else target[key] = YAML::Clone(entry.second);
+  }
+}
+
+DETTRIAL_INLINE ExperimentConfig checkpoint_trial_config(const std::filesystem::path& checkpoint, const YAML::Node& overrides) {
+  const std::filesystem::path file = checkpoint / "load_data.json";
+  std::error_code ec;
+  if (!std::filesystem::exists(file, ec))
+    throw CheckpointError("'" + checkpoint.string() + "' has no load_data.json, so the trial cannot be rebuilt from it; "
+                          "load only its weights with dettrial::load_weights");
+  YAML::Node load_data;
+  try {
+    load_data = YAML::LoadFile(file.string());
+  } catch (const YAML::Exception& e) {
+    throw CheckpointError("'" + file.string() + "' is not valid JSON: " + e.what());
+  }
+  if (!load_data["experiment_config"] || !load_data["experiment_config"].IsMap())
+    throw CheckpointError("'" + file.string() + "' has no experiment_config");
+  YAML::Node doc = YAML::Clone(load_data["experiment_config"]);
+  // The trial's own hyperparameters (the experiment config may hold the search space they were drawn from).
+  if (load_data["hparams"] && load_data["hparams"].IsMap()) doc["hyperparameters"] = YAML::Clone(load_data["hparams"]);
+  if (overrides && !overrides.IsNull()) {
+    if (!overrides.IsMap())
+      throw ConfigError("load_trial_from_checkpoint_path: LoadTrialOptions::hparams must be a map of hyperparameter names to values");
+    if (!doc["hyperparameters"] || !doc["hyperparameters"].IsMap()) doc["hyperparameters"] = YAML::Node(YAML::NodeType::Map);
+    merge_yaml_map(doc["hyperparameters"], overrides);
+  }
+  doc["searcher"]["name"] = "single";
+  return ExperimentConfig::from_yaml(doc, file.string() + " (the checkpoint's config)");
+}
+
+}  // namespace dettrial::detail
+#endif  // DETTRIAL_HEADER_DEFINITIONS
+// ---- end dettrial/trainer/load_trial.hpp
 // ---- begin dettrial/search/hyperparameter_space.hpp
 // SPDX-License-Identifier: Apache-2.0
 /// @file

@@ -61,6 +61,7 @@
 #include <fstream>
 #include <map>
 #include <optional>
+#include <random>
 #include <string>
 #include <thread>
 #include <variant>
@@ -284,7 +285,12 @@ class Experiment {
 
   void write_summary();
 
+  /// The experiment's id, kept in its folder's `experiment.json` (drawn when the folder is new, so a
+  /// continued experiment keeps it): what each trial's `context.get_experiment_id()` returns.
+  static std::int64_t experiment_id_in(const std::filesystem::path& dir);
+
   ExperimentConfig config_;
+  std::int64_t experiment_id_ = 0;
   ExperimentOptions options_;
   Searcher searcher_;
   std::map<std::int64_t, TrialSummary> trials_;
@@ -359,6 +365,7 @@ DETTRIAL_INLINE SearcherConfig Experiment::searcher_config(const ExperimentConfi
 DETTRIAL_INLINE int Experiment::run() {
   namespace fs = std::filesystem;
   fs::create_directories(options_.output_dir / "trials");
+  experiment_id_ = experiment_id_in(options_.output_dir);
   detail::supervisor_signal.store(0);
   detail::supervisor_signal_count.store(0);
   const detail::SignalHandlers handlers(&detail::dettrial_on_supervisor_signal);
@@ -407,6 +414,21 @@ DETTRIAL_INLINE void Experiment::stop_running_trials() {
 DETTRIAL_INLINE void Experiment::say(const std::string& line) const {
   if (!options_.quiet) std::printf("%s\n", line.c_str());
   std::fflush(stdout);
+}
+
+DETTRIAL_INLINE std::int64_t Experiment::experiment_id_in(const std::filesystem::path& dir) {
+  const std::filesystem::path file = dir / "experiment.json";
+  if (std::filesystem::exists(file)) {
+    std::ifstream in(file);
+    const detail::Json j = detail::Json::parse(in, nullptr, /*allow_exceptions=*/false);
+    if (j.is_discarded() || !j.is_object() || !j.contains("id") || !j["id"].is_number_integer())
+      throw Error("'" + file.string() + "' is damaged (it should hold {\"id\": <the experiment's id>}); restore or delete it");
+    return j["id"].get<std::int64_t>();
+  }
+  std::random_device device;
+  const std::int64_t id = 1 + static_cast<std::int64_t>((static_cast<std::uint64_t>(device()) << 32 | device()) % 2147483646ULL);
+  std::ofstream(file) << detail::json_line(detail::Json{{"id", id}});
+  return id;
 }
 
 DETTRIAL_INLINE void Experiment::log_event(const detail::Json& event) {
@@ -523,7 +545,9 @@ DETTRIAL_INLINE void Experiment::launch(std::int64_t id) {
   Running run;
   // In a process group of its own: a Ctrl-C reaches the trial once, as this runner's SIGTERM.
   run.pid = detail::spawn_process(options_.program.string(), std::move(args),
-                                  {.extra_env = {std::string(detail::supervisor_pid_variable) + "=" + std::to_string(::getpid())},
+                                  {.extra_env = {std::string(detail::supervisor_pid_variable) + "=" + std::to_string(::getpid()),
+                                                 // Determined's own variables: context.get_trial_id() / get_experiment_id()
+                                                 "DET_TRIAL_ID=" + std::to_string(id), "DET_EXPERIMENT_ID=" + std::to_string(experiment_id_)},
                                    .output = (trial_dir(id) / "log.txt").string(),
                                    .append = true,
                                    .own_process_group = true});
@@ -1084,11 +1108,37 @@ int main(int argc, char** argv, Args&&... trial_args) {
                      afresh.c_str());
       MetricsLog(afresh, /*resumed_at=*/-1);  // drops every record: they describe training about to be redone
     }
-    Context context(config, ContextOptions{.communicator = communicator, .threads = threads});
-    Trainer<TrialT> trainer(context, std::forward<Args>(trial_args)...);
-    const FitResult result = trainer.fit(std::move(options));
+    // Determined's max_restarts for a trial run on its own: a failure (an exception; a crash needs a
+    // supervisor, such as the search runner) restarts it from the checkpoint it wrote last. Only
+    // after progress: a failure before the attempt's first new checkpoint would just repeat (missing
+    // data, a bug at batch 0). Data-parallel ranks do not restart alone (their launcher ends the
+    // job), nor does a wrong configuration.
+    if (options.output_dir.empty()) options.output_dir = Trainer<TrialT>::default_output_dir();
+    const std::filesystem::path storage = options.checkpoint_dir.empty() ? options.output_dir / "checkpoints" : options.checkpoint_dir;
+    const std::int64_t max_restarts = communicator || test_mode ? 0 : std::max<std::int64_t>(config.max_restarts, 0);
+    FitResult result;
+    std::unique_ptr<Context> context;
+    for (std::int64_t restarts = 0;; ++restarts) {
+      const std::vector<CheckpointInfo> before = max_restarts > 0 ? list_checkpoints(storage) : std::vector<CheckpointInfo>{};
+      context = std::make_unique<Context>(config, ContextOptions{.communicator = communicator, .threads = threads});
+      try {
+        Trainer<TrialT> trainer(*context, trial_args...);
+        result = trainer.fit(options);
+        break;
+      } catch (const std::exception& e) {
+        const bool configuration = dynamic_cast<const ConfigError*>(&e) || dynamic_cast<const HyperparameterError*>(&e);
+        if (configuration || restarts >= max_restarts) throw;
+        const std::vector<CheckpointInfo> after = list_checkpoints(storage);
+        if (after.empty() || (!before.empty() && after.back().uuid == before.back().uuid)) throw;  // no progress
+        if (!quiet)
+          std::fprintf(stderr, "dettrial: the trial failed: %s\ndettrial: restarting it from its checkpoint at batch %lld: restart %lld of max_restarts %lld\n",
+                       detail::first_line(e.what()).c_str(), static_cast<long long>(after.back().batches_trained),
+                       static_cast<long long>(restarts + 1), static_cast<long long>(max_restarts));
+        options.latest_checkpoint = after.back().path;
+      }
+    }
     if (result.resumed_from_batch > 0 && result.batches_trained == result.resumed_from_batch && result.signal == 0 && !quiet &&
-        context.distributed().is_chief())
+        context->distributed().is_chief())
       std::fprintf(stderr, "dettrial: nothing left to train: the checkpoint is at batch %lld, which already reaches searcher.max_length of %s; "
                            "raise it to train on (e.g. --set searcher.max_length.batches=N)\n",
                    static_cast<long long>(result.resumed_from_batch), config_path.c_str());

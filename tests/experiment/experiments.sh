@@ -61,6 +61,32 @@ print('crash: the crashed trial restarted once from its checkpoint and completed
   no_duplicates
   grep -q "dropped .* record(s) of .*metrics.jsonl written after that checkpoint" "$work/out/trials/"*/log.txt || fail "the restart did not drop the records past its checkpoint"
   ;;
+restart_single)
+  # A trial run on its own (searcher single) that throws once at batch 7 restarts in-process from its
+  # checkpoint at batch 4 (max_restarts: 1) and completes; records past that checkpoint are redone once.
+  expect_status 0 "$work/restart.log" "$program" --config "$configs/single_restart.yaml" --set "data.marker_dir=$work" --output "$work/run"
+  [ -f "$work/crashed" ] || fail "the trial did not fail"
+  grep -q "dettrial: the trial failed: synthetic failure at batch 7, once" "$work/restart.log" || fail "the failure is not reported"
+  grep -q "restarting it from its checkpoint at batch 4: restart 1 of max_restarts 1" "$work/restart.log" || fail "no restart from batch 4"
+  python3 - "$work/run/metrics.jsonl" <<'PY' || fail "bad metrics.jsonl after the restart"
+import collections, json, sys
+records = [json.loads(l) for l in open(sys.argv[1])]
+keys = [(r["type"], r["batches"]) for r in records]
+assert not [k for k, n in collections.Counter(keys).items() if n > 1], keys
+assert max(r["batches"] for r in records if r["type"] == "validation") == 16, keys
+PY
+  # With max_restarts 0 the same failure ends the run (exit status 1, the error on the terminal).
+  rm -f "$work/crashed"
+  expect_status 1 "$work/no_restart.log" "$program" --config "$configs/single_restart.yaml" --set "data.marker_dir=$work" \
+    --set max_restarts=0 --output "$work/run0"
+  grep -q "error: synthetic failure at batch 7, once" "$work/no_restart.log" || fail "max_restarts 0: no error"
+  ! grep -q "restarting" "$work/no_restart.log" || fail "max_restarts 0 restarted"
+  # A failure before the first checkpoint would only repeat: no restart, whatever max_restarts says.
+  expect_status 1 "$work/early.log" "$program" --config "$configs/single_restart.yaml" --set hyperparameters.crash=2 \
+    --set max_restarts=5 --output "$work/run2"
+  ! grep -q "restarting" "$work/early.log" || fail "a failure before any checkpoint was restarted"
+  echo "restart_single: restarted once from batch 4 and completed; no restart with max_restarts 0 or before a checkpoint"
+  ;;
 config_error)
   # A hyperparameter the trial reads is missing from the space: the first trial says so, the search
   # stops (no restarts, no second trial) and exits 78 with the error on the terminal.

@@ -1,7 +1,7 @@
 // A tiny trial for the experiment tests: a regression whose validation loss depends on the learning
 // rate, fast enough to run a dozen trials in seconds. With the hyperparameter `crash: 1` it crashes
 // once (abort) at batch 7, leaving a marker in data.marker_dir, so the runner must restart it; with
-// `crash: 2` it fails at batch 3 every time. `data.batch_sleep_ms` slows each batch down (for
+// `crash: 2` it fails at batch 3 every time; with `crash: 3` it throws once at batch 7. `data.batch_sleep_ms` slows each batch down (for
 // interrupting a search while its trials train).
 #include <chrono>
 #include <cstdlib>
@@ -37,11 +37,12 @@ struct SyntheticTrial {
   dettrial::Metrics train_batch(Batch& b, torch::nn::Sequential& model, std::int64_t, std::int64_t batch_idx) {
     if (const auto sleep = context.get_data_config()["batch_sleep_ms"]) std::this_thread::sleep_for(std::chrono::milliseconds(sleep.as<int>()));
     if (batch_idx == 3 && context.get_hparams().get_or<std::int64_t>("crash", 0) == 2) throw std::runtime_error("synthetic failure at batch 3");
-    if (batch_idx == 7 && context.get_hparams().get_or<std::int64_t>("crash", 0) == 1) {
+    if (const auto crash = context.get_hparams().get_or<std::int64_t>("crash", 0); batch_idx == 7 && (crash == 1 || crash == 3)) {
       const std::filesystem::path marker = std::filesystem::path(context.get_data_config()["marker_dir"].as<std::string>()) / "crashed";
       if (!std::filesystem::exists(marker)) {
         std::ofstream(marker) << "crashed once at batch 7\n";
-        std::abort();
+        if (crash == 1) std::abort();
+        throw std::runtime_error("synthetic failure at batch 7, once");
       }
     }
     auto& [x, y] = b;

@@ -143,7 +143,11 @@ entrypoint: model_def:MNISTTrial
                        ConfigError);
   CHECK_THROWS_WITH_AS(ExperimentConfig::parse("min_checkpoint_period: often\n", "p.yaml"),
                        doctest::Contains("'min_checkpoint_period' is 'often'"), ConfigError);
-  CHECK_THROWS_WITH_AS(ExperimentConfig::parse("searcher: {max_length: 40}\n", "p.yaml"),
+  // The schema's unitless searcher.max_length (an integer) counts batches; a negative one is refused.
+  CHECK(*ExperimentConfig::parse("searcher: {max_length: 40}\n", "p.yaml").searcher.max_length == TrainUnit(Batch(40)));
+  CHECK_THROWS_WITH_AS(ExperimentConfig::parse("searcher: {max_length: -4}\n", "p.yaml"),
+                       doctest::Contains("searcher.max_length must not be negative"), ConfigError);
+  CHECK_THROWS_WITH_AS(ExperimentConfig::parse("searcher: {max_length: {batches: 4, epochs: 1}}\n", "p.yaml"),
                        doctest::Contains("'max_length' must be a map with exactly one of batches, records or epochs"), ConfigError);
 }
 

@@ -6,8 +6,11 @@
 #include <limits>
 #include <cstdio>
 #include <fstream>
+#include <map>
+#include <mutex>
 #include <numeric>
 #include <set>
+#include <vector>
 
 #include <zlib.h>
 
@@ -197,6 +200,250 @@ TEST_CASE("DataLoader over a per-example dataset: nested batches collated") {
   std::vector<std::int64_t> sizes;
   for (auto&& n : custom) sizes.push_back(n);
   CHECK(sizes == std::vector<std::int64_t>{3, 3, 3, 1});
+}
+
+namespace {
+using Batches = std::vector<std::vector<std::int64_t>>;
+
+std::vector<std::int64_t> to_vector(const torch::Tensor& t) {
+  const torch::Tensor c = t.to(torch::kCPU, torch::kLong).contiguous();
+  return {c.data_ptr<std::int64_t>(), c.data_ptr<std::int64_t>() + c.numel()};
+}
+/// The record ids of a stream of batches, batch by batch.
+template <class Range>
+Batches batches_of(Range&& batches, std::int64_t max_batches) {
+  Batches out;
+  for (auto&& [x] : batches) {
+    out.push_back(to_vector(x));
+    if (static_cast<std::int64_t>(out.size()) == max_batches) break;
+  }
+  return out;
+}
+
+/// A user's batch sampler: 13 records in batches of 3, 5, 2 and 3, rotated by one record each epoch.
+/// It counts the calls for each epoch.
+struct RotatingBatches {
+  std::shared_ptr<std::mutex> mutex = std::make_shared<std::mutex>();
+  std::shared_ptr<std::map<std::int64_t, int>> calls = std::make_shared<std::map<std::int64_t, int>>();
+
+  static Batches expected(std::int64_t epoch) {
+    Batches out;
+    std::int64_t at = 0;
+    for (std::int64_t size : {3, 5, 2, 3}) {
+      std::vector<std::int64_t> batch;
+      for (std::int64_t i = 0; i < size; ++i) batch.push_back((epoch + at++) % 13);
+      out.push_back(batch);
+    }
+    return out;
+  }
+  std::vector<torch::Tensor> operator()(std::int64_t epoch) const {
+    {
+      std::lock_guard lock(*mutex);
+      ++(*calls)[epoch];
+    }
+    std::vector<torch::Tensor> out;
+    for (const auto& batch : expected(epoch)) out.push_back(torch::tensor(batch, torch::kLong));
+    return out;
+  }
+};
+}  // namespace
+
+TEST_CASE("DataLoader: a user batch sampler, repeated, sharded over 3 replicas and skipped across epoch boundaries") {
+  RotatingBatches sampler;
+  auto loader = loader_of(13, {.batch_sampler = sampler});
+  CHECK(loader.size() == 4);
+  CHECK(loader.num_records() == 13);
+  CHECK(loader.batches_for({.num_replicas = 3, .rank = 0}) == 2);
+  CHECK(loader.batches_for({.num_replicas = 3, .rank = 1}) == 1);
+  CHECK(*sampler.calls == std::map<std::int64_t, int>{{0, 1}});  // epoch 0 only, for the number of batches
+  // Rank 1 of 3 reads global batches 1, 4, 7, ...; skipping 5 of them starts at 16: epoch 4's first
+  // batch, then 19 (epoch 4's last), 22 (epoch 5's third), 25 (epoch 6's second).
+  CHECK(batches_of(loader.batches({.repeat = true, .skip = 5, .num_replicas = 3, .rank = 1}), 4) ==
+        Batches{{4, 5, 6}, {1, 2, 3}, {0, 1}, {9, 10, 11, 12, 0}});
+  // Each epoch read was asked for once; the skipped epochs 1 to 3 never.
+  CHECK(*sampler.calls == std::map<std::int64_t, int>{{0, 1}, {4, 1}, {5, 1}, {6, 1}});
+  // Skipping 2 starts at global batch 7: epoch 1's last batch, then one batch of each next epoch.
+  CHECK(batches_of(loader.batches({.repeat = true, .skip = 2, .num_replicas = 3, .rank = 1}), 4) ==
+        Batches{{11, 12, 0}, {10, 11}, {6, 7, 8, 9, 10}, {4, 5, 6}});
+  // Every rank and skip: global batch g = rank + 3 (skip + j) is batch g % 4 of epoch g / 4.
+  for (std::int64_t rank = 0; rank < 3; ++rank)
+    for (std::int64_t skip : {0, 1, 4, 7}) {
+      Batches expected;
+      for (std::int64_t j = 0; j < 6; ++j) {
+        const std::int64_t g = rank + 3 * (skip + j);
+        expected.push_back(RotatingBatches::expected(g / 4)[static_cast<std::size_t>(g % 4)]);
+      }
+      CHECK(batches_of(loader.batches({.repeat = true, .skip = skip, .num_replicas = 3, .rank = rank}), 6) == expected);
+    }
+  // One pass (validation): epoch 0, sharded.
+  CHECK(batches_of(loader.batches({.num_replicas = 3, .rank = 0}), 10) == Batches{{0, 1, 2}, {10, 11, 12}});
+  CHECK(batches_of(loader.batches({.num_replicas = 3, .rank = 2}), 10) == Batches{{8, 9}});
+  CHECK(batches_of(loader, 10) == RotatingBatches::expected(0));
+}
+
+TEST_CASE("DataLoader: a batch sampler is called once per epoch, never per batch, with workers prefetching across epochs") {
+  RotatingBatches sampler;
+  auto loader = loader_of(13, {.batch_sampler = sampler, .workers = 3, .prefetch = 4});
+  auto reference = loader_of(13, {.batch_sampler = RotatingBatches{}});
+  const LoaderChain chain{.repeat = true, .skip = 5, .num_replicas = 3, .rank = 2};
+  // Rank 2's batches from its 6th: global batches 17, 20, ..., epochs 4 onwards, 3 workers 12 batches ahead.
+  CHECK(batches_of(loader.batches(chain), 30) == batches_of(reference.batches(chain), 30));
+  for (const auto& entry : *sampler.calls) {
+    INFO("epoch " << entry.first);
+    CHECK(entry.second == 1);
+  }
+  CHECK(sampler.calls->count(1) + sampler.calls->count(2) + sampler.calls->count(3) == 0);
+  CHECK(sampler.calls->count(26) == 1);  // global batch 104, the 30th read
+}
+
+TEST_CASE("DataLoader: a user sampler's order cut into batches of 4, with and without drop_last") {
+  // The 11 even records of 22, in order in even epochs and reversed in odd ones (int32: converted).
+  auto evens = [](std::int64_t epoch) {
+    const torch::Tensor order = torch::arange(0, 22, 2, torch::kInt);
+    return epoch % 2 == 0 ? order : order.flip({0});
+  };
+  auto keep = loader_of(22, {.batch_size = 4, .sampler = evens});
+  CHECK(keep.size() == 3);
+  CHECK(keep.num_records() == 22);
+  CHECK(batches_of(keep.batches({.repeat = true}), 6) ==
+        Batches{{0, 2, 4, 6}, {8, 10, 12, 14}, {16, 18, 20}, {20, 18, 16, 14}, {12, 10, 8, 6}, {4, 2, 0}});
+  auto drop = loader_of(22, {.batch_size = 4, .drop_last = true, .sampler = evens});
+  CHECK(drop.size() == 2);
+  CHECK(batches_of(drop.batches({.repeat = true}), 4) == Batches{{0, 2, 4, 6}, {8, 10, 12, 14}, {20, 18, 16, 14}, {12, 10, 8, 6}});
+  // Sharded and skipped like built-in batches: rank 2 of 3 reads global batches 2, 5, 8, 11; skipping one starts at 5.
+  CHECK(batches_of(keep.batches({.repeat = true, .skip = 1, .num_replicas = 3, .rank = 2}), 3) ==
+        Batches{{4, 2, 0}, {16, 18, 20}, {4, 2, 0}});
+  CHECK(batches_of(drop.batches({.repeat = true, .num_replicas = 3, .rank = 1}), 3) ==
+        Batches{{8, 10, 12, 14}, {0, 2, 4, 6}, {12, 10, 8, 6}});
+  CHECK(ids_of(drop) == std::vector<std::int64_t>{0, 2, 4, 6, 8, 10, 12, 14});  // one pass: epoch 0
+  // A sampler may repeat records (weighted sampling) and leave others out.
+  auto weighted = loader_of(5, {.batch_size = 2, .sampler = [](std::int64_t) { return torch::tensor({4, 4, 1, 4, 0}); }});
+  CHECK(batches_of(weighted.batches({.repeat = true, .skip = 2}), 2) == Batches{{0}, {4, 4}});  // batches {4, 4}, {1, 4}, {0}
+}
+
+TEST_CASE("samplers::ReproducibleShuffleSampler is the loader's own shuffle, and works as its sampler") {
+  auto shuffled = loader_of(37, {.batch_size = 5, .shuffle = true, .seed = 11});  // 8 batches, the last of 2
+  const samplers::ReproducibleShuffleSampler shuffle(37, 11);
+  std::vector<std::int64_t> expected = to_vector(shuffle(0));
+  const std::vector<std::int64_t> epoch1 = to_vector(shuffle(1));
+  expected.insert(expected.end(), epoch1.begin(), epoch1.end());
+  CHECK(ids_of(shuffled.batches({.repeat = true}), 2 * shuffled.size()) == expected);
+  CHECK(torch::equal(shuffled.sampler().order(3), shuffle(3)));
+  auto as_sampler = loader_of(37, {.batch_size = 5, .sampler = shuffle});
+  for (const LoaderChain& chain : {LoaderChain{.repeat = true}, LoaderChain{.repeat = true, .skip = 4, .num_replicas = 3, .rank = 2},
+                                   LoaderChain{.num_replicas = 3, .rank = 1}})
+    CHECK(batches_of(as_sampler.batches(chain), 20) == batches_of(shuffled.batches(chain), 20));
+  // Over an inner sampler: that sampler's order of each epoch, shuffled reproducibly.
+  const samplers::ReproducibleShuffleSampler odd_shuffle([](std::int64_t) { return torch::arange(1, 37, 2); }, 11);
+  std::vector<std::int64_t> odd = to_vector(odd_shuffle(2));
+  CHECK(odd != to_vector(torch::arange(1, 37, 2)));
+  std::sort(odd.begin(), odd.end());
+  CHECK(odd == to_vector(torch::arange(1, 37, 2)));
+  CHECK(torch::equal(odd_shuffle(2), odd_shuffle(2)));
+  CHECK(!torch::equal(odd_shuffle(2), odd_shuffle(3)));
+}
+
+TEST_CASE("samplers::repeat, distribute and skip are the loader's chain") {
+  auto loader = loader_of(29, {.batch_size = 4, .shuffle = true, .seed = 3});  // 8 batches, the last of 1
+  const samplers::ReproducibleShuffleSampler shuffle(29, 3);
+  // A user's batches: batch i of epoch e cut from the epoch's shuffled order.
+  auto batch_of = [shuffle](std::int64_t epoch, std::int64_t i) {
+    return shuffle(epoch).narrow(0, 4 * i, std::min<std::int64_t>(4, 29 - 4 * i));
+  };
+  for (std::int64_t n : {1, 3})
+    for (std::int64_t rank = 0; rank < n; ++rank)
+      for (std::int64_t skip : {0, 2, 7}) {
+        INFO("rank " << rank << " of " << n << ", skip " << skip);
+        CHECK(samplers::distributed_length(loader.size(), n, rank) == loader.batches_for({.num_replicas = n, .rank = rank}));
+        Batches endless;
+        for (const torch::Tensor& b : samplers::repeat(loader.size(), batch_of) | samplers::distribute(n, rank) | samplers::skip(skip)) {
+          endless.push_back(to_vector(b));
+          if (endless.size() == 12) break;
+        }
+        CHECK(endless == batches_of(loader.batches({.repeat = true, .skip = skip, .num_replicas = n, .rank = rank}), 12));
+        Batches once;
+        for (const torch::Tensor& b : samplers::one_epoch(loader.size(), batch_of) | samplers::distribute(n, rank) | samplers::skip(skip))
+          once.push_back(to_vector(b));
+        CHECK(once == batches_of(loader.batches({.skip = skip, .num_replicas = n, .rank = rank}), 100));
+      }
+  // A fixed sequence of batches, the same every epoch: the unshuffled loader's chain.
+  auto plain = loader_of(10, {.batch_size = 3});
+  const std::vector<torch::Tensor> epoch = {torch::arange(0, 3), torch::arange(3, 6), torch::arange(6, 9), torch::arange(9, 10)};
+  Batches fixed;
+  for (const torch::Tensor& b : epoch | samplers::repeat | samplers::distribute(3, 1) | samplers::skip(2)) {
+    fixed.push_back(to_vector(b));
+    if (fixed.size() == 3) break;
+  }
+  CHECK(fixed == Batches{{9}, {6, 7, 8}, {3, 4, 5}});  // global batches 7, 10, 13
+  CHECK(fixed == batches_of(plain.batches({.repeat = true, .skip = 2, .num_replicas = 3, .rank = 1}), 3));
+  // An rvalue sequence is kept by the view.
+  auto kept = samplers::repeat(std::vector<torch::Tensor>{torch::arange(2), torch::arange(2, 5)}) | samplers::skip(3);
+  CHECK(to_vector(*ranges::begin(kept)) == std::vector<std::int64_t>{2, 3, 4});
+}
+
+TEST_CASE("DataLoader: every misuse of a sampler or batch sampler is named") {
+  auto evens = [](std::int64_t) { return torch::arange(0, 10, 2); };
+  auto pairs = [](std::int64_t) { return std::vector<torch::Tensor>{torch::arange(0, 2), torch::arange(2, 4)}; };
+  CHECK_THROWS_WITH_AS(loader_of(10, {.batch_size = 2, .shuffle = true, .sampler = evens}),
+                       "DataLoader: the sampler option is mutually exclusive with shuffle (shuffle in the sampler, with "
+                       "dettrial::samplers::ReproducibleShuffleSampler)",
+                       DataError);
+  CHECK_THROWS_WITH_AS(loader_of(10, {.batch_size = 2, .batch_sampler = pairs}),
+                       "DataLoader: the batch_sampler option is mutually exclusive with batch_size (the batch sampler makes "
+                       "the batches: leave batch_size at its default)",
+                       DataError);
+  CHECK_THROWS_WITH_AS(loader_of(10, {.shuffle = true, .batch_sampler = pairs}),
+                       doctest::Contains("the batch_sampler option is mutually exclusive with shuffle"), DataError);
+  CHECK_THROWS_WITH_AS(loader_of(10, {.drop_last = true, .batch_sampler = pairs}),
+                       doctest::Contains("the batch_sampler option is mutually exclusive with drop_last"), DataError);
+  CHECK_THROWS_WITH_AS(loader_of(10, {.sampler = evens, .batch_sampler = pairs}),
+                       doctest::Contains("the batch_sampler option is mutually exclusive with sampler"), DataError);
+  CHECK_NOTHROW(loader_of(10, {.batch_sampler = pairs}));
+
+  // A length that changes between epochs: found when the epoch is read.
+  auto shrinking = loader_of(10, {.batch_size = 4, .sampler = [](std::int64_t epoch) { return torch::arange(10 - epoch); }});
+  CHECK_THROWS_WITH_AS(ids_of(shrinking.batches({.repeat = true}), 4),
+                       "DataLoader: the sampler gave 9 records in epoch 1 but 10 in epoch 0; every epoch must have the same "
+                       "length (repeat, shard and skip count on it)",
+                       DataError);
+  auto fewer = loader_of(10, {.batch_sampler = [](std::int64_t epoch) {
+                                return std::vector<torch::Tensor>(epoch == 0 ? 3 : 2, torch::arange(3));
+                              }});
+  CHECK_THROWS_WITH_AS(batches_of(fewer.batches({.repeat = true}), 4),
+                       doctest::Contains("the batch_sampler gave 2 batches in epoch 1 but 3 in epoch 0"), DataError);
+
+  // Indices out of range, by value.
+  CHECK_THROWS_WITH_AS(loader_of(10, {.batch_size = 2, .sampler = [](std::int64_t) { return torch::tensor({0, 12, 3}); }}),
+                       "DataLoader: the sampler gave record index 12 in epoch 0, but the dataset has 10 records", DataError);
+  CHECK_THROWS_WITH_AS(loader_of(10, {.batch_size = 2, .sampler = [](std::int64_t) { return torch::tensor({-1, 2}); }}),
+                       doctest::Contains("gave record index -1 in epoch 0"), DataError);
+  CHECK_THROWS_WITH_AS(loader_of(10, {.batch_sampler = [](std::int64_t) {
+                                   return std::vector<torch::Tensor>{torch::tensor({1, 2}), torch::tensor({10})};
+                                 }}),
+                       "DataLoader: batch 1 of the batch_sampler gave record index 10 in epoch 0, but the dataset has 10 records",
+                       DataError);
+  // Not 1-D integer indices, nothing to read.
+  CHECK_THROWS_WITH_AS(loader_of(10, {.sampler = [](std::int64_t) { return torch::zeros({2, 2}, torch::kLong); }}),
+                       doctest::Contains("the sampler must give a 1-D tensor of record indices, not a 2-D tensor in epoch 0"),
+                       DataError);
+  CHECK_THROWS_WITH_AS(loader_of(10, {.sampler = [](std::int64_t) { return torch::arange(0., 3.); }}),
+                       doctest::Contains("the sampler must give integer record indices, not Float in epoch 0"), DataError);
+  CHECK_THROWS_WITH_AS(loader_of(10, {.sampler = [](std::int64_t) { return torch::empty({0}, torch::kLong); }}),
+                       "DataLoader: the sampler gave no records in epoch 0", DataError);
+  CHECK_THROWS_WITH_AS(loader_of(10, {.batch_sampler = [](std::int64_t) { return std::vector<torch::Tensor>{}; }}),
+                       "DataLoader: the batch_sampler gave no batches in epoch 0", DataError);
+  CHECK_THROWS_WITH_AS(loader_of(10, {.batch_sampler = [](std::int64_t) {
+                                   return std::vector<torch::Tensor>{torch::tensor({1}), torch::empty({0}, torch::kLong)};
+                                 }}),
+                       "DataLoader: batch 1 of the batch_sampler is empty in epoch 0", DataError);
+  CHECK_THROWS_WITH_AS(loader_of(10, {.batch_size = 8, .drop_last = true, .sampler = evens}),
+                       "DataLoader: batch_size 8 is larger than the sampler's 5 records, so drop_last leaves no batch", DataError);
+
+  // The chain adaptors check their arguments.
+  CHECK_THROWS_WITH_AS(samplers::distribute(3, 3), "samplers::distribute: rank 3 is not among 3 replicas", DataError);
+  CHECK_THROWS_WITH_AS(samplers::skip(-1), "samplers::skip: cannot skip a negative number of batches (-1)", DataError);
+  CHECK_THROWS_WITH_AS(samplers::repeat(std::vector<torch::Tensor>{}), "samplers::repeat: an epoch needs at least one batch, not 0",
+                       DataError);
 }
 
 namespace {

@@ -692,3 +692,98 @@ TEST_CASE("child processes get the variables they are given, over inherited ones
   REQUIRE(WIFEXITED(status));
   CHECK(test::read_text(out) == "given kept");
 }
+
+TEST_CASE("dettrial::optim::StepLR stepped every epoch changes the learning rate after the same epochs as Python's") {
+  // Python: StepLR(opt, step_size=2, gamma=0.5) stepped after each epoch gives lr 0.05, 0.05 in
+  // epochs 1-2, 0.025, 0.025 in epochs 3-4, 0.0125 in epoch 5 (LibTorch's StepLR is one epoch late).
+  struct WithStepLR : test::DeclarativeRegression {
+    using DeclarativeRegression::DeclarativeRegression;
+    auto lr_scheduler(torch::optim::SGD& opt) { return scheduled(optim::StepLR(opt, 2, 0.5), lr_step::every_epoch{}); }
+  };
+  struct RecordLR {
+    std::vector<double> at_epoch_start;
+    void on_training_epoch_start(std::int64_t) { at_epoch_start.push_back(lr_of_group0()); }
+    std::function<double()> lr_of_group0;
+  };
+  Context context(test::hparams(), ContextOptions{.trial_seed = 3});
+  Trainer<WithStepLR> trainer(context);
+  RecordLR record{.lr_of_group0 = [&] { return trainer.optimizer().param_groups()[0].options().get_lr(); }};
+  trainer.fit(test::quiet({.max_length = Epoch(5)}), record);
+  CHECK(record.at_epoch_start == std::vector<double>{0.05, 0.05, 0.025, 0.025, 0.0125});
+}
+
+namespace {
+/// Validation loss reported as a fixed sequence (by epoch), so the plateau scheduler's decisions are known.
+struct PlateauTrial : test::ImperativeRegression {
+  optim::ReduceLROnPlateau plateau;
+  explicit PlateauTrial(Context& c) : ImperativeRegression(c), plateau(opt, {.factor = 0.5, .patience = 1, .threshold = 0.0}) {
+    c.wrap_lr_scheduler(plateau, lr_step::on_validation{"validation_loss"});
+  }
+  Metrics evaluate_batch(test::Batch&) {
+    static const std::vector<double> losses = {1.0, 0.9, 0.95, 0.97, 0.99, 0.96, 0.98};
+    // During validation the current batch is the last one trained: 7 after the first epoch.
+    return {{"validation_loss", torch::tensor(losses.at(static_cast<std::size_t>(context.current_train_batch() / 8)))}};
+  }
+};
+}  // namespace
+
+TEST_CASE("ReduceLROnPlateau steps with the validation metric, and resumes with its patience") {
+  // One validation per epoch (8 batches); patience 1: the second bad validation in a row halves the
+  // lr (as Python's): losses 1.0 0.9 0.95 0.97(halve) 0.99 0.96(halve) 0.98.
+  const auto dir = std::filesystem::temp_directory_path() / ("dettrial-plateau-" + std::to_string(::getpid()));
+  auto run = [&](std::int64_t epochs, bool resume) {
+    Context context(test::hparams(), ContextOptions{.trial_seed = 5});
+    Trainer<PlateauTrial> trainer(context);
+    FitOptions o = test::quiet({.max_length = Epoch(epochs), .validation_period = Epoch(1), .checkpoint_period = Epoch(1), .output_dir = dir});
+    if (resume) o.latest_checkpoint = dir;
+    trainer.fit(o);
+    return std::pair{trainer.trial().opt.param_groups()[0].options().get_lr(), trainer.trial().plateau.num_bad_epochs()};
+  };
+  std::filesystem::remove_all(dir);
+  CHECK(run(6, false) == std::pair{0.0125, std::int64_t{0}});
+  std::filesystem::remove_all(dir);
+  CHECK(run(5, false) == std::pair{0.025, std::int64_t{1}});
+  // Resumed at epoch 5: the sixth validation is the second bad one only if the best and the count came back.
+  CHECK(run(6, true) == std::pair{0.0125, std::int64_t{0}});
+  std::filesystem::remove_all(dir);
+
+  struct WrongMetric : test::ImperativeRegression {
+    optim::ReduceLROnPlateau plateau;
+    explicit WrongMetric(Context& c) : ImperativeRegression(c), plateau(opt) { c.wrap_lr_scheduler(plateau, lr_step::on_validation{"accuracy"}); }
+  };
+  Context context(test::hparams(), ContextOptions{.trial_seed = 5});
+  Trainer<WrongMetric> trainer(context);
+  CHECK_THROWS_WITH_AS(trainer.fit(test::quiet({.max_length = Batch(8)})),
+                       doctest::Contains("needs the validation metric 'accuracy', which the validation did not report (it reported: validation_loss)"),
+                       ConfigError);
+}
+
+TEST_CASE("records_per_epoch sets the epoch of epoch-based lengths and periods") {
+  // 64 records in batches of 8 are 8 batches, but records_per_epoch 40 makes an epoch 5 batches.
+  const ExperimentConfig config = ExperimentConfig::parse("hyperparameters: {global_batch_size: 8, lr: 0.05}\nrecords_per_epoch: 40\n", "test");
+  Context context(config, ContextOptions{.trial_seed = 1});
+  Trainer<test::DeclarativeRegression> trainer(context);
+  const FitResult r = trainer.fit(test::quiet({.max_length = Epoch(3), .validation_period = Epoch(2)}));
+  CHECK(r.batches_trained == 15);
+  CHECK(r.epochs_trained == 3);
+  CHECK(r.validations == 2);  // after epoch 2 (batch 10) and at the end
+  CHECK(context.get_experiment_config().records_per_epoch == 40);
+}
+
+TEST_CASE("the context's trial and experiment ids: given, from Determined's variables, or 0") {
+  CHECK(Context(test::hparams()).get_trial_id() == 0);
+  CHECK(Context(test::hparams()).get_experiment_id() == 0);
+  const Context given(test::hparams(), ContextOptions{.trial_id = 7, .experiment_id = 12});
+  CHECK(given.get_trial_id() == 7);
+  CHECK(given.get_experiment_id() == 12);
+  ::setenv("DET_TRIAL_ID", "3", 1);
+  ::setenv("DET_EXPERIMENT_ID", "41", 1);
+  const Context from_env(test::hparams());
+  CHECK(from_env.get_trial_id() == 3);
+  CHECK(from_env.get_experiment_id() == 41);
+  CHECK(from_env.get_experiment_config().records_per_epoch == 0);
+  ::setenv("DET_TRIAL_ID", "three", 1);
+  CHECK_THROWS_WITH_AS(Context(test::hparams()), doctest::Contains("DET_TRIAL_ID is 'three'; it must be a trial or experiment id"), ConfigError);
+  ::unsetenv("DET_TRIAL_ID");
+  ::unsetenv("DET_EXPERIMENT_ID");
+}

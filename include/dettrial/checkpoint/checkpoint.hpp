@@ -169,8 +169,10 @@ DETTRIAL_INLINE StateDict ContextCheckpoint::python_state(Context& c, const std:
   for (std::size_t i = 0; i < c.num_lr_schedulers(); ++i) {
     const WrappedScheduler& s = c.lr_scheduler(i);
     StateDict d(c10::StringType::get(), c10::AnyType::get());
-    // Python schedulers step once when built: LibTorch's k steps are Python's last_epoch k.
-    if (const std::int64_t steps = s.steps_taken(s.scheduler); steps >= 0) {
+    if (s.python_state) {  // dettrial::optim's schedulers write Python's own state dict
+      s.python_state(s.scheduler, d);
+    } else if (const std::int64_t steps = s.steps_taken(s.scheduler); steps >= 0) {
+      // Python schedulers step once when built: LibTorch's k steps are Python's last_epoch k.
       d.insert("last_epoch", steps);
       d.insert("_step_count", steps + 1);
     }

@@ -18,6 +18,7 @@
 #include <torch/torch.h>
 
 #include "../error.hpp"
+#include "../optim/adadelta.hpp"
 #include "../detail/text.hpp"
 #include "../detail/linkage.hpp"
 
@@ -105,7 +106,7 @@ DETTRIAL_INLINE StateDict module_state_dict(const torch::nn::Module& module);
 /**
  * @brief An optimizer's state dict in Python's layout: `state` keyed by parameter index (counted
  * across groups), `param_groups` with their options and `params` as those indices. The built-in
- * optimizers (SGD, Adam, AdamW, Adagrad, RMSprop) are written in full; for others, groups carry
+ * optimizers (SGD, Adam, AdamW, Adagrad, RMSprop, and dettrial::optim::Adadelta) are written in full; for others, groups carry
  * their learning rate and the state is left empty.
  */
 DETTRIAL_INLINE StateDict optimizer_state_dict(torch::optim::Optimizer& optimizer);
@@ -244,7 +245,7 @@ DETTRIAL_INLINE std::string pickle_for_libtorch(std::string_view pickle) {
         put_at[slot] = here;
         break;
       }
-      case 'p': case 'g': fail("text PUT and GET opcodes (protocol 0)");
+      case 'p': case 'g': throw std::runtime_error("unsupported pickle: text PUT and GET opcodes (protocol 0)");
       case 'h': case 'j':
         if (dropped_memo.count(little_endian(start + 1, op == 'h' ? 1 : 4))) fail("a value inside a state dict's _metadata is used elsewhere");
         if (class_memo.count(little_endian(start + 1, op == 'h' ? 1 : 4))) {
@@ -369,6 +370,8 @@ DETTRIAL_INLINE bool python_param_state(const torch::optim::OptimizerParamState&
   } else if (const auto* s = dynamic_cast<const torch::optim::AdagradParamState*>(&state)) {
     out.insert("step", scalar_tensor(static_cast<double>(s->step())));
     put("sum", s->sum());
+  } else if (const auto* s = dynamic_cast<const dettrial::optim::AdadeltaParamState*>(&state)) {
+    dettrial::optim::python_param_state(*s, out);
   } else if (const auto* s = dynamic_cast<const torch::optim::RMSpropParamState*>(&state)) {
     out.insert("step", static_cast<std::int64_t>(s->step()));
     put("square_avg", s->square_avg());
@@ -399,6 +402,8 @@ DETTRIAL_INLINE void python_group_options(const torch::optim::OptimizerOptions& 
     out.insert("initial_accumulator_value", o->initial_accumulator_value());
     out.insert("eps", o->eps());
     out.insert("maximize", false);
+  } else if (const auto* o = dynamic_cast<const dettrial::optim::AdadeltaOptions*>(&options)) {
+    dettrial::optim::python_group_options(*o, out);
   } else if (const auto* o = dynamic_cast<const torch::optim::RMSpropOptions*>(&options)) {
     out.insert("lr", o->lr());
     out.insert("alpha", o->alpha());

@@ -37,6 +37,7 @@
 #include "../search/hyperparameter_space.hpp"
 #include "../report/metrics_log.hpp"
 #include "../error.hpp"
+#include "../detail/text.hpp"
 #include "../detail/exit_status.hpp"
 #include "../detail/process.hpp"
 #include "../version.hpp"
@@ -277,11 +278,37 @@ int main(int argc, char** argv, Args&&... trial_args) {
                      afresh.c_str());
       MetricsLog(afresh, /*resumed_at=*/-1);  // drops every record: they describe training about to be redone
     }
-    Context context(config, ContextOptions{.communicator = communicator, .threads = threads});
-    Trainer<TrialT> trainer(context, std::forward<Args>(trial_args)...);
-    const FitResult result = trainer.fit(std::move(options));
+    // Determined's max_restarts for a trial run on its own: a failure (an exception; a crash needs a
+    // supervisor, such as the search runner) restarts it from the checkpoint it wrote last. Only
+    // after progress: a failure before the attempt's first new checkpoint would just repeat (missing
+    // data, a bug at batch 0). Data-parallel ranks do not restart alone (their launcher ends the
+    // job), nor does a wrong configuration.
+    if (options.output_dir.empty()) options.output_dir = Trainer<TrialT>::default_output_dir();
+    const std::filesystem::path storage = options.checkpoint_dir.empty() ? options.output_dir / "checkpoints" : options.checkpoint_dir;
+    const std::int64_t max_restarts = communicator || test_mode ? 0 : std::max<std::int64_t>(config.max_restarts, 0);
+    FitResult result;
+    std::unique_ptr<Context> context;
+    for (std::int64_t restarts = 0;; ++restarts) {
+      const std::vector<CheckpointInfo> before = max_restarts > 0 ? list_checkpoints(storage) : std::vector<CheckpointInfo>{};
+      context = std::make_unique<Context>(config, ContextOptions{.communicator = communicator, .threads = threads});
+      try {
+        Trainer<TrialT> trainer(*context, trial_args...);
+        result = trainer.fit(options);
+        break;
+      } catch (const std::exception& e) {
+        const bool configuration = dynamic_cast<const ConfigError*>(&e) || dynamic_cast<const HyperparameterError*>(&e);
+        if (configuration || restarts >= max_restarts) throw;
+        const std::vector<CheckpointInfo> after = list_checkpoints(storage);
+        if (after.empty() || (!before.empty() && after.back().uuid == before.back().uuid)) throw;  // no progress
+        if (!quiet)
+          std::fprintf(stderr, "dettrial: the trial failed: %s\ndettrial: restarting it from its checkpoint at batch %lld: restart %lld of max_restarts %lld\n",
+                       detail::first_line(e.what()).c_str(), static_cast<long long>(after.back().batches_trained),
+                       static_cast<long long>(restarts + 1), static_cast<long long>(max_restarts));
+        options.latest_checkpoint = after.back().path;
+      }
+    }
     if (result.resumed_from_batch > 0 && result.batches_trained == result.resumed_from_batch && result.signal == 0 && !quiet &&
-        context.distributed().is_chief())
+        context->distributed().is_chief())
       std::fprintf(stderr, "dettrial: nothing left to train: the checkpoint is at batch %lld, which already reaches searcher.max_length of %s; "
                            "raise it to train on (e.g. --set searcher.max_length.batches=N)\n",
                    static_cast<long long>(result.resumed_from_batch), config_path.c_str());

@@ -287,7 +287,7 @@ DETTRIAL_INLINE ExperimentConfig ExperimentConfig::from_yaml(const YAML::Node& r
   // The legacy integer form counts steps of scheduling_unit batches, as Determined reads it.
   c.min_validation_period = r.length(root, "min_validation_period", /*zero_means_never=*/true, c.scheduling_unit);
   c.min_checkpoint_period = r.length(root, "min_checkpoint_period", /*zero_means_never=*/true, c.scheduling_unit);
-  if (const YAML::Node p = root["checkpoint_policy"]) {
+  if (const YAML::Node p = root["checkpoint_policy"]; p && !p.IsNull()) {  // null: the default, as the schema allows
     std::string s;
     r.read(root, "checkpoint_policy", s);
     if (s == "best") c.checkpoint_policy = CheckpointPolicy::best;
@@ -300,8 +300,10 @@ DETTRIAL_INLINE ExperimentConfig ExperimentConfig::from_yaml(const YAML::Node& r
       throw ConfigError(detail::where(node, source) + ": '" + section + "' must be a map, found " + detail::describe(node));
   if (const YAML::Node res = root["resources"]) {
     r.read(res, "slots_per_trial", c.slots_per_trial);
-    if (c.slots_per_trial < 1)
-      throw ConfigError(detail::where(res["slots_per_trial"], source) + ": resources.slots_per_trial must be at least 1");
+    if (c.slots_per_trial < 0)
+      throw ConfigError(detail::where(res["slots_per_trial"], source) + ": resources.slots_per_trial must not be negative");
+    // 0 is a trial without a GPU slot on a cluster (the schema's minimum): here, one process.
+    if (c.slots_per_trial == 0) c.slots_per_trial = 1;
   }
   if (const YAML::Node opt = root["optimizations"]) {
     if (const YAML::Node mp = opt["mixed_precision"]; mp && !mp.IsNull()) {
@@ -319,12 +321,12 @@ DETTRIAL_INLINE ExperimentConfig ExperimentConfig::from_yaml(const YAML::Node& r
                         ": optimizations.aggregation_frequency must be at least 1");
     r.read(opt, "average_aggregated_gradients", c.average_aggregated_gradients);
   }
-  if (const YAML::Node rep = root["reproducibility"]; rep && rep["experiment_seed"]) {
+  if (const YAML::Node rep = root["reproducibility"]; rep && rep["experiment_seed"] && !rep["experiment_seed"].IsNull()) {
     std::uint64_t seed = 0;
     r.read(rep, "experiment_seed", seed);
     c.experiment_seed = seed;
   }
-  if (const YAML::Node rep = root["reproducibility"]; rep && rep["deterministic"]) {
+  if (const YAML::Node rep = root["reproducibility"]; rep && rep["deterministic"] && !rep["deterministic"].IsNull()) {
     bool on = false;
     r.read(rep, "deterministic", on);
     c.deterministic = on;
@@ -351,7 +353,13 @@ DETTRIAL_INLINE ExperimentConfig ExperimentConfig::from_yaml(const YAML::Node& r
     r.read(s, "name", c.searcher.name);
     r.read(s, "metric", c.searcher.metric);
     r.read(s, "smaller_is_better", c.searcher.smaller_is_better);
-    if (s["max_length"]) {
+    if (const YAML::Node ml = s["max_length"]; ml && ml.IsScalar()) {
+      // The schema's unitless form (searcher-length.json: an integer), read as batches.
+      std::int64_t n = 0;
+      r.read(s, "max_length", n);
+      if (n < 0) throw ConfigError(detail::where(ml, source) + ": searcher.max_length must not be negative");
+      c.searcher.max_length = Batch(n);
+    } else if (s["max_length"]) {
       c.searcher.max_length = r.length(s, "max_length", /*zero_means_never=*/false);
     } else if (s["max_steps"]) {
       std::int64_t steps = 0;
@@ -377,10 +385,12 @@ DETTRIAL_INLINE void ExperimentConfig::check_fields(const YAML::Node& root, cons
   static const std::vector<std::string> searcher = {
       "name", "metric", "smaller_is_better", "max_length", "max_steps", "max_trials", "max_concurrent_trials",
       "time_metric", "max_time", "divisor", "max_rungs", "num_rungs", "mode", "bracket_rungs"};
-  static const std::vector<std::string> searcher_cluster = {"source_trial_id", "source_checkpoint_uuid", "stop_once"};
+  // budget, train_stragglers: the removed searchers' fields (refused by name, with the searcher); unit: custom's.
+  static const std::vector<std::string> searcher_cluster = {"source_trial_id", "source_checkpoint_uuid", "stop_once", "budget",
+                                                            "train_stragglers", "unit"};
   static const std::vector<std::string> resources = {"slots_per_trial"};
   static const std::vector<std::string> resources_cluster = {
-      "resource_pool", "max_slots", "priority", "weight", "shm_size", "devices", "native_parallel", "is_single_node", "agent_label"};
+      "slots", "resource_pool", "max_slots", "priority", "weight", "shm_size", "devices", "native_parallel", "is_single_node", "agent_label"};
   static const std::vector<std::string> optimizations = {"aggregation_frequency", "average_aggregated_gradients", "mixed_precision"};
   static const std::vector<std::string> optimizations_cluster = {
       "average_training_metrics", "gradient_compression", "tensor_fusion_threshold",
@@ -390,7 +400,7 @@ DETTRIAL_INLINE void ExperimentConfig::check_fields(const YAML::Node& root, cons
                                                    "save_experiment_best", "save_trial_best", "save_trial_latest"};
   // Cloud storage, and shared_fs's legacy checkpoint_path / tensorboard_path (paths inside a task's container).
   static const std::vector<std::string> storage_cloud = {"checkpoint_path", "tensorboard_path", "bucket", "access_key", "secret_key", "endpoint_url", "prefix",
-                                                         "region", "credentials", "account_url", "connection_string", "container"};
+                                                         "region", "credentials", "credential", "user", "account_url", "connection_string", "container"};
   check_map(root, "", top, top_cluster, source, ignored);
   const std::pair<const char*, std::pair<const std::vector<std::string>*, const std::vector<std::string>*>> sections[] = {
       {"searcher", {&searcher, &searcher_cluster}},

@@ -232,22 +232,39 @@ class Context {
    * every `frequency` units. The scheduler must outlive the trainer. Returns it.
    */
   template <class S, class Mode = lr_step::every_batch>
-  S& wrap_lr_scheduler(S& scheduler, Mode = {}, std::int64_t frequency = 1) {
-    static_assert(LRSchedulerLike<S>, "dettrial::Context::wrap_lr_scheduler<S>: S must have step() (a torch::optim scheduler)");
+  S& wrap_lr_scheduler(S& scheduler, Mode mode = {}, std::int64_t frequency = 1) {
+    constexpr bool by_metric = std::same_as<Mode, lr_step::on_validation>;
+    constexpr bool steppable = by_metric ? MetricLRSchedulerLike<S> : LRSchedulerLike<S>;
+    static_assert(by_metric || LRSchedulerLike<S>, "dettrial::Context::wrap_lr_scheduler<S>: S must have step() (a torch::optim scheduler)");
+    static_assert(!by_metric || MetricLRSchedulerLike<S>,
+                  "dettrial::Context::wrap_lr_scheduler<S>: lr_step::on_validation steps S with the validation metric, so S "
+                  "must have step(double) (like dettrial::optim::ReduceLROnPlateau)");
     static_assert(LRStepMode<Mode>,
                   "dettrial::Context::wrap_lr_scheduler: the mode must be a dettrial::lr_step policy (every_batch, "
-                  "every_epoch, every_optimizer_step, manual) or a type with name and steps_after(...)");
-    static_assert(!LRSchedulerLike<S> || CheckpointableLRScheduler<S>,  // one sentence at a time
+                  "every_epoch, every_optimizer_step, manual, on_validation) or a type with name and steps_after(...)");
+    static_assert(!steppable || CheckpointableLRScheduler<S>,  // one sentence at a time
                   "dettrial::Context::wrap_lr_scheduler<S>: checkpoints must restore S, so S must derive from "
                   "torch::optim::LRScheduler or have save(torch::serialize::OutputArchive&) const and "
                   "load(torch::serialize::InputArchive&)");
     if (frequency < 1) throw ConfigError("an LR scheduler's step frequency must be at least 1");
-    if constexpr (LRSchedulerLike<S> && LRStepMode<Mode> && CheckpointableLRScheduler<S>)  // else only the sentence above
-      schedulers_.push_back(detail::WrappedScheduler{&scheduler, [](void* s) { static_cast<S*>(s)->step(); }, &Mode::steps_after,
-                                                     frequency, &detail::save_lr_scheduler<S>, &detail::load_lr_scheduler<S>,
-                                                     &detail::lr_scheduler_steps<S>});
+    if constexpr (steppable && LRStepMode<Mode> && CheckpointableLRScheduler<S>) {  // else only the sentences above
+      detail::WrappedScheduler w{&scheduler, nullptr, &Mode::steps_after, frequency, &detail::save_lr_scheduler<S>,
+                                 &detail::load_lr_scheduler<S>, &detail::lr_scheduler_steps<S>, detail::python_state_writer<S>()};
+      if constexpr (by_metric) {
+        if (mode.metric.empty())
+          throw ConfigError("lr_step::on_validation needs the validation metric to step with, e.g. lr_step::on_validation{\"validation_loss\"}");
+        w.step_with_metric = [](void* s, double metric) { static_cast<S*>(s)->step(metric); };
+        w.metric = mode.metric;
+      } else {
+        w.step = [](void* s) { static_cast<S*>(s)->step(); };
+      }
+      schedulers_.push_back(std::move(w));
+    }
     return scheduler;
   }
+
+  /// Steps the lr_step::on_validation schedulers with this validation's metrics (the trainer calls it).
+  void step_lr_schedulers_on_validation(const MetricValues& metrics);
 
   /**
    * @brief Registers a user reducer (Determined's `wrap_reducer`): reset before each training workload
@@ -589,6 +606,20 @@ DETTRIAL_INLINE void Context::release_registrations() {
   stop_requested_ = false;
   position_ = {};
   scaler_ = own_scaler_.get();
+}
+
+DETTRIAL_INLINE void Context::step_lr_schedulers_on_validation(const MetricValues& metrics) {
+  for (auto& s : schedulers_) {
+    if (!s.step_with_metric) continue;
+    const std::optional<double> value = metrics.get(s.metric);
+    if (!value) {
+      std::string names;
+      for (const auto& [name, v] : metrics) names += (names.empty() ? "" : ", ") + name;
+      throw ConfigError("the LR scheduler stepped on validation needs the validation metric '" + s.metric +
+                        "', which the validation did not report (it reported: " + names + ")");
+    }
+    s.step_with_metric(s.scheduler, *value);
+  }
 }
 
 DETTRIAL_INLINE void Context::step_lr_schedulers(std::int64_t batch_idx) {

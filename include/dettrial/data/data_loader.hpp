@@ -4,9 +4,12 @@
 /// reproducible order.
 #pragma once
 
+#include <algorithm>
 #include <concepts>
 #include <cstdint>
 #include <iterator>
+#include <limits>
+#include <memory>
 #include <optional>
 #include <ranges>
 #include <tuple>
@@ -20,6 +23,8 @@
 #include "collate.hpp"
 #include "prefetch.hpp"
 #include "sampler.hpp"
+#include "samplers.hpp"
+#include "../detail/linkage.hpp"
 
 namespace dettrial {
 
@@ -100,6 +105,18 @@ struct DataLoaderOptions {
   bool shuffle = false;
   /// Drop the last, short batch of an epoch.
   bool drop_last = false;
+  /// A sampler (Python's `sampler=`): the record order of each epoch, `torch::Tensor(std::int64_t epoch)`
+  /// (1-D, integer record indices), cut into batches by batch_size and drop_last. Every epoch must
+  /// have the same length. Mutually exclusive with shuffle: shuffle in the sampler
+  /// (samplers::ReproducibleShuffleSampler). Called once per epoch, never per batch (under the
+  /// loader's lock, possibly on a worker thread); it must be a function of the epoch, the same on
+  /// every rank, since a resumed run recomputes the epoch it resumes in.
+  SamplerFunction sampler{};
+  /// A batch sampler (Python's `batch_sampler=`): the batches of each epoch,
+  /// `std::vector<torch::Tensor>(std::int64_t epoch)`, of any sizes; every epoch must have the same
+  /// number of them. batch_size, shuffle, drop_last and sampler must then be left at their defaults.
+  /// Called like a sampler: once per epoch, a function of the epoch.
+  BatchSamplerFunction batch_sampler{};
   /// The shuffle seed; unset means one drawn from LibTorch's global generator (which the trial
   /// seed has seeded), so the order follows the trial seed.
   std::optional<std::uint64_t> seed{};
@@ -119,6 +136,9 @@ auto as_batch_dataset(D dataset) {
   if constexpr (BatchDataset<D>) return dataset;
   else return ExampleBatches<D>(std::move(dataset));
 }
+/// The loader's record order and batching for its options: built-in, a sampler's or a batch
+/// sampler's. Throws DataError naming an option that conflicts with a sampler or batch sampler.
+DETTRIAL_INLINE BatchSampler make_batch_sampler(std::int64_t records, const DataLoaderOptions& options, std::uint64_t seed);
 }  // namespace detail
 
 /**
@@ -127,7 +147,9 @@ auto as_batch_dataset(D dataset) {
  * Takes a batch-level dataset (`get_batch(indices)`, vectorised: dettrial::TensorDataset) or a
  * per-example one (`get(index)`, collated by dettrial::collate_fn or by `with_collate`). The trainer
  * reads it through `batches(chain)`, which applies Determined's repeat, shard and skip; iterating the
- * loader itself is one unsharded pass (what `evaluate_full_dataset` sees).
+ * loader itself is one unsharded pass (what `evaluate_full_dataset` sees). The order of an epoch is the
+ * built-in one (`shuffle`), or a user's `sampler` or `batch_sampler` (see DataLoaderOptions), with the
+ * same repeat, shard and skip on top.
  * @code{.cpp}
  * dettrial::DataLoader loader(dettrial::TensorDataset(images, labels),
  *                             {.batch_size = ctx.get_per_slot_batch_size(), .shuffle = true, .workers = 2});
@@ -148,8 +170,8 @@ class DataLoader {
   DataLoader(D dataset, DataLoaderOptions options)
       : dataset_(std::make_shared<const dataset_type>(detail::as_batch_dataset(std::move(dataset)))),
         options_(options),
-        sampler_(static_cast<std::int64_t>(dataset_->size()), options.batch_size, options.drop_last, options.shuffle,
-                 options.seed ? *options.seed : draw_seed()) {
+        sampler_(detail::make_batch_sampler(static_cast<std::int64_t>(dataset_->size()), options_,
+                                            options.seed ? *options.seed : draw_seed())) {
     if (options_.workers < 0) throw DataError("DataLoader workers must not be negative");
     if (options_.prefetch < 1) throw DataError("DataLoader prefetch must be at least 1");
     pin_ = options_.pin_memory.value_or(torch::cuda::is_available());
@@ -162,7 +184,7 @@ class DataLoader {
   std::int64_t num_records() const { return sampler_.records(); }
   const DataLoaderOptions& options() const { return options_; }
   std::uint64_t seed() const { return sampler_.seed(); }
-  /// Changes the shuffle seed; streams made before keep the old one.
+  /// Changes the shuffle seed; streams made before keep the old one. (A user's sampler ignores it.)
   void set_seed(std::uint64_t seed) { sampler_.set_seed(seed); }
   const dataset_type& dataset() const { return *dataset_; }
   const BatchSampler& sampler() const { return sampler_; }
@@ -209,7 +231,9 @@ class DataLoader {
     Stream(const DataLoader& loader, LoaderChain chain)
         : loader_(&loader), slices_(loader.sampler_.slices(chain)), skip_(chain.skip), position_(chain.skip),
           end_(chain.repeat ? std::numeric_limits<std::int64_t>::max() : loader.batches_for(chain)) {
-      if (loader.options_.workers > 0 && position_ < end_)
+      const int workers = loader.options_.workers;
+      loader.sampler_.keep_epochs_in_flight(workers > 0 ? std::max(workers * loader.options_.prefetch, workers) : 1, chain);
+      if (workers > 0 && position_ < end_)
         prefetcher_ = std::make_unique<detail::Prefetcher<batch_type>>(
             [loader = loader_, slices = slices_, skip = skip_](std::int64_t k) { return loader->read(slices[k - skip]); },
             position_, end_, loader.options_.workers, loader.options_.workers * loader.options_.prefetch);
@@ -287,3 +311,33 @@ class DataLoader {
 };
 
 }  // namespace dettrial
+
+// Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
+#if DETTRIAL_HEADER_DEFINITIONS
+#include <string>
+
+namespace dettrial::detail {
+
+DETTRIAL_INLINE BatchSampler make_batch_sampler(std::int64_t records, const DataLoaderOptions& options, std::uint64_t seed) {
+  if (options.batch_sampler) {
+    const char* conflict = options.sampler            ? "sampler"
+                           : options.batch_size != 1  ? "batch_size"
+                           : options.shuffle          ? "shuffle"
+                           : options.drop_last        ? "drop_last"
+                                                      : nullptr;
+    if (conflict)
+      throw DataError(std::string("DataLoader: the batch_sampler option is mutually exclusive with ") + conflict +
+                      " (the batch sampler makes the batches: leave " + conflict + " at its default)");
+    return BatchSampler(records, options.batch_sampler, seed);
+  }
+  if (options.sampler) {
+    if (options.shuffle)
+      throw DataError("DataLoader: the sampler option is mutually exclusive with shuffle (shuffle in the sampler, with "
+                      "dettrial::samplers::ReproducibleShuffleSampler)");
+    return BatchSampler(records, options.sampler, options.batch_size, options.drop_last, seed);
+  }
+  return BatchSampler(records, options.batch_size, options.drop_last, options.shuffle, seed);
+}
+
+}  // namespace dettrial::detail
+#endif  // DETTRIAL_HEADER_DEFINITIONS

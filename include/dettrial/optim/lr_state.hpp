@@ -6,6 +6,7 @@
 
 #include <concepts>
 #include <cstdint>
+#include <string>
 #include <utility>
 
 #include <torch/torch.h>
@@ -72,7 +73,20 @@ struct WrappedScheduler {
   void (*load)(void*, torch::serialize::InputArchive&);
   /// Steps taken, for a LibTorch scheduler; -1 for others.
   std::int64_t (*steps_taken)(void*);
+  /// Writes Python's `state_dict()` of the scheduler, when it has `python_state` (dettrial::optim's); else null.
+  void (*python_state)(void*, c10::impl::GenericDict&) = nullptr;
+  /// For lr_step::on_validation: `step(metric)` with the validation's value of `metric`.
+  void (*step_with_metric)(void*, double) = nullptr;
+  std::string metric{};
 };
+
+/// The scheduler's own Python state dict writer, when it has one.
+template <class S>
+auto python_state_writer() -> void (*)(void*, c10::impl::GenericDict&) {
+  if constexpr (requires(const S& s, c10::impl::GenericDict& d) { s.python_state(d); })
+    return [](void* s, c10::impl::GenericDict& d) { static_cast<const S*>(s)->python_state(d); };
+  else return nullptr;
+}
 
 }  // namespace detail
 }  // namespace dettrial

@@ -48,7 +48,26 @@ struct manual {
   static std::int64_t steps_after(std::int64_t, std::int64_t, std::int64_t, std::int64_t) { return 0; }
 };
 
+/**
+ * @brief After every validation, with that validation's value of `metric` (after the trial's
+ * callbacks' on_validation_end): for schedulers stepped with a metric, `step(double)`, such as
+ * dettrial::optim::ReduceLROnPlateau. Never stepped by batches.
+ * @code{.cpp}
+ * context.wrap_lr_scheduler(plateau, dettrial::lr_step::on_validation{"validation_loss"});
+ * @endcode
+ */
+struct on_validation {
+  static constexpr std::string_view name = "on_validation";
+  static std::int64_t steps_after(std::int64_t, std::int64_t, std::int64_t, std::int64_t) { return 0; }
+  /// The validation metric passed to the scheduler's step.
+  std::string metric;
+};
+
 }  // namespace lr_step
+
+/// A scheduler stepped with a metric (ReduceLROnPlateau): `step(double)`.
+template <class S>
+concept MetricLRSchedulerLike = requires(S& s, double metric) { s.step(metric); };
 
 /// A step mode policy: a type with `steps_after(batch_idx, aggregation_frequency, epoch_len, frequency)`.
 template <class M>

@@ -556,6 +556,7 @@ class Trainer {
     MetricValues metrics = detail::combine_validation(shares);
     reduce_user_reducers(&detail::WrappedReducer::for_validation, shares, metrics);
     callbacks.template call<hook::on_validation_end>(metrics);
+    context_.step_lr_schedulers_on_validation(metrics);  // the same reduced metrics on every rank
     st.last_validation = st.batches_trained;
     ++st.result.validations;
     MetricValues reported;

@@ -1,0 +1,611 @@
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief Learning-rate schedulers with PyTorch's (Python's) semantics: StepLR, MultiStepLR,
+/// ExponentialLR and ReduceLROnPlateau, exact resume, and Python's `scheduler.state_dict()` layout.
+///
+/// LibTorch's own `torch::optim::StepLR` decays one step later than Python's (it does not count the
+/// step Python's constructor takes), so a schedule ported from Python drifts by one step. These follow
+/// Python's `torch.optim.lr_scheduler` to the bit: after k `step()` calls the learning rates are
+/// Python's after k calls, computed with Python's chainable (multiplicative) arithmetic.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <utility>
+#include <variant>
+#include <vector>
+
+#include <torch/torch.h>
+
+#include "../error.hpp"
+#include "../detail/linkage.hpp"
+
+namespace dettrial::optim {
+
+/**
+ * @brief What StepLR, MultiStepLR and ExponentialLR share: Python's `LRScheduler` state (`base_lrs`,
+ * `last_epoch`, `_step_count`, `_last_lr`). Constructing one does what Python's constructor does:
+ * it records the groups' current learning rates as `base_lrs` and takes one step, so `last_epoch`
+ * starts at 0 and the step count at 1.
+ */
+class EpochLRScheduler {
+ public:
+  /// Python's `last_epoch`: the number of `step()` calls since construction.
+  std::int64_t last_epoch() const { return last_epoch_; }
+  /// Python's `_step_count`: `last_epoch() + 1` (the constructor's own step counts).
+  std::int64_t step_count() const { return step_count_; }
+  /// The groups' learning rates when the scheduler was made.
+  const std::vector<double>& base_lrs() const { return base_lrs_; }
+  /// The groups' learning rates after the last step (Python's `get_last_lr()`).
+  std::vector<double> get_last_lr() const { return last_lr_; }
+  torch::optim::Optimizer& optimizer() const { return *optimizer_; }
+
+ protected:
+  EpochLRScheduler(torch::optim::Optimizer& optimizer, const char* name);
+  /// One Python `step()`: `last_epoch` and the step count advance, and each group's learning rate is
+  /// multiplied by `factor` when `decay` (Python's `group["lr"] * ...`), else left as it is.
+  void advance(bool decay, double factor);
+  /// The state every scheduler saves (with its type's name, checked on load).
+  void save_common(torch::serialize::OutputArchive& archive) const;
+  void load_common(torch::serialize::InputArchive& archive);
+  /// Python's LRScheduler entries of `state_dict()`, after the subclass's own.
+  void python_common(c10::impl::GenericDict& out) const;
+  /// A ConfigError naming the class, the argument, the rule and the value.
+  [[noreturn]] void invalid(const char* argument, const std::string& rule, const std::string& value) const;
+
+  torch::optim::Optimizer* optimizer_;
+  const char* name_;  // "StepLR", ...
+  std::vector<double> base_lrs_;
+  std::int64_t last_epoch_ = -1;
+  std::int64_t step_count_ = 0;
+  std::vector<double> last_lr_;
+};
+
+/// Python's `StepLR(optimizer, step_size, gamma=0.1)`: multiplies each group's learning rate by
+/// `gamma` on every `step_size`-th step.
+class StepLR : public EpochLRScheduler {
+ public:
+  StepLR(torch::optim::Optimizer& optimizer, std::int64_t step_size, double gamma = 0.1);
+  void step();
+  std::int64_t step_size() const { return step_size_; }
+  double gamma() const { return gamma_; }
+  void save(torch::serialize::OutputArchive& archive) const;
+  void load(torch::serialize::InputArchive& archive);
+  /// Python's `state_dict()`: step_size, gamma, base_lrs, last_epoch, verbose, _step_count,
+  /// _get_lr_called_within_step, _is_initial, _last_lr.
+  void python_state(c10::impl::GenericDict& out) const;
+
+ private:
+  std::int64_t step_size_;
+  double gamma_;
+};
+
+/// Python's `MultiStepLR(optimizer, milestones, gamma=0.1)`: multiplies each group's learning rate by
+/// `gamma` when `last_epoch` reaches a milestone (by `gamma` to the n-th power for a milestone given n
+/// times, as Python's Counter does).
+class MultiStepLR : public EpochLRScheduler {
+ public:
+  MultiStepLR(torch::optim::Optimizer& optimizer, const std::vector<std::int64_t>& milestones, double gamma = 0.1);
+  void step();
+  /// Each milestone with the number of times it was given.
+  const std::map<std::int64_t, std::int64_t>& milestones() const { return milestones_; }
+  double gamma() const { return gamma_; }
+  void save(torch::serialize::OutputArchive& archive) const;
+  void load(torch::serialize::InputArchive& archive);
+  /// Python's `state_dict()`: milestones (a dict milestone -> count, as Python's Counter pickles
+  /// into one), gamma, and the LRScheduler entries as StepLR's.
+  void python_state(c10::impl::GenericDict& out) const;
+
+ private:
+  std::map<std::int64_t, std::int64_t> milestones_;
+  double gamma_;
+};
+
+/// Python's `ExponentialLR(optimizer, gamma)`: multiplies each group's learning rate by `gamma` on
+/// every step.
+class ExponentialLR : public EpochLRScheduler {
+ public:
+  ExponentialLR(torch::optim::Optimizer& optimizer, double gamma);
+  void step();
+  double gamma() const { return gamma_; }
+  void save(torch::serialize::OutputArchive& archive) const;
+  void load(torch::serialize::InputArchive& archive);
+  /// Python's `state_dict()`: gamma and the LRScheduler entries as StepLR's.
+  void python_state(c10::impl::GenericDict& out) const;
+
+ private:
+  double gamma_;
+};
+
+/// ReduceLROnPlateau's options, with Python's defaults.
+struct ReduceLROnPlateauOptions {
+  /// "min": the metric should go down (a loss); "max": up (an accuracy).
+  std::string mode = "min";
+  /// The learning rate is multiplied by it on a plateau; in [0, 1).
+  double factor = 0.1;
+  /// Epochs without improvement tolerated; the rate drops on the next one.
+  std::int64_t patience = 10;
+  /// How much better than the best a metric must be to count as an improvement.
+  double threshold = 1e-4;
+  /// "rel": better than best * (1 -/+ threshold); "abs": better than best -/+ threshold.
+  std::string threshold_mode = "rel";
+  /// Epochs after a drop during which bad epochs are not counted.
+  std::int64_t cooldown = 0;
+  /// The lowest learning rate: one for all groups, or one per group.
+  std::variant<double, std::vector<double>> min_lr = 0.0;
+  /// A drop smaller than this is not made.
+  double eps = 1e-8;
+};
+
+/**
+ * @brief Python's `ReduceLROnPlateau`: `step(metric)` once per evaluation; when the metric has not
+ * improved (by `threshold`) for more than `patience` steps, each group's learning rate becomes
+ * `max(lr * factor, min_lr)` (unless that lowers it by `eps` or less), and `cooldown` steps follow in
+ * which bad epochs are not counted. Python's rules and arithmetic, exactly.
+ */
+class ReduceLROnPlateau {
+ public:
+  using Options = ReduceLROnPlateauOptions;
+  explicit ReduceLROnPlateau(torch::optim::Optimizer& optimizer, ReduceLROnPlateauOptions options = {});
+
+  void step(double metric);
+  /// A 0-dim tensor metric (read once: one synchronisation with its device).
+  void step(const torch::Tensor& metric) { step(metric.item<double>()); }
+
+  /// The number of `step` calls.
+  std::int64_t last_epoch() const { return last_epoch_; }
+  std::vector<double> get_last_lr() const { return last_lr_; }
+  /// The best metric so far (+inf in "min" mode, -inf in "max" mode before any).
+  double best() const { return best_; }
+  std::int64_t num_bad_epochs() const { return num_bad_epochs_; }
+  std::int64_t cooldown_counter() const { return cooldown_counter_; }
+  bool in_cooldown() const { return cooldown_counter_ > 0; }
+  const std::vector<double>& min_lrs() const { return min_lrs_; }
+  const ReduceLROnPlateauOptions& options() const { return options_; }
+  torch::optim::Optimizer& optimizer() const { return *optimizer_; }
+
+  void save(torch::serialize::OutputArchive& archive) const;
+  void load(torch::serialize::InputArchive& archive);
+  /// Python's `state_dict()`: factor, default_min_lr, min_lrs, patience, cooldown, eps, verbose,
+  /// last_epoch, _last_lr, mode_worse, mode, threshold, threshold_mode, best, cooldown_counter,
+  /// num_bad_epochs.
+  void python_state(c10::impl::GenericDict& out) const;
+
+ private:
+  bool is_better(double a, double best) const;
+  void reduce_lr();
+  double mode_worse() const;
+
+  torch::optim::Optimizer* optimizer_;
+  ReduceLROnPlateauOptions options_;
+  bool min_mode_ = true;      // options_.mode == "min"
+  bool rel_threshold_ = true;  // options_.threshold_mode == "rel"
+  std::vector<double> min_lrs_;
+  std::int64_t last_epoch_ = 0;
+  std::vector<double> last_lr_;
+  double best_;
+  std::int64_t num_bad_epochs_ = 0;
+  std::int64_t cooldown_counter_ = 0;
+};
+
+}  // namespace dettrial::optim
+
+// Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
+#if DETTRIAL_HEADER_DEFINITIONS
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <limits>
+
+namespace dettrial::detail {
+
+DETTRIAL_INLINE std::string scheduler_number(double value) {
+  char text[32];
+  const auto result = std::to_chars(text, text + sizeof text, value);
+  return std::string(text, result.ptr);
+}
+
+DETTRIAL_INLINE std::vector<double> scheduler_group_lrs(const torch::optim::Optimizer& optimizer) {
+  std::vector<double> lrs;
+  for (const auto& group : optimizer.param_groups()) lrs.push_back(group.options().get_lr());
+  return lrs;
+}
+
+/// A Python list of numbers: typed Any, as Python's weights-only loader wants lists.
+DETTRIAL_INLINE c10::impl::GenericList scheduler_python_list(const std::vector<double>& values) {
+  c10::impl::GenericList list(c10::AnyType::get());
+  for (const double v : values) list.push_back(v);
+  return list;
+}
+
+/// Reads one saved entry of a scheduler; absent or of another type is a CheckpointError.
+struct SchedulerArchive {
+  torch::serialize::InputArchive& archive;
+  std::string owner;  // "dettrial::optim::StepLR's saved state"
+
+  c10::IValue entry(const char* key) const {
+    c10::IValue value;
+    if (!archive.try_read(key, value)) throw CheckpointError(owner + " has no '" + key + "'");
+    return value;
+  }
+  [[noreturn]] void mistyped(const char* key, const char* type) const {
+    throw CheckpointError(owner + ": '" + key + "' is not " + type);
+  }
+  std::int64_t integer(const char* key) const {
+    const c10::IValue v = entry(key);
+    if (!v.isInt()) mistyped(key, "an integer");
+    return v.toInt();
+  }
+  double number(const char* key) const {
+    const c10::IValue v = entry(key);
+    if (!v.isDouble()) mistyped(key, "a number");
+    return v.toDouble();
+  }
+  std::string text(const char* key) const {
+    const c10::IValue v = entry(key);
+    if (!v.isString()) mistyped(key, "a string");
+    return v.toStringRef();
+  }
+  std::vector<double> numbers(const char* key) const {
+    const c10::IValue v = entry(key);
+    if (!v.isDoubleList()) mistyped(key, "a list of numbers");
+    return v.toDoubleVector();
+  }
+  std::vector<std::int64_t> integers(const char* key) const {
+    const c10::IValue v = entry(key);
+    if (!v.isIntList()) mistyped(key, "a list of integers");
+    return v.toIntVector();
+  }
+  /// A list with one entry per parameter group of `optimizer`.
+  std::vector<double> per_group(const char* key, const torch::optim::Optimizer& optimizer) const {
+    std::vector<double> values = numbers(key);
+    if (values.size() != optimizer.param_groups().size())
+      throw CheckpointError(owner + " has " + std::to_string(values.size()) + " value(s) in '" + key +
+                            "', but the optimizer has " + std::to_string(optimizer.param_groups().size()) +
+                            " parameter group(s)");
+    return values;
+  }
+};
+
+DETTRIAL_INLINE void check_scheduler_type(const SchedulerArchive& in, const std::string& name) {
+  const std::string saved = in.text("scheduler");
+  if (saved != name)
+    throw CheckpointError(in.owner + " was written by a " + saved + ": is the checkpoint from another trial?");
+}
+
+}  // namespace dettrial::detail
+
+namespace dettrial::optim {
+
+// ------------------------------------------------------------------------------------------------
+// EpochLRScheduler
+
+DETTRIAL_INLINE EpochLRScheduler::EpochLRScheduler(torch::optim::Optimizer& optimizer, const char* name)
+    : optimizer_(&optimizer), name_(name), base_lrs_(detail::scheduler_group_lrs(optimizer)), last_lr_(base_lrs_) {}
+
+DETTRIAL_INLINE void EpochLRScheduler::advance(bool decay, double factor) {
+  ++step_count_;
+  ++last_epoch_;
+  if (decay)
+    for (auto& group : optimizer_->param_groups()) group.options().set_lr(group.options().get_lr() * factor);
+  last_lr_ = detail::scheduler_group_lrs(*optimizer_);
+}
+
+DETTRIAL_INLINE void EpochLRScheduler::invalid(const char* argument, const std::string& rule, const std::string& value) const {
+  throw ConfigError(std::string("dettrial::optim::") + name_ + ": " + argument + " must be " + rule + ", not " + value);
+}
+
+DETTRIAL_INLINE void EpochLRScheduler::save_common(torch::serialize::OutputArchive& archive) const {
+  archive.write("scheduler", c10::IValue(std::string(name_)));
+  archive.write("last_epoch", c10::IValue(last_epoch_));
+  archive.write("step_count", c10::IValue(step_count_));
+  archive.write("base_lrs", c10::IValue(base_lrs_));
+  archive.write("last_lr", c10::IValue(last_lr_));
+}
+
+DETTRIAL_INLINE void EpochLRScheduler::load_common(torch::serialize::InputArchive& archive) {
+  const detail::SchedulerArchive in{archive, std::string("dettrial::optim::") + name_ + "'s saved state"};
+  detail::check_scheduler_type(in, name_);
+  // Everything read before anything is changed: a mismatch leaves the scheduler as it was.
+  const std::int64_t last_epoch = in.integer("last_epoch");
+  const std::int64_t step_count = in.integer("step_count");
+  std::vector<double> base_lrs = in.per_group("base_lrs", *optimizer_);
+  std::vector<double> last_lr = in.per_group("last_lr", *optimizer_);
+  last_epoch_ = last_epoch;
+  step_count_ = step_count;
+  base_lrs_ = std::move(base_lrs);
+  last_lr_ = std::move(last_lr);
+}
+
+DETTRIAL_INLINE void EpochLRScheduler::python_common(c10::impl::GenericDict& out) const {
+  out.insert("base_lrs", detail::scheduler_python_list(base_lrs_));
+  out.insert("last_epoch", last_epoch_);
+  out.insert("verbose", false);  // torch < 2.2 has it
+  out.insert("_step_count", step_count_);
+  out.insert("_get_lr_called_within_step", false);
+  out.insert("_is_initial", false);  // torch >= 2.6 has it
+  out.insert("_last_lr", detail::scheduler_python_list(last_lr_));
+}
+
+// ------------------------------------------------------------------------------------------------
+// StepLR
+
+DETTRIAL_INLINE StepLR::StepLR(torch::optim::Optimizer& optimizer, std::int64_t step_size, double gamma)
+    : EpochLRScheduler(optimizer, "StepLR"), step_size_(step_size), gamma_(gamma) {
+  if (step_size < 1) invalid("step_size", "at least 1", std::to_string(step_size));
+  if (!(gamma > 0)) invalid("gamma", "positive", detail::scheduler_number(gamma));
+  step();  // Python's constructor steps once: last_epoch 0, no decay
+}
+
+DETTRIAL_INLINE void StepLR::step() {
+  const std::int64_t epoch = last_epoch_ + 1;
+  advance(epoch != 0 && epoch % step_size_ == 0, gamma_);
+}
+
+DETTRIAL_INLINE void StepLR::save(torch::serialize::OutputArchive& archive) const {
+  save_common(archive);
+  archive.write("step_size", c10::IValue(step_size_));
+  archive.write("gamma", c10::IValue(gamma_));
+}
+
+DETTRIAL_INLINE void StepLR::load(torch::serialize::InputArchive& archive) {
+  const detail::SchedulerArchive in{archive, "dettrial::optim::StepLR's saved state"};
+  detail::check_scheduler_type(in, name_);
+  const std::int64_t step_size = in.integer("step_size");
+  const double gamma = in.number("gamma");
+  load_common(archive);
+  step_size_ = step_size;
+  gamma_ = gamma;
+}
+
+DETTRIAL_INLINE void StepLR::python_state(c10::impl::GenericDict& out) const {
+  out.insert("step_size", step_size_);
+  out.insert("gamma", gamma_);
+  python_common(out);
+}
+
+// ------------------------------------------------------------------------------------------------
+// MultiStepLR
+
+DETTRIAL_INLINE MultiStepLR::MultiStepLR(torch::optim::Optimizer& optimizer, const std::vector<std::int64_t>& milestones,
+                                         double gamma)
+    : EpochLRScheduler(optimizer, "MultiStepLR"), gamma_(gamma) {
+  for (const std::int64_t m : milestones) {
+    if (m < 0) invalid("milestones", "at least 0", std::to_string(m));
+    ++milestones_[m];
+  }
+  if (!(gamma > 0)) invalid("gamma", "positive", detail::scheduler_number(gamma));
+  step();  // Python's constructor steps once: last_epoch 0 (a decay only if 0 is a milestone)
+}
+
+DETTRIAL_INLINE void MultiStepLR::step() {
+  const auto it = milestones_.find(last_epoch_ + 1);
+  // Python: group["lr"] * gamma ** count (the power first, as Python's float pow computes it).
+  advance(it != milestones_.end(), it != milestones_.end() ? std::pow(gamma_, static_cast<double>(it->second)) : 1.0);
+}
+
+DETTRIAL_INLINE void MultiStepLR::save(torch::serialize::OutputArchive& archive) const {
+  save_common(archive);
+  std::vector<std::int64_t> milestones;  // each as often as it was given
+  for (const auto& [m, count] : milestones_) milestones.insert(milestones.end(), static_cast<std::size_t>(count), m);
+  archive.write("milestones", c10::IValue(milestones));
+  archive.write("gamma", c10::IValue(gamma_));
+}
+
+DETTRIAL_INLINE void MultiStepLR::load(torch::serialize::InputArchive& archive) {
+  const detail::SchedulerArchive in{archive, "dettrial::optim::MultiStepLR's saved state"};
+  detail::check_scheduler_type(in, name_);
+  const std::vector<std::int64_t> milestones = in.integers("milestones");
+  const double gamma = in.number("gamma");
+  load_common(archive);
+  milestones_.clear();
+  for (const std::int64_t m : milestones) ++milestones_[m];
+  gamma_ = gamma;
+}
+
+DETTRIAL_INLINE void MultiStepLR::python_state(c10::impl::GenericDict& out) const {
+  // Python's Counter is a dict subclass; a plain dict of the same entries is what its
+  // load_state_dict and get_lr need.
+  c10::impl::GenericDict milestones(c10::IntType::get(), c10::AnyType::get());
+  for (const auto& [m, count] : milestones_) milestones.insert(m, count);
+  out.insert("milestones", milestones);
+  out.insert("gamma", gamma_);
+  python_common(out);
+}
+
+// ------------------------------------------------------------------------------------------------
+// ExponentialLR
+
+DETTRIAL_INLINE ExponentialLR::ExponentialLR(torch::optim::Optimizer& optimizer, double gamma)
+    : EpochLRScheduler(optimizer, "ExponentialLR"), gamma_(gamma) {
+  if (!(gamma > 0)) invalid("gamma", "positive", detail::scheduler_number(gamma));
+  step();  // Python's constructor steps once: last_epoch 0, no decay
+}
+
+DETTRIAL_INLINE void ExponentialLR::step() {
+  advance(last_epoch_ + 1 != 0, gamma_);
+}
+
+DETTRIAL_INLINE void ExponentialLR::save(torch::serialize::OutputArchive& archive) const {
+  save_common(archive);
+  archive.write("gamma", c10::IValue(gamma_));
+}
+
+DETTRIAL_INLINE void ExponentialLR::load(torch::serialize::InputArchive& archive) {
+  const detail::SchedulerArchive in{archive, "dettrial::optim::ExponentialLR's saved state"};
+  detail::check_scheduler_type(in, name_);
+  const double gamma = in.number("gamma");
+  load_common(archive);
+  gamma_ = gamma;
+}
+
+DETTRIAL_INLINE void ExponentialLR::python_state(c10::impl::GenericDict& out) const {
+  out.insert("gamma", gamma_);
+  python_common(out);
+}
+
+// ------------------------------------------------------------------------------------------------
+// ReduceLROnPlateau
+
+DETTRIAL_INLINE ReduceLROnPlateau::ReduceLROnPlateau(torch::optim::Optimizer& optimizer, ReduceLROnPlateauOptions options)
+    : optimizer_(&optimizer), options_(std::move(options)) {
+  const auto invalid = [](const char* argument, const std::string& rule, const std::string& value) {
+    throw ConfigError(std::string("dettrial::optim::ReduceLROnPlateau: ") + argument + " must be " + rule + ", not " + value);
+  };
+  const auto& o = options_;
+  if (o.mode != "min" && o.mode != "max") invalid("mode", "\"min\" or \"max\"", '"' + o.mode + '"');
+  if (!(o.factor >= 0 && o.factor < 1)) invalid("factor", "in [0, 1)", dettrial::detail::scheduler_number(o.factor));
+  if (o.patience < 0) invalid("patience", "at least 0", std::to_string(o.patience));
+  if (!(o.threshold >= 0)) invalid("threshold", "at least 0", dettrial::detail::scheduler_number(o.threshold));
+  if (o.threshold_mode != "rel" && o.threshold_mode != "abs")
+    invalid("threshold_mode", "\"rel\" or \"abs\"", '"' + o.threshold_mode + '"');
+  if (o.cooldown < 0) invalid("cooldown", "at least 0", std::to_string(o.cooldown));
+  if (!(o.eps >= 0)) invalid("eps", "at least 0", dettrial::detail::scheduler_number(o.eps));
+  const std::size_t groups = optimizer.param_groups().size();
+  if (const auto* per_group = std::get_if<std::vector<double>>(&o.min_lr)) {
+    if (per_group->size() != groups)
+      invalid("min_lr", "one value per parameter group (" + std::to_string(groups) + ")",
+              std::to_string(per_group->size()) + " values");
+    min_lrs_ = *per_group;
+  } else {
+    min_lrs_.assign(groups, std::get<double>(o.min_lr));
+  }
+  for (const double m : min_lrs_)
+    if (!(m >= 0)) invalid("min_lr", "at least 0", dettrial::detail::scheduler_number(m));
+  min_mode_ = o.mode == "min";
+  rel_threshold_ = o.threshold_mode == "rel";
+  last_lr_ = dettrial::detail::scheduler_group_lrs(optimizer);
+  best_ = mode_worse();
+}
+
+DETTRIAL_INLINE double ReduceLROnPlateau::mode_worse() const {
+  return min_mode_ ? std::numeric_limits<double>::infinity() : -std::numeric_limits<double>::infinity();
+}
+
+DETTRIAL_INLINE bool ReduceLROnPlateau::is_better(double a, double best) const {
+  // Python's _is_better, term for term.
+  if (min_mode_ && rel_threshold_) return a < best * (1. - options_.threshold);
+  if (min_mode_) return a < best - options_.threshold;
+  if (rel_threshold_) return a > best * (options_.threshold + 1.);
+  return a > best + options_.threshold;
+}
+
+DETTRIAL_INLINE void ReduceLROnPlateau::step(double metric) {
+  ++last_epoch_;
+  if (is_better(metric, best_)) {
+    best_ = metric;
+    num_bad_epochs_ = 0;
+  } else {
+    ++num_bad_epochs_;
+  }
+  if (in_cooldown()) {
+    --cooldown_counter_;
+    num_bad_epochs_ = 0;  // bad epochs in cooldown are not counted
+  }
+  if (num_bad_epochs_ > options_.patience) {
+    reduce_lr();
+    cooldown_counter_ = options_.cooldown;
+    num_bad_epochs_ = 0;
+  }
+  last_lr_ = dettrial::detail::scheduler_group_lrs(*optimizer_);
+}
+
+DETTRIAL_INLINE void ReduceLROnPlateau::reduce_lr() {
+  auto& groups = optimizer_->param_groups();
+  if (groups.size() != min_lrs_.size()) {
+    // Python: a group added since construction gets the one min_lr, or it is an error.
+    if (!std::holds_alternative<double>(options_.min_lr))
+      throw TrialError("dettrial::optim::ReduceLROnPlateau: the optimizer has " + std::to_string(groups.size()) +
+                       " parameter groups but min_lr has " + std::to_string(min_lrs_.size()) +
+                       " values (was a group added after the scheduler was made?)");
+    min_lrs_.assign(groups.size(), std::get<double>(options_.min_lr));
+  }
+  for (std::size_t i = 0; i < groups.size(); ++i) {
+    const double old_lr = groups[i].options().get_lr();
+    const double new_lr = std::max(old_lr * options_.factor, min_lrs_[i]);
+    if (old_lr - new_lr > options_.eps) groups[i].options().set_lr(new_lr);
+  }
+}
+
+DETTRIAL_INLINE void ReduceLROnPlateau::save(torch::serialize::OutputArchive& archive) const {
+  archive.write("scheduler", c10::IValue(std::string("ReduceLROnPlateau")));
+  archive.write("mode", c10::IValue(options_.mode));
+  archive.write("factor", c10::IValue(options_.factor));
+  archive.write("patience", c10::IValue(options_.patience));
+  archive.write("threshold", c10::IValue(options_.threshold));
+  archive.write("threshold_mode", c10::IValue(options_.threshold_mode));
+  archive.write("cooldown", c10::IValue(options_.cooldown));
+  // The one min_lr, when there is one (Python's default_min_lr), and the per-group values.
+  if (const auto* one = std::get_if<double>(&options_.min_lr)) archive.write("default_min_lr", c10::IValue(*one));
+  archive.write("min_lrs", c10::IValue(min_lrs_));
+  archive.write("eps", c10::IValue(options_.eps));
+  archive.write("last_epoch", c10::IValue(last_epoch_));
+  archive.write("last_lr", c10::IValue(last_lr_));
+  archive.write("best", c10::IValue(best_));
+  archive.write("num_bad_epochs", c10::IValue(num_bad_epochs_));
+  archive.write("cooldown_counter", c10::IValue(cooldown_counter_));
+}
+
+DETTRIAL_INLINE void ReduceLROnPlateau::load(torch::serialize::InputArchive& archive) {
+  const dettrial::detail::SchedulerArchive in{archive, "dettrial::optim::ReduceLROnPlateau's saved state"};
+  dettrial::detail::check_scheduler_type(in, "ReduceLROnPlateau");
+  // Everything read and checked before anything is changed.
+  ReduceLROnPlateauOptions options;
+  options.mode = in.text("mode");
+  options.factor = in.number("factor");
+  options.patience = in.integer("patience");
+  options.threshold = in.number("threshold");
+  options.threshold_mode = in.text("threshold_mode");
+  options.cooldown = in.integer("cooldown");
+  options.eps = in.number("eps");
+  if ((options.mode != "min" && options.mode != "max") || (options.threshold_mode != "rel" && options.threshold_mode != "abs"))
+    throw CheckpointError(in.owner + " has mode '" + options.mode + "' and threshold_mode '" + options.threshold_mode +
+                          "': expected min or max, and rel or abs");
+  std::vector<double> min_lrs = in.per_group("min_lrs", *optimizer_);
+  c10::IValue default_min_lr;
+  if (archive.try_read("default_min_lr", default_min_lr) && default_min_lr.isDouble())
+    options.min_lr = default_min_lr.toDouble();
+  else
+    options.min_lr = min_lrs;
+  const std::int64_t last_epoch = in.integer("last_epoch");
+  std::vector<double> last_lr = in.per_group("last_lr", *optimizer_);
+  const double best = in.number("best");
+  const std::int64_t num_bad_epochs = in.integer("num_bad_epochs");
+  const std::int64_t cooldown_counter = in.integer("cooldown_counter");
+
+  options_ = std::move(options);
+  min_mode_ = options_.mode == "min";
+  rel_threshold_ = options_.threshold_mode == "rel";
+  min_lrs_ = std::move(min_lrs);
+  last_epoch_ = last_epoch;
+  last_lr_ = std::move(last_lr);
+  best_ = best;
+  num_bad_epochs_ = num_bad_epochs;
+  cooldown_counter_ = cooldown_counter;
+}
+
+DETTRIAL_INLINE void ReduceLROnPlateau::python_state(c10::impl::GenericDict& out) const {
+  out.insert("factor", options_.factor);
+  // None when min_lr was given per group (Python's default_min_lr).
+  if (const auto* one = std::get_if<double>(&options_.min_lr)) out.insert("default_min_lr", *one);
+  else out.insert("default_min_lr", c10::IValue());
+  out.insert("min_lrs", dettrial::detail::scheduler_python_list(min_lrs_));
+  out.insert("patience", options_.patience);
+  out.insert("cooldown", options_.cooldown);
+  out.insert("eps", options_.eps);
+  out.insert("verbose", false);  // torch < 2.2 has it
+  out.insert("last_epoch", last_epoch_);
+  out.insert("_last_lr", dettrial::detail::scheduler_python_list(last_lr_));
+  out.insert("mode_worse", mode_worse());
+  out.insert("mode", options_.mode);
+  out.insert("threshold", options_.threshold);
+  out.insert("threshold_mode", options_.threshold_mode);
+  out.insert("best", best_);
+  out.insert("cooldown_counter", cooldown_counter_);
+  out.insert("num_bad_epochs", num_bad_epochs_);
+}
+
+}  // namespace dettrial::optim
+#endif  // DETTRIAL_HEADER_DEFINITIONS
