@@ -59,7 +59,8 @@ crash)
   summary "t = {x['hparams']['crash']: x for x in s['trials']}; c = t[1]; assert c['state'] == 'COMPLETED' and c['restarts'] == 1 and c['batches_trained'] == 16, c; \
 print('crash: the crashed trial restarted once from its checkpoint and completed')" || fail "bad summary"
   no_duplicates
-  grep -q "dropped .* record(s) of .*metrics.jsonl written after that checkpoint" "$work/out/trials/"*/log.txt || fail "the restart did not drop the records past its checkpoint"
+  # Resumed from the checkpoint at batch 4 (a restart from scratch would drop nothing and say no batch).
+  grep -q "resuming at batch 4: dropped 2 record(s) of .*metrics.jsonl written after that checkpoint" "$work/out/trials/"*/log.txt || fail "the restart did not resume at batch 4, dropping the records past that checkpoint"
   ;;
 restart_single)
   # A trial run on its own (searcher single) that throws once at batch 7 restarts in-process from its

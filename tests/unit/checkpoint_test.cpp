@@ -275,9 +275,20 @@ TEST_CASE("resuming another trial's checkpoint is a warm start") {
   Trainer<test::DeclarativeRegression> t2(c2);
   FitOptions o = test::quiet({.max_length = Batch(3), .trial_id = 2});
   o.latest_checkpoint = r1.output_dir;
-  const FitResult r2 = t2.fit(o);
+  // Trial 2 starts from trial 1's weights: before training, its model is trial 1's final one.
+  struct FirstWeights {
+    Trainer<test::DeclarativeRegression>* trainer;
+    torch::Tensor at_start;
+    void on_training_start() { at_start = trainer->model()[0]->as<torch::nn::Linear>()->weight.detach().clone(); }
+  } first{&t2, {}};
+  const torch::Tensor trial1_final = t1.model()[0]->as<torch::nn::Linear>()->weight.detach().clone();
+  const torch::Tensor trial2_initial = t2.model()[0]->as<torch::nn::Linear>()->weight.detach().clone();
+  REQUIRE_FALSE(torch::equal(trial1_final, trial2_initial));  // different seeds: different initial weights
+  const FitResult r2 = t2.fit(o, first);
   CHECK(r2.resumed_from_batch == 0);
   CHECK(r2.batches_trained == 3);
+  REQUIRE(first.at_start.defined());
+  CHECK(torch::equal(first.at_start, trial1_final));
 }
 
 TEST_CASE("missing, damaged, mismatching and newer checkpoints are clear errors that delete nothing") {

@@ -173,3 +173,52 @@ TEST_CASE("weights written by Python load into the same network in C++") {
   CHECK_THROWS_WITH_AS(load_weights(fresh, dir / "absent.pt"), doctest::Contains("does not exist"), CheckpointError);
   std::filesystem::remove_all(dir);
 }
+
+// Every optimizer dettrial writes in Python's layout loads into torch.optim's own and steps on from it
+// exactly as LibTorch's (tests/python/load_optimizers.py, run here with the build's Python).
+TEST_CASE("optimizer states in Python's layout load into torch.optim and step on the same") {
+  const std::string python = DETTRIAL_TEST_PYTHON;
+  if (python.empty()) return test::skip("no Python with this LibTorch's torch given (-DDETTRIAL_PYTHON=...)");
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / ("dettrial-python-optimizers-" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  const torch::Tensor input = torch::linspace(-1, 1, 12).reshape({4, 3});
+  auto write = [&](const std::string& name, auto make_optimizer) {
+    torch::nn::Linear net(3, 2);
+    {
+      torch::NoGradGuard no_grad;
+      net->weight.copy_(torch::linspace(-0.5, 0.5, 6).reshape({2, 3}));
+      net->bias.copy_(torch::tensor({0.1f, -0.2f}));
+    }
+    auto optimizer = make_optimizer(net->parameters());
+    auto step = [&] {
+      optimizer.zero_grad();
+      net->forward(input).pow(2).sum().backward();
+      optimizer.step();
+    };
+    step();
+    step();
+    StateDict d(c10::StringType::get(), c10::AnyType::get());
+    // A deep copy: the state dict shares the optimizer's tensors, which the third step changes.
+    d.insert("optimizer", dettrial::detail::unpickle_archive(dettrial::detail::pickle_archive(optimizer_state_dict(optimizer)), "copy"));
+    d.insert("weight", net->weight.detach().clone());
+    d.insert("bias", net->bias.detach().clone());
+    d.insert("input", input);
+    step();
+    d.insert("next_weight", net->weight.detach().clone());
+    d.insert("next_bias", net->bias.detach().clone());
+    dettrial::detail::write_file_synced(dir / (name + ".pt"), dettrial::detail::pickle_archive(d));
+  };
+  using namespace torch::optim;
+  write("SGD", [](auto p) { return SGD(p, SGDOptions(0.1).momentum(0.9).weight_decay(0.01).nesterov(true)); });
+  write("Adam", [](auto p) { return Adam(p, AdamOptions(0.01).betas({0.8, 0.99}).weight_decay(0.01)); });
+  write("AdamW", [](auto p) { return AdamW(p, AdamWOptions(0.01).amsgrad(true)); });
+  write("Adagrad", [](auto p) { return Adagrad(p, AdagradOptions(0.1).lr_decay(0.01).initial_accumulator_value(0.1)); });
+  write("RMSprop", [](auto p) { return RMSprop(p, RMSpropOptions(0.01).momentum(0.5).centered(true)); });
+  write("Adadelta", [](auto p) { return dettrial::optim::Adadelta(p, dettrial::optim::AdadeltaOptions(0.5).rho(0.8).weight_decay(0.01)); });
+  const std::string command = "'" + python + "' '" DETTRIAL_TESTS_SOURCE_DIR "/python/load_optimizers.py' '" + dir.string() + "'";
+  const int status = std::system(command.c_str());
+  if (WIFEXITED(status) && WEXITSTATUS(status) == 77) return test::skip(python + " has no torch");
+  CHECK_MESSAGE(status == 0, command);
+  if (status == 0) std::filesystem::remove_all(dir);  // else left for a look
+}

@@ -432,6 +432,11 @@ TEST_CASE("max_length in records and epochs; test_mode; step-zero validation; st
     const FitResult r = trainer.fit(test::quiet({.max_length = Epoch(100), .test_mode = true}));
     CHECK(r.batches_trained == 1);
     CHECK(r.validations == 1);
+    // One validation batch (first values 0 | 2 | 4: the whole set would average 2), and a checkpoint.
+    CHECK(r.last_validation_metrics.at("first") == 0.0);
+    REQUIRE(r.checkpoints.size() == 1);
+    CHECK(r.checkpoints[0].batches_trained == 1);
+    CHECK(std::filesystem::exists(r.checkpoints[0].path / "state_dict.pth"));
   }
   {
     struct StopsAtThree : CountingTrial {

@@ -1,0 +1,48 @@
+"""Loads optimizer states dettrial wrote in Python's layout into torch.optim and steps on from them.
+
+For each optimizer, the C++ side (tests/unit/mnist_test.cpp) trained a small linear model two steps,
+saved the optimizer's state dict (dettrial::optimizer_state_dict), the parameters, the input, and the
+parameters after a third step. Here the same model gets those parameters, torch.optim.<name> loads
+the state (its hyperparameters come from the param_groups), takes the third step, and must land on
+the C++ parameters. Exits 77 (CTest's skip) when this Python has no torch.
+"""
+import os
+import sys
+
+try:
+    import torch
+except ImportError:
+    print("skipped: this Python has no torch")
+    sys.exit(77)
+
+
+def load(path):
+    if int(torch.__version__.split(".")[0]) >= 2:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    return torch.load(path, map_location="cpu")
+
+
+def main(directory):
+    names = sorted(f[:-3] for f in os.listdir(directory) if f.endswith(".pt"))
+    assert names, "no optimizer states in " + directory
+    for name in names:
+        d = load(os.path.join(directory, name + ".pt"))
+        net = torch.nn.Linear(3, 2)
+        with torch.no_grad():
+            net.weight.copy_(d["weight"])
+            net.bias.copy_(d["bias"])
+        optimizer = getattr(torch.optim, name)(net.parameters(), lr=1.0)
+        optimizer.load_state_dict(d["optimizer"])
+        optimizer.zero_grad()
+        net(d["input"]).pow(2).sum().backward()
+        optimizer.step()
+        for key in ("weight", "bias"):
+            got, want = getattr(net, key).detach(), d["next_" + key]
+            diff = (got - want).abs().max().item()
+            assert diff <= 1e-5, f"{name}: {key} after a step in Python differs from C++'s by {diff}"
+        print(f"{name}: state loaded, the next step matches")
+    print("ok:", len(names), "optimizers")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
