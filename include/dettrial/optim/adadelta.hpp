@@ -179,6 +179,10 @@ DETTRIAL_INLINE Adadelta::Adadelta(const std::vector<torch::optim::OptimizerPara
     : torch::optim::Optimizer(param_groups, std::make_unique<AdadeltaOptions>(defaults)) {
   detail::check_adadelta_options(defaults, "");
   for (std::size_t i = 0; i < param_groups_.size(); ++i) {
+    // LibTorch 2.x merges a group's options with the defaults only for its own optimizers' option
+    // types; for others it keeps the defaults alone. A group's own options stand, as in Python.
+    if (i < param_groups.size() && param_groups[i].has_options())
+      param_groups_[i].set_options(param_groups[i].options().clone());
     const auto* options = dynamic_cast<const AdadeltaOptions*>(&param_groups_[i].options());
     if (!options)
       throw ConfigError("dettrial::optim::Adadelta: parameter group " + std::to_string(i) +
