@@ -3128,6 +3128,62 @@ DETTRIAL_INLINE ValidationReduction::Slot* ValidationReduction::find(std::string
 
 #include <torch/torch.h>
 
+// ---- begin dettrial/optim/handles.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief What a trial hands dettrial to train: a LibTorch model (a module holder or a shared
+/// pointer to a module) and a LibTorch optimizer.
+
+#include <concepts>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <type_traits>
+
+#include <torch/torch.h>
+
+namespace dettrial {
+
+/// A model as a trial holds it: a LibTorch module holder (`torch::nn::Sequential`, `MyNet`) or a
+/// `std::shared_ptr` to a `torch::nn::Module`.
+template <class M>
+concept ModelHandle =
+    requires(M& m) {
+      { m.ptr() } -> std::convertible_to<std::shared_ptr<torch::nn::Module>>;
+    } || requires(M& m) {
+      { m.get() } -> std::convertible_to<torch::nn::Module*>;
+      { std::shared_ptr<torch::nn::Module>(m) };
+    };
+
+/// A LibTorch optimizer (torch::optim::SGD, Adam, ... or a user subclass of torch::optim::Optimizer).
+template <class O>
+concept TorchOptimizer = std::derived_from<std::remove_cvref_t<O>, torch::optim::Optimizer>;
+
+/// The `std::shared_ptr<torch::nn::Module>` behind a model handle.
+template <ModelHandle M>
+std::shared_ptr<torch::nn::Module> module_of(M& m) {
+  if constexpr (requires { m.ptr(); }) return m.ptr();
+  else return std::shared_ptr<torch::nn::Module>(m);
+}
+
+namespace detail {
+/// The key of a parameter in `Optimizer::state()`: LibTorch 1.x keys it by the TensorImpl's address
+/// printed as a string, 2.x by the address itself. The state map's key type tells which.
+template <class StateMap>
+auto optimizer_state_key(const torch::Tensor& p) {
+  using Key = typename StateMap::key_type;
+  if constexpr (std::is_same_v<Key, std::string>) {
+    std::ostringstream s;
+    s << p.unsafeGetTensorImpl();
+    return s.str();
+  } else {
+    return Key(p.unsafeGetTensorImpl());
+  }
+}
+}  // namespace detail
+
+}  // namespace dettrial
+// ---- end dettrial/optim/handles.hpp
 
 namespace dettrial::optim {
 
@@ -3202,23 +3258,6 @@ DETTRIAL_INLINE void python_group_options(const AdadeltaOptions& options, c10::i
 
 }  // namespace dettrial::optim
 
-namespace dettrial::detail {
-
-/// The key of a parameter in `Optimizer::state()`: LibTorch 1.x keys it by the TensorImpl's address
-/// printed as a string, 2.x by the address itself.
-template <class StateMap>
-auto adadelta_state_key(const torch::Tensor& p) {
-  using Key = typename StateMap::key_type;
-  if constexpr (std::is_same_v<Key, std::string>) {
-    std::ostringstream s;
-    s << p.unsafeGetTensorImpl();
-    return s.str();
-  } else {
-    return Key(p.unsafeGetTensorImpl());
-  }
-}
-
-}  // namespace dettrial::detail
 
 // Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
 #if DETTRIAL_HEADER_DEFINITIONS
@@ -3322,7 +3361,7 @@ DETTRIAL_INLINE torch::Tensor Adadelta::step(LossClosure closure) {
     for (auto& p : group.params()) {
       if (!p.grad().defined()) continue;
       if (p.grad().is_sparse()) throw TrialError("dettrial::optim::Adadelta does not support sparse gradients");
-      auto& slot = state_[dettrial::detail::adadelta_state_key<StateMap>(p)];
+      auto& slot = state_[dettrial::detail::optimizer_state_key<StateMap>(p)];
       if (!slot) {
         auto fresh = std::make_unique<AdadeltaParamState>();
         fresh->step(0);
@@ -5451,44 +5490,6 @@ DETTRIAL_INLINE bool keep_freed_memory() {
 }  // namespace dettrial::detail
 #endif  // DETTRIAL_HEADER_DEFINITIONS
 // ---- end dettrial/detail/malloc.hpp
-// ---- begin dettrial/optim/handles.hpp
-// SPDX-License-Identifier: Apache-2.0
-/// @file
-/// @brief What a trial hands dettrial to train: a LibTorch model (a module holder or a shared
-/// pointer to a module) and a LibTorch optimizer.
-
-#include <concepts>
-#include <memory>
-#include <type_traits>
-
-#include <torch/torch.h>
-
-namespace dettrial {
-
-/// A model as a trial holds it: a LibTorch module holder (`torch::nn::Sequential`, `MyNet`) or a
-/// `std::shared_ptr` to a `torch::nn::Module`.
-template <class M>
-concept ModelHandle =
-    requires(M& m) {
-      { m.ptr() } -> std::convertible_to<std::shared_ptr<torch::nn::Module>>;
-    } || requires(M& m) {
-      { m.get() } -> std::convertible_to<torch::nn::Module*>;
-      { std::shared_ptr<torch::nn::Module>(m) };
-    };
-
-/// A LibTorch optimizer (torch::optim::SGD, Adam, ... or a user subclass of torch::optim::Optimizer).
-template <class O>
-concept TorchOptimizer = std::derived_from<std::remove_cvref_t<O>, torch::optim::Optimizer>;
-
-/// The `std::shared_ptr<torch::nn::Module>` behind a model handle.
-template <ModelHandle M>
-std::shared_ptr<torch::nn::Module> module_of(M& m) {
-  if constexpr (requires { m.ptr(); }) return m.ptr();
-  else return std::shared_ptr<torch::nn::Module>(m);
-}
-
-}  // namespace dettrial
-// ---- end dettrial/optim/handles.hpp
 // ---- begin dettrial/optim/mixed_precision.hpp
 // SPDX-License-Identifier: Apache-2.0
 /// @file
@@ -7038,20 +7039,6 @@ void for_each_state_entry(const torch::nn::Module& module, F&& f) {
 }
 
 DETTRIAL_INLINE std::string shape_text(c10::IntArrayRef sizes);
-
-/// Optimizer state is keyed by the parameter's TensorImpl: its address as text in LibTorch 1.x, the
-/// pointer itself in 2.x. The key type tells which.
-template <class StateMap>
-auto optimizer_state_key(const torch::Tensor& p) {
-  using Key = typename StateMap::key_type;
-  if constexpr (std::is_same_v<Key, std::string>) {
-    std::ostringstream s;
-    s << p.unsafeGetTensorImpl();
-    return s.str();
-  } else {
-    return Key(p.unsafeGetTensorImpl());
-  }
-}
 
 inline c10::IValue scalar_tensor(double v) { return torch::tensor(v, torch::kFloat32); }
 

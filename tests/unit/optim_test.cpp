@@ -69,7 +69,7 @@ void check_relative(const torch::Tensor& t, const std::vector<double>& expected)
 
 const AdadeltaParamState& state_of(Adadelta& opt, const torch::Tensor& p) {
   using StateMap = std::remove_cvref_t<decltype(opt.state())>;
-  const auto it = opt.state().find(dettrial::detail::adadelta_state_key<StateMap>(p));
+  const auto it = opt.state().find(dettrial::detail::optimizer_state_key<StateMap>(p));
   REQUIRE(it != opt.state().end());
   return static_cast<const AdadeltaParamState&>(*it->second);
 }

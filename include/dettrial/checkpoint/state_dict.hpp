@@ -19,6 +19,7 @@
 
 #include "../error.hpp"
 #include "../optim/adadelta.hpp"
+#include "../optim/handles.hpp"
 #include "../detail/text.hpp"
 #include "../detail/linkage.hpp"
 
@@ -55,20 +56,6 @@ void for_each_state_entry(const torch::nn::Module& module, F&& f) {
 }
 
 DETTRIAL_INLINE std::string shape_text(c10::IntArrayRef sizes);
-
-/// Optimizer state is keyed by the parameter's TensorImpl: its address as text in LibTorch 1.x, the
-/// pointer itself in 2.x. The key type tells which.
-template <class StateMap>
-auto optimizer_state_key(const torch::Tensor& p) {
-  using Key = typename StateMap::key_type;
-  if constexpr (std::is_same_v<Key, std::string>) {
-    std::ostringstream s;
-    s << p.unsafeGetTensorImpl();
-    return s.str();
-  } else {
-    return Key(p.unsafeGetTensorImpl());
-  }
-}
 
 inline c10::IValue scalar_tensor(double v) { return torch::tensor(v, torch::kFloat32); }
 

@@ -14,6 +14,7 @@
 #include <torch/torch.h>
 
 #include "../error.hpp"
+#include "handles.hpp"
 #include "../detail/linkage.hpp"
 
 namespace dettrial::optim {
@@ -89,23 +90,6 @@ DETTRIAL_INLINE void python_group_options(const AdadeltaOptions& options, c10::i
 
 }  // namespace dettrial::optim
 
-namespace dettrial::detail {
-
-/// The key of a parameter in `Optimizer::state()`: LibTorch 1.x keys it by the TensorImpl's address
-/// printed as a string, 2.x by the address itself.
-template <class StateMap>
-auto adadelta_state_key(const torch::Tensor& p) {
-  using Key = typename StateMap::key_type;
-  if constexpr (std::is_same_v<Key, std::string>) {
-    std::ostringstream s;
-    s << p.unsafeGetTensorImpl();
-    return s.str();
-  } else {
-    return Key(p.unsafeGetTensorImpl());
-  }
-}
-
-}  // namespace dettrial::detail
 
 // Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
 #if DETTRIAL_HEADER_DEFINITIONS
@@ -209,7 +193,7 @@ DETTRIAL_INLINE torch::Tensor Adadelta::step(LossClosure closure) {
     for (auto& p : group.params()) {
       if (!p.grad().defined()) continue;
       if (p.grad().is_sparse()) throw TrialError("dettrial::optim::Adadelta does not support sparse gradients");
-      auto& slot = state_[dettrial::detail::adadelta_state_key<StateMap>(p)];
+      auto& slot = state_[dettrial::detail::optimizer_state_key<StateMap>(p)];
       if (!slot) {
         auto fresh = std::make_unique<AdadeltaParamState>();
         fresh->step(0);

@@ -6,6 +6,8 @@
 
 #include <concepts>
 #include <memory>
+#include <sstream>
+#include <string>
 #include <type_traits>
 
 #include <torch/torch.h>
@@ -33,5 +35,21 @@ std::shared_ptr<torch::nn::Module> module_of(M& m) {
   if constexpr (requires { m.ptr(); }) return m.ptr();
   else return std::shared_ptr<torch::nn::Module>(m);
 }
+
+namespace detail {
+/// The key of a parameter in `Optimizer::state()`: LibTorch 1.x keys it by the TensorImpl's address
+/// printed as a string, 2.x by the address itself. The state map's key type tells which.
+template <class StateMap>
+auto optimizer_state_key(const torch::Tensor& p) {
+  using Key = typename StateMap::key_type;
+  if constexpr (std::is_same_v<Key, std::string>) {
+    std::ostringstream s;
+    s << p.unsafeGetTensorImpl();
+    return s.str();
+  } else {
+    return Key(p.unsafeGetTensorImpl());
+  }
+}
+}  // namespace detail
 
 }  // namespace dettrial
