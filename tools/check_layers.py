@@ -16,7 +16,7 @@ DETTRIAL = ROOT / "include" / "dettrial"
 LAYERS = [
     ["version.hpp", "error.hpp"],
     ["detail"],
-    ["config", "data", "metrics", "optim"],
+    ["config", "data", "metrics", "optim", "tensorboard"],
     ["distributed"],
     ["context"],
     ["trial", "keras", "checkpoint", "report"],

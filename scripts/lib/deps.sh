@@ -34,7 +34,19 @@ dettrial_apt() {
 dettrial_base_deps() {
   dettrial_apt build-essential cmake ninja-build git python3 python3-venv zlib1g-dev \
     libtorch-dev libgloo-dev libyaml-cpp-dev librange-v3-dev nlohmann-json3-dev doctest-dev dataset-fashion-mnist \
-    python3-torch python3-numpy openmpi-bin libopenblas0-pthread
+    python3-torch python3-numpy openmpi-bin libopenblas0-pthread chromium
+}
+
+# A venv with PyPI's tensorboard, whose event-file reader the tests check dettrial's files with;
+# prints its python. (Without torch: the reader needs none.)
+dettrial_tensorboard_python() {
+  local venv="$DETTRIAL_CACHE/tensorboard-venv"
+  if ! "$venv/bin/python" -c 'import tensorboard' 2>/dev/null; then
+    dettrial_log "installing tensorboard from PyPI into $venv"
+    python3 -m venv "$venv" >&2 || return 1
+    "$venv/bin/python" -m pip install -q tensorboard >&2 || return 1
+  fi
+  echo "$venv/bin/python"
 }
 
 # A venv with PyPI's torch; prints nothing, sets DETTRIAL_PIP_TORCH_PREFIX to its CMake prefix.

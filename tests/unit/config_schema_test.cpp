@@ -1161,6 +1161,12 @@ TEST_CASE("configs Determined's schema test cases call invalid are ConfigErrors"
       {"searcher-random.json: max_trials is at least 1", "searcher: {name: random, metric: loss, max_trials: 0}\n"},
       {"searcher-random.json: max_concurrent_trials is at least 0",
        "searcher: {name: random, metric: loss, max_trials: 2, max_concurrent_trials: -1}\n"},
+      // profiling.json: the batches are at least 0, and the end does not come before the beginning.
+      {"profiling.json: begin_on_batch is at least 0", "searcher: {name: single, metric: loss}\nprofiling: {enabled: true, begin_on_batch: -1}\n"},
+      {"profiling.json: end_after_batch not before begin_on_batch",
+       "searcher: {name: single, metric: loss}\nprofiling: {enabled: true, begin_on_batch: 10, end_after_batch: 9}\n"},
+      {"profiling.json: an unknown field", "searcher: {name: single, metric: loss}\nprofiling: {enabled: true, end_on_batch: 9}\n"},
+      {"profiling.json: enabled is a boolean", "searcher: {name: single, metric: loss}\nprofiling: {enabled: sometimes}\n"},
   };
   for (const SchemaCase& c : invalid_configs) {
     INFO("case: " << c.name);

@@ -340,7 +340,7 @@ void check_matches_one_process(const fs::path& dir, std::int64_t length, double 
   for (const nlohmann::json& report : test::read_reports(dir / "run" / "metrics.jsonl")) {
     if (report["batches"].get<int>() != length) continue;
     if (report["type"].get<std::string>() == "training") training_loss = report["metrics"]["loss"].get<double>();
-    else validation_loss = report["metrics"]["validation_loss"].get<double>();
+    else if (report["type"].get<std::string>() == "validation") validation_loss = report["metrics"]["validation_loss"].get<double>();
   }
   REQUIRE(training_loss);
   REQUIRE(validation_loss);

@@ -134,7 +134,7 @@ TEST_CASE("training metrics are unweighted means over each workload; metrics.jso
   CHECK(r.last_training_metrics.at("batches") == 7);
   CHECK(r.last_training_metrics.at("epochs") == 1);
   const auto lines = read_lines(r.output_dir / "metrics.jsonl");
-  REQUIRE(lines.size() == 4);
+  REQUIRE(lines.size() == 5);
   CHECK(lines[0].find("\"type\":\"training\",\"batches\":3,\"epochs\":0") != std::string::npos);
   const auto metric = [&](std::size_t line, const char* name) { return nlohmann::json::parse(lines[line])["metrics"][name].get<double>(); };
   CHECK(metric(0, "loss") == 1);
@@ -144,6 +144,19 @@ TEST_CASE("training metrics are unweighted means over each workload; metrics.jso
   CHECK(lines[3].find("\"type\":\"validation\",\"batches\":7,\"epochs\":1") != std::string::npos);
   // Validation: first elements 0, 2, 4 averaged over three batches.
   CHECK(metric(3, "first") == 2);
+  // The final checkpoint, with its time; the training reports say where their time went.
+  const auto checkpoint = nlohmann::json::parse(lines[4]);
+  CHECK(checkpoint["type"] == "checkpoint");
+  CHECK(checkpoint["batches"] == 7);
+  CHECK(checkpoint["seconds"].get<double>() >= 0);
+  CHECK(checkpoint["uuid"].get<std::string>().size() == 36);
+  const auto training = nlohmann::json::parse(lines[0]);
+  for (const char* phase : {"data", "train_batch", "backward", "optimizer_step", "total"}) {
+    INFO("phase " << phase);
+    CHECK(training["seconds"][phase].get<double>() >= 0);
+  }
+  CHECK(training["seconds"]["train_batch"].get<double>() <= training["seconds"]["total"].get<double>());
+  CHECK(training["learning_rates"]["lr"].get<double>() == 0.0);  // the trial's SGD(lr 0)
 }
 
 namespace {

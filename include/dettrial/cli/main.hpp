@@ -35,6 +35,7 @@
 #include "../distributed/threads.hpp"
 #include "../search/experiment.hpp"
 #include "../search/hyperparameter_space.hpp"
+#include "../report/html_report.hpp"
 #include "../report/metrics_log.hpp"
 #include "../error.hpp"
 #include "../detail/text.hpp"
@@ -108,6 +109,7 @@ int main(int argc, char** argv, Args&&... trial_args) {
   std::string output;
   std::string resume;
   std::string backend_name;
+  std::string report_dir;
   int nproc = 0;
   std::optional<int> threads;
   long timeout_seconds = 300;
@@ -133,6 +135,8 @@ int main(int argc, char** argv, Args&&... trial_args) {
       output = value(arg);
     } else if (arg == "--resume") {
       resume = value(arg);
+    } else if (arg == "--report") {
+      report_dir = value(arg);
     } else if (arg == "--nproc" || arg == "--timeout" || arg == "--threads") {
       const std::string v = value(arg);
       char* end = nullptr;
@@ -160,6 +164,16 @@ int main(int argc, char** argv, Args&&... trial_args) {
       std::fprintf(stderr, "%s: unknown argument '%s'\n", program, argv[i]);
       std::fprintf(stderr, detail::main_usage(), program);
       return 2;
+    }
+  }
+  if (!report_dir.empty()) {
+    // Only the page: nothing is trained, no config is read.
+    try {
+      std::printf("%s\n", write_report(report_dir).string().c_str());
+      return 0;
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "error: %s\n", e.what());
+      return 1;
     }
   }
   for (int i = 1; i < argc; ++i) {
@@ -340,7 +354,7 @@ DETTRIAL_INLINE const char* main_usage() {
          "Trains the trial described by an experiment config in Determined's YAML schema.\n"
          "\n"
          "options:\n"
-         "  --config FILE        the experiment config (required)\n"
+         "  --config FILE        the experiment config (required, but for --resume DIR and --report DIR)\n"
          "  --set KEY=VALUE      override a config value; KEY is a dotted path such as\n"
          "                       hyperparameters.learning_rate or data.dir (repeatable)\n"
          "  --output DIR         where metrics.jsonl and checkpoints go (default: runs/<date>-<time>,\n"
@@ -359,6 +373,9 @@ DETTRIAL_INLINE const char* main_usage() {
          "  --backend NAME       gloo or nccl (default: nccl when this process has a GPU and NCCL)\n"
          "  --timeout SECONDS    how long ranks wait for each other before failing (default 300)\n"
          "  --test-mode          train one batch and validate one batch, to check the trial runs\n"
+         "  --report DIR         write DIR/report.html, a page of charts that works offline, from a\n"
+         "                       run's folder (its metrics.jsonl) or a search's (every trial), print\n"
+         "                       its path and exit; nothing is trained\n"
          "  --quiet              print nothing but errors\n"
          "  --help               show this text\n"
          "\n"

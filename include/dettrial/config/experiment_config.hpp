@@ -89,6 +89,15 @@ class ExperimentConfig {
     std::int64_t save_trial_best = 1;
     std::int64_t save_trial_latest = 1;
   } checkpoint_storage;
+  /// `profiling`: LibTorch's profiler over the global batches `begin_on_batch` to `end_after_batch`
+  /// (inclusive; unset: to the end of training), written as a Chrome trace; `sync_timings` waits for
+  /// the GPU at each phase so that per-phase timings are the GPU's, not the host's launch times.
+  struct Profiling {
+    bool enabled = false;
+    std::int64_t begin_on_batch = 0;
+    std::optional<std::int64_t> end_after_batch;
+    bool sync_timings = true;
+  } profiling;
 
   /// The whole document, for `get_experiment_config()`.
   YAML::Node yaml{YAML::NodeType::Map};
@@ -295,7 +304,7 @@ DETTRIAL_INLINE ExperimentConfig ExperimentConfig::from_yaml(const YAML::Node& r
     else if (s == "none") c.checkpoint_policy = CheckpointPolicy::none;
     else throw ConfigError(detail::where(p, source) + ": checkpoint_policy must be best, all or none, not '" + s + "'");
   }
-  for (const char* section : {"resources", "optimizations", "reproducibility", "searcher", "checkpoint_storage"})
+  for (const char* section : {"resources", "optimizations", "reproducibility", "searcher", "checkpoint_storage", "profiling"})
     if (const YAML::Node node = root[section]; node && !node.IsNull() && !node.IsMap())
       throw ConfigError(detail::where(node, source) + ": '" + section + "' must be a map, found " + detail::describe(node));
   if (const YAML::Node res = root["resources"]) {
@@ -330,6 +339,22 @@ DETTRIAL_INLINE ExperimentConfig ExperimentConfig::from_yaml(const YAML::Node& r
     bool on = false;
     r.read(rep, "deterministic", on);
     c.deterministic = on;
+  }
+  if (const YAML::Node prof = root["profiling"]; prof && prof.IsMap()) {
+    auto& p = c.profiling;
+    r.read(prof, "enabled", p.enabled);
+    r.read(prof, "begin_on_batch", p.begin_on_batch);
+    r.read(prof, "sync_timings", p.sync_timings);
+    if (p.begin_on_batch < 0)
+      throw ConfigError(detail::where(prof["begin_on_batch"], source) + ": profiling.begin_on_batch must not be negative");
+    if (const YAML::Node end = prof["end_after_batch"]; end && !end.IsNull()) {
+      std::int64_t last = 0;
+      r.read(prof, "end_after_batch", last);
+      if (last < p.begin_on_batch)
+        throw ConfigError(detail::where(end, source) + ": profiling.end_after_batch (" + std::to_string(last) +
+                          ") must not come before begin_on_batch (" + std::to_string(p.begin_on_batch) + ")");
+      p.end_after_batch = last;
+    }
   }
   if (const YAML::Node cs = root["checkpoint_storage"]) {
     auto& storage = c.checkpoint_storage;
@@ -377,9 +402,9 @@ DETTRIAL_INLINE void ExperimentConfig::check_fields(const YAML::Node& root, cons
   static const std::vector<std::string> top = {
       "name", "description", "hyperparameters", "searcher", "records_per_epoch", "min_validation_period",
       "min_checkpoint_period", "scheduling_unit", "perform_initial_validation", "checkpoint_policy", "max_restarts",
-      "checkpoint_storage", "resources", "optimizations", "reproducibility", "data"};
+      "checkpoint_storage", "resources", "optimizations", "reproducibility", "data", "profiling"};
   static const std::vector<std::string> top_cluster = {
-      "entrypoint", "environment", "bind_mounts", "labels", "project", "workspace", "debug", "profiling",
+      "entrypoint", "environment", "bind_mounts", "labels", "project", "workspace", "debug",
       "tensorboard_storage", "pbs", "slurm", "log_policies", "retention_policy", "integrations", "data_layer",
       "preemption_timeout", "security", "internal", "notes"};
   static const std::vector<std::string> searcher = {
@@ -396,6 +421,7 @@ DETTRIAL_INLINE void ExperimentConfig::check_fields(const YAML::Node& root, cons
       "average_training_metrics", "gradient_compression", "tensor_fusion_threshold",
       "tensor_fusion_cycle_time", "auto_tune_tensor_fusion", "grad_updates_size_file"};
   static const std::vector<std::string> reproducibility = {"experiment_seed", "deterministic"};
+  static const std::vector<std::string> profiling = {"enabled", "begin_on_batch", "end_after_batch", "sync_timings"};
   static const std::vector<std::string> storage = {"type", "host_path", "storage_path", "container_path", "propagation",
                                                    "save_experiment_best", "save_trial_best", "save_trial_latest"};
   // Cloud storage, and shared_fs's legacy checkpoint_path / tensorboard_path (paths inside a task's container).
@@ -407,6 +433,7 @@ DETTRIAL_INLINE void ExperimentConfig::check_fields(const YAML::Node& root, cons
       {"resources", {&resources, &resources_cluster}},
       {"optimizations", {&optimizations, &optimizations_cluster}},
       {"reproducibility", {&reproducibility, nullptr}},
+      {"profiling", {&profiling, nullptr}},
       {"checkpoint_storage", {&storage, &storage_cloud}}};
   for (const auto& [section, known] : sections)
     if (const YAML::Node node = root[section]; node && node.IsMap())

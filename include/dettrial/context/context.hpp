@@ -32,6 +32,7 @@
 #include "../optim/lr_state.hpp"
 #include "../optim/lr_step.hpp"
 #include "../optim/mixed_precision.hpp"
+#include "../tensorboard/event_file.hpp"
 #include "../config/precision.hpp"
 #include "../data/to_device.hpp"
 #include "../detail/linkage.hpp"
@@ -192,6 +193,21 @@ class Context {
   /// Ask the trainer to checkpoint and stop at the next boundary.
   void set_stop_requested(bool stop) { stop_requested_ = stop; }
   bool get_stop_requested() const { return stop_requested_; }
+
+  // ---- TensorBoard ----------------------------------------------------------------------------
+
+  /// The run's TensorBoard writer, for a trial's own scalars and histograms next to the trainer's
+  /// metrics (`add_scalar(tag, value, context.current_train_batch())`). It writes from the start of
+  /// `fit` on the chief; before that, and on the other ranks, it writes nothing.
+  TensorBoardWriter& get_tensorboard_writer() { return tensorboard_; }
+  /// `<output_dir>/tensorboard`, where the run's event files go (empty until `fit` starts).
+  std::filesystem::path get_tensorboard_path() const {
+    return position_.output_dir.empty() ? std::filesystem::path() : position_.output_dir / "tensorboard";
+  }
+  /// Whether the trainer writes its metrics, learning rates and timings to TensorBoard (default on).
+  /// Off, the writer still takes the trial's own scalars.
+  void set_enable_tensorboard_logging(bool on) { tensorboard_logging_ = on; }
+  bool get_enable_tensorboard_logging() const { return tensorboard_logging_; }
 
   // ---- wrapping -------------------------------------------------------------------------------
 
@@ -470,6 +486,8 @@ class Context {
   std::vector<std::shared_ptr<void>> owned_reducers_;  // the FunctionReducers wrap_reducer(fn) made
 
   detail::RunPosition position_{};
+  TensorBoardWriter tensorboard_{};
+  bool tensorboard_logging_ = true;
   bool stop_requested_ = false;
   Precision precision_ = Precision::fp32;
   std::unique_ptr<GradScaler> own_scaler_;  // fp16 without a scaler of the trial's

@@ -39,9 +39,10 @@ class MetricsLog {
   /// (one torn by a crash does not parse).
   static std::optional<std::int64_t> batches_of(std::string_view line);
 
-  /// `{"type":"training"|"validation","batches":N,"epochs":E,<extra>,"metrics":{...}}`, one compact line.
+  /// `{"type":"training"|"validation"|"checkpoint","batches":N,"epochs":E,<extra's fields>,"metrics":{...}}`,
+  /// one compact line (`metrics` left out when empty and `extra` has fields of its own).
   void write(std::string_view type, std::int64_t batches, std::int64_t epochs, const MetricValues& metrics,
-             std::string_view extra_key = {}, double extra_value = 0);
+             const detail::Json& extra = detail::Json::object());
 
  private:
   /// Rewrites the file (a new file renamed over it) without the records past `batches`.
@@ -81,13 +82,15 @@ DETTRIAL_INLINE std::optional<std::int64_t> MetricsLog::batches_of(std::string_v
 }
 
 DETTRIAL_INLINE void MetricsLog::write(std::string_view type, std::int64_t batches, std::int64_t epochs,
-                                       const MetricValues& metrics, std::string_view extra_key, double extra_value) {
+                                       const MetricValues& metrics, const detail::Json& extra) {
   if (!out_.is_open()) return;
   detail::Json record = {{"type", std::string(type)}, {"batches", batches}, {"epochs", epochs}};
-  if (!extra_key.empty()) record[std::string(extra_key)] = extra_value;
-  detail::Json values = detail::Json::object();
-  for (const auto& [name, value] : metrics) values[name] = value;  // NaN is written as null
-  record["metrics"] = std::move(values);
+  for (const auto& [key, value] : extra.items()) record[key] = value;
+  if (!metrics.empty() || extra.empty()) {
+    detail::Json values = detail::Json::object();
+    for (const auto& [name, value] : metrics) values[name] = value;  // NaN is written as null
+    record["metrics"] = std::move(values);
+  }
   out_ << detail::json_line(record);
   out_.flush();
 }

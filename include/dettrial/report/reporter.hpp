@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 /// @file
-/// @brief The one place a fit reports through: the terminal (progress and result lines) and the
-/// run's metrics.jsonl. Only the chief of a job writes; the other ranks stay quiet.
+/// @brief The one place a fit reports through: the terminal (progress and result lines), the run's
+/// metrics.jsonl and its TensorBoard event files. Only the chief of a job writes; the other ranks
+/// stay quiet.
 #pragma once
 // IWYU pragma: private, include <dettrial/dettrial.hpp>
 
@@ -11,13 +12,37 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
+#include <vector>
 
+#include "../config/hyperparameters.hpp"
 #include "../metrics/metrics.hpp"
+#include "../tensorboard/event_file.hpp"
 #include "metrics_log.hpp"
 #include "progress.hpp"
 #include "../detail/linkage.hpp"
 
 namespace dettrial::detail {
+
+/// Where a training workload's time went on this rank, in seconds.
+struct PhaseTimes {
+  /// From the end of one batch's step to the next batch on the device: loading, collating, copying.
+  double data = 0;
+  /// The trial's train_batch (for an imperative trial: forward, backward and the optimizer step).
+  double train_batch = 0;
+  /// A declarative trial's backward pass, and its clipping and optimizer step, run by the trainer.
+  double backward = 0;
+  double optimizer_step = 0;
+  void reset() { *this = PhaseTimes{}; }
+};
+
+/// A learning rate as reported: `lr` for a single optimizer's single group, else suffixed with the
+/// optimizer's and group's indices (`lr_1`, `lr_group_2`, `lr_1_group_2`).
+using LearningRates = std::vector<std::pair<std::string, double>>;
+
+/// The hyperparameters as TensorBoard's hparams dashboard lists them: nested ones by dotted name,
+/// numbers as numbers, true/false as booleans, lists and anything else as their YAML text.
+DETTRIAL_INLINE std::vector<std::pair<std::string, HParamValue>> flat_hparams(const Hyperparameters& hparams);
 
 /// What a fit reports, in the words and files users read: one object, so that new outlets (event
 /// files, a profiler) plug in here rather than into the loop.
@@ -25,8 +50,11 @@ class Reporter {
  public:
   Reporter() = default;
   /// `writes` is true on the chief: it prints (unless `options.quiet`) and writes
-  /// `<output_dir>/metrics.jsonl`, dropping the records a resumed run at batch `resumed_at` redoes.
-  Reporter(bool writes, ReportOptions options, const std::filesystem::path& output_dir, std::optional<std::int64_t> resumed_at);
+  /// `<output_dir>/metrics.jsonl`, dropping the records a resumed run at batch `resumed_at` redoes,
+  /// and, given a `tensorboard` writer, the same numbers as TensorBoard scalars (`train/<metric>`,
+  /// `validation/<metric>`, `train/lr`, `train/samples_per_second`, `timing/<phase>_seconds`).
+  Reporter(bool writes, ReportOptions options, const std::filesystem::path& output_dir, std::optional<std::int64_t> resumed_at,
+           TensorBoardWriter* tensorboard = nullptr);
 
   /// A line of its own (start-up facts, warnings, stops).
   void line(const std::string& text) { progress_.line(text); }
@@ -37,18 +65,24 @@ class Reporter {
   /// Seconds since the phase began.
   double elapsed() const { return progress_.elapsed(); }
 
-  /// A training workload's averaged metrics and the job's samples per second.
-  void training(std::int64_t batches, std::int64_t epochs, const MetricValues& metrics, double samples_per_second);
+  /// A training workload's averaged metrics, the job's samples per second, where the chief's time
+  /// went (`seconds` in all) and the learning rates after its last step.
+  void training(std::int64_t batches, std::int64_t epochs, const MetricValues& metrics, double samples_per_second,
+                double seconds, const PhaseTimes& phases, const LearningRates& learning_rates);
 
   /// A validation's metrics, over `records` records (0: not counted) in `seconds`.
   void validation(std::int64_t batches, std::int64_t epochs, const MetricValues& metrics, std::int64_t records, double seconds);
 
   /// A checkpoint written at `batches`.
-  void checkpoint(std::int64_t batches, const std::filesystem::path& path, double seconds);
+  void checkpoint(std::int64_t batches, std::int64_t epochs, const std::filesystem::path& path, double seconds);
 
  private:
+  /// Every metric but the counters (`batches`, `epochs`: TensorBoard's step already says them).
+  void add_scalars(std::string_view prefix, const MetricValues& metrics, std::int64_t step);
+
   Progress progress_{};
   MetricsLog log_{};
+  TensorBoardWriter* tensorboard_ = nullptr;
 };
 
 }  // namespace dettrial::detail
@@ -57,22 +91,86 @@ class Reporter {
 #if DETTRIAL_HEADER_DEFINITIONS
 namespace dettrial::detail {
 
+/// flat_hparams' recursion: the entries of `map`, their names prefixed.
+DETTRIAL_INLINE void flatten_hparams(const YAML::Node& map, const std::string& prefix, std::vector<std::pair<std::string, HParamValue>>& out) {
+  for (const auto& kv : map) {
+    const std::string name = prefix + kv.first.Scalar();
+    const YAML::Node& value = kv.second;
+    if (value.IsMap()) {
+      flatten_hparams(value, name + ".", out);
+    } else if (value.IsScalar()) {
+      const std::string& text = value.Scalar();
+      double number = 0;
+      std::size_t used = 0;
+      if (text == "true" || text == "True" || text == "false" || text == "False") {
+        out.emplace_back(name, text == "true" || text == "True");
+      } else {
+        try {
+          number = std::stod(text, &used);
+        } catch (const std::exception&) {
+          used = 0;
+        }
+        if (used > 0 && used == text.size() && value.Tag() != "!") out.emplace_back(name, number);  // "!" marks a quoted scalar
+        else out.emplace_back(name, text);
+      }
+    } else if (value.IsDefined() && !value.IsNull()) {
+      YAML::Emitter emitter;
+      emitter << YAML::Flow << value;
+      out.emplace_back(name, std::string(emitter.c_str()));
+    }
+  }
+}
+
+DETTRIAL_INLINE std::vector<std::pair<std::string, HParamValue>> flat_hparams(const Hyperparameters& hparams) {
+  std::vector<std::pair<std::string, HParamValue>> out;
+  if (hparams.yaml().IsMap()) flatten_hparams(hparams.yaml(), "", out);
+  return out;
+}
+
 DETTRIAL_INLINE Reporter::Reporter(bool writes, ReportOptions options, const std::filesystem::path& output_dir,
-                                   std::optional<std::int64_t> resumed_at) {
+                                   std::optional<std::int64_t> resumed_at, TensorBoardWriter* tensorboard) {
   if (writes) log_ = MetricsLog(output_dir, resumed_at);
+  if (writes) tensorboard_ = tensorboard;
   if (!writes) options.quiet = true;
   progress_ = Progress(options);
   if (log_.dropped() > 0)  // also under --quiet: a trial's log says why its metrics.jsonl shrank
     std::fprintf(stderr, "dettrial: resuming at batch %lld: dropped %zu record(s) of %s written after that checkpoint (that training is done again)\n",
                  static_cast<long long>(resumed_at.value_or(0)), log_.dropped(), log_.path().c_str());
+  if (tensorboard_ && tensorboard_->dropped() > 0)
+    std::fprintf(stderr, "dettrial: resuming at batch %lld: dropped %zu event(s) of %s written after that checkpoint\n",
+                 static_cast<long long>(resumed_at.value_or(0)), tensorboard_->dropped(), tensorboard_->dir().c_str());
 }
 
 DETTRIAL_INLINE void Reporter::training(std::int64_t batches, std::int64_t epochs, const MetricValues& metrics,
-                                        double samples_per_second) {
+                                        double samples_per_second, double seconds, const PhaseTimes& phases,
+                                        const LearningRates& learning_rates) {
   char tail[64];
   std::snprintf(tail, sizeof tail, "  (%.1f samples/s)", samples_per_second);
   progress_.line("[train]" + format_metrics(metrics) + tail);
-  log_.write("training", batches, epochs, metrics, "samples_per_second", samples_per_second);
+  const std::pair<const char*, double> phase_seconds[] = {{"data", phases.data},
+                                                          {"train_batch", phases.train_batch},
+                                                          {"backward", phases.backward},
+                                                          {"optimizer_step", phases.optimizer_step},
+                                                          {"total", seconds}};
+  if (log_.enabled()) {
+    Json extra = {{"samples_per_second", samples_per_second}};
+    Json times = Json::object();
+    for (const auto& [phase, value] : phase_seconds) times[phase] = value;
+    extra["seconds"] = std::move(times);
+    if (!learning_rates.empty()) {
+      Json lrs = Json::object();
+      for (const auto& [name, lr] : learning_rates) lrs[name] = lr;
+      extra["learning_rates"] = std::move(lrs);
+    }
+    log_.write("training", batches, epochs, metrics, extra);
+  }
+  if (tensorboard_) {
+    add_scalars("train/", metrics, batches);
+    tensorboard_->add_scalar("train/samples_per_second", samples_per_second, batches);
+    for (const auto& [name, lr] : learning_rates) tensorboard_->add_scalar("train/" + name, lr, batches);
+    for (const auto& [phase, value] : phase_seconds) tensorboard_->add_scalar(std::string("timing/") + phase + "_seconds", value, batches);
+    tensorboard_->flush();
+  }
 }
 
 DETTRIAL_INLINE void Reporter::validation(std::int64_t batches, std::int64_t epochs, const MetricValues& metrics,
@@ -83,13 +181,33 @@ DETTRIAL_INLINE void Reporter::validation(std::int64_t batches, std::int64_t epo
   else
     std::snprintf(tail, sizeof tail, "  (%.2f s)", seconds);
   progress_.line("[validation]" + format_metrics(metrics) + tail);
-  log_.write("validation", batches, epochs, metrics, "seconds", seconds);
+  log_.write("validation", batches, epochs, metrics, Json{{"seconds", seconds}});
+  if (tensorboard_) {
+    add_scalars("validation/", metrics, batches);
+    tensorboard_->add_scalar("timing/validation_seconds", seconds, batches);
+    tensorboard_->flush();
+  }
 }
 
-DETTRIAL_INLINE void Reporter::checkpoint(std::int64_t batches, const std::filesystem::path& path, double seconds) {
+DETTRIAL_INLINE void Reporter::checkpoint(std::int64_t batches, std::int64_t epochs, const std::filesystem::path& path, double seconds) {
   char tail[48];
   std::snprintf(tail, sizeof tail, " (%.2f s)", seconds);
   progress_.line("[checkpoint] batches " + std::to_string(batches) + ": " + path.string() + tail);
+  log_.write("checkpoint", batches, epochs, MetricValues{}, Json{{"seconds", seconds}, {"uuid", path.filename().string()}});
+  if (tensorboard_) {
+    tensorboard_->add_scalar("timing/checkpoint_seconds", seconds, batches);
+    tensorboard_->flush();
+  }
+}
+
+DETTRIAL_INLINE void Reporter::add_scalars(std::string_view prefix, const MetricValues& metrics, std::int64_t step) {
+  std::string tag(prefix);
+  for (const auto& [name, value] : metrics) {
+    if (name == "batches" || name == "epochs") continue;
+    tag.resize(prefix.size());
+    tag += name;
+    tensorboard_->add_scalar(tag, value, step);
+  }
 }
 
 }  // namespace dettrial::detail

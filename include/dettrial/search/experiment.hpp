@@ -3,7 +3,8 @@
 /// @brief Runs a hyperparameter search on one machine: each trial is its own process of the same
 /// program (a crash cannot take the experiment down), restarted from its latest checkpoint up to
 /// max_restarts times; ASHA's stop is a SIGTERM (the trial checkpoints and exits); an event log makes
-/// a second run of the same command continue the experiment; a summary table and summary.json at the end.
+/// a second run of the same command continue the experiment; a summary table and summary.json at the end,
+/// and report.html (the search's page, refreshed as trials end).
 #pragma once
 
 #include <sys/stat.h>
@@ -33,8 +34,10 @@
 #include "../detail/json.hpp"
 #include "../detail/process.hpp"
 #include "../metrics/metrics.hpp"
+#include "../report/html_report.hpp"
 #include "../report/metrics_log.hpp"
 #include "../detail/signals.hpp"
+#include "../detail/text.hpp"
 #include "searchers.hpp"
 #include "../detail/linkage.hpp"
 
@@ -152,7 +155,24 @@ class Experiment {
   /// The searcher metric's direction: the one "better" rule (dettrial::MetricOrder).
   MetricOrder order() const { return MetricOrder{config_.searcher.smaller_is_better}; }
 
-  void write_summary();
+  /// summary.json (and, with `print`, the summary table on the terminal), after reading each
+  /// trial's checkpoints: at the end, or when interrupted (no trial running).
+  void write_summary(bool print = true);
+
+  /// What summary.json holds, from what this runner knows now (without reading checkpoints, which
+  /// running trials may be writing or deleting).
+  detail::Json summary_json() const;
+
+  /// Writes report.html: the search's page and the pages of the trials whose metrics changed (at
+  /// the end, from summary.json, and its path printed). A page that cannot be written is one
+  /// warning, never the search's failure.
+  void refresh_report(bool at_end);
+
+  /// "[experiment] 5 of 12 trials ended (2 completed, 3 stopped early, 0 failed), 2 running".
+  std::string progress() const;
+
+  /// The ASHA bracket trial `id` is in, or nullptr for the other searchers.
+  const searcher::AshaBracket* bracket_of(std::int64_t id) const;
 
   /// The experiment's id, kept in its folder's `experiment.json` (drawn when the folder is new, so a
   /// continued experiment keeps it): what each trial's `context.get_experiment_id()` returns.
@@ -168,6 +188,8 @@ class Experiment {
   std::map<std::int64_t, Running> running_;
   /// Per trial, the batches of the last validation the searcher was told of.
   std::map<std::int64_t, std::int64_t> validated_batches_;
+  /// Per ASHA trial, the highest rung its validations reached (0: the first), as events.jsonl says.
+  std::map<std::int64_t, std::int64_t> rungs_;
   /// The first trial that failed with a configuration error, and that error.
   std::optional<std::pair<std::int64_t, std::string>> config_error_;
 };
@@ -244,6 +266,7 @@ DETTRIAL_INLINE int Experiment::run() {
     if (detail::supervisor_signal_count.load() != 0 || config_error_) {
       stop_running_trials();
       write_summary();
+      refresh_report(/*at_end=*/true);
       if (config_error_) {
         std::fprintf(stderr, "dettrial: the search stopped: trial %lld's configuration is wrong, and every trial would fail the same way:\n%s\n"
                              "dettrial: fix it and run the same command again to continue the experiment\n",
@@ -261,6 +284,7 @@ DETTRIAL_INLINE int Experiment::run() {
   }
   apply_experiment_retention();
   write_summary();
+  refresh_report(/*at_end=*/true);
   const auto failed = std::ranges::count_if(trials_, [](const auto& kv) { return kv.second.state == TrialState::errored; });
   if (failed == 0) return 0;
   std::fprintf(stderr, "dettrial: %lld of %zu trials failed (ERRORED in the summary above); each trial's log.txt says why\n",
@@ -328,6 +352,10 @@ DETTRIAL_INLINE void Experiment::replay_or_start() {
         record_metric(t, metric);
         if (const detail::Json* b = detail::json_find(e, "batches"))
           validated_batches_[id] = std::max(validated_batches_[id], detail::json_as<std::int64_t>(*b, "batches"));
+        if (const detail::Json* r = detail::json_find(e, "rung")) {
+          const auto rung = detail::json_as<std::int64_t>(*r, "rung");
+          rungs_[id] = std::max(rungs_.count(id) ? rungs_[id] : rung, rung);
+        }
       } else if (kind == "end") {
         TrialSummary& t = trials_.at(id);
         t.state = state_from(detail::json_as<std::string>(get("state"), "state"));
@@ -460,9 +488,27 @@ DETTRIAL_INLINE void Experiment::poll_metrics() {
       TrialSummary& t = trials_.at(id);
       record_metric(t, metric);
       const SearcherDecision d = std::visit([&](auto& s) { return s.on_validation(id, metric, time); }, searcher_);
-      log_event({{"event", "validation"}, {"trial", id}, {"metric", metric}, {"time", time}, {"batches", *batches}});
       // A trial at its full length ends by itself; a stop is for the ones with time left.
-      if (d == SearcherDecision::stop && !run.stop_sent && time < static_cast<double>(requests_.at(id).max_length)) {
+      const bool stop = d == SearcherDecision::stop && !run.stop_sent && time < static_cast<double>(requests_.at(id).max_length);
+      detail::Json event = {{"event", "validation"}, {"trial", id}, {"metric", metric}, {"time", time}, {"batches", *batches}};
+      // For the report: the ASHA rung this validation reached (the rungs its time has passed), and a stop.
+      std::string where;
+      if (const searcher::AshaBracket* bracket = bracket_of(id)) {
+        const std::int64_t rung =
+            static_cast<std::int64_t>(std::ranges::count_if(bracket->units_needed, [&](std::int64_t needed) { return time >= static_cast<double>(needed); })) - 1;
+        if (rung >= 0) {
+          event["rung"] = rung;
+          rungs_[id] = std::max(rungs_.count(id) ? rungs_[id] : rung, rung);
+          where = "; rung " + std::to_string(rung + 1) + " of " + std::to_string(bracket->units_needed.size());
+        }
+      }
+      if (stop) event["stopped"] = true;
+      log_event(event);
+      char values[96];
+      std::snprintf(values, sizeof values, "%.6g (best %.6g", metric, t.best_metric.value_or(metric));
+      say("[experiment] trial " + std::to_string(id) + " at " + time_metric + " " + std::to_string(static_cast<std::int64_t>(time)) + ": " +
+          config_.searcher.metric + " " + values + where + ")");
+      if (stop) {
         ::kill(run.pid, SIGTERM);  // the trial checkpoints and exits
         run.stop_sent = true;
         say("[experiment] trial " + std::to_string(id) + " stopped by the searcher at " + time_metric + " " + std::to_string(static_cast<std::int64_t>(time)));
@@ -518,6 +564,8 @@ DETTRIAL_INLINE void Experiment::reap(bool interrupting) {
   log_event({{"event", "end"}, {"trial", id}, {"state", to_string(t.state)}, {"restarts", t.restarts}});
   say("[experiment] trial " + std::to_string(id) + " " + to_string(t.state) + " after " + std::to_string(t.batches_trained) + " batches");
   for (auto& r : std::visit([&](auto& s) { return s.on_trial_end(id); }, searcher_)) add_trial(std::move(r));
+  say(progress());
+  refresh_report(/*at_end=*/false);
 }
 
 DETTRIAL_INLINE std::string Experiment::last_error_line(std::int64_t id) const {
@@ -575,36 +623,91 @@ DETTRIAL_INLINE void Experiment::apply_experiment_retention() {
       if (trial_best_keep.count(c.uuid)) delete_checkpoint(c);
 }
 
-DETTRIAL_INLINE void Experiment::write_summary() {
+DETTRIAL_INLINE detail::Json Experiment::summary_json() const {
+  const auto optional = [](const std::optional<double>& v) { return v ? detail::Json(*v) : detail::Json(nullptr); };
   detail::Json summary = {{"experiment", config_.name.empty() ? config_.description : config_.name},
                           {"searcher", config_.searcher.name},
                           {"metric", config_.searcher.metric},
-                          {"trials", detail::Json::array()}};
-  const auto optional = [](const std::optional<double>& v) { return v ? detail::Json(*v) : detail::Json(nullptr); };
-  std::string table = "\n trial  state           batches  restarts  best " + config_.searcher.metric + "  last  hyperparameters\n";
+                          {"smaller_is_better", config_.searcher.smaller_is_better},
+                          {"time_metric", config_.searcher.time_metric},
+                          {"max_trials", std::visit([](const auto& s) { return s.max_trials(); }, searcher_)}};
+  // ASHA's rungs: the time each needs, per bracket (report.html draws them).
+  if (const auto* asha = std::get_if<searcher::AdaptiveAsha>(&searcher_)) {
+    detail::Json brackets = detail::Json::array();
+    for (const auto& b : asha->brackets()) brackets.push_back({{"rungs", b.units_needed}, {"max_trials", b.max_trials}});
+    summary["brackets"] = std::move(brackets);
+  }
+  summary["trials"] = detail::Json::array();
   std::optional<std::int64_t> best_trial;
-  for (auto& [id, t] : trials_) {
-    refresh_from_disk(t);
+  for (const auto& [id, t] : trials_) {
     if (t.best_metric && (!best_trial || order().better(*t.best_metric, *trials_.at(*best_trial).best_metric)))
       best_trial = id;
-    summary["trials"].push_back({{"id", id},
-                                 {"state", to_string(t.state)},
-                                 {"batches_trained", t.batches_trained},
-                                 {"restarts", t.restarts},
-                                 {"hparams", detail::yaml_to_json(t.hparams)},
-                                 {"best_metric", optional(t.best_metric)},
-                                 {"last_metric", optional(t.last_metric)},
-                                 {"best_checkpoint", t.best_checkpoint}});
+    detail::Json trial = {{"id", id},
+                          {"state", to_string(t.state)},
+                          {"batches_trained", t.batches_trained},
+                          {"restarts", t.restarts},
+                          {"hparams", detail::yaml_to_json(t.hparams)},
+                          {"best_metric", optional(t.best_metric)},
+                          {"last_metric", optional(t.last_metric)},
+                          {"best_checkpoint", t.best_checkpoint}};
+    if (bracket_of(id)) {
+      trial["bracket"] = requests_.at(id).bracket;
+      if (const auto rung = rungs_.find(id); rung != rungs_.end()) trial["rung"] = rung->second;
+    }
+    summary["trials"].push_back(std::move(trial));
+  }
+  summary["best_trial"] = best_trial ? detail::Json(*best_trial) : detail::Json(nullptr);
+  return summary;
+}
+
+DETTRIAL_INLINE void Experiment::write_summary(bool print) {
+  for (auto& [id, t] : trials_) refresh_from_disk(t);
+  const detail::Json summary = summary_json();
+  detail::write_file_synced(options_.output_dir / "summary.json", detail::json_text(summary));
+  if (!print) return;
+  std::string table = "\n trial  state           batches  restarts  best " + config_.searcher.metric + "  last  hyperparameters\n";
+  for (const auto& [id, t] : trials_) {
     char row[160];
     std::snprintf(row, sizeof row, " %5lld  %-14s %8lld  %8lld  %12s  %6s  ", static_cast<long long>(id), to_string(t.state),
                   static_cast<long long>(t.batches_trained), static_cast<long long>(t.restarts),
                   t.best_metric ? std::to_string(*t.best_metric).c_str() : "-", t.last_metric ? std::to_string(*t.last_metric).c_str() : "-");
     table += row + detail::one_line(t.hparams) + "\n";
   }
-  summary["best_trial"] = best_trial ? detail::Json(*best_trial) : detail::Json(nullptr);
-  detail::write_file_synced(options_.output_dir / "summary.json", detail::json_text(summary));
-  if (best_trial) table += " best: trial " + std::to_string(*best_trial) + ", checkpoint " + trials_.at(*best_trial).best_checkpoint + "\n";
+  if (const detail::Json& best = summary.at("best_trial"); best.is_number_integer())
+    table += " best: trial " + std::to_string(best.get<std::int64_t>()) + ", checkpoint " + trials_.at(best.get<std::int64_t>()).best_checkpoint + "\n";
   say(table + " summary: " + (options_.output_dir / "summary.json").string());
+}
+
+DETTRIAL_INLINE void Experiment::refresh_report(bool at_end) {
+  try {
+    // While trials run, from what this runner knows (summary.json is written at the end).
+    const std::filesystem::path page = at_end ? write_experiment_report(options_.output_dir)
+                                              : detail::html::write_experiment_page(options_.output_dir, summary_json());
+    if (at_end) say(" report: " + page.string());
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "dettrial: warning: the search's report.html was not updated: %s\n", detail::first_line(e.what()).c_str());
+  }
+}
+
+DETTRIAL_INLINE std::string Experiment::progress() const {
+  std::int64_t completed = 0, stopped = 0, failed = 0;
+  for (const auto& [id, t] : trials_) {
+    completed += t.state == TrialState::completed ? 1 : 0;
+    stopped += t.state == TrialState::stopped_by_searcher ? 1 : 0;
+    failed += t.state == TrialState::errored ? 1 : 0;
+  }
+  const std::int64_t total = std::visit([](const auto& s) { return s.max_trials(); }, searcher_);
+  return "[experiment] " + std::to_string(completed + stopped + failed) + " of " + std::to_string(total) + " trials ended (" +
+         std::to_string(completed) + " completed, " + std::to_string(stopped) + " stopped early, " + std::to_string(failed) +
+         " failed), " + std::to_string(running_.size()) + " running";
+}
+
+DETTRIAL_INLINE const searcher::AshaBracket* Experiment::bracket_of(std::int64_t id) const {
+  const auto* asha = std::get_if<searcher::AdaptiveAsha>(&searcher_);
+  const auto request = requests_.find(id);
+  if (!asha || request == requests_.end()) return nullptr;
+  const auto b = static_cast<std::size_t>(request->second.bracket);
+  return b < asha->brackets().size() ? &asha->brackets()[b] : nullptr;
 }
 
 }  // namespace dettrial

@@ -60,6 +60,9 @@ struct FitOptions {
   bool handle_signals = true;
   /// Terminal and log output.
   ReportOptions report{};
+  /// LibTorch's profiler over a range of batches, written to `<output_dir>/trace.json` (the
+  /// experiment config's `profiling` section).
+  ExperimentConfig::Profiling profiling{};
 
   /**
    * @brief The options an experiment config implies, as Determined maps them: searcher.max_length (or
@@ -109,6 +112,7 @@ DETTRIAL_INLINE FitOptions FitOptions::from_config(const ExperimentConfig& confi
   o.searcher_metric = config.searcher.metric;
   o.smaller_is_better = config.searcher.smaller_is_better;
   if (config.checkpoint_storage.path) o.checkpoint_dir = *config.checkpoint_storage.path;
+  o.profiling = config.profiling;
   o.retention = {.save_trial_best = config.checkpoint_storage.save_trial_best,
                  .save_trial_latest = config.checkpoint_storage.save_trial_latest};
   return o;

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include <c10/util/Type.h>
+#include <ATen/record_function.h>
 #include <torch/torch.h>
 
 #include "../checkpoint/checkpoint.hpp"
@@ -40,6 +41,8 @@
 #include "../version.hpp"
 #include "../metrics/metrics.hpp"
 #include "../metrics/reducers.hpp"
+#include "../report/html_report.hpp"
+#include "../report/profiler.hpp"
 #include "../report/reporter.hpp"
 #include "../report/runtime.hpp"
 #include "../trial/concepts.hpp"
@@ -201,6 +204,9 @@ class Trainer {
     bool same_trial = false;
     FitResult result{};
     detail::Reporter reporter{};
+    detail::TraceProfiler profiler{};
+    /// Wait for the GPU at each phase's end, so that the phase timings are the GPU's (profiling.sync_timings).
+    bool sync_timings = false;
   };
 
   /// What a training workload accumulates; kept across workloads so that a batch allocates nothing.
@@ -208,6 +214,9 @@ class Trainer {
     detail::WorkloadMeans means;
     std::vector<Metrics> batch_metrics{};  // kept only when a callback asks for them
     std::int64_t records = 0;
+    detail::PhaseTimes phases{};
+    /// The end of the last timed phase.
+    std::chrono::steady_clock::time_point mark{};
   };
 
   void build_declarative() {
@@ -251,10 +260,17 @@ class Trainer {
     });
     prepare_training(st, callbacks, first_batch);
     announce(st);
+    if (!st.same_trial) context_.get_tensorboard_writer().add_hparams(detail::flat_hparams(context_.get_hparams()));
+    // The hparams session ends as the fit does: failed when it throws.
+    const auto end_session = detail::on_scope_exit([&, exceptions = std::uncaught_exceptions()] {
+      context_.get_tensorboard_writer().end_session(std::uncaught_exceptions() == exceptions);
+      context_.get_tensorboard_writer().flush();
+    });
     const detail::StopSignals signals(st.options.handle_signals);
     callbacks.template call<hook::on_training_start>();
     if (st.options.step_zero_validation && st.batches_trained == 0 && st.last_validation < 0) validate(st, callbacks);
     train(st, callbacks);
+    finish_profiling(st);
     if (!st.result.stop_requested) {
       if (st.last_validation != st.batches_trained) validate(st, callbacks);
       checkpoint_unless_current(st, callbacks);
@@ -263,7 +279,20 @@ class Trainer {
     }
     st.result.batches_trained = st.batches_trained;
     st.result.epochs_trained = st.epochs_trained;
+    write_report(st);
     return std::move(st.result);
+  }
+
+  /// The run's report.html, from its metrics.jsonl (on the chief). A report that cannot be written
+  /// is a warning: the training it describes is done and saved.
+  void write_report(RunState& st) {
+    if (!context_.distributed().is_chief()) return;
+    try {
+      const auto path = write_run_report(st.options.output_dir);
+      st.reporter.line("dettrial: report " + path.string());
+    } catch (const std::exception& e) {
+      st.reporter.line(std::string("dettrial: warning: no report.html: ") + e.what());
+    }
   }
 
   /// Checks the options, finds (and checks) the checkpoint to resume from before anything is
@@ -289,10 +318,19 @@ class Trainer {
     context_.position().output_dir = o.output_dir;
     st.storage = o.checkpoint_dir.empty() ? o.output_dir / "checkpoints" : o.checkpoint_dir;
     st.result.checkpoint_dir = st.storage;
-    // One writer per job: the chief reports and writes metrics.jsonl and checkpoints.
+    // One writer per job: the chief reports and writes metrics.jsonl, event files and checkpoints.
     const bool chief = context_.distributed().is_chief();
-    st.reporter = detail::Reporter(chief, o.report, o.output_dir,
-                                   st.same_trial ? std::optional(st.resumed->batches_trained) : std::nullopt);
+    const std::optional<std::int64_t> resumed_at = st.same_trial ? std::optional(st.resumed->batches_trained) : std::nullopt;
+    if (chief) context_.get_tensorboard_writer() = TensorBoardWriter(context_.get_tensorboard_path(), resumed_at);
+    st.reporter = detail::Reporter(chief, o.report, o.output_dir, resumed_at,
+                                   context_.get_enable_tensorboard_logging() ? &context_.get_tensorboard_writer() : nullptr);
+    if (o.profiling.enabled) {
+      // Every rank profiles its own process: the chief into trace.json, rank r into trace.rank<r>.json.
+      const int rank = context_.distributed().rank;
+      st.profiler = detail::TraceProfiler(o.profiling, o.output_dir / (rank == 0 ? std::string("trace.json") : "trace.rank" + std::to_string(rank) + ".json"),
+                                          context_.device().is_cuda());
+      st.sync_timings = o.profiling.sync_timings && context_.device().is_cuda();
+    }
     if (chief) {
       detail::remove_stale_entries(st.storage);
       const auto existing = list_checkpoints(st.storage);
@@ -324,6 +362,11 @@ class Trainer {
     if (Communicator* comm = context_.communicator()) detail::broadcast_modules(*comm, context_.models());  // every rank starts from rank 0's weights
   }
 
+  /// Writes the trace when training ended (or stopped) inside the profiled range.
+  void finish_profiling(RunState& st) {
+    if (st.profiler.finish(st.batches_trained - 1)) st.reporter.line("dettrial: " + st.profiler.summary());
+  }
+
   /// The run's first lines: the runtime, the trial, the job, the checkpoint resumed from.
   void announce(RunState& st) {
     const FitOptions& o = st.options;
@@ -339,6 +382,11 @@ class Trainer {
       st.reporter.line("dettrial: resumed from " + st.resume_dir->string() +
                        (st.same_trial ? " at batch " + std::to_string(st.batches_trained)
                                       : std::string(" (another trial's checkpoint: weights and optimizer state only)")));
+    if (o.profiling.enabled)
+      st.reporter.line("dettrial: profiling batches " + std::to_string(o.profiling.begin_on_batch) + " to " +
+                       (o.profiling.end_after_batch ? std::to_string(*o.profiling.end_after_batch) : std::string("the end of training")) +
+                       " with LibTorch's profiler" + (st.sync_timings ? ", timings synchronized with the GPU" : "") +
+                       "; trace in " + o.output_dir.string());
     if (const std::int64_t records = context_.get_experiment_config().records_per_epoch; records > 0)
       st.reporter.line("dettrial: records_per_epoch " + std::to_string(records) + " sets the epoch: " + std::to_string(st.epoch_len) +
                        " batches of " + std::to_string(context_.get_global_batch_size()) +
@@ -410,6 +458,8 @@ class Trainer {
     workload.means.reset();
     workload.batch_metrics.clear();
     workload.records = 0;
+    workload.phases.reset();
+    workload.mark = std::chrono::steady_clock::now();
     st.reporter.begin("train", st.batches_trained,
                       st.length.unit() == Unit::epochs ? st.length.value() * st.epoch_len : st.length.value(), "batches");
     for (;;) {
@@ -418,9 +468,11 @@ class Trainer {
       context_.position().current_batch = batch_idx;
       if (epoch_start) callbacks.template call<hook::on_training_epoch_start>(epoch_idx);
       if (it == end) throw DataError("the training data loader's repeating stream ended at batch " + std::to_string(batch_idx));
-      train_batch<Set>(*it, workload, batch_idx, epoch_idx);
+      st.profiler.before_batch(batch_idx);
+      train_batch<Set>(*it, workload, batch_idx, epoch_idx, st.sync_timings);
       ++it;
       ++st.batches_trained;
+      if (st.profiler.after_batch(batch_idx)) st.reporter.line("dettrial: " + st.profiler.summary());
       if (epoch_end) {
         callbacks.template call<hook::on_training_epoch_end>(epoch_idx);
         ++st.epochs_trained;
@@ -433,24 +485,46 @@ class Trainer {
     }
   }
 
-  /// One batch: to the device, train_batch, and for a declarative trial backward and step.
+  /// Adds the time since the last phase ended to `phase` (after the GPU's work, with sync_timings).
+  static void lap(Workload& workload, double& phase, bool sync) {
+    if (sync) torch::cuda::synchronize();
+    const auto now = std::chrono::steady_clock::now();
+    phase += std::chrono::duration<double>(now - workload.mark).count();
+    workload.mark = now;
+  }
+
+  /// One batch: to the device, train_batch, and for a declarative trial backward and step; each
+  /// phase timed, and named for the profiler's trace.
   template <class Set, class Loaded>
-  void train_batch(Loaded&& loaded, Workload& workload, std::int64_t batch_idx, std::int64_t epoch_idx) {
+  void train_batch(Loaded&& loaded, Workload& workload, std::int64_t batch_idx, std::int64_t epoch_idx, bool sync_timings) {
     training_batch_t<TrialT> batch = std::move(loaded);
     to_device_in_place(batch, context_.device(), context_.device().is_cuda());
     workload.records += record_count(batch);
-    Metrics metrics = as_metrics(in_precision([&]() -> decltype(auto) {
-      return detail::call_train_batch(*trial_, batch, model_or_missing(), epoch_idx, batch_idx);
-    }));
+    lap(workload, workload.phases.data, sync_timings);
+    Metrics metrics = [&] {
+      RECORD_USER_SCOPE("dettrial::train_batch");
+      return as_metrics(in_precision([&]() -> decltype(auto) {
+        return detail::call_train_batch(*trial_, batch, model_or_missing(), epoch_idx, batch_idx);
+      }));
+    }();
+    lap(workload, workload.phases.train_batch, sync_timings);
     if constexpr (declarative) {
       const MetricValue& loss = metrics.at("loss");
       if (!loss.is_tensor()) throw TrialError("train_batch must return the loss as a tensor (the trainer back-propagates it), not a number");
-      context_.backward(loss.tensor());
-      // An optional hook: gradient_clipping() returns a clip policy (clip::by_norm{...}, clip::by_value{...}).
-      if constexpr (requires(TrialT& t) { t.gradient_clipping(); })
-        context_.step_optimizer(detail::deref(*optimizer_), trial_->gradient_clipping());
-      else
-        context_.step_optimizer(detail::deref(*optimizer_));
+      {
+        RECORD_USER_SCOPE("dettrial::backward");
+        context_.backward(loss.tensor());
+      }
+      lap(workload, workload.phases.backward, sync_timings);
+      {
+        RECORD_USER_SCOPE("dettrial::optimizer_step");
+        // An optional hook: gradient_clipping() returns a clip policy (clip::by_norm{...}, clip::by_value{...}).
+        if constexpr (requires(TrialT& t) { t.gradient_clipping(); })
+          context_.step_optimizer(detail::deref(*optimizer_), trial_->gradient_clipping());
+        else
+          context_.step_optimizer(detail::deref(*optimizer_));
+      }
+      lap(workload, workload.phases.optimizer_step, sync_timings);
     }
     if (context_.is_update_batch()) {
       context_.update_scaler();
@@ -522,9 +596,30 @@ class Trainer {
     reduce_user_reducers(&detail::WrappedReducer::for_training, shares, avg);
     // The whole job's records (every rank's), over the chief's clock.
     const double rate = seconds > 0 ? static_cast<double>(detail::total_records(shares)) / seconds : 0.0;
-    st.reporter.training(st.batches_trained, st.epochs_trained, avg, rate);
+    st.reporter.training(st.batches_trained, st.epochs_trained, avg, rate, seconds, workload.phases, learning_rates());
     callbacks.template call<hook::on_training_workload_end>(avg, std::span<const Metrics>(workload.batch_metrics));
     st.result.last_training_metrics = std::move(avg);
+  }
+
+  /// Every wrapped optimizer's learning rates, named as detail::LearningRates says; an optimizer
+  /// whose options cannot tell theirs (a custom type without get_lr) is left out.
+  detail::LearningRates learning_rates() const {
+    detail::LearningRates out;
+    const std::size_t optimizers = context_.num_optimizers();
+    for (std::size_t i = 0; i < optimizers; ++i) {
+      const auto& groups = context_.optimizer(i).param_groups();
+      for (std::size_t g = 0; g < groups.size(); ++g) {
+        try {
+          const double lr = groups[g].options().get_lr();
+          out.emplace_back("lr" + (optimizers > 1 ? "_" + std::to_string(i) : std::string()) +
+                               (groups.size() > 1 ? "_group_" + std::to_string(g) : std::string()),
+                           lr);
+        } catch (const c10::Error&) {
+          break;
+        }
+      }
+    }
+    return out;
   }
 
   /// Merges the user reducers taking part (`role`: for_training or for_validation) into `out`, each
@@ -541,6 +636,7 @@ class Trainer {
 
   template <class Set>
   void validate(RunState& st, Set& callbacks) {
+    RECORD_USER_SCOPE("dettrial::validate");
     torch::NoGradGuard no_grad;
     for (const auto& m : context_.models()) m->eval();
     for (auto& r : context_.reducers())
@@ -670,6 +766,7 @@ class Trainer {
   /// and applies retention sparing the new one.
   template <class Set>
   void checkpoint(RunState& st, Set& callbacks) {
+    RECORD_USER_SCOPE("dettrial::checkpoint");
     st.last_checkpoint = st.batches_trained;
     const detail::RankRngStates rng = detail::gather_rng_states(context_);  // every rank's, to the chief
     if (!context_.distributed().is_chief()) {
@@ -693,7 +790,8 @@ class Trainer {
     detail::share_uuid(context_.communicator(), info.uuid);
     callbacks.template call<hook::on_checkpoint_write_end>(info.path);
     callbacks.template call<hook::on_checkpoint_upload_end>(info.uuid);
-    st.reporter.checkpoint(st.batches_trained, info.path, std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
+    st.reporter.checkpoint(st.batches_trained, st.epochs_trained, info.path,
+                           std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
     apply_retention(st, info.uuid);
   }
 

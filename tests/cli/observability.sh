@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Usage: observability.sh PROGRAM DATA_DIR OUTPUT_DIR TENSORBOARD_PYTHON
+# The MNIST example trains 40 batches with the profiler on over batches 3-5, then resumes from its
+# checkpoint at batch 20 and trains to 50. Then:
+# - Python's TensorBoard reader returns every metric of metrics.jsonl at its batch, once (the
+#   stopped run's events after batch 20 are gone), and the hyperparameters as one hparams session;
+# - trace.json is a Chrome trace naming the model's operators and dettrial's phases.
+set -u
+program=$1 data=$2 out=$3 python=$4
+here=$(cd "$(dirname "$0")" && pwd)
+fail() { echo "observability: $*"; exit 1; }
+rm -rf "$out"
+mkdir -p "$(dirname "$out")"
+"$program" --config "$here/observability.yaml" --set "data.dir=$data" --output "$out" >"$out.log" 2>&1
+status=$?
+cat "$out.log"
+[ "$status" -eq 0 ] || fail "the first run exited with $status"
+grep -q "profiled batches 3-5: .*trace.json" "$out.log" || fail "no line saying what was profiled"
+metadata=$(grep -l '"steps_completed": 20,' "$out"/checkpoints/*/metadata.json | head -n 1)
+[ -n "$metadata" ] || fail "no checkpoint at batch 20"
+"$program" --config "$here/observability.yaml" --set "data.dir=$data" --set searcher.max_length.batches=50 \
+  --resume "$(dirname "$metadata")" >"$out.resume.log" 2>&1
+status=$?
+cat "$out.resume.log"
+[ "$status" -eq 0 ] || fail "the resumed run exited with $status"
+grep -q "dropped .* event(s) .* written after that checkpoint" "$out.resume.log" || fail "the resume did not drop the stopped run's events"
+"$python" "$here/../python/read_tensorboard.py" "$out" learning_rate=0.05 dropout=0.2 n_filters1=8 global_batch_size=64 ||
+  fail "TensorBoard's reader disagrees with metrics.jsonl"
+python3 - "$out/trace.json" <<'PY' || fail "bad trace.json"
+import collections, json, sys
+trace = json.load(open(sys.argv[1]))
+names = collections.Counter(e.get("name") for e in trace["traceEvents"] if isinstance(e, dict))
+assert names["dettrial::train_batch"] == 3, names["dettrial::train_batch"]  # batches 3, 4 and 5
+assert names["aten::conv2d"] >= 6, names["aten::conv2d"]  # the network's two convolutions
+print(f"ok: trace.json has {sum(names.values())} events, {names['aten::conv2d']} convolutions")
+PY
+echo "ok: TensorBoard files, hparams and trace of a resumed run"

@@ -1,0 +1,539 @@
+// Seeing a run: TensorBoard event files (framing, checksums, resume), the profiler's Chrome trace,
+// per-phase timings, and the HTML report. Python's own TensorBoard reader checks the files of a real
+// run in tests/cli/observability.sh; here the format's pieces and the trainer's use of them.
+#include <unistd.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <cstddef>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <map>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+// LibTorch before doctest (as the precompiled header has it): Debian's LibTorch brings glog, whose
+// CHECK macro must not be the one the test cases use.
+#include <dettrial/dettrial.hpp>
+
+#include <doctest/doctest.h>
+
+#include "test_trials.hpp"
+
+using namespace dettrial;
+namespace tb = dettrial::detail::tensorboard;
+
+namespace {
+
+std::filesystem::path fresh_dir(const std::string& name) {
+  const auto dir = std::filesystem::temp_directory_path() / ("dettrial-observability-" + std::to_string(::getpid()) + "-" + name);
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return dir;
+}
+
+/// Every event of every file in `dir`, oldest file first.
+std::vector<std::string> all_events(const std::filesystem::path& dir) {
+  std::vector<std::string> out;
+  for (const auto& file : tb::event_files(dir)) {
+    const tb::Records read = tb::read_records(file);
+    CHECK_FALSE(read.torn);
+    out.insert(out.end(), read.records.begin(), read.records.end());
+  }
+  return out;
+}
+
+/// How many events carry a value tagged `tag` (the tag's bytes, as a length-delimited field).
+std::size_t count_tag(const std::vector<std::string>& events, const std::string& tag) {
+  std::size_t n = 0;
+  for (const auto& e : events) n += e.find(tag) != std::string::npos ? 1 : 0;
+  return n;
+}
+
+}  // namespace
+
+TEST_CASE("CRC-32C and TFRecord framing are the published ones") {
+  // The check value of CRC-32C (iSCSI, RFC 3720 B.4) and of the empty string.
+  CHECK(tb::crc32c("123456789") == 0xE3069283u);
+  CHECK(tb::crc32c("") == 0u);
+  // 32 zero bytes: RFC 3720's first test vector.
+  CHECK(tb::crc32c(std::string(32, '\0')) == 0x8A9136AAu);
+  const std::string framed = tb::frame("abc");
+  REQUIRE(framed.size() == 8 + 4 + 3 + 4);
+  CHECK(static_cast<unsigned char>(framed[0]) == 3);  // little-endian length
+  CHECK(framed.substr(12, 3) == "abc");
+  // A varint step, as an Event carries it, reads back (negative steps too: ten-byte varints).
+  for (const std::int64_t step : {std::int64_t{0}, std::int64_t{1}, std::int64_t{300}, std::int64_t{1} << 40, std::int64_t{-5}}) {
+    tb::Message event;
+    event.fixed64(1, 1.5).varint(2, static_cast<std::uint64_t>(step)).bytes(3, "x");
+    CHECK(tb::event_step(event.str()) == step);
+  }
+}
+
+TEST_CASE("a TensorBoard writer's file reads back record by record; a torn tail is left out") {
+  const auto dir = fresh_dir("writer");
+  std::filesystem::path file;
+  {
+    TensorBoardWriter writer(dir);
+    REQUIRE(writer.enabled());
+    file = writer.file();
+    CHECK(file.filename().string().rfind("events.out.tfevents.", 0) == 0);
+    for (std::int64_t step = 1; step <= 5; ++step) writer.add_scalar("train/loss", 1.0 / static_cast<double>(step), step);
+    writer.add_histogram("weights", torch::arange(100, torch::kFloat), 5, 10);
+    writer.add_histogram("empty", torch::full({3}, std::nan("")), 5);  // only non-finite values: an empty histogram
+    writer.add_hparams({{"lr", 0.1}, {"optimizer", std::string("sgd")}, {"nesterov", true}});
+    writer.end_session(true);
+  }
+  tb::Records read = tb::read_records(file);
+  CHECK_FALSE(read.torn);
+  REQUIRE(read.records.size() == 1 + 5 + 2 + 2);
+  CHECK(read.records[0].find("brain.Event:2") != std::string::npos);
+  for (std::int64_t step = 1; step <= 5; ++step) CHECK(tb::event_step(read.records[static_cast<std::size_t>(step)]) == step);
+  // A crash mid-record: the complete records are all still read.
+  { std::ofstream(file, std::ios::app | std::ios::binary) << std::string("\x20\x00\x00\x00\x00\x00\x00\x00\x01\x02", 10); }
+  read = tb::read_records(file);
+  CHECK(read.torn);
+  CHECK(read.records.size() == 10);
+  // A flipped byte inside a record fails its checksum: reading stops before it.
+  std::string bytes;
+  {
+    std::ifstream in(file, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  const std::size_t first_record = tb::frame(read.records[0]).size();
+  bytes[first_record + 14] ^= 0x40;
+  { std::ofstream(file, std::ios::trunc | std::ios::binary) << bytes; }
+  read = tb::read_records(file);
+  CHECK(read.torn);
+  CHECK(read.records.size() == 1);
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("resuming at batch N removes the stopped run's events after N from the folder's event files") {
+  const auto dir = fresh_dir("resume");
+  {
+    TensorBoardWriter writer(dir);
+    writer.add_hparams({{"lr", 0.1}});
+    for (std::int64_t step = 10; step <= 50; step += 10) writer.add_scalar("train/loss", static_cast<double>(step), step);
+    writer.end_session(true);
+  }
+  {
+    TensorBoardWriter resumed(dir, std::int64_t{30});
+    CHECK(resumed.dropped() == 3);  // steps 40 and 50, and the session's end
+    for (std::int64_t step = 40; step <= 60; step += 10) resumed.add_scalar("train/loss", static_cast<double>(step) + 0.5, step);
+    resumed.end_session(true);
+  }
+  REQUIRE(tb::event_files(dir).size() == 2);
+  std::vector<std::int64_t> steps;
+  const auto events = all_events(dir);
+  for (const auto& e : events)
+    if (e.find("train/loss") != std::string::npos) steps.push_back(tb::event_step(e));
+  CHECK(steps == std::vector<std::int64_t>{10, 20, 30, 40, 50, 60});
+  CHECK(count_tag(events, "_hparams_/session_start_info") == 1);
+  CHECK(count_tag(events, "_hparams_/session_end_info") == 1);
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("hyperparameters flatten for TensorBoard: dotted names, numbers, booleans, text") {
+  const auto flat = dettrial::detail::flat_hparams(
+      Hyperparameters::parse("global_batch_size: 8\nlr: 1.0e-3\noptimizer: adam\nnesterov: true\n"
+                             "arch: {depth: 3, act: relu}\nsizes: [1, 2]\nversion: '2'\n"));
+  std::map<std::string, HParamValue> by_name(flat.begin(), flat.end());
+  CHECK(std::get<double>(by_name.at("global_batch_size")) == 8);
+  CHECK(std::get<double>(by_name.at("lr")) == 1.0e-3);
+  CHECK(std::get<std::string>(by_name.at("optimizer")) == "adam");
+  CHECK(std::get<bool>(by_name.at("nesterov")));
+  CHECK(std::get<double>(by_name.at("arch.depth")) == 3);
+  CHECK(std::get<std::string>(by_name.at("arch.act")) == "relu");
+  CHECK(std::get<std::string>(by_name.at("sizes")) == "[1, 2]");
+  CHECK(std::get<std::string>(by_name.at("version")) == "2");  // quoted: text, as written
+}
+
+TEST_CASE("a fit writes TensorBoard scalars for its metrics, learning rate and timings, and the trial's own") {
+  struct OwnScalars : test::DeclarativeRegression {
+    using DeclarativeRegression::DeclarativeRegression;
+    dettrial::Metrics train_batch(test::Batch& b, torch::nn::Sequential& model, std::int64_t e, std::int64_t i) {
+      context.get_tensorboard_writer().add_scalar("mine/batch", static_cast<double>(i), i);
+      return DeclarativeRegression::train_batch(b, model, e, i);
+    }
+  };
+  Context context(test::hparams(), ContextOptions{.trial_seed = 3});
+  Trainer<OwnScalars> trainer(context);
+  // 64 records in batches of 8: 8 batches an epoch; reports every 3, validation every 4 (every
+  // boundary reports the training since the last), one checkpoint at the end.
+  const FitResult r = trainer.fit(test::quiet(
+      {.max_length = Batch(10), .validation_period = Batch(4), .reporting_period = Batch(3), .checkpoint_policy = CheckpointPolicy::none}));
+  CHECK(context.get_tensorboard_path() == r.output_dir / "tensorboard");
+  const auto events = all_events(r.output_dir / "tensorboard");
+  std::multiset<std::int64_t> loss_steps, validation_steps;
+  for (const auto& e : events) {
+    if (e.find("train/loss") != std::string::npos) loss_steps.insert(tb::event_step(e));
+    if (e.find("validation/validation_loss") != std::string::npos) validation_steps.insert(tb::event_step(e));
+  }
+  CHECK(loss_steps == std::multiset<std::int64_t>{3, 4, 6, 8, 9, 10});
+  CHECK(validation_steps == std::multiset<std::int64_t>{4, 8, 10});
+  CHECK(count_tag(events, "train/lr") == 6);
+  CHECK(count_tag(events, "train/samples_per_second") == 6);
+  CHECK(count_tag(events, "timing/data_seconds") == 6);
+  CHECK(count_tag(events, "timing/backward_seconds") == 6);
+  CHECK(count_tag(events, "timing/validation_seconds") == 3);
+  CHECK(count_tag(events, "timing/checkpoint_seconds") == 1);
+  CHECK(count_tag(events, "mine/batch") == 10);
+  CHECK(count_tag(events, "_hparams_/session_start_info") == 1);
+  CHECK(count_tag(events, "_hparams_/session_end_info") == 1);
+  // The counters are TensorBoard's step, not scalars of their own.
+  CHECK(count_tag(events, "train/batches") == 0);
+  // Logging off: no trainer scalars; the trial's own still go in.
+  Context quiet_context(test::hparams(), ContextOptions{.trial_seed = 3});
+  quiet_context.set_enable_tensorboard_logging(false);
+  Trainer<OwnScalars> quiet_trainer(quiet_context);
+  const FitResult q = quiet_trainer.fit(test::quiet({.max_length = Batch(4)}));
+  const auto quiet_events = all_events(q.output_dir / "tensorboard");
+  CHECK(count_tag(quiet_events, "train/loss") == 0);
+  CHECK(count_tag(quiet_events, "mine/batch") == 4);
+  std::filesystem::remove_all(r.output_dir);
+  std::filesystem::remove_all(q.output_dir);
+}
+
+TEST_CASE("profiling writes a Chrome trace of its batches that names the model's operators and dettrial's phases") {
+  Context context(test::hparams(), ContextOptions{.trial_seed = 4});
+  Trainer<test::DeclarativeRegression> trainer(context);
+  FitOptions options = test::quiet({.max_length = Batch(12), .reporting_period = Batch(4)});
+  options.profiling = {.enabled = true, .begin_on_batch = 5, .end_after_batch = 7};
+  const FitResult r = trainer.fit(options);
+  const auto trace_path = r.output_dir / "trace.json";
+  REQUIRE(std::filesystem::exists(trace_path));
+  const nlohmann::json trace = nlohmann::json::parse(test::read_text(trace_path));
+  REQUIRE(trace.contains("traceEvents"));
+  std::multiset<std::string> names;
+  for (const auto& e : trace["traceEvents"])
+    if (e.is_object() && e.contains("name") && e["name"].is_string()) names.insert(e["name"].get<std::string>());
+  CHECK(names.count("dettrial::train_batch") == 3);  // batches 5, 6 and 7
+  CHECK(names.count("dettrial::backward") == 3);
+  CHECK(names.count("dettrial::optimizer_step") == 3);
+  CHECK(names.count("aten::addmm") >= 3 * 2);  // two Linear layers a forward pass
+  CHECK(names.count("aten::mse_loss") >= 3);
+  // A range that training ends inside: the trace is written at the end.
+  Context open_context(test::hparams(), ContextOptions{.trial_seed = 4});
+  Trainer<test::DeclarativeRegression> open_trainer(open_context);
+  FitOptions open_options = test::quiet({.max_length = Batch(6)});
+  open_options.profiling = {.enabled = true, .begin_on_batch = 4};
+  const FitResult open = open_trainer.fit(open_options);
+  const nlohmann::json open_trace = nlohmann::json::parse(test::read_text(open.output_dir / "trace.json"));
+  std::size_t batches = 0;
+  for (const auto& e : open_trace["traceEvents"]) batches += e.is_object() && e.value("name", "") == "dettrial::train_batch" ? 1 : 0;
+  CHECK(batches == 2);
+  std::filesystem::remove_all(r.output_dir);
+  std::filesystem::remove_all(open.output_dir);
+}
+
+TEST_CASE("the profiling section maps to the fit options; a range that cannot be is refused") {
+  const auto config = ExperimentConfig::parse(
+      "searcher: {name: single, metric: loss, max_length: {batches: 10}}\n"
+      "profiling: {enabled: true, begin_on_batch: 2, end_after_batch: 4, sync_timings: false}\n");
+  const FitOptions o = FitOptions::from_config(config);
+  CHECK(o.profiling.enabled);
+  CHECK(o.profiling.begin_on_batch == 2);
+  CHECK(o.profiling.end_after_batch == std::optional<std::int64_t>(4));
+  CHECK_FALSE(o.profiling.sync_timings);
+  CHECK(ExperimentConfig::parse("searcher: {name: single, metric: loss}\nprofiling: {enabled: true}\n").ignored_fields.empty());
+  CHECK_THROWS_WITH_AS(ExperimentConfig::parse("searcher: {name: single, metric: loss}\nprofiling: {begin_on_batch: 5, end_after_batch: 2}\n", "p.yaml"),
+                       doctest::Contains("p.yaml:2:"), ConfigError);
+}
+
+// ---- report.html: a run's page and a search's page from their files, with awkward data (a null,
+// one record, a torn last line, thousands of points, names with HTML in them), and the errors of a
+// folder without data or with a damaged line.
+
+namespace report_cases {
+
+namespace fs = std::filesystem;
+
+/// A new, empty folder under the system's temporary directory.
+fs::path fresh_dir(const std::string& name) {
+  static int counter = 0;
+  const fs::path dir =
+      fs::temp_directory_path() / ("dettrial-report-" + std::to_string(::getpid()) + "-" + std::to_string(counter++) + "-" + name);
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  return dir;
+}
+
+void write(const fs::path& path, const std::string& text) {
+  fs::create_directories(path.parent_path());
+  std::ofstream(path, std::ios::binary) << text;
+}
+
+std::string read(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+/// The text of the chart `<svg data-chart="CHART">`, or empty when the page has none.
+std::string chart_of(const std::string& html, const std::string& chart) {
+  const auto start = html.find("<svg class=\"chart\" data-chart=\"" + chart + "\"");
+  if (start == std::string::npos) return {};
+  return html.substr(start, html.find("</svg>", start) - start);
+}
+
+/// The `data-points` of series SERIES in chart CHART, or -1 when either is missing.
+long points_of(const std::string& html, const std::string& chart, const std::string& series) {
+  const std::string svg = chart_of(html, chart);
+  const std::string key = "data-series=\"" + series + "\" data-points=\"";
+  const auto at = svg.find(key);
+  return at == std::string::npos ? -1 : std::stol(svg.substr(at + key.size()));
+}
+
+/// Every `points="..."` of the page is x,y pairs of plain numbers (no nan, no inf, no locale's decimal commas).
+bool coordinates_are_numbers(const std::string& html) {
+  for (auto at = html.find(" points=\""); at != std::string::npos; at = html.find(" points=\"", at + 1)) {
+    const auto begin = at + 9, end = html.find('"', begin);
+    std::size_t commas = 0, pairs = end > begin ? 1 : 0;
+    for (std::size_t i = begin; i < end; ++i) {
+      const char c = html[i];
+      if (c == ',') ++commas;
+      else if (c == ' ') ++pairs;
+      else if (!(std::isdigit(static_cast<unsigned char>(c)) || c == '.' || c == '-')) return false;
+    }
+    if (commas != pairs) return false;
+  }
+  return true;
+}
+
+// Reports every 10 batches; a null loss (NaN), a null accuracy, the timings and throughput, and a
+// last line torn by a crash.
+const char* const run_metrics =
+    R"({"type":"training","batches":10,"epochs":0,"samples_per_second":100.0,"seconds":{"data":0.5,"train_batch":1.5},"metrics":{"batches":10.0,"epochs":0.0,"loss":2.0,"lr":0.1}}
+{"type":"validation","batches":10,"epochs":0,"seconds":0.25,"metrics":{"batches":10.0,"epochs":0.0,"validation_loss":1.5,"accuracy":null}}
+{"type":"training","batches":20,"epochs":0,"samples_per_second":110.0,"seconds":{"data":0.4,"train_batch":1.4},"metrics":{"loss":null,"lr":0.05}}
+{"type":"validation","batches":20,"epochs":1,"seconds":0.25,"metrics":{"validation_loss":1.2,"accuracy":0.7}}
+{"type":"training","batches":30,"epochs":1,"samples_per)";
+
+
+TEST_CASE("a run's report: a chart per metric, nulls and a torn last line left out") {
+  const fs::path dir = fresh_dir("run");
+  write(dir / "metrics.jsonl", run_metrics);
+  write(dir / "config.yaml", "hyperparameters:\n  learning_rate: 0.1\n  layers: {hidden: 64}\n");
+  const fs::path page = dettrial::write_report(dir);
+  CHECK(page == dir / "report.html");
+  const std::string html = read(page);
+  REQUIRE(html.rfind("<!DOCTYPE html>", 0) == 0);
+  CHECK(html.find("</html>") != std::string::npos);
+  // Training and validation loss share a chart; the null loss is no point.
+  CHECK(points_of(html, "loss", "loss") == 1);
+  CHECK(points_of(html, "loss", "validation_loss") == 2);
+  CHECK(points_of(html, "accuracy", "accuracy") == 1);
+  CHECK(points_of(html, "lr", "lr") == 2);
+  CHECK(points_of(html, "samples_per_second", "samples_per_second") == 2);
+  CHECK(points_of(html, "seconds", "data") == 2);
+  CHECK(points_of(html, "seconds", "train_batch") == 2);
+  CHECK(points_of(html, "seconds", "validation seconds") == 2);
+  // The records' own counters are the x axis, not charts.
+  CHECK(chart_of(html, "batches").empty());
+  CHECK(chart_of(html, "epochs").empty());
+  CHECK(html.find("incomplete") != std::string::npos);  // the torn line is said to be left out
+  CHECK(html.find("data-ready") == std::string::npos);  // set by the script, not written
+  CHECK(html.find("learning_rate") != std::string::npos);
+  CHECK(html.find("layers.hidden") != std::string::npos);
+  CHECK(coordinates_are_numbers(html));
+  // Offline: nothing fetched from elsewhere.
+  CHECK(html.find("<link") == std::string::npos);
+  CHECK(html.find(" src=") == std::string::npos);
+  CHECK(html.find("@import") == std::string::npos);
+  CHECK(html.find("url(") == std::string::npos);
+  // Written whole (a temporary renamed over it), and nothing else left behind.
+  std::size_t files = 0;
+  for (const auto& entry : fs::directory_iterator(dir)) files += entry.is_regular_file() ? 1 : 0;
+  CHECK(files == 3);
+  fs::remove_all(dir);
+}
+
+TEST_CASE("a run's report: one record, equal and negative values draw without NaN") {
+  const fs::path dir = fresh_dir("one-record");
+  write(dir / "metrics.jsonl", R"({"type":"training","batches":1,"epochs":0,"metrics":{"loss":-3.5,"flat":7.0}})"
+                               "\n");
+  std::string html = read(dettrial::write_run_report(dir));
+  CHECK(points_of(html, "loss", "loss") == 1);
+  CHECK(chart_of(html, "loss").find("<circle") != std::string::npos);  // a single point gets a dot
+  CHECK(coordinates_are_numbers(html));
+  // Three equal values, all negative.
+  write(dir / "metrics.jsonl", R"({"type":"training","batches":1,"epochs":0,"metrics":{"loss":-2.0}}
+{"type":"training","batches":2,"epochs":0,"metrics":{"loss":-2.0}}
+{"type":"training","batches":3,"epochs":0,"metrics":{"loss":-2.0}}
+)");
+  html = read(dettrial::write_run_report(dir));
+  CHECK(points_of(html, "loss", "loss") == 3);
+  CHECK(coordinates_are_numbers(html));
+  CHECK(chart_of(html, "loss").find(">-2.0<") != std::string::npos);  // a tick at the value
+  // Only nulls: the chart says so, its series is there with no points.
+  write(dir / "metrics.jsonl", R"({"type":"training","batches":1,"epochs":0,"metrics":{"loss":null}})"
+                               "\n");
+  html = read(dettrial::write_run_report(dir));
+  CHECK(points_of(html, "loss", "loss") == 0);
+  CHECK(chart_of(html, "loss").find("no values to plot") != std::string::npos);
+  fs::remove_all(dir);
+}
+
+TEST_CASE("thousands of points are thinned to 2000, keeping the first, the last and the extremes") {
+  std::vector<std::pair<double, double>> points;
+  for (int i = 0; i < 5000; ++i) points.emplace_back(i, std::sin(i / 50.0));
+  points[2500].second = 100;
+  points[3001].second = -100;
+  const auto thinned = dettrial::detail::html::downsample(points);
+  CHECK(thinned.size() <= 2000);
+  CHECK(thinned.size() > 1000);
+  CHECK(thinned.front() == points.front());
+  CHECK(thinned.back() == points.back());
+  CHECK(std::find(thinned.begin(), thinned.end(), points[2500]) != thinned.end());
+  CHECK(std::find(thinned.begin(), thinned.end(), points[3001]) != thinned.end());
+  CHECK(std::is_sorted(thinned.begin(), thinned.end()));
+  CHECK(dettrial::detail::html::downsample({{1, 2}}).size() == 1);
+
+  // Through a run's page: data-points says what is drawn, data-total what there was.
+  const fs::path dir = fresh_dir("long");
+  std::string lines;
+  for (int i = 1; i <= 5000; ++i)
+    lines += R"({"type":"training","batches":)" + std::to_string(i) + R"(,"epochs":0,"metrics":{"loss":)" + std::to_string(std::cos(i / 30.0)) + "}}\n";
+  write(dir / "metrics.jsonl", lines);
+  const std::string html = read(dettrial::write_run_report(dir));
+  const long drawn = points_of(html, "loss", "loss");
+  CHECK(drawn > 1000);
+  CHECK(drawn <= 2000);
+  CHECK(chart_of(html, "loss").find("data-total=\"5000\"") != std::string::npos);
+  fs::remove_all(dir);
+}
+
+TEST_CASE("a search's report: every trial's curve with ASHA's rungs, and a table with a column per hyperparameter") {
+  const fs::path dir = fresh_dir("search");
+  write(dir / "summary.json", R"({
+  "experiment": "exp <&>",
+  "searcher": "adaptive_asha",
+  "metric": "validation_loss",
+  "smaller_is_better": true,
+  "time_metric": "batches",
+  "max_trials": 2,
+  "brackets": [{"rungs": [4, 16], "max_trials": 2}],
+  "trials": [
+    {"id": 1, "state": "COMPLETED", "batches_trained": 16, "restarts": 0, "hparams": {"lr": 0.1, "optimizer": {"name": "sgd"}},
+     "best_metric": 0.5, "last_metric": 0.5, "best_checkpoint": "", "bracket": 0, "rung": 1},
+    {"id": 2, "state": "STOPPED_EARLY", "batches_trained": 4, "restarts": 1, "hparams": {"lr": 0.001, "optimizer": {"name": "adam"}},
+     "best_metric": 0.9, "last_metric": 0.9, "best_checkpoint": "", "bracket": 0, "rung": 0}
+  ],
+  "best_trial": 1
+}
+)");
+  write(dir / "events.jsonl", R"({"event":"validation","trial":1,"metric":1.0,"time":4.0,"batches":4,"rung":0}
+{"event":"validation","trial":2,"metric":0.9,"time":4.0,"batches":4,"rung":0,"stopped":true}
+{"event":"end","trial":2,"state":"STOPPED_EARLY","restarts":1}
+{"event":"validation","trial":1,"metric":0.5,"time":16.0,"batches":16,"rung":1}
+{"event":"end","trial":1,"state":"COMPLETED","restarts":0}
+)");
+  write(dir / "trials" / "1" / "metrics.jsonl", R"({"type":"training","batches":4,"epochs":0,"metrics":{"loss":1.1}}
+{"type":"validation","batches":4,"epochs":0,"metrics":{"validation_loss":1.0}}
+{"type":"training","batches":16,"epochs":1,"metrics":{"loss":0.6}}
+{"type":"validation","batches":16,"epochs":1,"metrics":{"validation_loss":0.5}}
+)");
+  write(dir / "trials" / "2" / "metrics.jsonl", R"({"type":"training","batches":4,"epochs":0,"metrics":{"loss":1.0}}
+{"type":"validation","batches":4,"epochs":0,"metrics":{"validation_loss":0.9}}
+)");
+  const fs::path page = dettrial::write_report(dir);
+  CHECK(page == dir / "report.html");
+  const std::string html = read(page);
+  // The table: one row per trial, in order, a column per (flattened) hyperparameter.
+  REQUIRE(html.find("<table id=\"trials\"") != std::string::npos);
+  const auto row1 = html.find("<tr data-trial=\"1\""), row2 = html.find("<tr data-trial=\"2\"");
+  CHECK(row1 != std::string::npos);
+  CHECK(row2 != std::string::npos);
+  CHECK(row1 < row2);
+  CHECK(html.find("data-column=\"lr\" data-type=\"number\"") != std::string::npos);
+  CHECK(html.find("data-column=\"optimizer.name\" data-type=\"text\"") != std::string::npos);
+  CHECK(html.find("data-column=\"best\"") != std::string::npos);
+  CHECK(html.find(">STOPPED_EARLY<") != std::string::npos);
+  // The searcher metric of each trial on one chart, the rungs, and the stopped trial's cross.
+  CHECK(points_of(html, "validation_loss", "trial 1") == 2);
+  CHECK(points_of(html, "validation_loss", "trial 2") == 1);
+  const std::string curves = chart_of(html, "validation_loss");
+  CHECK(curves.find(">rung 1<") != std::string::npos);
+  CHECK(curves.find(">rung 2<") != std::string::npos);
+  CHECK(curves.find("class=\"cross\"") != std::string::npos);
+  CHECK(curves.find("stopped early") != std::string::npos);
+  // The best metric against the hyperparameter that varies and is a number.
+  CHECK(points_of(html, "validation_loss vs lr", "trial 1") == 1);
+  CHECK(chart_of(html, "validation_loss vs optimizer.name").empty());
+  // Each trial's own page, linked.
+  CHECK(fs::exists(dir / "trials" / "1" / "report.html"));
+  CHECK(fs::exists(dir / "trials" / "2" / "report.html"));
+  CHECK(html.find("href=\"trials/1/report.html\"") != std::string::npos);
+  // The experiment's name is the user's text: escaped.
+  CHECK(html.find("exp &lt;&amp;&gt;") != std::string::npos);
+  CHECK(html.find("exp <&>") == std::string::npos);
+  CHECK(coordinates_are_numbers(html));
+  fs::remove_all(dir);
+}
+
+TEST_CASE("a search's report while it runs: from the event log and the trials' folders, without summary.json") {
+  const fs::path dir = fresh_dir("running");
+  write(dir / "trials" / "1" / "config.yaml",
+        "hyperparameters:\n  lr: 0.01\nsearcher:\n  name: single\n  metric: validation_loss\n  smaller_is_better: true\n");
+  write(dir / "trials" / "1" / "metrics.jsonl", R"({"type":"validation","batches":5,"epochs":0,"metrics":{"validation_loss":2.0}})"
+                                                "\n");
+  write(dir / "trials" / "2" / "config.yaml", "hyperparameters:\n  lr: 0.02\n");
+  write(dir / "events.jsonl", R"({"event":"validation","trial":1,"metric":2.0,"time":5.0,"batches":5}
+{"event":"validation","trial":1,"metric":1.5,"ti)");  // torn by a crash
+  const std::string html = read(dettrial::write_report(dir));
+  CHECK(html.find("<tr data-trial=\"1\"") != std::string::npos);
+  CHECK(html.find("<tr data-trial=\"2\"") != std::string::npos);
+  CHECK(html.find(">RUNNING<") != std::string::npos);
+  CHECK(html.find(">QUEUED<") != std::string::npos);
+  CHECK(html.find("data-column=\"lr\"") != std::string::npos);
+  CHECK(points_of(html, "validation_loss", "trial 1") == 1);
+  CHECK(html.find("events.jsonl is incomplete") != std::string::npos);
+  fs::remove_all(dir);
+}
+
+TEST_CASE("write_report on a folder without data names the folder and what it lacks") {
+  const fs::path dir = fresh_dir("empty");
+  const std::string folder = dir.string(), missing = (dir / "missing").string();
+  CHECK_THROWS_WITH_AS(dettrial::write_report(dir), doctest::Contains(folder.c_str()), dettrial::Error);
+  CHECK_THROWS_WITH_AS(dettrial::write_report(dir), doctest::Contains("metrics.jsonl"), dettrial::Error);
+  CHECK_THROWS_WITH_AS(dettrial::write_run_report(dir), doctest::Contains("no metrics.jsonl"), dettrial::Error);
+  CHECK_THROWS_WITH_AS(dettrial::write_experiment_report(dir), doctest::Contains("neither summary.json nor trials/"), dettrial::Error);
+  CHECK_THROWS_WITH_AS(dettrial::write_report(missing), doctest::Contains(missing.c_str()), dettrial::Error);
+  CHECK_FALSE(fs::exists(dir / "report.html"));
+  fs::remove_all(dir);
+}
+
+TEST_CASE("a corrupt line before the last is an error naming the file and the line") {
+  const fs::path dir = fresh_dir("corrupt");
+  write(dir / "metrics.jsonl", R"({"type":"training","batches":1,"epochs":0,"metrics":{"loss":1.0}}
+{"type":"training","batc
+{"type":"training","batches":3,"epochs":0,"metrics":{"loss":0.5}}
+)");
+  CHECK_THROWS_WITH_AS(dettrial::write_report(dir), doctest::Contains("metrics.jsonl' line 2 is not a JSON record"), dettrial::Error);
+  CHECK_FALSE(fs::exists(dir / "report.html"));
+  // The same line last: torn, left out.
+  write(dir / "metrics.jsonl", R"({"type":"training","batches":1,"epochs":0,"metrics":{"loss":1.0}}
+{"type":"training","batc)");
+  CHECK(points_of(read(dettrial::write_report(dir)), "loss", "loss") == 1);
+  fs::remove_all(dir);
+}
+
+TEST_CASE("HTML in metric and hyperparameter names is escaped") {
+  const fs::path dir = fresh_dir("escape");
+  write(dir / "metrics.jsonl", R"({"type":"training","batches":1,"epochs":0,"metrics":{"<b>\"x\"&'y'":1.0}}
+{"type":"training","batches":2,"epochs":0,"metrics":{"<b>\"x\"&'y'":2.0}}
+)");
+  write(dir / "config.yaml", "hyperparameters:\n  \"<script>alert(1)</script>\": 3\n");
+  const std::string html = read(dettrial::write_run_report(dir));
+  CHECK(points_of(html, "&lt;b&gt;&quot;x&quot;&amp;&#39;y&#39;", "&lt;b&gt;&quot;x&quot;&amp;&#39;y&#39;") == 2);
+  CHECK(html.find("<b>\"x\"") == std::string::npos);
+  CHECK(html.find("&lt;script&gt;alert(1)&lt;/script&gt;") != std::string::npos);
+  CHECK(html.find("<script>alert") == std::string::npos);
+  fs::remove_all(dir);
+}
+
+}  // namespace report_cases
