@@ -658,7 +658,8 @@ class ExperimentConfig {
 
   ExperimentConfig() = default;
   ExperimentConfig(const ExperimentConfig&) = default;
-  /// Rebinds the YAML members (yaml-cpp's Node::operator= would write into the document they share).
+  /// Rebinds the YAML members (yaml-cpp's Node::operator= would write into the document they share)
+  /// and copies every other member: a new member must be added there too.
   ExperimentConfig& operator=(const ExperimentConfig& o);
 
   /// Reads and parses a file; a missing or unreadable file is a ConfigError naming it.
@@ -793,6 +794,7 @@ DETTRIAL_INLINE ExperimentConfig& ExperimentConfig::operator=(const ExperimentCo
   experiment_seed = o.experiment_seed;
   deterministic = o.deterministic;
   checkpoint_storage = o.checkpoint_storage;
+  profiling = o.profiling;
   ignored_fields = o.ignored_fields;
   yaml.reset(o.yaml);
   source = o.source;
@@ -12581,9 +12583,11 @@ class Trainer {
       for (std::size_t g = 0; g < groups.size(); ++g) {
         try {
           const double lr = groups[g].options().get_lr();
-          out.emplace_back("lr" + (optimizers > 1 ? "_" + std::to_string(i) : std::string()) +
-                               (groups.size() > 1 ? "_group_" + std::to_string(g) : std::string()),
-                           lr);
+          // Appended piece by piece: GCC 12 at -O3 mistakes chained string + for overlapping copies (-Wrestrict).
+          std::string name = "lr";
+          if (optimizers > 1) name.append("_").append(std::to_string(i));
+          if (groups.size() > 1) name.append("_group_").append(std::to_string(g));
+          out.emplace_back(std::move(name), lr);
         } catch (const c10::Error&) {
           break;
         }

@@ -11,7 +11,9 @@ here=$(cd "$(dirname "$0")" && pwd)
 fail() { echo "observability: $*"; exit 1; }
 rm -rf "$out"
 mkdir -p "$(dirname "$out")"
-"$program" --config "$here/observability.yaml" --set "data.dir=$data" --output "$out" >"$out.log" 2>&1
+# The profiling section, absent from the file, is made by --set.
+"$program" --config "$here/observability.yaml" --set "data.dir=$data" --set profiling.enabled=true \
+  --set profiling.begin_on_batch=3 --set profiling.end_after_batch=5 --output "$out" >"$out.log" 2>&1
 status=$?
 cat "$out.log"
 [ "$status" -eq 0 ] || fail "the first run exited with $status"

@@ -74,7 +74,7 @@ TEST_CASE("CRC-32C and TFRecord framing are the published ones") {
   }
 }
 
-TEST_CASE("a TensorBoard writer's file reads back record by record; a torn tail is left out") {
+TEST_CASE("a TensorBoard writer's file reads back record by record, and a torn tail is left out") {
   const auto dir = fresh_dir("writer");
   std::filesystem::path file;
   {
@@ -231,11 +231,13 @@ TEST_CASE("profiling writes a Chrome trace of its batches that names the model's
   std::filesystem::remove_all(open.output_dir);
 }
 
-TEST_CASE("the profiling section maps to the fit options; a range that cannot be is refused") {
+TEST_CASE("the profiling section maps to the fit options, and a range that cannot be is refused") {
   const auto config = ExperimentConfig::parse(
       "searcher: {name: single, metric: loss, max_length: {batches: 10}}\n"
       "profiling: {enabled: true, begin_on_batch: 2, end_after_batch: 4, sync_timings: false}\n");
-  const FitOptions o = FitOptions::from_config(config);
+  ExperimentConfig assigned;
+  assigned = config;  // the command line's --set path assigns the re-parsed config
+  const FitOptions o = FitOptions::from_config(assigned);
   CHECK(o.profiling.enabled);
   CHECK(o.profiling.begin_on_batch == 2);
   CHECK(o.profiling.end_after_batch == std::optional<std::int64_t>(4));

@@ -433,6 +433,9 @@ DETTRIAL_INLINE void apply_override(YAML::Node& root, const std::string& assignm
       node[part] = value;
       return;
     }
+    // A missing section is made a map in its parent first: yaml-cpp's node for a missing key is not
+    // attached to the parent, so keys set in it would be lost (--set profiling.enabled=true).
+    if (!node[part] || node[part].IsNull()) node[part] = YAML::Node(YAML::NodeType::Map);
     YAML::Node next = node[part];
     node.reset(next);
     start = dot + 1;

@@ -106,7 +106,8 @@ class ExperimentConfig {
 
   ExperimentConfig() = default;
   ExperimentConfig(const ExperimentConfig&) = default;
-  /// Rebinds the YAML members (yaml-cpp's Node::operator= would write into the document they share).
+  /// Rebinds the YAML members (yaml-cpp's Node::operator= would write into the document they share)
+  /// and copies every other member: a new member must be added there too.
   ExperimentConfig& operator=(const ExperimentConfig& o);
 
   /// Reads and parses a file; a missing or unreadable file is a ConfigError naming it.
@@ -241,6 +242,7 @@ DETTRIAL_INLINE ExperimentConfig& ExperimentConfig::operator=(const ExperimentCo
   experiment_seed = o.experiment_seed;
   deterministic = o.deterministic;
   checkpoint_storage = o.checkpoint_storage;
+  profiling = o.profiling;
   ignored_fields = o.ignored_fields;
   yaml.reset(o.yaml);
   source = o.source;

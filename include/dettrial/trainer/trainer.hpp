@@ -611,9 +611,11 @@ class Trainer {
       for (std::size_t g = 0; g < groups.size(); ++g) {
         try {
           const double lr = groups[g].options().get_lr();
-          out.emplace_back("lr" + (optimizers > 1 ? "_" + std::to_string(i) : std::string()) +
-                               (groups.size() > 1 ? "_group_" + std::to_string(g) : std::string()),
-                           lr);
+          // Appended piece by piece: GCC 12 at -O3 mistakes chained string + for overlapping copies (-Wrestrict).
+          std::string name = "lr";
+          if (optimizers > 1) name.append("_").append(std::to_string(i));
+          if (groups.size() > 1) name.append("_group_").append(std::to_string(g));
+          out.emplace_back(std::move(name), lr);
         } catch (const c10::Error&) {
           break;
         }
