@@ -34,7 +34,7 @@ dettrial_apt() {
 dettrial_base_deps() {
   dettrial_apt build-essential cmake ninja-build git python3 python3-venv zlib1g-dev \
     libtorch-dev libgloo-dev libyaml-cpp-dev librange-v3-dev nlohmann-json3-dev doctest-dev dataset-fashion-mnist \
-    python3-torch python3-numpy openmpi-bin libopenblas0-pthread chromium
+    python3-torch python3-numpy openmpi-bin libopenblas0-pthread chromium slurm-wlm munge
 }
 
 # A venv with PyPI's tensorboard, whose event-file reader the tests check dettrial's files with;

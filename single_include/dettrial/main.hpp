@@ -53,6 +53,8 @@
 #include <sys/stat.h>
 #include <sys/wait.h>
 
+#include <cerrno>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -121,6 +123,9 @@ struct SpawnOptions {
 /// Starts `program` with `args` as its argv (the program name first); returns its pid.
 DETTRIAL_INLINE pid_t spawn_process(const std::string& program, std::vector<std::string> args, const SpawnOptions& options = {});
 
+/// The path of executable `name` on PATH, or "" when there is none.
+DETTRIAL_INLINE std::string find_on_path(const std::string& name);
+
 }  // namespace dettrial::detail
 
 // Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
@@ -129,6 +134,19 @@ DETTRIAL_INLINE pid_t spawn_process(const std::string& program, std::vector<std:
 #include <spawn.h>
 
 namespace dettrial::detail {
+
+DETTRIAL_INLINE std::string find_on_path(const std::string& name) {
+  const char* path = std::getenv("PATH");
+  std::string_view dirs = path ? path : "/usr/local/bin:/usr/bin:/bin";
+  while (true) {
+    const auto colon = dirs.find(':');
+    const std::string dir(dirs.substr(0, colon));
+    const std::string candidate = (dir.empty() ? std::string(".") : dir) + "/" + name;
+    if (::access(candidate.c_str(), X_OK) == 0) return candidate;
+    if (colon == std::string_view::npos) return {};
+    dirs.remove_prefix(colon + 1);
+  }
+}
 
 DETTRIAL_INLINE pid_t spawn_process(const std::string& program, std::vector<std::string> args, const SpawnOptions& options) {
   std::vector<std::string> env_strings;
@@ -189,12 +207,22 @@ struct TrialSummary {
   std::string best_checkpoint;
 };
 
+/// Where a search's trials run.
+enum class TrialLauncher {
+  /// Child processes of the runner on this machine.
+  local,
+  /// Slurm jobs: each trial runs under `srun` (inside an allocation, a job step of it; outside, a job
+  /// of its own), with `resources.slots_per_trial` tasks and the config's `slurm.sbatch_args`.
+  slurm,
+};
+
 struct ExperimentOptions {
   /// The experiment's folder: trials/<id>/ (config, log, metrics.jsonl, checkpoints), events.jsonl, summary.json.
   std::filesystem::path output_dir;
   /// The program that trains one trial, with dettrial::main's command line (normally this one).
   std::filesystem::path program = "/proc/self/exe";
   bool quiet = false;
+  TrialLauncher launcher = TrialLauncher::local;
 };
 
 namespace detail {
@@ -232,6 +260,19 @@ class Experiment {
   /// SIGTERM to every running trial (each checkpoints and exits), once per signal this process got
   /// (a second Ctrl-C makes them abort), and waits for them.
   void stop_running_trials();
+
+  /// Sends SIGTERM to trial `id`'s processes: to its process here, or, run by Slurm, to its job's
+  /// tasks (`scancel --signal=TERM`: srun itself would cancel the step, killing the tasks before they
+  /// checkpoint).
+  void terminate_trial(std::int64_t id, const Running& run) const;
+
+  /// The Slurm job name of trial `id` (what squeue and scancel find it by).
+  std::string slurm_job_name(std::int64_t id) const;
+
+  /// Continuing an experiment whose trials ran on Slurm: a ConfigError naming the jobs when some are
+  /// still queued or running (a runner killed before them): a second copy of a trial would write
+  /// into the same folder. (Adopting them is not done yet.)
+  void refuse_live_slurm_jobs() const;
 
   std::filesystem::path trial_dir(std::int64_t id) const { return options_.output_dir / "trials" / std::to_string(id); }
 
@@ -309,6 +350,8 @@ class Experiment {
 
   ExperimentConfig config_;
   std::int64_t experiment_id_ = 0;
+  /// The Slurm commands, with --launcher slurm.
+  std::string srun_, scancel_;
   ExperimentOptions options_;
   Searcher searcher_;
   std::map<std::int64_t, TrialSummary> trials_;
@@ -361,6 +404,17 @@ DETTRIAL_INLINE Experiment::Experiment(ExperimentConfig config, ExperimentOption
                               config_.experiment_seed.value_or(0))) {
   if (config_.searcher.metric.empty())
     throw ConfigError(config_.source + ": searcher '" + config_.searcher.name + "' needs searcher.metric");
+  if (options_.launcher == TrialLauncher::slurm) {
+    for (const char* tool : {"srun", "scancel"}) {
+      const std::string path = detail::find_on_path(tool);
+      if (path.empty()) throw ConfigError(std::string("--launcher slurm runs each trial with Slurm's srun and stops it with scancel, but there is no ") +
+                                          tool + " on PATH; install Slurm's client commands, or run the search here with --launcher local");
+      (std::string_view(tool) == "srun" ? srun_ : scancel_) = path;
+    }
+    // Checkpoints and metrics go to the experiment's folder, which the trials' nodes must see.
+    options_.output_dir = std::filesystem::absolute(options_.output_dir);
+    if (options_.program == "/proc/self/exe") options_.program = std::filesystem::read_symlink("/proc/self/exe");
+  }
 }
 
 DETTRIAL_INLINE SearcherConfig Experiment::searcher_config(const ExperimentConfig& c) {
@@ -386,6 +440,7 @@ DETTRIAL_INLINE int Experiment::run() {
   namespace fs = std::filesystem;
   fs::create_directories(options_.output_dir / "trials");
   experiment_id_ = experiment_id_in(options_.output_dir);
+  if (options_.launcher == TrialLauncher::slurm) refuse_live_slurm_jobs();
   detail::supervisor_signal.store(0);
   detail::supervisor_signal_count.store(0);
   const detail::SignalHandlers handlers(&detail::dettrial_on_supervisor_signal);
@@ -426,10 +481,45 @@ DETTRIAL_INLINE void Experiment::stop_running_trials() {
   while (!running_.empty()) {
     const int signals = std::max(1, detail::supervisor_signal_count.load());
     if (signals > forwarded) {
-      for (auto& [id, t] : running_) ::kill(t.pid, SIGTERM);
+      for (auto& [id, t] : running_) terminate_trial(id, t);
       forwarded = signals;
     }
     reap(/*interrupting=*/true);  // waits; a signal interrupts the wait
+  }
+}
+
+DETTRIAL_INLINE std::string Experiment::slurm_job_name(std::int64_t id) const {
+  return "dettrial-e" + std::to_string(experiment_id_) + "-t" + std::to_string(id);
+}
+
+DETTRIAL_INLINE void Experiment::refuse_live_slurm_jobs() const {
+  const std::string squeue = detail::find_on_path("squeue");
+  if (squeue.empty()) return;
+  const std::filesystem::path listing = options_.output_dir / ".squeue.txt";
+  int status = 0;
+  const pid_t pid = detail::spawn_process(squeue, {squeue, "--noheader", "--format=%i %j"}, {.output = listing.string()});
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  std::ifstream in(listing);
+  const std::string prefix = "dettrial-e" + std::to_string(experiment_id_) + "-t";
+  std::string job, name, live;
+  while (in >> job >> name)
+    if (name.rfind(prefix, 0) == 0) live += (live.empty() ? "" : ", ") + name + " (job " + job + ")";
+  std::filesystem::remove(listing);
+  if (!live.empty())
+    throw ConfigError("this experiment's trials still have Slurm jobs from an earlier runner: " + live +
+                      "; wait for them to end or cancel them (scancel --name=<name>), then run the same command again to continue");
+}
+
+DETTRIAL_INLINE void Experiment::terminate_trial(std::int64_t id, const Running& run) const {
+  if (options_.launcher == TrialLauncher::local) {
+    ::kill(run.pid, SIGTERM);
+    return;
+  }
+  // Waited for here, before the loop's next waitpid(-1) could take its status.
+  int status = 0;
+  const pid_t pid = detail::spawn_process(scancel_, {scancel_, "--quiet", "--signal=TERM", "--name=" + slurm_job_name(id)});
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
   }
 }
 
@@ -568,9 +658,19 @@ DETTRIAL_INLINE void Experiment::launch(std::int64_t id) {
     args.emplace_back("--resume");
     args.push_back((trial_dir(id) / "checkpoints").string());
   }
+  std::string program = options_.program.string();
+  if (options_.launcher == TrialLauncher::slurm) {
+    // srun waits for the job and returns its tasks' exit status, so the runner supervises it as it
+    // does a local trial; its messages (a failed task named) go to the trial's log.
+    std::vector<std::string> srun = {srun_, "--job-name=" + slurm_job_name(id), "--ntasks=" + std::to_string(config_.slots_per_trial),
+                                     "--kill-on-bad-exit=1"};
+    srun.insert(srun.end(), config_.slurm_args.begin(), config_.slurm_args.end());
+    args.insert(args.begin(), srun.begin(), srun.end());
+    program = srun_;
+  }
   Running run;
   // In a process group of its own: a Ctrl-C reaches the trial once, as this runner's SIGTERM.
-  run.pid = detail::spawn_process(options_.program.string(), std::move(args),
+  run.pid = detail::spawn_process(program, std::move(args),
                                   {.extra_env = {std::string(detail::supervisor_pid_variable) + "=" + std::to_string(::getpid()),
                                                  // Determined's own variables: context.get_trial_id() / get_experiment_id()
                                                  "DET_TRIAL_ID=" + std::to_string(id), "DET_EXPERIMENT_ID=" + std::to_string(experiment_id_)},
@@ -638,7 +738,7 @@ DETTRIAL_INLINE void Experiment::poll_metrics() {
       say("[experiment] trial " + std::to_string(id) + " at " + time_metric + " " + std::to_string(static_cast<std::int64_t>(time)) + ": " +
           config_.searcher.metric + " " + values + where + ")");
       if (stop) {
-        ::kill(run.pid, SIGTERM);  // the trial checkpoints and exits
+        terminate_trial(id, run);  // the trial checkpoints and exits
         run.stop_sent = true;
         say("[experiment] trial " + std::to_string(id) + " stopped by the searcher at " + time_metric + " " + std::to_string(static_cast<std::int64_t>(time)));
       }
@@ -1045,6 +1145,7 @@ int main(int argc, char** argv, Args&&... trial_args) {
   long timeout_seconds = 300;
   std::vector<std::string> child_args{program};  // what the built-in launcher passes to each rank
   bool test_mode = false, quiet = false, no_cpu_bind = false;
+  TrialLauncher launcher = TrialLauncher::local;
   for (int i = 1; i < argc; ++i) {
     const std::string_view arg = argv[i];
     auto value = [&](std::string_view flag) -> std::string {
@@ -1084,6 +1185,13 @@ int main(int argc, char** argv, Args&&... trial_args) {
         std::fprintf(stderr, "%s: --backend must be gloo or nccl, not '%s'\n", program, backend_name.c_str());
         return 2;
       }
+    } else if (arg == "--launcher") {
+      const std::string name = value(arg);
+      if (name != "local" && name != "slurm") {
+        std::fprintf(stderr, "%s: --launcher must be local or slurm, not '%s'\n", program, name.c_str());
+        return 2;
+      }
+      launcher = name == "slurm" ? TrialLauncher::slurm : TrialLauncher::local;
     } else if (arg == "--test-mode") {
       test_mode = true;
     } else if (arg == "--quiet") {
@@ -1170,9 +1278,13 @@ int main(int argc, char** argv, Args&&... trial_args) {
       // A search: every trial is a process of this program (a single-trial config of its own).
       const std::string stem = config.name.empty() ? std::filesystem::path(config_path).stem().string() : config.name;
       ExperimentOptions experiment{.output_dir = output.empty() ? std::filesystem::path("runs") / ("experiment-" + stem) : std::filesystem::path(output),
-                                   .quiet = quiet};
+                                   .quiet = quiet,
+                                   .launcher = launcher};
       return Experiment(config, experiment).run();
     }
+    if (launcher == TrialLauncher::slurm)
+      throw ConfigError("--launcher slurm runs a search's trials as Slurm jobs; this config trains one trial: start it under Slurm "
+                        "directly (srun --ntasks=N " + std::string(program) + " --config ...)");
     const LaunchEnvironment env = LaunchEnvironment::detect();
     if (!env.distributed() && nproc == 0 && config.slots_per_trial > 1) nproc = static_cast<int>(config.slots_per_trial);
     if (!env.distributed() && nproc > 1) {
@@ -1301,6 +1413,10 @@ DETTRIAL_INLINE const char* main_usage() {
          "  --no-cpu-bind        with --nproc: leave the ranks unbound (by default each rank is bound\n"
          "                       to its share of the CPUs, unless --threads or OMP_NUM_THREADS is set)\n"
          "  --backend NAME       gloo or nccl (default: nccl when this process has a GPU and NCCL)\n"
+         "  --launcher NAME      where a search's trials run: local (child processes, the default) or\n"
+         "                       slurm (each trial a Slurm job through srun, with slots_per_trial tasks\n"
+         "                       and the config's slurm.sbatch_args; the experiment's folder must be on\n"
+         "                       a file system every node sees)\n"
          "  --timeout SECONDS    how long ranks wait for each other before failing (default 300)\n"
          "  --test-mode          train one batch and validate one batch, to check the trial runs\n"
          "  --report DIR         write DIR/report.html, a page of charts that works offline, from a\n"

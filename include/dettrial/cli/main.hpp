@@ -115,6 +115,7 @@ int main(int argc, char** argv, Args&&... trial_args) {
   long timeout_seconds = 300;
   std::vector<std::string> child_args{program};  // what the built-in launcher passes to each rank
   bool test_mode = false, quiet = false, no_cpu_bind = false;
+  TrialLauncher launcher = TrialLauncher::local;
   for (int i = 1; i < argc; ++i) {
     const std::string_view arg = argv[i];
     auto value = [&](std::string_view flag) -> std::string {
@@ -154,6 +155,13 @@ int main(int argc, char** argv, Args&&... trial_args) {
         std::fprintf(stderr, "%s: --backend must be gloo or nccl, not '%s'\n", program, backend_name.c_str());
         return 2;
       }
+    } else if (arg == "--launcher") {
+      const std::string name = value(arg);
+      if (name != "local" && name != "slurm") {
+        std::fprintf(stderr, "%s: --launcher must be local or slurm, not '%s'\n", program, name.c_str());
+        return 2;
+      }
+      launcher = name == "slurm" ? TrialLauncher::slurm : TrialLauncher::local;
     } else if (arg == "--test-mode") {
       test_mode = true;
     } else if (arg == "--quiet") {
@@ -240,9 +248,13 @@ int main(int argc, char** argv, Args&&... trial_args) {
       // A search: every trial is a process of this program (a single-trial config of its own).
       const std::string stem = config.name.empty() ? std::filesystem::path(config_path).stem().string() : config.name;
       ExperimentOptions experiment{.output_dir = output.empty() ? std::filesystem::path("runs") / ("experiment-" + stem) : std::filesystem::path(output),
-                                   .quiet = quiet};
+                                   .quiet = quiet,
+                                   .launcher = launcher};
       return Experiment(config, experiment).run();
     }
+    if (launcher == TrialLauncher::slurm)
+      throw ConfigError("--launcher slurm runs a search's trials as Slurm jobs; this config trains one trial: start it under Slurm "
+                        "directly (srun --ntasks=N " + std::string(program) + " --config ...)");
     const LaunchEnvironment env = LaunchEnvironment::detect();
     if (!env.distributed() && nproc == 0 && config.slots_per_trial > 1) nproc = static_cast<int>(config.slots_per_trial);
     if (!env.distributed() && nproc > 1) {
@@ -371,6 +383,10 @@ DETTRIAL_INLINE const char* main_usage() {
          "  --no-cpu-bind        with --nproc: leave the ranks unbound (by default each rank is bound\n"
          "                       to its share of the CPUs, unless --threads or OMP_NUM_THREADS is set)\n"
          "  --backend NAME       gloo or nccl (default: nccl when this process has a GPU and NCCL)\n"
+         "  --launcher NAME      where a search's trials run: local (child processes, the default) or\n"
+         "                       slurm (each trial a Slurm job through srun, with slots_per_trial tasks\n"
+         "                       and the config's slurm.sbatch_args; the experiment's folder must be on\n"
+         "                       a file system every node sees)\n"
          "  --timeout SECONDS    how long ranks wait for each other before failing (default 300)\n"
          "  --test-mode          train one batch and validate one batch, to check the trial runs\n"
          "  --report DIR         write DIR/report.html, a page of charts that works offline, from a\n"

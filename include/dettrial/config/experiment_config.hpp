@@ -98,6 +98,9 @@ class ExperimentConfig {
     std::optional<std::int64_t> end_after_batch;
     bool sync_timings = true;
   } profiling;
+  /// `slurm.sbatch_args`: the options a search run with `--launcher slurm` gives srun for each
+  /// trial's job (--partition, --account, --time, --gres, ...).
+  std::vector<std::string> slurm_args;
 
   /// The whole document, for `get_experiment_config()`.
   YAML::Node yaml{YAML::NodeType::Map};
@@ -243,6 +246,7 @@ DETTRIAL_INLINE ExperimentConfig& ExperimentConfig::operator=(const ExperimentCo
   deterministic = o.deterministic;
   checkpoint_storage = o.checkpoint_storage;
   profiling = o.profiling;
+  slurm_args = o.slurm_args;
   ignored_fields = o.ignored_fields;
   yaml.reset(o.yaml);
   source = o.source;
@@ -306,7 +310,7 @@ DETTRIAL_INLINE ExperimentConfig ExperimentConfig::from_yaml(const YAML::Node& r
     else if (s == "none") c.checkpoint_policy = CheckpointPolicy::none;
     else throw ConfigError(detail::where(p, source) + ": checkpoint_policy must be best, all or none, not '" + s + "'");
   }
-  for (const char* section : {"resources", "optimizations", "reproducibility", "searcher", "checkpoint_storage", "profiling"})
+  for (const char* section : {"resources", "optimizations", "reproducibility", "searcher", "checkpoint_storage", "profiling", "slurm"})
     if (const YAML::Node node = root[section]; node && !node.IsNull() && !node.IsMap())
       throw ConfigError(detail::where(node, source) + ": '" + section + "' must be a map, found " + detail::describe(node));
   if (const YAML::Node res = root["resources"]) {
@@ -358,6 +362,13 @@ DETTRIAL_INLINE ExperimentConfig ExperimentConfig::from_yaml(const YAML::Node& r
       p.end_after_batch = last;
     }
   }
+  if (const YAML::Node args = root["slurm"] ? root["slurm"]["sbatch_args"] : YAML::Node(); args && !args.IsNull()) {
+    if (!args.IsSequence()) throw ConfigError(detail::where(args, source) + ": slurm.sbatch_args must be a list of options, such as [--partition=gpu]");
+    for (const auto& a : args) {
+      if (!a.IsScalar()) throw ConfigError(detail::where(a, source) + ": slurm.sbatch_args holds " + detail::describe(a) + "; each entry is one option");
+      c.slurm_args.push_back(a.Scalar());
+    }
+  }
   if (const YAML::Node cs = root["checkpoint_storage"]) {
     auto& storage = c.checkpoint_storage;
     const std::pair<const char*, std::int64_t*> counts[] = {{"save_experiment_best", &storage.save_experiment_best},
@@ -404,10 +415,10 @@ DETTRIAL_INLINE void ExperimentConfig::check_fields(const YAML::Node& root, cons
   static const std::vector<std::string> top = {
       "name", "description", "hyperparameters", "searcher", "records_per_epoch", "min_validation_period",
       "min_checkpoint_period", "scheduling_unit", "perform_initial_validation", "checkpoint_policy", "max_restarts",
-      "checkpoint_storage", "resources", "optimizations", "reproducibility", "data", "profiling"};
+      "checkpoint_storage", "resources", "optimizations", "reproducibility", "data", "profiling", "slurm"};
   static const std::vector<std::string> top_cluster = {
       "entrypoint", "environment", "bind_mounts", "labels", "project", "workspace", "debug",
-      "tensorboard_storage", "pbs", "slurm", "log_policies", "retention_policy", "integrations", "data_layer",
+      "tensorboard_storage", "pbs", "log_policies", "retention_policy", "integrations", "data_layer",
       "preemption_timeout", "security", "internal", "notes"};
   static const std::vector<std::string> searcher = {
       "name", "metric", "smaller_is_better", "max_length", "max_steps", "max_trials", "max_concurrent_trials",
@@ -424,6 +435,8 @@ DETTRIAL_INLINE void ExperimentConfig::check_fields(const YAML::Node& root, cons
       "tensor_fusion_cycle_time", "auto_tune_tensor_fusion", "grad_updates_size_file"};
   static const std::vector<std::string> reproducibility = {"experiment_seed", "deterministic"};
   static const std::vector<std::string> profiling = {"enabled", "begin_on_batch", "end_after_batch", "sync_timings"};
+  static const std::vector<std::string> slurm = {"sbatch_args"};
+  static const std::vector<std::string> slurm_cluster = {"slots_per_node", "gpu_type"};
   static const std::vector<std::string> storage = {"type", "host_path", "storage_path", "container_path", "propagation",
                                                    "save_experiment_best", "save_trial_best", "save_trial_latest"};
   // Cloud storage, and shared_fs's legacy checkpoint_path / tensorboard_path (paths inside a task's container).
@@ -436,6 +449,7 @@ DETTRIAL_INLINE void ExperimentConfig::check_fields(const YAML::Node& root, cons
       {"optimizations", {&optimizations, &optimizations_cluster}},
       {"reproducibility", {&reproducibility, nullptr}},
       {"profiling", {&profiling, nullptr}},
+      {"slurm", {&slurm, &slurm_cluster}},
       {"checkpoint_storage", {&storage, &storage_cloud}}};
   for (const auto& [section, known] : sections)
     if (const YAML::Node node = root[section]; node && node.IsMap())

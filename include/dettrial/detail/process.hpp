@@ -34,6 +34,9 @@ struct SpawnOptions {
 /// Starts `program` with `args` as its argv (the program name first); returns its pid.
 DETTRIAL_INLINE pid_t spawn_process(const std::string& program, std::vector<std::string> args, const SpawnOptions& options = {});
 
+/// The path of executable `name` on PATH, or "" when there is none.
+DETTRIAL_INLINE std::string find_on_path(const std::string& name);
+
 }  // namespace dettrial::detail
 
 // Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
@@ -42,6 +45,19 @@ DETTRIAL_INLINE pid_t spawn_process(const std::string& program, std::vector<std:
 #include <spawn.h>
 
 namespace dettrial::detail {
+
+DETTRIAL_INLINE std::string find_on_path(const std::string& name) {
+  const char* path = std::getenv("PATH");
+  std::string_view dirs = path ? path : "/usr/local/bin:/usr/bin:/bin";
+  while (true) {
+    const auto colon = dirs.find(':');
+    const std::string dir(dirs.substr(0, colon));
+    const std::string candidate = (dir.empty() ? std::string(".") : dir) + "/" + name;
+    if (::access(candidate.c_str(), X_OK) == 0) return candidate;
+    if (colon == std::string_view::npos) return {};
+    dirs.remove_prefix(colon + 1);
+  }
+}
 
 DETTRIAL_INLINE pid_t spawn_process(const std::string& program, std::vector<std::string> args, const SpawnOptions& options) {
   std::vector<std::string> env_strings;

@@ -10,6 +10,8 @@
 #include <sys/stat.h>
 #include <sys/wait.h>
 
+#include <cerrno>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -60,12 +62,22 @@ struct TrialSummary {
   std::string best_checkpoint;
 };
 
+/// Where a search's trials run.
+enum class TrialLauncher {
+  /// Child processes of the runner on this machine.
+  local,
+  /// Slurm jobs: each trial runs under `srun` (inside an allocation, a job step of it; outside, a job
+  /// of its own), with `resources.slots_per_trial` tasks and the config's `slurm.sbatch_args`.
+  slurm,
+};
+
 struct ExperimentOptions {
   /// The experiment's folder: trials/<id>/ (config, log, metrics.jsonl, checkpoints), events.jsonl, summary.json.
   std::filesystem::path output_dir;
   /// The program that trains one trial, with dettrial::main's command line (normally this one).
   std::filesystem::path program = "/proc/self/exe";
   bool quiet = false;
+  TrialLauncher launcher = TrialLauncher::local;
 };
 
 namespace detail {
@@ -103,6 +115,19 @@ class Experiment {
   /// SIGTERM to every running trial (each checkpoints and exits), once per signal this process got
   /// (a second Ctrl-C makes them abort), and waits for them.
   void stop_running_trials();
+
+  /// Sends SIGTERM to trial `id`'s processes: to its process here, or, run by Slurm, to its job's
+  /// tasks (`scancel --signal=TERM`: srun itself would cancel the step, killing the tasks before they
+  /// checkpoint).
+  void terminate_trial(std::int64_t id, const Running& run) const;
+
+  /// The Slurm job name of trial `id` (what squeue and scancel find it by).
+  std::string slurm_job_name(std::int64_t id) const;
+
+  /// Continuing an experiment whose trials ran on Slurm: a ConfigError naming the jobs when some are
+  /// still queued or running (a runner killed before them): a second copy of a trial would write
+  /// into the same folder. (Adopting them is not done yet.)
+  void refuse_live_slurm_jobs() const;
 
   std::filesystem::path trial_dir(std::int64_t id) const { return options_.output_dir / "trials" / std::to_string(id); }
 
@@ -180,6 +205,8 @@ class Experiment {
 
   ExperimentConfig config_;
   std::int64_t experiment_id_ = 0;
+  /// The Slurm commands, with --launcher slurm.
+  std::string srun_, scancel_;
   ExperimentOptions options_;
   Searcher searcher_;
   std::map<std::int64_t, TrialSummary> trials_;
@@ -232,6 +259,17 @@ DETTRIAL_INLINE Experiment::Experiment(ExperimentConfig config, ExperimentOption
                               config_.experiment_seed.value_or(0))) {
   if (config_.searcher.metric.empty())
     throw ConfigError(config_.source + ": searcher '" + config_.searcher.name + "' needs searcher.metric");
+  if (options_.launcher == TrialLauncher::slurm) {
+    for (const char* tool : {"srun", "scancel"}) {
+      const std::string path = detail::find_on_path(tool);
+      if (path.empty()) throw ConfigError(std::string("--launcher slurm runs each trial with Slurm's srun and stops it with scancel, but there is no ") +
+                                          tool + " on PATH; install Slurm's client commands, or run the search here with --launcher local");
+      (std::string_view(tool) == "srun" ? srun_ : scancel_) = path;
+    }
+    // Checkpoints and metrics go to the experiment's folder, which the trials' nodes must see.
+    options_.output_dir = std::filesystem::absolute(options_.output_dir);
+    if (options_.program == "/proc/self/exe") options_.program = std::filesystem::read_symlink("/proc/self/exe");
+  }
 }
 
 DETTRIAL_INLINE SearcherConfig Experiment::searcher_config(const ExperimentConfig& c) {
@@ -257,6 +295,7 @@ DETTRIAL_INLINE int Experiment::run() {
   namespace fs = std::filesystem;
   fs::create_directories(options_.output_dir / "trials");
   experiment_id_ = experiment_id_in(options_.output_dir);
+  if (options_.launcher == TrialLauncher::slurm) refuse_live_slurm_jobs();
   detail::supervisor_signal.store(0);
   detail::supervisor_signal_count.store(0);
   const detail::SignalHandlers handlers(&detail::dettrial_on_supervisor_signal);
@@ -297,10 +336,45 @@ DETTRIAL_INLINE void Experiment::stop_running_trials() {
   while (!running_.empty()) {
     const int signals = std::max(1, detail::supervisor_signal_count.load());
     if (signals > forwarded) {
-      for (auto& [id, t] : running_) ::kill(t.pid, SIGTERM);
+      for (auto& [id, t] : running_) terminate_trial(id, t);
       forwarded = signals;
     }
     reap(/*interrupting=*/true);  // waits; a signal interrupts the wait
+  }
+}
+
+DETTRIAL_INLINE std::string Experiment::slurm_job_name(std::int64_t id) const {
+  return "dettrial-e" + std::to_string(experiment_id_) + "-t" + std::to_string(id);
+}
+
+DETTRIAL_INLINE void Experiment::refuse_live_slurm_jobs() const {
+  const std::string squeue = detail::find_on_path("squeue");
+  if (squeue.empty()) return;
+  const std::filesystem::path listing = options_.output_dir / ".squeue.txt";
+  int status = 0;
+  const pid_t pid = detail::spawn_process(squeue, {squeue, "--noheader", "--format=%i %j"}, {.output = listing.string()});
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  std::ifstream in(listing);
+  const std::string prefix = "dettrial-e" + std::to_string(experiment_id_) + "-t";
+  std::string job, name, live;
+  while (in >> job >> name)
+    if (name.rfind(prefix, 0) == 0) live += (live.empty() ? "" : ", ") + name + " (job " + job + ")";
+  std::filesystem::remove(listing);
+  if (!live.empty())
+    throw ConfigError("this experiment's trials still have Slurm jobs from an earlier runner: " + live +
+                      "; wait for them to end or cancel them (scancel --name=<name>), then run the same command again to continue");
+}
+
+DETTRIAL_INLINE void Experiment::terminate_trial(std::int64_t id, const Running& run) const {
+  if (options_.launcher == TrialLauncher::local) {
+    ::kill(run.pid, SIGTERM);
+    return;
+  }
+  // Waited for here, before the loop's next waitpid(-1) could take its status.
+  int status = 0;
+  const pid_t pid = detail::spawn_process(scancel_, {scancel_, "--quiet", "--signal=TERM", "--name=" + slurm_job_name(id)});
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
   }
 }
 
@@ -439,9 +513,19 @@ DETTRIAL_INLINE void Experiment::launch(std::int64_t id) {
     args.emplace_back("--resume");
     args.push_back((trial_dir(id) / "checkpoints").string());
   }
+  std::string program = options_.program.string();
+  if (options_.launcher == TrialLauncher::slurm) {
+    // srun waits for the job and returns its tasks' exit status, so the runner supervises it as it
+    // does a local trial; its messages (a failed task named) go to the trial's log.
+    std::vector<std::string> srun = {srun_, "--job-name=" + slurm_job_name(id), "--ntasks=" + std::to_string(config_.slots_per_trial),
+                                     "--kill-on-bad-exit=1"};
+    srun.insert(srun.end(), config_.slurm_args.begin(), config_.slurm_args.end());
+    args.insert(args.begin(), srun.begin(), srun.end());
+    program = srun_;
+  }
   Running run;
   // In a process group of its own: a Ctrl-C reaches the trial once, as this runner's SIGTERM.
-  run.pid = detail::spawn_process(options_.program.string(), std::move(args),
+  run.pid = detail::spawn_process(program, std::move(args),
                                   {.extra_env = {std::string(detail::supervisor_pid_variable) + "=" + std::to_string(::getpid()),
                                                  // Determined's own variables: context.get_trial_id() / get_experiment_id()
                                                  "DET_TRIAL_ID=" + std::to_string(id), "DET_EXPERIMENT_ID=" + std::to_string(experiment_id_)},
@@ -509,7 +593,7 @@ DETTRIAL_INLINE void Experiment::poll_metrics() {
       say("[experiment] trial " + std::to_string(id) + " at " + time_metric + " " + std::to_string(static_cast<std::int64_t>(time)) + ": " +
           config_.searcher.metric + " " + values + where + ")");
       if (stop) {
-        ::kill(run.pid, SIGTERM);  // the trial checkpoints and exits
+        terminate_trial(id, run);  // the trial checkpoints and exits
         run.stop_sent = true;
         say("[experiment] trial " + std::to_string(id) + " stopped by the searcher at " + time_metric + " " + std::to_string(static_cast<std::int64_t>(time)));
       }

@@ -1,0 +1,104 @@
+#!/usr/bin/env bash
+# Usage: search.sh PROGRAM CONFIG_DIR WORK_DIR
+# Searches whose trials run as Slurm jobs (--launcher slurm) on the test cluster (SLURM_CONF set by
+# CTest), with the synthetic trial of tests/experiment:
+# - a random search of 4 trials, max_concurrent_trials 2: never more than 2 of its jobs in squeue,
+#   and the summary the local runner gives for the same seed (trials, hyperparameters, metrics);
+# - adaptive ASHA (one trial at a time, so that the searcher sees the validations in one order):
+#   the local runner's summary, stops included;
+# - a trial's job cancelled from outside (scancel) after its first checkpoint: restarted from it,
+#   and the search still ends with every trial completed.
+set -u
+program=$1 configs=$2 work=$3
+fail() { echo "search: $*"; exit 1; }
+sinfo -h >/dev/null 2>&1 || { echo "skipped: no Slurm cluster answers (SLURM_CONF=${SLURM_CONF:-unset})"; exit 77; }
+rm -rf "$work"
+mkdir -p "$work"
+# The summary without what differs between runs by design (paths, timings).
+comparable() {
+  python3 - "$1" <<'PY'
+import json, sys
+s = json.load(open(sys.argv[1]))
+for t in s["trials"]:
+    print(t["id"], t["state"], t["batches_trained"], json.dumps(t["hparams"], sort_keys=True), t["best_metric"], t["last_metric"])
+print("best", s["best_trial"])
+PY
+}
+
+# Random search: local, then on Slurm while squeue is watched.
+"$program" --config "$configs/random.yaml" --output "$work/random-local" --quiet || fail "the local random search failed"
+"$program" --config "$configs/random.yaml" --output "$work/random-slurm" --launcher slurm >"$work/random-slurm.log" 2>&1 &
+pid=$!
+most=0
+while kill -0 "$pid" 2>/dev/null; do
+  n=$(squeue -h -o %j | grep -c '^dettrial-e.*-t[0-9]*$')
+  [ "$n" -gt "$most" ] && most=$n
+  sleep 0.1
+done
+wait "$pid"
+status=$?
+cat "$work/random-slurm.log"
+[ "$status" -eq 0 ] || fail "the Slurm random search exited with $status"
+[ "$most" -ge 1 ] && [ "$most" -le 2 ] || fail "$most trial jobs at once in squeue, expected 1 or 2 (max_concurrent_trials: 2)"
+diff <(comparable "$work/random-local/summary.json") <(comparable "$work/random-slurm/summary.json") ||
+  fail "the Slurm random search's summary differs from the local one's"
+grep -q "srun" "$work/random-slurm/trials/1/log.txt" 2>/dev/null && fail "srun complained in trial 1's log"
+
+# Adaptive ASHA, one trial at a time.
+asha=(--config "$configs/asha.yaml" --set searcher.max_concurrent_trials=1 --set searcher.max_trials=6)
+"$program" "${asha[@]}" --output "$work/asha-local" --quiet || fail "the local ASHA search failed"
+"$program" "${asha[@]}" --output "$work/asha-slurm" --launcher slurm --quiet || fail "the Slurm ASHA search failed"
+diff <(comparable "$work/asha-local/summary.json") <(comparable "$work/asha-slurm/summary.json") ||
+  fail "the Slurm ASHA search's summary differs from the local one's"
+python3 -c 'import json,sys; s=json.load(open(sys.argv[1])); assert any(t["state"] == "STOPPED_EARLY" for t in s["trials"]), s' \
+  "$work/asha-slurm/summary.json" || fail "ASHA stopped no trial on Slurm"
+
+# A trial's job cancelled from outside after its first checkpoint: restarted from it.
+slow=(--config "$configs/random.yaml" --set searcher.max_length.batches=64 --set data.batch_sleep_ms=50 --set min_checkpoint_period.batches=8)
+"$program" "${slow[@]}" --output "$work/cancel" --launcher slurm >"$work/cancel.log" 2>&1 &
+pid=$!
+for _ in $(seq 1 600); do
+  ls "$work"/cancel/trials/1/checkpoints/*/metadata.json >/dev/null 2>&1 && break
+  sleep 0.1
+done
+id=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["id"])' "$work/cancel/experiment.json")
+scancel --name="dettrial-e$id-t1" || fail "scancel failed"
+wait "$pid"
+status=$?
+cat "$work/cancel.log"
+[ "$status" -eq 0 ] || fail "the search with a cancelled trial exited with $status"
+grep -q "trial 1 failed (.*); restart 1 of" "$work/cancel.log" || fail "the cancelled trial was not restarted"
+python3 - "$work/cancel/summary.json" <<'PY' || fail "bad summary after the cancel"
+import json, sys
+s = json.load(open(sys.argv[1]))
+t1 = s["trials"][0]
+assert t1["restarts"] == 1 and t1["state"] == "COMPLETED" and t1["batches_trained"] == 64, t1
+assert all(t["state"] == "COMPLETED" for t in s["trials"]), s
+PY
+# The runner killed while its trials' jobs run on: a new runner names the live jobs and refuses (a
+# second copy of a trial would write into the same folder); once they are cancelled, it continues.
+"$program" "${slow[@]}" --output "$work/killed" --launcher slurm >"$work/killed.log" 2>&1 &
+pid=$!
+for _ in $(seq 1 600); do
+  ls "$work"/killed/trials/1/checkpoints/*/metadata.json >/dev/null 2>&1 && break
+  sleep 0.1
+done
+kill -KILL "$pid"
+wait "$pid" 2>/dev/null
+id=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["id"])' "$work/killed/experiment.json")
+"$program" "${slow[@]}" --output "$work/killed" --launcher slurm >"$work/refused.log" 2>&1
+status=$?
+cat "$work/refused.log"
+[ "$status" -eq 78 ] || fail "a runner beside live jobs exited with $status, expected 78"
+grep -q "still have Slurm jobs from an earlier runner: dettrial-e$id-t" "$work/refused.log" || fail "the refusal did not name the live jobs"
+scancel --name="dettrial-e$id-t1"
+scancel --name="dettrial-e$id-t2"
+for _ in $(seq 1 300); do
+  [ -z "$(squeue -h -o %j | grep "^dettrial-e$id-t")" ] && break
+  sleep 0.1
+done
+"$program" "${slow[@]}" --output "$work/killed" --launcher slurm >"$work/continued.log" 2>&1 || { cat "$work/continued.log"; fail "the continued search failed"; }
+python3 -c 'import json,sys; s=json.load(open(sys.argv[1])); assert all(t["state"] == "COMPLETED" and t["batches_trained"] == 64 for t in s["trials"]), s' \
+  "$work/killed/summary.json" || fail "the continued search did not complete every trial"
+echo "ok: searches run as Slurm jobs end as the local runner's; a cancelled trial is restarted from its checkpoint"
+

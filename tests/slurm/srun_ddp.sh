@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Usage: srun_ddp.sh PROGRAM CONFIG DATA_DIR WORK_DIR
+# Under the test cluster (SLURM_CONF set by CTest): the 2-rank MNIST job runs as `srun --ntasks=2`,
+# reads its ranks and rendezvous from Slurm's environment, and ends with exactly the metrics of the
+# same job under dettrial's built-in launcher; the same job submitted with sbatch (a batch script
+# running srun) ends the same. A task that fails ends the job step, and Slurm names it.
+set -u
+program=$1 config=$2 data=$3 work=$4
+fail() { echo "srun_ddp: $*"; exit 1; }
+sinfo -h >/dev/null 2>&1 || { echo "skipped: no Slurm cluster answers (SLURM_CONF=${SLURM_CONF:-unset})"; exit 77; }
+rm -rf "$work"
+mkdir -p "$work"
+last_validation() { python3 -c 'import json,sys; print([r for r in map(json.loads, open(sys.argv[1])) if r["type"] == "validation"][-1]["metrics"])' "$1"; }
+
+"$program" --config "$config" --set "data.dir=$data" --output "$work/builtin" --quiet || fail "the built-in launcher's run failed"
+srun --ntasks=2 --kill-on-bad-exit=1 "$program" --config "$config" --set "data.dir=$data" --output "$work/srun" >"$work/srun.log" 2>&1
+status=$?
+cat "$work/srun.log"
+[ "$status" -eq 0 ] || fail "srun exited with $status"
+grep -q "2 processes (Slurm, gloo)" "$work/srun.log" || fail "the job did not run as Slurm's 2 ranks"
+builtin=$(last_validation "$work/builtin/metrics.jsonl") srun_metrics=$(last_validation "$work/srun/metrics.jsonl")
+echo "built-in launcher: $builtin"
+echo "srun:              $srun_metrics"
+[ "$builtin" = "$srun_metrics" ] || fail "the srun job's validation differs from the built-in launcher's"
+
+# sbatch: a batch script whose srun starts the ranks; --wait returns the job's exit status.
+cat >"$work/job.sh" <<JOB
+#!/bin/sh
+#SBATCH --ntasks=2
+#SBATCH --output=$work/sbatch.log
+srun "$program" --config "$config" --set "data.dir=$data" --output "$work/sbatch"
+JOB
+sbatch --wait --parsable "$work/job.sh" >/dev/null || { cat "$work/sbatch.log"; fail "the sbatch job failed"; }
+[ "$(last_validation "$work/sbatch/metrics.jsonl")" = "$builtin" ] || fail "the sbatch job's validation differs from the built-in launcher's"
+
+# Rank 1 fails before the rendezvous: the step ends (rank 0 does not wait out the timeout) and Slurm names the task.
+start=$(date +%s)
+srun --ntasks=2 --kill-on-bad-exit=1 sh -c 'if [ "$SLURM_PROCID" = 1 ]; then echo "rank 1 fails"; exit 3; fi; exec "$0" "$@"' \
+  "$program" --config "$config" --set "data.dir=$data" --output "$work/failed" --timeout 120 >"$work/failed.log" 2>&1
+status=$?
+elapsed=$(( $(date +%s) - start ))
+cat "$work/failed.log"
+[ "$status" -ne 0 ] || fail "a job step with a failed task exited 0"
+grep -q "task 1: Exited with exit code 3" "$work/failed.log" || fail "Slurm did not name the failed task"
+[ "$elapsed" -lt 60 ] || fail "the step took ${elapsed} s to end after rank 1 failed"
+echo "ok: srun and sbatch jobs train as the built-in launcher does; a failed task ends the step in ${elapsed} s"
