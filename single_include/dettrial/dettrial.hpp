@@ -918,6 +918,13 @@ DETTRIAL_INLINE ExperimentConfig ExperimentConfig::from_yaml(const YAML::Node& r
     if (!args.IsSequence()) throw ConfigError(detail::where(args, source) + ": slurm.sbatch_args must be a list of options, such as [--partition=gpu]");
     for (const auto& a : args) {
       if (!a.IsScalar()) throw ConfigError(detail::where(a, source) + ": slurm.sbatch_args holds " + detail::describe(a) + "; each entry is one option");
+      // dettrial starts each trial with srun, which takes sbatch's resource options but not these
+      // (or reads them otherwise: srun's --output redirects the tasks', --wait is a timeout).
+      const std::string option = a.Scalar().substr(0, a.Scalar().find('='));
+      for (const char* batch_only : {"--array", "-a", "--wrap", "--parsable", "--wait", "-W", "--output", "-o", "--error", "-e", "--open-mode", "--test-only"})
+        if (option == batch_only)
+          throw ConfigError(detail::where(a, source) + ": slurm.sbatch_args: '" + a.Scalar() + "' is an sbatch option that srun, which starts " +
+                            "each trial, does not take the same way; leave it out (each trial's output goes to its log.txt)");
       c.slurm_args.push_back(a.Scalar());
     }
   }
@@ -4448,6 +4455,13 @@ class TensorBoardWriter {
   const std::filesystem::path& file() const { return file_; }
   /// How many events opening it for a resume removed from earlier files.
   std::size_t dropped() const { return dropped_; }
+  /// Whether the folder's earlier files already start an hparams session (a resumed run's do).
+  bool has_session() const { return has_session_; }
+
+  /// Removes the events after batch `batch` (and any session end) from the event files in `dir`, a
+  /// torn last record too; a file left with nothing but its version record is deleted. Returns how
+  /// many events went. `batch` -1 empties the folder of events (a run started afresh there).
+  static std::size_t drop_events_after(const std::filesystem::path& dir, std::int64_t batch);
 
   /// A scalar at `step` (TensorBoard stores it as a 32-bit float).
   void add_scalar(std::string_view tag, double value, std::int64_t step);
@@ -4469,6 +4483,7 @@ class TensorBoardWriter {
   std::filesystem::path dir_{}, file_{};
   std::ofstream out_{};
   std::size_t dropped_ = 0;
+  bool has_session_ = false;
 };
 
 }  // namespace dettrial
@@ -4582,7 +4597,7 @@ DETTRIAL_INLINE Records read_records(const std::filesystem::path& file) {
     const std::string_view length_bytes(bytes.data() + at, 8);
     if (get_fixed(bytes.data() + at + 8, 4) != masked_crc32c(length_bytes)) return out.torn = true, out;
     const std::uint64_t length = get_fixed(bytes.data() + at, 8);
-    if (bytes.size() - at - 12 < length + 4) return out.torn = true, out;
+    if (bytes.size() - at - 12 < 4 || length > bytes.size() - at - 16) return out.torn = true, out;  // no overflow
     const std::string_view data(bytes.data() + at + 12, length);
     if (get_fixed(bytes.data() + at + 12 + length, 4) != masked_crc32c(data)) return out.torn = true, out;
     out.records.emplace_back(data);
@@ -4611,10 +4626,10 @@ DETTRIAL_INLINE std::int64_t event_step(std::string_view event) {
         if (!varint(value)) return 0;
         if (field == 2) return static_cast<std::int64_t>(value);
         break;
-      case 1: at += 8; break;
+      case 1: at += 8; break;  // past the end: the loop ends
       case 5: at += 4; break;
       case 2:
-        if (!varint(value)) return 0;
+        if (!varint(value) || value > event.size() - at) return 0;
         at += value;
         break;
       default: return 0;  // groups: never in an Event
@@ -4643,32 +4658,48 @@ DETTRIAL_INLINE double wall_time_now() {
 }
 }  // namespace detail::tensorboard
 
+DETTRIAL_INLINE std::size_t TensorBoardWriter::drop_events_after(const std::filesystem::path& dir, std::int64_t batch) {
+  namespace tb = detail::tensorboard;
+  std::size_t dropped = 0;
+  std::error_code ec;
+  for (const auto& path : tb::event_files(dir)) {
+    tb::Records read = tb::read_records(path);
+    // The stopped run's session end goes too: the resumed run ends the session again.
+    const auto past = std::remove_if(read.records.begin(), read.records.end(), [&](const std::string& event) {
+      return tb::event_step(event) > batch || event.find("_hparams_/session_end_info") != std::string::npos ||
+             (batch < 0 && event.find("brain.Event:") == std::string::npos);
+    });
+    const auto removed = static_cast<std::size_t>(read.records.end() - past) + (read.torn ? 1 : 0);
+    if (removed == 0) continue;
+    read.records.erase(past, read.records.end());
+    dropped += removed;
+    if (read.records.size() <= 1) {  // nothing but the version record
+      std::filesystem::remove(path, ec);
+      continue;
+    }
+    const std::filesystem::path temporary = path.string() + ".tmp";
+    {
+      std::ofstream out(temporary, std::ios::binary | std::ios::trunc);
+      for (const auto& event : read.records) out << tb::frame(event);
+      out.flush();
+      if (!out) throw Error("cannot write '" + temporary.string() + "'");
+    }
+    std::filesystem::rename(temporary, path, ec);
+    if (ec) throw Error("cannot replace '" + path.string() + "': " + ec.message());
+  }
+  return dropped;
+}
+
 DETTRIAL_INLINE TensorBoardWriter::TensorBoardWriter(const std::filesystem::path& dir, std::optional<std::int64_t> resumed_at) : dir_(dir) {
   namespace tb = detail::tensorboard;
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) throw Error("cannot create TensorBoard folder '" + dir.string() + "': " + ec.message());
-  if (resumed_at) {
-    for (const auto& path : tb::event_files(dir)) {
-      tb::Records read = tb::read_records(path);
-      // The stopped run's session end goes too: the resumed run ends the session again.
-      const auto past = std::remove_if(read.records.begin(), read.records.end(), [&](const std::string& event) {
-        return tb::event_step(event) > *resumed_at || event.find("_hparams_/session_end_info") != std::string::npos;
-      });
-      const auto removed = static_cast<std::size_t>(read.records.end() - past) + (read.torn ? 1 : 0);
-      if (removed == 0) continue;
-      read.records.erase(past, read.records.end());
-      const std::filesystem::path temporary = path.string() + ".tmp";
-      {
-        std::ofstream out(temporary, std::ios::binary | std::ios::trunc);
-        for (const auto& event : read.records) out << tb::frame(event);
-        out.flush();
-        if (!out) throw Error("cannot write '" + temporary.string() + "'");
-      }
-      std::filesystem::rename(temporary, path, ec);
-      if (ec) throw Error("cannot replace '" + path.string() + "': " + ec.message());
-      dropped_ += removed;
-    }
+  if (resumed_at) dropped_ = drop_events_after(dir, *resumed_at);
+  for (const auto& path : tb::event_files(dir)) {
+    for (const auto& event : tb::read_records(path).records)
+      if (event.find("_hparams_/session_start_info") != std::string::npos) has_session_ = true;
+    if (has_session_) break;
   }
   char host[256] = "localhost";
   ::gethostname(host, sizeof host - 1);
@@ -10616,23 +10647,30 @@ DETTRIAL_INLINE void TraceProfiler::start(std::int64_t batch_idx) {
 }
 
 DETTRIAL_INLINE void TraceProfiler::stop(std::int64_t batch_idx) {
+  if (cuda_) torch::cuda::synchronize();  // the last kernels belong in the trace
+  // Off first, whatever follows: a profiler left on would refuse the next fit on this thread.
+  const std::unique_ptr<torch::autograd::profiler::ProfilerResult> result = torch::autograd::profiler::disableProfiler();
   running_ = false;
   done_ = true;
-  if (cuda_) torch::cuda::synchronize();  // the last kernels belong in the trace
-  const std::unique_ptr<torch::autograd::profiler::ProfilerResult> result = torch::autograd::profiler::disableProfiler();
-  std::error_code ec;
-  std::filesystem::create_directories(trace_path_.parent_path(), ec);
-  std::string how = "Kineto";
+  // A trace that cannot be written is said, not thrown: the training it profiled goes on.
   try {
-    result->save(trace_path_.string());
-  } catch (const c10::Error&) {
-    // Without Kineto, save() refuses; the events are there all the same.
-    write_chrome_trace(*result, trace_path_);
-    how = "LibTorch's profiler without Kineto: CPU operators";
+    std::error_code ec;
+    std::filesystem::create_directories(trace_path_.parent_path(), ec);
+    std::string how = "Kineto";
+    try {
+      result->save(trace_path_.string());
+    } catch (const c10::Error&) {
+      // Without Kineto, save() refuses; the events are there all the same.
+      write_chrome_trace(*result, trace_path_);
+      how = "LibTorch's profiler without Kineto: CPU operators";
+    }
+    written_ = trace_path_;
+    summary_ = "profiled batches " + std::to_string(first_batch_) + "-" + std::to_string(batch_idx) + ": " + trace_path_.string() +
+               " (" + std::to_string(result->events().size()) + " events; " + how + ")";
+  } catch (const std::exception& e) {
+    summary_ = "warning: profiled batches " + std::to_string(first_batch_) + "-" + std::to_string(batch_idx) +
+               ", but the trace could not be written to " + trace_path_.string() + ": " + e.what();
   }
-  written_ = trace_path_;
-  summary_ = "profiled batches " + std::to_string(first_batch_) + "-" + std::to_string(batch_idx) + ": " + trace_path_.string() +
-             " (" + std::to_string(result->events().size()) + " events; " + how + ")";
 }
 
 /// An event's start and duration in microseconds: LibTorch 2.x counts nanoseconds, 1.13 microseconds.
@@ -12191,7 +12229,7 @@ class Trainer {
     FitResult result{};
     detail::Reporter reporter{};
     detail::TraceProfiler profiler{};
-    /// Wait for the GPU at each phase's end, so that the phase timings are the GPU's (profiling.sync_timings).
+    /// Wait for the GPU at each phase's end while profiling, so that the phase timings are the GPU's (profiling.sync_timings).
     bool sync_timings = false;
   };
 
@@ -12246,7 +12284,9 @@ class Trainer {
     });
     prepare_training(st, callbacks, first_batch);
     announce(st);
-    if (!st.same_trial) context_.get_tensorboard_writer().add_hparams(detail::flat_hparams(context_.get_hparams()));
+    // One hparams session a folder: a resumed run's folder already starts one.
+    if (!context_.get_tensorboard_writer().has_session())
+      context_.get_tensorboard_writer().add_hparams(detail::flat_hparams(context_.get_hparams()));
     // The hparams session ends as the fit does: failed when it throws.
     const auto end_session = detail::on_scope_exit([&, exceptions = std::uncaught_exceptions()] {
       context_.get_tensorboard_writer().end_session(std::uncaught_exceptions() == exceptions);
@@ -12455,7 +12495,8 @@ class Trainer {
       if (epoch_start) callbacks.template call<hook::on_training_epoch_start>(epoch_idx);
       if (it == end) throw DataError("the training data loader's repeating stream ended at batch " + std::to_string(batch_idx));
       st.profiler.before_batch(batch_idx);
-      train_batch<Set>(*it, workload, batch_idx, epoch_idx, st.sync_timings);
+      // Synchronized timings only inside the profiled range: a sync a batch elsewhere would cost the GPU its queue.
+      train_batch<Set>(*it, workload, batch_idx, epoch_idx, st.sync_timings && st.profiler.running());
       ++it;
       ++st.batches_trained;
       if (st.profiler.after_batch(batch_idx)) st.reporter.line("dettrial: " + st.profiler.summary());

@@ -54,6 +54,7 @@
 #include <sys/wait.h>
 
 #include <cerrno>
+#include <cstdlib>
 
 #include <algorithm>
 #include <atomic>
@@ -110,7 +111,9 @@ namespace dettrial::detail {
 struct SpawnOptions {
   /// `NAME=value` entries added to this process's environment; each replaces an inherited variable
   /// of the same name (getenv would otherwise find the inherited one first).
-  std::vector<std::string> extra_env;
+  std::vector<std::string> extra_env{};
+  /// Inherited variables left out of the child's environment: those whose names start with one of these.
+  std::vector<std::string> drop_env_prefixes{};
   /// Where stdout goes (and stderr, with merge_stderr); empty: inherited.
   std::string output{};
   bool append = false;
@@ -155,7 +158,9 @@ DETTRIAL_INLINE pid_t spawn_process(const std::string& program, std::vector<std:
     const std::string_view name = name_of(*e);
     const bool replaced = std::any_of(options.extra_env.begin(), options.extra_env.end(),
                                       [&](const std::string& extra) { return name_of(extra) == name; });
-    if (!replaced) env_strings.emplace_back(*e);
+    const bool dropped = std::any_of(options.drop_env_prefixes.begin(), options.drop_env_prefixes.end(),
+                                     [&](const std::string& prefix) { return name.rfind(prefix, 0) == 0; });
+    if (!replaced && !dropped) env_strings.emplace_back(*e);
   }
   env_strings.insert(env_strings.end(), options.extra_env.begin(), options.extra_env.end());
   std::vector<char*> env, argv;
@@ -497,14 +502,20 @@ DETTRIAL_INLINE void Experiment::refuse_live_slurm_jobs() const {
   if (squeue.empty()) return;
   const std::filesystem::path listing = options_.output_dir / ".squeue.txt";
   int status = 0;
-  const pid_t pid = detail::spawn_process(squeue, {squeue, "--noheader", "--format=%i %j"}, {.output = listing.string()});
+  const pid_t pid = detail::spawn_process(
+      squeue, {squeue, "--noheader", "--me", "--states=PENDING,RUNNING,SUSPENDED,COMPLETING", "--format=%i|%j"},
+      {.output = listing.string(), .merge_stderr = false});
   while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
   }
   std::ifstream in(listing);
   const std::string prefix = "dettrial-e" + std::to_string(experiment_id_) + "-t";
-  std::string job, name, live;
-  while (in >> job >> name)
-    if (name.rfind(prefix, 0) == 0) live += (live.empty() ? "" : ", ") + name + " (job " + job + ")";
+  std::string line, live;
+  while (std::getline(in, line)) {
+    const auto bar = line.find('|');
+    if (bar == std::string::npos) continue;
+    const std::string name = line.substr(bar + 1);
+    if (name.rfind(prefix, 0) == 0) live += (live.empty() ? "" : ", ") + name + " (job " + line.substr(0, bar) + ")";
+  }
   std::filesystem::remove(listing);
   if (!live.empty())
     throw ConfigError("this experiment's trials still have Slurm jobs from an earlier runner: " + live +
@@ -516,10 +527,14 @@ DETTRIAL_INLINE void Experiment::terminate_trial(std::int64_t id, const Running&
     ::kill(run.pid, SIGTERM);
     return;
   }
-  // Waited for here, before the loop's next waitpid(-1) could take its status.
-  int status = 0;
-  const pid_t pid = detail::spawn_process(scancel_, {scancel_, "--quiet", "--signal=TERM", "--name=" + slurm_job_name(id)});
-  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  // Each waited for here, before the loop's next waitpid(-1) could take its status. A job still
+  // queued takes no signal but SIGKILL: it is cancelled outright (it has trained nothing).
+  for (std::vector<std::string> args : {std::vector<std::string>{scancel_, "--quiet", "--state=PENDING", "--name=" + slurm_job_name(id)},
+                                        std::vector<std::string>{scancel_, "--quiet", "--signal=TERM", "--name=" + slurm_job_name(id)}}) {
+    int status = 0;
+    const pid_t pid = detail::spawn_process(scancel_, std::move(args));
+    while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+    }
   }
 }
 
@@ -657,6 +672,11 @@ DETTRIAL_INLINE void Experiment::launch(std::int64_t id) {
   if (!list_checkpoints(trial_dir(id) / "checkpoints").empty()) {
     args.emplace_back("--resume");
     args.push_back((trial_dir(id) / "checkpoints").string());
+  } else if (std::filesystem::exists(trial_dir(id) / "metrics.jsonl")) {
+    // A restart before any checkpoint: the folder without one makes main start afresh there,
+    // dropping the failed attempt's metrics and TensorBoard events first.
+    args.emplace_back("--resume");
+    args.push_back(trial_dir(id).string());
   }
   std::string program = options_.program.string();
   if (options_.launcher == TrialLauncher::slurm) {
@@ -668,12 +688,24 @@ DETTRIAL_INLINE void Experiment::launch(std::int64_t id) {
     args.insert(args.begin(), srun.begin(), srun.end());
     program = srun_;
   }
+  // Determined's own variables: context.get_trial_id() / get_experiment_id().
+  std::vector<std::string> env = {"DET_TRIAL_ID=" + std::to_string(id), "DET_EXPERIMENT_ID=" + std::to_string(experiment_id_)};
+  std::vector<std::string> drop;
+  if (options_.launcher == TrialLauncher::local) {
+    // A local trial ends with this runner (its parent); a Slurm trial's parent is slurmstepd.
+    env.push_back(std::string(detail::supervisor_pid_variable) + "=" + std::to_string(::getpid()));
+  } else {
+    // Without an allocation's variables, srun starts a job of its own for the trial, also when this
+    // runner runs inside an allocation: jobs are what squeue and scancel --name see, and each job's
+    // rendezvous port (derived from its job id) is its own.
+    drop.emplace_back("SLURM_");
+    if (const char* conf = std::getenv("SLURM_CONF")) env.push_back(std::string("SLURM_CONF=") + conf);  // which cluster, not an allocation
+  }
   Running run;
   // In a process group of its own: a Ctrl-C reaches the trial once, as this runner's SIGTERM.
   run.pid = detail::spawn_process(program, std::move(args),
-                                  {.extra_env = {std::string(detail::supervisor_pid_variable) + "=" + std::to_string(::getpid()),
-                                                 // Determined's own variables: context.get_trial_id() / get_experiment_id()
-                                                 "DET_TRIAL_ID=" + std::to_string(id), "DET_EXPERIMENT_ID=" + std::to_string(experiment_id_)},
+                                  {.extra_env = std::move(env),
+                                   .drop_env_prefixes = std::move(drop),
                                    .output = (trial_dir(id) / "log.txt").string(),
                                    .append = true,
                                    .own_process_group = true});
@@ -760,8 +792,10 @@ DETTRIAL_INLINE void Experiment::reap(bool interrupting) {
   refresh_from_disk(t);
   const bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
   // 75: stopped by a signal after a checkpoint; a SIGTERM that came after training ended kills it.
+  // srun reports a task killed by signal n as exit status 128 + n.
   const bool stopped = (WIFEXITED(status) && WEXITSTATUS(status) == detail::exit_status_interrupted_value) ||
-                       (stop_sent && WIFSIGNALED(status) && WTERMSIG(status) == SIGTERM);
+                       (stop_sent && WIFSIGNALED(status) && WTERMSIG(status) == SIGTERM) ||
+                       (stop_sent && options_.launcher == TrialLauncher::slurm && WIFEXITED(status) && WEXITSTATUS(status) == 128 + SIGTERM);
   if (WIFEXITED(status) && WEXITSTATUS(status) == detail::exit_status_config_value) {
     // Not restarted, and not ended in the event log: after the fix the next run trains it.
     t.state = TrialState::errored;
@@ -1333,6 +1367,7 @@ int main(int argc, char** argv, Args&&... trial_args) {
         std::fprintf(stderr, "dettrial: '%s' holds no checkpoint yet (the run stopped before its first): starting it afresh there\n",
                      afresh.c_str());
       MetricsLog(afresh, /*resumed_at=*/-1);  // drops every record: they describe training about to be redone
+      TensorBoardWriter::drop_events_after(std::filesystem::path(afresh) / "tensorboard", -1);  // and every event
     }
     // Determined's max_restarts for a trial run on its own: a failure (an exception; a crash needs a
     // supervisor, such as the search runner) restarts it from the checkpoint it wrote last. Only

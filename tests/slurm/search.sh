@@ -4,8 +4,7 @@
 # CTest), with the synthetic trial of tests/experiment:
 # - a random search of 4 trials, max_concurrent_trials 2: never more than 2 of its jobs in squeue,
 #   and the summary the local runner gives for the same seed (trials, hyperparameters, metrics);
-# - adaptive ASHA (one trial at a time, so that the searcher sees the validations in one order):
-#   the local runner's summary, stops included;
+# - adaptive ASHA: the local runner's trials, completed or stopped by the searcher (scancel --signal);
 # - a trial's job cancelled from outside (scancel) after its first checkpoint: restarted from it,
 #   and the search still ends with every trial completed.
 set -u
@@ -14,13 +13,15 @@ fail() { echo "search: $*"; exit 1; }
 sinfo -h >/dev/null 2>&1 || { echo "skipped: no Slurm cluster answers (SLURM_CONF=${SLURM_CONF:-unset})"; exit 77; }
 rm -rf "$work"
 mkdir -p "$work"
-# The summary without what differs between runs by design (paths, timings).
+# The summary without what differs between runs by design: paths, and how many batches a trial
+# stopped by ASHA trained before the stop reached it (its metrics at the rungs are the same).
 comparable() {
   python3 - "$1" <<'PY'
 import json, sys
 s = json.load(open(sys.argv[1]))
 for t in s["trials"]:
-    print(t["id"], t["state"], t["batches_trained"], json.dumps(t["hparams"], sort_keys=True), t["best_metric"], t["last_metric"])
+    batches = t["batches_trained"] if t["state"] != "STOPPED_EARLY" else "-"
+    print(t["id"], t["state"], batches, json.dumps(t["hparams"], sort_keys=True), t["best_metric"], t["last_metric"])
 print("best", s["best_trial"])
 PY
 }
@@ -31,7 +32,7 @@ PY
 pid=$!
 most=0
 while kill -0 "$pid" 2>/dev/null; do
-  n=$(squeue -h -o %j | grep -c '^dettrial-e.*-t[0-9]*$')
+  n=$(squeue -h -t PENDING,RUNNING -o %j | grep -c '^dettrial-e.*-t[0-9]*$')
   [ "$n" -gt "$most" ] && most=$n
   sleep 0.1
 done
@@ -44,24 +45,32 @@ diff <(comparable "$work/random-local/summary.json") <(comparable "$work/random-
   fail "the Slurm random search's summary differs from the local one's"
 grep -q "srun" "$work/random-slurm/trials/1/log.txt" 2>/dev/null && fail "srun complained in trial 1's log"
 
-# Adaptive ASHA, one trial at a time.
-asha=(--config "$configs/asha.yaml" --set searcher.max_concurrent_trials=1 --set searcher.max_trials=6)
+# Adaptive ASHA: the same trials as the local runner's (ids, brackets, hyperparameters), every one
+# completed or stopped by the searcher, some stopped. Which ones ASHA stops depends on when each
+# validation reaches the runner (a trial trains on while it is read), locally as on Slurm.
+asha=(--config "$configs/asha.yaml" --set searcher.max_trials=6)
 "$program" "${asha[@]}" --output "$work/asha-local" --quiet || fail "the local ASHA search failed"
 "$program" "${asha[@]}" --output "$work/asha-slurm" --launcher slurm --quiet || fail "the Slurm ASHA search failed"
-diff <(comparable "$work/asha-local/summary.json") <(comparable "$work/asha-slurm/summary.json") ||
-  fail "the Slurm ASHA search's summary differs from the local one's"
-python3 -c 'import json,sys; s=json.load(open(sys.argv[1])); assert any(t["state"] == "STOPPED_EARLY" for t in s["trials"]), s' \
-  "$work/asha-slurm/summary.json" || fail "ASHA stopped no trial on Slurm"
+trials() { python3 -c 'import json,sys; [print(t["id"], t.get("bracket"), json.dumps(t["hparams"], sort_keys=True)) for t in json.load(open(sys.argv[1]))["trials"]]' "$1"; }
+diff <(trials "$work/asha-local/summary.json") <(trials "$work/asha-slurm/summary.json") ||
+  fail "the Slurm ASHA search's trials differ from the local one's"
+python3 -c 'import json,sys; s=json.load(open(sys.argv[1])); st=[t["state"] for t in s["trials"]]; assert set(st) <= {"COMPLETED", "STOPPED_EARLY"} and "STOPPED_EARLY" in st, st' \
+  "$work/asha-slurm/summary.json" || fail "the Slurm ASHA search did not end with completed and stopped trials"
 
 # A trial's job cancelled from outside after its first checkpoint: restarted from it.
 slow=(--config "$configs/random.yaml" --set searcher.max_length.batches=64 --set data.batch_sleep_ms=50 --set min_checkpoint_period.batches=8)
-"$program" "${slow[@]}" --output "$work/cancel" --launcher slurm >"$work/cancel.log" 2>&1 &
-pid=$!
-for _ in $(seq 1 600); do
-  ls "$work"/cancel/trials/1/checkpoints/*/metadata.json >/dev/null 2>&1 && break
-  sleep 0.1
-done
-id=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["id"])' "$work/cancel/experiment.json")
+# Starts the slow search into $work/$1 in the background (pid), once trial 1 has a checkpoint sets
+# id to the experiment's id (its jobs are dettrial-e<id>-t<trial>).
+start_slow_search() {
+  "$program" "${slow[@]}" --output "$work/$1" --launcher slurm >"$work/$1.log" 2>&1 &
+  pid=$!
+  for _ in $(seq 1 600); do
+    ls "$work/$1"/trials/1/checkpoints/*/metadata.json >/dev/null 2>&1 && break
+    sleep 0.1
+  done
+  id=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["id"])' "$work/$1/experiment.json")
+}
+start_slow_search cancel
 scancel --name="dettrial-e$id-t1" || fail "scancel failed"
 wait "$pid"
 status=$?
@@ -77,15 +86,9 @@ assert all(t["state"] == "COMPLETED" for t in s["trials"]), s
 PY
 # The runner killed while its trials' jobs run on: a new runner names the live jobs and refuses (a
 # second copy of a trial would write into the same folder); once they are cancelled, it continues.
-"$program" "${slow[@]}" --output "$work/killed" --launcher slurm >"$work/killed.log" 2>&1 &
-pid=$!
-for _ in $(seq 1 600); do
-  ls "$work"/killed/trials/1/checkpoints/*/metadata.json >/dev/null 2>&1 && break
-  sleep 0.1
-done
+start_slow_search killed
 kill -KILL "$pid"
 wait "$pid" 2>/dev/null
-id=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["id"])' "$work/killed/experiment.json")
 "$program" "${slow[@]}" --output "$work/killed" --launcher slurm >"$work/refused.log" 2>&1
 status=$?
 cat "$work/refused.log"

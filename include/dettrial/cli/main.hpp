@@ -303,6 +303,7 @@ int main(int argc, char** argv, Args&&... trial_args) {
         std::fprintf(stderr, "dettrial: '%s' holds no checkpoint yet (the run stopped before its first): starting it afresh there\n",
                      afresh.c_str());
       MetricsLog(afresh, /*resumed_at=*/-1);  // drops every record: they describe training about to be redone
+      TensorBoardWriter::drop_events_after(std::filesystem::path(afresh) / "tensorboard", -1);  // and every event
     }
     // Determined's max_restarts for a trial run on its own: a failure (an exception; a crash needs a
     // supervisor, such as the search runner) restarts it from the checkpoint it wrote last. Only

@@ -366,6 +366,13 @@ DETTRIAL_INLINE ExperimentConfig ExperimentConfig::from_yaml(const YAML::Node& r
     if (!args.IsSequence()) throw ConfigError(detail::where(args, source) + ": slurm.sbatch_args must be a list of options, such as [--partition=gpu]");
     for (const auto& a : args) {
       if (!a.IsScalar()) throw ConfigError(detail::where(a, source) + ": slurm.sbatch_args holds " + detail::describe(a) + "; each entry is one option");
+      // dettrial starts each trial with srun, which takes sbatch's resource options but not these
+      // (or reads them otherwise: srun's --output redirects the tasks', --wait is a timeout).
+      const std::string option = a.Scalar().substr(0, a.Scalar().find('='));
+      for (const char* batch_only : {"--array", "-a", "--wrap", "--parsable", "--wait", "-W", "--output", "-o", "--error", "-e", "--open-mode", "--test-only"})
+        if (option == batch_only)
+          throw ConfigError(detail::where(a, source) + ": slurm.sbatch_args: '" + a.Scalar() + "' is an sbatch option that srun, which starts " +
+                            "each trial, does not take the same way; leave it out (each trial's output goes to its log.txt)");
       c.slurm_args.push_back(a.Scalar());
     }
   }

@@ -21,7 +21,9 @@ namespace dettrial::detail {
 struct SpawnOptions {
   /// `NAME=value` entries added to this process's environment; each replaces an inherited variable
   /// of the same name (getenv would otherwise find the inherited one first).
-  std::vector<std::string> extra_env;
+  std::vector<std::string> extra_env{};
+  /// Inherited variables left out of the child's environment: those whose names start with one of these.
+  std::vector<std::string> drop_env_prefixes{};
   /// Where stdout goes (and stderr, with merge_stderr); empty: inherited.
   std::string output{};
   bool append = false;
@@ -66,7 +68,9 @@ DETTRIAL_INLINE pid_t spawn_process(const std::string& program, std::vector<std:
     const std::string_view name = name_of(*e);
     const bool replaced = std::any_of(options.extra_env.begin(), options.extra_env.end(),
                                       [&](const std::string& extra) { return name_of(extra) == name; });
-    if (!replaced) env_strings.emplace_back(*e);
+    const bool dropped = std::any_of(options.drop_env_prefixes.begin(), options.drop_env_prefixes.end(),
+                                     [&](const std::string& prefix) { return name.rfind(prefix, 0) == 0; });
+    if (!replaced && !dropped) env_strings.emplace_back(*e);
   }
   env_strings.insert(env_strings.end(), options.extra_env.begin(), options.extra_env.end());
   std::vector<char*> env, argv;

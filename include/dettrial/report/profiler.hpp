@@ -130,23 +130,30 @@ DETTRIAL_INLINE void TraceProfiler::start(std::int64_t batch_idx) {
 }
 
 DETTRIAL_INLINE void TraceProfiler::stop(std::int64_t batch_idx) {
+  if (cuda_) torch::cuda::synchronize();  // the last kernels belong in the trace
+  // Off first, whatever follows: a profiler left on would refuse the next fit on this thread.
+  const std::unique_ptr<torch::autograd::profiler::ProfilerResult> result = torch::autograd::profiler::disableProfiler();
   running_ = false;
   done_ = true;
-  if (cuda_) torch::cuda::synchronize();  // the last kernels belong in the trace
-  const std::unique_ptr<torch::autograd::profiler::ProfilerResult> result = torch::autograd::profiler::disableProfiler();
-  std::error_code ec;
-  std::filesystem::create_directories(trace_path_.parent_path(), ec);
-  std::string how = "Kineto";
+  // A trace that cannot be written is said, not thrown: the training it profiled goes on.
   try {
-    result->save(trace_path_.string());
-  } catch (const c10::Error&) {
-    // Without Kineto, save() refuses; the events are there all the same.
-    write_chrome_trace(*result, trace_path_);
-    how = "LibTorch's profiler without Kineto: CPU operators";
+    std::error_code ec;
+    std::filesystem::create_directories(trace_path_.parent_path(), ec);
+    std::string how = "Kineto";
+    try {
+      result->save(trace_path_.string());
+    } catch (const c10::Error&) {
+      // Without Kineto, save() refuses; the events are there all the same.
+      write_chrome_trace(*result, trace_path_);
+      how = "LibTorch's profiler without Kineto: CPU operators";
+    }
+    written_ = trace_path_;
+    summary_ = "profiled batches " + std::to_string(first_batch_) + "-" + std::to_string(batch_idx) + ": " + trace_path_.string() +
+               " (" + std::to_string(result->events().size()) + " events; " + how + ")";
+  } catch (const std::exception& e) {
+    summary_ = "warning: profiled batches " + std::to_string(first_batch_) + "-" + std::to_string(batch_idx) +
+               ", but the trace could not be written to " + trace_path_.string() + ": " + e.what();
   }
-  written_ = trace_path_;
-  summary_ = "profiled batches " + std::to_string(first_batch_) + "-" + std::to_string(batch_idx) + ": " + trace_path_.string() +
-             " (" + std::to_string(result->events().size()) + " events; " + how + ")";
 }
 
 /// An event's start and duration in microseconds: LibTorch 2.x counts nanoseconds, 1.13 microseconds.

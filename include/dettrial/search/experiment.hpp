@@ -11,6 +11,7 @@
 #include <sys/wait.h>
 
 #include <cerrno>
+#include <cstdlib>
 
 #include <algorithm>
 #include <atomic>
@@ -352,14 +353,20 @@ DETTRIAL_INLINE void Experiment::refuse_live_slurm_jobs() const {
   if (squeue.empty()) return;
   const std::filesystem::path listing = options_.output_dir / ".squeue.txt";
   int status = 0;
-  const pid_t pid = detail::spawn_process(squeue, {squeue, "--noheader", "--format=%i %j"}, {.output = listing.string()});
+  const pid_t pid = detail::spawn_process(
+      squeue, {squeue, "--noheader", "--me", "--states=PENDING,RUNNING,SUSPENDED,COMPLETING", "--format=%i|%j"},
+      {.output = listing.string(), .merge_stderr = false});
   while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
   }
   std::ifstream in(listing);
   const std::string prefix = "dettrial-e" + std::to_string(experiment_id_) + "-t";
-  std::string job, name, live;
-  while (in >> job >> name)
-    if (name.rfind(prefix, 0) == 0) live += (live.empty() ? "" : ", ") + name + " (job " + job + ")";
+  std::string line, live;
+  while (std::getline(in, line)) {
+    const auto bar = line.find('|');
+    if (bar == std::string::npos) continue;
+    const std::string name = line.substr(bar + 1);
+    if (name.rfind(prefix, 0) == 0) live += (live.empty() ? "" : ", ") + name + " (job " + line.substr(0, bar) + ")";
+  }
   std::filesystem::remove(listing);
   if (!live.empty())
     throw ConfigError("this experiment's trials still have Slurm jobs from an earlier runner: " + live +
@@ -371,10 +378,14 @@ DETTRIAL_INLINE void Experiment::terminate_trial(std::int64_t id, const Running&
     ::kill(run.pid, SIGTERM);
     return;
   }
-  // Waited for here, before the loop's next waitpid(-1) could take its status.
-  int status = 0;
-  const pid_t pid = detail::spawn_process(scancel_, {scancel_, "--quiet", "--signal=TERM", "--name=" + slurm_job_name(id)});
-  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  // Each waited for here, before the loop's next waitpid(-1) could take its status. A job still
+  // queued takes no signal but SIGKILL: it is cancelled outright (it has trained nothing).
+  for (std::vector<std::string> args : {std::vector<std::string>{scancel_, "--quiet", "--state=PENDING", "--name=" + slurm_job_name(id)},
+                                        std::vector<std::string>{scancel_, "--quiet", "--signal=TERM", "--name=" + slurm_job_name(id)}}) {
+    int status = 0;
+    const pid_t pid = detail::spawn_process(scancel_, std::move(args));
+    while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+    }
   }
 }
 
@@ -512,6 +523,11 @@ DETTRIAL_INLINE void Experiment::launch(std::int64_t id) {
   if (!list_checkpoints(trial_dir(id) / "checkpoints").empty()) {
     args.emplace_back("--resume");
     args.push_back((trial_dir(id) / "checkpoints").string());
+  } else if (std::filesystem::exists(trial_dir(id) / "metrics.jsonl")) {
+    // A restart before any checkpoint: the folder without one makes main start afresh there,
+    // dropping the failed attempt's metrics and TensorBoard events first.
+    args.emplace_back("--resume");
+    args.push_back(trial_dir(id).string());
   }
   std::string program = options_.program.string();
   if (options_.launcher == TrialLauncher::slurm) {
@@ -523,12 +539,24 @@ DETTRIAL_INLINE void Experiment::launch(std::int64_t id) {
     args.insert(args.begin(), srun.begin(), srun.end());
     program = srun_;
   }
+  // Determined's own variables: context.get_trial_id() / get_experiment_id().
+  std::vector<std::string> env = {"DET_TRIAL_ID=" + std::to_string(id), "DET_EXPERIMENT_ID=" + std::to_string(experiment_id_)};
+  std::vector<std::string> drop;
+  if (options_.launcher == TrialLauncher::local) {
+    // A local trial ends with this runner (its parent); a Slurm trial's parent is slurmstepd.
+    env.push_back(std::string(detail::supervisor_pid_variable) + "=" + std::to_string(::getpid()));
+  } else {
+    // Without an allocation's variables, srun starts a job of its own for the trial, also when this
+    // runner runs inside an allocation: jobs are what squeue and scancel --name see, and each job's
+    // rendezvous port (derived from its job id) is its own.
+    drop.emplace_back("SLURM_");
+    if (const char* conf = std::getenv("SLURM_CONF")) env.push_back(std::string("SLURM_CONF=") + conf);  // which cluster, not an allocation
+  }
   Running run;
   // In a process group of its own: a Ctrl-C reaches the trial once, as this runner's SIGTERM.
   run.pid = detail::spawn_process(program, std::move(args),
-                                  {.extra_env = {std::string(detail::supervisor_pid_variable) + "=" + std::to_string(::getpid()),
-                                                 // Determined's own variables: context.get_trial_id() / get_experiment_id()
-                                                 "DET_TRIAL_ID=" + std::to_string(id), "DET_EXPERIMENT_ID=" + std::to_string(experiment_id_)},
+                                  {.extra_env = std::move(env),
+                                   .drop_env_prefixes = std::move(drop),
                                    .output = (trial_dir(id) / "log.txt").string(),
                                    .append = true,
                                    .own_process_group = true});
@@ -615,8 +643,10 @@ DETTRIAL_INLINE void Experiment::reap(bool interrupting) {
   refresh_from_disk(t);
   const bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
   // 75: stopped by a signal after a checkpoint; a SIGTERM that came after training ended kills it.
+  // srun reports a task killed by signal n as exit status 128 + n.
   const bool stopped = (WIFEXITED(status) && WEXITSTATUS(status) == detail::exit_status_interrupted_value) ||
-                       (stop_sent && WIFSIGNALED(status) && WTERMSIG(status) == SIGTERM);
+                       (stop_sent && WIFSIGNALED(status) && WTERMSIG(status) == SIGTERM) ||
+                       (stop_sent && options_.launcher == TrialLauncher::slurm && WIFEXITED(status) && WEXITSTATUS(status) == 128 + SIGTERM);
   if (WIFEXITED(status) && WEXITSTATUS(status) == detail::exit_status_config_value) {
     // Not restarted, and not ended in the event log: after the fix the next run trains it.
     t.state = TrialState::errored;

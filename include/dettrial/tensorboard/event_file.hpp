@@ -111,6 +111,13 @@ class TensorBoardWriter {
   const std::filesystem::path& file() const { return file_; }
   /// How many events opening it for a resume removed from earlier files.
   std::size_t dropped() const { return dropped_; }
+  /// Whether the folder's earlier files already start an hparams session (a resumed run's do).
+  bool has_session() const { return has_session_; }
+
+  /// Removes the events after batch `batch` (and any session end) from the event files in `dir`, a
+  /// torn last record too; a file left with nothing but its version record is deleted. Returns how
+  /// many events went. `batch` -1 empties the folder of events (a run started afresh there).
+  static std::size_t drop_events_after(const std::filesystem::path& dir, std::int64_t batch);
 
   /// A scalar at `step` (TensorBoard stores it as a 32-bit float).
   void add_scalar(std::string_view tag, double value, std::int64_t step);
@@ -132,6 +139,7 @@ class TensorBoardWriter {
   std::filesystem::path dir_{}, file_{};
   std::ofstream out_{};
   std::size_t dropped_ = 0;
+  bool has_session_ = false;
 };
 
 }  // namespace dettrial
@@ -245,7 +253,7 @@ DETTRIAL_INLINE Records read_records(const std::filesystem::path& file) {
     const std::string_view length_bytes(bytes.data() + at, 8);
     if (get_fixed(bytes.data() + at + 8, 4) != masked_crc32c(length_bytes)) return out.torn = true, out;
     const std::uint64_t length = get_fixed(bytes.data() + at, 8);
-    if (bytes.size() - at - 12 < length + 4) return out.torn = true, out;
+    if (bytes.size() - at - 12 < 4 || length > bytes.size() - at - 16) return out.torn = true, out;  // no overflow
     const std::string_view data(bytes.data() + at + 12, length);
     if (get_fixed(bytes.data() + at + 12 + length, 4) != masked_crc32c(data)) return out.torn = true, out;
     out.records.emplace_back(data);
@@ -274,10 +282,10 @@ DETTRIAL_INLINE std::int64_t event_step(std::string_view event) {
         if (!varint(value)) return 0;
         if (field == 2) return static_cast<std::int64_t>(value);
         break;
-      case 1: at += 8; break;
+      case 1: at += 8; break;  // past the end: the loop ends
       case 5: at += 4; break;
       case 2:
-        if (!varint(value)) return 0;
+        if (!varint(value) || value > event.size() - at) return 0;
         at += value;
         break;
       default: return 0;  // groups: never in an Event
@@ -306,32 +314,48 @@ DETTRIAL_INLINE double wall_time_now() {
 }
 }  // namespace detail::tensorboard
 
+DETTRIAL_INLINE std::size_t TensorBoardWriter::drop_events_after(const std::filesystem::path& dir, std::int64_t batch) {
+  namespace tb = detail::tensorboard;
+  std::size_t dropped = 0;
+  std::error_code ec;
+  for (const auto& path : tb::event_files(dir)) {
+    tb::Records read = tb::read_records(path);
+    // The stopped run's session end goes too: the resumed run ends the session again.
+    const auto past = std::remove_if(read.records.begin(), read.records.end(), [&](const std::string& event) {
+      return tb::event_step(event) > batch || event.find("_hparams_/session_end_info") != std::string::npos ||
+             (batch < 0 && event.find("brain.Event:") == std::string::npos);
+    });
+    const auto removed = static_cast<std::size_t>(read.records.end() - past) + (read.torn ? 1 : 0);
+    if (removed == 0) continue;
+    read.records.erase(past, read.records.end());
+    dropped += removed;
+    if (read.records.size() <= 1) {  // nothing but the version record
+      std::filesystem::remove(path, ec);
+      continue;
+    }
+    const std::filesystem::path temporary = path.string() + ".tmp";
+    {
+      std::ofstream out(temporary, std::ios::binary | std::ios::trunc);
+      for (const auto& event : read.records) out << tb::frame(event);
+      out.flush();
+      if (!out) throw Error("cannot write '" + temporary.string() + "'");
+    }
+    std::filesystem::rename(temporary, path, ec);
+    if (ec) throw Error("cannot replace '" + path.string() + "': " + ec.message());
+  }
+  return dropped;
+}
+
 DETTRIAL_INLINE TensorBoardWriter::TensorBoardWriter(const std::filesystem::path& dir, std::optional<std::int64_t> resumed_at) : dir_(dir) {
   namespace tb = detail::tensorboard;
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) throw Error("cannot create TensorBoard folder '" + dir.string() + "': " + ec.message());
-  if (resumed_at) {
-    for (const auto& path : tb::event_files(dir)) {
-      tb::Records read = tb::read_records(path);
-      // The stopped run's session end goes too: the resumed run ends the session again.
-      const auto past = std::remove_if(read.records.begin(), read.records.end(), [&](const std::string& event) {
-        return tb::event_step(event) > *resumed_at || event.find("_hparams_/session_end_info") != std::string::npos;
-      });
-      const auto removed = static_cast<std::size_t>(read.records.end() - past) + (read.torn ? 1 : 0);
-      if (removed == 0) continue;
-      read.records.erase(past, read.records.end());
-      const std::filesystem::path temporary = path.string() + ".tmp";
-      {
-        std::ofstream out(temporary, std::ios::binary | std::ios::trunc);
-        for (const auto& event : read.records) out << tb::frame(event);
-        out.flush();
-        if (!out) throw Error("cannot write '" + temporary.string() + "'");
-      }
-      std::filesystem::rename(temporary, path, ec);
-      if (ec) throw Error("cannot replace '" + path.string() + "': " + ec.message());
-      dropped_ += removed;
-    }
+  if (resumed_at) dropped_ = drop_events_after(dir, *resumed_at);
+  for (const auto& path : tb::event_files(dir)) {
+    for (const auto& event : tb::read_records(path).records)
+      if (event.find("_hparams_/session_start_info") != std::string::npos) has_session_ = true;
+    if (has_session_) break;
   }
   char host[256] = "localhost";
   ::gethostname(host, sizeof host - 1);

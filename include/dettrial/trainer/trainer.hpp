@@ -205,7 +205,7 @@ class Trainer {
     FitResult result{};
     detail::Reporter reporter{};
     detail::TraceProfiler profiler{};
-    /// Wait for the GPU at each phase's end, so that the phase timings are the GPU's (profiling.sync_timings).
+    /// Wait for the GPU at each phase's end while profiling, so that the phase timings are the GPU's (profiling.sync_timings).
     bool sync_timings = false;
   };
 
@@ -260,7 +260,9 @@ class Trainer {
     });
     prepare_training(st, callbacks, first_batch);
     announce(st);
-    if (!st.same_trial) context_.get_tensorboard_writer().add_hparams(detail::flat_hparams(context_.get_hparams()));
+    // One hparams session a folder: a resumed run's folder already starts one.
+    if (!context_.get_tensorboard_writer().has_session())
+      context_.get_tensorboard_writer().add_hparams(detail::flat_hparams(context_.get_hparams()));
     // The hparams session ends as the fit does: failed when it throws.
     const auto end_session = detail::on_scope_exit([&, exceptions = std::uncaught_exceptions()] {
       context_.get_tensorboard_writer().end_session(std::uncaught_exceptions() == exceptions);
@@ -469,7 +471,8 @@ class Trainer {
       if (epoch_start) callbacks.template call<hook::on_training_epoch_start>(epoch_idx);
       if (it == end) throw DataError("the training data loader's repeating stream ended at batch " + std::to_string(batch_idx));
       st.profiler.before_batch(batch_idx);
-      train_batch<Set>(*it, workload, batch_idx, epoch_idx, st.sync_timings);
+      // Synchronized timings only inside the profiled range: a sync a batch elsewhere would cost the GPU its queue.
+      train_batch<Set>(*it, workload, batch_idx, epoch_idx, st.sync_timings && st.profiler.running());
       ++it;
       ++st.batches_trained;
       if (st.profiler.after_batch(batch_idx)) st.reporter.line("dettrial: " + st.profiler.summary());
