@@ -4363,6 +4363,57 @@ DETTRIAL_INLINE void ReduceLROnPlateau::python_state(c10::impl::GenericDict& out
 #include <variant>
 #include <vector>
 
+// ---- begin dettrial/detail/atomic_file.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief A file replaced whole: written beside itself, then renamed over the old one, so a reader
+/// (TensorBoard, a browser, a resumed run) never sees half of it.
+
+#include <filesystem>
+#include <string_view>
+
+
+namespace dettrial::detail {
+
+/// Writes `bytes` to `path` through a temporary in the same folder (named with this process's id,
+/// so two writers never share one) renamed over it; throws dettrial::Error naming the file.
+DETTRIAL_INLINE void write_atomically(const std::filesystem::path& path, std::string_view bytes);
+
+}  // namespace dettrial::detail
+
+// Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
+#if DETTRIAL_HEADER_DEFINITIONS
+#include <unistd.h>
+
+#include <fstream>
+#include <string>
+#include <system_error>
+
+namespace dettrial::detail {
+
+DETTRIAL_INLINE void write_atomically(const std::filesystem::path& path, std::string_view bytes) {
+  const std::filesystem::path temporary = path.parent_path() / ("." + path.filename().string() + "." + std::to_string(::getpid()) + ".tmp");
+  std::error_code ignored;
+  {
+    std::ofstream out(temporary, std::ios::binary | std::ios::trunc);
+    out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+    out.flush();
+    if (!out) {
+      std::filesystem::remove(temporary, ignored);
+      throw Error("cannot write '" + temporary.string() + "'");
+    }
+  }
+  std::error_code ec;
+  std::filesystem::rename(temporary, path, ec);
+  if (ec) {
+    std::filesystem::remove(temporary, ignored);
+    throw Error("cannot replace '" + path.string() + "': " + ec.message());
+  }
+}
+
+}  // namespace dettrial::detail
+#endif  // DETTRIAL_HEADER_DEFINITIONS
+// ---- end dettrial/detail/atomic_file.hpp
 
 namespace dettrial::detail::tensorboard {
 
@@ -4666,8 +4717,7 @@ DETTRIAL_INLINE std::size_t TensorBoardWriter::drop_events_after(const std::file
     tb::Records read = tb::read_records(path);
     // The stopped run's session end goes too: the resumed run ends the session again.
     const auto past = std::remove_if(read.records.begin(), read.records.end(), [&](const std::string& event) {
-      return tb::event_step(event) > batch || event.find("_hparams_/session_end_info") != std::string::npos ||
-             (batch < 0 && event.find("brain.Event:") == std::string::npos);
+      return tb::event_step(event) > batch || event.find("_hparams_/session_end_info") != std::string::npos;
     });
     const auto removed = static_cast<std::size_t>(read.records.end() - past) + (read.torn ? 1 : 0);
     if (removed == 0) continue;
@@ -4677,15 +4727,9 @@ DETTRIAL_INLINE std::size_t TensorBoardWriter::drop_events_after(const std::file
       std::filesystem::remove(path, ec);
       continue;
     }
-    const std::filesystem::path temporary = path.string() + ".tmp";
-    {
-      std::ofstream out(temporary, std::ios::binary | std::ios::trunc);
-      for (const auto& event : read.records) out << tb::frame(event);
-      out.flush();
-      if (!out) throw Error("cannot write '" + temporary.string() + "'");
-    }
-    std::filesystem::rename(temporary, path, ec);
-    if (ec) throw Error("cannot replace '" + path.string() + "': " + ec.message());
+    std::string kept;
+    for (const auto& event : read.records) kept += tb::frame(event);
+    detail::write_atomically(path, kept);
   }
   return dropped;
 }
@@ -9212,9 +9256,6 @@ DETTRIAL_INLINE std::string svg_chart(const Chart& chart);
  */
 DETTRIAL_INLINE std::vector<Json> read_jsonl(const std::filesystem::path& path, bool* torn = nullptr);
 
-/// Writes `text` to `path` through a temporary file renamed over it: a reader sees the old file or
-/// the new one, never half of one.
-DETTRIAL_INLINE void write_atomically(const std::filesystem::path& path, std::string_view text);
 
 /// write_experiment_report with the search's summary given, in summary.json's form, rather than read
 /// from the folder: the runner's own, while the search runs (an empty object: none).
@@ -9605,27 +9646,6 @@ DETTRIAL_INLINE std::vector<Json> read_jsonl(const std::filesystem::path& path, 
   if (in.bad()) throw Error("cannot read '" + path.string() + "'");
   if (bad_line != 0 && torn) *torn = true;
   return out;
-}
-
-DETTRIAL_INLINE void write_atomically(const std::filesystem::path& path, std::string_view text) {
-  // The process id in the temporary's name: two writers (a search's runner, `--report`) never share one.
-  const std::filesystem::path temporary = path.parent_path() / ("." + path.filename().string() + "." + std::to_string(::getpid()) + ".tmp");
-  std::error_code ignored;
-  {
-    std::ofstream out(temporary, std::ios::binary | std::ios::trunc);
-    out.write(text.data(), static_cast<std::streamsize>(text.size()));
-    out.flush();
-    if (!out) {
-      std::filesystem::remove(temporary, ignored);
-      throw Error("cannot write '" + temporary.string() + "'");
-    }
-  }
-  std::error_code ec;
-  std::filesystem::rename(temporary, path, ec);
-  if (ec) {
-    std::filesystem::remove(temporary, ignored);
-    throw Error("cannot replace '" + path.string() + "': " + ec.message());
-  }
 }
 
 // ---- the page ---------------------------------------------------------------------------------
@@ -10087,7 +10107,7 @@ DETTRIAL_INLINE std::filesystem::path write_run_report(const std::filesystem::pa
   content += html::config_section("config.yaml", config_text);
 
   const std::filesystem::path out = run_dir / "report.html";
-  html::write_atomically(out, html::page((trial_of_search ? "trial " : "run ") + name, header, content));
+  detail::write_atomically(out, html::page((trial_of_search ? "trial " : "run ") + name, header, content));
   return out;
 }
 
@@ -10378,7 +10398,7 @@ DETTRIAL_INLINE std::filesystem::path write_experiment_page(const std::filesyste
   content += html::config_section("config.yaml", config_text);
 
   const fs::path out = experiment_dir / "report.html";
-  html::write_atomically(out, html::page("search " + name, header, content));
+  detail::write_atomically(out, html::page("search " + name, header, content));
   return out;
 }
 
@@ -10698,13 +10718,7 @@ DETTRIAL_INLINE void write_chrome_trace(const torch::autograd::profiler::Profile
   }
   const nlohmann::json trace = {{"traceEvents", std::move(events)}, {"displayTimeUnit", "ms"},
                                 {"otherData", {{"writer", "dettrial"}}}};
-  const std::filesystem::path temporary = path.string() + ".tmp";
-  {
-    std::ofstream out(temporary, std::ios::trunc);
-    out << trace.dump();
-    if (!out) throw std::runtime_error("cannot write profiler trace '" + temporary.string() + "'");
-  }
-  std::filesystem::rename(temporary, path);
+  detail::write_atomically(path, trace.dump());
 }
 
 }  // namespace dettrial::detail

@@ -126,6 +126,10 @@ struct SpawnOptions {
 /// Starts `program` with `args` as its argv (the program name first); returns its pid.
 DETTRIAL_INLINE pid_t spawn_process(const std::string& program, std::vector<std::string> args, const SpawnOptions& options = {});
 
+/// Runs `program` to its end and returns its waitpid status. Waited for here, by pid: a
+/// supervisor's own waitpid(-1) loop never takes it.
+DETTRIAL_INLINE int run_and_wait(const std::string& program, std::vector<std::string> args, const SpawnOptions& options = {});
+
 /// The path of executable `name` on PATH, or "" when there is none.
 DETTRIAL_INLINE std::string find_on_path(const std::string& name);
 
@@ -135,8 +139,19 @@ DETTRIAL_INLINE std::string find_on_path(const std::string& name);
 #if DETTRIAL_HEADER_DEFINITIONS
 #include <fcntl.h>
 #include <spawn.h>
+#include <sys/wait.h>
+
+#include <cerrno>
 
 namespace dettrial::detail {
+
+DETTRIAL_INLINE int run_and_wait(const std::string& program, std::vector<std::string> args, const SpawnOptions& options) {
+  int status = 0;
+  const pid_t pid = spawn_process(program, std::move(args), options);
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  return status;
+}
 
 DETTRIAL_INLINE std::string find_on_path(const std::string& name) {
   const char* path = std::getenv("PATH");
@@ -501,12 +516,8 @@ DETTRIAL_INLINE void Experiment::refuse_live_slurm_jobs() const {
   const std::string squeue = detail::find_on_path("squeue");
   if (squeue.empty()) return;
   const std::filesystem::path listing = options_.output_dir / ".squeue.txt";
-  int status = 0;
-  const pid_t pid = detail::spawn_process(
-      squeue, {squeue, "--noheader", "--me", "--states=PENDING,RUNNING,SUSPENDED,COMPLETING", "--format=%i|%j"},
-      {.output = listing.string(), .merge_stderr = false});
-  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-  }
+  detail::run_and_wait(squeue, {squeue, "--noheader", "--me", "--states=PENDING,RUNNING,SUSPENDED,COMPLETING", "--format=%i|%j"},
+                       {.output = listing.string(), .merge_stderr = false});
   std::ifstream in(listing);
   const std::string prefix = "dettrial-e" + std::to_string(experiment_id_) + "-t";
   std::string line, live;
@@ -527,15 +538,10 @@ DETTRIAL_INLINE void Experiment::terminate_trial(std::int64_t id, const Running&
     ::kill(run.pid, SIGTERM);
     return;
   }
-  // Each waited for here, before the loop's next waitpid(-1) could take its status. A job still
-  // queued takes no signal but SIGKILL: it is cancelled outright (it has trained nothing).
-  for (std::vector<std::string> args : {std::vector<std::string>{scancel_, "--quiet", "--state=PENDING", "--name=" + slurm_job_name(id)},
-                                        std::vector<std::string>{scancel_, "--quiet", "--signal=TERM", "--name=" + slurm_job_name(id)}}) {
-    int status = 0;
-    const pid_t pid = detail::spawn_process(scancel_, std::move(args));
-    while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-    }
-  }
+  // A job still queued takes no signal but SIGKILL: it is cancelled outright (it has trained nothing).
+  const std::string name = "--name=" + slurm_job_name(id);
+  detail::run_and_wait(scancel_, {scancel_, "--quiet", "--state=PENDING", name});
+  detail::run_and_wait(scancel_, {scancel_, "--quiet", "--signal=TERM", name});
 }
 
 DETTRIAL_INLINE void Experiment::say(const std::string& line) const {

@@ -36,6 +36,10 @@ struct SpawnOptions {
 /// Starts `program` with `args` as its argv (the program name first); returns its pid.
 DETTRIAL_INLINE pid_t spawn_process(const std::string& program, std::vector<std::string> args, const SpawnOptions& options = {});
 
+/// Runs `program` to its end and returns its waitpid status. Waited for here, by pid: a
+/// supervisor's own waitpid(-1) loop never takes it.
+DETTRIAL_INLINE int run_and_wait(const std::string& program, std::vector<std::string> args, const SpawnOptions& options = {});
+
 /// The path of executable `name` on PATH, or "" when there is none.
 DETTRIAL_INLINE std::string find_on_path(const std::string& name);
 
@@ -45,8 +49,19 @@ DETTRIAL_INLINE std::string find_on_path(const std::string& name);
 #if DETTRIAL_HEADER_DEFINITIONS
 #include <fcntl.h>
 #include <spawn.h>
+#include <sys/wait.h>
+
+#include <cerrno>
 
 namespace dettrial::detail {
+
+DETTRIAL_INLINE int run_and_wait(const std::string& program, std::vector<std::string> args, const SpawnOptions& options) {
+  int status = 0;
+  const pid_t pid = spawn_process(program, std::move(args), options);
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  return status;
+}
 
 DETTRIAL_INLINE std::string find_on_path(const std::string& name) {
   const char* path = std::getenv("PATH");

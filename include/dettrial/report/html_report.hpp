@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "../error.hpp"
+#include "../detail/atomic_file.hpp"
 #include "../detail/json.hpp"
 #include "../detail/linkage.hpp"
 
@@ -102,9 +103,6 @@ DETTRIAL_INLINE std::string svg_chart(const Chart& chart);
  */
 DETTRIAL_INLINE std::vector<Json> read_jsonl(const std::filesystem::path& path, bool* torn = nullptr);
 
-/// Writes `text` to `path` through a temporary file renamed over it: a reader sees the old file or
-/// the new one, never half of one.
-DETTRIAL_INLINE void write_atomically(const std::filesystem::path& path, std::string_view text);
 
 /// write_experiment_report with the search's summary given, in summary.json's form, rather than read
 /// from the folder: the runner's own, while the search runs (an empty object: none).
@@ -495,27 +493,6 @@ DETTRIAL_INLINE std::vector<Json> read_jsonl(const std::filesystem::path& path, 
   if (in.bad()) throw Error("cannot read '" + path.string() + "'");
   if (bad_line != 0 && torn) *torn = true;
   return out;
-}
-
-DETTRIAL_INLINE void write_atomically(const std::filesystem::path& path, std::string_view text) {
-  // The process id in the temporary's name: two writers (a search's runner, `--report`) never share one.
-  const std::filesystem::path temporary = path.parent_path() / ("." + path.filename().string() + "." + std::to_string(::getpid()) + ".tmp");
-  std::error_code ignored;
-  {
-    std::ofstream out(temporary, std::ios::binary | std::ios::trunc);
-    out.write(text.data(), static_cast<std::streamsize>(text.size()));
-    out.flush();
-    if (!out) {
-      std::filesystem::remove(temporary, ignored);
-      throw Error("cannot write '" + temporary.string() + "'");
-    }
-  }
-  std::error_code ec;
-  std::filesystem::rename(temporary, path, ec);
-  if (ec) {
-    std::filesystem::remove(temporary, ignored);
-    throw Error("cannot replace '" + path.string() + "': " + ec.message());
-  }
 }
 
 // ---- the page ---------------------------------------------------------------------------------
@@ -977,7 +954,7 @@ DETTRIAL_INLINE std::filesystem::path write_run_report(const std::filesystem::pa
   content += html::config_section("config.yaml", config_text);
 
   const std::filesystem::path out = run_dir / "report.html";
-  html::write_atomically(out, html::page((trial_of_search ? "trial " : "run ") + name, header, content));
+  detail::write_atomically(out, html::page((trial_of_search ? "trial " : "run ") + name, header, content));
   return out;
 }
 
@@ -1268,7 +1245,7 @@ DETTRIAL_INLINE std::filesystem::path write_experiment_page(const std::filesyste
   content += html::config_section("config.yaml", config_text);
 
   const fs::path out = experiment_dir / "report.html";
-  html::write_atomically(out, html::page("search " + name, header, content));
+  detail::write_atomically(out, html::page("search " + name, header, content));
   return out;
 }
 

@@ -16,6 +16,7 @@
 #include <utility>
 
 #include "../config/experiment_config.hpp"
+#include "../detail/atomic_file.hpp"
 #include "../detail/linkage.hpp"
 
 namespace dettrial::detail {
@@ -181,13 +182,7 @@ DETTRIAL_INLINE void write_chrome_trace(const torch::autograd::profiler::Profile
   }
   const nlohmann::json trace = {{"traceEvents", std::move(events)}, {"displayTimeUnit", "ms"},
                                 {"otherData", {{"writer", "dettrial"}}}};
-  const std::filesystem::path temporary = path.string() + ".tmp";
-  {
-    std::ofstream out(temporary, std::ios::trunc);
-    out << trace.dump();
-    if (!out) throw std::runtime_error("cannot write profiler trace '" + temporary.string() + "'");
-  }
-  std::filesystem::rename(temporary, path);
+  detail::write_atomically(path, trace.dump());
 }
 
 }  // namespace dettrial::detail

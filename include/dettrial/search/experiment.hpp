@@ -352,12 +352,8 @@ DETTRIAL_INLINE void Experiment::refuse_live_slurm_jobs() const {
   const std::string squeue = detail::find_on_path("squeue");
   if (squeue.empty()) return;
   const std::filesystem::path listing = options_.output_dir / ".squeue.txt";
-  int status = 0;
-  const pid_t pid = detail::spawn_process(
-      squeue, {squeue, "--noheader", "--me", "--states=PENDING,RUNNING,SUSPENDED,COMPLETING", "--format=%i|%j"},
-      {.output = listing.string(), .merge_stderr = false});
-  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-  }
+  detail::run_and_wait(squeue, {squeue, "--noheader", "--me", "--states=PENDING,RUNNING,SUSPENDED,COMPLETING", "--format=%i|%j"},
+                       {.output = listing.string(), .merge_stderr = false});
   std::ifstream in(listing);
   const std::string prefix = "dettrial-e" + std::to_string(experiment_id_) + "-t";
   std::string line, live;
@@ -378,15 +374,10 @@ DETTRIAL_INLINE void Experiment::terminate_trial(std::int64_t id, const Running&
     ::kill(run.pid, SIGTERM);
     return;
   }
-  // Each waited for here, before the loop's next waitpid(-1) could take its status. A job still
-  // queued takes no signal but SIGKILL: it is cancelled outright (it has trained nothing).
-  for (std::vector<std::string> args : {std::vector<std::string>{scancel_, "--quiet", "--state=PENDING", "--name=" + slurm_job_name(id)},
-                                        std::vector<std::string>{scancel_, "--quiet", "--signal=TERM", "--name=" + slurm_job_name(id)}}) {
-    int status = 0;
-    const pid_t pid = detail::spawn_process(scancel_, std::move(args));
-    while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-    }
-  }
+  // A job still queued takes no signal but SIGKILL: it is cancelled outright (it has trained nothing).
+  const std::string name = "--name=" + slurm_job_name(id);
+  detail::run_and_wait(scancel_, {scancel_, "--quiet", "--state=PENDING", name});
+  detail::run_and_wait(scancel_, {scancel_, "--quiet", "--signal=TERM", name});
 }
 
 DETTRIAL_INLINE void Experiment::say(const std::string& line) const {

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "../error.hpp"
+#include "../detail/atomic_file.hpp"
 #include "../detail/linkage.hpp"
 
 namespace dettrial::detail::tensorboard {
@@ -322,8 +323,7 @@ DETTRIAL_INLINE std::size_t TensorBoardWriter::drop_events_after(const std::file
     tb::Records read = tb::read_records(path);
     // The stopped run's session end goes too: the resumed run ends the session again.
     const auto past = std::remove_if(read.records.begin(), read.records.end(), [&](const std::string& event) {
-      return tb::event_step(event) > batch || event.find("_hparams_/session_end_info") != std::string::npos ||
-             (batch < 0 && event.find("brain.Event:") == std::string::npos);
+      return tb::event_step(event) > batch || event.find("_hparams_/session_end_info") != std::string::npos;
     });
     const auto removed = static_cast<std::size_t>(read.records.end() - past) + (read.torn ? 1 : 0);
     if (removed == 0) continue;
@@ -333,15 +333,9 @@ DETTRIAL_INLINE std::size_t TensorBoardWriter::drop_events_after(const std::file
       std::filesystem::remove(path, ec);
       continue;
     }
-    const std::filesystem::path temporary = path.string() + ".tmp";
-    {
-      std::ofstream out(temporary, std::ios::binary | std::ios::trunc);
-      for (const auto& event : read.records) out << tb::frame(event);
-      out.flush();
-      if (!out) throw Error("cannot write '" + temporary.string() + "'");
-    }
-    std::filesystem::rename(temporary, path, ec);
-    if (ec) throw Error("cannot replace '" + path.string() + "': " + ec.message());
+    std::string kept;
+    for (const auto& event : read.records) kept += tb::frame(event);
+    detail::write_atomically(path, kept);
   }
   return dropped;
 }
