@@ -12417,7 +12417,8 @@ class Trainer {
                      o.output_dir.string());
     if (const Communicator* comm = context_.communicator())
       st.reporter.line("dettrial: " + std::to_string(comm->size()) + " processes (" + launcher_name(comm->environment().launcher) +
-                       ", " + comm->backend_name() + "), global batch " + std::to_string(context_.get_global_batch_size()));
+                       ", " + comm->backend_name() + "), rendezvous at " + comm->environment().master_addr + ":" +
+                       std::to_string(comm->environment().master_port) + ", global batch " + std::to_string(context_.get_global_batch_size()));
     if (st.resume_dir)
       st.reporter.line("dettrial: resumed from " + st.resume_dir->string() +
                        (st.same_trial ? " at batch " + std::to_string(st.batches_trained)

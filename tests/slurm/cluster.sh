@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Usage: cluster.sh start|stop|env DIR
-# A one-node Slurm cluster on this machine for the tests: munge, slurmctld and slurmd with a
-# configuration, state, spool, logs, ports and munge socket of their own under DIR, so that it
-# touches nothing of the system's (a real Slurm there keeps running).
-#   start  generates DIR/slurm.conf, starts the daemons, waits until the node is idle; exits 77
+# A Slurm cluster on this machine for the tests: munge, slurmctld and two slurmd (nodes `<host>`
+# and `localhost`, both this machine, so that a job can span two nodes) with a configuration,
+# state, spool, logs, ports and munge socket of their own under DIR, so that it touches nothing of
+# the system's (a real Slurm there keeps running). The default partition `dettrial` is the first
+# node alone; partition `two` has both.
+#   start  generates DIR/slurm.conf, starts the daemons, waits until the nodes are idle; exits 77
 #          (skipped) with the reason when Slurm or munge is not installed or cannot start
 #   stop   stops the daemons started by `start`
 #   env    prints `export SLURM_CONF=...` for a shell to eval
@@ -13,13 +15,14 @@ mkdir -p "$dir"
 dir=$(cd "$dir" && pwd)
 conf=$dir/slurm.conf
 skip() { echo "skipped: $*"; exit 77; }
+daemons="slurmd.first slurmd.second slurmctld munged"
 stop() {
-  for name in slurmd slurmctld munged; do
+  for name in $daemons; do
     [ -f "$dir/$name.pid" ] && kill "$(cat "$dir/$name.pid")" 2>/dev/null
   done
   for _ in $(seq 1 50); do
     alive=0
-    for name in slurmd slurmctld munged; do
+    for name in $daemons; do
       [ -f "$dir/$name.pid" ] && kill -0 "$(cat "$dir/$name.pid")" 2>/dev/null && alive=1
     done
     [ $alive -eq 0 ] && break
@@ -67,11 +70,11 @@ AuthInfo=socket=$dir/munge/socket
 SlurmUser=root
 SlurmdUser=root
 StateSaveLocation=$dir/state
-SlurmdSpoolDir=$dir/spool
+SlurmdSpoolDir=$dir/spool/%n
 SlurmctldPidFile=$dir/slurmctld.pid
-SlurmdPidFile=$dir/slurmd.pid
+SlurmdPidFile=$dir/slurmd.%n.pid
 SlurmctldLogFile=$dir/slurmctld.log
-SlurmdLogFile=$dir/slurmd.log
+SlurmdLogFile=$dir/slurmd.%n.log
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 SelectType=select/cons_tres
@@ -85,18 +88,25 @@ JobAcctGatherType=jobacct_gather/none
 KillWait=10
 InactiveLimit=0
 MinJobAge=300
-NodeName=$host NodeAddr=127.0.0.1 CPUs=$cpus RealMemory=$memory State=UNKNOWN
+NodeName=$host NodeAddr=127.0.0.1 NodeHostname=$host Port=$((17500 + offset)) CPUs=$cpus RealMemory=$memory State=UNKNOWN
+NodeName=localhost NodeAddr=127.0.0.1 NodeHostname=$host Port=$((17900 + offset)) CPUs=$cpus RealMemory=$memory State=UNKNOWN
 PartitionName=dettrial Nodes=$host Default=YES MaxTime=INFINITE State=UP
+PartitionName=two Nodes=$host,localhost MaxTime=INFINITE State=UP
 CONF
 export SLURM_CONF=$conf
 slurmctld -c -f "$conf" >/dev/null 2>&1 || skip "slurmctld did not start: $(tail -n 3 "$dir/slurmctld.log" 2>/dev/null)"
-slurmd -f "$conf" >/dev/null 2>&1 || skip "slurmd did not start: $(tail -n 3 "$dir/slurmd.log" 2>/dev/null)"
-for _ in $(seq 1 300); do  # until the node is idle (at most 30 s)
-  state=$(sinfo -h -n "$host" -o %t 2>/dev/null)
-  [ "$state" = "idle" ] && { echo "Slurm cluster up in $dir: node $host idle, $cpus CPUs (SLURM_CONF=$conf)"; exit 0; }
+# Two slurmd on one host (Debian's Slurm is built with multiple-slurmd support: `slurmd -N`).
+mkdir -p "$dir/spool/$host" "$dir/spool/localhost"
+slurmd -f "$conf" -N "$host" >/dev/null 2>&1 || skip "slurmd did not start: $(tail -n 3 "$dir/slurmd.$host.log" 2>/dev/null)"
+slurmd -f "$conf" -N localhost >/dev/null 2>&1 || skip "the second slurmd did not start: $(tail -n 3 "$dir/slurmd.localhost.log" 2>/dev/null)"
+ln -sf "slurmd.$host.pid" "$dir/slurmd.first.pid"
+ln -sf "slurmd.localhost.pid" "$dir/slurmd.second.pid"
+for _ in $(seq 1 300); do  # until both nodes are idle (at most 30 s)
+  state=$(sinfo -h -p two -o %t 2>/dev/null)
+  [ "$state" = "idle" ] && { echo "Slurm cluster up in $dir: nodes $host and localhost idle, $cpus CPUs each (SLURM_CONF=$conf)"; exit 0; }
   sleep 0.1
 done
-echo "the Slurm node did not become idle (state '${state:-none}'):"
-tail -n 5 "$dir/slurmctld.log" "$dir/slurmd.log" 2>/dev/null
+echo "the Slurm nodes did not become idle (state '${state:-none}'):"
+tail -n 5 "$dir/slurmctld.log" "$dir"/slurmd.*.log 2>/dev/null
 stop
 exit 1

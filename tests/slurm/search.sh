@@ -6,7 +6,8 @@
 #   and the summary the local runner gives for the same seed (trials, hyperparameters, metrics);
 # - adaptive ASHA: the local runner's trials, completed or stopped by the searcher (scancel --signal);
 # - a trial's job cancelled from outside (scancel) after its first checkpoint: restarted from it,
-#   and the search still ends with every trial completed.
+#   and the search still ends with every trial completed;
+# - the runner killed twice: the next one adopts the running jobs and takes the ended ones' ends.
 set -u
 program=$1 configs=$2 work=$3
 fail() { echo "search: $*"; exit 1; }
@@ -86,24 +87,56 @@ t1 = s["trials"][0]
 assert t1["restarts"] == 1 and t1["state"] == "COMPLETED" and t1["batches_trained"] == 64, t1
 assert all(t["state"] == "COMPLETED" for t in s["trials"]), s
 PY
-# The runner killed while its trials' jobs run on: a new runner names the live jobs and refuses (a
-# second copy of a trial would write into the same folder); once they are cancelled, it continues.
+# The runner killed (SIGKILL) while its trials' jobs run on, twice. A new runner adopts the jobs
+# still running (no second job for a trial, no restart); a trial whose job ended while no runner
+# watched it ends as that job did (nothing started again). Every job of the experiment is recorded.
+watch_jobs() { while :; do squeue -h -o '%i %j' >>"$work/jobs.txt" 2>/dev/null; sleep 0.1; done; }
+watch_jobs &
+watcher=$!
+trap 'kill $watcher 2>/dev/null' EXIT
+wait_for_checkpoints() {  # of trials $@ in $work/killed
+  for _ in $(seq 1 600); do
+    local all=1
+    for t in "$@"; do ls "$work/killed/trials/$t/checkpoints/"*/metadata.json >/dev/null 2>&1 || all=0; done
+    [ $all -eq 1 ] && return 0
+    sleep 0.1
+  done
+  return 1
+}
 start_slow_search killed
 kill -KILL "$pid"
 wait "$pid" 2>/dev/null
-"$program" "${slow[@]}" --output "$work/killed" --launcher slurm >"$work/refused.log" 2>&1
-status=$?
-cat "$work/refused.log"
-[ "$status" -eq 78 ] || fail "a runner beside live jobs exited with $status, expected 78"
-grep -q "still have Slurm jobs from an earlier runner: dettrial-e$id-t" "$work/refused.log" || fail "the refusal did not name the live jobs"
-scancel --name="dettrial-e$id-t1"
-scancel --name="dettrial-e$id-t2"
+"$program" "${slow[@]}" --output "$work/killed" --launcher slurm >"$work/adopting.log" 2>&1 &
+pid=$!
+wait_for_checkpoints 3 4 || { cat "$work/adopting.log"; fail "the runner that adopted trials 1 and 2 did not go on to trials 3 and 4"; }
+kill -KILL "$pid"
+wait "$pid" 2>/dev/null
+cat "$work/adopting.log"
+for t in 1 2; do
+  grep -q "trial $t: adopting its Slurm job [0-9]* (RUNNING) from an earlier runner" "$work/adopting.log" || fail "trial $t's running job was not adopted"
+done
+# Trials 3 and 4 end on their own while no runner watches them.
 for _ in $(seq 1 300); do
-  [ -z "$(squeue -h -o %j | grep "^dettrial-e$id-t")" ] && break
+  [ -z "$(squeue -h -t PENDING,RUNNING,COMPLETING -o %j | grep "^dettrial-e$id-t")" ] && break
   sleep 0.1
 done
 "$program" "${slow[@]}" --output "$work/killed" --launcher slurm >"$work/continued.log" 2>&1 || { cat "$work/continued.log"; fail "the continued search failed"; }
-python3 -c 'import json,sys; s=json.load(open(sys.argv[1])); assert all(t["state"] == "COMPLETED" and t["batches_trained"] == 64 for t in s["trials"]), s' \
-  "$work/killed/summary.json" || fail "the continued search did not complete every trial"
-echo "ok: searches run as Slurm jobs end as the local runner's; a cancelled trial is restarted from its checkpoint"
-
+cat "$work/continued.log"
+for t in 3 4; do
+  grep -q "trial $t's Slurm job [0-9]* ended while no runner watched it (COMPLETED)" "$work/continued.log" || fail "trial $t's ended job was not taken as its end"
+done
+python3 -c 'import json,sys; s=json.load(open(sys.argv[1])); assert all(t["state"] == "COMPLETED" and t["batches_trained"] == 64 and t["restarts"] == 0 for t in s["trials"]), s' \
+  "$work/killed/summary.json" || fail "the continued search did not complete every trial once, without restarts"
+kill $watcher 2>/dev/null
+# One job per trial over the three runners (a second would have trained the trial twice).
+python3 - "$work/jobs.txt" "dettrial-e$id-t" <<'PY' || fail "a trial ran as more than one Slurm job"
+import collections, sys
+jobs = collections.defaultdict(set)
+for line in open(sys.argv[1]):
+    job, _, name = line.strip().partition(" ")
+    if name.startswith(sys.argv[2]):
+        jobs[name].add(job)
+print({name: sorted(ids) for name, ids in sorted(jobs.items())})
+assert len(jobs) == 4 and all(len(ids) == 1 for ids in jobs.values()), jobs
+PY
+echo "ok: searches run as Slurm jobs end as the local runner's; a cancelled trial is restarted from its checkpoint; a restarted runner adopts its trials' jobs"

@@ -1,16 +1,18 @@
 // SPDX-License-Identifier: Apache-2.0
 /// @file
-/// @brief Runs a hyperparameter search on one machine: each trial is its own process of the same
-/// program (a crash cannot take the experiment down), restarted from its latest checkpoint up to
-/// max_restarts times; ASHA's stop is a SIGTERM (the trial checkpoints and exits); an event log makes
-/// a second run of the same command continue the experiment; a summary table and summary.json at the end,
-/// and report.html (the search's page, refreshed as trials end).
+/// @brief Runs a hyperparameter search: each trial is its own process of the same program (a crash
+/// cannot take the experiment down), on this machine or as a Slurm job, restarted from its latest
+/// checkpoint up to max_restarts times; ASHA's stop is a SIGTERM (the trial checkpoints and exits); an
+/// event log makes a second run of the same command continue the experiment (adopting the Slurm jobs
+/// still running); a summary table and summary.json at the end, and report.html (the search's page,
+/// refreshed as trials end).
 #pragma once
 
 #include <sys/stat.h>
 #include <sys/wait.h>
 
 #include <cerrno>
+#include <charconv>
 #include <cstdlib>
 
 #include <algorithm>
@@ -24,6 +26,7 @@
 #include <optional>
 #include <random>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <variant>
 #include <vector>
@@ -105,7 +108,11 @@ class Experiment {
 
  private:
   struct Running {
+    /// The runner's child (the trial's process, or its srun); -1 for a Slurm job adopted from an
+    /// earlier runner, which is watched through Slurm instead.
     pid_t pid = -1;
+    /// An adopted trial's Slurm job id.
+    std::string slurm_job;
     bool stop_sent = false;
     /// How far metrics.jsonl has been read, in the file with this inode (a resumed trial rewrites
     /// the file without the records past its checkpoint: then it is read again from the start).
@@ -125,10 +132,27 @@ class Experiment {
   /// The Slurm job name of trial `id` (what squeue and scancel find it by).
   std::string slurm_job_name(std::int64_t id) const;
 
-  /// Continuing an experiment whose trials ran on Slurm: a ConfigError naming the jobs when some are
-  /// still queued or running (a runner killed before them): a second copy of a trial would write
-  /// into the same folder. (Adopting them is not done yet.)
-  void refuse_live_slurm_jobs() const;
+  /// A Slurm job of this experiment, as `scontrol show job` lists it (a job that ended stays listed
+  /// for the cluster's MinJobAge, 300 s by default).
+  struct SlurmJob {
+    std::string id;
+    std::string state;
+    /// Its wait status, once it ended: exit code, or the signal that killed it.
+    int status = 0;
+  };
+
+  /// This experiment's trials' newest Slurm jobs, by trial id; nullopt when scontrol fails (the
+  /// controller does not answer).
+  std::optional<std::map<std::int64_t, SlurmJob>> slurm_jobs() const;
+
+  /// Continuing an experiment whose trials ran on Slurm (the runner was killed, its trials' jobs
+  /// ran on): a trial that has not ended in the event log and still has a job queued or running is
+  /// adopted (watched through scontrol, stopped with scancel) instead of started a second time into
+  /// the same folder; one whose job ended meanwhile ends as that job did.
+  void adopt_slurm_jobs();
+
+  /// An adopted trial's job that ended: handled as a child's exit. Asks Slurm at most once a second.
+  void reap_adopted();
 
   std::filesystem::path trial_dir(std::int64_t id) const { return options_.output_dir / "trials" / std::to_string(id); }
 
@@ -159,6 +183,10 @@ class Experiment {
   void poll_metrics();
 
   void reap(bool interrupting);
+
+  /// The end of trial `id`'s process or job, `status` its wait status: completed, stopped by the
+  /// searcher, restarted from its latest checkpoint, or failed.
+  void trial_ended(std::int64_t id, int status, bool stop_sent, bool interrupting);
 
   /// The last `error: ...` line of a trial's log (what its program printed before it exited), or
   /// empty (a trial killed by a signal prints none).
@@ -207,7 +235,9 @@ class Experiment {
   ExperimentConfig config_;
   std::int64_t experiment_id_ = 0;
   /// The Slurm commands, with --launcher slurm.
-  std::string srun_, scancel_;
+  std::string srun_, scancel_, scontrol_;
+  /// When reap_adopted may ask Slurm again.
+  std::chrono::steady_clock::time_point next_slurm_poll_{};
   ExperimentOptions options_;
   Searcher searcher_;
   std::map<std::int64_t, TrialSummary> trials_;
@@ -218,6 +248,8 @@ class Experiment {
   std::map<std::int64_t, std::int64_t> validated_batches_;
   /// Per ASHA trial, the highest rung its validations reached (0: the first), as events.jsonl says.
   std::map<std::int64_t, std::int64_t> rungs_;
+  /// Trials the searcher stopped, as events.jsonl says (an adopted trial's exit is then its stop).
+  std::map<std::int64_t, bool> stop_logged_;
   /// The first trial that failed with a configuration error, and that error.
   std::optional<std::pair<std::int64_t, std::string>> config_error_;
 };
@@ -261,11 +293,12 @@ DETTRIAL_INLINE Experiment::Experiment(ExperimentConfig config, ExperimentOption
   if (config_.searcher.metric.empty())
     throw ConfigError(config_.source + ": searcher '" + config_.searcher.name + "' needs searcher.metric");
   if (options_.launcher == TrialLauncher::slurm) {
-    for (const char* tool : {"srun", "scancel"}) {
+    for (const char* tool : {"srun", "scancel", "scontrol"}) {
       const std::string path = detail::find_on_path(tool);
-      if (path.empty()) throw ConfigError(std::string("--launcher slurm runs each trial with Slurm's srun and stops it with scancel, but there is no ") +
-                                          tool + " on PATH; install Slurm's client commands, or run the search here with --launcher local");
-      (std::string_view(tool) == "srun" ? srun_ : scancel_) = path;
+      if (path.empty())
+        throw ConfigError(std::string("--launcher slurm runs each trial with Slurm's srun, stops it with scancel and finds its jobs with scontrol, but there is no ") +
+                          tool + " on PATH; install Slurm's client commands, or run the search here with --launcher local");
+      (std::string_view(tool) == "srun" ? srun_ : std::string_view(tool) == "scancel" ? scancel_ : scontrol_) = path;
     }
     // Checkpoints and metrics go to the experiment's folder, which the trials' nodes must see.
     options_.output_dir = std::filesystem::absolute(options_.output_dir);
@@ -296,12 +329,12 @@ DETTRIAL_INLINE int Experiment::run() {
   namespace fs = std::filesystem;
   fs::create_directories(options_.output_dir / "trials");
   experiment_id_ = experiment_id_in(options_.output_dir);
-  if (options_.launcher == TrialLauncher::slurm) refuse_live_slurm_jobs();
   detail::supervisor_signal.store(0);
   detail::supervisor_signal_count.store(0);
   const detail::SignalHandlers handlers(&detail::dettrial_on_supervisor_signal);
 
   replay_or_start();
+  if (options_.launcher == TrialLauncher::slurm) adopt_slurm_jobs();
   while (true) {
     if (detail::supervisor_signal_count.load() != 0 || config_error_) {
       stop_running_trials();
@@ -322,6 +355,9 @@ DETTRIAL_INLINE int Experiment::run() {
     reap(false);
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
+  // What each trial trained, before the experiment's retention deletes checkpoints (also of trials
+  // that ended under an earlier runner, which this one knows only from their folders).
+  for (auto& [id, t] : trials_) refresh_from_disk(t);
   apply_experiment_retention();
   write_summary();
   refresh_report(/*at_end=*/true);
@@ -348,25 +384,118 @@ DETTRIAL_INLINE std::string Experiment::slurm_job_name(std::int64_t id) const {
   return "dettrial-e" + std::to_string(experiment_id_) + "-t" + std::to_string(id);
 }
 
-DETTRIAL_INLINE void Experiment::refuse_live_slurm_jobs() const {
-  const std::string squeue = detail::find_on_path("squeue");
-  if (squeue.empty()) return;
-  const std::filesystem::path listing = options_.output_dir / ".squeue.txt";
-  detail::run_and_wait(squeue, {squeue, "--noheader", "--me", "--states=PENDING,RUNNING,SUSPENDED,COMPLETING", "--format=%i|%j"},
-                       {.output = listing.string(), .merge_stderr = false});
+DETTRIAL_INLINE std::optional<std::map<std::int64_t, Experiment::SlurmJob>> Experiment::slurm_jobs() const {
+  // One line per job the controller knows: "JobId=16 JobName=dettrial-e5-t1 ... JobState=RUNNING ... ExitCode=0:0 ...".
+  const std::filesystem::path listing = options_.output_dir / ".slurm-jobs.txt";
+  const int status = detail::run_and_wait(scontrol_, {scontrol_, "--oneliner", "show", "job"}, {.output = listing.string(), .merge_stderr = false});
+  std::map<std::int64_t, SlurmJob> jobs;
   std::ifstream in(listing);
   const std::string prefix = "dettrial-e" + std::to_string(experiment_id_) + "-t";
-  std::string line, live;
-  while (std::getline(in, line)) {
-    const auto bar = line.find('|');
-    if (bar == std::string::npos) continue;
-    const std::string name = line.substr(bar + 1);
-    if (name.rfind(prefix, 0) == 0) live += (live.empty() ? "" : ", ") + name + " (job " + line.substr(0, bar) + ")";
+  const auto number = [](std::string_view text) -> std::optional<std::int64_t> {
+    std::int64_t value = 0;
+    const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+    return error == std::errc() && end == text.data() + text.size() && !text.empty() ? std::optional(value) : std::nullopt;
+  };
+  for (std::string line; std::getline(in, line);) {
+    const auto field = [&line](std::string_view key) -> std::string {
+      for (std::size_t at = line.find(key); at != std::string::npos; at = line.find(key, at + 1)) {
+        if (at != 0 && line[at - 1] != ' ') continue;
+        const std::size_t begin = at + key.size();
+        return line.substr(begin, line.find(' ', begin) - begin);
+      }
+      return {};
+    };
+    const std::string name = field("JobName=");
+    if (name.rfind(prefix, 0) != 0) continue;
+    const auto trial = number(name.substr(prefix.size()));
+    const auto id = number(field("JobId="));
+    if (!trial || !id) continue;
+    SlurmJob job{field("JobId="), field("JobState="), 0};
+    // ExitCode=<exit code>:<signal>, as a wait status.
+    const std::string code = field("ExitCode=");
+    const auto colon = code.find(':');
+    const auto exit_code = number(code.substr(0, colon)).value_or(0);
+    const auto signal = colon == std::string::npos ? 0 : number(code.substr(colon + 1)).value_or(0);
+    job.status = signal != 0 ? static_cast<int>(signal & 0x7f) : static_cast<int>((exit_code & 0xff) << 8);
+    // A restarted trial has had several jobs: the newest is the one that counts.
+    if (const auto known = jobs.find(*trial); known == jobs.end() || number(known->second.id).value_or(0) < *id) jobs[*trial] = std::move(job);
   }
   std::filesystem::remove(listing);
-  if (!live.empty())
-    throw ConfigError("this experiment's trials still have Slurm jobs from an earlier runner: " + live +
-                      "; wait for them to end or cancel them (scancel --name=<name>), then run the same command again to continue");
+  if (status != 0 && jobs.empty()) return std::nullopt;
+  return jobs;
+}
+
+namespace detail {
+/// Whether a Slurm job state is final (the job's record then holds its exit code).
+inline bool slurm_job_ended(std::string_view state) {
+  for (std::string_view end : {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"})
+    if (state == end) return true;
+  return false;
+}
+}  // namespace detail
+
+DETTRIAL_INLINE void Experiment::adopt_slurm_jobs() {
+  const auto jobs = slurm_jobs();
+  if (!jobs)
+    throw Error("--launcher slurm: 'scontrol show job' failed, so this runner cannot tell which of the experiment's trials still run as Slurm jobs; "
+                "is the cluster up (sinfo)?");
+  std::vector<std::int64_t> ended;
+  for (const auto& [id, job] : *jobs) {
+    const auto queued = std::find(queue_.begin(), queue_.end(), id);
+    if (queued == queue_.end()) continue;  // ended in the event log: its job is history
+    queue_.erase(queued);
+    Running run;
+    run.slurm_job = job.id;
+    run.stop_sent = stop_logged_.count(id) != 0;
+    running_[id] = run;
+    trials_.at(id).state = TrialState::running;
+    if (detail::slurm_job_ended(job.state)) {
+      say("[experiment] trial " + std::to_string(id) + "'s Slurm job " + job.id + " ended while no runner watched it (" + job.state + ")");
+      ended.push_back(id);
+    } else {
+      say("[experiment] trial " + std::to_string(id) + ": adopting its Slurm job " + job.id + " (" + job.state + ") from an earlier runner");
+    }
+  }
+  // The validations the searcher has not heard of yet (those after the earlier runner stopped
+  // reading), in the order of the trials; then the ended jobs end as they did (a failure restarts
+  // the trial from its checkpoint).
+  poll_metrics();
+  for (const std::int64_t id : ended) {
+    const bool stop_sent = running_.at(id).stop_sent;
+    running_.erase(id);
+    trial_ended(id, jobs->at(id).status, stop_sent, /*interrupting=*/false);
+  }
+}
+
+DETTRIAL_INLINE void Experiment::reap_adopted() {
+  const auto now = std::chrono::steady_clock::now();
+  if (now < next_slurm_poll_) return;
+  next_slurm_poll_ = now + std::chrono::seconds(1);
+  const auto answer = slurm_jobs();
+  if (!answer) return;  // the controller did not answer: ask again in a second
+  const auto& jobs = *answer;
+  std::vector<std::int64_t> ended;
+  for (const auto& [id, run] : running_)
+    if (run.pid < 0) {
+      const auto job = jobs.find(id);
+      if (job == jobs.end() || job->second.id != run.slurm_job || detail::slurm_job_ended(job->second.state)) ended.push_back(id);
+    }
+  for (const std::int64_t id : ended) {
+    const auto job = jobs.find(id);
+    const bool known = job != jobs.end() && job->second.id == running_.at(id).slurm_job;
+    const bool stop_sent = running_.at(id).stop_sent;
+    poll_metrics();  // its last records
+    running_.erase(id);
+    if (!known) {
+      // The controller forgot the job (restarted without its state): how it ended is unknown, so
+      // the trial resumes from its latest checkpoint (a completed one ends at once), not counted
+      // as a restart.
+      say("[experiment] trial " + std::to_string(id) + "'s Slurm job is no longer known to Slurm; it resumes from its latest checkpoint");
+      queue_.push_back(id);
+      continue;
+    }
+    trial_ended(id, job->second.status, stop_sent, /*interrupting=*/detail::supervisor_signal_count.load() != 0);
+  }
 }
 
 DETTRIAL_INLINE void Experiment::terminate_trial(std::int64_t id, const Running& run) const {
@@ -432,6 +561,8 @@ DETTRIAL_INLINE void Experiment::replay_or_start() {
           const auto rung = detail::json_as<std::int64_t>(*r, "rung");
           rungs_[id] = std::max(rungs_.count(id) ? rungs_[id] : rung, rung);
         }
+        if (const detail::Json* stopped = detail::json_find(e, "stopped"); stopped && stopped->is_boolean() && stopped->get<bool>())
+          stop_logged_[id] = true;
       } else if (kind == "end") {
         TrialSummary& t = trials_.at(id);
         t.state = state_from(detail::json_as<std::string>(get("state"), "state"));
@@ -621,8 +752,16 @@ DETTRIAL_INLINE void Experiment::poll_metrics() {
 }
 
 DETTRIAL_INLINE void Experiment::reap(bool interrupting) {
+  const bool children = std::ranges::any_of(running_, [](const auto& kv) { return kv.second.pid > 0; });
+  const bool adopted = std::ranges::any_of(running_, [](const auto& kv) { return kv.second.pid < 0; });
+  if (adopted) {
+    reap_adopted();
+    if (interrupting) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  if (!children) return;
   int status = 0;
-  const pid_t pid = ::waitpid(-1, &status, interrupting ? 0 : WNOHANG);
+  // Interrupting, it waits for a child (a signal interrupts the wait), unless adopted jobs need asking.
+  const pid_t pid = ::waitpid(-1, &status, interrupting && !adopted ? 0 : WNOHANG);
   if (pid <= 0) return;
   auto it = std::find_if(running_.begin(), running_.end(), [&](const auto& kv) { return kv.second.pid == pid; });
   if (it == running_.end()) return;
@@ -630,6 +769,10 @@ DETTRIAL_INLINE void Experiment::reap(bool interrupting) {
   const bool stop_sent = it->second.stop_sent;
   poll_metrics();  // its last records
   running_.erase(it);
+  trial_ended(id, status, stop_sent, interrupting);
+}
+
+DETTRIAL_INLINE void Experiment::trial_ended(std::int64_t id, int status, bool stop_sent, bool interrupting) {
   TrialSummary& t = trials_.at(id);
   refresh_from_disk(t);
   const bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
