@@ -519,6 +519,9 @@ DETTRIAL_INLINE int Experiment::run() {
     reap(false);
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
+  // What each trial trained, before the experiment's retention deletes checkpoints (also of trials
+  // that ended under an earlier runner, which this one knows only from their folders).
+  for (auto& [id, t] : trials_) refresh_from_disk(t);
   apply_experiment_retention();
   write_summary();
   refresh_report(/*at_end=*/true);
@@ -600,23 +603,31 @@ DETTRIAL_INLINE void Experiment::adopt_slurm_jobs() {
   if (!jobs)
     throw Error("--launcher slurm: 'scontrol show job' failed, so this runner cannot tell which of the experiment's trials still run as Slurm jobs; "
                 "is the cluster up (sinfo)?");
+  std::vector<std::int64_t> ended;
   for (const auto& [id, job] : *jobs) {
     const auto queued = std::find(queue_.begin(), queue_.end(), id);
     if (queued == queue_.end()) continue;  // ended in the event log: its job is history
     queue_.erase(queued);
-    const bool stopped = stop_logged_.count(id) != 0;
-    if (detail::slurm_job_ended(job.state)) {
-      // It ended while no runner watched it: as it ended (a failure restarts it from its checkpoint).
-      say("[experiment] trial " + std::to_string(id) + "'s Slurm job " + job.id + " ended while no runner watched it (" + job.state + ")");
-      trial_ended(id, job.status, stopped, /*interrupting=*/false);
-      continue;
-    }
     Running run;
     run.slurm_job = job.id;
-    run.stop_sent = stopped;
+    run.stop_sent = stop_logged_.count(id) != 0;
     running_[id] = run;
     trials_.at(id).state = TrialState::running;
-    say("[experiment] trial " + std::to_string(id) + ": adopting its Slurm job " + job.id + " (" + job.state + ") from an earlier runner");
+    if (detail::slurm_job_ended(job.state)) {
+      say("[experiment] trial " + std::to_string(id) + "'s Slurm job " + job.id + " ended while no runner watched it (" + job.state + ")");
+      ended.push_back(id);
+    } else {
+      say("[experiment] trial " + std::to_string(id) + ": adopting its Slurm job " + job.id + " (" + job.state + ") from an earlier runner");
+    }
+  }
+  // The validations the searcher has not heard of yet (those after the earlier runner stopped
+  // reading), in the order of the trials; then the ended jobs end as they did (a failure restarts
+  // the trial from its checkpoint).
+  poll_metrics();
+  for (const std::int64_t id : ended) {
+    const bool stop_sent = running_.at(id).stop_sent;
+    running_.erase(id);
+    trial_ended(id, jobs->at(id).status, stop_sent, /*interrupting=*/false);
   }
 }
 
@@ -865,6 +876,10 @@ DETTRIAL_INLINE void Experiment::poll_metrics() {
       if (!batches) continue;
       if (const auto told = validated_batches_.find(id); told != validated_batches_.end() && *batches <= told->second) continue;
       validated_batches_[id] = *batches;
+      // The searcher closed a trial it stopped: a validation the trial reaches before the stop
+      // does (it trains on while the signal travels) would otherwise change ASHA's rungs for the
+      // other trials, by how fast the signal was.
+      if (run.stop_sent) continue;
       const detail::Json* metrics = detail::json_find(record, "metrics");
       const detail::Json* searcher_metric = metrics ? detail::json_find(*metrics, config_.searcher.metric) : nullptr;
       if (!searcher_metric || !searcher_metric->is_number()) continue;  // absent, or null (NaN)
@@ -947,8 +962,9 @@ DETTRIAL_INLINE void Experiment::trial_ended(std::int64_t id, int status, bool s
     return;  // continued by the next run
   }
   if (ok || (stopped && stop_sent)) {
-    // A trial that reached its length before the stop arrived completed all the same.
-    t.state = ok ? TrialState::completed : TrialState::stopped_by_searcher;
+    // The searcher's decision names the state, not its race with the signal: a trial it stopped
+    // short of its length is STOPPED_EARLY also when it finished before the signal arrived.
+    t.state = stop_sent ? TrialState::stopped_by_searcher : TrialState::completed;
   } else if (t.restarts < config_.max_restarts) {
     ++t.restarts;
     log_event({{"event", "restart"}, {"trial", id}, {"restarts", t.restarts}});

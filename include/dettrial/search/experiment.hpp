@@ -712,6 +712,10 @@ DETTRIAL_INLINE void Experiment::poll_metrics() {
       if (!batches) continue;
       if (const auto told = validated_batches_.find(id); told != validated_batches_.end() && *batches <= told->second) continue;
       validated_batches_[id] = *batches;
+      // The searcher closed a trial it stopped: a validation the trial reaches before the stop
+      // does (it trains on while the signal travels) would otherwise change ASHA's rungs for the
+      // other trials, by how fast the signal was.
+      if (run.stop_sent) continue;
       const detail::Json* metrics = detail::json_find(record, "metrics");
       const detail::Json* searcher_metric = metrics ? detail::json_find(*metrics, config_.searcher.metric) : nullptr;
       if (!searcher_metric || !searcher_metric->is_number()) continue;  // absent, or null (NaN)
@@ -794,8 +798,9 @@ DETTRIAL_INLINE void Experiment::trial_ended(std::int64_t id, int status, bool s
     return;  // continued by the next run
   }
   if (ok || (stopped && stop_sent)) {
-    // A trial that reached its length before the stop arrived completed all the same.
-    t.state = ok ? TrialState::completed : TrialState::stopped_by_searcher;
+    // The searcher's decision names the state, not its race with the signal: a trial it stopped
+    // short of its length is STOPPED_EARLY also when it finished before the signal arrived.
+    t.state = stop_sent ? TrialState::stopped_by_searcher : TrialState::completed;
   } else if (t.restarts < config_.max_restarts) {
     ++t.restarts;
     log_event({{"event", "restart"}, {"trial", id}, {"restarts", t.restarts}});
