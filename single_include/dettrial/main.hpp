@@ -65,6 +65,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <optional>
 #include <random>
@@ -276,7 +277,7 @@ class Experiment {
     /// earlier runner, which is watched through Slurm instead.
     pid_t pid = -1;
     /// An adopted trial's Slurm job id.
-    std::string slurm_job;
+    std::int64_t slurm_job = 0;
     bool stop_sent = false;
     /// How far metrics.jsonl has been read, in the file with this inode (a resumed trial rewrites
     /// the file without the records past its checkpoint: then it is read again from the start).
@@ -299,15 +300,21 @@ class Experiment {
   /// A Slurm job of this experiment, as `scontrol show job` lists it (a job that ended stays listed
   /// for the cluster's MinJobAge, 300 s by default).
   struct SlurmJob {
-    std::string id;
+    std::int64_t trial = 0;
+    std::int64_t id = 0;
     std::string state;
-    /// Its wait status, once it ended: exit code, or the signal that killed it.
+    /// Its wait status, once it ended: the exit code or the signal that killed it, and for a job
+    /// that ended without either (cancelled while queued, timed out, its node failed) SIGTERM for a
+    /// cancel and SIGKILL otherwise, so that it never reads as a success.
     int status = 0;
   };
 
-  /// This experiment's trials' newest Slurm jobs, by trial id; nullopt when scontrol fails (the
-  /// controller does not answer).
+  /// This experiment's Slurm jobs, by job id; nullopt when scontrol fails (the controller does
+  /// not answer).
   std::optional<std::map<std::int64_t, SlurmJob>> slurm_jobs() const;
+
+  /// Each trial's newest job among `jobs`.
+  static std::map<std::int64_t, SlurmJob> newest_job_per_trial(const std::map<std::int64_t, SlurmJob>& jobs);
 
   /// Continuing an experiment whose trials ran on Slurm (the runner was killed, its trials' jobs
   /// ran on): a trial that has not ended in the event log and still has a job queued or running is
@@ -316,7 +323,7 @@ class Experiment {
   void adopt_slurm_jobs();
 
   /// An adopted trial's job that ended: handled as a child's exit. Asks Slurm at most once a second.
-  void reap_adopted();
+  void reap_adopted(bool interrupting);
 
   std::filesystem::path trial_dir(std::int64_t id) const { return options_.output_dir / "trials" / std::to_string(id); }
 
@@ -350,7 +357,9 @@ class Experiment {
 
   /// The end of trial `id`'s process or job, `status` its wait status: completed, stopped by the
   /// searcher, restarted from its latest checkpoint, or failed.
-  void trial_ended(std::int64_t id, int status, bool stop_sent, bool interrupting);
+  /// `slurm_job`: the job that ended, recorded in the event log (a later runner then knows that
+  /// job's end was handled).
+  void trial_ended(std::int64_t id, int status, bool stop_sent, bool interrupting, std::int64_t slurm_job = 0);
 
   /// The last `error: ...` line of a trial's log (what its program printed before it exited), or
   /// empty (a trial killed by a signal prints none).
@@ -414,6 +423,8 @@ class Experiment {
   std::map<std::int64_t, std::int64_t> rungs_;
   /// Trials the searcher stopped, as events.jsonl says (an adopted trial's exit is then its stop).
   std::map<std::int64_t, bool> stop_logged_;
+  /// Per trial, the last Slurm job whose end events.jsonl records (restart or end).
+  std::map<std::int64_t, std::int64_t> handled_jobs_;
   /// The first trial that failed with a configuration error, and that error.
   std::optional<std::pair<std::int64_t, std::string>> config_error_;
 };
@@ -499,6 +510,13 @@ DETTRIAL_INLINE int Experiment::run() {
 
   replay_or_start();
   if (options_.launcher == TrialLauncher::slurm) adopt_slurm_jobs();
+  // A trial the searcher stopped whose end the log lacks (the runner died before it): it is
+  // stopped, not trained on.
+  for (const std::int64_t id : std::vector<std::int64_t>(queue_))
+    if (stop_logged_.count(id) != 0) {
+      queue_.erase(std::find(queue_.begin(), queue_.end(), id));
+      trial_ended(id, detail::exit_status_interrupted_value << 8, /*stop_sent=*/true, /*interrupting=*/false);
+    }
   while (true) {
     if (detail::supervisor_signal_count.load() != 0 || config_error_) {
       stop_running_trials();
@@ -548,6 +566,16 @@ DETTRIAL_INLINE std::string Experiment::slurm_job_name(std::int64_t id) const {
   return "dettrial-e" + std::to_string(experiment_id_) + "-t" + std::to_string(id);
 }
 
+namespace detail {
+/// Whether a Slurm job state is final (the job's record then holds its exit code).
+inline bool slurm_job_ended(std::string_view state) {
+  for (std::string_view end : {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE",
+                                 "SPECIAL_EXIT", "REVOKED"})
+    if (state == end) return true;
+  return false;
+}
+}  // namespace detail
+
 DETTRIAL_INLINE std::optional<std::map<std::int64_t, Experiment::SlurmJob>> Experiment::slurm_jobs() const {
   // One line per job the controller knows: "JobId=16 JobName=dettrial-e5-t1 ... JobState=RUNNING ... ExitCode=0:0 ...".
   const std::filesystem::path listing = options_.output_dir / ".slurm-jobs.txt";
@@ -574,29 +602,20 @@ DETTRIAL_INLINE std::optional<std::map<std::int64_t, Experiment::SlurmJob>> Expe
     const auto trial = number(name.substr(prefix.size()));
     const auto id = number(field("JobId="));
     if (!trial || !id) continue;
-    SlurmJob job{field("JobId="), field("JobState="), 0};
+    SlurmJob job{*trial, *id, field("JobState="), 0};
     // ExitCode=<exit code>:<signal>, as a wait status.
     const std::string code = field("ExitCode=");
     const auto colon = code.find(':');
     const auto exit_code = number(code.substr(0, colon)).value_or(0);
     const auto signal = colon == std::string::npos ? 0 : number(code.substr(colon + 1)).value_or(0);
     job.status = signal != 0 ? static_cast<int>(signal & 0x7f) : static_cast<int>((exit_code & 0xff) << 8);
-    // A restarted trial has had several jobs: the newest is the one that counts.
-    if (const auto known = jobs.find(*trial); known == jobs.end() || number(known->second.id).value_or(0) < *id) jobs[*trial] = std::move(job);
+    if (job.status == 0 && job.state != "COMPLETED" && detail::slurm_job_ended(job.state)) job.status = job.state == "CANCELLED" ? SIGTERM : SIGKILL;
+    jobs[*id] = std::move(job);
   }
   std::filesystem::remove(listing);
   if (status != 0 && jobs.empty()) return std::nullopt;
   return jobs;
 }
-
-namespace detail {
-/// Whether a Slurm job state is final (the job's record then holds its exit code).
-inline bool slurm_job_ended(std::string_view state) {
-  for (std::string_view end : {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"})
-    if (state == end) return true;
-  return false;
-}
-}  // namespace detail
 
 DETTRIAL_INLINE void Experiment::adopt_slurm_jobs() {
   const auto jobs = slurm_jobs();
@@ -604,9 +623,12 @@ DETTRIAL_INLINE void Experiment::adopt_slurm_jobs() {
     throw Error("--launcher slurm: 'scontrol show job' failed, so this runner cannot tell which of the experiment's trials still run as Slurm jobs; "
                 "is the cluster up (sinfo)?");
   std::vector<std::int64_t> ended;
-  for (const auto& [id, job] : *jobs) {
+  for (const auto& [id, job] : newest_job_per_trial(*jobs)) {
     const auto queued = std::find(queue_.begin(), queue_.end(), id);
     if (queued == queue_.end()) continue;  // ended in the event log: its job is history
+    // A job whose end the log records (a restart logged, the runner killed before the next job
+    // started): the trial is queued again, as the log says.
+    if (const auto handled = handled_jobs_.find(id); handled != handled_jobs_.end() && handled->second == job.id) continue;
     queue_.erase(queued);
     Running run;
     run.slurm_job = job.id;
@@ -614,10 +636,10 @@ DETTRIAL_INLINE void Experiment::adopt_slurm_jobs() {
     running_[id] = run;
     trials_.at(id).state = TrialState::running;
     if (detail::slurm_job_ended(job.state)) {
-      say("[experiment] trial " + std::to_string(id) + "'s Slurm job " + job.id + " ended while no runner watched it (" + job.state + ")");
+      say("[experiment] trial " + std::to_string(id) + "'s Slurm job " + std::to_string(job.id) + " ended while no runner watched it (" + job.state + ")");
       ended.push_back(id);
     } else {
-      say("[experiment] trial " + std::to_string(id) + ": adopting its Slurm job " + job.id + " (" + job.state + ") from an earlier runner");
+      say("[experiment] trial " + std::to_string(id) + ": adopting its Slurm job " + std::to_string(job.id) + " (" + job.state + ") from an earlier runner");
     }
   }
   // The validations the searcher has not heard of yet (those after the earlier runner stopped
@@ -625,46 +647,58 @@ DETTRIAL_INLINE void Experiment::adopt_slurm_jobs() {
   // the trial from its checkpoint).
   poll_metrics();
   for (const std::int64_t id : ended) {
-    const bool stop_sent = running_.at(id).stop_sent;
+    const Running run = running_.at(id);
     running_.erase(id);
-    trial_ended(id, jobs->at(id).status, stop_sent, /*interrupting=*/false);
+    trial_ended(id, jobs->at(run.slurm_job).status, run.stop_sent, /*interrupting=*/false, run.slurm_job);
   }
 }
 
-DETTRIAL_INLINE void Experiment::reap_adopted() {
+DETTRIAL_INLINE std::map<std::int64_t, Experiment::SlurmJob> Experiment::newest_job_per_trial(const std::map<std::int64_t, SlurmJob>& jobs) {
+  std::map<std::int64_t, SlurmJob> newest;
+  for (const auto& [id, job] : jobs) newest[job.trial] = job;  // by ascending job id: the last is the newest
+  return newest;
+}
+
+DETTRIAL_INLINE void Experiment::reap_adopted(bool interrupting) {
   const auto now = std::chrono::steady_clock::now();
   if (now < next_slurm_poll_) return;
   next_slurm_poll_ = now + std::chrono::seconds(1);
-  const auto answer = slurm_jobs();
-  if (!answer) return;  // the controller did not answer: ask again in a second
-  const auto& jobs = *answer;
+  const auto jobs = slurm_jobs();
   std::vector<std::int64_t> ended;
-  for (const auto& [id, run] : running_)
-    if (run.pid < 0) {
-      const auto job = jobs.find(id);
-      if (job == jobs.end() || job->second.id != run.slurm_job || detail::slurm_job_ended(job->second.state)) ended.push_back(id);
+  for (const auto& [id, run] : running_) {
+    if (run.pid >= 0) continue;
+    if (!jobs) {
+      // The controller does not answer: ask again in a second, unless a second Ctrl-C asks this
+      // runner to leave (the jobs run on; the next runner adopts them).
+      if (interrupting && detail::supervisor_signal_count.load() >= 2) ended.push_back(id);
+      continue;
     }
+    const auto job = jobs->find(run.slurm_job);
+    if (job == jobs->end() || detail::slurm_job_ended(job->second.state)) ended.push_back(id);
+  }
   for (const std::int64_t id : ended) {
-    const auto job = jobs.find(id);
-    const bool known = job != jobs.end() && job->second.id == running_.at(id).slurm_job;
-    const bool stop_sent = running_.at(id).stop_sent;
+    const Running run = running_.at(id);
     poll_metrics();  // its last records
     running_.erase(id);
-    if (!known) {
+    const auto job = jobs ? jobs->find(run.slurm_job) : std::map<std::int64_t, SlurmJob>::const_iterator{};
+    if (!jobs) {
+      trials_.at(id).state = TrialState::interrupted;
+      say("[experiment] trial " + std::to_string(id) + ": left its Slurm job " + std::to_string(run.slurm_job) + " running (Slurm does not answer)");
+    } else if (job == jobs->end()) {
       // The controller forgot the job (restarted without its state): how it ended is unknown, so
       // the trial resumes from its latest checkpoint (a completed one ends at once), not counted
       // as a restart.
-      say("[experiment] trial " + std::to_string(id) + "'s Slurm job is no longer known to Slurm; it resumes from its latest checkpoint");
+      say("[experiment] trial " + std::to_string(id) + "'s Slurm job " + std::to_string(run.slurm_job) + " is no longer known to Slurm; it resumes from its latest checkpoint");
       queue_.push_back(id);
-      continue;
+    } else {
+      trial_ended(id, job->second.status, run.stop_sent, interrupting, run.slurm_job);
     }
-    trial_ended(id, job->second.status, stop_sent, /*interrupting=*/detail::supervisor_signal_count.load() != 0);
   }
 }
 
 DETTRIAL_INLINE void Experiment::terminate_trial(std::int64_t id, const Running& run) const {
   if (options_.launcher == TrialLauncher::local) {
-    ::kill(run.pid, SIGTERM);
+    if (run.pid > 0) ::kill(run.pid, SIGTERM);
     return;
   }
   // A job still queued takes no signal but SIGKILL: it is cancelled outright (it has trained nothing).
@@ -702,6 +736,17 @@ DETTRIAL_INLINE void Experiment::replay_or_start() {
   std::vector<TrialRequest> first = std::visit([](auto& s) { return s.initial(); }, searcher_);
   for (auto& r : first) add_trial(std::move(r));
   if (!std::filesystem::exists(events_path)) return;
+  // A runner killed while writing an event leaves a torn last line: cut it, or this runner's first
+  // event would be appended to it and lost with it.
+  {
+    std::ifstream whole(events_path, std::ios::binary);
+    const std::string text((std::istreambuf_iterator<char>(whole)), std::istreambuf_iterator<char>());
+    if (!text.empty() && text.back() != '\n') {
+      const auto keep = text.rfind('\n');
+      std::filesystem::resize_file(events_path, keep == std::string::npos ? 0 : keep + 1);
+      say("dettrial: the last line of " + events_path.string() + " was torn (a runner killed while writing it); it is dropped");
+    }
+  }
   // Replay: the searcher is deterministic given its seed and the same events in the same order.
   std::ifstream in(events_path);
   std::int64_t replayed = 0;
@@ -736,6 +781,7 @@ DETTRIAL_INLINE void Experiment::replay_or_start() {
       } else if (kind == "restart") {
         trials_.at(id).restarts = detail::json_as<std::int64_t>(get("restarts"), "restarts");
       }
+      if (const detail::Json* job = detail::json_find(e, "slurm_job")) handled_jobs_[id] = detail::json_as<std::int64_t>(*job, "slurm_job");
     } catch (const detail::JsonFieldError& err) {
       throw Error("'" + events_path.string() + "' has an event that lacks a field or has one of the wrong type (" + err.what() + "): " + line);
     }
@@ -819,8 +865,10 @@ DETTRIAL_INLINE void Experiment::launch(std::int64_t id) {
   if (options_.launcher == TrialLauncher::slurm) {
     // srun waits for the job and returns its tasks' exit status, so the runner supervises it as it
     // does a local trial; its messages (a failed task named) go to the trial's log.
+    // --dependency=singleton: should a job of this trial outlive what this runner knows (a runner
+    // killed between starting srun and the job reaching the controller), the next one waits for it.
     std::vector<std::string> srun = {srun_, "--job-name=" + slurm_job_name(id), "--ntasks=" + std::to_string(config_.slots_per_trial),
-                                     "--kill-on-bad-exit=1"};
+                                     "--kill-on-bad-exit=1", "--dependency=singleton"};
     srun.insert(srun.end(), config_.slurm_args.begin(), config_.slurm_args.end());
     args.insert(args.begin(), srun.begin(), srun.end());
     program = srun_;
@@ -923,7 +971,7 @@ DETTRIAL_INLINE void Experiment::reap(bool interrupting) {
   const bool children = std::ranges::any_of(running_, [](const auto& kv) { return kv.second.pid > 0; });
   const bool adopted = std::ranges::any_of(running_, [](const auto& kv) { return kv.second.pid < 0; });
   if (adopted) {
-    reap_adopted();
+    reap_adopted(interrupting);
     if (interrupting) std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   if (!children) return;
@@ -937,10 +985,15 @@ DETTRIAL_INLINE void Experiment::reap(bool interrupting) {
   const bool stop_sent = it->second.stop_sent;
   poll_metrics();  // its last records
   running_.erase(it);
-  trial_ended(id, status, stop_sent, interrupting);
+  // Which job srun ran, for the event log (its record is fresh: the job has just ended).
+  std::int64_t slurm_job = 0;
+  if (options_.launcher == TrialLauncher::slurm)
+    if (const auto jobs = slurm_jobs())
+      if (const auto newest = newest_job_per_trial(*jobs); newest.count(id) != 0) slurm_job = newest.at(id).id;
+  trial_ended(id, status, stop_sent, interrupting, slurm_job);
 }
 
-DETTRIAL_INLINE void Experiment::trial_ended(std::int64_t id, int status, bool stop_sent, bool interrupting) {
+DETTRIAL_INLINE void Experiment::trial_ended(std::int64_t id, int status, bool stop_sent, bool interrupting, std::int64_t slurm_job) {
   TrialSummary& t = trials_.at(id);
   refresh_from_disk(t);
   const bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
@@ -967,7 +1020,9 @@ DETTRIAL_INLINE void Experiment::trial_ended(std::int64_t id, int status, bool s
     t.state = stop_sent ? TrialState::stopped_by_searcher : TrialState::completed;
   } else if (t.restarts < config_.max_restarts) {
     ++t.restarts;
-    log_event({{"event", "restart"}, {"trial", id}, {"restarts", t.restarts}});
+    detail::Json restart = {{"event", "restart"}, {"trial", id}, {"restarts", t.restarts}};
+    if (slurm_job != 0) restart["slurm_job"] = slurm_job;
+    log_event(restart);
     say("[experiment] trial " + std::to_string(id) + " failed (" + describe_failure(id, status) + "); restart " +
         std::to_string(t.restarts) + " of " + std::to_string(config_.max_restarts) + " from its latest checkpoint");
     queue_.push_back(id);
@@ -978,7 +1033,9 @@ DETTRIAL_INLINE void Experiment::trial_ended(std::int64_t id, int status, bool s
                  describe_failure(id, status).c_str(), static_cast<long long>(t.restarts),
                  (trial_dir(id) / "log.txt").c_str());
   }
-  log_event({{"event", "end"}, {"trial", id}, {"state", to_string(t.state)}, {"restarts", t.restarts}});
+  detail::Json end = {{"event", "end"}, {"trial", id}, {"state", to_string(t.state)}, {"restarts", t.restarts}};
+  if (slurm_job != 0) end["slurm_job"] = slurm_job;
+  log_event(end);
   say("[experiment] trial " + std::to_string(id) + " " + to_string(t.state) + " after " + std::to_string(t.batches_trained) + " batches");
   for (auto& r : std::visit([&](auto& s) { return s.on_trial_end(id); }, searcher_)) add_trial(std::move(r));
   say(progress());

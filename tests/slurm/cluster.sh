@@ -56,6 +56,8 @@ munged --force --key-file="$dir/munge/munge.key" --socket="$dir/munge/socket" --
 # Ports of our own: the cluster's ports plus an offset drawn from DIR's name, away from Slurm's defaults.
 offset=$(( $(printf '%s' "$dir" | cksum | cut -d' ' -f1) % 400 ))
 host=$(hostname -s)
+# The second node is named localhost (a name every rank resolves, for the rendezvous on node 1).
+[ "$host" != localhost ] || skip "this host is named localhost, the name of the cluster's second node"
 cpus=$(nproc)
 memory=$(( $(awk '/MemTotal/ {print $2}' /proc/meminfo) / 1024 / 2 ))
 cat >"$conf" <<CONF

@@ -116,10 +116,12 @@ for t in 1 2; do
   grep -q "trial $t: adopting its Slurm job [0-9]* (RUNNING) from an earlier runner" "$work/adopting.log" || fail "trial $t's running job was not adopted"
 done
 # Trials 3 and 4 end on their own while no runner watches them.
+ended=0
 for _ in $(seq 1 300); do
-  [ -z "$(squeue -h -t PENDING,RUNNING,COMPLETING -o %j | grep "^dettrial-e$id-t")" ] && break
+  [ -z "$(squeue -h -t PENDING,RUNNING,COMPLETING -o %j | grep "^dettrial-e$id-t")" ] && { ended=1; break; }
   sleep 0.1
 done
+[ $ended -eq 1 ] || fail "trials 3 and 4's jobs were still running after 30 s: $(squeue -h -o '%i %j %T')"
 "$program" "${slow[@]}" --output "$work/killed" --launcher slurm >"$work/continued.log" 2>&1 || { cat "$work/continued.log"; fail "the continued search failed"; }
 cat "$work/continued.log"
 for t in 3 4; do
@@ -128,6 +130,7 @@ done
 python3 -c 'import json,sys; s=json.load(open(sys.argv[1])); assert all(t["state"] == "COMPLETED" and t["batches_trained"] == 64 and t["restarts"] == 0 for t in s["trials"]), s' \
   "$work/killed/summary.json" || fail "the continued search did not complete every trial once, without restarts"
 kill $watcher 2>/dev/null
+wait $watcher 2>/dev/null
 # One job per trial over the three runners (a second would have trained the trial twice).
 python3 - "$work/jobs.txt" "dettrial-e$id-t" <<'PY' || fail "a trial ran as more than one Slurm job"
 import collections, sys
