@@ -6,12 +6,10 @@ dettrial headers it includes.
 The header self-containment build (DETTRIAL_VERIFY_HEADERS) compiles the headers that need LibTorch
 with these libraries precompiled, which is minutes faster but cannot see a missing include of one of
 them: this check sees it, in a second."""
-import pathlib
 import re
 import sys
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
-DETTRIAL = ROOT / "include" / "dettrial"
+from check_layers import DETTRIAL, INCLUDE_RE, ROOT
 
 # library: (what using it looks like, what including it looks like)
 LIBRARIES = {
@@ -23,7 +21,6 @@ LIBRARIES = {
                  re.compile(r"^\s*#\s*include\s*<range/v3/", re.M)),
     "nlohmann/json": (re.compile(r"\bnlohmann::"), re.compile(r"^\s*#\s*include\s*<nlohmann/", re.M)),
 }
-INCLUDE_RE = re.compile(r'^\s*#\s*include\s*"([^"]+)"', re.M)
 COMMENT_RE = re.compile(r"//[^\n]*|/\*.*?\*/", re.S)
 
 
@@ -33,7 +30,7 @@ def main() -> int:
     code = {h: COMMENT_RE.sub("", t) for h, t in text.items()}
     direct = {h: [(h.parent / name).resolve() for name in INCLUDE_RE.findall(t)] for h, t in text.items()}
 
-    def closure(header: pathlib.Path) -> set:
+    def closure(header) -> set:
         seen, stack = {header}, [header]
         while stack:
             for included in direct.get(stack.pop(), []):

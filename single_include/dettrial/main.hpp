@@ -69,6 +69,7 @@
 #include <map>
 #include <optional>
 #include <random>
+#include <set>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -91,6 +92,11 @@ inline constexpr int exit_status_interrupted_value = 75;
 /// that validation does not report, a broken config): running it again fails the same way, so an
 /// experiment does not restart it (sysexits' EX_CONFIG).
 inline constexpr int exit_status_config_value = 78;
+
+/// The wait status (as waitpid gives it, for WIFEXITED and the rest) of a process that exited
+/// with `code`, or that `signal` killed: for ends a supervisor learns of other than by waitpid.
+inline constexpr int wait_status_exited(int code) { return (code & 0xff) << 8; }
+inline constexpr int wait_status_killed(int signal) { return signal & 0x7f; }
 
 }  // namespace dettrial::detail
 // ---- end dettrial/detail/exit_status.hpp
@@ -422,7 +428,7 @@ class Experiment {
   /// Per ASHA trial, the highest rung its validations reached (0: the first), as events.jsonl says.
   std::map<std::int64_t, std::int64_t> rungs_;
   /// Trials the searcher stopped, as events.jsonl says (an adopted trial's exit is then its stop).
-  std::map<std::int64_t, bool> stop_logged_;
+  std::set<std::int64_t> stop_logged_;
   /// Per trial, the last Slurm job whose end events.jsonl records (restart or end).
   std::map<std::int64_t, std::int64_t> handled_jobs_;
   /// The first trial that failed with a configuration error, and that error.
@@ -515,7 +521,7 @@ DETTRIAL_INLINE int Experiment::run() {
   for (const std::int64_t id : std::vector<std::int64_t>(queue_))
     if (stop_logged_.count(id) != 0) {
       queue_.erase(std::find(queue_.begin(), queue_.end(), id));
-      trial_ended(id, detail::exit_status_interrupted_value << 8, /*stop_sent=*/true, /*interrupting=*/false);
+      trial_ended(id, detail::wait_status_exited(detail::exit_status_interrupted_value), /*stop_sent=*/true, /*interrupting=*/false);
     }
   while (true) {
     if (detail::supervisor_signal_count.load() != 0 || config_error_) {
@@ -608,8 +614,9 @@ DETTRIAL_INLINE std::optional<std::map<std::int64_t, Experiment::SlurmJob>> Expe
     const auto colon = code.find(':');
     const auto exit_code = number(code.substr(0, colon)).value_or(0);
     const auto signal = colon == std::string::npos ? 0 : number(code.substr(colon + 1)).value_or(0);
-    job.status = signal != 0 ? static_cast<int>(signal & 0x7f) : static_cast<int>((exit_code & 0xff) << 8);
-    if (job.status == 0 && job.state != "COMPLETED" && detail::slurm_job_ended(job.state)) job.status = job.state == "CANCELLED" ? SIGTERM : SIGKILL;
+    job.status = signal != 0 ? detail::wait_status_killed(static_cast<int>(signal)) : detail::wait_status_exited(static_cast<int>(exit_code));
+    if (job.status == 0 && job.state != "COMPLETED" && detail::slurm_job_ended(job.state))
+      job.status = detail::wait_status_killed(job.state == "CANCELLED" ? SIGTERM : SIGKILL);
     jobs[*id] = std::move(job);
   }
   std::filesystem::remove(listing);
@@ -664,34 +671,29 @@ DETTRIAL_INLINE void Experiment::reap_adopted(bool interrupting) {
   if (now < next_slurm_poll_) return;
   next_slurm_poll_ = now + std::chrono::seconds(1);
   const auto jobs = slurm_jobs();
+  // The controller does not answer: ask again in a second, unless a second Ctrl-C asks this runner
+  // to leave (the jobs run on; the next runner adopts them).
+  const bool leave = !jobs && interrupting && detail::supervisor_signal_count.load() >= 2;
+  if (!jobs && !leave) return;
   std::vector<std::int64_t> ended;
-  for (const auto& [id, run] : running_) {
-    if (run.pid >= 0) continue;
-    if (!jobs) {
-      // The controller does not answer: ask again in a second, unless a second Ctrl-C asks this
-      // runner to leave (the jobs run on; the next runner adopts them).
-      if (interrupting && detail::supervisor_signal_count.load() >= 2) ended.push_back(id);
-      continue;
-    }
-    const auto job = jobs->find(run.slurm_job);
-    if (job == jobs->end() || detail::slurm_job_ended(job->second.state)) ended.push_back(id);
-  }
+  for (const auto& [id, run] : running_)
+    if (run.pid < 0 && (leave || !jobs->count(run.slurm_job) || detail::slurm_job_ended(jobs->at(run.slurm_job).state))) ended.push_back(id);
   for (const std::int64_t id : ended) {
     const Running run = running_.at(id);
     poll_metrics();  // its last records
     running_.erase(id);
-    const auto job = jobs ? jobs->find(run.slurm_job) : std::map<std::int64_t, SlurmJob>::const_iterator{};
-    if (!jobs) {
+    const std::string job = "Slurm job " + std::to_string(run.slurm_job);
+    if (leave) {
       trials_.at(id).state = TrialState::interrupted;
-      say("[experiment] trial " + std::to_string(id) + ": left its Slurm job " + std::to_string(run.slurm_job) + " running (Slurm does not answer)");
-    } else if (job == jobs->end()) {
+      say("[experiment] trial " + std::to_string(id) + ": left its " + job + " running (Slurm does not answer)");
+    } else if (!jobs->count(run.slurm_job)) {
       // The controller forgot the job (restarted without its state): how it ended is unknown, so
       // the trial resumes from its latest checkpoint (a completed one ends at once), not counted
       // as a restart.
-      say("[experiment] trial " + std::to_string(id) + "'s Slurm job " + std::to_string(run.slurm_job) + " is no longer known to Slurm; it resumes from its latest checkpoint");
+      say("[experiment] trial " + std::to_string(id) + "'s " + job + " is no longer known to Slurm; it resumes from its latest checkpoint");
       queue_.push_back(id);
     } else {
-      trial_ended(id, job->second.status, run.stop_sent, interrupting, run.slurm_job);
+      trial_ended(id, jobs->at(run.slurm_job).status, run.stop_sent, interrupting, run.slurm_job);
     }
   }
 }
@@ -771,7 +773,7 @@ DETTRIAL_INLINE void Experiment::replay_or_start() {
           rungs_[id] = std::max(rungs_.count(id) ? rungs_[id] : rung, rung);
         }
         if (const detail::Json* stopped = detail::json_find(e, "stopped"); stopped && stopped->is_boolean() && stopped->get<bool>())
-          stop_logged_[id] = true;
+          stop_logged_.insert(id);
       } else if (kind == "end") {
         TrialSummary& t = trials_.at(id);
         t.state = state_from(detail::json_as<std::string>(get("state"), "state"));
@@ -994,6 +996,11 @@ DETTRIAL_INLINE void Experiment::reap(bool interrupting) {
 }
 
 DETTRIAL_INLINE void Experiment::trial_ended(std::int64_t id, int status, bool stop_sent, bool interrupting, std::int64_t slurm_job) {
+  // A restart or end, with the Slurm job behind it.
+  const auto log_ending = [&](detail::Json event) {
+    if (slurm_job != 0) event["slurm_job"] = slurm_job;
+    log_event(event);
+  };
   TrialSummary& t = trials_.at(id);
   refresh_from_disk(t);
   const bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
@@ -1020,9 +1027,7 @@ DETTRIAL_INLINE void Experiment::trial_ended(std::int64_t id, int status, bool s
     t.state = stop_sent ? TrialState::stopped_by_searcher : TrialState::completed;
   } else if (t.restarts < config_.max_restarts) {
     ++t.restarts;
-    detail::Json restart = {{"event", "restart"}, {"trial", id}, {"restarts", t.restarts}};
-    if (slurm_job != 0) restart["slurm_job"] = slurm_job;
-    log_event(restart);
+    log_ending({{"event", "restart"}, {"trial", id}, {"restarts", t.restarts}});
     say("[experiment] trial " + std::to_string(id) + " failed (" + describe_failure(id, status) + "); restart " +
         std::to_string(t.restarts) + " of " + std::to_string(config_.max_restarts) + " from its latest checkpoint");
     queue_.push_back(id);
@@ -1033,9 +1038,7 @@ DETTRIAL_INLINE void Experiment::trial_ended(std::int64_t id, int status, bool s
                  describe_failure(id, status).c_str(), static_cast<long long>(t.restarts),
                  (trial_dir(id) / "log.txt").c_str());
   }
-  detail::Json end = {{"event", "end"}, {"trial", id}, {"state", to_string(t.state)}, {"restarts", t.restarts}};
-  if (slurm_job != 0) end["slurm_job"] = slurm_job;
-  log_event(end);
+  log_ending({{"event", "end"}, {"trial", id}, {"state", to_string(t.state)}, {"restarts", t.restarts}});
   say("[experiment] trial " + std::to_string(id) + " " + to_string(t.state) + " after " + std::to_string(t.batches_trained) + " batches");
   for (auto& r : std::visit([&](auto& s) { return s.on_trial_end(id); }, searcher_)) add_trial(std::move(r));
   say(progress());

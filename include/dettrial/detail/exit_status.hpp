@@ -13,4 +13,9 @@ inline constexpr int exit_status_interrupted_value = 75;
 /// experiment does not restart it (sysexits' EX_CONFIG).
 inline constexpr int exit_status_config_value = 78;
 
+/// The wait status (as waitpid gives it, for WIFEXITED and the rest) of a process that exited
+/// with `code`, or that `signal` killed: for ends a supervisor learns of other than by waitpid.
+inline constexpr int wait_status_exited(int code) { return (code & 0xff) << 8; }
+inline constexpr int wait_status_killed(int signal) { return signal & 0x7f; }
+
 }  // namespace dettrial::detail
