@@ -12,6 +12,14 @@ function(dettrial_link_torch_wheel_cuda target)
   endforeach()
 endfunction()
 
+# CUDA: when LibTorch is CUDA-built, DETTRIAL_HAS_CUDA turns on what needs its CUDA headers (the
+# training step captured in a CUDA graph, streams for copies); without it those refuse at the start.
+function(dettrial_enable_cuda target)
+  if(TARGET torch_cuda OR TORCH_CUDA_LIBRARIES)
+    target_compile_definitions(${target} INTERFACE DETTRIAL_HAS_CUDA)
+  endif()
+endfunction()
+
 # NCCL: LibTorch's ProcessGroupNCCL is compiled only with USE_C10D_NCCL, which a CUDA-built LibTorch
 # does not export to its users. When this LibTorch has CUDA and nccl.h is found (the wheel's own
 # nvidia/nccl first, then the CUDA toolkit's), dettrial's communicator gets its NCCL backend.

@@ -22,6 +22,7 @@
 #include "metrics/metrics.hpp"
 #include "metrics/reducers.hpp"
 #include "optim/adadelta.hpp"
+#include "optim/fused.hpp"
 #include "optim/clip.hpp"
 #include "optim/lr_state.hpp"
 #include "optim/lr_step.hpp"

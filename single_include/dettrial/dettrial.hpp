@@ -571,6 +571,74 @@ DETTRIAL_INLINE Precision parse_precision(const std::string& text) {
 }  // namespace dettrial
 #endif  // DETTRIAL_HEADER_DEFINITIONS
 // ---- end dettrial/config/precision.hpp
+// ---- begin dettrial/config/step_capture.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief How the training step runs: eagerly, or captured once as a CUDA graph and replayed
+/// (`optimizations.step_capture`, FitOptions::step_capture).
+
+#include <cstdint>
+#include <string>
+#include <variant>
+
+
+namespace dettrial {
+namespace capture {
+
+/// Every batch runs eagerly: the trial's hooks, backward and the optimizer step, kernel by kernel.
+struct none {
+  static constexpr const char* name = "none";
+};
+
+/**
+ * @brief The whole training step (train_batch, backward, gradient clipping, the optimizer step) is
+ * captured once in a CUDA graph after `warmup_batches` eager batches, and replayed for every later
+ * batch of the same shapes; each batch is copied into the graph's input buffers first. Boundaries
+ * (validation, checkpoints, reports, callbacks) run outside the graph.
+ *
+ * Needs a CUDA device, one process, aggregation_frequency 1, no fp16 gradient scaler (bf16 autocast
+ * is fine) and optimizers that read their learning rate on the device (dettrial::optim::FusedSGD,
+ * FusedAdam, FusedAdamW); the trainer refuses anything else at the start, in one sentence. A batch of
+ * other shapes (the last, partial batch of an epoch) runs eagerly.
+ */
+struct cuda_graph {
+  static constexpr const char* name = "cuda_graph";
+  /// Eager batches before the capture, on the capture's stream (they make the optimizer's state and
+  /// the libraries' workspaces, which a capture cannot). At least 1.
+  std::int64_t warmup_batches = 3;
+};
+
+}  // namespace capture
+
+/// capture::none or capture::cuda_graph.
+using StepCapture = std::variant<capture::none, capture::cuda_graph>;
+
+/// `optimizations.step_capture`: none, or cuda_graph (with `capture_warmup_batches` eager batches first).
+DETTRIAL_INLINE StepCapture parse_step_capture(const std::string& text, std::int64_t warmup_batches);
+
+/// The name of a step capture, for messages.
+inline const char* to_string(const StepCapture& c) {
+  return std::visit([](const auto& p) { return p.name; }, c);
+}
+
+}  // namespace dettrial
+
+// Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
+#if DETTRIAL_HEADER_DEFINITIONS
+namespace dettrial {
+
+DETTRIAL_INLINE StepCapture parse_step_capture(const std::string& text, std::int64_t warmup_batches) {
+  if (warmup_batches < 1)
+    throw ConfigError("capture_warmup_batches is " + std::to_string(warmup_batches) +
+                      "; a capture needs at least 1 eager batch before it (it makes the optimizer's state)");
+  if (text == "none" || text == "off") return capture::none{};
+  if (text == "cuda_graph") return capture::cuda_graph{.warmup_batches = warmup_batches};
+  throw ConfigError("step_capture is '" + text + "'; expected none or cuda_graph");
+}
+
+}  // namespace dettrial
+#endif  // DETTRIAL_HEADER_DEFINITIONS
+// ---- end dettrial/config/step_capture.hpp
 
 namespace dettrial {
 
@@ -628,6 +696,9 @@ class ExperimentConfig {
   std::int64_t aggregation_frequency = 1;
   /// `optimizations.mixed_precision`: autocast (and for fp16 a gradient scaler) around forward passes.
   Precision mixed_precision = Precision::fp32;
+  /// `optimizations.step_capture` (dettrial's): none, or cuda_graph to capture the training step once
+  /// and replay it (with `optimizations.capture_warmup_batches` eager batches first, default 3).
+  StepCapture step_capture = capture::none{};
   bool average_aggregated_gradients = true;
   std::optional<std::uint64_t> experiment_seed;
   /// `reproducibility.deterministic` (dettrial's): LibTorch's deterministic algorithms on, cuDNN's
@@ -793,6 +864,7 @@ DETTRIAL_INLINE ExperimentConfig& ExperimentConfig::operator=(const ExperimentCo
   slots_per_trial = o.slots_per_trial;
   aggregation_frequency = o.aggregation_frequency;
   mixed_precision = o.mixed_precision;
+  step_capture = o.step_capture;
   average_aggregated_gradients = o.average_aggregated_gradients;
   experiment_seed = o.experiment_seed;
   deterministic = o.deterministic;
@@ -887,6 +959,20 @@ DETTRIAL_INLINE ExperimentConfig ExperimentConfig::from_yaml(const YAML::Node& r
       throw ConfigError(detail::where(opt["aggregation_frequency"], source) +
                         ": optimizations.aggregation_frequency must be at least 1");
     r.read(opt, "average_aggregated_gradients", c.average_aggregated_gradients);
+    if (const YAML::Node sc = opt["step_capture"]; sc && !sc.IsNull()) {
+      std::string text;
+      std::int64_t warmup = capture::cuda_graph{}.warmup_batches;
+      r.read(opt, "step_capture", text);
+      r.read(opt, "capture_warmup_batches", warmup);
+      try {
+        c.step_capture = parse_step_capture(text, warmup);
+      } catch (const ConfigError& e) {
+        throw ConfigError(detail::where(sc, source) + ": optimizations." + e.what());
+      }
+    } else if (opt["capture_warmup_batches"]) {
+      throw ConfigError(detail::where(opt["capture_warmup_batches"], source) +
+                        ": optimizations.capture_warmup_batches is set but step_capture is not; set step_capture: cuda_graph");
+    }
   }
   if (const YAML::Node rep = root["reproducibility"]; rep && rep["experiment_seed"] && !rep["experiment_seed"].IsNull()) {
     std::uint64_t seed = 0;
@@ -988,7 +1074,8 @@ DETTRIAL_INLINE void ExperimentConfig::check_fields(const YAML::Node& root, cons
   static const std::vector<std::string> resources = {"slots_per_trial"};
   static const std::vector<std::string> resources_cluster = {
       "slots", "resource_pool", "max_slots", "priority", "weight", "shm_size", "devices", "native_parallel", "is_single_node", "agent_label"};
-  static const std::vector<std::string> optimizations = {"aggregation_frequency", "average_aggregated_gradients", "mixed_precision"};
+  static const std::vector<std::string> optimizations = {"aggregation_frequency", "average_aggregated_gradients", "mixed_precision",
+                                                         "step_capture", "capture_warmup_batches"};
   static const std::vector<std::string> optimizations_cluster = {
       "average_training_metrics", "gradient_compression", "tensor_fusion_threshold",
       "tensor_fusion_cycle_time", "auto_tune_tensor_fusion", "grad_updates_size_file"};
@@ -3482,12 +3569,367 @@ DETTRIAL_INLINE void python_group_options(const AdadeltaOptions& options, c10::i
 }  // namespace dettrial::optim
 #endif  // DETTRIAL_HEADER_DEFINITIONS
 // ---- end dettrial/optim/adadelta.hpp
+// ---- begin dettrial/optim/fused.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief Optimizers whose step a CUDA graph can capture: SGD, Adam and AdamW with their learning
+/// rates (and Adam's step counts) in device tensors, stepped by ATen's fused kernels.
+///
+/// LibTorch's own optimizers read the learning rate and compute Adam's bias corrections on the host,
+/// so a replayed graph would train at the learning rate of the captured batch forever. These keep
+/// LibTorch's options, state and serialization (a checkpoint of FusedSGD loads into torch::optim::SGD
+/// and back), and write a group's learning rate into its device tensor only between steps, when a
+/// scheduler changed it.
+///
+/// On LibTorch 2.4 and later the step is ATen's `_fused_sgd_` / `_fused_adam_` / `_fused_adamw_`
+/// with a tensor learning rate (CPU and CUDA). Older LibTorch (Debian's 1.13) has no such kernels on
+/// the CPU and none taking a tensor learning rate; there the same arithmetic runs as tensor operations,
+/// which a graph captures as well.
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include <torch/torch.h>
+
+
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
+#define DETTRIAL_FUSED_KERNELS 1
+#else
+#define DETTRIAL_FUSED_KERNELS 0
+#endif
+
+namespace dettrial::optim {
+
+/**
+ * @brief What a trainer needs of an optimizer whose step a CUDA graph captures: the learning rates
+ * live in device tensors, which `sync_learning_rates` updates from the param groups' options between
+ * steps (a graph's replay runs no host code), and any device-side state can be brought to the host
+ * for a checkpoint and back after one is loaded.
+ */
+class CapturableOptimizer {
+ public:
+  CapturableOptimizer() = default;
+  CapturableOptimizer(CapturableOptimizer&&) = default;
+  CapturableOptimizer& operator=(CapturableOptimizer&&) = default;
+  virtual ~CapturableOptimizer() = default;
+
+  /// Writes each group's learning rate into its device tensor where the host value changed since the
+  /// last write (one small fill on the device, no synchronization). The optimizer's own step does it
+  /// when it is not being captured; a trainer replaying a graph does it before each replay.
+  void sync_learning_rates(std::vector<torch::optim::OptimizerParamGroup>& groups) {
+    for (std::size_t g = 0; g < groups.size() && g < rates_.size(); ++g) {
+      Rate& r = rates_[g];
+      const double lr = groups[g].options().get_lr();
+      if (r.tensor.defined() && r.written != lr) {
+        r.tensor.fill_(lr);
+        r.written = lr;
+      }
+    }
+  }
+  /// While true, a step writes nothing from the host (the trainer sets it around a capture).
+  void set_capturing(bool capturing) { capturing_ = capturing; }
+  /// Copies device-side state (Adam's step counts) into LibTorch's parameter state, for a checkpoint.
+  virtual void pull_host_state() {}
+  /// After a checkpoint was loaded into LibTorch's parameter state: rebuilds the device-side state.
+  virtual void push_device_state() {}
+
+ protected:
+  /// Group `g`'s learning rate as a float scalar tensor on `like`'s device (made on first use).
+  const torch::Tensor& device_lr(std::size_t g, double lr, const torch::Tensor& like) {
+    if (rates_.size() <= g) rates_.resize(g + 1);
+    Rate& r = rates_[g];
+    if (!r.tensor.defined() || r.tensor.device() != like.device()) {
+      r.tensor = torch::full({}, lr, torch::TensorOptions().dtype(torch::kFloat).device(like.device()));
+      r.written = lr;
+    } else if (!capturing_ && r.written != lr) {
+      r.tensor.fill_(lr);
+      r.written = lr;
+    }
+    return r.tensor;
+  }
+  bool capturing() const { return capturing_; }
+
+ private:
+  struct Rate {
+    torch::Tensor tensor{};
+    double written = 0;
+  };
+  std::vector<Rate> rates_;
+  bool capturing_ = false;
+};
+
+}  // namespace dettrial::optim
+
+namespace dettrial::detail {
+
+/// The parameters of one group that have gradients, split by (device, dtype) as fused kernels need.
+struct FusedBucket {
+  std::vector<torch::Tensor> params, grads, first, second, third, steps;
+};
+
+template <class Fn>
+void for_each_bucket(const std::vector<torch::Tensor>& params, Fn&& fn) {
+  // Usually one bucket: a model on one device in one dtype. Mixed groups are split, in order.
+  std::vector<std::pair<std::pair<torch::Device, torch::ScalarType>, std::vector<std::size_t>>> buckets;
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    const auto key = std::pair(params[i].device(), params[i].scalar_type());
+    auto it = std::find_if(buckets.begin(), buckets.end(), [&](const auto& b) { return b.first == key; });
+    if (it == buckets.end()) buckets.push_back({key, {i}});
+    else it->second.push_back(i);
+  }
+  for (const auto& b : buckets) fn(b.second);
+}
+
+}  // namespace dettrial::detail
+
+namespace dettrial::optim {
+
+/**
+ * @brief SGD (LibTorch's options and state: momentum, dampening, weight decay, Nesterov) whose step
+ * reads the learning rate from a device tensor, so that a CUDA graph can capture it.
+ * @code{.cpp}
+ * dettrial::optim::FusedSGD optimizer(model->parameters(), torch::optim::SGDOptions(0.03).momentum(0.9));
+ * @endcode
+ */
+class FusedSGD : public torch::optim::SGD, public CapturableOptimizer {
+ public:
+  using torch::optim::SGD::SGD;
+
+  torch::Tensor step(LossClosure closure = nullptr) override {
+    torch::NoGradGuard no_grad;
+    torch::Tensor loss;
+    if (closure) {
+      at::AutoGradMode enable_grad(true);
+      loss = closure();
+    }
+    for (std::size_t g = 0; g < param_groups().size(); ++g) {
+      auto& group = param_groups()[g];
+      const auto& o = static_cast<const torch::optim::SGDOptions&>(group.options());
+      std::vector<torch::Tensor> params;
+      params.reserve(group.params().size());
+      for (const auto& p : group.params())
+        if (p.grad().defined()) params.push_back(p);
+      if (params.empty()) continue;
+      const torch::Tensor& lr = device_lr(g, o.lr(), params.front());
+      if (o.momentum() == 0) {
+        run_buckets(params, {}, o, lr, false);
+        continue;
+      }
+      // A parameter's first step makes its momentum buffer (a copy of its gradient); the kernel
+      // takes that as one flag for all it steps, so new and old buffers go in separate calls.
+      std::vector<torch::Tensor> fresh, stepped, fresh_bufs, stepped_bufs;
+      for (const auto& p : params) {
+        const bool is_new = !has_buffer(p);
+        (is_new ? fresh : stepped).push_back(p);
+        (is_new ? fresh_bufs : stepped_bufs).push_back(buffer(p, is_new));
+      }
+      if (!fresh.empty()) run_buckets(fresh, fresh_bufs, o, lr, true);
+      if (!stepped.empty()) run_buckets(stepped, stepped_bufs, o, lr, false);
+    }
+    return loss;
+  }
+
+ private:
+  void run_buckets(const std::vector<torch::Tensor>& params, const std::vector<torch::Tensor>& bufs,
+                   const torch::optim::SGDOptions& o, const torch::Tensor& lr, bool first) {
+    detail::for_each_bucket(params, [&](const std::vector<std::size_t>& idx) {
+      std::vector<torch::Tensor> ps, grads, bs;
+      ps.reserve(idx.size());
+      grads.reserve(idx.size());
+      for (auto i : idx) {
+        ps.push_back(params[i]);
+        grads.push_back(params[i].grad());
+        if (!bufs.empty()) bs.push_back(bufs[i]);
+      }
+      run(ps, grads, bs, o, lr, first);
+    });
+  }
+  bool has_buffer(const torch::Tensor& p) {
+    const auto it = state().find(detail::optimizer_state_key<std::decay_t<decltype(state())>>(p));
+    return it != state().end() && static_cast<torch::optim::SGDParamState&>(*it->second).momentum_buffer().defined();
+  }
+  torch::Tensor buffer(const torch::Tensor& p, bool fresh) {
+    const auto key = detail::optimizer_state_key<std::decay_t<decltype(state())>>(p);
+    if (fresh) {
+      auto s = std::make_unique<torch::optim::SGDParamState>();
+      s->momentum_buffer(torch::empty_like(p, torch::MemoryFormat::Preserve));
+      state()[key] = std::move(s);
+    }
+    return static_cast<torch::optim::SGDParamState&>(*state()[key]).momentum_buffer();
+  }
+
+  /// LibTorch's SGD arithmetic with the learning rate read from `lr`; `first`: the buffers are new.
+  static void run(const std::vector<torch::Tensor>& params, const std::vector<torch::Tensor>& grads,
+                  const std::vector<torch::Tensor>& bufs, const torch::optim::SGDOptions& o, const torch::Tensor& lr, bool first) {
+#if DETTRIAL_FUSED_KERNELS
+    at::_fused_sgd_(params, grads, bufs, o.weight_decay(), o.momentum(), lr, o.dampening(), o.nesterov(),
+                    /*maximize=*/false, first);
+#else
+    const torch::Tensor neg_lr = lr.neg();
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      torch::Tensor p = params[i];
+      torch::Tensor d_p = grads[i];
+      if (o.weight_decay() != 0) d_p = d_p.add(p, o.weight_decay());
+      if (o.momentum() != 0) {
+        torch::Tensor buf = bufs[i];
+        if (first) buf.copy_(d_p);
+        else buf.mul_(o.momentum()).add_(d_p, 1 - o.dampening());
+        d_p = o.nesterov() ? d_p.add(buf, o.momentum()) : buf;
+      }
+      p.addcmul_(d_p, neg_lr);
+    }
+#endif
+  }
+};
+
+}  // namespace dettrial::optim
+
+namespace dettrial::detail {
+
+/// Adam and AdamW: LibTorch's options and state, with each parameter's step count also kept as a
+/// float tensor on its device (what the fused kernels read and increment), mirrored into LibTorch's
+/// `step` for checkpoints by pull_host_state.
+template <class Base, class Options, class State, bool Decoupled>
+class FusedAdamBase : public Base, public optim::CapturableOptimizer {
+ public:
+  using Base::Base;
+
+  torch::Tensor step(typename Base::LossClosure closure = nullptr) override {
+    torch::NoGradGuard no_grad;
+    torch::Tensor loss;
+    if (closure) {
+      at::AutoGradMode enable_grad(true);
+      loss = closure();
+    }
+    for (std::size_t g = 0; g < this->param_groups().size(); ++g) {
+      auto& group = this->param_groups()[g];
+      const auto& o = static_cast<const Options&>(group.options());
+      std::vector<torch::Tensor> params;
+      params.reserve(group.params().size());
+      for (const auto& p : group.params())
+        if (p.grad().defined()) params.push_back(p);
+      if (params.empty()) continue;
+      const torch::Tensor& lr = device_lr(g, o.lr(), params.front());
+      for_each_bucket(params, [&](const std::vector<std::size_t>& idx) {
+        FusedBucket b;
+        for (auto i : idx) {
+          const torch::Tensor& p = params[i];
+          State& s = state_of(p);
+          b.params.push_back(p);
+          b.grads.push_back(p.grad());
+          b.first.push_back(s.exp_avg());
+          b.second.push_back(s.exp_avg_sq());
+          if (o.amsgrad()) b.third.push_back(s.max_exp_avg_sq());
+          b.steps.push_back(steps_.at(key(p)));
+        }
+        run(b, o, lr);
+      });
+    }
+    return loss;
+  }
+
+  void pull_host_state() override {
+    for (auto& [k, step] : steps_) {
+      auto it = this->state().find(k);
+      if (it != this->state().end()) static_cast<State&>(*it->second).step(static_cast<std::int64_t>(step.template item<double>()));
+    }
+  }
+  void push_device_state() override {
+    steps_.clear();
+    for (auto& group : this->param_groups())
+      for (const auto& p : group.params()) {
+        auto it = this->state().find(key(p));
+        if (it != this->state().end())
+          steps_[key(p)] = torch::full({}, static_cast<double>(static_cast<State&>(*it->second).step()),
+                                       torch::TensorOptions().dtype(torch::kFloat).device(p.device()));
+      }
+  }
+
+ private:
+  using Key = typename std::decay_t<decltype(std::declval<Base&>().state())>::key_type;
+  static Key key(const torch::Tensor& p) { return detail::optimizer_state_key<std::decay_t<decltype(std::declval<Base&>().state())>>(p); }
+
+  State& state_of(const torch::Tensor& p) {
+    const Key k = key(p);
+    auto it = this->state().find(k);
+    if (it == this->state().end()) {
+      const auto& o = static_cast<const Options&>(this->param_groups().front().options());
+      auto s = std::make_unique<State>();
+      s->step(0);
+      s->exp_avg(torch::zeros_like(p, torch::MemoryFormat::Preserve));
+      s->exp_avg_sq(torch::zeros_like(p, torch::MemoryFormat::Preserve));
+      if (o.amsgrad()) s->max_exp_avg_sq(torch::zeros_like(p, torch::MemoryFormat::Preserve));
+      it = this->state().insert_or_assign(k, std::move(s)).first;
+    } else if (!steps_.count(k)) {
+      // State loaded from a checkpoint (or made by LibTorch's Adam): its step count goes to the device.
+      steps_[k] = torch::full({}, static_cast<double>(static_cast<State&>(*it->second).step()),
+                              torch::TensorOptions().dtype(torch::kFloat).device(p.device()));
+    }
+    if (!steps_.count(k)) steps_[k] = torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat).device(p.device()));
+    return static_cast<State&>(*it->second);
+  }
+
+  static void run(FusedBucket& b, const Options& o, const torch::Tensor& lr) {
+    const double beta1 = std::get<0>(o.betas()), beta2 = std::get<1>(o.betas());
+#if DETTRIAL_FUSED_KERNELS
+    torch::_foreach_add_(b.steps, 1);
+    if constexpr (Decoupled)
+      at::_fused_adamw_(b.params, b.grads, b.first, b.second, b.third, b.steps, lr, beta1, beta2, o.weight_decay(), o.eps(),
+                        o.amsgrad(), /*maximize=*/false);
+    else
+      at::_fused_adam_(b.params, b.grads, b.first, b.second, b.third, b.steps, lr, beta1, beta2, o.weight_decay(), o.eps(),
+                       o.amsgrad(), /*maximize=*/false);
+#else
+    // Python's capturable Adam, one parameter at a time, every scalar that varies kept as a tensor.
+    for (std::size_t i = 0; i < b.params.size(); ++i) {
+      torch::Tensor p = b.params[i], grad = b.grads[i], step = b.steps[i];
+      step.add_(1);
+      if (o.weight_decay() != 0) {
+        if constexpr (Decoupled) p.mul_(lr.mul(-o.weight_decay()).add_(1));
+        else grad = grad.add(p, o.weight_decay());
+      }
+      b.first[i].mul_(beta1).add_(grad, 1 - beta1);
+      b.second[i].mul_(beta2).addcmul_(grad, grad, 1 - beta2);
+      const torch::Tensor bias_correction1 = 1 - torch::pow(beta1, step);
+      const torch::Tensor bias_correction2_sqrt = (1 - torch::pow(beta2, step)).sqrt();
+      torch::Tensor second = b.second[i];
+      if (o.amsgrad()) {
+        torch::maximum_out(b.third[i], b.third[i], b.second[i]);
+        second = b.third[i];
+      }
+      const torch::Tensor step_size_neg = (lr / bias_correction1).neg();
+      const torch::Tensor denom = (second.sqrt() / (bias_correction2_sqrt * step_size_neg)).add_(o.eps() / step_size_neg);
+      p.addcdiv_(b.first[i], denom);
+    }
+#endif
+  }
+
+  std::map<Key, torch::Tensor> steps_;
+};
+
+}  // namespace dettrial::detail
+
+namespace dettrial::optim {
+
+/// Adam (LibTorch's options and state) stepped with a device-resident learning rate and step count.
+using FusedAdam = detail::FusedAdamBase<torch::optim::Adam, torch::optim::AdamOptions, torch::optim::AdamParamState, false>;
+/// AdamW (decoupled weight decay) stepped with a device-resident learning rate and step count.
+using FusedAdamW = detail::FusedAdamBase<torch::optim::AdamW, torch::optim::AdamWOptions, torch::optim::AdamWParamState, true>;
+
+}  // namespace dettrial::optim
+// ---- end dettrial/optim/fused.hpp
 // ---- begin dettrial/optim/clip.hpp
 // SPDX-License-Identifier: Apache-2.0
 /// @file
 /// @brief Gradient clipping policies for `step_optimizer`.
 
 #include <concepts>
+#include <limits>
 #include <vector>
 
 #include <torch/torch.h>
@@ -3504,12 +3946,35 @@ namespace clip {
 struct none {
   void operator()(std::vector<torch::Tensor>&) const noexcept {}
 };
-/// Scales gradients so their total `norm_type`-norm is at most `max_norm` (torch's clip_grad_norm_).
+/// Scales gradients so their total `norm_type`-norm is at most `max_norm`: torch's clip_grad_norm_,
+/// the same operations, without reading the norm back to the host (which LibTorch's does to return
+/// it), so that the step stays asynchronous and a CUDA graph can capture it.
 struct by_norm {
   double max_norm;
   double norm_type = 2.0;
   void operator()(std::vector<torch::Tensor>& params) const {
-    torch::nn::utils::clip_grad_norm_(params, max_norm, norm_type);
+    torch::NoGradGuard no_grad;
+    std::vector<torch::Tensor> grads;
+    grads.reserve(params.size());
+    for (const auto& p : params)
+      if (p.grad().defined()) grads.push_back(p.grad());
+    if (grads.empty()) return;
+    torch::Tensor total;
+    if (norm_type == std::numeric_limits<double>::infinity()) {
+      std::vector<torch::Tensor> norms;
+      norms.reserve(grads.size());
+      for (const auto& g : grads) norms.push_back(g.abs().max());
+      total = norms.size() == 1 ? norms[0] : torch::max(torch::stack(norms));
+    } else if (norm_type == 0) {
+      total = torch::full({}, static_cast<double>(grads.size()));
+    } else {
+      std::vector<torch::Tensor> norms;
+      norms.reserve(grads.size());
+      for (const auto& g : grads) norms.push_back(g.norm(norm_type));
+      total = norms.size() == 1 ? norms[0] : torch::stack(norms).norm(norm_type);
+    }
+    const torch::Tensor coef = torch::clamp_max(max_norm / (total + 1e-6), 1.0);
+    for (auto& g : grads) g.mul_(coef);
   }
 };
 /// Clamps every gradient element to [-clip_value, clip_value] (torch's clip_grad_value_).
@@ -8486,6 +8951,15 @@ DETTRIAL_INLINE void load_model(const std::filesystem::path& path, torch::nn::Mo
 }  // namespace dettrial
 
 // Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
+namespace dettrial {
+/// Brings device-side optimizer state (FusedAdam's step counts) into LibTorch's state before it is
+/// saved: one read of the device per checkpoint.
+inline void pull_device_optimizer_state(Context& c) {
+  for (std::size_t i = 0; i < c.num_optimizers(); ++i)
+    if (auto* capturable = dynamic_cast<optim::CapturableOptimizer*>(&c.optimizer(i))) capturable->pull_host_state();
+}
+}  // namespace dettrial
+
 #if DETTRIAL_HEADER_DEFINITIONS
 namespace dettrial {
 
@@ -8553,6 +9027,7 @@ DETTRIAL_INLINE StateDict read_state_dict_file(const std::filesystem::path& dir)
 
 DETTRIAL_INLINE StateDict ContextCheckpoint::python_state(Context& c, const std::vector<torch::Tensor>& cpu_rng_per_rank,
                                                            const std::vector<torch::Tensor>& gpu_rng_per_rank) {
+  pull_device_optimizer_state(c);
   c10::impl::GenericList models(c10::AnyType::get());
   for (const auto& m : c.models()) models.push_back(module_state_dict(*m));
   c10::impl::GenericList optimizers(c10::AnyType::get());
@@ -8593,6 +9068,7 @@ DETTRIAL_INLINE StateDict ContextCheckpoint::python_state(Context& c, const std:
 }
 
 DETTRIAL_INLINE std::string ContextCheckpoint::native_state(Context& c, bool with_grads) {
+  pull_device_optimizer_state(c);
   torch::serialize::OutputArchive archive;
   archive.write("format", c10::IValue(checkpoint_format_version));
   torch::serialize::OutputArchive optimizers;
@@ -8708,6 +9184,11 @@ DETTRIAL_INLINE void ContextCheckpoint::load_native(Context& c, const std::strin
         torch::serialize::InputArchive options;
         groups.read(std::to_string(g), options);
         optimizer.param_groups()[g].options().serialize(options);
+      }
+      // Device-side state (FusedAdam's step counts) follows the loaded state, and learning rates the loaded options.
+      if (auto* capturable = dynamic_cast<optim::CapturableOptimizer*>(&optimizer)) {
+        capturable->push_device_state();
+        capturable->sync_learning_rates(optimizer.param_groups());
       }
     } catch (const std::exception& e) {
       throw CheckpointError(what + ": optimizer " + std::to_string(i) + " does not match the trial's: " + first_line(e.what()));
@@ -11399,6 +11880,9 @@ struct FitOptions {
   /// LibTorch's profiler over a range of batches, written to `<output_dir>/trace.json` (the
   /// experiment config's `profiling` section).
   ExperimentConfig::Profiling profiling{};
+  /// How the training step runs: eagerly (capture::none), or captured once in a CUDA graph and
+  /// replayed (capture::cuda_graph; the experiment config's `optimizations.step_capture`).
+  StepCapture step_capture = capture::none{};
 
   /**
    * @brief The options an experiment config implies, as Determined maps them: searcher.max_length (or
@@ -11449,6 +11933,7 @@ DETTRIAL_INLINE FitOptions FitOptions::from_config(const ExperimentConfig& confi
   o.smaller_is_better = config.searcher.smaller_is_better;
   if (config.checkpoint_storage.path) o.checkpoint_dir = *config.checkpoint_storage.path;
   o.profiling = config.profiling;
+  o.step_capture = config.step_capture;
   o.retention = {.save_trial_best = config.checkpoint_storage.save_trial_best,
                  .save_trial_latest = config.checkpoint_storage.save_trial_latest};
   return o;
@@ -11957,6 +12442,306 @@ DETTRIAL_INLINE void EarlyStopping::load_state_dict(const c10::IValue& state) {
 }  // namespace dettrial::keras
 #endif  // DETTRIAL_HEADER_DEFINITIONS
 // ---- end dettrial/keras/keras.hpp
+// ---- begin dettrial/trainer/step_graph.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief The training step captured once in a CUDA graph and replayed (capture::cuda_graph): the
+/// checks made before training starts, and the graph with its input buffers.
+
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <concepts>
+#include <map>
+#include <optional>
+#include <string>
+#include <type_traits>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include <c10/util/Type.h>
+#include <torch/torch.h>
+
+
+// DETTRIAL_HAS_CUDA: LibTorch is CUDA-built (dettrial's CMake defines it, as it does the NCCL backend).
+#if defined(DETTRIAL_HAS_CUDA)
+#include <ATen/cuda/CUDAEvent.h>
+#include <ATen/cuda/CUDAGraph.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#endif
+
+namespace dettrial::detail {
+
+/// Whether this build of dettrial can capture CUDA graphs.
+inline constexpr bool step_capture_built =
+#if defined(DETTRIAL_HAS_CUDA)
+    true;
+#else
+    false;
+#endif
+
+/// A batch a graph can take as input: tensors, in tuples, pairs, vectors and string-keyed maps, and
+/// nothing else (a number in a batch would be frozen at the captured batch's value).
+template <class B>
+constexpr bool graph_input_batch() {
+  using U = std::remove_cvref_t<B>;
+  if constexpr (std::is_same_v<U, torch::Tensor>) return true;
+  else if constexpr (is_tuple_like<U>::value)
+    return []<class... Ts>(std::type_identity<std::tuple<Ts...>>) { return (graph_input_batch<Ts>() && ...); }(
+        std::type_identity<decltype(std::tuple_cat(std::declval<U>()))>{});
+  else if constexpr (is_vector<U>::value) return graph_input_batch<typename U::value_type>();
+  else if constexpr (is_string_map<U>::value) return graph_input_batch<typename U::mapped_type>();
+  else return false;
+}
+
+/// Calls `f(a_tensor, b_tensor)` on the tensors of two batches of the same type, pairwise; returns
+/// false (and stops) where their structure differs (vector lengths, map keys).
+template <class A, class B, class F>
+  requires std::same_as<std::remove_cvref_t<A>, std::remove_cvref_t<B>>
+bool for_each_tensor_pair(A& a, B& b, F&& f) {
+  using U = std::remove_cvref_t<A>;
+  if constexpr (std::is_same_v<U, torch::Tensor>) {
+    return f(a, b);
+  } else if constexpr (is_tuple_like<U>::value) {
+    return [&]<std::size_t... I>(std::index_sequence<I...>) {
+      return (for_each_tensor_pair(std::get<I>(a), std::get<I>(b), f) && ...);
+    }(std::make_index_sequence<std::tuple_size_v<U>>{});
+  } else if constexpr (is_vector<U>::value) {
+    if (a.size() != b.size()) return false;
+    for (std::size_t i = 0; i < a.size(); ++i)
+      if (!for_each_tensor_pair(a[i], b[i], f)) return false;
+    return true;
+  } else if constexpr (is_string_map<U>::value) {
+    if (a.size() != b.size()) return false;
+    for (auto& [key, value] : a) {
+      const auto it = b.find(key);
+      if (it == b.end() || !for_each_tensor_pair(value, it->second, f)) return false;
+    }
+    return true;
+  } else {
+    return true;
+  }
+}
+
+/**
+ * @brief Refuses, before the first batch, a step capture that could not be right: one sentence
+ * naming what stands in the way. The trial-side reasons come first, so that they are seen (and
+ * tested) on any machine; the device last.
+ */
+template <class Batch>
+void check_step_capture(const StepCapture& capture, Context& context) {
+  if (std::holds_alternative<capture::none>(capture)) return;
+  const auto& graph = std::get<capture::cuda_graph>(capture);
+  const std::string what = "step_capture: cuda_graph ";
+  if (graph.warmup_batches < 1)
+    throw ConfigError(what + "needs at least 1 warm-up batch (capture_warmup_batches is " + std::to_string(graph.warmup_batches) +
+                      "): the eager batches before the capture make the optimizer's state");
+  if constexpr (!graph_input_batch<Batch>())
+    throw TrialError(what + "copies each batch into the graph's input tensors, so the training batch must be made of tensors "
+                     "(in tuples, pairs, vectors or string-keyed maps); " + c10::demangle(typeid(Batch).name()) +
+                     " is not, or holds a value that the graph would freeze");
+  if (context.communicator())
+    throw ConfigError(what + "does not capture data-parallel training (the gradient all-reduce runs between the backward pass "
+                      "and the step); run one process per trial or set step_capture: none");
+  if (context.aggregation_frequency() > 1)
+    throw ConfigError(what + "needs aggregation_frequency 1: with " + std::to_string(context.aggregation_frequency()) +
+                      " the optimizer steps on some batches only, which one graph cannot replay");
+  if (context.scaler())
+    throw ConfigError(what + "cannot replay an fp16 gradient scaler, which decides on the host whether to skip a step; use "
+                      "mixed_precision: bf16 (no scaler) or fp32");
+  for (std::size_t i = 0; i < context.num_optimizers(); ++i) {
+    torch::optim::Optimizer& optimizer = context.optimizer(i);
+    if (!dynamic_cast<optim::CapturableOptimizer*>(&optimizer))
+      throw TrialError(what + "needs optimizers that read their learning rate on the device, and optimizer " + std::to_string(i) +
+                       " (" + c10::demangle(typeid(optimizer).name()) +
+                       ") reads it on the host, so a replay would keep the captured batch's; use dettrial::optim::FusedSGD, "
+                       "FusedAdam or FusedAdamW (same options and checkpoints as LibTorch's SGD, Adam and AdamW)");
+  }
+  if (!step_capture_built)
+    throw ConfigError(what + "needs LibTorch built with CUDA, and this one is CPU-only; set step_capture: none");
+  if (!context.device().is_cuda())
+    throw ConfigError(what + "needs a CUDA device, and this trial runs on " + context.device().str() + "; set step_capture: none");
+}
+
+/**
+ * @brief One fit's captured step: the graph, its input batch and output metrics, and where the run
+ * stands (warming up, captured). The trainer drives it; see Trainer::train_batch.
+ */
+template <class Batch>
+class StepGraph {
+ public:
+  StepGraph() = default;
+  StepGraph(const StepGraph&) = delete;
+  StepGraph& operator=(const StepGraph&) = delete;
+
+  /// Arms the capture for this fit: the optimizers it syncs, and the eager batches before it.
+  void start(const capture::cuda_graph& options, Context& context) {
+    warmup_left_ = options.warmup_batches;
+    optimizers_.clear();
+    for (std::size_t i = 0; i < context.num_optimizers(); ++i) {
+      torch::optim::Optimizer& o = context.optimizer(i);
+      optimizers_.push_back({dynamic_cast<optim::CapturableOptimizer*>(&o), &o});
+    }
+    context_ = &context;
+    armed_ = true;
+  }
+  bool armed() const { return armed_; }
+  bool captured() const { return static_batch_.has_value(); }
+  bool warming_up() const { return warmup_left_ > 0; }
+
+  /// Whether `batch` has the captured batch's structure and shapes (else it runs eagerly).
+  bool fits(const Batch& batch) const {
+    return for_each_tensor_pair(*static_batch_, batch, [](const torch::Tensor& s, const torch::Tensor& b) {
+      return s.defined() == b.defined() && (!s.defined() || (s.sizes() == b.sizes() && s.scalar_type() == b.scalar_type()));
+    });
+  }
+
+#if defined(DETTRIAL_HAS_CUDA)
+  /// A warm-up batch: `step` runs eagerly on the capture's side stream, ordered after the work
+  /// before it and before the work after it, so that the libraries make their per-stream state
+  /// (cuBLAS workspaces) where the capture will run.
+  template <class Step>
+  Metrics warm_up(Step&& step) {
+    --warmup_left_;
+    c10::cuda::CUDAStream main = c10::cuda::getCurrentCUDAStream(context_->device().index());
+    if (!side_) side_ = c10::cuda::getStreamFromPool(false, context_->device().index());
+    join(main, *side_);
+    Metrics metrics;
+    {
+      c10::cuda::CUDAStreamGuard guard(*side_);
+      metrics = step();
+    }
+    join(*side_, main);
+    check_metrics(metrics);
+    return metrics;
+  }
+
+  /// Captures `step(static_batch)` in the graph (nothing runs), then replays it once to train `batch`.
+  template <class Step>
+  Metrics capture(Batch batch, Step&& step) {
+    static_batch_.emplace(std::move(batch));
+    // Gradients start unset, so that the captured backward pass makes them in the graph's memory.
+    for (const auto& m : context_->models())
+      for (auto& p : m->parameters()) p.mutable_grad().reset();
+    for (auto& [capturable, optimizer] : optimizers_) {
+      capturable->sync_learning_rates(optimizer->param_groups());
+      capturable->set_capturing(true);
+    }
+    c10::cuda::CUDAStream main = c10::cuda::getCurrentCUDAStream(context_->device().index());
+    join(main, *side_);
+    graph_.emplace();
+    try {
+      c10::cuda::CUDAStreamGuard guard(*side_);
+      // Thread-local mode: the loader's threads may pin memory (cudaHostAlloc) during the capture.
+      graph_->capture_begin({0, 0}, cudaStreamCaptureModeThreadLocal);
+      try {
+        static_metrics_ = step(*static_batch_);
+      } catch (...) {
+        try {
+          graph_->capture_end();
+        } catch (...) {  // the capture is invalid already; its error is the trial's, below
+        }
+        throw;
+      }
+      graph_->capture_end();
+    } catch (const std::exception& e) {
+      end_capture();
+      throw TrialError(std::string("step_capture: cuda_graph could not capture the training step (train_batch, backward and "
+                                   "the optimizer step): ") +
+                       first_line(e.what()) +
+                       ". A captured step must not wait for the device (.item(), .cpu(), printing a tensor, a branch on a "
+                       "tensor's value), make tensors on the host, or change shapes with the data (nonzero, masked_select); "
+                       "remove that from train_batch or set step_capture: none");
+    }
+    end_capture();
+    join(*side_, main);
+    check_metrics(static_metrics_);
+    graph_->replay();
+    return static_metrics_;
+  }
+
+  /// Copies `batch` into the graph's inputs (on the device, without waiting) and replays the step.
+  Metrics replay(const Batch& batch) {
+    for_each_tensor_pair(*static_batch_, batch, [](torch::Tensor& s, const torch::Tensor& b) {
+      if (s.defined()) s.copy_(b, /*non_blocking=*/true);
+      return true;
+    });
+    for (auto& [capturable, optimizer] : optimizers_) capturable->sync_learning_rates(optimizer->param_groups());
+    graph_->replay();
+    return static_metrics_;
+  }
+
+  /// Before an eager batch after the capture: gradients unset, so the eager backward pass does not
+  /// add to the graph's.
+  void before_eager_batch() {
+    for (const auto& m : context_->models())
+      for (auto& p : m->parameters()) p.mutable_grad().reset();
+  }
+#else
+  template <class Step>
+  Metrics warm_up(Step&&) { throw unavailable(); }
+  template <class Step>
+  Metrics capture(Batch, Step&&) { throw unavailable(); }
+  Metrics replay(const Batch&) { throw unavailable(); }
+  void before_eager_batch() {}
+#endif
+
+  /// Forgets the graph (and its memory) at the end of a fit.
+  void reset() {
+#if defined(DETTRIAL_HAS_CUDA)
+    if (graph_) graph_->reset();
+    graph_.reset();
+#endif
+    static_metrics_ = Metrics{};
+    static_batch_.reset();
+    armed_ = false;
+    warmup_left_ = 0;
+  }
+  ~StepGraph() { reset(); }
+
+ private:
+  static void check_metrics(const Metrics& metrics) {
+    for (const auto& e : metrics)
+      if (!e.value.is_tensor())
+        throw TrialError("step_capture: cuda_graph replays train_batch, so a metric it returns as a number would keep the "
+                         "captured batch's value: return '" + std::string(e.key.view()) + "' as a tensor");
+  }
+  static std::string first_line(const char* text) {
+    const std::string s(text);
+    return s.substr(0, s.find('\n'));
+  }
+#if defined(DETTRIAL_HAS_CUDA)
+  /// `after` waits for the work queued on `before` so far.
+  static void join(const c10::cuda::CUDAStream& before, const c10::cuda::CUDAStream& after) {
+    at::cuda::CUDAEvent event;
+    event.record(before);
+    event.block(after);
+  }
+  void end_capture() {
+    for (auto& [capturable, optimizer] : optimizers_) capturable->set_capturing(false);
+  }
+  std::optional<at::cuda::CUDAGraph> graph_;
+  std::optional<c10::cuda::CUDAStream> side_;
+#else
+  static ConfigError unavailable() { return ConfigError("step_capture: cuda_graph needs LibTorch built with CUDA"); }
+#endif
+
+  struct Capturable {
+    optim::CapturableOptimizer* capturable;
+    torch::optim::Optimizer* optimizer;
+  };
+  std::vector<Capturable> optimizers_;
+  Context* context_ = nullptr;
+  std::optional<Batch> static_batch_;
+  Metrics static_metrics_;
+  std::int64_t warmup_left_ = 0;
+  bool armed_ = false;
+};
+
+}  // namespace dettrial::detail
+// ---- end dettrial/trainer/step_graph.hpp
 // ---- begin dettrial/detail/signals.hpp
 // SPDX-License-Identifier: Apache-2.0
 /// @file
@@ -12245,6 +13030,8 @@ class Trainer {
     detail::TraceProfiler profiler{};
     /// Wait for the GPU at each phase's end while profiling, so that the phase timings are the GPU's (profiling.sync_timings).
     bool sync_timings = false;
+    /// Whether the first eager batch after a capture was announced.
+    bool eager_batch_announced = false;
   };
 
   /// What a training workload accumulates; kept across workloads so that a batch allocates nothing.
@@ -12297,6 +13084,9 @@ class Trainer {
       ++started;
     });
     prepare_training(st, callbacks, first_batch);
+    // The graph is made anew in each fit (a resumed run warms up and captures again) and freed after it.
+    if (const auto* graph = std::get_if<capture::cuda_graph>(&st.options.step_capture)) step_graph_.start(*graph, context_);
+    const auto free_graph = detail::on_scope_exit([&] { step_graph_.reset(); });
     announce(st);
     // One hparams session a folder: a resumed run's folder already starts one.
     if (!context_.get_tensorboard_writer().has_session())
@@ -12340,6 +13130,7 @@ class Trainer {
   RunState begin_run(FitOptions options) {
     RunState st{.options = std::move(options)};
     FitOptions& o = st.options;
+    detail::check_step_capture<training_batch_t<TrialT>>(o.step_capture, context_);
     st.length = resolve_length(o);
     o.validation_period = resolve_period(o.validation_period);
     o.checkpoint_period = resolve_period(o.checkpoint_period);
@@ -12423,6 +13214,9 @@ class Trainer {
       st.reporter.line("dettrial: resumed from " + st.resume_dir->string() +
                        (st.same_trial ? " at batch " + std::to_string(st.batches_trained)
                                       : std::string(" (another trial's checkpoint: weights and optimizer state only)")));
+    if (const auto* graph = std::get_if<capture::cuda_graph>(&o.step_capture))
+      st.reporter.line("dettrial: the training step is captured in a CUDA graph after " + std::to_string(graph->warmup_batches) +
+                       " eager batch(es), and replayed; batches of other shapes run eagerly");
     if (o.profiling.enabled)
       st.reporter.line("dettrial: profiling batches " + std::to_string(o.profiling.begin_on_batch) + " to " +
                        (o.profiling.end_after_batch ? std::to_string(*o.profiling.end_after_batch) : std::string("the end of training")) +
@@ -12511,7 +13305,7 @@ class Trainer {
       if (it == end) throw DataError("the training data loader's repeating stream ended at batch " + std::to_string(batch_idx));
       st.profiler.before_batch(batch_idx);
       // Synchronized timings only inside the profiled range: a sync a batch elsewhere would cost the GPU its queue.
-      train_batch<Set>(*it, workload, batch_idx, epoch_idx, st.sync_timings && st.profiler.running());
+      train_batch<Set>(st, *it, workload, batch_idx, epoch_idx, st.sync_timings && st.profiler.running());
       ++it;
       ++st.batches_trained;
       if (st.profiler.after_batch(batch_idx)) st.reporter.line("dettrial: " + st.profiler.summary());
@@ -12535,14 +13329,9 @@ class Trainer {
     workload.mark = now;
   }
 
-  /// One batch: to the device, train_batch, and for a declarative trial backward and step; each
-  /// phase timed, and named for the profiler's trace.
-  template <class Set, class Loaded>
-  void train_batch(Loaded&& loaded, Workload& workload, std::int64_t batch_idx, std::int64_t epoch_idx, bool sync_timings) {
-    training_batch_t<TrialT> batch = std::move(loaded);
-    to_device_in_place(batch, context_.device(), context_.device().is_cuda());
-    workload.records += record_count(batch);
-    lap(workload, workload.phases.data, sync_timings);
+  /// The trial's train_batch, and for a declarative trial backward, clipping and the optimizer step.
+  template <class Batch>
+  Metrics eager_step(Batch& batch, Workload& workload, std::int64_t batch_idx, std::int64_t epoch_idx, bool sync_timings) {
     Metrics metrics = [&] {
       RECORD_USER_SCOPE("dettrial::train_batch");
       return as_metrics(in_precision([&]() -> decltype(auto) {
@@ -12567,6 +13356,43 @@ class Trainer {
           context_.step_optimizer(detail::deref(*optimizer_));
       }
       lap(workload, workload.phases.optimizer_step, sync_timings);
+    }
+    return metrics;
+  }
+
+  /// One batch: to the device, train_batch, and for a declarative trial backward and step (eagerly,
+  /// or as a replay of the captured step); each phase timed, and named for the profiler's trace.
+  template <class Set, class Loaded>
+  void train_batch(RunState& st, Loaded&& loaded, Workload& workload, std::int64_t batch_idx, std::int64_t epoch_idx, bool sync_timings) {
+    training_batch_t<TrialT> batch = std::move(loaded);
+    workload.records += record_count(batch);
+    Metrics metrics;
+    if (step_graph_.armed() && step_graph_.captured() && step_graph_.fits(batch)) {
+      // The host batch is copied straight into the graph's inputs; the whole step is one replay.
+      metrics = step_graph_.replay(batch);
+      lap(workload, workload.phases.train_batch, sync_timings);
+    } else {
+      to_device_in_place(batch, context_.device(), context_.device().is_cuda());
+      lap(workload, workload.phases.data, sync_timings);
+      if (!step_graph_.armed()) {
+        metrics = eager_step(batch, workload, batch_idx, epoch_idx, sync_timings);
+      } else if (step_graph_.warming_up()) {
+        metrics = step_graph_.warm_up([&] { return eager_step(batch, workload, batch_idx, epoch_idx, sync_timings); });
+      } else if (!step_graph_.captured()) {
+        // Nothing may wait for the device while capturing: no synchronized timings.
+        metrics = step_graph_.capture(std::move(batch), [&](training_batch_t<TrialT>& b) {
+          return eager_step(b, workload, batch_idx, epoch_idx, false);
+        });
+        lap(workload, workload.phases.train_batch, sync_timings);
+        st.reporter.line("dettrial: training step captured in a CUDA graph at batch " + std::to_string(batch_idx));
+      } else {
+        if (!st.eager_batch_announced)
+          st.reporter.line("dettrial: batch " + std::to_string(batch_idx) +
+                           " has other shapes than the captured batch; such batches run eagerly");
+        st.eager_batch_announced = true;
+        step_graph_.before_eager_batch();
+        metrics = eager_step(batch, workload, batch_idx, epoch_idx, sync_timings);
+      }
     }
     if (context_.is_update_batch()) {
       context_.update_scaler();
@@ -12988,6 +13814,8 @@ class Trainer {
   std::unique_ptr<TrialCallbacks> callbacks_;
   std::optional<TrainLoader> train_loader_;
   std::optional<ValidationLoader> validation_loader_;
+  /// The captured training step (capture::cuda_graph), for one fit at a time.
+  detail::StepGraph<if_ok<training_batch_t<TrialT>>> step_graph_;
   detail::missing missing_model_;
 };
 

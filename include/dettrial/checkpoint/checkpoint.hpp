@@ -26,6 +26,7 @@
 
 #include "../context/context.hpp"
 #include "../error.hpp"
+#include "../optim/fused.hpp"
 #include "../detail/text.hpp"
 #include "../detail/json.hpp"
 #include "state_dict.hpp"
@@ -94,6 +95,15 @@ DETTRIAL_INLINE void load_model(const std::filesystem::path& path, torch::nn::Mo
 }  // namespace dettrial
 
 // Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
+namespace dettrial {
+/// Brings device-side optimizer state (FusedAdam's step counts) into LibTorch's state before it is
+/// saved: one read of the device per checkpoint.
+inline void pull_device_optimizer_state(Context& c) {
+  for (std::size_t i = 0; i < c.num_optimizers(); ++i)
+    if (auto* capturable = dynamic_cast<optim::CapturableOptimizer*>(&c.optimizer(i))) capturable->pull_host_state();
+}
+}  // namespace dettrial
+
 #if DETTRIAL_HEADER_DEFINITIONS
 namespace dettrial {
 
@@ -161,6 +171,7 @@ DETTRIAL_INLINE StateDict read_state_dict_file(const std::filesystem::path& dir)
 
 DETTRIAL_INLINE StateDict ContextCheckpoint::python_state(Context& c, const std::vector<torch::Tensor>& cpu_rng_per_rank,
                                                            const std::vector<torch::Tensor>& gpu_rng_per_rank) {
+  pull_device_optimizer_state(c);
   c10::impl::GenericList models(c10::AnyType::get());
   for (const auto& m : c.models()) models.push_back(module_state_dict(*m));
   c10::impl::GenericList optimizers(c10::AnyType::get());
@@ -201,6 +212,7 @@ DETTRIAL_INLINE StateDict ContextCheckpoint::python_state(Context& c, const std:
 }
 
 DETTRIAL_INLINE std::string ContextCheckpoint::native_state(Context& c, bool with_grads) {
+  pull_device_optimizer_state(c);
   torch::serialize::OutputArchive archive;
   archive.write("format", c10::IValue(checkpoint_format_version));
   torch::serialize::OutputArchive optimizers;
@@ -316,6 +328,11 @@ DETTRIAL_INLINE void ContextCheckpoint::load_native(Context& c, const std::strin
         torch::serialize::InputArchive options;
         groups.read(std::to_string(g), options);
         optimizer.param_groups()[g].options().serialize(options);
+      }
+      // Device-side state (FusedAdam's step counts) follows the loaded state, and learning rates the loaded options.
+      if (auto* capturable = dynamic_cast<optim::CapturableOptimizer*>(&optimizer)) {
+        capturable->push_device_state();
+        capturable->sync_learning_rates(optimizer.param_groups());
       }
     } catch (const std::exception& e) {
       throw CheckpointError(what + ": optimizer " + std::to_string(i) + " does not match the trial's: " + first_line(e.what()));

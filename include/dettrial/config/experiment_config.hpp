@@ -18,6 +18,7 @@
 #include "units.hpp"
 #include "hyperparameters.hpp"
 #include "precision.hpp"
+#include "step_capture.hpp"
 #include "../detail/linkage.hpp"
 
 namespace dettrial {
@@ -76,6 +77,9 @@ class ExperimentConfig {
   std::int64_t aggregation_frequency = 1;
   /// `optimizations.mixed_precision`: autocast (and for fp16 a gradient scaler) around forward passes.
   Precision mixed_precision = Precision::fp32;
+  /// `optimizations.step_capture` (dettrial's): none, or cuda_graph to capture the training step once
+  /// and replay it (with `optimizations.capture_warmup_batches` eager batches first, default 3).
+  StepCapture step_capture = capture::none{};
   bool average_aggregated_gradients = true;
   std::optional<std::uint64_t> experiment_seed;
   /// `reproducibility.deterministic` (dettrial's): LibTorch's deterministic algorithms on, cuDNN's
@@ -241,6 +245,7 @@ DETTRIAL_INLINE ExperimentConfig& ExperimentConfig::operator=(const ExperimentCo
   slots_per_trial = o.slots_per_trial;
   aggregation_frequency = o.aggregation_frequency;
   mixed_precision = o.mixed_precision;
+  step_capture = o.step_capture;
   average_aggregated_gradients = o.average_aggregated_gradients;
   experiment_seed = o.experiment_seed;
   deterministic = o.deterministic;
@@ -335,6 +340,20 @@ DETTRIAL_INLINE ExperimentConfig ExperimentConfig::from_yaml(const YAML::Node& r
       throw ConfigError(detail::where(opt["aggregation_frequency"], source) +
                         ": optimizations.aggregation_frequency must be at least 1");
     r.read(opt, "average_aggregated_gradients", c.average_aggregated_gradients);
+    if (const YAML::Node sc = opt["step_capture"]; sc && !sc.IsNull()) {
+      std::string text;
+      std::int64_t warmup = capture::cuda_graph{}.warmup_batches;
+      r.read(opt, "step_capture", text);
+      r.read(opt, "capture_warmup_batches", warmup);
+      try {
+        c.step_capture = parse_step_capture(text, warmup);
+      } catch (const ConfigError& e) {
+        throw ConfigError(detail::where(sc, source) + ": optimizations." + e.what());
+      }
+    } else if (opt["capture_warmup_batches"]) {
+      throw ConfigError(detail::where(opt["capture_warmup_batches"], source) +
+                        ": optimizations.capture_warmup_batches is set but step_capture is not; set step_capture: cuda_graph");
+    }
   }
   if (const YAML::Node rep = root["reproducibility"]; rep && rep["experiment_seed"] && !rep["experiment_seed"].IsNull()) {
     std::uint64_t seed = 0;
@@ -436,7 +455,8 @@ DETTRIAL_INLINE void ExperimentConfig::check_fields(const YAML::Node& root, cons
   static const std::vector<std::string> resources = {"slots_per_trial"};
   static const std::vector<std::string> resources_cluster = {
       "slots", "resource_pool", "max_slots", "priority", "weight", "shm_size", "devices", "native_parallel", "is_single_node", "agent_label"};
-  static const std::vector<std::string> optimizations = {"aggregation_frequency", "average_aggregated_gradients", "mixed_precision"};
+  static const std::vector<std::string> optimizations = {"aggregation_frequency", "average_aggregated_gradients", "mixed_precision",
+                                                         "step_capture", "capture_warmup_batches"};
   static const std::vector<std::string> optimizations_cluster = {
       "average_training_metrics", "gradient_compression", "tensor_fusion_threshold",
       "tensor_fusion_cycle_time", "auto_tune_tensor_fusion", "grad_updates_size_file"};

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <concepts>
+#include <limits>
 #include <vector>
 
 #include <torch/torch.h>
@@ -20,12 +21,35 @@ namespace clip {
 struct none {
   void operator()(std::vector<torch::Tensor>&) const noexcept {}
 };
-/// Scales gradients so their total `norm_type`-norm is at most `max_norm` (torch's clip_grad_norm_).
+/// Scales gradients so their total `norm_type`-norm is at most `max_norm`: torch's clip_grad_norm_,
+/// the same operations, without reading the norm back to the host (which LibTorch's does to return
+/// it), so that the step stays asynchronous and a CUDA graph can capture it.
 struct by_norm {
   double max_norm;
   double norm_type = 2.0;
   void operator()(std::vector<torch::Tensor>& params) const {
-    torch::nn::utils::clip_grad_norm_(params, max_norm, norm_type);
+    torch::NoGradGuard no_grad;
+    std::vector<torch::Tensor> grads;
+    grads.reserve(params.size());
+    for (const auto& p : params)
+      if (p.grad().defined()) grads.push_back(p.grad());
+    if (grads.empty()) return;
+    torch::Tensor total;
+    if (norm_type == std::numeric_limits<double>::infinity()) {
+      std::vector<torch::Tensor> norms;
+      norms.reserve(grads.size());
+      for (const auto& g : grads) norms.push_back(g.abs().max());
+      total = norms.size() == 1 ? norms[0] : torch::max(torch::stack(norms));
+    } else if (norm_type == 0) {
+      total = torch::full({}, static_cast<double>(grads.size()));
+    } else {
+      std::vector<torch::Tensor> norms;
+      norms.reserve(grads.size());
+      for (const auto& g : grads) norms.push_back(g.norm(norm_type));
+      total = norms.size() == 1 ? norms[0] : torch::stack(norms).norm(norm_type);
+    }
+    const torch::Tensor coef = torch::clamp_max(max_norm / (total + 1e-6), 1.0);
+    for (auto& g : grads) g.mul_(coef);
   }
 };
 /// Clamps every gradient element to [-clip_value, clip_value] (torch's clip_grad_value_).

@@ -63,6 +63,9 @@ struct FitOptions {
   /// LibTorch's profiler over a range of batches, written to `<output_dir>/trace.json` (the
   /// experiment config's `profiling` section).
   ExperimentConfig::Profiling profiling{};
+  /// How the training step runs: eagerly (capture::none), or captured once in a CUDA graph and
+  /// replayed (capture::cuda_graph; the experiment config's `optimizations.step_capture`).
+  StepCapture step_capture = capture::none{};
 
   /**
    * @brief The options an experiment config implies, as Determined maps them: searcher.max_length (or
@@ -113,6 +116,7 @@ DETTRIAL_INLINE FitOptions FitOptions::from_config(const ExperimentConfig& confi
   o.smaller_is_better = config.searcher.smaller_is_better;
   if (config.checkpoint_storage.path) o.checkpoint_dir = *config.checkpoint_storage.path;
   o.profiling = config.profiling;
+  o.step_capture = config.step_capture;
   o.retention = {.save_trial_best = config.checkpoint_storage.save_trial_best,
                  .save_trial_latest = config.checkpoint_storage.save_trial_latest};
   return o;

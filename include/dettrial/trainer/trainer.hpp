@@ -49,6 +49,7 @@
 #include "../keras/keras.hpp"
 #include "callbacks.hpp"
 #include "fit_options.hpp"
+#include "step_graph.hpp"
 #include "../detail/signals.hpp"
 #include "../config/units.hpp"
 
@@ -207,6 +208,8 @@ class Trainer {
     detail::TraceProfiler profiler{};
     /// Wait for the GPU at each phase's end while profiling, so that the phase timings are the GPU's (profiling.sync_timings).
     bool sync_timings = false;
+    /// Whether the first eager batch after a capture was announced.
+    bool eager_batch_announced = false;
   };
 
   /// What a training workload accumulates; kept across workloads so that a batch allocates nothing.
@@ -259,6 +262,9 @@ class Trainer {
       ++started;
     });
     prepare_training(st, callbacks, first_batch);
+    // The graph is made anew in each fit (a resumed run warms up and captures again) and freed after it.
+    if (const auto* graph = std::get_if<capture::cuda_graph>(&st.options.step_capture)) step_graph_.start(*graph, context_);
+    const auto free_graph = detail::on_scope_exit([&] { step_graph_.reset(); });
     announce(st);
     // One hparams session a folder: a resumed run's folder already starts one.
     if (!context_.get_tensorboard_writer().has_session())
@@ -302,6 +308,7 @@ class Trainer {
   RunState begin_run(FitOptions options) {
     RunState st{.options = std::move(options)};
     FitOptions& o = st.options;
+    detail::check_step_capture<training_batch_t<TrialT>>(o.step_capture, context_);
     st.length = resolve_length(o);
     o.validation_period = resolve_period(o.validation_period);
     o.checkpoint_period = resolve_period(o.checkpoint_period);
@@ -385,6 +392,9 @@ class Trainer {
       st.reporter.line("dettrial: resumed from " + st.resume_dir->string() +
                        (st.same_trial ? " at batch " + std::to_string(st.batches_trained)
                                       : std::string(" (another trial's checkpoint: weights and optimizer state only)")));
+    if (const auto* graph = std::get_if<capture::cuda_graph>(&o.step_capture))
+      st.reporter.line("dettrial: the training step is captured in a CUDA graph after " + std::to_string(graph->warmup_batches) +
+                       " eager batch(es), and replayed; batches of other shapes run eagerly");
     if (o.profiling.enabled)
       st.reporter.line("dettrial: profiling batches " + std::to_string(o.profiling.begin_on_batch) + " to " +
                        (o.profiling.end_after_batch ? std::to_string(*o.profiling.end_after_batch) : std::string("the end of training")) +
@@ -473,7 +483,7 @@ class Trainer {
       if (it == end) throw DataError("the training data loader's repeating stream ended at batch " + std::to_string(batch_idx));
       st.profiler.before_batch(batch_idx);
       // Synchronized timings only inside the profiled range: a sync a batch elsewhere would cost the GPU its queue.
-      train_batch<Set>(*it, workload, batch_idx, epoch_idx, st.sync_timings && st.profiler.running());
+      train_batch<Set>(st, *it, workload, batch_idx, epoch_idx, st.sync_timings && st.profiler.running());
       ++it;
       ++st.batches_trained;
       if (st.profiler.after_batch(batch_idx)) st.reporter.line("dettrial: " + st.profiler.summary());
@@ -497,14 +507,9 @@ class Trainer {
     workload.mark = now;
   }
 
-  /// One batch: to the device, train_batch, and for a declarative trial backward and step; each
-  /// phase timed, and named for the profiler's trace.
-  template <class Set, class Loaded>
-  void train_batch(Loaded&& loaded, Workload& workload, std::int64_t batch_idx, std::int64_t epoch_idx, bool sync_timings) {
-    training_batch_t<TrialT> batch = std::move(loaded);
-    to_device_in_place(batch, context_.device(), context_.device().is_cuda());
-    workload.records += record_count(batch);
-    lap(workload, workload.phases.data, sync_timings);
+  /// The trial's train_batch, and for a declarative trial backward, clipping and the optimizer step.
+  template <class Batch>
+  Metrics eager_step(Batch& batch, Workload& workload, std::int64_t batch_idx, std::int64_t epoch_idx, bool sync_timings) {
     Metrics metrics = [&] {
       RECORD_USER_SCOPE("dettrial::train_batch");
       return as_metrics(in_precision([&]() -> decltype(auto) {
@@ -529,6 +534,43 @@ class Trainer {
           context_.step_optimizer(detail::deref(*optimizer_));
       }
       lap(workload, workload.phases.optimizer_step, sync_timings);
+    }
+    return metrics;
+  }
+
+  /// One batch: to the device, train_batch, and for a declarative trial backward and step (eagerly,
+  /// or as a replay of the captured step); each phase timed, and named for the profiler's trace.
+  template <class Set, class Loaded>
+  void train_batch(RunState& st, Loaded&& loaded, Workload& workload, std::int64_t batch_idx, std::int64_t epoch_idx, bool sync_timings) {
+    training_batch_t<TrialT> batch = std::move(loaded);
+    workload.records += record_count(batch);
+    Metrics metrics;
+    if (step_graph_.armed() && step_graph_.captured() && step_graph_.fits(batch)) {
+      // The host batch is copied straight into the graph's inputs; the whole step is one replay.
+      metrics = step_graph_.replay(batch);
+      lap(workload, workload.phases.train_batch, sync_timings);
+    } else {
+      to_device_in_place(batch, context_.device(), context_.device().is_cuda());
+      lap(workload, workload.phases.data, sync_timings);
+      if (!step_graph_.armed()) {
+        metrics = eager_step(batch, workload, batch_idx, epoch_idx, sync_timings);
+      } else if (step_graph_.warming_up()) {
+        metrics = step_graph_.warm_up([&] { return eager_step(batch, workload, batch_idx, epoch_idx, sync_timings); });
+      } else if (!step_graph_.captured()) {
+        // Nothing may wait for the device while capturing: no synchronized timings.
+        metrics = step_graph_.capture(std::move(batch), [&](training_batch_t<TrialT>& b) {
+          return eager_step(b, workload, batch_idx, epoch_idx, false);
+        });
+        lap(workload, workload.phases.train_batch, sync_timings);
+        st.reporter.line("dettrial: training step captured in a CUDA graph at batch " + std::to_string(batch_idx));
+      } else {
+        if (!st.eager_batch_announced)
+          st.reporter.line("dettrial: batch " + std::to_string(batch_idx) +
+                           " has other shapes than the captured batch; such batches run eagerly");
+        st.eager_batch_announced = true;
+        step_graph_.before_eager_batch();
+        metrics = eager_step(batch, workload, batch_idx, epoch_idx, sync_timings);
+      }
     }
     if (context_.is_update_batch()) {
       context_.update_scaler();
@@ -950,6 +992,8 @@ class Trainer {
   std::unique_ptr<TrialCallbacks> callbacks_;
   std::optional<TrainLoader> train_loader_;
   std::optional<ValidationLoader> validation_loader_;
+  /// The captured training step (capture::cuda_graph), for one fit at a time.
+  detail::StepGraph<if_ok<training_batch_t<TrialT>>> step_graph_;
   detail::missing missing_model_;
 };
 

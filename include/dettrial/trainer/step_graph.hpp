@@ -1,0 +1,306 @@
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief The training step captured once in a CUDA graph and replayed (capture::cuda_graph): the
+/// checks made before training starts, and the graph with its input buffers.
+#pragma once
+// IWYU pragma: private, include <dettrial/dettrial.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <concepts>
+#include <map>
+#include <optional>
+#include <string>
+#include <type_traits>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include <c10/util/Type.h>
+#include <torch/torch.h>
+
+#include "../config/step_capture.hpp"
+#include "../context/context.hpp"
+#include "../data/to_device.hpp"
+#include "../error.hpp"
+#include "../metrics/metrics.hpp"
+#include "../optim/fused.hpp"
+
+// DETTRIAL_HAS_CUDA: LibTorch is CUDA-built (dettrial's CMake defines it, as it does the NCCL backend).
+#if defined(DETTRIAL_HAS_CUDA)
+#include <ATen/cuda/CUDAEvent.h>
+#include <ATen/cuda/CUDAGraph.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#endif
+
+namespace dettrial::detail {
+
+/// Whether this build of dettrial can capture CUDA graphs.
+inline constexpr bool step_capture_built =
+#if defined(DETTRIAL_HAS_CUDA)
+    true;
+#else
+    false;
+#endif
+
+/// A batch a graph can take as input: tensors, in tuples, pairs, vectors and string-keyed maps, and
+/// nothing else (a number in a batch would be frozen at the captured batch's value).
+template <class B>
+constexpr bool graph_input_batch() {
+  using U = std::remove_cvref_t<B>;
+  if constexpr (std::is_same_v<U, torch::Tensor>) return true;
+  else if constexpr (is_tuple_like<U>::value)
+    return []<class... Ts>(std::type_identity<std::tuple<Ts...>>) { return (graph_input_batch<Ts>() && ...); }(
+        std::type_identity<decltype(std::tuple_cat(std::declval<U>()))>{});
+  else if constexpr (is_vector<U>::value) return graph_input_batch<typename U::value_type>();
+  else if constexpr (is_string_map<U>::value) return graph_input_batch<typename U::mapped_type>();
+  else return false;
+}
+
+/// Calls `f(a_tensor, b_tensor)` on the tensors of two batches of the same type, pairwise; returns
+/// false (and stops) where their structure differs (vector lengths, map keys).
+template <class A, class B, class F>
+  requires std::same_as<std::remove_cvref_t<A>, std::remove_cvref_t<B>>
+bool for_each_tensor_pair(A& a, B& b, F&& f) {
+  using U = std::remove_cvref_t<A>;
+  if constexpr (std::is_same_v<U, torch::Tensor>) {
+    return f(a, b);
+  } else if constexpr (is_tuple_like<U>::value) {
+    return [&]<std::size_t... I>(std::index_sequence<I...>) {
+      return (for_each_tensor_pair(std::get<I>(a), std::get<I>(b), f) && ...);
+    }(std::make_index_sequence<std::tuple_size_v<U>>{});
+  } else if constexpr (is_vector<U>::value) {
+    if (a.size() != b.size()) return false;
+    for (std::size_t i = 0; i < a.size(); ++i)
+      if (!for_each_tensor_pair(a[i], b[i], f)) return false;
+    return true;
+  } else if constexpr (is_string_map<U>::value) {
+    if (a.size() != b.size()) return false;
+    for (auto& [key, value] : a) {
+      const auto it = b.find(key);
+      if (it == b.end() || !for_each_tensor_pair(value, it->second, f)) return false;
+    }
+    return true;
+  } else {
+    return true;
+  }
+}
+
+/**
+ * @brief Refuses, before the first batch, a step capture that could not be right: one sentence
+ * naming what stands in the way. The trial-side reasons come first, so that they are seen (and
+ * tested) on any machine; the device last.
+ */
+template <class Batch>
+void check_step_capture(const StepCapture& capture, Context& context) {
+  if (std::holds_alternative<capture::none>(capture)) return;
+  const auto& graph = std::get<capture::cuda_graph>(capture);
+  const std::string what = "step_capture: cuda_graph ";
+  if (graph.warmup_batches < 1)
+    throw ConfigError(what + "needs at least 1 warm-up batch (capture_warmup_batches is " + std::to_string(graph.warmup_batches) +
+                      "): the eager batches before the capture make the optimizer's state");
+  if constexpr (!graph_input_batch<Batch>())
+    throw TrialError(what + "copies each batch into the graph's input tensors, so the training batch must be made of tensors "
+                     "(in tuples, pairs, vectors or string-keyed maps); " + c10::demangle(typeid(Batch).name()) +
+                     " is not, or holds a value that the graph would freeze");
+  if (context.communicator())
+    throw ConfigError(what + "does not capture data-parallel training (the gradient all-reduce runs between the backward pass "
+                      "and the step); run one process per trial or set step_capture: none");
+  if (context.aggregation_frequency() > 1)
+    throw ConfigError(what + "needs aggregation_frequency 1: with " + std::to_string(context.aggregation_frequency()) +
+                      " the optimizer steps on some batches only, which one graph cannot replay");
+  if (context.scaler())
+    throw ConfigError(what + "cannot replay an fp16 gradient scaler, which decides on the host whether to skip a step; use "
+                      "mixed_precision: bf16 (no scaler) or fp32");
+  for (std::size_t i = 0; i < context.num_optimizers(); ++i) {
+    torch::optim::Optimizer& optimizer = context.optimizer(i);
+    if (!dynamic_cast<optim::CapturableOptimizer*>(&optimizer))
+      throw TrialError(what + "needs optimizers that read their learning rate on the device, and optimizer " + std::to_string(i) +
+                       " (" + c10::demangle(typeid(optimizer).name()) +
+                       ") reads it on the host, so a replay would keep the captured batch's; use dettrial::optim::FusedSGD, "
+                       "FusedAdam or FusedAdamW (same options and checkpoints as LibTorch's SGD, Adam and AdamW)");
+  }
+  if (!step_capture_built)
+    throw ConfigError(what + "needs LibTorch built with CUDA, and this one is CPU-only; set step_capture: none");
+  if (!context.device().is_cuda())
+    throw ConfigError(what + "needs a CUDA device, and this trial runs on " + context.device().str() + "; set step_capture: none");
+}
+
+/**
+ * @brief One fit's captured step: the graph, its input batch and output metrics, and where the run
+ * stands (warming up, captured). The trainer drives it; see Trainer::train_batch.
+ */
+template <class Batch>
+class StepGraph {
+ public:
+  StepGraph() = default;
+  StepGraph(const StepGraph&) = delete;
+  StepGraph& operator=(const StepGraph&) = delete;
+
+  /// Arms the capture for this fit: the optimizers it syncs, and the eager batches before it.
+  void start(const capture::cuda_graph& options, Context& context) {
+    warmup_left_ = options.warmup_batches;
+    optimizers_.clear();
+    for (std::size_t i = 0; i < context.num_optimizers(); ++i) {
+      torch::optim::Optimizer& o = context.optimizer(i);
+      optimizers_.push_back({dynamic_cast<optim::CapturableOptimizer*>(&o), &o});
+    }
+    context_ = &context;
+    armed_ = true;
+  }
+  bool armed() const { return armed_; }
+  bool captured() const { return static_batch_.has_value(); }
+  bool warming_up() const { return warmup_left_ > 0; }
+
+  /// Whether `batch` has the captured batch's structure and shapes (else it runs eagerly).
+  bool fits(const Batch& batch) const {
+    return for_each_tensor_pair(*static_batch_, batch, [](const torch::Tensor& s, const torch::Tensor& b) {
+      return s.defined() == b.defined() && (!s.defined() || (s.sizes() == b.sizes() && s.scalar_type() == b.scalar_type()));
+    });
+  }
+
+#if defined(DETTRIAL_HAS_CUDA)
+  /// A warm-up batch: `step` runs eagerly on the capture's side stream, ordered after the work
+  /// before it and before the work after it, so that the libraries make their per-stream state
+  /// (cuBLAS workspaces) where the capture will run.
+  template <class Step>
+  Metrics warm_up(Step&& step) {
+    --warmup_left_;
+    c10::cuda::CUDAStream main = c10::cuda::getCurrentCUDAStream(context_->device().index());
+    if (!side_) side_ = c10::cuda::getStreamFromPool(false, context_->device().index());
+    join(main, *side_);
+    Metrics metrics;
+    {
+      c10::cuda::CUDAStreamGuard guard(*side_);
+      metrics = step();
+    }
+    join(*side_, main);
+    check_metrics(metrics);
+    return metrics;
+  }
+
+  /// Captures `step(static_batch)` in the graph (nothing runs), then replays it once to train `batch`.
+  template <class Step>
+  Metrics capture(Batch batch, Step&& step) {
+    static_batch_.emplace(std::move(batch));
+    // Gradients start unset, so that the captured backward pass makes them in the graph's memory.
+    for (const auto& m : context_->models())
+      for (auto& p : m->parameters()) p.mutable_grad().reset();
+    for (auto& [capturable, optimizer] : optimizers_) {
+      capturable->sync_learning_rates(optimizer->param_groups());
+      capturable->set_capturing(true);
+    }
+    c10::cuda::CUDAStream main = c10::cuda::getCurrentCUDAStream(context_->device().index());
+    join(main, *side_);
+    graph_.emplace();
+    try {
+      c10::cuda::CUDAStreamGuard guard(*side_);
+      // Thread-local mode: the loader's threads may pin memory (cudaHostAlloc) during the capture.
+      graph_->capture_begin({0, 0}, cudaStreamCaptureModeThreadLocal);
+      try {
+        static_metrics_ = step(*static_batch_);
+      } catch (...) {
+        try {
+          graph_->capture_end();
+        } catch (...) {  // the capture is invalid already; its error is the trial's, below
+        }
+        throw;
+      }
+      graph_->capture_end();
+    } catch (const std::exception& e) {
+      end_capture();
+      throw TrialError(std::string("step_capture: cuda_graph could not capture the training step (train_batch, backward and "
+                                   "the optimizer step): ") +
+                       first_line(e.what()) +
+                       ". A captured step must not wait for the device (.item(), .cpu(), printing a tensor, a branch on a "
+                       "tensor's value), make tensors on the host, or change shapes with the data (nonzero, masked_select); "
+                       "remove that from train_batch or set step_capture: none");
+    }
+    end_capture();
+    join(*side_, main);
+    check_metrics(static_metrics_);
+    graph_->replay();
+    return static_metrics_;
+  }
+
+  /// Copies `batch` into the graph's inputs (on the device, without waiting) and replays the step.
+  Metrics replay(const Batch& batch) {
+    for_each_tensor_pair(*static_batch_, batch, [](torch::Tensor& s, const torch::Tensor& b) {
+      if (s.defined()) s.copy_(b, /*non_blocking=*/true);
+      return true;
+    });
+    for (auto& [capturable, optimizer] : optimizers_) capturable->sync_learning_rates(optimizer->param_groups());
+    graph_->replay();
+    return static_metrics_;
+  }
+
+  /// Before an eager batch after the capture: gradients unset, so the eager backward pass does not
+  /// add to the graph's.
+  void before_eager_batch() {
+    for (const auto& m : context_->models())
+      for (auto& p : m->parameters()) p.mutable_grad().reset();
+  }
+#else
+  template <class Step>
+  Metrics warm_up(Step&&) { throw unavailable(); }
+  template <class Step>
+  Metrics capture(Batch, Step&&) { throw unavailable(); }
+  Metrics replay(const Batch&) { throw unavailable(); }
+  void before_eager_batch() {}
+#endif
+
+  /// Forgets the graph (and its memory) at the end of a fit.
+  void reset() {
+#if defined(DETTRIAL_HAS_CUDA)
+    if (graph_) graph_->reset();
+    graph_.reset();
+#endif
+    static_metrics_ = Metrics{};
+    static_batch_.reset();
+    armed_ = false;
+    warmup_left_ = 0;
+  }
+  ~StepGraph() { reset(); }
+
+ private:
+  static void check_metrics(const Metrics& metrics) {
+    for (const auto& e : metrics)
+      if (!e.value.is_tensor())
+        throw TrialError("step_capture: cuda_graph replays train_batch, so a metric it returns as a number would keep the "
+                         "captured batch's value: return '" + std::string(e.key.view()) + "' as a tensor");
+  }
+  static std::string first_line(const char* text) {
+    const std::string s(text);
+    return s.substr(0, s.find('\n'));
+  }
+#if defined(DETTRIAL_HAS_CUDA)
+  /// `after` waits for the work queued on `before` so far.
+  static void join(const c10::cuda::CUDAStream& before, const c10::cuda::CUDAStream& after) {
+    at::cuda::CUDAEvent event;
+    event.record(before);
+    event.block(after);
+  }
+  void end_capture() {
+    for (auto& [capturable, optimizer] : optimizers_) capturable->set_capturing(false);
+  }
+  std::optional<at::cuda::CUDAGraph> graph_;
+  std::optional<c10::cuda::CUDAStream> side_;
+#else
+  static ConfigError unavailable() { return ConfigError("step_capture: cuda_graph needs LibTorch built with CUDA"); }
+#endif
+
+  struct Capturable {
+    optim::CapturableOptimizer* capturable;
+    torch::optim::Optimizer* optimizer;
+  };
+  std::vector<Capturable> optimizers_;
+  Context* context_ = nullptr;
+  std::optional<Batch> static_batch_;
+  Metrics static_metrics_;
+  std::int64_t warmup_left_ = 0;
+  bool armed_ = false;
+};
+
+}  // namespace dettrial::detail

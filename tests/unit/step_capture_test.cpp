@@ -1,0 +1,232 @@
+// The training step captured in a CUDA graph (capture::cuda_graph): what can be proven without a GPU.
+// The optimizers a graph can replay (FusedSGD, FusedAdam, FusedAdamW) against LibTorch's own, their
+// learning rate following a scheduler, their checkpoints; gradient clipping without a host read; the
+// config keys; and every refusal at the start, each one sentence. The capture and replay themselves
+// need a GPU: bench/gpu/ runs them.
+#include <filesystem>
+#include <map>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "test_trials.hpp"
+
+#include <doctest/doctest.h>
+
+using namespace dettrial;
+namespace fs = std::filesystem;
+
+namespace {
+
+/// Trains `steps` steps of Linear(5, 3) on a fixed problem with `make(params)`, the learning rate set
+/// to lr2 from step 10 (as a scheduler would); returns the weight.
+template <class Make>
+torch::Tensor train_linear(Make make, double lr2, int steps = 20) {
+  torch::manual_seed(1);
+  torch::nn::Linear model(5, 3);
+  auto optimizer = make(model->parameters());
+  torch::manual_seed(2);
+  const torch::Tensor x = torch::randn({64, 5}), y = torch::randn({64, 3});
+  for (int i = 0; i < steps; ++i) {
+    if (i == 10) optimizer.param_groups()[0].options().set_lr(lr2);
+    optimizer.zero_grad();
+    torch::mse_loss(model->forward(x), y).backward();
+    optimizer.step();
+  }
+  return model->weight.detach().clone();
+}
+
+double max_difference(const torch::Tensor& a, const torch::Tensor& b) { return (a - b).abs().max().item<double>(); }
+
+/// The regression trial with a capturable optimizer.
+struct FusedTrial : test::DeclarativeRegression {
+  using DeclarativeRegression::DeclarativeRegression;
+  optim::FusedAdam optimizer(torch::nn::Sequential& model) {
+    return optim::FusedAdam(model->parameters(), torch::optim::AdamOptions(context.get_hparam<double>("lr")));
+  }
+  auto lr_scheduler(optim::FusedAdam& opt) { return torch::optim::StepLR(opt, /*step_size=*/3, /*gamma=*/0.7); }
+  Metrics train_batch(test::Batch& b, torch::nn::Sequential& model, std::int64_t e, std::int64_t i) {
+    if (i + 1 == stop_at) context.set_stop_requested(true);
+    return DeclarativeRegression::train_batch(b, model, e, i);
+  }
+  std::int64_t stop_at = -1;
+};
+
+/// The regression trial as it comes (LibTorch's SGD).
+struct HostLrTrial : test::DeclarativeRegression {
+  using DeclarativeRegression::DeclarativeRegression;
+};
+
+struct FusedSgdTrial : test::DeclarativeRegression {
+  using DeclarativeRegression::DeclarativeRegression;
+  optim::FusedSGD optimizer(torch::nn::Sequential& model) {
+    return optim::FusedSGD(model->parameters(), torch::optim::SGDOptions(context.get_hparam<double>("lr")).momentum(0.9));
+  }
+};
+
+FitOptions captured(std::int64_t length, fs::path* out = nullptr) {
+  FitOptions o = test::quiet({.max_length = Batch(length), .step_capture = capture::cuda_graph{}});
+  if (out) *out = o.output_dir;
+  return o;
+}
+
+template <class Trial>
+std::string refusal(ContextOptions options = {}) {
+  Context context(test::hparams(), options);
+  Trainer<Trial> trainer(context);
+  fs::path out;
+  try {
+    trainer.fit(captured(4, &out));
+  } catch (const std::exception& e) {
+    CHECK_MESSAGE(!fs::exists(out), "a refused fit wrote " << out);
+    return e.what();
+  }
+  return "fit did not refuse";
+}
+
+}  // namespace
+
+TEST_CASE("FusedSGD, FusedAdam and FusedAdamW train as LibTorch's SGD, Adam and AdamW, and follow a changed learning rate") {
+  using torch::optim::AdamOptions;
+  using torch::optim::AdamWOptions;
+  using torch::optim::SGDOptions;
+  using Params = std::vector<torch::Tensor>;
+  const auto sgd = SGDOptions(0.03).momentum(0.9).weight_decay(1e-4).dampening(0.1);
+  const auto nesterov = SGDOptions(0.03).momentum(0.9).nesterov(true);
+  const auto adam = AdamOptions(0.01).weight_decay(1e-3);
+  const auto adamw = AdamWOptions(0.01).amsgrad(true);
+  struct Case {
+    const char* name;
+    torch::Tensor libtorch, fused, fused_same_lr;
+  };
+  // The fused kernels (LibTorch 2.4+) and the tensor arithmetic (1.13) round a few operations in
+  // another order than LibTorch's loops: float32 agreement, not bits.
+  const Case cases[] = {
+      {"SGD", train_linear([&](Params p) { return torch::optim::SGD(p, sgd); }, 0.001),
+       train_linear([&](Params p) { return optim::FusedSGD(p, sgd); }, 0.001), train_linear([&](Params p) { return optim::FusedSGD(p, sgd); }, 0.03)},
+      {"SGD nesterov, no decay", train_linear([&](Params p) { return torch::optim::SGD(p, nesterov); }, 0.001),
+       train_linear([&](Params p) { return optim::FusedSGD(p, nesterov); }, 0.001),
+       train_linear([&](Params p) { return optim::FusedSGD(p, nesterov); }, 0.03)},
+      {"Adam", train_linear([&](Params p) { return torch::optim::Adam(p, adam); }, 0.001),
+       train_linear([&](Params p) { return optim::FusedAdam(p, adam); }, 0.001), train_linear([&](Params p) { return optim::FusedAdam(p, adam); }, 0.01)},
+      {"AdamW amsgrad", train_linear([&](Params p) { return torch::optim::AdamW(p, adamw); }, 0.001),
+       train_linear([&](Params p) { return optim::FusedAdamW(p, adamw); }, 0.001),
+       train_linear([&](Params p) { return optim::FusedAdamW(p, adamw); }, 0.01)},
+  };
+  for (const Case& c : cases) {
+    CAPTURE(c.name);
+    CHECK(max_difference(c.libtorch, c.fused) < 2e-6);
+    // The learning rate set on the host after 10 steps reached the device tensor the step reads.
+    CHECK(max_difference(c.fused, c.fused_same_lr) > 1e-4);
+  }
+}
+
+TEST_CASE("FusedAdam: stopped after a checkpoint and resumed, training is bit-identical to training straight through") {
+  auto options = [](std::int64_t length) {
+    return test::quiet({.max_length = Batch(length), .checkpoint_period = Batch(3), .checkpoint_policy = CheckpointPolicy::none});
+  };
+  Context straight_context(test::hparams(), ContextOptions{.trial_seed = 5});
+  Trainer<FusedTrial> straight(straight_context);
+  REQUIRE(straight.fit(options(13)).batches_trained == 13);
+
+  Context first_context(test::hparams(), ContextOptions{.trial_seed = 5});
+  Trainer<FusedTrial> first(first_context);
+  first.trial().stop_at = 6;
+  const FitResult stopped = first.fit(options(13));
+  REQUIRE(stopped.batches_trained == 6);
+  // The step count kept on the device reached LibTorch's state, which the checkpoint holds.
+  const auto& state = first.optimizer().state();
+  REQUIRE(!state.empty());
+  for (const auto& [key, s] : state) CHECK(static_cast<torch::optim::AdamParamState&>(*s).step() == 6);
+
+  Context second_context(test::hparams(), ContextOptions{.trial_seed = 42});
+  Trainer<FusedTrial> second(second_context);
+  FitOptions resume = options(13);
+  resume.latest_checkpoint = stopped.output_dir;
+  REQUIRE(second.fit(resume).batches_trained == 13);
+  CHECK(test::bit_identical(test::parameters_of(straight_context), test::parameters_of(second_context)));
+  CHECK(straight.optimizer().param_groups()[0].options().get_lr() == second.optimizer().param_groups()[0].options().get_lr());
+}
+
+TEST_CASE("clip::by_norm scales gradients as LibTorch's clip_grad_norm_, to the bit, without reading the norm") {
+  for (const double norm_type : {2.0, 1.0, std::numeric_limits<double>::infinity()}) {
+    CAPTURE(norm_type);
+    torch::manual_seed(3);
+    std::vector<torch::Tensor> a{torch::randn({4, 3}), torch::randn({7})}, b;
+    for (auto& p : a) {
+      p.mutable_grad() = torch::randn_like(p) * 5;
+      b.push_back(p.detach().clone());
+      b.back().mutable_grad() = p.grad().clone();
+    }
+    torch::nn::utils::clip_grad_norm_(a, 1.5, norm_type);
+    clip::by_norm{.max_norm = 1.5, .norm_type = norm_type}(b);
+    for (std::size_t i = 0; i < a.size(); ++i) CHECK(torch::equal(a[i].grad(), b[i].grad()));
+  }
+}
+
+TEST_CASE("config: optimizations.step_capture and capture_warmup_batches, and their errors") {
+  const std::string base = "hyperparameters: {global_batch_size: 8}\nsearcher: {name: single, metric: loss, max_length: {batches: 4}}\n";
+  const auto config = ExperimentConfig::parse(base + "optimizations: {step_capture: cuda_graph, capture_warmup_batches: 2}\n");
+  const FitOptions options = FitOptions::from_config(config);
+  REQUIRE(std::holds_alternative<capture::cuda_graph>(options.step_capture));
+  CHECK(std::get<capture::cuda_graph>(options.step_capture).warmup_batches == 2);
+  CHECK(std::holds_alternative<capture::none>(FitOptions::from_config(ExperimentConfig::parse(base)).step_capture));
+  CHECK(std::holds_alternative<capture::none>(
+      ExperimentConfig::parse(base + "optimizations: {step_capture: none}\n").step_capture));
+
+  auto error = [&](const std::string& optimizations) {
+    try {
+      ExperimentConfig::parse(base + "optimizations: " + optimizations + "\n");
+    } catch (const ConfigError& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  CHECK(error("{step_capture: cudagraph}").find("step_capture is 'cudagraph'; expected none or cuda_graph") != std::string::npos);
+  CHECK(error("{step_capture: cuda_graph, capture_warmup_batches: 0}").find("capture_warmup_batches is 0; a capture needs at least 1") !=
+        std::string::npos);
+  CHECK(error("{capture_warmup_batches: 2}").find("capture_warmup_batches is set but step_capture is not") != std::string::npos);
+  CHECK(error("{step_capture: cuda_graph, capture_warmup_batches: two}").find("'capture_warmup_batches' is") != std::string::npos);
+}
+
+TEST_CASE("step_capture: cuda_graph refuses at the start, in one sentence, what it could not replay right") {
+  SUBCASE("an optimizer that reads its learning rate on the host") {
+    const std::string e = refusal<HostLrTrial>();
+    CHECK(e.find("optimizer 0 (torch::optim::SGD) reads it on the host") != std::string::npos);
+    CHECK(e.find("use dettrial::optim::FusedSGD, FusedAdam or FusedAdamW") != std::string::npos);
+  }
+  SUBCASE("gradient aggregation") {
+    CHECK(refusal<FusedSgdTrial>({.aggregation_frequency = 3}).find("needs aggregation_frequency 1: with 3") != std::string::npos);
+  }
+  SUBCASE("everything else in order: the device (or a CPU-only LibTorch) is what stands in the way here") {
+    const std::string e = refusal<FusedSgdTrial>({.device = torch::Device(torch::kCPU)});
+    if (dettrial::detail::step_capture_built)
+      CHECK(e == "step_capture: cuda_graph needs a CUDA device, and this trial runs on cpu; set step_capture: none");
+    else
+      CHECK(e == "step_capture: cuda_graph needs LibTorch built with CUDA, and this one is CPU-only; set step_capture: none");
+  }
+  SUBCASE("no warm-up batch") {
+    Context context(test::hparams());
+    Trainer<FusedSgdTrial> trainer(context);
+    FitOptions o = captured(4);
+    o.step_capture = capture::cuda_graph{.warmup_batches = 0};
+    CHECK_THROWS_WITH_AS(trainer.fit(o), doctest::Contains("needs at least 1 warm-up batch (capture_warmup_batches is 0)"), ConfigError);
+  }
+}
+
+TEST_CASE("a graph's input batch is tensors in containers, nothing it would freeze") {
+  using torch::Tensor;
+  static_assert(dettrial::detail::graph_input_batch<std::tuple<Tensor, Tensor>>());
+  static_assert(dettrial::detail::graph_input_batch<std::pair<Tensor, std::vector<Tensor>>>());
+  static_assert(dettrial::detail::graph_input_batch<std::map<std::string, Tensor>>());
+  static_assert(!dettrial::detail::graph_input_batch<std::tuple<Tensor, int>>());
+  static_assert(!dettrial::detail::graph_input_batch<std::map<std::string, double>>());
+  // Same structure and shapes, or not (the last, partial batch of an epoch runs eagerly).
+  std::tuple<Tensor, Tensor> a{torch::zeros({8, 4}), torch::zeros({8, 1})}, b{torch::ones({8, 4}), torch::ones({8, 1})},
+      partial{torch::ones({3, 4}), torch::ones({3, 1})};
+  auto same_shapes = [](const Tensor& x, const Tensor& y) { return x.sizes() == y.sizes(); };
+  CHECK(dettrial::detail::for_each_tensor_pair(a, b, same_shapes));
+  CHECK(!dettrial::detail::for_each_tensor_pair(a, partial, same_shapes));
+  std::vector<Tensor> two{torch::zeros({2})}, three{torch::zeros({2}), torch::zeros({2})};
+  CHECK(!dettrial::detail::for_each_tensor_pair(two, three, same_shapes));
+}
