@@ -17,16 +17,21 @@ struct Data {
   torch::Tensor labels;
 };
 
-class MnistTrial {
+/// The trial, with the optimizer as a parameter: LibTorch's SGD by default, or
+/// dettrial::optim::FusedSGD (the same arithmetic, its learning rate on the device) for a training
+/// step captured in a CUDA graph (`optimizations.step_capture: cuda_graph`).
+template <class Optimizer = torch::optim::SGD>
+class BasicMnistTrial {
  public:
   using Batch = std::tuple<torch::Tensor, torch::Tensor>;
 
-  explicit MnistTrial(dettrial::Context& context) : context_(context) {
+  explicit BasicMnistTrial(dettrial::Context& context) : context_(context) {
     const YAML::Node& data = context.get_data_config();
     dir_ = data["dir"] ? data["dir"].as<std::string>() : std::string("/usr/share/datasets/fashion-mnist");
     train_split_ = data["train_split"] ? data["train_split"].as<std::string>() : "train";
     validation_split_ = data["validation_split"] ? data["validation_split"].as<std::string>() : "t10k";
     holdout_ = data["holdout"] ? data["holdout"].as<std::int64_t>() : 0;
+    on_device_ = data["on_device"] && data["on_device"].as<bool>();
     load();
   }
 
@@ -41,25 +46,26 @@ class MnistTrial {
         torch::nn::Linear(50, 10), torch::nn::LogSoftmax(1));
   }
 
-  torch::optim::SGD optimizer(torch::nn::Sequential& model) {
-    return torch::optim::SGD(model->parameters(),
+  Optimizer optimizer(torch::nn::Sequential& model) {
+    return Optimizer(model->parameters(),
                              torch::optim::SGDOptions(context_.get_hparam<double>("learning_rate")).momentum(0.9));
   }
 
   /// Optional decay of the learning rate after every epoch (hyperparameter `lr_decay`, default 1: none).
-  auto lr_scheduler(torch::optim::SGD& optimizer) {
+  auto lr_scheduler(Optimizer& optimizer) {
     return dettrial::scheduled(torch::optim::StepLR(optimizer, 1, context_.get_hparams().get_or<double>("lr_decay", 1.0)),
                                dettrial::lr_step::every_epoch{});
   }
 
+  /// `data.on_device: true` keeps the images on the trial's device (a GPU) and gathers each batch there.
   auto build_training_data_loader() {
-    return dettrial::DataLoader(dettrial::TensorDataset(train_.images, train_.labels),
+    return dettrial::DataLoader(dataset(train_),
                                 {.batch_size = context_.get_per_slot_batch_size(), .shuffle = true});
   }
   auto build_validation_data_loader() {
     // Validation batches of 500 divide the 10,000 test images evenly, so the (per-batch) average
     // accuracy is exactly the test accuracy.
-    return dettrial::DataLoader(dettrial::TensorDataset(validation_.images, validation_.labels), {.batch_size = 500});
+    return dettrial::DataLoader(dataset(validation_), {.batch_size = 500});
   }
 
   dettrial::Metrics train_batch(Batch& batch, torch::nn::Sequential& model, std::int64_t /*epoch_idx*/, std::int64_t /*batch_idx*/) {
@@ -82,6 +88,11 @@ class MnistTrial {
   }
 
  private:
+  dettrial::TensorDataset<2> dataset(const Data& d) const {
+    dettrial::TensorDataset<2> set(d.images, d.labels);
+    return on_device_ ? set.to(context_.device()) : set;
+  }
+
   void load() {
     dettrial::MnistSplit train = dettrial::load_mnist(dir_, train_split_);
     dettrial::MnistSplit validation = validation_split_ == train_split_ ? train : dettrial::load_mnist(dir_, validation_split_);
@@ -105,7 +116,10 @@ class MnistTrial {
   std::filesystem::path dir_;
   std::string train_split_, validation_split_;
   std::int64_t holdout_ = 0;
+  bool on_device_ = false;
   Data train_, validation_;
 };
+
+using MnistTrial = BasicMnistTrial<>;
 
 }  // namespace mnist

@@ -9,6 +9,8 @@
 #include <tuple>
 #include <vector>
 
+#include <torch/csrc/lazy/ts_backend/ts_backend_impl.h>
+
 #include "test_trials.hpp"
 
 #include <doctest/doctest.h>
@@ -229,4 +231,117 @@ TEST_CASE("a graph's input batch is tensors in containers, nothing it would free
   CHECK(!dettrial::detail::for_each_tensor_pair(a, partial, same_shapes));
   std::vector<Tensor> two{torch::zeros({2})}, three{torch::zeros({2}), torch::zeros({2})};
   CHECK(!dettrial::detail::for_each_tensor_pair(two, three, same_shapes));
+}
+
+// ---- On a GPU: the capture and replay themselves (skipped, with the reason, without one) ------------
+
+namespace {
+
+bool cuda_or_skip() {
+  if (!dettrial::detail::step_capture_built) {
+    test::skip("LibTorch is CPU-only: no CUDA graph to capture");
+    return false;
+  }
+  if (!torch::cuda::is_available()) {
+    test::skip("no CUDA device");
+    return false;
+  }
+  return true;
+}
+
+/// 60 records in batches of 8: 7 full batches and a partial one of 4 each epoch (it runs eagerly
+/// beside the graph); dropout (the graph's RNG); FusedAdam and a StepLR every 3 batches (learning
+/// rates changed between replays).
+struct GraphTrial : FusedTrial {
+  explicit GraphTrial(Context& c) : FusedTrial(c) { records = 60; }
+};
+
+/// train_batch reads a value back to the host, which a capture cannot do.
+struct SyncingTrial : FusedTrial {
+  using FusedTrial::FusedTrial;
+  Metrics train_batch(test::Batch& b, torch::nn::Sequential& model, std::int64_t e, std::int64_t i) {
+    Metrics m = FusedTrial::train_batch(b, model, e, i);
+    if (m.at("loss").tensor().item<double>() < 0) std::abort();
+    return m;
+  }
+};
+
+struct GraphRun {
+  std::vector<torch::Tensor> parameters;
+  FitResult result;
+};
+
+GraphRun graph_run(StepCapture capture, std::int64_t length, std::int64_t stop_at = -1,
+                   std::optional<fs::path> resume = std::nullopt) {
+  Context context(test::hparams(), ContextOptions{.trial_seed = 11, .deterministic = true});
+  Trainer<GraphTrial> trainer(context);
+  trainer.trial().stop_at = stop_at;
+  FitOptions o = test::quiet({.max_length = Batch(length), .checkpoint_period = Batch(10), .checkpoint_policy = CheckpointPolicy::none});
+  o.step_capture = capture;
+  o.latest_checkpoint = resume;
+  GraphRun run;
+  run.result = trainer.fit(o);
+  for (const auto& p : test::parameters_of(context)) run.parameters.push_back(p.cpu());
+  return run;
+}
+
+}  // namespace
+
+TEST_CASE("GPU: a graphed run trains as the eager run, is bit-identical from run to run, and resumes exactly") {
+  if (!cuda_or_skip()) return;
+  const capture::cuda_graph graph{.warmup_batches = 2};
+  const GraphRun eager = graph_run(capture::none{}, 30);
+  const GraphRun graphed = graph_run(graph, 30);
+  const GraphRun again = graph_run(graph, 30);
+  REQUIRE(graphed.result.batches_trained == 30);
+  // The replay launches the kernels the eager step launched, on the same data and RNG offsets.
+  for (std::size_t i = 0; i < eager.parameters.size(); ++i) CHECK(torch::allclose(eager.parameters[i], graphed.parameters[i], 1e-5, 1e-6));
+  MESSAGE("graphed and eager parameters bit-identical: " << test::bit_identical(eager.parameters, graphed.parameters));
+  CHECK(test::bit_identical(graphed.parameters, again.parameters));
+  CHECK(graphed.result.last_training_metrics.at("loss") == again.result.last_training_metrics.at("loss"));
+
+  // Stopped at batch 20's checkpoint, resumed: warm-up and capture again, then the same replays.
+  const GraphRun first = graph_run(graph, 30, /*stop_at=*/20);
+  REQUIRE(first.result.batches_trained == 20);
+  const GraphRun resumed = graph_run(graph, 30, -1, first.result.output_dir);
+  CHECK(resumed.result.resumed_from_batch == 20);
+  CHECK(test::bit_identical(graphed.parameters, resumed.parameters));
+}
+
+TEST_CASE("GPU: a train_batch that waits for the device cannot be captured, and the error says why") {
+  if (!cuda_or_skip()) return;
+  Context context(test::hparams(), ContextOptions{.trial_seed = 11});
+  Trainer<SyncingTrial> trainer(context);
+  CHECK_THROWS_WITH_AS(trainer.fit(captured(8)), doctest::Contains("could not capture the training step"), TrialError);
+}
+
+TEST_CASE("TensorDataset::to: batches are gathered where the data is, the same records in the same order as on the CPU") {
+  // LibTorch's lazy (TorchScript) device stands in for a GPU: not the CPU, but its data can be read.
+  static const bool lazy_ready = [] {
+    torch::lazy::InitTorchScriptBackend();
+    return true;
+  }();
+  (void)lazy_ready;
+  const torch::Device elsewhere(torch::kLazy, 0);
+  const torch::Tensor x = torch::arange(0, 20 * 3, torch::kFloat).reshape({20, 3}), y = torch::arange(0, 20, torch::kLong);
+  const TensorDataset<2> on_cpu(x, y);
+  const TensorDataset<2> moved = on_cpu.to(elsewhere);
+  CHECK(moved.device() == elsewhere);
+  const DataLoaderOptions options{.batch_size = 6, .shuffle = true, .seed = 3};
+  DataLoader cpu_loader(on_cpu, options), device_loader(moved, options);
+  auto a = cpu_loader.batches(LoaderChain{});
+  auto b = device_loader.batches(LoaderChain{});
+  std::vector<std::int64_t> sizes;
+  auto ib = b.begin();
+  for (auto ia = a.begin(); ia != a.end(); ++ia, ++ib) {
+    REQUIRE(ib != b.end());
+    const auto& [cx, cy] = *ia;
+    const auto& [dx, dy] = *ib;
+    CHECK(dx.device() == elsewhere);
+    CHECK(torch::equal(dx.cpu(), cx));
+    CHECK(torch::equal(dy.cpu(), cy));
+    sizes.push_back(cx.size(0));
+  }
+  CHECK(ib == b.end());
+  CHECK(sizes == std::vector<std::int64_t>{6, 6, 6, 2});
 }

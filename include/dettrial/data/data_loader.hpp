@@ -75,9 +75,26 @@ class TensorDataset {
 
   std::int64_t size() const { return tensors_[0].size(0); }
 
+  /// The records at `indices`, gathered where the tensors are: on a GPU for a dataset moved there
+  /// (see to()), with the indices copied to it first (pinned, without waiting for the device).
   auto get_batch(const torch::Tensor& indices) const {
-    return make([&](const torch::Tensor& t) { return t.index_select(0, indices); });
+    const torch::Tensor on_device = indices.device() == tensors_[0].device() ? indices : device_indices(indices);
+    return make([&](const torch::Tensor& t) { return t.index_select(0, on_device); });
   }
+  /**
+   * @brief The same records on `device`: kept there, each shuffled batch is gathered on the device
+   * (the same records in the same order as on the CPU, for the same seed), and nothing is copied per
+   * batch but its indices.
+   * @code{.cpp}
+   * dettrial::TensorDataset(images, labels).to(context.device())
+   * @endcode
+   */
+  TensorDataset to(const torch::Device& device) const {
+    TensorDataset moved = *this;
+    for (auto& t : moved.tensors_) t = t.to(device);
+    return moved;
+  }
+  torch::Device device() const { return tensors_[0].device(); }
   /// Records [begin, end) as fresh tensors (one contiguous copy each), so in-place changes to a batch
   /// never reach the dataset.
   auto get_range(std::int64_t begin, std::int64_t end) const {
@@ -86,6 +103,11 @@ class TensorDataset {
   const torch::Tensor& tensor(std::size_t i) const { return tensors_[i]; }
 
  private:
+  torch::Tensor device_indices(const torch::Tensor& indices) const {
+    // A copy from pageable memory would wait for the device's queue; from pinned memory it does not.
+    const bool pin = tensors_[0].is_cuda() && indices.device().is_cpu();
+    return (pin ? indices.pin_memory() : indices).to(tensors_[0].device(), /*non_blocking=*/pin);
+  }
   template <class F>
   auto make(F&& f) const {
     return [&]<std::size_t... I>(std::index_sequence<I...>) {
