@@ -216,6 +216,19 @@ TEST_CASE("step_capture: cuda_graph refuses at the start, in one sentence, what 
   }
 }
 
+TEST_CASE("step_capture: cuda_graph refuses an fp16 gradient scaler, which decides on the host whether to step") {
+  std::optional<Context> context;
+  try {
+    context.emplace(test::hparams(), ContextOptions{.mixed_precision = Precision::fp16});
+  } catch (const std::exception& e) {
+    test::skip(std::string("fp16 needs a GPU or LibTorch 2 on the CPU: ") + e.what());
+    return;
+  }
+  REQUIRE(context->scaler() != nullptr);
+  Trainer<FusedSgdTrial> trainer(*context);
+  CHECK_THROWS_WITH_AS(trainer.fit(captured(4)), doctest::Contains("cannot replay an fp16 gradient scaler"), ConfigError);
+}
+
 TEST_CASE("a graph's input batch is tensors in containers, nothing it would freeze") {
   using torch::Tensor;
   static_assert(dettrial::detail::graph_input_batch<std::tuple<Tensor, Tensor>>());
