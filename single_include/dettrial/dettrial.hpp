@@ -3675,6 +3675,25 @@ class CapturableOptimizer {
     return r.tensor;
   }
   bool capturing() const { return capturing_; }
+  /// The closure's loss (with gradients on), or an undefined tensor without one.
+  template <class Closure>
+  static torch::Tensor evaluate(Closure& closure) {
+    if (!closure) return {};
+    at::AutoGradMode enable_grad(true);
+    return closure();
+  }
+  /// The parameters that have a gradient, in order.
+  static std::vector<torch::Tensor> with_grad(const std::vector<torch::Tensor>& params) {
+    std::vector<torch::Tensor> out;
+    out.reserve(params.size());
+    for (const auto& p : params)
+      if (p.grad().defined()) out.push_back(p);
+    return out;
+  }
+  /// A step count as the fused kernels read it: a float scalar on the parameter's device.
+  static torch::Tensor device_step(std::int64_t step, const torch::Tensor& like) {
+    return torch::full({}, static_cast<double>(step), torch::TensorOptions().dtype(torch::kFloat).device(like.device()));
+  }
 
  private:
   struct Rate {
@@ -3724,18 +3743,11 @@ class FusedSGD : public torch::optim::SGD, public CapturableOptimizer {
 
   torch::Tensor step(LossClosure closure = nullptr) override {
     torch::NoGradGuard no_grad;
-    torch::Tensor loss;
-    if (closure) {
-      at::AutoGradMode enable_grad(true);
-      loss = closure();
-    }
+    torch::Tensor loss = evaluate(closure);
     for (std::size_t g = 0; g < param_groups().size(); ++g) {
       auto& group = param_groups()[g];
       const auto& o = static_cast<const torch::optim::SGDOptions&>(group.options());
-      std::vector<torch::Tensor> params;
-      params.reserve(group.params().size());
-      for (const auto& p : group.params())
-        if (p.grad().defined()) params.push_back(p);
+      const std::vector<torch::Tensor> params = with_grad(group.params());
       if (params.empty()) continue;
       const torch::Tensor& lr = device_lr(g, o.lr(), params.front());
       if (o.momentum() == 0) {
@@ -3823,18 +3835,11 @@ class FusedAdamBase : public Base, public optim::CapturableOptimizer {
 
   torch::Tensor step(typename Base::LossClosure closure = nullptr) override {
     torch::NoGradGuard no_grad;
-    torch::Tensor loss;
-    if (closure) {
-      at::AutoGradMode enable_grad(true);
-      loss = closure();
-    }
+    torch::Tensor loss = evaluate(closure);
     for (std::size_t g = 0; g < this->param_groups().size(); ++g) {
       auto& group = this->param_groups()[g];
       const auto& o = static_cast<const Options&>(group.options());
-      std::vector<torch::Tensor> params;
-      params.reserve(group.params().size());
-      for (const auto& p : group.params())
-        if (p.grad().defined()) params.push_back(p);
+      const std::vector<torch::Tensor> params = with_grad(group.params());
       if (params.empty()) continue;
       const torch::Tensor& lr = device_lr(g, o.lr(), params.front());
       for_each_bucket(params, [&](const std::vector<std::size_t>& idx) {
@@ -3867,8 +3872,7 @@ class FusedAdamBase : public Base, public optim::CapturableOptimizer {
       for (const auto& p : group.params()) {
         auto it = this->state().find(key(p));
         if (it != this->state().end())
-          steps_[key(p)] = torch::full({}, static_cast<double>(static_cast<State&>(*it->second).step()),
-                                       torch::TensorOptions().dtype(torch::kFloat).device(p.device()));
+          steps_[key(p)] = device_step(static_cast<State&>(*it->second).step(), p);
       }
   }
 
@@ -3889,10 +3893,9 @@ class FusedAdamBase : public Base, public optim::CapturableOptimizer {
       it = this->state().insert_or_assign(k, std::move(s)).first;
     } else if (!steps_.count(k)) {
       // State loaded from a checkpoint (or made by LibTorch's Adam): its step count goes to the device.
-      steps_[k] = torch::full({}, static_cast<double>(static_cast<State&>(*it->second).step()),
-                              torch::TensorOptions().dtype(torch::kFloat).device(p.device()));
+      steps_[k] = device_step(static_cast<State&>(*it->second).step(), p);
     }
-    if (!steps_.count(k)) steps_[k] = torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat).device(p.device()));
+    if (!steps_.count(k)) steps_[k] = device_step(0, p);
     return static_cast<State&>(*it->second);
   }
 
@@ -12645,8 +12648,7 @@ class StepGraph {
   Metrics capture(Batch batch, Step&& step) {
     static_batch_.emplace(std::move(batch));
     // Gradients start unset, so that the captured backward pass makes them in the graph's memory.
-    for (const auto& m : context_->models())
-      for (auto& p : m->parameters()) p.mutable_grad().reset();
+    clear_gradients();
     for (auto& [capturable, optimizer] : optimizers_) {
       capturable->sync_learning_rates(optimizer->param_groups());
       capturable->set_capturing(true);
@@ -12697,10 +12699,7 @@ class StepGraph {
 
   /// Before an eager batch after the capture: gradients unset, so the eager backward pass does not
   /// add to the graph's.
-  void before_eager_batch() {
-    for (const auto& m : context_->models())
-      for (auto& p : m->parameters()) p.mutable_grad().reset();
-  }
+  void before_eager_batch() { clear_gradients(); }
 #else
   template <class Step>
   Metrics warm_up(Step&&) { throw unavailable(); }
@@ -12724,6 +12723,10 @@ class StepGraph {
   ~StepGraph() { reset(); }
 
  private:
+  void clear_gradients() {
+    for (const auto& m : context_->models())
+      for (auto& p : m->parameters()) p.mutable_grad().reset();
+  }
   static void check_metrics(const Metrics& metrics) {
     for (const auto& e : metrics)
       if (!e.value.is_tensor())

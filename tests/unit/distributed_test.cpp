@@ -136,14 +136,7 @@ class OneDeviceBackend final : public dettrial::detail::C10dBackend {
 };
 
 /// The stand-in device: the lazy TorchScript backend's (data on the host, but not the CPU device).
-torch::Device one_device() {
-  static const bool initialized = [] {
-    torch::lazy::InitTorchScriptBackend();
-    return true;
-  }();
-  (void)initialized;
-  return torch::Device(torch::kLazy, 0);
-}
+torch::Device one_device() { return test::lazy_device(); }
 
 void check_matches_one_process(const fs::path& dir, std::int64_t length, double momentum = 0.9);
 

@@ -9,8 +9,6 @@
 #include <tuple>
 #include <vector>
 
-#include <torch/csrc/lazy/ts_backend/ts_backend_impl.h>
-
 #include "test_trials.hpp"
 
 #include <doctest/doctest.h>
@@ -330,12 +328,7 @@ TEST_CASE("GPU: a train_batch that waits for the device cannot be captured, and 
 
 TEST_CASE("TensorDataset::to: batches are gathered where the data is, the same records in the same order as on the CPU") {
   // LibTorch's lazy (TorchScript) device stands in for a GPU: not the CPU, but its data can be read.
-  static const bool lazy_ready = [] {
-    torch::lazy::InitTorchScriptBackend();
-    return true;
-  }();
-  (void)lazy_ready;
-  const torch::Device elsewhere(torch::kLazy, 0);
+  const torch::Device elsewhere = test::lazy_device();
   const torch::Tensor x = torch::arange(0, 20 * 3, torch::kFloat).reshape({20, 3}), y = torch::arange(0, 20, torch::kLong);
   const TensorDataset<2> on_cpu(x, y);
   const TensorDataset<2> moved = on_cpu.to(elsewhere);

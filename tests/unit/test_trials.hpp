@@ -12,11 +12,24 @@
 #include <vector>
 
 #include <dettrial/main.hpp>
+#include <torch/csrc/lazy/ts_backend/ts_backend_impl.h>
 #include <nlohmann/json.hpp>
 
 #include "skip.hpp"
 
 namespace test {
+
+/// LibTorch's lazy (TorchScript) device, a stand-in for a GPU in tests: not the CPU device, but its
+/// data lives on the host and can be read. Its backend is set up once per process (a second set-up
+/// throws), whichever test asks first.
+inline torch::Device lazy_device() {
+  static const bool initialized = [] {
+    torch::lazy::InitTorchScriptBackend();
+    return true;
+  }();
+  (void)initialized;
+  return torch::Device(torch::kLazy, 0);
+}
 
 /// 64 records of y = x . w + noise, the same every time.
 inline std::tuple<torch::Tensor, torch::Tensor> regression_data(std::int64_t n = 64) {

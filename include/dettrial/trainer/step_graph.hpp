@@ -186,8 +186,7 @@ class StepGraph {
   Metrics capture(Batch batch, Step&& step) {
     static_batch_.emplace(std::move(batch));
     // Gradients start unset, so that the captured backward pass makes them in the graph's memory.
-    for (const auto& m : context_->models())
-      for (auto& p : m->parameters()) p.mutable_grad().reset();
+    clear_gradients();
     for (auto& [capturable, optimizer] : optimizers_) {
       capturable->sync_learning_rates(optimizer->param_groups());
       capturable->set_capturing(true);
@@ -238,10 +237,7 @@ class StepGraph {
 
   /// Before an eager batch after the capture: gradients unset, so the eager backward pass does not
   /// add to the graph's.
-  void before_eager_batch() {
-    for (const auto& m : context_->models())
-      for (auto& p : m->parameters()) p.mutable_grad().reset();
-  }
+  void before_eager_batch() { clear_gradients(); }
 #else
   template <class Step>
   Metrics warm_up(Step&&) { throw unavailable(); }
@@ -265,6 +261,10 @@ class StepGraph {
   ~StepGraph() { reset(); }
 
  private:
+  void clear_gradients() {
+    for (const auto& m : context_->models())
+      for (auto& p : m->parameters()) p.mutable_grad().reset();
+  }
   static void check_metrics(const Metrics& metrics) {
     for (const auto& e : metrics)
       if (!e.value.is_tensor())
