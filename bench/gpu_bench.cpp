@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // dettrial on a GPU (bench/gpu runs it beside bench/gpu_bench.py and prints the ratios):
 //  - the MNIST example's trial on Fashion-MNIST (batch 64, SGD 0.03 momentum 0.9), through the full
-//    Trainer (metrics, boundaries, a validation at the end), eager and with the training step
+//    Trainer (metrics, boundaries, a validation at the end), with LibTorch's SGD as before, and with
+//    its default FusedSGD eager and with the training step
 //    captured in a CUDA graph, with the data on the host (pinned) or kept on the GPU;
 //  - a compute-bound network (a small ResNet-style convnet, batch 256, synthetic images on the GPU),
 //    fp32 against bf16 autocast.
@@ -167,8 +168,9 @@ int main(int argc, char** argv) {
   using Eager = mnist::BasicMnistTrial<torch::optim::SGD>;
   using Graphed = mnist::BasicMnistTrial<dettrial::optim::FusedSGD>;
   const std::int64_t fashion = 60000;
-  run<Eager>("MNIST example, eager (pinned host data)", mnist_hparams + data + "false}\n", opt, fashion, "");
-  run<Eager>("MNIST example, eager, data on the GPU", mnist_hparams + data + "true}\n", opt, fashion, "");
+  run<Eager>("MNIST example with LibTorch's SGD, eager (pinned host data)", mnist_hparams + data + "false}\n", opt, fashion, "");
+  run<Graphed>("MNIST example, eager (pinned host data)", mnist_hparams + data + "false}\n", opt, fashion, "");
+  run<Graphed>("MNIST example, eager, data on the GPU", mnist_hparams + data + "true}\n", opt, fashion, "");
   run<Graphed>("MNIST example, graphed (pinned host data)", mnist_hparams + data + "false}\n" + graph, opt, fashion, "");
   run<Graphed>("MNIST example, graphed, data on the GPU", mnist_hparams + data + "true}\n" + graph, opt, fashion, "");
   const std::string resnet = "hyperparameters: {global_batch_size: 256, records: 10240}\n"

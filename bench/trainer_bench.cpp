@@ -153,7 +153,7 @@ Run by_hand(const dettrial::ExperimentConfig& config, std::int64_t batches, bool
   std::int64_t n = 0;
   double reported = 0;
   if (recording) {
-    static_assert(std::is_same_v<decltype(optimizer), torch::optim::SGD>, "parity.py replays SGD");
+    static_assert(std::is_base_of_v<torch::optim::SGD, decltype(optimizer)>, "parity.py replays SGD (FusedSGD is SGD on the CPU, to the bit)");
     const auto& sgd = static_cast<const torch::optim::SGDOptions&>(optimizer.param_groups().front().options());
     recording->lr = sgd.lr(), recording->momentum = sgd.momentum();
     recording->rng_state = at::detail::getDefaultCPUGenerator().get_state();

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // The seed tutorial's MNIST trial, in dettrial's declarative style: two 5x5 convolutions with pooling,
 // a 50-unit hidden layer with dropout, log-softmax over 10 classes, trained with SGD and momentum.
+// On a GPU:  mnist --config examples/mnist/fashion.yaml --set optimizations.step_capture=cuda_graph
 #pragma once
 
 #include <cstdlib>
@@ -17,10 +18,10 @@ struct Data {
   torch::Tensor labels;
 };
 
-/// The trial, with the optimizer as a parameter: LibTorch's SGD by default, or
-/// dettrial::optim::FusedSGD (the same arithmetic, its learning rate on the device) for a training
-/// step captured in a CUDA graph (`optimizations.step_capture: cuda_graph`).
-template <class Optimizer = torch::optim::SGD>
+/// The trial, with the optimizer as a parameter: dettrial::optim::FusedSGD by default (LibTorch's SGD
+/// to the bit on the CPU, ATen's fused kernel on a GPU, its learning rate on the device so that
+/// `optimizations.step_capture: cuda_graph` can capture the step), or LibTorch's own SGD.
+template <class Optimizer = dettrial::optim::FusedSGD>
 class BasicMnistTrial {
  public:
   using Batch = std::tuple<torch::Tensor, torch::Tensor>;

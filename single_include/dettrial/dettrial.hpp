@@ -3666,6 +3666,7 @@ class CapturableOptimizer {
     if (rates_.size() <= g) rates_.resize(g + 1);
     Rate& r = rates_[g];
     if (!r.tensor.defined() || r.tensor.device() != like.device()) {
+      if (capturing_) throw_new_state("parameter group " + std::to_string(g) + "'s learning rate");
       r.tensor = torch::full({}, lr, torch::TensorOptions().dtype(torch::kFloat).device(like.device()));
       r.written = lr;
     } else if (!capturing_ && r.written != lr) {
@@ -3675,6 +3676,13 @@ class CapturableOptimizer {
     return r.tensor;
   }
   bool capturing() const { return capturing_; }
+  /// State made while capturing would be made again (zeroed, or set to the captured learning rate)
+  /// on every replay: a parameter that had no gradient in the warm-up batches must not step first
+  /// inside the graph.
+  [[noreturn]] static void throw_new_state(const std::string& what) {
+    throw TrialError(what + " would be first made inside the CUDA graph (so reset on every replay): a parameter had no "
+                     "gradient in any warm-up batch; raise capture_warmup_batches, or keep such parameters out of the optimizer");
+  }
   /// The closure's loss (with gradients on), or an undefined tensor without one.
   template <class Closure>
   static torch::Tensor evaluate(Closure& closure) {
@@ -3707,6 +3715,22 @@ class CapturableOptimizer {
 }  // namespace dettrial::optim
 
 namespace dettrial::detail {
+
+/// What a captured step keeps of a param group besides its learning rate: its parameters and the
+/// options the kernels take as host values (momentum, dampening, weight decay, Nesterov, betas, eps,
+/// amsgrad), to see when they change after a capture.
+inline std::vector<double> captured_group_state(const torch::optim::OptimizerParamGroup& group) {
+  std::vector<double> out;
+  for (const auto& p : group.params()) out.push_back(static_cast<double>(reinterpret_cast<std::uintptr_t>(p.unsafeGetTensorImpl())));
+  const auto& o = group.options();
+  if (const auto* sgd = dynamic_cast<const torch::optim::SGDOptions*>(&o))
+    out.insert(out.end(), {sgd->momentum(), sgd->dampening(), sgd->weight_decay(), double(sgd->nesterov())});
+  else if (const auto* adam = dynamic_cast<const torch::optim::AdamOptions*>(&o))
+    out.insert(out.end(), {std::get<0>(adam->betas()), std::get<1>(adam->betas()), adam->eps(), adam->weight_decay(), double(adam->amsgrad())});
+  else if (const auto* adamw = dynamic_cast<const torch::optim::AdamWOptions*>(&o))
+    out.insert(out.end(), {std::get<0>(adamw->betas()), std::get<1>(adamw->betas()), adamw->eps(), adamw->weight_decay(), double(adamw->amsgrad())});
+  return out;
+}
 
 /// The parameters of one group that have gradients, split by (device, dtype) as fused kernels need.
 struct FusedBucket {
@@ -3790,6 +3814,7 @@ class FusedSGD : public torch::optim::SGD, public CapturableOptimizer {
   torch::Tensor buffer(const torch::Tensor& p, bool fresh) {
     const auto key = detail::optimizer_state_key<std::decay_t<decltype(state())>>(p);
     if (fresh) {
+      if (capturing()) throw_new_state("a momentum buffer");
       auto s = std::make_unique<torch::optim::SGDParamState>();
       s->momentum_buffer(torch::empty_like(p, torch::MemoryFormat::Preserve));
       state()[key] = std::move(s);
@@ -3798,12 +3823,17 @@ class FusedSGD : public torch::optim::SGD, public CapturableOptimizer {
   }
 
   /// LibTorch's SGD arithmetic with the learning rate read from `lr`; `first`: the buffers are new.
+  /// On a GPU, ATen's fused kernel (one launch for all); elsewhere LibTorch's own operations, one
+  /// parameter at a time, which give LibTorch's SGD's results to the bit.
   static void run(const std::vector<torch::Tensor>& params, const std::vector<torch::Tensor>& grads,
                   const std::vector<torch::Tensor>& bufs, const torch::optim::SGDOptions& o, const torch::Tensor& lr, bool first) {
 #if DETTRIAL_FUSED_KERNELS
-    at::_fused_sgd_(params, grads, bufs, o.weight_decay(), o.momentum(), lr, o.dampening(), o.nesterov(),
-                    /*maximize=*/false, first);
-#else
+    if (params.front().is_cuda()) {
+      at::_fused_sgd_(params, grads, bufs, o.weight_decay(), o.momentum(), lr, o.dampening(), o.nesterov(),
+                      /*maximize=*/false, first);
+      return;
+    }
+#endif
     const torch::Tensor neg_lr = lr.neg();
     for (std::size_t i = 0; i < params.size(); ++i) {
       torch::Tensor p = params[i];
@@ -3817,7 +3847,6 @@ class FusedSGD : public torch::optim::SGD, public CapturableOptimizer {
       }
       p.addcmul_(d_p, neg_lr);
     }
-#endif
   }
 };
 
@@ -3846,7 +3875,7 @@ class FusedAdamBase : public Base, public optim::CapturableOptimizer {
         FusedBucket b;
         for (auto i : idx) {
           const torch::Tensor& p = params[i];
-          State& s = state_of(p);
+          State& s = state_of(p, o);
           b.params.push_back(p);
           b.grads.push_back(p.grad());
           b.first.push_back(s.exp_avg());
@@ -3861,9 +3890,18 @@ class FusedAdamBase : public Base, public optim::CapturableOptimizer {
   }
 
   void pull_host_state() override {
-    for (auto& [k, step] : steps_) {
-      auto it = this->state().find(k);
-      if (it != this->state().end()) static_cast<State&>(*it->second).step(static_cast<std::int64_t>(step.template item<double>()));
+    if (steps_.empty()) return;
+    // One read of the device for all step counts (a checkpoint's only synchronization here).
+    std::vector<torch::Tensor> counts;
+    counts.reserve(steps_.size());
+    const torch::Device device = steps_.begin()->second.device();
+    for (const auto& entry : steps_) counts.push_back(entry.second.to(device));
+    const torch::Tensor host = torch::stack(counts).to(torch::kCPU, torch::kDouble).contiguous();
+    const double* value = host.data_ptr<double>();
+    for (const auto& entry : steps_) {
+      auto it = this->state().find(entry.first);
+      if (it != this->state().end()) static_cast<State&>(*it->second).step(static_cast<std::int64_t>(*value));
+      ++value;
     }
   }
   void push_device_state() override {
@@ -3880,11 +3918,11 @@ class FusedAdamBase : public Base, public optim::CapturableOptimizer {
   using Key = typename std::decay_t<decltype(std::declval<Base&>().state())>::key_type;
   static Key key(const torch::Tensor& p) { return detail::optimizer_state_key<std::decay_t<decltype(std::declval<Base&>().state())>>(p); }
 
-  State& state_of(const torch::Tensor& p) {
+  State& state_of(const torch::Tensor& p, const Options& o) {
     const Key k = key(p);
     auto it = this->state().find(k);
+    if ((it == this->state().end() || !steps_.count(k)) && capturing()) throw_new_state("Adam's state for a parameter");
     if (it == this->state().end()) {
-      const auto& o = static_cast<const Options&>(this->param_groups().front().options());
       auto s = std::make_unique<State>();
       s->step(0);
       s->exp_avg(torch::zeros_like(p, torch::MemoryFormat::Preserve));
@@ -12573,6 +12611,11 @@ void check_step_capture(const StepCapture& capture, Context& context) {
   if (context.aggregation_frequency() > 1)
     throw ConfigError(what + "needs aggregation_frequency 1: with " + std::to_string(context.aggregation_frequency()) +
                       " the optimizer steps on some batches only, which one graph cannot replay");
+  for (const auto& reducer : context.reducers())
+    if (reducer.for_training)
+      throw TrialError(what + "replays train_batch without running its host code, so a reducer fed in train_batch (" +
+                       (reducer.name.empty() ? std::string("one returning MetricValues") : "'" + reducer.name + "'") +
+                       ") would see only the captured batch; wrap it with for_training = false, or set step_capture: none");
   if (context.scaler())
     throw ConfigError(what + "cannot replay an fp16 gradient scaler, which decides on the host whether to skip a step; use "
                       "mixed_precision: bf16 (no scaler) or fp32");
@@ -12623,6 +12666,33 @@ class StepGraph {
     });
   }
 
+  /// Whether `batch` may be captured: it has the shapes of the last warm-up batch (so an epoch's
+  /// short last batch is never the one captured, and nothing is tuned for a new shape inside the
+  /// capture). Else it warms up too.
+  bool ready_to_capture(const Batch& batch) const {
+    std::size_t i = 0;
+    bool same = true;
+    for_each_tensor(batch, [&](const torch::Tensor& t) {
+      same = same && i < warm_sizes_.size() && t.defined() && t.sizes().vec() == warm_sizes_[i];
+      ++i;
+    });
+    return same && i == warm_sizes_.size();
+  }
+  void note_warm_up_shapes(const Batch& batch) {
+    warm_sizes_.clear();
+    for_each_tensor(batch, [&](const torch::Tensor& t) { warm_sizes_.push_back(t.defined() ? t.sizes().vec() : std::vector<std::int64_t>{}); });
+  }
+
+  /// At each workload after the capture: the parameters and the options the graph holds as host
+  /// values must be those it was captured with (a replay would silently keep the old ones).
+  void check_unchanged() const {
+    if (!captured()) return;
+    if (group_states() != captured_groups_)
+      throw TrialError("step_capture: cuda_graph replays the optimizer step as captured, and since the capture an optimizer's "
+                       "parameters or options other than the learning rate (momentum, betas, weight decay, ...) changed; "
+                       "only learning rates may change under a captured step, or set step_capture: none");
+  }
+
 #if defined(DETTRIAL_HAS_CUDA)
   /// A warm-up batch: `step` runs eagerly on the capture's side stream, ordered after the work
   /// before it and before the work after it, so that the libraries make their per-stream state
@@ -12643,6 +12713,7 @@ class StepGraph {
     return metrics;
   }
 
+
   /// Captures `step(static_batch)` in the graph (nothing runs), then replays it once to train `batch`.
   template <class Step>
   Metrics capture(Batch batch, Step&& step) {
@@ -12661,7 +12732,10 @@ class StepGraph {
       // Thread-local mode: the loader's threads may pin memory (cudaHostAlloc) during the capture.
       graph_->capture_begin({0, 0}, cudaStreamCaptureModeThreadLocal);
       try {
-        static_metrics_ = step(*static_batch_);
+        // The trial gets its own handles to the inputs: reassigning one (x = x.float()) must not
+        // replace the buffer each batch is copied into.
+        Batch working = *static_batch_;
+        static_metrics_ = step(working);
       } catch (...) {
         try {
           graph_->capture_end();
@@ -12682,6 +12756,7 @@ class StepGraph {
     end_capture();
     join(*side_, main);
     check_metrics(static_metrics_);
+    captured_groups_ = group_states();
     graph_->replay();
     return static_metrics_;
   }
@@ -12719,6 +12794,8 @@ class StepGraph {
     static_batch_.reset();
     armed_ = false;
     warmup_left_ = 0;
+    warm_sizes_.clear();
+    captured_groups_.clear();
   }
   ~StepGraph() { reset(); }
 
@@ -12726,6 +12803,15 @@ class StepGraph {
   void clear_gradients() {
     for (const auto& m : context_->models())
       for (auto& p : m->parameters()) p.mutable_grad().reset();
+    for (auto& [capturable, optimizer] : optimizers_)
+      for (auto& group : optimizer->param_groups())
+        for (auto& p : group.params()) p.mutable_grad().reset();
+  }
+  std::vector<std::vector<double>> group_states() const {
+    std::vector<std::vector<double>> out;
+    for (const auto& [capturable, optimizer] : optimizers_)
+      for (const auto& group : optimizer->param_groups()) out.push_back(captured_group_state(group));
+    return out;
   }
   static void check_metrics(const Metrics& metrics) {
     for (const auto& e : metrics)
@@ -12763,6 +12849,8 @@ class StepGraph {
   Metrics static_metrics_;
   std::int64_t warmup_left_ = 0;
   bool armed_ = false;
+  std::vector<std::vector<std::int64_t>> warm_sizes_;
+  std::vector<std::vector<double>> captured_groups_;
 };
 
 }  // namespace dettrial::detail
@@ -13312,6 +13400,7 @@ class Trainer {
   /// Trains batch after batch until one reaches a boundary (or, in one process, a stop signal arrives).
   template <class Set, class It, class End>
   Reached train_until_boundary(RunState& st, It& it, const End& end, Workload& workload, Set& callbacks) {
+    step_graph_.check_unchanged();
     for (const auto& m : context_.models()) m->train();
     for (auto& r : context_.reducers())
       if (r.for_training) r.reset(r.object);
@@ -13401,7 +13490,8 @@ class Trainer {
       lap(workload, workload.phases.data, sync_timings);
       if (!step_graph_.armed()) {
         metrics = eager_step(batch, workload, batch_idx, epoch_idx, sync_timings);
-      } else if (step_graph_.warming_up()) {
+      } else if (step_graph_.warming_up() || (!step_graph_.captured() && !step_graph_.ready_to_capture(batch))) {
+        step_graph_.note_warm_up_shapes(batch);
         metrics = step_graph_.warm_up([&] { return eager_step(batch, workload, batch_idx, epoch_idx, sync_timings); });
       } else if (!step_graph_.captured()) {
         // Nothing may wait for the device while capturing: no synchronized timings.

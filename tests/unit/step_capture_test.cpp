@@ -64,6 +64,13 @@ struct FusedSgdTrial : test::DeclarativeRegression {
   }
 };
 
+/// A trial that feeds a reducer from train_batch (which a replay would not run).
+struct ReducingTrial : FusedSgdTrial {
+  explicit ReducingTrial(Context& c) : FusedSgdTrial(c) {
+    c.wrap_reducer([](const std::vector<double>& v) { return static_cast<double>(v.size()); }, "batches_seen");
+  }
+};
+
 FitOptions captured(std::int64_t length, fs::path* out = nullptr) {
   FitOptions o = test::quiet({.max_length = Batch(length), .step_capture = capture::cuda_graph{}});
   if (out) *out = o.output_dir;
@@ -86,7 +93,7 @@ std::string refusal(ContextOptions options = {}) {
 
 }  // namespace
 
-TEST_CASE("FusedSGD, FusedAdam and FusedAdamW train as LibTorch's SGD, Adam and AdamW, and follow a changed learning rate") {
+TEST_CASE("FusedSGD, FusedAdam and FusedAdamW train as LibTorch's SGD (to the bit on the CPU), Adam and AdamW, and follow a changed learning rate") {
   using torch::optim::AdamOptions;
   using torch::optim::AdamWOptions;
   using torch::optim::SGDOptions;
@@ -99,8 +106,9 @@ TEST_CASE("FusedSGD, FusedAdam and FusedAdamW train as LibTorch's SGD, Adam and 
     const char* name;
     torch::Tensor libtorch, fused, fused_same_lr;
   };
-  // The fused kernels (LibTorch 2.4+) and the tensor arithmetic (1.13) round a few operations in
-  // another order than LibTorch's loops: float32 agreement, not bits.
+  // On the CPU FusedSGD runs LibTorch's own operations: its SGD to the bit. Adam's fused kernel
+  // (LibTorch 2.4+) and its tensor arithmetic (1.13) round a few operations in another order than
+  // LibTorch's loop: float32 agreement, not bits.
   const Case cases[] = {
       {"SGD", train_linear([&](Params p) { return torch::optim::SGD(p, sgd); }, 0.001),
        train_linear([&](Params p) { return optim::FusedSGD(p, sgd); }, 0.001), train_linear([&](Params p) { return optim::FusedSGD(p, sgd); }, 0.03)},
@@ -115,6 +123,7 @@ TEST_CASE("FusedSGD, FusedAdam and FusedAdamW train as LibTorch's SGD, Adam and 
   };
   for (const Case& c : cases) {
     CAPTURE(c.name);
+    if (std::string(c.name).starts_with("SGD")) CHECK(torch::equal(c.libtorch, c.fused));
     CHECK(max_difference(c.libtorch, c.fused) < 2e-6);
     // The learning rate set on the host after 10 steps reached the device tensor the step reads.
     CHECK(max_difference(c.fused, c.fused_same_lr) > 1e-4);
@@ -194,6 +203,10 @@ TEST_CASE("step_capture: cuda_graph refuses at the start, in one sentence, what 
     const std::string e = refusal<HostLrTrial>();
     CHECK(e.find("optimizer 0 (torch::optim::SGD) reads it on the host") != std::string::npos);
     CHECK(e.find("use dettrial::optim::FusedSGD, FusedAdam or FusedAdamW") != std::string::npos);
+  }
+  SUBCASE("a reducer fed in train_batch") {
+    CHECK(refusal<ReducingTrial>().find("a reducer fed in train_batch ('batches_seen') would see only the captured batch") !=
+          std::string::npos);
   }
   SUBCASE("gradient aggregation") {
     CHECK(refusal<FusedSgdTrial>({.aggregation_frequency = 3}).find("needs aggregation_frequency 1: with 3") != std::string::npos);

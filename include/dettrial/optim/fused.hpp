@@ -75,6 +75,7 @@ class CapturableOptimizer {
     if (rates_.size() <= g) rates_.resize(g + 1);
     Rate& r = rates_[g];
     if (!r.tensor.defined() || r.tensor.device() != like.device()) {
+      if (capturing_) throw_new_state("parameter group " + std::to_string(g) + "'s learning rate");
       r.tensor = torch::full({}, lr, torch::TensorOptions().dtype(torch::kFloat).device(like.device()));
       r.written = lr;
     } else if (!capturing_ && r.written != lr) {
@@ -84,6 +85,13 @@ class CapturableOptimizer {
     return r.tensor;
   }
   bool capturing() const { return capturing_; }
+  /// State made while capturing would be made again (zeroed, or set to the captured learning rate)
+  /// on every replay: a parameter that had no gradient in the warm-up batches must not step first
+  /// inside the graph.
+  [[noreturn]] static void throw_new_state(const std::string& what) {
+    throw TrialError(what + " would be first made inside the CUDA graph (so reset on every replay): a parameter had no "
+                     "gradient in any warm-up batch; raise capture_warmup_batches, or keep such parameters out of the optimizer");
+  }
   /// The closure's loss (with gradients on), or an undefined tensor without one.
   template <class Closure>
   static torch::Tensor evaluate(Closure& closure) {
@@ -116,6 +124,22 @@ class CapturableOptimizer {
 }  // namespace dettrial::optim
 
 namespace dettrial::detail {
+
+/// What a captured step keeps of a param group besides its learning rate: its parameters and the
+/// options the kernels take as host values (momentum, dampening, weight decay, Nesterov, betas, eps,
+/// amsgrad), to see when they change after a capture.
+inline std::vector<double> captured_group_state(const torch::optim::OptimizerParamGroup& group) {
+  std::vector<double> out;
+  for (const auto& p : group.params()) out.push_back(static_cast<double>(reinterpret_cast<std::uintptr_t>(p.unsafeGetTensorImpl())));
+  const auto& o = group.options();
+  if (const auto* sgd = dynamic_cast<const torch::optim::SGDOptions*>(&o))
+    out.insert(out.end(), {sgd->momentum(), sgd->dampening(), sgd->weight_decay(), double(sgd->nesterov())});
+  else if (const auto* adam = dynamic_cast<const torch::optim::AdamOptions*>(&o))
+    out.insert(out.end(), {std::get<0>(adam->betas()), std::get<1>(adam->betas()), adam->eps(), adam->weight_decay(), double(adam->amsgrad())});
+  else if (const auto* adamw = dynamic_cast<const torch::optim::AdamWOptions*>(&o))
+    out.insert(out.end(), {std::get<0>(adamw->betas()), std::get<1>(adamw->betas()), adamw->eps(), adamw->weight_decay(), double(adamw->amsgrad())});
+  return out;
+}
 
 /// The parameters of one group that have gradients, split by (device, dtype) as fused kernels need.
 struct FusedBucket {
@@ -199,6 +223,7 @@ class FusedSGD : public torch::optim::SGD, public CapturableOptimizer {
   torch::Tensor buffer(const torch::Tensor& p, bool fresh) {
     const auto key = detail::optimizer_state_key<std::decay_t<decltype(state())>>(p);
     if (fresh) {
+      if (capturing()) throw_new_state("a momentum buffer");
       auto s = std::make_unique<torch::optim::SGDParamState>();
       s->momentum_buffer(torch::empty_like(p, torch::MemoryFormat::Preserve));
       state()[key] = std::move(s);
@@ -207,12 +232,17 @@ class FusedSGD : public torch::optim::SGD, public CapturableOptimizer {
   }
 
   /// LibTorch's SGD arithmetic with the learning rate read from `lr`; `first`: the buffers are new.
+  /// On a GPU, ATen's fused kernel (one launch for all); elsewhere LibTorch's own operations, one
+  /// parameter at a time, which give LibTorch's SGD's results to the bit.
   static void run(const std::vector<torch::Tensor>& params, const std::vector<torch::Tensor>& grads,
                   const std::vector<torch::Tensor>& bufs, const torch::optim::SGDOptions& o, const torch::Tensor& lr, bool first) {
 #if DETTRIAL_FUSED_KERNELS
-    at::_fused_sgd_(params, grads, bufs, o.weight_decay(), o.momentum(), lr, o.dampening(), o.nesterov(),
-                    /*maximize=*/false, first);
-#else
+    if (params.front().is_cuda()) {
+      at::_fused_sgd_(params, grads, bufs, o.weight_decay(), o.momentum(), lr, o.dampening(), o.nesterov(),
+                      /*maximize=*/false, first);
+      return;
+    }
+#endif
     const torch::Tensor neg_lr = lr.neg();
     for (std::size_t i = 0; i < params.size(); ++i) {
       torch::Tensor p = params[i];
@@ -226,7 +256,6 @@ class FusedSGD : public torch::optim::SGD, public CapturableOptimizer {
       }
       p.addcmul_(d_p, neg_lr);
     }
-#endif
   }
 };
 
@@ -255,7 +284,7 @@ class FusedAdamBase : public Base, public optim::CapturableOptimizer {
         FusedBucket b;
         for (auto i : idx) {
           const torch::Tensor& p = params[i];
-          State& s = state_of(p);
+          State& s = state_of(p, o);
           b.params.push_back(p);
           b.grads.push_back(p.grad());
           b.first.push_back(s.exp_avg());
@@ -270,9 +299,18 @@ class FusedAdamBase : public Base, public optim::CapturableOptimizer {
   }
 
   void pull_host_state() override {
-    for (auto& [k, step] : steps_) {
-      auto it = this->state().find(k);
-      if (it != this->state().end()) static_cast<State&>(*it->second).step(static_cast<std::int64_t>(step.template item<double>()));
+    if (steps_.empty()) return;
+    // One read of the device for all step counts (a checkpoint's only synchronization here).
+    std::vector<torch::Tensor> counts;
+    counts.reserve(steps_.size());
+    const torch::Device device = steps_.begin()->second.device();
+    for (const auto& entry : steps_) counts.push_back(entry.second.to(device));
+    const torch::Tensor host = torch::stack(counts).to(torch::kCPU, torch::kDouble).contiguous();
+    const double* value = host.data_ptr<double>();
+    for (const auto& entry : steps_) {
+      auto it = this->state().find(entry.first);
+      if (it != this->state().end()) static_cast<State&>(*it->second).step(static_cast<std::int64_t>(*value));
+      ++value;
     }
   }
   void push_device_state() override {
@@ -289,11 +327,11 @@ class FusedAdamBase : public Base, public optim::CapturableOptimizer {
   using Key = typename std::decay_t<decltype(std::declval<Base&>().state())>::key_type;
   static Key key(const torch::Tensor& p) { return detail::optimizer_state_key<std::decay_t<decltype(std::declval<Base&>().state())>>(p); }
 
-  State& state_of(const torch::Tensor& p) {
+  State& state_of(const torch::Tensor& p, const Options& o) {
     const Key k = key(p);
     auto it = this->state().find(k);
+    if ((it == this->state().end() || !steps_.count(k)) && capturing()) throw_new_state("Adam's state for a parameter");
     if (it == this->state().end()) {
-      const auto& o = static_cast<const Options&>(this->param_groups().front().options());
       auto s = std::make_unique<State>();
       s->step(0);
       s->exp_avg(torch::zeros_like(p, torch::MemoryFormat::Preserve));

@@ -111,6 +111,11 @@ void check_step_capture(const StepCapture& capture, Context& context) {
   if (context.aggregation_frequency() > 1)
     throw ConfigError(what + "needs aggregation_frequency 1: with " + std::to_string(context.aggregation_frequency()) +
                       " the optimizer steps on some batches only, which one graph cannot replay");
+  for (const auto& reducer : context.reducers())
+    if (reducer.for_training)
+      throw TrialError(what + "replays train_batch without running its host code, so a reducer fed in train_batch (" +
+                       (reducer.name.empty() ? std::string("one returning MetricValues") : "'" + reducer.name + "'") +
+                       ") would see only the captured batch; wrap it with for_training = false, or set step_capture: none");
   if (context.scaler())
     throw ConfigError(what + "cannot replay an fp16 gradient scaler, which decides on the host whether to skip a step; use "
                       "mixed_precision: bf16 (no scaler) or fp32");
@@ -161,6 +166,33 @@ class StepGraph {
     });
   }
 
+  /// Whether `batch` may be captured: it has the shapes of the last warm-up batch (so an epoch's
+  /// short last batch is never the one captured, and nothing is tuned for a new shape inside the
+  /// capture). Else it warms up too.
+  bool ready_to_capture(const Batch& batch) const {
+    std::size_t i = 0;
+    bool same = true;
+    for_each_tensor(batch, [&](const torch::Tensor& t) {
+      same = same && i < warm_sizes_.size() && t.defined() && t.sizes().vec() == warm_sizes_[i];
+      ++i;
+    });
+    return same && i == warm_sizes_.size();
+  }
+  void note_warm_up_shapes(const Batch& batch) {
+    warm_sizes_.clear();
+    for_each_tensor(batch, [&](const torch::Tensor& t) { warm_sizes_.push_back(t.defined() ? t.sizes().vec() : std::vector<std::int64_t>{}); });
+  }
+
+  /// At each workload after the capture: the parameters and the options the graph holds as host
+  /// values must be those it was captured with (a replay would silently keep the old ones).
+  void check_unchanged() const {
+    if (!captured()) return;
+    if (group_states() != captured_groups_)
+      throw TrialError("step_capture: cuda_graph replays the optimizer step as captured, and since the capture an optimizer's "
+                       "parameters or options other than the learning rate (momentum, betas, weight decay, ...) changed; "
+                       "only learning rates may change under a captured step, or set step_capture: none");
+  }
+
 #if defined(DETTRIAL_HAS_CUDA)
   /// A warm-up batch: `step` runs eagerly on the capture's side stream, ordered after the work
   /// before it and before the work after it, so that the libraries make their per-stream state
@@ -181,6 +213,7 @@ class StepGraph {
     return metrics;
   }
 
+
   /// Captures `step(static_batch)` in the graph (nothing runs), then replays it once to train `batch`.
   template <class Step>
   Metrics capture(Batch batch, Step&& step) {
@@ -199,7 +232,10 @@ class StepGraph {
       // Thread-local mode: the loader's threads may pin memory (cudaHostAlloc) during the capture.
       graph_->capture_begin({0, 0}, cudaStreamCaptureModeThreadLocal);
       try {
-        static_metrics_ = step(*static_batch_);
+        // The trial gets its own handles to the inputs: reassigning one (x = x.float()) must not
+        // replace the buffer each batch is copied into.
+        Batch working = *static_batch_;
+        static_metrics_ = step(working);
       } catch (...) {
         try {
           graph_->capture_end();
@@ -220,6 +256,7 @@ class StepGraph {
     end_capture();
     join(*side_, main);
     check_metrics(static_metrics_);
+    captured_groups_ = group_states();
     graph_->replay();
     return static_metrics_;
   }
@@ -257,6 +294,8 @@ class StepGraph {
     static_batch_.reset();
     armed_ = false;
     warmup_left_ = 0;
+    warm_sizes_.clear();
+    captured_groups_.clear();
   }
   ~StepGraph() { reset(); }
 
@@ -264,6 +303,15 @@ class StepGraph {
   void clear_gradients() {
     for (const auto& m : context_->models())
       for (auto& p : m->parameters()) p.mutable_grad().reset();
+    for (auto& [capturable, optimizer] : optimizers_)
+      for (auto& group : optimizer->param_groups())
+        for (auto& p : group.params()) p.mutable_grad().reset();
+  }
+  std::vector<std::vector<double>> group_states() const {
+    std::vector<std::vector<double>> out;
+    for (const auto& [capturable, optimizer] : optimizers_)
+      for (const auto& group : optimizer->param_groups()) out.push_back(captured_group_state(group));
+    return out;
   }
   static void check_metrics(const Metrics& metrics) {
     for (const auto& e : metrics)
@@ -301,6 +349,8 @@ class StepGraph {
   Metrics static_metrics_;
   std::int64_t warmup_left_ = 0;
   bool armed_ = false;
+  std::vector<std::vector<std::int64_t>> warm_sizes_;
+  std::vector<std::vector<double>> captured_groups_;
 };
 
 }  // namespace dettrial::detail

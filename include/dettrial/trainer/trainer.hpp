@@ -465,6 +465,7 @@ class Trainer {
   /// Trains batch after batch until one reaches a boundary (or, in one process, a stop signal arrives).
   template <class Set, class It, class End>
   Reached train_until_boundary(RunState& st, It& it, const End& end, Workload& workload, Set& callbacks) {
+    step_graph_.check_unchanged();
     for (const auto& m : context_.models()) m->train();
     for (auto& r : context_.reducers())
       if (r.for_training) r.reset(r.object);
@@ -554,7 +555,8 @@ class Trainer {
       lap(workload, workload.phases.data, sync_timings);
       if (!step_graph_.armed()) {
         metrics = eager_step(batch, workload, batch_idx, epoch_idx, sync_timings);
-      } else if (step_graph_.warming_up()) {
+      } else if (step_graph_.warming_up() || (!step_graph_.captured() && !step_graph_.ready_to_capture(batch))) {
+        step_graph_.note_warm_up_shapes(batch);
         metrics = step_graph_.warm_up([&] { return eager_step(batch, workload, batch_idx, epoch_idx, sync_timings); });
       } else if (!step_graph_.captured()) {
         // Nothing may wait for the device while capturing: no synchronized timings.
