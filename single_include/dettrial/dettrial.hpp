@@ -3644,14 +3644,8 @@ class CapturableOptimizer {
   /// last write (one small fill on the device, no synchronization). The optimizer's own step does it
   /// when it is not being captured; a trainer replaying a graph does it before each replay.
   void sync_learning_rates(std::vector<torch::optim::OptimizerParamGroup>& groups) {
-    for (std::size_t g = 0; g < groups.size() && g < rates_.size(); ++g) {
-      Rate& r = rates_[g];
-      const double lr = groups[g].options().get_lr();
-      if (r.tensor.defined() && r.written != lr) {
-        r.tensor.fill_(lr);
-        r.written = lr;
-      }
-    }
+    for (std::size_t g = 0; g < groups.size() && g < rates_.size(); ++g)
+      if (rates_[g].tensor.defined()) rates_[g].write(groups[g].options().get_lr());
   }
   /// While true, a step writes nothing from the host (the trainer sets it around a capture).
   void set_capturing(bool capturing) { capturing_ = capturing; }
@@ -3667,11 +3661,10 @@ class CapturableOptimizer {
     Rate& r = rates_[g];
     if (!r.tensor.defined() || r.tensor.device() != like.device()) {
       if (capturing_) throw_new_state("parameter group " + std::to_string(g) + "'s learning rate");
-      r.tensor = torch::full({}, lr, torch::TensorOptions().dtype(torch::kFloat).device(like.device()));
+      r.tensor = device_scalar(lr, like);
       r.written = lr;
-    } else if (!capturing_ && r.written != lr) {
-      r.tensor.fill_(lr);
-      r.written = lr;
+    } else if (!capturing_) {
+      r.write(lr);
     }
     return r.tensor;
   }
@@ -3698,15 +3691,21 @@ class CapturableOptimizer {
       if (p.grad().defined()) out.push_back(p);
     return out;
   }
-  /// A step count as the fused kernels read it: a float scalar on the parameter's device.
-  static torch::Tensor device_step(std::int64_t step, const torch::Tensor& like) {
-    return torch::full({}, static_cast<double>(step), torch::TensorOptions().dtype(torch::kFloat).device(like.device()));
+  /// A learning rate or step count as the fused kernels read it: a float scalar on `like`'s device.
+  static torch::Tensor device_scalar(double value, const torch::Tensor& like) {
+    return torch::full({}, value, torch::TensorOptions().dtype(torch::kFloat).device(like.device()));
   }
 
  private:
   struct Rate {
     torch::Tensor tensor{};
     double written = 0;
+    /// Writes `lr` on the device when it differs from what was written last.
+    void write(double lr) {
+      if (written == lr) return;
+      tensor.fill_(lr);
+      written = lr;
+    }
   };
   std::vector<Rate> rates_;
   bool capturing_ = false;
@@ -3910,7 +3909,7 @@ class FusedAdamBase : public Base, public optim::CapturableOptimizer {
       for (const auto& p : group.params()) {
         auto it = this->state().find(key(p));
         if (it != this->state().end())
-          steps_[key(p)] = device_step(static_cast<State&>(*it->second).step(), p);
+          steps_[key(p)] = device_scalar(static_cast<double>(static_cast<State&>(*it->second).step()), p);
       }
   }
 
@@ -3931,9 +3930,9 @@ class FusedAdamBase : public Base, public optim::CapturableOptimizer {
       it = this->state().insert_or_assign(k, std::move(s)).first;
     } else if (!steps_.count(k)) {
       // State loaded from a checkpoint (or made by LibTorch's Adam): its step count goes to the device.
-      steps_[k] = device_step(static_cast<State&>(*it->second).step(), p);
+      steps_[k] = device_scalar(static_cast<double>(static_cast<State&>(*it->second).step()), p);
     }
-    if (!steps_.count(k)) steps_[k] = device_step(0, p);
+    if (!steps_.count(k)) steps_[k] = device_scalar(0, p);
     return static_cast<State&>(*it->second);
   }
 
@@ -12660,28 +12659,14 @@ class StepGraph {
   bool warming_up() const { return warmup_left_ > 0; }
 
   /// Whether `batch` has the captured batch's structure and shapes (else it runs eagerly).
-  bool fits(const Batch& batch) const {
-    return for_each_tensor_pair(*static_batch_, batch, [](const torch::Tensor& s, const torch::Tensor& b) {
-      return s.defined() == b.defined() && (!s.defined() || (s.sizes() == b.sizes() && s.scalar_type() == b.scalar_type()));
-    });
-  }
+  bool fits(const Batch& batch) const { return same_layout(*static_batch_, batch); }
 
   /// Whether `batch` may be captured: it has the shapes of the last warm-up batch (so an epoch's
   /// short last batch is never the one captured, and nothing is tuned for a new shape inside the
   /// capture). Else it warms up too.
-  bool ready_to_capture(const Batch& batch) const {
-    std::size_t i = 0;
-    bool same = true;
-    for_each_tensor(batch, [&](const torch::Tensor& t) {
-      same = same && i < warm_sizes_.size() && t.defined() && t.sizes().vec() == warm_sizes_[i];
-      ++i;
-    });
-    return same && i == warm_sizes_.size();
-  }
-  void note_warm_up_shapes(const Batch& batch) {
-    warm_sizes_.clear();
-    for_each_tensor(batch, [&](const torch::Tensor& t) { warm_sizes_.push_back(t.defined() ? t.sizes().vec() : std::vector<std::int64_t>{}); });
-  }
+  bool ready_to_capture(const Batch& batch) const { return last_warm_up_ && same_layout(*last_warm_up_, batch); }
+  /// Keeps handles to a warm-up batch's tensors (before the trial may reassign them), for their shapes.
+  void note_warm_up_shapes(const Batch& batch) { last_warm_up_.emplace(batch); }
 
   /// At each workload after the capture: the parameters and the options the graph holds as host
   /// values must be those it was captured with (a replay would silently keep the old ones).
@@ -12757,6 +12742,7 @@ class StepGraph {
     join(*side_, main);
     check_metrics(static_metrics_);
     captured_groups_ = group_states();
+    last_warm_up_.reset();
     graph_->replay();
     return static_metrics_;
   }
@@ -12794,7 +12780,7 @@ class StepGraph {
     static_batch_.reset();
     armed_ = false;
     warmup_left_ = 0;
-    warm_sizes_.clear();
+    last_warm_up_.reset();
     captured_groups_.clear();
   }
   ~StepGraph() { reset(); }
@@ -12812,6 +12798,12 @@ class StepGraph {
     for (const auto& [capturable, optimizer] : optimizers_)
       for (const auto& group : optimizer->param_groups()) out.push_back(captured_group_state(group));
     return out;
+  }
+  /// The same structure, and tensors of the same shapes and types.
+  static bool same_layout(const Batch& a, const Batch& b) {
+    return for_each_tensor_pair(a, b, [](const torch::Tensor& x, const torch::Tensor& y) {
+      return x.defined() == y.defined() && (!x.defined() || (x.sizes() == y.sizes() && x.scalar_type() == y.scalar_type()));
+    });
   }
   static void check_metrics(const Metrics& metrics) {
     for (const auto& e : metrics)
@@ -12849,7 +12841,7 @@ class StepGraph {
   Metrics static_metrics_;
   std::int64_t warmup_left_ = 0;
   bool armed_ = false;
-  std::vector<std::vector<std::int64_t>> warm_sizes_;
+  std::optional<Batch> last_warm_up_;
   std::vector<std::vector<double>> captured_groups_;
 };
 
@@ -13481,7 +13473,7 @@ class Trainer {
     training_batch_t<TrialT> batch = std::move(loaded);
     workload.records += record_count(batch);
     Metrics metrics;
-    if (step_graph_.armed() && step_graph_.captured() && step_graph_.fits(batch)) {
+    if (step_graph_.captured() && step_graph_.fits(batch)) {
       // The host batch is copied straight into the graph's inputs; the whole step is one replay.
       metrics = step_graph_.replay(batch);
       lap(workload, workload.phases.train_batch, sync_timings);

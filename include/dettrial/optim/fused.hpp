@@ -53,14 +53,8 @@ class CapturableOptimizer {
   /// last write (one small fill on the device, no synchronization). The optimizer's own step does it
   /// when it is not being captured; a trainer replaying a graph does it before each replay.
   void sync_learning_rates(std::vector<torch::optim::OptimizerParamGroup>& groups) {
-    for (std::size_t g = 0; g < groups.size() && g < rates_.size(); ++g) {
-      Rate& r = rates_[g];
-      const double lr = groups[g].options().get_lr();
-      if (r.tensor.defined() && r.written != lr) {
-        r.tensor.fill_(lr);
-        r.written = lr;
-      }
-    }
+    for (std::size_t g = 0; g < groups.size() && g < rates_.size(); ++g)
+      if (rates_[g].tensor.defined()) rates_[g].write(groups[g].options().get_lr());
   }
   /// While true, a step writes nothing from the host (the trainer sets it around a capture).
   void set_capturing(bool capturing) { capturing_ = capturing; }
@@ -76,11 +70,10 @@ class CapturableOptimizer {
     Rate& r = rates_[g];
     if (!r.tensor.defined() || r.tensor.device() != like.device()) {
       if (capturing_) throw_new_state("parameter group " + std::to_string(g) + "'s learning rate");
-      r.tensor = torch::full({}, lr, torch::TensorOptions().dtype(torch::kFloat).device(like.device()));
+      r.tensor = device_scalar(lr, like);
       r.written = lr;
-    } else if (!capturing_ && r.written != lr) {
-      r.tensor.fill_(lr);
-      r.written = lr;
+    } else if (!capturing_) {
+      r.write(lr);
     }
     return r.tensor;
   }
@@ -107,15 +100,21 @@ class CapturableOptimizer {
       if (p.grad().defined()) out.push_back(p);
     return out;
   }
-  /// A step count as the fused kernels read it: a float scalar on the parameter's device.
-  static torch::Tensor device_step(std::int64_t step, const torch::Tensor& like) {
-    return torch::full({}, static_cast<double>(step), torch::TensorOptions().dtype(torch::kFloat).device(like.device()));
+  /// A learning rate or step count as the fused kernels read it: a float scalar on `like`'s device.
+  static torch::Tensor device_scalar(double value, const torch::Tensor& like) {
+    return torch::full({}, value, torch::TensorOptions().dtype(torch::kFloat).device(like.device()));
   }
 
  private:
   struct Rate {
     torch::Tensor tensor{};
     double written = 0;
+    /// Writes `lr` on the device when it differs from what was written last.
+    void write(double lr) {
+      if (written == lr) return;
+      tensor.fill_(lr);
+      written = lr;
+    }
   };
   std::vector<Rate> rates_;
   bool capturing_ = false;
@@ -319,7 +318,7 @@ class FusedAdamBase : public Base, public optim::CapturableOptimizer {
       for (const auto& p : group.params()) {
         auto it = this->state().find(key(p));
         if (it != this->state().end())
-          steps_[key(p)] = device_step(static_cast<State&>(*it->second).step(), p);
+          steps_[key(p)] = device_scalar(static_cast<double>(static_cast<State&>(*it->second).step()), p);
       }
   }
 
@@ -340,9 +339,9 @@ class FusedAdamBase : public Base, public optim::CapturableOptimizer {
       it = this->state().insert_or_assign(k, std::move(s)).first;
     } else if (!steps_.count(k)) {
       // State loaded from a checkpoint (or made by LibTorch's Adam): its step count goes to the device.
-      steps_[k] = device_step(static_cast<State&>(*it->second).step(), p);
+      steps_[k] = device_scalar(static_cast<double>(static_cast<State&>(*it->second).step()), p);
     }
-    if (!steps_.count(k)) steps_[k] = device_step(0, p);
+    if (!steps_.count(k)) steps_[k] = device_scalar(0, p);
     return static_cast<State&>(*it->second);
   }
 

@@ -160,28 +160,14 @@ class StepGraph {
   bool warming_up() const { return warmup_left_ > 0; }
 
   /// Whether `batch` has the captured batch's structure and shapes (else it runs eagerly).
-  bool fits(const Batch& batch) const {
-    return for_each_tensor_pair(*static_batch_, batch, [](const torch::Tensor& s, const torch::Tensor& b) {
-      return s.defined() == b.defined() && (!s.defined() || (s.sizes() == b.sizes() && s.scalar_type() == b.scalar_type()));
-    });
-  }
+  bool fits(const Batch& batch) const { return same_layout(*static_batch_, batch); }
 
   /// Whether `batch` may be captured: it has the shapes of the last warm-up batch (so an epoch's
   /// short last batch is never the one captured, and nothing is tuned for a new shape inside the
   /// capture). Else it warms up too.
-  bool ready_to_capture(const Batch& batch) const {
-    std::size_t i = 0;
-    bool same = true;
-    for_each_tensor(batch, [&](const torch::Tensor& t) {
-      same = same && i < warm_sizes_.size() && t.defined() && t.sizes().vec() == warm_sizes_[i];
-      ++i;
-    });
-    return same && i == warm_sizes_.size();
-  }
-  void note_warm_up_shapes(const Batch& batch) {
-    warm_sizes_.clear();
-    for_each_tensor(batch, [&](const torch::Tensor& t) { warm_sizes_.push_back(t.defined() ? t.sizes().vec() : std::vector<std::int64_t>{}); });
-  }
+  bool ready_to_capture(const Batch& batch) const { return last_warm_up_ && same_layout(*last_warm_up_, batch); }
+  /// Keeps handles to a warm-up batch's tensors (before the trial may reassign them), for their shapes.
+  void note_warm_up_shapes(const Batch& batch) { last_warm_up_.emplace(batch); }
 
   /// At each workload after the capture: the parameters and the options the graph holds as host
   /// values must be those it was captured with (a replay would silently keep the old ones).
@@ -257,6 +243,7 @@ class StepGraph {
     join(*side_, main);
     check_metrics(static_metrics_);
     captured_groups_ = group_states();
+    last_warm_up_.reset();
     graph_->replay();
     return static_metrics_;
   }
@@ -294,7 +281,7 @@ class StepGraph {
     static_batch_.reset();
     armed_ = false;
     warmup_left_ = 0;
-    warm_sizes_.clear();
+    last_warm_up_.reset();
     captured_groups_.clear();
   }
   ~StepGraph() { reset(); }
@@ -312,6 +299,12 @@ class StepGraph {
     for (const auto& [capturable, optimizer] : optimizers_)
       for (const auto& group : optimizer->param_groups()) out.push_back(captured_group_state(group));
     return out;
+  }
+  /// The same structure, and tensors of the same shapes and types.
+  static bool same_layout(const Batch& a, const Batch& b) {
+    return for_each_tensor_pair(a, b, [](const torch::Tensor& x, const torch::Tensor& y) {
+      return x.defined() == y.defined() && (!x.defined() || (x.sizes() == y.sizes() && x.scalar_type() == y.scalar_type()));
+    });
   }
   static void check_metrics(const Metrics& metrics) {
     for (const auto& e : metrics)
@@ -349,7 +342,7 @@ class StepGraph {
   Metrics static_metrics_;
   std::int64_t warmup_left_ = 0;
   bool armed_ = false;
-  std::vector<std::vector<std::int64_t>> warm_sizes_;
+  std::optional<Batch> last_warm_up_;
   std::vector<std::vector<double>> captured_groups_;
 };
 

@@ -546,7 +546,7 @@ class Trainer {
     training_batch_t<TrialT> batch = std::move(loaded);
     workload.records += record_count(batch);
     Metrics metrics;
-    if (step_graph_.armed() && step_graph_.captured() && step_graph_.fits(batch)) {
+    if (step_graph_.captured() && step_graph_.fits(batch)) {
       // The host batch is copied straight into the graph's inputs; the whole step is one replay.
       metrics = step_graph_.replay(batch);
       lap(workload, workload.phases.train_batch, sync_timings);
