@@ -1216,6 +1216,7 @@ DETTRIAL_INLINE std::optional<TrainUnit> ExperimentConfig::Reader::length(const 
 #include <map>
 #include <string>
 #include <tuple>
+#include <type_traits>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -1259,6 +1260,22 @@ void for_each_tensor(T& batch, F&& f) {
     for (auto& kv : batch) for_each_tensor(kv.second, f);
   }
 }
+
+/// A batch of tensors in tuples, pairs, vectors and string-keyed maps, and nothing else: every value
+/// in it is a tensor that for_each_tensor reaches (what a CUDA graph can take as input, where a number
+/// would be frozen at the captured batch's value, and what a side-stream copy can hand over safely).
+template <class B>
+constexpr bool tensors_only_batch() {
+  using U = std::remove_cvref_t<B>;
+  if constexpr (std::is_same_v<U, torch::Tensor>) return true;
+  else if constexpr (is_tuple_like<U>::value)
+    return []<class... Ts>(std::type_identity<std::tuple<Ts...>>) { return (tensors_only_batch<Ts>() && ...); }(
+        std::type_identity<decltype(std::tuple_cat(std::declval<U>()))>{});
+  else if constexpr (is_vector<U>::value) return tensors_only_batch<typename U::value_type>();
+  else if constexpr (is_string_map<U>::value) return tensors_only_batch<typename U::mapped_type>();
+  else return false;
+}
+
 }  // namespace detail
 
 /**
@@ -3613,11 +3630,46 @@ DETTRIAL_INLINE void python_group_options(const AdadeltaOptions& options, c10::i
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <utility>
 #include <vector>
 
 #include <torch/torch.h>
 
+// ---- begin dettrial/detail/scope_exit.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief Runs a function when a scope ends, however it ends (std::experimental::scope_exit's role).
+
+#include <utility>
+
+namespace dettrial::detail {
+
+template <class F>
+class ScopeExit {
+ public:
+  explicit ScopeExit(F f) : f_(std::move(f)) {}
+  ScopeExit(const ScopeExit&) = delete;
+  ScopeExit& operator=(const ScopeExit&) = delete;
+  ~ScopeExit() {
+    if (armed_) f_();
+  }
+  /// The scope ended as planned: do not run the function.
+  void dismiss() { armed_ = false; }
+
+ private:
+  F f_;
+  bool armed_ = true;
+};
+
+/// `auto guard = on_scope_exit([&] { ... });`
+template <class F>
+ScopeExit<F> on_scope_exit(F f) {
+  return ScopeExit<F>(std::move(f));
+}
+
+}  // namespace dettrial::detail
+// ---- end dettrial/detail/scope_exit.hpp
 
 #if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
 #define DETTRIAL_FUSED_KERNELS 1
@@ -3653,6 +3705,15 @@ class CapturableOptimizer {
   virtual void pull_host_state() {}
   /// After a checkpoint was loaded into LibTorch's parameter state: rebuilds the device-side state.
   virtual void push_device_state() {}
+  /**
+   * @brief For a gradient scaler: steps unless `found_inf` (a float32 scalar on the parameters' device)
+   * is nonzero, decided on the device, and returns true; returns false, without stepping, where this
+   * optimizer cannot decide there (then the caller reads the flag and calls step() or not).
+   */
+  virtual bool step_unless_found_inf(const torch::Tensor& found_inf) {
+    (void)found_inf;
+    return false;
+  }
 
  protected:
   /// Group `g`'s learning rate as a float scalar tensor on `like`'s device (made on first use).
@@ -3669,6 +3730,15 @@ class CapturableOptimizer {
     return r.tensor;
   }
   bool capturing() const { return capturing_; }
+  /// The flag the kernels skip a step on, while step_unless_found_inf runs; none otherwise.
+  const std::optional<torch::Tensor>& found_inf() const { return found_inf_; }
+  /// Runs `step` with `found_inf` handed to the kernels.
+  template <class Step>
+  void with_found_inf(const torch::Tensor& found_inf, Step&& step) {
+    found_inf_ = found_inf;
+    const auto reset = detail::on_scope_exit([&] { found_inf_.reset(); });
+    step();
+  }
   /// State made while capturing would be made again (zeroed, or set to the captured learning rate)
   /// on every replay: a parameter that had no gradient in the warm-up batches must not step first
   /// inside the graph.
@@ -3709,6 +3779,7 @@ class CapturableOptimizer {
   };
   std::vector<Rate> rates_;
   bool capturing_ = false;
+  std::optional<torch::Tensor> found_inf_;
 };
 
 }  // namespace dettrial::optim
@@ -3764,6 +3835,28 @@ class FusedSGD : public torch::optim::SGD, public CapturableOptimizer {
  public:
   using torch::optim::SGD::SGD;
 
+  /// With the fused kernel (LibTorch 2.4+, CUDA), once every momentum buffer exists: a new buffer is
+  /// a copy of the first gradient, which a skipped first step must not leave behind.
+  bool step_unless_found_inf(const torch::Tensor& found_inf) override {
+#if DETTRIAL_FUSED_KERNELS
+    for (auto& group : param_groups()) {
+      const auto& o = static_cast<const torch::optim::SGDOptions&>(group.options());
+      for (const auto& p : group.params()) {
+        if (!p.grad().defined()) continue;
+        if (!p.is_cuda() || p.device() != found_inf.device()) return false;
+        if (o.momentum() != 0 && !has_buffer(p)) {
+          if (capturing()) throw_new_state("a momentum buffer");
+          return false;
+        }
+      }
+    }
+    with_found_inf(found_inf, [&] { step(); });
+    return true;
+#else
+    return CapturableOptimizer::step_unless_found_inf(found_inf);
+#endif
+  }
+
   torch::Tensor step(LossClosure closure = nullptr) override {
     torch::NoGradGuard no_grad;
     torch::Tensor loss = evaluate(closure);
@@ -3803,7 +3896,7 @@ class FusedSGD : public torch::optim::SGD, public CapturableOptimizer {
         grads.push_back(params[i].grad());
         if (!bufs.empty()) bs.push_back(bufs[i]);
       }
-      run(ps, grads, bs, o, lr, first);
+      run(ps, grads, bs, o, lr, first, found_inf());
     });
   }
   bool has_buffer(const torch::Tensor& p) {
@@ -3825,14 +3918,16 @@ class FusedSGD : public torch::optim::SGD, public CapturableOptimizer {
   /// On a GPU, ATen's fused kernel (one launch for all); elsewhere LibTorch's own operations, one
   /// parameter at a time, which give LibTorch's SGD's results to the bit.
   static void run(const std::vector<torch::Tensor>& params, const std::vector<torch::Tensor>& grads,
-                  const std::vector<torch::Tensor>& bufs, const torch::optim::SGDOptions& o, const torch::Tensor& lr, bool first) {
+                  const std::vector<torch::Tensor>& bufs, const torch::optim::SGDOptions& o, const torch::Tensor& lr, bool first,
+                  const std::optional<torch::Tensor>& found_inf) {
 #if DETTRIAL_FUSED_KERNELS
     if (params.front().is_cuda()) {
       at::_fused_sgd_(params, grads, bufs, o.weight_decay(), o.momentum(), lr, o.dampening(), o.nesterov(),
-                      /*maximize=*/false, first);
+                      /*maximize=*/false, first, /*grad_scale=*/std::nullopt, found_inf);
       return;
     }
 #endif
+    (void)found_inf;  // only the kernel takes it (step_unless_found_inf says where)
     const torch::Tensor neg_lr = lr.neg();
     for (std::size_t i = 0; i < params.size(); ++i) {
       torch::Tensor p = params[i];
@@ -3861,6 +3956,20 @@ class FusedAdamBase : public Base, public optim::CapturableOptimizer {
  public:
   using Base::Base;
 
+  /// With the fused kernels (LibTorch 2.4+, CPU and CUDA): a skipped step leaves the moments as they
+  /// were and takes back its increment of the step counts.
+  bool step_unless_found_inf(const torch::Tensor& found_inf) override {
+#if DETTRIAL_FUSED_KERNELS
+    for (auto& group : this->param_groups())
+      for (const auto& p : group.params())
+        if (p.grad().defined() && p.device() != found_inf.device()) return false;
+    with_found_inf(found_inf, [&] { step(); });
+    return true;
+#else
+    return CapturableOptimizer::step_unless_found_inf(found_inf);
+#endif
+  }
+
   torch::Tensor step(typename Base::LossClosure closure = nullptr) override {
     torch::NoGradGuard no_grad;
     torch::Tensor loss = evaluate(closure);
@@ -3882,7 +3991,7 @@ class FusedAdamBase : public Base, public optim::CapturableOptimizer {
           if (o.amsgrad()) b.third.push_back(s.max_exp_avg_sq());
           b.steps.push_back(steps_.at(key(p)));
         }
-        run(b, o, lr);
+        run(b, o, lr, found_inf());
       });
     }
     return loss;
@@ -3936,17 +4045,20 @@ class FusedAdamBase : public Base, public optim::CapturableOptimizer {
     return static_cast<State&>(*it->second);
   }
 
-  static void run(FusedBucket& b, const Options& o, const torch::Tensor& lr) {
+  static void run(FusedBucket& b, const Options& o, const torch::Tensor& lr, const std::optional<torch::Tensor>& found_inf) {
     const double beta1 = std::get<0>(o.betas()), beta2 = std::get<1>(o.betas());
 #if DETTRIAL_FUSED_KERNELS
     torch::_foreach_add_(b.steps, 1);
     if constexpr (Decoupled)
       at::_fused_adamw_(b.params, b.grads, b.first, b.second, b.third, b.steps, lr, beta1, beta2, o.weight_decay(), o.eps(),
-                        o.amsgrad(), /*maximize=*/false);
+                        o.amsgrad(), /*maximize=*/false, /*grad_scale=*/std::nullopt, found_inf);
     else
       at::_fused_adam_(b.params, b.grads, b.first, b.second, b.third, b.steps, lr, beta1, beta2, o.weight_decay(), o.eps(),
-                       o.amsgrad(), /*maximize=*/false);
+                       o.amsgrad(), /*maximize=*/false, /*grad_scale=*/std::nullopt, found_inf);
+    // A skipped step did not count (as PyTorch's fused Adam takes its increment back).
+    if (found_inf) torch::_foreach_sub_(b.steps, std::vector<torch::Tensor>(b.steps.size(), *found_inf));
 #else
+    (void)found_inf;  // only the kernels take it (step_unless_found_inf says where)
     // Python's capturable Adam, one parameter at a time, every scalar that varies kept as a tensor.
     for (std::size_t i = 0; i < b.params.size(); ++i) {
       torch::Tensor p = b.params[i], grad = b.grads[i], step = b.steps[i];
@@ -6622,6 +6734,13 @@ class AutocastGuard {
  * are unscaled and checked, and a step with an inf or NaN gradient is skipped; after each update
  * batch the scale backs off (on inf/NaN) or grows after `growth_interval` clean steps.
  *
+ * As in PyTorch, the scale, the growth count and the inf/NaN flags live in tensors on the gradients'
+ * device, updated there without the host waiting. Whether a step is skipped is decided on the device
+ * too where the optimizer can (dettrial::optim::FusedSGD, FusedAdam and FusedAdamW with LibTorch's
+ * fused kernels, 2.4 and later): then an fp16 step needs no synchronization, and a CUDA graph can
+ * capture it. Other optimizers are stepped or not by the host, which reads the flag (one
+ * synchronization per step, as PyTorch's GradScaler does for them).
+ *
  * Wrap it with `context.wrap_scaler(scaler)` (or let `optimizations.mixed_precision: fp16` make one):
  * then `context.backward` scales the loss, `context.step_optimizer` unscales, clips and steps (or
  * skips), and the trainer updates the scale once per update batch, as Determined's automatic mixed
@@ -6641,25 +6760,31 @@ class GradScaler {
   explicit GradScaler(Options options);
 
   bool enabled() const { return options_.enabled; }
-  /// The current scale (a float32 value, as PyTorch keeps it).
-  double get_scale() const { return scale_; }
-  std::int64_t growth_tracker() const { return growth_tracker_; }
-  /// Optimizer steps skipped because a gradient was inf or NaN, since construction or restore.
-  std::int64_t skipped_steps() const { return skipped_; }
+  /// The current scale (a float32 value, as PyTorch keeps it). Reads the device: not for every batch.
+  double get_scale() const { return scale_.item<float>(); }
+  /// Clean steps since the scale last changed. Reads the device.
+  std::int64_t growth_tracker() const { return growth_tracker_.item<std::int32_t>(); }
+  /// Optimizer steps skipped because a gradient was inf or NaN, since construction or restore. Reads the device.
+  std::int64_t skipped_steps() const { return static_cast<std::int64_t>(skipped_.item<float>()); }
 
   /// `loss` times the scale (no synchronisation). A wrapped scaler's loss is scaled by
   /// `context.backward`; scaling it here as well is a TrialError.
-  torch::Tensor scale(const torch::Tensor& loss) const;
+  torch::Tensor scale(const torch::Tensor& loss);
+  /// `t` times the scale, in `t`'s dtype (for the context: a gradient given to backward).
+  torch::Tensor scaled(const torch::Tensor& t);
 
   /// Unscales the gradients of `params` in place and records whether any is inf or NaN (on their
   /// device: no synchronisation). Once per step; `step` calls it when it was not.
   void unscale(const std::vector<torch::Tensor>& params);
-  /// Steps `optimizer` unless the unscaled gradients hold an inf or NaN (one synchronisation with the
-  /// device, as PyTorch's step). Returns whether it stepped.
+  /// Steps `optimizer` unless the unscaled gradients hold an inf or NaN. An optimizer that can skip on
+  /// the device (see the class) is always called and returns true: the host does not wait to know.
+  /// Other optimizers: one synchronization; returns whether it stepped.
   bool step(torch::optim::Optimizer& optimizer, const std::vector<torch::Tensor>& params);
   /// After a step: backs off on inf/NaN, else counts a clean step and grows the scale every
-  /// `growth_interval` of them. Does nothing when no step was taken since the last update.
+  /// `growth_interval` of them (on the device). Does nothing when no step was taken since the last update.
   void update();
+  /// For a trainer replaying a captured step: the replay stepped without running step() on the host.
+  void note_replayed_step() { stepped_ = true; }
 
   /// PyTorch's `GradScaler.state_dict()`: scale, growth_factor, backoff_factor, growth_interval, _growth_tracker.
   c10::impl::GenericDict state_dict() const;
@@ -6670,14 +6795,18 @@ class GradScaler {
   void mark_wrapped() { wrapped_ = true; }
 
  private:
+  /// Moves the state to `device` (once: where the gradients are).
+  void place(const torch::Device& device);
+
   Options options_;
-  double scale_;
-  std::int64_t growth_tracker_ = 0;
-  std::int64_t skipped_ = 0;
-  torch::Tensor found_inf_;  // set by unscale, on the gradients' device
+  // Float32 and int32 scalars, as PyTorch's; made on the CPU and moved to the gradients' device once.
+  torch::Tensor scale_;
+  torch::Tensor growth_tracker_;
+  torch::Tensor found_inf_;           // this step's flag, set by unscale
+  torch::Tensor found_since_update_;  // the sum of every optimizer's flags since the last update (PyTorch combines them)
+  torch::Tensor skipped_;             // a count
   bool unscaled_ = false;
   bool stepped_ = false;
-  bool found_inf_since_update_ = false;  // any optimizer's, since the last update (PyTorch combines them)
   bool wrapped_ = false;
 };
 
@@ -6733,35 +6862,72 @@ DETTRIAL_INLINE AutocastGuard::~AutocastGuard() {
   detail::set_autocast_dtype(device_, previous_dtype_);
 }
 
-DETTRIAL_INLINE GradScaler::GradScaler(Options options) : options_(options), scale_(static_cast<float>(options.init_scale)) {
+namespace detail {
+// ATen's fused scaler kernels: on CUDA in every supported LibTorch, on the CPU from 2.4.
+DETTRIAL_INLINE bool amp_kernels_on(const torch::Tensor& t) {
+#if DETTRIAL_FUSED_KERNELS
+  (void)t;
+  return true;
+#else
+  return t.is_cuda();
+#endif
+}
+}  // namespace detail
+
+DETTRIAL_INLINE GradScaler::GradScaler(Options options) : options_(options) {
   if (!(options_.init_scale > 0)) throw ConfigError("GradScaler: init_scale must be positive");
   if (!(options_.growth_factor > 1)) throw ConfigError("GradScaler: growth_factor must be above 1");
   if (!(options_.backoff_factor > 0 && options_.backoff_factor < 1)) throw ConfigError("GradScaler: backoff_factor must be in (0, 1)");
   if (options_.growth_interval < 1) throw ConfigError("GradScaler: growth_interval must be at least 1");
+  const auto f = torch::TensorOptions().dtype(torch::kFloat);
+  scale_ = torch::full({}, options_.init_scale, f);  // rounded to float32, as PyTorch keeps it
+  growth_tracker_ = torch::zeros({}, f.dtype(torch::kInt));
+  found_inf_ = torch::zeros({}, f);
+  found_since_update_ = torch::zeros({}, f);
+  skipped_ = torch::zeros({}, f);
 }
 
-DETTRIAL_INLINE torch::Tensor GradScaler::scale(const torch::Tensor& loss) const {
+DETTRIAL_INLINE void GradScaler::place(const torch::Device& device) {
+  if (scale_.device() == device) return;
+  for (torch::Tensor* t : {&scale_, &growth_tracker_, &found_inf_, &found_since_update_, &skipped_}) *t = t->to(device);
+}
+
+DETTRIAL_INLINE torch::Tensor GradScaler::scale(const torch::Tensor& loss) {
   if (wrapped_)
     throw TrialError("this GradScaler is wrapped with context.wrap_scaler: context.backward scales the loss itself; "
                      "pass the loss unscaled");
   // In float32 (PyTorch multiplies by a float32 tensor): an fp16 loss times 65536 would overflow.
-  return options_.enabled ? loss.to(torch::kFloat) * scale_ : loss;
+  return options_.enabled ? scaled(loss.to(torch::kFloat)) : loss;
+}
+
+DETTRIAL_INLINE torch::Tensor GradScaler::scaled(const torch::Tensor& t) {
+  if (!options_.enabled) return t;
+  place(t.device());
+  return t * scale_;
 }
 
 DETTRIAL_INLINE void GradScaler::unscale(const std::vector<torch::Tensor>& params) {
   if (!options_.enabled || unscaled_) return;
-  // The reciprocal in double, then float32, as PyTorch computes inv_scale.
-  const double inverse = static_cast<float>(1.0 / scale_);
-  torch::Tensor found;
-  for (const torch::Tensor& p : params) {
-    const torch::Tensor& g = p.grad();
-    if (!g.defined()) continue;
-    if (!found.defined()) found = torch::zeros({}, g.options().dtype(torch::kFloat));
-    found.logical_or_(torch::isfinite(g).all().logical_not());
-    g.mul_(inverse);
-  }
-  found_inf_ = found;
+  std::vector<torch::Tensor> grads;
+  grads.reserve(params.size());
+  for (const torch::Tensor& p : params)
+    if (p.grad().defined()) grads.push_back(p.grad());
   unscaled_ = true;
+  found_inf_.zero_();
+  if (grads.empty()) return;
+  place(grads.front().device());
+  // The reciprocal in double, then float32, as PyTorch computes inv_scale.
+  const torch::Tensor inverse = scale_.to(torch::kDouble).reciprocal().to(torch::kFloat);
+  if (detail::amp_kernels_on(found_inf_)) {
+    at::_amp_foreach_non_finite_check_and_unscale_(grads, found_inf_, inverse);
+    return;
+  }
+  // Older LibTorch on the CPU, where reading a value costs no wait.
+  const float inv = inverse.item<float>();
+  for (torch::Tensor& g : grads) {
+    found_inf_.logical_or_(torch::isfinite(g).all().logical_not());
+    g.mul_(inv);
+  }
 }
 
 DETTRIAL_INLINE bool GradScaler::step(torch::optim::Optimizer& optimizer, const std::vector<torch::Tensor>& params) {
@@ -6770,14 +6936,13 @@ DETTRIAL_INLINE bool GradScaler::step(torch::optim::Optimizer& optimizer, const 
     return true;
   }
   unscale(params);
-  const bool found_inf = found_inf_.defined() && found_inf_.item<float>() != 0;
-  found_inf_since_update_ = found_inf_since_update_ || found_inf;
   unscaled_ = false;
   stepped_ = true;
-  if (found_inf) {
-    ++skipped_;
-    return false;
-  }
+  found_since_update_.add_(found_inf_);
+  skipped_.add_(found_inf_);
+  if (auto* capturable = dynamic_cast<optim::CapturableOptimizer*>(&optimizer); capturable && capturable->step_unless_found_inf(found_inf_))
+    return true;
+  if (found_inf_.item<float>() != 0) return false;
   optimizer.step();
   return true;
 }
@@ -6785,27 +6950,36 @@ DETTRIAL_INLINE bool GradScaler::step(torch::optim::Optimizer& optimizer, const 
 DETTRIAL_INLINE void GradScaler::update() {
   if (!options_.enabled || !stepped_) return;
   stepped_ = false;
-  // PyTorch keeps the scale in float32: each new scale is rounded to it.
-  if (found_inf_since_update_) {
-    scale_ = static_cast<float>(scale_ * options_.backoff_factor);
-    growth_tracker_ = 0;
-  } else if (++growth_tracker_ == options_.growth_interval) {
-    // A scale that would leave float32's range stays where it is (as PyTorch's update keeps it finite).
-    const double grown = scale_ * options_.growth_factor;
-    if (grown <= std::numeric_limits<float>::max()) scale_ = static_cast<float>(grown);
-    growth_tracker_ = 0;
+  if (detail::amp_kernels_on(scale_)) {
+    // PyTorch's update: the scale stays float32, and one that would leave its range stays as it is.
+    at::_amp_update_scale_(scale_, growth_tracker_, found_since_update_, options_.growth_factor, options_.backoff_factor,
+                           options_.growth_interval);
+  } else {
+    // The same arithmetic on the host (older LibTorch on the CPU, where reading a value costs no wait).
+    double scale = scale_.item<float>();
+    std::int64_t tracker = growth_tracker_.item<std::int32_t>();
+    if (found_since_update_.item<float>() != 0) {
+      scale = static_cast<float>(scale * options_.backoff_factor);
+      tracker = 0;
+    } else if (++tracker == options_.growth_interval) {
+      const double grown = scale * options_.growth_factor;
+      if (grown <= std::numeric_limits<float>::max()) scale = static_cast<float>(grown);
+      tracker = 0;
+    }
+    scale_.fill_(scale);
+    growth_tracker_.fill_(tracker);
   }
-  found_inf_since_update_ = false;
+  found_since_update_.zero_();
 }
 
 DETTRIAL_INLINE c10::impl::GenericDict GradScaler::state_dict() const {
   c10::impl::GenericDict d(c10::StringType::get(), c10::AnyType::get());
   if (!options_.enabled) return d;  // PyTorch's disabled scaler saves nothing
-  d.insert("scale", scale_);
+  d.insert("scale", get_scale());
   d.insert("growth_factor", options_.growth_factor);
   d.insert("backoff_factor", options_.backoff_factor);
   d.insert("growth_interval", options_.growth_interval);
-  d.insert("_growth_tracker", growth_tracker_);
+  d.insert("_growth_tracker", growth_tracker());
   return d;
 }
 
@@ -6818,12 +6992,16 @@ DETTRIAL_INLINE void GradScaler::load_state_dict(const c10::impl::GenericDict& s
       throw CheckpointError(std::string("the checkpoint's scaler_state_dict lacks a number '") + key + "'");
     return it->value().isDouble() ? it->value().toDouble() : static_cast<double>(it->value().toInt());
   };
-  scale_ = static_cast<float>(number("scale"));
+  const double scale = number("scale");
   options_.growth_factor = number("growth_factor");
   options_.backoff_factor = number("backoff_factor");
   options_.growth_interval = static_cast<std::int64_t>(number("growth_interval"));
-  growth_tracker_ = static_cast<std::int64_t>(number("_growth_tracker"));
-  stepped_ = unscaled_ = found_inf_since_update_ = false;
+  const double tracker = number("_growth_tracker");
+  scale_.fill_(scale);
+  growth_tracker_.fill_(tracker);
+  found_since_update_.zero_();
+  skipped_.zero_();
+  stepped_ = unscaled_ = false;
 }
 
 }  // namespace dettrial
@@ -7387,9 +7565,9 @@ DETTRIAL_INLINE void Context::backward(const torch::Tensor& output, const torch:
   if (precision_ != Precision::fp32) autocast_off.emplace(device_.type(), std::nullopt);
   const bool scaled = scaler_ && scaler_->enabled();
   if (!gradient.defined())  // a loss: scaled in float32, as PyTorch's GradScaler does (fp16 times 65536 overflows)
-    (scaled ? output.to(torch::kFloat) * scaler_->get_scale() : output).backward({}, retain_graph, create_graph);
+    (scaled ? scaler_->scaled(output.to(torch::kFloat)) : output).backward({}, retain_graph, create_graph);
   else
-    output.backward(scaled ? gradient * scaler_->get_scale() : gradient, retain_graph, create_graph);
+    output.backward(scaled ? scaler_->scaled(gradient) : gradient, retain_graph, create_graph);
 }
 
 DETTRIAL_INLINE GradScaler& Context::wrap_scaler(GradScaler& scaler) {
@@ -12049,40 +12227,110 @@ DETTRIAL_INLINE FitOptions FitOptions::from_config(const ExperimentConfig& confi
 #include <ATen/record_function.h>
 #include <torch/torch.h>
 
-// ---- begin dettrial/detail/scope_exit.hpp
+// ---- begin dettrial/data/copy_ahead.hpp
 // SPDX-License-Identifier: Apache-2.0
 /// @file
-/// @brief Runs a function when a scope ends, however it ends (std::experimental::scope_exit's role).
+/// @brief Batches moved to the device one ahead: while the GPU computes batch k, batch k+1 copies on
+/// a stream of its own.
 
+#include <optional>
+#include <stdexcept>
 #include <utility>
+
+#include <torch/torch.h>
+
+
+// DETTRIAL_HAS_CUDA: LibTorch is CUDA-built (dettrial's CMake defines it).
+#if defined(DETTRIAL_HAS_CUDA)
+#include <ATen/cuda/CUDAEvent.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#endif
 
 namespace dettrial::detail {
 
-template <class F>
-class ScopeExit {
+/**
+ * @brief Reads a batch stream with one batch staged on the device ahead of the one in use.
+ *
+ * `stage()` takes the stream's next batch and starts its copy to the device; `take()` hands over the
+ * staged batch (staging it first if none is) once its copy is done on the device's queue, without the
+ * host waiting. On a CUDA device the copy runs on a side stream: the compute stream waits for it with
+ * an event, and each copied tensor is marked as used by the compute stream, so its memory is not reused
+ * while kernels still read it. Elsewhere, and for batches holding user types, the batch is moved as
+ * `to_device_in_place` moves it, on the compute stream.
+ *
+ * The caller decides when to stage: the trainer stages the next batch only when it will train it
+ * right away, never across a boundary, so batches are read from the stream in the same order relative
+ * to the training steps as without staging (a checkpoint never follows a read that was not trained).
+ */
+template <class It, class End>
+class CopyAhead {
  public:
-  explicit ScopeExit(F f) : f_(std::move(f)) {}
-  ScopeExit(const ScopeExit&) = delete;
-  ScopeExit& operator=(const ScopeExit&) = delete;
-  ~ScopeExit() {
-    if (armed_) f_();
+  using batch_type = std::remove_cvref_t<decltype(*std::declval<It&>())>;
+
+  CopyAhead(It& it, const End& end, torch::Device device) : it_(it), end_(end), device_(device) {
+#if defined(DETTRIAL_HAS_CUDA)
+    // A batch with tensors for_each_tensor cannot reach (inside a user type) is copied on the compute
+    // stream: its tensors could not be marked as used there.
+    if (device_.is_cuda() && tensors_only_batch<batch_type>()) copy_stream_.emplace(c10::cuda::getStreamFromPool(/*isHighPriority=*/false, device_.index()));
+#endif
   }
-  /// The scope ended as planned: do not run the function.
-  void dismiss() { armed_ = false; }
+
+  /// Whether the stream has a next batch to stage (staged or not).
+  bool has_next() const { return staged_.has_value() || it_ != end_; }
+
+  /// Reads the stream's next batch and starts its copy to the device; nothing when one is staged
+  /// already or the stream has ended.
+  void stage() {
+    if (staged_ || it_ == end_) return;
+    batch_type batch = std::move(*it_);  // a stream's batch is read once: taken, not copied
+    ++it_;
+#if defined(DETTRIAL_HAS_CUDA)
+    if (copy_stream_) {
+      const c10::cuda::CUDAStreamGuard on_copy_stream(*copy_stream_);
+      to_device_in_place(batch, device_, /*non_blocking=*/true);
+      copied_.record(*copy_stream_);
+      staged_.emplace(std::move(batch));
+      return;
+    }
+#endif
+    to_device_in_place(batch, device_, /*non_blocking=*/device_.is_cuda());
+    staged_.emplace(std::move(batch));
+  }
+
+  /// The staged batch (staged now if none was), its copy ordered before the compute stream's next work.
+  batch_type take() {
+    stage();
+    if (!staged_) throw std::logic_error("CopyAhead::take: the batch stream has ended");
+    batch_type batch = std::move(*staged_);
+    staged_.reset();
+#if defined(DETTRIAL_HAS_CUDA)
+    if (copy_stream_) {
+      const c10::cuda::CUDAStream compute = c10::cuda::getCurrentCUDAStream(device_.index());
+      copied_.block(compute);
+      // Memory allocated on the copy stream is otherwise free for it again as soon as the batch dies,
+      // while the compute stream may still be reading it.
+      for_each_tensor(batch, [&](torch::Tensor& t) {
+        if (t.defined() && t.is_cuda()) t.record_stream(compute);
+      });
+    }
+#endif
+    return batch;
+  }
 
  private:
-  F f_;
-  bool armed_ = true;
+  It& it_;
+  const End& end_;
+  torch::Device device_;
+  std::optional<batch_type> staged_;
+#if defined(DETTRIAL_HAS_CUDA)
+  std::optional<c10::cuda::CUDAStream> copy_stream_;
+  at::cuda::CUDAEvent copied_;
+#endif
 };
 
-/// `auto guard = on_scope_exit([&] { ... });`
-template <class F>
-ScopeExit<F> on_scope_exit(F f) {
-  return ScopeExit<F>(std::move(f));
-}
-
 }  // namespace dettrial::detail
-// ---- end dettrial/detail/scope_exit.hpp
+// ---- end dettrial/data/copy_ahead.hpp
 // ---- begin dettrial/keras/keras.hpp
 // SPDX-License-Identifier: Apache-2.0
 /// @file
@@ -12544,20 +12792,6 @@ inline constexpr bool step_capture_built =
     false;
 #endif
 
-/// A batch a graph can take as input: tensors, in tuples, pairs, vectors and string-keyed maps, and
-/// nothing else (a number in a batch would be frozen at the captured batch's value).
-template <class B>
-constexpr bool graph_input_batch() {
-  using U = std::remove_cvref_t<B>;
-  if constexpr (std::is_same_v<U, torch::Tensor>) return true;
-  else if constexpr (is_tuple_like<U>::value)
-    return []<class... Ts>(std::type_identity<std::tuple<Ts...>>) { return (graph_input_batch<Ts>() && ...); }(
-        std::type_identity<decltype(std::tuple_cat(std::declval<U>()))>{});
-  else if constexpr (is_vector<U>::value) return graph_input_batch<typename U::value_type>();
-  else if constexpr (is_string_map<U>::value) return graph_input_batch<typename U::mapped_type>();
-  else return false;
-}
-
 /// Calls `f(a_tensor, b_tensor)` on the tensors of two batches of the same type, pairwise; returns
 /// false (and stops) where their structure differs (vector lengths, map keys).
 template <class A, class B, class F>
@@ -12600,7 +12834,7 @@ void check_step_capture(const StepCapture& capture, Context& context) {
   if (graph.warmup_batches < 1)
     throw ConfigError(what + "needs at least 1 warm-up batch (capture_warmup_batches is " + std::to_string(graph.warmup_batches) +
                       "): the eager batches before the capture make the optimizer's state");
-  if constexpr (!graph_input_batch<Batch>())
+  if constexpr (!tensors_only_batch<Batch>())
     throw TrialError(what + "copies each batch into the graph's input tensors, so the training batch must be made of tensors "
                      "(in tuples, pairs, vectors or string-keyed maps); " + c10::demangle(typeid(Batch).name()) +
                      " is not, or holds a value that the graph would freeze");
@@ -12615,9 +12849,11 @@ void check_step_capture(const StepCapture& capture, Context& context) {
       throw TrialError(what + "replays train_batch without running its host code, so a reducer fed in train_batch (" +
                        (reducer.name.empty() ? std::string("one returning MetricValues") : "'" + reducer.name + "'") +
                        ") would see only the captured batch; wrap it with for_training = false, or set step_capture: none");
+#if !DETTRIAL_FUSED_KERNELS
   if (context.scaler())
-    throw ConfigError(what + "cannot replay an fp16 gradient scaler, which decides on the host whether to skip a step; use "
-                      "mixed_precision: bf16 (no scaler) or fp32");
+    throw ConfigError(what + "cannot replay an fp16 gradient scaler with LibTorch before 2.4, whose optimizer kernels cannot "
+                      "skip a step on the device; use mixed_precision: bf16 (no scaler) or fp32, or LibTorch 2.4 or later");
+#endif
   for (std::size_t i = 0; i < context.num_optimizers(); ++i) {
     torch::optim::Optimizer& optimizer = context.optimizer(i);
     if (!dynamic_cast<optim::CapturableOptimizer*>(&optimizer))
@@ -12755,6 +12991,8 @@ class StepGraph {
     });
     for (auto& [capturable, optimizer] : optimizers_) capturable->sync_learning_rates(optimizer->param_groups());
     graph_->replay();
+    // The replay unscaled, checked and stepped (or skipped) on the device; the scale is updated after it.
+    if (GradScaler* scaler = context_->scaler()) scaler->note_replayed_step();
     return static_metrics_;
   }
 
@@ -13378,9 +13616,10 @@ class Trainer {
     auto stream = train_loader_->batches(training_chain());
     auto it = std::ranges::begin(stream);
     const auto end = std::ranges::end(stream);
+    detail::CopyAhead batches(it, end, context_.device());
     Workload workload;
     while (remaining(st) > 0) {
-      const Reached reached = train_until_boundary(st, it, end, workload, callbacks);
+      const Reached reached = train_until_boundary(st, batches, workload, callbacks);
       report_training(st, workload, callbacks);
       if (const int signal = agreed_max(detail::StopSignals::received()); signal != 0)
         return stop(st, callbacks, signal, std::string("dettrial: stopped by ") + detail::signal_name(signal) + " after batch " +
@@ -13390,8 +13629,8 @@ class Trainer {
   }
 
   /// Trains batch after batch until one reaches a boundary (or, in one process, a stop signal arrives).
-  template <class Set, class It, class End>
-  Reached train_until_boundary(RunState& st, It& it, const End& end, Workload& workload, Set& callbacks) {
+  template <class Set, class Batches>
+  Reached train_until_boundary(RunState& st, Batches& batches, Workload& workload, Set& callbacks) {
     step_graph_.check_unchanged();
     for (const auto& m : context_.models()) m->train();
     for (auto& r : context_.reducers())
@@ -13408,11 +13647,10 @@ class Trainer {
       const bool epoch_start = batch_idx % st.epoch_len == 0, epoch_end = batch_idx % st.epoch_len == st.epoch_len - 1;
       context_.position().current_batch = batch_idx;
       if (epoch_start) callbacks.template call<hook::on_training_epoch_start>(epoch_idx);
-      if (it == end) throw DataError("the training data loader's repeating stream ended at batch " + std::to_string(batch_idx));
+      if (!batches.has_next()) throw DataError("the training data loader's repeating stream ended at batch " + std::to_string(batch_idx));
       st.profiler.before_batch(batch_idx);
       // Synchronized timings only inside the profiled range: a sync a batch elsewhere would cost the GPU its queue.
-      train_batch<Set>(st, *it, workload, batch_idx, epoch_idx, st.sync_timings && st.profiler.running());
-      ++it;
+      train_batch<Set>(st, batches.take(), workload, batch_idx, epoch_idx, st.sync_timings && st.profiler.running());
       ++st.batches_trained;
       if (st.profiler.after_batch(batch_idx)) st.reporter.line("dettrial: " + st.profiler.summary());
       if (epoch_end) {
@@ -13424,6 +13662,10 @@ class Trainer {
       if (reached.length || reached.validation || reached.checkpoint || reached.report) return reached;
       // One process stops at any batch; a job only at boundaries, where its ranks agree.
       if (!context_.communicator() && detail::StopSignals::received() != 0) return reached;
+      // The next batch is trained right away: its copy to the device starts while the device still
+      // computes this one. Not across a boundary or an epoch's start, so the data is read in the same
+      // order relative to checkpoints and callbacks as without it.
+      if (!epoch_end) batches.stage();
     }
   }
 
@@ -13478,8 +13720,7 @@ class Trainer {
       metrics = step_graph_.replay(batch);
       lap(workload, workload.phases.train_batch, sync_timings);
     } else {
-      to_device_in_place(batch, context_.device(), context_.device().is_cuda());
-      lap(workload, workload.phases.data, sync_timings);
+      lap(workload, workload.phases.data, sync_timings);  // the batch came on the device (detail::CopyAhead)
       if (!step_graph_.armed()) {
         metrics = eager_step(batch, workload, batch_idx, epoch_idx, sync_timings);
       } else if (step_graph_.warming_up() || (!step_graph_.captured() && !step_graph_.ready_to_capture(batch))) {
@@ -13651,15 +13892,19 @@ class Trainer {
       detail::ValidationReduction reduction(evaluation_reducer());
       std::vector<Metrics> outputs;
       std::int64_t batch_idx = 0;
-      for (auto&& loaded : validation_loader_->batches(validation_chain())) {
-        validation_batch_t<TrialT> batch = std::move(loaded);
-        to_device_in_place(batch, context_.device(), context_.device().is_cuda());
+      auto stream = validation_loader_->batches(validation_chain());
+      auto it = std::ranges::begin(stream);
+      const auto end = std::ranges::end(stream);
+      detail::CopyAhead batches(it, end, context_.device());
+      while (batches.has_next()) {
+        validation_batch_t<TrialT> batch = batches.take();
         mine.records += record_count(batch);
         Metrics m = in_precision([&]() -> decltype(auto) { return detail::call_evaluate_batch(*trial_, batch, model_or_missing(), batch_idx); });
         reduction.add(m, batch_idx);
         if constexpr (Set::wants_validation_outputs) outputs.push_back(std::move(m));
         st.reporter.update(++batch_idx);
         if (st.options.test_mode) break;
+        batches.stage();  // the next batch copies while the device evaluates this one
       }
       callbacks.template call<hook::on_validation_epoch_end>(std::span<const Metrics>(outputs));
       mine.totals = reduction.totals();

@@ -2,6 +2,7 @@
 // backoff, state dict), bf16 autocast around the trial's hooks, and exact resume with a scaler.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <limits>
@@ -225,4 +226,64 @@ TEST_CASE("optimizations.mixed_precision: O0, O1, bf16, fp16 read; Apex's O2 ref
   Context bf16(ExperimentConfig::parse("optimizations: {mixed_precision: bf16}\n"));
   CHECK(bf16.precision() == Precision::bf16);
   CHECK(bf16.scaler() == nullptr);  // bf16 needs no loss scaling
+}
+
+TEST_CASE("GradScaler with FusedAdam: the skip is decided on the device, with the host-decided run's scale, steps and weights") {
+  // Two scalers side by side: FusedAdam (LibTorch 2.4+: the fused kernel skips on the flag, no read of
+  // the device) and LibTorch's Adam (the host reads the flag). Batches 0, 3 and 4 have an inf loss:
+  // a skipped first step must leave Adam's state as if it had not run.
+  const std::vector<int> inf_batches{0, 3, 4};
+  torch::manual_seed(21);
+  torch::nn::Linear fused_model(3, 2), host_model(3, 2);
+  {
+    torch::NoGradGuard no_grad;
+    for (std::size_t i = 0; i < fused_model->parameters().size(); ++i) host_model->parameters()[i].copy_(fused_model->parameters()[i]);
+  }
+  optim::FusedAdam fused(fused_model->parameters(), torch::optim::AdamOptions(0.05).weight_decay(1e-3));
+  torch::optim::Adam host(host_model->parameters(), torch::optim::AdamOptions(0.05).weight_decay(1e-3));
+  const GradScaler::Options options{.init_scale = 1024, .growth_interval = 2};
+  GradScaler fused_scaler(options), host_scaler(options);
+  for (int b = 0; b < 9; ++b) {
+    const torch::Tensor x = torch::randn({4, 3}), y = torch::randn({4, 2});
+    const bool inf = std::find(inf_batches.begin(), inf_batches.end(), b) != inf_batches.end();
+    const auto train = [&](torch::nn::Linear& model, torch::optim::Optimizer& optimizer, GradScaler& scaler) {
+      optimizer.zero_grad();
+      torch::Tensor loss = torch::mse_loss(model->forward(x), y);
+      if (inf) loss = loss * std::numeric_limits<float>::infinity();
+      scaler.scale(loss).backward();
+      const bool issued = scaler.step(optimizer, model->parameters());
+      scaler.update();
+      return issued;
+    };
+    train(fused_model, fused, fused_scaler);
+    CHECK(train(host_model, host, host_scaler) == !inf);  // the host knows
+    CHECK(fused_scaler.get_scale() == host_scaler.get_scale());
+    CHECK(fused_scaler.growth_tracker() == host_scaler.growth_tracker());
+  }
+  CHECK(fused_scaler.skipped_steps() == 3);
+  CHECK(host_scaler.skipped_steps() == 3);
+  CHECK(fused_scaler.get_scale() == 1024);  // three back-offs (batches 0, 3, 4), three growths (after 2, 6, 8)
+  fused.pull_host_state();
+  for (std::size_t i = 0; i < host_model->parameters().size(); ++i) {
+    const torch::Tensor p = host_model->parameters()[i], q = fused_model->parameters()[i];
+    CHECK(torch::allclose(q, p, 0, 2e-6));
+    const auto key = dettrial::detail::optimizer_state_key<std::decay_t<decltype(host.state())>>(p);
+    const auto fused_key = dettrial::detail::optimizer_state_key<std::decay_t<decltype(fused.state())>>(q);
+    CHECK(static_cast<torch::optim::AdamParamState&>(*fused.state().at(fused_key)).step() ==
+          static_cast<torch::optim::AdamParamState&>(*host.state().at(key)).step());
+  }
+  CHECK(static_cast<torch::optim::AdamParamState&>(*host.state().begin()->second).step() == 6);
+
+  // The optimizer's side of it: with the kernels it steps on a clean flag, holds on a set one, and
+  // says it decided; older LibTorch says it cannot, and leaves the decision to the host.
+  fused.zero_grad();
+  torch::mse_loss(fused_model->forward(torch::ones({1, 3})), torch::zeros({1, 2})).backward();
+  const torch::Tensor before = fused_model->weight.detach().clone();
+  const bool decided = fused.step_unless_found_inf(torch::ones({}));
+  CHECK(decided == bool(DETTRIAL_FUSED_KERNELS));
+  CHECK(torch::equal(before, fused_model->weight));
+  if (decided) {
+    CHECK(fused.step_unless_found_inf(torch::zeros({})));
+    CHECK_FALSE(torch::equal(before, fused_model->weight));
+  }
 }

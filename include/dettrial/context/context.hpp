@@ -594,9 +594,9 @@ DETTRIAL_INLINE void Context::backward(const torch::Tensor& output, const torch:
   if (precision_ != Precision::fp32) autocast_off.emplace(device_.type(), std::nullopt);
   const bool scaled = scaler_ && scaler_->enabled();
   if (!gradient.defined())  // a loss: scaled in float32, as PyTorch's GradScaler does (fp16 times 65536 overflows)
-    (scaled ? output.to(torch::kFloat) * scaler_->get_scale() : output).backward({}, retain_graph, create_graph);
+    (scaled ? scaler_->scaled(output.to(torch::kFloat)) : output).backward({}, retain_graph, create_graph);
   else
-    output.backward(scaled ? gradient * scaler_->get_scale() : gradient, retain_graph, create_graph);
+    output.backward(scaled ? scaler_->scaled(gradient) : gradient, retain_graph, create_graph);
 }
 
 DETTRIAL_INLINE GradScaler& Context::wrap_scaler(GradScaler& scaler) {

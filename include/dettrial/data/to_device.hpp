@@ -7,6 +7,7 @@
 #include <map>
 #include <string>
 #include <tuple>
+#include <type_traits>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -50,6 +51,22 @@ void for_each_tensor(T& batch, F&& f) {
     for (auto& kv : batch) for_each_tensor(kv.second, f);
   }
 }
+
+/// A batch of tensors in tuples, pairs, vectors and string-keyed maps, and nothing else: every value
+/// in it is a tensor that for_each_tensor reaches (what a CUDA graph can take as input, where a number
+/// would be frozen at the captured batch's value, and what a side-stream copy can hand over safely).
+template <class B>
+constexpr bool tensors_only_batch() {
+  using U = std::remove_cvref_t<B>;
+  if constexpr (std::is_same_v<U, torch::Tensor>) return true;
+  else if constexpr (is_tuple_like<U>::value)
+    return []<class... Ts>(std::type_identity<std::tuple<Ts...>>) { return (tensors_only_batch<Ts>() && ...); }(
+        std::type_identity<decltype(std::tuple_cat(std::declval<U>()))>{});
+  else if constexpr (is_vector<U>::value) return tensors_only_batch<typename U::value_type>();
+  else if constexpr (is_string_map<U>::value) return tensors_only_batch<typename U::mapped_type>();
+  else return false;
+}
+
 }  // namespace detail
 
 /**

@@ -20,11 +20,13 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <utility>
 #include <vector>
 
 #include <torch/torch.h>
 
+#include "../detail/scope_exit.hpp"
 #include "../error.hpp"
 #include "handles.hpp"
 
@@ -62,6 +64,15 @@ class CapturableOptimizer {
   virtual void pull_host_state() {}
   /// After a checkpoint was loaded into LibTorch's parameter state: rebuilds the device-side state.
   virtual void push_device_state() {}
+  /**
+   * @brief For a gradient scaler: steps unless `found_inf` (a float32 scalar on the parameters' device)
+   * is nonzero, decided on the device, and returns true; returns false, without stepping, where this
+   * optimizer cannot decide there (then the caller reads the flag and calls step() or not).
+   */
+  virtual bool step_unless_found_inf(const torch::Tensor& found_inf) {
+    (void)found_inf;
+    return false;
+  }
 
  protected:
   /// Group `g`'s learning rate as a float scalar tensor on `like`'s device (made on first use).
@@ -78,6 +89,15 @@ class CapturableOptimizer {
     return r.tensor;
   }
   bool capturing() const { return capturing_; }
+  /// The flag the kernels skip a step on, while step_unless_found_inf runs; none otherwise.
+  const std::optional<torch::Tensor>& found_inf() const { return found_inf_; }
+  /// Runs `step` with `found_inf` handed to the kernels.
+  template <class Step>
+  void with_found_inf(const torch::Tensor& found_inf, Step&& step) {
+    found_inf_ = found_inf;
+    const auto reset = detail::on_scope_exit([&] { found_inf_.reset(); });
+    step();
+  }
   /// State made while capturing would be made again (zeroed, or set to the captured learning rate)
   /// on every replay: a parameter that had no gradient in the warm-up batches must not step first
   /// inside the graph.
@@ -118,6 +138,7 @@ class CapturableOptimizer {
   };
   std::vector<Rate> rates_;
   bool capturing_ = false;
+  std::optional<torch::Tensor> found_inf_;
 };
 
 }  // namespace dettrial::optim
@@ -173,6 +194,28 @@ class FusedSGD : public torch::optim::SGD, public CapturableOptimizer {
  public:
   using torch::optim::SGD::SGD;
 
+  /// With the fused kernel (LibTorch 2.4+, CUDA), once every momentum buffer exists: a new buffer is
+  /// a copy of the first gradient, which a skipped first step must not leave behind.
+  bool step_unless_found_inf(const torch::Tensor& found_inf) override {
+#if DETTRIAL_FUSED_KERNELS
+    for (auto& group : param_groups()) {
+      const auto& o = static_cast<const torch::optim::SGDOptions&>(group.options());
+      for (const auto& p : group.params()) {
+        if (!p.grad().defined()) continue;
+        if (!p.is_cuda() || p.device() != found_inf.device()) return false;
+        if (o.momentum() != 0 && !has_buffer(p)) {
+          if (capturing()) throw_new_state("a momentum buffer");
+          return false;
+        }
+      }
+    }
+    with_found_inf(found_inf, [&] { step(); });
+    return true;
+#else
+    return CapturableOptimizer::step_unless_found_inf(found_inf);
+#endif
+  }
+
   torch::Tensor step(LossClosure closure = nullptr) override {
     torch::NoGradGuard no_grad;
     torch::Tensor loss = evaluate(closure);
@@ -212,7 +255,7 @@ class FusedSGD : public torch::optim::SGD, public CapturableOptimizer {
         grads.push_back(params[i].grad());
         if (!bufs.empty()) bs.push_back(bufs[i]);
       }
-      run(ps, grads, bs, o, lr, first);
+      run(ps, grads, bs, o, lr, first, found_inf());
     });
   }
   bool has_buffer(const torch::Tensor& p) {
@@ -234,14 +277,16 @@ class FusedSGD : public torch::optim::SGD, public CapturableOptimizer {
   /// On a GPU, ATen's fused kernel (one launch for all); elsewhere LibTorch's own operations, one
   /// parameter at a time, which give LibTorch's SGD's results to the bit.
   static void run(const std::vector<torch::Tensor>& params, const std::vector<torch::Tensor>& grads,
-                  const std::vector<torch::Tensor>& bufs, const torch::optim::SGDOptions& o, const torch::Tensor& lr, bool first) {
+                  const std::vector<torch::Tensor>& bufs, const torch::optim::SGDOptions& o, const torch::Tensor& lr, bool first,
+                  const std::optional<torch::Tensor>& found_inf) {
 #if DETTRIAL_FUSED_KERNELS
     if (params.front().is_cuda()) {
       at::_fused_sgd_(params, grads, bufs, o.weight_decay(), o.momentum(), lr, o.dampening(), o.nesterov(),
-                      /*maximize=*/false, first);
+                      /*maximize=*/false, first, /*grad_scale=*/std::nullopt, found_inf);
       return;
     }
 #endif
+    (void)found_inf;  // only the kernel takes it (step_unless_found_inf says where)
     const torch::Tensor neg_lr = lr.neg();
     for (std::size_t i = 0; i < params.size(); ++i) {
       torch::Tensor p = params[i];
@@ -270,6 +315,20 @@ class FusedAdamBase : public Base, public optim::CapturableOptimizer {
  public:
   using Base::Base;
 
+  /// With the fused kernels (LibTorch 2.4+, CPU and CUDA): a skipped step leaves the moments as they
+  /// were and takes back its increment of the step counts.
+  bool step_unless_found_inf(const torch::Tensor& found_inf) override {
+#if DETTRIAL_FUSED_KERNELS
+    for (auto& group : this->param_groups())
+      for (const auto& p : group.params())
+        if (p.grad().defined() && p.device() != found_inf.device()) return false;
+    with_found_inf(found_inf, [&] { step(); });
+    return true;
+#else
+    return CapturableOptimizer::step_unless_found_inf(found_inf);
+#endif
+  }
+
   torch::Tensor step(typename Base::LossClosure closure = nullptr) override {
     torch::NoGradGuard no_grad;
     torch::Tensor loss = evaluate(closure);
@@ -291,7 +350,7 @@ class FusedAdamBase : public Base, public optim::CapturableOptimizer {
           if (o.amsgrad()) b.third.push_back(s.max_exp_avg_sq());
           b.steps.push_back(steps_.at(key(p)));
         }
-        run(b, o, lr);
+        run(b, o, lr, found_inf());
       });
     }
     return loss;
@@ -345,17 +404,20 @@ class FusedAdamBase : public Base, public optim::CapturableOptimizer {
     return static_cast<State&>(*it->second);
   }
 
-  static void run(FusedBucket& b, const Options& o, const torch::Tensor& lr) {
+  static void run(FusedBucket& b, const Options& o, const torch::Tensor& lr, const std::optional<torch::Tensor>& found_inf) {
     const double beta1 = std::get<0>(o.betas()), beta2 = std::get<1>(o.betas());
 #if DETTRIAL_FUSED_KERNELS
     torch::_foreach_add_(b.steps, 1);
     if constexpr (Decoupled)
       at::_fused_adamw_(b.params, b.grads, b.first, b.second, b.third, b.steps, lr, beta1, beta2, o.weight_decay(), o.eps(),
-                        o.amsgrad(), /*maximize=*/false);
+                        o.amsgrad(), /*maximize=*/false, /*grad_scale=*/std::nullopt, found_inf);
     else
       at::_fused_adam_(b.params, b.grads, b.first, b.second, b.third, b.steps, lr, beta1, beta2, o.weight_decay(), o.eps(),
-                       o.amsgrad(), /*maximize=*/false);
+                       o.amsgrad(), /*maximize=*/false, /*grad_scale=*/std::nullopt, found_inf);
+    // A skipped step did not count (as PyTorch's fused Adam takes its increment back).
+    if (found_inf) torch::_foreach_sub_(b.steps, std::vector<torch::Tensor>(b.steps.size(), *found_inf));
 #else
+    (void)found_inf;  // only the kernels take it (step_unless_found_inf says where)
     // Python's capturable Adam, one parameter at a time, every scalar that varies kept as a tensor.
     for (std::size_t i = 0; i < b.params.size(); ++i) {
       torch::Tensor p = b.params[i], grad = b.grads[i], step = b.steps[i];

@@ -15,6 +15,7 @@
 
 #include "../error.hpp"
 #include "../detail/linkage.hpp"
+#include "fused.hpp"
 
 namespace dettrial {
 
@@ -43,6 +44,13 @@ class AutocastGuard {
  * are unscaled and checked, and a step with an inf or NaN gradient is skipped; after each update
  * batch the scale backs off (on inf/NaN) or grows after `growth_interval` clean steps.
  *
+ * As in PyTorch, the scale, the growth count and the inf/NaN flags live in tensors on the gradients'
+ * device, updated there without the host waiting. Whether a step is skipped is decided on the device
+ * too where the optimizer can (dettrial::optim::FusedSGD, FusedAdam and FusedAdamW with LibTorch's
+ * fused kernels, 2.4 and later): then an fp16 step needs no synchronization, and a CUDA graph can
+ * capture it. Other optimizers are stepped or not by the host, which reads the flag (one
+ * synchronization per step, as PyTorch's GradScaler does for them).
+ *
  * Wrap it with `context.wrap_scaler(scaler)` (or let `optimizations.mixed_precision: fp16` make one):
  * then `context.backward` scales the loss, `context.step_optimizer` unscales, clips and steps (or
  * skips), and the trainer updates the scale once per update batch, as Determined's automatic mixed
@@ -62,25 +70,31 @@ class GradScaler {
   explicit GradScaler(Options options);
 
   bool enabled() const { return options_.enabled; }
-  /// The current scale (a float32 value, as PyTorch keeps it).
-  double get_scale() const { return scale_; }
-  std::int64_t growth_tracker() const { return growth_tracker_; }
-  /// Optimizer steps skipped because a gradient was inf or NaN, since construction or restore.
-  std::int64_t skipped_steps() const { return skipped_; }
+  /// The current scale (a float32 value, as PyTorch keeps it). Reads the device: not for every batch.
+  double get_scale() const { return scale_.item<float>(); }
+  /// Clean steps since the scale last changed. Reads the device.
+  std::int64_t growth_tracker() const { return growth_tracker_.item<std::int32_t>(); }
+  /// Optimizer steps skipped because a gradient was inf or NaN, since construction or restore. Reads the device.
+  std::int64_t skipped_steps() const { return static_cast<std::int64_t>(skipped_.item<float>()); }
 
   /// `loss` times the scale (no synchronisation). A wrapped scaler's loss is scaled by
   /// `context.backward`; scaling it here as well is a TrialError.
-  torch::Tensor scale(const torch::Tensor& loss) const;
+  torch::Tensor scale(const torch::Tensor& loss);
+  /// `t` times the scale, in `t`'s dtype (for the context: a gradient given to backward).
+  torch::Tensor scaled(const torch::Tensor& t);
 
   /// Unscales the gradients of `params` in place and records whether any is inf or NaN (on their
   /// device: no synchronisation). Once per step; `step` calls it when it was not.
   void unscale(const std::vector<torch::Tensor>& params);
-  /// Steps `optimizer` unless the unscaled gradients hold an inf or NaN (one synchronisation with the
-  /// device, as PyTorch's step). Returns whether it stepped.
+  /// Steps `optimizer` unless the unscaled gradients hold an inf or NaN. An optimizer that can skip on
+  /// the device (see the class) is always called and returns true: the host does not wait to know.
+  /// Other optimizers: one synchronization; returns whether it stepped.
   bool step(torch::optim::Optimizer& optimizer, const std::vector<torch::Tensor>& params);
   /// After a step: backs off on inf/NaN, else counts a clean step and grows the scale every
-  /// `growth_interval` of them. Does nothing when no step was taken since the last update.
+  /// `growth_interval` of them (on the device). Does nothing when no step was taken since the last update.
   void update();
+  /// For a trainer replaying a captured step: the replay stepped without running step() on the host.
+  void note_replayed_step() { stepped_ = true; }
 
   /// PyTorch's `GradScaler.state_dict()`: scale, growth_factor, backoff_factor, growth_interval, _growth_tracker.
   c10::impl::GenericDict state_dict() const;
@@ -91,14 +105,18 @@ class GradScaler {
   void mark_wrapped() { wrapped_ = true; }
 
  private:
+  /// Moves the state to `device` (once: where the gradients are).
+  void place(const torch::Device& device);
+
   Options options_;
-  double scale_;
-  std::int64_t growth_tracker_ = 0;
-  std::int64_t skipped_ = 0;
-  torch::Tensor found_inf_;  // set by unscale, on the gradients' device
+  // Float32 and int32 scalars, as PyTorch's; made on the CPU and moved to the gradients' device once.
+  torch::Tensor scale_;
+  torch::Tensor growth_tracker_;
+  torch::Tensor found_inf_;           // this step's flag, set by unscale
+  torch::Tensor found_since_update_;  // the sum of every optimizer's flags since the last update (PyTorch combines them)
+  torch::Tensor skipped_;             // a count
   bool unscaled_ = false;
   bool stepped_ = false;
-  bool found_inf_since_update_ = false;  // any optimizer's, since the last update (PyTorch combines them)
   bool wrapped_ = false;
 };
 
@@ -154,35 +172,72 @@ DETTRIAL_INLINE AutocastGuard::~AutocastGuard() {
   detail::set_autocast_dtype(device_, previous_dtype_);
 }
 
-DETTRIAL_INLINE GradScaler::GradScaler(Options options) : options_(options), scale_(static_cast<float>(options.init_scale)) {
+namespace detail {
+// ATen's fused scaler kernels: on CUDA in every supported LibTorch, on the CPU from 2.4.
+DETTRIAL_INLINE bool amp_kernels_on(const torch::Tensor& t) {
+#if DETTRIAL_FUSED_KERNELS
+  (void)t;
+  return true;
+#else
+  return t.is_cuda();
+#endif
+}
+}  // namespace detail
+
+DETTRIAL_INLINE GradScaler::GradScaler(Options options) : options_(options) {
   if (!(options_.init_scale > 0)) throw ConfigError("GradScaler: init_scale must be positive");
   if (!(options_.growth_factor > 1)) throw ConfigError("GradScaler: growth_factor must be above 1");
   if (!(options_.backoff_factor > 0 && options_.backoff_factor < 1)) throw ConfigError("GradScaler: backoff_factor must be in (0, 1)");
   if (options_.growth_interval < 1) throw ConfigError("GradScaler: growth_interval must be at least 1");
+  const auto f = torch::TensorOptions().dtype(torch::kFloat);
+  scale_ = torch::full({}, options_.init_scale, f);  // rounded to float32, as PyTorch keeps it
+  growth_tracker_ = torch::zeros({}, f.dtype(torch::kInt));
+  found_inf_ = torch::zeros({}, f);
+  found_since_update_ = torch::zeros({}, f);
+  skipped_ = torch::zeros({}, f);
 }
 
-DETTRIAL_INLINE torch::Tensor GradScaler::scale(const torch::Tensor& loss) const {
+DETTRIAL_INLINE void GradScaler::place(const torch::Device& device) {
+  if (scale_.device() == device) return;
+  for (torch::Tensor* t : {&scale_, &growth_tracker_, &found_inf_, &found_since_update_, &skipped_}) *t = t->to(device);
+}
+
+DETTRIAL_INLINE torch::Tensor GradScaler::scale(const torch::Tensor& loss) {
   if (wrapped_)
     throw TrialError("this GradScaler is wrapped with context.wrap_scaler: context.backward scales the loss itself; "
                      "pass the loss unscaled");
   // In float32 (PyTorch multiplies by a float32 tensor): an fp16 loss times 65536 would overflow.
-  return options_.enabled ? loss.to(torch::kFloat) * scale_ : loss;
+  return options_.enabled ? scaled(loss.to(torch::kFloat)) : loss;
+}
+
+DETTRIAL_INLINE torch::Tensor GradScaler::scaled(const torch::Tensor& t) {
+  if (!options_.enabled) return t;
+  place(t.device());
+  return t * scale_;
 }
 
 DETTRIAL_INLINE void GradScaler::unscale(const std::vector<torch::Tensor>& params) {
   if (!options_.enabled || unscaled_) return;
-  // The reciprocal in double, then float32, as PyTorch computes inv_scale.
-  const double inverse = static_cast<float>(1.0 / scale_);
-  torch::Tensor found;
-  for (const torch::Tensor& p : params) {
-    const torch::Tensor& g = p.grad();
-    if (!g.defined()) continue;
-    if (!found.defined()) found = torch::zeros({}, g.options().dtype(torch::kFloat));
-    found.logical_or_(torch::isfinite(g).all().logical_not());
-    g.mul_(inverse);
-  }
-  found_inf_ = found;
+  std::vector<torch::Tensor> grads;
+  grads.reserve(params.size());
+  for (const torch::Tensor& p : params)
+    if (p.grad().defined()) grads.push_back(p.grad());
   unscaled_ = true;
+  found_inf_.zero_();
+  if (grads.empty()) return;
+  place(grads.front().device());
+  // The reciprocal in double, then float32, as PyTorch computes inv_scale.
+  const torch::Tensor inverse = scale_.to(torch::kDouble).reciprocal().to(torch::kFloat);
+  if (detail::amp_kernels_on(found_inf_)) {
+    at::_amp_foreach_non_finite_check_and_unscale_(grads, found_inf_, inverse);
+    return;
+  }
+  // Older LibTorch on the CPU, where reading a value costs no wait.
+  const float inv = inverse.item<float>();
+  for (torch::Tensor& g : grads) {
+    found_inf_.logical_or_(torch::isfinite(g).all().logical_not());
+    g.mul_(inv);
+  }
 }
 
 DETTRIAL_INLINE bool GradScaler::step(torch::optim::Optimizer& optimizer, const std::vector<torch::Tensor>& params) {
@@ -191,14 +246,13 @@ DETTRIAL_INLINE bool GradScaler::step(torch::optim::Optimizer& optimizer, const 
     return true;
   }
   unscale(params);
-  const bool found_inf = found_inf_.defined() && found_inf_.item<float>() != 0;
-  found_inf_since_update_ = found_inf_since_update_ || found_inf;
   unscaled_ = false;
   stepped_ = true;
-  if (found_inf) {
-    ++skipped_;
-    return false;
-  }
+  found_since_update_.add_(found_inf_);
+  skipped_.add_(found_inf_);
+  if (auto* capturable = dynamic_cast<optim::CapturableOptimizer*>(&optimizer); capturable && capturable->step_unless_found_inf(found_inf_))
+    return true;
+  if (found_inf_.item<float>() != 0) return false;
   optimizer.step();
   return true;
 }
@@ -206,27 +260,36 @@ DETTRIAL_INLINE bool GradScaler::step(torch::optim::Optimizer& optimizer, const 
 DETTRIAL_INLINE void GradScaler::update() {
   if (!options_.enabled || !stepped_) return;
   stepped_ = false;
-  // PyTorch keeps the scale in float32: each new scale is rounded to it.
-  if (found_inf_since_update_) {
-    scale_ = static_cast<float>(scale_ * options_.backoff_factor);
-    growth_tracker_ = 0;
-  } else if (++growth_tracker_ == options_.growth_interval) {
-    // A scale that would leave float32's range stays where it is (as PyTorch's update keeps it finite).
-    const double grown = scale_ * options_.growth_factor;
-    if (grown <= std::numeric_limits<float>::max()) scale_ = static_cast<float>(grown);
-    growth_tracker_ = 0;
+  if (detail::amp_kernels_on(scale_)) {
+    // PyTorch's update: the scale stays float32, and one that would leave its range stays as it is.
+    at::_amp_update_scale_(scale_, growth_tracker_, found_since_update_, options_.growth_factor, options_.backoff_factor,
+                           options_.growth_interval);
+  } else {
+    // The same arithmetic on the host (older LibTorch on the CPU, where reading a value costs no wait).
+    double scale = scale_.item<float>();
+    std::int64_t tracker = growth_tracker_.item<std::int32_t>();
+    if (found_since_update_.item<float>() != 0) {
+      scale = static_cast<float>(scale * options_.backoff_factor);
+      tracker = 0;
+    } else if (++tracker == options_.growth_interval) {
+      const double grown = scale * options_.growth_factor;
+      if (grown <= std::numeric_limits<float>::max()) scale = static_cast<float>(grown);
+      tracker = 0;
+    }
+    scale_.fill_(scale);
+    growth_tracker_.fill_(tracker);
   }
-  found_inf_since_update_ = false;
+  found_since_update_.zero_();
 }
 
 DETTRIAL_INLINE c10::impl::GenericDict GradScaler::state_dict() const {
   c10::impl::GenericDict d(c10::StringType::get(), c10::AnyType::get());
   if (!options_.enabled) return d;  // PyTorch's disabled scaler saves nothing
-  d.insert("scale", scale_);
+  d.insert("scale", get_scale());
   d.insert("growth_factor", options_.growth_factor);
   d.insert("backoff_factor", options_.backoff_factor);
   d.insert("growth_interval", options_.growth_interval);
-  d.insert("_growth_tracker", growth_tracker_);
+  d.insert("_growth_tracker", growth_tracker());
   return d;
 }
 
@@ -239,12 +302,16 @@ DETTRIAL_INLINE void GradScaler::load_state_dict(const c10::impl::GenericDict& s
       throw CheckpointError(std::string("the checkpoint's scaler_state_dict lacks a number '") + key + "'");
     return it->value().isDouble() ? it->value().toDouble() : static_cast<double>(it->value().toInt());
   };
-  scale_ = static_cast<float>(number("scale"));
+  const double scale = number("scale");
   options_.growth_factor = number("growth_factor");
   options_.backoff_factor = number("backoff_factor");
   options_.growth_interval = static_cast<std::int64_t>(number("growth_interval"));
-  growth_tracker_ = static_cast<std::int64_t>(number("_growth_tracker"));
-  stepped_ = unscaled_ = found_inf_since_update_ = false;
+  const double tracker = number("_growth_tracker");
+  scale_.fill_(scale);
+  growth_tracker_.fill_(tracker);
+  found_since_update_.zero_();
+  skipped_.zero_();
+  stepped_ = unscaled_ = false;
 }
 
 }  // namespace dettrial

@@ -45,20 +45,6 @@ inline constexpr bool step_capture_built =
     false;
 #endif
 
-/// A batch a graph can take as input: tensors, in tuples, pairs, vectors and string-keyed maps, and
-/// nothing else (a number in a batch would be frozen at the captured batch's value).
-template <class B>
-constexpr bool graph_input_batch() {
-  using U = std::remove_cvref_t<B>;
-  if constexpr (std::is_same_v<U, torch::Tensor>) return true;
-  else if constexpr (is_tuple_like<U>::value)
-    return []<class... Ts>(std::type_identity<std::tuple<Ts...>>) { return (graph_input_batch<Ts>() && ...); }(
-        std::type_identity<decltype(std::tuple_cat(std::declval<U>()))>{});
-  else if constexpr (is_vector<U>::value) return graph_input_batch<typename U::value_type>();
-  else if constexpr (is_string_map<U>::value) return graph_input_batch<typename U::mapped_type>();
-  else return false;
-}
-
 /// Calls `f(a_tensor, b_tensor)` on the tensors of two batches of the same type, pairwise; returns
 /// false (and stops) where their structure differs (vector lengths, map keys).
 template <class A, class B, class F>
@@ -101,7 +87,7 @@ void check_step_capture(const StepCapture& capture, Context& context) {
   if (graph.warmup_batches < 1)
     throw ConfigError(what + "needs at least 1 warm-up batch (capture_warmup_batches is " + std::to_string(graph.warmup_batches) +
                       "): the eager batches before the capture make the optimizer's state");
-  if constexpr (!graph_input_batch<Batch>())
+  if constexpr (!tensors_only_batch<Batch>())
     throw TrialError(what + "copies each batch into the graph's input tensors, so the training batch must be made of tensors "
                      "(in tuples, pairs, vectors or string-keyed maps); " + c10::demangle(typeid(Batch).name()) +
                      " is not, or holds a value that the graph would freeze");
@@ -116,9 +102,11 @@ void check_step_capture(const StepCapture& capture, Context& context) {
       throw TrialError(what + "replays train_batch without running its host code, so a reducer fed in train_batch (" +
                        (reducer.name.empty() ? std::string("one returning MetricValues") : "'" + reducer.name + "'") +
                        ") would see only the captured batch; wrap it with for_training = false, or set step_capture: none");
+#if !DETTRIAL_FUSED_KERNELS
   if (context.scaler())
-    throw ConfigError(what + "cannot replay an fp16 gradient scaler, which decides on the host whether to skip a step; use "
-                      "mixed_precision: bf16 (no scaler) or fp32");
+    throw ConfigError(what + "cannot replay an fp16 gradient scaler with LibTorch before 2.4, whose optimizer kernels cannot "
+                      "skip a step on the device; use mixed_precision: bf16 (no scaler) or fp32, or LibTorch 2.4 or later");
+#endif
   for (std::size_t i = 0; i < context.num_optimizers(); ++i) {
     torch::optim::Optimizer& optimizer = context.optimizer(i);
     if (!dynamic_cast<optim::CapturableOptimizer*>(&optimizer))
@@ -256,6 +244,8 @@ class StepGraph {
     });
     for (auto& [capturable, optimizer] : optimizers_) capturable->sync_learning_rates(optimizer->param_groups());
     graph_->replay();
+    // The replay unscaled, checked and stepped (or skipped) on the device; the scale is updated after it.
+    if (GradScaler* scaler = context_->scaler()) scaler->note_replayed_step();
     return static_metrics_;
   }
 

@@ -32,6 +32,7 @@
 #include "../checkpoint/policy.hpp"
 #include "../checkpoint/trial_checkpoint.hpp"
 #include "../context/context.hpp"
+#include "../data/copy_ahead.hpp"
 #include "../distributed/agreement.hpp"
 #include "../distributed/communicator.hpp"
 #include "../distributed/metrics.hpp"
@@ -451,9 +452,10 @@ class Trainer {
     auto stream = train_loader_->batches(training_chain());
     auto it = std::ranges::begin(stream);
     const auto end = std::ranges::end(stream);
+    detail::CopyAhead batches(it, end, context_.device());
     Workload workload;
     while (remaining(st) > 0) {
-      const Reached reached = train_until_boundary(st, it, end, workload, callbacks);
+      const Reached reached = train_until_boundary(st, batches, workload, callbacks);
       report_training(st, workload, callbacks);
       if (const int signal = agreed_max(detail::StopSignals::received()); signal != 0)
         return stop(st, callbacks, signal, std::string("dettrial: stopped by ") + detail::signal_name(signal) + " after batch " +
@@ -463,8 +465,8 @@ class Trainer {
   }
 
   /// Trains batch after batch until one reaches a boundary (or, in one process, a stop signal arrives).
-  template <class Set, class It, class End>
-  Reached train_until_boundary(RunState& st, It& it, const End& end, Workload& workload, Set& callbacks) {
+  template <class Set, class Batches>
+  Reached train_until_boundary(RunState& st, Batches& batches, Workload& workload, Set& callbacks) {
     step_graph_.check_unchanged();
     for (const auto& m : context_.models()) m->train();
     for (auto& r : context_.reducers())
@@ -481,11 +483,10 @@ class Trainer {
       const bool epoch_start = batch_idx % st.epoch_len == 0, epoch_end = batch_idx % st.epoch_len == st.epoch_len - 1;
       context_.position().current_batch = batch_idx;
       if (epoch_start) callbacks.template call<hook::on_training_epoch_start>(epoch_idx);
-      if (it == end) throw DataError("the training data loader's repeating stream ended at batch " + std::to_string(batch_idx));
+      if (!batches.has_next()) throw DataError("the training data loader's repeating stream ended at batch " + std::to_string(batch_idx));
       st.profiler.before_batch(batch_idx);
       // Synchronized timings only inside the profiled range: a sync a batch elsewhere would cost the GPU its queue.
-      train_batch<Set>(st, *it, workload, batch_idx, epoch_idx, st.sync_timings && st.profiler.running());
-      ++it;
+      train_batch<Set>(st, batches.take(), workload, batch_idx, epoch_idx, st.sync_timings && st.profiler.running());
       ++st.batches_trained;
       if (st.profiler.after_batch(batch_idx)) st.reporter.line("dettrial: " + st.profiler.summary());
       if (epoch_end) {
@@ -497,6 +498,10 @@ class Trainer {
       if (reached.length || reached.validation || reached.checkpoint || reached.report) return reached;
       // One process stops at any batch; a job only at boundaries, where its ranks agree.
       if (!context_.communicator() && detail::StopSignals::received() != 0) return reached;
+      // The next batch is trained right away: its copy to the device starts while the device still
+      // computes this one. Not across a boundary or an epoch's start, so the data is read in the same
+      // order relative to checkpoints and callbacks as without it.
+      if (!epoch_end) batches.stage();
     }
   }
 
@@ -551,8 +556,7 @@ class Trainer {
       metrics = step_graph_.replay(batch);
       lap(workload, workload.phases.train_batch, sync_timings);
     } else {
-      to_device_in_place(batch, context_.device(), context_.device().is_cuda());
-      lap(workload, workload.phases.data, sync_timings);
+      lap(workload, workload.phases.data, sync_timings);  // the batch came on the device (detail::CopyAhead)
       if (!step_graph_.armed()) {
         metrics = eager_step(batch, workload, batch_idx, epoch_idx, sync_timings);
       } else if (step_graph_.warming_up() || (!step_graph_.captured() && !step_graph_.ready_to_capture(batch))) {
@@ -724,15 +728,19 @@ class Trainer {
       detail::ValidationReduction reduction(evaluation_reducer());
       std::vector<Metrics> outputs;
       std::int64_t batch_idx = 0;
-      for (auto&& loaded : validation_loader_->batches(validation_chain())) {
-        validation_batch_t<TrialT> batch = std::move(loaded);
-        to_device_in_place(batch, context_.device(), context_.device().is_cuda());
+      auto stream = validation_loader_->batches(validation_chain());
+      auto it = std::ranges::begin(stream);
+      const auto end = std::ranges::end(stream);
+      detail::CopyAhead batches(it, end, context_.device());
+      while (batches.has_next()) {
+        validation_batch_t<TrialT> batch = batches.take();
         mine.records += record_count(batch);
         Metrics m = in_precision([&]() -> decltype(auto) { return detail::call_evaluate_batch(*trial_, batch, model_or_missing(), batch_idx); });
         reduction.add(m, batch_idx);
         if constexpr (Set::wants_validation_outputs) outputs.push_back(std::move(m));
         st.reporter.update(++batch_idx);
         if (st.options.test_mode) break;
+        batches.stage();  // the next batch copies while the device evaluates this one
       }
       callbacks.template call<hook::on_validation_epoch_end>(std::span<const Metrics>(outputs));
       mine.totals = reduction.totals();
