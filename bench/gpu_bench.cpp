@@ -5,7 +5,7 @@
 //    its default FusedSGD eager and with the training step
 //    captured in a CUDA graph, with the data on the host (pinned) or kept on the GPU;
 //  - a compute-bound network (a small ResNet-style convnet, batch 256, synthetic images on the GPU),
-//    fp32 against bf16 autocast.
+//    fp32 against bf16 autocast and fp16 autocast with a gradient scaler.
 // Each run's training rate is timed from the start of its first epoch to the end of its last, with
 // the GPU synchronized at both ends; one JSON line per run on stdout. Without a GPU it says so and
 // exits 77 (skipped).
@@ -173,9 +173,13 @@ int main(int argc, char** argv) {
   run<Graphed>("MNIST example, eager, data on the GPU", mnist_hparams + data + "true}\n", opt, fashion, "");
   run<Graphed>("MNIST example, graphed (pinned host data)", mnist_hparams + data + "false}\n" + graph, opt, fashion, "");
   run<Graphed>("MNIST example, graphed, data on the GPU", mnist_hparams + data + "true}\n" + graph, opt, fashion, "");
+  run<Graphed>("MNIST example, graphed, fp16 with its scaler in the graph, data on the GPU",
+               mnist_hparams + data + "true}\noptimizations: {step_capture: cuda_graph, mixed_precision: fp16}\n", opt, fashion, "");
   const std::string resnet = "hyperparameters: {global_batch_size: 256, records: 10240}\n"
                              "searcher: {name: single, metric: validation_loss, max_length: {epochs: 1}}\n";
   run<ResNetTrial>("ResNet-style convnet, batch 256, fp32", resnet, opt, 10240, "");
   run<ResNetTrial>("ResNet-style convnet, batch 256, bf16 autocast", resnet + "optimizations: {mixed_precision: bf16}\n", opt, 10240, "");
+  run<ResNetTrial>("ResNet-style convnet, batch 256, fp16 autocast and scaler", resnet + "optimizations: {mixed_precision: fp16}\n", opt,
+                   10240, "");
   return 0;
 }

@@ -4,8 +4,8 @@
   torch.utils.data.DataLoader (pinned, non-blocking copies); eager with the data kept on the GPU;
   forward + backward + optimizer.step() captured once in a torch.cuda.CUDAGraph and replayed, data on
   the GPU (the hand-written bar); optionally torch.compile(mode="reduce-overhead") (--compile).
-- The ResNet-style convnet of gpu_bench.cpp (batch 256, synthetic images on the GPU), fp32 and bf16
-  autocast.
+- The ResNet-style convnet of gpu_bench.cpp (batch 256, synthetic images on the GPU), fp32, bf16
+  autocast, and fp16 autocast with a GradScaler.
 Each rate is timed from the start of the first epoch to the end of the last, the GPU synchronized at
 both ends. Without a GPU it says so and exits 77 (skipped).
     python bench/gpu_bench.py [--data DIR] [--epochs N] [--quick] [--compile]
@@ -148,12 +148,14 @@ def small_resnet():
     return nn.Sequential(*layers)
 
 
-def resnet(args, bf16):
+def resnet(args, precision):
     n, batch = 10240, 256
     images = torch.randn(n, 3, 32, 32, device="cuda")
     labels = torch.randint(0, 10, (n,), device="cuda")
     model = small_resnet().cuda()
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, fused=True)
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
+    scaler = torch.amp.GradScaler("cuda", enabled=precision == "fp16")  # fused SGD skips on the device
     torch.cuda.synchronize()
     start, records = time.perf_counter(), 0
     for _ in range(args.epochs):
@@ -161,14 +163,16 @@ def resnet(args, bf16):
         for i in range(batches_of(n, batch, args.quick, drop_last=True)):
             index = order[i * batch:(i + 1) * batch]
             x, y = images.index_select(0, index), labels.index_select(0, index)
-            with torch.autocast("cuda", dtype=torch.bfloat16, enabled=bf16):
+            with torch.autocast("cuda", dtype=dtype or torch.float32, enabled=dtype is not None):
                 loss = nn.functional.cross_entropy(model(x), y)
             opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
             records += batch
     torch.cuda.synchronize()
-    report(f"Python ResNet-style convnet, batch 256, {'bf16 autocast' if bf16 else 'fp32'}", records,
+    name = {"bf16": "bf16 autocast", "fp16": "fp16 autocast and scaler"}.get(precision, "fp32")
+    report(f"Python ResNet-style convnet, batch 256, {name}", records,
            time.perf_counter() - start, args.epochs)
 
 
@@ -189,8 +193,8 @@ def main():
     if args.compile:
         mnist_on_gpu(images, labels, args, compiled=True)
     mnist_on_gpu(images, labels, args, graph=True)
-    resnet(args, bf16=False)
-    resnet(args, bf16=True)
+    for precision in ("fp32", "bf16", "fp16"):
+        resnet(args, precision)
     return 0
 
 

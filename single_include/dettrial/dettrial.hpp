@@ -3714,6 +3714,9 @@ class CapturableOptimizer {
     (void)found_inf;
     return false;
   }
+  /// Whether its state is whole, so a capture makes none (state first made inside a graph would be
+  /// made again on every replay). A trainer warms up until it is.
+  virtual bool ready_for_capture() const { return true; }
 
  protected:
   /// Group `g`'s learning rate as a float scalar tensor on `like`'s device (made on first use).
@@ -3846,6 +3849,7 @@ class FusedSGD : public torch::optim::SGD, public CapturableOptimizer {
         if (!p.is_cuda() || p.device() != found_inf.device()) return false;
         if (o.momentum() != 0 && !has_buffer(p)) {
           if (capturing()) throw_new_state("a momentum buffer");
+          buffers_pending_ = true;  // until a step the host lets through makes them
           return false;
         }
       }
@@ -3881,8 +3885,12 @@ class FusedSGD : public torch::optim::SGD, public CapturableOptimizer {
       if (!fresh.empty()) run_buckets(fresh, fresh_bufs, o, lr, true);
       if (!stepped.empty()) run_buckets(stepped, stepped_bufs, o, lr, false);
     }
+    buffers_pending_ = false;
     return loss;
   }
+  /// False while a gradient scaler has skipped every step since a parameter needed its first
+  /// momentum buffer (with an fp16 scaler the first steps often overflow).
+  bool ready_for_capture() const override { return !buffers_pending_; }
 
  private:
   void run_buckets(const std::vector<torch::Tensor>& params, const std::vector<torch::Tensor>& bufs,
@@ -3899,6 +3907,7 @@ class FusedSGD : public torch::optim::SGD, public CapturableOptimizer {
       run(ps, grads, bs, o, lr, first, found_inf());
     });
   }
+  bool buffers_pending_ = false;
   bool has_buffer(const torch::Tensor& p) {
     const auto it = state().find(detail::optimizer_state_key<std::decay_t<decltype(state())>>(p));
     return it != state().end() && static_cast<torch::optim::SGDParamState&>(*it->second).momentum_buffer().defined();
@@ -6697,10 +6706,12 @@ DETTRIAL_INLINE bool keep_freed_memory() {
 /// @brief Mixed precision (see config/precision.hpp for the setting): autocast for a device (torch.autocast's C++ side, across LibTorch versions)
 /// and a gradient scaler with PyTorch's GradScaler semantics and checkpoint layout.
 
+#include <algorithm>
 #include <cstdint>
 #include <limits>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <torch/torch.h>
@@ -6758,6 +6769,11 @@ class GradScaler {
   };
   GradScaler() : GradScaler(Options{}) {}
   explicit GradScaler(Options options);
+  /// A copy has its own state (the tensors are cloned), as a copy of the earlier host-side scaler had.
+  GradScaler(const GradScaler& other);
+  GradScaler& operator=(const GradScaler& other) { return *this = GradScaler(other); }
+  GradScaler(GradScaler&&) = default;
+  GradScaler& operator=(GradScaler&&) = default;
 
   bool enabled() const { return options_.enabled; }
   /// The current scale (a float32 value, as PyTorch keeps it). Reads the device: not for every batch.
@@ -6863,15 +6879,9 @@ DETTRIAL_INLINE AutocastGuard::~AutocastGuard() {
 }
 
 namespace detail {
-// ATen's fused scaler kernels: on CUDA in every supported LibTorch, on the CPU from 2.4.
-DETTRIAL_INLINE bool amp_kernels_on(const torch::Tensor& t) {
-#if DETTRIAL_FUSED_KERNELS
-  (void)t;
-  return true;
-#else
-  return t.is_cuda();
-#endif
-}
+// ATen's fused scaler kernels: on CUDA in every supported LibTorch, on the CPU from 2.4 (other
+// devices may lack them, and take the host arithmetic).
+DETTRIAL_INLINE bool amp_kernels_on(const torch::Tensor& t) { return t.is_cuda() || (DETTRIAL_FUSED_KERNELS && t.is_cpu()); }
 }  // namespace detail
 
 DETTRIAL_INLINE GradScaler::GradScaler(Options options) : options_(options) {
@@ -6886,6 +6896,17 @@ DETTRIAL_INLINE GradScaler::GradScaler(Options options) : options_(options) {
   found_since_update_ = torch::zeros({}, f);
   skipped_ = torch::zeros({}, f);
 }
+
+DETTRIAL_INLINE GradScaler::GradScaler(const GradScaler& other)
+    : options_(other.options_),
+      scale_(other.scale_.clone()),
+      growth_tracker_(other.growth_tracker_.clone()),
+      found_inf_(other.found_inf_.clone()),
+      found_since_update_(other.found_since_update_.clone()),
+      skipped_(other.skipped_.clone()),
+      unscaled_(other.unscaled_),
+      stepped_(other.stepped_),
+      wrapped_(other.wrapped_) {}
 
 DETTRIAL_INLINE void GradScaler::place(const torch::Device& device) {
   if (scale_.device() == device) return;
@@ -6919,13 +6940,28 @@ DETTRIAL_INLINE void GradScaler::unscale(const std::vector<torch::Tensor>& param
   // The reciprocal in double, then float32, as PyTorch computes inv_scale.
   const torch::Tensor inverse = scale_.to(torch::kDouble).reciprocal().to(torch::kFloat);
   if (detail::amp_kernels_on(found_inf_)) {
-    at::_amp_foreach_non_finite_check_and_unscale_(grads, found_inf_, inverse);
-    return;
+    // The kernel takes the gradients of one device (and is fastest per dtype, as PyTorch groups them).
+    std::vector<std::pair<torch::ScalarType, std::vector<torch::Tensor>>> by_dtype;
+    std::vector<torch::Tensor> elsewhere;
+    for (torch::Tensor& g : grads) {
+      if (g.device() != found_inf_.device() || g.is_sparse()) {
+        elsewhere.push_back(g);
+        continue;
+      }
+      auto it = std::find_if(by_dtype.begin(), by_dtype.end(), [&](const auto& b) { return b.first == g.scalar_type(); });
+      if (it == by_dtype.end()) by_dtype.push_back({g.scalar_type(), {g}});
+      else it->second.push_back(g);
+    }
+    for (auto& [dtype, same] : by_dtype) at::_amp_foreach_non_finite_check_and_unscale_(same, found_inf_, inverse);
+    grads = std::move(elsewhere);
+    if (grads.empty()) return;
   }
-  // Older LibTorch on the CPU, where reading a value costs no wait.
-  const float inv = inverse.item<float>();
+  // Without the kernel (older LibTorch on the CPU, other devices), or gradients on another device
+  // than the first: tensor operations, the flag gathered where it lives.
+  const torch::Tensor inverse_here = inverse.cpu();
+  const double inv = inverse_here.item<float>();
   for (torch::Tensor& g : grads) {
-    found_inf_.logical_or_(torch::isfinite(g).all().logical_not());
+    found_inf_.logical_or_(torch::isfinite(g).all().logical_not().to(found_inf_.device()));
     g.mul_(inv);
   }
 }
@@ -11308,9 +11344,12 @@ class TraceProfiler {
 
   /// Before batch `batch_idx` trains: starts at `begin_on_batch` (or at a resume inside the range).
   void before_batch(std::int64_t batch_idx) {
-    if (options_.enabled && !running_ && !done_ && batch_idx >= options_.begin_on_batch &&
-        (!options_.end_after_batch || batch_idx <= *options_.end_after_batch))
-      start(batch_idx);
+    if (starts_at(batch_idx)) start(batch_idx);
+  }
+  /// Whether before_batch(batch_idx) would start profiling.
+  bool starts_at(std::int64_t batch_idx) const {
+    return options_.enabled && !running_ && !done_ && batch_idx >= options_.begin_on_batch &&
+           (!options_.end_after_batch || batch_idx <= *options_.end_after_batch);
   }
   /// After batch `batch_idx` trained: stops and writes the trace after `end_after_batch`. True
   /// when it wrote the trace (summary() says where).
@@ -12899,8 +12938,13 @@ class StepGraph {
 
   /// Whether `batch` may be captured: it has the shapes of the last warm-up batch (so an epoch's
   /// short last batch is never the one captured, and nothing is tuned for a new shape inside the
-  /// capture). Else it warms up too.
-  bool ready_to_capture(const Batch& batch) const { return last_warm_up_ && same_layout(*last_warm_up_, batch); }
+  /// capture), and every optimizer's state is whole (an fp16 scaler may have skipped every warm-up
+  /// step). Else it warms up too.
+  bool ready_to_capture(const Batch& batch) const {
+    for (const auto& entry : optimizers_)
+      if (!entry.capturable->ready_for_capture()) return false;
+    return last_warm_up_ && same_layout(*last_warm_up_, batch);
+  }
   /// Keeps handles to a warm-up batch's tensors (before the trial may reassign them), for their shapes.
   void note_warm_up_shapes(const Batch& batch) { last_warm_up_.emplace(batch); }
 
@@ -13664,8 +13708,9 @@ class Trainer {
       if (!context_.communicator() && detail::StopSignals::received() != 0) return reached;
       // The next batch is trained right away: its copy to the device starts while the device still
       // computes this one. Not across a boundary or an epoch's start, so the data is read in the same
-      // order relative to checkpoints and callbacks as without it.
-      if (!epoch_end) batches.stage();
+      // order relative to checkpoints and callbacks as without it; nor into a profiled range, whose
+      // trace shows each of its batches' reads.
+      if (!epoch_end && !st.profiler.starts_at(batch_idx + 1)) batches.stage();
     }
   }
 
@@ -13716,7 +13761,8 @@ class Trainer {
     workload.records += record_count(batch);
     Metrics metrics;
     if (step_graph_.captured() && step_graph_.fits(batch)) {
-      // The host batch is copied straight into the graph's inputs; the whole step is one replay.
+      // The batch (on the device already: detail::CopyAhead) is copied into the graph's inputs; the
+      // whole step is one replay.
       metrics = step_graph_.replay(batch);
       lap(workload, workload.phases.train_batch, sync_timings);
     } else {

@@ -41,6 +41,13 @@ struct ScaledRegression : test::ImperativeRegression {
   }
 };
 
+/// `state` with another scale.
+c10::impl::GenericDict rescaled_state(const c10::impl::GenericDict& state, double scale) {
+  c10::impl::GenericDict out = state.copy();
+  out.insert_or_assign("scale", scale);
+  return out;
+}
+
 std::vector<torch::Tensor> copies(const std::vector<torch::Tensor>& params) {
   std::vector<torch::Tensor> out;
   for (const auto& p : params) out.push_back(p.detach().clone());
@@ -102,6 +109,10 @@ TEST_CASE("GradScaler: PyTorch's scale, unscale, skipped step, backoff and growt
   GradScaler restored;
   restored.load_state_dict(state);
   CHECK(restored.get_scale() == 1024);
+  GradScaler copy = restored;  // its own state, not a view of the original's
+  restored.load_state_dict(rescaled_state(state, 8.0));
+  CHECK(restored.get_scale() == 8);
+  CHECK(copy.get_scale() == 1024);
   c10::impl::GenericDict partial(c10::StringType::get(), c10::AnyType::get());
   partial.insert("scale", 8.0);
   CHECK_THROWS_WITH_AS(restored.load_state_dict(partial), doctest::Contains("lacks a number 'growth_factor'"), CheckpointError);

@@ -73,6 +73,9 @@ class CapturableOptimizer {
     (void)found_inf;
     return false;
   }
+  /// Whether its state is whole, so a capture makes none (state first made inside a graph would be
+  /// made again on every replay). A trainer warms up until it is.
+  virtual bool ready_for_capture() const { return true; }
 
  protected:
   /// Group `g`'s learning rate as a float scalar tensor on `like`'s device (made on first use).
@@ -205,6 +208,7 @@ class FusedSGD : public torch::optim::SGD, public CapturableOptimizer {
         if (!p.is_cuda() || p.device() != found_inf.device()) return false;
         if (o.momentum() != 0 && !has_buffer(p)) {
           if (capturing()) throw_new_state("a momentum buffer");
+          buffers_pending_ = true;  // until a step the host lets through makes them
           return false;
         }
       }
@@ -240,8 +244,12 @@ class FusedSGD : public torch::optim::SGD, public CapturableOptimizer {
       if (!fresh.empty()) run_buckets(fresh, fresh_bufs, o, lr, true);
       if (!stepped.empty()) run_buckets(stepped, stepped_bufs, o, lr, false);
     }
+    buffers_pending_ = false;
     return loss;
   }
+  /// False while a gradient scaler has skipped every step since a parameter needed its first
+  /// momentum buffer (with an fp16 scaler the first steps often overflow).
+  bool ready_for_capture() const override { return !buffers_pending_; }
 
  private:
   void run_buckets(const std::vector<torch::Tensor>& params, const std::vector<torch::Tensor>& bufs,
@@ -258,6 +266,7 @@ class FusedSGD : public torch::optim::SGD, public CapturableOptimizer {
       run(ps, grads, bs, o, lr, first, found_inf());
     });
   }
+  bool buffers_pending_ = false;
   bool has_buffer(const torch::Tensor& p) {
     const auto it = state().find(detail::optimizer_state_key<std::decay_t<decltype(state())>>(p));
     return it != state().end() && static_cast<torch::optim::SGDParamState&>(*it->second).momentum_buffer().defined();

@@ -4,10 +4,12 @@
 /// and a gradient scaler with PyTorch's GradScaler semantics and checkpoint layout.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <limits>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <torch/torch.h>
@@ -68,6 +70,11 @@ class GradScaler {
   };
   GradScaler() : GradScaler(Options{}) {}
   explicit GradScaler(Options options);
+  /// A copy has its own state (the tensors are cloned), as a copy of the earlier host-side scaler had.
+  GradScaler(const GradScaler& other);
+  GradScaler& operator=(const GradScaler& other) { return *this = GradScaler(other); }
+  GradScaler(GradScaler&&) = default;
+  GradScaler& operator=(GradScaler&&) = default;
 
   bool enabled() const { return options_.enabled; }
   /// The current scale (a float32 value, as PyTorch keeps it). Reads the device: not for every batch.
@@ -173,15 +180,9 @@ DETTRIAL_INLINE AutocastGuard::~AutocastGuard() {
 }
 
 namespace detail {
-// ATen's fused scaler kernels: on CUDA in every supported LibTorch, on the CPU from 2.4.
-DETTRIAL_INLINE bool amp_kernels_on(const torch::Tensor& t) {
-#if DETTRIAL_FUSED_KERNELS
-  (void)t;
-  return true;
-#else
-  return t.is_cuda();
-#endif
-}
+// ATen's fused scaler kernels: on CUDA in every supported LibTorch, on the CPU from 2.4 (other
+// devices may lack them, and take the host arithmetic).
+DETTRIAL_INLINE bool amp_kernels_on(const torch::Tensor& t) { return t.is_cuda() || (DETTRIAL_FUSED_KERNELS && t.is_cpu()); }
 }  // namespace detail
 
 DETTRIAL_INLINE GradScaler::GradScaler(Options options) : options_(options) {
@@ -196,6 +197,17 @@ DETTRIAL_INLINE GradScaler::GradScaler(Options options) : options_(options) {
   found_since_update_ = torch::zeros({}, f);
   skipped_ = torch::zeros({}, f);
 }
+
+DETTRIAL_INLINE GradScaler::GradScaler(const GradScaler& other)
+    : options_(other.options_),
+      scale_(other.scale_.clone()),
+      growth_tracker_(other.growth_tracker_.clone()),
+      found_inf_(other.found_inf_.clone()),
+      found_since_update_(other.found_since_update_.clone()),
+      skipped_(other.skipped_.clone()),
+      unscaled_(other.unscaled_),
+      stepped_(other.stepped_),
+      wrapped_(other.wrapped_) {}
 
 DETTRIAL_INLINE void GradScaler::place(const torch::Device& device) {
   if (scale_.device() == device) return;
@@ -229,13 +241,28 @@ DETTRIAL_INLINE void GradScaler::unscale(const std::vector<torch::Tensor>& param
   // The reciprocal in double, then float32, as PyTorch computes inv_scale.
   const torch::Tensor inverse = scale_.to(torch::kDouble).reciprocal().to(torch::kFloat);
   if (detail::amp_kernels_on(found_inf_)) {
-    at::_amp_foreach_non_finite_check_and_unscale_(grads, found_inf_, inverse);
-    return;
+    // The kernel takes the gradients of one device (and is fastest per dtype, as PyTorch groups them).
+    std::vector<std::pair<torch::ScalarType, std::vector<torch::Tensor>>> by_dtype;
+    std::vector<torch::Tensor> elsewhere;
+    for (torch::Tensor& g : grads) {
+      if (g.device() != found_inf_.device() || g.is_sparse()) {
+        elsewhere.push_back(g);
+        continue;
+      }
+      auto it = std::find_if(by_dtype.begin(), by_dtype.end(), [&](const auto& b) { return b.first == g.scalar_type(); });
+      if (it == by_dtype.end()) by_dtype.push_back({g.scalar_type(), {g}});
+      else it->second.push_back(g);
+    }
+    for (auto& [dtype, same] : by_dtype) at::_amp_foreach_non_finite_check_and_unscale_(same, found_inf_, inverse);
+    grads = std::move(elsewhere);
+    if (grads.empty()) return;
   }
-  // Older LibTorch on the CPU, where reading a value costs no wait.
-  const float inv = inverse.item<float>();
+  // Without the kernel (older LibTorch on the CPU, other devices), or gradients on another device
+  // than the first: tensor operations, the flag gathered where it lives.
+  const torch::Tensor inverse_here = inverse.cpu();
+  const double inv = inverse_here.item<float>();
   for (torch::Tensor& g : grads) {
-    found_inf_.logical_or_(torch::isfinite(g).all().logical_not());
+    found_inf_.logical_or_(torch::isfinite(g).all().logical_not().to(found_inf_.device()));
     g.mul_(inv);
   }
 }

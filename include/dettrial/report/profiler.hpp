@@ -51,9 +51,12 @@ class TraceProfiler {
 
   /// Before batch `batch_idx` trains: starts at `begin_on_batch` (or at a resume inside the range).
   void before_batch(std::int64_t batch_idx) {
-    if (options_.enabled && !running_ && !done_ && batch_idx >= options_.begin_on_batch &&
-        (!options_.end_after_batch || batch_idx <= *options_.end_after_batch))
-      start(batch_idx);
+    if (starts_at(batch_idx)) start(batch_idx);
+  }
+  /// Whether before_batch(batch_idx) would start profiling.
+  bool starts_at(std::int64_t batch_idx) const {
+    return options_.enabled && !running_ && !done_ && batch_idx >= options_.begin_on_batch &&
+           (!options_.end_after_batch || batch_idx <= *options_.end_after_batch);
   }
   /// After batch `batch_idx` trained: stops and writes the trace after `end_after_batch`. True
   /// when it wrote the trace (summary() says where).

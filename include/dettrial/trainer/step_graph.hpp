@@ -152,8 +152,13 @@ class StepGraph {
 
   /// Whether `batch` may be captured: it has the shapes of the last warm-up batch (so an epoch's
   /// short last batch is never the one captured, and nothing is tuned for a new shape inside the
-  /// capture). Else it warms up too.
-  bool ready_to_capture(const Batch& batch) const { return last_warm_up_ && same_layout(*last_warm_up_, batch); }
+  /// capture), and every optimizer's state is whole (an fp16 scaler may have skipped every warm-up
+  /// step). Else it warms up too.
+  bool ready_to_capture(const Batch& batch) const {
+    for (const auto& entry : optimizers_)
+      if (!entry.capturable->ready_for_capture()) return false;
+    return last_warm_up_ && same_layout(*last_warm_up_, batch);
+  }
   /// Keeps handles to a warm-up batch's tensors (before the trial may reassign them), for their shapes.
   void note_warm_up_shapes(const Batch& batch) { last_warm_up_.emplace(batch); }
 

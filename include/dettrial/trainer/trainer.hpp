@@ -500,8 +500,9 @@ class Trainer {
       if (!context_.communicator() && detail::StopSignals::received() != 0) return reached;
       // The next batch is trained right away: its copy to the device starts while the device still
       // computes this one. Not across a boundary or an epoch's start, so the data is read in the same
-      // order relative to checkpoints and callbacks as without it.
-      if (!epoch_end) batches.stage();
+      // order relative to checkpoints and callbacks as without it; nor into a profiled range, whose
+      // trace shows each of its batches' reads.
+      if (!epoch_end && !st.profiler.starts_at(batch_idx + 1)) batches.stage();
     }
   }
 
@@ -552,7 +553,8 @@ class Trainer {
     workload.records += record_count(batch);
     Metrics metrics;
     if (step_graph_.captured() && step_graph_.fits(batch)) {
-      // The host batch is copied straight into the graph's inputs; the whole step is one replay.
+      // The batch (on the device already: detail::CopyAhead) is copied into the graph's inputs; the
+      // whole step is one replay.
       metrics = step_graph_.replay(batch);
       lap(workload, workload.phases.train_batch, sync_timings);
     } else {
