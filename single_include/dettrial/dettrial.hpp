@@ -3636,40 +3636,6 @@ DETTRIAL_INLINE void python_group_options(const AdadeltaOptions& options, c10::i
 
 #include <torch/torch.h>
 
-// ---- begin dettrial/detail/scope_exit.hpp
-// SPDX-License-Identifier: Apache-2.0
-/// @file
-/// @brief Runs a function when a scope ends, however it ends (std::experimental::scope_exit's role).
-
-#include <utility>
-
-namespace dettrial::detail {
-
-template <class F>
-class ScopeExit {
- public:
-  explicit ScopeExit(F f) : f_(std::move(f)) {}
-  ScopeExit(const ScopeExit&) = delete;
-  ScopeExit& operator=(const ScopeExit&) = delete;
-  ~ScopeExit() {
-    if (armed_) f_();
-  }
-  /// The scope ended as planned: do not run the function.
-  void dismiss() { armed_ = false; }
-
- private:
-  F f_;
-  bool armed_ = true;
-};
-
-/// `auto guard = on_scope_exit([&] { ... });`
-template <class F>
-ScopeExit<F> on_scope_exit(F f) {
-  return ScopeExit<F>(std::move(f));
-}
-
-}  // namespace dettrial::detail
-// ---- end dettrial/detail/scope_exit.hpp
 
 #if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
 #define DETTRIAL_FUSED_KERNELS 1
@@ -3733,15 +3699,6 @@ class CapturableOptimizer {
     return r.tensor;
   }
   bool capturing() const { return capturing_; }
-  /// The flag the kernels skip a step on, while step_unless_found_inf runs; none otherwise.
-  const std::optional<torch::Tensor>& found_inf() const { return found_inf_; }
-  /// Runs `step` with `found_inf` handed to the kernels.
-  template <class Step>
-  void with_found_inf(const torch::Tensor& found_inf, Step&& step) {
-    found_inf_ = found_inf;
-    const auto reset = detail::on_scope_exit([&] { found_inf_.reset(); });
-    step();
-  }
   /// State made while capturing would be made again (zeroed, or set to the captured learning rate)
   /// on every replay: a parameter that had no gradient in the warm-up batches must not step first
   /// inside the graph.
@@ -3782,7 +3739,6 @@ class CapturableOptimizer {
   };
   std::vector<Rate> rates_;
   bool capturing_ = false;
-  std::optional<torch::Tensor> found_inf_;
 };
 
 }  // namespace dettrial::optim
@@ -3854,14 +3810,21 @@ class FusedSGD : public torch::optim::SGD, public CapturableOptimizer {
         }
       }
     }
-    with_found_inf(found_inf, [&] { step(); });
+    step_with(nullptr, found_inf);
     return true;
 #else
     return CapturableOptimizer::step_unless_found_inf(found_inf);
 #endif
   }
 
-  torch::Tensor step(LossClosure closure = nullptr) override {
+  torch::Tensor step(LossClosure closure = nullptr) override { return step_with(closure, std::nullopt); }
+  /// False while a gradient scaler has skipped every step since a parameter needed its first
+  /// momentum buffer (with an fp16 scaler the first steps often overflow).
+  bool ready_for_capture() const override { return !buffers_pending_; }
+
+ private:
+  /// The step; with `found_inf`, the kernel skips it on the device when the flag is set.
+  torch::Tensor step_with(LossClosure closure, const std::optional<torch::Tensor>& found_inf) {
     torch::NoGradGuard no_grad;
     torch::Tensor loss = evaluate(closure);
     for (std::size_t g = 0; g < param_groups().size(); ++g) {
@@ -3871,7 +3834,7 @@ class FusedSGD : public torch::optim::SGD, public CapturableOptimizer {
       if (params.empty()) continue;
       const torch::Tensor& lr = device_lr(g, o.lr(), params.front());
       if (o.momentum() == 0) {
-        run_buckets(params, {}, o, lr, false);
+        run_buckets(params, {}, o, lr, false, found_inf);
         continue;
       }
       // A parameter's first step makes its momentum buffer (a copy of its gradient); the kernel
@@ -3882,19 +3845,16 @@ class FusedSGD : public torch::optim::SGD, public CapturableOptimizer {
         (is_new ? fresh : stepped).push_back(p);
         (is_new ? fresh_bufs : stepped_bufs).push_back(buffer(p, is_new));
       }
-      if (!fresh.empty()) run_buckets(fresh, fresh_bufs, o, lr, true);
-      if (!stepped.empty()) run_buckets(stepped, stepped_bufs, o, lr, false);
+      if (!fresh.empty()) run_buckets(fresh, fresh_bufs, o, lr, true, found_inf);
+      if (!stepped.empty()) run_buckets(stepped, stepped_bufs, o, lr, false, found_inf);
     }
     buffers_pending_ = false;
     return loss;
   }
-  /// False while a gradient scaler has skipped every step since a parameter needed its first
-  /// momentum buffer (with an fp16 scaler the first steps often overflow).
-  bool ready_for_capture() const override { return !buffers_pending_; }
 
- private:
   void run_buckets(const std::vector<torch::Tensor>& params, const std::vector<torch::Tensor>& bufs,
-                   const torch::optim::SGDOptions& o, const torch::Tensor& lr, bool first) {
+                   const torch::optim::SGDOptions& o, const torch::Tensor& lr, bool first,
+                   const std::optional<torch::Tensor>& found_inf) {
     detail::for_each_bucket(params, [&](const std::vector<std::size_t>& idx) {
       std::vector<torch::Tensor> ps, grads, bs;
       ps.reserve(idx.size());
@@ -3904,7 +3864,7 @@ class FusedSGD : public torch::optim::SGD, public CapturableOptimizer {
         grads.push_back(params[i].grad());
         if (!bufs.empty()) bs.push_back(bufs[i]);
       }
-      run(ps, grads, bs, o, lr, first, found_inf());
+      run(ps, grads, bs, o, lr, first, found_inf);
     });
   }
   bool buffers_pending_ = false;
@@ -3972,39 +3932,14 @@ class FusedAdamBase : public Base, public optim::CapturableOptimizer {
     for (auto& group : this->param_groups())
       for (const auto& p : group.params())
         if (p.grad().defined() && p.device() != found_inf.device()) return false;
-    with_found_inf(found_inf, [&] { step(); });
+    step_with(nullptr, found_inf);
     return true;
 #else
     return CapturableOptimizer::step_unless_found_inf(found_inf);
 #endif
   }
 
-  torch::Tensor step(typename Base::LossClosure closure = nullptr) override {
-    torch::NoGradGuard no_grad;
-    torch::Tensor loss = evaluate(closure);
-    for (std::size_t g = 0; g < this->param_groups().size(); ++g) {
-      auto& group = this->param_groups()[g];
-      const auto& o = static_cast<const Options&>(group.options());
-      const std::vector<torch::Tensor> params = with_grad(group.params());
-      if (params.empty()) continue;
-      const torch::Tensor& lr = device_lr(g, o.lr(), params.front());
-      for_each_bucket(params, [&](const std::vector<std::size_t>& idx) {
-        FusedBucket b;
-        for (auto i : idx) {
-          const torch::Tensor& p = params[i];
-          State& s = state_of(p, o);
-          b.params.push_back(p);
-          b.grads.push_back(p.grad());
-          b.first.push_back(s.exp_avg());
-          b.second.push_back(s.exp_avg_sq());
-          if (o.amsgrad()) b.third.push_back(s.max_exp_avg_sq());
-          b.steps.push_back(steps_.at(key(p)));
-        }
-        run(b, o, lr, found_inf());
-      });
-    }
-    return loss;
-  }
+  torch::Tensor step(typename Base::LossClosure closure = nullptr) override { return step_with(closure, std::nullopt); }
 
   void pull_host_state() override {
     if (steps_.empty()) return;
@@ -4032,6 +3967,34 @@ class FusedAdamBase : public Base, public optim::CapturableOptimizer {
   }
 
  private:
+  /// The step; with `found_inf`, the kernels skip it on the device when the flag is set.
+  torch::Tensor step_with(typename Base::LossClosure closure, const std::optional<torch::Tensor>& found_inf) {
+    torch::NoGradGuard no_grad;
+    torch::Tensor loss = evaluate(closure);
+    for (std::size_t g = 0; g < this->param_groups().size(); ++g) {
+      auto& group = this->param_groups()[g];
+      const auto& o = static_cast<const Options&>(group.options());
+      const std::vector<torch::Tensor> params = with_grad(group.params());
+      if (params.empty()) continue;
+      const torch::Tensor& lr = device_lr(g, o.lr(), params.front());
+      for_each_bucket(params, [&](const std::vector<std::size_t>& idx) {
+        FusedBucket b;
+        for (auto i : idx) {
+          const torch::Tensor& p = params[i];
+          State& s = state_of(p, o);
+          b.params.push_back(p);
+          b.grads.push_back(p.grad());
+          b.first.push_back(s.exp_avg());
+          b.second.push_back(s.exp_avg_sq());
+          if (o.amsgrad()) b.third.push_back(s.max_exp_avg_sq());
+          b.steps.push_back(steps_.at(key(p)));
+        }
+        run(b, o, lr, found_inf);
+      });
+    }
+    return loss;
+  }
+
   using Key = typename std::decay_t<decltype(std::declval<Base&>().state())>::key_type;
   static Key key(const torch::Tensor& p) { return detail::optimizer_state_key<std::decay_t<decltype(std::declval<Base&>().state())>>(p); }
 
@@ -12273,6 +12236,7 @@ DETTRIAL_INLINE FitOptions FitOptions::from_config(const ExperimentConfig& confi
 /// a stream of its own.
 
 #include <optional>
+#include <ranges>
 #include <stdexcept>
 #include <utility>
 
@@ -12289,7 +12253,8 @@ DETTRIAL_INLINE FitOptions FitOptions::from_config(const ExperimentConfig& confi
 namespace dettrial::detail {
 
 /**
- * @brief Reads a batch stream with one batch staged on the device ahead of the one in use.
+ * @brief Reads a batch stream (which it holds) with one batch staged on the device ahead of the one
+ * in use.
  *
  * `stage()` takes the stream's next batch and starts its copy to the device; `take()` hands over the
  * staged batch (staging it first if none is) once its copy is done on the device's queue, without the
@@ -12302,18 +12267,23 @@ namespace dettrial::detail {
  * right away, never across a boundary, so batches are read from the stream in the same order relative
  * to the training steps as without staging (a checkpoint never follows a read that was not trained).
  */
-template <class It, class End>
+template <std::ranges::input_range Stream>
 class CopyAhead {
  public:
-  using batch_type = std::remove_cvref_t<decltype(*std::declval<It&>())>;
+  using batch_type = std::remove_cvref_t<std::ranges::range_reference_t<Stream>>;
 
-  CopyAhead(It& it, const End& end, torch::Device device) : it_(it), end_(end), device_(device) {
+  CopyAhead(Stream stream, torch::Device device)
+      : stream_(std::move(stream)), it_(std::ranges::begin(stream_)), end_(std::ranges::end(stream_)), device_(device) {
 #if defined(DETTRIAL_HAS_CUDA)
     // A batch with tensors for_each_tensor cannot reach (inside a user type) is copied on the compute
     // stream: its tensors could not be marked as used there.
     if (device_.is_cuda() && tensors_only_batch<batch_type>()) copy_stream_.emplace(c10::cuda::getStreamFromPool(/*isHighPriority=*/false, device_.index()));
 #endif
   }
+
+  // Its iterator points into the stream it holds.
+  CopyAhead(const CopyAhead&) = delete;
+  CopyAhead& operator=(const CopyAhead&) = delete;
 
   /// Whether the stream has a next batch to stage (staged or not).
   bool has_next() const { return staged_.has_value() || it_ != end_; }
@@ -12358,8 +12328,9 @@ class CopyAhead {
   }
 
  private:
-  It& it_;
-  const End& end_;
+  Stream stream_;
+  std::ranges::iterator_t<Stream> it_;
+  std::ranges::sentinel_t<Stream> end_;
   torch::Device device_;
   std::optional<batch_type> staged_;
 #if defined(DETTRIAL_HAS_CUDA)
@@ -12368,8 +12339,45 @@ class CopyAhead {
 #endif
 };
 
+template <class Stream>
+CopyAhead(Stream&&, torch::Device) -> CopyAhead<std::remove_cvref_t<Stream>>;
+
 }  // namespace dettrial::detail
 // ---- end dettrial/data/copy_ahead.hpp
+// ---- begin dettrial/detail/scope_exit.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief Runs a function when a scope ends, however it ends (std::experimental::scope_exit's role).
+
+#include <utility>
+
+namespace dettrial::detail {
+
+template <class F>
+class ScopeExit {
+ public:
+  explicit ScopeExit(F f) : f_(std::move(f)) {}
+  ScopeExit(const ScopeExit&) = delete;
+  ScopeExit& operator=(const ScopeExit&) = delete;
+  ~ScopeExit() {
+    if (armed_) f_();
+  }
+  /// The scope ended as planned: do not run the function.
+  void dismiss() { armed_ = false; }
+
+ private:
+  F f_;
+  bool armed_ = true;
+};
+
+/// `auto guard = on_scope_exit([&] { ... });`
+template <class F>
+ScopeExit<F> on_scope_exit(F f) {
+  return ScopeExit<F>(std::move(f));
+}
+
+}  // namespace dettrial::detail
+// ---- end dettrial/detail/scope_exit.hpp
 // ---- begin dettrial/keras/keras.hpp
 // SPDX-License-Identifier: Apache-2.0
 /// @file
@@ -13657,10 +13665,7 @@ class Trainer {
   template <class Set>
   void train(RunState& st, Set& callbacks) {
     // One endless stream for the whole run (Determined's repeat → shard → skip chain).
-    auto stream = train_loader_->batches(training_chain());
-    auto it = std::ranges::begin(stream);
-    const auto end = std::ranges::end(stream);
-    detail::CopyAhead batches(it, end, context_.device());
+    detail::CopyAhead batches(train_loader_->batches(training_chain()), context_.device());
     Workload workload;
     while (remaining(st) > 0) {
       const Reached reached = train_until_boundary(st, batches, workload, callbacks);
@@ -13938,10 +13943,7 @@ class Trainer {
       detail::ValidationReduction reduction(evaluation_reducer());
       std::vector<Metrics> outputs;
       std::int64_t batch_idx = 0;
-      auto stream = validation_loader_->batches(validation_chain());
-      auto it = std::ranges::begin(stream);
-      const auto end = std::ranges::end(stream);
-      detail::CopyAhead batches(it, end, context_.device());
+      detail::CopyAhead batches(validation_loader_->batches(validation_chain()), context_.device());
       while (batches.has_next()) {
         validation_batch_t<TrialT> batch = batches.take();
         mine.records += record_count(batch);

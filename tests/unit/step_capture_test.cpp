@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <limits>
 #include <map>
+#include <ranges>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -420,10 +421,13 @@ TEST_CASE("CopyAhead: batches reach the device in the stream's order, read at mo
   const torch::Device elsewhere = test::lazy_device();
   std::vector<std::tuple<torch::Tensor, torch::Tensor>> stream;
   for (int i = 0; i < 5; ++i) stream.emplace_back(torch::full({3, 2}, i, torch::kFloat), torch::full({3}, 10 + i, torch::kLong));
-  auto it = stream.begin();
-  const auto end = stream.end();
-  dettrial::detail::CopyAhead batches(it, end, elsewhere);
-  const auto read = [&] { return it - stream.begin(); };
+  std::ptrdiff_t reads = 0;
+  dettrial::detail::CopyAhead batches(stream | std::views::transform([&](auto& b) {
+                                        ++reads;
+                                        return std::move(b);
+                                      }),
+                                      elsewhere);
+  const auto read = [&] { return reads; };
 
   CHECK(read() == 0);  // nothing is read before it is asked for
   auto first = batches.take();

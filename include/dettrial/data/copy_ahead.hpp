@@ -6,6 +6,7 @@
 // IWYU pragma: private, include <dettrial/dettrial.hpp>
 
 #include <optional>
+#include <ranges>
 #include <stdexcept>
 #include <utility>
 
@@ -23,7 +24,8 @@
 namespace dettrial::detail {
 
 /**
- * @brief Reads a batch stream with one batch staged on the device ahead of the one in use.
+ * @brief Reads a batch stream (which it holds) with one batch staged on the device ahead of the one
+ * in use.
  *
  * `stage()` takes the stream's next batch and starts its copy to the device; `take()` hands over the
  * staged batch (staging it first if none is) once its copy is done on the device's queue, without the
@@ -36,18 +38,23 @@ namespace dettrial::detail {
  * right away, never across a boundary, so batches are read from the stream in the same order relative
  * to the training steps as without staging (a checkpoint never follows a read that was not trained).
  */
-template <class It, class End>
+template <std::ranges::input_range Stream>
 class CopyAhead {
  public:
-  using batch_type = std::remove_cvref_t<decltype(*std::declval<It&>())>;
+  using batch_type = std::remove_cvref_t<std::ranges::range_reference_t<Stream>>;
 
-  CopyAhead(It& it, const End& end, torch::Device device) : it_(it), end_(end), device_(device) {
+  CopyAhead(Stream stream, torch::Device device)
+      : stream_(std::move(stream)), it_(std::ranges::begin(stream_)), end_(std::ranges::end(stream_)), device_(device) {
 #if defined(DETTRIAL_HAS_CUDA)
     // A batch with tensors for_each_tensor cannot reach (inside a user type) is copied on the compute
     // stream: its tensors could not be marked as used there.
     if (device_.is_cuda() && tensors_only_batch<batch_type>()) copy_stream_.emplace(c10::cuda::getStreamFromPool(/*isHighPriority=*/false, device_.index()));
 #endif
   }
+
+  // Its iterator points into the stream it holds.
+  CopyAhead(const CopyAhead&) = delete;
+  CopyAhead& operator=(const CopyAhead&) = delete;
 
   /// Whether the stream has a next batch to stage (staged or not).
   bool has_next() const { return staged_.has_value() || it_ != end_; }
@@ -92,8 +99,9 @@ class CopyAhead {
   }
 
  private:
-  It& it_;
-  const End& end_;
+  Stream stream_;
+  std::ranges::iterator_t<Stream> it_;
+  std::ranges::sentinel_t<Stream> end_;
   torch::Device device_;
   std::optional<batch_type> staged_;
 #if defined(DETTRIAL_HAS_CUDA)
@@ -101,5 +109,8 @@ class CopyAhead {
   at::cuda::CUDAEvent copied_;
 #endif
 };
+
+template <class Stream>
+CopyAhead(Stream&&, torch::Device) -> CopyAhead<std::remove_cvref_t<Stream>>;
 
 }  // namespace dettrial::detail

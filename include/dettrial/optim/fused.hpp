@@ -26,7 +26,6 @@
 
 #include <torch/torch.h>
 
-#include "../detail/scope_exit.hpp"
 #include "../error.hpp"
 #include "handles.hpp"
 
@@ -92,15 +91,6 @@ class CapturableOptimizer {
     return r.tensor;
   }
   bool capturing() const { return capturing_; }
-  /// The flag the kernels skip a step on, while step_unless_found_inf runs; none otherwise.
-  const std::optional<torch::Tensor>& found_inf() const { return found_inf_; }
-  /// Runs `step` with `found_inf` handed to the kernels.
-  template <class Step>
-  void with_found_inf(const torch::Tensor& found_inf, Step&& step) {
-    found_inf_ = found_inf;
-    const auto reset = detail::on_scope_exit([&] { found_inf_.reset(); });
-    step();
-  }
   /// State made while capturing would be made again (zeroed, or set to the captured learning rate)
   /// on every replay: a parameter that had no gradient in the warm-up batches must not step first
   /// inside the graph.
@@ -141,7 +131,6 @@ class CapturableOptimizer {
   };
   std::vector<Rate> rates_;
   bool capturing_ = false;
-  std::optional<torch::Tensor> found_inf_;
 };
 
 }  // namespace dettrial::optim
@@ -213,14 +202,21 @@ class FusedSGD : public torch::optim::SGD, public CapturableOptimizer {
         }
       }
     }
-    with_found_inf(found_inf, [&] { step(); });
+    step_with(nullptr, found_inf);
     return true;
 #else
     return CapturableOptimizer::step_unless_found_inf(found_inf);
 #endif
   }
 
-  torch::Tensor step(LossClosure closure = nullptr) override {
+  torch::Tensor step(LossClosure closure = nullptr) override { return step_with(closure, std::nullopt); }
+  /// False while a gradient scaler has skipped every step since a parameter needed its first
+  /// momentum buffer (with an fp16 scaler the first steps often overflow).
+  bool ready_for_capture() const override { return !buffers_pending_; }
+
+ private:
+  /// The step; with `found_inf`, the kernel skips it on the device when the flag is set.
+  torch::Tensor step_with(LossClosure closure, const std::optional<torch::Tensor>& found_inf) {
     torch::NoGradGuard no_grad;
     torch::Tensor loss = evaluate(closure);
     for (std::size_t g = 0; g < param_groups().size(); ++g) {
@@ -230,7 +226,7 @@ class FusedSGD : public torch::optim::SGD, public CapturableOptimizer {
       if (params.empty()) continue;
       const torch::Tensor& lr = device_lr(g, o.lr(), params.front());
       if (o.momentum() == 0) {
-        run_buckets(params, {}, o, lr, false);
+        run_buckets(params, {}, o, lr, false, found_inf);
         continue;
       }
       // A parameter's first step makes its momentum buffer (a copy of its gradient); the kernel
@@ -241,19 +237,16 @@ class FusedSGD : public torch::optim::SGD, public CapturableOptimizer {
         (is_new ? fresh : stepped).push_back(p);
         (is_new ? fresh_bufs : stepped_bufs).push_back(buffer(p, is_new));
       }
-      if (!fresh.empty()) run_buckets(fresh, fresh_bufs, o, lr, true);
-      if (!stepped.empty()) run_buckets(stepped, stepped_bufs, o, lr, false);
+      if (!fresh.empty()) run_buckets(fresh, fresh_bufs, o, lr, true, found_inf);
+      if (!stepped.empty()) run_buckets(stepped, stepped_bufs, o, lr, false, found_inf);
     }
     buffers_pending_ = false;
     return loss;
   }
-  /// False while a gradient scaler has skipped every step since a parameter needed its first
-  /// momentum buffer (with an fp16 scaler the first steps often overflow).
-  bool ready_for_capture() const override { return !buffers_pending_; }
 
- private:
   void run_buckets(const std::vector<torch::Tensor>& params, const std::vector<torch::Tensor>& bufs,
-                   const torch::optim::SGDOptions& o, const torch::Tensor& lr, bool first) {
+                   const torch::optim::SGDOptions& o, const torch::Tensor& lr, bool first,
+                   const std::optional<torch::Tensor>& found_inf) {
     detail::for_each_bucket(params, [&](const std::vector<std::size_t>& idx) {
       std::vector<torch::Tensor> ps, grads, bs;
       ps.reserve(idx.size());
@@ -263,7 +256,7 @@ class FusedSGD : public torch::optim::SGD, public CapturableOptimizer {
         grads.push_back(params[i].grad());
         if (!bufs.empty()) bs.push_back(bufs[i]);
       }
-      run(ps, grads, bs, o, lr, first, found_inf());
+      run(ps, grads, bs, o, lr, first, found_inf);
     });
   }
   bool buffers_pending_ = false;
@@ -331,39 +324,14 @@ class FusedAdamBase : public Base, public optim::CapturableOptimizer {
     for (auto& group : this->param_groups())
       for (const auto& p : group.params())
         if (p.grad().defined() && p.device() != found_inf.device()) return false;
-    with_found_inf(found_inf, [&] { step(); });
+    step_with(nullptr, found_inf);
     return true;
 #else
     return CapturableOptimizer::step_unless_found_inf(found_inf);
 #endif
   }
 
-  torch::Tensor step(typename Base::LossClosure closure = nullptr) override {
-    torch::NoGradGuard no_grad;
-    torch::Tensor loss = evaluate(closure);
-    for (std::size_t g = 0; g < this->param_groups().size(); ++g) {
-      auto& group = this->param_groups()[g];
-      const auto& o = static_cast<const Options&>(group.options());
-      const std::vector<torch::Tensor> params = with_grad(group.params());
-      if (params.empty()) continue;
-      const torch::Tensor& lr = device_lr(g, o.lr(), params.front());
-      for_each_bucket(params, [&](const std::vector<std::size_t>& idx) {
-        FusedBucket b;
-        for (auto i : idx) {
-          const torch::Tensor& p = params[i];
-          State& s = state_of(p, o);
-          b.params.push_back(p);
-          b.grads.push_back(p.grad());
-          b.first.push_back(s.exp_avg());
-          b.second.push_back(s.exp_avg_sq());
-          if (o.amsgrad()) b.third.push_back(s.max_exp_avg_sq());
-          b.steps.push_back(steps_.at(key(p)));
-        }
-        run(b, o, lr, found_inf());
-      });
-    }
-    return loss;
-  }
+  torch::Tensor step(typename Base::LossClosure closure = nullptr) override { return step_with(closure, std::nullopt); }
 
   void pull_host_state() override {
     if (steps_.empty()) return;
@@ -391,6 +359,34 @@ class FusedAdamBase : public Base, public optim::CapturableOptimizer {
   }
 
  private:
+  /// The step; with `found_inf`, the kernels skip it on the device when the flag is set.
+  torch::Tensor step_with(typename Base::LossClosure closure, const std::optional<torch::Tensor>& found_inf) {
+    torch::NoGradGuard no_grad;
+    torch::Tensor loss = evaluate(closure);
+    for (std::size_t g = 0; g < this->param_groups().size(); ++g) {
+      auto& group = this->param_groups()[g];
+      const auto& o = static_cast<const Options&>(group.options());
+      const std::vector<torch::Tensor> params = with_grad(group.params());
+      if (params.empty()) continue;
+      const torch::Tensor& lr = device_lr(g, o.lr(), params.front());
+      for_each_bucket(params, [&](const std::vector<std::size_t>& idx) {
+        FusedBucket b;
+        for (auto i : idx) {
+          const torch::Tensor& p = params[i];
+          State& s = state_of(p, o);
+          b.params.push_back(p);
+          b.grads.push_back(p.grad());
+          b.first.push_back(s.exp_avg());
+          b.second.push_back(s.exp_avg_sq());
+          if (o.amsgrad()) b.third.push_back(s.max_exp_avg_sq());
+          b.steps.push_back(steps_.at(key(p)));
+        }
+        run(b, o, lr, found_inf);
+      });
+    }
+    return loss;
+  }
+
   using Key = typename std::decay_t<decltype(std::declval<Base&>().state())>::key_type;
   static Key key(const torch::Tensor& p) { return detail::optimizer_state_key<std::decay_t<decltype(std::declval<Base&>().state())>>(p); }
 

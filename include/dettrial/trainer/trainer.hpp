@@ -449,10 +449,7 @@ class Trainer {
   template <class Set>
   void train(RunState& st, Set& callbacks) {
     // One endless stream for the whole run (Determined's repeat → shard → skip chain).
-    auto stream = train_loader_->batches(training_chain());
-    auto it = std::ranges::begin(stream);
-    const auto end = std::ranges::end(stream);
-    detail::CopyAhead batches(it, end, context_.device());
+    detail::CopyAhead batches(train_loader_->batches(training_chain()), context_.device());
     Workload workload;
     while (remaining(st) > 0) {
       const Reached reached = train_until_boundary(st, batches, workload, callbacks);
@@ -730,10 +727,7 @@ class Trainer {
       detail::ValidationReduction reduction(evaluation_reducer());
       std::vector<Metrics> outputs;
       std::int64_t batch_idx = 0;
-      auto stream = validation_loader_->batches(validation_chain());
-      auto it = std::ranges::begin(stream);
-      const auto end = std::ranges::end(stream);
-      detail::CopyAhead batches(it, end, context_.device());
+      detail::CopyAhead batches(validation_loader_->batches(validation_chain()), context_.device());
       while (batches.has_next()) {
         validation_batch_t<TrialT> batch = batches.take();
         mine.records += record_count(batch);
