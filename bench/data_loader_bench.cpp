@@ -108,7 +108,7 @@ int main(int argc, char** argv) {
     void on_training_workload_end(const dettrial::MetricValues&) { end = clock_type::now(); }
   };
   auto with_trainer = [&] {
-    dettrial::Context context(config, {.trial_seed = 1});
+    dettrial::Context context(config, {.trial_seed = 1, .threads = 1});
     dettrial::Trainer<mnist::MnistTrial> trainer(context);
     Clock clock;
     trainer.fit({.max_length = dettrial::Batch(steps), .reporting_period = dettrial::Batch(100), .output_dir = "/tmp/dettrial-bench",
@@ -117,7 +117,7 @@ int main(int argc, char** argv) {
     return std::chrono::duration<double>(clock.end - clock.start).count() / static_cast<double>(steps);
   };
   auto prebatched = [&] {
-    dettrial::Context context(config, {.trial_seed = 1});
+    dettrial::Context context(config, {.trial_seed = 1, .threads = 1});
     mnist::MnistTrial trial(context);
     auto model = trial.build_model();
     auto optimizer = trial.optimizer(model);

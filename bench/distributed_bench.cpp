@@ -98,7 +98,7 @@ int main(int argc, char** argv) {
   if (argc == 3 && std::string(argv[1]) == "--rank-steps") {
     const auto env = dettrial::LaunchEnvironment::detect();
     auto comm = dettrial::Communicator::create(env, std::chrono::seconds(60), dettrial::backend::gloo{});
-    dettrial::Context context(dettrial::Hyperparameters{}, dettrial::ContextOptions{.trial_seed = 1, .communicator = comm});
+    dettrial::Context context(dettrial::Hyperparameters{}, dettrial::ContextOptions{.trial_seed = 1, .communicator = comm, .threads = 1});
     const StepTimes t = run_steps(context, std::atoi(argv[2]));
     if (env.rank == 0) std::printf("%.6g %.6g %.6g\n", t.step_ms, t.all_reduce_ms, t.gradient_bytes);
     return 0;
@@ -108,7 +108,7 @@ int main(int argc, char** argv) {
   std::vector<double> single_ms, single_opt_ms, two_ms, two_sync_ms;
   double bytes = 0;
   for (int round = 0; round < rounds; ++round) {  // alternate A and B
-    dettrial::Context context(dettrial::Hyperparameters{}, dettrial::ContextOptions{.trial_seed = 1});
+    dettrial::Context context(dettrial::Hyperparameters{}, dettrial::ContextOptions{.trial_seed = 1, .threads = 1});
     const StepTimes one = run_steps(context, steps);
     single_ms.push_back(one.step_ms);
     single_opt_ms.push_back(one.all_reduce_ms);

@@ -117,7 +117,7 @@ std::vector<torch::Tensor> snapshot(const torch::nn::Module& m) {
 
 template <class Trial>
 Run with_trainer(const dettrial::ExperimentConfig& config, std::int64_t batches, bool record) {
-  dettrial::Context context(config, {.trial_seed = seed, .device = torch::Device(torch::kCPU)});
+  dettrial::Context context(config, {.trial_seed = seed, .device = torch::Device(torch::kCPU), .threads = 1});
   dettrial::Trainer<Trial> trainer(context);
   Run run;
   Clock clock{batches};
@@ -140,7 +140,7 @@ Run with_trainer(const dettrial::ExperimentConfig& config, std::int64_t batches,
 /// batches, as the Trainer reports them.
 template <class Trial>
 Run by_hand(const dettrial::ExperimentConfig& config, std::int64_t batches, bool record, Recording* recording = nullptr) {
-  dettrial::Context context(config, {.trial_seed = seed, .device = torch::Device(torch::kCPU)});
+  dettrial::Context context(config, {.trial_seed = seed, .device = torch::Device(torch::kCPU), .threads = 1});
   Trial trial(context);
   auto model = trial.build_model();
   auto optimizer = trial.optimizer(model);
@@ -256,7 +256,7 @@ void write_parity(const std::filesystem::path& dir, const dettrial::ExperimentCo
                   const std::string& network) {
   std::filesystem::create_directories(dir);
   {  // the initial weights, as the Trainer and the hand loop get them
-    dettrial::Context context(config, {.trial_seed = seed, .device = torch::Device(torch::kCPU)});
+    dettrial::Context context(config, {.trial_seed = seed, .device = torch::Device(torch::kCPU), .threads = 1});
     Trial trial(context);
     auto model = trial.build_model();
     std::int64_t i = 0;
@@ -311,7 +311,7 @@ struct TrainingTrace {
 
 void mnist_epoch_end_to_end(const char* fashion, std::int64_t batches, const std::string& trace_file) {
   const auto start = clock_type::now();
-  dettrial::Context context(mnist_config(fashion), {.trial_seed = seed, .device = torch::Device(torch::kCPU)});
+  dettrial::Context context(mnist_config(fashion), {.trial_seed = seed, .device = torch::Device(torch::kCPU), .threads = 1});
   dettrial::Trainer<mnist::MnistTrial> trainer(context);
   PhaseClock phases;
   TrainingTrace trace{trace_file, nullptr};

@@ -53,8 +53,9 @@ class BasicMnistTrial {
   }
 
   /// Optional decay of the learning rate after every epoch (hyperparameter `lr_decay`, default 1: none).
+  /// dettrial's StepLR decays as Python's does, after the first epoch (LibTorch's waits one more).
   auto lr_scheduler(Optimizer& optimizer) {
-    return dettrial::scheduled(torch::optim::StepLR(optimizer, 1, context_.get_hparams().get_or<double>("lr_decay", 1.0)),
+    return dettrial::scheduled(dettrial::optim::StepLR(optimizer, 1, context_.get_hparams().get_or<double>("lr_decay", 1.0)),
                                dettrial::lr_step::every_epoch{});
   }
 

@@ -33,6 +33,7 @@
 #include "distributed/gradient_buckets.hpp"
 #include "distributed/launch_environment.hpp"
 #include "distributed/metrics.hpp"
+#include "distributed/sync_batch_norm.hpp"
 #include "distributed/threads.hpp"
 #include "context/context.hpp"
 #include "trial/concepts.hpp"

@@ -27,14 +27,31 @@ dettrial_apt() {
   DEBIAN_FRONTEND=noninteractive dettrial_as_root apt-get install -y -qq --no-install-recommends "${missing[@]}"
 }
 
-# The build tools, Debian's LibTorch 1.13 (with Gloo's headers), yaml-cpp, range-v3, nlohmann/json, doctest, zlib,
-# the real datasets (Fashion-MNIST), Debian's Python torch (the parity peer of its LibTorch), and
-# Open MPI's mpirun (one of the launchers the distributed tests use), and OpenBLAS, which takes over
-# libblas.so.3 from the reference BLAS that Debian's LibTorch would otherwise compute with (10x slower).
-dettrial_base_deps() {
-  dettrial_apt build-essential cmake ninja-build git python3 python3-venv zlib1g-dev \
-    libtorch-dev libgloo-dev libyaml-cpp-dev librange-v3-dev nlohmann-json3-dev doctest-dev dataset-fashion-mnist \
-    python3-torch python3-numpy openmpi-bin libopenblas0-pthread chromium slurm-wlm munge
+# What building and training the examples needs: the build tools, Debian's LibTorch 1.13 (with
+# Gloo's headers, for data-parallel runs), yaml-cpp, range-v3, nlohmann/json, zlib, the real dataset
+# (Fashion-MNIST), and OpenBLAS, which takes over libblas.so.3 from the reference BLAS that Debian's
+# LibTorch would otherwise compute with (10x slower).
+dettrial_example_deps() {
+  dettrial_apt build-essential cmake ninja-build zlib1g-dev \
+    libtorch-dev libgloo-dev libyaml-cpp-dev librange-v3-dev nlohmann-json3-dev dataset-fashion-mnist libopenblas0-pthread
+}
+
+# What the test suite adds: doctest, git and Python's venv (the Conan and PyPI checks), Debian's
+# Python torch (the parity peer of its LibTorch), Open MPI's mpirun (one of the launchers the
+# distributed tests use), Chromium (the report pages render in it) and Slurm with munge (a
+# two-node cluster on this host for the Slurm tests).
+dettrial_test_deps() {
+  dettrial_example_deps
+  dettrial_apt git python3 python3-venv doctest-dev python3-torch python3-numpy openmpi-bin chromium slurm-wlm munge
+}
+
+# Runs a command as one named phase of a script and says how long it took ("==> build debian: 312 s").
+dettrial_phase() {
+  local name=$1 start=$SECONDS status=0
+  shift
+  "$@" || status=$?
+  dettrial_log "$name: $((SECONDS - start)) s$([ "$status" -eq 0 ] || echo " (failed, exit status $status)")"
+  return "$status"
 }
 
 # A venv with PyPI's tensorboard, whose event-file reader the tests check dettrial's files with;

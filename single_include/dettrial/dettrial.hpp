@@ -5474,6 +5474,7 @@ DETTRIAL_INLINE void TensorBoardWriter::flush() {
 /// @brief What the ranks of a job must agree on, and how they come to agree: the chief's weights, the
 /// settings that place every boundary, and decisions every rank acts on together.
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -6035,6 +6036,15 @@ DETTRIAL_INLINE int agreed_max(Communicator* comm, int value);
 /// Copies rank 0's parameters and buffers of `modules` to every rank.
 DETTRIAL_INLINE void broadcast_modules(Communicator& comm, const std::vector<std::shared_ptr<torch::nn::Module>>& modules);
 
+/**
+ * @brief Copies rank 0's buffers of `modules` (BatchNorm's running statistics and the like) to every
+ * rank: one broadcast per dtype and device, none without buffers. DistributedDataParallel's
+ * default (`broadcast_buffers=True`) does this before every training forward; the trainer does it
+ * at the boundaries where buffers are read (before a validation, a checkpoint and the end of
+ * training), which leaves every rank with exactly rank 0's buffers there at no cost per batch.
+ */
+DETTRIAL_INLINE void broadcast_buffers(Communicator& comm, const std::vector<std::shared_ptr<torch::nn::Module>>& modules);
+
 /// A setting every rank must share, by name, with this rank's value as text.
 struct RankSetting {
   const char* name;
@@ -6070,6 +6080,34 @@ DETTRIAL_INLINE void broadcast_modules(Communicator& comm, const std::vector<std
     for (auto& b : m->buffers()) {
       one[0] = b;
       comm.broadcast(one);
+    }
+  }
+}
+
+DETTRIAL_INLINE void broadcast_buffers(Communicator& comm, const std::vector<std::shared_ptr<torch::nn::Module>>& modules) {
+  torch::NoGradGuard no_grad;
+  // Grouped by dtype and device, in the same (registration) order on every rank.
+  std::vector<std::vector<torch::Tensor>> groups;
+  for (const auto& m : modules)
+    for (const auto& b : m->buffers()) {
+      if (!b.defined() || b.numel() == 0) continue;
+      auto same = std::find_if(groups.begin(), groups.end(), [&](const std::vector<torch::Tensor>& g) {
+        return g.front().scalar_type() == b.scalar_type() && g.front().device() == b.device();
+      });
+      if (same == groups.end()) groups.push_back({b});
+      else same->push_back(b);
+    }
+  std::vector<torch::Tensor> one(1);
+  for (auto& group : groups) {
+    std::vector<torch::Tensor> flat;
+    flat.reserve(group.size());
+    for (const auto& b : group) flat.push_back(b.reshape({-1}));
+    one[0] = torch::cat(flat);
+    comm.broadcast(one);
+    std::int64_t offset = 0;
+    for (auto& b : group) {
+      b.copy_(one[0].narrow(0, offset, b.numel()).view_as(b));
+      offset += b.numel();
     }
   }
 }
@@ -6431,13 +6469,249 @@ DETTRIAL_INLINE std::vector<c10::IValue> reducer_parts(const std::vector<RankSha
 }  // namespace dettrial::detail
 #endif  // DETTRIAL_HEADER_DEFINITIONS
 // ---- end dettrial/distributed/metrics.hpp
+// ---- begin dettrial/distributed/sync_batch_norm.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief Batch normalization whose statistics are the job's: in training, the mean and variance
+/// of each channel over the global batch (every rank's share), as PyTorch's SyncBatchNorm computes
+/// them, with the backward pass reducing its two sums across the ranks too.
+
+#include <cstdint>
+#include <vector>
+
+#include <torch/torch.h>
+
+
+namespace dettrial::nn {
+
+/**
+ * @brief BatchNorm over the global batch of a data-parallel job (PyTorch's `nn.SyncBatchNorm`).
+ *
+ * In training, each channel's mean and (biased) variance come from every rank's batch: one
+ * all-reduce of (sum, sum of squares, count) per forward, one of (sum of the gradient, sum of the
+ * gradient times the centred input) per backward. So a per-slot batch of 8 on 4 ranks normalizes
+ * as a batch of 32 does in one process, and the running statistics (updated with the unbiased
+ * variance, as BatchNorm does) stay the same on every rank. In evaluation, or without a
+ * communicator (one process), it is BatchNorm. Its parameters and buffers have BatchNorm's names,
+ * so checkpoints move between the two and to Python's BatchNorm and SyncBatchNorm. Takes inputs of
+ * shape (N, C, *): it serves BatchNorm1d, 2d and 3d.
+ */
+class SyncBatchNormImpl : public torch::nn::Cloneable<SyncBatchNormImpl> {
+ public:
+  explicit SyncBatchNormImpl(torch::nn::BatchNormOptions options, Communicator* communicator = nullptr);
+
+  void reset() override;
+  void reset_parameters();
+  torch::Tensor forward(const torch::Tensor& input);
+  void pretty_print(std::ostream& stream) const override;
+
+  torch::nn::BatchNormOptions options;
+  /// The job's process group; null in one process (it then normalizes as BatchNorm).
+  Communicator* communicator = nullptr;
+  torch::Tensor weight, bias, running_mean, running_var, num_batches_tracked;
+};
+TORCH_MODULE(SyncBatchNorm);
+
+/**
+ * @brief `model` with each BatchNorm1d, 2d and 3d replaced by a
+ * SyncBatchNorm over `communicator` that holds the same options, parameters and running statistics
+ * (PyTorch's `SyncBatchNorm.convert_sync_batchnorm`). The other layers are shared, not copied.
+ * A BatchNorm held by a module of one's own cannot be swapped from outside (its forward calls its
+ * member): declare that member a SyncBatchNorm instead.
+ */
+DETTRIAL_INLINE torch::nn::Sequential convert_sync_batchnorm(const torch::nn::Sequential& model, Communicator* communicator);
+
+}  // namespace dettrial::nn
+
+// Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
+#if DETTRIAL_HEADER_DEFINITIONS
+namespace dettrial::nn {
+namespace detail {
+
+/// Every dimension but the channels' (1): the ones a channel's statistics are taken over.
+inline std::vector<std::int64_t> non_channel_dims(const torch::Tensor& input) {
+  std::vector<std::int64_t> dims{0};
+  for (std::int64_t d = 2; d < input.dim(); ++d) dims.push_back(d);
+  return dims;
+}
+
+/// A per-channel vector shaped to broadcast over an (N, C, *) input.
+inline torch::Tensor per_channel(const torch::Tensor& v, const torch::Tensor& input) {
+  std::vector<std::int64_t> shape(static_cast<std::size_t>(input.dim()), 1);
+  shape[1] = input.size(1);
+  return v.view(shape);
+}
+
+/// The autograd function of a synchronized batch norm in training. Statistics and sums are
+/// accumulated in double, so the global mean and variance do not depend on how the batch is split.
+struct SyncBatchNormFunction : torch::autograd::Function<SyncBatchNormFunction> {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, torch::Tensor input, torch::Tensor weight, torch::Tensor bias,
+                               torch::Tensor running_mean, torch::Tensor running_var, double eps, double momentum,
+                               std::int64_t communicator_address) {
+    auto& comm = *reinterpret_cast<Communicator*>(static_cast<std::intptr_t>(communicator_address));
+    const auto dims = non_channel_dims(input);
+    const std::int64_t channels = input.size(1);
+    const auto opts = input.options().dtype(torch::kDouble);
+    std::vector<torch::Tensor> stats{torch::cat({input.sum(dims, false, torch::kDouble), input.square().sum(dims, false, torch::kDouble),
+                                                 torch::full({1}, static_cast<double>(input.numel() / std::max<std::int64_t>(channels, 1)), opts)})};
+    comm.allreduce(stats);
+    const torch::Tensor count = stats[0].narrow(0, 2 * channels, 1);
+    const torch::Tensor mean = stats[0].narrow(0, 0, channels) / count;
+    const torch::Tensor var = (stats[0].narrow(0, channels, channels) / count - mean.square()).clamp_min(0);
+    const torch::Tensor invstd = (var + eps).rsqrt();
+    if (running_mean.defined()) {
+      running_mean.mul_(1 - momentum).add_(mean.to(running_mean.scalar_type()), momentum);
+      running_var.mul_(1 - momentum).add_((var * count / (count - 1)).to(running_var.scalar_type()), momentum);
+    }
+    torch::Tensor scale = weight.defined() ? invstd * weight.to(torch::kDouble) : invstd;
+    torch::Tensor output = (input - per_channel(mean.to(input.scalar_type()), input)) * per_channel(scale.to(input.scalar_type()), input);
+    if (bias.defined()) output = output + per_channel(bias, input);
+    ctx->save_for_backward({input, weight, mean, invstd, count});
+    ctx->saved_data["communicator"] = communicator_address;
+    ctx->saved_data["has_bias"] = bias.defined();
+    return output;
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx, torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const torch::Tensor &input = saved[0], &weight = saved[1], &mean = saved[2], &invstd = saved[3], &count = saved[4];
+    const torch::Tensor& dy = grads[0];
+    const auto dims = non_channel_dims(input);
+    const std::int64_t channels = input.size(1);
+    const torch::Tensor xmu = input - per_channel(mean.to(input.scalar_type()), input);
+    const torch::Tensor sum_dy = dy.sum(dims, false, torch::kDouble);
+    const torch::Tensor sum_dy_xmu = (dy * xmu).sum(dims, false, torch::kDouble);
+    // The parameters' gradients are this rank's share; the trainer averages them as it does all.
+    torch::Tensor grad_weight = weight.defined() ? (sum_dy_xmu * invstd).to(weight.scalar_type()) : torch::Tensor();
+    torch::Tensor grad_bias = ctx->saved_data["has_bias"].toBool() ? sum_dy.to(dy.scalar_type()) : torch::Tensor();
+    torch::Tensor grad_input;
+    if (ctx->needs_input_grad(0)) {
+      auto& comm = *reinterpret_cast<Communicator*>(static_cast<std::intptr_t>(ctx->saved_data["communicator"].toInt()));
+      std::vector<torch::Tensor> sums{torch::cat({sum_dy, sum_dy_xmu})};
+      comm.allreduce(sums);
+      const torch::Tensor mean_dy = sums[0].narrow(0, 0, channels) / count;
+      const torch::Tensor mean_dy_xmu = sums[0].narrow(0, channels, channels) / count;
+      const torch::Tensor scale = weight.defined() ? invstd * weight.to(torch::kDouble) : invstd;
+      const auto t = input.scalar_type();
+      grad_input = (dy - per_channel(mean_dy.to(t), input) - xmu * per_channel((invstd.square() * mean_dy_xmu).to(t), input)) *
+                   per_channel(scale.to(t), input);
+    }
+    return {grad_input, grad_weight, grad_bias, torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
+  }
+};
+
+}  // namespace detail
+
+DETTRIAL_INLINE SyncBatchNormImpl::SyncBatchNormImpl(torch::nn::BatchNormOptions options_, Communicator* communicator_)
+    : options(std::move(options_)), communicator(communicator_) {
+  SyncBatchNormImpl::reset();
+}
+
+DETTRIAL_INLINE void SyncBatchNormImpl::reset() {
+  const std::int64_t n = options.num_features();
+  weight = options.affine() ? register_parameter("weight", torch::empty({n})) : register_parameter("weight", torch::Tensor(), false);
+  bias = options.affine() ? register_parameter("bias", torch::empty({n})) : register_parameter("bias", torch::Tensor(), false);
+  if (options.track_running_stats()) {
+    running_mean = register_buffer("running_mean", torch::zeros({n}));
+    running_var = register_buffer("running_var", torch::ones({n}));
+    num_batches_tracked = register_buffer("num_batches_tracked", torch::tensor(0, torch::dtype(torch::kLong)));
+  } else {
+    running_mean = register_buffer("running_mean", torch::Tensor());
+    running_var = register_buffer("running_var", torch::Tensor());
+    num_batches_tracked = register_buffer("num_batches_tracked", torch::Tensor());
+  }
+  reset_parameters();
+}
+
+DETTRIAL_INLINE void SyncBatchNormImpl::reset_parameters() {
+  torch::NoGradGuard no_grad;
+  if (running_mean.defined()) {
+    running_mean.zero_();
+    running_var.fill_(1);
+    num_batches_tracked.zero_();
+  }
+  if (options.affine()) {
+    weight.fill_(1);
+    bias.zero_();
+  }
+}
+
+DETTRIAL_INLINE torch::Tensor SyncBatchNormImpl::forward(const torch::Tensor& input) {
+  TORCH_CHECK(input.dim() >= 2, "SyncBatchNorm expects an input of shape (N, C, *), got ", input.dim(), " dimensions");
+  // BatchNorm's momentum: the given one, or (unset) the cumulative average over the batches tracked.
+  double momentum = options.momentum().value_or(0.0);
+  if (is_training() && num_batches_tracked.defined()) {
+    num_batches_tracked += 1;
+    if (!options.momentum()) momentum = 1.0 / num_batches_tracked.item<double>();
+  }
+  const bool synchronized = is_training() && communicator != nullptr && communicator->size() > 1;
+  if (!synchronized)
+    return torch::batch_norm(input, weight, bias, running_mean, running_var, is_training() || !running_mean.defined(), momentum,
+                             options.eps(), at::globalContext().userEnabledCuDNN());
+  return detail::SyncBatchNormFunction::apply(input, weight, bias, running_mean, running_var, options.eps(), momentum,
+                                              static_cast<std::int64_t>(reinterpret_cast<std::intptr_t>(communicator)));
+}
+
+DETTRIAL_INLINE void SyncBatchNormImpl::pretty_print(std::ostream& stream) const {
+  stream << "dettrial::nn::SyncBatchNorm(" << options.num_features() << ", eps=" << options.eps() << ", affine=" << options.affine()
+         << ", track_running_stats=" << options.track_running_stats() << ")";
+}
+
+namespace detail {
+template <class BatchNormImpl>
+bool replace_batch_norm(const std::shared_ptr<torch::nn::Module>& module, Communicator* communicator, torch::nn::Sequential& out,
+                        const std::string& name) {
+  const auto bn = std::dynamic_pointer_cast<BatchNormImpl>(module);
+  if (!bn) return false;
+  SyncBatchNorm sync(bn->options, communicator);
+  torch::NoGradGuard no_grad;
+  if (bn->options.affine()) {
+    sync->weight.copy_(bn->weight);
+    sync->bias.copy_(bn->bias);
+    sync->weight.set_requires_grad(bn->weight.requires_grad());
+    sync->bias.set_requires_grad(bn->bias.requires_grad());
+  }
+  if (bn->options.track_running_stats()) {
+    sync->running_mean.copy_(bn->running_mean);
+    sync->running_var.copy_(bn->running_var);
+    sync->num_batches_tracked.copy_(bn->num_batches_tracked);
+  }
+  if (!bn->is_training()) sync->eval();
+  if (!bn->parameters().empty()) sync->to(bn->parameters().front().device(), bn->parameters().front().scalar_type());
+  out->push_back(std::string(name), sync);
+  return true;
+}
+}  // namespace detail
+
+DETTRIAL_INLINE torch::nn::Sequential convert_sync_batchnorm(const torch::nn::Sequential& model, Communicator* communicator) {
+  torch::nn::Sequential out;
+  const auto names = model->named_children().keys();
+  std::size_t i = 0;
+  for (const auto& any : *model) {
+    const std::string& name = names.at(i++);
+    const std::shared_ptr<torch::nn::Module> module = any.ptr();
+    if (detail::replace_batch_norm<torch::nn::BatchNorm1dImpl>(module, communicator, out, name) ||
+        detail::replace_batch_norm<torch::nn::BatchNorm2dImpl>(module, communicator, out, name) ||
+        detail::replace_batch_norm<torch::nn::BatchNorm3dImpl>(module, communicator, out, name))
+      continue;
+    out->push_back(std::string(name), any);
+  }
+  if (!model->is_training()) out->eval();
+  return out;
+}
+
+}  // namespace dettrial::nn
+#endif  // DETTRIAL_HEADER_DEFINITIONS
+// ---- end dettrial/distributed/sync_batch_norm.hpp
 // ---- begin dettrial/distributed/threads.hpp
 // SPDX-License-Identifier: Apache-2.0
 /// @file
-/// @brief How many threads each process of a data-parallel job computes with: its share of the
-/// cores, so that the ranks on a node do not each run an OpenMP team as large as the node.
+/// @brief How many threads each process computes with: in a data-parallel job its share of the
+/// cores, so that the ranks on a node do not each run an OpenMP team as large as the node; and the
+/// same count for every pool that computes, LibTorch's intra-op pool and the BLAS library's own.
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdlib>
 #include <optional>
 #include <string>
@@ -6487,15 +6761,43 @@ namespace detail {
 DETTRIAL_INLINE std::optional<int> omp_num_threads(const LaunchEnvironment::Getenv& getenv);
 }  // namespace detail
 
+/// What each thread pool of this process was left with, for the run's first line.
+struct ThreadPools {
+  /// LibTorch's intra-op pool (OpenMP or its native pool), which its own kernels split work over.
+  int intra_op = 1;
+  /// The BLAS library's own pool and where its size came from: "OpenBLAS 2", "OpenBLAS 4 from
+  /// OPENBLAS_NUM_THREADS", "MKL 2 following the intra-op pool" (LibTorch sizes an MKL it built in), "BLIS 2"; empty
+  /// when the BLAS has no pool dettrial can see (the reference BLAS is single-threaded).
+  std::string blas;
+  /// LibTorch's inter-op pool (torch::jit::fork and friends; dettrial's loop does not use it).
+  int inter_op = 1;
+
+  /// "intra-op 2, OpenBLAS 2, inter-op 2".
+  std::string text() const;
+};
+
+/**
+ * @brief Gives every pool that computes `choice.threads` threads: LibTorch's intra-op pool (unless
+ * the count is the user's OMP_NUM_THREADS, which LibTorch applied itself at start), and the BLAS
+ * library's own pool, which LibTorch does not size for a BLAS it did not build in: OpenBLAS (whose
+ * pthread build otherwise starts one thread per CPU it sees, whatever the launcher decided) and
+ * BLIS through their APIs, found at run time; an MKL built into LibTorch follows the intra-op pool
+ * by itself. A user's own OPENBLAS_NUM_THREADS or BLIS_NUM_THREADS is left as it is, and named.
+ */
+DETTRIAL_INLINE ThreadPools apply_threads(
+    const ThreadChoice& choice, const LaunchEnvironment::Getenv& getenv = [](const char* name) { return std::getenv(name); });
+
 /**
  * @brief The threads per rank: the user's choice wins (`requested`, from `--threads` or
  * ContextOptions, then OMP_NUM_THREADS, which torchrun sets to 1 by itself), then Slurm's
  * SLURM_CPUS_PER_TASK, then, under launchers that bind each rank to its own cores (dettrial's
  * built-in launcher, mpirun, srun), the cores this process is bound to, else the cores available
  * divided by the ranks on this node (torchrun without OMP_NUM_THREADS, the built-in launcher on fewer
- * cores than ranks; also a mask shared by all ranks, such as taskset's or a container's). One process with no choice made keeps LibTorch's default (nullopt).
+ * cores than ranks; also a mask shared by all ranks, such as taskset's or a container's). One
+ * process with no choice made takes the CPUs it may run on (LibTorch's own default counts physical
+ * cores on some builds, and Debian's 1.13 then trains on one of two hyperthreads).
  */
-DETTRIAL_INLINE std::optional<ThreadChoice> choose_threads(
+DETTRIAL_INLINE ThreadChoice choose_threads(
     const LaunchEnvironment& env, std::optional<int> requested, CoreCount cores,
     const LaunchEnvironment::Getenv& getenv = [](const char* name) { return std::getenv(name); });
 
@@ -6503,7 +6805,11 @@ DETTRIAL_INLINE std::optional<ThreadChoice> choose_threads(
 
 // Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
 #if DETTRIAL_HEADER_DEFINITIONS
+#include <dlfcn.h>
 #include <sched.h>
+
+#include <ATen/Context.h>
+#include <ATen/Parallel.h>
 
 namespace dettrial {
 
@@ -6564,15 +6870,18 @@ DETTRIAL_INLINE std::optional<int> omp_num_threads(const LaunchEnvironment::Gete
 }
 }  // namespace detail
 
-DETTRIAL_INLINE std::optional<ThreadChoice> choose_threads(const LaunchEnvironment& env, std::optional<int> requested, CoreCount cores,
-                                                           const LaunchEnvironment::Getenv& getenv) {
+DETTRIAL_INLINE ThreadChoice choose_threads(const LaunchEnvironment& env, std::optional<int> requested, CoreCount cores,
+                                            const LaunchEnvironment::Getenv& getenv) {
   if (requested) {
     if (*requested < 1) throw ConfigError("the thread count must be at least 1, not " + std::to_string(*requested));
     return ThreadChoice{.threads = *requested, .source = "--threads"};
   }
   if (const auto omp = detail::omp_num_threads(getenv))
     return ThreadChoice{.threads = *omp, .source = "OMP_NUM_THREADS", .set_by_dettrial = false};
-  if (!env.distributed()) return std::nullopt;
+  if (!env.distributed())
+    return ThreadChoice{.threads = cores.available,
+                        .source = std::string(cores.available == 1 ? "the CPU" : "the " + std::to_string(cores.available) + " CPUs") +
+                                  " this process may run on"};
   if (env.launcher == Launcher::slurm)
     if (const auto per_task = LaunchEnvironment::env_integer(getenv, "SLURM_CPUS_PER_TASK", 1))
       return ThreadChoice{.threads = *per_task, .source = "SLURM_CPUS_PER_TASK"};
@@ -6585,6 +6894,50 @@ DETTRIAL_INLINE std::optional<ThreadChoice> choose_threads(const LaunchEnvironme
   const int ranks_here = std::max(1, std::min(env.local_size, env.size));
   return ThreadChoice{.threads = std::max(1, cores.available / ranks_here),
                       .source = std::to_string(cores.available) + " cores / " + std::to_string(ranks_here) + " ranks on this node"};
+}
+
+DETTRIAL_INLINE std::string ThreadPools::text() const {
+  return "intra-op " + std::to_string(intra_op) + (blas.empty() ? std::string() : ", " + blas) + ", inter-op " + std::to_string(inter_op);
+}
+
+namespace detail {
+/// A function of the loaded libraries by its C name, or null (dlsym over the global scope, where the
+/// BLAS library that LibTorch links is).
+template <class F>
+F* loaded_function(const char* name) {
+  return reinterpret_cast<F*>(::dlsym(RTLD_DEFAULT, name));
+}
+
+/// Sizes a BLAS pool through its library's setter and reads back what it took: "OpenBLAS 2".
+template <class Int>
+std::string size_blas_pool(const char* library, const char* variable, void (*set)(Int), Int (*get)(), int threads,
+                           const LaunchEnvironment::Getenv& getenv) {
+  const char* own = getenv(variable);
+  const bool users = own != nullptr && *own != '\0';
+  if (!users) set(static_cast<Int>(threads));
+  const long long took = get ? static_cast<long long>(get()) : threads;
+  return std::string(library) + " " + std::to_string(took) + (users ? " from " + std::string(variable) : std::string());
+}
+}  // namespace detail
+
+DETTRIAL_INLINE ThreadPools apply_threads(const ThreadChoice& choice, const LaunchEnvironment::Getenv& getenv) {
+  if (choice.set_by_dettrial) at::set_num_threads(choice.threads);
+  ThreadPools pools;
+  pools.intra_op = at::get_num_threads();
+  pools.inter_op = static_cast<int>(at::get_num_interop_threads());
+  if (at::globalContext().hasMKL()) {
+    pools.blas = "MKL " + std::to_string(pools.intra_op) + " following the intra-op pool";
+  } else if (auto* set = detail::loaded_function<void(int)>("openblas_set_num_threads")) {
+    pools.blas = detail::size_blas_pool<int>("OpenBLAS", "OPENBLAS_NUM_THREADS", set, detail::loaded_function<int()>("openblas_get_num_threads"),
+                                            choice.threads, getenv);
+  } else if (auto* set_blis = detail::loaded_function<void(std::int64_t)>("bli_thread_set_num_threads")) {
+    pools.blas = detail::size_blas_pool<std::int64_t>("BLIS", "BLIS_NUM_THREADS", set_blis,
+                                                      detail::loaded_function<std::int64_t()>("bli_thread_get_num_threads"), choice.threads, getenv);
+  } else if (auto* set_mkl = detail::loaded_function<void(int)>("MKL_Set_Num_Threads")) {
+    pools.blas = detail::size_blas_pool<int>("MKL", "MKL_NUM_THREADS", set_mkl, detail::loaded_function<int()>("MKL_Get_Max_Threads"),
+                                            choice.threads, getenv);
+  }
+  return pools;
 }
 
 }  // namespace dettrial
@@ -7049,9 +7402,9 @@ struct ContextOptions {
   std::shared_ptr<Communicator> communicator;
   /// Deterministic algorithms (see ExperimentConfig::deterministic); unset: the config's.
   std::optional<bool> deterministic{};
-  /// Intra-op threads for this process (`--threads`). Unset: OMP_NUM_THREADS when set, else in a
-  /// data-parallel job this rank's share of the node's cores (see dettrial::choose_threads), else
-  /// LibTorch's default.
+  /// Threads for this process's intra-op and BLAS pools (`--threads`). Unset: OMP_NUM_THREADS when
+  /// set, else in a data-parallel job this rank's share of the node's cores, else the CPUs this
+  /// process may run on (see dettrial::choose_threads and dettrial::apply_threads).
   std::optional<int> threads;
   /// Autocast around forward passes (and for fp16 a gradient scaler); unset: the config's
   /// `optimizations.mixed_precision`.
@@ -7137,8 +7490,10 @@ class Context {
   const DistributedInfo& distributed() const { return distributed_; }
   /// The job's process group, or null for one process.
   Communicator* communicator() const { return communicator_.get(); }
-  /// The intra-op thread count this process was given and why, when one was chosen (see ContextOptions::threads).
-  const std::optional<ThreadChoice>& threads() const { return threads_; }
+  /// The thread count this process was given and why (see ContextOptions::threads).
+  const ThreadChoice& threads() const { return threads_; }
+  /// What each thread pool computes with: the intra-op pool's and the BLAS library's own.
+  const ThreadPools& thread_pools() const { return thread_pools_; }
   std::int64_t aggregation_frequency() const { return aggregation_frequency_; }
 
   /// Moves a nested batch to this context's device (see dettrial::to_device).
@@ -7447,7 +7802,8 @@ class Context {
   torch::Device device_{torch::kCPU};
   DistributedInfo distributed_;
   std::shared_ptr<Communicator> communicator_;
-  std::optional<ThreadChoice> threads_;
+  ThreadChoice threads_;
+  ThreadPools thread_pools_;
 
   std::vector<std::shared_ptr<torch::nn::Module>> models_;
   std::vector<WrappedOptimizer> optimizers_;
@@ -7521,11 +7877,9 @@ DETTRIAL_INLINE Context::Context(Hyperparameters hparams, ExperimentConfig confi
   // One trial seed for the job: the chief's (without an experiment seed each rank's clock differs,
   // and the ranks would shard different permutations of the data).
   if (communicator_) trial_seed_ = static_cast<std::uint64_t>(communicator_->broadcast_values({static_cast<std::int64_t>(trial_seed_)})[0]);
-  if (const auto choice = choose_threads(communicator_ ? communicator_->environment() : LaunchEnvironment{}, options.threads,
-                                         CoreCount::of_this_process())) {
-    if (choice->set_by_dettrial) torch::set_num_threads(choice->threads);
-    threads_ = *choice;
-  }
+  threads_ = choose_threads(communicator_ ? communicator_->environment() : LaunchEnvironment{}, options.threads,
+                            CoreCount::of_this_process());
+  thread_pools_ = apply_threads(threads_);
   if (const auto on = options.deterministic ? options.deterministic : config_.deterministic) set_deterministic(*on);
   precision_ = options.mixed_precision.value_or(config_.mixed_precision);
 #if TORCH_VERSION_MAJOR < 2
@@ -11809,8 +12163,9 @@ namespace dettrial::detail {
 /// "reference BLAS (.../blas/libblas.so.3)"), or "unknown".
 DETTRIAL_INLINE std::string loaded_blas();
 
-/// "LibTorch 2.5.1 (CUDA 12.4), MKL (built in), 4 threads" and the source of the thread count.
-DETTRIAL_INLINE std::string runtime_summary(std::string_view threads_source);
+/// "LibTorch 2.5.1 (CPU), MKL (built in), 4 threads (the 4 CPUs this process may run on: intra-op 4,
+/// MKL 4 (...), inter-op 4)": the source of the thread count and what each pool got.
+DETTRIAL_INLINE std::string runtime_summary(std::string_view threads_source, std::string_view pools);
 
 }  // namespace dettrial::detail
 
@@ -11853,14 +12208,15 @@ DETTRIAL_INLINE std::string loaded_blas() {
   return std::string(kind) + " (" + path + ")";
 }
 
-DETTRIAL_INLINE std::string runtime_summary(std::string_view threads_source) {
+DETTRIAL_INLINE std::string runtime_summary(std::string_view threads_source, std::string_view pools) {
   std::string s = "LibTorch " + std::to_string(TORCH_VERSION_MAJOR) + "." + std::to_string(TORCH_VERSION_MINOR) + "." +
                   std::to_string(TORCH_VERSION_PATCH);
   s += torch::cuda::is_available() ? " (CUDA, " + std::to_string(torch::cuda::device_count()) + " GPUs)" : " (CPU)";
   s += ", " + loaded_blas();
   const int threads = at::get_num_threads();
   s += ", " + std::to_string(threads) + (threads == 1 ? " thread" : " threads");
-  s += threads_source.empty() ? std::string(" (LibTorch's default)") : " (" + std::string(threads_source) + ")";
+  s += " (" + std::string(threads_source.empty() ? "LibTorch's default" : threads_source) +
+       (pools.empty() ? std::string() : ": " + std::string(pools)) + ")";
   if (keep_freed_memory()) s += ", malloc keeps freed memory";
   return s;
 }
@@ -12562,10 +12918,52 @@ class EarlyStopping {
   std::int64_t wait_ = 0;
 };
 
+namespace detail {
+/**
+ * @brief Validation means as Keras's `evaluate` takes them: each batch's loss and metrics weighted
+ * by its records, so a partial last batch counts by its size (Determined's own averaging counts
+ * every batch once). The weighted sums stay on the model's device until the validation ends, and
+ * are combined across ranks as one process over the whole set would take them.
+ */
+struct RecordWeightedMeans {
+  std::vector<std::string> names;
+  torch::Tensor sums;  // one per name: the sum over batches of value x records
+  double records = 0;
+
+  void reset() {
+    sums = torch::Tensor();
+    records = 0;
+  }
+  void add(const std::vector<torch::Tensor>& values, std::int64_t batch_records) {
+    const torch::Tensor weighted = torch::stack(values).to(torch::kDouble) * static_cast<double>(batch_records);
+    sums = sums.defined() ? sums + weighted : weighted;
+    records += static_cast<double>(batch_records);
+  }
+  std::vector<double> per_slot_reduce() const {
+    std::vector<double> parts(names.size(), 0.0);
+    if (sums.defined()) {
+      const torch::Tensor host = sums.cpu();
+      for (std::size_t i = 0; i < names.size(); ++i) parts[i] = host[static_cast<std::int64_t>(i)].item<double>();
+    }
+    parts.push_back(records);
+    return parts;
+  }
+  MetricValues cross_slot_reduce(const std::vector<std::vector<double>>& parts) const {
+    std::vector<double> total(names.size() + 1, 0.0);
+    for (const auto& p : parts)
+      for (std::size_t i = 0; i < total.size() && i < p.size(); ++i) total[i] += p[i];
+    MetricValues out;
+    for (std::size_t i = 0; i < names.size(); ++i) out.set(names[i], total[i] / total.back());
+    return out;
+  }
+};
+}  // namespace detail
+
 /**
  * @brief A Keras-style trial as a dettrial trial: builds the user's trial, its compiled model (wrapped
  * in the context unless `build_model` did) and optimizer, and writes `train_batch` (forward, loss,
- * backward, optimizer step, metrics) and `evaluate_batch` (the same without the step, `val_` names).
+ * backward, optimizer step, metrics) and `evaluate_batch` (the same without the step, `val_` names,
+ * averaged over records as Keras's `evaluate` averages: see detail::RecordWeightedMeans).
  * `Trainer<K>` uses it for every KerasTrial K.
  */
 template <KerasTrial K>
@@ -12598,6 +12996,9 @@ class TrialAdapter {
     bool optimizer_wrapped = false;
     for (std::size_t i = 0; i < context.num_optimizers(); ++i) optimizer_wrapped = optimizer_wrapped || &context.optimizer(i) == compiled_.optimizer.get();
     if (!optimizer_wrapped) context.wrap_optimizer(*compiled_.optimizer);
+    validation_means_.names.push_back("val_loss");
+    for (const CompiledMetric& m : compiled_.metrics) validation_means_.names.emplace_back(m.validation_name.view());
+    context.wrap_reducer(validation_means_, {}, /*for_training=*/false);
   }
 
   K& trial() { return trial_; }
@@ -12629,9 +13030,11 @@ class TrialAdapter {
     torch::NoGradGuard no_grad;
     auto& [x, y] = batch;
     const torch::Tensor y_pred = compiled_.model->forward(x);
-    Metrics out{{"val_loss", detail::loss_value(compiled_.loss, y_pred, y)}};
-    for (const CompiledMetric& m : compiled_.metrics) out.set(m.validation_name, detail::metric_value(m.kind, y_pred, y));
-    return out;
+    values_.clear();
+    values_.push_back(detail::loss_value(compiled_.loss, y_pred, y));
+    for (const CompiledMetric& m : compiled_.metrics) values_.push_back(detail::metric_value(m.kind, y_pred, y));
+    validation_means_.add(values_, y_pred.size(0));
+    return {};  // the means are validation_means_'s
   }
 
  private:
@@ -12644,6 +13047,8 @@ class TrialAdapter {
   Context& context_;
   K trial_;
   Compiled compiled_;
+  detail::RecordWeightedMeans validation_means_;
+  std::vector<torch::Tensor> values_;  // a batch's loss and metrics, kept to spare an allocation a batch
 };
 
 }  // namespace dettrial::keras
@@ -13597,7 +14002,7 @@ class Trainer {
   void announce(RunState& st) {
     const FitOptions& o = st.options;
     st.reporter.line("dettrial " DETTRIAL_VERSION_STRING ": " +
-                     detail::runtime_summary(context_.threads() ? context_.threads()->source : std::string()));
+                     detail::runtime_summary(context_.threads().source, context_.thread_pools().text()));
     st.reporter.line("dettrial: trial seed " + std::to_string(context_.get_trial_seed()) + ", device " + context_.device().str() +
                      ", training " + st.length.to_string() + " (an epoch is " + std::to_string(st.epoch_len) + " batches), output " +
                      o.output_dir.string());
@@ -13903,10 +14308,17 @@ class Trainer {
       if (r.*role) r.cross_slot_into(r.object, r.name, detail::reducer_parts(shares, index++), out);
   }
 
+  /// Every rank takes rank 0's buffers (see detail::broadcast_buffers: DDP's broadcast_buffers, at
+  /// the boundaries that read them).
+  void agree_on_buffers() {
+    if (Communicator* comm = context_.communicator()) detail::broadcast_buffers(*comm, context_.models());
+  }
+
   template <class Set>
   void validate(RunState& st, Set& callbacks) {
     RECORD_USER_SCOPE("dettrial::validate");
     torch::NoGradGuard no_grad;
+    agree_on_buffers();
     for (const auto& m : context_.models()) m->eval();
     for (auto& r : context_.reducers())
       if (r.for_validation) r.reset(r.object);
@@ -14038,6 +14450,7 @@ class Trainer {
   void checkpoint(RunState& st, Set& callbacks) {
     RECORD_USER_SCOPE("dettrial::checkpoint");
     st.last_checkpoint = st.batches_trained;
+    agree_on_buffers();
     const detail::RankRngStates rng = detail::gather_rng_states(context_);  // every rank's, to the chief
     if (!context_.distributed().is_chief()) {
       // The chief writes; the others learn the checkpoint's uuid once it is written (Determined's broadcast).

@@ -12,6 +12,7 @@
 #include <map>
 #include <numeric>
 #include <sstream>
+#include <dlfcn.h>
 #include <sys/wait.h>
 #include <thread>
 
@@ -292,7 +293,7 @@ TEST_CASE("child process: a rank on uneven data" * doctest::skip()) {
   out << YAML::Key << "lr" << YAML::Value << static_cast<torch::optim::SGDOptions&>(trainer.trial().opt.param_groups()[0].options()).lr();
   out << YAML::Key << "threads" << YAML::Value << at::get_num_threads();
   out << YAML::Key << "cores" << YAML::Value << CoreCount::of_this_process().available;
-  out << YAML::Key << "threads_source" << YAML::Value << (context.threads() ? context.threads()->source : std::string("none"));
+  out << YAML::Key << "threads_source" << YAML::Value << context.threads().source;
   std::ostringstream params;
   for (const auto& p : trainer.trial().model->parameters()) params << p.sum().item<double>() << "," << p.pow(2).sum().item<double>() << ";";
   out << YAML::Key << "params" << YAML::Value << params.str();
@@ -361,8 +362,8 @@ TEST_CASE("the built-in launcher's CPU shares: contiguous, one rank's at most on
   const auto builtin = env_of({{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"LOCAL_RANK", "1"}, {"LOCAL_WORLD_SIZE", "2"}});
   auto bound = [](const char* name) -> const char* { return std::string_view(name) == "DETTRIAL_RANK_CPUS" ? "8-15" : nullptr; };
   const auto choice = choose_threads(builtin, std::nullopt, CoreCount{.available = 8, .online = 16}, bound);
-  CHECK(choice->threads == 8);
-  CHECK(choice->source == "CPUs 8-15 bound to this rank by the launcher");
+  CHECK(choice.threads == 8);
+  CHECK(choice.source == "CPUs 8-15 bound to this rank by the launcher");
 }
 
 TEST_CASE("child process: a rank reports the CPUs it may run on" * doctest::skip()) {
@@ -400,54 +401,95 @@ TEST_CASE("the built-in launcher binds each rank to its own CPUs, and leaves the
 TEST_CASE("threads per rank: the user's setting wins, else Slurm's, the launcher's binding, or a share of the node") {
   const CoreCount machine{.available = 16, .online = 16};
   auto no_env = [](const char*) -> const char* { return nullptr; };
-  // One process: LibTorch's default, unless the user chose.
-  CHECK(!choose_threads(LaunchEnvironment{}, std::nullopt, machine, no_env));
-  CHECK(choose_threads(LaunchEnvironment{}, 3, machine, no_env)->threads == 3);
+  // One process: the CPUs it may run on, unless the user chose.
+  CHECK(choose_threads(LaunchEnvironment{}, std::nullopt, machine, no_env).threads == 16);
+  CHECK(choose_threads(LaunchEnvironment{}, std::nullopt, machine, no_env).source == "the 16 CPUs this process may run on");
+  CHECK(choose_threads(LaunchEnvironment{}, std::nullopt, CoreCount{.available = 1, .online = 4}, no_env).source ==
+        "the CPU this process may run on");
+  CHECK(choose_threads(LaunchEnvironment{}, 3, machine, no_env).threads == 3);
 
   // The built-in launcher (--nproc 4) and torchrun without OMP_NUM_THREADS: a quarter each.
   const auto builtin = env_of({{"RANK", "1"}, {"WORLD_SIZE", "4"}, {"LOCAL_RANK", "1"}, {"LOCAL_WORLD_SIZE", "4"}});
-  CHECK(choose_threads(builtin, std::nullopt, machine, no_env)->threads == 4);
-  CHECK(choose_threads(builtin, std::nullopt, machine, no_env)->source == "16 cores / 4 ranks on this node");
-  CHECK(choose_threads(builtin, std::nullopt, CoreCount{.available = 2, .online = 2}, no_env)->threads == 1);
+  CHECK(choose_threads(builtin, std::nullopt, machine, no_env).threads == 4);
+  CHECK(choose_threads(builtin, std::nullopt, machine, no_env).source == "16 cores / 4 ranks on this node");
+  CHECK(choose_threads(builtin, std::nullopt, CoreCount{.available = 2, .online = 2}, no_env).threads == 1);
   // Two nodes of 2 ranks: the ranks on this node share it.
   const auto two_nodes = env_of({{"RANK", "3"}, {"WORLD_SIZE", "4"}, {"GROUP_RANK", "1"}, {"LOCAL_RANK", "1"}, {"LOCAL_WORLD_SIZE", "2"}});
-  CHECK(choose_threads(two_nodes, std::nullopt, machine, no_env)->threads == 8);
+  CHECK(choose_threads(two_nodes, std::nullopt, machine, no_env).threads == 8);
 
   // The user's choice wins: --threads (torchrun sets OMP_NUM_THREADS=1 by itself), then OMP_NUM_THREADS,
   // which LibTorch has applied (dettrial leaves it), read as OpenMP reads it.
   auto omp = [](const char* name) -> const char* { return std::string_view(name) == "OMP_NUM_THREADS" ? "5" : nullptr; };
-  CHECK(choose_threads(builtin, 2, machine, omp)->threads == 2);
-  CHECK(choose_threads(builtin, 2, machine, omp)->source == "--threads");
+  CHECK(choose_threads(builtin, 2, machine, omp).threads == 2);
+  CHECK(choose_threads(builtin, 2, machine, omp).source == "--threads");
   const auto user = choose_threads(builtin, std::nullopt, machine, omp);
-  CHECK(user->threads == 5);
-  CHECK(!user->set_by_dettrial);
-  CHECK(choose_threads(LaunchEnvironment{}, std::nullopt, machine, omp)->threads == 5);
+  CHECK(user.threads == 5);
+  CHECK(!user.set_by_dettrial);
+  CHECK(choose_threads(LaunchEnvironment{}, std::nullopt, machine, omp).threads == 5);
   CHECK_THROWS_WITH_AS(choose_threads(builtin, 0, machine, no_env), doctest::Contains("at least 1"), ConfigError);
   auto nested = [](const char* name) -> const char* { return std::string_view(name) == "OMP_NUM_THREADS" ? " 4,2" : nullptr; };
-  CHECK(choose_threads(builtin, std::nullopt, machine, nested)->threads == 4);
+  CHECK(choose_threads(builtin, std::nullopt, machine, nested).threads == 4);
   auto bad = [](const char* name) -> const char* { return std::string_view(name) == "OMP_NUM_THREADS" ? "many" : nullptr; };
-  CHECK(choose_threads(builtin, std::nullopt, machine, bad)->source == "16 cores / 4 ranks on this node");
+  CHECK(choose_threads(builtin, std::nullopt, machine, bad).source == "16 cores / 4 ranks on this node");
 
   // mpirun binds each rank to a core: its mask is its share.
   const auto mpi = env_of({{"OMPI_COMM_WORLD_RANK", "0"}, {"OMPI_COMM_WORLD_SIZE", "2"}, {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}});
-  CHECK(choose_threads(mpi, std::nullopt, CoreCount{.available = 1, .online = 16}, no_env)->threads == 1);
-  CHECK(choose_threads(mpi, std::nullopt, CoreCount{.available = 1, .online = 16}, no_env)->source == "cores bound to this process");
+  CHECK(choose_threads(mpi, std::nullopt, CoreCount{.available = 1, .online = 16}, no_env).threads == 1);
+  CHECK(choose_threads(mpi, std::nullopt, CoreCount{.available = 1, .online = 16}, no_env).source == "cores bound to this process");
 
   // A mask every rank shares (taskset, a container's cpuset) is not a per-rank binding.
-  CHECK(choose_threads(builtin, std::nullopt, CoreCount{.available = 8, .online = 16}, no_env)->threads == 2);
+  CHECK(choose_threads(builtin, std::nullopt, CoreCount{.available = 8, .online = 16}, no_env).threads == 2);
 
   // srun: SLURM_CPUS_PER_TASK when given, else the tasks on this node from the task layout.
   std::map<std::string, std::string> slurm_vars = {{"SLURM_PROCID", "2"}, {"SLURM_NTASKS", "5"}, {"SLURM_NODEID", "1"},
                                                    {"SLURM_TASKS_PER_NODE", "2(x2),1"}, {"SLURM_JOB_NODELIST", "n[1-3]"}};
   const auto slurm = env_of(slurm_vars);
   CHECK(slurm.local_size == 2);
-  CHECK(choose_threads(slurm, std::nullopt, machine, no_env)->threads == 8);
+  CHECK(choose_threads(slurm, std::nullopt, machine, no_env).threads == 8);
   auto cpus = [](const char* name) -> const char* { return std::string_view(name) == "SLURM_CPUS_PER_TASK" ? "3" : nullptr; };
-  CHECK(choose_threads(slurm, std::nullopt, machine, cpus)->threads == 3);
+  CHECK(choose_threads(slurm, std::nullopt, machine, cpus).threads == 3);
   slurm_vars["SLURM_NODEID"] = "2";
   CHECK(env_of(slurm_vars).local_size == 1);
   CHECK(LaunchEnvironment::slurm_tasks_on_node("4", 0) == 4);
   CHECK(LaunchEnvironment::slurm_tasks_on_node("3(x2),1", 1) == 3);
   CHECK(LaunchEnvironment::slurm_tasks_on_node("3(x2),1", 2) == 1);
   CHECK(LaunchEnvironment::slurm_tasks_on_node("garbage", 0) == 1);
+}
+
+TEST_CASE("threads per rank: the BLAS library's own pool gets the same count as the intra-op pool") {
+  // Debian's LibTorch computes its matrix products in the system BLAS (OpenBLAS's pthread build, which
+  // would otherwise start one thread per CPU it sees); PyPI's has MKL built in, sized with the intra-op pool.
+  using get_fn = int();
+  auto* openblas_threads = reinterpret_cast<get_fn*>(::dlsym(RTLD_DEFAULT, "openblas_get_num_threads"));
+  const int before = at::get_num_threads();
+  auto no_env = [](const char*) -> const char* { return nullptr; };
+  if (at::globalContext().hasMKL()) {
+    const ThreadPools pools = apply_threads(ThreadChoice{.threads = 1, .source = "test"}, no_env);
+    CHECK(pools.intra_op == 1);
+    CHECK(pools.blas.starts_with("MKL 1"));
+    CHECK(pools.text().starts_with("intra-op 1, MKL 1"));
+  } else if (openblas_threads == nullptr) {
+    test::skip("this LibTorch computes with neither MKL nor OpenBLAS (no BLAS pool to size)");
+    return;
+  } else {
+    for (const int n : {1, 2, 1}) {
+      CAPTURE(n);
+      const ThreadPools pools = apply_threads(ThreadChoice{.threads = n, .source = "test"}, no_env);
+      CHECK(pools.intra_op == n);
+      CHECK(pools.blas == "OpenBLAS " + std::to_string(n));
+      CHECK(openblas_threads() == n);
+      CHECK(pools.text() == "intra-op " + std::to_string(n) + ", OpenBLAS " + std::to_string(n) + ", inter-op " +
+                                std::to_string(at::get_num_interop_threads()));
+    }
+    // The user's OPENBLAS_NUM_THREADS is theirs: left as it is, and named.
+    auto own = [](const char* name) -> const char* { return std::string_view(name) == "OPENBLAS_NUM_THREADS" ? "1" : nullptr; };
+    const ThreadPools pools = apply_threads(ThreadChoice{.threads = 2, .source = "test"}, own);
+    CHECK(pools.intra_op == 2);
+    CHECK(pools.blas == "OpenBLAS 1 from OPENBLAS_NUM_THREADS");
+    CHECK(openblas_threads() == 1);
+  }
+  // The user's OMP_NUM_THREADS, which LibTorch applied itself, is not set again.
+  at::set_num_threads(1);
+  CHECK(apply_threads(ThreadChoice{.threads = 2, .source = "OMP_NUM_THREADS", .set_by_dettrial = false}, no_env).intra_op == 1);
+  at::set_num_threads(before);
 }

@@ -181,3 +181,34 @@ TEST_CASE("keras::EarlyStopping stops after patience validations without improve
   CHECK_THROWS_WITH_AS(restored.on_validation_end(other),
                        doctest::Contains("monitors 'val_accuracy', which validation does not report (it reports accuracy)"), TrialError);
 }
+
+TEST_CASE("Keras-style validation means are weighted by records, as Keras's evaluate weights them") {
+  // 90 validation records in batches of 32: 32, 32 and a partial 26, which counts by its size.
+  struct PartialBatches : ClusterTrial {
+    using ClusterTrial::ClusterTrial;
+    keras::InMemorySequence build_validation_data_loader() {
+      return {.data = data.x, .labels = data.y, .batch_size = 32, .shuffle = false};
+    }
+  };
+  Context context(test::hparams(), ContextOptions{.trial_seed = 3});
+  Trainer<PartialBatches> trainer(context);
+  const FitResult r = trainer.fit(test::quiet({.max_length = Batch(4), .validation_period = Batch(4)}));
+  // One pass over the whole set, as Keras's evaluate reports it.
+  torch::NoGradGuard no_grad;
+  const auto model = std::dynamic_pointer_cast<torch::nn::SequentialImpl>(context.models().at(0));
+  REQUIRE(model);
+  model->eval();
+  const Clusters data = clusters();
+  const torch::Tensor logits = model->forward(data.x);
+  const double loss = torch::nn::functional::cross_entropy(logits, data.y).item<double>();
+  const double accuracy = logits.argmax(-1).eq(data.y).to(torch::kDouble).mean().item<double>();
+  CHECK(r.last_validation_metrics.at("val_loss") == doctest::Approx(loss).epsilon(1e-6));
+  CHECK(r.last_validation_metrics.at("val_accuracy") == doctest::Approx(accuracy).epsilon(1e-6));
+  // Averaging the three batch means alone would be off by more than that.
+  double batch_mean = 0;
+  for (const std::int64_t first : {0, 32, 64}) {
+    const std::int64_t n = std::min<std::int64_t>(32, 90 - first);
+    batch_mean += torch::nn::functional::cross_entropy(logits.narrow(0, first, n), data.y.narrow(0, first, n)).item<double>() / 3;
+  }
+  CHECK(batch_mean != doctest::Approx(loss).epsilon(1e-6));
+}

@@ -76,6 +76,8 @@ data: {dir: )" DETTRIAL_MNIST10K_DIR R"(, train_split: t10k, validation_split: t
   options.report.quiet = true;
   const FitResult r = trainer.fit(options);  // 16 batches per epoch: the StepLR decayed once
   REQUIRE(r.checkpoints.size() == 1);
+  // Decayed after the first epoch, as Python's StepLR decays (LibTorch's own would still be at 0.05).
+  CHECK(trainer.optimizer().param_groups()[0].options().get_lr() == doctest::Approx(0.025));
 
   torch::NoGradGuard no_grad;
   trainer.model()->eval();

@@ -79,9 +79,9 @@ struct ContextOptions {
   std::shared_ptr<Communicator> communicator;
   /// Deterministic algorithms (see ExperimentConfig::deterministic); unset: the config's.
   std::optional<bool> deterministic{};
-  /// Intra-op threads for this process (`--threads`). Unset: OMP_NUM_THREADS when set, else in a
-  /// data-parallel job this rank's share of the node's cores (see dettrial::choose_threads), else
-  /// LibTorch's default.
+  /// Threads for this process's intra-op and BLAS pools (`--threads`). Unset: OMP_NUM_THREADS when
+  /// set, else in a data-parallel job this rank's share of the node's cores, else the CPUs this
+  /// process may run on (see dettrial::choose_threads and dettrial::apply_threads).
   std::optional<int> threads;
   /// Autocast around forward passes (and for fp16 a gradient scaler); unset: the config's
   /// `optimizations.mixed_precision`.
@@ -167,8 +167,10 @@ class Context {
   const DistributedInfo& distributed() const { return distributed_; }
   /// The job's process group, or null for one process.
   Communicator* communicator() const { return communicator_.get(); }
-  /// The intra-op thread count this process was given and why, when one was chosen (see ContextOptions::threads).
-  const std::optional<ThreadChoice>& threads() const { return threads_; }
+  /// The thread count this process was given and why (see ContextOptions::threads).
+  const ThreadChoice& threads() const { return threads_; }
+  /// What each thread pool computes with: the intra-op pool's and the BLAS library's own.
+  const ThreadPools& thread_pools() const { return thread_pools_; }
   std::int64_t aggregation_frequency() const { return aggregation_frequency_; }
 
   /// Moves a nested batch to this context's device (see dettrial::to_device).
@@ -477,7 +479,8 @@ class Context {
   torch::Device device_{torch::kCPU};
   DistributedInfo distributed_;
   std::shared_ptr<Communicator> communicator_;
-  std::optional<ThreadChoice> threads_;
+  ThreadChoice threads_;
+  ThreadPools thread_pools_;
 
   std::vector<std::shared_ptr<torch::nn::Module>> models_;
   std::vector<WrappedOptimizer> optimizers_;
@@ -551,11 +554,9 @@ DETTRIAL_INLINE Context::Context(Hyperparameters hparams, ExperimentConfig confi
   // One trial seed for the job: the chief's (without an experiment seed each rank's clock differs,
   // and the ranks would shard different permutations of the data).
   if (communicator_) trial_seed_ = static_cast<std::uint64_t>(communicator_->broadcast_values({static_cast<std::int64_t>(trial_seed_)})[0]);
-  if (const auto choice = choose_threads(communicator_ ? communicator_->environment() : LaunchEnvironment{}, options.threads,
-                                         CoreCount::of_this_process())) {
-    if (choice->set_by_dettrial) torch::set_num_threads(choice->threads);
-    threads_ = *choice;
-  }
+  threads_ = choose_threads(communicator_ ? communicator_->environment() : LaunchEnvironment{}, options.threads,
+                            CoreCount::of_this_process());
+  thread_pools_ = apply_threads(threads_);
   if (const auto on = options.deterministic ? options.deterministic : config_.deterministic) set_deterministic(*on);
   precision_ = options.mixed_precision.value_or(config_.mixed_precision);
 #if TORCH_VERSION_MAJOR < 2

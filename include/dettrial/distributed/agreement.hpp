@@ -5,6 +5,7 @@
 #pragma once
 // IWYU pragma: private, include <dettrial/dettrial.hpp>
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -25,6 +26,15 @@ DETTRIAL_INLINE int agreed_max(Communicator* comm, int value);
 
 /// Copies rank 0's parameters and buffers of `modules` to every rank.
 DETTRIAL_INLINE void broadcast_modules(Communicator& comm, const std::vector<std::shared_ptr<torch::nn::Module>>& modules);
+
+/**
+ * @brief Copies rank 0's buffers of `modules` (BatchNorm's running statistics and the like) to every
+ * rank: one broadcast per dtype and device, none without buffers. DistributedDataParallel's
+ * default (`broadcast_buffers=True`) does this before every training forward; the trainer does it
+ * at the boundaries where buffers are read (before a validation, a checkpoint and the end of
+ * training), which leaves every rank with exactly rank 0's buffers there at no cost per batch.
+ */
+DETTRIAL_INLINE void broadcast_buffers(Communicator& comm, const std::vector<std::shared_ptr<torch::nn::Module>>& modules);
 
 /// A setting every rank must share, by name, with this rank's value as text.
 struct RankSetting {
@@ -61,6 +71,34 @@ DETTRIAL_INLINE void broadcast_modules(Communicator& comm, const std::vector<std
     for (auto& b : m->buffers()) {
       one[0] = b;
       comm.broadcast(one);
+    }
+  }
+}
+
+DETTRIAL_INLINE void broadcast_buffers(Communicator& comm, const std::vector<std::shared_ptr<torch::nn::Module>>& modules) {
+  torch::NoGradGuard no_grad;
+  // Grouped by dtype and device, in the same (registration) order on every rank.
+  std::vector<std::vector<torch::Tensor>> groups;
+  for (const auto& m : modules)
+    for (const auto& b : m->buffers()) {
+      if (!b.defined() || b.numel() == 0) continue;
+      auto same = std::find_if(groups.begin(), groups.end(), [&](const std::vector<torch::Tensor>& g) {
+        return g.front().scalar_type() == b.scalar_type() && g.front().device() == b.device();
+      });
+      if (same == groups.end()) groups.push_back({b});
+      else same->push_back(b);
+    }
+  std::vector<torch::Tensor> one(1);
+  for (auto& group : groups) {
+    std::vector<torch::Tensor> flat;
+    flat.reserve(group.size());
+    for (const auto& b : group) flat.push_back(b.reshape({-1}));
+    one[0] = torch::cat(flat);
+    comm.broadcast(one);
+    std::int64_t offset = 0;
+    for (auto& b : group) {
+      b.copy_(one[0].narrow(0, offset, b.numel()).view_as(b));
+      offset += b.numel();
     }
   }
 }

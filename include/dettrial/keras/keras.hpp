@@ -189,10 +189,52 @@ class EarlyStopping {
   std::int64_t wait_ = 0;
 };
 
+namespace detail {
+/**
+ * @brief Validation means as Keras's `evaluate` takes them: each batch's loss and metrics weighted
+ * by its records, so a partial last batch counts by its size (Determined's own averaging counts
+ * every batch once). The weighted sums stay on the model's device until the validation ends, and
+ * are combined across ranks as one process over the whole set would take them.
+ */
+struct RecordWeightedMeans {
+  std::vector<std::string> names;
+  torch::Tensor sums;  // one per name: the sum over batches of value x records
+  double records = 0;
+
+  void reset() {
+    sums = torch::Tensor();
+    records = 0;
+  }
+  void add(const std::vector<torch::Tensor>& values, std::int64_t batch_records) {
+    const torch::Tensor weighted = torch::stack(values).to(torch::kDouble) * static_cast<double>(batch_records);
+    sums = sums.defined() ? sums + weighted : weighted;
+    records += static_cast<double>(batch_records);
+  }
+  std::vector<double> per_slot_reduce() const {
+    std::vector<double> parts(names.size(), 0.0);
+    if (sums.defined()) {
+      const torch::Tensor host = sums.cpu();
+      for (std::size_t i = 0; i < names.size(); ++i) parts[i] = host[static_cast<std::int64_t>(i)].item<double>();
+    }
+    parts.push_back(records);
+    return parts;
+  }
+  MetricValues cross_slot_reduce(const std::vector<std::vector<double>>& parts) const {
+    std::vector<double> total(names.size() + 1, 0.0);
+    for (const auto& p : parts)
+      for (std::size_t i = 0; i < total.size() && i < p.size(); ++i) total[i] += p[i];
+    MetricValues out;
+    for (std::size_t i = 0; i < names.size(); ++i) out.set(names[i], total[i] / total.back());
+    return out;
+  }
+};
+}  // namespace detail
+
 /**
  * @brief A Keras-style trial as a dettrial trial: builds the user's trial, its compiled model (wrapped
  * in the context unless `build_model` did) and optimizer, and writes `train_batch` (forward, loss,
- * backward, optimizer step, metrics) and `evaluate_batch` (the same without the step, `val_` names).
+ * backward, optimizer step, metrics) and `evaluate_batch` (the same without the step, `val_` names,
+ * averaged over records as Keras's `evaluate` averages: see detail::RecordWeightedMeans).
  * `Trainer<K>` uses it for every KerasTrial K.
  */
 template <KerasTrial K>
@@ -225,6 +267,9 @@ class TrialAdapter {
     bool optimizer_wrapped = false;
     for (std::size_t i = 0; i < context.num_optimizers(); ++i) optimizer_wrapped = optimizer_wrapped || &context.optimizer(i) == compiled_.optimizer.get();
     if (!optimizer_wrapped) context.wrap_optimizer(*compiled_.optimizer);
+    validation_means_.names.push_back("val_loss");
+    for (const CompiledMetric& m : compiled_.metrics) validation_means_.names.emplace_back(m.validation_name.view());
+    context.wrap_reducer(validation_means_, {}, /*for_training=*/false);
   }
 
   K& trial() { return trial_; }
@@ -256,9 +301,11 @@ class TrialAdapter {
     torch::NoGradGuard no_grad;
     auto& [x, y] = batch;
     const torch::Tensor y_pred = compiled_.model->forward(x);
-    Metrics out{{"val_loss", detail::loss_value(compiled_.loss, y_pred, y)}};
-    for (const CompiledMetric& m : compiled_.metrics) out.set(m.validation_name, detail::metric_value(m.kind, y_pred, y));
-    return out;
+    values_.clear();
+    values_.push_back(detail::loss_value(compiled_.loss, y_pred, y));
+    for (const CompiledMetric& m : compiled_.metrics) values_.push_back(detail::metric_value(m.kind, y_pred, y));
+    validation_means_.add(values_, y_pred.size(0));
+    return {};  // the means are validation_means_'s
   }
 
  private:
@@ -271,6 +318,8 @@ class TrialAdapter {
   Context& context_;
   K trial_;
   Compiled compiled_;
+  detail::RecordWeightedMeans validation_means_;
+  std::vector<torch::Tensor> values_;  // a batch's loss and metrics, kept to spare an allocation a batch
 };
 
 }  // namespace dettrial::keras

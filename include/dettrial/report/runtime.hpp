@@ -21,8 +21,9 @@ namespace dettrial::detail {
 /// "reference BLAS (.../blas/libblas.so.3)"), or "unknown".
 DETTRIAL_INLINE std::string loaded_blas();
 
-/// "LibTorch 2.5.1 (CUDA 12.4), MKL (built in), 4 threads" and the source of the thread count.
-DETTRIAL_INLINE std::string runtime_summary(std::string_view threads_source);
+/// "LibTorch 2.5.1 (CPU), MKL (built in), 4 threads (the 4 CPUs this process may run on: intra-op 4,
+/// MKL 4 (...), inter-op 4)": the source of the thread count and what each pool got.
+DETTRIAL_INLINE std::string runtime_summary(std::string_view threads_source, std::string_view pools);
 
 }  // namespace dettrial::detail
 
@@ -65,14 +66,15 @@ DETTRIAL_INLINE std::string loaded_blas() {
   return std::string(kind) + " (" + path + ")";
 }
 
-DETTRIAL_INLINE std::string runtime_summary(std::string_view threads_source) {
+DETTRIAL_INLINE std::string runtime_summary(std::string_view threads_source, std::string_view pools) {
   std::string s = "LibTorch " + std::to_string(TORCH_VERSION_MAJOR) + "." + std::to_string(TORCH_VERSION_MINOR) + "." +
                   std::to_string(TORCH_VERSION_PATCH);
   s += torch::cuda::is_available() ? " (CUDA, " + std::to_string(torch::cuda::device_count()) + " GPUs)" : " (CPU)";
   s += ", " + loaded_blas();
   const int threads = at::get_num_threads();
   s += ", " + std::to_string(threads) + (threads == 1 ? " thread" : " threads");
-  s += threads_source.empty() ? std::string(" (LibTorch's default)") : " (" + std::string(threads_source) + ")";
+  s += " (" + std::string(threads_source.empty() ? "LibTorch's default" : threads_source) +
+       (pools.empty() ? std::string() : ": " + std::string(pools)) + ")";
   if (keep_freed_memory()) s += ", malloc keeps freed memory";
   return s;
 }

@@ -381,7 +381,7 @@ class Trainer {
   void announce(RunState& st) {
     const FitOptions& o = st.options;
     st.reporter.line("dettrial " DETTRIAL_VERSION_STRING ": " +
-                     detail::runtime_summary(context_.threads() ? context_.threads()->source : std::string()));
+                     detail::runtime_summary(context_.threads().source, context_.thread_pools().text()));
     st.reporter.line("dettrial: trial seed " + std::to_string(context_.get_trial_seed()) + ", device " + context_.device().str() +
                      ", training " + st.length.to_string() + " (an epoch is " + std::to_string(st.epoch_len) + " batches), output " +
                      o.output_dir.string());
@@ -687,10 +687,17 @@ class Trainer {
       if (r.*role) r.cross_slot_into(r.object, r.name, detail::reducer_parts(shares, index++), out);
   }
 
+  /// Every rank takes rank 0's buffers (see detail::broadcast_buffers: DDP's broadcast_buffers, at
+  /// the boundaries that read them).
+  void agree_on_buffers() {
+    if (Communicator* comm = context_.communicator()) detail::broadcast_buffers(*comm, context_.models());
+  }
+
   template <class Set>
   void validate(RunState& st, Set& callbacks) {
     RECORD_USER_SCOPE("dettrial::validate");
     torch::NoGradGuard no_grad;
+    agree_on_buffers();
     for (const auto& m : context_.models()) m->eval();
     for (auto& r : context_.reducers())
       if (r.for_validation) r.reset(r.object);
@@ -822,6 +829,7 @@ class Trainer {
   void checkpoint(RunState& st, Set& callbacks) {
     RECORD_USER_SCOPE("dettrial::checkpoint");
     st.last_checkpoint = st.batches_trained;
+    agree_on_buffers();
     const detail::RankRngStates rng = detail::gather_rng_states(context_);  // every rank's, to the chief
     if (!context_.distributed().is_chief()) {
       // The chief writes; the others learn the checkpoint's uuid once it is written (Determined's broadcast).
