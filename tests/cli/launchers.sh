@@ -28,13 +28,15 @@ if command -v mpirun >/dev/null; then
   run mpirun mpirun -np 2 --allow-run-as-root --oversubscribe -x MASTER_PORT=29531 "$program"
   compared=$((compared + 1))
 fi
-if [ -n "$python" ] && "$python" -c 'import torch.distributed.run' 2>/dev/null; then
+# (Debian's torch 1.13 under Python 3.11 has a torchrun that cannot start its workers: probed first.)
+if [ -n "$python" ] && "$python" -m torch.distributed.run --standalone --nproc_per_node 1 --no_python true >"$work/probe.log" 2>&1; then
   # torchrun sets OMP_NUM_THREADS=1 in each rank unless it is set: set to the built-in launcher's
   # intra-op count, it leaves dettrial every other pool to size (on 2 cores both are 1).
   OMP_NUM_THREADS=${reference_pools#intra-op } OMP_NUM_THREADS=${OMP_NUM_THREADS%%,*} \
     run torchrun "$python" -m torch.distributed.run --standalone --nproc_per_node 2 --no_python "$program"
   compared=$((compared + 1))
 fi
+[ -f "$work/torchrun.log" ] || echo "torchrun: not compared (no Python given, or its torchrun cannot start a worker: $(tail -n 1 "$work/probe.log" 2>/dev/null))"
 [ "$compared" -gt 0 ] || { echo "skipped: neither mpirun nor a Python with torch.distributed.run is here to compare with"; exit 77; }
 for name in mpirun torchrun; do
   [ -f "$work/$name.log" ] || continue
