@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
 # Usage: launchers.sh PROGRAM CONFIG DATA_DIR WORK_DIR [PYTHON]
 # The 2-rank MNIST job under each launcher this machine has (dettrial's built-in one, mpirun,
-# torchrun from PYTHON's torch): every rank's thread pools (intra-op, the BLAS library's own,
-# inter-op) get the same sizes under all of them, and the job ends with the same validation
+# torchrun from PYTHON's torch): every rank's computing thread pools (intra-op, the BLAS library's
+# own) get the same sizes under all of them, and the job ends with the same validation
 # metrics, so results do not depend on the launcher. (Slurm's srun is compared in srun_ddp.sh.)
 set -u
 program=$1 config=$2 data=$3 work=$4 python=${5:-}
 fail() { echo "launchers: $*"; exit 1; }
 rm -rf "$work"
 mkdir -p "$work"
-pools() { sed -n 's/.* threads\{0,1\} (.*: \(intra-op [^)]*\)).*/\1/p' "$1" | head -n 1; }
+# The pools that compute: intra-op and the BLAS library's own. (The inter-op pool, which dettrial's
+# loop does not use, is LibTorch's default for the CPUs the rank sees: 1 on a bound rank.)
+pools() { sed -n 's/.* threads\{0,1\} (.*: \(intra-op [^)]*\), inter-op [0-9]*).*/\1/p' "$1" | head -n 1; }
 last_validation() { python3 -c 'import json,sys; print([r for r in map(json.loads, open(sys.argv[1])) if r["type"] == "validation"][-1]["metrics"])' "$1"; }
 run() {  # NAME COMMAND...: runs the job, prints its pools and metrics
   local name=$1
@@ -32,8 +34,8 @@ fi
 if [ -n "$python" ] && "$python" -m torch.distributed.run --standalone --nproc_per_node 1 --no_python true >"$work/probe.log" 2>&1; then
   # torchrun sets OMP_NUM_THREADS=1 in each rank unless it is set: set to the built-in launcher's
   # intra-op count, it leaves dettrial every other pool to size (on 2 cores both are 1).
-  OMP_NUM_THREADS=${reference_pools#intra-op } OMP_NUM_THREADS=${OMP_NUM_THREADS%%,*} \
-    run torchrun "$python" -m torch.distributed.run --standalone --nproc_per_node 2 --no_python "$program"
+  intra_op=${reference_pools#intra-op }
+  OMP_NUM_THREADS=${intra_op%%,*} run torchrun "$python" -m torch.distributed.run --standalone --nproc_per_node 2 --no_python "$program"
   compared=$((compared + 1))
 fi
 [ -f "$work/torchrun.log" ] || echo "torchrun: not compared (no Python given, or its torchrun cannot start a worker: $(tail -n 1 "$work/probe.log" 2>/dev/null))"
