@@ -15,6 +15,7 @@
 
 #include "config/experiment_config.hpp"
 #include "config/hyperparameters.hpp"
+#include "config/profiler_options.hpp"
 #include "config/units.hpp"
 #include "data/data_loader.hpp"
 #include "data/idx.hpp"

@@ -54,14 +54,15 @@ dettrial_phase() {
   return "$status"
 }
 
-# A venv with PyPI's tensorboard, whose event-file reader the tests check dettrial's files with;
-# prints its python. (Without torch: the reader needs none.)
+# A venv with PyPI's tensorboard, whose event-file reader the tests check dettrial's files with,
+# and its profile plugin (torch-tb-profiler), whose parser reads the profiler's traces; prints its
+# python. (Without torch: neither needs it.)
 dettrial_tensorboard_python() {
   local venv="$DETTRIAL_CACHE/tensorboard-venv"
-  if ! "$venv/bin/python" -c 'import tensorboard' 2>/dev/null; then
-    dettrial_log "installing tensorboard from PyPI into $venv"
+  if ! "$venv/bin/python" -c 'import tensorboard, torch_tb_profiler' 2>/dev/null; then
+    dettrial_log "installing tensorboard and its profile plugin from PyPI into $venv"
     python3 -m venv "$venv" >&2 || return 1
-    "$venv/bin/python" -m pip install -q tensorboard >&2 || return 1
+    "$venv/bin/python" -m pip install -q tensorboard torch-tb-profiler >&2 || return 1
   fi
   echo "$venv/bin/python"
 }

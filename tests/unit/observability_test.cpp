@@ -233,6 +233,65 @@ TEST_CASE("profiling writes a Chrome trace of its batches that names the model's
   std::filesystem::remove_all(open.output_dir);
 }
 
+TEST_CASE("set_profiler's schedule acts at every step as torch.profiler.schedule does") {
+  using dettrial::detail::ProfilerAction;
+  constexpr auto N = ProfilerAction::none, W = ProfilerAction::warmup, R = ProfilerAction::record, S = ProfilerAction::record_and_save;
+  // Printed by Python's torch.profiler.schedule(...)(step) for steps 0 to 11.
+  const std::vector<std::pair<ProfilerSchedule, std::vector<ProfilerAction>>> cases = {
+      {{.wait = 1, .warmup = 1, .active = 2, .repeat = 2}, {N, W, R, S, N, W, R, S, N, N, N, N}},
+      {{.wait = 0, .warmup = 0, .active = 3, .repeat = 0, .skip_first = 2}, {N, N, R, R, S, R, R, S, R, R, S, R}},
+      {{.wait = 2, .warmup = 0, .active = 1, .repeat = 1, .skip_first = 1}, {N, N, N, S, N, N, N, N, N, N, N, N}},
+  };
+  for (const auto& [schedule, expected] : cases) {
+    std::vector<ProfilerAction> got;
+    for (std::int64_t step = 0; step < 12; ++step) got.push_back(dettrial::detail::profiler_action(schedule, step));
+    CHECK((got == expected));  // (not decomposed: the actions have no operator<<)
+  }
+  Context context(test::hparams());
+  CHECK_THROWS_WITH_AS(context.set_profiler({.schedule = {.active = 0}}), "set_profiler: schedule active is 0; it must be at least 1",
+                       ConfigError);
+  CHECK_THROWS_WITH_AS(context.set_profiler({.schedule = {.wait = -1}}), "set_profiler: schedule wait is -1; it must be at least 0",
+                       ConfigError);
+  CHECK_THROWS_WITH_AS(context.set_profiler({.activities = {}}), doctest::Contains("no activities"), ConfigError);
+  CHECK_FALSE(context.profiler_options());
+}
+
+TEST_CASE("set_profiler: each cycle's trace in the TensorBoard folder, named for its plugin, its steps marked") {
+  Context context(test::hparams(), ContextOptions{.trial_seed = 4});
+  // Determined's example: skip batch 0, warm up on 1, record 2 and 3; twice.
+  context.set_profiler({.activities = {ProfilerActivity::cpu, ProfilerActivity::cuda},
+                        .schedule = {.wait = 1, .warmup = 1, .active = 2, .repeat = 2}});
+  Trainer<test::DeclarativeRegression> trainer(context);
+  const FitResult r = trainer.fit(test::quiet({.max_length = Batch(12), .reporting_period = Batch(4)}));
+  std::vector<std::filesystem::path> traces;
+  for (const auto& entry : std::filesystem::directory_iterator(r.output_dir / "tensorboard"))
+    if (entry.path().filename().string().ends_with(".pt.trace.json")) traces.push_back(entry.path());
+  std::sort(traces.begin(), traces.end());
+  REQUIRE(traces.size() == 2);
+  const std::vector<std::set<std::string>> steps = {{"ProfilerStep#2", "ProfilerStep#3"}, {"ProfilerStep#6", "ProfilerStep#7"}};
+  for (std::size_t i = 0; i < traces.size(); ++i) {
+    CAPTURE(traces[i]);
+    const nlohmann::json trace = nlohmann::json::parse(test::read_text(traces[i]));
+    std::set<std::string> marked;
+    std::size_t batches = 0;
+    for (const auto& e : trace["traceEvents"]) {
+      if (!e.is_object() || e.value("cat", "") == "gpu_user_annotation") continue;
+      const std::string name = e.value("name", "");
+      if (name.starts_with("ProfilerStep#")) marked.insert(name);
+      batches += name == "dettrial::train_batch" ? 1 : 0;
+    }
+    CHECK(marked == steps[i]);
+    CHECK(batches == 2);
+  }
+  // For the check by TensorBoard's own profile plugin (tests/python/read_profile.py).
+  if (const char* keep = std::getenv("DETTRIAL_PROFILE_DIR")) {
+    std::filesystem::remove_all(keep);
+    std::filesystem::create_directories(keep);
+    for (const auto& t : traces) std::filesystem::copy_file(t, std::filesystem::path(keep) / t.filename());
+  }
+  std::filesystem::remove_all(r.output_dir);
+}
+
 TEST_CASE("the profiling section maps to the fit options, and a range that cannot be is refused") {
   const auto config = ExperimentConfig::parse(
       "searcher: {name: single, metric: loss, max_length: {batches: 10}}\n"

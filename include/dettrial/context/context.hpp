@@ -20,6 +20,7 @@
 
 #include "../config/experiment_config.hpp"
 #include "../config/hyperparameters.hpp"
+#include "../config/profiler_options.hpp"
 #include "../error.hpp"
 #include "../detail/malloc.hpp"
 #include "../detail/random.hpp"
@@ -209,6 +210,25 @@ class Context {
   /// Whether the trainer writes its metrics, learning rates and timings to TensorBoard (default on).
   /// Off, the writer still takes the trial's own scalars.
   void set_enable_tensorboard_logging(bool on) { tensorboard_logging_ = on; }
+
+  /**
+   * @brief Profiles training with LibTorch's profiler on a schedule (Determined's `set_profiler`,
+   * with `torch.profiler.profile`'s arguments), from the trial's constructor. The trainer steps it
+   * after every training batch and writes each cycle's trace to the run's TensorBoard folder, where
+   * TensorBoard's profile plugin reads it. It takes the place of the config's `profiling` section.
+   * A schedule `torch.profiler.schedule` would refuse is a ConfigError.
+   *
+   * @code
+   * context.set_profiler({.activities = {dettrial::ProfilerActivity::cpu, dettrial::ProfilerActivity::cuda},
+   *                       .schedule = {.wait = 1, .warmup = 1, .active = 2, .repeat = 2}});
+   * @endcode
+   */
+  void set_profiler(ProfilerOptions options) {
+    detail::check_profiler_options(options);
+    profiler_ = std::move(options);
+  }
+  /// What set_profiler was given, if it was called.
+  const std::optional<ProfilerOptions>& profiler_options() const { return profiler_; }
   bool get_enable_tensorboard_logging() const { return tensorboard_logging_; }
 
   // ---- wrapping -------------------------------------------------------------------------------
@@ -491,6 +511,7 @@ class Context {
   detail::RunPosition position_{};
   TensorBoardWriter tensorboard_{};
   bool tensorboard_logging_ = true;
+  std::optional<ProfilerOptions> profiler_;
   bool stop_requested_ = false;
   Precision precision_ = Precision::fp32;
   std::unique_ptr<GradScaler> own_scaler_;  // fp16 without a scaler of the trial's

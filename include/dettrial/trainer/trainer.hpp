@@ -334,11 +334,18 @@ class Trainer {
     if (chief) context_.get_tensorboard_writer() = TensorBoardWriter(context_.get_tensorboard_path(), resumed_at);
     st.reporter = detail::Reporter(chief, o.report, o.output_dir, resumed_at,
                                    context_.get_enable_tensorboard_logging() ? &context_.get_tensorboard_writer() : nullptr);
-    if (o.profiling.enabled) {
+    if (const auto& profiler = context_.profiler_options()) {
+      // set_profiler: steps count from this fit's first batch; every rank writes each cycle's trace
+      // into the run's TensorBoard folder under its own worker name (host and process).
+      st.profiler = detail::TraceProfiler(*profiler, resumed_at.value_or(0), {o.output_dir / "tensorboard", /*one_a_cycle=*/true},
+                                          context_.device().is_cuda());
+      st.sync_timings = o.profiling.sync_timings && context_.device().is_cuda();
+    } else if (o.profiling.enabled) {
       // Every rank profiles its own process: the chief into trace.json, rank r into trace.rank<r>.json.
       const int rank = context_.distributed().rank;
-      st.profiler = detail::TraceProfiler(o.profiling, o.output_dir / (rank == 0 ? std::string("trace.json") : "trace.rank" + std::to_string(rank) + ".json"),
-                                          context_.device().is_cuda());
+      st.profiler = detail::TraceProfiler::for_section(
+          o.profiling, o.output_dir / (rank == 0 ? std::string("trace.json") : "trace.rank" + std::to_string(rank) + ".json"),
+          context_.device().is_cuda());
       st.sync_timings = o.profiling.sync_timings && context_.device().is_cuda();
     }
     if (chief) {
@@ -396,7 +403,14 @@ class Trainer {
     if (const auto* graph = std::get_if<capture::cuda_graph>(&o.step_capture))
       st.reporter.line("dettrial: the training step is captured in a CUDA graph after " + std::to_string(graph->warmup_batches) +
                        " eager batch(es), and replayed; batches of other shapes run eagerly");
-    if (o.profiling.enabled)
+    if (const auto& profiler = context_.profiler_options()) {
+      const ProfilerSchedule& s = profiler->schedule;
+      st.reporter.line("dettrial: profiling on set_profiler's schedule (skip_first " + std::to_string(s.skip_first) + ", wait " +
+                       std::to_string(s.wait) + ", warmup " + std::to_string(s.warmup) + ", active " + std::to_string(s.active) +
+                       ", repeat " + std::to_string(s.repeat) + ", from batch " + std::to_string(st.batches_trained) +
+                       "); each cycle's trace in " + (o.output_dir / "tensorboard").string() +
+                       (o.profiling.enabled ? " (the config's profiling section is not used)" : ""));
+    } else if (o.profiling.enabled)
       st.reporter.line("dettrial: profiling batches " + std::to_string(o.profiling.begin_on_batch) + " to " +
                        (o.profiling.end_after_batch ? std::to_string(*o.profiling.end_after_batch) : std::string("the end of training")) +
                        " with LibTorch's profiler" + (st.sync_timings ? ", timings synchronized with the GPU" : "") +
