@@ -84,6 +84,16 @@ dettrial_pip_torch() {
   export DETTRIAL_PIP_TORCH_PREFIX DETTRIAL_PIP_TORCH_VERSION
 }
 
+# Keras 3 (PyPI's keras) in the venv of PyPI's torch, whose torch backend the suite compares
+# Keras-style validation with. Prints that venv's python.
+dettrial_keras_python() {
+  if ! KERAS_BACKEND=torch "$DETTRIAL_VENV/bin/python" -c 'import keras' 2>/dev/null; then
+    dettrial_log "installing keras from PyPI into $DETTRIAL_VENV"
+    "$DETTRIAL_VENV/bin/python" -m pip install -q keras >&2 || return 1
+  fi
+  echo "$DETTRIAL_VENV/bin/python"
+}
+
 # A venv with Determined (PyPI's `determined`) that sees the torch of $DETTRIAL_VENV through a .pth
 # file, for bench/run's end-to-end comparison with Determined's own Trainer. Prints its python.
 dettrial_determined_python() {

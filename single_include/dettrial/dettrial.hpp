@@ -1187,6 +1187,90 @@ DETTRIAL_INLINE std::optional<TrainUnit> ExperimentConfig::Reader::length(const 
 }  // namespace dettrial
 #endif  // DETTRIAL_HEADER_DEFINITIONS
 // ---- end dettrial/config/experiment_config.hpp
+// ---- begin dettrial/config/profiler_options.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief What `Context::set_profiler` takes: `torch.profiler.profile`'s activities, schedule and
+/// recording options, and the schedule's action at each step, as `torch.profiler.schedule` decides it.
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+
+namespace dettrial {
+
+/// What the profiler records: operators on the CPU, kernels on a GPU (`torch.profiler.ProfilerActivity`).
+enum class ProfilerActivity { cpu, cuda };
+
+/**
+ * @brief `torch.profiler.schedule(wait, warmup, active, repeat, skip_first)`. Steps are training
+ * batches, counted from 0 at the first batch a fit trains (a resumed fit counts afresh, as a new
+ * Python process does). After `skip_first` steps the schedule repeats cycles of `wait` steps off,
+ * `warmup` steps on but discarded, and `active` steps recorded, whose trace is written when the
+ * cycle's last active step ends; `repeat` cycles in all (0: until training ends).
+ */
+struct ProfilerSchedule {
+  std::int64_t wait = 0;
+  std::int64_t warmup = 0;
+  std::int64_t active = 1;
+  std::int64_t repeat = 0;
+  std::int64_t skip_first = 0;
+};
+
+/**
+ * @brief The arguments of `Context::set_profiler` (Determined's `set_profiler`, which takes
+ * `torch.profiler.profile`'s). dettrial writes each cycle's trace where TensorBoard's profile plugin
+ * reads it (`<output>/tensorboard/<host>_<pid>.<ms>.pt.trace.json`: Determined's `on_trace_ready`)
+ * and steps the profiler after every training batch.
+ */
+struct ProfilerOptions {
+  /// CUDA is recorded only when the trial runs on a GPU.
+  std::vector<ProfilerActivity> activities{ProfilerActivity::cpu, ProfilerActivity::cuda};
+  ProfilerSchedule schedule{};
+  bool record_shapes = false;
+  bool profile_memory = false;
+  bool with_stack = false;
+  bool with_flops = false;
+  bool with_modules = false;
+};
+
+namespace detail {
+
+/// `torch.profiler.ProfilerAction`.
+enum class ProfilerAction { none, warmup, record, record_and_save };
+
+/// The action at `step`, exactly as `torch.profiler.schedule` returns it.
+inline ProfilerAction profiler_action(const ProfilerSchedule& s, std::int64_t step) {
+  if (step < s.skip_first) return ProfilerAction::none;
+  step -= s.skip_first;
+  const std::int64_t cycle = s.wait + s.warmup + s.active;
+  if (s.repeat > 0 && step / cycle >= s.repeat) return ProfilerAction::none;
+  const std::int64_t in_cycle = step % cycle;
+  if (in_cycle < s.wait) return ProfilerAction::none;
+  if (in_cycle < s.wait + s.warmup) return ProfilerAction::warmup;
+  return in_cycle < cycle - 1 ? ProfilerAction::record : ProfilerAction::record_and_save;
+}
+
+/// Refuses what `torch.profiler.schedule` refuses, naming the argument.
+inline void check_profiler_options(const ProfilerOptions& o) {
+  const ProfilerSchedule& s = o.schedule;
+  auto at_least = [](const char* name, std::int64_t value, std::int64_t least) {
+    if (value < least)
+      throw ConfigError(std::string("set_profiler: schedule ") + name + " is " + std::to_string(value) + "; it must be at least " +
+                        std::to_string(least));
+  };
+  at_least("wait", s.wait, 0);
+  at_least("warmup", s.warmup, 0);
+  at_least("active", s.active, 1);
+  at_least("repeat", s.repeat, 0);
+  at_least("skip_first", s.skip_first, 0);
+  if (o.activities.empty()) throw ConfigError("set_profiler: no activities to record (give ProfilerActivity::cpu, cuda or both)");
+}
+
+}  // namespace detail
+}  // namespace dettrial
+// ---- end dettrial/config/profiler_options.hpp
 // ---- begin dettrial/data/data_loader.hpp
 // SPDX-License-Identifier: Apache-2.0
 /// @file
@@ -7532,6 +7616,25 @@ class Context {
   /// Whether the trainer writes its metrics, learning rates and timings to TensorBoard (default on).
   /// Off, the writer still takes the trial's own scalars.
   void set_enable_tensorboard_logging(bool on) { tensorboard_logging_ = on; }
+
+  /**
+   * @brief Profiles training with LibTorch's profiler on a schedule (Determined's `set_profiler`,
+   * with `torch.profiler.profile`'s arguments), from the trial's constructor. The trainer steps it
+   * after every training batch and writes each cycle's trace to the run's TensorBoard folder, where
+   * TensorBoard's profile plugin reads it. It takes the place of the config's `profiling` section.
+   * A schedule `torch.profiler.schedule` would refuse is a ConfigError.
+   *
+   * @code
+   * context.set_profiler({.activities = {dettrial::ProfilerActivity::cpu, dettrial::ProfilerActivity::cuda},
+   *                       .schedule = {.wait = 1, .warmup = 1, .active = 2, .repeat = 2}});
+   * @endcode
+   */
+  void set_profiler(ProfilerOptions options) {
+    detail::check_profiler_options(options);
+    profiler_ = std::move(options);
+  }
+  /// What set_profiler was given, if it was called.
+  const std::optional<ProfilerOptions>& profiler_options() const { return profiler_; }
   bool get_enable_tensorboard_logging() const { return tensorboard_logging_; }
 
   // ---- wrapping -------------------------------------------------------------------------------
@@ -7814,6 +7917,7 @@ class Context {
   detail::RunPosition position_{};
   TensorBoardWriter tensorboard_{};
   bool tensorboard_logging_ = true;
+  std::optional<ProfilerOptions> profiler_;
   bool stop_requested_ = false;
   Precision precision_ = Precision::fp32;
   std::unique_ptr<GradScaler> own_scaler_;  // fp16 without a scaler of the trial's
@@ -11615,13 +11719,16 @@ DETTRIAL_INLINE std::size_t MetricsLog::drop_records_after(std::int64_t batches)
 // ---- begin dettrial/report/profiler.hpp
 // SPDX-License-Identifier: Apache-2.0
 /// @file
-/// @brief The `profiling` section at work: LibTorch's profiler over a range of training batches,
-/// written as a Chrome trace (`trace.json`, for Perfetto or chrome://tracing).
+/// @brief LibTorch's profiler over training batches on a `torch.profiler.schedule`: set by
+/// `Context::set_profiler` (each cycle's trace where TensorBoard's profile plugin reads it), or by
+/// the config's `profiling` section (one range of batches, `trace.json`, for Perfetto or chrome://tracing).
 
 #include <torch/csrc/autograd/profiler_kineto.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <limits>
 #include <filesystem>
 #include <memory>
 #include <optional>
@@ -11631,73 +11738,121 @@ DETTRIAL_INLINE std::size_t MetricsLog::drop_records_after(std::int64_t batches)
 
 namespace dettrial::detail {
 
+/// Where a profiler's traces go: one file (the `profiling` section's `trace.json`), or one file a
+/// cycle in a folder, named as TensorBoard's profile plugin lists them
+/// (`<folder>/<host>_<pid>.<milliseconds>.pt.trace.json`, as `tensorboard_trace_handler` names them).
+struct TraceFiles {
+  std::filesystem::path path;
+  bool one_a_cycle = false;
+};
+
 /**
- * @brief Profiles the global batches `begin_on_batch` to `end_after_batch` (inclusive; unset: to
- * the end of training) with LibTorch's profiler: operators on the CPU, and kernels on the GPU where
- * LibTorch has Kineto and the trial runs on CUDA.
+ * @brief LibTorch's profiler on a `torch.profiler.schedule` (see ProfilerOptions): operators on the
+ * CPU, and kernels on the GPU where LibTorch has Kineto and the trial runs on CUDA.
  *
- * Outside the range it costs two integer comparisons a batch. The trace is written when the range
- * ends, or when training ends or stops inside it.
+ * Step k is training batch `first_step_batch + k`. Before each batch the schedule's action decides:
+ * warm up (the profiler prepared, nothing kept), record (on, with the batch inside a
+ * `ProfilerStep#k` range, as Python's `profiler.step()` marks it), or nothing; after the last active
+ * batch of a cycle the trace is written. Outside the recorded steps it costs an integer division a
+ * batch. A cycle still open when training ends or stops is written then.
  */
 class TraceProfiler {
  public:
   TraceProfiler() = default;
-  TraceProfiler(const ExperimentConfig::Profiling& options, std::filesystem::path trace_path, bool cuda)
-      : options_(options), trace_path_(std::move(trace_path)), cuda_(cuda) {}
+  TraceProfiler(ProfilerOptions options, std::int64_t first_step_batch, TraceFiles files, bool cuda)
+      : options_(std::move(options)), first_step_batch_(first_step_batch), files_(std::move(files)), cuda_(cuda), enabled_(true) {}
+  /// The config's `profiling` section as a schedule: the global batches `begin_on_batch` to
+  /// `end_after_batch` (unset: to the end of training) recorded in one cycle, into `trace`. A resumed
+  /// run inside the range records the rest of it.
+  static TraceProfiler for_section(const ExperimentConfig::Profiling& section, std::filesystem::path trace, bool cuda) {
+    ProfilerOptions o;
+    o.record_shapes = true;
+    o.schedule = {.wait = 0, .warmup = 0,
+                  .active = section.end_after_batch ? std::max<std::int64_t>(*section.end_after_batch - section.begin_on_batch + 1, 1)
+                                                    : std::numeric_limits<std::int64_t>::max() / 4,
+                  .repeat = 1, .skip_first = section.begin_on_batch};
+    return TraceProfiler(std::move(o), 0, TraceFiles{std::move(trace), false}, cuda);
+  }
   // Moved only before it starts (the trainer's set-up); a moved-from profiler never stops LibTorch's.
   TraceProfiler(TraceProfiler&& o) noexcept { *this = std::move(o); }
   TraceProfiler& operator=(TraceProfiler&& o) noexcept {
-    options_ = o.options_;
-    trace_path_ = std::move(o.trace_path_);
+    options_ = std::move(o.options_);
+    first_step_batch_ = o.first_step_batch_;
+    files_ = std::move(o.files_);
     cuda_ = o.cuda_;
+    enabled_ = o.enabled_;
+    prepared_ = std::exchange(o.prepared_, false);
     running_ = std::exchange(o.running_, false);
-    done_ = o.done_;
     first_batch_ = o.first_batch_;
+    step_range_ = std::move(o.step_range_);
     written_ = std::move(o.written_);
     summary_ = std::move(o.summary_);
     return *this;
   }
   ~TraceProfiler();
 
-  /// Before batch `batch_idx` trains: starts at `begin_on_batch` (or at a resume inside the range).
+  /// Before batch `batch_idx` trains: warms up, starts recording, or marks the next recorded step.
   void before_batch(std::int64_t batch_idx) {
-    if (starts_at(batch_idx)) start(batch_idx);
+    if (!enabled_) return;
+    const ProfilerAction action = action_at(batch_idx);
+    if (action == ProfilerAction::none) return;
+    if (!prepared_ && !running_) prepare();
+    if (action == ProfilerAction::warmup) return;
+    if (!running_) start(batch_idx);
+    open_step(batch_idx - first_step_batch_);
   }
-  /// Whether before_batch(batch_idx) would start profiling.
+  /// Whether before_batch(batch_idx) would start recording.
   bool starts_at(std::int64_t batch_idx) const {
-    return options_.enabled && !running_ && !done_ && batch_idx >= options_.begin_on_batch &&
-           (!options_.end_after_batch || batch_idx <= *options_.end_after_batch);
+    if (!enabled_ || running_) return false;
+    const ProfilerAction action = action_at(batch_idx);
+    return action == ProfilerAction::record || action == ProfilerAction::record_and_save;
   }
-  /// After batch `batch_idx` trained: stops and writes the trace after `end_after_batch`. True
-  /// when it wrote the trace (summary() says where).
+  /// After batch `batch_idx` trained: writes the cycle's trace after its last active step. True when
+  /// it wrote one (summary() says where).
   bool after_batch(std::int64_t batch_idx) {
-    if (!running_ || !options_.end_after_batch || batch_idx < *options_.end_after_batch) return false;
+    if (!running_) return false;
+    step_range_.reset();
+    if (action_at(batch_idx) != ProfilerAction::record_and_save) return false;
     stop(batch_idx);
     return true;
   }
-  /// Training ended or stopped after batch `last_batch`: writes the trace if the range is still
-  /// open. True when it wrote it.
+  /// Training ended or stopped after batch `last_batch`: writes the open cycle's trace. True when it wrote one.
   bool finish(std::int64_t last_batch) {
-    if (!running_) return false;
+    step_range_.reset();
+    if (!running_) {
+      if (prepared_) discard();
+      return false;
+    }
     stop(last_batch);
     return true;
   }
   bool running() const { return running_; }
-  /// The trace written, once written.
+  /// The last trace written.
   const std::optional<std::filesystem::path>& written() const { return written_; }
   /// What happened, for the run's log ("profiled batches 5-9: trace.json (Kineto)").
   const std::string& summary() const { return summary_; }
 
  private:
+  ProfilerAction action_at(std::int64_t batch_idx) const {
+    const std::int64_t step = batch_idx - first_step_batch_;
+    return step < 0 ? ProfilerAction::none : profiler_action(options_.schedule, step);
+  }
+  void prepare();
   void start(std::int64_t batch_idx);
+  void open_step(std::int64_t step);
   void stop(std::int64_t batch_idx);
+  void discard();
+  std::filesystem::path next_trace_path() const;
 
-  ExperimentConfig::Profiling options_{};
-  std::filesystem::path trace_path_{};
+  ProfilerOptions options_{};
+  std::int64_t first_step_batch_ = 0;
+  TraceFiles files_{};
   bool cuda_ = false;
+  bool enabled_ = false;
+  bool prepared_ = false;
   bool running_ = false;
-  bool done_ = false;
   std::int64_t first_batch_ = 0;
+  std::unique_ptr<at::RecordFunction> step_range_;
   std::optional<std::filesystem::path> written_{};
   std::string summary_{};
 };
@@ -11712,6 +11867,7 @@ DETTRIAL_INLINE void write_chrome_trace(const torch::autograd::profiler::Profile
 #if DETTRIAL_HEADER_DEFINITIONS
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <set>
@@ -11722,8 +11878,9 @@ DETTRIAL_INLINE void write_chrome_trace(const torch::autograd::profiler::Profile
 namespace dettrial::detail {
 
 DETTRIAL_INLINE TraceProfiler::~TraceProfiler() {
-  // A fit that throws inside the range leaves the profiler on this thread: turn it off, no trace.
-  if (running_) {
+  // A fit that throws inside a cycle leaves the profiler on this thread: turn it off, no trace.
+  step_range_.reset();
+  if (running_ || prepared_) {
     try {
       torch::autograd::profiler::disableProfiler();
     } catch (...) {
@@ -11731,16 +11888,67 @@ DETTRIAL_INLINE TraceProfiler::~TraceProfiler() {
   }
 }
 
-DETTRIAL_INLINE void TraceProfiler::start(std::int64_t batch_idx) {
+namespace profiler_detail {
+inline torch::profiler::impl::ProfilerConfig config_of(const ProfilerOptions& o) {
   namespace impl = torch::profiler::impl;
-  impl::ProfilerConfig config(impl::ProfilerState::KINETO, /*report_input_shapes=*/true, /*profile_memory=*/false,
-                              /*with_stack=*/false, /*with_flops=*/false, /*with_modules=*/false);
-  std::set<impl::ActivityType> activities{impl::ActivityType::CPU};
-  if (cuda_) activities.insert(impl::ActivityType::CUDA);
-  torch::autograd::profiler::prepareProfiler(config, activities);
-  torch::autograd::profiler::enableProfiler(config, activities);
+  return impl::ProfilerConfig(impl::ProfilerState::KINETO, o.record_shapes, o.profile_memory, o.with_stack, o.with_flops, o.with_modules);
+}
+inline std::set<torch::profiler::impl::ActivityType> activities_of(const ProfilerOptions& o, bool cuda) {
+  namespace impl = torch::profiler::impl;
+  std::set<impl::ActivityType> out;
+  for (const ProfilerActivity a : o.activities) {
+    if (a == ProfilerActivity::cpu) out.insert(impl::ActivityType::CPU);
+    if (a == ProfilerActivity::cuda && cuda) out.insert(impl::ActivityType::CUDA);
+  }
+  if (out.empty()) out.insert(impl::ActivityType::CPU);  // CUDA asked for on a CPU run: the CPU's operators
+  return out;
+}
+}  // namespace profiler_detail
+
+DETTRIAL_INLINE void TraceProfiler::prepare() {
+  torch::autograd::profiler::prepareProfiler(profiler_detail::config_of(options_), profiler_detail::activities_of(options_, cuda_));
+  prepared_ = true;
+}
+
+DETTRIAL_INLINE void TraceProfiler::start(std::int64_t batch_idx) {
+  if (!prepared_) prepare();
+  torch::autograd::profiler::enableProfiler(profiler_detail::config_of(options_), profiler_detail::activities_of(options_, cuda_));
   running_ = true;
   first_batch_ = batch_idx;
+}
+
+DETTRIAL_INLINE void TraceProfiler::open_step(std::int64_t step) {
+  // Python's profiler.step() marks each step with a ProfilerStep#<n> range; TensorBoard's profile
+  // plugin splits a trace into steps by them.
+  step_range_ = std::make_unique<at::RecordFunction>(at::RecordScope::USER_SCOPE);
+  if (step_range_->isActive()) {
+    const std::string name = "ProfilerStep#" + std::to_string(step);
+    step_range_->before(name.c_str(), c10::ArrayRef<const c10::IValue>{});
+  }
+}
+
+DETTRIAL_INLINE void TraceProfiler::discard() {
+  // Warmed up for a cycle that training ended before: off, nothing kept.
+  try {
+    torch::autograd::profiler::disableProfiler();
+  } catch (...) {
+  }
+  prepared_ = false;
+}
+
+DETTRIAL_INLINE std::filesystem::path TraceProfiler::next_trace_path() const {
+  if (!files_.one_a_cycle) return files_.path;
+  // tensorboard_trace_handler's names: <host>_<pid>.<milliseconds since the epoch>.pt.trace.json.
+  char host[256] = {};
+  if (::gethostname(host, sizeof host - 1) != 0) std::snprintf(host, sizeof host, "localhost");
+  const std::string worker = std::string(host) + "_" + std::to_string(::getpid());
+  auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+  std::filesystem::path path;
+  std::error_code ec;
+  do {
+    path = files_.path / (worker + "." + std::to_string(ms++) + ".pt.trace.json");
+  } while (std::filesystem::exists(path, ec));
+  return path;
 }
 
 DETTRIAL_INLINE void TraceProfiler::stop(std::int64_t batch_idx) {
@@ -11748,25 +11956,26 @@ DETTRIAL_INLINE void TraceProfiler::stop(std::int64_t batch_idx) {
   // Off first, whatever follows: a profiler left on would refuse the next fit on this thread.
   const std::unique_ptr<torch::autograd::profiler::ProfilerResult> result = torch::autograd::profiler::disableProfiler();
   running_ = false;
-  done_ = true;
+  prepared_ = false;
+  const std::filesystem::path trace_path = next_trace_path();
   // A trace that cannot be written is said, not thrown: the training it profiled goes on.
   try {
     std::error_code ec;
-    std::filesystem::create_directories(trace_path_.parent_path(), ec);
+    std::filesystem::create_directories(trace_path.parent_path(), ec);
     std::string how = "Kineto";
     try {
-      result->save(trace_path_.string());
+      result->save(trace_path.string());
     } catch (const c10::Error&) {
       // Without Kineto, save() refuses; the events are there all the same.
-      write_chrome_trace(*result, trace_path_);
+      write_chrome_trace(*result, trace_path);
       how = "LibTorch's profiler without Kineto: CPU operators";
     }
-    written_ = trace_path_;
-    summary_ = "profiled batches " + std::to_string(first_batch_) + "-" + std::to_string(batch_idx) + ": " + trace_path_.string() +
+    written_ = trace_path;
+    summary_ = "profiled batches " + std::to_string(first_batch_) + "-" + std::to_string(batch_idx) + ": " + trace_path.string() +
                " (" + std::to_string(result->events().size()) + " events; " + how + ")";
   } catch (const std::exception& e) {
     summary_ = "warning: profiled batches " + std::to_string(first_batch_) + "-" + std::to_string(batch_idx) +
-               ", but the trace could not be written to " + trace_path_.string() + ": " + e.what();
+               ", but the trace could not be written to " + trace_path.string() + ": " + e.what();
   }
 }
 
@@ -13955,11 +14164,18 @@ class Trainer {
     if (chief) context_.get_tensorboard_writer() = TensorBoardWriter(context_.get_tensorboard_path(), resumed_at);
     st.reporter = detail::Reporter(chief, o.report, o.output_dir, resumed_at,
                                    context_.get_enable_tensorboard_logging() ? &context_.get_tensorboard_writer() : nullptr);
-    if (o.profiling.enabled) {
+    if (const auto& profiler = context_.profiler_options()) {
+      // set_profiler: steps count from this fit's first batch; every rank writes each cycle's trace
+      // into the run's TensorBoard folder under its own worker name (host and process).
+      st.profiler = detail::TraceProfiler(*profiler, resumed_at.value_or(0), {o.output_dir / "tensorboard", /*one_a_cycle=*/true},
+                                          context_.device().is_cuda());
+      st.sync_timings = o.profiling.sync_timings && context_.device().is_cuda();
+    } else if (o.profiling.enabled) {
       // Every rank profiles its own process: the chief into trace.json, rank r into trace.rank<r>.json.
       const int rank = context_.distributed().rank;
-      st.profiler = detail::TraceProfiler(o.profiling, o.output_dir / (rank == 0 ? std::string("trace.json") : "trace.rank" + std::to_string(rank) + ".json"),
-                                          context_.device().is_cuda());
+      st.profiler = detail::TraceProfiler::for_section(
+          o.profiling, o.output_dir / (rank == 0 ? std::string("trace.json") : "trace.rank" + std::to_string(rank) + ".json"),
+          context_.device().is_cuda());
       st.sync_timings = o.profiling.sync_timings && context_.device().is_cuda();
     }
     if (chief) {
@@ -14017,7 +14233,14 @@ class Trainer {
     if (const auto* graph = std::get_if<capture::cuda_graph>(&o.step_capture))
       st.reporter.line("dettrial: the training step is captured in a CUDA graph after " + std::to_string(graph->warmup_batches) +
                        " eager batch(es), and replayed; batches of other shapes run eagerly");
-    if (o.profiling.enabled)
+    if (const auto& profiler = context_.profiler_options()) {
+      const ProfilerSchedule& s = profiler->schedule;
+      st.reporter.line("dettrial: profiling on set_profiler's schedule (skip_first " + std::to_string(s.skip_first) + ", wait " +
+                       std::to_string(s.wait) + ", warmup " + std::to_string(s.warmup) + ", active " + std::to_string(s.active) +
+                       ", repeat " + std::to_string(s.repeat) + ", from batch " + std::to_string(st.batches_trained) +
+                       "); each cycle's trace in " + (o.output_dir / "tensorboard").string() +
+                       (o.profiling.enabled ? " (the config's profiling section is not used)" : ""));
+    } else if (o.profiling.enabled)
       st.reporter.line("dettrial: profiling batches " + std::to_string(o.profiling.begin_on_batch) + " to " +
                        (o.profiling.end_after_batch ? std::to_string(*o.profiling.end_after_batch) : std::string("the end of training")) +
                        " with LibTorch's profiler" + (st.sync_timings ? ", timings synchronized with the GPU" : "") +

@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "test_trials.hpp"
 
 using namespace dettrial;
@@ -211,4 +213,22 @@ TEST_CASE("Keras-style validation means are weighted by records, as Keras's eval
     batch_mean += torch::nn::functional::cross_entropy(logits.narrow(0, first, n), data.y.narrow(0, first, n)).item<double>() / 3;
   }
   CHECK(batch_mean != doctest::Approx(loss).epsilon(1e-6));
+
+  // For Keras itself (tests/python/keras_evaluate.py): the data, the weights and what dettrial reported.
+  if (const char* keep = std::getenv("DETTRIAL_KERAS_DIR")) {
+    auto as_list = [](const torch::Tensor& t) {
+      const torch::Tensor flat = t.detach().to(torch::kDouble).contiguous().reshape({-1});
+      nlohmann::json shape = t.sizes().vec();
+      return nlohmann::json{{"shape", shape}, {"values", std::vector<double>(flat.data_ptr<double>(), flat.data_ptr<double>() + flat.numel())}};
+    };
+    nlohmann::json out;
+    out["x"] = as_list(data.x);
+    out["y"] = as_list(data.y);
+    for (const auto& item : model->named_parameters()) out["weights"][item.key()] = as_list(item.value());
+    out["batch_size"] = 32;
+    out["val_loss"] = r.last_validation_metrics.at("val_loss");
+    out["val_accuracy"] = r.last_validation_metrics.at("val_accuracy");
+    fs::create_directories(keep);
+    std::ofstream(fs::path(keep) / "evaluate.json") << out.dump();
+  }
 }
