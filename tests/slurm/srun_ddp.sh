@@ -14,12 +14,22 @@ rm -rf "$work"
 mkdir -p "$work"
 last_validation() { python3 -c 'import json,sys; print([r for r in map(json.loads, open(sys.argv[1])) if r["type"] == "validation"][-1]["metrics"])' "$1"; }
 
-"$program" --config "$config" --set "data.dir=$data" --output "$work/builtin" --quiet || fail "the built-in launcher's run failed"
+# The thread pools that compute (intra-op, the BLAS library's own) as a run's first line names them.
+pools() { sed -n 's/.* threads\{0,1\} (.*: \(intra-op [^)]*\), inter-op [0-9]*).*/\1/p' "$1" | head -n 1; }
+"$program" --config "$config" --set "data.dir=$data" --output "$work/builtin" >"$work/builtin.log" 2>&1 ||
+  { cat "$work/builtin.log"; fail "the built-in launcher's run failed"; }
+builtin_pools=$(pools "$work/builtin.log")
+[ -n "$builtin_pools" ] || fail "the built-in launcher's first line names no thread pools"
 srun --ntasks=2 --kill-on-bad-exit=1 "$program" --config "$config" --set "data.dir=$data" --output "$work/srun" >"$work/srun.log" 2>&1
 status=$?
 cat "$work/srun.log"
 [ "$status" -eq 0 ] || fail "srun exited with $status"
 grep -q "2 processes (Slurm, gloo)" "$work/srun.log" || fail "the job did not run as Slurm's 2 ranks"
+# Slurm's ranks here are not bound to CPUs (task/none): each must still size every pool as the
+# built-in launcher's bound ranks do, the BLAS library's own included.
+[ "$(pools "$work/srun.log")" = "$builtin_pools" ] ||
+  fail "srun's ranks got thread pools '$(pools "$work/srun.log")', the built-in launcher's '$builtin_pools'"
+echo "thread pools under both: $builtin_pools"
 builtin=$(last_validation "$work/builtin/metrics.jsonl") srun_metrics=$(last_validation "$work/srun/metrics.jsonl")
 echo "built-in launcher: $builtin"
 echo "srun:              $srun_metrics"

@@ -10,6 +10,7 @@
 #include <sstream>
 #include <sys/wait.h>
 
+#include "ranks.hpp"
 #include "test_trials.hpp"
 
 using namespace dettrial;
@@ -34,25 +35,6 @@ torch::nn::Sequential batch_norm_model() {
   return torch::nn::Sequential(torch::nn::Linear(3, 8), torch::nn::BatchNorm1d(8), torch::nn::ReLU(), torch::nn::Linear(8, 1));
 }
 
-/// Mean squared error over records, reduced across ranks by its (sum, count) parts.
-struct SquaredError {
-  double sum = 0, count = 0;
-  void update(const torch::Tensor& squared_errors) {
-    sum += squared_errors.sum().item<double>();
-    count += static_cast<double>(squared_errors.numel());
-  }
-  void reset() { sum = count = 0; }
-  std::vector<double> per_slot_reduce() const { return {sum, count}; }
-  double cross_slot_reduce(const std::vector<std::vector<double>>& parts) const {
-    double s = 0, c = 0;
-    for (const auto& p : parts) {
-      s += p[0];
-      c += p[1];
-    }
-    return s / c;
-  }
-};
-
 /// Largest minus smallest of the values every rank gave: 0 when the ranks agree.
 struct Spread {
   double operator()(const std::vector<double>& v) const {
@@ -66,7 +48,7 @@ struct BatchNormTrial {
   Context& context;
   torch::nn::Sequential model;
   torch::optim::SGD opt;
-  SquaredError val_mse;
+  test::SquaredError val_mse;
   FunctionReducer<double, Spread>* mean_spread = nullptr;
   FunctionReducer<double, Spread>* var_spread = nullptr;
 
@@ -109,33 +91,6 @@ struct BatchNormTrial {
   }
 };
 
-std::string port_for_run() {
-  static int runs = 0;
-  return std::to_string(23000 + (::getpid() * 17 + 89 * runs++) % 20000);
-}
-
-/// Runs `test_case` as `n` ranks under RANK/WORLD_SIZE with `extra` in their environment; requires that all succeed.
-void run_ranks(const std::string& test_case, int n, const fs::path& dir, const std::vector<std::string>& extra) {
-  const std::string port = port_for_run();
-  std::vector<pid_t> pids;
-  for (int rank = 0; rank < n; ++rank) {
-    std::vector<std::string> env = {"RANK=" + std::to_string(rank), "WORLD_SIZE=" + std::to_string(n),
-                                    "LOCAL_RANK=" + std::to_string(rank), "LOCAL_WORLD_SIZE=" + std::to_string(n),
-                                    "MASTER_ADDR=127.0.0.1", "MASTER_PORT=" + port, "DETTRIAL_CHILD_DIR=" + dir.string()};
-    env.insert(env.end(), extra.begin(), extra.end());
-    pids.push_back(test::spawn_self(test_case, env, (dir / ("rank" + std::to_string(rank) + ".log")).string()));
-  }
-  for (int rank = 0; rank < n; ++rank) {
-    bool in_time = false;
-    const int status = test::wait_for(pids[static_cast<std::size_t>(rank)], std::chrono::seconds(150), in_time);
-    CAPTURE(rank);
-    CAPTURE(test::read_text(dir / ("rank" + std::to_string(rank) + ".log")));
-    REQUIRE(in_time);
-    REQUIRE(WIFEXITED(status));
-    REQUIRE(WEXITSTATUS(status) == 0);
-  }
-}
-
 /// A job of `n` ranks trains the BatchNorm trial; every rank must end with rank 0's buffers, validate
 /// with them, and report the validation one process computes from the checkpoint.
 void check_buffers_agree(int n, bool sync) {
@@ -143,7 +98,7 @@ void check_buffers_agree(int n, bool sync) {
   fs::create_directories(dir);
   std::vector<std::string> extra;
   if (sync) extra.emplace_back("DETTRIAL_SYNC_BATCH_NORM=1");
-  run_ranks("child process: a rank trains a BatchNorm model", n, dir, extra);
+  test::run_ranks("child process: a rank trains a BatchNorm model", n, dir, extra);
 
   std::vector<std::vector<torch::Tensor>> buffers(static_cast<std::size_t>(n));
   for (int rank = 0; rank < n; ++rank) torch::load(buffers[static_cast<std::size_t>(rank)], (dir / ("buffers" + std::to_string(rank) + ".pt")).string());
@@ -281,7 +236,7 @@ TEST_CASE("SyncBatchNorm on 2 and 3 ranks with uneven shards: statistics and gra
     CAPTURE(n);
     const fs::path dir = test::quiet({}).output_dir;
     fs::create_directories(dir);
-    run_ranks("child process: a SyncBatchNorm rank", n, dir, {});
+    test::run_ranks("child process: a SyncBatchNorm rank", n, dir);
     torch::Tensor weight_grad = torch::zeros_like(bn->weight), bias_grad = torch::zeros_like(bn->bias);
     for (int rank = 0; rank < n; ++rank) {
       CAPTURE(rank);

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
+#include <iomanip>
 #include <fstream>
 #include <map>
 #include <numeric>
@@ -16,6 +17,7 @@
 #include <sys/wait.h>
 #include <thread>
 
+#include "ranks.hpp"
 #include "test_trials.hpp"
 
 using namespace dettrial;
@@ -36,25 +38,6 @@ test::Batch indexed_data(std::int64_t n, std::uint64_t seed) {
   torch::Tensor y = x.narrow(1, 1, 3).matmul(torch::tensor({1.5f, -2.0f, 0.5f})).unsqueeze(1);
   return {x, y};
 }
-
-/// Mean squared error over records, reduced across ranks: per slot (sum, count), then summed.
-struct SquaredError {
-  double sum = 0, count = 0;
-  void update(const torch::Tensor& squared_errors) {
-    sum += squared_errors.sum().item<double>();
-    count += static_cast<double>(squared_errors.numel());
-  }
-  void reset() { sum = count = 0; }
-  std::vector<double> per_slot_reduce() const { return {sum, count}; }
-  double cross_slot_reduce(const std::vector<std::vector<double>>& parts) const {
-    double s = 0, c = 0;
-    for (const auto& p : parts) {
-      s += p[0];
-      c += p[1];
-    }
-    return s / c;
-  }
-};
 
 /// Records trained in a workload on all ranks, and on how many ranks (MetricValues under their own names).
 struct TrainedRecords {
@@ -90,7 +73,7 @@ struct UnevenTrial {
   torch::nn::Sequential model;
   torch::optim::SGD opt;
   torch::optim::StepLR scheduler;
-  SquaredError val_mse;
+  test::SquaredError val_mse;
   TrainedRecords trained;
   // Function reducers: dettrial owns them; the trial keeps what wrap_reducer returned.
   FunctionReducer<double, AscendingCount>* in_order = nullptr;
@@ -139,32 +122,10 @@ struct UnevenTrial {
   }
 };
 
-/// Runs the uneven child test case as `n` ranks under RANK/WORLD_SIZE; requires that all succeed.
-void run_ranks(int n, const fs::path& dir) {
-  static int runs = 0;
-  const std::string port = std::to_string(21000 + (::getpid() * 13 + 97 * runs++) % 20000);
-  std::vector<pid_t> pids;
-  for (int rank = 0; rank < n; ++rank) {
-    const std::vector<std::string> env = {"RANK=" + std::to_string(rank), "WORLD_SIZE=" + std::to_string(n),
-                                          "LOCAL_RANK=" + std::to_string(rank), "LOCAL_WORLD_SIZE=" + std::to_string(n),
-                                          "MASTER_ADDR=127.0.0.1", "MASTER_PORT=" + port, "DETTRIAL_CHILD_DIR=" + dir.string()};
-    pids.push_back(test::spawn_self("child process: a rank on uneven data", env, (dir / ("rank" + std::to_string(rank) + ".log")).string()));
-  }
-  for (int rank = 0; rank < n; ++rank) {
-    bool in_time = false;
-    const int status = test::wait_for(pids[static_cast<std::size_t>(rank)], std::chrono::seconds(150), in_time);
-    CAPTURE(rank);
-    CAPTURE(test::read_text(dir / ("rank" + std::to_string(rank) + ".log")));
-    REQUIRE(in_time);
-    REQUIRE(WIFEXITED(status));
-    REQUIRE(WEXITSTATUS(status) == 0);
-  }
-}
-
 void check_uneven_job(int n) {
   const fs::path dir = test::quiet({}).output_dir;
   fs::create_directories(dir);
-  run_ranks(n, dir);
+  test::run_ranks("child process: a rank on uneven data", n, dir);
 
   const std::int64_t per_slot = 6 / n;
   const std::int64_t batches_per_epoch = (train_records + per_slot - 1) / per_slot;
@@ -492,4 +453,92 @@ TEST_CASE("threads per rank: the BLAS library's own pool gets the same count as 
   at::set_num_threads(1);
   CHECK(apply_threads(ThreadChoice{.threads = 2, .source = "OMP_NUM_THREADS", .set_by_dettrial = false}, no_env).intra_op == 1);
   at::set_num_threads(before);
+}
+
+namespace {
+/// Validates with evaluate_full_dataset: the chief evaluates the whole (unsharded) validation set,
+/// and every rank reports its metrics.
+struct FullDatasetTrial {
+  Context& context;
+  torch::nn::Linear model{nullptr};
+  torch::optim::SGD opt;
+  int evaluations = 0;
+  explicit FullDatasetTrial(Context& c) : context(c), model(c.wrap_model(torch::nn::Linear(3, 1))), opt(model->parameters(), 0.05) {
+    c.wrap_optimizer(opt);
+  }
+  auto build_training_data_loader() {
+    auto [x, y] = indexed_data(train_records, 11);
+    return DataLoader(TensorDataset(x, y), {.batch_size = context.get_per_slot_batch_size(), .shuffle = true});
+  }
+  auto build_validation_data_loader() {
+    auto [x, y] = indexed_data(validation_records, 12);
+    return DataLoader(TensorDataset(x, y), {.batch_size = 4});
+  }
+  Metrics train_batch(test::Batch& b, std::int64_t, std::int64_t) {
+    auto& [x, y] = b;
+    torch::Tensor loss = torch::mse_loss(model->forward(x.narrow(1, 1, 3)), y);
+    context.backward(loss);
+    context.step_optimizer(opt);
+    return {{"loss", loss}};
+  }
+  Metrics evaluate_full_dataset(DataLoader<TensorDataset<2>>& loader) {
+    ++evaluations;
+    torch::NoGradGuard no_grad;
+    double squared = 0, records = 0, index_sum = 0;
+    for (auto&& [x, y] : loader) {
+      squared += (model->forward(x.narrow(1, 1, 3)) - y).pow(2).sum().item<double>();
+      records += static_cast<double>(x.size(0));
+      index_sum += x.select(1, 0).sum().item<double>();
+    }
+    return {{"val_mse", squared / records}, {"records_seen", records}, {"index_sum", index_sum}};
+  }
+};
+}  // namespace
+
+TEST_CASE("child process: a rank validates with evaluate_full_dataset" * doctest::skip()) {
+  const LaunchEnvironment env = LaunchEnvironment::detect();
+  REQUIRE(env.distributed());
+  const fs::path dir = std::getenv("DETTRIAL_CHILD_DIR");
+  auto comm = Communicator::create(env, std::chrono::seconds(60), backend::gloo{});
+  Context context(Hyperparameters::parse("global_batch_size: 6\n"), ContextOptions{.trial_seed = 8, .communicator = comm});
+  Trainer<FullDatasetTrial> trainer(context);
+  FitOptions o{.max_length = Epoch(2), .validation_period = Epoch(1)};
+  o.output_dir = dir / "run";
+  o.report.quiet = true;
+  const FitResult r = trainer.fit(o);
+  YAML::Emitter out;
+  out << YAML::BeginMap;
+  out << YAML::Key << "evaluations" << YAML::Value << trainer.trial().evaluations;
+  out << YAML::Key << "validations" << YAML::Value << r.validations;
+  for (const char* name : {"val_mse", "records_seen", "index_sum"})
+    out << YAML::Key << name << YAML::Value << YAML::Precision(17) << r.last_validation_metrics.at(name);
+  std::ostringstream params;
+  params << std::setprecision(17);
+  for (const auto& p : trainer.trial().model->parameters()) params << p.sum().item<double>() << ";";
+  out << YAML::Key << "params" << YAML::Value << params.str();
+  out << YAML::EndMap;
+  std::ofstream(dir / ("rank" + std::to_string(env.rank) + ".yaml")) << out.c_str();
+}
+
+TEST_CASE("3 ranks on uneven data: evaluate_full_dataset runs on the chief over the whole set and every rank reports it" *
+          doctest::timeout(200)) {
+  if (test::skip_without_gloo()) return;
+  const fs::path dir = test::quiet({}).output_dir;
+  fs::create_directories(dir);
+  test::run_ranks("child process: a rank validates with evaluate_full_dataset", 3, dir);
+  std::vector<YAML::Node> ranks;
+  for (int rank = 0; rank < 3; ++rank) ranks.push_back(YAML::LoadFile((dir / ("rank" + std::to_string(rank) + ".yaml")).string()));
+  CHECK(ranks[0]["validations"].as<int>() == 2);
+  CHECK(ranks[0]["evaluations"].as<int>() == 2);  // the chief, once a validation
+  // The whole validation set, unsharded: 53 records whose indices sum to 0 + 1 + ... + 52.
+  CHECK(ranks[0]["records_seen"].as<double>() == static_cast<double>(validation_records));
+  CHECK(ranks[0]["index_sum"].as<double>() == static_cast<double>(validation_records * (validation_records - 1) / 2));
+  for (int rank = 1; rank < 3; ++rank) {
+    CAPTURE(rank);
+    const YAML::Node& mine = ranks[static_cast<std::size_t>(rank)];
+    CHECK(mine["evaluations"].as<int>() == 0);  // the other ranks do not evaluate
+    CHECK(mine["validations"].as<int>() == 2);
+    for (const char* name : {"val_mse", "records_seen", "index_sum"}) CHECK(mine[name].as<std::string>() == ranks[0][name].as<std::string>());
+    CHECK(mine["params"].as<std::string>() == ranks[0]["params"].as<std::string>());
+  }
 }
