@@ -12958,6 +12958,7 @@ ScopeExit<F> on_scope_exit(F f) {
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <type_traits>
@@ -12983,6 +12984,25 @@ struct InMemorySequence {
   std::int64_t batch_size = 32;
   /// Training batches are drawn in a new order every epoch (Keras's `fit(shuffle=True)`), from the
   /// trial's seed; validation batches come in order.
+  bool shuffle = true;
+};
+
+/**
+ * @brief An InMemorySequence with weights: a weight per sample (Keras's `fit(sample_weight=...)`, or a
+ * Sequence yielding `(x, y, sample_weight)`) and/or per class (`class_weight`, Determined's
+ * `context.configure_fit(class_weight=...)`), multiplied together. A batch's loss is then Keras's
+ * weighted loss, the sum of weight x loss over the batch divided by its size; metrics are not
+ * weighted (Keras weights only `weighted_metrics`). For validation, `class_weight` is refused, as
+ * Keras's `evaluate` takes none.
+ */
+struct WeightedSequence {
+  torch::Tensor data;
+  torch::Tensor labels;
+  /// One weight per sample (shape (N)); undefined: 1 each.
+  torch::Tensor sample_weights{};
+  /// A weight per integer class label; a label without one weighs 1.
+  std::map<std::int64_t, double> class_weight{};
+  std::int64_t batch_size = 32;
   bool shuffle = true;
 };
 
@@ -13056,6 +13076,13 @@ DETTRIAL_INLINE std::vector<CompiledMetric> metrics_named(const std::vector<std:
 DETTRIAL_INLINE torch::Tensor loss_value(const Loss& loss, const torch::Tensor& y_pred, const torch::Tensor& y_true);
 /// One metric of a batch, as a tensor on the batch's device (no synchronisation).
 DETTRIAL_INLINE torch::Tensor metric_value(CompiledMetric::Kind kind, const torch::Tensor& y_pred, const torch::Tensor& y_true);
+/// Keras's loss of each sample (its values averaged over the last axis where Keras averages), for weighting.
+DETTRIAL_INLINE torch::Tensor per_sample_loss(const Loss& loss, const torch::Tensor& y_pred, const torch::Tensor& y_true);
+/// Keras's weighted loss: sum(weight x per-sample loss) / the number of per-sample values.
+DETTRIAL_INLINE torch::Tensor weighted_loss_value(const Loss& loss, const torch::Tensor& y_pred, const torch::Tensor& y_true,
+                                                  const torch::Tensor& sample_weights);
+/// The weights of a WeightedSequence: sample weights times class weights, one per sample, as float.
+DETTRIAL_INLINE torch::Tensor combined_weights(const WeightedSequence& s);
 }  // namespace detail
 
 /**
@@ -13186,10 +13213,41 @@ class TrialAdapter {
     return DataLoader(TensorDataset(std::move(s.data), std::move(s.labels)),
                       {.batch_size = s.batch_size, .shuffle = training && s.shuffle});
   }
+  static auto make_loader(WeightedSequence s, bool training) {
+    if (!s.data.defined() || !s.labels.defined()) throw TrialError("keras::WeightedSequence needs both data and labels");
+    if (!training && !s.class_weight.empty())
+      throw TrialError("keras::WeightedSequence: class_weight applies to training only (Keras's evaluate takes none); "
+                       "give the validation sequence sample_weights");
+    torch::Tensor weights = detail::combined_weights(s);
+    return DataLoader(TensorDataset(std::move(s.data), std::move(s.labels), std::move(weights)),
+                      {.batch_size = s.batch_size, .shuffle = training && s.shuffle});
+  }
   template <class L>
   static auto as_loader(L loader, bool training) {
-    if constexpr (std::is_same_v<std::remove_cvref_t<L>, InMemorySequence>) return make_loader(std::move(loader), training);
+    if constexpr (std::is_same_v<std::remove_cvref_t<L>, InMemorySequence> || std::is_same_v<std::remove_cvref_t<L>, WeightedSequence>)
+      return make_loader(std::move(loader), training);
     else return loader;
+  }
+  /// Whether a batch is (inputs, labels, sample_weights): a tuple-like of three.
+  template <class Batch>
+  static consteval bool weighted_batch() {
+    if constexpr (requires { std::tuple_size<std::remove_cvref_t<Batch>>::value; })
+      return std::tuple_size_v<std::remove_cvref_t<Batch>> == 3;
+    else return false;
+  }
+  /// Calls `step(inputs, labels, weights or null)` on a batch of two or three parts.
+  template <class Batch, class Step>
+  static decltype(auto) with_parts(Batch& batch, Step&& step) {
+    if constexpr (weighted_batch<Batch>()) {
+      auto& [x, y, w] = batch;
+      return step(x, y, static_cast<const torch::Tensor*>(&w));
+    } else {
+      auto& [x, y] = batch;
+      return step(x, y, static_cast<const torch::Tensor*>(nullptr));
+    }
+  }
+  torch::Tensor batch_loss(const torch::Tensor& y_pred, const torch::Tensor& y, const torch::Tensor* weights) const {
+    return weights ? detail::weighted_loss_value(compiled_.loss, y_pred, y, *weights) : detail::loss_value(compiled_.loss, y_pred, y);
   }
 
  public:
@@ -13223,27 +13281,29 @@ class TrialAdapter {
 
   template <class Batch>
   Metrics train_batch(Batch& batch, std::int64_t, std::int64_t) {
-    auto& [x, y] = batch;
-    const torch::Tensor y_pred = compiled_.model->forward(x);
-    const torch::Tensor loss = detail::loss_value(compiled_.loss, y_pred, y);
-    context_.backward(loss);
-    context_.step_optimizer(*compiled_.optimizer);
-    Metrics out{{"loss", loss.detach()}};
-    const torch::Tensor seen = y_pred.detach();
-    for (const CompiledMetric& m : compiled_.metrics) out.set(m.name, detail::metric_value(m.kind, seen, y));
-    return out;
+    return with_parts(batch, [&](auto& x, const torch::Tensor& y, const torch::Tensor* weights) {
+      const torch::Tensor y_pred = compiled_.model->forward(x);
+      const torch::Tensor loss = batch_loss(y_pred, y, weights);
+      context_.backward(loss);
+      context_.step_optimizer(*compiled_.optimizer);
+      Metrics out{{"loss", loss.detach()}};
+      const torch::Tensor seen = y_pred.detach();
+      for (const CompiledMetric& m : compiled_.metrics) out.set(m.name, detail::metric_value(m.kind, seen, y));
+      return out;
+    });
   }
 
   template <class Batch>
   Metrics evaluate_batch(Batch& batch) {
     torch::NoGradGuard no_grad;
-    auto& [x, y] = batch;
-    const torch::Tensor y_pred = compiled_.model->forward(x);
-    values_.clear();
-    values_.push_back(detail::loss_value(compiled_.loss, y_pred, y));
-    for (const CompiledMetric& m : compiled_.metrics) values_.push_back(detail::metric_value(m.kind, y_pred, y));
-    validation_means_.add(values_, y_pred.size(0));
-    return {};  // the means are validation_means_'s
+    return with_parts(batch, [&](auto& x, const torch::Tensor& y, const torch::Tensor* weights) {
+      const torch::Tensor y_pred = compiled_.model->forward(x);
+      values_.clear();
+      values_.push_back(batch_loss(y_pred, y, weights));
+      for (const CompiledMetric& m : compiled_.metrics) values_.push_back(detail::metric_value(m.kind, y_pred, y));
+      validation_means_.add(values_, y_pred.size(0));
+      return Metrics{};  // the means are validation_means_'s
+    });
   }
 
  private:
@@ -13341,6 +13401,74 @@ DETTRIAL_INLINE torch::Tensor loss_value(const Loss& loss, const torch::Tensor& 
         }
       },
       loss);
+}
+
+DETTRIAL_INLINE torch::Tensor per_sample_loss(const Loss& loss, const torch::Tensor& output, const torch::Tensor& y_true) {
+  constexpr double eps = 1e-7;
+  const bool low = output.scalar_type() == torch::kHalf || output.scalar_type() == torch::kBFloat16;
+  const torch::Tensor y_pred = low ? output.to(torch::kFloat) : output;
+  return std::visit(
+      [&](const auto& l) -> torch::Tensor {
+        using L = std::decay_t<decltype(l)>;
+        namespace F = torch::nn::functional;
+        if constexpr (std::is_same_v<L, losses::SparseCategoricalCrossentropy>) {
+          const torch::Tensor log_p = l.from_logits ? torch::log_softmax(y_pred, -1) : y_pred.clamp(eps, 1 - eps).log();
+          return F::nll_loss(log_p.reshape({-1, log_p.size(-1)}), y_true.to(torch::kLong).reshape({-1}),
+                             F::NLLLossFuncOptions().reduction(torch::kNone));
+        } else if constexpr (std::is_same_v<L, losses::CategoricalCrossentropy>) {
+          const torch::Tensor log_p = l.from_logits ? torch::log_softmax(y_pred, -1) : y_pred.clamp(eps, 1 - eps).log();
+          return -(y_true.to(log_p.dtype()) * log_p).sum(-1);
+        } else if constexpr (std::is_same_v<L, losses::BinaryCrossentropy>) {
+          const torch::Tensor target = y_true.to(y_pred.dtype()).reshape(y_pred.sizes());
+          const torch::Tensor each = l.from_logits ? F::binary_cross_entropy_with_logits(
+                                                         y_pred, target, F::BinaryCrossEntropyWithLogitsFuncOptions().reduction(torch::kNone))
+                                                   : F::binary_cross_entropy(y_pred.clamp(eps, 1 - eps), target,
+                                                                             F::BinaryCrossEntropyFuncOptions().reduction(torch::kNone));
+          return each.mean(-1);
+        } else if constexpr (std::is_same_v<L, losses::MeanSquaredError>) {
+          return (y_pred - y_true.to(y_pred.dtype()).reshape(y_pred.sizes())).square().mean(-1);
+        } else if constexpr (std::is_same_v<L, losses::MeanAbsoluteError>) {
+          return (y_pred - y_true.to(y_pred.dtype()).reshape(y_pred.sizes())).abs().mean(-1);
+        } else {
+          throw TrialError("keras: a custom loss returns one number for the batch, so sample or class weights cannot weigh its "
+                           "samples; use one of Keras's losses, or weigh inside the custom loss");
+        }
+      },
+      loss);
+}
+
+DETTRIAL_INLINE torch::Tensor weighted_loss_value(const Loss& loss, const torch::Tensor& y_pred, const torch::Tensor& y_true,
+                                                  const torch::Tensor& sample_weights) {
+  const torch::Tensor each = per_sample_loss(loss, y_pred, y_true);
+  // One weight per sample, broadcast over any further axes of the per-sample losses.
+  std::vector<std::int64_t> shape(static_cast<std::size_t>(each.dim()), 1);
+  shape[0] = each.size(0);
+  const torch::Tensor weights = sample_weights.to(each.dtype()).reshape(shape);
+  return (each * weights).sum() / static_cast<double>(each.numel());
+}
+
+DETTRIAL_INLINE torch::Tensor combined_weights(const WeightedSequence& s) {
+  const std::int64_t n = s.data.size(0);
+  if (s.labels.size(0) != n)
+    throw TrialError("keras::WeightedSequence has " + std::to_string(n) + " inputs but " + std::to_string(s.labels.size(0)) + " labels");
+  torch::Tensor weights = torch::ones({n}, torch::kFloat);
+  if (s.sample_weights.defined()) {
+    if (s.sample_weights.numel() != n)
+      throw TrialError("keras::WeightedSequence has " + std::to_string(n) + " inputs but " + std::to_string(s.sample_weights.numel()) +
+                       " sample weights");
+    weights = s.sample_weights.reshape({n}).to(torch::kFloat).cpu().clone();
+  }
+  if (!s.class_weight.empty()) {
+    if (s.labels.dim() > 2 || (s.labels.dim() == 2 && s.labels.size(1) != 1))
+      throw TrialError("keras::WeightedSequence: class_weight needs one integer label per sample (Keras's rule), not labels of shape " +
+                       c10::str(s.labels.sizes()));
+    const torch::Tensor labels = s.labels.reshape({n}).to(torch::kLong).cpu().contiguous();
+    const auto* label = labels.data_ptr<std::int64_t>();
+    auto* w = weights.data_ptr<float>();
+    for (std::int64_t i = 0; i < n; ++i)
+      if (const auto found = s.class_weight.find(label[i]); found != s.class_weight.end()) w[i] *= static_cast<float>(found->second);
+  }
+  return weights.to(s.data.device());
 }
 
 DETTRIAL_INLINE torch::Tensor metric_value(CompiledMetric::Kind kind, const torch::Tensor& y_pred, const torch::Tensor& y_true) {

@@ -2,7 +2,10 @@
 and batch size (90 records in batches of 32: the last one partial), and must report the val_loss and
 val_accuracy dettrial reported: Keras's evaluate weights each batch by its records.
 
-Usage: KERAS_BACKEND=torch keras_evaluate.py DIR   (DIR/evaluate.json, left by the keras unit test)"""
+Also: each of Keras's losses with sample weights, as keras::WeightedSequence weighs them
+(DIR/weighted_losses.json).
+
+Usage: KERAS_BACKEND=torch keras_evaluate.py DIR   (DIR/evaluate.json and weighted_losses.json, left by the keras unit tests)"""
 import json
 import os
 import sys
@@ -38,4 +41,19 @@ batch_losses = [model.evaluate(x[i:i + b], y[i:i + b], batch_size=b, verbose=0, 
 assert abs(sum(batch_losses) / len(batch_losses) - result["loss"]) > tolerance, "these data cannot tell batch means from record means"
 assert abs(result["loss"] - saved["val_loss"]) <= tolerance, "val_loss differs from Keras's evaluate"
 assert abs(result["accuracy"] - saved["val_accuracy"]) <= 1e-6, "val_accuracy differs from Keras's evaluate"
-print("ok: Keras's evaluate reports what dettrial reported")
+
+# Sample-weighted losses (keras::WeightedSequence): each of Keras's losses with sample_weight.
+classes = {"sparse_categorical_crossentropy": keras.losses.SparseCategoricalCrossentropy,
+           "categorical_crossentropy": keras.losses.CategoricalCrossentropy,
+           "binary_crossentropy": keras.losses.BinaryCrossentropy}
+with open(os.path.join(sys.argv[1], "weighted_losses.json")) as f:
+    cases = json.load(f)
+for case in cases:
+    name = case["loss"]
+    loss = classes[name](from_logits=case["from_logits"]) if name in classes else \
+        {"mean_squared_error": keras.losses.MeanSquaredError, "mean_absolute_error": keras.losses.MeanAbsoluteError}[name]()
+    y_true = array(case["y_true"], np.int64 if name == "sparse_categorical_crossentropy" else np.float32)
+    value = float(loss(y_true, array(case["y_pred"], np.float32), sample_weight=array(case["sample_weight"], np.float32)))
+    print(f"{name} (from_logits={case['from_logits']}): Keras {value}, dettrial {case['value']}")
+    assert abs(value - case["value"]) <= 1e-5 * max(1.0, abs(value)), f"{name}: the weighted loss differs from Keras's"
+print(f"ok: Keras's evaluate reports what dettrial reported; {len(cases)} sample-weighted losses as Keras computes them")

@@ -232,3 +232,105 @@ TEST_CASE("Keras-style validation means are weighted by records, as Keras's eval
     std::ofstream(fs::path(keep) / "evaluate.json") << out.dump();
   }
 }
+
+namespace {
+nlohmann::json as_json_array(const torch::Tensor& t) {
+  const torch::Tensor flat = t.detach().to(torch::kDouble).contiguous().reshape({-1});
+  return nlohmann::json{{"shape", t.sizes().vec()},
+                        {"values", std::vector<double>(flat.data_ptr<double>(), flat.data_ptr<double>() + flat.numel())}};
+}
+
+/// A Keras-style regression trial whose training data come weighted.
+struct WeightedTrial {
+  Context& context;
+  Clusters data = clusters();
+  double learning_rate;
+  keras::WeightedSequence training;
+  WeightedTrial(Context& c, double lr, keras::WeightedSequence train) : context(c), learning_rate(lr), training(std::move(train)) {}
+  auto build_model() {
+    torch::manual_seed(11);
+    torch::nn::Sequential model(torch::nn::Linear(2, 3));
+    auto sgd = std::make_shared<torch::optim::SGD>(model->parameters(), torch::optim::SGDOptions(learning_rate));
+    return keras::compile(model, {.optimizer = sgd, .loss = keras::losses::sparse_categorical_crossentropy(true)});
+  }
+  keras::WeightedSequence build_training_data_loader() { return training; }
+  keras::InMemorySequence build_validation_data_loader() { return {.data = data.x, .labels = data.y, .batch_size = 30, .shuffle = false}; }
+};
+}  // namespace
+
+TEST_CASE("keras::WeightedSequence: sample and class weights weigh each sample's loss as Keras does") {
+  using keras::detail::weighted_loss_value;
+  auto gen = at::detail::createCPUGenerator(5);
+  const torch::Tensor logits = torch::randn({6, 3}, gen), weights = torch::tensor({1.0f, 2.0f, 0.0f, 0.5f, 1.5f, 3.0f});
+  const torch::Tensor labels = torch::tensor({0, 2, 1, 1, 0, 2}, torch::kLong);
+  const torch::Tensor probabilities = torch::softmax(logits, -1), one_hot = torch::one_hot(labels, 3).to(torch::kFloat);
+  const torch::Tensor targets = torch::randn({6, 2}, gen), outputs = torch::randn({6, 2}, gen);
+  const torch::Tensor binary = torch::tensor({{1.0f}, {0.0f}, {1.0f}, {1.0f}, {0.0f}, {0.0f}}), binary_logits = torch::randn({6, 1}, gen);
+  struct Case {
+    const char* name;
+    bool from_logits;
+    keras::Loss loss;
+    torch::Tensor y_true, y_pred;
+  };
+  namespace L = keras::losses;
+  const std::vector<Case> cases = {
+      {"sparse_categorical_crossentropy", true, L::sparse_categorical_crossentropy(true), labels, logits},
+      {"sparse_categorical_crossentropy", false, L::sparse_categorical_crossentropy(false), labels, probabilities},
+      {"categorical_crossentropy", true, L::categorical_crossentropy(true), one_hot, logits},
+      {"binary_crossentropy", true, L::binary_crossentropy(true), binary, binary_logits},
+      {"binary_crossentropy", false, L::binary_crossentropy(false), binary, torch::sigmoid(binary_logits)},
+      {"mean_squared_error", false, L::MeanSquaredError{}, targets, outputs},
+      {"mean_absolute_error", false, L::MeanAbsoluteError{}, targets, outputs},
+  };
+  nlohmann::json out = nlohmann::json::array();
+  for (const Case& c : cases) {
+    CAPTURE(c.name);
+    // Weights of 1 are the unweighted loss; the weighted one is sum(w x loss) / batch size.
+    CHECK(weighted_loss_value(c.loss, c.y_pred, c.y_true, torch::ones({6})).item<double>() ==
+          doctest::Approx(keras::detail::loss_value(c.loss, c.y_pred, c.y_true).item<double>()).epsilon(1e-6));
+    const double value = weighted_loss_value(c.loss, c.y_pred, c.y_true, weights).item<double>();
+    out.push_back({{"loss", c.name}, {"from_logits", c.from_logits}, {"y_true", as_json_array(c.y_true)},
+                   {"y_pred", as_json_array(c.y_pred)}, {"sample_weight", as_json_array(weights)}, {"value", value}});
+  }
+  if (const char* keep = std::getenv("DETTRIAL_KERAS_DIR")) {
+    fs::create_directories(keep);
+    std::ofstream(fs::path(keep) / "weighted_losses.json") << out.dump();
+  }
+  // Sample weights times class weights; a label without a class weight weighs 1.
+  const keras::WeightedSequence both{.data = torch::zeros({4, 2}), .labels = torch::tensor({0, 1, 2, 1}),
+                                     .sample_weights = torch::tensor({1.0, 2.0, 3.0, 4.0}), .class_weight = {{1, 0.5}, {2, 2.0}}};
+  CHECK(torch::equal(keras::detail::combined_weights(both), torch::tensor({1.0f, 1.0f, 6.0f, 2.0f})));
+  CHECK_THROWS_WITH_AS(keras::detail::combined_weights({.data = torch::zeros({4, 2}), .labels = torch::zeros({4}), .sample_weights = torch::ones({3})}),
+                       "keras::WeightedSequence has 4 inputs but 3 sample weights", TrialError);
+  CHECK_THROWS_WITH_AS(weighted_loss_value(L::Custom([](const torch::Tensor& p, const torch::Tensor&) { return p.sum(); }), logits, labels, weights),
+                       doctest::Contains("a custom loss returns one number for the batch"), TrialError);
+}
+
+TEST_CASE("keras::WeightedSequence trains weighted: weights of 2 step as twice the learning rate; class_weight only for training") {
+  const Clusters data = clusters();
+  auto run = [&](double lr, keras::WeightedSequence train) {
+    Context context(test::hparams(), ContextOptions{.trial_seed = 3});
+    Trainer<WeightedTrial> trainer(context, lr, std::move(train));
+    trainer.fit(test::quiet({.max_length = Batch(3), .validation_period = Batch(3)}));
+    return test::parameters_of(context);
+  };
+  const auto doubled = run(0.05, {.data = data.x, .labels = data.y, .sample_weights = torch::full({90}, 2.0), .batch_size = 32, .shuffle = false});
+  const auto by_class = run(0.05, {.data = data.x, .labels = data.y, .class_weight = {{0, 2.0}, {1, 2.0}, {2, 2.0}}, .batch_size = 32, .shuffle = false});
+  const auto plain = run(0.1, {.data = data.x, .labels = data.y, .batch_size = 32, .shuffle = false});
+  REQUIRE(doubled.size() == plain.size());
+  for (std::size_t i = 0; i < plain.size(); ++i) {
+    CHECK(torch::allclose(doubled[i], plain[i], 1e-5, 1e-6));
+    CHECK(torch::allclose(by_class[i], plain[i], 1e-5, 1e-6));
+  }
+  // Keras's evaluate takes no class_weight: a validation sequence with one is refused, by name.
+  struct ClassWeightedValidation : WeightedTrial {
+    using WeightedTrial::WeightedTrial;
+    keras::WeightedSequence build_validation_data_loader() { return {.data = data.x, .labels = data.y, .class_weight = {{0, 2.0}}}; }
+  };
+  auto refused = [&] {
+    Context context(test::hparams(), ContextOptions{.trial_seed = 3});
+    Trainer<ClassWeightedValidation> trainer(context, 0.1, keras::WeightedSequence{.data = data.x, .labels = data.y});
+    trainer.fit(test::quiet({.max_length = Batch(1)}));
+  };
+  CHECK_THROWS_WITH_AS(refused(), doctest::Contains("class_weight applies to training only"), TrialError);
+}
