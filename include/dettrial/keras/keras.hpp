@@ -432,22 +432,31 @@ DETTRIAL_INLINE std::vector<CompiledMetric> metrics_named(const std::vector<std:
   return out;
 }
 
-DETTRIAL_INLINE torch::Tensor loss_value(const Loss& loss, const torch::Tensor& output, const torch::Tensor& y_true) {
-  // Keras clips probabilities to [eps, 1 - eps] before the logarithm (eps = 1e-7). Losses are
-  // computed in float32: under autocast the outputs may be fp16/bf16, and some losses (binary
-  // cross-entropy on probabilities) refuse to autocast.
-  constexpr double eps = 1e-7;
+// Keras clips probabilities to [eps, 1 - eps] before the logarithm. Losses are computed in float32:
+// under autocast the outputs may be fp16/bf16, and some losses (binary cross-entropy on
+// probabilities) refuse to autocast. Both the batch loss and the per-sample one start here.
+constexpr double keras_epsilon = 1e-7;
+inline torch::Tensor loss_input(const torch::Tensor& output) {
   const bool low = output.scalar_type() == torch::kHalf || output.scalar_type() == torch::kBFloat16;
-  const torch::Tensor y_pred = low ? output.to(torch::kFloat) : output;
+  return low ? output.to(torch::kFloat) : output;
+}
+/// Log-probabilities over the last axis, from logits or from (clipped) probabilities.
+inline torch::Tensor log_probabilities(bool from_logits, const torch::Tensor& y_pred) {
+  return from_logits ? torch::log_softmax(y_pred, -1) : y_pred.clamp(keras_epsilon, 1 - keras_epsilon).log();
+}
+
+DETTRIAL_INLINE torch::Tensor loss_value(const Loss& loss, const torch::Tensor& output, const torch::Tensor& y_true) {
+  constexpr double eps = keras_epsilon;
+  const torch::Tensor y_pred = loss_input(output);
   return std::visit(
       [&](const auto& l) -> torch::Tensor {
         using L = std::decay_t<decltype(l)>;
         if constexpr (std::is_same_v<L, losses::SparseCategoricalCrossentropy>) {
           // Classes on the last axis; labels of shape (N) or (N, 1) (Keras squeezes the last axis).
-          const torch::Tensor log_p = l.from_logits ? torch::log_softmax(y_pred, -1) : y_pred.clamp(eps, 1 - eps).log();
+          const torch::Tensor log_p = log_probabilities(l.from_logits, y_pred);
           return torch::nll_loss(log_p.reshape({-1, log_p.size(-1)}), y_true.to(torch::kLong).reshape({-1}));
         } else if constexpr (std::is_same_v<L, losses::CategoricalCrossentropy>) {
-          const torch::Tensor log_p = l.from_logits ? torch::log_softmax(y_pred, -1) : y_pred.clamp(eps, 1 - eps).log();
+          const torch::Tensor log_p = log_probabilities(l.from_logits, y_pred);
           return -(y_true.to(log_p.dtype()) * log_p).sum(-1).mean();
         } else if constexpr (std::is_same_v<L, losses::BinaryCrossentropy>) {
           const torch::Tensor target = y_true.to(y_pred.dtype()).reshape(y_pred.sizes());
@@ -466,19 +475,18 @@ DETTRIAL_INLINE torch::Tensor loss_value(const Loss& loss, const torch::Tensor& 
 }
 
 DETTRIAL_INLINE torch::Tensor per_sample_loss(const Loss& loss, const torch::Tensor& output, const torch::Tensor& y_true) {
-  constexpr double eps = 1e-7;
-  const bool low = output.scalar_type() == torch::kHalf || output.scalar_type() == torch::kBFloat16;
-  const torch::Tensor y_pred = low ? output.to(torch::kFloat) : output;
+  constexpr double eps = keras_epsilon;
+  const torch::Tensor y_pred = loss_input(output);
   return std::visit(
       [&](const auto& l) -> torch::Tensor {
         using L = std::decay_t<decltype(l)>;
         namespace F = torch::nn::functional;
         if constexpr (std::is_same_v<L, losses::SparseCategoricalCrossentropy>) {
-          const torch::Tensor log_p = l.from_logits ? torch::log_softmax(y_pred, -1) : y_pred.clamp(eps, 1 - eps).log();
+          const torch::Tensor log_p = log_probabilities(l.from_logits, y_pred);
           return F::nll_loss(log_p.reshape({-1, log_p.size(-1)}), y_true.to(torch::kLong).reshape({-1}),
                              F::NLLLossFuncOptions().reduction(torch::kNone));
         } else if constexpr (std::is_same_v<L, losses::CategoricalCrossentropy>) {
-          const torch::Tensor log_p = l.from_logits ? torch::log_softmax(y_pred, -1) : y_pred.clamp(eps, 1 - eps).log();
+          const torch::Tensor log_p = log_probabilities(l.from_logits, y_pred);
           return -(y_true.to(log_p.dtype()) * log_p).sum(-1);
         } else if constexpr (std::is_same_v<L, losses::BinaryCrossentropy>) {
           const torch::Tensor target = y_true.to(y_pred.dtype()).reshape(y_pred.sizes());
