@@ -45,11 +45,17 @@ endfunction()
 # (std::filesystem among them; PyTorch issue 133437). The dynamic linker binds a program's symbol to
 # the first library in its search order that defines it, and the compiler names libstdc++ after the
 # user's libraries, so a program's std::filesystem calls would run the wheel's copy, built from
-# another libstdc++ than the program's headers: it crashes in remove_all on some toolchains. Naming
-# libstdc++ first, kept under --as-needed, makes every std:: symbol bind to the system's own
-# libstdc++. Harmless with LibTorch builds that export nothing of it (Debian's). A target opts out
-# with the property DETTRIAL_KEEP_LINK_ORDER (for example when it links libc++).
+# another libstdc++ than the program's headers: it crashes in remove_all on some toolchains. So
+# libstdc++ is named in the link libraries ahead of LibTorch (the caller links this before torch):
+#  - where the toolchain's libstdc++ is shared, it becomes the program's first needed library, kept
+#    under --as-needed, and every std:: symbol binds to the system's own libstdc++;
+#  - where it is a static archive only (a compiler installed without its shared runtime, as on some
+#    GPU images), the archive is searched after the program's objects and before LibTorch, so the
+#    program carries the std:: code its own headers describe instead of resolving it to LibTorch.
+#    Named among the link flags, before the objects, an archive would add nothing: that crashed.
+# Harmless with LibTorch builds that export nothing of it (Debian's). A target opts out with the
+# property DETTRIAL_KEEP_LINK_ORDER (for example when it links libc++).
 function(dettrial_link_stdlib_first target)
-  target_link_options(${target} INTERFACE
-    "$<$<AND:$<PLATFORM_ID:Linux>,$<CXX_COMPILER_ID:GNU,Clang>,$<NOT:$<BOOL:$<TARGET_PROPERTY:DETTRIAL_KEEP_LINK_ORDER>>>>:SHELL:-Wl,--push-state,--no-as-needed -lstdc++ -Wl,--pop-state>")
+  target_link_libraries(${target} INTERFACE
+    "$<$<AND:$<PLATFORM_ID:Linux>,$<CXX_COMPILER_ID:GNU,Clang>,$<NOT:$<BOOL:$<TARGET_PROPERTY:DETTRIAL_KEEP_LINK_ORDER>>>>:-Wl$<COMMA>--push-state$<COMMA>--no-as-needed$<COMMA>-lstdc++$<COMMA>--pop-state>")
 endfunction()

@@ -1557,8 +1557,9 @@ int main(int argc, char** argv, Args&&... trial_args) {
     }
     std::shared_ptr<Communicator> communicator;
     if (env.distributed()) {
-      const bool gpu = torch::cuda::is_available();
-      if (backend_name.empty()) backend_name = gpu && backend::has_nccl ? "nccl" : "gloo";
+      // NCCL where each rank of this node has a GPU of its own; Gloo otherwise (it takes CUDA tensors too).
+      const bool gpu_per_rank = torch::cuda::is_available() && env.local_size <= static_cast<std::int64_t>(torch::cuda::device_count());
+      if (backend_name.empty()) backend_name = gpu_per_rank && backend::has_nccl ? "nccl" : "gloo";
       const std::chrono::milliseconds timeout = std::chrono::seconds(timeout_seconds);
       communicator = backend_name == "nccl" ? Communicator::create(env, timeout, backend::nccl{})
                                             : Communicator::create(env, timeout, backend::gloo{});
@@ -1661,7 +1662,8 @@ DETTRIAL_INLINE const char* main_usage() {
          "                       data parallel: this rank's share of the node's cores)\n"
          "  --no-cpu-bind        with --nproc: leave the ranks unbound (by default each rank is bound\n"
          "                       to its share of the CPUs, unless --threads or OMP_NUM_THREADS is set)\n"
-         "  --backend NAME       gloo or nccl (default: nccl when this process has a GPU and NCCL)\n"
+         "  --backend NAME       gloo or nccl (default: nccl when each rank on the node has a GPU of its\n"
+         "                       own and NCCL is built, else gloo)\n"
          "  --launcher NAME      where a search's trials run: local (child processes, the default) or\n"
          "                       slurm (each trial a Slurm job through srun, with slots_per_trial tasks\n"
          "                       and the config's slurm.sbatch_args; the experiment's folder must be on\n"

@@ -3,7 +3,8 @@ and batch size (90 records in batches of 32: the last one partial), and must rep
 val_accuracy dettrial reported: Keras's evaluate weights each batch by its records.
 
 Also: each of Keras's losses with sample weights, as keras::WeightedSequence weighs them
-(DIR/weighted_losses.json).
+(DIR/weighted_losses.json); and models of two inputs given as a list and by name
+(DIR/multi_input_list.json, multi_input_dict.json).
 
 Usage: KERAS_BACKEND=torch keras_evaluate.py DIR   (DIR/evaluate.json and weighted_losses.json, left by the keras unit tests)"""
 import json
@@ -56,4 +57,26 @@ for case in cases:
     value = float(loss(y_true, array(case["y_pred"], np.float32), sample_weight=array(case["sample_weight"], np.float32)))
     print(f"{name} (from_logits={case['from_logits']}): Keras {value}, dettrial {case['value']}")
     assert abs(value - case["value"]) <= 1e-5 * max(1.0, abs(value)), f"{name}: the weighted loss differs from Keras's"
-print(f"ok: Keras's evaluate reports what dettrial reported; {len(cases)} sample-weighted losses as Keras computes them")
+# Models of several inputs (DIR/multi_input_list.json, multi_input_dict.json): Keras's functional
+# model (two Inputs, Concatenate, Dense) with dettrial's weights, given its inputs as a list or by name.
+for name in ("multi_input_list.json", "multi_input_dict.json"):
+    path = os.path.join(sys.argv[1], name)
+    if not os.path.exists(path):
+        print(f"FAIL: {path} is missing (the keras unit test writes it)")
+        sys.exit(1)
+    with open(path) as f:
+        saved = json.load(f)
+    a_in, b_in = keras.Input((2,), name="a"), keras.Input((3,), name="b")
+    out = keras.layers.Dense(3)(keras.layers.Concatenate()([a_in, b_in]))
+    by_name = saved["by_name"]
+    model = keras.Model(inputs={"a": a_in, "b": b_in} if by_name else [a_in, b_in], outputs=out)
+    model.set_weights([array(saved["kernel"], np.float32).T, array(saved["bias"], np.float32)])
+    model.compile(loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
+    xa, xb = array(saved["a"], np.float32), array(saved["b"], np.float32)
+    x = {"a": xa, "b": xb} if by_name else [xa, xb]
+    result = model.evaluate(x, array(saved["y"], np.int64), batch_size=saved["batch_size"], verbose=0, return_dict=True)
+    print(f"{name}: Keras {result}; dettrial val_loss {saved['val_loss']}, val_accuracy {saved['val_accuracy']}")
+    if abs(result["loss"] - saved["val_loss"]) > 1e-5 * max(1.0, abs(result["loss"])) or abs(result["accuracy"] - saved["val_accuracy"]) > 1e-6:
+        print(f"FAIL: Keras's evaluate of the {'named' if by_name else 'listed'} inputs differs from dettrial's validation")
+        sys.exit(1)
+print(f"ok: Keras's evaluate reports what dettrial reported; {len(cases)} sample-weighted losses as Keras computes them; models of several inputs, listed and named")

@@ -26,15 +26,28 @@ nm -D --defined-only "$stdcxx" | awk '{print $NF}' | grep -E '^_Z(N[KVRO]*)?St' 
 for lib in $torch_libs; do nm -D --defined-only "$lib" | awk '{print $NF}' | sed 's/@.*//'; done | sort -u |
   comm -12 - "$work/stdcxx" >"$work/both"
 nm -D --undefined-only "$program" | awk '{print $NF}' | sed 's/@.*//' | sort -u | comm -12 - "$work/both" >"$work/at_risk"
+if [ ! -s "$work/both" ]; then
+  echo "skipped: this LibTorch exports none of libstdc++'s std:: symbols; nothing can bind there"
+  exit 77
+fi
 if [ ! -s "$work/at_risk" ]; then
-  echo "skipped: this LibTorch exports none of the libstdc++ symbols $(basename "$program") uses ($(wc -l <"$work/both") others); nothing of it can bind there"
+  # A toolchain whose libstdc++ is a static archive only: the program carries its own std:: code.
+  if [ "$mode" = expect-none ]; then
+    echo "ok: $(basename "$program") leaves none of the $(wc -l <"$work/both") std:: symbols LibTorch exports to the dynamic linker (its libstdc++ is linked in)"
+    exit 0
+  fi
+  echo "skipped: $(basename "$program") needs none of the $(wc -l <"$work/both") std:: symbols LibTorch exports; the control cannot show the hazard"
   exit 77
 fi
 echo "LibTorch exports $(wc -l <"$work/both") of libstdc++'s std:: symbols, $(wc -l <"$work/at_risk") of them used by $(basename "$program")"
 
 # Every binding the dynamic linker makes for the program itself, resolved eagerly.
-if ! LD_BIND_NOW=1 LD_DEBUG=bindings LD_DEBUG_OUTPUT="$work/ld" "$program" "$work/run" >"$work/out" 2>&1; then
-  echo "$program failed:" >&2; cat "$work/out" >&2; exit 1
+# The bindings are all made (and logged) before main runs, so the control is judged by them even
+# when the hazard it shows crashes it (it does where LibTorch's copy and libstdc++ disagree).
+LD_BIND_NOW=1 LD_DEBUG=bindings LD_DEBUG_OUTPUT="$work/ld" "$program" "$work/run" >"$work/out" 2>&1
+status=$?
+if [ $status -ne 0 ] && [ "$mode" = expect-none ]; then
+  echo "$program failed (status $status):" >&2; cat "$work/out" >&2; exit 1
 fi
 cat "$work"/ld.* | grep -F "binding file $program [0] to " |
   sed -nE 's/.* to ([^ ]+) \[[0-9]+\]: normal symbol `([^'"'"']+)'"'"'.*/\1 \2/p' |
@@ -55,6 +68,7 @@ case $mode in
       echo "FAIL: the control program bound none of its std:: symbols into LibTorch; the check cannot see the hazard"
       exit 1
     fi
+    [ $status -ne 0 ] && echo "(the control program failed with status $status, as mixing the two copies can make it)"
     echo "ok: without dettrial's link order, $wrong std:: symbols bind into LibTorch, e.g.:"
     head -n 5 "$work/wrong" | c++filt | sed 's/^/  /' ;;
   *) echo "usage: bindings.sh expect-none|expect-some PROGRAM" >&2; exit 2 ;;

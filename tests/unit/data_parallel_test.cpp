@@ -104,7 +104,7 @@ struct UnevenTrial {
   }
   Metrics train_batch(test::Batch& b, std::int64_t, std::int64_t batch_idx) {
     auto& [x, y] = b;
-    const torch::Tensor ids = x.select(1, 0).to(torch::kLong);
+    const torch::Tensor ids = x.select(1, 0).to(torch::kLong).cpu();  // the batch is on the trial's device
     seen.emplace_back(batch_idx, std::vector<std::int64_t>(ids.data_ptr<std::int64_t>(), ids.data_ptr<std::int64_t>() + ids.numel()));
     trained.records += x.size(0);
     torch::Tensor loss = torch::mse_loss(model->forward(x.narrow(1, 1, 3)), y);
@@ -485,7 +485,8 @@ struct FullDatasetTrial {
     ++evaluations;
     torch::NoGradGuard no_grad;
     double squared = 0, records = 0, index_sum = 0;
-    for (auto&& [x, y] : loader) {
+    for (auto&& batch : loader) {
+      auto [x, y] = context.to_device(batch);  // the loader's batches stay where it made them, as in Determined
       squared += (model->forward(x.narrow(1, 1, 3)) - y).pow(2).sum().item<double>();
       records += static_cast<double>(x.size(0));
       index_sum += x.select(1, 0).sum().item<double>();

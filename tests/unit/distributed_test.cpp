@@ -310,6 +310,20 @@ TEST_CASE("a backend on a device other than the context's is refused with both d
                        ConfigError);
 }
 
+TEST_CASE("NCCL with more ranks on a node than GPUs is refused before the rendezvous, with both counts named") {
+  if (!backend::has_nccl) return test::skip("the NCCL backend is not in this build (LibTorch without CUDA, or DETTRIAL_NCCL off)");
+  const auto gpus = static_cast<int>(torch::cuda::device_count());
+  LaunchEnvironment env;  // rank 0 of 3 on this node; nothing listens: the refusal must come first
+  env.rank = 0;
+  env.size = 3;
+  env.local_size = gpus + 1;
+  env.master_port = 1;
+  const std::string expected = "the NCCL backend takes one GPU per rank, and this node runs " + std::to_string(gpus + 1) + " rank(s) but sees " +
+                               (gpus == 0 ? std::string("no GPU") : std::to_string(gpus) + " GPU(s)") +
+                               "; start at most one rank per GPU, or use the Gloo backend";
+  CHECK_THROWS_WITH_AS(Communicator::create(env, std::chrono::seconds(5), backend::nccl{}), doctest::Contains(expected.c_str()), DistributedError);
+}
+
 namespace {
 /// The 2-rank run in `dir` (its chief's checkpoint and reports) against one process with the same
 /// seed and global batch 64 over the same data order: the same parameters and losses to float rounding.
@@ -324,7 +338,8 @@ void check_matches_one_process(const fs::path& dir, std::int64_t length, double 
   const auto b = ranked->parameters();
   REQUIRE(a.size() == b.size());
   for (std::size_t i = 0; i < a.size(); ++i) {
-    const double rel = ((a[i] - b[i]).norm() / a[i].norm()).item<double>();
+    const torch::Tensor single_param = a[i].cpu();  // on the GPU where there is one; `ranked` is on the CPU
+    const double rel = ((single_param - b[i]).norm() / single_param.norm()).item<double>();
     CAPTURE(i);
     CHECK(rel < 1e-5);
   }

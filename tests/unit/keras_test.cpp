@@ -2,14 +2,17 @@
 // val_ names, early stopping, and exact resume.
 #include <doctest/doctest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
-#include "test_trials.hpp"
+#include "ranks.hpp"  // test_trials.hpp, and running ranks
 
 using namespace dettrial;
 namespace fs = std::filesystem;
@@ -62,6 +65,12 @@ struct EarlyTrial {
 };
 
 std::vector<torch::Tensor> weights(Context& c) { return test::parameters_of(c); }
+
+/// A tensor for the Python checks: {"shape": [...], "values": [...]} (doubles, on the CPU).
+nlohmann::json tensor_json(const torch::Tensor& t) {
+  const torch::Tensor flat = t.detach().to(torch::kCPU, torch::kDouble).contiguous().reshape({-1});
+  return nlohmann::json{{"shape", t.sizes().vec()}, {"values", std::vector<double>(flat.data_ptr<double>(), flat.data_ptr<double>() + flat.numel())}};
+}
 
 }  // namespace
 
@@ -201,30 +210,26 @@ TEST_CASE("Keras-style validation means are weighted by records, as Keras's eval
   REQUIRE(model);
   model->eval();
   const Clusters data = clusters();
-  const torch::Tensor logits = model->forward(data.x);
-  const double loss = torch::nn::functional::cross_entropy(logits, data.y).item<double>();
-  const double accuracy = logits.argmax(-1).eq(data.y).to(torch::kDouble).mean().item<double>();
+  const torch::Tensor labels = data.y.to(context.device());
+  const torch::Tensor logits = model->forward(data.x.to(context.device()));
+  const double loss = torch::nn::functional::cross_entropy(logits, labels).item<double>();
+  const double accuracy = logits.argmax(-1).eq(labels).to(torch::kDouble).mean().item<double>();
   CHECK(r.last_validation_metrics.at("val_loss") == doctest::Approx(loss).epsilon(1e-6));
   CHECK(r.last_validation_metrics.at("val_accuracy") == doctest::Approx(accuracy).epsilon(1e-6));
   // Averaging the three batch means alone would be off by more than that.
   double batch_mean = 0;
   for (const std::int64_t first : {0, 32, 64}) {
     const std::int64_t n = std::min<std::int64_t>(32, 90 - first);
-    batch_mean += torch::nn::functional::cross_entropy(logits.narrow(0, first, n), data.y.narrow(0, first, n)).item<double>() / 3;
+    batch_mean += torch::nn::functional::cross_entropy(logits.narrow(0, first, n), labels.narrow(0, first, n)).item<double>() / 3;
   }
   CHECK(batch_mean != doctest::Approx(loss).epsilon(1e-6));
 
   // For Keras itself (tests/python/keras_evaluate.py): the data, the weights and what dettrial reported.
   if (const char* keep = std::getenv("DETTRIAL_KERAS_DIR")) {
-    auto as_list = [](const torch::Tensor& t) {
-      const torch::Tensor flat = t.detach().to(torch::kDouble).contiguous().reshape({-1});
-      nlohmann::json shape = t.sizes().vec();
-      return nlohmann::json{{"shape", shape}, {"values", std::vector<double>(flat.data_ptr<double>(), flat.data_ptr<double>() + flat.numel())}};
-    };
     nlohmann::json out;
-    out["x"] = as_list(data.x);
-    out["y"] = as_list(data.y);
-    for (const auto& item : model->named_parameters()) out["weights"][item.key()] = as_list(item.value());
+    out["x"] = tensor_json(data.x);
+    out["y"] = tensor_json(data.y);
+    for (const auto& item : model->named_parameters()) out["weights"][item.key()] = tensor_json(item.value());
     out["batch_size"] = 32;
     out["val_loss"] = r.last_validation_metrics.at("val_loss");
     out["val_accuracy"] = r.last_validation_metrics.at("val_accuracy");
@@ -333,4 +338,336 @@ TEST_CASE("keras::WeightedSequence trains weighted: weights of 2 step as twice t
     trainer.fit(test::quiet({.max_length = Batch(1)}));
   };
   CHECK_THROWS_WITH_AS(refused(), doctest::Contains("class_weight applies to training only"), TrialError);
+}
+
+// ---- Keras's callbacks --------------------------------------------------------------------------
+
+namespace {
+/// Eight epochs' logs (training means and validation metrics), the same for dettrial and for Keras.
+struct EpochLog {
+  double loss, accuracy, val_loss, val_accuracy;
+};
+const std::vector<EpochLog> epoch_logs = {{1.1, 0.45, 1.0, 0.5},     {0.9, 0.55, 0.8, 0.6},     {0.85, 0.58, 0.8, 0.6},
+                                          {0.84, 0.6, 0.79995, 0.61}, {0.86, 0.57, 0.85, 0.55}, {0.75, 0.66, 0.7, 0.7},
+                                          {0.74, 0.68, 0.7, 0.7},     {0.73, 0.69, 0.71, 0.69}};
+MetricValues training_of(const EpochLog& e) {
+  MetricValues m;
+  m.set("loss", e.loss);
+  m.set("accuracy", e.accuracy);
+  return m;
+}
+MetricValues validation_of(const EpochLog& e) {
+  MetricValues m;
+  m.set("val_loss", e.val_loss);
+  m.set("val_accuracy", e.val_accuracy);
+  return m;
+}
+}  // namespace
+
+TEST_CASE("Keras's callbacks over eight epochs: ReduceLROnPlateau, EarlyStopping, ModelCheckpoint and CSVLogger as Keras 3 acts") {
+  const fs::path dir = test::quiet({}).output_dir;
+  fs::create_directories(dir);
+  // One context each: EarlyStopping's stop request must be its own.
+  Context lr_context(test::hparams()), stop_context(test::hparams()), file_context(test::hparams());
+  torch::nn::Linear net(2, 1);
+  torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.01));
+  lr_context.wrap_optimizer(sgd);
+  file_context.wrap_model(torch::nn::Linear(2, 1));
+
+  keras::ReduceLROnPlateau reduce(lr_context, {.monitor = "val_loss", .factor = 0.5, .patience = 2, .cooldown = 1, .min_lr = 0.002});
+  keras::EarlyStopping early(stop_context, {.monitor = "val_accuracy", .min_delta = 0.005, .patience = 2});
+  const std::string pattern = (dir / "ckpt" / "w-{epoch:02d}-{val_loss:.3f}.pt").string();
+  keras::ModelCheckpoint best(file_context, {.filepath = pattern, .monitor = "val_loss", .save_best_only = true});
+  const fs::path csv = dir / "log.csv";
+  keras::CSVLogger logger(file_context, {.filename = csv});
+  best.on_trial_startup(0, "");
+  logger.on_trial_startup(0, "");
+  logger.on_training_start();
+
+  std::vector<double> lrs;
+  std::int64_t stopped_epoch = -1;
+  for (std::size_t e = 0; e < epoch_logs.size(); ++e) {
+    const MetricValues validation = validation_of(epoch_logs[e]);
+    reduce.on_validation_end(validation);
+    lrs.push_back(sgd.param_groups()[0].options().get_lr());
+    early.on_validation_end(validation);
+    if (stopped_epoch < 0 && stop_context.get_stop_requested()) stopped_epoch = static_cast<std::int64_t>(e);
+    best.on_training_workload_end(training_of(epoch_logs[e]));
+    best.on_validation_end(validation);
+    logger.on_training_workload_end(training_of(epoch_logs[e]));
+    logger.on_validation_end(validation);
+  }
+  // Worked by hand from Keras 3's rules (monitor - min_delta strictly better; patience counted
+  // after the cooldown; the rate halved to float32 0.005, then 0.0025 above min_lr).
+  const std::vector<double> expected_lrs = {0.01, 0.01, 0.01, double(0.005f), double(0.005f), double(0.005f), double(0.005f), double(0.0025f)};
+  CHECK(lrs == expected_lrs);
+  CHECK(stopped_epoch == 7);
+  std::vector<std::string> saved;
+  for (const fs::path& p : best.saved()) saved.push_back(p.filename().string());
+  CHECK(saved == std::vector<std::string>{"w-01-1.000.pt", "w-02-0.800.pt", "w-04-0.800.pt", "w-06-0.700.pt"});
+  CHECK(fs::exists(dir / "ckpt" / "w-06-0.700.pt"));
+  const std::string text = test::read_text(csv);
+  CHECK(text.rfind("epoch,accuracy,loss,val_accuracy,val_loss\r\n0,0.45,1.1,0.5,1.0\r\n1,0.55,0.9,0.6,0.8\r\n", 0) == 0);
+  CHECK(text.find("3,0.6,0.84,0.61,0.79995\r\n") != std::string::npos);
+
+  // Python's float text and str.format, which the file names and rows follow.
+  CHECK(keras::detail::python_float(0.0001) == "0.0001");
+  CHECK(keras::detail::python_float(1e-5) == "1e-05");
+  CHECK(keras::detail::python_float(123456789.0) == "123456789.0");
+  CHECK(keras::detail::python_float(1e16) == "1e+16");
+  CHECK(keras::detail::python_float(-2.5e-7) == "-2.5e-07");
+  CHECK(keras::detail::python_float(0.1 + 0.2) == "0.30000000000000004");
+  CHECK(keras::detail::python_float(std::nan("")) == "nan");
+  MetricValues logs;
+  logs.set("val_loss", 0.123456);
+  CHECK(keras::detail::python_format("m-{epoch:03d}-{val_loss:.2f}-{val_loss}-{{x}}", 7, logs, "t") == "m-007-0.12-0.123456-{x}");
+  CHECK_THROWS_WITH_AS(keras::detail::python_format("m-{val_acc:.2f}", 1, logs, "keras::ModelCheckpoint"),
+                       doctest::Contains("keras::ModelCheckpoint: cannot format 'm-{val_acc:.2f}': no value named 'val_acc' (there are epoch, val_loss)"),
+                       ConfigError);
+  CHECK_THROWS_WITH_AS(keras::detail::python_format("{val_loss:d}", 1, logs, "t"), doctest::Contains("Unknown format code 'd'"), ConfigError);
+
+  // Refusals in Keras's words, or one sentence where Keras would guess.
+  CHECK_THROWS_WITH_AS(keras::ReduceLROnPlateau(lr_context, {.factor = 1.0}), doctest::Contains("does not support a factor >= 1.0"), ConfigError);
+  CHECK_THROWS_WITH_AS(keras::EarlyStopping(stop_context, {.monitor = "val_f1"}),
+                       doctest::Contains("cannot tell whether 'val_f1' should be maximized or minimized"), ConfigError);
+
+  // A resumed callback counts on: its state is checkpointed.
+  keras::ReduceLROnPlateau again(lr_context, {.monitor = "val_loss", .factor = 0.5, .patience = 2, .cooldown = 1, .min_lr = 0.002});
+  again.load_state_dict(reduce.state_dict());
+  CHECK(again.cooldown_counter() == reduce.cooldown_counter());
+  CHECK(again.best() == reduce.best());
+
+  // For Keras itself (tests/python/keras_callbacks.py): the logs and what dettrial did with them.
+  if (const char* keep = std::getenv("DETTRIAL_KERAS_DIR")) {
+    nlohmann::json out;
+    for (const EpochLog& e : epoch_logs)
+      out["logs"].push_back({{"loss", e.loss}, {"accuracy", e.accuracy}, {"val_loss", e.val_loss}, {"val_accuracy", e.val_accuracy}});
+    out["reduce_lr"] = {{"initial_lr", 0.01}, {"factor", 0.5}, {"patience", 2}, {"cooldown", 1}, {"min_lr", 0.002}, {"lrs", lrs}};
+    out["early_stopping"] = {{"monitor", "val_accuracy"}, {"min_delta", 0.005}, {"patience", 2}, {"stopped_epoch", stopped_epoch}};
+    out["model_checkpoint"] = {{"filepath", "w-{epoch:02d}-{val_loss:.3f}.pt"}, {"saved", saved}};
+    out["csv"] = text;
+    fs::create_directories(keep);
+    std::ofstream(fs::path(keep) / "callbacks.json") << out.dump();
+  }
+}
+
+namespace {
+/// ClusterTrial with Keras's callbacks writing into `dir`, validating every 3 batches.
+struct LoggingTrial : ClusterTrial {
+  fs::path dir;
+  LoggingTrial(Context& c, fs::path d) : ClusterTrial(c), dir(std::move(d)) {}
+  auto keras_callbacks() {
+    return std::make_tuple(keras::CSVLogger(context, {.filename = dir / "log.csv"}),
+                           keras::ModelCheckpoint(context, {.filepath = (dir / "latest.pt").string()}));
+  }
+};
+FitResult logging_run(const fs::path& dir, std::int64_t length, std::optional<fs::path> resume = std::nullopt) {
+  Context context(test::hparams(), ContextOptions{.trial_seed = 5});
+  Trainer<LoggingTrial> trainer(context, dir);
+  FitOptions o = test::quiet({.max_length = Batch(length), .validation_period = Batch(3), .checkpoint_period = Batch(3),
+                              .reporting_period = Batch(2)});
+  o.latest_checkpoint = std::move(resume);
+  return trainer.fit(o);
+}
+}  // namespace
+
+TEST_CASE("keras::CSVLogger and ModelCheckpoint in a fit: a row per validation with the training means since the last, and a resumed run writes no row twice") {
+  const fs::path straight = test::quiet({}).output_dir, split = test::quiet({}).output_dir;
+  logging_run(straight, 12);
+  const std::string rows = test::read_text(straight / "log.csv");
+  // A header and one row per validation (3, 6, 9 and 12 batches), epochs counted from 0.
+  CHECK(rows.rfind("epoch,accuracy,loss,val_accuracy,val_loss\r\n0,", 0) == 0);
+  CHECK(std::count(rows.begin(), rows.end(), '\n') == 5);
+  CHECK(rows.find("\r\n3,") != std::string::npos);
+  // The model's weights as Python's torch.save(model.state_dict()) writes them, read back.
+  torch::nn::Sequential model(torch::nn::Linear(2, 16), torch::nn::ReLU(), torch::nn::Linear(16, 3));
+  load_weights(model, straight / "latest.pt");
+
+  // Stopped after its checkpoint at 6, a row written past it (as if it died after validating at 9),
+  // then resumed: the file ends as the straight run's.
+  const FitResult first = logging_run(split, 6);
+  std::ofstream(split / "log.csv", std::ios::app) << "2,0.1,0.2,0.3,0.4\r\n";
+  logging_run(split, 12, first.output_dir);
+  CHECK(test::read_text(split / "log.csv") == rows);
+}
+
+namespace {
+/// ClusterTrial whose loss turns NaN from its 8th training batch.
+struct DivergingTrial : ClusterTrial {
+  std::shared_ptr<int> calls = std::make_shared<int>(0);
+  using ClusterTrial::ClusterTrial;
+  auto build_model() {
+    auto compiled = ClusterTrial::build_model();
+    compiled.loss = keras::losses::Custom([calls = calls](const torch::Tensor& y_pred, const torch::Tensor& y) {
+      const torch::Tensor loss = torch::nn::functional::cross_entropy(y_pred, y);
+      return ++*calls >= 8 ? loss * std::numeric_limits<float>::quiet_NaN() : loss;
+    });
+    return compiled;
+  }
+  auto keras_callbacks() { return std::make_tuple(keras::TerminateOnNaN(context)); }
+};
+}  // namespace
+
+TEST_CASE("keras::TerminateOnNaN stops at the end of the reporting period whose loss is NaN, without a wait a batch") {
+  Context context(test::hparams(), ContextOptions{.trial_seed = 2});
+  Trainer<DivergingTrial> trainer(context);
+  const FitResult r = trainer.fit(test::quiet({.max_length = Batch(30), .validation_period = Batch(100), .reporting_period = Batch(4)}));
+  CHECK(r.stop_requested);
+  CHECK(r.batches_trained == 8);  // NaN in batch 8 (index 7): the period of batches 5-8 reports it
+  CHECK(std::isnan(r.last_training_metrics.at("loss")));
+}
+
+// ---- Data parallel -------------------------------------------------------------------------------
+
+namespace {
+/// The cluster trial over 90 training records in global batches of 30 (15 a rank) and 91 validation
+/// records in batches of 20: the ranks' validation shards and last batches differ in size.
+struct RankedKerasTrial {
+  Context& context;
+  Clusters train = clusters(90), validation = clusters(91);
+  explicit RankedKerasTrial(Context& c) : context(c) {}
+  auto build_model() {
+    torch::nn::Sequential model(torch::nn::Linear(2, 16), torch::nn::ReLU(), torch::nn::Linear(16, 3));
+    keras::initialize_like_keras(*model);
+    return keras::compile(context.wrap_model(model), {.optimizer = "adam", .loss = keras::losses::sparse_categorical_crossentropy(true),
+                                                      .metrics = {"accuracy"}});
+  }
+  keras::InMemorySequence build_training_data_loader() {
+    return {.data = train.x, .labels = train.y, .batch_size = context.get_per_slot_batch_size()};
+  }
+  keras::InMemorySequence build_validation_data_loader() {
+    return {.data = validation.x, .labels = validation.y, .batch_size = 20, .shuffle = false};
+  }
+};
+FitResult ranked_keras_fit(Context& context, const fs::path& out, std::vector<torch::Tensor>* parameters = nullptr) {
+  Trainer<RankedKerasTrial> trainer(context);
+  FitOptions o = test::quiet({.max_length = Batch(12), .validation_period = Batch(6)});
+  o.output_dir = out;
+  FitResult r = trainer.fit(o);
+  if (parameters) *parameters = test::parameters_of(context);  // while the trainer holds the model
+  return r;
+}
+}  // namespace
+
+TEST_CASE("child process: a Keras-style rank" * doctest::skip()) {
+  const LaunchEnvironment env = LaunchEnvironment::detect();
+  REQUIRE(env.distributed());
+  const fs::path dir = std::getenv("DETTRIAL_CHILD_DIR");
+  auto comm = Communicator::create(env, std::chrono::seconds(60), backend::gloo{});
+  Context context(Hyperparameters::parse("global_batch_size: 30\n"), ContextOptions{.trial_seed = 4, .communicator = comm});
+  const FitResult r = ranked_keras_fit(context, dir / "run");
+  nlohmann::json out = {{"val_loss", r.last_validation_metrics.at("val_loss")},
+                        {"val_accuracy", r.last_validation_metrics.at("val_accuracy")},
+                        {"loss", r.last_training_metrics.at("loss")}};
+  std::ofstream(dir / ("rank" + std::to_string(env.rank) + ".json")) << out.dump();
+}
+
+TEST_CASE("a Keras-style trial on 2 ranks trains and validates as one process with the whole batch") {
+  if (test::skip_without_gloo()) return;
+  const fs::path dir = test::quiet({}).output_dir;
+  fs::create_directories(dir);
+  test::run_ranks("child process: a Keras-style rank", 2, dir);
+  Context context(Hyperparameters::parse("global_batch_size: 30\n"), ContextOptions{.trial_seed = 4});
+  std::vector<torch::Tensor> a;
+  const FitResult one = ranked_keras_fit(context, test::quiet({}).output_dir, &a);
+
+  std::vector<nlohmann::json> ranks;
+  for (int rank = 0; rank < 2; ++rank) ranks.push_back(nlohmann::json::parse(test::read_text(dir / ("rank" + std::to_string(rank) + ".json"))));
+  CHECK(ranks[0] == ranks[1]);  // every rank reports the job's metrics
+  // Validation over all 91 records, each batch weighted by its records across the ranks' shards.
+  CHECK(ranks[0]["val_loss"].get<double>() == doctest::Approx(one.last_validation_metrics.at("val_loss")).epsilon(1e-5));
+  CHECK(ranks[0]["val_accuracy"].get<double>() == doctest::Approx(one.last_validation_metrics.at("val_accuracy")).epsilon(1e-6));
+  CHECK(ranks[0]["loss"].get<double>() == doctest::Approx(one.last_training_metrics.at("loss")).epsilon(1e-5));
+  // The weights: the 2-rank checkpoint against the one process's model.
+  torch::nn::Sequential ranked(torch::nn::Linear(2, 16), torch::nn::ReLU(), torch::nn::Linear(16, 3));
+  load_model(dir / "run", *ranked);
+  const auto b = ranked->parameters();
+  REQUIRE(a.size() == b.size());
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    CAPTURE(i);
+    const torch::Tensor single = a[i].cpu();
+    CHECK(((single - b[i]).norm() / single.norm()).item<double>() < 1e-5);
+  }
+}
+
+// ---- Several inputs ------------------------------------------------------------------------------
+
+namespace {
+/// Two inputs (2 and 3 features) concatenated into one dense layer: Keras's Concatenate then Dense.
+/// Takes them as a list, or by name ("a", "b").
+template <bool ByName>
+struct TwoInputNetImpl : torch::nn::Module {
+  using Inputs = std::conditional_t<ByName, std::map<std::string, torch::Tensor>, std::vector<torch::Tensor>>;
+  torch::nn::Linear dense{nullptr};
+  TwoInputNetImpl() { dense = register_module("dense", torch::nn::Linear(5, 3)); }
+  torch::Tensor forward(const Inputs& in) {
+    if constexpr (ByName) return dense(torch::cat({in.at("a"), in.at("b")}, 1));
+    else return dense(torch::cat({in.at(0), in.at(1)}, 1));
+  }
+};
+template <bool ByName>
+using TwoInputNet = torch::nn::ModuleHolder<TwoInputNetImpl<ByName>>;
+
+template <bool ByName>
+struct TwoInputTrial {
+  Context& context;
+  Clusters data = clusters(91);
+  torch::Tensor extra = torch::randn({91, 3}, at::detail::createCPUGenerator(7));
+  explicit TwoInputTrial(Context& c) : context(c) {}
+  auto build_model() {
+    TwoInputNet<ByName> model;
+    keras::initialize_like_keras(*model);
+    return keras::compile(context.wrap_model(model), {.optimizer = "adam", .loss = keras::losses::sparse_categorical_crossentropy(true),
+                                                      .metrics = {"accuracy"}});
+  }
+  auto sequence(std::int64_t batch_size, bool shuffle) {
+    if constexpr (ByName)
+      return keras::DictInputSequence{.inputs = {{"a", data.x}, {"b", extra}}, .labels = data.y, .batch_size = batch_size, .shuffle = shuffle};
+    else return keras::MultiInputSequence{.inputs = {data.x, extra}, .labels = data.y, .batch_size = batch_size, .shuffle = shuffle};
+  }
+  auto build_training_data_loader() { return sequence(32, true); }
+  auto build_validation_data_loader() { return sequence(30, false); }  // 30, 30, 30 and 1
+};
+
+template <bool ByName>
+void check_two_inputs(const char* name) {
+  Context context(test::hparams(), ContextOptions{.trial_seed = 6});
+  Trainer<TwoInputTrial<ByName>> trainer(context);
+  const FitResult r = trainer.fit(test::quiet({.max_length = Batch(6), .validation_period = Batch(6)}));
+  REQUIRE(r.validations == 1);
+  // One pass over all 91 records, as Keras's evaluate reports it.
+  torch::NoGradGuard no_grad;
+  const auto model = std::dynamic_pointer_cast<TwoInputNetImpl<ByName>>(context.models().at(0));
+  REQUIRE(model);
+  model->eval();
+  const TwoInputTrial<ByName> fresh(context);
+  const torch::Device device = context.device();
+  typename TwoInputNetImpl<ByName>::Inputs all;
+  if constexpr (ByName) all = {{"a", fresh.data.x.to(device)}, {"b", fresh.extra.to(device)}};
+  else all = {fresh.data.x.to(device), fresh.extra.to(device)};
+  const torch::Tensor labels = fresh.data.y.to(device);
+  const torch::Tensor logits = model->forward(all);
+  const double loss = torch::nn::functional::cross_entropy(logits, labels).item<double>();
+  const double accuracy = logits.argmax(-1).eq(labels).to(torch::kDouble).mean().item<double>();
+  CHECK(r.last_validation_metrics.at("val_loss") == doctest::Approx(loss).epsilon(1e-6));
+  CHECK(r.last_validation_metrics.at("val_accuracy") == doctest::Approx(accuracy).epsilon(1e-6));  // float32 batch means
+  // For Keras itself (tests/python/keras_evaluate.py): a functional model of two inputs, same weights.
+  if (const char* keep = std::getenv("DETTRIAL_KERAS_DIR")) {
+    nlohmann::json out = {{"by_name", ByName}, {"a", tensor_json(fresh.data.x)}, {"b", tensor_json(fresh.extra)}, {"y", tensor_json(fresh.data.y)},
+                          {"kernel", tensor_json(model->dense->weight)}, {"bias", tensor_json(model->dense->bias)}, {"batch_size", 30},
+                          {"val_loss", r.last_validation_metrics.at("val_loss")}, {"val_accuracy", r.last_validation_metrics.at("val_accuracy")}};
+    fs::create_directories(keep);
+    std::ofstream(fs::path(keep) / name) << out.dump();
+  }
+}
+}  // namespace
+
+TEST_CASE("Keras-style models of several inputs: a list (MultiInputSequence) or by name (DictInputSequence), validated as Keras does") {
+  check_two_inputs<false>("multi_input_list.json");
+  check_two_inputs<true>("multi_input_dict.json");
+  // Inputs that disagree with the labels are refused, naming the input.
+  using NamedInputs = keras::detail::InputsDataset<std::map<std::string, torch::Tensor>>;
+  const std::map<std::string, torch::Tensor> uneven{{"a", torch::zeros({4, 2})}, {"b", torch::zeros({3, 2})}};
+  CHECK_THROWS_WITH_AS(NamedInputs(uneven, torch::zeros({4}), "keras::DictInputSequence"),
+                       doctest::Contains("keras::DictInputSequence: input 'b' has 3 records but there are 4 labels"), TrialError);
 }

@@ -395,10 +395,11 @@ TEST_CASE("context.distributed getters, and backward(output, gradient)") {
 
   Context context(test::hparams(), ContextOptions{.trial_seed = 1});
   auto model = context.wrap_model(torch::nn::Linear(torch::nn::LinearOptions(2, 2).bias(false)));
-  const torch::Tensor out = model->forward(torch::tensor({{1.0f, 2.0f}}));
-  context.backward(out, torch::tensor({{1.0f, 0.0f}}));  // d(out[0][0])/dW: row 0 is the input
-  CHECK(torch::allclose(model->weight.grad(), torch::tensor({{1.0f, 2.0f}, {0.0f, 0.0f}})));
-  CHECK_THROWS_WITH_AS(context.backward(model->forward(torch::ones({1, 2})), torch::ones({3})),
+  const torch::Device device = context.device();  // the model's: a GPU where there is one
+  const torch::Tensor out = model->forward(torch::tensor({{1.0f, 2.0f}}).to(device));
+  context.backward(out, torch::tensor({{1.0f, 0.0f}}).to(device));  // d(out[0][0])/dW: row 0 is the input
+  CHECK(torch::allclose(model->weight.grad().cpu(), torch::tensor({{1.0f, 2.0f}, {0.0f, 0.0f}})));
+  CHECK_THROWS_WITH_AS(context.backward(model->forward(torch::ones({1, 2}, device)), torch::ones({3}, device)),
                        doctest::Contains("the gradient's shape [3] differs from the output's [1, 2]"), TrialError);
 }
 

@@ -186,6 +186,15 @@ DETTRIAL_INLINE std::shared_ptr<::gloo::transport::Device> gloo_device(const Lau
 
 DETTRIAL_INLINE std::shared_ptr<Communicator> Communicator::join(const LaunchEnvironment& env, std::chrono::milliseconds timeout,
                                                                  const char* backend_name) {
+  // NCCL cannot put two ranks on one GPU: say so before the rendezvous, not in NCCL's words after it.
+  if (std::string_view(backend_name) == backend::nccl::name && backend::has_nccl) {
+    const std::int64_t gpus = static_cast<std::int64_t>(torch::cuda::device_count());
+    if (env.local_size > gpus)
+      throw DistributedError("rank " + std::to_string(env.rank) + " of " + std::to_string(env.size) +
+                             ": the NCCL backend takes one GPU per rank, and this node runs " + std::to_string(env.local_size) +
+                             " rank(s) but sees " + (gpus == 0 ? std::string("no GPU") : std::to_string(gpus) + " GPU(s)") +
+                             "; start at most one rank per GPU, or use the Gloo backend (--backend gloo)");
+  }
   auto comm = std::shared_ptr<Communicator>(new Communicator(env, timeout, backend_name));
   try {
     c10d::TCPStoreOptions options;

@@ -4,11 +4,12 @@
 /// `model.compile` takes them) and in-memory data; dettrial writes the training and validation steps.
 ///
 /// A Keras-style trial has `build_model()` returning `dettrial::keras::compile(...)`'s result and
-/// `build_training_data_loader()` / `build_validation_data_loader()` returning an `InMemorySequence`
-/// (or any dettrial loader of `(inputs, labels)` batches); `Trainer<MyKerasTrial>` runs it through
+/// `build_training_data_loader()` / `build_validation_data_loader()` returning an `InMemorySequence`,
+/// `WeightedSequence`, `MultiInputSequence`, `DictInputSequence` (or any dettrial loader of
+/// `(inputs, labels)` batches); `Trainer<MyKerasTrial>` runs it through
 /// `keras::TrialAdapter`, under the same loop, checkpoints, searchers and data parallel as any trial.
 /// Training metrics are `loss` and the compiled metrics; validation metrics carry Keras's `val_`
-/// prefix (`val_loss`, `val_accuracy`).
+/// prefix (`val_loss`, `val_accuracy`). Keras's callbacks are in callbacks.hpp.
 #pragma once
 
 #include <cstdint>
@@ -30,6 +31,7 @@
 #include "../optim/handles.hpp"
 #include "../detail/yaml.hpp"
 #include "../detail/linkage.hpp"
+#include "callbacks.hpp"
 
 namespace dettrial::keras {
 
@@ -64,6 +66,30 @@ struct WeightedSequence {
   torch::Tensor sample_weights{};
   /// A weight per integer class label; a label without one weighs 1.
   std::map<std::int64_t, double> class_weight{};
+  std::int64_t batch_size = 32;
+  bool shuffle = true;
+};
+
+/**
+ * @brief Several inputs held in memory, as a list: Keras's `fit(x=[a, b], y)` for a model of several
+ * inputs. Batches are `(std::vector<torch::Tensor>, labels)`; the model's `forward` takes
+ * `const std::vector<torch::Tensor>&`, in the same order.
+ */
+struct MultiInputSequence {
+  std::vector<torch::Tensor> inputs;
+  torch::Tensor labels;
+  std::int64_t batch_size = 32;
+  bool shuffle = true;
+};
+
+/**
+ * @brief Several inputs held in memory, by name: Keras's `fit(x={"image": a, "meta": b}, y)`. Batches
+ * are `(std::map<std::string, torch::Tensor>, labels)`; the model's `forward` takes
+ * `const std::map<std::string, torch::Tensor>&`.
+ */
+struct DictInputSequence {
+  std::map<std::string, torch::Tensor> inputs;
+  torch::Tensor labels;
   std::int64_t batch_size = 32;
   bool shuffle = true;
 };
@@ -145,6 +171,46 @@ DETTRIAL_INLINE torch::Tensor weighted_loss_value(const Loss& loss, const torch:
                                                   const torch::Tensor& sample_weights);
 /// The weights of a WeightedSequence: sample weights times class weights, one per sample, as float.
 DETTRIAL_INLINE torch::Tensor combined_weights(const WeightedSequence& s);
+
+/// The records of several inputs (a vector or a string-keyed map of tensors) and their labels,
+/// gathered together: a batch is `(inputs, labels)`.
+template <class Inputs>
+class InputsDataset {
+ public:
+  InputsDataset(Inputs inputs, torch::Tensor labels, const char* who) : inputs_(std::move(inputs)), labels_(std::move(labels)) {
+    if (!labels_.defined() || labels_.dim() == 0) throw TrialError(std::string(who) + " needs labels with a first (record) dimension");
+    if (inputs_.empty()) throw TrialError(std::string(who) + " has no inputs");
+    for (const auto& [name, t] : named()) {
+      if (!t.defined() || t.dim() == 0) throw TrialError(std::string(who) + ": input " + name + " has no first (record) dimension");
+      if (t.size(0) != labels_.size(0))
+        throw TrialError(std::string(who) + ": input " + name + " has " + std::to_string(t.size(0)) + " records but there are " +
+                         std::to_string(labels_.size(0)) + " labels");
+    }
+  }
+  std::int64_t size() const { return labels_.size(0); }
+  std::tuple<Inputs, torch::Tensor> get_batch(const torch::Tensor& indices) const {
+    const torch::Tensor at = indices.to(labels_.device());
+    Inputs batch = inputs_;
+    if constexpr (requires { batch.begin()->second; })
+      for (auto& [name, t] : batch) t = t.index_select(0, at);
+    else
+      for (auto& t : batch) t = t.index_select(0, at);
+    return {std::move(batch), labels_.index_select(0, at)};
+  }
+
+ private:
+  /// (name, tensor) pairs for messages: the key, or "#i" in a list.
+  std::vector<std::pair<std::string, torch::Tensor>> named() const {
+    std::vector<std::pair<std::string, torch::Tensor>> out;
+    if constexpr (requires { inputs_.begin()->second; })
+      for (const auto& [name, t] : inputs_) out.emplace_back("'" + name + "'", t);
+    else
+      for (std::size_t i = 0; i < inputs_.size(); ++i) out.emplace_back("#" + std::to_string(i), inputs_[i]);
+    return out;
+  }
+  Inputs inputs_;
+  torch::Tensor labels_;
+};
 }  // namespace detail
 
 /**
@@ -184,36 +250,6 @@ concept KerasTrial = requires(K& k) {
   requires is_compiled_model<std::remove_cvref_t<decltype(k.build_model())>>::value;
   k.build_training_data_loader();
   k.build_validation_data_loader();
-};
-
-/**
- * @brief Keras's `EarlyStopping`: asks the trial to stop once `monitor` (a validation metric) has not
- * improved by more than `min_delta` for `patience` validations. Its state is checkpointed, so a
- * resumed trial counts on. Return it from a Keras-style trial's `keras_callbacks()`.
- */
-class EarlyStopping {
- public:
-  struct Options {
-    std::string monitor = "val_loss";
-    double min_delta = 0;
-    std::int64_t patience = 0;
-    /// "min", "max", or "auto" (max for names containing "acc", else min, as Keras guesses).
-    std::string mode = "auto";
-  };
-  EarlyStopping(Context& context, Options options);
-
-  void on_validation_end(const MetricValues& metrics);
-  c10::IValue state_dict() const { return c10::IValue(std::vector<double>{best_, static_cast<double>(wait_)}); }
-  void load_state_dict(const c10::IValue& state);
-  /// Validations since the last improvement.
-  std::int64_t wait() const { return wait_; }
-
- private:
-  Context* context_;
-  Options options_;
-  bool smaller_is_better_;
-  double best_;
-  std::int64_t wait_ = 0;
 };
 
 namespace detail {
@@ -284,11 +320,30 @@ class TrialAdapter {
     return DataLoader(TensorDataset(std::move(s.data), std::move(s.labels), std::move(weights)),
                       {.batch_size = s.batch_size, .shuffle = training && s.shuffle});
   }
+  static auto make_loader(MultiInputSequence s, bool training) {
+    return DataLoader(detail::InputsDataset<std::vector<torch::Tensor>>(std::move(s.inputs), std::move(s.labels), "keras::MultiInputSequence"),
+                      {.batch_size = s.batch_size, .shuffle = training && s.shuffle});
+  }
+  static auto make_loader(DictInputSequence s, bool training) {
+    return DataLoader(detail::InputsDataset<std::map<std::string, torch::Tensor>>(std::move(s.inputs), std::move(s.labels),
+                                                                                "keras::DictInputSequence"),
+                      {.batch_size = s.batch_size, .shuffle = training && s.shuffle});
+  }
+  template <class L>
+  static constexpr bool is_sequence = std::is_same_v<L, InMemorySequence> || std::is_same_v<L, WeightedSequence> ||
+                                      std::is_same_v<L, MultiInputSequence> || std::is_same_v<L, DictInputSequence>;
   template <class L>
   static auto as_loader(L loader, bool training) {
-    if constexpr (std::is_same_v<std::remove_cvref_t<L>, InMemorySequence> || std::is_same_v<std::remove_cvref_t<L>, WeightedSequence>)
-      return make_loader(std::move(loader), training);
+    if constexpr (is_sequence<std::remove_cvref_t<L>>) return make_loader(std::move(loader), training);
     else return loader;
+  }
+  /// The model's output for a batch's inputs, with one sentence when its forward cannot take them.
+  template <class X>
+  torch::Tensor forward(X& x) {
+    static_assert(requires { compiled_.model->forward(x); },
+                  "dettrial: the Keras-style model's forward cannot take this batch's inputs: a MultiInputSequence needs "
+                  "forward(const std::vector<torch::Tensor>&), a DictInputSequence forward(const std::map<std::string, torch::Tensor>&)");
+    return compiled_.model->forward(x);
   }
   /// Whether a batch is (inputs, labels, sample_weights): a tuple-like of three.
   template <class Batch>
@@ -344,7 +399,7 @@ class TrialAdapter {
   template <class Batch>
   Metrics train_batch(Batch& batch, std::int64_t, std::int64_t) {
     return with_parts(batch, [&](auto& x, const torch::Tensor& y, const torch::Tensor* weights) {
-      const torch::Tensor y_pred = compiled_.model->forward(x);
+      const torch::Tensor y_pred = forward(x);
       const torch::Tensor loss = batch_loss(y_pred, y, weights);
       context_.backward(loss);
       context_.step_optimizer(*compiled_.optimizer);
@@ -359,7 +414,7 @@ class TrialAdapter {
   Metrics evaluate_batch(Batch& batch) {
     torch::NoGradGuard no_grad;
     return with_parts(batch, [&](auto& x, const torch::Tensor& y, const torch::Tensor* weights) {
-      const torch::Tensor y_pred = compiled_.model->forward(x);
+      const torch::Tensor y_pred = forward(x);
       values_.clear();
       values_.push_back(batch_loss(y_pred, y, weights));
       for (const CompiledMetric& m : compiled_.metrics) values_.push_back(detail::metric_value(m.kind, y_pred, y));
@@ -572,40 +627,6 @@ DETTRIAL_INLINE void initialize_like_keras(torch::nn::Module& model) {
       if (conv1->bias.defined()) torch::nn::init::zeros_(conv1->bias);
     }
   }
-}
-
-DETTRIAL_INLINE EarlyStopping::EarlyStopping(Context& context, Options options)
-    : context_(&context),
-      options_(std::move(options)),
-      smaller_is_better_(options_.mode == "min" || (options_.mode == "auto" && options_.monitor.find("acc") == std::string::npos)),
-      best_(smaller_is_better_ ? std::numeric_limits<double>::infinity() : -std::numeric_limits<double>::infinity()) {
-  if (options_.mode != "min" && options_.mode != "max" && options_.mode != "auto")
-    throw ConfigError("keras::EarlyStopping: mode is '" + options_.mode + "'; expected min, max or auto");
-  if (options_.patience < 0) throw ConfigError("keras::EarlyStopping: patience must not be negative");
-}
-
-DETTRIAL_INLINE void EarlyStopping::on_validation_end(const MetricValues& metrics) {
-  const std::optional<double> value = metrics.get(options_.monitor);
-  if (!value) {
-    std::string names;
-    for (const auto& [name, v] : metrics) names += (names.empty() ? "" : ", ") + name;
-    throw TrialError("keras::EarlyStopping monitors '" + options_.monitor + "', which validation does not report (it reports " +
-                     names + ")");
-  }
-  const double delta = smaller_is_better_ ? best_ - *value : *value - best_;
-  if (delta > options_.min_delta) {
-    best_ = *value;
-    wait_ = 0;
-    return;
-  }
-  if (++wait_ >= options_.patience) context_->set_stop_requested(true);
-}
-
-DETTRIAL_INLINE void EarlyStopping::load_state_dict(const c10::IValue& state) {
-  const std::vector<double> v = state.toDoubleVector();
-  if (v.size() != 2) throw CheckpointError("keras::EarlyStopping: its checkpointed state has " + std::to_string(v.size()) + " values, not 2");
-  best_ = v[0];
-  wait_ = static_cast<std::int64_t>(v[1]);
 }
 
 }  // namespace dettrial::keras
