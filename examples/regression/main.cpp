@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// The README's imperative-style trial: the constructor wraps the model, optimizer and scheduler;
+// docs/trials.md's imperative-style trial: the constructor wraps the model, optimizer and scheduler;
 // train_batch calls backward and step_optimizer itself. Exits 0 when it has learned y = sum(x).
 #include <cstdio>
 
