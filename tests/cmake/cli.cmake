@@ -1,0 +1,196 @@
+# The example programs' command line, end to end.
+# Included from tests/CMakeLists.txt (same scope: its variables and helpers are in reach).
+
+# The example program's command line: bad input exits 1 with one message naming the problem.
+if(TARGET mnist)
+  set(_cli "${CMAKE_CURRENT_SOURCE_DIR}/cli")
+  set(_expect "${_cli}/expect_error.sh")
+  # A wrong configuration exits 78 (an experiment does not retry it); other failures exit 1.
+  function(dettrial_cli_error name status regex)
+    add_test(NAME "cli: ${name}" COMMAND "${_expect}" "${status}" "${regex}" $<TARGET_FILE:mnist> ${ARGN})
+  endfunction()
+  dettrial_cli_error("missing config file" 78 "cannot read experiment config '.*nope.yaml': no such file"
+                     --config "${_cli}/nope.yaml")
+  dettrial_cli_error("YAML syntax error" 78 "broken_syntax.yaml:3:[0-9]+: YAML syntax error"
+                     --config "${_cli}/broken_syntax.yaml")
+  dettrial_cli_error("missing hyperparameter" 78 "hyperparameter 'n_filters2' is missing from .*missing_hparam.yaml"
+                     --config "${_cli}/missing_hparam.yaml")
+  dettrial_cli_error("wrongly typed hyperparameter" 78 "wrong_type.yaml:2:18: hyperparameter 'learning_rate' is 'fast', which is not a number"
+                     --config "${_cli}/wrong_type.yaml")
+  dettrial_cli_error("zero max_length" 78 "max_length is 0 batches" --config "${_cli}/zero_length.yaml")
+  dettrial_cli_error("missing max_length" 78 "sets no training length" --config "${_cli}/no_length.yaml")
+  dettrial_cli_error("missing data file" 1 "no MNIST images file for split 'train' in '/nonexistent/mnist'"
+                     --config "${_cli}/missing_data.yaml")
+  dettrial_cli_error("bad --set" 78 "--set needs KEY=VALUE" --config "${_cli}/zero_length.yaml" --set nonsense)
+  # SIGTERM: checkpoint and exit 75; --resume continues from that batch.
+  add_test(NAME "cli: SIGTERM checkpoints and exits 75; --resume continues"
+           COMMAND ${_needs_mnist} "${_cli}/signal_resume.sh" $<TARGET_FILE:mnist> "${_cli}/resume.yaml" "${DETTRIAL_MNIST10K_DIR}"
+                   "${CMAKE_CURRENT_BINARY_DIR}/runs/signal-resume")
+  set_tests_properties("cli: SIGTERM checkpoints and exits 75; --resume continues" PROPERTIES SKIP_RETURN_CODE 77)
+  set(_slurm_tests "slurm: srun (on one node and on two) and sbatch run the 2-rank MNIST job as the built-in launcher does; a failed task ends the step")
+  if(_gloo_missing)
+    dettrial_skipped_test("${_slurm_tests}" "${_gloo_missing}")
+  else()
+    add_test(NAME "${_slurm_tests}"
+             COMMAND ${_needs_mnist} "${CMAKE_CURRENT_SOURCE_DIR}/slurm/srun_ddp.sh" $<TARGET_FILE:mnist> "${_cli}/ddp.yaml"
+                     "${DETTRIAL_MNIST10K_DIR}" "${CMAKE_CURRENT_BINARY_DIR}/runs/slurm-ddp")
+    set_tests_properties("${_slurm_tests}" PROPERTIES FIXTURES_REQUIRED dettrial_slurm SKIP_RETURN_CODE 77
+                         ENVIRONMENT "SLURM_CONF=${_slurm_dir}/slurm.conf" RESOURCE_LOCK dettrial_slurm_cpus
+                         PASS_REGULAR_EXPRESSION "ok: srun \\(one node and two\\) and sbatch jobs train as the built-in launcher does")
+  endif()
+  # TensorBoard files, the profiler's trace and a resume, read back by Python's TensorBoard reader.
+  set(DETTRIAL_TENSORBOARD_PYTHON "" CACHE FILEPATH "A Python with PyPI's tensorboard, whose reader checks the event files")
+  set(_observability "cli: TensorBoard's reader returns a resumed MNIST run's metrics exactly; the profiler's trace names its operators")
+  if(DETTRIAL_TENSORBOARD_PYTHON)
+    add_test(NAME "${_observability}"
+             COMMAND ${_needs_mnist} "${_cli}/observability.sh" $<TARGET_FILE:mnist> "${DETTRIAL_MNIST10K_DIR}"
+                     "${CMAKE_CURRENT_BINARY_DIR}/runs/observability" "${DETTRIAL_TENSORBOARD_PYTHON}")
+    set_tests_properties("${_observability}" PROPERTIES SKIP_RETURN_CODE 77 FIXTURES_SETUP dettrial_observability_run
+                         PASS_REGULAR_EXPRESSION "ok: TensorBoard files, hparams and trace of a resumed run")
+    add_test(NAME "report: the MNIST run's page renders in headless Chromium"
+             COMMAND ${_needs_mnist} "${CMAKE_CURRENT_SOURCE_DIR}/report/render_report.sh" "${CMAKE_CURRENT_BINARY_DIR}/runs/observability/report.html"
+                     loss accuracy learning_rates seconds)
+    set_tests_properties("report: the MNIST run's page renders in headless Chromium" PROPERTIES
+                         FIXTURES_REQUIRED dettrial_observability_run SKIP_RETURN_CODE 77)
+  else()
+    dettrial_skipped_test("${_observability}" "no Python with the tensorboard package given (-DDETTRIAL_TENSORBOARD_PYTHON=...)")
+  endif()
+  # One trial from a search config (--test-mode, searcher single over a space), and --resume of a run
+  # that stopped before its first checkpoint.
+  add_test(NAME "cli: a search config trains one drawn trial in test mode or under single; a run without checkpoint resumes afresh"
+           COMMAND ${_needs_mnist} "${_cli}/one_trial.sh" $<TARGET_FILE:mnist> "${PROJECT_SOURCE_DIR}/examples/mnist/random.yaml"
+                   "${DETTRIAL_MNIST10K_DIR}" "${CMAKE_CURRENT_BINARY_DIR}/runs/one-trial")
+  set_tests_properties("cli: a search config trains one drawn trial in test mode or under single; a run without checkpoint resumes afresh"
+                       PROPERTIES SKIP_RETURN_CODE 77 PASS_REGULAR_EXPRESSION "ok: one trial from a search config")
+  # Data parallel from the command line: the built-in launcher (slots_per_trial: 2), and mpirun.
+  set(_ddp_tests "cli: slots_per_trial 2 trains in two processes (built-in launcher, Gloo)"
+                 "cli: --nproc 2 on uneven data trains and validates by epochs to the end"
+                 "cli: OMP_NUM_THREADS sets each rank's threads" "cli: --threads sets each rank's threads"
+                 "cli: mpirun -np 2 trains in two processes (Open MPI environment, Gloo)"
+                 "cli: the built-in launcher, mpirun and torchrun give each rank the same thread pools and the same results")
+  find_program(DETTRIAL_MPIRUN mpirun)
+  if(_gloo_missing)
+    foreach(_name IN LISTS _ddp_tests)
+      dettrial_skipped_test("${_name}" "${_gloo_missing}")
+    endforeach()
+  else()
+    add_test(NAME "cli: slots_per_trial 2 trains in two processes (built-in launcher, Gloo)"
+             COMMAND ${_needs_mnist} $<TARGET_FILE:mnist> --config "${_cli}/ddp.yaml" --set "data.dir=${DETTRIAL_MNIST10K_DIR}"
+                     --output "${CMAKE_CURRENT_BINARY_DIR}/runs/ddp-builtin")
+    set_tests_properties("cli: slots_per_trial 2 trains in two processes (built-in launcher, Gloo)" PROPERTIES
+                         PASS_REGULAR_EXPRESSION "2 processes \\(RANK/WORLD_SIZE, gloo\\), rendezvous at 127.0.0.1:[0-9]+, global batch 64.*\\[validation\\]"
+                         FAIL_REGULAR_EXPRESSION "error:")
+    # Uneven data through the real command line: 8,968 training records in per-slot batches of 32 are
+    # 281 batches, odd for 2 ranks, with epoch-based length and validation; each rank takes its share
+    # of the cores (bound to its own CPUs, or on one CPU sharing it), and says so in the first line.
+    add_test(NAME "cli: --nproc 2 on uneven data trains and validates by epochs to the end"
+             COMMAND ${_needs_mnist} $<TARGET_FILE:mnist> --config "${_cli}/ddp.yaml" --set "data.dir=${DETTRIAL_MNIST10K_DIR}"
+                     --set data.holdout=1032 --set "searcher.max_length={epochs: 1}" --set "min_validation_period={epochs: 1}"
+                     --set scheduling_unit=50 --nproc 2 --output "${CMAKE_CURRENT_BINARY_DIR}/runs/ddp-uneven")
+    set_tests_properties("cli: --nproc 2 on uneven data trains and validates by epochs to the end" PROPERTIES
+                         ENVIRONMENT_MODIFICATION "OMP_NUM_THREADS=unset:"
+                         PASS_REGULAR_EXPRESSION "threads? \\((CPUs? [0-9,-]+ bound to this rank by the launcher|1 cores / 2 ranks on this node): intra-op 1, [A-Za-z]+ 1.*an epoch is 141 batches.*\\[train\\] +batches 141 +epochs 1.*\\[validation\\] +batches 141 +epochs 1"
+                         FAIL_REGULAR_EXPRESSION "error:")
+    # A user's thread count wins: OMP_NUM_THREADS, then --threads.
+    add_test(NAME "cli: OMP_NUM_THREADS sets each rank's threads"
+             COMMAND ${_needs_mnist} $<TARGET_FILE:mnist> --config "${_cli}/ddp.yaml" --set "data.dir=${DETTRIAL_MNIST10K_DIR}" --test-mode
+                     --output "${CMAKE_CURRENT_BINARY_DIR}/runs/ddp-omp")
+    set_tests_properties("cli: OMP_NUM_THREADS sets each rank's threads" PROPERTIES ENVIRONMENT "OMP_NUM_THREADS=1"
+                         PASS_REGULAR_EXPRESSION "1 thread \\(OMP_NUM_THREADS: intra-op 1, [A-Za-z]+ 1" FAIL_REGULAR_EXPRESSION "error:")
+    add_test(NAME "cli: --threads sets each rank's threads"
+             COMMAND ${_needs_mnist} $<TARGET_FILE:mnist> --config "${_cli}/ddp.yaml" --set "data.dir=${DETTRIAL_MNIST10K_DIR}" --test-mode
+                     --threads 3 --output "${CMAKE_CURRENT_BINARY_DIR}/runs/ddp-threads")
+    set_tests_properties("cli: --threads sets each rank's threads" PROPERTIES ENVIRONMENT_MODIFICATION "OMP_NUM_THREADS=unset:"
+                         PASS_REGULAR_EXPRESSION "3 threads \\(--threads: intra-op 3, [A-Za-z]+ 3" FAIL_REGULAR_EXPRESSION "error:")
+    if(DETTRIAL_MPIRUN)
+      add_test(NAME "cli: mpirun -np 2 trains in two processes (Open MPI environment, Gloo)"
+               COMMAND ${_needs_mnist} "${DETTRIAL_MPIRUN}" -np 2 --allow-run-as-root --oversubscribe -x MASTER_PORT=29517
+                       $<TARGET_FILE:mnist> --config "${_cli}/ddp.yaml" --set "data.dir=${DETTRIAL_MNIST10K_DIR}"
+                       --output "${CMAKE_CURRENT_BINARY_DIR}/runs/ddp-mpirun")
+      set_tests_properties("cli: mpirun -np 2 trains in two processes (Open MPI environment, Gloo)" PROPERTIES
+                           PASS_REGULAR_EXPRESSION "2 processes \\(MPI, gloo\\), rendezvous at [^ ]+:[0-9]+, global batch 64.*\\[validation\\]"
+                           FAIL_REGULAR_EXPRESSION "error:")
+    else()
+      dettrial_skipped_test("cli: mpirun -np 2 trains in two processes (Open MPI environment, Gloo)"
+                            "no mpirun on the PATH at configure time (Debian: openmpi-bin)")
+    endif()
+    # Every launcher gives each rank the same thread pools (the BLAS library's own included), so the
+    # same job ends with the same metrics under each.
+    list(GET _ddp_tests -1 _launchers_test)
+    add_test(NAME "${_launchers_test}"
+             COMMAND ${_needs_mnist} "${_cli}/launchers.sh" $<TARGET_FILE:mnist> "${_cli}/ddp.yaml" "${DETTRIAL_MNIST10K_DIR}"
+                     "${CMAKE_CURRENT_BINARY_DIR}/runs/launchers" "${DETTRIAL_PYTHON}")
+    set_tests_properties("${_launchers_test}" PROPERTIES SKIP_RETURN_CODE 77 PASS_REGULAR_EXPRESSION "ok: [0-9] launchers")
+    set_tests_properties(${_ddp_tests} PROPERTIES SKIP_RETURN_CODE 77)
+  endif()
+  # The example search configs run (shrunk: fewer and shorter trials, the 10,000 MNIST digits).
+  set(_small_data --set "data.dir=${DETTRIAL_MNIST10K_DIR}" --set data.train_split=t10k --set data.holdout=1000)
+  add_test(NAME "cli: examples/mnist/random.yaml runs a random search"
+           COMMAND ${_needs_mnist} $<TARGET_FILE:mnist> --config "${PROJECT_SOURCE_DIR}/examples/mnist/random.yaml" ${_small_data}
+                   --set searcher.max_trials=3 --set searcher.max_length.batches=20 --set min_validation_period.batches=10
+                   --output "${CMAKE_CURRENT_BINARY_DIR}/runs/mnist-random")
+  set_tests_properties("cli: examples/mnist/random.yaml runs a random search" PROPERTIES
+                       PASS_REGULAR_EXPRESSION "best: trial [0-9]+, checkpoint" FAIL_REGULAR_EXPRESSION "error:|ERRORED")
+  add_test(NAME "cli: examples/mnist/adaptive.yaml runs adaptive ASHA"
+           COMMAND ${_needs_mnist} $<TARGET_FILE:mnist> --config "${PROJECT_SOURCE_DIR}/examples/mnist/adaptive.yaml" ${_small_data}
+                   --set searcher.max_trials=4 --set searcher.max_time=40 --set min_validation_period.batches=10
+                   --output "${CMAKE_CURRENT_BINARY_DIR}/runs/mnist-adaptive")
+  set_tests_properties("cli: examples/mnist/adaptive.yaml runs adaptive ASHA" PROPERTIES
+                       PASS_REGULAR_EXPRESSION "best: trial [0-9]+, checkpoint" FAIL_REGULAR_EXPRESSION "error:|ERRORED")
+  set_tests_properties("cli: examples/mnist/random.yaml runs a random search" "cli: examples/mnist/adaptive.yaml runs adaptive ASHA"
+                       PROPERTIES SKIP_RETURN_CODE 77)
+  # A fresh search each time (the same command on an existing folder continues that search).
+  add_test(NAME "cli: examples/mnist searches start afresh"
+           COMMAND "${CMAKE_COMMAND}" -E rm -rf "${CMAKE_CURRENT_BINARY_DIR}/runs/mnist-random" "${CMAKE_CURRENT_BINARY_DIR}/runs/mnist-adaptive")
+  set_tests_properties("cli: examples/mnist searches start afresh" PROPERTIES FIXTURES_SETUP dettrial_mnist_searches_clean)
+  set_tests_properties("cli: examples/mnist/random.yaml runs a random search" "cli: examples/mnist/adaptive.yaml runs adaptive ASHA"
+                       PROPERTIES FIXTURES_REQUIRED dettrial_mnist_searches_clean)
+  set_tests_properties("cli: examples/mnist/adaptive.yaml runs adaptive ASHA" PROPERTIES FIXTURES_SETUP dettrial_mnist_asha)
+  add_test(NAME "report: the MNIST ASHA search's page renders in headless Chromium"
+           COMMAND ${_needs_mnist} "${CMAKE_CURRENT_SOURCE_DIR}/report/render_report.sh" "${CMAKE_CURRENT_BINARY_DIR}/runs/mnist-adaptive/report.html"
+                   --sort best validation_error "validation_error vs learning_rate")
+  set_tests_properties("report: the MNIST ASHA search's page renders in headless Chromium" PROPERTIES
+                       FIXTURES_REQUIRED dettrial_mnist_asha SKIP_RETURN_CODE 77)
+  if(DETTRIAL_TENSORBOARD_PYTHON)
+    add_test(NAME "cli: TensorBoard's reader returns each MNIST ASHA trial's metrics exactly"
+             COMMAND ${_needs_mnist} sh -c "for t in \"$1\"/trials/*/; do \"$0\" \"$2\" \"$t\" || exit 1; done"
+                     "${DETTRIAL_TENSORBOARD_PYTHON}" "${CMAKE_CURRENT_BINARY_DIR}/runs/mnist-adaptive" "${CMAKE_CURRENT_SOURCE_DIR}/python/read_tensorboard.py")
+    set_tests_properties("cli: TensorBoard's reader returns each MNIST ASHA trial's metrics exactly" PROPERTIES
+                         FIXTURES_REQUIRED dettrial_mnist_asha SKIP_RETURN_CODE 77)
+  else()
+    dettrial_skipped_test("cli: TensorBoard's reader returns each MNIST ASHA trial's metrics exactly"
+                          "no Python with the tensorboard package given (-DDETTRIAL_TENSORBOARD_PYTHON=...)")
+  endif()
+  # The seed's const.yaml runs unchanged (and its cluster-only entrypoint is named in one warning).
+  # (Through expect_error.sh: the run must also succeed, exit status 0, not only print the line.)
+  add_test(NAME "cli: the seed's cluster-only fields get one warning"
+           COMMAND ${_needs_fashion} "${_expect}" 0 "warning: ignoring fields that mean something only on a Determined cluster: entrypoint"
+                   $<TARGET_FILE:mnist> --config "${PROJECT_SOURCE_DIR}/examples/mnist/const.yaml" --test-mode
+                   --output "${CMAKE_CURRENT_BINARY_DIR}/runs/const-warning")
+  set_tests_properties("cli: the seed's cluster-only fields get one warning" PROPERTIES SKIP_RETURN_CODE 77)
+  # records_per_epoch (Determined's legacy epoch size) sets the epoch of epoch-based periods: 60000
+  # records of 64 are 937 batches, while the loader's own epoch is 938.
+  add_test(NAME "cli: records_per_epoch sets the epoch"
+           COMMAND ${_needs_fashion} "${_expect}" 0 "records_per_epoch 60000 sets the epoch: 937 batches of 64 records \\(the training data loader's own epoch is 938 batches"
+                   $<TARGET_FILE:mnist> --config "${PROJECT_SOURCE_DIR}/examples/mnist/const.yaml" --test-mode
+                   --set records_per_epoch=60000 --output "${CMAKE_CURRENT_BINARY_DIR}/runs/records-per-epoch")
+  set_tests_properties("cli: records_per_epoch sets the epoch" PROPERTIES SKIP_RETURN_CODE 77)
+  dettrial_cli_error("unknown field with a suggestion" 78 "unknown_field.yaml:6:3: unknown field 'searcher.max_trails'; did you mean 'max_trials'\\?"
+                     --config "${_cli}/unknown_field.yaml")
+  # The seed's const.yaml runs unchanged (one batch in test mode, on Fashion-MNIST).
+  add_test(NAME "cli: seed const.yaml runs unchanged"
+           COMMAND ${_needs_fashion} "${_expect}" 0 "\\[validation\\].*accuracy"
+                   $<TARGET_FILE:mnist> --config "${PROJECT_SOURCE_DIR}/examples/mnist/const.yaml" --test-mode
+                   --output "${CMAKE_CURRENT_BINARY_DIR}/runs/const-test-mode")
+  set_tests_properties("cli: seed const.yaml runs unchanged" PROPERTIES SKIP_RETURN_CODE 77 FAIL_REGULAR_EXPRESSION "error:")
+endif()
+
+# The Keras-style example on the TFKerasTrial tutorial's const.yaml, unchanged, on Fashion-MNIST: its
+# legacy lengths, val_ metrics, and the accuracy Keras itself reaches (bench/keras_mnist_reference.py).
+if(TARGET keras_mnist)
+  add_test(NAME "keras example: the tutorial's const.yaml runs unchanged and reaches Keras's accuracy"
+           COMMAND ${_needs_fashion} "${CMAKE_CURRENT_SOURCE_DIR}/cli/keras_const.sh" $<TARGET_FILE:keras_mnist>
+                   "${PROJECT_SOURCE_DIR}/examples/keras_mnist/const.yaml" "${CMAKE_CURRENT_BINARY_DIR}/runs/keras-const" 0.84)
+  set_tests_properties("keras example: the tutorial's const.yaml runs unchanged and reaches Keras's accuracy" PROPERTIES
+                       SKIP_RETURN_CODE 77 PASS_REGULAR_EXPRESSION "ok: the tutorial's const.yaml trains 4000 batches")
+endif()

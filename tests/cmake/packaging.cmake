@@ -1,0 +1,50 @@
+# The single header, the examples, and the installed package as a consumer finds it.
+# Included from tests/CMakeLists.txt (same scope: its variables and helpers are in reach).
+
+# The single header: up to date with include/, and a whole trial builds and runs against it.
+find_package(Python3 REQUIRED COMPONENTS Interpreter)
+add_test(NAME "single header is up to date" COMMAND Python3::Interpreter "${PROJECT_SOURCE_DIR}/tools/amalgamate.py" --check)
+add_test(NAME "layers: no header includes one from a folder above its own" COMMAND Python3::Interpreter "${PROJECT_SOURCE_DIR}/tools/check_layers.py")
+add_test(NAME "includes: each header includes the third-party headers it uses" COMMAND Python3::Interpreter "${PROJECT_SOURCE_DIR}/tools/check_includes.py")
+# The generated header is the same text for every LibTorch: CI builds it once (-DDETTRIAL_SINGLE_HEADER_TEST=OFF on the other).
+option(DETTRIAL_SINGLE_HEADER_TEST "Build and run the MNIST example against single_include/" ON)
+if(TARGET mnist AND NOT DETTRIAL_SINGLE_HEADER AND DETTRIAL_SINGLE_HEADER_TEST)
+  add_executable(mnist_single_header "${PROJECT_SOURCE_DIR}/examples/mnist/main.cpp")
+  target_include_directories(mnist_single_header BEFORE PRIVATE "${PROJECT_SOURCE_DIR}/single_include")
+  target_link_libraries(mnist_single_header PRIVATE dettrial::dettrial)
+  dettrial_use_pch(mnist_single_header)  # LibTorch's headers only: the single header is compiled whole
+  add_test(NAME "single header: the MNIST trial runs"
+           COMMAND ${_needs_fashion} $<TARGET_FILE:mnist_single_header>
+                   --config "${PROJECT_SOURCE_DIR}/examples/mnist/const.yaml" --test-mode
+                   --output "${CMAKE_CURRENT_BINARY_DIR}/runs/single-header")
+  set_tests_properties("single header: the MNIST trial runs" PROPERTIES SKIP_RETURN_CODE 77
+                       PASS_REGULAR_EXPRESSION "\\[validation\\].*accuracy" FAIL_REGULAR_EXPRESSION "error:")
+endif()
+
+# The imperative trial of docs/trials.md builds, runs and learns.
+if(TARGET regression)
+  add_test(NAME "example: the imperative regression trial of docs/trials.md learns" COMMAND regression)
+  set_tests_properties("example: the imperative regression trial of docs/trials.md learns" PROPERTIES WORKING_DIRECTORY "${CMAKE_CURRENT_BINARY_DIR}")
+endif()
+
+# Packaging: install to a staging prefix, then build and run a separate project that finds it with
+# find_package(dettrial CONFIG REQUIRED).
+set(_stage "${CMAKE_CURRENT_BINARY_DIR}/package-stage")
+add_test(NAME "package: install to a staging prefix"
+         COMMAND "${CMAKE_COMMAND}" -E env "${CMAKE_COMMAND}" --install "${PROJECT_BINARY_DIR}" --prefix "${_stage}")
+set_tests_properties("package: install to a staging prefix" PROPERTIES FIXTURES_SETUP dettrial_installed)
+add_test(NAME "package: a find_package consumer builds and trains"
+         COMMAND "${CMAKE_CTEST_COMMAND}" --build-and-test "${CMAKE_CURRENT_SOURCE_DIR}/consumer" "${CMAKE_CURRENT_BINARY_DIR}/consumer"
+                 --build-generator "${CMAKE_GENERATOR}" --build-noclean
+                 # Torch_DIR and Caffe2_DIR: the LibTorch this build uses (Caffe2 would otherwise be found
+                 # on the system first, whatever Torch_DIR says).
+                 --build-options "-DCMAKE_PREFIX_PATH=${_stage}" "-DTorch_DIR=${Torch_DIR}" "-DCaffe2_DIR=${Caffe2_DIR}"
+                                 "-DCMAKE_BUILD_TYPE=Release"
+                 --test-command consumer)
+set_tests_properties("package: a find_package consumer builds and trains" PROPERTIES FIXTURES_REQUIRED dettrial_installed
+                     FIXTURES_SETUP dettrial_consumer)
+# The installed package carries the link order: the consumer's std:: symbols bind to libstdc++.
+add_test(NAME "package: the consumer's std:: symbols bind to libstdc++, not to LibTorch"
+         COMMAND "${CMAKE_CURRENT_SOURCE_DIR}/stdlib/bindings.sh" expect-none "${CMAKE_CURRENT_BINARY_DIR}/consumer/consumer")
+set_tests_properties("package: the consumer's std:: symbols bind to libstdc++, not to LibTorch" PROPERTIES
+                     FIXTURES_REQUIRED dettrial_consumer SKIP_RETURN_CODE 77)

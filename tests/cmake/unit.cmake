@@ -1,0 +1,102 @@
+# The unit tests and the end-to-end MNIST tests (doctest, discovered into CTest), with the
+# checks of their outputs against the real thing: Python's torch.load, TensorBoard's profile plugin,
+# Keras; and the -Werror build.
+# Included from tests/CMakeLists.txt (same scope: its variables and helpers are in reach).
+
+# Unit tests: few translation units, because each one that includes LibTorch is expensive. They,
+# the examples, the MNIST tests and the experiments' trial program run in separate-compilation mode
+# (dettrial::compiled: dettrial's non-template code compiled once, not in each of them, which is
+# two thirds of a header-only program's compile time). Header-only programs are built and run too:
+# the MNIST example from single_include/, the trainer benchmark, the link-order programs and the
+# Conan package's test.
+add_executable(dettrial_unit_tests unit/main.cpp unit/config_test.cpp unit/trainer_test.cpp unit/data_test.cpp
+                                   unit/checkpoint_test.cpp unit/distributed_test.cpp unit/data_parallel_test.cpp
+                                   unit/search_test.cpp unit/keras_test.cpp
+                                   unit/mixed_precision_test.cpp unit/optim_test.cpp
+                                   unit/config_schema_test.cpp unit/observability_test.cpp
+                                   unit/step_capture_test.cpp unit/batch_norm_test.cpp unit/hooks_test.cpp)
+target_link_libraries(dettrial_unit_tests PRIVATE dettrial::compiled doctest::doctest)
+target_compile_definitions(dettrial_unit_tests PRIVATE DETTRIAL_MNIST10K_DIR="${DETTRIAL_MNIST10K_DIR}")
+dettrial_use_compiled_pch(dettrial_unit_tests)
+set_source_files_properties(unit/main.cpp PROPERTIES SKIP_PRECOMPILE_HEADERS ON)
+doctest_discover_tests(dettrial_unit_tests TEST_PREFIX "unit: " PROPERTIES SKIP_RETURN_CODE 77)
+
+set(DETTRIAL_PYTHON "" CACHE FILEPATH "A Python with the torch that matches this LibTorch, for the parity and
+       checkpoint interop checks")
+# End to end on real data.
+add_executable(dettrial_mnist_tests unit/main.cpp unit/mnist_test.cpp)
+target_link_libraries(dettrial_mnist_tests PRIVATE dettrial::compiled doctest::doctest)
+target_compile_definitions(dettrial_mnist_tests PRIVATE DETTRIAL_MNIST10K_DIR="${DETTRIAL_MNIST10K_DIR}"
+                           DETTRIAL_TEST_PYTHON="${DETTRIAL_PYTHON}" DETTRIAL_TESTS_SOURCE_DIR="${CMAKE_CURRENT_SOURCE_DIR}")
+dettrial_use_compiled_pch(dettrial_mnist_tests)
+doctest_discover_tests(dettrial_mnist_tests TEST_PREFIX "mnist: " PROPERTIES SKIP_RETURN_CODE 77)
+
+# Checkpoints Python can load: the MNIST trial's checkpoint goes into the same network written in
+# Python (DETTRIAL_PYTHON, the torch matching this LibTorch), whose outputs must match.
+set(_interop "${CMAKE_CURRENT_BINARY_DIR}/interop")
+add_test(NAME "checkpoint interop: the MNIST trial writes a checkpoint"
+         COMMAND dettrial_mnist_tests "--test-case=a checkpoint of the MNIST trial*")
+set_tests_properties("checkpoint interop: the MNIST trial writes a checkpoint" PROPERTIES
+                     ENVIRONMENT "DETTRIAL_INTEROP_DIR=${_interop}" FIXTURES_SETUP dettrial_interop SKIP_RETURN_CODE 77)
+if(DETTRIAL_PYTHON)
+  add_test(NAME "checkpoint interop: Python's torch.load reads it into the same network"
+           COMMAND "${DETTRIAL_PYTHON}" "${CMAKE_CURRENT_SOURCE_DIR}/python/load_checkpoint.py" "${_interop}")
+  set_tests_properties("checkpoint interop: Python's torch.load reads it into the same network" PROPERTIES
+                       FIXTURES_REQUIRED dettrial_interop PASS_REGULAR_EXPRESSION "^ok: " SKIP_RETURN_CODE 77)
+else()
+  dettrial_skipped_test("checkpoint interop: Python's torch.load reads it into the same network"
+                        "no Python with this LibTorch's torch given (-DDETTRIAL_PYTHON=...)")
+endif()
+
+# set_profiler's traces, read by TensorBoard's own profile plugin (PyPI's torch-tb-profiler, in the
+# tensorboard venv): the unit test case leaves its two cycles' traces for the plugin's parser.
+set(_profile "${CMAKE_CURRENT_BINARY_DIR}/profile")
+add_test(NAME "profiler: set_profiler writes each cycle's trace into the TensorBoard folder"
+         COMMAND dettrial_unit_tests "--test-case=set_profiler: each cycle*")
+set_tests_properties("profiler: set_profiler writes each cycle's trace into the TensorBoard folder" PROPERTIES
+                     ENVIRONMENT "DETTRIAL_PROFILE_DIR=${_profile}" FIXTURES_SETUP dettrial_profile SKIP_RETURN_CODE 77)
+if(DETTRIAL_TENSORBOARD_PYTHON)
+  add_test(NAME "profiler: TensorBoard's profile plugin reads each cycle's steps"
+           COMMAND "${DETTRIAL_TENSORBOARD_PYTHON}" "${CMAKE_CURRENT_SOURCE_DIR}/python/read_profile.py" "${_profile}" 2 2)
+  set_tests_properties("profiler: TensorBoard's profile plugin reads each cycle's steps" PROPERTIES
+                       FIXTURES_REQUIRED dettrial_profile SKIP_RETURN_CODE 77 PASS_REGULAR_EXPRESSION "ok: TensorBoard's profile plugin reads")
+else()
+  dettrial_skipped_test("profiler: TensorBoard's profile plugin reads each cycle's steps"
+                        "no Python with the tensorboard package given (-DDETTRIAL_TENSORBOARD_PYTHON=...)")
+endif()
+
+# Keras-style validation against Keras itself (Keras 3 on its torch backend): the unit test case
+# leaves its model's weights, data and reported metrics; Keras's evaluate must report the same.
+set(DETTRIAL_KERAS_PYTHON "" CACHE FILEPATH "A Python with Keras 3 and torch, which checks Keras-style validation against Keras's evaluate")
+set(_keras_evaluate "${CMAKE_CURRENT_BINARY_DIR}/keras-evaluate")
+add_test(NAME "keras: a Keras-style validation leaves its model and data for Keras"
+         COMMAND dettrial_unit_tests "--test-case=Keras-style validation means*,keras::WeightedSequence: sample and class*,Keras's callbacks over eight epochs*,Keras-style models of several inputs*")
+set_tests_properties("keras: a Keras-style validation leaves its model and data for Keras" PROPERTIES
+                     ENVIRONMENT "DETTRIAL_KERAS_DIR=${_keras_evaluate}" FIXTURES_SETUP dettrial_keras_evaluate)
+if(DETTRIAL_KERAS_PYTHON)
+  add_test(NAME "keras: Keras's own evaluate reports dettrial's val_loss and val_accuracy"
+           COMMAND "${DETTRIAL_KERAS_PYTHON}" "${CMAKE_CURRENT_SOURCE_DIR}/python/keras_evaluate.py" "${_keras_evaluate}")
+  set_tests_properties("keras: Keras's own evaluate reports dettrial's val_loss and val_accuracy" PROPERTIES
+                       ENVIRONMENT "KERAS_BACKEND=torch" FIXTURES_REQUIRED dettrial_keras_evaluate SKIP_RETURN_CODE 77
+                       PASS_REGULAR_EXPRESSION "ok: Keras's evaluate reports what dettrial reported")
+  add_test(NAME "keras: Keras's own callbacks act on the same epochs as dettrial's"
+           COMMAND "${DETTRIAL_KERAS_PYTHON}" "${CMAKE_CURRENT_SOURCE_DIR}/python/keras_callbacks.py" "${_keras_evaluate}")
+  set_tests_properties("keras: Keras's own callbacks act on the same epochs as dettrial's" PROPERTIES
+                       ENVIRONMENT "KERAS_BACKEND=torch" FIXTURES_REQUIRED dettrial_keras_evaluate SKIP_RETURN_CODE 77
+                       PASS_REGULAR_EXPRESSION "ok: Keras's callbacks act as dettrial's did")
+else()
+  dettrial_skipped_test("keras: Keras's own callbacks act on the same epochs as dettrial's"
+                        "no Python with Keras 3 and torch given (-DDETTRIAL_KERAS_PYTHON=...; scripts/test gives the pip build's)")
+  dettrial_skipped_test("keras: Keras's own evaluate reports dettrial's val_loss and val_accuracy"
+                        "no Python with Keras 3 and torch given (-DDETTRIAL_KERAS_PYTHON=...; scripts/test gives the pip build's)")
+endif()
+
+# dettrial's headers and both examples (written as docs/trials.md writes trials: designated initializers
+# that leave options out) compile clean under -Wall -Wextra -Wpedantic: with -Werror, the build fails
+# when they do not. No precompiled header, so every header is compiled with these flags.
+option(DETTRIAL_STRICT_WARNINGS_TEST "Compile every header and both examples under -Werror" ON)
+if(DETTRIAL_STRICT_WARNINGS_TEST AND CMAKE_CXX_COMPILER_ID MATCHES "GNU|Clang")
+  add_library(dettrial_strict_warnings OBJECT strict/warnings.cpp)
+  target_link_libraries(dettrial_strict_warnings PRIVATE dettrial::dettrial)
+  target_compile_options(dettrial_strict_warnings PRIVATE -Wall -Wextra -Wpedantic -Werror)
+endif()
