@@ -14,7 +14,7 @@ DETTRIAL = ROOT / "include" / "dettrial"
 # dettrial.hpp (the trial API) sits below the command line, main.hpp above it, and src.hpp (the
 # separate-compilation mode's source, which includes everything) on top.
 LAYERS = [
-    ["version.hpp", "error.hpp"],
+    ["version.hpp", "error.hpp", "layout.hpp"],
     ["detail"],
     ["config", "data", "metrics", "optim", "tensorboard"],
     ["distributed"],

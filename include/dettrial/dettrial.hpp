@@ -12,6 +12,7 @@
 #include "version.hpp"
 
 #include "error.hpp"
+#include "layout.hpp"
 
 #include "config/experiment_config.hpp"
 #include "config/hyperparameters.hpp"

@@ -72,6 +72,48 @@ struct DistributedError : Error {
 
 }  // namespace dettrial
 // ---- end dettrial/error.hpp
+// ---- begin dettrial/layout.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief The names dettrial gives its files and folders: one source of truth for the on-disk
+/// layout of a run, a checkpoint and an experiment (the checkpoint's names are Determined's).
+
+namespace dettrial::layout {
+
+// A run's folder (`--output`).
+/// Every report, one JSON object a line.
+inline constexpr const char* metrics_log = "metrics.jsonl";
+/// The run's checkpoints, one folder each, named by uuid.
+inline constexpr const char* checkpoints = "checkpoints";
+/// TensorBoard's event files and the profiler's traces.
+inline constexpr const char* tensorboard = "tensorboard";
+/// The page `--report` writes (a run's, or an experiment's).
+inline constexpr const char* report_page = "report.html";
+
+// A checkpoint's folder (Determined's names, and dettrial's own archive).
+/// Models, optimizers, schedulers, callbacks and RNG states, as Python's torch.save writes them.
+inline constexpr const char* state_dict = "state_dict.pth";
+/// LibTorch's own archive of the optimizers (read where the Python layout cannot say everything).
+inline constexpr const char* libtorch_state = "dettrial_state.pt";
+/// Where the trial stands: batches and epochs trained, its data seeds, its last validation.
+inline constexpr const char* trial_state = "trial_state.json";
+/// The experiment config and hyperparameters the checkpoint was written under.
+inline constexpr const char* load_data = "load_data.json";
+/// The checkpoint's metadata (format, steps completed, files and their checksums).
+inline constexpr const char* metadata = "metadata.json";
+
+// An experiment's folder.
+/// The experiment's config; each trial's folder holds its own.
+inline constexpr const char* config = "config.yaml";
+/// One folder per trial, named by its id.
+inline constexpr const char* trials = "trials";
+/// The searcher's events, one JSON object a line (an interrupted experiment continues from them).
+inline constexpr const char* events_log = "events.jsonl";
+/// Every trial's state and best metric at the end.
+inline constexpr const char* summary = "summary.json";
+
+}  // namespace dettrial::layout
+// ---- end dettrial/layout.hpp
 
 // ---- begin dettrial/config/experiment_config.hpp
 // SPDX-License-Identifier: Apache-2.0
@@ -134,6 +176,28 @@ struct DistributedError : Error {
 // ---- end dettrial/detail/linkage.hpp
 
 namespace dettrial::detail {
+
+/**
+ * @brief A YAML::Node data member that assignment rebinds. yaml-cpp's `Node::operator=` writes into
+ * the node it refers to, and so into a document that other copies share; with members of this type
+ * a class copies and assigns its nodes as values and keeps the compiler's copy assignment (no
+ * hand-written one that a new member could be forgotten in).
+ */
+class YamlMember : public YAML::Node {
+ public:
+  using YAML::Node::Node;
+  YamlMember() = default;
+  YamlMember(const YAML::Node& node) : YAML::Node(node) {}  // implicit, as a Node is
+  YamlMember(const YamlMember&) = default;
+  YamlMember& operator=(const YamlMember& other) {
+    reset(other);
+    return *this;
+  }
+  YamlMember& operator=(const YAML::Node& other) {
+    reset(other);
+    return *this;
+  }
+};
 
 /// "file:line:column" of a node (1-based), or just the source name when yaml-cpp has no position.
 DETTRIAL_INLINE std::string where(const YAML::Node& node, const std::string& source);
@@ -659,9 +723,9 @@ class ExperimentConfig {
   std::string name;
   std::string description;
   /// The search space or values, as written (`hyperparameters`).
-  YAML::Node hyperparameters{YAML::NodeType::Map};
+  detail::YamlMember hyperparameters{YAML::NodeType::Map};
   /// The free-form `data` section.
-  YAML::Node data{YAML::NodeType::Map};
+  detail::YamlMember data{YAML::NodeType::Map};
 
   struct Searcher {
     std::string name = "single";
@@ -726,15 +790,10 @@ class ExperimentConfig {
   std::vector<std::string> slurm_args;
 
   /// The whole document, for `get_experiment_config()`.
-  YAML::Node yaml{YAML::NodeType::Map};
+  detail::YamlMember yaml{YAML::NodeType::Map};
   /// Where it came from (file name or "<string>"), for messages.
   std::string source = "<string>";
 
-  ExperimentConfig() = default;
-  ExperimentConfig(const ExperimentConfig&) = default;
-  /// Rebinds the YAML members (yaml-cpp's Node::operator= would write into the document they share)
-  /// and copies every other member: a new member must be added there too.
-  ExperimentConfig& operator=(const ExperimentConfig& o);
 
   /// Reads and parses a file; a missing or unreadable file is a ConfigError naming it.
   static ExperimentConfig load_file(const std::filesystem::path& path);
@@ -845,36 +904,6 @@ DETTRIAL_INLINE const char* to_string(CheckpointPolicy p) {
     case CheckpointPolicy::none: return "none";
   }
   return "?";
-}
-
-DETTRIAL_INLINE ExperimentConfig& ExperimentConfig::operator=(const ExperimentConfig& o) {
-  if (this == &o) return *this;
-  name = o.name;
-  description = o.description;
-  hyperparameters.reset(o.hyperparameters);
-  data.reset(o.data);
-  searcher = o.searcher;
-  scheduling_unit = o.scheduling_unit;
-  records_per_epoch = o.records_per_epoch;
-  min_validation_period = o.min_validation_period;
-  min_checkpoint_period = o.min_checkpoint_period;
-  perform_initial_validation = o.perform_initial_validation;
-  checkpoint_policy = o.checkpoint_policy;
-  max_restarts = o.max_restarts;
-  slots_per_trial = o.slots_per_trial;
-  aggregation_frequency = o.aggregation_frequency;
-  mixed_precision = o.mixed_precision;
-  step_capture = o.step_capture;
-  average_aggregated_gradients = o.average_aggregated_gradients;
-  experiment_seed = o.experiment_seed;
-  deterministic = o.deterministic;
-  checkpoint_storage = o.checkpoint_storage;
-  profiling = o.profiling;
-  slurm_args = o.slurm_args;
-  ignored_fields = o.ignored_fields;
-  yaml.reset(o.yaml);
-  source = o.source;
-  return *this;
 }
 
 DETTRIAL_INLINE ExperimentConfig ExperimentConfig::load_file(const std::filesystem::path& path) {
@@ -7620,7 +7649,7 @@ class Context {
   TensorBoardWriter& get_tensorboard_writer() { return tensorboard_; }
   /// `<output_dir>/tensorboard`, where the run's event files go (empty until `fit` starts).
   std::filesystem::path get_tensorboard_path() const {
-    return position_.output_dir.empty() ? std::filesystem::path() : position_.output_dir / "tensorboard";
+    return position_.output_dir.empty() ? std::filesystem::path() : position_.output_dir / layout::tensorboard;
   }
   /// Whether the trainer writes its metrics, learning rates and timings to TensorBoard (default on).
   /// Off, the writer still takes the trial's own scalars.
@@ -9449,7 +9478,7 @@ DETTRIAL_INLINE void CheckpointWriter::add_file(const std::string& name, std::st
 }
 
 DETTRIAL_INLINE std::filesystem::path CheckpointWriter::commit(detail::Json fields) {
-  const std::filesystem::path meta_path = temp_ / "metadata.json";
+  const std::filesystem::path meta_path = temp_ / layout::metadata;
   if (!fields.is_object())
     throw CheckpointError("the fields of '" + meta_path.string() + "' must be a JSON object, not " + detail::json_kind(fields));
   fields.erase("files");
@@ -9469,7 +9498,7 @@ DETTRIAL_INLINE CheckpointInfo read_checkpoint_info(const std::filesystem::path&
   if (!std::filesystem::exists(dir, ec)) throw CheckpointError("checkpoint '" + dir.string() + "' does not exist");
   if (!std::filesystem::is_directory(dir, ec))
     throw CheckpointError("checkpoint '" + dir.string() + "' is not a directory (a checkpoint is a directory with metadata.json)");
-  const std::filesystem::path meta_path = dir / "metadata.json";
+  const std::filesystem::path meta_path = dir / layout::metadata;
   if (!std::filesystem::exists(meta_path, ec))
     throw CheckpointError("'" + dir.string() + "' is not a complete dettrial checkpoint: it has no metadata.json");
   const detail::Json meta = detail::read_json_file<CheckpointError>(meta_path);
@@ -9521,7 +9550,7 @@ DETTRIAL_INLINE std::string read_checked_file(const std::filesystem::path& dir, 
   std::error_code ec;
   if (!std::filesystem::exists(file, ec)) throw CheckpointError("checkpoint file '" + file.string() + "' is missing");
   std::string bytes = detail::read_file_bytes(file);
-  const std::filesystem::path meta_path = dir / "metadata.json";
+  const std::filesystem::path meta_path = dir / layout::metadata;
   const detail::Json meta = detail::read_json_file<CheckpointError>(meta_path);
   const detail::Json* files = detail::json_find(meta, "files");
   const detail::Json* entry = files ? detail::json_find(*files, name) : nullptr;
@@ -9545,7 +9574,7 @@ DETTRIAL_INLINE std::vector<CheckpointInfo> list_checkpoints(const std::filesyst
   if (!std::filesystem::is_directory(storage, ec)) return out;
   for (const auto& entry : std::filesystem::directory_iterator(storage, ec)) {
     if (!entry.is_directory() || detail::is_hidden(entry.path())) continue;
-    if (!std::filesystem::exists(entry.path() / "metadata.json", ec)) continue;
+    if (!std::filesystem::exists(entry.path() / layout::metadata, ec)) continue;
     out.push_back(read_checkpoint_info(entry.path(), /*verify_files=*/false));
   }
   std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.sequence < b.sequence; });
@@ -9554,9 +9583,9 @@ DETTRIAL_INLINE std::vector<CheckpointInfo> list_checkpoints(const std::filesyst
 
 DETTRIAL_INLINE std::filesystem::path resolve_checkpoint(const std::filesystem::path& path) {
   std::error_code ec;
-  if (std::filesystem::exists(path / "metadata.json", ec)) return path;
+  if (std::filesystem::exists(path / layout::metadata, ec)) return path;
   if (!std::filesystem::exists(path, ec)) throw CheckpointError("checkpoint '" + path.string() + "' does not exist");
-  for (const auto& storage : {path, path / "checkpoints"}) {
+  for (const auto& storage : {path, path / layout::checkpoints}) {
     const auto all = list_checkpoints(storage);
     if (!all.empty()) return all.back().path;
   }
@@ -9725,8 +9754,8 @@ DETTRIAL_INLINE const c10::IValue& require_entry(const StateDict& dict, const ch
 }
 
 DETTRIAL_INLINE StateDict read_state_dict_file(const std::filesystem::path& dir) {
-  const std::filesystem::path file = dir / "state_dict.pth";
-  const c10::IValue top = unpickle_archive(read_checked_file(dir, "state_dict.pth"), file);
+  const std::filesystem::path file = dir / layout::state_dict;
+  const c10::IValue top = unpickle_archive(read_checked_file(dir, layout::state_dict), file);
   if (!top.isGenericDict()) throw CheckpointError("checkpoint file '" + file.string() + "' does not hold a dict");
   return top.toGenericDict();
 }
@@ -9934,13 +9963,13 @@ DETTRIAL_INLINE void ContextCheckpoint::load_native(Context& c, const std::strin
 DETTRIAL_INLINE CheckpointInfo load_models(const std::filesystem::path& path, Context& context) {
   const std::filesystem::path dir = resolve_checkpoint(path);
   const CheckpointInfo info = read_checkpoint_info(dir);
-  detail::ContextCheckpoint::load_models(context, detail::read_state_dict_file(dir), dir / "state_dict.pth");
+  detail::ContextCheckpoint::load_models(context, detail::read_state_dict_file(dir), dir / layout::state_dict);
   return info;
 }
 
 DETTRIAL_INLINE void load_model(const std::filesystem::path& path, torch::nn::Module& module, std::size_t index) {
   const std::filesystem::path dir = resolve_checkpoint(path);
-  const std::string what = "checkpoint file '" + (dir / "state_dict.pth").string() + "'";
+  const std::string what = "checkpoint file '" + (dir / layout::state_dict).string() + "'";
   const auto models = detail::require_entry(detail::read_state_dict_file(dir), "models_state_dict", what).toList();
   if (index >= models.size())
     throw CheckpointError(what + " holds " + std::to_string(models.size()) + " model(s); there is no model " + std::to_string(index));
@@ -10063,12 +10092,12 @@ DETTRIAL_INLINE StateDict read_model_state_dict(const std::filesystem::path& pat
   std::error_code ec;
   if (!fs::exists(path, ec)) throw CheckpointError("cannot load weights: '" + path.string() + "' does not exist");
   const bool directory = fs::is_directory(path, ec);
-  const fs::path file = directory ? path / "state_dict.pth" : path;
+  const fs::path file = directory ? path / layout::state_dict : path;
   if (directory && !fs::exists(file, ec))
     throw CheckpointError("cannot load weights: '" + path.string() + "' is a directory without state_dict.pth (not a checkpoint)");
   // A dettrial checkpoint lists its files' sizes and checksums: use them when they are there.
-  const bool listed = directory && fs::exists(path / "metadata.json", ec) && fs::exists(path / "dettrial_state.pt", ec);
-  const std::string bytes = listed ? read_checked_file(path, "state_dict.pth") : detail::read_file_bytes(file);
+  const bool listed = directory && fs::exists(path / layout::metadata, ec) && fs::exists(path / layout::libtorch_state, ec);
+  const std::string bytes = listed ? read_checked_file(path, layout::state_dict) : detail::read_file_bytes(file);
   const c10::IValue top = detail::unpickle_archive(bytes, file);
   if (!top.isGenericDict())
     throw CheckpointError("'" + file.string() + "' holds a " + top.tagKind() + ", not a state dict (a dict of tensors by name)");
@@ -10307,10 +10336,10 @@ DETTRIAL_INLINE CheckpointInfo write_trial_checkpoint(Context& c, const std::fil
                       .sequence = record.sequence,
                       .validation_metric = record.validation_metric};
   CheckpointWriter writer(storage, info.uuid);
-  writer.add_file("state_dict.pth", pickle_archive(top));
-  writer.add_file("dettrial_state.pt", ContextCheckpoint::native_state(c, record.mid_aggregation));
-  writer.add_file("trial_state.json", record.progress.to_json());
-  writer.add_file("load_data.json", json_text(load_data(c, record.trial_type)));
+  writer.add_file(layout::state_dict, pickle_archive(top));
+  writer.add_file(layout::libtorch_state, ContextCheckpoint::native_state(c, record.mid_aggregation));
+  writer.add_file(layout::trial_state, record.progress.to_json());
+  writer.add_file(layout::load_data, json_text(load_data(c, record.trial_type)));
   const std::string framework = "torch-" + std::to_string(TORCH_VERSION_MAJOR) + "." + std::to_string(TORCH_VERSION_MINOR) + "." +
                                 std::to_string(TORCH_VERSION_PATCH);
   Json metadata{{"uuid", info.uuid},
@@ -10329,9 +10358,9 @@ DETTRIAL_INLINE CheckpointInfo write_trial_checkpoint(Context& c, const std::fil
 }
 
 DETTRIAL_INLINE void restore_context(Context& c, const std::filesystem::path& dir, const StateDict& top) {
-  const std::filesystem::path file = dir / "state_dict.pth";
+  const std::filesystem::path file = dir / layout::state_dict;
   ContextCheckpoint::load_models(c, top, file);
-  ContextCheckpoint::load_native(c, read_checked_file(dir, "dettrial_state.pt"), dir / "dettrial_state.pt");
+  ContextCheckpoint::load_native(c, read_checked_file(dir, layout::libtorch_state), dir / layout::libtorch_state);
   ContextCheckpoint::load_rng(c, top, file);
   // A checkpoint written without a scaler (fp32, or bf16) leaves a new one at its initial scale.
   if (const auto it = top.find("scaler_state_dict"); c.scaler() && it != top.end()) {
@@ -11120,8 +11149,8 @@ DETTRIAL_INLINE Json run_hyperparameters(const std::filesystem::path& dir, const
   std::error_code ec;
   std::filesystem::path newest;
   std::filesystem::file_time_type newest_time{};
-  for (std::filesystem::directory_iterator it(dir / "checkpoints", ec), end; !ec && it != end; it.increment(ec)) {
-    const auto file = it->path() / "load_data.json";
+  for (std::filesystem::directory_iterator it(dir / layout::checkpoints, ec), end; !ec && it != end; it.increment(ec)) {
+    const auto file = it->path() / layout::load_data;
     std::error_code time_ec;
     const auto time = std::filesystem::last_write_time(file, time_ec);
     if (!time_ec && (newest.empty() || time > newest_time)) {
@@ -11220,7 +11249,7 @@ namespace dettrial {
 DETTRIAL_INLINE std::filesystem::path write_run_report(const std::filesystem::path& run_dir) {
   namespace html = detail::html;
   using detail::Json;
-  const std::filesystem::path metrics_path = run_dir / "metrics.jsonl";
+  const std::filesystem::path metrics_path = run_dir / layout::metrics_log;
   std::error_code ec;
   if (!std::filesystem::is_regular_file(metrics_path, ec))
     throw Error("'" + run_dir.string() + "' has no metrics.jsonl: nothing to report (a run's output folder has one)");
@@ -11241,9 +11270,9 @@ DETTRIAL_INLINE std::filesystem::path write_run_report(const std::filesystem::pa
   std::filesystem::path absolute = std::filesystem::absolute(run_dir, ec).lexically_normal();
   if (absolute.filename().empty()) absolute = absolute.parent_path();  // "run/"
   const std::string name = absolute.filename().string();
-  const bool trial_of_search = absolute.parent_path().filename() == "trials" &&
-                               (std::filesystem::exists(absolute.parent_path().parent_path() / "events.jsonl", ec) ||
-                                std::filesystem::exists(absolute.parent_path().parent_path() / "summary.json", ec));
+  const bool trial_of_search = absolute.parent_path().filename() == layout::trials &&
+                               (std::filesystem::exists(absolute.parent_path().parent_path() / layout::events_log, ec) ||
+                                std::filesystem::exists(absolute.parent_path().parent_path() / layout::summary, ec));
 
   std::string header = "<h1>" + html::escape(trial_of_search ? "trial " + name : "run " + name) + "</h1>\n<p class=\"meta\">" +
                        html::escape(absolute.string()) + "</p>\n<p>" + std::to_string(trainings) + " training and " +
@@ -11287,22 +11316,22 @@ DETTRIAL_INLINE std::filesystem::path write_run_report(const std::filesystem::pa
     content += "<h2>Last values</h2>\n<div class=\"scroll\"><table>\n<tr><th class=\"text\">series</th><th>last</th><th>at batch</th><th>min</th>"
             "<th>max</th><th>points</th>" + std::string(any_skipped ? "<th>null</th>" : "") + "</tr>\n" + values + "</table></div>\n";
 
-  const std::string config_text = html::read_text(run_dir / "config.yaml");
+  const std::string config_text = html::read_text(run_dir / layout::config);
   std::vector<std::pair<std::string, Json>> hparams;
   html::flatten(html::run_hyperparameters(run_dir, config_text), "", hparams);
   if (!hparams.empty()) content += "<h2>Hyperparameters</h2>\n" + html::value_table(hparams);
-  content += html::config_section("config.yaml", config_text);
+  content += html::config_section(layout::config, config_text);
 
-  const std::filesystem::path out = run_dir / "report.html";
+  const std::filesystem::path out = run_dir / layout::report_page;
   detail::write_atomically(out, html::page((trial_of_search ? "trial " : "run ") + name, header, content));
   return out;
 }
 
 DETTRIAL_INLINE std::filesystem::path write_experiment_report(const std::filesystem::path& experiment_dir) {
   std::error_code ec;
-  const std::filesystem::path summary_path = experiment_dir / "summary.json";
+  const std::filesystem::path summary_path = experiment_dir / layout::summary;
   const bool has_summary = std::filesystem::is_regular_file(summary_path, ec);
-  if (!has_summary && !std::filesystem::is_directory(experiment_dir / "trials", ec))
+  if (!has_summary && !std::filesystem::is_directory(experiment_dir / layout::trials, ec))
     throw Error("'" + experiment_dir.string() + "' has neither summary.json nor trials/: it is not a search's folder");
   return detail::html::write_experiment_page(experiment_dir, has_summary ? detail::read_json_file(summary_path) : detail::Json::object());
 }
@@ -11314,8 +11343,8 @@ namespace dettrial::detail::html {
 DETTRIAL_INLINE std::filesystem::path write_experiment_page(const std::filesystem::path& experiment_dir, const Json& summary) {
   namespace fs = std::filesystem;
   std::error_code ec;
-  const fs::path events_path = experiment_dir / "events.jsonl", trials_dir = experiment_dir / "trials";
-  const std::string config_text = html::read_text(experiment_dir / "config.yaml");
+  const fs::path events_path = experiment_dir / layout::events_log, trials_dir = experiment_dir / layout::trials;
+  const std::string config_text = html::read_text(experiment_dir / layout::config);
 
   // The search's settings: summary.json's, else the config's, else a trial's (below).
   std::string metric = html::string_of(summary, "metric"), searcher = html::string_of(summary, "searcher");
@@ -11387,7 +11416,7 @@ DETTRIAL_INLINE std::filesystem::path write_experiment_page(const std::filesyste
 
   // A trial's config names the searcher metric too (its searcher is `single`, not the search's).
   for (const auto& [id, row] : rows)
-    if (row.has_folder && (metric.empty() || !smaller)) html::searcher_settings(html::read_text(trials_dir / std::to_string(id) / "config.yaml"), metric, smaller);
+    if (row.has_folder && (metric.empty() || !smaller)) html::searcher_settings(html::read_text(trials_dir / std::to_string(id) / layout::config), metric, smaller);
   const bool smaller_is_better = smaller.value_or(true);
 
   std::vector<std::string> notes;
@@ -11396,18 +11425,18 @@ DETTRIAL_INLINE std::filesystem::path write_experiment_page(const std::filesyste
     const fs::path folder = trials_dir / std::to_string(id);
     if (row.state.empty()) {
       if (const auto e = ended.find(id); e != ended.end()) row.state = e->second;
-      else row.state = fs::exists(folder / "metrics.jsonl", ec) ? "RUNNING" : "QUEUED";
+      else row.state = fs::exists(folder / layout::metrics_log, ec) ? "RUNNING" : "QUEUED";
     }
     if (!row.restarts && restarts.count(id)) row.restarts = restarts[id];
     if (!row.rung && event_rungs.count(id)) row.rung = event_rungs[id];
     if (row.hparams.empty() && row.has_folder)
-      html::flatten(html::config_hyperparameters(html::read_text(folder / "config.yaml")), "", row.hparams);
+      html::flatten(html::config_hyperparameters(html::read_text(folder / layout::config)), "", row.hparams);
     if (const auto c = curves.find(id); c != curves.end()) row.curve = c->second;
-    const bool has_metrics = row.has_folder && fs::is_regular_file(folder / "metrics.jsonl", ec);
+    const bool has_metrics = row.has_folder && fs::is_regular_file(folder / layout::metrics_log, ec);
     if (row.curve.empty() && has_metrics && !metric.empty()) {
       // No event log (or not this trial's): the searcher metric from the trial's own records.
       try {
-        for (const Json& r : html::read_jsonl(folder / "metrics.jsonl")) {
+        for (const Json& r : html::read_jsonl(folder / layout::metrics_log)) {
           if (html::string_of(r, "type") != "validation") continue;
           const Json* metrics = detail::json_find(r, "metrics");
           const auto value = metrics ? html::number_of(*metrics, metric.c_str()) : std::nullopt;
@@ -11431,12 +11460,12 @@ DETTRIAL_INLINE std::filesystem::path write_experiment_page(const std::filesyste
     // The trial's own page, where its metrics changed since it was written.
     if (has_metrics && row.problem.empty()) {
       try {
-        if (html::stale(folder / "report.html", {folder / "metrics.jsonl", folder / "config.yaml"})) write_run_report(folder);
+        if (html::stale(folder / layout::report_page, {folder / layout::metrics_log, folder / layout::config})) write_run_report(folder);
       } catch (const Error& e) {
         row.problem = e.what();
       }
     }
-    row.has_page = fs::is_regular_file(folder / "report.html", ec);
+    row.has_page = fs::is_regular_file(folder / layout::report_page, ec);
     if (!row.problem.empty()) notes.push_back("trial " + std::to_string(id) + ": " + row.problem);
   }
 
@@ -11582,9 +11611,9 @@ DETTRIAL_INLINE std::filesystem::path write_experiment_page(const std::filesyste
   if (rows.empty()) content += "<p class=\"note\">No trial has started yet.</p>\n";
   content += "<h2>Trials</h2>\n<p class=\"meta\">Click a column to sort by it; a trial's number opens its own page.</p>\n" + table;
   content += "<h2>Charts</h2>\n" + html::figures(charts);
-  content += html::config_section("config.yaml", config_text);
+  content += html::config_section(layout::config, config_text);
 
-  const fs::path out = experiment_dir / "report.html";
+  const fs::path out = experiment_dir / layout::report_page;
   detail::write_atomically(out, html::page("search " + name, header, content));
   return out;
 }
@@ -11596,9 +11625,9 @@ namespace dettrial {
 DETTRIAL_INLINE std::filesystem::path write_report(const std::filesystem::path& dir) {
   std::error_code ec;
   if (!std::filesystem::is_directory(dir, ec)) throw Error("'" + dir.string() + "' is not a folder: nothing to report");
-  if (std::filesystem::is_regular_file(dir / "summary.json", ec) || std::filesystem::is_directory(dir / "trials", ec))
+  if (std::filesystem::is_regular_file(dir / layout::summary, ec) || std::filesystem::is_directory(dir / layout::trials, ec))
     return write_experiment_report(dir);
-  if (std::filesystem::is_regular_file(dir / "metrics.jsonl", ec)) return write_run_report(dir);
+  if (std::filesystem::is_regular_file(dir / layout::metrics_log, ec)) return write_run_report(dir);
   throw Error("'" + dir.string() + "' holds no metrics.jsonl (a run's folder) and no summary.json or trials/ (a search's folder): nothing to report");
 }
 
@@ -11663,7 +11692,7 @@ class MetricsLog {
 namespace dettrial {
 
 DETTRIAL_INLINE MetricsLog::MetricsLog(const std::filesystem::path& dir, std::optional<std::int64_t> resumed_at)
-    : path_(dir / "metrics.jsonl") {
+    : path_(dir / layout::metrics_log) {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) throw Error("cannot create output directory '" + dir.string() + "': " + ec.message());
@@ -15020,13 +15049,13 @@ class Trainer {
     if (o.latest_checkpoint) {
       st.resume_dir = resolve_checkpoint(*o.latest_checkpoint);
       read_checkpoint_info(*st.resume_dir);
-      st.resumed = TrialProgress::from_json(*st.resume_dir / "trial_state.json");
+      st.resumed = TrialProgress::from_json(*st.resume_dir / layout::trial_state);
       st.same_trial = st.resumed->trial_id == o.trial_id;
     }
     if (o.output_dir.empty()) o.output_dir = default_output_dir();
     st.result.output_dir = o.output_dir;
     context_.position().output_dir = o.output_dir;
-    st.storage = o.checkpoint_dir.empty() ? o.output_dir / "checkpoints" : o.checkpoint_dir;
+    st.storage = o.checkpoint_dir.empty() ? o.output_dir / layout::checkpoints : o.checkpoint_dir;
     st.result.checkpoint_dir = st.storage;
     // One writer per job: the chief reports and writes metrics.jsonl, event files and checkpoints.
     const bool chief = context_.distributed().is_chief();
@@ -15037,7 +15066,7 @@ class Trainer {
     if (const auto& profiler = context_.profiler_options()) {
       // set_profiler: steps count from this fit's first batch; every rank writes each cycle's trace
       // into the run's TensorBoard folder under its own worker name (host and process).
-      st.profiler = detail::TraceProfiler(*profiler, resumed_at.value_or(0), {o.output_dir / "tensorboard", /*one_a_cycle=*/true},
+      st.profiler = detail::TraceProfiler(*profiler, resumed_at.value_or(0), {o.output_dir / layout::tensorboard, /*one_a_cycle=*/true},
                                           context_.device().is_cuda());
       st.sync_timings = o.profiling.sync_timings && context_.device().is_cuda();
     } else if (o.profiling.enabled) {
@@ -15108,7 +15137,7 @@ class Trainer {
       st.reporter.line("dettrial: profiling on set_profiler's schedule (skip_first " + std::to_string(s.skip_first) + ", wait " +
                        std::to_string(s.wait) + ", warmup " + std::to_string(s.warmup) + ", active " + std::to_string(s.active) +
                        ", repeat " + std::to_string(s.repeat) + ", from batch " + std::to_string(st.batches_trained) +
-                       "); each cycle's trace in " + (o.output_dir / "tensorboard").string() +
+                       "); each cycle's trace in " + (o.output_dir / layout::tensorboard).string() +
                        (o.profiling.enabled ? " (the config's profiling section is not used)" : ""));
     } else if (o.profiling.enabled)
       st.reporter.line("dettrial: profiling batches " + std::to_string(o.profiling.begin_on_batch) + " to " +
@@ -15797,7 +15826,7 @@ LoadedTrial<TrialT> load_trial_from_checkpoint_path(const std::filesystem::path&
   const std::filesystem::path dir = resolve_checkpoint(path);
   auto context = std::make_unique<Context>(detail::checkpoint_trial_config(dir, options.hparams), ContextOptions{.device = options.device});
   auto trainer = std::make_unique<Trainer<TrialT>>(*context, std::forward<Args>(trial_args)...);
-  detail::ContextCheckpoint::load_models(*context, detail::read_state_dict_file(dir), dir / "state_dict.pth");
+  detail::ContextCheckpoint::load_models(*context, detail::read_state_dict_file(dir), dir / layout::state_dict);
   return LoadedTrial<TrialT>(std::move(context), std::move(trainer));
 }
 
@@ -15818,7 +15847,7 @@ DETTRIAL_INLINE void merge_yaml_map(YAML::Node target, const YAML::Node& changes
 }
 
 DETTRIAL_INLINE ExperimentConfig checkpoint_trial_config(const std::filesystem::path& checkpoint, const YAML::Node& overrides) {
-  const std::filesystem::path file = checkpoint / "load_data.json";
+  const std::filesystem::path file = checkpoint / layout::load_data;
   std::error_code ec;
   if (!std::filesystem::exists(file, ec))
     throw CheckpointError("'" + checkpoint.string() + "' has no load_data.json, so the trial cannot be rebuilt from it; "

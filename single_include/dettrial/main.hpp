@@ -331,7 +331,7 @@ class Experiment {
   /// An adopted trial's job that ended: handled as a child's exit. Asks Slurm at most once a second.
   void reap_adopted(bool interrupting);
 
-  std::filesystem::path trial_dir(std::int64_t id) const { return options_.output_dir / "trials" / std::to_string(id); }
+  std::filesystem::path trial_dir(std::int64_t id) const { return options_.output_dir / layout::trials / std::to_string(id); }
 
   void say(const std::string& line) const;
 
@@ -508,7 +508,7 @@ DETTRIAL_INLINE SearcherConfig Experiment::searcher_config(const ExperimentConfi
 
 DETTRIAL_INLINE int Experiment::run() {
   namespace fs = std::filesystem;
-  fs::create_directories(options_.output_dir / "trials");
+  fs::create_directories(options_.output_dir / layout::trials);
   experiment_id_ = experiment_id_in(options_.output_dir);
   detail::supervisor_signal.store(0);
   detail::supervisor_signal_count.store(0);
@@ -730,11 +730,11 @@ DETTRIAL_INLINE std::int64_t Experiment::experiment_id_in(const std::filesystem:
 }
 
 DETTRIAL_INLINE void Experiment::log_event(const detail::Json& event) {
-  std::ofstream(options_.output_dir / "events.jsonl", std::ios::app) << detail::json_line(event);
+  std::ofstream(options_.output_dir / layout::events_log, std::ios::app) << detail::json_line(event);
 }
 
 DETTRIAL_INLINE void Experiment::replay_or_start() {
-  const auto events_path = options_.output_dir / "events.jsonl";
+  const auto events_path = options_.output_dir / layout::events_log;
   std::vector<TrialRequest> first = std::visit([](auto& s) { return s.initial(); }, searcher_);
   for (auto& r : first) add_trial(std::move(r));
   if (!std::filesystem::exists(events_path)) return;
@@ -830,13 +830,13 @@ DETTRIAL_INLINE void Experiment::write_trial_config(const TrialRequest& r) const
   doc.remove("checkpoint_storage");
   YAML::Node storage(YAML::NodeType::Map);
   storage["type"] = "shared_fs";
-  storage["host_path"] = (trial_dir(r.id) / "checkpoints").string();
+  storage["host_path"] = (trial_dir(r.id) / layout::checkpoints).string();
   // The experiment's best are chosen among the trials' best, so each trial keeps its best until then.
   storage["save_trial_best"] = std::max<std::int64_t>(config_.checkpoint_storage.save_trial_best,
                                                       config_.checkpoint_storage.save_experiment_best > 0 ? 1 : 0);
   storage["save_trial_latest"] = std::max<std::int64_t>(config_.checkpoint_storage.save_trial_latest, 1);  // restarts need one
   doc["checkpoint_storage"] = storage;
-  std::ofstream(trial_dir(r.id) / "config.yaml") << doc << "\n";
+  std::ofstream(trial_dir(r.id) / layout::config) << doc << "\n";
 }
 
 DETTRIAL_INLINE void Experiment::launch_queued() {
@@ -852,12 +852,12 @@ DETTRIAL_INLINE void Experiment::launch(std::int64_t id) {
   const TrialRequest& r = requests_.at(id);
   fs::create_directories(trial_dir(id));
   write_trial_config(r);
-  std::vector<std::string> args = {options_.program.string(), "--config", (trial_dir(id) / "config.yaml").string(),
+  std::vector<std::string> args = {options_.program.string(), "--config", (trial_dir(id) / layout::config).string(),
                                    "--output", trial_dir(id).string(), "--quiet"};
-  if (!list_checkpoints(trial_dir(id) / "checkpoints").empty()) {
+  if (!list_checkpoints(trial_dir(id) / layout::checkpoints).empty()) {
     args.emplace_back("--resume");
-    args.push_back((trial_dir(id) / "checkpoints").string());
-  } else if (std::filesystem::exists(trial_dir(id) / "metrics.jsonl")) {
+    args.push_back((trial_dir(id) / layout::checkpoints).string());
+  } else if (std::filesystem::exists(trial_dir(id) / layout::metrics_log)) {
     // A restart before any checkpoint: the folder without one makes main start afresh there,
     // dropping the failed attempt's metrics and TensorBoard events first.
     args.emplace_back("--resume");
@@ -903,7 +903,7 @@ DETTRIAL_INLINE void Experiment::launch(std::int64_t id) {
 
 DETTRIAL_INLINE void Experiment::poll_metrics() {
   for (auto& [id, run] : running_) {
-    const auto path = trial_dir(id) / "metrics.jsonl";
+    const auto path = trial_dir(id) / layout::metrics_log;
     struct stat file {};
     if (::stat(path.c_str(), &file) != 0) continue;
     if (file.st_ino != run.metrics_inode || static_cast<std::uintmax_t>(file.st_size) < run.metrics_offset) {
@@ -1013,7 +1013,7 @@ DETTRIAL_INLINE void Experiment::trial_ended(std::int64_t id, int status, bool s
     // Not restarted, and not ended in the event log: after the fix the next run trains it.
     t.state = TrialState::errored;
     if (!config_error_)
-      config_error_.emplace(id, last_error_line(id) + "\n(trial " + std::to_string(id) + "'s config " + (trial_dir(id) / "config.yaml").string() +
+      config_error_.emplace(id, last_error_line(id) + "\n(trial " + std::to_string(id) + "'s config " + (trial_dir(id) / layout::config).string() +
                                     " is " + config_.source + " with the trial's hyperparameters " + detail::one_line(t.hparams) + ")");
     return;
   }
@@ -1064,7 +1064,7 @@ DETTRIAL_INLINE std::string Experiment::describe_status(int status) {
 }
 
 DETTRIAL_INLINE void Experiment::refresh_from_disk(TrialSummary& t) const {
-  const auto checkpoints = list_checkpoints(trial_dir(t.id) / "checkpoints");
+  const auto checkpoints = list_checkpoints(trial_dir(t.id) / layout::checkpoints);
   t.best_checkpoint.clear();
   std::optional<double> best;
   for (const auto& c : checkpoints) {
@@ -1083,7 +1083,7 @@ DETTRIAL_INLINE void Experiment::apply_experiment_retention() {
   std::vector<CheckpointInfo> ranked;
   std::map<std::string, std::int64_t> trial_best_keep;  // uuid -> kept by its trial's rules
   for (const auto& [id, t] : trials_) {
-    const auto all = list_checkpoints(trial_dir(id) / "checkpoints");
+    const auto all = list_checkpoints(trial_dir(id) / layout::checkpoints);
     for (const auto& c : checkpoints_to_delete(all, {.save_trial_best = storage.save_trial_best, .save_trial_latest = storage.save_trial_latest},
                                                config_.searcher.smaller_is_better))
       trial_best_keep[c.uuid] = 0;  // candidates for deletion
@@ -1096,7 +1096,7 @@ DETTRIAL_INLINE void Experiment::apply_experiment_retention() {
   for (std::size_t k = 0; k < ranked.size() && static_cast<std::int64_t>(k) < storage.save_experiment_best; ++k)
     trial_best_keep.erase(ranked[k].uuid);  // among the experiment's best: kept
   for (const auto& [id, t] : trials_)
-    for (const auto& c : list_checkpoints(trial_dir(id) / "checkpoints"))
+    for (const auto& c : list_checkpoints(trial_dir(id) / layout::checkpoints))
       if (trial_best_keep.count(c.uuid)) delete_checkpoint(c);
 }
 
@@ -1140,7 +1140,7 @@ DETTRIAL_INLINE detail::Json Experiment::summary_json() const {
 DETTRIAL_INLINE void Experiment::write_summary(bool print) {
   for (auto& [id, t] : trials_) refresh_from_disk(t);
   const detail::Json summary = summary_json();
-  detail::write_file_synced(options_.output_dir / "summary.json", detail::json_text(summary));
+  detail::write_file_synced(options_.output_dir / layout::summary, detail::json_text(summary));
   if (!print) return;
   std::string table = "\n trial  state           batches  restarts  best " + config_.searcher.metric + "  last  hyperparameters\n";
   for (const auto& [id, t] : trials_) {
@@ -1152,7 +1152,7 @@ DETTRIAL_INLINE void Experiment::write_summary(bool print) {
   }
   if (const detail::Json& best = summary.at("best_trial"); best.is_number_integer())
     table += " best: trial " + std::to_string(best.get<std::int64_t>()) + ", checkpoint " + trials_.at(best.get<std::int64_t>()).best_checkpoint + "\n";
-  say(table + " summary: " + (options_.output_dir / "summary.json").string());
+  say(table + " summary: " + (options_.output_dir / layout::summary).string());
 }
 
 DETTRIAL_INLINE void Experiment::refresh_report(bool at_end) {
@@ -1509,7 +1509,7 @@ int main(int argc, char** argv, Args&&... trial_args) {
                           "so that every rank draws the same hyperparameters");
       config = detail::one_trial_drawn(config);
       // Resuming such a trial: the hyperparameters it was drawn with, not a new draw.
-      if (draws && resumed_checkpoint && std::filesystem::exists(*resumed_checkpoint / "load_data.json")) {
+      if (draws && resumed_checkpoint && std::filesystem::exists(*resumed_checkpoint / layout::load_data)) {
         YAML::Node doc = YAML::Clone(config.yaml);
         doc["hyperparameters"] = YAML::Clone(detail::resumed_run_config(*resumed_checkpoint).yaml["hyperparameters"]);
         config = ExperimentConfig::from_yaml(doc, config.source);
@@ -1548,7 +1548,7 @@ int main(int argc, char** argv, Args&&... trial_args) {
     }
     // --config with --resume: say what differs from the run's config (that is what changes now).
     if (resumed_checkpoint && config.source.find("(the resumed run's config)") == std::string::npos && !quiet && env.rank == 0) {
-      if (std::error_code ec; std::filesystem::exists(*resumed_checkpoint / "load_data.json", ec)) {
+      if (std::error_code ec; std::filesystem::exists(*resumed_checkpoint / layout::load_data, ec)) {
         const std::string differences = detail::config_differences(detail::resumed_run_config(*resumed_checkpoint).yaml, config.yaml);
         if (!differences.empty())
           std::fprintf(stderr, "dettrial: resuming %s with a config that differs from the run's own (its load_data.json); now:\n%s",
@@ -1572,7 +1572,7 @@ int main(int argc, char** argv, Args&&... trial_args) {
       const std::filesystem::path checkpoint = *resumed_checkpoint;
       options.latest_checkpoint = checkpoint;
       // Continue in the resumed run's directory (metrics.jsonl appended, checkpoints beside the old).
-      if (output.empty() && checkpoint.parent_path().filename() == "checkpoints")
+      if (output.empty() && checkpoint.parent_path().filename() == layout::checkpoints)
         options.output_dir = checkpoint.parent_path().parent_path();
     }
     if (!test_mode && !options.max_length)
@@ -1582,7 +1582,7 @@ int main(int argc, char** argv, Args&&... trial_args) {
         std::fprintf(stderr, "dettrial: '%s' holds no checkpoint yet (the run stopped before its first): starting it afresh there\n",
                      afresh.c_str());
       MetricsLog(afresh, /*resumed_at=*/-1);  // drops every record: they describe training about to be redone
-      TensorBoardWriter::drop_events_after(std::filesystem::path(afresh) / "tensorboard", -1);  // and every event
+      TensorBoardWriter::drop_events_after(std::filesystem::path(afresh) / layout::tensorboard, -1);  // and every event
     }
     // Determined's max_restarts for a trial run on its own: a failure (an exception; a crash needs a
     // supervisor, such as the search runner) restarts it from the checkpoint it wrote last. Only
@@ -1590,7 +1590,7 @@ int main(int argc, char** argv, Args&&... trial_args) {
     // data, a bug at batch 0). Data-parallel ranks do not restart alone (their launcher ends the
     // job), nor does a wrong configuration.
     if (options.output_dir.empty()) options.output_dir = Trainer<TrialT>::default_output_dir();
-    const std::filesystem::path storage = options.checkpoint_dir.empty() ? options.output_dir / "checkpoints" : options.checkpoint_dir;
+    const std::filesystem::path storage = options.checkpoint_dir.empty() ? options.output_dir / layout::checkpoints : options.checkpoint_dir;
     const std::int64_t max_restarts = communicator || test_mode ? 0 : std::max<std::int64_t>(config.max_restarts, 0);
     FitResult result;
     std::unique_ptr<Context> context;
@@ -1693,9 +1693,9 @@ DETTRIAL_INLINE ExperimentConfig one_trial_drawn(const ExperimentConfig& config)
 DETTRIAL_INLINE std::optional<std::filesystem::path> checkpoint_to_resume(const std::filesystem::path& path,
                                                                          const std::string& config_path) {
   std::error_code ec;
-  const bool run_folder = std::filesystem::is_directory(path, ec) && std::filesystem::exists(path / "metrics.jsonl", ec) &&
-                          !std::filesystem::exists(path / "metadata.json", ec);
-  if (!run_folder || !list_checkpoints(path).empty() || !list_checkpoints(path / "checkpoints").empty())
+  const bool run_folder = std::filesystem::is_directory(path, ec) && std::filesystem::exists(path / layout::metrics_log, ec) &&
+                          !std::filesystem::exists(path / layout::metadata, ec);
+  if (!run_folder || !list_checkpoints(path).empty() || !list_checkpoints(path / layout::checkpoints).empty())
     return resolve_checkpoint(path);  // a checkpoint, a folder holding some, or resolve_checkpoint's error
   if (!config_path.empty()) {
     // The config may keep checkpoints elsewhere (checkpoint_storage.host_path): the run's are there.
@@ -1740,7 +1740,7 @@ DETTRIAL_INLINE void apply_override(YAML::Node& root, const std::string& assignm
 }
 
 DETTRIAL_INLINE ExperimentConfig resumed_run_config(const std::filesystem::path& checkpoint) {
-  const std::filesystem::path file = checkpoint / "load_data.json";
+  const std::filesystem::path file = checkpoint / layout::load_data;
   YAML::Node load_data;
   try {
     load_data = YAML::LoadFile(file.string());

@@ -278,3 +278,17 @@ searcher:
   CHECK_THROWS_WITH_AS(ExperimentConfig::parse("searcher: {name: random, metric: m, max_trials: 0}\n", "t.yaml"),
                        doctest::Contains("searcher.max_trials must be at least 1"), ConfigError);
 }
+
+TEST_CASE("an assigned experiment config rebinds its YAML sections: no other copy's document is written into") {
+  const ExperimentConfig b = ExperimentConfig::parse("hyperparameters: {lr: 0.2}\ndata: {dir: b}\n");
+  ExperimentConfig c = ExperimentConfig::parse("hyperparameters: {lr: 0.3}\ndata: {dir: c}\n");
+  const ExperimentConfig kept = c;  // shares c's nodes
+  c = b;                            // rebinds c: yaml-cpp's own assignment would write 0.2 into kept's document
+  CHECK(c.hyperparameters["lr"].as<double>() == 0.2);
+  CHECK(c.data["dir"].as<std::string>() == "b");
+  CHECK(c.yaml["hyperparameters"]["lr"].as<double>() == 0.2);
+  CHECK(kept.hyperparameters["lr"].as<double>() == 0.3);
+  CHECK(kept.data["dir"].as<std::string>() == "c");
+  CHECK(kept.yaml["hyperparameters"]["lr"].as<double>() == 0.3);
+  CHECK(b.hyperparameters["lr"].as<double>() == 0.2);
+}

@@ -12,6 +12,7 @@
 
 #include <torch/torch.h>
 
+#include "../layout.hpp"
 #include "../optim/handles.hpp"
 #include "state_dict.hpp"
 #include "storage.hpp"
@@ -115,12 +116,12 @@ DETTRIAL_INLINE StateDict read_model_state_dict(const std::filesystem::path& pat
   std::error_code ec;
   if (!fs::exists(path, ec)) throw CheckpointError("cannot load weights: '" + path.string() + "' does not exist");
   const bool directory = fs::is_directory(path, ec);
-  const fs::path file = directory ? path / "state_dict.pth" : path;
+  const fs::path file = directory ? path / layout::state_dict : path;
   if (directory && !fs::exists(file, ec))
     throw CheckpointError("cannot load weights: '" + path.string() + "' is a directory without state_dict.pth (not a checkpoint)");
   // A dettrial checkpoint lists its files' sizes and checksums: use them when they are there.
-  const bool listed = directory && fs::exists(path / "metadata.json", ec) && fs::exists(path / "dettrial_state.pt", ec);
-  const std::string bytes = listed ? read_checked_file(path, "state_dict.pth") : detail::read_file_bytes(file);
+  const bool listed = directory && fs::exists(path / layout::metadata, ec) && fs::exists(path / layout::libtorch_state, ec);
+  const std::string bytes = listed ? read_checked_file(path, layout::state_dict) : detail::read_file_bytes(file);
   const c10::IValue top = detail::unpickle_archive(bytes, file);
   if (!top.isGenericDict())
     throw CheckpointError("'" + file.string() + "' holds a " + top.tagKind() + ", not a state dict (a dict of tensors by name)");

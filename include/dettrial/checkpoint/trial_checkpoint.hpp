@@ -18,6 +18,7 @@
 
 #include <torch/torch.h>
 
+#include "../layout.hpp"
 #include "../context/context.hpp"
 #include "../detail/json.hpp"
 #include "../version.hpp"
@@ -126,10 +127,10 @@ DETTRIAL_INLINE CheckpointInfo write_trial_checkpoint(Context& c, const std::fil
                       .sequence = record.sequence,
                       .validation_metric = record.validation_metric};
   CheckpointWriter writer(storage, info.uuid);
-  writer.add_file("state_dict.pth", pickle_archive(top));
-  writer.add_file("dettrial_state.pt", ContextCheckpoint::native_state(c, record.mid_aggregation));
-  writer.add_file("trial_state.json", record.progress.to_json());
-  writer.add_file("load_data.json", json_text(load_data(c, record.trial_type)));
+  writer.add_file(layout::state_dict, pickle_archive(top));
+  writer.add_file(layout::libtorch_state, ContextCheckpoint::native_state(c, record.mid_aggregation));
+  writer.add_file(layout::trial_state, record.progress.to_json());
+  writer.add_file(layout::load_data, json_text(load_data(c, record.trial_type)));
   const std::string framework = "torch-" + std::to_string(TORCH_VERSION_MAJOR) + "." + std::to_string(TORCH_VERSION_MINOR) + "." +
                                 std::to_string(TORCH_VERSION_PATCH);
   Json metadata{{"uuid", info.uuid},
@@ -148,9 +149,9 @@ DETTRIAL_INLINE CheckpointInfo write_trial_checkpoint(Context& c, const std::fil
 }
 
 DETTRIAL_INLINE void restore_context(Context& c, const std::filesystem::path& dir, const StateDict& top) {
-  const std::filesystem::path file = dir / "state_dict.pth";
+  const std::filesystem::path file = dir / layout::state_dict;
   ContextCheckpoint::load_models(c, top, file);
-  ContextCheckpoint::load_native(c, read_checked_file(dir, "dettrial_state.pt"), dir / "dettrial_state.pt");
+  ContextCheckpoint::load_native(c, read_checked_file(dir, layout::libtorch_state), dir / layout::libtorch_state);
   ContextCheckpoint::load_rng(c, top, file);
   // A checkpoint written without a scaler (fp32, or bf16) leaves a new one at its initial scale.
   if (const auto it = top.find("scaler_state_dict"); c.scaler() && it != top.end()) {

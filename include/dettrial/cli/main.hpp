@@ -27,6 +27,7 @@
 #include <c10/util/Exception.h>
 #include <yaml-cpp/yaml.h>
 
+#include "../layout.hpp"
 #include "../config/experiment_config.hpp"
 #include "../checkpoint/storage.hpp"
 #include "../context/context.hpp"
@@ -231,7 +232,7 @@ int main(int argc, char** argv, Args&&... trial_args) {
                           "so that every rank draws the same hyperparameters");
       config = detail::one_trial_drawn(config);
       // Resuming such a trial: the hyperparameters it was drawn with, not a new draw.
-      if (draws && resumed_checkpoint && std::filesystem::exists(*resumed_checkpoint / "load_data.json")) {
+      if (draws && resumed_checkpoint && std::filesystem::exists(*resumed_checkpoint / layout::load_data)) {
         YAML::Node doc = YAML::Clone(config.yaml);
         doc["hyperparameters"] = YAML::Clone(detail::resumed_run_config(*resumed_checkpoint).yaml["hyperparameters"]);
         config = ExperimentConfig::from_yaml(doc, config.source);
@@ -270,7 +271,7 @@ int main(int argc, char** argv, Args&&... trial_args) {
     }
     // --config with --resume: say what differs from the run's config (that is what changes now).
     if (resumed_checkpoint && config.source.find("(the resumed run's config)") == std::string::npos && !quiet && env.rank == 0) {
-      if (std::error_code ec; std::filesystem::exists(*resumed_checkpoint / "load_data.json", ec)) {
+      if (std::error_code ec; std::filesystem::exists(*resumed_checkpoint / layout::load_data, ec)) {
         const std::string differences = detail::config_differences(detail::resumed_run_config(*resumed_checkpoint).yaml, config.yaml);
         if (!differences.empty())
           std::fprintf(stderr, "dettrial: resuming %s with a config that differs from the run's own (its load_data.json); now:\n%s",
@@ -294,7 +295,7 @@ int main(int argc, char** argv, Args&&... trial_args) {
       const std::filesystem::path checkpoint = *resumed_checkpoint;
       options.latest_checkpoint = checkpoint;
       // Continue in the resumed run's directory (metrics.jsonl appended, checkpoints beside the old).
-      if (output.empty() && checkpoint.parent_path().filename() == "checkpoints")
+      if (output.empty() && checkpoint.parent_path().filename() == layout::checkpoints)
         options.output_dir = checkpoint.parent_path().parent_path();
     }
     if (!test_mode && !options.max_length)
@@ -304,7 +305,7 @@ int main(int argc, char** argv, Args&&... trial_args) {
         std::fprintf(stderr, "dettrial: '%s' holds no checkpoint yet (the run stopped before its first): starting it afresh there\n",
                      afresh.c_str());
       MetricsLog(afresh, /*resumed_at=*/-1);  // drops every record: they describe training about to be redone
-      TensorBoardWriter::drop_events_after(std::filesystem::path(afresh) / "tensorboard", -1);  // and every event
+      TensorBoardWriter::drop_events_after(std::filesystem::path(afresh) / layout::tensorboard, -1);  // and every event
     }
     // Determined's max_restarts for a trial run on its own: a failure (an exception; a crash needs a
     // supervisor, such as the search runner) restarts it from the checkpoint it wrote last. Only
@@ -312,7 +313,7 @@ int main(int argc, char** argv, Args&&... trial_args) {
     // data, a bug at batch 0). Data-parallel ranks do not restart alone (their launcher ends the
     // job), nor does a wrong configuration.
     if (options.output_dir.empty()) options.output_dir = Trainer<TrialT>::default_output_dir();
-    const std::filesystem::path storage = options.checkpoint_dir.empty() ? options.output_dir / "checkpoints" : options.checkpoint_dir;
+    const std::filesystem::path storage = options.checkpoint_dir.empty() ? options.output_dir / layout::checkpoints : options.checkpoint_dir;
     const std::int64_t max_restarts = communicator || test_mode ? 0 : std::max<std::int64_t>(config.max_restarts, 0);
     FitResult result;
     std::unique_ptr<Context> context;
@@ -415,9 +416,9 @@ DETTRIAL_INLINE ExperimentConfig one_trial_drawn(const ExperimentConfig& config)
 DETTRIAL_INLINE std::optional<std::filesystem::path> checkpoint_to_resume(const std::filesystem::path& path,
                                                                          const std::string& config_path) {
   std::error_code ec;
-  const bool run_folder = std::filesystem::is_directory(path, ec) && std::filesystem::exists(path / "metrics.jsonl", ec) &&
-                          !std::filesystem::exists(path / "metadata.json", ec);
-  if (!run_folder || !list_checkpoints(path).empty() || !list_checkpoints(path / "checkpoints").empty())
+  const bool run_folder = std::filesystem::is_directory(path, ec) && std::filesystem::exists(path / layout::metrics_log, ec) &&
+                          !std::filesystem::exists(path / layout::metadata, ec);
+  if (!run_folder || !list_checkpoints(path).empty() || !list_checkpoints(path / layout::checkpoints).empty())
     return resolve_checkpoint(path);  // a checkpoint, a folder holding some, or resolve_checkpoint's error
   if (!config_path.empty()) {
     // The config may keep checkpoints elsewhere (checkpoint_storage.host_path): the run's are there.
@@ -462,7 +463,7 @@ DETTRIAL_INLINE void apply_override(YAML::Node& root, const std::string& assignm
 }
 
 DETTRIAL_INLINE ExperimentConfig resumed_run_config(const std::filesystem::path& checkpoint) {
-  const std::filesystem::path file = checkpoint / "load_data.json";
+  const std::filesystem::path file = checkpoint / layout::load_data;
   YAML::Node load_data;
   try {
     load_data = YAML::LoadFile(file.string());

@@ -40,9 +40,9 @@ class ExperimentConfig {
   std::string name;
   std::string description;
   /// The search space or values, as written (`hyperparameters`).
-  YAML::Node hyperparameters{YAML::NodeType::Map};
+  detail::YamlMember hyperparameters{YAML::NodeType::Map};
   /// The free-form `data` section.
-  YAML::Node data{YAML::NodeType::Map};
+  detail::YamlMember data{YAML::NodeType::Map};
 
   struct Searcher {
     std::string name = "single";
@@ -107,15 +107,10 @@ class ExperimentConfig {
   std::vector<std::string> slurm_args;
 
   /// The whole document, for `get_experiment_config()`.
-  YAML::Node yaml{YAML::NodeType::Map};
+  detail::YamlMember yaml{YAML::NodeType::Map};
   /// Where it came from (file name or "<string>"), for messages.
   std::string source = "<string>";
 
-  ExperimentConfig() = default;
-  ExperimentConfig(const ExperimentConfig&) = default;
-  /// Rebinds the YAML members (yaml-cpp's Node::operator= would write into the document they share)
-  /// and copies every other member: a new member must be added there too.
-  ExperimentConfig& operator=(const ExperimentConfig& o);
 
   /// Reads and parses a file; a missing or unreadable file is a ConfigError naming it.
   static ExperimentConfig load_file(const std::filesystem::path& path);
@@ -226,36 +221,6 @@ DETTRIAL_INLINE const char* to_string(CheckpointPolicy p) {
     case CheckpointPolicy::none: return "none";
   }
   return "?";
-}
-
-DETTRIAL_INLINE ExperimentConfig& ExperimentConfig::operator=(const ExperimentConfig& o) {
-  if (this == &o) return *this;
-  name = o.name;
-  description = o.description;
-  hyperparameters.reset(o.hyperparameters);
-  data.reset(o.data);
-  searcher = o.searcher;
-  scheduling_unit = o.scheduling_unit;
-  records_per_epoch = o.records_per_epoch;
-  min_validation_period = o.min_validation_period;
-  min_checkpoint_period = o.min_checkpoint_period;
-  perform_initial_validation = o.perform_initial_validation;
-  checkpoint_policy = o.checkpoint_policy;
-  max_restarts = o.max_restarts;
-  slots_per_trial = o.slots_per_trial;
-  aggregation_frequency = o.aggregation_frequency;
-  mixed_precision = o.mixed_precision;
-  step_capture = o.step_capture;
-  average_aggregated_gradients = o.average_aggregated_gradients;
-  experiment_seed = o.experiment_seed;
-  deterministic = o.deterministic;
-  checkpoint_storage = o.checkpoint_storage;
-  profiling = o.profiling;
-  slurm_args = o.slurm_args;
-  ignored_fields = o.ignored_fields;
-  yaml.reset(o.yaml);
-  source = o.source;
-  return *this;
 }
 
 DETTRIAL_INLINE ExperimentConfig ExperimentConfig::load_file(const std::filesystem::path& path) {

@@ -18,6 +18,7 @@
 #include <torch/torch.h>
 #include <yaml-cpp/yaml.h>
 
+#include "../layout.hpp"
 #include "../config/experiment_config.hpp"
 #include "../config/hyperparameters.hpp"
 #include "../config/profiler_options.hpp"
@@ -205,7 +206,7 @@ class Context {
   TensorBoardWriter& get_tensorboard_writer() { return tensorboard_; }
   /// `<output_dir>/tensorboard`, where the run's event files go (empty until `fit` starts).
   std::filesystem::path get_tensorboard_path() const {
-    return position_.output_dir.empty() ? std::filesystem::path() : position_.output_dir / "tensorboard";
+    return position_.output_dir.empty() ? std::filesystem::path() : position_.output_dir / layout::tensorboard;
   }
   /// Whether the trainer writes its metrics, learning rates and timings to TensorBoard (default on).
   /// Off, the writer still takes the trial's own scalars.

@@ -20,6 +20,28 @@
 
 namespace dettrial::detail {
 
+/**
+ * @brief A YAML::Node data member that assignment rebinds. yaml-cpp's `Node::operator=` writes into
+ * the node it refers to, and so into a document that other copies share; with members of this type
+ * a class copies and assigns its nodes as values and keeps the compiler's copy assignment (no
+ * hand-written one that a new member could be forgotten in).
+ */
+class YamlMember : public YAML::Node {
+ public:
+  using YAML::Node::Node;
+  YamlMember() = default;
+  YamlMember(const YAML::Node& node) : YAML::Node(node) {}  // implicit, as a Node is
+  YamlMember(const YamlMember&) = default;
+  YamlMember& operator=(const YamlMember& other) {
+    reset(other);
+    return *this;
+  }
+  YamlMember& operator=(const YAML::Node& other) {
+    reset(other);
+    return *this;
+  }
+};
+
 /// "file:line:column" of a node (1-based), or just the source name when yaml-cpp has no position.
 DETTRIAL_INLINE std::string where(const YAML::Node& node, const std::string& source);
 

@@ -14,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "../layout.hpp"
 #include "../error.hpp"
 #include "../detail/atomic_file.hpp"
 #include "../detail/json.hpp"
@@ -780,8 +781,8 @@ DETTRIAL_INLINE Json run_hyperparameters(const std::filesystem::path& dir, const
   std::error_code ec;
   std::filesystem::path newest;
   std::filesystem::file_time_type newest_time{};
-  for (std::filesystem::directory_iterator it(dir / "checkpoints", ec), end; !ec && it != end; it.increment(ec)) {
-    const auto file = it->path() / "load_data.json";
+  for (std::filesystem::directory_iterator it(dir / layout::checkpoints, ec), end; !ec && it != end; it.increment(ec)) {
+    const auto file = it->path() / layout::load_data;
     std::error_code time_ec;
     const auto time = std::filesystem::last_write_time(file, time_ec);
     if (!time_ec && (newest.empty() || time > newest_time)) {
@@ -880,7 +881,7 @@ namespace dettrial {
 DETTRIAL_INLINE std::filesystem::path write_run_report(const std::filesystem::path& run_dir) {
   namespace html = detail::html;
   using detail::Json;
-  const std::filesystem::path metrics_path = run_dir / "metrics.jsonl";
+  const std::filesystem::path metrics_path = run_dir / layout::metrics_log;
   std::error_code ec;
   if (!std::filesystem::is_regular_file(metrics_path, ec))
     throw Error("'" + run_dir.string() + "' has no metrics.jsonl: nothing to report (a run's output folder has one)");
@@ -901,9 +902,9 @@ DETTRIAL_INLINE std::filesystem::path write_run_report(const std::filesystem::pa
   std::filesystem::path absolute = std::filesystem::absolute(run_dir, ec).lexically_normal();
   if (absolute.filename().empty()) absolute = absolute.parent_path();  // "run/"
   const std::string name = absolute.filename().string();
-  const bool trial_of_search = absolute.parent_path().filename() == "trials" &&
-                               (std::filesystem::exists(absolute.parent_path().parent_path() / "events.jsonl", ec) ||
-                                std::filesystem::exists(absolute.parent_path().parent_path() / "summary.json", ec));
+  const bool trial_of_search = absolute.parent_path().filename() == layout::trials &&
+                               (std::filesystem::exists(absolute.parent_path().parent_path() / layout::events_log, ec) ||
+                                std::filesystem::exists(absolute.parent_path().parent_path() / layout::summary, ec));
 
   std::string header = "<h1>" + html::escape(trial_of_search ? "trial " + name : "run " + name) + "</h1>\n<p class=\"meta\">" +
                        html::escape(absolute.string()) + "</p>\n<p>" + std::to_string(trainings) + " training and " +
@@ -947,22 +948,22 @@ DETTRIAL_INLINE std::filesystem::path write_run_report(const std::filesystem::pa
     content += "<h2>Last values</h2>\n<div class=\"scroll\"><table>\n<tr><th class=\"text\">series</th><th>last</th><th>at batch</th><th>min</th>"
             "<th>max</th><th>points</th>" + std::string(any_skipped ? "<th>null</th>" : "") + "</tr>\n" + values + "</table></div>\n";
 
-  const std::string config_text = html::read_text(run_dir / "config.yaml");
+  const std::string config_text = html::read_text(run_dir / layout::config);
   std::vector<std::pair<std::string, Json>> hparams;
   html::flatten(html::run_hyperparameters(run_dir, config_text), "", hparams);
   if (!hparams.empty()) content += "<h2>Hyperparameters</h2>\n" + html::value_table(hparams);
-  content += html::config_section("config.yaml", config_text);
+  content += html::config_section(layout::config, config_text);
 
-  const std::filesystem::path out = run_dir / "report.html";
+  const std::filesystem::path out = run_dir / layout::report_page;
   detail::write_atomically(out, html::page((trial_of_search ? "trial " : "run ") + name, header, content));
   return out;
 }
 
 DETTRIAL_INLINE std::filesystem::path write_experiment_report(const std::filesystem::path& experiment_dir) {
   std::error_code ec;
-  const std::filesystem::path summary_path = experiment_dir / "summary.json";
+  const std::filesystem::path summary_path = experiment_dir / layout::summary;
   const bool has_summary = std::filesystem::is_regular_file(summary_path, ec);
-  if (!has_summary && !std::filesystem::is_directory(experiment_dir / "trials", ec))
+  if (!has_summary && !std::filesystem::is_directory(experiment_dir / layout::trials, ec))
     throw Error("'" + experiment_dir.string() + "' has neither summary.json nor trials/: it is not a search's folder");
   return detail::html::write_experiment_page(experiment_dir, has_summary ? detail::read_json_file(summary_path) : detail::Json::object());
 }
@@ -974,8 +975,8 @@ namespace dettrial::detail::html {
 DETTRIAL_INLINE std::filesystem::path write_experiment_page(const std::filesystem::path& experiment_dir, const Json& summary) {
   namespace fs = std::filesystem;
   std::error_code ec;
-  const fs::path events_path = experiment_dir / "events.jsonl", trials_dir = experiment_dir / "trials";
-  const std::string config_text = html::read_text(experiment_dir / "config.yaml");
+  const fs::path events_path = experiment_dir / layout::events_log, trials_dir = experiment_dir / layout::trials;
+  const std::string config_text = html::read_text(experiment_dir / layout::config);
 
   // The search's settings: summary.json's, else the config's, else a trial's (below).
   std::string metric = html::string_of(summary, "metric"), searcher = html::string_of(summary, "searcher");
@@ -1047,7 +1048,7 @@ DETTRIAL_INLINE std::filesystem::path write_experiment_page(const std::filesyste
 
   // A trial's config names the searcher metric too (its searcher is `single`, not the search's).
   for (const auto& [id, row] : rows)
-    if (row.has_folder && (metric.empty() || !smaller)) html::searcher_settings(html::read_text(trials_dir / std::to_string(id) / "config.yaml"), metric, smaller);
+    if (row.has_folder && (metric.empty() || !smaller)) html::searcher_settings(html::read_text(trials_dir / std::to_string(id) / layout::config), metric, smaller);
   const bool smaller_is_better = smaller.value_or(true);
 
   std::vector<std::string> notes;
@@ -1056,18 +1057,18 @@ DETTRIAL_INLINE std::filesystem::path write_experiment_page(const std::filesyste
     const fs::path folder = trials_dir / std::to_string(id);
     if (row.state.empty()) {
       if (const auto e = ended.find(id); e != ended.end()) row.state = e->second;
-      else row.state = fs::exists(folder / "metrics.jsonl", ec) ? "RUNNING" : "QUEUED";
+      else row.state = fs::exists(folder / layout::metrics_log, ec) ? "RUNNING" : "QUEUED";
     }
     if (!row.restarts && restarts.count(id)) row.restarts = restarts[id];
     if (!row.rung && event_rungs.count(id)) row.rung = event_rungs[id];
     if (row.hparams.empty() && row.has_folder)
-      html::flatten(html::config_hyperparameters(html::read_text(folder / "config.yaml")), "", row.hparams);
+      html::flatten(html::config_hyperparameters(html::read_text(folder / layout::config)), "", row.hparams);
     if (const auto c = curves.find(id); c != curves.end()) row.curve = c->second;
-    const bool has_metrics = row.has_folder && fs::is_regular_file(folder / "metrics.jsonl", ec);
+    const bool has_metrics = row.has_folder && fs::is_regular_file(folder / layout::metrics_log, ec);
     if (row.curve.empty() && has_metrics && !metric.empty()) {
       // No event log (or not this trial's): the searcher metric from the trial's own records.
       try {
-        for (const Json& r : html::read_jsonl(folder / "metrics.jsonl")) {
+        for (const Json& r : html::read_jsonl(folder / layout::metrics_log)) {
           if (html::string_of(r, "type") != "validation") continue;
           const Json* metrics = detail::json_find(r, "metrics");
           const auto value = metrics ? html::number_of(*metrics, metric.c_str()) : std::nullopt;
@@ -1091,12 +1092,12 @@ DETTRIAL_INLINE std::filesystem::path write_experiment_page(const std::filesyste
     // The trial's own page, where its metrics changed since it was written.
     if (has_metrics && row.problem.empty()) {
       try {
-        if (html::stale(folder / "report.html", {folder / "metrics.jsonl", folder / "config.yaml"})) write_run_report(folder);
+        if (html::stale(folder / layout::report_page, {folder / layout::metrics_log, folder / layout::config})) write_run_report(folder);
       } catch (const Error& e) {
         row.problem = e.what();
       }
     }
-    row.has_page = fs::is_regular_file(folder / "report.html", ec);
+    row.has_page = fs::is_regular_file(folder / layout::report_page, ec);
     if (!row.problem.empty()) notes.push_back("trial " + std::to_string(id) + ": " + row.problem);
   }
 
@@ -1242,9 +1243,9 @@ DETTRIAL_INLINE std::filesystem::path write_experiment_page(const std::filesyste
   if (rows.empty()) content += "<p class=\"note\">No trial has started yet.</p>\n";
   content += "<h2>Trials</h2>\n<p class=\"meta\">Click a column to sort by it; a trial's number opens its own page.</p>\n" + table;
   content += "<h2>Charts</h2>\n" + html::figures(charts);
-  content += html::config_section("config.yaml", config_text);
+  content += html::config_section(layout::config, config_text);
 
-  const fs::path out = experiment_dir / "report.html";
+  const fs::path out = experiment_dir / layout::report_page;
   detail::write_atomically(out, html::page("search " + name, header, content));
   return out;
 }
@@ -1256,9 +1257,9 @@ namespace dettrial {
 DETTRIAL_INLINE std::filesystem::path write_report(const std::filesystem::path& dir) {
   std::error_code ec;
   if (!std::filesystem::is_directory(dir, ec)) throw Error("'" + dir.string() + "' is not a folder: nothing to report");
-  if (std::filesystem::is_regular_file(dir / "summary.json", ec) || std::filesystem::is_directory(dir / "trials", ec))
+  if (std::filesystem::is_regular_file(dir / layout::summary, ec) || std::filesystem::is_directory(dir / layout::trials, ec))
     return write_experiment_report(dir);
-  if (std::filesystem::is_regular_file(dir / "metrics.jsonl", ec)) return write_run_report(dir);
+  if (std::filesystem::is_regular_file(dir / layout::metrics_log, ec)) return write_run_report(dir);
   throw Error("'" + dir.string() + "' holds no metrics.jsonl (a run's folder) and no summary.json or trials/ (a search's folder): nothing to report");
 }
 

@@ -10,6 +10,7 @@
 #include <string>
 #include <string_view>
 
+#include "../layout.hpp"
 #include "../error.hpp"
 #include "../detail/json.hpp"
 #include "../metrics/metrics.hpp"
@@ -60,7 +61,7 @@ class MetricsLog {
 namespace dettrial {
 
 DETTRIAL_INLINE MetricsLog::MetricsLog(const std::filesystem::path& dir, std::optional<std::int64_t> resumed_at)
-    : path_(dir / "metrics.jsonl") {
+    : path_(dir / layout::metrics_log) {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) throw Error("cannot create output directory '" + dir.string() + "': " + ec.message());

@@ -28,6 +28,7 @@
 #include <ATen/record_function.h>
 #include <torch/torch.h>
 
+#include "../layout.hpp"
 #include "../checkpoint/checkpoint.hpp"
 #include "../checkpoint/policy.hpp"
 #include "../checkpoint/trial_checkpoint.hpp"
@@ -320,13 +321,13 @@ class Trainer {
     if (o.latest_checkpoint) {
       st.resume_dir = resolve_checkpoint(*o.latest_checkpoint);
       read_checkpoint_info(*st.resume_dir);
-      st.resumed = TrialProgress::from_json(*st.resume_dir / "trial_state.json");
+      st.resumed = TrialProgress::from_json(*st.resume_dir / layout::trial_state);
       st.same_trial = st.resumed->trial_id == o.trial_id;
     }
     if (o.output_dir.empty()) o.output_dir = default_output_dir();
     st.result.output_dir = o.output_dir;
     context_.position().output_dir = o.output_dir;
-    st.storage = o.checkpoint_dir.empty() ? o.output_dir / "checkpoints" : o.checkpoint_dir;
+    st.storage = o.checkpoint_dir.empty() ? o.output_dir / layout::checkpoints : o.checkpoint_dir;
     st.result.checkpoint_dir = st.storage;
     // One writer per job: the chief reports and writes metrics.jsonl, event files and checkpoints.
     const bool chief = context_.distributed().is_chief();
@@ -337,7 +338,7 @@ class Trainer {
     if (const auto& profiler = context_.profiler_options()) {
       // set_profiler: steps count from this fit's first batch; every rank writes each cycle's trace
       // into the run's TensorBoard folder under its own worker name (host and process).
-      st.profiler = detail::TraceProfiler(*profiler, resumed_at.value_or(0), {o.output_dir / "tensorboard", /*one_a_cycle=*/true},
+      st.profiler = detail::TraceProfiler(*profiler, resumed_at.value_or(0), {o.output_dir / layout::tensorboard, /*one_a_cycle=*/true},
                                           context_.device().is_cuda());
       st.sync_timings = o.profiling.sync_timings && context_.device().is_cuda();
     } else if (o.profiling.enabled) {
@@ -408,7 +409,7 @@ class Trainer {
       st.reporter.line("dettrial: profiling on set_profiler's schedule (skip_first " + std::to_string(s.skip_first) + ", wait " +
                        std::to_string(s.wait) + ", warmup " + std::to_string(s.warmup) + ", active " + std::to_string(s.active) +
                        ", repeat " + std::to_string(s.repeat) + ", from batch " + std::to_string(st.batches_trained) +
-                       "); each cycle's trace in " + (o.output_dir / "tensorboard").string() +
+                       "); each cycle's trace in " + (o.output_dir / layout::tensorboard).string() +
                        (o.profiling.enabled ? " (the config's profiling section is not used)" : ""));
     } else if (o.profiling.enabled)
       st.reporter.line("dettrial: profiling batches " + std::to_string(o.profiling.begin_on_batch) + " to " +
