@@ -39,10 +39,10 @@ dettrial_example_deps() {
 # What the test suite adds: doctest, git and Python's venv (the Conan and PyPI checks), Debian's
 # Python torch (the parity peer of its LibTorch), Open MPI's mpirun (one of the launchers the
 # distributed tests use), Chromium (the report pages render in it) and Slurm with munge (a
-# two-node cluster on this host for the Slurm tests).
+# two-node cluster on this host for the Slurm tests) and Universal Ctags (the function-length check).
 dettrial_test_deps() {
   dettrial_example_deps
-  dettrial_apt git python3 python3-venv doctest-dev python3-torch python3-numpy openmpi-bin chromium slurm-wlm munge
+  dettrial_apt git python3 python3-venv doctest-dev python3-torch python3-numpy openmpi-bin chromium slurm-wlm munge universal-ctags
 }
 
 # Runs a command as one named phase of a script and says how long it took ("==> build debian: 312 s").
@@ -117,6 +117,8 @@ dettrial_build() {
   local args=(-S "$DETTRIAL_ROOT" -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Release
               -DDETTRIAL_BUILD_TESTS=ON -DDETTRIAL_BUILD_EXAMPLES=ON -DDETTRIAL_BUILD_BENCH=ON ${DETTRIAL_CMAKE_ARGS:-})
   [ -n "$prefix" ] && args+=("-DCMAKE_PREFIX_PATH=$prefix" "-DTorch_DIR=$prefix/Torch")
+  # The Release flags, when a script wants others than CMake's (-O3 -DNDEBUG): scripts/test's.
+  [ -n "${DETTRIAL_RELEASE_FLAGS:-}" ] && args+=("-DCMAKE_CXX_FLAGS_RELEASE=$DETTRIAL_RELEASE_FLAGS")
   mkdir -p "$DETTRIAL_ROOT/build"
   dettrial_log "configuring $name"
   cmake "${args[@]}" >"$dir.configure.log" 2>&1 || { cat "$dir.configure.log" >&2; return 1; }

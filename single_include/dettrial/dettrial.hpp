@@ -886,6 +886,16 @@ class ExperimentConfig {
     std::optional<TrainUnit> length(const YAML::Node& map, const char* key, bool zero_means_never,
                                     std::int64_t step_batches = 0) const;
   };
+
+  // One reader per part of the document, called by from_yaml in this order.
+  static void read_top_level(const YAML::Node& root, const Reader& r, ExperimentConfig& c);
+  static void read_resources(const YAML::Node& res, const Reader& r, ExperimentConfig& c);
+  static void read_optimizations(const YAML::Node& opt, const Reader& r, ExperimentConfig& c);
+  static void read_reproducibility(const YAML::Node& rep, const Reader& r, ExperimentConfig& c);
+  static void read_profiling(const YAML::Node& prof, const Reader& r, Profiling& p);
+  static void read_slurm(const YAML::Node& slurm, const std::string& source, std::vector<std::string>& args);
+  static void read_checkpoint_storage(const YAML::Node& cs, const Reader& r, CheckpointStorage& storage);
+  static void read_searcher(const YAML::Node& s, const Reader& r, ExperimentConfig& c);
 };
 
 }  // namespace dettrial
@@ -932,12 +942,28 @@ DETTRIAL_INLINE ExperimentConfig ExperimentConfig::parse(const std::string& text
 
 DETTRIAL_INLINE ExperimentConfig ExperimentConfig::from_yaml(const YAML::Node& root, std::string source) {
   ExperimentConfig c;
-  c.source = source;
-  if (!root.IsDefined() || root.IsNull()) throw ConfigError(source + ": the experiment config is empty");
-  if (!root.IsMap()) throw ConfigError(detail::where(root, source) + ": the experiment config must be a map");
+  c.source = std::move(source);
+  if (!root.IsDefined() || root.IsNull()) throw ConfigError(c.source + ": the experiment config is empty");
+  if (!root.IsMap()) throw ConfigError(detail::where(root, c.source) + ": the experiment config must be a map");
   c.yaml.reset(root);
-  check_fields(root, source, c.ignored_fields);
-  Reader r{source};
+  check_fields(root, c.source, c.ignored_fields);
+  const Reader r{c.source};
+  read_top_level(root, r, c);
+  for (const char* section : {"resources", "optimizations", "reproducibility", "searcher", "checkpoint_storage", "profiling", "slurm"})
+    if (const YAML::Node node = root[section]; node && !node.IsNull() && !node.IsMap())
+      throw ConfigError(detail::where(node, c.source) + ": '" + section + "' must be a map, found " + detail::describe(node));
+  if (const YAML::Node res = root["resources"]) read_resources(res, r, c);
+  if (const YAML::Node opt = root["optimizations"]) read_optimizations(opt, r, c);
+  if (const YAML::Node rep = root["reproducibility"]) read_reproducibility(rep, r, c);
+  if (const YAML::Node prof = root["profiling"]; prof && prof.IsMap()) read_profiling(prof, r, c.profiling);
+  if (const YAML::Node slurm = root["slurm"]) read_slurm(slurm, c.source, c.slurm_args);
+  if (const YAML::Node cs = root["checkpoint_storage"]) read_checkpoint_storage(cs, r, c.checkpoint_storage);
+  if (const YAML::Node s = root["searcher"]) read_searcher(s, r, c);
+  return c;
+}
+
+DETTRIAL_INLINE void ExperimentConfig::read_top_level(const YAML::Node& root, const Reader& r, ExperimentConfig& c) {
+  const std::string& source = r.source;
   r.read(root, "name", c.name);
   r.read(root, "description", c.description);
   if (root["hyperparameters"]) {
@@ -963,125 +989,131 @@ DETTRIAL_INLINE ExperimentConfig ExperimentConfig::from_yaml(const YAML::Node& r
     else if (s == "none") c.checkpoint_policy = CheckpointPolicy::none;
     else throw ConfigError(detail::where(p, source) + ": checkpoint_policy must be best, all or none, not '" + s + "'");
   }
-  for (const char* section : {"resources", "optimizations", "reproducibility", "searcher", "checkpoint_storage", "profiling", "slurm"})
-    if (const YAML::Node node = root[section]; node && !node.IsNull() && !node.IsMap())
-      throw ConfigError(detail::where(node, source) + ": '" + section + "' must be a map, found " + detail::describe(node));
-  if (const YAML::Node res = root["resources"]) {
-    r.read(res, "slots_per_trial", c.slots_per_trial);
-    if (c.slots_per_trial < 0)
-      throw ConfigError(detail::where(res["slots_per_trial"], source) + ": resources.slots_per_trial must not be negative");
-    // 0 is a trial without a GPU slot on a cluster (the schema's minimum): here, one process.
-    if (c.slots_per_trial == 0) c.slots_per_trial = 1;
-  }
-  if (const YAML::Node opt = root["optimizations"]) {
-    if (const YAML::Node mp = opt["mixed_precision"]; mp && !mp.IsNull()) {
-      std::string text;
-      r.read(opt, "mixed_precision", text);
-      try {
-        c.mixed_precision = parse_precision(text);
-      } catch (const ConfigError& e) {
-        throw ConfigError(detail::where(mp, source) + ": optimizations." + e.what());
-      }
-    }
-    r.read(opt, "aggregation_frequency", c.aggregation_frequency);
-    if (c.aggregation_frequency < 1)
-      throw ConfigError(detail::where(opt["aggregation_frequency"], source) +
-                        ": optimizations.aggregation_frequency must be at least 1");
-    r.read(opt, "average_aggregated_gradients", c.average_aggregated_gradients);
-    if (const YAML::Node sc = opt["step_capture"]; sc && !sc.IsNull()) {
-      std::string text;
-      std::int64_t warmup = capture::cuda_graph{}.warmup_batches;
-      r.read(opt, "step_capture", text);
-      r.read(opt, "capture_warmup_batches", warmup);
-      try {
-        c.step_capture = parse_step_capture(text, warmup);
-      } catch (const ConfigError& e) {
-        throw ConfigError(detail::where(sc, source) + ": optimizations." + e.what());
-      }
-    } else if (opt["capture_warmup_batches"]) {
-      throw ConfigError(detail::where(opt["capture_warmup_batches"], source) +
-                        ": optimizations.capture_warmup_batches is set but step_capture is not; set step_capture: cuda_graph");
+}
+
+DETTRIAL_INLINE void ExperimentConfig::read_resources(const YAML::Node& res, const Reader& r, ExperimentConfig& c) {
+  r.read(res, "slots_per_trial", c.slots_per_trial);
+  if (c.slots_per_trial < 0)
+    throw ConfigError(detail::where(res["slots_per_trial"], r.source) + ": resources.slots_per_trial must not be negative");
+  // 0 is a trial without a GPU slot on a cluster (the schema's minimum): here, one process.
+  if (c.slots_per_trial == 0) c.slots_per_trial = 1;
+}
+
+DETTRIAL_INLINE void ExperimentConfig::read_optimizations(const YAML::Node& opt, const Reader& r, ExperimentConfig& c) {
+  const std::string& source = r.source;
+  if (const YAML::Node mp = opt["mixed_precision"]; mp && !mp.IsNull()) {
+    std::string text;
+    r.read(opt, "mixed_precision", text);
+    try {
+      c.mixed_precision = parse_precision(text);
+    } catch (const ConfigError& e) {
+      throw ConfigError(detail::where(mp, source) + ": optimizations." + e.what());
     }
   }
-  if (const YAML::Node rep = root["reproducibility"]; rep && rep["experiment_seed"] && !rep["experiment_seed"].IsNull()) {
+  r.read(opt, "aggregation_frequency", c.aggregation_frequency);
+  if (c.aggregation_frequency < 1)
+    throw ConfigError(detail::where(opt["aggregation_frequency"], source) + ": optimizations.aggregation_frequency must be at least 1");
+  r.read(opt, "average_aggregated_gradients", c.average_aggregated_gradients);
+  if (const YAML::Node sc = opt["step_capture"]; sc && !sc.IsNull()) {
+    std::string text;
+    std::int64_t warmup = capture::cuda_graph{}.warmup_batches;
+    r.read(opt, "step_capture", text);
+    r.read(opt, "capture_warmup_batches", warmup);
+    try {
+      c.step_capture = parse_step_capture(text, warmup);
+    } catch (const ConfigError& e) {
+      throw ConfigError(detail::where(sc, source) + ": optimizations." + e.what());
+    }
+  } else if (opt["capture_warmup_batches"]) {
+    throw ConfigError(detail::where(opt["capture_warmup_batches"], source) +
+                      ": optimizations.capture_warmup_batches is set but step_capture is not; set step_capture: cuda_graph");
+  }
+}
+
+DETTRIAL_INLINE void ExperimentConfig::read_reproducibility(const YAML::Node& rep, const Reader& r, ExperimentConfig& c) {
+  if (rep["experiment_seed"] && !rep["experiment_seed"].IsNull()) {
     std::uint64_t seed = 0;
     r.read(rep, "experiment_seed", seed);
     c.experiment_seed = seed;
   }
-  if (const YAML::Node rep = root["reproducibility"]; rep && rep["deterministic"] && !rep["deterministic"].IsNull()) {
+  if (rep["deterministic"] && !rep["deterministic"].IsNull()) {
     bool on = false;
     r.read(rep, "deterministic", on);
     c.deterministic = on;
   }
-  if (const YAML::Node prof = root["profiling"]; prof && prof.IsMap()) {
-    auto& p = c.profiling;
-    r.read(prof, "enabled", p.enabled);
-    r.read(prof, "begin_on_batch", p.begin_on_batch);
-    r.read(prof, "sync_timings", p.sync_timings);
-    if (p.begin_on_batch < 0)
-      throw ConfigError(detail::where(prof["begin_on_batch"], source) + ": profiling.begin_on_batch must not be negative");
-    if (const YAML::Node end = prof["end_after_batch"]; end && !end.IsNull()) {
-      std::int64_t last = 0;
-      r.read(prof, "end_after_batch", last);
-      if (last < p.begin_on_batch)
-        throw ConfigError(detail::where(end, source) + ": profiling.end_after_batch (" + std::to_string(last) +
-                          ") must not come before begin_on_batch (" + std::to_string(p.begin_on_batch) + ")");
-      p.end_after_batch = last;
-    }
+}
+
+DETTRIAL_INLINE void ExperimentConfig::read_profiling(const YAML::Node& prof, const Reader& r, Profiling& p) {
+  r.read(prof, "enabled", p.enabled);
+  r.read(prof, "begin_on_batch", p.begin_on_batch);
+  r.read(prof, "sync_timings", p.sync_timings);
+  if (p.begin_on_batch < 0)
+    throw ConfigError(detail::where(prof["begin_on_batch"], r.source) + ": profiling.begin_on_batch must not be negative");
+  if (const YAML::Node end = prof["end_after_batch"]; end && !end.IsNull()) {
+    std::int64_t last = 0;
+    r.read(prof, "end_after_batch", last);
+    if (last < p.begin_on_batch)
+      throw ConfigError(detail::where(end, r.source) + ": profiling.end_after_batch (" + std::to_string(last) +
+                        ") must not come before begin_on_batch (" + std::to_string(p.begin_on_batch) + ")");
+    p.end_after_batch = last;
   }
-  if (const YAML::Node args = root["slurm"] ? root["slurm"]["sbatch_args"] : YAML::Node(); args && !args.IsNull()) {
-    if (!args.IsSequence()) throw ConfigError(detail::where(args, source) + ": slurm.sbatch_args must be a list of options, such as [--partition=gpu]");
-    for (const auto& a : args) {
-      if (!a.IsScalar()) throw ConfigError(detail::where(a, source) + ": slurm.sbatch_args holds " + detail::describe(a) + "; each entry is one option");
-      // dettrial starts each trial with srun, which takes sbatch's resource options but not these
-      // (or reads them otherwise: srun's --output redirects the tasks', --wait is a timeout).
-      const std::string option = a.Scalar().substr(0, a.Scalar().find('='));
-      for (const char* batch_only : {"--array", "-a", "--wrap", "--parsable", "--wait", "-W", "--output", "-o", "--error", "-e", "--open-mode", "--test-only"})
-        if (option == batch_only)
-          throw ConfigError(detail::where(a, source) + ": slurm.sbatch_args: '" + a.Scalar() + "' is an sbatch option that srun, which starts " +
-                            "each trial, does not take the same way; leave it out (each trial's output goes to its log.txt)");
-      c.slurm_args.push_back(a.Scalar());
-    }
+}
+
+DETTRIAL_INLINE void ExperimentConfig::read_slurm(const YAML::Node& slurm, const std::string& source, std::vector<std::string>& args) {
+  const YAML::Node given = slurm.IsMap() ? slurm["sbatch_args"] : YAML::Node();
+  if (!given || given.IsNull()) return;
+  if (!given.IsSequence()) throw ConfigError(detail::where(given, source) + ": slurm.sbatch_args must be a list of options, such as [--partition=gpu]");
+  for (const auto& a : given) {
+    if (!a.IsScalar()) throw ConfigError(detail::where(a, source) + ": slurm.sbatch_args holds " + detail::describe(a) + "; each entry is one option");
+    // dettrial starts each trial with srun, which takes sbatch's resource options but not these
+    // (or reads them otherwise: srun's --output redirects the tasks', --wait is a timeout).
+    const std::string option = a.Scalar().substr(0, a.Scalar().find('='));
+    for (const char* batch_only : {"--array", "-a", "--wrap", "--parsable", "--wait", "-W", "--output", "-o", "--error", "-e", "--open-mode", "--test-only"})
+      if (option == batch_only)
+        throw ConfigError(detail::where(a, source) + ": slurm.sbatch_args: '" + a.Scalar() + "' is an sbatch option that srun, which starts " +
+                          "each trial, does not take the same way; leave it out (each trial's output goes to its log.txt)");
+    args.push_back(a.Scalar());
   }
-  if (const YAML::Node cs = root["checkpoint_storage"]) {
-    auto& storage = c.checkpoint_storage;
-    const std::pair<const char*, std::int64_t*> counts[] = {{"save_experiment_best", &storage.save_experiment_best},
-                                                            {"save_trial_best", &storage.save_trial_best},
-                                                            {"save_trial_latest", &storage.save_trial_latest}};
-    for (const auto& [key, field_ptr] : counts) {
-      std::int64_t& field = *field_ptr;
-      r.read(cs, key, field);
-      if (field < 0) throw ConfigError(detail::where(cs[key], source) + ": checkpoint_storage." + key + " must not be negative");
-    }
-    std::string host_path, storage_path, container_path;
-    r.read(cs, "host_path", host_path);
-    r.read(cs, "storage_path", storage_path);
-    r.read(cs, "container_path", container_path);
-    if (!host_path.empty()) storage.path = storage_path.empty() ? std::filesystem::path(host_path) : std::filesystem::path(host_path) / storage_path;
-    else if (!container_path.empty()) storage.path = std::filesystem::path(container_path);
+}
+
+DETTRIAL_INLINE void ExperimentConfig::read_checkpoint_storage(const YAML::Node& cs, const Reader& r, CheckpointStorage& storage) {
+  const std::pair<const char*, std::int64_t*> counts[] = {{"save_experiment_best", &storage.save_experiment_best},
+                                                          {"save_trial_best", &storage.save_trial_best},
+                                                          {"save_trial_latest", &storage.save_trial_latest}};
+  for (const auto& [key, field_ptr] : counts) {
+    std::int64_t& field = *field_ptr;
+    r.read(cs, key, field);
+    if (field < 0) throw ConfigError(detail::where(cs[key], r.source) + ": checkpoint_storage." + key + " must not be negative");
   }
-  if (const YAML::Node s = root["searcher"]) {
-    if (!s.IsMap()) throw ConfigError(detail::where(s, source) + ": 'searcher' must be a map");
-    r.read(s, "name", c.searcher.name);
-    r.read(s, "metric", c.searcher.metric);
-    r.read(s, "smaller_is_better", c.searcher.smaller_is_better);
-    if (const YAML::Node ml = s["max_length"]; ml && ml.IsScalar()) {
-      // The schema's unitless form (searcher-length.json: an integer), read as batches.
-      std::int64_t n = 0;
-      r.read(s, "max_length", n);
-      if (n < 0) throw ConfigError(detail::where(ml, source) + ": searcher.max_length must not be negative");
-      c.searcher.max_length = Batch(n);
-    } else if (s["max_length"]) {
-      c.searcher.max_length = r.length(s, "max_length", /*zero_means_never=*/false);
-    } else if (s["max_steps"]) {
-      std::int64_t steps = 0;
-      r.read(s, "max_steps", steps);
-      if (steps < 0) throw ConfigError(detail::where(s["max_steps"], source) + ": searcher.max_steps must not be negative");
-      c.searcher.max_length = Batch(steps * c.scheduling_unit);
-    }
-    read_search_fields(s, source, r, c.searcher);
+  std::string host_path, storage_path, container_path;
+  r.read(cs, "host_path", host_path);
+  r.read(cs, "storage_path", storage_path);
+  r.read(cs, "container_path", container_path);
+  if (!host_path.empty()) storage.path = storage_path.empty() ? std::filesystem::path(host_path) : std::filesystem::path(host_path) / storage_path;
+  else if (!container_path.empty()) storage.path = std::filesystem::path(container_path);
+}
+
+DETTRIAL_INLINE void ExperimentConfig::read_searcher(const YAML::Node& s, const Reader& r, ExperimentConfig& c) {
+  const std::string& source = r.source;
+  if (!s.IsMap()) throw ConfigError(detail::where(s, source) + ": 'searcher' must be a map");
+  r.read(s, "name", c.searcher.name);
+  r.read(s, "metric", c.searcher.metric);
+  r.read(s, "smaller_is_better", c.searcher.smaller_is_better);
+  if (const YAML::Node ml = s["max_length"]; ml && ml.IsScalar()) {
+    // The schema's unitless form (searcher-length.json: an integer), read as batches.
+    std::int64_t n = 0;
+    r.read(s, "max_length", n);
+    if (n < 0) throw ConfigError(detail::where(ml, source) + ": searcher.max_length must not be negative");
+    c.searcher.max_length = Batch(n);
+  } else if (s["max_length"]) {
+    c.searcher.max_length = r.length(s, "max_length", /*zero_means_never=*/false);
+  } else if (s["max_steps"]) {
+    std::int64_t steps = 0;
+    r.read(s, "max_steps", steps);
+    if (steps < 0) throw ConfigError(detail::where(s["max_steps"], source) + ": searcher.max_steps must not be negative");
+    c.searcher.max_length = Batch(steps * c.scheduling_unit);
   }
-  return c;
+  read_search_fields(s, source, r, c.searcher);
 }
 
 DETTRIAL_INLINE void ExperimentConfig::check_fields(const YAML::Node& root, const std::string& source,
@@ -10379,43 +10411,29 @@ DETTRIAL_INLINE void restore_context(Context& c, const std::filesystem::path& di
 /// (inline SVG charts, a sortable table, a few lines of inline script; nothing fetched from a
 /// network, no fonts or libraries from elsewhere), written next to the data it shows.
 
-#include <cstddef>
-#include <cstdint>
 #include <filesystem>
+#include <system_error>
+
+// ---- begin dettrial/report/html/chart.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief report.html's charts: inline SVG line charts and scatters, with their axes, ticks and legend, and the
+/// numbers as text (locale-free).
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <cstddef>
+#include <iterator>
+#include <limits>
 #include <string>
 #include <string_view>
+#include <system_error>
 #include <utility>
 #include <vector>
 
 
-namespace dettrial {
-
-/**
- * @brief Writes `<run_dir>/report.html` from the run's `metrics.jsonl` and returns its path: one
- * chart per metric (a training metric and its validation counterpart, `loss` and `validation_loss`,
- * share one), one per other numeric field of the records (throughput, per-phase seconds, learning
- * rate), the last values, and the run's hyperparameters and config (its `config.yaml`, or the
- * latest checkpoint's `load_data.json`). A torn last line (the run stopped while writing it) is
- * skipped; a folder without metrics.jsonl, or a corrupt line before the last, is an Error naming the
- * file (and the line).
- */
-DETTRIAL_INLINE std::filesystem::path write_run_report(const std::filesystem::path& run_dir);
-
-/**
- * @brief Writes `<experiment_dir>/report.html` for a search (the folder the experiment runner
- * writes: summary.json, events.jsonl, trials/<id>/) and returns its path: every trial's searcher
- * metric on one chart, with ASHA's rungs and the trials it stopped marked; the trials' table,
- * sortable; the best metric against each numeric hyperparameter. Each trial's own page
- * (`trials/<id>/report.html`) is written where it is missing or older than its metrics, and linked.
- * Works on a search still running (from events.jsonl and the trials' folders).
- */
-DETTRIAL_INLINE std::filesystem::path write_experiment_report(const std::filesystem::path& experiment_dir);
-
-/// write_experiment_report for a folder with summary.json or trials/, else write_run_report for one
-/// with metrics.jsonl; an Error naming the folder and what it lacks when it has neither.
-DETTRIAL_INLINE std::filesystem::path write_report(const std::filesystem::path& dir);
-
-namespace detail::html {
+namespace dettrial::detail::html {
 
 /// One line of a chart (or one set of dots of a scatter). `points` are (x, y); a null (NaN) value
 /// is not a point.
@@ -10465,40 +10483,10 @@ DETTRIAL_INLINE std::vector<std::pair<double, double>> downsample(std::vector<st
  */
 DETTRIAL_INLINE std::string svg_chart(const Chart& chart);
 
-/**
- * @brief The JSON objects of a .jsonl file, one per line (blank lines skipped). A last line that is
- * not one (torn by a crash) is skipped and `*torn` set; any other is an Error naming the file and the
- * line number.
- */
-DETTRIAL_INLINE std::vector<Json> read_jsonl(const std::filesystem::path& path, bool* torn = nullptr);
-
-
-/// write_experiment_report with the search's summary given, in summary.json's form, rather than read
-/// from the folder: the runner's own, while the search runs (an empty object: none).
-DETTRIAL_INLINE std::filesystem::path write_experiment_page(const std::filesystem::path& experiment_dir, const Json& summary);
-
-}  // namespace detail::html
-
-}  // namespace dettrial
+}  // namespace dettrial::detail::html
 
 // Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
 #if DETTRIAL_HEADER_DEFINITIONS
-#include <algorithm>
-#include <charconv>
-#include <cmath>
-#include <ctime>
-#include <fstream>
-#include <iterator>
-#include <limits>
-#include <map>
-#include <optional>
-#include <set>
-#include <system_error>
-
-#include <unistd.h>
-
-#include <yaml-cpp/yaml.h>
-
 namespace dettrial::detail::html {
 
 DETTRIAL_INLINE std::string escape(std::string_view text) {
@@ -10666,154 +10654,178 @@ DETTRIAL_INLINE std::vector<std::pair<double, double>> downsample(std::vector<st
   return out;
 }
 
-DETTRIAL_INLINE std::string svg_chart(const Chart& chart) {
-  constexpr double width = 720, plot_height = 300;  // the plot and its axes; the legend goes below
-  constexpr double x0 = 72, x1 = width - 20, y0 = 22, y1 = plot_height - 46;
-  constexpr std::size_t max_marked = 400;  // beyond this many points a series' dots would only blur its line
-  constexpr std::size_t max_legend = 100;
+/// Where a chart's parts go, in the SVG's coordinates: the plot with its axes (x0..x1, y0..y1 the
+/// plotting area); the legend's rows go below plot_height.
+struct ChartFrame {
+  static constexpr double width = 720, plot_height = 300;
+  static constexpr double x0 = 72, x1 = width - 20, y0 = 22, y1 = plot_height - 46;
+  static constexpr std::size_t max_marked = 400;  // beyond this many points a series' dots would only blur its line
+  static constexpr std::size_t max_legend = 100;
+};
 
-  // What is drawn: each series' finite points, in x order (a scatter's as given), thinned.
-  std::vector<std::vector<std::pair<double, double>>> drawn;
+/// What a chart draws: each series' finite points, in x order (a scatter's as given), thinned, with
+/// how many there were before thinning, and the bounds of all of them (and of the x marks).
+struct DrawnPoints {
+  std::vector<std::vector<std::pair<double, double>>> series;
   std::vector<std::size_t> totals;
   double xmin = std::numeric_limits<double>::infinity(), xmax = -xmin, ymin = xmin, ymax = -xmin;
+  bool any = false;
+};
+
+DETTRIAL_INLINE DrawnPoints drawn_points(const Chart& chart) {
+  DrawnPoints d;
   for (const Series& s : chart.series) {
     std::vector<std::pair<double, double>> points;
     for (const auto& p : s.points)
       if (std::isfinite(p.first) && std::isfinite(p.second) && (!chart.log_x || p.first > 0)) points.push_back(p);
     if (!chart.scatter)
       std::stable_sort(points.begin(), points.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
-    totals.push_back(points.size());
+    d.totals.push_back(points.size());
     points = downsample(std::move(points));
     for (const auto& [x, y] : points) {
-      xmin = std::min(xmin, x);
-      xmax = std::max(xmax, x);
-      ymin = std::min(ymin, y);
-      ymax = std::max(ymax, y);
+      d.xmin = std::min(d.xmin, x);
+      d.xmax = std::max(d.xmax, x);
+      d.ymin = std::min(d.ymin, y);
+      d.ymax = std::max(d.ymax, y);
     }
-    drawn.push_back(std::move(points));
+    d.series.push_back(std::move(points));
   }
-  const bool any = xmin <= xmax;
-  if (any)  // the rungs a trial has not reached are worth seeing too
+  d.any = d.xmin <= d.xmax;
+  if (d.any)  // the rungs a trial has not reached are worth seeing too
     for (const auto& mark : chart.x_marks)
       if (std::isfinite(mark.first) && (!chart.log_x || mark.first > 0)) {
-        xmin = std::min(xmin, mark.first);
-        xmax = std::max(xmax, mark.first);
+        d.xmin = std::min(d.xmin, mark.first);
+        d.xmax = std::max(d.xmax, mark.first);
       }
-  const auto color_of = [&](std::size_t i) { return chart.series[i].color.empty() ? palette(i) : chart.series[i].color; };
+  return d;
+}
 
-  // The legend: entries left to right, wrapped into rows under the x axis.
-  struct Entry {
-    std::string label, color;
-    bool marks = false, cross = false;
-    double x = 0, y = 0;
-  };
-  std::vector<Entry> entries;
+DETTRIAL_INLINE std::string series_color(const Chart& chart, std::size_t i) {
+  return chart.series[i].color.empty() ? palette(i) : chart.series[i].color;
+}
+
+/// One legend entry, placed.
+struct LegendEntry {
+  std::string label, color;
+  bool marks = false, cross = false;
+  double x = 0, y = 0;
+};
+
+/// The legend: entries left to right, wrapped into rows under the x axis (`*rows` of them).
+DETTRIAL_INLINE std::vector<LegendEntry> legend_entries(const Chart& chart, int* rows) {
+  using F = ChartFrame;
+  std::vector<LegendEntry> entries;
   if (chart.legend) {
     bool stopped = false;
     for (std::size_t i = 0; i < chart.series.size(); ++i) {
       stopped = stopped || chart.series[i].stopped;
-      if (i < max_legend) entries.push_back({chart.series[i].name, color_of(i), chart.series[i].marks, false, 0, 0});
+      if (i < F::max_legend) entries.push_back({chart.series[i].name, series_color(chart, i), chart.series[i].marks, false, 0, 0});
     }
-    if (chart.series.size() > max_legend)
-      entries.push_back({"and " + std::to_string(chart.series.size() - max_legend) + " more", "none", false, false, 0, 0});
+    if (chart.series.size() > F::max_legend)
+      entries.push_back({"and " + std::to_string(chart.series.size() - F::max_legend) + " more", "none", false, false, 0, 0});
     if (stopped) entries.push_back({"stopped early", "#444", false, true, 0, 0});
   }
-  int rows = 0;
-  double cursor = x0;
-  for (Entry& e : entries) {
+  *rows = 0;
+  double cursor = F::x0;
+  for (LegendEntry& e : entries) {
     const double w = 28 + text_width(e.label);
-    if (rows == 0 || (cursor + w > width - 8 && cursor > x0)) {
-      ++rows;
-      cursor = x0;
+    if (*rows == 0 || (cursor + w > F::width - 8 && cursor > F::x0)) {
+      ++*rows;
+      cursor = F::x0;
     }
     e.x = cursor;
-    e.y = plot_height + (rows - 1) * 18;
+    e.y = F::plot_height + (*rows - 1) * 18;
     cursor += w + 14;
   }
-  const double height = plot_height + (rows > 0 ? rows * 18 + 6 : 0);
+  return entries;
+}
 
-  std::string out = "<svg class=\"chart\" data-chart=\"" + escape(chart.name) + "\" viewBox=\"0 0 " + fixed(width, 0) + " " +
-                    fixed(height, 0) + "\" width=\"" + fixed(width, 0) + "\" height=\"" + fixed(height, 0) +
-                    "\" role=\"img\" aria-label=\"" + escape(chart.title.empty() ? chart.name : chart.title) +
-                    "\" xmlns=\"http://www.w3.org/2000/svg\">\n";
-  const std::string frame = "<rect class=\"frame\" x=\"" + fixed(x0, 1) + "\" y=\"" + fixed(y0, 1) + "\" width=\"" + fixed(x1 - x0, 1) +
-                            "\" height=\"" + fixed(y1 - y0, 1) + "\" fill=\"none\"/>\n";
-  if (!any) {
-    out += frame + "<text class=\"empty\" x=\"" + fixed((x0 + x1) / 2, 1) + "\" y=\"" + fixed((y0 + y1) / 2, 1) +
-           "\" text-anchor=\"middle\">no values to plot (each is null or missing)</text>\n";
-    for (std::size_t i = 0; i < chart.series.size(); ++i)  // the series are there, empty: tools count them
-      out += "<polyline data-series=\"" + escape(chart.series[i].name) + "\" data-points=\"0\" points=\"\" fill=\"none\"/>\n";
-  } else {
-    const Axis ax = chart.log_x ? log_axis(xmin, xmax) : linear_axis(xmin, xmax);
-    const Axis ay = linear_axis(ymin, ymax);
-    const auto sx = [&](double x) { return x0 + position(x, ax) * (x1 - x0); };
-    const auto sy = [&](double y) { return y1 - position(y, ay) * (y1 - y0); };
-    const auto tick_at = [](double t, const Axis& a) { return a.hi > a.lo ? (t - a.lo) / (a.hi - a.lo) : 0.5; };
+/// From data to the SVG's coordinates.
+struct Scales {
+  Axis ax, ay;
+  double sx(double x) const { return ChartFrame::x0 + position(x, ax) * (ChartFrame::x1 - ChartFrame::x0); }
+  double sy(double y) const { return ChartFrame::y1 - position(y, ay) * (ChartFrame::y1 - ChartFrame::y0); }
+};
 
-    out += "<g class=\"axis\">\n";
-    for (const double t : ticks(ay)) {
-      const std::string y = fixed(y1 - tick_at(t, ay) * (y1 - y0), 1);
-      out += "<line class=\"grid\" x1=\"" + fixed(x0, 1) + "\" x2=\"" + fixed(x1, 1) + "\" y1=\"" + y + "\" y2=\"" + y + "\"/>";
-      out += "<text x=\"" + fixed(x0 - 6, 1) + "\" y=\"" + y + "\" dy=\"4\" text-anchor=\"end\">" + escape(tick_label(t, ay)) + "</text>\n";
-    }
-    for (const double t : ticks(ax)) {
-      const std::string x = fixed(x0 + tick_at(t, ax) * (x1 - x0), 1);
-      out += "<line class=\"grid\" x1=\"" + x + "\" x2=\"" + x + "\" y1=\"" + fixed(y0, 1) + "\" y2=\"" + fixed(y1, 1) + "\"/>";
-      out += "<text x=\"" + x + "\" y=\"" + fixed(y1 + 16, 1) + "\" text-anchor=\"middle\">" + escape(tick_label(t, ax)) + "</text>\n";
-    }
-    out += "<text class=\"label\" x=\"" + fixed((x0 + x1) / 2, 1) + "\" y=\"" + fixed(y1 + 34, 1) + "\" text-anchor=\"middle\">" +
-           escape(chart.x_label) + (ax.log ? " (log scale)" : "") + "</text>\n</g>\n";
-
-    for (std::size_t i = 0; i < chart.x_marks.size(); ++i) {
-      const auto& [at, label] = chart.x_marks[i];
-      if (!std::isfinite(at) || (chart.log_x && at <= 0)) continue;
-      const std::string x = fixed(sx(at), 1);
-      out += "<g class=\"rung\"><line x1=\"" + x + "\" x2=\"" + x + "\" y1=\"" + fixed(y0, 1) + "\" y2=\"" + fixed(y1, 1) +
-             "\" stroke-dasharray=\"5 4\"/><text x=\"" + x + "\" dx=\"3\" y=\"" + fixed(y0 + 11 + static_cast<double>(i % 3) * 12, 1) +
-             "\">" + escape(label) + "</text><title>" + escape(label) + " at " + escape(chart.x_label) + " " + general(at) +
-             "</title></g>\n";
-    }
-
-    for (std::size_t i = 0; i < chart.series.size(); ++i) {
-      const Series& s = chart.series[i];
-      const auto& points = drawn[i];
-      const std::string color = color_of(i), name = escape(s.name), count = std::to_string(points.size());
-      const auto tooltip = [&](const std::pair<double, double>& p) {
-        return "<title>" + name + ": " + escape(chart.x_label) + " " + general(p.first) + ", " + general(p.second) + "</title>";
-      };
-      const auto dot = [&](const std::pair<double, double>& p, double r) {
-        return "<circle cx=\"" + fixed(sx(p.first), 1) + "\" cy=\"" + fixed(sy(p.second), 1) + "\" r=\"" + fixed(r, 1) + "\">" +
-               tooltip(p) + "</circle>";
-      };
-      if (chart.scatter) {
-        out += "<g data-series=\"" + name + "\" data-points=\"" + count + "\" fill=\"" + color + "\" fill-opacity=\"0.85\">";
-        for (const auto& p : points) out += dot(p, 4.5);
-        out += "</g>\n";
-        continue;
-      }
-      out += "<polyline data-series=\"" + name + "\" data-points=\"" + count + "\" data-total=\"" + std::to_string(totals[i]) +
-             "\" fill=\"none\" stroke=\"" + color + "\" stroke-width=\"1.6\" stroke-linejoin=\"round\" points=\"";
-      for (const auto& [x, y] : points) out += fixed(sx(x), 1) + "," + fixed(sy(y), 1) + " ";
-      if (!points.empty()) out.pop_back();
-      out += "\"/>\n";
-      // A single point draws no line: it gets its dot whatever the series.
-      if ((s.marks && points.size() <= max_marked) || points.size() == 1) {
-        out += "<g class=\"marks\" fill=\"" + color + "\">";
-        for (const auto& p : points) out += dot(p, 2.6);
-        out += "</g>\n";
-      }
-      if (s.stopped && !points.empty()) {
-        const double cx = sx(points.back().first), cy = sy(points.back().second);
-        out += "<path class=\"cross\" stroke=\"" + color + "\" d=\"M" + fixed(cx - 5, 1) + " " + fixed(cy - 5, 1) + "L" + fixed(cx + 5, 1) +
-               " " + fixed(cy + 5, 1) + "M" + fixed(cx - 5, 1) + " " + fixed(cy + 5, 1) + "L" + fixed(cx + 5, 1) + " " +
-               fixed(cy - 5, 1) + "\"><title>" + name + ": stopped early at " + escape(chart.x_label) + " " +
-               general(points.back().first) + "</title></path>\n";
-      }
-    }
+/// The grid, the tick labels and the x axis's label.
+DETTRIAL_INLINE std::string svg_axes(const Chart& chart, const Scales& s) {
+  using F = ChartFrame;
+  const auto tick_at = [](double t, const Axis& a) { return a.hi > a.lo ? (t - a.lo) / (a.hi - a.lo) : 0.5; };
+  std::string out = "<g class=\"axis\">\n";
+  for (const double t : ticks(s.ay)) {
+    const std::string y = fixed(F::y1 - tick_at(t, s.ay) * (F::y1 - F::y0), 1);
+    out += "<line class=\"grid\" x1=\"" + fixed(F::x0, 1) + "\" x2=\"" + fixed(F::x1, 1) + "\" y1=\"" + y + "\" y2=\"" + y + "\"/>";
+    out += "<text x=\"" + fixed(F::x0 - 6, 1) + "\" y=\"" + y + "\" dy=\"4\" text-anchor=\"end\">" + escape(tick_label(t, s.ay)) + "</text>\n";
   }
-  out += frame;
+  for (const double t : ticks(s.ax)) {
+    const std::string x = fixed(F::x0 + tick_at(t, s.ax) * (F::x1 - F::x0), 1);
+    out += "<line class=\"grid\" x1=\"" + x + "\" x2=\"" + x + "\" y1=\"" + fixed(F::y0, 1) + "\" y2=\"" + fixed(F::y1, 1) + "\"/>";
+    out += "<text x=\"" + x + "\" y=\"" + fixed(F::y1 + 16, 1) + "\" text-anchor=\"middle\">" + escape(tick_label(t, s.ax)) + "</text>\n";
+  }
+  out += "<text class=\"label\" x=\"" + fixed((F::x0 + F::x1) / 2, 1) + "\" y=\"" + fixed(F::y1 + 34, 1) + "\" text-anchor=\"middle\">" +
+         escape(chart.x_label) + (s.ax.log ? " (log scale)" : "") + "</text>\n</g>\n";
+  return out;
+}
 
-  for (const Entry& e : entries) {
+/// The chart's x marks (ASHA's rungs) as dashed lines with their labels.
+DETTRIAL_INLINE std::string svg_x_marks(const Chart& chart, const Scales& s) {
+  using F = ChartFrame;
+  std::string out;
+  for (std::size_t i = 0; i < chart.x_marks.size(); ++i) {
+    const auto& [at, label] = chart.x_marks[i];
+    if (!std::isfinite(at) || (chart.log_x && at <= 0)) continue;
+    const std::string x = fixed(s.sx(at), 1);
+    out += "<g class=\"rung\"><line x1=\"" + x + "\" x2=\"" + x + "\" y1=\"" + fixed(F::y0, 1) + "\" y2=\"" + fixed(F::y1, 1) +
+           "\" stroke-dasharray=\"5 4\"/><text x=\"" + x + "\" dx=\"3\" y=\"" + fixed(F::y0 + 11 + static_cast<double>(i % 3) * 12, 1) +
+           "\">" + escape(label) + "</text><title>" + escape(label) + " at " + escape(chart.x_label) + " " + general(at) +
+           "</title></g>\n";
+  }
+  return out;
+}
+
+/// Series `i`: a scatter's dots, or a line with its dots (validations, or a single point) and a
+/// cross at its end when the searcher stopped it early.
+DETTRIAL_INLINE std::string svg_series(const Chart& chart, std::size_t i, const std::vector<std::pair<double, double>>& points,
+                                       std::size_t total, const Scales& sc) {
+  const Series& s = chart.series[i];
+  const std::string color = series_color(chart, i), name = escape(s.name), count = std::to_string(points.size());
+  const auto tooltip = [&](const std::pair<double, double>& p) {
+    return "<title>" + name + ": " + escape(chart.x_label) + " " + general(p.first) + ", " + general(p.second) + "</title>";
+  };
+  const auto dot = [&](const std::pair<double, double>& p, double r) {
+    return "<circle cx=\"" + fixed(sc.sx(p.first), 1) + "\" cy=\"" + fixed(sc.sy(p.second), 1) + "\" r=\"" + fixed(r, 1) + "\">" +
+           tooltip(p) + "</circle>";
+  };
+  std::string out;
+  if (chart.scatter) {
+    out += "<g data-series=\"" + name + "\" data-points=\"" + count + "\" fill=\"" + color + "\" fill-opacity=\"0.85\">";
+    for (const auto& p : points) out += dot(p, 4.5);
+    return out + "</g>\n";
+  }
+  out += "<polyline data-series=\"" + name + "\" data-points=\"" + count + "\" data-total=\"" + std::to_string(total) +
+         "\" fill=\"none\" stroke=\"" + color + "\" stroke-width=\"1.6\" stroke-linejoin=\"round\" points=\"";
+  for (const auto& [x, y] : points) out += fixed(sc.sx(x), 1) + "," + fixed(sc.sy(y), 1) + " ";
+  if (!points.empty()) out.pop_back();
+  out += "\"/>\n";
+  // A single point draws no line: it gets its dot whatever the series.
+  if ((s.marks && points.size() <= ChartFrame::max_marked) || points.size() == 1) {
+    out += "<g class=\"marks\" fill=\"" + color + "\">";
+    for (const auto& p : points) out += dot(p, 2.6);
+    out += "</g>\n";
+  }
+  if (s.stopped && !points.empty()) {
+    const double cx = sc.sx(points.back().first), cy = sc.sy(points.back().second);
+    out += "<path class=\"cross\" stroke=\"" + color + "\" d=\"M" + fixed(cx - 5, 1) + " " + fixed(cy - 5, 1) + "L" + fixed(cx + 5, 1) +
+           " " + fixed(cy + 5, 1) + "M" + fixed(cx - 5, 1) + " " + fixed(cy + 5, 1) + "L" + fixed(cx + 5, 1) + " " +
+           fixed(cy - 5, 1) + "\"><title>" + name + ": stopped early at " + escape(chart.x_label) + " " +
+           general(points.back().first) + "</title></path>\n";
+  }
+  return out;
+}
+
+DETTRIAL_INLINE std::string svg_legend(const std::vector<LegendEntry>& entries) {
+  std::string out;
+  for (const LegendEntry& e : entries) {
     const std::string mid = fixed(e.y + 9, 1);
     out += "<g class=\"legend\">";
     if (e.cross)
@@ -10826,9 +10838,71 @@ DETTRIAL_INLINE std::string svg_chart(const Chart& chart) {
     if (e.marks) out += "<circle cx=\"" + fixed(e.x + 10, 1) + "\" cy=\"" + mid + "\" r=\"2.6\" fill=\"" + e.color + "\"/>";
     out += "<text x=\"" + fixed(e.x + 26, 1) + "\" y=\"" + fixed(e.y + 13, 1) + "\">" + escape(e.label) + "</text></g>\n";
   }
-  out += "</svg>\n";
   return out;
 }
+
+DETTRIAL_INLINE std::string svg_chart(const Chart& chart) {
+  using F = ChartFrame;
+  const DrawnPoints drawn = drawn_points(chart);
+  int rows = 0;
+  const std::vector<LegendEntry> entries = legend_entries(chart, &rows);
+  const double height = F::plot_height + (rows > 0 ? rows * 18 + 6 : 0);
+
+  std::string out = "<svg class=\"chart\" data-chart=\"" + escape(chart.name) + "\" viewBox=\"0 0 " + fixed(F::width, 0) + " " +
+                    fixed(height, 0) + "\" width=\"" + fixed(F::width, 0) + "\" height=\"" + fixed(height, 0) +
+                    "\" role=\"img\" aria-label=\"" + escape(chart.title.empty() ? chart.name : chart.title) +
+                    "\" xmlns=\"http://www.w3.org/2000/svg\">\n";
+  const std::string frame = "<rect class=\"frame\" x=\"" + fixed(F::x0, 1) + "\" y=\"" + fixed(F::y0, 1) + "\" width=\"" +
+                            fixed(F::x1 - F::x0, 1) + "\" height=\"" + fixed(F::y1 - F::y0, 1) + "\" fill=\"none\"/>\n";
+  if (!drawn.any) {
+    out += frame + "<text class=\"empty\" x=\"" + fixed((F::x0 + F::x1) / 2, 1) + "\" y=\"" + fixed((F::y0 + F::y1) / 2, 1) +
+           "\" text-anchor=\"middle\">no values to plot (each is null or missing)</text>\n";
+    for (std::size_t i = 0; i < chart.series.size(); ++i)  // the series are there, empty: tools count them
+      out += "<polyline data-series=\"" + escape(chart.series[i].name) + "\" data-points=\"0\" points=\"\" fill=\"none\"/>\n";
+  } else {
+    const Scales scales{chart.log_x ? log_axis(drawn.xmin, drawn.xmax) : linear_axis(drawn.xmin, drawn.xmax), linear_axis(drawn.ymin, drawn.ymax)};
+    out += svg_axes(chart, scales) + svg_x_marks(chart, scales);
+    for (std::size_t i = 0; i < chart.series.size(); ++i) out += svg_series(chart, i, drawn.series[i], drawn.totals[i], scales);
+  }
+  return out + frame + svg_legend(entries) + "</svg>\n";
+}
+
+}  // namespace dettrial::detail::html
+#endif  // DETTRIAL_HEADER_DEFINITIONS
+// ---- end dettrial/report/html/chart.hpp
+// ---- begin dettrial/report/html/page.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief report.html's page: its frame (style, script, footer), the JSON records it reads and the table
+/// cells it writes, shared by the run's and the search's pages.
+
+#include <cmath>
+#include <cstdint>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <yaml-cpp/yaml.h>
+
+
+namespace dettrial::detail::html {
+
+/**
+ * @brief The JSON objects of a .jsonl file, one per line (blank lines skipped). A last line that is
+ * not one (torn by a crash) is skipped and `*torn` set; any other is an Error naming the file and the
+ * line number.
+ */
+DETTRIAL_INLINE std::vector<Json> read_jsonl(const std::filesystem::path& path, bool* torn = nullptr);
+
+}  // namespace dettrial::detail::html
+
+// Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
+#if DETTRIAL_HEADER_DEFINITIONS
+namespace dettrial::detail::html {
 
 DETTRIAL_INLINE std::vector<Json> read_jsonl(const std::filesystem::path& path, bool* torn) {
   if (torn) *torn = false;
@@ -11028,6 +11102,85 @@ DETTRIAL_INLINE Json config_hyperparameters(const std::string& yaml_text) {
   return nullptr;
 }
 
+/// A table of name/value rows (hyperparameters).
+DETTRIAL_INLINE std::string value_table(const std::vector<std::pair<std::string, Json>>& rows) {
+  std::string out = "<table>\n";
+  for (const auto& [name, value] : rows)
+    out += "<tr><th class=\"text\">" + escape(name) + "</th><td class=\"" + (value.is_string() ? "text" : "") + "\">" +
+           escape(value_text(value)) + "</td></tr>\n";
+  return out + "</table>\n";
+}
+
+DETTRIAL_INLINE std::optional<std::int64_t> integer_of(const Json& object, const char* key) {
+  const Json* v = json_find(object, key);
+  if (v && (v->is_number_integer() || v->is_number_unsigned())) return v->get<std::int64_t>();
+  return std::nullopt;
+}
+
+DETTRIAL_INLINE std::optional<double> number_of(const Json& object, const char* key) {
+  const Json* v = json_find(object, key);
+  if (v && v->is_number() && std::isfinite(v->get<double>())) return v->get<double>();
+  return std::nullopt;
+}
+
+DETTRIAL_INLINE std::string string_of(const Json& object, const char* key) {
+  const Json* v = json_find(object, key);
+  return v && v->is_string() ? v->get<std::string>() : std::string();
+}
+
+/// A table header cell the script sorts by: `column` is the name `#sort=` takes.
+DETTRIAL_INLINE std::string sortable_header(const std::string& column, const std::string& label, bool numeric) {
+  return "<th data-column=\"" + escape(column) + "\" data-type=\"" + (numeric ? "number" : "text") + "\"" + (numeric ? "" : " class=\"text\"") +
+         " title=\"sort by " + escape(label) + "\">" + escape(label) + "</th>";
+}
+
+DETTRIAL_INLINE std::string table_cell(const Json& value, const std::string& inner_html = {}) {
+  return "<td" + std::string(value.is_string() ? " class=\"text\"" : "") + " data-value=\"" + escape(sort_key(value)) + "\">" +
+         (inner_html.empty() ? escape(value_text(value)) : inner_html) + "</td>";
+}
+
+DETTRIAL_INLINE Json optional_json(const std::optional<double>& v) { return v ? Json(*v) : Json(nullptr); }
+DETTRIAL_INLINE Json optional_json(const std::optional<std::int64_t>& v) { return v ? Json(*v) : Json(nullptr); }
+
+}  // namespace dettrial::detail::html
+#endif  // DETTRIAL_HEADER_DEFINITIONS
+// ---- end dettrial/report/html/page.hpp
+// ---- begin dettrial/report/html/run_page.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief A run's report.html: a chart per metric and per numeric field of its metrics.jsonl, the last
+/// values, its hyperparameters and config.
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <initializer_list>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+
+namespace dettrial {
+
+/**
+ * @brief Writes `<run_dir>/report.html` from the run's `metrics.jsonl` and returns its path: one
+ * chart per metric (a training metric and its validation counterpart, `loss` and `validation_loss`,
+ * share one), one per other numeric field of the records (throughput, per-phase seconds, learning
+ * rate), the last values, and the run's hyperparameters and config (its `config.yaml`, or the
+ * latest checkpoint's `load_data.json`). A torn last line (the run stopped while writing it) is
+ * skipped; a folder without metrics.jsonl, or a corrupt line before the last, is an Error naming the
+ * file (and the line).
+ */
+DETTRIAL_INLINE std::filesystem::path write_run_report(const std::filesystem::path& run_dir);
+
+}  // namespace dettrial
+
+// Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
+#if DETTRIAL_HEADER_DEFINITIONS
+namespace dettrial::detail::html {
+
 /// The series named `series_name` of the chart named `chart_name`, each made on first use (charts
 /// and series keep the order they were first seen in).
 DETTRIAL_INLINE Series& series_of(std::vector<Chart>& charts, const std::string& chart_name, const std::string& series_name) {
@@ -11134,15 +11287,6 @@ DETTRIAL_INLINE std::vector<Chart> run_charts(const std::vector<Json>& records, 
   return metric_charts;
 }
 
-/// A table of name/value rows (hyperparameters).
-DETTRIAL_INLINE std::string value_table(const std::vector<std::pair<std::string, Json>>& rows) {
-  std::string out = "<table>\n";
-  for (const auto& [name, value] : rows)
-    out += "<tr><th class=\"text\">" + escape(name) + "</th><td class=\"" + (value.is_string() ? "text" : "") + "\">" +
-           escape(value_text(value)) + "</td></tr>\n";
-  return out + "</table>\n";
-}
-
 /// The hyperparameters of a run: its config.yaml's, else its latest checkpoint's load_data.json's.
 DETTRIAL_INLINE Json run_hyperparameters(const std::filesystem::path& dir, const std::string& config_text) {
   if (!config_text.empty()) return config_hyperparameters(config_text);
@@ -11167,6 +11311,155 @@ DETTRIAL_INLINE Json run_hyperparameters(const std::filesystem::path& dir, const
   }
   return nullptr;
 }
+
+}  // namespace dettrial::detail::html
+
+namespace dettrial {
+
+namespace detail::html {
+
+/// The last value of each series of a run's charts, with its range and counts, as a table (empty
+/// when no series has a value).
+DETTRIAL_INLINE std::string last_values_table(const std::vector<Chart>& charts, std::size_t metric_charts) {
+  std::string values;
+  bool any_skipped = false;
+  for (const auto& c : charts)
+    for (const auto& s : c.series) any_skipped = any_skipped || s.skipped > 0;
+  for (std::size_t i = 0; i < charts.size(); ++i)
+    for (const auto& s : charts[i].series) {
+      if (s.points.empty() && s.skipped == 0) continue;
+      // A metric's name says what it is; a field's series ("data" of "seconds") needs the field's.
+      const bool named = i < metric_charts || s.name.find(charts[i].name) != std::string::npos;
+      values += "<tr><th class=\"text\">" + escape(named ? s.name : charts[i].name + ": " + s.name) + "</th>";
+      if (s.points.empty()) {
+        values += "<td></td><td></td><td></td><td></td>";
+      } else {
+        double low = s.points.front().second, high = low;
+        for (const auto& p : s.points) {
+          low = std::min(low, p.second);
+          high = std::max(high, p.second);
+        }
+        values += "<td>" + general(s.points.back().second) + "</td><td>" + general(s.points.back().first) + "</td><td>" + general(low) +
+                  "</td><td>" + general(high) + "</td>";
+      }
+      values += "<td>" + std::to_string(s.points.size()) + "</td>" + (any_skipped ? "<td>" + std::to_string(s.skipped) + "</td>" : "") + "</tr>\n";
+    }
+  if (values.empty()) return values;
+  return "<h2>Last values</h2>\n<div class=\"scroll\"><table>\n<tr><th class=\"text\">series</th><th>last</th><th>at batch</th><th>min</th>"
+         "<th>max</th><th>points</th>" + std::string(any_skipped ? "<th>null</th>" : "") + "</tr>\n" + values + "</table></div>\n";
+}
+
+/// The run page's header: its name and folder, how many reports it holds and how far it trained.
+DETTRIAL_INLINE std::string run_header(const std::vector<Json>& records, const std::filesystem::path& absolute, bool trial_of_search, bool torn) {
+  std::int64_t trainings = 0, validations = 0;
+  std::optional<std::int64_t> last_batches, last_epochs;
+  for (const Json& r : records) {
+    const std::string type = string_of(r, "type");
+    trainings += type == "training";
+    validations += type == "validation";
+    if (const auto b = integer_of(r, "batches")) last_batches = std::max(last_batches.value_or(*b), *b);
+    if (const auto e = integer_of(r, "epochs")) last_epochs = std::max(last_epochs.value_or(*e), *e);
+  }
+  const std::string name = absolute.filename().string();
+  std::string header = "<h1>" + escape(trial_of_search ? "trial " + name : "run " + name) + "</h1>\n<p class=\"meta\">" +
+                       escape(absolute.string()) + "</p>\n<p>" + std::to_string(trainings) + " training and " +
+                       std::to_string(validations) + " validation reports";
+  if (last_batches) header += "; trained to batch " + std::to_string(*last_batches);
+  if (last_epochs) header += " (epoch " + std::to_string(*last_epochs) + ")";
+  header += ".";
+  if (trial_of_search) header += " <a href=\"../../report.html\">The search</a>.";
+  header += "</p>\n";
+  if (torn) header += "<p class=\"note\">The last line of metrics.jsonl is incomplete (the run stopped while writing it): it is left out.</p>\n";
+  return header;
+}
+
+}  // namespace detail::html
+
+DETTRIAL_INLINE std::filesystem::path write_run_report(const std::filesystem::path& run_dir) {
+  namespace html = detail::html;
+  using detail::Json;
+  const std::filesystem::path metrics_path = run_dir / layout::metrics_log;
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(metrics_path, ec))
+    throw Error("'" + run_dir.string() + "' has no metrics.jsonl: nothing to report (a run's output folder has one)");
+  bool torn = false;
+  const std::vector<Json> records = html::read_jsonl(metrics_path, &torn);
+  std::size_t metric_charts = 0;
+  const std::vector<html::Chart> charts = html::run_charts(records, &metric_charts);
+
+  std::filesystem::path absolute = std::filesystem::absolute(run_dir, ec).lexically_normal();
+  if (absolute.filename().empty()) absolute = absolute.parent_path();  // "run/"
+  const std::string name = absolute.filename().string();
+  const bool trial_of_search = absolute.parent_path().filename() == layout::trials &&
+                               (std::filesystem::exists(absolute.parent_path().parent_path() / layout::events_log, ec) ||
+                                std::filesystem::exists(absolute.parent_path().parent_path() / layout::summary, ec));
+  const std::string header = html::run_header(records, absolute, trial_of_search, torn);
+
+  std::string content;
+  if (records.empty()) content += "<p class=\"note\">metrics.jsonl holds no reports yet.</p>\n";
+  if (!charts.empty()) content += "<h2>Charts</h2>\n" + html::figures(charts);
+  content += html::last_values_table(charts, metric_charts);
+
+  const std::string config_text = html::read_text(run_dir / layout::config);
+  std::vector<std::pair<std::string, Json>> hparams;
+  html::flatten(html::run_hyperparameters(run_dir, config_text), "", hparams);
+  if (!hparams.empty()) content += "<h2>Hyperparameters</h2>\n" + html::value_table(hparams);
+  content += html::config_section(layout::config, config_text);
+
+  const std::filesystem::path out = run_dir / layout::report_page;
+  detail::write_atomically(out, html::page((trial_of_search ? "trial " : "run ") + name, header, content));
+  return out;
+}
+}  // namespace dettrial
+#endif  // DETTRIAL_HEADER_DEFINITIONS
+// ---- end dettrial/report/html/run_page.hpp
+// ---- begin dettrial/report/html/experiment_page.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief A search's report.html: every trial's searcher metric on one chart with ASHA's rungs, the trials'
+/// sortable table, the best metric against each hyperparameter; each trial's own page kept current.
+
+#include <algorithm>
+#include <cstdint>
+#include <filesystem>
+#include <initializer_list>
+#include <limits>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <yaml-cpp/yaml.h>
+
+
+namespace dettrial {
+
+/**
+ * @brief Writes `<experiment_dir>/report.html` for a search (the folder the experiment runner
+ * writes: summary.json, events.jsonl, trials/<id>/) and returns its path: every trial's searcher
+ * metric on one chart, with ASHA's rungs and the trials it stopped marked; the trials' table,
+ * sortable; the best metric against each numeric hyperparameter. Each trial's own page
+ * (`trials/<id>/report.html`) is written where it is missing or older than its metrics, and linked.
+ * Works on a search still running (from events.jsonl and the trials' folders).
+ */
+DETTRIAL_INLINE std::filesystem::path write_experiment_report(const std::filesystem::path& experiment_dir);
+
+
+namespace detail::html {
+
+/// write_experiment_report with the search's summary given, in summary.json's form, rather than read
+/// from the folder: the runner's own, while the search runs (an empty object: none).
+DETTRIAL_INLINE std::filesystem::path write_experiment_page(const std::filesystem::path& experiment_dir, const Json& summary);
+
+}  // namespace detail::html
+
+}  // namespace dettrial
+
+// Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
+#if DETTRIAL_HEADER_DEFINITIONS
+namespace dettrial::detail::html {
 
 /// Whether `page` is missing or older than any of `sources` (that exist).
 DETTRIAL_INLINE bool stale(const std::filesystem::path& page, std::initializer_list<std::filesystem::path> sources) {
@@ -11211,200 +11504,80 @@ struct TrialRow {
   std::string problem;  ///< why its own page could not be written
 };
 
-DETTRIAL_INLINE std::optional<std::int64_t> integer_of(const Json& object, const char* key) {
-  const Json* v = json_find(object, key);
-  if (v && (v->is_number_integer() || v->is_number_unsigned())) return v->get<std::int64_t>();
-  return std::nullopt;
-}
+// ---- collecting: what the search's folder says, before anything is drawn ---------------------------
 
-DETTRIAL_INLINE std::optional<double> number_of(const Json& object, const char* key) {
-  const Json* v = json_find(object, key);
-  if (v && v->is_number() && std::isfinite(v->get<double>())) return v->get<double>();
-  return std::nullopt;
-}
+/// What a search's page shows.
+struct SearchPage {
+  std::string name;  ///< summary.json's experiment, else the folder's name
+  std::filesystem::path absolute;
+  std::string config_text;  ///< the experiment's config.yaml
+  std::string metric, searcher, time_metric;
+  bool smaller_is_better = true;
+  std::map<std::int64_t, TrialRow> rows;
+  std::vector<std::string> notes;
+  std::optional<std::int64_t> best_trial;
+};
 
-DETTRIAL_INLINE std::string string_of(const Json& object, const char* key) {
-  const Json* v = json_find(object, key);
-  return v && v->is_string() ? v->get<std::string>() : std::string();
-}
-
-/// A table header cell the script sorts by: `column` is the name `#sort=` takes.
-DETTRIAL_INLINE std::string sortable_header(const std::string& column, const std::string& label, bool numeric) {
-  return "<th data-column=\"" + escape(column) + "\" data-type=\"" + (numeric ? "number" : "text") + "\"" + (numeric ? "" : " class=\"text\"") +
-         " title=\"sort by " + escape(label) + "\">" + escape(label) + "</th>";
-}
-
-DETTRIAL_INLINE std::string table_cell(const Json& value, const std::string& inner_html = {}) {
-  return "<td" + std::string(value.is_string() ? " class=\"text\"" : "") + " data-value=\"" + escape(sort_key(value)) + "\">" +
-         (inner_html.empty() ? escape(value_text(value)) : inner_html) + "</td>";
-}
-
-DETTRIAL_INLINE Json optional_json(const std::optional<double>& v) { return v ? Json(*v) : Json(nullptr); }
-DETTRIAL_INLINE Json optional_json(const std::optional<std::int64_t>& v) { return v ? Json(*v) : Json(nullptr); }
-
-}  // namespace dettrial::detail::html
-
-namespace dettrial {
-
-DETTRIAL_INLINE std::filesystem::path write_run_report(const std::filesystem::path& run_dir) {
-  namespace html = detail::html;
-  using detail::Json;
-  const std::filesystem::path metrics_path = run_dir / layout::metrics_log;
-  std::error_code ec;
-  if (!std::filesystem::is_regular_file(metrics_path, ec))
-    throw Error("'" + run_dir.string() + "' has no metrics.jsonl: nothing to report (a run's output folder has one)");
-  bool torn = false;
-  const std::vector<Json> records = html::read_jsonl(metrics_path, &torn);
-  std::size_t metric_charts = 0;
-  const std::vector<html::Chart> charts = html::run_charts(records, &metric_charts);
-
-  std::int64_t trainings = 0, validations = 0;
-  std::optional<std::int64_t> last_batches, last_epochs;
-  for (const Json& r : records) {
-    const std::string type = html::string_of(r, "type");
-    trainings += type == "training";
-    validations += type == "validation";
-    if (const auto b = html::integer_of(r, "batches")) last_batches = std::max(last_batches.value_or(*b), *b);
-    if (const auto e = html::integer_of(r, "epochs")) last_epochs = std::max(last_epochs.value_or(*e), *e);
-  }
-  std::filesystem::path absolute = std::filesystem::absolute(run_dir, ec).lexically_normal();
-  if (absolute.filename().empty()) absolute = absolute.parent_path();  // "run/"
-  const std::string name = absolute.filename().string();
-  const bool trial_of_search = absolute.parent_path().filename() == layout::trials &&
-                               (std::filesystem::exists(absolute.parent_path().parent_path() / layout::events_log, ec) ||
-                                std::filesystem::exists(absolute.parent_path().parent_path() / layout::summary, ec));
-
-  std::string header = "<h1>" + html::escape(trial_of_search ? "trial " + name : "run " + name) + "</h1>\n<p class=\"meta\">" +
-                       html::escape(absolute.string()) + "</p>\n<p>" + std::to_string(trainings) + " training and " +
-                       std::to_string(validations) + " validation reports";
-  if (last_batches) header += "; trained to batch " + std::to_string(*last_batches);
-  if (last_epochs) header += " (epoch " + std::to_string(*last_epochs) + ")";
-  header += ".";
-  if (trial_of_search) header += " <a href=\"../../report.html\">The search</a>.";
-  header += "</p>\n";
-  if (torn) header += "<p class=\"note\">The last line of metrics.jsonl is incomplete (the run stopped while writing it): it is left out.</p>\n";
-
-  std::string content;
-  if (records.empty()) content += "<p class=\"note\">metrics.jsonl holds no reports yet.</p>\n";
-  if (!charts.empty()) content += "<h2>Charts</h2>\n" + html::figures(charts);
-
-  // The last value of each series, and its range.
-  std::string values;
-  bool any_skipped = false;
-  for (const auto& c : charts)
-    for (const auto& s : c.series) any_skipped = any_skipped || s.skipped > 0;
-  for (std::size_t i = 0; i < charts.size(); ++i)
-    for (const auto& s : charts[i].series) {
-      if (s.points.empty() && s.skipped == 0) continue;
-      // A metric's name says what it is; a field's series ("data" of "seconds") needs the field's.
-      const bool named = i < metric_charts || s.name.find(charts[i].name) != std::string::npos;
-      values += "<tr><th class=\"text\">" + html::escape(named ? s.name : charts[i].name + ": " + s.name) + "</th>";
-      if (s.points.empty()) {
-        values += "<td></td><td></td><td></td><td></td>";
-      } else {
-        double low = s.points.front().second, high = low;
-        for (const auto& p : s.points) {
-          low = std::min(low, p.second);
-          high = std::max(high, p.second);
-        }
-        values += "<td>" + html::general(s.points.back().second) + "</td><td>" + html::general(s.points.back().first) + "</td><td>" +
-                  html::general(low) + "</td><td>" + html::general(high) + "</td>";
-      }
-      values += "<td>" + std::to_string(s.points.size()) + "</td>" + (any_skipped ? "<td>" + std::to_string(s.skipped) + "</td>" : "") + "</tr>\n";
-    }
-  if (!values.empty())
-    content += "<h2>Last values</h2>\n<div class=\"scroll\"><table>\n<tr><th class=\"text\">series</th><th>last</th><th>at batch</th><th>min</th>"
-            "<th>max</th><th>points</th>" + std::string(any_skipped ? "<th>null</th>" : "") + "</tr>\n" + values + "</table></div>\n";
-
-  const std::string config_text = html::read_text(run_dir / layout::config);
-  std::vector<std::pair<std::string, Json>> hparams;
-  html::flatten(html::run_hyperparameters(run_dir, config_text), "", hparams);
-  if (!hparams.empty()) content += "<h2>Hyperparameters</h2>\n" + html::value_table(hparams);
-  content += html::config_section(layout::config, config_text);
-
-  const std::filesystem::path out = run_dir / layout::report_page;
-  detail::write_atomically(out, html::page((trial_of_search ? "trial " : "run ") + name, header, content));
-  return out;
-}
-
-DETTRIAL_INLINE std::filesystem::path write_experiment_report(const std::filesystem::path& experiment_dir) {
-  std::error_code ec;
-  const std::filesystem::path summary_path = experiment_dir / layout::summary;
-  const bool has_summary = std::filesystem::is_regular_file(summary_path, ec);
-  if (!has_summary && !std::filesystem::is_directory(experiment_dir / layout::trials, ec))
-    throw Error("'" + experiment_dir.string() + "' has neither summary.json nor trials/: it is not a search's folder");
-  return detail::html::write_experiment_page(experiment_dir, has_summary ? detail::read_json_file(summary_path) : detail::Json::object());
-}
-
-}  // namespace dettrial
-
-namespace dettrial::detail::html {
-
-DETTRIAL_INLINE std::filesystem::path write_experiment_page(const std::filesystem::path& experiment_dir, const Json& summary) {
-  namespace fs = std::filesystem;
-  std::error_code ec;
-  const fs::path events_path = experiment_dir / layout::events_log, trials_dir = experiment_dir / layout::trials;
-  const std::string config_text = html::read_text(experiment_dir / layout::config);
-
-  // The search's settings: summary.json's, else the config's, else a trial's (below).
-  std::string metric = html::string_of(summary, "metric"), searcher = html::string_of(summary, "searcher");
-  std::optional<bool> smaller;
-  if (const Json* s = detail::json_find(summary, "smaller_is_better"); s && s->is_boolean()) smaller = s->get<bool>();
-  html::searcher_settings(config_text, metric, smaller, &searcher);
-  std::string time_metric = html::string_of(summary, "time_metric");
-  if (time_metric.empty()) time_metric = "batches";
-  fs::path absolute = fs::absolute(experiment_dir, ec).lexically_normal();
-  if (absolute.filename().empty()) absolute = absolute.parent_path();  // "experiment/"
-  std::string name = html::string_of(summary, "experiment");
-  if (name.empty()) name = absolute.filename().string();
-
-  std::map<std::int64_t, html::TrialRow> rows;
-  if (const Json* trials = detail::json_find(summary, "trials"); trials && trials->is_array()) {
-    for (const Json& t : *trials) {
-      const auto id = html::integer_of(t, "id");
-      if (!id) continue;
-      html::TrialRow& row = rows[*id];
-      row.id = *id;
-      row.state = html::string_of(t, "state");
-      row.batches = html::integer_of(t, "batches_trained");
-      row.restarts = html::integer_of(t, "restarts");
-      row.rung = html::integer_of(t, "rung");
-      if (const Json* h = detail::json_find(t, "hparams")) html::flatten(*h, "", row.hparams);
-      row.best = html::number_of(t, "best_metric");
-      row.last = html::number_of(t, "last_metric");
-    }
-  }
-  // The event log: each validation the searcher was told of, and how trials ended (also for the
-  // trials a summary written earlier does not know yet).
+/// What events.jsonl says of each trial (also of trials a summary written earlier does not know yet).
+struct SearchEvents {
   bool torn = false;
   std::map<std::int64_t, std::string> ended;
-  std::map<std::int64_t, std::int64_t> restarts, event_batches, event_rungs;
+  std::map<std::int64_t, std::int64_t> restarts, batches, rungs;
+  /// Each validation the searcher was told of: (time metric, value).
   std::map<std::int64_t, std::vector<std::pair<double, double>>> curves;
-  if (fs::is_regular_file(events_path, ec)) {
-    for (const Json& e : html::read_jsonl(events_path, &torn)) {
-      const auto id = html::integer_of(e, "trial");
-      if (!id) continue;
-      const std::string kind = html::string_of(e, "event");
-      if (kind == "validation") {
-        const auto value = html::number_of(e, "metric");
-        auto time = html::number_of(e, "time");
-        const auto batches = html::integer_of(e, "batches");
-        if (!time && batches) time = static_cast<double>(*batches);
-        if (value && time) curves[*id].emplace_back(*time, *value);
-        if (batches) event_batches[*id] = std::max(event_batches[*id], *batches);
-        if (const auto rung = html::integer_of(e, "rung")) {
-          const auto [slot, added] = event_rungs.try_emplace(*id, *rung);
-          if (!added) slot->second = std::max(slot->second, *rung);
-        }
-      } else if (kind == "end") {
-        ended[*id] = html::string_of(e, "state");
-        if (const auto r = html::integer_of(e, "restarts")) restarts[*id] = *r;
-      } else if (kind == "restart") {
-        if (const auto r = html::integer_of(e, "restarts")) restarts[*id] = *r;
+};
+
+DETTRIAL_INLINE void rows_from_summary(const Json& summary, std::map<std::int64_t, TrialRow>& rows) {
+  const Json* trials = detail::json_find(summary, "trials");
+  if (!trials || !trials->is_array()) return;
+  for (const Json& t : *trials) {
+    const auto id = integer_of(t, "id");
+    if (!id) continue;
+    TrialRow& row = rows[*id];
+    row.id = *id;
+    row.state = string_of(t, "state");
+    row.batches = integer_of(t, "batches_trained");
+    row.restarts = integer_of(t, "restarts");
+    row.rung = integer_of(t, "rung");
+    if (const Json* h = detail::json_find(t, "hparams")) flatten(*h, "", row.hparams);
+    row.best = number_of(t, "best_metric");
+    row.last = number_of(t, "last_metric");
+  }
+}
+
+DETTRIAL_INLINE SearchEvents read_search_events(const std::filesystem::path& events_path) {
+  SearchEvents events;
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(events_path, ec)) return events;
+  for (const Json& e : read_jsonl(events_path, &events.torn)) {
+    const auto id = integer_of(e, "trial");
+    if (!id) continue;
+    const std::string kind = string_of(e, "event");
+    if (kind == "validation") {
+      const auto value = number_of(e, "metric");
+      auto time = number_of(e, "time");
+      const auto batches = integer_of(e, "batches");
+      if (!time && batches) time = static_cast<double>(*batches);
+      if (value && time) events.curves[*id].emplace_back(*time, *value);
+      if (batches) events.batches[*id] = std::max(events.batches[*id], *batches);
+      if (const auto rung = integer_of(e, "rung")) {
+        const auto [slot, added] = events.rungs.try_emplace(*id, *rung);
+        if (!added) slot->second = std::max(slot->second, *rung);
       }
+    } else if (kind == "end") {
+      events.ended[*id] = string_of(e, "state");
+      if (const auto r = integer_of(e, "restarts")) events.restarts[*id] = *r;
+    } else if (kind == "restart") {
+      if (const auto r = integer_of(e, "restarts")) events.restarts[*id] = *r;
     }
   }
-  for (fs::directory_iterator it(trials_dir, ec), end; !ec && it != end; it.increment(ec)) {
+  return events;
+}
+
+/// A row for each trial folder (trials/<id>/).
+DETTRIAL_INLINE void rows_from_trial_folders(const std::filesystem::path& trials_dir, std::map<std::int64_t, TrialRow>& rows) {
+  std::error_code ec;
+  for (std::filesystem::directory_iterator it(trials_dir, ec), end; !ec && it != end; it.increment(ec)) {
     const std::string folder = it->path().filename().string();
     if (folder.empty() || folder.find_first_not_of("0123456789") != std::string::npos || folder.size() > 18) continue;
     std::error_code dir_ec;
@@ -11413,109 +11586,145 @@ DETTRIAL_INLINE std::filesystem::path write_experiment_page(const std::filesyste
     rows[id].id = id;
     rows[id].has_folder = true;
   }
+}
 
-  // A trial's config names the searcher metric too (its searcher is `single`, not the search's).
-  for (const auto& [id, row] : rows)
-    if (row.has_folder && (metric.empty() || !smaller)) html::searcher_settings(html::read_text(trials_dir / std::to_string(id) / layout::config), metric, smaller);
-  const bool smaller_is_better = smaller.value_or(true);
-
-  std::vector<std::string> notes;
-  if (torn) notes.push_back("The last line of events.jsonl is incomplete (the runner stopped while writing it): it is left out.");
-  for (auto& [id, row] : rows) {
-    const fs::path folder = trials_dir / std::to_string(id);
-    if (row.state.empty()) {
-      if (const auto e = ended.find(id); e != ended.end()) row.state = e->second;
-      else row.state = fs::exists(folder / layout::metrics_log, ec) ? "RUNNING" : "QUEUED";
+/// The searcher metric at each validation from a trial's own records (when the event log lacks it).
+DETTRIAL_INLINE void curve_from_metrics(TrialRow& row, const std::filesystem::path& metrics_log, const SearchPage& search,
+                                        std::map<std::int64_t, std::int64_t>& batches) {
+  try {
+    for (const Json& r : read_jsonl(metrics_log)) {
+      if (string_of(r, "type") != "validation") continue;
+      if (const auto b = integer_of(r, "batches")) batches[row.id] = std::max(batches[row.id], *b);
+      const Json* metrics = detail::json_find(r, "metrics");
+      if (!metrics) continue;
+      const std::optional<double> value = number_of(*metrics, search.metric.c_str());
+      std::optional<double> time = number_of(*metrics, search.time_metric.c_str());
+      if (!time) time = number_of(r, "batches");
+      if (value && time) row.curve.emplace_back(*time, *value);
     }
-    if (!row.restarts && restarts.count(id)) row.restarts = restarts[id];
-    if (!row.rung && event_rungs.count(id)) row.rung = event_rungs[id];
-    if (row.hparams.empty() && row.has_folder)
-      html::flatten(html::config_hyperparameters(html::read_text(folder / layout::config)), "", row.hparams);
-    if (const auto c = curves.find(id); c != curves.end()) row.curve = c->second;
-    const bool has_metrics = row.has_folder && fs::is_regular_file(folder / layout::metrics_log, ec);
-    if (row.curve.empty() && has_metrics && !metric.empty()) {
-      // No event log (or not this trial's): the searcher metric from the trial's own records.
-      try {
-        for (const Json& r : html::read_jsonl(folder / layout::metrics_log)) {
-          if (html::string_of(r, "type") != "validation") continue;
-          const Json* metrics = detail::json_find(r, "metrics");
-          const auto value = metrics ? html::number_of(*metrics, metric.c_str()) : std::nullopt;
-          auto time = metrics ? html::number_of(*metrics, time_metric.c_str()) : std::nullopt;
-          if (!time) time = html::number_of(r, "batches");
-          if (value && time) row.curve.emplace_back(*time, *value);
-          if (const auto b = html::integer_of(r, "batches")) event_batches[id] = std::max(event_batches[id], *b);
-        }
-      } catch (const Error& e) {
-        row.problem = e.what();
-      }
-    }
-    // summary.json's count is at the last checkpoint; a validation may have come after it.
-    if (event_batches.count(id)) row.batches = std::max(row.batches.value_or(0), event_batches[id]);
-    if (!row.curve.empty()) {
-      if (!row.last) row.last = row.curve.back().second;
-      if (!row.best)
-        for (const auto& p : row.curve)
-          if (!row.best || (smaller_is_better ? p.second < *row.best : p.second > *row.best)) row.best = p.second;
-    }
-    // The trial's own page, where its metrics changed since it was written.
-    if (has_metrics && row.problem.empty()) {
-      try {
-        if (html::stale(folder / layout::report_page, {folder / layout::metrics_log, folder / layout::config})) write_run_report(folder);
-      } catch (const Error& e) {
-        row.problem = e.what();
-      }
-    }
-    row.has_page = fs::is_regular_file(folder / layout::report_page, ec);
-    if (!row.problem.empty()) notes.push_back("trial " + std::to_string(id) + ": " + row.problem);
+  } catch (const Error& e) {
+    row.problem = e.what();
   }
+}
 
-  std::optional<std::int64_t> best_trial = html::integer_of(summary, "best_trial");
-  if (!best_trial)
-    for (const auto& [id, row] : rows)
-      if (row.best && (!best_trial || (smaller_is_better ? *row.best < *rows.at(*best_trial).best : *row.best > *rows.at(*best_trial).best)))
-        best_trial = id;
-  if (best_trial && !rows.count(*best_trial)) best_trial.reset();
+/// Fills in what a trial's row lacks from the events and its folder, and writes the trial's own
+/// page where its metrics changed since it was written.
+DETTRIAL_INLINE void complete_row(TrialRow& row, const std::filesystem::path& folder, const SearchPage& search, SearchEvents& events) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const std::int64_t id = row.id;
+  if (row.state.empty()) {
+    if (const auto e = events.ended.find(id); e != events.ended.end()) row.state = e->second;
+    else row.state = fs::exists(folder / layout::metrics_log, ec) ? "RUNNING" : "QUEUED";
+  }
+  if (!row.restarts && events.restarts.count(id)) row.restarts = events.restarts[id];
+  if (!row.rung && events.rungs.count(id)) row.rung = events.rungs[id];
+  if (row.hparams.empty() && row.has_folder) flatten(config_hyperparameters(read_text(folder / layout::config)), "", row.hparams);
+  if (const auto c = events.curves.find(id); c != events.curves.end()) row.curve = c->second;
+  const bool has_metrics = row.has_folder && fs::is_regular_file(folder / layout::metrics_log, ec);
+  if (row.curve.empty() && has_metrics && !search.metric.empty()) curve_from_metrics(row, folder / layout::metrics_log, search, events.batches);
+  // summary.json's count is at the last checkpoint; a validation may have come after it.
+  if (events.batches.count(id)) row.batches = std::max(row.batches.value_or(0), events.batches[id]);
+  if (!row.curve.empty()) {
+    if (!row.last) row.last = row.curve.back().second;
+    if (!row.best)
+      for (const auto& p : row.curve)
+        if (!row.best || (search.smaller_is_better ? p.second < *row.best : p.second > *row.best)) row.best = p.second;
+  }
+  if (has_metrics && row.problem.empty()) {
+    try {
+      if (stale(folder / layout::report_page, {folder / layout::metrics_log, folder / layout::config})) write_run_report(folder);
+    } catch (const Error& e) {
+      row.problem = e.what();
+    }
+  }
+  row.has_page = fs::is_regular_file(folder / layout::report_page, ec);
+}
 
-  // ---- the header: what the search is and where it stands
+/// The search's settings (summary.json's, else the config's, else a trial's), and every trial.
+DETTRIAL_INLINE SearchPage collect_search(const std::filesystem::path& experiment_dir, const Json& summary) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  SearchPage search;
+  const fs::path trials_dir = experiment_dir / layout::trials;
+  search.config_text = read_text(experiment_dir / layout::config);
+  search.metric = string_of(summary, "metric");
+  search.searcher = string_of(summary, "searcher");
+  std::optional<bool> smaller;
+  if (const Json* s = detail::json_find(summary, "smaller_is_better"); s && s->is_boolean()) smaller = s->get<bool>();
+  searcher_settings(search.config_text, search.metric, smaller, &search.searcher);
+  search.time_metric = string_of(summary, "time_metric");
+  if (search.time_metric.empty()) search.time_metric = "batches";
+  search.absolute = fs::absolute(experiment_dir, ec).lexically_normal();
+  if (search.absolute.filename().empty()) search.absolute = search.absolute.parent_path();  // "experiment/"
+  search.name = string_of(summary, "experiment");
+  if (search.name.empty()) search.name = search.absolute.filename().string();
+
+  rows_from_summary(summary, search.rows);
+  SearchEvents events = read_search_events(experiment_dir / layout::events_log);
+  rows_from_trial_folders(trials_dir, search.rows);
+  // A trial's config names the searcher metric too (its searcher is `single`, not the search's).
+  for (const auto& [id, row] : search.rows)
+    if (row.has_folder && (search.metric.empty() || !smaller))
+      searcher_settings(read_text(trials_dir / std::to_string(id) / layout::config), search.metric, smaller);
+  search.smaller_is_better = smaller.value_or(true);
+
+  if (events.torn) search.notes.push_back("The last line of events.jsonl is incomplete (the runner stopped while writing it): it is left out.");
+  for (auto& [id, row] : search.rows) {
+    complete_row(row, trials_dir / std::to_string(id), search, events);
+    if (!row.problem.empty()) search.notes.push_back("trial " + std::to_string(id) + ": " + row.problem);
+  }
+  search.best_trial = integer_of(summary, "best_trial");
+  const auto better = [&](double a, double b) { return search.smaller_is_better ? a < b : a > b; };
+  if (!search.best_trial)
+    for (const auto& [id, row] : search.rows)
+      if (row.best && (!search.best_trial || better(*row.best, *search.rows.at(*search.best_trial).best))) search.best_trial = id;
+  if (search.best_trial && !search.rows.count(*search.best_trial)) search.best_trial.reset();
+  return search;
+}
+
+// ---- rendering ---------------------------------------------------------------------------------
+
+/// What the search is and where it stands.
+DETTRIAL_INLINE std::string search_header(const SearchPage& search, const Json& summary) {
   std::map<std::string, std::int64_t> states;
-  for (const auto& [id, row] : rows) ++states[row.state];
-  std::string header = "<h1>search " + html::escape(name) + "</h1>\n<p class=\"meta\">" + html::escape(absolute.string()) + "</p>\n<p>";
-  if (!searcher.empty()) header += "Searcher <b>" + html::escape(searcher) + "</b>";
-  if (!metric.empty())
-    header += std::string(searcher.empty() ? "Metric" : ", metric") + " <b>" + html::escape(metric) + "</b> (" +
-              (smaller_is_better ? "smaller" : "larger") + " is better)";
-  if (const auto max_trials = html::integer_of(summary, "max_trials"))
-    header += std::string(searcher.empty() && metric.empty() ? "" : "; ") + "at most " + std::to_string(*max_trials) + " trials";
-  header += ".</p>\n<p>" + std::to_string(rows.size()) + " trial" + (rows.size() == 1 ? "" : "s");
+  for (const auto& [id, row] : search.rows) ++states[row.state];
+  std::string header = "<h1>search " + escape(search.name) + "</h1>\n<p class=\"meta\">" + escape(search.absolute.string()) + "</p>\n<p>";
+  if (!search.searcher.empty()) header += "Searcher <b>" + escape(search.searcher) + "</b>";
+  if (!search.metric.empty())
+    header += std::string(search.searcher.empty() ? "Metric" : ", metric") + " <b>" + escape(search.metric) + "</b> (" +
+              (search.smaller_is_better ? "smaller" : "larger") + " is better)";
+  if (const auto max_trials = integer_of(summary, "max_trials"))
+    header += std::string(search.searcher.empty() && search.metric.empty() ? "" : "; ") + "at most " + std::to_string(*max_trials) + " trials";
+  header += ".</p>\n<p>" + std::to_string(search.rows.size()) + " trial" + (search.rows.size() == 1 ? "" : "s");
   std::string counts;
   for (const auto& [state, n] : states)
-    counts += (counts.empty() ? "" : ", ") + std::to_string(n) + " <span class=\"state-" + html::escape(state) + "\">" + html::escape(state) + "</span>";
+    counts += (counts.empty() ? "" : ", ") + std::to_string(n) + " <span class=\"state-" + escape(state) + "\">" + escape(state) + "</span>";
   if (!counts.empty()) header += ": " + counts;
-  if (best_trial) {
-    header += ". Best: trial " + std::to_string(*best_trial);
-    if (rows.at(*best_trial).best) header += " (" + html::escape(metric) + " " + html::general(*rows.at(*best_trial).best) + ")";
+  if (search.best_trial) {
+    header += ". Best: trial " + std::to_string(*search.best_trial);
+    if (const auto& best = search.rows.at(*search.best_trial).best) header += " (" + escape(search.metric) + " " + general(*best) + ")";
   }
   header += ".</p>\n";
-  for (const auto& note : notes) header += "<p class=\"note\">" + html::escape(note) + "</p>\n";
+  for (const auto& note : search.notes) header += "<p class=\"note\">" + escape(note) + "</p>\n";
+  return header;
+}
 
-  // ---- the searcher metric of every trial, with ASHA's rungs
-  std::vector<html::Chart> charts;
-  html::Chart curves_chart;
-  curves_chart.name = metric.empty() ? "searcher metric" : metric;
-  curves_chart.title = (metric.empty() ? std::string("searcher metric") : metric) + " at each validation, by trial";
-  curves_chart.x_label = time_metric;
-  std::size_t index = 0;
-  std::map<std::int64_t, std::string> colors;  // one colour per trial, on every chart
-  for (const auto& [id, row] : rows) {
-    colors[id] = html::palette(index++);
+/// The searcher metric of every trial, with ASHA's rungs.
+DETTRIAL_INLINE Chart search_curves(const SearchPage& search, const Json& summary, const std::map<std::int64_t, std::string>& colors) {
+  Chart chart;
+  chart.name = search.metric.empty() ? "searcher metric" : search.metric;
+  chart.title = (search.metric.empty() ? std::string("searcher metric") : search.metric) + " at each validation, by trial";
+  chart.x_label = search.time_metric;
+  for (const auto& [id, row] : search.rows) {
     if (row.curve.empty()) continue;
-    html::Series s;
+    Series s;
     s.name = "trial " + std::to_string(id);
     s.points = row.curve;
     s.marks = true;
     s.stopped = row.state == "STOPPED_EARLY";
-    s.color = colors[id];
-    curves_chart.series.push_back(std::move(s));
+    s.color = colors.at(id);
+    chart.series.push_back(std::move(s));
   }
   if (const Json* brackets = detail::json_find(summary, "brackets"); brackets && brackets->is_array()) {
     std::set<std::int64_t> lengths;
@@ -11527,99 +11736,141 @@ DETTRIAL_INLINE std::filesystem::path write_experiment_page(const std::filesyste
     const bool numbered = brackets->size() == 1;
     std::int64_t k = 0;
     for (const auto length : lengths)
-      curves_chart.x_marks.emplace_back(static_cast<double>(length), numbered ? "rung " + std::to_string(++k) : std::to_string(length));
+      chart.x_marks.emplace_back(static_cast<double>(length), numbered ? "rung " + std::to_string(++k) : std::to_string(length));
   }
-  charts.push_back(std::move(curves_chart));
+  return chart;
+}
 
-  // ---- the table's columns: the trial's record, each hyperparameter (by its dotted name), its metric
-  std::vector<std::string> hparam_names;
+/// Every hyperparameter of the trials by its dotted name, in the order first seen.
+DETTRIAL_INLINE std::vector<std::string> hyperparameter_names(const std::map<std::int64_t, TrialRow>& rows) {
+  std::vector<std::string> names;
   for (const auto& [id, row] : rows)
     for (const auto& [hp, value] : row.hparams)
-      if (std::find(hparam_names.begin(), hparam_names.end(), hp) == hparam_names.end()) hparam_names.push_back(hp);
-  const auto hparam_of = [](const html::TrialRow& row, const std::string& hp) -> Json {
-    for (const auto& [n, v] : row.hparams)
-      if (n == hp) return v;
-    return nullptr;
-  };
+      if (std::find(names.begin(), names.end(), hp) == names.end()) names.push_back(hp);
+  return names;
+}
+
+DETTRIAL_INLINE Json hyperparameter_of(const TrialRow& row, const std::string& hp) {
+  for (const auto& [n, v] : row.hparams)
+    if (n == hp) return v;
+  return nullptr;
+}
+
+/// The best metric against `hp`, where it is numeric and varies (nullopt otherwise).
+DETTRIAL_INLINE std::optional<Chart> hyperparameter_scatter(const SearchPage& search, const std::string& hp,
+                                                            const std::map<std::int64_t, std::string>& colors) {
+  const std::string metric = search.metric.empty() ? std::string("metric") : search.metric;
+  Chart scatter;
+  scatter.name = metric + " vs " + hp;
+  scatter.title = "best " + metric + " by " + hp;
+  scatter.x_label = hp;
+  scatter.scatter = true;
+  scatter.legend = false;
+  std::set<double> values;
+  double low = std::numeric_limits<double>::infinity(), high = -low;
+  for (const auto& [id, row] : search.rows) {
+    const Json v = hyperparameter_of(row, hp);
+    if (v.is_null()) continue;
+    if (!v.is_number()) return std::nullopt;
+    const double x = v.get<double>();
+    values.insert(x);
+    low = std::min(low, x);
+    high = std::max(high, x);
+    if (!row.best) continue;
+    Series s;
+    s.name = "trial " + std::to_string(id);
+    s.points.emplace_back(x, *row.best);
+    s.color = colors.at(id);
+    scatter.series.push_back(std::move(s));
+  }
+  if (values.size() < 2 || scatter.series.empty()) return std::nullopt;
+  scatter.log_x = low > 0 && high / low >= 100;  // learning rates and the like, drawn from log spaces
+  return scatter;
+}
+
+/// The trials' table: each trial's record, each hyperparameter (by its dotted name), its metric.
+DETTRIAL_INLINE std::string trials_table(const SearchPage& search, const std::vector<std::string>& hparam_names,
+                                         const std::map<std::int64_t, std::string>& colors) {
+  const auto& rows = search.rows;
   const bool has_rungs = std::any_of(rows.begin(), rows.end(), [](const auto& kv) { return kv.second.rung.has_value(); });
   const std::set<std::string> fixed_columns = {"trial", "state", "batches", "restarts", "rung", "best", "last"};
-  const auto column_of = [&](const std::string& hp) { return fixed_columns.count(hp) ? "hparams." + hp : hp; };
-
-  // ---- the best metric against each numeric hyperparameter that varies
-  for (const auto& hp : hparam_names) {
-    html::Chart scatter;
-    scatter.name = (metric.empty() ? std::string("metric") : metric) + " vs " + hp;
-    scatter.title = "best " + (metric.empty() ? std::string("metric") : metric) + " by " + hp;
-    scatter.x_label = hp;
-    scatter.scatter = true;
-    scatter.legend = false;
-    bool numeric = true;
-    std::set<double> values;
-    double low = std::numeric_limits<double>::infinity(), high = -low;
-    for (const auto& [id, row] : rows) {
-      const Json v = hparam_of(row, hp);
-      if (v.is_null()) continue;
-      if (!v.is_number()) {
-        numeric = false;
-        break;
-      }
-      const double x = v.get<double>();
-      values.insert(x);
-      low = std::min(low, x);
-      high = std::max(high, x);
-      if (!row.best) continue;
-      html::Series s;
-      s.name = "trial " + std::to_string(id);
-      s.points.emplace_back(x, *row.best);
-      s.color = colors[id];
-      scatter.series.push_back(std::move(s));
-    }
-    if (!numeric || values.size() < 2 || scatter.series.empty()) continue;
-    scatter.log_x = low > 0 && high / low >= 100;  // learning rates and the like, drawn from log spaces
-    charts.push_back(std::move(scatter));
-  }
-
-  std::string table = "<div class=\"scroll\"><table id=\"trials\" class=\"sortable\">\n<thead><tr>" +
-                      html::sortable_header("trial", "trial", true) + html::sortable_header("state", "state", false) +
-                      html::sortable_header("batches", "batches", true) + html::sortable_header("restarts", "restarts", true);
-  if (has_rungs) table += html::sortable_header("rung", "rung", true);
+  std::string table = "<div class=\"scroll\"><table id=\"trials\" class=\"sortable\">\n<thead><tr>" + sortable_header("trial", "trial", true) +
+                      sortable_header("state", "state", false) + sortable_header("batches", "batches", true) +
+                      sortable_header("restarts", "restarts", true);
+  if (has_rungs) table += sortable_header("rung", "rung", true);
   for (const auto& hp : hparam_names) {
     const bool numeric = std::all_of(rows.begin(), rows.end(), [&](const auto& kv) {
-      const Json v = hparam_of(kv.second, hp);
+      const Json v = hyperparameter_of(kv.second, hp);
       return v.is_null() || v.is_number();
     });
-    table += html::sortable_header(column_of(hp), hp, numeric);
+    table += sortable_header(fixed_columns.count(hp) ? "hparams." + hp : hp, hp, numeric);
   }
-  const std::string metric_label = metric.empty() ? std::string("metric") : metric;
-  table += html::sortable_header("best", "best " + metric_label, true) + html::sortable_header("last", "last " + metric_label, true) +
-           "</tr></thead>\n<tbody>\n";
+  const std::string metric_label = search.metric.empty() ? std::string("metric") : search.metric;
+  table += sortable_header("best", "best " + metric_label, true) + sortable_header("last", "last " + metric_label, true) + "</tr></thead>\n<tbody>\n";
   for (const auto& [id, row] : rows) {
-    table += "<tr data-trial=\"" + std::to_string(id) + "\"" + (best_trial && *best_trial == id ? " class=\"best\"" : "") + ">";
+    table += "<tr data-trial=\"" + std::to_string(id) + "\"" + (search.best_trial && *search.best_trial == id ? " class=\"best\"" : "") + ">";
     const std::string link = "trials/" + std::to_string(id) + "/report.html";
-    table += html::table_cell(Json(id), "<span style=\"color:" + colors[id] + "\">&#9632;</span> " +
-                                            (row.has_page ? "<a href=\"" + link + "\">" + std::to_string(id) + "</a>" : std::to_string(id)));
-    table += html::table_cell(Json(row.state), "<span class=\"state-" + html::escape(row.state) + "\">" + html::escape(row.state) + "</span>");
-    table += html::table_cell(html::optional_json(row.batches)) + html::table_cell(html::optional_json(row.restarts));
+    table += table_cell(Json(id), "<span style=\"color:" + colors.at(id) + "\">&#9632;</span> " +
+                                      (row.has_page ? "<a href=\"" + link + "\">" + std::to_string(id) + "</a>" : std::to_string(id)));
+    table += table_cell(Json(row.state), "<span class=\"state-" + escape(row.state) + "\">" + escape(row.state) + "</span>");
+    table += table_cell(optional_json(row.batches)) + table_cell(optional_json(row.restarts));
     if (has_rungs)  // shown from 1, as the chart numbers them
-      table += html::table_cell(html::optional_json(row.rung ? std::optional<std::int64_t>(*row.rung + 1) : std::nullopt));
-    for (const auto& hp : hparam_names) table += html::table_cell(hparam_of(row, hp));
-    table += html::table_cell(html::optional_json(row.best)) + html::table_cell(html::optional_json(row.last)) + "</tr>\n";
+      table += table_cell(optional_json(row.rung ? std::optional<std::int64_t>(*row.rung + 1) : std::nullopt));
+    for (const auto& hp : hparam_names) table += table_cell(hyperparameter_of(row, hp));
+    table += table_cell(optional_json(row.best)) + table_cell(optional_json(row.last)) + "</tr>\n";
   }
-  table += "</tbody>\n</table></div>\n";
+  return table + "</tbody>\n</table></div>\n";
+}
+
+DETTRIAL_INLINE std::filesystem::path write_experiment_page(const std::filesystem::path& experiment_dir, const Json& summary) {
+  const SearchPage search = collect_search(experiment_dir, summary);
+  std::map<std::int64_t, std::string> colors;  // one colour per trial, on every chart
+  std::size_t index = 0;
+  for (const auto& [id, row] : search.rows) colors[id] = palette(index++);
+  std::vector<Chart> charts{search_curves(search, summary, colors)};
+  const std::vector<std::string> hparam_names = hyperparameter_names(search.rows);
+  for (const auto& hp : hparam_names)
+    if (auto scatter = hyperparameter_scatter(search, hp, colors)) charts.push_back(std::move(*scatter));
 
   std::string content;
-  if (rows.empty()) content += "<p class=\"note\">No trial has started yet.</p>\n";
-  content += "<h2>Trials</h2>\n<p class=\"meta\">Click a column to sort by it; a trial's number opens its own page.</p>\n" + table;
-  content += "<h2>Charts</h2>\n" + html::figures(charts);
-  content += html::config_section(layout::config, config_text);
+  if (search.rows.empty()) content += "<p class=\"note\">No trial has started yet.</p>\n";
+  content += "<h2>Trials</h2>\n<p class=\"meta\">Click a column to sort by it; a trial's number opens its own page.</p>\n" +
+             trials_table(search, hparam_names, colors);
+  content += "<h2>Charts</h2>\n" + figures(charts);
+  content += config_section(layout::config, search.config_text);
 
-  const fs::path out = experiment_dir / layout::report_page;
-  detail::write_atomically(out, html::page("search " + name, header, content));
+  const std::filesystem::path out = experiment_dir / layout::report_page;
+  detail::write_atomically(out, html::page("search " + search.name, search_header(search, summary), content));
   return out;
 }
 
 }  // namespace dettrial::detail::html
 
+namespace dettrial {
+
+DETTRIAL_INLINE std::filesystem::path write_experiment_report(const std::filesystem::path& experiment_dir) {
+  std::error_code ec;
+  const std::filesystem::path summary_path = experiment_dir / layout::summary;
+  const bool has_summary = std::filesystem::is_regular_file(summary_path, ec);
+  if (!has_summary && !std::filesystem::is_directory(experiment_dir / layout::trials, ec))
+    throw Error("'" + experiment_dir.string() + "' has neither summary.json nor trials/: it is not a search's folder");
+  return detail::html::write_experiment_page(experiment_dir, has_summary ? detail::read_json_file(summary_path) : detail::Json::object());
+}
+
+}  // namespace dettrial
+#endif  // DETTRIAL_HEADER_DEFINITIONS
+// ---- end dettrial/report/html/experiment_page.hpp
+
+namespace dettrial {
+
+/// write_experiment_report for a folder with summary.json or trials/, else write_run_report for one
+/// with metrics.jsonl; an Error naming the folder and what it lacks when it has neither.
+DETTRIAL_INLINE std::filesystem::path write_report(const std::filesystem::path& dir);
+
+}  // namespace dettrial
+
+// Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
+#if DETTRIAL_HEADER_DEFINITIONS
 namespace dettrial {
 
 DETTRIAL_INLINE std::filesystem::path write_report(const std::filesystem::path& dir) {
@@ -11633,6 +11884,7 @@ DETTRIAL_INLINE std::filesystem::path write_report(const std::filesystem::path& 
 
 }  // namespace dettrial
 #endif  // DETTRIAL_HEADER_DEFINITIONS
+
 // ---- end dettrial/report/html_report.hpp
 // ---- begin dettrial/report/metrics_log.hpp
 // SPDX-License-Identifier: Apache-2.0
@@ -13370,84 +13622,80 @@ DETTRIAL_INLINE std::string python_float(double value) {
   return out;
 }
 
+/// The ConfigError of python_format: `who` cannot format `pattern`, and why.
+DETTRIAL_INLINE ConfigError python_format_error(const char* who, const std::string& pattern, const std::string& why) {
+  return ConfigError(std::string(who) + ": cannot format '" + pattern + "': " + why);
+}
+
+/// One replacement field of python_format, `name` or `name:spec`, as text.
+DETTRIAL_INLINE std::string python_format_field(const std::string& field, std::int64_t epoch, const MetricValues& logs, const char* who,
+                                                const std::string& pattern) {
+  const auto refuse = [&](const std::string& why) { return python_format_error(who, pattern, why); };
+  const std::size_t colon = field.find(':');
+  const std::string name = field.substr(0, colon);
+  const std::string spec = colon == std::string::npos ? "" : field.substr(colon + 1);
+  std::optional<double> number;
+  const bool is_epoch = name == "epoch";
+  if (!is_epoch) {
+    number = logs.get(name);
+    if (!number) {
+      std::string names = "epoch";
+      for (const auto& [n, v] : logs) names += ", " + n;
+      throw refuse("no value named '" + name + "' (there are " + names + ")");
+    }
+  }
+  // [0][width][.precision][type]
+  std::size_t p = 0;
+  const bool zero = p < spec.size() && spec[p] == '0';
+  if (zero) ++p;
+  std::string width, precision;
+  while (p < spec.size() && std::isdigit(static_cast<unsigned char>(spec[p]))) width += spec[p++];
+  if (p < spec.size() && spec[p] == '.') {
+    ++p;
+    while (p < spec.size() && std::isdigit(static_cast<unsigned char>(spec[p]))) precision += spec[p++];
+    if (precision.empty()) throw refuse("'{" + field + "}' has a '.' without a precision");
+  }
+  const std::string type = spec.substr(p);
+  if (type.size() > 1 || (!type.empty() && std::string("dfeg%").find(type) == std::string::npos))
+    throw refuse("'{" + field + "}' has a format spec other than [0][width][.precision][d|f|e|g|%]");
+  if (!is_epoch && type == "d") throw refuse("'{" + field + "}': Unknown format code 'd' for a float value ('" + name + "')");
+  const std::string flags = std::string("%") + (zero ? "0" : "") + width;
+  char buf[128];
+  if (is_epoch && precision.empty() && (type.empty() || type == "d")) {
+    std::snprintf(buf, sizeof buf, (flags + "lld").c_str(), static_cast<long long>(epoch));
+    return buf;
+  }
+  if (!is_epoch && type.empty() && precision.empty()) {
+    std::string text = python_float(*number);
+    if (!width.empty() && text.size() < std::stoul(width)) text = std::string(std::stoul(width) - text.size(), zero ? '0' : ' ') + text;
+    return text;
+  }
+  // A float conversion: the epoch's with a precision or a float type (a bare precision is f), a value's (a bare precision is g).
+  const std::string conv = type.empty() || type == "d" ? (is_epoch ? "f" : "g") : type == "%" ? "f" : type;
+  const std::string f = flags + "." + (precision.empty() ? "6" : precision) + conv;
+  std::snprintf(buf, sizeof buf, f.c_str(), (is_epoch ? static_cast<double>(epoch) : *number) * (type == "%" ? 100.0 : 1.0));
+  return buf + std::string(type == "%" ? "%" : "");
+}
+
 DETTRIAL_INLINE std::string python_format(const std::string& pattern, std::int64_t epoch, const MetricValues& logs, const char* who) {
-  auto refuse = [&](const std::string& why) {
-    return ConfigError(std::string(who) + ": cannot format '" + pattern + "': " + why);
-  };
   std::string out;
   for (std::size_t i = 0; i < pattern.size(); ++i) {
     const char c = pattern[i];
     if (c == '}') {
       if (i + 1 < pattern.size() && pattern[i + 1] == '}') ++i;
-      else throw refuse("a single '}'");
+      else throw python_format_error(who, pattern, "a single '}'");
       out += '}';
-      continue;
-    }
-    if (c != '{') {
+    } else if (c != '{') {
       out += c;
-      continue;
-    }
-    if (i + 1 < pattern.size() && pattern[i + 1] == '{') {
+    } else if (i + 1 < pattern.size() && pattern[i + 1] == '{') {
       out += '{';
       ++i;
-      continue;
-    }
-    const std::size_t close = pattern.find('}', i);
-    if (close == std::string::npos) throw refuse("a '{' without its '}'");
-    const std::string field = pattern.substr(i + 1, close - i - 1);
-    i = close;
-    const std::size_t colon = field.find(':');
-    const std::string name = field.substr(0, colon);
-    const std::string spec = colon == std::string::npos ? "" : field.substr(colon + 1);
-    std::optional<double> number;
-    const bool is_epoch = name == "epoch";
-    if (!is_epoch) {
-      number = logs.get(name);
-      if (!number) {
-        std::string names = "epoch";
-        for (const auto& [n, v] : logs) names += ", " + n;
-        throw refuse("no value named '" + name + "' (there are " + names + ")");
-      }
-    }
-    // [0][width][.precision][type]
-    std::size_t p = 0;
-    const bool zero = p < spec.size() && spec[p] == '0';
-    if (zero) ++p;
-    std::string width, precision;
-    while (p < spec.size() && std::isdigit(static_cast<unsigned char>(spec[p]))) width += spec[p++];
-    if (p < spec.size() && spec[p] == '.') {
-      ++p;
-      while (p < spec.size() && std::isdigit(static_cast<unsigned char>(spec[p]))) precision += spec[p++];
-      if (precision.empty()) throw refuse("'{" + field + "}' has a '.' without a precision");
-    }
-    const std::string type = spec.substr(p);
-    if (type.size() > 1 || (!type.empty() && std::string("dfeg%").find(type) == std::string::npos))
-      throw refuse("'{" + field + "}' has a format spec other than [0][width][.precision][d|f|e|g|%]");
-    std::string text;
-    char buf[128];
-    const std::string flags = std::string("%") + (zero ? "0" : "") + width;
-    if (is_epoch) {
-      if (!precision.empty() || (!type.empty() && type != "d")) {
-        const std::string f = flags + "." + (precision.empty() ? "6" : precision) + (type.empty() || type == "d" ? "f" : type == "%" ? "f" : type);
-        std::snprintf(buf, sizeof buf, f.c_str(), static_cast<double>(epoch) * (type == "%" ? 100.0 : 1.0));
-        text = buf + std::string(type == "%" ? "%" : "");
-      } else {
-        std::snprintf(buf, sizeof buf, (flags + "lld").c_str(), static_cast<long long>(epoch));
-        text = buf;
-      }
-    } else if (type == "d") {
-      throw refuse("'{" + field + "}': Unknown format code 'd' for a float value ('" + name + "')");
-    } else if (type.empty() && precision.empty()) {
-      text = python_float(*number);
-      if (!width.empty() && text.size() < std::stoul(width))
-        text = std::string(std::stoul(width) - text.size(), zero ? '0' : ' ') + text;
     } else {
-      const std::string conv = type.empty() ? "g" : type == "%" ? "f" : type;
-      const std::string f = flags + "." + (precision.empty() ? "6" : precision) + conv;
-      std::snprintf(buf, sizeof buf, f.c_str(), *number * (type == "%" ? 100.0 : 1.0));
-      text = buf + std::string(type == "%" ? "%" : "");
+      const std::size_t close = pattern.find('}', i);
+      if (close == std::string::npos) throw python_format_error(who, pattern, "a '{' without its '}'");
+      out += python_format_field(pattern.substr(i + 1, close - i - 1), epoch, logs, who, pattern);
+      i = close;
     }
-    out += text;
   }
   return out;
 }

@@ -203,6 +203,16 @@ class ExperimentConfig {
     std::optional<TrainUnit> length(const YAML::Node& map, const char* key, bool zero_means_never,
                                     std::int64_t step_batches = 0) const;
   };
+
+  // One reader per part of the document, called by from_yaml in this order.
+  static void read_top_level(const YAML::Node& root, const Reader& r, ExperimentConfig& c);
+  static void read_resources(const YAML::Node& res, const Reader& r, ExperimentConfig& c);
+  static void read_optimizations(const YAML::Node& opt, const Reader& r, ExperimentConfig& c);
+  static void read_reproducibility(const YAML::Node& rep, const Reader& r, ExperimentConfig& c);
+  static void read_profiling(const YAML::Node& prof, const Reader& r, Profiling& p);
+  static void read_slurm(const YAML::Node& slurm, const std::string& source, std::vector<std::string>& args);
+  static void read_checkpoint_storage(const YAML::Node& cs, const Reader& r, CheckpointStorage& storage);
+  static void read_searcher(const YAML::Node& s, const Reader& r, ExperimentConfig& c);
 };
 
 }  // namespace dettrial
@@ -249,12 +259,28 @@ DETTRIAL_INLINE ExperimentConfig ExperimentConfig::parse(const std::string& text
 
 DETTRIAL_INLINE ExperimentConfig ExperimentConfig::from_yaml(const YAML::Node& root, std::string source) {
   ExperimentConfig c;
-  c.source = source;
-  if (!root.IsDefined() || root.IsNull()) throw ConfigError(source + ": the experiment config is empty");
-  if (!root.IsMap()) throw ConfigError(detail::where(root, source) + ": the experiment config must be a map");
+  c.source = std::move(source);
+  if (!root.IsDefined() || root.IsNull()) throw ConfigError(c.source + ": the experiment config is empty");
+  if (!root.IsMap()) throw ConfigError(detail::where(root, c.source) + ": the experiment config must be a map");
   c.yaml.reset(root);
-  check_fields(root, source, c.ignored_fields);
-  Reader r{source};
+  check_fields(root, c.source, c.ignored_fields);
+  const Reader r{c.source};
+  read_top_level(root, r, c);
+  for (const char* section : {"resources", "optimizations", "reproducibility", "searcher", "checkpoint_storage", "profiling", "slurm"})
+    if (const YAML::Node node = root[section]; node && !node.IsNull() && !node.IsMap())
+      throw ConfigError(detail::where(node, c.source) + ": '" + section + "' must be a map, found " + detail::describe(node));
+  if (const YAML::Node res = root["resources"]) read_resources(res, r, c);
+  if (const YAML::Node opt = root["optimizations"]) read_optimizations(opt, r, c);
+  if (const YAML::Node rep = root["reproducibility"]) read_reproducibility(rep, r, c);
+  if (const YAML::Node prof = root["profiling"]; prof && prof.IsMap()) read_profiling(prof, r, c.profiling);
+  if (const YAML::Node slurm = root["slurm"]) read_slurm(slurm, c.source, c.slurm_args);
+  if (const YAML::Node cs = root["checkpoint_storage"]) read_checkpoint_storage(cs, r, c.checkpoint_storage);
+  if (const YAML::Node s = root["searcher"]) read_searcher(s, r, c);
+  return c;
+}
+
+DETTRIAL_INLINE void ExperimentConfig::read_top_level(const YAML::Node& root, const Reader& r, ExperimentConfig& c) {
+  const std::string& source = r.source;
   r.read(root, "name", c.name);
   r.read(root, "description", c.description);
   if (root["hyperparameters"]) {
@@ -280,125 +306,131 @@ DETTRIAL_INLINE ExperimentConfig ExperimentConfig::from_yaml(const YAML::Node& r
     else if (s == "none") c.checkpoint_policy = CheckpointPolicy::none;
     else throw ConfigError(detail::where(p, source) + ": checkpoint_policy must be best, all or none, not '" + s + "'");
   }
-  for (const char* section : {"resources", "optimizations", "reproducibility", "searcher", "checkpoint_storage", "profiling", "slurm"})
-    if (const YAML::Node node = root[section]; node && !node.IsNull() && !node.IsMap())
-      throw ConfigError(detail::where(node, source) + ": '" + section + "' must be a map, found " + detail::describe(node));
-  if (const YAML::Node res = root["resources"]) {
-    r.read(res, "slots_per_trial", c.slots_per_trial);
-    if (c.slots_per_trial < 0)
-      throw ConfigError(detail::where(res["slots_per_trial"], source) + ": resources.slots_per_trial must not be negative");
-    // 0 is a trial without a GPU slot on a cluster (the schema's minimum): here, one process.
-    if (c.slots_per_trial == 0) c.slots_per_trial = 1;
-  }
-  if (const YAML::Node opt = root["optimizations"]) {
-    if (const YAML::Node mp = opt["mixed_precision"]; mp && !mp.IsNull()) {
-      std::string text;
-      r.read(opt, "mixed_precision", text);
-      try {
-        c.mixed_precision = parse_precision(text);
-      } catch (const ConfigError& e) {
-        throw ConfigError(detail::where(mp, source) + ": optimizations." + e.what());
-      }
-    }
-    r.read(opt, "aggregation_frequency", c.aggregation_frequency);
-    if (c.aggregation_frequency < 1)
-      throw ConfigError(detail::where(opt["aggregation_frequency"], source) +
-                        ": optimizations.aggregation_frequency must be at least 1");
-    r.read(opt, "average_aggregated_gradients", c.average_aggregated_gradients);
-    if (const YAML::Node sc = opt["step_capture"]; sc && !sc.IsNull()) {
-      std::string text;
-      std::int64_t warmup = capture::cuda_graph{}.warmup_batches;
-      r.read(opt, "step_capture", text);
-      r.read(opt, "capture_warmup_batches", warmup);
-      try {
-        c.step_capture = parse_step_capture(text, warmup);
-      } catch (const ConfigError& e) {
-        throw ConfigError(detail::where(sc, source) + ": optimizations." + e.what());
-      }
-    } else if (opt["capture_warmup_batches"]) {
-      throw ConfigError(detail::where(opt["capture_warmup_batches"], source) +
-                        ": optimizations.capture_warmup_batches is set but step_capture is not; set step_capture: cuda_graph");
+}
+
+DETTRIAL_INLINE void ExperimentConfig::read_resources(const YAML::Node& res, const Reader& r, ExperimentConfig& c) {
+  r.read(res, "slots_per_trial", c.slots_per_trial);
+  if (c.slots_per_trial < 0)
+    throw ConfigError(detail::where(res["slots_per_trial"], r.source) + ": resources.slots_per_trial must not be negative");
+  // 0 is a trial without a GPU slot on a cluster (the schema's minimum): here, one process.
+  if (c.slots_per_trial == 0) c.slots_per_trial = 1;
+}
+
+DETTRIAL_INLINE void ExperimentConfig::read_optimizations(const YAML::Node& opt, const Reader& r, ExperimentConfig& c) {
+  const std::string& source = r.source;
+  if (const YAML::Node mp = opt["mixed_precision"]; mp && !mp.IsNull()) {
+    std::string text;
+    r.read(opt, "mixed_precision", text);
+    try {
+      c.mixed_precision = parse_precision(text);
+    } catch (const ConfigError& e) {
+      throw ConfigError(detail::where(mp, source) + ": optimizations." + e.what());
     }
   }
-  if (const YAML::Node rep = root["reproducibility"]; rep && rep["experiment_seed"] && !rep["experiment_seed"].IsNull()) {
+  r.read(opt, "aggregation_frequency", c.aggregation_frequency);
+  if (c.aggregation_frequency < 1)
+    throw ConfigError(detail::where(opt["aggregation_frequency"], source) + ": optimizations.aggregation_frequency must be at least 1");
+  r.read(opt, "average_aggregated_gradients", c.average_aggregated_gradients);
+  if (const YAML::Node sc = opt["step_capture"]; sc && !sc.IsNull()) {
+    std::string text;
+    std::int64_t warmup = capture::cuda_graph{}.warmup_batches;
+    r.read(opt, "step_capture", text);
+    r.read(opt, "capture_warmup_batches", warmup);
+    try {
+      c.step_capture = parse_step_capture(text, warmup);
+    } catch (const ConfigError& e) {
+      throw ConfigError(detail::where(sc, source) + ": optimizations." + e.what());
+    }
+  } else if (opt["capture_warmup_batches"]) {
+    throw ConfigError(detail::where(opt["capture_warmup_batches"], source) +
+                      ": optimizations.capture_warmup_batches is set but step_capture is not; set step_capture: cuda_graph");
+  }
+}
+
+DETTRIAL_INLINE void ExperimentConfig::read_reproducibility(const YAML::Node& rep, const Reader& r, ExperimentConfig& c) {
+  if (rep["experiment_seed"] && !rep["experiment_seed"].IsNull()) {
     std::uint64_t seed = 0;
     r.read(rep, "experiment_seed", seed);
     c.experiment_seed = seed;
   }
-  if (const YAML::Node rep = root["reproducibility"]; rep && rep["deterministic"] && !rep["deterministic"].IsNull()) {
+  if (rep["deterministic"] && !rep["deterministic"].IsNull()) {
     bool on = false;
     r.read(rep, "deterministic", on);
     c.deterministic = on;
   }
-  if (const YAML::Node prof = root["profiling"]; prof && prof.IsMap()) {
-    auto& p = c.profiling;
-    r.read(prof, "enabled", p.enabled);
-    r.read(prof, "begin_on_batch", p.begin_on_batch);
-    r.read(prof, "sync_timings", p.sync_timings);
-    if (p.begin_on_batch < 0)
-      throw ConfigError(detail::where(prof["begin_on_batch"], source) + ": profiling.begin_on_batch must not be negative");
-    if (const YAML::Node end = prof["end_after_batch"]; end && !end.IsNull()) {
-      std::int64_t last = 0;
-      r.read(prof, "end_after_batch", last);
-      if (last < p.begin_on_batch)
-        throw ConfigError(detail::where(end, source) + ": profiling.end_after_batch (" + std::to_string(last) +
-                          ") must not come before begin_on_batch (" + std::to_string(p.begin_on_batch) + ")");
-      p.end_after_batch = last;
-    }
+}
+
+DETTRIAL_INLINE void ExperimentConfig::read_profiling(const YAML::Node& prof, const Reader& r, Profiling& p) {
+  r.read(prof, "enabled", p.enabled);
+  r.read(prof, "begin_on_batch", p.begin_on_batch);
+  r.read(prof, "sync_timings", p.sync_timings);
+  if (p.begin_on_batch < 0)
+    throw ConfigError(detail::where(prof["begin_on_batch"], r.source) + ": profiling.begin_on_batch must not be negative");
+  if (const YAML::Node end = prof["end_after_batch"]; end && !end.IsNull()) {
+    std::int64_t last = 0;
+    r.read(prof, "end_after_batch", last);
+    if (last < p.begin_on_batch)
+      throw ConfigError(detail::where(end, r.source) + ": profiling.end_after_batch (" + std::to_string(last) +
+                        ") must not come before begin_on_batch (" + std::to_string(p.begin_on_batch) + ")");
+    p.end_after_batch = last;
   }
-  if (const YAML::Node args = root["slurm"] ? root["slurm"]["sbatch_args"] : YAML::Node(); args && !args.IsNull()) {
-    if (!args.IsSequence()) throw ConfigError(detail::where(args, source) + ": slurm.sbatch_args must be a list of options, such as [--partition=gpu]");
-    for (const auto& a : args) {
-      if (!a.IsScalar()) throw ConfigError(detail::where(a, source) + ": slurm.sbatch_args holds " + detail::describe(a) + "; each entry is one option");
-      // dettrial starts each trial with srun, which takes sbatch's resource options but not these
-      // (or reads them otherwise: srun's --output redirects the tasks', --wait is a timeout).
-      const std::string option = a.Scalar().substr(0, a.Scalar().find('='));
-      for (const char* batch_only : {"--array", "-a", "--wrap", "--parsable", "--wait", "-W", "--output", "-o", "--error", "-e", "--open-mode", "--test-only"})
-        if (option == batch_only)
-          throw ConfigError(detail::where(a, source) + ": slurm.sbatch_args: '" + a.Scalar() + "' is an sbatch option that srun, which starts " +
-                            "each trial, does not take the same way; leave it out (each trial's output goes to its log.txt)");
-      c.slurm_args.push_back(a.Scalar());
-    }
+}
+
+DETTRIAL_INLINE void ExperimentConfig::read_slurm(const YAML::Node& slurm, const std::string& source, std::vector<std::string>& args) {
+  const YAML::Node given = slurm.IsMap() ? slurm["sbatch_args"] : YAML::Node();
+  if (!given || given.IsNull()) return;
+  if (!given.IsSequence()) throw ConfigError(detail::where(given, source) + ": slurm.sbatch_args must be a list of options, such as [--partition=gpu]");
+  for (const auto& a : given) {
+    if (!a.IsScalar()) throw ConfigError(detail::where(a, source) + ": slurm.sbatch_args holds " + detail::describe(a) + "; each entry is one option");
+    // dettrial starts each trial with srun, which takes sbatch's resource options but not these
+    // (or reads them otherwise: srun's --output redirects the tasks', --wait is a timeout).
+    const std::string option = a.Scalar().substr(0, a.Scalar().find('='));
+    for (const char* batch_only : {"--array", "-a", "--wrap", "--parsable", "--wait", "-W", "--output", "-o", "--error", "-e", "--open-mode", "--test-only"})
+      if (option == batch_only)
+        throw ConfigError(detail::where(a, source) + ": slurm.sbatch_args: '" + a.Scalar() + "' is an sbatch option that srun, which starts " +
+                          "each trial, does not take the same way; leave it out (each trial's output goes to its log.txt)");
+    args.push_back(a.Scalar());
   }
-  if (const YAML::Node cs = root["checkpoint_storage"]) {
-    auto& storage = c.checkpoint_storage;
-    const std::pair<const char*, std::int64_t*> counts[] = {{"save_experiment_best", &storage.save_experiment_best},
-                                                            {"save_trial_best", &storage.save_trial_best},
-                                                            {"save_trial_latest", &storage.save_trial_latest}};
-    for (const auto& [key, field_ptr] : counts) {
-      std::int64_t& field = *field_ptr;
-      r.read(cs, key, field);
-      if (field < 0) throw ConfigError(detail::where(cs[key], source) + ": checkpoint_storage." + key + " must not be negative");
-    }
-    std::string host_path, storage_path, container_path;
-    r.read(cs, "host_path", host_path);
-    r.read(cs, "storage_path", storage_path);
-    r.read(cs, "container_path", container_path);
-    if (!host_path.empty()) storage.path = storage_path.empty() ? std::filesystem::path(host_path) : std::filesystem::path(host_path) / storage_path;
-    else if (!container_path.empty()) storage.path = std::filesystem::path(container_path);
+}
+
+DETTRIAL_INLINE void ExperimentConfig::read_checkpoint_storage(const YAML::Node& cs, const Reader& r, CheckpointStorage& storage) {
+  const std::pair<const char*, std::int64_t*> counts[] = {{"save_experiment_best", &storage.save_experiment_best},
+                                                          {"save_trial_best", &storage.save_trial_best},
+                                                          {"save_trial_latest", &storage.save_trial_latest}};
+  for (const auto& [key, field_ptr] : counts) {
+    std::int64_t& field = *field_ptr;
+    r.read(cs, key, field);
+    if (field < 0) throw ConfigError(detail::where(cs[key], r.source) + ": checkpoint_storage." + key + " must not be negative");
   }
-  if (const YAML::Node s = root["searcher"]) {
-    if (!s.IsMap()) throw ConfigError(detail::where(s, source) + ": 'searcher' must be a map");
-    r.read(s, "name", c.searcher.name);
-    r.read(s, "metric", c.searcher.metric);
-    r.read(s, "smaller_is_better", c.searcher.smaller_is_better);
-    if (const YAML::Node ml = s["max_length"]; ml && ml.IsScalar()) {
-      // The schema's unitless form (searcher-length.json: an integer), read as batches.
-      std::int64_t n = 0;
-      r.read(s, "max_length", n);
-      if (n < 0) throw ConfigError(detail::where(ml, source) + ": searcher.max_length must not be negative");
-      c.searcher.max_length = Batch(n);
-    } else if (s["max_length"]) {
-      c.searcher.max_length = r.length(s, "max_length", /*zero_means_never=*/false);
-    } else if (s["max_steps"]) {
-      std::int64_t steps = 0;
-      r.read(s, "max_steps", steps);
-      if (steps < 0) throw ConfigError(detail::where(s["max_steps"], source) + ": searcher.max_steps must not be negative");
-      c.searcher.max_length = Batch(steps * c.scheduling_unit);
-    }
-    read_search_fields(s, source, r, c.searcher);
+  std::string host_path, storage_path, container_path;
+  r.read(cs, "host_path", host_path);
+  r.read(cs, "storage_path", storage_path);
+  r.read(cs, "container_path", container_path);
+  if (!host_path.empty()) storage.path = storage_path.empty() ? std::filesystem::path(host_path) : std::filesystem::path(host_path) / storage_path;
+  else if (!container_path.empty()) storage.path = std::filesystem::path(container_path);
+}
+
+DETTRIAL_INLINE void ExperimentConfig::read_searcher(const YAML::Node& s, const Reader& r, ExperimentConfig& c) {
+  const std::string& source = r.source;
+  if (!s.IsMap()) throw ConfigError(detail::where(s, source) + ": 'searcher' must be a map");
+  r.read(s, "name", c.searcher.name);
+  r.read(s, "metric", c.searcher.metric);
+  r.read(s, "smaller_is_better", c.searcher.smaller_is_better);
+  if (const YAML::Node ml = s["max_length"]; ml && ml.IsScalar()) {
+    // The schema's unitless form (searcher-length.json: an integer), read as batches.
+    std::int64_t n = 0;
+    r.read(s, "max_length", n);
+    if (n < 0) throw ConfigError(detail::where(ml, source) + ": searcher.max_length must not be negative");
+    c.searcher.max_length = Batch(n);
+  } else if (s["max_length"]) {
+    c.searcher.max_length = r.length(s, "max_length", /*zero_means_never=*/false);
+  } else if (s["max_steps"]) {
+    std::int64_t steps = 0;
+    r.read(s, "max_steps", steps);
+    if (steps < 0) throw ConfigError(detail::where(s["max_steps"], source) + ": searcher.max_steps must not be negative");
+    c.searcher.max_length = Batch(steps * c.scheduling_unit);
   }
-  return c;
+  read_search_fields(s, source, r, c.searcher);
 }
 
 DETTRIAL_INLINE void ExperimentConfig::check_fields(const YAML::Node& root, const std::string& source,

@@ -367,84 +367,80 @@ DETTRIAL_INLINE std::string python_float(double value) {
   return out;
 }
 
+/// The ConfigError of python_format: `who` cannot format `pattern`, and why.
+DETTRIAL_INLINE ConfigError python_format_error(const char* who, const std::string& pattern, const std::string& why) {
+  return ConfigError(std::string(who) + ": cannot format '" + pattern + "': " + why);
+}
+
+/// One replacement field of python_format, `name` or `name:spec`, as text.
+DETTRIAL_INLINE std::string python_format_field(const std::string& field, std::int64_t epoch, const MetricValues& logs, const char* who,
+                                                const std::string& pattern) {
+  const auto refuse = [&](const std::string& why) { return python_format_error(who, pattern, why); };
+  const std::size_t colon = field.find(':');
+  const std::string name = field.substr(0, colon);
+  const std::string spec = colon == std::string::npos ? "" : field.substr(colon + 1);
+  std::optional<double> number;
+  const bool is_epoch = name == "epoch";
+  if (!is_epoch) {
+    number = logs.get(name);
+    if (!number) {
+      std::string names = "epoch";
+      for (const auto& [n, v] : logs) names += ", " + n;
+      throw refuse("no value named '" + name + "' (there are " + names + ")");
+    }
+  }
+  // [0][width][.precision][type]
+  std::size_t p = 0;
+  const bool zero = p < spec.size() && spec[p] == '0';
+  if (zero) ++p;
+  std::string width, precision;
+  while (p < spec.size() && std::isdigit(static_cast<unsigned char>(spec[p]))) width += spec[p++];
+  if (p < spec.size() && spec[p] == '.') {
+    ++p;
+    while (p < spec.size() && std::isdigit(static_cast<unsigned char>(spec[p]))) precision += spec[p++];
+    if (precision.empty()) throw refuse("'{" + field + "}' has a '.' without a precision");
+  }
+  const std::string type = spec.substr(p);
+  if (type.size() > 1 || (!type.empty() && std::string("dfeg%").find(type) == std::string::npos))
+    throw refuse("'{" + field + "}' has a format spec other than [0][width][.precision][d|f|e|g|%]");
+  if (!is_epoch && type == "d") throw refuse("'{" + field + "}': Unknown format code 'd' for a float value ('" + name + "')");
+  const std::string flags = std::string("%") + (zero ? "0" : "") + width;
+  char buf[128];
+  if (is_epoch && precision.empty() && (type.empty() || type == "d")) {
+    std::snprintf(buf, sizeof buf, (flags + "lld").c_str(), static_cast<long long>(epoch));
+    return buf;
+  }
+  if (!is_epoch && type.empty() && precision.empty()) {
+    std::string text = python_float(*number);
+    if (!width.empty() && text.size() < std::stoul(width)) text = std::string(std::stoul(width) - text.size(), zero ? '0' : ' ') + text;
+    return text;
+  }
+  // A float conversion: the epoch's with a precision or a float type (a bare precision is f), a value's (a bare precision is g).
+  const std::string conv = type.empty() || type == "d" ? (is_epoch ? "f" : "g") : type == "%" ? "f" : type;
+  const std::string f = flags + "." + (precision.empty() ? "6" : precision) + conv;
+  std::snprintf(buf, sizeof buf, f.c_str(), (is_epoch ? static_cast<double>(epoch) : *number) * (type == "%" ? 100.0 : 1.0));
+  return buf + std::string(type == "%" ? "%" : "");
+}
+
 DETTRIAL_INLINE std::string python_format(const std::string& pattern, std::int64_t epoch, const MetricValues& logs, const char* who) {
-  auto refuse = [&](const std::string& why) {
-    return ConfigError(std::string(who) + ": cannot format '" + pattern + "': " + why);
-  };
   std::string out;
   for (std::size_t i = 0; i < pattern.size(); ++i) {
     const char c = pattern[i];
     if (c == '}') {
       if (i + 1 < pattern.size() && pattern[i + 1] == '}') ++i;
-      else throw refuse("a single '}'");
+      else throw python_format_error(who, pattern, "a single '}'");
       out += '}';
-      continue;
-    }
-    if (c != '{') {
+    } else if (c != '{') {
       out += c;
-      continue;
-    }
-    if (i + 1 < pattern.size() && pattern[i + 1] == '{') {
+    } else if (i + 1 < pattern.size() && pattern[i + 1] == '{') {
       out += '{';
       ++i;
-      continue;
-    }
-    const std::size_t close = pattern.find('}', i);
-    if (close == std::string::npos) throw refuse("a '{' without its '}'");
-    const std::string field = pattern.substr(i + 1, close - i - 1);
-    i = close;
-    const std::size_t colon = field.find(':');
-    const std::string name = field.substr(0, colon);
-    const std::string spec = colon == std::string::npos ? "" : field.substr(colon + 1);
-    std::optional<double> number;
-    const bool is_epoch = name == "epoch";
-    if (!is_epoch) {
-      number = logs.get(name);
-      if (!number) {
-        std::string names = "epoch";
-        for (const auto& [n, v] : logs) names += ", " + n;
-        throw refuse("no value named '" + name + "' (there are " + names + ")");
-      }
-    }
-    // [0][width][.precision][type]
-    std::size_t p = 0;
-    const bool zero = p < spec.size() && spec[p] == '0';
-    if (zero) ++p;
-    std::string width, precision;
-    while (p < spec.size() && std::isdigit(static_cast<unsigned char>(spec[p]))) width += spec[p++];
-    if (p < spec.size() && spec[p] == '.') {
-      ++p;
-      while (p < spec.size() && std::isdigit(static_cast<unsigned char>(spec[p]))) precision += spec[p++];
-      if (precision.empty()) throw refuse("'{" + field + "}' has a '.' without a precision");
-    }
-    const std::string type = spec.substr(p);
-    if (type.size() > 1 || (!type.empty() && std::string("dfeg%").find(type) == std::string::npos))
-      throw refuse("'{" + field + "}' has a format spec other than [0][width][.precision][d|f|e|g|%]");
-    std::string text;
-    char buf[128];
-    const std::string flags = std::string("%") + (zero ? "0" : "") + width;
-    if (is_epoch) {
-      if (!precision.empty() || (!type.empty() && type != "d")) {
-        const std::string f = flags + "." + (precision.empty() ? "6" : precision) + (type.empty() || type == "d" ? "f" : type == "%" ? "f" : type);
-        std::snprintf(buf, sizeof buf, f.c_str(), static_cast<double>(epoch) * (type == "%" ? 100.0 : 1.0));
-        text = buf + std::string(type == "%" ? "%" : "");
-      } else {
-        std::snprintf(buf, sizeof buf, (flags + "lld").c_str(), static_cast<long long>(epoch));
-        text = buf;
-      }
-    } else if (type == "d") {
-      throw refuse("'{" + field + "}': Unknown format code 'd' for a float value ('" + name + "')");
-    } else if (type.empty() && precision.empty()) {
-      text = python_float(*number);
-      if (!width.empty() && text.size() < std::stoul(width))
-        text = std::string(std::stoul(width) - text.size(), zero ? '0' : ' ') + text;
     } else {
-      const std::string conv = type.empty() ? "g" : type == "%" ? "f" : type;
-      const std::string f = flags + "." + (precision.empty() ? "6" : precision) + conv;
-      std::snprintf(buf, sizeof buf, f.c_str(), *number * (type == "%" ? 100.0 : 1.0));
-      text = buf + std::string(type == "%" ? "%" : "");
+      const std::size_t close = pattern.find('}', i);
+      if (close == std::string::npos) throw python_format_error(who, pattern, "a '{' without its '}'");
+      out += python_format_field(pattern.substr(i + 1, close - i - 1), epoch, logs, who, pattern);
+      i = close;
     }
-    out += text;
   }
   return out;
 }

@@ -1,0 +1,49 @@
+#!/usr/bin/env python3
+"""Fails when a function defined in include/dettrial/ is longer than 80 lines (the pickle reader's
+opcode switch aside: one case per opcode reads best as one switch). Functions are found by Universal
+Ctags, which knows where each one ends; without it the check is skipped (exit 77)."""
+import pathlib
+import shutil
+import subprocess
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+LIMIT = 80
+EXEMPT = {"pickle_for_libtorch"}  # an opcode switch: one case per opcode
+
+
+def main() -> int:
+    ctags = shutil.which("ctags")
+    if not ctags:
+        print("skipped: no ctags (Debian: universal-ctags)")
+        return 77
+    version = subprocess.run([ctags, "--version"], capture_output=True, text=True).stdout
+    if "Universal Ctags" not in version:
+        print("skipped: ctags is not Universal Ctags, which knows where functions end")
+        return 77
+    listing = subprocess.run([ctags, "-R", "--languages=C++", "--kinds-C++=f", "--fields=+ne", "-x",
+                              "--_xformat=%{line} %{end} %N %F", str(ROOT / "include" / "dettrial")],
+                             capture_output=True, text=True, check=True).stdout
+    functions = 0
+    long = []
+    for row in listing.splitlines():
+        line, end, name, path = row.split(" ", 3)
+        if not end.isdigit():
+            continue
+        functions += 1
+        length = int(end) - int(line) + 1
+        if length > LIMIT and name not in EXEMPT:
+            long.append((length, name, pathlib.Path(path).relative_to(ROOT), int(line)))
+    if functions < 100:
+        print(f"ctags found only {functions} functions: the listing is not what this check reads", file=sys.stderr)
+        return 1
+    for length, name, path, line in sorted(long, reverse=True):
+        print(f"{path}:{line}: {name} is {length} lines, over {LIMIT}: split it into named steps", file=sys.stderr)
+    if long:
+        return 1
+    print(f"ok: {functions} functions, none over {LIMIT} lines but {', '.join(sorted(EXEMPT))}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
