@@ -2808,6 +2808,31 @@ DETTRIAL_INLINE MnistSplit load_mnist(const std::filesystem::path& dir, const st
 #include <c10/util/SmallVector.h>
 #include <torch/torch.h>
 
+// ---- begin dettrial/metrics/order.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief dettrial::MetricOrder, the one "is this metric better" rule; needs no LibTorch, so the report
+/// pages use it too.
+
+#include <optional>
+
+namespace dettrial {
+
+/**
+ * @brief Which way a searcher metric improves: the one rule for "is this metric better", used by
+ * `checkpoint_policy: best`, checkpoint retention's best checkpoints, a search's best trial and
+ * checkpoint, and the search's report page. A tie is not an improvement.
+ */
+struct MetricOrder {
+  bool smaller_is_better = true;
+  /// Whether `a` is strictly better than `b`.
+  bool better(double a, double b) const { return smaller_is_better ? a < b : a > b; }
+  /// Whether `candidate` improves on `best` (with nothing so far, it does).
+  bool improves(double candidate, const std::optional<double>& best) const { return !best || better(candidate, *best); }
+};
+
+}  // namespace dettrial
+// ---- end dettrial/metrics/order.hpp
 
 namespace dettrial {
 
@@ -2915,19 +2940,6 @@ class MetricValues {
 
  private:
   std::vector<std::pair<std::string, double>> values_;
-};
-
-/**
- * @brief Which way a searcher metric improves: the one rule for "is this metric better", used by
- * `checkpoint_policy: best`, checkpoint retention's best checkpoints, and a search's best trial and
- * checkpoint. A tie is not an improvement.
- */
-struct MetricOrder {
-  bool smaller_is_better = true;
-  /// Whether `a` is strictly better than `b`.
-  bool better(double a, double b) const { return smaller_is_better ? a < b : a > b; }
-  /// Whether `candidate` improves on `best` (with nothing so far, it does).
-  bool improves(double candidate, const std::optional<double>& best) const { return !best || better(candidate, *best); }
 };
 
 }  // namespace dettrial
@@ -11512,7 +11524,7 @@ struct SearchPage {
   std::filesystem::path absolute;
   std::string config_text;  ///< the experiment's config.yaml
   std::string metric, searcher, time_metric;
-  bool smaller_is_better = true;
+  MetricOrder order;  ///< the searcher metric's direction
   std::map<std::int64_t, TrialRow> rows;
   std::vector<std::string> notes;
   std::optional<std::int64_t> best_trial;
@@ -11629,7 +11641,7 @@ DETTRIAL_INLINE void complete_row(TrialRow& row, const std::filesystem::path& fo
     if (!row.last) row.last = row.curve.back().second;
     if (!row.best)
       for (const auto& p : row.curve)
-        if (!row.best || (search.smaller_is_better ? p.second < *row.best : p.second > *row.best)) row.best = p.second;
+        if (search.order.improves(p.second, row.best)) row.best = p.second;
   }
   if (has_metrics && row.problem.empty()) {
     try {
@@ -11667,7 +11679,7 @@ DETTRIAL_INLINE SearchPage collect_search(const std::filesystem::path& experimen
   for (const auto& [id, row] : search.rows)
     if (row.has_folder && (search.metric.empty() || !smaller))
       searcher_settings(read_text(trials_dir / std::to_string(id) / layout::config), search.metric, smaller);
-  search.smaller_is_better = smaller.value_or(true);
+  search.order = MetricOrder{smaller.value_or(true)};
 
   if (events.torn) search.notes.push_back("The last line of events.jsonl is incomplete (the runner stopped while writing it): it is left out.");
   for (auto& [id, row] : search.rows) {
@@ -11675,10 +11687,9 @@ DETTRIAL_INLINE SearchPage collect_search(const std::filesystem::path& experimen
     if (!row.problem.empty()) search.notes.push_back("trial " + std::to_string(id) + ": " + row.problem);
   }
   search.best_trial = integer_of(summary, "best_trial");
-  const auto better = [&](double a, double b) { return search.smaller_is_better ? a < b : a > b; };
   if (!search.best_trial)
     for (const auto& [id, row] : search.rows)
-      if (row.best && (!search.best_trial || better(*row.best, *search.rows.at(*search.best_trial).best))) search.best_trial = id;
+      if (row.best && (!search.best_trial || search.order.better(*row.best, *search.rows.at(*search.best_trial).best))) search.best_trial = id;
   if (search.best_trial && !search.rows.count(*search.best_trial)) search.best_trial.reset();
   return search;
 }
@@ -11693,7 +11704,7 @@ DETTRIAL_INLINE std::string search_header(const SearchPage& search, const Json& 
   if (!search.searcher.empty()) header += "Searcher <b>" + escape(search.searcher) + "</b>";
   if (!search.metric.empty())
     header += std::string(search.searcher.empty() ? "Metric" : ", metric") + " <b>" + escape(search.metric) + "</b> (" +
-              (search.smaller_is_better ? "smaller" : "larger") + " is better)";
+              (search.order.smaller_is_better ? "smaller" : "larger") + " is better)";
   if (const auto max_trials = integer_of(summary, "max_trials"))
     header += std::string(search.searcher.empty() && search.metric.empty() ? "" : "; ") + "at most " + std::to_string(*max_trials) + " trials";
   header += ".</p>\n<p>" + std::to_string(search.rows.size()) + " trial" + (search.rows.size() == 1 ? "" : "s");

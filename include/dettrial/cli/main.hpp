@@ -91,15 +91,18 @@ DETTRIAL_INLINE std::filesystem::path checkpoint_to_restart_from(const std::exce
 /// Says so when a resumed run had nothing left to train.
 DETTRIAL_INLINE void say_if_nothing_left(const FitResult& result, const RunPlan& plan, bool quiet, bool chief);
 
-/// The exit status of the exception being handled, after one line naming the problem: 2 for the
-/// command line, exit_status_config_error for a wrong configuration, 1 for anything else.
+/// A wrong configuration (ConfigError, HyperparameterError): running it again fails the same way.
+DETTRIAL_INLINE bool is_configuration_error(const std::exception& e);
+
+/// The exit status of the std::exception being handled, after one line naming the problem: 2 for
+/// the command line, exit_status_config_error for a wrong configuration, 1 for anything else (any
+/// other exception is rethrown, as it always was).
 DETTRIAL_INLINE int exit_status_of_failure(const char* program);
 
 /// Trains this process's trial (one process, or one rank of several), restarting it from its
 /// checkpoints up to max_restarts.
 template <class TrialT, class... Args>
-int train_trial(const CommandLine& line, const RunPlan& plan, Args&... trial_args) {
-  const LaunchEnvironment env = LaunchEnvironment::detect();
+int train_trial(const CommandLine& line, const RunPlan& plan, const LaunchEnvironment& env, Args&... trial_args) {
   say_config_differences(line, plan, env);
   const std::shared_ptr<Communicator> communicator = connect_ranks(line, env);
   FitOptions options = fit_options_for(line, plan, Trainer<TrialT>::default_output_dir());
@@ -148,9 +151,10 @@ int main(int argc, char** argv, Args&&... trial_args) {
     if (line.slurm_launcher)
       throw ConfigError("--launcher slurm runs a search's trials as Slurm jobs; this config trains one trial: start it under Slurm "
                         "directly (srun --ntasks=N " + line.program + " --config ...)");
-    if (const int nproc = detail::ranks_to_launch(line, plan, LaunchEnvironment::detect()); nproc > 1)
+    const LaunchEnvironment env = LaunchEnvironment::detect();
+    if (const int nproc = detail::ranks_to_launch(line, plan, env); nproc > 1)
       return detail::launch_ranks(line, plan, nproc, Trainer<TrialT>::default_output_dir());
-    return detail::train_trial<TrialT>(line, plan, trial_args...);
+    return detail::train_trial<TrialT>(line, plan, env, trial_args...);
   } catch (...) {
     return detail::exit_status_of_failure(argc > 0 && argv[0] ? argv[0] : "trial");
   }
@@ -240,8 +244,7 @@ DETTRIAL_INLINE void start_afresh(const std::filesystem::path& run, bool quiet) 
 DETTRIAL_INLINE std::filesystem::path checkpoint_to_restart_from(const std::exception& failure, const std::vector<CheckpointInfo>& before,
                                                                  const std::filesystem::path& storage, std::int64_t restarts,
                                                                  std::int64_t max_restarts, bool quiet) {
-  const bool configuration = dynamic_cast<const ConfigError*>(&failure) || dynamic_cast<const HyperparameterError*>(&failure);
-  if (configuration || restarts >= max_restarts) throw;
+  if (is_configuration_error(failure) || restarts >= max_restarts) throw;
   const std::vector<CheckpointInfo> after = list_checkpoints(storage);
   if (after.empty() || (!before.empty() && after.back().uuid == before.back().uuid)) throw;  // no progress
   if (!quiet)
@@ -258,6 +261,10 @@ DETTRIAL_INLINE void say_if_nothing_left(const FitResult& result, const RunPlan&
                  static_cast<long long>(result.resumed_from_batch), plan.config_path.c_str());
 }
 
+DETTRIAL_INLINE bool is_configuration_error(const std::exception& e) {
+  return dynamic_cast<const ConfigError*>(&e) != nullptr || dynamic_cast<const HyperparameterError*>(&e) != nullptr;
+}
+
 DETTRIAL_INLINE int exit_status_of_failure(const char* program) {
   try {
     throw;
@@ -267,17 +274,13 @@ DETTRIAL_INLINE int exit_status_of_failure(const char* program) {
     return 2;
   } catch (const Error& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
-    // Running a wrong configuration again fails the same way: say so in the status.
-    const bool configuration = dynamic_cast<const ConfigError*>(&e) != nullptr || dynamic_cast<const HyperparameterError*>(&e) != nullptr;
-    return configuration ? exit_status_config_error : 1;
+    return is_configuration_error(e) ? exit_status_config_error : 1;
   } catch (const c10::Error& e) {
     std::fprintf(stderr, "error: LibTorch: %s\n", e.what_without_backtrace());
   } catch (const YAML::Exception& e) {
     std::fprintf(stderr, "error: YAML: %s\n", e.what());
   } catch (const std::exception& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
-  } catch (...) {
-    std::fprintf(stderr, "error: an exception that is not a std::exception\n");
   }
   return 1;
 }

@@ -94,12 +94,12 @@ DETTRIAL_INLINE ExperimentConfig config_of(const CommandLine& line, const RunPla
 }
 
 /// One trial from a search config, as Determined runs `single` over a space and `--test`: one point
-/// drawn from the space, trained here (its drawn values are in the run's load_data.json). A resumed
-/// trial keeps the hyperparameters it was drawn with.
-DETTRIAL_INLINE void draw_one_trial(const CommandLine& line, RunPlan& plan) {
+/// drawn from the space (`draws`: it is one, not constants), trained here (its drawn values are in the
+/// run's load_data.json). A resumed trial keeps the hyperparameters it was drawn with.
+DETTRIAL_INLINE void draw_one_trial(const CommandLine& line, bool draws, RunPlan& plan) {
   ExperimentConfig& config = plan.config;
-  const bool draws = !HyperparameterSpace(config.hyperparameters, config.source).is_constant();
-  const bool several_ranks = LaunchEnvironment::detect().distributed() || line.nproc > 1 || config.slots_per_trial > 1;
+  const LaunchEnvironment env = LaunchEnvironment::detect();
+  const bool several_ranks = env.distributed() || line.nproc > 1 || config.slots_per_trial > 1;
   if (draws && several_ranks && !config.experiment_seed && !plan.resumed_checkpoint)
     throw ConfigError(plan.config_path + ": a data-parallel trial drawn from a search space needs reproducibility.experiment_seed, "
                       "so that every rank draws the same hyperparameters");
@@ -109,7 +109,7 @@ DETTRIAL_INLINE void draw_one_trial(const CommandLine& line, RunPlan& plan) {
     doc["hyperparameters"] = YAML::Clone(resumed_run_config(*plan.resumed_checkpoint).yaml["hyperparameters"]);
     config = ExperimentConfig::from_yaml(doc, config.source);
   }
-  if (!line.quiet && LaunchEnvironment::detect().rank == 0) {
+  if (!line.quiet && env.rank == 0) {
     YAML::Emitter values;
     values << YAML::Flow << config.hyperparameters;
     std::fprintf(stderr, "dettrial: %s: one trial%s%s\n", line.test_mode ? "--test-mode of a search" : "searcher 'single' over a search space",
@@ -138,7 +138,7 @@ DETTRIAL_INLINE RunPlan plan_run(const CommandLine& line) {
   }
   const bool one_point = HyperparameterSpace(plan.config.hyperparameters, plan.config.source).is_constant();
   const bool single = plan.config.searcher.name == "single";
-  if ((single || line.test_mode) && (!one_point || !single)) detail::draw_one_trial(line, plan);
+  if ((single || line.test_mode) && (!one_point || !single)) detail::draw_one_trial(line, !one_point, plan);
   return plan;
 }
 

@@ -18,6 +18,7 @@
 #include <torch/torch.h>
 
 #include "../error.hpp"
+#include "order.hpp"
 #include "../detail/linkage.hpp"
 
 namespace dettrial {
@@ -126,19 +127,6 @@ class MetricValues {
 
  private:
   std::vector<std::pair<std::string, double>> values_;
-};
-
-/**
- * @brief Which way a searcher metric improves: the one rule for "is this metric better", used by
- * `checkpoint_policy: best`, checkpoint retention's best checkpoints, and a search's best trial and
- * checkpoint. A tie is not an improvement.
- */
-struct MetricOrder {
-  bool smaller_is_better = true;
-  /// Whether `a` is strictly better than `b`.
-  bool better(double a, double b) const { return smaller_is_better ? a < b : a > b; }
-  /// Whether `candidate` improves on `best` (with nothing so far, it does).
-  bool improves(double candidate, const std::optional<double>& best) const { return !best || better(candidate, *best); }
 };
 
 }  // namespace dettrial

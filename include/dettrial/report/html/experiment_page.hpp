@@ -23,6 +23,7 @@
 #include "../../error.hpp"
 #include "../../detail/atomic_file.hpp"
 #include "../../detail/json.hpp"
+#include "../../metrics/order.hpp"
 #include "chart.hpp"
 #include "page.hpp"
 #include "run_page.hpp"
@@ -106,7 +107,7 @@ struct SearchPage {
   std::filesystem::path absolute;
   std::string config_text;  ///< the experiment's config.yaml
   std::string metric, searcher, time_metric;
-  bool smaller_is_better = true;
+  MetricOrder order;  ///< the searcher metric's direction
   std::map<std::int64_t, TrialRow> rows;
   std::vector<std::string> notes;
   std::optional<std::int64_t> best_trial;
@@ -223,7 +224,7 @@ DETTRIAL_INLINE void complete_row(TrialRow& row, const std::filesystem::path& fo
     if (!row.last) row.last = row.curve.back().second;
     if (!row.best)
       for (const auto& p : row.curve)
-        if (!row.best || (search.smaller_is_better ? p.second < *row.best : p.second > *row.best)) row.best = p.second;
+        if (search.order.improves(p.second, row.best)) row.best = p.second;
   }
   if (has_metrics && row.problem.empty()) {
     try {
@@ -261,7 +262,7 @@ DETTRIAL_INLINE SearchPage collect_search(const std::filesystem::path& experimen
   for (const auto& [id, row] : search.rows)
     if (row.has_folder && (search.metric.empty() || !smaller))
       searcher_settings(read_text(trials_dir / std::to_string(id) / layout::config), search.metric, smaller);
-  search.smaller_is_better = smaller.value_or(true);
+  search.order = MetricOrder{smaller.value_or(true)};
 
   if (events.torn) search.notes.push_back("The last line of events.jsonl is incomplete (the runner stopped while writing it): it is left out.");
   for (auto& [id, row] : search.rows) {
@@ -269,10 +270,9 @@ DETTRIAL_INLINE SearchPage collect_search(const std::filesystem::path& experimen
     if (!row.problem.empty()) search.notes.push_back("trial " + std::to_string(id) + ": " + row.problem);
   }
   search.best_trial = integer_of(summary, "best_trial");
-  const auto better = [&](double a, double b) { return search.smaller_is_better ? a < b : a > b; };
   if (!search.best_trial)
     for (const auto& [id, row] : search.rows)
-      if (row.best && (!search.best_trial || better(*row.best, *search.rows.at(*search.best_trial).best))) search.best_trial = id;
+      if (row.best && (!search.best_trial || search.order.better(*row.best, *search.rows.at(*search.best_trial).best))) search.best_trial = id;
   if (search.best_trial && !search.rows.count(*search.best_trial)) search.best_trial.reset();
   return search;
 }
@@ -287,7 +287,7 @@ DETTRIAL_INLINE std::string search_header(const SearchPage& search, const Json& 
   if (!search.searcher.empty()) header += "Searcher <b>" + escape(search.searcher) + "</b>";
   if (!search.metric.empty())
     header += std::string(search.searcher.empty() ? "Metric" : ", metric") + " <b>" + escape(search.metric) + "</b> (" +
-              (search.smaller_is_better ? "smaller" : "larger") + " is better)";
+              (search.order.smaller_is_better ? "smaller" : "larger") + " is better)";
   if (const auto max_trials = integer_of(summary, "max_trials"))
     header += std::string(search.searcher.empty() && search.metric.empty() ? "" : "; ") + "at most " + std::to_string(*max_trials) + " trials";
   header += ".</p>\n<p>" + std::to_string(search.rows.size()) + " trial" + (search.rows.size() == 1 ? "" : "s");
