@@ -16,10 +16,11 @@ DETTRIAL = ROOT / "include" / "dettrial"
 LAYERS = [
     ["version.hpp", "error.hpp", "layout.hpp"],
     ["detail"],
+    ["vocabulary"],
     ["config", "data", "metrics", "optim", "tensorboard"],
     ["distributed"],
     ["context"],
-    ["trial", "checkpoint", "report"],
+    ["checkpoint", "report"],
     ["keras"],
     ["trainer"],
     ["search"],

@@ -588,6 +588,103 @@ DETTRIAL_INLINE YAML::Node Hyperparameters::require(std::string_view path) const
 }  // namespace dettrial
 #endif  // DETTRIAL_HEADER_DEFINITIONS
 // ---- end dettrial/config/hyperparameters.hpp
+// ---- begin dettrial/config/searcher_settings.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief The searcher section of an experiment config (`searcher:`), as one type: the config reads
+/// it, the searchers and the experiment runner use it.
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+// ---- begin dettrial/vocabulary/metric_order.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief dettrial::MetricOrder, the one "is this metric better" rule; needs no LibTorch, so the report
+/// pages use it too.
+
+#include <optional>
+
+namespace dettrial {
+
+/**
+ * @brief Which way a searcher metric improves: the one rule for "is this metric better", used by
+ * `checkpoint_policy: best`, checkpoint retention's best checkpoints, a search's best trial and
+ * checkpoint, the search's report page and Keras's monitoring callbacks. A tie is not an improvement.
+ */
+struct MetricOrder {
+  bool smaller_is_better = true;
+  /// Whether `a` is strictly better than `b`.
+  bool better(double a, double b) const { return smaller_is_better ? a < b : a > b; }
+  /// Whether `a` is better than `b` by more than `margin` (Keras's `min_delta`).
+  bool better_by(double a, double b, double margin) const { return smaller_is_better ? a + margin < b : a - margin > b; }
+  /// Whether `candidate` improves on `best` (with nothing so far, it does).
+  bool improves(double candidate, const std::optional<double>& best) const { return !best || better(candidate, *best); }
+  /// Whether `candidate` improves on `best` by more than `margin`.
+  bool improves_by(double candidate, const std::optional<double>& best, double margin) const {
+    return !best || better_by(candidate, *best, margin);
+  }
+};
+
+}  // namespace dettrial
+// ---- end dettrial/vocabulary/metric_order.hpp
+
+namespace dettrial {
+
+/// The searchers dettrial runs (Determined's `searcher.name`; `async_halving` is read as
+/// adaptive_asha with one bracket).
+enum class SearcherKind { single, random, grid, adaptive_asha };
+
+/// The name Determined's configs give the searcher.
+constexpr std::string_view to_string(SearcherKind kind) {
+  switch (kind) {
+    case SearcherKind::single: return "single";
+    case SearcherKind::random: return "random";
+    case SearcherKind::grid: return "grid";
+    case SearcherKind::adaptive_asha: return "adaptive_asha";
+  }
+  return "single";
+}
+
+/// The searcher of that name, or nullopt for one dettrial does not run.
+constexpr std::optional<SearcherKind> searcher_kind_named(std::string_view name) {
+  for (SearcherKind kind : {SearcherKind::single, SearcherKind::random, SearcherKind::grid, SearcherKind::adaptive_asha})
+    if (to_string(kind) == name) return kind;
+  return std::nullopt;
+}
+
+/// The checked `searcher:` section of an experiment config.
+struct SearcherSettings {
+  SearcherKind kind = SearcherKind::single;
+  std::string metric;
+  bool smaller_is_better = true;
+  /// `searcher.max_length`, or the legacy `max_steps` converted to batches.
+  std::optional<TrainUnit> max_length;
+  /// random, grid, adaptive_asha: how many trials, and how many run at once (0: no limit).
+  std::int64_t max_trials = 1;
+  std::int64_t max_concurrent_trials = 16;
+  /// adaptive_asha: the time a trial gets (in `time_metric`, a validation metric such as
+  /// `batches`), the rungs' divisor, the most rungs, the bracket mode and explicit bracket rungs.
+  std::string time_metric = "batches";
+  std::int64_t max_time = 0;
+  double divisor = 4;
+  std::int64_t max_rungs = 5;
+  std::string mode = "standard";
+  std::vector<std::int64_t> bracket_rungs;
+
+  /// The searcher's name as configs write it.
+  std::string_view name() const { return to_string(kind); }
+  /// Which way `metric` improves.
+  MetricOrder order() const { return MetricOrder{smaller_is_better}; }
+  /// How long a single, random or grid trial trains, in `max_length`'s unit (0 without one).
+  std::int64_t length() const { return max_length ? max_length->value() : 0; }
+};
+
+}  // namespace dettrial
+// ---- end dettrial/config/searcher_settings.hpp
 // ---- begin dettrial/config/precision.hpp
 // SPDX-License-Identifier: Apache-2.0
 /// @file
@@ -727,24 +824,8 @@ class ExperimentConfig {
   /// The free-form `data` section.
   detail::YamlMember data{YAML::NodeType::Map};
 
-  struct Searcher {
-    std::string name = "single";
-    std::string metric;
-    bool smaller_is_better = true;
-    /// `searcher.max_length`, or the legacy `max_steps` converted to batches.
-    std::optional<TrainUnit> max_length;
-    /// random, grid, adaptive_asha: how many trials, and how many run at once (0: no limit).
-    std::int64_t max_trials = 1;
-    std::int64_t max_concurrent_trials = 16;
-    /// adaptive_asha: the time a trial gets (in `time_metric`, a validation metric such as
-    /// `batches`), the rungs' divisor, the most rungs, the bracket mode and explicit bracket rungs.
-    std::string time_metric = "batches";
-    std::int64_t max_time = 0;
-    double divisor = 4;
-    std::int64_t max_rungs = 5;
-    std::string mode = "standard";
-    std::vector<std::int64_t> bracket_rungs;
-  } searcher;
+  /// The `searcher:` section.
+  SearcherSettings searcher;
   /// Fields that mean something only on a Determined cluster (entrypoint, environment, ...): accepted
   /// and ignored, listed here for one warning.
   std::vector<std::string> ignored_fields;
@@ -805,11 +886,10 @@ class ExperimentConfig {
 
   /// The searchers dettrial runs, and the names Determined removed.
   template <class R>  // the Reader, declared below
-  static void read_search_fields(const YAML::Node& s, const std::string& source, const R& r, Searcher& out) {
-    const std::string& name = out.name;
+  static void read_search_fields(const YAML::Node& s, const std::string& source, const R& r, const std::string& name, SearcherSettings& out) {
     if (name == "adaptive" || name == "adaptive_simple" || name == "sync_halving")
       throw ConfigError(detail::where(s["name"], source) + ": searcher '" + name + "' was removed from Determined; use adaptive_asha");
-    if (name != "single" && name != "random" && name != "grid" && name != "adaptive_asha" && name != "async_halving")
+    if (name != "async_halving" && !searcher_kind_named(name))
       throw ConfigError(detail::where(s["name"], source) + ": unknown searcher '" + name + "'" +
                         detail::suggestion(name, {"single", "random", "grid", "adaptive_asha"}) +
                         " (dettrial runs single, random, grid and adaptive_asha)");
@@ -825,10 +905,8 @@ class ExperimentConfig {
       if (!b.IsSequence()) throw ConfigError(detail::where(b, source) + ": searcher.bracket_rungs must be a list of rung counts");
       for (const auto& x : b) out.bracket_rungs.push_back(x.as<std::int64_t>());
     }
-    if (name == "async_halving") {
-      out.name = "adaptive_asha";
-      out.bracket_rungs = {out.max_rungs};
-    }
+    out.kind = name == "async_halving" ? SearcherKind::adaptive_asha : *searcher_kind_named(name);
+    if (name == "async_halving") out.bracket_rungs = {out.max_rungs};
     auto positive = [&](const char* key, double value) {
       if (s[key] && !(value >= 1)) throw ConfigError(detail::where(s[key], source) + ": searcher." + key + " must be at least 1");
     };
@@ -837,9 +915,9 @@ class ExperimentConfig {
     if (out.max_concurrent_trials < 0)
       throw ConfigError(detail::where(s["max_concurrent_trials"], source) + ": searcher.max_concurrent_trials must not be negative");
     if (s["divisor"] && !(out.divisor > 1)) throw ConfigError(detail::where(s["divisor"], source) + ": searcher.divisor must be greater than 1");
-    if ((name == "random" || name == "adaptive_asha") && !s["max_trials"])
-      throw ConfigError(detail::where(s, source) + ": searcher '" + name + "' needs max_trials");
-    if (out.name == "adaptive_asha") {
+    if ((out.kind == SearcherKind::random || out.kind == SearcherKind::adaptive_asha) && !s["max_trials"])
+      throw ConfigError(detail::where(s, source) + ": searcher '" + std::string(out.name()) + "' needs max_trials");
+    if (out.kind == SearcherKind::adaptive_asha) {
       // Determined needs time_metric and max_time; its deprecated max_length stands for them.
       if (!s["max_time"] && out.max_length) {
         out.max_time = out.max_length->value();
@@ -1096,7 +1174,8 @@ DETTRIAL_INLINE void ExperimentConfig::read_checkpoint_storage(const YAML::Node&
 DETTRIAL_INLINE void ExperimentConfig::read_searcher(const YAML::Node& s, const Reader& r, ExperimentConfig& c) {
   const std::string& source = r.source;
   if (!s.IsMap()) throw ConfigError(detail::where(s, source) + ": 'searcher' must be a map");
-  r.read(s, "name", c.searcher.name);
+  std::string name(to_string(SearcherKind::single));
+  r.read(s, "name", name);
   r.read(s, "metric", c.searcher.metric);
   r.read(s, "smaller_is_better", c.searcher.smaller_is_better);
   if (const YAML::Node ml = s["max_length"]; ml && ml.IsScalar()) {
@@ -1113,7 +1192,7 @@ DETTRIAL_INLINE void ExperimentConfig::read_searcher(const YAML::Node& s, const 
     if (steps < 0) throw ConfigError(detail::where(s["max_steps"], source) + ": searcher.max_steps must not be negative");
     c.searcher.max_length = Batch(steps * c.scheduling_unit);
   }
-  read_search_fields(s, source, r, c.searcher);
+  read_search_fields(s, source, r, name, c.searcher);
 }
 
 DETTRIAL_INLINE void ExperimentConfig::check_fields(const YAML::Node& root, const std::string& source,
@@ -1352,6 +1431,69 @@ inline void check_profiler_options(const ProfilerOptions& o) {
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
 
+// ---- begin dettrial/vocabulary/data.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief The data vocabulary: what a dataset and a data loader are to dettrial (concepts), and the
+/// LoaderChain by which the trainer reads a loader.
+
+#include <concepts>
+#include <cstdint>
+#include <ranges>
+#include <type_traits>
+#include <utility>
+
+#include <torch/torch.h>
+
+namespace dettrial {
+
+/// How the trainer reads a loader: Determined's `get_data_loader(repeat, skip, num_replicas, rank)`.
+struct LoaderChain {
+  /// Endless epochs (training) or one pass (validation).
+  bool repeat = false;
+  /// Batches of this rank's stream to pass over (already trained); none of their records are read.
+  std::int64_t skip = 0;
+  /// Ranks sharing the data; rank `r` takes every `num_replicas`-th batch, starting at `r`.
+  std::int64_t num_replicas = 1;
+  std::int64_t rank = 0;
+};
+
+/// A dataset read one record at a time: `size()` records and `get(index)`.
+template <class D>
+concept ExampleDataset = requires(const D& d, std::int64_t i) {
+  { d.size() } -> std::convertible_to<std::int64_t>;
+  d.get(i);
+};
+
+/**
+ * @brief A dataset read a batch at a time: `size()` records, and `get_batch(indices)` with a 1-D
+ * int64 CPU tensor of record indices (vectorised: one gather per batch, not one call per record).
+ * A dataset may also offer `get_range(begin, end)` for contiguous, unshuffled reads. Either way a
+ * batch must not alias the dataset's storage: a trial may change its batch in place.
+ */
+template <class D>
+concept BatchDataset = requires(D& d, const torch::Tensor& indices) {
+  { d.size() } -> std::convertible_to<std::int64_t>;
+  d.get_batch(indices);
+};
+
+/**
+ * @brief What the trainer needs of a data loader: `size()` batches per epoch, and `batches(chain)`,
+ * the batches one rank reads under Determined's repeat / shard / skip chain (see LoaderChain).
+ */
+template <class L>
+concept BatchLoader = requires(const L& l, const LoaderChain& chain) {
+  { l.size() } -> std::convertible_to<std::int64_t>;
+  { l.batches(chain) };
+  requires std::ranges::input_range<decltype(l.batches(chain))>;
+};
+
+/// The batch type a loader yields.
+template <BatchLoader L>
+using batch_of = std::remove_cvref_t<std::ranges::range_reference_t<decltype(std::declval<const L&>().batches(LoaderChain{}))>>;
+
+}  // namespace dettrial
+// ---- end dettrial/vocabulary/data.hpp
 // ---- begin dettrial/data/to_device.hpp
 // SPDX-License-Identifier: Apache-2.0
 /// @file
@@ -1499,13 +1641,6 @@ std::int64_t batch_length(const T& batch) {
 
 
 namespace dettrial {
-
-/// A dataset read one record at a time: `size()` records and `get(index)`.
-template <class D>
-concept ExampleDataset = requires(const D& d, std::int64_t i) {
-  { d.size() } -> std::convertible_to<std::int64_t>;
-  d.get(i);
-};
 
 /**
  * @brief The default collate: stacks a vector of examples into one batch of the same shape.
@@ -2018,17 +2153,6 @@ DETTRIAL_INLINE void check_skip(std::int64_t skip) {
 
 namespace dettrial {
 
-/// How the trainer reads a loader: Determined's `get_data_loader(repeat, skip, num_replicas, rank)`.
-struct LoaderChain {
-  /// Endless epochs (training) or one pass (validation).
-  bool repeat = false;
-  /// Batches of this rank's stream to pass over (already trained); none of their records are read.
-  std::int64_t skip = 0;
-  /// Ranks sharing the data; rank `r` takes every `num_replicas`-th batch, starting at `r`.
-  std::int64_t num_replicas = 1;
-  std::int64_t rank = 0;
-};
-
 /// The records of one batch: `count` positions of the epoch's order starting at `first`.
 struct BatchSlice {
   std::int64_t epoch = 0;
@@ -2317,33 +2441,6 @@ DETTRIAL_INLINE torch::Tensor BatchSampler::user_indices(const torch::Tensor& gi
 // ---- end dettrial/data/sampler.hpp
 
 namespace dettrial {
-
-/**
- * @brief A dataset read a batch at a time: `size()` records, and `get_batch(indices)` with a 1-D
- * int64 CPU tensor of record indices (vectorised: one gather per batch, not one call per record).
- * A dataset may also offer `get_range(begin, end)` for contiguous, unshuffled reads. Either way a
- * batch must not alias the dataset's storage: a trial may change its batch in place.
- */
-template <class D>
-concept BatchDataset = requires(D& d, const torch::Tensor& indices) {
-  { d.size() } -> std::convertible_to<std::int64_t>;
-  d.get_batch(indices);
-};
-
-/**
- * @brief What the trainer needs of a data loader: `size()` batches per epoch, and `batches(chain)`,
- * the batches one rank reads under Determined's repeat / shard / skip chain (see LoaderChain).
- */
-template <class L>
-concept BatchLoader = requires(const L& l, const LoaderChain& chain) {
-  { l.size() } -> std::convertible_to<std::int64_t>;
-  { l.batches(chain) };
-  requires std::ranges::input_range<decltype(l.batches(chain))>;
-};
-
-/// The batch type a loader yields.
-template <BatchLoader L>
-using batch_of = std::remove_cvref_t<std::ranges::range_reference_t<decltype(std::declval<const L&>().batches(LoaderChain{}))>>;
 
 /**
  * @brief Tensors indexed together along their first dimension (features, labels, ...).
@@ -2789,18 +2886,21 @@ DETTRIAL_INLINE MnistSplit load_mnist(const std::filesystem::path& dir, const st
 }  // namespace dettrial
 #endif  // DETTRIAL_HEADER_DEFINITIONS
 // ---- end dettrial/data/idx.hpp
-// ---- begin dettrial/metrics/metrics.hpp
+// ---- begin dettrial/vocabulary/metrics.hpp
 // SPDX-License-Identifier: Apache-2.0
 /// @file
-/// @brief Metrics a trial returns per batch, and the reduced metrics dettrial reports.
+/// @brief The metrics vocabulary: the Metrics a trial returns per batch, the reduced MetricValues
+/// dettrial reports, and what a metric reducer is (concepts; the reducers are in metrics/).
 
 #include <cmath>
+#include <concepts>
 #include <cstddef>
 #include <initializer_list>
 #include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <unordered_set>
 #include <utility>
 #include <vector>
@@ -2808,31 +2908,6 @@ DETTRIAL_INLINE MnistSplit load_mnist(const std::filesystem::path& dir, const st
 #include <c10/util/SmallVector.h>
 #include <torch/torch.h>
 
-// ---- begin dettrial/metrics/order.hpp
-// SPDX-License-Identifier: Apache-2.0
-/// @file
-/// @brief dettrial::MetricOrder, the one "is this metric better" rule; needs no LibTorch, so the report
-/// pages use it too.
-
-#include <optional>
-
-namespace dettrial {
-
-/**
- * @brief Which way a searcher metric improves: the one rule for "is this metric better", used by
- * `checkpoint_policy: best`, checkpoint retention's best checkpoints, a search's best trial and
- * checkpoint, and the search's report page. A tie is not an improvement.
- */
-struct MetricOrder {
-  bool smaller_is_better = true;
-  /// Whether `a` is strictly better than `b`.
-  bool better(double a, double b) const { return smaller_is_better ? a < b : a > b; }
-  /// Whether `candidate` improves on `best` (with nothing so far, it does).
-  bool improves(double candidate, const std::optional<double>& best) const { return !best || better(candidate, *best); }
-};
-
-}  // namespace dettrial
-// ---- end dettrial/metrics/order.hpp
 
 namespace dettrial {
 
@@ -2942,6 +3017,66 @@ class MetricValues {
   std::vector<std::pair<std::string, double>> values_;
 };
 
+// ---- metric reducers --------------------------------------------------------------------------
+
+/// A value a reducer's per-slot part may be, so that it can cross processes (pickled, LibTorch's
+/// serialization): a number, a tensor, a string, or a std::vector / std::tuple of those.
+template <class P>
+concept SlotValue = std::copy_constructible<P> && requires(const P& p, const c10::IValue& v) {
+  c10::IValue(p);
+  { v.to<P>() } -> std::convertible_to<P>;
+};
+
+/// What a reducer's final step may return: a number (stored under the reducer's name) or
+/// MetricValues (merged by their own names).
+template <class T>
+concept ReducedMetrics = std::convertible_to<T, double> || std::same_as<std::remove_cvref_t<T>, MetricValues>;
+
+/**
+ * @brief A reducer for one process: dettrial calls `reset()` before every training workload and
+ * every validation and `reduce()` at their end; the trial feeds it through its own `update(...)`.
+ * It cannot see other ranks' data, so a data-parallel job needs a CrossSlotReducer instead.
+ */
+template <class R>
+concept LocalReducer = requires(R& r) {
+  r.reset();
+  { r.reduce() } -> ReducedMetrics;
+};
+
+/// The type of a CrossSlotReducer's per-slot part.
+template <class R>
+using per_slot_t = std::remove_cvref_t<decltype(std::declval<R&>().per_slot_reduce())>;
+
+/**
+ * @brief Determined's MetricReducer, correct in any number of ranks: `per_slot_reduce()` on every
+ * rank at the end of a workload or validation (a SlotValue), then `cross_slot_reduce(parts)` with
+ * the parts of all ranks in rank order (one process: a list of one).
+ */
+template <class R>
+concept CrossSlotReducer = requires(R& r) {
+  r.reset();
+  r.per_slot_reduce();
+} && SlotValue<per_slot_t<R>> && requires(R& r, const std::vector<per_slot_t<R>>& parts) {
+  { r.cross_slot_reduce(parts) } -> ReducedMetrics;
+};
+
+/// A user reducer: a LocalReducer or a CrossSlotReducer (see Context::wrap_reducer).
+template <class R>
+concept MetricReducer = LocalReducer<R> || CrossSlotReducer<R>;
+
+namespace detail {
+template <MetricReducer R>
+constexpr auto reduced_metrics_type() {
+  if constexpr (CrossSlotReducer<R>)
+    return std::type_identity<decltype(std::declval<R&>().cross_slot_reduce(std::declval<const std::vector<per_slot_t<R>>&>()))>{};
+  else
+    return std::type_identity<decltype(std::declval<R&>().reduce())>{};
+}
+}  // namespace detail
+/// What a reducer's last step returns: a number or MetricValues.
+template <MetricReducer R>
+using reduced_metrics_t = std::remove_cvref_t<typename decltype(detail::reduced_metrics_type<R>())::type>;
+
 }  // namespace dettrial
 
 // Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
@@ -3012,7 +3147,7 @@ DETTRIAL_INLINE double MetricValues::at(std::string_view name) const {
 
 }  // namespace dettrial
 #endif  // DETTRIAL_HEADER_DEFINITIONS
-// ---- end dettrial/metrics/metrics.hpp
+// ---- end dettrial/vocabulary/metrics.hpp
 // ---- begin dettrial/metrics/reducers.hpp
 // SPDX-License-Identifier: Apache-2.0
 /// @file
@@ -3042,64 +3177,6 @@ DETTRIAL_INLINE const char* to_string(Reducer r);
 
 /// Which reducer each validation metric gets: one for all, or one per metric name (all names, exactly).
 using ReducerChoice = std::variant<Reducer, std::map<std::string, Reducer>>;
-
-/// A value a reducer's per-slot part may be, so that it can cross processes (pickled, LibTorch's
-/// serialization): a number, a tensor, a string, or a std::vector / std::tuple of those.
-template <class P>
-concept SlotValue = std::copy_constructible<P> && requires(const P& p, const c10::IValue& v) {
-  c10::IValue(p);
-  { v.to<P>() } -> std::convertible_to<P>;
-};
-
-/// What a reducer's final step may return: a number (stored under the reducer's name) or
-/// MetricValues (merged by their own names).
-template <class T>
-concept ReducedMetrics = std::convertible_to<T, double> || std::same_as<std::remove_cvref_t<T>, MetricValues>;
-
-/**
- * @brief A reducer for one process: dettrial calls `reset()` before every training workload and
- * every validation and `reduce()` at their end; the trial feeds it through its own `update(...)`.
- * It cannot see other ranks' data, so a data-parallel job needs a CrossSlotReducer instead.
- */
-template <class R>
-concept LocalReducer = requires(R& r) {
-  r.reset();
-  { r.reduce() } -> ReducedMetrics;
-};
-
-/// The type of a CrossSlotReducer's per-slot part.
-template <class R>
-using per_slot_t = std::remove_cvref_t<decltype(std::declval<R&>().per_slot_reduce())>;
-
-/**
- * @brief Determined's MetricReducer, correct in any number of ranks: `per_slot_reduce()` on every
- * rank at the end of a workload or validation (a SlotValue), then `cross_slot_reduce(parts)` with
- * the parts of all ranks in rank order (one process: a list of one).
- */
-template <class R>
-concept CrossSlotReducer = requires(R& r) {
-  r.reset();
-  r.per_slot_reduce();
-} && SlotValue<per_slot_t<R>> && requires(R& r, const std::vector<per_slot_t<R>>& parts) {
-  { r.cross_slot_reduce(parts) } -> ReducedMetrics;
-};
-
-/// A user reducer: a LocalReducer or a CrossSlotReducer (see Context::wrap_reducer).
-template <class R>
-concept MetricReducer = LocalReducer<R> || CrossSlotReducer<R>;
-
-namespace detail {
-template <MetricReducer R>
-constexpr auto reduced_metrics_type() {
-  if constexpr (CrossSlotReducer<R>)
-    return std::type_identity<decltype(std::declval<R&>().cross_slot_reduce(std::declval<const std::vector<per_slot_t<R>>&>()))>{};
-  else
-    return std::type_identity<decltype(std::declval<R&>().reduce())>{};
-}
-}  // namespace detail
-/// What a reducer's last step returns: a number or MetricValues.
-template <MetricReducer R>
-using reduced_metrics_t = std::remove_cvref_t<typename decltype(detail::reduced_metrics_type<R>())::type>;
 
 /**
  * @brief The reducer `context.wrap_reducer(fn, name)` makes of a function (Determined's simple
@@ -3475,6 +3552,22 @@ DETTRIAL_INLINE ValidationReduction::Slot* ValidationReduction::find(std::string
 
 #include <torch/torch.h>
 
+// ---- begin dettrial/vocabulary/optim.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief The optimization vocabulary: what a model, an optimizer, an LR scheduler, a step mode and
+/// a clipping policy are to dettrial (concepts), and ScheduledLR, a scheduler with its step mode.
+
+#include <concepts>
+#include <cstdint>
+#include <memory>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include <torch/torch.h>
+
+
 namespace dettrial {
 
 /// A model as a trial holds it: a LibTorch module holder (`torch::nn::Sequential`, `MyNet`) or a
@@ -3491,6 +3584,65 @@ concept ModelHandle =
 /// A LibTorch optimizer (torch::optim::SGD, Adam, ... or a user subclass of torch::optim::Optimizer).
 template <class O>
 concept TorchOptimizer = std::derived_from<std::remove_cvref_t<O>, torch::optim::Optimizer>;
+
+/// Something with `step()`: LibTorch's schedulers (StepLR, ...) and any user type.
+template <class S>
+concept LRSchedulerLike = requires(S& s) { s.step(); };
+
+/// A scheduler stepped with a metric (ReduceLROnPlateau): `step(double)`.
+template <class S>
+concept MetricLRSchedulerLike = requires(S& s, double metric) { s.step(metric); };
+
+/// A step mode policy: a type with `steps_after(batch_idx, aggregation_frequency, epoch_len, frequency)`.
+template <class M>
+concept LRStepMode = requires(std::int64_t i) {
+  { M::name } -> std::convertible_to<std::string_view>;
+  { M::steps_after(i, i, i, i) } -> std::convertible_to<std::int64_t>;
+};
+
+/**
+ * @brief A scheduler with its step mode and frequency: what a declarative trial's `lr_scheduler(opt)`
+ * returns to choose a mode other than `every_batch`.
+ * @code{.cpp}
+ * auto lr_scheduler(torch::optim::SGD& opt) {
+ *   return dettrial::scheduled(torch::optim::StepLR(opt, 1, 0.9), dettrial::lr_step::every_epoch{});
+ * }
+ * @endcode
+ */
+template <LRSchedulerLike S, LRStepMode Mode>
+struct ScheduledLR {
+  S scheduler;
+  std::int64_t frequency = 1;
+  using mode = Mode;
+};
+
+template <LRSchedulerLike S, LRStepMode Mode>
+ScheduledLR<S, Mode> scheduled(S scheduler, Mode, std::int64_t frequency = 1) {
+  if (frequency < 1) throw ConfigError("an LR scheduler's step frequency must be at least 1");
+  return ScheduledLR<S, Mode>{std::move(scheduler), frequency};
+}
+
+/**
+ * @brief An LR scheduler a checkpoint can restore exactly: a `torch::optim::LRScheduler` (StepLR,
+ * ...; dettrial saves its step count), or any type with `save(torch::serialize::OutputArchive&) const`
+ * and `load(torch::serialize::InputArchive&)`.
+ */
+template <class S>
+concept CheckpointableLRScheduler =
+    std::derived_from<S, torch::optim::LRScheduler> ||
+    requires(S& s, const S& cs, torch::serialize::OutputArchive& out, torch::serialize::InputArchive& in) {
+      cs.save(out);
+      s.load(in);
+    };
+
+/// A clipping policy: called with the optimizer's parameters before the step.
+template <class C>
+concept GradientClipper = std::invocable<C&, std::vector<torch::Tensor>&>;
+
+}  // namespace dettrial
+// ---- end dettrial/vocabulary/optim.hpp
+
+namespace dettrial {
 
 /// The `std::shared_ptr<torch::nn::Module>` behind a model handle.
 template <ModelHandle M>
@@ -4237,11 +4389,8 @@ using FusedAdamW = detail::FusedAdamBase<torch::optim::AdamW, torch::optim::Adam
 
 #include <torch/torch.h>
 
-namespace dettrial {
 
-/// A clipping policy: called with the optimizer's parameters before the step.
-template <class C>
-concept GradientClipper = std::invocable<C&, std::vector<torch::Tensor>&>;
+namespace dettrial {
 
 namespace clip {
 
@@ -4304,20 +4453,8 @@ struct by_value {
 
 #include <torch/torch.h>
 
-namespace dettrial {
 
-/**
- * @brief An LR scheduler a checkpoint can restore exactly: a `torch::optim::LRScheduler` (StepLR,
- * ...; dettrial saves its step count), or any type with `save(torch::serialize::OutputArchive&) const`
- * and `load(torch::serialize::InputArchive&)`.
- */
-template <class S>
-concept CheckpointableLRScheduler =
-    std::derived_from<S, torch::optim::LRScheduler> ||
-    requires(S& s, const S& cs, torch::serialize::OutputArchive& out, torch::serialize::InputArchive& in) {
-      cs.save(out);
-      s.load(in);
-    };
+namespace dettrial {
 
 namespace detail {
 
@@ -4397,10 +4534,6 @@ auto python_state_writer() -> void (*)(void*, c10::impl::GenericDict&) {
 
 namespace dettrial {
 
-/// Something with `step()`: LibTorch's schedulers (StepLR, ...) and any user type.
-template <class S>
-concept LRSchedulerLike = requires(S& s) { s.step(); };
-
 /**
  * @brief The step modes, as Determined defines them. dettrial steps schedulers after `train_batch`,
  * only on update batches (every `aggregation_frequency`-th batch); each mode says how many `step()`
@@ -4448,39 +4581,6 @@ struct on_validation {
 };
 
 }  // namespace lr_step
-
-/// A scheduler stepped with a metric (ReduceLROnPlateau): `step(double)`.
-template <class S>
-concept MetricLRSchedulerLike = requires(S& s, double metric) { s.step(metric); };
-
-/// A step mode policy: a type with `steps_after(batch_idx, aggregation_frequency, epoch_len, frequency)`.
-template <class M>
-concept LRStepMode = requires(std::int64_t i) {
-  { M::name } -> std::convertible_to<std::string_view>;
-  { M::steps_after(i, i, i, i) } -> std::convertible_to<std::int64_t>;
-};
-
-/**
- * @brief A scheduler with its step mode and frequency: what a declarative trial's `lr_scheduler(opt)`
- * returns to choose a mode other than `every_batch`.
- * @code{.cpp}
- * auto lr_scheduler(torch::optim::SGD& opt) {
- *   return dettrial::scheduled(torch::optim::StepLR(opt, 1, 0.9), dettrial::lr_step::every_epoch{});
- * }
- * @endcode
- */
-template <LRSchedulerLike S, LRStepMode Mode>
-struct ScheduledLR {
-  S scheduler;
-  std::int64_t frequency = 1;
-  using mode = Mode;
-};
-
-template <LRSchedulerLike S, LRStepMode Mode>
-ScheduledLR<S, Mode> scheduled(S scheduler, Mode, std::int64_t frequency = 1) {
-  if (frequency < 1) throw ConfigError("an LR scheduler's step frequency must be at least 1");
-  return ScheduledLR<S, Mode>{std::move(scheduler), frequency};
-}
 
 }  // namespace dettrial
 
@@ -8213,7 +8313,7 @@ DETTRIAL_INLINE Context::WrappedOptimizer& Context::find_optimizer(const torch::
 }  // namespace dettrial
 #endif  // DETTRIAL_HEADER_DEFINITIONS
 // ---- end dettrial/context/context.hpp
-// ---- begin dettrial/trial/concepts.hpp
+// ---- begin dettrial/vocabulary/trial.hpp
 // SPDX-License-Identifier: Apache-2.0
 /// @file
 /// @brief What a trial is: the hooks of both styles (declarative and imperative) as concepts, and the
@@ -8228,6 +8328,8 @@ DETTRIAL_INLINE Context::WrappedOptimizer& Context::find_optimizer(const torch::
 #include <concepts>
 #include <cstdint>
 #include <type_traits>
+
+#include <torch/torch.h>
 
 
 namespace dettrial {
@@ -8603,7 +8705,7 @@ template <class T>
 concept ImperativeTrial = Trial<T> && !DeclaresModel<T>;
 
 }  // namespace dettrial
-// ---- end dettrial/trial/concepts.hpp
+// ---- end dettrial/vocabulary/trial.hpp
 // ---- begin dettrial/checkpoint/checkpoint.hpp
 // SPDX-License-Identifier: Apache-2.0
 /// @file
@@ -8828,10 +8930,34 @@ DETTRIAL_INLINE std::string json_kind(const Json& j) {
 
 #include <torch/torch.h>
 
+// ---- begin dettrial/vocabulary/checkpoint.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief The checkpoint vocabulary: StateDict (the `state_dict.pth` a checkpoint holds, as LibTorch
+/// reads it) and what a checkpoint policy is.
+
+#include <concepts>
+#include <string_view>
+
+#include <torch/torch.h>
 
 namespace dettrial {
 
+/// A `torch.save`d state dict as LibTorch holds it: string keys to tensors, numbers, lists and dicts.
 using StateDict = c10::impl::GenericDict;
+
+/// A checkpoint policy: a name and whether to checkpoint after a validation, given whether it
+/// improved on the best searcher metric so far.
+template <class P>
+concept CheckpointPolicyType = requires(bool improved) {
+  { P::name } -> std::convertible_to<std::string_view>;
+  { P::after_validation(improved) } -> std::same_as<bool>;
+};
+
+}  // namespace dettrial
+// ---- end dettrial/vocabulary/checkpoint.hpp
+
+namespace dettrial {
 
 namespace detail {
 
@@ -10217,14 +10343,6 @@ DETTRIAL_INLINE IncompatibleKeys load_state_dict(torch::nn::Module& module, cons
 
 
 namespace dettrial {
-
-/// A checkpoint policy: a name and whether to checkpoint after a validation, given whether it
-/// improved on the best searcher metric so far.
-template <class P>
-concept CheckpointPolicyType = requires(bool improved) {
-  { P::name } -> std::convertible_to<std::string_view>;
-  { P::after_validation(improved) } -> std::same_as<bool>;
-};
 
 namespace checkpoint_policy {
 /// After every validation.
@@ -12737,8 +12855,8 @@ DETTRIAL_INLINE std::string runtime_summary(std::string_view threads_source, std
 // ---- begin dettrial/trainer/callbacks.hpp
 // SPDX-License-Identifier: Apache-2.0
 /// @file
-/// @brief Callbacks: plain objects whose hooks are called only if they have them (found at compile
-/// time), and the one table of those hooks.
+/// @brief Callbacks as the trainer holds them: each type checked once against the hook table
+/// (vocabulary/callbacks.hpp), and a set of them called hook by hook.
 
 #include <cstdint>
 #include <filesystem>
@@ -12747,6 +12865,22 @@ DETTRIAL_INLINE std::string runtime_summary(std::string_view threads_source, std
 #include <tuple>
 #include <type_traits>
 #include <utility>
+
+// ---- begin dettrial/vocabulary/callbacks.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief The callback vocabulary: the one table of callback hooks (found at compile time) and what
+/// a callback is.
+
+#include <cstdint>
+#include <filesystem>
+#include <span>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+
+#include <torch/torch.h>
 
 
 namespace dettrial {
@@ -12877,6 +13011,11 @@ consteval bool check_hooks(std::tuple<Hook...>*) {
  */
 template <class C>
 concept Callback = detail::has_any_hook<C>(static_cast<hook::all*>(nullptr));
+
+}  // namespace dettrial
+// ---- end dettrial/vocabulary/callbacks.hpp
+
+namespace dettrial {
 
 namespace detail {
 
@@ -13304,14 +13443,11 @@ namespace detail {
  */
 struct Monitor {
   std::string monitor;
-  bool smaller_is_better = true;
+  MetricOrder order;
   double min_delta = 0;
 
   DETTRIAL_INLINE static Monitor make(const char* who, std::string monitor, const std::string& mode, double min_delta);
-  bool improved(double current, const std::optional<double>& best) const {
-    if (!best) return true;
-    return smaller_is_better ? current + min_delta < *best : current - min_delta > *best;
-  }
+  bool improved(double current, const std::optional<double>& best) const { return order.improves_by(current, best, min_delta); }
   /// The monitored value in `logs`; TrialError naming what is reported when it is absent.
   DETTRIAL_INLINE double value(const char* who, const MetricValues& logs) const;
 };
@@ -13534,15 +13670,15 @@ namespace dettrial::keras {
 namespace detail {
 
 DETTRIAL_INLINE Monitor Monitor::make(const char* who, std::string monitor, const std::string& mode, double min_delta) {
-  Monitor m{std::move(monitor), true, std::abs(min_delta)};
-  if (mode == "min") m.smaller_is_better = true;
-  else if (mode == "max") m.smaller_is_better = false;
+  Monitor m{std::move(monitor), MetricOrder{true}, std::abs(min_delta)};
+  if (mode == "min") m.order.smaller_is_better = true;
+  else if (mode == "max") m.order.smaller_is_better = false;
   else if (mode == "auto") {
     const std::string name = m.monitor.rfind("val_", 0) == 0 ? m.monitor.substr(4) : m.monitor;
     static const char* const rising[] = {"accuracy", "acc", "sparse_categorical_accuracy", "categorical_accuracy", "binary_accuracy"};
     static const char* const falling[] = {"loss", "mse", "mean_squared_error", "mae", "mean_absolute_error"};
-    if (std::find(std::begin(rising), std::end(rising), name) != std::end(rising)) m.smaller_is_better = false;
-    else if (std::find(std::begin(falling), std::end(falling), name) != std::end(falling)) m.smaller_is_better = true;
+    if (std::find(std::begin(rising), std::end(rising), name) != std::end(rising)) m.order.smaller_is_better = false;
+    else if (std::find(std::begin(falling), std::end(falling), name) != std::end(falling)) m.order.smaller_is_better = true;
     else
       throw ConfigError(std::string(who) + ": cannot tell whether '" + m.monitor +
                         "' should be maximized or minimized (mode auto knows losses, accuracies, mse and mae); give mode max or min");
@@ -16128,7 +16264,7 @@ DETTRIAL_INLINE ExperimentConfig checkpoint_trial_config(const std::filesystem::
     if (!doc["hyperparameters"] || !doc["hyperparameters"].IsMap()) doc["hyperparameters"] = YAML::Node(YAML::NodeType::Map);
     merge_yaml_map(doc["hyperparameters"], overrides);
   }
-  doc["searcher"]["name"] = "single";
+  doc["searcher"]["name"] = std::string(to_string(SearcherKind::single));
   return ExperimentConfig::from_yaml(doc, file.string() + " (the checkpoint's config)");
 }
 
@@ -16419,23 +16555,6 @@ struct TrialRequest {
 /// What a searcher says after a validation.
 enum class SearcherDecision { keep_training, stop };
 
-/// The searcher settings of an experiment config (`searcher:`), checked.
-struct SearcherConfig {
-  std::string name = "single";
-  std::string metric;
-  bool smaller_is_better = true;
-  std::int64_t max_trials = 1;
-  std::int64_t max_concurrent_trials = 16;
-  std::int64_t max_length = 0;  // single, random, grid: batches
-  // adaptive_asha
-  std::string time_metric = "batches";
-  std::int64_t max_time = 0;
-  double divisor = 4;
-  std::int64_t max_rungs = 5;
-  std::string mode = "standard";
-  std::vector<std::int64_t> bracket_rungs;
-};
-
 namespace detail {
 
 /// Draws trial seeds and hyperparameters from the experiment seed: the same seed, the same trials.
@@ -16457,7 +16576,7 @@ namespace searcher {
 /// each time one ends, `max_concurrent_trials` at a time; validations never stop a trial.
 class Random {
  public:
-  Random(SearcherConfig config, HyperparameterSpace space, std::uint64_t experiment_seed);
+  Random(SearcherSettings config, HyperparameterSpace space, std::uint64_t experiment_seed);
 
   std::vector<TrialRequest> initial();
   SearcherDecision on_validation(std::int64_t, double, double) { return SearcherDecision::keep_training; }
@@ -16466,7 +16585,7 @@ class Random {
 
  private:
   TrialRequest next();
-  SearcherConfig config_;
+  SearcherSettings config_;
   HyperparameterSpace space_;
   detail::SearchRandom random_;
   std::int64_t created_ = 0;
@@ -16475,7 +16594,7 @@ class Random {
 /// `grid`: every point of the grid, `max_concurrent_trials` at a time.
 class Grid {
  public:
-  Grid(SearcherConfig config, const HyperparameterSpace& space, std::uint64_t experiment_seed);
+  Grid(SearcherSettings config, const HyperparameterSpace& space, std::uint64_t experiment_seed);
 
   std::vector<TrialRequest> initial();
   SearcherDecision on_validation(std::int64_t, double, double) { return SearcherDecision::keep_training; }
@@ -16484,7 +16603,7 @@ class Grid {
 
  private:
   TrialRequest next();
-  SearcherConfig config_;
+  SearcherSettings config_;
   std::vector<YAML::Node> points_;
   detail::SearchRandom random_;
   std::int64_t created_ = 0;
@@ -16499,7 +16618,7 @@ struct AshaBracket {
 };
 
 /// Determined's bracket arithmetic (`adaptive_asha.go`).
-DETTRIAL_INLINE std::vector<AshaBracket> asha_brackets(const SearcherConfig& c);
+DETTRIAL_INLINE std::vector<AshaBracket> asha_brackets(const SearcherSettings& c);
 
 /**
  * @brief `adaptive_asha`, stopping-based as Determined implements it: trials train until stopped.
@@ -16509,7 +16628,7 @@ DETTRIAL_INLINE std::vector<AshaBracket> asha_brackets(const SearcherConfig& c);
  */
 class AdaptiveAsha {
  public:
-  AdaptiveAsha(SearcherConfig config, HyperparameterSpace space, std::uint64_t experiment_seed);
+  AdaptiveAsha(SearcherSettings config, HyperparameterSpace space, std::uint64_t experiment_seed);
 
   const std::vector<AshaBracket>& brackets() const { return brackets_; }
 
@@ -16528,7 +16647,7 @@ class AdaptiveAsha {
     std::int64_t rung = 0;
   };
   TrialRequest next(std::size_t bracket);
-  SearcherConfig config_;
+  SearcherSettings config_;
   HyperparameterSpace space_;
   detail::SearchRandom random_;
   std::vector<AshaBracket> brackets_;
@@ -16544,7 +16663,7 @@ class AdaptiveAsha {
 using Searcher = std::variant<searcher::Random, searcher::Grid, searcher::AdaptiveAsha>;
 
 /// Builds the searcher `config` names over `space` (single is random with one trial).
-DETTRIAL_INLINE Searcher make_searcher(const SearcherConfig& config, const HyperparameterSpace& space, std::uint64_t experiment_seed);
+DETTRIAL_INLINE Searcher make_searcher(const SearcherSettings& config, const HyperparameterSpace& space, std::uint64_t experiment_seed);
 
 }  // namespace dettrial
 
@@ -16552,7 +16671,7 @@ DETTRIAL_INLINE Searcher make_searcher(const SearcherConfig& config, const Hyper
 #if DETTRIAL_HEADER_DEFINITIONS
 namespace dettrial::searcher {
 
-DETTRIAL_INLINE Random::Random(SearcherConfig config, HyperparameterSpace space, std::uint64_t experiment_seed)
+DETTRIAL_INLINE Random::Random(SearcherSettings config, HyperparameterSpace space, std::uint64_t experiment_seed)
     : config_(std::move(config)), space_(std::move(space)), random_(experiment_seed) {}
 
 DETTRIAL_INLINE std::vector<TrialRequest> Random::initial() {
@@ -16572,11 +16691,11 @@ DETTRIAL_INLINE TrialRequest Random::next() {
   r.id = ++created_;
   r.seed = random_.trial_seed();
   r.hparams = space_.sample(random_.engine());
-  r.max_length = config_.max_length;
+  r.max_length = config_.length();
   return r;
 }
 
-DETTRIAL_INLINE Grid::Grid(SearcherConfig config, const HyperparameterSpace& space, std::uint64_t experiment_seed)
+DETTRIAL_INLINE Grid::Grid(SearcherSettings config, const HyperparameterSpace& space, std::uint64_t experiment_seed)
     : config_(std::move(config)), points_(space.grid()), random_(experiment_seed) {}
 
 DETTRIAL_INLINE std::vector<TrialRequest> Grid::initial() {
@@ -16597,11 +16716,11 @@ DETTRIAL_INLINE TrialRequest Grid::next() {
   r.hparams = points_[static_cast<std::size_t>(created_)];
   r.id = ++created_;
   r.seed = random_.trial_seed();
-  r.max_length = config_.max_length;
+  r.max_length = config_.length();
   return r;
 }
 
-DETTRIAL_INLINE std::vector<AshaBracket> asha_brackets(const SearcherConfig& c) {
+DETTRIAL_INLINE std::vector<AshaBracket> asha_brackets(const SearcherSettings& c) {
   if (c.max_trials < 1) throw ConfigError("adaptive_asha needs max_trials of at least 1");
   if (c.max_time < 1) throw ConfigError("adaptive_asha needs max_time of at least 1");
   if (!(c.divisor > 1)) throw ConfigError("adaptive_asha needs a divisor greater than 1");
@@ -16647,7 +16766,7 @@ DETTRIAL_INLINE std::vector<AshaBracket> asha_brackets(const SearcherConfig& c) 
   return out;
 }
 
-DETTRIAL_INLINE AdaptiveAsha::AdaptiveAsha(SearcherConfig config, HyperparameterSpace space, std::uint64_t experiment_seed)
+DETTRIAL_INLINE AdaptiveAsha::AdaptiveAsha(SearcherSettings config, HyperparameterSpace space, std::uint64_t experiment_seed)
     : config_(std::move(config)), space_(std::move(space)), random_(experiment_seed), brackets_(asha_brackets(config_)) {
   rung_metrics_.resize(brackets_.size());
   for (std::size_t b = 0; b < brackets_.size(); ++b) rung_metrics_[b].resize(static_cast<std::size_t>(brackets_[b].rungs));
@@ -16704,16 +16823,18 @@ DETTRIAL_INLINE TrialRequest AdaptiveAsha::next(std::size_t bracket) {
 
 namespace dettrial {
 
-DETTRIAL_INLINE Searcher make_searcher(const SearcherConfig& config, const HyperparameterSpace& space, std::uint64_t experiment_seed) {
-  if (config.name == "single") {
-    SearcherConfig one = config;
-    one.max_trials = 1;
-    return searcher::Random(one, space, experiment_seed);
+DETTRIAL_INLINE Searcher make_searcher(const SearcherSettings& config, const HyperparameterSpace& space, std::uint64_t experiment_seed) {
+  switch (config.kind) {
+    case SearcherKind::single: {
+      SearcherSettings one = config;
+      one.max_trials = 1;
+      return searcher::Random(one, space, experiment_seed);
+    }
+    case SearcherKind::random: return searcher::Random(config, space, experiment_seed);
+    case SearcherKind::grid: return searcher::Grid(config, space, experiment_seed);
+    case SearcherKind::adaptive_asha: return searcher::AdaptiveAsha(config, space, experiment_seed);
   }
-  if (config.name == "random") return searcher::Random(config, space, experiment_seed);
-  if (config.name == "grid") return searcher::Grid(config, space, experiment_seed);
-  if (config.name == "adaptive_asha") return searcher::AdaptiveAsha(config, space, experiment_seed);
-  throw ConfigError("searcher '" + config.name + "' is not one dettrial has (single, random, grid, adaptive_asha)");
+  throw ConfigError("searcher '" + std::string(config.name()) + "' is not one dettrial has (single, random, grid, adaptive_asha)");
 }
 
 }  // namespace dettrial

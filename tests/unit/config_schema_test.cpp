@@ -48,7 +48,7 @@ TEST_CASE("every experiment config Determined's schema test cases call valid is 
     // The search space reads too (lists are constants, as in Determined's hyperparameter.json), and a grid
     // searcher's points exist (every int, double and log axis has its count).
     CHECK_NOTHROW(HyperparameterSpace(config->hyperparameters, config->source));
-    if (config->searcher.name == "grid") {
+    if (config->searcher.kind == SearcherKind::grid) {
       CHECK_NOTHROW(HyperparameterSpace(config->hyperparameters, config->source).grid());
     }
   }

@@ -256,6 +256,8 @@ searcher:
   max_concurrent_trials: 8
 )",
                                                         "asha.yaml");
+  CHECK(asha.searcher.kind == SearcherKind::adaptive_asha);
+  CHECK(asha.searcher.name() == "adaptive_asha");
   CHECK(asha.searcher.max_trials == 16);
   CHECK(asha.searcher.max_time == 1000);
   CHECK(asha.searcher.max_concurrent_trials == 8);
@@ -264,6 +266,18 @@ searcher:
       ExperimentConfig::parse("searcher: {name: adaptive_asha, metric: m, max_trials: 4, max_length: {epochs: 3}}\n", "l.yaml");
   CHECK(legacy.searcher.time_metric == "epochs");
   CHECK(legacy.searcher.max_time == 3);
+  // No name: the single searcher. async_halving is adaptive_asha with one bracket of num_rungs rungs,
+  // and needs max_trials as adaptive_asha does.
+  CHECK(ExperimentConfig::parse("searcher: {metric: m, max_length: 5}\n", "s.yaml").searcher.kind == SearcherKind::single);
+  const ExperimentConfig halving =
+      ExperimentConfig::parse("searcher: {name: async_halving, metric: m, max_trials: 4, max_time: 90, num_rungs: 3}\n", "h.yaml");
+  CHECK(halving.searcher.kind == SearcherKind::adaptive_asha);
+  CHECK(halving.searcher.bracket_rungs == std::vector<std::int64_t>{3});
+  CHECK_THROWS_WITH_AS(ExperimentConfig::parse("searcher: {name: async_halving, metric: m, max_time: 9}\n", "h.yaml"),
+                       doctest::Contains("searcher 'adaptive_asha' needs max_trials"), ConfigError);
+  for (SearcherKind kind : {SearcherKind::single, SearcherKind::random, SearcherKind::grid, SearcherKind::adaptive_asha})
+    CHECK(searcher_kind_named(to_string(kind)) == kind);
+  CHECK_FALSE(searcher_kind_named("async_halving"));
   CHECK_THROWS_WITH_AS(ExperimentConfig::parse("searcher: {name: adaptive_asha, metric: m, max_trials: 4}\n", "a.yaml"),
                        doctest::Contains("a.yaml:1:11: searcher 'adaptive_asha' needs max_time"), ConfigError);
   CHECK_THROWS_WITH_AS(ExperimentConfig::parse("searcher: {name: random, metric: m, max_length: {batches: 5}}\n", "r.yaml"),

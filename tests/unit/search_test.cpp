@@ -11,9 +11,9 @@ using namespace dettrial;
 namespace {
 HyperparameterSpace space_of(const std::string& yaml) { return HyperparameterSpace(YAML::Load(yaml), "space.yaml"); }
 
-SearcherConfig asha(std::int64_t max_trials, std::int64_t max_time, double divisor, const std::string& mode, std::int64_t concurrency = 16) {
-  SearcherConfig c;
-  c.name = "adaptive_asha";
+SearcherSettings asha(std::int64_t max_trials, std::int64_t max_time, double divisor, const std::string& mode, std::int64_t concurrency = 16) {
+  SearcherSettings c;
+  c.kind = SearcherKind::adaptive_asha;
   c.metric = "validation_loss";
   c.max_trials = max_trials;
   c.max_time = max_time;
@@ -125,8 +125,8 @@ arch:
     CHECK(p["arch"]["width"].as<int>() == 32);
     CHECK(p["arch"]["depth"].as<int>() >= 1);
   }
-  SearcherConfig random;
-  random.name = "random";
+  SearcherSettings random;
+  random.kind = SearcherKind::random;
   random.max_trials = 5;
   random.max_concurrent_trials = 2;
   searcher::Random a(random, space, 42), b(random, space, 42), c(random, space, 43);

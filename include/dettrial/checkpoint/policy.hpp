@@ -8,17 +8,10 @@
 #include <string_view>
 #include <utility>
 
+#include "../vocabulary/checkpoint.hpp"
 #include "../config/experiment_config.hpp"
 
 namespace dettrial {
-
-/// A checkpoint policy: a name and whether to checkpoint after a validation, given whether it
-/// improved on the best searcher metric so far.
-template <class P>
-concept CheckpointPolicyType = requires(bool improved) {
-  { P::name } -> std::convertible_to<std::string_view>;
-  { P::after_validation(improved) } -> std::same_as<bool>;
-};
 
 namespace checkpoint_policy {
 /// After every validation.

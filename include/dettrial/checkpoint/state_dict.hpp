@@ -17,6 +17,7 @@
 
 #include <torch/torch.h>
 
+#include "../vocabulary/checkpoint.hpp"
 #include "../error.hpp"
 #include "../optim/adadelta.hpp"
 #include "../optim/handles.hpp"
@@ -24,8 +25,6 @@
 #include "../detail/linkage.hpp"
 
 namespace dettrial {
-
-using StateDict = c10::impl::GenericDict;
 
 namespace detail {
 

@@ -19,7 +19,7 @@
 #include "../layout.hpp"
 #include "../error.hpp"
 #include "../detail/json.hpp"
-#include "../metrics/metrics.hpp"
+#include "../vocabulary/metrics.hpp"
 #include "../detail/linkage.hpp"
 
 namespace dettrial {

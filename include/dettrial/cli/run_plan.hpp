@@ -40,7 +40,7 @@ struct RunPlan {
   std::filesystem::path output;
 
   /// A search (every searcher but `single`): its trials are processes of this program.
-  bool search() const { return config.searcher.name != "single"; }
+  bool search() const { return config.searcher.kind != SearcherKind::single; }
 };
 
 /// Reads the config (or the resumed run's), applies the overrides and, where one trial of a search
@@ -137,7 +137,7 @@ DETTRIAL_INLINE RunPlan plan_run(const CommandLine& line) {
     std::fprintf(stderr, "dettrial: warning: ignoring fields that mean something only on a Determined cluster: %s\n", fields.c_str());
   }
   const bool one_point = HyperparameterSpace(plan.config.hyperparameters, plan.config.source).is_constant();
-  const bool single = plan.config.searcher.name == "single";
+  const bool single = plan.config.searcher.kind == SearcherKind::single;
   if ((single || line.test_mode) && (!one_point || !single)) detail::draw_one_trial(line, !one_point, plan);
   return plan;
 }
@@ -149,7 +149,7 @@ DETTRIAL_INLINE ExperimentConfig one_trial_drawn(const ExperimentConfig& config)
   std::mt19937_64 rng(config.experiment_seed ? *config.experiment_seed : std::random_device{}());
   YAML::Node doc = YAML::Clone(config.yaml);
   doc["hyperparameters"] = space.sample(rng);
-  doc["searcher"]["name"] = "single";
+  doc["searcher"]["name"] = std::string(to_string(SearcherKind::single));
   return ExperimentConfig::from_yaml(doc, config.source);
 }
 

@@ -17,6 +17,7 @@
 #include "../detail/yaml.hpp"
 #include "units.hpp"
 #include "hyperparameters.hpp"
+#include "searcher_settings.hpp"
 #include "precision.hpp"
 #include "step_capture.hpp"
 #include "../detail/linkage.hpp"
@@ -44,24 +45,8 @@ class ExperimentConfig {
   /// The free-form `data` section.
   detail::YamlMember data{YAML::NodeType::Map};
 
-  struct Searcher {
-    std::string name = "single";
-    std::string metric;
-    bool smaller_is_better = true;
-    /// `searcher.max_length`, or the legacy `max_steps` converted to batches.
-    std::optional<TrainUnit> max_length;
-    /// random, grid, adaptive_asha: how many trials, and how many run at once (0: no limit).
-    std::int64_t max_trials = 1;
-    std::int64_t max_concurrent_trials = 16;
-    /// adaptive_asha: the time a trial gets (in `time_metric`, a validation metric such as
-    /// `batches`), the rungs' divisor, the most rungs, the bracket mode and explicit bracket rungs.
-    std::string time_metric = "batches";
-    std::int64_t max_time = 0;
-    double divisor = 4;
-    std::int64_t max_rungs = 5;
-    std::string mode = "standard";
-    std::vector<std::int64_t> bracket_rungs;
-  } searcher;
+  /// The `searcher:` section.
+  SearcherSettings searcher;
   /// Fields that mean something only on a Determined cluster (entrypoint, environment, ...): accepted
   /// and ignored, listed here for one warning.
   std::vector<std::string> ignored_fields;
@@ -122,11 +107,10 @@ class ExperimentConfig {
 
   /// The searchers dettrial runs, and the names Determined removed.
   template <class R>  // the Reader, declared below
-  static void read_search_fields(const YAML::Node& s, const std::string& source, const R& r, Searcher& out) {
-    const std::string& name = out.name;
+  static void read_search_fields(const YAML::Node& s, const std::string& source, const R& r, const std::string& name, SearcherSettings& out) {
     if (name == "adaptive" || name == "adaptive_simple" || name == "sync_halving")
       throw ConfigError(detail::where(s["name"], source) + ": searcher '" + name + "' was removed from Determined; use adaptive_asha");
-    if (name != "single" && name != "random" && name != "grid" && name != "adaptive_asha" && name != "async_halving")
+    if (name != "async_halving" && !searcher_kind_named(name))
       throw ConfigError(detail::where(s["name"], source) + ": unknown searcher '" + name + "'" +
                         detail::suggestion(name, {"single", "random", "grid", "adaptive_asha"}) +
                         " (dettrial runs single, random, grid and adaptive_asha)");
@@ -142,10 +126,8 @@ class ExperimentConfig {
       if (!b.IsSequence()) throw ConfigError(detail::where(b, source) + ": searcher.bracket_rungs must be a list of rung counts");
       for (const auto& x : b) out.bracket_rungs.push_back(x.as<std::int64_t>());
     }
-    if (name == "async_halving") {
-      out.name = "adaptive_asha";
-      out.bracket_rungs = {out.max_rungs};
-    }
+    out.kind = name == "async_halving" ? SearcherKind::adaptive_asha : *searcher_kind_named(name);
+    if (name == "async_halving") out.bracket_rungs = {out.max_rungs};
     auto positive = [&](const char* key, double value) {
       if (s[key] && !(value >= 1)) throw ConfigError(detail::where(s[key], source) + ": searcher." + key + " must be at least 1");
     };
@@ -154,9 +136,9 @@ class ExperimentConfig {
     if (out.max_concurrent_trials < 0)
       throw ConfigError(detail::where(s["max_concurrent_trials"], source) + ": searcher.max_concurrent_trials must not be negative");
     if (s["divisor"] && !(out.divisor > 1)) throw ConfigError(detail::where(s["divisor"], source) + ": searcher.divisor must be greater than 1");
-    if ((name == "random" || name == "adaptive_asha") && !s["max_trials"])
-      throw ConfigError(detail::where(s, source) + ": searcher '" + name + "' needs max_trials");
-    if (out.name == "adaptive_asha") {
+    if ((out.kind == SearcherKind::random || out.kind == SearcherKind::adaptive_asha) && !s["max_trials"])
+      throw ConfigError(detail::where(s, source) + ": searcher '" + std::string(out.name()) + "' needs max_trials");
+    if (out.kind == SearcherKind::adaptive_asha) {
       // Determined needs time_metric and max_time; its deprecated max_length stands for them.
       if (!s["max_time"] && out.max_length) {
         out.max_time = out.max_length->value();
@@ -413,7 +395,8 @@ DETTRIAL_INLINE void ExperimentConfig::read_checkpoint_storage(const YAML::Node&
 DETTRIAL_INLINE void ExperimentConfig::read_searcher(const YAML::Node& s, const Reader& r, ExperimentConfig& c) {
   const std::string& source = r.source;
   if (!s.IsMap()) throw ConfigError(detail::where(s, source) + ": 'searcher' must be a map");
-  r.read(s, "name", c.searcher.name);
+  std::string name(to_string(SearcherKind::single));
+  r.read(s, "name", name);
   r.read(s, "metric", c.searcher.metric);
   r.read(s, "smaller_is_better", c.searcher.smaller_is_better);
   if (const YAML::Node ml = s["max_length"]; ml && ml.IsScalar()) {
@@ -430,7 +413,7 @@ DETTRIAL_INLINE void ExperimentConfig::read_searcher(const YAML::Node& s, const 
     if (steps < 0) throw ConfigError(detail::where(s["max_steps"], source) + ": searcher.max_steps must not be negative");
     c.searcher.max_length = Batch(steps * c.scheduling_unit);
   }
-  read_search_fields(s, source, r, c.searcher);
+  read_search_fields(s, source, r, name, c.searcher);
 }
 
 DETTRIAL_INLINE void ExperimentConfig::check_fields(const YAML::Node& root, const std::string& source,

@@ -14,17 +14,11 @@
 
 #include <torch/torch.h>
 
+#include "../vocabulary/data.hpp"
 #include "to_device.hpp"
 #include "../error.hpp"
 
 namespace dettrial {
-
-/// A dataset read one record at a time: `size()` records and `get(index)`.
-template <class D>
-concept ExampleDataset = requires(const D& d, std::int64_t i) {
-  { d.size() } -> std::convertible_to<std::int64_t>;
-  d.get(i);
-};
 
 /**
  * @brief The default collate: stacks a vector of examples into one batch of the same shape.

@@ -18,6 +18,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
 
+#include "../vocabulary/data.hpp"
 #include "to_device.hpp"
 #include "../error.hpp"
 #include "collate.hpp"
@@ -27,33 +28,6 @@
 #include "../detail/linkage.hpp"
 
 namespace dettrial {
-
-/**
- * @brief A dataset read a batch at a time: `size()` records, and `get_batch(indices)` with a 1-D
- * int64 CPU tensor of record indices (vectorised: one gather per batch, not one call per record).
- * A dataset may also offer `get_range(begin, end)` for contiguous, unshuffled reads. Either way a
- * batch must not alias the dataset's storage: a trial may change its batch in place.
- */
-template <class D>
-concept BatchDataset = requires(D& d, const torch::Tensor& indices) {
-  { d.size() } -> std::convertible_to<std::int64_t>;
-  d.get_batch(indices);
-};
-
-/**
- * @brief What the trainer needs of a data loader: `size()` batches per epoch, and `batches(chain)`,
- * the batches one rank reads under Determined's repeat / shard / skip chain (see LoaderChain).
- */
-template <class L>
-concept BatchLoader = requires(const L& l, const LoaderChain& chain) {
-  { l.size() } -> std::convertible_to<std::int64_t>;
-  { l.batches(chain) };
-  requires std::ranges::input_range<decltype(l.batches(chain))>;
-};
-
-/// The batch type a loader yields.
-template <BatchLoader L>
-using batch_of = std::remove_cvref_t<std::ranges::range_reference_t<decltype(std::declval<const L&>().batches(LoaderChain{}))>>;
 
 /**
  * @brief Tensors indexed together along their first dimension (features, labels, ...).

@@ -16,22 +16,12 @@
 
 #include <torch/torch.h>
 
+#include "../vocabulary/data.hpp"
 #include "../error.hpp"
 #include "../detail/linkage.hpp"
 #include "samplers.hpp"
 
 namespace dettrial {
-
-/// How the trainer reads a loader: Determined's `get_data_loader(repeat, skip, num_replicas, rank)`.
-struct LoaderChain {
-  /// Endless epochs (training) or one pass (validation).
-  bool repeat = false;
-  /// Batches of this rank's stream to pass over (already trained); none of their records are read.
-  std::int64_t skip = 0;
-  /// Ranks sharing the data; rank `r` takes every `num_replicas`-th batch, starting at `r`.
-  std::int64_t num_replicas = 1;
-  std::int64_t rank = 0;
-};
 
 /// The records of one batch: `count` positions of the epoch's order starting at `first`.
 struct BatchSlice {

@@ -17,7 +17,7 @@
 #include <torch/torch.h>
 
 #include "../error.hpp"
-#include "../metrics/metrics.hpp"
+#include "../vocabulary/metrics.hpp"
 #include "../metrics/reducers.hpp"
 #include "communicator.hpp"
 #include "../detail/linkage.hpp"

@@ -22,7 +22,8 @@
 
 #include "../error.hpp"
 #include "../context/context.hpp"
-#include "../metrics/metrics.hpp"
+#include "../vocabulary/metric_order.hpp"
+#include "../vocabulary/metrics.hpp"
 #include "../detail/linkage.hpp"
 
 namespace dettrial::keras {
@@ -36,14 +37,11 @@ namespace detail {
  */
 struct Monitor {
   std::string monitor;
-  bool smaller_is_better = true;
+  MetricOrder order;
   double min_delta = 0;
 
   DETTRIAL_INLINE static Monitor make(const char* who, std::string monitor, const std::string& mode, double min_delta);
-  bool improved(double current, const std::optional<double>& best) const {
-    if (!best) return true;
-    return smaller_is_better ? current + min_delta < *best : current - min_delta > *best;
-  }
+  bool improved(double current, const std::optional<double>& best) const { return order.improves_by(current, best, min_delta); }
   /// The monitored value in `logs`; TrialError naming what is reported when it is absent.
   DETTRIAL_INLINE double value(const char* who, const MetricValues& logs) const;
 };
@@ -268,15 +266,15 @@ namespace dettrial::keras {
 namespace detail {
 
 DETTRIAL_INLINE Monitor Monitor::make(const char* who, std::string monitor, const std::string& mode, double min_delta) {
-  Monitor m{std::move(monitor), true, std::abs(min_delta)};
-  if (mode == "min") m.smaller_is_better = true;
-  else if (mode == "max") m.smaller_is_better = false;
+  Monitor m{std::move(monitor), MetricOrder{true}, std::abs(min_delta)};
+  if (mode == "min") m.order.smaller_is_better = true;
+  else if (mode == "max") m.order.smaller_is_better = false;
   else if (mode == "auto") {
     const std::string name = m.monitor.rfind("val_", 0) == 0 ? m.monitor.substr(4) : m.monitor;
     static const char* const rising[] = {"accuracy", "acc", "sparse_categorical_accuracy", "categorical_accuracy", "binary_accuracy"};
     static const char* const falling[] = {"loss", "mse", "mean_squared_error", "mae", "mean_absolute_error"};
-    if (std::find(std::begin(rising), std::end(rising), name) != std::end(rising)) m.smaller_is_better = false;
-    else if (std::find(std::begin(falling), std::end(falling), name) != std::end(falling)) m.smaller_is_better = true;
+    if (std::find(std::begin(rising), std::end(rising), name) != std::end(rising)) m.order.smaller_is_better = false;
+    else if (std::find(std::begin(falling), std::end(falling), name) != std::end(falling)) m.order.smaller_is_better = true;
     else
       throw ConfigError(std::string(who) + ": cannot tell whether '" + m.monitor +
                         "' should be maximized or minimized (mode auto knows losses, accuracies, mse and mae); give mode max or min");

@@ -27,7 +27,7 @@
 #include "../error.hpp"
 #include "../context/context.hpp"
 #include "../data/data_loader.hpp"
-#include "../metrics/metrics.hpp"
+#include "../vocabulary/metrics.hpp"
 #include "../optim/handles.hpp"
 #include "../detail/yaml.hpp"
 #include "../detail/linkage.hpp"

@@ -18,7 +18,7 @@
 #include <torch/torch.h>
 
 #include "../error.hpp"
-#include "metrics.hpp"
+#include "../vocabulary/metrics.hpp"
 #include "../detail/linkage.hpp"
 
 namespace dettrial {
@@ -30,64 +30,6 @@ DETTRIAL_INLINE const char* to_string(Reducer r);
 
 /// Which reducer each validation metric gets: one for all, or one per metric name (all names, exactly).
 using ReducerChoice = std::variant<Reducer, std::map<std::string, Reducer>>;
-
-/// A value a reducer's per-slot part may be, so that it can cross processes (pickled, LibTorch's
-/// serialization): a number, a tensor, a string, or a std::vector / std::tuple of those.
-template <class P>
-concept SlotValue = std::copy_constructible<P> && requires(const P& p, const c10::IValue& v) {
-  c10::IValue(p);
-  { v.to<P>() } -> std::convertible_to<P>;
-};
-
-/// What a reducer's final step may return: a number (stored under the reducer's name) or
-/// MetricValues (merged by their own names).
-template <class T>
-concept ReducedMetrics = std::convertible_to<T, double> || std::same_as<std::remove_cvref_t<T>, MetricValues>;
-
-/**
- * @brief A reducer for one process: dettrial calls `reset()` before every training workload and
- * every validation and `reduce()` at their end; the trial feeds it through its own `update(...)`.
- * It cannot see other ranks' data, so a data-parallel job needs a CrossSlotReducer instead.
- */
-template <class R>
-concept LocalReducer = requires(R& r) {
-  r.reset();
-  { r.reduce() } -> ReducedMetrics;
-};
-
-/// The type of a CrossSlotReducer's per-slot part.
-template <class R>
-using per_slot_t = std::remove_cvref_t<decltype(std::declval<R&>().per_slot_reduce())>;
-
-/**
- * @brief Determined's MetricReducer, correct in any number of ranks: `per_slot_reduce()` on every
- * rank at the end of a workload or validation (a SlotValue), then `cross_slot_reduce(parts)` with
- * the parts of all ranks in rank order (one process: a list of one).
- */
-template <class R>
-concept CrossSlotReducer = requires(R& r) {
-  r.reset();
-  r.per_slot_reduce();
-} && SlotValue<per_slot_t<R>> && requires(R& r, const std::vector<per_slot_t<R>>& parts) {
-  { r.cross_slot_reduce(parts) } -> ReducedMetrics;
-};
-
-/// A user reducer: a LocalReducer or a CrossSlotReducer (see Context::wrap_reducer).
-template <class R>
-concept MetricReducer = LocalReducer<R> || CrossSlotReducer<R>;
-
-namespace detail {
-template <MetricReducer R>
-constexpr auto reduced_metrics_type() {
-  if constexpr (CrossSlotReducer<R>)
-    return std::type_identity<decltype(std::declval<R&>().cross_slot_reduce(std::declval<const std::vector<per_slot_t<R>>&>()))>{};
-  else
-    return std::type_identity<decltype(std::declval<R&>().reduce())>{};
-}
-}  // namespace detail
-/// What a reducer's last step returns: a number or MetricValues.
-template <MetricReducer R>
-using reduced_metrics_t = std::remove_cvref_t<typename decltype(detail::reduced_metrics_type<R>())::type>;
 
 /**
  * @brief The reducer `context.wrap_reducer(fn, name)` makes of a function (Determined's simple

@@ -9,11 +9,9 @@
 
 #include <torch/torch.h>
 
-namespace dettrial {
+#include "../vocabulary/optim.hpp"
 
-/// A clipping policy: called with the optimizer's parameters before the step.
-template <class C>
-concept GradientClipper = std::invocable<C&, std::vector<torch::Tensor>&>;
+namespace dettrial {
 
 namespace clip {
 

@@ -12,22 +12,9 @@
 
 #include <torch/torch.h>
 
+#include "../vocabulary/optim.hpp"
+
 namespace dettrial {
-
-/// A model as a trial holds it: a LibTorch module holder (`torch::nn::Sequential`, `MyNet`) or a
-/// `std::shared_ptr` to a `torch::nn::Module`.
-template <class M>
-concept ModelHandle =
-    requires(M& m) {
-      { m.ptr() } -> std::convertible_to<std::shared_ptr<torch::nn::Module>>;
-    } || requires(M& m) {
-      { m.get() } -> std::convertible_to<torch::nn::Module*>;
-      { std::shared_ptr<torch::nn::Module>(m) };
-    };
-
-/// A LibTorch optimizer (torch::optim::SGD, Adam, ... or a user subclass of torch::optim::Optimizer).
-template <class O>
-concept TorchOptimizer = std::derived_from<std::remove_cvref_t<O>, torch::optim::Optimizer>;
 
 /// The `std::shared_ptr<torch::nn::Module>` behind a model handle.
 template <ModelHandle M>

@@ -11,20 +11,9 @@
 
 #include <torch/torch.h>
 
-namespace dettrial {
+#include "../vocabulary/optim.hpp"
 
-/**
- * @brief An LR scheduler a checkpoint can restore exactly: a `torch::optim::LRScheduler` (StepLR,
- * ...; dettrial saves its step count), or any type with `save(torch::serialize::OutputArchive&) const`
- * and `load(torch::serialize::InputArchive&)`.
- */
-template <class S>
-concept CheckpointableLRScheduler =
-    std::derived_from<S, torch::optim::LRScheduler> ||
-    requires(S& s, const S& cs, torch::serialize::OutputArchive& out, torch::serialize::InputArchive& in) {
-      cs.save(out);
-      s.load(in);
-    };
+namespace dettrial {
 
 namespace detail {
 

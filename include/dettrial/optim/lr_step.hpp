@@ -8,14 +8,11 @@
 #include <string>
 #include <string_view>
 
+#include "../vocabulary/optim.hpp"
 #include "../error.hpp"
 #include "../detail/linkage.hpp"
 
 namespace dettrial {
-
-/// Something with `step()`: LibTorch's schedulers (StepLR, ...) and any user type.
-template <class S>
-concept LRSchedulerLike = requires(S& s) { s.step(); };
 
 /**
  * @brief The step modes, as Determined defines them. dettrial steps schedulers after `train_batch`,
@@ -64,39 +61,6 @@ struct on_validation {
 };
 
 }  // namespace lr_step
-
-/// A scheduler stepped with a metric (ReduceLROnPlateau): `step(double)`.
-template <class S>
-concept MetricLRSchedulerLike = requires(S& s, double metric) { s.step(metric); };
-
-/// A step mode policy: a type with `steps_after(batch_idx, aggregation_frequency, epoch_len, frequency)`.
-template <class M>
-concept LRStepMode = requires(std::int64_t i) {
-  { M::name } -> std::convertible_to<std::string_view>;
-  { M::steps_after(i, i, i, i) } -> std::convertible_to<std::int64_t>;
-};
-
-/**
- * @brief A scheduler with its step mode and frequency: what a declarative trial's `lr_scheduler(opt)`
- * returns to choose a mode other than `every_batch`.
- * @code{.cpp}
- * auto lr_scheduler(torch::optim::SGD& opt) {
- *   return dettrial::scheduled(torch::optim::StepLR(opt, 1, 0.9), dettrial::lr_step::every_epoch{});
- * }
- * @endcode
- */
-template <LRSchedulerLike S, LRStepMode Mode>
-struct ScheduledLR {
-  S scheduler;
-  std::int64_t frequency = 1;
-  using mode = Mode;
-};
-
-template <LRSchedulerLike S, LRStepMode Mode>
-ScheduledLR<S, Mode> scheduled(S scheduler, Mode, std::int64_t frequency = 1) {
-  if (frequency < 1) throw ConfigError("an LR scheduler's step frequency must be at least 1");
-  return ScheduledLR<S, Mode>{std::move(scheduler), frequency};
-}
 
 }  // namespace dettrial
 

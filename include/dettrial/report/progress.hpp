@@ -11,7 +11,7 @@
 #include <string>
 #include <string_view>
 
-#include "../metrics/metrics.hpp"
+#include "../vocabulary/metrics.hpp"
 #include "../detail/linkage.hpp"
 
 namespace dettrial {

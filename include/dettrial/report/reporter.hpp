@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "../config/hyperparameters.hpp"
-#include "../metrics/metrics.hpp"
+#include "../vocabulary/metrics.hpp"
 #include "../tensorboard/event_file.hpp"
 #include "metrics_log.hpp"
 #include "progress.hpp"

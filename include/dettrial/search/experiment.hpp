@@ -42,7 +42,7 @@
 #include "../detail/exit_status.hpp"
 #include "../detail/json.hpp"
 #include "../detail/process.hpp"
-#include "../metrics/metrics.hpp"
+#include "../vocabulary/metrics.hpp"
 #include "../report/html_report.hpp"
 #include "../report/metrics_log.hpp"
 #include "../detail/signals.hpp"
@@ -103,7 +103,6 @@ class Experiment {
  public:
   Experiment(ExperimentConfig config, ExperimentOptions options);
 
-  static SearcherConfig searcher_config(const ExperimentConfig& c);
 
   int run();
 
@@ -169,6 +168,8 @@ class Experiment {
 
   // ---- the event log: what the searcher was told, in order, so a second run replays it ----------
 
+  /// The config's searcher settings, once a searcher that trains for `max_length` has one.
+  static const SearcherSettings& checked_searcher(const ExperimentConfig& c);
   void log_event(const detail::Json& event);
 
   void replay_or_start();
@@ -299,12 +300,18 @@ DETTRIAL_INLINE std::string one_line(const YAML::Node& node) {
 
 namespace dettrial {
 
+DETTRIAL_INLINE const SearcherSettings& Experiment::checked_searcher(const ExperimentConfig& c) {
+  if (c.searcher.kind != SearcherKind::adaptive_asha && !c.searcher.max_length)
+    throw ConfigError(c.source + ": searcher '" + std::string(c.searcher.name()) + "' needs searcher.max_length, e.g. {batches: 1000}");
+  return c.searcher;
+}
+
 DETTRIAL_INLINE Experiment::Experiment(ExperimentConfig config, ExperimentOptions options)
     : config_(std::move(config)), options_(std::move(options)),
-      searcher_(make_searcher(searcher_config(config_), HyperparameterSpace(config_.hyperparameters, config_.source),
+      searcher_(make_searcher(checked_searcher(config_), HyperparameterSpace(config_.hyperparameters, config_.source),
                               config_.experiment_seed.value_or(0))) {
   if (config_.searcher.metric.empty())
-    throw ConfigError(config_.source + ": searcher '" + config_.searcher.name + "' needs searcher.metric");
+    throw ConfigError(config_.source + ": searcher '" + std::string(config_.searcher.name()) + "' needs searcher.metric");
   if (options_.launcher == TrialLauncher::slurm) {
     for (const char* tool : {"srun", "scancel", "scontrol"}) {
       const std::string path = detail::find_on_path(tool);
@@ -317,25 +324,6 @@ DETTRIAL_INLINE Experiment::Experiment(ExperimentConfig config, ExperimentOption
     options_.output_dir = std::filesystem::absolute(options_.output_dir);
     if (options_.program == "/proc/self/exe") options_.program = std::filesystem::read_symlink("/proc/self/exe");
   }
-}
-
-DETTRIAL_INLINE SearcherConfig Experiment::searcher_config(const ExperimentConfig& c) {
-  SearcherConfig s;
-  s.name = c.searcher.name;
-  s.metric = c.searcher.metric;
-  s.smaller_is_better = c.searcher.smaller_is_better;
-  s.max_trials = c.searcher.max_trials;
-  s.max_concurrent_trials = c.searcher.max_concurrent_trials;
-  s.time_metric = c.searcher.time_metric;
-  s.max_time = c.searcher.max_time;
-  s.divisor = c.searcher.divisor;
-  s.max_rungs = c.searcher.max_rungs;
-  s.mode = c.searcher.mode;
-  s.bracket_rungs = c.searcher.bracket_rungs;
-  if (c.searcher.max_length) s.max_length = c.searcher.max_length->value();
-  if (s.name != "adaptive_asha" && !c.searcher.max_length)
-    throw ConfigError(c.source + ": searcher '" + s.name + "' needs searcher.max_length, e.g. {batches: 1000}");
-  return s;
 }
 
 DETTRIAL_INLINE int Experiment::run() {
@@ -650,10 +638,10 @@ DETTRIAL_INLINE void Experiment::write_trial_config(const TrialRequest& r) const
   YAML::Node doc = YAML::Clone(config_.yaml);
   doc["hyperparameters"] = YAML::Clone(r.hparams);
   YAML::Node searcher(YAML::NodeType::Map);
-  searcher["name"] = "single";
+  searcher["name"] = std::string(to_string(SearcherKind::single));
   searcher["metric"] = config_.searcher.metric;
   searcher["smaller_is_better"] = config_.searcher.smaller_is_better;
-  const std::string unit = config_.searcher.name == "adaptive_asha" ? config_.searcher.time_metric
+  const std::string unit = config_.searcher.kind == SearcherKind::adaptive_asha ? config_.searcher.time_metric
                            : config_.searcher.max_length ? std::string(to_string(config_.searcher.max_length->unit()))
                                                          : std::string("batches");
   searcher["max_length"][unit] = r.max_length;
@@ -935,7 +923,7 @@ DETTRIAL_INLINE void Experiment::apply_experiment_retention() {
 DETTRIAL_INLINE detail::Json Experiment::summary_json() const {
   const auto optional = [](const std::optional<double>& v) { return v ? detail::Json(*v) : detail::Json(nullptr); };
   detail::Json summary = {{"experiment", config_.name.empty() ? config_.description : config_.name},
-                          {"searcher", config_.searcher.name},
+                          {"searcher", std::string(config_.searcher.name())},
                           {"metric", config_.searcher.metric},
                           {"smaller_is_better", config_.searcher.smaller_is_better},
                           {"time_metric", config_.searcher.time_metric},

@@ -19,6 +19,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include "../error.hpp"
+#include "../config/searcher_settings.hpp"
 #include "../detail/random.hpp"
 #include "../detail/yaml.hpp"
 #include "hyperparameter_space.hpp"
@@ -38,23 +39,6 @@ struct TrialRequest {
 
 /// What a searcher says after a validation.
 enum class SearcherDecision { keep_training, stop };
-
-/// The searcher settings of an experiment config (`searcher:`), checked.
-struct SearcherConfig {
-  std::string name = "single";
-  std::string metric;
-  bool smaller_is_better = true;
-  std::int64_t max_trials = 1;
-  std::int64_t max_concurrent_trials = 16;
-  std::int64_t max_length = 0;  // single, random, grid: batches
-  // adaptive_asha
-  std::string time_metric = "batches";
-  std::int64_t max_time = 0;
-  double divisor = 4;
-  std::int64_t max_rungs = 5;
-  std::string mode = "standard";
-  std::vector<std::int64_t> bracket_rungs;
-};
 
 namespace detail {
 
@@ -77,7 +61,7 @@ namespace searcher {
 /// each time one ends, `max_concurrent_trials` at a time; validations never stop a trial.
 class Random {
  public:
-  Random(SearcherConfig config, HyperparameterSpace space, std::uint64_t experiment_seed);
+  Random(SearcherSettings config, HyperparameterSpace space, std::uint64_t experiment_seed);
 
   std::vector<TrialRequest> initial();
   SearcherDecision on_validation(std::int64_t, double, double) { return SearcherDecision::keep_training; }
@@ -86,7 +70,7 @@ class Random {
 
  private:
   TrialRequest next();
-  SearcherConfig config_;
+  SearcherSettings config_;
   HyperparameterSpace space_;
   detail::SearchRandom random_;
   std::int64_t created_ = 0;
@@ -95,7 +79,7 @@ class Random {
 /// `grid`: every point of the grid, `max_concurrent_trials` at a time.
 class Grid {
  public:
-  Grid(SearcherConfig config, const HyperparameterSpace& space, std::uint64_t experiment_seed);
+  Grid(SearcherSettings config, const HyperparameterSpace& space, std::uint64_t experiment_seed);
 
   std::vector<TrialRequest> initial();
   SearcherDecision on_validation(std::int64_t, double, double) { return SearcherDecision::keep_training; }
@@ -104,7 +88,7 @@ class Grid {
 
  private:
   TrialRequest next();
-  SearcherConfig config_;
+  SearcherSettings config_;
   std::vector<YAML::Node> points_;
   detail::SearchRandom random_;
   std::int64_t created_ = 0;
@@ -119,7 +103,7 @@ struct AshaBracket {
 };
 
 /// Determined's bracket arithmetic (`adaptive_asha.go`).
-DETTRIAL_INLINE std::vector<AshaBracket> asha_brackets(const SearcherConfig& c);
+DETTRIAL_INLINE std::vector<AshaBracket> asha_brackets(const SearcherSettings& c);
 
 /**
  * @brief `adaptive_asha`, stopping-based as Determined implements it: trials train until stopped.
@@ -129,7 +113,7 @@ DETTRIAL_INLINE std::vector<AshaBracket> asha_brackets(const SearcherConfig& c);
  */
 class AdaptiveAsha {
  public:
-  AdaptiveAsha(SearcherConfig config, HyperparameterSpace space, std::uint64_t experiment_seed);
+  AdaptiveAsha(SearcherSettings config, HyperparameterSpace space, std::uint64_t experiment_seed);
 
   const std::vector<AshaBracket>& brackets() const { return brackets_; }
 
@@ -148,7 +132,7 @@ class AdaptiveAsha {
     std::int64_t rung = 0;
   };
   TrialRequest next(std::size_t bracket);
-  SearcherConfig config_;
+  SearcherSettings config_;
   HyperparameterSpace space_;
   detail::SearchRandom random_;
   std::vector<AshaBracket> brackets_;
@@ -164,7 +148,7 @@ class AdaptiveAsha {
 using Searcher = std::variant<searcher::Random, searcher::Grid, searcher::AdaptiveAsha>;
 
 /// Builds the searcher `config` names over `space` (single is random with one trial).
-DETTRIAL_INLINE Searcher make_searcher(const SearcherConfig& config, const HyperparameterSpace& space, std::uint64_t experiment_seed);
+DETTRIAL_INLINE Searcher make_searcher(const SearcherSettings& config, const HyperparameterSpace& space, std::uint64_t experiment_seed);
 
 }  // namespace dettrial
 
@@ -172,7 +156,7 @@ DETTRIAL_INLINE Searcher make_searcher(const SearcherConfig& config, const Hyper
 #if DETTRIAL_HEADER_DEFINITIONS
 namespace dettrial::searcher {
 
-DETTRIAL_INLINE Random::Random(SearcherConfig config, HyperparameterSpace space, std::uint64_t experiment_seed)
+DETTRIAL_INLINE Random::Random(SearcherSettings config, HyperparameterSpace space, std::uint64_t experiment_seed)
     : config_(std::move(config)), space_(std::move(space)), random_(experiment_seed) {}
 
 DETTRIAL_INLINE std::vector<TrialRequest> Random::initial() {
@@ -192,11 +176,11 @@ DETTRIAL_INLINE TrialRequest Random::next() {
   r.id = ++created_;
   r.seed = random_.trial_seed();
   r.hparams = space_.sample(random_.engine());
-  r.max_length = config_.max_length;
+  r.max_length = config_.length();
   return r;
 }
 
-DETTRIAL_INLINE Grid::Grid(SearcherConfig config, const HyperparameterSpace& space, std::uint64_t experiment_seed)
+DETTRIAL_INLINE Grid::Grid(SearcherSettings config, const HyperparameterSpace& space, std::uint64_t experiment_seed)
     : config_(std::move(config)), points_(space.grid()), random_(experiment_seed) {}
 
 DETTRIAL_INLINE std::vector<TrialRequest> Grid::initial() {
@@ -217,11 +201,11 @@ DETTRIAL_INLINE TrialRequest Grid::next() {
   r.hparams = points_[static_cast<std::size_t>(created_)];
   r.id = ++created_;
   r.seed = random_.trial_seed();
-  r.max_length = config_.max_length;
+  r.max_length = config_.length();
   return r;
 }
 
-DETTRIAL_INLINE std::vector<AshaBracket> asha_brackets(const SearcherConfig& c) {
+DETTRIAL_INLINE std::vector<AshaBracket> asha_brackets(const SearcherSettings& c) {
   if (c.max_trials < 1) throw ConfigError("adaptive_asha needs max_trials of at least 1");
   if (c.max_time < 1) throw ConfigError("adaptive_asha needs max_time of at least 1");
   if (!(c.divisor > 1)) throw ConfigError("adaptive_asha needs a divisor greater than 1");
@@ -267,7 +251,7 @@ DETTRIAL_INLINE std::vector<AshaBracket> asha_brackets(const SearcherConfig& c) 
   return out;
 }
 
-DETTRIAL_INLINE AdaptiveAsha::AdaptiveAsha(SearcherConfig config, HyperparameterSpace space, std::uint64_t experiment_seed)
+DETTRIAL_INLINE AdaptiveAsha::AdaptiveAsha(SearcherSettings config, HyperparameterSpace space, std::uint64_t experiment_seed)
     : config_(std::move(config)), space_(std::move(space)), random_(experiment_seed), brackets_(asha_brackets(config_)) {
   rung_metrics_.resize(brackets_.size());
   for (std::size_t b = 0; b < brackets_.size(); ++b) rung_metrics_[b].resize(static_cast<std::size_t>(brackets_[b].rungs));
@@ -324,16 +308,18 @@ DETTRIAL_INLINE TrialRequest AdaptiveAsha::next(std::size_t bracket) {
 
 namespace dettrial {
 
-DETTRIAL_INLINE Searcher make_searcher(const SearcherConfig& config, const HyperparameterSpace& space, std::uint64_t experiment_seed) {
-  if (config.name == "single") {
-    SearcherConfig one = config;
-    one.max_trials = 1;
-    return searcher::Random(one, space, experiment_seed);
+DETTRIAL_INLINE Searcher make_searcher(const SearcherSettings& config, const HyperparameterSpace& space, std::uint64_t experiment_seed) {
+  switch (config.kind) {
+    case SearcherKind::single: {
+      SearcherSettings one = config;
+      one.max_trials = 1;
+      return searcher::Random(one, space, experiment_seed);
+    }
+    case SearcherKind::random: return searcher::Random(config, space, experiment_seed);
+    case SearcherKind::grid: return searcher::Grid(config, space, experiment_seed);
+    case SearcherKind::adaptive_asha: return searcher::AdaptiveAsha(config, space, experiment_seed);
   }
-  if (config.name == "random") return searcher::Random(config, space, experiment_seed);
-  if (config.name == "grid") return searcher::Grid(config, space, experiment_seed);
-  if (config.name == "adaptive_asha") return searcher::AdaptiveAsha(config, space, experiment_seed);
-  throw ConfigError("searcher '" + config.name + "' is not one dettrial has (single, random, grid, adaptive_asha)");
+  throw ConfigError("searcher '" + std::string(config.name()) + "' is not one dettrial has (single, random, grid, adaptive_asha)");
 }
 
 }  // namespace dettrial

@@ -11,7 +11,7 @@
 
 #include "../checkpoint/storage.hpp"
 #include "../config/experiment_config.hpp"
-#include "../metrics/metrics.hpp"
+#include "../vocabulary/metrics.hpp"
 #include "../report/progress.hpp"
 #include "../config/units.hpp"
 #include "../detail/linkage.hpp"

@@ -118,7 +118,7 @@ DETTRIAL_INLINE ExperimentConfig checkpoint_trial_config(const std::filesystem::
     if (!doc["hyperparameters"] || !doc["hyperparameters"].IsMap()) doc["hyperparameters"] = YAML::Node(YAML::NodeType::Map);
     merge_yaml_map(doc["hyperparameters"], overrides);
   }
-  doc["searcher"]["name"] = "single";
+  doc["searcher"]["name"] = std::string(to_string(SearcherKind::single));
   return ExperimentConfig::from_yaml(doc, file.string() + " (the checkpoint's config)");
 }
 

@@ -24,7 +24,7 @@
 #include "../context/context.hpp"
 #include "../data/to_device.hpp"
 #include "../error.hpp"
-#include "../metrics/metrics.hpp"
+#include "../vocabulary/metrics.hpp"
 #include "../optim/fused.hpp"
 
 // DETTRIAL_HAS_CUDA: LibTorch is CUDA-built (dettrial's CMake defines it, as it does the NCCL backend).

@@ -23,7 +23,7 @@
 #include "../../error.hpp"
 #include "../../detail/atomic_file.hpp"
 #include "../../detail/json.hpp"
-#include "../../metrics/order.hpp"
+#include "../../vocabulary/metric_order.hpp"
 #include "chart.hpp"
 #include "page.hpp"
 #include "run_page.hpp"

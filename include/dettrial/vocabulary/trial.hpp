@@ -14,11 +14,11 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "../optim/handles.hpp"
-#include "../data/data_loader.hpp"
-#include "../metrics/metrics.hpp"
-#include "../metrics/reducers.hpp"
-#include "../optim/lr_step.hpp"
+#include <torch/torch.h>
+
+#include "data.hpp"
+#include "metrics.hpp"
+#include "optim.hpp"
 
 namespace dettrial {
 namespace detail {

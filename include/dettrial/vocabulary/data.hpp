@@ -1,0 +1,62 @@
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief The data vocabulary: what a dataset and a data loader are to dettrial (concepts), and the
+/// LoaderChain by which the trainer reads a loader.
+#pragma once
+
+#include <concepts>
+#include <cstdint>
+#include <ranges>
+#include <type_traits>
+#include <utility>
+
+#include <torch/torch.h>
+
+namespace dettrial {
+
+/// How the trainer reads a loader: Determined's `get_data_loader(repeat, skip, num_replicas, rank)`.
+struct LoaderChain {
+  /// Endless epochs (training) or one pass (validation).
+  bool repeat = false;
+  /// Batches of this rank's stream to pass over (already trained); none of their records are read.
+  std::int64_t skip = 0;
+  /// Ranks sharing the data; rank `r` takes every `num_replicas`-th batch, starting at `r`.
+  std::int64_t num_replicas = 1;
+  std::int64_t rank = 0;
+};
+
+/// A dataset read one record at a time: `size()` records and `get(index)`.
+template <class D>
+concept ExampleDataset = requires(const D& d, std::int64_t i) {
+  { d.size() } -> std::convertible_to<std::int64_t>;
+  d.get(i);
+};
+
+/**
+ * @brief A dataset read a batch at a time: `size()` records, and `get_batch(indices)` with a 1-D
+ * int64 CPU tensor of record indices (vectorised: one gather per batch, not one call per record).
+ * A dataset may also offer `get_range(begin, end)` for contiguous, unshuffled reads. Either way a
+ * batch must not alias the dataset's storage: a trial may change its batch in place.
+ */
+template <class D>
+concept BatchDataset = requires(D& d, const torch::Tensor& indices) {
+  { d.size() } -> std::convertible_to<std::int64_t>;
+  d.get_batch(indices);
+};
+
+/**
+ * @brief What the trainer needs of a data loader: `size()` batches per epoch, and `batches(chain)`,
+ * the batches one rank reads under Determined's repeat / shard / skip chain (see LoaderChain).
+ */
+template <class L>
+concept BatchLoader = requires(const L& l, const LoaderChain& chain) {
+  { l.size() } -> std::convertible_to<std::int64_t>;
+  { l.batches(chain) };
+  requires std::ranges::input_range<decltype(l.batches(chain))>;
+};
+
+/// The batch type a loader yields.
+template <BatchLoader L>
+using batch_of = std::remove_cvref_t<std::ranges::range_reference_t<decltype(std::declval<const L&>().batches(LoaderChain{}))>>;
+
+}  // namespace dettrial
