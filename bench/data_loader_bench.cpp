@@ -67,7 +67,8 @@ int main(int argc, char** argv) {
 
   // ---- loaders: batches per second over one shuffled epoch (938 batches of 64) ----
   auto dettrial_epoch = [&](int workers) {
-    dettrial::DataLoader loader(dettrial::TensorDataset(images, labels), {.batch_size = 64, .shuffle = true, .seed = 1, .workers = workers});
+    dettrial::DataLoader loader(dettrial::TensorDataset(images, labels),
+                                {.batch_size = 64, .shuffle = true, .seed = 1, .workers = workers});
     std::int64_t n = 0;
     const double s = seconds([&] {
       for (auto&& [x, y] : loader.batches({})) n += x.size(0) > 0;
@@ -111,7 +112,9 @@ int main(int argc, char** argv) {
     dettrial::Context context(config, {.trial_seed = 1, .threads = 1});
     dettrial::Trainer<mnist::MnistTrial> trainer(context);
     Clock clock;
-    trainer.fit({.max_length = dettrial::Batch(steps), .reporting_period = dettrial::Batch(100), .output_dir = "/tmp/dettrial-bench",
+    trainer.fit({.max_length = dettrial::Batch(steps),
+                 .reporting_period = dettrial::Batch(100),
+                 .output_dir = "/tmp/dettrial-bench",
                  .report = {.quiet = true}},
                 clock);
     return std::chrono::duration<double>(clock.end - clock.start).count() / static_cast<double>(steps);

@@ -65,7 +65,8 @@ StepTimes run_steps(dettrial::Context& context, int steps) {
 }
 
 void print(const std::string& name, double value, const char* unit, double spread, const std::string& extra = "") {
-  std::printf("{\"name\": \"%s\", \"value\": %.6g, \"unit\": \"%s\", \"spread\": %.4g%s}\n", name.c_str(), value, unit, spread, extra.c_str());
+  std::printf("{\"name\": \"%s\", \"value\": %.6g, \"unit\": \"%s\", \"spread\": %.4g%s}\n", name.c_str(), value, unit, spread,
+              extra.c_str());
   std::fflush(stdout);
 }
 

@@ -48,8 +48,9 @@ struct BlockImpl : torch::nn::Module {
         conv2(register_module("conv2", torch::nn::Conv2d(torch::nn::Conv2dOptions(out, out, 3).padding(1).bias(false)))),
         bn2(register_module("bn2", torch::nn::BatchNorm2d(out))) {
     if (stride != 1 || in != out)
-      shortcut = register_module("shortcut", torch::nn::Sequential(torch::nn::Conv2d(torch::nn::Conv2dOptions(in, out, 1).stride(stride).bias(false)),
-                                                                   torch::nn::BatchNorm2d(out)));
+      shortcut = register_module("shortcut",
+                                 torch::nn::Sequential(torch::nn::Conv2d(torch::nn::Conv2dOptions(in, out, 1).stride(stride).bias(false)),
+                                                       torch::nn::BatchNorm2d(out)));
   }
   torch::Tensor forward(const torch::Tensor& x) {
     torch::Tensor y = torch::relu(bn1(conv1(x)));
@@ -134,10 +135,11 @@ void run(const std::string& name, const std::string& yaml, const Options& opt, s
   const dettrial::FitResult result = trainer.fit(fit, timer);
   std::filesystem::remove_all(fit.output_dir);
   const double records = opt.quick ? 40.0 * context.get_global_batch_size() : static_cast<double>(records_per_epoch * timer.epochs);
-  std::printf("{\"name\": \"%s\", \"value\": %.1f, \"unit\": \"samples/s\", \"seconds\": %.3f, \"epochs\": %lld, "
-              "\"validation_loss\": %.6f, \"note\": \"%s\"}\n",
-              name.c_str(), records / timer.seconds(), timer.seconds(), static_cast<long long>(timer.epochs),
-              result.last_validation_metrics.get("validation_loss").value_or(-1.0), note);
+  std::printf(
+      "{\"name\": \"%s\", \"value\": %.1f, \"unit\": \"samples/s\", \"seconds\": %.3f, \"epochs\": %lld, "
+      "\"validation_loss\": %.6f, \"note\": \"%s\"}\n",
+      name.c_str(), records / timer.seconds(), timer.seconds(), static_cast<long long>(timer.epochs),
+      result.last_validation_metrics.get("validation_loss").value_or(-1.0), note);
   std::fflush(stdout);
 }
 
@@ -175,8 +177,9 @@ int main(int argc, char** argv) {
   run<Graphed>("MNIST example, graphed, data on the GPU", mnist_hparams + data + "true}\n" + graph, opt, fashion, "");
   run<Graphed>("MNIST example, graphed, fp16 with its scaler in the graph, data on the GPU",
                mnist_hparams + data + "true}\noptimizations: {step_capture: cuda_graph, mixed_precision: fp16}\n", opt, fashion, "");
-  const std::string resnet = "hyperparameters: {global_batch_size: 256, records: 10240}\n"
-                             "searcher: {name: single, metric: validation_loss, max_length: {epochs: 1}}\n";
+  const std::string resnet =
+      "hyperparameters: {global_batch_size: 256, records: 10240}\n"
+      "searcher: {name: single, metric: validation_loss, max_length: {epochs: 1}}\n";
   run<ResNetTrial>("ResNet-style convnet, batch 256, fp32", resnet, opt, 10240, "");
   run<ResNetTrial>("ResNet-style convnet, batch 256, bf16 autocast", resnet + "optimizations: {mixed_precision: bf16}\n", opt, 10240, "");
   run<ResNetTrial>("ResNet-style convnet, batch 256, fp16 autocast and scaler", resnet + "optimizations: {mixed_precision: fp16}\n", opt,

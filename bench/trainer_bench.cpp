@@ -153,7 +153,8 @@ Run by_hand(const dettrial::ExperimentConfig& config, std::int64_t batches, bool
   std::int64_t n = 0;
   double reported = 0;
   if (recording) {
-    static_assert(std::is_base_of_v<torch::optim::SGD, decltype(optimizer)>, "parity.py replays SGD (FusedSGD is SGD on the CPU, to the bit)");
+    static_assert(std::is_base_of_v<torch::optim::SGD, decltype(optimizer)>,
+                  "parity.py replays SGD (FusedSGD is SGD on the CPU, to the bit)");
     const auto& sgd = static_cast<const torch::optim::SGDOptions&>(optimizer.param_groups().front().options());
     recording->lr = sgd.lr(), recording->momentum = sgd.momentum();
     recording->rng_state = at::detail::getDefaultCPUGenerator().get_state();
@@ -210,7 +211,8 @@ double spread(const std::vector<double>& v) {
 }
 
 void report(const std::string& name, double value, const char* unit, double spread, const std::string& extra = "") {
-  std::printf("{\"name\": \"%s\", \"value\": %.6g, \"unit\": \"%s\", \"spread\": %.4g%s}\n", name.c_str(), value, unit, spread, extra.c_str());
+  std::printf("{\"name\": \"%s\", \"value\": %.6g, \"unit\": \"%s\", \"spread\": %.4g%s}\n", name.c_str(), value, unit, spread,
+              extra.c_str());
   std::fflush(stdout);
 }
 
@@ -274,15 +276,16 @@ void write_parity(const std::filesystem::path& dir, const dettrial::ExperimentCo
   for (const auto d : inputs.sizes()) shape += (shape.empty() ? "" : ", ") + std::to_string(d);
   std::ofstream(dir / "meta.json") << "{" << network << ", \"lr\": " << recording.lr << ", \"momentum\": " << recording.momentum
                                    << ", \"input_shape\": [" << shape << "], \"params\": " << run.params.size()
-                                   << ", \"cpp_seconds_per_batch\": " << timed.seconds_per_batch << ", \"torch\": \""
-                                   << TORCH_VERSION_MAJOR << "." << TORCH_VERSION_MINOR << "\"}\n";
+                                   << ", \"cpp_seconds_per_batch\": " << timed.seconds_per_batch << ", \"torch\": \"" << TORCH_VERSION_MAJOR
+                                   << "." << TORCH_VERSION_MINOR << "\"}\n";
 }
 
 /// The MNIST example's settings used throughout (the seed's network with 40/40 filters).
 dettrial::ExperimentConfig mnist_config(const char* fashion) {
   return dettrial::ExperimentConfig::parse(
       "hyperparameters: {learning_rate: 0.03, dropout: 0.3, global_batch_size: 64, n_filters1: 40, n_filters2: 40}\n"
-      "data: {dir: " + std::string(fashion) + "}\n");
+      "data: {dir: " +
+      std::string(fashion) + "}\n");
 }
 
 }  // namespace
@@ -369,7 +372,8 @@ int main(int argc, char** argv) {
   if (!profile.empty()) {
     const bool trainer = profile == "trainer";
     const Run run = profile_model == "mnist"
-                        ? (trainer ? with_trainer<mnist::MnistTrial>(net, profile_batches, false) : by_hand<mnist::MnistTrial>(net, profile_batches, false))
+                        ? (trainer ? with_trainer<mnist::MnistTrial>(net, profile_batches, false)
+                                   : by_hand<mnist::MnistTrial>(net, profile_batches, false))
                         : (trainer ? with_trainer<MlpTrial>(mlp, profile_batches, false) : by_hand<MlpTrial>(mlp, profile_batches, false));
     std::printf("%s %s: %.2f us/batch\n", profile_model.c_str(), profile.c_str(), 1e6 * run.seconds_per_batch);
     return 0;
@@ -388,9 +392,9 @@ int main(int argc, char** argv) {
       const YAML::Node& h = net.hyperparameters;
       write_parity<mnist::MnistTrial>(dir / "mnist", net, quick ? 5 : 200,
                                       "\"model\": \"mnist\", \"label\": \"MNIST example network\", \"n_filters1\": " +
-                                          std::to_string(h["n_filters1"].as<std::int64_t>()) + ", \"n_filters2\": " +
-                                          std::to_string(h["n_filters2"].as<std::int64_t>()) + ", \"dropout\": " +
-                                          std::to_string(h["dropout"].as<double>()));
+                                          std::to_string(h["n_filters1"].as<std::int64_t>()) +
+                                          ", \"n_filters2\": " + std::to_string(h["n_filters2"].as<std::int64_t>()) +
+                                          ", \"dropout\": " + std::to_string(h["dropout"].as<double>()));
     }
   }
   return ok ? 0 : 1;

@@ -49,7 +49,8 @@ class MnistKerasTrial {
     if (validation_split_ == train_split_) {
       const std::int64_t n = train.images.size(0);
       const std::int64_t hold = holdout_ > 0 ? holdout_ : n / 6;
-      if (hold >= n) throw dettrial::DataError("data.holdout (" + std::to_string(hold) + ") leaves no training records of " + std::to_string(n));
+      if (hold >= n)
+        throw dettrial::DataError("data.holdout (" + std::to_string(hold) + ") leaves no training records of " + std::to_string(n));
       validation = {train.images.narrow(0, n - hold, hold), train.labels.narrow(0, n - hold, hold)};
       train = {train.images.narrow(0, 0, n - hold), train.labels.narrow(0, 0, n - hold)};
     }

@@ -40,16 +40,14 @@ class BasicMnistTrial {
     const auto n1 = context_.get_hparam<std::int64_t>("n_filters1");
     const auto n2 = context_.get_hparam<std::int64_t>("n_filters2");
     const auto dropout = context_.get_hparam<double>("dropout");
-    return torch::nn::Sequential(
-        torch::nn::Conv2d(torch::nn::Conv2dOptions(1, n1, 5)), torch::nn::MaxPool2d(2), torch::nn::ReLU(),
-        torch::nn::Conv2d(torch::nn::Conv2dOptions(n1, n2, 5)), torch::nn::MaxPool2d(2), torch::nn::ReLU(),
-        torch::nn::Flatten(), torch::nn::Linear(16 * n2, 50), torch::nn::ReLU(), torch::nn::Dropout(dropout),
-        torch::nn::Linear(50, 10), torch::nn::LogSoftmax(1));
+    return torch::nn::Sequential(torch::nn::Conv2d(torch::nn::Conv2dOptions(1, n1, 5)), torch::nn::MaxPool2d(2), torch::nn::ReLU(),
+                                 torch::nn::Conv2d(torch::nn::Conv2dOptions(n1, n2, 5)), torch::nn::MaxPool2d(2), torch::nn::ReLU(),
+                                 torch::nn::Flatten(), torch::nn::Linear(16 * n2, 50), torch::nn::ReLU(), torch::nn::Dropout(dropout),
+                                 torch::nn::Linear(50, 10), torch::nn::LogSoftmax(1));
   }
 
   Optimizer optimizer(torch::nn::Sequential& model) {
-    return Optimizer(model->parameters(),
-                             torch::optim::SGDOptions(context_.get_hparam<double>("learning_rate")).momentum(0.9));
+    return Optimizer(model->parameters(), torch::optim::SGDOptions(context_.get_hparam<double>("learning_rate")).momentum(0.9));
   }
 
   /// Optional decay of the learning rate after every epoch (hyperparameter `lr_decay`, default 1: none).
@@ -61,8 +59,7 @@ class BasicMnistTrial {
 
   /// `data.on_device: true` keeps the images on the trial's device (a GPU) and gathers each batch there.
   auto build_training_data_loader() {
-    return dettrial::DataLoader(dataset(train_),
-                                {.batch_size = context_.get_per_slot_batch_size(), .shuffle = true});
+    return dettrial::DataLoader(dataset(train_), {.batch_size = context_.get_per_slot_batch_size(), .shuffle = true});
   }
   auto build_validation_data_loader() {
     // Validation batches of 500 divide the 10,000 test images evenly, so the (per-batch) average
@@ -102,7 +99,8 @@ class BasicMnistTrial {
       // One file for both: the last `holdout` records (default a sixth) validate, the rest train.
       const std::int64_t n = train.images.size(0);
       const std::int64_t hold = holdout_ > 0 ? holdout_ : n / 6;
-      if (hold >= n) throw dettrial::DataError("data.holdout (" + std::to_string(hold) + ") leaves no training records of " + std::to_string(n));
+      if (hold >= n)
+        throw dettrial::DataError("data.holdout (" + std::to_string(hold) + ") leaves no training records of " + std::to_string(n));
       validation = {train.images.narrow(0, n - hold, hold), train.labels.narrow(0, n - hold, hold)};
       train = {train.images.narrow(0, 0, n - hold), train.labels.narrow(0, 0, n - hold)};
     }

@@ -38,5 +38,4 @@ struct DistributedError : Error {
   using Error::Error;
 };
 
-
 }  // namespace dettrial

@@ -7,10 +7,12 @@
 #pragma once
 
 #if !defined(DETTRIAL_SEPARATE_COMPILATION)
-#error "<dettrial/src.hpp> belongs to separate-compilation mode: define DETTRIAL_SEPARATE_COMPILATION in every translation unit (linking dettrial::compiled does), or leave it out (header-only)"
+#error \
+    "<dettrial/src.hpp> belongs to separate-compilation mode: define DETTRIAL_SEPARATE_COMPILATION in every translation unit (linking dettrial::compiled does), or leave it out (header-only)"
 #endif
 #if defined(DETTRIAL_DETAIL_LINKAGE_INCLUDED)
-#error "<dettrial/src.hpp> must be the first dettrial header of its source file: headers included before it were read without their definitions"
+#error \
+    "<dettrial/src.hpp> must be the first dettrial header of its source file: headers included before it were read without their definitions"
 #endif
 
 #define DETTRIAL_COMPILING_DEFINITIONS 1

@@ -42,7 +42,7 @@ dettrial_example_deps() {
 # two-node cluster on this host for the Slurm tests) and Universal Ctags (the function-length check).
 dettrial_test_deps() {
   dettrial_example_deps
-  dettrial_apt git python3 python3-venv doctest-dev python3-torch python3-numpy openmpi-bin chromium slurm-wlm munge universal-ctags
+  dettrial_apt git python3 python3-venv doctest-dev python3-torch python3-numpy openmpi-bin chromium slurm-wlm munge universal-ctags clang-format-19
 }
 
 # Runs a command as one named phase of a script and says how long it took ("==> build debian: 312 s").

@@ -69,7 +69,6 @@ struct DistributedError : Error {
   using Error::Error;
 };
 
-
 }  // namespace dettrial
 // ---- end dettrial/error.hpp
 // ---- begin dettrial/layout.hpp
@@ -209,10 +208,16 @@ std::string type_name() {
   else if constexpr (std::is_integral_v<T>) return "integer";
   else if constexpr (std::is_floating_point_v<T>) return "number";
   else if constexpr (std::is_same_v<T, std::string>) return "string";
-  else if constexpr (requires { typename T::value_type; typename T::allocator_type; } &&
-                     !requires { typename T::key_type; })
+  else if constexpr (
+      requires {
+        typename T::value_type;
+        typename T::allocator_type;
+      } && !requires { typename T::key_type; })
     return "list of " + type_name<typename T::value_type>();
-  else if constexpr (requires { typename T::key_type; typename T::mapped_type; })
+  else if constexpr (requires {
+                       typename T::key_type;
+                       typename T::mapped_type;
+                     })
     return "map of " + type_name<typename T::mapped_type>();
   else if constexpr (std::is_same_v<T, YAML::Node>) return "YAML node";
   else return typeid(T).name();
@@ -230,8 +235,7 @@ bool try_read(const YAML::Node& node, T& out) {
     if (YAML::convert<T>::decode(node, out)) return true;
     double d = 0;
     if (!YAML::convert<double>::decode(node, d) || !std::isfinite(d)) return false;
-    if (d < static_cast<double>(std::numeric_limits<T>::lowest()) || d > static_cast<double>(std::numeric_limits<T>::max()))
-      return false;
+    if (d < static_cast<double>(std::numeric_limits<T>::lowest()) || d > static_cast<double>(std::numeric_limits<T>::max())) return false;
     const auto i = static_cast<T>(d);
     if (static_cast<double>(i) != d) return false;
     out = i;
@@ -249,7 +253,6 @@ bool try_read(const YAML::Node& node, T& out) {
     }
   }
 }
-
 
 /// Edit distance between two names (for "did you mean").
 DETTRIAL_INLINE std::size_t edit_distance(const std::string& a, const std::string& b);
@@ -480,8 +483,8 @@ class Hyperparameters {
     const YAML::Node node = require(path);
     T value{};
     if (!detail::try_read(node, value))
-      throw HyperparameterError(detail::where(node, source_) + ": hyperparameter '" + std::string(path) + "' is " +
-                                detail::describe(node) + ", which is not a " + detail::type_name<T>());
+      throw HyperparameterError(detail::where(node, source_) + ": hyperparameter '" + std::string(path) + "' is " + detail::describe(node) +
+                                ", which is not a " + detail::type_name<T>());
     return value;
   }
 
@@ -543,8 +546,8 @@ DETTRIAL_INLINE Hyperparameters Hyperparameters::parse(const std::string& yaml_t
 DETTRIAL_INLINE Hyperparameters Hyperparameters::nested(std::string_view path) const {
   const YAML::Node node = require(path);
   if (!node.IsMap())
-    throw HyperparameterError(detail::where(node, source_) + ": hyperparameter '" + std::string(path) + "' is " +
-                              detail::describe(node) + ", not a nested map");
+    throw HyperparameterError(detail::where(node, source_) + ": hyperparameter '" + std::string(path) + "' is " + detail::describe(node) +
+                              ", not a nested map");
   return Hyperparameters(node, source_);
 }
 
@@ -724,7 +727,8 @@ DETTRIAL_INLINE Precision parse_precision(const std::string& text) {
   if (text == "bf16" || text == "bfloat16") return Precision::bf16;
   if (text == "fp16" || text == "float16" || text == "O1") return Precision::fp16;
   if (text == "O2" || text == "O3")
-    throw ConfigError("mixed_precision '" + text + "' is Apex's fp16 master weights, which dettrial does not do; "
+    throw ConfigError("mixed_precision '" + text +
+                      "' is Apex's fp16 master weights, which dettrial does not do; "
                       "use O1 or fp16 (autocast with a gradient scaler), or bf16");
   throw ConfigError("mixed_precision is '" + text + "'; expected O0 (off), fp16 (or O1) or bf16");
 }
@@ -875,7 +879,6 @@ class ExperimentConfig {
   /// Where it came from (file name or "<string>"), for messages.
   std::string source = "<string>";
 
-
   /// Reads and parses a file; a missing or unreadable file is a ConfigError naming it.
   static ExperimentConfig load_file(const std::filesystem::path& path);
 
@@ -886,7 +889,8 @@ class ExperimentConfig {
 
   /// The searchers dettrial runs, and the names Determined removed.
   template <class R>  // the Reader, declared below
-  static void read_search_fields(const YAML::Node& s, const std::string& source, const R& r, const std::string& name, SearcherSettings& out) {
+  static void read_search_fields(const YAML::Node& s, const std::string& source, const R& r, const std::string& name,
+                                 SearcherSettings& out) {
     if (name == "adaptive" || name == "adaptive_simple" || name == "sync_halving")
       throw ConfigError(detail::where(s["name"], source) + ": searcher '" + name + "' was removed from Determined; use adaptive_asha");
     if (name != "async_halving" && !searcher_kind_named(name))
@@ -914,7 +918,8 @@ class ExperimentConfig {
     positive("max_rungs", static_cast<double>(out.max_rungs));
     if (out.max_concurrent_trials < 0)
       throw ConfigError(detail::where(s["max_concurrent_trials"], source) + ": searcher.max_concurrent_trials must not be negative");
-    if (s["divisor"] && !(out.divisor > 1)) throw ConfigError(detail::where(s["divisor"], source) + ": searcher.divisor must be greater than 1");
+    if (s["divisor"] && !(out.divisor > 1))
+      throw ConfigError(detail::where(s["divisor"], source) + ": searcher.divisor must be greater than 1");
     if ((out.kind == SearcherKind::random || out.kind == SearcherKind::adaptive_asha) && !s["max_trials"])
       throw ConfigError(detail::where(s, source) + ": searcher '" + std::string(out.name()) + "' needs max_trials");
     if (out.kind == SearcherKind::adaptive_asha) {
@@ -942,9 +947,7 @@ class ExperimentConfig {
    * values resolved, nested maps kept. A search space (int, double, log, categorical) has no single
    * value, so it is an error that names it.
    */
-  Hyperparameters trial_hyperparameters() const {
-    return Hyperparameters(resolve_constants(hyperparameters, ""), source);
-  }
+  Hyperparameters trial_hyperparameters() const { return Hyperparameters(resolve_constants(hyperparameters, ""), source); }
 
  private:
   YAML::Node resolve_constants(const YAML::Node& map, const std::string& prefix) const;
@@ -961,8 +964,7 @@ class ExperimentConfig {
     }
     /// A length (`{batches: N}`, `{records: N}`, `{epochs: N}`). With `step_batches` > 0, a plain
     /// integer is also accepted: Determined's legacy form, N steps of `step_batches` batches.
-    std::optional<TrainUnit> length(const YAML::Node& map, const char* key, bool zero_means_never,
-                                    std::int64_t step_batches = 0) const;
+    std::optional<TrainUnit> length(const YAML::Node& map, const char* key, bool zero_means_never, std::int64_t step_batches = 0) const;
   };
 
   // One reader per part of the document, called by from_yaml in this order.
@@ -999,8 +1001,8 @@ DETTRIAL_INLINE ExperimentConfig ExperimentConfig::load_file(const std::filesyst
   if (!in) {
     std::error_code ec;
     const bool exists = std::filesystem::exists(path, ec);
-    throw ConfigError("cannot read experiment config '" + path.string() + "': " +
-                      (exists ? "permission denied or not a file" : "no such file"));
+    throw ConfigError("cannot read experiment config '" + path.string() +
+                      "': " + (exists ? "permission denied or not a file" : "no such file"));
   }
   std::stringstream text;
   text << in.rdbuf();
@@ -1051,8 +1053,7 @@ DETTRIAL_INLINE void ExperimentConfig::read_top_level(const YAML::Node& root, co
   }
   if (root["data"]) c.data.reset(root["data"]);
   r.read(root, "scheduling_unit", c.scheduling_unit);
-  if (c.scheduling_unit < 1)
-    throw ConfigError(detail::where(root["scheduling_unit"], source) + ": scheduling_unit must be at least 1");
+  if (c.scheduling_unit < 1) throw ConfigError(detail::where(root["scheduling_unit"], source) + ": scheduling_unit must be at least 1");
   r.read(root, "records_per_epoch", c.records_per_epoch);
   r.read(root, "perform_initial_validation", c.perform_initial_validation);
   r.read(root, "max_restarts", c.max_restarts);
@@ -1140,15 +1141,19 @@ DETTRIAL_INLINE void ExperimentConfig::read_profiling(const YAML::Node& prof, co
 DETTRIAL_INLINE void ExperimentConfig::read_slurm(const YAML::Node& slurm, const std::string& source, std::vector<std::string>& args) {
   const YAML::Node given = slurm.IsMap() ? slurm["sbatch_args"] : YAML::Node();
   if (!given || given.IsNull()) return;
-  if (!given.IsSequence()) throw ConfigError(detail::where(given, source) + ": slurm.sbatch_args must be a list of options, such as [--partition=gpu]");
+  if (!given.IsSequence())
+    throw ConfigError(detail::where(given, source) + ": slurm.sbatch_args must be a list of options, such as [--partition=gpu]");
   for (const auto& a : given) {
-    if (!a.IsScalar()) throw ConfigError(detail::where(a, source) + ": slurm.sbatch_args holds " + detail::describe(a) + "; each entry is one option");
+    if (!a.IsScalar())
+      throw ConfigError(detail::where(a, source) + ": slurm.sbatch_args holds " + detail::describe(a) + "; each entry is one option");
     // dettrial starts each trial with srun, which takes sbatch's resource options but not these
     // (or reads them otherwise: srun's --output redirects the tasks', --wait is a timeout).
     const std::string option = a.Scalar().substr(0, a.Scalar().find('='));
-    for (const char* batch_only : {"--array", "-a", "--wrap", "--parsable", "--wait", "-W", "--output", "-o", "--error", "-e", "--open-mode", "--test-only"})
+    for (const char* batch_only :
+         {"--array", "-a", "--wrap", "--parsable", "--wait", "-W", "--output", "-o", "--error", "-e", "--open-mode", "--test-only"})
       if (option == batch_only)
-        throw ConfigError(detail::where(a, source) + ": slurm.sbatch_args: '" + a.Scalar() + "' is an sbatch option that srun, which starts " +
+        throw ConfigError(detail::where(a, source) + ": slurm.sbatch_args: '" + a.Scalar() +
+                          "' is an sbatch option that srun, which starts " +
                           "each trial, does not take the same way; leave it out (each trial's output goes to its log.txt)");
     args.push_back(a.Scalar());
   }
@@ -1167,7 +1172,8 @@ DETTRIAL_INLINE void ExperimentConfig::read_checkpoint_storage(const YAML::Node&
   r.read(cs, "host_path", host_path);
   r.read(cs, "storage_path", storage_path);
   r.read(cs, "container_path", container_path);
-  if (!host_path.empty()) storage.path = storage_path.empty() ? std::filesystem::path(host_path) : std::filesystem::path(host_path) / storage_path;
+  if (!host_path.empty())
+    storage.path = storage_path.empty() ? std::filesystem::path(host_path) : std::filesystem::path(host_path) / storage_path;
   else if (!container_path.empty()) storage.path = std::filesystem::path(container_path);
 }
 
@@ -1195,39 +1201,67 @@ DETTRIAL_INLINE void ExperimentConfig::read_searcher(const YAML::Node& s, const 
   read_search_fields(s, source, r, name, c.searcher);
 }
 
-DETTRIAL_INLINE void ExperimentConfig::check_fields(const YAML::Node& root, const std::string& source,
-                                                   std::vector<std::string>& ignored) {
-  static const std::vector<std::string> top = {
-      "name", "description", "hyperparameters", "searcher", "records_per_epoch", "min_validation_period",
-      "min_checkpoint_period", "scheduling_unit", "perform_initial_validation", "checkpoint_policy", "max_restarts",
-      "checkpoint_storage", "resources", "optimizations", "reproducibility", "data", "profiling", "slurm"};
-  static const std::vector<std::string> top_cluster = {
-      "entrypoint", "environment", "bind_mounts", "labels", "project", "workspace", "debug",
-      "tensorboard_storage", "pbs", "log_policies", "retention_policy", "integrations", "data_layer",
-      "preemption_timeout", "security", "internal", "notes"};
+DETTRIAL_INLINE void ExperimentConfig::check_fields(const YAML::Node& root, const std::string& source, std::vector<std::string>& ignored) {
+  static const std::vector<std::string> top = {"name",
+                                               "description",
+                                               "hyperparameters",
+                                               "searcher",
+                                               "records_per_epoch",
+                                               "min_validation_period",
+                                               "min_checkpoint_period",
+                                               "scheduling_unit",
+                                               "perform_initial_validation",
+                                               "checkpoint_policy",
+                                               "max_restarts",
+                                               "checkpoint_storage",
+                                               "resources",
+                                               "optimizations",
+                                               "reproducibility",
+                                               "data",
+                                               "profiling",
+                                               "slurm"};
+  static const std::vector<std::string> top_cluster = {"entrypoint",
+                                                       "environment",
+                                                       "bind_mounts",
+                                                       "labels",
+                                                       "project",
+                                                       "workspace",
+                                                       "debug",
+                                                       "tensorboard_storage",
+                                                       "pbs",
+                                                       "log_policies",
+                                                       "retention_policy",
+                                                       "integrations",
+                                                       "data_layer",
+                                                       "preemption_timeout",
+                                                       "security",
+                                                       "internal",
+                                                       "notes"};
   static const std::vector<std::string> searcher = {
-      "name", "metric", "smaller_is_better", "max_length", "max_steps", "max_trials", "max_concurrent_trials",
-      "time_metric", "max_time", "divisor", "max_rungs", "num_rungs", "mode", "bracket_rungs"};
+      "name",        "metric",   "smaller_is_better", "max_length", "max_steps", "max_trials", "max_concurrent_trials",
+      "time_metric", "max_time", "divisor",           "max_rungs",  "num_rungs", "mode",       "bracket_rungs"};
   // budget, train_stragglers: the removed searchers' fields (refused by name, with the searcher); unit: custom's.
-  static const std::vector<std::string> searcher_cluster = {"source_trial_id", "source_checkpoint_uuid", "stop_once", "budget",
-                                                            "train_stragglers", "unit"};
+  static const std::vector<std::string> searcher_cluster = {"source_trial_id", "source_checkpoint_uuid", "stop_once",
+                                                            "budget",          "train_stragglers",       "unit"};
   static const std::vector<std::string> resources = {"slots_per_trial"};
-  static const std::vector<std::string> resources_cluster = {
-      "slots", "resource_pool", "max_slots", "priority", "weight", "shm_size", "devices", "native_parallel", "is_single_node", "agent_label"};
+  static const std::vector<std::string> resources_cluster = {"slots",          "resource_pool", "max_slots", "priority",
+                                                             "weight",         "shm_size",      "devices",   "native_parallel",
+                                                             "is_single_node", "agent_label"};
   static const std::vector<std::string> optimizations = {"aggregation_frequency", "average_aggregated_gradients", "mixed_precision",
                                                          "step_capture", "capture_warmup_batches"};
-  static const std::vector<std::string> optimizations_cluster = {
-      "average_training_metrics", "gradient_compression", "tensor_fusion_threshold",
-      "tensor_fusion_cycle_time", "auto_tune_tensor_fusion", "grad_updates_size_file"};
+  static const std::vector<std::string> optimizations_cluster = {"average_training_metrics", "gradient_compression",
+                                                                 "tensor_fusion_threshold",  "tensor_fusion_cycle_time",
+                                                                 "auto_tune_tensor_fusion",  "grad_updates_size_file"};
   static const std::vector<std::string> reproducibility = {"experiment_seed", "deterministic"};
   static const std::vector<std::string> profiling = {"enabled", "begin_on_batch", "end_after_batch", "sync_timings"};
   static const std::vector<std::string> slurm = {"sbatch_args"};
   static const std::vector<std::string> slurm_cluster = {"slots_per_node", "gpu_type"};
-  static const std::vector<std::string> storage = {"type", "host_path", "storage_path", "container_path", "propagation",
-                                                   "save_experiment_best", "save_trial_best", "save_trial_latest"};
+  static const std::vector<std::string> storage = {
+      "type", "host_path", "storage_path", "container_path", "propagation", "save_experiment_best", "save_trial_best", "save_trial_latest"};
   // Cloud storage, and shared_fs's legacy checkpoint_path / tensorboard_path (paths inside a task's container).
-  static const std::vector<std::string> storage_cloud = {"checkpoint_path", "tensorboard_path", "bucket", "access_key", "secret_key", "endpoint_url", "prefix",
-                                                         "region", "credentials", "credential", "user", "account_url", "connection_string", "container"};
+  static const std::vector<std::string> storage_cloud = {
+      "checkpoint_path", "tensorboard_path", "bucket",     "access_key", "secret_key",  "endpoint_url",      "prefix",
+      "region",          "credentials",      "credential", "user",       "account_url", "connection_string", "container"};
   check_map(root, "", top, top_cluster, source, ignored);
   const std::pair<const char*, std::pair<const std::vector<std::string>*, const std::vector<std::string>*>> sections[] = {
       {"searcher", {&searcher, &searcher_cluster}},
@@ -1248,9 +1282,9 @@ DETTRIAL_INLINE void ExperimentConfig::check_fields(const YAML::Node& root, cons
   }
 }
 
-DETTRIAL_INLINE void ExperimentConfig::check_map(const YAML::Node& map, const std::string& prefix,
-                                                const std::vector<std::string>& known, const std::vector<std::string>& cluster,
-                                                const std::string& source, std::vector<std::string>& ignored) {
+DETTRIAL_INLINE void ExperimentConfig::check_map(const YAML::Node& map, const std::string& prefix, const std::vector<std::string>& known,
+                                                 const std::vector<std::string>& cluster, const std::string& source,
+                                                 std::vector<std::string>& ignored) {
   for (const auto& kv : map) {
     const std::string key = kv.first.Scalar();
     if (std::find(known.begin(), known.end(), key) != known.end()) continue;
@@ -1276,11 +1310,11 @@ DETTRIAL_INLINE YAML::Node ExperimentConfig::resolve_constants(const YAML::Node&
         if (!v["val"]) throw ConfigError(detail::where(v, source) + ": hyperparameter '" + prefix + key + "' of type const has no 'val'");
         out[key] = v["val"];
       } else if (type == "int" || type == "double" || type == "log" || type == "categorical") {
-        throw ConfigError(detail::where(v, source) + ": hyperparameter '" + prefix + key + "' is a search space (type: " +
-                          type + "), which has no single value; give it a value (type: const) to train one trial");
+        throw ConfigError(detail::where(v, source) + ": hyperparameter '" + prefix + key + "' is a search space (type: " + type +
+                          "), which has no single value; give it a value (type: const) to train one trial");
       } else {
-        throw ConfigError(detail::where(v["type"], source) + ": hyperparameter '" + prefix + key + "' has unknown type '" +
-                          type + "' (expected const, int, double, log or categorical)");
+        throw ConfigError(detail::where(v["type"], source) + ": hyperparameter '" + prefix + key + "' has unknown type '" + type +
+                          "' (expected const, int, double, log or categorical)");
       }
     } else if (v.IsMap()) {
       out[key] = resolve_constants(v, prefix + key + ".");
@@ -1291,8 +1325,8 @@ DETTRIAL_INLINE YAML::Node ExperimentConfig::resolve_constants(const YAML::Node&
   return out;
 }
 
-DETTRIAL_INLINE std::optional<TrainUnit> ExperimentConfig::Reader::length(const YAML::Node& map, const char* key,
-                                                                          bool zero_means_never, std::int64_t step_batches) const {
+DETTRIAL_INLINE std::optional<TrainUnit> ExperimentConfig::Reader::length(const YAML::Node& map, const char* key, bool zero_means_never,
+                                                                          std::int64_t step_batches) const {
   const YAML::Node node = map[key];
   if (!node || node.IsNull()) return std::nullopt;
   if (step_batches > 0 && node.IsScalar()) {
@@ -1313,8 +1347,9 @@ DETTRIAL_INLINE std::optional<TrainUnit> ExperimentConfig::Reader::length(const 
   if (unit_name == "batches") unit = Unit::batches;
   else if (unit_name == "epochs") unit = Unit::epochs;
   else if (unit_name == "records") unit = Unit::records;
-  else throw ConfigError(detail::where(node.begin()->first, source) + ": '" + key + "' has unit '" + unit_name +
-                         "'; expected batches, records or epochs");
+  else
+    throw ConfigError(detail::where(node.begin()->first, source) + ": '" + key + "' has unit '" + unit_name +
+                      "'; expected batches, records or epochs");
   std::int64_t value = 0;
   if (!detail::try_read(node.begin()->second, value) || value < 0)
     throw ConfigError(detail::where(node.begin()->second, source) + ": '" + key + "." + unit_name +
@@ -1556,8 +1591,9 @@ constexpr bool tensors_only_batch() {
   using U = std::remove_cvref_t<B>;
   if constexpr (std::is_same_v<U, torch::Tensor>) return true;
   else if constexpr (is_tuple_like<U>::value)
-    return []<class... Ts>(std::type_identity<std::tuple<Ts...>>) { return (tensors_only_batch<Ts>() && ...); }(
-        std::type_identity<decltype(std::tuple_cat(std::declval<U>()))>{});
+    return []<class... Ts>(std::type_identity<std::tuple<Ts...>>) {
+      return (tensors_only_batch<Ts>() && ...);
+    }(std::type_identity<decltype(std::tuple_cat(std::declval<U>()))>{});
   else if constexpr (is_vector<U>::value) return tensors_only_batch<typename U::value_type>();
   else if constexpr (is_string_map<U>::value) return tensors_only_batch<typename U::mapped_type>();
   else return false;
@@ -1614,7 +1650,9 @@ std::int64_t batch_length(const T& batch) {
     if (batch.empty()) return 0;
     if constexpr (detail::is_vector<U>::value) return batch_length(batch.front());
     else return batch_length(batch.begin()->second);
-  } else if constexpr (requires { { batch.size() } -> std::convertible_to<std::int64_t>; }) {
+  } else if constexpr (requires {
+                         { batch.size() } -> std::convertible_to<std::int64_t>;
+                       }) {
     return static_cast<std::int64_t>(batch.size());
   } else {
     return 1;
@@ -1687,8 +1725,8 @@ struct collate_fn {
       }
       return out;
     } else if constexpr (std::is_arithmetic_v<E>) {
-      return torch::tensor(std::vector<std::conditional_t<std::is_floating_point_v<E>, double, std::int64_t>>(examples.begin(),
-                                                                                                              examples.end()))
+      return torch::tensor(
+                 std::vector<std::conditional_t<std::is_floating_point_v<E>, double, std::int64_t>>(examples.begin(), examples.end()))
           .to(std::is_floating_point_v<E> ? torch::kFloat : torch::kLong);
     } else {
       return examples;  // strings and other values: the list of them
@@ -1766,7 +1804,10 @@ class Prefetcher {
   using Read = std::function<T(std::int64_t)>;
 
   Prefetcher(Read read, std::int64_t first, std::int64_t end, int workers, int depth)
-      : read_(std::move(read)), next_claim_(first), next_take_(first), end_(end),
+      : read_(std::move(read)),
+        next_claim_(first),
+        next_take_(first),
+        end_(end),
         slots_(static_cast<std::size_t>(std::max(depth, workers))) {
     threads_.reserve(static_cast<std::size_t>(workers));
     for (int w = 0; w < workers; ++w) threads_.emplace_back([this] { work(); });
@@ -1814,9 +1855,8 @@ class Prefetcher {
       {
         std::unique_lock lock(mutex_);
         // Claim the next position once its slot is free: at most slots_.size() ahead of the consumer.
-        changed_.wait(lock, [&] {
-          return stopping_ || next_claim_ >= end_ || next_claim_ < next_take_ + static_cast<std::int64_t>(slots_.size());
-        });
+        changed_.wait(
+            lock, [&] { return stopping_ || next_claim_ >= end_ || next_claim_ < next_take_ + static_cast<std::int64_t>(slots_.size()); });
         if (stopping_ || next_claim_ >= end_) return;
         position = next_claim_++;
       }
@@ -1988,18 +2028,15 @@ struct EpochBatch {
 /// `end` items of the stream of epochs (the type repeat and one_epoch share).
 template <class BatchOf>
 auto epochs(std::int64_t batches_per_epoch, BatchOf batch_of, std::int64_t end) {
-  return ranges::views::iota(std::int64_t{0}, end) |
-         ranges::views::transform(EpochBatch<BatchOf>{batches_per_epoch, std::move(batch_of)});
+  return ranges::views::iota(std::int64_t{0}, end) | ranges::views::transform(EpochBatch<BatchOf>{batches_per_epoch, std::move(batch_of)});
 }
 
 /// A fixed sequence of batches, kept for repeat: a view of an lvalue (or the view itself), or the
 /// container moved into shared ownership.
 template <class R>
 auto hold(R&& batches) {
-  if constexpr (std::is_lvalue_reference_v<R> || ranges::view_<std::remove_cvref_t<R>>)
-    return ranges::views::all(std::forward<R>(batches));
-  else
-    return std::make_shared<const std::remove_cvref_t<R>>(std::forward<R>(batches));
+  if constexpr (std::is_lvalue_reference_v<R> || ranges::view_<std::remove_cvref_t<R>>) return ranges::views::all(std::forward<R>(batches));
+  else return std::make_shared<const std::remove_cvref_t<R>>(std::forward<R>(batches));
 }
 
 template <class T>
@@ -2280,22 +2317,25 @@ class BatchSampler {
 
 namespace dettrial {
 
-DETTRIAL_INLINE BatchSampler::BatchSampler(std::int64_t records, std::int64_t batch_size, bool drop_last, bool shuffle,
-                                           std::uint64_t seed)
-    : records_(records), batch_size_(batch_size), drop_last_(drop_last), shuffle_(shuffle), seed_(seed),
-      cache_(std::make_shared<Cache>()) {
+DETTRIAL_INLINE BatchSampler::BatchSampler(std::int64_t records, std::int64_t batch_size, bool drop_last, bool shuffle, std::uint64_t seed)
+    : records_(records), batch_size_(batch_size), drop_last_(drop_last), shuffle_(shuffle), seed_(seed), cache_(std::make_shared<Cache>()) {
   if (batch_size_ < 1) throw DataError("DataLoader batch_size must be at least 1, not " + std::to_string(batch_size_));
   if (records_ < 1) throw DataError("DataLoader: the dataset is empty");
   if (drop_last_ && batch_size_ > records_)
-    throw DataError("DataLoader: batch_size " + std::to_string(batch_size_) + " is larger than the dataset's " +
-                    std::to_string(records_) + " records, so drop_last leaves no batch");
+    throw DataError("DataLoader: batch_size " + std::to_string(batch_size_) + " is larger than the dataset's " + std::to_string(records_) +
+                    " records, so drop_last leaves no batch");
   batches_per_epoch_ = drop_last_ ? records_ / batch_size_ : (records_ + batch_size_ - 1) / batch_size_;
 }
 
 DETTRIAL_INLINE BatchSampler::BatchSampler(std::int64_t records, SamplerFunction sampler, std::int64_t batch_size, bool drop_last,
                                            std::uint64_t seed)
-    : records_(records), batch_size_(batch_size), drop_last_(drop_last), shuffle_(false), seed_(seed),
-      user_(std::make_shared<const User>(User{std::move(sampler), {}})), cache_(std::make_shared<Cache>()) {
+    : records_(records),
+      batch_size_(batch_size),
+      drop_last_(drop_last),
+      shuffle_(false),
+      seed_(seed),
+      user_(std::make_shared<const User>(User{std::move(sampler), {}})),
+      cache_(std::make_shared<Cache>()) {
   if (!user_->sampler) throw DataError("DataLoader: the sampler is an empty function");
   if (batch_size_ < 1) throw DataError("DataLoader batch_size must be at least 1, not " + std::to_string(batch_size_));
   if (records_ < 1) throw DataError("DataLoader: the dataset is empty");
@@ -2310,8 +2350,13 @@ DETTRIAL_INLINE BatchSampler::BatchSampler(std::int64_t records, SamplerFunction
 }
 
 DETTRIAL_INLINE BatchSampler::BatchSampler(std::int64_t records, BatchSamplerFunction batch_sampler, std::uint64_t seed)
-    : records_(records), batch_size_(0), drop_last_(false), shuffle_(false), seed_(seed),
-      user_(std::make_shared<const User>(User{{}, std::move(batch_sampler)})), cache_(std::make_shared<Cache>()) {
+    : records_(records),
+      batch_size_(0),
+      drop_last_(false),
+      shuffle_(false),
+      seed_(seed),
+      user_(std::make_shared<const User>(User{{}, std::move(batch_sampler)})),
+      cache_(std::make_shared<Cache>()) {
   if (!user_->batch_sampler) throw DataError("DataLoader: the batch_sampler is an empty function");
   if (records_ < 1) throw DataError("DataLoader: the dataset is empty");
   std::lock_guard lock(cache_->mutex);
@@ -2375,8 +2420,8 @@ DETTRIAL_INLINE const BatchSampler::EpochOrder& BatchSampler::cached(std::int64_
   EpochOrder fresh = compute(epoch);
   fresh.used = now;
   if (cache.epochs.size() < cache.capacity) return cache.epochs.emplace_back(std::move(fresh));
-  auto oldest = std::min_element(cache.epochs.begin(), cache.epochs.end(),
-                                 [](const EpochOrder& a, const EpochOrder& b) { return a.used < b.used; });
+  auto oldest =
+      std::min_element(cache.epochs.begin(), cache.epochs.end(), [](const EpochOrder& a, const EpochOrder& b) { return a.used < b.used; });
   *oldest = std::move(fresh);
   return *oldest;
 }
@@ -2393,7 +2438,8 @@ DETTRIAL_INLINE BatchSampler::EpochOrder BatchSampler::compute(std::int64_t epoc
     if (length == 0) throw DataError("DataLoader: the sampler gave no records" + in_epoch);
     if (order_length_ >= 0 && length != order_length_)
       throw DataError("DataLoader: the sampler gave " + std::to_string(length) + " records" + in_epoch + " but " +
-                      std::to_string(order_length_) + " in epoch 0; every epoch must have the same length (repeat, "
+                      std::to_string(order_length_) +
+                      " in epoch 0; every epoch must have the same length (repeat, "
                       "shard and skip count on it)");
   } else {
     std::vector<torch::Tensor> batches = user_->batch_sampler(epoch);
@@ -2401,14 +2447,14 @@ DETTRIAL_INLINE BatchSampler::EpochOrder BatchSampler::compute(std::int64_t epoc
     if (count == 0) throw DataError("DataLoader: the batch_sampler gave no batches" + in_epoch);
     if (batches_per_epoch_ > 0 && count != batches_per_epoch_)
       throw DataError("DataLoader: the batch_sampler gave " + std::to_string(count) + " batches" + in_epoch + " but " +
-                      std::to_string(batches_per_epoch_) + " in epoch 0; every epoch must have the same number of batches "
+                      std::to_string(batches_per_epoch_) +
+                      " in epoch 0; every epoch must have the same number of batches "
                       "(repeat, shard and skip count on it)");
     e.offsets.reserve(batches.size() + 1);
     e.offsets.push_back(0);
     for (std::size_t i = 0; i < batches.size(); ++i) {
       batches[i] = user_indices(batches[i], "batch " + std::to_string(i) + " of the batch_sampler", epoch);
-      if (batches[i].size(0) == 0)
-        throw DataError("DataLoader: batch " + std::to_string(i) + " of the batch_sampler is empty" + in_epoch);
+      if (batches[i].size(0) == 0) throw DataError("DataLoader: batch " + std::to_string(i) + " of the batch_sampler is empty" + in_epoch);
       e.offsets.push_back(e.offsets.back() + batches[i].size(0));
     }
     e.order = torch::cat(batches);
@@ -2420,11 +2466,10 @@ DETTRIAL_INLINE torch::Tensor BatchSampler::user_indices(const torch::Tensor& gi
   const std::string in_epoch = " in epoch " + std::to_string(epoch);
   if (!given.defined() || given.dim() != 1)
     throw DataError("DataLoader: " + what + " must give a 1-D tensor of record indices, not " +
-                    (given.defined() ? "a " + std::to_string(given.dim()) + "-D tensor" : std::string("an undefined tensor")) +
-                    in_epoch);
+                    (given.defined() ? "a " + std::to_string(given.dim()) + "-D tensor" : std::string("an undefined tensor")) + in_epoch);
   if (!c10::isIntegralType(given.scalar_type(), /*includeBool=*/false))
-    throw DataError("DataLoader: " + what + " must give integer record indices, not " +
-                    std::string(c10::toString(given.scalar_type())) + in_epoch);
+    throw DataError("DataLoader: " + what + " must give integer record indices, not " + std::string(c10::toString(given.scalar_type())) +
+                    in_epoch);
   torch::Tensor indices = given.to(torch::kCPU, torch::kLong, /*non_blocking=*/false, /*copy=*/true).contiguous();
   if (indices.numel() > 0) {
     const std::int64_t low = indices.min().item<std::int64_t>();
@@ -2455,8 +2500,8 @@ class TensorDataset {
     for (const auto& t : tensors_) {
       if (!t.defined() || t.dim() == 0) throw DataError("TensorDataset needs tensors with a first (record) dimension");
       if (t.size(0) != tensors_[0].size(0))
-        throw DataError("TensorDataset tensors disagree on the number of records: " + std::to_string(tensors_[0].size(0)) +
-                        " and " + std::to_string(t.size(0)));
+        throw DataError("TensorDataset tensors disagree on the number of records: " + std::to_string(tensors_[0].size(0)) + " and " +
+                        std::to_string(t.size(0)));
     }
   }
 
@@ -2497,9 +2542,7 @@ class TensorDataset {
   }
   template <class F>
   auto make(F&& f) const {
-    return [&]<std::size_t... I>(std::index_sequence<I...>) {
-      return std::tuple{f(tensors_[I])...};
-    }(std::make_index_sequence<N>{});
+    return [&]<std::size_t... I>(std::index_sequence<I...>) { return std::tuple{f(tensors_[I])...}; }(std::make_index_sequence<N>{});
   }
   std::array<torch::Tensor, N> tensors_;
 };
@@ -2573,14 +2616,13 @@ class DataLoader {
 
  public:
   using dataset_type = decltype(detail::as_batch_dataset(std::declval<D>()));
-  using batch_type =
-      std::remove_cvref_t<decltype(std::declval<const dataset_type&>().get_batch(std::declval<const torch::Tensor&>()))>;
+  using batch_type = std::remove_cvref_t<decltype(std::declval<const dataset_type&>().get_batch(std::declval<const torch::Tensor&>()))>;
 
   DataLoader(D dataset, DataLoaderOptions options)
       : dataset_(std::make_shared<const dataset_type>(detail::as_batch_dataset(std::move(dataset)))),
         options_(options),
-        sampler_(detail::make_batch_sampler(static_cast<std::int64_t>(dataset_->size()), options_,
-                                            options.seed ? *options.seed : draw_seed())) {
+        sampler_(
+            detail::make_batch_sampler(static_cast<std::int64_t>(dataset_->size()), options_, options.seed ? *options.seed : draw_seed())) {
     if (options_.workers < 0) throw DataError("DataLoader workers must not be negative");
     if (options_.prefetch < 1) throw DataError("DataLoader prefetch must be at least 1");
     pin_ = options_.pin_memory.value_or(torch::cuda::is_available());
@@ -2604,8 +2646,7 @@ class DataLoader {
       if (slice.indices.defined()) return dataset_->get_batch(slice.indices);
       if constexpr (requires { dataset_->get_range(slice.first, slice.first + slice.count); })
         return dataset_->get_range(slice.first, slice.first + slice.count);
-      else
-        return dataset_->get_batch(torch::arange(slice.first, slice.first + slice.count, torch::kLong));
+      else return dataset_->get_batch(torch::arange(slice.first, slice.first + slice.count, torch::kLong));
     }();
     if (pin_) pin_in_place(batch);
     return batch;
@@ -2638,14 +2679,17 @@ class DataLoader {
     };
 
     Stream(const DataLoader& loader, LoaderChain chain)
-        : loader_(&loader), slices_(loader.sampler_.slices(chain)), skip_(chain.skip), position_(chain.skip),
+        : loader_(&loader),
+          slices_(loader.sampler_.slices(chain)),
+          skip_(chain.skip),
+          position_(chain.skip),
           end_(chain.repeat ? std::numeric_limits<std::int64_t>::max() : loader.batches_for(chain)) {
       const int workers = loader.options_.workers;
       loader.sampler_.keep_epochs_in_flight(workers > 0 ? std::max(workers * loader.options_.prefetch, workers) : 1, chain);
       if (workers > 0 && position_ < end_)
         prefetcher_ = std::make_unique<detail::Prefetcher<batch_type>>(
-            [loader = loader_, slices = slices_, skip = skip_](std::int64_t k) { return loader->read(slices[k - skip]); },
-            position_, end_, loader.options_.workers, loader.options_.workers * loader.options_.prefetch);
+            [loader = loader_, slices = slices_, skip = skip_](std::int64_t k) { return loader->read(slices[k - skip]); }, position_, end_,
+            loader.options_.workers, loader.options_.workers * loader.options_.prefetch);
     }
     Stream(Stream&&) = default;
 
@@ -2729,11 +2773,11 @@ namespace dettrial::detail {
 
 DETTRIAL_INLINE BatchSampler make_batch_sampler(std::int64_t records, const DataLoaderOptions& options, std::uint64_t seed) {
   if (options.batch_sampler) {
-    const char* conflict = options.sampler            ? "sampler"
-                           : options.batch_size != 1  ? "batch_size"
-                           : options.shuffle          ? "shuffle"
-                           : options.drop_last        ? "drop_last"
-                                                      : nullptr;
+    const char* conflict = options.sampler           ? "sampler"
+                           : options.batch_size != 1 ? "batch_size"
+                           : options.shuffle         ? "shuffle"
+                           : options.drop_last       ? "drop_last"
+                                                     : nullptr;
     if (conflict)
       throw DataError(std::string("DataLoader: the batch_sampler option is mutually exclusive with ") + conflict +
                       " (the batch sampler makes the batches: leave " + conflict + " at its default)");
@@ -2741,8 +2785,9 @@ DETTRIAL_INLINE BatchSampler make_batch_sampler(std::int64_t records, const Data
   }
   if (options.sampler) {
     if (options.shuffle)
-      throw DataError("DataLoader: the sampler option is mutually exclusive with shuffle (shuffle in the sampler, with "
-                      "dettrial::samplers::ReproducibleShuffleSampler)");
+      throw DataError(
+          "DataLoader: the sampler option is mutually exclusive with shuffle (shuffle in the sampler, with "
+          "dettrial::samplers::ReproducibleShuffleSampler)");
     return BatchSampler(records, options.sampler, options.batch_size, options.drop_last, seed);
   }
   return BatchSampler(records, options.batch_size, options.drop_last, options.shuffle, seed);
@@ -2822,16 +2867,15 @@ DETTRIAL_INLINE torch::Tensor read_idx(const std::filesystem::path& path) {
         throw DataError("cannot read IDX file '" + name + "': " + gzerror(file, &code));
       }
       if (got == 0)
-        throw DataError("IDX file '" + name + "' is truncated: its " + what + " needs " + std::to_string(bytes) +
-                        " bytes, found " + std::to_string(done));
+        throw DataError("IDX file '" + name + "' is truncated: its " + what + " needs " + std::to_string(bytes) + " bytes, found " +
+                        std::to_string(done));
       done += static_cast<std::size_t>(got);
     }
   };
 
   std::array<unsigned char, 4> magic{};
   read_exact(magic.data(), 4, "header");
-  if (magic[0] != 0 || magic[1] != 0)
-    throw DataError("'" + name + "' is not an IDX file (its first two bytes are not zero)");
+  if (magic[0] != 0 || magic[1] != 0) throw DataError("'" + name + "' is not an IDX file (its first two bytes are not zero)");
   torch::ScalarType dtype;
   std::size_t element_size;
   switch (magic[2]) {
@@ -2873,13 +2917,13 @@ DETTRIAL_INLINE MnistSplit load_mnist(const std::filesystem::path& dir, const st
     std::error_code ec;
     for (const auto& n : names)
       if (std::filesystem::is_regular_file(dir / n, ec)) return dir / n;
-    throw DataError("no MNIST " + kind + " file for split '" + split + "' in '" + dir.string() + "' (looked for " + names[0] +
-                    ", " + names[1] + ", " + names[2] + " and " + names[3] + ")");
+    throw DataError("no MNIST " + kind + " file for split '" + split + "' in '" + dir.string() + "' (looked for " + names[0] + ", " +
+                    names[1] + ", " + names[2] + " and " + names[3] + ")");
   };
   MnistSplit s{read_idx(find("images", "idx3")), read_idx(find("labels", "idx1"))};
   if (s.images.dim() != 3 || s.labels.dim() != 1 || s.images.size(0) != s.labels.size(0))
-    throw DataError("MNIST split '" + split + "' in '" + dir.string() + "' is inconsistent: images " +
-                    std::to_string(s.images.size(0)) + " x ..., labels " + std::to_string(s.labels.size(0)));
+    throw DataError("MNIST split '" + split + "' in '" + dir.string() + "' is inconsistent: images " + std::to_string(s.images.size(0)) +
+                    " x ..., labels " + std::to_string(s.labels.size(0)));
   return s;
 }
 
@@ -2919,13 +2963,11 @@ class MetricKey {
  public:
   template <std::size_t N>
   consteval MetricKey(const char (&literal)[N]) : name_(literal, N - 1) {}  // NOLINT: implicit by design
-  MetricKey(const std::string& name) : name_(intern(name)) {}                // NOLINT: implicit by design
+  MetricKey(const std::string& name) : name_(intern(name)) {}               // NOLINT: implicit by design
   explicit MetricKey(std::string_view name) : name_(intern(std::string(name))) {}
 
   constexpr std::string_view view() const { return name_; }
-  friend constexpr bool operator==(MetricKey a, MetricKey b) {
-    return a.name_.data() == b.name_.data() || a.name_ == b.name_;
-  }
+  friend constexpr bool operator==(MetricKey a, MetricKey b) { return a.name_.data() == b.name_.data() || a.name_ == b.name_; }
 
  private:
   static std::string_view intern(const std::string& name);
@@ -2935,10 +2977,10 @@ class MetricKey {
 /// One metric value: a tensor (kept on its device, no sync) or a plain number.
 class MetricValue {
  public:
-  MetricValue(torch::Tensor t) : tensor_(std::move(t)) {}  // NOLINT: implicit by design
-  MetricValue(double v) : number_(v) {}                     // NOLINT
-  MetricValue(float v) : number_(v) {}                      // NOLINT
-  MetricValue(int v) : number_(v) {}                        // NOLINT
+  MetricValue(torch::Tensor t) : tensor_(std::move(t)) {}           // NOLINT: implicit by design
+  MetricValue(double v) : number_(v) {}                             // NOLINT
+  MetricValue(float v) : number_(v) {}                              // NOLINT
+  MetricValue(int v) : number_(v) {}                                // NOLINT
   MetricValue(std::int64_t v) : number_(static_cast<double>(v)) {}  // NOLINT
 
   bool is_tensor() const { return tensor_.defined(); }
@@ -3069,8 +3111,7 @@ template <MetricReducer R>
 constexpr auto reduced_metrics_type() {
   if constexpr (CrossSlotReducer<R>)
     return std::type_identity<decltype(std::declval<R&>().cross_slot_reduce(std::declval<const std::vector<per_slot_t<R>>&>()))>{};
-  else
-    return std::type_identity<decltype(std::declval<R&>().reduce())>{};
+  else return std::type_identity<decltype(std::declval<R&>().reduce())>{};
 }
 }  // namespace detail
 /// What a reducer's last step returns: a number or MetricValues.
@@ -3321,23 +3362,30 @@ struct WrappedReducer {
   template <MetricReducer R>
   static WrappedReducer wrap(R& r, std::string name, bool for_training, bool for_validation) {
     if constexpr (CrossSlotReducer<R>) {
-      return WrappedReducer{
-          &r, [](void* p) { static_cast<R*>(p)->reset(); },
-          [](void* p) { return c10::IValue(static_cast<R*>(p)->per_slot_reduce()); },
-          [](void* p, const std::string& n, const std::vector<c10::IValue>& parts, MetricValues& out) {
-            std::vector<per_slot_t<R>> typed;
-            typed.reserve(parts.size());
-            for (const auto& part : parts) typed.push_back(part.to<per_slot_t<R>>());
-            store(static_cast<R*>(p)->cross_slot_reduce(std::as_const(typed)), n, out);
-          },
-          std::move(name), for_training, for_validation, true};
+      return WrappedReducer{&r,
+                            [](void* p) { static_cast<R*>(p)->reset(); },
+                            [](void* p) { return c10::IValue(static_cast<R*>(p)->per_slot_reduce()); },
+                            [](void* p, const std::string& n, const std::vector<c10::IValue>& parts, MetricValues& out) {
+                              std::vector<per_slot_t<R>> typed;
+                              typed.reserve(parts.size());
+                              for (const auto& part : parts) typed.push_back(part.to<per_slot_t<R>>());
+                              store(static_cast<R*>(p)->cross_slot_reduce(std::as_const(typed)), n, out);
+                            },
+                            std::move(name),
+                            for_training,
+                            for_validation,
+                            true};
     } else {
-      return WrappedReducer{
-          &r, [](void* p) { static_cast<R*>(p)->reset(); }, [](void*) { return c10::IValue(); },
-          [](void* p, const std::string& n, const std::vector<c10::IValue>&, MetricValues& out) {
-            store(static_cast<R*>(p)->reduce(), n, out);
-          },
-          std::move(name), for_training, for_validation, false};
+      return WrappedReducer{&r,
+                            [](void* p) { static_cast<R*>(p)->reset(); },
+                            [](void*) { return c10::IValue(); },
+                            [](void* p, const std::string& n, const std::vector<c10::IValue>&, MetricValues& out) {
+                              store(static_cast<R*>(p)->reduce(), n, out);
+                            },
+                            std::move(name),
+                            for_training,
+                            for_validation,
+                            false};
     }
   }
 };
@@ -3417,8 +3465,8 @@ DETTRIAL_INLINE std::size_t WorkloadMeans::slot_of(MetricKey key, std::size_t hi
 }
 
 DETTRIAL_INLINE TrialError WorkloadMeans::mismatch(const Metrics& m, std::int64_t batch_idx) const {
-  return TrialError("train_batch returned the metrics {" + m.names() + "} at batch " + std::to_string(batch_idx) + " but {" +
-                    slot_names() + "} earlier in the workload; every batch must return the same metrics");
+  return TrialError("train_batch returned the metrics {" + m.names() + "} at batch " + std::to_string(batch_idx) + " but {" + slot_names() +
+                    "} earlier in the workload; every batch must return the same metrics");
 }
 
 DETTRIAL_INLINE std::string WorkloadMeans::slot_names() const {
@@ -3439,8 +3487,8 @@ DETTRIAL_INLINE void ValidationReduction::add(const Metrics& m, std::int64_t bat
   for (const auto& e : m) {
     Slot* slot = find(e.key.view());
     if (!slot)
-      throw TrialError("evaluate_batch returned metric '" + std::string(e.key.view()) + "' at batch " +
-                       std::to_string(batch_idx) + ", which the first batch did not; every batch must return the same metrics");
+      throw TrialError("evaluate_batch returned metric '" + std::string(e.key.view()) + "' at batch " + std::to_string(batch_idx) +
+                       ", which the first batch did not; every batch must return the same metrics");
     slot->add(e.value);
   }
   ++batches_;
@@ -3573,13 +3621,12 @@ namespace dettrial {
 /// A model as a trial holds it: a LibTorch module holder (`torch::nn::Sequential`, `MyNet`) or a
 /// `std::shared_ptr` to a `torch::nn::Module`.
 template <class M>
-concept ModelHandle =
-    requires(M& m) {
-      { m.ptr() } -> std::convertible_to<std::shared_ptr<torch::nn::Module>>;
-    } || requires(M& m) {
-      { m.get() } -> std::convertible_to<torch::nn::Module*>;
-      { std::shared_ptr<torch::nn::Module>(m) };
-    };
+concept ModelHandle = requires(M& m) {
+  { m.ptr() } -> std::convertible_to<std::shared_ptr<torch::nn::Module>>;
+} || requires(M& m) {
+  { m.get() } -> std::convertible_to<torch::nn::Module*>;
+  { std::shared_ptr<torch::nn::Module>(m) };
+};
 
 /// A LibTorch optimizer (torch::optim::SGD, Adam, ... or a user subclass of torch::optim::Optimizer).
 template <class O>
@@ -3628,12 +3675,11 @@ ScheduledLR<S, Mode> scheduled(S scheduler, Mode, std::int64_t frequency = 1) {
  * and `load(torch::serialize::InputArchive&)`.
  */
 template <class S>
-concept CheckpointableLRScheduler =
-    std::derived_from<S, torch::optim::LRScheduler> ||
-    requires(S& s, const S& cs, torch::serialize::OutputArchive& out, torch::serialize::InputArchive& in) {
-      cs.save(out);
-      s.load(in);
-    };
+concept CheckpointableLRScheduler = std::derived_from<S, torch::optim::LRScheduler> ||
+                                    requires(S& s, const S& cs, torch::serialize::OutputArchive& out, torch::serialize::InputArchive& in) {
+                                      cs.save(out);
+                                      s.load(in);
+                                    };
 
 /// A clipping policy: called with the optimizer's parameters before the step.
 template <class C>
@@ -3743,7 +3789,6 @@ DETTRIAL_INLINE void python_group_options(const AdadeltaOptions& options, c10::i
 
 }  // namespace dettrial::optim
 
-
 // Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
 #if DETTRIAL_HEADER_DEFINITIONS
 #include <charconv>
@@ -3759,8 +3804,7 @@ DETTRIAL_INLINE std::string adadelta_number(double value) {
 // Python's checks (torch.optim.Adadelta.__init__), as one sentence naming the option and its value.
 DETTRIAL_INLINE void check_adadelta_options(const dettrial::optim::AdadeltaOptions& o, const std::string& where) {
   const auto invalid = [&](const char* name, double value, const char* rule) {
-    throw ConfigError("dettrial::optim::Adadelta: " + where + name + " must be " + rule + ", not " +
-                      adadelta_number(value));
+    throw ConfigError("dettrial::optim::Adadelta: " + where + name + " must be " + rule + ", not " + adadelta_number(value));
   };
   if (!(o.lr() >= 0)) invalid("lr", o.lr(), "at least 0");
   if (!(o.rho() >= 0 && o.rho() <= 1)) invalid("rho", o.rho(), "in [0, 1]");
@@ -3789,8 +3833,8 @@ DETTRIAL_INLINE void AdadeltaOptions::serialize(torch::serialize::InputArchive& 
 }
 
 DETTRIAL_INLINE bool operator==(const AdadeltaOptions& lhs, const AdadeltaOptions& rhs) {
-  return lhs.lr() == rhs.lr() && lhs.rho() == rhs.rho() && lhs.eps() == rhs.eps() &&
-         lhs.weight_decay() == rhs.weight_decay() && lhs.maximize() == rhs.maximize();
+  return lhs.lr() == rhs.lr() && lhs.rho() == rhs.rho() && lhs.eps() == rhs.eps() && lhs.weight_decay() == rhs.weight_decay() &&
+         lhs.maximize() == rhs.maximize();
 }
 
 DETTRIAL_INLINE void AdadeltaParamState::serialize(torch::serialize::OutputArchive& archive) const {
@@ -3818,8 +3862,7 @@ DETTRIAL_INLINE Adadelta::Adadelta(const std::vector<torch::optim::OptimizerPara
   for (std::size_t i = 0; i < param_groups_.size(); ++i) {
     // LibTorch 2.x merges a group's options with the defaults only for its own optimizers' option
     // types; for others it keeps the defaults alone. A group's own options stand, as in Python.
-    if (i < param_groups.size() && param_groups[i].has_options())
-      param_groups_[i].set_options(param_groups[i].options().clone());
+    if (i < param_groups.size() && param_groups[i].has_options()) param_groups_[i].set_options(param_groups[i].options().clone());
     const auto* options = dynamic_cast<const AdadeltaOptions*>(&param_groups_[i].options());
     if (!options)
       throw ConfigError("dettrial::optim::Adadelta: parameter group " + std::to_string(i) +
@@ -3829,8 +3872,7 @@ DETTRIAL_INLINE Adadelta::Adadelta(const std::vector<torch::optim::OptimizerPara
 }
 
 DETTRIAL_INLINE Adadelta::Adadelta(std::vector<torch::Tensor> params, AdadeltaOptions defaults)
-    : Adadelta(std::vector<torch::optim::OptimizerParamGroup>{torch::optim::OptimizerParamGroup(std::move(params))},
-               std::move(defaults)) {}
+    : Adadelta(std::vector<torch::optim::OptimizerParamGroup>{torch::optim::OptimizerParamGroup(std::move(params))}, std::move(defaults)) {}
 
 DETTRIAL_INLINE torch::Tensor Adadelta::step(LossClosure closure) {
   torch::NoGradGuard no_grad;
@@ -3878,9 +3920,7 @@ DETTRIAL_INLINE torch::Tensor Adadelta::step(LossClosure closure) {
   return loss;
 }
 
-DETTRIAL_INLINE void Adadelta::save(torch::serialize::OutputArchive& archive) const {
-  serialize(*this, archive);
-}
+DETTRIAL_INLINE void Adadelta::save(torch::serialize::OutputArchive& archive) const { serialize(*this, archive); }
 
 DETTRIAL_INLINE void Adadelta::load(torch::serialize::InputArchive& archive) {
   serialize(*this, archive);
@@ -4012,7 +4052,8 @@ class CapturableOptimizer {
   /// on every replay: a parameter that had no gradient in the warm-up batches must not step first
   /// inside the graph.
   [[noreturn]] static void throw_new_state(const std::string& what) {
-    throw TrialError(what + " would be first made inside the CUDA graph (so reset on every replay): a parameter had no "
+    throw TrialError(what +
+                     " would be first made inside the CUDA graph (so reset on every replay): a parameter had no "
                      "gradient in any warm-up batch; raise capture_warmup_batches, or keep such parameters out of the optimizer");
   }
   /// The closure's loss (with gradients on), or an undefined tensor without one.
@@ -4064,9 +4105,11 @@ inline std::vector<double> captured_group_state(const torch::optim::OptimizerPar
   if (const auto* sgd = dynamic_cast<const torch::optim::SGDOptions*>(&o))
     out.insert(out.end(), {sgd->momentum(), sgd->dampening(), sgd->weight_decay(), double(sgd->nesterov())});
   else if (const auto* adam = dynamic_cast<const torch::optim::AdamOptions*>(&o))
-    out.insert(out.end(), {std::get<0>(adam->betas()), std::get<1>(adam->betas()), adam->eps(), adam->weight_decay(), double(adam->amsgrad())});
+    out.insert(out.end(),
+               {std::get<0>(adam->betas()), std::get<1>(adam->betas()), adam->eps(), adam->weight_decay(), double(adam->amsgrad())});
   else if (const auto* adamw = dynamic_cast<const torch::optim::AdamWOptions*>(&o))
-    out.insert(out.end(), {std::get<0>(adamw->betas()), std::get<1>(adamw->betas()), adamw->eps(), adamw->weight_decay(), double(adamw->amsgrad())});
+    out.insert(out.end(),
+               {std::get<0>(adamw->betas()), std::get<1>(adamw->betas()), adamw->eps(), adamw->weight_decay(), double(adamw->amsgrad())});
   return out;
 }
 
@@ -4161,9 +4204,8 @@ class FusedSGD : public torch::optim::SGD, public CapturableOptimizer {
     return loss;
   }
 
-  void run_buckets(const std::vector<torch::Tensor>& params, const std::vector<torch::Tensor>& bufs,
-                   const torch::optim::SGDOptions& o, const torch::Tensor& lr, bool first,
-                   const std::optional<torch::Tensor>& found_inf) {
+  void run_buckets(const std::vector<torch::Tensor>& params, const std::vector<torch::Tensor>& bufs, const torch::optim::SGDOptions& o,
+                   const torch::Tensor& lr, bool first, const std::optional<torch::Tensor>& found_inf) {
     detail::for_each_bucket(params, [&](const std::vector<std::size_t>& idx) {
       std::vector<torch::Tensor> ps, grads, bs;
       ps.reserve(idx.size());
@@ -4195,9 +4237,8 @@ class FusedSGD : public torch::optim::SGD, public CapturableOptimizer {
   /// LibTorch's SGD arithmetic with the learning rate read from `lr`; `first`: the buffers are new.
   /// On a GPU, ATen's fused kernel (one launch for all); elsewhere LibTorch's own operations, one
   /// parameter at a time, which give LibTorch's SGD's results to the bit.
-  static void run(const std::vector<torch::Tensor>& params, const std::vector<torch::Tensor>& grads,
-                  const std::vector<torch::Tensor>& bufs, const torch::optim::SGDOptions& o, const torch::Tensor& lr, bool first,
-                  const std::optional<torch::Tensor>& found_inf) {
+  static void run(const std::vector<torch::Tensor>& params, const std::vector<torch::Tensor>& grads, const std::vector<torch::Tensor>& bufs,
+                  const torch::optim::SGDOptions& o, const torch::Tensor& lr, bool first, const std::optional<torch::Tensor>& found_inf) {
 #if DETTRIAL_FUSED_KERNELS
     if (params.front().is_cuda()) {
       at::_fused_sgd_(params, grads, bufs, o.weight_decay(), o.momentum(), lr, o.dampening(), o.nesterov(),
@@ -4270,8 +4311,7 @@ class FusedAdamBase : public Base, public optim::CapturableOptimizer {
     for (auto& group : this->param_groups())
       for (const auto& p : group.params()) {
         auto it = this->state().find(key(p));
-        if (it != this->state().end())
-          steps_[key(p)] = device_scalar(static_cast<double>(static_cast<State&>(*it->second).step()), p);
+        if (it != this->state().end()) steps_[key(p)] = device_scalar(static_cast<double>(static_cast<State&>(*it->second).step()), p);
       }
   }
 
@@ -4331,11 +4371,11 @@ class FusedAdamBase : public Base, public optim::CapturableOptimizer {
 #if DETTRIAL_FUSED_KERNELS
     torch::_foreach_add_(b.steps, 1);
     if constexpr (Decoupled)
-      at::_fused_adamw_(b.params, b.grads, b.first, b.second, b.third, b.steps, lr, beta1, beta2, o.weight_decay(), o.eps(),
-                        o.amsgrad(), /*maximize=*/false, /*grad_scale=*/std::nullopt, found_inf);
+      at::_fused_adamw_(b.params, b.grads, b.first, b.second, b.third, b.steps, lr, beta1, beta2, o.weight_decay(), o.eps(), o.amsgrad(),
+                        /*maximize=*/false, /*grad_scale=*/std::nullopt, found_inf);
     else
-      at::_fused_adam_(b.params, b.grads, b.first, b.second, b.third, b.steps, lr, beta1, beta2, o.weight_decay(), o.eps(),
-                       o.amsgrad(), /*maximize=*/false, /*grad_scale=*/std::nullopt, found_inf);
+      at::_fused_adam_(b.params, b.grads, b.first, b.second, b.third, b.steps, lr, beta1, beta2, o.weight_decay(), o.eps(), o.amsgrad(),
+                       /*maximize=*/false, /*grad_scale=*/std::nullopt, found_inf);
     // A skipped step did not count (as PyTorch's fused Adam takes its increment back).
     if (found_inf) torch::_foreach_sub_(b.steps, std::vector<torch::Tensor>(b.steps.size(), *found_inf));
 #else
@@ -4432,9 +4472,7 @@ struct by_norm {
 /// Clamps every gradient element to [-clip_value, clip_value] (torch's clip_grad_value_).
 struct by_value {
   double clip_value;
-  void operator()(std::vector<torch::Tensor>& params) const {
-    torch::nn::utils::clip_grad_value_(params, clip_value);
-  }
+  void operator()(std::vector<torch::Tensor>& params) const { torch::nn::utils::clip_grad_value_(params, clip_value); }
 };
 
 }  // namespace clip
@@ -4468,8 +4506,7 @@ void save_lr_scheduler(void* scheduler, torch::serialize::OutputArchive& archive
   S& s = *static_cast<S*>(scheduler);
   if constexpr (std::derived_from<S, torch::optim::LRScheduler>)
     archive.write("step_count", c10::IValue(static_cast<std::int64_t>(LRSchedulerAccess::step_count(s))));
-  else
-    std::as_const(s).save(archive);
+  else std::as_const(s).save(archive);
 }
 
 template <class S>
@@ -4487,8 +4524,7 @@ void load_lr_scheduler(void* scheduler, torch::serialize::InputArchive& archive)
 /// Steps taken, when the scheduler is a LibTorch one (for the Python-side state dict); else -1.
 template <class S>
 std::int64_t lr_scheduler_steps(void* scheduler) {
-  if constexpr (std::derived_from<S, torch::optim::LRScheduler>)
-    return LRSchedulerAccess::step_count(*static_cast<S*>(scheduler));
+  if constexpr (std::derived_from<S, torch::optim::LRScheduler>) return LRSchedulerAccess::step_count(*static_cast<S*>(scheduler));
   else return -1;
 }
 
@@ -4588,7 +4624,8 @@ struct on_validation {
 #if DETTRIAL_HEADER_DEFINITIONS
 namespace dettrial::lr_step {
 
-DETTRIAL_INLINE std::int64_t every_batch::steps_after(std::int64_t batch_idx, std::int64_t agg, std::int64_t /*epoch_len*/, std::int64_t freq) {
+DETTRIAL_INLINE std::int64_t every_batch::steps_after(std::int64_t batch_idx, std::int64_t agg, std::int64_t /*epoch_len*/,
+                                                      std::int64_t freq) {
   std::int64_t n = 0;
   for (std::int64_t i = batch_idx - agg + 1; i <= batch_idx; ++i) n += ((i + 1) % freq == 0);
   return n;
@@ -4783,7 +4820,7 @@ class ReduceLROnPlateau {
 
   torch::optim::Optimizer* optimizer_;
   ReduceLROnPlateauOptions options_;
-  bool min_mode_ = true;      // options_.mode == "min"
+  bool min_mode_ = true;       // options_.mode == "min"
   bool rel_threshold_ = true;  // options_.threshold_mode == "rel"
   std::vector<double> min_lrs_;
   std::int64_t last_epoch_ = 0;
@@ -4833,9 +4870,7 @@ struct SchedulerArchive {
     if (!archive.try_read(key, value)) throw CheckpointError(owner + " has no '" + key + "'");
     return value;
   }
-  [[noreturn]] void mistyped(const char* key, const char* type) const {
-    throw CheckpointError(owner + ": '" + key + "' is not " + type);
-  }
+  [[noreturn]] void mistyped(const char* key, const char* type) const { throw CheckpointError(owner + ": '" + key + "' is not " + type); }
   std::int64_t integer(const char* key) const {
     const c10::IValue v = entry(key);
     if (!v.isInt()) mistyped(key, "an integer");
@@ -4865,17 +4900,15 @@ struct SchedulerArchive {
   std::vector<double> per_group(const char* key, const torch::optim::Optimizer& optimizer) const {
     std::vector<double> values = numbers(key);
     if (values.size() != optimizer.param_groups().size())
-      throw CheckpointError(owner + " has " + std::to_string(values.size()) + " value(s) in '" + key +
-                            "', but the optimizer has " + std::to_string(optimizer.param_groups().size()) +
-                            " parameter group(s)");
+      throw CheckpointError(owner + " has " + std::to_string(values.size()) + " value(s) in '" + key + "', but the optimizer has " +
+                            std::to_string(optimizer.param_groups().size()) + " parameter group(s)");
     return values;
   }
 };
 
 DETTRIAL_INLINE void check_scheduler_type(const SchedulerArchive& in, const std::string& name) {
   const std::string saved = in.text("scheduler");
-  if (saved != name)
-    throw CheckpointError(in.owner + " was written by a " + saved + ": is the checkpoint from another trial?");
+  if (saved != name) throw CheckpointError(in.owner + " was written by a " + saved + ": is the checkpoint from another trial?");
 }
 
 }  // namespace dettrial::detail
@@ -4972,8 +5005,7 @@ DETTRIAL_INLINE void StepLR::python_state(c10::impl::GenericDict& out) const {
 // ------------------------------------------------------------------------------------------------
 // MultiStepLR
 
-DETTRIAL_INLINE MultiStepLR::MultiStepLR(torch::optim::Optimizer& optimizer, const std::vector<std::int64_t>& milestones,
-                                         double gamma)
+DETTRIAL_INLINE MultiStepLR::MultiStepLR(torch::optim::Optimizer& optimizer, const std::vector<std::int64_t>& milestones, double gamma)
     : EpochLRScheduler(optimizer, "MultiStepLR"), gamma_(gamma) {
   for (const std::int64_t m : milestones) {
     if (m < 0) invalid("milestones", "at least 0", std::to_string(m));
@@ -5027,9 +5059,7 @@ DETTRIAL_INLINE ExponentialLR::ExponentialLR(torch::optim::Optimizer& optimizer,
   step();  // Python's constructor steps once: last_epoch 0, no decay
 }
 
-DETTRIAL_INLINE void ExponentialLR::step() {
-  advance(last_epoch_ + 1 != 0, gamma_);
-}
+DETTRIAL_INLINE void ExponentialLR::step() { advance(last_epoch_ + 1 != 0, gamma_); }
 
 DETTRIAL_INLINE void ExponentialLR::save(torch::serialize::OutputArchive& archive) const {
   save_common(archive);
@@ -5062,15 +5092,13 @@ DETTRIAL_INLINE ReduceLROnPlateau::ReduceLROnPlateau(torch::optim::Optimizer& op
   if (!(o.factor >= 0 && o.factor < 1)) invalid("factor", "in [0, 1)", dettrial::detail::scheduler_number(o.factor));
   if (o.patience < 0) invalid("patience", "at least 0", std::to_string(o.patience));
   if (!(o.threshold >= 0)) invalid("threshold", "at least 0", dettrial::detail::scheduler_number(o.threshold));
-  if (o.threshold_mode != "rel" && o.threshold_mode != "abs")
-    invalid("threshold_mode", "\"rel\" or \"abs\"", '"' + o.threshold_mode + '"');
+  if (o.threshold_mode != "rel" && o.threshold_mode != "abs") invalid("threshold_mode", "\"rel\" or \"abs\"", '"' + o.threshold_mode + '"');
   if (o.cooldown < 0) invalid("cooldown", "at least 0", std::to_string(o.cooldown));
   if (!(o.eps >= 0)) invalid("eps", "at least 0", dettrial::detail::scheduler_number(o.eps));
   const std::size_t groups = optimizer.param_groups().size();
   if (const auto* per_group = std::get_if<std::vector<double>>(&o.min_lr)) {
     if (per_group->size() != groups)
-      invalid("min_lr", "one value per parameter group (" + std::to_string(groups) + ")",
-              std::to_string(per_group->size()) + " values");
+      invalid("min_lr", "one value per parameter group (" + std::to_string(groups) + ")", std::to_string(per_group->size()) + " values");
     min_lrs_ = *per_group;
   } else {
     min_lrs_.assign(groups, std::get<double>(o.min_lr));
@@ -5168,10 +5196,8 @@ DETTRIAL_INLINE void ReduceLROnPlateau::load(torch::serialize::InputArchive& arc
                           "': expected min or max, and rel or abs");
   std::vector<double> min_lrs = in.per_group("min_lrs", *optimizer_);
   c10::IValue default_min_lr;
-  if (archive.try_read("default_min_lr", default_min_lr) && default_min_lr.isDouble())
-    options.min_lr = default_min_lr.toDouble();
-  else
-    options.min_lr = min_lrs;
+  if (archive.try_read("default_min_lr", default_min_lr) && default_min_lr.isDouble()) options.min_lr = default_min_lr.toDouble();
+  else options.min_lr = min_lrs;
   const std::int64_t last_epoch = in.integer("last_epoch");
   std::vector<double> last_lr = in.per_group("last_lr", *optimizer_);
   const double best = in.number("best");
@@ -5619,7 +5645,8 @@ DETTRIAL_INLINE TensorBoardWriter::TensorBoardWriter(const std::filesystem::path
   // writers started in one second (a quick resume) still sort by start.
   const auto seconds = static_cast<long long>(detail::tensorboard::wall_time_now());
   for (int n = 0;; ++n) {
-    file_ = dir / ("events.out.tfevents." + std::to_string(seconds) + "." + host + "." + std::to_string(::getpid()) + "." + std::to_string(n));
+    file_ =
+        dir / ("events.out.tfevents." + std::to_string(seconds) + "." + host + "." + std::to_string(::getpid()) + "." + std::to_string(n));
     if (!std::filesystem::exists(file_, ec)) break;
   }
   out_.open(file_, std::ios::binary | std::ios::trunc);
@@ -5645,7 +5672,8 @@ DETTRIAL_INLINE void TensorBoardWriter::add_scalar(std::string_view tag, double 
   write_event(step, summary);
 }
 
-DETTRIAL_INLINE void TensorBoardWriter::add_histogram(std::string_view tag, const torch::Tensor& values, std::int64_t step, std::int64_t bins) {
+DETTRIAL_INLINE void TensorBoardWriter::add_histogram(std::string_view tag, const torch::Tensor& values, std::int64_t step,
+                                                      std::int64_t bins) {
   if (!out_.is_open()) return;
   if (bins < 1) throw Error("add_histogram('" + std::string(tag) + "'): bins must be at least 1, not " + std::to_string(bins));
   const torch::NoGradGuard no_grad;
@@ -5656,17 +5684,21 @@ DETTRIAL_INLINE void TensorBoardWriter::add_histogram(std::string_view tag, cons
     histo.fixed64(1, 0).fixed64(2, 0).fixed64(3, 0).fixed64(4, 0).fixed64(5, 0);
   } else {
     const double lo = x.min().item<double>(), hi = x.max().item<double>();
-    const torch::Tensor counts = lo == hi ? torch::full({1}, static_cast<double>(x.numel()), torch::kDouble)
-                                          : torch::histc(x, bins, lo, hi);
+    const torch::Tensor counts =
+        lo == hi ? torch::full({1}, static_cast<double>(x.numel()), torch::kDouble) : torch::histc(x, bins, lo, hi);
     std::vector<double> limits, buckets;
     const std::int64_t n = counts.numel();
     for (std::int64_t i = 0; i < n; ++i) {
       limits.push_back(i + 1 == n ? hi : lo + (hi - lo) * static_cast<double>(i + 1) / static_cast<double>(n));
       buckets.push_back(counts[i].item<double>());
     }
-    histo.fixed64(1, lo).fixed64(2, hi).fixed64(3, static_cast<double>(x.numel()))
-        .fixed64(4, x.sum().item<double>()).fixed64(5, (x * x).sum().item<double>())
-        .packed_doubles(6, limits).packed_doubles(7, buckets);
+    histo.fixed64(1, lo)
+        .fixed64(2, hi)
+        .fixed64(3, static_cast<double>(x.numel()))
+        .fixed64(4, x.sum().item<double>())
+        .fixed64(5, (x * x).sum().item<double>())
+        .packed_doubles(6, limits)
+        .packed_doubles(7, buckets);
   }
   detail::tensorboard::Message v, summary;
   v.bytes(1, tag).message(5, histo);
@@ -5681,14 +5713,15 @@ DETTRIAL_INLINE void TensorBoardWriter::write_hparams_data(std::string_view tag,
   tb::Message plugin, metadata, shape, null_tensor, v, summary;
   plugin.bytes(1, "hparams").bytes(2, plugin_data.str());
   metadata.message(1, plugin);
-  shape.message(2, tb::Message{});                  // one dimension of size 0
-  null_tensor.varint(1, 1).message(2, shape);     // DT_FLOAT
+  shape.message(2, tb::Message{});             // one dimension of size 0
+  null_tensor.varint(1, 1).message(2, shape);  // DT_FLOAT
   v.bytes(1, tag).message(9, metadata).message(8, null_tensor);
   summary.message(1, v);
   write_event(0, summary);
 }
 
-DETTRIAL_INLINE void TensorBoardWriter::add_hparams(const std::vector<std::pair<std::string, HParamValue>>& hparams, std::string_view group) {
+DETTRIAL_INLINE void TensorBoardWriter::add_hparams(const std::vector<std::pair<std::string, HParamValue>>& hparams,
+                                                    std::string_view group) {
   if (!out_.is_open()) return;
   namespace tb = detail::tensorboard;
   tb::Message start;
@@ -5946,8 +5979,7 @@ DETTRIAL_INLINE LaunchEnvironment LaunchEnvironment::detect(const Getenv& getenv
   if (e.rank >= e.size)
     throw ConfigError(std::string(launcher_name(e.launcher)) + " gives rank " + std::to_string(e.rank) + " in a world of " +
                       std::to_string(e.size));
-  if (e.master_port < 1 || e.master_port > 65535)
-    throw ConfigError("MASTER_PORT " + std::to_string(e.master_port) + " is not a TCP port");
+  if (e.master_port < 1 || e.master_port > 65535) throw ConfigError("MASTER_PORT " + std::to_string(e.master_port) + " is not a TCP port");
   return e;
 }
 
@@ -6087,8 +6119,7 @@ class Communicator {
   Communicator(LaunchEnvironment env, std::chrono::milliseconds timeout, const char* backend_name);
 
   /// Joins the job with the backend named `backend_name` (backend::gloo::name or backend::nccl::name).
-  static std::shared_ptr<Communicator> join(const LaunchEnvironment& env, std::chrono::milliseconds timeout,
-                                            const char* backend_name);
+  static std::shared_ptr<Communicator> join(const LaunchEnvironment& env, std::chrono::milliseconds timeout, const char* backend_name);
 
   template <class F>
   void run(const char* what, F&& start) {
@@ -6130,8 +6161,7 @@ DETTRIAL_INLINE std::shared_ptr<::gloo::transport::Device> gloo_device(const Lau
   if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME"); ifname && *ifname)
     return c10d::ProcessGroupGloo::createDeviceForInterface(ifname);
   // One machine (the built-in launcher, a local torchrun): loopback needs no name resolution.
-  if (env.master_addr == "127.0.0.1" || env.master_addr == "localhost")
-    return c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1");
+  if (env.master_addr == "127.0.0.1" || env.master_addr == "localhost") return c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1");
   return c10d::ProcessGroupGloo::createDefaultDevice();
 }
 }  // namespace detail
@@ -6164,8 +6194,9 @@ DETTRIAL_INLINE std::shared_ptr<Communicator> Communicator::join(const LaunchEnv
       gloo_options->devices.push_back(detail::gloo_device(env));
       comm->backend_ = c10::make_intrusive<c10d::ProcessGroupGloo>(store, env.rank, env.size, gloo_options);
 #else
-      throw DistributedError("the Gloo backend is not in this build: LibTorch lacks c10d Gloo, or the gloo headers "
-                             "(Debian: libgloo-dev) are not installed");
+      throw DistributedError(
+          "the Gloo backend is not in this build: LibTorch lacks c10d Gloo, or the gloo headers "
+          "(Debian: libgloo-dev) are not installed");
 #endif
     } else {
 #if defined(DETTRIAL_HAS_NCCL)
@@ -6173,22 +6204,24 @@ DETTRIAL_INLINE std::shared_ptr<Communicator> Communicator::join(const LaunchEnv
       nccl_options->timeout = timeout;
       comm->backend_ = c10::make_intrusive<c10d::ProcessGroupNCCL>(store, env.rank, env.size, nccl_options);
 #else
-      throw DistributedError("the NCCL backend is not in this build: LibTorch is not CUDA-built, or dettrial was configured "
-                             "without NCCL (DETTRIAL_NCCL)");
+      throw DistributedError(
+          "the NCCL backend is not in this build: LibTorch is not CUDA-built, or dettrial was configured "
+          "without NCCL (DETTRIAL_NCCL)");
 #endif
     }
   } catch (const DistributedError&) {
     throw;
   } catch (const std::exception& e) {
-    throw DistributedError("rank " + std::to_string(env.rank) + " of " + std::to_string(env.size) + ": cannot join the " +
-                           backend_name + " process group at " + env.master_addr + ":" + std::to_string(env.master_port) + " (" +
+    throw DistributedError("rank " + std::to_string(env.rank) + " of " + std::to_string(env.size) + ": cannot join the " + backend_name +
+                           " process group at " + env.master_addr + ":" + std::to_string(env.master_port) + " (" +
                            launcher_name(env.launcher) + "): " + detail::first_line(e.what()));
   }
   return comm;
 }
 
-DETTRIAL_INLINE std::shared_ptr<Communicator> Communicator::adopt(c10::intrusive_ptr<detail::C10dBackend> backend, const LaunchEnvironment& env,
-                                                                  std::chrono::milliseconds timeout, torch::Device device, const char* name) {
+DETTRIAL_INLINE std::shared_ptr<Communicator> Communicator::adopt(c10::intrusive_ptr<detail::C10dBackend> backend,
+                                                                  const LaunchEnvironment& env, std::chrono::milliseconds timeout,
+                                                                  torch::Device device, const char* name) {
   if (!backend) throw DistributedError("Communicator::adopt was given no backend");
   if (backend->getRank() != env.rank || backend->getSize() != env.size)
     throw DistributedError(std::string("the ") + name + " backend is rank " + std::to_string(backend->getRank()) + " of " +
@@ -6280,14 +6313,15 @@ DETTRIAL_INLINE Communicator::Communicator(LaunchEnvironment env, std::chrono::m
     : env_(std::move(env)), timeout_(timeout), backend_name_(backend_name) {
   // NCCL: one GPU per process, picked by the local rank (as the Context picks its device).
   if (std::string_view(backend_name_) == backend::nccl::name)
-    device_ = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(env_.local_rank % std::max<std::int64_t>(
-                                                                               static_cast<std::int64_t>(torch::cuda::device_count()), 1)));
+    device_ = torch::Device(
+        torch::kCUDA,
+        static_cast<c10::DeviceIndex>(env_.local_rank % std::max<std::int64_t>(static_cast<std::int64_t>(torch::cuda::device_count()), 1)));
 }
 
 DETTRIAL_INLINE DistributedError Communicator::failure(const char* what, const std::exception& e) const {
   return DistributedError("rank " + std::to_string(env_.rank) + " of " + std::to_string(env_.size) + ": " + what + " over " +
-                          backend_name_ + " failed; another rank has died, hung past the " +
-                          std::to_string(timeout_.count() / 1000) + " s timeout, or is unreachable (" + detail::first_line(e.what()) + ")");
+                          backend_name_ + " failed; another rank has died, hung past the " + std::to_string(timeout_.count() / 1000) +
+                          " s timeout, or is unreachable (" + detail::first_line(e.what()) + ")");
 }
 
 }  // namespace dettrial
@@ -6655,7 +6689,9 @@ DETTRIAL_INLINE RankShare from_ivalue(const c10::IValue& v) {
   // Through an ArrayRef of checked size: indexing the tuple's elements directly past 3 (its inline
   // storage) is what GCC's -Warray-bounds cannot prove safe.
   const c10::ArrayRef<c10::IValue> e = v.toTupleRef().elements().asArrayRef();
-  if (e.size() != 6) throw Error("a rank sent a metrics share of " + std::to_string(e.size()) + " fields, not 6 (ranks built from different dettrial versions?)");
+  if (e.size() != 6)
+    throw Error("a rank sent a metrics share of " + std::to_string(e.size()) +
+                " fields, not 6 (ranks built from different dettrial versions?)");
   RankShare share;
   const auto names = e[0].toList();
   const auto kinds = e[1].toList();
@@ -6818,8 +6854,9 @@ struct SyncBatchNormFunction : torch::autograd::Function<SyncBatchNormFunction> 
     const auto dims = non_channel_dims(input);
     const std::int64_t channels = input.size(1);
     const auto opts = input.options().dtype(torch::kDouble);
-    std::vector<torch::Tensor> stats{torch::cat({input.sum(dims, false, torch::kDouble), input.square().sum(dims, false, torch::kDouble),
-                                                 torch::full({1}, static_cast<double>(input.numel() / std::max<std::int64_t>(channels, 1)), opts)})};
+    std::vector<torch::Tensor> stats{
+        torch::cat({input.sum(dims, false, torch::kDouble), input.square().sum(dims, false, torch::kDouble),
+                    torch::full({1}, static_cast<double>(input.numel() / std::max<std::int64_t>(channels, 1)), opts)})};
     comm.allreduce(stats);
     const torch::Tensor count = stats[0].narrow(0, 2 * channels, 1);
     const torch::Tensor mean = stats[0].narrow(0, 0, channels) / count;
@@ -7050,8 +7087,8 @@ struct ThreadPools {
  * BLIS through their APIs, found at run time; an MKL built into LibTorch follows the intra-op pool
  * by itself. A user's own OPENBLAS_NUM_THREADS or BLIS_NUM_THREADS is left as it is, and named.
  */
-DETTRIAL_INLINE ThreadPools apply_threads(
-    const ThreadChoice& choice, const LaunchEnvironment::Getenv& getenv = [](const char* name) { return std::getenv(name); });
+DETTRIAL_INLINE ThreadPools
+apply_threads(const ThreadChoice& choice, const LaunchEnvironment::Getenv& getenv = [](const char* name) { return std::getenv(name); });
 
 /**
  * @brief The threads per rank: the user's choice wins (`requested`, from `--threads` or
@@ -7194,14 +7231,15 @@ DETTRIAL_INLINE ThreadPools apply_threads(const ThreadChoice& choice, const Laun
   if (at::globalContext().hasMKL()) {
     pools.blas = "MKL " + std::to_string(pools.intra_op) + " following the intra-op pool";
   } else if (auto* set = detail::loaded_function<void(int)>("openblas_set_num_threads")) {
-    pools.blas = detail::size_blas_pool<int>("OpenBLAS", "OPENBLAS_NUM_THREADS", set, detail::loaded_function<int()>("openblas_get_num_threads"),
-                                            choice.threads, getenv);
+    pools.blas = detail::size_blas_pool<int>("OpenBLAS", "OPENBLAS_NUM_THREADS", set,
+                                             detail::loaded_function<int()>("openblas_get_num_threads"), choice.threads, getenv);
   } else if (auto* set_blis = detail::loaded_function<void(std::int64_t)>("bli_thread_set_num_threads")) {
-    pools.blas = detail::size_blas_pool<std::int64_t>("BLIS", "BLIS_NUM_THREADS", set_blis,
-                                                      detail::loaded_function<std::int64_t()>("bli_thread_get_num_threads"), choice.threads, getenv);
+    pools.blas =
+        detail::size_blas_pool<std::int64_t>("BLIS", "BLIS_NUM_THREADS", set_blis,
+                                             detail::loaded_function<std::int64_t()>("bli_thread_get_num_threads"), choice.threads, getenv);
   } else if (auto* set_mkl = detail::loaded_function<void(int)>("MKL_Set_Num_Threads")) {
     pools.blas = detail::size_blas_pool<int>("MKL", "MKL_NUM_THREADS", set_mkl, detail::loaded_function<int()>("MKL_Get_Max_Threads"),
-                                            choice.threads, getenv);
+                                             choice.threads, getenv);
   }
   return pools;
 }
@@ -7267,8 +7305,8 @@ namespace dettrial::detail {
 DETTRIAL_INLINE bool keep_freed_memory() {
 #if defined(DETTRIAL_HAS_MALLOPT)
   static const bool applied = [] {
-    for (const char* name : {"DETTRIAL_MALLOC", "GLIBC_TUNABLES", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_",
-                             "MALLOC_TOP_PAD_", "MALLOC_MMAP_MAX_", "MALLOC_ARENA_MAX"})
+    for (const char* name : {"DETTRIAL_MALLOC", "GLIBC_TUNABLES", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_",
+                             "MALLOC_MMAP_MAX_", "MALLOC_ARENA_MAX"})
       if (const char* value = std::getenv(name); value && *value) return false;
     return ::mallopt(M_MMAP_THRESHOLD, 32 * 1024 * 1024) == 1 && ::mallopt(M_TRIM_THRESHOLD, 1024 * 1024 * 1024) == 1 &&
            ::mallopt(M_TOP_PAD, 64 * 1024 * 1024) == 1;
@@ -7285,8 +7323,8 @@ DETTRIAL_INLINE bool keep_freed_memory() {
 // ---- begin dettrial/optim/mixed_precision.hpp
 // SPDX-License-Identifier: Apache-2.0
 /// @file
-/// @brief Mixed precision (see config/precision.hpp for the setting): autocast for a device (torch.autocast's C++ side, across LibTorch versions)
-/// and a gradient scaler with PyTorch's GradScaler semantics and checkpoint layout.
+/// @brief Mixed precision (see config/precision.hpp for the setting): autocast for a device (torch.autocast's C++ side, across LibTorch
+/// versions) and a gradient scaler with PyTorch's GradScaler semantics and checkpoint layout.
 
 #include <algorithm>
 #include <cstdint>
@@ -7497,8 +7535,9 @@ DETTRIAL_INLINE void GradScaler::place(const torch::Device& device) {
 
 DETTRIAL_INLINE torch::Tensor GradScaler::scale(const torch::Tensor& loss) {
   if (wrapped_)
-    throw TrialError("this GradScaler is wrapped with context.wrap_scaler: context.backward scales the loss itself; "
-                     "pass the loss unscaled");
+    throw TrialError(
+        "this GradScaler is wrapped with context.wrap_scaler: context.backward scales the loss itself; "
+        "pass the loss unscaled");
   // In float32 (PyTorch multiplies by a float32 tensor): an fp16 loss times 65536 would overflow.
   return options_.enabled ? scaled(loss.to(torch::kFloat)) : loss;
 }
@@ -7861,7 +7900,8 @@ class Context {
   S& wrap_lr_scheduler(S& scheduler, Mode mode = {}, std::int64_t frequency = 1) {
     constexpr bool by_metric = std::same_as<Mode, lr_step::on_validation>;
     constexpr bool steppable = by_metric ? MetricLRSchedulerLike<S> : LRSchedulerLike<S>;
-    static_assert(by_metric || LRSchedulerLike<S>, "dettrial::Context::wrap_lr_scheduler<S>: S must have step() (a torch::optim scheduler)");
+    static_assert(by_metric || LRSchedulerLike<S>,
+                  "dettrial::Context::wrap_lr_scheduler<S>: S must have step() (a torch::optim scheduler)");
     static_assert(!by_metric || MetricLRSchedulerLike<S>,
                   "dettrial::Context::wrap_lr_scheduler<S>: lr_step::on_validation steps S with the validation metric, so S "
                   "must have step(double) (like dettrial::optim::ReduceLROnPlateau)");
@@ -7874,11 +7914,18 @@ class Context {
                   "load(torch::serialize::InputArchive&)");
     if (frequency < 1) throw ConfigError("an LR scheduler's step frequency must be at least 1");
     if constexpr (steppable && LRStepMode<Mode> && CheckpointableLRScheduler<S>) {  // else only the sentences above
-      detail::WrappedScheduler w{&scheduler, nullptr, &Mode::steps_after, frequency, &detail::save_lr_scheduler<S>,
-                                 &detail::load_lr_scheduler<S>, &detail::lr_scheduler_steps<S>, detail::python_state_writer<S>()};
+      detail::WrappedScheduler w{&scheduler,
+                                 nullptr,
+                                 &Mode::steps_after,
+                                 frequency,
+                                 &detail::save_lr_scheduler<S>,
+                                 &detail::load_lr_scheduler<S>,
+                                 &detail::lr_scheduler_steps<S>,
+                                 detail::python_state_writer<S>()};
       if constexpr (by_metric) {
         if (mode.metric.empty())
-          throw ConfigError("lr_step::on_validation needs the validation metric to step with, e.g. lr_step::on_validation{\"validation_loss\"}");
+          throw ConfigError(
+              "lr_step::on_validation needs the validation metric to step with, e.g. lr_step::on_validation{\"validation_loss\"}");
         w.step_with_metric = [](void* s, double metric) { static_cast<S*>(s)->step(metric); };
         w.metric = mode.metric;
       } else {
@@ -7931,7 +7978,8 @@ class Context {
                     "or be a function of const std::vector<T>& (T a number or tensor) returning one");
       if constexpr (is_function) {
         using Result = std::invoke_result_t<Plain&, const std::vector<T>&>;
-        static_assert(ReducedMetrics<Result>, "dettrial::Context::wrap_reducer(fn, name): fn must return a number or dettrial::MetricValues");
+        static_assert(ReducedMetrics<Result>,
+                      "dettrial::Context::wrap_reducer(fn, name): fn must return a number or dettrial::MetricValues");
         if constexpr (ReducedMetrics<Result>) {
           using Function = FunctionReducer<T, std::decay_t<R>>;  // a function reference becomes a pointer
           check_reducer_name<Result>(name);
@@ -7993,9 +8041,9 @@ class Context {
       for (auto& p : w.params)
         if (p.grad().defined()) p.grad().mul_(scale);
     }
-    if (scaler_) scaler_->unscale(w.params);  // clipping sees the true gradients
+    if (scaler_) scaler_->unscale(w.params);                        // clipping sees the true gradients
     if constexpr (GradientClipper<Clip>) clip_gradients(w.params);  // else only the sentence above
-    if (scaler_) scaler_->step(optimizer, w.params);  // skipped when a gradient is inf or NaN
+    if (scaler_) scaler_->step(optimizer, w.params);                // skipped when a gradient is inf or NaN
     else optimizer.step();
     // Autocast caches low-precision copies of the weights until its region ends; a forward pass
     // later in the same train_batch must see the stepped weights.
@@ -8004,9 +8052,7 @@ class Context {
   }
 
   /// True while a trainer's trial is registered here.
-  bool has_registrations() const {
-    return !models_.empty() || !optimizers_.empty() || !schedulers_.empty() || !reducers_.empty();
-  }
+  bool has_registrations() const { return !models_.empty() || !optimizers_.empty() || !schedulers_.empty() || !reducers_.empty(); }
   /// Forgets every wrapped object (called when their trainer goes away).
   void release_registrations();
 
@@ -8052,8 +8098,7 @@ class Context {
     constexpr bool returns_many = std::same_as<std::remove_cvref_t<Result>, MetricValues>;
     if (returns_many && !name.empty())
       throw TrialError("wrap_reducer: reducer '" + name + "' returns MetricValues (merged by their own names), so wrap it without a name");
-    if (!returns_many && name.empty())
-      throw TrialError("wrap_reducer: a reducer that returns a number needs a name to report it under");
+    if (!returns_many && name.empty()) throw TrialError("wrap_reducer: a reducer that returns a number needs a name to report it under");
   }
 
   static std::uint64_t derive_trial_seed(std::optional<std::uint64_t> experiment_seed);
@@ -8146,11 +8191,13 @@ DETTRIAL_INLINE Context::Context(Hyperparameters hparams, ExperimentConfig confi
     distributed_ = DistributedInfo{.rank = env.rank, .size = env.size, .local_rank = env.local_rank, .local_size = env.local_size};
   }
   // One GPU per process: the local rank picks it.
-  device_ = options.device ? *options.device
-                           : (torch::cuda::is_available()
-                                  ? torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(distributed_.local_rank %
-                                                                                              std::max<std::int64_t>(static_cast<std::int64_t>(torch::cuda::device_count()), 1)))
-                                  : torch::Device(torch::kCPU));
+  device_ = options.device
+                ? *options.device
+                : (torch::cuda::is_available()
+                       ? torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(
+                                                         distributed_.local_rank %
+                                                         std::max<std::int64_t>(static_cast<std::int64_t>(torch::cuda::device_count()), 1)))
+                       : torch::Device(torch::kCPU));
   // NCCL takes tensors on one GPU only: models, gradients and every collective must be there. (Gloo
   // takes CPU tensors, and CUDA ones too.)
   if (communicator_ && !communicator_->device().is_cpu() && communicator_->device() != device_)
@@ -8163,8 +8210,8 @@ DETTRIAL_INLINE Context::Context(Hyperparameters hparams, ExperimentConfig confi
   // One trial seed for the job: the chief's (without an experiment seed each rank's clock differs,
   // and the ranks would shard different permutations of the data).
   if (communicator_) trial_seed_ = static_cast<std::uint64_t>(communicator_->broadcast_values({static_cast<std::int64_t>(trial_seed_)})[0]);
-  threads_ = choose_threads(communicator_ ? communicator_->environment() : LaunchEnvironment{}, options.threads,
-                            CoreCount::of_this_process());
+  threads_ =
+      choose_threads(communicator_ ? communicator_->environment() : LaunchEnvironment{}, options.threads, CoreCount::of_this_process());
   thread_pools_ = apply_threads(threads_);
   if (const auto on = options.deterministic ? options.deterministic : config_.deterministic) set_deterministic(*on);
   precision_ = options.mixed_precision.value_or(config_.mixed_precision);
@@ -8205,8 +8252,7 @@ DETTRIAL_INLINE void Context::backward(const torch::Tensor& output, const torch:
   const bool scaled = scaler_ && scaler_->enabled();
   if (!gradient.defined())  // a loss: scaled in float32, as PyTorch's GradScaler does (fp16 times 65536 overflows)
     (scaled ? scaler_->scaled(output.to(torch::kFloat)) : output).backward({}, retain_graph, create_graph);
-  else
-    output.backward(scaled ? scaler_->scaled(gradient) : gradient, retain_graph, create_graph);
+  else output.backward(scaled ? scaler_->scaled(gradient) : gradient, retain_graph, create_graph);
 }
 
 DETTRIAL_INLINE GradScaler& Context::wrap_scaler(GradScaler& scaler) {
@@ -8265,8 +8311,8 @@ DETTRIAL_INLINE void Context::seed_rank_stream() const {
 DETTRIAL_INLINE std::uint64_t Context::derive_trial_seed(std::optional<std::uint64_t> experiment_seed) {
   // One trial of an experiment: a value in [0, 2^31) drawn from the experiment seed, as Determined's
   // master draws trial seeds; without an experiment seed, the clock (Determined's default).
-  std::uint64_t x = experiment_seed ? *experiment_seed
-                                    : static_cast<std::uint64_t>(std::chrono::system_clock::now().time_since_epoch().count());
+  std::uint64_t x =
+      experiment_seed ? *experiment_seed : static_cast<std::uint64_t>(std::chrono::system_clock::now().time_since_epoch().count());
   return detail::mix64(x + detail::golden_gamma) % (1ULL << 31);
 }
 
@@ -8279,9 +8325,8 @@ DETTRIAL_INLINE void Context::set_deterministic(bool on) {
 
 DETTRIAL_INLINE std::int64_t Context::global_batch_size_hparam() const {
   if (!hparams_.contains("global_batch_size"))
-    throw HyperparameterError(
-        "the batch size getters need the hyperparameter 'global_batch_size', which " + hparams_.source() +
-        " does not define");
+    throw HyperparameterError("the batch size getters need the hyperparameter 'global_batch_size', which " + hparams_.source() +
+                              " does not define");
   const auto global = hparams_.get<std::int64_t>("global_batch_size");
   if (global < slots_per_trial_)
     throw HyperparameterError("global_batch_size (" + std::to_string(global) + ") is smaller than slots_per_trial (" +
@@ -8488,17 +8533,17 @@ concept ModelHooks = !DeclaresModel<T> || (BuildModelHook<T> && OptimizerHook<T>
 // ---- train_batch and the evaluation hook ---------------------------------------------------------
 
 template <class T>
-concept DeclaresTrainBatch = requires { &T::train_batch; } ||
-                             requires(T& t, training_batch_t<T>& b, model_t<T>& m, std::int64_t i) { t.train_batch(b, m, i, i); } ||
-                             requires(T& t, training_batch_t<T>& b, std::int64_t i) { t.train_batch(b, i, i); };
+concept DeclaresTrainBatch = requires { &T::train_batch; } || requires(T& t, training_batch_t<T>& b, model_t<T>& m, std::int64_t i) {
+  t.train_batch(b, m, i, i);
+} || requires(T& t, training_batch_t<T>& b, std::int64_t i) { t.train_batch(b, i, i); };
 template <class T>
-concept DeclaresEvaluateBatch = requires { &T::evaluate_batch; } ||
-                                requires(T& t, validation_batch_t<T>& b, model_t<T>& m) { t.evaluate_batch(b, m); } ||
-                                requires(T& t, validation_batch_t<T>& b) { t.evaluate_batch(b); };
+concept DeclaresEvaluateBatch = requires { &T::evaluate_batch; } || requires(T& t, validation_batch_t<T>& b, model_t<T>& m) {
+  t.evaluate_batch(b, m);
+} || requires(T& t, validation_batch_t<T>& b) { t.evaluate_batch(b); };
 template <class T>
-concept DeclaresEvaluateFullDataset = requires { &T::evaluate_full_dataset; } ||
-                                      requires(T& t, validation_loader_t<T>& l, model_t<T>& m) { t.evaluate_full_dataset(l, m); } ||
-                                      requires(T& t, validation_loader_t<T>& l) { t.evaluate_full_dataset(l); };
+concept DeclaresEvaluateFullDataset = requires { &T::evaluate_full_dataset; } || requires(T& t, validation_loader_t<T>& l, model_t<T>& m) {
+  t.evaluate_full_dataset(l, m);
+} || requires(T& t, validation_loader_t<T>& l) { t.evaluate_full_dataset(l); };
 
 namespace detail {
 /// Calls train_batch in the trial's style; only used in unevaluated contexts and by the trainer.
@@ -8565,8 +8610,8 @@ concept TrainBatchHook = DeclaresTrainBatch<T> && CallableTrainBatch<T> && Metri
 /// `evaluate_batch(batch, model[, batch_idx])` (declarative) or `evaluate_batch(batch[, batch_idx])`
 /// (imperative), and returns dettrial::Metrics.
 template <class T>
-concept EvaluateBatchHook = DeclaresEvaluateBatch<T> && CallableEvaluateBatch<T> &&
-                            std::same_as<std::remove_cvref_t<detail::evaluate_batch_result_t<T>>, Metrics>;
+concept EvaluateBatchHook =
+    DeclaresEvaluateBatch<T> && CallableEvaluateBatch<T> && std::same_as<std::remove_cvref_t<detail::evaluate_batch_result_t<T>>, Metrics>;
 /// `evaluate_full_dataset` can be called with the validation loader, as
 /// `evaluate_full_dataset(loader, model)` (declarative) or `evaluate_full_dataset(loader)`
 /// (imperative), and returns dettrial::Metrics.
@@ -8577,7 +8622,8 @@ concept EvaluateFullDatasetHook = DeclaresEvaluateFullDataset<T> && CallableEval
 /// Piece 5 of dettrial::Trial: exactly one of `evaluate_batch` (an EvaluateBatchHook) and
 /// `evaluate_full_dataset` (an EvaluateFullDatasetHook).
 template <class T>
-concept EvaluationHook = (EvaluateBatchHook<T> && !DeclaresEvaluateFullDataset<T>) || (EvaluateFullDatasetHook<T> && !DeclaresEvaluateBatch<T>);
+concept EvaluationHook =
+    (EvaluateBatchHook<T> && !DeclaresEvaluateFullDataset<T>) || (EvaluateFullDatasetHook<T> && !DeclaresEvaluateBatch<T>);
 
 namespace detail {
 
@@ -8659,8 +8705,9 @@ struct TrialDiagnostics {
   static_assert(problem != P::train_batch_not_callable,
                 "dettrial::Trainer<T>: T::train_batch cannot be called with the training loader's batch type as "
                 "train_batch(batch, model, epoch_idx, batch_idx) (with build_model) or train_batch(batch, epoch_idx, batch_idx) (without)");
-  static_assert(problem != P::train_batch_not_metrics,
-                "dettrial::Trainer<T>: T::train_batch must return dettrial::Metrics (with a \"loss\" entry) or the loss as a torch::Tensor");
+  static_assert(
+      problem != P::train_batch_not_metrics,
+      "dettrial::Trainer<T>: T::train_batch must return dettrial::Metrics (with a \"loss\" entry) or the loss as a torch::Tensor");
   static_assert(problem != P::no_evaluate_hook,
                 "dettrial::Trainer<T>: T has neither evaluate_batch nor evaluate_full_dataset; define exactly one of them");
   static_assert(problem != P::both_evaluate_hooks,
@@ -8995,8 +9042,8 @@ inline c10::IValue scalar_tensor(double v) { return torch::tensor(v, torch::kFlo
 template <class State>
 void adam_param_state(const State& s, c10::impl::GenericDict& out) {
   out.insert("step", scalar_tensor(static_cast<double>(s.step())));
-  for (const auto& [key, t] : {std::pair{"exp_avg", s.exp_avg()}, std::pair{"exp_avg_sq", s.exp_avg_sq()},
-                               std::pair{"max_exp_avg_sq", s.max_exp_avg_sq()}})
+  for (const auto& [key, t] :
+       {std::pair{"exp_avg", s.exp_avg()}, std::pair{"exp_avg_sq", s.exp_avg_sq()}, std::pair{"max_exp_avg_sq", s.max_exp_avg_sq()}})
     if (t.defined()) out.insert(key, t.detach());
 }
 template <class Options>
@@ -9085,16 +9132,16 @@ DETTRIAL_INLINE std::string pickle_for_libtorch(std::string_view pickle) {
   // + SETITEMS, APPEND MARK + APPENDS.
   // Pickles are position-independent (the memo is indexed, not addressed), so this is safe.
   struct Entry {
-    std::size_t start;          // where the opcodes that pushed it begin in `out`
+    std::size_t start;  // where the opcodes that pushed it begin in `out`
     bool mark = false;
     bool ordered_dict = false;  // the OrderedDict class itself (emitted as nothing)
   };
   std::string out;
   out.reserve(pickle.size() + 64);
   std::vector<Entry> stack;
-  std::set<std::uint64_t> class_memo;    // memo slots of the OrderedDict class (left empty)
+  std::set<std::uint64_t> class_memo;           // memo slots of the OrderedDict class (left empty)
   std::map<std::uint64_t, std::size_t> put_at;  // where each memo slot was filled in `out`
-  std::set<std::uint64_t> dropped_memo;  // slots filled inside dropped opcodes
+  std::set<std::uint64_t> dropped_memo;         // slots filled inside dropped opcodes
   bool rewrote = false;
   std::size_t i = 0;
   const auto fail = [](const std::string& why) { throw std::runtime_error("unsupported pickle: " + why); };
@@ -9130,6 +9177,7 @@ DETTRIAL_INLINE std::string pickle_for_libtorch(std::string_view pickle) {
     const std::size_t start = i;
     const unsigned char op = static_cast<unsigned char>(pickle[i++]);
     std::size_t arg_end = i;
+    // clang-format off: one line per argument size, as the protocol's table reads
     switch (op) {
       case 0x80: case 'K': case 'q': case 'h': case 0x82: arg_end = i + 1; break;  // PROTO BININT1 BINPUT BINGET EXT1
       case 'M': case 0x83: arg_end = i + 2; break;                                   // BININT2 EXT2
@@ -9142,6 +9190,7 @@ DETTRIAL_INLINE std::string pickle_for_libtorch(std::string_view pickle) {
       case 'c': case 'i': arg_end = line_end(line_end(i)); break;  // GLOBAL, INST: module and name lines
       default: break;
     }
+    // clang-format on
     need(arg_end - i);
     i = arg_end;
     const std::string_view whole = pickle.substr(start, arg_end - start);
@@ -9155,7 +9204,8 @@ DETTRIAL_INLINE std::string pickle_for_libtorch(std::string_view pickle) {
         }
         stack.push_back({here});
         break;
-      case 'q': case 'r': {  // PUT: the OrderedDict class's slot is remembered, not filled
+      case 'q':
+      case 'r': {  // PUT: the OrderedDict class's slot is remembered, not filled
         const std::uint64_t slot = little_endian(start + 1, op == 'q' ? 1 : 4);
         if (top_is_class()) {
           class_memo.insert(slot);
@@ -9164,9 +9214,12 @@ DETTRIAL_INLINE std::string pickle_for_libtorch(std::string_view pickle) {
         put_at[slot] = here;
         break;
       }
-      case 'p': case 'g': throw std::runtime_error("unsupported pickle: text PUT and GET opcodes (protocol 0)");
-      case 'h': case 'j':
-        if (dropped_memo.count(little_endian(start + 1, op == 'h' ? 1 : 4))) fail("a value inside a state dict's _metadata is used elsewhere");
+      case 'p':
+      case 'g': throw std::runtime_error("unsupported pickle: text PUT and GET opcodes (protocol 0)");
+      case 'h':
+      case 'j':
+        if (dropped_memo.count(little_endian(start + 1, op == 'h' ? 1 : 4)))
+          fail("a value inside a state dict's _metadata is used elsewhere");
         if (class_memo.count(little_endian(start + 1, op == 'h' ? 1 : 4))) {
           stack.push_back({here, false, true});
           continue;
@@ -9184,7 +9237,8 @@ DETTRIAL_INLINE std::string pickle_for_libtorch(std::string_view pickle) {
         }
         stack.push_back({here});
         break;
-      case 's': case 'a': {  // SETITEM, APPEND → MARK before the key (or item) + SETITEMS, APPENDS
+      case 's':
+      case 'a': {  // SETITEM, APPEND → MARK before the key (or item) + SETITEMS, APPENDS
         const std::size_t items = op == 's' ? 2 : 1;
         if (stack.size() < items + 1) fail("stack underflow");
         const std::size_t first = stack[stack.size() - items].start;
@@ -9206,12 +9260,20 @@ DETTRIAL_INLINE std::string pickle_for_libtorch(std::string_view pickle) {
         pop(1);
         break;
       case '(': stack.push_back({here, true}); break;
-      case 't': case 'l': case 'd': stack.push_back({pop_to_mark()}); break;  // TUPLE LIST DICT
-      case 'u': case 'e': pop_to_mark(); break;                               // SETITEMS APPENDS
-      case '1': pop_to_mark(); break;                                          // POP_MARK
+      case 't':
+      case 'l':
+      case 'd': stack.push_back({pop_to_mark()}); break;  // TUPLE LIST DICT
+      case 'u':
+      case 'e': pop_to_mark(); break;  // SETITEMS APPENDS
+      case '1': pop_to_mark(); break;  // POP_MARK
       case '0': pop(1); break;
-      case '2': if (stack.empty()) fail("DUP of nothing"); stack.push_back(stack.back()); break;
-      case 0x85: case 0x86: case 0x87: {  // TUPLE1..3
+      case '2':
+        if (stack.empty()) fail("DUP of nothing");
+        stack.push_back(stack.back());
+        break;
+      case 0x85:
+      case 0x86:
+      case 0x87: {  // TUPLE1..3
         const std::size_t n = op - 0x84;
         if (stack.size() < n) fail("stack underflow");
         const std::size_t at = stack[stack.size() - n].start;
@@ -9219,7 +9281,9 @@ DETTRIAL_INLINE std::string pickle_for_libtorch(std::string_view pickle) {
         stack.push_back({at});
         break;
       }
-      case 'R': case 0x81: case 0x93: {  // REDUCE NEWOBJ STACK_GLOBAL: two in, one out
+      case 'R':
+      case 0x81:
+      case 0x93: {  // REDUCE NEWOBJ STACK_GLOBAL: two in, one out
         if (stack.size() < 2) fail("stack underflow");
         const std::size_t at = stack[stack.size() - 2].start;
         pop(2);
@@ -9233,14 +9297,37 @@ DETTRIAL_INLINE std::string pickle_for_libtorch(std::string_view pickle) {
         stack.push_back({at});
         break;
       }
-      case 0x80: case 0x95: case 0x94: case '.': break;  // PROTO FRAME MEMOIZE STOP
-      case 'K': case 'M': case 'J': case 'I': case 'L': case 'F': case 'G': case 'S': case 'T': case 'U': case 'V': case 'X':
-      case 'B': case 'C': case 0x8a: case 0x8b: case 0x8c: case 0x8d: case 0x8e: case 'N': case 0x88: case 0x89: case '}':
-      case ']': case 'P': case 0x8f:
-        stack.push_back({here});
-        break;
-      default:
-        fail("opcode " + std::to_string(op));
+      case 0x80:
+      case 0x95:
+      case 0x94:
+      case '.': break;  // PROTO FRAME MEMOIZE STOP
+      case 'K':
+      case 'M':
+      case 'J':
+      case 'I':
+      case 'L':
+      case 'F':
+      case 'G':
+      case 'S':
+      case 'T':
+      case 'U':
+      case 'V':
+      case 'X':
+      case 'B':
+      case 'C':
+      case 0x8a:
+      case 0x8b:
+      case 0x8c:
+      case 0x8d:
+      case 0x8e:
+      case 'N':
+      case 0x88:
+      case 0x89:
+      case '}':
+      case ']':
+      case 'P':
+      case 0x8f: stack.push_back({here}); break;
+      default: fail("opcode " + std::to_string(op));
     }
     out.append(whole);
   }
@@ -9389,8 +9476,8 @@ DETTRIAL_INLINE void load_module_state_dict(torch::nn::Module& module, const Sta
     if (!it->value().isTensor()) throw CheckpointError(what + ": entry '" + name + "' is not a tensor");
     const torch::Tensor source = it->value().toTensor();
     if (source.sizes() != target.sizes())
-      throw CheckpointError(what + ": entry '" + name + "' has shape " + detail::shape_text(source.sizes()) +
-                            " in the checkpoint but " + detail::shape_text(target.sizes()) + " in the model");
+      throw CheckpointError(what + ": entry '" + name + "' has shape " + detail::shape_text(source.sizes()) + " in the checkpoint but " +
+                            detail::shape_text(target.sizes()) + " in the model");
     used[name] = true;
     copies.emplace_back(target, source);
   });
@@ -9602,7 +9689,7 @@ DETTRIAL_INLINE std::string new_uuid() {
   std::random_device device;
   std::uint64_t hi = (static_cast<std::uint64_t>(device()) << 32) | device();
   std::uint64_t lo = (static_cast<std::uint64_t>(device()) << 32) | device();
-  hi = (hi & ~0xF000ULL) | 0x4000ULL;             // version 4
+  hi = (hi & ~0xF000ULL) | 0x4000ULL;              // version 4
   lo = (lo & ~(0xC0ULL << 56)) | (0x80ULL << 56);  // RFC 4122 variant
   char text[37];
   std::snprintf(text, sizeof text, "%08llx-%04llx-%04llx-%04llx-%012llx", static_cast<unsigned long long>(hi >> 32),
@@ -9683,8 +9770,7 @@ DETTRIAL_INLINE CheckpointInfo read_checkpoint_info(const std::filesystem::path&
     const auto format = detail::json_as<std::int64_t>(field("dettrial_format"), "dettrial_format");
     if (format > checkpoint_format_version)
       throw CheckpointError("'" + meta_path.string() + "' is checkpoint format " + std::to_string(format) +
-                            ", written by a newer dettrial; this one reads formats up to " +
-                            std::to_string(checkpoint_format_version));
+                            ", written by a newer dettrial; this one reads formats up to " + std::to_string(checkpoint_format_version));
     info.uuid = detail::json_as<std::string>(field("uuid"), "uuid");
     info.batches_trained = detail::json_as<std::int64_t>(field("steps_completed"), "steps_completed");
     info.epochs_trained = detail::json_as<std::int64_t>(field("epochs_trained"), "epochs_trained");
@@ -9871,7 +9957,9 @@ namespace dettrial {
 DETTRIAL_INLINE std::string TrialProgress::to_json() const {
   const auto optional = [](const auto& v) { return v ? detail::Json(*v) : detail::Json(nullptr); };
   // As strings: 64-bit seeds do not survive JSON readers that use doubles.
-  const auto seed_text = [](const std::optional<std::uint64_t>& seed) { return seed ? detail::Json(std::to_string(*seed)) : detail::Json(nullptr); };
+  const auto seed_text = [](const std::optional<std::uint64_t>& seed) {
+    return seed ? detail::Json(std::to_string(*seed)) : detail::Json(nullptr);
+  };
   const detail::Json j = {{"trial_id", trial_id},
                           {"batches_trained", batches_trained},
                           {"epochs_trained", epochs_trained},
@@ -9931,7 +10019,7 @@ DETTRIAL_INLINE StateDict read_state_dict_file(const std::filesystem::path& dir)
 }
 
 DETTRIAL_INLINE StateDict ContextCheckpoint::python_state(Context& c, const std::vector<torch::Tensor>& cpu_rng_per_rank,
-                                                           const std::vector<torch::Tensor>& gpu_rng_per_rank) {
+                                                          const std::vector<torch::Tensor>& gpu_rng_per_rank) {
   pull_device_optimizer_state(c);
   c10::impl::GenericList models(c10::AnyType::get());
   for (const auto& m : c.models()) models.push_back(module_state_dict(*m));
@@ -10120,10 +10208,8 @@ DETTRIAL_INLINE void ContextCheckpoint::load_native(Context& c, const std::strin
     auto params = c.models()[i]->parameters();
     for (std::size_t j = 0; j < params.size(); ++j) {
       torch::Tensor g;
-      if (has_model && model.try_read("p" + std::to_string(j), g, /*is_buffer=*/true))
-        params[j].mutable_grad() = g.to(params[j].device());
-      else if (params[j].grad().defined())
-        params[j].mutable_grad() = torch::Tensor();  // nothing was pending at the checkpoint
+      if (has_model && model.try_read("p" + std::to_string(j), g, /*is_buffer=*/true)) params[j].mutable_grad() = g.to(params[j].device());
+      else if (params[j].grad().defined()) params[j].mutable_grad() = torch::Tensor();  // nothing was pending at the checkpoint
     }
   }
 }
@@ -10761,8 +10847,7 @@ DETTRIAL_INLINE double text_width(std::string_view text) {
   return chars * 6.8;
 }
 
-DETTRIAL_INLINE std::vector<std::pair<double, double>> downsample(std::vector<std::pair<double, double>> points,
-                                                                  std::size_t max_points) {
+DETTRIAL_INLINE std::vector<std::pair<double, double>> downsample(std::vector<std::pair<double, double>> points, std::size_t max_points) {
   max_points = std::max<std::size_t>(max_points, 4);
   if (points.size() <= max_points) return points;
   const std::size_t inner = points.size() - 2, buckets = (max_points - 2) / 2;
@@ -10808,8 +10893,7 @@ DETTRIAL_INLINE DrawnPoints drawn_points(const Chart& chart) {
     std::vector<std::pair<double, double>> points;
     for (const auto& p : s.points)
       if (std::isfinite(p.first) && std::isfinite(p.second) && (!chart.log_x || p.first > 0)) points.push_back(p);
-    if (!chart.scatter)
-      std::stable_sort(points.begin(), points.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+    if (!chart.scatter) std::stable_sort(points.begin(), points.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
     d.totals.push_back(points.size());
     points = downsample(std::move(points));
     for (const auto& [x, y] : points) {
@@ -10885,7 +10969,8 @@ DETTRIAL_INLINE std::string svg_axes(const Chart& chart, const Scales& s) {
   for (const double t : ticks(s.ay)) {
     const std::string y = fixed(F::y1 - tick_at(t, s.ay) * (F::y1 - F::y0), 1);
     out += "<line class=\"grid\" x1=\"" + fixed(F::x0, 1) + "\" x2=\"" + fixed(F::x1, 1) + "\" y1=\"" + y + "\" y2=\"" + y + "\"/>";
-    out += "<text x=\"" + fixed(F::x0 - 6, 1) + "\" y=\"" + y + "\" dy=\"4\" text-anchor=\"end\">" + escape(tick_label(t, s.ay)) + "</text>\n";
+    out +=
+        "<text x=\"" + fixed(F::x0 - 6, 1) + "\" y=\"" + y + "\" dy=\"4\" text-anchor=\"end\">" + escape(tick_label(t, s.ay)) + "</text>\n";
   }
   for (const double t : ticks(s.ax)) {
     const std::string x = fixed(F::x0 + tick_at(t, s.ax) * (F::x1 - F::x0), 1);
@@ -10907,8 +10992,7 @@ DETTRIAL_INLINE std::string svg_x_marks(const Chart& chart, const Scales& s) {
     const std::string x = fixed(s.sx(at), 1);
     out += "<g class=\"rung\"><line x1=\"" + x + "\" x2=\"" + x + "\" y1=\"" + fixed(F::y0, 1) + "\" y2=\"" + fixed(F::y1, 1) +
            "\" stroke-dasharray=\"5 4\"/><text x=\"" + x + "\" dx=\"3\" y=\"" + fixed(F::y0 + 11 + static_cast<double>(i % 3) * 12, 1) +
-           "\">" + escape(label) + "</text><title>" + escape(label) + " at " + escape(chart.x_label) + " " + general(at) +
-           "</title></g>\n";
+           "\">" + escape(label) + "</text><title>" + escape(label) + " at " + escape(chart.x_label) + " " + general(at) + "</title></g>\n";
   }
   return out;
 }
@@ -10946,9 +11030,8 @@ DETTRIAL_INLINE std::string svg_series(const Chart& chart, std::size_t i, const 
   if (s.stopped && !points.empty()) {
     const double cx = sc.sx(points.back().first), cy = sc.sy(points.back().second);
     out += "<path class=\"cross\" stroke=\"" + color + "\" d=\"M" + fixed(cx - 5, 1) + " " + fixed(cy - 5, 1) + "L" + fixed(cx + 5, 1) +
-           " " + fixed(cy + 5, 1) + "M" + fixed(cx - 5, 1) + " " + fixed(cy + 5, 1) + "L" + fixed(cx + 5, 1) + " " +
-           fixed(cy - 5, 1) + "\"><title>" + name + ": stopped early at " + escape(chart.x_label) + " " +
-           general(points.back().first) + "</title></path>\n";
+           " " + fixed(cy + 5, 1) + "M" + fixed(cx - 5, 1) + " " + fixed(cy + 5, 1) + "L" + fixed(cx + 5, 1) + " " + fixed(cy - 5, 1) +
+           "\"><title>" + name + ": stopped early at " + escape(chart.x_label) + " " + general(points.back().first) + "</title></path>\n";
   }
   return out;
 }
@@ -10959,9 +11042,9 @@ DETTRIAL_INLINE std::string svg_legend(const std::vector<LegendEntry>& entries) 
     const std::string mid = fixed(e.y + 9, 1);
     out += "<g class=\"legend\">";
     if (e.cross)
-      out += "<path class=\"cross\" stroke=\"" + e.color + "\" d=\"M" + fixed(e.x + 5, 1) + " " + fixed(e.y + 4, 1) + "L" + fixed(e.x + 15, 1) +
-             " " + fixed(e.y + 14, 1) + "M" + fixed(e.x + 5, 1) + " " + fixed(e.y + 14, 1) + "L" + fixed(e.x + 15, 1) + " " +
-             fixed(e.y + 4, 1) + "\"/>";
+      out += "<path class=\"cross\" stroke=\"" + e.color + "\" d=\"M" + fixed(e.x + 5, 1) + " " + fixed(e.y + 4, 1) + "L" +
+             fixed(e.x + 15, 1) + " " + fixed(e.y + 14, 1) + "M" + fixed(e.x + 5, 1) + " " + fixed(e.y + 14, 1) + "L" + fixed(e.x + 15, 1) +
+             " " + fixed(e.y + 4, 1) + "\"/>";
     else if (e.color != "none")
       out += "<line x1=\"" + fixed(e.x, 1) + "\" x2=\"" + fixed(e.x + 20, 1) + "\" y1=\"" + mid + "\" y2=\"" + mid + "\" stroke=\"" +
              e.color + "\" stroke-width=\"2\"/>";
@@ -10990,7 +11073,8 @@ DETTRIAL_INLINE std::string svg_chart(const Chart& chart) {
     for (std::size_t i = 0; i < chart.series.size(); ++i)  // the series are there, empty: tools count them
       out += "<polyline data-series=\"" + escape(chart.series[i].name) + "\" data-points=\"0\" points=\"\" fill=\"none\"/>\n";
   } else {
-    const Scales scales{chart.log_x ? log_axis(drawn.xmin, drawn.xmax) : linear_axis(drawn.xmin, drawn.xmax), linear_axis(drawn.ymin, drawn.ymax)};
+    const Scales scales{chart.log_x ? log_axis(drawn.xmin, drawn.xmax) : linear_axis(drawn.xmin, drawn.xmax),
+                        linear_axis(drawn.ymin, drawn.ymax)};
     out += svg_axes(chart, scales) + svg_x_marks(chart, scales);
     for (std::size_t i = 0; i < chart.series.size(); ++i) out += svg_series(chart, i, drawn.series[i], drawn.totals[i], scales);
   }
@@ -11189,8 +11273,9 @@ DETTRIAL_INLINE std::string utc_now() {
 DETTRIAL_INLINE std::string page(const std::string& title, const std::string& header, const std::string& content) {
   return "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
          "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n<meta name=\"generator\" content=\"dettrial\">\n"
-         "<title>" + escape(title) + "</title>\n<style>" + page_style() + "</style>\n</head>\n<body>\n<header>\n" + header +
-         "</header>\n<main>\n" + content + "<p class=\"meta\">Written by dettrial, " + utc_now() +
+         "<title>" +
+         escape(title) + "</title>\n<style>" + page_style() + "</style>\n</head>\n<body>\n<header>\n" + header + "</header>\n<main>\n" +
+         content + "<p class=\"meta\">Written by dettrial, " + utc_now() +
          ". Regenerate with <code>--report DIR</code>.</p>\n</main>\n<script>" + page_script() + "</script>\n</body>\n</html>\n";
 }
 
@@ -11260,8 +11345,8 @@ DETTRIAL_INLINE std::string string_of(const Json& object, const char* key) {
 
 /// A table header cell the script sorts by: `column` is the name `#sort=` takes.
 DETTRIAL_INLINE std::string sortable_header(const std::string& column, const std::string& label, bool numeric) {
-  return "<th data-column=\"" + escape(column) + "\" data-type=\"" + (numeric ? "number" : "text") + "\"" + (numeric ? "" : " class=\"text\"") +
-         " title=\"sort by " + escape(label) + "\">" + escape(label) + "</th>";
+  return "<th data-column=\"" + escape(column) + "\" data-type=\"" + (numeric ? "number" : "text") + "\"" +
+         (numeric ? "" : " class=\"text\"") + " title=\"sort by " + escape(label) + "\">" + escape(label) + "</th>";
 }
 
 DETTRIAL_INLINE std::string table_cell(const Json& value, const std::string& inner_html = {}) {
@@ -11383,7 +11468,8 @@ DETTRIAL_INLINE std::vector<Chart> run_charts(const std::vector<Json>& records, 
         if (counter(key) || !(it.value().is_number() || it.value().is_null())) continue;
         std::string chart = key, series = key;
         if (!training) {
-          if (const auto t = training_chart.find(without_prefix(key, {"validation_", "val_"})); t != training_chart.end()) chart = t->second;
+          if (const auto t = training_chart.find(without_prefix(key, {"validation_", "val_"})); t != training_chart.end())
+            chart = t->second;
           if (training_names.count(key)) series = key + " (" + kind + ")";  // the same name on both sides
         }
         Series& s = series_of(metric_charts, chart, series);
@@ -11472,15 +11558,18 @@ DETTRIAL_INLINE std::string last_values_table(const std::vector<Chart>& charts, 
         values += "<td>" + general(s.points.back().second) + "</td><td>" + general(s.points.back().first) + "</td><td>" + general(low) +
                   "</td><td>" + general(high) + "</td>";
       }
-      values += "<td>" + std::to_string(s.points.size()) + "</td>" + (any_skipped ? "<td>" + std::to_string(s.skipped) + "</td>" : "") + "</tr>\n";
+      values += "<td>" + std::to_string(s.points.size()) + "</td>" + (any_skipped ? "<td>" + std::to_string(s.skipped) + "</td>" : "") +
+                "</tr>\n";
     }
   if (values.empty()) return values;
   return "<h2>Last values</h2>\n<div class=\"scroll\"><table>\n<tr><th class=\"text\">series</th><th>last</th><th>at batch</th><th>min</th>"
-         "<th>max</th><th>points</th>" + std::string(any_skipped ? "<th>null</th>" : "") + "</tr>\n" + values + "</table></div>\n";
+         "<th>max</th><th>points</th>" +
+         std::string(any_skipped ? "<th>null</th>" : "") + "</tr>\n" + values + "</table></div>\n";
 }
 
 /// The run page's header: its name and folder, how many reports it holds and how far it trained.
-DETTRIAL_INLINE std::string run_header(const std::vector<Json>& records, const std::filesystem::path& absolute, bool trial_of_search, bool torn) {
+DETTRIAL_INLINE std::string run_header(const std::vector<Json>& records, const std::filesystem::path& absolute, bool trial_of_search,
+                                       bool torn) {
   std::int64_t trainings = 0, validations = 0;
   std::optional<std::int64_t> last_batches, last_epochs;
   for (const Json& r : records) {
@@ -11499,7 +11588,8 @@ DETTRIAL_INLINE std::string run_header(const std::vector<Json>& records, const s
   header += ".";
   if (trial_of_search) header += " <a href=\"../../report.html\">The search</a>.";
   header += "</p>\n";
-  if (torn) header += "<p class=\"note\">The last line of metrics.jsonl is incomplete (the run stopped while writing it): it is left out.</p>\n";
+  if (torn)
+    header += "<p class=\"note\">The last line of metrics.jsonl is incomplete (the run stopped while writing it): it is left out.</p>\n";
   return header;
 }
 
@@ -11575,7 +11665,6 @@ namespace dettrial {
  * Works on a search still running (from events.jsonl and the trials' folders).
  */
 DETTRIAL_INLINE std::filesystem::path write_experiment_report(const std::filesystem::path& experiment_dir);
-
 
 namespace detail::html {
 
@@ -11752,7 +11841,8 @@ DETTRIAL_INLINE void complete_row(TrialRow& row, const std::filesystem::path& fo
   if (row.hparams.empty() && row.has_folder) flatten(config_hyperparameters(read_text(folder / layout::config)), "", row.hparams);
   if (const auto c = events.curves.find(id); c != events.curves.end()) row.curve = c->second;
   const bool has_metrics = row.has_folder && fs::is_regular_file(folder / layout::metrics_log, ec);
-  if (row.curve.empty() && has_metrics && !search.metric.empty()) curve_from_metrics(row, folder / layout::metrics_log, search, events.batches);
+  if (row.curve.empty() && has_metrics && !search.metric.empty())
+    curve_from_metrics(row, folder / layout::metrics_log, search, events.batches);
   // summary.json's count is at the last checkpoint; a validation may have come after it.
   if (events.batches.count(id)) row.batches = std::max(row.batches.value_or(0), events.batches[id]);
   if (!row.curve.empty()) {
@@ -11799,7 +11889,8 @@ DETTRIAL_INLINE SearchPage collect_search(const std::filesystem::path& experimen
       searcher_settings(read_text(trials_dir / std::to_string(id) / layout::config), search.metric, smaller);
   search.order = MetricOrder{smaller.value_or(true)};
 
-  if (events.torn) search.notes.push_back("The last line of events.jsonl is incomplete (the runner stopped while writing it): it is left out.");
+  if (events.torn)
+    search.notes.push_back("The last line of events.jsonl is incomplete (the runner stopped while writing it): it is left out.");
   for (auto& [id, row] : search.rows) {
     complete_row(row, trials_dir / std::to_string(id), search, events);
     if (!row.problem.empty()) search.notes.push_back("trial " + std::to_string(id) + ": " + row.problem);
@@ -11807,7 +11898,8 @@ DETTRIAL_INLINE SearchPage collect_search(const std::filesystem::path& experimen
   search.best_trial = integer_of(summary, "best_trial");
   if (!search.best_trial)
     for (const auto& [id, row] : search.rows)
-      if (row.best && (!search.best_trial || search.order.better(*row.best, *search.rows.at(*search.best_trial).best))) search.best_trial = id;
+      if (row.best && (!search.best_trial || search.order.better(*row.best, *search.rows.at(*search.best_trial).best)))
+        search.best_trial = id;
   if (search.best_trial && !search.rows.count(*search.best_trial)) search.best_trial.reset();
   return search;
 }
@@ -11824,11 +11916,13 @@ DETTRIAL_INLINE std::string search_header(const SearchPage& search, const Json& 
     header += std::string(search.searcher.empty() ? "Metric" : ", metric") + " <b>" + escape(search.metric) + "</b> (" +
               (search.order.smaller_is_better ? "smaller" : "larger") + " is better)";
   if (const auto max_trials = integer_of(summary, "max_trials"))
-    header += std::string(search.searcher.empty() && search.metric.empty() ? "" : "; ") + "at most " + std::to_string(*max_trials) + " trials";
+    header +=
+        std::string(search.searcher.empty() && search.metric.empty() ? "" : "; ") + "at most " + std::to_string(*max_trials) + " trials";
   header += ".</p>\n<p>" + std::to_string(search.rows.size()) + " trial" + (search.rows.size() == 1 ? "" : "s");
   std::string counts;
   for (const auto& [state, n] : states)
-    counts += (counts.empty() ? "" : ", ") + std::to_string(n) + " <span class=\"state-" + escape(state) + "\">" + escape(state) + "</span>";
+    counts +=
+        (counts.empty() ? "" : ", ") + std::to_string(n) + " <span class=\"state-" + escape(state) + "\">" + escape(state) + "</span>";
   if (!counts.empty()) header += ": " + counts;
   if (search.best_trial) {
     header += ". Best: trial " + std::to_string(*search.best_trial);
@@ -11923,9 +12017,9 @@ DETTRIAL_INLINE std::string trials_table(const SearchPage& search, const std::ve
   const auto& rows = search.rows;
   const bool has_rungs = std::any_of(rows.begin(), rows.end(), [](const auto& kv) { return kv.second.rung.has_value(); });
   const std::set<std::string> fixed_columns = {"trial", "state", "batches", "restarts", "rung", "best", "last"};
-  std::string table = "<div class=\"scroll\"><table id=\"trials\" class=\"sortable\">\n<thead><tr>" + sortable_header("trial", "trial", true) +
-                      sortable_header("state", "state", false) + sortable_header("batches", "batches", true) +
-                      sortable_header("restarts", "restarts", true);
+  std::string table = "<div class=\"scroll\"><table id=\"trials\" class=\"sortable\">\n<thead><tr>" +
+                      sortable_header("trial", "trial", true) + sortable_header("state", "state", false) +
+                      sortable_header("batches", "batches", true) + sortable_header("restarts", "restarts", true);
   if (has_rungs) table += sortable_header("rung", "rung", true);
   for (const auto& hp : hparam_names) {
     const bool numeric = std::all_of(rows.begin(), rows.end(), [&](const auto& kv) {
@@ -11935,9 +12029,11 @@ DETTRIAL_INLINE std::string trials_table(const SearchPage& search, const std::ve
     table += sortable_header(fixed_columns.count(hp) ? "hparams." + hp : hp, hp, numeric);
   }
   const std::string metric_label = search.metric.empty() ? std::string("metric") : search.metric;
-  table += sortable_header("best", "best " + metric_label, true) + sortable_header("last", "last " + metric_label, true) + "</tr></thead>\n<tbody>\n";
+  table += sortable_header("best", "best " + metric_label, true) + sortable_header("last", "last " + metric_label, true) +
+           "</tr></thead>\n<tbody>\n";
   for (const auto& [id, row] : rows) {
-    table += "<tr data-trial=\"" + std::to_string(id) + "\"" + (search.best_trial && *search.best_trial == id ? " class=\"best\"" : "") + ">";
+    table +=
+        "<tr data-trial=\"" + std::to_string(id) + "\"" + (search.best_trial && *search.best_trial == id ? " class=\"best\"" : "") + ">";
     const std::string link = "trials/" + std::to_string(id) + "/report.html";
     table += table_cell(Json(id), "<span style=\"color:" + colors.at(id) + "\">&#9632;</span> " +
                                       (row.has_page ? "<a href=\"" + link + "\">" + std::to_string(id) + "</a>" : std::to_string(id)));
@@ -12008,12 +12104,12 @@ DETTRIAL_INLINE std::filesystem::path write_report(const std::filesystem::path& 
   if (std::filesystem::is_regular_file(dir / layout::summary, ec) || std::filesystem::is_directory(dir / layout::trials, ec))
     return write_experiment_report(dir);
   if (std::filesystem::is_regular_file(dir / layout::metrics_log, ec)) return write_run_report(dir);
-  throw Error("'" + dir.string() + "' holds no metrics.jsonl (a run's folder) and no summary.json or trials/ (a search's folder): nothing to report");
+  throw Error("'" + dir.string() +
+              "' holds no metrics.jsonl (a run's folder) and no summary.json or trials/ (a search's folder): nothing to report");
 }
 
 }  // namespace dettrial
 #endif  // DETTRIAL_HEADER_DEFINITIONS
-
 // ---- end dettrial/report/html_report.hpp
 // ---- begin dettrial/report/metrics_log.hpp
 // SPDX-License-Identifier: Apache-2.0
@@ -12094,8 +12190,8 @@ DETTRIAL_INLINE std::optional<std::int64_t> MetricsLog::batches_of(std::string_v
   return batches_of_record(record);
 }
 
-DETTRIAL_INLINE void MetricsLog::write(std::string_view type, std::int64_t batches, std::int64_t epochs,
-                                       const MetricValues& metrics, const detail::Json& extra) {
+DETTRIAL_INLINE void MetricsLog::write(std::string_view type, std::int64_t batches, std::int64_t epochs, const MetricValues& metrics,
+                                       const detail::Json& extra) {
   if (!out_.is_open()) return;
   detail::Json record = {{"type", std::string(type)}, {"batches", batches}, {"epochs", epochs}};
   for (const auto& [key, value] : extra.items()) record[key] = value;
@@ -12186,10 +12282,12 @@ class TraceProfiler {
   static TraceProfiler for_section(const ExperimentConfig::Profiling& section, std::filesystem::path trace, bool cuda) {
     ProfilerOptions o;
     o.record_shapes = true;
-    o.schedule = {.wait = 0, .warmup = 0,
+    o.schedule = {.wait = 0,
+                  .warmup = 0,
                   .active = section.end_after_batch ? std::max<std::int64_t>(*section.end_after_batch - section.begin_on_batch + 1, 1)
                                                     : std::numeric_limits<std::int64_t>::max() / 4,
-                  .repeat = 1, .skip_first = section.begin_on_batch};
+                  .repeat = 1,
+                  .skip_first = section.begin_on_batch};
     return TraceProfiler(std::move(o), 0, TraceFiles{std::move(trace), false}, cuda);
   }
   // Moved only before it starts (the trainer's set-up); a moved-from profiler never stops LibTorch's.
@@ -12390,8 +12488,8 @@ DETTRIAL_INLINE void TraceProfiler::stop(std::int64_t batch_idx) {
       how = "LibTorch's profiler without Kineto: CPU operators";
     }
     written_ = trace_path;
-    summary_ = "profiled batches " + std::to_string(first_batch_) + "-" + std::to_string(batch_idx) + ": " + trace_path.string() +
-               " (" + std::to_string(result->events().size()) + " events; " + how + ")";
+    summary_ = "profiled batches " + std::to_string(first_batch_) + "-" + std::to_string(batch_idx) + ": " + trace_path.string() + " (" +
+               std::to_string(result->events().size()) + " events; " + how + ")";
   } catch (const std::exception& e) {
     summary_ = "warning: profiled batches " + std::to_string(first_batch_) + "-" + std::to_string(batch_idx) +
                ", but the trace could not be written to " + trace_path.string() + ": " + e.what();
@@ -12401,10 +12499,8 @@ DETTRIAL_INLINE void TraceProfiler::stop(std::int64_t batch_idx) {
 /// An event's start and duration in microseconds: LibTorch 2.x counts nanoseconds, 1.13 microseconds.
 template <class Event>
 std::pair<double, double> event_span_us(const Event& e) {
-  if constexpr (requires { e.startNs(); })
-    return {static_cast<double>(e.startNs()) / 1000.0, static_cast<double>(e.durationNs()) / 1000.0};
-  else
-    return {static_cast<double>(e.startUs()), static_cast<double>(e.durationUs())};
+  if constexpr (requires { e.startNs(); }) return {static_cast<double>(e.startNs()) / 1000.0, static_cast<double>(e.durationNs()) / 1000.0};
+  else return {static_cast<double>(e.startUs()), static_cast<double>(e.durationUs())};
 }
 
 DETTRIAL_INLINE void write_chrome_trace(const torch::autograd::profiler::ProfilerResult& result, const std::filesystem::path& path) {
@@ -12421,8 +12517,7 @@ DETTRIAL_INLINE void write_chrome_trace(const torch::autograd::profiler::Profile
                       {"pid", pid},
                       {"tid", static_cast<std::int64_t>(e.startThreadId())}});
   }
-  const nlohmann::json trace = {{"traceEvents", std::move(events)}, {"displayTimeUnit", "ms"},
-                                {"otherData", {{"writer", "dettrial"}}}};
+  const nlohmann::json trace = {{"traceEvents", std::move(events)}, {"displayTimeUnit", "ms"}, {"otherData", {{"writer", "dettrial"}}}};
   detail::write_atomically(path, trace.dump());
 }
 
@@ -12542,8 +12637,8 @@ DETTRIAL_INLINE void Progress::update(std::int64_t done) {
                   100.0 * static_cast<double>(done) / static_cast<double>(total_), static_cast<long long>(done),
                   static_cast<long long>(total_), unit_.c_str(), rate, unit_.c_str(), format_duration(eta).c_str());
   } else {
-    std::snprintf(buf, sizeof buf, "\r\033[K%s %lld %s  %.1f %s/s", phase_.c_str(), static_cast<long long>(done),
-                  unit_.c_str(), rate, unit_.c_str());
+    std::snprintf(buf, sizeof buf, "\r\033[K%s %lld %s  %.1f %s/s", phase_.c_str(), static_cast<long long>(done), unit_.c_str(), rate,
+                  unit_.c_str());
   }
   std::fputs(buf, stdout);
   std::fflush(stdout);
@@ -12617,15 +12712,17 @@ class Reporter {
   void line(const std::string& text) { progress_.line(text); }
 
   /// A phase with a live progress line: `done` of `total` units so far.
-  void begin(std::string_view phase, std::int64_t done, std::int64_t total, std::string_view unit) { progress_.begin(phase, done, total, unit); }
+  void begin(std::string_view phase, std::int64_t done, std::int64_t total, std::string_view unit) {
+    progress_.begin(phase, done, total, unit);
+  }
   void update(std::int64_t done) { progress_.update(done); }
   /// Seconds since the phase began.
   double elapsed() const { return progress_.elapsed(); }
 
   /// A training workload's averaged metrics, the job's samples per second, where the chief's time
   /// went (`seconds` in all) and the learning rates after its last step.
-  void training(std::int64_t batches, std::int64_t epochs, const MetricValues& metrics, double samples_per_second,
-                double seconds, const PhaseTimes& phases, const LearningRates& learning_rates);
+  void training(std::int64_t batches, std::int64_t epochs, const MetricValues& metrics, double samples_per_second, double seconds,
+                const PhaseTimes& phases, const LearningRates& learning_rates);
 
   /// A validation's metrics, over `records` records (0: not counted) in `seconds`.
   void validation(std::int64_t batches, std::int64_t epochs, const MetricValues& metrics, std::int64_t records, double seconds);
@@ -12649,7 +12746,8 @@ class Reporter {
 namespace dettrial::detail {
 
 /// flat_hparams' recursion: the entries of `map`, their names prefixed.
-DETTRIAL_INLINE void flatten_hparams(const YAML::Node& map, const std::string& prefix, std::vector<std::pair<std::string, HParamValue>>& out) {
+DETTRIAL_INLINE void flatten_hparams(const YAML::Node& map, const std::string& prefix,
+                                     std::vector<std::pair<std::string, HParamValue>>& out) {
   for (const auto& kv : map) {
     const std::string name = prefix + kv.first.Scalar();
     const YAML::Node& value = kv.second;
@@ -12691,16 +12789,17 @@ DETTRIAL_INLINE Reporter::Reporter(bool writes, ReportOptions options, const std
   if (!writes) options.quiet = true;
   progress_ = Progress(options);
   if (log_.dropped() > 0)  // also under --quiet: a trial's log says why its metrics.jsonl shrank
-    std::fprintf(stderr, "dettrial: resuming at batch %lld: dropped %zu record(s) of %s written after that checkpoint (that training is done again)\n",
-                 static_cast<long long>(resumed_at.value_or(0)), log_.dropped(), log_.path().c_str());
+    std::fprintf(
+        stderr,
+        "dettrial: resuming at batch %lld: dropped %zu record(s) of %s written after that checkpoint (that training is done again)\n",
+        static_cast<long long>(resumed_at.value_or(0)), log_.dropped(), log_.path().c_str());
   if (tensorboard_ && tensorboard_->dropped() > 0)
     std::fprintf(stderr, "dettrial: resuming at batch %lld: dropped %zu event(s) of %s written after that checkpoint\n",
                  static_cast<long long>(resumed_at.value_or(0)), tensorboard_->dropped(), tensorboard_->dir().c_str());
 }
 
-DETTRIAL_INLINE void Reporter::training(std::int64_t batches, std::int64_t epochs, const MetricValues& metrics,
-                                        double samples_per_second, double seconds, const PhaseTimes& phases,
-                                        const LearningRates& learning_rates) {
+DETTRIAL_INLINE void Reporter::training(std::int64_t batches, std::int64_t epochs, const MetricValues& metrics, double samples_per_second,
+                                        double seconds, const PhaseTimes& phases, const LearningRates& learning_rates) {
   char tail[64];
   std::snprintf(tail, sizeof tail, "  (%.1f samples/s)", samples_per_second);
   progress_.line("[train]" + format_metrics(metrics) + tail);
@@ -12730,13 +12829,11 @@ DETTRIAL_INLINE void Reporter::training(std::int64_t batches, std::int64_t epoch
   }
 }
 
-DETTRIAL_INLINE void Reporter::validation(std::int64_t batches, std::int64_t epochs, const MetricValues& metrics,
-                                          std::int64_t records, double seconds) {
+DETTRIAL_INLINE void Reporter::validation(std::int64_t batches, std::int64_t epochs, const MetricValues& metrics, std::int64_t records,
+                                          double seconds) {
   char tail[96];
-  if (records > 0)
-    std::snprintf(tail, sizeof tail, "  (%lld records in %.2f s)", static_cast<long long>(records), seconds);
-  else
-    std::snprintf(tail, sizeof tail, "  (%.2f s)", seconds);
+  if (records > 0) std::snprintf(tail, sizeof tail, "  (%lld records in %.2f s)", static_cast<long long>(records), seconds);
+  else std::snprintf(tail, sizeof tail, "  (%.2f s)", seconds);
   progress_.line("[validation]" + format_metrics(metrics) + tail);
   log_.write("validation", batches, epochs, metrics, Json{{"seconds", seconds}});
   if (tensorboard_) {
@@ -12896,28 +12993,28 @@ namespace hook {
 
 // NAME: the member function; ...: the argument types the trainer passes, in order. A hook whose
 // member is a template or an overload set is found by calling it, not by name.
-#define DETTRIAL_DETAIL_CALLBACK_HOOK(NAME, ...)                                                                         \
-  struct NAME {                                                                                                           \
-    static constexpr const char* name = #NAME;                                                                            \
-    using arguments = std::tuple<__VA_ARGS__>;                                                                            \
-    template <class C>                                                                                                    \
-    static constexpr bool named_in = requires { &C::NAME; };                                                             \
-    template <class C, class... A>                                                                                        \
-    static consteval bool callable_with(std::tuple<A...>*) {                                                              \
-      return requires(C& c, A... a) { c.NAME(std::forward<A>(a)...); };                                                 \
-    }                                                                                                                     \
-    template <class C>                                                                                                    \
-    static constexpr bool callable = callable_with<C>(static_cast<arguments*>(nullptr));                                 \
-    template <class C, class... A>                                                                                        \
-    static void call(C& c, A&&... a) {                                                                                    \
-      c.NAME(std::forward<A>(a)...);                                                                                      \
-    }                                                                                                                     \
-    template <class C>                                                                                                    \
-    static consteval bool check() {                                                                                       \
-      static_assert(!named_in<C> || callable<C>,                                                                          \
-                    "dettrial callback: " #NAME " is declared but cannot be called as " #NAME "(" #__VA_ARGS__ ")");   \
-      return true;                                                                                                        \
-    }                                                                                                                     \
+#define DETTRIAL_DETAIL_CALLBACK_HOOK(NAME, ...)                                                                     \
+  struct NAME {                                                                                                      \
+    static constexpr const char* name = #NAME;                                                                       \
+    using arguments = std::tuple<__VA_ARGS__>;                                                                       \
+    template <class C>                                                                                               \
+    static constexpr bool named_in = requires { &C::NAME; };                                                         \
+    template <class C, class... A>                                                                                   \
+    static consteval bool callable_with(std::tuple<A...>*) {                                                         \
+      return requires(C& c, A... a) { c.NAME(std::forward<A>(a)...); };                                              \
+    }                                                                                                                \
+    template <class C>                                                                                               \
+    static constexpr bool callable = callable_with<C>(static_cast<arguments*>(nullptr));                             \
+    template <class C, class... A>                                                                                   \
+    static void call(C& c, A&&... a) {                                                                               \
+      c.NAME(std::forward<A>(a)...);                                                                                 \
+    }                                                                                                                \
+    template <class C>                                                                                               \
+    static consteval bool check() {                                                                                  \
+      static_assert(!named_in<C> || callable<C>,                                                                     \
+                    "dettrial callback: " #NAME " is declared but cannot be called as " #NAME "(" #__VA_ARGS__ ")"); \
+      return true;                                                                                                   \
+    }                                                                                                                \
   };
 
 DETTRIAL_DETAIL_CALLBACK_HOOK(on_trial_startup, std::int64_t, const std::string&)
@@ -12943,7 +13040,8 @@ struct on_training_workload_end {
   template <class C>
   static constexpr bool named_in = requires { &C::on_training_workload_end; };
   template <class C>
-  static constexpr bool takes_batches = requires(C& c, const MetricValues& m, std::span<const Metrics> b) { c.on_training_workload_end(m, b); };
+  static constexpr bool takes_batches =
+      requires(C& c, const MetricValues& m, std::span<const Metrics> b) { c.on_training_workload_end(m, b); };
   template <class C>
   static constexpr bool callable = takes_batches<C> || requires(C& c, const MetricValues& m) { c.on_training_workload_end(m); };
   template <class C>
@@ -12953,9 +13051,10 @@ struct on_training_workload_end {
   }
   template <class C>
   static consteval bool check() {
-    static_assert(!named_in<C> || callable<C>,
-                  "dettrial callback: on_training_workload_end is declared but cannot be called as "
-                  "on_training_workload_end(const MetricValues&) or on_training_workload_end(const MetricValues&, std::span<const Metrics>)");
+    static_assert(
+        !named_in<C> || callable<C>,
+        "dettrial callback: on_training_workload_end is declared but cannot be called as "
+        "on_training_workload_end(const MetricValues&) or on_training_workload_end(const MetricValues&, std::span<const Metrics>)");
     return true;
   }
 };
@@ -12968,7 +13067,9 @@ struct state_dict {
   template <class C>
   static constexpr bool callable = requires(C& c) { c10::IValue(c.state_dict()); };
   template <class C>
-  static c10::IValue call(C& c) { return c10::IValue(c.state_dict()); }
+  static c10::IValue call(C& c) {
+    return c10::IValue(c.state_dict());
+  }
   template <class C>
   static consteval bool check() {
     static_assert(!named_in<C> || callable<C>,
@@ -12979,9 +13080,9 @@ struct state_dict {
 
 /// Every hook, in the order Determined documents them.
 using all = std::tuple<on_trial_startup, on_trial_shutdown, on_training_start, on_training_epoch_start, on_training_epoch_end,
-                       on_training_workload_end, on_validation_start, on_validation_epoch_start, on_validation_epoch_end,
-                       on_validation_end, on_checkpoint_save_start, on_checkpoint_write_end, on_checkpoint_upload_end,
-                       on_checkpoint_load_start, state_dict, load_state_dict>;
+                       on_training_workload_end, on_validation_start, on_validation_epoch_start, on_validation_epoch_end, on_validation_end,
+                       on_checkpoint_save_start, on_checkpoint_write_end, on_checkpoint_upload_end, on_checkpoint_load_start, state_dict,
+                       load_state_dict>;
 
 }  // namespace hook
 
@@ -13282,7 +13383,8 @@ class CopyAhead {
 #if defined(DETTRIAL_HAS_CUDA)
     // A batch with tensors for_each_tensor cannot reach (inside a user type) is copied on the compute
     // stream: its tensors could not be marked as used there.
-    if (device_.is_cuda() && tensors_only_batch<batch_type>()) copy_stream_.emplace(c10::cuda::getStreamFromPool(/*isHighPriority=*/false, device_.index()));
+    if (device_.is_cuda() && tensors_only_batch<batch_type>())
+      copy_stream_.emplace(c10::cuda::getStreamFromPool(/*isHighPriority=*/false, device_.index()));
 #endif
   }
 
@@ -13682,8 +13784,7 @@ DETTRIAL_INLINE Monitor Monitor::make(const char* who, std::string monitor, cons
     else
       throw ConfigError(std::string(who) + ": cannot tell whether '" + m.monitor +
                         "' should be maximized or minimized (mode auto knows losses, accuracies, mse and mae); give mode max or min");
-  } else
-    throw ConfigError(std::string(who) + ": mode is '" + mode + "'; expected min, max or auto");
+  } else throw ConfigError(std::string(who) + ": mode is '" + mode + "'; expected min, max or auto");
   return m;
 }
 
@@ -13852,7 +13953,8 @@ DETTRIAL_INLINE std::string python_format(const std::string& pattern, std::int64
 // ---- EarlyStopping -------------------------------------------------------------------------------
 
 DETTRIAL_INLINE EarlyStopping::EarlyStopping(Context& context, Options options)
-    : context_(&context), options_(std::move(options)),
+    : context_(&context),
+      options_(std::move(options)),
       monitor_(detail::Monitor::make("keras::EarlyStopping", options_.monitor, options_.mode, options_.min_delta)) {
   if (options_.patience < 0) throw ConfigError("keras::EarlyStopping: patience must not be negative");
 }
@@ -13887,11 +13989,14 @@ DETTRIAL_INLINE void EarlyStopping::load_state_dict(const c10::IValue& state) {
 // ---- ReduceLROnPlateau ---------------------------------------------------------------------------
 
 DETTRIAL_INLINE ReduceLROnPlateau::ReduceLROnPlateau(Context& context, Options options)
-    : context_(&context), options_(std::move(options)),
+    : context_(&context),
+      options_(std::move(options)),
       monitor_(detail::Monitor::make("keras::ReduceLROnPlateau", options_.monitor, options_.mode, options_.min_delta)) {
   if (options_.factor >= 1.0)
-    throw ConfigError("keras::ReduceLROnPlateau does not support a factor >= 1.0 (factor is " + detail::python_float(options_.factor) + ")");
-  if (options_.patience < 0 || options_.cooldown < 0) throw ConfigError("keras::ReduceLROnPlateau: patience and cooldown must not be negative");
+    throw ConfigError("keras::ReduceLROnPlateau does not support a factor >= 1.0 (factor is " + detail::python_float(options_.factor) +
+                      ")");
+  if (options_.patience < 0 || options_.cooldown < 0)
+    throw ConfigError("keras::ReduceLROnPlateau: patience and cooldown must not be negative");
 }
 
 DETTRIAL_INLINE void ReduceLROnPlateau::on_validation_end(const MetricValues& metrics) {
@@ -13944,7 +14049,8 @@ DETTRIAL_INLINE void ReduceLROnPlateau::load_state_dict(const c10::IValue& state
 // ---- ModelCheckpoint -----------------------------------------------------------------------------
 
 DETTRIAL_INLINE ModelCheckpoint::ModelCheckpoint(Context& context, Options options)
-    : context_(&context), options_(std::move(options)),
+    : context_(&context),
+      options_(std::move(options)),
       monitor_(detail::Monitor::make("keras::ModelCheckpoint", options_.monitor, options_.mode, 0.0)),
       best_(options_.initial_value_threshold) {
   if (options_.filepath.empty()) throw ConfigError("keras::ModelCheckpoint needs a filepath");
@@ -13967,11 +14073,11 @@ DETTRIAL_INLINE void ModelCheckpoint::on_validation_end(const MetricValues& metr
   if (!context_->distributed().is_chief()) return;
   if (context_->models().empty()) throw TrialError("keras::ModelCheckpoint: the trial wraps no model to save");
   if (path.has_parent_path()) std::filesystem::create_directories(path.parent_path());
-  if (std::filesystem::is_directory(path))
-    throw TrialError("keras::ModelCheckpoint: give a file path, not a directory: " + path.string());
+  if (std::filesystem::is_directory(path)) throw TrialError("keras::ModelCheckpoint: give a file path, not a directory: " + path.string());
   dettrial::detail::write_atomically(path, dettrial::detail::pickle_archive(module_state_dict(*context_->models().front())));
   saved_.push_back(path);
-  if (options_.verbose > 0) std::fprintf(stderr, "\nEpoch %lld: finished saving model to %s\n", static_cast<long long>(epoch + 1), path.c_str());
+  if (options_.verbose > 0)
+    std::fprintf(stderr, "\nEpoch %lld: finished saving model to %s\n", static_cast<long long>(epoch + 1), path.c_str());
 }
 
 DETTRIAL_INLINE c10::IValue ModelCheckpoint::state_dict() const {
@@ -13994,7 +14100,8 @@ DETTRIAL_INLINE void ModelCheckpoint::load_state_dict(const c10::IValue& state) 
 
 DETTRIAL_INLINE CSVLogger::CSVLogger(Context& context, Options options) : context_(&context), options_(std::move(options)) {
   if (options_.filename.empty()) throw ConfigError("keras::CSVLogger needs a filename");
-  if (options_.separator.size() != 1) throw ConfigError("keras::CSVLogger: the separator must be one character, not '" + options_.separator + "'");
+  if (options_.separator.size() != 1)
+    throw ConfigError("keras::CSVLogger: the separator must be one character, not '" + options_.separator + "'");
 }
 
 DETTRIAL_INLINE void CSVLogger::on_training_start() {
@@ -14097,8 +14204,8 @@ DETTRIAL_INLINE void TerminateOnNaN::on_training_workload_end(const MetricValues
   if (!loss || std::isfinite(*loss)) return;
   const std::int64_t batch = context_->current_train_batch();
   if (options_.raise_error)
-    throw TrialError("keras::TerminateOnNaN: NaN or Inf loss encountered by batch " + std::to_string(batch) + " (the period's mean loss is " +
-                     detail::python_float(*loss) + "); terminating training");
+    throw TrialError("keras::TerminateOnNaN: NaN or Inf loss encountered by batch " + std::to_string(batch) +
+                     " (the period's mean loss is " + detail::python_float(*loss) + "); terminating training");
   if (context_->distributed().is_chief())
     std::fprintf(stderr, "Batch %lld: Invalid loss, terminating training\n", static_cast<long long>(batch));
   context_->set_stop_requested(true);
@@ -14232,7 +14339,7 @@ namespace detail {
 /// lr 0.01; RMSprop: lr 0.001, rho 0.9, eps 1e-7; AdamW: lr 0.001, weight decay 0.004, eps 1e-7;
 /// Adagrad: lr 0.001, initial accumulator 0.1, eps 1e-7). An unknown name is a ConfigError with a suggestion.
 DETTRIAL_INLINE std::shared_ptr<torch::optim::Optimizer> optimizer_named(const std::string& name,
-                                                                        const std::vector<torch::Tensor>& parameters);
+                                                                         const std::vector<torch::Tensor>& parameters);
 /// The metrics of `names`, `accuracy` resolved by `loss` as Keras resolves it.
 DETTRIAL_INLINE std::vector<CompiledMetric> metrics_named(const std::vector<std::string>& names, const Loss& loss);
 /// The loss of a batch (the mean over its rows).
@@ -14378,31 +14485,32 @@ struct RecordWeightedMeans {
 template <KerasTrial K>
 class TrialAdapter {
   static auto make_loader(InMemorySequence s, bool training) {
-    if (!s.data.defined() || !s.labels.defined())
-      throw TrialError("keras::InMemorySequence needs both data and labels");
+    if (!s.data.defined() || !s.labels.defined()) throw TrialError("keras::InMemorySequence needs both data and labels");
     if (s.data.size(0) != s.labels.size(0))
-      throw TrialError("keras::InMemorySequence has " + std::to_string(s.data.size(0)) + " inputs but " +
-                       std::to_string(s.labels.size(0)) + " labels");
+      throw TrialError("keras::InMemorySequence has " + std::to_string(s.data.size(0)) + " inputs but " + std::to_string(s.labels.size(0)) +
+                       " labels");
     return DataLoader(TensorDataset(std::move(s.data), std::move(s.labels)),
                       {.batch_size = s.batch_size, .shuffle = training && s.shuffle});
   }
   static auto make_loader(WeightedSequence s, bool training) {
     if (!s.data.defined() || !s.labels.defined()) throw TrialError("keras::WeightedSequence needs both data and labels");
     if (!training && !s.class_weight.empty())
-      throw TrialError("keras::WeightedSequence: class_weight applies to training only (Keras's evaluate takes none); "
-                       "give the validation sequence sample_weights");
+      throw TrialError(
+          "keras::WeightedSequence: class_weight applies to training only (Keras's evaluate takes none); "
+          "give the validation sequence sample_weights");
     torch::Tensor weights = detail::combined_weights(s);
     return DataLoader(TensorDataset(std::move(s.data), std::move(s.labels), std::move(weights)),
                       {.batch_size = s.batch_size, .shuffle = training && s.shuffle});
   }
   static auto make_loader(MultiInputSequence s, bool training) {
-    return DataLoader(detail::InputsDataset<std::vector<torch::Tensor>>(std::move(s.inputs), std::move(s.labels), "keras::MultiInputSequence"),
-                      {.batch_size = s.batch_size, .shuffle = training && s.shuffle});
+    return DataLoader(
+        detail::InputsDataset<std::vector<torch::Tensor>>(std::move(s.inputs), std::move(s.labels), "keras::MultiInputSequence"),
+        {.batch_size = s.batch_size, .shuffle = training && s.shuffle});
   }
   static auto make_loader(DictInputSequence s, bool training) {
-    return DataLoader(detail::InputsDataset<std::map<std::string, torch::Tensor>>(std::move(s.inputs), std::move(s.labels),
-                                                                                "keras::DictInputSequence"),
-                      {.batch_size = s.batch_size, .shuffle = training && s.shuffle});
+    return DataLoader(
+        detail::InputsDataset<std::map<std::string, torch::Tensor>>(std::move(s.inputs), std::move(s.labels), "keras::DictInputSequence"),
+        {.batch_size = s.batch_size, .shuffle = training && s.shuffle});
   }
   template <class L>
   static constexpr bool is_sequence = std::is_same_v<L, InMemorySequence> || std::is_same_v<L, WeightedSequence> ||
@@ -14415,9 +14523,10 @@ class TrialAdapter {
   /// The model's output for a batch's inputs, with one sentence when its forward cannot take them.
   template <class X>
   torch::Tensor forward(X& x) {
-    static_assert(requires { compiled_.model->forward(x); },
-                  "dettrial: the Keras-style model's forward cannot take this batch's inputs: a MultiInputSequence needs "
-                  "forward(const std::vector<torch::Tensor>&), a DictInputSequence forward(const std::map<std::string, torch::Tensor>&)");
+    static_assert(
+        requires { compiled_.model->forward(x); },
+        "dettrial: the Keras-style model's forward cannot take this batch's inputs: a MultiInputSequence needs "
+        "forward(const std::vector<torch::Tensor>&), a DictInputSequence forward(const std::map<std::string, torch::Tensor>&)");
     return compiled_.model->forward(x);
   }
   /// Whether a batch is (inputs, labels, sample_weights): a tuple-like of three.
@@ -14453,7 +14562,8 @@ class TrialAdapter {
     for (const auto& m : context.models()) wrapped = wrapped || m.get() == module.get();
     if (!wrapped) compiled_.model = context.wrap_model(compiled_.model);
     bool optimizer_wrapped = false;
-    for (std::size_t i = 0; i < context.num_optimizers(); ++i) optimizer_wrapped = optimizer_wrapped || &context.optimizer(i) == compiled_.optimizer.get();
+    for (std::size_t i = 0; i < context.num_optimizers(); ++i)
+      optimizer_wrapped = optimizer_wrapped || &context.optimizer(i) == compiled_.optimizer.get();
     if (!optimizer_wrapped) context.wrap_optimizer(*compiled_.optimizer);
     validation_means_.names.push_back("val_loss");
     for (const CompiledMetric& m : compiled_.metrics) validation_means_.names.emplace_back(m.validation_name.view());
@@ -14524,7 +14634,7 @@ namespace dettrial::keras {
 namespace detail {
 
 DETTRIAL_INLINE std::shared_ptr<torch::optim::Optimizer> optimizer_named(const std::string& name,
-                                                                        const std::vector<torch::Tensor>& parameters) {
+                                                                         const std::vector<torch::Tensor>& parameters) {
   namespace optim = torch::optim;
   if (name == "adam") return std::make_shared<optim::Adam>(parameters, optim::AdamOptions(1e-3).eps(1e-7));
   if (name == "sgd") return std::make_shared<optim::SGD>(parameters, optim::SGDOptions(1e-2));
@@ -14555,8 +14665,8 @@ DETTRIAL_INLINE std::vector<CompiledMetric> metrics_named(const std::vector<std:
     else if (name == "mae" || name == "mean_absolute_error") kind = Kind::mean_absolute_error;
     else
       throw ConfigError("keras::compile: unknown metric '" + name + "'" +
-                        dettrial::detail::suggestion(name, {"accuracy", "sparse_categorical_accuracy", "categorical_accuracy",
-                                                            "binary_accuracy", "mse", "mae"}));
+                        dettrial::detail::suggestion(
+                            name, {"accuracy", "sparse_categorical_accuracy", "categorical_accuracy", "binary_accuracy", "mse", "mae"}));
     out.push_back({kind, MetricKey(name), MetricKey("val_" + name)});
   }
   return out;
@@ -14620,18 +14730,20 @@ DETTRIAL_INLINE torch::Tensor per_sample_loss(const Loss& loss, const torch::Ten
           return -(y_true.to(log_p.dtype()) * log_p).sum(-1);
         } else if constexpr (std::is_same_v<L, losses::BinaryCrossentropy>) {
           const torch::Tensor target = y_true.to(y_pred.dtype()).reshape(y_pred.sizes());
-          const torch::Tensor each = l.from_logits ? F::binary_cross_entropy_with_logits(
-                                                         y_pred, target, F::BinaryCrossEntropyWithLogitsFuncOptions().reduction(torch::kNone))
-                                                   : F::binary_cross_entropy(y_pred.clamp(eps, 1 - eps), target,
-                                                                             F::BinaryCrossEntropyFuncOptions().reduction(torch::kNone));
+          const torch::Tensor each =
+              l.from_logits
+                  ? F::binary_cross_entropy_with_logits(y_pred, target,
+                                                        F::BinaryCrossEntropyWithLogitsFuncOptions().reduction(torch::kNone))
+                  : F::binary_cross_entropy(y_pred.clamp(eps, 1 - eps), target, F::BinaryCrossEntropyFuncOptions().reduction(torch::kNone));
           return each.mean(-1);
         } else if constexpr (std::is_same_v<L, losses::MeanSquaredError>) {
           return (y_pred - y_true.to(y_pred.dtype()).reshape(y_pred.sizes())).square().mean(-1);
         } else if constexpr (std::is_same_v<L, losses::MeanAbsoluteError>) {
           return (y_pred - y_true.to(y_pred.dtype()).reshape(y_pred.sizes())).abs().mean(-1);
         } else {
-          throw TrialError("keras: a custom loss returns one number for the batch, so sample or class weights cannot weigh its "
-                           "samples; use one of Keras's losses, or weigh inside the custom loss");
+          throw TrialError(
+              "keras: a custom loss returns one number for the batch, so sample or class weights cannot weigh its "
+              "samples; use one of Keras's losses, or weigh inside the custom loss");
         }
       },
       loss);
@@ -14790,11 +14902,13 @@ void check_step_capture(const StepCapture& capture, Context& context) {
     throw ConfigError(what + "needs at least 1 warm-up batch (capture_warmup_batches is " + std::to_string(graph.warmup_batches) +
                       "): the eager batches before the capture make the optimizer's state");
   if constexpr (!tensors_only_batch<Batch>())
-    throw TrialError(what + "copies each batch into the graph's input tensors, so the training batch must be made of tensors "
-                     "(in tuples, pairs, vectors or string-keyed maps); " + c10::demangle(typeid(Batch).name()) +
-                     " is not, or holds a value that the graph would freeze");
+    throw TrialError(what +
+                     "copies each batch into the graph's input tensors, so the training batch must be made of tensors "
+                     "(in tuples, pairs, vectors or string-keyed maps); " +
+                     c10::demangle(typeid(Batch).name()) + " is not, or holds a value that the graph would freeze");
   if (context.communicator())
-    throw ConfigError(what + "does not capture data-parallel training (the gradient all-reduce runs between the backward pass "
+    throw ConfigError(what +
+                      "does not capture data-parallel training (the gradient all-reduce runs between the backward pass "
                       "and the step); run one process per trial or set step_capture: none");
   if (context.aggregation_frequency() > 1)
     throw ConfigError(what + "needs aggregation_frequency 1: with " + std::to_string(context.aggregation_frequency()) +
@@ -14806,19 +14920,19 @@ void check_step_capture(const StepCapture& capture, Context& context) {
                        ") would see only the captured batch; wrap it with for_training = false, or set step_capture: none");
 #if !DETTRIAL_FUSED_KERNELS
   if (context.scaler())
-    throw ConfigError(what + "cannot replay an fp16 gradient scaler with LibTorch before 2.4, whose optimizer kernels cannot "
+    throw ConfigError(what +
+                      "cannot replay an fp16 gradient scaler with LibTorch before 2.4, whose optimizer kernels cannot "
                       "skip a step on the device; use mixed_precision: bf16 (no scaler) or fp32, or LibTorch 2.4 or later");
 #endif
   for (std::size_t i = 0; i < context.num_optimizers(); ++i) {
     torch::optim::Optimizer& optimizer = context.optimizer(i);
     if (!dynamic_cast<optim::CapturableOptimizer*>(&optimizer))
-      throw TrialError(what + "needs optimizers that read their learning rate on the device, and optimizer " + std::to_string(i) +
-                       " (" + c10::demangle(typeid(optimizer).name()) +
+      throw TrialError(what + "needs optimizers that read their learning rate on the device, and optimizer " + std::to_string(i) + " (" +
+                       c10::demangle(typeid(optimizer).name()) +
                        ") reads it on the host, so a replay would keep the captured batch's; use dettrial::optim::FusedSGD, "
                        "FusedAdam or FusedAdamW (same options and checkpoints as LibTorch's SGD, Adam and AdamW)");
   }
-  if (!step_capture_built)
-    throw ConfigError(what + "needs LibTorch built with CUDA, and this one is CPU-only; set step_capture: none");
+  if (!step_capture_built) throw ConfigError(what + "needs LibTorch built with CUDA, and this one is CPU-only; set step_capture: none");
   if (!context.device().is_cuda())
     throw ConfigError(what + "needs a CUDA device, and this trial runs on " + context.device().str() + "; set step_capture: none");
 }
@@ -14869,9 +14983,10 @@ class StepGraph {
   void check_unchanged() const {
     if (!captured()) return;
     if (group_states() != captured_groups_)
-      throw TrialError("step_capture: cuda_graph replays the optimizer step as captured, and since the capture an optimizer's "
-                       "parameters or options other than the learning rate (momentum, betas, weight decay, ...) changed; "
-                       "only learning rates may change under a captured step, or set step_capture: none");
+      throw TrialError(
+          "step_capture: cuda_graph replays the optimizer step as captured, and since the capture an optimizer's "
+          "parameters or options other than the learning rate (momentum, betas, weight decay, ...) changed; "
+          "only learning rates may change under a captured step, or set step_capture: none");
   }
 
 #if defined(DETTRIAL_HAS_CUDA)
@@ -14893,7 +15008,6 @@ class StepGraph {
     check_metrics(metrics);
     return metrics;
   }
-
 
   /// Captures `step(static_batch)` in the graph (nothing runs), then replays it once to train `batch`.
   template <class Step>
@@ -14961,9 +15075,13 @@ class StepGraph {
   void before_eager_batch() { clear_gradients(); }
 #else
   template <class Step>
-  Metrics warm_up(Step&&) { throw unavailable(); }
+  Metrics warm_up(Step&&) {
+    throw unavailable();
+  }
   template <class Step>
-  Metrics capture(Batch, Step&&) { throw unavailable(); }
+  Metrics capture(Batch, Step&&) {
+    throw unavailable();
+  }
   Metrics replay(const Batch&) { throw unavailable(); }
   void before_eager_batch() {}
 #endif
@@ -15006,8 +15124,10 @@ class StepGraph {
   static void check_metrics(const Metrics& metrics) {
     for (const auto& e : metrics)
       if (!e.value.is_tensor())
-        throw TrialError("step_capture: cuda_graph replays train_batch, so a metric it returns as a number would keep the "
-                         "captured batch's value: return '" + std::string(e.key.view()) + "' as a tensor");
+        throw TrialError(
+            "step_capture: cuda_graph replays train_batch, so a metric it returns as a number would keep the "
+            "captured batch's value: return '" +
+            std::string(e.key.view()) + "' as a tensor");
   }
   static std::string first_line(const char* text) {
     const std::string s(text);
@@ -15075,8 +15195,8 @@ class SignalHandlers {
   ~SignalHandlers();
 
  private:
-  struct sigaction previous_int_ {};
-  struct sigaction previous_term_ {};
+  struct sigaction previous_int_{};
+  struct sigaction previous_term_{};
 };
 
 /// Catches SIGINT and SIGTERM during one fit (see dettrial_on_stop_signal). A signal belongs to the
@@ -15133,13 +15253,12 @@ extern "C" DETTRIAL_INLINE void dettrial_on_stop_signal(int signal_number) {
     std::raise(signal_number);
     return;
   }
-  static constexpr char message[] =
-      "\ndettrial: stop signal received; finishing the batch and checkpointing (send it again to abort)\n";
+  static constexpr char message[] = "\ndettrial: stop signal received; finishing the batch and checkpointing (send it again to abort)\n";
   [[maybe_unused]] const auto n = ::write(STDERR_FILENO, message, sizeof message - 1);
 }
 
 DETTRIAL_INLINE SignalHandlers::SignalHandlers(void (*handler)(int), int flags) {
-  struct sigaction action {};
+  struct sigaction action{};
   action.sa_handler = handler;
   sigemptyset(&action.sa_mask);
   action.sa_flags = flags;
@@ -15246,13 +15365,10 @@ class Trainer {
   void build(Args&&... args) {
     if constexpr (std::constructible_from<TrialT, Context&, Args...>)
       trial_ = std::make_unique<TrialT>(context_, std::forward<Args>(args)...);
-    else
-      trial_ = std::make_unique<TrialT>(std::forward<Args>(args)...);
+    else trial_ = std::make_unique<TrialT>(std::forward<Args>(args)...);
     if constexpr (declarative) build_declarative();
-    if constexpr (requires(TrialT& t) { t.build_callbacks(); })
-      callbacks_ = std::make_unique<TrialCallbacks>(trial_->build_callbacks());
-    else
-      callbacks_ = std::make_unique<TrialCallbacks>();
+    if constexpr (requires(TrialT& t) { t.build_callbacks(); }) callbacks_ = std::make_unique<TrialCallbacks>(trial_->build_callbacks());
+    else callbacks_ = std::make_unique<TrialCallbacks>();
     if (context_.models().empty())
       throw TrialError("the trial wrapped no model: call context.wrap_model(...) in its constructor (or define build_model())");
     if (context_.num_optimizers() == 0)
@@ -15290,13 +15406,14 @@ class Trainer {
     if constexpr (!trial_ok) {
       return {};
     } else {
-      auto set = std::apply([&](auto&... own) { return detail::CallbackSet<std::remove_reference_t<decltype(own)>..., Callbacks...>(
-                                                    std::tie(own..., callbacks...)); },
-                            *callbacks_);
+      auto set = std::apply(
+          [&](auto&... own) {
+            return detail::CallbackSet<std::remove_reference_t<decltype(own)>..., Callbacks...>(std::tie(own..., callbacks...));
+          },
+          *callbacks_);
       return run(std::move(options), set);
     }
   }
-
 
  private:
   /// Which boundaries the last batch of a workload reached (Determined handles them in this order).
@@ -15356,8 +15473,7 @@ class Trainer {
       scheduler_ = std::make_unique<SchedulerResult>(trial_->lr_scheduler(optimizer));
       if constexpr (detail::is_scheduled_lr<SchedulerResult>::value)
         context_.wrap_lr_scheduler(scheduler_->scheduler, typename SchedulerResult::mode{}, scheduler_->frequency);
-      else
-        context_.wrap_lr_scheduler(*scheduler_, lr_step::every_batch{});
+      else context_.wrap_lr_scheduler(*scheduler_, lr_step::every_batch{});
     }
   }
 
@@ -15500,7 +15616,8 @@ class Trainer {
     position.initial_batch = st.batches_trained;  // the training stream skips what was trained
     position.current_batch = st.batches_trained;
     st.result.resumed_from_batch = st.batches_trained;
-    if (Communicator* comm = context_.communicator()) detail::broadcast_modules(*comm, context_.models());  // every rank starts from rank 0's weights
+    if (Communicator* comm = context_.communicator())
+      detail::broadcast_modules(*comm, context_.models());  // every rank starts from rank 0's weights
   }
 
   /// Writes the trace when training ended (or stopped) inside the profiled range.
@@ -15517,9 +15634,10 @@ class Trainer {
                      ", training " + st.length.to_string() + " (an epoch is " + std::to_string(st.epoch_len) + " batches), output " +
                      o.output_dir.string());
     if (const Communicator* comm = context_.communicator())
-      st.reporter.line("dettrial: " + std::to_string(comm->size()) + " processes (" + launcher_name(comm->environment().launcher) +
-                       ", " + comm->backend_name() + "), rendezvous at " + comm->environment().master_addr + ":" +
-                       std::to_string(comm->environment().master_port) + ", global batch " + std::to_string(context_.get_global_batch_size()));
+      st.reporter.line("dettrial: " + std::to_string(comm->size()) + " processes (" + launcher_name(comm->environment().launcher) + ", " +
+                       comm->backend_name() + "), rendezvous at " + comm->environment().master_addr + ":" +
+                       std::to_string(comm->environment().master_port) + ", global batch " +
+                       std::to_string(context_.get_global_batch_size()));
     if (st.resume_dir)
       st.reporter.line("dettrial: resumed from " + st.resume_dir->string() +
                        (st.same_trial ? " at batch " + std::to_string(st.batches_trained)
@@ -15537,8 +15655,8 @@ class Trainer {
     } else if (o.profiling.enabled)
       st.reporter.line("dettrial: profiling batches " + std::to_string(o.profiling.begin_on_batch) + " to " +
                        (o.profiling.end_after_batch ? std::to_string(*o.profiling.end_after_batch) : std::string("the end of training")) +
-                       " with LibTorch's profiler" + (st.sync_timings ? ", timings synchronized with the GPU" : "") +
-                       "; trace in " + o.output_dir.string());
+                       " with LibTorch's profiler" + (st.sync_timings ? ", timings synchronized with the GPU" : "") + "; trace in " +
+                       o.output_dir.string());
     if (const std::int64_t records = context_.get_experiment_config().records_per_epoch; records > 0)
       st.reporter.line("dettrial: records_per_epoch " + std::to_string(records) + " sets the epoch: " + std::to_string(st.epoch_len) +
                        " batches of " + std::to_string(context_.get_global_batch_size()) +
@@ -15565,13 +15683,13 @@ class Trainer {
   TrainUnit resolve_length(const FitOptions& o) const {
     if (o.test_mode) return Batch(1);
     if (!o.max_length)
-      throw ConfigError("fit() needs a training length: set FitOptions::max_length (Batch, Epoch or Record), or "
-                        "searcher.max_length in the experiment config and build the options with FitOptions::from_config");
+      throw ConfigError(
+          "fit() needs a training length: set FitOptions::max_length (Batch, Epoch or Record), or "
+          "searcher.max_length in the experiment config and build the options with FitOptions::from_config");
     TrainUnit length = *o.max_length;
     if (length.is_schedule()) throw ConfigError("max_length must be a count, not a schedule of points");
     if (length.unit() == Unit::records) length = length.in_batches_if_records(context_.get_global_batch_size());
-    if (length.value() < 1)
-      throw ConfigError("max_length is " + length.to_string() + "; training needs a max_length of at least 1");
+    if (length.value() < 1) throw ConfigError("max_length is " + length.to_string() + "; training needs a max_length of at least 1");
     return length;
   }
   TrainUnit resolve_period(const TrainUnit& period) const {
@@ -15593,8 +15711,9 @@ class Trainer {
       const Reached reached = train_until_boundary(st, batches, workload, callbacks);
       report_training(st, workload, callbacks);
       if (const int signal = agreed_max(detail::StopSignals::received()); signal != 0)
-        return stop(st, callbacks, signal, std::string("dettrial: stopped by ") + detail::signal_name(signal) + " after batch " +
-                                               std::to_string(st.batches_trained) + "; resume from " + st.storage.string());
+        return stop(st, callbacks, signal,
+                    std::string("dettrial: stopped by ") + detail::signal_name(signal) + " after batch " +
+                        std::to_string(st.batches_trained) + "; resume from " + st.storage.string());
       if (handle_boundaries(st, reached, callbacks)) return;
     }
   }
@@ -15611,8 +15730,8 @@ class Trainer {
     workload.records = 0;
     workload.phases.reset();
     workload.mark = std::chrono::steady_clock::now();
-    st.reporter.begin("train", st.batches_trained,
-                      st.length.unit() == Unit::epochs ? st.length.value() * st.epoch_len : st.length.value(), "batches");
+    st.reporter.begin("train", st.batches_trained, st.length.unit() == Unit::epochs ? st.length.value() * st.epoch_len : st.length.value(),
+                      "batches");
     for (;;) {
       const std::int64_t batch_idx = st.batches_trained, epoch_idx = batch_idx / st.epoch_len;
       const bool epoch_start = batch_idx % st.epoch_len == 0, epoch_end = batch_idx % st.epoch_len == st.epoch_len - 1;
@@ -15654,14 +15773,14 @@ class Trainer {
   Metrics eager_step(Batch& batch, Workload& workload, std::int64_t batch_idx, std::int64_t epoch_idx, bool sync_timings) {
     Metrics metrics = [&] {
       RECORD_USER_SCOPE("dettrial::train_batch");
-      return as_metrics(in_precision([&]() -> decltype(auto) {
-        return detail::call_train_batch(*trial_, batch, model_or_missing(), epoch_idx, batch_idx);
-      }));
+      return as_metrics(in_precision(
+          [&]() -> decltype(auto) { return detail::call_train_batch(*trial_, batch, model_or_missing(), epoch_idx, batch_idx); }));
     }();
     lap(workload, workload.phases.train_batch, sync_timings);
     if constexpr (declarative) {
       const MetricValue& loss = metrics.at("loss");
-      if (!loss.is_tensor()) throw TrialError("train_batch must return the loss as a tensor (the trainer back-propagates it), not a number");
+      if (!loss.is_tensor())
+        throw TrialError("train_batch must return the loss as a tensor (the trainer back-propagates it), not a number");
       {
         RECORD_USER_SCOPE("dettrial::backward");
         context_.backward(loss.tensor());
@@ -15672,8 +15791,7 @@ class Trainer {
         // An optional hook: gradient_clipping() returns a clip policy (clip::by_norm{...}, clip::by_value{...}).
         if constexpr (requires(TrialT& t) { t.gradient_clipping(); })
           context_.step_optimizer(detail::deref(*optimizer_), trial_->gradient_clipping());
-        else
-          context_.step_optimizer(detail::deref(*optimizer_));
+        else context_.step_optimizer(detail::deref(*optimizer_));
       }
       lap(workload, workload.phases.optimizer_step, sync_timings);
     }
@@ -15701,9 +15819,8 @@ class Trainer {
         metrics = step_graph_.warm_up([&] { return eager_step(batch, workload, batch_idx, epoch_idx, sync_timings); });
       } else if (!step_graph_.captured()) {
         // Nothing may wait for the device while capturing: no synchronized timings.
-        metrics = step_graph_.capture(std::move(batch), [&](training_batch_t<TrialT>& b) {
-          return eager_step(b, workload, batch_idx, epoch_idx, false);
-        });
+        metrics = step_graph_.capture(std::move(batch),
+                                      [&](training_batch_t<TrialT>& b) { return eager_step(b, workload, batch_idx, epoch_idx, false); });
         lap(workload, workload.phases.train_batch, sync_timings);
         st.reporter.line("dettrial: training step captured in a CUDA graph at batch " + std::to_string(batch_idx));
       } else {
@@ -15726,7 +15843,9 @@ class Trainer {
   /// Determined's boundary rule: batch periods on batches completed; epoch periods on the last batch
   /// of an epoch, on epochs completed.
   Reached boundaries_after(const RunState& st, std::int64_t batch_idx, std::int64_t epoch_idx, bool epoch_end) const {
-    auto hit = [&](const TrainUnit& u) { return u.unit() == Unit::epochs ? epoch_end && u.reached(epoch_idx + 1) : u.reached(batch_idx + 1); };
+    auto hit = [&](const TrainUnit& u) {
+      return u.unit() == Unit::epochs ? epoch_end && u.reached(epoch_idx + 1) : u.reached(batch_idx + 1);
+    };
     const FitOptions& o = st.options;
     return Reached{.length = o.test_mode || hit(st.length),
                    .validation = hit(o.validation_period),
@@ -15739,8 +15858,10 @@ class Trainer {
   template <class Set>
   bool handle_boundaries(RunState& st, const Reached& reached, Set& callbacks) {
     enum class Kind { length, validation, checkpoint, report };
-    const std::pair<bool, Kind> in_order[] = {
-        {reached.length, Kind::length}, {reached.validation, Kind::validation}, {reached.checkpoint, Kind::checkpoint}, {reached.report, Kind::report}};
+    const std::pair<bool, Kind> in_order[] = {{reached.length, Kind::length},
+                                              {reached.validation, Kind::validation},
+                                              {reached.checkpoint, Kind::checkpoint},
+                                              {reached.report, Kind::report}};
     for (const auto& [hit, kind] : in_order) {
       if (!hit) continue;
       if (kind == Kind::validation && st.last_validation != st.batches_trained) validate(st, callbacks);
@@ -15815,7 +15936,7 @@ class Trainer {
 
   /// Merges the user reducers taking part (`role`: for_training or for_validation) into `out`, each
   /// reducing the parts of every rank.
-  void reduce_user_reducers(bool detail::WrappedReducer::*role, const std::vector<detail::RankShare>& shares, MetricValues& out) {
+  void reduce_user_reducers(bool detail::WrappedReducer::* role, const std::vector<detail::RankShare>& shares, MetricValues& out) {
     // Every rank sees every share, so a mismatch stops all ranks here together.
     for (const auto& s : shares)
       if (s.reducer_parts.size() != shares.front().reducer_parts.size())
@@ -15876,7 +15997,8 @@ class Trainer {
       while (batches.has_next()) {
         validation_batch_t<TrialT> batch = batches.take();
         mine.records += record_count(batch);
-        Metrics m = in_precision([&]() -> decltype(auto) { return detail::call_evaluate_batch(*trial_, batch, model_or_missing(), batch_idx); });
+        Metrics m =
+            in_precision([&]() -> decltype(auto) { return detail::call_evaluate_batch(*trial_, batch, model_or_missing(), batch_idx); });
         reduction.add(m, batch_idx);
         if constexpr (Set::wants_validation_outputs) outputs.push_back(std::move(m));
         st.reporter.update(++batch_idx);
@@ -15887,9 +16009,8 @@ class Trainer {
       mine.totals = reduction.totals();
       mine.batches = reduction.batches();
     } else if (context_.distributed().is_chief()) {  // the whole dataset on the chief only (Determined's rule)
-      const Metrics m = in_precision([&]() -> decltype(auto) {
-        return detail::call_evaluate_full_dataset(*trial_, *validation_loader_, model_or_missing());
-      });
+      const Metrics m = in_precision(
+          [&]() -> decltype(auto) { return detail::call_evaluate_full_dataset(*trial_, *validation_loader_, model_or_missing()); });
       for (const auto& e : m) mine.totals.push_back({std::string(e.key.view()), Reducer::sum, e.value.to_double()});
       mine.batches = 1;
     }
@@ -15943,7 +16064,10 @@ class Trainer {
   }
   template <class L>
   static std::optional<std::uint64_t> data_seed(const L& loader) {
-    if constexpr (requires { { loader.seed() } -> std::convertible_to<std::uint64_t>; }) return loader.seed();
+    if constexpr (requires {
+                    { loader.seed() } -> std::convertible_to<std::uint64_t>;
+                  })
+      return loader.seed();
     else return std::nullopt;
   }
   template <class L>
@@ -16082,8 +16206,7 @@ class Trainer {
   /// A copy whose tensors are detached from the graph and on the CPU (kept for callbacks).
   static Metrics detached(const Metrics& m) {
     Metrics out;
-    for (const auto& e : m)
-      out.set(e.key, e.value.is_tensor() ? MetricValue(e.value.tensor().detach().cpu()) : e.value);
+    for (const auto& e : m) out.set(e.key, e.value.is_tensor() ? MetricValue(e.value.tensor().detach().cpu()) : e.value);
     return out;
   }
 
@@ -16101,7 +16224,9 @@ class Trainer {
   /// Batches per epoch on this rank: the loader's sharded length when it knows one.
   template <class L>
   static std::int64_t epoch_length(const L& loader, const LoaderChain& chain) {
-    if constexpr (requires { { loader.batches_for(chain) } -> std::convertible_to<std::int64_t>; }) {
+    if constexpr (requires {
+                    { loader.batches_for(chain) } -> std::convertible_to<std::int64_t>;
+                  }) {
       return static_cast<std::int64_t>(loader.batches_for(chain));
     } else {  // Determined's DistributedBatchSampler length: len // n + (len % n > rank)
       const auto len = static_cast<std::int64_t>(loader.size());
@@ -16116,7 +16241,9 @@ class Trainer {
 
   template <class B>
   std::int64_t record_count(const B& batch) {
-    if constexpr (requires(TrialT& t) { { t.get_batch_length(batch) } -> std::convertible_to<std::int64_t>; })
+    if constexpr (requires(TrialT& t) {
+                    { t.get_batch_length(batch) } -> std::convertible_to<std::int64_t>;
+                  })
       return trial_->get_batch_length(batch);
     else return batch_length(batch);
   }
@@ -16245,7 +16372,8 @@ DETTRIAL_INLINE ExperimentConfig checkpoint_trial_config(const std::filesystem::
   const std::filesystem::path file = checkpoint / layout::load_data;
   std::error_code ec;
   if (!std::filesystem::exists(file, ec))
-    throw CheckpointError("'" + checkpoint.string() + "' has no load_data.json, so the trial cannot be rebuilt from it; "
+    throw CheckpointError("'" + checkpoint.string() +
+                          "' has no load_data.json, so the trial cannot be rebuilt from it; "
                           "load only its weights with dettrial::load_weights");
   YAML::Node load_data;
   try {
@@ -16294,7 +16422,7 @@ struct HyperparameterAxis {
   std::vector<std::string> path;  // nested keys, outermost first
   Type type = Type::constant;
   double minval = 0, maxval = 0, base = 10;
-  std::int64_t count = 0;  // grid points (0: not given)
+  std::int64_t count = 0;          // grid points (0: not given)
   std::vector<YAML::Node> values;  // const: one value; categorical: the choices
 
   std::string name() const;
@@ -16326,7 +16454,9 @@ class HyperparameterSpace {
           set(out, a.path, YAML::Node(d(rng)));
           break;
         }
-        case HyperparameterAxis::Type::real: set(out, a.path, YAML::Node(std::uniform_real_distribution<double>(a.minval, a.maxval)(rng))); break;
+        case HyperparameterAxis::Type::real:
+          set(out, a.path, YAML::Node(std::uniform_real_distribution<double>(a.minval, a.maxval)(rng)));
+          break;
         case HyperparameterAxis::Type::log:
           set(out, a.path, YAML::Node(std::pow(a.base, std::uniform_real_distribution<double>(a.minval, a.maxval)(rng))));
           break;
@@ -16477,15 +16607,17 @@ DETTRIAL_INLINE void HyperparameterSpace::parse(const YAML::Node& map, std::vect
       const YAML::Node n = v[key];
       double x = 0;
       if (!n || !detail::try_read(n, x))
-        throw ConfigError(detail::where(n ? n : v, source) + ": hyperparameter '" + name + "' (type " + type + ") needs a number '" +
-                          key + "'" + (n ? ", found " + detail::describe(n) : std::string()));
+        throw ConfigError(detail::where(n ? n : v, source) + ": hyperparameter '" + name + "' (type " + type + ") needs a number '" + key +
+                          "'" + (n ? ", found " + detail::describe(n) : std::string()));
       return x;
     };
     if (type == "const") {
       if (!v["val"]) throw ConfigError(detail::where(v, source) + ": hyperparameter '" + name + "' of type const has no 'val'");
       a.values.push_back(v["val"]);
     } else if (type == "int" || type == "double" || type == "log") {
-      a.type = type == "int" ? HyperparameterAxis::Type::integer : type == "double" ? HyperparameterAxis::Type::real : HyperparameterAxis::Type::log;
+      a.type = type == "int"      ? HyperparameterAxis::Type::integer
+               : type == "double" ? HyperparameterAxis::Type::real
+                                  : HyperparameterAxis::Type::log;
       a.minval = number("minval");
       a.maxval = number("maxval");
       if (!(a.minval < a.maxval))
@@ -16506,7 +16638,8 @@ DETTRIAL_INLINE void HyperparameterSpace::parse(const YAML::Node& map, std::vect
       a.type = HyperparameterAxis::Type::categorical;
       const YAML::Node vals = v["vals"];
       if (!vals || !vals.IsSequence() || vals.size() == 0)
-        throw ConfigError(detail::where(vals ? vals : v, source) + ": hyperparameter '" + name + "' of type categorical needs a non-empty list 'vals'");
+        throw ConfigError(detail::where(vals ? vals : v, source) + ": hyperparameter '" + name +
+                          "' of type categorical needs a non-empty list 'vals'");
       for (const auto& x : vals) a.values.push_back(x);
     } else {
       throw ConfigError(detail::where(v["type"], source) + ": hyperparameter '" + name + "' has unknown type '" + type +
@@ -16676,7 +16809,8 @@ DETTRIAL_INLINE Random::Random(SearcherSettings config, HyperparameterSpace spac
 
 DETTRIAL_INLINE std::vector<TrialRequest> Random::initial() {
   std::vector<TrialRequest> out;
-  const std::int64_t first = config_.max_concurrent_trials > 0 ? std::min(config_.max_trials, config_.max_concurrent_trials) : config_.max_trials;
+  const std::int64_t first =
+      config_.max_concurrent_trials > 0 ? std::min(config_.max_trials, config_.max_concurrent_trials) : config_.max_trials;
   for (std::int64_t i = 0; i < first; ++i) out.push_back(next());
   return out;
 }
@@ -16724,8 +16858,9 @@ DETTRIAL_INLINE std::vector<AshaBracket> asha_brackets(const SearcherSettings& c
   if (c.max_trials < 1) throw ConfigError("adaptive_asha needs max_trials of at least 1");
   if (c.max_time < 1) throw ConfigError("adaptive_asha needs max_time of at least 1");
   if (!(c.divisor > 1)) throw ConfigError("adaptive_asha needs a divisor greater than 1");
-  const auto max_rungs = std::min({c.max_rungs, static_cast<std::int64_t>(std::log(static_cast<double>(c.max_time)) / std::log(c.divisor)) + 1,
-                                   static_cast<std::int64_t>(std::log(static_cast<double>(c.max_trials)) / std::log(c.divisor)) + 1});
+  const auto max_rungs =
+      std::min({c.max_rungs, static_cast<std::int64_t>(std::log(static_cast<double>(c.max_time)) / std::log(c.divisor)) + 1,
+                static_cast<std::int64_t>(std::log(static_cast<double>(c.max_trials)) / std::log(c.divisor)) + 1});
   std::vector<std::int64_t> rungs = c.bracket_rungs;
   if (rungs.empty()) {
     std::int64_t low = 1;
@@ -16760,8 +16895,7 @@ DETTRIAL_INLINE std::vector<AshaBracket> asha_brackets(const SearcherSettings& c
     if (c.max_concurrent_trials > 0)
       out[static_cast<std::size_t>(i)].max_concurrent =
           std::max<std::int64_t>(c.max_concurrent_trials / n + (i < c.max_concurrent_trials % n ? 1 : 0), 1);
-    else
-      out[static_cast<std::size_t>(i)].max_concurrent = std::max(out.back().max_trials, static_cast<std::int64_t>(c.divisor));
+    else out[static_cast<std::size_t>(i)].max_concurrent = std::max(out.back().max_trials, static_cast<std::int64_t>(c.divisor));
   }
   return out;
 }

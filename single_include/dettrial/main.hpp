@@ -175,8 +175,8 @@ DETTRIAL_INLINE pid_t spawn_process(const std::string& program, std::vector<std:
   auto name_of = [](std::string_view entry) { return entry.substr(0, entry.find('=')); };
   for (char** e = environ; *e; ++e) {
     const std::string_view name = name_of(*e);
-    const bool replaced = std::any_of(options.extra_env.begin(), options.extra_env.end(),
-                                      [&](const std::string& extra) { return name_of(extra) == name; });
+    const bool replaced =
+        std::any_of(options.extra_env.begin(), options.extra_env.end(), [&](const std::string& extra) { return name_of(extra) == name; });
     const bool dropped = std::any_of(options.drop_env_prefixes.begin(), options.drop_env_prefixes.end(),
                                      [&](const std::string& prefix) { return name.rfind(prefix, 0) == 0; });
     if (!replaced && !dropped) env_strings.emplace_back(*e);
@@ -264,7 +264,6 @@ DETTRIAL_INLINE std::string one_line(const YAML::Node& node);
 class Experiment {
  public:
   Experiment(ExperimentConfig config, ExperimentOptions options);
-
 
   int run();
 
@@ -469,7 +468,8 @@ DETTRIAL_INLINE const SearcherSettings& Experiment::checked_searcher(const Exper
 }
 
 DETTRIAL_INLINE Experiment::Experiment(ExperimentConfig config, ExperimentOptions options)
-    : config_(std::move(config)), options_(std::move(options)),
+    : config_(std::move(config)),
+      options_(std::move(options)),
       searcher_(make_searcher(checked_searcher(config_), HyperparameterSpace(config_.hyperparameters, config_.source),
                               config_.experiment_seed.value_or(0))) {
   if (config_.searcher.metric.empty())
@@ -478,7 +478,8 @@ DETTRIAL_INLINE Experiment::Experiment(ExperimentConfig config, ExperimentOption
     for (const char* tool : {"srun", "scancel", "scontrol"}) {
       const std::string path = detail::find_on_path(tool);
       if (path.empty())
-        throw ConfigError(std::string("--launcher slurm runs each trial with Slurm's srun, stops it with scancel and finds its jobs with scontrol, but there is no ") +
+        throw ConfigError(std::string("--launcher slurm runs each trial with Slurm's srun, stops it with scancel and finds its jobs with "
+                                      "scontrol, but there is no ") +
                           tool + " on PATH; install Slurm's client commands, or run the search here with --launcher local");
       (std::string_view(tool) == "srun" ? srun_ : std::string_view(tool) == "scancel" ? scancel_ : scontrol_) = path;
     }
@@ -511,8 +512,9 @@ DETTRIAL_INLINE int Experiment::run() {
       write_summary();
       refresh_report(/*at_end=*/true);
       if (config_error_) {
-        std::fprintf(stderr, "dettrial: the search stopped: trial %lld's configuration is wrong, and every trial would fail the same way:\n%s\n"
-                             "dettrial: fix it and run the same command again to continue the experiment\n",
+        std::fprintf(stderr,
+                     "dettrial: the search stopped: trial %lld's configuration is wrong, and every trial would fail the same way:\n%s\n"
+                     "dettrial: fix it and run the same command again to continue the experiment\n",
                      static_cast<long long>(config_error_->first), config_error_->second.c_str());
         return detail::exit_status_config_value;
       }
@@ -557,8 +559,8 @@ DETTRIAL_INLINE std::string Experiment::slurm_job_name(std::int64_t id) const {
 namespace detail {
 /// Whether a Slurm job state is final (the job's record then holds its exit code).
 inline bool slurm_job_ended(std::string_view state) {
-  for (std::string_view end : {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE",
-                                 "SPECIAL_EXIT", "REVOKED"})
+  for (std::string_view end : {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY", "BOOT_FAIL",
+                               "DEADLINE", "SPECIAL_EXIT", "REVOKED"})
     if (state == end) return true;
   return false;
 }
@@ -567,7 +569,8 @@ inline bool slurm_job_ended(std::string_view state) {
 DETTRIAL_INLINE std::optional<std::map<std::int64_t, Experiment::SlurmJob>> Experiment::slurm_jobs() const {
   // One line per job the controller knows: "JobId=16 JobName=dettrial-e5-t1 ... JobState=RUNNING ... ExitCode=0:0 ...".
   const std::filesystem::path listing = options_.output_dir / ".slurm-jobs.txt";
-  const int status = detail::run_and_wait(scontrol_, {scontrol_, "--oneliner", "show", "job"}, {.output = listing.string(), .merge_stderr = false});
+  const int status =
+      detail::run_and_wait(scontrol_, {scontrol_, "--oneliner", "show", "job"}, {.output = listing.string(), .merge_stderr = false});
   std::map<std::int64_t, SlurmJob> jobs;
   std::ifstream in(listing);
   const std::string prefix = "dettrial-e" + std::to_string(experiment_id_) + "-t";
@@ -596,7 +599,8 @@ DETTRIAL_INLINE std::optional<std::map<std::int64_t, Experiment::SlurmJob>> Expe
     const auto colon = code.find(':');
     const auto exit_code = number(code.substr(0, colon)).value_or(0);
     const auto signal = colon == std::string::npos ? 0 : number(code.substr(colon + 1)).value_or(0);
-    job.status = signal != 0 ? detail::wait_status_killed(static_cast<int>(signal)) : detail::wait_status_exited(static_cast<int>(exit_code));
+    job.status =
+        signal != 0 ? detail::wait_status_killed(static_cast<int>(signal)) : detail::wait_status_exited(static_cast<int>(exit_code));
     if (job.status == 0 && job.state != "COMPLETED" && detail::slurm_job_ended(job.state))
       job.status = detail::wait_status_killed(job.state == "CANCELLED" ? SIGTERM : SIGKILL);
     jobs[*id] = std::move(job);
@@ -609,8 +613,10 @@ DETTRIAL_INLINE std::optional<std::map<std::int64_t, Experiment::SlurmJob>> Expe
 DETTRIAL_INLINE void Experiment::adopt_slurm_jobs() {
   const auto jobs = slurm_jobs();
   if (!jobs)
-    throw Error("--launcher slurm: 'scontrol show job' failed, so this runner cannot tell which of the experiment's trials still run as Slurm jobs; "
-                "is the cluster up (sinfo)?");
+    throw Error(
+        "--launcher slurm: 'scontrol show job' failed, so this runner cannot tell which of the experiment's trials still run as Slurm "
+        "jobs; "
+        "is the cluster up (sinfo)?");
   std::vector<std::int64_t> ended;
   for (const auto& [id, job] : newest_job_per_trial(*jobs)) {
     const auto queued = std::find(queue_.begin(), queue_.end(), id);
@@ -625,10 +631,12 @@ DETTRIAL_INLINE void Experiment::adopt_slurm_jobs() {
     running_[id] = run;
     trials_.at(id).state = TrialState::running;
     if (detail::slurm_job_ended(job.state)) {
-      say("[experiment] trial " + std::to_string(id) + "'s Slurm job " + std::to_string(job.id) + " ended while no runner watched it (" + job.state + ")");
+      say("[experiment] trial " + std::to_string(id) + "'s Slurm job " + std::to_string(job.id) + " ended while no runner watched it (" +
+          job.state + ")");
       ended.push_back(id);
     } else {
-      say("[experiment] trial " + std::to_string(id) + ": adopting its Slurm job " + std::to_string(job.id) + " (" + job.state + ") from an earlier runner");
+      say("[experiment] trial " + std::to_string(id) + ": adopting its Slurm job " + std::to_string(job.id) + " (" + job.state +
+          ") from an earlier runner");
     }
   }
   // The validations the searcher has not heard of yet (those after the earlier runner stopped
@@ -642,7 +650,8 @@ DETTRIAL_INLINE void Experiment::adopt_slurm_jobs() {
   }
 }
 
-DETTRIAL_INLINE std::map<std::int64_t, Experiment::SlurmJob> Experiment::newest_job_per_trial(const std::map<std::int64_t, SlurmJob>& jobs) {
+DETTRIAL_INLINE std::map<std::int64_t, Experiment::SlurmJob> Experiment::newest_job_per_trial(
+    const std::map<std::int64_t, SlurmJob>& jobs) {
   std::map<std::int64_t, SlurmJob> newest;
   for (const auto& [id, job] : jobs) newest[job.trial] = job;  // by ascending job id: the last is the newest
   return newest;
@@ -659,7 +668,8 @@ DETTRIAL_INLINE void Experiment::reap_adopted(bool interrupting) {
   if (!jobs && !leave) return;
   std::vector<std::int64_t> ended;
   for (const auto& [id, run] : running_)
-    if (run.pid < 0 && (leave || !jobs->count(run.slurm_job) || detail::slurm_job_ended(jobs->at(run.slurm_job).state))) ended.push_back(id);
+    if (run.pid < 0 && (leave || !jobs->count(run.slurm_job) || detail::slurm_job_ended(jobs->at(run.slurm_job).state)))
+      ended.push_back(id);
   for (const std::int64_t id : ended) {
     const Running run = running_.at(id);
     poll_metrics();  // its last records
@@ -767,11 +777,13 @@ DETTRIAL_INLINE void Experiment::replay_or_start() {
       }
       if (const detail::Json* job = detail::json_find(e, "slurm_job")) handled_jobs_[id] = detail::json_as<std::int64_t>(*job, "slurm_job");
     } catch (const detail::JsonFieldError& err) {
-      throw Error("'" + events_path.string() + "' has an event that lacks a field or has one of the wrong type (" + err.what() + "): " + line);
+      throw Error("'" + events_path.string() + "' has an event that lacks a field or has one of the wrong type (" + err.what() +
+                  "): " + line);
     }
     ++replayed;
   }
-  if (replayed > 0) say("dettrial: continuing the experiment in " + options_.output_dir.string() + " (" + std::to_string(replayed) + " events)");
+  if (replayed > 0)
+    say("dettrial: continuing the experiment in " + options_.output_dir.string() + " (" + std::to_string(replayed) + " events)");
 }
 
 DETTRIAL_INLINE TrialState Experiment::state_from(const std::string& s) {
@@ -814,8 +826,8 @@ DETTRIAL_INLINE void Experiment::write_trial_config(const TrialRequest& r) const
   storage["type"] = "shared_fs";
   storage["host_path"] = (trial_dir(r.id) / layout::checkpoints).string();
   // The experiment's best are chosen among the trials' best, so each trial keeps its best until then.
-  storage["save_trial_best"] = std::max<std::int64_t>(config_.checkpoint_storage.save_trial_best,
-                                                      config_.checkpoint_storage.save_experiment_best > 0 ? 1 : 0);
+  storage["save_trial_best"] =
+      std::max<std::int64_t>(config_.checkpoint_storage.save_trial_best, config_.checkpoint_storage.save_experiment_best > 0 ? 1 : 0);
   storage["save_trial_latest"] = std::max<std::int64_t>(config_.checkpoint_storage.save_trial_latest, 1);  // restarts need one
   doc["checkpoint_storage"] = storage;
   std::ofstream(trial_dir(r.id) / layout::config) << doc << "\n";
@@ -834,8 +846,8 @@ DETTRIAL_INLINE void Experiment::launch(std::int64_t id) {
   const TrialRequest& r = requests_.at(id);
   fs::create_directories(trial_dir(id));
   write_trial_config(r);
-  std::vector<std::string> args = {options_.program.string(), "--config", (trial_dir(id) / layout::config).string(),
-                                   "--output", trial_dir(id).string(), "--quiet"};
+  std::vector<std::string> args = {options_.program.string(), "--config", (trial_dir(id) / layout::config).string(), "--output",
+                                   trial_dir(id).string(),    "--quiet"};
   if (!list_checkpoints(trial_dir(id) / layout::checkpoints).empty()) {
     args.emplace_back("--resume");
     args.push_back((trial_dir(id) / layout::checkpoints).string());
@@ -886,7 +898,7 @@ DETTRIAL_INLINE void Experiment::launch(std::int64_t id) {
 DETTRIAL_INLINE void Experiment::poll_metrics() {
   for (auto& [id, run] : running_) {
     const auto path = trial_dir(id) / layout::metrics_log;
-    struct stat file {};
+    struct stat file{};
     if (::stat(path.c_str(), &file) != 0) continue;
     if (file.st_ino != run.metrics_inode || static_cast<std::uintmax_t>(file.st_size) < run.metrics_offset) {
       run.metrics_inode = file.st_ino;  // a new file: read it from the start; validations already told are skipped
@@ -928,8 +940,9 @@ DETTRIAL_INLINE void Experiment::poll_metrics() {
       // For the report: the ASHA rung this validation reached (the rungs its time has passed), and a stop.
       std::string where;
       if (const searcher::AshaBracket* bracket = bracket_of(id)) {
-        const std::int64_t rung =
-            static_cast<std::int64_t>(std::ranges::count_if(bracket->units_needed, [&](std::int64_t needed) { return time >= static_cast<double>(needed); })) - 1;
+        const std::int64_t rung = static_cast<std::int64_t>(std::ranges::count_if(
+                                      bracket->units_needed, [&](std::int64_t needed) { return time >= static_cast<double>(needed); })) -
+                                  1;
         if (rung >= 0) {
           event["rung"] = rung;
           rungs_[id] = std::max(rungs_.count(id) ? rungs_[id] : rung, rung);
@@ -945,7 +958,8 @@ DETTRIAL_INLINE void Experiment::poll_metrics() {
       if (stop) {
         terminate_trial(id, run);  // the trial checkpoints and exits
         run.stop_sent = true;
-        say("[experiment] trial " + std::to_string(id) + " stopped by the searcher at " + time_metric + " " + std::to_string(static_cast<std::int64_t>(time)));
+        say("[experiment] trial " + std::to_string(id) + " stopped by the searcher at " + time_metric + " " +
+            std::to_string(static_cast<std::int64_t>(time)));
       }
     }
   }
@@ -988,15 +1002,17 @@ DETTRIAL_INLINE void Experiment::trial_ended(std::int64_t id, int status, bool s
   const bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
   // 75: stopped by a signal after a checkpoint; a SIGTERM that came after training ended kills it.
   // srun reports a task killed by signal n as exit status 128 + n.
-  const bool stopped = (WIFEXITED(status) && WEXITSTATUS(status) == detail::exit_status_interrupted_value) ||
-                       (stop_sent && WIFSIGNALED(status) && WTERMSIG(status) == SIGTERM) ||
-                       (stop_sent && options_.launcher == TrialLauncher::slurm && WIFEXITED(status) && WEXITSTATUS(status) == 128 + SIGTERM);
+  const bool stopped =
+      (WIFEXITED(status) && WEXITSTATUS(status) == detail::exit_status_interrupted_value) ||
+      (stop_sent && WIFSIGNALED(status) && WTERMSIG(status) == SIGTERM) ||
+      (stop_sent && options_.launcher == TrialLauncher::slurm && WIFEXITED(status) && WEXITSTATUS(status) == 128 + SIGTERM);
   if (WIFEXITED(status) && WEXITSTATUS(status) == detail::exit_status_config_value) {
     // Not restarted, and not ended in the event log: after the fix the next run trains it.
     t.state = TrialState::errored;
     if (!config_error_)
-      config_error_.emplace(id, last_error_line(id) + "\n(trial " + std::to_string(id) + "'s config " + (trial_dir(id) / layout::config).string() +
-                                    " is " + config_.source + " with the trial's hyperparameters " + detail::one_line(t.hparams) + ")");
+      config_error_.emplace(id, last_error_line(id) + "\n(trial " + std::to_string(id) + "'s config " +
+                                    (trial_dir(id) / layout::config).string() + " is " + config_.source +
+                                    " with the trial's hyperparameters " + detail::one_line(t.hparams) + ")");
     return;
   }
   if (interrupting && (stopped || !ok)) {
@@ -1017,8 +1033,7 @@ DETTRIAL_INLINE void Experiment::trial_ended(std::int64_t id, int status, bool s
   } else {
     t.state = TrialState::errored;
     std::fprintf(stderr, "[experiment] trial %lld failed (%s) after %lld restarts; see %s\n", static_cast<long long>(id),
-                 describe_failure(id, status).c_str(), static_cast<long long>(t.restarts),
-                 (trial_dir(id) / "log.txt").c_str());
+                 describe_failure(id, status).c_str(), static_cast<long long>(t.restarts), (trial_dir(id) / "log.txt").c_str());
   }
   log_ending({{"event", "end"}, {"trial", id}, {"state", to_string(t.state)}, {"restarts", t.restarts}});
   say("[experiment] trial " + std::to_string(id) + " " + to_string(t.state) + " after " + std::to_string(t.batches_trained) + " batches");
@@ -1066,8 +1081,9 @@ DETTRIAL_INLINE void Experiment::apply_experiment_retention() {
   std::map<std::string, std::int64_t> trial_best_keep;  // uuid -> kept by its trial's rules
   for (const auto& [id, t] : trials_) {
     const auto all = list_checkpoints(trial_dir(id) / layout::checkpoints);
-    for (const auto& c : checkpoints_to_delete(all, {.save_trial_best = storage.save_trial_best, .save_trial_latest = storage.save_trial_latest},
-                                               config_.searcher.smaller_is_better))
+    for (const auto& c :
+         checkpoints_to_delete(all, {.save_trial_best = storage.save_trial_best, .save_trial_latest = storage.save_trial_latest},
+                               config_.searcher.smaller_is_better))
       trial_best_keep[c.uuid] = 0;  // candidates for deletion
     for (const auto& c : all)
       if (c.validation_metric) ranked.push_back(c);
@@ -1099,8 +1115,7 @@ DETTRIAL_INLINE detail::Json Experiment::summary_json() const {
   summary["trials"] = detail::Json::array();
   std::optional<std::int64_t> best_trial;
   for (const auto& [id, t] : trials_) {
-    if (t.best_metric && (!best_trial || order().better(*t.best_metric, *trials_.at(*best_trial).best_metric)))
-      best_trial = id;
+    if (t.best_metric && (!best_trial || order().better(*t.best_metric, *trials_.at(*best_trial).best_metric))) best_trial = id;
     detail::Json trial = {{"id", id},
                           {"state", to_string(t.state)},
                           {"batches_trained", t.batches_trained},
@@ -1129,19 +1144,21 @@ DETTRIAL_INLINE void Experiment::write_summary(bool print) {
     char row[160];
     std::snprintf(row, sizeof row, " %5lld  %-14s %8lld  %8lld  %12s  %6s  ", static_cast<long long>(id), to_string(t.state),
                   static_cast<long long>(t.batches_trained), static_cast<long long>(t.restarts),
-                  t.best_metric ? std::to_string(*t.best_metric).c_str() : "-", t.last_metric ? std::to_string(*t.last_metric).c_str() : "-");
+                  t.best_metric ? std::to_string(*t.best_metric).c_str() : "-",
+                  t.last_metric ? std::to_string(*t.last_metric).c_str() : "-");
     table += row + detail::one_line(t.hparams) + "\n";
   }
   if (const detail::Json& best = summary.at("best_trial"); best.is_number_integer())
-    table += " best: trial " + std::to_string(best.get<std::int64_t>()) + ", checkpoint " + trials_.at(best.get<std::int64_t>()).best_checkpoint + "\n";
+    table += " best: trial " + std::to_string(best.get<std::int64_t>()) + ", checkpoint " +
+             trials_.at(best.get<std::int64_t>()).best_checkpoint + "\n";
   say(table + " summary: " + (options_.output_dir / layout::summary).string());
 }
 
 DETTRIAL_INLINE void Experiment::refresh_report(bool at_end) {
   try {
     // While trials run, from what this runner knows (summary.json is written at the end).
-    const std::filesystem::path page = at_end ? write_experiment_report(options_.output_dir)
-                                              : detail::html::write_experiment_page(options_.output_dir, summary_json());
+    const std::filesystem::path page =
+        at_end ? write_experiment_report(options_.output_dir) : detail::html::write_experiment_page(options_.output_dir, summary_json());
     if (at_end) say(" report: " + page.string());
   } catch (const std::exception& e) {
     std::fprintf(stderr, "dettrial: warning: the search's report.html was not updated: %s\n", detail::first_line(e.what()).c_str());
@@ -1157,8 +1174,8 @@ DETTRIAL_INLINE std::string Experiment::progress() const {
   }
   const std::int64_t total = std::visit([](const auto& s) { return s.max_trials(); }, searcher_);
   return "[experiment] " + std::to_string(completed + stopped + failed) + " of " + std::to_string(total) + " trials ended (" +
-         std::to_string(completed) + " completed, " + std::to_string(stopped) + " stopped early, " + std::to_string(failed) +
-         " failed), " + std::to_string(running_.size()) + " running";
+         std::to_string(completed) + " completed, " + std::to_string(stopped) + " stopped early, " + std::to_string(failed) + " failed), " +
+         std::to_string(running_.size()) + " running";
 }
 
 DETTRIAL_INLINE const searcher::AshaBracket* Experiment::bracket_of(std::int64_t id) const {
@@ -1199,21 +1216,21 @@ struct CommandLineError : std::runtime_error {
 
 /// What a trial program was asked to do, as its flags say it (see main_usage()).
 struct CommandLine {
-  std::string program = "trial";     ///< argv[0], for messages
-  bool help = false;                 ///< --help: print the usage and exit 0
-  std::string report_dir;            ///< --report DIR: write the page and exit; nothing else is read
-  std::string config_path;           ///< --config FILE
+  std::string program = "trial";       ///< argv[0], for messages
+  bool help = false;                   ///< --help: print the usage and exit 0
+  std::string report_dir;              ///< --report DIR: write the page and exit; nothing else is read
+  std::string config_path;             ///< --config FILE
   std::vector<std::string> overrides;  ///< every --set KEY=VALUE, in order
-  std::string output;                ///< --output DIR
-  std::string resume;                ///< --resume PATH
-  std::string backend_name;          ///< --backend: "gloo", "nccl", or empty (chosen by the devices)
-  bool slurm_launcher = false;       ///< --launcher slurm (a search's trials as Slurm jobs), not local
-  int nproc = 0;                     ///< --nproc N (0: not given)
-  std::optional<int> threads;        ///< --threads N
-  long timeout_seconds = 300;        ///< --timeout SECONDS
-  bool test_mode = false;            ///< --test-mode
-  bool quiet = false;                ///< --quiet
-  bool no_cpu_bind = false;          ///< --no-cpu-bind
+  std::string output;                  ///< --output DIR
+  std::string resume;                  ///< --resume PATH
+  std::string backend_name;            ///< --backend: "gloo", "nccl", or empty (chosen by the devices)
+  bool slurm_launcher = false;         ///< --launcher slurm (a search's trials as Slurm jobs), not local
+  int nproc = 0;                       ///< --nproc N (0: not given)
+  std::optional<int> threads;          ///< --threads N
+  long timeout_seconds = 300;          ///< --timeout SECONDS
+  bool test_mode = false;              ///< --test-mode
+  bool quiet = false;                  ///< --quiet
+  bool no_cpu_bind = false;            ///< --no-cpu-bind
   /// The command line the built-in launcher gives each rank: this one without `--nproc N`.
   std::vector<std::string> rank_args;
 };
@@ -1273,8 +1290,7 @@ DETTRIAL_INLINE CommandLine parse_command_line(int argc, const char* const* argv
     else if (arg == "--threads") line.threads = static_cast<int>(detail::positive_flag_value(arg, value()));
     else if (arg == "--timeout") line.timeout_seconds = detail::positive_flag_value(arg, value());
     else if (arg == "--backend") line.backend_name = detail::one_of(arg, value(), {"gloo", "nccl"}, "gloo or nccl");
-    else if (arg == "--launcher")
-      line.slurm_launcher = detail::one_of(arg, value(), {"local", "slurm"}, "local or slurm") == "slurm";
+    else if (arg == "--launcher") line.slurm_launcher = detail::one_of(arg, value(), {"local", "slurm"}, "local or slurm") == "slurm";
     else if (arg == "--test-mode") line.test_mode = true;
     else if (arg == "--quiet") line.quiet = true;
     else if (arg == "--no-cpu-bind") line.no_cpu_bind = true;
@@ -1386,8 +1402,8 @@ DETTRIAL_INLINE int free_local_port() {
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   addr.sin_port = 0;
   socklen_t len = sizeof addr;
-  const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 &&
-                  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0;
+  const bool ok =
+      ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 && ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0;
   ::close(fd);
   if (!ok) throw Error("cannot find a free port on 127.0.0.1");
   return ntohs(addr.sin_port);
@@ -1527,7 +1543,7 @@ DETTRIAL_INLINE ExperimentConfig one_trial_drawn(const ExperimentConfig& config)
 /// has a metrics.jsonl) that holds no checkpoint yet, nor does the config's checkpoint storage (the
 /// run stopped before its first): with a config given, that run starts afresh there.
 DETTRIAL_INLINE std::optional<std::filesystem::path> checkpoint_to_resume(const std::filesystem::path& path,
-                                                                         const std::string& config_path);
+                                                                          const std::string& config_path);
 
 /// Every scalar of a YAML document by its dotted path ("searcher.max_length.batches"), sequences by index.
 DETTRIAL_INLINE void flatten_yaml(const YAML::Node& node, const std::string& path, std::map<std::string, std::string>& out);
@@ -1547,7 +1563,8 @@ namespace detail {
 
 /// The config file, or the resumed run's own config when none is given, with --set applied.
 DETTRIAL_INLINE ExperimentConfig config_of(const CommandLine& line, const RunPlan& plan) {
-  ExperimentConfig config = line.config_path.empty() ? resumed_run_config(*plan.resumed_checkpoint) : ExperimentConfig::load_file(line.config_path);
+  ExperimentConfig config =
+      line.config_path.empty() ? resumed_run_config(*plan.resumed_checkpoint) : ExperimentConfig::load_file(line.config_path);
   if (line.overrides.empty()) return config;
   YAML::Node doc = YAML::Clone(config.yaml);
   for (const auto& o : line.overrides) apply_override(doc, o);
@@ -1562,7 +1579,8 @@ DETTRIAL_INLINE void draw_one_trial(const CommandLine& line, bool draws, RunPlan
   const LaunchEnvironment env = LaunchEnvironment::detect();
   const bool several_ranks = env.distributed() || line.nproc > 1 || config.slots_per_trial > 1;
   if (draws && several_ranks && !config.experiment_seed && !plan.resumed_checkpoint)
-    throw ConfigError(plan.config_path + ": a data-parallel trial drawn from a search space needs reproducibility.experiment_seed, "
+    throw ConfigError(plan.config_path +
+                      ": a data-parallel trial drawn from a search space needs reproducibility.experiment_seed, "
                       "so that every rank draws the same hyperparameters");
   config = one_trial_drawn(config);
   if (draws && plan.resumed_checkpoint && std::filesystem::exists(*plan.resumed_checkpoint / layout::load_data)) {
@@ -1573,7 +1591,8 @@ DETTRIAL_INLINE void draw_one_trial(const CommandLine& line, bool draws, RunPlan
   if (!line.quiet && env.rank == 0) {
     YAML::Emitter values;
     values << YAML::Flow << config.hyperparameters;
-    std::fprintf(stderr, "dettrial: %s: one trial%s%s\n", line.test_mode ? "--test-mode of a search" : "searcher 'single' over a search space",
+    std::fprintf(stderr, "dettrial: %s: one trial%s%s\n",
+                 line.test_mode ? "--test-mode of a search" : "searcher 'single' over a search space",
                  draws ? ", with hyperparameters drawn from the space: " : "", draws ? values.c_str() : "");
   }
 }
@@ -1615,7 +1634,7 @@ DETTRIAL_INLINE ExperimentConfig one_trial_drawn(const ExperimentConfig& config)
 }
 
 DETTRIAL_INLINE std::optional<std::filesystem::path> checkpoint_to_resume(const std::filesystem::path& path,
-                                                                         const std::string& config_path) {
+                                                                          const std::string& config_path) {
   std::error_code ec;
   const bool run_folder = std::filesystem::is_directory(path, ec) && std::filesystem::exists(path / layout::metrics_log, ec) &&
                           !std::filesystem::exists(path / layout::metadata, ec);
@@ -1623,18 +1642,19 @@ DETTRIAL_INLINE std::optional<std::filesystem::path> checkpoint_to_resume(const 
     return resolve_checkpoint(path);  // a checkpoint, a folder holding some, or resolve_checkpoint's error
   if (!config_path.empty()) {
     // The config may keep checkpoints elsewhere (checkpoint_storage.host_path): the run's are there.
-    if (const auto storage = ExperimentConfig::load_file(config_path).checkpoint_storage.path; storage && !list_checkpoints(*storage).empty())
+    if (const auto storage = ExperimentConfig::load_file(config_path).checkpoint_storage.path;
+        storage && !list_checkpoints(*storage).empty())
       return resolve_checkpoint(*storage);
     return std::nullopt;
   }
-  throw CheckpointError("'" + path.string() + "' holds no checkpoint yet (the run stopped before its first), so it has no "
+  throw CheckpointError("'" + path.string() +
+                        "' holds no checkpoint yet (the run stopped before its first), so it has no "
                         "config of its own to resume with; give --config FILE to start it afresh there");
 }
 
 DETTRIAL_INLINE void apply_override(YAML::Node& root, const std::string& assignment) {
   const auto eq = assignment.find('=');
-  if (eq == std::string::npos || eq == 0)
-    throw ConfigError("--set needs KEY=VALUE with a dotted KEY, got '" + assignment + "'");
+  if (eq == std::string::npos || eq == 0) throw ConfigError("--set needs KEY=VALUE with a dotted KEY, got '" + assignment + "'");
   const std::string key = assignment.substr(0, eq);
   YAML::Node value;
   try {
@@ -1678,7 +1698,8 @@ DETTRIAL_INLINE ExperimentConfig resumed_run_config(const std::filesystem::path&
 
 DETTRIAL_INLINE void flatten_yaml(const YAML::Node& node, const std::string& path, std::map<std::string, std::string>& out) {
   if (node.IsMap()) {
-    for (const auto& kv : node) flatten_yaml(kv.second, path.empty() ? kv.first.as<std::string>() : path + "." + kv.first.as<std::string>(), out);
+    for (const auto& kv : node)
+      flatten_yaml(kv.second, path.empty() ? kv.first.as<std::string>() : path + "." + kv.first.as<std::string>(), out);
   } else if (node.IsSequence()) {
     for (std::size_t i = 0; i < node.size(); ++i) flatten_yaml(node[i], path + "[" + std::to_string(i) + "]", out);
   } else if (node.IsScalar()) {
@@ -1820,8 +1841,10 @@ int main(int argc, char** argv, Args&&... trial_args) {
     const RunPlan plan = plan_run(line);
     if (plan.search()) return detail::run_search(line, plan);
     if (line.slurm_launcher)
-      throw ConfigError("--launcher slurm runs a search's trials as Slurm jobs; this config trains one trial: start it under Slurm "
-                        "directly (srun --ntasks=N " + line.program + " --config ...)");
+      throw ConfigError(
+          "--launcher slurm runs a search's trials as Slurm jobs; this config trains one trial: start it under Slurm "
+          "directly (srun --ntasks=N " +
+          line.program + " --config ...)");
     const LaunchEnvironment env = LaunchEnvironment::detect();
     if (const int nproc = detail::ranks_to_launch(line, plan, env); nproc > 1)
       return detail::launch_ranks(line, plan, nproc, Trainer<TrialT>::default_output_dir());
@@ -1908,7 +1931,7 @@ DETTRIAL_INLINE void start_afresh(const std::filesystem::path& run, bool quiet) 
   if (!quiet)
     std::fprintf(stderr, "dettrial: '%s' holds no checkpoint yet (the run stopped before its first): starting it afresh there\n",
                  run.string().c_str());
-  MetricsLog(run, /*resumed_at=*/-1);                                      // drops every record
+  MetricsLog(run, /*resumed_at=*/-1);                                   // drops every record
   TensorBoardWriter::drop_events_after(run / layout::tensorboard, -1);  // and every event
 }
 
@@ -1919,16 +1942,19 @@ DETTRIAL_INLINE std::filesystem::path checkpoint_to_restart_from(const std::exce
   const std::vector<CheckpointInfo> after = list_checkpoints(storage);
   if (after.empty() || (!before.empty() && after.back().uuid == before.back().uuid)) throw;  // no progress
   if (!quiet)
-    std::fprintf(stderr, "dettrial: the trial failed: %s\ndettrial: restarting it from its checkpoint at batch %lld: restart %lld of max_restarts %lld\n",
-                 first_line(failure.what()).c_str(), static_cast<long long>(after.back().batches_trained),
-                 static_cast<long long>(restarts + 1), static_cast<long long>(max_restarts));
+    std::fprintf(
+        stderr,
+        "dettrial: the trial failed: %s\ndettrial: restarting it from its checkpoint at batch %lld: restart %lld of max_restarts %lld\n",
+        first_line(failure.what()).c_str(), static_cast<long long>(after.back().batches_trained), static_cast<long long>(restarts + 1),
+        static_cast<long long>(max_restarts));
   return after.back().path;
 }
 
 DETTRIAL_INLINE void say_if_nothing_left(const FitResult& result, const RunPlan& plan, bool quiet, bool chief) {
   if (result.resumed_from_batch > 0 && result.batches_trained == result.resumed_from_batch && result.signal == 0 && !quiet && chief)
-    std::fprintf(stderr, "dettrial: nothing left to train: the checkpoint is at batch %lld, which already reaches searcher.max_length of %s; "
-                         "raise it to train on (e.g. --set searcher.max_length.batches=N)\n",
+    std::fprintf(stderr,
+                 "dettrial: nothing left to train: the checkpoint is at batch %lld, which already reaches searcher.max_length of %s; "
+                 "raise it to train on (e.g. --set searcher.max_length.batches=N)\n",
                  static_cast<long long>(result.resumed_from_batch), plan.config_path.c_str());
 }
 

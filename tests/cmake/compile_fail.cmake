@@ -40,7 +40,7 @@ if(DETTRIAL_COMPILE_FAIL_TESTS)
     string(REGEX REPLACE "^// EXPECT: " "" _expected "${_first}")
     dettrial_compile_fail("${_name}" compile_fail_${_name} "${_source}" "${_expected}")
   endforeach()
-  # Every hook of the callback table (trainer/callbacks.hpp), declared with a parameter the trainer
+  # Every hook of the callback table (vocabulary/callbacks.hpp), declared with a parameter the trainer
   # never passes: one sentence naming that hook. One translation unit holds all fourteen cases (each
   # static_assert is reported on its own); each hook's test finds its sentence in that output.
   # (state_dict and on_training_workload_end have sentences of their own, with tests above.)

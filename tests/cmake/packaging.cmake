@@ -10,6 +10,8 @@ add_test(NAME "docs: every relative link and anchor in the markdown resolves, ev
          COMMAND Python3::Interpreter "${PROJECT_SOURCE_DIR}/tools/check_links.py")
 add_test(NAME "functions: none in include/ is over 80 lines" COMMAND Python3::Interpreter "${PROJECT_SOURCE_DIR}/tools/check_function_lengths.py")
 set_tests_properties("functions: none in include/ is over 80 lines" PROPERTIES SKIP_RETURN_CODE 77)
+add_test(NAME "format: every C++ file but single_include/ follows .clang-format" COMMAND Python3::Interpreter "${PROJECT_SOURCE_DIR}/tools/check_format.py")
+set_tests_properties("format: every C++ file but single_include/ follows .clang-format" PROPERTIES SKIP_RETURN_CODE 77)
 # The generated header is the same text for every LibTorch: CI builds it once (-DDETTRIAL_SINGLE_HEADER_TEST=OFF on the other).
 option(DETTRIAL_SINGLE_HEADER_TEST "Build and run the MNIST example against single_include/" ON)
 if(TARGET mnist AND NOT DETTRIAL_SINGLE_HEADER AND DETTRIAL_SINGLE_HEADER_TEST)

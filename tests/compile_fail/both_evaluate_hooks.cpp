@@ -9,7 +9,9 @@ struct Bad {
   dettrial::Metrics train_batch(std::tuple<torch::Tensor>&, torch::nn::Linear&, std::int64_t, std::int64_t) { return {}; }
   dettrial::Metrics evaluate_batch(std::tuple<torch::Tensor>&, torch::nn::Linear&) { return {}; }
   template <class L>
-  dettrial::Metrics evaluate_full_dataset(L&, torch::nn::Linear&) { return {}; }
+  dettrial::Metrics evaluate_full_dataset(L&, torch::nn::Linear&) {
+    return {};
+  }
 };
 int main() {
   dettrial::Context c(dettrial::Hyperparameters{});

@@ -8,8 +8,11 @@ struct Bad {
   auto build_training_data_loader() { return dettrial::DataLoader(dettrial::TensorDataset(torch::zeros({4, 1})), {.batch_size = 2}); }
   auto build_validation_data_loader() { return build_training_data_loader(); }
   dettrial::Metrics train_batch(std::tuple<torch::Tensor>&, std::int64_t, std::int64_t) { return {}; }
+  // A number, not named metrics.
   template <class L>
-  double evaluate_full_dataset(L&) { return 0.5; }  // a number, not named metrics
+  double evaluate_full_dataset(L&) {
+    return 0.5;
+  }
 };
 int main() {
   dettrial::Context c(dettrial::Hyperparameters{});

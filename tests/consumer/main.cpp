@@ -8,8 +8,7 @@ struct TinyTrial {
   dettrial::Context& context;
   torch::nn::Linear model;
   torch::optim::SGD opt;
-  explicit TinyTrial(dettrial::Context& c)
-      : context(c), model(c.wrap_model(torch::nn::Linear(2, 1))), opt(model->parameters(), 0.1) {
+  explicit TinyTrial(dettrial::Context& c) : context(c), model(c.wrap_model(torch::nn::Linear(2, 1))), opt(model->parameters(), 0.1) {
     c.wrap_optimizer(opt);
   }
   static dettrial::TensorDataset<2> data() {

@@ -35,8 +35,10 @@ struct SyntheticTrial {
 
   using Batch = std::tuple<torch::Tensor, torch::Tensor>;
   dettrial::Metrics train_batch(Batch& b, torch::nn::Sequential& model, std::int64_t, std::int64_t batch_idx) {
-    if (const auto sleep = context.get_data_config()["batch_sleep_ms"]) std::this_thread::sleep_for(std::chrono::milliseconds(sleep.as<int>()));
-    if (batch_idx == 3 && context.get_hparams().get_or<std::int64_t>("crash", 0) == 2) throw std::runtime_error("synthetic failure at batch 3");
+    if (const auto sleep = context.get_data_config()["batch_sleep_ms"])
+      std::this_thread::sleep_for(std::chrono::milliseconds(sleep.as<int>()));
+    if (batch_idx == 3 && context.get_hparams().get_or<std::int64_t>("crash", 0) == 2)
+      throw std::runtime_error("synthetic failure at batch 3");
     if (const auto crash = context.get_hparams().get_or<std::int64_t>("crash", 0); batch_idx == 7 && (crash == 1 || crash == 3)) {
       const std::filesystem::path marker = std::filesystem::path(context.get_data_config()["marker_dir"].as<std::string>()) / "crashed";
       if (!std::filesystem::exists(marker)) {

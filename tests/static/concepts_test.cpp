@@ -102,14 +102,18 @@ struct EvaluateBatchNotMetrics {
 };
 struct EvaluateFullDataset {
   template <class L>
-  Metrics evaluate_full_dataset(L&) { return {}; }
+  Metrics evaluate_full_dataset(L&) {
+    return {};
+  }
 };
 struct EvaluateFullDatasetWrongArgs {
   Metrics evaluate_full_dataset(int) { return {}; }
 };
 struct EvaluateFullDatasetNotMetrics {
   template <class L>
-  double evaluate_full_dataset(L&) { return 0; }
+  double evaluate_full_dataset(L&) {
+    return 0;
+  }
 };
 
 // Declarative hooks. train_batch and evaluate_batch take any model, so a wrong model hook does not
@@ -149,7 +153,9 @@ struct ModelEvaluateBatch {
 };
 struct ModelEvaluateFullDataset {
   template <class L, class M>
-  Metrics evaluate_full_dataset(L&, M&) { return {}; }
+  Metrics evaluate_full_dataset(L&, M&) {
+    return {};
+  }
 };
 
 using Imperative = TrialOf<TrainLoader, ValidationLoader, TrainBatch, EvaluateBatch>;
@@ -179,13 +185,13 @@ static_assert(parts::pieces<parts::Imperative> == parts::all && parts::diagnosed
 static_assert(dettrial::ImperativeTrial<parts::Imperative> && !dettrial::DeclarativeTrial<parts::Imperative>);
 static_assert(parts::pieces<parts::Declarative> == parts::all && parts::diagnosed_as<parts::Declarative>(parts::P::none));
 static_assert(dettrial::DeclarativeTrial<parts::Declarative> && !dettrial::ImperativeTrial<parts::Declarative>);
-static_assert(dettrial::Trial<parts::TrialOf<parts::TrainLoader, parts::ValidationLoader, parts::TrainBatchTensor, parts::EvaluateBatchIdx>>);
+static_assert(
+    dettrial::Trial<parts::TrialOf<parts::TrainLoader, parts::ValidationLoader, parts::TrainBatchTensor, parts::EvaluateBatchIdx>>);
 static_assert(dettrial::Trial<parts::TrialOf<parts::TrainLoader, parts::ValidationLoader, parts::TrainBatch, parts::EvaluateFullDataset>>);
 static_assert(dettrial::DeclarativeTrial<parts::TrialOf<parts::TrainLoader, parts::ValidationLoader, parts::Model, parts::OptimizerPointer,
                                                         parts::ModelTrainBatch, parts::ModelEvaluateFullDataset>>);
-static_assert(dettrial::DeclarativeTrial<
-              parts::TrialOf<parts::TrainLoader, parts::ValidationLoader, parts::Model, parts::Optimizer, parts::Scheduler, parts::ModelTrainBatch,
-                             parts::ModelEvaluateBatch>>);
+static_assert(dettrial::DeclarativeTrial<parts::TrialOf<parts::TrainLoader, parts::ValidationLoader, parts::Model, parts::Optimizer,
+                                                        parts::Scheduler, parts::ModelTrainBatch, parts::ModelEvaluateBatch>>);
 static_assert(dettrial::DeclarativeTrial<parts::TrialOf<parts::TrainLoader, parts::ValidationLoader, parts::Model, parts::Optimizer,
                                                         parts::ScheduledScheduler, parts::ModelTrainBatch, parts::ModelEvaluateBatch>>);
 static_assert(dettrial::ModelHooks<test::ImperativeRegression> && !dettrial::DeclaresOptimizer<test::ImperativeRegression>);
@@ -195,15 +201,19 @@ static_assert(dettrial::OptimizerHook<test::DeclarativeRegression> && !dettrial:
 using NoTrainingLoader = parts::TrialOf<parts::ValidationLoader, parts::TrainBatch, parts::EvaluateBatch>;
 static_assert(parts::pieces<NoTrainingLoader> == parts::no_training_loader && !dettrial::DeclaresTrainingDataLoader<NoTrainingLoader>);
 static_assert(parts::diagnosed_as<NoTrainingLoader>(parts::P::no_training_loader));
-using TrainingLoaderNotALoader = parts::TrialOf<parts::TrainLoaderNotALoader, parts::ValidationLoader, parts::TrainBatch, parts::EvaluateBatch>;
-static_assert(parts::pieces<TrainingLoaderNotALoader> == parts::no_training_loader && dettrial::DeclaresTrainingDataLoader<TrainingLoaderNotALoader>);
+using TrainingLoaderNotALoader =
+    parts::TrialOf<parts::TrainLoaderNotALoader, parts::ValidationLoader, parts::TrainBatch, parts::EvaluateBatch>;
+static_assert(parts::pieces<TrainingLoaderNotALoader> == parts::no_training_loader &&
+              dettrial::DeclaresTrainingDataLoader<TrainingLoaderNotALoader>);
 static_assert(parts::diagnosed_as<TrainingLoaderNotALoader>(parts::P::training_loader_not_a_loader));
 
 // ValidationDataLoaderHook
 using NoValidationLoader = parts::TrialOf<parts::TrainLoader, parts::TrainBatch, parts::EvaluateBatch>;
-static_assert(parts::pieces<NoValidationLoader> == parts::no_validation_loader && !dettrial::DeclaresValidationDataLoader<NoValidationLoader>);
+static_assert(parts::pieces<NoValidationLoader> == parts::no_validation_loader &&
+              !dettrial::DeclaresValidationDataLoader<NoValidationLoader>);
 static_assert(parts::diagnosed_as<NoValidationLoader>(parts::P::no_validation_loader));
-using ValidationLoaderNotALoader = parts::TrialOf<parts::TrainLoader, parts::ValidationLoaderNotALoader, parts::TrainBatch, parts::EvaluateBatch>;
+using ValidationLoaderNotALoader =
+    parts::TrialOf<parts::TrainLoader, parts::ValidationLoaderNotALoader, parts::TrainBatch, parts::EvaluateBatch>;
 static_assert(parts::pieces<ValidationLoaderNotALoader> == parts::no_validation_loader);
 static_assert(parts::diagnosed_as<ValidationLoaderNotALoader>(parts::P::validation_loader_not_a_loader));
 
@@ -212,17 +222,20 @@ using ModelNotAModule = parts::TrialOf<parts::TrainLoader, parts::ValidationLoad
                                        parts::ModelTrainBatch, parts::ModelEvaluateBatch>;
 static_assert(parts::pieces<ModelNotAModule> == parts::no_model_hooks && !dettrial::BuildModelHook<ModelNotAModule>);
 static_assert(dettrial::OptimizerHook<ModelNotAModule> && parts::diagnosed_as<ModelNotAModule>(parts::P::model_not_a_module));
-using NoOptimizer = parts::TrialOf<parts::TrainLoader, parts::ValidationLoader, parts::Model, parts::ModelTrainBatch, parts::ModelEvaluateBatch>;
+using NoOptimizer =
+    parts::TrialOf<parts::TrainLoader, parts::ValidationLoader, parts::Model, parts::ModelTrainBatch, parts::ModelEvaluateBatch>;
 static_assert(parts::pieces<NoOptimizer> == parts::no_model_hooks && !dettrial::DeclaresOptimizer<NoOptimizer>);
 static_assert(dettrial::BuildModelHook<NoOptimizer> && parts::diagnosed_as<NoOptimizer>(parts::P::no_optimizer));
 using OptimizerNotAnOptimizer = parts::TrialOf<parts::TrainLoader, parts::ValidationLoader, parts::Model, parts::OptimizerNotAnOptimizer,
                                                parts::ModelTrainBatch, parts::ModelEvaluateBatch>;
 static_assert(parts::pieces<OptimizerNotAnOptimizer> == parts::no_model_hooks && dettrial::DeclaresOptimizer<OptimizerNotAnOptimizer>);
-static_assert(!dettrial::OptimizerHook<OptimizerNotAnOptimizer> && parts::diagnosed_as<OptimizerNotAnOptimizer>(parts::P::optimizer_not_an_optimizer));
+static_assert(!dettrial::OptimizerHook<OptimizerNotAnOptimizer> &&
+              parts::diagnosed_as<OptimizerNotAnOptimizer>(parts::P::optimizer_not_an_optimizer));
 using SchedulerNotAScheduler = parts::TrialOf<parts::TrainLoader, parts::ValidationLoader, parts::Model, parts::Optimizer,
                                               parts::SchedulerNotAScheduler, parts::ModelTrainBatch, parts::ModelEvaluateBatch>;
 static_assert(parts::pieces<SchedulerNotAScheduler> == parts::no_model_hooks && dettrial::DeclaresLRScheduler<SchedulerNotAScheduler>);
-static_assert(!dettrial::LRSchedulerHook<SchedulerNotAScheduler> && parts::diagnosed_as<SchedulerNotAScheduler>(parts::P::scheduler_not_a_scheduler));
+static_assert(!dettrial::LRSchedulerHook<SchedulerNotAScheduler> &&
+              parts::diagnosed_as<SchedulerNotAScheduler>(parts::P::scheduler_not_a_scheduler));
 
 // TrainBatchHook
 using NoTrainBatch = parts::TrialOf<parts::TrainLoader, parts::ValidationLoader, parts::EvaluateBatch>;
@@ -233,29 +246,39 @@ static_assert(parts::diagnosed_as<TrainBatchWrongBatch>(parts::P::train_batch_no
 using TrainBatchNotMetrics = parts::TrialOf<parts::TrainLoader, parts::ValidationLoader, parts::TrainBatchNotMetrics, parts::EvaluateBatch>;
 static_assert(parts::pieces<TrainBatchNotMetrics> == parts::no_train_batch && dettrial::CallableTrainBatch<TrainBatchNotMetrics>);
 static_assert(parts::diagnosed_as<TrainBatchNotMetrics>(parts::P::train_batch_not_metrics));
-using DeclarativeNoTrainBatch = parts::TrialOf<parts::TrainLoader, parts::ValidationLoader, parts::Model, parts::Optimizer, parts::ModelEvaluateBatch>;
-static_assert(parts::pieces<DeclarativeNoTrainBatch> == parts::no_train_batch && parts::diagnosed_as<DeclarativeNoTrainBatch>(parts::P::no_train_batch));
+using DeclarativeNoTrainBatch =
+    parts::TrialOf<parts::TrainLoader, parts::ValidationLoader, parts::Model, parts::Optimizer, parts::ModelEvaluateBatch>;
+static_assert(parts::pieces<DeclarativeNoTrainBatch> == parts::no_train_batch &&
+              parts::diagnosed_as<DeclarativeNoTrainBatch>(parts::P::no_train_batch));
 using DeclarativeImperativeTrainBatch =  // the imperative signature in a declarative trial
-    parts::TrialOf<parts::TrainLoader, parts::ValidationLoader, parts::Model, parts::Optimizer, parts::TrainBatch, parts::ModelEvaluateBatch>;
+    parts::TrialOf<parts::TrainLoader, parts::ValidationLoader, parts::Model, parts::Optimizer, parts::TrainBatch,
+                   parts::ModelEvaluateBatch>;
 static_assert(parts::pieces<DeclarativeImperativeTrainBatch> == parts::no_train_batch);
 static_assert(parts::diagnosed_as<DeclarativeImperativeTrainBatch>(parts::P::train_batch_not_callable));
 
 // EvaluationHook
 using NoEvaluation = parts::TrialOf<parts::TrainLoader, parts::ValidationLoader, parts::TrainBatch>;
 static_assert(parts::pieces<NoEvaluation> == parts::no_evaluation && parts::diagnosed_as<NoEvaluation>(parts::P::no_evaluate_hook));
-using BothEvaluations = parts::TrialOf<parts::TrainLoader, parts::ValidationLoader, parts::TrainBatch, parts::EvaluateBatch, parts::EvaluateFullDataset>;
-static_assert(parts::pieces<BothEvaluations> == parts::no_evaluation && parts::diagnosed_as<BothEvaluations>(parts::P::both_evaluate_hooks));
+using BothEvaluations =
+    parts::TrialOf<parts::TrainLoader, parts::ValidationLoader, parts::TrainBatch, parts::EvaluateBatch, parts::EvaluateFullDataset>;
+static_assert(parts::pieces<BothEvaluations> == parts::no_evaluation &&
+              parts::diagnosed_as<BothEvaluations>(parts::P::both_evaluate_hooks));
 static_assert(dettrial::EvaluateBatchHook<BothEvaluations> && dettrial::EvaluateFullDatasetHook<BothEvaluations>);
-using EvaluateBatchWrongBatch = parts::TrialOf<parts::TrainLoader, parts::ValidationLoader, parts::TrainBatch, parts::EvaluateBatchWrongBatch>;
+using EvaluateBatchWrongBatch =
+    parts::TrialOf<parts::TrainLoader, parts::ValidationLoader, parts::TrainBatch, parts::EvaluateBatchWrongBatch>;
 static_assert(parts::pieces<EvaluateBatchWrongBatch> == parts::no_evaluation && !dettrial::EvaluateBatchHook<EvaluateBatchWrongBatch>);
 static_assert(parts::diagnosed_as<EvaluateBatchWrongBatch>(parts::P::evaluate_batch_not_callable));
-using EvaluateBatchNotMetrics = parts::TrialOf<parts::TrainLoader, parts::ValidationLoader, parts::TrainBatch, parts::EvaluateBatchNotMetrics>;
+using EvaluateBatchNotMetrics =
+    parts::TrialOf<parts::TrainLoader, parts::ValidationLoader, parts::TrainBatch, parts::EvaluateBatchNotMetrics>;
 static_assert(parts::pieces<EvaluateBatchNotMetrics> == parts::no_evaluation && dettrial::CallableEvaluateBatch<EvaluateBatchNotMetrics>);
 static_assert(parts::diagnosed_as<EvaluateBatchNotMetrics>(parts::P::evaluate_batch_not_metrics));
-using EvaluateFullDatasetWrongArgs = parts::TrialOf<parts::TrainLoader, parts::ValidationLoader, parts::TrainBatch, parts::EvaluateFullDatasetWrongArgs>;
-static_assert(parts::pieces<EvaluateFullDatasetWrongArgs> == parts::no_evaluation && !dettrial::EvaluateFullDatasetHook<EvaluateFullDatasetWrongArgs>);
+using EvaluateFullDatasetWrongArgs =
+    parts::TrialOf<parts::TrainLoader, parts::ValidationLoader, parts::TrainBatch, parts::EvaluateFullDatasetWrongArgs>;
+static_assert(parts::pieces<EvaluateFullDatasetWrongArgs> == parts::no_evaluation &&
+              !dettrial::EvaluateFullDatasetHook<EvaluateFullDatasetWrongArgs>);
 static_assert(parts::diagnosed_as<EvaluateFullDatasetWrongArgs>(parts::P::evaluate_full_dataset_not_callable));
-using EvaluateFullDatasetNotMetrics = parts::TrialOf<parts::TrainLoader, parts::ValidationLoader, parts::TrainBatch, parts::EvaluateFullDatasetNotMetrics>;
+using EvaluateFullDatasetNotMetrics =
+    parts::TrialOf<parts::TrainLoader, parts::ValidationLoader, parts::TrainBatch, parts::EvaluateFullDatasetNotMetrics>;
 static_assert(parts::pieces<EvaluateFullDatasetNotMetrics> == parts::no_evaluation);
 static_assert(parts::diagnosed_as<EvaluateFullDatasetNotMetrics>(parts::P::evaluate_full_dataset_not_metrics));
 

@@ -45,7 +45,8 @@ int main(int argc, char** argv) {
   dettrial::CheckpointInfo written;
   written.uuid = "0b7e2c56-0000-4000-8000-000000000001";
   written.path = root / "checkpoints" / written.uuid;
-  if (!fs::exists(written.path / "metadata.json") || !fs::exists(written.path / "state.bin")) return fail("the checkpoint was not committed");
+  if (!fs::exists(written.path / "metadata.json") || !fs::exists(written.path / "state.bin"))
+    return fail("the checkpoint was not committed");
   dettrial::delete_checkpoint(written);
   if (fs::exists(written.path) || !fs::is_empty(root / "checkpoints")) return fail("delete_checkpoint left the checkpoint");
 #endif

@@ -101,7 +101,8 @@ void check_buffers_agree(int n, bool sync) {
   test::run_ranks("child process: a rank trains a BatchNorm model", n, dir, extra);
 
   std::vector<std::vector<torch::Tensor>> buffers(static_cast<std::size_t>(n));
-  for (int rank = 0; rank < n; ++rank) torch::load(buffers[static_cast<std::size_t>(rank)], (dir / ("buffers" + std::to_string(rank) + ".pt")).string());
+  for (int rank = 0; rank < n; ++rank)
+    torch::load(buffers[static_cast<std::size_t>(rank)], (dir / ("buffers" + std::to_string(rank) + ".pt")).string());
   for (int rank = 1; rank < n; ++rank) {
     CAPTURE(rank);
     CHECK(test::bit_identical(buffers[static_cast<std::size_t>(rank)], buffers[0]));

@@ -164,7 +164,8 @@ TEST_CASE("a checkpoint directory has Determined's layout and metadata") {
   CHECK(progress.last_checkpoint == 5);
 
   // The state dict: Python's names for the model, Python's layout for the optimizer.
-  const c10::IValue top = dettrial::detail::unpickle_archive(dettrial::detail::read_file_bytes(info.path / "state_dict.pth"), "state_dict.pth");
+  const c10::IValue top =
+      dettrial::detail::unpickle_archive(dettrial::detail::read_file_bytes(info.path / "state_dict.pth"), "state_dict.pth");
   const StateDict dict = top.toGenericDict();
   const StateDict model = dict.at("models_state_dict").toList().get(0).toGenericDict();
   std::vector<std::string> names;
@@ -194,9 +195,8 @@ TEST_CASE("checkpoint policies and retention keep what Determined keeps") {
     const FitResult r = run(CheckpointPolicy::all, {.save_trial_best = 1, .save_trial_latest = 1});
     CHECK(r.checkpoints.size() == 6);
     const auto kept = list_checkpoints(r.checkpoint_dir);
-    const auto best = std::min_element(r.checkpoints.begin(), r.checkpoints.end(), [](const auto& a, const auto& b) {
-      return *a.validation_metric < *b.validation_metric;
-    });
+    const auto best = std::min_element(r.checkpoints.begin(), r.checkpoints.end(),
+                                       [](const auto& a, const auto& b) { return *a.validation_metric < *b.validation_metric; });
     std::set<std::string> kept_ids;
     for (const auto& k : kept) kept_ids.insert(k.uuid);
     CHECK(kept_ids.count(best->uuid) == 1);
@@ -236,7 +236,8 @@ TEST_CASE("retention picks the best by metric direction and the most recent") {
   std::vector<CheckpointInfo> all;
   const double metrics[] = {0.5, 0.2, 0.9, 0.3, 0.4};
   for (int i = 0; i < 5; ++i)
-    all.push_back(CheckpointInfo{.uuid = "c" + std::to_string(i), .batches_trained = i, .sequence = i + 1, .validation_metric = metrics[i]});
+    all.push_back(
+        CheckpointInfo{.uuid = "c" + std::to_string(i), .batches_trained = i, .sequence = i + 1, .validation_metric = metrics[i]});
   all.push_back(CheckpointInfo{.uuid = "c5", .batches_trained = 5, .sequence = 6});  // no validation
   auto ids = [](const std::vector<CheckpointInfo>& v) {
     std::vector<std::string> out;
@@ -245,8 +246,7 @@ TEST_CASE("retention picks the best by metric direction and the most recent") {
   };
   CHECK(ids(checkpoints_to_delete(all, {.save_trial_best = 1, .save_trial_latest = 1}, true)) ==
         std::vector<std::string>{"c0", "c2", "c3", "c4"});
-  CHECK(ids(checkpoints_to_delete(all, {.save_trial_best = 2, .save_trial_latest = 2}, false)) ==
-        std::vector<std::string>{"c1", "c3"});
+  CHECK(ids(checkpoints_to_delete(all, {.save_trial_best = 2, .save_trial_latest = 2}, false)) == std::vector<std::string>{"c1", "c3"});
   CHECK(ids(checkpoints_to_delete(all, {.save_trial_best = 0, .save_trial_latest = 0}, true, "c2")).size() == 5);
 }
 
@@ -294,8 +294,8 @@ TEST_CASE("resuming another trial's checkpoint is a warm start") {
 TEST_CASE("missing, damaged, mismatching and newer checkpoints are clear errors that delete nothing") {
   Context context(test::hparams(), ContextOptions{.trial_seed = 4});
   Trainer<test::DeclarativeRegression> trainer(context);
-  const FitResult r = trainer.fit(test::quiet({.max_length = Batch(4), .checkpoint_period = Batch(2),
-                                               .retention = {.save_trial_best = 0, .save_trial_latest = 5}}));
+  const FitResult r = trainer.fit(
+      test::quiet({.max_length = Batch(4), .checkpoint_period = Batch(2), .retention = {.save_trial_best = 0, .save_trial_latest = 5}}));
   REQUIRE(r.checkpoints.size() == 2);
   const fs::path older = r.checkpoints[0].path, newer = r.checkpoints[1].path;
   const std::size_t before = count_dirs(r.checkpoint_dir);
@@ -375,7 +375,7 @@ TEST_CASE("SIGTERM finishes the batch, checkpoints and returns; the run resumes 
       return DeclarativeRegression::train_batch(b, m, e, i);
     }
   };
-  struct sigaction before {};
+  struct sigaction before{};
   ::sigaction(SIGTERM, nullptr, &before);
   Context context(test::hparams(), ContextOptions{.trial_seed = 2});
   Trainer<SignalsAtFive> trainer(context);
@@ -386,7 +386,7 @@ TEST_CASE("SIGTERM finishes the batch, checkpoints and returns; the run resumes 
   REQUIRE(r.checkpoints.size() == 1);
   CHECK(r.checkpoints[0].batches_trained == 5);
   // dettrial's handler is gone after fit: the one before it is back.
-  struct sigaction now {};
+  struct sigaction now{};
   ::sigaction(SIGTERM, nullptr, &now);
   const bool restored = now.sa_handler == before.sa_handler;
   CHECK(restored);

@@ -32,9 +32,9 @@ std::string error_of(std::vector<const char*> args) {
 }  // namespace
 
 TEST_CASE("parse_command_line: every flag lands in its field, and each rank's command line drops --nproc alone") {
-  const auto line = parse({"--config", "c.yaml", "--set", "a.b=1", "--nproc", "3", "--set", "hyperparameters.lr=0.1", "--output", "out",
-                           "--threads", "2", "--timeout", "60", "--backend", "gloo", "--launcher", "slurm", "--test-mode", "--quiet",
-                           "--no-cpu-bind"});
+  const auto line = parse({"--config",   "c.yaml", "--set",       "a.b=1",   "--nproc",      "3",  "--set",     "hyperparameters.lr=0.1",
+                           "--output",   "out",    "--threads",   "2",       "--timeout",    "60", "--backend", "gloo",
+                           "--launcher", "slurm",  "--test-mode", "--quiet", "--no-cpu-bind"});
   CHECK(line.program == "trainer");
   CHECK(line.config_path == "c.yaml");
   CHECK(line.overrides == std::vector<std::string>{"a.b=1", "hyperparameters.lr=0.1"});
@@ -48,9 +48,10 @@ TEST_CASE("parse_command_line: every flag lands in its field, and each rank's co
   CHECK(line.quiet);
   CHECK(line.no_cpu_bind);
   CHECK_FALSE(line.help);
-  CHECK(line.rank_args == std::vector<std::string>{"trainer", "--config", "c.yaml", "--set", "a.b=1", "--set", "hyperparameters.lr=0.1",
-                                                   "--output", "out", "--threads", "2", "--timeout", "60", "--backend", "gloo",
-                                                   "--launcher", "slurm", "--test-mode", "--quiet", "--no-cpu-bind"});
+  CHECK(line.rank_args == std::vector<std::string>{
+                              "trainer",  "--config",   "c.yaml",    "--set",       "a.b=1",     "--set",        "hyperparameters.lr=0.1",
+                              "--output", "out",        "--threads", "2",           "--timeout", "60",           "--backend",
+                              "gloo",     "--launcher", "slurm",     "--test-mode", "--quiet",   "--no-cpu-bind"});
 }
 
 TEST_CASE("parse_command_line: the defaults, --resume without --config, --report and --help alone") {

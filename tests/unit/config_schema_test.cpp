@@ -144,9 +144,9 @@ hyperparameters:
   }
   {
     INFO("case: hyperparameters.yaml: nested hyperparameters (invalid, to show paths in errors)");
-    const ExperimentConfig c =
-        ExperimentConfig::parse("searcher: {name: random, metric: loss, max_trials: 2}\nhyperparameters:\n  one:\n    a:\n      type: categorical\n",
-                                "nested.yaml");
+    const ExperimentConfig c = ExperimentConfig::parse(
+        "searcher: {name: random, metric: loss, max_trials: 2}\nhyperparameters:\n  one:\n    a:\n      type: categorical\n",
+        "nested.yaml");
     CHECK_THROWS_WITH_AS(HyperparameterSpace(c.hyperparameters, c.source),
                          doctest::Contains("hyperparameter 'one.a' of type categorical needs a non-empty list 'vals'"), ConfigError);
   }
@@ -155,8 +155,8 @@ hyperparameters:
     for (const char* maxval : {"2", "1"}) {
       INFO("maxval: " << maxval);
       const ExperimentConfig c = ExperimentConfig::parse(
-          std::string("searcher: {name: random, metric: loss, max_trials: 2}\nhyperparameters:\n  h: {type: int, minval: 2, maxval: ") + maxval +
-              "}\n",
+          std::string("searcher: {name: random, metric: loss, max_trials: 2}\nhyperparameters:\n  h: {type: int, minval: 2, maxval: ") +
+              maxval + "}\n",
           "int.yaml");
       CHECK_THROWS_WITH_AS(HyperparameterSpace(c.hyperparameters, c.source), doctest::Contains("hyperparameter 'h' needs minval < maxval"),
                            ConfigError);

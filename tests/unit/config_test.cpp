@@ -32,7 +32,8 @@ TEST_CASE("hyperparameters: typed, nested, and errors that name the key and the 
   CHECK_THROWS_WITH_AS(hp.get<double>("optimizer.beta1"), doctest::Contains("'optimizer.beta1' is missing"), HyperparameterError);
   CHECK_THROWS_WITH_AS(hp.get<int>("learning_rate"), "const.yaml:1:16: hyperparameter 'learning_rate' is '0.001', which is not a integer",
                        HyperparameterError);
-  CHECK_THROWS_WITH_AS(hp.get<double>("name"), "const.yaml:3:7: hyperparameter 'name' is 'net', which is not a number", HyperparameterError);
+  CHECK_THROWS_WITH_AS(hp.get<double>("name"), "const.yaml:3:7: hyperparameter 'name' is 'net', which is not a number",
+                       HyperparameterError);
   CHECK_THROWS_WITH_AS(hp.get<double>("optimizer"), doctest::Contains("hyperparameter 'optimizer' is a map, which is not a number"),
                        HyperparameterError);
   CHECK_THROWS_WITH_AS(hp.get<bool>("name"), doctest::Contains("which is not a bool"), HyperparameterError);
@@ -114,7 +115,8 @@ data: {dir: /data}
   CHECK(a.get_trial_seed() == b.get_trial_seed());  // derived from experiment_seed
   CHECK(a.aggregation_frequency() == 4);
 
-  const auto search = ExperimentConfig::parse("hyperparameters:\n  lr:\n    type: log\n    minval: -4\n    maxval: -1\n    base: 10\n", "adaptive.yaml");
+  const auto search =
+      ExperimentConfig::parse("hyperparameters:\n  lr:\n    type: log\n    minval: -4\n    maxval: -1\n    base: 10\n", "adaptive.yaml");
   CHECK_THROWS_WITH_AS(search.trial_hyperparameters(),
                        doctest::Contains("adaptive.yaml:3:5: hyperparameter 'lr' is a search space (type: log)"), ConfigError);
 }
@@ -130,7 +132,8 @@ searcher:
     max_steps: 40
 min_validation_period: 10
 entrypoint: model_def:MNISTTrial
-)", "const.yaml");
+)",
+                                         "const.yaml");
   REQUIRE(c.min_validation_period);
   CHECK(*c.min_validation_period == TrainUnit(Batch(1000)));
   CHECK(*c.searcher.max_length == TrainUnit(Batch(4000)));
@@ -182,8 +185,8 @@ TEST_CASE("reproducibility.deterministic turns LibTorch's deterministic switches
 }
 
 TEST_CASE("bad configs: syntax errors with their line, wrong types and values with file:line:column") {
-  CHECK_THROWS_WITH_AS(ExperimentConfig::parse("searcher:\n  name: single\n   metric: x\n", "bad.yaml"),
-                       doctest::Contains("bad.yaml:3:"), ConfigError);
+  CHECK_THROWS_WITH_AS(ExperimentConfig::parse("searcher:\n  name: single\n   metric: x\n", "bad.yaml"), doctest::Contains("bad.yaml:3:"),
+                       ConfigError);
   CHECK_THROWS_WITH_AS(ExperimentConfig::parse("searcher:\n  name: single\n   metric: x\n", "bad.yaml"),
                        doctest::Contains("YAML syntax error"), ConfigError);
   CHECK_THROWS_WITH_AS(ExperimentConfig::parse("scheduling_unit: lots\n", "c.yaml"),
@@ -287,8 +290,9 @@ searcher:
                        ConfigError);
   CHECK_THROWS_WITH_AS(ExperimentConfig::parse("searcher: {name: grd, metric: m}\n", "s.yaml"),
                        doctest::Contains("unknown searcher 'grd'; did you mean 'grid'?"), ConfigError);
-  CHECK_THROWS_WITH_AS(ExperimentConfig::parse("searcher: {name: adaptive_asha, metric: m, max_trials: 4, max_time: 9, divisor: 1}\n", "d.yaml"),
-                       doctest::Contains("d.yaml:1:81: searcher.divisor must be greater than 1"), ConfigError);
+  CHECK_THROWS_WITH_AS(
+      ExperimentConfig::parse("searcher: {name: adaptive_asha, metric: m, max_trials: 4, max_time: 9, divisor: 1}\n", "d.yaml"),
+      doctest::Contains("d.yaml:1:81: searcher.divisor must be greater than 1"), ConfigError);
   CHECK_THROWS_WITH_AS(ExperimentConfig::parse("searcher: {name: random, metric: m, max_trials: 0}\n", "t.yaml"),
                        doctest::Contains("searcher.max_trials must be at least 1"), ConfigError);
 }

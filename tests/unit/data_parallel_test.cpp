@@ -82,8 +82,8 @@ struct UnevenTrial {
 
   explicit UnevenTrial(Context& c)
       : context(c),
-        model(c.wrap_model(torch::nn::Sequential(torch::nn::Linear(3, 8), torch::nn::Tanh(), torch::nn::Dropout(0.2),
-                                                 torch::nn::Linear(8, 1)))),
+        model(c.wrap_model(
+            torch::nn::Sequential(torch::nn::Linear(3, 8), torch::nn::Tanh(), torch::nn::Dropout(0.2), torch::nn::Linear(8, 1)))),
         opt(model->parameters(), torch::optim::SGDOptions(0.05).momentum(0.5)),
         scheduler(opt, /*step_size=*/1, /*gamma=*/0.5) {
     c.wrap_optimizer(opt);
@@ -233,7 +233,8 @@ TEST_CASE("child process: a rank on uneven data" * doctest::skip()) {
   // No seed anywhere: the ranks must still shuffle alike.
   Context context(Hyperparameters::parse("global_batch_size: 6\n"), ContextOptions{.aggregation_frequency = 2, .communicator = comm});
   LocalOnly local;
-  CHECK_THROWS_WITH_AS(context.wrap_reducer(local, "local"), doctest::Contains("has only reduce(), which sees one rank's data"), TrialError);
+  CHECK_THROWS_WITH_AS(context.wrap_reducer(local, "local"), doctest::Contains("has only reduce(), which sees one rank's data"),
+                       TrialError);
 
   Trainer<UnevenTrial> trainer(context);
   FitOptions o{.max_length = Epoch(epochs), .validation_period = Epoch(1), .reporting_period = Batch(5)};
@@ -293,8 +294,8 @@ TEST_CASE("a function reducer interleaves the ranks' values back into batch orde
   sum.update(2);
   sum.update(3);
   CHECK(sum.cross_slot_reduce({sum.per_slot_reduce(), {10}}) == 15);
-  auto& rows = context.wrap_reducer<torch::Tensor>([](const std::vector<torch::Tensor>& t) { return torch::cat(t).sum().item<double>(); },
-                                                   "rows");
+  auto& rows =
+      context.wrap_reducer<torch::Tensor>([](const std::vector<torch::Tensor>& t) { return torch::cat(t).sum().item<double>(); }, "rows");
   rows.update(torch::ones({2}));
   CHECK(rows.cross_slot_reduce({rows.per_slot_reduce(), {torch::ones({3})}}) == 5);
 
@@ -328,8 +329,8 @@ TEST_CASE("the built-in launcher's CPU shares: contiguous, one rank's at most on
 }
 
 TEST_CASE("child process: a rank reports the CPUs it may run on" * doctest::skip()) {
-  std::ofstream(fs::path(std::getenv("DETTRIAL_CHILD_OUT")) / ("rank" + std::string(std::getenv("RANK")))) << cpu_list_text(allowed_cpus()) << ' '
-                                                                                                         << (std::getenv("DETTRIAL_RANK_CPUS") ? std::getenv("DETTRIAL_RANK_CPUS") : "unbound");
+  std::ofstream(fs::path(std::getenv("DETTRIAL_CHILD_OUT")) / ("rank" + std::string(std::getenv("RANK"))))
+      << cpu_list_text(allowed_cpus()) << ' ' << (std::getenv("DETTRIAL_RANK_CPUS") ? std::getenv("DETTRIAL_RANK_CPUS") : "unbound");
 }
 
 TEST_CASE("the built-in launcher binds each rank to its own CPUs, and leaves them unbound when asked") {
@@ -342,7 +343,8 @@ TEST_CASE("the built-in launcher binds each rank to its own CPUs, and leaves the
   fs::create_directories(dir);
   ::setenv("DETTRIAL_CHILD_OUT", dir.c_str(), 1);
   const std::string self = fs::read_symlink("/proc/self/exe").string();
-  const std::vector<std::string> args{self, "--test-case=child process: a rank reports the CPUs it may run on", "--no-skip", "--no-version"};
+  const std::vector<std::string> args{self, "--test-case=child process: a rank reports the CPUs it may run on", "--no-skip",
+                                      "--no-version"};
   auto ranks = [&](bool bind) {
     for (int r = 0; r < 2; ++r) fs::remove(dir / ("rank" + std::to_string(r)));
     REQUIRE(dettrial::detail::launch_local(args, 2, std::chrono::seconds(30), bind) == 0);
@@ -402,8 +404,11 @@ TEST_CASE("threads per rank: the user's setting wins, else Slurm's, the launcher
   CHECK(choose_threads(builtin, std::nullopt, CoreCount{.available = 8, .online = 16}, no_env).threads == 2);
 
   // srun: SLURM_CPUS_PER_TASK when given, else the tasks on this node from the task layout.
-  std::map<std::string, std::string> slurm_vars = {{"SLURM_PROCID", "2"}, {"SLURM_NTASKS", "5"}, {"SLURM_NODEID", "1"},
-                                                   {"SLURM_TASKS_PER_NODE", "2(x2),1"}, {"SLURM_JOB_NODELIST", "n[1-3]"}};
+  std::map<std::string, std::string> slurm_vars = {{"SLURM_PROCID", "2"},
+                                                   {"SLURM_NTASKS", "5"},
+                                                   {"SLURM_NODEID", "1"},
+                                                   {"SLURM_TASKS_PER_NODE", "2(x2),1"},
+                                                   {"SLURM_JOB_NODELIST", "n[1-3]"}};
   const auto slurm = env_of(slurm_vars);
   CHECK(slurm.local_size == 2);
   CHECK(choose_threads(slurm, std::nullopt, machine, no_env).threads == 8);
@@ -539,7 +544,8 @@ TEST_CASE("3 ranks on uneven data: evaluate_full_dataset runs on the chief over 
     const YAML::Node& mine = ranks[static_cast<std::size_t>(rank)];
     CHECK(mine["evaluations"].as<int>() == 0);  // the other ranks do not evaluate
     CHECK(mine["validations"].as<int>() == 2);
-    for (const char* name : {"val_mse", "records_seen", "index_sum"}) CHECK(mine[name].as<std::string>() == ranks[0][name].as<std::string>());
+    for (const char* name : {"val_mse", "records_seen", "index_sum"})
+      CHECK(mine[name].as<std::string>() == ranks[0][name].as<std::string>());
     CHECK(mine["params"].as<std::string>() == ranks[0]["params"].as<std::string>());
   }
 }

@@ -406,9 +406,8 @@ TEST_CASE("DataLoader: every misuse of a sampler or batch sampler is named") {
                        "DataLoader: the sampler gave 9 records in epoch 1 but 10 in epoch 0; every epoch must have the same "
                        "length (repeat, shard and skip count on it)",
                        DataError);
-  auto fewer = loader_of(10, {.batch_sampler = [](std::int64_t epoch) {
-                                return std::vector<torch::Tensor>(epoch == 0 ? 3 : 2, torch::arange(3));
-                              }});
+  auto fewer =
+      loader_of(10, {.batch_sampler = [](std::int64_t epoch) { return std::vector<torch::Tensor>(epoch == 0 ? 3 : 2, torch::arange(3)); }});
   CHECK_THROWS_WITH_AS(batches_of(fewer.batches({.repeat = true}), 4),
                        doctest::Contains("the batch_sampler gave 2 batches in epoch 1 but 3 in epoch 0"), DataError);
 
@@ -417,25 +416,22 @@ TEST_CASE("DataLoader: every misuse of a sampler or batch sampler is named") {
                        "DataLoader: the sampler gave record index 12 in epoch 0, but the dataset has 10 records", DataError);
   CHECK_THROWS_WITH_AS(loader_of(10, {.batch_size = 2, .sampler = [](std::int64_t) { return torch::tensor({-1, 2}); }}),
                        doctest::Contains("gave record index -1 in epoch 0"), DataError);
-  CHECK_THROWS_WITH_AS(loader_of(10, {.batch_sampler = [](std::int64_t) {
-                                   return std::vector<torch::Tensor>{torch::tensor({1, 2}), torch::tensor({10})};
-                                 }}),
-                       "DataLoader: batch 1 of the batch_sampler gave record index 10 in epoch 0, but the dataset has 10 records",
-                       DataError);
+  CHECK_THROWS_WITH_AS(
+      loader_of(10, {.batch_sampler = [](std::int64_t) { return std::vector<torch::Tensor>{torch::tensor({1, 2}), torch::tensor({10})}; }}),
+      "DataLoader: batch 1 of the batch_sampler gave record index 10 in epoch 0, but the dataset has 10 records", DataError);
   // Not 1-D integer indices, nothing to read.
   CHECK_THROWS_WITH_AS(loader_of(10, {.sampler = [](std::int64_t) { return torch::zeros({2, 2}, torch::kLong); }}),
-                       doctest::Contains("the sampler must give a 1-D tensor of record indices, not a 2-D tensor in epoch 0"),
-                       DataError);
+                       doctest::Contains("the sampler must give a 1-D tensor of record indices, not a 2-D tensor in epoch 0"), DataError);
   CHECK_THROWS_WITH_AS(loader_of(10, {.sampler = [](std::int64_t) { return torch::arange(0., 3.); }}),
                        doctest::Contains("the sampler must give integer record indices, not Float in epoch 0"), DataError);
   CHECK_THROWS_WITH_AS(loader_of(10, {.sampler = [](std::int64_t) { return torch::empty({0}, torch::kLong); }}),
                        "DataLoader: the sampler gave no records in epoch 0", DataError);
   CHECK_THROWS_WITH_AS(loader_of(10, {.batch_sampler = [](std::int64_t) { return std::vector<torch::Tensor>{}; }}),
                        "DataLoader: the batch_sampler gave no batches in epoch 0", DataError);
-  CHECK_THROWS_WITH_AS(loader_of(10, {.batch_sampler = [](std::int64_t) {
-                                   return std::vector<torch::Tensor>{torch::tensor({1}), torch::empty({0}, torch::kLong)};
-                                 }}),
-                       "DataLoader: batch 1 of the batch_sampler is empty in epoch 0", DataError);
+  CHECK_THROWS_WITH_AS(
+      loader_of(10, {.batch_sampler =
+                         [](std::int64_t) { return std::vector<torch::Tensor>{torch::tensor({1}), torch::empty({0}, torch::kLong)}; }}),
+      "DataLoader: batch 1 of the batch_sampler is empty in epoch 0", DataError);
   CHECK_THROWS_WITH_AS(loader_of(10, {.batch_size = 8, .drop_last = true, .sampler = evens}),
                        "DataLoader: batch_size 8 is larger than the sampler's 5 records, so drop_last leaves no batch", DataError);
 
@@ -500,7 +496,8 @@ TEST_CASE("read_idx reads raw and gzip IDX files and names what is wrong with br
 
 TEST_CASE("real data: Fashion-MNIST from Debian's dataset-fashion-mnist") {
   const std::filesystem::path dir = "/usr/share/datasets/fashion-mnist";
-  if (!std::filesystem::exists(dir / "train-images-idx3-ubyte.gz")) return test::skip("Debian's dataset-fashion-mnist is not installed (scripts/test installs it)");
+  if (!std::filesystem::exists(dir / "train-images-idx3-ubyte.gz"))
+    return test::skip("Debian's dataset-fashion-mnist is not installed (scripts/test installs it)");
   const MnistSplit train = load_mnist(dir, "train");
   const MnistSplit test = load_mnist(dir, "t10k");
   CHECK(train.images.sizes() == torch::IntArrayRef({60000, 28, 28}));

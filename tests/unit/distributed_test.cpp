@@ -117,8 +117,8 @@ class OneDeviceBackend final : public dettrial::detail::C10dBackend {
     std::vector<at::Tensor> host;
     for (const at::Tensor& t : tensors) {
       if (t.device() != device_)
-        throw std::runtime_error(what + " was given a tensor on " + t.device().str() + "; this backend takes tensors on " +
-                                 device_.str() + " only");
+        throw std::runtime_error(what + " was given a tensor on " + t.device().str() + "; this backend takes tensors on " + device_.str() +
+                                 " only");
       host.push_back(t.cpu());
     }
     ++seen[what];
@@ -184,9 +184,15 @@ TEST_CASE("the launcher's environment gives rank, world size and rendezvous") {
   CHECK(detect({}).launcher == Launcher::single);
   CHECK(!detect({}).distributed());
 
-  const LaunchEnvironment torchrun = detect({{"RANK", "3"}, {"GROUP_RANK", "1"}, {"LOCAL_RANK", "1"}, {"LOCAL_WORLD_SIZE", "2"},
-                                             {"WORLD_SIZE", "4"}, {"MASTER_ADDR", "node7"}, {"MASTER_PORT", "29400"},
-                                             {"TORCHELASTIC_USE_AGENT_STORE", "True"}, {"TORCHELASTIC_RESTART_COUNT", "2"}});
+  const LaunchEnvironment torchrun = detect({{"RANK", "3"},
+                                             {"GROUP_RANK", "1"},
+                                             {"LOCAL_RANK", "1"},
+                                             {"LOCAL_WORLD_SIZE", "2"},
+                                             {"WORLD_SIZE", "4"},
+                                             {"MASTER_ADDR", "node7"},
+                                             {"MASTER_PORT", "29400"},
+                                             {"TORCHELASTIC_USE_AGENT_STORE", "True"},
+                                             {"TORCHELASTIC_RESTART_COUNT", "2"}});
   CHECK(torchrun.launcher == Launcher::torchrun);
   CHECK(torchrun.rank == 3);
   CHECK(torchrun.size == 4);
@@ -196,16 +202,19 @@ TEST_CASE("the launcher's environment gives rank, world size and rendezvous") {
   CHECK(torchrun.agent_store);
   CHECK(torchrun.store_prefix == "/worker/attempt_2");
 
-  const LaunchEnvironment slurm = detect({{"SLURM_PROCID", "5"}, {"SLURM_NTASKS", "8"}, {"SLURM_LOCALID", "1"},
-                                          {"SLURM_JOB_NODELIST", "gpu[03-06,9],cpu1"}, {"SLURM_JOB_ID", "123456"}});
+  const LaunchEnvironment slurm = detect({{"SLURM_PROCID", "5"},
+                                          {"SLURM_NTASKS", "8"},
+                                          {"SLURM_LOCALID", "1"},
+                                          {"SLURM_JOB_NODELIST", "gpu[03-06,9],cpu1"},
+                                          {"SLURM_JOB_ID", "123456"}});
   CHECK(slurm.launcher == Launcher::slurm);
   CHECK(slurm.rank == 5);
   CHECK(slurm.size == 8);
   CHECK(slurm.master_addr == "gpu03");
   CHECK(slurm.master_port == 10000 + 123456 % 20000);
 
-  const LaunchEnvironment ompi = detect({{"OMPI_COMM_WORLD_RANK", "1"}, {"OMPI_COMM_WORLD_SIZE", "2"},
-                                         {"OMPI_COMM_WORLD_LOCAL_RANK", "1"}, {"MASTER_PORT", "30000"}});
+  const LaunchEnvironment ompi =
+      detect({{"OMPI_COMM_WORLD_RANK", "1"}, {"OMPI_COMM_WORLD_SIZE", "2"}, {"OMPI_COMM_WORLD_LOCAL_RANK", "1"}, {"MASTER_PORT", "30000"}});
   CHECK(ompi.launcher == Launcher::mpi);
   CHECK(ompi.rank == 1);
   CHECK(ompi.size == 2);
@@ -274,8 +283,7 @@ TEST_CASE("2 ranks with Gloo train as one process does with the whole batch" * d
   check_matches_one_process(dir, 50);
 }
 
-TEST_CASE("a backend that takes tensors on one device only (as NCCL does) gets every collective's tensors there" *
-          doctest::timeout(150)) {
+TEST_CASE("a backend that takes tensors on one device only (as NCCL does) gets every collective's tensors there" * doctest::timeout(150)) {
   if (test::skip_without_gloo()) return;
   const fs::path dir = test::quiet({}).output_dir;
   fs::create_directories(dir);
@@ -318,10 +326,11 @@ TEST_CASE("NCCL with more ranks on a node than GPUs is refused before the rendez
   env.size = 3;
   env.local_size = gpus + 1;
   env.master_port = 1;
-  const std::string expected = "the NCCL backend takes one GPU per rank, and this node runs " + std::to_string(gpus + 1) + " rank(s) but sees " +
-                               (gpus == 0 ? std::string("no GPU") : std::to_string(gpus) + " GPU(s)") +
+  const std::string expected = "the NCCL backend takes one GPU per rank, and this node runs " + std::to_string(gpus + 1) +
+                               " rank(s) but sees " + (gpus == 0 ? std::string("no GPU") : std::to_string(gpus) + " GPU(s)") +
                                "; start at most one rank per GPU, or use the Gloo backend";
-  CHECK_THROWS_WITH_AS(Communicator::create(env, std::chrono::seconds(5), backend::nccl{}), doctest::Contains(expected.c_str()), DistributedError);
+  CHECK_THROWS_WITH_AS(Communicator::create(env, std::chrono::seconds(5), backend::nccl{}), doctest::Contains(expected.c_str()),
+                       DistributedError);
 }
 
 namespace {

@@ -105,7 +105,8 @@ TEST_CASE("callbacks hear the validation epoch around evaluate_batch, and a chec
   FitOptions o = test::quiet({.max_length = Batch(8), .validation_period = Batch(4), .checkpoint_period = Batch(4)});
   const FitResult r = trainer.fit(o, recorder);
   // Three batches of 4 validation records and one of 3... as 11 records in batches of 4: 4, 4, 3.
-  const std::vector<std::string> one_validation = {"validation_start", "validation_epoch_start", "validation_epoch_end 3", "validation_end"};
+  const std::vector<std::string> one_validation = {"validation_start", "validation_epoch_start", "validation_epoch_end 3",
+                                                   "validation_end"};
   std::vector<std::string> expected;
   for (int i = 0; i < 2; ++i) {
     expected.insert(expected.end(), one_validation.begin(), one_validation.end());

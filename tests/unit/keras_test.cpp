@@ -39,13 +39,11 @@ struct ClusterTrial {
     torch::nn::Sequential model(torch::nn::Linear(2, 16), torch::nn::ReLU(), torch::nn::Linear(16, 3));
     keras::initialize_like_keras(*model);
     model = context.wrap_model(model);
-    return keras::compile(model, {.optimizer = "adam", .loss = keras::losses::sparse_categorical_crossentropy(true),
-                                  .metrics = {"accuracy"}});
+    return keras::compile(model,
+                          {.optimizer = "adam", .loss = keras::losses::sparse_categorical_crossentropy(true), .metrics = {"accuracy"}});
   }
   keras::InMemorySequence build_training_data_loader() { return {.data = data.x, .labels = data.y, .batch_size = 32}; }
-  keras::InMemorySequence build_validation_data_loader() {
-    return {.data = data.x, .labels = data.y, .batch_size = 30, .shuffle = false};
-  }
+  keras::InMemorySequence build_validation_data_loader() { return {.data = data.x, .labels = data.y, .batch_size = 30, .shuffle = false}; }
 };
 
 /// Builds its model without wrapping it (dettrial wraps it), with an optimizer object, and stops early.
@@ -69,7 +67,8 @@ std::vector<torch::Tensor> weights(Context& c) { return test::parameters_of(c); 
 /// A tensor for the Python checks: {"shape": [...], "values": [...]} (doubles, on the CPU).
 nlohmann::json tensor_json(const torch::Tensor& t) {
   const torch::Tensor flat = t.detach().to(torch::kCPU, torch::kDouble).contiguous().reshape({-1});
-  return nlohmann::json{{"shape", t.sizes().vec()}, {"values", std::vector<double>(flat.data_ptr<double>(), flat.data_ptr<double>() + flat.numel())}};
+  return nlohmann::json{{"shape", t.sizes().vec()},
+                        {"values", std::vector<double>(flat.data_ptr<double>(), flat.data_ptr<double>() + flat.numel())}};
 }
 
 }  // namespace
@@ -88,8 +87,8 @@ TEST_CASE("keras::compile resolves names as Keras does, and names what it does n
   auto categorical = keras::compile(model, {.loss = keras::losses::categorical_crossentropy(), .metrics = {"accuracy"}});
   CHECK(categorical.metrics[0].kind == keras::CompiledMetric::Kind::categorical_accuracy);
   CHECK(dynamic_cast<torch::optim::RMSprop*>(categorical.optimizer.get()) != nullptr);  // Keras's default optimizer
-  CHECK_THROWS_WITH_AS(keras::compile(model, {.optimizer = "adamm"}),
-                       doctest::Contains("unknown optimizer 'adamm'; did you mean 'adam'?"), ConfigError);
+  CHECK_THROWS_WITH_AS(keras::compile(model, {.optimizer = "adamm"}), doctest::Contains("unknown optimizer 'adamm'; did you mean 'adam'?"),
+                       ConfigError);
   CHECK_THROWS_WITH_AS(keras::compile(model, {.metrics = {"acuracy"}}),
                        doctest::Contains("unknown metric 'acuracy'; did you mean 'accuracy'?"), ConfigError);
   CHECK_THROWS_WITH_AS(keras::compile(model, {.metrics = {"loss"}}), doctest::Contains("'loss' is always reported"), ConfigError);
@@ -107,8 +106,8 @@ TEST_CASE("Keras's losses and metrics: the batch means Keras computes") {
   // Labels of shape (N, 1), as keras.datasets gives some: squeezed as Keras does.
   CHECK(loss_value(keras::losses::sparse_categorical_crossentropy(true), logits, labels.unsqueeze(1)).item<double>() ==
         doctest::Approx(expected));
-  CHECK(keras::detail::metric_value(keras::CompiledMetric::Kind::sparse_categorical_accuracy, logits, labels.unsqueeze(1))
-            .item<double>() == doctest::Approx(2.0 / 3.0));
+  CHECK(keras::detail::metric_value(keras::CompiledMetric::Kind::sparse_categorical_accuracy, logits, labels.unsqueeze(1)).item<double>() ==
+        doctest::Approx(2.0 / 3.0));
   // Outputs under autocast (bf16) give the loss in float32.
   CHECK((loss_value(keras::losses::sparse_categorical_crossentropy(true), logits.to(torch::kBFloat16), labels).scalar_type() ==
          torch::kFloat));
@@ -128,8 +127,8 @@ TEST_CASE("a Keras-style trial trains under Trainer: loss and accuracy, val_ nam
   Context context(test::hparams(), ContextOptions{.trial_seed = 3});
   Trainer<ClusterTrial> trainer(context);
   static_assert(std::is_same_v<decltype(trainer.trial()), ClusterTrial&>);
-  const FitResult r = trainer.fit(test::quiet({.max_length = Epoch(200), .validation_period = Epoch(50),
-                                               .searcher_metric = "val_accuracy", .smaller_is_better = false}));
+  const FitResult r = trainer.fit(test::quiet(
+      {.max_length = Epoch(200), .validation_period = Epoch(50), .searcher_metric = "val_accuracy", .smaller_is_better = false}));
   CHECK(r.batches_trained == 600);  // 3 batches an epoch (32, 32, 26)
   CHECK(r.last_training_metrics.contains("loss"));
   CHECK(r.last_training_metrics.contains("accuracy"));
@@ -294,21 +293,29 @@ TEST_CASE("keras::WeightedSequence: sample and class weights weigh each sample's
     CHECK(weighted_loss_value(c.loss, c.y_pred, c.y_true, torch::ones({6})).item<double>() ==
           doctest::Approx(keras::detail::loss_value(c.loss, c.y_pred, c.y_true).item<double>()).epsilon(1e-6));
     const double value = weighted_loss_value(c.loss, c.y_pred, c.y_true, weights).item<double>();
-    out.push_back({{"loss", c.name}, {"from_logits", c.from_logits}, {"y_true", as_json_array(c.y_true)},
-                   {"y_pred", as_json_array(c.y_pred)}, {"sample_weight", as_json_array(weights)}, {"value", value}});
+    out.push_back({{"loss", c.name},
+                   {"from_logits", c.from_logits},
+                   {"y_true", as_json_array(c.y_true)},
+                   {"y_pred", as_json_array(c.y_pred)},
+                   {"sample_weight", as_json_array(weights)},
+                   {"value", value}});
   }
   if (const char* keep = std::getenv("DETTRIAL_KERAS_DIR")) {
     fs::create_directories(keep);
     std::ofstream(fs::path(keep) / "weighted_losses.json") << out.dump();
   }
   // Sample weights times class weights; a label without a class weight weighs 1.
-  const keras::WeightedSequence both{.data = torch::zeros({4, 2}), .labels = torch::tensor({0, 1, 2, 1}),
-                                     .sample_weights = torch::tensor({1.0, 2.0, 3.0, 4.0}), .class_weight = {{1, 0.5}, {2, 2.0}}};
+  const keras::WeightedSequence both{.data = torch::zeros({4, 2}),
+                                     .labels = torch::tensor({0, 1, 2, 1}),
+                                     .sample_weights = torch::tensor({1.0, 2.0, 3.0, 4.0}),
+                                     .class_weight = {{1, 0.5}, {2, 2.0}}};
   CHECK(torch::equal(keras::detail::combined_weights(both), torch::tensor({1.0f, 1.0f, 6.0f, 2.0f})));
-  CHECK_THROWS_WITH_AS(keras::detail::combined_weights({.data = torch::zeros({4, 2}), .labels = torch::zeros({4}), .sample_weights = torch::ones({3})}),
-                       "keras::WeightedSequence has 4 inputs but 3 sample weights", TrialError);
-  CHECK_THROWS_WITH_AS(weighted_loss_value(L::Custom([](const torch::Tensor& p, const torch::Tensor&) { return p.sum(); }), logits, labels, weights),
-                       doctest::Contains("a custom loss returns one number for the batch"), TrialError);
+  CHECK_THROWS_WITH_AS(
+      keras::detail::combined_weights({.data = torch::zeros({4, 2}), .labels = torch::zeros({4}), .sample_weights = torch::ones({3})}),
+      "keras::WeightedSequence has 4 inputs but 3 sample weights", TrialError);
+  CHECK_THROWS_WITH_AS(
+      weighted_loss_value(L::Custom([](const torch::Tensor& p, const torch::Tensor&) { return p.sum(); }), logits, labels, weights),
+      doctest::Contains("a custom loss returns one number for the batch"), TrialError);
 }
 
 TEST_CASE("keras::WeightedSequence trains weighted: weights of 2 step as twice the learning rate; class_weight only for training") {
@@ -319,8 +326,10 @@ TEST_CASE("keras::WeightedSequence trains weighted: weights of 2 step as twice t
     trainer.fit(test::quiet({.max_length = Batch(3), .validation_period = Batch(3)}));
     return test::parameters_of(context);
   };
-  const auto doubled = run(0.05, {.data = data.x, .labels = data.y, .sample_weights = torch::full({90}, 2.0), .batch_size = 32, .shuffle = false});
-  const auto by_class = run(0.05, {.data = data.x, .labels = data.y, .class_weight = {{0, 2.0}, {1, 2.0}, {2, 2.0}}, .batch_size = 32, .shuffle = false});
+  const auto doubled =
+      run(0.05, {.data = data.x, .labels = data.y, .sample_weights = torch::full({90}, 2.0), .batch_size = 32, .shuffle = false});
+  const auto by_class =
+      run(0.05, {.data = data.x, .labels = data.y, .class_weight = {{0, 2.0}, {1, 2.0}, {2, 2.0}}, .batch_size = 32, .shuffle = false});
   const auto plain = run(0.1, {.data = data.x, .labels = data.y, .batch_size = 32, .shuffle = false});
   REQUIRE(doubled.size() == plain.size());
   for (std::size_t i = 0; i < plain.size(); ++i) {
@@ -347,7 +356,7 @@ namespace {
 struct EpochLog {
   double loss, accuracy, val_loss, val_accuracy;
 };
-const std::vector<EpochLog> epoch_logs = {{1.1, 0.45, 1.0, 0.5},     {0.9, 0.55, 0.8, 0.6},     {0.85, 0.58, 0.8, 0.6},
+const std::vector<EpochLog> epoch_logs = {{1.1, 0.45, 1.0, 0.5},      {0.9, 0.55, 0.8, 0.6},    {0.85, 0.58, 0.8, 0.6},
                                           {0.84, 0.6, 0.79995, 0.61}, {0.86, 0.57, 0.85, 0.55}, {0.75, 0.66, 0.7, 0.7},
                                           {0.74, 0.68, 0.7, 0.7},     {0.73, 0.69, 0.71, 0.69}};
 MetricValues training_of(const EpochLog& e) {
@@ -399,7 +408,8 @@ TEST_CASE("Keras's callbacks over eight epochs: ReduceLROnPlateau, EarlyStopping
   }
   // Worked by hand from Keras 3's rules (monitor - min_delta strictly better; patience counted
   // after the cooldown; the rate halved to float32 0.005, then 0.0025 above min_lr).
-  const std::vector<double> expected_lrs = {0.01, 0.01, 0.01, double(0.005f), double(0.005f), double(0.005f), double(0.005f), double(0.0025f)};
+  const std::vector<double> expected_lrs = {0.01,           0.01,           0.01,           double(0.005f),
+                                            double(0.005f), double(0.005f), double(0.005f), double(0.0025f)};
   CHECK(lrs == expected_lrs);
   CHECK(stopped_epoch == 7);
   std::vector<std::string> saved;
@@ -421,13 +431,16 @@ TEST_CASE("Keras's callbacks over eight epochs: ReduceLROnPlateau, EarlyStopping
   MetricValues logs;
   logs.set("val_loss", 0.123456);
   CHECK(keras::detail::python_format("m-{epoch:03d}-{val_loss:.2f}-{val_loss}-{{x}}", 7, logs, "t") == "m-007-0.12-0.123456-{x}");
-  CHECK_THROWS_WITH_AS(keras::detail::python_format("m-{val_acc:.2f}", 1, logs, "keras::ModelCheckpoint"),
-                       doctest::Contains("keras::ModelCheckpoint: cannot format 'm-{val_acc:.2f}': no value named 'val_acc' (there are epoch, val_loss)"),
+  CHECK_THROWS_WITH_AS(
+      keras::detail::python_format("m-{val_acc:.2f}", 1, logs, "keras::ModelCheckpoint"),
+      doctest::Contains("keras::ModelCheckpoint: cannot format 'm-{val_acc:.2f}': no value named 'val_acc' (there are epoch, val_loss)"),
+      ConfigError);
+  CHECK_THROWS_WITH_AS(keras::detail::python_format("{val_loss:d}", 1, logs, "t"), doctest::Contains("Unknown format code 'd'"),
                        ConfigError);
-  CHECK_THROWS_WITH_AS(keras::detail::python_format("{val_loss:d}", 1, logs, "t"), doctest::Contains("Unknown format code 'd'"), ConfigError);
 
   // Refusals in Keras's words, or one sentence where Keras would guess.
-  CHECK_THROWS_WITH_AS(keras::ReduceLROnPlateau(lr_context, {.factor = 1.0}), doctest::Contains("does not support a factor >= 1.0"), ConfigError);
+  CHECK_THROWS_WITH_AS(keras::ReduceLROnPlateau(lr_context, {.factor = 1.0}), doctest::Contains("does not support a factor >= 1.0"),
+                       ConfigError);
   CHECK_THROWS_WITH_AS(keras::EarlyStopping(stop_context, {.monitor = "val_f1"}),
                        doctest::Contains("cannot tell whether 'val_f1' should be maximized or minimized"), ConfigError);
 
@@ -464,14 +477,16 @@ struct LoggingTrial : ClusterTrial {
 FitResult logging_run(const fs::path& dir, std::int64_t length, std::optional<fs::path> resume = std::nullopt) {
   Context context(test::hparams(), ContextOptions{.trial_seed = 5});
   Trainer<LoggingTrial> trainer(context, dir);
-  FitOptions o = test::quiet({.max_length = Batch(length), .validation_period = Batch(3), .checkpoint_period = Batch(3),
-                              .reporting_period = Batch(2)});
+  FitOptions o = test::quiet(
+      {.max_length = Batch(length), .validation_period = Batch(3), .checkpoint_period = Batch(3), .reporting_period = Batch(2)});
   o.latest_checkpoint = std::move(resume);
   return trainer.fit(o);
 }
 }  // namespace
 
-TEST_CASE("keras::CSVLogger and ModelCheckpoint in a fit: a row per validation with the training means since the last, and a resumed run writes no row twice") {
+TEST_CASE(
+    "keras::CSVLogger and ModelCheckpoint in a fit: a row per validation with the training means since the last, and a resumed run writes "
+    "no row twice") {
   const fs::path straight = test::quiet({}).output_dir, split = test::quiet({}).output_dir;
   logging_run(straight, 12);
   const std::string rows = test::read_text(straight / "log.csv");
@@ -529,8 +544,8 @@ struct RankedKerasTrial {
   auto build_model() {
     torch::nn::Sequential model(torch::nn::Linear(2, 16), torch::nn::ReLU(), torch::nn::Linear(16, 3));
     keras::initialize_like_keras(*model);
-    return keras::compile(context.wrap_model(model), {.optimizer = "adam", .loss = keras::losses::sparse_categorical_crossentropy(true),
-                                                      .metrics = {"accuracy"}});
+    return keras::compile(context.wrap_model(model),
+                          {.optimizer = "adam", .loss = keras::losses::sparse_categorical_crossentropy(true), .metrics = {"accuracy"}});
   }
   keras::InMemorySequence build_training_data_loader() {
     return {.data = train.x, .labels = train.y, .batch_size = context.get_per_slot_batch_size()};
@@ -572,7 +587,8 @@ TEST_CASE("a Keras-style trial on 2 ranks trains and validates as one process wi
   const FitResult one = ranked_keras_fit(context, test::quiet({}).output_dir, &a);
 
   std::vector<nlohmann::json> ranks;
-  for (int rank = 0; rank < 2; ++rank) ranks.push_back(nlohmann::json::parse(test::read_text(dir / ("rank" + std::to_string(rank) + ".json"))));
+  for (int rank = 0; rank < 2; ++rank)
+    ranks.push_back(nlohmann::json::parse(test::read_text(dir / ("rank" + std::to_string(rank) + ".json"))));
   CHECK(ranks[0] == ranks[1]);  // every rank reports the job's metrics
   // Validation over all 91 records, each batch weighted by its records across the ranks' shards.
   CHECK(ranks[0]["val_loss"].get<double>() == doctest::Approx(one.last_validation_metrics.at("val_loss")).epsilon(1e-5));
@@ -617,12 +633,13 @@ struct TwoInputTrial {
   auto build_model() {
     TwoInputNet<ByName> model;
     keras::initialize_like_keras(*model);
-    return keras::compile(context.wrap_model(model), {.optimizer = "adam", .loss = keras::losses::sparse_categorical_crossentropy(true),
-                                                      .metrics = {"accuracy"}});
+    return keras::compile(context.wrap_model(model),
+                          {.optimizer = "adam", .loss = keras::losses::sparse_categorical_crossentropy(true), .metrics = {"accuracy"}});
   }
   auto sequence(std::int64_t batch_size, bool shuffle) {
     if constexpr (ByName)
-      return keras::DictInputSequence{.inputs = {{"a", data.x}, {"b", extra}}, .labels = data.y, .batch_size = batch_size, .shuffle = shuffle};
+      return keras::DictInputSequence{
+          .inputs = {{"a", data.x}, {"b", extra}}, .labels = data.y, .batch_size = batch_size, .shuffle = shuffle};
     else return keras::MultiInputSequence{.inputs = {data.x, extra}, .labels = data.y, .batch_size = batch_size, .shuffle = shuffle};
   }
   auto build_training_data_loader() { return sequence(32, true); }
@@ -653,9 +670,15 @@ void check_two_inputs(const char* name) {
   CHECK(r.last_validation_metrics.at("val_accuracy") == doctest::Approx(accuracy).epsilon(1e-6));  // float32 batch means
   // For Keras itself (tests/python/keras_evaluate.py): a functional model of two inputs, same weights.
   if (const char* keep = std::getenv("DETTRIAL_KERAS_DIR")) {
-    nlohmann::json out = {{"by_name", ByName}, {"a", tensor_json(fresh.data.x)}, {"b", tensor_json(fresh.extra)}, {"y", tensor_json(fresh.data.y)},
-                          {"kernel", tensor_json(model->dense->weight)}, {"bias", tensor_json(model->dense->bias)}, {"batch_size", 30},
-                          {"val_loss", r.last_validation_metrics.at("val_loss")}, {"val_accuracy", r.last_validation_metrics.at("val_accuracy")}};
+    nlohmann::json out = {{"by_name", ByName},
+                          {"a", tensor_json(fresh.data.x)},
+                          {"b", tensor_json(fresh.extra)},
+                          {"y", tensor_json(fresh.data.y)},
+                          {"kernel", tensor_json(model->dense->weight)},
+                          {"bias", tensor_json(model->dense->bias)},
+                          {"batch_size", 30},
+                          {"val_loss", r.last_validation_metrics.at("val_loss")},
+                          {"val_accuracy", r.last_validation_metrics.at("val_accuracy")}};
     fs::create_directories(keep);
     std::ofstream(fs::path(keep) / name) << out.dump();
   }

@@ -167,7 +167,7 @@ TEST_CASE("an inf loss skips that optimizer step and backs the scale off; traini
   std::int64_t skipped = 0;
   run(4, before, scale_before, skipped);  // up to the inf batch
   CHECK(skipped == 0);
-  run(5, after, scale_after, skipped);    // through it
+  run(5, after, scale_after, skipped);                                                       // through it
   for (std::size_t i = 0; i < before.size(); ++i) CHECK(torch::equal(before[i], after[i]));  // batch 4's step was skipped
   CHECK(skipped == 1);
   CHECK(scale_after == scale_before / 2);

@@ -35,7 +35,8 @@ data: {dir: )" DETTRIAL_MNIST10K_DIR R"(, train_split: t10k, validation_split: t
 #endif
 
 TEST_CASE("the MNIST trial learns Fashion-MNIST (a short run)") {
-  if (!std::filesystem::exists("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz")) return test::skip("Debian's dataset-fashion-mnist is not installed (scripts/test installs it)");
+  if (!std::filesystem::exists("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz"))
+    return test::skip("Debian's dataset-fashion-mnist is not installed (scripts/test installs it)");
   const FitResult r = train_mnist(R"(
 hyperparameters: {learning_rate: 0.05, dropout: 0.2, global_batch_size: 64, n_filters1: 10, n_filters2: 20}
 reproducibility: {experiment_seed: 7}
@@ -51,8 +52,8 @@ reproducibility: {experiment_seed: 7}
 // torch.load into the same network written in Python.
 TEST_CASE("a checkpoint of the MNIST trial reloads into a fresh trial and gives the same outputs") {
   const char* interop = std::getenv("DETTRIAL_INTEROP_DIR");
-  const std::filesystem::path dir =
-      interop ? std::filesystem::path(interop) : std::filesystem::temp_directory_path() / ("dettrial-interop-" + std::to_string(::getpid()));
+  const std::filesystem::path dir = interop ? std::filesystem::path(interop)
+                                            : std::filesystem::temp_directory_path() / ("dettrial-interop-" + std::to_string(::getpid()));
   std::filesystem::remove_all(dir);
   if (!std::filesystem::exists(DETTRIAL_MNIST10K_DIR)) {
     // The Python reader reports the same reason instead of failing on a missing file.
@@ -100,8 +101,9 @@ data: {dir: )" DETTRIAL_MNIST10K_DIR R"(, train_split: t10k, validation_split: t
   CHECK(loaded.context().get_hparam<std::int64_t>("n_filters2") == 20);
   loaded.model().eval();
   CHECK(torch::equal(loaded.trainer().model()->forward(input), output));
-  CHECK_THROWS_WITH_AS(load_trial_from_checkpoint_path<mnist::MnistTrial>(r.checkpoints.back().path, {.hparams = YAML::Load("{n_filters1: 12}")}),
-                       doctest::Contains("has shape"), CheckpointError);
+  CHECK_THROWS_WITH_AS(
+      load_trial_from_checkpoint_path<mnist::MnistTrial>(r.checkpoints.back().path, {.hparams = YAML::Load("{n_filters1: 12}")}),
+      doctest::Contains("has shape"), CheckpointError);
 
   StateDict io(c10::StringType::get(), c10::AnyType::get());
   io.insert("input", input.cpu());
@@ -128,11 +130,10 @@ TEST_CASE("weights written by Python load into the same network in C++") {
   if (WIFEXITED(status) && WEXITSTATUS(status) == 77) return test::skip(python + " has no torch");
   REQUIRE_MESSAGE(status == 0, command);
   auto network = [] {
-    return torch::nn::Sequential(
-        torch::nn::Conv2d(torch::nn::Conv2dOptions(1, 10, 5)), torch::nn::MaxPool2d(2), torch::nn::ReLU(),
-        torch::nn::Conv2d(torch::nn::Conv2dOptions(10, 20, 5)), torch::nn::MaxPool2d(2), torch::nn::ReLU(),
-        torch::nn::Flatten(), torch::nn::Linear(16 * 20, 50), torch::nn::ReLU(), torch::nn::Dropout(0.2),
-        torch::nn::Linear(50, 10), torch::nn::LogSoftmax(1));
+    return torch::nn::Sequential(torch::nn::Conv2d(torch::nn::Conv2dOptions(1, 10, 5)), torch::nn::MaxPool2d(2), torch::nn::ReLU(),
+                                 torch::nn::Conv2d(torch::nn::Conv2dOptions(10, 20, 5)), torch::nn::MaxPool2d(2), torch::nn::ReLU(),
+                                 torch::nn::Flatten(), torch::nn::Linear(16 * 20, 50), torch::nn::ReLU(), torch::nn::Dropout(0.2),
+                                 torch::nn::Linear(50, 10), torch::nn::LogSoftmax(1));
   };
   const StateDict io = dettrial::detail::unpickle_archive(dettrial::detail::read_file_bytes(dir / "io.pt"), dir / "io.pt").toGenericDict();
   const torch::Tensor input = io.at("input").toTensor(), output = io.at("output").toTensor();
@@ -149,8 +150,7 @@ TEST_CASE("weights written by Python load into the same network in C++") {
   // Fine-tuning: the backbone loads, the new head keeps its own values and both lists are given.
   auto net = network();
   const torch::Tensor head_before = net[10]->as<torch::nn::Linear>()->weight.clone();
-  CHECK_THROWS_WITH_AS(load_weights(net, dir / "backbone.pt"),
-                       doctest::Contains("missing from the file: '10.weight'"), CheckpointError);
+  CHECK_THROWS_WITH_AS(load_weights(net, dir / "backbone.pt"), doctest::Contains("missing from the file: '10.weight'"), CheckpointError);
   const IncompatibleKeys keys = load_weights(net, dir / "backbone.pt", {.strict = false});
   CHECK(keys.missing_keys == std::vector<std::string>{"10.weight", "10.bias"});
   CHECK(keys.unexpected_keys == std::vector<std::string>{"projection.weight"});
@@ -166,8 +166,8 @@ TEST_CASE("weights written by Python load into the same network in C++") {
   CHECK_THROWS_WITH_AS(load_weights(fresh, dir / "wrong_shape.pt", {.strict = false}),
                        doctest::Contains("size mismatch: '10.weight' is [5, 50] in the file but [10, 50] in the model"), CheckpointError);
   CHECK(torch::equal(fresh[0]->as<torch::nn::Conv2d>()->weight, conv_before));
-  CHECK_THROWS_WITH_AS(load_weights(fresh, dir / "determined", {.model_index = 1}), doctest::Contains("holds 1 model(s); model 1 was asked for"),
-                       CheckpointError);
+  CHECK_THROWS_WITH_AS(load_weights(fresh, dir / "determined", {.model_index = 1}),
+                       doctest::Contains("holds 1 model(s); model 1 was asked for"), CheckpointError);
   CHECK_THROWS_WITH_AS(load_weights(fresh, dir / "optimizer.pt"),
                        doctest::Contains("is neither a model's state dict nor a checkpoint holding one: it has 'state', 'param_groups'"),
                        CheckpointError);

@@ -94,7 +94,9 @@ TEST_CASE("a TensorBoard writer's file reads back record by record, and a torn t
   CHECK(read.records[0].find("brain.Event:2") != std::string::npos);
   for (std::int64_t step = 1; step <= 5; ++step) CHECK(tb::event_step(read.records[static_cast<std::size_t>(step)]) == step);
   // A crash mid-record: the complete records are all still read.
-  { std::ofstream(file, std::ios::app | std::ios::binary) << std::string("\x20\x00\x00\x00\x00\x00\x00\x00\x01\x02", 10); }
+  {
+    std::ofstream(file, std::ios::app | std::ios::binary) << std::string("\x20\x00\x00\x00\x00\x00\x00\x00\x01\x02", 10);
+  }
   read = tb::read_records(file);
   CHECK(read.torn);
   CHECK(read.records.size() == 10);
@@ -106,7 +108,9 @@ TEST_CASE("a TensorBoard writer's file reads back record by record, and a torn t
   }
   const std::size_t first_record = tb::frame(read.records[0]).size();
   bytes[first_record + 14] ^= 0x40;
-  { std::ofstream(file, std::ios::trunc | std::ios::binary) << bytes; }
+  {
+    std::ofstream(file, std::ios::trunc | std::ios::binary) << bytes;
+  }
   read = tb::read_records(file);
   CHECK(read.torn);
   CHECK(read.records.size() == 1);
@@ -139,9 +143,9 @@ TEST_CASE("resuming at batch N removes the stopped run's events after N from the
 }
 
 TEST_CASE("hyperparameters flatten for TensorBoard: dotted names, numbers, booleans, text") {
-  const auto flat = dettrial::detail::flat_hparams(
-      Hyperparameters::parse("global_batch_size: 8\nlr: 1.0e-3\noptimizer: adam\nnesterov: true\n"
-                             "arch: {depth: 3, act: relu}\nsizes: [1, 2]\nversion: '2'\n"));
+  const auto flat =
+      dettrial::detail::flat_hparams(Hyperparameters::parse("global_batch_size: 8\nlr: 1.0e-3\noptimizer: adam\nnesterov: true\n"
+                                                            "arch: {depth: 3, act: relu}\nsizes: [1, 2]\nversion: '2'\n"));
   std::map<std::string, HParamValue> by_name(flat.begin(), flat.end());
   CHECK(std::get<double>(by_name.at("global_batch_size")) == 8);
   CHECK(std::get<double>(by_name.at("lr")) == 1.0e-3);
@@ -259,8 +263,8 @@ TEST_CASE("set_profiler's schedule acts at every step as torch.profiler.schedule
 TEST_CASE("set_profiler: each cycle's trace in the TensorBoard folder, named for its plugin, its steps marked") {
   Context context(test::hparams(), ContextOptions{.trial_seed = 4});
   // Determined's example: skip batch 0, warm up on 1, record 2 and 3; twice.
-  context.set_profiler({.activities = {ProfilerActivity::cpu, ProfilerActivity::cuda},
-                        .schedule = {.wait = 1, .warmup = 1, .active = 2, .repeat = 2}});
+  context.set_profiler(
+      {.activities = {ProfilerActivity::cpu, ProfilerActivity::cuda}, .schedule = {.wait = 1, .warmup = 1, .active = 2, .repeat = 2}});
   Trainer<test::DeclarativeRegression> trainer(context);
   const FitResult r = trainer.fit(test::quiet({.max_length = Batch(12), .reporting_period = Batch(4)}));
   std::vector<std::filesystem::path> traces;
@@ -304,13 +308,15 @@ TEST_CASE("the profiling section maps to the fit options, and a range that canno
   CHECK(o.profiling.end_after_batch == std::optional<std::int64_t>(4));
   CHECK_FALSE(o.profiling.sync_timings);
   CHECK(ExperimentConfig::parse("searcher: {name: single, metric: loss}\nprofiling: {enabled: true}\n").ignored_fields.empty());
-  CHECK_THROWS_WITH_AS(ExperimentConfig::parse("searcher: {name: single, metric: loss}\nprofiling: {begin_on_batch: 5, end_after_batch: 2}\n", "p.yaml"),
-                       doctest::Contains("p.yaml:2:"), ConfigError);
+  CHECK_THROWS_WITH_AS(
+      ExperimentConfig::parse("searcher: {name: single, metric: loss}\nprofiling: {begin_on_batch: 5, end_after_batch: 2}\n", "p.yaml"),
+      doctest::Contains("p.yaml:2:"), ConfigError);
 }
 
 TEST_CASE("slurm.sbatch_args go to each trial's srun, and sbatch-only options are refused with the reason") {
-  const auto config = ExperimentConfig::parse("searcher: {name: single, metric: loss}\n"
-                                              "slurm: {sbatch_args: [--partition=debug, --time=01:00:00], slots_per_node: 4}\n");
+  const auto config = ExperimentConfig::parse(
+      "searcher: {name: single, metric: loss}\n"
+      "slurm: {sbatch_args: [--partition=debug, --time=01:00:00], slots_per_node: 4}\n");
   ExperimentConfig assigned;
   assigned = config;
   CHECK(assigned.slurm_args == std::vector<std::string>{"--partition=debug", "--time=01:00:00"});
@@ -387,7 +393,6 @@ const char* const run_metrics =
 {"type":"training","batches":20,"epochs":0,"samples_per_second":110.0,"seconds":{"data":0.4,"train_batch":1.4},"metrics":{"loss":null,"lr":0.05}}
 {"type":"validation","batches":20,"epochs":1,"seconds":0.25,"metrics":{"validation_loss":1.2,"accuracy":0.7}}
 {"type":"training","batches":30,"epochs":1,"samples_per)";
-
 
 TEST_CASE("a run's report: a chart per metric, nulls and a torn last line left out") {
   const fs::path dir = fresh_dir("run");
@@ -472,7 +477,8 @@ TEST_CASE("thousands of points are thinned to 2000, keeping the first, the last 
   const fs::path dir = fresh_dir("long");
   std::string lines;
   for (int i = 1; i <= 5000; ++i)
-    lines += R"({"type":"training","batches":)" + std::to_string(i) + R"(,"epochs":0,"metrics":{"loss":)" + std::to_string(std::cos(i / 30.0)) + "}}\n";
+    lines += R"({"type":"training","batches":)" + std::to_string(i) + R"(,"epochs":0,"metrics":{"loss":)" +
+             std::to_string(std::cos(i / 30.0)) + "}}\n";
   write(dir / "metrics.jsonl", lines);
   const std::string html = read(dettrial::write_run_report(dir));
   const long drawn = points_of(html, "loss", "loss");

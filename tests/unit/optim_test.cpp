@@ -149,15 +149,15 @@ TEST_CASE("Adadelta: Python's torch.optim.Adadelta, 5 steps with the default opt
   CHECK(static_cast<const AdadeltaOptions&>(opt.defaults()) == AdadeltaOptions().lr(1.0).rho(0.9).eps(1e-6).weight_decay(0));
   for (int i = 0; i < 5; ++i) p.train_step(opt);
   // optim_reference.py: adadelta defaults {}
-  check_params(p.model->weight, {-0.48369351029396057, -0.2837192118167877, -0.08374454081058502, 0.08573387563228607,
-                                 0.2859362065792084, 0.4861019551753998});
+  check_params(p.model->weight, {-0.48369351029396057, -0.2837192118167877, -0.08374454081058502, 0.08573387563228607, 0.2859362065792084,
+                                 0.4861019551753998});
   check_params(p.model->bias, {0.11196325719356537, -0.2121884524822235});
   const AdadeltaParamState& s = state_of(opt, p.model->weight);
   CHECK(s.step() == 5);
-  check_relative(s.square_avg(), {0.5733513832092285, 0.5790260434150696, 0.5847324728965759, 0.0014768812106922269,
-                                  0.0017984879668802023, 0.002152632921934128});
-  check_relative(s.acc_delta(), {4.3788404582301155e-06, 4.3633958739519585e-06, 4.348170023149578e-06,
-                                 3.272988351454842e-06, 3.1768829558131984e-06, 3.0999831324152183e-06});
+  check_relative(s.square_avg(), {0.5733513832092285, 0.5790260434150696, 0.5847324728965759, 0.0014768812106922269, 0.0017984879668802023,
+                                  0.002152632921934128});
+  check_relative(s.acc_delta(), {4.3788404582301155e-06, 4.3633958739519585e-06, 4.348170023149578e-06, 3.272988351454842e-06,
+                                 3.1768829558131984e-06, 3.0999831324152183e-06});
 }
 
 TEST_CASE("Adadelta: Python's torch.optim.Adadelta, 5 steps with lr=0.5, rho=0.8, weight_decay=0.01") {
@@ -165,15 +165,15 @@ TEST_CASE("Adadelta: Python's torch.optim.Adadelta, 5 steps with lr=0.5, rho=0.8
   Adadelta opt(p.model->parameters(), AdadeltaOptions(0.5).rho(0.8).weight_decay(0.01));
   for (int i = 0; i < 5; ++i) p.train_step(opt);
   // optim_reference.py: adadelta tuned {'lr': 0.5, 'rho': 0.8, 'weight_decay': 0.01}
-  check_params(p.model->weight, {-0.49395817518234253, -0.2939615547657013, -0.09396488964557648, 0.09420670568943024,
-                                 0.29422318935394287, 0.4942359924316406});
+  check_params(p.model->weight, {-0.49395817518234253, -0.2939615547657013, -0.09396488964557648, 0.09420670568943024, 0.29422318935394287,
+                                 0.4942359924316406});
   check_params(p.model->bias, {0.10552938282489777, -0.2055204063653946});
   const AdadeltaParamState& s = state_of(opt, p.model->weight);
   CHECK(s.step() == 5);
-  check_relative(s.square_avg(), {0.9652398228645325, 0.974751889705658, 0.9843115210533142, 0.0032418190967291594,
-                                  0.004235943779349327, 0.005362918600440025});
-  check_relative(s.acc_delta(), {4.0439917938783765e-06, 4.038285624119453e-06, 4.032646756968461e-06,
-                                 3.6396463656274136e-06, 3.6136377730144886e-06, 3.593484734665253e-06});
+  check_relative(s.square_avg(), {0.9652398228645325, 0.974751889705658, 0.9843115210533142, 0.0032418190967291594, 0.004235943779349327,
+                                  0.005362918600440025});
+  check_relative(s.acc_delta(), {4.0439917938783765e-06, 4.038285624119453e-06, 4.032646756968461e-06, 3.6396463656274136e-06,
+                                 3.6136377730144886e-06, 3.593484734665253e-06});
 
   // Python's state-dict layout of the same run (optim_reference.py: step 5.0, a float32 tensor; the
   // group keys less params).
@@ -232,8 +232,7 @@ TEST_CASE("StepLR: Python's learning rates after 0..6 step() calls, per group") 
   Groups g({1.0, 0.3});
   StepLR sched(*g.opt, 2, 0.5);
   // optim_reference.py: StepLR(step_size=2, gamma=0.5)
-  const std::vector<std::vector<double>> python = {{1.0, 1.0, 0.5, 0.5, 0.25, 0.25, 0.125},
-                                                   {0.3, 0.3, 0.15, 0.15, 0.075, 0.075, 0.0375}};
+  const std::vector<std::vector<double>> python = {{1.0, 1.0, 0.5, 0.5, 0.25, 0.25, 0.125}, {0.3, 0.3, 0.15, 0.15, 0.075, 0.075, 0.0375}};
   for (std::size_t k = 0; k <= 6; ++k) {
     INFO("after " << k << " step() calls");
     if (k > 0) sched.step();
@@ -248,8 +247,7 @@ TEST_CASE("MultiStepLR: Python's learning rates after 0..7 step() calls; a repea
   Groups g({1.0});
   MultiStepLR sched(*g.opt, {2, 5, 5}, 0.1);
   // optim_reference.py: MultiStepLR(milestones=[2, 5, 5], gamma=0.1)
-  const std::vector<double> python = {1.0, 1.0, 0.1, 0.1, 0.1, 0.0010000000000000002, 0.0010000000000000002,
-                                      0.0010000000000000002};
+  const std::vector<double> python = {1.0, 1.0, 0.1, 0.1, 0.1, 0.0010000000000000002, 0.0010000000000000002, 0.0010000000000000002};
   for (std::size_t k = 0; k < python.size(); ++k) {
     INFO("after " << k << " step() calls");
     if (k > 0) sched.step();
@@ -262,8 +260,8 @@ TEST_CASE("ExponentialLR: Python's learning rates after 0..6 step() calls, to th
   Groups g({0.1});
   ExponentialLR sched(*g.opt, 0.9);
   // optim_reference.py: ExponentialLR(gamma=0.9)
-  const std::vector<double> python = {0.1, 0.09000000000000001, 0.08100000000000002, 0.07290000000000002,
-                                      0.06561000000000002, 0.05904900000000002, 0.05314410000000002};
+  const std::vector<double> python = {
+      0.1, 0.09000000000000001, 0.08100000000000002, 0.07290000000000002, 0.06561000000000002, 0.05904900000000002, 0.05314410000000002};
   for (std::size_t k = 0; k < python.size(); ++k) {
     INFO("after " << k << " step() calls");
     if (k > 0) sched.step();
@@ -287,12 +285,11 @@ struct PlateauReference {
 // optim_reference.py: ReduceLROnPlateau min/rel {'mode': 'min', 'factor': 0.5, 'patience': 2,
 // 'threshold': 0.1, 'cooldown': 1, 'min_lr': 0.02}. Patience, the relative threshold (0.95 is no
 // improvement on 1.0), cooldown, min_lr (0.025 -> 0.02) and a drop to min_lr that is no drop.
-const PlateauReference min_rel{
-    {1.0, 0.95, 0.95, 0.95, 0.85, 0.8, 0.8, 0.8, 0.8, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5},
-    {{0.1, 0.1, 0.1, 0.05, 0.05, 0.05, 0.05, 0.025, 0.025, 0.025, 0.025, 0.025, 0.02, 0.02, 0.02, 0.02, 0.02}},
-    {1.0, 1.0, 1.0, 1.0, 0.85, 0.85, 0.85, 0.85, 0.85, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5},
-    {0, 1, 2, 0, 0, 1, 2, 0, 0, 0, 1, 2, 0, 0, 1, 2, 0},
-    {0, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0, 0, 1, 0, 0, 0, 1}};
+const PlateauReference min_rel{{1.0, 0.95, 0.95, 0.95, 0.85, 0.8, 0.8, 0.8, 0.8, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5},
+                               {{0.1, 0.1, 0.1, 0.05, 0.05, 0.05, 0.05, 0.025, 0.025, 0.025, 0.025, 0.025, 0.02, 0.02, 0.02, 0.02, 0.02}},
+                               {1.0, 1.0, 1.0, 1.0, 0.85, 0.85, 0.85, 0.85, 0.85, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5},
+                               {0, 1, 2, 0, 0, 1, 2, 0, 0, 0, 1, 2, 0, 0, 1, 2, 0},
+                               {0, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0, 0, 1, 0, 0, 0, 1}};
 ReduceLROnPlateauOptions min_rel_options() {
   return {.mode = "min", .factor = 0.5, .patience = 2, .threshold = 0.1, .cooldown = 1, .min_lr = 0.02};
 }
@@ -300,17 +297,21 @@ ReduceLROnPlateauOptions min_rel_options() {
 // optim_reference.py: ReduceLROnPlateau max/abs {'mode': 'max', 'factor': 0.1, 'patience': 1,
 // 'threshold': 0.05, 'threshold_mode': 'abs', 'min_lr': [0.001, 0.05], 'eps': 0.02}. Per-group
 // min_lr, the absolute threshold, and eps (the second drop of group 0, 0.01 -> 0.001, is under it).
-const PlateauReference max_abs{
-    {0.5, 0.52, 0.56, 0.6, 0.58, 0.61, 0.7, 0.69, 0.68, 0.67, 0.66, 0.65},
-    {{0.1, 0.1, 0.1, 0.1, 0.010000000000000002, 0.010000000000000002, 0.010000000000000002, 0.010000000000000002,
-      0.010000000000000002, 0.010000000000000002, 0.010000000000000002, 0.010000000000000002},
-     {0.5, 0.5, 0.5, 0.5, 0.05, 0.05, 0.05, 0.05, 0.05, 0.05, 0.05, 0.05}},
-    {0.5, 0.5, 0.56, 0.56, 0.56, 0.56, 0.7, 0.7, 0.7, 0.7, 0.7, 0.7},
-    {0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1},
-    {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}};
+const PlateauReference max_abs{{0.5, 0.52, 0.56, 0.6, 0.58, 0.61, 0.7, 0.69, 0.68, 0.67, 0.66, 0.65},
+                               {{0.1, 0.1, 0.1, 0.1, 0.010000000000000002, 0.010000000000000002, 0.010000000000000002, 0.010000000000000002,
+                                 0.010000000000000002, 0.010000000000000002, 0.010000000000000002, 0.010000000000000002},
+                                {0.5, 0.5, 0.5, 0.5, 0.05, 0.05, 0.05, 0.05, 0.05, 0.05, 0.05, 0.05}},
+                               {0.5, 0.5, 0.56, 0.56, 0.56, 0.56, 0.7, 0.7, 0.7, 0.7, 0.7, 0.7},
+                               {0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1},
+                               {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}};
 ReduceLROnPlateauOptions max_abs_options() {
-  return {.mode = "max", .factor = 0.1, .patience = 1, .threshold = 0.05, .threshold_mode = "abs",
-          .min_lr = std::vector<double>{0.001, 0.05}, .eps = 0.02};
+  return {.mode = "max",
+          .factor = 0.1,
+          .patience = 1,
+          .threshold = 0.05,
+          .threshold_mode = "abs",
+          .min_lr = std::vector<double>{0.001, 0.05},
+          .eps = 0.02};
 }
 
 void check_plateau_step(const ReduceLROnPlateau& sched, const Groups& g, const PlateauReference& ref, std::size_t i) {
@@ -421,8 +422,8 @@ TEST_CASE("save/load: MultiStepLR and ExponentialLR resume exactly; a scheduler 
   CHECK(expo2.get_last_lr() == expo.get_last_lr());
   CHECK(expo2.get_last_lr() == std::vector<double>{0.08100000000000002});
 
-  CHECK_THROWS_WITH_AS(restore(expo2, saved(multi)),
-                       doctest::Contains("ExponentialLR's saved state was written by a MultiStepLR"), dettrial::CheckpointError);
+  CHECK_THROWS_WITH_AS(restore(expo2, saved(multi)), doctest::Contains("ExponentialLR's saved state was written by a MultiStepLR"),
+                       dettrial::CheckpointError);
   CHECK(expo2.last_epoch() == 2);  // left as it was
 }
 
@@ -465,8 +466,8 @@ TEST_CASE("python_state: StepLR, MultiStepLR and ExponentialLR write Python's st
     c10::impl::GenericDict d = new_dict();
     sched.python_state(d);
     // optim_reference.py: "StepLR after 6 calls state_dict"
-    check_python_layout(d, {"_get_lr_called_within_step", "_is_initial", "_last_lr", "_step_count", "base_lrs", "gamma",
-                            "last_epoch", "step_size"});
+    check_python_layout(
+        d, {"_get_lr_called_within_step", "_is_initial", "_last_lr", "_step_count", "base_lrs", "gamma", "last_epoch", "step_size"});
     CHECK(entry(d, "step_size").toInt() == 2);
     CHECK(entry(d, "gamma").toDouble() == 0.5);
     CHECK(doubles(entry(d, "base_lrs")) == std::vector<double>{1.0, 0.3});
@@ -482,8 +483,8 @@ TEST_CASE("python_state: StepLR, MultiStepLR and ExponentialLR write Python's st
     c10::impl::GenericDict d = new_dict();
     sched.python_state(d);
     // optim_reference.py: "MultiStepLR after 7 calls state_dict" (milestones = Counter({5: 2, 2: 1}))
-    check_python_layout(d, {"_get_lr_called_within_step", "_is_initial", "_last_lr", "_step_count", "base_lrs", "gamma",
-                            "last_epoch", "milestones"});
+    check_python_layout(
+        d, {"_get_lr_called_within_step", "_is_initial", "_last_lr", "_step_count", "base_lrs", "gamma", "last_epoch", "milestones"});
     const auto milestones = entry(d, "milestones").toGenericDict();
     CHECK(milestones.size() == 2);
     CHECK(milestones.at(2).toInt() == 1);
@@ -501,8 +502,7 @@ TEST_CASE("python_state: StepLR, MultiStepLR and ExponentialLR write Python's st
     c10::impl::GenericDict d = new_dict();
     sched.python_state(d);
     // optim_reference.py: "ExponentialLR after 6 calls state_dict"
-    check_python_layout(d, {"_get_lr_called_within_step", "_is_initial", "_last_lr", "_step_count", "base_lrs", "gamma",
-                            "last_epoch"});
+    check_python_layout(d, {"_get_lr_called_within_step", "_is_initial", "_last_lr", "_step_count", "base_lrs", "gamma", "last_epoch"});
     CHECK(entry(d, "gamma").toDouble() == 0.9);
     CHECK(doubles(entry(d, "base_lrs")) == std::vector<double>{0.1});
     CHECK(entry(d, "last_epoch").toInt() == 6);
@@ -512,9 +512,9 @@ TEST_CASE("python_state: StepLR, MultiStepLR and ExponentialLR write Python's st
 }
 
 TEST_CASE("python_state: ReduceLROnPlateau writes Python's state_dict() for the same history") {
-  const std::vector<std::string> python_keys = {"_last_lr", "best", "cooldown", "cooldown_counter", "default_min_lr", "eps",
-                                                "factor", "last_epoch", "min_lrs", "mode", "mode_worse", "num_bad_epochs",
-                                                "patience", "threshold", "threshold_mode"};
+  const std::vector<std::string> python_keys = {"_last_lr",   "best",           "cooldown",   "cooldown_counter", "default_min_lr",
+                                                "eps",        "factor",         "last_epoch", "min_lrs",          "mode",
+                                                "mode_worse", "num_bad_epochs", "patience",   "threshold",        "threshold_mode"};
   {
     Groups g({0.1});
     ReduceLROnPlateau sched(*g.opt, min_rel_options());
@@ -568,37 +568,29 @@ TEST_CASE("invalid arguments: a ConfigError naming the class, the argument and t
   CHECK_THROWS_WITH_AS(StepLR(opt, 0), doctest::Contains("StepLR: step_size must be at least 1, not 0"), ConfigError);
   CHECK_THROWS_WITH_AS(StepLR(opt, 2, 0.0), doctest::Contains("StepLR: gamma must be positive, not 0"), ConfigError);
   CHECK_THROWS_WITH_AS(StepLR(opt, 2, -0.5), doctest::Contains("StepLR: gamma must be positive, not -0.5"), ConfigError);
-  CHECK_THROWS_WITH_AS(MultiStepLR(opt, {3, -1}), doctest::Contains("MultiStepLR: milestones must be at least 0, not -1"),
-                       ConfigError);
+  CHECK_THROWS_WITH_AS(MultiStepLR(opt, {3, -1}), doctest::Contains("MultiStepLR: milestones must be at least 0, not -1"), ConfigError);
   CHECK_THROWS_WITH_AS(MultiStepLR(opt, {3}, 0.0), doctest::Contains("MultiStepLR: gamma must be positive, not 0"), ConfigError);
-  CHECK_THROWS_WITH_AS(ExponentialLR(opt, -1.0), doctest::Contains("ExponentialLR: gamma must be positive, not -1"),
-                       ConfigError);
+  CHECK_THROWS_WITH_AS(ExponentialLR(opt, -1.0), doctest::Contains("ExponentialLR: gamma must be positive, not -1"), ConfigError);
   const auto plateau = [&](ReduceLROnPlateauOptions o) { ReduceLROnPlateau s(opt, std::move(o)); };
-  CHECK_THROWS_WITH_AS(plateau({.factor = 1.0}), doctest::Contains("ReduceLROnPlateau: factor must be in [0, 1), not 1"),
-                       ConfigError);
+  CHECK_THROWS_WITH_AS(plateau({.factor = 1.0}), doctest::Contains("ReduceLROnPlateau: factor must be in [0, 1), not 1"), ConfigError);
   CHECK_THROWS_WITH_AS(plateau({.mode = "avg"}), doctest::Contains("ReduceLROnPlateau: mode must be \"min\" or \"max\", not \"avg\""),
                        ConfigError);
   CHECK_THROWS_WITH_AS(plateau({.threshold_mode = "pct"}),
                        doctest::Contains("ReduceLROnPlateau: threshold_mode must be \"rel\" or \"abs\", not \"pct\""), ConfigError);
-  CHECK_THROWS_WITH_AS(plateau({.patience = -1}), doctest::Contains("ReduceLROnPlateau: patience must be at least 0, not -1"),
+  CHECK_THROWS_WITH_AS(plateau({.patience = -1}), doctest::Contains("ReduceLROnPlateau: patience must be at least 0, not -1"), ConfigError);
+  CHECK_THROWS_WITH_AS(plateau({.threshold = -0.1}), doctest::Contains("ReduceLROnPlateau: threshold must be at least 0, not -0.1"),
                        ConfigError);
-  CHECK_THROWS_WITH_AS(plateau({.threshold = -0.1}),
-                       doctest::Contains("ReduceLROnPlateau: threshold must be at least 0, not -0.1"), ConfigError);
-  CHECK_THROWS_WITH_AS(plateau({.cooldown = -2}), doctest::Contains("ReduceLROnPlateau: cooldown must be at least 0, not -2"),
-                       ConfigError);
+  CHECK_THROWS_WITH_AS(plateau({.cooldown = -2}), doctest::Contains("ReduceLROnPlateau: cooldown must be at least 0, not -2"), ConfigError);
   CHECK_THROWS_WITH_AS(plateau({.min_lr = std::vector<double>{0.1}}),
-                       doctest::Contains("ReduceLROnPlateau: min_lr must be one value per parameter group (2), not 1 values"),
-                       ConfigError);
+                       doctest::Contains("ReduceLROnPlateau: min_lr must be one value per parameter group (2), not 1 values"), ConfigError);
   CHECK_THROWS_WITH_AS(plateau({.min_lr = -0.01}), doctest::Contains("ReduceLROnPlateau: min_lr must be at least 0, not -0.01"),
                        ConfigError);
-  CHECK_THROWS_WITH_AS(plateau({.eps = -1e-8}), doctest::Contains("ReduceLROnPlateau: eps must be at least 0, not -1e-08"),
-                       ConfigError);
+  CHECK_THROWS_WITH_AS(plateau({.eps = -1e-8}), doctest::Contains("ReduceLROnPlateau: eps must be at least 0, not -1e-08"), ConfigError);
 
   Problem p;
   const auto adadelta = [&](AdadeltaOptions o) { Adadelta a(p.model->parameters(), o); };
   CHECK_THROWS_WITH_AS(adadelta(AdadeltaOptions(-1.0)), doctest::Contains("Adadelta: lr must be at least 0, not -1"), ConfigError);
-  CHECK_THROWS_WITH_AS(adadelta(AdadeltaOptions().rho(1.5)), doctest::Contains("Adadelta: rho must be in [0, 1], not 1.5"),
-                       ConfigError);
+  CHECK_THROWS_WITH_AS(adadelta(AdadeltaOptions().rho(1.5)), doctest::Contains("Adadelta: rho must be in [0, 1], not 1.5"), ConfigError);
   CHECK_THROWS_WITH_AS(adadelta(AdadeltaOptions().eps(-1e-6)), doctest::Contains("Adadelta: eps must be at least 0, not -1e-06"),
                        ConfigError);
   CHECK_THROWS_WITH_AS(adadelta(AdadeltaOptions().weight_decay(-0.1)),

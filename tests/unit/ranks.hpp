@@ -39,14 +39,16 @@ struct SquaredError {
 /// Runs `test_case` of this program as the `n` ranks of a job (RANK/WORLD_SIZE on 127.0.0.1, a port
 /// of its own), with DETTRIAL_CHILD_DIR=`dir` and `extra_env` in their environment and rank r's
 /// output in `dir`/rank<r>.log; requires that every rank ends with status 0 within 150 s.
-inline void run_ranks(const std::string& test_case, int n, const std::filesystem::path& dir, const std::vector<std::string>& extra_env = {}) {
+inline void run_ranks(const std::string& test_case, int n, const std::filesystem::path& dir,
+                      const std::vector<std::string>& extra_env = {}) {
   static int runs = 0;
   const std::string port = std::to_string(21000 + (::getpid() * 13 + 97 * runs++) % 20000);
   std::vector<pid_t> pids;
   for (int rank = 0; rank < n; ++rank) {
-    std::vector<std::string> env = {"RANK=" + std::to_string(rank), "WORLD_SIZE=" + std::to_string(n),
-                                    "LOCAL_RANK=" + std::to_string(rank), "LOCAL_WORLD_SIZE=" + std::to_string(n),
-                                    "MASTER_ADDR=127.0.0.1", "MASTER_PORT=" + port, "DETTRIAL_CHILD_DIR=" + dir.string()};
+    std::vector<std::string> env = {
+        "RANK=" + std::to_string(rank),          "WORLD_SIZE=" + std::to_string(n), "LOCAL_RANK=" + std::to_string(rank),
+        "LOCAL_WORLD_SIZE=" + std::to_string(n), "MASTER_ADDR=127.0.0.1",           "MASTER_PORT=" + port,
+        "DETTRIAL_CHILD_DIR=" + dir.string()};
     env.insert(env.end(), extra_env.begin(), extra_env.end());
     pids.push_back(spawn_self(test_case, env, (dir / ("rank" + std::to_string(rank) + ".log")).string()));
   }

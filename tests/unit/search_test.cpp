@@ -11,7 +11,8 @@ using namespace dettrial;
 namespace {
 HyperparameterSpace space_of(const std::string& yaml) { return HyperparameterSpace(YAML::Load(yaml), "space.yaml"); }
 
-SearcherSettings asha(std::int64_t max_trials, std::int64_t max_time, double divisor, const std::string& mode, std::int64_t concurrency = 16) {
+SearcherSettings asha(std::int64_t max_trials, std::int64_t max_time, double divisor, const std::string& mode,
+                      std::int64_t concurrency = 16) {
   SearcherSettings c;
   c.kind = SearcherKind::adaptive_asha;
   c.metric = "validation_loss";
@@ -40,8 +41,8 @@ TEST_CASE("ASHA brackets follow Determined's worked example") {
   // The other modes: conservative keeps every bracket, aggressive only the deepest.
   CHECK(searcher::asha_brackets(asha(16, 1000, 4, "conservative")).size() == 3);
   CHECK(searcher::asha_brackets(asha(16, 1000, 4, "aggressive")).size() == 1);
-  CHECK_THROWS_WITH_AS(searcher::asha_brackets(asha(16, 1000, 4, "bold")), doctest::Contains("mode must be aggressive, standard or conservative"),
-                       ConfigError);
+  CHECK_THROWS_WITH_AS(searcher::asha_brackets(asha(16, 1000, 4, "bold")),
+                       doctest::Contains("mode must be aggressive, standard or conservative"), ConfigError);
 }
 
 TEST_CASE("ASHA stops a trial that ranks outside the top 1/divisor of its rung, and at the top rung") {
@@ -50,12 +51,12 @@ TEST_CASE("ASHA stops a trial that ranks outside the top 1/divisor of its rung, 
   REQUIRE(first.size() == 16);  // one bracket: min(16 concurrent, 16 trials)
   CHECK(first[0].max_length == 1000);
   // Rung 0 needs 62 units.
-  CHECK(s.on_validation(1, 0.5, 30) == SearcherDecision::keep_training);  // before the first rung
-  CHECK(s.on_validation(1, 0.5, 62) == SearcherDecision::keep_training);  // first in rung 0
-  CHECK(s.on_validation(2, 0.9, 62) == SearcherDecision::stop);           // second of 2: outside max(2/4, 1) = 1
-  CHECK(s.on_validation(3, 0.1, 70) == SearcherDecision::keep_training);  // the new best
+  CHECK(s.on_validation(1, 0.5, 30) == SearcherDecision::keep_training);   // before the first rung
+  CHECK(s.on_validation(1, 0.5, 62) == SearcherDecision::keep_training);   // first in rung 0
+  CHECK(s.on_validation(2, 0.9, 62) == SearcherDecision::stop);            // second of 2: outside max(2/4, 1) = 1
+  CHECK(s.on_validation(3, 0.1, 70) == SearcherDecision::keep_training);   // the new best
   CHECK(s.on_validation(1, 0.4, 250) == SearcherDecision::keep_training);  // rung 1, first there
-  CHECK(s.on_validation(1, 0.3, 1000) == SearcherDecision::stop);         // the top rung: done
+  CHECK(s.on_validation(1, 0.3, 1000) == SearcherDecision::stop);          // the top rung: done
   // A stopped trial is replaced while the bracket has trials to create; here all 16 were created.
   CHECK(s.on_trial_end(2).empty());
 }
@@ -101,8 +102,8 @@ global_batch_size: 64
   CHECK(points[0]["global_batch_size"].as<int>() == 64);
   // One point of an int axis is its middle, rounded.
   CHECK(HyperparameterSpace::grid_values(space_of("n: {type: int, minval: 1, maxval: 4, count: 1}").axes()[0])[0].as<int>() == 3);
-  CHECK_THROWS_WITH_AS(space_of("lr: {type: double, minval: 0.1, maxval: 1.0}").grid(), doctest::Contains("needs 'count' for hyperparameter 'lr'"),
-                       ConfigError);
+  CHECK_THROWS_WITH_AS(space_of("lr: {type: double, minval: 0.1, maxval: 1.0}").grid(),
+                       doctest::Contains("needs 'count' for hyperparameter 'lr'"), ConfigError);
 }
 
 TEST_CASE("random samples stay in range, nest, and repeat with the experiment seed") {

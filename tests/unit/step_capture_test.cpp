@@ -95,7 +95,9 @@ std::string refusal(ContextOptions options = {}) {
 
 }  // namespace
 
-TEST_CASE("FusedSGD, FusedAdam and FusedAdamW train as LibTorch's SGD (to the bit on the CPU), Adam and AdamW, and follow a changed learning rate") {
+TEST_CASE(
+    "FusedSGD, FusedAdam and FusedAdamW train as LibTorch's SGD (to the bit on the CPU), Adam and AdamW, and follow a changed learning "
+    "rate") {
   using torch::optim::AdamOptions;
   using torch::optim::AdamWOptions;
   using torch::optim::SGDOptions;
@@ -113,12 +115,14 @@ TEST_CASE("FusedSGD, FusedAdam and FusedAdamW train as LibTorch's SGD (to the bi
   // LibTorch's loop: float32 agreement, not bits.
   const Case cases[] = {
       {"SGD", train_linear([&](Params p) { return torch::optim::SGD(p, sgd); }, 0.001),
-       train_linear([&](Params p) { return optim::FusedSGD(p, sgd); }, 0.001), train_linear([&](Params p) { return optim::FusedSGD(p, sgd); }, 0.03)},
+       train_linear([&](Params p) { return optim::FusedSGD(p, sgd); }, 0.001),
+       train_linear([&](Params p) { return optim::FusedSGD(p, sgd); }, 0.03)},
       {"SGD nesterov, no decay", train_linear([&](Params p) { return torch::optim::SGD(p, nesterov); }, 0.001),
        train_linear([&](Params p) { return optim::FusedSGD(p, nesterov); }, 0.001),
        train_linear([&](Params p) { return optim::FusedSGD(p, nesterov); }, 0.03)},
       {"Adam", train_linear([&](Params p) { return torch::optim::Adam(p, adam); }, 0.001),
-       train_linear([&](Params p) { return optim::FusedAdam(p, adam); }, 0.001), train_linear([&](Params p) { return optim::FusedAdam(p, adam); }, 0.01)},
+       train_linear([&](Params p) { return optim::FusedAdam(p, adam); }, 0.001),
+       train_linear([&](Params p) { return optim::FusedAdam(p, adam); }, 0.01)},
       {"AdamW amsgrad", train_linear([&](Params p) { return torch::optim::AdamW(p, adamw); }, 0.001),
        train_linear([&](Params p) { return optim::FusedAdamW(p, adamw); }, 0.001),
        train_linear([&](Params p) { return optim::FusedAdamW(p, adamw); }, 0.01)},
@@ -182,8 +186,7 @@ TEST_CASE("config: optimizations.step_capture and capture_warmup_batches, and th
   REQUIRE(std::holds_alternative<capture::cuda_graph>(options.step_capture));
   CHECK(std::get<capture::cuda_graph>(options.step_capture).warmup_batches == 2);
   CHECK(std::holds_alternative<capture::none>(FitOptions::from_config(ExperimentConfig::parse(base)).step_capture));
-  CHECK(std::holds_alternative<capture::none>(
-      ExperimentConfig::parse(base + "optimizations: {step_capture: none}\n").step_capture));
+  CHECK(std::holds_alternative<capture::none>(ExperimentConfig::parse(base + "optimizations: {step_capture: none}\n").step_capture));
 
   auto error = [&](const std::string& optimizations) {
     try {
@@ -217,8 +220,7 @@ TEST_CASE("step_capture: cuda_graph refuses at the start, in one sentence, what 
     const std::string e = refusal<FusedSgdTrial>({.device = torch::Device(torch::kCPU)});
     if (dettrial::detail::step_capture_built)
       CHECK(e == "step_capture: cuda_graph needs a CUDA device, and this trial runs on cpu; set step_capture: none");
-    else
-      CHECK(e == "step_capture: cuda_graph needs LibTorch built with CUDA, and this one is CPU-only; set step_capture: none");
+    else CHECK(e == "step_capture: cuda_graph needs LibTorch built with CUDA, and this one is CPU-only; set step_capture: none");
   }
   SUBCASE("no warm-up batch") {
     Context context(test::hparams());

@@ -85,9 +85,7 @@ struct ImperativeRegression {
   torch::nn::Sequential model;
   torch::optim::SGD opt;
   explicit ImperativeRegression(dettrial::Context& c)
-      : context(c),
-        model(c.wrap_model(make_model())),
-        opt(model->parameters(), torch::optim::SGDOptions(c.get_hparam<double>("lr"))) {
+      : context(c), model(c.wrap_model(make_model())), opt(model->parameters(), torch::optim::SGDOptions(c.get_hparam<double>("lr"))) {
     context.wrap_optimizer(opt);
   }
   auto build_training_data_loader() {
@@ -116,8 +114,8 @@ inline dettrial::FitOptions quiet(dettrial::FitOptions o) {
   o.report.quiet = true;
   if (o.output_dir.empty()) {
     static int counter = 0;
-    o.output_dir = std::filesystem::temp_directory_path() /
-                   ("dettrial-test-" + std::to_string(::getpid()) + "-" + std::to_string(counter++));
+    o.output_dir =
+        std::filesystem::temp_directory_path() / ("dettrial-test-" + std::to_string(::getpid()) + "-" + std::to_string(counter++));
     std::filesystem::remove_all(o.output_dir);
   }
   return o;
@@ -139,9 +137,7 @@ inline bool bit_identical(const std::vector<torch::Tensor>& a, const std::vector
 }
 
 /// The device a Context picks by default: CUDA device 0 when there is a GPU, else the CPU.
-inline torch::Device default_device() {
-  return torch::cuda::is_available() ? torch::Device(torch::kCUDA, 0) : torch::Device(torch::kCPU);
-}
+inline torch::Device default_device() { return torch::cuda::is_available() ? torch::Device(torch::kCUDA, 0) : torch::Device(torch::kCPU); }
 
 /// Waits for `pid` up to `limit`; kills it when late. `in_time` says whether it ended by itself.
 inline int wait_for(pid_t pid, std::chrono::seconds limit, bool& in_time) {
@@ -184,8 +180,7 @@ inline bool skip_without_gloo() {
 
 /// Starts this test program again running only `test_case` (skipped ones included), with `extra_env`
 /// added to the environment and its output sent to `output` (or discarded).
-inline pid_t spawn_self(const std::string& test_case, const std::vector<std::string>& extra_env,
-                        const std::string& output = "/dev/null") {
+inline pid_t spawn_self(const std::string& test_case, const std::vector<std::string>& extra_env, const std::string& output = "/dev/null") {
   const std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
   return dettrial::detail::spawn_process(self, {self, "--test-case=" + test_case, "--no-skip", "--no-version"},
                                          {.extra_env = extra_env, .output = output});

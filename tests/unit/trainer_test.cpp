@@ -32,9 +32,7 @@ struct CountingTrial {
   auto build_training_data_loader() {
     return DataLoader(TensorDataset(torch::arange(epoch_len * 2, torch::kFloat).unsqueeze(1)), {.batch_size = 2});
   }
-  auto build_validation_data_loader() {
-    return DataLoader(TensorDataset(torch::arange(6, torch::kFloat).unsqueeze(1)), {.batch_size = 2});
-  }
+  auto build_validation_data_loader() { return DataLoader(TensorDataset(torch::arange(6, torch::kFloat).unsqueeze(1)), {.batch_size = 2}); }
   Metrics train_batch(std::tuple<torch::Tensor>& b, std::int64_t epoch_idx, std::int64_t batch_idx) {
     seen_batches.push_back(batch_idx);
     torch::Tensor loss = model->forward(std::get<0>(b)).sum();
@@ -63,7 +61,9 @@ struct Recorder {
     events.push_back("train@" + std::to_string(b) + "(n=" + std::to_string(b - last_batches) + ")");
     last_batches = b;
   }
-  void on_validation_end(const MetricValues& m) { events.push_back("VAL@" + std::to_string(static_cast<std::int64_t>(m.at("batches_seen")))); }
+  void on_validation_end(const MetricValues& m) {
+    events.push_back("VAL@" + std::to_string(static_cast<std::int64_t>(m.at("batches_seen"))));
+  }
   void on_checkpoint_write_end(const std::filesystem::path&) { events.push_back("CKPT@" + std::to_string(last_batches)); }
 };
 
@@ -111,10 +111,9 @@ TEST_CASE("the loop follows Determined's verified boundary and callback sequence
                                                .step_zero_validation = true}),
                                   hook, rec);
   const std::vector<std::string> expected = {
-      "startup@0",     "training_start", "VAL@0",         "epoch_start0",  "train@3(n=3)", "epoch_end0",
-      "epoch_start1",  "train@5(n=2)",   "VAL@5",         "train@6(n=1)",  "epoch_end1",   "train@8(n=2)",
-      "CKPT@8",        "epoch_start2",   "train@9(n=1)",  "train@10(n=1)", "VAL@10",       "epoch_end2",
-      "train@12(n=2)", "VAL@12",         "CKPT@12",       "shutdown"};
+      "startup@0", "training_start", "VAL@0",         "epoch_start0", "train@3(n=3)", "epoch_end0",   "epoch_start1", "train@5(n=2)",
+      "VAL@5",     "train@6(n=1)",   "epoch_end1",    "train@8(n=2)", "CKPT@8",       "epoch_start2", "train@9(n=1)", "train@10(n=1)",
+      "VAL@10",    "epoch_end2",     "train@12(n=2)", "VAL@12",       "CKPT@12",      "shutdown"};
   CHECK(rec.events == expected);
   CHECK(r.batches_trained == 12);
   CHECK(r.epochs_trained == 3);
@@ -668,12 +667,12 @@ TEST_CASE("a Context keeps freed memory in the process: training steps take no f
   };
   auto measure = [&](const std::string& name, std::string dettrial_malloc) {
     std::vector<std::string> env{"DETTRIAL_CHILD_OUT=" + (dir / name).string(), "DETTRIAL_MALLOC=" + dettrial_malloc};
-    for (const char* variable : {"GLIBC_TUNABLES", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_",
-                                 "MALLOC_MMAP_MAX_", "MALLOC_ARENA_MAX"})
+    for (const char* variable :
+         {"GLIBC_TUNABLES", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_", "MALLOC_MMAP_MAX_", "MALLOC_ARENA_MAX"})
       env.push_back(std::string(variable) + "=");
     bool in_time = false;
-    const int status = test::wait_for(test::spawn_self("child process: page faults of re-allocated activations", env), std::chrono::seconds(60),
-                                      in_time);
+    const int status =
+        test::wait_for(test::spawn_self("child process: page faults of re-allocated activations", env), std::chrono::seconds(60), in_time);
     REQUIRE(in_time);
     REQUIRE(WIFEXITED(status));
     REQUIRE(WEXITSTATUS(status) == 0);
@@ -701,8 +700,9 @@ TEST_CASE("child processes get the variables they are given, over inherited ones
   ::setenv("DETTRIAL_PROBE_KEPT", "kept", 1);
   const std::filesystem::path out = test::quiet({}).output_dir / "probe.txt";
   std::filesystem::create_directories(out.parent_path());
-  const pid_t pid = dettrial::detail::spawn_process("/bin/sh", {"sh", "-c", "printf '%s %s' \"$DETTRIAL_PROBE_GIVEN\" \"$DETTRIAL_PROBE_KEPT\""},
-                                                    {.extra_env = {"DETTRIAL_PROBE_GIVEN=given"}, .output = out.string()});
+  const pid_t pid =
+      dettrial::detail::spawn_process("/bin/sh", {"sh", "-c", "printf '%s %s' \"$DETTRIAL_PROBE_GIVEN\" \"$DETTRIAL_PROBE_KEPT\""},
+                                      {.extra_env = {"DETTRIAL_PROBE_GIVEN=given"}, .output = out.string()});
   bool in_time = false;
   const int status = test::wait_for(pid, std::chrono::seconds(30), in_time);
   ::unsetenv("DETTRIAL_PROBE_GIVEN");
@@ -753,7 +753,8 @@ TEST_CASE("ReduceLROnPlateau steps with the validation metric, and resumes with 
   auto run = [&](std::int64_t epochs, bool resume) {
     Context context(test::hparams(), ContextOptions{.trial_seed = 5});
     Trainer<PlateauTrial> trainer(context);
-    FitOptions o = test::quiet({.max_length = Epoch(epochs), .validation_period = Epoch(1), .checkpoint_period = Epoch(1), .output_dir = dir});
+    FitOptions o =
+        test::quiet({.max_length = Epoch(epochs), .validation_period = Epoch(1), .checkpoint_period = Epoch(1), .output_dir = dir});
     if (resume) o.latest_checkpoint = dir;
     trainer.fit(o);
     return std::pair{trainer.trial().opt.param_groups()[0].options().get_lr(), trainer.trial().plateau.num_bad_epochs()};
@@ -768,18 +769,22 @@ TEST_CASE("ReduceLROnPlateau steps with the validation metric, and resumes with 
 
   struct WrongMetric : test::ImperativeRegression {
     optim::ReduceLROnPlateau plateau;
-    explicit WrongMetric(Context& c) : ImperativeRegression(c), plateau(opt) { c.wrap_lr_scheduler(plateau, lr_step::on_validation{"accuracy"}); }
+    explicit WrongMetric(Context& c) : ImperativeRegression(c), plateau(opt) {
+      c.wrap_lr_scheduler(plateau, lr_step::on_validation{"accuracy"});
+    }
   };
   Context context(test::hparams(), ContextOptions{.trial_seed = 5});
   Trainer<WrongMetric> trainer(context);
-  CHECK_THROWS_WITH_AS(trainer.fit(test::quiet({.max_length = Batch(8)})),
-                       doctest::Contains("needs the validation metric 'accuracy', which the validation did not report (it reported: validation_loss)"),
-                       ConfigError);
+  CHECK_THROWS_WITH_AS(
+      trainer.fit(test::quiet({.max_length = Batch(8)})),
+      doctest::Contains("needs the validation metric 'accuracy', which the validation did not report (it reported: validation_loss)"),
+      ConfigError);
 }
 
 TEST_CASE("records_per_epoch sets the epoch of epoch-based lengths and periods") {
   // 64 records in batches of 8 are 8 batches, but records_per_epoch 40 makes an epoch 5 batches.
-  const ExperimentConfig config = ExperimentConfig::parse("hyperparameters: {global_batch_size: 8, lr: 0.05}\nrecords_per_epoch: 40\n", "test");
+  const ExperimentConfig config =
+      ExperimentConfig::parse("hyperparameters: {global_batch_size: 8, lr: 0.05}\nrecords_per_epoch: 40\n", "test");
   Context context(config, ContextOptions{.trial_seed = 1});
   Trainer<test::DeclarativeRegression> trainer(context);
   const FitResult r = trainer.fit(test::quiet({.max_length = Epoch(3), .validation_period = Epoch(2)}));
@@ -802,7 +807,8 @@ TEST_CASE("the context's trial and experiment ids: given, from Determined's vari
   CHECK(from_env.get_experiment_id() == 41);
   CHECK(from_env.get_experiment_config().records_per_epoch == 0);
   ::setenv("DET_TRIAL_ID", "three", 1);
-  CHECK_THROWS_WITH_AS(Context(test::hparams()), doctest::Contains("DET_TRIAL_ID is 'three'; it must be a trial or experiment id"), ConfigError);
+  CHECK_THROWS_WITH_AS(Context(test::hparams()), doctest::Contains("DET_TRIAL_ID is 'three'; it must be a trial or experiment id"),
+                       ConfigError);
   ::unsetenv("DET_TRIAL_ID");
   ::unsetenv("DET_EXPERIMENT_ID");
 }

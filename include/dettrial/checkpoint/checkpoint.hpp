@@ -111,7 +111,9 @@ namespace dettrial {
 DETTRIAL_INLINE std::string TrialProgress::to_json() const {
   const auto optional = [](const auto& v) { return v ? detail::Json(*v) : detail::Json(nullptr); };
   // As strings: 64-bit seeds do not survive JSON readers that use doubles.
-  const auto seed_text = [](const std::optional<std::uint64_t>& seed) { return seed ? detail::Json(std::to_string(*seed)) : detail::Json(nullptr); };
+  const auto seed_text = [](const std::optional<std::uint64_t>& seed) {
+    return seed ? detail::Json(std::to_string(*seed)) : detail::Json(nullptr);
+  };
   const detail::Json j = {{"trial_id", trial_id},
                           {"batches_trained", batches_trained},
                           {"epochs_trained", epochs_trained},
@@ -171,7 +173,7 @@ DETTRIAL_INLINE StateDict read_state_dict_file(const std::filesystem::path& dir)
 }
 
 DETTRIAL_INLINE StateDict ContextCheckpoint::python_state(Context& c, const std::vector<torch::Tensor>& cpu_rng_per_rank,
-                                                           const std::vector<torch::Tensor>& gpu_rng_per_rank) {
+                                                          const std::vector<torch::Tensor>& gpu_rng_per_rank) {
   pull_device_optimizer_state(c);
   c10::impl::GenericList models(c10::AnyType::get());
   for (const auto& m : c.models()) models.push_back(module_state_dict(*m));
@@ -360,10 +362,8 @@ DETTRIAL_INLINE void ContextCheckpoint::load_native(Context& c, const std::strin
     auto params = c.models()[i]->parameters();
     for (std::size_t j = 0; j < params.size(); ++j) {
       torch::Tensor g;
-      if (has_model && model.try_read("p" + std::to_string(j), g, /*is_buffer=*/true))
-        params[j].mutable_grad() = g.to(params[j].device());
-      else if (params[j].grad().defined())
-        params[j].mutable_grad() = torch::Tensor();  // nothing was pending at the checkpoint
+      if (has_model && model.try_read("p" + std::to_string(j), g, /*is_buffer=*/true)) params[j].mutable_grad() = g.to(params[j].device());
+      else if (params[j].grad().defined()) params[j].mutable_grad() = torch::Tensor();  // nothing was pending at the checkpoint
     }
   }
 }

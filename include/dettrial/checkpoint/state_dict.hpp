@@ -62,8 +62,8 @@ inline c10::IValue scalar_tensor(double v) { return torch::tensor(v, torch::kFlo
 template <class State>
 void adam_param_state(const State& s, c10::impl::GenericDict& out) {
   out.insert("step", scalar_tensor(static_cast<double>(s.step())));
-  for (const auto& [key, t] : {std::pair{"exp_avg", s.exp_avg()}, std::pair{"exp_avg_sq", s.exp_avg_sq()},
-                               std::pair{"max_exp_avg_sq", s.max_exp_avg_sq()}})
+  for (const auto& [key, t] :
+       {std::pair{"exp_avg", s.exp_avg()}, std::pair{"exp_avg_sq", s.exp_avg_sq()}, std::pair{"max_exp_avg_sq", s.max_exp_avg_sq()}})
     if (t.defined()) out.insert(key, t.detach());
 }
 template <class Options>
@@ -152,16 +152,16 @@ DETTRIAL_INLINE std::string pickle_for_libtorch(std::string_view pickle) {
   // + SETITEMS, APPEND MARK + APPENDS.
   // Pickles are position-independent (the memo is indexed, not addressed), so this is safe.
   struct Entry {
-    std::size_t start;          // where the opcodes that pushed it begin in `out`
+    std::size_t start;  // where the opcodes that pushed it begin in `out`
     bool mark = false;
     bool ordered_dict = false;  // the OrderedDict class itself (emitted as nothing)
   };
   std::string out;
   out.reserve(pickle.size() + 64);
   std::vector<Entry> stack;
-  std::set<std::uint64_t> class_memo;    // memo slots of the OrderedDict class (left empty)
+  std::set<std::uint64_t> class_memo;           // memo slots of the OrderedDict class (left empty)
   std::map<std::uint64_t, std::size_t> put_at;  // where each memo slot was filled in `out`
-  std::set<std::uint64_t> dropped_memo;  // slots filled inside dropped opcodes
+  std::set<std::uint64_t> dropped_memo;         // slots filled inside dropped opcodes
   bool rewrote = false;
   std::size_t i = 0;
   const auto fail = [](const std::string& why) { throw std::runtime_error("unsupported pickle: " + why); };
@@ -197,6 +197,7 @@ DETTRIAL_INLINE std::string pickle_for_libtorch(std::string_view pickle) {
     const std::size_t start = i;
     const unsigned char op = static_cast<unsigned char>(pickle[i++]);
     std::size_t arg_end = i;
+    // clang-format off: one line per argument size, as the protocol's table reads
     switch (op) {
       case 0x80: case 'K': case 'q': case 'h': case 0x82: arg_end = i + 1; break;  // PROTO BININT1 BINPUT BINGET EXT1
       case 'M': case 0x83: arg_end = i + 2; break;                                   // BININT2 EXT2
@@ -209,6 +210,7 @@ DETTRIAL_INLINE std::string pickle_for_libtorch(std::string_view pickle) {
       case 'c': case 'i': arg_end = line_end(line_end(i)); break;  // GLOBAL, INST: module and name lines
       default: break;
     }
+    // clang-format on
     need(arg_end - i);
     i = arg_end;
     const std::string_view whole = pickle.substr(start, arg_end - start);
@@ -222,7 +224,8 @@ DETTRIAL_INLINE std::string pickle_for_libtorch(std::string_view pickle) {
         }
         stack.push_back({here});
         break;
-      case 'q': case 'r': {  // PUT: the OrderedDict class's slot is remembered, not filled
+      case 'q':
+      case 'r': {  // PUT: the OrderedDict class's slot is remembered, not filled
         const std::uint64_t slot = little_endian(start + 1, op == 'q' ? 1 : 4);
         if (top_is_class()) {
           class_memo.insert(slot);
@@ -231,9 +234,12 @@ DETTRIAL_INLINE std::string pickle_for_libtorch(std::string_view pickle) {
         put_at[slot] = here;
         break;
       }
-      case 'p': case 'g': throw std::runtime_error("unsupported pickle: text PUT and GET opcodes (protocol 0)");
-      case 'h': case 'j':
-        if (dropped_memo.count(little_endian(start + 1, op == 'h' ? 1 : 4))) fail("a value inside a state dict's _metadata is used elsewhere");
+      case 'p':
+      case 'g': throw std::runtime_error("unsupported pickle: text PUT and GET opcodes (protocol 0)");
+      case 'h':
+      case 'j':
+        if (dropped_memo.count(little_endian(start + 1, op == 'h' ? 1 : 4)))
+          fail("a value inside a state dict's _metadata is used elsewhere");
         if (class_memo.count(little_endian(start + 1, op == 'h' ? 1 : 4))) {
           stack.push_back({here, false, true});
           continue;
@@ -251,7 +257,8 @@ DETTRIAL_INLINE std::string pickle_for_libtorch(std::string_view pickle) {
         }
         stack.push_back({here});
         break;
-      case 's': case 'a': {  // SETITEM, APPEND → MARK before the key (or item) + SETITEMS, APPENDS
+      case 's':
+      case 'a': {  // SETITEM, APPEND → MARK before the key (or item) + SETITEMS, APPENDS
         const std::size_t items = op == 's' ? 2 : 1;
         if (stack.size() < items + 1) fail("stack underflow");
         const std::size_t first = stack[stack.size() - items].start;
@@ -273,12 +280,20 @@ DETTRIAL_INLINE std::string pickle_for_libtorch(std::string_view pickle) {
         pop(1);
         break;
       case '(': stack.push_back({here, true}); break;
-      case 't': case 'l': case 'd': stack.push_back({pop_to_mark()}); break;  // TUPLE LIST DICT
-      case 'u': case 'e': pop_to_mark(); break;                               // SETITEMS APPENDS
-      case '1': pop_to_mark(); break;                                          // POP_MARK
+      case 't':
+      case 'l':
+      case 'd': stack.push_back({pop_to_mark()}); break;  // TUPLE LIST DICT
+      case 'u':
+      case 'e': pop_to_mark(); break;  // SETITEMS APPENDS
+      case '1': pop_to_mark(); break;  // POP_MARK
       case '0': pop(1); break;
-      case '2': if (stack.empty()) fail("DUP of nothing"); stack.push_back(stack.back()); break;
-      case 0x85: case 0x86: case 0x87: {  // TUPLE1..3
+      case '2':
+        if (stack.empty()) fail("DUP of nothing");
+        stack.push_back(stack.back());
+        break;
+      case 0x85:
+      case 0x86:
+      case 0x87: {  // TUPLE1..3
         const std::size_t n = op - 0x84;
         if (stack.size() < n) fail("stack underflow");
         const std::size_t at = stack[stack.size() - n].start;
@@ -286,7 +301,9 @@ DETTRIAL_INLINE std::string pickle_for_libtorch(std::string_view pickle) {
         stack.push_back({at});
         break;
       }
-      case 'R': case 0x81: case 0x93: {  // REDUCE NEWOBJ STACK_GLOBAL: two in, one out
+      case 'R':
+      case 0x81:
+      case 0x93: {  // REDUCE NEWOBJ STACK_GLOBAL: two in, one out
         if (stack.size() < 2) fail("stack underflow");
         const std::size_t at = stack[stack.size() - 2].start;
         pop(2);
@@ -300,14 +317,37 @@ DETTRIAL_INLINE std::string pickle_for_libtorch(std::string_view pickle) {
         stack.push_back({at});
         break;
       }
-      case 0x80: case 0x95: case 0x94: case '.': break;  // PROTO FRAME MEMOIZE STOP
-      case 'K': case 'M': case 'J': case 'I': case 'L': case 'F': case 'G': case 'S': case 'T': case 'U': case 'V': case 'X':
-      case 'B': case 'C': case 0x8a: case 0x8b: case 0x8c: case 0x8d: case 0x8e: case 'N': case 0x88: case 0x89: case '}':
-      case ']': case 'P': case 0x8f:
-        stack.push_back({here});
-        break;
-      default:
-        fail("opcode " + std::to_string(op));
+      case 0x80:
+      case 0x95:
+      case 0x94:
+      case '.': break;  // PROTO FRAME MEMOIZE STOP
+      case 'K':
+      case 'M':
+      case 'J':
+      case 'I':
+      case 'L':
+      case 'F':
+      case 'G':
+      case 'S':
+      case 'T':
+      case 'U':
+      case 'V':
+      case 'X':
+      case 'B':
+      case 'C':
+      case 0x8a:
+      case 0x8b:
+      case 0x8c:
+      case 0x8d:
+      case 0x8e:
+      case 'N':
+      case 0x88:
+      case 0x89:
+      case '}':
+      case ']':
+      case 'P':
+      case 0x8f: stack.push_back({here}); break;
+      default: fail("opcode " + std::to_string(op));
     }
     out.append(whole);
   }
@@ -456,8 +496,8 @@ DETTRIAL_INLINE void load_module_state_dict(torch::nn::Module& module, const Sta
     if (!it->value().isTensor()) throw CheckpointError(what + ": entry '" + name + "' is not a tensor");
     const torch::Tensor source = it->value().toTensor();
     if (source.sizes() != target.sizes())
-      throw CheckpointError(what + ": entry '" + name + "' has shape " + detail::shape_text(source.sizes()) +
-                            " in the checkpoint but " + detail::shape_text(target.sizes()) + " in the model");
+      throw CheckpointError(what + ": entry '" + name + "' has shape " + detail::shape_text(source.sizes()) + " in the checkpoint but " +
+                            detail::shape_text(target.sizes()) + " in the model");
     used[name] = true;
     copies.emplace_back(target, source);
   });

@@ -202,7 +202,7 @@ DETTRIAL_INLINE std::string new_uuid() {
   std::random_device device;
   std::uint64_t hi = (static_cast<std::uint64_t>(device()) << 32) | device();
   std::uint64_t lo = (static_cast<std::uint64_t>(device()) << 32) | device();
-  hi = (hi & ~0xF000ULL) | 0x4000ULL;             // version 4
+  hi = (hi & ~0xF000ULL) | 0x4000ULL;              // version 4
   lo = (lo & ~(0xC0ULL << 56)) | (0x80ULL << 56);  // RFC 4122 variant
   char text[37];
   std::snprintf(text, sizeof text, "%08llx-%04llx-%04llx-%04llx-%012llx", static_cast<unsigned long long>(hi >> 32),
@@ -283,8 +283,7 @@ DETTRIAL_INLINE CheckpointInfo read_checkpoint_info(const std::filesystem::path&
     const auto format = detail::json_as<std::int64_t>(field("dettrial_format"), "dettrial_format");
     if (format > checkpoint_format_version)
       throw CheckpointError("'" + meta_path.string() + "' is checkpoint format " + std::to_string(format) +
-                            ", written by a newer dettrial; this one reads formats up to " +
-                            std::to_string(checkpoint_format_version));
+                            ", written by a newer dettrial; this one reads formats up to " + std::to_string(checkpoint_format_version));
     info.uuid = detail::json_as<std::string>(field("uuid"), "uuid");
     info.batches_trained = detail::json_as<std::int64_t>(field("steps_completed"), "steps_completed");
     info.epochs_trained = detail::json_as<std::int64_t>(field("epochs_trained"), "epochs_trained");

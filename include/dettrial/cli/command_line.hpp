@@ -26,21 +26,21 @@ struct CommandLineError : std::runtime_error {
 
 /// What a trial program was asked to do, as its flags say it (see main_usage()).
 struct CommandLine {
-  std::string program = "trial";     ///< argv[0], for messages
-  bool help = false;                 ///< --help: print the usage and exit 0
-  std::string report_dir;            ///< --report DIR: write the page and exit; nothing else is read
-  std::string config_path;           ///< --config FILE
+  std::string program = "trial";       ///< argv[0], for messages
+  bool help = false;                   ///< --help: print the usage and exit 0
+  std::string report_dir;              ///< --report DIR: write the page and exit; nothing else is read
+  std::string config_path;             ///< --config FILE
   std::vector<std::string> overrides;  ///< every --set KEY=VALUE, in order
-  std::string output;                ///< --output DIR
-  std::string resume;                ///< --resume PATH
-  std::string backend_name;          ///< --backend: "gloo", "nccl", or empty (chosen by the devices)
-  bool slurm_launcher = false;       ///< --launcher slurm (a search's trials as Slurm jobs), not local
-  int nproc = 0;                     ///< --nproc N (0: not given)
-  std::optional<int> threads;        ///< --threads N
-  long timeout_seconds = 300;        ///< --timeout SECONDS
-  bool test_mode = false;            ///< --test-mode
-  bool quiet = false;                ///< --quiet
-  bool no_cpu_bind = false;          ///< --no-cpu-bind
+  std::string output;                  ///< --output DIR
+  std::string resume;                  ///< --resume PATH
+  std::string backend_name;            ///< --backend: "gloo", "nccl", or empty (chosen by the devices)
+  bool slurm_launcher = false;         ///< --launcher slurm (a search's trials as Slurm jobs), not local
+  int nproc = 0;                       ///< --nproc N (0: not given)
+  std::optional<int> threads;          ///< --threads N
+  long timeout_seconds = 300;          ///< --timeout SECONDS
+  bool test_mode = false;              ///< --test-mode
+  bool quiet = false;                  ///< --quiet
+  bool no_cpu_bind = false;            ///< --no-cpu-bind
   /// The command line the built-in launcher gives each rank: this one without `--nproc N`.
   std::vector<std::string> rank_args;
 };
@@ -100,8 +100,7 @@ DETTRIAL_INLINE CommandLine parse_command_line(int argc, const char* const* argv
     else if (arg == "--threads") line.threads = static_cast<int>(detail::positive_flag_value(arg, value()));
     else if (arg == "--timeout") line.timeout_seconds = detail::positive_flag_value(arg, value());
     else if (arg == "--backend") line.backend_name = detail::one_of(arg, value(), {"gloo", "nccl"}, "gloo or nccl");
-    else if (arg == "--launcher")
-      line.slurm_launcher = detail::one_of(arg, value(), {"local", "slurm"}, "local or slurm") == "slurm";
+    else if (arg == "--launcher") line.slurm_launcher = detail::one_of(arg, value(), {"local", "slurm"}, "local or slurm") == "slurm";
     else if (arg == "--test-mode") line.test_mode = true;
     else if (arg == "--quiet") line.quiet = true;
     else if (arg == "--no-cpu-bind") line.no_cpu_bind = true;

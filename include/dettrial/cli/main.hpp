@@ -149,8 +149,10 @@ int main(int argc, char** argv, Args&&... trial_args) {
     const RunPlan plan = plan_run(line);
     if (plan.search()) return detail::run_search(line, plan);
     if (line.slurm_launcher)
-      throw ConfigError("--launcher slurm runs a search's trials as Slurm jobs; this config trains one trial: start it under Slurm "
-                        "directly (srun --ntasks=N " + line.program + " --config ...)");
+      throw ConfigError(
+          "--launcher slurm runs a search's trials as Slurm jobs; this config trains one trial: start it under Slurm "
+          "directly (srun --ntasks=N " +
+          line.program + " --config ...)");
     const LaunchEnvironment env = LaunchEnvironment::detect();
     if (const int nproc = detail::ranks_to_launch(line, plan, env); nproc > 1)
       return detail::launch_ranks(line, plan, nproc, Trainer<TrialT>::default_output_dir());
@@ -237,7 +239,7 @@ DETTRIAL_INLINE void start_afresh(const std::filesystem::path& run, bool quiet) 
   if (!quiet)
     std::fprintf(stderr, "dettrial: '%s' holds no checkpoint yet (the run stopped before its first): starting it afresh there\n",
                  run.string().c_str());
-  MetricsLog(run, /*resumed_at=*/-1);                                      // drops every record
+  MetricsLog(run, /*resumed_at=*/-1);                                   // drops every record
   TensorBoardWriter::drop_events_after(run / layout::tensorboard, -1);  // and every event
 }
 
@@ -248,16 +250,19 @@ DETTRIAL_INLINE std::filesystem::path checkpoint_to_restart_from(const std::exce
   const std::vector<CheckpointInfo> after = list_checkpoints(storage);
   if (after.empty() || (!before.empty() && after.back().uuid == before.back().uuid)) throw;  // no progress
   if (!quiet)
-    std::fprintf(stderr, "dettrial: the trial failed: %s\ndettrial: restarting it from its checkpoint at batch %lld: restart %lld of max_restarts %lld\n",
-                 first_line(failure.what()).c_str(), static_cast<long long>(after.back().batches_trained),
-                 static_cast<long long>(restarts + 1), static_cast<long long>(max_restarts));
+    std::fprintf(
+        stderr,
+        "dettrial: the trial failed: %s\ndettrial: restarting it from its checkpoint at batch %lld: restart %lld of max_restarts %lld\n",
+        first_line(failure.what()).c_str(), static_cast<long long>(after.back().batches_trained), static_cast<long long>(restarts + 1),
+        static_cast<long long>(max_restarts));
   return after.back().path;
 }
 
 DETTRIAL_INLINE void say_if_nothing_left(const FitResult& result, const RunPlan& plan, bool quiet, bool chief) {
   if (result.resumed_from_batch > 0 && result.batches_trained == result.resumed_from_batch && result.signal == 0 && !quiet && chief)
-    std::fprintf(stderr, "dettrial: nothing left to train: the checkpoint is at batch %lld, which already reaches searcher.max_length of %s; "
-                         "raise it to train on (e.g. --set searcher.max_length.batches=N)\n",
+    std::fprintf(stderr,
+                 "dettrial: nothing left to train: the checkpoint is at batch %lld, which already reaches searcher.max_length of %s; "
+                 "raise it to train on (e.g. --set searcher.max_length.batches=N)\n",
                  static_cast<long long>(result.resumed_from_batch), plan.config_path.c_str());
 }
 

@@ -66,7 +66,7 @@ DETTRIAL_INLINE ExperimentConfig one_trial_drawn(const ExperimentConfig& config)
 /// has a metrics.jsonl) that holds no checkpoint yet, nor does the config's checkpoint storage (the
 /// run stopped before its first): with a config given, that run starts afresh there.
 DETTRIAL_INLINE std::optional<std::filesystem::path> checkpoint_to_resume(const std::filesystem::path& path,
-                                                                         const std::string& config_path);
+                                                                          const std::string& config_path);
 
 /// Every scalar of a YAML document by its dotted path ("searcher.max_length.batches"), sequences by index.
 DETTRIAL_INLINE void flatten_yaml(const YAML::Node& node, const std::string& path, std::map<std::string, std::string>& out);
@@ -86,7 +86,8 @@ namespace detail {
 
 /// The config file, or the resumed run's own config when none is given, with --set applied.
 DETTRIAL_INLINE ExperimentConfig config_of(const CommandLine& line, const RunPlan& plan) {
-  ExperimentConfig config = line.config_path.empty() ? resumed_run_config(*plan.resumed_checkpoint) : ExperimentConfig::load_file(line.config_path);
+  ExperimentConfig config =
+      line.config_path.empty() ? resumed_run_config(*plan.resumed_checkpoint) : ExperimentConfig::load_file(line.config_path);
   if (line.overrides.empty()) return config;
   YAML::Node doc = YAML::Clone(config.yaml);
   for (const auto& o : line.overrides) apply_override(doc, o);
@@ -101,7 +102,8 @@ DETTRIAL_INLINE void draw_one_trial(const CommandLine& line, bool draws, RunPlan
   const LaunchEnvironment env = LaunchEnvironment::detect();
   const bool several_ranks = env.distributed() || line.nproc > 1 || config.slots_per_trial > 1;
   if (draws && several_ranks && !config.experiment_seed && !plan.resumed_checkpoint)
-    throw ConfigError(plan.config_path + ": a data-parallel trial drawn from a search space needs reproducibility.experiment_seed, "
+    throw ConfigError(plan.config_path +
+                      ": a data-parallel trial drawn from a search space needs reproducibility.experiment_seed, "
                       "so that every rank draws the same hyperparameters");
   config = one_trial_drawn(config);
   if (draws && plan.resumed_checkpoint && std::filesystem::exists(*plan.resumed_checkpoint / layout::load_data)) {
@@ -112,7 +114,8 @@ DETTRIAL_INLINE void draw_one_trial(const CommandLine& line, bool draws, RunPlan
   if (!line.quiet && env.rank == 0) {
     YAML::Emitter values;
     values << YAML::Flow << config.hyperparameters;
-    std::fprintf(stderr, "dettrial: %s: one trial%s%s\n", line.test_mode ? "--test-mode of a search" : "searcher 'single' over a search space",
+    std::fprintf(stderr, "dettrial: %s: one trial%s%s\n",
+                 line.test_mode ? "--test-mode of a search" : "searcher 'single' over a search space",
                  draws ? ", with hyperparameters drawn from the space: " : "", draws ? values.c_str() : "");
   }
 }
@@ -154,7 +157,7 @@ DETTRIAL_INLINE ExperimentConfig one_trial_drawn(const ExperimentConfig& config)
 }
 
 DETTRIAL_INLINE std::optional<std::filesystem::path> checkpoint_to_resume(const std::filesystem::path& path,
-                                                                         const std::string& config_path) {
+                                                                          const std::string& config_path) {
   std::error_code ec;
   const bool run_folder = std::filesystem::is_directory(path, ec) && std::filesystem::exists(path / layout::metrics_log, ec) &&
                           !std::filesystem::exists(path / layout::metadata, ec);
@@ -162,18 +165,19 @@ DETTRIAL_INLINE std::optional<std::filesystem::path> checkpoint_to_resume(const 
     return resolve_checkpoint(path);  // a checkpoint, a folder holding some, or resolve_checkpoint's error
   if (!config_path.empty()) {
     // The config may keep checkpoints elsewhere (checkpoint_storage.host_path): the run's are there.
-    if (const auto storage = ExperimentConfig::load_file(config_path).checkpoint_storage.path; storage && !list_checkpoints(*storage).empty())
+    if (const auto storage = ExperimentConfig::load_file(config_path).checkpoint_storage.path;
+        storage && !list_checkpoints(*storage).empty())
       return resolve_checkpoint(*storage);
     return std::nullopt;
   }
-  throw CheckpointError("'" + path.string() + "' holds no checkpoint yet (the run stopped before its first), so it has no "
+  throw CheckpointError("'" + path.string() +
+                        "' holds no checkpoint yet (the run stopped before its first), so it has no "
                         "config of its own to resume with; give --config FILE to start it afresh there");
 }
 
 DETTRIAL_INLINE void apply_override(YAML::Node& root, const std::string& assignment) {
   const auto eq = assignment.find('=');
-  if (eq == std::string::npos || eq == 0)
-    throw ConfigError("--set needs KEY=VALUE with a dotted KEY, got '" + assignment + "'");
+  if (eq == std::string::npos || eq == 0) throw ConfigError("--set needs KEY=VALUE with a dotted KEY, got '" + assignment + "'");
   const std::string key = assignment.substr(0, eq);
   YAML::Node value;
   try {
@@ -217,7 +221,8 @@ DETTRIAL_INLINE ExperimentConfig resumed_run_config(const std::filesystem::path&
 
 DETTRIAL_INLINE void flatten_yaml(const YAML::Node& node, const std::string& path, std::map<std::string, std::string>& out) {
   if (node.IsMap()) {
-    for (const auto& kv : node) flatten_yaml(kv.second, path.empty() ? kv.first.as<std::string>() : path + "." + kv.first.as<std::string>(), out);
+    for (const auto& kv : node)
+      flatten_yaml(kv.second, path.empty() ? kv.first.as<std::string>() : path + "." + kv.first.as<std::string>(), out);
   } else if (node.IsSequence()) {
     for (std::size_t i = 0; i < node.size(); ++i) flatten_yaml(node[i], path + "[" + std::to_string(i) + "]", out);
   } else if (node.IsScalar()) {

@@ -96,7 +96,6 @@ class ExperimentConfig {
   /// Where it came from (file name or "<string>"), for messages.
   std::string source = "<string>";
 
-
   /// Reads and parses a file; a missing or unreadable file is a ConfigError naming it.
   static ExperimentConfig load_file(const std::filesystem::path& path);
 
@@ -107,7 +106,8 @@ class ExperimentConfig {
 
   /// The searchers dettrial runs, and the names Determined removed.
   template <class R>  // the Reader, declared below
-  static void read_search_fields(const YAML::Node& s, const std::string& source, const R& r, const std::string& name, SearcherSettings& out) {
+  static void read_search_fields(const YAML::Node& s, const std::string& source, const R& r, const std::string& name,
+                                 SearcherSettings& out) {
     if (name == "adaptive" || name == "adaptive_simple" || name == "sync_halving")
       throw ConfigError(detail::where(s["name"], source) + ": searcher '" + name + "' was removed from Determined; use adaptive_asha");
     if (name != "async_halving" && !searcher_kind_named(name))
@@ -135,7 +135,8 @@ class ExperimentConfig {
     positive("max_rungs", static_cast<double>(out.max_rungs));
     if (out.max_concurrent_trials < 0)
       throw ConfigError(detail::where(s["max_concurrent_trials"], source) + ": searcher.max_concurrent_trials must not be negative");
-    if (s["divisor"] && !(out.divisor > 1)) throw ConfigError(detail::where(s["divisor"], source) + ": searcher.divisor must be greater than 1");
+    if (s["divisor"] && !(out.divisor > 1))
+      throw ConfigError(detail::where(s["divisor"], source) + ": searcher.divisor must be greater than 1");
     if ((out.kind == SearcherKind::random || out.kind == SearcherKind::adaptive_asha) && !s["max_trials"])
       throw ConfigError(detail::where(s, source) + ": searcher '" + std::string(out.name()) + "' needs max_trials");
     if (out.kind == SearcherKind::adaptive_asha) {
@@ -163,9 +164,7 @@ class ExperimentConfig {
    * values resolved, nested maps kept. A search space (int, double, log, categorical) has no single
    * value, so it is an error that names it.
    */
-  Hyperparameters trial_hyperparameters() const {
-    return Hyperparameters(resolve_constants(hyperparameters, ""), source);
-  }
+  Hyperparameters trial_hyperparameters() const { return Hyperparameters(resolve_constants(hyperparameters, ""), source); }
 
  private:
   YAML::Node resolve_constants(const YAML::Node& map, const std::string& prefix) const;
@@ -182,8 +181,7 @@ class ExperimentConfig {
     }
     /// A length (`{batches: N}`, `{records: N}`, `{epochs: N}`). With `step_batches` > 0, a plain
     /// integer is also accepted: Determined's legacy form, N steps of `step_batches` batches.
-    std::optional<TrainUnit> length(const YAML::Node& map, const char* key, bool zero_means_never,
-                                    std::int64_t step_batches = 0) const;
+    std::optional<TrainUnit> length(const YAML::Node& map, const char* key, bool zero_means_never, std::int64_t step_batches = 0) const;
   };
 
   // One reader per part of the document, called by from_yaml in this order.
@@ -220,8 +218,8 @@ DETTRIAL_INLINE ExperimentConfig ExperimentConfig::load_file(const std::filesyst
   if (!in) {
     std::error_code ec;
     const bool exists = std::filesystem::exists(path, ec);
-    throw ConfigError("cannot read experiment config '" + path.string() + "': " +
-                      (exists ? "permission denied or not a file" : "no such file"));
+    throw ConfigError("cannot read experiment config '" + path.string() +
+                      "': " + (exists ? "permission denied or not a file" : "no such file"));
   }
   std::stringstream text;
   text << in.rdbuf();
@@ -272,8 +270,7 @@ DETTRIAL_INLINE void ExperimentConfig::read_top_level(const YAML::Node& root, co
   }
   if (root["data"]) c.data.reset(root["data"]);
   r.read(root, "scheduling_unit", c.scheduling_unit);
-  if (c.scheduling_unit < 1)
-    throw ConfigError(detail::where(root["scheduling_unit"], source) + ": scheduling_unit must be at least 1");
+  if (c.scheduling_unit < 1) throw ConfigError(detail::where(root["scheduling_unit"], source) + ": scheduling_unit must be at least 1");
   r.read(root, "records_per_epoch", c.records_per_epoch);
   r.read(root, "perform_initial_validation", c.perform_initial_validation);
   r.read(root, "max_restarts", c.max_restarts);
@@ -361,15 +358,19 @@ DETTRIAL_INLINE void ExperimentConfig::read_profiling(const YAML::Node& prof, co
 DETTRIAL_INLINE void ExperimentConfig::read_slurm(const YAML::Node& slurm, const std::string& source, std::vector<std::string>& args) {
   const YAML::Node given = slurm.IsMap() ? slurm["sbatch_args"] : YAML::Node();
   if (!given || given.IsNull()) return;
-  if (!given.IsSequence()) throw ConfigError(detail::where(given, source) + ": slurm.sbatch_args must be a list of options, such as [--partition=gpu]");
+  if (!given.IsSequence())
+    throw ConfigError(detail::where(given, source) + ": slurm.sbatch_args must be a list of options, such as [--partition=gpu]");
   for (const auto& a : given) {
-    if (!a.IsScalar()) throw ConfigError(detail::where(a, source) + ": slurm.sbatch_args holds " + detail::describe(a) + "; each entry is one option");
+    if (!a.IsScalar())
+      throw ConfigError(detail::where(a, source) + ": slurm.sbatch_args holds " + detail::describe(a) + "; each entry is one option");
     // dettrial starts each trial with srun, which takes sbatch's resource options but not these
     // (or reads them otherwise: srun's --output redirects the tasks', --wait is a timeout).
     const std::string option = a.Scalar().substr(0, a.Scalar().find('='));
-    for (const char* batch_only : {"--array", "-a", "--wrap", "--parsable", "--wait", "-W", "--output", "-o", "--error", "-e", "--open-mode", "--test-only"})
+    for (const char* batch_only :
+         {"--array", "-a", "--wrap", "--parsable", "--wait", "-W", "--output", "-o", "--error", "-e", "--open-mode", "--test-only"})
       if (option == batch_only)
-        throw ConfigError(detail::where(a, source) + ": slurm.sbatch_args: '" + a.Scalar() + "' is an sbatch option that srun, which starts " +
+        throw ConfigError(detail::where(a, source) + ": slurm.sbatch_args: '" + a.Scalar() +
+                          "' is an sbatch option that srun, which starts " +
                           "each trial, does not take the same way; leave it out (each trial's output goes to its log.txt)");
     args.push_back(a.Scalar());
   }
@@ -388,7 +389,8 @@ DETTRIAL_INLINE void ExperimentConfig::read_checkpoint_storage(const YAML::Node&
   r.read(cs, "host_path", host_path);
   r.read(cs, "storage_path", storage_path);
   r.read(cs, "container_path", container_path);
-  if (!host_path.empty()) storage.path = storage_path.empty() ? std::filesystem::path(host_path) : std::filesystem::path(host_path) / storage_path;
+  if (!host_path.empty())
+    storage.path = storage_path.empty() ? std::filesystem::path(host_path) : std::filesystem::path(host_path) / storage_path;
   else if (!container_path.empty()) storage.path = std::filesystem::path(container_path);
 }
 
@@ -416,39 +418,67 @@ DETTRIAL_INLINE void ExperimentConfig::read_searcher(const YAML::Node& s, const 
   read_search_fields(s, source, r, name, c.searcher);
 }
 
-DETTRIAL_INLINE void ExperimentConfig::check_fields(const YAML::Node& root, const std::string& source,
-                                                   std::vector<std::string>& ignored) {
-  static const std::vector<std::string> top = {
-      "name", "description", "hyperparameters", "searcher", "records_per_epoch", "min_validation_period",
-      "min_checkpoint_period", "scheduling_unit", "perform_initial_validation", "checkpoint_policy", "max_restarts",
-      "checkpoint_storage", "resources", "optimizations", "reproducibility", "data", "profiling", "slurm"};
-  static const std::vector<std::string> top_cluster = {
-      "entrypoint", "environment", "bind_mounts", "labels", "project", "workspace", "debug",
-      "tensorboard_storage", "pbs", "log_policies", "retention_policy", "integrations", "data_layer",
-      "preemption_timeout", "security", "internal", "notes"};
+DETTRIAL_INLINE void ExperimentConfig::check_fields(const YAML::Node& root, const std::string& source, std::vector<std::string>& ignored) {
+  static const std::vector<std::string> top = {"name",
+                                               "description",
+                                               "hyperparameters",
+                                               "searcher",
+                                               "records_per_epoch",
+                                               "min_validation_period",
+                                               "min_checkpoint_period",
+                                               "scheduling_unit",
+                                               "perform_initial_validation",
+                                               "checkpoint_policy",
+                                               "max_restarts",
+                                               "checkpoint_storage",
+                                               "resources",
+                                               "optimizations",
+                                               "reproducibility",
+                                               "data",
+                                               "profiling",
+                                               "slurm"};
+  static const std::vector<std::string> top_cluster = {"entrypoint",
+                                                       "environment",
+                                                       "bind_mounts",
+                                                       "labels",
+                                                       "project",
+                                                       "workspace",
+                                                       "debug",
+                                                       "tensorboard_storage",
+                                                       "pbs",
+                                                       "log_policies",
+                                                       "retention_policy",
+                                                       "integrations",
+                                                       "data_layer",
+                                                       "preemption_timeout",
+                                                       "security",
+                                                       "internal",
+                                                       "notes"};
   static const std::vector<std::string> searcher = {
-      "name", "metric", "smaller_is_better", "max_length", "max_steps", "max_trials", "max_concurrent_trials",
-      "time_metric", "max_time", "divisor", "max_rungs", "num_rungs", "mode", "bracket_rungs"};
+      "name",        "metric",   "smaller_is_better", "max_length", "max_steps", "max_trials", "max_concurrent_trials",
+      "time_metric", "max_time", "divisor",           "max_rungs",  "num_rungs", "mode",       "bracket_rungs"};
   // budget, train_stragglers: the removed searchers' fields (refused by name, with the searcher); unit: custom's.
-  static const std::vector<std::string> searcher_cluster = {"source_trial_id", "source_checkpoint_uuid", "stop_once", "budget",
-                                                            "train_stragglers", "unit"};
+  static const std::vector<std::string> searcher_cluster = {"source_trial_id", "source_checkpoint_uuid", "stop_once",
+                                                            "budget",          "train_stragglers",       "unit"};
   static const std::vector<std::string> resources = {"slots_per_trial"};
-  static const std::vector<std::string> resources_cluster = {
-      "slots", "resource_pool", "max_slots", "priority", "weight", "shm_size", "devices", "native_parallel", "is_single_node", "agent_label"};
+  static const std::vector<std::string> resources_cluster = {"slots",          "resource_pool", "max_slots", "priority",
+                                                             "weight",         "shm_size",      "devices",   "native_parallel",
+                                                             "is_single_node", "agent_label"};
   static const std::vector<std::string> optimizations = {"aggregation_frequency", "average_aggregated_gradients", "mixed_precision",
                                                          "step_capture", "capture_warmup_batches"};
-  static const std::vector<std::string> optimizations_cluster = {
-      "average_training_metrics", "gradient_compression", "tensor_fusion_threshold",
-      "tensor_fusion_cycle_time", "auto_tune_tensor_fusion", "grad_updates_size_file"};
+  static const std::vector<std::string> optimizations_cluster = {"average_training_metrics", "gradient_compression",
+                                                                 "tensor_fusion_threshold",  "tensor_fusion_cycle_time",
+                                                                 "auto_tune_tensor_fusion",  "grad_updates_size_file"};
   static const std::vector<std::string> reproducibility = {"experiment_seed", "deterministic"};
   static const std::vector<std::string> profiling = {"enabled", "begin_on_batch", "end_after_batch", "sync_timings"};
   static const std::vector<std::string> slurm = {"sbatch_args"};
   static const std::vector<std::string> slurm_cluster = {"slots_per_node", "gpu_type"};
-  static const std::vector<std::string> storage = {"type", "host_path", "storage_path", "container_path", "propagation",
-                                                   "save_experiment_best", "save_trial_best", "save_trial_latest"};
+  static const std::vector<std::string> storage = {
+      "type", "host_path", "storage_path", "container_path", "propagation", "save_experiment_best", "save_trial_best", "save_trial_latest"};
   // Cloud storage, and shared_fs's legacy checkpoint_path / tensorboard_path (paths inside a task's container).
-  static const std::vector<std::string> storage_cloud = {"checkpoint_path", "tensorboard_path", "bucket", "access_key", "secret_key", "endpoint_url", "prefix",
-                                                         "region", "credentials", "credential", "user", "account_url", "connection_string", "container"};
+  static const std::vector<std::string> storage_cloud = {
+      "checkpoint_path", "tensorboard_path", "bucket",     "access_key", "secret_key",  "endpoint_url",      "prefix",
+      "region",          "credentials",      "credential", "user",       "account_url", "connection_string", "container"};
   check_map(root, "", top, top_cluster, source, ignored);
   const std::pair<const char*, std::pair<const std::vector<std::string>*, const std::vector<std::string>*>> sections[] = {
       {"searcher", {&searcher, &searcher_cluster}},
@@ -469,9 +499,9 @@ DETTRIAL_INLINE void ExperimentConfig::check_fields(const YAML::Node& root, cons
   }
 }
 
-DETTRIAL_INLINE void ExperimentConfig::check_map(const YAML::Node& map, const std::string& prefix,
-                                                const std::vector<std::string>& known, const std::vector<std::string>& cluster,
-                                                const std::string& source, std::vector<std::string>& ignored) {
+DETTRIAL_INLINE void ExperimentConfig::check_map(const YAML::Node& map, const std::string& prefix, const std::vector<std::string>& known,
+                                                 const std::vector<std::string>& cluster, const std::string& source,
+                                                 std::vector<std::string>& ignored) {
   for (const auto& kv : map) {
     const std::string key = kv.first.Scalar();
     if (std::find(known.begin(), known.end(), key) != known.end()) continue;
@@ -497,11 +527,11 @@ DETTRIAL_INLINE YAML::Node ExperimentConfig::resolve_constants(const YAML::Node&
         if (!v["val"]) throw ConfigError(detail::where(v, source) + ": hyperparameter '" + prefix + key + "' of type const has no 'val'");
         out[key] = v["val"];
       } else if (type == "int" || type == "double" || type == "log" || type == "categorical") {
-        throw ConfigError(detail::where(v, source) + ": hyperparameter '" + prefix + key + "' is a search space (type: " +
-                          type + "), which has no single value; give it a value (type: const) to train one trial");
+        throw ConfigError(detail::where(v, source) + ": hyperparameter '" + prefix + key + "' is a search space (type: " + type +
+                          "), which has no single value; give it a value (type: const) to train one trial");
       } else {
-        throw ConfigError(detail::where(v["type"], source) + ": hyperparameter '" + prefix + key + "' has unknown type '" +
-                          type + "' (expected const, int, double, log or categorical)");
+        throw ConfigError(detail::where(v["type"], source) + ": hyperparameter '" + prefix + key + "' has unknown type '" + type +
+                          "' (expected const, int, double, log or categorical)");
       }
     } else if (v.IsMap()) {
       out[key] = resolve_constants(v, prefix + key + ".");
@@ -512,8 +542,8 @@ DETTRIAL_INLINE YAML::Node ExperimentConfig::resolve_constants(const YAML::Node&
   return out;
 }
 
-DETTRIAL_INLINE std::optional<TrainUnit> ExperimentConfig::Reader::length(const YAML::Node& map, const char* key,
-                                                                          bool zero_means_never, std::int64_t step_batches) const {
+DETTRIAL_INLINE std::optional<TrainUnit> ExperimentConfig::Reader::length(const YAML::Node& map, const char* key, bool zero_means_never,
+                                                                          std::int64_t step_batches) const {
   const YAML::Node node = map[key];
   if (!node || node.IsNull()) return std::nullopt;
   if (step_batches > 0 && node.IsScalar()) {
@@ -534,8 +564,9 @@ DETTRIAL_INLINE std::optional<TrainUnit> ExperimentConfig::Reader::length(const 
   if (unit_name == "batches") unit = Unit::batches;
   else if (unit_name == "epochs") unit = Unit::epochs;
   else if (unit_name == "records") unit = Unit::records;
-  else throw ConfigError(detail::where(node.begin()->first, source) + ": '" + key + "' has unit '" + unit_name +
-                         "'; expected batches, records or epochs");
+  else
+    throw ConfigError(detail::where(node.begin()->first, source) + ": '" + key + "' has unit '" + unit_name +
+                      "'; expected batches, records or epochs");
   std::int64_t value = 0;
   if (!detail::try_read(node.begin()->second, value) || value < 0)
     throw ConfigError(detail::where(node.begin()->second, source) + ": '" + key + "." + unit_name +

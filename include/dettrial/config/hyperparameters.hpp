@@ -50,8 +50,8 @@ class Hyperparameters {
     const YAML::Node node = require(path);
     T value{};
     if (!detail::try_read(node, value))
-      throw HyperparameterError(detail::where(node, source_) + ": hyperparameter '" + std::string(path) + "' is " +
-                                detail::describe(node) + ", which is not a " + detail::type_name<T>());
+      throw HyperparameterError(detail::where(node, source_) + ": hyperparameter '" + std::string(path) + "' is " + detail::describe(node) +
+                                ", which is not a " + detail::type_name<T>());
     return value;
   }
 
@@ -113,8 +113,8 @@ DETTRIAL_INLINE Hyperparameters Hyperparameters::parse(const std::string& yaml_t
 DETTRIAL_INLINE Hyperparameters Hyperparameters::nested(std::string_view path) const {
   const YAML::Node node = require(path);
   if (!node.IsMap())
-    throw HyperparameterError(detail::where(node, source_) + ": hyperparameter '" + std::string(path) + "' is " +
-                              detail::describe(node) + ", not a nested map");
+    throw HyperparameterError(detail::where(node, source_) + ": hyperparameter '" + std::string(path) + "' is " + detail::describe(node) +
+                              ", not a nested map");
   return Hyperparameters(node, source_);
 }
 

@@ -40,7 +40,8 @@ DETTRIAL_INLINE Precision parse_precision(const std::string& text) {
   if (text == "bf16" || text == "bfloat16") return Precision::bf16;
   if (text == "fp16" || text == "float16" || text == "O1") return Precision::fp16;
   if (text == "O2" || text == "O3")
-    throw ConfigError("mixed_precision '" + text + "' is Apex's fp16 master weights, which dettrial does not do; "
+    throw ConfigError("mixed_precision '" + text +
+                      "' is Apex's fp16 master weights, which dettrial does not do; "
                       "use O1 or fp16 (autocast with a gradient scaler), or bf16");
   throw ConfigError("mixed_precision is '" + text + "'; expected O0 (off), fp16 (or O1) or bf16");
 }

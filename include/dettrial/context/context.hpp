@@ -274,7 +274,8 @@ class Context {
   S& wrap_lr_scheduler(S& scheduler, Mode mode = {}, std::int64_t frequency = 1) {
     constexpr bool by_metric = std::same_as<Mode, lr_step::on_validation>;
     constexpr bool steppable = by_metric ? MetricLRSchedulerLike<S> : LRSchedulerLike<S>;
-    static_assert(by_metric || LRSchedulerLike<S>, "dettrial::Context::wrap_lr_scheduler<S>: S must have step() (a torch::optim scheduler)");
+    static_assert(by_metric || LRSchedulerLike<S>,
+                  "dettrial::Context::wrap_lr_scheduler<S>: S must have step() (a torch::optim scheduler)");
     static_assert(!by_metric || MetricLRSchedulerLike<S>,
                   "dettrial::Context::wrap_lr_scheduler<S>: lr_step::on_validation steps S with the validation metric, so S "
                   "must have step(double) (like dettrial::optim::ReduceLROnPlateau)");
@@ -287,11 +288,18 @@ class Context {
                   "load(torch::serialize::InputArchive&)");
     if (frequency < 1) throw ConfigError("an LR scheduler's step frequency must be at least 1");
     if constexpr (steppable && LRStepMode<Mode> && CheckpointableLRScheduler<S>) {  // else only the sentences above
-      detail::WrappedScheduler w{&scheduler, nullptr, &Mode::steps_after, frequency, &detail::save_lr_scheduler<S>,
-                                 &detail::load_lr_scheduler<S>, &detail::lr_scheduler_steps<S>, detail::python_state_writer<S>()};
+      detail::WrappedScheduler w{&scheduler,
+                                 nullptr,
+                                 &Mode::steps_after,
+                                 frequency,
+                                 &detail::save_lr_scheduler<S>,
+                                 &detail::load_lr_scheduler<S>,
+                                 &detail::lr_scheduler_steps<S>,
+                                 detail::python_state_writer<S>()};
       if constexpr (by_metric) {
         if (mode.metric.empty())
-          throw ConfigError("lr_step::on_validation needs the validation metric to step with, e.g. lr_step::on_validation{\"validation_loss\"}");
+          throw ConfigError(
+              "lr_step::on_validation needs the validation metric to step with, e.g. lr_step::on_validation{\"validation_loss\"}");
         w.step_with_metric = [](void* s, double metric) { static_cast<S*>(s)->step(metric); };
         w.metric = mode.metric;
       } else {
@@ -344,7 +352,8 @@ class Context {
                     "or be a function of const std::vector<T>& (T a number or tensor) returning one");
       if constexpr (is_function) {
         using Result = std::invoke_result_t<Plain&, const std::vector<T>&>;
-        static_assert(ReducedMetrics<Result>, "dettrial::Context::wrap_reducer(fn, name): fn must return a number or dettrial::MetricValues");
+        static_assert(ReducedMetrics<Result>,
+                      "dettrial::Context::wrap_reducer(fn, name): fn must return a number or dettrial::MetricValues");
         if constexpr (ReducedMetrics<Result>) {
           using Function = FunctionReducer<T, std::decay_t<R>>;  // a function reference becomes a pointer
           check_reducer_name<Result>(name);
@@ -406,9 +415,9 @@ class Context {
       for (auto& p : w.params)
         if (p.grad().defined()) p.grad().mul_(scale);
     }
-    if (scaler_) scaler_->unscale(w.params);  // clipping sees the true gradients
+    if (scaler_) scaler_->unscale(w.params);                        // clipping sees the true gradients
     if constexpr (GradientClipper<Clip>) clip_gradients(w.params);  // else only the sentence above
-    if (scaler_) scaler_->step(optimizer, w.params);  // skipped when a gradient is inf or NaN
+    if (scaler_) scaler_->step(optimizer, w.params);                // skipped when a gradient is inf or NaN
     else optimizer.step();
     // Autocast caches low-precision copies of the weights until its region ends; a forward pass
     // later in the same train_batch must see the stepped weights.
@@ -417,9 +426,7 @@ class Context {
   }
 
   /// True while a trainer's trial is registered here.
-  bool has_registrations() const {
-    return !models_.empty() || !optimizers_.empty() || !schedulers_.empty() || !reducers_.empty();
-  }
+  bool has_registrations() const { return !models_.empty() || !optimizers_.empty() || !schedulers_.empty() || !reducers_.empty(); }
   /// Forgets every wrapped object (called when their trainer goes away).
   void release_registrations();
 
@@ -465,8 +472,7 @@ class Context {
     constexpr bool returns_many = std::same_as<std::remove_cvref_t<Result>, MetricValues>;
     if (returns_many && !name.empty())
       throw TrialError("wrap_reducer: reducer '" + name + "' returns MetricValues (merged by their own names), so wrap it without a name");
-    if (!returns_many && name.empty())
-      throw TrialError("wrap_reducer: a reducer that returns a number needs a name to report it under");
+    if (!returns_many && name.empty()) throw TrialError("wrap_reducer: a reducer that returns a number needs a name to report it under");
   }
 
   static std::uint64_t derive_trial_seed(std::optional<std::uint64_t> experiment_seed);
@@ -559,11 +565,13 @@ DETTRIAL_INLINE Context::Context(Hyperparameters hparams, ExperimentConfig confi
     distributed_ = DistributedInfo{.rank = env.rank, .size = env.size, .local_rank = env.local_rank, .local_size = env.local_size};
   }
   // One GPU per process: the local rank picks it.
-  device_ = options.device ? *options.device
-                           : (torch::cuda::is_available()
-                                  ? torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(distributed_.local_rank %
-                                                                                              std::max<std::int64_t>(static_cast<std::int64_t>(torch::cuda::device_count()), 1)))
-                                  : torch::Device(torch::kCPU));
+  device_ = options.device
+                ? *options.device
+                : (torch::cuda::is_available()
+                       ? torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(
+                                                         distributed_.local_rank %
+                                                         std::max<std::int64_t>(static_cast<std::int64_t>(torch::cuda::device_count()), 1)))
+                       : torch::Device(torch::kCPU));
   // NCCL takes tensors on one GPU only: models, gradients and every collective must be there. (Gloo
   // takes CPU tensors, and CUDA ones too.)
   if (communicator_ && !communicator_->device().is_cpu() && communicator_->device() != device_)
@@ -576,8 +584,8 @@ DETTRIAL_INLINE Context::Context(Hyperparameters hparams, ExperimentConfig confi
   // One trial seed for the job: the chief's (without an experiment seed each rank's clock differs,
   // and the ranks would shard different permutations of the data).
   if (communicator_) trial_seed_ = static_cast<std::uint64_t>(communicator_->broadcast_values({static_cast<std::int64_t>(trial_seed_)})[0]);
-  threads_ = choose_threads(communicator_ ? communicator_->environment() : LaunchEnvironment{}, options.threads,
-                            CoreCount::of_this_process());
+  threads_ =
+      choose_threads(communicator_ ? communicator_->environment() : LaunchEnvironment{}, options.threads, CoreCount::of_this_process());
   thread_pools_ = apply_threads(threads_);
   if (const auto on = options.deterministic ? options.deterministic : config_.deterministic) set_deterministic(*on);
   precision_ = options.mixed_precision.value_or(config_.mixed_precision);
@@ -618,8 +626,7 @@ DETTRIAL_INLINE void Context::backward(const torch::Tensor& output, const torch:
   const bool scaled = scaler_ && scaler_->enabled();
   if (!gradient.defined())  // a loss: scaled in float32, as PyTorch's GradScaler does (fp16 times 65536 overflows)
     (scaled ? scaler_->scaled(output.to(torch::kFloat)) : output).backward({}, retain_graph, create_graph);
-  else
-    output.backward(scaled ? scaler_->scaled(gradient) : gradient, retain_graph, create_graph);
+  else output.backward(scaled ? scaler_->scaled(gradient) : gradient, retain_graph, create_graph);
 }
 
 DETTRIAL_INLINE GradScaler& Context::wrap_scaler(GradScaler& scaler) {
@@ -678,8 +685,8 @@ DETTRIAL_INLINE void Context::seed_rank_stream() const {
 DETTRIAL_INLINE std::uint64_t Context::derive_trial_seed(std::optional<std::uint64_t> experiment_seed) {
   // One trial of an experiment: a value in [0, 2^31) drawn from the experiment seed, as Determined's
   // master draws trial seeds; without an experiment seed, the clock (Determined's default).
-  std::uint64_t x = experiment_seed ? *experiment_seed
-                                    : static_cast<std::uint64_t>(std::chrono::system_clock::now().time_since_epoch().count());
+  std::uint64_t x =
+      experiment_seed ? *experiment_seed : static_cast<std::uint64_t>(std::chrono::system_clock::now().time_since_epoch().count());
   return detail::mix64(x + detail::golden_gamma) % (1ULL << 31);
 }
 
@@ -692,9 +699,8 @@ DETTRIAL_INLINE void Context::set_deterministic(bool on) {
 
 DETTRIAL_INLINE std::int64_t Context::global_batch_size_hparam() const {
   if (!hparams_.contains("global_batch_size"))
-    throw HyperparameterError(
-        "the batch size getters need the hyperparameter 'global_batch_size', which " + hparams_.source() +
-        " does not define");
+    throw HyperparameterError("the batch size getters need the hyperparameter 'global_batch_size', which " + hparams_.source() +
+                              " does not define");
   const auto global = hparams_.get<std::int64_t>("global_batch_size");
   if (global < slots_per_trial_)
     throw HyperparameterError("global_batch_size (" + std::to_string(global) + ") is smaller than slots_per_trial (" +

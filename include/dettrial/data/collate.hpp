@@ -65,8 +65,8 @@ struct collate_fn {
       }
       return out;
     } else if constexpr (std::is_arithmetic_v<E>) {
-      return torch::tensor(std::vector<std::conditional_t<std::is_floating_point_v<E>, double, std::int64_t>>(examples.begin(),
-                                                                                                              examples.end()))
+      return torch::tensor(
+                 std::vector<std::conditional_t<std::is_floating_point_v<E>, double, std::int64_t>>(examples.begin(), examples.end()))
           .to(std::is_floating_point_v<E> ? torch::kFloat : torch::kLong);
     } else {
       return examples;  // strings and other values: the list of them

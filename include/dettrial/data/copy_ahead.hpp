@@ -48,7 +48,8 @@ class CopyAhead {
 #if defined(DETTRIAL_HAS_CUDA)
     // A batch with tensors for_each_tensor cannot reach (inside a user type) is copied on the compute
     // stream: its tensors could not be marked as used there.
-    if (device_.is_cuda() && tensors_only_batch<batch_type>()) copy_stream_.emplace(c10::cuda::getStreamFromPool(/*isHighPriority=*/false, device_.index()));
+    if (device_.is_cuda() && tensors_only_batch<batch_type>())
+      copy_stream_.emplace(c10::cuda::getStreamFromPool(/*isHighPriority=*/false, device_.index()));
 #endif
   }
 

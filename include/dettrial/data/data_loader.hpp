@@ -42,8 +42,8 @@ class TensorDataset {
     for (const auto& t : tensors_) {
       if (!t.defined() || t.dim() == 0) throw DataError("TensorDataset needs tensors with a first (record) dimension");
       if (t.size(0) != tensors_[0].size(0))
-        throw DataError("TensorDataset tensors disagree on the number of records: " + std::to_string(tensors_[0].size(0)) +
-                        " and " + std::to_string(t.size(0)));
+        throw DataError("TensorDataset tensors disagree on the number of records: " + std::to_string(tensors_[0].size(0)) + " and " +
+                        std::to_string(t.size(0)));
     }
   }
 
@@ -84,9 +84,7 @@ class TensorDataset {
   }
   template <class F>
   auto make(F&& f) const {
-    return [&]<std::size_t... I>(std::index_sequence<I...>) {
-      return std::tuple{f(tensors_[I])...};
-    }(std::make_index_sequence<N>{});
+    return [&]<std::size_t... I>(std::index_sequence<I...>) { return std::tuple{f(tensors_[I])...}; }(std::make_index_sequence<N>{});
   }
   std::array<torch::Tensor, N> tensors_;
 };
@@ -160,14 +158,13 @@ class DataLoader {
 
  public:
   using dataset_type = decltype(detail::as_batch_dataset(std::declval<D>()));
-  using batch_type =
-      std::remove_cvref_t<decltype(std::declval<const dataset_type&>().get_batch(std::declval<const torch::Tensor&>()))>;
+  using batch_type = std::remove_cvref_t<decltype(std::declval<const dataset_type&>().get_batch(std::declval<const torch::Tensor&>()))>;
 
   DataLoader(D dataset, DataLoaderOptions options)
       : dataset_(std::make_shared<const dataset_type>(detail::as_batch_dataset(std::move(dataset)))),
         options_(options),
-        sampler_(detail::make_batch_sampler(static_cast<std::int64_t>(dataset_->size()), options_,
-                                            options.seed ? *options.seed : draw_seed())) {
+        sampler_(
+            detail::make_batch_sampler(static_cast<std::int64_t>(dataset_->size()), options_, options.seed ? *options.seed : draw_seed())) {
     if (options_.workers < 0) throw DataError("DataLoader workers must not be negative");
     if (options_.prefetch < 1) throw DataError("DataLoader prefetch must be at least 1");
     pin_ = options_.pin_memory.value_or(torch::cuda::is_available());
@@ -191,8 +188,7 @@ class DataLoader {
       if (slice.indices.defined()) return dataset_->get_batch(slice.indices);
       if constexpr (requires { dataset_->get_range(slice.first, slice.first + slice.count); })
         return dataset_->get_range(slice.first, slice.first + slice.count);
-      else
-        return dataset_->get_batch(torch::arange(slice.first, slice.first + slice.count, torch::kLong));
+      else return dataset_->get_batch(torch::arange(slice.first, slice.first + slice.count, torch::kLong));
     }();
     if (pin_) pin_in_place(batch);
     return batch;
@@ -225,14 +221,17 @@ class DataLoader {
     };
 
     Stream(const DataLoader& loader, LoaderChain chain)
-        : loader_(&loader), slices_(loader.sampler_.slices(chain)), skip_(chain.skip), position_(chain.skip),
+        : loader_(&loader),
+          slices_(loader.sampler_.slices(chain)),
+          skip_(chain.skip),
+          position_(chain.skip),
           end_(chain.repeat ? std::numeric_limits<std::int64_t>::max() : loader.batches_for(chain)) {
       const int workers = loader.options_.workers;
       loader.sampler_.keep_epochs_in_flight(workers > 0 ? std::max(workers * loader.options_.prefetch, workers) : 1, chain);
       if (workers > 0 && position_ < end_)
         prefetcher_ = std::make_unique<detail::Prefetcher<batch_type>>(
-            [loader = loader_, slices = slices_, skip = skip_](std::int64_t k) { return loader->read(slices[k - skip]); },
-            position_, end_, loader.options_.workers, loader.options_.workers * loader.options_.prefetch);
+            [loader = loader_, slices = slices_, skip = skip_](std::int64_t k) { return loader->read(slices[k - skip]); }, position_, end_,
+            loader.options_.workers, loader.options_.workers * loader.options_.prefetch);
     }
     Stream(Stream&&) = default;
 
@@ -316,11 +315,11 @@ namespace dettrial::detail {
 
 DETTRIAL_INLINE BatchSampler make_batch_sampler(std::int64_t records, const DataLoaderOptions& options, std::uint64_t seed) {
   if (options.batch_sampler) {
-    const char* conflict = options.sampler            ? "sampler"
-                           : options.batch_size != 1  ? "batch_size"
-                           : options.shuffle          ? "shuffle"
-                           : options.drop_last        ? "drop_last"
-                                                      : nullptr;
+    const char* conflict = options.sampler           ? "sampler"
+                           : options.batch_size != 1 ? "batch_size"
+                           : options.shuffle         ? "shuffle"
+                           : options.drop_last       ? "drop_last"
+                                                     : nullptr;
     if (conflict)
       throw DataError(std::string("DataLoader: the batch_sampler option is mutually exclusive with ") + conflict +
                       " (the batch sampler makes the batches: leave " + conflict + " at its default)");
@@ -328,8 +327,9 @@ DETTRIAL_INLINE BatchSampler make_batch_sampler(std::int64_t records, const Data
   }
   if (options.sampler) {
     if (options.shuffle)
-      throw DataError("DataLoader: the sampler option is mutually exclusive with shuffle (shuffle in the sampler, with "
-                      "dettrial::samplers::ReproducibleShuffleSampler)");
+      throw DataError(
+          "DataLoader: the sampler option is mutually exclusive with shuffle (shuffle in the sampler, with "
+          "dettrial::samplers::ReproducibleShuffleSampler)");
     return BatchSampler(records, options.sampler, options.batch_size, options.drop_last, seed);
   }
   return BatchSampler(records, options.batch_size, options.drop_last, options.shuffle, seed);

@@ -71,16 +71,15 @@ DETTRIAL_INLINE torch::Tensor read_idx(const std::filesystem::path& path) {
         throw DataError("cannot read IDX file '" + name + "': " + gzerror(file, &code));
       }
       if (got == 0)
-        throw DataError("IDX file '" + name + "' is truncated: its " + what + " needs " + std::to_string(bytes) +
-                        " bytes, found " + std::to_string(done));
+        throw DataError("IDX file '" + name + "' is truncated: its " + what + " needs " + std::to_string(bytes) + " bytes, found " +
+                        std::to_string(done));
       done += static_cast<std::size_t>(got);
     }
   };
 
   std::array<unsigned char, 4> magic{};
   read_exact(magic.data(), 4, "header");
-  if (magic[0] != 0 || magic[1] != 0)
-    throw DataError("'" + name + "' is not an IDX file (its first two bytes are not zero)");
+  if (magic[0] != 0 || magic[1] != 0) throw DataError("'" + name + "' is not an IDX file (its first two bytes are not zero)");
   torch::ScalarType dtype;
   std::size_t element_size;
   switch (magic[2]) {
@@ -122,13 +121,13 @@ DETTRIAL_INLINE MnistSplit load_mnist(const std::filesystem::path& dir, const st
     std::error_code ec;
     for (const auto& n : names)
       if (std::filesystem::is_regular_file(dir / n, ec)) return dir / n;
-    throw DataError("no MNIST " + kind + " file for split '" + split + "' in '" + dir.string() + "' (looked for " + names[0] +
-                    ", " + names[1] + ", " + names[2] + " and " + names[3] + ")");
+    throw DataError("no MNIST " + kind + " file for split '" + split + "' in '" + dir.string() + "' (looked for " + names[0] + ", " +
+                    names[1] + ", " + names[2] + " and " + names[3] + ")");
   };
   MnistSplit s{read_idx(find("images", "idx3")), read_idx(find("labels", "idx1"))};
   if (s.images.dim() != 3 || s.labels.dim() != 1 || s.images.size(0) != s.labels.size(0))
-    throw DataError("MNIST split '" + split + "' in '" + dir.string() + "' is inconsistent: images " +
-                    std::to_string(s.images.size(0)) + " x ..., labels " + std::to_string(s.labels.size(0)));
+    throw DataError("MNIST split '" + split + "' in '" + dir.string() + "' is inconsistent: images " + std::to_string(s.images.size(0)) +
+                    " x ..., labels " + std::to_string(s.labels.size(0)));
   return s;
 }
 

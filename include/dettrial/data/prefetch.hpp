@@ -28,7 +28,10 @@ class Prefetcher {
   using Read = std::function<T(std::int64_t)>;
 
   Prefetcher(Read read, std::int64_t first, std::int64_t end, int workers, int depth)
-      : read_(std::move(read)), next_claim_(first), next_take_(first), end_(end),
+      : read_(std::move(read)),
+        next_claim_(first),
+        next_take_(first),
+        end_(end),
         slots_(static_cast<std::size_t>(std::max(depth, workers))) {
     threads_.reserve(static_cast<std::size_t>(workers));
     for (int w = 0; w < workers; ++w) threads_.emplace_back([this] { work(); });
@@ -76,9 +79,8 @@ class Prefetcher {
       {
         std::unique_lock lock(mutex_);
         // Claim the next position once its slot is free: at most slots_.size() ahead of the consumer.
-        changed_.wait(lock, [&] {
-          return stopping_ || next_claim_ >= end_ || next_claim_ < next_take_ + static_cast<std::int64_t>(slots_.size());
-        });
+        changed_.wait(
+            lock, [&] { return stopping_ || next_claim_ >= end_ || next_claim_ < next_take_ + static_cast<std::int64_t>(slots_.size()); });
         if (stopping_ || next_claim_ >= end_) return;
         position = next_claim_++;
       }

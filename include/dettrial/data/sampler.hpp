@@ -150,22 +150,25 @@ class BatchSampler {
 
 namespace dettrial {
 
-DETTRIAL_INLINE BatchSampler::BatchSampler(std::int64_t records, std::int64_t batch_size, bool drop_last, bool shuffle,
-                                           std::uint64_t seed)
-    : records_(records), batch_size_(batch_size), drop_last_(drop_last), shuffle_(shuffle), seed_(seed),
-      cache_(std::make_shared<Cache>()) {
+DETTRIAL_INLINE BatchSampler::BatchSampler(std::int64_t records, std::int64_t batch_size, bool drop_last, bool shuffle, std::uint64_t seed)
+    : records_(records), batch_size_(batch_size), drop_last_(drop_last), shuffle_(shuffle), seed_(seed), cache_(std::make_shared<Cache>()) {
   if (batch_size_ < 1) throw DataError("DataLoader batch_size must be at least 1, not " + std::to_string(batch_size_));
   if (records_ < 1) throw DataError("DataLoader: the dataset is empty");
   if (drop_last_ && batch_size_ > records_)
-    throw DataError("DataLoader: batch_size " + std::to_string(batch_size_) + " is larger than the dataset's " +
-                    std::to_string(records_) + " records, so drop_last leaves no batch");
+    throw DataError("DataLoader: batch_size " + std::to_string(batch_size_) + " is larger than the dataset's " + std::to_string(records_) +
+                    " records, so drop_last leaves no batch");
   batches_per_epoch_ = drop_last_ ? records_ / batch_size_ : (records_ + batch_size_ - 1) / batch_size_;
 }
 
 DETTRIAL_INLINE BatchSampler::BatchSampler(std::int64_t records, SamplerFunction sampler, std::int64_t batch_size, bool drop_last,
                                            std::uint64_t seed)
-    : records_(records), batch_size_(batch_size), drop_last_(drop_last), shuffle_(false), seed_(seed),
-      user_(std::make_shared<const User>(User{std::move(sampler), {}})), cache_(std::make_shared<Cache>()) {
+    : records_(records),
+      batch_size_(batch_size),
+      drop_last_(drop_last),
+      shuffle_(false),
+      seed_(seed),
+      user_(std::make_shared<const User>(User{std::move(sampler), {}})),
+      cache_(std::make_shared<Cache>()) {
   if (!user_->sampler) throw DataError("DataLoader: the sampler is an empty function");
   if (batch_size_ < 1) throw DataError("DataLoader batch_size must be at least 1, not " + std::to_string(batch_size_));
   if (records_ < 1) throw DataError("DataLoader: the dataset is empty");
@@ -180,8 +183,13 @@ DETTRIAL_INLINE BatchSampler::BatchSampler(std::int64_t records, SamplerFunction
 }
 
 DETTRIAL_INLINE BatchSampler::BatchSampler(std::int64_t records, BatchSamplerFunction batch_sampler, std::uint64_t seed)
-    : records_(records), batch_size_(0), drop_last_(false), shuffle_(false), seed_(seed),
-      user_(std::make_shared<const User>(User{{}, std::move(batch_sampler)})), cache_(std::make_shared<Cache>()) {
+    : records_(records),
+      batch_size_(0),
+      drop_last_(false),
+      shuffle_(false),
+      seed_(seed),
+      user_(std::make_shared<const User>(User{{}, std::move(batch_sampler)})),
+      cache_(std::make_shared<Cache>()) {
   if (!user_->batch_sampler) throw DataError("DataLoader: the batch_sampler is an empty function");
   if (records_ < 1) throw DataError("DataLoader: the dataset is empty");
   std::lock_guard lock(cache_->mutex);
@@ -245,8 +253,8 @@ DETTRIAL_INLINE const BatchSampler::EpochOrder& BatchSampler::cached(std::int64_
   EpochOrder fresh = compute(epoch);
   fresh.used = now;
   if (cache.epochs.size() < cache.capacity) return cache.epochs.emplace_back(std::move(fresh));
-  auto oldest = std::min_element(cache.epochs.begin(), cache.epochs.end(),
-                                 [](const EpochOrder& a, const EpochOrder& b) { return a.used < b.used; });
+  auto oldest =
+      std::min_element(cache.epochs.begin(), cache.epochs.end(), [](const EpochOrder& a, const EpochOrder& b) { return a.used < b.used; });
   *oldest = std::move(fresh);
   return *oldest;
 }
@@ -263,7 +271,8 @@ DETTRIAL_INLINE BatchSampler::EpochOrder BatchSampler::compute(std::int64_t epoc
     if (length == 0) throw DataError("DataLoader: the sampler gave no records" + in_epoch);
     if (order_length_ >= 0 && length != order_length_)
       throw DataError("DataLoader: the sampler gave " + std::to_string(length) + " records" + in_epoch + " but " +
-                      std::to_string(order_length_) + " in epoch 0; every epoch must have the same length (repeat, "
+                      std::to_string(order_length_) +
+                      " in epoch 0; every epoch must have the same length (repeat, "
                       "shard and skip count on it)");
   } else {
     std::vector<torch::Tensor> batches = user_->batch_sampler(epoch);
@@ -271,14 +280,14 @@ DETTRIAL_INLINE BatchSampler::EpochOrder BatchSampler::compute(std::int64_t epoc
     if (count == 0) throw DataError("DataLoader: the batch_sampler gave no batches" + in_epoch);
     if (batches_per_epoch_ > 0 && count != batches_per_epoch_)
       throw DataError("DataLoader: the batch_sampler gave " + std::to_string(count) + " batches" + in_epoch + " but " +
-                      std::to_string(batches_per_epoch_) + " in epoch 0; every epoch must have the same number of batches "
+                      std::to_string(batches_per_epoch_) +
+                      " in epoch 0; every epoch must have the same number of batches "
                       "(repeat, shard and skip count on it)");
     e.offsets.reserve(batches.size() + 1);
     e.offsets.push_back(0);
     for (std::size_t i = 0; i < batches.size(); ++i) {
       batches[i] = user_indices(batches[i], "batch " + std::to_string(i) + " of the batch_sampler", epoch);
-      if (batches[i].size(0) == 0)
-        throw DataError("DataLoader: batch " + std::to_string(i) + " of the batch_sampler is empty" + in_epoch);
+      if (batches[i].size(0) == 0) throw DataError("DataLoader: batch " + std::to_string(i) + " of the batch_sampler is empty" + in_epoch);
       e.offsets.push_back(e.offsets.back() + batches[i].size(0));
     }
     e.order = torch::cat(batches);
@@ -290,11 +299,10 @@ DETTRIAL_INLINE torch::Tensor BatchSampler::user_indices(const torch::Tensor& gi
   const std::string in_epoch = " in epoch " + std::to_string(epoch);
   if (!given.defined() || given.dim() != 1)
     throw DataError("DataLoader: " + what + " must give a 1-D tensor of record indices, not " +
-                    (given.defined() ? "a " + std::to_string(given.dim()) + "-D tensor" : std::string("an undefined tensor")) +
-                    in_epoch);
+                    (given.defined() ? "a " + std::to_string(given.dim()) + "-D tensor" : std::string("an undefined tensor")) + in_epoch);
   if (!c10::isIntegralType(given.scalar_type(), /*includeBool=*/false))
-    throw DataError("DataLoader: " + what + " must give integer record indices, not " +
-                    std::string(c10::toString(given.scalar_type())) + in_epoch);
+    throw DataError("DataLoader: " + what + " must give integer record indices, not " + std::string(c10::toString(given.scalar_type())) +
+                    in_epoch);
   torch::Tensor indices = given.to(torch::kCPU, torch::kLong, /*non_blocking=*/false, /*copy=*/true).contiguous();
   if (indices.numel() > 0) {
     const std::int64_t low = indices.min().item<std::int64_t>();

@@ -99,18 +99,15 @@ struct EpochBatch {
 /// `end` items of the stream of epochs (the type repeat and one_epoch share).
 template <class BatchOf>
 auto epochs(std::int64_t batches_per_epoch, BatchOf batch_of, std::int64_t end) {
-  return ranges::views::iota(std::int64_t{0}, end) |
-         ranges::views::transform(EpochBatch<BatchOf>{batches_per_epoch, std::move(batch_of)});
+  return ranges::views::iota(std::int64_t{0}, end) | ranges::views::transform(EpochBatch<BatchOf>{batches_per_epoch, std::move(batch_of)});
 }
 
 /// A fixed sequence of batches, kept for repeat: a view of an lvalue (or the view itself), or the
 /// container moved into shared ownership.
 template <class R>
 auto hold(R&& batches) {
-  if constexpr (std::is_lvalue_reference_v<R> || ranges::view_<std::remove_cvref_t<R>>)
-    return ranges::views::all(std::forward<R>(batches));
-  else
-    return std::make_shared<const std::remove_cvref_t<R>>(std::forward<R>(batches));
+  if constexpr (std::is_lvalue_reference_v<R> || ranges::view_<std::remove_cvref_t<R>>) return ranges::views::all(std::forward<R>(batches));
+  else return std::make_shared<const std::remove_cvref_t<R>>(std::forward<R>(batches));
 }
 
 template <class T>

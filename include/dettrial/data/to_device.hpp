@@ -60,8 +60,9 @@ constexpr bool tensors_only_batch() {
   using U = std::remove_cvref_t<B>;
   if constexpr (std::is_same_v<U, torch::Tensor>) return true;
   else if constexpr (is_tuple_like<U>::value)
-    return []<class... Ts>(std::type_identity<std::tuple<Ts...>>) { return (tensors_only_batch<Ts>() && ...); }(
-        std::type_identity<decltype(std::tuple_cat(std::declval<U>()))>{});
+    return []<class... Ts>(std::type_identity<std::tuple<Ts...>>) {
+      return (tensors_only_batch<Ts>() && ...);
+    }(std::type_identity<decltype(std::tuple_cat(std::declval<U>()))>{});
   else if constexpr (is_vector<U>::value) return tensors_only_batch<typename U::value_type>();
   else if constexpr (is_string_map<U>::value) return tensors_only_batch<typename U::mapped_type>();
   else return false;
@@ -118,7 +119,9 @@ std::int64_t batch_length(const T& batch) {
     if (batch.empty()) return 0;
     if constexpr (detail::is_vector<U>::value) return batch_length(batch.front());
     else return batch_length(batch.begin()->second);
-  } else if constexpr (requires { { batch.size() } -> std::convertible_to<std::int64_t>; }) {
+  } else if constexpr (requires {
+                         { batch.size() } -> std::convertible_to<std::int64_t>;
+                       }) {
     return static_cast<std::int64_t>(batch.size());
   } else {
     return 1;

@@ -37,8 +37,8 @@ namespace dettrial::detail {
 DETTRIAL_INLINE bool keep_freed_memory() {
 #if defined(DETTRIAL_HAS_MALLOPT)
   static const bool applied = [] {
-    for (const char* name : {"DETTRIAL_MALLOC", "GLIBC_TUNABLES", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_",
-                             "MALLOC_TOP_PAD_", "MALLOC_MMAP_MAX_", "MALLOC_ARENA_MAX"})
+    for (const char* name : {"DETTRIAL_MALLOC", "GLIBC_TUNABLES", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_",
+                             "MALLOC_MMAP_MAX_", "MALLOC_ARENA_MAX"})
       if (const char* value = std::getenv(name); value && *value) return false;
     return ::mallopt(M_MMAP_THRESHOLD, 32 * 1024 * 1024) == 1 && ::mallopt(M_TRIM_THRESHOLD, 1024 * 1024 * 1024) == 1 &&
            ::mallopt(M_TOP_PAD, 64 * 1024 * 1024) == 1;

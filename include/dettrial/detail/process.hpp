@@ -81,8 +81,8 @@ DETTRIAL_INLINE pid_t spawn_process(const std::string& program, std::vector<std:
   auto name_of = [](std::string_view entry) { return entry.substr(0, entry.find('=')); };
   for (char** e = environ; *e; ++e) {
     const std::string_view name = name_of(*e);
-    const bool replaced = std::any_of(options.extra_env.begin(), options.extra_env.end(),
-                                      [&](const std::string& extra) { return name_of(extra) == name; });
+    const bool replaced =
+        std::any_of(options.extra_env.begin(), options.extra_env.end(), [&](const std::string& extra) { return name_of(extra) == name; });
     const bool dropped = std::any_of(options.drop_env_prefixes.begin(), options.drop_env_prefixes.end(),
                                      [&](const std::string& prefix) { return name.rfind(prefix, 0) == 0; });
     if (!replaced && !dropped) env_strings.emplace_back(*e);

@@ -29,8 +29,8 @@ class SignalHandlers {
   ~SignalHandlers();
 
  private:
-  struct sigaction previous_int_ {};
-  struct sigaction previous_term_ {};
+  struct sigaction previous_int_{};
+  struct sigaction previous_term_{};
 };
 
 /// Catches SIGINT and SIGTERM during one fit (see dettrial_on_stop_signal). A signal belongs to the
@@ -87,13 +87,12 @@ extern "C" DETTRIAL_INLINE void dettrial_on_stop_signal(int signal_number) {
     std::raise(signal_number);
     return;
   }
-  static constexpr char message[] =
-      "\ndettrial: stop signal received; finishing the batch and checkpointing (send it again to abort)\n";
+  static constexpr char message[] = "\ndettrial: stop signal received; finishing the batch and checkpointing (send it again to abort)\n";
   [[maybe_unused]] const auto n = ::write(STDERR_FILENO, message, sizeof message - 1);
 }
 
 DETTRIAL_INLINE SignalHandlers::SignalHandlers(void (*handler)(int), int flags) {
-  struct sigaction action {};
+  struct sigaction action{};
   action.sa_handler = handler;
   sigemptyset(&action.sa_mask);
   action.sa_flags = flags;

@@ -52,10 +52,16 @@ std::string type_name() {
   else if constexpr (std::is_integral_v<T>) return "integer";
   else if constexpr (std::is_floating_point_v<T>) return "number";
   else if constexpr (std::is_same_v<T, std::string>) return "string";
-  else if constexpr (requires { typename T::value_type; typename T::allocator_type; } &&
-                     !requires { typename T::key_type; })
+  else if constexpr (
+      requires {
+        typename T::value_type;
+        typename T::allocator_type;
+      } && !requires { typename T::key_type; })
     return "list of " + type_name<typename T::value_type>();
-  else if constexpr (requires { typename T::key_type; typename T::mapped_type; })
+  else if constexpr (requires {
+                       typename T::key_type;
+                       typename T::mapped_type;
+                     })
     return "map of " + type_name<typename T::mapped_type>();
   else if constexpr (std::is_same_v<T, YAML::Node>) return "YAML node";
   else return typeid(T).name();
@@ -73,8 +79,7 @@ bool try_read(const YAML::Node& node, T& out) {
     if (YAML::convert<T>::decode(node, out)) return true;
     double d = 0;
     if (!YAML::convert<double>::decode(node, d) || !std::isfinite(d)) return false;
-    if (d < static_cast<double>(std::numeric_limits<T>::lowest()) || d > static_cast<double>(std::numeric_limits<T>::max()))
-      return false;
+    if (d < static_cast<double>(std::numeric_limits<T>::lowest()) || d > static_cast<double>(std::numeric_limits<T>::max())) return false;
     const auto i = static_cast<T>(d);
     if (static_cast<double>(i) != d) return false;
     out = i;
@@ -92,7 +97,6 @@ bool try_read(const YAML::Node& node, T& out) {
     }
   }
 }
-
 
 /// Edit distance between two names (for "did you mean").
 DETTRIAL_INLINE std::size_t edit_distance(const std::string& a, const std::string& b);

@@ -134,8 +134,7 @@ class Communicator {
   Communicator(LaunchEnvironment env, std::chrono::milliseconds timeout, const char* backend_name);
 
   /// Joins the job with the backend named `backend_name` (backend::gloo::name or backend::nccl::name).
-  static std::shared_ptr<Communicator> join(const LaunchEnvironment& env, std::chrono::milliseconds timeout,
-                                            const char* backend_name);
+  static std::shared_ptr<Communicator> join(const LaunchEnvironment& env, std::chrono::milliseconds timeout, const char* backend_name);
 
   template <class F>
   void run(const char* what, F&& start) {
@@ -177,8 +176,7 @@ DETTRIAL_INLINE std::shared_ptr<::gloo::transport::Device> gloo_device(const Lau
   if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME"); ifname && *ifname)
     return c10d::ProcessGroupGloo::createDeviceForInterface(ifname);
   // One machine (the built-in launcher, a local torchrun): loopback needs no name resolution.
-  if (env.master_addr == "127.0.0.1" || env.master_addr == "localhost")
-    return c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1");
+  if (env.master_addr == "127.0.0.1" || env.master_addr == "localhost") return c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1");
   return c10d::ProcessGroupGloo::createDefaultDevice();
 }
 }  // namespace detail
@@ -211,8 +209,9 @@ DETTRIAL_INLINE std::shared_ptr<Communicator> Communicator::join(const LaunchEnv
       gloo_options->devices.push_back(detail::gloo_device(env));
       comm->backend_ = c10::make_intrusive<c10d::ProcessGroupGloo>(store, env.rank, env.size, gloo_options);
 #else
-      throw DistributedError("the Gloo backend is not in this build: LibTorch lacks c10d Gloo, or the gloo headers "
-                             "(Debian: libgloo-dev) are not installed");
+      throw DistributedError(
+          "the Gloo backend is not in this build: LibTorch lacks c10d Gloo, or the gloo headers "
+          "(Debian: libgloo-dev) are not installed");
 #endif
     } else {
 #if defined(DETTRIAL_HAS_NCCL)
@@ -220,22 +219,24 @@ DETTRIAL_INLINE std::shared_ptr<Communicator> Communicator::join(const LaunchEnv
       nccl_options->timeout = timeout;
       comm->backend_ = c10::make_intrusive<c10d::ProcessGroupNCCL>(store, env.rank, env.size, nccl_options);
 #else
-      throw DistributedError("the NCCL backend is not in this build: LibTorch is not CUDA-built, or dettrial was configured "
-                             "without NCCL (DETTRIAL_NCCL)");
+      throw DistributedError(
+          "the NCCL backend is not in this build: LibTorch is not CUDA-built, or dettrial was configured "
+          "without NCCL (DETTRIAL_NCCL)");
 #endif
     }
   } catch (const DistributedError&) {
     throw;
   } catch (const std::exception& e) {
-    throw DistributedError("rank " + std::to_string(env.rank) + " of " + std::to_string(env.size) + ": cannot join the " +
-                           backend_name + " process group at " + env.master_addr + ":" + std::to_string(env.master_port) + " (" +
+    throw DistributedError("rank " + std::to_string(env.rank) + " of " + std::to_string(env.size) + ": cannot join the " + backend_name +
+                           " process group at " + env.master_addr + ":" + std::to_string(env.master_port) + " (" +
                            launcher_name(env.launcher) + "): " + detail::first_line(e.what()));
   }
   return comm;
 }
 
-DETTRIAL_INLINE std::shared_ptr<Communicator> Communicator::adopt(c10::intrusive_ptr<detail::C10dBackend> backend, const LaunchEnvironment& env,
-                                                                  std::chrono::milliseconds timeout, torch::Device device, const char* name) {
+DETTRIAL_INLINE std::shared_ptr<Communicator> Communicator::adopt(c10::intrusive_ptr<detail::C10dBackend> backend,
+                                                                  const LaunchEnvironment& env, std::chrono::milliseconds timeout,
+                                                                  torch::Device device, const char* name) {
   if (!backend) throw DistributedError("Communicator::adopt was given no backend");
   if (backend->getRank() != env.rank || backend->getSize() != env.size)
     throw DistributedError(std::string("the ") + name + " backend is rank " + std::to_string(backend->getRank()) + " of " +
@@ -327,14 +328,15 @@ DETTRIAL_INLINE Communicator::Communicator(LaunchEnvironment env, std::chrono::m
     : env_(std::move(env)), timeout_(timeout), backend_name_(backend_name) {
   // NCCL: one GPU per process, picked by the local rank (as the Context picks its device).
   if (std::string_view(backend_name_) == backend::nccl::name)
-    device_ = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(env_.local_rank % std::max<std::int64_t>(
-                                                                               static_cast<std::int64_t>(torch::cuda::device_count()), 1)));
+    device_ = torch::Device(
+        torch::kCUDA,
+        static_cast<c10::DeviceIndex>(env_.local_rank % std::max<std::int64_t>(static_cast<std::int64_t>(torch::cuda::device_count()), 1)));
 }
 
 DETTRIAL_INLINE DistributedError Communicator::failure(const char* what, const std::exception& e) const {
   return DistributedError("rank " + std::to_string(env_.rank) + " of " + std::to_string(env_.size) + ": " + what + " over " +
-                          backend_name_ + " failed; another rank has died, hung past the " +
-                          std::to_string(timeout_.count() / 1000) + " s timeout, or is unreachable (" + detail::first_line(e.what()) + ")");
+                          backend_name_ + " failed; another rank has died, hung past the " + std::to_string(timeout_.count() / 1000) +
+                          " s timeout, or is unreachable (" + detail::first_line(e.what()) + ")");
 }
 
 }  // namespace dettrial

@@ -148,8 +148,7 @@ DETTRIAL_INLINE LaunchEnvironment LaunchEnvironment::detect(const Getenv& getenv
   if (e.rank >= e.size)
     throw ConfigError(std::string(launcher_name(e.launcher)) + " gives rank " + std::to_string(e.rank) + " in a world of " +
                       std::to_string(e.size));
-  if (e.master_port < 1 || e.master_port > 65535)
-    throw ConfigError("MASTER_PORT " + std::to_string(e.master_port) + " is not a TCP port");
+  if (e.master_port < 1 || e.master_port > 65535) throw ConfigError("MASTER_PORT " + std::to_string(e.master_port) + " is not a TCP port");
   return e;
 }
 

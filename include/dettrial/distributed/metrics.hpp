@@ -89,7 +89,9 @@ DETTRIAL_INLINE RankShare from_ivalue(const c10::IValue& v) {
   // Through an ArrayRef of checked size: indexing the tuple's elements directly past 3 (its inline
   // storage) is what GCC's -Warray-bounds cannot prove safe.
   const c10::ArrayRef<c10::IValue> e = v.toTupleRef().elements().asArrayRef();
-  if (e.size() != 6) throw Error("a rank sent a metrics share of " + std::to_string(e.size()) + " fields, not 6 (ranks built from different dettrial versions?)");
+  if (e.size() != 6)
+    throw Error("a rank sent a metrics share of " + std::to_string(e.size()) +
+                " fields, not 6 (ranks built from different dettrial versions?)");
   RankShare share;
   const auto names = e[0].toList();
   const auto kinds = e[1].toList();

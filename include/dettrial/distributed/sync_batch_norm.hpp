@@ -84,8 +84,9 @@ struct SyncBatchNormFunction : torch::autograd::Function<SyncBatchNormFunction> 
     const auto dims = non_channel_dims(input);
     const std::int64_t channels = input.size(1);
     const auto opts = input.options().dtype(torch::kDouble);
-    std::vector<torch::Tensor> stats{torch::cat({input.sum(dims, false, torch::kDouble), input.square().sum(dims, false, torch::kDouble),
-                                                 torch::full({1}, static_cast<double>(input.numel() / std::max<std::int64_t>(channels, 1)), opts)})};
+    std::vector<torch::Tensor> stats{
+        torch::cat({input.sum(dims, false, torch::kDouble), input.square().sum(dims, false, torch::kDouble),
+                    torch::full({1}, static_cast<double>(input.numel() / std::max<std::int64_t>(channels, 1)), opts)})};
     comm.allreduce(stats);
     const torch::Tensor count = stats[0].narrow(0, 2 * channels, 1);
     const torch::Tensor mean = stats[0].narrow(0, 0, channels) / count;

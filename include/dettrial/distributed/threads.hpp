@@ -82,8 +82,8 @@ struct ThreadPools {
  * BLIS through their APIs, found at run time; an MKL built into LibTorch follows the intra-op pool
  * by itself. A user's own OPENBLAS_NUM_THREADS or BLIS_NUM_THREADS is left as it is, and named.
  */
-DETTRIAL_INLINE ThreadPools apply_threads(
-    const ThreadChoice& choice, const LaunchEnvironment::Getenv& getenv = [](const char* name) { return std::getenv(name); });
+DETTRIAL_INLINE ThreadPools
+apply_threads(const ThreadChoice& choice, const LaunchEnvironment::Getenv& getenv = [](const char* name) { return std::getenv(name); });
 
 /**
  * @brief The threads per rank: the user's choice wins (`requested`, from `--threads` or
@@ -226,14 +226,15 @@ DETTRIAL_INLINE ThreadPools apply_threads(const ThreadChoice& choice, const Laun
   if (at::globalContext().hasMKL()) {
     pools.blas = "MKL " + std::to_string(pools.intra_op) + " following the intra-op pool";
   } else if (auto* set = detail::loaded_function<void(int)>("openblas_set_num_threads")) {
-    pools.blas = detail::size_blas_pool<int>("OpenBLAS", "OPENBLAS_NUM_THREADS", set, detail::loaded_function<int()>("openblas_get_num_threads"),
-                                            choice.threads, getenv);
+    pools.blas = detail::size_blas_pool<int>("OpenBLAS", "OPENBLAS_NUM_THREADS", set,
+                                             detail::loaded_function<int()>("openblas_get_num_threads"), choice.threads, getenv);
   } else if (auto* set_blis = detail::loaded_function<void(std::int64_t)>("bli_thread_set_num_threads")) {
-    pools.blas = detail::size_blas_pool<std::int64_t>("BLIS", "BLIS_NUM_THREADS", set_blis,
-                                                      detail::loaded_function<std::int64_t()>("bli_thread_get_num_threads"), choice.threads, getenv);
+    pools.blas =
+        detail::size_blas_pool<std::int64_t>("BLIS", "BLIS_NUM_THREADS", set_blis,
+                                             detail::loaded_function<std::int64_t()>("bli_thread_get_num_threads"), choice.threads, getenv);
   } else if (auto* set_mkl = detail::loaded_function<void(int)>("MKL_Set_Num_Threads")) {
     pools.blas = detail::size_blas_pool<int>("MKL", "MKL_NUM_THREADS", set_mkl, detail::loaded_function<int()>("MKL_Get_Max_Threads"),
-                                            choice.threads, getenv);
+                                             choice.threads, getenv);
   }
   return pools;
 }

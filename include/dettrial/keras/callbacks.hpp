@@ -278,8 +278,7 @@ DETTRIAL_INLINE Monitor Monitor::make(const char* who, std::string monitor, cons
     else
       throw ConfigError(std::string(who) + ": cannot tell whether '" + m.monitor +
                         "' should be maximized or minimized (mode auto knows losses, accuracies, mse and mae); give mode max or min");
-  } else
-    throw ConfigError(std::string(who) + ": mode is '" + mode + "'; expected min, max or auto");
+  } else throw ConfigError(std::string(who) + ": mode is '" + mode + "'; expected min, max or auto");
   return m;
 }
 
@@ -448,7 +447,8 @@ DETTRIAL_INLINE std::string python_format(const std::string& pattern, std::int64
 // ---- EarlyStopping -------------------------------------------------------------------------------
 
 DETTRIAL_INLINE EarlyStopping::EarlyStopping(Context& context, Options options)
-    : context_(&context), options_(std::move(options)),
+    : context_(&context),
+      options_(std::move(options)),
       monitor_(detail::Monitor::make("keras::EarlyStopping", options_.monitor, options_.mode, options_.min_delta)) {
   if (options_.patience < 0) throw ConfigError("keras::EarlyStopping: patience must not be negative");
 }
@@ -483,11 +483,14 @@ DETTRIAL_INLINE void EarlyStopping::load_state_dict(const c10::IValue& state) {
 // ---- ReduceLROnPlateau ---------------------------------------------------------------------------
 
 DETTRIAL_INLINE ReduceLROnPlateau::ReduceLROnPlateau(Context& context, Options options)
-    : context_(&context), options_(std::move(options)),
+    : context_(&context),
+      options_(std::move(options)),
       monitor_(detail::Monitor::make("keras::ReduceLROnPlateau", options_.monitor, options_.mode, options_.min_delta)) {
   if (options_.factor >= 1.0)
-    throw ConfigError("keras::ReduceLROnPlateau does not support a factor >= 1.0 (factor is " + detail::python_float(options_.factor) + ")");
-  if (options_.patience < 0 || options_.cooldown < 0) throw ConfigError("keras::ReduceLROnPlateau: patience and cooldown must not be negative");
+    throw ConfigError("keras::ReduceLROnPlateau does not support a factor >= 1.0 (factor is " + detail::python_float(options_.factor) +
+                      ")");
+  if (options_.patience < 0 || options_.cooldown < 0)
+    throw ConfigError("keras::ReduceLROnPlateau: patience and cooldown must not be negative");
 }
 
 DETTRIAL_INLINE void ReduceLROnPlateau::on_validation_end(const MetricValues& metrics) {
@@ -540,7 +543,8 @@ DETTRIAL_INLINE void ReduceLROnPlateau::load_state_dict(const c10::IValue& state
 // ---- ModelCheckpoint -----------------------------------------------------------------------------
 
 DETTRIAL_INLINE ModelCheckpoint::ModelCheckpoint(Context& context, Options options)
-    : context_(&context), options_(std::move(options)),
+    : context_(&context),
+      options_(std::move(options)),
       monitor_(detail::Monitor::make("keras::ModelCheckpoint", options_.monitor, options_.mode, 0.0)),
       best_(options_.initial_value_threshold) {
   if (options_.filepath.empty()) throw ConfigError("keras::ModelCheckpoint needs a filepath");
@@ -563,11 +567,11 @@ DETTRIAL_INLINE void ModelCheckpoint::on_validation_end(const MetricValues& metr
   if (!context_->distributed().is_chief()) return;
   if (context_->models().empty()) throw TrialError("keras::ModelCheckpoint: the trial wraps no model to save");
   if (path.has_parent_path()) std::filesystem::create_directories(path.parent_path());
-  if (std::filesystem::is_directory(path))
-    throw TrialError("keras::ModelCheckpoint: give a file path, not a directory: " + path.string());
+  if (std::filesystem::is_directory(path)) throw TrialError("keras::ModelCheckpoint: give a file path, not a directory: " + path.string());
   dettrial::detail::write_atomically(path, dettrial::detail::pickle_archive(module_state_dict(*context_->models().front())));
   saved_.push_back(path);
-  if (options_.verbose > 0) std::fprintf(stderr, "\nEpoch %lld: finished saving model to %s\n", static_cast<long long>(epoch + 1), path.c_str());
+  if (options_.verbose > 0)
+    std::fprintf(stderr, "\nEpoch %lld: finished saving model to %s\n", static_cast<long long>(epoch + 1), path.c_str());
 }
 
 DETTRIAL_INLINE c10::IValue ModelCheckpoint::state_dict() const {
@@ -590,7 +594,8 @@ DETTRIAL_INLINE void ModelCheckpoint::load_state_dict(const c10::IValue& state) 
 
 DETTRIAL_INLINE CSVLogger::CSVLogger(Context& context, Options options) : context_(&context), options_(std::move(options)) {
   if (options_.filename.empty()) throw ConfigError("keras::CSVLogger needs a filename");
-  if (options_.separator.size() != 1) throw ConfigError("keras::CSVLogger: the separator must be one character, not '" + options_.separator + "'");
+  if (options_.separator.size() != 1)
+    throw ConfigError("keras::CSVLogger: the separator must be one character, not '" + options_.separator + "'");
 }
 
 DETTRIAL_INLINE void CSVLogger::on_training_start() {
@@ -693,8 +698,8 @@ DETTRIAL_INLINE void TerminateOnNaN::on_training_workload_end(const MetricValues
   if (!loss || std::isfinite(*loss)) return;
   const std::int64_t batch = context_->current_train_batch();
   if (options_.raise_error)
-    throw TrialError("keras::TerminateOnNaN: NaN or Inf loss encountered by batch " + std::to_string(batch) + " (the period's mean loss is " +
-                     detail::python_float(*loss) + "); terminating training");
+    throw TrialError("keras::TerminateOnNaN: NaN or Inf loss encountered by batch " + std::to_string(batch) +
+                     " (the period's mean loss is " + detail::python_float(*loss) + "); terminating training");
   if (context_->distributed().is_chief())
     std::fprintf(stderr, "Batch %lld: Invalid loss, terminating training\n", static_cast<long long>(batch));
   context_->set_stop_requested(true);

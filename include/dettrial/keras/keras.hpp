@@ -157,7 +157,7 @@ namespace detail {
 /// lr 0.01; RMSprop: lr 0.001, rho 0.9, eps 1e-7; AdamW: lr 0.001, weight decay 0.004, eps 1e-7;
 /// Adagrad: lr 0.001, initial accumulator 0.1, eps 1e-7). An unknown name is a ConfigError with a suggestion.
 DETTRIAL_INLINE std::shared_ptr<torch::optim::Optimizer> optimizer_named(const std::string& name,
-                                                                        const std::vector<torch::Tensor>& parameters);
+                                                                         const std::vector<torch::Tensor>& parameters);
 /// The metrics of `names`, `accuracy` resolved by `loss` as Keras resolves it.
 DETTRIAL_INLINE std::vector<CompiledMetric> metrics_named(const std::vector<std::string>& names, const Loss& loss);
 /// The loss of a batch (the mean over its rows).
@@ -303,31 +303,32 @@ struct RecordWeightedMeans {
 template <KerasTrial K>
 class TrialAdapter {
   static auto make_loader(InMemorySequence s, bool training) {
-    if (!s.data.defined() || !s.labels.defined())
-      throw TrialError("keras::InMemorySequence needs both data and labels");
+    if (!s.data.defined() || !s.labels.defined()) throw TrialError("keras::InMemorySequence needs both data and labels");
     if (s.data.size(0) != s.labels.size(0))
-      throw TrialError("keras::InMemorySequence has " + std::to_string(s.data.size(0)) + " inputs but " +
-                       std::to_string(s.labels.size(0)) + " labels");
+      throw TrialError("keras::InMemorySequence has " + std::to_string(s.data.size(0)) + " inputs but " + std::to_string(s.labels.size(0)) +
+                       " labels");
     return DataLoader(TensorDataset(std::move(s.data), std::move(s.labels)),
                       {.batch_size = s.batch_size, .shuffle = training && s.shuffle});
   }
   static auto make_loader(WeightedSequence s, bool training) {
     if (!s.data.defined() || !s.labels.defined()) throw TrialError("keras::WeightedSequence needs both data and labels");
     if (!training && !s.class_weight.empty())
-      throw TrialError("keras::WeightedSequence: class_weight applies to training only (Keras's evaluate takes none); "
-                       "give the validation sequence sample_weights");
+      throw TrialError(
+          "keras::WeightedSequence: class_weight applies to training only (Keras's evaluate takes none); "
+          "give the validation sequence sample_weights");
     torch::Tensor weights = detail::combined_weights(s);
     return DataLoader(TensorDataset(std::move(s.data), std::move(s.labels), std::move(weights)),
                       {.batch_size = s.batch_size, .shuffle = training && s.shuffle});
   }
   static auto make_loader(MultiInputSequence s, bool training) {
-    return DataLoader(detail::InputsDataset<std::vector<torch::Tensor>>(std::move(s.inputs), std::move(s.labels), "keras::MultiInputSequence"),
-                      {.batch_size = s.batch_size, .shuffle = training && s.shuffle});
+    return DataLoader(
+        detail::InputsDataset<std::vector<torch::Tensor>>(std::move(s.inputs), std::move(s.labels), "keras::MultiInputSequence"),
+        {.batch_size = s.batch_size, .shuffle = training && s.shuffle});
   }
   static auto make_loader(DictInputSequence s, bool training) {
-    return DataLoader(detail::InputsDataset<std::map<std::string, torch::Tensor>>(std::move(s.inputs), std::move(s.labels),
-                                                                                "keras::DictInputSequence"),
-                      {.batch_size = s.batch_size, .shuffle = training && s.shuffle});
+    return DataLoader(
+        detail::InputsDataset<std::map<std::string, torch::Tensor>>(std::move(s.inputs), std::move(s.labels), "keras::DictInputSequence"),
+        {.batch_size = s.batch_size, .shuffle = training && s.shuffle});
   }
   template <class L>
   static constexpr bool is_sequence = std::is_same_v<L, InMemorySequence> || std::is_same_v<L, WeightedSequence> ||
@@ -340,9 +341,10 @@ class TrialAdapter {
   /// The model's output for a batch's inputs, with one sentence when its forward cannot take them.
   template <class X>
   torch::Tensor forward(X& x) {
-    static_assert(requires { compiled_.model->forward(x); },
-                  "dettrial: the Keras-style model's forward cannot take this batch's inputs: a MultiInputSequence needs "
-                  "forward(const std::vector<torch::Tensor>&), a DictInputSequence forward(const std::map<std::string, torch::Tensor>&)");
+    static_assert(
+        requires { compiled_.model->forward(x); },
+        "dettrial: the Keras-style model's forward cannot take this batch's inputs: a MultiInputSequence needs "
+        "forward(const std::vector<torch::Tensor>&), a DictInputSequence forward(const std::map<std::string, torch::Tensor>&)");
     return compiled_.model->forward(x);
   }
   /// Whether a batch is (inputs, labels, sample_weights): a tuple-like of three.
@@ -378,7 +380,8 @@ class TrialAdapter {
     for (const auto& m : context.models()) wrapped = wrapped || m.get() == module.get();
     if (!wrapped) compiled_.model = context.wrap_model(compiled_.model);
     bool optimizer_wrapped = false;
-    for (std::size_t i = 0; i < context.num_optimizers(); ++i) optimizer_wrapped = optimizer_wrapped || &context.optimizer(i) == compiled_.optimizer.get();
+    for (std::size_t i = 0; i < context.num_optimizers(); ++i)
+      optimizer_wrapped = optimizer_wrapped || &context.optimizer(i) == compiled_.optimizer.get();
     if (!optimizer_wrapped) context.wrap_optimizer(*compiled_.optimizer);
     validation_means_.names.push_back("val_loss");
     for (const CompiledMetric& m : compiled_.metrics) validation_means_.names.emplace_back(m.validation_name.view());
@@ -449,7 +452,7 @@ namespace dettrial::keras {
 namespace detail {
 
 DETTRIAL_INLINE std::shared_ptr<torch::optim::Optimizer> optimizer_named(const std::string& name,
-                                                                        const std::vector<torch::Tensor>& parameters) {
+                                                                         const std::vector<torch::Tensor>& parameters) {
   namespace optim = torch::optim;
   if (name == "adam") return std::make_shared<optim::Adam>(parameters, optim::AdamOptions(1e-3).eps(1e-7));
   if (name == "sgd") return std::make_shared<optim::SGD>(parameters, optim::SGDOptions(1e-2));
@@ -480,8 +483,8 @@ DETTRIAL_INLINE std::vector<CompiledMetric> metrics_named(const std::vector<std:
     else if (name == "mae" || name == "mean_absolute_error") kind = Kind::mean_absolute_error;
     else
       throw ConfigError("keras::compile: unknown metric '" + name + "'" +
-                        dettrial::detail::suggestion(name, {"accuracy", "sparse_categorical_accuracy", "categorical_accuracy",
-                                                            "binary_accuracy", "mse", "mae"}));
+                        dettrial::detail::suggestion(
+                            name, {"accuracy", "sparse_categorical_accuracy", "categorical_accuracy", "binary_accuracy", "mse", "mae"}));
     out.push_back({kind, MetricKey(name), MetricKey("val_" + name)});
   }
   return out;
@@ -545,18 +548,20 @@ DETTRIAL_INLINE torch::Tensor per_sample_loss(const Loss& loss, const torch::Ten
           return -(y_true.to(log_p.dtype()) * log_p).sum(-1);
         } else if constexpr (std::is_same_v<L, losses::BinaryCrossentropy>) {
           const torch::Tensor target = y_true.to(y_pred.dtype()).reshape(y_pred.sizes());
-          const torch::Tensor each = l.from_logits ? F::binary_cross_entropy_with_logits(
-                                                         y_pred, target, F::BinaryCrossEntropyWithLogitsFuncOptions().reduction(torch::kNone))
-                                                   : F::binary_cross_entropy(y_pred.clamp(eps, 1 - eps), target,
-                                                                             F::BinaryCrossEntropyFuncOptions().reduction(torch::kNone));
+          const torch::Tensor each =
+              l.from_logits
+                  ? F::binary_cross_entropy_with_logits(y_pred, target,
+                                                        F::BinaryCrossEntropyWithLogitsFuncOptions().reduction(torch::kNone))
+                  : F::binary_cross_entropy(y_pred.clamp(eps, 1 - eps), target, F::BinaryCrossEntropyFuncOptions().reduction(torch::kNone));
           return each.mean(-1);
         } else if constexpr (std::is_same_v<L, losses::MeanSquaredError>) {
           return (y_pred - y_true.to(y_pred.dtype()).reshape(y_pred.sizes())).square().mean(-1);
         } else if constexpr (std::is_same_v<L, losses::MeanAbsoluteError>) {
           return (y_pred - y_true.to(y_pred.dtype()).reshape(y_pred.sizes())).abs().mean(-1);
         } else {
-          throw TrialError("keras: a custom loss returns one number for the batch, so sample or class weights cannot weigh its "
-                           "samples; use one of Keras's losses, or weigh inside the custom loss");
+          throw TrialError(
+              "keras: a custom loss returns one number for the batch, so sample or class weights cannot weigh its "
+              "samples; use one of Keras's losses, or weigh inside the custom loss");
         }
       },
       loss);

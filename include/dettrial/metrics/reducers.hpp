@@ -174,23 +174,30 @@ struct WrappedReducer {
   template <MetricReducer R>
   static WrappedReducer wrap(R& r, std::string name, bool for_training, bool for_validation) {
     if constexpr (CrossSlotReducer<R>) {
-      return WrappedReducer{
-          &r, [](void* p) { static_cast<R*>(p)->reset(); },
-          [](void* p) { return c10::IValue(static_cast<R*>(p)->per_slot_reduce()); },
-          [](void* p, const std::string& n, const std::vector<c10::IValue>& parts, MetricValues& out) {
-            std::vector<per_slot_t<R>> typed;
-            typed.reserve(parts.size());
-            for (const auto& part : parts) typed.push_back(part.to<per_slot_t<R>>());
-            store(static_cast<R*>(p)->cross_slot_reduce(std::as_const(typed)), n, out);
-          },
-          std::move(name), for_training, for_validation, true};
+      return WrappedReducer{&r,
+                            [](void* p) { static_cast<R*>(p)->reset(); },
+                            [](void* p) { return c10::IValue(static_cast<R*>(p)->per_slot_reduce()); },
+                            [](void* p, const std::string& n, const std::vector<c10::IValue>& parts, MetricValues& out) {
+                              std::vector<per_slot_t<R>> typed;
+                              typed.reserve(parts.size());
+                              for (const auto& part : parts) typed.push_back(part.to<per_slot_t<R>>());
+                              store(static_cast<R*>(p)->cross_slot_reduce(std::as_const(typed)), n, out);
+                            },
+                            std::move(name),
+                            for_training,
+                            for_validation,
+                            true};
     } else {
-      return WrappedReducer{
-          &r, [](void* p) { static_cast<R*>(p)->reset(); }, [](void*) { return c10::IValue(); },
-          [](void* p, const std::string& n, const std::vector<c10::IValue>&, MetricValues& out) {
-            store(static_cast<R*>(p)->reduce(), n, out);
-          },
-          std::move(name), for_training, for_validation, false};
+      return WrappedReducer{&r,
+                            [](void* p) { static_cast<R*>(p)->reset(); },
+                            [](void*) { return c10::IValue(); },
+                            [](void* p, const std::string& n, const std::vector<c10::IValue>&, MetricValues& out) {
+                              store(static_cast<R*>(p)->reduce(), n, out);
+                            },
+                            std::move(name),
+                            for_training,
+                            for_validation,
+                            false};
     }
   }
 };
@@ -270,8 +277,8 @@ DETTRIAL_INLINE std::size_t WorkloadMeans::slot_of(MetricKey key, std::size_t hi
 }
 
 DETTRIAL_INLINE TrialError WorkloadMeans::mismatch(const Metrics& m, std::int64_t batch_idx) const {
-  return TrialError("train_batch returned the metrics {" + m.names() + "} at batch " + std::to_string(batch_idx) + " but {" +
-                    slot_names() + "} earlier in the workload; every batch must return the same metrics");
+  return TrialError("train_batch returned the metrics {" + m.names() + "} at batch " + std::to_string(batch_idx) + " but {" + slot_names() +
+                    "} earlier in the workload; every batch must return the same metrics");
 }
 
 DETTRIAL_INLINE std::string WorkloadMeans::slot_names() const {
@@ -292,8 +299,8 @@ DETTRIAL_INLINE void ValidationReduction::add(const Metrics& m, std::int64_t bat
   for (const auto& e : m) {
     Slot* slot = find(e.key.view());
     if (!slot)
-      throw TrialError("evaluate_batch returned metric '" + std::string(e.key.view()) + "' at batch " +
-                       std::to_string(batch_idx) + ", which the first batch did not; every batch must return the same metrics");
+      throw TrialError("evaluate_batch returned metric '" + std::string(e.key.view()) + "' at batch " + std::to_string(batch_idx) +
+                       ", which the first batch did not; every batch must return the same metrics");
     slot->add(e.value);
   }
   ++batches_;

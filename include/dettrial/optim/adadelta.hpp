@@ -90,7 +90,6 @@ DETTRIAL_INLINE void python_group_options(const AdadeltaOptions& options, c10::i
 
 }  // namespace dettrial::optim
 
-
 // Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
 #if DETTRIAL_HEADER_DEFINITIONS
 #include <charconv>
@@ -106,8 +105,7 @@ DETTRIAL_INLINE std::string adadelta_number(double value) {
 // Python's checks (torch.optim.Adadelta.__init__), as one sentence naming the option and its value.
 DETTRIAL_INLINE void check_adadelta_options(const dettrial::optim::AdadeltaOptions& o, const std::string& where) {
   const auto invalid = [&](const char* name, double value, const char* rule) {
-    throw ConfigError("dettrial::optim::Adadelta: " + where + name + " must be " + rule + ", not " +
-                      adadelta_number(value));
+    throw ConfigError("dettrial::optim::Adadelta: " + where + name + " must be " + rule + ", not " + adadelta_number(value));
   };
   if (!(o.lr() >= 0)) invalid("lr", o.lr(), "at least 0");
   if (!(o.rho() >= 0 && o.rho() <= 1)) invalid("rho", o.rho(), "in [0, 1]");
@@ -136,8 +134,8 @@ DETTRIAL_INLINE void AdadeltaOptions::serialize(torch::serialize::InputArchive& 
 }
 
 DETTRIAL_INLINE bool operator==(const AdadeltaOptions& lhs, const AdadeltaOptions& rhs) {
-  return lhs.lr() == rhs.lr() && lhs.rho() == rhs.rho() && lhs.eps() == rhs.eps() &&
-         lhs.weight_decay() == rhs.weight_decay() && lhs.maximize() == rhs.maximize();
+  return lhs.lr() == rhs.lr() && lhs.rho() == rhs.rho() && lhs.eps() == rhs.eps() && lhs.weight_decay() == rhs.weight_decay() &&
+         lhs.maximize() == rhs.maximize();
 }
 
 DETTRIAL_INLINE void AdadeltaParamState::serialize(torch::serialize::OutputArchive& archive) const {
@@ -165,8 +163,7 @@ DETTRIAL_INLINE Adadelta::Adadelta(const std::vector<torch::optim::OptimizerPara
   for (std::size_t i = 0; i < param_groups_.size(); ++i) {
     // LibTorch 2.x merges a group's options with the defaults only for its own optimizers' option
     // types; for others it keeps the defaults alone. A group's own options stand, as in Python.
-    if (i < param_groups.size() && param_groups[i].has_options())
-      param_groups_[i].set_options(param_groups[i].options().clone());
+    if (i < param_groups.size() && param_groups[i].has_options()) param_groups_[i].set_options(param_groups[i].options().clone());
     const auto* options = dynamic_cast<const AdadeltaOptions*>(&param_groups_[i].options());
     if (!options)
       throw ConfigError("dettrial::optim::Adadelta: parameter group " + std::to_string(i) +
@@ -176,8 +173,7 @@ DETTRIAL_INLINE Adadelta::Adadelta(const std::vector<torch::optim::OptimizerPara
 }
 
 DETTRIAL_INLINE Adadelta::Adadelta(std::vector<torch::Tensor> params, AdadeltaOptions defaults)
-    : Adadelta(std::vector<torch::optim::OptimizerParamGroup>{torch::optim::OptimizerParamGroup(std::move(params))},
-               std::move(defaults)) {}
+    : Adadelta(std::vector<torch::optim::OptimizerParamGroup>{torch::optim::OptimizerParamGroup(std::move(params))}, std::move(defaults)) {}
 
 DETTRIAL_INLINE torch::Tensor Adadelta::step(LossClosure closure) {
   torch::NoGradGuard no_grad;
@@ -225,9 +221,7 @@ DETTRIAL_INLINE torch::Tensor Adadelta::step(LossClosure closure) {
   return loss;
 }
 
-DETTRIAL_INLINE void Adadelta::save(torch::serialize::OutputArchive& archive) const {
-  serialize(*this, archive);
-}
+DETTRIAL_INLINE void Adadelta::save(torch::serialize::OutputArchive& archive) const { serialize(*this, archive); }
 
 DETTRIAL_INLINE void Adadelta::load(torch::serialize::InputArchive& archive) {
   serialize(*this, archive);

@@ -53,9 +53,7 @@ struct by_norm {
 /// Clamps every gradient element to [-clip_value, clip_value] (torch's clip_grad_value_).
 struct by_value {
   double clip_value;
-  void operator()(std::vector<torch::Tensor>& params) const {
-    torch::nn::utils::clip_grad_value_(params, clip_value);
-  }
+  void operator()(std::vector<torch::Tensor>& params) const { torch::nn::utils::clip_grad_value_(params, clip_value); }
 };
 
 }  // namespace clip

@@ -95,7 +95,8 @@ class CapturableOptimizer {
   /// on every replay: a parameter that had no gradient in the warm-up batches must not step first
   /// inside the graph.
   [[noreturn]] static void throw_new_state(const std::string& what) {
-    throw TrialError(what + " would be first made inside the CUDA graph (so reset on every replay): a parameter had no "
+    throw TrialError(what +
+                     " would be first made inside the CUDA graph (so reset on every replay): a parameter had no "
                      "gradient in any warm-up batch; raise capture_warmup_batches, or keep such parameters out of the optimizer");
   }
   /// The closure's loss (with gradients on), or an undefined tensor without one.
@@ -147,9 +148,11 @@ inline std::vector<double> captured_group_state(const torch::optim::OptimizerPar
   if (const auto* sgd = dynamic_cast<const torch::optim::SGDOptions*>(&o))
     out.insert(out.end(), {sgd->momentum(), sgd->dampening(), sgd->weight_decay(), double(sgd->nesterov())});
   else if (const auto* adam = dynamic_cast<const torch::optim::AdamOptions*>(&o))
-    out.insert(out.end(), {std::get<0>(adam->betas()), std::get<1>(adam->betas()), adam->eps(), adam->weight_decay(), double(adam->amsgrad())});
+    out.insert(out.end(),
+               {std::get<0>(adam->betas()), std::get<1>(adam->betas()), adam->eps(), adam->weight_decay(), double(adam->amsgrad())});
   else if (const auto* adamw = dynamic_cast<const torch::optim::AdamWOptions*>(&o))
-    out.insert(out.end(), {std::get<0>(adamw->betas()), std::get<1>(adamw->betas()), adamw->eps(), adamw->weight_decay(), double(adamw->amsgrad())});
+    out.insert(out.end(),
+               {std::get<0>(adamw->betas()), std::get<1>(adamw->betas()), adamw->eps(), adamw->weight_decay(), double(adamw->amsgrad())});
   return out;
 }
 
@@ -244,9 +247,8 @@ class FusedSGD : public torch::optim::SGD, public CapturableOptimizer {
     return loss;
   }
 
-  void run_buckets(const std::vector<torch::Tensor>& params, const std::vector<torch::Tensor>& bufs,
-                   const torch::optim::SGDOptions& o, const torch::Tensor& lr, bool first,
-                   const std::optional<torch::Tensor>& found_inf) {
+  void run_buckets(const std::vector<torch::Tensor>& params, const std::vector<torch::Tensor>& bufs, const torch::optim::SGDOptions& o,
+                   const torch::Tensor& lr, bool first, const std::optional<torch::Tensor>& found_inf) {
     detail::for_each_bucket(params, [&](const std::vector<std::size_t>& idx) {
       std::vector<torch::Tensor> ps, grads, bs;
       ps.reserve(idx.size());
@@ -278,9 +280,8 @@ class FusedSGD : public torch::optim::SGD, public CapturableOptimizer {
   /// LibTorch's SGD arithmetic with the learning rate read from `lr`; `first`: the buffers are new.
   /// On a GPU, ATen's fused kernel (one launch for all); elsewhere LibTorch's own operations, one
   /// parameter at a time, which give LibTorch's SGD's results to the bit.
-  static void run(const std::vector<torch::Tensor>& params, const std::vector<torch::Tensor>& grads,
-                  const std::vector<torch::Tensor>& bufs, const torch::optim::SGDOptions& o, const torch::Tensor& lr, bool first,
-                  const std::optional<torch::Tensor>& found_inf) {
+  static void run(const std::vector<torch::Tensor>& params, const std::vector<torch::Tensor>& grads, const std::vector<torch::Tensor>& bufs,
+                  const torch::optim::SGDOptions& o, const torch::Tensor& lr, bool first, const std::optional<torch::Tensor>& found_inf) {
 #if DETTRIAL_FUSED_KERNELS
     if (params.front().is_cuda()) {
       at::_fused_sgd_(params, grads, bufs, o.weight_decay(), o.momentum(), lr, o.dampening(), o.nesterov(),
@@ -353,8 +354,7 @@ class FusedAdamBase : public Base, public optim::CapturableOptimizer {
     for (auto& group : this->param_groups())
       for (const auto& p : group.params()) {
         auto it = this->state().find(key(p));
-        if (it != this->state().end())
-          steps_[key(p)] = device_scalar(static_cast<double>(static_cast<State&>(*it->second).step()), p);
+        if (it != this->state().end()) steps_[key(p)] = device_scalar(static_cast<double>(static_cast<State&>(*it->second).step()), p);
       }
   }
 
@@ -414,11 +414,11 @@ class FusedAdamBase : public Base, public optim::CapturableOptimizer {
 #if DETTRIAL_FUSED_KERNELS
     torch::_foreach_add_(b.steps, 1);
     if constexpr (Decoupled)
-      at::_fused_adamw_(b.params, b.grads, b.first, b.second, b.third, b.steps, lr, beta1, beta2, o.weight_decay(), o.eps(),
-                        o.amsgrad(), /*maximize=*/false, /*grad_scale=*/std::nullopt, found_inf);
+      at::_fused_adamw_(b.params, b.grads, b.first, b.second, b.third, b.steps, lr, beta1, beta2, o.weight_decay(), o.eps(), o.amsgrad(),
+                        /*maximize=*/false, /*grad_scale=*/std::nullopt, found_inf);
     else
-      at::_fused_adam_(b.params, b.grads, b.first, b.second, b.third, b.steps, lr, beta1, beta2, o.weight_decay(), o.eps(),
-                       o.amsgrad(), /*maximize=*/false, /*grad_scale=*/std::nullopt, found_inf);
+      at::_fused_adam_(b.params, b.grads, b.first, b.second, b.third, b.steps, lr, beta1, beta2, o.weight_decay(), o.eps(), o.amsgrad(),
+                       /*maximize=*/false, /*grad_scale=*/std::nullopt, found_inf);
     // A skipped step did not count (as PyTorch's fused Adam takes its increment back).
     if (found_inf) torch::_foreach_sub_(b.steps, std::vector<torch::Tensor>(b.steps.size(), *found_inf));
 #else

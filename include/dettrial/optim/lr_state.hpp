@@ -27,8 +27,7 @@ void save_lr_scheduler(void* scheduler, torch::serialize::OutputArchive& archive
   S& s = *static_cast<S*>(scheduler);
   if constexpr (std::derived_from<S, torch::optim::LRScheduler>)
     archive.write("step_count", c10::IValue(static_cast<std::int64_t>(LRSchedulerAccess::step_count(s))));
-  else
-    std::as_const(s).save(archive);
+  else std::as_const(s).save(archive);
 }
 
 template <class S>
@@ -46,8 +45,7 @@ void load_lr_scheduler(void* scheduler, torch::serialize::InputArchive& archive)
 /// Steps taken, when the scheduler is a LibTorch one (for the Python-side state dict); else -1.
 template <class S>
 std::int64_t lr_scheduler_steps(void* scheduler) {
-  if constexpr (std::derived_from<S, torch::optim::LRScheduler>)
-    return LRSchedulerAccess::step_count(*static_cast<S*>(scheduler));
+  if constexpr (std::derived_from<S, torch::optim::LRScheduler>) return LRSchedulerAccess::step_count(*static_cast<S*>(scheduler));
   else return -1;
 }
 

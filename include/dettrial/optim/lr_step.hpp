@@ -68,7 +68,8 @@ struct on_validation {
 #if DETTRIAL_HEADER_DEFINITIONS
 namespace dettrial::lr_step {
 
-DETTRIAL_INLINE std::int64_t every_batch::steps_after(std::int64_t batch_idx, std::int64_t agg, std::int64_t /*epoch_len*/, std::int64_t freq) {
+DETTRIAL_INLINE std::int64_t every_batch::steps_after(std::int64_t batch_idx, std::int64_t agg, std::int64_t /*epoch_len*/,
+                                                      std::int64_t freq) {
   std::int64_t n = 0;
   for (std::int64_t i = batch_idx - agg + 1; i <= batch_idx; ++i) n += ((i + 1) % freq == 0);
   return n;

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 /// @file
-/// @brief Mixed precision (see config/precision.hpp for the setting): autocast for a device (torch.autocast's C++ side, across LibTorch versions)
-/// and a gradient scaler with PyTorch's GradScaler semantics and checkpoint layout.
+/// @brief Mixed precision (see config/precision.hpp for the setting): autocast for a device (torch.autocast's C++ side, across LibTorch
+/// versions) and a gradient scaler with PyTorch's GradScaler semantics and checkpoint layout.
 #pragma once
 
 #include <algorithm>
@@ -216,8 +216,9 @@ DETTRIAL_INLINE void GradScaler::place(const torch::Device& device) {
 
 DETTRIAL_INLINE torch::Tensor GradScaler::scale(const torch::Tensor& loss) {
   if (wrapped_)
-    throw TrialError("this GradScaler is wrapped with context.wrap_scaler: context.backward scales the loss itself; "
-                     "pass the loss unscaled");
+    throw TrialError(
+        "this GradScaler is wrapped with context.wrap_scaler: context.backward scales the loss itself; "
+        "pass the loss unscaled");
   // In float32 (PyTorch multiplies by a float32 tensor): an fp16 loss times 65536 would overflow.
   return options_.enabled ? scaled(loss.to(torch::kFloat)) : loss;
 }

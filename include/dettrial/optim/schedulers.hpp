@@ -180,7 +180,7 @@ class ReduceLROnPlateau {
 
   torch::optim::Optimizer* optimizer_;
   ReduceLROnPlateauOptions options_;
-  bool min_mode_ = true;      // options_.mode == "min"
+  bool min_mode_ = true;       // options_.mode == "min"
   bool rel_threshold_ = true;  // options_.threshold_mode == "rel"
   std::vector<double> min_lrs_;
   std::int64_t last_epoch_ = 0;
@@ -230,9 +230,7 @@ struct SchedulerArchive {
     if (!archive.try_read(key, value)) throw CheckpointError(owner + " has no '" + key + "'");
     return value;
   }
-  [[noreturn]] void mistyped(const char* key, const char* type) const {
-    throw CheckpointError(owner + ": '" + key + "' is not " + type);
-  }
+  [[noreturn]] void mistyped(const char* key, const char* type) const { throw CheckpointError(owner + ": '" + key + "' is not " + type); }
   std::int64_t integer(const char* key) const {
     const c10::IValue v = entry(key);
     if (!v.isInt()) mistyped(key, "an integer");
@@ -262,17 +260,15 @@ struct SchedulerArchive {
   std::vector<double> per_group(const char* key, const torch::optim::Optimizer& optimizer) const {
     std::vector<double> values = numbers(key);
     if (values.size() != optimizer.param_groups().size())
-      throw CheckpointError(owner + " has " + std::to_string(values.size()) + " value(s) in '" + key +
-                            "', but the optimizer has " + std::to_string(optimizer.param_groups().size()) +
-                            " parameter group(s)");
+      throw CheckpointError(owner + " has " + std::to_string(values.size()) + " value(s) in '" + key + "', but the optimizer has " +
+                            std::to_string(optimizer.param_groups().size()) + " parameter group(s)");
     return values;
   }
 };
 
 DETTRIAL_INLINE void check_scheduler_type(const SchedulerArchive& in, const std::string& name) {
   const std::string saved = in.text("scheduler");
-  if (saved != name)
-    throw CheckpointError(in.owner + " was written by a " + saved + ": is the checkpoint from another trial?");
+  if (saved != name) throw CheckpointError(in.owner + " was written by a " + saved + ": is the checkpoint from another trial?");
 }
 
 }  // namespace dettrial::detail
@@ -369,8 +365,7 @@ DETTRIAL_INLINE void StepLR::python_state(c10::impl::GenericDict& out) const {
 // ------------------------------------------------------------------------------------------------
 // MultiStepLR
 
-DETTRIAL_INLINE MultiStepLR::MultiStepLR(torch::optim::Optimizer& optimizer, const std::vector<std::int64_t>& milestones,
-                                         double gamma)
+DETTRIAL_INLINE MultiStepLR::MultiStepLR(torch::optim::Optimizer& optimizer, const std::vector<std::int64_t>& milestones, double gamma)
     : EpochLRScheduler(optimizer, "MultiStepLR"), gamma_(gamma) {
   for (const std::int64_t m : milestones) {
     if (m < 0) invalid("milestones", "at least 0", std::to_string(m));
@@ -424,9 +419,7 @@ DETTRIAL_INLINE ExponentialLR::ExponentialLR(torch::optim::Optimizer& optimizer,
   step();  // Python's constructor steps once: last_epoch 0, no decay
 }
 
-DETTRIAL_INLINE void ExponentialLR::step() {
-  advance(last_epoch_ + 1 != 0, gamma_);
-}
+DETTRIAL_INLINE void ExponentialLR::step() { advance(last_epoch_ + 1 != 0, gamma_); }
 
 DETTRIAL_INLINE void ExponentialLR::save(torch::serialize::OutputArchive& archive) const {
   save_common(archive);
@@ -459,15 +452,13 @@ DETTRIAL_INLINE ReduceLROnPlateau::ReduceLROnPlateau(torch::optim::Optimizer& op
   if (!(o.factor >= 0 && o.factor < 1)) invalid("factor", "in [0, 1)", dettrial::detail::scheduler_number(o.factor));
   if (o.patience < 0) invalid("patience", "at least 0", std::to_string(o.patience));
   if (!(o.threshold >= 0)) invalid("threshold", "at least 0", dettrial::detail::scheduler_number(o.threshold));
-  if (o.threshold_mode != "rel" && o.threshold_mode != "abs")
-    invalid("threshold_mode", "\"rel\" or \"abs\"", '"' + o.threshold_mode + '"');
+  if (o.threshold_mode != "rel" && o.threshold_mode != "abs") invalid("threshold_mode", "\"rel\" or \"abs\"", '"' + o.threshold_mode + '"');
   if (o.cooldown < 0) invalid("cooldown", "at least 0", std::to_string(o.cooldown));
   if (!(o.eps >= 0)) invalid("eps", "at least 0", dettrial::detail::scheduler_number(o.eps));
   const std::size_t groups = optimizer.param_groups().size();
   if (const auto* per_group = std::get_if<std::vector<double>>(&o.min_lr)) {
     if (per_group->size() != groups)
-      invalid("min_lr", "one value per parameter group (" + std::to_string(groups) + ")",
-              std::to_string(per_group->size()) + " values");
+      invalid("min_lr", "one value per parameter group (" + std::to_string(groups) + ")", std::to_string(per_group->size()) + " values");
     min_lrs_ = *per_group;
   } else {
     min_lrs_.assign(groups, std::get<double>(o.min_lr));
@@ -565,10 +556,8 @@ DETTRIAL_INLINE void ReduceLROnPlateau::load(torch::serialize::InputArchive& arc
                           "': expected min or max, and rel or abs");
   std::vector<double> min_lrs = in.per_group("min_lrs", *optimizer_);
   c10::IValue default_min_lr;
-  if (archive.try_read("default_min_lr", default_min_lr) && default_min_lr.isDouble())
-    options.min_lr = default_min_lr.toDouble();
-  else
-    options.min_lr = min_lrs;
+  if (archive.try_read("default_min_lr", default_min_lr) && default_min_lr.isDouble()) options.min_lr = default_min_lr.toDouble();
+  else options.min_lr = min_lrs;
   const std::int64_t last_epoch = in.integer("last_epoch");
   std::vector<double> last_lr = in.per_group("last_lr", *optimizer_);
   const double best = in.number("best");

@@ -35,9 +35,9 @@ DETTRIAL_INLINE std::filesystem::path write_report(const std::filesystem::path& 
   if (std::filesystem::is_regular_file(dir / layout::summary, ec) || std::filesystem::is_directory(dir / layout::trials, ec))
     return write_experiment_report(dir);
   if (std::filesystem::is_regular_file(dir / layout::metrics_log, ec)) return write_run_report(dir);
-  throw Error("'" + dir.string() + "' holds no metrics.jsonl (a run's folder) and no summary.json or trials/ (a search's folder): nothing to report");
+  throw Error("'" + dir.string() +
+              "' holds no metrics.jsonl (a run's folder) and no summary.json or trials/ (a search's folder): nothing to report");
 }
 
 }  // namespace dettrial
 #endif  // DETTRIAL_HEADER_DEFINITIONS
-

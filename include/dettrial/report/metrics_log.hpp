@@ -82,8 +82,8 @@ DETTRIAL_INLINE std::optional<std::int64_t> MetricsLog::batches_of(std::string_v
   return batches_of_record(record);
 }
 
-DETTRIAL_INLINE void MetricsLog::write(std::string_view type, std::int64_t batches, std::int64_t epochs,
-                                       const MetricValues& metrics, const detail::Json& extra) {
+DETTRIAL_INLINE void MetricsLog::write(std::string_view type, std::int64_t batches, std::int64_t epochs, const MetricValues& metrics,
+                                       const detail::Json& extra) {
   if (!out_.is_open()) return;
   detail::Json record = {{"type", std::string(type)}, {"batches", batches}, {"epochs", epochs}};
   for (const auto& [key, value] : extra.items()) record[key] = value;

@@ -54,10 +54,12 @@ class TraceProfiler {
   static TraceProfiler for_section(const ExperimentConfig::Profiling& section, std::filesystem::path trace, bool cuda) {
     ProfilerOptions o;
     o.record_shapes = true;
-    o.schedule = {.wait = 0, .warmup = 0,
+    o.schedule = {.wait = 0,
+                  .warmup = 0,
                   .active = section.end_after_batch ? std::max<std::int64_t>(*section.end_after_batch - section.begin_on_batch + 1, 1)
                                                     : std::numeric_limits<std::int64_t>::max() / 4,
-                  .repeat = 1, .skip_first = section.begin_on_batch};
+                  .repeat = 1,
+                  .skip_first = section.begin_on_batch};
     return TraceProfiler(std::move(o), 0, TraceFiles{std::move(trace), false}, cuda);
   }
   // Moved only before it starts (the trainer's set-up); a moved-from profiler never stops LibTorch's.
@@ -258,8 +260,8 @@ DETTRIAL_INLINE void TraceProfiler::stop(std::int64_t batch_idx) {
       how = "LibTorch's profiler without Kineto: CPU operators";
     }
     written_ = trace_path;
-    summary_ = "profiled batches " + std::to_string(first_batch_) + "-" + std::to_string(batch_idx) + ": " + trace_path.string() +
-               " (" + std::to_string(result->events().size()) + " events; " + how + ")";
+    summary_ = "profiled batches " + std::to_string(first_batch_) + "-" + std::to_string(batch_idx) + ": " + trace_path.string() + " (" +
+               std::to_string(result->events().size()) + " events; " + how + ")";
   } catch (const std::exception& e) {
     summary_ = "warning: profiled batches " + std::to_string(first_batch_) + "-" + std::to_string(batch_idx) +
                ", but the trace could not be written to " + trace_path.string() + ": " + e.what();
@@ -269,10 +271,8 @@ DETTRIAL_INLINE void TraceProfiler::stop(std::int64_t batch_idx) {
 /// An event's start and duration in microseconds: LibTorch 2.x counts nanoseconds, 1.13 microseconds.
 template <class Event>
 std::pair<double, double> event_span_us(const Event& e) {
-  if constexpr (requires { e.startNs(); })
-    return {static_cast<double>(e.startNs()) / 1000.0, static_cast<double>(e.durationNs()) / 1000.0};
-  else
-    return {static_cast<double>(e.startUs()), static_cast<double>(e.durationUs())};
+  if constexpr (requires { e.startNs(); }) return {static_cast<double>(e.startNs()) / 1000.0, static_cast<double>(e.durationNs()) / 1000.0};
+  else return {static_cast<double>(e.startUs()), static_cast<double>(e.durationUs())};
 }
 
 DETTRIAL_INLINE void write_chrome_trace(const torch::autograd::profiler::ProfilerResult& result, const std::filesystem::path& path) {
@@ -289,8 +289,7 @@ DETTRIAL_INLINE void write_chrome_trace(const torch::autograd::profiler::Profile
                       {"pid", pid},
                       {"tid", static_cast<std::int64_t>(e.startThreadId())}});
   }
-  const nlohmann::json trace = {{"traceEvents", std::move(events)}, {"displayTimeUnit", "ms"},
-                                {"otherData", {{"writer", "dettrial"}}}};
+  const nlohmann::json trace = {{"traceEvents", std::move(events)}, {"displayTimeUnit", "ms"}, {"otherData", {{"writer", "dettrial"}}}};
   detail::write_atomically(path, trace.dump());
 }
 

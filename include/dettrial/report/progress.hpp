@@ -113,8 +113,8 @@ DETTRIAL_INLINE void Progress::update(std::int64_t done) {
                   100.0 * static_cast<double>(done) / static_cast<double>(total_), static_cast<long long>(done),
                   static_cast<long long>(total_), unit_.c_str(), rate, unit_.c_str(), format_duration(eta).c_str());
   } else {
-    std::snprintf(buf, sizeof buf, "\r\033[K%s %lld %s  %.1f %s/s", phase_.c_str(), static_cast<long long>(done),
-                  unit_.c_str(), rate, unit_.c_str());
+    std::snprintf(buf, sizeof buf, "\r\033[K%s %lld %s  %.1f %s/s", phase_.c_str(), static_cast<long long>(done), unit_.c_str(), rate,
+                  unit_.c_str());
   }
   std::fputs(buf, stdout);
   std::fflush(stdout);

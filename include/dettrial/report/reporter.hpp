@@ -60,15 +60,17 @@ class Reporter {
   void line(const std::string& text) { progress_.line(text); }
 
   /// A phase with a live progress line: `done` of `total` units so far.
-  void begin(std::string_view phase, std::int64_t done, std::int64_t total, std::string_view unit) { progress_.begin(phase, done, total, unit); }
+  void begin(std::string_view phase, std::int64_t done, std::int64_t total, std::string_view unit) {
+    progress_.begin(phase, done, total, unit);
+  }
   void update(std::int64_t done) { progress_.update(done); }
   /// Seconds since the phase began.
   double elapsed() const { return progress_.elapsed(); }
 
   /// A training workload's averaged metrics, the job's samples per second, where the chief's time
   /// went (`seconds` in all) and the learning rates after its last step.
-  void training(std::int64_t batches, std::int64_t epochs, const MetricValues& metrics, double samples_per_second,
-                double seconds, const PhaseTimes& phases, const LearningRates& learning_rates);
+  void training(std::int64_t batches, std::int64_t epochs, const MetricValues& metrics, double samples_per_second, double seconds,
+                const PhaseTimes& phases, const LearningRates& learning_rates);
 
   /// A validation's metrics, over `records` records (0: not counted) in `seconds`.
   void validation(std::int64_t batches, std::int64_t epochs, const MetricValues& metrics, std::int64_t records, double seconds);
@@ -92,7 +94,8 @@ class Reporter {
 namespace dettrial::detail {
 
 /// flat_hparams' recursion: the entries of `map`, their names prefixed.
-DETTRIAL_INLINE void flatten_hparams(const YAML::Node& map, const std::string& prefix, std::vector<std::pair<std::string, HParamValue>>& out) {
+DETTRIAL_INLINE void flatten_hparams(const YAML::Node& map, const std::string& prefix,
+                                     std::vector<std::pair<std::string, HParamValue>>& out) {
   for (const auto& kv : map) {
     const std::string name = prefix + kv.first.Scalar();
     const YAML::Node& value = kv.second;
@@ -134,16 +137,17 @@ DETTRIAL_INLINE Reporter::Reporter(bool writes, ReportOptions options, const std
   if (!writes) options.quiet = true;
   progress_ = Progress(options);
   if (log_.dropped() > 0)  // also under --quiet: a trial's log says why its metrics.jsonl shrank
-    std::fprintf(stderr, "dettrial: resuming at batch %lld: dropped %zu record(s) of %s written after that checkpoint (that training is done again)\n",
-                 static_cast<long long>(resumed_at.value_or(0)), log_.dropped(), log_.path().c_str());
+    std::fprintf(
+        stderr,
+        "dettrial: resuming at batch %lld: dropped %zu record(s) of %s written after that checkpoint (that training is done again)\n",
+        static_cast<long long>(resumed_at.value_or(0)), log_.dropped(), log_.path().c_str());
   if (tensorboard_ && tensorboard_->dropped() > 0)
     std::fprintf(stderr, "dettrial: resuming at batch %lld: dropped %zu event(s) of %s written after that checkpoint\n",
                  static_cast<long long>(resumed_at.value_or(0)), tensorboard_->dropped(), tensorboard_->dir().c_str());
 }
 
-DETTRIAL_INLINE void Reporter::training(std::int64_t batches, std::int64_t epochs, const MetricValues& metrics,
-                                        double samples_per_second, double seconds, const PhaseTimes& phases,
-                                        const LearningRates& learning_rates) {
+DETTRIAL_INLINE void Reporter::training(std::int64_t batches, std::int64_t epochs, const MetricValues& metrics, double samples_per_second,
+                                        double seconds, const PhaseTimes& phases, const LearningRates& learning_rates) {
   char tail[64];
   std::snprintf(tail, sizeof tail, "  (%.1f samples/s)", samples_per_second);
   progress_.line("[train]" + format_metrics(metrics) + tail);
@@ -173,13 +177,11 @@ DETTRIAL_INLINE void Reporter::training(std::int64_t batches, std::int64_t epoch
   }
 }
 
-DETTRIAL_INLINE void Reporter::validation(std::int64_t batches, std::int64_t epochs, const MetricValues& metrics,
-                                          std::int64_t records, double seconds) {
+DETTRIAL_INLINE void Reporter::validation(std::int64_t batches, std::int64_t epochs, const MetricValues& metrics, std::int64_t records,
+                                          double seconds) {
   char tail[96];
-  if (records > 0)
-    std::snprintf(tail, sizeof tail, "  (%lld records in %.2f s)", static_cast<long long>(records), seconds);
-  else
-    std::snprintf(tail, sizeof tail, "  (%.2f s)", seconds);
+  if (records > 0) std::snprintf(tail, sizeof tail, "  (%lld records in %.2f s)", static_cast<long long>(records), seconds);
+  else std::snprintf(tail, sizeof tail, "  (%.2f s)", seconds);
   progress_.line("[validation]" + format_metrics(metrics) + tail);
   log_.write("validation", batches, epochs, metrics, Json{{"seconds", seconds}});
   if (tensorboard_) {

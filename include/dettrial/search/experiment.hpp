@@ -103,7 +103,6 @@ class Experiment {
  public:
   Experiment(ExperimentConfig config, ExperimentOptions options);
 
-
   int run();
 
   const std::map<std::int64_t, TrialSummary>& trials() const { return trials_; }
@@ -307,7 +306,8 @@ DETTRIAL_INLINE const SearcherSettings& Experiment::checked_searcher(const Exper
 }
 
 DETTRIAL_INLINE Experiment::Experiment(ExperimentConfig config, ExperimentOptions options)
-    : config_(std::move(config)), options_(std::move(options)),
+    : config_(std::move(config)),
+      options_(std::move(options)),
       searcher_(make_searcher(checked_searcher(config_), HyperparameterSpace(config_.hyperparameters, config_.source),
                               config_.experiment_seed.value_or(0))) {
   if (config_.searcher.metric.empty())
@@ -316,7 +316,8 @@ DETTRIAL_INLINE Experiment::Experiment(ExperimentConfig config, ExperimentOption
     for (const char* tool : {"srun", "scancel", "scontrol"}) {
       const std::string path = detail::find_on_path(tool);
       if (path.empty())
-        throw ConfigError(std::string("--launcher slurm runs each trial with Slurm's srun, stops it with scancel and finds its jobs with scontrol, but there is no ") +
+        throw ConfigError(std::string("--launcher slurm runs each trial with Slurm's srun, stops it with scancel and finds its jobs with "
+                                      "scontrol, but there is no ") +
                           tool + " on PATH; install Slurm's client commands, or run the search here with --launcher local");
       (std::string_view(tool) == "srun" ? srun_ : std::string_view(tool) == "scancel" ? scancel_ : scontrol_) = path;
     }
@@ -349,8 +350,9 @@ DETTRIAL_INLINE int Experiment::run() {
       write_summary();
       refresh_report(/*at_end=*/true);
       if (config_error_) {
-        std::fprintf(stderr, "dettrial: the search stopped: trial %lld's configuration is wrong, and every trial would fail the same way:\n%s\n"
-                             "dettrial: fix it and run the same command again to continue the experiment\n",
+        std::fprintf(stderr,
+                     "dettrial: the search stopped: trial %lld's configuration is wrong, and every trial would fail the same way:\n%s\n"
+                     "dettrial: fix it and run the same command again to continue the experiment\n",
                      static_cast<long long>(config_error_->first), config_error_->second.c_str());
         return detail::exit_status_config_value;
       }
@@ -395,8 +397,8 @@ DETTRIAL_INLINE std::string Experiment::slurm_job_name(std::int64_t id) const {
 namespace detail {
 /// Whether a Slurm job state is final (the job's record then holds its exit code).
 inline bool slurm_job_ended(std::string_view state) {
-  for (std::string_view end : {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE",
-                                 "SPECIAL_EXIT", "REVOKED"})
+  for (std::string_view end : {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY", "BOOT_FAIL",
+                               "DEADLINE", "SPECIAL_EXIT", "REVOKED"})
     if (state == end) return true;
   return false;
 }
@@ -405,7 +407,8 @@ inline bool slurm_job_ended(std::string_view state) {
 DETTRIAL_INLINE std::optional<std::map<std::int64_t, Experiment::SlurmJob>> Experiment::slurm_jobs() const {
   // One line per job the controller knows: "JobId=16 JobName=dettrial-e5-t1 ... JobState=RUNNING ... ExitCode=0:0 ...".
   const std::filesystem::path listing = options_.output_dir / ".slurm-jobs.txt";
-  const int status = detail::run_and_wait(scontrol_, {scontrol_, "--oneliner", "show", "job"}, {.output = listing.string(), .merge_stderr = false});
+  const int status =
+      detail::run_and_wait(scontrol_, {scontrol_, "--oneliner", "show", "job"}, {.output = listing.string(), .merge_stderr = false});
   std::map<std::int64_t, SlurmJob> jobs;
   std::ifstream in(listing);
   const std::string prefix = "dettrial-e" + std::to_string(experiment_id_) + "-t";
@@ -434,7 +437,8 @@ DETTRIAL_INLINE std::optional<std::map<std::int64_t, Experiment::SlurmJob>> Expe
     const auto colon = code.find(':');
     const auto exit_code = number(code.substr(0, colon)).value_or(0);
     const auto signal = colon == std::string::npos ? 0 : number(code.substr(colon + 1)).value_or(0);
-    job.status = signal != 0 ? detail::wait_status_killed(static_cast<int>(signal)) : detail::wait_status_exited(static_cast<int>(exit_code));
+    job.status =
+        signal != 0 ? detail::wait_status_killed(static_cast<int>(signal)) : detail::wait_status_exited(static_cast<int>(exit_code));
     if (job.status == 0 && job.state != "COMPLETED" && detail::slurm_job_ended(job.state))
       job.status = detail::wait_status_killed(job.state == "CANCELLED" ? SIGTERM : SIGKILL);
     jobs[*id] = std::move(job);
@@ -447,8 +451,10 @@ DETTRIAL_INLINE std::optional<std::map<std::int64_t, Experiment::SlurmJob>> Expe
 DETTRIAL_INLINE void Experiment::adopt_slurm_jobs() {
   const auto jobs = slurm_jobs();
   if (!jobs)
-    throw Error("--launcher slurm: 'scontrol show job' failed, so this runner cannot tell which of the experiment's trials still run as Slurm jobs; "
-                "is the cluster up (sinfo)?");
+    throw Error(
+        "--launcher slurm: 'scontrol show job' failed, so this runner cannot tell which of the experiment's trials still run as Slurm "
+        "jobs; "
+        "is the cluster up (sinfo)?");
   std::vector<std::int64_t> ended;
   for (const auto& [id, job] : newest_job_per_trial(*jobs)) {
     const auto queued = std::find(queue_.begin(), queue_.end(), id);
@@ -463,10 +469,12 @@ DETTRIAL_INLINE void Experiment::adopt_slurm_jobs() {
     running_[id] = run;
     trials_.at(id).state = TrialState::running;
     if (detail::slurm_job_ended(job.state)) {
-      say("[experiment] trial " + std::to_string(id) + "'s Slurm job " + std::to_string(job.id) + " ended while no runner watched it (" + job.state + ")");
+      say("[experiment] trial " + std::to_string(id) + "'s Slurm job " + std::to_string(job.id) + " ended while no runner watched it (" +
+          job.state + ")");
       ended.push_back(id);
     } else {
-      say("[experiment] trial " + std::to_string(id) + ": adopting its Slurm job " + std::to_string(job.id) + " (" + job.state + ") from an earlier runner");
+      say("[experiment] trial " + std::to_string(id) + ": adopting its Slurm job " + std::to_string(job.id) + " (" + job.state +
+          ") from an earlier runner");
     }
   }
   // The validations the searcher has not heard of yet (those after the earlier runner stopped
@@ -480,7 +488,8 @@ DETTRIAL_INLINE void Experiment::adopt_slurm_jobs() {
   }
 }
 
-DETTRIAL_INLINE std::map<std::int64_t, Experiment::SlurmJob> Experiment::newest_job_per_trial(const std::map<std::int64_t, SlurmJob>& jobs) {
+DETTRIAL_INLINE std::map<std::int64_t, Experiment::SlurmJob> Experiment::newest_job_per_trial(
+    const std::map<std::int64_t, SlurmJob>& jobs) {
   std::map<std::int64_t, SlurmJob> newest;
   for (const auto& [id, job] : jobs) newest[job.trial] = job;  // by ascending job id: the last is the newest
   return newest;
@@ -497,7 +506,8 @@ DETTRIAL_INLINE void Experiment::reap_adopted(bool interrupting) {
   if (!jobs && !leave) return;
   std::vector<std::int64_t> ended;
   for (const auto& [id, run] : running_)
-    if (run.pid < 0 && (leave || !jobs->count(run.slurm_job) || detail::slurm_job_ended(jobs->at(run.slurm_job).state))) ended.push_back(id);
+    if (run.pid < 0 && (leave || !jobs->count(run.slurm_job) || detail::slurm_job_ended(jobs->at(run.slurm_job).state)))
+      ended.push_back(id);
   for (const std::int64_t id : ended) {
     const Running run = running_.at(id);
     poll_metrics();  // its last records
@@ -605,11 +615,13 @@ DETTRIAL_INLINE void Experiment::replay_or_start() {
       }
       if (const detail::Json* job = detail::json_find(e, "slurm_job")) handled_jobs_[id] = detail::json_as<std::int64_t>(*job, "slurm_job");
     } catch (const detail::JsonFieldError& err) {
-      throw Error("'" + events_path.string() + "' has an event that lacks a field or has one of the wrong type (" + err.what() + "): " + line);
+      throw Error("'" + events_path.string() + "' has an event that lacks a field or has one of the wrong type (" + err.what() +
+                  "): " + line);
     }
     ++replayed;
   }
-  if (replayed > 0) say("dettrial: continuing the experiment in " + options_.output_dir.string() + " (" + std::to_string(replayed) + " events)");
+  if (replayed > 0)
+    say("dettrial: continuing the experiment in " + options_.output_dir.string() + " (" + std::to_string(replayed) + " events)");
 }
 
 DETTRIAL_INLINE TrialState Experiment::state_from(const std::string& s) {
@@ -652,8 +664,8 @@ DETTRIAL_INLINE void Experiment::write_trial_config(const TrialRequest& r) const
   storage["type"] = "shared_fs";
   storage["host_path"] = (trial_dir(r.id) / layout::checkpoints).string();
   // The experiment's best are chosen among the trials' best, so each trial keeps its best until then.
-  storage["save_trial_best"] = std::max<std::int64_t>(config_.checkpoint_storage.save_trial_best,
-                                                      config_.checkpoint_storage.save_experiment_best > 0 ? 1 : 0);
+  storage["save_trial_best"] =
+      std::max<std::int64_t>(config_.checkpoint_storage.save_trial_best, config_.checkpoint_storage.save_experiment_best > 0 ? 1 : 0);
   storage["save_trial_latest"] = std::max<std::int64_t>(config_.checkpoint_storage.save_trial_latest, 1);  // restarts need one
   doc["checkpoint_storage"] = storage;
   std::ofstream(trial_dir(r.id) / layout::config) << doc << "\n";
@@ -672,8 +684,8 @@ DETTRIAL_INLINE void Experiment::launch(std::int64_t id) {
   const TrialRequest& r = requests_.at(id);
   fs::create_directories(trial_dir(id));
   write_trial_config(r);
-  std::vector<std::string> args = {options_.program.string(), "--config", (trial_dir(id) / layout::config).string(),
-                                   "--output", trial_dir(id).string(), "--quiet"};
+  std::vector<std::string> args = {options_.program.string(), "--config", (trial_dir(id) / layout::config).string(), "--output",
+                                   trial_dir(id).string(),    "--quiet"};
   if (!list_checkpoints(trial_dir(id) / layout::checkpoints).empty()) {
     args.emplace_back("--resume");
     args.push_back((trial_dir(id) / layout::checkpoints).string());
@@ -724,7 +736,7 @@ DETTRIAL_INLINE void Experiment::launch(std::int64_t id) {
 DETTRIAL_INLINE void Experiment::poll_metrics() {
   for (auto& [id, run] : running_) {
     const auto path = trial_dir(id) / layout::metrics_log;
-    struct stat file {};
+    struct stat file{};
     if (::stat(path.c_str(), &file) != 0) continue;
     if (file.st_ino != run.metrics_inode || static_cast<std::uintmax_t>(file.st_size) < run.metrics_offset) {
       run.metrics_inode = file.st_ino;  // a new file: read it from the start; validations already told are skipped
@@ -766,8 +778,9 @@ DETTRIAL_INLINE void Experiment::poll_metrics() {
       // For the report: the ASHA rung this validation reached (the rungs its time has passed), and a stop.
       std::string where;
       if (const searcher::AshaBracket* bracket = bracket_of(id)) {
-        const std::int64_t rung =
-            static_cast<std::int64_t>(std::ranges::count_if(bracket->units_needed, [&](std::int64_t needed) { return time >= static_cast<double>(needed); })) - 1;
+        const std::int64_t rung = static_cast<std::int64_t>(std::ranges::count_if(
+                                      bracket->units_needed, [&](std::int64_t needed) { return time >= static_cast<double>(needed); })) -
+                                  1;
         if (rung >= 0) {
           event["rung"] = rung;
           rungs_[id] = std::max(rungs_.count(id) ? rungs_[id] : rung, rung);
@@ -783,7 +796,8 @@ DETTRIAL_INLINE void Experiment::poll_metrics() {
       if (stop) {
         terminate_trial(id, run);  // the trial checkpoints and exits
         run.stop_sent = true;
-        say("[experiment] trial " + std::to_string(id) + " stopped by the searcher at " + time_metric + " " + std::to_string(static_cast<std::int64_t>(time)));
+        say("[experiment] trial " + std::to_string(id) + " stopped by the searcher at " + time_metric + " " +
+            std::to_string(static_cast<std::int64_t>(time)));
       }
     }
   }
@@ -826,15 +840,17 @@ DETTRIAL_INLINE void Experiment::trial_ended(std::int64_t id, int status, bool s
   const bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
   // 75: stopped by a signal after a checkpoint; a SIGTERM that came after training ended kills it.
   // srun reports a task killed by signal n as exit status 128 + n.
-  const bool stopped = (WIFEXITED(status) && WEXITSTATUS(status) == detail::exit_status_interrupted_value) ||
-                       (stop_sent && WIFSIGNALED(status) && WTERMSIG(status) == SIGTERM) ||
-                       (stop_sent && options_.launcher == TrialLauncher::slurm && WIFEXITED(status) && WEXITSTATUS(status) == 128 + SIGTERM);
+  const bool stopped =
+      (WIFEXITED(status) && WEXITSTATUS(status) == detail::exit_status_interrupted_value) ||
+      (stop_sent && WIFSIGNALED(status) && WTERMSIG(status) == SIGTERM) ||
+      (stop_sent && options_.launcher == TrialLauncher::slurm && WIFEXITED(status) && WEXITSTATUS(status) == 128 + SIGTERM);
   if (WIFEXITED(status) && WEXITSTATUS(status) == detail::exit_status_config_value) {
     // Not restarted, and not ended in the event log: after the fix the next run trains it.
     t.state = TrialState::errored;
     if (!config_error_)
-      config_error_.emplace(id, last_error_line(id) + "\n(trial " + std::to_string(id) + "'s config " + (trial_dir(id) / layout::config).string() +
-                                    " is " + config_.source + " with the trial's hyperparameters " + detail::one_line(t.hparams) + ")");
+      config_error_.emplace(id, last_error_line(id) + "\n(trial " + std::to_string(id) + "'s config " +
+                                    (trial_dir(id) / layout::config).string() + " is " + config_.source +
+                                    " with the trial's hyperparameters " + detail::one_line(t.hparams) + ")");
     return;
   }
   if (interrupting && (stopped || !ok)) {
@@ -855,8 +871,7 @@ DETTRIAL_INLINE void Experiment::trial_ended(std::int64_t id, int status, bool s
   } else {
     t.state = TrialState::errored;
     std::fprintf(stderr, "[experiment] trial %lld failed (%s) after %lld restarts; see %s\n", static_cast<long long>(id),
-                 describe_failure(id, status).c_str(), static_cast<long long>(t.restarts),
-                 (trial_dir(id) / "log.txt").c_str());
+                 describe_failure(id, status).c_str(), static_cast<long long>(t.restarts), (trial_dir(id) / "log.txt").c_str());
   }
   log_ending({{"event", "end"}, {"trial", id}, {"state", to_string(t.state)}, {"restarts", t.restarts}});
   say("[experiment] trial " + std::to_string(id) + " " + to_string(t.state) + " after " + std::to_string(t.batches_trained) + " batches");
@@ -904,8 +919,9 @@ DETTRIAL_INLINE void Experiment::apply_experiment_retention() {
   std::map<std::string, std::int64_t> trial_best_keep;  // uuid -> kept by its trial's rules
   for (const auto& [id, t] : trials_) {
     const auto all = list_checkpoints(trial_dir(id) / layout::checkpoints);
-    for (const auto& c : checkpoints_to_delete(all, {.save_trial_best = storage.save_trial_best, .save_trial_latest = storage.save_trial_latest},
-                                               config_.searcher.smaller_is_better))
+    for (const auto& c :
+         checkpoints_to_delete(all, {.save_trial_best = storage.save_trial_best, .save_trial_latest = storage.save_trial_latest},
+                               config_.searcher.smaller_is_better))
       trial_best_keep[c.uuid] = 0;  // candidates for deletion
     for (const auto& c : all)
       if (c.validation_metric) ranked.push_back(c);
@@ -937,8 +953,7 @@ DETTRIAL_INLINE detail::Json Experiment::summary_json() const {
   summary["trials"] = detail::Json::array();
   std::optional<std::int64_t> best_trial;
   for (const auto& [id, t] : trials_) {
-    if (t.best_metric && (!best_trial || order().better(*t.best_metric, *trials_.at(*best_trial).best_metric)))
-      best_trial = id;
+    if (t.best_metric && (!best_trial || order().better(*t.best_metric, *trials_.at(*best_trial).best_metric))) best_trial = id;
     detail::Json trial = {{"id", id},
                           {"state", to_string(t.state)},
                           {"batches_trained", t.batches_trained},
@@ -967,19 +982,21 @@ DETTRIAL_INLINE void Experiment::write_summary(bool print) {
     char row[160];
     std::snprintf(row, sizeof row, " %5lld  %-14s %8lld  %8lld  %12s  %6s  ", static_cast<long long>(id), to_string(t.state),
                   static_cast<long long>(t.batches_trained), static_cast<long long>(t.restarts),
-                  t.best_metric ? std::to_string(*t.best_metric).c_str() : "-", t.last_metric ? std::to_string(*t.last_metric).c_str() : "-");
+                  t.best_metric ? std::to_string(*t.best_metric).c_str() : "-",
+                  t.last_metric ? std::to_string(*t.last_metric).c_str() : "-");
     table += row + detail::one_line(t.hparams) + "\n";
   }
   if (const detail::Json& best = summary.at("best_trial"); best.is_number_integer())
-    table += " best: trial " + std::to_string(best.get<std::int64_t>()) + ", checkpoint " + trials_.at(best.get<std::int64_t>()).best_checkpoint + "\n";
+    table += " best: trial " + std::to_string(best.get<std::int64_t>()) + ", checkpoint " +
+             trials_.at(best.get<std::int64_t>()).best_checkpoint + "\n";
   say(table + " summary: " + (options_.output_dir / layout::summary).string());
 }
 
 DETTRIAL_INLINE void Experiment::refresh_report(bool at_end) {
   try {
     // While trials run, from what this runner knows (summary.json is written at the end).
-    const std::filesystem::path page = at_end ? write_experiment_report(options_.output_dir)
-                                              : detail::html::write_experiment_page(options_.output_dir, summary_json());
+    const std::filesystem::path page =
+        at_end ? write_experiment_report(options_.output_dir) : detail::html::write_experiment_page(options_.output_dir, summary_json());
     if (at_end) say(" report: " + page.string());
   } catch (const std::exception& e) {
     std::fprintf(stderr, "dettrial: warning: the search's report.html was not updated: %s\n", detail::first_line(e.what()).c_str());
@@ -995,8 +1012,8 @@ DETTRIAL_INLINE std::string Experiment::progress() const {
   }
   const std::int64_t total = std::visit([](const auto& s) { return s.max_trials(); }, searcher_);
   return "[experiment] " + std::to_string(completed + stopped + failed) + " of " + std::to_string(total) + " trials ended (" +
-         std::to_string(completed) + " completed, " + std::to_string(stopped) + " stopped early, " + std::to_string(failed) +
-         " failed), " + std::to_string(running_.size()) + " running";
+         std::to_string(completed) + " completed, " + std::to_string(stopped) + " stopped early, " + std::to_string(failed) + " failed), " +
+         std::to_string(running_.size()) + " running";
 }
 
 DETTRIAL_INLINE const searcher::AshaBracket* Experiment::bracket_of(std::int64_t id) const {

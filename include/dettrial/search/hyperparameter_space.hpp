@@ -24,7 +24,7 @@ struct HyperparameterAxis {
   std::vector<std::string> path;  // nested keys, outermost first
   Type type = Type::constant;
   double minval = 0, maxval = 0, base = 10;
-  std::int64_t count = 0;  // grid points (0: not given)
+  std::int64_t count = 0;          // grid points (0: not given)
   std::vector<YAML::Node> values;  // const: one value; categorical: the choices
 
   std::string name() const;
@@ -56,7 +56,9 @@ class HyperparameterSpace {
           set(out, a.path, YAML::Node(d(rng)));
           break;
         }
-        case HyperparameterAxis::Type::real: set(out, a.path, YAML::Node(std::uniform_real_distribution<double>(a.minval, a.maxval)(rng))); break;
+        case HyperparameterAxis::Type::real:
+          set(out, a.path, YAML::Node(std::uniform_real_distribution<double>(a.minval, a.maxval)(rng)));
+          break;
         case HyperparameterAxis::Type::log:
           set(out, a.path, YAML::Node(std::pow(a.base, std::uniform_real_distribution<double>(a.minval, a.maxval)(rng))));
           break;
@@ -207,15 +209,17 @@ DETTRIAL_INLINE void HyperparameterSpace::parse(const YAML::Node& map, std::vect
       const YAML::Node n = v[key];
       double x = 0;
       if (!n || !detail::try_read(n, x))
-        throw ConfigError(detail::where(n ? n : v, source) + ": hyperparameter '" + name + "' (type " + type + ") needs a number '" +
-                          key + "'" + (n ? ", found " + detail::describe(n) : std::string()));
+        throw ConfigError(detail::where(n ? n : v, source) + ": hyperparameter '" + name + "' (type " + type + ") needs a number '" + key +
+                          "'" + (n ? ", found " + detail::describe(n) : std::string()));
       return x;
     };
     if (type == "const") {
       if (!v["val"]) throw ConfigError(detail::where(v, source) + ": hyperparameter '" + name + "' of type const has no 'val'");
       a.values.push_back(v["val"]);
     } else if (type == "int" || type == "double" || type == "log") {
-      a.type = type == "int" ? HyperparameterAxis::Type::integer : type == "double" ? HyperparameterAxis::Type::real : HyperparameterAxis::Type::log;
+      a.type = type == "int"      ? HyperparameterAxis::Type::integer
+               : type == "double" ? HyperparameterAxis::Type::real
+                                  : HyperparameterAxis::Type::log;
       a.minval = number("minval");
       a.maxval = number("maxval");
       if (!(a.minval < a.maxval))
@@ -236,7 +240,8 @@ DETTRIAL_INLINE void HyperparameterSpace::parse(const YAML::Node& map, std::vect
       a.type = HyperparameterAxis::Type::categorical;
       const YAML::Node vals = v["vals"];
       if (!vals || !vals.IsSequence() || vals.size() == 0)
-        throw ConfigError(detail::where(vals ? vals : v, source) + ": hyperparameter '" + name + "' of type categorical needs a non-empty list 'vals'");
+        throw ConfigError(detail::where(vals ? vals : v, source) + ": hyperparameter '" + name +
+                          "' of type categorical needs a non-empty list 'vals'");
       for (const auto& x : vals) a.values.push_back(x);
     } else {
       throw ConfigError(detail::where(v["type"], source) + ": hyperparameter '" + name + "' has unknown type '" + type +

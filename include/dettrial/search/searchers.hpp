@@ -161,7 +161,8 @@ DETTRIAL_INLINE Random::Random(SearcherSettings config, HyperparameterSpace spac
 
 DETTRIAL_INLINE std::vector<TrialRequest> Random::initial() {
   std::vector<TrialRequest> out;
-  const std::int64_t first = config_.max_concurrent_trials > 0 ? std::min(config_.max_trials, config_.max_concurrent_trials) : config_.max_trials;
+  const std::int64_t first =
+      config_.max_concurrent_trials > 0 ? std::min(config_.max_trials, config_.max_concurrent_trials) : config_.max_trials;
   for (std::int64_t i = 0; i < first; ++i) out.push_back(next());
   return out;
 }
@@ -209,8 +210,9 @@ DETTRIAL_INLINE std::vector<AshaBracket> asha_brackets(const SearcherSettings& c
   if (c.max_trials < 1) throw ConfigError("adaptive_asha needs max_trials of at least 1");
   if (c.max_time < 1) throw ConfigError("adaptive_asha needs max_time of at least 1");
   if (!(c.divisor > 1)) throw ConfigError("adaptive_asha needs a divisor greater than 1");
-  const auto max_rungs = std::min({c.max_rungs, static_cast<std::int64_t>(std::log(static_cast<double>(c.max_time)) / std::log(c.divisor)) + 1,
-                                   static_cast<std::int64_t>(std::log(static_cast<double>(c.max_trials)) / std::log(c.divisor)) + 1});
+  const auto max_rungs =
+      std::min({c.max_rungs, static_cast<std::int64_t>(std::log(static_cast<double>(c.max_time)) / std::log(c.divisor)) + 1,
+                static_cast<std::int64_t>(std::log(static_cast<double>(c.max_trials)) / std::log(c.divisor)) + 1});
   std::vector<std::int64_t> rungs = c.bracket_rungs;
   if (rungs.empty()) {
     std::int64_t low = 1;
@@ -245,8 +247,7 @@ DETTRIAL_INLINE std::vector<AshaBracket> asha_brackets(const SearcherSettings& c
     if (c.max_concurrent_trials > 0)
       out[static_cast<std::size_t>(i)].max_concurrent =
           std::max<std::int64_t>(c.max_concurrent_trials / n + (i < c.max_concurrent_trials % n ? 1 : 0), 1);
-    else
-      out[static_cast<std::size_t>(i)].max_concurrent = std::max(out.back().max_trials, static_cast<std::int64_t>(c.divisor));
+    else out[static_cast<std::size_t>(i)].max_concurrent = std::max(out.back().max_trials, static_cast<std::int64_t>(c.divisor));
   }
   return out;
 }

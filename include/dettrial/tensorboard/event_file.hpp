@@ -357,7 +357,8 @@ DETTRIAL_INLINE TensorBoardWriter::TensorBoardWriter(const std::filesystem::path
   // writers started in one second (a quick resume) still sort by start.
   const auto seconds = static_cast<long long>(detail::tensorboard::wall_time_now());
   for (int n = 0;; ++n) {
-    file_ = dir / ("events.out.tfevents." + std::to_string(seconds) + "." + host + "." + std::to_string(::getpid()) + "." + std::to_string(n));
+    file_ =
+        dir / ("events.out.tfevents." + std::to_string(seconds) + "." + host + "." + std::to_string(::getpid()) + "." + std::to_string(n));
     if (!std::filesystem::exists(file_, ec)) break;
   }
   out_.open(file_, std::ios::binary | std::ios::trunc);
@@ -383,7 +384,8 @@ DETTRIAL_INLINE void TensorBoardWriter::add_scalar(std::string_view tag, double 
   write_event(step, summary);
 }
 
-DETTRIAL_INLINE void TensorBoardWriter::add_histogram(std::string_view tag, const torch::Tensor& values, std::int64_t step, std::int64_t bins) {
+DETTRIAL_INLINE void TensorBoardWriter::add_histogram(std::string_view tag, const torch::Tensor& values, std::int64_t step,
+                                                      std::int64_t bins) {
   if (!out_.is_open()) return;
   if (bins < 1) throw Error("add_histogram('" + std::string(tag) + "'): bins must be at least 1, not " + std::to_string(bins));
   const torch::NoGradGuard no_grad;
@@ -394,17 +396,21 @@ DETTRIAL_INLINE void TensorBoardWriter::add_histogram(std::string_view tag, cons
     histo.fixed64(1, 0).fixed64(2, 0).fixed64(3, 0).fixed64(4, 0).fixed64(5, 0);
   } else {
     const double lo = x.min().item<double>(), hi = x.max().item<double>();
-    const torch::Tensor counts = lo == hi ? torch::full({1}, static_cast<double>(x.numel()), torch::kDouble)
-                                          : torch::histc(x, bins, lo, hi);
+    const torch::Tensor counts =
+        lo == hi ? torch::full({1}, static_cast<double>(x.numel()), torch::kDouble) : torch::histc(x, bins, lo, hi);
     std::vector<double> limits, buckets;
     const std::int64_t n = counts.numel();
     for (std::int64_t i = 0; i < n; ++i) {
       limits.push_back(i + 1 == n ? hi : lo + (hi - lo) * static_cast<double>(i + 1) / static_cast<double>(n));
       buckets.push_back(counts[i].item<double>());
     }
-    histo.fixed64(1, lo).fixed64(2, hi).fixed64(3, static_cast<double>(x.numel()))
-        .fixed64(4, x.sum().item<double>()).fixed64(5, (x * x).sum().item<double>())
-        .packed_doubles(6, limits).packed_doubles(7, buckets);
+    histo.fixed64(1, lo)
+        .fixed64(2, hi)
+        .fixed64(3, static_cast<double>(x.numel()))
+        .fixed64(4, x.sum().item<double>())
+        .fixed64(5, (x * x).sum().item<double>())
+        .packed_doubles(6, limits)
+        .packed_doubles(7, buckets);
   }
   detail::tensorboard::Message v, summary;
   v.bytes(1, tag).message(5, histo);
@@ -419,14 +425,15 @@ DETTRIAL_INLINE void TensorBoardWriter::write_hparams_data(std::string_view tag,
   tb::Message plugin, metadata, shape, null_tensor, v, summary;
   plugin.bytes(1, "hparams").bytes(2, plugin_data.str());
   metadata.message(1, plugin);
-  shape.message(2, tb::Message{});                  // one dimension of size 0
-  null_tensor.varint(1, 1).message(2, shape);     // DT_FLOAT
+  shape.message(2, tb::Message{});             // one dimension of size 0
+  null_tensor.varint(1, 1).message(2, shape);  // DT_FLOAT
   v.bytes(1, tag).message(9, metadata).message(8, null_tensor);
   summary.message(1, v);
   write_event(0, summary);
 }
 
-DETTRIAL_INLINE void TensorBoardWriter::add_hparams(const std::vector<std::pair<std::string, HParamValue>>& hparams, std::string_view group) {
+DETTRIAL_INLINE void TensorBoardWriter::add_hparams(const std::vector<std::pair<std::string, HParamValue>>& hparams,
+                                                    std::string_view group) {
   if (!out_.is_open()) return;
   namespace tb = detail::tensorboard;
   tb::Message start;

@@ -99,7 +99,8 @@ DETTRIAL_INLINE ExperimentConfig checkpoint_trial_config(const std::filesystem::
   const std::filesystem::path file = checkpoint / layout::load_data;
   std::error_code ec;
   if (!std::filesystem::exists(file, ec))
-    throw CheckpointError("'" + checkpoint.string() + "' has no load_data.json, so the trial cannot be rebuilt from it; "
+    throw CheckpointError("'" + checkpoint.string() +
+                          "' has no load_data.json, so the trial cannot be rebuilt from it; "
                           "load only its weights with dettrial::load_weights");
   YAML::Node load_data;
   try {

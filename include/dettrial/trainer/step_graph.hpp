@@ -88,11 +88,13 @@ void check_step_capture(const StepCapture& capture, Context& context) {
     throw ConfigError(what + "needs at least 1 warm-up batch (capture_warmup_batches is " + std::to_string(graph.warmup_batches) +
                       "): the eager batches before the capture make the optimizer's state");
   if constexpr (!tensors_only_batch<Batch>())
-    throw TrialError(what + "copies each batch into the graph's input tensors, so the training batch must be made of tensors "
-                     "(in tuples, pairs, vectors or string-keyed maps); " + c10::demangle(typeid(Batch).name()) +
-                     " is not, or holds a value that the graph would freeze");
+    throw TrialError(what +
+                     "copies each batch into the graph's input tensors, so the training batch must be made of tensors "
+                     "(in tuples, pairs, vectors or string-keyed maps); " +
+                     c10::demangle(typeid(Batch).name()) + " is not, or holds a value that the graph would freeze");
   if (context.communicator())
-    throw ConfigError(what + "does not capture data-parallel training (the gradient all-reduce runs between the backward pass "
+    throw ConfigError(what +
+                      "does not capture data-parallel training (the gradient all-reduce runs between the backward pass "
                       "and the step); run one process per trial or set step_capture: none");
   if (context.aggregation_frequency() > 1)
     throw ConfigError(what + "needs aggregation_frequency 1: with " + std::to_string(context.aggregation_frequency()) +
@@ -104,19 +106,19 @@ void check_step_capture(const StepCapture& capture, Context& context) {
                        ") would see only the captured batch; wrap it with for_training = false, or set step_capture: none");
 #if !DETTRIAL_FUSED_KERNELS
   if (context.scaler())
-    throw ConfigError(what + "cannot replay an fp16 gradient scaler with LibTorch before 2.4, whose optimizer kernels cannot "
+    throw ConfigError(what +
+                      "cannot replay an fp16 gradient scaler with LibTorch before 2.4, whose optimizer kernels cannot "
                       "skip a step on the device; use mixed_precision: bf16 (no scaler) or fp32, or LibTorch 2.4 or later");
 #endif
   for (std::size_t i = 0; i < context.num_optimizers(); ++i) {
     torch::optim::Optimizer& optimizer = context.optimizer(i);
     if (!dynamic_cast<optim::CapturableOptimizer*>(&optimizer))
-      throw TrialError(what + "needs optimizers that read their learning rate on the device, and optimizer " + std::to_string(i) +
-                       " (" + c10::demangle(typeid(optimizer).name()) +
+      throw TrialError(what + "needs optimizers that read their learning rate on the device, and optimizer " + std::to_string(i) + " (" +
+                       c10::demangle(typeid(optimizer).name()) +
                        ") reads it on the host, so a replay would keep the captured batch's; use dettrial::optim::FusedSGD, "
                        "FusedAdam or FusedAdamW (same options and checkpoints as LibTorch's SGD, Adam and AdamW)");
   }
-  if (!step_capture_built)
-    throw ConfigError(what + "needs LibTorch built with CUDA, and this one is CPU-only; set step_capture: none");
+  if (!step_capture_built) throw ConfigError(what + "needs LibTorch built with CUDA, and this one is CPU-only; set step_capture: none");
   if (!context.device().is_cuda())
     throw ConfigError(what + "needs a CUDA device, and this trial runs on " + context.device().str() + "; set step_capture: none");
 }
@@ -167,9 +169,10 @@ class StepGraph {
   void check_unchanged() const {
     if (!captured()) return;
     if (group_states() != captured_groups_)
-      throw TrialError("step_capture: cuda_graph replays the optimizer step as captured, and since the capture an optimizer's "
-                       "parameters or options other than the learning rate (momentum, betas, weight decay, ...) changed; "
-                       "only learning rates may change under a captured step, or set step_capture: none");
+      throw TrialError(
+          "step_capture: cuda_graph replays the optimizer step as captured, and since the capture an optimizer's "
+          "parameters or options other than the learning rate (momentum, betas, weight decay, ...) changed; "
+          "only learning rates may change under a captured step, or set step_capture: none");
   }
 
 #if defined(DETTRIAL_HAS_CUDA)
@@ -191,7 +194,6 @@ class StepGraph {
     check_metrics(metrics);
     return metrics;
   }
-
 
   /// Captures `step(static_batch)` in the graph (nothing runs), then replays it once to train `batch`.
   template <class Step>
@@ -259,9 +261,13 @@ class StepGraph {
   void before_eager_batch() { clear_gradients(); }
 #else
   template <class Step>
-  Metrics warm_up(Step&&) { throw unavailable(); }
+  Metrics warm_up(Step&&) {
+    throw unavailable();
+  }
   template <class Step>
-  Metrics capture(Batch, Step&&) { throw unavailable(); }
+  Metrics capture(Batch, Step&&) {
+    throw unavailable();
+  }
   Metrics replay(const Batch&) { throw unavailable(); }
   void before_eager_batch() {}
 #endif
@@ -304,8 +310,10 @@ class StepGraph {
   static void check_metrics(const Metrics& metrics) {
     for (const auto& e : metrics)
       if (!e.value.is_tensor())
-        throw TrialError("step_capture: cuda_graph replays train_batch, so a metric it returns as a number would keep the "
-                         "captured batch's value: return '" + std::string(e.key.view()) + "' as a tensor");
+        throw TrialError(
+            "step_capture: cuda_graph replays train_batch, so a metric it returns as a number would keep the "
+            "captured batch's value: return '" +
+            std::string(e.key.view()) + "' as a tensor");
   }
   static std::string first_line(const char* text) {
     const std::string s(text);

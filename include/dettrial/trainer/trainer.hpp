@@ -123,13 +123,10 @@ class Trainer {
   void build(Args&&... args) {
     if constexpr (std::constructible_from<TrialT, Context&, Args...>)
       trial_ = std::make_unique<TrialT>(context_, std::forward<Args>(args)...);
-    else
-      trial_ = std::make_unique<TrialT>(std::forward<Args>(args)...);
+    else trial_ = std::make_unique<TrialT>(std::forward<Args>(args)...);
     if constexpr (declarative) build_declarative();
-    if constexpr (requires(TrialT& t) { t.build_callbacks(); })
-      callbacks_ = std::make_unique<TrialCallbacks>(trial_->build_callbacks());
-    else
-      callbacks_ = std::make_unique<TrialCallbacks>();
+    if constexpr (requires(TrialT& t) { t.build_callbacks(); }) callbacks_ = std::make_unique<TrialCallbacks>(trial_->build_callbacks());
+    else callbacks_ = std::make_unique<TrialCallbacks>();
     if (context_.models().empty())
       throw TrialError("the trial wrapped no model: call context.wrap_model(...) in its constructor (or define build_model())");
     if (context_.num_optimizers() == 0)
@@ -167,13 +164,14 @@ class Trainer {
     if constexpr (!trial_ok) {
       return {};
     } else {
-      auto set = std::apply([&](auto&... own) { return detail::CallbackSet<std::remove_reference_t<decltype(own)>..., Callbacks...>(
-                                                    std::tie(own..., callbacks...)); },
-                            *callbacks_);
+      auto set = std::apply(
+          [&](auto&... own) {
+            return detail::CallbackSet<std::remove_reference_t<decltype(own)>..., Callbacks...>(std::tie(own..., callbacks...));
+          },
+          *callbacks_);
       return run(std::move(options), set);
     }
   }
-
 
  private:
   /// Which boundaries the last batch of a workload reached (Determined handles them in this order).
@@ -233,8 +231,7 @@ class Trainer {
       scheduler_ = std::make_unique<SchedulerResult>(trial_->lr_scheduler(optimizer));
       if constexpr (detail::is_scheduled_lr<SchedulerResult>::value)
         context_.wrap_lr_scheduler(scheduler_->scheduler, typename SchedulerResult::mode{}, scheduler_->frequency);
-      else
-        context_.wrap_lr_scheduler(*scheduler_, lr_step::every_batch{});
+      else context_.wrap_lr_scheduler(*scheduler_, lr_step::every_batch{});
     }
   }
 
@@ -377,7 +374,8 @@ class Trainer {
     position.initial_batch = st.batches_trained;  // the training stream skips what was trained
     position.current_batch = st.batches_trained;
     st.result.resumed_from_batch = st.batches_trained;
-    if (Communicator* comm = context_.communicator()) detail::broadcast_modules(*comm, context_.models());  // every rank starts from rank 0's weights
+    if (Communicator* comm = context_.communicator())
+      detail::broadcast_modules(*comm, context_.models());  // every rank starts from rank 0's weights
   }
 
   /// Writes the trace when training ended (or stopped) inside the profiled range.
@@ -394,9 +392,10 @@ class Trainer {
                      ", training " + st.length.to_string() + " (an epoch is " + std::to_string(st.epoch_len) + " batches), output " +
                      o.output_dir.string());
     if (const Communicator* comm = context_.communicator())
-      st.reporter.line("dettrial: " + std::to_string(comm->size()) + " processes (" + launcher_name(comm->environment().launcher) +
-                       ", " + comm->backend_name() + "), rendezvous at " + comm->environment().master_addr + ":" +
-                       std::to_string(comm->environment().master_port) + ", global batch " + std::to_string(context_.get_global_batch_size()));
+      st.reporter.line("dettrial: " + std::to_string(comm->size()) + " processes (" + launcher_name(comm->environment().launcher) + ", " +
+                       comm->backend_name() + "), rendezvous at " + comm->environment().master_addr + ":" +
+                       std::to_string(comm->environment().master_port) + ", global batch " +
+                       std::to_string(context_.get_global_batch_size()));
     if (st.resume_dir)
       st.reporter.line("dettrial: resumed from " + st.resume_dir->string() +
                        (st.same_trial ? " at batch " + std::to_string(st.batches_trained)
@@ -414,8 +413,8 @@ class Trainer {
     } else if (o.profiling.enabled)
       st.reporter.line("dettrial: profiling batches " + std::to_string(o.profiling.begin_on_batch) + " to " +
                        (o.profiling.end_after_batch ? std::to_string(*o.profiling.end_after_batch) : std::string("the end of training")) +
-                       " with LibTorch's profiler" + (st.sync_timings ? ", timings synchronized with the GPU" : "") +
-                       "; trace in " + o.output_dir.string());
+                       " with LibTorch's profiler" + (st.sync_timings ? ", timings synchronized with the GPU" : "") + "; trace in " +
+                       o.output_dir.string());
     if (const std::int64_t records = context_.get_experiment_config().records_per_epoch; records > 0)
       st.reporter.line("dettrial: records_per_epoch " + std::to_string(records) + " sets the epoch: " + std::to_string(st.epoch_len) +
                        " batches of " + std::to_string(context_.get_global_batch_size()) +
@@ -442,13 +441,13 @@ class Trainer {
   TrainUnit resolve_length(const FitOptions& o) const {
     if (o.test_mode) return Batch(1);
     if (!o.max_length)
-      throw ConfigError("fit() needs a training length: set FitOptions::max_length (Batch, Epoch or Record), or "
-                        "searcher.max_length in the experiment config and build the options with FitOptions::from_config");
+      throw ConfigError(
+          "fit() needs a training length: set FitOptions::max_length (Batch, Epoch or Record), or "
+          "searcher.max_length in the experiment config and build the options with FitOptions::from_config");
     TrainUnit length = *o.max_length;
     if (length.is_schedule()) throw ConfigError("max_length must be a count, not a schedule of points");
     if (length.unit() == Unit::records) length = length.in_batches_if_records(context_.get_global_batch_size());
-    if (length.value() < 1)
-      throw ConfigError("max_length is " + length.to_string() + "; training needs a max_length of at least 1");
+    if (length.value() < 1) throw ConfigError("max_length is " + length.to_string() + "; training needs a max_length of at least 1");
     return length;
   }
   TrainUnit resolve_period(const TrainUnit& period) const {
@@ -470,8 +469,9 @@ class Trainer {
       const Reached reached = train_until_boundary(st, batches, workload, callbacks);
       report_training(st, workload, callbacks);
       if (const int signal = agreed_max(detail::StopSignals::received()); signal != 0)
-        return stop(st, callbacks, signal, std::string("dettrial: stopped by ") + detail::signal_name(signal) + " after batch " +
-                                               std::to_string(st.batches_trained) + "; resume from " + st.storage.string());
+        return stop(st, callbacks, signal,
+                    std::string("dettrial: stopped by ") + detail::signal_name(signal) + " after batch " +
+                        std::to_string(st.batches_trained) + "; resume from " + st.storage.string());
       if (handle_boundaries(st, reached, callbacks)) return;
     }
   }
@@ -488,8 +488,8 @@ class Trainer {
     workload.records = 0;
     workload.phases.reset();
     workload.mark = std::chrono::steady_clock::now();
-    st.reporter.begin("train", st.batches_trained,
-                      st.length.unit() == Unit::epochs ? st.length.value() * st.epoch_len : st.length.value(), "batches");
+    st.reporter.begin("train", st.batches_trained, st.length.unit() == Unit::epochs ? st.length.value() * st.epoch_len : st.length.value(),
+                      "batches");
     for (;;) {
       const std::int64_t batch_idx = st.batches_trained, epoch_idx = batch_idx / st.epoch_len;
       const bool epoch_start = batch_idx % st.epoch_len == 0, epoch_end = batch_idx % st.epoch_len == st.epoch_len - 1;
@@ -531,14 +531,14 @@ class Trainer {
   Metrics eager_step(Batch& batch, Workload& workload, std::int64_t batch_idx, std::int64_t epoch_idx, bool sync_timings) {
     Metrics metrics = [&] {
       RECORD_USER_SCOPE("dettrial::train_batch");
-      return as_metrics(in_precision([&]() -> decltype(auto) {
-        return detail::call_train_batch(*trial_, batch, model_or_missing(), epoch_idx, batch_idx);
-      }));
+      return as_metrics(in_precision(
+          [&]() -> decltype(auto) { return detail::call_train_batch(*trial_, batch, model_or_missing(), epoch_idx, batch_idx); }));
     }();
     lap(workload, workload.phases.train_batch, sync_timings);
     if constexpr (declarative) {
       const MetricValue& loss = metrics.at("loss");
-      if (!loss.is_tensor()) throw TrialError("train_batch must return the loss as a tensor (the trainer back-propagates it), not a number");
+      if (!loss.is_tensor())
+        throw TrialError("train_batch must return the loss as a tensor (the trainer back-propagates it), not a number");
       {
         RECORD_USER_SCOPE("dettrial::backward");
         context_.backward(loss.tensor());
@@ -549,8 +549,7 @@ class Trainer {
         // An optional hook: gradient_clipping() returns a clip policy (clip::by_norm{...}, clip::by_value{...}).
         if constexpr (requires(TrialT& t) { t.gradient_clipping(); })
           context_.step_optimizer(detail::deref(*optimizer_), trial_->gradient_clipping());
-        else
-          context_.step_optimizer(detail::deref(*optimizer_));
+        else context_.step_optimizer(detail::deref(*optimizer_));
       }
       lap(workload, workload.phases.optimizer_step, sync_timings);
     }
@@ -578,9 +577,8 @@ class Trainer {
         metrics = step_graph_.warm_up([&] { return eager_step(batch, workload, batch_idx, epoch_idx, sync_timings); });
       } else if (!step_graph_.captured()) {
         // Nothing may wait for the device while capturing: no synchronized timings.
-        metrics = step_graph_.capture(std::move(batch), [&](training_batch_t<TrialT>& b) {
-          return eager_step(b, workload, batch_idx, epoch_idx, false);
-        });
+        metrics = step_graph_.capture(std::move(batch),
+                                      [&](training_batch_t<TrialT>& b) { return eager_step(b, workload, batch_idx, epoch_idx, false); });
         lap(workload, workload.phases.train_batch, sync_timings);
         st.reporter.line("dettrial: training step captured in a CUDA graph at batch " + std::to_string(batch_idx));
       } else {
@@ -603,7 +601,9 @@ class Trainer {
   /// Determined's boundary rule: batch periods on batches completed; epoch periods on the last batch
   /// of an epoch, on epochs completed.
   Reached boundaries_after(const RunState& st, std::int64_t batch_idx, std::int64_t epoch_idx, bool epoch_end) const {
-    auto hit = [&](const TrainUnit& u) { return u.unit() == Unit::epochs ? epoch_end && u.reached(epoch_idx + 1) : u.reached(batch_idx + 1); };
+    auto hit = [&](const TrainUnit& u) {
+      return u.unit() == Unit::epochs ? epoch_end && u.reached(epoch_idx + 1) : u.reached(batch_idx + 1);
+    };
     const FitOptions& o = st.options;
     return Reached{.length = o.test_mode || hit(st.length),
                    .validation = hit(o.validation_period),
@@ -616,8 +616,10 @@ class Trainer {
   template <class Set>
   bool handle_boundaries(RunState& st, const Reached& reached, Set& callbacks) {
     enum class Kind { length, validation, checkpoint, report };
-    const std::pair<bool, Kind> in_order[] = {
-        {reached.length, Kind::length}, {reached.validation, Kind::validation}, {reached.checkpoint, Kind::checkpoint}, {reached.report, Kind::report}};
+    const std::pair<bool, Kind> in_order[] = {{reached.length, Kind::length},
+                                              {reached.validation, Kind::validation},
+                                              {reached.checkpoint, Kind::checkpoint},
+                                              {reached.report, Kind::report}};
     for (const auto& [hit, kind] : in_order) {
       if (!hit) continue;
       if (kind == Kind::validation && st.last_validation != st.batches_trained) validate(st, callbacks);
@@ -692,7 +694,7 @@ class Trainer {
 
   /// Merges the user reducers taking part (`role`: for_training or for_validation) into `out`, each
   /// reducing the parts of every rank.
-  void reduce_user_reducers(bool detail::WrappedReducer::*role, const std::vector<detail::RankShare>& shares, MetricValues& out) {
+  void reduce_user_reducers(bool detail::WrappedReducer::* role, const std::vector<detail::RankShare>& shares, MetricValues& out) {
     // Every rank sees every share, so a mismatch stops all ranks here together.
     for (const auto& s : shares)
       if (s.reducer_parts.size() != shares.front().reducer_parts.size())
@@ -753,7 +755,8 @@ class Trainer {
       while (batches.has_next()) {
         validation_batch_t<TrialT> batch = batches.take();
         mine.records += record_count(batch);
-        Metrics m = in_precision([&]() -> decltype(auto) { return detail::call_evaluate_batch(*trial_, batch, model_or_missing(), batch_idx); });
+        Metrics m =
+            in_precision([&]() -> decltype(auto) { return detail::call_evaluate_batch(*trial_, batch, model_or_missing(), batch_idx); });
         reduction.add(m, batch_idx);
         if constexpr (Set::wants_validation_outputs) outputs.push_back(std::move(m));
         st.reporter.update(++batch_idx);
@@ -764,9 +767,8 @@ class Trainer {
       mine.totals = reduction.totals();
       mine.batches = reduction.batches();
     } else if (context_.distributed().is_chief()) {  // the whole dataset on the chief only (Determined's rule)
-      const Metrics m = in_precision([&]() -> decltype(auto) {
-        return detail::call_evaluate_full_dataset(*trial_, *validation_loader_, model_or_missing());
-      });
+      const Metrics m = in_precision(
+          [&]() -> decltype(auto) { return detail::call_evaluate_full_dataset(*trial_, *validation_loader_, model_or_missing()); });
       for (const auto& e : m) mine.totals.push_back({std::string(e.key.view()), Reducer::sum, e.value.to_double()});
       mine.batches = 1;
     }
@@ -820,7 +822,10 @@ class Trainer {
   }
   template <class L>
   static std::optional<std::uint64_t> data_seed(const L& loader) {
-    if constexpr (requires { { loader.seed() } -> std::convertible_to<std::uint64_t>; }) return loader.seed();
+    if constexpr (requires {
+                    { loader.seed() } -> std::convertible_to<std::uint64_t>;
+                  })
+      return loader.seed();
     else return std::nullopt;
   }
   template <class L>
@@ -959,8 +964,7 @@ class Trainer {
   /// A copy whose tensors are detached from the graph and on the CPU (kept for callbacks).
   static Metrics detached(const Metrics& m) {
     Metrics out;
-    for (const auto& e : m)
-      out.set(e.key, e.value.is_tensor() ? MetricValue(e.value.tensor().detach().cpu()) : e.value);
+    for (const auto& e : m) out.set(e.key, e.value.is_tensor() ? MetricValue(e.value.tensor().detach().cpu()) : e.value);
     return out;
   }
 
@@ -978,7 +982,9 @@ class Trainer {
   /// Batches per epoch on this rank: the loader's sharded length when it knows one.
   template <class L>
   static std::int64_t epoch_length(const L& loader, const LoaderChain& chain) {
-    if constexpr (requires { { loader.batches_for(chain) } -> std::convertible_to<std::int64_t>; }) {
+    if constexpr (requires {
+                    { loader.batches_for(chain) } -> std::convertible_to<std::int64_t>;
+                  }) {
       return static_cast<std::int64_t>(loader.batches_for(chain));
     } else {  // Determined's DistributedBatchSampler length: len // n + (len % n > rank)
       const auto len = static_cast<std::int64_t>(loader.size());
@@ -993,7 +999,9 @@ class Trainer {
 
   template <class B>
   std::int64_t record_count(const B& batch) {
-    if constexpr (requires(TrialT& t) { { t.get_batch_length(batch) } -> std::convertible_to<std::int64_t>; })
+    if constexpr (requires(TrialT& t) {
+                    { t.get_batch_length(batch) } -> std::convertible_to<std::int64_t>;
+                  })
       return trial_->get_batch_length(batch);
     else return batch_length(batch);
   }

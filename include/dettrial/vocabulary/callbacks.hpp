@@ -30,28 +30,28 @@ namespace hook {
 
 // NAME: the member function; ...: the argument types the trainer passes, in order. A hook whose
 // member is a template or an overload set is found by calling it, not by name.
-#define DETTRIAL_DETAIL_CALLBACK_HOOK(NAME, ...)                                                                         \
-  struct NAME {                                                                                                           \
-    static constexpr const char* name = #NAME;                                                                            \
-    using arguments = std::tuple<__VA_ARGS__>;                                                                            \
-    template <class C>                                                                                                    \
-    static constexpr bool named_in = requires { &C::NAME; };                                                             \
-    template <class C, class... A>                                                                                        \
-    static consteval bool callable_with(std::tuple<A...>*) {                                                              \
-      return requires(C& c, A... a) { c.NAME(std::forward<A>(a)...); };                                                 \
-    }                                                                                                                     \
-    template <class C>                                                                                                    \
-    static constexpr bool callable = callable_with<C>(static_cast<arguments*>(nullptr));                                 \
-    template <class C, class... A>                                                                                        \
-    static void call(C& c, A&&... a) {                                                                                    \
-      c.NAME(std::forward<A>(a)...);                                                                                      \
-    }                                                                                                                     \
-    template <class C>                                                                                                    \
-    static consteval bool check() {                                                                                       \
-      static_assert(!named_in<C> || callable<C>,                                                                          \
-                    "dettrial callback: " #NAME " is declared but cannot be called as " #NAME "(" #__VA_ARGS__ ")");   \
-      return true;                                                                                                        \
-    }                                                                                                                     \
+#define DETTRIAL_DETAIL_CALLBACK_HOOK(NAME, ...)                                                                     \
+  struct NAME {                                                                                                      \
+    static constexpr const char* name = #NAME;                                                                       \
+    using arguments = std::tuple<__VA_ARGS__>;                                                                       \
+    template <class C>                                                                                               \
+    static constexpr bool named_in = requires { &C::NAME; };                                                         \
+    template <class C, class... A>                                                                                   \
+    static consteval bool callable_with(std::tuple<A...>*) {                                                         \
+      return requires(C& c, A... a) { c.NAME(std::forward<A>(a)...); };                                              \
+    }                                                                                                                \
+    template <class C>                                                                                               \
+    static constexpr bool callable = callable_with<C>(static_cast<arguments*>(nullptr));                             \
+    template <class C, class... A>                                                                                   \
+    static void call(C& c, A&&... a) {                                                                               \
+      c.NAME(std::forward<A>(a)...);                                                                                 \
+    }                                                                                                                \
+    template <class C>                                                                                               \
+    static consteval bool check() {                                                                                  \
+      static_assert(!named_in<C> || callable<C>,                                                                     \
+                    "dettrial callback: " #NAME " is declared but cannot be called as " #NAME "(" #__VA_ARGS__ ")"); \
+      return true;                                                                                                   \
+    }                                                                                                                \
   };
 
 DETTRIAL_DETAIL_CALLBACK_HOOK(on_trial_startup, std::int64_t, const std::string&)
@@ -77,7 +77,8 @@ struct on_training_workload_end {
   template <class C>
   static constexpr bool named_in = requires { &C::on_training_workload_end; };
   template <class C>
-  static constexpr bool takes_batches = requires(C& c, const MetricValues& m, std::span<const Metrics> b) { c.on_training_workload_end(m, b); };
+  static constexpr bool takes_batches =
+      requires(C& c, const MetricValues& m, std::span<const Metrics> b) { c.on_training_workload_end(m, b); };
   template <class C>
   static constexpr bool callable = takes_batches<C> || requires(C& c, const MetricValues& m) { c.on_training_workload_end(m); };
   template <class C>
@@ -87,9 +88,10 @@ struct on_training_workload_end {
   }
   template <class C>
   static consteval bool check() {
-    static_assert(!named_in<C> || callable<C>,
-                  "dettrial callback: on_training_workload_end is declared but cannot be called as "
-                  "on_training_workload_end(const MetricValues&) or on_training_workload_end(const MetricValues&, std::span<const Metrics>)");
+    static_assert(
+        !named_in<C> || callable<C>,
+        "dettrial callback: on_training_workload_end is declared but cannot be called as "
+        "on_training_workload_end(const MetricValues&) or on_training_workload_end(const MetricValues&, std::span<const Metrics>)");
     return true;
   }
 };
@@ -102,7 +104,9 @@ struct state_dict {
   template <class C>
   static constexpr bool callable = requires(C& c) { c10::IValue(c.state_dict()); };
   template <class C>
-  static c10::IValue call(C& c) { return c10::IValue(c.state_dict()); }
+  static c10::IValue call(C& c) {
+    return c10::IValue(c.state_dict());
+  }
   template <class C>
   static consteval bool check() {
     static_assert(!named_in<C> || callable<C>,
@@ -113,9 +117,9 @@ struct state_dict {
 
 /// Every hook, in the order Determined documents them.
 using all = std::tuple<on_trial_startup, on_trial_shutdown, on_training_start, on_training_epoch_start, on_training_epoch_end,
-                       on_training_workload_end, on_validation_start, on_validation_epoch_start, on_validation_epoch_end,
-                       on_validation_end, on_checkpoint_save_start, on_checkpoint_write_end, on_checkpoint_upload_end,
-                       on_checkpoint_load_start, state_dict, load_state_dict>;
+                       on_training_workload_end, on_validation_start, on_validation_epoch_start, on_validation_epoch_end, on_validation_end,
+                       on_checkpoint_save_start, on_checkpoint_write_end, on_checkpoint_upload_end, on_checkpoint_load_start, state_dict,
+                       load_state_dict>;
 
 }  // namespace hook
 

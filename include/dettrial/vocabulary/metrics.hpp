@@ -34,13 +34,11 @@ class MetricKey {
  public:
   template <std::size_t N>
   consteval MetricKey(const char (&literal)[N]) : name_(literal, N - 1) {}  // NOLINT: implicit by design
-  MetricKey(const std::string& name) : name_(intern(name)) {}                // NOLINT: implicit by design
+  MetricKey(const std::string& name) : name_(intern(name)) {}               // NOLINT: implicit by design
   explicit MetricKey(std::string_view name) : name_(intern(std::string(name))) {}
 
   constexpr std::string_view view() const { return name_; }
-  friend constexpr bool operator==(MetricKey a, MetricKey b) {
-    return a.name_.data() == b.name_.data() || a.name_ == b.name_;
-  }
+  friend constexpr bool operator==(MetricKey a, MetricKey b) { return a.name_.data() == b.name_.data() || a.name_ == b.name_; }
 
  private:
   static std::string_view intern(const std::string& name);
@@ -50,10 +48,10 @@ class MetricKey {
 /// One metric value: a tensor (kept on its device, no sync) or a plain number.
 class MetricValue {
  public:
-  MetricValue(torch::Tensor t) : tensor_(std::move(t)) {}  // NOLINT: implicit by design
-  MetricValue(double v) : number_(v) {}                     // NOLINT
-  MetricValue(float v) : number_(v) {}                      // NOLINT
-  MetricValue(int v) : number_(v) {}                        // NOLINT
+  MetricValue(torch::Tensor t) : tensor_(std::move(t)) {}           // NOLINT: implicit by design
+  MetricValue(double v) : number_(v) {}                             // NOLINT
+  MetricValue(float v) : number_(v) {}                              // NOLINT
+  MetricValue(int v) : number_(v) {}                                // NOLINT
   MetricValue(std::int64_t v) : number_(static_cast<double>(v)) {}  // NOLINT
 
   bool is_tensor() const { return tensor_.defined(); }
@@ -184,8 +182,7 @@ template <MetricReducer R>
 constexpr auto reduced_metrics_type() {
   if constexpr (CrossSlotReducer<R>)
     return std::type_identity<decltype(std::declval<R&>().cross_slot_reduce(std::declval<const std::vector<per_slot_t<R>>&>()))>{};
-  else
-    return std::type_identity<decltype(std::declval<R&>().reduce())>{};
+  else return std::type_identity<decltype(std::declval<R&>().reduce())>{};
 }
 }  // namespace detail
 /// What a reducer's last step returns: a number or MetricValues.

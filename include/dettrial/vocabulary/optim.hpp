@@ -20,13 +20,12 @@ namespace dettrial {
 /// A model as a trial holds it: a LibTorch module holder (`torch::nn::Sequential`, `MyNet`) or a
 /// `std::shared_ptr` to a `torch::nn::Module`.
 template <class M>
-concept ModelHandle =
-    requires(M& m) {
-      { m.ptr() } -> std::convertible_to<std::shared_ptr<torch::nn::Module>>;
-    } || requires(M& m) {
-      { m.get() } -> std::convertible_to<torch::nn::Module*>;
-      { std::shared_ptr<torch::nn::Module>(m) };
-    };
+concept ModelHandle = requires(M& m) {
+  { m.ptr() } -> std::convertible_to<std::shared_ptr<torch::nn::Module>>;
+} || requires(M& m) {
+  { m.get() } -> std::convertible_to<torch::nn::Module*>;
+  { std::shared_ptr<torch::nn::Module>(m) };
+};
 
 /// A LibTorch optimizer (torch::optim::SGD, Adam, ... or a user subclass of torch::optim::Optimizer).
 template <class O>
@@ -75,12 +74,11 @@ ScheduledLR<S, Mode> scheduled(S scheduler, Mode, std::int64_t frequency = 1) {
  * and `load(torch::serialize::InputArchive&)`.
  */
 template <class S>
-concept CheckpointableLRScheduler =
-    std::derived_from<S, torch::optim::LRScheduler> ||
-    requires(S& s, const S& cs, torch::serialize::OutputArchive& out, torch::serialize::InputArchive& in) {
-      cs.save(out);
-      s.load(in);
-    };
+concept CheckpointableLRScheduler = std::derived_from<S, torch::optim::LRScheduler> ||
+                                    requires(S& s, const S& cs, torch::serialize::OutputArchive& out, torch::serialize::InputArchive& in) {
+                                      cs.save(out);
+                                      s.load(in);
+                                    };
 
 /// A clipping policy: called with the optimizer's parameters before the step.
 template <class C>

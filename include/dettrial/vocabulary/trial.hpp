@@ -176,17 +176,17 @@ concept ModelHooks = !DeclaresModel<T> || (BuildModelHook<T> && OptimizerHook<T>
 // ---- train_batch and the evaluation hook ---------------------------------------------------------
 
 template <class T>
-concept DeclaresTrainBatch = requires { &T::train_batch; } ||
-                             requires(T& t, training_batch_t<T>& b, model_t<T>& m, std::int64_t i) { t.train_batch(b, m, i, i); } ||
-                             requires(T& t, training_batch_t<T>& b, std::int64_t i) { t.train_batch(b, i, i); };
+concept DeclaresTrainBatch = requires { &T::train_batch; } || requires(T& t, training_batch_t<T>& b, model_t<T>& m, std::int64_t i) {
+  t.train_batch(b, m, i, i);
+} || requires(T& t, training_batch_t<T>& b, std::int64_t i) { t.train_batch(b, i, i); };
 template <class T>
-concept DeclaresEvaluateBatch = requires { &T::evaluate_batch; } ||
-                                requires(T& t, validation_batch_t<T>& b, model_t<T>& m) { t.evaluate_batch(b, m); } ||
-                                requires(T& t, validation_batch_t<T>& b) { t.evaluate_batch(b); };
+concept DeclaresEvaluateBatch = requires { &T::evaluate_batch; } || requires(T& t, validation_batch_t<T>& b, model_t<T>& m) {
+  t.evaluate_batch(b, m);
+} || requires(T& t, validation_batch_t<T>& b) { t.evaluate_batch(b); };
 template <class T>
-concept DeclaresEvaluateFullDataset = requires { &T::evaluate_full_dataset; } ||
-                                      requires(T& t, validation_loader_t<T>& l, model_t<T>& m) { t.evaluate_full_dataset(l, m); } ||
-                                      requires(T& t, validation_loader_t<T>& l) { t.evaluate_full_dataset(l); };
+concept DeclaresEvaluateFullDataset = requires { &T::evaluate_full_dataset; } || requires(T& t, validation_loader_t<T>& l, model_t<T>& m) {
+  t.evaluate_full_dataset(l, m);
+} || requires(T& t, validation_loader_t<T>& l) { t.evaluate_full_dataset(l); };
 
 namespace detail {
 /// Calls train_batch in the trial's style; only used in unevaluated contexts and by the trainer.
@@ -253,8 +253,8 @@ concept TrainBatchHook = DeclaresTrainBatch<T> && CallableTrainBatch<T> && Metri
 /// `evaluate_batch(batch, model[, batch_idx])` (declarative) or `evaluate_batch(batch[, batch_idx])`
 /// (imperative), and returns dettrial::Metrics.
 template <class T>
-concept EvaluateBatchHook = DeclaresEvaluateBatch<T> && CallableEvaluateBatch<T> &&
-                            std::same_as<std::remove_cvref_t<detail::evaluate_batch_result_t<T>>, Metrics>;
+concept EvaluateBatchHook =
+    DeclaresEvaluateBatch<T> && CallableEvaluateBatch<T> && std::same_as<std::remove_cvref_t<detail::evaluate_batch_result_t<T>>, Metrics>;
 /// `evaluate_full_dataset` can be called with the validation loader, as
 /// `evaluate_full_dataset(loader, model)` (declarative) or `evaluate_full_dataset(loader)`
 /// (imperative), and returns dettrial::Metrics.
@@ -265,7 +265,8 @@ concept EvaluateFullDatasetHook = DeclaresEvaluateFullDataset<T> && CallableEval
 /// Piece 5 of dettrial::Trial: exactly one of `evaluate_batch` (an EvaluateBatchHook) and
 /// `evaluate_full_dataset` (an EvaluateFullDatasetHook).
 template <class T>
-concept EvaluationHook = (EvaluateBatchHook<T> && !DeclaresEvaluateFullDataset<T>) || (EvaluateFullDatasetHook<T> && !DeclaresEvaluateBatch<T>);
+concept EvaluationHook =
+    (EvaluateBatchHook<T> && !DeclaresEvaluateFullDataset<T>) || (EvaluateFullDatasetHook<T> && !DeclaresEvaluateBatch<T>);
 
 namespace detail {
 
@@ -347,8 +348,9 @@ struct TrialDiagnostics {
   static_assert(problem != P::train_batch_not_callable,
                 "dettrial::Trainer<T>: T::train_batch cannot be called with the training loader's batch type as "
                 "train_batch(batch, model, epoch_idx, batch_idx) (with build_model) or train_batch(batch, epoch_idx, batch_idx) (without)");
-  static_assert(problem != P::train_batch_not_metrics,
-                "dettrial::Trainer<T>: T::train_batch must return dettrial::Metrics (with a \"loss\" entry) or the loss as a torch::Tensor");
+  static_assert(
+      problem != P::train_batch_not_metrics,
+      "dettrial::Trainer<T>: T::train_batch must return dettrial::Metrics (with a \"loss\" entry) or the loss as a torch::Tensor");
   static_assert(problem != P::no_evaluate_hook,
                 "dettrial::Trainer<T>: T has neither evaluate_batch nor evaluate_full_dataset; define exactly one of them");
   static_assert(problem != P::both_evaluate_hooks,

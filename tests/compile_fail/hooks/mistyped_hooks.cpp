@@ -4,12 +4,13 @@
 #include "../../unit/test_trials.hpp"
 
 // A callback declaring HOOK wrongly, plus one hook declared right (so that it is a callback at all).
-#define DETTRIAL_MISTYPED(HOOK, RIGHT_HOOK)  \
-  struct Mistyped_##HOOK {                   \
-    RIGHT_HOOK                               \
-    void HOOK(std::vector<double>*) {}       \
+#define DETTRIAL_MISTYPED(HOOK, RIGHT_HOOK) \
+  struct Mistyped_##HOOK {                  \
+    RIGHT_HOOK                              \
+    void HOOK(std::vector<double>*) {}      \
   };
-#define DETTRIAL_RIGHT_VALIDATION_END void on_validation_end(const dettrial::MetricValues&) {}
+#define DETTRIAL_RIGHT_VALIDATION_END \
+  void on_validation_end(const dettrial::MetricValues&) {}
 DETTRIAL_MISTYPED(on_trial_startup, DETTRIAL_RIGHT_VALIDATION_END)
 DETTRIAL_MISTYPED(on_trial_shutdown, DETTRIAL_RIGHT_VALIDATION_END)
 DETTRIAL_MISTYPED(on_training_start, DETTRIAL_RIGHT_VALIDATION_END)
@@ -18,7 +19,7 @@ DETTRIAL_MISTYPED(on_training_epoch_end, DETTRIAL_RIGHT_VALIDATION_END)
 DETTRIAL_MISTYPED(on_validation_start, DETTRIAL_RIGHT_VALIDATION_END)
 DETTRIAL_MISTYPED(on_validation_epoch_start, DETTRIAL_RIGHT_VALIDATION_END)
 DETTRIAL_MISTYPED(on_validation_epoch_end, DETTRIAL_RIGHT_VALIDATION_END)
-DETTRIAL_MISTYPED(on_validation_end, void on_training_start() {})
+DETTRIAL_MISTYPED(on_validation_end, void on_training_start(){})
 DETTRIAL_MISTYPED(on_checkpoint_save_start, DETTRIAL_RIGHT_VALIDATION_END)
 DETTRIAL_MISTYPED(on_checkpoint_write_end, DETTRIAL_RIGHT_VALIDATION_END)
 DETTRIAL_MISTYPED(on_checkpoint_upload_end, DETTRIAL_RIGHT_VALIDATION_END)

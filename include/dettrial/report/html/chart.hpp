@@ -218,8 +218,7 @@ DETTRIAL_INLINE double text_width(std::string_view text) {
   return chars * 6.8;
 }
 
-DETTRIAL_INLINE std::vector<std::pair<double, double>> downsample(std::vector<std::pair<double, double>> points,
-                                                                  std::size_t max_points) {
+DETTRIAL_INLINE std::vector<std::pair<double, double>> downsample(std::vector<std::pair<double, double>> points, std::size_t max_points) {
   max_points = std::max<std::size_t>(max_points, 4);
   if (points.size() <= max_points) return points;
   const std::size_t inner = points.size() - 2, buckets = (max_points - 2) / 2;
@@ -265,8 +264,7 @@ DETTRIAL_INLINE DrawnPoints drawn_points(const Chart& chart) {
     std::vector<std::pair<double, double>> points;
     for (const auto& p : s.points)
       if (std::isfinite(p.first) && std::isfinite(p.second) && (!chart.log_x || p.first > 0)) points.push_back(p);
-    if (!chart.scatter)
-      std::stable_sort(points.begin(), points.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+    if (!chart.scatter) std::stable_sort(points.begin(), points.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
     d.totals.push_back(points.size());
     points = downsample(std::move(points));
     for (const auto& [x, y] : points) {
@@ -342,7 +340,8 @@ DETTRIAL_INLINE std::string svg_axes(const Chart& chart, const Scales& s) {
   for (const double t : ticks(s.ay)) {
     const std::string y = fixed(F::y1 - tick_at(t, s.ay) * (F::y1 - F::y0), 1);
     out += "<line class=\"grid\" x1=\"" + fixed(F::x0, 1) + "\" x2=\"" + fixed(F::x1, 1) + "\" y1=\"" + y + "\" y2=\"" + y + "\"/>";
-    out += "<text x=\"" + fixed(F::x0 - 6, 1) + "\" y=\"" + y + "\" dy=\"4\" text-anchor=\"end\">" + escape(tick_label(t, s.ay)) + "</text>\n";
+    out +=
+        "<text x=\"" + fixed(F::x0 - 6, 1) + "\" y=\"" + y + "\" dy=\"4\" text-anchor=\"end\">" + escape(tick_label(t, s.ay)) + "</text>\n";
   }
   for (const double t : ticks(s.ax)) {
     const std::string x = fixed(F::x0 + tick_at(t, s.ax) * (F::x1 - F::x0), 1);
@@ -364,8 +363,7 @@ DETTRIAL_INLINE std::string svg_x_marks(const Chart& chart, const Scales& s) {
     const std::string x = fixed(s.sx(at), 1);
     out += "<g class=\"rung\"><line x1=\"" + x + "\" x2=\"" + x + "\" y1=\"" + fixed(F::y0, 1) + "\" y2=\"" + fixed(F::y1, 1) +
            "\" stroke-dasharray=\"5 4\"/><text x=\"" + x + "\" dx=\"3\" y=\"" + fixed(F::y0 + 11 + static_cast<double>(i % 3) * 12, 1) +
-           "\">" + escape(label) + "</text><title>" + escape(label) + " at " + escape(chart.x_label) + " " + general(at) +
-           "</title></g>\n";
+           "\">" + escape(label) + "</text><title>" + escape(label) + " at " + escape(chart.x_label) + " " + general(at) + "</title></g>\n";
   }
   return out;
 }
@@ -403,9 +401,8 @@ DETTRIAL_INLINE std::string svg_series(const Chart& chart, std::size_t i, const 
   if (s.stopped && !points.empty()) {
     const double cx = sc.sx(points.back().first), cy = sc.sy(points.back().second);
     out += "<path class=\"cross\" stroke=\"" + color + "\" d=\"M" + fixed(cx - 5, 1) + " " + fixed(cy - 5, 1) + "L" + fixed(cx + 5, 1) +
-           " " + fixed(cy + 5, 1) + "M" + fixed(cx - 5, 1) + " " + fixed(cy + 5, 1) + "L" + fixed(cx + 5, 1) + " " +
-           fixed(cy - 5, 1) + "\"><title>" + name + ": stopped early at " + escape(chart.x_label) + " " +
-           general(points.back().first) + "</title></path>\n";
+           " " + fixed(cy + 5, 1) + "M" + fixed(cx - 5, 1) + " " + fixed(cy + 5, 1) + "L" + fixed(cx + 5, 1) + " " + fixed(cy - 5, 1) +
+           "\"><title>" + name + ": stopped early at " + escape(chart.x_label) + " " + general(points.back().first) + "</title></path>\n";
   }
   return out;
 }
@@ -416,9 +413,9 @@ DETTRIAL_INLINE std::string svg_legend(const std::vector<LegendEntry>& entries) 
     const std::string mid = fixed(e.y + 9, 1);
     out += "<g class=\"legend\">";
     if (e.cross)
-      out += "<path class=\"cross\" stroke=\"" + e.color + "\" d=\"M" + fixed(e.x + 5, 1) + " " + fixed(e.y + 4, 1) + "L" + fixed(e.x + 15, 1) +
-             " " + fixed(e.y + 14, 1) + "M" + fixed(e.x + 5, 1) + " " + fixed(e.y + 14, 1) + "L" + fixed(e.x + 15, 1) + " " +
-             fixed(e.y + 4, 1) + "\"/>";
+      out += "<path class=\"cross\" stroke=\"" + e.color + "\" d=\"M" + fixed(e.x + 5, 1) + " " + fixed(e.y + 4, 1) + "L" +
+             fixed(e.x + 15, 1) + " " + fixed(e.y + 14, 1) + "M" + fixed(e.x + 5, 1) + " " + fixed(e.y + 14, 1) + "L" + fixed(e.x + 15, 1) +
+             " " + fixed(e.y + 4, 1) + "\"/>";
     else if (e.color != "none")
       out += "<line x1=\"" + fixed(e.x, 1) + "\" x2=\"" + fixed(e.x + 20, 1) + "\" y1=\"" + mid + "\" y2=\"" + mid + "\" stroke=\"" +
              e.color + "\" stroke-width=\"2\"/>";
@@ -447,7 +444,8 @@ DETTRIAL_INLINE std::string svg_chart(const Chart& chart) {
     for (std::size_t i = 0; i < chart.series.size(); ++i)  // the series are there, empty: tools count them
       out += "<polyline data-series=\"" + escape(chart.series[i].name) + "\" data-points=\"0\" points=\"\" fill=\"none\"/>\n";
   } else {
-    const Scales scales{chart.log_x ? log_axis(drawn.xmin, drawn.xmax) : linear_axis(drawn.xmin, drawn.xmax), linear_axis(drawn.ymin, drawn.ymax)};
+    const Scales scales{chart.log_x ? log_axis(drawn.xmin, drawn.xmax) : linear_axis(drawn.xmin, drawn.xmax),
+                        linear_axis(drawn.ymin, drawn.ymax)};
     out += svg_axes(chart, scales) + svg_x_marks(chart, scales);
     for (std::size_t i = 0; i < chart.series.size(); ++i) out += svg_series(chart, i, drawn.series[i], drawn.totals[i], scales);
   }

@@ -41,7 +41,6 @@ namespace dettrial {
  */
 DETTRIAL_INLINE std::filesystem::path write_experiment_report(const std::filesystem::path& experiment_dir);
 
-
 namespace detail::html {
 
 /// write_experiment_report with the search's summary given, in summary.json's form, rather than read
@@ -217,7 +216,8 @@ DETTRIAL_INLINE void complete_row(TrialRow& row, const std::filesystem::path& fo
   if (row.hparams.empty() && row.has_folder) flatten(config_hyperparameters(read_text(folder / layout::config)), "", row.hparams);
   if (const auto c = events.curves.find(id); c != events.curves.end()) row.curve = c->second;
   const bool has_metrics = row.has_folder && fs::is_regular_file(folder / layout::metrics_log, ec);
-  if (row.curve.empty() && has_metrics && !search.metric.empty()) curve_from_metrics(row, folder / layout::metrics_log, search, events.batches);
+  if (row.curve.empty() && has_metrics && !search.metric.empty())
+    curve_from_metrics(row, folder / layout::metrics_log, search, events.batches);
   // summary.json's count is at the last checkpoint; a validation may have come after it.
   if (events.batches.count(id)) row.batches = std::max(row.batches.value_or(0), events.batches[id]);
   if (!row.curve.empty()) {
@@ -264,7 +264,8 @@ DETTRIAL_INLINE SearchPage collect_search(const std::filesystem::path& experimen
       searcher_settings(read_text(trials_dir / std::to_string(id) / layout::config), search.metric, smaller);
   search.order = MetricOrder{smaller.value_or(true)};
 
-  if (events.torn) search.notes.push_back("The last line of events.jsonl is incomplete (the runner stopped while writing it): it is left out.");
+  if (events.torn)
+    search.notes.push_back("The last line of events.jsonl is incomplete (the runner stopped while writing it): it is left out.");
   for (auto& [id, row] : search.rows) {
     complete_row(row, trials_dir / std::to_string(id), search, events);
     if (!row.problem.empty()) search.notes.push_back("trial " + std::to_string(id) + ": " + row.problem);
@@ -272,7 +273,8 @@ DETTRIAL_INLINE SearchPage collect_search(const std::filesystem::path& experimen
   search.best_trial = integer_of(summary, "best_trial");
   if (!search.best_trial)
     for (const auto& [id, row] : search.rows)
-      if (row.best && (!search.best_trial || search.order.better(*row.best, *search.rows.at(*search.best_trial).best))) search.best_trial = id;
+      if (row.best && (!search.best_trial || search.order.better(*row.best, *search.rows.at(*search.best_trial).best)))
+        search.best_trial = id;
   if (search.best_trial && !search.rows.count(*search.best_trial)) search.best_trial.reset();
   return search;
 }
@@ -289,11 +291,13 @@ DETTRIAL_INLINE std::string search_header(const SearchPage& search, const Json& 
     header += std::string(search.searcher.empty() ? "Metric" : ", metric") + " <b>" + escape(search.metric) + "</b> (" +
               (search.order.smaller_is_better ? "smaller" : "larger") + " is better)";
   if (const auto max_trials = integer_of(summary, "max_trials"))
-    header += std::string(search.searcher.empty() && search.metric.empty() ? "" : "; ") + "at most " + std::to_string(*max_trials) + " trials";
+    header +=
+        std::string(search.searcher.empty() && search.metric.empty() ? "" : "; ") + "at most " + std::to_string(*max_trials) + " trials";
   header += ".</p>\n<p>" + std::to_string(search.rows.size()) + " trial" + (search.rows.size() == 1 ? "" : "s");
   std::string counts;
   for (const auto& [state, n] : states)
-    counts += (counts.empty() ? "" : ", ") + std::to_string(n) + " <span class=\"state-" + escape(state) + "\">" + escape(state) + "</span>";
+    counts +=
+        (counts.empty() ? "" : ", ") + std::to_string(n) + " <span class=\"state-" + escape(state) + "\">" + escape(state) + "</span>";
   if (!counts.empty()) header += ": " + counts;
   if (search.best_trial) {
     header += ". Best: trial " + std::to_string(*search.best_trial);
@@ -388,9 +392,9 @@ DETTRIAL_INLINE std::string trials_table(const SearchPage& search, const std::ve
   const auto& rows = search.rows;
   const bool has_rungs = std::any_of(rows.begin(), rows.end(), [](const auto& kv) { return kv.second.rung.has_value(); });
   const std::set<std::string> fixed_columns = {"trial", "state", "batches", "restarts", "rung", "best", "last"};
-  std::string table = "<div class=\"scroll\"><table id=\"trials\" class=\"sortable\">\n<thead><tr>" + sortable_header("trial", "trial", true) +
-                      sortable_header("state", "state", false) + sortable_header("batches", "batches", true) +
-                      sortable_header("restarts", "restarts", true);
+  std::string table = "<div class=\"scroll\"><table id=\"trials\" class=\"sortable\">\n<thead><tr>" +
+                      sortable_header("trial", "trial", true) + sortable_header("state", "state", false) +
+                      sortable_header("batches", "batches", true) + sortable_header("restarts", "restarts", true);
   if (has_rungs) table += sortable_header("rung", "rung", true);
   for (const auto& hp : hparam_names) {
     const bool numeric = std::all_of(rows.begin(), rows.end(), [&](const auto& kv) {
@@ -400,9 +404,11 @@ DETTRIAL_INLINE std::string trials_table(const SearchPage& search, const std::ve
     table += sortable_header(fixed_columns.count(hp) ? "hparams." + hp : hp, hp, numeric);
   }
   const std::string metric_label = search.metric.empty() ? std::string("metric") : search.metric;
-  table += sortable_header("best", "best " + metric_label, true) + sortable_header("last", "last " + metric_label, true) + "</tr></thead>\n<tbody>\n";
+  table += sortable_header("best", "best " + metric_label, true) + sortable_header("last", "last " + metric_label, true) +
+           "</tr></thead>\n<tbody>\n";
   for (const auto& [id, row] : rows) {
-    table += "<tr data-trial=\"" + std::to_string(id) + "\"" + (search.best_trial && *search.best_trial == id ? " class=\"best\"" : "") + ">";
+    table +=
+        "<tr data-trial=\"" + std::to_string(id) + "\"" + (search.best_trial && *search.best_trial == id ? " class=\"best\"" : "") + ">";
     const std::string link = "trials/" + std::to_string(id) + "/report.html";
     table += table_cell(Json(id), "<span style=\"color:" + colors.at(id) + "\">&#9632;</span> " +
                                       (row.has_page ? "<a href=\"" + link + "\">" + std::to_string(id) + "</a>" : std::to_string(id)));

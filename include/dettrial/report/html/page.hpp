@@ -192,8 +192,9 @@ DETTRIAL_INLINE std::string utc_now() {
 DETTRIAL_INLINE std::string page(const std::string& title, const std::string& header, const std::string& content) {
   return "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
          "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n<meta name=\"generator\" content=\"dettrial\">\n"
-         "<title>" + escape(title) + "</title>\n<style>" + page_style() + "</style>\n</head>\n<body>\n<header>\n" + header +
-         "</header>\n<main>\n" + content + "<p class=\"meta\">Written by dettrial, " + utc_now() +
+         "<title>" +
+         escape(title) + "</title>\n<style>" + page_style() + "</style>\n</head>\n<body>\n<header>\n" + header + "</header>\n<main>\n" +
+         content + "<p class=\"meta\">Written by dettrial, " + utc_now() +
          ". Regenerate with <code>--report DIR</code>.</p>\n</main>\n<script>" + page_script() + "</script>\n</body>\n</html>\n";
 }
 
@@ -263,8 +264,8 @@ DETTRIAL_INLINE std::string string_of(const Json& object, const char* key) {
 
 /// A table header cell the script sorts by: `column` is the name `#sort=` takes.
 DETTRIAL_INLINE std::string sortable_header(const std::string& column, const std::string& label, bool numeric) {
-  return "<th data-column=\"" + escape(column) + "\" data-type=\"" + (numeric ? "number" : "text") + "\"" + (numeric ? "" : " class=\"text\"") +
-         " title=\"sort by " + escape(label) + "\">" + escape(label) + "</th>";
+  return "<th data-column=\"" + escape(column) + "\" data-type=\"" + (numeric ? "number" : "text") + "\"" +
+         (numeric ? "" : " class=\"text\"") + " title=\"sort by " + escape(label) + "\">" + escape(label) + "</th>";
 }
 
 DETTRIAL_INLINE std::string table_cell(const Json& value, const std::string& inner_html = {}) {

@@ -114,7 +114,8 @@ DETTRIAL_INLINE std::vector<Chart> run_charts(const std::vector<Json>& records, 
         if (counter(key) || !(it.value().is_number() || it.value().is_null())) continue;
         std::string chart = key, series = key;
         if (!training) {
-          if (const auto t = training_chart.find(without_prefix(key, {"validation_", "val_"})); t != training_chart.end()) chart = t->second;
+          if (const auto t = training_chart.find(without_prefix(key, {"validation_", "val_"})); t != training_chart.end())
+            chart = t->second;
           if (training_names.count(key)) series = key + " (" + kind + ")";  // the same name on both sides
         }
         Series& s = series_of(metric_charts, chart, series);
@@ -203,15 +204,18 @@ DETTRIAL_INLINE std::string last_values_table(const std::vector<Chart>& charts, 
         values += "<td>" + general(s.points.back().second) + "</td><td>" + general(s.points.back().first) + "</td><td>" + general(low) +
                   "</td><td>" + general(high) + "</td>";
       }
-      values += "<td>" + std::to_string(s.points.size()) + "</td>" + (any_skipped ? "<td>" + std::to_string(s.skipped) + "</td>" : "") + "</tr>\n";
+      values += "<td>" + std::to_string(s.points.size()) + "</td>" + (any_skipped ? "<td>" + std::to_string(s.skipped) + "</td>" : "") +
+                "</tr>\n";
     }
   if (values.empty()) return values;
   return "<h2>Last values</h2>\n<div class=\"scroll\"><table>\n<tr><th class=\"text\">series</th><th>last</th><th>at batch</th><th>min</th>"
-         "<th>max</th><th>points</th>" + std::string(any_skipped ? "<th>null</th>" : "") + "</tr>\n" + values + "</table></div>\n";
+         "<th>max</th><th>points</th>" +
+         std::string(any_skipped ? "<th>null</th>" : "") + "</tr>\n" + values + "</table></div>\n";
 }
 
 /// The run page's header: its name and folder, how many reports it holds and how far it trained.
-DETTRIAL_INLINE std::string run_header(const std::vector<Json>& records, const std::filesystem::path& absolute, bool trial_of_search, bool torn) {
+DETTRIAL_INLINE std::string run_header(const std::vector<Json>& records, const std::filesystem::path& absolute, bool trial_of_search,
+                                       bool torn) {
   std::int64_t trainings = 0, validations = 0;
   std::optional<std::int64_t> last_batches, last_epochs;
   for (const Json& r : records) {
@@ -230,7 +234,8 @@ DETTRIAL_INLINE std::string run_header(const std::vector<Json>& records, const s
   header += ".";
   if (trial_of_search) header += " <a href=\"../../report.html\">The search</a>.";
   header += "</p>\n";
-  if (torn) header += "<p class=\"note\">The last line of metrics.jsonl is incomplete (the run stopped while writing it): it is left out.</p>\n";
+  if (torn)
+    header += "<p class=\"note\">The last line of metrics.jsonl is incomplete (the run stopped while writing it): it is left out.</p>\n";
   return header;
 }
 
