@@ -4148,119 +4148,26 @@ class FusedSGD : public torch::optim::SGD, public CapturableOptimizer {
 
   /// With the fused kernel (LibTorch 2.4+, CUDA), once every momentum buffer exists: a new buffer is
   /// a copy of the first gradient, which a skipped first step must not leave behind.
-  bool step_unless_found_inf(const torch::Tensor& found_inf) override {
-#if DETTRIAL_FUSED_KERNELS
-    for (auto& group : param_groups()) {
-      const auto& o = static_cast<const torch::optim::SGDOptions&>(group.options());
-      for (const auto& p : group.params()) {
-        if (!p.grad().defined()) continue;
-        if (!p.is_cuda() || p.device() != found_inf.device()) return false;
-        if (o.momentum() != 0 && !has_buffer(p)) {
-          if (capturing()) throw_new_state("a momentum buffer");
-          buffers_pending_ = true;  // until a step the host lets through makes them
-          return false;
-        }
-      }
-    }
-    step_with(nullptr, found_inf);
-    return true;
-#else
-    return CapturableOptimizer::step_unless_found_inf(found_inf);
-#endif
-  }
-
-  torch::Tensor step(LossClosure closure = nullptr) override { return step_with(closure, std::nullopt); }
+  bool step_unless_found_inf(const torch::Tensor& found_inf) override;
+  torch::Tensor step(LossClosure closure = nullptr) override;
   /// False while a gradient scaler has skipped every step since a parameter needed its first
   /// momentum buffer (with an fp16 scaler the first steps often overflow).
   bool ready_for_capture() const override { return !buffers_pending_; }
 
  private:
   /// The step; with `found_inf`, the kernel skips it on the device when the flag is set.
-  torch::Tensor step_with(LossClosure closure, const std::optional<torch::Tensor>& found_inf) {
-    torch::NoGradGuard no_grad;
-    torch::Tensor loss = evaluate(closure);
-    for (std::size_t g = 0; g < param_groups().size(); ++g) {
-      auto& group = param_groups()[g];
-      const auto& o = static_cast<const torch::optim::SGDOptions&>(group.options());
-      const std::vector<torch::Tensor> params = with_grad(group.params());
-      if (params.empty()) continue;
-      const torch::Tensor& lr = device_lr(g, o.lr(), params.front());
-      if (o.momentum() == 0) {
-        run_buckets(params, {}, o, lr, false, found_inf);
-        continue;
-      }
-      // A parameter's first step makes its momentum buffer (a copy of its gradient); the kernel
-      // takes that as one flag for all it steps, so new and old buffers go in separate calls.
-      std::vector<torch::Tensor> fresh, stepped, fresh_bufs, stepped_bufs;
-      for (const auto& p : params) {
-        const bool is_new = !has_buffer(p);
-        (is_new ? fresh : stepped).push_back(p);
-        (is_new ? fresh_bufs : stepped_bufs).push_back(buffer(p, is_new));
-      }
-      if (!fresh.empty()) run_buckets(fresh, fresh_bufs, o, lr, true, found_inf);
-      if (!stepped.empty()) run_buckets(stepped, stepped_bufs, o, lr, false, found_inf);
-    }
-    buffers_pending_ = false;
-    return loss;
-  }
-
+  torch::Tensor step_with(LossClosure closure, const std::optional<torch::Tensor>& found_inf);
   void run_buckets(const std::vector<torch::Tensor>& params, const std::vector<torch::Tensor>& bufs, const torch::optim::SGDOptions& o,
-                   const torch::Tensor& lr, bool first, const std::optional<torch::Tensor>& found_inf) {
-    detail::for_each_bucket(params, [&](const std::vector<std::size_t>& idx) {
-      std::vector<torch::Tensor> ps, grads, bs;
-      ps.reserve(idx.size());
-      grads.reserve(idx.size());
-      for (auto i : idx) {
-        ps.push_back(params[i]);
-        grads.push_back(params[i].grad());
-        if (!bufs.empty()) bs.push_back(bufs[i]);
-      }
-      run(ps, grads, bs, o, lr, first, found_inf);
-    });
-  }
-  bool buffers_pending_ = false;
-  bool has_buffer(const torch::Tensor& p) {
-    const auto it = state().find(detail::optimizer_state_key<std::decay_t<decltype(state())>>(p));
-    return it != state().end() && static_cast<torch::optim::SGDParamState&>(*it->second).momentum_buffer().defined();
-  }
-  torch::Tensor buffer(const torch::Tensor& p, bool fresh) {
-    const auto key = detail::optimizer_state_key<std::decay_t<decltype(state())>>(p);
-    if (fresh) {
-      if (capturing()) throw_new_state("a momentum buffer");
-      auto s = std::make_unique<torch::optim::SGDParamState>();
-      s->momentum_buffer(torch::empty_like(p, torch::MemoryFormat::Preserve));
-      state()[key] = std::move(s);
-    }
-    return static_cast<torch::optim::SGDParamState&>(*state()[key]).momentum_buffer();
-  }
-
+                   const torch::Tensor& lr, bool first, const std::optional<torch::Tensor>& found_inf);
+  bool has_buffer(const torch::Tensor& p);
+  torch::Tensor buffer(const torch::Tensor& p, bool fresh);
   /// LibTorch's SGD arithmetic with the learning rate read from `lr`; `first`: the buffers are new.
   /// On a GPU, ATen's fused kernel (one launch for all); elsewhere LibTorch's own operations, one
   /// parameter at a time, which give LibTorch's SGD's results to the bit.
   static void run(const std::vector<torch::Tensor>& params, const std::vector<torch::Tensor>& grads, const std::vector<torch::Tensor>& bufs,
-                  const torch::optim::SGDOptions& o, const torch::Tensor& lr, bool first, const std::optional<torch::Tensor>& found_inf) {
-#if DETTRIAL_FUSED_KERNELS
-    if (params.front().is_cuda()) {
-      at::_fused_sgd_(params, grads, bufs, o.weight_decay(), o.momentum(), lr, o.dampening(), o.nesterov(),
-                      /*maximize=*/false, first, /*grad_scale=*/std::nullopt, found_inf);
-      return;
-    }
-#endif
-    (void)found_inf;  // only the kernel takes it (step_unless_found_inf says where)
-    const torch::Tensor neg_lr = lr.neg();
-    for (std::size_t i = 0; i < params.size(); ++i) {
-      torch::Tensor p = params[i];
-      torch::Tensor d_p = grads[i];
-      if (o.weight_decay() != 0) d_p = d_p.add(p, o.weight_decay());
-      if (o.momentum() != 0) {
-        torch::Tensor buf = bufs[i];
-        if (first) buf.copy_(d_p);
-        else buf.mul_(o.momentum()).add_(d_p, 1 - o.dampening());
-        d_p = o.nesterov() ? d_p.add(buf, o.momentum()) : buf;
-      }
-      p.addcmul_(d_p, neg_lr);
-    }
-  }
+                  const torch::optim::SGDOptions& o, const torch::Tensor& lr, bool first, const std::optional<torch::Tensor>& found_inf);
+
+  bool buffers_pending_ = false;
 };
 
 }  // namespace dettrial::optim
@@ -4417,6 +4324,123 @@ using FusedAdam = detail::FusedAdamBase<torch::optim::Adam, torch::optim::AdamOp
 using FusedAdamW = detail::FusedAdamBase<torch::optim::AdamW, torch::optim::AdamWOptions, torch::optim::AdamWParamState, true>;
 
 }  // namespace dettrial::optim
+
+// Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode
+// (FusedSGD's virtual functions, and with them its vtable, then live in dettrial::compiled).
+#if DETTRIAL_HEADER_DEFINITIONS
+namespace dettrial::optim {
+
+DETTRIAL_INLINE bool FusedSGD::step_unless_found_inf(const torch::Tensor& found_inf) {
+#if DETTRIAL_FUSED_KERNELS
+  for (auto& group : param_groups()) {
+    const auto& o = static_cast<const torch::optim::SGDOptions&>(group.options());
+    for (const auto& p : group.params()) {
+      if (!p.grad().defined()) continue;
+      if (!p.is_cuda() || p.device() != found_inf.device()) return false;
+      if (o.momentum() != 0 && !has_buffer(p)) {
+        if (capturing()) throw_new_state("a momentum buffer");
+        buffers_pending_ = true;  // until a step the host lets through makes them
+        return false;
+      }
+    }
+  }
+  step_with(nullptr, found_inf);
+  return true;
+#else
+  return CapturableOptimizer::step_unless_found_inf(found_inf);
+#endif
+}
+
+DETTRIAL_INLINE torch::Tensor FusedSGD::step(LossClosure closure) { return step_with(closure, std::nullopt); }
+
+DETTRIAL_INLINE torch::Tensor FusedSGD::step_with(LossClosure closure, const std::optional<torch::Tensor>& found_inf) {
+  torch::NoGradGuard no_grad;
+  torch::Tensor loss = evaluate(closure);
+  for (std::size_t g = 0; g < param_groups().size(); ++g) {
+    auto& group = param_groups()[g];
+    const auto& o = static_cast<const torch::optim::SGDOptions&>(group.options());
+    const std::vector<torch::Tensor> params = with_grad(group.params());
+    if (params.empty()) continue;
+    const torch::Tensor& lr = device_lr(g, o.lr(), params.front());
+    if (o.momentum() == 0) {
+      run_buckets(params, {}, o, lr, false, found_inf);
+      continue;
+    }
+    // A parameter's first step makes its momentum buffer (a copy of its gradient); the kernel
+    // takes that as one flag for all it steps, so new and old buffers go in separate calls.
+    std::vector<torch::Tensor> fresh, stepped, fresh_bufs, stepped_bufs;
+    for (const auto& p : params) {
+      const bool is_new = !has_buffer(p);
+      (is_new ? fresh : stepped).push_back(p);
+      (is_new ? fresh_bufs : stepped_bufs).push_back(buffer(p, is_new));
+    }
+    if (!fresh.empty()) run_buckets(fresh, fresh_bufs, o, lr, true, found_inf);
+    if (!stepped.empty()) run_buckets(stepped, stepped_bufs, o, lr, false, found_inf);
+  }
+  buffers_pending_ = false;
+  return loss;
+}
+
+DETTRIAL_INLINE void FusedSGD::run_buckets(const std::vector<torch::Tensor>& params, const std::vector<torch::Tensor>& bufs,
+                                           const torch::optim::SGDOptions& o, const torch::Tensor& lr, bool first,
+                                           const std::optional<torch::Tensor>& found_inf) {
+  detail::for_each_bucket(params, [&](const std::vector<std::size_t>& idx) {
+    std::vector<torch::Tensor> ps, grads, bs;
+    ps.reserve(idx.size());
+    grads.reserve(idx.size());
+    for (auto i : idx) {
+      ps.push_back(params[i]);
+      grads.push_back(params[i].grad());
+      if (!bufs.empty()) bs.push_back(bufs[i]);
+    }
+    run(ps, grads, bs, o, lr, first, found_inf);
+  });
+}
+
+DETTRIAL_INLINE bool FusedSGD::has_buffer(const torch::Tensor& p) {
+  const auto it = state().find(detail::optimizer_state_key<std::decay_t<decltype(state())>>(p));
+  return it != state().end() && static_cast<torch::optim::SGDParamState&>(*it->second).momentum_buffer().defined();
+}
+
+DETTRIAL_INLINE torch::Tensor FusedSGD::buffer(const torch::Tensor& p, bool fresh) {
+  const auto key = detail::optimizer_state_key<std::decay_t<decltype(state())>>(p);
+  if (fresh) {
+    if (capturing()) throw_new_state("a momentum buffer");
+    auto s = std::make_unique<torch::optim::SGDParamState>();
+    s->momentum_buffer(torch::empty_like(p, torch::MemoryFormat::Preserve));
+    state()[key] = std::move(s);
+  }
+  return static_cast<torch::optim::SGDParamState&>(*state()[key]).momentum_buffer();
+}
+
+DETTRIAL_INLINE void FusedSGD::run(const std::vector<torch::Tensor>& params, const std::vector<torch::Tensor>& grads,
+                                   const std::vector<torch::Tensor>& bufs, const torch::optim::SGDOptions& o, const torch::Tensor& lr,
+                                   bool first, const std::optional<torch::Tensor>& found_inf) {
+#if DETTRIAL_FUSED_KERNELS
+  if (params.front().is_cuda()) {
+    at::_fused_sgd_(params, grads, bufs, o.weight_decay(), o.momentum(), lr, o.dampening(), o.nesterov(),
+                    /*maximize=*/false, first, /*grad_scale=*/std::nullopt, found_inf);
+    return;
+  }
+#endif
+  (void)found_inf;  // only the kernel takes it (step_unless_found_inf says where)
+  const torch::Tensor neg_lr = lr.neg();
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    torch::Tensor p = params[i];
+    torch::Tensor d_p = grads[i];
+    if (o.weight_decay() != 0) d_p = d_p.add(p, o.weight_decay());
+    if (o.momentum() != 0) {
+      torch::Tensor buf = bufs[i];
+      if (first) buf.copy_(d_p);
+      else buf.mul_(o.momentum()).add_(d_p, 1 - o.dampening());
+      d_p = o.nesterov() ? d_p.add(buf, o.momentum()) : buf;
+    }
+    p.addcmul_(d_p, neg_lr);
+  }
+}
+
+}  // namespace dettrial::optim
+#endif  // DETTRIAL_HEADER_DEFINITIONS
 // ---- end dettrial/optim/fused.hpp
 // ---- begin dettrial/optim/clip.hpp
 // SPDX-License-Identifier: Apache-2.0
@@ -8779,185 +8803,22 @@ concept ImperativeTrial = Trial<T> && !DeclaresModel<T>;
 
 #include <torch/torch.h>
 
-// ---- begin dettrial/detail/json.hpp
+// ---- begin dettrial/detail/json_fwd.hpp
 // SPDX-License-Identifier: Apache-2.0
 /// @file
-/// @brief The JSON dettrial writes and reads (metrics lines, events, checkpoint metadata, summaries),
-/// with nlohmann/json.
+/// @brief dettrial::detail::Json declared, without nlohmann/json's 25,000 lines: what a header needs
+/// for declarations that take or return JSON. The definitions (and header-only mode) include
+/// json.hpp, so a trial's translation unit in separate-compilation mode does not parse the library.
 
-#include <algorithm>
-#include <cmath>
-#include <cstdint>
-#include <filesystem>
-#include <fstream>
-#include <iterator>
-#include <stdexcept>
-#include <string>
-#include <string_view>
-#include <type_traits>
-#include <utility>
-
-#include <nlohmann/json.hpp>
-#include <yaml-cpp/yaml.h>
-
+#include <nlohmann/json_fwd.hpp>
 
 namespace dettrial::detail {
 
 /// A JSON value whose objects keep their keys in insertion order (the order dettrial writes them).
 using Json = nlohmann::ordered_json;
 
-// ---- writing: nlohmann/json's dump; numbers as it writes them (shortest text that reads back exactly,
-// 1.0 as `1.0`), NaN and infinities (which JSON lacks) as null, bytes that are not UTF-8 as U+FFFD.
-
-/// One compact line, as in metrics.jsonl and events.jsonl: `{"type":"training","batches":3}` and a newline.
-inline std::string json_line(const Json& j) { return j.dump(-1, ' ', false, Json::error_handler_t::replace) + "\n"; }
-
-/// The text of a JSON file (metadata.json, trial_state.json, load_data.json, summary.json), indented.
-inline std::string json_text(const Json& j) { return j.dump(2, ' ', false, Json::error_handler_t::replace) + "\n"; }
-
-/// A YAML document as JSON: maps, sequences, and plain scalars typed by YAML's core schema (null,
-/// booleans, integers, finite floats); quoted scalars (tag "!") and everything else (`.inf`, `.nan`,
-/// text) stay strings. A map's keys are their scalar text.
-DETTRIAL_INLINE Json yaml_to_json(const YAML::Node& node);
-
-// ---- reading ---------------------------------------------------------------------------------
-
-/// Reads a JSON file written by dettrial; a missing or unparsable file is an ErrorT naming it:
-/// "cannot read '<path>'", "'<path>' is not valid JSON (line N): <reason>".
-template <class ErrorT = Error>
-Json read_json_file(const std::filesystem::path& path) {
-  std::error_code ec;
-  std::ifstream in(path, std::ios::binary);
-  if (!in || std::filesystem::is_directory(path, ec)) throw ErrorT("cannot read '" + path.string() + "'");
-  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (in.bad()) throw ErrorT("cannot read '" + path.string() + "'");
-  try {
-    return Json::parse(text);
-  } catch (const Json::parse_error& e) {
-    // e.byte: 1-based, the byte the parser stopped at. Its message says where too; the reason follows the first ": ".
-    const std::size_t at = std::min<std::size_t>(e.byte > 0 ? e.byte - 1 : 0, text.size());
-    const auto line = 1 + std::count(text.begin(), text.begin() + static_cast<std::ptrdiff_t>(at), '\n');
-    const std::string what = e.what();
-    const auto colon = what.find(": ");
-    throw ErrorT("'" + path.string() + "' is not valid JSON (line " + std::to_string(line) +
-                 "): " + (colon == std::string::npos ? what : what.substr(colon + 2)));
-  }
-}
-
-/// A field of a JSON document that is missing or has the wrong type, as `json_field` and `json_as`
-/// report it ("no 'uuid'", "'uuid' is a number, not a string"); readers turn it into their own
-/// error naming the file.
-struct JsonFieldError : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
-
-/// `object[key]`, or nullptr when `object` is not an object or lacks `key`.
-DETTRIAL_INLINE const Json* json_find(const Json& object, const std::string& key);
-
-/// `object[key]`; a missing key throws JsonFieldError("no '<key>'").
-DETTRIAL_INLINE const Json& json_field(const Json& object, const std::string& key);
-
-/// "a string", "a number", "null", ...: what a JSON value is, for messages.
-DETTRIAL_INLINE std::string json_kind(const Json& j);
-
-/**
- * @brief `value` (named `field` in messages) as a T, strictly: integral types only from JSON
- * integers within their range, floating point from any JSON number, strings from strings, bool
- * from true and false. Anything else throws JsonFieldError("'<field>' is a string, not an integer").
- */
-template <class T>
-T json_as(const Json& value, std::string_view field) {
-  const auto wrong = [&](const std::string& expected) {
-    return JsonFieldError("'" + std::string(field) + "' is " + json_kind(value) + ", not " + expected);
-  };
-  if constexpr (std::is_same_v<T, bool>) {
-    if (!value.is_boolean()) throw wrong("true or false");
-    return value.get<bool>();
-  } else if constexpr (std::is_integral_v<T>) {
-    if (value.is_number_unsigned()) {
-      if (const auto u = value.get<std::uint64_t>(); std::in_range<T>(u)) return static_cast<T>(u);
-    } else if (value.is_number_integer()) {
-      if (const auto i = value.get<std::int64_t>(); std::in_range<T>(i)) return static_cast<T>(i);
-    } else {
-      throw wrong(std::is_signed_v<T> ? "an integer" : "a non-negative integer");
-    }
-    throw JsonFieldError("'" + std::string(field) + "' is " + value.dump() + ", out of range");
-  } else if constexpr (std::is_floating_point_v<T>) {
-    if (!value.is_number()) throw wrong("a number");
-    return value.get<T>();
-  } else if constexpr (std::is_same_v<T, std::string>) {
-    if (!value.is_string()) throw wrong("a string");
-    return value.get<std::string>();
-  } else {
-    static_assert(std::is_same_v<T, std::string>, "json_as reads bool, integers, floating point and std::string");
-  }
-}
-
 }  // namespace dettrial::detail
-
-// Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
-#if DETTRIAL_HEADER_DEFINITIONS
-namespace dettrial::detail {
-
-DETTRIAL_INLINE Json yaml_to_json(const YAML::Node& node) {
-  switch (node.Type()) {
-    case YAML::NodeType::Undefined:
-    case YAML::NodeType::Null: return nullptr;
-    case YAML::NodeType::Sequence: {
-      Json out = Json::array();
-      for (const auto& item : node) out.push_back(yaml_to_json(item));
-      return out;
-    }
-    case YAML::NodeType::Map: {
-      Json out = Json::object();
-      for (const auto& kv : node) out[kv.first.Scalar()] = yaml_to_json(kv.second);
-      return out;
-    }
-    case YAML::NodeType::Scalar: {
-      const std::string& s = node.Scalar();
-      if (node.Tag() != "!") {  // "!" marks a quoted scalar: always a string
-        if (s == "~" || s == "null" || s == "Null" || s == "NULL") return nullptr;
-        if (s == "true" || s == "True" || s == "TRUE") return true;
-        if (s == "false" || s == "False" || s == "FALSE") return false;
-        std::int64_t i = 0;
-        double d = 0;
-        if (YAML::convert<std::int64_t>::decode(node, i)) return i;
-        if (YAML::convert<double>::decode(node, d) && std::isfinite(d)) return d;
-      }
-      return s;
-    }
-  }
-  return nullptr;
-}
-
-DETTRIAL_INLINE const Json* json_find(const Json& object, const std::string& key) {
-  if (!object.is_object()) return nullptr;
-  const auto it = object.find(key);
-  return it == object.end() ? nullptr : &*it;
-}
-
-DETTRIAL_INLINE const Json& json_field(const Json& object, const std::string& key) {
-  if (const Json* v = json_find(object, key)) return *v;
-  throw JsonFieldError("no '" + key + "'");
-}
-
-DETTRIAL_INLINE std::string json_kind(const Json& j) {
-  switch (j.type()) {
-    case Json::value_t::null: return "null";
-    case Json::value_t::object: return "an object";
-    case Json::value_t::array: return "an array";
-    case Json::value_t::string: return "a string";
-    case Json::value_t::boolean: return "a boolean";
-    case Json::value_t::number_integer:
-    case Json::value_t::number_unsigned: return "an integer";
-    case Json::value_t::number_float: return "a number";
-    default: return std::string("a ") + j.type_name();
-  }
-}
-
-}  // namespace dettrial::detail
-#endif  // DETTRIAL_HEADER_DEFINITIONS
-// ---- end dettrial/detail/json.hpp
+// ---- end dettrial/detail/json_fwd.hpp
 // ---- begin dettrial/checkpoint/state_dict.hpp
 // SPDX-License-Identifier: Apache-2.0
 /// @file
@@ -9582,7 +9443,13 @@ class CheckpointWriter {
   std::filesystem::path storage_;
   std::string uuid_;
   std::filesystem::path temp_;
-  detail::Json files_ = detail::Json::object();
+  /// Each file added: its name, size and CRC-32, in the order added.
+  struct FileEntry {
+    std::string name;
+    std::size_t size = 0;
+    std::uint32_t crc32 = 0;
+  };
+  std::vector<FileEntry> files_;
   bool committed_ = false;
 };
 
@@ -9623,6 +9490,182 @@ DETTRIAL_INLINE void delete_checkpoint(const CheckpointInfo& checkpoint);
 
 // Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
 #if DETTRIAL_HEADER_DEFINITIONS
+// ---- begin dettrial/detail/json.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief The JSON dettrial writes and reads (metrics lines, events, checkpoint metadata, summaries),
+/// with nlohmann/json.
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+
+#include <nlohmann/json.hpp>
+#include <yaml-cpp/yaml.h>
+
+
+namespace dettrial::detail {
+
+// ---- writing: nlohmann/json's dump; numbers as it writes them (shortest text that reads back exactly,
+// 1.0 as `1.0`), NaN and infinities (which JSON lacks) as null, bytes that are not UTF-8 as U+FFFD.
+
+/// One compact line, as in metrics.jsonl and events.jsonl: `{"type":"training","batches":3}` and a newline.
+inline std::string json_line(const Json& j) { return j.dump(-1, ' ', false, Json::error_handler_t::replace) + "\n"; }
+
+/// The text of a JSON file (metadata.json, trial_state.json, load_data.json, summary.json), indented.
+inline std::string json_text(const Json& j) { return j.dump(2, ' ', false, Json::error_handler_t::replace) + "\n"; }
+
+/// A YAML document as JSON: maps, sequences, and plain scalars typed by YAML's core schema (null,
+/// booleans, integers, finite floats); quoted scalars (tag "!") and everything else (`.inf`, `.nan`,
+/// text) stay strings. A map's keys are their scalar text.
+DETTRIAL_INLINE Json yaml_to_json(const YAML::Node& node);
+
+// ---- reading ---------------------------------------------------------------------------------
+
+/// Reads a JSON file written by dettrial; a missing or unparsable file is an ErrorT naming it:
+/// "cannot read '<path>'", "'<path>' is not valid JSON (line N): <reason>".
+template <class ErrorT = Error>
+Json read_json_file(const std::filesystem::path& path) {
+  std::error_code ec;
+  std::ifstream in(path, std::ios::binary);
+  if (!in || std::filesystem::is_directory(path, ec)) throw ErrorT("cannot read '" + path.string() + "'");
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (in.bad()) throw ErrorT("cannot read '" + path.string() + "'");
+  try {
+    return Json::parse(text);
+  } catch (const Json::parse_error& e) {
+    // e.byte: 1-based, the byte the parser stopped at. Its message says where too; the reason follows the first ": ".
+    const std::size_t at = std::min<std::size_t>(e.byte > 0 ? e.byte - 1 : 0, text.size());
+    const auto line = 1 + std::count(text.begin(), text.begin() + static_cast<std::ptrdiff_t>(at), '\n');
+    const std::string what = e.what();
+    const auto colon = what.find(": ");
+    throw ErrorT("'" + path.string() + "' is not valid JSON (line " + std::to_string(line) +
+                 "): " + (colon == std::string::npos ? what : what.substr(colon + 2)));
+  }
+}
+
+/// A field of a JSON document that is missing or has the wrong type, as `json_field` and `json_as`
+/// report it ("no 'uuid'", "'uuid' is a number, not a string"); readers turn it into their own
+/// error naming the file.
+struct JsonFieldError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+/// `object[key]`, or nullptr when `object` is not an object or lacks `key`.
+DETTRIAL_INLINE const Json* json_find(const Json& object, const std::string& key);
+
+/// `object[key]`; a missing key throws JsonFieldError("no '<key>'").
+DETTRIAL_INLINE const Json& json_field(const Json& object, const std::string& key);
+
+/// "a string", "a number", "null", ...: what a JSON value is, for messages.
+DETTRIAL_INLINE std::string json_kind(const Json& j);
+
+/**
+ * @brief `value` (named `field` in messages) as a T, strictly: integral types only from JSON
+ * integers within their range, floating point from any JSON number, strings from strings, bool
+ * from true and false. Anything else throws JsonFieldError("'<field>' is a string, not an integer").
+ */
+template <class T>
+T json_as(const Json& value, std::string_view field) {
+  const auto wrong = [&](const std::string& expected) {
+    return JsonFieldError("'" + std::string(field) + "' is " + json_kind(value) + ", not " + expected);
+  };
+  if constexpr (std::is_same_v<T, bool>) {
+    if (!value.is_boolean()) throw wrong("true or false");
+    return value.get<bool>();
+  } else if constexpr (std::is_integral_v<T>) {
+    if (value.is_number_unsigned()) {
+      if (const auto u = value.get<std::uint64_t>(); std::in_range<T>(u)) return static_cast<T>(u);
+    } else if (value.is_number_integer()) {
+      if (const auto i = value.get<std::int64_t>(); std::in_range<T>(i)) return static_cast<T>(i);
+    } else {
+      throw wrong(std::is_signed_v<T> ? "an integer" : "a non-negative integer");
+    }
+    throw JsonFieldError("'" + std::string(field) + "' is " + value.dump() + ", out of range");
+  } else if constexpr (std::is_floating_point_v<T>) {
+    if (!value.is_number()) throw wrong("a number");
+    return value.get<T>();
+  } else if constexpr (std::is_same_v<T, std::string>) {
+    if (!value.is_string()) throw wrong("a string");
+    return value.get<std::string>();
+  } else {
+    static_assert(std::is_same_v<T, std::string>, "json_as reads bool, integers, floating point and std::string");
+  }
+}
+
+}  // namespace dettrial::detail
+
+// Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
+#if DETTRIAL_HEADER_DEFINITIONS
+namespace dettrial::detail {
+
+DETTRIAL_INLINE Json yaml_to_json(const YAML::Node& node) {
+  switch (node.Type()) {
+    case YAML::NodeType::Undefined:
+    case YAML::NodeType::Null: return nullptr;
+    case YAML::NodeType::Sequence: {
+      Json out = Json::array();
+      for (const auto& item : node) out.push_back(yaml_to_json(item));
+      return out;
+    }
+    case YAML::NodeType::Map: {
+      Json out = Json::object();
+      for (const auto& kv : node) out[kv.first.Scalar()] = yaml_to_json(kv.second);
+      return out;
+    }
+    case YAML::NodeType::Scalar: {
+      const std::string& s = node.Scalar();
+      if (node.Tag() != "!") {  // "!" marks a quoted scalar: always a string
+        if (s == "~" || s == "null" || s == "Null" || s == "NULL") return nullptr;
+        if (s == "true" || s == "True" || s == "TRUE") return true;
+        if (s == "false" || s == "False" || s == "FALSE") return false;
+        std::int64_t i = 0;
+        double d = 0;
+        if (YAML::convert<std::int64_t>::decode(node, i)) return i;
+        if (YAML::convert<double>::decode(node, d) && std::isfinite(d)) return d;
+      }
+      return s;
+    }
+  }
+  return nullptr;
+}
+
+DETTRIAL_INLINE const Json* json_find(const Json& object, const std::string& key) {
+  if (!object.is_object()) return nullptr;
+  const auto it = object.find(key);
+  return it == object.end() ? nullptr : &*it;
+}
+
+DETTRIAL_INLINE const Json& json_field(const Json& object, const std::string& key) {
+  if (const Json* v = json_find(object, key)) return *v;
+  throw JsonFieldError("no '" + key + "'");
+}
+
+DETTRIAL_INLINE std::string json_kind(const Json& j) {
+  switch (j.type()) {
+    case Json::value_t::null: return "null";
+    case Json::value_t::object: return "an object";
+    case Json::value_t::array: return "an array";
+    case Json::value_t::string: return "a string";
+    case Json::value_t::boolean: return "a boolean";
+    case Json::value_t::number_integer:
+    case Json::value_t::number_unsigned: return "an integer";
+    case Json::value_t::number_float: return "a number";
+    default: return std::string("a ") + j.type_name();
+  }
+}
+
+}  // namespace dettrial::detail
+#endif  // DETTRIAL_HEADER_DEFINITIONS
+// ---- end dettrial/detail/json.hpp
 #include <fstream>
 #include <random>
 #include <sstream>
@@ -9731,7 +9774,7 @@ DETTRIAL_INLINE CheckpointWriter::~CheckpointWriter() {
 
 DETTRIAL_INLINE void CheckpointWriter::add_file(const std::string& name, std::string_view bytes) {
   detail::write_file_synced(temp_ / name, bytes);
-  files_[name] = {{"size", bytes.size()}, {"crc32", detail::crc32_of(bytes)}};
+  files_.push_back({name, bytes.size(), detail::crc32_of(bytes)});
 }
 
 DETTRIAL_INLINE std::filesystem::path CheckpointWriter::commit(detail::Json fields) {
@@ -9739,7 +9782,9 @@ DETTRIAL_INLINE std::filesystem::path CheckpointWriter::commit(detail::Json fiel
   if (!fields.is_object())
     throw CheckpointError("the fields of '" + meta_path.string() + "' must be a JSON object, not " + detail::json_kind(fields));
   fields.erase("files");
-  fields["files"] = files_;
+  detail::Json files = detail::Json::object();
+  for (const FileEntry& file : files_) files[file.name] = {{"size", file.size}, {"crc32", file.crc32}};
+  fields["files"] = std::move(files);
   detail::write_file_synced(meta_path, detail::json_text(fields));
   detail::sync_directory(temp_);
   const std::filesystem::path final_path = storage_ / uuid_;
@@ -12150,8 +12195,9 @@ class MetricsLog {
 
   /// `{"type":"training"|"validation"|"checkpoint","batches":N,"epochs":E,<extra's fields>,"metrics":{...}}`,
   /// one compact line (`metrics` left out when empty and `extra` has fields of its own).
-  void write(std::string_view type, std::int64_t batches, std::int64_t epochs, const MetricValues& metrics,
-             const detail::Json& extra = detail::Json::object());
+  void write(std::string_view type, std::int64_t batches, std::int64_t epochs, const MetricValues& metrics, const detail::Json& extra);
+  /// The same record without extra fields.
+  void write(std::string_view type, std::int64_t batches, std::int64_t epochs, const MetricValues& metrics);
 
  private:
   /// Rewrites the file (a new file renamed over it) without the records past `batches`.
@@ -12188,6 +12234,10 @@ DETTRIAL_INLINE std::optional<std::int64_t> MetricsLog::batches_of(std::string_v
   const detail::Json record = detail::Json::parse(line, nullptr, /*allow_exceptions=*/false);
   if (record.is_discarded()) return std::nullopt;
   return batches_of_record(record);
+}
+
+DETTRIAL_INLINE void MetricsLog::write(std::string_view type, std::int64_t batches, std::int64_t epochs, const MetricValues& metrics) {
+  write(type, batches, epochs, metrics, detail::Json::object());
 }
 
 DETTRIAL_INLINE void MetricsLog::write(std::string_view type, std::int64_t batches, std::int64_t epochs, const MetricValues& metrics,

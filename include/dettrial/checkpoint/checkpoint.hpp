@@ -29,7 +29,7 @@
 #include "../error.hpp"
 #include "../optim/fused.hpp"
 #include "../detail/text.hpp"
-#include "../detail/json.hpp"
+#include "../detail/json_fwd.hpp"
 #include "state_dict.hpp"
 #include "storage.hpp"
 #include "../detail/linkage.hpp"
@@ -106,6 +106,7 @@ inline void pull_device_optimizer_state(Context& c) {
 }  // namespace dettrial
 
 #if DETTRIAL_HEADER_DEFINITIONS
+#include "../detail/json.hpp"
 namespace dettrial {
 
 DETTRIAL_INLINE std::string TrialProgress::to_json() const {

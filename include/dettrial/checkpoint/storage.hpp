@@ -18,7 +18,7 @@
 
 #include "../layout.hpp"
 #include "../error.hpp"
-#include "../detail/json.hpp"
+#include "../detail/json_fwd.hpp"
 #include "../vocabulary/metrics.hpp"
 #include "../detail/linkage.hpp"
 
@@ -95,7 +95,13 @@ class CheckpointWriter {
   std::filesystem::path storage_;
   std::string uuid_;
   std::filesystem::path temp_;
-  detail::Json files_ = detail::Json::object();
+  /// Each file added: its name, size and CRC-32, in the order added.
+  struct FileEntry {
+    std::string name;
+    std::size_t size = 0;
+    std::uint32_t crc32 = 0;
+  };
+  std::vector<FileEntry> files_;
   bool committed_ = false;
 };
 
@@ -136,6 +142,7 @@ DETTRIAL_INLINE void delete_checkpoint(const CheckpointInfo& checkpoint);
 
 // Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
 #if DETTRIAL_HEADER_DEFINITIONS
+#include "../detail/json.hpp"
 #include <fstream>
 #include <random>
 #include <sstream>
@@ -244,7 +251,7 @@ DETTRIAL_INLINE CheckpointWriter::~CheckpointWriter() {
 
 DETTRIAL_INLINE void CheckpointWriter::add_file(const std::string& name, std::string_view bytes) {
   detail::write_file_synced(temp_ / name, bytes);
-  files_[name] = {{"size", bytes.size()}, {"crc32", detail::crc32_of(bytes)}};
+  files_.push_back({name, bytes.size(), detail::crc32_of(bytes)});
 }
 
 DETTRIAL_INLINE std::filesystem::path CheckpointWriter::commit(detail::Json fields) {
@@ -252,7 +259,9 @@ DETTRIAL_INLINE std::filesystem::path CheckpointWriter::commit(detail::Json fiel
   if (!fields.is_object())
     throw CheckpointError("the fields of '" + meta_path.string() + "' must be a JSON object, not " + detail::json_kind(fields));
   fields.erase("files");
-  fields["files"] = files_;
+  detail::Json files = detail::Json::object();
+  for (const FileEntry& file : files_) files[file.name] = {{"size", file.size}, {"crc32", file.crc32}};
+  fields["files"] = std::move(files);
   detail::write_file_synced(meta_path, detail::json_text(fields));
   detail::sync_directory(temp_);
   const std::filesystem::path final_path = storage_ / uuid_;

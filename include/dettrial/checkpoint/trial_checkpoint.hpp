@@ -20,7 +20,7 @@
 
 #include "../layout.hpp"
 #include "../context/context.hpp"
-#include "../detail/json.hpp"
+#include "../detail/json_fwd.hpp"
 #include "../version.hpp"
 #include "checkpoint.hpp"
 #include "state_dict.hpp"
@@ -76,6 +76,7 @@ DETTRIAL_INLINE void restore_context(Context& c, const std::filesystem::path& di
 
 // Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
 #if DETTRIAL_HEADER_DEFINITIONS
+#include "../detail/json.hpp"
 namespace dettrial::detail {
 
 DETTRIAL_INLINE RankRngStates gather_rng_states(Context& c) {

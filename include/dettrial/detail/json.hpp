@@ -20,12 +20,10 @@
 #include <yaml-cpp/yaml.h>
 
 #include "../error.hpp"
+#include "json_fwd.hpp"
 #include "linkage.hpp"
 
 namespace dettrial::detail {
-
-/// A JSON value whose objects keep their keys in insertion order (the order dettrial writes them).
-using Json = nlohmann::ordered_json;
 
 // ---- writing: nlohmann/json's dump; numbers as it writes them (shortest text that reads back exactly,
 // 1.0 as `1.0`), NaN and infinities (which JSON lacks) as null, bytes that are not UTF-8 as U+FFFD.

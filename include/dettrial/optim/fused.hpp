@@ -28,6 +28,7 @@
 
 #include "../error.hpp"
 #include "handles.hpp"
+#include "../detail/linkage.hpp"
 
 #if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
 #define DETTRIAL_FUSED_KERNELS 1
@@ -191,119 +192,26 @@ class FusedSGD : public torch::optim::SGD, public CapturableOptimizer {
 
   /// With the fused kernel (LibTorch 2.4+, CUDA), once every momentum buffer exists: a new buffer is
   /// a copy of the first gradient, which a skipped first step must not leave behind.
-  bool step_unless_found_inf(const torch::Tensor& found_inf) override {
-#if DETTRIAL_FUSED_KERNELS
-    for (auto& group : param_groups()) {
-      const auto& o = static_cast<const torch::optim::SGDOptions&>(group.options());
-      for (const auto& p : group.params()) {
-        if (!p.grad().defined()) continue;
-        if (!p.is_cuda() || p.device() != found_inf.device()) return false;
-        if (o.momentum() != 0 && !has_buffer(p)) {
-          if (capturing()) throw_new_state("a momentum buffer");
-          buffers_pending_ = true;  // until a step the host lets through makes them
-          return false;
-        }
-      }
-    }
-    step_with(nullptr, found_inf);
-    return true;
-#else
-    return CapturableOptimizer::step_unless_found_inf(found_inf);
-#endif
-  }
-
-  torch::Tensor step(LossClosure closure = nullptr) override { return step_with(closure, std::nullopt); }
+  bool step_unless_found_inf(const torch::Tensor& found_inf) override;
+  torch::Tensor step(LossClosure closure = nullptr) override;
   /// False while a gradient scaler has skipped every step since a parameter needed its first
   /// momentum buffer (with an fp16 scaler the first steps often overflow).
   bool ready_for_capture() const override { return !buffers_pending_; }
 
  private:
   /// The step; with `found_inf`, the kernel skips it on the device when the flag is set.
-  torch::Tensor step_with(LossClosure closure, const std::optional<torch::Tensor>& found_inf) {
-    torch::NoGradGuard no_grad;
-    torch::Tensor loss = evaluate(closure);
-    for (std::size_t g = 0; g < param_groups().size(); ++g) {
-      auto& group = param_groups()[g];
-      const auto& o = static_cast<const torch::optim::SGDOptions&>(group.options());
-      const std::vector<torch::Tensor> params = with_grad(group.params());
-      if (params.empty()) continue;
-      const torch::Tensor& lr = device_lr(g, o.lr(), params.front());
-      if (o.momentum() == 0) {
-        run_buckets(params, {}, o, lr, false, found_inf);
-        continue;
-      }
-      // A parameter's first step makes its momentum buffer (a copy of its gradient); the kernel
-      // takes that as one flag for all it steps, so new and old buffers go in separate calls.
-      std::vector<torch::Tensor> fresh, stepped, fresh_bufs, stepped_bufs;
-      for (const auto& p : params) {
-        const bool is_new = !has_buffer(p);
-        (is_new ? fresh : stepped).push_back(p);
-        (is_new ? fresh_bufs : stepped_bufs).push_back(buffer(p, is_new));
-      }
-      if (!fresh.empty()) run_buckets(fresh, fresh_bufs, o, lr, true, found_inf);
-      if (!stepped.empty()) run_buckets(stepped, stepped_bufs, o, lr, false, found_inf);
-    }
-    buffers_pending_ = false;
-    return loss;
-  }
-
+  torch::Tensor step_with(LossClosure closure, const std::optional<torch::Tensor>& found_inf);
   void run_buckets(const std::vector<torch::Tensor>& params, const std::vector<torch::Tensor>& bufs, const torch::optim::SGDOptions& o,
-                   const torch::Tensor& lr, bool first, const std::optional<torch::Tensor>& found_inf) {
-    detail::for_each_bucket(params, [&](const std::vector<std::size_t>& idx) {
-      std::vector<torch::Tensor> ps, grads, bs;
-      ps.reserve(idx.size());
-      grads.reserve(idx.size());
-      for (auto i : idx) {
-        ps.push_back(params[i]);
-        grads.push_back(params[i].grad());
-        if (!bufs.empty()) bs.push_back(bufs[i]);
-      }
-      run(ps, grads, bs, o, lr, first, found_inf);
-    });
-  }
-  bool buffers_pending_ = false;
-  bool has_buffer(const torch::Tensor& p) {
-    const auto it = state().find(detail::optimizer_state_key<std::decay_t<decltype(state())>>(p));
-    return it != state().end() && static_cast<torch::optim::SGDParamState&>(*it->second).momentum_buffer().defined();
-  }
-  torch::Tensor buffer(const torch::Tensor& p, bool fresh) {
-    const auto key = detail::optimizer_state_key<std::decay_t<decltype(state())>>(p);
-    if (fresh) {
-      if (capturing()) throw_new_state("a momentum buffer");
-      auto s = std::make_unique<torch::optim::SGDParamState>();
-      s->momentum_buffer(torch::empty_like(p, torch::MemoryFormat::Preserve));
-      state()[key] = std::move(s);
-    }
-    return static_cast<torch::optim::SGDParamState&>(*state()[key]).momentum_buffer();
-  }
-
+                   const torch::Tensor& lr, bool first, const std::optional<torch::Tensor>& found_inf);
+  bool has_buffer(const torch::Tensor& p);
+  torch::Tensor buffer(const torch::Tensor& p, bool fresh);
   /// LibTorch's SGD arithmetic with the learning rate read from `lr`; `first`: the buffers are new.
   /// On a GPU, ATen's fused kernel (one launch for all); elsewhere LibTorch's own operations, one
   /// parameter at a time, which give LibTorch's SGD's results to the bit.
   static void run(const std::vector<torch::Tensor>& params, const std::vector<torch::Tensor>& grads, const std::vector<torch::Tensor>& bufs,
-                  const torch::optim::SGDOptions& o, const torch::Tensor& lr, bool first, const std::optional<torch::Tensor>& found_inf) {
-#if DETTRIAL_FUSED_KERNELS
-    if (params.front().is_cuda()) {
-      at::_fused_sgd_(params, grads, bufs, o.weight_decay(), o.momentum(), lr, o.dampening(), o.nesterov(),
-                      /*maximize=*/false, first, /*grad_scale=*/std::nullopt, found_inf);
-      return;
-    }
-#endif
-    (void)found_inf;  // only the kernel takes it (step_unless_found_inf says where)
-    const torch::Tensor neg_lr = lr.neg();
-    for (std::size_t i = 0; i < params.size(); ++i) {
-      torch::Tensor p = params[i];
-      torch::Tensor d_p = grads[i];
-      if (o.weight_decay() != 0) d_p = d_p.add(p, o.weight_decay());
-      if (o.momentum() != 0) {
-        torch::Tensor buf = bufs[i];
-        if (first) buf.copy_(d_p);
-        else buf.mul_(o.momentum()).add_(d_p, 1 - o.dampening());
-        d_p = o.nesterov() ? d_p.add(buf, o.momentum()) : buf;
-      }
-      p.addcmul_(d_p, neg_lr);
-    }
-  }
+                  const torch::optim::SGDOptions& o, const torch::Tensor& lr, bool first, const std::optional<torch::Tensor>& found_inf);
+
+  bool buffers_pending_ = false;
 };
 
 }  // namespace dettrial::optim
@@ -460,3 +368,120 @@ using FusedAdam = detail::FusedAdamBase<torch::optim::Adam, torch::optim::AdamOp
 using FusedAdamW = detail::FusedAdamBase<torch::optim::AdamW, torch::optim::AdamWOptions, torch::optim::AdamWParamState, true>;
 
 }  // namespace dettrial::optim
+
+// Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode
+// (FusedSGD's virtual functions, and with them its vtable, then live in dettrial::compiled).
+#if DETTRIAL_HEADER_DEFINITIONS
+namespace dettrial::optim {
+
+DETTRIAL_INLINE bool FusedSGD::step_unless_found_inf(const torch::Tensor& found_inf) {
+#if DETTRIAL_FUSED_KERNELS
+  for (auto& group : param_groups()) {
+    const auto& o = static_cast<const torch::optim::SGDOptions&>(group.options());
+    for (const auto& p : group.params()) {
+      if (!p.grad().defined()) continue;
+      if (!p.is_cuda() || p.device() != found_inf.device()) return false;
+      if (o.momentum() != 0 && !has_buffer(p)) {
+        if (capturing()) throw_new_state("a momentum buffer");
+        buffers_pending_ = true;  // until a step the host lets through makes them
+        return false;
+      }
+    }
+  }
+  step_with(nullptr, found_inf);
+  return true;
+#else
+  return CapturableOptimizer::step_unless_found_inf(found_inf);
+#endif
+}
+
+DETTRIAL_INLINE torch::Tensor FusedSGD::step(LossClosure closure) { return step_with(closure, std::nullopt); }
+
+DETTRIAL_INLINE torch::Tensor FusedSGD::step_with(LossClosure closure, const std::optional<torch::Tensor>& found_inf) {
+  torch::NoGradGuard no_grad;
+  torch::Tensor loss = evaluate(closure);
+  for (std::size_t g = 0; g < param_groups().size(); ++g) {
+    auto& group = param_groups()[g];
+    const auto& o = static_cast<const torch::optim::SGDOptions&>(group.options());
+    const std::vector<torch::Tensor> params = with_grad(group.params());
+    if (params.empty()) continue;
+    const torch::Tensor& lr = device_lr(g, o.lr(), params.front());
+    if (o.momentum() == 0) {
+      run_buckets(params, {}, o, lr, false, found_inf);
+      continue;
+    }
+    // A parameter's first step makes its momentum buffer (a copy of its gradient); the kernel
+    // takes that as one flag for all it steps, so new and old buffers go in separate calls.
+    std::vector<torch::Tensor> fresh, stepped, fresh_bufs, stepped_bufs;
+    for (const auto& p : params) {
+      const bool is_new = !has_buffer(p);
+      (is_new ? fresh : stepped).push_back(p);
+      (is_new ? fresh_bufs : stepped_bufs).push_back(buffer(p, is_new));
+    }
+    if (!fresh.empty()) run_buckets(fresh, fresh_bufs, o, lr, true, found_inf);
+    if (!stepped.empty()) run_buckets(stepped, stepped_bufs, o, lr, false, found_inf);
+  }
+  buffers_pending_ = false;
+  return loss;
+}
+
+DETTRIAL_INLINE void FusedSGD::run_buckets(const std::vector<torch::Tensor>& params, const std::vector<torch::Tensor>& bufs,
+                                           const torch::optim::SGDOptions& o, const torch::Tensor& lr, bool first,
+                                           const std::optional<torch::Tensor>& found_inf) {
+  detail::for_each_bucket(params, [&](const std::vector<std::size_t>& idx) {
+    std::vector<torch::Tensor> ps, grads, bs;
+    ps.reserve(idx.size());
+    grads.reserve(idx.size());
+    for (auto i : idx) {
+      ps.push_back(params[i]);
+      grads.push_back(params[i].grad());
+      if (!bufs.empty()) bs.push_back(bufs[i]);
+    }
+    run(ps, grads, bs, o, lr, first, found_inf);
+  });
+}
+
+DETTRIAL_INLINE bool FusedSGD::has_buffer(const torch::Tensor& p) {
+  const auto it = state().find(detail::optimizer_state_key<std::decay_t<decltype(state())>>(p));
+  return it != state().end() && static_cast<torch::optim::SGDParamState&>(*it->second).momentum_buffer().defined();
+}
+
+DETTRIAL_INLINE torch::Tensor FusedSGD::buffer(const torch::Tensor& p, bool fresh) {
+  const auto key = detail::optimizer_state_key<std::decay_t<decltype(state())>>(p);
+  if (fresh) {
+    if (capturing()) throw_new_state("a momentum buffer");
+    auto s = std::make_unique<torch::optim::SGDParamState>();
+    s->momentum_buffer(torch::empty_like(p, torch::MemoryFormat::Preserve));
+    state()[key] = std::move(s);
+  }
+  return static_cast<torch::optim::SGDParamState&>(*state()[key]).momentum_buffer();
+}
+
+DETTRIAL_INLINE void FusedSGD::run(const std::vector<torch::Tensor>& params, const std::vector<torch::Tensor>& grads,
+                                   const std::vector<torch::Tensor>& bufs, const torch::optim::SGDOptions& o, const torch::Tensor& lr,
+                                   bool first, const std::optional<torch::Tensor>& found_inf) {
+#if DETTRIAL_FUSED_KERNELS
+  if (params.front().is_cuda()) {
+    at::_fused_sgd_(params, grads, bufs, o.weight_decay(), o.momentum(), lr, o.dampening(), o.nesterov(),
+                    /*maximize=*/false, first, /*grad_scale=*/std::nullopt, found_inf);
+    return;
+  }
+#endif
+  (void)found_inf;  // only the kernel takes it (step_unless_found_inf says where)
+  const torch::Tensor neg_lr = lr.neg();
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    torch::Tensor p = params[i];
+    torch::Tensor d_p = grads[i];
+    if (o.weight_decay() != 0) d_p = d_p.add(p, o.weight_decay());
+    if (o.momentum() != 0) {
+      torch::Tensor buf = bufs[i];
+      if (first) buf.copy_(d_p);
+      else buf.mul_(o.momentum()).add_(d_p, 1 - o.dampening());
+      d_p = o.nesterov() ? d_p.add(buf, o.momentum()) : buf;
+    }
+    p.addcmul_(d_p, neg_lr);
+  }
+}
+
+}  // namespace dettrial::optim
+#endif  // DETTRIAL_HEADER_DEFINITIONS

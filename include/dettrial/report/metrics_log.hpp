@@ -12,7 +12,7 @@
 
 #include "../layout.hpp"
 #include "../error.hpp"
-#include "../detail/json.hpp"
+#include "../detail/json_fwd.hpp"
 #include "../vocabulary/metrics.hpp"
 #include "../detail/linkage.hpp"
 
@@ -42,8 +42,9 @@ class MetricsLog {
 
   /// `{"type":"training"|"validation"|"checkpoint","batches":N,"epochs":E,<extra's fields>,"metrics":{...}}`,
   /// one compact line (`metrics` left out when empty and `extra` has fields of its own).
-  void write(std::string_view type, std::int64_t batches, std::int64_t epochs, const MetricValues& metrics,
-             const detail::Json& extra = detail::Json::object());
+  void write(std::string_view type, std::int64_t batches, std::int64_t epochs, const MetricValues& metrics, const detail::Json& extra);
+  /// The same record without extra fields.
+  void write(std::string_view type, std::int64_t batches, std::int64_t epochs, const MetricValues& metrics);
 
  private:
   /// Rewrites the file (a new file renamed over it) without the records past `batches`.
@@ -58,6 +59,7 @@ class MetricsLog {
 
 // Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
 #if DETTRIAL_HEADER_DEFINITIONS
+#include "../detail/json.hpp"
 namespace dettrial {
 
 DETTRIAL_INLINE MetricsLog::MetricsLog(const std::filesystem::path& dir, std::optional<std::int64_t> resumed_at)
@@ -80,6 +82,10 @@ DETTRIAL_INLINE std::optional<std::int64_t> MetricsLog::batches_of(std::string_v
   const detail::Json record = detail::Json::parse(line, nullptr, /*allow_exceptions=*/false);
   if (record.is_discarded()) return std::nullopt;
   return batches_of_record(record);
+}
+
+DETTRIAL_INLINE void MetricsLog::write(std::string_view type, std::int64_t batches, std::int64_t epochs, const MetricValues& metrics) {
+  write(type, batches, epochs, metrics, detail::Json::object());
 }
 
 DETTRIAL_INLINE void MetricsLog::write(std::string_view type, std::int64_t batches, std::int64_t epochs, const MetricValues& metrics,

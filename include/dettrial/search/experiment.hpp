@@ -40,7 +40,7 @@
 #include "../config/experiment_config.hpp"
 #include "../error.hpp"
 #include "../detail/exit_status.hpp"
-#include "../detail/json.hpp"
+#include "../detail/json_fwd.hpp"
 #include "../detail/process.hpp"
 #include "../vocabulary/metrics.hpp"
 #include "../report/html_report.hpp"
@@ -271,6 +271,7 @@ class Experiment {
 
 // Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
 #if DETTRIAL_HEADER_DEFINITIONS
+#include "../detail/json.hpp"
 namespace dettrial {
 
 DETTRIAL_INLINE const char* to_string(TrialState s) {

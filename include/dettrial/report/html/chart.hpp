@@ -17,7 +17,7 @@
 #include <utility>
 #include <vector>
 
-#include "../../detail/json.hpp"
+#include "../../detail/json_fwd.hpp"
 #include "../../detail/linkage.hpp"
 
 namespace dettrial::detail::html {
@@ -74,6 +74,7 @@ DETTRIAL_INLINE std::string svg_chart(const Chart& chart);
 
 // Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
 #if DETTRIAL_HEADER_DEFINITIONS
+#include "../../detail/json.hpp"
 namespace dettrial::detail::html {
 
 DETTRIAL_INLINE std::string escape(std::string_view text) {

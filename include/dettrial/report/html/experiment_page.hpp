@@ -22,7 +22,7 @@
 #include "../../layout.hpp"
 #include "../../error.hpp"
 #include "../../detail/atomic_file.hpp"
-#include "../../detail/json.hpp"
+#include "../../detail/json_fwd.hpp"
 #include "../../vocabulary/metric_order.hpp"
 #include "chart.hpp"
 #include "page.hpp"
@@ -53,6 +53,7 @@ DETTRIAL_INLINE std::filesystem::path write_experiment_page(const std::filesyste
 
 // Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
 #if DETTRIAL_HEADER_DEFINITIONS
+#include "../../detail/json.hpp"
 namespace dettrial::detail::html {
 
 /// Whether `page` is missing or older than any of `sources` (that exist).

@@ -18,7 +18,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include "../../error.hpp"
-#include "../../detail/json.hpp"
+#include "../../detail/json_fwd.hpp"
 #include "chart.hpp"
 #include "../../detail/linkage.hpp"
 
@@ -35,6 +35,7 @@ DETTRIAL_INLINE std::vector<Json> read_jsonl(const std::filesystem::path& path, 
 
 // Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
 #if DETTRIAL_HEADER_DEFINITIONS
+#include "../../detail/json.hpp"
 namespace dettrial::detail::html {
 
 DETTRIAL_INLINE std::vector<Json> read_jsonl(const std::filesystem::path& path, bool* torn) {

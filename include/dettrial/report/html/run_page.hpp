@@ -18,7 +18,7 @@
 #include "../../layout.hpp"
 #include "../../error.hpp"
 #include "../../detail/atomic_file.hpp"
-#include "../../detail/json.hpp"
+#include "../../detail/json_fwd.hpp"
 #include "chart.hpp"
 #include "page.hpp"
 #include "../../detail/linkage.hpp"
@@ -40,6 +40,7 @@ DETTRIAL_INLINE std::filesystem::path write_run_report(const std::filesystem::pa
 
 // Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
 #if DETTRIAL_HEADER_DEFINITIONS
+#include "../../detail/json.hpp"
 namespace dettrial::detail::html {
 
 /// The series named `series_name` of the chart named `chart_name`, each made on first use (charts
