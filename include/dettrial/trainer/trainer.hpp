@@ -189,11 +189,10 @@ class Trainer {
     std::int64_t epoch_len = 0;
     /// The training loader's own batches per epoch on this rank (epoch_len, unless records_per_epoch sets it).
     std::int64_t data_epoch_len = 0;
-    std::int64_t batches_trained = 0;
-    std::int64_t epochs_trained = 0;
-    std::int64_t last_validation = -1;
-    std::int64_t last_checkpoint = -1;
-    std::optional<double> best_metric{};
+    /// Where the trial stands: batches and epochs trained, the last validation and checkpoint, the
+    /// best searcher metric (what a checkpoint saves as `trial_state.json`; its data seeds are filled
+    /// in when it is saved).
+    TrialProgress progress{};
     bool warned_best_without_metric = false;
     /// Whether a validation is followed by a checkpoint (the policy picked at the start).
     bool (*checkpoint_after_validation)(bool improved) = &checkpoint_policy::best::after_validation;
@@ -275,17 +274,17 @@ class Trainer {
     });
     const detail::StopSignals signals(st.options.handle_signals);
     callbacks.template call<hook::on_training_start>();
-    if (st.options.step_zero_validation && st.batches_trained == 0 && st.last_validation < 0) validate(st, callbacks);
+    if (st.options.step_zero_validation && st.progress.batches_trained == 0 && st.progress.last_validation < 0) validate(st, callbacks);
     train(st, callbacks);
     finish_profiling(st);
     if (!st.result.stop_requested) {
-      if (st.last_validation != st.batches_trained) validate(st, callbacks);
+      if (st.progress.last_validation != st.progress.batches_trained) validate(st, callbacks);
       checkpoint_unless_current(st, callbacks);
       // The trial is complete: retention applies without sparing the newest.
       if (context_.distributed().is_chief()) apply_retention(st, {});
     }
-    st.result.batches_trained = st.batches_trained;
-    st.result.epochs_trained = st.epochs_trained;
+    st.result.batches_trained = st.progress.batches_trained;
+    st.result.epochs_trained = st.progress.epochs_trained;
     write_report(st);
     return std::move(st.result);
   }
@@ -371,16 +370,16 @@ class Trainer {
     detail::RunPosition& position = context_.position();
     position.epoch_len = st.epoch_len;
     if (st.resume_dir) restore(st, *st.resume_dir, st.same_trial ? *st.resumed : TrialProgress{.trial_id = st.options.trial_id}, callbacks);
-    position.initial_batch = st.batches_trained;  // the training stream skips what was trained
-    position.current_batch = st.batches_trained;
-    st.result.resumed_from_batch = st.batches_trained;
+    position.initial_batch = st.progress.batches_trained;  // the training stream skips what was trained
+    position.current_batch = st.progress.batches_trained;
+    st.result.resumed_from_batch = st.progress.batches_trained;
     if (Communicator* comm = context_.communicator())
       detail::broadcast_modules(*comm, context_.models());  // every rank starts from rank 0's weights
   }
 
   /// Writes the trace when training ended (or stopped) inside the profiled range.
   void finish_profiling(RunState& st) {
-    if (st.profiler.finish(st.batches_trained - 1)) st.reporter.line("dettrial: " + st.profiler.summary());
+    if (st.profiler.finish(st.progress.batches_trained - 1)) st.reporter.line("dettrial: " + st.profiler.summary());
   }
 
   /// The run's first lines: the runtime, the trial, the job, the checkpoint resumed from.
@@ -398,7 +397,7 @@ class Trainer {
                        std::to_string(context_.get_global_batch_size()));
     if (st.resume_dir)
       st.reporter.line("dettrial: resumed from " + st.resume_dir->string() +
-                       (st.same_trial ? " at batch " + std::to_string(st.batches_trained)
+                       (st.same_trial ? " at batch " + std::to_string(st.progress.batches_trained)
                                       : std::string(" (another trial's checkpoint: weights and optimizer state only)")));
     if (const auto* graph = std::get_if<capture::cuda_graph>(&o.step_capture))
       st.reporter.line("dettrial: the training step is captured in a CUDA graph after " + std::to_string(graph->warmup_batches) +
@@ -407,7 +406,7 @@ class Trainer {
       const ProfilerSchedule& s = profiler->schedule;
       st.reporter.line("dettrial: profiling on set_profiler's schedule (skip_first " + std::to_string(s.skip_first) + ", wait " +
                        std::to_string(s.wait) + ", warmup " + std::to_string(s.warmup) + ", active " + std::to_string(s.active) +
-                       ", repeat " + std::to_string(s.repeat) + ", from batch " + std::to_string(st.batches_trained) +
+                       ", repeat " + std::to_string(s.repeat) + ", from batch " + std::to_string(st.progress.batches_trained) +
                        "); each cycle's trace in " + (o.output_dir / layout::tensorboard).string() +
                        (o.profiling.enabled ? " (the config's profiling section is not used)" : ""));
     } else if (o.profiling.enabled)
@@ -457,7 +456,8 @@ class Trainer {
   // ---- the loop: train until a boundary, then handle each boundary reached ------------------
 
   std::int64_t remaining(const RunState& st) const {
-    return st.length.unit() == Unit::epochs ? st.length.value() - st.epochs_trained : st.length.value() - st.batches_trained;
+    return st.length.unit() == Unit::epochs ? st.length.value() - st.progress.epochs_trained
+                                            : st.length.value() - st.progress.batches_trained;
   }
 
   template <class Set>
@@ -471,7 +471,7 @@ class Trainer {
       if (const int signal = agreed_max(detail::StopSignals::received()); signal != 0)
         return stop(st, callbacks, signal,
                     std::string("dettrial: stopped by ") + detail::signal_name(signal) + " after batch " +
-                        std::to_string(st.batches_trained) + "; resume from " + st.storage.string());
+                        std::to_string(st.progress.batches_trained) + "; resume from " + st.storage.string());
       if (handle_boundaries(st, reached, callbacks)) return;
     }
   }
@@ -488,10 +488,10 @@ class Trainer {
     workload.records = 0;
     workload.phases.reset();
     workload.mark = std::chrono::steady_clock::now();
-    st.reporter.begin("train", st.batches_trained, st.length.unit() == Unit::epochs ? st.length.value() * st.epoch_len : st.length.value(),
-                      "batches");
+    st.reporter.begin("train", st.progress.batches_trained,
+                      st.length.unit() == Unit::epochs ? st.length.value() * st.epoch_len : st.length.value(), "batches");
     for (;;) {
-      const std::int64_t batch_idx = st.batches_trained, epoch_idx = batch_idx / st.epoch_len;
+      const std::int64_t batch_idx = st.progress.batches_trained, epoch_idx = batch_idx / st.epoch_len;
       const bool epoch_start = batch_idx % st.epoch_len == 0, epoch_end = batch_idx % st.epoch_len == st.epoch_len - 1;
       context_.position().current_batch = batch_idx;
       if (epoch_start) callbacks.template call<hook::on_training_epoch_start>(epoch_idx);
@@ -499,13 +499,13 @@ class Trainer {
       st.profiler.before_batch(batch_idx);
       // Synchronized timings only inside the profiled range: a sync a batch elsewhere would cost the GPU its queue.
       train_batch<Set>(st, batches.take(), workload, batch_idx, epoch_idx, st.sync_timings && st.profiler.running());
-      ++st.batches_trained;
+      ++st.progress.batches_trained;
       if (st.profiler.after_batch(batch_idx)) st.reporter.line("dettrial: " + st.profiler.summary());
       if (epoch_end) {
         callbacks.template call<hook::on_training_epoch_end>(epoch_idx);
-        ++st.epochs_trained;
+        ++st.progress.epochs_trained;
       }
-      st.reporter.update(st.batches_trained);
+      st.reporter.update(st.progress.batches_trained);
       const Reached reached = boundaries_after(st, batch_idx, epoch_idx, epoch_end);
       if (reached.length || reached.validation || reached.checkpoint || reached.report) return reached;
       // One process stops at any batch; a job only at boundaries, where its ranks agree.
@@ -622,10 +622,10 @@ class Trainer {
                                               {reached.report, Kind::report}};
     for (const auto& [hit, kind] : in_order) {
       if (!hit) continue;
-      if (kind == Kind::validation && st.last_validation != st.batches_trained) validate(st, callbacks);
+      if (kind == Kind::validation && st.progress.last_validation != st.progress.batches_trained) validate(st, callbacks);
       if (kind == Kind::checkpoint) checkpoint_unless_current(st, callbacks);
       if (agreed_max(context_.get_stop_requested() ? 1 : 0) != 0) {
-        stop(st, callbacks, 0, "dettrial: stop requested; stopped after batch " + std::to_string(st.batches_trained));
+        stop(st, callbacks, 0, "dettrial: stop requested; stopped after batch " + std::to_string(st.progress.batches_trained));
         return true;
       }
     }
@@ -644,7 +644,7 @@ class Trainer {
 
   template <class Set>
   void checkpoint_unless_current(RunState& st, Set& callbacks) {
-    if (st.last_checkpoint != st.batches_trained) checkpoint(st, callbacks);
+    if (st.progress.last_checkpoint != st.progress.batches_trained) checkpoint(st, callbacks);
   }
 
   // ---- reports and validation -----------------------------------------------------------------
@@ -658,13 +658,13 @@ class Trainer {
       if (r.for_training) mine.reducer_parts.push_back(r.per_slot(r.object));
     const auto shares = detail::gather_shares(std::move(mine), context_.communicator());
     MetricValues avg;
-    avg.set("batches", static_cast<double>(st.batches_trained));
-    avg.set("epochs", static_cast<double>(st.epochs_trained));
+    avg.set("batches", static_cast<double>(st.progress.batches_trained));
+    avg.set("epochs", static_cast<double>(st.progress.epochs_trained));
     for (const auto& [name, value] : detail::combine_training(shares)) avg.set(name, value);
     reduce_user_reducers(&detail::WrappedReducer::for_training, shares, avg);
     // The whole job's records (every rank's), over the chief's clock.
     const double rate = seconds > 0 ? static_cast<double>(detail::total_records(shares)) / seconds : 0.0;
-    st.reporter.training(st.batches_trained, st.epochs_trained, avg, rate, seconds, workload.phases, learning_rates());
+    st.reporter.training(st.progress.batches_trained, st.progress.epochs_trained, avg, rate, seconds, workload.phases, learning_rates());
     callbacks.template call<hook::on_training_workload_end>(avg, std::span<const Metrics>(workload.batch_metrics));
     st.result.last_training_metrics = std::move(avg);
   }
@@ -730,13 +730,14 @@ class Trainer {
     reduce_user_reducers(&detail::WrappedReducer::for_validation, shares, metrics);
     callbacks.template call<hook::on_validation_end>(metrics);
     context_.step_lr_schedulers_on_validation(metrics);  // the same reduced metrics on every rank
-    st.last_validation = st.batches_trained;
+    st.progress.last_validation = st.progress.batches_trained;
     ++st.result.validations;
     MetricValues reported;
-    reported.set("batches", static_cast<double>(st.batches_trained));
-    reported.set("epochs", static_cast<double>(st.epochs_trained));
+    reported.set("batches", static_cast<double>(st.progress.batches_trained));
+    reported.set("epochs", static_cast<double>(st.progress.epochs_trained));
     for (const auto& [name, value] : metrics) reported.set(name, value);
-    st.reporter.validation(st.batches_trained, st.epochs_trained, reported, detail::total_records(shares), st.reporter.elapsed());
+    st.reporter.validation(st.progress.batches_trained, st.progress.epochs_trained, reported, detail::total_records(shares),
+                           st.reporter.elapsed());
     st.result.last_validation_metrics = reported;
     apply_checkpoint_policy(st, reported, callbacks);
   }
@@ -782,11 +783,11 @@ class Trainer {
     if (!st.options.searcher_metric.empty()) {
       const auto value = metrics.get(st.options.searcher_metric);
       if (!value) throw missing_searcher_metric(st.options.searcher_metric, metrics);
-      improved = MetricOrder{st.options.smaller_is_better}.improves(*value, st.best_metric);
+      improved = MetricOrder{st.options.smaller_is_better}.improves(*value, st.progress.best_validation);
       // Every rank holds the same gathered metrics; the chief's decision is still the one acted on,
       // because a checkpoint is a collective that all ranks enter or none.
       if (Communicator* comm = context_.communicator()) improved = comm->broadcast_values({improved ? 1 : 0})[0] != 0;
-      if (improved) st.best_metric = *value;
+      if (improved) st.progress.best_validation = *value;
     } else if (st.options.checkpoint_policy == CheckpointPolicy::best && !st.warned_best_without_metric) {
       st.reporter.line("dettrial: checkpoint_policy 'best' has no searcher metric to compare; checkpointing after every validation");
       st.warned_best_without_metric = true;
@@ -811,14 +812,11 @@ class Trainer {
   }
 
   TrialProgress progress_of(const RunState& st) const {
-    return TrialProgress{.trial_id = st.options.trial_id,
-                         .batches_trained = st.batches_trained,
-                         .epochs_trained = st.epochs_trained,
-                         .last_validation = st.last_validation,
-                         .last_checkpoint = st.last_checkpoint,
-                         .best_validation = st.best_metric,
-                         .training_data_seed = data_seed(*train_loader_),
-                         .validation_data_seed = data_seed(*validation_loader_)};
+    TrialProgress progress = st.progress;
+    progress.trial_id = st.options.trial_id;
+    progress.training_data_seed = data_seed(*train_loader_);
+    progress.validation_data_seed = data_seed(*validation_loader_);
+    return progress;
   }
   template <class L>
   static std::optional<std::uint64_t> data_seed(const L& loader) {
@@ -848,7 +846,7 @@ class Trainer {
   template <class Set>
   void checkpoint(RunState& st, Set& callbacks) {
     RECORD_USER_SCOPE("dettrial::checkpoint");
-    st.last_checkpoint = st.batches_trained;
+    st.progress.last_checkpoint = st.progress.batches_trained;
     agree_on_buffers();
     const detail::RankRngStates rng = detail::gather_rng_states(context_);  // every rank's, to the chief
     if (!context_.distributed().is_chief()) {
@@ -859,12 +857,12 @@ class Trainer {
     const auto started = std::chrono::steady_clock::now();
     StateDict top = detail::trial_state_dict(context_, rng, callback_states(callbacks));
     callbacks.template call<hook::on_checkpoint_save_start>(top);
-    const bool validated_here = st.last_validation == st.batches_trained && !st.options.searcher_metric.empty();
+    const bool validated_here = st.progress.last_validation == st.progress.batches_trained && !st.options.searcher_metric.empty();
     const CheckpointInfo info = detail::write_trial_checkpoint(
         context_, st.storage, top,
         {.progress = progress_of(st),
          .sequence = ++st.sequence,
-         .mid_aggregation = st.batches_trained % context_.aggregation_frequency() != 0,
+         .mid_aggregation = st.progress.batches_trained % context_.aggregation_frequency() != 0,
          .searcher_metric = st.options.searcher_metric,
          .validation_metric = validated_here ? st.result.last_validation_metrics.get(st.options.searcher_metric) : std::nullopt,
          .trial_type = c10::demangle(typeid(TrialT).name())});
@@ -872,7 +870,7 @@ class Trainer {
     detail::share_uuid(context_.communicator(), info.uuid);
     callbacks.template call<hook::on_checkpoint_write_end>(info.path);
     callbacks.template call<hook::on_checkpoint_upload_end>(info.uuid);
-    st.reporter.checkpoint(st.batches_trained, st.epochs_trained, info.path,
+    st.reporter.checkpoint(st.progress.batches_trained, st.progress.epochs_trained, info.path,
                            std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
     apply_retention(st, info.uuid);
   }
@@ -954,11 +952,7 @@ class Trainer {
     });
     restore_data_seed(*train_loader_, progress.training_data_seed);
     restore_data_seed(*validation_loader_, progress.validation_data_seed);
-    st.batches_trained = progress.batches_trained;
-    st.epochs_trained = progress.epochs_trained;
-    st.last_validation = progress.last_validation;
-    st.last_checkpoint = progress.last_checkpoint;
-    st.best_metric = progress.best_validation;
+    st.progress = progress;
   }
 
   /// A copy whose tensors are detached from the graph and on the CPU (kept for callbacks).
