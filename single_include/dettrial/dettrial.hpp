@@ -8096,12 +8096,11 @@ class Context {
   /// The wrapped reducers, reset and reduced by the trainer at each workload.
   std::span<detail::WrappedReducer> reducers() { return reducers_; }
 
-  /// Steps the schedulers per their mode; the trainer calls it on update batches after train_batch.
-  void step_lr_schedulers(std::int64_t batch_idx);
-  /// Updates the gradient scaler's scale after an update batch (once, however many optimizers stepped).
-  void update_scaler() {
-    if (scaler_) scaler_->update();
-  }
+  /// Ends training batch `batch_idx` (the trainer calls it after train_batch): on an update batch
+  /// (every `aggregation_frequency`-th, the one that stepped the optimizers) the gradient scaler's
+  /// scale is updated, once however many optimizers stepped, and the schedulers step per their mode.
+  /// The one place that decides what an update batch finishes.
+  void finish_batch(std::int64_t batch_idx);
 
   /// In a job, after the trial and its data loaders were built from the same seed on every rank:
   /// ranks other than the chief continue on a stream of their own, derived from the trial seed and
@@ -8109,6 +8108,8 @@ class Context {
   void seed_rank_stream() const;
 
  private:
+  /// Steps the schedulers per their mode after update batch `batch_idx`.
+  void step_lr_schedulers(std::int64_t batch_idx);
   struct WrappedOptimizer {
     torch::optim::Optimizer* optimizer;
     std::vector<torch::Tensor> params;
@@ -8318,6 +8319,12 @@ DETTRIAL_INLINE void Context::step_lr_schedulers_on_validation(const MetricValue
     }
     s.step_with_metric(s.scheduler, *value);
   }
+}
+
+DETTRIAL_INLINE void Context::finish_batch(std::int64_t batch_idx) {
+  if (!is_update_batch()) return;
+  if (scaler_) scaler_->update();
+  step_lr_schedulers(batch_idx);
 }
 
 DETTRIAL_INLINE void Context::step_lr_schedulers(std::int64_t batch_idx) {
@@ -15882,10 +15889,7 @@ class Trainer {
         metrics = eager_step(batch, workload, batch_idx, epoch_idx, sync_timings);
       }
     }
-    if (context_.is_update_batch()) {
-      context_.update_scaler();
-      context_.step_lr_schedulers(batch_idx);
-    }
+    context_.finish_batch(batch_idx);
     workload.means.add(metrics, batch_idx);
     if constexpr (Set::wants_batch_metrics) workload.batch_metrics.push_back(detached(metrics));
   }

@@ -590,10 +590,7 @@ class Trainer {
         metrics = eager_step(batch, workload, batch_idx, epoch_idx, sync_timings);
       }
     }
-    if (context_.is_update_batch()) {
-      context_.update_scaler();
-      context_.step_lr_schedulers(batch_idx);
-    }
+    context_.finish_batch(batch_idx);
     workload.means.add(metrics, batch_idx);
     if constexpr (Set::wants_batch_metrics) workload.batch_metrics.push_back(detached(metrics));
   }
