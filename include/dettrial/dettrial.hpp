@@ -40,6 +40,7 @@
 #include "context/context.hpp"
 #include "vocabulary/trial.hpp"
 #include "checkpoint/checkpoint.hpp"
+#include "checkpoint/checkpointer.hpp"
 #include "checkpoint/load_weights.hpp"
 #include "checkpoint/policy.hpp"
 #include "checkpoint/state_dict.hpp"

@@ -10287,188 +10287,177 @@ DETTRIAL_INLINE void load_model(const std::filesystem::path& path, torch::nn::Mo
 }  // namespace dettrial
 #endif  // DETTRIAL_HEADER_DEFINITIONS
 // ---- end dettrial/checkpoint/checkpoint.hpp
-// ---- begin dettrial/checkpoint/load_weights.hpp
+// ---- begin dettrial/checkpoint/checkpointer.hpp
 // SPDX-License-Identifier: Apache-2.0
 /// @file
-/// @brief Weights from elsewhere: a state dict Python wrote (`torch.save(model.state_dict())`), a
-/// Determined or dettrial checkpoint directory (`state_dict.pth`), loaded into a model for a warm
-/// start or fine-tuning, strictly or listing what does not match (Python's `strict=False`).
+/// @brief A fit's checkpoints as the trainer uses them: where they go, when a validation is followed
+/// by one (the policy), writing one with its callbacks' states and hooks, restoring one, retention.
 
+#include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <filesystem>
+#include <optional>
 #include <string>
+#include <string_view>
+#include <type_traits>
+#include <utility>
 #include <vector>
+
+#include <torch/torch.h>
+
+// ---- begin dettrial/vocabulary/callbacks.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief The callback vocabulary: the one table of callback hooks (found at compile time) and what
+/// a callback is.
+
+#include <cstdint>
+#include <filesystem>
+#include <span>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <utility>
 
 #include <torch/torch.h>
 
 
 namespace dettrial {
 
-/// How to load weights into a model.
-struct LoadWeightsOptions {
-  /// Every entry of the model present in the file and none the model lacks (Python's `strict=True`);
-  /// false loads what matches and lists the rest in the returned IncompatibleKeys.
-  bool strict = true;
-  /// Which model of a checkpoint holding several (`models_state_dict[i]`).
-  std::size_t model_index = 0;
-};
-
-/// What a non-strict load left out: Python's `_IncompatibleKeys`.
-struct IncompatibleKeys {
-  /// Entries of the model the file has no value for (they keep their current values).
-  std::vector<std::string> missing_keys;
-  /// Entries of the file the model does not have (ignored).
-  std::vector<std::string> unexpected_keys;
-  bool empty() const { return missing_keys.empty() && unexpected_keys.empty(); }
-};
-
 /**
- * @brief One model's state dict from `path`, whatever wrote it:
- * - a checkpoint directory (Determined's or dettrial's): its `state_dict.pth`, `models_state_dict[model_index]`;
- * - a `torch.save` file of a model's `state_dict()` (tensors by name);
- * - a `torch.save` file of a dict holding one: under `models_state_dict` (Determined's layout),
- *   `model_state_dict`, `state_dict` or `model` (common Python conventions).
- * Names of a model saved wrapped in Python's DistributedDataParallel (`module.` before every name)
- * are unwrapped. Throws CheckpointError naming the file and what it holds when none of these fits.
+ * @brief The callback hooks, one type each: the table both the compile-time check and the trainer's
+ * calls use. Each names the hook and the arguments the trainer passes (Determined's PyTorchCallback).
+ *
+ * A callback declaring a hook by name (a non-overloaded member) that cannot be called with these
+ * arguments is a compile error naming the hook, never a hook silently not called.
  */
-DETTRIAL_INLINE StateDict read_model_state_dict(const std::filesystem::path& path, std::size_t model_index = 0);
+namespace hook {
 
-/**
- * @brief Copies `state` into `module`. Shapes must match for every entry both have (Python refuses
- * those too, strict or not); strictly, the names must match one for one. Nothing is copied when
- * something is refused: CheckpointError names `what` and every offending entry.
- */
-DETTRIAL_INLINE IncompatibleKeys load_state_dict(torch::nn::Module& module, const StateDict& state, bool strict = true,
-                                                 const std::string& what = "the state dict");
+// NAME: the member function; ...: the argument types the trainer passes, in order. A hook whose
+// member is a template or an overload set is found by calling it, not by name.
+#define DETTRIAL_DETAIL_CALLBACK_HOOK(NAME, ...)                                                                     \
+  struct NAME {                                                                                                      \
+    static constexpr const char* name = #NAME;                                                                       \
+    using arguments = std::tuple<__VA_ARGS__>;                                                                       \
+    template <class C>                                                                                               \
+    static constexpr bool named_in = requires { &C::NAME; };                                                         \
+    template <class C, class... A>                                                                                   \
+    static consteval bool callable_with(std::tuple<A...>*) {                                                         \
+      return requires(C& c, A... a) { c.NAME(std::forward<A>(a)...); };                                              \
+    }                                                                                                                \
+    template <class C>                                                                                               \
+    static constexpr bool callable = callable_with<C>(static_cast<arguments*>(nullptr));                             \
+    template <class C, class... A>                                                                                   \
+    static void call(C& c, A&&... a) {                                                                               \
+      c.NAME(std::forward<A>(a)...);                                                                                 \
+    }                                                                                                                \
+    template <class C>                                                                                               \
+    static consteval bool check() {                                                                                  \
+      static_assert(!named_in<C> || callable<C>,                                                                     \
+                    "dettrial callback: " #NAME " is declared but cannot be called as " #NAME "(" #__VA_ARGS__ ")"); \
+      return true;                                                                                                   \
+    }                                                                                                                \
+  };
 
-/**
- * @brief Loads weights written by Python, Determined or dettrial into a model, for a warm start or
- * fine-tuning (call it where the trial builds its model). Returns what a non-strict load left out.
- * @code{.cpp}
- * auto keys = dettrial::load_weights(model, "pretrained/resnet.pt", {.strict = false});
- * for (const auto& k : keys.missing_keys) std::printf("new, not loaded: %s\n", k.c_str());
- * @endcode
- */
-template <ModelHandle M>
-IncompatibleKeys load_weights(M& model, const std::filesystem::path& path, LoadWeightsOptions options = {}) {
-  return load_state_dict(*module_of(model), read_model_state_dict(path, options.model_index), options.strict, "'" + path.string() + "'");
-}
+DETTRIAL_DETAIL_CALLBACK_HOOK(on_trial_startup, std::int64_t, const std::string&)
+DETTRIAL_DETAIL_CALLBACK_HOOK(on_trial_shutdown)
+DETTRIAL_DETAIL_CALLBACK_HOOK(on_training_start)
+DETTRIAL_DETAIL_CALLBACK_HOOK(on_training_epoch_start, std::int64_t)
+DETTRIAL_DETAIL_CALLBACK_HOOK(on_training_epoch_end, std::int64_t)
+DETTRIAL_DETAIL_CALLBACK_HOOK(on_validation_start)
+DETTRIAL_DETAIL_CALLBACK_HOOK(on_validation_epoch_start)
+DETTRIAL_DETAIL_CALLBACK_HOOK(on_validation_epoch_end, std::span<const Metrics>)
+DETTRIAL_DETAIL_CALLBACK_HOOK(on_validation_end, const MetricValues&)
+DETTRIAL_DETAIL_CALLBACK_HOOK(on_checkpoint_save_start, StateDict&)
+DETTRIAL_DETAIL_CALLBACK_HOOK(on_checkpoint_write_end, const std::filesystem::path&)
+DETTRIAL_DETAIL_CALLBACK_HOOK(on_checkpoint_upload_end, const std::string&)
+DETTRIAL_DETAIL_CALLBACK_HOOK(on_checkpoint_load_start, const StateDict&)
+DETTRIAL_DETAIL_CALLBACK_HOOK(load_state_dict, const c10::IValue&)
+#undef DETTRIAL_DETAIL_CALLBACK_HOOK
 
-}  // namespace dettrial
-
-// Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
-#if DETTRIAL_HEADER_DEFINITIONS
-#include <fstream>
-#include <iterator>
-#include <map>
-#include <utility>
-
-namespace dettrial {
-namespace detail {
-
-/// Whether every value of `d` is a tensor (a model's state dict, as opposed to a checkpoint's top level).
-DETTRIAL_INLINE bool all_tensors(const StateDict& d) {
-  for (const auto& entry : d)
-    if (!entry.key().isString() || !entry.value().isTensor()) return false;
-  return d.size() > 0;
-}
-
-DETTRIAL_INLINE std::string keys_text(const StateDict& d) {
-  std::string out;
-  std::size_t shown = 0;
-  for (const auto& entry : d) {
-    if (shown++ == 8) return out + ", ...";
-    out += (out.empty() ? "" : ", ") + (entry.key().isString() ? "'" + entry.key().toStringRef() + "'" : std::string("(not a name)"));
+/// `on_training_workload_end(avg_metrics[, batch_metrics])`: the one hook with two forms (the
+/// per-batch metrics are kept only when a callback takes them).
+struct on_training_workload_end {
+  static constexpr const char* name = "on_training_workload_end";
+  template <class C>
+  static constexpr bool named_in = requires { &C::on_training_workload_end; };
+  template <class C>
+  static constexpr bool takes_batches =
+      requires(C& c, const MetricValues& m, std::span<const Metrics> b) { c.on_training_workload_end(m, b); };
+  template <class C>
+  static constexpr bool callable = takes_batches<C> || requires(C& c, const MetricValues& m) { c.on_training_workload_end(m); };
+  template <class C>
+  static void call(C& c, const MetricValues& metrics, std::span<const Metrics> batches) {
+    if constexpr (takes_batches<C>) c.on_training_workload_end(metrics, batches);
+    else c.on_training_workload_end(metrics);
   }
-  return out.empty() ? "nothing" : out;
-}
+  template <class C>
+  static consteval bool check() {
+    static_assert(
+        !named_in<C> || callable<C>,
+        "dettrial callback: on_training_workload_end is declared but cannot be called as "
+        "on_training_workload_end(const MetricValues&) or on_training_workload_end(const MetricValues&, std::span<const Metrics>)");
+    return true;
+  }
+};
 
-/// Python's DistributedDataParallel saves `module.<name>`: the model's own names without it.
-DETTRIAL_INLINE StateDict unwrapped(const StateDict& d) {
-  const std::string prefix = "module.";
-  for (const auto& entry : d)
-    if (entry.key().toStringRef().compare(0, prefix.size(), prefix) != 0) return d;
-  StateDict out(c10::StringType::get(), c10::TensorType::get());
-  for (const auto& entry : d) out.insert(entry.key().toStringRef().substr(prefix.size()), entry.value());
-  return out;
-}
+/// `state_dict()`: a callback's state for checkpoints, anything convertible to `c10::IValue`.
+struct state_dict {
+  static constexpr const char* name = "state_dict";
+  template <class C>
+  static constexpr bool named_in = requires { &C::state_dict; };
+  template <class C>
+  static constexpr bool callable = requires(C& c) { c10::IValue(c.state_dict()); };
+  template <class C>
+  static c10::IValue call(C& c) {
+    return c10::IValue(c.state_dict());
+  }
+  template <class C>
+  static consteval bool check() {
+    static_assert(!named_in<C> || callable<C>,
+                  "dettrial callback: state_dict is declared but state_dict() does not return something convertible to c10::IValue");
+    return true;
+  }
+};
 
+/// Every hook, in the order Determined documents them.
+using all = std::tuple<on_trial_startup, on_trial_shutdown, on_training_start, on_training_epoch_start, on_training_epoch_end,
+                       on_training_workload_end, on_validation_start, on_validation_epoch_start, on_validation_epoch_end, on_validation_end,
+                       on_checkpoint_save_start, on_checkpoint_write_end, on_checkpoint_upload_end, on_checkpoint_load_start, state_dict,
+                       load_state_dict>;
+
+}  // namespace hook
+
+namespace detail {
+template <class C, class... Hook>
+consteval bool has_any_hook(std::tuple<Hook...>*) {
+  return ((Hook::template named_in<C> || Hook::template callable<C>) || ...);
+}
+template <class C, class... Hook>
+consteval bool check_hooks(std::tuple<Hook...>*) {
+  return (Hook::template check<C>() && ...);
+}
 }  // namespace detail
 
-DETTRIAL_INLINE StateDict read_model_state_dict(const std::filesystem::path& path, std::size_t model_index) {
-  namespace fs = std::filesystem;
-  std::error_code ec;
-  if (!fs::exists(path, ec)) throw CheckpointError("cannot load weights: '" + path.string() + "' does not exist");
-  const bool directory = fs::is_directory(path, ec);
-  const fs::path file = directory ? path / layout::state_dict : path;
-  if (directory && !fs::exists(file, ec))
-    throw CheckpointError("cannot load weights: '" + path.string() + "' is a directory without state_dict.pth (not a checkpoint)");
-  // A dettrial checkpoint lists its files' sizes and checksums: use them when they are there.
-  const bool listed = directory && fs::exists(path / layout::metadata, ec) && fs::exists(path / layout::libtorch_state, ec);
-  const std::string bytes = listed ? read_checked_file(path, layout::state_dict) : detail::read_file_bytes(file);
-  const c10::IValue top = detail::unpickle_archive(bytes, file);
-  if (!top.isGenericDict())
-    throw CheckpointError("'" + file.string() + "' holds a " + top.tagKind() + ", not a state dict (a dict of tensors by name)");
-  const StateDict dict = top.toGenericDict();
-  if (detail::all_tensors(dict)) return detail::unwrapped(dict);
-  if (const auto it = dict.find("models_state_dict"); it != dict.end()) {
-    if (!it->value().isList()) throw CheckpointError("'" + file.string() + "': models_state_dict is not a list");
-    const auto models = it->value().toList();
-    if (model_index >= models.size())
-      throw CheckpointError("'" + file.string() + "' holds " + std::to_string(models.size()) + " model(s); model " +
-                            std::to_string(model_index) + " was asked for");
-    const c10::IValue model = models.get(model_index);
-    if (!model.isGenericDict() || !(detail::all_tensors(model.toGenericDict()) || model.toGenericDict().size() == 0))
-      throw CheckpointError("'" + file.string() + "': models_state_dict[" + std::to_string(model_index) + "] is not a state dict");
-    return detail::unwrapped(model.toGenericDict());
-  }
-  for (const char* key : {"model_state_dict", "state_dict", "model"})
-    if (const auto it = dict.find(key); it != dict.end() && it->value().isGenericDict() && detail::all_tensors(it->value().toGenericDict()))
-      return detail::unwrapped(it->value().toGenericDict());
-  throw CheckpointError("'" + file.string() + "' is neither a model's state dict nor a checkpoint holding one: it has " +
-                        detail::keys_text(dict) + " (expected tensors by name, or models_state_dict, model_state_dict or state_dict)");
-}
-
-DETTRIAL_INLINE IncompatibleKeys load_state_dict(torch::nn::Module& module, const StateDict& state, bool strict, const std::string& what) {
-  IncompatibleKeys keys;
-  std::vector<std::string> wrong_shapes;
-  std::vector<std::pair<torch::Tensor, torch::Tensor>> copies;
-  std::map<std::string, bool> used;
-  for (const auto& entry : state) used[entry.key().toStringRef()] = false;
-  detail::for_each_state_entry(module, [&](const std::string& name, const torch::Tensor& target) {
-    const auto it = state.find(name);
-    if (it == state.end() || !it->value().isTensor()) {
-      keys.missing_keys.push_back(name);
-      return;
-    }
-    used[name] = true;
-    const torch::Tensor source = it->value().toTensor();
-    if (source.sizes() != target.sizes()) {
-      wrong_shapes.push_back("'" + name + "' is " + detail::shape_text(source.sizes()) + " in the file but " +
-                             detail::shape_text(target.sizes()) + " in the model");
-      return;
-    }
-    copies.emplace_back(target, source);
-  });
-  for (const auto& [name, seen] : used)
-    if (!seen) keys.unexpected_keys.push_back(name);
-  std::string problems;
-  for (const auto& w : wrong_shapes) problems += "\n  size mismatch: " + w;
-  if (strict) {
-    for (const auto& k : keys.missing_keys) problems += "\n  missing from the file: '" + k + "'";
-    for (const auto& k : keys.unexpected_keys) problems += "\n  not in the model: '" + k + "'";
-  }
-  if (!problems.empty())
-    throw CheckpointError("cannot load " + what + " into the model (nothing was loaded):" + problems +
-                          (strict && wrong_shapes.empty() ? "\n(load with strict = false to load the entries that match)" : ""));
-  torch::NoGradGuard no_grad;
-  for (auto& [target, source] : copies) target.copy_(source);
-  return keys;
-}
+/**
+ * @brief A callback: any object with at least one of the hooks in dettrial::hook (Determined's
+ * PyTorchCallback): `on_trial_startup(first_batch_idx, checkpoint_uuid)`, `on_trial_shutdown()`,
+ * `on_training_start()`, `on_training_epoch_start(epoch_idx)`, `on_training_epoch_end(epoch_idx)`,
+ * `on_training_workload_end(avg_metrics[, batch_metrics])`, `on_validation_start()`,
+ * `on_validation_epoch_start()`, `on_validation_epoch_end(outputs)`, `on_validation_end(metrics)`.
+ * A hook a callback does not have costs nothing. Checkpoint hooks: `on_checkpoint_save_start(StateDict&)`
+ * (may add entries to state_dict.pth), `on_checkpoint_write_end(path)` (chief only),
+ * `on_checkpoint_upload_end(uuid)`, `on_checkpoint_load_start(const StateDict&)`. A callback with
+ * state has `state_dict()` (returning anything convertible to `c10::IValue`) and
+ * `load_state_dict(const c10::IValue&)`: its state is saved under `callbacks/<name()>` (or
+ * `callback_<position>`) and restored on resume.
+ */
+template <class C>
+concept Callback = detail::has_any_hook<C>(static_cast<hook::all*>(nullptr));
 
 }  // namespace dettrial
-#endif  // DETTRIAL_HEADER_DEFINITIONS
-// ---- end dettrial/checkpoint/load_weights.hpp
+// ---- end dettrial/vocabulary/callbacks.hpp
 // ---- begin dettrial/checkpoint/policy.hpp
 // SPDX-License-Identifier: Apache-2.0
 /// @file
@@ -10672,6 +10661,307 @@ DETTRIAL_INLINE void restore_context(Context& c, const std::filesystem::path& di
 }  // namespace dettrial::detail
 #endif  // DETTRIAL_HEADER_DEFINITIONS
 // ---- end dettrial/checkpoint/trial_checkpoint.hpp
+
+namespace dettrial::detail {
+
+/// A callback's name in checkpoints (`callbacks/<name>` in state_dict.pth): its `name()` if it has
+/// one, else `callback_<position>`.
+template <class C>
+std::string callback_name(const C& cb, std::size_t index) {
+  if constexpr (requires { std::string(cb.name()); }) return std::string(cb.name());
+  else return "callback_" + std::to_string(index);
+}
+
+/// A checkpoint the chief wrote, and how long writing it took.
+struct WrittenCheckpoint {
+  CheckpointInfo info;
+  double seconds = 0;
+};
+
+/**
+ * @brief The checkpoints of one fit (Determined's layout, crash-safe; checkpoint/ writes the files).
+ * Every rank holds one: writing and restoring are collectives; the chief writes the files, keeps the
+ * sequence and applies retention.
+ */
+class Checkpointer {
+ public:
+  Checkpointer() = default;
+  /// On the chief, removes what an interrupted writer left in `storage` and continues its sequence.
+  Checkpointer(Context& context, std::filesystem::path storage, CheckpointPolicy policy, Retention retention, bool smaller_is_better)
+      : context_(&context),
+        storage_(std::move(storage)),
+        after_validation_(checkpoint_policy::visit(policy, []<class P>(P) { return &P::after_validation; })),
+        retention_(retention),
+        smaller_is_better_(smaller_is_better) {
+    if (!context.distributed().is_chief()) return;
+    remove_stale_entries(storage_);
+    const auto existing = list_checkpoints(storage_);
+    sequence_ = existing.empty() ? 0 : existing.back().sequence;
+  }
+
+  const std::filesystem::path& storage() const { return storage_; }
+
+  /// Whether a validation is followed by a checkpoint, given whether it improved the searcher metric.
+  bool after_validation(bool improved) const { return after_validation_(improved); }
+
+  /**
+   * @brief Writes a checkpoint of the Context's state and the callbacks' (`record.sequence` is the
+   * next of this storage), with the checkpoint hooks. A collective: every rank's RNG states go to
+   * the chief, which writes; the others learn its uuid and get nullopt.
+   */
+  template <class Set>
+  std::optional<WrittenCheckpoint> write(Set& callbacks, TrialCheckpointRecord record) {
+    const RankRngStates rng = gather_rng_states(*context_);
+    if (!context_->distributed().is_chief()) {
+      callbacks.template call<hook::on_checkpoint_upload_end>(share_uuid(context_->communicator(), {}));
+      return std::nullopt;
+    }
+    const auto started = std::chrono::steady_clock::now();
+    StateDict top = trial_state_dict(*context_, rng, callback_states(callbacks));
+    callbacks.template call<hook::on_checkpoint_save_start>(top);
+    record.sequence = ++sequence_;
+    const CheckpointInfo info = write_trial_checkpoint(*context_, storage_, top, record);
+    share_uuid(context_->communicator(), info.uuid);
+    callbacks.template call<hook::on_checkpoint_write_end>(info.path);
+    callbacks.template call<hook::on_checkpoint_upload_end>(info.uuid);
+    return WrittenCheckpoint{info, std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count()};
+  }
+
+  /**
+   * @brief Restores checkpoint `dir` into the Context (models, names and shapes checked first;
+   * optimizers, schedulers, pending gradients, RNGs) and the callbacks that keep state. Returns the
+   * names of the callbacks with state that the checkpoint has none for.
+   */
+  template <class Set>
+  std::vector<std::string> restore(const std::filesystem::path& dir, Set& callbacks) {
+    const StateDict top = read_state_dict_file(dir);
+    callbacks.template call<hook::on_checkpoint_load_start>(top);
+    restore_context(*context_, dir, top);
+    const StateDict states = callback_states_of(top);
+    std::vector<std::string> without_state;
+    std::size_t index = 0;
+    callbacks.each([&](auto& cb) {
+      if constexpr (hook::load_state_dict::callable<std::remove_reference_t<decltype(cb)>>) {
+        const std::string name = callback_name(cb, index);
+        if (const auto found = states.find(name); found != states.end()) hook::load_state_dict::call(cb, found->value());
+        else without_state.push_back(name);
+      }
+      ++index;
+    });
+    return without_state;
+  }
+
+  /// Deletes the checkpoints retention lets go; `keep_uuid` (the newest, mid-trial) is spared.
+  void apply_retention(std::string_view keep_uuid) const {
+    for (const CheckpointInfo& doomed : checkpoints_to_delete(list_checkpoints(storage_), retention_, smaller_is_better_, keep_uuid))
+      delete_checkpoint(doomed);
+  }
+
+ private:
+  template <class Set>
+  static StateDict callback_states(Set& callbacks) {
+    StateDict states(c10::StringType::get(), c10::AnyType::get());
+    std::size_t index = 0;
+    callbacks.each([&](auto& cb) {
+      if constexpr (hook::state_dict::callable<std::remove_reference_t<decltype(cb)>>)
+        states.insert(callback_name(cb, index), hook::state_dict::call(cb));
+      ++index;
+    });
+    return states;
+  }
+
+  Context* context_ = nullptr;
+  std::filesystem::path storage_;
+  bool (*after_validation_)(bool improved) = &checkpoint_policy::best::after_validation;
+  Retention retention_{};
+  bool smaller_is_better_ = true;
+  std::int64_t sequence_ = 0;
+};
+
+}  // namespace dettrial::detail
+// ---- end dettrial/checkpoint/checkpointer.hpp
+// ---- begin dettrial/checkpoint/load_weights.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief Weights from elsewhere: a state dict Python wrote (`torch.save(model.state_dict())`), a
+/// Determined or dettrial checkpoint directory (`state_dict.pth`), loaded into a model for a warm
+/// start or fine-tuning, strictly or listing what does not match (Python's `strict=False`).
+
+#include <cstddef>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include <torch/torch.h>
+
+
+namespace dettrial {
+
+/// How to load weights into a model.
+struct LoadWeightsOptions {
+  /// Every entry of the model present in the file and none the model lacks (Python's `strict=True`);
+  /// false loads what matches and lists the rest in the returned IncompatibleKeys.
+  bool strict = true;
+  /// Which model of a checkpoint holding several (`models_state_dict[i]`).
+  std::size_t model_index = 0;
+};
+
+/// What a non-strict load left out: Python's `_IncompatibleKeys`.
+struct IncompatibleKeys {
+  /// Entries of the model the file has no value for (they keep their current values).
+  std::vector<std::string> missing_keys;
+  /// Entries of the file the model does not have (ignored).
+  std::vector<std::string> unexpected_keys;
+  bool empty() const { return missing_keys.empty() && unexpected_keys.empty(); }
+};
+
+/**
+ * @brief One model's state dict from `path`, whatever wrote it:
+ * - a checkpoint directory (Determined's or dettrial's): its `state_dict.pth`, `models_state_dict[model_index]`;
+ * - a `torch.save` file of a model's `state_dict()` (tensors by name);
+ * - a `torch.save` file of a dict holding one: under `models_state_dict` (Determined's layout),
+ *   `model_state_dict`, `state_dict` or `model` (common Python conventions).
+ * Names of a model saved wrapped in Python's DistributedDataParallel (`module.` before every name)
+ * are unwrapped. Throws CheckpointError naming the file and what it holds when none of these fits.
+ */
+DETTRIAL_INLINE StateDict read_model_state_dict(const std::filesystem::path& path, std::size_t model_index = 0);
+
+/**
+ * @brief Copies `state` into `module`. Shapes must match for every entry both have (Python refuses
+ * those too, strict or not); strictly, the names must match one for one. Nothing is copied when
+ * something is refused: CheckpointError names `what` and every offending entry.
+ */
+DETTRIAL_INLINE IncompatibleKeys load_state_dict(torch::nn::Module& module, const StateDict& state, bool strict = true,
+                                                 const std::string& what = "the state dict");
+
+/**
+ * @brief Loads weights written by Python, Determined or dettrial into a model, for a warm start or
+ * fine-tuning (call it where the trial builds its model). Returns what a non-strict load left out.
+ * @code{.cpp}
+ * auto keys = dettrial::load_weights(model, "pretrained/resnet.pt", {.strict = false});
+ * for (const auto& k : keys.missing_keys) std::printf("new, not loaded: %s\n", k.c_str());
+ * @endcode
+ */
+template <ModelHandle M>
+IncompatibleKeys load_weights(M& model, const std::filesystem::path& path, LoadWeightsOptions options = {}) {
+  return load_state_dict(*module_of(model), read_model_state_dict(path, options.model_index), options.strict, "'" + path.string() + "'");
+}
+
+}  // namespace dettrial
+
+// Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
+#if DETTRIAL_HEADER_DEFINITIONS
+#include <fstream>
+#include <iterator>
+#include <map>
+#include <utility>
+
+namespace dettrial {
+namespace detail {
+
+/// Whether every value of `d` is a tensor (a model's state dict, as opposed to a checkpoint's top level).
+DETTRIAL_INLINE bool all_tensors(const StateDict& d) {
+  for (const auto& entry : d)
+    if (!entry.key().isString() || !entry.value().isTensor()) return false;
+  return d.size() > 0;
+}
+
+DETTRIAL_INLINE std::string keys_text(const StateDict& d) {
+  std::string out;
+  std::size_t shown = 0;
+  for (const auto& entry : d) {
+    if (shown++ == 8) return out + ", ...";
+    out += (out.empty() ? "" : ", ") + (entry.key().isString() ? "'" + entry.key().toStringRef() + "'" : std::string("(not a name)"));
+  }
+  return out.empty() ? "nothing" : out;
+}
+
+/// Python's DistributedDataParallel saves `module.<name>`: the model's own names without it.
+DETTRIAL_INLINE StateDict unwrapped(const StateDict& d) {
+  const std::string prefix = "module.";
+  for (const auto& entry : d)
+    if (entry.key().toStringRef().compare(0, prefix.size(), prefix) != 0) return d;
+  StateDict out(c10::StringType::get(), c10::TensorType::get());
+  for (const auto& entry : d) out.insert(entry.key().toStringRef().substr(prefix.size()), entry.value());
+  return out;
+}
+
+}  // namespace detail
+
+DETTRIAL_INLINE StateDict read_model_state_dict(const std::filesystem::path& path, std::size_t model_index) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (!fs::exists(path, ec)) throw CheckpointError("cannot load weights: '" + path.string() + "' does not exist");
+  const bool directory = fs::is_directory(path, ec);
+  const fs::path file = directory ? path / layout::state_dict : path;
+  if (directory && !fs::exists(file, ec))
+    throw CheckpointError("cannot load weights: '" + path.string() + "' is a directory without state_dict.pth (not a checkpoint)");
+  // A dettrial checkpoint lists its files' sizes and checksums: use them when they are there.
+  const bool listed = directory && fs::exists(path / layout::metadata, ec) && fs::exists(path / layout::libtorch_state, ec);
+  const std::string bytes = listed ? read_checked_file(path, layout::state_dict) : detail::read_file_bytes(file);
+  const c10::IValue top = detail::unpickle_archive(bytes, file);
+  if (!top.isGenericDict())
+    throw CheckpointError("'" + file.string() + "' holds a " + top.tagKind() + ", not a state dict (a dict of tensors by name)");
+  const StateDict dict = top.toGenericDict();
+  if (detail::all_tensors(dict)) return detail::unwrapped(dict);
+  if (const auto it = dict.find("models_state_dict"); it != dict.end()) {
+    if (!it->value().isList()) throw CheckpointError("'" + file.string() + "': models_state_dict is not a list");
+    const auto models = it->value().toList();
+    if (model_index >= models.size())
+      throw CheckpointError("'" + file.string() + "' holds " + std::to_string(models.size()) + " model(s); model " +
+                            std::to_string(model_index) + " was asked for");
+    const c10::IValue model = models.get(model_index);
+    if (!model.isGenericDict() || !(detail::all_tensors(model.toGenericDict()) || model.toGenericDict().size() == 0))
+      throw CheckpointError("'" + file.string() + "': models_state_dict[" + std::to_string(model_index) + "] is not a state dict");
+    return detail::unwrapped(model.toGenericDict());
+  }
+  for (const char* key : {"model_state_dict", "state_dict", "model"})
+    if (const auto it = dict.find(key); it != dict.end() && it->value().isGenericDict() && detail::all_tensors(it->value().toGenericDict()))
+      return detail::unwrapped(it->value().toGenericDict());
+  throw CheckpointError("'" + file.string() + "' is neither a model's state dict nor a checkpoint holding one: it has " +
+                        detail::keys_text(dict) + " (expected tensors by name, or models_state_dict, model_state_dict or state_dict)");
+}
+
+DETTRIAL_INLINE IncompatibleKeys load_state_dict(torch::nn::Module& module, const StateDict& state, bool strict, const std::string& what) {
+  IncompatibleKeys keys;
+  std::vector<std::string> wrong_shapes;
+  std::vector<std::pair<torch::Tensor, torch::Tensor>> copies;
+  std::map<std::string, bool> used;
+  for (const auto& entry : state) used[entry.key().toStringRef()] = false;
+  detail::for_each_state_entry(module, [&](const std::string& name, const torch::Tensor& target) {
+    const auto it = state.find(name);
+    if (it == state.end() || !it->value().isTensor()) {
+      keys.missing_keys.push_back(name);
+      return;
+    }
+    used[name] = true;
+    const torch::Tensor source = it->value().toTensor();
+    if (source.sizes() != target.sizes()) {
+      wrong_shapes.push_back("'" + name + "' is " + detail::shape_text(source.sizes()) + " in the file but " +
+                             detail::shape_text(target.sizes()) + " in the model");
+      return;
+    }
+    copies.emplace_back(target, source);
+  });
+  for (const auto& [name, seen] : used)
+    if (!seen) keys.unexpected_keys.push_back(name);
+  std::string problems;
+  for (const auto& w : wrong_shapes) problems += "\n  size mismatch: " + w;
+  if (strict) {
+    for (const auto& k : keys.missing_keys) problems += "\n  missing from the file: '" + k + "'";
+    for (const auto& k : keys.unexpected_keys) problems += "\n  not in the model: '" + k + "'";
+  }
+  if (!problems.empty())
+    throw CheckpointError("cannot load " + what + " into the model (nothing was loaded):" + problems +
+                          (strict && wrong_shapes.empty() ? "\n(load with strict = false to load the entries that match)" : ""));
+  torch::NoGradGuard no_grad;
+  for (auto& [target, source] : copies) target.copy_(source);
+  return keys;
+}
+
+}  // namespace dettrial
+#endif  // DETTRIAL_HEADER_DEFINITIONS
+// ---- end dettrial/checkpoint/load_weights.hpp
 // ---- begin dettrial/report/html_report.hpp
 // SPDX-License-Identifier: Apache-2.0
 /// @file
@@ -13020,158 +13310,6 @@ DETTRIAL_INLINE std::string runtime_summary(std::string_view threads_source, std
 #include <type_traits>
 #include <utility>
 
-// ---- begin dettrial/vocabulary/callbacks.hpp
-// SPDX-License-Identifier: Apache-2.0
-/// @file
-/// @brief The callback vocabulary: the one table of callback hooks (found at compile time) and what
-/// a callback is.
-
-#include <cstdint>
-#include <filesystem>
-#include <span>
-#include <string>
-#include <tuple>
-#include <type_traits>
-#include <utility>
-
-#include <torch/torch.h>
-
-
-namespace dettrial {
-
-/**
- * @brief The callback hooks, one type each: the table both the compile-time check and the trainer's
- * calls use. Each names the hook and the arguments the trainer passes (Determined's PyTorchCallback).
- *
- * A callback declaring a hook by name (a non-overloaded member) that cannot be called with these
- * arguments is a compile error naming the hook, never a hook silently not called.
- */
-namespace hook {
-
-// NAME: the member function; ...: the argument types the trainer passes, in order. A hook whose
-// member is a template or an overload set is found by calling it, not by name.
-#define DETTRIAL_DETAIL_CALLBACK_HOOK(NAME, ...)                                                                     \
-  struct NAME {                                                                                                      \
-    static constexpr const char* name = #NAME;                                                                       \
-    using arguments = std::tuple<__VA_ARGS__>;                                                                       \
-    template <class C>                                                                                               \
-    static constexpr bool named_in = requires { &C::NAME; };                                                         \
-    template <class C, class... A>                                                                                   \
-    static consteval bool callable_with(std::tuple<A...>*) {                                                         \
-      return requires(C& c, A... a) { c.NAME(std::forward<A>(a)...); };                                              \
-    }                                                                                                                \
-    template <class C>                                                                                               \
-    static constexpr bool callable = callable_with<C>(static_cast<arguments*>(nullptr));                             \
-    template <class C, class... A>                                                                                   \
-    static void call(C& c, A&&... a) {                                                                               \
-      c.NAME(std::forward<A>(a)...);                                                                                 \
-    }                                                                                                                \
-    template <class C>                                                                                               \
-    static consteval bool check() {                                                                                  \
-      static_assert(!named_in<C> || callable<C>,                                                                     \
-                    "dettrial callback: " #NAME " is declared but cannot be called as " #NAME "(" #__VA_ARGS__ ")"); \
-      return true;                                                                                                   \
-    }                                                                                                                \
-  };
-
-DETTRIAL_DETAIL_CALLBACK_HOOK(on_trial_startup, std::int64_t, const std::string&)
-DETTRIAL_DETAIL_CALLBACK_HOOK(on_trial_shutdown)
-DETTRIAL_DETAIL_CALLBACK_HOOK(on_training_start)
-DETTRIAL_DETAIL_CALLBACK_HOOK(on_training_epoch_start, std::int64_t)
-DETTRIAL_DETAIL_CALLBACK_HOOK(on_training_epoch_end, std::int64_t)
-DETTRIAL_DETAIL_CALLBACK_HOOK(on_validation_start)
-DETTRIAL_DETAIL_CALLBACK_HOOK(on_validation_epoch_start)
-DETTRIAL_DETAIL_CALLBACK_HOOK(on_validation_epoch_end, std::span<const Metrics>)
-DETTRIAL_DETAIL_CALLBACK_HOOK(on_validation_end, const MetricValues&)
-DETTRIAL_DETAIL_CALLBACK_HOOK(on_checkpoint_save_start, StateDict&)
-DETTRIAL_DETAIL_CALLBACK_HOOK(on_checkpoint_write_end, const std::filesystem::path&)
-DETTRIAL_DETAIL_CALLBACK_HOOK(on_checkpoint_upload_end, const std::string&)
-DETTRIAL_DETAIL_CALLBACK_HOOK(on_checkpoint_load_start, const StateDict&)
-DETTRIAL_DETAIL_CALLBACK_HOOK(load_state_dict, const c10::IValue&)
-#undef DETTRIAL_DETAIL_CALLBACK_HOOK
-
-/// `on_training_workload_end(avg_metrics[, batch_metrics])`: the one hook with two forms (the
-/// per-batch metrics are kept only when a callback takes them).
-struct on_training_workload_end {
-  static constexpr const char* name = "on_training_workload_end";
-  template <class C>
-  static constexpr bool named_in = requires { &C::on_training_workload_end; };
-  template <class C>
-  static constexpr bool takes_batches =
-      requires(C& c, const MetricValues& m, std::span<const Metrics> b) { c.on_training_workload_end(m, b); };
-  template <class C>
-  static constexpr bool callable = takes_batches<C> || requires(C& c, const MetricValues& m) { c.on_training_workload_end(m); };
-  template <class C>
-  static void call(C& c, const MetricValues& metrics, std::span<const Metrics> batches) {
-    if constexpr (takes_batches<C>) c.on_training_workload_end(metrics, batches);
-    else c.on_training_workload_end(metrics);
-  }
-  template <class C>
-  static consteval bool check() {
-    static_assert(
-        !named_in<C> || callable<C>,
-        "dettrial callback: on_training_workload_end is declared but cannot be called as "
-        "on_training_workload_end(const MetricValues&) or on_training_workload_end(const MetricValues&, std::span<const Metrics>)");
-    return true;
-  }
-};
-
-/// `state_dict()`: a callback's state for checkpoints, anything convertible to `c10::IValue`.
-struct state_dict {
-  static constexpr const char* name = "state_dict";
-  template <class C>
-  static constexpr bool named_in = requires { &C::state_dict; };
-  template <class C>
-  static constexpr bool callable = requires(C& c) { c10::IValue(c.state_dict()); };
-  template <class C>
-  static c10::IValue call(C& c) {
-    return c10::IValue(c.state_dict());
-  }
-  template <class C>
-  static consteval bool check() {
-    static_assert(!named_in<C> || callable<C>,
-                  "dettrial callback: state_dict is declared but state_dict() does not return something convertible to c10::IValue");
-    return true;
-  }
-};
-
-/// Every hook, in the order Determined documents them.
-using all = std::tuple<on_trial_startup, on_trial_shutdown, on_training_start, on_training_epoch_start, on_training_epoch_end,
-                       on_training_workload_end, on_validation_start, on_validation_epoch_start, on_validation_epoch_end, on_validation_end,
-                       on_checkpoint_save_start, on_checkpoint_write_end, on_checkpoint_upload_end, on_checkpoint_load_start, state_dict,
-                       load_state_dict>;
-
-}  // namespace hook
-
-namespace detail {
-template <class C, class... Hook>
-consteval bool has_any_hook(std::tuple<Hook...>*) {
-  return ((Hook::template named_in<C> || Hook::template callable<C>) || ...);
-}
-template <class C, class... Hook>
-consteval bool check_hooks(std::tuple<Hook...>*) {
-  return (Hook::template check<C>() && ...);
-}
-}  // namespace detail
-
-/**
- * @brief A callback: any object with at least one of the hooks in dettrial::hook (Determined's
- * PyTorchCallback): `on_trial_startup(first_batch_idx, checkpoint_uuid)`, `on_trial_shutdown()`,
- * `on_training_start()`, `on_training_epoch_start(epoch_idx)`, `on_training_epoch_end(epoch_idx)`,
- * `on_training_workload_end(avg_metrics[, batch_metrics])`, `on_validation_start()`,
- * `on_validation_epoch_start()`, `on_validation_epoch_end(outputs)`, `on_validation_end(metrics)`.
- * A hook a callback does not have costs nothing. Checkpoint hooks: `on_checkpoint_save_start(StateDict&)`
- * (may add entries to state_dict.pth), `on_checkpoint_write_end(path)` (chief only),
- * `on_checkpoint_upload_end(uuid)`, `on_checkpoint_load_start(const StateDict&)`. A callback with
- * state has `state_dict()` (returning anything convertible to `c10::IValue`) and
- * `load_state_dict(const c10::IValue&)`: its state is saved under `callbacks/<name()>` (or
- * `callback_<position>`) and restored on resume.
- */
-template <class C>
-concept Callback = detail::has_any_hook<C>(static_cast<hook::all*>(nullptr));
-
-}  // namespace dettrial
-// ---- end dettrial/vocabulary/callbacks.hpp
 
 namespace dettrial {
 
@@ -15493,10 +15631,8 @@ class Trainer {
     /// in when it is saved).
     TrialProgress progress{};
     bool warned_best_without_metric = false;
-    /// Whether a validation is followed by a checkpoint (the policy picked at the start).
-    bool (*checkpoint_after_validation)(bool improved) = &checkpoint_policy::best::after_validation;
-    std::filesystem::path storage{};
-    std::int64_t sequence = 0;
+    /// Where checkpoints go, when, and how they are written, restored and retained.
+    detail::Checkpointer checkpointer{};
     /// The checkpoint resumed from, and where it says the trial stood.
     std::optional<std::filesystem::path> resume_dir{};
     std::optional<TrialProgress> resumed{};
@@ -15580,7 +15716,7 @@ class Trainer {
       if (st.progress.last_validation != st.progress.batches_trained) validate(st, callbacks);
       checkpoint_unless_current(st, callbacks);
       // The trial is complete: retention applies without sparing the newest.
-      if (context_.distributed().is_chief()) apply_retention(st, {});
+      if (context_.distributed().is_chief()) st.checkpointer.apply_retention({});
     }
     st.result.batches_trained = st.progress.batches_trained;
     st.result.epochs_trained = st.progress.epochs_trained;
@@ -15612,7 +15748,6 @@ class Trainer {
     o.reporting_period = resolve_period(o.reporting_period);
     if (o.retention.save_trial_best < 0 || o.retention.save_trial_latest < 0)
       throw ConfigError("checkpoint retention counts (save_trial_best, save_trial_latest) must not be negative");
-    st.checkpoint_after_validation = checkpoint_policy::visit(o.checkpoint_policy, []<class P>(P) { return &P::after_validation; });
     if (o.latest_checkpoint) {
       st.resume_dir = resolve_checkpoint(*o.latest_checkpoint);
       read_checkpoint_info(*st.resume_dir);
@@ -15622,8 +15757,8 @@ class Trainer {
     if (o.output_dir.empty()) o.output_dir = default_output_dir();
     st.result.output_dir = o.output_dir;
     context_.position().output_dir = o.output_dir;
-    st.storage = o.checkpoint_dir.empty() ? o.output_dir / layout::checkpoints : o.checkpoint_dir;
-    st.result.checkpoint_dir = st.storage;
+    const std::filesystem::path storage = o.checkpoint_dir.empty() ? o.output_dir / layout::checkpoints : o.checkpoint_dir;
+    st.result.checkpoint_dir = storage;
     // One writer per job: the chief reports and writes metrics.jsonl, event files and checkpoints.
     const bool chief = context_.distributed().is_chief();
     const std::optional<std::int64_t> resumed_at = st.same_trial ? std::optional(st.resumed->batches_trained) : std::nullopt;
@@ -15644,11 +15779,7 @@ class Trainer {
           context_.device().is_cuda());
       st.sync_timings = o.profiling.sync_timings && context_.device().is_cuda();
     }
-    if (chief) {
-      detail::remove_stale_entries(st.storage);
-      const auto existing = list_checkpoints(st.storage);
-      st.sequence = existing.empty() ? 0 : existing.back().sequence;
-    }
+    st.checkpointer = detail::Checkpointer(context_, storage, o.checkpoint_policy, o.retention, o.smaller_is_better);
     return st;
   }
 
@@ -15770,7 +15901,7 @@ class Trainer {
       if (const int signal = agreed_max(detail::StopSignals::received()); signal != 0)
         return stop(st, callbacks, signal,
                     std::string("dettrial: stopped by ") + detail::signal_name(signal) + " after batch " +
-                        std::to_string(st.progress.batches_trained) + "; resume from " + st.storage.string());
+                        std::to_string(st.progress.batches_trained) + "; resume from " + st.checkpointer.storage().string());
       if (handle_boundaries(st, reached, callbacks)) return;
     }
   }
@@ -16088,7 +16219,7 @@ class Trainer {
       st.reporter.line("dettrial: checkpoint_policy 'best' has no searcher metric to compare; checkpointing after every validation");
       st.warned_best_without_metric = true;
     }
-    if (st.checkpoint_after_validation(improved)) checkpoint_unless_current(st, callbacks);
+    if (st.checkpointer.after_validation(improved)) checkpoint_unless_current(st, callbacks);
   }
 
   /// A configuration error (exit status 78): every trial of a search would fail the same way.
@@ -16130,13 +16261,6 @@ class Trainer {
 
   // ---- checkpoints: when, and the callbacks' part (checkpoint/ writes and reads the files) ----
 
-  /// A callback's name in checkpoints: its `name()` if it has one, else its position.
-  template <class C>
-  static std::string callback_name(const C& cb, std::size_t index) {
-    if constexpr (requires { std::string(cb.name()); }) return std::string(cb.name());
-    else return "callback_" + std::to_string(index);
-  }
-
   /// Writes a checkpoint (Determined's layout, crash-safe) on the chief, runs the checkpoint hooks,
   /// and applies retention sparing the new one.
   template <class Set>
@@ -16144,43 +16268,17 @@ class Trainer {
     RECORD_USER_SCOPE("dettrial::checkpoint");
     st.progress.last_checkpoint = st.progress.batches_trained;
     agree_on_buffers();
-    const detail::RankRngStates rng = detail::gather_rng_states(context_);  // every rank's, to the chief
-    if (!context_.distributed().is_chief()) {
-      // The chief writes; the others learn the checkpoint's uuid once it is written (Determined's broadcast).
-      callbacks.template call<hook::on_checkpoint_upload_end>(detail::share_uuid(context_.communicator(), {}));
-      return;
-    }
-    const auto started = std::chrono::steady_clock::now();
-    StateDict top = detail::trial_state_dict(context_, rng, callback_states(callbacks));
-    callbacks.template call<hook::on_checkpoint_save_start>(top);
     const bool validated_here = st.progress.last_validation == st.progress.batches_trained && !st.options.searcher_metric.empty();
-    const CheckpointInfo info = detail::write_trial_checkpoint(
-        context_, st.storage, top,
-        {.progress = progress_of(st),
-         .sequence = ++st.sequence,
-         .mid_aggregation = st.progress.batches_trained % context_.aggregation_frequency() != 0,
-         .searcher_metric = st.options.searcher_metric,
-         .validation_metric = validated_here ? st.result.last_validation_metrics.get(st.options.searcher_metric) : std::nullopt,
-         .trial_type = c10::demangle(typeid(TrialT).name())});
-    st.result.checkpoints.push_back(info);
-    detail::share_uuid(context_.communicator(), info.uuid);
-    callbacks.template call<hook::on_checkpoint_write_end>(info.path);
-    callbacks.template call<hook::on_checkpoint_upload_end>(info.uuid);
-    st.reporter.checkpoint(st.progress.batches_trained, st.progress.epochs_trained, info.path,
-                           std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
-    apply_retention(st, info.uuid);
-  }
-
-  template <class Set>
-  static StateDict callback_states(Set& callbacks) {
-    StateDict states(c10::StringType::get(), c10::AnyType::get());
-    std::size_t index = 0;
-    callbacks.each([&](auto& cb) {
-      if constexpr (hook::state_dict::callable<std::remove_reference_t<decltype(cb)>>)
-        states.insert(callback_name(cb, index), hook::state_dict::call(cb));
-      ++index;
-    });
-    return states;
+    const std::optional<detail::WrittenCheckpoint> written = st.checkpointer.write(
+        callbacks, {.progress = progress_of(st),
+                    .mid_aggregation = st.progress.batches_trained % context_.aggregation_frequency() != 0,
+                    .searcher_metric = st.options.searcher_metric,
+                    .validation_metric = validated_here ? st.result.last_validation_metrics.get(st.options.searcher_metric) : std::nullopt,
+                    .trial_type = c10::demangle(typeid(TrialT).name())});
+    if (!written) return;  // not the chief
+    st.result.checkpoints.push_back(written->info);
+    st.reporter.checkpoint(st.progress.batches_trained, st.progress.epochs_trained, written->info.path, written->seconds);
+    st.checkpointer.apply_retention(written->info.uuid);
   }
 
   /// The largest of `value` over the ranks: what every rank acts on.
@@ -16220,32 +16318,14 @@ class Trainer {
     context_.seed_rank_stream();
   }
 
-  /// Deletes the checkpoints retention lets go; `keep_uuid` (the newest, mid-trial) is spared.
-  void apply_retention(RunState& st, std::string_view keep_uuid) {
-    for (const CheckpointInfo& doomed :
-         checkpoints_to_delete(list_checkpoints(st.storage), st.options.retention, st.options.smaller_is_better, keep_uuid))
-      delete_checkpoint(doomed);
-  }
-
   /**
    * @brief Restores a checkpoint: models (names and shapes checked), optimizers, schedulers, pending
    * gradients, RNGs, callbacks, and where the trial stands (`progress`).
    */
   template <class Set>
   void restore(RunState& st, const std::filesystem::path& dir, const TrialProgress& progress, Set& callbacks) {
-    const StateDict top = detail::read_state_dict_file(dir);
-    callbacks.template call<hook::on_checkpoint_load_start>(top);
-    detail::restore_context(context_, dir, top);
-    const StateDict states = detail::callback_states_of(top);
-    std::size_t index = 0;
-    callbacks.each([&](auto& cb) {
-      if constexpr (hook::load_state_dict::callable<std::remove_reference_t<decltype(cb)>>) {
-        const std::string name = callback_name(cb, index);
-        if (const auto found = states.find(name); found != states.end()) hook::load_state_dict::call(cb, found->value());
-        else st.reporter.line("dettrial: warning: the checkpoint has no state for callback '" + name + "'");
-      }
-      ++index;
-    });
+    for (const std::string& name : st.checkpointer.restore(dir, callbacks))
+      st.reporter.line("dettrial: warning: the checkpoint has no state for callback '" + name + "'");
     restore_data_seed(*train_loader_, progress.training_data_seed);
     restore_data_seed(*validation_loader_, progress.validation_data_seed);
     st.progress = progress;

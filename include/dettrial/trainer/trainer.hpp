@@ -30,6 +30,7 @@
 
 #include "../layout.hpp"
 #include "../checkpoint/checkpoint.hpp"
+#include "../checkpoint/checkpointer.hpp"
 #include "../checkpoint/policy.hpp"
 #include "../checkpoint/trial_checkpoint.hpp"
 #include "../context/context.hpp"
@@ -194,10 +195,8 @@ class Trainer {
     /// in when it is saved).
     TrialProgress progress{};
     bool warned_best_without_metric = false;
-    /// Whether a validation is followed by a checkpoint (the policy picked at the start).
-    bool (*checkpoint_after_validation)(bool improved) = &checkpoint_policy::best::after_validation;
-    std::filesystem::path storage{};
-    std::int64_t sequence = 0;
+    /// Where checkpoints go, when, and how they are written, restored and retained.
+    detail::Checkpointer checkpointer{};
     /// The checkpoint resumed from, and where it says the trial stood.
     std::optional<std::filesystem::path> resume_dir{};
     std::optional<TrialProgress> resumed{};
@@ -281,7 +280,7 @@ class Trainer {
       if (st.progress.last_validation != st.progress.batches_trained) validate(st, callbacks);
       checkpoint_unless_current(st, callbacks);
       // The trial is complete: retention applies without sparing the newest.
-      if (context_.distributed().is_chief()) apply_retention(st, {});
+      if (context_.distributed().is_chief()) st.checkpointer.apply_retention({});
     }
     st.result.batches_trained = st.progress.batches_trained;
     st.result.epochs_trained = st.progress.epochs_trained;
@@ -313,7 +312,6 @@ class Trainer {
     o.reporting_period = resolve_period(o.reporting_period);
     if (o.retention.save_trial_best < 0 || o.retention.save_trial_latest < 0)
       throw ConfigError("checkpoint retention counts (save_trial_best, save_trial_latest) must not be negative");
-    st.checkpoint_after_validation = checkpoint_policy::visit(o.checkpoint_policy, []<class P>(P) { return &P::after_validation; });
     if (o.latest_checkpoint) {
       st.resume_dir = resolve_checkpoint(*o.latest_checkpoint);
       read_checkpoint_info(*st.resume_dir);
@@ -323,8 +321,8 @@ class Trainer {
     if (o.output_dir.empty()) o.output_dir = default_output_dir();
     st.result.output_dir = o.output_dir;
     context_.position().output_dir = o.output_dir;
-    st.storage = o.checkpoint_dir.empty() ? o.output_dir / layout::checkpoints : o.checkpoint_dir;
-    st.result.checkpoint_dir = st.storage;
+    const std::filesystem::path storage = o.checkpoint_dir.empty() ? o.output_dir / layout::checkpoints : o.checkpoint_dir;
+    st.result.checkpoint_dir = storage;
     // One writer per job: the chief reports and writes metrics.jsonl, event files and checkpoints.
     const bool chief = context_.distributed().is_chief();
     const std::optional<std::int64_t> resumed_at = st.same_trial ? std::optional(st.resumed->batches_trained) : std::nullopt;
@@ -345,11 +343,7 @@ class Trainer {
           context_.device().is_cuda());
       st.sync_timings = o.profiling.sync_timings && context_.device().is_cuda();
     }
-    if (chief) {
-      detail::remove_stale_entries(st.storage);
-      const auto existing = list_checkpoints(st.storage);
-      st.sequence = existing.empty() ? 0 : existing.back().sequence;
-    }
+    st.checkpointer = detail::Checkpointer(context_, storage, o.checkpoint_policy, o.retention, o.smaller_is_better);
     return st;
   }
 
@@ -471,7 +465,7 @@ class Trainer {
       if (const int signal = agreed_max(detail::StopSignals::received()); signal != 0)
         return stop(st, callbacks, signal,
                     std::string("dettrial: stopped by ") + detail::signal_name(signal) + " after batch " +
-                        std::to_string(st.progress.batches_trained) + "; resume from " + st.storage.string());
+                        std::to_string(st.progress.batches_trained) + "; resume from " + st.checkpointer.storage().string());
       if (handle_boundaries(st, reached, callbacks)) return;
     }
   }
@@ -789,7 +783,7 @@ class Trainer {
       st.reporter.line("dettrial: checkpoint_policy 'best' has no searcher metric to compare; checkpointing after every validation");
       st.warned_best_without_metric = true;
     }
-    if (st.checkpoint_after_validation(improved)) checkpoint_unless_current(st, callbacks);
+    if (st.checkpointer.after_validation(improved)) checkpoint_unless_current(st, callbacks);
   }
 
   /// A configuration error (exit status 78): every trial of a search would fail the same way.
@@ -831,13 +825,6 @@ class Trainer {
 
   // ---- checkpoints: when, and the callbacks' part (checkpoint/ writes and reads the files) ----
 
-  /// A callback's name in checkpoints: its `name()` if it has one, else its position.
-  template <class C>
-  static std::string callback_name(const C& cb, std::size_t index) {
-    if constexpr (requires { std::string(cb.name()); }) return std::string(cb.name());
-    else return "callback_" + std::to_string(index);
-  }
-
   /// Writes a checkpoint (Determined's layout, crash-safe) on the chief, runs the checkpoint hooks,
   /// and applies retention sparing the new one.
   template <class Set>
@@ -845,43 +832,17 @@ class Trainer {
     RECORD_USER_SCOPE("dettrial::checkpoint");
     st.progress.last_checkpoint = st.progress.batches_trained;
     agree_on_buffers();
-    const detail::RankRngStates rng = detail::gather_rng_states(context_);  // every rank's, to the chief
-    if (!context_.distributed().is_chief()) {
-      // The chief writes; the others learn the checkpoint's uuid once it is written (Determined's broadcast).
-      callbacks.template call<hook::on_checkpoint_upload_end>(detail::share_uuid(context_.communicator(), {}));
-      return;
-    }
-    const auto started = std::chrono::steady_clock::now();
-    StateDict top = detail::trial_state_dict(context_, rng, callback_states(callbacks));
-    callbacks.template call<hook::on_checkpoint_save_start>(top);
     const bool validated_here = st.progress.last_validation == st.progress.batches_trained && !st.options.searcher_metric.empty();
-    const CheckpointInfo info = detail::write_trial_checkpoint(
-        context_, st.storage, top,
-        {.progress = progress_of(st),
-         .sequence = ++st.sequence,
-         .mid_aggregation = st.progress.batches_trained % context_.aggregation_frequency() != 0,
-         .searcher_metric = st.options.searcher_metric,
-         .validation_metric = validated_here ? st.result.last_validation_metrics.get(st.options.searcher_metric) : std::nullopt,
-         .trial_type = c10::demangle(typeid(TrialT).name())});
-    st.result.checkpoints.push_back(info);
-    detail::share_uuid(context_.communicator(), info.uuid);
-    callbacks.template call<hook::on_checkpoint_write_end>(info.path);
-    callbacks.template call<hook::on_checkpoint_upload_end>(info.uuid);
-    st.reporter.checkpoint(st.progress.batches_trained, st.progress.epochs_trained, info.path,
-                           std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
-    apply_retention(st, info.uuid);
-  }
-
-  template <class Set>
-  static StateDict callback_states(Set& callbacks) {
-    StateDict states(c10::StringType::get(), c10::AnyType::get());
-    std::size_t index = 0;
-    callbacks.each([&](auto& cb) {
-      if constexpr (hook::state_dict::callable<std::remove_reference_t<decltype(cb)>>)
-        states.insert(callback_name(cb, index), hook::state_dict::call(cb));
-      ++index;
-    });
-    return states;
+    const std::optional<detail::WrittenCheckpoint> written = st.checkpointer.write(
+        callbacks, {.progress = progress_of(st),
+                    .mid_aggregation = st.progress.batches_trained % context_.aggregation_frequency() != 0,
+                    .searcher_metric = st.options.searcher_metric,
+                    .validation_metric = validated_here ? st.result.last_validation_metrics.get(st.options.searcher_metric) : std::nullopt,
+                    .trial_type = c10::demangle(typeid(TrialT).name())});
+    if (!written) return;  // not the chief
+    st.result.checkpoints.push_back(written->info);
+    st.reporter.checkpoint(st.progress.batches_trained, st.progress.epochs_trained, written->info.path, written->seconds);
+    st.checkpointer.apply_retention(written->info.uuid);
   }
 
   /// The largest of `value` over the ranks: what every rank acts on.
@@ -921,32 +882,14 @@ class Trainer {
     context_.seed_rank_stream();
   }
 
-  /// Deletes the checkpoints retention lets go; `keep_uuid` (the newest, mid-trial) is spared.
-  void apply_retention(RunState& st, std::string_view keep_uuid) {
-    for (const CheckpointInfo& doomed :
-         checkpoints_to_delete(list_checkpoints(st.storage), st.options.retention, st.options.smaller_is_better, keep_uuid))
-      delete_checkpoint(doomed);
-  }
-
   /**
    * @brief Restores a checkpoint: models (names and shapes checked), optimizers, schedulers, pending
    * gradients, RNGs, callbacks, and where the trial stands (`progress`).
    */
   template <class Set>
   void restore(RunState& st, const std::filesystem::path& dir, const TrialProgress& progress, Set& callbacks) {
-    const StateDict top = detail::read_state_dict_file(dir);
-    callbacks.template call<hook::on_checkpoint_load_start>(top);
-    detail::restore_context(context_, dir, top);
-    const StateDict states = detail::callback_states_of(top);
-    std::size_t index = 0;
-    callbacks.each([&](auto& cb) {
-      if constexpr (hook::load_state_dict::callable<std::remove_reference_t<decltype(cb)>>) {
-        const std::string name = callback_name(cb, index);
-        if (const auto found = states.find(name); found != states.end()) hook::load_state_dict::call(cb, found->value());
-        else st.reporter.line("dettrial: warning: the checkpoint has no state for callback '" + name + "'");
-      }
-      ++index;
-    });
+    for (const std::string& name : st.checkpointer.restore(dir, callbacks))
+      st.reporter.line("dettrial: warning: the checkpoint has no state for callback '" + name + "'");
     restore_data_seed(*train_loader_, progress.training_data_seed);
     restore_data_seed(*validation_loader_, progress.validation_data_seed);
     st.progress = progress;
