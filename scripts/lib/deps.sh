@@ -39,7 +39,8 @@ dettrial_example_deps() {
 # What the test suite adds: doctest, git and Python's venv (the Conan and PyPI checks), Debian's
 # Python torch (the parity peer of its LibTorch), Open MPI's mpirun (one of the launchers the
 # distributed tests use), Chromium (the report pages render in it) and Slurm with munge (a
-# two-node cluster on this host for the Slurm tests) and Universal Ctags (the function-length check).
+# two-node cluster on this host for the Slurm tests), Universal Ctags (the function-length check) and
+# clang-format 19 (the format check).
 dettrial_test_deps() {
   dettrial_example_deps
   dettrial_apt git python3 python3-venv doctest-dev python3-torch python3-numpy openmpi-bin chromium slurm-wlm munge universal-ctags clang-format-19
