@@ -73,7 +73,7 @@ if launcher_rows:
         print(f"{'2-rank MNIST job samples/s, ' + label[:36] + ' / best launcher':76} {r['value'] / best:8.2f}  ({r.get('threads', '?')})")
 compile_base = by_name.get("compile time at -O2: plain LibTorch loop")
 if compile_base:
-    print("compile time (lower is better; the target is a trial TU at most 1.5x the plain LibTorch TU)")
+    print("compile time (lower is better; CPU seconds; the target is a trial TU in separate compilation at most 1.3x the plain LibTorch TU)")
     for side in ("dettrial trial TU, no command line", "dettrial trial TU, separate compilation",
                  "dettrial MNIST example main", "dettrial MNIST example main, separate compilation",
                  "dettrial MNIST example main, main.hpp precompiled",
