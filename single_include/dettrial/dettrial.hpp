@@ -652,9 +652,13 @@ constexpr std::string_view to_string(SearcherKind kind) {
   return "single";
 }
 
+/// Every searcher dettrial runs, in the order its messages list them.
+inline constexpr SearcherKind searcher_kinds[] = {SearcherKind::single, SearcherKind::random, SearcherKind::grid,
+                                                  SearcherKind::adaptive_asha};
+
 /// The searcher of that name, or nullopt for one dettrial does not run.
 constexpr std::optional<SearcherKind> searcher_kind_named(std::string_view name) {
-  for (SearcherKind kind : {SearcherKind::single, SearcherKind::random, SearcherKind::grid, SearcherKind::adaptive_asha})
+  for (SearcherKind kind : searcher_kinds)
     if (to_string(kind) == name) return kind;
   return std::nullopt;
 }
@@ -887,6 +891,13 @@ class ExperimentConfig {
 
   static ExperimentConfig from_yaml(const YAML::Node& root, std::string source);
 
+  /// The names of dettrial's searchers, for "did you mean" hints.
+  static std::vector<std::string> searcher_names() {
+    std::vector<std::string> names;
+    for (SearcherKind kind : searcher_kinds) names.emplace_back(to_string(kind));
+    return names;
+  }
+
   /// The searchers dettrial runs, and the names Determined removed.
   template <class R>  // the Reader, declared below
   static void read_search_fields(const YAML::Node& s, const std::string& source, const R& r, const std::string& name,
@@ -895,8 +906,7 @@ class ExperimentConfig {
       throw ConfigError(detail::where(s["name"], source) + ": searcher '" + name + "' was removed from Determined; use adaptive_asha");
     if (name != "async_halving" && !searcher_kind_named(name))
       throw ConfigError(detail::where(s["name"], source) + ": unknown searcher '" + name + "'" +
-                        detail::suggestion(name, {"single", "random", "grid", "adaptive_asha"}) +
-                        " (dettrial runs single, random, grid and adaptive_asha)");
+                        detail::suggestion(name, searcher_names()) + " (dettrial runs single, random, grid and adaptive_asha)");
     r.read(s, "max_trials", out.max_trials);
     r.read(s, "max_concurrent_trials", out.max_concurrent_trials);
     r.read(s, "time_metric", out.time_metric);
@@ -8100,7 +8110,11 @@ class Context {
   /// (every `aggregation_frequency`-th, the one that stepped the optimizers) the gradient scaler's
   /// scale is updated, once however many optimizers stepped, and the schedulers step per their mode.
   /// The one place that decides what an update batch finishes.
-  void finish_batch(std::int64_t batch_idx);
+  void finish_batch(std::int64_t batch_idx) {
+    if (!is_update_batch()) return;  // inline: most batches end here
+    if (scaler_) scaler_->update();
+    step_lr_schedulers(batch_idx);
+  }
 
   /// In a job, after the trial and its data loaders were built from the same seed on every rank:
   /// ranks other than the chief continue on a stream of their own, derived from the trial seed and
@@ -8319,12 +8333,6 @@ DETTRIAL_INLINE void Context::step_lr_schedulers_on_validation(const MetricValue
     }
     s.step_with_metric(s.scheduler, *value);
   }
-}
-
-DETTRIAL_INLINE void Context::finish_batch(std::int64_t batch_idx) {
-  if (!is_update_batch()) return;
-  if (scaler_) scaler_->update();
-  step_lr_schedulers(batch_idx);
 }
 
 DETTRIAL_INLINE void Context::step_lr_schedulers(std::int64_t batch_idx) {

@@ -104,6 +104,13 @@ class ExperimentConfig {
 
   static ExperimentConfig from_yaml(const YAML::Node& root, std::string source);
 
+  /// The names of dettrial's searchers, for "did you mean" hints.
+  static std::vector<std::string> searcher_names() {
+    std::vector<std::string> names;
+    for (SearcherKind kind : searcher_kinds) names.emplace_back(to_string(kind));
+    return names;
+  }
+
   /// The searchers dettrial runs, and the names Determined removed.
   template <class R>  // the Reader, declared below
   static void read_search_fields(const YAML::Node& s, const std::string& source, const R& r, const std::string& name,
@@ -112,8 +119,7 @@ class ExperimentConfig {
       throw ConfigError(detail::where(s["name"], source) + ": searcher '" + name + "' was removed from Determined; use adaptive_asha");
     if (name != "async_halving" && !searcher_kind_named(name))
       throw ConfigError(detail::where(s["name"], source) + ": unknown searcher '" + name + "'" +
-                        detail::suggestion(name, {"single", "random", "grid", "adaptive_asha"}) +
-                        " (dettrial runs single, random, grid and adaptive_asha)");
+                        detail::suggestion(name, searcher_names()) + " (dettrial runs single, random, grid and adaptive_asha)");
     r.read(s, "max_trials", out.max_trials);
     r.read(s, "max_concurrent_trials", out.max_concurrent_trials);
     r.read(s, "time_metric", out.time_metric);

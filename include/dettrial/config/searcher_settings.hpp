@@ -30,9 +30,13 @@ constexpr std::string_view to_string(SearcherKind kind) {
   return "single";
 }
 
+/// Every searcher dettrial runs, in the order its messages list them.
+inline constexpr SearcherKind searcher_kinds[] = {SearcherKind::single, SearcherKind::random, SearcherKind::grid,
+                                                  SearcherKind::adaptive_asha};
+
 /// The searcher of that name, or nullopt for one dettrial does not run.
 constexpr std::optional<SearcherKind> searcher_kind_named(std::string_view name) {
-  for (SearcherKind kind : {SearcherKind::single, SearcherKind::random, SearcherKind::grid, SearcherKind::adaptive_asha})
+  for (SearcherKind kind : searcher_kinds)
     if (to_string(kind) == name) return kind;
   return std::nullopt;
 }

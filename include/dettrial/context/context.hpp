@@ -450,7 +450,11 @@ class Context {
   /// (every `aggregation_frequency`-th, the one that stepped the optimizers) the gradient scaler's
   /// scale is updated, once however many optimizers stepped, and the schedulers step per their mode.
   /// The one place that decides what an update batch finishes.
-  void finish_batch(std::int64_t batch_idx);
+  void finish_batch(std::int64_t batch_idx) {
+    if (!is_update_batch()) return;  // inline: most batches end here
+    if (scaler_) scaler_->update();
+    step_lr_schedulers(batch_idx);
+  }
 
   /// In a job, after the trial and its data loaders were built from the same seed on every rank:
   /// ranks other than the chief continue on a stream of their own, derived from the trial seed and
@@ -669,12 +673,6 @@ DETTRIAL_INLINE void Context::step_lr_schedulers_on_validation(const MetricValue
     }
     s.step_with_metric(s.scheduler, *value);
   }
-}
-
-DETTRIAL_INLINE void Context::finish_batch(std::int64_t batch_idx) {
-  if (!is_update_batch()) return;
-  if (scaler_) scaler_->update();
-  step_lr_schedulers(batch_idx);
 }
 
 DETTRIAL_INLINE void Context::step_lr_schedulers(std::int64_t batch_idx) {

@@ -218,7 +218,7 @@ class Experiment {
   void apply_experiment_retention();
 
   /// The searcher metric's direction: the one "better" rule (dettrial::MetricOrder).
-  MetricOrder order() const { return MetricOrder{config_.searcher.smaller_is_better}; }
+  MetricOrder order() const { return config_.searcher.order(); }
 
   /// summary.json (and, with `print`, the summary table on the terminal), after reading each
   /// trial's checkpoints: at the end, or when interrupted (no trial running).
