@@ -4,6 +4,10 @@
 /// layout of a run, a checkpoint and an experiment (the checkpoint's names are Determined's).
 #pragma once
 
+#include <cstdint>
+#include <filesystem>
+#include <string>
+
 namespace dettrial::layout {
 
 // A run's folder (`--output`).
@@ -15,6 +19,10 @@ inline constexpr const char* checkpoints = "checkpoints";
 inline constexpr const char* tensorboard = "tensorboard";
 /// The page `--report` writes (a run's, or an experiment's).
 inline constexpr const char* report_page = "report.html";
+/// The profiler's trace (the config's profiling section; rank r > 0 writes `trace.rank<r>.json`).
+inline constexpr const char* trace = "trace.json";
+/// A trial's output (its stdout and stderr), in an experiment.
+inline constexpr const char* trial_log = "log.txt";
 
 // A checkpoint's folder (Determined's names, and dettrial's own archive).
 /// Models, optimizers, schedulers, callbacks and RNG states, as Python's torch.save writes them.
@@ -37,5 +45,55 @@ inline constexpr const char* trials = "trials";
 inline constexpr const char* events_log = "events.jsonl";
 /// Every trial's state and best metric at the end.
 inline constexpr const char* summary = "summary.json";
+/// The experiment's id (drawn when its folder is new, so a continued experiment keeps it).
+inline constexpr const char* experiment_id = "experiment.json";
 
 }  // namespace dettrial::layout
+
+namespace dettrial {
+
+/// A run's folder (`--output`, or a trial's folder in an experiment) and the paths of what dettrial
+/// writes in it.
+struct RunFolder {
+  std::filesystem::path dir;
+
+  std::filesystem::path metrics_log() const { return dir / layout::metrics_log; }
+  std::filesystem::path checkpoints() const { return dir / layout::checkpoints; }
+  std::filesystem::path tensorboard() const { return dir / layout::tensorboard; }
+  std::filesystem::path report_page() const { return dir / layout::report_page; }
+  /// Rank `rank`'s profiler trace.
+  std::filesystem::path trace(int rank) const {
+    return rank == 0 ? dir / layout::trace : dir / ("trace.rank" + std::to_string(rank) + ".json");
+  }
+  /// A trial's output, in an experiment.
+  std::filesystem::path trial_log() const { return dir / layout::trial_log; }
+  /// A trial's experiment config (written into its folder by the experiment).
+  std::filesystem::path config() const { return dir / layout::config; }
+};
+
+/// A checkpoint's folder (Determined's layout) and the paths of its files.
+struct CheckpointFolder {
+  std::filesystem::path dir;
+
+  std::filesystem::path state_dict() const { return dir / layout::state_dict; }
+  std::filesystem::path libtorch_state() const { return dir / layout::libtorch_state; }
+  std::filesystem::path trial_state() const { return dir / layout::trial_state; }
+  std::filesystem::path load_data() const { return dir / layout::load_data; }
+  std::filesystem::path metadata() const { return dir / layout::metadata; }
+};
+
+/// An experiment's folder and the paths of what its runner writes in it.
+struct ExperimentFolder {
+  std::filesystem::path dir;
+
+  std::filesystem::path config() const { return dir / layout::config; }
+  std::filesystem::path trials() const { return dir / layout::trials; }
+  /// Trial `id`'s run folder.
+  RunFolder trial(std::int64_t id) const { return {trials() / std::to_string(id)}; }
+  std::filesystem::path events_log() const { return dir / layout::events_log; }
+  std::filesystem::path summary() const { return dir / layout::summary; }
+  std::filesystem::path report_page() const { return dir / layout::report_page; }
+  std::filesystem::path experiment_id() const { return dir / layout::experiment_id; }
+};
+
+}  // namespace dettrial

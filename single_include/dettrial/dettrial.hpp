@@ -77,6 +77,10 @@ struct DistributedError : Error {
 /// @brief The names dettrial gives its files and folders: one source of truth for the on-disk
 /// layout of a run, a checkpoint and an experiment (the checkpoint's names are Determined's).
 
+#include <cstdint>
+#include <filesystem>
+#include <string>
+
 namespace dettrial::layout {
 
 // A run's folder (`--output`).
@@ -88,6 +92,10 @@ inline constexpr const char* checkpoints = "checkpoints";
 inline constexpr const char* tensorboard = "tensorboard";
 /// The page `--report` writes (a run's, or an experiment's).
 inline constexpr const char* report_page = "report.html";
+/// The profiler's trace (the config's profiling section; rank r > 0 writes `trace.rank<r>.json`).
+inline constexpr const char* trace = "trace.json";
+/// A trial's output (its stdout and stderr), in an experiment.
+inline constexpr const char* trial_log = "log.txt";
 
 // A checkpoint's folder (Determined's names, and dettrial's own archive).
 /// Models, optimizers, schedulers, callbacks and RNG states, as Python's torch.save writes them.
@@ -110,8 +118,58 @@ inline constexpr const char* trials = "trials";
 inline constexpr const char* events_log = "events.jsonl";
 /// Every trial's state and best metric at the end.
 inline constexpr const char* summary = "summary.json";
+/// The experiment's id (drawn when its folder is new, so a continued experiment keeps it).
+inline constexpr const char* experiment_id = "experiment.json";
 
 }  // namespace dettrial::layout
+
+namespace dettrial {
+
+/// A run's folder (`--output`, or a trial's folder in an experiment) and the paths of what dettrial
+/// writes in it.
+struct RunFolder {
+  std::filesystem::path dir;
+
+  std::filesystem::path metrics_log() const { return dir / layout::metrics_log; }
+  std::filesystem::path checkpoints() const { return dir / layout::checkpoints; }
+  std::filesystem::path tensorboard() const { return dir / layout::tensorboard; }
+  std::filesystem::path report_page() const { return dir / layout::report_page; }
+  /// Rank `rank`'s profiler trace.
+  std::filesystem::path trace(int rank) const {
+    return rank == 0 ? dir / layout::trace : dir / ("trace.rank" + std::to_string(rank) + ".json");
+  }
+  /// A trial's output, in an experiment.
+  std::filesystem::path trial_log() const { return dir / layout::trial_log; }
+  /// A trial's experiment config (written into its folder by the experiment).
+  std::filesystem::path config() const { return dir / layout::config; }
+};
+
+/// A checkpoint's folder (Determined's layout) and the paths of its files.
+struct CheckpointFolder {
+  std::filesystem::path dir;
+
+  std::filesystem::path state_dict() const { return dir / layout::state_dict; }
+  std::filesystem::path libtorch_state() const { return dir / layout::libtorch_state; }
+  std::filesystem::path trial_state() const { return dir / layout::trial_state; }
+  std::filesystem::path load_data() const { return dir / layout::load_data; }
+  std::filesystem::path metadata() const { return dir / layout::metadata; }
+};
+
+/// An experiment's folder and the paths of what its runner writes in it.
+struct ExperimentFolder {
+  std::filesystem::path dir;
+
+  std::filesystem::path config() const { return dir / layout::config; }
+  std::filesystem::path trials() const { return dir / layout::trials; }
+  /// Trial `id`'s run folder.
+  RunFolder trial(std::int64_t id) const { return {trials() / std::to_string(id)}; }
+  std::filesystem::path events_log() const { return dir / layout::events_log; }
+  std::filesystem::path summary() const { return dir / layout::summary; }
+  std::filesystem::path report_page() const { return dir / layout::report_page; }
+  std::filesystem::path experiment_id() const { return dir / layout::experiment_id; }
+};
+
+}  // namespace dettrial
 // ---- end dettrial/layout.hpp
 
 // ---- begin dettrial/config/experiment_config.hpp
@@ -439,6 +497,7 @@ DETTRIAL_INLINE std::string TrainUnit::to_string() const {
 /// @file
 /// @brief A trial's hyperparameters: typed, nested, with errors that name the key and the value.
 
+#include <cstdint>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -479,14 +538,7 @@ class Hyperparameters {
 
   /// The value at `path` as T; throws HyperparameterError naming the key when it is missing or mistyped.
   template <class T>
-  T get(std::string_view path) const {
-    const YAML::Node node = require(path);
-    T value{};
-    if (!detail::try_read(node, value))
-      throw HyperparameterError(detail::where(node, source_) + ": hyperparameter '" + std::string(path) + "' is " + detail::describe(node) +
-                                ", which is not a " + detail::type_name<T>());
-    return value;
-  }
+  T get(std::string_view path) const;
 
   /// The value at `path` as T, or `fallback` when it is absent (a present but mistyped value still throws).
   template <class T>
@@ -513,6 +565,34 @@ class Hyperparameters {
   YAML::Node root_;
   std::string source_ = "hyperparameters";
 };
+
+// Not inline, so that the explicit instantiations below keep a trial's translation unit from compiling it.
+template <class T>
+T Hyperparameters::get(std::string_view path) const {
+  const YAML::Node node = require(path);
+  T value{};
+  if (!detail::try_read(node, value))
+    throw HyperparameterError(detail::where(node, source_) + ": hyperparameter '" + std::string(path) + "' is " + detail::describe(node) +
+                              ", which is not a " + detail::type_name<T>());
+  return value;
+}
+
+// The common value types are read once, in dettrial::compiled (separate compilation): a trial's
+// translation unit then compiles no YAML conversion for them.
+#if defined(DETTRIAL_SEPARATE_COMPILATION)
+#if DETTRIAL_HEADER_DEFINITIONS
+#define DETTRIAL_HPARAM_TYPE(T) template T Hyperparameters::get<T>(std::string_view) const;
+#else
+#define DETTRIAL_HPARAM_TYPE(T) extern template T Hyperparameters::get<T>(std::string_view) const;
+#endif
+DETTRIAL_HPARAM_TYPE(double)
+DETTRIAL_HPARAM_TYPE(float)
+DETTRIAL_HPARAM_TYPE(int)
+DETTRIAL_HPARAM_TYPE(std::int64_t)
+DETTRIAL_HPARAM_TYPE(bool)
+DETTRIAL_HPARAM_TYPE(std::string)
+#undef DETTRIAL_HPARAM_TYPE
+#endif
 
 }  // namespace dettrial
 
@@ -7866,7 +7946,7 @@ class Context {
   TensorBoardWriter& get_tensorboard_writer() { return tensorboard_; }
   /// `<output_dir>/tensorboard`, where the run's event files go (empty until `fit` starts).
   std::filesystem::path get_tensorboard_path() const {
-    return position_.output_dir.empty() ? std::filesystem::path() : position_.output_dir / layout::tensorboard;
+    return position_.output_dir.empty() ? std::filesystem::path() : RunFolder{position_.output_dir}.tensorboard();
   }
   /// Whether the trainer writes its metrics, learning rates and timings to TensorBoard (default on).
   /// Off, the writer still takes the trial's own scalars.
@@ -9793,7 +9873,7 @@ DETTRIAL_INLINE void CheckpointWriter::add_file(const std::string& name, std::st
 }
 
 DETTRIAL_INLINE std::filesystem::path CheckpointWriter::commit(detail::Json fields) {
-  const std::filesystem::path meta_path = temp_ / layout::metadata;
+  const std::filesystem::path meta_path = CheckpointFolder{temp_}.metadata();
   if (!fields.is_object())
     throw CheckpointError("the fields of '" + meta_path.string() + "' must be a JSON object, not " + detail::json_kind(fields));
   fields.erase("files");
@@ -9815,7 +9895,7 @@ DETTRIAL_INLINE CheckpointInfo read_checkpoint_info(const std::filesystem::path&
   if (!std::filesystem::exists(dir, ec)) throw CheckpointError("checkpoint '" + dir.string() + "' does not exist");
   if (!std::filesystem::is_directory(dir, ec))
     throw CheckpointError("checkpoint '" + dir.string() + "' is not a directory (a checkpoint is a directory with metadata.json)");
-  const std::filesystem::path meta_path = dir / layout::metadata;
+  const std::filesystem::path meta_path = CheckpointFolder{dir}.metadata();
   if (!std::filesystem::exists(meta_path, ec))
     throw CheckpointError("'" + dir.string() + "' is not a complete dettrial checkpoint: it has no metadata.json");
   const detail::Json meta = detail::read_json_file<CheckpointError>(meta_path);
@@ -9866,7 +9946,7 @@ DETTRIAL_INLINE std::string read_checked_file(const std::filesystem::path& dir, 
   std::error_code ec;
   if (!std::filesystem::exists(file, ec)) throw CheckpointError("checkpoint file '" + file.string() + "' is missing");
   std::string bytes = detail::read_file_bytes(file);
-  const std::filesystem::path meta_path = dir / layout::metadata;
+  const std::filesystem::path meta_path = CheckpointFolder{dir}.metadata();
   const detail::Json meta = detail::read_json_file<CheckpointError>(meta_path);
   const detail::Json* files = detail::json_find(meta, "files");
   const detail::Json* entry = files ? detail::json_find(*files, name) : nullptr;
@@ -9890,7 +9970,7 @@ DETTRIAL_INLINE std::vector<CheckpointInfo> list_checkpoints(const std::filesyst
   if (!std::filesystem::is_directory(storage, ec)) return out;
   for (const auto& entry : std::filesystem::directory_iterator(storage, ec)) {
     if (!entry.is_directory() || detail::is_hidden(entry.path())) continue;
-    if (!std::filesystem::exists(entry.path() / layout::metadata, ec)) continue;
+    if (!std::filesystem::exists(CheckpointFolder{entry.path()}.metadata(), ec)) continue;
     out.push_back(read_checkpoint_info(entry.path(), /*verify_files=*/false));
   }
   std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.sequence < b.sequence; });
@@ -9899,9 +9979,9 @@ DETTRIAL_INLINE std::vector<CheckpointInfo> list_checkpoints(const std::filesyst
 
 DETTRIAL_INLINE std::filesystem::path resolve_checkpoint(const std::filesystem::path& path) {
   std::error_code ec;
-  if (std::filesystem::exists(path / layout::metadata, ec)) return path;
+  if (std::filesystem::exists(CheckpointFolder{path}.metadata(), ec)) return path;
   if (!std::filesystem::exists(path, ec)) throw CheckpointError("checkpoint '" + path.string() + "' does not exist");
-  for (const auto& storage : {path, path / layout::checkpoints}) {
+  for (const auto& storage : {path, RunFolder{path}.checkpoints()}) {
     const auto all = list_checkpoints(storage);
     if (!all.empty()) return all.back().path;
   }
@@ -10072,7 +10152,7 @@ DETTRIAL_INLINE const c10::IValue& require_entry(const StateDict& dict, const ch
 }
 
 DETTRIAL_INLINE StateDict read_state_dict_file(const std::filesystem::path& dir) {
-  const std::filesystem::path file = dir / layout::state_dict;
+  const std::filesystem::path file = CheckpointFolder{dir}.state_dict();
   const c10::IValue top = unpickle_archive(read_checked_file(dir, layout::state_dict), file);
   if (!top.isGenericDict()) throw CheckpointError("checkpoint file '" + file.string() + "' does not hold a dict");
   return top.toGenericDict();
@@ -10279,13 +10359,13 @@ DETTRIAL_INLINE void ContextCheckpoint::load_native(Context& c, const std::strin
 DETTRIAL_INLINE CheckpointInfo load_models(const std::filesystem::path& path, Context& context) {
   const std::filesystem::path dir = resolve_checkpoint(path);
   const CheckpointInfo info = read_checkpoint_info(dir);
-  detail::ContextCheckpoint::load_models(context, detail::read_state_dict_file(dir), dir / layout::state_dict);
+  detail::ContextCheckpoint::load_models(context, detail::read_state_dict_file(dir), CheckpointFolder{dir}.state_dict());
   return info;
 }
 
 DETTRIAL_INLINE void load_model(const std::filesystem::path& path, torch::nn::Module& module, std::size_t index) {
   const std::filesystem::path dir = resolve_checkpoint(path);
-  const std::string what = "checkpoint file '" + (dir / layout::state_dict).string() + "'";
+  const std::string what = "checkpoint file '" + CheckpointFolder{dir}.state_dict().string() + "'";
   const auto models = detail::require_entry(detail::read_state_dict_file(dir), "models_state_dict", what).toList();
   if (index >= models.size())
     throw CheckpointError(what + " holds " + std::to_string(models.size()) + " model(s); there is no model " + std::to_string(index));
@@ -10655,9 +10735,9 @@ DETTRIAL_INLINE CheckpointInfo write_trial_checkpoint(Context& c, const std::fil
 }
 
 DETTRIAL_INLINE void restore_context(Context& c, const std::filesystem::path& dir, const StateDict& top) {
-  const std::filesystem::path file = dir / layout::state_dict;
+  const std::filesystem::path file = CheckpointFolder{dir}.state_dict();
   ContextCheckpoint::load_models(c, top, file);
-  ContextCheckpoint::load_native(c, read_checked_file(dir, layout::libtorch_state), dir / layout::libtorch_state);
+  ContextCheckpoint::load_native(c, read_checked_file(dir, layout::libtorch_state), CheckpointFolder{dir}.libtorch_state());
   ContextCheckpoint::load_rng(c, top, file);
   // A checkpoint written without a scaler (fp32, or bf16) leaves a new one at its initial scale.
   if (const auto it = top.find("scaler_state_dict"); c.scaler() && it != top.end()) {
@@ -10901,11 +10981,12 @@ DETTRIAL_INLINE StateDict read_model_state_dict(const std::filesystem::path& pat
   std::error_code ec;
   if (!fs::exists(path, ec)) throw CheckpointError("cannot load weights: '" + path.string() + "' does not exist");
   const bool directory = fs::is_directory(path, ec);
-  const fs::path file = directory ? path / layout::state_dict : path;
+  const fs::path file = directory ? CheckpointFolder{path}.state_dict() : path;
   if (directory && !fs::exists(file, ec))
     throw CheckpointError("cannot load weights: '" + path.string() + "' is a directory without state_dict.pth (not a checkpoint)");
   // A dettrial checkpoint lists its files' sizes and checksums: use them when they are there.
-  const bool listed = directory && fs::exists(path / layout::metadata, ec) && fs::exists(path / layout::libtorch_state, ec);
+  const bool listed =
+      directory && fs::exists(CheckpointFolder{path}.metadata(), ec) && fs::exists(CheckpointFolder{path}.libtorch_state(), ec);
   const std::string bytes = listed ? read_checked_file(path, layout::state_dict) : detail::read_file_bytes(file);
   const c10::IValue top = detail::unpickle_archive(bytes, file);
   if (!top.isGenericDict())
@@ -11859,8 +11940,8 @@ DETTRIAL_INLINE Json run_hyperparameters(const std::filesystem::path& dir, const
   std::error_code ec;
   std::filesystem::path newest;
   std::filesystem::file_time_type newest_time{};
-  for (std::filesystem::directory_iterator it(dir / layout::checkpoints, ec), end; !ec && it != end; it.increment(ec)) {
-    const auto file = it->path() / layout::load_data;
+  for (std::filesystem::directory_iterator it(RunFolder{dir}.checkpoints(), ec), end; !ec && it != end; it.increment(ec)) {
+    const auto file = CheckpointFolder{it->path()}.load_data();
     std::error_code time_ec;
     const auto time = std::filesystem::last_write_time(file, time_ec);
     if (!time_ec && (newest.empty() || time > newest_time)) {
@@ -11948,7 +12029,7 @@ DETTRIAL_INLINE std::string run_header(const std::vector<Json>& records, const s
 DETTRIAL_INLINE std::filesystem::path write_run_report(const std::filesystem::path& run_dir) {
   namespace html = detail::html;
   using detail::Json;
-  const std::filesystem::path metrics_path = run_dir / layout::metrics_log;
+  const std::filesystem::path metrics_path = RunFolder{run_dir}.metrics_log();
   std::error_code ec;
   if (!std::filesystem::is_regular_file(metrics_path, ec))
     throw Error("'" + run_dir.string() + "' has no metrics.jsonl: nothing to report (a run's output folder has one)");
@@ -11961,8 +12042,8 @@ DETTRIAL_INLINE std::filesystem::path write_run_report(const std::filesystem::pa
   if (absolute.filename().empty()) absolute = absolute.parent_path();  // "run/"
   const std::string name = absolute.filename().string();
   const bool trial_of_search = absolute.parent_path().filename() == layout::trials &&
-                               (std::filesystem::exists(absolute.parent_path().parent_path() / layout::events_log, ec) ||
-                                std::filesystem::exists(absolute.parent_path().parent_path() / layout::summary, ec));
+                               (std::filesystem::exists(ExperimentFolder{absolute.parent_path().parent_path()}.events_log(), ec) ||
+                                std::filesystem::exists(ExperimentFolder{absolute.parent_path().parent_path()}.summary(), ec));
   const std::string header = html::run_header(records, absolute, trial_of_search, torn);
 
   std::string content;
@@ -11970,13 +12051,13 @@ DETTRIAL_INLINE std::filesystem::path write_run_report(const std::filesystem::pa
   if (!charts.empty()) content += "<h2>Charts</h2>\n" + html::figures(charts);
   content += html::last_values_table(charts, metric_charts);
 
-  const std::string config_text = html::read_text(run_dir / layout::config);
+  const std::string config_text = html::read_text(RunFolder{run_dir}.config());
   std::vector<std::pair<std::string, Json>> hparams;
   html::flatten(html::run_hyperparameters(run_dir, config_text), "", hparams);
   if (!hparams.empty()) content += "<h2>Hyperparameters</h2>\n" + html::value_table(hparams);
   content += html::config_section(layout::config, config_text);
 
-  const std::filesystem::path out = run_dir / layout::report_page;
+  const std::filesystem::path out = RunFolder{run_dir}.report_page();
   detail::write_atomically(out, html::page((trial_of_search ? "trial " : "run ") + name, header, content));
   return out;
 }
@@ -12184,15 +12265,15 @@ DETTRIAL_INLINE void complete_row(TrialRow& row, const std::filesystem::path& fo
   const std::int64_t id = row.id;
   if (row.state.empty()) {
     if (const auto e = events.ended.find(id); e != events.ended.end()) row.state = e->second;
-    else row.state = fs::exists(folder / layout::metrics_log, ec) ? "RUNNING" : "QUEUED";
+    else row.state = fs::exists(RunFolder{folder}.metrics_log(), ec) ? "RUNNING" : "QUEUED";
   }
   if (!row.restarts && events.restarts.count(id)) row.restarts = events.restarts[id];
   if (!row.rung && events.rungs.count(id)) row.rung = events.rungs[id];
-  if (row.hparams.empty() && row.has_folder) flatten(config_hyperparameters(read_text(folder / layout::config)), "", row.hparams);
+  if (row.hparams.empty() && row.has_folder) flatten(config_hyperparameters(read_text(RunFolder{folder}.config())), "", row.hparams);
   if (const auto c = events.curves.find(id); c != events.curves.end()) row.curve = c->second;
-  const bool has_metrics = row.has_folder && fs::is_regular_file(folder / layout::metrics_log, ec);
+  const bool has_metrics = row.has_folder && fs::is_regular_file(RunFolder{folder}.metrics_log(), ec);
   if (row.curve.empty() && has_metrics && !search.metric.empty())
-    curve_from_metrics(row, folder / layout::metrics_log, search, events.batches);
+    curve_from_metrics(row, RunFolder{folder}.metrics_log(), search, events.batches);
   // summary.json's count is at the last checkpoint; a validation may have come after it.
   if (events.batches.count(id)) row.batches = std::max(row.batches.value_or(0), events.batches[id]);
   if (!row.curve.empty()) {
@@ -12203,12 +12284,12 @@ DETTRIAL_INLINE void complete_row(TrialRow& row, const std::filesystem::path& fo
   }
   if (has_metrics && row.problem.empty()) {
     try {
-      if (stale(folder / layout::report_page, {folder / layout::metrics_log, folder / layout::config})) write_run_report(folder);
+      if (stale(RunFolder{folder}.report_page(), {RunFolder{folder}.metrics_log(), RunFolder{folder}.config()})) write_run_report(folder);
     } catch (const Error& e) {
       row.problem = e.what();
     }
   }
-  row.has_page = fs::is_regular_file(folder / layout::report_page, ec);
+  row.has_page = fs::is_regular_file(RunFolder{folder}.report_page(), ec);
 }
 
 /// The search's settings (summary.json's, else the config's, else a trial's), and every trial.
@@ -12216,8 +12297,8 @@ DETTRIAL_INLINE SearchPage collect_search(const std::filesystem::path& experimen
   namespace fs = std::filesystem;
   std::error_code ec;
   SearchPage search;
-  const fs::path trials_dir = experiment_dir / layout::trials;
-  search.config_text = read_text(experiment_dir / layout::config);
+  const fs::path trials_dir = ExperimentFolder{experiment_dir}.trials();
+  search.config_text = read_text(ExperimentFolder{experiment_dir}.config());
   search.metric = string_of(summary, "metric");
   search.searcher = string_of(summary, "searcher");
   std::optional<bool> smaller;
@@ -12231,12 +12312,12 @@ DETTRIAL_INLINE SearchPage collect_search(const std::filesystem::path& experimen
   if (search.name.empty()) search.name = search.absolute.filename().string();
 
   rows_from_summary(summary, search.rows);
-  SearchEvents events = read_search_events(experiment_dir / layout::events_log);
+  SearchEvents events = read_search_events(ExperimentFolder{experiment_dir}.events_log());
   rows_from_trial_folders(trials_dir, search.rows);
   // A trial's config names the searcher metric too (its searcher is `single`, not the search's).
   for (const auto& [id, row] : search.rows)
     if (row.has_folder && (search.metric.empty() || !smaller))
-      searcher_settings(read_text(trials_dir / std::to_string(id) / layout::config), search.metric, smaller);
+      searcher_settings(read_text(ExperimentFolder{experiment_dir}.trial(id).config()), search.metric, smaller);
   search.order = MetricOrder{smaller.value_or(true)};
 
   if (events.torn)
@@ -12414,7 +12495,7 @@ DETTRIAL_INLINE std::filesystem::path write_experiment_page(const std::filesyste
   content += "<h2>Charts</h2>\n" + figures(charts);
   content += config_section(layout::config, search.config_text);
 
-  const std::filesystem::path out = experiment_dir / layout::report_page;
+  const std::filesystem::path out = ExperimentFolder{experiment_dir}.report_page();
   detail::write_atomically(out, html::page("search " + search.name, search_header(search, summary), content));
   return out;
 }
@@ -12425,9 +12506,9 @@ namespace dettrial {
 
 DETTRIAL_INLINE std::filesystem::path write_experiment_report(const std::filesystem::path& experiment_dir) {
   std::error_code ec;
-  const std::filesystem::path summary_path = experiment_dir / layout::summary;
+  const std::filesystem::path summary_path = ExperimentFolder{experiment_dir}.summary();
   const bool has_summary = std::filesystem::is_regular_file(summary_path, ec);
-  if (!has_summary && !std::filesystem::is_directory(experiment_dir / layout::trials, ec))
+  if (!has_summary && !std::filesystem::is_directory(ExperimentFolder{experiment_dir}.trials(), ec))
     throw Error("'" + experiment_dir.string() + "' has neither summary.json nor trials/: it is not a search's folder");
   return detail::html::write_experiment_page(experiment_dir, has_summary ? detail::read_json_file(summary_path) : detail::Json::object());
 }
@@ -12451,9 +12532,10 @@ namespace dettrial {
 DETTRIAL_INLINE std::filesystem::path write_report(const std::filesystem::path& dir) {
   std::error_code ec;
   if (!std::filesystem::is_directory(dir, ec)) throw Error("'" + dir.string() + "' is not a folder: nothing to report");
-  if (std::filesystem::is_regular_file(dir / layout::summary, ec) || std::filesystem::is_directory(dir / layout::trials, ec))
+  if (std::filesystem::is_regular_file(ExperimentFolder{dir}.summary(), ec) ||
+      std::filesystem::is_directory(ExperimentFolder{dir}.trials(), ec))
     return write_experiment_report(dir);
-  if (std::filesystem::is_regular_file(dir / layout::metrics_log, ec)) return write_run_report(dir);
+  if (std::filesystem::is_regular_file(RunFolder{dir}.metrics_log(), ec)) return write_run_report(dir);
   throw Error("'" + dir.string() +
               "' holds no metrics.jsonl (a run's folder) and no summary.json or trials/ (a search's folder): nothing to report");
 }
@@ -12520,7 +12602,7 @@ class MetricsLog {
 namespace dettrial {
 
 DETTRIAL_INLINE MetricsLog::MetricsLog(const std::filesystem::path& dir, std::optional<std::int64_t> resumed_at)
-    : path_(dir / layout::metrics_log) {
+    : path_(RunFolder{dir}.metrics_log()) {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) throw Error("cannot create output directory '" + dir.string() + "': " + ec.message());
@@ -13514,146 +13596,16 @@ DETTRIAL_INLINE FitOptions FitOptions::from_config(const ExperimentConfig& confi
 /// @brief dettrial::Trainer<TrialT>: checks a trial at compile time and runs Determined's training
 /// loop for it, generated inline.
 
-#include <algorithm>
-#include <chrono>
-#include <cstdint>
-#include <cstdio>
-#include <cstring>
-#include <ctime>
-#include <exception>
+#include <concepts>
 #include <filesystem>
-#include <iterator>
 #include <memory>
 #include <optional>
-#include <ranges>
-#include <span>
-#include <string>
 #include <tuple>
 #include <type_traits>
-#include <unistd.h>
-#include <utility>
-#include <vector>
-
-#include <c10/util/Type.h>
-#include <ATen/record_function.h>
-#include <torch/torch.h>
-
-// ---- begin dettrial/data/copy_ahead.hpp
-// SPDX-License-Identifier: Apache-2.0
-/// @file
-/// @brief Batches moved to the device one ahead: while the GPU computes batch k, batch k+1 copies on
-/// a stream of its own.
-
-#include <optional>
-#include <ranges>
-#include <stdexcept>
 #include <utility>
 
 #include <torch/torch.h>
 
-
-// DETTRIAL_HAS_CUDA: LibTorch is CUDA-built (dettrial's CMake defines it).
-#if defined(DETTRIAL_HAS_CUDA)
-#include <ATen/cuda/CUDAEvent.h>
-#include <c10/cuda/CUDAGuard.h>
-#include <c10/cuda/CUDAStream.h>
-#endif
-
-namespace dettrial::detail {
-
-/**
- * @brief Reads a batch stream (which it holds) with one batch staged on the device ahead of the one
- * in use.
- *
- * `stage()` takes the stream's next batch and starts its copy to the device; `take()` hands over the
- * staged batch (staging it first if none is) once its copy is done on the device's queue, without the
- * host waiting. On a CUDA device the copy runs on a side stream: the compute stream waits for it with
- * an event, and each copied tensor is marked as used by the compute stream, so its memory is not reused
- * while kernels still read it. Elsewhere, and for batches holding user types, the batch is moved as
- * `to_device_in_place` moves it, on the compute stream.
- *
- * The caller decides when to stage: the trainer stages the next batch only when it will train it
- * right away, never across a boundary, so batches are read from the stream in the same order relative
- * to the training steps as without staging (a checkpoint never follows a read that was not trained).
- */
-template <std::ranges::input_range Stream>
-class CopyAhead {
- public:
-  using batch_type = std::remove_cvref_t<std::ranges::range_reference_t<Stream>>;
-
-  CopyAhead(Stream stream, torch::Device device)
-      : stream_(std::move(stream)), it_(std::ranges::begin(stream_)), end_(std::ranges::end(stream_)), device_(device) {
-#if defined(DETTRIAL_HAS_CUDA)
-    // A batch with tensors for_each_tensor cannot reach (inside a user type) is copied on the compute
-    // stream: its tensors could not be marked as used there.
-    if (device_.is_cuda() && tensors_only_batch<batch_type>())
-      copy_stream_.emplace(c10::cuda::getStreamFromPool(/*isHighPriority=*/false, device_.index()));
-#endif
-  }
-
-  // Its iterator points into the stream it holds.
-  CopyAhead(const CopyAhead&) = delete;
-  CopyAhead& operator=(const CopyAhead&) = delete;
-
-  /// Whether the stream has a next batch to stage (staged or not).
-  bool has_next() const { return staged_.has_value() || it_ != end_; }
-
-  /// Reads the stream's next batch and starts its copy to the device; nothing when one is staged
-  /// already or the stream has ended.
-  void stage() {
-    if (staged_ || it_ == end_) return;
-    batch_type batch = std::move(*it_);  // a stream's batch is read once: taken, not copied
-    ++it_;
-#if defined(DETTRIAL_HAS_CUDA)
-    if (copy_stream_) {
-      const c10::cuda::CUDAStreamGuard on_copy_stream(*copy_stream_);
-      to_device_in_place(batch, device_, /*non_blocking=*/true);
-      copied_.record(*copy_stream_);
-      staged_.emplace(std::move(batch));
-      return;
-    }
-#endif
-    to_device_in_place(batch, device_, /*non_blocking=*/device_.is_cuda());
-    staged_.emplace(std::move(batch));
-  }
-
-  /// The staged batch (staged now if none was), its copy ordered before the compute stream's next work.
-  batch_type take() {
-    stage();
-    if (!staged_) throw std::logic_error("CopyAhead::take: the batch stream has ended");
-    batch_type batch = std::move(*staged_);
-    staged_.reset();
-#if defined(DETTRIAL_HAS_CUDA)
-    if (copy_stream_) {
-      const c10::cuda::CUDAStream compute = c10::cuda::getCurrentCUDAStream(device_.index());
-      copied_.block(compute);
-      // Memory allocated on the copy stream is otherwise free for it again as soon as the batch dies,
-      // while the compute stream may still be reading it.
-      for_each_tensor(batch, [&](torch::Tensor& t) {
-        if (t.defined() && t.is_cuda()) t.record_stream(compute);
-      });
-    }
-#endif
-    return batch;
-  }
-
- private:
-  Stream stream_;
-  std::ranges::iterator_t<Stream> it_;
-  std::ranges::sentinel_t<Stream> end_;
-  torch::Device device_;
-  std::optional<batch_type> staged_;
-#if defined(DETTRIAL_HAS_CUDA)
-  std::optional<c10::cuda::CUDAStream> copy_stream_;
-  at::cuda::CUDAEvent copied_;
-#endif
-};
-
-template <class Stream>
-CopyAhead(Stream&&, torch::Device) -> CopyAhead<std::remove_cvref_t<Stream>>;
-
-}  // namespace dettrial::detail
-// ---- end dettrial/data/copy_ahead.hpp
 // ---- begin dettrial/detail/scope_exit.hpp
 // SPDX-License-Identifier: Apache-2.0
 /// @file
@@ -15022,352 +14974,206 @@ DETTRIAL_INLINE void initialize_like_keras(torch::nn::Module& model) {
 }  // namespace dettrial::keras
 #endif  // DETTRIAL_HEADER_DEFINITIONS
 // ---- end dettrial/keras/keras.hpp
-// ---- begin dettrial/trainer/step_graph.hpp
+// ---- begin dettrial/trainer/run.hpp
 // SPDX-License-Identifier: Apache-2.0
 /// @file
-/// @brief The training step captured once in a CUDA graph and replayed (capture::cuda_graph): the
-/// checks made before training starts, and the graph with its input buffers.
+/// @brief detail::Run<TrialT, Set>: one fit of a valid trial, Determined's loop generated for it
+/// (workloads ending at any boundary, validation, checkpoints, reports, the final validation).
+/// Trainer<TrialT> builds the trial and makes a Run for each fit; what does not depend on the trial
+/// type is detail::RunState's (run_state.hpp).
 
-#include <cstddef>
+#include <chrono>
 #include <cstdint>
+#include <cstdio>
 #include <exception>
-#include <concepts>
-#include <map>
+#include <filesystem>
 #include <optional>
+#include <span>
 #include <string>
 #include <type_traits>
-#include <unordered_map>
 #include <utility>
 #include <vector>
 
 #include <c10/util/Type.h>
+#include <ATen/record_function.h>
+#include <torch/torch.h>
+
+// ---- begin dettrial/data/copy_ahead.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief Batches moved to the device one ahead: while the GPU computes batch k, batch k+1 copies on
+/// a stream of its own.
+
+#include <memory>
+#include <optional>
+#include <ranges>
+#include <stdexcept>
+#include <utility>
+
 #include <torch/torch.h>
 
 
-// DETTRIAL_HAS_CUDA: LibTorch is CUDA-built (dettrial's CMake defines it, as it does the NCCL backend).
+namespace dettrial::detail {
+
+/**
+ * @brief A CUDA stream of its own for copies to the device, and the event that orders the compute
+ * stream after them. Compiled once (dettrial::compiled in separate-compilation mode), so that a
+ * trial's translation unit reads no CUDA header. Made only for a CUDA device with a CUDA-built
+ * LibTorch; CopyAhead copies on the compute stream without one.
+ */
+class SideCopyStream {
+ public:
+  /// A side stream on `device` (a CUDA device).
+  DETTRIAL_INLINE explicit SideCopyStream(torch::Device device);
+  DETTRIAL_INLINE ~SideCopyStream();
+  SideCopyStream(const SideCopyStream&) = delete;
+  SideCopyStream& operator=(const SideCopyStream&) = delete;
+
+  /// Whether side streams exist in this build (LibTorch is CUDA-built).
+  DETTRIAL_INLINE static bool available();
+  /// Makes the side stream current, until leave().
+  DETTRIAL_INLINE void enter();
+  /// Marks the copies queued on the side stream so far, for order_compute_after().
+  DETTRIAL_INLINE void record_copies();
+  /// Makes the stream current before enter() current again.
+  DETTRIAL_INLINE void leave() noexcept;
+  /// Makes the device's compute stream wait for the recorded copies (the host does not wait), and
+  /// returns that stream, for the tensors it will read (Tensor::record_stream).
+  DETTRIAL_INLINE c10::Stream order_compute_after();
+
+ private:
+  /// The stream, the event and the stream guard (CUDA types, complete where compiled).
+  struct Cuda;
+  std::unique_ptr<Cuda> cuda_;
+  torch::Device device_;
+};
+
+/**
+ * @brief Reads a batch stream (which it holds) with one batch staged on the device ahead of the one
+ * in use.
+ *
+ * `stage()` takes the stream's next batch and starts its copy to the device; `take()` hands over the
+ * staged batch (staging it first if none is) once its copy is done on the device's queue, without the
+ * host waiting. On a CUDA device the copy runs on a side stream: the compute stream waits for it with
+ * an event, and each copied tensor is marked as used by the compute stream, so its memory is not reused
+ * while kernels still read it. Elsewhere, and for batches holding user types, the batch is moved as
+ * `to_device_in_place` moves it, on the compute stream.
+ *
+ * The caller decides when to stage: the trainer stages the next batch only when it will train it
+ * right away, never across a boundary, so batches are read from the stream in the same order relative
+ * to the training steps as without staging (a checkpoint never follows a read that was not trained).
+ */
+template <std::ranges::input_range Stream>
+class CopyAhead {
+ public:
+  using batch_type = std::remove_cvref_t<std::ranges::range_reference_t<Stream>>;
+
+  CopyAhead(Stream stream, torch::Device device)
+      : stream_(std::move(stream)), it_(std::ranges::begin(stream_)), end_(std::ranges::end(stream_)), device_(device) {
+    // A batch with tensors for_each_tensor cannot reach (inside a user type) is copied on the compute
+    // stream: its tensors could not be marked as used there.
+    if (device_.is_cuda() && tensors_only_batch<batch_type>() && SideCopyStream::available()) copy_stream_.emplace(device_);
+  }
+
+  // Its iterator points into the stream it holds.
+  CopyAhead(const CopyAhead&) = delete;
+  CopyAhead& operator=(const CopyAhead&) = delete;
+
+  /// Whether the stream has a next batch to stage (staged or not).
+  bool has_next() const { return staged_.has_value() || it_ != end_; }
+
+  /// Reads the stream's next batch and starts its copy to the device; nothing when one is staged
+  /// already or the stream has ended.
+  void stage() {
+    if (staged_ || it_ == end_) return;
+    batch_type batch = std::move(*it_);  // a stream's batch is read once: taken, not copied
+    ++it_;
+    if (copy_stream_) {
+      copy_stream_->enter();
+      const auto back = on_scope_exit([&] { copy_stream_->leave(); });
+      to_device_in_place(batch, device_, /*non_blocking=*/true);
+      copy_stream_->record_copies();
+      staged_.emplace(std::move(batch));
+      return;
+    }
+    to_device_in_place(batch, device_, /*non_blocking=*/device_.is_cuda());
+    staged_.emplace(std::move(batch));
+  }
+
+  /// The staged batch (staged now if none was), its copy ordered before the compute stream's next work.
+  batch_type take() {
+    stage();
+    if (!staged_) throw std::logic_error("CopyAhead::take: the batch stream has ended");
+    batch_type batch = std::move(*staged_);
+    staged_.reset();
+    if (copy_stream_) {
+      const c10::Stream compute = copy_stream_->order_compute_after();
+      // Memory allocated on the copy stream is otherwise free for it again as soon as the batch dies,
+      // while the compute stream may still be reading it.
+      for_each_tensor(batch, [&](torch::Tensor& t) {
+        if (t.defined() && t.is_cuda()) t.record_stream(compute);
+      });
+    }
+    return batch;
+  }
+
+ private:
+  Stream stream_;
+  std::ranges::iterator_t<Stream> it_;
+  std::ranges::sentinel_t<Stream> end_;
+  torch::Device device_;
+  std::optional<batch_type> staged_;
+  std::optional<SideCopyStream> copy_stream_;
+};
+
+template <class Stream>
+CopyAhead(Stream&&, torch::Device) -> CopyAhead<std::remove_cvref_t<Stream>>;
+
+}  // namespace dettrial::detail
+
+// Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
+#if DETTRIAL_HEADER_DEFINITIONS
+// DETTRIAL_HAS_CUDA: LibTorch is CUDA-built (dettrial's CMake defines it).
 #if defined(DETTRIAL_HAS_CUDA)
 #include <ATen/cuda/CUDAEvent.h>
-#include <ATen/cuda/CUDAGraph.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #endif
 
 namespace dettrial::detail {
 
-/// Whether this build of dettrial can capture CUDA graphs.
-inline constexpr bool step_capture_built =
 #if defined(DETTRIAL_HAS_CUDA)
-    true;
-#else
-    false;
-#endif
-
-/// Calls `f(a_tensor, b_tensor)` on the tensors of two batches of the same type, pairwise; returns
-/// false (and stops) where their structure differs (vector lengths, map keys).
-template <class A, class B, class F>
-  requires std::same_as<std::remove_cvref_t<A>, std::remove_cvref_t<B>>
-bool for_each_tensor_pair(A& a, B& b, F&& f) {
-  using U = std::remove_cvref_t<A>;
-  if constexpr (std::is_same_v<U, torch::Tensor>) {
-    return f(a, b);
-  } else if constexpr (is_tuple_like<U>::value) {
-    return [&]<std::size_t... I>(std::index_sequence<I...>) {
-      return (for_each_tensor_pair(std::get<I>(a), std::get<I>(b), f) && ...);
-    }(std::make_index_sequence<std::tuple_size_v<U>>{});
-  } else if constexpr (is_vector<U>::value) {
-    if (a.size() != b.size()) return false;
-    for (std::size_t i = 0; i < a.size(); ++i)
-      if (!for_each_tensor_pair(a[i], b[i], f)) return false;
-    return true;
-  } else if constexpr (is_string_map<U>::value) {
-    if (a.size() != b.size()) return false;
-    for (auto& [key, value] : a) {
-      const auto it = b.find(key);
-      if (it == b.end() || !for_each_tensor_pair(value, it->second, f)) return false;
-    }
-    return true;
-  } else {
-    return true;
-  }
-}
-
-/**
- * @brief Refuses, before the first batch, a step capture that could not be right: one sentence
- * naming what stands in the way. The trial-side reasons come first, so that they are seen (and
- * tested) on any machine; the device last.
- */
-template <class Batch>
-void check_step_capture(const StepCapture& capture, Context& context) {
-  if (std::holds_alternative<capture::none>(capture)) return;
-  const auto& graph = std::get<capture::cuda_graph>(capture);
-  const std::string what = "step_capture: cuda_graph ";
-  if (graph.warmup_batches < 1)
-    throw ConfigError(what + "needs at least 1 warm-up batch (capture_warmup_batches is " + std::to_string(graph.warmup_batches) +
-                      "): the eager batches before the capture make the optimizer's state");
-  if constexpr (!tensors_only_batch<Batch>())
-    throw TrialError(what +
-                     "copies each batch into the graph's input tensors, so the training batch must be made of tensors "
-                     "(in tuples, pairs, vectors or string-keyed maps); " +
-                     c10::demangle(typeid(Batch).name()) + " is not, or holds a value that the graph would freeze");
-  if (context.communicator())
-    throw ConfigError(what +
-                      "does not capture data-parallel training (the gradient all-reduce runs between the backward pass "
-                      "and the step); run one process per trial or set step_capture: none");
-  if (context.aggregation_frequency() > 1)
-    throw ConfigError(what + "needs aggregation_frequency 1: with " + std::to_string(context.aggregation_frequency()) +
-                      " the optimizer steps on some batches only, which one graph cannot replay");
-  for (const auto& reducer : context.reducers())
-    if (reducer.for_training)
-      throw TrialError(what + "replays train_batch without running its host code, so a reducer fed in train_batch (" +
-                       (reducer.name.empty() ? std::string("one returning MetricValues") : "'" + reducer.name + "'") +
-                       ") would see only the captured batch; wrap it with for_training = false, or set step_capture: none");
-#if !DETTRIAL_FUSED_KERNELS
-  if (context.scaler())
-    throw ConfigError(what +
-                      "cannot replay an fp16 gradient scaler with LibTorch before 2.4, whose optimizer kernels cannot "
-                      "skip a step on the device; use mixed_precision: bf16 (no scaler) or fp32, or LibTorch 2.4 or later");
-#endif
-  for (std::size_t i = 0; i < context.num_optimizers(); ++i) {
-    torch::optim::Optimizer& optimizer = context.optimizer(i);
-    if (!dynamic_cast<optim::CapturableOptimizer*>(&optimizer))
-      throw TrialError(what + "needs optimizers that read their learning rate on the device, and optimizer " + std::to_string(i) + " (" +
-                       c10::demangle(typeid(optimizer).name()) +
-                       ") reads it on the host, so a replay would keep the captured batch's; use dettrial::optim::FusedSGD, "
-                       "FusedAdam or FusedAdamW (same options and checkpoints as LibTorch's SGD, Adam and AdamW)");
-  }
-  if (!step_capture_built) throw ConfigError(what + "needs LibTorch built with CUDA, and this one is CPU-only; set step_capture: none");
-  if (!context.device().is_cuda())
-    throw ConfigError(what + "needs a CUDA device, and this trial runs on " + context.device().str() + "; set step_capture: none");
-}
-
-/**
- * @brief One fit's captured step: the graph, its input batch and output metrics, and where the run
- * stands (warming up, captured). The trainer drives it; see Trainer::train_batch.
- */
-template <class Batch>
-class StepGraph {
- public:
-  StepGraph() = default;
-  StepGraph(const StepGraph&) = delete;
-  StepGraph& operator=(const StepGraph&) = delete;
-
-  /// Arms the capture for this fit: the optimizers it syncs, and the eager batches before it.
-  void start(const capture::cuda_graph& options, Context& context) {
-    warmup_left_ = options.warmup_batches;
-    optimizers_.clear();
-    for (std::size_t i = 0; i < context.num_optimizers(); ++i) {
-      torch::optim::Optimizer& o = context.optimizer(i);
-      optimizers_.push_back({dynamic_cast<optim::CapturableOptimizer*>(&o), &o});
-    }
-    context_ = &context;
-    armed_ = true;
-  }
-  bool armed() const { return armed_; }
-  bool captured() const { return static_batch_.has_value(); }
-  bool warming_up() const { return warmup_left_ > 0; }
-
-  /// Whether `batch` has the captured batch's structure and shapes (else it runs eagerly).
-  bool fits(const Batch& batch) const { return same_layout(*static_batch_, batch); }
-
-  /// Whether `batch` may be captured: it has the shapes of the last warm-up batch (so an epoch's
-  /// short last batch is never the one captured, and nothing is tuned for a new shape inside the
-  /// capture), and every optimizer's state is whole (an fp16 scaler may have skipped every warm-up
-  /// step). Else it warms up too.
-  bool ready_to_capture(const Batch& batch) const {
-    for (const auto& entry : optimizers_)
-      if (!entry.capturable->ready_for_capture()) return false;
-    return last_warm_up_ && same_layout(*last_warm_up_, batch);
-  }
-  /// Keeps handles to a warm-up batch's tensors (before the trial may reassign them), for their shapes.
-  void note_warm_up_shapes(const Batch& batch) { last_warm_up_.emplace(batch); }
-
-  /// At each workload after the capture: the parameters and the options the graph holds as host
-  /// values must be those it was captured with (a replay would silently keep the old ones).
-  void check_unchanged() const {
-    if (!captured()) return;
-    if (group_states() != captured_groups_)
-      throw TrialError(
-          "step_capture: cuda_graph replays the optimizer step as captured, and since the capture an optimizer's "
-          "parameters or options other than the learning rate (momentum, betas, weight decay, ...) changed; "
-          "only learning rates may change under a captured step, or set step_capture: none");
-  }
-
-#if defined(DETTRIAL_HAS_CUDA)
-  /// A warm-up batch: `step` runs eagerly on the capture's side stream, ordered after the work
-  /// before it and before the work after it, so that the libraries make their per-stream state
-  /// (cuBLAS workspaces) where the capture will run.
-  template <class Step>
-  Metrics warm_up(Step&& step) {
-    --warmup_left_;
-    c10::cuda::CUDAStream main = c10::cuda::getCurrentCUDAStream(context_->device().index());
-    if (!side_) side_ = c10::cuda::getStreamFromPool(false, context_->device().index());
-    join(main, *side_);
-    Metrics metrics;
-    {
-      c10::cuda::CUDAStreamGuard guard(*side_);
-      metrics = step();
-    }
-    join(*side_, main);
-    check_metrics(metrics);
-    return metrics;
-  }
-
-  /// Captures `step(static_batch)` in the graph (nothing runs), then replays it once to train `batch`.
-  template <class Step>
-  Metrics capture(Batch batch, Step&& step) {
-    static_batch_.emplace(std::move(batch));
-    // Gradients start unset, so that the captured backward pass makes them in the graph's memory.
-    clear_gradients();
-    for (auto& [capturable, optimizer] : optimizers_) {
-      capturable->sync_learning_rates(optimizer->param_groups());
-      capturable->set_capturing(true);
-    }
-    c10::cuda::CUDAStream main = c10::cuda::getCurrentCUDAStream(context_->device().index());
-    join(main, *side_);
-    graph_.emplace();
-    try {
-      c10::cuda::CUDAStreamGuard guard(*side_);
-      // Thread-local mode: the loader's threads may pin memory (cudaHostAlloc) during the capture.
-      graph_->capture_begin({0, 0}, cudaStreamCaptureModeThreadLocal);
-      try {
-        // The trial gets its own handles to the inputs: reassigning one (x = x.float()) must not
-        // replace the buffer each batch is copied into.
-        Batch working = *static_batch_;
-        static_metrics_ = step(working);
-      } catch (...) {
-        try {
-          graph_->capture_end();
-        } catch (...) {  // the capture is invalid already; its error is the trial's, below
-        }
-        throw;
-      }
-      graph_->capture_end();
-    } catch (const std::exception& e) {
-      end_capture();
-      throw TrialError(std::string("step_capture: cuda_graph could not capture the training step (train_batch, backward and "
-                                   "the optimizer step): ") +
-                       first_line(e.what()) +
-                       ". A captured step must not wait for the device (.item(), .cpu(), printing a tensor, a branch on a "
-                       "tensor's value), make tensors on the host, or change shapes with the data (nonzero, masked_select); "
-                       "remove that from train_batch or set step_capture: none");
-    }
-    end_capture();
-    join(*side_, main);
-    check_metrics(static_metrics_);
-    captured_groups_ = group_states();
-    last_warm_up_.reset();
-    graph_->replay();
-    return static_metrics_;
-  }
-
-  /// Copies `batch` into the graph's inputs (on the device, without waiting) and replays the step.
-  Metrics replay(const Batch& batch) {
-    for_each_tensor_pair(*static_batch_, batch, [](torch::Tensor& s, const torch::Tensor& b) {
-      if (s.defined()) s.copy_(b, /*non_blocking=*/true);
-      return true;
-    });
-    for (auto& [capturable, optimizer] : optimizers_) capturable->sync_learning_rates(optimizer->param_groups());
-    graph_->replay();
-    // The replay unscaled, checked and stepped (or skipped) on the device; the scale is updated after it.
-    if (GradScaler* scaler = context_->scaler()) scaler->note_replayed_step();
-    return static_metrics_;
-  }
-
-  /// Before an eager batch after the capture: gradients unset, so the eager backward pass does not
-  /// add to the graph's.
-  void before_eager_batch() { clear_gradients(); }
-#else
-  template <class Step>
-  Metrics warm_up(Step&&) {
-    throw unavailable();
-  }
-  template <class Step>
-  Metrics capture(Batch, Step&&) {
-    throw unavailable();
-  }
-  Metrics replay(const Batch&) { throw unavailable(); }
-  void before_eager_batch() {}
-#endif
-
-  /// Forgets the graph (and its memory) at the end of a fit.
-  void reset() {
-#if defined(DETTRIAL_HAS_CUDA)
-    if (graph_) graph_->reset();
-    graph_.reset();
-#endif
-    static_metrics_ = Metrics{};
-    static_batch_.reset();
-    armed_ = false;
-    warmup_left_ = 0;
-    last_warm_up_.reset();
-    captured_groups_.clear();
-  }
-  ~StepGraph() { reset(); }
-
- private:
-  void clear_gradients() {
-    for (const auto& m : context_->models())
-      for (auto& p : m->parameters()) p.mutable_grad().reset();
-    for (auto& [capturable, optimizer] : optimizers_)
-      for (auto& group : optimizer->param_groups())
-        for (auto& p : group.params()) p.mutable_grad().reset();
-  }
-  std::vector<std::vector<double>> group_states() const {
-    std::vector<std::vector<double>> out;
-    for (const auto& [capturable, optimizer] : optimizers_)
-      for (const auto& group : optimizer->param_groups()) out.push_back(captured_group_state(group));
-    return out;
-  }
-  /// The same structure, and tensors of the same shapes and types.
-  static bool same_layout(const Batch& a, const Batch& b) {
-    return for_each_tensor_pair(a, b, [](const torch::Tensor& x, const torch::Tensor& y) {
-      return x.defined() == y.defined() && (!x.defined() || (x.sizes() == y.sizes() && x.scalar_type() == y.scalar_type()));
-    });
-  }
-  static void check_metrics(const Metrics& metrics) {
-    for (const auto& e : metrics)
-      if (!e.value.is_tensor())
-        throw TrialError(
-            "step_capture: cuda_graph replays train_batch, so a metric it returns as a number would keep the "
-            "captured batch's value: return '" +
-            std::string(e.key.view()) + "' as a tensor");
-  }
-  static std::string first_line(const char* text) {
-    const std::string s(text);
-    return s.substr(0, s.find('\n'));
-  }
-#if defined(DETTRIAL_HAS_CUDA)
-  /// `after` waits for the work queued on `before` so far.
-  static void join(const c10::cuda::CUDAStream& before, const c10::cuda::CUDAStream& after) {
-    at::cuda::CUDAEvent event;
-    event.record(before);
-    event.block(after);
-  }
-  void end_capture() {
-    for (auto& [capturable, optimizer] : optimizers_) capturable->set_capturing(false);
-  }
-  std::optional<at::cuda::CUDAGraph> graph_;
-  std::optional<c10::cuda::CUDAStream> side_;
-#else
-  static ConfigError unavailable() { return ConfigError("step_capture: cuda_graph needs LibTorch built with CUDA"); }
-#endif
-
-  struct Capturable {
-    optim::CapturableOptimizer* capturable;
-    torch::optim::Optimizer* optimizer;
-  };
-  std::vector<Capturable> optimizers_;
-  Context* context_ = nullptr;
-  std::optional<Batch> static_batch_;
-  Metrics static_metrics_;
-  std::int64_t warmup_left_ = 0;
-  bool armed_ = false;
-  std::optional<Batch> last_warm_up_;
-  std::vector<std::vector<double>> captured_groups_;
+struct SideCopyStream::Cuda {
+  c10::cuda::CUDAStream stream;
+  at::cuda::CUDAEvent copied{};
+  std::optional<c10::cuda::CUDAStreamGuard> on_stream{};
 };
+DETTRIAL_INLINE SideCopyStream::SideCopyStream(torch::Device device)
+    // Built in place: the guard it holds cannot be moved.
+    : cuda_(new Cuda{c10::cuda::getStreamFromPool(/*isHighPriority=*/false, device.index())}), device_(device) {}
+DETTRIAL_INLINE bool SideCopyStream::available() { return true; }
+DETTRIAL_INLINE void SideCopyStream::enter() { cuda_->on_stream.emplace(cuda_->stream); }
+DETTRIAL_INLINE void SideCopyStream::record_copies() { cuda_->copied.record(cuda_->stream); }
+DETTRIAL_INLINE void SideCopyStream::leave() noexcept { cuda_->on_stream.reset(); }
+DETTRIAL_INLINE c10::Stream SideCopyStream::order_compute_after() {
+  const c10::cuda::CUDAStream compute = c10::cuda::getCurrentCUDAStream(device_.index());
+  cuda_->copied.block(compute);
+  return compute;
+}
+#else
+struct SideCopyStream::Cuda {};
+DETTRIAL_INLINE SideCopyStream::SideCopyStream(torch::Device device) : device_(device) {}
+DETTRIAL_INLINE bool SideCopyStream::available() { return false; }
+DETTRIAL_INLINE void SideCopyStream::enter() {}
+DETTRIAL_INLINE void SideCopyStream::record_copies() {}
+DETTRIAL_INLINE void SideCopyStream::leave() noexcept {}
+DETTRIAL_INLINE c10::Stream SideCopyStream::order_compute_after() { return c10::Stream(c10::Stream::DEFAULT, device_); }
+#endif
+DETTRIAL_INLINE SideCopyStream::~SideCopyStream() = default;
 
 }  // namespace dettrial::detail
-// ---- end dettrial/trainer/step_graph.hpp
+#endif  // DETTRIAL_HEADER_DEFINITIONS
+// ---- end dettrial/data/copy_ahead.hpp
 // ---- begin dettrial/detail/signals.hpp
 // SPDX-License-Identifier: Apache-2.0
 /// @file
@@ -15499,17 +15305,1400 @@ DETTRIAL_INLINE void stop_with_supervisor(pid_t supervisor) {
 }  // namespace dettrial::detail
 #endif  // DETTRIAL_HEADER_DEFINITIONS
 // ---- end dettrial/detail/signals.hpp
+// ---- begin dettrial/trainer/run_state.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief detail::RunState: one fit's state and the part of Determined's loop that does not depend
+/// on the trial type (options, boundaries, reports, agreement across ranks, the checkpoint policy).
+/// Compiled once (dettrial::compiled in separate-compilation mode): Trainer<T> keeps only what calls
+/// the trial, its loaders and its callbacks.
 
-namespace dettrial {
+#include <chrono>
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
 
-namespace detail {
+#include <torch/torch.h>
+
+
+namespace dettrial::detail {
+
+/// Which boundaries the last batch of a workload reached (Determined handles them in this order).
+struct Reached {
+  bool length = false;
+  bool validation = false;
+  bool checkpoint = false;
+  bool report = false;
+  bool any() const { return length || validation || checkpoint || report; }
+};
+
+/// What a training workload accumulates; kept across workloads so that a batch allocates nothing.
+struct Workload {
+  WorkloadMeans means;
+  std::vector<Metrics> batch_metrics{};  // kept only when a callback asks for them
+  std::int64_t records = 0;
+  PhaseTimes phases{};
+  /// The end of the last timed phase.
+  std::chrono::steady_clock::time_point mark{};
+};
+
+/**
+ * @brief One fit: its options with every period in batches, where it stands (TrialProgress), and
+ * what writes, reports and profiles it. Its functions are the loop's steps that do not call the
+ * trial; Trainer<T> calls them between the trial's hooks.
+ */
+struct RunState {
+  FitOptions options;
+  TrainUnit length = Batch(1);
+  std::int64_t epoch_len = 0;
+  /// The training loader's own batches per epoch on this rank (epoch_len, unless records_per_epoch sets it).
+  std::int64_t data_epoch_len = 0;
+  /// Where the trial stands: batches and epochs trained, the last validation and checkpoint, the
+  /// best searcher metric (what a checkpoint saves as `trial_state.json`; its data seeds are filled
+  /// in when it is saved).
+  TrialProgress progress{};
+  bool warned_best_without_metric = false;
+  /// Where checkpoints go, when, and how they are written, restored and retained.
+  Checkpointer checkpointer{};
+  /// The checkpoint resumed from, and where it says the trial stood.
+  std::optional<std::filesystem::path> resume_dir{};
+  std::optional<TrialProgress> resumed{};
+  bool same_trial = false;
+  FitResult result{};
+  Reporter reporter{};
+  TraceProfiler profiler{};
+  /// Wait for the GPU at each phase's end while profiling, so that the phase timings are the GPU's (profiling.sync_timings).
+  bool sync_timings = false;
+  /// Whether the first eager batch after a capture was announced.
+  bool eager_batch_announced = false;
+
+  /// Checks the options, finds (and checks) the checkpoint to resume from before anything is
+  /// written, and sets up the output folder, checkpoint storage, reporter and profiler.
+  DETTRIAL_INLINE static RunState begin(Context& context, FitOptions options);
+
+  /// The batch this fit starts from: the one the resumed checkpoint of the same trial stood at.
+  std::int64_t first_batch() const { return same_trial ? resumed->batches_trained : 0; }
+  /// The epoch length from the chief's sharded length (agreed already) and records_per_epoch,
+  /// and the run's position in the context.
+  DETTRIAL_INLINE void settle_epoch_length(Context& context);
+  /// After a restore: the position the training stream starts from; every rank takes rank 0's weights.
+  DETTRIAL_INLINE void start_position(Context& context);
+  /// The fit options that place boundaries must be the same on every rank (throws where not).
+  DETTRIAL_INLINE void require_same_settings(Communicator& comm, const Context& context) const;
+
+  /// The run's first lines: the runtime, the trial, the job, the checkpoint resumed from.
+  DETTRIAL_INLINE void announce(Context& context);
+  /// Writes the trace when training ended (or stopped) inside the profiled range.
+  DETTRIAL_INLINE void finish_profiling();
+  /// The run's report.html, from its metrics.jsonl (on the chief). A report that cannot be written
+  /// is a warning: the training it describes is done and saved.
+  DETTRIAL_INLINE void write_report(const Context& context);
+
+  /// Batches (or epochs) still to train.
+  std::int64_t remaining() const {
+    return length.unit() == Unit::epochs ? length.value() - progress.epochs_trained : length.value() - progress.batches_trained;
+  }
+  /// Determined's boundary rule: batch periods on batches completed; epoch periods on the last batch
+  /// of an epoch, on epochs completed.
+  DETTRIAL_INLINE Reached boundaries_after(std::int64_t batch_idx, std::int64_t epoch_idx, bool epoch_end) const;
+
+  /// A workload begins: models in training mode, training reducers and the workload's sums reset.
+  DETTRIAL_INLINE void begin_workload(Context& context, Workload& workload);
+  /// The workload's training metrics over all ranks (reported, and kept as the last ones).
+  DETTRIAL_INLINE const MetricValues& report_training(Context& context, const Workload& workload);
+
+  /// A validation begins: rank 0's buffers, models in evaluation mode, validation reducers reset.
+  DETTRIAL_INLINE static void begin_validation(Context& context);
+  /// This rank's share and every other's, reduced: the validation's metrics, as the callbacks get them.
+  DETTRIAL_INLINE MetricValues reduce_validation(Context& context, RankShare mine, std::int64_t& records) const;
+  /// After on_validation_end: LR schedulers on the metrics, counters, report. Returns the metrics
+  /// with `batches` and `epochs`, as reported and as the checkpoint policy reads them.
+  DETTRIAL_INLINE const MetricValues& finish_validation(Context& context, const MetricValues& metrics, std::int64_t records);
+  /// After a validation: tracks the best searcher metric; whether the policy asks for a checkpoint.
+  DETTRIAL_INLINE bool checkpoint_after_validation(Context& context, const MetricValues& reported);
+
+  /// What a checkpoint saves besides the state, with the loaders' data seeds.
+  DETTRIAL_INLINE TrialCheckpointRecord checkpoint_record(const Context& context, std::optional<std::uint64_t> training_data_seed,
+                                                          std::optional<std::uint64_t> validation_data_seed, std::string trial_type) const;
+  /// A checkpoint the chief wrote: recorded, reported, and retention applied sparing it.
+  DETTRIAL_INLINE void checkpoint_written(const WrittenCheckpoint& written);
+  /// Training stops early (after its checkpoint): why, and the line that says so.
+  DETTRIAL_INLINE void stopped(int signal, const std::string& message);
+};
+
+/// `runs/<date>-<time>-<pid>` under the working directory.
+DETTRIAL_INLINE std::filesystem::path default_output_dir();
+
+/// A configuration error (exit status 78): every trial of a search would fail the same way.
+DETTRIAL_INLINE ConfigError missing_searcher_metric(const std::string& metric, const MetricValues& metrics);
+
+/// Every wrapped optimizer's learning rates, named as LearningRates says; an optimizer whose
+/// options cannot tell theirs (a custom type without get_lr) is left out.
+DETTRIAL_INLINE LearningRates learning_rates(const Context& context);
+
+/// Merges the user reducers taking part (`role`: for_training or for_validation) into `out`, each
+/// reducing the parts of every rank.
+DETTRIAL_INLINE void reduce_user_reducers(Context& context, bool WrappedReducer::* role, const std::vector<RankShare>& shares,
+                                          MetricValues& out);
+
+/// Every rank takes rank 0's buffers (see broadcast_buffers: DDP's broadcast_buffers, at the
+/// boundaries that read them).
+DETTRIAL_INLINE void agree_on_buffers(Context& context);
+
+}  // namespace dettrial::detail
+
+// Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
+#if DETTRIAL_HEADER_DEFINITIONS
+#include <algorithm>
+#include <cstring>
+#include <ctime>
+#include <iterator>
+#include <unistd.h>
+
+
+namespace dettrial::detail {
+
+namespace run_state_detail {
+inline TrainUnit resolve_length(const FitOptions& o, const Context& context) {
+  if (o.test_mode) return Batch(1);
+  if (!o.max_length)
+    throw ConfigError(
+        "fit() needs a training length: set FitOptions::max_length (Batch, Epoch or Record), or "
+        "searcher.max_length in the experiment config and build the options with FitOptions::from_config");
+  TrainUnit length = *o.max_length;
+  if (length.is_schedule()) throw ConfigError("max_length must be a count, not a schedule of points");
+  if (length.unit() == Unit::records) length = length.in_batches_if_records(context.get_global_batch_size());
+  if (length.value() < 1) throw ConfigError("max_length is " + length.to_string() + "; training needs a max_length of at least 1");
+  return length;
+}
+inline TrainUnit resolve_period(const TrainUnit& period, const Context& context) {
+  return period.unit() == Unit::records ? period.in_batches_if_records(context.get_global_batch_size()) : period;
+}
+/// The profiler of `st`'s fit: set_profiler's schedule, or the config's profiling section.
+inline void start_profiler(RunState& st, Context& context, std::optional<std::int64_t> resumed_at) {
+  const FitOptions& o = st.options;
+  if (const auto& profiler = context.profiler_options()) {
+    // set_profiler: steps count from this fit's first batch; every rank writes each cycle's trace
+    // into the run's TensorBoard folder under its own worker name (host and process).
+    st.profiler = TraceProfiler(*profiler, resumed_at.value_or(0), {RunFolder{o.output_dir}.tensorboard(), /*one_a_cycle=*/true},
+                                context.device().is_cuda());
+    st.sync_timings = o.profiling.sync_timings && context.device().is_cuda();
+  } else if (o.profiling.enabled) {
+    // Every rank profiles its own process: the chief into trace.json, rank r into trace.rank<r>.json.
+    const int rank = context.distributed().rank;
+    st.profiler = TraceProfiler::for_section(o.profiling, RunFolder{o.output_dir}.trace(rank), context.device().is_cuda());
+    st.sync_timings = o.profiling.sync_timings && context.device().is_cuda();
+  }
+}
+}  // namespace run_state_detail
+
+DETTRIAL_INLINE RunState RunState::begin(Context& context, FitOptions options) {
+  RunState st{.options = std::move(options)};
+  FitOptions& o = st.options;
+  st.length = run_state_detail::resolve_length(o, context);
+  o.validation_period = run_state_detail::resolve_period(o.validation_period, context);
+  o.checkpoint_period = run_state_detail::resolve_period(o.checkpoint_period, context);
+  o.reporting_period = run_state_detail::resolve_period(o.reporting_period, context);
+  if (o.retention.save_trial_best < 0 || o.retention.save_trial_latest < 0)
+    throw ConfigError("checkpoint retention counts (save_trial_best, save_trial_latest) must not be negative");
+  if (o.latest_checkpoint) {
+    st.resume_dir = resolve_checkpoint(*o.latest_checkpoint);
+    read_checkpoint_info(*st.resume_dir);
+    st.resumed = TrialProgress::from_json(CheckpointFolder{*st.resume_dir}.trial_state());
+    st.same_trial = st.resumed->trial_id == o.trial_id;
+  }
+  if (o.output_dir.empty()) o.output_dir = default_output_dir();
+  st.result.output_dir = o.output_dir;
+  context.position().output_dir = o.output_dir;
+  const std::filesystem::path storage = o.checkpoint_dir.empty() ? RunFolder{o.output_dir}.checkpoints() : o.checkpoint_dir;
+  st.result.checkpoint_dir = storage;
+  // One writer per job: the chief reports and writes metrics.jsonl, event files and checkpoints.
+  const bool chief = context.distributed().is_chief();
+  const std::optional<std::int64_t> resumed_at = st.same_trial ? std::optional(st.resumed->batches_trained) : std::nullopt;
+  if (chief) context.get_tensorboard_writer() = TensorBoardWriter(context.get_tensorboard_path(), resumed_at);
+  st.reporter = Reporter(chief, o.report, o.output_dir, resumed_at,
+                         context.get_enable_tensorboard_logging() ? &context.get_tensorboard_writer() : nullptr);
+  run_state_detail::start_profiler(st, context, resumed_at);
+  st.checkpointer = Checkpointer(context, storage, o.checkpoint_policy, o.retention, o.smaller_is_better);
+  return st;
+}
+
+DETTRIAL_INLINE void RunState::settle_epoch_length(Context& context) {
+  if (epoch_len < 1) throw DataError("the training data loader yields no batches (its size() is 0)");
+  data_epoch_len = epoch_len;
+  // Determined's records_per_epoch: the epoch of epoch-based lengths, periods, LR steps and epoch
+  // hooks, in global batches (its legacy sequencer's records_per_epoch // global_batch_size, at
+  // least 1), whatever the loader's own length; the data still reshuffles at its own epochs.
+  if (const std::int64_t records = context.get_experiment_config().records_per_epoch; records > 0)
+    epoch_len = std::max<std::int64_t>(records / context.get_global_batch_size(), 1);
+  context.position().epoch_len = epoch_len;
+}
+
+DETTRIAL_INLINE void RunState::start_position(Context& context) {
+  RunPosition& position = context.position();
+  position.initial_batch = progress.batches_trained;  // the training stream skips what was trained
+  position.current_batch = progress.batches_trained;
+  result.resumed_from_batch = progress.batches_trained;
+  if (Communicator* comm = context.communicator()) broadcast_modules(*comm, context.models());  // every rank starts from rank 0's weights
+}
+
+DETTRIAL_INLINE void RunState::require_same_settings(Communicator& comm, const Context& context) const {
+  const FitOptions& o = options;
+  const RankSetting placing_boundaries[] = {
+      {"max_length", length.to_string()},
+      {"the validation period", o.validation_period.to_string()},
+      {"the checkpoint period", o.checkpoint_period.to_string()},
+      {"the reporting period", o.reporting_period.to_string()},
+      {"test mode", o.test_mode ? "on" : "off"},
+      {"step-zero validation", o.step_zero_validation ? "on" : "off"},
+      {"the checkpoint policy", std::to_string(static_cast<int>(o.checkpoint_policy))},
+      {"the searcher metric", o.searcher_metric + (o.smaller_is_better ? " (smaller is better)" : " (larger is better)")},
+      {"the batch resumed from", std::to_string(first_batch())},
+      {"aggregation_frequency", std::to_string(context.aggregation_frequency())},
+      {"the global batch size", context.has_global_batch_size() ? std::to_string(context.get_global_batch_size()) : "-"}};
+  detail::require_same_settings(comm, placing_boundaries);
+}
+
+DETTRIAL_INLINE void RunState::announce(Context& context) {
+  const FitOptions& o = options;
+  reporter.line("dettrial " DETTRIAL_VERSION_STRING ": " + runtime_summary(context.threads().source, context.thread_pools().text()));
+  reporter.line("dettrial: trial seed " + std::to_string(context.get_trial_seed()) + ", device " + context.device().str() + ", training " +
+                length.to_string() + " (an epoch is " + std::to_string(epoch_len) + " batches), output " + o.output_dir.string());
+  if (const Communicator* comm = context.communicator())
+    reporter.line("dettrial: " + std::to_string(comm->size()) + " processes (" + launcher_name(comm->environment().launcher) + ", " +
+                  comm->backend_name() + "), rendezvous at " + comm->environment().master_addr + ":" +
+                  std::to_string(comm->environment().master_port) + ", global batch " + std::to_string(context.get_global_batch_size()));
+  if (resume_dir)
+    reporter.line("dettrial: resumed from " + resume_dir->string() +
+                  (same_trial ? " at batch " + std::to_string(progress.batches_trained)
+                              : std::string(" (another trial's checkpoint: weights and optimizer state only)")));
+  if (const auto* graph = std::get_if<capture::cuda_graph>(&o.step_capture))
+    reporter.line("dettrial: the training step is captured in a CUDA graph after " + std::to_string(graph->warmup_batches) +
+                  " eager batch(es), and replayed; batches of other shapes run eagerly");
+  if (const auto& profiler = context.profiler_options()) {
+    const ProfilerSchedule& s = profiler->schedule;
+    reporter.line("dettrial: profiling on set_profiler's schedule (skip_first " + std::to_string(s.skip_first) + ", wait " +
+                  std::to_string(s.wait) + ", warmup " + std::to_string(s.warmup) + ", active " + std::to_string(s.active) + ", repeat " +
+                  std::to_string(s.repeat) + ", from batch " + std::to_string(progress.batches_trained) + "); each cycle's trace in " +
+                  RunFolder{o.output_dir}.tensorboard().string() +
+                  (o.profiling.enabled ? " (the config's profiling section is not used)" : ""));
+  } else if (o.profiling.enabled)
+    reporter.line("dettrial: profiling batches " + std::to_string(o.profiling.begin_on_batch) + " to " +
+                  (o.profiling.end_after_batch ? std::to_string(*o.profiling.end_after_batch) : std::string("the end of training")) +
+                  " with LibTorch's profiler" + (sync_timings ? ", timings synchronized with the GPU" : "") + "; trace in " +
+                  o.output_dir.string());
+  if (const std::int64_t records = context.get_experiment_config().records_per_epoch; records > 0)
+    reporter.line("dettrial: records_per_epoch " + std::to_string(records) + " sets the epoch: " + std::to_string(epoch_len) +
+                  " batches of " + std::to_string(context.get_global_batch_size()) + " records (the training data loader's own epoch is " +
+                  std::to_string(data_epoch_len) + " batches on this rank)");
+}
+
+DETTRIAL_INLINE void RunState::finish_profiling() {
+  if (profiler.finish(progress.batches_trained - 1)) reporter.line("dettrial: " + profiler.summary());
+}
+
+DETTRIAL_INLINE void RunState::write_report(const Context& context) {
+  if (!context.distributed().is_chief()) return;
+  try {
+    const auto path = write_run_report(options.output_dir);
+    reporter.line("dettrial: report " + path.string());
+  } catch (const std::exception& e) {
+    reporter.line(std::string("dettrial: warning: no report.html: ") + e.what());
+  }
+}
+
+DETTRIAL_INLINE Reached RunState::boundaries_after(std::int64_t batch_idx, std::int64_t epoch_idx, bool epoch_end) const {
+  auto hit = [&](const TrainUnit& u) {
+    return u.unit() == Unit::epochs ? epoch_end && u.reached(epoch_idx + 1) : u.reached(batch_idx + 1);
+  };
+  return Reached{.length = options.test_mode || hit(length),
+                 .validation = hit(options.validation_period),
+                 .checkpoint = hit(options.checkpoint_period),
+                 .report = hit(options.reporting_period)};
+}
+
+DETTRIAL_INLINE void RunState::begin_workload(Context& context, Workload& workload) {
+  for (const auto& m : context.models()) m->train();
+  for (auto& r : context.reducers())
+    if (r.for_training) r.reset(r.object);
+  workload.means.reset();
+  workload.batch_metrics.clear();
+  workload.records = 0;
+  workload.phases.reset();
+  workload.mark = std::chrono::steady_clock::now();
+  reporter.begin("train", progress.batches_trained, length.unit() == Unit::epochs ? length.value() * epoch_len : length.value(), "batches");
+}
+
+DETTRIAL_INLINE const MetricValues& RunState::report_training(Context& context, const Workload& workload) {
+  const double seconds = reporter.elapsed();
+  RankShare mine{.batches = workload.means.batches(), .records = workload.records};
+  for (const auto& [name, value] : workload.means.means()) mine.totals.push_back({name, Reducer::avg, value});
+  for (auto& r : context.reducers())
+    if (r.for_training) mine.reducer_parts.push_back(r.per_slot(r.object));
+  const auto shares = gather_shares(std::move(mine), context.communicator());
+  MetricValues avg;
+  avg.set("batches", static_cast<double>(progress.batches_trained));
+  avg.set("epochs", static_cast<double>(progress.epochs_trained));
+  for (const auto& [name, value] : combine_training(shares)) avg.set(name, value);
+  reduce_user_reducers(context, &WrappedReducer::for_training, shares, avg);
+  // The whole job's records (every rank's), over the chief's clock.
+  const double rate = seconds > 0 ? static_cast<double>(total_records(shares)) / seconds : 0.0;
+  reporter.training(progress.batches_trained, progress.epochs_trained, avg, rate, seconds, workload.phases, learning_rates(context));
+  result.last_training_metrics = std::move(avg);
+  return result.last_training_metrics;
+}
+
+DETTRIAL_INLINE void RunState::begin_validation(Context& context) {
+  agree_on_buffers(context);
+  for (const auto& m : context.models()) m->eval();
+  for (auto& r : context.reducers())
+    if (r.for_validation) r.reset(r.object);
+}
+
+DETTRIAL_INLINE MetricValues RunState::reduce_validation(Context& context, RankShare mine, std::int64_t& records) const {
+  for (auto& r : context.reducers())
+    if (r.for_validation) mine.reducer_parts.push_back(r.per_slot(r.object));
+  const auto shares = gather_shares(std::move(mine), context.communicator());
+  // Decided from the gathered shares, so every rank throws (or goes on) together.
+  if (total_batches(shares) == 0) throw DataError("the validation data loader yielded no batches");
+  MetricValues metrics = combine_validation(shares);
+  reduce_user_reducers(context, &WrappedReducer::for_validation, shares, metrics);
+  records = total_records(shares);
+  return metrics;
+}
+
+DETTRIAL_INLINE const MetricValues& RunState::finish_validation(Context& context, const MetricValues& metrics, std::int64_t records) {
+  context.step_lr_schedulers_on_validation(metrics);  // the same reduced metrics on every rank
+  progress.last_validation = progress.batches_trained;
+  ++result.validations;
+  MetricValues reported;
+  reported.set("batches", static_cast<double>(progress.batches_trained));
+  reported.set("epochs", static_cast<double>(progress.epochs_trained));
+  for (const auto& [name, value] : metrics) reported.set(name, value);
+  reporter.validation(progress.batches_trained, progress.epochs_trained, reported, records, reporter.elapsed());
+  result.last_validation_metrics = std::move(reported);
+  return result.last_validation_metrics;
+}
+
+DETTRIAL_INLINE bool RunState::checkpoint_after_validation(Context& context, const MetricValues& reported) {
+  bool improved = true;  // without a searcher metric every validation counts as the best so far
+  if (!options.searcher_metric.empty()) {
+    const auto value = reported.get(options.searcher_metric);
+    if (!value) throw missing_searcher_metric(options.searcher_metric, reported);
+    improved = MetricOrder{options.smaller_is_better}.improves(*value, progress.best_validation);
+    // Every rank holds the same gathered metrics; the chief's decision is still the one acted on,
+    // because a checkpoint is a collective that all ranks enter or none.
+    if (Communicator* comm = context.communicator()) improved = comm->broadcast_values({improved ? 1 : 0})[0] != 0;
+    if (improved) progress.best_validation = *value;
+  } else if (options.checkpoint_policy == CheckpointPolicy::best && !warned_best_without_metric) {
+    reporter.line("dettrial: checkpoint_policy 'best' has no searcher metric to compare; checkpointing after every validation");
+    warned_best_without_metric = true;
+  }
+  return checkpointer.after_validation(improved);
+}
+
+DETTRIAL_INLINE TrialCheckpointRecord RunState::checkpoint_record(const Context& context, std::optional<std::uint64_t> training_data_seed,
+                                                                  std::optional<std::uint64_t> validation_data_seed,
+                                                                  std::string trial_type) const {
+  TrialProgress saved = progress;
+  saved.trial_id = options.trial_id;
+  saved.training_data_seed = training_data_seed;
+  saved.validation_data_seed = validation_data_seed;
+  const bool validated_here = progress.last_validation == progress.batches_trained && !options.searcher_metric.empty();
+  return {.progress = std::move(saved),
+          .mid_aggregation = progress.batches_trained % context.aggregation_frequency() != 0,
+          .searcher_metric = options.searcher_metric,
+          .validation_metric = validated_here ? result.last_validation_metrics.get(options.searcher_metric) : std::nullopt,
+          .trial_type = std::move(trial_type)};
+}
+
+DETTRIAL_INLINE void RunState::checkpoint_written(const WrittenCheckpoint& written) {
+  result.checkpoints.push_back(written.info);
+  reporter.checkpoint(progress.batches_trained, progress.epochs_trained, written.info.path, written.seconds);
+  checkpointer.apply_retention(written.info.uuid);
+}
+
+DETTRIAL_INLINE void RunState::stopped(int signal, const std::string& message) {
+  result.signal = signal;
+  result.stop_requested = true;
+  result.stopped_early = remaining() > 0;
+  reporter.line(message);
+}
+
+DETTRIAL_INLINE std::filesystem::path default_output_dir() {
+  const std::time_t now = std::time(nullptr);
+  char stamp[32];
+  std::strftime(stamp, sizeof stamp, "%Y%m%d-%H%M%S", std::localtime(&now));
+  return std::filesystem::path("runs") / (std::string(stamp) + "-" + std::to_string(::getpid()));
+}
+
+DETTRIAL_INLINE ConfigError missing_searcher_metric(const std::string& metric, const MetricValues& metrics) {
+  std::vector<std::string> names;
+  for (const auto& [name, ignored] : metrics) names.push_back(name);
+  std::string reported;
+  for (const auto& name : names) reported += (reported.empty() ? "" : ", ") + name;
+  std::string hint = suggestion(metric, names);
+  if (hint.empty()) {  // val_loss for validation_loss: the one name with the same last word
+    auto last_word = [](const std::string& n) { return n.substr(n.rfind('_') == std::string::npos ? 0 : n.rfind('_') + 1); };
+    std::vector<std::string> same;
+    std::ranges::copy_if(names, std::back_inserter(same), [&](const std::string& n) { return last_word(n) == last_word(metric); });
+    if (same.size() == 1) hint = "; did you mean '" + same.front() + "'?";
+  }
+  return ConfigError("searcher.metric '" + metric + "' is not a metric validation reports (it reported " + reported + ")" + hint);
+}
+
+DETTRIAL_INLINE LearningRates learning_rates(const Context& context) {
+  LearningRates out;
+  const std::size_t optimizers = context.num_optimizers();
+  for (std::size_t i = 0; i < optimizers; ++i) {
+    const auto& groups = context.optimizer(i).param_groups();
+    for (std::size_t g = 0; g < groups.size(); ++g) {
+      try {
+        const double lr = groups[g].options().get_lr();
+        // Appended piece by piece: GCC 12 at -O3 mistakes chained string + for overlapping copies (-Wrestrict).
+        std::string name = "lr";
+        if (optimizers > 1) name.append("_").append(std::to_string(i));
+        if (groups.size() > 1) name.append("_group_").append(std::to_string(g));
+        out.emplace_back(std::move(name), lr);
+      } catch (const c10::Error&) {
+        break;
+      }
+    }
+  }
+  return out;
+}
+
+DETTRIAL_INLINE void reduce_user_reducers(Context& context, bool WrappedReducer::* role, const std::vector<RankShare>& shares,
+                                          MetricValues& out) {
+  // Every rank sees every share, so a mismatch stops all ranks here together.
+  for (const auto& s : shares)
+    if (s.reducer_parts.size() != shares.front().reducer_parts.size())
+      throw DistributedError("the ranks wrapped different numbers of reducers; every rank must build the same trial");
+  std::size_t index = 0;
+  for (auto& r : context.reducers())
+    if (r.*role) r.cross_slot_into(r.object, r.name, reducer_parts(shares, index++), out);
+}
+
+DETTRIAL_INLINE void agree_on_buffers(Context& context) {
+  if (Communicator* comm = context.communicator()) broadcast_buffers(*comm, context.models());
+}
+
+}  // namespace dettrial::detail
+#endif  // DETTRIAL_HEADER_DEFINITIONS
+// ---- end dettrial/trainer/run_state.hpp
+// ---- begin dettrial/trainer/step_graph.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief The training step captured once in a CUDA graph and replayed (capture::cuda_graph): the
+/// checks made before training starts, and the graph with its input buffers.
+
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <concepts>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <type_traits>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include <c10/util/Type.h>
+#include <torch/torch.h>
+
+
+namespace dettrial::detail {
+
+/// Whether this build of dettrial can capture CUDA graphs.
+inline constexpr bool step_capture_built =
+#if defined(DETTRIAL_HAS_CUDA)
+    true;
+#else
+    false;
+#endif
+
+/// Calls `f(a_tensor, b_tensor)` on the tensors of two batches of the same type, pairwise; returns
+/// false (and stops) where their structure differs (vector lengths, map keys).
+template <class A, class B, class F>
+  requires std::same_as<std::remove_cvref_t<A>, std::remove_cvref_t<B>>
+bool for_each_tensor_pair(A& a, B& b, F&& f) {
+  using U = std::remove_cvref_t<A>;
+  if constexpr (std::is_same_v<U, torch::Tensor>) {
+    return f(a, b);
+  } else if constexpr (is_tuple_like<U>::value) {
+    return [&]<std::size_t... I>(std::index_sequence<I...>) {
+      return (for_each_tensor_pair(std::get<I>(a), std::get<I>(b), f) && ...);
+    }(std::make_index_sequence<std::tuple_size_v<U>>{});
+  } else if constexpr (is_vector<U>::value) {
+    if (a.size() != b.size()) return false;
+    for (std::size_t i = 0; i < a.size(); ++i)
+      if (!for_each_tensor_pair(a[i], b[i], f)) return false;
+    return true;
+  } else if constexpr (is_string_map<U>::value) {
+    if (a.size() != b.size()) return false;
+    for (auto& [key, value] : a) {
+      const auto it = b.find(key);
+      if (it == b.end() || !for_each_tensor_pair(value, it->second, f)) return false;
+    }
+    return true;
+  } else {
+    return true;
+  }
+}
+
+/**
+ * @brief Refuses, before the first batch, a step capture that could not be right: one sentence
+ * naming what stands in the way. The trial-side reasons come first, so that they are seen (and
+ * tested) on any machine; the device last.
+ */
+template <class Batch>
+void check_step_capture(const StepCapture& capture, Context& context) {
+  if (std::holds_alternative<capture::none>(capture)) return;
+  const auto& graph = std::get<capture::cuda_graph>(capture);
+  const std::string what = "step_capture: cuda_graph ";
+  if (graph.warmup_batches < 1)
+    throw ConfigError(what + "needs at least 1 warm-up batch (capture_warmup_batches is " + std::to_string(graph.warmup_batches) +
+                      "): the eager batches before the capture make the optimizer's state");
+  if constexpr (!tensors_only_batch<Batch>())
+    throw TrialError(what +
+                     "copies each batch into the graph's input tensors, so the training batch must be made of tensors "
+                     "(in tuples, pairs, vectors or string-keyed maps); " +
+                     c10::demangle(typeid(Batch).name()) + " is not, or holds a value that the graph would freeze");
+  if (context.communicator())
+    throw ConfigError(what +
+                      "does not capture data-parallel training (the gradient all-reduce runs between the backward pass "
+                      "and the step); run one process per trial or set step_capture: none");
+  if (context.aggregation_frequency() > 1)
+    throw ConfigError(what + "needs aggregation_frequency 1: with " + std::to_string(context.aggregation_frequency()) +
+                      " the optimizer steps on some batches only, which one graph cannot replay");
+  for (const auto& reducer : context.reducers())
+    if (reducer.for_training)
+      throw TrialError(what + "replays train_batch without running its host code, so a reducer fed in train_batch (" +
+                       (reducer.name.empty() ? std::string("one returning MetricValues") : "'" + reducer.name + "'") +
+                       ") would see only the captured batch; wrap it with for_training = false, or set step_capture: none");
+#if !DETTRIAL_FUSED_KERNELS
+  if (context.scaler())
+    throw ConfigError(what +
+                      "cannot replay an fp16 gradient scaler with LibTorch before 2.4, whose optimizer kernels cannot "
+                      "skip a step on the device; use mixed_precision: bf16 (no scaler) or fp32, or LibTorch 2.4 or later");
+#endif
+  for (std::size_t i = 0; i < context.num_optimizers(); ++i) {
+    torch::optim::Optimizer& optimizer = context.optimizer(i);
+    if (!dynamic_cast<optim::CapturableOptimizer*>(&optimizer))
+      throw TrialError(what + "needs optimizers that read their learning rate on the device, and optimizer " + std::to_string(i) + " (" +
+                       c10::demangle(typeid(optimizer).name()) +
+                       ") reads it on the host, so a replay would keep the captured batch's; use dettrial::optim::FusedSGD, "
+                       "FusedAdam or FusedAdamW (same options and checkpoints as LibTorch's SGD, Adam and AdamW)");
+  }
+  if (!step_capture_built) throw ConfigError(what + "needs LibTorch built with CUDA, and this one is CPU-only; set step_capture: none");
+  if (!context.device().is_cuda())
+    throw ConfigError(what + "needs a CUDA device, and this trial runs on " + context.device().str() + "; set step_capture: none");
+}
+
+/**
+ * @brief What a captured step holds that does not depend on the batch type: the optimizers it syncs,
+ * the warm-up count, the CUDA graph and its side stream. Compiled once (dettrial::compiled in
+ * separate-compilation mode), so that a trial's translation unit reads no CUDA header.
+ */
+class StepGraphCore {
+ public:
+  DETTRIAL_INLINE StepGraphCore();
+  DETTRIAL_INLINE ~StepGraphCore();
+  StepGraphCore(const StepGraphCore&) = delete;
+  StepGraphCore& operator=(const StepGraphCore&) = delete;
+
+  /// Arms the capture for this fit: the optimizers it syncs, and the eager batches before it.
+  DETTRIAL_INLINE void start(const capture::cuda_graph& options, Context& context);
+  bool armed() const { return armed_; }
+  bool warming_up() const { return warmup_left_ > 0; }
+  /// One warm-up batch less to go.
+  void count_warm_up() { --warmup_left_; }
+  /// Whether every optimizer's state is whole (an fp16 scaler may have skipped every warm-up step).
+  DETTRIAL_INLINE bool optimizers_ready() const;
+  /// See StepGraph::check_unchanged.
+  DETTRIAL_INLINE void check_unchanged() const;
+
+  /// Makes the side stream current, ordered after the work queued so far on the current stream.
+  DETTRIAL_INLINE void enter_side_stream();
+  /// Makes the stream current before enter_side_stream() current again.
+  DETTRIAL_INLINE void leave_side_stream() noexcept;
+  /// The stream current before enter_side_stream() waits for the work queued on the side stream.
+  DETTRIAL_INLINE void join_side_stream();
+
+  /// Before a capture: gradients unset (the captured backward pass makes them in the graph's
+  /// memory), learning rates synced, and the optimizers writing nothing from the host.
+  DETTRIAL_INLINE void prepare_capture();
+  /// A new graph, and the capture begun on the side stream (made current).
+  DETTRIAL_INLINE void begin_capture();
+  DETTRIAL_INLINE void end_capture();
+  /// Ends a capture that failed; its own error is the one reported.
+  DETTRIAL_INLINE void abandon_capture() noexcept;
+  /// The optimizers write from the host again.
+  DETTRIAL_INLINE void stop_capturing();
+  /// Keeps what check_unchanged() compares against.
+  void note_captured() { captured_groups_ = group_states(); }
+  /// Replays the graph as it is.
+  DETTRIAL_INLINE void replay_graph();
+  /// Syncs the learning rates into the graph's memory, replays, and tells the scaler.
+  DETTRIAL_INLINE void replay_step();
+  /// Unsets the gradients (before an eager batch after the capture, so that its backward pass does
+  /// not add to the graph's).
+  DETTRIAL_INLINE void clear_gradients();
+  /// Forgets the graph (and its memory).
+  DETTRIAL_INLINE void reset();
+
+ private:
+  DETTRIAL_INLINE std::vector<std::vector<double>> group_states() const;
+
+  struct Capturable {
+    optim::CapturableOptimizer* capturable;
+    torch::optim::Optimizer* optimizer;
+  };
+  /// The graph, the side stream and the stream guard (CUDA types, complete where compiled).
+  struct Device;
+  std::unique_ptr<Device> device_;
+  std::vector<Capturable> optimizers_;
+  Context* context_ = nullptr;
+  std::int64_t warmup_left_ = 0;
+  bool armed_ = false;
+  std::vector<std::vector<double>> captured_groups_;
+};
+
+/**
+ * @brief One fit's captured step: the graph (StepGraphCore), its input batch and output metrics, and
+ * where the run stands (warming up, captured). The trainer drives it; see Trainer::train_batch.
+ */
+template <class Batch>
+class StepGraph {
+ public:
+  StepGraph() = default;
+  StepGraph(const StepGraph&) = delete;
+  StepGraph& operator=(const StepGraph&) = delete;
+  ~StepGraph() { reset(); }
+
+  /// Arms the capture for this fit: the optimizers it syncs, and the eager batches before it.
+  void start(const capture::cuda_graph& options, Context& context) { core_.start(options, context); }
+  bool armed() const { return core_.armed(); }
+  bool captured() const { return static_batch_.has_value(); }
+  bool warming_up() const { return core_.warming_up(); }
+
+  /// Whether `batch` has the captured batch's structure and shapes (else it runs eagerly).
+  bool fits(const Batch& batch) const { return same_layout(*static_batch_, batch); }
+
+  /// Whether `batch` may be captured: it has the shapes of the last warm-up batch (so an epoch's
+  /// short last batch is never the one captured, and nothing is tuned for a new shape inside the
+  /// capture), and every optimizer's state is whole (an fp16 scaler may have skipped every warm-up
+  /// step). Else it warms up too.
+  bool ready_to_capture(const Batch& batch) const {
+    return core_.optimizers_ready() && last_warm_up_ && same_layout(*last_warm_up_, batch);
+  }
+  /// Keeps handles to a warm-up batch's tensors (before the trial may reassign them), for their shapes.
+  void note_warm_up_shapes(const Batch& batch) { last_warm_up_.emplace(batch); }
+
+  /// At each workload after the capture: the parameters and the options the graph holds as host
+  /// values must be those it was captured with (a replay would silently keep the old ones).
+  void check_unchanged() const {
+    if (captured()) core_.check_unchanged();
+  }
+
+  /// A warm-up batch: `step` runs eagerly on the capture's side stream, ordered after the work
+  /// before it and before the work after it, so that the libraries make their per-stream state
+  /// (cuBLAS workspaces) where the capture will run.
+  template <class Step>
+  Metrics warm_up(Step&& step) {
+    core_.count_warm_up();
+    core_.enter_side_stream();
+    Metrics metrics;
+    {
+      const auto back = on_scope_exit([&] { core_.leave_side_stream(); });
+      metrics = step();
+    }
+    core_.join_side_stream();
+    check_metrics(metrics);
+    return metrics;
+  }
+
+  /// Captures `step(static_batch)` in the graph (nothing runs), then replays it once to train `batch`.
+  template <class Step>
+  Metrics capture(Batch batch, Step&& step) {
+    static_batch_.emplace(std::move(batch));
+    core_.prepare_capture();
+    try {
+      const auto back = on_scope_exit([&] { core_.leave_side_stream(); });
+      core_.begin_capture();
+      try {
+        // The trial gets its own handles to the inputs: reassigning one (x = x.float()) must not
+        // replace the buffer each batch is copied into.
+        Batch working = *static_batch_;
+        static_metrics_ = step(working);
+      } catch (...) {
+        core_.abandon_capture();
+        throw;
+      }
+      core_.end_capture();
+    } catch (const std::exception& e) {
+      core_.stop_capturing();
+      throw TrialError(std::string("step_capture: cuda_graph could not capture the training step (train_batch, backward and "
+                                   "the optimizer step): ") +
+                       first_line(e.what()) +
+                       ". A captured step must not wait for the device (.item(), .cpu(), printing a tensor, a branch on a "
+                       "tensor's value), make tensors on the host, or change shapes with the data (nonzero, masked_select); "
+                       "remove that from train_batch or set step_capture: none");
+    }
+    core_.stop_capturing();
+    core_.join_side_stream();
+    check_metrics(static_metrics_);
+    core_.note_captured();
+    last_warm_up_.reset();
+    core_.replay_graph();
+    return static_metrics_;
+  }
+
+  /// Copies `batch` into the graph's inputs (on the device, without waiting) and replays the step.
+  Metrics replay(const Batch& batch) {
+    for_each_tensor_pair(*static_batch_, batch, [](torch::Tensor& s, const torch::Tensor& b) {
+      if (s.defined()) s.copy_(b, /*non_blocking=*/true);
+      return true;
+    });
+    core_.replay_step();
+    return static_metrics_;
+  }
+
+  /// Before an eager batch after the capture: gradients unset, so the eager backward pass does not
+  /// add to the graph's.
+  void before_eager_batch() { core_.clear_gradients(); }
+
+  /// Forgets the graph (and its memory) at the end of a fit.
+  void reset() {
+    core_.reset();
+    static_metrics_ = Metrics{};
+    static_batch_.reset();
+    last_warm_up_.reset();
+  }
+
+ private:
+  /// The same structure, and tensors of the same shapes and types.
+  static bool same_layout(const Batch& a, const Batch& b) {
+    return for_each_tensor_pair(a, b, [](const torch::Tensor& x, const torch::Tensor& y) {
+      return x.defined() == y.defined() && (!x.defined() || (x.sizes() == y.sizes() && x.scalar_type() == y.scalar_type()));
+    });
+  }
+  static void check_metrics(const Metrics& metrics) {
+    for (const auto& e : metrics)
+      if (!e.value.is_tensor())
+        throw TrialError(
+            "step_capture: cuda_graph replays train_batch, so a metric it returns as a number would keep the "
+            "captured batch's value: return '" +
+            std::string(e.key.view()) + "' as a tensor");
+  }
+  static std::string first_line(const char* text) {
+    const std::string s(text);
+    return s.substr(0, s.find('\n'));
+  }
+
+  StepGraphCore core_;
+  std::optional<Batch> static_batch_;
+  Metrics static_metrics_;
+  std::optional<Batch> last_warm_up_;
+};
+
+}  // namespace dettrial::detail
+
+// Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
+#if DETTRIAL_HEADER_DEFINITIONS
+// DETTRIAL_HAS_CUDA: LibTorch is CUDA-built (dettrial's CMake defines it, as it does the NCCL backend).
+#if defined(DETTRIAL_HAS_CUDA)
+#include <ATen/cuda/CUDAEvent.h>
+#include <ATen/cuda/CUDAGraph.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#endif
+
+namespace dettrial::detail {
+
+#if defined(DETTRIAL_HAS_CUDA)
+struct StepGraphCore::Device {
+  std::optional<at::cuda::CUDAGraph> graph;
+  std::optional<c10::cuda::CUDAStream> side;
+  /// The stream current before the side stream was made current.
+  std::optional<c10::cuda::CUDAStream> main;
+  std::optional<c10::cuda::CUDAStreamGuard> on_side;
+
+  /// `after` waits for the work queued on `before` so far.
+  static void join(const c10::cuda::CUDAStream& before, const c10::cuda::CUDAStream& after) {
+    at::cuda::CUDAEvent event;
+    event.record(before);
+    event.block(after);
+  }
+};
+#else
+struct StepGraphCore::Device {};
+[[noreturn]] inline void step_capture_unavailable() { throw ConfigError("step_capture: cuda_graph needs LibTorch built with CUDA"); }
+#endif
+
+DETTRIAL_INLINE StepGraphCore::StepGraphCore() : device_(std::make_unique<Device>()) {}
+DETTRIAL_INLINE StepGraphCore::~StepGraphCore() { reset(); }
+
+DETTRIAL_INLINE void StepGraphCore::start(const capture::cuda_graph& options, Context& context) {
+  warmup_left_ = options.warmup_batches;
+  optimizers_.clear();
+  for (std::size_t i = 0; i < context.num_optimizers(); ++i) {
+    torch::optim::Optimizer& o = context.optimizer(i);
+    optimizers_.push_back({dynamic_cast<optim::CapturableOptimizer*>(&o), &o});
+  }
+  context_ = &context;
+  armed_ = true;
+}
+
+DETTRIAL_INLINE bool StepGraphCore::optimizers_ready() const {
+  for (const auto& entry : optimizers_)
+    if (!entry.capturable->ready_for_capture()) return false;
+  return true;
+}
+
+DETTRIAL_INLINE void StepGraphCore::check_unchanged() const {
+  if (group_states() != captured_groups_)
+    throw TrialError(
+        "step_capture: cuda_graph replays the optimizer step as captured, and since the capture an optimizer's "
+        "parameters or options other than the learning rate (momentum, betas, weight decay, ...) changed; "
+        "only learning rates may change under a captured step, or set step_capture: none");
+}
+
+DETTRIAL_INLINE void StepGraphCore::prepare_capture() {
+  clear_gradients();
+  for (auto& [capturable, optimizer] : optimizers_) {
+    capturable->sync_learning_rates(optimizer->param_groups());
+    capturable->set_capturing(true);
+  }
+}
+
+DETTRIAL_INLINE void StepGraphCore::stop_capturing() {
+  for (auto& [capturable, optimizer] : optimizers_) capturable->set_capturing(false);
+}
+
+DETTRIAL_INLINE void StepGraphCore::replay_step() {
+  for (auto& [capturable, optimizer] : optimizers_) capturable->sync_learning_rates(optimizer->param_groups());
+  replay_graph();
+  // The replay unscaled, checked and stepped (or skipped) on the device; the scale is updated after it.
+  if (GradScaler* scaler = context_->scaler()) scaler->note_replayed_step();
+}
+
+DETTRIAL_INLINE void StepGraphCore::clear_gradients() {
+  for (const auto& m : context_->models())
+    for (auto& p : m->parameters()) p.mutable_grad().reset();
+  for (auto& [capturable, optimizer] : optimizers_)
+    for (auto& group : optimizer->param_groups())
+      for (auto& p : group.params()) p.mutable_grad().reset();
+}
+
+DETTRIAL_INLINE std::vector<std::vector<double>> StepGraphCore::group_states() const {
+  std::vector<std::vector<double>> out;
+  for (const auto& [capturable, optimizer] : optimizers_)
+    for (const auto& group : optimizer->param_groups()) out.push_back(captured_group_state(group));
+  return out;
+}
+
+#if defined(DETTRIAL_HAS_CUDA)
+DETTRIAL_INLINE void StepGraphCore::enter_side_stream() {
+  Device& d = *device_;
+  d.main = c10::cuda::getCurrentCUDAStream(context_->device().index());
+  if (!d.side) d.side = c10::cuda::getStreamFromPool(false, context_->device().index());
+  Device::join(*d.main, *d.side);
+  d.on_side.emplace(*d.side);
+}
+DETTRIAL_INLINE void StepGraphCore::leave_side_stream() noexcept { device_->on_side.reset(); }
+DETTRIAL_INLINE void StepGraphCore::join_side_stream() { Device::join(*device_->side, *device_->main); }
+
+DETTRIAL_INLINE void StepGraphCore::begin_capture() {
+  device_->graph.emplace();
+  enter_side_stream();
+  // Thread-local mode: the loader's threads may pin memory (cudaHostAlloc) during the capture.
+  device_->graph->capture_begin({0, 0}, cudaStreamCaptureModeThreadLocal);
+}
+DETTRIAL_INLINE void StepGraphCore::end_capture() { device_->graph->capture_end(); }
+DETTRIAL_INLINE void StepGraphCore::abandon_capture() noexcept {
+  try {
+    device_->graph->capture_end();
+  } catch (...) {  // the capture is invalid already
+  }
+}
+DETTRIAL_INLINE void StepGraphCore::replay_graph() { device_->graph->replay(); }
+
+DETTRIAL_INLINE void StepGraphCore::reset() {
+  if (device_) {
+    device_->on_side.reset();
+    if (device_->graph) device_->graph->reset();
+    device_->graph.reset();
+  }
+  armed_ = false;
+  warmup_left_ = 0;
+  captured_groups_.clear();
+}
+#else
+DETTRIAL_INLINE void StepGraphCore::enter_side_stream() { step_capture_unavailable(); }
+DETTRIAL_INLINE void StepGraphCore::leave_side_stream() noexcept {}
+DETTRIAL_INLINE void StepGraphCore::join_side_stream() { step_capture_unavailable(); }
+DETTRIAL_INLINE void StepGraphCore::begin_capture() { step_capture_unavailable(); }
+DETTRIAL_INLINE void StepGraphCore::end_capture() { step_capture_unavailable(); }
+DETTRIAL_INLINE void StepGraphCore::abandon_capture() noexcept {}
+DETTRIAL_INLINE void StepGraphCore::replay_graph() { step_capture_unavailable(); }
+DETTRIAL_INLINE void StepGraphCore::reset() {
+  armed_ = false;
+  warmup_left_ = 0;
+  captured_groups_.clear();
+}
+#endif
+
+}  // namespace dettrial::detail
+#endif  // DETTRIAL_HEADER_DEFINITIONS
+// ---- end dettrial/trainer/step_graph.hpp
+
+namespace dettrial::detail {
+
 /// Dereferences a smart pointer, or returns the object itself.
 template <class O>
 decltype(auto) deref(O& o) {
   if constexpr (TorchOptimizer<O>) return (o);
   else return (*o);
 }
-}  // namespace detail
+
+/**
+ * @brief One fit of a valid trial (only Trainer<TrialT> makes one, and only for a trial that meets
+ * the concepts): the trial's loaders, the captured step and the fit's RunState as members, and the
+ * loop that calls the trial's hooks and the callbacks in `Set` between RunState's steps.
+ */
+template <class TrialT, class Set>
+class Run {
+  static constexpr bool declarative = DeclaresModel<TrialT>;
+
+ public:
+  using Model = std::conditional_t<declarative, model_t<TrialT>, missing>;
+  using OptimizerHolder = std::conditional_t<declarative, optimizer_result_t<TrialT>, missing>;
+
+  /// A declarative trial's model and optimizer holder; `missing` objects for the others.
+  Run(Context& context, TrialT& trial, Model& model, OptimizerHolder& optimizer, Set& callbacks)
+      : context_(context), trial_(trial), model_(model), optimizer_(optimizer), callbacks_(callbacks) {}
+  Run(const Run&) = delete;
+  Run& operator=(const Run&) = delete;
+
+  /// Trains until the options' max_length, validating, checkpointing and reporting at their
+  /// periods, and validates at the end.
+  FitResult fit(FitOptions options) {
+    check_step_capture<training_batch_t<TrialT>>(options.step_capture, context_);
+    st_ = RunState::begin(context_, std::move(options));
+    // Each callback that started gets on_trial_shutdown, in reverse order, whatever happens next.
+    std::size_t started = 0;
+    const auto shutdown = on_scope_exit([&] { shut_down(callbacks_, started); });
+    const std::int64_t first_batch = st_.first_batch();
+    const std::string resume_uuid = st_.resume_dir ? st_.resume_dir->filename().string() : std::string();
+    callbacks_.each([&](auto& cb) {
+      using C = std::remove_reference_t<decltype(cb)>;
+      if constexpr (hook::on_trial_startup::callable<C>) hook::on_trial_startup::call(cb, first_batch, resume_uuid);
+      ++started;
+    });
+    prepare_training();
+    // The graph is made anew in each fit (a resumed run warms up and captures again) and freed after it.
+    if (const auto* graph = std::get_if<capture::cuda_graph>(&st_.options.step_capture)) step_graph_.start(*graph, context_);
+    const auto free_graph = on_scope_exit([&] { step_graph_.reset(); });
+    st_.announce(context_);
+    // One hparams session a folder: a resumed run's folder already starts one.
+    if (!context_.get_tensorboard_writer().has_session())
+      context_.get_tensorboard_writer().add_hparams(flat_hparams(context_.get_hparams()));
+    // The hparams session ends as the fit does: failed when it throws.
+    const auto end_session = on_scope_exit([&, exceptions = std::uncaught_exceptions()] {
+      context_.get_tensorboard_writer().end_session(std::uncaught_exceptions() == exceptions);
+      context_.get_tensorboard_writer().flush();
+    });
+    const StopSignals signals(st_.options.handle_signals);
+    callbacks_.template call<hook::on_training_start>();
+    if (st_.options.step_zero_validation && st_.progress.batches_trained == 0 && st_.progress.last_validation < 0) validate();
+    train();
+    st_.finish_profiling();
+    if (!st_.result.stop_requested) {
+      if (st_.progress.last_validation != st_.progress.batches_trained) validate();
+      checkpoint_unless_current();
+      // The trial is complete: retention applies without sparing the newest.
+      if (context_.distributed().is_chief()) st_.checkpointer.apply_retention({});
+    }
+    st_.result.batches_trained = st_.progress.batches_trained;
+    st_.result.epochs_trained = st_.progress.epochs_trained;
+    st_.write_report(context_);
+    return std::move(st_.result);
+  }
+
+ private:
+  /// Builds the data loaders, makes the ranks agree, restores the checkpoint and sets the counters.
+  void prepare_training() {
+    train_loader_.emplace(trial_.build_training_data_loader());
+    validation_loader_.emplace(trial_.build_validation_data_loader());
+    st_.epoch_len = epoch_length(*train_loader_, training_chain());
+    agree_across_ranks();
+    st_.settle_epoch_length(context_);
+    if (st_.resume_dir) restore(*st_.resume_dir, st_.same_trial ? *st_.resumed : TrialProgress{.trial_id = st_.options.trial_id});
+    st_.start_position(context_);
+  }
+
+  /// on_trial_shutdown for the callbacks that started, last first; a failing hook is reported, not thrown.
+  static void shut_down(Set& callbacks, std::size_t started) {
+    std::size_t index = Set::size;
+    callbacks.each_reversed([&](auto& cb) {
+      using C = std::remove_reference_t<decltype(cb)>;
+      if (index-- > started) return;
+      if constexpr (hook::on_trial_shutdown::callable<C>) {
+        try {
+          hook::on_trial_shutdown::call(cb);
+        } catch (const std::exception& e) {
+          std::fprintf(stderr, "dettrial: on_trial_shutdown failed: %s\n", e.what());
+        }
+      }
+    });
+  }
+
+  // ---- the loop: train until a boundary, then handle each boundary reached ------------------
+
+  void train() {
+    // One endless stream for the whole run (Determined's repeat → shard → skip chain).
+    CopyAhead batches(train_loader_->batches(training_chain()), context_.device());
+    Workload workload;
+    while (st_.remaining() > 0) {
+      const Reached reached = train_until_boundary(batches, workload);
+      report_training(workload);
+      if (const int signal = agreed_max(StopSignals::received()); signal != 0)
+        return stop(signal, std::string("dettrial: stopped by ") + signal_name(signal) + " after batch " +
+                                std::to_string(st_.progress.batches_trained) + "; resume from " + st_.checkpointer.storage().string());
+      if (handle_boundaries(reached)) return;
+    }
+  }
+
+  /// Trains batch after batch until one reaches a boundary (or, in one process, a stop signal arrives).
+  template <class Batches>
+  Reached train_until_boundary(Batches& batches, Workload& workload) {
+    step_graph_.check_unchanged();
+    st_.begin_workload(context_, workload);
+    for (;;) {
+      const std::int64_t batch_idx = st_.progress.batches_trained, epoch_idx = batch_idx / st_.epoch_len;
+      const bool epoch_start = batch_idx % st_.epoch_len == 0, epoch_end = batch_idx % st_.epoch_len == st_.epoch_len - 1;
+      context_.position().current_batch = batch_idx;
+      if (epoch_start) callbacks_.template call<hook::on_training_epoch_start>(epoch_idx);
+      if (!batches.has_next()) throw DataError("the training data loader's repeating stream ended at batch " + std::to_string(batch_idx));
+      st_.profiler.before_batch(batch_idx);
+      // Synchronized timings only inside the profiled range: a sync a batch elsewhere would cost the GPU its queue.
+      train_batch(batches.take(), workload, batch_idx, epoch_idx, st_.sync_timings && st_.profiler.running());
+      ++st_.progress.batches_trained;
+      if (st_.profiler.after_batch(batch_idx)) st_.reporter.line("dettrial: " + st_.profiler.summary());
+      if (epoch_end) {
+        callbacks_.template call<hook::on_training_epoch_end>(epoch_idx);
+        ++st_.progress.epochs_trained;
+      }
+      st_.reporter.update(st_.progress.batches_trained);
+      const Reached reached = st_.boundaries_after(batch_idx, epoch_idx, epoch_end);
+      if (reached.any()) return reached;
+      // One process stops at any batch; a job only at boundaries, where its ranks agree.
+      if (!context_.communicator() && StopSignals::received() != 0) return reached;
+      // The next batch is trained right away: its copy to the device starts while the device still
+      // computes this one. Not across a boundary or an epoch's start, so the data is read in the same
+      // order relative to checkpoints and callbacks as without it; nor into a profiled range, whose
+      // trace shows each of its batches' reads.
+      if (!epoch_end && !st_.profiler.starts_at(batch_idx + 1)) batches.stage();
+    }
+  }
+
+  /// Adds the time since the last phase ended to `phase` (after the GPU's work, with sync_timings).
+  static void lap(Workload& workload, double& phase, bool sync) {
+    if (sync) torch::cuda::synchronize();
+    const auto now = std::chrono::steady_clock::now();
+    phase += std::chrono::duration<double>(now - workload.mark).count();
+    workload.mark = now;
+  }
+
+  /// The trial's train_batch, and for a declarative trial backward, clipping and the optimizer step.
+  template <class Batch>
+  Metrics eager_step(Batch& batch, Workload& workload, std::int64_t batch_idx, std::int64_t epoch_idx, bool sync_timings) {
+    Metrics metrics = [&] {
+      RECORD_USER_SCOPE("dettrial::train_batch");
+      return as_metrics(in_precision([&]() -> decltype(auto) { return call_train_batch(trial_, batch, model_, epoch_idx, batch_idx); }));
+    }();
+    lap(workload, workload.phases.train_batch, sync_timings);
+    if constexpr (declarative) {
+      const MetricValue& loss = metrics.at("loss");
+      if (!loss.is_tensor())
+        throw TrialError("train_batch must return the loss as a tensor (the trainer back-propagates it), not a number");
+      {
+        RECORD_USER_SCOPE("dettrial::backward");
+        context_.backward(loss.tensor());
+      }
+      lap(workload, workload.phases.backward, sync_timings);
+      {
+        RECORD_USER_SCOPE("dettrial::optimizer_step");
+        // An optional hook: gradient_clipping() returns a clip policy (clip::by_norm{...}, clip::by_value{...}).
+        if constexpr (requires(TrialT& t) { t.gradient_clipping(); })
+          context_.step_optimizer(deref(optimizer_), trial_.gradient_clipping());
+        else context_.step_optimizer(deref(optimizer_));
+      }
+      lap(workload, workload.phases.optimizer_step, sync_timings);
+    }
+    return metrics;
+  }
+
+  /// One batch: to the device, train_batch, and for a declarative trial backward and step (eagerly,
+  /// or as a replay of the captured step); each phase timed, and named for the profiler's trace.
+  template <class Loaded>
+  void train_batch(Loaded&& loaded, Workload& workload, std::int64_t batch_idx, std::int64_t epoch_idx, bool sync_timings) {
+    training_batch_t<TrialT> batch = std::move(loaded);
+    workload.records += record_count(batch);
+    Metrics metrics;
+    if (step_graph_.captured() && step_graph_.fits(batch)) {
+      // The batch (on the device already: CopyAhead) is copied into the graph's inputs; the
+      // whole step is one replay.
+      metrics = step_graph_.replay(batch);
+      lap(workload, workload.phases.train_batch, sync_timings);
+    } else {
+      lap(workload, workload.phases.data, sync_timings);  // the batch came on the device (CopyAhead)
+      if (!step_graph_.armed()) {
+        metrics = eager_step(batch, workload, batch_idx, epoch_idx, sync_timings);
+      } else if (step_graph_.warming_up() || (!step_graph_.captured() && !step_graph_.ready_to_capture(batch))) {
+        step_graph_.note_warm_up_shapes(batch);
+        metrics = step_graph_.warm_up([&] { return eager_step(batch, workload, batch_idx, epoch_idx, sync_timings); });
+      } else if (!step_graph_.captured()) {
+        // Nothing may wait for the device while capturing: no synchronized timings.
+        metrics = step_graph_.capture(std::move(batch),
+                                      [&](training_batch_t<TrialT>& b) { return eager_step(b, workload, batch_idx, epoch_idx, false); });
+        lap(workload, workload.phases.train_batch, sync_timings);
+        st_.reporter.line("dettrial: training step captured in a CUDA graph at batch " + std::to_string(batch_idx));
+      } else {
+        if (!st_.eager_batch_announced)
+          st_.reporter.line("dettrial: batch " + std::to_string(batch_idx) +
+                            " has other shapes than the captured batch; such batches run eagerly");
+        st_.eager_batch_announced = true;
+        step_graph_.before_eager_batch();
+        metrics = eager_step(batch, workload, batch_idx, epoch_idx, sync_timings);
+      }
+    }
+    context_.finish_batch(batch_idx);
+    workload.means.add(metrics, batch_idx);
+    if constexpr (Set::wants_batch_metrics) workload.batch_metrics.push_back(detached(metrics));
+  }
+
+  /// Validates and checkpoints as reached, in Determined's order (length, validation, checkpoint,
+  /// report), honouring a stop request after each. Returns true when training stops.
+  bool handle_boundaries(const Reached& reached) {
+    enum class Kind { length, validation, checkpoint, report };
+    const std::pair<bool, Kind> in_order[] = {{reached.length, Kind::length},
+                                              {reached.validation, Kind::validation},
+                                              {reached.checkpoint, Kind::checkpoint},
+                                              {reached.report, Kind::report}};
+    for (const auto& [hit, kind] : in_order) {
+      if (!hit) continue;
+      if (kind == Kind::validation && st_.progress.last_validation != st_.progress.batches_trained) validate();
+      if (kind == Kind::checkpoint) checkpoint_unless_current();
+      if (agreed_max(context_.get_stop_requested() ? 1 : 0) != 0) {
+        stop(0, "dettrial: stop requested; stopped after batch " + std::to_string(st_.progress.batches_trained));
+        return true;
+      }
+    }
+    return false;
+  }
+
+  /// The one way training stops early: checkpoint (unless current), record why, say so.
+  void stop(int signal, const std::string& message) {
+    checkpoint_unless_current();
+    st_.stopped(signal, message);
+  }
+
+  void checkpoint_unless_current() {
+    if (st_.progress.last_checkpoint != st_.progress.batches_trained) checkpoint();
+  }
+
+  // ---- reports and validation -----------------------------------------------------------------
+
+  void report_training(const Workload& workload) {
+    const MetricValues& metrics = st_.report_training(context_, workload);
+    callbacks_.template call<hook::on_training_workload_end>(metrics, std::span<const Metrics>(workload.batch_metrics));
+  }
+
+  void validate() {
+    RECORD_USER_SCOPE("dettrial::validate");
+    torch::NoGradGuard no_grad;
+    RunState::begin_validation(context_);
+    callbacks_.template call<hook::on_validation_start>();
+    st_.reporter.begin("validate", 0, epoch_length(*validation_loader_, validation_chain()), "batches");
+    std::int64_t records = 0;
+    const MetricValues metrics = st_.reduce_validation(context_, evaluate(), records);
+    callbacks_.template call<hook::on_validation_end>(metrics);
+    const MetricValues& reported = st_.finish_validation(context_, metrics, records);
+    if (st_.checkpoint_after_validation(context_, reported)) checkpoint_unless_current();
+  }
+
+  /// This rank's share of a validation: its metric totals over its shard (evaluate_batch) or, with
+  /// evaluate_full_dataset, the chief's metrics over the whole set (taken as they are).
+  RankShare evaluate() {
+    RankShare mine;
+    if constexpr (DeclaresEvaluateBatch<TrialT>) {
+      callbacks_.template call<hook::on_validation_epoch_start>();
+      ValidationReduction reduction(evaluation_reducer());
+      std::vector<Metrics> outputs;
+      std::int64_t batch_idx = 0;
+      CopyAhead batches(validation_loader_->batches(validation_chain()), context_.device());
+      while (batches.has_next()) {
+        validation_batch_t<TrialT> batch = batches.take();
+        mine.records += record_count(batch);
+        Metrics m = in_precision([&]() -> decltype(auto) { return call_evaluate_batch(trial_, batch, model_, batch_idx); });
+        reduction.add(m, batch_idx);
+        if constexpr (Set::wants_validation_outputs) outputs.push_back(std::move(m));
+        st_.reporter.update(++batch_idx);
+        if (st_.options.test_mode) break;
+        batches.stage();  // the next batch copies while the device evaluates this one
+      }
+      callbacks_.template call<hook::on_validation_epoch_end>(std::span<const Metrics>(outputs));
+      mine.totals = reduction.totals();
+      mine.batches = reduction.batches();
+    } else if (context_.distributed().is_chief()) {  // the whole dataset on the chief only (Determined's rule)
+      const Metrics m = in_precision([&]() -> decltype(auto) { return call_evaluate_full_dataset(trial_, *validation_loader_, model_); });
+      for (const auto& e : m) mine.totals.push_back({std::string(e.key.view()), Reducer::sum, e.value.to_double()});
+      mine.batches = 1;
+    }
+    return mine;
+  }
+
+  template <class L>
+  static std::optional<std::uint64_t> data_seed(const L& loader) {
+    if constexpr (requires {
+                    { loader.seed() } -> std::convertible_to<std::uint64_t>;
+                  })
+      return loader.seed();
+    else return std::nullopt;
+  }
+  template <class L>
+  static void restore_data_seed(L& loader, const std::optional<std::uint64_t>& seed) {
+    if constexpr (requires { loader.set_seed(std::uint64_t{}); })
+      if (seed) loader.set_seed(*seed);
+  }
+
+  // ---- checkpoints: when, and the callbacks' part (checkpoint/ writes and reads the files) ----
+
+  /// Writes a checkpoint (Determined's layout, crash-safe) on the chief, runs the checkpoint hooks,
+  /// and applies retention sparing the new one.
+  void checkpoint() {
+    RECORD_USER_SCOPE("dettrial::checkpoint");
+    st_.progress.last_checkpoint = st_.progress.batches_trained;
+    agree_on_buffers(context_);
+    const std::optional<WrittenCheckpoint> written = st_.checkpointer.write(
+        callbacks_,
+        st_.checkpoint_record(context_, data_seed(*train_loader_), data_seed(*validation_loader_), c10::demangle(typeid(TrialT).name())));
+    if (written) st_.checkpoint_written(*written);  // on the chief
+  }
+
+  /// The largest of `value` over the ranks: what every rank acts on.
+  int agreed_max(int value) { return detail::agreed_max(context_.communicator(), value); }
+
+  /**
+   * @brief Makes the ranks of a job agree before training: the epoch length is the chief's sharded
+   * length (Determined's rule; a rank whose shard is a batch shorter reads on into the next epoch of
+   * the endless stream), the data loaders shuffle with the chief's seeds, each rank's own RNG
+   * stream (dropout) is derived from the agreed trial seed and its rank, and the fit options that
+   * place boundaries must be the same on every rank.
+   */
+  void agree_across_ranks() {
+    Communicator* comm = context_.communicator();
+    if (!comm) return;
+    const auto train_seed = data_seed(*train_loader_), validation_seed = data_seed(*validation_loader_);
+    const std::vector<std::int64_t> chief =
+        comm->broadcast_values({st_.epoch_len, static_cast<std::int64_t>(train_seed.value_or(0)), train_seed ? 1 : 0,
+                                static_cast<std::int64_t>(validation_seed.value_or(0)), validation_seed ? 1 : 0});
+    st_.epoch_len = chief[0];
+    if (chief[2]) restore_data_seed(*train_loader_, static_cast<std::uint64_t>(chief[1]));
+    if (chief[4]) restore_data_seed(*validation_loader_, static_cast<std::uint64_t>(chief[3]));
+    st_.require_same_settings(*comm, context_);
+    context_.seed_rank_stream();
+  }
+
+  /**
+   * @brief Restores a checkpoint: models (names and shapes checked), optimizers, schedulers, pending
+   * gradients, RNGs, callbacks, and where the trial stands (`progress`).
+   */
+  void restore(const std::filesystem::path& dir, const TrialProgress& progress) {
+    for (const std::string& name : st_.checkpointer.restore(dir, callbacks_))
+      st_.reporter.line("dettrial: warning: the checkpoint has no state for callback '" + name + "'");
+    restore_data_seed(*train_loader_, progress.training_data_seed);
+    restore_data_seed(*validation_loader_, progress.validation_data_seed);
+    st_.progress = progress;
+  }
+
+  /// A copy whose tensors are detached from the graph and on the CPU (kept for callbacks).
+  static Metrics detached(const Metrics& m) {
+    Metrics out;
+    for (const auto& e : m) out.set(e.key, e.value.is_tensor() ? MetricValue(e.value.tensor().detach().cpu()) : e.value);
+    return out;
+  }
+
+  /// The training loader's chain: endless, this rank's shard, skipping what was trained.
+  LoaderChain training_chain() const {
+    return LoaderChain{.repeat = true,
+                       .skip = context_.get_initial_batch(),
+                       .num_replicas = context_.distributed().size,
+                       .rank = context_.distributed().rank};
+  }
+  /// The validation loader's chain: one pass over this rank's shard.
+  LoaderChain validation_chain() const {
+    return LoaderChain{.repeat = false, .skip = 0, .num_replicas = context_.distributed().size, .rank = context_.distributed().rank};
+  }
+  /// Batches per epoch on this rank: the loader's sharded length when it knows one.
+  template <class L>
+  static std::int64_t epoch_length(const L& loader, const LoaderChain& chain) {
+    if constexpr (requires {
+                    { loader.batches_for(chain) } -> std::convertible_to<std::int64_t>;
+                  }) {
+      return static_cast<std::int64_t>(loader.batches_for(chain));
+    } else {  // Determined's DistributedBatchSampler length: len // n + (len % n > rank)
+      const auto len = static_cast<std::int64_t>(loader.size());
+      return len / chain.num_replicas + (len % chain.num_replicas > chain.rank ? 1 : 0);
+    }
+  }
+
+  ReducerChoice evaluation_reducer() {
+    if constexpr (requires(TrialT& t) { ReducerChoice(t.evaluation_reducer()); }) return ReducerChoice(trial_.evaluation_reducer());
+    else return Reducer::avg;
+  }
+
+  template <class B>
+  std::int64_t record_count(const B& batch) {
+    if constexpr (requires(TrialT& t) {
+                    { t.get_batch_length(batch) } -> std::convertible_to<std::int64_t>;
+                  })
+      return trial_.get_batch_length(batch);
+    else return batch_length(batch);
+  }
+
+  /// Runs a trial hook under autocast when the context's precision asks for it (no cost at fp32).
+  template <class F>
+  decltype(auto) in_precision(F&& hook) {
+    if (const std::optional<at::ScalarType> dtype = context_.autocast_dtype()) {
+      AutocastGuard autocast(context_.device().type(), dtype);
+      return std::forward<F>(hook)();
+    }
+    return std::forward<F>(hook)();
+  }
+
+  Context& context_;
+  TrialT& trial_;
+  Model& model_;
+  OptimizerHolder& optimizer_;
+  Set& callbacks_;
+  RunState st_{};
+  std::optional<training_loader_t<TrialT>> train_loader_;
+  std::optional<validation_loader_t<TrialT>> validation_loader_;
+  /// The captured training step (capture::cuda_graph).
+  StepGraph<training_batch_t<TrialT>> step_graph_;
+};
+
+}  // namespace dettrial::detail
+// ---- end dettrial/trainer/run.hpp
+
+namespace dettrial {
 
 /**
  * @brief Runs a trial: builds it, and on `fit()` runs Determined's loop (workloads ending at any
@@ -15530,13 +16719,9 @@ class Trainer {
   static constexpr bool trial_ok = detail::TrialDiagnostics<TrialT>::ok;
   static constexpr bool declarative = DeclaresModel<TrialT>;
 
-  template <class X>
-  using if_ok = std::conditional_t<trial_ok, X, detail::missing>;
   using Model = std::conditional_t<trial_ok && declarative, model_t<TrialT>, detail::missing>;
   using OptimizerHolder = std::conditional_t<trial_ok && declarative, optimizer_result_t<TrialT>, detail::missing>;
   using SchedulerResult = std::conditional_t<trial_ok && declarative, scheduler_result_t<TrialT>, detail::missing>;
-  using TrainLoader = if_ok<training_loader_t<TrialT>>;
-  using ValidationLoader = if_ok<validation_loader_t<TrialT>>;
 
   static constexpr auto trial_callbacks_type() {
     if constexpr (requires(TrialT& t) { t.build_callbacks(); })
@@ -15614,56 +16799,12 @@ class Trainer {
             return detail::CallbackSet<std::remove_reference_t<decltype(own)>..., Callbacks...>(std::tie(own..., callbacks...));
           },
           *callbacks_);
-      return run(std::move(options), set);
+      detail::Run<TrialT, decltype(set)> run(context_, *trial_, model_or_missing(), optimizer_or_missing(), set);
+      return run.fit(std::move(options));
     }
   }
 
  private:
-  /// Which boundaries the last batch of a workload reached (Determined handles them in this order).
-  struct Reached {
-    bool length = false;
-    bool validation = false;
-    bool checkpoint = false;
-    bool report = false;
-  };
-
-  /// One fit: its options with every period in batches, where it stands, and what it reports.
-  struct RunState {
-    FitOptions options;
-    TrainUnit length = Batch(1);
-    std::int64_t epoch_len = 0;
-    /// The training loader's own batches per epoch on this rank (epoch_len, unless records_per_epoch sets it).
-    std::int64_t data_epoch_len = 0;
-    /// Where the trial stands: batches and epochs trained, the last validation and checkpoint, the
-    /// best searcher metric (what a checkpoint saves as `trial_state.json`; its data seeds are filled
-    /// in when it is saved).
-    TrialProgress progress{};
-    bool warned_best_without_metric = false;
-    /// Where checkpoints go, when, and how they are written, restored and retained.
-    detail::Checkpointer checkpointer{};
-    /// The checkpoint resumed from, and where it says the trial stood.
-    std::optional<std::filesystem::path> resume_dir{};
-    std::optional<TrialProgress> resumed{};
-    bool same_trial = false;
-    FitResult result{};
-    detail::Reporter reporter{};
-    detail::TraceProfiler profiler{};
-    /// Wait for the GPU at each phase's end while profiling, so that the phase timings are the GPU's (profiling.sync_timings).
-    bool sync_timings = false;
-    /// Whether the first eager batch after a capture was announced.
-    bool eager_batch_announced = false;
-  };
-
-  /// What a training workload accumulates; kept across workloads so that a batch allocates nothing.
-  struct Workload {
-    detail::WorkloadMeans means;
-    std::vector<Metrics> batch_metrics{};  // kept only when a callback asks for them
-    std::int64_t records = 0;
-    detail::PhaseTimes phases{};
-    /// The end of the last timed phase.
-    std::chrono::steady_clock::time_point mark{};
-  };
-
   void build_declarative() {
     model_.emplace(context_.wrap_model(trial_->build_model()));
     optimizer_.emplace(trial_->optimizer(*model_));
@@ -15679,724 +16820,17 @@ class Trainer {
 
  public:
   /// `runs/<date>-<time>-<pid>` under the working directory.
-  static std::filesystem::path default_output_dir() {
-    const std::time_t now = std::time(nullptr);
-    char stamp[32];
-    std::strftime(stamp, sizeof stamp, "%Y%m%d-%H%M%S", std::localtime(&now));
-    return std::filesystem::path("runs") / (std::string(stamp) + "-" + std::to_string(::getpid()));
-  }
+  static std::filesystem::path default_output_dir() { return detail::default_output_dir(); }
 
  private:
-  // ---- a fit from start to end ----------------------------------------------------------------
-
-  template <class Set>
-  FitResult run(FitOptions options, Set& callbacks) {
-    RunState st = begin_run(std::move(options));
-    // Each callback that started gets on_trial_shutdown, in reverse order, whatever happens next.
-    std::size_t started = 0;
-    const auto shutdown = detail::on_scope_exit([&] { shut_down(callbacks, started); });
-    const std::int64_t first_batch = st.same_trial ? st.resumed->batches_trained : 0;
-    const std::string resume_uuid = st.resume_dir ? st.resume_dir->filename().string() : std::string();
-    callbacks.each([&](auto& cb) {
-      using C = std::remove_reference_t<decltype(cb)>;
-      if constexpr (hook::on_trial_startup::callable<C>) hook::on_trial_startup::call(cb, first_batch, resume_uuid);
-      ++started;
-    });
-    prepare_training(st, callbacks, first_batch);
-    // The graph is made anew in each fit (a resumed run warms up and captures again) and freed after it.
-    if (const auto* graph = std::get_if<capture::cuda_graph>(&st.options.step_capture)) step_graph_.start(*graph, context_);
-    const auto free_graph = detail::on_scope_exit([&] { step_graph_.reset(); });
-    announce(st);
-    // One hparams session a folder: a resumed run's folder already starts one.
-    if (!context_.get_tensorboard_writer().has_session())
-      context_.get_tensorboard_writer().add_hparams(detail::flat_hparams(context_.get_hparams()));
-    // The hparams session ends as the fit does: failed when it throws.
-    const auto end_session = detail::on_scope_exit([&, exceptions = std::uncaught_exceptions()] {
-      context_.get_tensorboard_writer().end_session(std::uncaught_exceptions() == exceptions);
-      context_.get_tensorboard_writer().flush();
-    });
-    const detail::StopSignals signals(st.options.handle_signals);
-    callbacks.template call<hook::on_training_start>();
-    if (st.options.step_zero_validation && st.progress.batches_trained == 0 && st.progress.last_validation < 0) validate(st, callbacks);
-    train(st, callbacks);
-    finish_profiling(st);
-    if (!st.result.stop_requested) {
-      if (st.progress.last_validation != st.progress.batches_trained) validate(st, callbacks);
-      checkpoint_unless_current(st, callbacks);
-      // The trial is complete: retention applies without sparing the newest.
-      if (context_.distributed().is_chief()) st.checkpointer.apply_retention({});
-    }
-    st.result.batches_trained = st.progress.batches_trained;
-    st.result.epochs_trained = st.progress.epochs_trained;
-    write_report(st);
-    return std::move(st.result);
-  }
-
-  /// The run's report.html, from its metrics.jsonl (on the chief). A report that cannot be written
-  /// is a warning: the training it describes is done and saved.
-  void write_report(RunState& st) {
-    if (!context_.distributed().is_chief()) return;
-    try {
-      const auto path = write_run_report(st.options.output_dir);
-      st.reporter.line("dettrial: report " + path.string());
-    } catch (const std::exception& e) {
-      st.reporter.line(std::string("dettrial: warning: no report.html: ") + e.what());
-    }
-  }
-
-  /// Checks the options, finds (and checks) the checkpoint to resume from before anything is
-  /// written, and sets up the output folder, checkpoint storage and reporter.
-  RunState begin_run(FitOptions options) {
-    RunState st{.options = std::move(options)};
-    FitOptions& o = st.options;
-    detail::check_step_capture<training_batch_t<TrialT>>(o.step_capture, context_);
-    st.length = resolve_length(o);
-    o.validation_period = resolve_period(o.validation_period);
-    o.checkpoint_period = resolve_period(o.checkpoint_period);
-    o.reporting_period = resolve_period(o.reporting_period);
-    if (o.retention.save_trial_best < 0 || o.retention.save_trial_latest < 0)
-      throw ConfigError("checkpoint retention counts (save_trial_best, save_trial_latest) must not be negative");
-    if (o.latest_checkpoint) {
-      st.resume_dir = resolve_checkpoint(*o.latest_checkpoint);
-      read_checkpoint_info(*st.resume_dir);
-      st.resumed = TrialProgress::from_json(*st.resume_dir / layout::trial_state);
-      st.same_trial = st.resumed->trial_id == o.trial_id;
-    }
-    if (o.output_dir.empty()) o.output_dir = default_output_dir();
-    st.result.output_dir = o.output_dir;
-    context_.position().output_dir = o.output_dir;
-    const std::filesystem::path storage = o.checkpoint_dir.empty() ? o.output_dir / layout::checkpoints : o.checkpoint_dir;
-    st.result.checkpoint_dir = storage;
-    // One writer per job: the chief reports and writes metrics.jsonl, event files and checkpoints.
-    const bool chief = context_.distributed().is_chief();
-    const std::optional<std::int64_t> resumed_at = st.same_trial ? std::optional(st.resumed->batches_trained) : std::nullopt;
-    if (chief) context_.get_tensorboard_writer() = TensorBoardWriter(context_.get_tensorboard_path(), resumed_at);
-    st.reporter = detail::Reporter(chief, o.report, o.output_dir, resumed_at,
-                                   context_.get_enable_tensorboard_logging() ? &context_.get_tensorboard_writer() : nullptr);
-    if (const auto& profiler = context_.profiler_options()) {
-      // set_profiler: steps count from this fit's first batch; every rank writes each cycle's trace
-      // into the run's TensorBoard folder under its own worker name (host and process).
-      st.profiler = detail::TraceProfiler(*profiler, resumed_at.value_or(0), {o.output_dir / layout::tensorboard, /*one_a_cycle=*/true},
-                                          context_.device().is_cuda());
-      st.sync_timings = o.profiling.sync_timings && context_.device().is_cuda();
-    } else if (o.profiling.enabled) {
-      // Every rank profiles its own process: the chief into trace.json, rank r into trace.rank<r>.json.
-      const int rank = context_.distributed().rank;
-      st.profiler = detail::TraceProfiler::for_section(
-          o.profiling, o.output_dir / (rank == 0 ? std::string("trace.json") : "trace.rank" + std::to_string(rank) + ".json"),
-          context_.device().is_cuda());
-      st.sync_timings = o.profiling.sync_timings && context_.device().is_cuda();
-    }
-    st.checkpointer = detail::Checkpointer(context_, storage, o.checkpoint_policy, o.retention, o.smaller_is_better);
-    return st;
-  }
-
-  /// Builds the data loaders, makes the ranks agree, restores the checkpoint and sets the counters.
-  template <class Set>
-  void prepare_training(RunState& st, Set& callbacks, std::int64_t first_batch) {
-    train_loader_.emplace(trial_->build_training_data_loader());
-    validation_loader_.emplace(trial_->build_validation_data_loader());
-    st.epoch_len = epoch_length(*train_loader_, training_chain());
-    agree_across_ranks(st, first_batch);
-    if (st.epoch_len < 1) throw DataError("the training data loader yields no batches (its size() is 0)");
-    st.data_epoch_len = st.epoch_len;
-    // Determined's records_per_epoch: the epoch of epoch-based lengths, periods, LR steps and epoch
-    // hooks, in global batches (its legacy sequencer's records_per_epoch // global_batch_size, at
-    // least 1), whatever the loader's own length; the data still reshuffles at its own epochs.
-    if (const std::int64_t records = context_.get_experiment_config().records_per_epoch; records > 0)
-      st.epoch_len = std::max<std::int64_t>(records / context_.get_global_batch_size(), 1);
-    detail::RunPosition& position = context_.position();
-    position.epoch_len = st.epoch_len;
-    if (st.resume_dir) restore(st, *st.resume_dir, st.same_trial ? *st.resumed : TrialProgress{.trial_id = st.options.trial_id}, callbacks);
-    position.initial_batch = st.progress.batches_trained;  // the training stream skips what was trained
-    position.current_batch = st.progress.batches_trained;
-    st.result.resumed_from_batch = st.progress.batches_trained;
-    if (Communicator* comm = context_.communicator())
-      detail::broadcast_modules(*comm, context_.models());  // every rank starts from rank 0's weights
-  }
-
-  /// Writes the trace when training ended (or stopped) inside the profiled range.
-  void finish_profiling(RunState& st) {
-    if (st.profiler.finish(st.progress.batches_trained - 1)) st.reporter.line("dettrial: " + st.profiler.summary());
-  }
-
-  /// The run's first lines: the runtime, the trial, the job, the checkpoint resumed from.
-  void announce(RunState& st) {
-    const FitOptions& o = st.options;
-    st.reporter.line("dettrial " DETTRIAL_VERSION_STRING ": " +
-                     detail::runtime_summary(context_.threads().source, context_.thread_pools().text()));
-    st.reporter.line("dettrial: trial seed " + std::to_string(context_.get_trial_seed()) + ", device " + context_.device().str() +
-                     ", training " + st.length.to_string() + " (an epoch is " + std::to_string(st.epoch_len) + " batches), output " +
-                     o.output_dir.string());
-    if (const Communicator* comm = context_.communicator())
-      st.reporter.line("dettrial: " + std::to_string(comm->size()) + " processes (" + launcher_name(comm->environment().launcher) + ", " +
-                       comm->backend_name() + "), rendezvous at " + comm->environment().master_addr + ":" +
-                       std::to_string(comm->environment().master_port) + ", global batch " +
-                       std::to_string(context_.get_global_batch_size()));
-    if (st.resume_dir)
-      st.reporter.line("dettrial: resumed from " + st.resume_dir->string() +
-                       (st.same_trial ? " at batch " + std::to_string(st.progress.batches_trained)
-                                      : std::string(" (another trial's checkpoint: weights and optimizer state only)")));
-    if (const auto* graph = std::get_if<capture::cuda_graph>(&o.step_capture))
-      st.reporter.line("dettrial: the training step is captured in a CUDA graph after " + std::to_string(graph->warmup_batches) +
-                       " eager batch(es), and replayed; batches of other shapes run eagerly");
-    if (const auto& profiler = context_.profiler_options()) {
-      const ProfilerSchedule& s = profiler->schedule;
-      st.reporter.line("dettrial: profiling on set_profiler's schedule (skip_first " + std::to_string(s.skip_first) + ", wait " +
-                       std::to_string(s.wait) + ", warmup " + std::to_string(s.warmup) + ", active " + std::to_string(s.active) +
-                       ", repeat " + std::to_string(s.repeat) + ", from batch " + std::to_string(st.progress.batches_trained) +
-                       "); each cycle's trace in " + (o.output_dir / layout::tensorboard).string() +
-                       (o.profiling.enabled ? " (the config's profiling section is not used)" : ""));
-    } else if (o.profiling.enabled)
-      st.reporter.line("dettrial: profiling batches " + std::to_string(o.profiling.begin_on_batch) + " to " +
-                       (o.profiling.end_after_batch ? std::to_string(*o.profiling.end_after_batch) : std::string("the end of training")) +
-                       " with LibTorch's profiler" + (st.sync_timings ? ", timings synchronized with the GPU" : "") + "; trace in " +
-                       o.output_dir.string());
-    if (const std::int64_t records = context_.get_experiment_config().records_per_epoch; records > 0)
-      st.reporter.line("dettrial: records_per_epoch " + std::to_string(records) + " sets the epoch: " + std::to_string(st.epoch_len) +
-                       " batches of " + std::to_string(context_.get_global_batch_size()) +
-                       " records (the training data loader's own epoch is " + std::to_string(st.data_epoch_len) + " batches on this rank)");
-  }
-
-  /// on_trial_shutdown for the callbacks that started, last first; a failing hook is reported, not thrown.
-  template <class Set>
-  static void shut_down(Set& callbacks, std::size_t started) {
-    std::size_t index = Set::size;
-    callbacks.each_reversed([&](auto& cb) {
-      using C = std::remove_reference_t<decltype(cb)>;
-      if (index-- > started) return;
-      if constexpr (hook::on_trial_shutdown::callable<C>) {
-        try {
-          hook::on_trial_shutdown::call(cb);
-        } catch (const std::exception& e) {
-          std::fprintf(stderr, "dettrial: on_trial_shutdown failed: %s\n", e.what());
-        }
-      }
-    });
-  }
-
-  TrainUnit resolve_length(const FitOptions& o) const {
-    if (o.test_mode) return Batch(1);
-    if (!o.max_length)
-      throw ConfigError(
-          "fit() needs a training length: set FitOptions::max_length (Batch, Epoch or Record), or "
-          "searcher.max_length in the experiment config and build the options with FitOptions::from_config");
-    TrainUnit length = *o.max_length;
-    if (length.is_schedule()) throw ConfigError("max_length must be a count, not a schedule of points");
-    if (length.unit() == Unit::records) length = length.in_batches_if_records(context_.get_global_batch_size());
-    if (length.value() < 1) throw ConfigError("max_length is " + length.to_string() + "; training needs a max_length of at least 1");
-    return length;
-  }
-  TrainUnit resolve_period(const TrainUnit& period) const {
-    return period.unit() == Unit::records ? period.in_batches_if_records(context_.get_global_batch_size()) : period;
-  }
-
-  // ---- the loop: train until a boundary, then handle each boundary reached ------------------
-
-  std::int64_t remaining(const RunState& st) const {
-    return st.length.unit() == Unit::epochs ? st.length.value() - st.progress.epochs_trained
-                                            : st.length.value() - st.progress.batches_trained;
-  }
-
-  template <class Set>
-  void train(RunState& st, Set& callbacks) {
-    // One endless stream for the whole run (Determined's repeat → shard → skip chain).
-    detail::CopyAhead batches(train_loader_->batches(training_chain()), context_.device());
-    Workload workload;
-    while (remaining(st) > 0) {
-      const Reached reached = train_until_boundary(st, batches, workload, callbacks);
-      report_training(st, workload, callbacks);
-      if (const int signal = agreed_max(detail::StopSignals::received()); signal != 0)
-        return stop(st, callbacks, signal,
-                    std::string("dettrial: stopped by ") + detail::signal_name(signal) + " after batch " +
-                        std::to_string(st.progress.batches_trained) + "; resume from " + st.checkpointer.storage().string());
-      if (handle_boundaries(st, reached, callbacks)) return;
-    }
-  }
-
-  /// Trains batch after batch until one reaches a boundary (or, in one process, a stop signal arrives).
-  template <class Set, class Batches>
-  Reached train_until_boundary(RunState& st, Batches& batches, Workload& workload, Set& callbacks) {
-    step_graph_.check_unchanged();
-    for (const auto& m : context_.models()) m->train();
-    for (auto& r : context_.reducers())
-      if (r.for_training) r.reset(r.object);
-    workload.means.reset();
-    workload.batch_metrics.clear();
-    workload.records = 0;
-    workload.phases.reset();
-    workload.mark = std::chrono::steady_clock::now();
-    st.reporter.begin("train", st.progress.batches_trained,
-                      st.length.unit() == Unit::epochs ? st.length.value() * st.epoch_len : st.length.value(), "batches");
-    for (;;) {
-      const std::int64_t batch_idx = st.progress.batches_trained, epoch_idx = batch_idx / st.epoch_len;
-      const bool epoch_start = batch_idx % st.epoch_len == 0, epoch_end = batch_idx % st.epoch_len == st.epoch_len - 1;
-      context_.position().current_batch = batch_idx;
-      if (epoch_start) callbacks.template call<hook::on_training_epoch_start>(epoch_idx);
-      if (!batches.has_next()) throw DataError("the training data loader's repeating stream ended at batch " + std::to_string(batch_idx));
-      st.profiler.before_batch(batch_idx);
-      // Synchronized timings only inside the profiled range: a sync a batch elsewhere would cost the GPU its queue.
-      train_batch<Set>(st, batches.take(), workload, batch_idx, epoch_idx, st.sync_timings && st.profiler.running());
-      ++st.progress.batches_trained;
-      if (st.profiler.after_batch(batch_idx)) st.reporter.line("dettrial: " + st.profiler.summary());
-      if (epoch_end) {
-        callbacks.template call<hook::on_training_epoch_end>(epoch_idx);
-        ++st.progress.epochs_trained;
-      }
-      st.reporter.update(st.progress.batches_trained);
-      const Reached reached = boundaries_after(st, batch_idx, epoch_idx, epoch_end);
-      if (reached.length || reached.validation || reached.checkpoint || reached.report) return reached;
-      // One process stops at any batch; a job only at boundaries, where its ranks agree.
-      if (!context_.communicator() && detail::StopSignals::received() != 0) return reached;
-      // The next batch is trained right away: its copy to the device starts while the device still
-      // computes this one. Not across a boundary or an epoch's start, so the data is read in the same
-      // order relative to checkpoints and callbacks as without it; nor into a profiled range, whose
-      // trace shows each of its batches' reads.
-      if (!epoch_end && !st.profiler.starts_at(batch_idx + 1)) batches.stage();
-    }
-  }
-
-  /// Adds the time since the last phase ended to `phase` (after the GPU's work, with sync_timings).
-  static void lap(Workload& workload, double& phase, bool sync) {
-    if (sync) torch::cuda::synchronize();
-    const auto now = std::chrono::steady_clock::now();
-    phase += std::chrono::duration<double>(now - workload.mark).count();
-    workload.mark = now;
-  }
-
-  /// The trial's train_batch, and for a declarative trial backward, clipping and the optimizer step.
-  template <class Batch>
-  Metrics eager_step(Batch& batch, Workload& workload, std::int64_t batch_idx, std::int64_t epoch_idx, bool sync_timings) {
-    Metrics metrics = [&] {
-      RECORD_USER_SCOPE("dettrial::train_batch");
-      return as_metrics(in_precision(
-          [&]() -> decltype(auto) { return detail::call_train_batch(*trial_, batch, model_or_missing(), epoch_idx, batch_idx); }));
-    }();
-    lap(workload, workload.phases.train_batch, sync_timings);
-    if constexpr (declarative) {
-      const MetricValue& loss = metrics.at("loss");
-      if (!loss.is_tensor())
-        throw TrialError("train_batch must return the loss as a tensor (the trainer back-propagates it), not a number");
-      {
-        RECORD_USER_SCOPE("dettrial::backward");
-        context_.backward(loss.tensor());
-      }
-      lap(workload, workload.phases.backward, sync_timings);
-      {
-        RECORD_USER_SCOPE("dettrial::optimizer_step");
-        // An optional hook: gradient_clipping() returns a clip policy (clip::by_norm{...}, clip::by_value{...}).
-        if constexpr (requires(TrialT& t) { t.gradient_clipping(); })
-          context_.step_optimizer(detail::deref(*optimizer_), trial_->gradient_clipping());
-        else context_.step_optimizer(detail::deref(*optimizer_));
-      }
-      lap(workload, workload.phases.optimizer_step, sync_timings);
-    }
-    return metrics;
-  }
-
-  /// One batch: to the device, train_batch, and for a declarative trial backward and step (eagerly,
-  /// or as a replay of the captured step); each phase timed, and named for the profiler's trace.
-  template <class Set, class Loaded>
-  void train_batch(RunState& st, Loaded&& loaded, Workload& workload, std::int64_t batch_idx, std::int64_t epoch_idx, bool sync_timings) {
-    training_batch_t<TrialT> batch = std::move(loaded);
-    workload.records += record_count(batch);
-    Metrics metrics;
-    if (step_graph_.captured() && step_graph_.fits(batch)) {
-      // The batch (on the device already: detail::CopyAhead) is copied into the graph's inputs; the
-      // whole step is one replay.
-      metrics = step_graph_.replay(batch);
-      lap(workload, workload.phases.train_batch, sync_timings);
-    } else {
-      lap(workload, workload.phases.data, sync_timings);  // the batch came on the device (detail::CopyAhead)
-      if (!step_graph_.armed()) {
-        metrics = eager_step(batch, workload, batch_idx, epoch_idx, sync_timings);
-      } else if (step_graph_.warming_up() || (!step_graph_.captured() && !step_graph_.ready_to_capture(batch))) {
-        step_graph_.note_warm_up_shapes(batch);
-        metrics = step_graph_.warm_up([&] { return eager_step(batch, workload, batch_idx, epoch_idx, sync_timings); });
-      } else if (!step_graph_.captured()) {
-        // Nothing may wait for the device while capturing: no synchronized timings.
-        metrics = step_graph_.capture(std::move(batch),
-                                      [&](training_batch_t<TrialT>& b) { return eager_step(b, workload, batch_idx, epoch_idx, false); });
-        lap(workload, workload.phases.train_batch, sync_timings);
-        st.reporter.line("dettrial: training step captured in a CUDA graph at batch " + std::to_string(batch_idx));
-      } else {
-        if (!st.eager_batch_announced)
-          st.reporter.line("dettrial: batch " + std::to_string(batch_idx) +
-                           " has other shapes than the captured batch; such batches run eagerly");
-        st.eager_batch_announced = true;
-        step_graph_.before_eager_batch();
-        metrics = eager_step(batch, workload, batch_idx, epoch_idx, sync_timings);
-      }
-    }
-    context_.finish_batch(batch_idx);
-    workload.means.add(metrics, batch_idx);
-    if constexpr (Set::wants_batch_metrics) workload.batch_metrics.push_back(detached(metrics));
-  }
-
-  /// Determined's boundary rule: batch periods on batches completed; epoch periods on the last batch
-  /// of an epoch, on epochs completed.
-  Reached boundaries_after(const RunState& st, std::int64_t batch_idx, std::int64_t epoch_idx, bool epoch_end) const {
-    auto hit = [&](const TrainUnit& u) {
-      return u.unit() == Unit::epochs ? epoch_end && u.reached(epoch_idx + 1) : u.reached(batch_idx + 1);
-    };
-    const FitOptions& o = st.options;
-    return Reached{.length = o.test_mode || hit(st.length),
-                   .validation = hit(o.validation_period),
-                   .checkpoint = hit(o.checkpoint_period),
-                   .report = hit(o.reporting_period)};
-  }
-
-  /// Validates and checkpoints as reached, in Determined's order (length, validation, checkpoint,
-  /// report), honouring a stop request after each. Returns true when training stops.
-  template <class Set>
-  bool handle_boundaries(RunState& st, const Reached& reached, Set& callbacks) {
-    enum class Kind { length, validation, checkpoint, report };
-    const std::pair<bool, Kind> in_order[] = {{reached.length, Kind::length},
-                                              {reached.validation, Kind::validation},
-                                              {reached.checkpoint, Kind::checkpoint},
-                                              {reached.report, Kind::report}};
-    for (const auto& [hit, kind] : in_order) {
-      if (!hit) continue;
-      if (kind == Kind::validation && st.progress.last_validation != st.progress.batches_trained) validate(st, callbacks);
-      if (kind == Kind::checkpoint) checkpoint_unless_current(st, callbacks);
-      if (agreed_max(context_.get_stop_requested() ? 1 : 0) != 0) {
-        stop(st, callbacks, 0, "dettrial: stop requested; stopped after batch " + std::to_string(st.progress.batches_trained));
-        return true;
-      }
-    }
-    return false;
-  }
-
-  /// The one way training stops early: checkpoint (unless current), record why, say so.
-  template <class Set>
-  void stop(RunState& st, Set& callbacks, int signal, const std::string& message) {
-    checkpoint_unless_current(st, callbacks);
-    st.result.signal = signal;
-    st.result.stop_requested = true;
-    st.result.stopped_early = remaining(st) > 0;
-    st.reporter.line(message);
-  }
-
-  template <class Set>
-  void checkpoint_unless_current(RunState& st, Set& callbacks) {
-    if (st.progress.last_checkpoint != st.progress.batches_trained) checkpoint(st, callbacks);
-  }
-
-  // ---- reports and validation -----------------------------------------------------------------
-
-  template <class Set>
-  void report_training(RunState& st, const Workload& workload, Set& callbacks) {
-    const double seconds = st.reporter.elapsed();
-    detail::RankShare mine{.batches = workload.means.batches(), .records = workload.records};
-    for (const auto& [name, value] : workload.means.means()) mine.totals.push_back({name, Reducer::avg, value});
-    for (auto& r : context_.reducers())
-      if (r.for_training) mine.reducer_parts.push_back(r.per_slot(r.object));
-    const auto shares = detail::gather_shares(std::move(mine), context_.communicator());
-    MetricValues avg;
-    avg.set("batches", static_cast<double>(st.progress.batches_trained));
-    avg.set("epochs", static_cast<double>(st.progress.epochs_trained));
-    for (const auto& [name, value] : detail::combine_training(shares)) avg.set(name, value);
-    reduce_user_reducers(&detail::WrappedReducer::for_training, shares, avg);
-    // The whole job's records (every rank's), over the chief's clock.
-    const double rate = seconds > 0 ? static_cast<double>(detail::total_records(shares)) / seconds : 0.0;
-    st.reporter.training(st.progress.batches_trained, st.progress.epochs_trained, avg, rate, seconds, workload.phases, learning_rates());
-    callbacks.template call<hook::on_training_workload_end>(avg, std::span<const Metrics>(workload.batch_metrics));
-    st.result.last_training_metrics = std::move(avg);
-  }
-
-  /// Every wrapped optimizer's learning rates, named as detail::LearningRates says; an optimizer
-  /// whose options cannot tell theirs (a custom type without get_lr) is left out.
-  detail::LearningRates learning_rates() const {
-    detail::LearningRates out;
-    const std::size_t optimizers = context_.num_optimizers();
-    for (std::size_t i = 0; i < optimizers; ++i) {
-      const auto& groups = context_.optimizer(i).param_groups();
-      for (std::size_t g = 0; g < groups.size(); ++g) {
-        try {
-          const double lr = groups[g].options().get_lr();
-          // Appended piece by piece: GCC 12 at -O3 mistakes chained string + for overlapping copies (-Wrestrict).
-          std::string name = "lr";
-          if (optimizers > 1) name.append("_").append(std::to_string(i));
-          if (groups.size() > 1) name.append("_group_").append(std::to_string(g));
-          out.emplace_back(std::move(name), lr);
-        } catch (const c10::Error&) {
-          break;
-        }
-      }
-    }
-    return out;
-  }
-
-  /// Merges the user reducers taking part (`role`: for_training or for_validation) into `out`, each
-  /// reducing the parts of every rank.
-  void reduce_user_reducers(bool detail::WrappedReducer::* role, const std::vector<detail::RankShare>& shares, MetricValues& out) {
-    // Every rank sees every share, so a mismatch stops all ranks here together.
-    for (const auto& s : shares)
-      if (s.reducer_parts.size() != shares.front().reducer_parts.size())
-        throw DistributedError("the ranks wrapped different numbers of reducers; every rank must build the same trial");
-    std::size_t index = 0;
-    for (auto& r : context_.reducers())
-      if (r.*role) r.cross_slot_into(r.object, r.name, detail::reducer_parts(shares, index++), out);
-  }
-
-  /// Every rank takes rank 0's buffers (see detail::broadcast_buffers: DDP's broadcast_buffers, at
-  /// the boundaries that read them).
-  void agree_on_buffers() {
-    if (Communicator* comm = context_.communicator()) detail::broadcast_buffers(*comm, context_.models());
-  }
-
-  template <class Set>
-  void validate(RunState& st, Set& callbacks) {
-    RECORD_USER_SCOPE("dettrial::validate");
-    torch::NoGradGuard no_grad;
-    agree_on_buffers();
-    for (const auto& m : context_.models()) m->eval();
-    for (auto& r : context_.reducers())
-      if (r.for_validation) r.reset(r.object);
-    callbacks.template call<hook::on_validation_start>();
-    st.reporter.begin("validate", 0, epoch_length(*validation_loader_, validation_chain()), "batches");
-    detail::RankShare mine = evaluate(st, callbacks);
-    for (auto& r : context_.reducers())
-      if (r.for_validation) mine.reducer_parts.push_back(r.per_slot(r.object));
-    const auto shares = detail::gather_shares(std::move(mine), context_.communicator());
-    // Decided from the gathered shares, so every rank throws (or goes on) together.
-    if (detail::total_batches(shares) == 0) throw DataError("the validation data loader yielded no batches");
-    MetricValues metrics = detail::combine_validation(shares);
-    reduce_user_reducers(&detail::WrappedReducer::for_validation, shares, metrics);
-    callbacks.template call<hook::on_validation_end>(metrics);
-    context_.step_lr_schedulers_on_validation(metrics);  // the same reduced metrics on every rank
-    st.progress.last_validation = st.progress.batches_trained;
-    ++st.result.validations;
-    MetricValues reported;
-    reported.set("batches", static_cast<double>(st.progress.batches_trained));
-    reported.set("epochs", static_cast<double>(st.progress.epochs_trained));
-    for (const auto& [name, value] : metrics) reported.set(name, value);
-    st.reporter.validation(st.progress.batches_trained, st.progress.epochs_trained, reported, detail::total_records(shares),
-                           st.reporter.elapsed());
-    st.result.last_validation_metrics = reported;
-    apply_checkpoint_policy(st, reported, callbacks);
-  }
-
-  /// This rank's share of a validation: its metric totals over its shard (evaluate_batch) or, with
-  /// evaluate_full_dataset, the chief's metrics over the whole set (taken as they are).
-  template <class Set>
-  detail::RankShare evaluate(RunState& st, Set& callbacks) {
-    detail::RankShare mine;
-    if constexpr (DeclaresEvaluateBatch<TrialT>) {
-      callbacks.template call<hook::on_validation_epoch_start>();
-      detail::ValidationReduction reduction(evaluation_reducer());
-      std::vector<Metrics> outputs;
-      std::int64_t batch_idx = 0;
-      detail::CopyAhead batches(validation_loader_->batches(validation_chain()), context_.device());
-      while (batches.has_next()) {
-        validation_batch_t<TrialT> batch = batches.take();
-        mine.records += record_count(batch);
-        Metrics m =
-            in_precision([&]() -> decltype(auto) { return detail::call_evaluate_batch(*trial_, batch, model_or_missing(), batch_idx); });
-        reduction.add(m, batch_idx);
-        if constexpr (Set::wants_validation_outputs) outputs.push_back(std::move(m));
-        st.reporter.update(++batch_idx);
-        if (st.options.test_mode) break;
-        batches.stage();  // the next batch copies while the device evaluates this one
-      }
-      callbacks.template call<hook::on_validation_epoch_end>(std::span<const Metrics>(outputs));
-      mine.totals = reduction.totals();
-      mine.batches = reduction.batches();
-    } else if (context_.distributed().is_chief()) {  // the whole dataset on the chief only (Determined's rule)
-      const Metrics m = in_precision(
-          [&]() -> decltype(auto) { return detail::call_evaluate_full_dataset(*trial_, *validation_loader_, model_or_missing()); });
-      for (const auto& e : m) mine.totals.push_back({std::string(e.key.view()), Reducer::sum, e.value.to_double()});
-      mine.batches = 1;
-    }
-    return mine;
-  }
-
-  /// After a validation: tracks the best searcher metric and checkpoints as the policy says.
-  template <class Set>
-  void apply_checkpoint_policy(RunState& st, const MetricValues& metrics, Set& callbacks) {
-    bool improved = true;  // without a searcher metric every validation counts as the best so far
-    if (!st.options.searcher_metric.empty()) {
-      const auto value = metrics.get(st.options.searcher_metric);
-      if (!value) throw missing_searcher_metric(st.options.searcher_metric, metrics);
-      improved = MetricOrder{st.options.smaller_is_better}.improves(*value, st.progress.best_validation);
-      // Every rank holds the same gathered metrics; the chief's decision is still the one acted on,
-      // because a checkpoint is a collective that all ranks enter or none.
-      if (Communicator* comm = context_.communicator()) improved = comm->broadcast_values({improved ? 1 : 0})[0] != 0;
-      if (improved) st.progress.best_validation = *value;
-    } else if (st.options.checkpoint_policy == CheckpointPolicy::best && !st.warned_best_without_metric) {
-      st.reporter.line("dettrial: checkpoint_policy 'best' has no searcher metric to compare; checkpointing after every validation");
-      st.warned_best_without_metric = true;
-    }
-    if (st.checkpointer.after_validation(improved)) checkpoint_unless_current(st, callbacks);
-  }
-
-  /// A configuration error (exit status 78): every trial of a search would fail the same way.
-  static ConfigError missing_searcher_metric(const std::string& metric, const MetricValues& metrics) {
-    std::vector<std::string> names;
-    for (const auto& [name, ignored] : metrics) names.push_back(name);
-    std::string reported;
-    for (const auto& name : names) reported += (reported.empty() ? "" : ", ") + name;
-    std::string hint = detail::suggestion(metric, names);
-    if (hint.empty()) {  // val_loss for validation_loss: the one name with the same last word
-      auto last_word = [](const std::string& n) { return n.substr(n.rfind('_') == std::string::npos ? 0 : n.rfind('_') + 1); };
-      std::vector<std::string> same;
-      std::ranges::copy_if(names, std::back_inserter(same), [&](const std::string& n) { return last_word(n) == last_word(metric); });
-      if (same.size() == 1) hint = "; did you mean '" + same.front() + "'?";
-    }
-    return ConfigError("searcher.metric '" + metric + "' is not a metric validation reports (it reported " + reported + ")" + hint);
-  }
-
-  TrialProgress progress_of(const RunState& st) const {
-    TrialProgress progress = st.progress;
-    progress.trial_id = st.options.trial_id;
-    progress.training_data_seed = data_seed(*train_loader_);
-    progress.validation_data_seed = data_seed(*validation_loader_);
-    return progress;
-  }
-  template <class L>
-  static std::optional<std::uint64_t> data_seed(const L& loader) {
-    if constexpr (requires {
-                    { loader.seed() } -> std::convertible_to<std::uint64_t>;
-                  })
-      return loader.seed();
-    else return std::nullopt;
-  }
-  template <class L>
-  static void restore_data_seed(L& loader, const std::optional<std::uint64_t>& seed) {
-    if constexpr (requires { loader.set_seed(std::uint64_t{}); })
-      if (seed) loader.set_seed(*seed);
-  }
-
-  // ---- checkpoints: when, and the callbacks' part (checkpoint/ writes and reads the files) ----
-
-  /// Writes a checkpoint (Determined's layout, crash-safe) on the chief, runs the checkpoint hooks,
-  /// and applies retention sparing the new one.
-  template <class Set>
-  void checkpoint(RunState& st, Set& callbacks) {
-    RECORD_USER_SCOPE("dettrial::checkpoint");
-    st.progress.last_checkpoint = st.progress.batches_trained;
-    agree_on_buffers();
-    const bool validated_here = st.progress.last_validation == st.progress.batches_trained && !st.options.searcher_metric.empty();
-    const std::optional<detail::WrittenCheckpoint> written = st.checkpointer.write(
-        callbacks, {.progress = progress_of(st),
-                    .mid_aggregation = st.progress.batches_trained % context_.aggregation_frequency() != 0,
-                    .searcher_metric = st.options.searcher_metric,
-                    .validation_metric = validated_here ? st.result.last_validation_metrics.get(st.options.searcher_metric) : std::nullopt,
-                    .trial_type = c10::demangle(typeid(TrialT).name())});
-    if (!written) return;  // not the chief
-    st.result.checkpoints.push_back(written->info);
-    st.reporter.checkpoint(st.progress.batches_trained, st.progress.epochs_trained, written->info.path, written->seconds);
-    st.checkpointer.apply_retention(written->info.uuid);
-  }
-
-  /// The largest of `value` over the ranks: what every rank acts on.
-  int agreed_max(int value) { return detail::agreed_max(context_.communicator(), value); }
-
-  /**
-   * @brief Makes the ranks of a job agree before training: the epoch length is the chief's sharded
-   * length (Determined's rule; a rank whose shard is a batch shorter reads on into the next epoch of
-   * the endless stream), the data loaders shuffle with the chief's seeds, each rank's own RNG
-   * stream (dropout) is derived from the agreed trial seed and its rank, and the fit options that
-   * place boundaries must be the same on every rank.
-   */
-  void agree_across_ranks(RunState& st, std::int64_t first_batch) {
-    Communicator* comm = context_.communicator();
-    if (!comm) return;
-    const auto train_seed = data_seed(*train_loader_), validation_seed = data_seed(*validation_loader_);
-    const std::vector<std::int64_t> chief =
-        comm->broadcast_values({st.epoch_len, static_cast<std::int64_t>(train_seed.value_or(0)), train_seed ? 1 : 0,
-                                static_cast<std::int64_t>(validation_seed.value_or(0)), validation_seed ? 1 : 0});
-    st.epoch_len = chief[0];
-    if (chief[2]) restore_data_seed(*train_loader_, static_cast<std::uint64_t>(chief[1]));
-    if (chief[4]) restore_data_seed(*validation_loader_, static_cast<std::uint64_t>(chief[3]));
-    const FitOptions& o = st.options;
-    const detail::RankSetting placing_boundaries[] = {
-        {"max_length", st.length.to_string()},
-        {"the validation period", o.validation_period.to_string()},
-        {"the checkpoint period", o.checkpoint_period.to_string()},
-        {"the reporting period", o.reporting_period.to_string()},
-        {"test mode", o.test_mode ? "on" : "off"},
-        {"step-zero validation", o.step_zero_validation ? "on" : "off"},
-        {"the checkpoint policy", std::to_string(static_cast<int>(o.checkpoint_policy))},
-        {"the searcher metric", o.searcher_metric + (o.smaller_is_better ? " (smaller is better)" : " (larger is better)")},
-        {"the batch resumed from", std::to_string(first_batch)},
-        {"aggregation_frequency", std::to_string(context_.aggregation_frequency())},
-        {"the global batch size", context_.has_global_batch_size() ? std::to_string(context_.get_global_batch_size()) : "-"}};
-    detail::require_same_settings(*comm, placing_boundaries);
-    context_.seed_rank_stream();
-  }
-
-  /**
-   * @brief Restores a checkpoint: models (names and shapes checked), optimizers, schedulers, pending
-   * gradients, RNGs, callbacks, and where the trial stands (`progress`).
-   */
-  template <class Set>
-  void restore(RunState& st, const std::filesystem::path& dir, const TrialProgress& progress, Set& callbacks) {
-    for (const std::string& name : st.checkpointer.restore(dir, callbacks))
-      st.reporter.line("dettrial: warning: the checkpoint has no state for callback '" + name + "'");
-    restore_data_seed(*train_loader_, progress.training_data_seed);
-    restore_data_seed(*validation_loader_, progress.validation_data_seed);
-    st.progress = progress;
-  }
-
-  /// A copy whose tensors are detached from the graph and on the CPU (kept for callbacks).
-  static Metrics detached(const Metrics& m) {
-    Metrics out;
-    for (const auto& e : m) out.set(e.key, e.value.is_tensor() ? MetricValue(e.value.tensor().detach().cpu()) : e.value);
-    return out;
-  }
-
-  /// The training loader's chain: endless, this rank's shard, skipping what was trained.
-  LoaderChain training_chain() const {
-    return LoaderChain{.repeat = true,
-                       .skip = context_.get_initial_batch(),
-                       .num_replicas = context_.distributed().size,
-                       .rank = context_.distributed().rank};
-  }
-  /// The validation loader's chain: one pass over this rank's shard.
-  LoaderChain validation_chain() const {
-    return LoaderChain{.repeat = false, .skip = 0, .num_replicas = context_.distributed().size, .rank = context_.distributed().rank};
-  }
-  /// Batches per epoch on this rank: the loader's sharded length when it knows one.
-  template <class L>
-  static std::int64_t epoch_length(const L& loader, const LoaderChain& chain) {
-    if constexpr (requires {
-                    { loader.batches_for(chain) } -> std::convertible_to<std::int64_t>;
-                  }) {
-      return static_cast<std::int64_t>(loader.batches_for(chain));
-    } else {  // Determined's DistributedBatchSampler length: len // n + (len % n > rank)
-      const auto len = static_cast<std::int64_t>(loader.size());
-      return len / chain.num_replicas + (len % chain.num_replicas > chain.rank ? 1 : 0);
-    }
-  }
-
-  ReducerChoice evaluation_reducer() {
-    if constexpr (requires(TrialT& t) { ReducerChoice(t.evaluation_reducer()); }) return ReducerChoice(trial_->evaluation_reducer());
-    else return Reducer::avg;
-  }
-
-  template <class B>
-  std::int64_t record_count(const B& batch) {
-    if constexpr (requires(TrialT& t) {
-                    { t.get_batch_length(batch) } -> std::convertible_to<std::int64_t>;
-                  })
-      return trial_->get_batch_length(batch);
-    else return batch_length(batch);
-  }
-
-  /// Runs a trial hook under autocast when the context's precision asks for it (no cost at fp32).
-  template <class F>
-  decltype(auto) in_precision(F&& hook) {
-    if (const std::optional<at::ScalarType> dtype = context_.autocast_dtype()) {
-      AutocastGuard autocast(context_.device().type(), dtype);
-      return std::forward<F>(hook)();
-    }
-    return std::forward<F>(hook)();
-  }
-
+  /// The model and optimizer holder a Run gets: a declarative trial's, else `missing` objects.
   auto& model_or_missing() {
     if constexpr (declarative) return *model_;
-    else return missing_model_;
+    else return missing_;
+  }
+  auto& optimizer_or_missing() {
+    if constexpr (declarative) return *optimizer_;
+    else return missing_;
   }
 
   Context& context_;
@@ -16405,11 +16839,7 @@ class Trainer {
   std::optional<OptimizerHolder> optimizer_;
   std::unique_ptr<SchedulerResult> scheduler_;
   std::unique_ptr<TrialCallbacks> callbacks_;
-  std::optional<TrainLoader> train_loader_;
-  std::optional<ValidationLoader> validation_loader_;
-  /// The captured training step (capture::cuda_graph), for one fit at a time.
-  detail::StepGraph<if_ok<training_batch_t<TrialT>>> step_graph_;
-  detail::missing missing_model_;
+  detail::missing missing_;
 };
 
 /**
@@ -16484,7 +16914,7 @@ LoadedTrial<TrialT> load_trial_from_checkpoint_path(const std::filesystem::path&
   const std::filesystem::path dir = resolve_checkpoint(path);
   auto context = std::make_unique<Context>(detail::checkpoint_trial_config(dir, options.hparams), ContextOptions{.device = options.device});
   auto trainer = std::make_unique<Trainer<TrialT>>(*context, std::forward<Args>(trial_args)...);
-  detail::ContextCheckpoint::load_models(*context, detail::read_state_dict_file(dir), dir / layout::state_dict);
+  detail::ContextCheckpoint::load_models(*context, detail::read_state_dict_file(dir), CheckpointFolder{dir}.state_dict());
   return LoadedTrial<TrialT>(std::move(context), std::move(trainer));
 }
 
@@ -16505,7 +16935,7 @@ DETTRIAL_INLINE void merge_yaml_map(YAML::Node target, const YAML::Node& changes
 }
 
 DETTRIAL_INLINE ExperimentConfig checkpoint_trial_config(const std::filesystem::path& checkpoint, const YAML::Node& overrides) {
-  const std::filesystem::path file = checkpoint / layout::load_data;
+  const std::filesystem::path file = CheckpointFolder{checkpoint}.load_data();
   std::error_code ec;
   if (!std::filesystem::exists(file, ec))
     throw CheckpointError("'" + checkpoint.string() +

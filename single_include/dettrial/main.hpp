@@ -211,6 +211,198 @@ DETTRIAL_INLINE pid_t spawn_process(const std::string& program, std::vector<std:
 }  // namespace dettrial::detail
 #endif  // DETTRIAL_HEADER_DEFINITIONS
 // ---- end dettrial/detail/process.hpp
+// ---- begin dettrial/search/slurm.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief A search's trials as Slurm jobs (`--launcher slurm`): Slurm's client commands, the job
+/// names, the srun command around a trial's, stopping a trial's job, and reading the jobs the
+/// controller knows. The Experiment decides when; this knows how to say it to Slurm.
+
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+
+namespace dettrial::detail {
+
+/// A Slurm job of an experiment, as `scontrol show job` lists it (a job that ended stays listed for
+/// the cluster's MinJobAge, 300 s by default).
+struct SlurmJob {
+  std::int64_t trial = 0;
+  std::int64_t id = 0;
+  std::string state;
+  /// Its wait status, once it ended: the exit code or the signal that killed it, and for a job
+  /// that ended without either (cancelled while queued, timed out, its node failed) SIGTERM for a
+  /// cancel and SIGKILL otherwise, so that it never reads as a success.
+  int status = 0;
+};
+
+/// Whether a Slurm job state is final (the job's record then holds its exit code).
+DETTRIAL_INLINE bool slurm_job_ended(std::string_view state);
+
+/// A trial's command line: the program, its arguments and what changes in its environment.
+struct TrialCommand {
+  std::string program{};
+  std::vector<std::string> args{};
+  /// NAME=value pairs added to the runner's environment.
+  std::vector<std::string> extra_env{};
+  /// Variables of the runner's environment left out, by prefix.
+  std::vector<std::string> drop_env_prefixes{};
+};
+
+/**
+ * @brief The Slurm cluster an experiment's trials run on: its client commands (found on PATH when
+ * made) and the experiment's jobs, named `dettrial-e<experiment>-t<trial>`.
+ */
+class SlurmCluster {
+ public:
+  /// Finds srun, scancel and scontrol on PATH; throws ConfigError naming the one that is missing.
+  DETTRIAL_INLINE SlurmCluster();
+
+  /// The experiment whose jobs this names and lists (its id is known once its folder is).
+  void set_experiment(std::int64_t experiment_id) { experiment_id_ = experiment_id; }
+  /// The job name of trial `trial` (what squeue and scancel find it by).
+  DETTRIAL_INLINE std::string job_name(std::int64_t trial) const;
+
+  /// `command` run as trial `trial`'s job of `tasks` tasks, with the config's sbatch arguments.
+  DETTRIAL_INLINE TrialCommand job_command(std::int64_t trial, std::int64_t tasks, const std::vector<std::string>& sbatch_args,
+                                           TrialCommand command) const;
+  /// Asks trial `trial`'s job to stop: SIGTERM to its tasks (`scancel --signal=TERM`: srun itself
+  /// would cancel the step, killing the tasks before they checkpoint), and a job still queued is
+  /// cancelled outright (it has trained nothing).
+  DETTRIAL_INLINE void stop(std::int64_t trial) const;
+
+  /// This experiment's jobs, by job id; nullopt when scontrol fails (the controller does not
+  /// answer). `scratch` is a folder for scontrol's listing.
+  DETTRIAL_INLINE std::optional<std::map<std::int64_t, SlurmJob>> jobs(const std::filesystem::path& scratch) const;
+  /// Each trial's newest job among `jobs`.
+  DETTRIAL_INLINE static std::map<std::int64_t, SlurmJob> newest_job_per_trial(const std::map<std::int64_t, SlurmJob>& jobs);
+
+ private:
+  std::string srun_, scancel_, scontrol_;
+  std::int64_t experiment_id_ = 0;
+};
+
+}  // namespace dettrial::detail
+
+// Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
+#if DETTRIAL_HEADER_DEFINITIONS
+#include <charconv>
+#include <csignal>
+#include <cstdlib>
+#include <fstream>
+
+
+namespace dettrial::detail {
+
+DETTRIAL_INLINE bool slurm_job_ended(std::string_view state) {
+  for (std::string_view end : {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY", "BOOT_FAIL",
+                               "DEADLINE", "SPECIAL_EXIT", "REVOKED"})
+    if (state == end) return true;
+  return false;
+}
+
+DETTRIAL_INLINE SlurmCluster::SlurmCluster() {
+  for (const char* tool : {"srun", "scancel", "scontrol"}) {
+    const std::string path = find_on_path(tool);
+    if (path.empty())
+      throw ConfigError(std::string("--launcher slurm runs each trial with Slurm's srun, stops it with scancel and finds its jobs with "
+                                    "scontrol, but there is no ") +
+                        tool + " on PATH; install Slurm's client commands, or run the search here with --launcher local");
+    (std::string_view(tool) == "srun" ? srun_ : std::string_view(tool) == "scancel" ? scancel_ : scontrol_) = path;
+  }
+}
+
+DETTRIAL_INLINE std::string SlurmCluster::job_name(std::int64_t trial) const {
+  return "dettrial-e" + std::to_string(experiment_id_) + "-t" + std::to_string(trial);
+}
+
+DETTRIAL_INLINE TrialCommand SlurmCluster::job_command(std::int64_t trial, std::int64_t tasks, const std::vector<std::string>& sbatch_args,
+                                                       TrialCommand command) const {
+  // srun waits for the job and returns its tasks' exit status, so the runner supervises it as it
+  // does a local trial; its messages (a failed task named) go to the trial's log.
+  // --dependency=singleton: should a job of this trial outlive what this runner knows (a runner
+  // killed between starting srun and the job reaching the controller), the next one waits for it.
+  std::vector<std::string> srun = {srun_, "--job-name=" + job_name(trial), "--ntasks=" + std::to_string(tasks), "--kill-on-bad-exit=1",
+                                   "--dependency=singleton"};
+  srun.insert(srun.end(), sbatch_args.begin(), sbatch_args.end());
+  command.args.insert(command.args.begin(), srun.begin(), srun.end());
+  command.program = srun_;
+  // Without an allocation's variables, srun starts a job of its own for the trial, also when this
+  // runner runs inside an allocation: jobs are what squeue and scancel --name see, and each job's
+  // rendezvous port (derived from its job id) is its own.
+  command.drop_env_prefixes.emplace_back("SLURM_");
+  if (const char* conf = std::getenv("SLURM_CONF"))
+    command.extra_env.push_back(std::string("SLURM_CONF=") + conf);  // which cluster, not an allocation
+  return command;
+}
+
+DETTRIAL_INLINE void SlurmCluster::stop(std::int64_t trial) const {
+  const std::string name = "--name=" + job_name(trial);
+  run_and_wait(scancel_, {scancel_, "--quiet", "--state=PENDING", name});
+  run_and_wait(scancel_, {scancel_, "--quiet", "--signal=TERM", name});
+}
+
+namespace slurm_detail {
+inline std::optional<std::int64_t> number(std::string_view text) {
+  std::int64_t value = 0;
+  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+  return error == std::errc() && end == text.data() + text.size() && !text.empty() ? std::optional(value) : std::nullopt;
+}
+/// The value of `key` (as "Key=") in one of scontrol's one-line records: up to the next space.
+inline std::string field(const std::string& line, std::string_view key) {
+  for (std::size_t at = line.find(key); at != std::string::npos; at = line.find(key, at + 1)) {
+    if (at != 0 && line[at - 1] != ' ') continue;
+    const std::size_t begin = at + key.size();
+    return line.substr(begin, line.find(' ', begin) - begin);
+  }
+  return {};
+}
+}  // namespace slurm_detail
+
+DETTRIAL_INLINE std::optional<std::map<std::int64_t, SlurmJob>> SlurmCluster::jobs(const std::filesystem::path& scratch) const {
+  using slurm_detail::field, slurm_detail::number;
+  // One line per job the controller knows: "JobId=16 JobName=dettrial-e5-t1 ... JobState=RUNNING ... ExitCode=0:0 ...".
+  const std::filesystem::path listing = scratch / ".slurm-jobs.txt";
+  const int status = run_and_wait(scontrol_, {scontrol_, "--oneliner", "show", "job"}, {.output = listing.string(), .merge_stderr = false});
+  std::map<std::int64_t, SlurmJob> jobs;
+  std::ifstream in(listing);
+  const std::string prefix = "dettrial-e" + std::to_string(experiment_id_) + "-t";
+  for (std::string line; std::getline(in, line);) {
+    const std::string name = field(line, "JobName=");
+    if (name.rfind(prefix, 0) != 0) continue;
+    const auto trial = number(name.substr(prefix.size()));
+    const auto id = number(field(line, "JobId="));
+    if (!trial || !id) continue;
+    SlurmJob job{*trial, *id, field(line, "JobState="), 0};
+    // ExitCode=<exit code>:<signal>, as a wait status.
+    const std::string code = field(line, "ExitCode=");
+    const auto colon = code.find(':');
+    const auto exit_code = number(code.substr(0, colon)).value_or(0);
+    const auto signal = colon == std::string::npos ? 0 : number(code.substr(colon + 1)).value_or(0);
+    job.status = signal != 0 ? wait_status_killed(static_cast<int>(signal)) : wait_status_exited(static_cast<int>(exit_code));
+    if (job.status == 0 && job.state != "COMPLETED" && slurm_job_ended(job.state))
+      job.status = wait_status_killed(job.state == "CANCELLED" ? SIGTERM : SIGKILL);
+    jobs[*id] = std::move(job);
+  }
+  std::filesystem::remove(listing);
+  if (status != 0 && jobs.empty()) return std::nullopt;
+  return jobs;
+}
+
+DETTRIAL_INLINE std::map<std::int64_t, SlurmJob> SlurmCluster::newest_job_per_trial(const std::map<std::int64_t, SlurmJob>& jobs) {
+  std::map<std::int64_t, SlurmJob> newest;
+  for (const auto& [id, job] : jobs) newest[job.trial] = job;  // by ascending job id: the last is the newest
+  return newest;
+}
+
+}  // namespace dettrial::detail
+#endif  // DETTRIAL_HEADER_DEFINITIONS
+// ---- end dettrial/search/slurm.hpp
 
 namespace dettrial {
 
@@ -292,28 +484,6 @@ class Experiment {
   /// checkpoint).
   void terminate_trial(std::int64_t id, const Running& run) const;
 
-  /// The Slurm job name of trial `id` (what squeue and scancel find it by).
-  std::string slurm_job_name(std::int64_t id) const;
-
-  /// A Slurm job of this experiment, as `scontrol show job` lists it (a job that ended stays listed
-  /// for the cluster's MinJobAge, 300 s by default).
-  struct SlurmJob {
-    std::int64_t trial = 0;
-    std::int64_t id = 0;
-    std::string state;
-    /// Its wait status, once it ended: the exit code or the signal that killed it, and for a job
-    /// that ended without either (cancelled while queued, timed out, its node failed) SIGTERM for a
-    /// cancel and SIGKILL otherwise, so that it never reads as a success.
-    int status = 0;
-  };
-
-  /// This experiment's Slurm jobs, by job id; nullopt when scontrol fails (the controller does
-  /// not answer).
-  std::optional<std::map<std::int64_t, SlurmJob>> slurm_jobs() const;
-
-  /// Each trial's newest job among `jobs`.
-  static std::map<std::int64_t, SlurmJob> newest_job_per_trial(const std::map<std::int64_t, SlurmJob>& jobs);
-
   /// Continuing an experiment whose trials ran on Slurm (the runner was killed, its trials' jobs
   /// ran on): a trial that has not ended in the event log and still has a job queued or running is
   /// adopted (watched through scontrol, stopped with scancel) instead of started a second time into
@@ -323,7 +493,10 @@ class Experiment {
   /// An adopted trial's job that ended: handled as a child's exit. Asks Slurm at most once a second.
   void reap_adopted(bool interrupting);
 
-  std::filesystem::path trial_dir(std::int64_t id) const { return options_.output_dir / layout::trials / std::to_string(id); }
+  /// The experiment's folder, and trial `id`'s run folder in it.
+  ExperimentFolder folder() const { return {options_.output_dir}; }
+  RunFolder trial_folder(std::int64_t id) const { return folder().trial(id); }
+  std::filesystem::path trial_dir(std::int64_t id) const { return trial_folder(id).dir; }
 
   void say(const std::string& line) const;
 
@@ -407,8 +580,8 @@ class Experiment {
 
   ExperimentConfig config_;
   std::int64_t experiment_id_ = 0;
-  /// The Slurm commands, with --launcher slurm.
-  std::string srun_, scancel_, scontrol_;
+  /// The cluster the trials run on as jobs, with --launcher slurm.
+  std::optional<detail::SlurmCluster> slurm_;
   /// When reap_adopted may ask Slurm again.
   std::chrono::steady_clock::time_point next_slurm_poll_{};
   ExperimentOptions options_;
@@ -475,14 +648,7 @@ DETTRIAL_INLINE Experiment::Experiment(ExperimentConfig config, ExperimentOption
   if (config_.searcher.metric.empty())
     throw ConfigError(config_.source + ": searcher '" + std::string(config_.searcher.name()) + "' needs searcher.metric");
   if (options_.launcher == TrialLauncher::slurm) {
-    for (const char* tool : {"srun", "scancel", "scontrol"}) {
-      const std::string path = detail::find_on_path(tool);
-      if (path.empty())
-        throw ConfigError(std::string("--launcher slurm runs each trial with Slurm's srun, stops it with scancel and finds its jobs with "
-                                      "scontrol, but there is no ") +
-                          tool + " on PATH; install Slurm's client commands, or run the search here with --launcher local");
-      (std::string_view(tool) == "srun" ? srun_ : std::string_view(tool) == "scancel" ? scancel_ : scontrol_) = path;
-    }
+    slurm_.emplace();
     // Checkpoints and metrics go to the experiment's folder, which the trials' nodes must see.
     options_.output_dir = std::filesystem::absolute(options_.output_dir);
     if (options_.program == "/proc/self/exe") options_.program = std::filesystem::read_symlink("/proc/self/exe");
@@ -491,14 +657,15 @@ DETTRIAL_INLINE Experiment::Experiment(ExperimentConfig config, ExperimentOption
 
 DETTRIAL_INLINE int Experiment::run() {
   namespace fs = std::filesystem;
-  fs::create_directories(options_.output_dir / layout::trials);
+  fs::create_directories(folder().trials());
   experiment_id_ = experiment_id_in(options_.output_dir);
+  if (slurm_) slurm_->set_experiment(experiment_id_);
   detail::supervisor_signal.store(0);
   detail::supervisor_signal_count.store(0);
   const detail::SignalHandlers handlers(&detail::dettrial_on_supervisor_signal);
 
   replay_or_start();
-  if (options_.launcher == TrialLauncher::slurm) adopt_slurm_jobs();
+  if (slurm_) adopt_slurm_jobs();
   // A trial the searcher stopped whose end the log lacks (the runner died before it): it is
   // stopped, not trained on.
   for (const std::int64_t id : std::vector<std::int64_t>(queue_))
@@ -552,73 +719,15 @@ DETTRIAL_INLINE void Experiment::stop_running_trials() {
   }
 }
 
-DETTRIAL_INLINE std::string Experiment::slurm_job_name(std::int64_t id) const {
-  return "dettrial-e" + std::to_string(experiment_id_) + "-t" + std::to_string(id);
-}
-
-namespace detail {
-/// Whether a Slurm job state is final (the job's record then holds its exit code).
-inline bool slurm_job_ended(std::string_view state) {
-  for (std::string_view end : {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY", "BOOT_FAIL",
-                               "DEADLINE", "SPECIAL_EXIT", "REVOKED"})
-    if (state == end) return true;
-  return false;
-}
-}  // namespace detail
-
-DETTRIAL_INLINE std::optional<std::map<std::int64_t, Experiment::SlurmJob>> Experiment::slurm_jobs() const {
-  // One line per job the controller knows: "JobId=16 JobName=dettrial-e5-t1 ... JobState=RUNNING ... ExitCode=0:0 ...".
-  const std::filesystem::path listing = options_.output_dir / ".slurm-jobs.txt";
-  const int status =
-      detail::run_and_wait(scontrol_, {scontrol_, "--oneliner", "show", "job"}, {.output = listing.string(), .merge_stderr = false});
-  std::map<std::int64_t, SlurmJob> jobs;
-  std::ifstream in(listing);
-  const std::string prefix = "dettrial-e" + std::to_string(experiment_id_) + "-t";
-  const auto number = [](std::string_view text) -> std::optional<std::int64_t> {
-    std::int64_t value = 0;
-    const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
-    return error == std::errc() && end == text.data() + text.size() && !text.empty() ? std::optional(value) : std::nullopt;
-  };
-  for (std::string line; std::getline(in, line);) {
-    const auto field = [&line](std::string_view key) -> std::string {
-      for (std::size_t at = line.find(key); at != std::string::npos; at = line.find(key, at + 1)) {
-        if (at != 0 && line[at - 1] != ' ') continue;
-        const std::size_t begin = at + key.size();
-        return line.substr(begin, line.find(' ', begin) - begin);
-      }
-      return {};
-    };
-    const std::string name = field("JobName=");
-    if (name.rfind(prefix, 0) != 0) continue;
-    const auto trial = number(name.substr(prefix.size()));
-    const auto id = number(field("JobId="));
-    if (!trial || !id) continue;
-    SlurmJob job{*trial, *id, field("JobState="), 0};
-    // ExitCode=<exit code>:<signal>, as a wait status.
-    const std::string code = field("ExitCode=");
-    const auto colon = code.find(':');
-    const auto exit_code = number(code.substr(0, colon)).value_or(0);
-    const auto signal = colon == std::string::npos ? 0 : number(code.substr(colon + 1)).value_or(0);
-    job.status =
-        signal != 0 ? detail::wait_status_killed(static_cast<int>(signal)) : detail::wait_status_exited(static_cast<int>(exit_code));
-    if (job.status == 0 && job.state != "COMPLETED" && detail::slurm_job_ended(job.state))
-      job.status = detail::wait_status_killed(job.state == "CANCELLED" ? SIGTERM : SIGKILL);
-    jobs[*id] = std::move(job);
-  }
-  std::filesystem::remove(listing);
-  if (status != 0 && jobs.empty()) return std::nullopt;
-  return jobs;
-}
-
 DETTRIAL_INLINE void Experiment::adopt_slurm_jobs() {
-  const auto jobs = slurm_jobs();
+  const auto jobs = slurm_->jobs(options_.output_dir);
   if (!jobs)
     throw Error(
         "--launcher slurm: 'scontrol show job' failed, so this runner cannot tell which of the experiment's trials still run as Slurm "
         "jobs; "
         "is the cluster up (sinfo)?");
   std::vector<std::int64_t> ended;
-  for (const auto& [id, job] : newest_job_per_trial(*jobs)) {
+  for (const auto& [id, job] : detail::SlurmCluster::newest_job_per_trial(*jobs)) {
     const auto queued = std::find(queue_.begin(), queue_.end(), id);
     if (queued == queue_.end()) continue;  // ended in the event log: its job is history
     // A job whose end the log records (a restart logged, the runner killed before the next job
@@ -650,18 +759,11 @@ DETTRIAL_INLINE void Experiment::adopt_slurm_jobs() {
   }
 }
 
-DETTRIAL_INLINE std::map<std::int64_t, Experiment::SlurmJob> Experiment::newest_job_per_trial(
-    const std::map<std::int64_t, SlurmJob>& jobs) {
-  std::map<std::int64_t, SlurmJob> newest;
-  for (const auto& [id, job] : jobs) newest[job.trial] = job;  // by ascending job id: the last is the newest
-  return newest;
-}
-
 DETTRIAL_INLINE void Experiment::reap_adopted(bool interrupting) {
   const auto now = std::chrono::steady_clock::now();
   if (now < next_slurm_poll_) return;
   next_slurm_poll_ = now + std::chrono::seconds(1);
-  const auto jobs = slurm_jobs();
+  const auto jobs = slurm_->jobs(options_.output_dir);
   // The controller does not answer: ask again in a second, unless a second Ctrl-C asks this runner
   // to leave (the jobs run on; the next runner adopts them).
   const bool leave = !jobs && interrupting && detail::supervisor_signal_count.load() >= 2;
@@ -691,14 +793,8 @@ DETTRIAL_INLINE void Experiment::reap_adopted(bool interrupting) {
 }
 
 DETTRIAL_INLINE void Experiment::terminate_trial(std::int64_t id, const Running& run) const {
-  if (options_.launcher == TrialLauncher::local) {
-    if (run.pid > 0) ::kill(run.pid, SIGTERM);
-    return;
-  }
-  // A job still queued takes no signal but SIGKILL: it is cancelled outright (it has trained nothing).
-  const std::string name = "--name=" + slurm_job_name(id);
-  detail::run_and_wait(scancel_, {scancel_, "--quiet", "--state=PENDING", name});
-  detail::run_and_wait(scancel_, {scancel_, "--quiet", "--signal=TERM", name});
+  if (slurm_) slurm_->stop(id);
+  else if (run.pid > 0) ::kill(run.pid, SIGTERM);
 }
 
 DETTRIAL_INLINE void Experiment::say(const std::string& line) const {
@@ -707,7 +803,7 @@ DETTRIAL_INLINE void Experiment::say(const std::string& line) const {
 }
 
 DETTRIAL_INLINE std::int64_t Experiment::experiment_id_in(const std::filesystem::path& dir) {
-  const std::filesystem::path file = dir / "experiment.json";
+  const std::filesystem::path file = ExperimentFolder{dir}.experiment_id();
   if (std::filesystem::exists(file)) {
     std::ifstream in(file);
     const detail::Json j = detail::Json::parse(in, nullptr, /*allow_exceptions=*/false);
@@ -722,11 +818,11 @@ DETTRIAL_INLINE std::int64_t Experiment::experiment_id_in(const std::filesystem:
 }
 
 DETTRIAL_INLINE void Experiment::log_event(const detail::Json& event) {
-  std::ofstream(options_.output_dir / layout::events_log, std::ios::app) << detail::json_line(event);
+  std::ofstream(folder().events_log(), std::ios::app) << detail::json_line(event);
 }
 
 DETTRIAL_INLINE void Experiment::replay_or_start() {
-  const auto events_path = options_.output_dir / layout::events_log;
+  const auto events_path = folder().events_log();
   std::vector<TrialRequest> first = std::visit([](auto& s) { return s.initial(); }, searcher_);
   for (auto& r : first) add_trial(std::move(r));
   if (!std::filesystem::exists(events_path)) return;
@@ -824,13 +920,13 @@ DETTRIAL_INLINE void Experiment::write_trial_config(const TrialRequest& r) const
   doc.remove("checkpoint_storage");
   YAML::Node storage(YAML::NodeType::Map);
   storage["type"] = "shared_fs";
-  storage["host_path"] = (trial_dir(r.id) / layout::checkpoints).string();
+  storage["host_path"] = trial_folder(r.id).checkpoints().string();
   // The experiment's best are chosen among the trials' best, so each trial keeps its best until then.
   storage["save_trial_best"] =
       std::max<std::int64_t>(config_.checkpoint_storage.save_trial_best, config_.checkpoint_storage.save_experiment_best > 0 ? 1 : 0);
   storage["save_trial_latest"] = std::max<std::int64_t>(config_.checkpoint_storage.save_trial_latest, 1);  // restarts need one
   doc["checkpoint_storage"] = storage;
-  std::ofstream(trial_dir(r.id) / layout::config) << doc << "\n";
+  std::ofstream(trial_folder(r.id).config()) << doc << "\n";
 }
 
 DETTRIAL_INLINE void Experiment::launch_queued() {
@@ -846,48 +942,33 @@ DETTRIAL_INLINE void Experiment::launch(std::int64_t id) {
   const TrialRequest& r = requests_.at(id);
   fs::create_directories(trial_dir(id));
   write_trial_config(r);
-  std::vector<std::string> args = {options_.program.string(), "--config", (trial_dir(id) / layout::config).string(), "--output",
+  std::vector<std::string> args = {options_.program.string(), "--config", trial_folder(id).config().string(), "--output",
                                    trial_dir(id).string(),    "--quiet"};
-  if (!list_checkpoints(trial_dir(id) / layout::checkpoints).empty()) {
+  if (!list_checkpoints(trial_folder(id).checkpoints()).empty()) {
     args.emplace_back("--resume");
-    args.push_back((trial_dir(id) / layout::checkpoints).string());
-  } else if (std::filesystem::exists(trial_dir(id) / layout::metrics_log)) {
+    args.push_back(trial_folder(id).checkpoints().string());
+  } else if (std::filesystem::exists(trial_folder(id).metrics_log())) {
     // A restart before any checkpoint: the folder without one makes main start afresh there,
     // dropping the failed attempt's metrics and TensorBoard events first.
     args.emplace_back("--resume");
     args.push_back(trial_dir(id).string());
   }
-  std::string program = options_.program.string();
-  if (options_.launcher == TrialLauncher::slurm) {
-    // srun waits for the job and returns its tasks' exit status, so the runner supervises it as it
-    // does a local trial; its messages (a failed task named) go to the trial's log.
-    // --dependency=singleton: should a job of this trial outlive what this runner knows (a runner
-    // killed between starting srun and the job reaching the controller), the next one waits for it.
-    std::vector<std::string> srun = {srun_, "--job-name=" + slurm_job_name(id), "--ntasks=" + std::to_string(config_.slots_per_trial),
-                                     "--kill-on-bad-exit=1", "--dependency=singleton"};
-    srun.insert(srun.end(), config_.slurm_args.begin(), config_.slurm_args.end());
-    args.insert(args.begin(), srun.begin(), srun.end());
-    program = srun_;
-  }
   // Determined's own variables: context.get_trial_id() / get_experiment_id().
-  std::vector<std::string> env = {"DET_TRIAL_ID=" + std::to_string(id), "DET_EXPERIMENT_ID=" + std::to_string(experiment_id_)};
-  std::vector<std::string> drop;
-  if (options_.launcher == TrialLauncher::local) {
-    // A local trial ends with this runner (its parent); a Slurm trial's parent is slurmstepd.
-    env.push_back(std::string(detail::supervisor_pid_variable) + "=" + std::to_string(::getpid()));
+  detail::TrialCommand command{.program = options_.program.string(),
+                               .args = std::move(args),
+                               .extra_env = {"DET_TRIAL_ID=" + std::to_string(id), "DET_EXPERIMENT_ID=" + std::to_string(experiment_id_)}};
+  if (slurm_) {
+    command = slurm_->job_command(id, config_.slots_per_trial, config_.slurm_args, std::move(command));
   } else {
-    // Without an allocation's variables, srun starts a job of its own for the trial, also when this
-    // runner runs inside an allocation: jobs are what squeue and scancel --name see, and each job's
-    // rendezvous port (derived from its job id) is its own.
-    drop.emplace_back("SLURM_");
-    if (const char* conf = std::getenv("SLURM_CONF")) env.push_back(std::string("SLURM_CONF=") + conf);  // which cluster, not an allocation
+    // A local trial ends with this runner (its parent); a Slurm trial's parent is slurmstepd.
+    command.extra_env.push_back(std::string(detail::supervisor_pid_variable) + "=" + std::to_string(::getpid()));
   }
   Running run;
   // In a process group of its own: a Ctrl-C reaches the trial once, as this runner's SIGTERM.
-  run.pid = detail::spawn_process(program, std::move(args),
-                                  {.extra_env = std::move(env),
-                                   .drop_env_prefixes = std::move(drop),
-                                   .output = (trial_dir(id) / "log.txt").string(),
+  run.pid = detail::spawn_process(command.program, std::move(command.args),
+                                  {.extra_env = std::move(command.extra_env),
+                                   .drop_env_prefixes = std::move(command.drop_env_prefixes),
+                                   .output = trial_folder(id).trial_log().string(),
                                    .append = true,
                                    .own_process_group = true});
   running_[id] = run;
@@ -897,7 +978,7 @@ DETTRIAL_INLINE void Experiment::launch(std::int64_t id) {
 
 DETTRIAL_INLINE void Experiment::poll_metrics() {
   for (auto& [id, run] : running_) {
-    const auto path = trial_dir(id) / layout::metrics_log;
+    const auto path = trial_folder(id).metrics_log();
     struct stat file{};
     if (::stat(path.c_str(), &file) != 0) continue;
     if (file.st_ino != run.metrics_inode || static_cast<std::uintmax_t>(file.st_size) < run.metrics_offset) {
@@ -985,9 +1066,9 @@ DETTRIAL_INLINE void Experiment::reap(bool interrupting) {
   running_.erase(it);
   // Which job srun ran, for the event log (its record is fresh: the job has just ended).
   std::int64_t slurm_job = 0;
-  if (options_.launcher == TrialLauncher::slurm)
-    if (const auto jobs = slurm_jobs())
-      if (const auto newest = newest_job_per_trial(*jobs); newest.count(id) != 0) slurm_job = newest.at(id).id;
+  if (slurm_)
+    if (const auto jobs = slurm_->jobs(options_.output_dir))
+      if (const auto newest = detail::SlurmCluster::newest_job_per_trial(*jobs); newest.count(id) != 0) slurm_job = newest.at(id).id;
   trial_ended(id, status, stop_sent, interrupting, slurm_job);
 }
 
@@ -1002,17 +1083,15 @@ DETTRIAL_INLINE void Experiment::trial_ended(std::int64_t id, int status, bool s
   const bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
   // 75: stopped by a signal after a checkpoint; a SIGTERM that came after training ended kills it.
   // srun reports a task killed by signal n as exit status 128 + n.
-  const bool stopped =
-      (WIFEXITED(status) && WEXITSTATUS(status) == detail::exit_status_interrupted_value) ||
-      (stop_sent && WIFSIGNALED(status) && WTERMSIG(status) == SIGTERM) ||
-      (stop_sent && options_.launcher == TrialLauncher::slurm && WIFEXITED(status) && WEXITSTATUS(status) == 128 + SIGTERM);
+  const bool stopped = (WIFEXITED(status) && WEXITSTATUS(status) == detail::exit_status_interrupted_value) ||
+                       (stop_sent && WIFSIGNALED(status) && WTERMSIG(status) == SIGTERM) ||
+                       (stop_sent && slurm_ && WIFEXITED(status) && WEXITSTATUS(status) == 128 + SIGTERM);
   if (WIFEXITED(status) && WEXITSTATUS(status) == detail::exit_status_config_value) {
     // Not restarted, and not ended in the event log: after the fix the next run trains it.
     t.state = TrialState::errored;
     if (!config_error_)
-      config_error_.emplace(id, last_error_line(id) + "\n(trial " + std::to_string(id) + "'s config " +
-                                    (trial_dir(id) / layout::config).string() + " is " + config_.source +
-                                    " with the trial's hyperparameters " + detail::one_line(t.hparams) + ")");
+      config_error_.emplace(id, last_error_line(id) + "\n(trial " + std::to_string(id) + "'s config " + trial_folder(id).config().string() +
+                                    " is " + config_.source + " with the trial's hyperparameters " + detail::one_line(t.hparams) + ")");
     return;
   }
   if (interrupting && (stopped || !ok)) {
@@ -1033,7 +1112,7 @@ DETTRIAL_INLINE void Experiment::trial_ended(std::int64_t id, int status, bool s
   } else {
     t.state = TrialState::errored;
     std::fprintf(stderr, "[experiment] trial %lld failed (%s) after %lld restarts; see %s\n", static_cast<long long>(id),
-                 describe_failure(id, status).c_str(), static_cast<long long>(t.restarts), (trial_dir(id) / "log.txt").c_str());
+                 describe_failure(id, status).c_str(), static_cast<long long>(t.restarts), trial_folder(id).trial_log().c_str());
   }
   log_ending({{"event", "end"}, {"trial", id}, {"state", to_string(t.state)}, {"restarts", t.restarts}});
   say("[experiment] trial " + std::to_string(id) + " " + to_string(t.state) + " after " + std::to_string(t.batches_trained) + " batches");
@@ -1043,7 +1122,7 @@ DETTRIAL_INLINE void Experiment::trial_ended(std::int64_t id, int status, bool s
 }
 
 DETTRIAL_INLINE std::string Experiment::last_error_line(std::int64_t id) const {
-  std::ifstream in(trial_dir(id) / "log.txt");
+  std::ifstream in(trial_folder(id).trial_log());
   std::string line, last;
   while (std::getline(in, line))
     if (line.rfind("error: ", 0) == 0) last = line;
@@ -1061,7 +1140,7 @@ DETTRIAL_INLINE std::string Experiment::describe_status(int status) {
 }
 
 DETTRIAL_INLINE void Experiment::refresh_from_disk(TrialSummary& t) const {
-  const auto checkpoints = list_checkpoints(trial_dir(t.id) / layout::checkpoints);
+  const auto checkpoints = list_checkpoints(trial_folder(t.id).checkpoints());
   t.best_checkpoint.clear();
   std::optional<double> best;
   for (const auto& c : checkpoints) {
@@ -1080,7 +1159,7 @@ DETTRIAL_INLINE void Experiment::apply_experiment_retention() {
   std::vector<CheckpointInfo> ranked;
   std::map<std::string, std::int64_t> trial_best_keep;  // uuid -> kept by its trial's rules
   for (const auto& [id, t] : trials_) {
-    const auto all = list_checkpoints(trial_dir(id) / layout::checkpoints);
+    const auto all = list_checkpoints(trial_folder(id).checkpoints());
     for (const auto& c :
          checkpoints_to_delete(all, {.save_trial_best = storage.save_trial_best, .save_trial_latest = storage.save_trial_latest},
                                config_.searcher.smaller_is_better))
@@ -1094,7 +1173,7 @@ DETTRIAL_INLINE void Experiment::apply_experiment_retention() {
   for (std::size_t k = 0; k < ranked.size() && static_cast<std::int64_t>(k) < storage.save_experiment_best; ++k)
     trial_best_keep.erase(ranked[k].uuid);  // among the experiment's best: kept
   for (const auto& [id, t] : trials_)
-    for (const auto& c : list_checkpoints(trial_dir(id) / layout::checkpoints))
+    for (const auto& c : list_checkpoints(trial_folder(id).checkpoints()))
       if (trial_best_keep.count(c.uuid)) delete_checkpoint(c);
 }
 
@@ -1137,7 +1216,7 @@ DETTRIAL_INLINE detail::Json Experiment::summary_json() const {
 DETTRIAL_INLINE void Experiment::write_summary(bool print) {
   for (auto& [id, t] : trials_) refresh_from_disk(t);
   const detail::Json summary = summary_json();
-  detail::write_file_synced(options_.output_dir / layout::summary, detail::json_text(summary));
+  detail::write_file_synced(folder().summary(), detail::json_text(summary));
   if (!print) return;
   std::string table = "\n trial  state           batches  restarts  best " + config_.searcher.metric + "  last  hyperparameters\n";
   for (const auto& [id, t] : trials_) {
@@ -1151,7 +1230,7 @@ DETTRIAL_INLINE void Experiment::write_summary(bool print) {
   if (const detail::Json& best = summary.at("best_trial"); best.is_number_integer())
     table += " best: trial " + std::to_string(best.get<std::int64_t>()) + ", checkpoint " +
              trials_.at(best.get<std::int64_t>()).best_checkpoint + "\n";
-  say(table + " summary: " + (options_.output_dir / layout::summary).string());
+  say(table + " summary: " + folder().summary().string());
 }
 
 DETTRIAL_INLINE void Experiment::refresh_report(bool at_end) {
@@ -1583,7 +1662,7 @@ DETTRIAL_INLINE void draw_one_trial(const CommandLine& line, bool draws, RunPlan
                       ": a data-parallel trial drawn from a search space needs reproducibility.experiment_seed, "
                       "so that every rank draws the same hyperparameters");
   config = one_trial_drawn(config);
-  if (draws && plan.resumed_checkpoint && std::filesystem::exists(*plan.resumed_checkpoint / layout::load_data)) {
+  if (draws && plan.resumed_checkpoint && std::filesystem::exists(CheckpointFolder{*plan.resumed_checkpoint}.load_data())) {
     YAML::Node doc = YAML::Clone(config.yaml);
     doc["hyperparameters"] = YAML::Clone(resumed_run_config(*plan.resumed_checkpoint).yaml["hyperparameters"]);
     config = ExperimentConfig::from_yaml(doc, config.source);
@@ -1636,9 +1715,9 @@ DETTRIAL_INLINE ExperimentConfig one_trial_drawn(const ExperimentConfig& config)
 DETTRIAL_INLINE std::optional<std::filesystem::path> checkpoint_to_resume(const std::filesystem::path& path,
                                                                           const std::string& config_path) {
   std::error_code ec;
-  const bool run_folder = std::filesystem::is_directory(path, ec) && std::filesystem::exists(path / layout::metrics_log, ec) &&
-                          !std::filesystem::exists(path / layout::metadata, ec);
-  if (!run_folder || !list_checkpoints(path).empty() || !list_checkpoints(path / layout::checkpoints).empty())
+  const bool run_folder = std::filesystem::is_directory(path, ec) && std::filesystem::exists(RunFolder{path}.metrics_log(), ec) &&
+                          !std::filesystem::exists(CheckpointFolder{path}.metadata(), ec);
+  if (!run_folder || !list_checkpoints(path).empty() || !list_checkpoints(RunFolder{path}.checkpoints()).empty())
     return resolve_checkpoint(path);  // a checkpoint, a folder holding some, or resolve_checkpoint's error
   if (!config_path.empty()) {
     // The config may keep checkpoints elsewhere (checkpoint_storage.host_path): the run's are there.
@@ -1684,7 +1763,7 @@ DETTRIAL_INLINE void apply_override(YAML::Node& root, const std::string& assignm
 }
 
 DETTRIAL_INLINE ExperimentConfig resumed_run_config(const std::filesystem::path& checkpoint) {
-  const std::filesystem::path file = checkpoint / layout::load_data;
+  const std::filesystem::path file = CheckpointFolder{checkpoint}.load_data();
   YAML::Node load_data;
   try {
     load_data = YAML::LoadFile(file.string());
@@ -1799,7 +1878,8 @@ int train_trial(const CommandLine& line, const RunPlan& plan, const LaunchEnviro
   const std::shared_ptr<Communicator> communicator = connect_ranks(line, env);
   FitOptions options = fit_options_for(line, plan, Trainer<TrialT>::default_output_dir());
   if (!plan.afresh.empty() && env.rank == 0) start_afresh(plan.afresh, line.quiet);
-  const std::filesystem::path storage = options.checkpoint_dir.empty() ? options.output_dir / layout::checkpoints : options.checkpoint_dir;
+  const std::filesystem::path storage =
+      options.checkpoint_dir.empty() ? RunFolder{options.output_dir}.checkpoints() : options.checkpoint_dir;
   const std::int64_t max_restarts = communicator || line.test_mode ? 0 : std::max<std::int64_t>(plan.config.max_restarts, 0);
   for (std::int64_t restarts = 0;; ++restarts) {
     const std::vector<CheckpointInfo> before = max_restarts > 0 ? list_checkpoints(storage) : std::vector<CheckpointInfo>{};
@@ -1920,7 +2000,7 @@ DETTRIAL_INLINE FitOptions fit_options_for(const CommandLine& line, const RunPla
 DETTRIAL_INLINE void say_config_differences(const CommandLine& line, const RunPlan& plan, const LaunchEnvironment& env) {
   if (!plan.resumed_checkpoint || plan.config.source.find("(the resumed run's config)") != std::string::npos || line.quiet || env.rank != 0)
     return;
-  if (std::error_code ec; !std::filesystem::exists(*plan.resumed_checkpoint / layout::load_data, ec)) return;
+  if (std::error_code ec; !std::filesystem::exists(CheckpointFolder{*plan.resumed_checkpoint}.load_data(), ec)) return;
   const std::string differences = config_differences(resumed_run_config(*plan.resumed_checkpoint).yaml, plan.config.yaml);
   if (!differences.empty())
     std::fprintf(stderr, "dettrial: resuming %s with a config that differs from the run's own (its load_data.json); now:\n%s",
@@ -1931,8 +2011,8 @@ DETTRIAL_INLINE void start_afresh(const std::filesystem::path& run, bool quiet) 
   if (!quiet)
     std::fprintf(stderr, "dettrial: '%s' holds no checkpoint yet (the run stopped before its first): starting it afresh there\n",
                  run.string().c_str());
-  MetricsLog(run, /*resumed_at=*/-1);                                   // drops every record
-  TensorBoardWriter::drop_events_after(run / layout::tensorboard, -1);  // and every event
+  MetricsLog(run, /*resumed_at=*/-1);                                      // drops every record
+  TensorBoardWriter::drop_events_after(RunFolder{run}.tensorboard(), -1);  // and every event
 }
 
 DETTRIAL_INLINE std::filesystem::path checkpoint_to_restart_from(const std::exception& failure, const std::vector<CheckpointInfo>& before,

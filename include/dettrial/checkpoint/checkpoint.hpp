@@ -167,7 +167,7 @@ DETTRIAL_INLINE const c10::IValue& require_entry(const StateDict& dict, const ch
 }
 
 DETTRIAL_INLINE StateDict read_state_dict_file(const std::filesystem::path& dir) {
-  const std::filesystem::path file = dir / layout::state_dict;
+  const std::filesystem::path file = CheckpointFolder{dir}.state_dict();
   const c10::IValue top = unpickle_archive(read_checked_file(dir, layout::state_dict), file);
   if (!top.isGenericDict()) throw CheckpointError("checkpoint file '" + file.string() + "' does not hold a dict");
   return top.toGenericDict();
@@ -374,13 +374,13 @@ DETTRIAL_INLINE void ContextCheckpoint::load_native(Context& c, const std::strin
 DETTRIAL_INLINE CheckpointInfo load_models(const std::filesystem::path& path, Context& context) {
   const std::filesystem::path dir = resolve_checkpoint(path);
   const CheckpointInfo info = read_checkpoint_info(dir);
-  detail::ContextCheckpoint::load_models(context, detail::read_state_dict_file(dir), dir / layout::state_dict);
+  detail::ContextCheckpoint::load_models(context, detail::read_state_dict_file(dir), CheckpointFolder{dir}.state_dict());
   return info;
 }
 
 DETTRIAL_INLINE void load_model(const std::filesystem::path& path, torch::nn::Module& module, std::size_t index) {
   const std::filesystem::path dir = resolve_checkpoint(path);
-  const std::string what = "checkpoint file '" + (dir / layout::state_dict).string() + "'";
+  const std::string what = "checkpoint file '" + CheckpointFolder{dir}.state_dict().string() + "'";
   const auto models = detail::require_entry(detail::read_state_dict_file(dir), "models_state_dict", what).toList();
   if (index >= models.size())
     throw CheckpointError(what + " holds " + std::to_string(models.size()) + " model(s); there is no model " + std::to_string(index));

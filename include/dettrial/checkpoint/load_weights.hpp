@@ -116,11 +116,12 @@ DETTRIAL_INLINE StateDict read_model_state_dict(const std::filesystem::path& pat
   std::error_code ec;
   if (!fs::exists(path, ec)) throw CheckpointError("cannot load weights: '" + path.string() + "' does not exist");
   const bool directory = fs::is_directory(path, ec);
-  const fs::path file = directory ? path / layout::state_dict : path;
+  const fs::path file = directory ? CheckpointFolder{path}.state_dict() : path;
   if (directory && !fs::exists(file, ec))
     throw CheckpointError("cannot load weights: '" + path.string() + "' is a directory without state_dict.pth (not a checkpoint)");
   // A dettrial checkpoint lists its files' sizes and checksums: use them when they are there.
-  const bool listed = directory && fs::exists(path / layout::metadata, ec) && fs::exists(path / layout::libtorch_state, ec);
+  const bool listed =
+      directory && fs::exists(CheckpointFolder{path}.metadata(), ec) && fs::exists(CheckpointFolder{path}.libtorch_state(), ec);
   const std::string bytes = listed ? read_checked_file(path, layout::state_dict) : detail::read_file_bytes(file);
   const c10::IValue top = detail::unpickle_archive(bytes, file);
   if (!top.isGenericDict())

@@ -255,7 +255,7 @@ DETTRIAL_INLINE void CheckpointWriter::add_file(const std::string& name, std::st
 }
 
 DETTRIAL_INLINE std::filesystem::path CheckpointWriter::commit(detail::Json fields) {
-  const std::filesystem::path meta_path = temp_ / layout::metadata;
+  const std::filesystem::path meta_path = CheckpointFolder{temp_}.metadata();
   if (!fields.is_object())
     throw CheckpointError("the fields of '" + meta_path.string() + "' must be a JSON object, not " + detail::json_kind(fields));
   fields.erase("files");
@@ -277,7 +277,7 @@ DETTRIAL_INLINE CheckpointInfo read_checkpoint_info(const std::filesystem::path&
   if (!std::filesystem::exists(dir, ec)) throw CheckpointError("checkpoint '" + dir.string() + "' does not exist");
   if (!std::filesystem::is_directory(dir, ec))
     throw CheckpointError("checkpoint '" + dir.string() + "' is not a directory (a checkpoint is a directory with metadata.json)");
-  const std::filesystem::path meta_path = dir / layout::metadata;
+  const std::filesystem::path meta_path = CheckpointFolder{dir}.metadata();
   if (!std::filesystem::exists(meta_path, ec))
     throw CheckpointError("'" + dir.string() + "' is not a complete dettrial checkpoint: it has no metadata.json");
   const detail::Json meta = detail::read_json_file<CheckpointError>(meta_path);
@@ -328,7 +328,7 @@ DETTRIAL_INLINE std::string read_checked_file(const std::filesystem::path& dir, 
   std::error_code ec;
   if (!std::filesystem::exists(file, ec)) throw CheckpointError("checkpoint file '" + file.string() + "' is missing");
   std::string bytes = detail::read_file_bytes(file);
-  const std::filesystem::path meta_path = dir / layout::metadata;
+  const std::filesystem::path meta_path = CheckpointFolder{dir}.metadata();
   const detail::Json meta = detail::read_json_file<CheckpointError>(meta_path);
   const detail::Json* files = detail::json_find(meta, "files");
   const detail::Json* entry = files ? detail::json_find(*files, name) : nullptr;
@@ -352,7 +352,7 @@ DETTRIAL_INLINE std::vector<CheckpointInfo> list_checkpoints(const std::filesyst
   if (!std::filesystem::is_directory(storage, ec)) return out;
   for (const auto& entry : std::filesystem::directory_iterator(storage, ec)) {
     if (!entry.is_directory() || detail::is_hidden(entry.path())) continue;
-    if (!std::filesystem::exists(entry.path() / layout::metadata, ec)) continue;
+    if (!std::filesystem::exists(CheckpointFolder{entry.path()}.metadata(), ec)) continue;
     out.push_back(read_checkpoint_info(entry.path(), /*verify_files=*/false));
   }
   std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.sequence < b.sequence; });
@@ -361,9 +361,9 @@ DETTRIAL_INLINE std::vector<CheckpointInfo> list_checkpoints(const std::filesyst
 
 DETTRIAL_INLINE std::filesystem::path resolve_checkpoint(const std::filesystem::path& path) {
   std::error_code ec;
-  if (std::filesystem::exists(path / layout::metadata, ec)) return path;
+  if (std::filesystem::exists(CheckpointFolder{path}.metadata(), ec)) return path;
   if (!std::filesystem::exists(path, ec)) throw CheckpointError("checkpoint '" + path.string() + "' does not exist");
-  for (const auto& storage : {path, path / layout::checkpoints}) {
+  for (const auto& storage : {path, RunFolder{path}.checkpoints()}) {
     const auto all = list_checkpoints(storage);
     if (!all.empty()) return all.back().path;
   }

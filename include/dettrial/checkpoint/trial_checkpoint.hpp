@@ -150,9 +150,9 @@ DETTRIAL_INLINE CheckpointInfo write_trial_checkpoint(Context& c, const std::fil
 }
 
 DETTRIAL_INLINE void restore_context(Context& c, const std::filesystem::path& dir, const StateDict& top) {
-  const std::filesystem::path file = dir / layout::state_dict;
+  const std::filesystem::path file = CheckpointFolder{dir}.state_dict();
   ContextCheckpoint::load_models(c, top, file);
-  ContextCheckpoint::load_native(c, read_checked_file(dir, layout::libtorch_state), dir / layout::libtorch_state);
+  ContextCheckpoint::load_native(c, read_checked_file(dir, layout::libtorch_state), CheckpointFolder{dir}.libtorch_state());
   ContextCheckpoint::load_rng(c, top, file);
   // A checkpoint written without a scaler (fp32, or bf16) leaves a new one at its initial scale.
   if (const auto it = top.find("scaler_state_dict"); c.scaler() && it != top.end()) {

@@ -107,7 +107,8 @@ int train_trial(const CommandLine& line, const RunPlan& plan, const LaunchEnviro
   const std::shared_ptr<Communicator> communicator = connect_ranks(line, env);
   FitOptions options = fit_options_for(line, plan, Trainer<TrialT>::default_output_dir());
   if (!plan.afresh.empty() && env.rank == 0) start_afresh(plan.afresh, line.quiet);
-  const std::filesystem::path storage = options.checkpoint_dir.empty() ? options.output_dir / layout::checkpoints : options.checkpoint_dir;
+  const std::filesystem::path storage =
+      options.checkpoint_dir.empty() ? RunFolder{options.output_dir}.checkpoints() : options.checkpoint_dir;
   const std::int64_t max_restarts = communicator || line.test_mode ? 0 : std::max<std::int64_t>(plan.config.max_restarts, 0);
   for (std::int64_t restarts = 0;; ++restarts) {
     const std::vector<CheckpointInfo> before = max_restarts > 0 ? list_checkpoints(storage) : std::vector<CheckpointInfo>{};
@@ -228,7 +229,7 @@ DETTRIAL_INLINE FitOptions fit_options_for(const CommandLine& line, const RunPla
 DETTRIAL_INLINE void say_config_differences(const CommandLine& line, const RunPlan& plan, const LaunchEnvironment& env) {
   if (!plan.resumed_checkpoint || plan.config.source.find("(the resumed run's config)") != std::string::npos || line.quiet || env.rank != 0)
     return;
-  if (std::error_code ec; !std::filesystem::exists(*plan.resumed_checkpoint / layout::load_data, ec)) return;
+  if (std::error_code ec; !std::filesystem::exists(CheckpointFolder{*plan.resumed_checkpoint}.load_data(), ec)) return;
   const std::string differences = config_differences(resumed_run_config(*plan.resumed_checkpoint).yaml, plan.config.yaml);
   if (!differences.empty())
     std::fprintf(stderr, "dettrial: resuming %s with a config that differs from the run's own (its load_data.json); now:\n%s",
@@ -239,8 +240,8 @@ DETTRIAL_INLINE void start_afresh(const std::filesystem::path& run, bool quiet) 
   if (!quiet)
     std::fprintf(stderr, "dettrial: '%s' holds no checkpoint yet (the run stopped before its first): starting it afresh there\n",
                  run.string().c_str());
-  MetricsLog(run, /*resumed_at=*/-1);                                   // drops every record
-  TensorBoardWriter::drop_events_after(run / layout::tensorboard, -1);  // and every event
+  MetricsLog(run, /*resumed_at=*/-1);                                      // drops every record
+  TensorBoardWriter::drop_events_after(RunFolder{run}.tensorboard(), -1);  // and every event
 }
 
 DETTRIAL_INLINE std::filesystem::path checkpoint_to_restart_from(const std::exception& failure, const std::vector<CheckpointInfo>& before,

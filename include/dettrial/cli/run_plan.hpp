@@ -106,7 +106,7 @@ DETTRIAL_INLINE void draw_one_trial(const CommandLine& line, bool draws, RunPlan
                       ": a data-parallel trial drawn from a search space needs reproducibility.experiment_seed, "
                       "so that every rank draws the same hyperparameters");
   config = one_trial_drawn(config);
-  if (draws && plan.resumed_checkpoint && std::filesystem::exists(*plan.resumed_checkpoint / layout::load_data)) {
+  if (draws && plan.resumed_checkpoint && std::filesystem::exists(CheckpointFolder{*plan.resumed_checkpoint}.load_data())) {
     YAML::Node doc = YAML::Clone(config.yaml);
     doc["hyperparameters"] = YAML::Clone(resumed_run_config(*plan.resumed_checkpoint).yaml["hyperparameters"]);
     config = ExperimentConfig::from_yaml(doc, config.source);
@@ -159,9 +159,9 @@ DETTRIAL_INLINE ExperimentConfig one_trial_drawn(const ExperimentConfig& config)
 DETTRIAL_INLINE std::optional<std::filesystem::path> checkpoint_to_resume(const std::filesystem::path& path,
                                                                           const std::string& config_path) {
   std::error_code ec;
-  const bool run_folder = std::filesystem::is_directory(path, ec) && std::filesystem::exists(path / layout::metrics_log, ec) &&
-                          !std::filesystem::exists(path / layout::metadata, ec);
-  if (!run_folder || !list_checkpoints(path).empty() || !list_checkpoints(path / layout::checkpoints).empty())
+  const bool run_folder = std::filesystem::is_directory(path, ec) && std::filesystem::exists(RunFolder{path}.metrics_log(), ec) &&
+                          !std::filesystem::exists(CheckpointFolder{path}.metadata(), ec);
+  if (!run_folder || !list_checkpoints(path).empty() || !list_checkpoints(RunFolder{path}.checkpoints()).empty())
     return resolve_checkpoint(path);  // a checkpoint, a folder holding some, or resolve_checkpoint's error
   if (!config_path.empty()) {
     // The config may keep checkpoints elsewhere (checkpoint_storage.host_path): the run's are there.
@@ -207,7 +207,7 @@ DETTRIAL_INLINE void apply_override(YAML::Node& root, const std::string& assignm
 }
 
 DETTRIAL_INLINE ExperimentConfig resumed_run_config(const std::filesystem::path& checkpoint) {
-  const std::filesystem::path file = checkpoint / layout::load_data;
+  const std::filesystem::path file = CheckpointFolder{checkpoint}.load_data();
   YAML::Node load_data;
   try {
     load_data = YAML::LoadFile(file.string());

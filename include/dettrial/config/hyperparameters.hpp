@@ -3,6 +3,7 @@
 /// @brief A trial's hyperparameters: typed, nested, with errors that name the key and the value.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -46,14 +47,7 @@ class Hyperparameters {
 
   /// The value at `path` as T; throws HyperparameterError naming the key when it is missing or mistyped.
   template <class T>
-  T get(std::string_view path) const {
-    const YAML::Node node = require(path);
-    T value{};
-    if (!detail::try_read(node, value))
-      throw HyperparameterError(detail::where(node, source_) + ": hyperparameter '" + std::string(path) + "' is " + detail::describe(node) +
-                                ", which is not a " + detail::type_name<T>());
-    return value;
-  }
+  T get(std::string_view path) const;
 
   /// The value at `path` as T, or `fallback` when it is absent (a present but mistyped value still throws).
   template <class T>
@@ -80,6 +74,34 @@ class Hyperparameters {
   YAML::Node root_;
   std::string source_ = "hyperparameters";
 };
+
+// Not inline, so that the explicit instantiations below keep a trial's translation unit from compiling it.
+template <class T>
+T Hyperparameters::get(std::string_view path) const {
+  const YAML::Node node = require(path);
+  T value{};
+  if (!detail::try_read(node, value))
+    throw HyperparameterError(detail::where(node, source_) + ": hyperparameter '" + std::string(path) + "' is " + detail::describe(node) +
+                              ", which is not a " + detail::type_name<T>());
+  return value;
+}
+
+// The common value types are read once, in dettrial::compiled (separate compilation): a trial's
+// translation unit then compiles no YAML conversion for them.
+#if defined(DETTRIAL_SEPARATE_COMPILATION)
+#if DETTRIAL_HEADER_DEFINITIONS
+#define DETTRIAL_HPARAM_TYPE(T) template T Hyperparameters::get<T>(std::string_view) const;
+#else
+#define DETTRIAL_HPARAM_TYPE(T) extern template T Hyperparameters::get<T>(std::string_view) const;
+#endif
+DETTRIAL_HPARAM_TYPE(double)
+DETTRIAL_HPARAM_TYPE(float)
+DETTRIAL_HPARAM_TYPE(int)
+DETTRIAL_HPARAM_TYPE(std::int64_t)
+DETTRIAL_HPARAM_TYPE(bool)
+DETTRIAL_HPARAM_TYPE(std::string)
+#undef DETTRIAL_HPARAM_TYPE
+#endif
 
 }  // namespace dettrial
 

@@ -206,7 +206,7 @@ class Context {
   TensorBoardWriter& get_tensorboard_writer() { return tensorboard_; }
   /// `<output_dir>/tensorboard`, where the run's event files go (empty until `fit` starts).
   std::filesystem::path get_tensorboard_path() const {
-    return position_.output_dir.empty() ? std::filesystem::path() : position_.output_dir / layout::tensorboard;
+    return position_.output_dir.empty() ? std::filesystem::path() : RunFolder{position_.output_dir}.tensorboard();
   }
   /// Whether the trainer writes its metrics, learning rates and timings to TensorBoard (default on).
   /// Off, the writer still takes the trial's own scalars.

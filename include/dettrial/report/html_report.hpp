@@ -32,9 +32,10 @@ namespace dettrial {
 DETTRIAL_INLINE std::filesystem::path write_report(const std::filesystem::path& dir) {
   std::error_code ec;
   if (!std::filesystem::is_directory(dir, ec)) throw Error("'" + dir.string() + "' is not a folder: nothing to report");
-  if (std::filesystem::is_regular_file(dir / layout::summary, ec) || std::filesystem::is_directory(dir / layout::trials, ec))
+  if (std::filesystem::is_regular_file(ExperimentFolder{dir}.summary(), ec) ||
+      std::filesystem::is_directory(ExperimentFolder{dir}.trials(), ec))
     return write_experiment_report(dir);
-  if (std::filesystem::is_regular_file(dir / layout::metrics_log, ec)) return write_run_report(dir);
+  if (std::filesystem::is_regular_file(RunFolder{dir}.metrics_log(), ec)) return write_run_report(dir);
   throw Error("'" + dir.string() +
               "' holds no metrics.jsonl (a run's folder) and no summary.json or trials/ (a search's folder): nothing to report");
 }

@@ -63,7 +63,7 @@ class MetricsLog {
 namespace dettrial {
 
 DETTRIAL_INLINE MetricsLog::MetricsLog(const std::filesystem::path& dir, std::optional<std::int64_t> resumed_at)
-    : path_(dir / layout::metrics_log) {
+    : path_(RunFolder{dir}.metrics_log()) {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) throw Error("cannot create output directory '" + dir.string() + "': " + ec.message());

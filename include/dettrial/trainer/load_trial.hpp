@@ -75,7 +75,7 @@ LoadedTrial<TrialT> load_trial_from_checkpoint_path(const std::filesystem::path&
   const std::filesystem::path dir = resolve_checkpoint(path);
   auto context = std::make_unique<Context>(detail::checkpoint_trial_config(dir, options.hparams), ContextOptions{.device = options.device});
   auto trainer = std::make_unique<Trainer<TrialT>>(*context, std::forward<Args>(trial_args)...);
-  detail::ContextCheckpoint::load_models(*context, detail::read_state_dict_file(dir), dir / layout::state_dict);
+  detail::ContextCheckpoint::load_models(*context, detail::read_state_dict_file(dir), CheckpointFolder{dir}.state_dict());
   return LoadedTrial<TrialT>(std::move(context), std::move(trainer));
 }
 
@@ -96,7 +96,7 @@ DETTRIAL_INLINE void merge_yaml_map(YAML::Node target, const YAML::Node& changes
 }
 
 DETTRIAL_INLINE ExperimentConfig checkpoint_trial_config(const std::filesystem::path& checkpoint, const YAML::Node& overrides) {
-  const std::filesystem::path file = checkpoint / layout::load_data;
+  const std::filesystem::path file = CheckpointFolder{checkpoint}.load_data();
   std::error_code ec;
   if (!std::filesystem::exists(file, ec))
     throw CheckpointError("'" + checkpoint.string() +

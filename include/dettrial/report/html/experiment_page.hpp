@@ -210,15 +210,15 @@ DETTRIAL_INLINE void complete_row(TrialRow& row, const std::filesystem::path& fo
   const std::int64_t id = row.id;
   if (row.state.empty()) {
     if (const auto e = events.ended.find(id); e != events.ended.end()) row.state = e->second;
-    else row.state = fs::exists(folder / layout::metrics_log, ec) ? "RUNNING" : "QUEUED";
+    else row.state = fs::exists(RunFolder{folder}.metrics_log(), ec) ? "RUNNING" : "QUEUED";
   }
   if (!row.restarts && events.restarts.count(id)) row.restarts = events.restarts[id];
   if (!row.rung && events.rungs.count(id)) row.rung = events.rungs[id];
-  if (row.hparams.empty() && row.has_folder) flatten(config_hyperparameters(read_text(folder / layout::config)), "", row.hparams);
+  if (row.hparams.empty() && row.has_folder) flatten(config_hyperparameters(read_text(RunFolder{folder}.config())), "", row.hparams);
   if (const auto c = events.curves.find(id); c != events.curves.end()) row.curve = c->second;
-  const bool has_metrics = row.has_folder && fs::is_regular_file(folder / layout::metrics_log, ec);
+  const bool has_metrics = row.has_folder && fs::is_regular_file(RunFolder{folder}.metrics_log(), ec);
   if (row.curve.empty() && has_metrics && !search.metric.empty())
-    curve_from_metrics(row, folder / layout::metrics_log, search, events.batches);
+    curve_from_metrics(row, RunFolder{folder}.metrics_log(), search, events.batches);
   // summary.json's count is at the last checkpoint; a validation may have come after it.
   if (events.batches.count(id)) row.batches = std::max(row.batches.value_or(0), events.batches[id]);
   if (!row.curve.empty()) {
@@ -229,12 +229,12 @@ DETTRIAL_INLINE void complete_row(TrialRow& row, const std::filesystem::path& fo
   }
   if (has_metrics && row.problem.empty()) {
     try {
-      if (stale(folder / layout::report_page, {folder / layout::metrics_log, folder / layout::config})) write_run_report(folder);
+      if (stale(RunFolder{folder}.report_page(), {RunFolder{folder}.metrics_log(), RunFolder{folder}.config()})) write_run_report(folder);
     } catch (const Error& e) {
       row.problem = e.what();
     }
   }
-  row.has_page = fs::is_regular_file(folder / layout::report_page, ec);
+  row.has_page = fs::is_regular_file(RunFolder{folder}.report_page(), ec);
 }
 
 /// The search's settings (summary.json's, else the config's, else a trial's), and every trial.
@@ -242,8 +242,8 @@ DETTRIAL_INLINE SearchPage collect_search(const std::filesystem::path& experimen
   namespace fs = std::filesystem;
   std::error_code ec;
   SearchPage search;
-  const fs::path trials_dir = experiment_dir / layout::trials;
-  search.config_text = read_text(experiment_dir / layout::config);
+  const fs::path trials_dir = ExperimentFolder{experiment_dir}.trials();
+  search.config_text = read_text(ExperimentFolder{experiment_dir}.config());
   search.metric = string_of(summary, "metric");
   search.searcher = string_of(summary, "searcher");
   std::optional<bool> smaller;
@@ -257,12 +257,12 @@ DETTRIAL_INLINE SearchPage collect_search(const std::filesystem::path& experimen
   if (search.name.empty()) search.name = search.absolute.filename().string();
 
   rows_from_summary(summary, search.rows);
-  SearchEvents events = read_search_events(experiment_dir / layout::events_log);
+  SearchEvents events = read_search_events(ExperimentFolder{experiment_dir}.events_log());
   rows_from_trial_folders(trials_dir, search.rows);
   // A trial's config names the searcher metric too (its searcher is `single`, not the search's).
   for (const auto& [id, row] : search.rows)
     if (row.has_folder && (search.metric.empty() || !smaller))
-      searcher_settings(read_text(trials_dir / std::to_string(id) / layout::config), search.metric, smaller);
+      searcher_settings(read_text(ExperimentFolder{experiment_dir}.trial(id).config()), search.metric, smaller);
   search.order = MetricOrder{smaller.value_or(true)};
 
   if (events.torn)
@@ -440,7 +440,7 @@ DETTRIAL_INLINE std::filesystem::path write_experiment_page(const std::filesyste
   content += "<h2>Charts</h2>\n" + figures(charts);
   content += config_section(layout::config, search.config_text);
 
-  const std::filesystem::path out = experiment_dir / layout::report_page;
+  const std::filesystem::path out = ExperimentFolder{experiment_dir}.report_page();
   detail::write_atomically(out, html::page("search " + search.name, search_header(search, summary), content));
   return out;
 }
@@ -451,9 +451,9 @@ namespace dettrial {
 
 DETTRIAL_INLINE std::filesystem::path write_experiment_report(const std::filesystem::path& experiment_dir) {
   std::error_code ec;
-  const std::filesystem::path summary_path = experiment_dir / layout::summary;
+  const std::filesystem::path summary_path = ExperimentFolder{experiment_dir}.summary();
   const bool has_summary = std::filesystem::is_regular_file(summary_path, ec);
-  if (!has_summary && !std::filesystem::is_directory(experiment_dir / layout::trials, ec))
+  if (!has_summary && !std::filesystem::is_directory(ExperimentFolder{experiment_dir}.trials(), ec))
     throw Error("'" + experiment_dir.string() + "' has neither summary.json nor trials/: it is not a search's folder");
   return detail::html::write_experiment_page(experiment_dir, has_summary ? detail::read_json_file(summary_path) : detail::Json::object());
 }

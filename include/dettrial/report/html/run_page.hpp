@@ -156,8 +156,8 @@ DETTRIAL_INLINE Json run_hyperparameters(const std::filesystem::path& dir, const
   std::error_code ec;
   std::filesystem::path newest;
   std::filesystem::file_time_type newest_time{};
-  for (std::filesystem::directory_iterator it(dir / layout::checkpoints, ec), end; !ec && it != end; it.increment(ec)) {
-    const auto file = it->path() / layout::load_data;
+  for (std::filesystem::directory_iterator it(RunFolder{dir}.checkpoints(), ec), end; !ec && it != end; it.increment(ec)) {
+    const auto file = CheckpointFolder{it->path()}.load_data();
     std::error_code time_ec;
     const auto time = std::filesystem::last_write_time(file, time_ec);
     if (!time_ec && (newest.empty() || time > newest_time)) {
@@ -245,7 +245,7 @@ DETTRIAL_INLINE std::string run_header(const std::vector<Json>& records, const s
 DETTRIAL_INLINE std::filesystem::path write_run_report(const std::filesystem::path& run_dir) {
   namespace html = detail::html;
   using detail::Json;
-  const std::filesystem::path metrics_path = run_dir / layout::metrics_log;
+  const std::filesystem::path metrics_path = RunFolder{run_dir}.metrics_log();
   std::error_code ec;
   if (!std::filesystem::is_regular_file(metrics_path, ec))
     throw Error("'" + run_dir.string() + "' has no metrics.jsonl: nothing to report (a run's output folder has one)");
@@ -258,8 +258,8 @@ DETTRIAL_INLINE std::filesystem::path write_run_report(const std::filesystem::pa
   if (absolute.filename().empty()) absolute = absolute.parent_path();  // "run/"
   const std::string name = absolute.filename().string();
   const bool trial_of_search = absolute.parent_path().filename() == layout::trials &&
-                               (std::filesystem::exists(absolute.parent_path().parent_path() / layout::events_log, ec) ||
-                                std::filesystem::exists(absolute.parent_path().parent_path() / layout::summary, ec));
+                               (std::filesystem::exists(ExperimentFolder{absolute.parent_path().parent_path()}.events_log(), ec) ||
+                                std::filesystem::exists(ExperimentFolder{absolute.parent_path().parent_path()}.summary(), ec));
   const std::string header = html::run_header(records, absolute, trial_of_search, torn);
 
   std::string content;
@@ -267,13 +267,13 @@ DETTRIAL_INLINE std::filesystem::path write_run_report(const std::filesystem::pa
   if (!charts.empty()) content += "<h2>Charts</h2>\n" + html::figures(charts);
   content += html::last_values_table(charts, metric_charts);
 
-  const std::string config_text = html::read_text(run_dir / layout::config);
+  const std::string config_text = html::read_text(RunFolder{run_dir}.config());
   std::vector<std::pair<std::string, Json>> hparams;
   html::flatten(html::run_hyperparameters(run_dir, config_text), "", hparams);
   if (!hparams.empty()) content += "<h2>Hyperparameters</h2>\n" + html::value_table(hparams);
   content += html::config_section(layout::config, config_text);
 
-  const std::filesystem::path out = run_dir / layout::report_page;
+  const std::filesystem::path out = RunFolder{run_dir}.report_page();
   detail::write_atomically(out, html::page((trial_of_search ? "trial " : "run ") + name, header, content));
   return out;
 }
