@@ -15350,6 +15350,12 @@ struct Workload {
  * trial; Trainer<T> calls them between the trial's hooks.
  */
 struct RunState {
+  // Made, moved and destroyed where compiled (a trial's translation unit compiles none of its members' code).
+  DETTRIAL_INLINE RunState();
+  DETTRIAL_INLINE RunState(RunState&&) noexcept;
+  DETTRIAL_INLINE RunState& operator=(RunState&&) noexcept;
+  DETTRIAL_INLINE ~RunState();
+
   FitOptions options;
   TrainUnit length = Batch(1);
   std::int64_t epoch_len = 0;
@@ -15390,6 +15396,22 @@ struct RunState {
 
   /// The run's first lines: the runtime, the trial, the job, the checkpoint resumed from.
   DETTRIAL_INLINE void announce(Context& context);
+  /// One TensorBoard hparams session a folder: a resumed run's folder already starts one.
+  DETTRIAL_INLINE static void start_tensorboard_session(Context& context);
+  /// The session ends as the fit does: failed when it throws.
+  DETTRIAL_INLINE static void end_tensorboard_session(Context& context, bool succeeded) noexcept;
+  /// The profiler's summary line, after a profiled range ended.
+  DETTRIAL_INLINE void report_profile();
+  /// The step was captured at batch `batch_idx` (its line).
+  DETTRIAL_INLINE void note_capture(std::int64_t batch_idx);
+  /// Batch `batch_idx` runs eagerly after the capture (a line the first time).
+  DETTRIAL_INLINE void note_eager_batch(std::int64_t batch_idx);
+  /// A warning for each callback whose state the checkpoint lacks.
+  DETTRIAL_INLINE void warn_missing_callback_states(const std::vector<std::string>& names);
+  /// The trial trained to its length: retention applies without sparing the newest checkpoint.
+  DETTRIAL_INLINE void complete(const Context& context);
+  /// The fit's result, with what it trained, after its report is written.
+  DETTRIAL_INLINE FitResult finish(const Context& context);
   /// Writes the trace when training ended (or stopped) inside the profiled range.
   DETTRIAL_INLINE void finish_profiling();
   /// The run's report.html, from its metrics.jsonl (on the chief). A report that cannot be written
@@ -15424,12 +15446,16 @@ struct RunState {
                                                           std::optional<std::uint64_t> validation_data_seed, std::string trial_type) const;
   /// A checkpoint the chief wrote: recorded, reported, and retention applied sparing it.
   DETTRIAL_INLINE void checkpoint_written(const WrittenCheckpoint& written);
-  /// Training stops early (after its checkpoint): why, and the line that says so.
-  DETTRIAL_INLINE void stopped(int signal, const std::string& message);
+  /// Training stops early (after its checkpoint) for `signal`, or 0 for a stop request: the result
+  /// says why, and a line says so.
+  DETTRIAL_INLINE void stopped(int signal);
 };
 
 /// `runs/<date>-<time>-<pid>` under the working directory.
 DETTRIAL_INLINE std::filesystem::path default_output_dir();
+
+/// The training loader's endless stream ended (a DataError naming the batch).
+[[noreturn]] DETTRIAL_INLINE void training_stream_ended(std::int64_t batch_idx);
 
 /// A configuration error (exit status 78): every trial of a search would fail the same way.
 DETTRIAL_INLINE ConfigError missing_searcher_metric(const std::string& metric, const MetricValues& metrics);
@@ -15456,6 +15482,9 @@ DETTRIAL_INLINE void agree_on_buffers(Context& context);
 #include <ctime>
 #include <iterator>
 #include <unistd.h>
+
+#include <cstdio>
+#include <exception>
 
 
 namespace dettrial::detail {
@@ -15495,7 +15524,8 @@ inline void start_profiler(RunState& st, Context& context, std::optional<std::in
 }  // namespace run_state_detail
 
 DETTRIAL_INLINE RunState RunState::begin(Context& context, FitOptions options) {
-  RunState st{.options = std::move(options)};
+  RunState st;
+  st.options = std::move(options);
   FitOptions& o = st.options;
   st.length = run_state_detail::resolve_length(o, context);
   o.validation_period = run_state_detail::resolve_period(o.validation_period, context);
@@ -15720,11 +15750,63 @@ DETTRIAL_INLINE void RunState::checkpoint_written(const WrittenCheckpoint& writt
   checkpointer.apply_retention(written.info.uuid);
 }
 
-DETTRIAL_INLINE void RunState::stopped(int signal, const std::string& message) {
+DETTRIAL_INLINE void RunState::stopped(int signal) {
   result.signal = signal;
   result.stop_requested = true;
   result.stopped_early = remaining() > 0;
-  reporter.line(message);
+  const std::string after = " after batch " + std::to_string(progress.batches_trained);
+  if (signal != 0)
+    reporter.line(std::string("dettrial: stopped by ") + signal_name(signal) + after + "; resume from " + checkpointer.storage().string());
+  else reporter.line("dettrial: stop requested; stopped" + after);
+}
+
+DETTRIAL_INLINE RunState::RunState() = default;
+DETTRIAL_INLINE RunState::RunState(RunState&&) noexcept = default;
+DETTRIAL_INLINE RunState& RunState::operator=(RunState&&) noexcept = default;
+DETTRIAL_INLINE RunState::~RunState() = default;
+
+DETTRIAL_INLINE void RunState::start_tensorboard_session(Context& context) {
+  if (!context.get_tensorboard_writer().has_session()) context.get_tensorboard_writer().add_hparams(flat_hparams(context.get_hparams()));
+}
+
+DETTRIAL_INLINE void RunState::end_tensorboard_session(Context& context, bool succeeded) noexcept {
+  try {
+    context.get_tensorboard_writer().end_session(succeeded);
+    context.get_tensorboard_writer().flush();
+  } catch (const std::exception& e) {  // ends a fit that may be unwinding already
+    std::fprintf(stderr, "dettrial: warning: the TensorBoard session did not end cleanly: %s\n", e.what());
+  }
+}
+
+DETTRIAL_INLINE void RunState::report_profile() { reporter.line("dettrial: " + profiler.summary()); }
+
+DETTRIAL_INLINE void RunState::note_capture(std::int64_t batch_idx) {
+  reporter.line("dettrial: training step captured in a CUDA graph at batch " + std::to_string(batch_idx));
+}
+
+DETTRIAL_INLINE void RunState::note_eager_batch(std::int64_t batch_idx) {
+  if (!eager_batch_announced)
+    reporter.line("dettrial: batch " + std::to_string(batch_idx) + " has other shapes than the captured batch; such batches run eagerly");
+  eager_batch_announced = true;
+}
+
+DETTRIAL_INLINE void RunState::warn_missing_callback_states(const std::vector<std::string>& names) {
+  for (const std::string& name : names) reporter.line("dettrial: warning: the checkpoint has no state for callback '" + name + "'");
+}
+
+DETTRIAL_INLINE void RunState::complete(const Context& context) {
+  if (context.distributed().is_chief()) checkpointer.apply_retention({});
+}
+
+DETTRIAL_INLINE FitResult RunState::finish(const Context& context) {
+  result.batches_trained = progress.batches_trained;
+  result.epochs_trained = progress.epochs_trained;
+  write_report(context);
+  return std::move(result);
+}
+
+DETTRIAL_INLINE void training_stream_ended(std::int64_t batch_idx) {
+  throw DataError("the training data loader's repeating stream ended at batch " + std::to_string(batch_idx));
 }
 
 DETTRIAL_INLINE std::filesystem::path default_output_dir() {
@@ -15853,51 +15935,10 @@ bool for_each_tensor_pair(A& a, B& b, F&& f) {
 /**
  * @brief Refuses, before the first batch, a step capture that could not be right: one sentence
  * naming what stands in the way. The trial-side reasons come first, so that they are seen (and
- * tested) on any machine; the device last.
+ * tested) on any machine; the device last. `tensors_only`: whether the training batch type
+ * (`batch_type`, for the message) is made of tensors only.
  */
-template <class Batch>
-void check_step_capture(const StepCapture& capture, Context& context) {
-  if (std::holds_alternative<capture::none>(capture)) return;
-  const auto& graph = std::get<capture::cuda_graph>(capture);
-  const std::string what = "step_capture: cuda_graph ";
-  if (graph.warmup_batches < 1)
-    throw ConfigError(what + "needs at least 1 warm-up batch (capture_warmup_batches is " + std::to_string(graph.warmup_batches) +
-                      "): the eager batches before the capture make the optimizer's state");
-  if constexpr (!tensors_only_batch<Batch>())
-    throw TrialError(what +
-                     "copies each batch into the graph's input tensors, so the training batch must be made of tensors "
-                     "(in tuples, pairs, vectors or string-keyed maps); " +
-                     c10::demangle(typeid(Batch).name()) + " is not, or holds a value that the graph would freeze");
-  if (context.communicator())
-    throw ConfigError(what +
-                      "does not capture data-parallel training (the gradient all-reduce runs between the backward pass "
-                      "and the step); run one process per trial or set step_capture: none");
-  if (context.aggregation_frequency() > 1)
-    throw ConfigError(what + "needs aggregation_frequency 1: with " + std::to_string(context.aggregation_frequency()) +
-                      " the optimizer steps on some batches only, which one graph cannot replay");
-  for (const auto& reducer : context.reducers())
-    if (reducer.for_training)
-      throw TrialError(what + "replays train_batch without running its host code, so a reducer fed in train_batch (" +
-                       (reducer.name.empty() ? std::string("one returning MetricValues") : "'" + reducer.name + "'") +
-                       ") would see only the captured batch; wrap it with for_training = false, or set step_capture: none");
-#if !DETTRIAL_FUSED_KERNELS
-  if (context.scaler())
-    throw ConfigError(what +
-                      "cannot replay an fp16 gradient scaler with LibTorch before 2.4, whose optimizer kernels cannot "
-                      "skip a step on the device; use mixed_precision: bf16 (no scaler) or fp32, or LibTorch 2.4 or later");
-#endif
-  for (std::size_t i = 0; i < context.num_optimizers(); ++i) {
-    torch::optim::Optimizer& optimizer = context.optimizer(i);
-    if (!dynamic_cast<optim::CapturableOptimizer*>(&optimizer))
-      throw TrialError(what + "needs optimizers that read their learning rate on the device, and optimizer " + std::to_string(i) + " (" +
-                       c10::demangle(typeid(optimizer).name()) +
-                       ") reads it on the host, so a replay would keep the captured batch's; use dettrial::optim::FusedSGD, "
-                       "FusedAdam or FusedAdamW (same options and checkpoints as LibTorch's SGD, Adam and AdamW)");
-  }
-  if (!step_capture_built) throw ConfigError(what + "needs LibTorch built with CUDA, and this one is CPU-only; set step_capture: none");
-  if (!context.device().is_cuda())
-    throw ConfigError(what + "needs a CUDA device, and this trial runs on " + context.device().str() + "; set step_capture: none");
-}
+DETTRIAL_INLINE void check_step_capture(const StepCapture& capture, Context& context, bool tensors_only, const std::string& batch_type);
 
 /**
  * @brief What a captured step holds that does not depend on the batch type: the optimizers it syncs,
@@ -16140,6 +16181,49 @@ struct StepGraphCore::Device {};
 [[noreturn]] inline void step_capture_unavailable() { throw ConfigError("step_capture: cuda_graph needs LibTorch built with CUDA"); }
 #endif
 
+DETTRIAL_INLINE void check_step_capture(const StepCapture& capture, Context& context, bool tensors_only, const std::string& batch_type) {
+  if (std::holds_alternative<capture::none>(capture)) return;
+  const auto& graph = std::get<capture::cuda_graph>(capture);
+  const std::string what = "step_capture: cuda_graph ";
+  if (graph.warmup_batches < 1)
+    throw ConfigError(what + "needs at least 1 warm-up batch (capture_warmup_batches is " + std::to_string(graph.warmup_batches) +
+                      "): the eager batches before the capture make the optimizer's state");
+  if (!tensors_only)
+    throw TrialError(what +
+                     "copies each batch into the graph's input tensors, so the training batch must be made of tensors "
+                     "(in tuples, pairs, vectors or string-keyed maps); " +
+                     batch_type + " is not, or holds a value that the graph would freeze");
+  if (context.communicator())
+    throw ConfigError(what +
+                      "does not capture data-parallel training (the gradient all-reduce runs between the backward pass "
+                      "and the step); run one process per trial or set step_capture: none");
+  if (context.aggregation_frequency() > 1)
+    throw ConfigError(what + "needs aggregation_frequency 1: with " + std::to_string(context.aggregation_frequency()) +
+                      " the optimizer steps on some batches only, which one graph cannot replay");
+  for (const auto& reducer : context.reducers())
+    if (reducer.for_training)
+      throw TrialError(what + "replays train_batch without running its host code, so a reducer fed in train_batch (" +
+                       (reducer.name.empty() ? std::string("one returning MetricValues") : "'" + reducer.name + "'") +
+                       ") would see only the captured batch; wrap it with for_training = false, or set step_capture: none");
+#if !DETTRIAL_FUSED_KERNELS
+  if (context.scaler())
+    throw ConfigError(what +
+                      "cannot replay an fp16 gradient scaler with LibTorch before 2.4, whose optimizer kernels cannot "
+                      "skip a step on the device; use mixed_precision: bf16 (no scaler) or fp32, or LibTorch 2.4 or later");
+#endif
+  for (std::size_t i = 0; i < context.num_optimizers(); ++i) {
+    torch::optim::Optimizer& optimizer = context.optimizer(i);
+    if (!dynamic_cast<optim::CapturableOptimizer*>(&optimizer))
+      throw TrialError(what + "needs optimizers that read their learning rate on the device, and optimizer " + std::to_string(i) + " (" +
+                       c10::demangle(typeid(optimizer).name()) +
+                       ") reads it on the host, so a replay would keep the captured batch's; use dettrial::optim::FusedSGD, "
+                       "FusedAdam or FusedAdamW (same options and checkpoints as LibTorch's SGD, Adam and AdamW)");
+  }
+  if (!step_capture_built) throw ConfigError(what + "needs LibTorch built with CUDA, and this one is CPU-only; set step_capture: none");
+  if (!context.device().is_cuda())
+    throw ConfigError(what + "needs a CUDA device, and this trial runs on " + context.device().str() + "; set step_capture: none");
+}
+
 DETTRIAL_INLINE StepGraphCore::StepGraphCore() : device_(std::make_unique<Device>()) {}
 DETTRIAL_INLINE StepGraphCore::~StepGraphCore() { reset(); }
 
@@ -16288,7 +16372,8 @@ class Run {
   /// Trains until the options' max_length, validating, checkpointing and reporting at their
   /// periods, and validates at the end.
   FitResult fit(FitOptions options) {
-    check_step_capture<training_batch_t<TrialT>>(options.step_capture, context_);
+    check_step_capture(options.step_capture, context_, tensors_only_batch<training_batch_t<TrialT>>(),
+                       c10::demangle(typeid(training_batch_t<TrialT>).name()));
     st_ = RunState::begin(context_, std::move(options));
     // Each callback that started gets on_trial_shutdown, in reverse order, whatever happens next.
     std::size_t started = 0;
@@ -16305,13 +16390,10 @@ class Run {
     if (const auto* graph = std::get_if<capture::cuda_graph>(&st_.options.step_capture)) step_graph_.start(*graph, context_);
     const auto free_graph = on_scope_exit([&] { step_graph_.reset(); });
     st_.announce(context_);
-    // One hparams session a folder: a resumed run's folder already starts one.
-    if (!context_.get_tensorboard_writer().has_session())
-      context_.get_tensorboard_writer().add_hparams(flat_hparams(context_.get_hparams()));
+    RunState::start_tensorboard_session(context_);
     // The hparams session ends as the fit does: failed when it throws.
     const auto end_session = on_scope_exit([&, exceptions = std::uncaught_exceptions()] {
-      context_.get_tensorboard_writer().end_session(std::uncaught_exceptions() == exceptions);
-      context_.get_tensorboard_writer().flush();
+      RunState::end_tensorboard_session(context_, std::uncaught_exceptions() == exceptions);
     });
     const StopSignals signals(st_.options.handle_signals);
     callbacks_.template call<hook::on_training_start>();
@@ -16321,13 +16403,9 @@ class Run {
     if (!st_.result.stop_requested) {
       if (st_.progress.last_validation != st_.progress.batches_trained) validate();
       checkpoint_unless_current();
-      // The trial is complete: retention applies without sparing the newest.
-      if (context_.distributed().is_chief()) st_.checkpointer.apply_retention({});
+      st_.complete(context_);
     }
-    st_.result.batches_trained = st_.progress.batches_trained;
-    st_.result.epochs_trained = st_.progress.epochs_trained;
-    st_.write_report(context_);
-    return std::move(st_.result);
+    return st_.finish(context_);
   }
 
  private:
@@ -16367,9 +16445,7 @@ class Run {
     while (st_.remaining() > 0) {
       const Reached reached = train_until_boundary(batches, workload);
       report_training(workload);
-      if (const int signal = agreed_max(StopSignals::received()); signal != 0)
-        return stop(signal, std::string("dettrial: stopped by ") + signal_name(signal) + " after batch " +
-                                std::to_string(st_.progress.batches_trained) + "; resume from " + st_.checkpointer.storage().string());
+      if (const int signal = agreed_max(StopSignals::received()); signal != 0) return stop(signal);
       if (handle_boundaries(reached)) return;
     }
   }
@@ -16384,12 +16460,12 @@ class Run {
       const bool epoch_start = batch_idx % st_.epoch_len == 0, epoch_end = batch_idx % st_.epoch_len == st_.epoch_len - 1;
       context_.position().current_batch = batch_idx;
       if (epoch_start) callbacks_.template call<hook::on_training_epoch_start>(epoch_idx);
-      if (!batches.has_next()) throw DataError("the training data loader's repeating stream ended at batch " + std::to_string(batch_idx));
+      if (!batches.has_next()) training_stream_ended(batch_idx);
       st_.profiler.before_batch(batch_idx);
       // Synchronized timings only inside the profiled range: a sync a batch elsewhere would cost the GPU its queue.
       train_batch(batches.take(), workload, batch_idx, epoch_idx, st_.sync_timings && st_.profiler.running());
       ++st_.progress.batches_trained;
-      if (st_.profiler.after_batch(batch_idx)) st_.reporter.line("dettrial: " + st_.profiler.summary());
+      if (st_.profiler.after_batch(batch_idx)) st_.report_profile();
       if (epoch_end) {
         callbacks_.template call<hook::on_training_epoch_end>(epoch_idx);
         ++st_.progress.epochs_trained;
@@ -16468,12 +16544,9 @@ class Run {
         metrics = step_graph_.capture(std::move(batch),
                                       [&](training_batch_t<TrialT>& b) { return eager_step(b, workload, batch_idx, epoch_idx, false); });
         lap(workload, workload.phases.train_batch, sync_timings);
-        st_.reporter.line("dettrial: training step captured in a CUDA graph at batch " + std::to_string(batch_idx));
+        st_.note_capture(batch_idx);
       } else {
-        if (!st_.eager_batch_announced)
-          st_.reporter.line("dettrial: batch " + std::to_string(batch_idx) +
-                            " has other shapes than the captured batch; such batches run eagerly");
-        st_.eager_batch_announced = true;
+        st_.note_eager_batch(batch_idx);
         step_graph_.before_eager_batch();
         metrics = eager_step(batch, workload, batch_idx, epoch_idx, sync_timings);
       }
@@ -16496,17 +16569,18 @@ class Run {
       if (kind == Kind::validation && st_.progress.last_validation != st_.progress.batches_trained) validate();
       if (kind == Kind::checkpoint) checkpoint_unless_current();
       if (agreed_max(context_.get_stop_requested() ? 1 : 0) != 0) {
-        stop(0, "dettrial: stop requested; stopped after batch " + std::to_string(st_.progress.batches_trained));
+        stop(0);
         return true;
       }
     }
     return false;
   }
 
-  /// The one way training stops early: checkpoint (unless current), record why, say so.
-  void stop(int signal, const std::string& message) {
+  /// The one way training stops early: checkpoint (unless current), record why (`signal`, or 0
+  /// for a stop request), say so.
+  void stop(int signal) {
     checkpoint_unless_current();
-    st_.stopped(signal, message);
+    st_.stopped(signal);
   }
 
   void checkpoint_unless_current() {
@@ -16621,8 +16695,7 @@ class Run {
    * gradients, RNGs, callbacks, and where the trial stands (`progress`).
    */
   void restore(const std::filesystem::path& dir, const TrialProgress& progress) {
-    for (const std::string& name : st_.checkpointer.restore(dir, callbacks_))
-      st_.reporter.line("dettrial: warning: the checkpoint has no state for callback '" + name + "'");
+    st_.warn_missing_callback_states(st_.checkpointer.restore(dir, callbacks_));
     restore_data_seed(*train_loader_, progress.training_data_seed);
     restore_data_seed(*validation_loader_, progress.validation_data_seed);
     st_.progress = progress;

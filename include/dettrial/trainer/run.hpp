@@ -72,7 +72,8 @@ class Run {
   /// Trains until the options' max_length, validating, checkpointing and reporting at their
   /// periods, and validates at the end.
   FitResult fit(FitOptions options) {
-    check_step_capture<training_batch_t<TrialT>>(options.step_capture, context_);
+    check_step_capture(options.step_capture, context_, tensors_only_batch<training_batch_t<TrialT>>(),
+                       c10::demangle(typeid(training_batch_t<TrialT>).name()));
     st_ = RunState::begin(context_, std::move(options));
     // Each callback that started gets on_trial_shutdown, in reverse order, whatever happens next.
     std::size_t started = 0;
@@ -89,13 +90,10 @@ class Run {
     if (const auto* graph = std::get_if<capture::cuda_graph>(&st_.options.step_capture)) step_graph_.start(*graph, context_);
     const auto free_graph = on_scope_exit([&] { step_graph_.reset(); });
     st_.announce(context_);
-    // One hparams session a folder: a resumed run's folder already starts one.
-    if (!context_.get_tensorboard_writer().has_session())
-      context_.get_tensorboard_writer().add_hparams(flat_hparams(context_.get_hparams()));
+    RunState::start_tensorboard_session(context_);
     // The hparams session ends as the fit does: failed when it throws.
     const auto end_session = on_scope_exit([&, exceptions = std::uncaught_exceptions()] {
-      context_.get_tensorboard_writer().end_session(std::uncaught_exceptions() == exceptions);
-      context_.get_tensorboard_writer().flush();
+      RunState::end_tensorboard_session(context_, std::uncaught_exceptions() == exceptions);
     });
     const StopSignals signals(st_.options.handle_signals);
     callbacks_.template call<hook::on_training_start>();
@@ -105,13 +103,9 @@ class Run {
     if (!st_.result.stop_requested) {
       if (st_.progress.last_validation != st_.progress.batches_trained) validate();
       checkpoint_unless_current();
-      // The trial is complete: retention applies without sparing the newest.
-      if (context_.distributed().is_chief()) st_.checkpointer.apply_retention({});
+      st_.complete(context_);
     }
-    st_.result.batches_trained = st_.progress.batches_trained;
-    st_.result.epochs_trained = st_.progress.epochs_trained;
-    st_.write_report(context_);
-    return std::move(st_.result);
+    return st_.finish(context_);
   }
 
  private:
@@ -151,9 +145,7 @@ class Run {
     while (st_.remaining() > 0) {
       const Reached reached = train_until_boundary(batches, workload);
       report_training(workload);
-      if (const int signal = agreed_max(StopSignals::received()); signal != 0)
-        return stop(signal, std::string("dettrial: stopped by ") + signal_name(signal) + " after batch " +
-                                std::to_string(st_.progress.batches_trained) + "; resume from " + st_.checkpointer.storage().string());
+      if (const int signal = agreed_max(StopSignals::received()); signal != 0) return stop(signal);
       if (handle_boundaries(reached)) return;
     }
   }
@@ -168,12 +160,12 @@ class Run {
       const bool epoch_start = batch_idx % st_.epoch_len == 0, epoch_end = batch_idx % st_.epoch_len == st_.epoch_len - 1;
       context_.position().current_batch = batch_idx;
       if (epoch_start) callbacks_.template call<hook::on_training_epoch_start>(epoch_idx);
-      if (!batches.has_next()) throw DataError("the training data loader's repeating stream ended at batch " + std::to_string(batch_idx));
+      if (!batches.has_next()) training_stream_ended(batch_idx);
       st_.profiler.before_batch(batch_idx);
       // Synchronized timings only inside the profiled range: a sync a batch elsewhere would cost the GPU its queue.
       train_batch(batches.take(), workload, batch_idx, epoch_idx, st_.sync_timings && st_.profiler.running());
       ++st_.progress.batches_trained;
-      if (st_.profiler.after_batch(batch_idx)) st_.reporter.line("dettrial: " + st_.profiler.summary());
+      if (st_.profiler.after_batch(batch_idx)) st_.report_profile();
       if (epoch_end) {
         callbacks_.template call<hook::on_training_epoch_end>(epoch_idx);
         ++st_.progress.epochs_trained;
@@ -252,12 +244,9 @@ class Run {
         metrics = step_graph_.capture(std::move(batch),
                                       [&](training_batch_t<TrialT>& b) { return eager_step(b, workload, batch_idx, epoch_idx, false); });
         lap(workload, workload.phases.train_batch, sync_timings);
-        st_.reporter.line("dettrial: training step captured in a CUDA graph at batch " + std::to_string(batch_idx));
+        st_.note_capture(batch_idx);
       } else {
-        if (!st_.eager_batch_announced)
-          st_.reporter.line("dettrial: batch " + std::to_string(batch_idx) +
-                            " has other shapes than the captured batch; such batches run eagerly");
-        st_.eager_batch_announced = true;
+        st_.note_eager_batch(batch_idx);
         step_graph_.before_eager_batch();
         metrics = eager_step(batch, workload, batch_idx, epoch_idx, sync_timings);
       }
@@ -280,17 +269,18 @@ class Run {
       if (kind == Kind::validation && st_.progress.last_validation != st_.progress.batches_trained) validate();
       if (kind == Kind::checkpoint) checkpoint_unless_current();
       if (agreed_max(context_.get_stop_requested() ? 1 : 0) != 0) {
-        stop(0, "dettrial: stop requested; stopped after batch " + std::to_string(st_.progress.batches_trained));
+        stop(0);
         return true;
       }
     }
     return false;
   }
 
-  /// The one way training stops early: checkpoint (unless current), record why, say so.
-  void stop(int signal, const std::string& message) {
+  /// The one way training stops early: checkpoint (unless current), record why (`signal`, or 0
+  /// for a stop request), say so.
+  void stop(int signal) {
     checkpoint_unless_current();
-    st_.stopped(signal, message);
+    st_.stopped(signal);
   }
 
   void checkpoint_unless_current() {
@@ -405,8 +395,7 @@ class Run {
    * gradients, RNGs, callbacks, and where the trial stands (`progress`).
    */
   void restore(const std::filesystem::path& dir, const TrialProgress& progress) {
-    for (const std::string& name : st_.checkpointer.restore(dir, callbacks_))
-      st_.reporter.line("dettrial: warning: the checkpoint has no state for callback '" + name + "'");
+    st_.warn_missing_callback_states(st_.checkpointer.restore(dir, callbacks_));
     restore_data_seed(*train_loader_, progress.training_data_seed);
     restore_data_seed(*validation_loader_, progress.validation_data_seed);
     st_.progress = progress;

@@ -56,6 +56,12 @@ struct Workload {
  * trial; Trainer<T> calls them between the trial's hooks.
  */
 struct RunState {
+  // Made, moved and destroyed where compiled (a trial's translation unit compiles none of its members' code).
+  DETTRIAL_INLINE RunState();
+  DETTRIAL_INLINE RunState(RunState&&) noexcept;
+  DETTRIAL_INLINE RunState& operator=(RunState&&) noexcept;
+  DETTRIAL_INLINE ~RunState();
+
   FitOptions options;
   TrainUnit length = Batch(1);
   std::int64_t epoch_len = 0;
@@ -96,6 +102,22 @@ struct RunState {
 
   /// The run's first lines: the runtime, the trial, the job, the checkpoint resumed from.
   DETTRIAL_INLINE void announce(Context& context);
+  /// One TensorBoard hparams session a folder: a resumed run's folder already starts one.
+  DETTRIAL_INLINE static void start_tensorboard_session(Context& context);
+  /// The session ends as the fit does: failed when it throws.
+  DETTRIAL_INLINE static void end_tensorboard_session(Context& context, bool succeeded) noexcept;
+  /// The profiler's summary line, after a profiled range ended.
+  DETTRIAL_INLINE void report_profile();
+  /// The step was captured at batch `batch_idx` (its line).
+  DETTRIAL_INLINE void note_capture(std::int64_t batch_idx);
+  /// Batch `batch_idx` runs eagerly after the capture (a line the first time).
+  DETTRIAL_INLINE void note_eager_batch(std::int64_t batch_idx);
+  /// A warning for each callback whose state the checkpoint lacks.
+  DETTRIAL_INLINE void warn_missing_callback_states(const std::vector<std::string>& names);
+  /// The trial trained to its length: retention applies without sparing the newest checkpoint.
+  DETTRIAL_INLINE void complete(const Context& context);
+  /// The fit's result, with what it trained, after its report is written.
+  DETTRIAL_INLINE FitResult finish(const Context& context);
   /// Writes the trace when training ended (or stopped) inside the profiled range.
   DETTRIAL_INLINE void finish_profiling();
   /// The run's report.html, from its metrics.jsonl (on the chief). A report that cannot be written
@@ -130,12 +152,16 @@ struct RunState {
                                                           std::optional<std::uint64_t> validation_data_seed, std::string trial_type) const;
   /// A checkpoint the chief wrote: recorded, reported, and retention applied sparing it.
   DETTRIAL_INLINE void checkpoint_written(const WrittenCheckpoint& written);
-  /// Training stops early (after its checkpoint): why, and the line that says so.
-  DETTRIAL_INLINE void stopped(int signal, const std::string& message);
+  /// Training stops early (after its checkpoint) for `signal`, or 0 for a stop request: the result
+  /// says why, and a line says so.
+  DETTRIAL_INLINE void stopped(int signal);
 };
 
 /// `runs/<date>-<time>-<pid>` under the working directory.
 DETTRIAL_INLINE std::filesystem::path default_output_dir();
+
+/// The training loader's endless stream ended (a DataError naming the batch).
+[[noreturn]] DETTRIAL_INLINE void training_stream_ended(std::int64_t batch_idx);
 
 /// A configuration error (exit status 78): every trial of a search would fail the same way.
 DETTRIAL_INLINE ConfigError missing_searcher_metric(const std::string& metric, const MetricValues& metrics);
@@ -163,7 +189,11 @@ DETTRIAL_INLINE void agree_on_buffers(Context& context);
 #include <iterator>
 #include <unistd.h>
 
+#include <cstdio>
+#include <exception>
+
 #include "../checkpoint/storage.hpp"
+#include "../detail/signals.hpp"
 #include "../detail/yaml.hpp"
 #include "../distributed/agreement.hpp"
 #include "../layout.hpp"
@@ -208,7 +238,8 @@ inline void start_profiler(RunState& st, Context& context, std::optional<std::in
 }  // namespace run_state_detail
 
 DETTRIAL_INLINE RunState RunState::begin(Context& context, FitOptions options) {
-  RunState st{.options = std::move(options)};
+  RunState st;
+  st.options = std::move(options);
   FitOptions& o = st.options;
   st.length = run_state_detail::resolve_length(o, context);
   o.validation_period = run_state_detail::resolve_period(o.validation_period, context);
@@ -433,11 +464,63 @@ DETTRIAL_INLINE void RunState::checkpoint_written(const WrittenCheckpoint& writt
   checkpointer.apply_retention(written.info.uuid);
 }
 
-DETTRIAL_INLINE void RunState::stopped(int signal, const std::string& message) {
+DETTRIAL_INLINE void RunState::stopped(int signal) {
   result.signal = signal;
   result.stop_requested = true;
   result.stopped_early = remaining() > 0;
-  reporter.line(message);
+  const std::string after = " after batch " + std::to_string(progress.batches_trained);
+  if (signal != 0)
+    reporter.line(std::string("dettrial: stopped by ") + signal_name(signal) + after + "; resume from " + checkpointer.storage().string());
+  else reporter.line("dettrial: stop requested; stopped" + after);
+}
+
+DETTRIAL_INLINE RunState::RunState() = default;
+DETTRIAL_INLINE RunState::RunState(RunState&&) noexcept = default;
+DETTRIAL_INLINE RunState& RunState::operator=(RunState&&) noexcept = default;
+DETTRIAL_INLINE RunState::~RunState() = default;
+
+DETTRIAL_INLINE void RunState::start_tensorboard_session(Context& context) {
+  if (!context.get_tensorboard_writer().has_session()) context.get_tensorboard_writer().add_hparams(flat_hparams(context.get_hparams()));
+}
+
+DETTRIAL_INLINE void RunState::end_tensorboard_session(Context& context, bool succeeded) noexcept {
+  try {
+    context.get_tensorboard_writer().end_session(succeeded);
+    context.get_tensorboard_writer().flush();
+  } catch (const std::exception& e) {  // ends a fit that may be unwinding already
+    std::fprintf(stderr, "dettrial: warning: the TensorBoard session did not end cleanly: %s\n", e.what());
+  }
+}
+
+DETTRIAL_INLINE void RunState::report_profile() { reporter.line("dettrial: " + profiler.summary()); }
+
+DETTRIAL_INLINE void RunState::note_capture(std::int64_t batch_idx) {
+  reporter.line("dettrial: training step captured in a CUDA graph at batch " + std::to_string(batch_idx));
+}
+
+DETTRIAL_INLINE void RunState::note_eager_batch(std::int64_t batch_idx) {
+  if (!eager_batch_announced)
+    reporter.line("dettrial: batch " + std::to_string(batch_idx) + " has other shapes than the captured batch; such batches run eagerly");
+  eager_batch_announced = true;
+}
+
+DETTRIAL_INLINE void RunState::warn_missing_callback_states(const std::vector<std::string>& names) {
+  for (const std::string& name : names) reporter.line("dettrial: warning: the checkpoint has no state for callback '" + name + "'");
+}
+
+DETTRIAL_INLINE void RunState::complete(const Context& context) {
+  if (context.distributed().is_chief()) checkpointer.apply_retention({});
+}
+
+DETTRIAL_INLINE FitResult RunState::finish(const Context& context) {
+  result.batches_trained = progress.batches_trained;
+  result.epochs_trained = progress.epochs_trained;
+  write_report(context);
+  return std::move(result);
+}
+
+DETTRIAL_INLINE void training_stream_ended(std::int64_t batch_idx) {
+  throw DataError("the training data loader's repeating stream ended at batch " + std::to_string(batch_idx));
 }
 
 DETTRIAL_INLINE std::filesystem::path default_output_dir() {

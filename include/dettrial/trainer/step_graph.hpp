@@ -72,51 +72,10 @@ bool for_each_tensor_pair(A& a, B& b, F&& f) {
 /**
  * @brief Refuses, before the first batch, a step capture that could not be right: one sentence
  * naming what stands in the way. The trial-side reasons come first, so that they are seen (and
- * tested) on any machine; the device last.
+ * tested) on any machine; the device last. `tensors_only`: whether the training batch type
+ * (`batch_type`, for the message) is made of tensors only.
  */
-template <class Batch>
-void check_step_capture(const StepCapture& capture, Context& context) {
-  if (std::holds_alternative<capture::none>(capture)) return;
-  const auto& graph = std::get<capture::cuda_graph>(capture);
-  const std::string what = "step_capture: cuda_graph ";
-  if (graph.warmup_batches < 1)
-    throw ConfigError(what + "needs at least 1 warm-up batch (capture_warmup_batches is " + std::to_string(graph.warmup_batches) +
-                      "): the eager batches before the capture make the optimizer's state");
-  if constexpr (!tensors_only_batch<Batch>())
-    throw TrialError(what +
-                     "copies each batch into the graph's input tensors, so the training batch must be made of tensors "
-                     "(in tuples, pairs, vectors or string-keyed maps); " +
-                     c10::demangle(typeid(Batch).name()) + " is not, or holds a value that the graph would freeze");
-  if (context.communicator())
-    throw ConfigError(what +
-                      "does not capture data-parallel training (the gradient all-reduce runs between the backward pass "
-                      "and the step); run one process per trial or set step_capture: none");
-  if (context.aggregation_frequency() > 1)
-    throw ConfigError(what + "needs aggregation_frequency 1: with " + std::to_string(context.aggregation_frequency()) +
-                      " the optimizer steps on some batches only, which one graph cannot replay");
-  for (const auto& reducer : context.reducers())
-    if (reducer.for_training)
-      throw TrialError(what + "replays train_batch without running its host code, so a reducer fed in train_batch (" +
-                       (reducer.name.empty() ? std::string("one returning MetricValues") : "'" + reducer.name + "'") +
-                       ") would see only the captured batch; wrap it with for_training = false, or set step_capture: none");
-#if !DETTRIAL_FUSED_KERNELS
-  if (context.scaler())
-    throw ConfigError(what +
-                      "cannot replay an fp16 gradient scaler with LibTorch before 2.4, whose optimizer kernels cannot "
-                      "skip a step on the device; use mixed_precision: bf16 (no scaler) or fp32, or LibTorch 2.4 or later");
-#endif
-  for (std::size_t i = 0; i < context.num_optimizers(); ++i) {
-    torch::optim::Optimizer& optimizer = context.optimizer(i);
-    if (!dynamic_cast<optim::CapturableOptimizer*>(&optimizer))
-      throw TrialError(what + "needs optimizers that read their learning rate on the device, and optimizer " + std::to_string(i) + " (" +
-                       c10::demangle(typeid(optimizer).name()) +
-                       ") reads it on the host, so a replay would keep the captured batch's; use dettrial::optim::FusedSGD, "
-                       "FusedAdam or FusedAdamW (same options and checkpoints as LibTorch's SGD, Adam and AdamW)");
-  }
-  if (!step_capture_built) throw ConfigError(what + "needs LibTorch built with CUDA, and this one is CPU-only; set step_capture: none");
-  if (!context.device().is_cuda())
-    throw ConfigError(what + "needs a CUDA device, and this trial runs on " + context.device().str() + "; set step_capture: none");
-}
+DETTRIAL_INLINE void check_step_capture(const StepCapture& capture, Context& context, bool tensors_only, const std::string& batch_type);
 
 /**
  * @brief What a captured step holds that does not depend on the batch type: the optimizers it syncs,
@@ -358,6 +317,49 @@ struct StepGraphCore::Device {
 struct StepGraphCore::Device {};
 [[noreturn]] inline void step_capture_unavailable() { throw ConfigError("step_capture: cuda_graph needs LibTorch built with CUDA"); }
 #endif
+
+DETTRIAL_INLINE void check_step_capture(const StepCapture& capture, Context& context, bool tensors_only, const std::string& batch_type) {
+  if (std::holds_alternative<capture::none>(capture)) return;
+  const auto& graph = std::get<capture::cuda_graph>(capture);
+  const std::string what = "step_capture: cuda_graph ";
+  if (graph.warmup_batches < 1)
+    throw ConfigError(what + "needs at least 1 warm-up batch (capture_warmup_batches is " + std::to_string(graph.warmup_batches) +
+                      "): the eager batches before the capture make the optimizer's state");
+  if (!tensors_only)
+    throw TrialError(what +
+                     "copies each batch into the graph's input tensors, so the training batch must be made of tensors "
+                     "(in tuples, pairs, vectors or string-keyed maps); " +
+                     batch_type + " is not, or holds a value that the graph would freeze");
+  if (context.communicator())
+    throw ConfigError(what +
+                      "does not capture data-parallel training (the gradient all-reduce runs between the backward pass "
+                      "and the step); run one process per trial or set step_capture: none");
+  if (context.aggregation_frequency() > 1)
+    throw ConfigError(what + "needs aggregation_frequency 1: with " + std::to_string(context.aggregation_frequency()) +
+                      " the optimizer steps on some batches only, which one graph cannot replay");
+  for (const auto& reducer : context.reducers())
+    if (reducer.for_training)
+      throw TrialError(what + "replays train_batch without running its host code, so a reducer fed in train_batch (" +
+                       (reducer.name.empty() ? std::string("one returning MetricValues") : "'" + reducer.name + "'") +
+                       ") would see only the captured batch; wrap it with for_training = false, or set step_capture: none");
+#if !DETTRIAL_FUSED_KERNELS
+  if (context.scaler())
+    throw ConfigError(what +
+                      "cannot replay an fp16 gradient scaler with LibTorch before 2.4, whose optimizer kernels cannot "
+                      "skip a step on the device; use mixed_precision: bf16 (no scaler) or fp32, or LibTorch 2.4 or later");
+#endif
+  for (std::size_t i = 0; i < context.num_optimizers(); ++i) {
+    torch::optim::Optimizer& optimizer = context.optimizer(i);
+    if (!dynamic_cast<optim::CapturableOptimizer*>(&optimizer))
+      throw TrialError(what + "needs optimizers that read their learning rate on the device, and optimizer " + std::to_string(i) + " (" +
+                       c10::demangle(typeid(optimizer).name()) +
+                       ") reads it on the host, so a replay would keep the captured batch's; use dettrial::optim::FusedSGD, "
+                       "FusedAdam or FusedAdamW (same options and checkpoints as LibTorch's SGD, Adam and AdamW)");
+  }
+  if (!step_capture_built) throw ConfigError(what + "needs LibTorch built with CUDA, and this one is CPU-only; set step_capture: none");
+  if (!context.device().is_cuda())
+    throw ConfigError(what + "needs a CUDA device, and this trial runs on " + context.device().str() + "; set step_capture: none");
+}
 
 DETTRIAL_INLINE StepGraphCore::StepGraphCore() : device_(std::make_unique<Device>()) {}
 DETTRIAL_INLINE StepGraphCore::~StepGraphCore() { reset(); }
