@@ -12262,18 +12262,18 @@ DETTRIAL_INLINE void curve_from_metrics(TrialRow& row, const std::filesystem::pa
 DETTRIAL_INLINE void complete_row(TrialRow& row, const std::filesystem::path& folder, const SearchPage& search, SearchEvents& events) {
   namespace fs = std::filesystem;
   std::error_code ec;
+  const RunFolder run{folder};
   const std::int64_t id = row.id;
   if (row.state.empty()) {
     if (const auto e = events.ended.find(id); e != events.ended.end()) row.state = e->second;
-    else row.state = fs::exists(RunFolder{folder}.metrics_log(), ec) ? "RUNNING" : "QUEUED";
+    else row.state = fs::exists(run.metrics_log(), ec) ? "RUNNING" : "QUEUED";
   }
   if (!row.restarts && events.restarts.count(id)) row.restarts = events.restarts[id];
   if (!row.rung && events.rungs.count(id)) row.rung = events.rungs[id];
-  if (row.hparams.empty() && row.has_folder) flatten(config_hyperparameters(read_text(RunFolder{folder}.config())), "", row.hparams);
+  if (row.hparams.empty() && row.has_folder) flatten(config_hyperparameters(read_text(run.config())), "", row.hparams);
   if (const auto c = events.curves.find(id); c != events.curves.end()) row.curve = c->second;
-  const bool has_metrics = row.has_folder && fs::is_regular_file(RunFolder{folder}.metrics_log(), ec);
-  if (row.curve.empty() && has_metrics && !search.metric.empty())
-    curve_from_metrics(row, RunFolder{folder}.metrics_log(), search, events.batches);
+  const bool has_metrics = row.has_folder && fs::is_regular_file(run.metrics_log(), ec);
+  if (row.curve.empty() && has_metrics && !search.metric.empty()) curve_from_metrics(row, run.metrics_log(), search, events.batches);
   // summary.json's count is at the last checkpoint; a validation may have come after it.
   if (events.batches.count(id)) row.batches = std::max(row.batches.value_or(0), events.batches[id]);
   if (!row.curve.empty()) {
@@ -12284,12 +12284,12 @@ DETTRIAL_INLINE void complete_row(TrialRow& row, const std::filesystem::path& fo
   }
   if (has_metrics && row.problem.empty()) {
     try {
-      if (stale(RunFolder{folder}.report_page(), {RunFolder{folder}.metrics_log(), RunFolder{folder}.config()})) write_run_report(folder);
+      if (stale(run.report_page(), {run.metrics_log(), run.config()})) write_run_report(folder);
     } catch (const Error& e) {
       row.problem = e.what();
     }
   }
-  row.has_page = fs::is_regular_file(RunFolder{folder}.report_page(), ec);
+  row.has_page = fs::is_regular_file(run.report_page(), ec);
 }
 
 /// The search's settings (summary.json's, else the config's, else a trial's), and every trial.
@@ -12297,8 +12297,9 @@ DETTRIAL_INLINE SearchPage collect_search(const std::filesystem::path& experimen
   namespace fs = std::filesystem;
   std::error_code ec;
   SearchPage search;
-  const fs::path trials_dir = ExperimentFolder{experiment_dir}.trials();
-  search.config_text = read_text(ExperimentFolder{experiment_dir}.config());
+  const ExperimentFolder experiment{experiment_dir};
+  const fs::path trials_dir = experiment.trials();
+  search.config_text = read_text(experiment.config());
   search.metric = string_of(summary, "metric");
   search.searcher = string_of(summary, "searcher");
   std::optional<bool> smaller;
@@ -12312,12 +12313,12 @@ DETTRIAL_INLINE SearchPage collect_search(const std::filesystem::path& experimen
   if (search.name.empty()) search.name = search.absolute.filename().string();
 
   rows_from_summary(summary, search.rows);
-  SearchEvents events = read_search_events(ExperimentFolder{experiment_dir}.events_log());
+  SearchEvents events = read_search_events(experiment.events_log());
   rows_from_trial_folders(trials_dir, search.rows);
   // A trial's config names the searcher metric too (its searcher is `single`, not the search's).
   for (const auto& [id, row] : search.rows)
     if (row.has_folder && (search.metric.empty() || !smaller))
-      searcher_settings(read_text(ExperimentFolder{experiment_dir}.trial(id).config()), search.metric, smaller);
+      searcher_settings(read_text(experiment.trial(id).config()), search.metric, smaller);
   search.order = MetricOrder{smaller.value_or(true)};
 
   if (events.torn)
@@ -12506,9 +12507,10 @@ namespace dettrial {
 
 DETTRIAL_INLINE std::filesystem::path write_experiment_report(const std::filesystem::path& experiment_dir) {
   std::error_code ec;
-  const std::filesystem::path summary_path = ExperimentFolder{experiment_dir}.summary();
+  const ExperimentFolder experiment{experiment_dir};
+  const std::filesystem::path summary_path = experiment.summary();
   const bool has_summary = std::filesystem::is_regular_file(summary_path, ec);
-  if (!has_summary && !std::filesystem::is_directory(ExperimentFolder{experiment_dir}.trials(), ec))
+  if (!has_summary && !std::filesystem::is_directory(experiment.trials(), ec))
     throw Error("'" + experiment_dir.string() + "' has neither summary.json nor trials/: it is not a search's folder");
   return detail::html::write_experiment_page(experiment_dir, has_summary ? detail::read_json_file(summary_path) : detail::Json::object());
 }

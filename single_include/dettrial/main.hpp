@@ -283,6 +283,9 @@ class SlurmCluster {
   DETTRIAL_INLINE static std::map<std::int64_t, SlurmJob> newest_job_per_trial(const std::map<std::int64_t, SlurmJob>& jobs);
 
  private:
+  /// What every job name of the experiment starts with (the trial's id follows).
+  DETTRIAL_INLINE std::string job_name_prefix() const;
+
   std::string srun_, scancel_, scontrol_;
   std::int64_t experiment_id_ = 0;
 };
@@ -317,9 +320,9 @@ DETTRIAL_INLINE SlurmCluster::SlurmCluster() {
   }
 }
 
-DETTRIAL_INLINE std::string SlurmCluster::job_name(std::int64_t trial) const {
-  return "dettrial-e" + std::to_string(experiment_id_) + "-t" + std::to_string(trial);
-}
+DETTRIAL_INLINE std::string SlurmCluster::job_name_prefix() const { return "dettrial-e" + std::to_string(experiment_id_) + "-t"; }
+
+DETTRIAL_INLINE std::string SlurmCluster::job_name(std::int64_t trial) const { return job_name_prefix() + std::to_string(trial); }
 
 DETTRIAL_INLINE TrialCommand SlurmCluster::job_command(std::int64_t trial, std::int64_t tasks, const std::vector<std::string>& sbatch_args,
                                                        TrialCommand command) const {
@@ -371,7 +374,7 @@ DETTRIAL_INLINE std::optional<std::map<std::int64_t, SlurmJob>> SlurmCluster::jo
   const int status = run_and_wait(scontrol_, {scontrol_, "--oneliner", "show", "job"}, {.output = listing.string(), .merge_stderr = false});
   std::map<std::int64_t, SlurmJob> jobs;
   std::ifstream in(listing);
-  const std::string prefix = "dettrial-e" + std::to_string(experiment_id_) + "-t";
+  const std::string prefix = job_name_prefix();
   for (std::string line; std::getline(in, line);) {
     const std::string name = field(line, "JobName=");
     if (name.rfind(prefix, 0) != 0) continue;
