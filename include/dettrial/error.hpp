@@ -24,6 +24,11 @@ struct HyperparameterError : Error {
 struct DataError : Error {
   using Error::Error;
 };
+/// An image file that cannot be decoded: unreadable, truncated, corrupt, not an image, or of a kind
+/// this build has no decoder for. The message names the file and the decoder's reason.
+struct ImageError : DataError {
+  using DataError::DataError;
+};
 /// A checkpoint that cannot be written or read: missing, truncated, corrupt, from another model or
 /// from a newer dettrial. The message names the file and, for a mismatch, the entry.
 struct CheckpointError : Error {

@@ -29,21 +29,22 @@ dettrial_apt() {
 
 # What building and training the examples needs: the build tools, Debian's LibTorch 1.13 (with
 # Gloo's headers, for data-parallel runs), yaml-cpp, range-v3, nlohmann/json, zlib, the real dataset
-# (Fashion-MNIST), and OpenBLAS, which takes over libblas.so.3 from the reference BLAS that Debian's
+# (Fashion-MNIST), libjpeg-turbo and libspng (the image decoders), and OpenBLAS, which takes over libblas.so.3 from the reference BLAS that Debian's
 # LibTorch would otherwise compute with (10x slower).
 dettrial_example_deps() {
   dettrial_apt build-essential cmake ninja-build zlib1g-dev \
-    libtorch-dev libgloo-dev libyaml-cpp-dev librange-v3-dev nlohmann-json3-dev dataset-fashion-mnist libopenblas0-pthread
+    libtorch-dev libgloo-dev libyaml-cpp-dev librange-v3-dev nlohmann-json3-dev dataset-fashion-mnist libopenblas0-pthread \
+    libturbojpeg0-dev libspng-dev
 }
 
 # What the test suite adds: doctest, git and Python's venv (the Conan and PyPI checks), Debian's
-# Python torch (the parity peer of its LibTorch), Open MPI's mpirun (one of the launchers the
+# Python torch (the parity peer of its LibTorch) and PIL (the image decoders' reference), Open MPI's mpirun (one of the launchers the
 # distributed tests use), Chromium (the report pages render in it) and Slurm with munge (a
 # two-node cluster on this host for the Slurm tests), Universal Ctags (the function-length check) and
 # clang-format 19 (the format check).
 dettrial_test_deps() {
   dettrial_example_deps
-  dettrial_apt git python3 python3-venv doctest-dev python3-torch python3-numpy openmpi-bin chromium slurm-wlm munge universal-ctags clang-format-19
+  dettrial_apt git python3 python3-venv doctest-dev python3-torch python3-numpy python3-pil openmpi-bin chromium slurm-wlm munge universal-ctags clang-format-19
 }
 
 # Runs a command as one named phase of a script and says how long it took ("==> build debian: 312 s").
@@ -91,6 +92,19 @@ dettrial_keras_python() {
   if ! KERAS_BACKEND=torch "$DETTRIAL_VENV/bin/python" -c 'import keras' 2>/dev/null; then
     dettrial_log "installing keras from PyPI into $DETTRIAL_VENV"
     "$DETTRIAL_VENV/bin/python" -m pip install -q keras >&2 || return 1
+  fi
+  echo "$DETTRIAL_VENV/bin/python"
+}
+
+# PyPI's torchvision (and PIL) in the venv of PyPI's torch, without moving that torch: the image
+# tests' and bench/image's reference. Prints that venv's python; fails when no torchvision release
+# accepts the installed torch.
+dettrial_torchvision_python() {
+  if ! "$DETTRIAL_VENV/bin/python" -c 'import torchvision' 2>/dev/null; then
+    local torch_version
+    torch_version=$("$DETTRIAL_VENV/bin/python" -c 'import torch; print(torch.__version__)') || return 1
+    dettrial_log "installing torchvision from PyPI into $DETTRIAL_VENV (beside torch $torch_version)"
+    "$DETTRIAL_VENV/bin/python" -m pip install -q torchvision pillow "torch==${torch_version%%+*}" >&2 || return 1
   fi
   echo "$DETTRIAL_VENV/bin/python"
 }

@@ -27,6 +27,19 @@ if(TARGET mnist)
            COMMAND ${_needs_mnist} "${_cli}/signal_resume.sh" $<TARGET_FILE:mnist> "${_cli}/resume.yaml" "${DETTRIAL_MNIST10K_DIR}"
                    "${CMAKE_CURRENT_BINARY_DIR}/runs/signal-resume")
   set_tests_properties("cli: SIGTERM checkpoints and exits 75; --resume continues" PROPERTIES SKIP_RETURN_CODE 77)
+  # The image example on real image files: a stop mid-epoch and --resume give the straight run's metrics.
+  foreach(_format png jpeg)
+    string(TOUPPER "${_format}" _upper)
+    set(_name "cli: the image example on ${_format} files resumes mid-epoch exactly, augmentation included")
+    if(DETTRIAL_DECODES_${_upper})
+      add_test(NAME "${_name}" COMMAND ${_needs_image_folders} "${_cli}/image_resume.sh" $<TARGET_FILE:image_folder>
+                                       "${_cli}/image_folder_${_format}.yaml" "${DETTRIAL_IMAGE_FOLDER_DIR}"
+                                       "${CMAKE_CURRENT_BINARY_DIR}/runs/image-${_format}")
+      set_tests_properties("${_name}" PROPERTIES SKIP_RETURN_CODE 77 PASS_REGULAR_EXPRESSION "records after batch 5 equal")
+    else()
+      dettrial_skipped_test("${_name}" "this build has no ${_upper} decoder (libjpeg-turbo's TurboJPEG, libspng)")
+    endif()
+  endforeach()
   set(_slurm_tests "slurm: srun (on one node and on two) and sbatch run the 2-rank MNIST job as the built-in launcher does; a failed task ends the step")
   if(_gloo_missing)
     dettrial_skipped_test("${_slurm_tests}" "${_gloo_missing}")

@@ -40,6 +40,23 @@ target_compile_definitions(dettrial_mnist_tests PRIVATE DETTRIAL_MNIST10K_DIR="$
 dettrial_use_compiled_pch(dettrial_mnist_tests)
 doctest_discover_tests(dettrial_mnist_tests TEST_PREFIX "mnist: " PROPERTIES SKIP_RETURN_CODE 77)
 
+# Image data: the decoders against PIL, the transforms and ImageFolder's listing against torchvision.
+# tests/python/vision_fixtures.py writes the image files and what PIL and torchvision make of them
+# with DETTRIAL_PYTHON; a Python without PIL skips every case that needs them, one without
+# torchvision the torchvision cases, each with its reason.
+add_executable(dettrial_vision_tests unit/main.cpp unit/vision_test.cpp)
+target_link_libraries(dettrial_vision_tests PRIVATE dettrial::compiled doctest::doctest)
+dettrial_use_compiled_pch(dettrial_vision_tests)
+set(_vision_fixtures "${CMAKE_CURRENT_BINARY_DIR}/vision_fixtures")
+if(DETTRIAL_PYTHON)
+  add_test(NAME "vision: PIL and torchvision write the image fixtures"
+           COMMAND "${DETTRIAL_PYTHON}" "${CMAKE_CURRENT_SOURCE_DIR}/python/vision_fixtures.py" "${_vision_fixtures}")
+  set_tests_properties("vision: PIL and torchvision write the image fixtures" PROPERTIES
+                       FIXTURES_SETUP dettrial_vision SKIP_RETURN_CODE 77 PASS_REGULAR_EXPRESSION "^ok: ")
+endif()
+doctest_discover_tests(dettrial_vision_tests TEST_PREFIX "unit: " PROPERTIES SKIP_RETURN_CODE 77
+                       ENVIRONMENT "DETTRIAL_VISION_FIXTURES=${_vision_fixtures}" FIXTURES_REQUIRED dettrial_vision)
+
 # Checkpoints Python can load: the MNIST trial's checkpoint goes into the same network written in
 # Python (DETTRIAL_PYTHON, the torch matching this LibTorch), whose outputs must match.
 set(_interop "${CMAKE_CURRENT_BINARY_DIR}/interop")

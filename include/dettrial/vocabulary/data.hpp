@@ -25,6 +25,16 @@ struct LoaderChain {
   std::int64_t rank = 0;
 };
 
+/**
+ * @brief Where a batch comes from in the loader's stream: its epoch and the loader's seed. A dataset
+ * whose records are drawn at random as they are read (augmented images) keys its draws on it and on
+ * the record index, so a record comes out the same whatever the workers, the ranks or a resume.
+ */
+struct BatchOrigin {
+  std::int64_t epoch = 0;
+  std::uint64_t seed = 0;
+};
+
 /// A dataset read one record at a time: `size()` records and `get(index)`.
 template <class D>
 concept ExampleDataset = requires(const D& d, std::int64_t i) {
@@ -35,8 +45,10 @@ concept ExampleDataset = requires(const D& d, std::int64_t i) {
 /**
  * @brief A dataset read a batch at a time: `size()` records, and `get_batch(indices)` with a 1-D
  * int64 CPU tensor of record indices (vectorised: one gather per batch, not one call per record).
- * A dataset may also offer `get_range(begin, end)` for contiguous, unshuffled reads. Either way a
- * batch must not alias the dataset's storage: a trial may change its batch in place.
+ * A dataset may also offer `get_range(begin, end)` for contiguous, unshuffled reads, and
+ * `get_batch(indices, origin)` (BatchOrigin) to draw per-record randomness reproducibly; the loader
+ * then calls that one. Either way a batch must not alias the dataset's storage: a trial may change
+ * its batch in place.
  */
 template <class D>
 concept BatchDataset = requires(D& d, const torch::Tensor& indices) {

@@ -1,0 +1,141 @@
+// The image pipeline's throughput, beside torchvision's (bench/image_bench.py runs the same folders):
+//   image_bench --png DIR --jpeg DIR [--quick]
+// One case per process (--case NAME), so that each side's peak memory is its own:
+//   png        one epoch of the PNG folder (28x28 gray): RandomCrop(28, padding=4), flip, ToFloat, Normalize
+//   jpeg       one epoch of the JPEG folder (64x64 RGB): RandomResizedCrop(64), flip, ToFloat, Normalize
+//   decode     the bare decode rate of each folder's files (read and decode, one thread, no transform)
+//   train      the example's ResNet trained on the PNG folder through the pipeline, and on the same
+//              images decoded beforehand into a tensor: whether training waits on data
+// Prints one JSON object per measurement (bench/table.py makes the table).
+#include <sys/resource.h>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "image_folder/image_folder_trial.hpp"
+
+namespace vision = dettrial::vision;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+/// This process's resident memory now and at its peak, in MiB.
+double rss_mib() {
+  std::ifstream status("/proc/self/status");
+  std::string key;
+  double kib = 0;
+  while (status >> key)
+    if (key == "VmRSS:") {
+      status >> kib;
+      break;
+    }
+  return kib / 1024.0;
+}
+double peak_mib() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  return static_cast<double>(usage.ru_maxrss) / 1024.0;
+}
+
+void print(const std::string& name, double value, const std::string& unit, nlohmann::json extra = {}) {
+  nlohmann::json row{{"name", name}, {"value", value}, {"unit", unit}, {"spread", 1.0}};
+  row.update(extra);
+  std::cout << row.dump() << std::endl;
+}
+
+/// One epoch of `loader`: images per second, and the resident memory at a tenth and at the end.
+template <class Loader>
+void epoch(const std::string& name, const Loader& loader, std::int64_t limit) {
+  std::int64_t images = 0, batches = 0;
+  double rss_tenth = 0;
+  const std::int64_t total = std::min(limit, loader.size());
+  const auto start = Clock::now();
+  for (auto& [x, y] : loader) {
+    images += x.size(0);
+    if (++batches == std::max<std::int64_t>(1, total / 10)) rss_tenth = rss_mib();
+    if (batches == total) break;
+  }
+  const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  print(name, static_cast<double>(images) / seconds, "images/s",
+        {{"peak_mib", peak_mib()}, {"rss_tenth_mib", rss_tenth}, {"rss_end_mib", rss_mib()}, {"workers", loader.workers()}, {"images", images}});
+}
+
+vision::Compose<vision::RandomCrop, vision::RandomHorizontalFlip, vision::ToFloat, vision::Normalize> png_pipeline() {
+  return vision::Compose(vision::RandomCrop(28, {.padding = {4}}), vision::RandomHorizontalFlip{}, vision::ToFloat{},
+                         vision::Normalize({0.2860}, {0.3530}));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string png, jpeg, which = "png";
+  bool quick = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--png" && i + 1 < argc) png = argv[++i];
+    else if (arg == "--jpeg" && i + 1 < argc) jpeg = argv[++i];
+    else if (arg == "--case" && i + 1 < argc) which = argv[++i];
+    else if (arg == "--quick") quick = true;
+  }
+  const std::int64_t limit = quick ? 20 : std::numeric_limits<std::int64_t>::max();
+  if (which == "png") {
+    const vision::ImageDataset data(vision::ImageFolder(png), png_pipeline(), {.mode = vision::ImageMode::gray});
+    epoch("image pipeline, PNG folder 28x28: dettrial", dettrial::DataLoader(data, {.batch_size = 64, .shuffle = true, .seed = 1}), limit);
+  } else if (which == "jpeg") {
+    const vision::ImageDataset data(vision::ImageFolder(jpeg),
+                                    vision::Compose(vision::RandomResizedCrop(64), vision::RandomHorizontalFlip{}, vision::ToFloat{},
+                                                    vision::Normalize({0.485, 0.456, 0.406}, {0.229, 0.224, 0.225})));
+    epoch("image pipeline, JPEG folder 64x64: dettrial", dettrial::DataLoader(data, {.batch_size = 64, .shuffle = true, .seed = 1}), limit);
+  } else if (which == "decode") {
+    // The decoder alone, one thread: read each file and decode it, nothing else. Times the cores
+    // this process may use, it is the most any pipeline could deliver here.
+    const int cores = dettrial::CoreCount::of_this_process().available;
+    for (const auto& [label, dir, mode] : {std::tuple{"PNG folder 28x28", png, vision::ImageMode::gray},
+                                           std::tuple{"JPEG folder 64x64", jpeg, vision::ImageMode::rgb}}) {
+      const vision::ImageFolder folder(dir);
+      const std::int64_t n = std::min<std::int64_t>(folder.size(), quick ? 500 : 20000);
+      const auto start = Clock::now();
+      std::int64_t checksum = 0;
+      for (std::int64_t i = 0; i < n; ++i) checksum += folder.load(i, mode).pixels[0];
+      const double rate = static_cast<double>(n) / std::chrono::duration<double>(Clock::now() - start).count();
+      print(std::string("image decode alone, ") + label + ": one thread x " + std::to_string(cores) + " cores (the limit)", rate * cores,
+            "images/s", {{"one_thread", rate}, {"checksum", checksum}});
+    }
+  } else if (which == "train") {
+    // The example's ResNet-8 on the PNG folder: batches from the pipeline (decoded and augmented on
+    // the workers while the model trains) against the same images decoded once into a tensor.
+    torch::manual_seed(0);
+    const std::int64_t batches = quick ? 5 : 150;
+    const vision::ImageDataset data(vision::ImageFolder(png), png_pipeline(), {.mode = vision::ImageMode::gray});
+    const dettrial::DataLoader pipeline(data, {.batch_size = 128, .shuffle = true, .seed = 1});
+    auto [all_x, all_y] = data.get_batch(torch::arange(0, batches * 128, torch::kLong));
+    const dettrial::DataLoader decoded(dettrial::TensorDataset(all_x, all_y), {.batch_size = 128, .shuffle = true, .seed = 1});
+    const auto train = [&](const auto& loader) {
+      image_folder::ResNet model(1, 10, 1, 16);
+      torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+      std::int64_t n = 0, images = 0;
+      const auto start = Clock::now();
+      for (auto& [x, y] : loader) {
+        sgd.zero_grad();
+        torch::cross_entropy_loss(model->forward(x), y).backward();
+        sgd.step();
+        images += x.size(0);
+        if (++n == batches) break;
+      }
+      return static_cast<double>(images) / std::chrono::duration<double>(Clock::now() - start).count();
+    };
+    const double from_decoded = train(decoded);
+    const double from_pipeline = train(pipeline);
+    print("image example training, ResNet-8 on PNG: batches from the pipeline", from_pipeline, "images/s",
+          {{"workers", pipeline.workers()}, {"batches", batches}});
+    print("image example training, ResNet-8 on PNG: batches decoded beforehand", from_decoded, "images/s", {{"batches", batches}});
+  } else {
+    std::cerr << "image_bench: unknown --case " << which << "\n";
+    return 2;
+  }
+}

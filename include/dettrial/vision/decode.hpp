@@ -1,0 +1,262 @@
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief Decoding JPEG and PNG files into 8-bit images, converted as PIL converts them.
+///
+/// JPEG goes through libjpeg-turbo's TurboJPEG API, PNG through libspng: both are in Debian, Conan
+/// and vcpkg, both decode from memory with no global state, and libjpeg-turbo is what PIL and
+/// torchvision decode JPEG with, so the pixels are the same. Both are optional at build time: CMake
+/// defines `DETTRIAL_HAS_TURBOJPEG` and `DETTRIAL_HAS_SPNG` where it finds them, and without one
+/// decoding that format throws an ImageError saying so.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "../error.hpp"
+#include "../detail/linkage.hpp"
+#include "image.hpp"
+
+namespace dettrial::vision {
+
+/// Whether this build decodes JPEG (libjpeg-turbo was found) and PNG (libspng was found).
+#if defined(DETTRIAL_HAS_TURBOJPEG)
+inline constexpr bool decodes_jpeg = true;
+#else
+inline constexpr bool decodes_jpeg = false;
+#endif
+#if defined(DETTRIAL_HAS_SPNG)
+inline constexpr bool decodes_png = true;
+#else
+inline constexpr bool decodes_png = false;
+#endif
+
+/**
+ * @brief Decodes a JPEG or PNG file's bytes (8- or 16-bit; grayscale, gray with alpha, RGB, RGBA or
+ * palette) into `mode`. 16-bit samples keep their high byte. Throws ImageError naming `name` and
+ * the decoder's reason for anything else: a truncated or corrupt file (a JPEG the decoder would only
+ * warn about included: a silently grey-filled image is a wrong batch), another format, or a format
+ * this build has no decoder for.
+ */
+DETTRIAL_INLINE Image decode_image(std::span<const std::uint8_t> bytes, ImageMode mode, const std::string& name);
+
+/// Reads and decodes the image file at `path` (see decode_image).
+DETTRIAL_INLINE Image read_image(const std::filesystem::path& path, ImageMode mode);
+
+/// Reads a whole file into `buffer` (reusing its capacity). Throws ImageError naming the file.
+DETTRIAL_INLINE void read_file(const std::filesystem::path& path, std::vector<std::uint8_t>& buffer);
+
+}  // namespace dettrial::vision
+
+// Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
+#if DETTRIAL_HEADER_DEFINITIONS
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <memory>
+
+#if defined(DETTRIAL_HAS_TURBOJPEG)
+#include <turbojpeg.h>
+#endif
+#if defined(DETTRIAL_HAS_SPNG)
+#include <spng.h>
+#endif
+
+namespace dettrial::vision {
+namespace detail {
+
+/// The largest image accepted, a guard against decompression bombs (a damaged header can claim any
+/// size): 32768 a side, and PIL's own limit in all (twice its MAX_IMAGE_PIXELS, where it refuses).
+inline constexpr std::int64_t max_image_side = 1 << 15;
+inline constexpr std::int64_t max_image_pixels = 2 * 89'478'485;
+
+inline void check_size(std::int64_t width, std::int64_t height, const std::string& name) {
+  if (width < 1 || height < 1 || width > max_image_side || height > max_image_side || width * height > max_image_pixels)
+    throw ImageError("cannot decode '" + name + "': its header claims " + std::to_string(width) + "x" + std::to_string(height) +
+                     " pixels (the limit is " + std::to_string(max_image_side) + " a side and " + std::to_string(max_image_pixels) +
+                     " in all)");
+}
+
+/// PIL's RGB to L conversion, in place: the first third of `pixels` becomes the gray image.
+inline void rgb_to_gray(Image& image) {
+  const std::int64_t n = image.height * image.width;
+  std::uint8_t* p = image.pixels.data();
+  for (std::int64_t i = 0; i < n; ++i) {
+    const std::uint32_t r = p[3 * i], g = p[3 * i + 1], b = p[3 * i + 2];
+    p[i] = static_cast<std::uint8_t>((r * 19595 + g * 38470 + b * 7471 + 0x8000) >> 16);
+  }
+  image.pixels.resize(static_cast<std::size_t>(n));
+  image.channels = 1;
+}
+
+/// PIL's L to RGB conversion: each gray sample three times.
+inline Image gray_to_rgb(const Image& gray) {
+  Image rgb(gray.height, gray.width, 3);
+  const std::int64_t n = gray.height * gray.width;
+  for (std::int64_t i = 0; i < n; ++i) rgb.pixels[3 * i] = rgb.pixels[3 * i + 1] = rgb.pixels[3 * i + 2] = gray.pixels[i];
+  return rgb;
+}
+
+#if defined(DETTRIAL_HAS_TURBOJPEG)
+/// One TurboJPEG decompressor per thread (a handle is not thread-safe; creating one costs more than
+/// decoding a small image).
+/// A handle that failed is replaced: after an error TurboJPEG 2.x can leave state behind that breaks
+/// the next, valid file.
+struct JpegDecompressor {
+  tjhandle handle = tjInitDecompress();
+  JpegDecompressor() = default;
+  JpegDecompressor(const JpegDecompressor&) = delete;
+  JpegDecompressor& operator=(const JpegDecompressor&) = delete;
+  ~JpegDecompressor() {
+    if (handle) tjDestroy(handle);
+  }
+  void renew() {
+    if (handle) tjDestroy(handle);
+    handle = tjInitDecompress();
+  }
+};
+
+inline JpegDecompressor& jpeg_decompressor() {
+  thread_local JpegDecompressor d;
+  if (!d.handle) throw ImageError(std::string("cannot start libjpeg-turbo's decompressor: ") + tjGetErrorStr2(nullptr));
+  return d;
+}
+
+inline Image decode_jpeg(std::span<const std::uint8_t> bytes, ImageMode mode, const std::string& name) {
+  JpegDecompressor& decompressor = jpeg_decompressor();
+  tjhandle tj = decompressor.handle;
+  const auto fail = [&] {
+    ImageError error("cannot decode '" + name + "' as JPEG: " + tjGetErrorStr2(tj));
+    decompressor.renew();
+    return error;
+  };
+  int width = 0, height = 0, subsampling = 0, colorspace = 0;
+  if (tjDecompressHeader3(tj, bytes.data(), static_cast<unsigned long>(bytes.size()), &width, &height, &subsampling, &colorspace) != 0)
+    throw fail();
+  check_size(width, height, name);
+  if (colorspace == TJCS_CMYK || colorspace == TJCS_YCCK)
+    throw ImageError("cannot decode '" + name + "': it is a CMYK JPEG, which dettrial does not convert (save it as RGB)");
+  // A gray JPEG decodes to gray; a colour one to RGB (to gray after that, as PIL converts).
+  const bool gray_source = colorspace == TJCS_GRAY;
+  Image image(height, width, gray_source ? 1 : 3);
+  // Stop on warnings: libjpeg fills a truncated file's missing rows with grey and only warns.
+  if (tjDecompress2(tj, bytes.data(), static_cast<unsigned long>(bytes.size()), image.pixels.data(), width, 0, height,
+                    gray_source ? TJPF_GRAY : TJPF_RGB, TJFLAG_STOPONWARNING) != 0)
+    throw fail();
+  if (mode == ImageMode::rgb && gray_source) return gray_to_rgb(image);
+  if (mode == ImageMode::gray && !gray_source) rgb_to_gray(image);
+  return image;
+}
+#endif
+
+#if defined(DETTRIAL_HAS_SPNG)
+inline Image decode_png(std::span<const std::uint8_t> bytes, ImageMode mode, const std::string& name) {
+  std::unique_ptr<spng_ctx, void (*)(spng_ctx*)> ctx(spng_ctx_new(0), spng_ctx_free);
+  if (!ctx) throw ImageError("cannot decode '" + name + "': libspng could not start");
+  const auto fail = [&](const char* what, int status) {
+    return ImageError("cannot decode '" + name + "' as PNG: " + what + ": " + spng_strerror(status));
+  };
+  int status = spng_set_crc_action(ctx.get(), SPNG_CRC_ERROR, SPNG_CRC_DISCARD);
+  if (status == 0) status = spng_set_image_limits(ctx.get(), max_image_side, max_image_side);
+  if (status == 0) status = spng_set_chunk_limits(ctx.get(), 1u << 26, 1u << 26);
+  if (status == 0) status = spng_set_png_buffer(ctx.get(), bytes.data(), bytes.size());
+  if (status != 0) throw fail("setup", status);
+  spng_ihdr header{};
+  if ((status = spng_get_ihdr(ctx.get(), &header)) != 0) throw fail("header", status);
+  check_size(header.width, header.height, name);
+  // libspng's gray output takes gray sources of up to 8 bits; everything else decodes to RGB first.
+  const bool gray_source = header.color_type == SPNG_COLOR_TYPE_GRAYSCALE || header.color_type == SPNG_COLOR_TYPE_GRAYSCALE_ALPHA;
+  const bool direct_gray = gray_source && header.bit_depth <= 8 && header.color_type == SPNG_COLOR_TYPE_GRAYSCALE;
+  const int format = direct_gray ? SPNG_FMT_G8 : SPNG_FMT_RGB8;
+  std::size_t size = 0;
+  if ((status = spng_decoded_image_size(ctx.get(), format, &size)) != 0) throw fail("size", status);
+  Image image(header.height, header.width, direct_gray ? 1 : 3);
+  if (size != image.pixels.size()) throw ImageError("cannot decode '" + name + "' as PNG: unexpected decoded size");
+  if ((status = spng_decode_image(ctx.get(), image.pixels.data(), size, format, 0)) != 0) throw fail("pixels", status);
+  // The chunks after the pixels, to IEND: a file cut short there is damaged too.
+  if ((status = spng_decode_chunks(ctx.get())) != 0) throw fail("after the pixels", status);
+  if (mode == ImageMode::rgb && direct_gray) return gray_to_rgb(image);
+  if (mode == ImageMode::gray && !direct_gray) {
+    if (gray_source) {  // gray with alpha or 16-bit gray: the gray sample, which RGB8 replicated
+      const std::int64_t n = image.height * image.width;
+      for (std::int64_t i = 0; i < n; ++i) image.pixels[i] = image.pixels[3 * i];
+      image.pixels.resize(static_cast<std::size_t>(n));
+      image.channels = 1;
+    } else {
+      rgb_to_gray(image);
+    }
+  }
+  return image;
+}
+#endif
+
+inline std::string leading_bytes(std::span<const std::uint8_t> bytes) {
+  static constexpr char hex[] = "0123456789abcdef";
+  std::string out;
+  for (std::size_t i = 0; i < bytes.size() && i < 8; ++i) {
+    if (i) out += ' ';
+    out += hex[bytes[i] >> 4];
+    out += hex[bytes[i] & 15];
+  }
+  return out.empty() ? "nothing: the file is empty" : out;
+}
+
+}  // namespace detail
+
+DETTRIAL_INLINE Image decode_image(std::span<const std::uint8_t> bytes, ImageMode mode, const std::string& name) {
+  static constexpr std::uint8_t png_signature[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n'};
+  const bool jpeg = bytes.size() >= 3 && bytes[0] == 0xFF && bytes[1] == 0xD8 && bytes[2] == 0xFF;
+  const bool png = bytes.size() >= 8 && std::memcmp(bytes.data(), png_signature, 8) == 0;
+  if (jpeg) {
+#if defined(DETTRIAL_HAS_TURBOJPEG)
+    return detail::decode_jpeg(bytes, mode, name);
+#else
+    throw ImageError("cannot decode '" + name + "': this build of dettrial has no JPEG decoder (libjpeg-turbo was not found when it was configured)");
+#endif
+  }
+  if (png) {
+#if defined(DETTRIAL_HAS_SPNG)
+    return detail::decode_png(bytes, mode, name);
+#else
+    throw ImageError("cannot decode '" + name + "': this build of dettrial has no PNG decoder (libspng was not found when it was configured)");
+#endif
+  }
+  throw ImageError("cannot decode '" + name + "': it is neither JPEG nor PNG (it begins with " + detail::leading_bytes(bytes) + ")");
+}
+
+DETTRIAL_INLINE void read_file(const std::filesystem::path& path, std::vector<std::uint8_t>& buffer) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw ImageError("cannot open '" + path.string() + "': " + std::strerror(errno));
+  struct stat info {};
+  if (::fstat(fd, &info) != 0 || !S_ISREG(info.st_mode)) {
+    ::close(fd);
+    throw ImageError("cannot read '" + path.string() + "': not a regular file");
+  }
+  buffer.resize(static_cast<std::size_t>(info.st_size));
+  std::size_t done = 0;
+  while (done < buffer.size()) {
+    const ssize_t n = ::read(fd, buffer.data() + done, buffer.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const int error = errno;
+      ::close(fd);
+      throw ImageError("cannot read '" + path.string() + "': " + (n == 0 ? std::string("it ended early") : std::strerror(error)));
+    }
+    done += static_cast<std::size_t>(n);
+  }
+  ::close(fd);
+}
+
+DETTRIAL_INLINE Image read_image(const std::filesystem::path& path, ImageMode mode) {
+  thread_local std::vector<std::uint8_t> buffer;
+  read_file(path, buffer);
+  return decode_image(buffer, mode, path.string());
+}
+
+}  // namespace dettrial::vision
+#endif  // DETTRIAL_HEADER_DEFINITIONS

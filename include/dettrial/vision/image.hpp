@@ -1,0 +1,81 @@
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief An 8-bit image between decoding and the batch (rows of interleaved channels, as decoders
+/// write them), the colour modes images are decoded to, and the per-record random draws of
+/// augmentations.
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+#include <vector>
+
+#include "../detail/random.hpp"
+
+namespace dettrial::vision {
+
+/// The colour mode images are converted to as they are decoded: PIL's `convert("RGB")` or `convert("L")`.
+enum class ImageMode {
+  /// Three channels. Grayscale is replicated; alpha is dropped (not composited), as PIL drops it.
+  rgb,
+  /// One channel. Colour becomes PIL's ITU-R 601-2 luma, `(19595 R + 38470 G + 7471 B + 2^15) >> 16`.
+  gray,
+};
+
+/// The channels of an image in `mode`.
+constexpr std::int64_t channels_of(ImageMode mode) { return mode == ImageMode::rgb ? 3 : 1; }
+
+/// "RGB" or "L", PIL's names.
+constexpr std::string_view name_of(ImageMode mode) { return mode == ImageMode::rgb ? "RGB" : "L"; }
+
+/**
+ * @brief An 8-bit image: `height` rows of `width` pixels of `channels` interleaved samples (HWC), the
+ * layout decoders write and the cheapest to crop and flip. The batch gets it as C x H x W.
+ */
+struct Image {
+  std::int64_t height = 0;
+  std::int64_t width = 0;
+  std::int64_t channels = 0;
+  std::vector<std::uint8_t> pixels;
+
+  Image() = default;
+  Image(std::int64_t h, std::int64_t w, std::int64_t c)
+      : height(h), width(w), channels(c), pixels(static_cast<std::size_t>(h * w * c)) {}
+
+  std::uint8_t* row(std::int64_t y) { return pixels.data() + y * width * channels; }
+  const std::uint8_t* row(std::int64_t y) const { return pixels.data() + y * width * channels; }
+};
+
+/**
+ * @brief The random draws of one record's augmentation in one epoch: a splitmix64 stream keyed by
+ * (seed, epoch, record index) alone, so a record is augmented the same way whatever the worker
+ * count, the rank count, the batch it falls in, or a resume. The draws are not torch's (torchvision
+ * draws from torch's global generator, shared by every record); their distributions are torchvision's.
+ */
+class RecordRandom {
+ public:
+  RecordRandom(std::uint64_t seed, std::int64_t epoch, std::int64_t record)
+      : state_(detail::mix64(detail::mix64(detail::mix64(seed ^ augmentation_domain) + static_cast<std::uint64_t>(epoch)) +
+                             static_cast<std::uint64_t>(record))) {}
+
+  /// The next 64 random bits.
+  std::uint64_t bits() {
+    state_ += detail::golden_gamma;
+    return detail::mix64(state_);
+  }
+  /// Uniform in [lo, hi).
+  double uniform(double lo, double hi) { return lo + (hi - lo) * static_cast<double>(bits() >> 11) * 0x1.0p-53; }
+  /// Uniform among the integers [lo, hi), hi > lo (Lemire's multiply-shift).
+  std::int64_t integer(std::int64_t lo, std::int64_t hi) {
+    const auto range = static_cast<unsigned __int128>(hi - lo);
+    return lo + static_cast<std::int64_t>((static_cast<unsigned __int128>(bits()) * range) >> 64);
+  }
+  /// True with probability `p`.
+  bool chance(double p) { return uniform(0.0, 1.0) < p; }
+
+ private:
+  // Keeps augmentation streams apart from the shuffles drawn from the same loader seed.
+  static constexpr std::uint64_t augmentation_domain = 0x61756720696d6167ULL;
+  std::uint64_t state_;
+};
+
+}  // namespace dettrial::vision

@@ -1,0 +1,179 @@
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief Images decoded, augmented and written straight into batch tensors: the dataset a
+/// DataLoader reads image files and CIFAR records through, on its worker threads.
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <utility>
+
+#include <torch/torch.h>
+
+#include "../vocabulary/data.hpp"
+#include "../error.hpp"
+#include "../distributed/threads.hpp"
+#include "image.hpp"
+#include "transforms.hpp"
+
+namespace dettrial::vision {
+
+/// What an ImageDataset reads records from: ImageFolder, Cifar, or a type of the same shape.
+template <class S>
+concept ImageSource = requires(const S& s, std::int64_t i, ImageMode mode) {
+  { s.size() } -> std::convertible_to<std::int64_t>;
+  { s.label(i) } -> std::convertible_to<std::int64_t>;
+  { s.load(i, mode) } -> std::same_as<Image>;
+  { s.name(i) } -> std::convertible_to<std::string>;
+};
+
+/// What an ImageDataset transforms with: a Compose (the 8-bit steps, then what the batch holds).
+template <class T>
+concept ImagePipeline = requires(const T& t, Image image, RecordRandom& random, void* out) {
+  { t.apply(std::move(image), random) } -> std::same_as<Image>;
+  { t.dtype() } -> std::convertible_to<torch::Dtype>;
+  t.write(image, out);
+};
+
+/// Options of ImageDataset.
+struct ImageDatasetOptions {
+  /// The colour mode images are decoded to (PIL's convert("RGB") or convert("L")).
+  ImageMode mode = ImageMode::rgb;
+  /// Leave out a record whose file cannot be read or decoded, instead of failing: its batch is then
+  /// shorter. The first few are named on the standard error, the rest counted (skipped()).
+  bool skip_unreadable = false;
+  /// Batches in page-locked memory, for non-blocking copies to a GPU. Unset: when a GPU is present.
+  std::optional<bool> pin_memory{};
+};
+
+/**
+ * @brief A BatchDataset of images and labels: for each record of a batch, its image is read and
+ * decoded, transformed with draws keyed by (loader seed, epoch, record index), and written into the
+ * batch tensor in place (N x C x H x W, float or 8-bit as the transform ends); labels are int64. A
+ * DataLoader runs it on its worker threads, by default as many as the process's share of the CPUs.
+ * @code{.cpp}
+ * namespace vision = dettrial::vision;
+ * vision::ImageDataset train(vision::ImageFolder("data/train"),
+ *                            vision::Compose(vision::RandomResizedCrop(64), vision::RandomHorizontalFlip{}, vision::ToFloat{},
+ *                                            vision::Normalize({0.5, 0.5, 0.5}, {0.5, 0.5, 0.5})));
+ * dettrial::DataLoader loader(train, {.batch_size = 64, .shuffle = true});
+ * @endcode
+ */
+template <class Source, class Transform>
+class ImageDataset {
+  static_assert(ImageSource<Source>,
+                "dettrial::vision::ImageDataset<Source, Transform>: Source must have size(), label(index), load(index, mode) returning "
+                "a dettrial::vision::Image, and name(index) (like dettrial::vision::ImageFolder or dettrial::vision::Cifar)");
+  static_assert(ImagePipeline<Transform>,
+                "dettrial::vision::ImageDataset<Source, Transform>: Transform must be a dettrial::vision::Compose of transforms");
+
+ public:
+  using Batch = std::tuple<torch::Tensor, torch::Tensor>;
+
+  ImageDataset(Source source, Transform transform, ImageDatasetOptions options = {})
+      : source_(std::move(source)),
+        transform_(std::move(transform)),
+        options_(options),
+        pin_(options.pin_memory.value_or(torch::cuda::is_available())),
+        skips_(std::make_shared<Skips>()) {}
+
+  std::int64_t size() const { return static_cast<std::int64_t>(source_.size()); }
+  const Source& source() const { return source_; }
+  const ImageDatasetOptions& options() const { return options_; }
+  /// The worker threads a DataLoader gives it unless told otherwise: the process's share of the CPUs,
+  /// as dettrial sizes LibTorch's intra-op pool (choose_threads: OMP_NUM_THREADS, Slurm's CPUs per
+  /// task, the launcher's binding, else the cores over the ranks on this node).
+  int default_workers() const {
+    return std::max(1, choose_threads(LaunchEnvironment::detect(), std::nullopt, CoreCount::of_this_process()).threads);
+  }
+  /// Records left out so far because their file could not be read (skip_unreadable).
+  std::int64_t skipped() const {
+    std::lock_guard lock(skips_->mutex);
+    return skips_->count;
+  }
+
+  /// The records at `indices` (a 1-D integer tensor), augmented as `origin` keys them.
+  Batch get_batch(const torch::Tensor& indices, const BatchOrigin& origin) const {
+    const c10::InferenceMode no_autograd;
+    const torch::Tensor order = indices.to(torch::kLong).contiguous();
+    const std::int64_t n = order.numel();
+    const std::int64_t* records = order.data_ptr<std::int64_t>();
+    torch::Tensor images;
+    const torch::Tensor labels = torch::empty({n}, torch::TensorOptions(torch::kLong).pinned_memory(pin_));
+    std::int64_t* label_out = labels.data_ptr<std::int64_t>();
+    std::int64_t kept = 0, bytes_per_image = 0;
+    for (std::int64_t r = 0; r < n; ++r) {
+      const std::int64_t record = records[r];
+      std::optional<Image> image = transformed(record, origin);
+      if (!image) continue;
+      if (!images.defined()) {
+        images = torch::empty({n, image->channels, image->height, image->width},
+                              torch::TensorOptions(transform_.dtype()).pinned_memory(pin_));
+        bytes_per_image = image->channels * image->height * image->width * static_cast<std::int64_t>(images.element_size());
+      } else if (image->channels != images.size(1) || image->height != images.size(2) || image->width != images.size(3)) {
+        throw DataError("record " + std::to_string(record) + " ('" + source_.name(record) + "') is " + shape(*image) +
+                        " after the transforms, but its batch's first image is " + std::to_string(images.size(1)) + "x" +
+                        std::to_string(images.size(2)) + "x" + std::to_string(images.size(3)) +
+                        ": end the transforms in one size (Resize with two numbers, CenterCrop, RandomCrop, RandomResizedCrop)");
+      }
+      transform_.write(*image, static_cast<char*>(images.data_ptr()) + kept * bytes_per_image);
+      label_out[kept++] = source_.label(record);
+    }
+    if (!images.defined()) return {torch::empty({0}, transform_.dtype()), labels.narrow(0, 0, 0)};
+    if (kept < n) return {images.narrow(0, 0, kept), labels.narrow(0, 0, kept)};
+    return {images, labels};
+  }
+  /// The records at `indices` as epoch 0 with seed 0 (a DataLoader passes the batch's origin).
+  Batch get_batch(const torch::Tensor& indices) const { return get_batch(indices, BatchOrigin{}); }
+
+ private:
+  struct Skips {
+    std::mutex mutex;
+    std::int64_t count = 0;
+  };
+  static constexpr std::int64_t named_skips = 5;
+
+  static std::string shape(const Image& image) {
+    return std::to_string(image.channels) + "x" + std::to_string(image.height) + "x" + std::to_string(image.width);
+  }
+
+  /// Record `record`, read and transformed; nullopt when it is unreadable and skipped.
+  std::optional<Image> transformed(std::int64_t record, const BatchOrigin& origin) const {
+    Image image;
+    try {
+      image = source_.load(record, options_.mode);
+    } catch (const ImageError& e) {
+      const std::string what = std::string(e.what()) + " (record " + std::to_string(record) + ")";
+      if (!options_.skip_unreadable) throw ImageError(what);
+      note_skip(what);
+      return std::nullopt;
+    }
+    RecordRandom random(origin.seed, origin.epoch, record);
+    try {
+      return transform_.apply(std::move(image), random);
+    } catch (const DataError& e) {
+      throw DataError(std::string(e.what()) + " (record " + std::to_string(record) + ", '" + source_.name(record) + "')");
+    }
+  }
+
+  void note_skip(const std::string& what) const {
+    std::lock_guard lock(skips_->mutex);
+    const std::int64_t n = ++skips_->count;
+    if (n <= named_skips) std::fprintf(stderr, "dettrial: skipping an unreadable image: %s\n", what.c_str());
+    if (n == named_skips)
+      std::fprintf(stderr, "dettrial: further unreadable images are skipped without a message, and counted (skip_unreadable)\n");
+  }
+
+  Source source_;
+  Transform transform_;
+  ImageDatasetOptions options_;
+  bool pin_ = false;
+  std::shared_ptr<Skips> skips_;  // shared by copies: the loader's copy counts for the trial's
+};
+
+}  // namespace dettrial::vision

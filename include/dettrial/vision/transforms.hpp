@@ -1,0 +1,515 @@
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief Image transforms with torchvision's names and semantics (its `v2` tensor semantics where
+/// they differ from PIL's), composed at compile time into a pipeline that ends in the batch.
+///
+/// An image transform takes an Image and the record's RecordRandom and returns an Image: the 8-bit
+/// steps (crops, flips, Resize, ColorJitter). ToFloat and Normalize are the output steps: they say
+/// what the batch holds, and are applied as each image is written into it.
+#pragma once
+
+#include <array>
+#include <cmath>
+#include <concepts>
+#include <cstdint>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include <torch/torch.h>
+
+#include "../error.hpp"
+#include "../detail/linkage.hpp"
+#include "image.hpp"
+
+namespace dettrial::vision {
+
+/// A height and a width; one number is a square (torchvision's `size=28`).
+struct Size {
+  std::int64_t height = 0;
+  std::int64_t width = 0;
+  Size(std::int64_t side) : height(side), width(side) {}  // NOLINT(google-explicit-constructor): torchvision's int size
+  Size(std::int64_t h, std::int64_t w) : height(h), width(w) {}
+};
+
+/// What fills the border that RandomCrop pads: torchvision's `padding_mode`.
+enum class PaddingMode {
+  /// The `fill` value.
+  constant,
+  /// The edge pixel repeated.
+  edge,
+  /// Mirrored without repeating the edge (3 2 | 1 2 3 | 2 1).
+  reflect,
+  /// Mirrored with the edge repeated (2 1 | 1 2 3 | 3 2).
+  symmetric,
+};
+
+/// An 8-bit step of a pipeline: `Image(Image, RecordRandom&)`.
+template <class T>
+concept ImageTransform = requires(const T& t, Image image, RecordRandom& random) {
+  { t(std::move(image), random) } -> std::same_as<Image>;
+};
+
+namespace detail {
+/// The source index of position `i` (which may lie outside [0, n)) under `mode`; -1 for constant fill.
+DETTRIAL_INLINE std::int64_t padded_source(std::int64_t i, std::int64_t n, PaddingMode mode);
+/**
+ * @brief The `height` x `width` window of `image` at (`top`, `left`), which may reach outside the
+ * image: what lies outside is filled as `mode` says (`fill` for constant). Crops and pads in one pass.
+ */
+DETTRIAL_INLINE Image window(const Image& image, std::int64_t top, std::int64_t left, std::int64_t height, std::int64_t width,
+                             PaddingMode mode = PaddingMode::constant, std::uint8_t fill = 0);
+/// Bilinear resize with antialiasing through LibTorch's own kernel, as torchvision's v2 resize calls
+/// it: on 8-bit samples where torchvision does (LibTorch 2.1 and later on an AVX2 CPU), on floats
+/// rounded back to 8 bits otherwise.
+DETTRIAL_INLINE Image resize_bilinear(const Image& image, std::int64_t height, std::int64_t width);
+/// torchvision's `_compute_resized_output_size` for one number: the shorter side becomes `size`.
+DETTRIAL_INLINE Size resized_size(std::int64_t height, std::int64_t width, std::int64_t size);
+/// Python's round() of `x / 2` for an integer x: halves go to the even neighbour.
+constexpr std::int64_t round_half(std::int64_t x) {
+  const std::int64_t q = x >= 0 ? x / 2 : -((-x) / 2);
+  if (x % 2 == 0) return q;
+  // x / 2 = q + 0.5 (or q - 0.5 for negative x): Python's round goes to the even one.
+  const std::int64_t other = x > 0 ? q + 1 : q - 1;
+  return q % 2 == 0 ? q : other;
+}
+}  // namespace detail
+
+/// torchvision's `Resize(size)`: one number resizes the shorter side to it (keeping the aspect), two
+/// give the size; bilinear with antialiasing (v2's default), through LibTorch's interpolation.
+struct Resize {
+  std::vector<std::int64_t> size;
+  explicit Resize(std::int64_t shorter_side) : size{shorter_side} {}
+  Resize(std::int64_t height, std::int64_t width) : size{height, width} {}
+  Image operator()(Image image, RecordRandom& /*random*/) const {
+    const Size to = size.size() == 1 ? detail::resized_size(image.height, image.width, size[0]) : Size(size[0], size[1]);
+    return detail::resize_bilinear(image, to.height, to.width);
+  }
+};
+
+/// torchvision's `CenterCrop(size)`: the centred window, rounded as Python rounds; an image smaller
+/// than the window is padded with zeros first (v2).
+struct CenterCrop {
+  Size size;
+  explicit CenterCrop(Size s) : size(s) {}
+  Image operator()(Image image, RecordRandom& /*random*/) const {
+    if (image.height == size.height && image.width == size.width) return image;
+    // v2 pads symmetrically (the extra pixel on the bottom/right), then crops at the rounded centre,
+    // which comes to the same window as this, measured from the unpadded image.
+    const std::int64_t top = image.height >= size.height ? detail::round_half(image.height - size.height)
+                                                         : -((size.height - image.height) / 2);
+    const std::int64_t left =
+        image.width >= size.width ? detail::round_half(image.width - size.width) : -((size.width - image.width) / 2);
+    return detail::window(image, top, left, size.height, size.width);
+  }
+};
+
+/// Options of RandomCrop: torchvision's keyword arguments.
+struct RandomCropOptions {
+  /// Border added on every side before cropping: one number, {left/right, top/bottom}, or {left, top, right, bottom}.
+  std::vector<std::int64_t> padding{};
+  /// Pad an image smaller than the crop up to it (after `padding`).
+  bool pad_if_needed = false;
+  std::uint8_t fill = 0;
+  PaddingMode padding_mode = PaddingMode::constant;
+};
+
+/// torchvision's `RandomCrop(size, padding, pad_if_needed, fill, padding_mode)`: a window at a
+/// uniformly drawn position of the padded image.
+struct RandomCrop {
+  Size size;
+  RandomCropOptions options;
+  std::array<std::int64_t, 4> pad{};  // left, top, right, bottom
+
+  explicit RandomCrop(Size s, RandomCropOptions o = {}) : size(s), options(std::move(o)) {
+    const auto& p = options.padding;
+    if (p.size() == 1) pad = {p[0], p[0], p[0], p[0]};
+    else if (p.size() == 2) pad = {p[0], p[1], p[0], p[1]};
+    else if (p.size() == 4) pad = {p[0], p[1], p[2], p[3]};
+    else if (!p.empty())
+      throw DataError("RandomCrop: padding takes 1, 2 or 4 numbers (all sides; left/right and top/bottom; left, top, right, bottom), not " +
+                      std::to_string(p.size()));
+    for (const std::int64_t side : pad)
+      if (side < 0) throw DataError("RandomCrop: padding must not be negative");
+  }
+  Image operator()(Image image, RecordRandom& random) const {
+    std::int64_t left = pad[0], top = pad[1];
+    std::int64_t height = image.height + pad[1] + pad[3], width = image.width + pad[0] + pad[2];
+    if (options.pad_if_needed && height < size.height) {
+      top += size.height - height;
+      height = size.height + (size.height - height);
+    }
+    if (options.pad_if_needed && width < size.width) {
+      left += size.width - width;
+      width = size.width + (size.width - width);
+    }
+    if (height < size.height || width < size.width)
+      throw DataError("RandomCrop: the crop (" + std::to_string(size.height) + "x" + std::to_string(size.width) +
+                      ") is larger than the padded image (" + std::to_string(height) + "x" + std::to_string(width) +
+                      "): pad more, or set pad_if_needed");
+    const std::int64_t i = random.integer(0, height - size.height + 1);
+    const std::int64_t j = random.integer(0, width - size.width + 1);
+    return detail::window(image, i - top, j - left, size.height, size.width, options.padding_mode, options.fill);
+  }
+};
+
+/// Options of RandomResizedCrop: torchvision's keyword arguments.
+struct RandomResizedCropOptions {
+  /// The crop's area as a fraction of the image's, drawn uniformly.
+  std::array<double, 2> scale{0.08, 1.0};
+  /// The crop's aspect ratio (width / height), drawn log-uniformly.
+  std::array<double, 2> ratio{3.0 / 4.0, 4.0 / 3.0};
+};
+
+/// torchvision's `RandomResizedCrop(size, scale, ratio)`: a window of random area and aspect (ten
+/// tries, then the centred window of the clamped aspect, as torchvision falls back), resized to
+/// `size` with bilinear antialiasing.
+struct RandomResizedCrop {
+  Size size;
+  RandomResizedCropOptions options;
+  explicit RandomResizedCrop(Size s, RandomResizedCropOptions o = {}) : size(s), options(o) {
+    if (options.scale[0] > options.scale[1] || options.ratio[0] > options.ratio[1] || options.scale[0] < 0 || options.ratio[0] <= 0)
+      throw DataError("RandomResizedCrop: scale and ratio must be (low, high) ranges, low <= high, ratio above 0");
+  }
+  Image operator()(Image image, RecordRandom& random) const {
+    const auto [top, left, h, w] = window_of(image.height, image.width, random);
+    return detail::resize_bilinear(detail::window(image, top, left, h, w), size.height, size.width);
+  }
+  /// torchvision's `get_params`: (top, left, height, width).
+  std::array<std::int64_t, 4> window_of(std::int64_t height, std::int64_t width, RecordRandom& random) const {
+    const double area = static_cast<double>(height * width);
+    const double log_low = std::log(options.ratio[0]), log_high = std::log(options.ratio[1]);
+    for (int attempt = 0; attempt < 10; ++attempt) {
+      const double target = area * random.uniform(options.scale[0], options.scale[1]);
+      const double aspect = std::exp(random.uniform(log_low, log_high));
+      const auto w = static_cast<std::int64_t>(std::nearbyint(std::sqrt(target * aspect)));
+      const auto h = static_cast<std::int64_t>(std::nearbyint(std::sqrt(target / aspect)));
+      if (0 < w && w <= width && 0 < h && h <= height)
+        return {random.integer(0, height - h + 1), random.integer(0, width - w + 1), h, w};
+    }
+    const double in_ratio = static_cast<double>(width) / static_cast<double>(height);
+    std::int64_t w = width, h = height;
+    if (in_ratio < options.ratio[0]) h = static_cast<std::int64_t>(std::nearbyint(static_cast<double>(w) / options.ratio[0]));
+    else if (in_ratio > options.ratio[1]) w = static_cast<std::int64_t>(std::nearbyint(static_cast<double>(h) * options.ratio[1]));
+    return {(height - h) / 2, (width - w) / 2, h, w};
+  }
+};
+
+/// torchvision's `RandomHorizontalFlip(p)`.
+struct RandomHorizontalFlip {
+  double p = 0.5;
+  Image operator()(Image image, RecordRandom& random) const {
+    if (!random.chance(p)) return image;
+    const std::int64_t c = image.channels;
+    for (std::int64_t y = 0; y < image.height; ++y) {
+      std::uint8_t* row = image.row(y);
+      for (std::int64_t a = 0, b = image.width - 1; a < b; ++a, --b)
+        for (std::int64_t k = 0; k < c; ++k) std::swap(row[a * c + k], row[b * c + k]);
+    }
+    return image;
+  }
+};
+
+/// torchvision's `RandomVerticalFlip(p)`.
+struct RandomVerticalFlip {
+  double p = 0.5;
+  Image operator()(Image image, RecordRandom& random) const {
+    if (!random.chance(p)) return image;
+    const std::int64_t stride = image.width * image.channels;
+    for (std::int64_t a = 0, b = image.height - 1; a < b; ++a, --b) std::swap_ranges(image.row(a), image.row(a) + stride, image.row(b));
+    return image;
+  }
+};
+
+/// torchvision's `ColorJitter(brightness, contrast, saturation)`: each factor drawn uniformly from
+/// [max(0, 1 - x), 1 + x] (0: left alone), applied in a random order, with v2's 8-bit arithmetic
+/// (blend in float, clamp, truncate). Saturation leaves a gray image alone, as torchvision does.
+struct ColorJitter {
+  double brightness = 0;
+  double contrast = 0;
+  double saturation = 0;
+  Image operator()(Image image, RecordRandom& random) const;
+};
+
+/// The output step that makes the batch float in [0, 1]: torchvision's `ToDtype(torch.float32,
+/// scale=True)` (v1's ToTensor scaling). Without it the batch holds the 8-bit samples.
+struct ToFloat {
+  static constexpr bool output_step = true;
+};
+
+/// torchvision's `Normalize(mean, std)`, per channel, on the float batch (one number: every channel).
+struct Normalize {
+  static constexpr bool output_step = true;
+  std::vector<double> mean;
+  std::vector<double> std;
+  Normalize(std::vector<double> m, std::vector<double> s) : mean(std::move(m)), std(std::move(s)) {
+    if (mean.empty() || mean.size() != std.size())
+      throw DataError("Normalize: mean and std need the same number of values (one, or one per channel)");
+    for (const double v : std)
+      if (v == 0) throw DataError("Normalize: a std of 0 divides by zero");
+  }
+};
+
+/// A step that says what the batch holds (ToFloat, Normalize) rather than changing the image.
+template <class T>
+concept OutputStep = requires {
+  { T::output_step } -> std::convertible_to<bool>;
+} && T::output_step;
+
+namespace detail {
+template <class... Steps>
+constexpr bool output_steps_last() {
+  bool seen_output = false, ok = true;
+  ((seen_output = seen_output || OutputStep<Steps>, ok = ok && (OutputStep<Steps> || !seen_output)), ...);
+  return ok;
+}
+template <class... Steps>
+constexpr bool normalize_after_to_float() {
+  bool seen_float = false, ok = true;
+  ((ok = ok && (!std::is_same_v<Steps, Normalize> || seen_float), seen_float = seen_float || std::is_same_v<Steps, ToFloat>), ...);
+  return ok;
+}
+}  // namespace detail
+
+/**
+ * @brief torchvision's `Compose([...])`, as a type: the 8-bit transforms in order, then the output
+ * steps, which the batch writer applies as it converts each image into the batch (C x H x W).
+ * @code{.cpp}
+ * using namespace dettrial::vision;
+ * Compose train(RandomCrop(32, {.padding = {4}}), RandomHorizontalFlip{}, ToFloat{},
+ *               Normalize({0.4914, 0.4822, 0.4465}, {0.2470, 0.2435, 0.2616}));
+ * @endcode
+ */
+template <class... Steps>
+class Compose {
+  static_assert(((ImageTransform<Steps> || OutputStep<Steps>) && ...),
+                "dettrial::vision::Compose: every step must be an image transform (Image operator()(Image, RecordRandom&) const) "
+                "or an output step (ToFloat, Normalize)");
+  static_assert(detail::output_steps_last<Steps...>(),
+                "dettrial::vision::Compose: ToFloat and Normalize come last: they convert the image as it is written into the batch, "
+                "so no image transform may follow them");
+  static_assert(detail::normalize_after_to_float<Steps...>(),
+                "dettrial::vision::Compose: Normalize works on float images: put ToFloat before it (torchvision's ToDtype(torch.float32, "
+                "scale=True))");
+
+ public:
+  /// Whether the batch is float (ToFloat is a step) or 8-bit.
+  static constexpr bool to_float = (std::is_same_v<Steps, ToFloat> || ...);
+
+  explicit Compose(Steps... steps) : steps_(std::move(steps)...) {
+    std::apply([&](const auto&... s) { (take_normalize(s), ...); }, steps_);
+    // Plain x / 255 without Normalize; one mean and std serve every channel.
+    if (mean_.empty())
+      for (auto& channel : table_)
+        for (int v = 0; v < 256; ++v) channel[static_cast<std::size_t>(v)] = static_cast<float>(v) / 255.0f;
+    else if (mean_.size() == 1)
+      for (std::size_t k = 1; k < table_.size(); ++k) table_[k] = table_[0];
+  }
+
+  /// The 8-bit transforms, in order.
+  Image apply(Image image, RecordRandom& random) const {
+    std::apply(
+        [&](const auto&... s) {
+          (
+              [&](const auto& step) {
+                if constexpr (!OutputStep<std::remove_cvref_t<decltype(step)>>) image = step(std::move(image), random);
+              }(s),
+              ...);
+        },
+        steps_);
+    return image;
+  }
+
+  /// The batch's element type.
+  torch::Dtype dtype() const { return to_float ? torch::kFloat : torch::kUInt8; }
+
+  /**
+   * @brief Writes `image` as C x H x W at `out` (floats or bytes, as dtype() says), converting and
+   * normalising on the way: `(x / 255 - mean) / std` in float, as torchvision computes it (a table of
+   * the 256 values per channel, so every sample costs one lookup).
+   */
+  void write(const Image& image, void* out) const {
+    const std::int64_t plane = image.height * image.width, c = image.channels;
+    if constexpr (to_float) {
+      if (!mean_.empty() && mean_.size() != 1 && static_cast<std::int64_t>(mean_.size()) != c)
+        throw DataError("Normalize: " + std::to_string(mean_.size()) + " means and stds for an image of " + std::to_string(c) +
+                        " channels");
+      auto* dst = static_cast<float*>(out);
+      for (std::int64_t k = 0; k < c; ++k) {
+        const auto& lookup = table_[static_cast<std::size_t>(k)];
+        float* channel = dst + k * plane;
+        const std::uint8_t* src = image.pixels.data() + k;
+        for (std::int64_t i = 0; i < plane; ++i) channel[i] = lookup[src[i * c]];
+      }
+    } else {
+      auto* dst = static_cast<std::uint8_t*>(out);
+      for (std::int64_t k = 0; k < c; ++k)
+        for (std::int64_t i = 0; i < plane; ++i) dst[k * plane + i] = image.pixels[static_cast<std::size_t>(i * c + k)];
+    }
+  }
+
+ private:
+  void take_normalize(const Normalize& n) {
+    if (n.mean.size() > 4) throw DataError("Normalize: at most 4 channels");
+    mean_ = n.mean;
+    std_ = n.std;
+    for (std::size_t k = 0; k < n.mean.size(); ++k) {
+      for (int v = 0; v < 256; ++v) {
+        // torchvision: image.to(float32) / 255, then sub_(mean), div_(std), each in float32.
+        const float scaled = static_cast<float>(v) / 255.0f;
+        table_[k][static_cast<std::size_t>(v)] = (scaled - static_cast<float>(n.mean[k])) / static_cast<float>(n.std[k]);
+      }
+    }
+  }
+  template <class S>
+  void take_normalize(const S& /*step*/) {}
+
+  std::tuple<Steps...> steps_;
+  std::vector<double> mean_, std_;
+  std::array<std::array<float, 256>, 4> table_{};
+};
+
+}  // namespace dettrial::vision
+
+// Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
+#if DETTRIAL_HEADER_DEFINITIONS
+#include <algorithm>
+#include <cstring>
+#include <numeric>
+
+#include <ATen/Version.h>
+
+namespace dettrial::vision {
+namespace detail {
+
+DETTRIAL_INLINE std::int64_t padded_source(std::int64_t i, std::int64_t n, PaddingMode mode) {
+  if (i >= 0 && i < n) return i;
+  switch (mode) {
+    case PaddingMode::constant: return -1;
+    case PaddingMode::edge: return i < 0 ? 0 : n - 1;
+    case PaddingMode::reflect: {
+      if (n == 1) return 0;
+      const std::int64_t period = 2 * (n - 1);
+      std::int64_t m = ((i % period) + period) % period;
+      return m < n ? m : period - m;
+    }
+    case PaddingMode::symmetric: {
+      const std::int64_t period = 2 * n;
+      std::int64_t m = ((i % period) + period) % period;
+      return m < n ? m : period - 1 - m;
+    }
+  }
+  return -1;
+}
+
+DETTRIAL_INLINE Image window(const Image& image, std::int64_t top, std::int64_t left, std::int64_t height, std::int64_t width,
+                             PaddingMode mode, std::uint8_t fill) {
+  const std::int64_t c = image.channels;
+  Image out(height, width, c);
+  const bool inside = top >= 0 && left >= 0 && top + height <= image.height && left + width <= image.width;
+  if (inside) {  // a plain crop: one copy per row
+    for (std::int64_t y = 0; y < height; ++y) std::memcpy(out.row(y), image.row(top + y) + left * c, static_cast<std::size_t>(width * c));
+    return out;
+  }
+  std::vector<std::int64_t> columns(static_cast<std::size_t>(width));
+  for (std::int64_t x = 0; x < width; ++x) columns[static_cast<std::size_t>(x)] = padded_source(left + x, image.width, mode);
+  for (std::int64_t y = 0; y < height; ++y) {
+    std::uint8_t* dst = out.row(y);
+    const std::int64_t sy = padded_source(top + y, image.height, mode);
+    if (sy < 0) {
+      std::memset(dst, fill, static_cast<std::size_t>(width * c));
+      continue;
+    }
+    const std::uint8_t* src = image.row(sy);
+    for (std::int64_t x = 0; x < width; ++x) {
+      const std::int64_t sx = columns[static_cast<std::size_t>(x)];
+      for (std::int64_t k = 0; k < c; ++k) dst[x * c + k] = sx < 0 ? fill : src[sx * c + k];
+    }
+  }
+  return out;
+}
+
+DETTRIAL_INLINE Size resized_size(std::int64_t height, std::int64_t width, std::int64_t size) {
+  const std::int64_t shorter = std::min(height, width), longer = std::max(height, width);
+  const auto new_longer = static_cast<std::int64_t>(static_cast<double>(size * longer) / static_cast<double>(shorter));
+  return width <= height ? Size(new_longer, size) : Size(size, new_longer);
+}
+
+/// Whether torchvision resizes 8-bit images without converting to float: its rule, LibTorch 2.1 and
+/// later (8-bit antialiased bilinear on the CPU) with "AVX2" in the CPU capability.
+inline bool resizes_uint8() {
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 1)
+  static const bool avx2 = at::get_cpu_capability().find("AVX2") != std::string::npos;
+  return avx2;
+#else
+  return false;
+#endif
+}
+
+DETTRIAL_INLINE Image resize_bilinear(const Image& image, std::int64_t height, std::int64_t width) {
+  if (height < 1 || width < 1) throw DataError("Resize: the size must be positive, not " + std::to_string(height) + "x" + std::to_string(width));
+  if (height == image.height && width == image.width) return image;
+  namespace F = torch::nn::functional;
+  // torchvision resizes a C x H x W tensor: the same layout here, so the kernel's path is its.
+  const torch::Tensor chw =
+      torch::from_blob(const_cast<std::uint8_t*>(image.pixels.data()), {1, image.height, image.width, image.channels}, torch::kUInt8)
+          .permute({0, 3, 1, 2})
+          .contiguous();
+  const auto options = F::InterpolateFuncOptions()
+                           .size(std::vector<std::int64_t>{height, width})
+                           .mode(torch::kBilinear)
+                           .align_corners(false)
+                           .antialias(true);
+  torch::Tensor resized = resizes_uint8() ? F::interpolate(chw, options)
+                                          : F::interpolate(chw.to(torch::kFloat), options).round_().clamp_(0, 255).to(torch::kUInt8);
+  resized = resized.permute({0, 2, 3, 1}).contiguous();
+  Image out(height, width, image.channels);
+  std::memcpy(out.pixels.data(), resized.data_ptr<std::uint8_t>(), out.pixels.size());
+  return out;
+}
+
+/// v2's gray value of an RGB pixel for contrast and saturation (computed in float, then floored for 8-bit images).
+inline float gray_of(const std::uint8_t* p) {
+  return std::floor(static_cast<float>(p[0]) * 0.2989f + static_cast<float>(p[1]) * 0.587f + static_cast<float>(p[2]) * 0.114f);
+}
+
+/// v2's `_blend` for 8-bit images: `x * ratio + other * (1 - ratio)`, clamped to [0, 255], truncated.
+inline std::uint8_t blend(std::uint8_t x, float other, float ratio) {
+  const float v = static_cast<float>(x) * ratio + other * (1.0f - ratio);
+  return static_cast<std::uint8_t>(std::clamp(v, 0.0f, 255.0f));
+}
+
+}  // namespace detail
+
+DETTRIAL_INLINE Image ColorJitter::operator()(Image image, RecordRandom& random) const {
+  // torchvision draws the order first (a permutation of its four adjustments), then each factor.
+  std::array<int, 3> order{0, 1, 2};
+  for (int i = 2; i > 0; --i) std::swap(order[static_cast<std::size_t>(i)], order[static_cast<std::size_t>(random.integer(0, i + 1))]);
+  const auto factor = [&](double x) { return x > 0 ? static_cast<float>(random.uniform(std::max(0.0, 1.0 - x), 1.0 + x)) : -1.0f; };
+  const float factors[3] = {factor(brightness), factor(contrast), factor(saturation)};
+  const std::int64_t n = image.height * image.width, c = image.channels;
+  std::uint8_t* p = image.pixels.data();
+  for (const int which : order) {
+    const float f = factors[which];
+    if (f < 0) continue;
+    if (which == 0) {
+      for (std::int64_t i = 0; i < n * c; ++i) p[i] = detail::blend(p[i], 0.0f, f);
+    } else if (which == 1) {
+      double sum = 0;
+      for (std::int64_t i = 0; i < n; ++i) sum += c == 3 ? detail::gray_of(p + 3 * i) : static_cast<float>(p[i]);
+      const auto mean = static_cast<float>(sum / static_cast<double>(n));
+      for (std::int64_t i = 0; i < n * c; ++i) p[i] = detail::blend(p[i], mean, f);
+    } else if (c == 3) {
+      for (std::int64_t i = 0; i < n; ++i) {
+        const float gray = detail::gray_of(p + 3 * i);
+        for (std::int64_t k = 0; k < 3; ++k) p[3 * i + k] = detail::blend(p[3 * i + k], gray, f);
+      }
+    }
+  }
+  return image;
+}
+
+}  // namespace dettrial::vision
+#endif  // DETTRIAL_HEADER_DEFINITIONS

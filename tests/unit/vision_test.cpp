@@ -1,0 +1,444 @@
+// Image data: decoding against PIL, the transforms against torchvision, ImageFolder's listing against
+// torchvision's, damaged files, CIFAR's binary format, and reproducible augmentation in the loader.
+#include <doctest/doctest.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include <dettrial/vision.hpp>
+
+#include "skip.hpp"
+
+namespace fs = std::filesystem;
+namespace vision = dettrial::vision;
+using dettrial::DataError;
+using vision::Image;
+using dettrial::ImageError;
+using vision::ImageMode;
+
+namespace {
+
+/// The fixtures tests/python/vision_fixtures.py wrote (CTest's fixture sets the variable), or why not.
+std::optional<fs::path> fixtures(std::string& why) {
+  const char* dir = std::getenv("DETTRIAL_VISION_FIXTURES");
+  if (!dir || !fs::exists(fs::path(dir) / "manifest.json")) {
+    why = "no image fixtures (tests/python/vision_fixtures.py needs a Python with PIL and NumPy: -DDETTRIAL_PYTHON)";
+    return std::nullopt;
+  }
+  if (!vision::decodes_jpeg || !vision::decodes_png) {
+    why = "this build has no JPEG or PNG decoder (libjpeg-turbo's TurboJPEG, libspng)";
+    return std::nullopt;
+  }
+  return fs::path(dir);
+}
+
+nlohmann::json manifest_of(const fs::path& dir) {
+  std::ifstream in(dir / "manifest.json");
+  return nlohmann::json::parse(in);
+}
+
+std::vector<std::uint8_t> file_bytes(const fs::path& path) {
+  std::vector<std::uint8_t> bytes;
+  vision::read_file(path, bytes);
+  return bytes;
+}
+
+template <class T>
+std::vector<T> raw(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::vector<T> out(bytes.size() / sizeof(T));
+  std::memcpy(out.data(), bytes.data(), out.size() * sizeof(T));
+  return out;
+}
+
+Image image_of(std::int64_t h, std::int64_t w, std::int64_t c) {
+  Image image(h, w, c);
+  for (std::size_t i = 0; i < image.pixels.size(); ++i) image.pixels[i] = static_cast<std::uint8_t>(i);
+  return image;
+}
+
+/// A 1-channel image's rows, for readable comparisons.
+std::vector<std::vector<int>> rows_of(const Image& image) {
+  std::vector<std::vector<int>> rows;
+  for (std::int64_t y = 0; y < image.height; ++y) rows.emplace_back(image.row(y), image.row(y) + image.width);
+  return rows;
+}
+
+vision::RecordRandom any_random() { return vision::RecordRandom(1, 0, 0); }
+
+}  // namespace
+
+TEST_CASE("vision: JPEG and PNG files decode to PIL's pixels, bit for bit, in RGB and L") {
+  std::string why;
+  const auto dir = fixtures(why);
+  if (!dir) return test::skip(why);
+  const auto manifest = manifest_of(*dir);
+  int compared = 0;
+  for (const auto& entry : manifest["pil"]) {
+    const std::string file = entry["file"], mode = entry["mode"];
+    CAPTURE(file);
+    CAPTURE(mode);
+    const Image image = vision::read_image(*dir / "images" / file, mode == "RGB" ? ImageMode::rgb : ImageMode::gray);
+    const auto expected = raw<std::uint8_t>(*dir / "pil" / (file + "." + mode + ".raw"));
+    CHECK(image.height == entry["height"].get<std::int64_t>());
+    CHECK(image.width == entry["width"].get<std::int64_t>());
+    CHECK(image.channels == (mode == "RGB" ? 3 : 1));
+    REQUIRE(image.pixels.size() == expected.size());
+    std::size_t differing = 0;
+    for (std::size_t i = 0; i < expected.size(); ++i) differing += image.pixels[i] != expected[i];
+    CHECK(differing == 0);
+    ++compared;
+  }
+  CHECK(compared >= 22);
+}
+
+TEST_CASE("vision: Resize, CenterCrop, ToFloat and Normalize give torchvision's tensors") {
+  std::string why;
+  const auto dir = fixtures(why);
+  if (!dir) return test::skip(why);
+  const auto manifest = manifest_of(*dir);
+  if (manifest["torchvision"].contains("missing")) return test::skip(manifest["torchvision"]["missing"].get<std::string>());
+  const std::vector<double> mean{0.485, 0.456, 0.406}, std{0.229, 0.224, 0.225};
+  const vision::Compose pipeline(vision::Resize(20), vision::CenterCrop(16), vision::ToFloat{}, vision::Normalize(mean, std));
+  float worst_tensor = 0, worst_pil = 0;
+  for (const auto& entry : manifest["tv"]) {
+    const std::string file = entry["file"];
+    CAPTURE(file);
+    auto random = any_random();
+    const Image image = pipeline.apply(vision::read_image(*dir / "images" / file, ImageMode::rgb), random);
+    std::vector<float> ours(static_cast<std::size_t>(image.channels * image.height * image.width));
+    pipeline.write(image, ours.data());
+    const auto shape = entry["shape"].get<std::vector<std::int64_t>>();
+    CHECK(shape == std::vector<std::int64_t>{image.channels, image.height, image.width});
+    const auto tensor_path = raw<float>(*dir / "tv" / (file + ".tensor.raw"));
+    const auto pil_path = raw<float>(*dir / "tv" / (file + ".pil.raw"));
+    REQUIRE(tensor_path.size() == ours.size());
+    REQUIRE(pil_path.size() == ours.size());
+    for (std::size_t i = 0; i < ours.size(); ++i) {
+      // In pixel units: a normalised difference times std times 255.
+      const double scale = std[i / static_cast<std::size_t>(image.height * image.width)] * 255.0;
+      worst_tensor = std::max(worst_tensor, static_cast<float>(std::abs(ours[i] - tensor_path[i]) * scale));
+      worst_pil = std::max(worst_pil, static_cast<float>(std::abs(ours[i] - pil_path[i]) * scale));
+    }
+  }
+  MESSAGE("torchvision " << manifest["torchvision"]["version"].get<std::string>() << ": largest difference from its tensor path "
+                         << worst_tensor << "/255, from its PIL path " << worst_pil << "/255");
+  // The tensor path (decode, v2 Resize through the same LibTorch kernel, CenterCrop, ToDtype,
+  // Normalize) is the same arithmetic: bit-equal. PIL's resize is its own fixed-point code: within 1/255.
+  CHECK(worst_tensor == 0.0f);
+  CHECK(worst_pil <= 1.0f + 1e-4f);
+}
+
+TEST_CASE("vision: ImageFolder lists the files, classes and labels torchvision's ImageFolder does") {
+  std::string why;
+  const auto dir = fixtures(why);
+  if (!dir) return test::skip(why);
+  const auto manifest = manifest_of(*dir);
+  if (manifest["torchvision"].contains("missing")) return test::skip(manifest["torchvision"]["missing"].get<std::string>());
+  const vision::ImageFolder folder(*dir / "folder", {.allow_empty = true});
+  std::vector<std::pair<std::string, std::int64_t>> ours, theirs;
+  for (const auto& s : folder.samples()) ours.emplace_back(fs::relative(s.path, *dir / "folder").string(), s.label);
+  for (const auto& s : manifest["folder_samples"]) theirs.emplace_back(s[0].get<std::string>(), s[1].get<std::int64_t>());
+  CHECK(ours == theirs);
+  CHECK(folder.classes() == manifest["folder_classes"].get<std::vector<std::string>>());
+  // Without allow_empty, the class folder with no image is named.
+  CHECK_THROWS_WITH_AS(vision::ImageFolder(*dir / "folder", {.extensions = {".jpg"}}),
+                       doctest::Contains("found no image file for the class(es) C_upper, b_class, c_link_target, d_linked_class"), DataError);
+}
+
+TEST_CASE("vision: damaged files are errors that name the file, never a crash or a grey-filled image") {
+  std::string why;
+  const auto dir = fixtures(why);
+  if (!dir) return test::skip(why);
+  std::mt19937_64 rng(12345);
+  int truncations = 0, flips = 0, flips_refused = 0;
+  for (const auto& entry : fs::directory_iterator(*dir / "images")) {
+    const std::string name = entry.path().filename().string();
+    CAPTURE(name);
+    const auto good = file_bytes(entry.path());
+    const Image clean = vision::decode_image(good, ImageMode::rgb, name);
+    const bool png = entry.path().extension() == ".png";
+    // Every truncation short of the whole pixel data is refused, naming the file.
+    for (int trial = 0; trial < 60; ++trial) {
+      const std::size_t keep = std::uniform_int_distribution<std::size_t>(0, good.size() - 13)(rng);
+      const std::vector<std::uint8_t> cut(good.begin(), good.begin() + static_cast<std::ptrdiff_t>(keep));
+      CHECK_THROWS_WITH_AS(vision::decode_image(cut, ImageMode::rgb, name), doctest::Contains(("'" + name + "'").c_str()), ImageError);
+      ++truncations;
+    }
+    // Damaged bytes: refused, or (JPEG has no checksums) an image of the size the header says; a PNG
+    // (CRC-checked) is refused unless the damage missed the pixels.
+    for (int trial = 0; trial < 150; ++trial) {
+      std::vector<std::uint8_t> damaged = good;
+      const int hits = 1 + static_cast<int>(rng() % 4);
+      for (int h = 0; h < hits; ++h) damaged[rng() % damaged.size()] ^= static_cast<std::uint8_t>(1 + rng() % 255);
+      ++flips;
+      try {
+        const Image image = vision::decode_image(damaged, ImageMode::rgb, name);
+        CHECK(image.pixels.size() == static_cast<std::size_t>(image.height * image.width * 3));
+        if (png) CHECK(image.pixels == clean.pixels);
+      } catch (const ImageError& e) {
+        CHECK(std::string(e.what()).find("'" + name + "'") != std::string::npos);
+        ++flips_refused;
+      }
+    }
+  }
+  MESSAGE(truncations << " truncated files refused; " << flips_refused << " of " << flips << " damaged files refused");
+  CHECK_THROWS_WITH_AS(vision::decode_image(std::vector<std::uint8_t>{'G', 'I', 'F', '8', '9', 'a'}, ImageMode::rgb, "x.gif"),
+                       "cannot decode 'x.gif': it is neither JPEG nor PNG (it begins with 47 49 46 38 39 61)", ImageError);
+  CHECK_THROWS_WITH_AS(vision::read_image(*dir / "no-such.png", ImageMode::rgb), doctest::Contains("no-such.png"), ImageError);
+}
+
+TEST_CASE("vision: an unreadable record is an error naming file, record and reason; skip_unreadable leaves it out and counts it") {
+  std::string why;
+  const auto dir = fixtures(why);
+  if (!dir) return test::skip(why);
+  const fs::path root = fs::temp_directory_path() / ("dettrial-vision-bad-" + std::to_string(::getpid()));
+  fs::remove_all(root);
+  fs::create_directories(root / "a");
+  fs::create_directories(root / "b");
+  for (const char* f : {"rgb.png", "gray.png", "rgb.jpg"}) fs::copy_file(*dir / "images" / f, root / "a" / f);
+  fs::copy_file(*dir / "images" / "rgba.png", root / "b" / "ok.png");
+  std::ofstream(root / "b" / "notes.png") << "not an image";
+  auto cut = file_bytes(*dir / "images" / "rgb444.jpg");
+  cut.resize(cut.size() / 2);
+  std::ofstream(root / "b" / "truncated.jpg", std::ios::binary).write(reinterpret_cast<const char*>(cut.data()), static_cast<std::streamsize>(cut.size()));
+  const vision::ImageFolder folder(root);  // a: gray.png rgb.jpg rgb.png; b: notes.png ok.png truncated.jpg
+  REQUIRE(folder.size() == 6);
+  const vision::Compose pipeline(vision::Resize(12, 12), vision::ToFloat{});
+  const vision::ImageDataset strict(folder, pipeline);
+  CHECK_THROWS_WITH_AS(strict.get_batch(torch::tensor({0, 3}, torch::kLong)),
+                       doctest::Contains("notes.png': it is neither JPEG nor PNG (it begins with 6e 6f 74 20 61 6e 20 69) (record 3)"), ImageError);
+  CHECK_THROWS_WITH_AS(strict.get_batch(torch::tensor({5}, torch::kLong)), doctest::Contains("truncated.jpg' as JPEG"), ImageError);
+  const vision::ImageDataset lenient(folder, pipeline, {.skip_unreadable = true});
+  dettrial::DataLoader loader(lenient, {.batch_size = 4, .workers = 2});
+  std::vector<std::int64_t> labels;
+  std::int64_t images = 0;
+  for (auto& [x, y] : loader) {
+    CHECK(x.size(0) == y.size(0));
+    images += x.size(0);
+    for (std::int64_t i = 0; i < y.size(0); ++i) labels.push_back(y[i].item<std::int64_t>());
+  }
+  CHECK(images == 4);
+  CHECK(labels == std::vector<std::int64_t>{0, 0, 0, 1});
+  CHECK(lenient.skipped() == 2);
+  fs::remove_all(root);
+}
+
+TEST_CASE("vision: the crops, pads and flips follow torchvision's geometry") {
+  auto random = any_random();
+  const Image three = image_of(3, 3, 1);  // 0 1 2 / 3 4 5 / 6 7 8
+  using M = vision::PaddingMode;
+  const auto padded = [&](M mode) {
+    return rows_of(vision::detail::window(three, -2, -2, 7, 7, mode, 9));
+  };
+  // torchvision's documented examples, padding [1, 2, 3, 4] by 2 on each side.
+  CHECK(padded(M::reflect)[2] == std::vector<int>{2, 1, 0, 1, 2, 1, 0});
+  CHECK(padded(M::symmetric)[2] == std::vector<int>{1, 0, 0, 1, 2, 2, 1});
+  CHECK(padded(M::edge)[0] == std::vector<int>{0, 0, 0, 1, 2, 2, 2});
+  CHECK(padded(M::constant)[0] == std::vector<int>(7, 9));
+  CHECK(padded(M::constant)[3] == std::vector<int>{9, 9, 3, 4, 5, 9, 9});
+  // CenterCrop rounds the offset as Python's round does, half to even: 3 / 2 -> 2, 5 / 2 -> 2, 1 / 2 -> 0.
+  CHECK(vision::detail::round_half(3) == 2);
+  CHECK(vision::detail::round_half(5) == 2);
+  CHECK(vision::detail::round_half(1) == 0);
+  CHECK(vision::detail::round_half(4) == 2);
+  const Image five = image_of(5, 7, 1);
+  CHECK(rows_of(vision::CenterCrop(2)(five, random)) == std::vector<std::vector<int>>{{16, 17}, {23, 24}});
+  // Larger than the image: padded with zeros, (4 - 3) // 2 = 0 above and left, the rest below and right.
+  CHECK(rows_of(vision::CenterCrop(4)(three, random)) ==
+        std::vector<std::vector<int>>{{0, 1, 2, 0}, {3, 4, 5, 0}, {6, 7, 8, 0}, {0, 0, 0, 0}});
+  // The shorter side to 20, the longer truncated as torchvision computes it.
+  CHECK(vision::detail::resized_size(29, 37, 20).height == 20);
+  CHECK(vision::detail::resized_size(29, 37, 20).width == 25);
+  CHECK(vision::detail::resized_size(37, 29, 20).height == 25);
+  // Every RandomCrop window lies in the padded image, and every position is drawn.
+  std::set<std::vector<std::vector<int>>> windows;
+  const vision::RandomCrop crop(3, {.padding = {1}, .fill = 9});
+  for (int record = 0; record < 400; ++record) {
+    vision::RecordRandom r(7, 0, record);
+    windows.insert(rows_of(crop(three, r)));
+  }
+  CHECK(windows.size() == 9);
+  // RandomResizedCrop's windows stay inside; its fallback is the centred window of the clamped ratio.
+  const vision::RandomResizedCrop rrc(8, {.scale = {0.5, 1.0}});
+  for (int record = 0; record < 200; ++record) {
+    vision::RecordRandom r(3, 1, record);
+    const auto [top, left, h, w] = rrc.window_of(30, 40, r);
+    CHECK(top >= 0);
+    CHECK(left >= 0);
+    CHECK(top + h <= 30);
+    CHECK(left + w <= 40);
+    CHECK(h * w >= 0.45 * 1200);
+  }
+  const vision::RandomResizedCrop impossible(8, {.scale = {2.0, 3.0}});
+  vision::RecordRandom r(1, 1, 1);
+  CHECK(impossible.window_of(10, 40, r) == std::array<std::int64_t, 4>{0, 13, 10, 13});
+  CHECK_THROWS_WITH_AS(vision::RandomCrop(5, {.padding = {1, 2, 3}}), doctest::Contains("padding takes 1, 2 or 4 numbers"), DataError);
+  CHECK_THROWS_WITH_AS(vision::RandomCrop(9)(three, random), doctest::Contains("larger than the padded image"), DataError);
+  CHECK(rows_of(vision::RandomCrop(5, {.pad_if_needed = true})(three, random)).size() == 5);
+}
+
+TEST_CASE("vision: ToFloat and Normalize compute torchvision's float32 arithmetic; ColorJitter keeps 8 bits in range") {
+  const Image image = image_of(4, 5, 3);
+  const vision::Compose pipeline(vision::ToFloat{}, vision::Normalize({0.485, 0.456, 0.406}, {0.229, 0.224, 0.225}));
+  CHECK((pipeline.dtype() == torch::kFloat));
+  std::vector<float> ours(60);
+  pipeline.write(image, ours.data());
+  const torch::Tensor chw = torch::from_blob(const_cast<std::uint8_t*>(image.pixels.data()), {4, 5, 3}, torch::kUInt8).permute({2, 0, 1});
+  const torch::Tensor theirs = chw.to(torch::kFloat)
+                                   .div(255)
+                                   .sub(torch::tensor({0.485f, 0.456f, 0.406f}).view({3, 1, 1}))
+                                   .div(torch::tensor({0.229f, 0.224f, 0.225f}).view({3, 1, 1}))
+                                   .contiguous();
+  CHECK(torch::equal(torch::from_blob(ours.data(), {3, 4, 5}), theirs));
+  const vision::Compose bytes(vision::RandomHorizontalFlip{1.0});
+  CHECK((bytes.dtype() == torch::kUInt8));
+  std::vector<std::uint8_t> out(60);
+  auto random = any_random();
+  bytes.write(bytes.apply(image, random), out.data());
+  CHECK(static_cast<int>(out[0]) == image.pixels[3 * 4]);  // row 0, last column, red
+  CHECK_THROWS_WITH_AS(vision::Normalize({0.5, 0.5}, {0.5}), doctest::Contains("same number of values"), DataError);
+  const vision::ColorJitter jitter{.brightness = 0.8, .contrast = 0.8, .saturation = 0.8};
+  std::set<int> seen;
+  for (int record = 0; record < 50; ++record) {
+    vision::RecordRandom r(5, 0, record);
+    const Image j = jitter(image_of(6, 6, 3), r);
+    seen.insert(j.pixels[40]);
+  }
+  CHECK(seen.size() > 20);  // the factors vary by record
+  vision::RecordRandom a(5, 0, 9), b(5, 0, 9);
+  CHECK(jitter(image, a).pixels == jitter(image, b).pixels);
+}
+
+TEST_CASE("vision: CIFAR-10 and CIFAR-100 binary files, and their damage named") {
+  const fs::path root = fs::temp_directory_path() / ("dettrial-cifar-" + std::to_string(::getpid()));
+  fs::remove_all(root);
+  fs::create_directories(root / "cifar-10-batches-bin");
+  const auto record = [](int label, int seed, bool two_labels) {
+    std::string bytes;
+    if (two_labels) bytes += static_cast<char>(label % 20);
+    bytes += static_cast<char>(label);
+    for (int i = 0; i < 3072; ++i) bytes += static_cast<char>((i * 7 + seed) % 256);
+    return bytes;
+  };
+  for (int b = 1; b <= 5; ++b) {
+    std::ofstream f(root / "cifar-10-batches-bin" / ("data_batch_" + std::to_string(b) + ".bin"), std::ios::binary);
+    for (int r = 0; r < 3; ++r) f << record((b + r) % 10, b * 10 + r, false);
+  }
+  std::ofstream(root / "cifar-10-batches-bin" / "test_batch.bin", std::ios::binary) << record(4, 99, false);
+  const auto train = vision::Cifar::ten(root, vision::CifarSplit::train);
+  CHECK(train.size() == 15);
+  CHECK(train.label(4) == 3);  // batch 2, record 1
+  const Image image = train.load(4, ImageMode::rgb);
+  CHECK(image.height == 32);
+  // Pixel (0, 1) is plane byte 1 of each colour plane: (7 + 21) % 256, (1024 * 7 + 7 + 21), ...
+  CHECK(static_cast<int>(image.pixels[3]) == (1 * 7 + 21) % 256);
+  CHECK(static_cast<int>(image.pixels[4]) == (1025 * 7 + 21) % 256);
+  CHECK(static_cast<int>(image.pixels[5]) == (2049 * 7 + 21) % 256);
+  CHECK(vision::Cifar::ten(root / "cifar-10-batches-bin", vision::CifarSplit::test).size() == 1);
+  // CIFAR-100: coarse and fine labels.
+  fs::create_directories(root / "c100");
+  {
+    std::ofstream f(root / "c100" / "train.bin", std::ios::binary);
+    f << record(57, 1, true) << record(99, 2, true);
+  }
+  CHECK(vision::Cifar::hundred(root / "c100", vision::CifarSplit::train).label(1) == 99);
+  CHECK(vision::Cifar::hundred(root / "c100", vision::CifarSplit::train, vision::CifarLabel::coarse).label(0) == 17);
+  // A truncated file and a label out of range are named.
+  std::ofstream(root / "c100" / "test.bin", std::ios::binary) << record(3, 1, true).substr(0, 1000);
+  CHECK_THROWS_WITH_AS(vision::Cifar::hundred(root / "c100", vision::CifarSplit::test), doctest::Contains("test.bin' has 1000 bytes"), DataError);
+  std::ofstream(root / "cifar-10-batches-bin" / "test_batch.bin", std::ios::binary) << record(12, 1, false);
+  CHECK_THROWS_WITH_AS(vision::Cifar::ten(root, vision::CifarSplit::test), doctest::Contains("record 0 of"), DataError);
+  CHECK_THROWS_WITH_AS(vision::Cifar::ten(root / "nowhere", vision::CifarSplit::test), doctest::Contains("found no 'test_batch.bin'"), DataError);
+  fs::remove_all(root);
+}
+
+namespace {
+/// A source of synthetic images whose pixels encode the record, for augmentation tests without files.
+struct Synthetic {
+  std::int64_t records = 37;
+  std::int64_t size() const { return records; }
+  std::int64_t label(std::int64_t i) const { return i; }
+  Image load(std::int64_t i, ImageMode mode) const {
+    Image image(9, 11, vision::channels_of(mode));
+    for (std::size_t k = 0; k < image.pixels.size(); ++k) image.pixels[k] = static_cast<std::uint8_t>((k * 13 + static_cast<std::size_t>(i) * 7) % 251);
+    return image;
+  }
+  std::string name(std::int64_t i) const { return "synthetic " + std::to_string(i); }
+};
+
+/// Each record's augmented image in one epoch's batches, by record (the label is the record).
+template <class Range>
+std::map<std::int64_t, torch::Tensor> by_record(Range&& batches, std::int64_t limit) {
+  std::map<std::int64_t, torch::Tensor> out;
+  std::int64_t n = 0;
+  for (auto&& [x, y] : batches) {
+    for (std::int64_t i = 0; i < y.size(0); ++i) out[y[i].template item<std::int64_t>()] = x[i].clone();
+    if (++n == limit) break;
+  }
+  return out;
+}
+}  // namespace
+
+TEST_CASE("vision: a record is augmented the same whatever the workers, the ranks or a resume, and differently each epoch") {
+  const vision::Compose augment(vision::RandomResizedCrop(6), vision::RandomHorizontalFlip{},
+                                vision::ColorJitter{.brightness = 0.4, .contrast = 0.4, .saturation = 0.4}, vision::ToFloat{});
+  const vision::ImageDataset data(Synthetic{}, augment);
+  // 37 records in batches of 5: 8 batches an epoch, the last one short. Each record's image in the
+  // `limit` batches a rank reads from batch `skip` of its endless stream.
+  const auto images = [&](int workers, std::int64_t replicas, std::int64_t rank, std::int64_t skip, std::int64_t limit) {
+    const dettrial::DataLoader loader(data, {.batch_size = 5, .shuffle = true, .seed = 11, .workers = workers});
+    return by_record(loader.batches({.repeat = true, .skip = skip, .num_replicas = replicas, .rank = rank}), limit);
+  };
+  const auto reference = images(0, 1, 0, 0, 8);  // epoch 0, one rank, no workers
+  REQUIRE(reference.size() == 37);
+  for (const int workers : {1, 3}) {
+    const auto again = images(workers, 1, 0, 0, 8);
+    REQUIRE(again.size() == 37);
+    for (const auto& [record, image] : reference) CHECK(torch::equal(again.at(record), image));
+  }
+  // Two ranks (the 8 batches dealt out by stride, 4 each): together the same images.
+  auto both = images(2, 2, 0, 0, 4);
+  const auto rank1 = images(0, 2, 1, 0, 4);
+  both.insert(rank1.begin(), rank1.end());
+  REQUIRE(both.size() == 37);
+  for (const auto& [record, image] : reference) CHECK(torch::equal(both.at(record), image));
+  // A resume at batch 3 reads the rest of the epoch with the same augmentation.
+  const auto resumed = images(2, 1, 0, 3, 5);
+  CHECK(resumed.size() == 37 - 15);
+  for (const auto& [record, image] : resumed) CHECK(torch::equal(reference.at(record), image));
+  // Epoch 1 draws again.
+  const auto second = images(0, 1, 0, 8, 8);
+  REQUIRE(second.size() == 37);
+  int same = 0;
+  for (const auto& [record, image] : reference) same += torch::equal(second.at(record), image);
+  CHECK(same < 5);
+}
+
+TEST_CASE("vision: batches are N x C x H x W in the pipeline's type, labels int64; mixed sizes are named") {
+  const vision::ImageDataset gray(Synthetic{}, vision::Compose(vision::CenterCrop(8)), {.mode = ImageMode::gray});
+  auto [x, y] = gray.get_batch(torch::arange(0, 4, torch::kLong));
+  CHECK(x.sizes() == torch::IntArrayRef{4, 1, 8, 8});
+  CHECK((x.scalar_type() == torch::kUInt8));
+  CHECK((y.scalar_type() == torch::kLong));
+  struct Mixed : Synthetic {
+    Image load(std::int64_t i, ImageMode mode) const { return i == 2 ? Image(5, 5, vision::channels_of(mode)) : Synthetic::load(i, mode); }
+  };
+  const vision::ImageDataset mixed(Mixed{}, vision::Compose(vision::ToFloat{}));
+  CHECK_THROWS_WITH_AS(mixed.get_batch(torch::arange(0, 4, torch::kLong)),
+                       "record 2 ('synthetic 2') is 3x5x5 after the transforms, but its batch's first image is 3x9x11: end the transforms in "
+                       "one size (Resize with two numbers, CenterCrop, RandomCrop, RandomResizedCrop)",
+                       DataError);
+  dettrial::DataLoader loader(gray, {.batch_size = 4});
+  CHECK(loader.workers() >= 1);  // the process's share of the CPUs
+  CHECK(loader.describe().find("37 records in batches of 4, read by ") == 0);
+}
