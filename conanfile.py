@@ -14,6 +14,9 @@ class DettrialConan(ConanFile):
     topics = ("libtorch", "pytorch", "training", "header-only")
     package_type = "header-library"
     settings = "os", "arch", "compiler", "build_type"
+    # Image files (<dettrial/vision.hpp>): JPEG through libjpeg-turbo, PNG through libspng.
+    options = {"with_images": [True, False]}
+    default_options = {"with_images": True}
     exports_sources = "CMakeLists.txt", "cmake/*", "include/*", "single_include/*"
     no_copy_source = True
     generators = "CMakeDeps"
@@ -29,6 +32,9 @@ class DettrialConan(ConanFile):
         self.requires("range-v3/[>=0.12]", transitive_headers=True)
         self.requires("nlohmann_json/[>=3.10]", transitive_headers=True)
         self.requires("zlib/[>=1.2]", transitive_headers=True)
+        if self.options.with_images:
+            self.requires("libjpeg-turbo/[>=2.1]", transitive_headers=True)
+            self.requires("libspng/[>=0.7]", transitive_headers=True)
 
     def layout(self):
         cmake_layout(self)
@@ -37,6 +43,7 @@ class DettrialConan(ConanFile):
         toolchain = CMakeToolchain(self)
         toolchain.cache_variables["DETTRIAL_BUILD_TESTS"] = False
         toolchain.cache_variables["DETTRIAL_BUILD_EXAMPLES"] = False
+        toolchain.cache_variables["DETTRIAL_IMAGE_CODECS"] = bool(self.options.with_images)
         toolchain.generate()
 
     def package(self):

@@ -62,7 +62,11 @@ void epoch(const std::string& name, const Loader& loader, std::int64_t limit) {
   }
   const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
   print(name, static_cast<double>(images) / seconds, "images/s",
-        {{"peak_mib", peak_mib()}, {"rss_tenth_mib", rss_tenth}, {"rss_end_mib", rss_mib()}, {"workers", loader.workers()}, {"images", images}});
+        {{"peak_mib", peak_mib()},
+         {"rss_tenth_mib", rss_tenth},
+         {"rss_end_mib", rss_mib()},
+         {"workers", loader.workers()},
+         {"images", images}});
 }
 
 vision::Compose<vision::RandomCrop, vision::RandomHorizontalFlip, vision::ToFloat, vision::Normalize> png_pipeline() {
@@ -95,8 +99,8 @@ int main(int argc, char** argv) {
     // The decoder alone, one thread: read each file and decode it, nothing else. Times the cores
     // this process may use, it is the most any pipeline could deliver here.
     const int cores = dettrial::CoreCount::of_this_process().available;
-    for (const auto& [label, dir, mode] : {std::tuple{"PNG folder 28x28", png, vision::ImageMode::gray},
-                                           std::tuple{"JPEG folder 64x64", jpeg, vision::ImageMode::rgb}}) {
+    for (const auto& [label, dir, mode] :
+         {std::tuple{"PNG folder 28x28", png, vision::ImageMode::gray}, std::tuple{"JPEG folder 64x64", jpeg, vision::ImageMode::rgb}}) {
       const vision::ImageFolder folder(dir);
       const std::int64_t n = std::min<std::int64_t>(folder.size(), quick ? 500 : 20000);
       const auto start = Clock::now();

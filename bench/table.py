@@ -42,6 +42,24 @@ if "MNIST example: Trainer + DataLoader" in by_name:
     t = by_name["MNIST example: Trainer + DataLoader"]["value"]
     p = by_name["MNIST example: pre-batched loop"]["value"]
     print(f"{'MNIST example time per batch, Trainer + DataLoader / pre-batched loop':76} {t / p:8.3f}")
+# Images (bench/image): dettrial's pipeline against torchvision's best worker count, and against the
+# bare decode rate times the cores (the limit).
+for folder in ("PNG folder 28x28", "JPEG folder 64x64"):
+    ours = by_name.get(f"image pipeline, {folder}: dettrial")
+    theirs = [r for r in rows if r["name"].startswith(f"image pipeline, {folder}: torchvision")]
+    limit = next((r for r in rows if r["name"].startswith(f"image decode alone, {folder}: one thread")), None)
+    if ours and theirs:
+        best = max(theirs, key=lambda r: r["value"])
+        print(f"{'image pipeline, ' + folder + ', dettrial / torchvision best (workers ' + str(best['workers']) + ')':76} "
+              f"{ours['value'] / best['value']:8.2f}x  peak memory {ours['peak_mib']:.0f} / {best['peak_mib']:.0f} MiB")
+        print(f"{'image pipeline, ' + folder + ', resident memory at the end / at a tenth of the epoch':76} "
+              f"{ours['rss_end_mib'] / ours['rss_tenth_mib']:8.2f}")
+    if ours and limit:
+        print(f"{'image pipeline, ' + folder + ', dettrial / the limit (decode alone x cores)':76} {ours['value'] / limit['value']:8.2f}")
+trained = by_name.get("image example training, ResNet-8 on PNG: batches from the pipeline")
+decoded = by_name.get("image example training, ResNet-8 on PNG: batches decoded beforehand")
+if trained and decoded:
+    print(f"{'image example training rate, pipeline / decoded beforehand':76} {trained['value'] / decoded['value']:8.2f}")
 # End to end (bench/e2e.sh): per round, each side's time over dettrial's, at each thread setting.
 e2e = [r for r in (json.loads(line) for line in open(sys.argv[1]) if line.startswith("{")) if "e2e_side" in r]
 for threads in dict.fromkeys(r["e2e_threads"] for r in e2e):

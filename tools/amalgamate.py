@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Generates single_include/dettrial/dettrial.hpp (the trial API), single_include/dettrial/main.hpp
-(the opt-in command line, which includes the first and inlines only what it adds) and
+(the opt-in command line, which includes the first and inlines only what it adds), the same for
+single_include/dettrial/vision.hpp (image data), and
 single_include/dettrial/src.hpp (separate-compilation mode's source, which includes main.hpp) from include/
 (dettrial's headers inlined once each, system and third-party includes kept). `--check` fails when a
 committed file is stale."""
@@ -15,6 +16,8 @@ ENTRY = INCLUDE / "dettrial" / "dettrial.hpp"
 MAIN_ENTRY = INCLUDE / "dettrial" / "main.hpp"
 OUTPUT = ROOT / "single_include" / "dettrial" / "dettrial.hpp"
 MAIN_OUTPUT = ROOT / "single_include" / "dettrial" / "main.hpp"
+VISION_ENTRY = INCLUDE / "dettrial" / "vision.hpp"
+VISION_OUTPUT = ROOT / "single_include" / "dettrial" / "vision.hpp"
 SRC_ENTRY = INCLUDE / "dettrial" / "src.hpp"
 SRC_OUTPUT = ROOT / "single_include" / "dettrial" / "src.hpp"
 BANNER = """// ==========================================================================================
@@ -58,13 +61,18 @@ def generate() -> dict:
     seen = set()
     out = [BANNER, "#pragma once\n"]
     inline(ENTRY.resolve(), seen, out)
-    # main.hpp includes dettrial.hpp: its single-header edition includes the file above instead.
+    trial_api = set(seen)
+    # main.hpp and vision.hpp include dettrial.hpp: their single-header editions include the file
+    # above instead, and inline only what they add to it.
     main_out = [BANNER, "#pragma once\n", '#include "dettrial.hpp"\n']
     inline(MAIN_ENTRY.resolve(), seen, main_out)
-    # src.hpp only includes main.hpp: copied as it is, it includes the single-header main.hpp beside it.
+    vision_out = [BANNER, "#pragma once\n", '#include "dettrial.hpp"\n']
+    inline(VISION_ENTRY.resolve(), set(trial_api), vision_out)
+    # src.hpp only includes main.hpp and vision.hpp: copied as it is, it includes their single-header
+    # editions beside it.
     src = SRC_ENTRY.read_text()
-    assert re.findall(r'#\s*include\s*"([^"]+)"', src) == ["main.hpp"], "src.hpp must include main.hpp only"
-    return {OUTPUT: "".join(out), MAIN_OUTPUT: "".join(main_out), SRC_OUTPUT: BANNER + src}
+    assert re.findall(r'#\s*include\s*"([^"]+)"', src) == ["main.hpp", "vision.hpp"], "src.hpp must include main.hpp and vision.hpp only"
+    return {OUTPUT: "".join(out), MAIN_OUTPUT: "".join(main_out), VISION_OUTPUT: "".join(vision_out), SRC_OUTPUT: BANNER + src}
 
 
 def main() -> int:

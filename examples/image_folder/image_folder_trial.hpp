@@ -26,8 +26,9 @@ struct BasicBlockImpl : torch::nn::Module {
         conv2(register_module("conv2", torch::nn::Conv2d(torch::nn::Conv2dOptions(out, out, 3).padding(1).bias(false)))),
         bn2(register_module("bn2", torch::nn::BatchNorm2d(out))) {
     if (stride != 1 || in != out)
-      shortcut = register_module("shortcut", torch::nn::Sequential(torch::nn::Conv2d(torch::nn::Conv2dOptions(in, out, 1).stride(stride).bias(false)),
-                                                                   torch::nn::BatchNorm2d(out)));
+      shortcut = register_module("shortcut",
+                                 torch::nn::Sequential(torch::nn::Conv2d(torch::nn::Conv2dOptions(in, out, 1).stride(stride).bias(false)),
+                                                       torch::nn::BatchNorm2d(out)));
   }
   torch::Tensor forward(const torch::Tensor& x) {
     const torch::Tensor y = bn2(conv2(torch::relu(bn1(conv1(x)))));
@@ -138,9 +139,9 @@ class ImageFolderTrial {
       for (std::int64_t i = 0; i < validation_records_; ++i) some.push_back(folder.samples()[static_cast<std::size_t>(i * step)]);
       folder = vision::ImageFolder::from_samples(std::move(some), folder.classes());
     }
-    vision::ImageDataset validation(std::move(folder),
-                                    vision::Compose(vision::Resize(image_size_, image_size_), vision::ToFloat{}, vision::Normalize(mean_, std_)),
-                                    options());
+    vision::ImageDataset validation(
+        std::move(folder), vision::Compose(vision::Resize(image_size_, image_size_), vision::ToFloat{}, vision::Normalize(mean_, std_)),
+        options());
     return dettrial::DataLoader(std::move(validation), {.batch_size = 500, .workers = workers_});
   }
 

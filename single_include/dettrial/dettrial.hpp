@@ -55,6 +55,11 @@ struct HyperparameterError : Error {
 struct DataError : Error {
   using Error::Error;
 };
+/// An image file that cannot be decoded: unreadable, truncated, corrupt, not an image, or of a kind
+/// this build has no decoder for. The message names the file and the decoder's reason.
+struct ImageError : DataError {
+  using DataError::DataError;
+};
 /// A checkpoint that cannot be written or read: missing, truncated, corrupt, from another model or
 /// from a newer dettrial. The message names the file and, for a mismatch, the entry.
 struct CheckpointError : Error {
@@ -1550,6 +1555,7 @@ inline void check_profiler_options(const ProfilerOptions& o) {
 #include <memory>
 #include <optional>
 #include <ranges>
+#include <string>
 #include <tuple>
 #include <utility>
 
@@ -1583,6 +1589,16 @@ struct LoaderChain {
   std::int64_t rank = 0;
 };
 
+/**
+ * @brief Where a batch comes from in the loader's stream: its epoch and the loader's seed. A dataset
+ * whose records are drawn at random as they are read (augmented images) keys its draws on it and on
+ * the record index, so a record comes out the same whatever the workers, the ranks or a resume.
+ */
+struct BatchOrigin {
+  std::int64_t epoch = 0;
+  std::uint64_t seed = 0;
+};
+
 /// A dataset read one record at a time: `size()` records and `get(index)`.
 template <class D>
 concept ExampleDataset = requires(const D& d, std::int64_t i) {
@@ -1593,8 +1609,10 @@ concept ExampleDataset = requires(const D& d, std::int64_t i) {
 /**
  * @brief A dataset read a batch at a time: `size()` records, and `get_batch(indices)` with a 1-D
  * int64 CPU tensor of record indices (vectorised: one gather per batch, not one call per record).
- * A dataset may also offer `get_range(begin, end)` for contiguous, unshuffled reads. Either way a
- * batch must not alias the dataset's storage: a trial may change its batch in place.
+ * A dataset may also offer `get_range(begin, end)` for contiguous, unshuffled reads, and
+ * `get_batch(indices, origin)` (BatchOrigin) to draw per-record randomness reproducibly; the loader
+ * then calls that one. Either way a batch must not alias the dataset's storage: a trial may change
+ * its batch in place.
  */
 template <class D>
 concept BatchDataset = requires(D& d, const torch::Tensor& indices) {
@@ -2664,7 +2682,9 @@ struct DataLoaderOptions {
   std::optional<std::uint64_t> seed{};
   /// Threads reading batches in the background (0: read on the training thread). The order of
   /// batches is the same whatever the number. The dataset's get_batch must then be thread-safe.
-  int workers = 0;
+  /// Unset: what the dataset asks for with `default_workers()` (image datasets: the process's share
+  /// of the CPUs), else 0.
+  std::optional<int> workers{};
   /// Batches read ahead per worker (the bounded queue's depth is workers x prefetch).
   int prefetch = 2;
   /// Copy batches into pinned (page-locked) memory, so copies to the GPU can be non-blocking.
@@ -2713,8 +2733,9 @@ class DataLoader {
         options_(options),
         sampler_(
             detail::make_batch_sampler(static_cast<std::int64_t>(dataset_->size()), options_, options.seed ? *options.seed : draw_seed())) {
-    if (options_.workers < 0) throw DataError("DataLoader workers must not be negative");
+    if (options_.workers && *options_.workers < 0) throw DataError("DataLoader workers must not be negative");
     if (options_.prefetch < 1) throw DataError("DataLoader prefetch must be at least 1");
+    workers_ = options_.workers.value_or(default_workers(*dataset_));
     pin_ = options_.pin_memory.value_or(torch::cuda::is_available());
   }
 
@@ -2724,6 +2745,21 @@ class DataLoader {
   std::int64_t batches_for(const LoaderChain& chain) const { return sampler_.batches_for(chain); }
   std::int64_t num_records() const { return sampler_.records(); }
   const DataLoaderOptions& options() const { return options_; }
+  /// The threads reading batches in the background (the option, or the dataset's default).
+  int workers() const { return workers_; }
+  /// What the trainer's start line says of this loader: "60000 records in batches of 64, shuffled,
+  /// read by 2 worker threads (the dataset's default), 4 batches ahead".
+  std::string describe() const {
+    std::string text =
+        std::to_string(num_records()) + " records in " +
+        (sampler_.has_batch_sampler() ? std::string("a batch sampler's batches") : "batches of " + std::to_string(sampler_.batch_size())) +
+        (sampler_.shuffle()       ? ", shuffled"
+         : sampler_.has_sampler() ? ", in a sampler's order"
+                                  : "");
+    if (workers_ == 0) return text + ", read on the training thread";
+    return text + ", read by " + std::to_string(workers_) + " worker thread" + (workers_ == 1 ? "" : "s") +
+           (options_.workers ? "" : " (the dataset's default)") + ", " + std::to_string(workers_ * options_.prefetch) + " batches ahead";
+  }
   std::uint64_t seed() const { return sampler_.seed(); }
   /// Changes the shuffle seed; streams made before keep the old one. (A user's sampler ignores it.)
   void set_seed(std::uint64_t seed) { sampler_.set_seed(seed); }
@@ -2733,10 +2769,15 @@ class DataLoader {
   /// Reads the records of one slice (thread-safe when the dataset is).
   batch_type read(const BatchSlice& slice) const {
     batch_type batch = [&] {
-      if (slice.indices.defined()) return dataset_->get_batch(slice.indices);
-      if constexpr (requires { dataset_->get_range(slice.first, slice.first + slice.count); })
-        return dataset_->get_range(slice.first, slice.first + slice.count);
-      else return dataset_->get_batch(torch::arange(slice.first, slice.first + slice.count, torch::kLong));
+      const auto in_order = [&] { return torch::arange(slice.first, slice.first + slice.count, torch::kLong); };
+      if constexpr (requires { dataset_->get_batch(slice.indices, BatchOrigin{}); }) {
+        return dataset_->get_batch(slice.indices.defined() ? slice.indices : in_order(), BatchOrigin{slice.epoch, sampler_.seed()});
+      } else {
+        if (slice.indices.defined()) return dataset_->get_batch(slice.indices);
+        if constexpr (requires { dataset_->get_range(slice.first, slice.first + slice.count); })
+          return dataset_->get_range(slice.first, slice.first + slice.count);
+        else return dataset_->get_batch(in_order());
+      }
     }();
     if (pin_) pin_in_place(batch);
     return batch;
@@ -2774,12 +2815,12 @@ class DataLoader {
           skip_(chain.skip),
           position_(chain.skip),
           end_(chain.repeat ? std::numeric_limits<std::int64_t>::max() : loader.batches_for(chain)) {
-      const int workers = loader.options_.workers;
+      const int workers = loader.workers_;
       loader.sampler_.keep_epochs_in_flight(workers > 0 ? std::max(workers * loader.options_.prefetch, workers) : 1, chain);
       if (workers > 0 && position_ < end_)
         prefetcher_ = std::make_unique<detail::Prefetcher<batch_type>>(
             [loader = loader_, slices = slices_, skip = skip_](std::int64_t k) { return loader->read(slices[k - skip]); }, position_, end_,
-            loader.options_.workers, loader.options_.workers * loader.options_.prefetch);
+            workers, workers * loader.options_.prefetch);
     }
     Stream(Stream&&) = default;
 
@@ -2841,6 +2882,10 @@ class DataLoader {
   static std::uint64_t draw_seed() {
     return static_cast<std::uint64_t>(torch::randint(0, std::numeric_limits<std::int64_t>::max(), {1}, torch::kLong).item<std::int64_t>());
   }
+  static int default_workers(const dataset_type& dataset) {
+    if constexpr (requires { dataset.default_workers(); }) return static_cast<int>(dataset.default_workers());
+    else return 0;
+  }
   static void pin_in_place(batch_type& batch) {
     detail::for_each_tensor(batch, [](torch::Tensor& t) {
       if (t.defined() && t.device().is_cpu() && !t.is_pinned()) t = t.pin_memory();
@@ -2850,6 +2895,7 @@ class DataLoader {
   std::shared_ptr<const dataset_type> dataset_;  // shared with worker threads of live streams
   DataLoaderOptions options_;
   BatchSampler sampler_;
+  int workers_ = 0;
   bool pin_ = false;
 };
 
@@ -16392,6 +16438,7 @@ class Run {
     if (const auto* graph = std::get_if<capture::cuda_graph>(&st_.options.step_capture)) step_graph_.start(*graph, context_);
     const auto free_graph = on_scope_exit([&] { step_graph_.reset(); });
     st_.announce(context_);
+    if constexpr (requires { train_loader_->describe(); }) st_.reporter.line("dettrial: training data: " + train_loader_->describe());
     RunState::start_tensorboard_session(context_);
     // The hparams session ends as the fit does: failed when it throws.
     const auto end_session = on_scope_exit([&, exceptions = std::uncaught_exceptions()] {

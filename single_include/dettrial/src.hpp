@@ -21,3 +21,4 @@
 
 #define DETTRIAL_COMPILING_DEFINITIONS 1
 #include "main.hpp"
+#include "vision.hpp"

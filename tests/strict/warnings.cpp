@@ -10,7 +10,12 @@
 // dettrial::main itself was renamed with the first example's main (its header was read under the macro).
 #include "../../examples/keras_mnist/mnist_keras_trial.hpp"
 int keras_example_main(int argc, char** argv) { return dettrial::mnist_example_main<keras_mnist::MnistKerasTrial>(argc, argv); }
+// The image example, and with it <dettrial/vision.hpp>'s decoders, datasets and transforms.
+#include "../../examples/image_folder/image_folder_trial.hpp"
+int image_example_main(int argc, char** argv) { return dettrial::mnist_example_main<image_folder::ImageFolderTrial>(argc, argv); }
 
 int main(int argc, char** argv) {
-  return argc > 99 ? mnist_example_main(argc, argv) + regression_example_main() + keras_example_main(argc, argv) : 0;
+  return argc > 99
+             ? mnist_example_main(argc, argv) + regression_example_main() + keras_example_main(argc, argv) + image_example_main(argc, argv)
+             : 0;
 }

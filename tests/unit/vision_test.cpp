@@ -20,8 +20,8 @@
 namespace fs = std::filesystem;
 namespace vision = dettrial::vision;
 using dettrial::DataError;
-using vision::Image;
 using dettrial::ImageError;
+using vision::Image;
 using vision::ImageMode;
 
 namespace {
@@ -146,13 +146,14 @@ TEST_CASE("vision: ImageFolder lists the files, classes and labels torchvision's
   if (manifest["torchvision"].contains("missing")) return test::skip(manifest["torchvision"]["missing"].get<std::string>());
   const vision::ImageFolder folder(*dir / "folder", {.allow_empty = true});
   std::vector<std::pair<std::string, std::int64_t>> ours, theirs;
-  for (const auto& s : folder.samples()) ours.emplace_back(fs::relative(s.path, *dir / "folder").string(), s.label);
+  for (const auto& s : folder.samples()) ours.emplace_back(s.path.lexically_relative(*dir / "folder").string(), s.label);
   for (const auto& s : manifest["folder_samples"]) theirs.emplace_back(s[0].get<std::string>(), s[1].get<std::int64_t>());
   CHECK(ours == theirs);
   CHECK(folder.classes() == manifest["folder_classes"].get<std::vector<std::string>>());
   // Without allow_empty, the class folder with no image is named.
   CHECK_THROWS_WITH_AS(vision::ImageFolder(*dir / "folder", {.extensions = {".jpg"}}),
-                       doctest::Contains("found no image file for the class(es) C_upper, b_class, c_link_target, d_linked_class"), DataError);
+                       doctest::Contains("found no image file for the class(es) C_upper, b_class, c_link_target, d_linked_class"),
+                       DataError);
 }
 
 TEST_CASE("vision: damaged files are errors that name the file, never a crash or a grey-filled image") {
@@ -210,13 +211,15 @@ TEST_CASE("vision: an unreadable record is an error naming file, record and reas
   std::ofstream(root / "b" / "notes.png") << "not an image";
   auto cut = file_bytes(*dir / "images" / "rgb444.jpg");
   cut.resize(cut.size() / 2);
-  std::ofstream(root / "b" / "truncated.jpg", std::ios::binary).write(reinterpret_cast<const char*>(cut.data()), static_cast<std::streamsize>(cut.size()));
+  std::ofstream(root / "b" / "truncated.jpg", std::ios::binary)
+      .write(reinterpret_cast<const char*>(cut.data()), static_cast<std::streamsize>(cut.size()));
   const vision::ImageFolder folder(root);  // a: gray.png rgb.jpg rgb.png; b: notes.png ok.png truncated.jpg
   REQUIRE(folder.size() == 6);
   const vision::Compose pipeline(vision::Resize(12, 12), vision::ToFloat{});
   const vision::ImageDataset strict(folder, pipeline);
   CHECK_THROWS_WITH_AS(strict.get_batch(torch::tensor({0, 3}, torch::kLong)),
-                       doctest::Contains("notes.png': it is neither JPEG nor PNG (it begins with 6e 6f 74 20 61 6e 20 69) (record 3)"), ImageError);
+                       doctest::Contains("notes.png': it is neither JPEG nor PNG (it begins with 6e 6f 74 20 61 6e 20 69) (record 3)"),
+                       ImageError);
   CHECK_THROWS_WITH_AS(strict.get_batch(torch::tensor({5}, torch::kLong)), doctest::Contains("truncated.jpg' as JPEG"), ImageError);
   const vision::ImageDataset lenient(folder, pipeline, {.skip_unreadable = true});
   dettrial::DataLoader loader(lenient, {.batch_size = 4, .workers = 2});
@@ -237,9 +240,7 @@ TEST_CASE("vision: the crops, pads and flips follow torchvision's geometry") {
   auto random = any_random();
   const Image three = image_of(3, 3, 1);  // 0 1 2 / 3 4 5 / 6 7 8
   using M = vision::PaddingMode;
-  const auto padded = [&](M mode) {
-    return rows_of(vision::detail::window(three, -2, -2, 7, 7, mode, 9));
-  };
+  const auto padded = [&](M mode) { return rows_of(vision::detail::window(three, -2, -2, 7, 7, mode, 9)); };
   // torchvision's documented examples, padding [1, 2, 3, 4] by 2 on each side.
   CHECK(padded(M::reflect)[2] == std::vector<int>{2, 1, 0, 1, 2, 1, 0});
   CHECK(padded(M::symmetric)[2] == std::vector<int>{1, 0, 0, 1, 2, 2, 1});
@@ -295,7 +296,7 @@ TEST_CASE("vision: ToFloat and Normalize compute torchvision's float32 arithmeti
   pipeline.write(image, ours.data());
   const torch::Tensor chw = torch::from_blob(const_cast<std::uint8_t*>(image.pixels.data()), {4, 5, 3}, torch::kUInt8).permute({2, 0, 1});
   const torch::Tensor theirs = chw.to(torch::kFloat)
-                                   .div(255)
+                                   .mul(1.0 / 255)
                                    .sub(torch::tensor({0.485f, 0.456f, 0.406f}).view({3, 1, 1}))
                                    .div(torch::tensor({0.229f, 0.224f, 0.225f}).view({3, 1, 1}))
                                    .contiguous();
@@ -355,10 +356,12 @@ TEST_CASE("vision: CIFAR-10 and CIFAR-100 binary files, and their damage named")
   CHECK(vision::Cifar::hundred(root / "c100", vision::CifarSplit::train, vision::CifarLabel::coarse).label(0) == 17);
   // A truncated file and a label out of range are named.
   std::ofstream(root / "c100" / "test.bin", std::ios::binary) << record(3, 1, true).substr(0, 1000);
-  CHECK_THROWS_WITH_AS(vision::Cifar::hundred(root / "c100", vision::CifarSplit::test), doctest::Contains("test.bin' has 1000 bytes"), DataError);
+  CHECK_THROWS_WITH_AS(vision::Cifar::hundred(root / "c100", vision::CifarSplit::test), doctest::Contains("test.bin' has 1000 bytes"),
+                       DataError);
   std::ofstream(root / "cifar-10-batches-bin" / "test_batch.bin", std::ios::binary) << record(12, 1, false);
   CHECK_THROWS_WITH_AS(vision::Cifar::ten(root, vision::CifarSplit::test), doctest::Contains("record 0 of"), DataError);
-  CHECK_THROWS_WITH_AS(vision::Cifar::ten(root / "nowhere", vision::CifarSplit::test), doctest::Contains("found no 'test_batch.bin'"), DataError);
+  CHECK_THROWS_WITH_AS(vision::Cifar::ten(root / "nowhere", vision::CifarSplit::test), doctest::Contains("found no 'test_batch.bin'"),
+                       DataError);
   fs::remove_all(root);
 }
 
@@ -370,7 +373,8 @@ struct Synthetic {
   std::int64_t label(std::int64_t i) const { return i; }
   Image load(std::int64_t i, ImageMode mode) const {
     Image image(9, 11, vision::channels_of(mode));
-    for (std::size_t k = 0; k < image.pixels.size(); ++k) image.pixels[k] = static_cast<std::uint8_t>((k * 13 + static_cast<std::size_t>(i) * 7) % 251);
+    for (std::size_t k = 0; k < image.pixels.size(); ++k)
+      image.pixels[k] = static_cast<std::uint8_t>((k * 13 + static_cast<std::size_t>(i) * 7) % 251);
     return image;
   }
   std::string name(std::int64_t i) const { return "synthetic " + std::to_string(i); }
@@ -434,10 +438,11 @@ TEST_CASE("vision: batches are N x C x H x W in the pipeline's type, labels int6
     Image load(std::int64_t i, ImageMode mode) const { return i == 2 ? Image(5, 5, vision::channels_of(mode)) : Synthetic::load(i, mode); }
   };
   const vision::ImageDataset mixed(Mixed{}, vision::Compose(vision::ToFloat{}));
-  CHECK_THROWS_WITH_AS(mixed.get_batch(torch::arange(0, 4, torch::kLong)),
-                       "record 2 ('synthetic 2') is 3x5x5 after the transforms, but its batch's first image is 3x9x11: end the transforms in "
-                       "one size (Resize with two numbers, CenterCrop, RandomCrop, RandomResizedCrop)",
-                       DataError);
+  CHECK_THROWS_WITH_AS(
+      mixed.get_batch(torch::arange(0, 4, torch::kLong)),
+      "record 2 ('synthetic 2') is 3x5x5 after the transforms, but its batch's first image is 3x9x11: end the transforms in "
+      "one size (Resize with two numbers, CenterCrop, RandomCrop, RandomResizedCrop)",
+      DataError);
   dettrial::DataLoader loader(gray, {.batch_size = 4});
   CHECK(loader.workers() >= 1);  // the process's share of the CPUs
   CHECK(loader.describe().find("37 records in batches of 4, read by ") == 0);

@@ -185,10 +185,12 @@ class DataLoader {
   /// What the trainer's start line says of this loader: "60000 records in batches of 64, shuffled,
   /// read by 2 worker threads (the dataset's default), 4 batches ahead".
   std::string describe() const {
-    std::string text = std::to_string(num_records()) + " records in " +
-                       (sampler_.has_batch_sampler() ? std::string("a batch sampler's batches")
-                                                     : "batches of " + std::to_string(sampler_.batch_size())) +
-                       (sampler_.shuffle() ? ", shuffled" : sampler_.has_sampler() ? ", in a sampler's order" : "");
+    std::string text =
+        std::to_string(num_records()) + " records in " +
+        (sampler_.has_batch_sampler() ? std::string("a batch sampler's batches") : "batches of " + std::to_string(sampler_.batch_size())) +
+        (sampler_.shuffle()       ? ", shuffled"
+         : sampler_.has_sampler() ? ", in a sampler's order"
+                                  : "");
     if (workers_ == 0) return text + ", read on the training thread";
     return text + ", read by " + std::to_string(workers_) + " worker thread" + (workers_ == 1 ? "" : "s") +
            (options_.workers ? "" : " (the dataset's default)") + ", " + std::to_string(workers_ * options_.prefetch) + " batches ahead";

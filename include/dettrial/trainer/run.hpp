@@ -90,6 +90,7 @@ class Run {
     if (const auto* graph = std::get_if<capture::cuda_graph>(&st_.options.step_capture)) step_graph_.start(*graph, context_);
     const auto free_graph = on_scope_exit([&] { step_graph_.reset(); });
     st_.announce(context_);
+    if constexpr (requires { train_loader_->describe(); }) st_.reporter.line("dettrial: training data: " + train_loader_->describe());
     RunState::start_tensorboard_session(context_);
     // The hparams session ends as the fit does: failed when it throws.
     const auto end_session = on_scope_exit([&, exceptions = std::uncaught_exceptions()] {

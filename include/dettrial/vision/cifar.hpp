@@ -78,16 +78,16 @@ DETTRIAL_INLINE void Cifar::read(const std::filesystem::path& file, bool two_lab
   const auto total = static_cast<std::int64_t>(bytes.size());
   if (!in.eof() && in.fail()) throw DataError("CIFAR: cannot read '" + file.string() + "'");
   if (total == 0 || total % record != 0)
-    throw DataError("CIFAR: '" + file.string() + "' has " + std::to_string(total) + " bytes, not a whole number of " + std::to_string(record) +
-                    "-byte records (truncated, or not this data set's binary version)");
+    throw DataError("CIFAR: '" + file.string() + "' has " + std::to_string(total) + " bytes, not a whole number of " +
+                    std::to_string(record) + "-byte records (truncated, or not this data set's binary version)");
   const std::int64_t records = total / record;
   planes_.reserve(planes_.size() + static_cast<std::size_t>(records * 3 * plane));
   for (std::int64_t r = 0; r < records; ++r) {
     const std::uint8_t* at = bytes.data() + r * record;
     const std::int64_t label = two_labels ? (which == CifarLabel::coarse ? at[0] : at[1]) : at[0];
     if (label >= classes_)
-      throw DataError("CIFAR: record " + std::to_string(r) + " of '" + file.string() + "' has label " + std::to_string(label) +
-                      " of " + std::to_string(classes_) + " classes (a damaged file, or another data set's)");
+      throw DataError("CIFAR: record " + std::to_string(r) + " of '" + file.string() + "' has label " + std::to_string(label) + " of " +
+                      std::to_string(classes_) + " classes (a damaged file, or another data set's)");
     labels_.push_back(label);
     planes_.insert(planes_.end(), at + (two_labels ? 2 : 1), at + record);
   }
@@ -120,7 +120,7 @@ DETTRIAL_INLINE Image Cifar::load(std::int64_t index, ImageMode mode) const {
       image.pixels[static_cast<std::size_t>(3 * i + 1)] = static_cast<std::uint8_t>(g);
       image.pixels[static_cast<std::size_t>(3 * i + 2)] = static_cast<std::uint8_t>(b);
     } else {
-      image.pixels[static_cast<std::size_t>(i)] = static_cast<std::uint8_t>((r * 19595 + g * 38470 + b * 7471 + 0x8000) >> 16);
+      image.pixels[static_cast<std::size_t>(i)] = pil_luma(r, g, b);
     }
   }
   return image;

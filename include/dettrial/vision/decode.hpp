@@ -87,8 +87,7 @@ inline void rgb_to_gray(Image& image) {
   const std::int64_t n = image.height * image.width;
   std::uint8_t* p = image.pixels.data();
   for (std::int64_t i = 0; i < n; ++i) {
-    const std::uint32_t r = p[3 * i], g = p[3 * i + 1], b = p[3 * i + 2];
-    p[i] = static_cast<std::uint8_t>((r * 19595 + g * 38470 + b * 7471 + 0x8000) >> 16);
+    p[i] = pil_luma(p[3 * i], p[3 * i + 1], p[3 * i + 2]);
   }
   image.pixels.resize(static_cast<std::size_t>(n));
   image.channels = 1;
@@ -216,14 +215,16 @@ DETTRIAL_INLINE Image decode_image(std::span<const std::uint8_t> bytes, ImageMod
 #if defined(DETTRIAL_HAS_TURBOJPEG)
     return detail::decode_jpeg(bytes, mode, name);
 #else
-    throw ImageError("cannot decode '" + name + "': this build of dettrial has no JPEG decoder (libjpeg-turbo was not found when it was configured)");
+    throw ImageError("cannot decode '" + name +
+                     "': this build of dettrial has no JPEG decoder (libjpeg-turbo was not found when it was configured)");
 #endif
   }
   if (png) {
 #if defined(DETTRIAL_HAS_SPNG)
     return detail::decode_png(bytes, mode, name);
 #else
-    throw ImageError("cannot decode '" + name + "': this build of dettrial has no PNG decoder (libspng was not found when it was configured)");
+    throw ImageError("cannot decode '" + name +
+                     "': this build of dettrial has no PNG decoder (libspng was not found when it was configured)");
 #endif
   }
   throw ImageError("cannot decode '" + name + "': it is neither JPEG nor PNG (it begins with " + detail::leading_bytes(bytes) + ")");
@@ -232,7 +233,7 @@ DETTRIAL_INLINE Image decode_image(std::span<const std::uint8_t> bytes, ImageMod
 DETTRIAL_INLINE void read_file(const std::filesystem::path& path, std::vector<std::uint8_t>& buffer) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) throw ImageError("cannot open '" + path.string() + "': " + std::strerror(errno));
-  struct stat info {};
+  struct stat info{};
   if (::fstat(fd, &info) != 0 || !S_ISREG(info.st_mode)) {
     ::close(fd);
     throw ImageError("cannot read '" + path.string() + "': not a regular file");

@@ -21,6 +21,11 @@ enum class ImageMode {
   gray,
 };
 
+/// PIL's RGB to L conversion of one pixel (ITU-R 601-2 luma in 16-bit fixed point, rounded).
+constexpr std::uint8_t pil_luma(std::uint32_t r, std::uint32_t g, std::uint32_t b) {
+  return static_cast<std::uint8_t>((r * 19595 + g * 38470 + b * 7471 + 0x8000) >> 16);
+}
+
 /// The channels of an image in `mode`.
 constexpr std::int64_t channels_of(ImageMode mode) { return mode == ImageMode::rgb ? 3 : 1; }
 
@@ -38,8 +43,7 @@ struct Image {
   std::vector<std::uint8_t> pixels;
 
   Image() = default;
-  Image(std::int64_t h, std::int64_t w, std::int64_t c)
-      : height(h), width(w), channels(c), pixels(static_cast<std::size_t>(h * w * c)) {}
+  Image(std::int64_t h, std::int64_t w, std::int64_t c) : height(h), width(w), channels(c), pixels(static_cast<std::size_t>(h * w * c)) {}
 
   std::uint8_t* row(std::int64_t y) { return pixels.data() + y * width * channels; }
   const std::uint8_t* row(std::int64_t y) const { return pixels.data() + y * width * channels; }
@@ -66,13 +70,14 @@ class RecordRandom {
   double uniform(double lo, double hi) { return lo + (hi - lo) * static_cast<double>(bits() >> 11) * 0x1.0p-53; }
   /// Uniform among the integers [lo, hi), hi > lo (Lemire's multiply-shift).
   std::int64_t integer(std::int64_t lo, std::int64_t hi) {
-    const auto range = static_cast<unsigned __int128>(hi - lo);
-    return lo + static_cast<std::int64_t>((static_cast<unsigned __int128>(bits()) * range) >> 64);
+    const auto range = static_cast<wide>(hi - lo);
+    return lo + static_cast<std::int64_t>((static_cast<wide>(bits()) * range) >> 64);
   }
   /// True with probability `p`.
   bool chance(double p) { return uniform(0.0, 1.0) < p; }
 
  private:
+  __extension__ typedef unsigned __int128 wide;  // GCC's and Clang's; __extension__: no -Wpedantic warning
   // Keeps augmentation streams apart from the shuffles drawn from the same loader seed.
   static constexpr std::uint64_t augmentation_domain = 0x61756720696d6167ULL;
   std::uint64_t state_;

@@ -112,8 +112,8 @@ class ImageDataset {
       std::optional<Image> image = transformed(record, origin);
       if (!image) continue;
       if (!images.defined()) {
-        images = torch::empty({n, image->channels, image->height, image->width},
-                              torch::TensorOptions(transform_.dtype()).pinned_memory(pin_));
+        images =
+            torch::empty({n, image->channels, image->height, image->width}, torch::TensorOptions(transform_.dtype()).pinned_memory(pin_));
         bytes_per_image = image->channels * image->height * image->width * static_cast<std::int64_t>(images.element_size());
       } else if (image->channels != images.size(1) || image->height != images.size(2) || image->width != images.size(3)) {
         throw DataError("record " + std::to_string(record) + " ('" + source_.name(record) + "') is " + shape(*image) +

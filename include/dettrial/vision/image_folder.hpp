@@ -175,8 +175,8 @@ DETTRIAL_INLINE ImageFolder::ImageFolder(const std::filesystem::path& root, cons
     std::string names, endings;
     for (const auto& n : empty) names += (names.empty() ? "" : ", ") + n;
     for (const auto& e : options.extensions) endings += (endings.empty() ? "" : " ") + e;
-    throw DataError("ImageFolder: found no image file for the class(es) " + names + " in '" + root.string() + "' (listed endings: " +
-                    endings + "; allow_empty accepts empty classes)");
+    throw DataError("ImageFolder: found no image file for the class(es) " + names + " in '" + root.string() +
+                    "' (listed endings: " + endings + "; allow_empty accepts empty classes)");
   }
 }
 

@@ -98,10 +98,9 @@ struct CenterCrop {
     if (image.height == size.height && image.width == size.width) return image;
     // v2 pads symmetrically (the extra pixel on the bottom/right), then crops at the rounded centre,
     // which comes to the same window as this, measured from the unpadded image.
-    const std::int64_t top = image.height >= size.height ? detail::round_half(image.height - size.height)
-                                                         : -((size.height - image.height) / 2);
-    const std::int64_t left =
-        image.width >= size.width ? detail::round_half(image.width - size.width) : -((size.width - image.width) / 2);
+    const std::int64_t top =
+        image.height >= size.height ? detail::round_half(image.height - size.height) : -((size.height - image.height) / 2);
+    const std::int64_t left = image.width >= size.width ? detail::round_half(image.width - size.width) : -((size.width - image.width) / 2);
     return detail::window(image, top, left, size.height, size.width);
   }
 };
@@ -186,8 +185,7 @@ struct RandomResizedCrop {
       const double aspect = std::exp(random.uniform(log_low, log_high));
       const auto w = static_cast<std::int64_t>(std::nearbyint(std::sqrt(target * aspect)));
       const auto h = static_cast<std::int64_t>(std::nearbyint(std::sqrt(target / aspect)));
-      if (0 < w && w <= width && 0 < h && h <= height)
-        return {random.integer(0, height - h + 1), random.integer(0, width - w + 1), h, w};
+      if (0 < w && w <= width && 0 < h && h <= height) return {random.integer(0, height - h + 1), random.integer(0, width - w + 1), h, w};
     }
     const double in_ratio = static_cast<double>(width) / static_cast<double>(height);
     std::int64_t w = width, h = height;
@@ -234,7 +232,8 @@ struct ColorJitter {
 };
 
 /// The output step that makes the batch float in [0, 1]: torchvision's `ToDtype(torch.float32,
-/// scale=True)` (v1's ToTensor scaling). Without it the batch holds the 8-bit samples.
+/// scale=True)`, `x * (1 / 255)` in float32 (v1's ToTensor divides by 255, which can differ in the
+/// last bit). Without it the batch holds the 8-bit samples.
 struct ToFloat {
   static constexpr bool output_step = true;
 };
@@ -303,7 +302,7 @@ class Compose {
     // Plain x / 255 without Normalize; one mean and std serve every channel.
     if (mean_.empty())
       for (auto& channel : table_)
-        for (int v = 0; v < 256; ++v) channel[static_cast<std::size_t>(v)] = static_cast<float>(v) / 255.0f;
+        for (int v = 0; v < 256; ++v) channel[static_cast<std::size_t>(v)] = static_cast<float>(v) * static_cast<float>(1.0 / 255.0);
     else if (mean_.size() == 1)
       for (std::size_t k = 1; k < table_.size(); ++k) table_[k] = table_[0];
   }
@@ -327,8 +326,8 @@ class Compose {
 
   /**
    * @brief Writes `image` as C x H x W at `out` (floats or bytes, as dtype() says), converting and
-   * normalising on the way: `(x / 255 - mean) / std` in float, as torchvision computes it (a table of
-   * the 256 values per channel, so every sample costs one lookup).
+   * normalising on the way: `(x * (1 / 255) - mean) / std` in float32, as torchvision v2's ToDtype and
+   * Normalize compute it (a table of the 256 values per channel, so every sample costs one lookup).
    */
   void write(const Image& image, void* out) const {
     const std::int64_t plane = image.height * image.width, c = image.channels;
@@ -357,8 +356,8 @@ class Compose {
     std_ = n.std;
     for (std::size_t k = 0; k < n.mean.size(); ++k) {
       for (int v = 0; v < 256; ++v) {
-        // torchvision: image.to(float32) / 255, then sub_(mean), div_(std), each in float32.
-        const float scaled = static_cast<float>(v) / 255.0f;
+        // torchvision v2: image.to(float32).mul_(1 / 255), then sub_(mean), div_(std), each in float32.
+        const float scaled = static_cast<float>(v) * static_cast<float>(1.0 / 255.0);
         table_[k][static_cast<std::size_t>(v)] = (scaled - static_cast<float>(n.mean[k])) / static_cast<float>(n.std[k]);
       }
     }
@@ -449,7 +448,8 @@ inline bool resizes_uint8() {
 }
 
 DETTRIAL_INLINE Image resize_bilinear(const Image& image, std::int64_t height, std::int64_t width) {
-  if (height < 1 || width < 1) throw DataError("Resize: the size must be positive, not " + std::to_string(height) + "x" + std::to_string(width));
+  if (height < 1 || width < 1)
+    throw DataError("Resize: the size must be positive, not " + std::to_string(height) + "x" + std::to_string(width));
   if (height == image.height && width == image.width) return image;
   namespace F = torch::nn::functional;
   // torchvision resizes a C x H x W tensor: the same layout here, so the kernel's path is its.

@@ -1,0 +1,1413 @@
+// ==========================================================================================
+// dettrial, single-header edition: DO NOT MODIFY THIS FILE BY HAND.
+// It is generated from include/ by tools/amalgamate.py; edit the headers there and regenerate.
+// ==========================================================================================
+#pragma once
+#include "dettrial.hpp"
+// ---- begin dettrial/vision.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief Image data for dettrial: JPEG and PNG decoding, torchvision's ImageFolder and CIFAR
+/// readers, torchvision's transforms, and the ImageDataset that a DataLoader decodes and augments
+/// in parallel, straight into batch tensors. Opt-in, next to <dettrial/dettrial.hpp>.
+
+
+// ---- begin dettrial/vision/cifar.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief CIFAR-10 and CIFAR-100 in their published binary format (the "binary version" archives:
+/// cifar-10-batches-bin/, cifar-100-binary/), read whole into memory.
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+// ---- begin dettrial/vision/image.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief An 8-bit image between decoding and the batch (rows of interleaved channels, as decoders
+/// write them), the colour modes images are decoded to, and the per-record random draws of
+/// augmentations.
+
+#include <cstdint>
+#include <string_view>
+#include <vector>
+
+
+namespace dettrial::vision {
+
+/// The colour mode images are converted to as they are decoded: PIL's `convert("RGB")` or `convert("L")`.
+enum class ImageMode {
+  /// Three channels. Grayscale is replicated; alpha is dropped (not composited), as PIL drops it.
+  rgb,
+  /// One channel. Colour becomes PIL's ITU-R 601-2 luma, `(19595 R + 38470 G + 7471 B + 2^15) >> 16`.
+  gray,
+};
+
+/// PIL's RGB to L conversion of one pixel (ITU-R 601-2 luma in 16-bit fixed point, rounded).
+constexpr std::uint8_t pil_luma(std::uint32_t r, std::uint32_t g, std::uint32_t b) {
+  return static_cast<std::uint8_t>((r * 19595 + g * 38470 + b * 7471 + 0x8000) >> 16);
+}
+
+/// The channels of an image in `mode`.
+constexpr std::int64_t channels_of(ImageMode mode) { return mode == ImageMode::rgb ? 3 : 1; }
+
+/// "RGB" or "L", PIL's names.
+constexpr std::string_view name_of(ImageMode mode) { return mode == ImageMode::rgb ? "RGB" : "L"; }
+
+/**
+ * @brief An 8-bit image: `height` rows of `width` pixels of `channels` interleaved samples (HWC), the
+ * layout decoders write and the cheapest to crop and flip. The batch gets it as C x H x W.
+ */
+struct Image {
+  std::int64_t height = 0;
+  std::int64_t width = 0;
+  std::int64_t channels = 0;
+  std::vector<std::uint8_t> pixels;
+
+  Image() = default;
+  Image(std::int64_t h, std::int64_t w, std::int64_t c) : height(h), width(w), channels(c), pixels(static_cast<std::size_t>(h * w * c)) {}
+
+  std::uint8_t* row(std::int64_t y) { return pixels.data() + y * width * channels; }
+  const std::uint8_t* row(std::int64_t y) const { return pixels.data() + y * width * channels; }
+};
+
+/**
+ * @brief The random draws of one record's augmentation in one epoch: a splitmix64 stream keyed by
+ * (seed, epoch, record index) alone, so a record is augmented the same way whatever the worker
+ * count, the rank count, the batch it falls in, or a resume. The draws are not torch's (torchvision
+ * draws from torch's global generator, shared by every record); their distributions are torchvision's.
+ */
+class RecordRandom {
+ public:
+  RecordRandom(std::uint64_t seed, std::int64_t epoch, std::int64_t record)
+      : state_(detail::mix64(detail::mix64(detail::mix64(seed ^ augmentation_domain) + static_cast<std::uint64_t>(epoch)) +
+                             static_cast<std::uint64_t>(record))) {}
+
+  /// The next 64 random bits.
+  std::uint64_t bits() {
+    state_ += detail::golden_gamma;
+    return detail::mix64(state_);
+  }
+  /// Uniform in [lo, hi).
+  double uniform(double lo, double hi) { return lo + (hi - lo) * static_cast<double>(bits() >> 11) * 0x1.0p-53; }
+  /// Uniform among the integers [lo, hi), hi > lo (Lemire's multiply-shift).
+  std::int64_t integer(std::int64_t lo, std::int64_t hi) {
+    const auto range = static_cast<wide>(hi - lo);
+    return lo + static_cast<std::int64_t>((static_cast<wide>(bits()) * range) >> 64);
+  }
+  /// True with probability `p`.
+  bool chance(double p) { return uniform(0.0, 1.0) < p; }
+
+ private:
+  __extension__ typedef unsigned __int128 wide;  // GCC's and Clang's; __extension__: no -Wpedantic warning
+  // Keeps augmentation streams apart from the shuffles drawn from the same loader seed.
+  static constexpr std::uint64_t augmentation_domain = 0x61756720696d6167ULL;
+  std::uint64_t state_;
+};
+
+}  // namespace dettrial::vision
+// ---- end dettrial/vision/image.hpp
+
+namespace dettrial::vision {
+
+/// Which split of a CIFAR data set.
+enum class CifarSplit { train, test };
+/// Which CIFAR-100 label a record carries: the 100 fine classes (torchvision's `targets`) or the 20 superclasses.
+enum class CifarLabel { fine, coarse };
+
+/**
+ * @brief CIFAR-10 or CIFAR-100 records: 32 x 32 RGB images with their labels, from the binary files
+ * as published (CIFAR-10: data_batch_1.bin ... data_batch_5.bin and test_batch.bin, each record a
+ * label byte and 3072 bytes, the red, green and blue planes; CIFAR-100: train.bin and test.bin, a
+ * coarse and a fine label byte before the planes). `root` is the folder holding the files, or the
+ * folder the archive was unpacked in. A missing, short or damaged file is a DataError naming it.
+ * @code{.cpp}
+ * auto train = dettrial::vision::Cifar::ten("data", dettrial::vision::CifarSplit::train);
+ * @endcode
+ */
+class Cifar {
+ public:
+  static Cifar ten(const std::filesystem::path& root, CifarSplit split);
+  static Cifar hundred(const std::filesystem::path& root, CifarSplit split, CifarLabel label = CifarLabel::fine);
+
+  std::int64_t size() const { return static_cast<std::int64_t>(labels_.size()); }
+  std::int64_t label(std::int64_t index) const { return labels_[static_cast<std::size_t>(index)]; }
+  /// The classes' count: 10, 100 or 20.
+  std::int64_t classes() const { return classes_; }
+  /// Record `index` as an Image in `mode` (thread-safe).
+  DETTRIAL_INLINE Image load(std::int64_t index, ImageMode mode) const;
+  std::string name(std::int64_t index) const { return "CIFAR record " + std::to_string(index); }
+
+ private:
+  DETTRIAL_INLINE void read(const std::filesystem::path& file, bool two_labels, CifarLabel which);
+  static constexpr std::int64_t side = 32;
+  static constexpr std::int64_t plane = side * side;
+  std::vector<std::uint8_t> planes_;  // records x 3 x 32 x 32, as in the files
+  std::vector<std::int64_t> labels_;
+  std::int64_t classes_ = 10;
+};
+
+}  // namespace dettrial::vision
+
+// Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
+#if DETTRIAL_HEADER_DEFINITIONS
+#include <fstream>
+#include <iterator>
+
+namespace dettrial::vision {
+namespace detail {
+/// `root/name`, or `root/folder/name` when the archive's folder is still there.
+inline std::filesystem::path cifar_file(const std::filesystem::path& root, const char* folder, const std::string& name) {
+  std::error_code ec;
+  if (std::filesystem::exists(root / name, ec)) return root / name;
+  if (std::filesystem::exists(root / folder / name, ec)) return root / folder / name;
+  throw DataError("CIFAR: found no '" + name + "' in '" + root.string() + "' or '" + (root / folder).string() +
+                  "' (the binary version of the data set, as published)");
+}
+}  // namespace detail
+
+DETTRIAL_INLINE void Cifar::read(const std::filesystem::path& file, bool two_labels, CifarLabel which) {
+  std::ifstream in(file, std::ios::binary);
+  const std::vector<std::uint8_t> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::int64_t record = (two_labels ? 2 : 1) + 3 * plane;
+  const auto total = static_cast<std::int64_t>(bytes.size());
+  if (!in.eof() && in.fail()) throw DataError("CIFAR: cannot read '" + file.string() + "'");
+  if (total == 0 || total % record != 0)
+    throw DataError("CIFAR: '" + file.string() + "' has " + std::to_string(total) + " bytes, not a whole number of " +
+                    std::to_string(record) + "-byte records (truncated, or not this data set's binary version)");
+  const std::int64_t records = total / record;
+  planes_.reserve(planes_.size() + static_cast<std::size_t>(records * 3 * plane));
+  for (std::int64_t r = 0; r < records; ++r) {
+    const std::uint8_t* at = bytes.data() + r * record;
+    const std::int64_t label = two_labels ? (which == CifarLabel::coarse ? at[0] : at[1]) : at[0];
+    if (label >= classes_)
+      throw DataError("CIFAR: record " + std::to_string(r) + " of '" + file.string() + "' has label " + std::to_string(label) + " of " +
+                      std::to_string(classes_) + " classes (a damaged file, or another data set's)");
+    labels_.push_back(label);
+    planes_.insert(planes_.end(), at + (two_labels ? 2 : 1), at + record);
+  }
+}
+
+DETTRIAL_INLINE Cifar Cifar::ten(const std::filesystem::path& root, CifarSplit split) {
+  Cifar data;
+  data.classes_ = 10;
+  if (split == CifarSplit::train)
+    for (int b = 1; b <= 5; ++b)
+      data.read(detail::cifar_file(root, "cifar-10-batches-bin", "data_batch_" + std::to_string(b) + ".bin"), false, CifarLabel::fine);
+  else data.read(detail::cifar_file(root, "cifar-10-batches-bin", "test_batch.bin"), false, CifarLabel::fine);
+  return data;
+}
+
+DETTRIAL_INLINE Cifar Cifar::hundred(const std::filesystem::path& root, CifarSplit split, CifarLabel label) {
+  Cifar data;
+  data.classes_ = label == CifarLabel::fine ? 100 : 20;
+  data.read(detail::cifar_file(root, "cifar-100-binary", split == CifarSplit::train ? "train.bin" : "test.bin"), true, label);
+  return data;
+}
+
+DETTRIAL_INLINE Image Cifar::load(std::int64_t index, ImageMode mode) const {
+  const std::uint8_t* planes = planes_.data() + index * 3 * plane;
+  Image image(side, side, channels_of(mode));
+  for (std::int64_t i = 0; i < plane; ++i) {
+    const std::uint32_t r = planes[i], g = planes[plane + i], b = planes[2 * plane + i];
+    if (mode == ImageMode::rgb) {
+      image.pixels[static_cast<std::size_t>(3 * i)] = static_cast<std::uint8_t>(r);
+      image.pixels[static_cast<std::size_t>(3 * i + 1)] = static_cast<std::uint8_t>(g);
+      image.pixels[static_cast<std::size_t>(3 * i + 2)] = static_cast<std::uint8_t>(b);
+    } else {
+      image.pixels[static_cast<std::size_t>(i)] = pil_luma(r, g, b);
+    }
+  }
+  return image;
+}
+
+}  // namespace dettrial::vision
+#endif  // DETTRIAL_HEADER_DEFINITIONS
+// ---- end dettrial/vision/cifar.hpp
+// ---- begin dettrial/vision/decode.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief Decoding JPEG and PNG files into 8-bit images, converted as PIL converts them.
+///
+/// JPEG goes through libjpeg-turbo's TurboJPEG API, PNG through libspng: both are in Debian, Conan
+/// and vcpkg, both decode from memory with no global state, and libjpeg-turbo is what PIL and
+/// torchvision decode JPEG with, so the pixels are the same. Both are optional at build time: CMake
+/// defines `DETTRIAL_HAS_TURBOJPEG` and `DETTRIAL_HAS_SPNG` where it finds them, and without one
+/// decoding that format throws an ImageError saying so.
+
+#include <cstdint>
+#include <filesystem>
+#include <span>
+#include <string>
+#include <vector>
+
+
+namespace dettrial::vision {
+
+/// Whether this build decodes JPEG (libjpeg-turbo was found) and PNG (libspng was found).
+#if defined(DETTRIAL_HAS_TURBOJPEG)
+inline constexpr bool decodes_jpeg = true;
+#else
+inline constexpr bool decodes_jpeg = false;
+#endif
+#if defined(DETTRIAL_HAS_SPNG)
+inline constexpr bool decodes_png = true;
+#else
+inline constexpr bool decodes_png = false;
+#endif
+
+/**
+ * @brief Decodes a JPEG or PNG file's bytes (8- or 16-bit; grayscale, gray with alpha, RGB, RGBA or
+ * palette) into `mode`. 16-bit samples keep their high byte. Throws ImageError naming `name` and
+ * the decoder's reason for anything else: a truncated or corrupt file (a JPEG the decoder would only
+ * warn about included: a silently grey-filled image is a wrong batch), another format, or a format
+ * this build has no decoder for.
+ */
+DETTRIAL_INLINE Image decode_image(std::span<const std::uint8_t> bytes, ImageMode mode, const std::string& name);
+
+/// Reads and decodes the image file at `path` (see decode_image).
+DETTRIAL_INLINE Image read_image(const std::filesystem::path& path, ImageMode mode);
+
+/// Reads a whole file into `buffer` (reusing its capacity). Throws ImageError naming the file.
+DETTRIAL_INLINE void read_file(const std::filesystem::path& path, std::vector<std::uint8_t>& buffer);
+
+}  // namespace dettrial::vision
+
+// Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
+#if DETTRIAL_HEADER_DEFINITIONS
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <memory>
+
+#if defined(DETTRIAL_HAS_TURBOJPEG)
+#include <turbojpeg.h>
+#endif
+#if defined(DETTRIAL_HAS_SPNG)
+#include <spng.h>
+#endif
+
+namespace dettrial::vision {
+namespace detail {
+
+/// The largest image accepted, a guard against decompression bombs (a damaged header can claim any
+/// size): 32768 a side, and PIL's own limit in all (twice its MAX_IMAGE_PIXELS, where it refuses).
+inline constexpr std::int64_t max_image_side = 1 << 15;
+inline constexpr std::int64_t max_image_pixels = 2 * 89'478'485;
+
+inline void check_size(std::int64_t width, std::int64_t height, const std::string& name) {
+  if (width < 1 || height < 1 || width > max_image_side || height > max_image_side || width * height > max_image_pixels)
+    throw ImageError("cannot decode '" + name + "': its header claims " + std::to_string(width) + "x" + std::to_string(height) +
+                     " pixels (the limit is " + std::to_string(max_image_side) + " a side and " + std::to_string(max_image_pixels) +
+                     " in all)");
+}
+
+/// PIL's RGB to L conversion, in place: the first third of `pixels` becomes the gray image.
+inline void rgb_to_gray(Image& image) {
+  const std::int64_t n = image.height * image.width;
+  std::uint8_t* p = image.pixels.data();
+  for (std::int64_t i = 0; i < n; ++i) {
+    p[i] = pil_luma(p[3 * i], p[3 * i + 1], p[3 * i + 2]);
+  }
+  image.pixels.resize(static_cast<std::size_t>(n));
+  image.channels = 1;
+}
+
+/// PIL's L to RGB conversion: each gray sample three times.
+inline Image gray_to_rgb(const Image& gray) {
+  Image rgb(gray.height, gray.width, 3);
+  const std::int64_t n = gray.height * gray.width;
+  for (std::int64_t i = 0; i < n; ++i) rgb.pixels[3 * i] = rgb.pixels[3 * i + 1] = rgb.pixels[3 * i + 2] = gray.pixels[i];
+  return rgb;
+}
+
+#if defined(DETTRIAL_HAS_TURBOJPEG)
+/// One TurboJPEG decompressor per thread (a handle is not thread-safe; creating one costs more than
+/// decoding a small image).
+/// A handle that failed is replaced: after an error TurboJPEG 2.x can leave state behind that breaks
+/// the next, valid file.
+struct JpegDecompressor {
+  tjhandle handle = tjInitDecompress();
+  JpegDecompressor() = default;
+  JpegDecompressor(const JpegDecompressor&) = delete;
+  JpegDecompressor& operator=(const JpegDecompressor&) = delete;
+  ~JpegDecompressor() {
+    if (handle) tjDestroy(handle);
+  }
+  void renew() {
+    if (handle) tjDestroy(handle);
+    handle = tjInitDecompress();
+  }
+};
+
+inline JpegDecompressor& jpeg_decompressor() {
+  thread_local JpegDecompressor d;
+  if (!d.handle) throw ImageError(std::string("cannot start libjpeg-turbo's decompressor: ") + tjGetErrorStr2(nullptr));
+  return d;
+}
+
+inline Image decode_jpeg(std::span<const std::uint8_t> bytes, ImageMode mode, const std::string& name) {
+  JpegDecompressor& decompressor = jpeg_decompressor();
+  tjhandle tj = decompressor.handle;
+  const auto fail = [&] {
+    ImageError error("cannot decode '" + name + "' as JPEG: " + tjGetErrorStr2(tj));
+    decompressor.renew();
+    return error;
+  };
+  int width = 0, height = 0, subsampling = 0, colorspace = 0;
+  if (tjDecompressHeader3(tj, bytes.data(), static_cast<unsigned long>(bytes.size()), &width, &height, &subsampling, &colorspace) != 0)
+    throw fail();
+  check_size(width, height, name);
+  if (colorspace == TJCS_CMYK || colorspace == TJCS_YCCK)
+    throw ImageError("cannot decode '" + name + "': it is a CMYK JPEG, which dettrial does not convert (save it as RGB)");
+  // A gray JPEG decodes to gray; a colour one to RGB (to gray after that, as PIL converts).
+  const bool gray_source = colorspace == TJCS_GRAY;
+  Image image(height, width, gray_source ? 1 : 3);
+  // Stop on warnings: libjpeg fills a truncated file's missing rows with grey and only warns.
+  if (tjDecompress2(tj, bytes.data(), static_cast<unsigned long>(bytes.size()), image.pixels.data(), width, 0, height,
+                    gray_source ? TJPF_GRAY : TJPF_RGB, TJFLAG_STOPONWARNING) != 0)
+    throw fail();
+  if (mode == ImageMode::rgb && gray_source) return gray_to_rgb(image);
+  if (mode == ImageMode::gray && !gray_source) rgb_to_gray(image);
+  return image;
+}
+#endif
+
+#if defined(DETTRIAL_HAS_SPNG)
+inline Image decode_png(std::span<const std::uint8_t> bytes, ImageMode mode, const std::string& name) {
+  std::unique_ptr<spng_ctx, void (*)(spng_ctx*)> ctx(spng_ctx_new(0), spng_ctx_free);
+  if (!ctx) throw ImageError("cannot decode '" + name + "': libspng could not start");
+  const auto fail = [&](const char* what, int status) {
+    return ImageError("cannot decode '" + name + "' as PNG: " + what + ": " + spng_strerror(status));
+  };
+  int status = spng_set_crc_action(ctx.get(), SPNG_CRC_ERROR, SPNG_CRC_DISCARD);
+  if (status == 0) status = spng_set_image_limits(ctx.get(), max_image_side, max_image_side);
+  if (status == 0) status = spng_set_chunk_limits(ctx.get(), 1u << 26, 1u << 26);
+  if (status == 0) status = spng_set_png_buffer(ctx.get(), bytes.data(), bytes.size());
+  if (status != 0) throw fail("setup", status);
+  spng_ihdr header{};
+  if ((status = spng_get_ihdr(ctx.get(), &header)) != 0) throw fail("header", status);
+  check_size(header.width, header.height, name);
+  // libspng's gray output takes gray sources of up to 8 bits; everything else decodes to RGB first.
+  const bool gray_source = header.color_type == SPNG_COLOR_TYPE_GRAYSCALE || header.color_type == SPNG_COLOR_TYPE_GRAYSCALE_ALPHA;
+  const bool direct_gray = gray_source && header.bit_depth <= 8 && header.color_type == SPNG_COLOR_TYPE_GRAYSCALE;
+  const int format = direct_gray ? SPNG_FMT_G8 : SPNG_FMT_RGB8;
+  std::size_t size = 0;
+  if ((status = spng_decoded_image_size(ctx.get(), format, &size)) != 0) throw fail("size", status);
+  Image image(header.height, header.width, direct_gray ? 1 : 3);
+  if (size != image.pixels.size()) throw ImageError("cannot decode '" + name + "' as PNG: unexpected decoded size");
+  if ((status = spng_decode_image(ctx.get(), image.pixels.data(), size, format, 0)) != 0) throw fail("pixels", status);
+  // The chunks after the pixels, to IEND: a file cut short there is damaged too.
+  if ((status = spng_decode_chunks(ctx.get())) != 0) throw fail("after the pixels", status);
+  if (mode == ImageMode::rgb && direct_gray) return gray_to_rgb(image);
+  if (mode == ImageMode::gray && !direct_gray) {
+    if (gray_source) {  // gray with alpha or 16-bit gray: the gray sample, which RGB8 replicated
+      const std::int64_t n = image.height * image.width;
+      for (std::int64_t i = 0; i < n; ++i) image.pixels[i] = image.pixels[3 * i];
+      image.pixels.resize(static_cast<std::size_t>(n));
+      image.channels = 1;
+    } else {
+      rgb_to_gray(image);
+    }
+  }
+  return image;
+}
+#endif
+
+inline std::string leading_bytes(std::span<const std::uint8_t> bytes) {
+  static constexpr char hex[] = "0123456789abcdef";
+  std::string out;
+  for (std::size_t i = 0; i < bytes.size() && i < 8; ++i) {
+    if (i) out += ' ';
+    out += hex[bytes[i] >> 4];
+    out += hex[bytes[i] & 15];
+  }
+  return out.empty() ? "nothing: the file is empty" : out;
+}
+
+}  // namespace detail
+
+DETTRIAL_INLINE Image decode_image(std::span<const std::uint8_t> bytes, ImageMode mode, const std::string& name) {
+  static constexpr std::uint8_t png_signature[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n'};
+  const bool jpeg = bytes.size() >= 3 && bytes[0] == 0xFF && bytes[1] == 0xD8 && bytes[2] == 0xFF;
+  const bool png = bytes.size() >= 8 && std::memcmp(bytes.data(), png_signature, 8) == 0;
+  if (jpeg) {
+#if defined(DETTRIAL_HAS_TURBOJPEG)
+    return detail::decode_jpeg(bytes, mode, name);
+#else
+    throw ImageError("cannot decode '" + name +
+                     "': this build of dettrial has no JPEG decoder (libjpeg-turbo was not found when it was configured)");
+#endif
+  }
+  if (png) {
+#if defined(DETTRIAL_HAS_SPNG)
+    return detail::decode_png(bytes, mode, name);
+#else
+    throw ImageError("cannot decode '" + name +
+                     "': this build of dettrial has no PNG decoder (libspng was not found when it was configured)");
+#endif
+  }
+  throw ImageError("cannot decode '" + name + "': it is neither JPEG nor PNG (it begins with " + detail::leading_bytes(bytes) + ")");
+}
+
+DETTRIAL_INLINE void read_file(const std::filesystem::path& path, std::vector<std::uint8_t>& buffer) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw ImageError("cannot open '" + path.string() + "': " + std::strerror(errno));
+  struct stat info{};
+  if (::fstat(fd, &info) != 0 || !S_ISREG(info.st_mode)) {
+    ::close(fd);
+    throw ImageError("cannot read '" + path.string() + "': not a regular file");
+  }
+  buffer.resize(static_cast<std::size_t>(info.st_size));
+  std::size_t done = 0;
+  while (done < buffer.size()) {
+    const ssize_t n = ::read(fd, buffer.data() + done, buffer.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const int error = errno;
+      ::close(fd);
+      throw ImageError("cannot read '" + path.string() + "': " + (n == 0 ? std::string("it ended early") : std::strerror(error)));
+    }
+    done += static_cast<std::size_t>(n);
+  }
+  ::close(fd);
+}
+
+DETTRIAL_INLINE Image read_image(const std::filesystem::path& path, ImageMode mode) {
+  thread_local std::vector<std::uint8_t> buffer;
+  read_file(path, buffer);
+  return decode_image(buffer, mode, path.string());
+}
+
+}  // namespace dettrial::vision
+#endif  // DETTRIAL_HEADER_DEFINITIONS
+// ---- end dettrial/vision/decode.hpp
+// ---- begin dettrial/vision/image_dataset.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief Images decoded, augmented and written straight into batch tensors: the dataset a
+/// DataLoader reads image files and CIFAR records through, on its worker threads.
+
+#include <cstdint>
+#include <cstdio>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <utility>
+
+#include <torch/torch.h>
+
+// ---- begin dettrial/vision/transforms.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief Image transforms with torchvision's names and semantics (its `v2` tensor semantics where
+/// they differ from PIL's), composed at compile time into a pipeline that ends in the batch.
+///
+/// An image transform takes an Image and the record's RecordRandom and returns an Image: the 8-bit
+/// steps (crops, flips, Resize, ColorJitter). ToFloat and Normalize are the output steps: they say
+/// what the batch holds, and are applied as each image is written into it.
+
+#include <array>
+#include <cmath>
+#include <concepts>
+#include <cstdint>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include <torch/torch.h>
+
+
+namespace dettrial::vision {
+
+/// A height and a width; one number is a square (torchvision's `size=28`).
+struct Size {
+  std::int64_t height = 0;
+  std::int64_t width = 0;
+  Size(std::int64_t side) : height(side), width(side) {}  // NOLINT(google-explicit-constructor): torchvision's int size
+  Size(std::int64_t h, std::int64_t w) : height(h), width(w) {}
+};
+
+/// What fills the border that RandomCrop pads: torchvision's `padding_mode`.
+enum class PaddingMode {
+  /// The `fill` value.
+  constant,
+  /// The edge pixel repeated.
+  edge,
+  /// Mirrored without repeating the edge (3 2 | 1 2 3 | 2 1).
+  reflect,
+  /// Mirrored with the edge repeated (2 1 | 1 2 3 | 3 2).
+  symmetric,
+};
+
+/// An 8-bit step of a pipeline: `Image(Image, RecordRandom&)`.
+template <class T>
+concept ImageTransform = requires(const T& t, Image image, RecordRandom& random) {
+  { t(std::move(image), random) } -> std::same_as<Image>;
+};
+
+namespace detail {
+/// The source index of position `i` (which may lie outside [0, n)) under `mode`; -1 for constant fill.
+DETTRIAL_INLINE std::int64_t padded_source(std::int64_t i, std::int64_t n, PaddingMode mode);
+/**
+ * @brief The `height` x `width` window of `image` at (`top`, `left`), which may reach outside the
+ * image: what lies outside is filled as `mode` says (`fill` for constant). Crops and pads in one pass.
+ */
+DETTRIAL_INLINE Image window(const Image& image, std::int64_t top, std::int64_t left, std::int64_t height, std::int64_t width,
+                             PaddingMode mode = PaddingMode::constant, std::uint8_t fill = 0);
+/// Bilinear resize with antialiasing through LibTorch's own kernel, as torchvision's v2 resize calls
+/// it: on 8-bit samples where torchvision does (LibTorch 2.1 and later on an AVX2 CPU), on floats
+/// rounded back to 8 bits otherwise.
+DETTRIAL_INLINE Image resize_bilinear(const Image& image, std::int64_t height, std::int64_t width);
+/// torchvision's `_compute_resized_output_size` for one number: the shorter side becomes `size`.
+DETTRIAL_INLINE Size resized_size(std::int64_t height, std::int64_t width, std::int64_t size);
+/// Python's round() of `x / 2` for an integer x: halves go to the even neighbour.
+constexpr std::int64_t round_half(std::int64_t x) {
+  const std::int64_t q = x >= 0 ? x / 2 : -((-x) / 2);
+  if (x % 2 == 0) return q;
+  // x / 2 = q + 0.5 (or q - 0.5 for negative x): Python's round goes to the even one.
+  const std::int64_t other = x > 0 ? q + 1 : q - 1;
+  return q % 2 == 0 ? q : other;
+}
+}  // namespace detail
+
+/// torchvision's `Resize(size)`: one number resizes the shorter side to it (keeping the aspect), two
+/// give the size; bilinear with antialiasing (v2's default), through LibTorch's interpolation.
+struct Resize {
+  std::vector<std::int64_t> size;
+  explicit Resize(std::int64_t shorter_side) : size{shorter_side} {}
+  Resize(std::int64_t height, std::int64_t width) : size{height, width} {}
+  Image operator()(Image image, RecordRandom& /*random*/) const {
+    const Size to = size.size() == 1 ? detail::resized_size(image.height, image.width, size[0]) : Size(size[0], size[1]);
+    return detail::resize_bilinear(image, to.height, to.width);
+  }
+};
+
+/// torchvision's `CenterCrop(size)`: the centred window, rounded as Python rounds; an image smaller
+/// than the window is padded with zeros first (v2).
+struct CenterCrop {
+  Size size;
+  explicit CenterCrop(Size s) : size(s) {}
+  Image operator()(Image image, RecordRandom& /*random*/) const {
+    if (image.height == size.height && image.width == size.width) return image;
+    // v2 pads symmetrically (the extra pixel on the bottom/right), then crops at the rounded centre,
+    // which comes to the same window as this, measured from the unpadded image.
+    const std::int64_t top =
+        image.height >= size.height ? detail::round_half(image.height - size.height) : -((size.height - image.height) / 2);
+    const std::int64_t left = image.width >= size.width ? detail::round_half(image.width - size.width) : -((size.width - image.width) / 2);
+    return detail::window(image, top, left, size.height, size.width);
+  }
+};
+
+/// Options of RandomCrop: torchvision's keyword arguments.
+struct RandomCropOptions {
+  /// Border added on every side before cropping: one number, {left/right, top/bottom}, or {left, top, right, bottom}.
+  std::vector<std::int64_t> padding{};
+  /// Pad an image smaller than the crop up to it (after `padding`).
+  bool pad_if_needed = false;
+  std::uint8_t fill = 0;
+  PaddingMode padding_mode = PaddingMode::constant;
+};
+
+/// torchvision's `RandomCrop(size, padding, pad_if_needed, fill, padding_mode)`: a window at a
+/// uniformly drawn position of the padded image.
+struct RandomCrop {
+  Size size;
+  RandomCropOptions options;
+  std::array<std::int64_t, 4> pad{};  // left, top, right, bottom
+
+  explicit RandomCrop(Size s, RandomCropOptions o = {}) : size(s), options(std::move(o)) {
+    const auto& p = options.padding;
+    if (p.size() == 1) pad = {p[0], p[0], p[0], p[0]};
+    else if (p.size() == 2) pad = {p[0], p[1], p[0], p[1]};
+    else if (p.size() == 4) pad = {p[0], p[1], p[2], p[3]};
+    else if (!p.empty())
+      throw DataError("RandomCrop: padding takes 1, 2 or 4 numbers (all sides; left/right and top/bottom; left, top, right, bottom), not " +
+                      std::to_string(p.size()));
+    for (const std::int64_t side : pad)
+      if (side < 0) throw DataError("RandomCrop: padding must not be negative");
+  }
+  Image operator()(Image image, RecordRandom& random) const {
+    std::int64_t left = pad[0], top = pad[1];
+    std::int64_t height = image.height + pad[1] + pad[3], width = image.width + pad[0] + pad[2];
+    if (options.pad_if_needed && height < size.height) {
+      top += size.height - height;
+      height = size.height + (size.height - height);
+    }
+    if (options.pad_if_needed && width < size.width) {
+      left += size.width - width;
+      width = size.width + (size.width - width);
+    }
+    if (height < size.height || width < size.width)
+      throw DataError("RandomCrop: the crop (" + std::to_string(size.height) + "x" + std::to_string(size.width) +
+                      ") is larger than the padded image (" + std::to_string(height) + "x" + std::to_string(width) +
+                      "): pad more, or set pad_if_needed");
+    const std::int64_t i = random.integer(0, height - size.height + 1);
+    const std::int64_t j = random.integer(0, width - size.width + 1);
+    return detail::window(image, i - top, j - left, size.height, size.width, options.padding_mode, options.fill);
+  }
+};
+
+/// Options of RandomResizedCrop: torchvision's keyword arguments.
+struct RandomResizedCropOptions {
+  /// The crop's area as a fraction of the image's, drawn uniformly.
+  std::array<double, 2> scale{0.08, 1.0};
+  /// The crop's aspect ratio (width / height), drawn log-uniformly.
+  std::array<double, 2> ratio{3.0 / 4.0, 4.0 / 3.0};
+};
+
+/// torchvision's `RandomResizedCrop(size, scale, ratio)`: a window of random area and aspect (ten
+/// tries, then the centred window of the clamped aspect, as torchvision falls back), resized to
+/// `size` with bilinear antialiasing.
+struct RandomResizedCrop {
+  Size size;
+  RandomResizedCropOptions options;
+  explicit RandomResizedCrop(Size s, RandomResizedCropOptions o = {}) : size(s), options(o) {
+    if (options.scale[0] > options.scale[1] || options.ratio[0] > options.ratio[1] || options.scale[0] < 0 || options.ratio[0] <= 0)
+      throw DataError("RandomResizedCrop: scale and ratio must be (low, high) ranges, low <= high, ratio above 0");
+  }
+  Image operator()(Image image, RecordRandom& random) const {
+    const auto [top, left, h, w] = window_of(image.height, image.width, random);
+    return detail::resize_bilinear(detail::window(image, top, left, h, w), size.height, size.width);
+  }
+  /// torchvision's `get_params`: (top, left, height, width).
+  std::array<std::int64_t, 4> window_of(std::int64_t height, std::int64_t width, RecordRandom& random) const {
+    const double area = static_cast<double>(height * width);
+    const double log_low = std::log(options.ratio[0]), log_high = std::log(options.ratio[1]);
+    for (int attempt = 0; attempt < 10; ++attempt) {
+      const double target = area * random.uniform(options.scale[0], options.scale[1]);
+      const double aspect = std::exp(random.uniform(log_low, log_high));
+      const auto w = static_cast<std::int64_t>(std::nearbyint(std::sqrt(target * aspect)));
+      const auto h = static_cast<std::int64_t>(std::nearbyint(std::sqrt(target / aspect)));
+      if (0 < w && w <= width && 0 < h && h <= height) return {random.integer(0, height - h + 1), random.integer(0, width - w + 1), h, w};
+    }
+    const double in_ratio = static_cast<double>(width) / static_cast<double>(height);
+    std::int64_t w = width, h = height;
+    if (in_ratio < options.ratio[0]) h = static_cast<std::int64_t>(std::nearbyint(static_cast<double>(w) / options.ratio[0]));
+    else if (in_ratio > options.ratio[1]) w = static_cast<std::int64_t>(std::nearbyint(static_cast<double>(h) * options.ratio[1]));
+    return {(height - h) / 2, (width - w) / 2, h, w};
+  }
+};
+
+/// torchvision's `RandomHorizontalFlip(p)`.
+struct RandomHorizontalFlip {
+  double p = 0.5;
+  Image operator()(Image image, RecordRandom& random) const {
+    if (!random.chance(p)) return image;
+    const std::int64_t c = image.channels;
+    for (std::int64_t y = 0; y < image.height; ++y) {
+      std::uint8_t* row = image.row(y);
+      for (std::int64_t a = 0, b = image.width - 1; a < b; ++a, --b)
+        for (std::int64_t k = 0; k < c; ++k) std::swap(row[a * c + k], row[b * c + k]);
+    }
+    return image;
+  }
+};
+
+/// torchvision's `RandomVerticalFlip(p)`.
+struct RandomVerticalFlip {
+  double p = 0.5;
+  Image operator()(Image image, RecordRandom& random) const {
+    if (!random.chance(p)) return image;
+    const std::int64_t stride = image.width * image.channels;
+    for (std::int64_t a = 0, b = image.height - 1; a < b; ++a, --b) std::swap_ranges(image.row(a), image.row(a) + stride, image.row(b));
+    return image;
+  }
+};
+
+/// torchvision's `ColorJitter(brightness, contrast, saturation)`: each factor drawn uniformly from
+/// [max(0, 1 - x), 1 + x] (0: left alone), applied in a random order, with v2's 8-bit arithmetic
+/// (blend in float, clamp, truncate). Saturation leaves a gray image alone, as torchvision does.
+struct ColorJitter {
+  double brightness = 0;
+  double contrast = 0;
+  double saturation = 0;
+  Image operator()(Image image, RecordRandom& random) const;
+};
+
+/// The output step that makes the batch float in [0, 1]: torchvision's `ToDtype(torch.float32,
+/// scale=True)`, `x * (1 / 255)` in float32 (v1's ToTensor divides by 255, which can differ in the
+/// last bit). Without it the batch holds the 8-bit samples.
+struct ToFloat {
+  static constexpr bool output_step = true;
+};
+
+/// torchvision's `Normalize(mean, std)`, per channel, on the float batch (one number: every channel).
+struct Normalize {
+  static constexpr bool output_step = true;
+  std::vector<double> mean;
+  std::vector<double> std;
+  Normalize(std::vector<double> m, std::vector<double> s) : mean(std::move(m)), std(std::move(s)) {
+    if (mean.empty() || mean.size() != std.size())
+      throw DataError("Normalize: mean and std need the same number of values (one, or one per channel)");
+    for (const double v : std)
+      if (v == 0) throw DataError("Normalize: a std of 0 divides by zero");
+  }
+};
+
+/// A step that says what the batch holds (ToFloat, Normalize) rather than changing the image.
+template <class T>
+concept OutputStep = requires {
+  { T::output_step } -> std::convertible_to<bool>;
+} && T::output_step;
+
+namespace detail {
+template <class... Steps>
+constexpr bool output_steps_last() {
+  bool seen_output = false, ok = true;
+  ((seen_output = seen_output || OutputStep<Steps>, ok = ok && (OutputStep<Steps> || !seen_output)), ...);
+  return ok;
+}
+template <class... Steps>
+constexpr bool normalize_after_to_float() {
+  bool seen_float = false, ok = true;
+  ((ok = ok && (!std::is_same_v<Steps, Normalize> || seen_float), seen_float = seen_float || std::is_same_v<Steps, ToFloat>), ...);
+  return ok;
+}
+}  // namespace detail
+
+/**
+ * @brief torchvision's `Compose([...])`, as a type: the 8-bit transforms in order, then the output
+ * steps, which the batch writer applies as it converts each image into the batch (C x H x W).
+ * @code{.cpp}
+ * using namespace dettrial::vision;
+ * Compose train(RandomCrop(32, {.padding = {4}}), RandomHorizontalFlip{}, ToFloat{},
+ *               Normalize({0.4914, 0.4822, 0.4465}, {0.2470, 0.2435, 0.2616}));
+ * @endcode
+ */
+template <class... Steps>
+class Compose {
+  static_assert(((ImageTransform<Steps> || OutputStep<Steps>) && ...),
+                "dettrial::vision::Compose: every step must be an image transform (Image operator()(Image, RecordRandom&) const) "
+                "or an output step (ToFloat, Normalize)");
+  static_assert(detail::output_steps_last<Steps...>(),
+                "dettrial::vision::Compose: ToFloat and Normalize come last: they convert the image as it is written into the batch, "
+                "so no image transform may follow them");
+  static_assert(detail::normalize_after_to_float<Steps...>(),
+                "dettrial::vision::Compose: Normalize works on float images: put ToFloat before it (torchvision's ToDtype(torch.float32, "
+                "scale=True))");
+
+ public:
+  /// Whether the batch is float (ToFloat is a step) or 8-bit.
+  static constexpr bool to_float = (std::is_same_v<Steps, ToFloat> || ...);
+
+  explicit Compose(Steps... steps) : steps_(std::move(steps)...) {
+    std::apply([&](const auto&... s) { (take_normalize(s), ...); }, steps_);
+    // Plain x / 255 without Normalize; one mean and std serve every channel.
+    if (mean_.empty())
+      for (auto& channel : table_)
+        for (int v = 0; v < 256; ++v) channel[static_cast<std::size_t>(v)] = static_cast<float>(v) * static_cast<float>(1.0 / 255.0);
+    else if (mean_.size() == 1)
+      for (std::size_t k = 1; k < table_.size(); ++k) table_[k] = table_[0];
+  }
+
+  /// The 8-bit transforms, in order.
+  Image apply(Image image, RecordRandom& random) const {
+    std::apply(
+        [&](const auto&... s) {
+          (
+              [&](const auto& step) {
+                if constexpr (!OutputStep<std::remove_cvref_t<decltype(step)>>) image = step(std::move(image), random);
+              }(s),
+              ...);
+        },
+        steps_);
+    return image;
+  }
+
+  /// The batch's element type.
+  torch::Dtype dtype() const { return to_float ? torch::kFloat : torch::kUInt8; }
+
+  /**
+   * @brief Writes `image` as C x H x W at `out` (floats or bytes, as dtype() says), converting and
+   * normalising on the way: `(x * (1 / 255) - mean) / std` in float32, as torchvision v2's ToDtype and
+   * Normalize compute it (a table of the 256 values per channel, so every sample costs one lookup).
+   */
+  void write(const Image& image, void* out) const {
+    const std::int64_t plane = image.height * image.width, c = image.channels;
+    if constexpr (to_float) {
+      if (!mean_.empty() && mean_.size() != 1 && static_cast<std::int64_t>(mean_.size()) != c)
+        throw DataError("Normalize: " + std::to_string(mean_.size()) + " means and stds for an image of " + std::to_string(c) +
+                        " channels");
+      auto* dst = static_cast<float*>(out);
+      for (std::int64_t k = 0; k < c; ++k) {
+        const auto& lookup = table_[static_cast<std::size_t>(k)];
+        float* channel = dst + k * plane;
+        const std::uint8_t* src = image.pixels.data() + k;
+        for (std::int64_t i = 0; i < plane; ++i) channel[i] = lookup[src[i * c]];
+      }
+    } else {
+      auto* dst = static_cast<std::uint8_t*>(out);
+      for (std::int64_t k = 0; k < c; ++k)
+        for (std::int64_t i = 0; i < plane; ++i) dst[k * plane + i] = image.pixels[static_cast<std::size_t>(i * c + k)];
+    }
+  }
+
+ private:
+  void take_normalize(const Normalize& n) {
+    if (n.mean.size() > 4) throw DataError("Normalize: at most 4 channels");
+    mean_ = n.mean;
+    std_ = n.std;
+    for (std::size_t k = 0; k < n.mean.size(); ++k) {
+      for (int v = 0; v < 256; ++v) {
+        // torchvision v2: image.to(float32).mul_(1 / 255), then sub_(mean), div_(std), each in float32.
+        const float scaled = static_cast<float>(v) * static_cast<float>(1.0 / 255.0);
+        table_[k][static_cast<std::size_t>(v)] = (scaled - static_cast<float>(n.mean[k])) / static_cast<float>(n.std[k]);
+      }
+    }
+  }
+  template <class S>
+  void take_normalize(const S& /*step*/) {}
+
+  std::tuple<Steps...> steps_;
+  std::vector<double> mean_, std_;
+  std::array<std::array<float, 256>, 4> table_{};
+};
+
+}  // namespace dettrial::vision
+
+// Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
+#if DETTRIAL_HEADER_DEFINITIONS
+#include <algorithm>
+#include <cstring>
+#include <numeric>
+
+#include <ATen/Version.h>
+
+namespace dettrial::vision {
+namespace detail {
+
+DETTRIAL_INLINE std::int64_t padded_source(std::int64_t i, std::int64_t n, PaddingMode mode) {
+  if (i >= 0 && i < n) return i;
+  switch (mode) {
+    case PaddingMode::constant: return -1;
+    case PaddingMode::edge: return i < 0 ? 0 : n - 1;
+    case PaddingMode::reflect: {
+      if (n == 1) return 0;
+      const std::int64_t period = 2 * (n - 1);
+      std::int64_t m = ((i % period) + period) % period;
+      return m < n ? m : period - m;
+    }
+    case PaddingMode::symmetric: {
+      const std::int64_t period = 2 * n;
+      std::int64_t m = ((i % period) + period) % period;
+      return m < n ? m : period - 1 - m;
+    }
+  }
+  return -1;
+}
+
+DETTRIAL_INLINE Image window(const Image& image, std::int64_t top, std::int64_t left, std::int64_t height, std::int64_t width,
+                             PaddingMode mode, std::uint8_t fill) {
+  const std::int64_t c = image.channels;
+  Image out(height, width, c);
+  const bool inside = top >= 0 && left >= 0 && top + height <= image.height && left + width <= image.width;
+  if (inside) {  // a plain crop: one copy per row
+    for (std::int64_t y = 0; y < height; ++y) std::memcpy(out.row(y), image.row(top + y) + left * c, static_cast<std::size_t>(width * c));
+    return out;
+  }
+  std::vector<std::int64_t> columns(static_cast<std::size_t>(width));
+  for (std::int64_t x = 0; x < width; ++x) columns[static_cast<std::size_t>(x)] = padded_source(left + x, image.width, mode);
+  for (std::int64_t y = 0; y < height; ++y) {
+    std::uint8_t* dst = out.row(y);
+    const std::int64_t sy = padded_source(top + y, image.height, mode);
+    if (sy < 0) {
+      std::memset(dst, fill, static_cast<std::size_t>(width * c));
+      continue;
+    }
+    const std::uint8_t* src = image.row(sy);
+    for (std::int64_t x = 0; x < width; ++x) {
+      const std::int64_t sx = columns[static_cast<std::size_t>(x)];
+      for (std::int64_t k = 0; k < c; ++k) dst[x * c + k] = sx < 0 ? fill : src[sx * c + k];
+    }
+  }
+  return out;
+}
+
+DETTRIAL_INLINE Size resized_size(std::int64_t height, std::int64_t width, std::int64_t size) {
+  const std::int64_t shorter = std::min(height, width), longer = std::max(height, width);
+  const auto new_longer = static_cast<std::int64_t>(static_cast<double>(size * longer) / static_cast<double>(shorter));
+  return width <= height ? Size(new_longer, size) : Size(size, new_longer);
+}
+
+/// Whether torchvision resizes 8-bit images without converting to float: its rule, LibTorch 2.1 and
+/// later (8-bit antialiased bilinear on the CPU) with "AVX2" in the CPU capability.
+inline bool resizes_uint8() {
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 1)
+  static const bool avx2 = at::get_cpu_capability().find("AVX2") != std::string::npos;
+  return avx2;
+#else
+  return false;
+#endif
+}
+
+DETTRIAL_INLINE Image resize_bilinear(const Image& image, std::int64_t height, std::int64_t width) {
+  if (height < 1 || width < 1)
+    throw DataError("Resize: the size must be positive, not " + std::to_string(height) + "x" + std::to_string(width));
+  if (height == image.height && width == image.width) return image;
+  namespace F = torch::nn::functional;
+  // torchvision resizes a C x H x W tensor: the same layout here, so the kernel's path is its.
+  const torch::Tensor chw =
+      torch::from_blob(const_cast<std::uint8_t*>(image.pixels.data()), {1, image.height, image.width, image.channels}, torch::kUInt8)
+          .permute({0, 3, 1, 2})
+          .contiguous();
+  const auto options = F::InterpolateFuncOptions()
+                           .size(std::vector<std::int64_t>{height, width})
+                           .mode(torch::kBilinear)
+                           .align_corners(false)
+                           .antialias(true);
+  torch::Tensor resized = resizes_uint8() ? F::interpolate(chw, options)
+                                          : F::interpolate(chw.to(torch::kFloat), options).round_().clamp_(0, 255).to(torch::kUInt8);
+  resized = resized.permute({0, 2, 3, 1}).contiguous();
+  Image out(height, width, image.channels);
+  std::memcpy(out.pixels.data(), resized.data_ptr<std::uint8_t>(), out.pixels.size());
+  return out;
+}
+
+/// v2's gray value of an RGB pixel for contrast and saturation (computed in float, then floored for 8-bit images).
+inline float gray_of(const std::uint8_t* p) {
+  return std::floor(static_cast<float>(p[0]) * 0.2989f + static_cast<float>(p[1]) * 0.587f + static_cast<float>(p[2]) * 0.114f);
+}
+
+/// v2's `_blend` for 8-bit images: `x * ratio + other * (1 - ratio)`, clamped to [0, 255], truncated.
+inline std::uint8_t blend(std::uint8_t x, float other, float ratio) {
+  const float v = static_cast<float>(x) * ratio + other * (1.0f - ratio);
+  return static_cast<std::uint8_t>(std::clamp(v, 0.0f, 255.0f));
+}
+
+}  // namespace detail
+
+DETTRIAL_INLINE Image ColorJitter::operator()(Image image, RecordRandom& random) const {
+  // torchvision draws the order first (a permutation of its four adjustments), then each factor.
+  std::array<int, 3> order{0, 1, 2};
+  for (int i = 2; i > 0; --i) std::swap(order[static_cast<std::size_t>(i)], order[static_cast<std::size_t>(random.integer(0, i + 1))]);
+  const auto factor = [&](double x) { return x > 0 ? static_cast<float>(random.uniform(std::max(0.0, 1.0 - x), 1.0 + x)) : -1.0f; };
+  const float factors[3] = {factor(brightness), factor(contrast), factor(saturation)};
+  const std::int64_t n = image.height * image.width, c = image.channels;
+  std::uint8_t* p = image.pixels.data();
+  for (const int which : order) {
+    const float f = factors[which];
+    if (f < 0) continue;
+    if (which == 0) {
+      for (std::int64_t i = 0; i < n * c; ++i) p[i] = detail::blend(p[i], 0.0f, f);
+    } else if (which == 1) {
+      double sum = 0;
+      for (std::int64_t i = 0; i < n; ++i) sum += c == 3 ? detail::gray_of(p + 3 * i) : static_cast<float>(p[i]);
+      const auto mean = static_cast<float>(sum / static_cast<double>(n));
+      for (std::int64_t i = 0; i < n * c; ++i) p[i] = detail::blend(p[i], mean, f);
+    } else if (c == 3) {
+      for (std::int64_t i = 0; i < n; ++i) {
+        const float gray = detail::gray_of(p + 3 * i);
+        for (std::int64_t k = 0; k < 3; ++k) p[3 * i + k] = detail::blend(p[3 * i + k], gray, f);
+      }
+    }
+  }
+  return image;
+}
+
+}  // namespace dettrial::vision
+#endif  // DETTRIAL_HEADER_DEFINITIONS
+// ---- end dettrial/vision/transforms.hpp
+
+namespace dettrial::vision {
+
+/// What an ImageDataset reads records from: ImageFolder, Cifar, or a type of the same shape.
+template <class S>
+concept ImageSource = requires(const S& s, std::int64_t i, ImageMode mode) {
+  { s.size() } -> std::convertible_to<std::int64_t>;
+  { s.label(i) } -> std::convertible_to<std::int64_t>;
+  { s.load(i, mode) } -> std::same_as<Image>;
+  { s.name(i) } -> std::convertible_to<std::string>;
+};
+
+/// What an ImageDataset transforms with: a Compose (the 8-bit steps, then what the batch holds).
+template <class T>
+concept ImagePipeline = requires(const T& t, Image image, RecordRandom& random, void* out) {
+  { t.apply(std::move(image), random) } -> std::same_as<Image>;
+  { t.dtype() } -> std::convertible_to<torch::Dtype>;
+  t.write(image, out);
+};
+
+/// Options of ImageDataset.
+struct ImageDatasetOptions {
+  /// The colour mode images are decoded to (PIL's convert("RGB") or convert("L")).
+  ImageMode mode = ImageMode::rgb;
+  /// Leave out a record whose file cannot be read or decoded, instead of failing: its batch is then
+  /// shorter. The first few are named on the standard error, the rest counted (skipped()).
+  bool skip_unreadable = false;
+  /// Batches in page-locked memory, for non-blocking copies to a GPU. Unset: when a GPU is present.
+  std::optional<bool> pin_memory{};
+};
+
+/**
+ * @brief A BatchDataset of images and labels: for each record of a batch, its image is read and
+ * decoded, transformed with draws keyed by (loader seed, epoch, record index), and written into the
+ * batch tensor in place (N x C x H x W, float or 8-bit as the transform ends); labels are int64. A
+ * DataLoader runs it on its worker threads, by default as many as the process's share of the CPUs.
+ * @code{.cpp}
+ * namespace vision = dettrial::vision;
+ * vision::ImageDataset train(vision::ImageFolder("data/train"),
+ *                            vision::Compose(vision::RandomResizedCrop(64), vision::RandomHorizontalFlip{}, vision::ToFloat{},
+ *                                            vision::Normalize({0.5, 0.5, 0.5}, {0.5, 0.5, 0.5})));
+ * dettrial::DataLoader loader(train, {.batch_size = 64, .shuffle = true});
+ * @endcode
+ */
+template <class Source, class Transform>
+class ImageDataset {
+  static_assert(ImageSource<Source>,
+                "dettrial::vision::ImageDataset<Source, Transform>: Source must have size(), label(index), load(index, mode) returning "
+                "a dettrial::vision::Image, and name(index) (like dettrial::vision::ImageFolder or dettrial::vision::Cifar)");
+  static_assert(ImagePipeline<Transform>,
+                "dettrial::vision::ImageDataset<Source, Transform>: Transform must be a dettrial::vision::Compose of transforms");
+
+ public:
+  using Batch = std::tuple<torch::Tensor, torch::Tensor>;
+
+  ImageDataset(Source source, Transform transform, ImageDatasetOptions options = {})
+      : source_(std::move(source)),
+        transform_(std::move(transform)),
+        options_(options),
+        pin_(options.pin_memory.value_or(torch::cuda::is_available())),
+        skips_(std::make_shared<Skips>()) {}
+
+  std::int64_t size() const { return static_cast<std::int64_t>(source_.size()); }
+  const Source& source() const { return source_; }
+  const ImageDatasetOptions& options() const { return options_; }
+  /// The worker threads a DataLoader gives it unless told otherwise: the process's share of the CPUs,
+  /// as dettrial sizes LibTorch's intra-op pool (choose_threads: OMP_NUM_THREADS, Slurm's CPUs per
+  /// task, the launcher's binding, else the cores over the ranks on this node).
+  int default_workers() const {
+    return std::max(1, choose_threads(LaunchEnvironment::detect(), std::nullopt, CoreCount::of_this_process()).threads);
+  }
+  /// Records left out so far because their file could not be read (skip_unreadable).
+  std::int64_t skipped() const {
+    std::lock_guard lock(skips_->mutex);
+    return skips_->count;
+  }
+
+  /// The records at `indices` (a 1-D integer tensor), augmented as `origin` keys them.
+  Batch get_batch(const torch::Tensor& indices, const BatchOrigin& origin) const {
+    const c10::InferenceMode no_autograd;
+    const torch::Tensor order = indices.to(torch::kLong).contiguous();
+    const std::int64_t n = order.numel();
+    const std::int64_t* records = order.data_ptr<std::int64_t>();
+    torch::Tensor images;
+    const torch::Tensor labels = torch::empty({n}, torch::TensorOptions(torch::kLong).pinned_memory(pin_));
+    std::int64_t* label_out = labels.data_ptr<std::int64_t>();
+    std::int64_t kept = 0, bytes_per_image = 0;
+    for (std::int64_t r = 0; r < n; ++r) {
+      const std::int64_t record = records[r];
+      std::optional<Image> image = transformed(record, origin);
+      if (!image) continue;
+      if (!images.defined()) {
+        images =
+            torch::empty({n, image->channels, image->height, image->width}, torch::TensorOptions(transform_.dtype()).pinned_memory(pin_));
+        bytes_per_image = image->channels * image->height * image->width * static_cast<std::int64_t>(images.element_size());
+      } else if (image->channels != images.size(1) || image->height != images.size(2) || image->width != images.size(3)) {
+        throw DataError("record " + std::to_string(record) + " ('" + source_.name(record) + "') is " + shape(*image) +
+                        " after the transforms, but its batch's first image is " + std::to_string(images.size(1)) + "x" +
+                        std::to_string(images.size(2)) + "x" + std::to_string(images.size(3)) +
+                        ": end the transforms in one size (Resize with two numbers, CenterCrop, RandomCrop, RandomResizedCrop)");
+      }
+      transform_.write(*image, static_cast<char*>(images.data_ptr()) + kept * bytes_per_image);
+      label_out[kept++] = source_.label(record);
+    }
+    if (!images.defined()) return {torch::empty({0}, transform_.dtype()), labels.narrow(0, 0, 0)};
+    if (kept < n) return {images.narrow(0, 0, kept), labels.narrow(0, 0, kept)};
+    return {images, labels};
+  }
+  /// The records at `indices` as epoch 0 with seed 0 (a DataLoader passes the batch's origin).
+  Batch get_batch(const torch::Tensor& indices) const { return get_batch(indices, BatchOrigin{}); }
+
+ private:
+  struct Skips {
+    std::mutex mutex;
+    std::int64_t count = 0;
+  };
+  static constexpr std::int64_t named_skips = 5;
+
+  static std::string shape(const Image& image) {
+    return std::to_string(image.channels) + "x" + std::to_string(image.height) + "x" + std::to_string(image.width);
+  }
+
+  /// Record `record`, read and transformed; nullopt when it is unreadable and skipped.
+  std::optional<Image> transformed(std::int64_t record, const BatchOrigin& origin) const {
+    Image image;
+    try {
+      image = source_.load(record, options_.mode);
+    } catch (const ImageError& e) {
+      const std::string what = std::string(e.what()) + " (record " + std::to_string(record) + ")";
+      if (!options_.skip_unreadable) throw ImageError(what);
+      note_skip(what);
+      return std::nullopt;
+    }
+    RecordRandom random(origin.seed, origin.epoch, record);
+    try {
+      return transform_.apply(std::move(image), random);
+    } catch (const DataError& e) {
+      throw DataError(std::string(e.what()) + " (record " + std::to_string(record) + ", '" + source_.name(record) + "')");
+    }
+  }
+
+  void note_skip(const std::string& what) const {
+    std::lock_guard lock(skips_->mutex);
+    const std::int64_t n = ++skips_->count;
+    if (n <= named_skips) std::fprintf(stderr, "dettrial: skipping an unreadable image: %s\n", what.c_str());
+    if (n == named_skips)
+      std::fprintf(stderr, "dettrial: further unreadable images are skipped without a message, and counted (skip_unreadable)\n");
+  }
+
+  Source source_;
+  Transform transform_;
+  ImageDatasetOptions options_;
+  bool pin_ = false;
+  std::shared_ptr<Skips> skips_;  // shared by copies: the loader's copy counts for the trial's
+};
+
+}  // namespace dettrial::vision
+// ---- end dettrial/vision/image_dataset.hpp
+// ---- begin dettrial/vision/image_folder.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief Image files with labels: torchvision's ImageFolder (one subfolder per class), or an
+/// explicit list of (path, label) pairs, in code or in a CSV file.
+
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+
+namespace dettrial::vision {
+
+/// torchvision's IMG_EXTENSIONS: the files ImageFolder lists by default (dettrial decodes the JPEG and
+/// PNG ones; any other listed file is an ImageError when read, so the records are torchvision's).
+inline const std::vector<std::string>& default_image_extensions() {
+  static const std::vector<std::string> extensions{".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp"};
+  return extensions;
+}
+
+/// Options of ImageFolder.
+struct ImageFolderOptions {
+  /// The file name endings listed, compared in lower case (torchvision's `extensions`).
+  std::vector<std::string> extensions = default_image_extensions();
+  /// Allow a class folder with no such file (torchvision's `allow_empty`); otherwise an error names them.
+  bool allow_empty = false;
+};
+
+/**
+ * @brief Labelled image files, as torchvision's `ImageFolder` lists them: the classes are the
+ * subfolders of `root` (symbolic links followed), sorted, indexed from 0; the records are every file
+ * with a listed extension anywhere below a class folder, folder by folder in sorted path order, each
+ * folder's files sorted. So a record's index and label are the ones torchvision gives it.
+ * @code{.cpp}
+ * dettrial::vision::ImageFolder train("data/train");   // data/train/cat/1.png, data/train/dog/2.jpg, ...
+ * train.classes();                                      // {"cat", "dog"}
+ * @endcode
+ */
+class ImageFolder {
+ public:
+  struct Sample {
+    std::filesystem::path path;
+    std::int64_t label = 0;
+  };
+
+  explicit ImageFolder(const std::filesystem::path& root, const ImageFolderOptions& options = {});
+  /// An explicit list of files and labels; `classes` names the labels (optional).
+  static ImageFolder from_samples(std::vector<Sample> samples, std::vector<std::string> classes = {});
+  /**
+   * @brief The samples of a CSV file with a `path` and a `label` column (a header line naming them, in
+   * any order, or no header: path then label). Relative paths are relative to the CSV file's folder.
+   * Labels are integers, or class names, which are then sorted and indexed as ImageFolder's classes.
+   */
+  static ImageFolder from_csv(const std::filesystem::path& csv);
+
+  std::int64_t size() const { return static_cast<std::int64_t>(samples_.size()); }
+  const std::vector<Sample>& samples() const { return samples_; }
+  /// The class names, in label order (empty for integer labels given without names).
+  const std::vector<std::string>& classes() const { return classes_; }
+  std::int64_t label(std::int64_t index) const { return samples_[static_cast<std::size_t>(index)].label; }
+  /// Reads and decodes record `index` (thread-safe).
+  Image load(std::int64_t index, ImageMode mode) const { return read_image(samples_[static_cast<std::size_t>(index)].path, mode); }
+  /// The record's file, for messages.
+  std::string name(std::int64_t index) const { return samples_[static_cast<std::size_t>(index)].path.string(); }
+
+ private:
+  ImageFolder() = default;
+  std::vector<Sample> samples_;
+  std::vector<std::string> classes_;
+};
+
+}  // namespace dettrial::vision
+
+// Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
+#if DETTRIAL_HEADER_DEFINITIONS
+#include <algorithm>
+#include <cctype>
+#include <fstream>
+#include <set>
+#include <system_error>
+
+namespace dettrial::vision {
+namespace detail {
+
+inline bool has_extension(const std::string& file, const std::vector<std::string>& extensions) {
+  std::string lower = file;
+  std::transform(lower.begin(), lower.end(), lower.begin(), [](unsigned char ch) { return static_cast<char>(std::tolower(ch)); });
+  return std::any_of(extensions.begin(), extensions.end(), [&](const std::string& e) {
+    return lower.size() >= e.size() && lower.compare(lower.size() - e.size(), e.size(), e) == 0;
+  });
+}
+
+/// os.walk(top, followlinks=True): every folder below `top` (itself included) with its entries that
+/// are not folders (broken links included), as (path text, file names); a link cycle is walked once.
+inline void walk(const std::string& top, std::vector<std::pair<std::string, std::vector<std::string>>>& out,
+                 std::set<std::filesystem::path>& seen) {
+  std::error_code ec;
+  const auto canonical = std::filesystem::canonical(top, ec);
+  if (ec || !seen.insert(canonical).second) return;
+  std::vector<std::string> files, folders;
+  for (std::filesystem::directory_iterator it(top, ec), end; !ec && it != end; it.increment(ec)) {
+    std::error_code kind;
+    (it->is_directory(kind) ? folders : files).push_back(it->path().filename().string());
+  }
+  if (ec) throw DataError("ImageFolder: cannot list '" + top + "': " + ec.message());
+  out.emplace_back(top, std::move(files));
+  for (const std::string& folder : folders) walk(top + "/" + folder, out, seen);
+}
+
+/// One CSV line's fields (RFC 4180 quotes: "a,b" and "" inside them).
+inline std::vector<std::string> csv_fields(const std::string& line) {
+  std::vector<std::string> fields(1);
+  bool quoted = false;
+  for (std::size_t i = 0; i < line.size(); ++i) {
+    const char ch = line[i];
+    if (quoted) {
+      if (ch == '"' && i + 1 < line.size() && line[i + 1] == '"') fields.back() += '"', ++i;
+      else if (ch == '"') quoted = false;
+      else fields.back() += ch;
+    } else if (ch == '"') {
+      quoted = true;
+    } else if (ch == ',') {
+      fields.emplace_back();
+    } else if (ch != '\r') {
+      fields.back() += ch;
+    }
+  }
+  return fields;
+}
+
+inline bool is_integer(const std::string& text) {
+  std::size_t i = text.size() > 1 && text[0] == '-' ? 1 : 0;
+  if (i == text.size()) return false;
+  for (; i < text.size(); ++i)
+    if (!std::isdigit(static_cast<unsigned char>(text[i]))) return false;
+  return true;
+}
+
+}  // namespace detail
+
+DETTRIAL_INLINE ImageFolder::ImageFolder(const std::filesystem::path& root, const ImageFolderOptions& options) {
+  std::error_code ec;
+  if (!std::filesystem::is_directory(root, ec))
+    throw DataError("ImageFolder: '" + root.string() + "' is not a folder (expected one subfolder per class)");
+  for (std::filesystem::directory_iterator it(root, ec), end; !ec && it != end; it.increment(ec)) {
+    std::error_code kind;
+    if (it->is_directory(kind)) classes_.push_back(it->path().filename().string());
+  }
+  if (ec) throw DataError("ImageFolder: cannot list '" + root.string() + "': " + ec.message());
+  if (classes_.empty()) throw DataError("ImageFolder: found no class folder in '" + root.string() + "'");
+  std::sort(classes_.begin(), classes_.end());
+  std::vector<std::string> empty;
+  for (std::size_t label = 0; label < classes_.size(); ++label) {
+    std::vector<std::pair<std::string, std::vector<std::string>>> folders;
+    std::set<std::filesystem::path> seen;
+    detail::walk((root / classes_[label]).string(), folders, seen);
+    std::sort(folders.begin(), folders.end());
+    const std::size_t before = samples_.size();
+    for (auto& [folder, files] : folders) {
+      std::sort(files.begin(), files.end());
+      for (const std::string& file : files)
+        if (detail::has_extension(file, options.extensions))
+          samples_.push_back({std::filesystem::path(folder) / file, static_cast<std::int64_t>(label)});
+    }
+    if (samples_.size() == before) empty.push_back(classes_[label]);
+  }
+  if (!empty.empty() && !options.allow_empty) {
+    std::string names, endings;
+    for (const auto& n : empty) names += (names.empty() ? "" : ", ") + n;
+    for (const auto& e : options.extensions) endings += (endings.empty() ? "" : " ") + e;
+    throw DataError("ImageFolder: found no image file for the class(es) " + names + " in '" + root.string() +
+                    "' (listed endings: " + endings + "; allow_empty accepts empty classes)");
+  }
+}
+
+DETTRIAL_INLINE ImageFolder ImageFolder::from_samples(std::vector<Sample> samples, std::vector<std::string> classes) {
+  ImageFolder folder;
+  for (const Sample& s : samples)
+    if (s.label < 0 || (!classes.empty() && s.label >= static_cast<std::int64_t>(classes.size())))
+      throw DataError("ImageFolder: '" + s.path.string() + "' has label " + std::to_string(s.label) + ", outside the " +
+                      (classes.empty() ? std::string("non-negative integers") : std::to_string(classes.size()) + " classes"));
+  folder.samples_ = std::move(samples);
+  folder.classes_ = std::move(classes);
+  return folder;
+}
+
+DETTRIAL_INLINE ImageFolder ImageFolder::from_csv(const std::filesystem::path& csv) {
+  std::ifstream in(csv);
+  if (!in) throw DataError("ImageFolder: cannot open the CSV file '" + csv.string() + "'");
+  std::vector<std::pair<std::string, std::string>> rows;
+  std::string line;
+  std::size_t path_column = 0, label_column = 1, number = 0;
+  while (std::getline(in, line)) {
+    ++number;
+    if (line.empty() || line == "\r") continue;
+    const auto fields = detail::csv_fields(line);
+    if (rows.empty() && number == 1) {
+      const auto path_at = std::find(fields.begin(), fields.end(), "path");
+      const auto label_at = std::find(fields.begin(), fields.end(), "label");
+      if (path_at != fields.end() && label_at != fields.end()) {
+        path_column = static_cast<std::size_t>(path_at - fields.begin());
+        label_column = static_cast<std::size_t>(label_at - fields.begin());
+        continue;
+      }
+    }
+    if (fields.size() <= std::max(path_column, label_column))
+      throw DataError("ImageFolder: line " + std::to_string(number) + " of '" + csv.string() + "' has " + std::to_string(fields.size()) +
+                      " field(s); it needs a path and a label");
+    rows.emplace_back(fields[path_column], fields[label_column]);
+  }
+  if (rows.empty()) throw DataError("ImageFolder: the CSV file '" + csv.string() + "' lists no image");
+  const bool numeric = std::all_of(rows.begin(), rows.end(), [](const auto& r) { return detail::is_integer(r.second); });
+  std::vector<std::string> classes;
+  std::map<std::string, std::int64_t> index;
+  if (!numeric) {
+    std::set<std::string> names;
+    for (const auto& r : rows) names.insert(r.second);
+    classes.assign(names.begin(), names.end());
+    for (std::size_t i = 0; i < classes.size(); ++i) index[classes[i]] = static_cast<std::int64_t>(i);
+  }
+  std::vector<Sample> samples;
+  samples.reserve(rows.size());
+  for (const auto& [path, label] : rows) {
+    const std::filesystem::path p(path);
+    samples.push_back({p.is_absolute() ? p : csv.parent_path() / p, numeric ? std::stoll(label) : index.at(label)});
+  }
+  return from_samples(std::move(samples), std::move(classes));
+}
+
+}  // namespace dettrial::vision
+#endif  // DETTRIAL_HEADER_DEFINITIONS
+// ---- end dettrial/vision/image_folder.hpp
+// ---- end dettrial/vision.hpp
