@@ -1889,7 +1889,13 @@ ExampleBatches<D, Collate> with_collate(D dataset, Collate collate) {
 /// @brief Background batch reading: worker threads fill a bounded ring of batches that the consumer
 /// takes strictly in order, so the order never depends on the number of workers.
 
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <condition_variable>
 #include <cstdint>
 #include <exception>
@@ -1958,6 +1964,7 @@ class Prefetcher {
   std::size_t index(std::int64_t position) const { return static_cast<std::size_t>(position % static_cast<std::int64_t>(slots_.size())); }
 
   void work() {
+    yield_to_compute();
     for (;;) {
       std::int64_t position;
       {
@@ -1984,6 +1991,17 @@ class Prefetcher {
       }
       changed_.notify_all();
     }
+  }
+
+  /// Lowers this worker thread's scheduling priority (nice + 5): where the training step's threads
+  /// already use every core, a worker waking to read ahead then yields to them instead of
+  /// preempting one of an intra-op team, which stalls the whole team at its next barrier. A worker
+  /// that has the cores to itself runs as fast as before.
+  static void yield_to_compute() {
+    const auto thread = static_cast<id_t>(::syscall(SYS_gettid));
+    errno = 0;
+    const int nice = ::getpriority(PRIO_PROCESS, thread);
+    if (errno == 0) ::setpriority(PRIO_PROCESS, thread, std::min(nice + 5, 19));
   }
 
   Read read_;

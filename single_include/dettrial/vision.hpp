@@ -493,6 +493,7 @@ DETTRIAL_INLINE Image read_image(const std::filesystem::path& path, ImageMode mo
 /// @brief Images decoded, augmented and written straight into batch tensors: the dataset a
 /// DataLoader reads image files and CIFAR records through, on its worker threads.
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <memory>
@@ -514,6 +515,7 @@ DETTRIAL_INLINE Image read_image(const std::filesystem::path& path, ImageMode mo
 /// steps (crops, flips, Resize, ColorJitter). ToFloat and Normalize are the output steps: they say
 /// what the batch holds, and are applied as each image is written into it.
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <concepts>
@@ -877,7 +879,6 @@ class Compose {
 
 // Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
 #if DETTRIAL_HEADER_DEFINITIONS
-#include <algorithm>
 #include <cstring>
 #include <numeric>
 
@@ -955,21 +956,27 @@ DETTRIAL_INLINE Image resize_bilinear(const Image& image, std::int64_t height, s
     throw DataError("Resize: the size must be positive, not " + std::to_string(height) + "x" + std::to_string(width));
   if (height == image.height && width == image.width) return image;
   namespace F = torch::nn::functional;
-  // torchvision resizes a C x H x W tensor: the same layout here, so the kernel's path is its.
-  const torch::Tensor chw =
-      torch::from_blob(const_cast<std::uint8_t*>(image.pixels.data()), {1, image.height, image.width, image.channels}, torch::kUInt8)
-          .permute({0, 3, 1, 2})
-          .contiguous();
   const auto options = F::InterpolateFuncOptions()
                            .size(std::vector<std::int64_t>{height, width})
                            .mode(torch::kBilinear)
                            .align_corners(false)
                            .antialias(true);
-  torch::Tensor resized = resizes_uint8() ? F::interpolate(chw, options)
-                                          : F::interpolate(chw.to(torch::kFloat), options).round_().clamp_(0, 255).to(torch::kUInt8);
-  resized = resized.permute({0, 2, 3, 1}).contiguous();
+  // The image's own memory as N x C x H x W in channels-last strides: no copy in.
+  const torch::Tensor nchw =
+      torch::from_blob(const_cast<std::uint8_t*>(image.pixels.data()), {1, image.height, image.width, image.channels}, torch::kUInt8)
+          .permute({0, 3, 1, 2});
   Image out(height, width, image.channels);
-  std::memcpy(out.pixels.data(), resized.data_ptr<std::uint8_t>(), out.pixels.size());
+  torch::Tensor resized;
+  if (resizes_uint8()) {
+    // The 8-bit kernel works in channels-last order whatever the input's layout (the same
+    // arithmetic as torchvision's contiguous call), and returns channels-last: H x W x C memory.
+    resized = F::interpolate(nchw, options);
+  } else {
+    // The float kernel, on torchvision's layout (C x H x W contiguous), rounded back to 8 bits.
+    resized = F::interpolate(nchw.contiguous().to(torch::kFloat), options).round_().clamp_(0, 255).to(torch::kUInt8);
+  }
+  const torch::Tensor hwc = resized.permute({0, 2, 3, 1}).contiguous();
+  std::memcpy(out.pixels.data(), hwc.data_ptr<std::uint8_t>(), out.pixels.size());
   return out;
 }
 
@@ -1096,7 +1103,7 @@ class ImageDataset {
 
   /// The records at `indices` (a 1-D integer tensor), augmented as `origin` keys them.
   Batch get_batch(const torch::Tensor& indices, const BatchOrigin& origin) const {
-    const c10::InferenceMode no_autograd;
+    const torch::NoGradGuard no_autograd;  // not InferenceMode: its tensors could not enter autograd
     const torch::Tensor order = indices.to(torch::kLong).contiguous();
     const std::int64_t n = order.numel();
     const std::int64_t* records = order.data_ptr<std::int64_t>();

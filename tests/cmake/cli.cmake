@@ -35,7 +35,7 @@ if(TARGET mnist)
       add_test(NAME "${_name}" COMMAND ${_needs_image_folders} "${_cli}/image_resume.sh" $<TARGET_FILE:image_folder>
                                        "${_cli}/image_folder_${_format}.yaml" "${DETTRIAL_IMAGE_FOLDER_DIR}"
                                        "${CMAKE_CURRENT_BINARY_DIR}/runs/image-${_format}")
-      set_tests_properties("${_name}" PROPERTIES SKIP_RETURN_CODE 77 PASS_REGULAR_EXPRESSION "records after batch 5 equal")
+      set_tests_properties("${_name}" PROPERTIES SKIP_RETURN_CODE 77 PASS_REGULAR_EXPRESSION "records after batch 6 equal")
     else()
       dettrial_skipped_test("${_name}" "this build has no ${_upper} decoder (libjpeg-turbo's TurboJPEG, libspng)")
     endif()

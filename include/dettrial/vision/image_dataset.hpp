@@ -4,6 +4,7 @@
 /// DataLoader reads image files and CIFAR records through, on its worker threads.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <memory>
@@ -99,7 +100,7 @@ class ImageDataset {
 
   /// The records at `indices` (a 1-D integer tensor), augmented as `origin` keys them.
   Batch get_batch(const torch::Tensor& indices, const BatchOrigin& origin) const {
-    const c10::InferenceMode no_autograd;
+    const torch::NoGradGuard no_autograd;  // not InferenceMode: its tensors could not enter autograd
     const torch::Tensor order = indices.to(torch::kLong).contiguous();
     const std::int64_t n = order.numel();
     const std::int64_t* records = order.data_ptr<std::int64_t>();
