@@ -367,7 +367,7 @@ TEST_CASE("missing, damaged, mismatching and newer checkpoints are clear errors 
   CHECK(resume(r.output_dir).resumed_from_batch == 4);
 }
 
-TEST_CASE("SIGTERM finishes the batch, checkpoints and returns; the run resumes from there") {
+TEST_CASE("SIGTERM finishes the batch, checkpoints and returns, the run resumes from there") {
   struct SignalsAtFive : test::DeclarativeRegression {
     using DeclarativeRegression::DeclarativeRegression;
     Metrics train_batch(test::Batch& b, torch::nn::Sequential& m, std::int64_t e, std::int64_t i) {

@@ -75,7 +75,7 @@ entrypoint: model_def:MNistTrial
   CHECK(c.trial_hyperparameters().get<int>("n_filters2") == 40);
 }
 
-TEST_CASE("config fields map to fit options; const hyperparameters resolve; search spaces are named") {
+TEST_CASE("config fields map to fit options, const hyperparameters resolve, search spaces are named") {
   const auto c = ExperimentConfig::parse(R"(
 hyperparameters:
   lr: {type: const, val: 0.5}
@@ -234,7 +234,7 @@ TEST_CASE("metrics: literal names without allocation, dynamic names interned, lo
   CHECK_THROWS_WITH_AS(m.at("error"), "metric 'error' is missing; the metrics are: loss, acc, head_2", TrialError);
 }
 
-TEST_CASE("experiment configs: unknown fields are errors at their place with the nearest name; cluster-only fields are listed") {
+TEST_CASE("experiment configs: unknown fields are errors at their place with the nearest name, cluster-only fields are listed") {
   CHECK_THROWS_WITH_AS(ExperimentConfig::parse("name: x\nsearcher: {name: single, metric: loss, max_lenght: {batches: 5}}\n", "e.yaml"),
                        "e.yaml:2:40: unknown field 'searcher.max_lenght'; did you mean 'max_length'?", ConfigError);
   CHECK_THROWS_WITH_AS(ExperimentConfig::parse("hyperparameter:\n  lr: 0.1\n", "e.yaml"),

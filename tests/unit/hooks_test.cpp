@@ -130,7 +130,7 @@ TEST_CASE("callbacks hear the validation epoch around evaluate_batch, and a chec
   CHECK(second.note_read == "written by on_checkpoint_save_start");
 }
 
-TEST_CASE("a bare-loss train_batch reports its loss; is_epoch_end holds on each epoch's last batch; get_batch_length counts records") {
+TEST_CASE("a bare-loss train_batch reports its loss, is_epoch_end holds on each epoch's last batch, get_batch_length counts records") {
   Context context(Hyperparameters::parse("global_batch_size: 5\n"), ContextOptions{.trial_seed = 3});
   Trainer<BareLossTrial> trainer(context);
   const fs::path dir = test::quiet({}).output_dir;
@@ -152,7 +152,7 @@ TEST_CASE("a bare-loss train_batch reports its loss; is_epoch_end holds on each 
   CHECK(out.find("(22 records in") != std::string::npos);
 }
 
-TEST_CASE("average_aggregated_gradients false sums the aggregated gradients; true averages them") {
+TEST_CASE("average_aggregated_gradients false sums the aggregated gradients, true averages them") {
   for (const bool average : {false, true}) {
     CAPTURE(average);
     Context context(Hyperparameters::parse("global_batch_size: 5\n"),

@@ -318,7 +318,7 @@ TEST_CASE("keras::WeightedSequence: sample and class weights weigh each sample's
       doctest::Contains("a custom loss returns one number for the batch"), TrialError);
 }
 
-TEST_CASE("keras::WeightedSequence trains weighted: weights of 2 step as twice the learning rate; class_weight only for training") {
+TEST_CASE("keras::WeightedSequence trains weighted: weights of 2 step as twice the learning rate, class_weight only for training") {
   const Clusters data = clusters();
   auto run = [&](double lr, keras::WeightedSequence train) {
     Context context(test::hparams(), ContextOptions{.trial_seed = 3});

@@ -120,7 +120,7 @@ TEST_CASE("GradScaler: PyTorch's scale, unscale, skipped step, backoff and growt
                        ConfigError);
 }
 
-TEST_CASE("GradScaler: an inf in one optimizer's gradients backs the scale off though another's were clean; fp16 losses scale in fp32") {
+TEST_CASE("GradScaler: an inf in one optimizer's gradients backs the scale off though another's were clean, fp16 losses scale in fp32") {
   torch::nn::Linear a(2, 1), b(2, 1);
   torch::optim::SGD sa(a->parameters(), 0.1), sb(b->parameters(), 0.1);
   GradScaler scaler(GradScaler::Options{.init_scale = 8, .growth_interval = 1});
@@ -135,7 +135,7 @@ TEST_CASE("GradScaler: an inf in one optimizer's gradients backs the scale off t
   CHECK(big.scale(half_loss).item<double>() == 131072.0);  // fp16 would overflow at 65504
 }
 
-TEST_CASE("a wrapped scaler: backward scales, step_optimizer unscales and clips; the run equals one without it") {
+TEST_CASE("a wrapped scaler: backward scales, step_optimizer unscales and clips, the run equals one without it") {
   // Powers of two scale exactly: with no inf, the scaled run is bit-identical to the plain one.
   Context plain_context(test::hparams("wrap_scaler: false\n"), ContextOptions{.trial_seed = 4});
   Trainer<ScaledRegression> plain(plain_context);
@@ -151,7 +151,7 @@ TEST_CASE("a wrapped scaler: backward scales, step_optimizer unscales and clips;
   CHECK_THROWS_WITH_AS(scaled_context.wrap_scaler(scaled.trial().scaler), doctest::Contains("wrap_scaler was called twice"), TrialError);
 }
 
-TEST_CASE("an inf loss skips that optimizer step and backs the scale off; training goes on") {
+TEST_CASE("an inf loss skips that optimizer step and backs the scale off, training goes on") {
   const auto run = [](std::int64_t length, std::vector<torch::Tensor>& params, double& scale, std::int64_t& skipped) {
     Context context(test::hparams(), ContextOptions{.trial_seed = 5});
     Trainer<ScaledRegression> trainer(context);
@@ -177,7 +177,7 @@ TEST_CASE("an inf loss skips that optimizer step and backs the scale off; traini
   CHECK_FALSE(torch::equal(after[0], later[0]));
 }
 
-TEST_CASE("bf16 autocast runs the trial's forward passes in bf16, backward outside; the loss stays close to fp32") {
+TEST_CASE("bf16 autocast runs the trial's forward passes in bf16, backward outside, the loss stays close to fp32") {
   const auto final_loss = [](std::optional<Precision> precision, torch::ScalarType& forward, torch::ScalarType& validation) {
     Context context(test::hparams("wrap_scaler: false\n"), ContextOptions{.trial_seed = 6, .mixed_precision = precision});
     Trainer<ScaledRegression> trainer(context);
@@ -225,7 +225,7 @@ TEST_CASE("stopping and resuming with a scaler is exact: parameters, scale and g
   for (std::size_t i = 0; i < a.size(); ++i) CHECK(torch::equal(a[i], b[i]));
 }
 
-TEST_CASE("optimizations.mixed_precision: O0, O1, bf16, fp16 read; Apex's O2 refused with the reason") {
+TEST_CASE("optimizations.mixed_precision: O0, O1, bf16, fp16 read, Apex's O2 refused with the reason") {
   CHECK(ExperimentConfig::parse("optimizations: {mixed_precision: bf16}\n").mixed_precision == Precision::bf16);
   CHECK(ExperimentConfig::parse("optimizations: {mixed_precision: O1}\n").mixed_precision == Precision::fp16);
   CHECK(ExperimentConfig::parse("optimizations: {mixed_precision: O0}\n").mixed_precision == Precision::fp32);

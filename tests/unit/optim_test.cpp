@@ -210,7 +210,7 @@ TEST_CASE("Adadelta: maximize is minimizing the negated loss, bit for bit (CPU)"
   CHECK(torch::equal(up.model->bias, down.model->bias));
 }
 
-TEST_CASE("Adadelta: a parameter without a gradient has no state and does not move; the closure's loss is returned") {
+TEST_CASE("Adadelta: a parameter without a gradient has no state and does not move, the closure's loss is returned") {
   torch::Tensor used = torch::ones({2}, torch::requires_grad()), unused = torch::ones({2}, torch::requires_grad());
   Adadelta opt(std::vector<torch::Tensor>{used, unused});
   const torch::Tensor loss = opt.step([&] {
@@ -243,7 +243,7 @@ TEST_CASE("StepLR: Python's learning rates after 0..6 step() calls, per group") 
   CHECK(sched.base_lrs() == std::vector<double>{1.0, 0.3});
 }
 
-TEST_CASE("MultiStepLR: Python's learning rates after 0..7 step() calls; a repeated milestone decays by gamma squared") {
+TEST_CASE("MultiStepLR: Python's learning rates after 0..7 step() calls, a repeated milestone decays by gamma squared") {
   Groups g({1.0});
   MultiStepLR sched(*g.opt, {2, 5, 5}, 0.1);
   // optim_reference.py: MultiStepLR(milestones=[2, 5, 5], gamma=0.1)
@@ -395,7 +395,7 @@ TEST_CASE("save/load: Adadelta and StepLR saved after 2 steps and loaded into fr
   CHECK(sched.get_last_lr() == std::vector<double>{0.125});  // Python's StepLR after 5 calls from lr 0.5
 }
 
-TEST_CASE("save/load: MultiStepLR and ExponentialLR resume exactly; a scheduler of another type is refused") {
+TEST_CASE("save/load: MultiStepLR and ExponentialLR resume exactly, a scheduler of another type is refused") {
   Groups a({1.0}), b({1.0});
   MultiStepLR multi(*a.opt, {2, 5, 5}, 0.1);
   multi.step();

@@ -124,7 +124,7 @@ TEST_CASE("the loop follows Determined's verified boundary and callback sequence
   CHECK(trainer.trial().seen_batches == std::vector<std::int64_t>{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11});
 }
 
-TEST_CASE("training metrics are unweighted means over each workload; metrics.jsonl has every report") {
+TEST_CASE("training metrics are unweighted means over each workload, metrics.jsonl has every report") {
   Context context(test::hparams(), ContextOptions{.trial_seed = 1});
   Trainer<CountingTrial> trainer(context);
   const FitResult r = trainer.fit(test::quiet({.max_length = Batch(7), .reporting_period = Batch(3)}));
@@ -412,7 +412,7 @@ std::pair<std::vector<torch::Tensor>, double> train_regression(std::uint64_t see
 }
 }  // namespace
 
-TEST_CASE("the same seed gives the same run, in both trial styles; another seed does not") {
+TEST_CASE("the same seed gives the same run, in both trial styles, another seed does not") {
   const auto [declarative, loss_d] = train_regression<test::DeclarativeRegression>(11);
   const auto [again, loss_again] = train_regression<test::DeclarativeRegression>(11);
   const auto [imperative, loss_i] = train_regression<test::ImperativeRegression>(11);
@@ -425,7 +425,7 @@ TEST_CASE("the same seed gives the same run, in both trial styles; another seed 
   CHECK(loss_d < 1.0);  // and it learns: the targets' variance is about 15
 }
 
-TEST_CASE("max_length in records and epochs; test_mode; step-zero validation; stop requests") {
+TEST_CASE("max_length in records and epochs, test_mode, step-zero validation, stop requests") {
   Context context(test::hparams(), ContextOptions{.trial_seed = 1});
   {
     Trainer<CountingTrial> trainer(context);

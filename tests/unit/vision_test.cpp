@@ -198,7 +198,7 @@ TEST_CASE("vision: damaged files are errors that name the file, never a crash or
   CHECK_THROWS_WITH_AS(vision::read_image(*dir / "no-such.png", ImageMode::rgb), doctest::Contains("no-such.png"), ImageError);
 }
 
-TEST_CASE("vision: an unreadable record is an error naming file, record and reason; skip_unreadable leaves it out and counts it") {
+TEST_CASE("vision: an unreadable record is an error naming file, record and reason, skip_unreadable leaves it out and counts it") {
   std::string why;
   const auto dir = fixtures(why);
   if (!dir) return test::skip(why);
@@ -288,7 +288,7 @@ TEST_CASE("vision: the crops, pads and flips follow torchvision's geometry") {
   CHECK(rows_of(vision::RandomCrop(5, {.pad_if_needed = true})(three, random)).size() == 5);
 }
 
-TEST_CASE("vision: ToFloat and Normalize compute torchvision's float32 arithmetic; ColorJitter keeps 8 bits in range") {
+TEST_CASE("vision: ToFloat and Normalize compute torchvision's float32 arithmetic, ColorJitter keeps 8 bits in range") {
   const Image image = image_of(4, 5, 3);
   const vision::Compose pipeline(vision::ToFloat{}, vision::Normalize({0.485, 0.456, 0.406}, {0.229, 0.224, 0.225}));
   CHECK((pipeline.dtype() == torch::kFloat));
@@ -428,7 +428,7 @@ TEST_CASE("vision: a record is augmented the same whatever the workers, the rank
   CHECK(same < 5);
 }
 
-TEST_CASE("vision: batches are N x C x H x W in the pipeline's type, labels int64; mixed sizes are named") {
+TEST_CASE("vision: batches are N x C x H x W in the pipeline's type, labels int64, mixed sizes are named") {
   const vision::ImageDataset gray(Synthetic{}, vision::Compose(vision::CenterCrop(8)), {.mode = ImageMode::gray});
   auto [x, y] = gray.get_batch(torch::arange(0, 4, torch::kLong));
   CHECK(x.sizes() == torch::IntArrayRef{4, 1, 8, 8});
