@@ -8,6 +8,7 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -90,7 +91,7 @@ class ImageFolderTrial {
       const std::filesystem::path p = data[key].as<std::string>();
       return p.is_absolute() ? p : data_root() / p;
     };
-    train_dir_ = path("train_dir");
+    train_folder_.emplace(path("train_dir"));  // listed once: the model's classes and the training data
     validation_dir_ = path("validation_dir");
     image_size_ = data["image_size"] ? data["image_size"].as<std::int64_t>() : 32;
     mode_ = data["mode"] && data["mode"].as<std::string>() == "L" ? vision::ImageMode::gray : vision::ImageMode::rgb;
@@ -102,8 +103,7 @@ class ImageFolderTrial {
   }
 
   ResNet build_model() {
-    const vision::ImageFolder classes(train_dir_);
-    return ResNet(vision::channels_of(mode_), static_cast<std::int64_t>(classes.classes().size()),
+    return ResNet(vision::channels_of(mode_), static_cast<std::int64_t>(train_folder_->classes().size()),
                   context_.get_hparam<std::int64_t>("blocks"), context_.get_hparam<std::int64_t>("width"));
   }
 
@@ -123,7 +123,7 @@ class ImageFolderTrial {
   /// torchvision's CIFAR training recipe: RandomCrop(size, padding=4), RandomHorizontalFlip(),
   /// ToTensor(), Normalize(mean, std), decoded and augmented on the loader's worker threads.
   auto build_training_data_loader() {
-    vision::ImageDataset train(vision::ImageFolder(train_dir_),
+    vision::ImageDataset train(*train_folder_,
                                vision::Compose(vision::Resize(image_size_, image_size_), vision::RandomCrop(image_size_, {.padding = {4}}),
                                                vision::RandomHorizontalFlip{}, vision::ToFloat{}, vision::Normalize(mean_, std_)),
                                options());
@@ -165,7 +165,8 @@ class ImageFolderTrial {
   vision::ImageDatasetOptions options() const { return {.mode = mode_, .skip_unreadable = skip_unreadable_}; }
 
   dettrial::Context& context_;
-  std::filesystem::path train_dir_, validation_dir_;
+  std::optional<vision::ImageFolder> train_folder_;
+  std::filesystem::path validation_dir_;
   std::int64_t image_size_ = 32;
   vision::ImageMode mode_ = vision::ImageMode::rgb;
   std::vector<double> mean_, std_;

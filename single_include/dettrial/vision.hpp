@@ -641,13 +641,16 @@ struct RandomCrop {
   Image operator()(Image image, RecordRandom& random) const {
     std::int64_t left = pad[0], top = pad[1];
     std::int64_t height = image.height + pad[1] + pad[3], width = image.width + pad[0] + pad[2];
+    // pad_if_needed pads the shortfall on both sides, as torchvision does.
     if (options.pad_if_needed && height < size.height) {
-      top += size.height - height;
-      height = size.height + (size.height - height);
+      const std::int64_t short_by = size.height - height;
+      top += short_by;
+      height += 2 * short_by;
     }
     if (options.pad_if_needed && width < size.width) {
-      left += size.width - width;
-      width = size.width + (size.width - width);
+      const std::int64_t short_by = size.width - width;
+      left += short_by;
+      width += 2 * short_by;
     }
     if (height < size.height || width < size.width)
       throw DataError("RandomCrop: the crop (" + std::to_string(size.height) + "x" + std::to_string(size.width) +
@@ -858,7 +861,6 @@ class Compose {
   void take_normalize(const Normalize& n) {
     if (n.mean.size() > 4) throw DataError("Normalize: at most 4 channels");
     mean_ = n.mean;
-    std_ = n.std;
     for (std::size_t k = 0; k < n.mean.size(); ++k) {
       for (int v = 0; v < 256; ++v) {
         // torchvision v2: image.to(float32).mul_(1 / 255), then sub_(mean), div_(std), each in float32.
@@ -871,7 +873,7 @@ class Compose {
   void take_normalize(const S& /*step*/) {}
 
   std::tuple<Steps...> steps_;
-  std::vector<double> mean_, std_;
+  std::vector<double> mean_;  // Normalize's means (empty without it): how many channels the tables serve
   std::array<std::array<float, 256>, 4> table_{};
 };
 
