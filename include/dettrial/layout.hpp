@@ -31,6 +31,9 @@ inline constexpr const char* state_dict = "state_dict.pth";
 inline constexpr const char* libtorch_state = "dettrial_state.pt";
 /// Where the trial stands: batches and epochs trained, its data seeds, its last validation.
 inline constexpr const char* trial_state = "trial_state.json";
+/// Where the trial stands, as Determined's PyTorchTrial pickles it (its `_TrialState`): what
+/// Determined reads to continue a checkpoint, and what dettrial reads in one Determined wrote.
+inline constexpr const char* determined_trial_state = "trial_state.pkl";
 /// The experiment config and hyperparameters the checkpoint was written under.
 inline constexpr const char* load_data = "load_data.json";
 /// The checkpoint's metadata (format, steps completed, files and their checksums).
@@ -78,6 +81,7 @@ struct CheckpointFolder {
   std::filesystem::path state_dict() const { return dir / layout::state_dict; }
   std::filesystem::path libtorch_state() const { return dir / layout::libtorch_state; }
   std::filesystem::path trial_state() const { return dir / layout::trial_state; }
+  std::filesystem::path determined_trial_state() const { return dir / layout::determined_trial_state; }
   std::filesystem::path load_data() const { return dir / layout::load_data; }
   std::filesystem::path metadata() const { return dir / layout::metadata; }
 };

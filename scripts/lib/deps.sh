@@ -110,9 +110,11 @@ dettrial_torchvision_python() {
 }
 
 # A venv with Determined (PyPI's `determined`) that sees the torch of $DETTRIAL_VENV through a .pth
-# file, for bench/run's end-to-end comparison with Determined's own Trainer. Prints its python.
+# file, for the determined: tests and bench/run's end-to-end comparison with Determined's own
+# Trainer. Installs PyPI's torch first when it is missing. Prints its python.
 dettrial_determined_python() {
   local venv="$DETTRIAL_CACHE/determined-venv"
+  dettrial_pip_torch >&2 || return 1
   if ! "$venv/bin/python" -c 'import determined, torch' 2>/dev/null; then
     dettrial_log "installing determined from PyPI into $venv"
     python3 -m venv "$venv" || return 1

@@ -109,6 +109,9 @@ inline constexpr const char* state_dict = "state_dict.pth";
 inline constexpr const char* libtorch_state = "dettrial_state.pt";
 /// Where the trial stands: batches and epochs trained, its data seeds, its last validation.
 inline constexpr const char* trial_state = "trial_state.json";
+/// Where the trial stands, as Determined's PyTorchTrial pickles it (its `_TrialState`): what
+/// Determined reads to continue a checkpoint, and what dettrial reads in one Determined wrote.
+inline constexpr const char* determined_trial_state = "trial_state.pkl";
 /// The experiment config and hyperparameters the checkpoint was written under.
 inline constexpr const char* load_data = "load_data.json";
 /// The checkpoint's metadata (format, steps completed, files and their checksums).
@@ -156,6 +159,7 @@ struct CheckpointFolder {
   std::filesystem::path state_dict() const { return dir / layout::state_dict; }
   std::filesystem::path libtorch_state() const { return dir / layout::libtorch_state; }
   std::filesystem::path trial_state() const { return dir / layout::trial_state; }
+  std::filesystem::path determined_trial_state() const { return dir / layout::determined_trial_state; }
   std::filesystem::path load_data() const { return dir / layout::load_data; }
   std::filesystem::path metadata() const { return dir / layout::metadata; }
 };
@@ -2025,6 +2029,7 @@ class Prefetcher {
 /// epoch's order is the built-in one (in order, or shuffled per epoch), a user's sampler's, or a
 /// user's batch sampler's batches; the chain steps are those of samplers.hpp.
 
+#include <condition_variable>
 #include <cstdint>
 #include <limits>
 #include <memory>
@@ -2316,6 +2321,27 @@ DETTRIAL_INLINE void check_skip(std::int64_t skip) {
 
 namespace dettrial {
 
+/**
+ * @brief The shuffle seeds of the epochs of one pass, drawn from LibTorch's global CPU generator as
+ * Python's `RandomSampler` draws them (one int64 `random_()` when the epoch's first batch is asked
+ * for): the order Determined's `pytorch.DataLoader(shuffle=True)` reads, and every random draw after
+ * it (dropout) as a Determined run makes them. The training thread draws; workers reading ahead wait.
+ */
+class EpochSeeds {
+ public:
+  /// A new pass (a new iterator in Python): nothing drawn yet.
+  void reset();
+  /// Draws, in order, the seeds of the epochs up to `epoch` that are not drawn yet.
+  void draw_through(std::int64_t epoch);
+  /// Epoch `epoch`'s seed, once it is drawn (blocks until then).
+  std::uint64_t wait(std::int64_t epoch) const;
+
+ private:
+  mutable std::mutex mutex_;
+  mutable std::condition_variable drawn_;
+  std::vector<std::uint64_t> seeds_;
+};
+
 /// The records of one batch: `count` positions of the epoch's order starting at `first`.
 struct BatchSlice {
   std::int64_t epoch = 0;
@@ -2389,6 +2415,18 @@ class BatchSampler {
   /// its batches concatenated.
   torch::Tensor order(std::int64_t epoch) const;
 
+  /// Draws each epoch's shuffle seed from LibTorch's global generator, in Python's DataLoader's
+  /// way (see EpochSeeds), instead of from (seed, epoch).
+  void use_global_generator() { epoch_seeds_ = std::make_shared<EpochSeeds>(); }
+  /// Whether the order draws from LibTorch's global generator (DataLoaderOptions::determined_order).
+  bool draws_from_global_generator() const { return epoch_seeds_ != nullptr; }
+  /// With the global generator: a new pass begins, whose epochs draw their seeds anew.
+  void begin_pass() const;
+  /// With the global generator and shuffling: draws the seeds of the epochs up to `epoch`.
+  void draw_seeds_through(std::int64_t epoch) const {
+    if (epoch_seeds_ && shuffle_) epoch_seeds_->draw_through(epoch);
+  }
+
   /// Keeps enough epochs cached for a reader up to `batches_in_flight` of this rank's batches ahead
   /// under `chain` (the loader's prefetch), so no epoch is computed twice while it is being read.
   /// Only grows the cache (a few epoch orders: O(records) each).
@@ -2433,6 +2471,7 @@ class BatchSampler {
   std::int64_t order_length_ = -1;  // a sampler's epoch length, once known
   std::shared_ptr<const User> user_;
   std::shared_ptr<Cache> cache_;
+  std::shared_ptr<EpochSeeds> epoch_seeds_;  // set by use_global_generator
 };
 
 }  // namespace dettrial
@@ -2441,7 +2480,36 @@ class BatchSampler {
 #if DETTRIAL_HEADER_DEFINITIONS
 #include <algorithm>
 
+#include <ATen/CPUGeneratorImpl.h>
+
 namespace dettrial {
+
+DETTRIAL_INLINE void EpochSeeds::reset() {
+  std::lock_guard lock(mutex_);
+  seeds_.clear();
+}
+
+DETTRIAL_INLINE void EpochSeeds::draw_through(std::int64_t epoch) {
+  {
+    std::lock_guard lock(mutex_);
+    while (static_cast<std::int64_t>(seeds_.size()) <= epoch)
+      seeds_.push_back(static_cast<std::uint64_t>(torch::empty({}, torch::kLong).random_().item<std::int64_t>()));
+  }
+  drawn_.notify_all();
+}
+
+DETTRIAL_INLINE std::uint64_t EpochSeeds::wait(std::int64_t epoch) const {
+  std::unique_lock lock(mutex_);
+  drawn_.wait(lock, [&] { return static_cast<std::int64_t>(seeds_.size()) > epoch; });
+  return seeds_[static_cast<std::size_t>(epoch)];
+}
+
+DETTRIAL_INLINE void BatchSampler::begin_pass() const {
+  if (!epoch_seeds_) return;
+  epoch_seeds_->reset();
+  std::lock_guard lock(cache_->mutex);
+  cache_->epochs.clear();  // the last pass's orders
+}
 
 DETTRIAL_INLINE BatchSampler::BatchSampler(std::int64_t records, std::int64_t batch_size, bool drop_last, bool shuffle, std::uint64_t seed)
     : records_(records), batch_size_(batch_size), drop_last_(drop_last), shuffle_(shuffle), seed_(seed), cache_(std::make_shared<Cache>()) {
@@ -2502,6 +2570,7 @@ DETTRIAL_INLINE BatchSlice BatchSampler::batch(std::int64_t epoch, std::int64_t 
     s.count = std::min(batch_size_, records_ - s.first);
     return s;
   }
+  if (epoch_seeds_) epoch_seeds_->wait(epoch);  // before the cache's lock: the training thread draws
   std::lock_guard lock(cache_->mutex);
   const EpochOrder& e = cached(epoch);
   if (e.offsets.empty()) {
@@ -2521,6 +2590,7 @@ DETTRIAL_INLINE BatchSlice BatchSampler::global_batch(std::int64_t global) const
 
 DETTRIAL_INLINE torch::Tensor BatchSampler::order(std::int64_t epoch) const {
   if (identity()) return torch::arange(records_, torch::kLong);
+  if (epoch_seeds_) epoch_seeds_->wait(epoch);
   std::lock_guard lock(cache_->mutex);
   return cached(epoch).order;
 }
@@ -2556,7 +2626,10 @@ DETTRIAL_INLINE BatchSampler::EpochOrder BatchSampler::compute(std::int64_t epoc
   EpochOrder e;
   e.epoch = epoch;
   const std::string in_epoch = " in epoch " + std::to_string(epoch);
-  if (!user_) {
+  if (!user_ && epoch_seeds_) {
+    // Python's RandomSampler: torch.randperm(n, generator=torch.Generator().manual_seed(seed)).
+    e.order = torch::randperm(records_, at::detail::createCPUGenerator(epoch_seeds_->wait(epoch)), torch::kLong);
+  } else if (!user_) {
     e.order = samplers::ReproducibleShuffleSampler::permutation(records_, seed_, epoch);
   } else if (user_->sampler) {
     e.order = user_indices(user_->sampler(epoch), "the sampler", epoch);
@@ -2705,6 +2778,13 @@ struct DataLoaderOptions {
   std::optional<int> workers{};
   /// Batches read ahead per worker (the bounded queue's depth is workers x prefetch).
   int prefetch = 2;
+  /// Read in the order Determined 0.38's `pytorch.DataLoader` (Python's DataLoader) reads, drawing
+  /// from LibTorch's global CPU generator as it does: one int64 when a pass starts (the iterator's
+  /// base seed; a resumed training pass draws none, as Determined draws it before it restores the
+  /// generator) and, with shuffle, one when each epoch's first batch is read (RandomSampler's seed,
+  /// its order `randperm(records, seed)`). A run continued from a Determined checkpoint then reads
+  /// the records Determined would, and its dropout masks match. Not with sampler, batch_sampler or seed.
+  bool determined_order = false;
   /// Copy batches into pinned (page-locked) memory, so copies to the GPU can be non-blocking.
   /// Unset: when LibTorch has CUDA and a GPU is present.
   std::optional<bool> pin_memory{};
@@ -2749,8 +2829,8 @@ class DataLoader {
   DataLoader(D dataset, DataLoaderOptions options)
       : dataset_(std::make_shared<const dataset_type>(detail::as_batch_dataset(std::move(dataset)))),
         options_(options),
-        sampler_(
-            detail::make_batch_sampler(static_cast<std::int64_t>(dataset_->size()), options_, options.seed ? *options.seed : draw_seed())) {
+        sampler_(detail::make_batch_sampler(static_cast<std::int64_t>(dataset_->size()), options_,
+                                            options.seed || options.determined_order ? options.seed.value_or(0) : draw_seed())) {
     if (options_.workers && *options_.workers < 0) throw DataError("DataLoader workers must not be negative");
     if (options_.prefetch < 1) throw DataError("DataLoader prefetch must be at least 1");
     workers_ = options_.workers.value_or(default_workers(*dataset_));
@@ -2771,9 +2851,10 @@ class DataLoader {
     std::string text =
         std::to_string(num_records()) + " records in " +
         (sampler_.has_batch_sampler() ? std::string("a batch sampler's batches") : "batches of " + std::to_string(sampler_.batch_size())) +
-        (sampler_.shuffle()       ? ", shuffled"
-         : sampler_.has_sampler() ? ", in a sampler's order"
-                                  : "");
+        (sampler_.draws_from_global_generator() ? (sampler_.shuffle() ? ", shuffled in Determined's order" : ", in Determined's order")
+         : sampler_.shuffle()                   ? ", shuffled"
+         : sampler_.has_sampler()               ? ", in a sampler's order"
+                                                : "");
     if (workers_ == 0) return text + ", read on the training thread";
     return text + ", read by " + std::to_string(workers_) + " worker thread" + (workers_ == 1 ? "" : "s") +
            (options_.workers ? "" : " (the dataset's default)") + ", " + std::to_string(workers_ * options_.prefetch) + " batches ahead";
@@ -2809,19 +2890,25 @@ class DataLoader {
       using value_type = batch_type;
       using difference_type = std::ptrdiff_t;
       iterator() = default;
-      explicit iterator(Stream* stream) : stream_(stream) { advance(); }
-      batch_type& operator*() const { return *current_; }
+      explicit iterator(Stream* stream) : stream_(stream) {}
+      /// Reads the batch here when first asked for, not before: a batch is read when the training
+      /// loop takes it, never one ahead (what it reads may draw from the global generator).
+      batch_type& operator*() const {
+        if (!current_) current_.emplace(stream_->next());
+        return *current_;
+      }
       iterator& operator++() {
         advance();
         return *this;
       }
       void operator++(int) { advance(); }
-      friend bool operator==(const iterator& it, std::default_sentinel_t) { return !it.current_; }
+      friend bool operator==(const iterator& it, std::default_sentinel_t) { return it.at_end(); }
 
      private:
+      bool at_end() const { return !current_ && (!stream_ || stream_->exhausted()); }
       void advance() {
+        if (!current_ && stream_ && !stream_->exhausted()) stream_->next();  // passed over unread
         current_.reset();
-        if (stream_ && !stream_->exhausted()) current_.emplace(stream_->next());
       }
       Stream* stream_ = nullptr;
       mutable std::optional<batch_type> current_;
@@ -2830,9 +2917,16 @@ class DataLoader {
     Stream(const DataLoader& loader, LoaderChain chain)
         : loader_(&loader),
           slices_(loader.sampler_.slices(chain)),
+          chain_(chain),
           skip_(chain.skip),
           position_(chain.skip),
           end_(chain.repeat ? std::numeric_limits<std::int64_t>::max() : loader.batches_for(chain)) {
+      if (loader.sampler_.draws_from_global_generator()) {
+        loader.sampler_.begin_pass();
+        // Python's iterator draws its base seed when made; Determined makes its training iterator
+        // before it restores a checkpoint's generator, so a resumed pass (skip > 0) shows no draw.
+        if (chain.skip == 0) torch::empty({}, torch::kLong).random_();
+      }
       const int workers = loader.workers_;
       loader.sampler_.keep_epochs_in_flight(workers > 0 ? std::max(workers * loader.options_.prefetch, workers) : 1, chain);
       if (workers > 0 && position_ < end_)
@@ -2851,6 +2945,9 @@ class DataLoader {
     bool exhausted() const { return position_ >= end_; }
     batch_type next() {
       const std::int64_t k = position_++;
+      // The epoch of this rank's batch k in the stream of all ranks' batches: its seed is drawn
+      // now, on the training thread, as Python's sampler draws it when that epoch's first batch is asked for.
+      loader_->sampler_.draw_seeds_through((chain_.rank + chain_.num_replicas * k) / loader_->sampler_.batches_per_epoch());
       if (prefetcher_) return prefetcher_->take();
       return loader_->read(slices_[k - skip_]);
     }
@@ -2858,6 +2955,7 @@ class DataLoader {
     using Slices = decltype(std::declval<const BatchSampler&>().slices(std::declval<const LoaderChain&>()));
     const DataLoader* loader_;
     Slices slices_;  // the sampler chain this stream reads
+    LoaderChain chain_;
     std::int64_t skip_;
     std::int64_t position_;
     std::int64_t end_;
@@ -2926,6 +3024,16 @@ class DataLoader {
 namespace dettrial::detail {
 
 DETTRIAL_INLINE BatchSampler make_batch_sampler(std::int64_t records, const DataLoaderOptions& options, std::uint64_t seed) {
+  if (options.determined_order) {
+    const char* conflict = options.sampler ? "sampler" : options.batch_sampler ? "batch_sampler" : options.seed ? "seed" : nullptr;
+    if (conflict)
+      throw DataError(std::string("DataLoader: determined_order draws the order from LibTorch's global generator, as Determined does; "
+                                  "it cannot be combined with ") +
+                      conflict);
+    BatchSampler sampler(records, options.batch_size, options.drop_last, options.shuffle, seed);
+    sampler.use_global_generator();
+    return sampler;
+  }
   if (options.batch_sampler) {
     const char* conflict = options.sampler           ? "sampler"
                            : options.batch_size != 1 ? "batch_size"
@@ -4719,6 +4827,8 @@ struct WrappedScheduler {
   std::int64_t (*steps_taken)(void*);
   /// Writes Python's `state_dict()` of the scheduler, when it has `python_state` (dettrial::optim's); else null.
   void (*python_state)(void*, c10::impl::GenericDict&) = nullptr;
+  /// Restores the scheduler from Python's `state_dict()` when it can (dettrial::optim's); else null.
+  void (*load_python_state)(void*, const c10::impl::GenericDict&, const std::string&) = nullptr;
   /// For lr_step::on_validation: `step(metric)` with the validation's value of `metric`.
   void (*step_with_metric)(void*, double) = nullptr;
   std::string metric{};
@@ -4729,6 +4839,14 @@ template <class S>
 auto python_state_writer() -> void (*)(void*, c10::impl::GenericDict&) {
   if constexpr (requires(const S& s, c10::impl::GenericDict& d) { s.python_state(d); })
     return [](void* s, c10::impl::GenericDict& d) { static_cast<const S*>(s)->python_state(d); };
+  else return nullptr;
+}
+
+/// The scheduler's own Python state dict reader, when it has one.
+template <class S>
+auto python_state_reader() -> void (*)(void*, const c10::impl::GenericDict&, const std::string&) {
+  if constexpr (requires(S& s, const c10::impl::GenericDict& d, const std::string& what) { s.load_python_state(d, what); })
+    return [](void* s, const c10::impl::GenericDict& d, const std::string& what) { static_cast<S*>(s)->load_python_state(d, what); };
   else return nullptr;
 }
 
@@ -4831,6 +4949,7 @@ DETTRIAL_INLINE std::int64_t every_epoch::steps_after(std::int64_t batch_idx, st
 
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 #include <map>
 #include <string>
 #include <utility>
@@ -4870,6 +4989,11 @@ class EpochLRScheduler {
   void load_common(torch::serialize::InputArchive& archive);
   /// Python's LRScheduler entries of `state_dict()`, after the subclass's own.
   void python_common(c10::impl::GenericDict& out) const;
+  /// Reads Python's `state_dict()` of this type: checks that every entry is one of `own` or of
+  /// Python's LRScheduler (another type's is a CheckpointError naming the entry), then sets the
+  /// common state. Returns the entries of `own`, which the subclass sets.
+  std::map<std::string, c10::IValue> load_python_common(const c10::impl::GenericDict& in, std::initializer_list<const char*> own,
+                                                        const std::string& what);
   /// A ConfigError naming the class, the argument, the rule and the value.
   [[noreturn]] void invalid(const char* argument, const std::string& rule, const std::string& value) const;
 
@@ -4894,6 +5018,8 @@ class StepLR : public EpochLRScheduler {
   /// Python's `state_dict()`: step_size, gamma, base_lrs, last_epoch, verbose, _step_count,
   /// _get_lr_called_within_step, _is_initial, _last_lr.
   void python_state(c10::impl::GenericDict& out) const;
+  /// Restores what Python's StepLR.state_dict() (or python_state) holds; `what` names it in errors.
+  void load_python_state(const c10::impl::GenericDict& in, const std::string& what);
 
  private:
   std::int64_t step_size_;
@@ -4915,6 +5041,8 @@ class MultiStepLR : public EpochLRScheduler {
   /// Python's `state_dict()`: milestones (a dict milestone -> count, as Python's Counter pickles
   /// into one), gamma, and the LRScheduler entries as StepLR's.
   void python_state(c10::impl::GenericDict& out) const;
+  /// Restores what Python's MultiStepLR.state_dict() (or python_state) holds.
+  void load_python_state(const c10::impl::GenericDict& in, const std::string& what);
 
  private:
   std::map<std::int64_t, std::int64_t> milestones_;
@@ -4932,6 +5060,8 @@ class ExponentialLR : public EpochLRScheduler {
   void load(torch::serialize::InputArchive& archive);
   /// Python's `state_dict()`: gamma and the LRScheduler entries as StepLR's.
   void python_state(c10::impl::GenericDict& out) const;
+  /// Restores what Python's ExponentialLR.state_dict() (or python_state) holds.
+  void load_python_state(const c10::impl::GenericDict& in, const std::string& what);
 
  private:
   double gamma_;
@@ -5016,6 +5146,7 @@ class ReduceLROnPlateau {
 #include <charconv>
 #include <cmath>
 #include <limits>
+#include <set>
 
 namespace dettrial::detail {
 
@@ -5143,6 +5274,59 @@ DETTRIAL_INLINE void EpochLRScheduler::python_common(c10::impl::GenericDict& out
   out.insert("_last_lr", detail::scheduler_python_list(last_lr_));
 }
 
+namespace python_state_detail {
+inline double python_number(const c10::IValue& v, const std::string& what) {
+  if (v.isDouble()) return v.toDouble();
+  if (v.isInt()) return static_cast<double>(v.toInt());
+  if (v.isTensor() && v.toTensor().numel() == 1) return v.toTensor().item<double>();
+  throw CheckpointError(what + " is not a number");
+}
+inline std::vector<double> python_numbers(const c10::IValue& v, const std::string& what) {
+  std::vector<double> out;
+  if (!v.isList() && !v.isTuple() && !v.isDoubleList()) throw CheckpointError(what + " is not a list");
+  const std::vector<c10::IValue> items = v.isTuple() ? v.toTupleRef().elements().vec() : v.toList().vec();
+  for (const auto& i : items) out.push_back(python_number(i, what));
+  return out;
+}
+}  // namespace python_state_detail
+
+DETTRIAL_INLINE std::map<std::string, c10::IValue> EpochLRScheduler::load_python_common(const c10::impl::GenericDict& in,
+                                                                                        std::initializer_list<const char*> own,
+                                                                                        const std::string& what) {
+  static const std::set<std::string> common = {"base_lrs",    "last_epoch", "verbose", "_step_count", "_get_lr_called_within_step",
+                                               "_is_initial", "_last_lr"};
+  std::map<std::string, c10::IValue> mine;
+  for (const auto& entry : in) {
+    const std::string key = entry.key().isString() ? entry.key().toStringRef() : std::string("(not a name)");
+    if (common.count(key)) continue;
+    if (std::find_if(own.begin(), own.end(), [&](const char* k) { return key == k; }) == own.end())
+      throw CheckpointError(what + " has '" + key + "', which Python's " + name_ +
+                            " does not have: the checkpoint's scheduler is another type than the trial's " + name_);
+    mine[key] = entry.value();
+  }
+  for (const char* k : own)
+    if (!mine.count(k)) throw CheckpointError(what + " has no '" + k + "': it is not Python's " + name_ + " state");
+  const auto field = [&](const char* key) {
+    const auto it = in.find(key);
+    if (it == in.end()) throw CheckpointError(what + " has no '" + key + "': it is not a Python LR scheduler's state");
+    return it->value();
+  };
+  std::vector<double> base = python_state_detail::python_numbers(field("base_lrs"), what + ": base_lrs");
+  if (base.size() != optimizer_->param_groups().size())
+    throw CheckpointError(what + " has " + std::to_string(base.size()) + " base learning rate(s), but the optimizer " +
+                          std::to_string(optimizer_->param_groups().size()) + " group(s)");
+  const std::int64_t last_epoch = static_cast<std::int64_t>(python_state_detail::python_number(field("last_epoch"), what + ": last_epoch"));
+  const auto step_count = in.find("_step_count");
+  std::vector<double> last_lr = base;
+  if (const auto it = in.find("_last_lr"); it != in.end()) last_lr = python_state_detail::python_numbers(it->value(), what + ": _last_lr");
+  base_lrs_ = std::move(base);
+  last_epoch_ = last_epoch;
+  step_count_ =
+      step_count != in.end() ? static_cast<std::int64_t>(python_state_detail::python_number(step_count->value(), what)) : last_epoch + 1;
+  last_lr_ = std::move(last_lr);
+  return mine;
+}
+
 // ------------------------------------------------------------------------------------------------
 // StepLR
 
@@ -5178,6 +5362,12 @@ DETTRIAL_INLINE void StepLR::python_state(c10::impl::GenericDict& out) const {
   out.insert("step_size", step_size_);
   out.insert("gamma", gamma_);
   python_common(out);
+}
+
+DETTRIAL_INLINE void StepLR::load_python_state(const c10::impl::GenericDict& in, const std::string& what) {
+  auto own = load_python_common(in, {"step_size", "gamma"}, what);
+  step_size_ = static_cast<std::int64_t>(python_state_detail::python_number(own["step_size"], what + ": step_size"));
+  gamma_ = python_state_detail::python_number(own["gamma"], what + ": gamma");
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -5228,6 +5418,16 @@ DETTRIAL_INLINE void MultiStepLR::python_state(c10::impl::GenericDict& out) cons
   python_common(out);
 }
 
+DETTRIAL_INLINE void MultiStepLR::load_python_state(const c10::impl::GenericDict& in, const std::string& what) {
+  auto own = load_python_common(in, {"milestones", "gamma"}, what);
+  if (!own["milestones"].isGenericDict()) throw CheckpointError(what + ": milestones is not a dict (Python's Counter)");
+  milestones_.clear();
+  for (const auto& m : own["milestones"].toGenericDict())
+    milestones_[static_cast<std::int64_t>(python_state_detail::python_number(m.key(), what + ": a milestone"))] =
+        static_cast<std::int64_t>(python_state_detail::python_number(m.value(), what + ": a milestone's count"));
+  gamma_ = python_state_detail::python_number(own["gamma"], what + ": gamma");
+}
+
 // ------------------------------------------------------------------------------------------------
 // ExponentialLR
 
@@ -5255,6 +5455,11 @@ DETTRIAL_INLINE void ExponentialLR::load(torch::serialize::InputArchive& archive
 DETTRIAL_INLINE void ExponentialLR::python_state(c10::impl::GenericDict& out) const {
   out.insert("gamma", gamma_);
   python_common(out);
+}
+
+DETTRIAL_INLINE void ExponentialLR::load_python_state(const c10::impl::GenericDict& in, const std::string& what) {
+  auto own = load_python_common(in, {"gamma"}, what);
+  gamma_ = python_state_detail::python_number(own["gamma"], what + ": gamma");
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -7913,6 +8118,9 @@ struct RunPosition {
   /// Batches per epoch on this rank; 0 until training starts.
   std::int64_t epoch_len = 0;
   std::filesystem::path output_dir{};
+  /// NumPy's and Python's generator states from the Determined checkpoint this run continues
+  /// (`np_rng_state`, `random_rng_state`), written back into its checkpoints; none otherwise.
+  c10::IValue python_generators{};
 };
 }  // namespace detail
 
@@ -8099,7 +8307,8 @@ class Context {
                                  &detail::save_lr_scheduler<S>,
                                  &detail::load_lr_scheduler<S>,
                                  &detail::lr_scheduler_steps<S>,
-                                 detail::python_state_writer<S>()};
+                                 detail::python_state_writer<S>(),
+                                 detail::python_state_reader<S>()};
       if constexpr (by_metric) {
         if (mode.metric.empty())
           throw ConfigError(
@@ -8978,22 +9187,14 @@ using Json = nlohmann::ordered_json;
 
 }  // namespace dettrial::detail
 // ---- end dettrial/detail/json_fwd.hpp
-// ---- begin dettrial/checkpoint/state_dict.hpp
+// ---- begin dettrial/checkpoint/python_optimizer.hpp
 // SPDX-License-Identifier: Apache-2.0
 /// @file
-/// @brief State dicts Python can load: models as name-to-tensor maps with Python's names, optimizers
-/// in Python's layout, written as a `torch.save` zip archive; and loading a model's state dict back
-/// with every name and shape checked before anything is copied.
+/// @brief An optimizer's state from Python's layout (`optimizer.state_dict()`, as Determined's and
+/// dettrial's `state_dict.pth` hold it) into LibTorch's optimizers and dettrial's fused ones: the
+/// groups' options and every parameter's state, checked before anything is changed.
 
-#include <cstdint>
-#include <filesystem>
-#include <map>
-#include <memory>
-#include <sstream>
 #include <string>
-#include <type_traits>
-#include <utility>
-#include <vector>
 
 #include <torch/torch.h>
 
@@ -9026,6 +9227,548 @@ concept CheckpointPolicyType = requires(bool improved) {
 
 namespace dettrial {
 
+/**
+ * @brief Loads Python's `optimizer.state_dict()` into `optimizer`, as Python's `load_state_dict`
+ * does: the groups' options (learning rate, momentum, betas, ...) are the file's, and each
+ * parameter's state (SGD's momentum buffer; Adam's and AdamW's `step`, `exp_avg`, `exp_avg_sq` and,
+ * with amsgrad, `max_exp_avg_sq`; RMSprop's, Adagrad's and Adadelta's) is set from it.
+ *
+ * Checked first, nothing changed on a mismatch: the number of groups and of parameters in each,
+ * every state tensor's shape against its parameter's, that each group's options are the optimizer's
+ * own (an Adam state dict does not load into SGD: the error names the group and the option), and
+ * that the file asks for nothing LibTorch's optimizers lack (`maximize: True`). CheckpointError
+ * names `what` (the file and optimizer).
+ */
+DETTRIAL_INLINE void load_optimizer_state_dict(torch::optim::Optimizer& optimizer, const StateDict& state, const std::string& what);
+
+}  // namespace dettrial
+
+// Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
+#if DETTRIAL_HEADER_DEFINITIONS
+#include <functional>
+#include <map>
+#include <memory>
+#include <set>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+// ---- begin dettrial/checkpoint/state_dict.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief State dicts Python can load: models as name-to-tensor maps with Python's names, optimizers
+/// in Python's layout, written as a `torch.save` zip archive; and loading a model's state dict back
+/// with every name and shape checked before anything is copied.
+
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include <torch/torch.h>
+
+// ---- begin dettrial/checkpoint/python_pickle.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief Reading what Python pickled: `torch.save` archives and plain pickles (Determined's
+/// `trial_state.pkl`), into LibTorch values, without Python.
+///
+/// Why not LibTorch's own unpickler: it reads what TorchScript writes, and Python's checkpoints hold
+/// more. Determined's `state_dict.pth` keeps NumPy's generator state (an ndarray, pickled through
+/// `numpy._core.multiarray._reconstruct`, its bytes through `_codecs.encode` at protocol 2), and
+/// state dicts are `OrderedDict`s with a `_metadata` attribute. This reader runs the pickle machine
+/// itself over the globals such files use, and refuses any other global by name: nothing is
+/// executed, as Python's weights-only loader does not execute.
+///
+/// What becomes what: dicts (and OrderedDicts) become dicts with keys of any type, lists and sets
+/// lists, tuples tuples, `bytes` strings, tensors tensors (on the CPU, sharing storage as saved),
+/// NumPy arrays tensors (unsigned integers widened to int64), NumPy scalars numbers.
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <string_view>
+
+#include <torch/torch.h>
+
+
+namespace dettrial::detail {
+
+/// The storage record `data/<key>` of a torch.save archive, as a 1-D tensor of `numel` elements of `dtype`.
+using PickleStorageLoader = std::function<torch::Tensor(const std::string& key, c10::ScalarType dtype, std::int64_t numel)>;
+
+/// Runs a pickle (protocols 0 to 5, the opcodes Python's pickler writes) and returns its value;
+/// `storages` resolves a torch.save archive's tensor storages (none for a plain pickle). Throws
+/// std::runtime_error naming the opcode or global it cannot read.
+DETTRIAL_INLINE c10::IValue unpickle(std::string_view pickle, const PickleStorageLoader& storages = {});
+
+}  // namespace dettrial::detail
+
+// Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
+#if DETTRIAL_HEADER_DEFINITIONS
+#include <cstring>
+#include <map>
+#include <stdexcept>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+namespace dettrial::detail {
+namespace pickle_detail {
+
+/// Objects the machine builds that are not values of their own (a global, a NumPy dtype, an array
+/// before its BUILD) are dicts tagged with this key, so that tuples and lists can hold them.
+inline constexpr const char* object_tag = "__dettrial_pickle_object__";
+
+inline c10::impl::GenericDict new_dict() { return c10::impl::GenericDict(c10::AnyType::get(), c10::AnyType::get()); }
+
+inline c10::IValue object(const std::string& kind, std::initializer_list<std::pair<const char*, c10::IValue>> fields = {}) {
+  auto d = new_dict();
+  d.insert(object_tag, kind);
+  for (const auto& [k, v] : fields) d.insert(k, v);
+  return d;
+}
+
+/// The kind of an object built by object(), or "" for an ordinary value.
+inline std::string kind_of(const c10::IValue& v) {
+  if (!v.isGenericDict()) return "";
+  const auto d = v.toGenericDict();
+  const auto it = d.find(object_tag);
+  return it == d.end() ? "" : it->value().toStringRef();
+}
+
+inline c10::IValue field(const c10::IValue& object, const char* key) { return object.toGenericDict().at(key); }
+
+inline std::vector<c10::IValue> elements(const c10::IValue& v, const char* what) {
+  if (v.isTuple()) return v.toTupleRef().elements().vec();
+  if (v.isList()) return v.toList().vec();
+  throw std::runtime_error(std::string(what) + " is not a tuple");
+}
+
+inline std::vector<std::int64_t> int_elements(const c10::IValue& v, const char* what) {
+  std::vector<std::int64_t> out;
+  for (const auto& e : elements(v, what)) {
+    if (!e.isInt()) throw std::runtime_error(std::string(what) + " holds a non-integer");
+    out.push_back(e.toInt());
+  }
+  return out;
+}
+
+DETTRIAL_INLINE c10::ScalarType storage_dtype(const std::string& name) {
+  static const std::map<std::string, c10::ScalarType> types = {{"torch.FloatStorage", c10::kFloat},
+                                                               {"torch.DoubleStorage", c10::kDouble},
+                                                               {"torch.HalfStorage", c10::kHalf},
+                                                               {"torch.BFloat16Storage", c10::kBFloat16},
+                                                               {"torch.LongStorage", c10::kLong},
+                                                               {"torch.IntStorage", c10::kInt},
+                                                               {"torch.ShortStorage", c10::kShort},
+                                                               {"torch.CharStorage", c10::kChar},
+                                                               {"torch.ByteStorage", c10::kByte},
+                                                               {"torch.BoolStorage", c10::kBool},
+                                                               {"torch.ComplexFloatStorage", c10::kComplexFloat},
+                                                               {"torch.ComplexDoubleStorage", c10::kComplexDouble},
+                                                               {"torch.UntypedStorage", c10::kByte}};
+  const auto it = types.find(name);
+  if (it == types.end()) throw std::runtime_error("tensor storage type '" + name + "' is not one dettrial reads");
+  return it->second;
+}
+
+/// A NumPy dtype string ("u4", "<f8", "|b1") as a tensor type and item size; unsigned types wider
+/// than a byte are read into int64.
+DETTRIAL_INLINE std::pair<c10::ScalarType, std::size_t> numpy_dtype(const c10::IValue& dtype) {
+  if (kind_of(dtype) != "numpy.dtype") throw std::runtime_error("a NumPy array's dtype is not a dtype");
+  const std::string descr = field(dtype, "descr").toStringRef();
+  const std::string order = field(dtype, "order").toStringRef();
+  if (order == ">") throw std::runtime_error("a big-endian NumPy array ('" + descr + "') is not one dettrial reads");
+  static const std::map<std::string, std::pair<c10::ScalarType, std::size_t>> types = {
+      {"b1", {c10::kBool, 1}}, {"u1", {c10::kByte, 1}}, {"i1", {c10::kChar, 1}},  {"i2", {c10::kShort, 2}},
+      {"u2", {c10::kLong, 2}}, {"i4", {c10::kInt, 4}},  {"u4", {c10::kLong, 4}},  {"i8", {c10::kLong, 8}},
+      {"u8", {c10::kLong, 8}}, {"f2", {c10::kHalf, 2}}, {"f4", {c10::kFloat, 4}}, {"f8", {c10::kDouble, 8}}};
+  const auto it = types.find(descr);
+  if (it == types.end()) throw std::runtime_error("NumPy dtype '" + descr + "' is not one dettrial reads");
+  return it->second;
+}
+
+/// NumPy's array state `(version, shape, dtype, is_fortran, raw bytes)` as a tensor.
+DETTRIAL_INLINE torch::Tensor numpy_array(const c10::IValue& state) {
+  const auto s = elements(state, "a NumPy array's state");
+  if (s.size() != 5) throw std::runtime_error("a NumPy array's state has " + std::to_string(s.size()) + " entries, not 5");
+  const std::vector<std::int64_t> shape = int_elements(s[1], "a NumPy array's shape");
+  const auto [dtype, item] = numpy_dtype(s[2]);
+  if (!s[4].isString()) throw std::runtime_error("a NumPy array of Python objects is not one dettrial reads");
+  const std::string& raw = s[4].toStringRef();
+  std::int64_t count = 1;
+  for (const std::int64_t d : shape) count *= d;
+  if (raw.size() != static_cast<std::size_t>(count) * item)
+    throw std::runtime_error("a NumPy array holds " + std::to_string(raw.size()) + " bytes for " + std::to_string(count) + " items");
+  const std::string descr = field(s[2], "descr").toStringRef();
+  torch::Tensor out = torch::empty({count}, dtype);
+  if (descr == "u2" || descr == "u4") {  // widened: no unsigned tensor types in every LibTorch
+    auto* to = out.data_ptr<std::int64_t>();
+    for (std::int64_t i = 0; i < count; ++i) {
+      std::uint32_t v = 0;
+      std::memcpy(&v, raw.data() + i * item, item);
+      to[i] = static_cast<std::int64_t>(v);
+    }
+  } else {
+    std::memcpy(out.data_ptr(), raw.data(), raw.size());
+  }
+  return s[3].toBool() ? out.reshape(std::vector<std::int64_t>(shape.rbegin(), shape.rend())).t().contiguous() : out.reshape(shape);
+}
+
+/// `numpy.core.multiarray.scalar(dtype, bytes)`: a NumPy number as a Python one.
+DETTRIAL_INLINE c10::IValue numpy_scalar(const std::vector<c10::IValue>& args) {
+  if (args.size() != 2 || !args[1].isString()) throw std::runtime_error("a NumPy scalar is not (dtype, bytes)");
+  const auto [dtype, item] = numpy_dtype(args[0]);
+  if (args[1].toStringRef().size() != item) throw std::runtime_error("a NumPy scalar's bytes do not fit its dtype");
+  const std::string descr = field(args[0], "descr").toStringRef();
+  torch::Tensor t = torch::empty({1}, dtype);
+  if (descr == "u2" || descr == "u4") {
+    std::uint32_t v = 0;
+    std::memcpy(&v, args[1].toStringRef().data(), item);
+    return static_cast<std::int64_t>(v);
+  }
+  std::memcpy(t.data_ptr(), args[1].toStringRef().data(), item);
+  if (t.is_floating_point()) return t.item<double>();
+  if (dtype == c10::kBool) return t.item<bool>();
+  return t.item<std::int64_t>();
+}
+
+/// `_codecs.encode(text, encoding)`, how protocol 2 pickles `bytes`: the text's code points are the bytes.
+DETTRIAL_INLINE std::string encode_bytes(const std::string& utf8, const std::string& encoding) {
+  if (encoding != "latin1" && encoding != "latin-1") return utf8;
+  std::string out;
+  for (std::size_t i = 0; i < utf8.size(); ++i) {
+    const auto c = static_cast<unsigned char>(utf8[i]);
+    if (c < 0x80) {
+      out.push_back(static_cast<char>(c));
+    } else if ((c & 0xe0) == 0xc0 && i + 1 < utf8.size()) {
+      out.push_back(static_cast<char>(((c & 0x1f) << 6) | (static_cast<unsigned char>(utf8[++i]) & 0x3f)));
+    } else {
+      throw std::runtime_error("_codecs.encode: a code point above 255 in latin1 text");
+    }
+  }
+  return out;
+}
+
+/// The pickle machine: its stack, marks and memo, and the opcodes' effects.
+class Machine {
+ public:
+  Machine(std::string_view pickle, const PickleStorageLoader& storages) : in_(pickle), storages_(storages) {}
+
+  c10::IValue run();
+
+ private:
+  [[noreturn]] void fail(const std::string& why) const { throw std::runtime_error("pickle offset " + std::to_string(at_) + ": " + why); }
+  std::string_view take(std::size_t n) {
+    if (at_ + n > in_.size()) fail("the pickle ends inside an opcode");
+    const std::string_view out = in_.substr(at_, n);
+    at_ += n;
+    return out;
+  }
+  std::uint64_t little(std::size_t n) {
+    const std::string_view b = take(n);
+    std::uint64_t v = 0;
+    for (std::size_t i = 0; i < n; ++i) v |= static_cast<std::uint64_t>(static_cast<unsigned char>(b[i])) << (8 * i);
+    return v;
+  }
+  std::string line() {
+    const std::size_t nl = in_.find('\n', at_);
+    if (nl == std::string_view::npos) fail("the pickle ends inside a text argument");
+    std::string out(in_.substr(at_, nl - at_));
+    at_ = nl + 1;
+    return out;
+  }
+  c10::IValue pop() {
+    if (stack_.size() <= floor()) fail("the stack is empty");
+    c10::IValue v = std::move(stack_.back());
+    stack_.pop_back();
+    return v;
+  }
+  std::size_t floor() const { return marks_.empty() ? 0 : marks_.back(); }
+  std::vector<c10::IValue> pop_to_mark() {
+    if (marks_.empty()) fail("no MARK");
+    std::vector<c10::IValue> items(std::make_move_iterator(stack_.begin() + static_cast<std::ptrdiff_t>(marks_.back())),
+                                   std::make_move_iterator(stack_.end()));
+    stack_.resize(marks_.back());
+    marks_.pop_back();
+    return items;
+  }
+  c10::IValue& top() {
+    if (stack_.size() <= floor()) fail("the stack is empty");
+    return stack_.back();
+  }
+  static c10::IValue tuple(std::vector<c10::IValue> items) { return c10::ivalue::Tuple::create(std::move(items)); }
+  static c10::IValue list(std::vector<c10::IValue> items) {
+    c10::impl::GenericList l(c10::AnyType::get());
+    for (auto& i : items) l.push_back(std::move(i));
+    return l;
+  }
+  void put(std::uint64_t slot) { memo_[slot] = top(); }
+  void get(std::uint64_t slot) {
+    const auto it = memo_.find(slot);
+    if (it == memo_.end()) fail("memo slot " + std::to_string(slot) + " is empty");
+    stack_.push_back(it->second);
+  }
+  void set_items(std::vector<c10::IValue> items) {
+    c10::IValue& target = top();
+    if (!target.isGenericDict() || !kind_of(target).empty()) fail("SETITEMS on something that is not a dict");
+    auto d = target.toGenericDict();
+    for (std::size_t i = 0; i + 1 < items.size(); i += 2) d.insert_or_assign(std::move(items[i]), std::move(items[i + 1]));
+  }
+  void append_items(std::vector<c10::IValue> items) {
+    c10::IValue& target = top();
+    if (!target.isList()) fail("APPENDS on something that is not a list");
+    auto l = target.toList();
+    for (auto& i : items) l.push_back(std::move(i));
+  }
+  c10::IValue long_value(std::string_view bytes) {
+    if (bytes.empty()) return std::int64_t{0};
+    if (bytes.size() > 8) fail("an integer wider than 64 bits");
+    std::uint64_t v = 0;
+    for (std::size_t i = 0; i < bytes.size(); ++i) v |= static_cast<std::uint64_t>(static_cast<unsigned char>(bytes[i])) << (8 * i);
+    if (bytes.size() < 8 && (static_cast<unsigned char>(bytes.back()) & 0x80)) v |= ~std::uint64_t{0} << (8 * bytes.size());
+    return static_cast<std::int64_t>(v);
+  }
+  c10::IValue global(const std::string& module, const std::string& name);
+  c10::IValue call(const c10::IValue& callable, std::vector<c10::IValue> args);
+  c10::IValue build(c10::IValue object, c10::IValue state);
+  c10::IValue persistent_load(const c10::IValue& id);
+  bool step(unsigned char op);
+
+  std::string_view in_;
+  std::size_t at_ = 0;
+  const PickleStorageLoader& storages_;
+  std::vector<c10::IValue> stack_;
+  std::vector<std::size_t> marks_;
+  std::unordered_map<std::uint64_t, c10::IValue> memo_;
+  std::map<std::string, torch::Tensor> storage_cache_;
+  std::optional<c10::IValue> result_;
+};
+
+DETTRIAL_INLINE c10::IValue Machine::global(const std::string& module, const std::string& name) {
+  std::string full = module + "." + name;
+  // NumPy moved its internals from numpy.core to numpy._core in 2.0; pickles name either.
+  if (full.rfind("numpy.core.", 0) == 0) full = "numpy._core." + full.substr(std::strlen("numpy.core."));
+  if (full == "__builtin__.set" || full == "__builtin__.frozenset") full = "builtins." + name;
+  return object("global", {{"name", full}});
+}
+
+DETTRIAL_INLINE c10::IValue Machine::call(const c10::IValue& callable, std::vector<c10::IValue> args) {
+  if (kind_of(callable) != "global") fail("REDUCE of something that is not a global");
+  const std::string name = field(callable, "name").toStringRef();
+  const auto arg = [&](std::size_t i) -> const c10::IValue& {
+    if (i >= args.size()) fail(name + " has too few arguments");
+    return args[i];
+  };
+  if (name == "collections.OrderedDict") {
+    c10::IValue d = new_dict();
+    if (!args.empty()) {
+      std::vector<c10::IValue> items;
+      for (const auto& pair : elements(arg(0), "OrderedDict's items"))
+        for (auto& e : elements(pair, "an OrderedDict item")) items.push_back(std::move(e));
+      stack_.push_back(d);
+      set_items(std::move(items));
+      stack_.pop_back();
+    }
+    return d;
+  }
+  if (name == "torch._utils._rebuild_tensor_v2" || name == "torch._utils._rebuild_tensor") {
+    const torch::Tensor& storage = arg(0).toTensor();
+    const std::vector<std::int64_t> size = int_elements(arg(2), "a tensor's size"), stride = int_elements(arg(3), "a tensor's stride");
+    return storage.as_strided(size, stride, arg(1).toInt());
+  }
+  if (name == "torch._utils._rebuild_parameter" || name == "torch._utils._rebuild_parameter_with_state") return arg(0);
+  if (name == "_codecs.encode") return encode_bytes(arg(0).toStringRef(), args.size() > 1 ? arg(1).toStringRef() : "utf-8");
+  if (name == "numpy._core.multiarray._reconstruct") return object("numpy.ndarray");
+  if (name == "numpy.dtype") return object("numpy.dtype", {{"descr", arg(0).toStringRef()}, {"order", std::string("=")}});
+  if (name == "numpy._core.multiarray.scalar") return numpy_scalar(args);
+  if (name == "builtins.set" || name == "builtins.frozenset") return args.empty() ? list({}) : list(elements(arg(0), "a set's items"));
+  if (name == "torch.device") return arg(0);
+  if (name == "torch.Size") return tuple(elements(arg(0), "a torch.Size"));
+  if (name.rfind("torch.jit._pickle.build_", 0) == 0 || name == "torch.jit._pickle.restore_type_tag") return arg(0);
+  fail("the pickle holds a Python object of type '" + name + "', which dettrial does not read (it reads state dicts: tensors, numbers, " +
+       "strings, lists, tuples, dicts, NumPy arrays)");
+}
+
+DETTRIAL_INLINE c10::IValue Machine::build(c10::IValue object, c10::IValue state) {
+  const std::string kind = kind_of(object);
+  if (kind == "numpy.ndarray") return numpy_array(state);
+  if (kind == "numpy.dtype") {
+    const auto s = elements(state, "a NumPy dtype's state");
+    if (s.size() > 1 && s[1].isString()) object.toGenericDict().insert_or_assign("order", s[1]);
+    return object;
+  }
+  if (object.isGenericDict() || object.isTensor()) return object;  // an OrderedDict's `_metadata`, a tensor's hooks
+  fail("BUILD of something dettrial cannot set state on");
+}
+
+DETTRIAL_INLINE c10::IValue Machine::persistent_load(const c10::IValue& id) {
+  const auto parts = elements(id, "a persistent id");
+  if (parts.size() < 5 || !parts[0].isString() || parts[0].toStringRef() != "storage") fail("a persistent id other than a tensor storage");
+  if (!storages_) fail("a tensor storage in a plain pickle (not a torch.save archive)");
+  const std::string key = parts[2].toStringRef();
+  if (const auto it = storage_cache_.find(key); it != storage_cache_.end()) return it->second;
+  if (kind_of(parts[1]) != "global") fail("a storage without its type");
+  const torch::Tensor storage = storages_(key, storage_dtype(field(parts[1], "name").toStringRef()), parts[4].toInt());
+  storage_cache_[key] = storage;
+  return storage;
+}
+
+DETTRIAL_INLINE c10::IValue Machine::run() {
+  while (!result_) {
+    if (at_ >= in_.size()) fail("the pickle ends without STOP");
+    const auto op = static_cast<unsigned char>(in_[at_++]);
+    if (!step(op)) fail("opcode 0x" + c10::str(std::hex, static_cast<int>(op)) + " is not one dettrial reads");
+  }
+  return *result_;
+}
+
+// One case per opcode, as the protocol's table reads.
+DETTRIAL_INLINE bool Machine::step(unsigned char op) {
+  switch (op) {
+    case 0x80: take(1); break;  // PROTO
+    case 0x95: take(8); break;  // FRAME
+    case '.': result_ = pop(); break;
+    case '(': marks_.push_back(stack_.size()); break;
+    case '0': pop(); break;
+    case '1': pop_to_mark(); break;
+    case '2': stack_.push_back(top()); break;
+    case 'N': stack_.emplace_back(); break;
+    case 0x88: stack_.emplace_back(true); break;
+    case 0x89: stack_.emplace_back(false); break;
+    case 'I': {
+      const std::string t = line();
+      if (t == "00" || t == "01") stack_.emplace_back(t == "01");
+      else stack_.emplace_back(static_cast<std::int64_t>(std::stoll(t)));
+      break;
+    }
+    case 'L': {
+      std::string t = line();
+      if (!t.empty() && t.back() == 'L') t.pop_back();
+      stack_.emplace_back(static_cast<std::int64_t>(std::stoll(t)));
+      break;
+    }
+    case 'J': stack_.emplace_back(static_cast<std::int64_t>(static_cast<std::int32_t>(little(4)))); break;
+    case 'K': stack_.emplace_back(static_cast<std::int64_t>(little(1))); break;
+    case 'M': stack_.emplace_back(static_cast<std::int64_t>(little(2))); break;
+    case 0x8a: stack_.push_back(long_value(take(little(1)))); break;
+    case 0x8b: stack_.push_back(long_value(take(little(4)))); break;
+    case 'F': stack_.emplace_back(std::stod(line())); break;
+    case 'G': {
+      const std::string_view b = take(8);
+      std::uint64_t bits = 0;
+      for (const char c : b) bits = bits << 8 | static_cast<unsigned char>(c);
+      double v = 0;
+      std::memcpy(&v, &bits, 8);
+      stack_.emplace_back(v);
+      break;
+    }
+    case 'X':
+    case 'T':
+    case 'B': stack_.emplace_back(std::string(take(little(4)))); break;  // BINUNICODE BINSTRING BINBYTES
+    case 0x8c:
+    case 'U':
+    case 'C': stack_.emplace_back(std::string(take(little(1)))); break;  // SHORT_*
+    case 0x8d:
+    case 0x8e:
+    case 0x96: stack_.emplace_back(std::string(take(little(8)))); break;  // *8, BYTEARRAY8
+    case 'V': stack_.emplace_back(line()); break;                         // UNICODE (raw-unicode-escape; ASCII as is)
+    case ']': stack_.push_back(list({})); break;
+    case 'l': stack_.push_back(list(pop_to_mark())); break;
+    case 'a': {
+      c10::IValue v = pop();
+      append_items({std::move(v)});
+      break;
+    }
+    case 'e': append_items(pop_to_mark()); break;
+    case ')': stack_.push_back(tuple({})); break;
+    case 't': stack_.push_back(tuple(pop_to_mark())); break;
+    case 0x85:
+    case 0x86:
+    case 0x87: {  // TUPLE1..3
+      std::vector<c10::IValue> items(op - 0x84);
+      for (auto it = items.rbegin(); it != items.rend(); ++it) *it = pop();
+      stack_.push_back(tuple(std::move(items)));
+      break;
+    }
+    case '}': stack_.emplace_back(new_dict()); break;
+    case 'd': {
+      std::vector<c10::IValue> items = pop_to_mark();
+      stack_.emplace_back(new_dict());
+      set_items(std::move(items));
+      break;
+    }
+    case 's': {
+      c10::IValue value = pop(), key = pop();
+      set_items({std::move(key), std::move(value)});
+      break;
+    }
+    case 'u': set_items(pop_to_mark()); break;
+    case 0x8f: stack_.push_back(list({})); break;             // EMPTY_SET
+    case 0x90: append_items(pop_to_mark()); break;            // ADDITEMS
+    case 0x91: stack_.push_back(list(pop_to_mark())); break;  // FROZENSET
+    case 'c': {
+      const std::string module = line();
+      stack_.push_back(global(module, line()));
+      break;
+    }
+    case 0x93: {  // STACK_GLOBAL
+      const c10::IValue name = pop(), module = pop();
+      if (!name.isString() || !module.isString()) fail("STACK_GLOBAL of something that is not a name");
+      stack_.push_back(global(module.toStringRef(), name.toStringRef()));
+      break;
+    }
+    case 'R': {
+      const c10::IValue args = pop(), callable = pop();
+      stack_.push_back(call(callable, elements(args, "REDUCE's arguments")));
+      break;
+    }
+    case 0x81: {  // NEWOBJ: cls.__new__(cls, *args)
+      const c10::IValue args = pop(), cls = pop();
+      stack_.push_back(call(cls, elements(args, "NEWOBJ's arguments")));
+      break;
+    }
+    case 'b': {
+      c10::IValue state = pop();
+      c10::IValue object = pop();
+      c10::IValue built = build(object, std::move(state));
+      if (!built.is(object))  // the memo holds the object before its BUILD: it now means the built one
+        for (auto& [slot, value] : memo_)
+          if (value.is(object)) value = built;
+      stack_.push_back(std::move(built));
+      break;
+    }
+    case 'p': put(std::stoull(line())); break;
+    case 'q': put(little(1)); break;
+    case 'r': put(little(4)); break;
+    case 0x94: put(memo_.size()); break;  // MEMOIZE
+    case 'g': get(std::stoull(line())); break;
+    case 'h': get(little(1)); break;
+    case 'j': get(little(4)); break;
+    case 'Q': stack_.push_back(persistent_load(pop())); break;
+    default: return false;
+  }
+  return true;
+}
+
+}  // namespace pickle_detail
+
+DETTRIAL_INLINE c10::IValue unpickle(std::string_view pickle, const PickleStorageLoader& storages) {
+  return pickle_detail::Machine(pickle, storages).run();
+}
+
+}  // namespace dettrial::detail
+#endif  // DETTRIAL_HEADER_DEFINITIONS
+// ---- end dettrial/checkpoint/python_pickle.hpp
+
+namespace dettrial {
+
 namespace detail {
 
 /**
@@ -9035,8 +9778,8 @@ namespace detail {
  */
 DETTRIAL_INLINE std::string pickle_archive(const c10::IValue& value);
 
-/// A pickle Python's torch.save wrote, rewritten into the opcodes LibTorch's unpickler reads.
-DETTRIAL_INLINE std::string pickle_for_libtorch(std::string_view pickle);
+/// `value` as a plain pickle (no tensors): what Python's `pickle.load` reads.
+DETTRIAL_INLINE std::string pickle_bytes(const c10::IValue& value);
 
 /// Reads an archive written by pickle_archive or by Python's `torch.save` (state dicts, checkpoints:
 /// dicts, lists, tensors, numbers, strings); `file` names it in errors.
@@ -9055,6 +9798,9 @@ void for_each_state_entry(const torch::nn::Module& module, F&& f) {
 }
 
 DETTRIAL_INLINE std::string shape_text(c10::IntArrayRef sizes);
+
+/// Python's DistributedDataParallel saves `module.<name>`: the model's own names without it.
+DETTRIAL_INLINE StateDict unwrapped(const StateDict& d);
 
 inline c10::IValue scalar_tensor(double v) { return torch::tensor(v, torch::kFloat32); }
 
@@ -9112,11 +9858,9 @@ DETTRIAL_INLINE void load_module_state_dict(torch::nn::Module& module, const Sta
 #include <torch/csrc/jit/serialization/export.h>
 #include <torch/csrc/jit/serialization/pickle.h>
 #include <torch/csrc/jit/serialization/pickler.h>
-#include <torch/csrc/jit/serialization/unpickler.h>
 
 #include <algorithm>
 #include <cstring>
-#include <set>
 #include <stdexcept>
 #include <string_view>
 
@@ -9141,216 +9885,14 @@ DETTRIAL_INLINE std::string pickle_archive(const c10::IValue& value) {
   return out;
 }
 
-DETTRIAL_INLINE std::string pickle_for_libtorch(std::string_view pickle) {
-  // LibTorch's unpickler reads what LibTorch writes, not all that Python's torch.save writes:
-  // - `collections.OrderedDict` becomes None (LibTorch expects one only as a tensor's empty backward
-  //   hooks), so a Python state dict (an OrderedDict with a `_metadata` attribute) does not load;
-  // - SETITEM and APPEND (one item at a time, which Python writes for a batch of one) are unknown.
-  // So the pickle is rewritten opcode by opcode, following the stack: `OrderedDict()` becomes an
-  // empty dict (its items follow as SETITEMS either way); BUILD, which would set `_metadata`, goes
-  // with the opcodes of that state (POP is unknown too); SETITEM becomes MARK (put before its key)
-  // + SETITEMS, APPEND MARK + APPENDS.
-  // Pickles are position-independent (the memo is indexed, not addressed), so this is safe.
-  struct Entry {
-    std::size_t start;  // where the opcodes that pushed it begin in `out`
-    bool mark = false;
-    bool ordered_dict = false;  // the OrderedDict class itself (emitted as nothing)
-  };
+DETTRIAL_INLINE std::string pickle_bytes(const c10::IValue& value) {
   std::string out;
-  out.reserve(pickle.size() + 64);
-  std::vector<Entry> stack;
-  std::set<std::uint64_t> class_memo;           // memo slots of the OrderedDict class (left empty)
-  std::map<std::uint64_t, std::size_t> put_at;  // where each memo slot was filled in `out`
-  std::set<std::uint64_t> dropped_memo;         // slots filled inside dropped opcodes
-  bool rewrote = false;
-  std::size_t i = 0;
-  const auto fail = [](const std::string& why) { throw std::runtime_error("unsupported pickle: " + why); };
-  const auto need = [&](std::size_t n) {
-    if (i + n > pickle.size()) fail("it ends inside an opcode");
-  };
-  const auto little_endian = [&](std::size_t at, std::size_t n) {
-    std::uint64_t v = 0;
-    for (std::size_t b = 0; b < n; ++b) v |= static_cast<std::uint64_t>(static_cast<unsigned char>(pickle[at + b])) << (8 * b);
-    return v;
-  };
-  const auto line_end = [&](std::size_t from) {
-    const std::size_t nl = pickle.find('\n', from);
-    if (nl == std::string_view::npos) fail("it ends inside a text argument");
-    return nl + 1;
-  };
-  const auto pop = [&](std::size_t n) {
-    if (stack.size() < n) fail("stack underflow");
-    for (std::size_t k = 0; k < n; ++k) {
-      if (stack.back().ordered_dict) fail("an OrderedDict is built other than as OrderedDict()");
-      stack.pop_back();
-    }
-  };
-  const auto pop_to_mark = [&] {  // pops through the mark; returns where the mark began
-    while (!stack.empty() && !stack.back().mark) pop(1);
-    if (stack.empty()) fail("no MARK");
-    const std::size_t start = stack.back().start;
-    stack.pop_back();
-    return start;
-  };
-  const auto top_is_class = [&] { return !stack.empty() && stack.back().ordered_dict; };
-  while (i < pickle.size()) {
-    const std::size_t start = i;
-    const unsigned char op = static_cast<unsigned char>(pickle[i++]);
-    std::size_t arg_end = i;
-    // clang-format off: one line per argument size, as the protocol's table reads
-    switch (op) {
-      case 0x80: case 'K': case 'q': case 'h': case 0x82: arg_end = i + 1; break;  // PROTO BININT1 BINPUT BINGET EXT1
-      case 'M': case 0x83: arg_end = i + 2; break;                                   // BININT2 EXT2
-      case 'J': case 'r': case 'j': case 0x84: arg_end = i + 4; break;               // BININT LONG_BINPUT LONG_BINGET EXT4
-      case 'G': case 0x95: arg_end = i + 8; break;                                   // BINFLOAT FRAME
-      case 0x8a: case 'U': case 'C': case 0x8c: need(1); arg_end = i + 1 + little_endian(i, 1); break;  // LONG1 SHORT_BIN*
-      case 0x8b: case 'X': case 'T': case 'B': need(4); arg_end = i + 4 + little_endian(i, 4); break;   // LONG4 BIN*
-      case 0x8d: case 0x8e: case 0x96: need(8); arg_end = i + 8 + little_endian(i, 8); break;            // *8
-      case 'I': case 'L': case 'F': case 'S': case 'V': case 'P': case 'p': case 'g': arg_end = line_end(i); break;
-      case 'c': case 'i': arg_end = line_end(line_end(i)); break;  // GLOBAL, INST: module and name lines
-      default: break;
-    }
-    // clang-format on
-    need(arg_end - i);
-    i = arg_end;
-    const std::string_view whole = pickle.substr(start, arg_end - start);
-    const std::size_t here = out.size();
-    switch (op) {
-      case 'c':
-        if (whole == std::string_view("ccollections\nOrderedDict\n")) {
-          stack.push_back({here, false, true});
-          rewrote = true;
-          continue;
-        }
-        stack.push_back({here});
-        break;
-      case 'q':
-      case 'r': {  // PUT: the OrderedDict class's slot is remembered, not filled
-        const std::uint64_t slot = little_endian(start + 1, op == 'q' ? 1 : 4);
-        if (top_is_class()) {
-          class_memo.insert(slot);
-          continue;
-        }
-        put_at[slot] = here;
-        break;
-      }
-      case 'p':
-      case 'g': throw std::runtime_error("unsupported pickle: text PUT and GET opcodes (protocol 0)");
-      case 'h':
-      case 'j':
-        if (dropped_memo.count(little_endian(start + 1, op == 'h' ? 1 : 4)))
-          fail("a value inside a state dict's _metadata is used elsewhere");
-        if (class_memo.count(little_endian(start + 1, op == 'h' ? 1 : 4))) {
-          stack.push_back({here, false, true});
-          continue;
-        }
-        stack.push_back({here});
-        break;
-      case ')':
-        if (top_is_class() && i < pickle.size() && pickle[i] == 'R') {  // OrderedDict() → {}
-          ++i;
-          const std::size_t at = stack.back().start;
-          stack.pop_back();
-          stack.push_back({at});
-          out.push_back('}');
-          continue;
-        }
-        stack.push_back({here});
-        break;
-      case 's':
-      case 'a': {  // SETITEM, APPEND → MARK before the key (or item) + SETITEMS, APPENDS
-        const std::size_t items = op == 's' ? 2 : 1;
-        if (stack.size() < items + 1) fail("stack underflow");
-        const std::size_t first = stack[stack.size() - items].start;
-        pop(items);
-        out.insert(out.begin() + static_cast<std::ptrdiff_t>(first), '(');
-        out.push_back(op == 's' ? 'u' : 'e');
-        continue;
-      }
-      case 'b':  // BUILD: after a rewritten OrderedDict the state is its `_metadata`: its opcodes are dropped
-        if (rewrote) {
-          if (stack.empty()) fail("stack underflow");
-          const std::size_t state_start = stack.back().start;
-          pop(1);
-          out.resize(state_start);
-          for (const auto& [slot, at] : put_at)
-            if (at >= state_start) dropped_memo.insert(slot);
-          continue;
-        }
-        pop(1);
-        break;
-      case '(': stack.push_back({here, true}); break;
-      case 't':
-      case 'l':
-      case 'd': stack.push_back({pop_to_mark()}); break;  // TUPLE LIST DICT
-      case 'u':
-      case 'e': pop_to_mark(); break;  // SETITEMS APPENDS
-      case '1': pop_to_mark(); break;  // POP_MARK
-      case '0': pop(1); break;
-      case '2':
-        if (stack.empty()) fail("DUP of nothing");
-        stack.push_back(stack.back());
-        break;
-      case 0x85:
-      case 0x86:
-      case 0x87: {  // TUPLE1..3
-        const std::size_t n = op - 0x84;
-        if (stack.size() < n) fail("stack underflow");
-        const std::size_t at = stack[stack.size() - n].start;
-        pop(n);
-        stack.push_back({at});
-        break;
-      }
-      case 'R':
-      case 0x81:
-      case 0x93: {  // REDUCE NEWOBJ STACK_GLOBAL: two in, one out
-        if (stack.size() < 2) fail("stack underflow");
-        const std::size_t at = stack[stack.size() - 2].start;
-        pop(2);
-        stack.push_back({at});
-        break;
-      }
-      case 'Q': {  // BINPERSID: replaces the top
-        if (stack.empty()) fail("stack underflow");
-        const std::size_t at = stack.back().start;
-        pop(1);
-        stack.push_back({at});
-        break;
-      }
-      case 0x80:
-      case 0x95:
-      case 0x94:
-      case '.': break;  // PROTO FRAME MEMOIZE STOP
-      case 'K':
-      case 'M':
-      case 'J':
-      case 'I':
-      case 'L':
-      case 'F':
-      case 'G':
-      case 'S':
-      case 'T':
-      case 'U':
-      case 'V':
-      case 'X':
-      case 'B':
-      case 'C':
-      case 0x8a:
-      case 0x8b:
-      case 0x8c:
-      case 0x8d:
-      case 0x8e:
-      case 'N':
-      case 0x88:
-      case 0x89:
-      case '}':
-      case ']':
-      case 'P':
-      case 0x8f: stack.push_back({here}); break;
-      default: fail("opcode " + std::to_string(op));
-    }
-    out.append(whole);
-  }
+  torch::jit::Pickler pickler([&](const char* bytes, std::size_t n) { out.append(bytes, n); }, /*tensor_table=*/nullptr,
+                              /*type_renamer=*/nullptr, /*memoized_class_types=*/nullptr, /*get_tensor_id=*/nullptr,
+                              /*tag_aggregates=*/false);
+  pickler.protocol();
+  pickler.pushIValue(value);
+  pickler.stop();
   return out;
 }
 
@@ -9359,22 +9901,29 @@ DETTRIAL_INLINE c10::IValue unpickle_archive(const std::string& bytes, const std
     std::istringstream stream(bytes);
     caffe2::serialize::PyTorchStreamReader reader(&stream);
     auto [pickle_data, pickle_size] = reader.getRecord("data.pkl");
-    const std::string pickle = pickle_for_libtorch(std::string_view(static_cast<const char*>(pickle_data.get()), pickle_size));
-    std::size_t read = 0;
-    torch::jit::Unpickler unpickler(
-        [&](char* buffer, std::size_t n) {
-          n = std::min(n, pickle.size() - read);
-          std::memcpy(buffer, pickle.data() + read, n);
-          read += n;
-          return n;
-        },
-        /*type_resolver=*/nullptr, /*obj_loader=*/nullptr,
-        [&](const std::string& name) { return std::get<0>(reader.getRecord("data/" + name)); }, /*device=*/{});
-    unpickler.set_version(reader.version());
-    return unpickler.parse_ivalue();
+    const auto storages = [&](const std::string& key, c10::ScalarType dtype, std::int64_t numel) {
+      auto [data, size] = reader.getRecord("data/" + key);
+      torch::Tensor out = torch::empty({numel}, torch::TensorOptions().dtype(dtype));
+      const std::size_t expected = static_cast<std::size_t>(numel) * out.element_size();
+      if (size < expected)
+        throw std::runtime_error("tensor storage '" + key + "' holds " + std::to_string(size) + " bytes where " + std::to_string(expected) +
+                                 " are needed");
+      std::memcpy(out.data_ptr(), data.get(), expected);
+      return out;
+    };
+    return unpickle(std::string_view(static_cast<const char*>(pickle_data.get()), pickle_size), storages);
   } catch (const std::exception& e) {
     throw CheckpointError("cannot read '" + file.string() + "' as a torch.save archive: " + first_line(e.what()));
   }
+}
+
+DETTRIAL_INLINE StateDict unwrapped(const StateDict& d) {
+  const std::string prefix = "module.";
+  for (const auto& entry : d)
+    if (!entry.key().isString() || entry.key().toStringRef().compare(0, prefix.size(), prefix) != 0) return d;
+  StateDict out(c10::StringType::get(), c10::TensorType::get());
+  for (const auto& entry : d) out.insert(entry.key().toStringRef().substr(prefix.size()), entry.value());
+  return out;
 }
 
 DETTRIAL_INLINE std::string shape_text(c10::IntArrayRef sizes) {
@@ -9456,6 +10005,8 @@ DETTRIAL_INLINE StateDict module_state_dict(const torch::nn::Module& module) {
 }
 
 DETTRIAL_INLINE StateDict optimizer_state_dict(torch::optim::Optimizer& optimizer) {
+  // A fused optimizer keeps its step counts on the device between checkpoints.
+  if (auto* capturable = dynamic_cast<optim::CapturableOptimizer*>(&optimizer)) capturable->pull_host_state();
   StateDict state(c10::IntType::get(), c10::AnyType::get());
   c10::impl::GenericList groups(c10::AnyType::get());
   std::int64_t index = 0;
@@ -9510,6 +10061,266 @@ DETTRIAL_INLINE void load_module_state_dict(torch::nn::Module& module, const Sta
 }  // namespace dettrial
 #endif  // DETTRIAL_HEADER_DEFINITIONS
 // ---- end dettrial/checkpoint/state_dict.hpp
+
+namespace dettrial {
+namespace python_optimizer_detail {
+
+/// A number from the file: Python writes steps as numbers or as 0-dim tensors, flags as bools.
+inline double number(const c10::IValue& v, const std::string& what) {
+  if (v.isDouble()) return v.toDouble();
+  if (v.isInt()) return static_cast<double>(v.toInt());
+  if (v.isBool()) return v.toBool() ? 1.0 : 0.0;
+  if (v.isTensor() && v.toTensor().numel() == 1) return v.toTensor().item<double>();
+  throw CheckpointError(what + " is not a number");
+}
+
+/// One optimizer type: the options it has (beyond those every optimizer carries), how to set them
+/// and how to make a parameter's state from the file's entries.
+struct Kind {
+  const char* name;
+  std::set<std::string> options;
+  std::function<void(torch::optim::OptimizerOptions&, const std::string& key, const c10::IValue& value, const std::string& what)> set;
+  std::function<std::unique_ptr<torch::optim::OptimizerParamState>(const StateDict& entries, const torch::Tensor& param,
+                                                                   const std::string& what)>
+      make_state;
+};
+
+/// Options Python's optimizers carry that change nothing in LibTorch's arithmetic.
+inline const std::set<std::string>& ignored_options() {
+  static const std::set<std::string> keys = {"params",     "foreach",  "differentiable", "fused",
+                                             "capturable", "maximize", "initial_lr",     "decoupled_weight_decay"};
+  return keys;
+}
+
+/// A state entry as a tensor shaped like `param` (on its device), or undefined when absent.
+inline torch::Tensor tensor_entry(const StateDict& entries, const char* key, const torch::Tensor& param, const std::string& what) {
+  const auto it = entries.find(key);
+  if (it == entries.end() || it->value().isNone()) return {};
+  if (!it->value().isTensor()) throw CheckpointError(what + ": '" + key + "' is not a tensor");
+  const torch::Tensor t = it->value().toTensor();
+  if (t.sizes() != param.sizes())
+    throw CheckpointError(what + ": '" + key + "' has shape " + detail::shape_text(t.sizes()) + " but the parameter " +
+                          detail::shape_text(param.sizes()));
+  return t.to(param.device(), param.scalar_type()).clone();
+}
+
+inline std::int64_t step_entry(const StateDict& entries, const std::string& what) {
+  const auto it = entries.find("step");
+  return it == entries.end() ? 0 : static_cast<std::int64_t>(number(it->value(), what + ": 'step'"));
+}
+
+template <class Options>
+void set_adam(Options& o, const std::string& key, const c10::IValue& v, const std::string& what) {
+  if (key == "lr") o.lr(number(v, what));
+  else if (key == "eps") o.eps(number(v, what));
+  else if (key == "weight_decay") o.weight_decay(number(v, what));
+  else if (key == "amsgrad") o.amsgrad(number(v, what) != 0);
+  else if (key == "betas") {
+    if (!v.isTuple() && !v.isList()) throw CheckpointError(what + " is not a pair");
+    const auto b = v.isTuple() ? v.toTupleRef().elements().vec() : v.toList().vec();
+    if (b.size() != 2) throw CheckpointError(what + " is not a pair");
+    o.betas({number(b[0], what), number(b[1], what)});
+  }
+}
+
+template <class State>
+std::unique_ptr<torch::optim::OptimizerParamState> adam_state(const StateDict& e, const torch::Tensor& p, const std::string& what) {
+  auto s = std::make_unique<State>();
+  s->step(step_entry(e, what));
+  s->exp_avg(tensor_entry(e, "exp_avg", p, what));
+  s->exp_avg_sq(tensor_entry(e, "exp_avg_sq", p, what));
+  s->max_exp_avg_sq(tensor_entry(e, "max_exp_avg_sq", p, what));
+  if (!s->exp_avg().defined() || !s->exp_avg_sq().defined()) throw CheckpointError(what + " lacks exp_avg or exp_avg_sq");
+  return s;
+}
+
+inline Kind sgd_kind() {
+  using namespace torch::optim;
+  return {"SGD",
+          {"lr", "momentum", "dampening", "weight_decay", "nesterov"},
+          [](OptimizerOptions& base, const std::string& k, const c10::IValue& v, const std::string& what) {
+            auto& o = static_cast<SGDOptions&>(base);
+            if (k == "lr") o.lr(number(v, what));
+            else if (k == "momentum") o.momentum(number(v, what));
+            else if (k == "dampening") o.dampening(number(v, what));
+            else if (k == "weight_decay") o.weight_decay(number(v, what));
+            else if (k == "nesterov") o.nesterov(number(v, what) != 0);
+          },
+          [](const StateDict& e, const torch::Tensor& p, const std::string& what) -> std::unique_ptr<OptimizerParamState> {
+            auto s = std::make_unique<SGDParamState>();
+            s->momentum_buffer(tensor_entry(e, "momentum_buffer", p, what));
+            return s;
+          }};
+}
+
+inline Kind adam_kind() {
+  using namespace torch::optim;
+  return {"Adam",
+          {"lr", "betas", "eps", "weight_decay", "amsgrad"},
+          [](OptimizerOptions& o, const std::string& k, const c10::IValue& v, const std::string& what) {
+            set_adam(static_cast<AdamOptions&>(o), k, v, what);
+          },
+          adam_state<AdamParamState>};
+}
+
+inline Kind adamw_kind() {
+  using namespace torch::optim;
+  return {"AdamW",
+          {"lr", "betas", "eps", "weight_decay", "amsgrad"},
+          [](OptimizerOptions& o, const std::string& k, const c10::IValue& v, const std::string& what) {
+            set_adam(static_cast<AdamWOptions&>(o), k, v, what);
+          },
+          adam_state<AdamWParamState>};
+}
+
+inline Kind rmsprop_kind() {
+  using namespace torch::optim;
+  return {"RMSprop",
+          {"lr", "alpha", "eps", "weight_decay", "momentum", "centered"},
+          [](OptimizerOptions& base, const std::string& k, const c10::IValue& v, const std::string& what) {
+            auto& o = static_cast<RMSpropOptions&>(base);
+            if (k == "lr") o.lr(number(v, what));
+            else if (k == "alpha") o.alpha(number(v, what));
+            else if (k == "eps") o.eps(number(v, what));
+            else if (k == "weight_decay") o.weight_decay(number(v, what));
+            else if (k == "momentum") o.momentum(number(v, what));
+            else if (k == "centered") o.centered(number(v, what) != 0);
+          },
+          [](const StateDict& e, const torch::Tensor& p, const std::string& what) -> std::unique_ptr<OptimizerParamState> {
+            auto s = std::make_unique<RMSpropParamState>();
+            s->step(step_entry(e, what));
+            s->square_avg(tensor_entry(e, "square_avg", p, what));
+            s->momentum_buffer(tensor_entry(e, "momentum_buffer", p, what));
+            s->grad_avg(tensor_entry(e, "grad_avg", p, what));
+            return s;
+          }};
+}
+
+inline Kind adagrad_kind() {
+  using namespace torch::optim;
+  return {"Adagrad",
+          {"lr", "lr_decay", "weight_decay", "initial_accumulator_value", "eps"},
+          [](OptimizerOptions& base, const std::string& k, const c10::IValue& v, const std::string& what) {
+            auto& o = static_cast<AdagradOptions&>(base);
+            if (k == "lr") o.lr(number(v, what));
+            else if (k == "lr_decay") o.lr_decay(number(v, what));
+            else if (k == "weight_decay") o.weight_decay(number(v, what));
+            else if (k == "initial_accumulator_value") o.initial_accumulator_value(number(v, what));
+            else if (k == "eps") o.eps(number(v, what));
+          },
+          [](const StateDict& e, const torch::Tensor& p, const std::string& what) -> std::unique_ptr<OptimizerParamState> {
+            auto s = std::make_unique<AdagradParamState>();
+            s->step(step_entry(e, what));
+            s->sum(tensor_entry(e, "sum", p, what));
+            return s;
+          }};
+}
+
+inline Kind adadelta_kind() {
+  using namespace torch::optim;
+  return {"Adadelta",
+          {"lr", "rho", "eps", "weight_decay"},
+          [](OptimizerOptions& base, const std::string& k, const c10::IValue& v, const std::string& what) {
+            auto& o = static_cast<optim::AdadeltaOptions&>(base);
+            if (k == "lr") o.lr(number(v, what));
+            else if (k == "rho") o.rho(number(v, what));
+            else if (k == "eps") o.eps(number(v, what));
+            else if (k == "weight_decay") o.weight_decay(number(v, what));
+          },
+          [](const StateDict& e, const torch::Tensor& p, const std::string& what) -> std::unique_ptr<OptimizerParamState> {
+            auto s = std::make_unique<optim::AdadeltaParamState>();
+            s->step(step_entry(e, what));
+            s->square_avg(tensor_entry(e, "square_avg", p, what));
+            s->acc_delta(tensor_entry(e, "acc_delta", p, what));
+            return s;
+          }};
+}
+
+DETTRIAL_INLINE Kind kind_of(torch::optim::OptimizerOptions& options) {
+  using namespace torch::optim;
+  if (dynamic_cast<SGDOptions*>(&options)) return sgd_kind();
+  if (dynamic_cast<AdamOptions*>(&options)) return adam_kind();
+  if (dynamic_cast<AdamWOptions*>(&options)) return adamw_kind();
+  if (dynamic_cast<RMSpropOptions*>(&options)) return rmsprop_kind();
+  if (dynamic_cast<AdagradOptions*>(&options)) return adagrad_kind();
+  if (dynamic_cast<optim::AdadeltaOptions*>(&options)) return adadelta_kind();
+  return {nullptr, {}, {}, {}};
+}
+
+/// Checks one group's options against the optimizer's kind before any is set.
+inline void check_group_options(const StateDict& group, const Kind& kind, const std::string& what) {
+  for (const auto& entry : group) {
+    const std::string key = entry.key().isString() ? entry.key().toStringRef() : std::string("(not a name)");
+    if (key == "maximize" && python_optimizer_detail::number(entry.value(), what + ": 'maximize'") != 0)
+      throw CheckpointError(what + " has maximize: True, which LibTorch's " + kind.name + " does not do");
+    if (!kind.options.count(key) && !ignored_options().count(key))
+      throw CheckpointError(what + " has option '" + key + "', which " + kind.name +
+                            " does not have: the checkpoint's optimizer is another type than the trial's");
+  }
+}
+
+}  // namespace python_optimizer_detail
+
+DETTRIAL_INLINE void load_optimizer_state_dict(torch::optim::Optimizer& optimizer, const StateDict& state, const std::string& what) {
+  namespace pd = python_optimizer_detail;
+  const auto groups_it = state.find("param_groups");
+  const auto state_it = state.find("state");
+  if (groups_it == state.end() || !groups_it->value().isList() || state_it == state.end() || !state_it->value().isGenericDict())
+    throw CheckpointError(what + " is not an optimizer's state dict (it needs 'state' and 'param_groups')");
+  const auto groups = groups_it->value().toList();
+  const StateDict per_param = state_it->value().toGenericDict();
+  auto& param_groups = optimizer.param_groups();
+  if (groups.size() != param_groups.size())
+    throw CheckpointError(what + " has " + std::to_string(groups.size()) + " parameter group(s), but the trial's optimizer " +
+                          std::to_string(param_groups.size()));
+  // Check everything, and build every parameter's state, before changing the optimizer.
+  using StateMap = std::remove_cvref_t<decltype(optimizer.state())>;
+  std::vector<std::pair<typename StateMap::key_type, std::unique_ptr<torch::optim::OptimizerParamState>>> states;
+  std::vector<pd::Kind> kinds;
+  for (std::size_t g = 0; g < groups.size(); ++g) {
+    const std::string group_what = what + ", group " + std::to_string(g);
+    if (!groups.get(g).isGenericDict()) throw CheckpointError(group_what + " is not a dict");
+    const StateDict group = groups.get(g).toGenericDict();
+    pd::Kind kind = pd::kind_of(param_groups[g].options());
+    if (!kind.name)
+      throw CheckpointError(what +
+                            ": the trial's optimizer is not one whose Python state dettrial reads (SGD, Adam, AdamW, RMSprop, "
+                            "Adagrad, Adadelta)");
+    pd::check_group_options(group, kind, group_what);
+    const auto params_it = group.find("params");
+    if (params_it == group.end() || !params_it->value().isList()) throw CheckpointError(group_what + " lists no params");
+    const auto ids = params_it->value().toList();
+    const auto& params = param_groups[g].params();
+    if (ids.size() != params.size())
+      throw CheckpointError(group_what + " has " + std::to_string(ids.size()) + " parameters, but the trial's optimizer " +
+                            std::to_string(params.size()) + ": is it from another network?");
+    for (std::size_t i = 0; i < ids.size(); ++i) {
+      const auto entry = per_param.find(ids.get(i));
+      if (entry == per_param.end()) continue;  // no step taken for it yet
+      if (!entry->value().isGenericDict()) throw CheckpointError(group_what + ", parameter " + std::to_string(i) + ": state is not a dict");
+      states.emplace_back(detail::optimizer_state_key<StateMap>(params[i]),
+                          kind.make_state(entry->value().toGenericDict(), params[i], group_what + ", parameter " + std::to_string(i)));
+    }
+    kinds.push_back(std::move(kind));
+  }
+  for (std::size_t g = 0; g < groups.size(); ++g) {
+    const StateDict group = groups.get(g).toGenericDict();
+    for (const auto& entry : group)
+      kinds[g].set(param_groups[g].options(), entry.key().toStringRef(), entry.value(),
+                   what + ", group " + std::to_string(g) + ", option '" + entry.key().toStringRef() + "'");
+  }
+  auto& map = optimizer.state();
+  map.clear();
+  for (auto& [key, s] : states) map[key] = std::move(s);
+  if (auto* capturable = dynamic_cast<optim::CapturableOptimizer*>(&optimizer)) {
+    capturable->push_device_state();
+    capturable->sync_learning_rates(optimizer.param_groups());
+  }
+}
+
+}  // namespace dettrial
+#endif  // DETTRIAL_HEADER_DEFINITIONS
+// ---- end dettrial/checkpoint/python_optimizer.hpp
 // ---- begin dettrial/checkpoint/storage.hpp
 // SPDX-License-Identifier: Apache-2.0
 /// @file
@@ -9545,6 +10356,9 @@ struct CheckpointInfo {
   std::int64_t sequence = 0;
   /// The searcher metric of the validation at the same batch, if there was one.
   std::optional<double> validation_metric{};
+  /// Written by Determined (its metadata has `determined_version` and no `dettrial_format`): the
+  /// optimizers and schedulers are read from Python's layout, the progress from `trial_state.pkl`.
+  bool by_determined = false;
 };
 
 /// How many checkpoints a trial keeps (Determined's `checkpoint_storage.save_trial_*`).
@@ -9954,6 +10768,26 @@ DETTRIAL_INLINE std::filesystem::path CheckpointWriter::commit(detail::Json fiel
   return final_path;
 }
 
+namespace detail {
+/// A checkpoint Determined wrote: its id is its folder's name (Determined's storage id), its place
+/// its `steps_completed`; it lists no checksums (Determined keeps none).
+DETTRIAL_INLINE CheckpointInfo determined_checkpoint_info(const std::filesystem::path& dir, const Json& meta) {
+  const std::filesystem::path meta_path = CheckpointFolder{dir}.metadata();
+  CheckpointInfo info{.path = dir, .uuid = dir.filename().string(), .by_determined = true};
+  try {
+    info.batches_trained = json_as<std::int64_t>(json_field(meta, "steps_completed"), "steps_completed");
+  } catch (const JsonFieldError& e) {
+    throw CheckpointError("'" + meta_path.string() + "' (written by Determined " + meta.value("determined_version", std::string("?")) +
+                          ") has no usable steps_completed: " + e.what());
+  }
+  std::error_code ec;
+  if (!std::filesystem::exists(CheckpointFolder{dir}.state_dict(), ec))
+    throw CheckpointError("'" + dir.string() +
+                          "' (written by Determined) has no state_dict.pth: only PyTorchTrial checkpoints can be continued");
+  return info;
+}
+}  // namespace detail
+
 DETTRIAL_INLINE CheckpointInfo read_checkpoint_info(const std::filesystem::path& dir, bool verify_files) {
   std::error_code ec;
   if (!std::filesystem::exists(dir, ec)) throw CheckpointError("checkpoint '" + dir.string() + "' does not exist");
@@ -9970,6 +10804,8 @@ DETTRIAL_INLINE CheckpointInfo read_checkpoint_info(const std::filesystem::path&
   };
   CheckpointInfo info;
   info.path = dir;
+  if (!detail::json_find(meta, "dettrial_format") && detail::json_find(meta, "determined_version"))
+    return detail::determined_checkpoint_info(dir, meta);
   try {
     const auto format = detail::json_as<std::int64_t>(field("dettrial_format"), "dettrial_format");
     if (format > checkpoint_format_version)
@@ -10102,6 +10938,11 @@ struct TrialProgress {
 
   std::string to_json() const;
   static TrialProgress from_json(const std::filesystem::path& file);
+  /// Determined's `trial_state.pkl` (its `_TrialState`), which Determined reads to continue.
+  std::string to_determined_pickle() const;
+  /// Where the trial of a checkpoint Determined wrote stands: its `trial_state.pkl`, or, without
+  /// one, its metadata's steps_completed.
+  static TrialProgress from_determined(const std::filesystem::path& dir, const CheckpointInfo& info);
 };
 
 namespace detail {
@@ -10128,7 +10969,19 @@ struct ContextCheckpoint {
   static void set_generator_state(at::Generator generator, const torch::Tensor& state);  // a handle: copies share the generator
 
   static void load_native(Context& c, const std::string& bytes, const std::filesystem::path& file);
+
+  /// Restores the optimizers and schedulers from state_dict.pth's Python layout (a checkpoint
+  /// Determined wrote): every optimizer through load_optimizer_state_dict, every scheduler through
+  /// its Python-state reader. A part that cannot be carried over is a CheckpointError naming it,
+  /// or, with `fresh_parts`, a one-line warning and that part as the trial made it.
+  static void load_python_layout(Context& c, const StateDict& top, const std::filesystem::path& file, bool fresh_parts);
 };
+
+/// NumPy's and Python's generator states as Determined seeds them (`np.random.seed(seed)`,
+/// `random.seed(seed)`), in the layouts `np.random.get_state()` and `random.getstate()` return,
+/// written with primitives only (a list, not an ndarray) so that `torch.load(weights_only=True)` reads them.
+DETTRIAL_INLINE c10::IValue numpy_seeded_state(std::uint64_t seed);
+DETTRIAL_INLINE c10::IValue python_random_seeded_state(std::uint64_t seed);
 
 }  // namespace detail
 
@@ -10156,6 +11009,8 @@ inline void pull_device_optimizer_state(Context& c) {
 }  // namespace dettrial
 
 #if DETTRIAL_HEADER_DEFINITIONS
+#include <cstdio>
+#include <functional>
 namespace dettrial {
 
 DETTRIAL_INLINE std::string TrialProgress::to_json() const {
@@ -10207,7 +11062,91 @@ DETTRIAL_INLINE TrialProgress TrialProgress::from_json(const std::filesystem::pa
   return p;
 }
 
+DETTRIAL_INLINE std::string TrialProgress::to_determined_pickle() const {
+  c10::impl::GenericDict d(c10::StringType::get(), c10::AnyType::get());
+  d.insert("trial_id", trial_id);
+  d.insert("last_ckpt", std::max<std::int64_t>(last_checkpoint, 0));
+  d.insert("step_id", std::int64_t{0});
+  d.insert("last_val", std::max<std::int64_t>(last_validation, 0));
+  d.insert("batches_trained", batches_trained);
+  d.insert("epochs_trained", epochs_trained);
+  return detail::pickle_bytes(d);
+}
+
+DETTRIAL_INLINE TrialProgress TrialProgress::from_determined(const std::filesystem::path& dir, const CheckpointInfo& info) {
+  TrialProgress p;
+  p.batches_trained = info.batches_trained;
+  const std::filesystem::path file = CheckpointFolder{dir}.determined_trial_state();
+  std::error_code ec;
+  if (!std::filesystem::exists(file, ec)) return p;
+  c10::IValue state;
+  try {
+    state = detail::unpickle(detail::read_file_bytes(file));
+  } catch (const std::exception& e) {
+    throw CheckpointError("cannot read '" + file.string() + "' (Determined's trial state): " + detail::first_line(e.what()));
+  }
+  if (!state.isGenericDict()) throw CheckpointError("'" + file.string() + "' does not hold a dict (Determined's trial state)");
+  const auto d = state.toGenericDict();
+  const auto integer = [&](const char* key, std::int64_t fallback) {
+    const auto it = d.find(key);
+    if (it == d.end() || it->value().isNone()) return fallback;
+    if (!it->value().isInt()) throw CheckpointError("'" + file.string() + "': " + key + " is not an integer");
+    return it->value().toInt();
+  };
+  p.batches_trained = integer("batches_trained", info.batches_trained);
+  p.epochs_trained = integer("epochs_trained", 0);
+  p.last_validation = integer("last_val", -1);
+  p.last_checkpoint = integer("last_ckpt", -1);
+  p.trial_id = integer("trial_id", 0);
+  if (p.batches_trained != info.batches_trained)
+    throw CheckpointError("'" + file.string() + "' says " + std::to_string(p.batches_trained) +
+                          " batches were trained, its metadata.json " + std::to_string(info.batches_trained) +
+                          ": the checkpoint is inconsistent");
+  return p;
+}
+
 namespace detail {
+
+DETTRIAL_INLINE c10::IValue numpy_seeded_state(std::uint64_t seed) {
+  c10::impl::GenericList key(c10::AnyType::get());
+  std::uint32_t x = static_cast<std::uint32_t>(seed);  // NumPy refuses seeds above 2**32-1; Determined's fit
+  for (std::uint32_t i = 0; i < 624; ++i) {
+    if (i > 0) x = 1812433253U * (x ^ (x >> 30)) + i;
+    key.push_back(static_cast<std::int64_t>(x));
+  }
+  return c10::ivalue::Tuple::create({c10::IValue(std::string("MT19937")), key, std::int64_t{624}, std::int64_t{0}, 0.0});
+}
+
+DETTRIAL_INLINE c10::IValue python_random_seeded_state(std::uint64_t seed) {
+  // CPython's random.seed(int): init_by_array over the seed's 32-bit words, least significant first.
+  std::vector<std::uint32_t> words;
+  for (std::uint64_t s = seed; s != 0 || words.empty(); s >>= 32) words.push_back(static_cast<std::uint32_t>(s));
+  constexpr std::size_t n = 624;
+  std::vector<std::uint32_t> mt(n);
+  mt[0] = 19650218U;
+  for (std::uint32_t i = 1; i < n; ++i) mt[i] = 1812433253U * (mt[i - 1] ^ (mt[i - 1] >> 30)) + i;
+  std::size_t i = 1, j = 0;
+  for (std::size_t k = std::max(n, words.size()); k > 0; --k) {
+    mt[i] = (mt[i] ^ ((mt[i - 1] ^ (mt[i - 1] >> 30)) * 1664525U)) + words[j] + static_cast<std::uint32_t>(j);
+    if (++i >= n) {
+      mt[0] = mt[n - 1];
+      i = 1;
+    }
+    if (++j >= words.size()) j = 0;
+  }
+  for (std::size_t k = n - 1; k > 0; --k) {
+    mt[i] = (mt[i] ^ ((mt[i - 1] ^ (mt[i - 1] >> 30)) * 1566083941U)) - static_cast<std::uint32_t>(i);
+    if (++i >= n) {
+      mt[0] = mt[n - 1];
+      i = 1;
+    }
+  }
+  mt[0] = 0x80000000U;
+  std::vector<c10::IValue> state;
+  for (const std::uint32_t v : mt) state.emplace_back(static_cast<std::int64_t>(v));
+  state.emplace_back(static_cast<std::int64_t>(n));
+  return c10::ivalue::Tuple::create({c10::IValue(std::int64_t{3}), c10::ivalue::Tuple::create(std::move(state)), c10::IValue()});
+}
 
 DETTRIAL_INLINE const c10::IValue& require_entry(const StateDict& dict, const char* key, const std::string& what) {
   const auto it = dict.find(key);
@@ -10217,7 +11156,9 @@ DETTRIAL_INLINE const c10::IValue& require_entry(const StateDict& dict, const ch
 
 DETTRIAL_INLINE StateDict read_state_dict_file(const std::filesystem::path& dir) {
   const std::filesystem::path file = CheckpointFolder{dir}.state_dict();
-  const c10::IValue top = unpickle_archive(read_checked_file(dir, layout::state_dict), file);
+  // Determined lists no checksums: its state_dict.pth is read as it is.
+  const std::string bytes = read_checkpoint_info(dir).by_determined ? read_file_bytes(file) : read_checked_file(dir, layout::state_dict);
+  const c10::IValue top = unpickle_archive(bytes, file);
   if (!top.isGenericDict()) throw CheckpointError("checkpoint file '" + file.string() + "' does not hold a dict");
   return top.toGenericDict();
 }
@@ -10255,6 +11196,12 @@ DETTRIAL_INLINE StateDict ContextCheckpoint::python_state(Context& c, const std:
     for (const auto& t : gpu_rng_per_rank) states.push_back(t);
     rng.insert("gpu_rng_states", states);
   }
+  // NumPy's and Python's generators, which Determined restores (and requires): carried from the
+  // Determined checkpoint this run continues, else as Determined seeds them with the trial seed.
+  const c10::IValue& carried = c.position().python_generators;
+  const bool carry = carried.isGenericDict();
+  rng.insert("np_rng_state", carry ? carried.toGenericDict().at("np_rng_state") : numpy_seeded_state(c.get_trial_seed()));
+  rng.insert("random_rng_state", carry ? carried.toGenericDict().at("random_rng_state") : python_random_seeded_state(c.get_trial_seed()));
   StateDict out(c10::StringType::get(), c10::AnyType::get());
   out.insert("models_state_dict", models);
   out.insert("optimizers_state_dict", optimizers);
@@ -10323,7 +11270,8 @@ DETTRIAL_INLINE void ContextCheckpoint::load_models(Context& c, const StateDict&
   for (std::size_t i = 0; i < list.size(); ++i) {
     const c10::IValue entry = list.get(i);
     if (!entry.isGenericDict()) throw CheckpointError(what + ": model " + std::to_string(i) + " is not a state dict");
-    load_module_state_dict(*c.models()[i], entry.toGenericDict(), what + ", model " + std::to_string(i) + ",");
+    // A model Determined wrapped in DistributedDataParallel saved its names under `module.`.
+    load_module_state_dict(*c.models()[i], unwrapped(entry.toGenericDict()), what + ", model " + std::to_string(i) + ",");
   }
 }
 
@@ -10344,6 +11292,66 @@ DETTRIAL_INLINE void ContextCheckpoint::load_rng(Context& c, const StateDict& to
                       this_ranks("cpu_rng_states", require_entry(states, "cpu_rng_state", what + "'s rng_state").toTensor()));
   if (const auto gpu = states.find("gpu_rng_state"); gpu != states.end() && c.device().is_cuda())
     set_generator_state(at::globalContext().defaultGenerator(c.device()), this_ranks("gpu_rng_states", gpu->value().toTensor()));
+  // NumPy's and Python's states are kept to be written back (dettrial draws from neither), as
+  // primitives: an ndarray Determined wrote becomes a list, which NumPy's set_state takes.
+  const auto np = states.find("np_rng_state");
+  const auto py = states.find("random_rng_state");
+  if (np == states.end() || py == states.end()) return;
+  auto np_state = np->value().isTuple() ? np->value().toTupleRef().elements().vec() : std::vector<c10::IValue>{};
+  if (np_state.size() == 5 && np_state[1].isTensor()) {
+    c10::impl::GenericList key(c10::AnyType::get());
+    const torch::Tensor k = np_state[1].toTensor().to(torch::kLong).contiguous();
+    for (std::int64_t i = 0; i < k.numel(); ++i) key.push_back(k.data_ptr<std::int64_t>()[i]);
+    np_state[1] = key;
+  }
+  c10::impl::GenericDict carried(c10::StringType::get(), c10::AnyType::get());
+  carried.insert("np_rng_state", c10::ivalue::Tuple::create(std::move(np_state)));
+  carried.insert("random_rng_state", py->value());
+  c.position().python_generators = carried;
+}
+
+DETTRIAL_INLINE void ContextCheckpoint::load_python_layout(Context& c, const StateDict& top, const std::filesystem::path& file,
+                                                           bool fresh_parts) {
+  const std::string what = "checkpoint file '" + file.string() + "'";
+  const auto part = [&](const std::string& name, const std::function<void()>& load) {
+    try {
+      load();
+    } catch (const CheckpointError& e) {
+      if (!fresh_parts)
+        throw CheckpointError(std::string(e.what()) + "\n(to continue with " + name +
+                              " as the trial makes it, fresh, resume with --resume-fresh-parts)");
+      std::fprintf(stderr, "dettrial: warning: %s starts fresh: %s\n", name.c_str(), first_line(e.what()).c_str());
+    }
+  };
+  const auto list_of = [&](const char* key, std::size_t expected, const char* things) {
+    const auto it = top.find(key);
+    if (it == top.end() || !it->value().isList()) throw CheckpointError(what + " has no list '" + key + "' (Determined's layout)");
+    const auto list = it->value().toList();
+    if (list.size() != expected)
+      throw CheckpointError(what + " holds " + std::to_string(list.size()) + " " + things + ", but the trial wraps " +
+                            std::to_string(expected));
+    return list;
+  };
+  const auto optimizers = list_of("optimizers_state_dict", c.num_optimizers(), "optimizer(s)");
+  for (std::size_t i = 0; i < optimizers.size(); ++i)
+    part("optimizer " + std::to_string(i), [&] {
+      const std::string name = what + ", optimizer " + std::to_string(i);
+      if (!optimizers.get(i).isGenericDict()) throw CheckpointError(name + " is not a state dict");
+      load_optimizer_state_dict(c.optimizer(i), optimizers.get(i).toGenericDict(), name);
+    });
+  const auto schedulers = list_of("lr_schedulers_state_dict", c.num_lr_schedulers(), "LR scheduler(s)");
+  for (std::size_t i = 0; i < schedulers.size(); ++i)
+    part("LR scheduler " + std::to_string(i), [&] {
+      const std::string name = what + ", LR scheduler " + std::to_string(i);
+      const WrappedScheduler& s = c.lr_scheduler(i);
+      if (!s.load_python_state)
+        throw CheckpointError(name + ": the trial's scheduler cannot read Python's state (dettrial::optim's StepLR, MultiStepLR and " +
+                              "ExponentialLR can; a LambdaLR or another type has no counterpart here)");
+      if (!schedulers.get(i).isGenericDict()) throw CheckpointError(name + " is not a state dict");
+      s.load_python_state(s.scheduler, schedulers.get(i).toGenericDict(), name);
+    });
+  for (const auto& model : c.models())  // nothing pending: Determined checkpoints at optimizer steps
+    for (auto& p : model->parameters()) p.mutable_grad() = torch::Tensor();
 }
 
 DETTRIAL_INLINE void ContextCheckpoint::set_generator_state(at::Generator generator, const torch::Tensor& state) {
@@ -10719,8 +11727,10 @@ DETTRIAL_INLINE CheckpointInfo write_trial_checkpoint(Context& c, const std::fil
                                                       const TrialCheckpointRecord& record);
 
 /// Restores the Context's models (names and shapes checked first), optimizers, schedulers, pending
-/// gradients and RNGs from checkpoint `dir`, whose state_dict.pth holds `top`.
-DETTRIAL_INLINE void restore_context(Context& c, const std::filesystem::path& dir, const StateDict& top);
+/// gradients and RNGs from checkpoint `dir`, whose state_dict.pth holds `top`. A checkpoint without
+/// LibTorch's archive (one Determined wrote) restores its optimizers and schedulers from Python's
+/// layout; `fresh_parts` lets a part that cannot be carried over start fresh, with a warning.
+DETTRIAL_INLINE void restore_context(Context& c, const std::filesystem::path& dir, const StateDict& top, bool fresh_parts = false);
 
 }  // namespace dettrial::detail
 
@@ -10780,6 +11790,7 @@ DETTRIAL_INLINE CheckpointInfo write_trial_checkpoint(Context& c, const std::fil
   writer.add_file(layout::state_dict, pickle_archive(top));
   writer.add_file(layout::libtorch_state, ContextCheckpoint::native_state(c, record.mid_aggregation));
   writer.add_file(layout::trial_state, record.progress.to_json());
+  writer.add_file(layout::determined_trial_state, record.progress.to_determined_pickle());
   writer.add_file(layout::load_data, json_text(load_data(c, record.trial_type)));
   const std::string framework = "torch-" + std::to_string(TORCH_VERSION_MAJOR) + "." + std::to_string(TORCH_VERSION_MINOR) + "." +
                                 std::to_string(TORCH_VERSION_PATCH);
@@ -10798,10 +11809,13 @@ DETTRIAL_INLINE CheckpointInfo write_trial_checkpoint(Context& c, const std::fil
   return info;
 }
 
-DETTRIAL_INLINE void restore_context(Context& c, const std::filesystem::path& dir, const StateDict& top) {
+DETTRIAL_INLINE void restore_context(Context& c, const std::filesystem::path& dir, const StateDict& top, bool fresh_parts) {
   const std::filesystem::path file = CheckpointFolder{dir}.state_dict();
   ContextCheckpoint::load_models(c, top, file);
-  ContextCheckpoint::load_native(c, read_checked_file(dir, layout::libtorch_state), CheckpointFolder{dir}.libtorch_state());
+  std::error_code ec;
+  if (std::filesystem::exists(CheckpointFolder{dir}.libtorch_state(), ec))
+    ContextCheckpoint::load_native(c, read_checked_file(dir, layout::libtorch_state), CheckpointFolder{dir}.libtorch_state());
+  else ContextCheckpoint::load_python_layout(c, top, file, fresh_parts);
   ContextCheckpoint::load_rng(c, top, file);
   // A checkpoint written without a scaler (fp32, or bf16) leaves a new one at its initial scale.
   if (const auto it = top.find("scaler_state_dict"); c.scaler() && it != top.end()) {
@@ -10885,10 +11899,10 @@ class Checkpointer {
    * names of the callbacks with state that the checkpoint has none for.
    */
   template <class Set>
-  std::vector<std::string> restore(const std::filesystem::path& dir, Set& callbacks) {
+  std::vector<std::string> restore(const std::filesystem::path& dir, Set& callbacks, bool fresh_parts = false) {
     const StateDict top = read_state_dict_file(dir);
     callbacks.template call<hook::on_checkpoint_load_start>(top);
-    restore_context(*context_, dir, top);
+    restore_context(*context_, dir, top, fresh_parts);
     const StateDict states = callback_states_of(top);
     std::vector<std::string> without_state;
     std::size_t index = 0;
@@ -11026,16 +12040,6 @@ DETTRIAL_INLINE std::string keys_text(const StateDict& d) {
     out += (out.empty() ? "" : ", ") + (entry.key().isString() ? "'" + entry.key().toStringRef() + "'" : std::string("(not a name)"));
   }
   return out.empty() ? "nothing" : out;
-}
-
-/// Python's DistributedDataParallel saves `module.<name>`: the model's own names without it.
-DETTRIAL_INLINE StateDict unwrapped(const StateDict& d) {
-  const std::string prefix = "module.";
-  for (const auto& entry : d)
-    if (entry.key().toStringRef().compare(0, prefix.size(), prefix) != 0) return d;
-  StateDict out(c10::StringType::get(), c10::TensorType::get());
-  for (const auto& entry : d) out.insert(entry.key().toStringRef().substr(prefix.size()), entry.value());
-  return out;
 }
 
 }  // namespace detail
@@ -13563,6 +14567,10 @@ struct FitOptions {
   /// Resume from this checkpoint: a checkpoint directory, or a directory holding checkpoints (a
   /// storage directory, or a run's output directory), whose latest is taken.
   std::optional<std::filesystem::path> latest_checkpoint{};
+  /// When the resumed checkpoint has an optimizer or LR scheduler state the trial's cannot take (a
+  /// Determined checkpoint's LambdaLR, another optimizer type), start that part fresh with a warning
+  /// instead of stopping with an error that names it.
+  bool resume_fresh_parts = false;
   /// Where metrics.jsonl (and checkpoints) go; empty means `runs/<date>-<time>` under the working directory.
   std::filesystem::path output_dir{};
   /// Where checkpoints go; empty means `<output_dir>/checkpoints`.
@@ -15601,8 +16609,15 @@ DETTRIAL_INLINE RunState RunState::begin(Context& context, FitOptions options) {
     throw ConfigError("checkpoint retention counts (save_trial_best, save_trial_latest) must not be negative");
   if (o.latest_checkpoint) {
     st.resume_dir = resolve_checkpoint(*o.latest_checkpoint);
-    read_checkpoint_info(*st.resume_dir);
-    st.resumed = TrialProgress::from_json(CheckpointFolder{*st.resume_dir}.trial_state());
+    const CheckpointInfo info = read_checkpoint_info(*st.resume_dir);
+    if (info.by_determined) {
+      // Determined's trial ids belong to its master, which a moved run leaves behind: a checkpoint
+      // Determined wrote is this trial's own, continued where it stood.
+      st.resumed = TrialProgress::from_determined(*st.resume_dir, info);
+      st.resumed->trial_id = o.trial_id;
+    } else {
+      st.resumed = TrialProgress::from_json(CheckpointFolder{*st.resume_dir}.trial_state());
+    }
     st.same_trial = st.resumed->trial_id == o.trial_id;
   }
   if (o.output_dir.empty()) o.output_dir = default_output_dir();
@@ -16762,7 +17777,7 @@ class Run {
    * gradients, RNGs, callbacks, and where the trial stands (`progress`).
    */
   void restore(const std::filesystem::path& dir, const TrialProgress& progress) {
-    st_.warn_missing_callback_states(st_.checkpointer.restore(dir, callbacks_));
+    st_.warn_missing_callback_states(st_.checkpointer.restore(dir, callbacks_, st_.options.resume_fresh_parts));
     restore_data_seed(*train_loader_, progress.training_data_seed);
     restore_data_seed(*validation_loader_, progress.validation_data_seed);
     st_.progress = progress;

@@ -1305,6 +1305,7 @@ struct CommandLine {
   std::vector<std::string> overrides;  ///< every --set KEY=VALUE, in order
   std::string output;                  ///< --output DIR
   std::string resume;                  ///< --resume PATH
+  bool resume_fresh_parts = false;     ///< --resume-fresh-parts
   std::string backend_name;            ///< --backend: "gloo", "nccl", or empty (chosen by the devices)
   bool slurm_launcher = false;         ///< --launcher slurm (a search's trials as Slurm jobs), not local
   int nproc = 0;                       ///< --nproc N (0: not given)
@@ -1367,6 +1368,7 @@ DETTRIAL_INLINE CommandLine parse_command_line(int argc, const char* const* argv
     else if (arg == "--set") line.overrides.push_back(value());
     else if (arg == "--output") line.output = value();
     else if (arg == "--resume") line.resume = value();
+    else if (arg == "--resume-fresh-parts") line.resume_fresh_parts = true;
     else if (arg == "--report") line.report_dir = value();
     else if (arg == "--nproc") line.nproc = static_cast<int>(detail::positive_flag_value(arg, value()));
     else if (arg == "--threads") line.threads = static_cast<int>(detail::positive_flag_value(arg, value()));
@@ -1400,7 +1402,9 @@ DETTRIAL_INLINE const char* main_usage() {
          "                       experiment's folder (default: runs/experiment-<name>); running the\n"
          "                       same search command again continues it\n"
          "  --resume PATH        continue from a checkpoint: a checkpoint directory, or a run's\n"
-         "                       output directory (its latest checkpoint)\n"
+         "                       output directory (its latest checkpoint); also one Determined wrote\n"
+         "  --resume-fresh-parts an optimizer or LR scheduler of the resumed checkpoint that the trial's\n"
+         "                       cannot take starts fresh, with a warning (default: an error naming it)\n"
          "  --nproc N            train data-parallel in N local processes (Gloo on CPU, NCCL on GPUs);\n"
          "                       default: resources.slots_per_trial when no launcher (torchrun, srun,\n"
          "                       mpirun) started this process\n"
@@ -1990,6 +1994,7 @@ DETTRIAL_INLINE FitOptions fit_options_for(const CommandLine& line, const RunPla
   options.report.quiet = line.quiet;
   if (plan.resumed_checkpoint) {
     options.latest_checkpoint = *plan.resumed_checkpoint;
+    options.resume_fresh_parts = line.resume_fresh_parts;
     // Continue in the resumed run's directory (metrics.jsonl appended, checkpoints beside the old).
     if (plan.output.empty() && plan.resumed_checkpoint->parent_path().filename() == layout::checkpoints)
       options.output_dir = plan.resumed_checkpoint->parent_path().parent_path();

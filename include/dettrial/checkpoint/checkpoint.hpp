@@ -30,6 +30,7 @@
 #include "../optim/fused.hpp"
 #include "../detail/text.hpp"
 #include "../detail/json_fwd.hpp"
+#include "python_optimizer.hpp"
 #include "state_dict.hpp"
 #include "storage.hpp"
 #include "../detail/linkage.hpp"
@@ -52,6 +53,11 @@ struct TrialProgress {
 
   std::string to_json() const;
   static TrialProgress from_json(const std::filesystem::path& file);
+  /// Determined's `trial_state.pkl` (its `_TrialState`), which Determined reads to continue.
+  std::string to_determined_pickle() const;
+  /// Where the trial of a checkpoint Determined wrote stands: its `trial_state.pkl`, or, without
+  /// one, its metadata's steps_completed.
+  static TrialProgress from_determined(const std::filesystem::path& dir, const CheckpointInfo& info);
 };
 
 namespace detail {
@@ -78,7 +84,19 @@ struct ContextCheckpoint {
   static void set_generator_state(at::Generator generator, const torch::Tensor& state);  // a handle: copies share the generator
 
   static void load_native(Context& c, const std::string& bytes, const std::filesystem::path& file);
+
+  /// Restores the optimizers and schedulers from state_dict.pth's Python layout (a checkpoint
+  /// Determined wrote): every optimizer through load_optimizer_state_dict, every scheduler through
+  /// its Python-state reader. A part that cannot be carried over is a CheckpointError naming it,
+  /// or, with `fresh_parts`, a one-line warning and that part as the trial made it.
+  static void load_python_layout(Context& c, const StateDict& top, const std::filesystem::path& file, bool fresh_parts);
 };
+
+/// NumPy's and Python's generator states as Determined seeds them (`np.random.seed(seed)`,
+/// `random.seed(seed)`), in the layouts `np.random.get_state()` and `random.getstate()` return,
+/// written with primitives only (a list, not an ndarray) so that `torch.load(weights_only=True)` reads them.
+DETTRIAL_INLINE c10::IValue numpy_seeded_state(std::uint64_t seed);
+DETTRIAL_INLINE c10::IValue python_random_seeded_state(std::uint64_t seed);
 
 }  // namespace detail
 
@@ -107,6 +125,8 @@ inline void pull_device_optimizer_state(Context& c) {
 
 #if DETTRIAL_HEADER_DEFINITIONS
 #include "../detail/json.hpp"
+#include <cstdio>
+#include <functional>
 namespace dettrial {
 
 DETTRIAL_INLINE std::string TrialProgress::to_json() const {
@@ -158,7 +178,91 @@ DETTRIAL_INLINE TrialProgress TrialProgress::from_json(const std::filesystem::pa
   return p;
 }
 
+DETTRIAL_INLINE std::string TrialProgress::to_determined_pickle() const {
+  c10::impl::GenericDict d(c10::StringType::get(), c10::AnyType::get());
+  d.insert("trial_id", trial_id);
+  d.insert("last_ckpt", std::max<std::int64_t>(last_checkpoint, 0));
+  d.insert("step_id", std::int64_t{0});
+  d.insert("last_val", std::max<std::int64_t>(last_validation, 0));
+  d.insert("batches_trained", batches_trained);
+  d.insert("epochs_trained", epochs_trained);
+  return detail::pickle_bytes(d);
+}
+
+DETTRIAL_INLINE TrialProgress TrialProgress::from_determined(const std::filesystem::path& dir, const CheckpointInfo& info) {
+  TrialProgress p;
+  p.batches_trained = info.batches_trained;
+  const std::filesystem::path file = CheckpointFolder{dir}.determined_trial_state();
+  std::error_code ec;
+  if (!std::filesystem::exists(file, ec)) return p;
+  c10::IValue state;
+  try {
+    state = detail::unpickle(detail::read_file_bytes(file));
+  } catch (const std::exception& e) {
+    throw CheckpointError("cannot read '" + file.string() + "' (Determined's trial state): " + detail::first_line(e.what()));
+  }
+  if (!state.isGenericDict()) throw CheckpointError("'" + file.string() + "' does not hold a dict (Determined's trial state)");
+  const auto d = state.toGenericDict();
+  const auto integer = [&](const char* key, std::int64_t fallback) {
+    const auto it = d.find(key);
+    if (it == d.end() || it->value().isNone()) return fallback;
+    if (!it->value().isInt()) throw CheckpointError("'" + file.string() + "': " + key + " is not an integer");
+    return it->value().toInt();
+  };
+  p.batches_trained = integer("batches_trained", info.batches_trained);
+  p.epochs_trained = integer("epochs_trained", 0);
+  p.last_validation = integer("last_val", -1);
+  p.last_checkpoint = integer("last_ckpt", -1);
+  p.trial_id = integer("trial_id", 0);
+  if (p.batches_trained != info.batches_trained)
+    throw CheckpointError("'" + file.string() + "' says " + std::to_string(p.batches_trained) +
+                          " batches were trained, its metadata.json " + std::to_string(info.batches_trained) +
+                          ": the checkpoint is inconsistent");
+  return p;
+}
+
 namespace detail {
+
+DETTRIAL_INLINE c10::IValue numpy_seeded_state(std::uint64_t seed) {
+  c10::impl::GenericList key(c10::AnyType::get());
+  std::uint32_t x = static_cast<std::uint32_t>(seed);  // NumPy refuses seeds above 2**32-1; Determined's fit
+  for (std::uint32_t i = 0; i < 624; ++i) {
+    if (i > 0) x = 1812433253U * (x ^ (x >> 30)) + i;
+    key.push_back(static_cast<std::int64_t>(x));
+  }
+  return c10::ivalue::Tuple::create({c10::IValue(std::string("MT19937")), key, std::int64_t{624}, std::int64_t{0}, 0.0});
+}
+
+DETTRIAL_INLINE c10::IValue python_random_seeded_state(std::uint64_t seed) {
+  // CPython's random.seed(int): init_by_array over the seed's 32-bit words, least significant first.
+  std::vector<std::uint32_t> words;
+  for (std::uint64_t s = seed; s != 0 || words.empty(); s >>= 32) words.push_back(static_cast<std::uint32_t>(s));
+  constexpr std::size_t n = 624;
+  std::vector<std::uint32_t> mt(n);
+  mt[0] = 19650218U;
+  for (std::uint32_t i = 1; i < n; ++i) mt[i] = 1812433253U * (mt[i - 1] ^ (mt[i - 1] >> 30)) + i;
+  std::size_t i = 1, j = 0;
+  for (std::size_t k = std::max(n, words.size()); k > 0; --k) {
+    mt[i] = (mt[i] ^ ((mt[i - 1] ^ (mt[i - 1] >> 30)) * 1664525U)) + words[j] + static_cast<std::uint32_t>(j);
+    if (++i >= n) {
+      mt[0] = mt[n - 1];
+      i = 1;
+    }
+    if (++j >= words.size()) j = 0;
+  }
+  for (std::size_t k = n - 1; k > 0; --k) {
+    mt[i] = (mt[i] ^ ((mt[i - 1] ^ (mt[i - 1] >> 30)) * 1566083941U)) - static_cast<std::uint32_t>(i);
+    if (++i >= n) {
+      mt[0] = mt[n - 1];
+      i = 1;
+    }
+  }
+  mt[0] = 0x80000000U;
+  std::vector<c10::IValue> state;
+  for (const std::uint32_t v : mt) state.emplace_back(static_cast<std::int64_t>(v));
+  state.emplace_back(static_cast<std::int64_t>(n));
+  return c10::ivalue::Tuple::create({c10::IValue(std::int64_t{3}), c10::ivalue::Tuple::create(std::move(state)), c10::IValue()});
+}
 
 DETTRIAL_INLINE const c10::IValue& require_entry(const StateDict& dict, const char* key, const std::string& what) {
   const auto it = dict.find(key);
@@ -168,7 +272,9 @@ DETTRIAL_INLINE const c10::IValue& require_entry(const StateDict& dict, const ch
 
 DETTRIAL_INLINE StateDict read_state_dict_file(const std::filesystem::path& dir) {
   const std::filesystem::path file = CheckpointFolder{dir}.state_dict();
-  const c10::IValue top = unpickle_archive(read_checked_file(dir, layout::state_dict), file);
+  // Determined lists no checksums: its state_dict.pth is read as it is.
+  const std::string bytes = read_checkpoint_info(dir).by_determined ? read_file_bytes(file) : read_checked_file(dir, layout::state_dict);
+  const c10::IValue top = unpickle_archive(bytes, file);
   if (!top.isGenericDict()) throw CheckpointError("checkpoint file '" + file.string() + "' does not hold a dict");
   return top.toGenericDict();
 }
@@ -206,6 +312,12 @@ DETTRIAL_INLINE StateDict ContextCheckpoint::python_state(Context& c, const std:
     for (const auto& t : gpu_rng_per_rank) states.push_back(t);
     rng.insert("gpu_rng_states", states);
   }
+  // NumPy's and Python's generators, which Determined restores (and requires): carried from the
+  // Determined checkpoint this run continues, else as Determined seeds them with the trial seed.
+  const c10::IValue& carried = c.position().python_generators;
+  const bool carry = carried.isGenericDict();
+  rng.insert("np_rng_state", carry ? carried.toGenericDict().at("np_rng_state") : numpy_seeded_state(c.get_trial_seed()));
+  rng.insert("random_rng_state", carry ? carried.toGenericDict().at("random_rng_state") : python_random_seeded_state(c.get_trial_seed()));
   StateDict out(c10::StringType::get(), c10::AnyType::get());
   out.insert("models_state_dict", models);
   out.insert("optimizers_state_dict", optimizers);
@@ -274,7 +386,8 @@ DETTRIAL_INLINE void ContextCheckpoint::load_models(Context& c, const StateDict&
   for (std::size_t i = 0; i < list.size(); ++i) {
     const c10::IValue entry = list.get(i);
     if (!entry.isGenericDict()) throw CheckpointError(what + ": model " + std::to_string(i) + " is not a state dict");
-    load_module_state_dict(*c.models()[i], entry.toGenericDict(), what + ", model " + std::to_string(i) + ",");
+    // A model Determined wrapped in DistributedDataParallel saved its names under `module.`.
+    load_module_state_dict(*c.models()[i], unwrapped(entry.toGenericDict()), what + ", model " + std::to_string(i) + ",");
   }
 }
 
@@ -295,6 +408,66 @@ DETTRIAL_INLINE void ContextCheckpoint::load_rng(Context& c, const StateDict& to
                       this_ranks("cpu_rng_states", require_entry(states, "cpu_rng_state", what + "'s rng_state").toTensor()));
   if (const auto gpu = states.find("gpu_rng_state"); gpu != states.end() && c.device().is_cuda())
     set_generator_state(at::globalContext().defaultGenerator(c.device()), this_ranks("gpu_rng_states", gpu->value().toTensor()));
+  // NumPy's and Python's states are kept to be written back (dettrial draws from neither), as
+  // primitives: an ndarray Determined wrote becomes a list, which NumPy's set_state takes.
+  const auto np = states.find("np_rng_state");
+  const auto py = states.find("random_rng_state");
+  if (np == states.end() || py == states.end()) return;
+  auto np_state = np->value().isTuple() ? np->value().toTupleRef().elements().vec() : std::vector<c10::IValue>{};
+  if (np_state.size() == 5 && np_state[1].isTensor()) {
+    c10::impl::GenericList key(c10::AnyType::get());
+    const torch::Tensor k = np_state[1].toTensor().to(torch::kLong).contiguous();
+    for (std::int64_t i = 0; i < k.numel(); ++i) key.push_back(k.data_ptr<std::int64_t>()[i]);
+    np_state[1] = key;
+  }
+  c10::impl::GenericDict carried(c10::StringType::get(), c10::AnyType::get());
+  carried.insert("np_rng_state", c10::ivalue::Tuple::create(std::move(np_state)));
+  carried.insert("random_rng_state", py->value());
+  c.position().python_generators = carried;
+}
+
+DETTRIAL_INLINE void ContextCheckpoint::load_python_layout(Context& c, const StateDict& top, const std::filesystem::path& file,
+                                                           bool fresh_parts) {
+  const std::string what = "checkpoint file '" + file.string() + "'";
+  const auto part = [&](const std::string& name, const std::function<void()>& load) {
+    try {
+      load();
+    } catch (const CheckpointError& e) {
+      if (!fresh_parts)
+        throw CheckpointError(std::string(e.what()) + "\n(to continue with " + name +
+                              " as the trial makes it, fresh, resume with --resume-fresh-parts)");
+      std::fprintf(stderr, "dettrial: warning: %s starts fresh: %s\n", name.c_str(), first_line(e.what()).c_str());
+    }
+  };
+  const auto list_of = [&](const char* key, std::size_t expected, const char* things) {
+    const auto it = top.find(key);
+    if (it == top.end() || !it->value().isList()) throw CheckpointError(what + " has no list '" + key + "' (Determined's layout)");
+    const auto list = it->value().toList();
+    if (list.size() != expected)
+      throw CheckpointError(what + " holds " + std::to_string(list.size()) + " " + things + ", but the trial wraps " +
+                            std::to_string(expected));
+    return list;
+  };
+  const auto optimizers = list_of("optimizers_state_dict", c.num_optimizers(), "optimizer(s)");
+  for (std::size_t i = 0; i < optimizers.size(); ++i)
+    part("optimizer " + std::to_string(i), [&] {
+      const std::string name = what + ", optimizer " + std::to_string(i);
+      if (!optimizers.get(i).isGenericDict()) throw CheckpointError(name + " is not a state dict");
+      load_optimizer_state_dict(c.optimizer(i), optimizers.get(i).toGenericDict(), name);
+    });
+  const auto schedulers = list_of("lr_schedulers_state_dict", c.num_lr_schedulers(), "LR scheduler(s)");
+  for (std::size_t i = 0; i < schedulers.size(); ++i)
+    part("LR scheduler " + std::to_string(i), [&] {
+      const std::string name = what + ", LR scheduler " + std::to_string(i);
+      const WrappedScheduler& s = c.lr_scheduler(i);
+      if (!s.load_python_state)
+        throw CheckpointError(name + ": the trial's scheduler cannot read Python's state (dettrial::optim's StepLR, MultiStepLR and " +
+                              "ExponentialLR can; a LambdaLR or another type has no counterpart here)");
+      if (!schedulers.get(i).isGenericDict()) throw CheckpointError(name + " is not a state dict");
+      s.load_python_state(s.scheduler, schedulers.get(i).toGenericDict(), name);
+    });
+  for (const auto& model : c.models())  // nothing pending: Determined checkpoints at optimizer steps
+    for (auto& p : model->parameters()) p.mutable_grad() = torch::Tensor();
 }
 
 DETTRIAL_INLINE void ContextCheckpoint::set_generator_state(at::Generator generator, const torch::Tensor& state) {

@@ -98,10 +98,10 @@ class Checkpointer {
    * names of the callbacks with state that the checkpoint has none for.
    */
   template <class Set>
-  std::vector<std::string> restore(const std::filesystem::path& dir, Set& callbacks) {
+  std::vector<std::string> restore(const std::filesystem::path& dir, Set& callbacks, bool fresh_parts = false) {
     const StateDict top = read_state_dict_file(dir);
     callbacks.template call<hook::on_checkpoint_load_start>(top);
-    restore_context(*context_, dir, top);
+    restore_context(*context_, dir, top, fresh_parts);
     const StateDict states = callback_states_of(top);
     std::vector<std::string> without_state;
     std::size_t index = 0;

@@ -99,16 +99,6 @@ DETTRIAL_INLINE std::string keys_text(const StateDict& d) {
   return out.empty() ? "nothing" : out;
 }
 
-/// Python's DistributedDataParallel saves `module.<name>`: the model's own names without it.
-DETTRIAL_INLINE StateDict unwrapped(const StateDict& d) {
-  const std::string prefix = "module.";
-  for (const auto& entry : d)
-    if (entry.key().toStringRef().compare(0, prefix.size(), prefix) != 0) return d;
-  StateDict out(c10::StringType::get(), c10::TensorType::get());
-  for (const auto& entry : d) out.insert(entry.key().toStringRef().substr(prefix.size()), entry.value());
-  return out;
-}
-
 }  // namespace detail
 
 DETTRIAL_INLINE StateDict read_model_state_dict(const std::filesystem::path& path, std::size_t model_index) {

@@ -20,8 +20,10 @@
 #include "../vocabulary/checkpoint.hpp"
 #include "../error.hpp"
 #include "../optim/adadelta.hpp"
+#include "../optim/fused.hpp"
 #include "../optim/handles.hpp"
 #include "../detail/text.hpp"
+#include "python_pickle.hpp"
 #include "../detail/linkage.hpp"
 
 namespace dettrial {
@@ -35,8 +37,8 @@ namespace detail {
  */
 DETTRIAL_INLINE std::string pickle_archive(const c10::IValue& value);
 
-/// A pickle Python's torch.save wrote, rewritten into the opcodes LibTorch's unpickler reads.
-DETTRIAL_INLINE std::string pickle_for_libtorch(std::string_view pickle);
+/// `value` as a plain pickle (no tensors): what Python's `pickle.load` reads.
+DETTRIAL_INLINE std::string pickle_bytes(const c10::IValue& value);
 
 /// Reads an archive written by pickle_archive or by Python's `torch.save` (state dicts, checkpoints:
 /// dicts, lists, tensors, numbers, strings); `file` names it in errors.
@@ -55,6 +57,9 @@ void for_each_state_entry(const torch::nn::Module& module, F&& f) {
 }
 
 DETTRIAL_INLINE std::string shape_text(c10::IntArrayRef sizes);
+
+/// Python's DistributedDataParallel saves `module.<name>`: the model's own names without it.
+DETTRIAL_INLINE StateDict unwrapped(const StateDict& d);
 
 inline c10::IValue scalar_tensor(double v) { return torch::tensor(v, torch::kFloat32); }
 
@@ -112,11 +117,9 @@ DETTRIAL_INLINE void load_module_state_dict(torch::nn::Module& module, const Sta
 #include <torch/csrc/jit/serialization/export.h>
 #include <torch/csrc/jit/serialization/pickle.h>
 #include <torch/csrc/jit/serialization/pickler.h>
-#include <torch/csrc/jit/serialization/unpickler.h>
 
 #include <algorithm>
 #include <cstring>
-#include <set>
 #include <stdexcept>
 #include <string_view>
 
@@ -141,216 +144,14 @@ DETTRIAL_INLINE std::string pickle_archive(const c10::IValue& value) {
   return out;
 }
 
-DETTRIAL_INLINE std::string pickle_for_libtorch(std::string_view pickle) {
-  // LibTorch's unpickler reads what LibTorch writes, not all that Python's torch.save writes:
-  // - `collections.OrderedDict` becomes None (LibTorch expects one only as a tensor's empty backward
-  //   hooks), so a Python state dict (an OrderedDict with a `_metadata` attribute) does not load;
-  // - SETITEM and APPEND (one item at a time, which Python writes for a batch of one) are unknown.
-  // So the pickle is rewritten opcode by opcode, following the stack: `OrderedDict()` becomes an
-  // empty dict (its items follow as SETITEMS either way); BUILD, which would set `_metadata`, goes
-  // with the opcodes of that state (POP is unknown too); SETITEM becomes MARK (put before its key)
-  // + SETITEMS, APPEND MARK + APPENDS.
-  // Pickles are position-independent (the memo is indexed, not addressed), so this is safe.
-  struct Entry {
-    std::size_t start;  // where the opcodes that pushed it begin in `out`
-    bool mark = false;
-    bool ordered_dict = false;  // the OrderedDict class itself (emitted as nothing)
-  };
+DETTRIAL_INLINE std::string pickle_bytes(const c10::IValue& value) {
   std::string out;
-  out.reserve(pickle.size() + 64);
-  std::vector<Entry> stack;
-  std::set<std::uint64_t> class_memo;           // memo slots of the OrderedDict class (left empty)
-  std::map<std::uint64_t, std::size_t> put_at;  // where each memo slot was filled in `out`
-  std::set<std::uint64_t> dropped_memo;         // slots filled inside dropped opcodes
-  bool rewrote = false;
-  std::size_t i = 0;
-  const auto fail = [](const std::string& why) { throw std::runtime_error("unsupported pickle: " + why); };
-  const auto need = [&](std::size_t n) {
-    if (i + n > pickle.size()) fail("it ends inside an opcode");
-  };
-  const auto little_endian = [&](std::size_t at, std::size_t n) {
-    std::uint64_t v = 0;
-    for (std::size_t b = 0; b < n; ++b) v |= static_cast<std::uint64_t>(static_cast<unsigned char>(pickle[at + b])) << (8 * b);
-    return v;
-  };
-  const auto line_end = [&](std::size_t from) {
-    const std::size_t nl = pickle.find('\n', from);
-    if (nl == std::string_view::npos) fail("it ends inside a text argument");
-    return nl + 1;
-  };
-  const auto pop = [&](std::size_t n) {
-    if (stack.size() < n) fail("stack underflow");
-    for (std::size_t k = 0; k < n; ++k) {
-      if (stack.back().ordered_dict) fail("an OrderedDict is built other than as OrderedDict()");
-      stack.pop_back();
-    }
-  };
-  const auto pop_to_mark = [&] {  // pops through the mark; returns where the mark began
-    while (!stack.empty() && !stack.back().mark) pop(1);
-    if (stack.empty()) fail("no MARK");
-    const std::size_t start = stack.back().start;
-    stack.pop_back();
-    return start;
-  };
-  const auto top_is_class = [&] { return !stack.empty() && stack.back().ordered_dict; };
-  while (i < pickle.size()) {
-    const std::size_t start = i;
-    const unsigned char op = static_cast<unsigned char>(pickle[i++]);
-    std::size_t arg_end = i;
-    // clang-format off: one line per argument size, as the protocol's table reads
-    switch (op) {
-      case 0x80: case 'K': case 'q': case 'h': case 0x82: arg_end = i + 1; break;  // PROTO BININT1 BINPUT BINGET EXT1
-      case 'M': case 0x83: arg_end = i + 2; break;                                   // BININT2 EXT2
-      case 'J': case 'r': case 'j': case 0x84: arg_end = i + 4; break;               // BININT LONG_BINPUT LONG_BINGET EXT4
-      case 'G': case 0x95: arg_end = i + 8; break;                                   // BINFLOAT FRAME
-      case 0x8a: case 'U': case 'C': case 0x8c: need(1); arg_end = i + 1 + little_endian(i, 1); break;  // LONG1 SHORT_BIN*
-      case 0x8b: case 'X': case 'T': case 'B': need(4); arg_end = i + 4 + little_endian(i, 4); break;   // LONG4 BIN*
-      case 0x8d: case 0x8e: case 0x96: need(8); arg_end = i + 8 + little_endian(i, 8); break;            // *8
-      case 'I': case 'L': case 'F': case 'S': case 'V': case 'P': case 'p': case 'g': arg_end = line_end(i); break;
-      case 'c': case 'i': arg_end = line_end(line_end(i)); break;  // GLOBAL, INST: module and name lines
-      default: break;
-    }
-    // clang-format on
-    need(arg_end - i);
-    i = arg_end;
-    const std::string_view whole = pickle.substr(start, arg_end - start);
-    const std::size_t here = out.size();
-    switch (op) {
-      case 'c':
-        if (whole == std::string_view("ccollections\nOrderedDict\n")) {
-          stack.push_back({here, false, true});
-          rewrote = true;
-          continue;
-        }
-        stack.push_back({here});
-        break;
-      case 'q':
-      case 'r': {  // PUT: the OrderedDict class's slot is remembered, not filled
-        const std::uint64_t slot = little_endian(start + 1, op == 'q' ? 1 : 4);
-        if (top_is_class()) {
-          class_memo.insert(slot);
-          continue;
-        }
-        put_at[slot] = here;
-        break;
-      }
-      case 'p':
-      case 'g': throw std::runtime_error("unsupported pickle: text PUT and GET opcodes (protocol 0)");
-      case 'h':
-      case 'j':
-        if (dropped_memo.count(little_endian(start + 1, op == 'h' ? 1 : 4)))
-          fail("a value inside a state dict's _metadata is used elsewhere");
-        if (class_memo.count(little_endian(start + 1, op == 'h' ? 1 : 4))) {
-          stack.push_back({here, false, true});
-          continue;
-        }
-        stack.push_back({here});
-        break;
-      case ')':
-        if (top_is_class() && i < pickle.size() && pickle[i] == 'R') {  // OrderedDict() → {}
-          ++i;
-          const std::size_t at = stack.back().start;
-          stack.pop_back();
-          stack.push_back({at});
-          out.push_back('}');
-          continue;
-        }
-        stack.push_back({here});
-        break;
-      case 's':
-      case 'a': {  // SETITEM, APPEND → MARK before the key (or item) + SETITEMS, APPENDS
-        const std::size_t items = op == 's' ? 2 : 1;
-        if (stack.size() < items + 1) fail("stack underflow");
-        const std::size_t first = stack[stack.size() - items].start;
-        pop(items);
-        out.insert(out.begin() + static_cast<std::ptrdiff_t>(first), '(');
-        out.push_back(op == 's' ? 'u' : 'e');
-        continue;
-      }
-      case 'b':  // BUILD: after a rewritten OrderedDict the state is its `_metadata`: its opcodes are dropped
-        if (rewrote) {
-          if (stack.empty()) fail("stack underflow");
-          const std::size_t state_start = stack.back().start;
-          pop(1);
-          out.resize(state_start);
-          for (const auto& [slot, at] : put_at)
-            if (at >= state_start) dropped_memo.insert(slot);
-          continue;
-        }
-        pop(1);
-        break;
-      case '(': stack.push_back({here, true}); break;
-      case 't':
-      case 'l':
-      case 'd': stack.push_back({pop_to_mark()}); break;  // TUPLE LIST DICT
-      case 'u':
-      case 'e': pop_to_mark(); break;  // SETITEMS APPENDS
-      case '1': pop_to_mark(); break;  // POP_MARK
-      case '0': pop(1); break;
-      case '2':
-        if (stack.empty()) fail("DUP of nothing");
-        stack.push_back(stack.back());
-        break;
-      case 0x85:
-      case 0x86:
-      case 0x87: {  // TUPLE1..3
-        const std::size_t n = op - 0x84;
-        if (stack.size() < n) fail("stack underflow");
-        const std::size_t at = stack[stack.size() - n].start;
-        pop(n);
-        stack.push_back({at});
-        break;
-      }
-      case 'R':
-      case 0x81:
-      case 0x93: {  // REDUCE NEWOBJ STACK_GLOBAL: two in, one out
-        if (stack.size() < 2) fail("stack underflow");
-        const std::size_t at = stack[stack.size() - 2].start;
-        pop(2);
-        stack.push_back({at});
-        break;
-      }
-      case 'Q': {  // BINPERSID: replaces the top
-        if (stack.empty()) fail("stack underflow");
-        const std::size_t at = stack.back().start;
-        pop(1);
-        stack.push_back({at});
-        break;
-      }
-      case 0x80:
-      case 0x95:
-      case 0x94:
-      case '.': break;  // PROTO FRAME MEMOIZE STOP
-      case 'K':
-      case 'M':
-      case 'J':
-      case 'I':
-      case 'L':
-      case 'F':
-      case 'G':
-      case 'S':
-      case 'T':
-      case 'U':
-      case 'V':
-      case 'X':
-      case 'B':
-      case 'C':
-      case 0x8a:
-      case 0x8b:
-      case 0x8c:
-      case 0x8d:
-      case 0x8e:
-      case 'N':
-      case 0x88:
-      case 0x89:
-      case '}':
-      case ']':
-      case 'P':
-      case 0x8f: stack.push_back({here}); break;
-      default: fail("opcode " + std::to_string(op));
-    }
-    out.append(whole);
-  }
+  torch::jit::Pickler pickler([&](const char* bytes, std::size_t n) { out.append(bytes, n); }, /*tensor_table=*/nullptr,
+                              /*type_renamer=*/nullptr, /*memoized_class_types=*/nullptr, /*get_tensor_id=*/nullptr,
+                              /*tag_aggregates=*/false);
+  pickler.protocol();
+  pickler.pushIValue(value);
+  pickler.stop();
   return out;
 }
 
@@ -359,22 +160,29 @@ DETTRIAL_INLINE c10::IValue unpickle_archive(const std::string& bytes, const std
     std::istringstream stream(bytes);
     caffe2::serialize::PyTorchStreamReader reader(&stream);
     auto [pickle_data, pickle_size] = reader.getRecord("data.pkl");
-    const std::string pickle = pickle_for_libtorch(std::string_view(static_cast<const char*>(pickle_data.get()), pickle_size));
-    std::size_t read = 0;
-    torch::jit::Unpickler unpickler(
-        [&](char* buffer, std::size_t n) {
-          n = std::min(n, pickle.size() - read);
-          std::memcpy(buffer, pickle.data() + read, n);
-          read += n;
-          return n;
-        },
-        /*type_resolver=*/nullptr, /*obj_loader=*/nullptr,
-        [&](const std::string& name) { return std::get<0>(reader.getRecord("data/" + name)); }, /*device=*/{});
-    unpickler.set_version(reader.version());
-    return unpickler.parse_ivalue();
+    const auto storages = [&](const std::string& key, c10::ScalarType dtype, std::int64_t numel) {
+      auto [data, size] = reader.getRecord("data/" + key);
+      torch::Tensor out = torch::empty({numel}, torch::TensorOptions().dtype(dtype));
+      const std::size_t expected = static_cast<std::size_t>(numel) * out.element_size();
+      if (size < expected)
+        throw std::runtime_error("tensor storage '" + key + "' holds " + std::to_string(size) + " bytes where " + std::to_string(expected) +
+                                 " are needed");
+      std::memcpy(out.data_ptr(), data.get(), expected);
+      return out;
+    };
+    return unpickle(std::string_view(static_cast<const char*>(pickle_data.get()), pickle_size), storages);
   } catch (const std::exception& e) {
     throw CheckpointError("cannot read '" + file.string() + "' as a torch.save archive: " + first_line(e.what()));
   }
+}
+
+DETTRIAL_INLINE StateDict unwrapped(const StateDict& d) {
+  const std::string prefix = "module.";
+  for (const auto& entry : d)
+    if (!entry.key().isString() || entry.key().toStringRef().compare(0, prefix.size(), prefix) != 0) return d;
+  StateDict out(c10::StringType::get(), c10::TensorType::get());
+  for (const auto& entry : d) out.insert(entry.key().toStringRef().substr(prefix.size()), entry.value());
+  return out;
 }
 
 DETTRIAL_INLINE std::string shape_text(c10::IntArrayRef sizes) {
@@ -456,6 +264,8 @@ DETTRIAL_INLINE StateDict module_state_dict(const torch::nn::Module& module) {
 }
 
 DETTRIAL_INLINE StateDict optimizer_state_dict(torch::optim::Optimizer& optimizer) {
+  // A fused optimizer keeps its step counts on the device between checkpoints.
+  if (auto* capturable = dynamic_cast<optim::CapturableOptimizer*>(&optimizer)) capturable->pull_host_state();
   StateDict state(c10::IntType::get(), c10::AnyType::get());
   c10::impl::GenericList groups(c10::AnyType::get());
   std::int64_t index = 0;

@@ -38,6 +38,9 @@ struct CheckpointInfo {
   std::int64_t sequence = 0;
   /// The searcher metric of the validation at the same batch, if there was one.
   std::optional<double> validation_metric{};
+  /// Written by Determined (its metadata has `determined_version` and no `dettrial_format`): the
+  /// optimizers and schedulers are read from Python's layout, the progress from `trial_state.pkl`.
+  bool by_determined = false;
 };
 
 /// How many checkpoints a trial keeps (Determined's `checkpoint_storage.save_trial_*`).
@@ -272,6 +275,26 @@ DETTRIAL_INLINE std::filesystem::path CheckpointWriter::commit(detail::Json fiel
   return final_path;
 }
 
+namespace detail {
+/// A checkpoint Determined wrote: its id is its folder's name (Determined's storage id), its place
+/// its `steps_completed`; it lists no checksums (Determined keeps none).
+DETTRIAL_INLINE CheckpointInfo determined_checkpoint_info(const std::filesystem::path& dir, const Json& meta) {
+  const std::filesystem::path meta_path = CheckpointFolder{dir}.metadata();
+  CheckpointInfo info{.path = dir, .uuid = dir.filename().string(), .by_determined = true};
+  try {
+    info.batches_trained = json_as<std::int64_t>(json_field(meta, "steps_completed"), "steps_completed");
+  } catch (const JsonFieldError& e) {
+    throw CheckpointError("'" + meta_path.string() + "' (written by Determined " + meta.value("determined_version", std::string("?")) +
+                          ") has no usable steps_completed: " + e.what());
+  }
+  std::error_code ec;
+  if (!std::filesystem::exists(CheckpointFolder{dir}.state_dict(), ec))
+    throw CheckpointError("'" + dir.string() +
+                          "' (written by Determined) has no state_dict.pth: only PyTorchTrial checkpoints can be continued");
+  return info;
+}
+}  // namespace detail
+
 DETTRIAL_INLINE CheckpointInfo read_checkpoint_info(const std::filesystem::path& dir, bool verify_files) {
   std::error_code ec;
   if (!std::filesystem::exists(dir, ec)) throw CheckpointError("checkpoint '" + dir.string() + "' does not exist");
@@ -288,6 +311,8 @@ DETTRIAL_INLINE CheckpointInfo read_checkpoint_info(const std::filesystem::path&
   };
   CheckpointInfo info;
   info.path = dir;
+  if (!detail::json_find(meta, "dettrial_format") && detail::json_find(meta, "determined_version"))
+    return detail::determined_checkpoint_info(dir, meta);
   try {
     const auto format = detail::json_as<std::int64_t>(field("dettrial_format"), "dettrial_format");
     if (format > checkpoint_format_version)

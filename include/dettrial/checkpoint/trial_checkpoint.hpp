@@ -69,8 +69,10 @@ DETTRIAL_INLINE CheckpointInfo write_trial_checkpoint(Context& c, const std::fil
                                                       const TrialCheckpointRecord& record);
 
 /// Restores the Context's models (names and shapes checked first), optimizers, schedulers, pending
-/// gradients and RNGs from checkpoint `dir`, whose state_dict.pth holds `top`.
-DETTRIAL_INLINE void restore_context(Context& c, const std::filesystem::path& dir, const StateDict& top);
+/// gradients and RNGs from checkpoint `dir`, whose state_dict.pth holds `top`. A checkpoint without
+/// LibTorch's archive (one Determined wrote) restores its optimizers and schedulers from Python's
+/// layout; `fresh_parts` lets a part that cannot be carried over start fresh, with a warning.
+DETTRIAL_INLINE void restore_context(Context& c, const std::filesystem::path& dir, const StateDict& top, bool fresh_parts = false);
 
 }  // namespace dettrial::detail
 
@@ -131,6 +133,7 @@ DETTRIAL_INLINE CheckpointInfo write_trial_checkpoint(Context& c, const std::fil
   writer.add_file(layout::state_dict, pickle_archive(top));
   writer.add_file(layout::libtorch_state, ContextCheckpoint::native_state(c, record.mid_aggregation));
   writer.add_file(layout::trial_state, record.progress.to_json());
+  writer.add_file(layout::determined_trial_state, record.progress.to_determined_pickle());
   writer.add_file(layout::load_data, json_text(load_data(c, record.trial_type)));
   const std::string framework = "torch-" + std::to_string(TORCH_VERSION_MAJOR) + "." + std::to_string(TORCH_VERSION_MINOR) + "." +
                                 std::to_string(TORCH_VERSION_PATCH);
@@ -149,10 +152,13 @@ DETTRIAL_INLINE CheckpointInfo write_trial_checkpoint(Context& c, const std::fil
   return info;
 }
 
-DETTRIAL_INLINE void restore_context(Context& c, const std::filesystem::path& dir, const StateDict& top) {
+DETTRIAL_INLINE void restore_context(Context& c, const std::filesystem::path& dir, const StateDict& top, bool fresh_parts) {
   const std::filesystem::path file = CheckpointFolder{dir}.state_dict();
   ContextCheckpoint::load_models(c, top, file);
-  ContextCheckpoint::load_native(c, read_checked_file(dir, layout::libtorch_state), CheckpointFolder{dir}.libtorch_state());
+  std::error_code ec;
+  if (std::filesystem::exists(CheckpointFolder{dir}.libtorch_state(), ec))
+    ContextCheckpoint::load_native(c, read_checked_file(dir, layout::libtorch_state), CheckpointFolder{dir}.libtorch_state());
+  else ContextCheckpoint::load_python_layout(c, top, file, fresh_parts);
   ContextCheckpoint::load_rng(c, top, file);
   // A checkpoint written without a scaler (fp32, or bf16) leaves a new one at its initial scale.
   if (const auto it = top.find("scaler_state_dict"); c.scaler() && it != top.end()) {

@@ -33,6 +33,7 @@ struct CommandLine {
   std::vector<std::string> overrides;  ///< every --set KEY=VALUE, in order
   std::string output;                  ///< --output DIR
   std::string resume;                  ///< --resume PATH
+  bool resume_fresh_parts = false;     ///< --resume-fresh-parts
   std::string backend_name;            ///< --backend: "gloo", "nccl", or empty (chosen by the devices)
   bool slurm_launcher = false;         ///< --launcher slurm (a search's trials as Slurm jobs), not local
   int nproc = 0;                       ///< --nproc N (0: not given)
@@ -95,6 +96,7 @@ DETTRIAL_INLINE CommandLine parse_command_line(int argc, const char* const* argv
     else if (arg == "--set") line.overrides.push_back(value());
     else if (arg == "--output") line.output = value();
     else if (arg == "--resume") line.resume = value();
+    else if (arg == "--resume-fresh-parts") line.resume_fresh_parts = true;
     else if (arg == "--report") line.report_dir = value();
     else if (arg == "--nproc") line.nproc = static_cast<int>(detail::positive_flag_value(arg, value()));
     else if (arg == "--threads") line.threads = static_cast<int>(detail::positive_flag_value(arg, value()));
@@ -128,7 +130,9 @@ DETTRIAL_INLINE const char* main_usage() {
          "                       experiment's folder (default: runs/experiment-<name>); running the\n"
          "                       same search command again continues it\n"
          "  --resume PATH        continue from a checkpoint: a checkpoint directory, or a run's\n"
-         "                       output directory (its latest checkpoint)\n"
+         "                       output directory (its latest checkpoint); also one Determined wrote\n"
+         "  --resume-fresh-parts an optimizer or LR scheduler of the resumed checkpoint that the trial's\n"
+         "                       cannot take starts fresh, with a warning (default: an error naming it)\n"
          "  --nproc N            train data-parallel in N local processes (Gloo on CPU, NCCL on GPUs);\n"
          "                       default: resources.slots_per_trial when no launcher (torchrun, srun,\n"
          "                       mpirun) started this process\n"

@@ -216,6 +216,7 @@ DETTRIAL_INLINE FitOptions fit_options_for(const CommandLine& line, const RunPla
   options.report.quiet = line.quiet;
   if (plan.resumed_checkpoint) {
     options.latest_checkpoint = *plan.resumed_checkpoint;
+    options.resume_fresh_parts = line.resume_fresh_parts;
     // Continue in the resumed run's directory (metrics.jsonl appended, checkpoints beside the old).
     if (plan.output.empty() && plan.resumed_checkpoint->parent_path().filename() == layout::checkpoints)
       options.output_dir = plan.resumed_checkpoint->parent_path().parent_path();

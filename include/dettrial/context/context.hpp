@@ -109,6 +109,9 @@ struct RunPosition {
   /// Batches per epoch on this rank; 0 until training starts.
   std::int64_t epoch_len = 0;
   std::filesystem::path output_dir{};
+  /// NumPy's and Python's generator states from the Determined checkpoint this run continues
+  /// (`np_rng_state`, `random_rng_state`), written back into its checkpoints; none otherwise.
+  c10::IValue python_generators{};
 };
 }  // namespace detail
 
@@ -295,7 +298,8 @@ class Context {
                                  &detail::save_lr_scheduler<S>,
                                  &detail::load_lr_scheduler<S>,
                                  &detail::lr_scheduler_steps<S>,
-                                 detail::python_state_writer<S>()};
+                                 detail::python_state_writer<S>(),
+                                 detail::python_state_reader<S>()};
       if constexpr (by_metric) {
         if (mode.metric.empty())
           throw ConfigError(

@@ -122,6 +122,13 @@ struct DataLoaderOptions {
   std::optional<int> workers{};
   /// Batches read ahead per worker (the bounded queue's depth is workers x prefetch).
   int prefetch = 2;
+  /// Read in the order Determined 0.38's `pytorch.DataLoader` (Python's DataLoader) reads, drawing
+  /// from LibTorch's global CPU generator as it does: one int64 when a pass starts (the iterator's
+  /// base seed; a resumed training pass draws none, as Determined draws it before it restores the
+  /// generator) and, with shuffle, one when each epoch's first batch is read (RandomSampler's seed,
+  /// its order `randperm(records, seed)`). A run continued from a Determined checkpoint then reads
+  /// the records Determined would, and its dropout masks match. Not with sampler, batch_sampler or seed.
+  bool determined_order = false;
   /// Copy batches into pinned (page-locked) memory, so copies to the GPU can be non-blocking.
   /// Unset: when LibTorch has CUDA and a GPU is present.
   std::optional<bool> pin_memory{};
@@ -166,8 +173,8 @@ class DataLoader {
   DataLoader(D dataset, DataLoaderOptions options)
       : dataset_(std::make_shared<const dataset_type>(detail::as_batch_dataset(std::move(dataset)))),
         options_(options),
-        sampler_(
-            detail::make_batch_sampler(static_cast<std::int64_t>(dataset_->size()), options_, options.seed ? *options.seed : draw_seed())) {
+        sampler_(detail::make_batch_sampler(static_cast<std::int64_t>(dataset_->size()), options_,
+                                            options.seed || options.determined_order ? options.seed.value_or(0) : draw_seed())) {
     if (options_.workers && *options_.workers < 0) throw DataError("DataLoader workers must not be negative");
     if (options_.prefetch < 1) throw DataError("DataLoader prefetch must be at least 1");
     workers_ = options_.workers.value_or(default_workers(*dataset_));
@@ -188,9 +195,10 @@ class DataLoader {
     std::string text =
         std::to_string(num_records()) + " records in " +
         (sampler_.has_batch_sampler() ? std::string("a batch sampler's batches") : "batches of " + std::to_string(sampler_.batch_size())) +
-        (sampler_.shuffle()       ? ", shuffled"
-         : sampler_.has_sampler() ? ", in a sampler's order"
-                                  : "");
+        (sampler_.draws_from_global_generator() ? (sampler_.shuffle() ? ", shuffled in Determined's order" : ", in Determined's order")
+         : sampler_.shuffle()                   ? ", shuffled"
+         : sampler_.has_sampler()               ? ", in a sampler's order"
+                                                : "");
     if (workers_ == 0) return text + ", read on the training thread";
     return text + ", read by " + std::to_string(workers_) + " worker thread" + (workers_ == 1 ? "" : "s") +
            (options_.workers ? "" : " (the dataset's default)") + ", " + std::to_string(workers_ * options_.prefetch) + " batches ahead";
@@ -226,19 +234,25 @@ class DataLoader {
       using value_type = batch_type;
       using difference_type = std::ptrdiff_t;
       iterator() = default;
-      explicit iterator(Stream* stream) : stream_(stream) { advance(); }
-      batch_type& operator*() const { return *current_; }
+      explicit iterator(Stream* stream) : stream_(stream) {}
+      /// Reads the batch here when first asked for, not before: a batch is read when the training
+      /// loop takes it, never one ahead (what it reads may draw from the global generator).
+      batch_type& operator*() const {
+        if (!current_) current_.emplace(stream_->next());
+        return *current_;
+      }
       iterator& operator++() {
         advance();
         return *this;
       }
       void operator++(int) { advance(); }
-      friend bool operator==(const iterator& it, std::default_sentinel_t) { return !it.current_; }
+      friend bool operator==(const iterator& it, std::default_sentinel_t) { return it.at_end(); }
 
      private:
+      bool at_end() const { return !current_ && (!stream_ || stream_->exhausted()); }
       void advance() {
+        if (!current_ && stream_ && !stream_->exhausted()) stream_->next();  // passed over unread
         current_.reset();
-        if (stream_ && !stream_->exhausted()) current_.emplace(stream_->next());
       }
       Stream* stream_ = nullptr;
       mutable std::optional<batch_type> current_;
@@ -247,9 +261,16 @@ class DataLoader {
     Stream(const DataLoader& loader, LoaderChain chain)
         : loader_(&loader),
           slices_(loader.sampler_.slices(chain)),
+          chain_(chain),
           skip_(chain.skip),
           position_(chain.skip),
           end_(chain.repeat ? std::numeric_limits<std::int64_t>::max() : loader.batches_for(chain)) {
+      if (loader.sampler_.draws_from_global_generator()) {
+        loader.sampler_.begin_pass();
+        // Python's iterator draws its base seed when made; Determined makes its training iterator
+        // before it restores a checkpoint's generator, so a resumed pass (skip > 0) shows no draw.
+        if (chain.skip == 0) torch::empty({}, torch::kLong).random_();
+      }
       const int workers = loader.workers_;
       loader.sampler_.keep_epochs_in_flight(workers > 0 ? std::max(workers * loader.options_.prefetch, workers) : 1, chain);
       if (workers > 0 && position_ < end_)
@@ -268,6 +289,9 @@ class DataLoader {
     bool exhausted() const { return position_ >= end_; }
     batch_type next() {
       const std::int64_t k = position_++;
+      // The epoch of this rank's batch k in the stream of all ranks' batches: its seed is drawn
+      // now, on the training thread, as Python's sampler draws it when that epoch's first batch is asked for.
+      loader_->sampler_.draw_seeds_through((chain_.rank + chain_.num_replicas * k) / loader_->sampler_.batches_per_epoch());
       if (prefetcher_) return prefetcher_->take();
       return loader_->read(slices_[k - skip_]);
     }
@@ -275,6 +299,7 @@ class DataLoader {
     using Slices = decltype(std::declval<const BatchSampler&>().slices(std::declval<const LoaderChain&>()));
     const DataLoader* loader_;
     Slices slices_;  // the sampler chain this stream reads
+    LoaderChain chain_;
     std::int64_t skip_;
     std::int64_t position_;
     std::int64_t end_;
@@ -343,6 +368,16 @@ class DataLoader {
 namespace dettrial::detail {
 
 DETTRIAL_INLINE BatchSampler make_batch_sampler(std::int64_t records, const DataLoaderOptions& options, std::uint64_t seed) {
+  if (options.determined_order) {
+    const char* conflict = options.sampler ? "sampler" : options.batch_sampler ? "batch_sampler" : options.seed ? "seed" : nullptr;
+    if (conflict)
+      throw DataError(std::string("DataLoader: determined_order draws the order from LibTorch's global generator, as Determined does; "
+                                  "it cannot be combined with ") +
+                      conflict);
+    BatchSampler sampler(records, options.batch_size, options.drop_last, options.shuffle, seed);
+    sampler.use_global_generator();
+    return sampler;
+  }
   if (options.batch_sampler) {
     const char* conflict = options.sampler           ? "sampler"
                            : options.batch_size != 1 ? "batch_size"

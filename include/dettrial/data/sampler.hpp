@@ -6,6 +6,7 @@
 /// user's batch sampler's batches; the chain steps are those of samplers.hpp.
 #pragma once
 
+#include <condition_variable>
 #include <cstdint>
 #include <limits>
 #include <memory>
@@ -22,6 +23,27 @@
 #include "samplers.hpp"
 
 namespace dettrial {
+
+/**
+ * @brief The shuffle seeds of the epochs of one pass, drawn from LibTorch's global CPU generator as
+ * Python's `RandomSampler` draws them (one int64 `random_()` when the epoch's first batch is asked
+ * for): the order Determined's `pytorch.DataLoader(shuffle=True)` reads, and every random draw after
+ * it (dropout) as a Determined run makes them. The training thread draws; workers reading ahead wait.
+ */
+class EpochSeeds {
+ public:
+  /// A new pass (a new iterator in Python): nothing drawn yet.
+  void reset();
+  /// Draws, in order, the seeds of the epochs up to `epoch` that are not drawn yet.
+  void draw_through(std::int64_t epoch);
+  /// Epoch `epoch`'s seed, once it is drawn (blocks until then).
+  std::uint64_t wait(std::int64_t epoch) const;
+
+ private:
+  mutable std::mutex mutex_;
+  mutable std::condition_variable drawn_;
+  std::vector<std::uint64_t> seeds_;
+};
 
 /// The records of one batch: `count` positions of the epoch's order starting at `first`.
 struct BatchSlice {
@@ -96,6 +118,18 @@ class BatchSampler {
   /// its batches concatenated.
   torch::Tensor order(std::int64_t epoch) const;
 
+  /// Draws each epoch's shuffle seed from LibTorch's global generator, in Python's DataLoader's
+  /// way (see EpochSeeds), instead of from (seed, epoch).
+  void use_global_generator() { epoch_seeds_ = std::make_shared<EpochSeeds>(); }
+  /// Whether the order draws from LibTorch's global generator (DataLoaderOptions::determined_order).
+  bool draws_from_global_generator() const { return epoch_seeds_ != nullptr; }
+  /// With the global generator: a new pass begins, whose epochs draw their seeds anew.
+  void begin_pass() const;
+  /// With the global generator and shuffling: draws the seeds of the epochs up to `epoch`.
+  void draw_seeds_through(std::int64_t epoch) const {
+    if (epoch_seeds_ && shuffle_) epoch_seeds_->draw_through(epoch);
+  }
+
   /// Keeps enough epochs cached for a reader up to `batches_in_flight` of this rank's batches ahead
   /// under `chain` (the loader's prefetch), so no epoch is computed twice while it is being read.
   /// Only grows the cache (a few epoch orders: O(records) each).
@@ -140,6 +174,7 @@ class BatchSampler {
   std::int64_t order_length_ = -1;  // a sampler's epoch length, once known
   std::shared_ptr<const User> user_;
   std::shared_ptr<Cache> cache_;
+  std::shared_ptr<EpochSeeds> epoch_seeds_;  // set by use_global_generator
 };
 
 }  // namespace dettrial
@@ -148,7 +183,36 @@ class BatchSampler {
 #if DETTRIAL_HEADER_DEFINITIONS
 #include <algorithm>
 
+#include <ATen/CPUGeneratorImpl.h>
+
 namespace dettrial {
+
+DETTRIAL_INLINE void EpochSeeds::reset() {
+  std::lock_guard lock(mutex_);
+  seeds_.clear();
+}
+
+DETTRIAL_INLINE void EpochSeeds::draw_through(std::int64_t epoch) {
+  {
+    std::lock_guard lock(mutex_);
+    while (static_cast<std::int64_t>(seeds_.size()) <= epoch)
+      seeds_.push_back(static_cast<std::uint64_t>(torch::empty({}, torch::kLong).random_().item<std::int64_t>()));
+  }
+  drawn_.notify_all();
+}
+
+DETTRIAL_INLINE std::uint64_t EpochSeeds::wait(std::int64_t epoch) const {
+  std::unique_lock lock(mutex_);
+  drawn_.wait(lock, [&] { return static_cast<std::int64_t>(seeds_.size()) > epoch; });
+  return seeds_[static_cast<std::size_t>(epoch)];
+}
+
+DETTRIAL_INLINE void BatchSampler::begin_pass() const {
+  if (!epoch_seeds_) return;
+  epoch_seeds_->reset();
+  std::lock_guard lock(cache_->mutex);
+  cache_->epochs.clear();  // the last pass's orders
+}
 
 DETTRIAL_INLINE BatchSampler::BatchSampler(std::int64_t records, std::int64_t batch_size, bool drop_last, bool shuffle, std::uint64_t seed)
     : records_(records), batch_size_(batch_size), drop_last_(drop_last), shuffle_(shuffle), seed_(seed), cache_(std::make_shared<Cache>()) {
@@ -209,6 +273,7 @@ DETTRIAL_INLINE BatchSlice BatchSampler::batch(std::int64_t epoch, std::int64_t 
     s.count = std::min(batch_size_, records_ - s.first);
     return s;
   }
+  if (epoch_seeds_) epoch_seeds_->wait(epoch);  // before the cache's lock: the training thread draws
   std::lock_guard lock(cache_->mutex);
   const EpochOrder& e = cached(epoch);
   if (e.offsets.empty()) {
@@ -228,6 +293,7 @@ DETTRIAL_INLINE BatchSlice BatchSampler::global_batch(std::int64_t global) const
 
 DETTRIAL_INLINE torch::Tensor BatchSampler::order(std::int64_t epoch) const {
   if (identity()) return torch::arange(records_, torch::kLong);
+  if (epoch_seeds_) epoch_seeds_->wait(epoch);
   std::lock_guard lock(cache_->mutex);
   return cached(epoch).order;
 }
@@ -263,7 +329,10 @@ DETTRIAL_INLINE BatchSampler::EpochOrder BatchSampler::compute(std::int64_t epoc
   EpochOrder e;
   e.epoch = epoch;
   const std::string in_epoch = " in epoch " + std::to_string(epoch);
-  if (!user_) {
+  if (!user_ && epoch_seeds_) {
+    // Python's RandomSampler: torch.randperm(n, generator=torch.Generator().manual_seed(seed)).
+    e.order = torch::randperm(records_, at::detail::createCPUGenerator(epoch_seeds_->wait(epoch)), torch::kLong);
+  } else if (!user_) {
     e.order = samplers::ReproducibleShuffleSampler::permutation(records_, seed_, epoch);
   } else if (user_->sampler) {
     e.order = user_indices(user_->sampler(epoch), "the sampler", epoch);

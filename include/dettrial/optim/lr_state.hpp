@@ -62,6 +62,8 @@ struct WrappedScheduler {
   std::int64_t (*steps_taken)(void*);
   /// Writes Python's `state_dict()` of the scheduler, when it has `python_state` (dettrial::optim's); else null.
   void (*python_state)(void*, c10::impl::GenericDict&) = nullptr;
+  /// Restores the scheduler from Python's `state_dict()` when it can (dettrial::optim's); else null.
+  void (*load_python_state)(void*, const c10::impl::GenericDict&, const std::string&) = nullptr;
   /// For lr_step::on_validation: `step(metric)` with the validation's value of `metric`.
   void (*step_with_metric)(void*, double) = nullptr;
   std::string metric{};
@@ -72,6 +74,14 @@ template <class S>
 auto python_state_writer() -> void (*)(void*, c10::impl::GenericDict&) {
   if constexpr (requires(const S& s, c10::impl::GenericDict& d) { s.python_state(d); })
     return [](void* s, c10::impl::GenericDict& d) { static_cast<const S*>(s)->python_state(d); };
+  else return nullptr;
+}
+
+/// The scheduler's own Python state dict reader, when it has one.
+template <class S>
+auto python_state_reader() -> void (*)(void*, const c10::impl::GenericDict&, const std::string&) {
+  if constexpr (requires(S& s, const c10::impl::GenericDict& d, const std::string& what) { s.load_python_state(d, what); })
+    return [](void* s, const c10::impl::GenericDict& d, const std::string& what) { static_cast<S*>(s)->load_python_state(d, what); };
   else return nullptr;
 }
 

@@ -11,6 +11,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 #include <map>
 #include <string>
 #include <utility>
@@ -52,6 +53,11 @@ class EpochLRScheduler {
   void load_common(torch::serialize::InputArchive& archive);
   /// Python's LRScheduler entries of `state_dict()`, after the subclass's own.
   void python_common(c10::impl::GenericDict& out) const;
+  /// Reads Python's `state_dict()` of this type: checks that every entry is one of `own` or of
+  /// Python's LRScheduler (another type's is a CheckpointError naming the entry), then sets the
+  /// common state. Returns the entries of `own`, which the subclass sets.
+  std::map<std::string, c10::IValue> load_python_common(const c10::impl::GenericDict& in, std::initializer_list<const char*> own,
+                                                        const std::string& what);
   /// A ConfigError naming the class, the argument, the rule and the value.
   [[noreturn]] void invalid(const char* argument, const std::string& rule, const std::string& value) const;
 
@@ -76,6 +82,8 @@ class StepLR : public EpochLRScheduler {
   /// Python's `state_dict()`: step_size, gamma, base_lrs, last_epoch, verbose, _step_count,
   /// _get_lr_called_within_step, _is_initial, _last_lr.
   void python_state(c10::impl::GenericDict& out) const;
+  /// Restores what Python's StepLR.state_dict() (or python_state) holds; `what` names it in errors.
+  void load_python_state(const c10::impl::GenericDict& in, const std::string& what);
 
  private:
   std::int64_t step_size_;
@@ -97,6 +105,8 @@ class MultiStepLR : public EpochLRScheduler {
   /// Python's `state_dict()`: milestones (a dict milestone -> count, as Python's Counter pickles
   /// into one), gamma, and the LRScheduler entries as StepLR's.
   void python_state(c10::impl::GenericDict& out) const;
+  /// Restores what Python's MultiStepLR.state_dict() (or python_state) holds.
+  void load_python_state(const c10::impl::GenericDict& in, const std::string& what);
 
  private:
   std::map<std::int64_t, std::int64_t> milestones_;
@@ -114,6 +124,8 @@ class ExponentialLR : public EpochLRScheduler {
   void load(torch::serialize::InputArchive& archive);
   /// Python's `state_dict()`: gamma and the LRScheduler entries as StepLR's.
   void python_state(c10::impl::GenericDict& out) const;
+  /// Restores what Python's ExponentialLR.state_dict() (or python_state) holds.
+  void load_python_state(const c10::impl::GenericDict& in, const std::string& what);
 
  private:
   double gamma_;
@@ -198,6 +210,7 @@ class ReduceLROnPlateau {
 #include <charconv>
 #include <cmath>
 #include <limits>
+#include <set>
 
 namespace dettrial::detail {
 
@@ -325,6 +338,59 @@ DETTRIAL_INLINE void EpochLRScheduler::python_common(c10::impl::GenericDict& out
   out.insert("_last_lr", detail::scheduler_python_list(last_lr_));
 }
 
+namespace python_state_detail {
+inline double python_number(const c10::IValue& v, const std::string& what) {
+  if (v.isDouble()) return v.toDouble();
+  if (v.isInt()) return static_cast<double>(v.toInt());
+  if (v.isTensor() && v.toTensor().numel() == 1) return v.toTensor().item<double>();
+  throw CheckpointError(what + " is not a number");
+}
+inline std::vector<double> python_numbers(const c10::IValue& v, const std::string& what) {
+  std::vector<double> out;
+  if (!v.isList() && !v.isTuple() && !v.isDoubleList()) throw CheckpointError(what + " is not a list");
+  const std::vector<c10::IValue> items = v.isTuple() ? v.toTupleRef().elements().vec() : v.toList().vec();
+  for (const auto& i : items) out.push_back(python_number(i, what));
+  return out;
+}
+}  // namespace python_state_detail
+
+DETTRIAL_INLINE std::map<std::string, c10::IValue> EpochLRScheduler::load_python_common(const c10::impl::GenericDict& in,
+                                                                                        std::initializer_list<const char*> own,
+                                                                                        const std::string& what) {
+  static const std::set<std::string> common = {"base_lrs",    "last_epoch", "verbose", "_step_count", "_get_lr_called_within_step",
+                                               "_is_initial", "_last_lr"};
+  std::map<std::string, c10::IValue> mine;
+  for (const auto& entry : in) {
+    const std::string key = entry.key().isString() ? entry.key().toStringRef() : std::string("(not a name)");
+    if (common.count(key)) continue;
+    if (std::find_if(own.begin(), own.end(), [&](const char* k) { return key == k; }) == own.end())
+      throw CheckpointError(what + " has '" + key + "', which Python's " + name_ +
+                            " does not have: the checkpoint's scheduler is another type than the trial's " + name_);
+    mine[key] = entry.value();
+  }
+  for (const char* k : own)
+    if (!mine.count(k)) throw CheckpointError(what + " has no '" + k + "': it is not Python's " + name_ + " state");
+  const auto field = [&](const char* key) {
+    const auto it = in.find(key);
+    if (it == in.end()) throw CheckpointError(what + " has no '" + key + "': it is not a Python LR scheduler's state");
+    return it->value();
+  };
+  std::vector<double> base = python_state_detail::python_numbers(field("base_lrs"), what + ": base_lrs");
+  if (base.size() != optimizer_->param_groups().size())
+    throw CheckpointError(what + " has " + std::to_string(base.size()) + " base learning rate(s), but the optimizer " +
+                          std::to_string(optimizer_->param_groups().size()) + " group(s)");
+  const std::int64_t last_epoch = static_cast<std::int64_t>(python_state_detail::python_number(field("last_epoch"), what + ": last_epoch"));
+  const auto step_count = in.find("_step_count");
+  std::vector<double> last_lr = base;
+  if (const auto it = in.find("_last_lr"); it != in.end()) last_lr = python_state_detail::python_numbers(it->value(), what + ": _last_lr");
+  base_lrs_ = std::move(base);
+  last_epoch_ = last_epoch;
+  step_count_ =
+      step_count != in.end() ? static_cast<std::int64_t>(python_state_detail::python_number(step_count->value(), what)) : last_epoch + 1;
+  last_lr_ = std::move(last_lr);
+  return mine;
+}
+
 // ------------------------------------------------------------------------------------------------
 // StepLR
 
@@ -360,6 +426,12 @@ DETTRIAL_INLINE void StepLR::python_state(c10::impl::GenericDict& out) const {
   out.insert("step_size", step_size_);
   out.insert("gamma", gamma_);
   python_common(out);
+}
+
+DETTRIAL_INLINE void StepLR::load_python_state(const c10::impl::GenericDict& in, const std::string& what) {
+  auto own = load_python_common(in, {"step_size", "gamma"}, what);
+  step_size_ = static_cast<std::int64_t>(python_state_detail::python_number(own["step_size"], what + ": step_size"));
+  gamma_ = python_state_detail::python_number(own["gamma"], what + ": gamma");
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -410,6 +482,16 @@ DETTRIAL_INLINE void MultiStepLR::python_state(c10::impl::GenericDict& out) cons
   python_common(out);
 }
 
+DETTRIAL_INLINE void MultiStepLR::load_python_state(const c10::impl::GenericDict& in, const std::string& what) {
+  auto own = load_python_common(in, {"milestones", "gamma"}, what);
+  if (!own["milestones"].isGenericDict()) throw CheckpointError(what + ": milestones is not a dict (Python's Counter)");
+  milestones_.clear();
+  for (const auto& m : own["milestones"].toGenericDict())
+    milestones_[static_cast<std::int64_t>(python_state_detail::python_number(m.key(), what + ": a milestone"))] =
+        static_cast<std::int64_t>(python_state_detail::python_number(m.value(), what + ": a milestone's count"));
+  gamma_ = python_state_detail::python_number(own["gamma"], what + ": gamma");
+}
+
 // ------------------------------------------------------------------------------------------------
 // ExponentialLR
 
@@ -437,6 +519,11 @@ DETTRIAL_INLINE void ExponentialLR::load(torch::serialize::InputArchive& archive
 DETTRIAL_INLINE void ExponentialLR::python_state(c10::impl::GenericDict& out) const {
   out.insert("gamma", gamma_);
   python_common(out);
+}
+
+DETTRIAL_INLINE void ExponentialLR::load_python_state(const c10::impl::GenericDict& in, const std::string& what) {
+  auto own = load_python_common(in, {"gamma"}, what);
+  gamma_ = python_state_detail::python_number(own["gamma"], what + ": gamma");
 }
 
 // ------------------------------------------------------------------------------------------------

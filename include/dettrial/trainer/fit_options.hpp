@@ -47,6 +47,10 @@ struct FitOptions {
   /// Resume from this checkpoint: a checkpoint directory, or a directory holding checkpoints (a
   /// storage directory, or a run's output directory), whose latest is taken.
   std::optional<std::filesystem::path> latest_checkpoint{};
+  /// When the resumed checkpoint has an optimizer or LR scheduler state the trial's cannot take (a
+  /// Determined checkpoint's LambdaLR, another optimizer type), start that part fresh with a warning
+  /// instead of stopping with an error that names it.
+  bool resume_fresh_parts = false;
   /// Where metrics.jsonl (and checkpoints) go; empty means `runs/<date>-<time>` under the working directory.
   std::filesystem::path output_dir{};
   /// Where checkpoints go; empty means `<output_dir>/checkpoints`.

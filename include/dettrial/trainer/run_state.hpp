@@ -249,8 +249,15 @@ DETTRIAL_INLINE RunState RunState::begin(Context& context, FitOptions options) {
     throw ConfigError("checkpoint retention counts (save_trial_best, save_trial_latest) must not be negative");
   if (o.latest_checkpoint) {
     st.resume_dir = resolve_checkpoint(*o.latest_checkpoint);
-    read_checkpoint_info(*st.resume_dir);
-    st.resumed = TrialProgress::from_json(CheckpointFolder{*st.resume_dir}.trial_state());
+    const CheckpointInfo info = read_checkpoint_info(*st.resume_dir);
+    if (info.by_determined) {
+      // Determined's trial ids belong to its master, which a moved run leaves behind: a checkpoint
+      // Determined wrote is this trial's own, continued where it stood.
+      st.resumed = TrialProgress::from_determined(*st.resume_dir, info);
+      st.resumed->trial_id = o.trial_id;
+    } else {
+      st.resumed = TrialProgress::from_json(CheckpointFolder{*st.resume_dir}.trial_state());
+    }
     st.same_trial = st.resumed->trial_id == o.trial_id;
   }
   if (o.output_dir.empty()) o.output_dir = default_output_dir();

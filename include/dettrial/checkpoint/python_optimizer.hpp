@@ -1,0 +1,306 @@
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief An optimizer's state from Python's layout (`optimizer.state_dict()`, as Determined's and
+/// dettrial's `state_dict.pth` hold it) into LibTorch's optimizers and dettrial's fused ones: the
+/// groups' options and every parameter's state, checked before anything is changed.
+#pragma once
+
+#include <string>
+
+#include <torch/torch.h>
+
+#include "../vocabulary/checkpoint.hpp"
+#include "../detail/linkage.hpp"
+
+namespace dettrial {
+
+/**
+ * @brief Loads Python's `optimizer.state_dict()` into `optimizer`, as Python's `load_state_dict`
+ * does: the groups' options (learning rate, momentum, betas, ...) are the file's, and each
+ * parameter's state (SGD's momentum buffer; Adam's and AdamW's `step`, `exp_avg`, `exp_avg_sq` and,
+ * with amsgrad, `max_exp_avg_sq`; RMSprop's, Adagrad's and Adadelta's) is set from it.
+ *
+ * Checked first, nothing changed on a mismatch: the number of groups and of parameters in each,
+ * every state tensor's shape against its parameter's, that each group's options are the optimizer's
+ * own (an Adam state dict does not load into SGD: the error names the group and the option), and
+ * that the file asks for nothing LibTorch's optimizers lack (`maximize: True`). CheckpointError
+ * names `what` (the file and optimizer).
+ */
+DETTRIAL_INLINE void load_optimizer_state_dict(torch::optim::Optimizer& optimizer, const StateDict& state, const std::string& what);
+
+}  // namespace dettrial
+
+// Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
+#if DETTRIAL_HEADER_DEFINITIONS
+#include <functional>
+#include <map>
+#include <memory>
+#include <set>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "../error.hpp"
+#include "../optim/adadelta.hpp"
+#include "../optim/fused.hpp"
+#include "../optim/handles.hpp"
+#include "state_dict.hpp"
+
+namespace dettrial {
+namespace python_optimizer_detail {
+
+/// A number from the file: Python writes steps as numbers or as 0-dim tensors, flags as bools.
+inline double number(const c10::IValue& v, const std::string& what) {
+  if (v.isDouble()) return v.toDouble();
+  if (v.isInt()) return static_cast<double>(v.toInt());
+  if (v.isBool()) return v.toBool() ? 1.0 : 0.0;
+  if (v.isTensor() && v.toTensor().numel() == 1) return v.toTensor().item<double>();
+  throw CheckpointError(what + " is not a number");
+}
+
+/// One optimizer type: the options it has (beyond those every optimizer carries), how to set them
+/// and how to make a parameter's state from the file's entries.
+struct Kind {
+  const char* name;
+  std::set<std::string> options;
+  std::function<void(torch::optim::OptimizerOptions&, const std::string& key, const c10::IValue& value, const std::string& what)> set;
+  std::function<std::unique_ptr<torch::optim::OptimizerParamState>(const StateDict& entries, const torch::Tensor& param,
+                                                                   const std::string& what)>
+      make_state;
+};
+
+/// Options Python's optimizers carry that change nothing in LibTorch's arithmetic.
+inline const std::set<std::string>& ignored_options() {
+  static const std::set<std::string> keys = {"params",     "foreach",  "differentiable", "fused",
+                                             "capturable", "maximize", "initial_lr",     "decoupled_weight_decay"};
+  return keys;
+}
+
+/// A state entry as a tensor shaped like `param` (on its device), or undefined when absent.
+inline torch::Tensor tensor_entry(const StateDict& entries, const char* key, const torch::Tensor& param, const std::string& what) {
+  const auto it = entries.find(key);
+  if (it == entries.end() || it->value().isNone()) return {};
+  if (!it->value().isTensor()) throw CheckpointError(what + ": '" + key + "' is not a tensor");
+  const torch::Tensor t = it->value().toTensor();
+  if (t.sizes() != param.sizes())
+    throw CheckpointError(what + ": '" + key + "' has shape " + detail::shape_text(t.sizes()) + " but the parameter " +
+                          detail::shape_text(param.sizes()));
+  return t.to(param.device(), param.scalar_type()).clone();
+}
+
+inline std::int64_t step_entry(const StateDict& entries, const std::string& what) {
+  const auto it = entries.find("step");
+  return it == entries.end() ? 0 : static_cast<std::int64_t>(number(it->value(), what + ": 'step'"));
+}
+
+template <class Options>
+void set_adam(Options& o, const std::string& key, const c10::IValue& v, const std::string& what) {
+  if (key == "lr") o.lr(number(v, what));
+  else if (key == "eps") o.eps(number(v, what));
+  else if (key == "weight_decay") o.weight_decay(number(v, what));
+  else if (key == "amsgrad") o.amsgrad(number(v, what) != 0);
+  else if (key == "betas") {
+    if (!v.isTuple() && !v.isList()) throw CheckpointError(what + " is not a pair");
+    const auto b = v.isTuple() ? v.toTupleRef().elements().vec() : v.toList().vec();
+    if (b.size() != 2) throw CheckpointError(what + " is not a pair");
+    o.betas({number(b[0], what), number(b[1], what)});
+  }
+}
+
+template <class State>
+std::unique_ptr<torch::optim::OptimizerParamState> adam_state(const StateDict& e, const torch::Tensor& p, const std::string& what) {
+  auto s = std::make_unique<State>();
+  s->step(step_entry(e, what));
+  s->exp_avg(tensor_entry(e, "exp_avg", p, what));
+  s->exp_avg_sq(tensor_entry(e, "exp_avg_sq", p, what));
+  s->max_exp_avg_sq(tensor_entry(e, "max_exp_avg_sq", p, what));
+  if (!s->exp_avg().defined() || !s->exp_avg_sq().defined()) throw CheckpointError(what + " lacks exp_avg or exp_avg_sq");
+  return s;
+}
+
+inline Kind sgd_kind() {
+  using namespace torch::optim;
+  return {"SGD",
+          {"lr", "momentum", "dampening", "weight_decay", "nesterov"},
+          [](OptimizerOptions& base, const std::string& k, const c10::IValue& v, const std::string& what) {
+            auto& o = static_cast<SGDOptions&>(base);
+            if (k == "lr") o.lr(number(v, what));
+            else if (k == "momentum") o.momentum(number(v, what));
+            else if (k == "dampening") o.dampening(number(v, what));
+            else if (k == "weight_decay") o.weight_decay(number(v, what));
+            else if (k == "nesterov") o.nesterov(number(v, what) != 0);
+          },
+          [](const StateDict& e, const torch::Tensor& p, const std::string& what) -> std::unique_ptr<OptimizerParamState> {
+            auto s = std::make_unique<SGDParamState>();
+            s->momentum_buffer(tensor_entry(e, "momentum_buffer", p, what));
+            return s;
+          }};
+}
+
+inline Kind adam_kind() {
+  using namespace torch::optim;
+  return {"Adam",
+          {"lr", "betas", "eps", "weight_decay", "amsgrad"},
+          [](OptimizerOptions& o, const std::string& k, const c10::IValue& v, const std::string& what) {
+            set_adam(static_cast<AdamOptions&>(o), k, v, what);
+          },
+          adam_state<AdamParamState>};
+}
+
+inline Kind adamw_kind() {
+  using namespace torch::optim;
+  return {"AdamW",
+          {"lr", "betas", "eps", "weight_decay", "amsgrad"},
+          [](OptimizerOptions& o, const std::string& k, const c10::IValue& v, const std::string& what) {
+            set_adam(static_cast<AdamWOptions&>(o), k, v, what);
+          },
+          adam_state<AdamWParamState>};
+}
+
+inline Kind rmsprop_kind() {
+  using namespace torch::optim;
+  return {"RMSprop",
+          {"lr", "alpha", "eps", "weight_decay", "momentum", "centered"},
+          [](OptimizerOptions& base, const std::string& k, const c10::IValue& v, const std::string& what) {
+            auto& o = static_cast<RMSpropOptions&>(base);
+            if (k == "lr") o.lr(number(v, what));
+            else if (k == "alpha") o.alpha(number(v, what));
+            else if (k == "eps") o.eps(number(v, what));
+            else if (k == "weight_decay") o.weight_decay(number(v, what));
+            else if (k == "momentum") o.momentum(number(v, what));
+            else if (k == "centered") o.centered(number(v, what) != 0);
+          },
+          [](const StateDict& e, const torch::Tensor& p, const std::string& what) -> std::unique_ptr<OptimizerParamState> {
+            auto s = std::make_unique<RMSpropParamState>();
+            s->step(step_entry(e, what));
+            s->square_avg(tensor_entry(e, "square_avg", p, what));
+            s->momentum_buffer(tensor_entry(e, "momentum_buffer", p, what));
+            s->grad_avg(tensor_entry(e, "grad_avg", p, what));
+            return s;
+          }};
+}
+
+inline Kind adagrad_kind() {
+  using namespace torch::optim;
+  return {"Adagrad",
+          {"lr", "lr_decay", "weight_decay", "initial_accumulator_value", "eps"},
+          [](OptimizerOptions& base, const std::string& k, const c10::IValue& v, const std::string& what) {
+            auto& o = static_cast<AdagradOptions&>(base);
+            if (k == "lr") o.lr(number(v, what));
+            else if (k == "lr_decay") o.lr_decay(number(v, what));
+            else if (k == "weight_decay") o.weight_decay(number(v, what));
+            else if (k == "initial_accumulator_value") o.initial_accumulator_value(number(v, what));
+            else if (k == "eps") o.eps(number(v, what));
+          },
+          [](const StateDict& e, const torch::Tensor& p, const std::string& what) -> std::unique_ptr<OptimizerParamState> {
+            auto s = std::make_unique<AdagradParamState>();
+            s->step(step_entry(e, what));
+            s->sum(tensor_entry(e, "sum", p, what));
+            return s;
+          }};
+}
+
+inline Kind adadelta_kind() {
+  using namespace torch::optim;
+  return {"Adadelta",
+          {"lr", "rho", "eps", "weight_decay"},
+          [](OptimizerOptions& base, const std::string& k, const c10::IValue& v, const std::string& what) {
+            auto& o = static_cast<optim::AdadeltaOptions&>(base);
+            if (k == "lr") o.lr(number(v, what));
+            else if (k == "rho") o.rho(number(v, what));
+            else if (k == "eps") o.eps(number(v, what));
+            else if (k == "weight_decay") o.weight_decay(number(v, what));
+          },
+          [](const StateDict& e, const torch::Tensor& p, const std::string& what) -> std::unique_ptr<OptimizerParamState> {
+            auto s = std::make_unique<optim::AdadeltaParamState>();
+            s->step(step_entry(e, what));
+            s->square_avg(tensor_entry(e, "square_avg", p, what));
+            s->acc_delta(tensor_entry(e, "acc_delta", p, what));
+            return s;
+          }};
+}
+
+DETTRIAL_INLINE Kind kind_of(torch::optim::OptimizerOptions& options) {
+  using namespace torch::optim;
+  if (dynamic_cast<SGDOptions*>(&options)) return sgd_kind();
+  if (dynamic_cast<AdamOptions*>(&options)) return adam_kind();
+  if (dynamic_cast<AdamWOptions*>(&options)) return adamw_kind();
+  if (dynamic_cast<RMSpropOptions*>(&options)) return rmsprop_kind();
+  if (dynamic_cast<AdagradOptions*>(&options)) return adagrad_kind();
+  if (dynamic_cast<optim::AdadeltaOptions*>(&options)) return adadelta_kind();
+  return {nullptr, {}, {}, {}};
+}
+
+/// Checks one group's options against the optimizer's kind before any is set.
+inline void check_group_options(const StateDict& group, const Kind& kind, const std::string& what) {
+  for (const auto& entry : group) {
+    const std::string key = entry.key().isString() ? entry.key().toStringRef() : std::string("(not a name)");
+    if (key == "maximize" && python_optimizer_detail::number(entry.value(), what + ": 'maximize'") != 0)
+      throw CheckpointError(what + " has maximize: True, which LibTorch's " + kind.name + " does not do");
+    if (!kind.options.count(key) && !ignored_options().count(key))
+      throw CheckpointError(what + " has option '" + key + "', which " + kind.name +
+                            " does not have: the checkpoint's optimizer is another type than the trial's");
+  }
+}
+
+}  // namespace python_optimizer_detail
+
+DETTRIAL_INLINE void load_optimizer_state_dict(torch::optim::Optimizer& optimizer, const StateDict& state, const std::string& what) {
+  namespace pd = python_optimizer_detail;
+  const auto groups_it = state.find("param_groups");
+  const auto state_it = state.find("state");
+  if (groups_it == state.end() || !groups_it->value().isList() || state_it == state.end() || !state_it->value().isGenericDict())
+    throw CheckpointError(what + " is not an optimizer's state dict (it needs 'state' and 'param_groups')");
+  const auto groups = groups_it->value().toList();
+  const StateDict per_param = state_it->value().toGenericDict();
+  auto& param_groups = optimizer.param_groups();
+  if (groups.size() != param_groups.size())
+    throw CheckpointError(what + " has " + std::to_string(groups.size()) + " parameter group(s), but the trial's optimizer " +
+                          std::to_string(param_groups.size()));
+  // Check everything, and build every parameter's state, before changing the optimizer.
+  using StateMap = std::remove_cvref_t<decltype(optimizer.state())>;
+  std::vector<std::pair<typename StateMap::key_type, std::unique_ptr<torch::optim::OptimizerParamState>>> states;
+  std::vector<pd::Kind> kinds;
+  for (std::size_t g = 0; g < groups.size(); ++g) {
+    const std::string group_what = what + ", group " + std::to_string(g);
+    if (!groups.get(g).isGenericDict()) throw CheckpointError(group_what + " is not a dict");
+    const StateDict group = groups.get(g).toGenericDict();
+    pd::Kind kind = pd::kind_of(param_groups[g].options());
+    if (!kind.name)
+      throw CheckpointError(what +
+                            ": the trial's optimizer is not one whose Python state dettrial reads (SGD, Adam, AdamW, RMSprop, "
+                            "Adagrad, Adadelta)");
+    pd::check_group_options(group, kind, group_what);
+    const auto params_it = group.find("params");
+    if (params_it == group.end() || !params_it->value().isList()) throw CheckpointError(group_what + " lists no params");
+    const auto ids = params_it->value().toList();
+    const auto& params = param_groups[g].params();
+    if (ids.size() != params.size())
+      throw CheckpointError(group_what + " has " + std::to_string(ids.size()) + " parameters, but the trial's optimizer " +
+                            std::to_string(params.size()) + ": is it from another network?");
+    for (std::size_t i = 0; i < ids.size(); ++i) {
+      const auto entry = per_param.find(ids.get(i));
+      if (entry == per_param.end()) continue;  // no step taken for it yet
+      if (!entry->value().isGenericDict()) throw CheckpointError(group_what + ", parameter " + std::to_string(i) + ": state is not a dict");
+      states.emplace_back(detail::optimizer_state_key<StateMap>(params[i]),
+                          kind.make_state(entry->value().toGenericDict(), params[i], group_what + ", parameter " + std::to_string(i)));
+    }
+    kinds.push_back(std::move(kind));
+  }
+  for (std::size_t g = 0; g < groups.size(); ++g) {
+    const StateDict group = groups.get(g).toGenericDict();
+    for (const auto& entry : group)
+      kinds[g].set(param_groups[g].options(), entry.key().toStringRef(), entry.value(),
+                   what + ", group " + std::to_string(g) + ", option '" + entry.key().toStringRef() + "'");
+  }
+  auto& map = optimizer.state();
+  map.clear();
+  for (auto& [key, s] : states) map[key] = std::move(s);
+  if (auto* capturable = dynamic_cast<optim::CapturableOptimizer*>(&optimizer)) {
+    capturable->push_device_state();
+    capturable->sync_learning_rates(optimizer.param_groups());
+  }
+}
+
+}  // namespace dettrial
+#endif  // DETTRIAL_HEADER_DEFINITIONS

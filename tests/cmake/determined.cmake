@@ -1,0 +1,33 @@
+# Moving runs between Determined and dettrial, against PyPI's `determined` itself (0.38):
+# `ctest -R "^determined:"`. Included from tests/CMakeLists.txt (same scope).
+#
+# DETTRIAL_DETERMINED_PYTHON is a Python with `determined` and torch (scripts/test installs one);
+# without it, or without the MNIST digits, the tests are reported skipped with the reason.
+set(DETTRIAL_DETERMINED_PYTHON "" CACHE FILEPATH "A Python with PyPI's determined (and torch), for the determined: tests")
+
+add_executable(determined_mnist determined/determined_mnist.cpp)
+target_link_libraries(determined_mnist PRIVATE dettrial::compiled)
+dettrial_use_compiled_pch(determined_mnist)
+
+set(_determined "${CMAKE_CURRENT_SOURCE_DIR}/determined")
+foreach(_case "from-determined;sgd;none;a checkpoint Determined wrote continues in dettrial as in Determined (SGD with momentum)"
+              "from-determined;adam;step;a checkpoint Determined wrote continues in dettrial as in Determined (Adam, StepLR every batch)"
+              "to-determined;sgd;none;a dettrial checkpoint continues in Determined as in dettrial (SGD with momentum)"
+              "to-determined;adam;step;a dettrial checkpoint continues in Determined as in dettrial (Adam, StepLR every batch)")
+  list(GET _case 0 _direction)
+  list(GET _case 1 _optimizer)
+  list(GET _case 2 _scheduler)
+  list(GET _case 3 _what)
+  set(_name "determined: ${_what}")
+  add_test(NAME "${_name}"
+           COMMAND ${_needs_mnist} "${_determined}/continue.sh" "${_direction}" $<TARGET_FILE:determined_mnist>
+                   "${DETTRIAL_DETERMINED_PYTHON}" "${_determined}/mnist.yaml" "${DETTRIAL_MNIST10K_DIR}"
+                   "${CMAKE_CURRENT_BINARY_DIR}/runs/determined-${_direction}-${_optimizer}" "${_optimizer}" "${_scheduler}")
+  set_tests_properties("${_name}" PROPERTIES SKIP_RETURN_CODE 77 PASS_REGULAR_EXPRESSION "the same records, learning rates and losses")
+  # SGD's losses are bit-equal. Adam's differ in the last bit from the second continued batch on:
+  # LibTorch's C++ Adam updates its first moment as mul + add where Python's uses lerp (the state
+  # carried over is the same: a wrong step count or moment would differ by orders of magnitude).
+  if(_optimizer STREQUAL "adam")
+    set_tests_properties("${_name}" PROPERTIES ENVIRONMENT "DETTRIAL_LOSS_TOLERANCE=1e-6")
+  endif()
+endforeach()

@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# continue.sh DIRECTION TRIAL DETERMINED_PYTHON CONFIG DATA WORK OPTIMIZER SCHEDULER
+# One direction of moving a run between Determined and dettrial, against PyPI's `determined`:
+#   from-determined: Determined trains N batches and checkpoints; Determined continues that
+#     checkpoint for M batches, and so does dettrial (TRIAL --resume); the two continuations must
+#     train the same records in the same batches with the same losses.
+#   to-determined: dettrial trains N batches from scratch (which must be what Determined trains
+#     from scratch with the same trial seed) and checkpoints; dettrial continues it for M batches,
+#     and so does Determined (Trainer.fit(latest_checkpoint=...)); the same comparison.
+# N = 20 and M = 22 with 1000 records in batches of 64 (16 a epoch, the last of 40): the checkpoint
+# falls mid-epoch, and the continuation crosses two epoch ends.
+set -euo pipefail
+direction=$1 trial=$2 python=$3 config=$4 data=$5 work=$6 optimizer=$7 scheduler=$8
+here=$(cd "$(dirname "$0")" && pwd)
+if [ -z "$python" ] || ! "$python" -c 'import determined' 2>/dev/null; then
+  echo "skipped: PyPI's determined is not installed (the suite's determined venv; scripts/test installs it)"
+  exit 77
+fi
+rm -rf "$work" && mkdir -p "$work"
+n=20 m=22
+det() { "$python" "$here/determined_mnist.py" --data "$data" --optimizer "$optimizer" --scheduler "$scheduler" "$@"; }
+# determined_mnist.py's learning rates: 0.03 for SGD, 0.002 for the others.
+lr=0.002
+[ "$optimizer" = sgd ] && lr=0.03
+dt() {
+  "$trial" --config "$config" --quiet --threads 1 --set data.dir="$data" --set data.optimizer="$optimizer" --set data.scheduler="$scheduler" \
+    --set hyperparameters.learning_rate=$lr "$@"
+}
+case $direction in
+  from-determined)
+    det --batches $n --checkpoint-to "$work/checkpoint" --log "$work/first.jsonl" >/dev/null
+    det --batches $m --resume "$work/checkpoint" --log "$work/determined.jsonl" >/dev/null
+    dt --resume "$work/checkpoint" --output "$work/dettrial-run" --set searcher.max_length.batches=$((n + m)) \
+       --set data.log="$work/dettrial.jsonl"
+    # Its weights alone, as a warm start (dettrial::load_weights on the checkpoint directory).
+    dt --output "$work/warm-start" --set data.weights_from="$work/checkpoint" --set searcher.max_length.batches=1
+    if [ "$optimizer" = adam ]; then
+      # Adam's state does not go into SGD: an error naming it, or with --resume-fresh-parts one warning.
+      if out=$(dt --resume "$work/checkpoint" --output "$work/into-sgd" --set data.optimizer=sgd --set searcher.max_length.batches=$((n + 1)) 2>&1); then
+        echo "an Adam checkpoint was resumed into SGD without a word"; exit 1
+      fi
+      grep -q "optimizer 0, group 0 has option 'betas', which SGD does not have" <<<"$out" || { echo "$out"; exit 1; }
+      out=$(dt --resume "$work/checkpoint" --output "$work/into-sgd-fresh" --set data.optimizer=sgd \
+               --set searcher.max_length.batches=$((n + 1)) --resume-fresh-parts 2>&1) || { echo "$out"; exit 1; }
+      grep -q "warning: optimizer 0 starts fresh" <<<"$out" || { echo "$out"; exit 1; }
+    fi ;;
+  to-determined)
+    dt --output "$work/first-run" --set searcher.max_length.batches=$n --set data.log="$work/first.jsonl"
+    checkpoint=$(ls -d "$work"/first-run/checkpoints/*/ | head -n 1)
+    "$python" "$here/check_checkpoint.py" "$checkpoint"
+    # From scratch too: Determined seeded with dettrial's trial seed trains the same first batches.
+    seed=$("$python" -c 'import sys, torch; print(int(torch.load(sys.argv[1])["rng_state"]["np_rng_state"][1][0]))' "$checkpoint/state_dict.pth")
+    det --batches $n --seed "$seed" --log "$work/first-determined.jsonl" >/dev/null
+    /usr/bin/python3 "$here/compare.py" "$work/first-determined.jsonl" "$work/first.jsonl" --first 0 --batches $n
+    dt --resume "$checkpoint" --output "$work/dettrial-run" --set searcher.max_length.batches=$((n + m)) \
+       --set data.log="$work/dettrial.jsonl"
+    det --batches $m --resume "$checkpoint" --log "$work/determined.jsonl" >/dev/null ;;
+  *) echo "unknown direction $direction" >&2; exit 2 ;;
+esac
+/usr/bin/python3 "$here/compare.py" "$work/determined.jsonl" "$work/dettrial.jsonl" --first $n --batches $m

@@ -1,0 +1,230 @@
+// Python's state in and out: the pickle reader on what Python's pickler writes (NumPy arrays and
+// scalars, protocol 2's bytes, OrderedDicts, sets) and on what it must refuse; optimizers and
+// schedulers restored from Python's layout exactly, and refused with a sentence naming the part
+// when the layout is another type's; NumPy's and Python's generators seeded as Determined seeds them.
+#include <doctest/doctest.h>
+
+#include <string>
+#include <vector>
+
+#include <dettrial/dettrial.hpp>
+
+using namespace dettrial;
+
+namespace {
+
+std::string from_hex(const std::string& hex) {
+  std::string out;
+  for (std::size_t i = 0; i + 1 < hex.size(); i += 2) out.push_back(static_cast<char>(std::stoi(hex.substr(i, 2), nullptr, 16)));
+  return out;
+}
+
+// pickle.dumps(OrderedDict(a=np.array([1, 4000000000, 7], uint32), b=b"\x00\xffhi",
+//   c=(1, -2, 2**40, -2**40, 1.5, None, True), d={3: "x"}, e=np.float64(0.25),
+//   f=np.array([[1.5, 2.5], [3.5, 4.5]], float32), g={1, 2}), protocol=P), NumPy 2.
+const char* const protocol2 =
+    "800263636f6c6c656374696f6e730a4f726465726564446963740a710029527101285801000000617102636e756d70792e5f636f72652e6d756c746961727261"
+    "790a5f7265636f6e7374727563740a7103636e756d70790a6e6461727261790a71044b00857105635f636f646563730a656e636f64650a710658010000006271"
+    "0758060000006c6174696e31710886710952710a87710b52710c284b014b0385710d636e756d70790a64747970650a710e58020000007534710f898887711052"
+    "7111284b0358010000003c71124e4e4e4affffffff4affffffff4b0074711362896806580d0000000100000000286bc3ae070000007114680886711552711674"
+    "71176258010000006271186806580500000000c3bf68697119680886711a52711b580100000063711c284b014afeffffff8a060000000000018a060000000000"
+    "ff473ff80000000000004e8874711d580100000064711e7d711f4b035801000000787120735801000000657121636e756d70792e5f636f72652e6d756c746961"
+    "727261790a7363616c61720a7122680e5802000000663871238988877124527125284b0368124e4e4e4affffffff4affffffff4b007471266268065809000000"
+    "000000000000c3903f7127680886712852712986712a52712b580100000066712c680368044b0085712d680a87712e52712f284b014b024b02867130680e5802"
+    "000000663471318988877132527133284b0368124e4e4e4affffffff4affffffff4b007471346289680658120000000000c3803f00002040000060400000c290"
+    "4071356808867136527137747138625801000000677139635f5f6275696c74696e5f5f0a7365740a713a5d713b284b014b026585713c52713d752e";
+const char* const protocol4 =
+    "800495a3010000000000008c0b636f6c6c656374696f6e73948c0b4f72646572656444696374949394295294288c0161948c166e756d70792e5f636f72652e6d"
+    "756c74696172726179948c0c5f7265636f6e7374727563749493948c056e756d7079948c076e6461727261799493944b0085944301629487945294284b014b03"
+    "859468088c0564747970659493948c02753494898887945294284b038c013c944e4e4e4affffffff4affffffff4b0074946289430c0100000000286bee070000"
+    "00947494628c016294430400ff6869948c016394284b014afeffffff8a060000000000018a060000000000ff473ff80000000000004e8874948c0164947d944b"
+    "038c017894738c01659468058c067363616c617294939468118c02663894898887945294284b0368154e4e4e4affffffff4affffffff4b007494624308000000"
+    "000000d03f94869452948c0166946807680a4b008594680c87945294284b014b024b02869468118c02663494898887945294284b0368154e4e4e4affffffff4a"
+    "ffffffff4b007494628943100000c03f000020400000604000009040947494628c0167948f94284b014b0290752e";
+// pickle.dumps({"a": np.array([5, 6], int64)}, protocol=2) with NumPy 1 (numpy.core.multiarray).
+const char* const numpy1 =
+    "80027d71005801000000617101636e756d70792e636f72652e6d756c746961727261790a5f7265636f6e7374727563740a7102636e756d70790a6e6461727261"
+    "790a71034b00857104635f636f646563730a656e636f64650a7105580100000062710658060000006c6174696e31710786710852710987710a52710b284b014b"
+    "0285710c636e756d70790a64747970650a710d58020000006938710e898887710f527110284b0358010000003c71114e4e4e4affffffff4affffffff4b007471"
+    "12628968055810000000050000000000000006000000000000007113680786711452711574711662732e";
+
+torch::nn::Sequential small_model() {
+  torch::manual_seed(3);
+  return torch::nn::Sequential(torch::nn::Linear(5, 4), torch::nn::Tanh(), torch::nn::Linear(4, 2));
+}
+
+/// Sets the same gradients on both models' parameters (a fixed function of the step).
+void set_grads(torch::nn::Sequential& a, torch::nn::Sequential& b, int step) {
+  auto pa = a->parameters(), pb = b->parameters();
+  for (std::size_t i = 0; i < pa.size(); ++i) {
+    const torch::Tensor g = torch::sin(torch::arange(pa[i].numel(), torch::kFloat).add(static_cast<double>(step + 7 * i))).view_as(pa[i]);
+    pa[i].mutable_grad() = g.clone();
+    pb[i].mutable_grad() = g.clone();
+  }
+}
+
+/// Trains with `make`'s optimizer for 3 steps, moves its Python-layout state through a torch.save
+/// archive into a fresh optimizer over a copy of the model, and steps both 3 more times: the
+/// parameters must stay bit-equal.
+template <class Make>
+void check_round_trip(Make make) {
+  torch::nn::Sequential a = small_model(), b = small_model();
+  auto first = make(a->parameters());
+  torch::nn::Sequential other = small_model();
+  for (int s = 0; s < 3; ++s) {
+    set_grads(a, other, s);
+    first.step();
+  }
+  {
+    torch::NoGradGuard no_grad;
+    auto pa = a->parameters(), pb = b->parameters();
+    for (std::size_t i = 0; i < pa.size(); ++i) pb[i].copy_(pa[i]);
+  }
+  auto second = make(b->parameters());
+  const StateDict saved =
+      dettrial::detail::unpickle_archive(dettrial::detail::pickle_archive(optimizer_state_dict(first)), "round trip").toGenericDict();
+  load_optimizer_state_dict(second, saved, "the optimizer");
+  for (int s = 3; s < 6; ++s) {
+    set_grads(a, b, s);
+    first.step();
+    second.step();
+  }
+  auto pa = a->parameters(), pb = b->parameters();
+  for (std::size_t i = 0; i < pa.size(); ++i) CHECK(torch::equal(pa[i], pb[i]));
+}
+
+}  // namespace
+
+TEST_CASE("python pickle: NumPy arrays and scalars, protocol 2 bytes, OrderedDicts, sets and big integers read as Python wrote them") {
+  for (const char* hex : {protocol2, protocol4}) {
+    const c10::IValue v = dettrial::detail::unpickle(from_hex(hex));
+    REQUIRE(v.isGenericDict());
+    const auto d = v.toGenericDict();
+    const torch::Tensor a = d.at("a").toTensor();
+    CHECK((a.scalar_type() == torch::kLong));  // uint32, widened
+    CHECK((a.dim() == 1 && a.size(0) == 3));
+    CHECK(a[1].item<std::int64_t>() == 4000000000LL);
+    CHECK(d.at("b").toStringRef() == std::string("\x00\xffhi", 4));
+    const auto c = d.at("c").toTupleRef().elements();
+    CHECK(c[1].toInt() == -2);
+    CHECK(c[2].toInt() == (std::int64_t{1} << 40));
+    CHECK(c[3].toInt() == -(std::int64_t{1} << 40));
+    CHECK(c[4].toDouble() == 1.5);
+    CHECK(c[5].isNone());
+    CHECK(c[6].toBool());
+    CHECK(d.at("d").toGenericDict().at(3).toStringRef() == "x");
+    CHECK(d.at("e").toDouble() == 0.25);
+    const torch::Tensor f = d.at("f").toTensor();
+    CHECK((f.dim() == 2 && f.size(0) == 2 && f.size(1) == 2));
+    CHECK(f[1][0].item<float>() == 3.5F);
+    CHECK(d.at("g").toList().size() == 2);
+  }
+  const c10::IValue old = dettrial::detail::unpickle(from_hex(numpy1));
+  CHECK(old.toGenericDict().at("a").toTensor()[1].item<std::int64_t>() == 6);
+}
+
+TEST_CASE("python pickle: a truncated pickle and an unknown global are refused by name, and nothing is run") {
+  const std::string whole = from_hex(protocol2);
+  CHECK_THROWS_WITH_AS(dettrial::detail::unpickle(whole.substr(0, whole.size() / 2)), doctest::Contains("ends"), std::runtime_error);
+  // GLOBAL os.system, then ("echo",) REDUCE: what a malicious pickle does.
+  const std::string attack = std::string("\x80\x02") + "cos\nsystem\nX\x04" + std::string(3, '\0') + "echo" + "\x85" + "R.";
+  CHECK_THROWS_WITH_AS(dettrial::detail::unpickle(attack), doctest::Contains("'os.system', which dettrial does not read"),
+                       std::runtime_error);
+  CHECK_THROWS_WITH_AS(dettrial::detail::unpickle(std::string("\x80\x02\xff", 3)), doctest::Contains("opcode 0xff"), std::runtime_error);
+}
+
+TEST_CASE("python state: each optimizer comes back exactly from Python's layout, and trains on bit for bit") {
+  using namespace torch::optim;
+  SUBCASE("SGD with momentum and Nesterov") {
+    check_round_trip([](std::vector<torch::Tensor> p) { return SGD(p, SGDOptions(0.1).momentum(0.9).nesterov(true)); });
+  }
+  SUBCASE("the fused SGD") {
+    check_round_trip([](std::vector<torch::Tensor> p) { return optim::FusedSGD(p, SGDOptions(0.1).momentum(0.9)); });
+  }
+  SUBCASE("Adam") {
+    check_round_trip([](std::vector<torch::Tensor> p) { return Adam(p, AdamOptions(0.01)); });
+  }
+  SUBCASE("the fused Adam") {
+    check_round_trip([](std::vector<torch::Tensor> p) { return optim::FusedAdam(p, AdamOptions(0.01)); });
+  }
+  SUBCASE("AdamW with amsgrad") {
+    check_round_trip([](std::vector<torch::Tensor> p) { return AdamW(p, AdamWOptions(0.01).amsgrad(true).weight_decay(0.1)); });
+  }
+  SUBCASE("RMSprop, centered with momentum") {
+    check_round_trip([](std::vector<torch::Tensor> p) { return RMSprop(p, RMSpropOptions(0.01).momentum(0.5).centered(true)); });
+  }
+  SUBCASE("Adagrad") {
+    check_round_trip([](std::vector<torch::Tensor> p) { return Adagrad(p, AdagradOptions(0.05)); });
+  }
+  SUBCASE("Adadelta") {
+    check_round_trip([](std::vector<torch::Tensor> p) { return optim::Adadelta(p, optim::AdadeltaOptions(1.0)); });
+  }
+}
+
+TEST_CASE("python state: an optimizer state of another type or network is refused naming the group, the option or the entry") {
+  torch::nn::Sequential model = small_model();
+  torch::optim::Adam adam(model->parameters(), torch::optim::AdamOptions(0.01));
+  torch::nn::Sequential other = small_model();
+  set_grads(model, other, 0);
+  adam.step();
+  const StateDict adam_state = optimizer_state_dict(adam);
+  torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  CHECK_THROWS_WITH_AS(load_optimizer_state_dict(sgd, adam_state, "optimizer 0"),
+                       doctest::Contains("optimizer 0, group 0 has option 'betas', which SGD does not have"), CheckpointError);
+  CHECK(sgd.param_groups()[0].options().get_lr() == 0.1);  // nothing changed
+  torch::nn::Sequential bigger(torch::nn::Linear(5, 4), torch::nn::Tanh(), torch::nn::Linear(4, 3));
+  torch::optim::Adam adam2(bigger->parameters(), torch::optim::AdamOptions(0.01));
+  CHECK_THROWS_WITH_AS(load_optimizer_state_dict(adam2, adam_state, "optimizer 0"),
+                       doctest::Contains("parameter 2: 'exp_avg' has shape [2, 4] but the parameter [3, 4]"), CheckpointError);
+  StateDict maximizing = adam_state.copy();
+  auto group = maximizing.at("param_groups").toList().get(0).toGenericDict();
+  group.insert_or_assign("maximize", true);
+  CHECK_THROWS_WITH_AS(load_optimizer_state_dict(adam, maximizing, "optimizer 0"), doctest::Contains("maximize: True"), CheckpointError);
+}
+
+TEST_CASE("python state: StepLR, MultiStepLR and ExponentialLR come back from Python's state dict, and another type's is refused by name") {
+  torch::nn::Sequential model = small_model();
+  torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.1));
+  optim::StepLR stepped(sgd, 3, 0.5);
+  for (int i = 0; i < 7; ++i) stepped.step();
+  c10::impl::GenericDict state(c10::StringType::get(), c10::AnyType::get());
+  stepped.python_state(state);
+  const auto read = dettrial::detail::unpickle_archive(dettrial::detail::pickle_archive(state), "scheduler").toGenericDict();
+  torch::nn::Sequential model2 = small_model();
+  torch::optim::SGD sgd2(model2->parameters(), torch::optim::SGDOptions(0.1));
+  optim::StepLR fresh(sgd2, 5, 0.9);
+  fresh.load_python_state(read, "LR scheduler 0");
+  sgd2.param_groups()[0].options().set_lr(sgd.param_groups()[0].options().get_lr());  // the optimizer's own state carries it
+  CHECK(fresh.last_epoch() == 7);
+  CHECK(fresh.step_size() == 3);
+  for (int i = 0; i < 5; ++i) {
+    stepped.step();
+    fresh.step();
+    CHECK(fresh.get_last_lr() == stepped.get_last_lr());
+  }
+  optim::MultiStepLR multi(sgd2, {2, 4});
+  CHECK_THROWS_WITH_AS(multi.load_python_state(read, "LR scheduler 0"),
+                       doctest::Contains("LR scheduler 0 has 'step_size', which Python's MultiStepLR does not have"), CheckpointError);
+}
+
+TEST_CASE("python state: NumPy's and Python's generators are seeded as np.random.seed and random.seed seed them") {
+  // From Python: np.random.seed(17); np.random.get_state() and random.seed(17); random.getstate().
+  const auto np = dettrial::detail::numpy_seeded_state(17).toTupleRef().elements();
+  CHECK(np[0].toStringRef() == "MT19937");
+  const auto key = np[1].toList();
+  REQUIRE(key.size() == 624);
+  CHECK(key.get(0).toInt() == 17);
+  CHECK(key.get(1).toInt() == 746594230);
+  CHECK(key.get(623).toInt() == 1147440304);
+  CHECK(np[2].toInt() == 624);
+  const auto py = dettrial::detail::python_random_seeded_state(17).toTupleRef().elements();
+  CHECK(py[0].toInt() == 3);
+  const auto words = py[1].toTupleRef().elements();
+  REQUIRE(words.size() == 625);
+  CHECK(words[0].toInt() == 2147483648LL);
+  CHECK(words[1].toInt() == 3170634271LL);
+  CHECK(words[2].toInt() == 2035982193LL);
+  CHECK(words[623].toInt() == 714977695LL);
+  CHECK(words[624].toInt() == 624);
+  CHECK(py[2].isNone());
+}
