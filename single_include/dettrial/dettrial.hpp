@@ -4951,6 +4951,7 @@ DETTRIAL_INLINE std::int64_t every_epoch::steps_after(std::int64_t batch_idx, st
 #include <cstdint>
 #include <initializer_list>
 #include <map>
+#include <optional>
 #include <string>
 #include <utility>
 #include <variant>
@@ -5120,6 +5121,9 @@ class ReduceLROnPlateau {
   /// last_epoch, _last_lr, mode_worse, mode, threshold, threshold_mode, best, cooldown_counter,
   /// num_bad_epochs.
   void python_state(c10::impl::GenericDict& out) const;
+  /// Restores what Python's ReduceLROnPlateau.state_dict() (or python_state) holds: the options and
+  /// where the plateau stands. Another scheduler's state is a CheckpointError naming the entry.
+  void load_python_state(const c10::impl::GenericDict& in, const std::string& what);
 
  private:
   bool is_better(double a, double best) const;
@@ -5617,6 +5621,58 @@ DETTRIAL_INLINE void ReduceLROnPlateau::python_state(c10::impl::GenericDict& out
   out.insert("best", best_);
   out.insert("cooldown_counter", cooldown_counter_);
   out.insert("num_bad_epochs", num_bad_epochs_);
+}
+
+DETTRIAL_INLINE void ReduceLROnPlateau::load_python_state(const c10::impl::GenericDict& in, const std::string& what) {
+  namespace pd = python_state_detail;
+  static const std::set<std::string> known = {
+      "factor",   "default_min_lr", "min_lrs", "patience",  "cooldown",       "eps",  "verbose",          "last_epoch",
+      "_last_lr", "mode_worse",     "mode",    "threshold", "threshold_mode", "best", "cooldown_counter", "num_bad_epochs"};
+  for (const auto& entry : in) {
+    const std::string key = entry.key().isString() ? entry.key().toStringRef() : std::string("(not a name)");
+    if (!known.count(key))
+      throw CheckpointError(
+          what + " has '" + key +
+          "', which Python's ReduceLROnPlateau does not have: the checkpoint's scheduler is another type than the trial's");
+  }
+  const auto field = [&](const char* key) {
+    const auto it = in.find(key);
+    if (it == in.end()) throw CheckpointError(what + " has no '" + key + "': it is not Python's ReduceLROnPlateau state");
+    return it->value();
+  };
+  const auto text = [&](const char* key) {
+    const c10::IValue v = field(key);
+    if (!v.isString()) throw CheckpointError(what + ": " + key + " is not a string");
+    return v.toStringRef();
+  };
+  ReduceLROnPlateauOptions o = options_;
+  o.mode = text("mode");
+  o.threshold_mode = text("threshold_mode");
+  o.factor = pd::python_number(field("factor"), what + ": factor");
+  o.patience = static_cast<std::int64_t>(pd::python_number(field("patience"), what + ": patience"));
+  o.cooldown = static_cast<std::int64_t>(pd::python_number(field("cooldown"), what + ": cooldown"));
+  o.threshold = pd::python_number(field("threshold"), what + ": threshold");
+  o.eps = pd::python_number(field("eps"), what + ": eps");
+  std::vector<double> min_lrs = pd::python_numbers(field("min_lrs"), what + ": min_lrs");
+  if (min_lrs.size() != optimizer_->param_groups().size())
+    throw CheckpointError(what + " has " + std::to_string(min_lrs.size()) + " min_lrs, but the optimizer " +
+                          std::to_string(optimizer_->param_groups().size()) + " group(s)");
+  o.min_lr = min_lrs;
+  std::optional<ReduceLROnPlateau> checked;
+  try {
+    checked.emplace(*optimizer_, o);  // the constructor's checks, on the file's options
+  } catch (const ConfigError& e) {
+    throw CheckpointError(what + ": " + e.what());
+  }
+  options_ = std::move(o);
+  min_mode_ = checked->min_mode_;
+  rel_threshold_ = checked->rel_threshold_;
+  min_lrs_ = std::move(min_lrs);
+  last_epoch_ = static_cast<std::int64_t>(pd::python_number(field("last_epoch"), what + ": last_epoch"));
+  if (const auto it = in.find("_last_lr"); it != in.end()) last_lr_ = pd::python_numbers(it->value(), what + ": _last_lr");
+  best_ = pd::python_number(field("best"), what + ": best");
+  cooldown_counter_ = static_cast<std::int64_t>(pd::python_number(field("cooldown_counter"), what + ": cooldown_counter"));
+  num_bad_epochs_ = static_cast<std::int64_t>(pd::python_number(field("num_bad_epochs"), what + ": num_bad_epochs"));
 }
 
 }  // namespace dettrial::optim
@@ -9403,7 +9459,11 @@ DETTRIAL_INLINE torch::Tensor numpy_array(const c10::IValue& state) {
   if (!s[4].isString()) throw std::runtime_error("a NumPy array of Python objects is not one dettrial reads");
   const std::string& raw = s[4].toStringRef();
   std::int64_t count = 1;
-  for (const std::int64_t d : shape) count *= d;
+  for (const std::int64_t d : shape) {
+    if (d < 0 || (d > 0 && count > static_cast<std::int64_t>(raw.size()) / d))
+      throw std::runtime_error("a NumPy array's shape does not fit its " + std::to_string(raw.size()) + " bytes");
+    count *= d;
+  }
   if (raw.size() != static_cast<std::size_t>(count) * item)
     throw std::runtime_error("a NumPy array holds " + std::to_string(raw.size()) + " bytes for " + std::to_string(count) + " items");
   const std::string descr = field(s[2], "descr").toStringRef();
@@ -9465,8 +9525,8 @@ class Machine {
 
  private:
   [[noreturn]] void fail(const std::string& why) const { throw std::runtime_error("pickle offset " + std::to_string(at_) + ": " + why); }
-  std::string_view take(std::size_t n) {
-    if (at_ + n > in_.size()) fail("the pickle ends inside an opcode");
+  std::string_view take(std::uint64_t n) {
+    if (n > in_.size() - at_) fail("the pickle ends inside an opcode");  // (at_ + n could wrap)
     const std::string_view out = in_.substr(at_, n);
     at_ += n;
     return out;
@@ -11345,8 +11405,8 @@ DETTRIAL_INLINE void ContextCheckpoint::load_python_layout(Context& c, const Sta
       const std::string name = what + ", LR scheduler " + std::to_string(i);
       const WrappedScheduler& s = c.lr_scheduler(i);
       if (!s.load_python_state)
-        throw CheckpointError(name + ": the trial's scheduler cannot read Python's state (dettrial::optim's StepLR, MultiStepLR and " +
-                              "ExponentialLR can; a LambdaLR or another type has no counterpart here)");
+        throw CheckpointError(name + ": the trial's scheduler cannot read Python's state (dettrial::optim's StepLR, MultiStepLR, " +
+                              "ExponentialLR and ReduceLROnPlateau can; a LambdaLR or another type has no counterpart here)");
       if (!schedulers.get(i).isGenericDict()) throw CheckpointError(name + " is not a state dict");
       s.load_python_state(s.scheduler, schedulers.get(i).toGenericDict(), name);
     });

@@ -4,6 +4,7 @@
 // when the layout is another type's; NumPy's and Python's generators seeded as Determined seeds them.
 #include <doctest/doctest.h>
 
+#include <random>
 #include <string>
 #include <vector>
 
@@ -133,6 +134,26 @@ TEST_CASE("python pickle: a truncated pickle and an unknown global are refused b
   CHECK_THROWS_WITH_AS(dettrial::detail::unpickle(std::string("\x80\x02\xff", 3)), doctest::Contains("opcode 0xff"), std::runtime_error);
 }
 
+TEST_CASE("python pickle: every truncation and thousands of byte changes of a real pickle are read or refused, never a crash") {
+  const std::string whole = from_hex(protocol4);
+  std::size_t refused = 0;
+  const auto attempt = [&](const std::string& bytes) {
+    try {
+      (void)dettrial::detail::unpickle(bytes);
+    } catch (const std::exception&) {
+      ++refused;
+    }
+  };
+  for (std::size_t n = 0; n < whole.size(); ++n) attempt(whole.substr(0, n));
+  CHECK(refused == whole.size());  // every proper prefix lacks its STOP
+  std::mt19937 random(7);
+  for (int i = 0; i < 5000; ++i) {
+    std::string changed = whole;
+    changed[random() % changed.size()] = static_cast<char>(random() & 0xff);
+    attempt(changed);
+  }
+}
+
 TEST_CASE("python state: each optimizer comes back exactly from Python's layout, and trains on bit for bit") {
   using namespace torch::optim;
   SUBCASE("SGD with momentum and Nesterov") {
@@ -182,7 +203,7 @@ TEST_CASE("python state: an optimizer state of another type or network is refuse
   CHECK_THROWS_WITH_AS(load_optimizer_state_dict(adam, maximizing, "optimizer 0"), doctest::Contains("maximize: True"), CheckpointError);
 }
 
-TEST_CASE("python state: StepLR, MultiStepLR and ExponentialLR come back from Python's state dict, and another type's is refused by name") {
+TEST_CASE("python state: StepLR and ReduceLROnPlateau come back from Python's state dict, and another type's is refused by name") {
   torch::nn::Sequential model = small_model();
   torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.1));
   optim::StepLR stepped(sgd, 3, 0.5);
@@ -201,6 +222,25 @@ TEST_CASE("python state: StepLR, MultiStepLR and ExponentialLR come back from Py
     stepped.step();
     fresh.step();
     CHECK(fresh.get_last_lr() == stepped.get_last_lr());
+  }
+  // ReduceLROnPlateau: options and where the plateau stands.
+  optim::ReduceLROnPlateau plateau(sgd, {.mode = "max", .factor = 0.5, .patience = 1, .cooldown = 1});
+  for (const double metric : {0.5, 0.6, 0.6, 0.6}) plateau.step(metric);
+  c10::impl::GenericDict plateau_state(c10::StringType::get(), c10::AnyType::get());
+  plateau.python_state(plateau_state);
+  optim::ReduceLROnPlateau plateau2(sgd2);
+  plateau2.load_python_state(dettrial::detail::unpickle_archive(dettrial::detail::pickle_archive(plateau_state), "plateau").toGenericDict(),
+                             "LR scheduler 1");
+  sgd2.param_groups()[0].options().set_lr(sgd.param_groups()[0].options().get_lr());  // the optimizer's state carries it
+  CHECK(plateau2.best() == 0.6);
+  CHECK(plateau2.options().mode == "max");
+  CHECK(plateau2.num_bad_epochs() == plateau.num_bad_epochs());
+  CHECK(plateau2.cooldown_counter() == plateau.cooldown_counter());
+  for (const double metric : {0.55, 0.55, 0.7, 0.4, 0.4}) {
+    plateau.step(metric);
+    plateau2.step(metric);
+    CHECK(plateau2.num_bad_epochs() == plateau.num_bad_epochs());
+    CHECK(plateau2.get_last_lr() == plateau.get_last_lr());
   }
   optim::MultiStepLR multi(sgd2, {2, 4});
   CHECK_THROWS_WITH_AS(multi.load_python_state(read, "LR scheduler 0"),

@@ -461,8 +461,8 @@ DETTRIAL_INLINE void ContextCheckpoint::load_python_layout(Context& c, const Sta
       const std::string name = what + ", LR scheduler " + std::to_string(i);
       const WrappedScheduler& s = c.lr_scheduler(i);
       if (!s.load_python_state)
-        throw CheckpointError(name + ": the trial's scheduler cannot read Python's state (dettrial::optim's StepLR, MultiStepLR and " +
-                              "ExponentialLR can; a LambdaLR or another type has no counterpart here)");
+        throw CheckpointError(name + ": the trial's scheduler cannot read Python's state (dettrial::optim's StepLR, MultiStepLR, " +
+                              "ExponentialLR and ReduceLROnPlateau can; a LambdaLR or another type has no counterpart here)");
       if (!schedulers.get(i).isGenericDict()) throw CheckpointError(name + " is not a state dict");
       s.load_python_state(s.scheduler, schedulers.get(i).toGenericDict(), name);
     });

@@ -130,7 +130,11 @@ DETTRIAL_INLINE torch::Tensor numpy_array(const c10::IValue& state) {
   if (!s[4].isString()) throw std::runtime_error("a NumPy array of Python objects is not one dettrial reads");
   const std::string& raw = s[4].toStringRef();
   std::int64_t count = 1;
-  for (const std::int64_t d : shape) count *= d;
+  for (const std::int64_t d : shape) {
+    if (d < 0 || (d > 0 && count > static_cast<std::int64_t>(raw.size()) / d))
+      throw std::runtime_error("a NumPy array's shape does not fit its " + std::to_string(raw.size()) + " bytes");
+    count *= d;
+  }
   if (raw.size() != static_cast<std::size_t>(count) * item)
     throw std::runtime_error("a NumPy array holds " + std::to_string(raw.size()) + " bytes for " + std::to_string(count) + " items");
   const std::string descr = field(s[2], "descr").toStringRef();
@@ -192,8 +196,8 @@ class Machine {
 
  private:
   [[noreturn]] void fail(const std::string& why) const { throw std::runtime_error("pickle offset " + std::to_string(at_) + ": " + why); }
-  std::string_view take(std::size_t n) {
-    if (at_ + n > in_.size()) fail("the pickle ends inside an opcode");
+  std::string_view take(std::uint64_t n) {
+    if (n > in_.size() - at_) fail("the pickle ends inside an opcode");  // (at_ + n could wrap)
     const std::string_view out = in_.substr(at_, n);
     at_ += n;
     return out;
