@@ -120,7 +120,7 @@ dettrial_determined_python() {
     python3 -m venv "$venv" || return 1
     "$DETTRIAL_VENV/bin/python" -c 'import site; print(site.getsitepackages()[0])' \
       >"$("$venv/bin/python" -c 'import site; print(site.getsitepackages()[0])')/dettrial-torch.pth"
-    "$venv/bin/python" -m pip install -q determined >&2 || return 1
+    "$venv/bin/python" -m pip install -q "determined>=0.38,<0.39" >&2 || return 1  # the release the determined: tests are written against
   fi
   echo "$venv/bin/python"
 }
