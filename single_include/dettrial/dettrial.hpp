@@ -2947,7 +2947,8 @@ class DataLoader {
       const std::int64_t k = position_++;
       // The epoch of this rank's batch k in the stream of all ranks' batches: its seed is drawn
       // now, on the training thread, as Python's sampler draws it when that epoch's first batch is asked for.
-      loader_->sampler_.draw_seeds_through((chain_.rank + chain_.num_replicas * k) / loader_->sampler_.batches_per_epoch());
+      if (loader_->sampler_.draws_from_global_generator())
+        loader_->sampler_.draw_seeds_through((chain_.rank + chain_.num_replicas * k) / loader_->sampler_.batches_per_epoch());
       if (prefetcher_) return prefetcher_->take();
       return loader_->read(slices_[k - skip_]);
     }
@@ -5279,9 +5280,11 @@ DETTRIAL_INLINE void EpochLRScheduler::python_common(c10::impl::GenericDict& out
 }
 
 namespace python_state_detail {
+/// A number from a Python state dict: Python writes counts as numbers or as 0-dim tensors, flags as bools.
 inline double python_number(const c10::IValue& v, const std::string& what) {
   if (v.isDouble()) return v.toDouble();
   if (v.isInt()) return static_cast<double>(v.toInt());
+  if (v.isBool()) return v.toBool() ? 1.0 : 0.0;
   if (v.isTensor() && v.toTensor().numel() == 1) return v.toTensor().item<double>();
   throw CheckpointError(what + " is not a number");
 }
@@ -9487,12 +9490,12 @@ DETTRIAL_INLINE c10::IValue numpy_scalar(const std::vector<c10::IValue>& args) {
   const auto [dtype, item] = numpy_dtype(args[0]);
   if (args[1].toStringRef().size() != item) throw std::runtime_error("a NumPy scalar's bytes do not fit its dtype");
   const std::string descr = field(args[0], "descr").toStringRef();
-  torch::Tensor t = torch::empty({1}, dtype);
   if (descr == "u2" || descr == "u4") {
     std::uint32_t v = 0;
     std::memcpy(&v, args[1].toStringRef().data(), item);
     return static_cast<std::int64_t>(v);
   }
+  torch::Tensor t = torch::empty({1}, dtype);
   std::memcpy(t.data_ptr(), args[1].toStringRef().data(), item);
   if (t.is_floating_point()) return t.item<double>();
   if (dtype == c10::kBool) return t.item<bool>();
@@ -10125,14 +10128,7 @@ DETTRIAL_INLINE void load_module_state_dict(torch::nn::Module& module, const Sta
 namespace dettrial {
 namespace python_optimizer_detail {
 
-/// A number from the file: Python writes steps as numbers or as 0-dim tensors, flags as bools.
-inline double number(const c10::IValue& v, const std::string& what) {
-  if (v.isDouble()) return v.toDouble();
-  if (v.isInt()) return static_cast<double>(v.toInt());
-  if (v.isBool()) return v.toBool() ? 1.0 : 0.0;
-  if (v.isTensor() && v.toTensor().numel() == 1) return v.toTensor().item<double>();
-  throw CheckpointError(what + " is not a number");
-}
+using optim::python_state_detail::python_number;  // schedulers' reader of Python's numbers
 
 /// One optimizer type: the options it has (beyond those every optimizer carries), how to set them
 /// and how to make a parameter's state from the file's entries.
@@ -10166,20 +10162,20 @@ inline torch::Tensor tensor_entry(const StateDict& entries, const char* key, con
 
 inline std::int64_t step_entry(const StateDict& entries, const std::string& what) {
   const auto it = entries.find("step");
-  return it == entries.end() ? 0 : static_cast<std::int64_t>(number(it->value(), what + ": 'step'"));
+  return it == entries.end() ? 0 : static_cast<std::int64_t>(python_number(it->value(), what + ": 'step'"));
 }
 
 template <class Options>
 void set_adam(Options& o, const std::string& key, const c10::IValue& v, const std::string& what) {
-  if (key == "lr") o.lr(number(v, what));
-  else if (key == "eps") o.eps(number(v, what));
-  else if (key == "weight_decay") o.weight_decay(number(v, what));
-  else if (key == "amsgrad") o.amsgrad(number(v, what) != 0);
+  if (key == "lr") o.lr(python_number(v, what));
+  else if (key == "eps") o.eps(python_number(v, what));
+  else if (key == "weight_decay") o.weight_decay(python_number(v, what));
+  else if (key == "amsgrad") o.amsgrad(python_number(v, what) != 0);
   else if (key == "betas") {
     if (!v.isTuple() && !v.isList()) throw CheckpointError(what + " is not a pair");
     const auto b = v.isTuple() ? v.toTupleRef().elements().vec() : v.toList().vec();
     if (b.size() != 2) throw CheckpointError(what + " is not a pair");
-    o.betas({number(b[0], what), number(b[1], what)});
+    o.betas({python_number(b[0], what), python_number(b[1], what)});
   }
 }
 
@@ -10200,11 +10196,11 @@ inline Kind sgd_kind() {
           {"lr", "momentum", "dampening", "weight_decay", "nesterov"},
           [](OptimizerOptions& base, const std::string& k, const c10::IValue& v, const std::string& what) {
             auto& o = static_cast<SGDOptions&>(base);
-            if (k == "lr") o.lr(number(v, what));
-            else if (k == "momentum") o.momentum(number(v, what));
-            else if (k == "dampening") o.dampening(number(v, what));
-            else if (k == "weight_decay") o.weight_decay(number(v, what));
-            else if (k == "nesterov") o.nesterov(number(v, what) != 0);
+            if (k == "lr") o.lr(python_number(v, what));
+            else if (k == "momentum") o.momentum(python_number(v, what));
+            else if (k == "dampening") o.dampening(python_number(v, what));
+            else if (k == "weight_decay") o.weight_decay(python_number(v, what));
+            else if (k == "nesterov") o.nesterov(python_number(v, what) != 0);
           },
           [](const StateDict& e, const torch::Tensor& p, const std::string& what) -> std::unique_ptr<OptimizerParamState> {
             auto s = std::make_unique<SGDParamState>();
@@ -10239,12 +10235,12 @@ inline Kind rmsprop_kind() {
           {"lr", "alpha", "eps", "weight_decay", "momentum", "centered"},
           [](OptimizerOptions& base, const std::string& k, const c10::IValue& v, const std::string& what) {
             auto& o = static_cast<RMSpropOptions&>(base);
-            if (k == "lr") o.lr(number(v, what));
-            else if (k == "alpha") o.alpha(number(v, what));
-            else if (k == "eps") o.eps(number(v, what));
-            else if (k == "weight_decay") o.weight_decay(number(v, what));
-            else if (k == "momentum") o.momentum(number(v, what));
-            else if (k == "centered") o.centered(number(v, what) != 0);
+            if (k == "lr") o.lr(python_number(v, what));
+            else if (k == "alpha") o.alpha(python_number(v, what));
+            else if (k == "eps") o.eps(python_number(v, what));
+            else if (k == "weight_decay") o.weight_decay(python_number(v, what));
+            else if (k == "momentum") o.momentum(python_number(v, what));
+            else if (k == "centered") o.centered(python_number(v, what) != 0);
           },
           [](const StateDict& e, const torch::Tensor& p, const std::string& what) -> std::unique_ptr<OptimizerParamState> {
             auto s = std::make_unique<RMSpropParamState>();
@@ -10262,11 +10258,11 @@ inline Kind adagrad_kind() {
           {"lr", "lr_decay", "weight_decay", "initial_accumulator_value", "eps"},
           [](OptimizerOptions& base, const std::string& k, const c10::IValue& v, const std::string& what) {
             auto& o = static_cast<AdagradOptions&>(base);
-            if (k == "lr") o.lr(number(v, what));
-            else if (k == "lr_decay") o.lr_decay(number(v, what));
-            else if (k == "weight_decay") o.weight_decay(number(v, what));
-            else if (k == "initial_accumulator_value") o.initial_accumulator_value(number(v, what));
-            else if (k == "eps") o.eps(number(v, what));
+            if (k == "lr") o.lr(python_number(v, what));
+            else if (k == "lr_decay") o.lr_decay(python_number(v, what));
+            else if (k == "weight_decay") o.weight_decay(python_number(v, what));
+            else if (k == "initial_accumulator_value") o.initial_accumulator_value(python_number(v, what));
+            else if (k == "eps") o.eps(python_number(v, what));
           },
           [](const StateDict& e, const torch::Tensor& p, const std::string& what) -> std::unique_ptr<OptimizerParamState> {
             auto s = std::make_unique<AdagradParamState>();
@@ -10282,10 +10278,10 @@ inline Kind adadelta_kind() {
           {"lr", "rho", "eps", "weight_decay"},
           [](OptimizerOptions& base, const std::string& k, const c10::IValue& v, const std::string& what) {
             auto& o = static_cast<optim::AdadeltaOptions&>(base);
-            if (k == "lr") o.lr(number(v, what));
-            else if (k == "rho") o.rho(number(v, what));
-            else if (k == "eps") o.eps(number(v, what));
-            else if (k == "weight_decay") o.weight_decay(number(v, what));
+            if (k == "lr") o.lr(python_number(v, what));
+            else if (k == "rho") o.rho(python_number(v, what));
+            else if (k == "eps") o.eps(python_number(v, what));
+            else if (k == "weight_decay") o.weight_decay(python_number(v, what));
           },
           [](const StateDict& e, const torch::Tensor& p, const std::string& what) -> std::unique_ptr<OptimizerParamState> {
             auto s = std::make_unique<optim::AdadeltaParamState>();
@@ -10311,7 +10307,7 @@ DETTRIAL_INLINE Kind kind_of(torch::optim::OptimizerOptions& options) {
 inline void check_group_options(const StateDict& group, const Kind& kind, const std::string& what) {
   for (const auto& entry : group) {
     const std::string key = entry.key().isString() ? entry.key().toStringRef() : std::string("(not a name)");
-    if (key == "maximize" && python_optimizer_detail::number(entry.value(), what + ": 'maximize'") != 0)
+    if (key == "maximize" && python_optimizer_detail::python_number(entry.value(), what + ": 'maximize'") != 0)
       throw CheckpointError(what + " has maximize: True, which LibTorch's " + kind.name + " does not do");
     if (!kind.options.count(key) && !ignored_options().count(key))
       throw CheckpointError(what + " has option '" + key + "', which " + kind.name +
@@ -11217,7 +11213,8 @@ DETTRIAL_INLINE const c10::IValue& require_entry(const StateDict& dict, const ch
 DETTRIAL_INLINE StateDict read_state_dict_file(const std::filesystem::path& dir) {
   const std::filesystem::path file = CheckpointFolder{dir}.state_dict();
   // Determined lists no checksums: its state_dict.pth is read as it is.
-  const std::string bytes = read_checkpoint_info(dir).by_determined ? read_file_bytes(file) : read_checked_file(dir, layout::state_dict);
+  const std::string bytes =
+      read_checkpoint_info(dir, /*verify_files=*/false).by_determined ? read_file_bytes(file) : read_checked_file(dir, layout::state_dict);
   const c10::IValue top = unpickle_archive(bytes, file);
   if (!top.isGenericDict()) throw CheckpointError("checkpoint file '" + file.string() + "' does not hold a dict");
   return top.toGenericDict();

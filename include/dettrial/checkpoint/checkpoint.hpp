@@ -273,7 +273,8 @@ DETTRIAL_INLINE const c10::IValue& require_entry(const StateDict& dict, const ch
 DETTRIAL_INLINE StateDict read_state_dict_file(const std::filesystem::path& dir) {
   const std::filesystem::path file = CheckpointFolder{dir}.state_dict();
   // Determined lists no checksums: its state_dict.pth is read as it is.
-  const std::string bytes = read_checkpoint_info(dir).by_determined ? read_file_bytes(file) : read_checked_file(dir, layout::state_dict);
+  const std::string bytes =
+      read_checkpoint_info(dir, /*verify_files=*/false).by_determined ? read_file_bytes(file) : read_checked_file(dir, layout::state_dict);
   const c10::IValue top = unpickle_archive(bytes, file);
   if (!top.isGenericDict()) throw CheckpointError("checkpoint file '" + file.string() + "' does not hold a dict");
   return top.toGenericDict();

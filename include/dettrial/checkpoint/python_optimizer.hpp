@@ -44,19 +44,13 @@ DETTRIAL_INLINE void load_optimizer_state_dict(torch::optim::Optimizer& optimize
 #include "../optim/adadelta.hpp"
 #include "../optim/fused.hpp"
 #include "../optim/handles.hpp"
+#include "../optim/schedulers.hpp"
 #include "state_dict.hpp"
 
 namespace dettrial {
 namespace python_optimizer_detail {
 
-/// A number from the file: Python writes steps as numbers or as 0-dim tensors, flags as bools.
-inline double number(const c10::IValue& v, const std::string& what) {
-  if (v.isDouble()) return v.toDouble();
-  if (v.isInt()) return static_cast<double>(v.toInt());
-  if (v.isBool()) return v.toBool() ? 1.0 : 0.0;
-  if (v.isTensor() && v.toTensor().numel() == 1) return v.toTensor().item<double>();
-  throw CheckpointError(what + " is not a number");
-}
+using optim::python_state_detail::python_number;  // schedulers' reader of Python's numbers
 
 /// One optimizer type: the options it has (beyond those every optimizer carries), how to set them
 /// and how to make a parameter's state from the file's entries.
@@ -90,20 +84,20 @@ inline torch::Tensor tensor_entry(const StateDict& entries, const char* key, con
 
 inline std::int64_t step_entry(const StateDict& entries, const std::string& what) {
   const auto it = entries.find("step");
-  return it == entries.end() ? 0 : static_cast<std::int64_t>(number(it->value(), what + ": 'step'"));
+  return it == entries.end() ? 0 : static_cast<std::int64_t>(python_number(it->value(), what + ": 'step'"));
 }
 
 template <class Options>
 void set_adam(Options& o, const std::string& key, const c10::IValue& v, const std::string& what) {
-  if (key == "lr") o.lr(number(v, what));
-  else if (key == "eps") o.eps(number(v, what));
-  else if (key == "weight_decay") o.weight_decay(number(v, what));
-  else if (key == "amsgrad") o.amsgrad(number(v, what) != 0);
+  if (key == "lr") o.lr(python_number(v, what));
+  else if (key == "eps") o.eps(python_number(v, what));
+  else if (key == "weight_decay") o.weight_decay(python_number(v, what));
+  else if (key == "amsgrad") o.amsgrad(python_number(v, what) != 0);
   else if (key == "betas") {
     if (!v.isTuple() && !v.isList()) throw CheckpointError(what + " is not a pair");
     const auto b = v.isTuple() ? v.toTupleRef().elements().vec() : v.toList().vec();
     if (b.size() != 2) throw CheckpointError(what + " is not a pair");
-    o.betas({number(b[0], what), number(b[1], what)});
+    o.betas({python_number(b[0], what), python_number(b[1], what)});
   }
 }
 
@@ -124,11 +118,11 @@ inline Kind sgd_kind() {
           {"lr", "momentum", "dampening", "weight_decay", "nesterov"},
           [](OptimizerOptions& base, const std::string& k, const c10::IValue& v, const std::string& what) {
             auto& o = static_cast<SGDOptions&>(base);
-            if (k == "lr") o.lr(number(v, what));
-            else if (k == "momentum") o.momentum(number(v, what));
-            else if (k == "dampening") o.dampening(number(v, what));
-            else if (k == "weight_decay") o.weight_decay(number(v, what));
-            else if (k == "nesterov") o.nesterov(number(v, what) != 0);
+            if (k == "lr") o.lr(python_number(v, what));
+            else if (k == "momentum") o.momentum(python_number(v, what));
+            else if (k == "dampening") o.dampening(python_number(v, what));
+            else if (k == "weight_decay") o.weight_decay(python_number(v, what));
+            else if (k == "nesterov") o.nesterov(python_number(v, what) != 0);
           },
           [](const StateDict& e, const torch::Tensor& p, const std::string& what) -> std::unique_ptr<OptimizerParamState> {
             auto s = std::make_unique<SGDParamState>();
@@ -163,12 +157,12 @@ inline Kind rmsprop_kind() {
           {"lr", "alpha", "eps", "weight_decay", "momentum", "centered"},
           [](OptimizerOptions& base, const std::string& k, const c10::IValue& v, const std::string& what) {
             auto& o = static_cast<RMSpropOptions&>(base);
-            if (k == "lr") o.lr(number(v, what));
-            else if (k == "alpha") o.alpha(number(v, what));
-            else if (k == "eps") o.eps(number(v, what));
-            else if (k == "weight_decay") o.weight_decay(number(v, what));
-            else if (k == "momentum") o.momentum(number(v, what));
-            else if (k == "centered") o.centered(number(v, what) != 0);
+            if (k == "lr") o.lr(python_number(v, what));
+            else if (k == "alpha") o.alpha(python_number(v, what));
+            else if (k == "eps") o.eps(python_number(v, what));
+            else if (k == "weight_decay") o.weight_decay(python_number(v, what));
+            else if (k == "momentum") o.momentum(python_number(v, what));
+            else if (k == "centered") o.centered(python_number(v, what) != 0);
           },
           [](const StateDict& e, const torch::Tensor& p, const std::string& what) -> std::unique_ptr<OptimizerParamState> {
             auto s = std::make_unique<RMSpropParamState>();
@@ -186,11 +180,11 @@ inline Kind adagrad_kind() {
           {"lr", "lr_decay", "weight_decay", "initial_accumulator_value", "eps"},
           [](OptimizerOptions& base, const std::string& k, const c10::IValue& v, const std::string& what) {
             auto& o = static_cast<AdagradOptions&>(base);
-            if (k == "lr") o.lr(number(v, what));
-            else if (k == "lr_decay") o.lr_decay(number(v, what));
-            else if (k == "weight_decay") o.weight_decay(number(v, what));
-            else if (k == "initial_accumulator_value") o.initial_accumulator_value(number(v, what));
-            else if (k == "eps") o.eps(number(v, what));
+            if (k == "lr") o.lr(python_number(v, what));
+            else if (k == "lr_decay") o.lr_decay(python_number(v, what));
+            else if (k == "weight_decay") o.weight_decay(python_number(v, what));
+            else if (k == "initial_accumulator_value") o.initial_accumulator_value(python_number(v, what));
+            else if (k == "eps") o.eps(python_number(v, what));
           },
           [](const StateDict& e, const torch::Tensor& p, const std::string& what) -> std::unique_ptr<OptimizerParamState> {
             auto s = std::make_unique<AdagradParamState>();
@@ -206,10 +200,10 @@ inline Kind adadelta_kind() {
           {"lr", "rho", "eps", "weight_decay"},
           [](OptimizerOptions& base, const std::string& k, const c10::IValue& v, const std::string& what) {
             auto& o = static_cast<optim::AdadeltaOptions&>(base);
-            if (k == "lr") o.lr(number(v, what));
-            else if (k == "rho") o.rho(number(v, what));
-            else if (k == "eps") o.eps(number(v, what));
-            else if (k == "weight_decay") o.weight_decay(number(v, what));
+            if (k == "lr") o.lr(python_number(v, what));
+            else if (k == "rho") o.rho(python_number(v, what));
+            else if (k == "eps") o.eps(python_number(v, what));
+            else if (k == "weight_decay") o.weight_decay(python_number(v, what));
           },
           [](const StateDict& e, const torch::Tensor& p, const std::string& what) -> std::unique_ptr<OptimizerParamState> {
             auto s = std::make_unique<optim::AdadeltaParamState>();
@@ -235,7 +229,7 @@ DETTRIAL_INLINE Kind kind_of(torch::optim::OptimizerOptions& options) {
 inline void check_group_options(const StateDict& group, const Kind& kind, const std::string& what) {
   for (const auto& entry : group) {
     const std::string key = entry.key().isString() ? entry.key().toStringRef() : std::string("(not a name)");
-    if (key == "maximize" && python_optimizer_detail::number(entry.value(), what + ": 'maximize'") != 0)
+    if (key == "maximize" && python_optimizer_detail::python_number(entry.value(), what + ": 'maximize'") != 0)
       throw CheckpointError(what + " has maximize: True, which LibTorch's " + kind.name + " does not do");
     if (!kind.options.count(key) && !ignored_options().count(key))
       throw CheckpointError(what + " has option '" + key + "', which " + kind.name +

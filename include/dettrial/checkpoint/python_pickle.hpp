@@ -158,12 +158,12 @@ DETTRIAL_INLINE c10::IValue numpy_scalar(const std::vector<c10::IValue>& args) {
   const auto [dtype, item] = numpy_dtype(args[0]);
   if (args[1].toStringRef().size() != item) throw std::runtime_error("a NumPy scalar's bytes do not fit its dtype");
   const std::string descr = field(args[0], "descr").toStringRef();
-  torch::Tensor t = torch::empty({1}, dtype);
   if (descr == "u2" || descr == "u4") {
     std::uint32_t v = 0;
     std::memcpy(&v, args[1].toStringRef().data(), item);
     return static_cast<std::int64_t>(v);
   }
+  torch::Tensor t = torch::empty({1}, dtype);
   std::memcpy(t.data_ptr(), args[1].toStringRef().data(), item);
   if (t.is_floating_point()) return t.item<double>();
   if (dtype == c10::kBool) return t.item<bool>();

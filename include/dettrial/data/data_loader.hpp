@@ -291,7 +291,8 @@ class DataLoader {
       const std::int64_t k = position_++;
       // The epoch of this rank's batch k in the stream of all ranks' batches: its seed is drawn
       // now, on the training thread, as Python's sampler draws it when that epoch's first batch is asked for.
-      loader_->sampler_.draw_seeds_through((chain_.rank + chain_.num_replicas * k) / loader_->sampler_.batches_per_epoch());
+      if (loader_->sampler_.draws_from_global_generator())
+        loader_->sampler_.draw_seeds_through((chain_.rank + chain_.num_replicas * k) / loader_->sampler_.batches_per_epoch());
       if (prefetcher_) return prefetcher_->take();
       return loader_->read(slices_[k - skip_]);
     }

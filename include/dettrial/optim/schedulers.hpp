@@ -343,9 +343,11 @@ DETTRIAL_INLINE void EpochLRScheduler::python_common(c10::impl::GenericDict& out
 }
 
 namespace python_state_detail {
+/// A number from a Python state dict: Python writes counts as numbers or as 0-dim tensors, flags as bools.
 inline double python_number(const c10::IValue& v, const std::string& what) {
   if (v.isDouble()) return v.toDouble();
   if (v.isInt()) return static_cast<double>(v.toInt());
+  if (v.isBool()) return v.toBool() ? 1.0 : 0.0;
   if (v.isTensor() && v.toTensor().numel() == 1) return v.toTensor().item<double>();
   throw CheckpointError(what + " is not a number");
 }
