@@ -28,6 +28,7 @@
 #include "../context/context.hpp"
 #include "../error.hpp"
 #include "../optim/fused.hpp"
+#include "../detail/random.hpp"
 #include "../detail/text.hpp"
 #include "../detail/json_fwd.hpp"
 #include "python_optimizer.hpp"
@@ -50,6 +51,11 @@ struct TrialProgress {
   /// The shuffle seeds of the data loaders (those that have one), so a resumed trial reads the same order.
   std::optional<std::uint64_t> training_data_seed{};
   std::optional<std::uint64_t> validation_data_seed{};
+  /// The ranks of the job that wrote the checkpoint, and the rank count whose global batches the
+  /// training data follows (the count the run began on: a run resumed on another count keeps them).
+  /// 0: not recorded (a checkpoint written before dettrial recorded them, or by Determined).
+  std::int64_t ranks = 0;
+  std::int64_t data_ranks = 0;
 
   std::string to_json() const;
   static TrialProgress from_json(const std::filesystem::path& file);
@@ -82,6 +88,9 @@ struct ContextCheckpoint {
   static void load_rng(Context& c, const StateDict& top, const std::filesystem::path& file);
 
   static void set_generator_state(at::Generator generator, const torch::Tensor& state);  // a handle: copies share the generator
+  /// The seed of rank `rank`'s generator when the checkpoint has no state of its own for it: a hash
+  /// of the chief's saved state (its bytes) mixed with the rank.
+  static std::uint64_t new_rank_seed(const torch::Tensor& chiefs_state, std::int64_t rank);
 
   static void load_native(Context& c, const std::string& bytes, const std::filesystem::path& file);
 
@@ -142,7 +151,9 @@ DETTRIAL_INLINE std::string TrialProgress::to_json() const {
                           {"last_ckpt", last_checkpoint},
                           {"best_validation", optional(best_validation)},
                           {"training_data_seed", seed_text(training_data_seed)},
-                          {"validation_data_seed", seed_text(validation_data_seed)}};
+                          {"validation_data_seed", seed_text(validation_data_seed)},
+                          {"ranks", ranks},
+                          {"data_ranks", data_ranks}};
   return detail::json_text(j);
 }
 
@@ -172,6 +183,11 @@ DETTRIAL_INLINE TrialProgress TrialProgress::from_json(const std::filesystem::pa
       p.best_validation = detail::json_as<double>(*v, "best_validation");
     p.training_data_seed = seed("training_data_seed");
     p.validation_data_seed = seed("validation_data_seed");
+    for (const auto& [key, field] : {std::pair{"ranks", &p.ranks}, std::pair{"data_ranks", &p.data_ranks}})
+      if (const detail::Json* v = detail::json_find(n, key); v && !v->is_null()) {
+        *field = detail::json_as<std::int64_t>(*v, key);
+        if (*field < 1) throw detail::JsonFieldError(std::string("'") + key + "' is " + v->dump() + ", not a rank count");
+      }
   } catch (const detail::JsonFieldError& e) {
     throw CheckpointError("'" + file.string() + "' lacks a field or has one of the wrong type: " + e.what());
   }
@@ -392,23 +408,35 @@ DETTRIAL_INLINE void ContextCheckpoint::load_models(Context& c, const StateDict&
   }
 }
 
+DETTRIAL_INLINE std::uint64_t ContextCheckpoint::new_rank_seed(const torch::Tensor& chiefs_state, std::int64_t rank) {
+  const torch::Tensor bytes = chiefs_state.contiguous().to(torch::kCPU);
+  const auto* data = static_cast<const unsigned char*>(bytes.data_ptr());
+  std::uint64_t hash = 1469598103934665603ULL;  // FNV-1a over the state's bytes
+  for (std::int64_t i = 0; i < bytes.numel() * static_cast<std::int64_t>(bytes.element_size()); ++i) hash = (hash ^ data[i]) * 1099511628211ULL;
+  return mix64(hash ^ (static_cast<std::uint64_t>(rank) * golden_gamma)) >> 1;
+}
+
 DETTRIAL_INLINE void ContextCheckpoint::load_rng(Context& c, const StateDict& top, const std::filesystem::path& file) {
   const std::string what = "checkpoint file '" + file.string() + "'";
   const c10::IValue& rng = require_entry(top, "rng_state", what);
   if (!rng.isGenericDict()) throw CheckpointError(what + ": 'rng_state' is not a dict");
   const StateDict states = rng.toGenericDict();
-  // This rank's own state from a job's per-rank list when there is one, else the chief's.
-  const auto this_ranks = [&](const char* per_rank_key, torch::Tensor chiefs) {
-    if (const auto per_rank = states.find(per_rank_key); per_rank != states.end() && per_rank->value().isList()) {
-      const auto list = per_rank->value().toList();
-      if (static_cast<std::size_t>(c.distributed().rank) < list.size()) return list.get(c.distributed().rank).toTensor();
-    }
-    return chiefs;
+  // This rank's own state from a job's per-rank list; the chief's on rank 0. A rank the checkpoint's
+  // job did not have (a run resumed on more ranks) starts a stream of its own, seeded from the
+  // chief's saved state and its rank: different on every rank and at every checkpoint, and the same
+  // however often the checkpoint is resumed.
+  const auto rank = static_cast<std::size_t>(c.distributed().rank);
+  const auto restore = [&](at::Generator generator, const char* per_rank_key, const torch::Tensor& chiefs) {
+    const auto per_rank = states.find(per_rank_key);
+    const bool listed = per_rank != states.end() && per_rank->value().isList() && rank < per_rank->value().toList().size();
+    if (listed) return set_generator_state(generator, per_rank->value().toList().get(rank).toTensor());
+    if (rank == 0) return set_generator_state(generator, chiefs);
+    std::lock_guard lock(generator.mutex());
+    generator.set_current_seed(new_rank_seed(chiefs, c.distributed().rank));
   };
-  set_generator_state(at::detail::getDefaultCPUGenerator(),
-                      this_ranks("cpu_rng_states", require_entry(states, "cpu_rng_state", what + "'s rng_state").toTensor()));
+  restore(at::detail::getDefaultCPUGenerator(), "cpu_rng_states", require_entry(states, "cpu_rng_state", what + "'s rng_state").toTensor());
   if (const auto gpu = states.find("gpu_rng_state"); gpu != states.end() && c.device().is_cuda())
-    set_generator_state(at::globalContext().defaultGenerator(c.device()), this_ranks("gpu_rng_states", gpu->value().toTensor()));
+    restore(at::globalContext().defaultGenerator(c.device()), "gpu_rng_states", gpu->value().toTensor());
   // NumPy's and Python's states are kept to be written back (dettrial draws from neither), as
   // primitives: an ndarray Determined wrote becomes a list, which NumPy's set_state takes.
   const auto np = states.find("np_rng_state");

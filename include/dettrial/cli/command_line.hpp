@@ -10,6 +10,8 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "../detail/linkage.hpp"
@@ -36,7 +38,9 @@ struct CommandLine {
   bool resume_fresh_parts = false;     ///< --resume-fresh-parts
   std::string backend_name;            ///< --backend: "gloo", "nccl", or empty (chosen by the devices)
   bool slurm_launcher = false;         ///< --launcher slurm (a search's trials as Slurm jobs), not local
-  int nproc = 0;                       ///< --nproc N (0: not given)
+  int nproc = 0;                       ///< --nproc N, or MAX of --nproc MIN:MAX (0: not given)
+  int nproc_min = 0;                   ///< MIN of --nproc MIN:MAX (0: a fixed count)
+  std::optional<long> max_restarts;    ///< --max-restarts K (unset: the config's max_restarts)
   std::optional<int> threads;          ///< --threads N
   long timeout_seconds = 300;          ///< --timeout SECONDS
   bool test_mode = false;              ///< --test-mode
@@ -61,13 +65,25 @@ namespace dettrial {
 
 namespace detail {
 
-/// A flag's value as a positive integer, or the sentence that says it is not one.
-DETTRIAL_INLINE long positive_flag_value(std::string_view flag, const std::string& value) {
+/// A flag's value as an integer of at least `least` (a positive one by default), or the sentence
+/// that says it is not one.
+DETTRIAL_INLINE long positive_flag_value(std::string_view flag, const std::string& value, long least = 1) {
   char* end = nullptr;
   const long n = std::strtol(value.c_str(), &end, 10);
-  if (end == value.c_str() || *end != '\0' || n < 1)
-    throw CommandLineError(std::string(flag) + " needs a positive integer, not '" + value + "'", false);
+  if (end == value.c_str() || *end != '\0' || n < least)
+    throw CommandLineError(std::string(flag) + " needs a " + (least == 1 ? "positive" : "non-negative") + " integer, not '" + value + "'",
+                           false);
   return n;
+}
+
+/// --nproc's value: `N` as (0, N), `MIN:MAX` as (MIN, MAX).
+DETTRIAL_INLINE std::pair<int, int> rank_range(const std::string& value) {
+  const auto colon = value.find(':');
+  if (colon == std::string::npos) return {0, static_cast<int>(positive_flag_value("--nproc", value))};
+  const auto low = static_cast<int>(positive_flag_value("--nproc", value.substr(0, colon)));
+  const auto high = static_cast<int>(positive_flag_value("--nproc", value.substr(colon + 1)));
+  if (low > high) throw CommandLineError("--nproc MIN:MAX needs MIN <= MAX, not '" + value + "'", false);
+  return {low, high};
 }
 
 /// `value` if it is one of `allowed` (for messages: "gloo or nccl"), else the sentence that says not.
@@ -98,7 +114,8 @@ DETTRIAL_INLINE CommandLine parse_command_line(int argc, const char* const* argv
     else if (arg == "--resume") line.resume = value();
     else if (arg == "--resume-fresh-parts") line.resume_fresh_parts = true;
     else if (arg == "--report") line.report_dir = value();
-    else if (arg == "--nproc") line.nproc = static_cast<int>(detail::positive_flag_value(arg, value()));
+    else if (arg == "--nproc") std::tie(line.nproc_min, line.nproc) = detail::rank_range(value());
+    else if (arg == "--max-restarts") line.max_restarts = detail::positive_flag_value(arg, value(), /*least=*/0);
     else if (arg == "--threads") line.threads = static_cast<int>(detail::positive_flag_value(arg, value()));
     else if (arg == "--timeout") line.timeout_seconds = detail::positive_flag_value(arg, value());
     else if (arg == "--backend") line.backend_name = detail::one_of(arg, value(), {"gloo", "nccl"}, "gloo or nccl");
@@ -135,7 +152,10 @@ DETTRIAL_INLINE const char* main_usage() {
          "                       cannot take starts fresh, with a warning (default: an error naming it)\n"
          "  --nproc N            train data-parallel in N local processes (Gloo on CPU, NCCL on GPUs);\n"
          "                       default: resources.slots_per_trial when no launcher (torchrun, srun,\n"
-         "                       mpirun) started this process\n"
+         "                       mpirun) started this process. MIN:MAX: start MAX; when a rank fails,\n"
+         "                       restart without its slot, on as many ranks as remain (at least MIN)\n"
+         "  --max-restarts K     restart a job whose rank failed from its latest checkpoint, up to K\n"
+         "                       times (default: the config's max_restarts, 5)\n"
          "  --threads N          intra-op threads per process (default: OMP_NUM_THREADS when set;\n"
          "                       data parallel: this rank's share of the node's cores)\n"
          "  --no-cpu-bind        with --nproc: leave the ranks unbound (by default each rank is bound\n"

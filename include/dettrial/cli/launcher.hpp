@@ -40,6 +40,16 @@ DETTRIAL_INLINE int free_local_port();
  */
 DETTRIAL_INLINE int launch_local(const std::vector<std::string>& args, int nproc, std::chrono::seconds grace, bool bind_cpus = true);
 
+/// How a job of the built-in launcher ended: launch_local's status, and the rank that failed first (-1: none).
+struct LaunchOutcome {
+  int status = 0;
+  int first_failure = -1;
+};
+
+/// launch_local, with `extra_env` ("NAME=value") in every rank's environment, saying which rank failed first.
+DETTRIAL_INLINE LaunchOutcome run_local_ranks(const std::vector<std::string>& args, int nproc, std::chrono::seconds grace, bool bind_cpus,
+                                              const std::vector<std::string>& extra_env);
+
 }  // namespace dettrial::detail
 
 // Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
@@ -66,6 +76,11 @@ DETTRIAL_INLINE int free_local_port() {
 }
 
 DETTRIAL_INLINE int launch_local(const std::vector<std::string>& args, int nproc, std::chrono::seconds grace, bool bind_cpus) {
+  return run_local_ranks(args, nproc, grace, bind_cpus, {}).status;
+}
+
+DETTRIAL_INLINE LaunchOutcome run_local_ranks(const std::vector<std::string>& args, int nproc, std::chrono::seconds grace, bool bind_cpus,
+                                              const std::vector<std::string>& extra_env) {
   const std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
   const int port = free_local_port();
   std::vector<pid_t> pids(static_cast<std::size_t>(nproc), -1);
@@ -78,6 +93,7 @@ DETTRIAL_INLINE int launch_local(const std::vector<std::string>& args, int nproc
     // Each rank in a process group of its own: a Ctrl-C reaches it once, forwarded from here.
     SpawnOptions options{.extra_env = {"MASTER_ADDR=127.0.0.1", std::string(supervisor_pid_variable) + "=" + std::to_string(::getpid())},
                          .own_process_group = true};
+    options.extra_env.insert(options.extra_env.end(), extra_env.begin(), extra_env.end());
     for (const auto& [key, value] : {std::pair{"RANK", rank}, std::pair{"WORLD_SIZE", nproc}, std::pair{"LOCAL_RANK", rank},
                                      std::pair{"LOCAL_WORLD_SIZE", nproc}, std::pair{"MASTER_PORT", port}})
       options.extra_env.push_back(std::string(key) + "=" + std::to_string(value));
@@ -129,11 +145,11 @@ DETTRIAL_INLINE int launch_local(const std::vector<std::string>& args, int nproc
                  WIFSIGNALED(status) ? ("was killed by signal " + std::to_string(WTERMSIG(status))).c_str()
                                      : ("exited with status " + std::to_string(WEXITSTATUS(status))).c_str());
     // A configuration error stays one: whoever started this job must not retry it.
-    return WIFEXITED(status) && WEXITSTATUS(status) == exit_status_config_value ? exit_status_config_value : 1;
+    return {WIFEXITED(status) && WEXITSTATUS(status) == exit_status_config_value ? exit_status_config_value : 1, first_failure};
   }
   bool all_interrupted = true;
   for (const int status : statuses) all_interrupted = all_interrupted && WEXITSTATUS(status) == exit_status_interrupted_value;
-  return all_interrupted ? exit_status_interrupted_value : 0;
+  return {all_interrupted ? exit_status_interrupted_value : 0, -1};
 }
 
 }  // namespace dettrial::detail

@@ -143,6 +143,8 @@ auto as_batch_dataset(D dataset) {
 /// The loader's record order and batching for its options: built-in, a sampler's or a batch
 /// sampler's. Throws DataError naming an option that conflicts with a sampler or batch sampler.
 DETTRIAL_INLINE BatchSampler make_batch_sampler(std::int64_t records, const DataLoaderOptions& options, std::uint64_t seed);
+/// See DataLoader::layout_sampler.
+DETTRIAL_INLINE BatchSampler layout_sampler(const BatchSampler& sampler, const LoaderChain& chain);
 }  // namespace detail
 
 /**
@@ -183,8 +185,23 @@ class DataLoader {
 
   /// Batches per epoch (one process).
   std::int64_t size() const { return sampler_.batches_per_epoch(); }
-  /// Batches one rank reads per epoch under `chain` (Determined's sharded length).
-  std::int64_t batches_for(const LoaderChain& chain) const { return sampler_.batches_for(chain); }
+  /// Batches one rank reads per epoch under `chain` (Determined's sharded length; with a layout
+  /// of other ranks, that layout's chief's).
+  std::int64_t batches_for(const LoaderChain& chain) const {
+    if (regroups(chain)) return samplers::distributed_length(layout_sampler(chain).batches_per_epoch(), chain.layout_replicas, 0);
+    return sampler_.batches_for(chain);
+  }
+  /// Keeps the global batches of another rank count (LoaderChain::layout_replicas).
+  static constexpr bool keeps_global_batches = true;
+
+  /**
+   * @brief The sampler of the stream `chain.layout_replicas` ranks read, when it is not this job's:
+   * batches of `batch_size * num_replicas / layout_replicas` records (the loader's batch size is a
+   * rank's share of the global batch, `get_per_slot_batch_size()`). Throws when the global batch
+   * does not divide among the layout's ranks, or when a global batch could hold fewer records than
+   * this job has ranks.
+   */
+  BatchSampler layout_sampler(const LoaderChain& chain) const { return detail::layout_sampler(sampler_, chain); }
   std::int64_t num_records() const { return sampler_.records(); }
   const DataLoaderOptions& options() const { return options_; }
   /// The threads reading batches in the background (the option, or the dataset's default).
@@ -214,7 +231,8 @@ class DataLoader {
     batch_type batch = [&] {
       const auto in_order = [&] { return torch::arange(slice.first, slice.first + slice.count, torch::kLong); };
       if constexpr (requires { dataset_->get_batch(slice.indices, BatchOrigin{}); }) {
-        return dataset_->get_batch(slice.indices.defined() ? slice.indices : in_order(), BatchOrigin{slice.epoch, sampler_.seed()});
+        return dataset_->get_batch(slice.indices.defined() ? slice.indices : in_order(),
+                                   BatchOrigin{slice.epoch, sampler_.seed(), slice.epoch_starts});
       } else {
         if (slice.indices.defined()) return dataset_->get_batch(slice.indices);
         if constexpr (requires { dataset_->get_range(slice.first, slice.first + slice.count); })
@@ -260,9 +278,8 @@ class DataLoader {
 
     Stream(const DataLoader& loader, LoaderChain chain)
         : loader_(&loader),
-          slices_(loader.sampler_.slices(chain)),
+          slice_at_(loader, chain),
           chain_(chain),
-          skip_(chain.skip),
           position_(chain.skip),
           end_(chain.repeat ? std::numeric_limits<std::int64_t>::max() : loader.batches_for(chain)) {
       if (loader.sampler_.draws_from_global_generator()) {
@@ -272,11 +289,13 @@ class DataLoader {
         if (chain.skip == 0) torch::empty({}, torch::kLong).random_();
       }
       const int workers = loader.workers_;
-      loader.sampler_.keep_epochs_in_flight(workers > 0 ? std::max(workers * loader.options_.prefetch, workers) : 1, chain);
+      const std::int64_t in_flight = workers > 0 ? std::max(workers * loader.options_.prefetch, workers) : 1;
+      if (slice_at_.layout) slice_at_.layout->keep_epochs_in_flight(in_flight * chain.layout_replicas, LoaderChain{.repeat = true});
+      else loader.sampler_.keep_epochs_in_flight(in_flight, chain);
       if (workers > 0 && position_ < end_)
         prefetcher_ = std::make_unique<detail::Prefetcher<batch_type>>(
-            [loader = loader_, slices = slices_, skip = skip_](std::int64_t k) { return loader->read(slices[k - skip]); }, position_, end_,
-            workers, workers * loader.options_.prefetch);
+            [loader = loader_, slice_at = slice_at_](std::int64_t k) { return loader->read(slice_at(k)); }, position_, end_, workers,
+            workers * loader.options_.prefetch);
     }
     Stream(Stream&&) = default;
 
@@ -291,17 +310,31 @@ class DataLoader {
       const std::int64_t k = position_++;
       // The epoch of this rank's batch k in the stream of all ranks' batches: its seed is drawn
       // now, on the training thread, as Python's sampler draws it when that epoch's first batch is asked for.
-      if (loader_->sampler_.draws_from_global_generator())
-        loader_->sampler_.draw_seeds_through((chain_.rank + chain_.num_replicas * k) / loader_->sampler_.batches_per_epoch());
+      if (loader_->sampler_.draws_from_global_generator()) {
+        if (slice_at_.layout)  // the last of the layout's batches that make up global batch k
+          slice_at_.layout->draw_seeds_through(((k + 1) * chain_.layout_replicas - 1) / slice_at_.layout->batches_per_epoch());
+        else loader_->sampler_.draw_seeds_through((chain_.rank + chain_.num_replicas * k) / loader_->sampler_.batches_per_epoch());
+      }
       if (prefetcher_) return prefetcher_->take();
-      return loader_->read(slices_[k - skip_]);
+      return loader_->read(slice_at_(k));
     }
 
     using Slices = decltype(std::declval<const BatchSampler&>().slices(std::declval<const LoaderChain&>()));
+    /// The slice of this rank's batch `k`: Determined's chain, or a share of the layout's global batch `k`.
+    struct SliceAt {
+      SliceAt(const DataLoader& loader, const LoaderChain& chain)
+          : slices(loader.sampler_.slices(chain)), chain(chain), layout(loader.regroups(chain) ? std::optional(loader.layout_sampler(chain)) : std::nullopt) {}
+      BatchSlice operator()(std::int64_t k) const {
+        if (layout) return layout->share_of_global_batch(k, chain.layout_replicas, chain.num_replicas, chain.rank);
+        return slices[k - chain.skip];
+      }
+      Slices slices;  // the sampler chain this stream reads
+      LoaderChain chain;
+      std::optional<BatchSampler> layout;  // the layout's stream, when the job regroups its global batches
+    };
     const DataLoader* loader_;
-    Slices slices_;  // the sampler chain this stream reads
+    SliceAt slice_at_;
     LoaderChain chain_;
-    std::int64_t skip_;
     std::int64_t position_;
     std::int64_t end_;
     std::unique_ptr<detail::Prefetcher<batch_type>> prefetcher_;
@@ -340,6 +373,10 @@ class DataLoader {
   std::default_sentinel_t end() const { return {}; }
 
  private:
+  /// Whether `chain` reads the global batches of another rank count than its own.
+  static bool regroups(const LoaderChain& chain) {
+    return chain.repeat && chain.layout_replicas > 0 && chain.layout_replicas != chain.num_replicas;
+  }
   static std::uint64_t draw_seed() {
     return static_cast<std::uint64_t>(torch::randint(0, std::numeric_limits<std::int64_t>::max(), {1}, torch::kLong).item<std::int64_t>());
   }
@@ -367,6 +404,26 @@ class DataLoader {
 #include <string>
 
 namespace dettrial::detail {
+
+DETTRIAL_INLINE BatchSampler layout_sampler(const BatchSampler& sampler, const LoaderChain& chain) {
+  const std::int64_t ranks = chain.num_replicas, layout = chain.layout_replicas;
+  const std::string job = std::to_string(ranks) + " rank" + (ranks == 1 ? "" : "s");
+  const std::string begun = "a run begun on " + std::to_string(layout) + " rank" + (layout == 1 ? "" : "s");
+  BatchSampler stream = sampler;
+  if (!sampler.has_batch_sampler()) {
+    const std::int64_t global = sampler.batch_size() * ranks;
+    if (global % layout != 0)
+      throw DataError("DataLoader: the global batch of " + std::to_string(global) + " records (batch_size " +
+                      std::to_string(sampler.batch_size()) + " on each of " + job + ") does not divide among the " +
+                      std::to_string(layout) + " ranks of " + begun + ", whose global batches a resumed run keeps");
+    stream = sampler.with_batch_size(global / layout);
+  }
+  if (const std::int64_t fewest = stream.fewest_records_per_global_batch(layout); fewest > 0 && fewest < ranks)
+    throw DataError("DataLoader: " + begun + " has global batches of only " + std::to_string(fewest) +
+                    " records at its epochs' ends (a short last batch), too few for " + job + " to share; resume on at most " +
+                    std::to_string(fewest) + " ranks, or set drop_last");
+  return stream;
+}
 
 DETTRIAL_INLINE BatchSampler make_batch_sampler(std::int64_t records, const DataLoaderOptions& options, std::uint64_t seed) {
   if (options.determined_order) {

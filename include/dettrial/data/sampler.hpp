@@ -53,6 +53,9 @@ struct BatchSlice {
   /// The record indices (int64, CPU) when the order is shuffled or a user's sampler or batch sampler
   /// gives it; undefined for the identity order (records `first .. first+count-1`).
   torch::Tensor indices;
+  /// A share of a regrouped global batch across an epoch's end: where in it each next epoch's records
+  /// begin (`first` is then meaningless; `indices` holds the records). Empty otherwise.
+  std::vector<std::int64_t> epoch_starts;
 };
 
 /**
@@ -101,6 +104,23 @@ class BatchSampler {
   BatchSlice batch(std::int64_t epoch, std::int64_t index) const;
   /// Batch `global` of the endless stream of epochs (batch `global % len` of epoch `global / len`).
   BatchSlice global_batch(std::int64_t global) const;
+
+  /// The same order cut into batches of `batch_size` (a batch sampler's batches are its own). It
+  /// shares this sampler's epochs: a run resumed on another rank count reads the stream of the rank
+  /// count it began with, whose batches are a different share of the same global batch.
+  BatchSampler with_batch_size(std::int64_t batch_size) const;
+
+  /**
+   * @brief Rank `rank` of `ranks`' share of global batch `step` of the endless stream as `layout`
+   * ranks read it: the records of this sampler's batches `step*layout .. step*layout+layout-1` (what
+   * those ranks' batches `step` hold), in that order, cut into `ranks` contiguous runs whose sizes
+   * differ by at most one (equal when `ranks` divides the batch), run `rank`. O(layout) whatever `step`.
+   */
+  BatchSlice share_of_global_batch(std::int64_t step, std::int64_t layout, std::int64_t ranks, std::int64_t rank) const;
+
+  /// The fewest records any global batch of `layout` of this sampler's batches can hold: the size of
+  /// a batch, less what the epochs' short last batches leave out. Unknown (0) for a batch sampler.
+  std::int64_t fewest_records_per_global_batch(std::int64_t layout) const;
 
   /**
    * @brief The slices a rank reads under `chain`: Determined's chain, as views. The batches of the
@@ -289,6 +309,77 @@ DETTRIAL_INLINE BatchSlice BatchSampler::batch(std::int64_t epoch, std::int64_t 
 
 DETTRIAL_INLINE BatchSlice BatchSampler::global_batch(std::int64_t global) const {
   return batch(global / batches_per_epoch_, global % batches_per_epoch_);
+}
+
+DETTRIAL_INLINE BatchSampler BatchSampler::with_batch_size(std::int64_t batch_size) const {
+  if (batch_size == batch_size_ || has_batch_sampler()) return *this;
+  if (batch_size < 1) throw DataError("DataLoader batch_size must be at least 1, not " + std::to_string(batch_size));
+  BatchSampler other = *this;
+  other.batch_size_ = batch_size;
+  const std::int64_t length = has_sampler() ? order_length_ : records_;
+  if (drop_last_ && batch_size > length)
+    throw DataError("DataLoader: batch_size " + std::to_string(batch_size) + " is larger than the " + std::to_string(length) +
+                    " records of an epoch, so drop_last leaves no batch");
+  other.batches_per_epoch_ = drop_last_ ? length / batch_size : (length + batch_size - 1) / batch_size;
+  return other;
+}
+
+DETTRIAL_INLINE BatchSlice BatchSampler::share_of_global_batch(std::int64_t step, std::int64_t layout, std::int64_t ranks,
+                                                               std::int64_t rank) const {
+  std::vector<BatchSlice> parts;
+  parts.reserve(static_cast<std::size_t>(layout));
+  std::int64_t total = 0;
+  for (std::int64_t j = 0; j < layout; ++j) {
+    parts.push_back(global_batch(step * layout + j));
+    total += parts.back().count;
+  }
+  const std::int64_t begin = rank * total / ranks, end = (rank + 1) * total / ranks;
+  if (begin == end)
+    throw DataError("DataLoader: global batch " + std::to_string(step) + " holds " + std::to_string(total) + " records, too few for " +
+                    std::to_string(ranks) + " ranks to share (an epoch's short last batch); resume on " + std::to_string(layout) +
+                    " rank(s), or set drop_last");
+  // The runs of the parts that fall in [begin, end), in order.
+  std::vector<BatchSlice> pieces;
+  std::int64_t offset = 0;
+  for (BatchSlice& part : parts) {
+    const std::int64_t count = part.count;
+    const std::int64_t from = std::max(begin, offset), to = std::min(end, offset + count);
+    if (from < to) {
+      BatchSlice piece = std::move(part);
+      const std::int64_t skipped = from - offset;
+      piece.first += skipped;
+      piece.count = to - from;
+      if (piece.indices.defined()) piece.indices = piece.indices.narrow(0, skipped, piece.count);
+      pieces.push_back(std::move(piece));
+    }
+    offset += count;
+  }
+  if (pieces.size() == 1) return std::move(pieces.front());
+  // Runs of several batches: their records, and where each later epoch's begin.
+  BatchSlice share;
+  share.epoch = pieces.front().epoch;
+  share.first = pieces.front().first;
+  share.count = end - begin;
+  std::vector<torch::Tensor> records;
+  records.reserve(pieces.size());
+  std::int64_t position = 0;
+  for (std::size_t i = 0; i < pieces.size(); ++i) {
+    const BatchSlice& piece = pieces[i];
+    if (i > 0 && piece.epoch != pieces[i - 1].epoch) share.epoch_starts.push_back(position);
+    records.push_back(piece.indices.defined() ? piece.indices : torch::arange(piece.first, piece.first + piece.count, torch::kLong));
+    position += piece.count;
+  }
+  share.indices = torch::cat(records);
+  return share;
+}
+
+DETTRIAL_INLINE std::int64_t BatchSampler::fewest_records_per_global_batch(std::int64_t layout) const {
+  if (has_batch_sampler()) return 0;
+  const std::int64_t length = has_sampler() ? order_length_ : records_;
+  const std::int64_t short_by = drop_last_ || length % batch_size_ == 0 ? 0 : batch_size_ - length % batch_size_;
+  // `layout` consecutive batches hold at most ceil(layout / batches_per_epoch) epochs' last batches.
+  const std::int64_t last_batches = (layout + batches_per_epoch_ - 1) / batches_per_epoch_;
+  return layout * batch_size_ - last_batches * short_by;
 }
 
 DETTRIAL_INLINE torch::Tensor BatchSampler::order(std::int64_t epoch) const {

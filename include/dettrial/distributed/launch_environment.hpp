@@ -44,6 +44,12 @@ struct LaunchEnvironment {
   bool agent_store = false;
   /// The key prefix every store access takes (torchrun's per-restart prefix), or empty.
   std::string store_prefix;
+  /// How many times a launcher restarted this job (0: its first start): torchrun's
+  /// TORCHELASTIC_RESTART_COUNT, Slurm's SLURM_RESTART_COUNT (a requeued job), the built-in
+  /// launcher's DETTRIAL_RESTART. A restarted job continues from its run folder's latest checkpoint.
+  int restart = 0;
+  /// The restarts the launcher allows (torchrun's TORCHELASTIC_MAX_RESTARTS), when it says.
+  std::optional<int> max_restarts;
 
   bool distributed() const { return size > 1; }
 
@@ -96,6 +102,8 @@ DETTRIAL_INLINE LaunchEnvironment LaunchEnvironment::detect(const Getenv& getenv
   auto has = [&](const char* name) { return getenv(name) != nullptr && *getenv(name) != '\0'; };
   auto integer = [&](const char* name, int fallback) { return env_integer(getenv, name, 0).value_or(fallback); };
   LaunchEnvironment e;
+  e.restart = std::max({integer("TORCHELASTIC_RESTART_COUNT", 0), integer("SLURM_RESTART_COUNT", 0), integer("DETTRIAL_RESTART", 0)});
+  e.max_restarts = env_integer(getenv, "TORCHELASTIC_MAX_RESTARTS", 0);
   if (has("RANK") && has("GROUP_RANK") && has("LOCAL_RANK") && has("LOCAL_WORLD_SIZE")) {
     e.launcher = Launcher::torchrun;
     e.rank = integer("RANK", 0);

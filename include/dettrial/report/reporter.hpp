@@ -78,6 +78,10 @@ class Reporter {
   /// A checkpoint written at `batches`.
   void checkpoint(std::int64_t batches, std::int64_t epochs, const std::filesystem::path& path, double seconds);
 
+  /// A run continued at `batches` on `ranks` ranks from a checkpoint written by `ranks_before`:
+  /// restart `restart` of a launcher that restarted the job (0: resumed by hand).
+  void restart(std::int64_t batches, std::int64_t epochs, std::int64_t ranks_before, std::int64_t ranks, std::int64_t restart);
+
  private:
   /// Every metric but the counters (`batches`, `epochs`: TensorBoard's step already says them).
   void add_scalars(std::string_view prefix, const MetricValues& metrics, std::int64_t step);
@@ -200,6 +204,17 @@ DETTRIAL_INLINE void Reporter::checkpoint(std::int64_t batches, std::int64_t epo
     tensorboard_->add_scalar("timing/checkpoint_seconds", seconds, batches);
     tensorboard_->flush();
   }
+}
+
+DETTRIAL_INLINE void Reporter::restart(std::int64_t batches, std::int64_t epochs, std::int64_t ranks_before, std::int64_t ranks,
+                                       std::int64_t restart) {
+  const auto count = [](std::int64_t n) { return std::to_string(n) + " rank" + (n == 1 ? "" : "s"); };
+  progress_.line("[restart] batches " + std::to_string(batches) + ": " +
+                 (restart > 0 ? "restart " + std::to_string(restart) + ", " : std::string("resumed, ")) + "on " + count(ranks) +
+                 (ranks_before == ranks ? "" : " (the checkpoint's job had " + count(ranks_before) + ")"));
+  Json extra = {{"ranks_before", ranks_before}, {"ranks", ranks}};
+  if (restart > 0) extra["restart"] = restart;
+  log_.write("restart", batches, epochs, MetricValues{}, extra);
 }
 
 DETTRIAL_INLINE void Reporter::add_scalars(std::string_view prefix, const MetricValues& metrics, std::int64_t step) {

@@ -51,6 +51,9 @@ struct FitOptions {
   /// Determined checkpoint's LambdaLR, another optimizer type), start that part fresh with a warning
   /// instead of stopping with an error that names it.
   bool resume_fresh_parts = false;
+  /// How many times a launcher (or max_restarts) restarted this job; a resumed run with one, or on
+  /// another rank count than its checkpoint's, logs a `restart` record saying so.
+  std::int64_t restart = 0;
   /// Where metrics.jsonl (and checkpoints) go; empty means `runs/<date>-<time>` under the working directory.
   std::filesystem::path output_dir{};
   /// Where checkpoints go; empty means `<output_dir>/checkpoints`.

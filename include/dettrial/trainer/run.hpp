@@ -114,6 +114,7 @@ class Run {
   void prepare_training() {
     train_loader_.emplace(trial_.build_training_data_loader());
     validation_loader_.emplace(trial_.build_validation_data_loader());
+    st_.data_ranks = data_layout();
     st_.epoch_len = epoch_length(*train_loader_, training_chain());
     agree_across_ranks();
     st_.settle_epoch_length(context_);
@@ -409,12 +410,35 @@ class Run {
     return out;
   }
 
-  /// The training loader's chain: endless, this rank's shard, skipping what was trained.
+  /// The training loader's chain: endless, this rank's shard (of the global batches of the rank
+  /// count the run began on), skipping what was trained.
   LoaderChain training_chain() const {
     return LoaderChain{.repeat = true,
                        .skip = context_.get_initial_batch(),
                        .num_replicas = context_.distributed().size,
-                       .rank = context_.distributed().rank};
+                       .rank = context_.distributed().rank,
+                       .layout_replicas = st_.data_ranks};
+  }
+
+  /**
+   * @brief The rank count whose global batches the training data follows: the one the resumed run
+   * began on, when this job has another and its training loader can keep them (a dettrial
+   * DataLoader), else this job's. Checks first that the global batch divides among this job's ranks.
+   */
+  std::int64_t data_layout() {
+    const std::int64_t ranks = context_.distributed().size;
+    const std::int64_t began = st_.same_trial && st_.resumed->data_ranks > 0 ? st_.resumed->data_ranks : ranks;
+    if (began == ranks) return ranks;
+    RunState::check_global_batch_divides(context_, began);
+    if constexpr (requires { training_loader_t<TrialT>::keeps_global_batches; }) {
+      (void)train_loader_->layout_sampler(LoaderChain{.repeat = true, .num_replicas = ranks, .layout_replicas = began});  // checks
+      return began;
+    } else {
+      st_.reporter.line("warning: the training data loader is not a dettrial::DataLoader, so it cannot keep the global batches of the " +
+                        std::to_string(began) + "-rank job this run began as: from batch " +
+                        std::to_string(st_.resumed->batches_trained) + " on, it reads its own " + std::to_string(ranks) + "-rank shards");
+      return ranks;
+    }
   }
   /// The validation loader's chain: one pass over this rank's shard.
   LoaderChain validation_chain() const {

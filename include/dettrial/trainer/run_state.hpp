@@ -65,6 +65,8 @@ struct RunState {
   FitOptions options;
   TrainUnit length = Batch(1);
   std::int64_t epoch_len = 0;
+  /// The rank count whose global batches the training data follows (TrialProgress::data_ranks).
+  std::int64_t data_ranks = 1;
   /// The training loader's own batches per epoch on this rank (epoch_len, unless records_per_epoch sets it).
   std::int64_t data_epoch_len = 0;
   /// Where the trial stands: batches and epochs trained, the last validation and checkpoint, the
@@ -95,6 +97,9 @@ struct RunState {
   /// The epoch length from the chief's sharded length (agreed already) and records_per_epoch,
   /// and the run's position in the context.
   DETTRIAL_INLINE void settle_epoch_length(Context& context);
+  /// A run begun on `began` ranks continues on this job's: its global batch must divide among them
+  /// (throws ConfigError, naming both counts, where it does not).
+  DETTRIAL_INLINE static void check_global_batch_divides(const Context& context, std::int64_t began);
   /// After a restore: the position the training stream starts from; every rank takes rank 0's weights.
   DETTRIAL_INLINE void start_position(Context& context);
   /// The fit options that place boundaries must be the same on every rank (throws where not).
@@ -276,6 +281,16 @@ DETTRIAL_INLINE RunState RunState::begin(Context& context, FitOptions options) {
   return st;
 }
 
+DETTRIAL_INLINE void RunState::check_global_batch_divides(const Context& context, std::int64_t began) {
+  if (!context.has_global_batch_size()) return;  // the loader's batch size is then the rank's own choice
+  const auto global = context.get_hparams().get<std::int64_t>("global_batch_size");
+  const std::int64_t ranks = context.distributed().size;
+  if (global % ranks != 0)
+    throw ConfigError("global_batch_size " + std::to_string(global) + " does not divide among " + std::to_string(ranks) +
+                      " ranks: this run began on " + std::to_string(began) +
+                      " and keeps its global batch when resumed; resume on a rank count that divides " + std::to_string(global));
+}
+
 DETTRIAL_INLINE void RunState::settle_epoch_length(Context& context) {
   if (epoch_len < 1) throw DataError("the training data loader yields no batches (its size() is 0)");
   data_epoch_len = epoch_len;
@@ -325,6 +340,12 @@ DETTRIAL_INLINE void RunState::announce(Context& context) {
     reporter.line("dettrial: resumed from " + resume_dir->string() +
                   (same_trial ? " at batch " + std::to_string(progress.batches_trained)
                               : std::string(" (another trial's checkpoint: weights and optimizer state only)")));
+  const std::int64_t ranks = context.distributed().size;
+  if (same_trial && (o.restart > 0 || (resumed->ranks > 0 && resumed->ranks != ranks)))
+    reporter.restart(progress.batches_trained, progress.epochs_trained, resumed->ranks > 0 ? resumed->ranks : ranks, ranks, o.restart);
+  if (data_ranks != ranks)
+    reporter.line("dettrial: the training data keeps the global batches of the " + std::to_string(data_ranks) +
+                  "-rank job this run began as: each of the " + std::to_string(ranks) + " ranks trains its share of each");
   if (const auto* graph = std::get_if<capture::cuda_graph>(&o.step_capture))
     reporter.line("dettrial: the training step is captured in a CUDA graph after " + std::to_string(graph->warmup_batches) +
                   " eager batch(es), and replayed; batches of other shapes run eagerly");
@@ -457,6 +478,8 @@ DETTRIAL_INLINE TrialCheckpointRecord RunState::checkpoint_record(const Context&
   saved.trial_id = options.trial_id;
   saved.training_data_seed = training_data_seed;
   saved.validation_data_seed = validation_data_seed;
+  saved.ranks = context.distributed().size;
+  saved.data_ranks = data_ranks;
   const bool validated_here = progress.last_validation == progress.batches_trained && !options.searcher_metric.empty();
   return {.progress = std::move(saved),
           .mid_aggregation = progress.batches_trained % context.aggregation_frequency() != 0,

@@ -7,6 +7,7 @@
 #include <concepts>
 #include <cstdint>
 #include <ranges>
+#include <span>
 #include <type_traits>
 #include <utility>
 
@@ -23,6 +24,14 @@ struct LoaderChain {
   /// Ranks sharing the data; rank `r` takes every `num_replicas`-th batch, starting at `r`.
   std::int64_t num_replicas = 1;
   std::int64_t rank = 0;
+  /**
+   * @brief The rank count whose global batches an endless stream keeps (0: `num_replicas`). A run
+   * resumed on another rank count than it began with reads the global batches it would have read on
+   * its first count: global batch `k` is that count's `k`-th batch of every rank, in rank order, and
+   * rank `r` of `num_replicas` takes the `r`-th of `num_replicas` equal runs of its records (see
+   * docs/distributed.md, "Elastic"). `skip` then counts global batches.
+   */
+  std::int64_t layout_replicas = 0;
 };
 
 /**
@@ -33,6 +42,15 @@ struct LoaderChain {
 struct BatchOrigin {
   std::int64_t epoch = 0;
   std::uint64_t seed = 0;
+  /// The positions in the batch at which the next epoch begins: empty but for a batch regrouped
+  /// across an epoch's end (LoaderChain::layout_replicas), whose records come from two epochs.
+  std::span<const std::int64_t> epoch_starts{};
+  /// The epoch of the batch's record at `position`.
+  std::int64_t epoch_of(std::int64_t position) const {
+    std::int64_t e = epoch;
+    for (const std::int64_t start : epoch_starts) e += position >= start ? 1 : 0;
+    return e;
+  }
 };
 
 /// A dataset read one record at a time: `size()` records and `get(index)`.

@@ -1,0 +1,23 @@
+# Elastic data parallel: a run resumed on another rank count keeps its global batches; a job that
+# loses a rank is restarted from its checkpoint (the built-in launcher, --nproc MIN:MAX, torchrun).
+# Included from tests/CMakeLists.txt (same scope: its variables and helpers are in reach).
+add_executable(elastic_trial elastic/elastic_trial.cpp)
+target_link_libraries(elastic_trial PRIVATE dettrial::compiled)
+dettrial_use_compiled_pch(elastic_trial)
+set(_elastic_tests "elastic: a run resumed on 1, 2 or 3 ranks trains the global batches of the rank count it began on"
+                   "elastic: a rank killed mid-epoch is survived under the built-in launcher, --nproc MIN:MAX and torchrun")
+if(_gloo_missing)
+  foreach(_name IN LISTS _elastic_tests)
+    dettrial_skipped_test("${_name}" "${_gloo_missing}")
+  endforeach()
+else()
+  list(GET _elastic_tests 0 _name)
+  add_test(NAME "${_name}" COMMAND "${CMAKE_CURRENT_SOURCE_DIR}/elastic/rank_counts.sh" $<TARGET_FILE:elastic_trial>
+                                   "${CMAKE_CURRENT_SOURCE_DIR}/elastic/elastic.yaml" "${CMAKE_CURRENT_BINARY_DIR}/elastic/rank-counts")
+  set_tests_properties("${_name}" PROPERTIES PASS_REGULAR_EXPRESSION "ok: resumed on another rank count" TIMEOUT 600)
+  list(GET _elastic_tests 1 _name)
+  add_test(NAME "${_name}" COMMAND "${CMAKE_CURRENT_SOURCE_DIR}/elastic/restarts.sh" $<TARGET_FILE:elastic_trial>
+                                   "${CMAKE_CURRENT_SOURCE_DIR}/elastic/elastic.yaml" "${CMAKE_CURRENT_BINARY_DIR}/elastic/restarts"
+                                   "${DETTRIAL_PYTHON}")
+  set_tests_properties("${_name}" PROPERTIES PASS_REGULAR_EXPRESSION "ok: a killed rank was survived" TIMEOUT 600)
+endif()

@@ -1,0 +1,95 @@
+#!/usr/bin/env python3
+"""Usage: compare.py REFERENCE_RUN RUN [RANKS_BEFORE>RANKS ...]
+
+Checks a run that was resumed or restarted (RUN) against the same trial trained without a break
+(REFERENCE_RUN), from the record indices each rank logged per batch (records/rank<R>.txt: attempt,
+batch, a generator draw, record indices) and RUN's metrics.jsonl:
+
+- RUN logged one `restart` record per restart or resume, with the rank counts given (in order);
+- each attempt of RUN trained each of its batches once on each rank, starting at the batch of the
+  checkpoint it resumed from;
+- taking each batch from the last attempt that trained it, every global batch holds exactly the
+  records, in the same order (ranks in rank order), as the reference's, and none is missing;
+- the ranks of a job drew different numbers from their generators at each batch (their own streams,
+  also on ranks the checkpoint did not have).
+Prints one line per check and exits 1 on the first failure.
+"""
+import json
+import pathlib
+import sys
+from collections import defaultdict
+
+
+def fail(message):
+    print(f"compare: {message}")
+    sys.exit(1)
+
+
+def read_records(run):
+    """{attempt: {rank: [(batch, draw, ids), ...]}} from a run's records/rank<R>.txt."""
+    attempts = defaultdict(lambda: defaultdict(list))
+    files = sorted((run / "records").glob("rank*.txt"))
+    if not files:
+        fail(f"{run} has no records/rank*.txt")
+    for path in files:
+        rank = int(path.stem[len("rank"):])
+        for line in path.read_text().splitlines():
+            attempt, batch, draw, *ids = line.split()
+            attempts[int(attempt)][rank].append((int(batch), float(draw), [int(i) for i in ids]))
+    return attempts
+
+
+def global_batches(per_rank):
+    """{batch: records of every rank in rank order} and {batch: [draws]} for one attempt."""
+    batches, draws = {}, defaultdict(list)
+    for rank in sorted(per_rank):
+        seen = set()
+        for batch, draw, ids in per_rank[rank]:
+            if batch in seen:
+                fail(f"rank {rank} trained batch {batch} twice in one attempt")
+            seen.add(batch)
+            batches.setdefault(batch, []).extend(ids)
+            draws[batch].append(draw)
+    return batches, draws
+
+
+def main():
+    reference_run, run = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
+    expected = [tuple(int(n) for n in pair.split(">")) for pair in sys.argv[3:]]
+    reference = read_records(reference_run)
+    if list(reference) != [0]:
+        fail(f"the reference {reference_run} was restarted")
+    want, _ = global_batches(reference[0])
+
+    restarts = [r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if r["type"] == "restart"]
+    got_pairs = [(r["ranks_before"], r["ranks"]) for r in restarts]
+    if got_pairs != expected:
+        fail(f"metrics.jsonl's restart records say {got_pairs}, expected {expected}")
+    print(f"restart records: {got_pairs} at batches {[r['batches'] for r in restarts]}")
+
+    attempts = read_records(run)
+    trained = {}
+    starts = [r["batches"] for r in restarts]
+    for index, attempt in enumerate(sorted(attempts)):
+        batches, draws = global_batches(attempts[attempt])
+        first = min(batches)
+        if index > 0 and restarts and first not in starts:
+            fail(f"attempt {attempt} began at batch {first}, not at a checkpoint it resumed from ({starts})")
+        for batch, ds in draws.items():
+            if len(ds) > 1 and len(set(ds)) != len(ds):
+                fail(f"attempt {attempt}: two ranks drew the same number at batch {batch} ({ds})")
+        for batch, ids in batches.items():
+            trained[batch] = ids  # a later attempt's batches replace what an earlier one trained
+    if sorted(trained) != sorted(want):
+        missing = sorted(set(want) - set(trained))
+        extra = sorted(set(trained) - set(want))
+        fail(f"batches trained differ from the reference's: missing {missing[:10]}, extra {extra[:10]}")
+    for batch in sorted(want):
+        if trained[batch] != want[batch]:
+            fail(f"global batch {batch} holds records {trained[batch]}, the reference's {want[batch]}")
+    print(f"ok: {len(want)} global batches hold the reference's records in its order "
+          f"({len(attempts)} attempt(s), {max(len(a) for a in attempts.values())} rank(s) at most)")
+
+
+if __name__ == "__main__":
+    main()
