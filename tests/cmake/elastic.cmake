@@ -21,3 +21,10 @@ else()
                                    "${DETTRIAL_PYTHON}")
   set_tests_properties("${_name}" PROPERTIES PASS_REGULAR_EXPRESSION "ok: a killed rank was survived" TIMEOUT 600)
 endif()
+# A Slurm job requeued mid-run (the test cluster of experiments.cmake; skipped when it does not answer).
+add_test(NAME "slurm: a job requeued mid-run continues from its checkpoint with the uninterrupted job's global batches"
+         COMMAND "${CMAKE_CURRENT_SOURCE_DIR}/elastic/slurm_requeue.sh" $<TARGET_FILE:elastic_trial>
+                 "${CMAKE_CURRENT_SOURCE_DIR}/elastic/elastic.yaml" "${CMAKE_CURRENT_BINARY_DIR}/elastic/slurm-requeue")
+set_tests_properties("slurm: a job requeued mid-run continues from its checkpoint with the uninterrupted job's global batches" PROPERTIES
+                     FIXTURES_REQUIRED dettrial_slurm SKIP_RETURN_CODE 77 RESOURCE_LOCK dettrial_slurm_cpus
+                     ENVIRONMENT "SLURM_CONF=${_slurm_dir}/slurm.conf" PASS_REGULAR_EXPRESSION "ok: a Slurm job requeued")

@@ -49,8 +49,8 @@ if [ -n "$python" ] && "$python" -m torch.distributed.run --standalone --nproc_p
   ELASTIC_KILL=1:23 run torchrun 0 "${torchrun[@]}" "$program" "${trial[@]}" --output "$work/torchrun"
   echo "torchrun --max-restarts 1, rank 1 killed at batch 23:"
   python3 "$here/compare.py" "$work/reference-2" "$work/torchrun" "2>2" || fail "torchrun"
-  # torchrun may restart the job, which then needs a folder that outlives an attempt.
-  run torchrun-no-output 78 "${torchrun[@]}" "$program" "${trial[@]}"
+  # torchrun may restart the job, which then needs a folder that outlives an attempt (torchrun exits 1).
+  run torchrun-no-output 1 "${torchrun[@]}" "$program" "${trial[@]}"
   grep -q "torchrun may restart this job, .* with --output DIR" "$work/torchrun-no-output.log" ||
     { cat "$work/torchrun-no-output.log"; fail "no sentence for torchrun without --output"; }
   echo "ok: a killed rank was survived under the built-in launcher (2 ranks, and 3 -> 2) and torchrun"

@@ -462,6 +462,83 @@ void write_file(const std::filesystem::path& p, const std::string& bytes, bool g
 }
 }  // namespace
 
+/// Global batch `step` of `layout` ranks reading `loader` (batch size `global / layout` each): the
+/// records of every rank's batch `step`, in rank order.
+std::vector<std::int64_t> global_batch_of(std::int64_t records, DataLoaderOptions o, std::int64_t global, std::int64_t ranks,
+                                          std::int64_t layout, std::int64_t step, int workers = 0) {
+  o.batch_size = global / ranks;
+  o.workers = workers;
+  const Loader loader = loader_of(records, o);
+  std::vector<std::int64_t> out;
+  for (std::int64_t rank = 0; rank < ranks; ++rank) {
+    const auto ids = ids_of(loader.batches({.repeat = true, .skip = step, .num_replicas = ranks, .rank = rank, .layout_replicas = layout}), 1);
+    out.insert(out.end(), ids.begin(), ids.end());
+  }
+  return out;
+}
+
+TEST_CASE("DataLoader: a job of another rank count reads the global batches of the one it began as, skipping to any of them") {
+  // 99 records, global batch 6: 2 ranks read batches of 3 (33 an epoch, odd), 3 ranks batches of 2
+  // (50, the last of 1 record), 1 rank batches of 6 (17, the last of 3): global batches across an
+  // epoch's end hold records of two epochs, in the begun count's own way.
+  for (const DataLoaderOptions o : {DataLoaderOptions{.shuffle = true, .seed = 5}, DataLoaderOptions{},
+                                    DataLoaderOptions{.sampler = samplers::ReproducibleShuffleSampler(99, 3)}})
+    for (const std::int64_t layout : {1, 2, 3})
+      for (const std::int64_t ranks : {1, 2, 3}) {
+        CAPTURE(layout);
+        CAPTURE(ranks);
+        for (const std::int64_t step : {0, 15, 16, 17, 33, 34, 50, 1000}) {
+          CAPTURE(step);
+          const auto expected = global_batch_of(99, o, 6, layout, layout, step);
+          CHECK(global_batch_of(99, o, 6, ranks, layout, step) == expected);
+          if (step == 16) CHECK(global_batch_of(99, o, 6, ranks, layout, step, /*workers=*/2) == expected);
+        }
+      }
+  // Resumed at global batch 10, a 3-rank job reads on as the 2-rank one would, batch after batch.
+  const DataLoaderOptions shuffled{.shuffle = true, .seed = 9};
+  std::vector<std::int64_t> two, three;
+  for (std::int64_t step = 10; step < 60; ++step) {
+    const auto a = global_batch_of(99, shuffled, 6, 2, 2, step), b = global_batch_of(99, shuffled, 6, 3, 2, step);
+    two.insert(two.end(), a.begin(), a.end());
+    three.insert(three.end(), b.begin(), b.end());
+  }
+  CHECK(two == three);
+}
+
+TEST_CASE("BatchSampler: a share of a global batch across an epoch's end says where the next epoch begins") {
+  // 2 ranks' batches of 3 over 99 records: global batch 16 is epoch 0's last batch (3 records) and
+  // epoch 1's first. On 3 ranks, rank 1 takes records 2..3 of it: one of each epoch.
+  const BatchSampler stream(99, 3, /*drop_last=*/false, /*shuffle=*/true, 4);
+  const BatchSlice share = stream.share_of_global_batch(16, 2, 3, 1);
+  CHECK(share.epoch == 0);
+  CHECK(share.count == 2);
+  CHECK(share.epoch_starts == std::vector<std::int64_t>{1});
+  CHECK(share.indices[0].item<std::int64_t>() == stream.order(0)[98].item<std::int64_t>());
+  CHECK(share.indices[1].item<std::int64_t>() == stream.order(1)[0].item<std::int64_t>());
+  const BatchOrigin origin{share.epoch, 4, share.epoch_starts};
+  CHECK(origin.epoch_of(0) == 0);
+  CHECK(origin.epoch_of(1) == 1);
+  // Rank 2 takes records 4..5, both of epoch 1: one piece, no epoch start.
+  const BatchSlice last = stream.share_of_global_batch(16, 2, 3, 2);
+  CHECK(last.epoch == 1);
+  CHECK(last.epoch_starts.empty());
+}
+
+TEST_CASE("DataLoader: a global batch that cannot be shared among a job's ranks is refused in one sentence") {
+  const Loader five = loader_of(99, {.batch_size = 5});
+  CHECK_THROWS_WITH_AS(five.batches({.repeat = true, .num_replicas = 2, .layout_replicas = 3}),
+                       "DataLoader: the global batch of 10 records (batch_size 5 on each of 2 ranks) does not divide among the 3 ranks "
+                       "of a run begun on 3 ranks, whose global batches a resumed run keeps",
+                       DataError);
+  // 97 records in batches of 6 end each epoch in a batch of 1 record, which 2 ranks cannot share.
+  const Loader three = loader_of(97, {.batch_size = 3});
+  CHECK_THROWS_WITH_AS(three.batches({.repeat = true, .num_replicas = 2, .layout_replicas = 1}),
+                       "DataLoader: a run begun on 1 rank has global batches of only 1 record at its epochs' ends (a short last batch), "
+                       "too few for 2 ranks to share; resume on at most 1 rank, or set drop_last",
+                       DataError);
+  CHECK_NOTHROW(loader_of(97, {.batch_size = 3, .drop_last = true}).batches({.repeat = true, .num_replicas = 2, .layout_replicas = 1}));
+}
+
 TEST_CASE("read_idx reads raw and gzip IDX files and names what is wrong with broken ones") {
   const auto dir = std::filesystem::temp_directory_path() / ("dettrial-idx-" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);

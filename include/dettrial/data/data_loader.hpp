@@ -419,9 +419,9 @@ DETTRIAL_INLINE BatchSampler layout_sampler(const BatchSampler& sampler, const L
     stream = sampler.with_batch_size(global / layout);
   }
   if (const std::int64_t fewest = stream.fewest_records_per_global_batch(layout); fewest > 0 && fewest < ranks)
-    throw DataError("DataLoader: " + begun + " has global batches of only " + std::to_string(fewest) +
-                    " records at its epochs' ends (a short last batch), too few for " + job + " to share; resume on at most " +
-                    std::to_string(fewest) + " ranks, or set drop_last");
+    throw DataError("DataLoader: " + begun + " has global batches of only " + std::to_string(fewest) + " record" +
+                    (fewest == 1 ? "" : "s") + " at its epochs' ends (a short last batch), too few for " + job +
+                    " to share; resume on at most " + std::to_string(fewest) + " rank" + (fewest == 1 ? "" : "s") + ", or set drop_last");
   return stream;
 }
 
