@@ -471,7 +471,8 @@ std::vector<std::int64_t> global_batch_of(std::int64_t records, DataLoaderOption
   const Loader loader = loader_of(records, o);
   std::vector<std::int64_t> out;
   for (std::int64_t rank = 0; rank < ranks; ++rank) {
-    const auto ids = ids_of(loader.batches({.repeat = true, .skip = step, .num_replicas = ranks, .rank = rank, .layout_replicas = layout}), 1);
+    const auto ids =
+        ids_of(loader.batches({.repeat = true, .skip = step, .num_replicas = ranks, .rank = rank, .layout_replicas = layout}), 1);
     out.insert(out.end(), ids.begin(), ids.end());
   }
   return out;

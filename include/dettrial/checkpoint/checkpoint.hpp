@@ -412,7 +412,8 @@ DETTRIAL_INLINE std::uint64_t ContextCheckpoint::new_rank_seed(const torch::Tens
   const torch::Tensor bytes = chiefs_state.contiguous().to(torch::kCPU);
   const auto* data = static_cast<const unsigned char*>(bytes.data_ptr());
   std::uint64_t hash = 1469598103934665603ULL;  // FNV-1a over the state's bytes
-  for (std::int64_t i = 0; i < bytes.numel() * static_cast<std::int64_t>(bytes.element_size()); ++i) hash = (hash ^ data[i]) * 1099511628211ULL;
+  for (std::int64_t i = 0; i < bytes.numel() * static_cast<std::int64_t>(bytes.element_size()); ++i)
+    hash = (hash ^ data[i]) * 1099511628211ULL;
   return mix64(hash ^ (static_cast<std::uint64_t>(rank) * golden_gamma)) >> 1;
 }
 

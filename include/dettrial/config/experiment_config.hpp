@@ -70,6 +70,11 @@ class ExperimentConfig {
   /// `reproducibility.deterministic` (dettrial's): LibTorch's deterministic algorithms on, cuDNN's
   /// autotuner off, so that runs with one seed are bit-identical on a GPU too. Unset: LibTorch's defaults.
   std::optional<bool> deterministic;
+  /// `reproducibility.rank_invariant` (dettrial's): gradients summed over the micro-batches of an
+  /// update in the data stream's order, and each micro-batch's random draws seeded by its place in
+  /// the stream, so that the same per-slot batch and seed give bit-identical parameters on CPU
+  /// whatever the ranks x aggregation_frequency layout. See docs/distributed.md for its cost.
+  bool rank_invariant = false;
   /// `checkpoint_storage`: where checkpoints go (`host_path`/`storage_path` of shared_fs, or
   /// `container_path` of directory storage; unset means the run's output directory) and how many are kept.
   struct CheckpointStorage {
@@ -343,6 +348,7 @@ DETTRIAL_INLINE void ExperimentConfig::read_reproducibility(const YAML::Node& re
     r.read(rep, "deterministic", on);
     c.deterministic = on;
   }
+  r.read(rep, "rank_invariant", c.rank_invariant);
 }
 
 DETTRIAL_INLINE void ExperimentConfig::read_profiling(const YAML::Node& prof, const Reader& r, Profiling& p) {
@@ -475,7 +481,7 @@ DETTRIAL_INLINE void ExperimentConfig::check_fields(const YAML::Node& root, cons
   static const std::vector<std::string> optimizations_cluster = {"average_training_metrics", "gradient_compression",
                                                                  "tensor_fusion_threshold",  "tensor_fusion_cycle_time",
                                                                  "auto_tune_tensor_fusion",  "grad_updates_size_file"};
-  static const std::vector<std::string> reproducibility = {"experiment_seed", "deterministic"};
+  static const std::vector<std::string> reproducibility = {"experiment_seed", "deterministic", "rank_invariant"};
   static const std::vector<std::string> profiling = {"enabled", "begin_on_batch", "end_after_batch", "sync_timings"};
   static const std::vector<std::string> slurm = {"sbatch_args"};
   static const std::vector<std::string> slurm_cluster = {"slots_per_node", "gpu_type"};

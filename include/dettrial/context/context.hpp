@@ -27,6 +27,7 @@
 #include "../detail/random.hpp"
 #include "../distributed/communicator.hpp"
 #include "../distributed/gradient_buckets.hpp"
+#include "../distributed/ordered_gradients.hpp"
 #include "../distributed/threads.hpp"
 #include "../metrics/reducers.hpp"
 #include "../optim/clip.hpp"
@@ -81,6 +82,8 @@ struct ContextOptions {
   std::shared_ptr<Communicator> communicator;
   /// Deterministic algorithms (see ExperimentConfig::deterministic); unset: the config's.
   std::optional<bool> deterministic{};
+  /// Results that do not depend on the rank count (see ExperimentConfig::rank_invariant); unset: the config's.
+  std::optional<bool> rank_invariant{};
   /// Threads for this process's intra-op and BLAS pools (`--threads`). Unset: OMP_NUM_THREADS when
   /// set, else in a data-parallel job this rank's share of the node's cores, else the CPUs this
   /// process may run on (see dettrial::choose_threads and dettrial::apply_threads).
@@ -410,11 +413,13 @@ class Context {
     if (!is_update_batch()) return;
     WrappedOptimizer& w = find_optimizer(optimizer);
     refresh_params(w);  // param groups may have grown since wrapping (unfrozen layers)
-    if (communicator_) {
+    if (ordered_) {
+      combine_ordered_gradients();  // weighted by records: already an average
+    } else if (communicator_) {
       if (!w.buckets) w.buckets = std::make_unique<detail::GradientBuckets>(*communicator_, w.params);
       w.buckets->all_reduce();
     }
-    if (w.average && aggregation_frequency_ > 1) {
+    if (w.average && aggregation_frequency_ > 1 && !ordered_) {
       const double scale = 1.0 / static_cast<double>(aggregation_frequency_);
       for (auto& p : w.params)
         if (p.grad().defined()) p.grad().mul_(scale);
@@ -455,10 +460,22 @@ class Context {
   /// scale is updated, once however many optimizers stepped, and the schedulers step per their mode.
   /// The one place that decides what an update batch finishes.
   void finish_batch(std::int64_t batch_idx) {
-    if (!is_update_batch()) return;  // inline: most batches end here
+    if (!is_update_batch()) {  // inline: most batches end here
+      if (ordered_) stash_ordered_gradients();
+      return;
+    }
     if (scaler_) scaler_->update();
     step_lr_schedulers(batch_idx);
   }
+
+  /// Begins training batch `position().current_batch` of `records` records. With rank_invariant,
+  /// seeds the random draws of this micro-batch from its place in the data stream (the same
+  /// records get the same dropout masks whatever the rank count); otherwise nothing.
+  void begin_training_batch(std::int64_t records) {
+    if (ordered_) seed_micro_batch(records);
+  }
+  /// Whether gradients are summed in the data stream's order (reproducibility.rank_invariant).
+  bool rank_invariant() const { return ordered_ != nullptr; }
 
   /// In a job, after the trial and its data loaders were built from the same seed on every rank:
   /// ranks other than the chief continue on a stream of their own, derived from the trial seed and
@@ -502,6 +519,15 @@ class Context {
   /// Rebuilds the cached parameter list when the optimizer's groups changed size (no allocation otherwise).
   void refresh_params(WrappedOptimizer& w);
 
+  // rank_invariant: see detail::OrderedGradients.
+  void seed_micro_batch(std::int64_t records);
+  /// Every wrapped optimizer's parameters, each once, in wrap order.
+  const std::vector<torch::Tensor>& ordered_params();
+  void stash_ordered_gradients();
+  /// Once per update batch, however many optimizers step: this batch's gradients stashed, and
+  /// every optimizer's gradients replaced by the ordered sum of the update's micro-batches.
+  void combine_ordered_gradients();
+
   WrappedOptimizer& find_optimizer(const torch::optim::Optimizer& optimizer);
 
   Hyperparameters hparams_;
@@ -530,7 +556,12 @@ class Context {
   std::optional<ProfilerOptions> profiler_;
   bool stop_requested_ = false;
   Precision precision_ = Precision::fp32;
-  std::unique_ptr<GradScaler> own_scaler_;  // fp16 without a scaler of the trial's
+  std::unique_ptr<GradScaler> own_scaler_;             // fp16 without a scaler of the trial's
+  std::unique_ptr<detail::OrderedGradients> ordered_;  // reproducibility.rank_invariant
+  std::vector<torch::Tensor> ordered_params_;
+  std::size_t ordered_params_counted_ = 0;  // the optimizers' parameters ordered_params_ was built from
+  std::int64_t ordered_records_ = 0;
+  std::int64_t ordered_combined_at_ = -1;  // the update batch whose gradients were combined
   GradScaler* scaler_ = nullptr;
 };
 
@@ -597,6 +628,13 @@ DETTRIAL_INLINE Context::Context(Hyperparameters hparams, ExperimentConfig confi
       choose_threads(communicator_ ? communicator_->environment() : LaunchEnvironment{}, options.threads, CoreCount::of_this_process());
   thread_pools_ = apply_threads(threads_);
   if (const auto on = options.deterministic ? options.deterministic : config_.deterministic) set_deterministic(*on);
+  if (options.rank_invariant.value_or(config_.rank_invariant)) {
+    if (!average_aggregated_gradients_)
+      throw ConfigError(
+          "reproducibility.rank_invariant needs optimizations.average_aggregated_gradients: a sum over the aggregated batches "
+          "grows with the aggregation frequency, so it would differ between rank counts");
+    ordered_ = std::make_unique<detail::OrderedGradients>(communicator_.get(), aggregation_frequency_);
+  }
   precision_ = options.mixed_precision.value_or(config_.mixed_precision);
 #if TORCH_VERSION_MAJOR < 2
   if (precision_ == Precision::fp16 && device_.is_cpu())
@@ -660,6 +698,9 @@ DETTRIAL_INLINE void Context::release_registrations() {
   schedulers_.clear();
   reducers_.clear();
   owned_reducers_.clear();
+  ordered_params_.clear();
+  ordered_params_counted_ = 0;
+  ordered_combined_at_ = -1;
   stop_requested_ = false;
   position_ = {};
   scaler_ = own_scaler_.get();
@@ -684,6 +725,39 @@ DETTRIAL_INLINE void Context::step_lr_schedulers(std::int64_t batch_idx) {
     const std::int64_t n = s.steps_after(batch_idx, aggregation_frequency_, position_.epoch_len, s.frequency);
     for (std::int64_t i = 0; i < n; ++i) s.step(s.scheduler);
   }
+}
+
+DETTRIAL_INLINE void Context::seed_micro_batch(std::int64_t records) {
+  // Micro-batch k of rank r is the stream's batch k * ranks + r: the same records in any layout.
+  const auto stream_batch = static_cast<std::uint64_t>(position_.current_batch * distributed_.size + distributed_.rank);
+  torch::manual_seed(detail::mix64(trial_seed_ ^ detail::mix64(stream_batch + detail::golden_gamma)) >> 1);
+  ordered_records_ = records;
+}
+
+DETTRIAL_INLINE const std::vector<torch::Tensor>& Context::ordered_params() {
+  std::size_t count = 0;
+  for (auto& w : optimizers_) {
+    refresh_params(w);
+    count += w.params.size();
+  }
+  if (count != ordered_params_counted_) {  // built once (again when groups grow)
+    ordered_params_counted_ = count;
+    ordered_params_.clear();
+    for (const auto& w : optimizers_)
+      for (const auto& p : w.params)
+        if (std::none_of(ordered_params_.begin(), ordered_params_.end(), [&](const torch::Tensor& q) { return q.is_same(p); }))
+          ordered_params_.push_back(p);
+  }
+  return ordered_params_;
+}
+
+DETTRIAL_INLINE void Context::stash_ordered_gradients() { ordered_->stash(ordered_params(), ordered_records_); }
+
+DETTRIAL_INLINE void Context::combine_ordered_gradients() {
+  if (ordered_combined_at_ == position_.current_batch) return;
+  ordered_combined_at_ = position_.current_batch;
+  stash_ordered_gradients();
+  ordered_->combine(ordered_params());
 }
 
 DETTRIAL_INLINE void Context::seed_rank_stream() const {

@@ -323,7 +323,9 @@ class DataLoader {
     /// The slice of this rank's batch `k`: Determined's chain, or a share of the layout's global batch `k`.
     struct SliceAt {
       SliceAt(const DataLoader& loader, const LoaderChain& chain)
-          : slices(loader.sampler_.slices(chain)), chain(chain), layout(loader.regroups(chain) ? std::optional(loader.layout_sampler(chain)) : std::nullopt) {}
+          : slices(loader.sampler_.slices(chain)),
+            chain(chain),
+            layout(loader.regroups(chain) ? std::optional(loader.layout_sampler(chain)) : std::nullopt) {}
       BatchSlice operator()(std::int64_t k) const {
         if (layout) return layout->share_of_global_batch(k, chain.layout_replicas, chain.num_replicas, chain.rank);
         return slices[k - chain.skip];

@@ -71,8 +71,7 @@ DETTRIAL_INLINE void OrderedGradients::stash(const std::vector<torch::Tensor>& p
   }
   if (stashed_ >= micro_batches_)
     throw TrialError("reproducibility.rank_invariant: more micro-batches than the aggregation frequency before an optimizer step");
-  if (!gradients_.defined() || gradients_.size(1) != numel)
-    gradients_ = torch::zeros({micro_batches_, numel}, params.front().options());
+  if (!gradients_.defined() || gradients_.size(1) != numel) gradients_ = torch::zeros({micro_batches_, numel}, params.front().options());
   torch::Tensor row = gradients_[stashed_];
   std::int64_t offset = 0;
   for (const auto& p : params) {

@@ -119,6 +119,7 @@ class Run {
     agree_across_ranks();
     st_.settle_epoch_length(context_);
     if (st_.resume_dir) restore(*st_.resume_dir, st_.same_trial ? *st_.resumed : TrialProgress{.trial_id = st_.options.trial_id});
+    st_.check_rank_invariant_boundaries(context_);
     st_.start_position(context_);
   }
 
@@ -175,8 +176,11 @@ class Run {
       st_.reporter.update(st_.progress.batches_trained);
       const Reached reached = st_.boundaries_after(batch_idx, epoch_idx, epoch_end);
       if (reached.any()) return reached;
-      // One process stops at any batch; a job only at boundaries, where its ranks agree.
-      if (!context_.communicator() && StopSignals::received() != 0) return reached;
+      // One process stops at any batch (with rank_invariant, at an update's last); a job only at
+      // boundaries, where its ranks agree.
+      if (!context_.communicator() && StopSignals::received() != 0 &&
+          (!context_.rank_invariant() || st_.progress.batches_trained % context_.aggregation_frequency() == 0))
+        return reached;
       // The next batch is trained right away: its copy to the device starts while the device still
       // computes this one. Not across a boundary or an epoch's start, so the data is read in the same
       // order relative to checkpoints and callbacks as without it; nor into a profiled range, whose
@@ -227,7 +231,9 @@ class Run {
   template <class Loaded>
   void train_batch(Loaded&& loaded, Workload& workload, std::int64_t batch_idx, std::int64_t epoch_idx, bool sync_timings) {
     training_batch_t<TrialT> batch = std::move(loaded);
-    workload.records += record_count(batch);
+    const std::int64_t records = record_count(batch);
+    workload.records += records;
+    context_.begin_training_batch(records);
     Metrics metrics;
     if (step_graph_.captured() && step_graph_.fits(batch)) {
       // The batch (on the device already: CopyAhead) is copied into the graph's inputs; the
@@ -435,8 +441,8 @@ class Run {
       return began;
     } else {
       st_.reporter.line("warning: the training data loader is not a dettrial::DataLoader, so it cannot keep the global batches of the " +
-                        std::to_string(began) + "-rank job this run began as: from batch " +
-                        std::to_string(st_.resumed->batches_trained) + " on, it reads its own " + std::to_string(ranks) + "-rank shards");
+                        std::to_string(began) + "-rank job this run began as: from batch " + std::to_string(st_.resumed->batches_trained) +
+                        " on, it reads its own " + std::to_string(ranks) + "-rank shards");
       return ranks;
     }
   }

@@ -100,6 +100,10 @@ struct RunState {
   /// A run begun on `began` ranks continues on this job's: its global batch must divide among them
   /// (throws ConfigError, naming both counts, where it does not).
   DETTRIAL_INLINE static void check_global_batch_divides(const Context& context, std::int64_t began);
+  /// With reproducibility.rank_invariant and aggregation, every boundary must fall on an update's
+  /// last batch: the micro-batches of an update are kept apart until it, and no checkpoint holds
+  /// them (throws ConfigError naming the period that does not).
+  DETTRIAL_INLINE void check_rank_invariant_boundaries(const Context& context) const;
   /// After a restore: the position the training stream starts from; every rank takes rank 0's weights.
   DETTRIAL_INLINE void start_position(Context& context);
   /// The fit options that place boundaries must be the same on every rank (throws where not).
@@ -289,6 +293,28 @@ DETTRIAL_INLINE void RunState::check_global_batch_divides(const Context& context
     throw ConfigError("global_batch_size " + std::to_string(global) + " does not divide among " + std::to_string(ranks) +
                       " ranks: this run began on " + std::to_string(began) +
                       " and keeps its global batch when resumed; resume on a rank count that divides " + std::to_string(global));
+}
+
+DETTRIAL_INLINE void RunState::check_rank_invariant_boundaries(const Context& context) const {
+  const std::int64_t agg = context.aggregation_frequency();
+  if (!context.rank_invariant() || agg == 1) return;
+  const std::pair<const char*, const TrainUnit*> periods[] = {{"max_length", &length},
+                                                              {"the validation period", &options.validation_period},
+                                                              {"the checkpoint period", &options.checkpoint_period},
+                                                              {"the reporting period", &options.reporting_period}};
+  for (const auto& [name, period] : periods) {
+    if (period->is_never()) continue;
+    const std::int64_t per_batch = period->unit() == Unit::epochs ? epoch_len : 1;
+    std::vector<std::int64_t> ends = period->is_schedule() ? period->points() : std::vector<std::int64_t>{period->value()};
+    for (const std::int64_t end : ends)
+      if (end > 0 && end * per_batch % agg != 0)
+        throw ConfigError(std::string("reproducibility.rank_invariant keeps an update's batches apart until its last one, so ") + name +
+                          " (" + period->to_string() + (per_batch > 1 ? ", epochs of " + std::to_string(epoch_len) + " batches" : "") +
+                          ") must end on a multiple of aggregation_frequency " + std::to_string(agg) + " batches");
+  }
+  if (progress.batches_trained % agg != 0)
+    throw ConfigError("reproducibility.rank_invariant cannot resume at batch " + std::to_string(progress.batches_trained) +
+                      ", between the batches of an update (aggregation_frequency " + std::to_string(agg) + ")");
 }
 
 DETTRIAL_INLINE void RunState::settle_epoch_length(Context& context) {

@@ -334,6 +334,10 @@ DETTRIAL_INLINE void check_step_capture(const StepCapture& capture, Context& con
     throw ConfigError(what +
                       "does not capture data-parallel training (the gradient all-reduce runs between the backward pass "
                       "and the step); run one process per trial or set step_capture: none");
+  if (context.rank_invariant())
+    throw ConfigError(what +
+                      "replays one step, but reproducibility.rank_invariant seeds each batch's draws and keeps its "
+                      "gradients apart on the host's schedule; set one of them off");
   if (context.aggregation_frequency() > 1)
     throw ConfigError(what + "needs aggregation_frequency 1: with " + std::to_string(context.aggregation_frequency()) +
                       " the optimizer steps on some batches only, which one graph cannot replay");

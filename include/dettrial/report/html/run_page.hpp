@@ -105,6 +105,7 @@ DETTRIAL_INLINE std::vector<Chart> run_charts(const std::vector<Json>& records, 
   for (const Json& r : records) {
     const Json* batches = json_find(r, "batches");
     if (!batches || !batches->is_number()) continue;  // nowhere on the x axis
+    if (string_of(r, "type") == "restart") continue;  // listed under the header, not charted
     const double x = batches->get<double>();
     const bool training = is_training(r);
     const Json* type = json_find(r, "type");
@@ -235,6 +236,17 @@ DETTRIAL_INLINE std::string run_header(const std::vector<Json>& records, const s
   header += ".";
   if (trial_of_search) header += " <a href=\"../../report.html\">The search</a>.";
   header += "</p>\n";
+  // Restarts and resumes on another rank count: when, and on how many ranks.
+  std::string restarts;
+  for (const Json& r : records) {
+    if (string_of(r, "type") != "restart") continue;
+    const auto batches = integer_of(r, "batches"), before = integer_of(r, "ranks_before"), ranks = integer_of(r, "ranks");
+    const auto count = integer_of(r, "restart");
+    restarts += std::string(restarts.empty() ? "" : "; ") + "at batch " + std::to_string(batches.value_or(0)) + ", " +
+                (count ? "restart " + std::to_string(*count) : std::string("resumed")) + " on " + std::to_string(ranks.value_or(0)) +
+                " rank(s)" + (before && ranks && *before != *ranks ? " (the checkpoint's job had " + std::to_string(*before) + ")" : "");
+  }
+  if (!restarts.empty()) header += "<p class=\"meta\">Continued " + escape(restarts) + ".</p>\n";
   if (torn)
     header += "<p class=\"note\">The last line of metrics.jsonl is incomplete (the run stopped while writing it): it is left out.</p>\n";
   return header;

@@ -1,0 +1,112 @@
+// Elastic resume: the time a run takes to resume at batch 10 and at batch 1,000,000 of one long
+// epoch (2,000,000 shuffled records in batches of 1), from checkpoints the same run wrote at both
+// batches: a resumed run skips to its position in O(1) (a batch is computed from seed, epoch and
+// position), so both take the same time; a loader that replays the batches it skips would take
+// about a million batches' reads longer. Each resume trains one batch, validates one batch and
+// checkpoints; alternated, 5 rounds, medians. Prints JSON lines for bench/table.py.
+//   elastic_bench [--quick]   (--quick: batch 10 and batch 10,000)
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include <dettrial/dettrial.hpp>
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr std::int64_t records = 2'000'000;
+
+struct LongEpochTrial {
+  dettrial::Context& context;
+  explicit LongEpochTrial(dettrial::Context& c) : context(c) {}
+  torch::nn::Linear build_model() { return torch::nn::Linear(1, 1); }
+  torch::optim::SGD optimizer(torch::nn::Linear& model) { return torch::optim::SGD(model->parameters(), torch::optim::SGDOptions(1e-3)); }
+  auto build_training_data_loader() {
+    const torch::Tensor x = torch::arange(records, torch::kFloat).unsqueeze(1).div_(records);
+    return dettrial::DataLoader(dettrial::TensorDataset(x, x.mul(2)), {.batch_size = 1, .shuffle = true});
+  }
+  auto build_validation_data_loader() {
+    const torch::Tensor x = torch::rand({4, 1});
+    return dettrial::DataLoader(dettrial::TensorDataset(x, x.mul(2)), {.batch_size = 4});
+  }
+  using Batch = std::tuple<torch::Tensor, torch::Tensor>;
+  dettrial::Metrics train_batch(Batch& b, torch::nn::Linear& model, std::int64_t, std::int64_t) {
+    auto& [x, y] = b;
+    return {{"loss", torch::mse_loss(model->forward(x), y)}};
+  }
+  dettrial::Metrics evaluate_batch(Batch& b, torch::nn::Linear& model) {
+    auto& [x, y] = b;
+    return {{"validation_loss", torch::mse_loss(model->forward(x), y)}};
+  }
+};
+
+dettrial::FitOptions options(std::int64_t batches, const std::filesystem::path& output) {
+  dettrial::FitOptions o{.max_length = dettrial::Batch(batches), .reporting_period = dettrial::Batch(100'000)};
+  o.checkpoint_policy = dettrial::CheckpointPolicy::none;
+  o.output_dir = output;
+  o.report.quiet = true;
+  o.handle_signals = false;
+  return o;
+}
+
+/// Seconds a fit resumed from `checkpoint` (at batch `at`) takes to train one batch and end.
+double resume_seconds(const std::filesystem::path& checkpoint, std::int64_t at, const std::filesystem::path& output) {
+  std::filesystem::remove_all(output);
+  dettrial::Context context(dettrial::Hyperparameters{}, dettrial::ContextOptions{.trial_seed = 3, .threads = 1});
+  dettrial::Trainer<LongEpochTrial> trainer(context);
+  dettrial::FitOptions o = options(at + 1, output);
+  o.latest_checkpoint = checkpoint;
+  const auto t0 = Clock::now();
+  const dettrial::FitResult r = trainer.fit(o);
+  const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  if (r.resumed_from_batch != at || r.batches_trained != at + 1)
+    throw std::runtime_error("the resume did not train one batch from its checkpoint");
+  return seconds;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const bool quick = argc > 1 && std::string(argv[1]) == "--quick";
+  const std::int64_t near = 10, far = quick ? 10'000 : 1'000'000;
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / ("dettrial-elastic-bench-" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  // One run writes both checkpoints: at batch `near` and at batch `far` of its first epoch.
+  std::filesystem::path at_near, at_far;
+  {
+    dettrial::Context context(dettrial::Hyperparameters{}, dettrial::ContextOptions{.trial_seed = 3, .threads = 1});
+    dettrial::Trainer<LongEpochTrial> trainer(context);
+    dettrial::FitOptions o = options(far, dir / "run");
+    o.checkpoint_period = dettrial::Batch::at({near, far});
+    o.retention = {.save_trial_best = 0, .save_trial_latest = 2};
+    const auto t0 = Clock::now();
+    const dettrial::FitResult r = trainer.fit(o);
+    std::fprintf(stderr, "elastic_bench: trained %lld batches in %.1f s\n", static_cast<long long>(r.batches_trained),
+                 std::chrono::duration<double>(Clock::now() - t0).count());
+    for (const auto& c : r.checkpoints) (c.batches_trained == near ? at_near : at_far) = c.path;
+  }
+  std::vector<double> near_s, far_s;
+  for (int round = 0; round < 5; ++round) {  // alternated
+    near_s.push_back(resume_seconds(at_near, near, dir / "resumed"));
+    far_s.push_back(resume_seconds(at_far, far, dir / "resumed"));
+  }
+  std::filesystem::remove_all(dir);
+  const auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
+  const auto spread = [](const std::vector<double>& v) {
+    return *std::max_element(v.begin(), v.end()) / *std::min_element(v.begin(), v.end());
+  };
+  const auto print = [](const std::string& name, double value, const char* unit, double spread) {
+    std::printf("{\"name\": \"%s\", \"value\": %.6g, \"unit\": \"%s\", \"spread\": %.4g}\n", name.c_str(), value, unit, spread);
+  };
+  const std::string epoch = " of a 2,000,000-batch epoch";
+  print("elastic resume at batch " + std::to_string(near) + epoch + " (restore, skip, 1 batch, end)", median(near_s), "s", spread(near_s));
+  print("elastic resume at batch " + std::to_string(far) + epoch + " (restore, skip, 1 batch, end)", median(far_s), "s", spread(far_s));
+  print("elastic resume time, batch " + std::to_string(far) + " / batch " + std::to_string(near), median(far_s) / median(near_s), "x", 1.0);
+  return 0;
+}
