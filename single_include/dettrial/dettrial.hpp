@@ -946,6 +946,11 @@ class ExperimentConfig {
   /// `reproducibility.deterministic` (dettrial's): LibTorch's deterministic algorithms on, cuDNN's
   /// autotuner off, so that runs with one seed are bit-identical on a GPU too. Unset: LibTorch's defaults.
   std::optional<bool> deterministic;
+  /// `reproducibility.rank_invariant` (dettrial's): gradients summed over the micro-batches of an
+  /// update in the data stream's order, and each micro-batch's random draws seeded by its place in
+  /// the stream, so that the same per-slot batch and seed give bit-identical parameters on CPU
+  /// whatever the ranks x aggregation_frequency layout. See docs/distributed.md for its cost.
+  bool rank_invariant = false;
   /// `checkpoint_storage`: where checkpoints go (`host_path`/`storage_path` of shared_fs, or
   /// `container_path` of directory storage; unset means the run's output directory) and how many are kept.
   struct CheckpointStorage {
@@ -1219,6 +1224,7 @@ DETTRIAL_INLINE void ExperimentConfig::read_reproducibility(const YAML::Node& re
     r.read(rep, "deterministic", on);
     c.deterministic = on;
   }
+  r.read(rep, "rank_invariant", c.rank_invariant);
 }
 
 DETTRIAL_INLINE void ExperimentConfig::read_profiling(const YAML::Node& prof, const Reader& r, Profiling& p) {
@@ -1351,7 +1357,7 @@ DETTRIAL_INLINE void ExperimentConfig::check_fields(const YAML::Node& root, cons
   static const std::vector<std::string> optimizations_cluster = {"average_training_metrics", "gradient_compression",
                                                                  "tensor_fusion_threshold",  "tensor_fusion_cycle_time",
                                                                  "auto_tune_tensor_fusion",  "grad_updates_size_file"};
-  static const std::vector<std::string> reproducibility = {"experiment_seed", "deterministic"};
+  static const std::vector<std::string> reproducibility = {"experiment_seed", "deterministic", "rank_invariant"};
   static const std::vector<std::string> profiling = {"enabled", "begin_on_batch", "end_after_batch", "sync_timings"};
   static const std::vector<std::string> slurm = {"sbatch_args"};
   static const std::vector<std::string> slurm_cluster = {"slots_per_node", "gpu_type"};
@@ -1575,6 +1581,7 @@ inline void check_profiler_options(const ProfilerOptions& o) {
 #include <concepts>
 #include <cstdint>
 #include <ranges>
+#include <span>
 #include <type_traits>
 #include <utility>
 
@@ -1591,6 +1598,14 @@ struct LoaderChain {
   /// Ranks sharing the data; rank `r` takes every `num_replicas`-th batch, starting at `r`.
   std::int64_t num_replicas = 1;
   std::int64_t rank = 0;
+  /**
+   * @brief The rank count whose global batches an endless stream keeps (0: `num_replicas`). A run
+   * resumed on another rank count than it began with reads the global batches it would have read on
+   * its first count: global batch `k` is that count's `k`-th batch of every rank, in rank order, and
+   * rank `r` of `num_replicas` takes the `r`-th of `num_replicas` equal runs of its records (see
+   * docs/distributed.md, "Elastic"). `skip` then counts global batches.
+   */
+  std::int64_t layout_replicas = 0;
 };
 
 /**
@@ -1601,6 +1616,15 @@ struct LoaderChain {
 struct BatchOrigin {
   std::int64_t epoch = 0;
   std::uint64_t seed = 0;
+  /// The positions in the batch at which the next epoch begins: empty but for a batch regrouped
+  /// across an epoch's end (LoaderChain::layout_replicas), whose records come from two epochs.
+  std::span<const std::int64_t> epoch_starts{};
+  /// The epoch of the batch's record at `position`.
+  std::int64_t epoch_of(std::int64_t position) const {
+    std::int64_t e = epoch;
+    for (const std::int64_t start : epoch_starts) e += position >= start ? 1 : 0;
+    return e;
+  }
 };
 
 /// A dataset read one record at a time: `size()` records and `get(index)`.
@@ -2350,6 +2374,9 @@ struct BatchSlice {
   /// The record indices (int64, CPU) when the order is shuffled or a user's sampler or batch sampler
   /// gives it; undefined for the identity order (records `first .. first+count-1`).
   torch::Tensor indices;
+  /// A share of a regrouped global batch across an epoch's end: where in it each next epoch's records
+  /// begin (`first` is then meaningless; `indices` holds the records). Empty otherwise.
+  std::vector<std::int64_t> epoch_starts;
 };
 
 /**
@@ -2398,6 +2425,23 @@ class BatchSampler {
   BatchSlice batch(std::int64_t epoch, std::int64_t index) const;
   /// Batch `global` of the endless stream of epochs (batch `global % len` of epoch `global / len`).
   BatchSlice global_batch(std::int64_t global) const;
+
+  /// The same order cut into batches of `batch_size` (a batch sampler's batches are its own). It
+  /// shares this sampler's epochs: a run resumed on another rank count reads the stream of the rank
+  /// count it began with, whose batches are a different share of the same global batch.
+  BatchSampler with_batch_size(std::int64_t batch_size) const;
+
+  /**
+   * @brief Rank `rank` of `ranks`' share of global batch `step` of the endless stream as `layout`
+   * ranks read it: the records of this sampler's batches `step*layout .. step*layout+layout-1` (what
+   * those ranks' batches `step` hold), in that order, cut into `ranks` contiguous runs whose sizes
+   * differ by at most one (equal when `ranks` divides the batch), run `rank`. O(layout) whatever `step`.
+   */
+  BatchSlice share_of_global_batch(std::int64_t step, std::int64_t layout, std::int64_t ranks, std::int64_t rank) const;
+
+  /// The fewest records any global batch of `layout` of this sampler's batches can hold: the size of
+  /// a batch, less what the epochs' short last batches leave out. Unknown (0) for a batch sampler.
+  std::int64_t fewest_records_per_global_batch(std::int64_t layout) const;
 
   /**
    * @brief The slices a rank reads under `chain`: Determined's chain, as views. The batches of the
@@ -2586,6 +2630,77 @@ DETTRIAL_INLINE BatchSlice BatchSampler::batch(std::int64_t epoch, std::int64_t 
 
 DETTRIAL_INLINE BatchSlice BatchSampler::global_batch(std::int64_t global) const {
   return batch(global / batches_per_epoch_, global % batches_per_epoch_);
+}
+
+DETTRIAL_INLINE BatchSampler BatchSampler::with_batch_size(std::int64_t batch_size) const {
+  if (batch_size == batch_size_ || has_batch_sampler()) return *this;
+  if (batch_size < 1) throw DataError("DataLoader batch_size must be at least 1, not " + std::to_string(batch_size));
+  BatchSampler other = *this;
+  other.batch_size_ = batch_size;
+  const std::int64_t length = has_sampler() ? order_length_ : records_;
+  if (drop_last_ && batch_size > length)
+    throw DataError("DataLoader: batch_size " + std::to_string(batch_size) + " is larger than the " + std::to_string(length) +
+                    " records of an epoch, so drop_last leaves no batch");
+  other.batches_per_epoch_ = drop_last_ ? length / batch_size : (length + batch_size - 1) / batch_size;
+  return other;
+}
+
+DETTRIAL_INLINE BatchSlice BatchSampler::share_of_global_batch(std::int64_t step, std::int64_t layout, std::int64_t ranks,
+                                                               std::int64_t rank) const {
+  std::vector<BatchSlice> parts;
+  parts.reserve(static_cast<std::size_t>(layout));
+  std::int64_t total = 0;
+  for (std::int64_t j = 0; j < layout; ++j) {
+    parts.push_back(global_batch(step * layout + j));
+    total += parts.back().count;
+  }
+  const std::int64_t begin = rank * total / ranks, end = (rank + 1) * total / ranks;
+  if (begin == end)
+    throw DataError("DataLoader: global batch " + std::to_string(step) + " holds " + std::to_string(total) + " records, too few for " +
+                    std::to_string(ranks) + " ranks to share (an epoch's short last batch); resume on " + std::to_string(layout) +
+                    " rank(s), or set drop_last");
+  // The runs of the parts that fall in [begin, end), in order.
+  std::vector<BatchSlice> pieces;
+  std::int64_t offset = 0;
+  for (BatchSlice& part : parts) {
+    const std::int64_t count = part.count;
+    const std::int64_t from = std::max(begin, offset), to = std::min(end, offset + count);
+    if (from < to) {
+      BatchSlice piece = std::move(part);
+      const std::int64_t skipped = from - offset;
+      piece.first += skipped;
+      piece.count = to - from;
+      if (piece.indices.defined()) piece.indices = piece.indices.narrow(0, skipped, piece.count);
+      pieces.push_back(std::move(piece));
+    }
+    offset += count;
+  }
+  if (pieces.size() == 1) return std::move(pieces.front());
+  // Runs of several batches: their records, and where each later epoch's begin.
+  BatchSlice share;
+  share.epoch = pieces.front().epoch;
+  share.first = pieces.front().first;
+  share.count = end - begin;
+  std::vector<torch::Tensor> records;
+  records.reserve(pieces.size());
+  std::int64_t position = 0;
+  for (std::size_t i = 0; i < pieces.size(); ++i) {
+    const BatchSlice& piece = pieces[i];
+    if (i > 0 && piece.epoch != pieces[i - 1].epoch) share.epoch_starts.push_back(position);
+    records.push_back(piece.indices.defined() ? piece.indices : torch::arange(piece.first, piece.first + piece.count, torch::kLong));
+    position += piece.count;
+  }
+  share.indices = torch::cat(records);
+  return share;
+}
+
+DETTRIAL_INLINE std::int64_t BatchSampler::fewest_records_per_global_batch(std::int64_t layout) const {
+  if (has_batch_sampler()) return 0;
+  const std::int64_t length = has_sampler() ? order_length_ : records_;
+  const std::int64_t short_by = drop_last_ || length % batch_size_ == 0 ? 0 : batch_size_ - length % batch_size_;
+  // `layout` consecutive batches hold at most ceil(layout / batches_per_epoch) epochs' last batches.
+  const std::int64_t last_batches = (layout + batches_per_epoch_ - 1) / batches_per_epoch_;
+  return layout * batch_size_ - last_batches * short_by;
 }
 
 DETTRIAL_INLINE torch::Tensor BatchSampler::order(std::int64_t epoch) const {
@@ -2799,6 +2914,8 @@ auto as_batch_dataset(D dataset) {
 /// The loader's record order and batching for its options: built-in, a sampler's or a batch
 /// sampler's. Throws DataError naming an option that conflicts with a sampler or batch sampler.
 DETTRIAL_INLINE BatchSampler make_batch_sampler(std::int64_t records, const DataLoaderOptions& options, std::uint64_t seed);
+/// See DataLoader::layout_sampler.
+DETTRIAL_INLINE BatchSampler layout_sampler(const BatchSampler& sampler, const LoaderChain& chain);
 }  // namespace detail
 
 /**
@@ -2839,8 +2956,23 @@ class DataLoader {
 
   /// Batches per epoch (one process).
   std::int64_t size() const { return sampler_.batches_per_epoch(); }
-  /// Batches one rank reads per epoch under `chain` (Determined's sharded length).
-  std::int64_t batches_for(const LoaderChain& chain) const { return sampler_.batches_for(chain); }
+  /// Batches one rank reads per epoch under `chain` (Determined's sharded length; with a layout
+  /// of other ranks, that layout's chief's).
+  std::int64_t batches_for(const LoaderChain& chain) const {
+    if (regroups(chain)) return samplers::distributed_length(layout_sampler(chain).batches_per_epoch(), chain.layout_replicas, 0);
+    return sampler_.batches_for(chain);
+  }
+  /// Keeps the global batches of another rank count (LoaderChain::layout_replicas).
+  static constexpr bool keeps_global_batches = true;
+
+  /**
+   * @brief The sampler of the stream `chain.layout_replicas` ranks read, when it is not this job's:
+   * batches of `batch_size * num_replicas / layout_replicas` records (the loader's batch size is a
+   * rank's share of the global batch, `get_per_slot_batch_size()`). Throws when the global batch
+   * does not divide among the layout's ranks, or when a global batch could hold fewer records than
+   * this job has ranks.
+   */
+  BatchSampler layout_sampler(const LoaderChain& chain) const { return detail::layout_sampler(sampler_, chain); }
   std::int64_t num_records() const { return sampler_.records(); }
   const DataLoaderOptions& options() const { return options_; }
   /// The threads reading batches in the background (the option, or the dataset's default).
@@ -2870,7 +3002,8 @@ class DataLoader {
     batch_type batch = [&] {
       const auto in_order = [&] { return torch::arange(slice.first, slice.first + slice.count, torch::kLong); };
       if constexpr (requires { dataset_->get_batch(slice.indices, BatchOrigin{}); }) {
-        return dataset_->get_batch(slice.indices.defined() ? slice.indices : in_order(), BatchOrigin{slice.epoch, sampler_.seed()});
+        return dataset_->get_batch(slice.indices.defined() ? slice.indices : in_order(),
+                                   BatchOrigin{slice.epoch, sampler_.seed(), slice.epoch_starts});
       } else {
         if (slice.indices.defined()) return dataset_->get_batch(slice.indices);
         if constexpr (requires { dataset_->get_range(slice.first, slice.first + slice.count); })
@@ -2916,9 +3049,8 @@ class DataLoader {
 
     Stream(const DataLoader& loader, LoaderChain chain)
         : loader_(&loader),
-          slices_(loader.sampler_.slices(chain)),
+          slice_at_(loader, chain),
           chain_(chain),
-          skip_(chain.skip),
           position_(chain.skip),
           end_(chain.repeat ? std::numeric_limits<std::int64_t>::max() : loader.batches_for(chain)) {
       if (loader.sampler_.draws_from_global_generator()) {
@@ -2928,11 +3060,13 @@ class DataLoader {
         if (chain.skip == 0) torch::empty({}, torch::kLong).random_();
       }
       const int workers = loader.workers_;
-      loader.sampler_.keep_epochs_in_flight(workers > 0 ? std::max(workers * loader.options_.prefetch, workers) : 1, chain);
+      const std::int64_t in_flight = workers > 0 ? std::max(workers * loader.options_.prefetch, workers) : 1;
+      if (slice_at_.layout) slice_at_.layout->keep_epochs_in_flight(in_flight * chain.layout_replicas, LoaderChain{.repeat = true});
+      else loader.sampler_.keep_epochs_in_flight(in_flight, chain);
       if (workers > 0 && position_ < end_)
         prefetcher_ = std::make_unique<detail::Prefetcher<batch_type>>(
-            [loader = loader_, slices = slices_, skip = skip_](std::int64_t k) { return loader->read(slices[k - skip]); }, position_, end_,
-            workers, workers * loader.options_.prefetch);
+            [loader = loader_, slice_at = slice_at_](std::int64_t k) { return loader->read(slice_at(k)); }, position_, end_, workers,
+            workers * loader.options_.prefetch);
     }
     Stream(Stream&&) = default;
 
@@ -2947,17 +3081,33 @@ class DataLoader {
       const std::int64_t k = position_++;
       // The epoch of this rank's batch k in the stream of all ranks' batches: its seed is drawn
       // now, on the training thread, as Python's sampler draws it when that epoch's first batch is asked for.
-      if (loader_->sampler_.draws_from_global_generator())
-        loader_->sampler_.draw_seeds_through((chain_.rank + chain_.num_replicas * k) / loader_->sampler_.batches_per_epoch());
+      if (loader_->sampler_.draws_from_global_generator()) {
+        if (slice_at_.layout)  // the last of the layout's batches that make up global batch k
+          slice_at_.layout->draw_seeds_through(((k + 1) * chain_.layout_replicas - 1) / slice_at_.layout->batches_per_epoch());
+        else loader_->sampler_.draw_seeds_through((chain_.rank + chain_.num_replicas * k) / loader_->sampler_.batches_per_epoch());
+      }
       if (prefetcher_) return prefetcher_->take();
-      return loader_->read(slices_[k - skip_]);
+      return loader_->read(slice_at_(k));
     }
 
     using Slices = decltype(std::declval<const BatchSampler&>().slices(std::declval<const LoaderChain&>()));
+    /// The slice of this rank's batch `k`: Determined's chain, or a share of the layout's global batch `k`.
+    struct SliceAt {
+      SliceAt(const DataLoader& loader, const LoaderChain& chain)
+          : slices(loader.sampler_.slices(chain)),
+            chain(chain),
+            layout(loader.regroups(chain) ? std::optional(loader.layout_sampler(chain)) : std::nullopt) {}
+      BatchSlice operator()(std::int64_t k) const {
+        if (layout) return layout->share_of_global_batch(k, chain.layout_replicas, chain.num_replicas, chain.rank);
+        return slices[k - chain.skip];
+      }
+      Slices slices;  // the sampler chain this stream reads
+      LoaderChain chain;
+      std::optional<BatchSampler> layout;  // the layout's stream, when the job regroups its global batches
+    };
     const DataLoader* loader_;
-    Slices slices_;  // the sampler chain this stream reads
+    SliceAt slice_at_;
     LoaderChain chain_;
-    std::int64_t skip_;
     std::int64_t position_;
     std::int64_t end_;
     std::unique_ptr<detail::Prefetcher<batch_type>> prefetcher_;
@@ -2996,6 +3146,10 @@ class DataLoader {
   std::default_sentinel_t end() const { return {}; }
 
  private:
+  /// Whether `chain` reads the global batches of another rank count than its own.
+  static bool regroups(const LoaderChain& chain) {
+    return chain.repeat && chain.layout_replicas > 0 && chain.layout_replicas != chain.num_replicas;
+  }
   static std::uint64_t draw_seed() {
     return static_cast<std::uint64_t>(torch::randint(0, std::numeric_limits<std::int64_t>::max(), {1}, torch::kLong).item<std::int64_t>());
   }
@@ -3023,6 +3177,26 @@ class DataLoader {
 #include <string>
 
 namespace dettrial::detail {
+
+DETTRIAL_INLINE BatchSampler layout_sampler(const BatchSampler& sampler, const LoaderChain& chain) {
+  const std::int64_t ranks = chain.num_replicas, layout = chain.layout_replicas;
+  const std::string job = std::to_string(ranks) + " rank" + (ranks == 1 ? "" : "s");
+  const std::string begun = "a run begun on " + std::to_string(layout) + " rank" + (layout == 1 ? "" : "s");
+  BatchSampler stream = sampler;
+  if (!sampler.has_batch_sampler()) {
+    const std::int64_t global = sampler.batch_size() * ranks;
+    if (global % layout != 0)
+      throw DataError("DataLoader: the global batch of " + std::to_string(global) + " records (batch_size " +
+                      std::to_string(sampler.batch_size()) + " on each of " + job + ") does not divide among the " +
+                      std::to_string(layout) + " ranks of " + begun + ", whose global batches a resumed run keeps");
+    stream = sampler.with_batch_size(global / layout);
+  }
+  if (const std::int64_t fewest = stream.fewest_records_per_global_batch(layout); fewest > 0 && fewest < ranks)
+    throw DataError("DataLoader: " + begun + " has global batches of only " + std::to_string(fewest) + " record" +
+                    (fewest == 1 ? "" : "s") + " at its epochs' ends (a short last batch), too few for " + job +
+                    " to share; resume on at most " + std::to_string(fewest) + " rank" + (fewest == 1 ? "" : "s") + ", or set drop_last");
+  return stream;
+}
 
 DETTRIAL_INLINE BatchSampler make_batch_sampler(std::int64_t records, const DataLoaderOptions& options, std::uint64_t seed) {
   if (options.determined_order) {
@@ -6317,6 +6491,12 @@ struct LaunchEnvironment {
   bool agent_store = false;
   /// The key prefix every store access takes (torchrun's per-restart prefix), or empty.
   std::string store_prefix;
+  /// How many times a launcher restarted this job (0: its first start): torchrun's
+  /// TORCHELASTIC_RESTART_COUNT, Slurm's SLURM_RESTART_COUNT (a requeued job), the built-in
+  /// launcher's DETTRIAL_RESTART. A restarted job continues from its run folder's latest checkpoint.
+  int restart = 0;
+  /// The restarts the launcher allows (torchrun's TORCHELASTIC_MAX_RESTARTS), when it says.
+  std::optional<int> max_restarts;
 
   bool distributed() const { return size > 1; }
 
@@ -6369,6 +6549,8 @@ DETTRIAL_INLINE LaunchEnvironment LaunchEnvironment::detect(const Getenv& getenv
   auto has = [&](const char* name) { return getenv(name) != nullptr && *getenv(name) != '\0'; };
   auto integer = [&](const char* name, int fallback) { return env_integer(getenv, name, 0).value_or(fallback); };
   LaunchEnvironment e;
+  e.restart = std::max({integer("TORCHELASTIC_RESTART_COUNT", 0), integer("SLURM_RESTART_COUNT", 0), integer("DETTRIAL_RESTART", 0)});
+  e.max_restarts = env_integer(getenv, "TORCHELASTIC_MAX_RESTARTS", 0);
   if (has("RANK") && has("GROUP_RANK") && has("LOCAL_RANK") && has("LOCAL_WORLD_SIZE")) {
     e.launcher = Launcher::torchrun;
     e.rank = integer("RANK", 0);
@@ -7762,6 +7944,126 @@ DETTRIAL_INLINE bool keep_freed_memory() {
 }  // namespace dettrial::detail
 #endif  // DETTRIAL_HEADER_DEFINITIONS
 // ---- end dettrial/detail/malloc.hpp
+// ---- begin dettrial/distributed/ordered_gradients.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief Gradients summed in one order whatever the rank count (`reproducibility.rank_invariant`):
+/// the same micro-batches give bit-identical parameters on 1 rank aggregating 4 batches, 2 ranks
+/// aggregating 2 and 4 ranks aggregating none.
+
+#include <cstdint>
+#include <vector>
+
+#include <torch/torch.h>
+
+
+namespace dettrial::detail {
+
+/**
+ * @brief The gradients of an update's micro-batches, kept apart and summed in the data stream's order.
+ *
+ * An all-reduce sums each rank's accumulated gradients in an order that depends on the rank count
+ * (and a rank's accumulation in the order of its own micro-batches), so 1 rank aggregating 4
+ * batches and 4 ranks aggregating none end with parameters a few ulps apart, which grow over a run.
+ * Here each micro-batch's gradient is copied out of `.grad` after its backward pass (`stash`); at the
+ * update every rank's are gathered to every rank and summed micro-batch by micro-batch in the order
+ * of the data stream (`combine`), each weighted by its records over the update's records: the same
+ * floating-point operations on the same values in any layout. Cost: memory for the micro-batches a
+ * rank aggregates and, in a job, an all-gather of every micro-batch's gradient instead of an
+ * all-reduce of one sum (see docs/distributed.md).
+ */
+class OrderedGradients {
+ public:
+  /// `micro_batches` per rank and update (the aggregation frequency); `communicator` null in one process.
+  OrderedGradients(Communicator* communicator, std::int64_t micro_batches);
+
+  /// Keeps the gradients of `params` (one micro-batch of `records` records) and zeroes them.
+  void stash(const std::vector<torch::Tensor>& params, std::int64_t records);
+
+  /// Writes into the gradients of `params` the update's sum: every rank's micro-batches, in stream
+  /// order (micro-batch `j` of rank `r` is the stream's `j * ranks + r`), each weighted by its share
+  /// of the records. Every micro-batch of the update must be stashed.
+  void combine(const std::vector<torch::Tensor>& params);
+
+ private:
+  Communicator* communicator_;
+  std::int64_t micro_batches_;
+  std::int64_t stashed_ = 0;
+  torch::Tensor gradients_;  // [micro_batches, numel], the parameters' dtype and device
+  torch::Tensor records_;    // [micro_batches] int64, CPU
+};
+
+}  // namespace dettrial::detail
+
+// Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
+#if DETTRIAL_HEADER_DEFINITIONS
+#include <string>
+
+namespace dettrial::detail {
+
+DETTRIAL_INLINE OrderedGradients::OrderedGradients(Communicator* communicator, std::int64_t micro_batches)
+    : communicator_(communicator), micro_batches_(micro_batches), records_(torch::zeros({micro_batches}, torch::kLong)) {}
+
+DETTRIAL_INLINE void OrderedGradients::stash(const std::vector<torch::Tensor>& params, std::int64_t records) {
+  std::int64_t numel = 0;
+  for (const auto& p : params) {
+    if (p.scalar_type() != params.front().scalar_type() || p.device() != params.front().device())
+      throw TrialError("reproducibility.rank_invariant needs every trained parameter in one dtype on one device, not " +
+                       std::string(c10::toString(params.front().scalar_type())) + " and " + std::string(c10::toString(p.scalar_type())));
+    numel += p.numel();
+  }
+  if (stashed_ >= micro_batches_)
+    throw TrialError("reproducibility.rank_invariant: more micro-batches than the aggregation frequency before an optimizer step");
+  if (!gradients_.defined() || gradients_.size(1) != numel) gradients_ = torch::zeros({micro_batches_, numel}, params.front().options());
+  torch::Tensor row = gradients_[stashed_];
+  std::int64_t offset = 0;
+  for (const auto& p : params) {
+    torch::Tensor part = row.narrow(0, offset, p.numel());
+    if (p.grad().defined()) {
+      part.copy_(p.grad().reshape(-1));
+      p.grad().zero_();
+    } else {
+      part.zero_();
+    }
+    offset += p.numel();
+  }
+  records_[stashed_] = records;
+  ++stashed_;
+}
+
+DETTRIAL_INLINE void OrderedGradients::combine(const std::vector<torch::Tensor>& params) {
+  if (stashed_ != micro_batches_)
+    throw TrialError("reproducibility.rank_invariant: an optimizer step after " + std::to_string(stashed_) + " micro-batch(es), not " +
+                     std::to_string(micro_batches_));
+  stashed_ = 0;
+  std::vector<torch::Tensor> gradients{gradients_}, records{records_};
+  if (communicator_) {
+    gradients = communicator_->allgather(gradients_);
+    records = communicator_->allgather(records_.to(communicator_->device()));
+    for (auto& r : records) r = r.cpu();
+  }
+  const auto ranks = static_cast<std::int64_t>(gradients.size());
+  std::int64_t total = 0;
+  for (const auto& r : records) total += r.sum().item<std::int64_t>();
+  if (total == 0) throw TrialError("reproducibility.rank_invariant: an update of micro-batches without records");
+  torch::Tensor sum = torch::zeros({gradients_.size(1)}, gradients_.options());
+  for (std::int64_t j = 0; j < micro_batches_; ++j)
+    for (std::int64_t r = 0; r < ranks; ++r) {
+      const std::int64_t n = records[static_cast<std::size_t>(r)][j].item<std::int64_t>();
+      if (n > 0) sum.add_(gradients[static_cast<std::size_t>(r)][j], static_cast<double>(n) / static_cast<double>(total));
+    }
+  std::int64_t offset = 0;
+  for (const auto& p : params) {
+    const torch::Tensor part = sum.narrow(0, offset, p.numel()).view(p.sizes());
+    if (p.grad().defined()) p.grad().copy_(part);
+    else p.mutable_grad() = part.clone();
+    offset += p.numel();
+  }
+}
+
+}  // namespace dettrial::detail
+#endif  // DETTRIAL_HEADER_DEFINITIONS
+// ---- end dettrial/distributed/ordered_gradients.hpp
 // ---- begin dettrial/optim/mixed_precision.hpp
 // SPDX-License-Identifier: Apache-2.0
 /// @file
@@ -8149,6 +8451,8 @@ struct ContextOptions {
   std::shared_ptr<Communicator> communicator;
   /// Deterministic algorithms (see ExperimentConfig::deterministic); unset: the config's.
   std::optional<bool> deterministic{};
+  /// Results that do not depend on the rank count (see ExperimentConfig::rank_invariant); unset: the config's.
+  std::optional<bool> rank_invariant{};
   /// Threads for this process's intra-op and BLAS pools (`--threads`). Unset: OMP_NUM_THREADS when
   /// set, else in a data-parallel job this rank's share of the node's cores, else the CPUs this
   /// process may run on (see dettrial::choose_threads and dettrial::apply_threads).
@@ -8478,11 +8782,13 @@ class Context {
     if (!is_update_batch()) return;
     WrappedOptimizer& w = find_optimizer(optimizer);
     refresh_params(w);  // param groups may have grown since wrapping (unfrozen layers)
-    if (communicator_) {
+    if (ordered_) {
+      combine_ordered_gradients();  // weighted by records: already an average
+    } else if (communicator_) {
       if (!w.buckets) w.buckets = std::make_unique<detail::GradientBuckets>(*communicator_, w.params);
       w.buckets->all_reduce();
     }
-    if (w.average && aggregation_frequency_ > 1) {
+    if (w.average && aggregation_frequency_ > 1 && !ordered_) {
       const double scale = 1.0 / static_cast<double>(aggregation_frequency_);
       for (auto& p : w.params)
         if (p.grad().defined()) p.grad().mul_(scale);
@@ -8523,10 +8829,22 @@ class Context {
   /// scale is updated, once however many optimizers stepped, and the schedulers step per their mode.
   /// The one place that decides what an update batch finishes.
   void finish_batch(std::int64_t batch_idx) {
-    if (!is_update_batch()) return;  // inline: most batches end here
+    if (!is_update_batch()) {  // inline: most batches end here
+      if (ordered_) stash_ordered_gradients();
+      return;
+    }
     if (scaler_) scaler_->update();
     step_lr_schedulers(batch_idx);
   }
+
+  /// Begins training batch `position().current_batch` of `records` records. With rank_invariant,
+  /// seeds the random draws of this micro-batch from its place in the data stream (the same
+  /// records get the same dropout masks whatever the rank count); otherwise nothing.
+  void begin_training_batch(std::int64_t records) {
+    if (ordered_) seed_micro_batch(records);
+  }
+  /// Whether gradients are summed in the data stream's order (reproducibility.rank_invariant).
+  bool rank_invariant() const { return ordered_ != nullptr; }
 
   /// In a job, after the trial and its data loaders were built from the same seed on every rank:
   /// ranks other than the chief continue on a stream of their own, derived from the trial seed and
@@ -8570,6 +8888,15 @@ class Context {
   /// Rebuilds the cached parameter list when the optimizer's groups changed size (no allocation otherwise).
   void refresh_params(WrappedOptimizer& w);
 
+  // rank_invariant: see detail::OrderedGradients.
+  void seed_micro_batch(std::int64_t records);
+  /// Every wrapped optimizer's parameters, each once, in wrap order.
+  const std::vector<torch::Tensor>& ordered_params();
+  void stash_ordered_gradients();
+  /// Once per update batch, however many optimizers step: this batch's gradients stashed, and
+  /// every optimizer's gradients replaced by the ordered sum of the update's micro-batches.
+  void combine_ordered_gradients();
+
   WrappedOptimizer& find_optimizer(const torch::optim::Optimizer& optimizer);
 
   Hyperparameters hparams_;
@@ -8598,7 +8925,12 @@ class Context {
   std::optional<ProfilerOptions> profiler_;
   bool stop_requested_ = false;
   Precision precision_ = Precision::fp32;
-  std::unique_ptr<GradScaler> own_scaler_;  // fp16 without a scaler of the trial's
+  std::unique_ptr<GradScaler> own_scaler_;             // fp16 without a scaler of the trial's
+  std::unique_ptr<detail::OrderedGradients> ordered_;  // reproducibility.rank_invariant
+  std::vector<torch::Tensor> ordered_params_;
+  std::size_t ordered_params_counted_ = 0;  // the optimizers' parameters ordered_params_ was built from
+  std::int64_t ordered_records_ = 0;
+  std::int64_t ordered_combined_at_ = -1;  // the update batch whose gradients were combined
   GradScaler* scaler_ = nullptr;
 };
 
@@ -8665,6 +8997,13 @@ DETTRIAL_INLINE Context::Context(Hyperparameters hparams, ExperimentConfig confi
       choose_threads(communicator_ ? communicator_->environment() : LaunchEnvironment{}, options.threads, CoreCount::of_this_process());
   thread_pools_ = apply_threads(threads_);
   if (const auto on = options.deterministic ? options.deterministic : config_.deterministic) set_deterministic(*on);
+  if (options.rank_invariant.value_or(config_.rank_invariant)) {
+    if (!average_aggregated_gradients_)
+      throw ConfigError(
+          "reproducibility.rank_invariant needs optimizations.average_aggregated_gradients: a sum over the aggregated batches "
+          "grows with the aggregation frequency, so it would differ between rank counts");
+    ordered_ = std::make_unique<detail::OrderedGradients>(communicator_.get(), aggregation_frequency_);
+  }
   precision_ = options.mixed_precision.value_or(config_.mixed_precision);
 #if TORCH_VERSION_MAJOR < 2
   if (precision_ == Precision::fp16 && device_.is_cpu())
@@ -8728,6 +9067,9 @@ DETTRIAL_INLINE void Context::release_registrations() {
   schedulers_.clear();
   reducers_.clear();
   owned_reducers_.clear();
+  ordered_params_.clear();
+  ordered_params_counted_ = 0;
+  ordered_combined_at_ = -1;
   stop_requested_ = false;
   position_ = {};
   scaler_ = own_scaler_.get();
@@ -8752,6 +9094,39 @@ DETTRIAL_INLINE void Context::step_lr_schedulers(std::int64_t batch_idx) {
     const std::int64_t n = s.steps_after(batch_idx, aggregation_frequency_, position_.epoch_len, s.frequency);
     for (std::int64_t i = 0; i < n; ++i) s.step(s.scheduler);
   }
+}
+
+DETTRIAL_INLINE void Context::seed_micro_batch(std::int64_t records) {
+  // Micro-batch k of rank r is the stream's batch k * ranks + r: the same records in any layout.
+  const auto stream_batch = static_cast<std::uint64_t>(position_.current_batch * distributed_.size + distributed_.rank);
+  torch::manual_seed(detail::mix64(trial_seed_ ^ detail::mix64(stream_batch + detail::golden_gamma)) >> 1);
+  ordered_records_ = records;
+}
+
+DETTRIAL_INLINE const std::vector<torch::Tensor>& Context::ordered_params() {
+  std::size_t count = 0;
+  for (auto& w : optimizers_) {
+    refresh_params(w);
+    count += w.params.size();
+  }
+  if (count != ordered_params_counted_) {  // built once (again when groups grow)
+    ordered_params_counted_ = count;
+    ordered_params_.clear();
+    for (const auto& w : optimizers_)
+      for (const auto& p : w.params)
+        if (std::none_of(ordered_params_.begin(), ordered_params_.end(), [&](const torch::Tensor& q) { return q.is_same(p); }))
+          ordered_params_.push_back(p);
+  }
+  return ordered_params_;
+}
+
+DETTRIAL_INLINE void Context::stash_ordered_gradients() { ordered_->stash(ordered_params(), ordered_records_); }
+
+DETTRIAL_INLINE void Context::combine_ordered_gradients() {
+  if (ordered_combined_at_ == position_.current_batch) return;
+  ordered_combined_at_ = position_.current_batch;
+  stash_ordered_gradients();
+  ordered_->combine(ordered_params());
 }
 
 DETTRIAL_INLINE void Context::seed_rank_stream() const {
@@ -10991,6 +11366,11 @@ struct TrialProgress {
   /// The shuffle seeds of the data loaders (those that have one), so a resumed trial reads the same order.
   std::optional<std::uint64_t> training_data_seed{};
   std::optional<std::uint64_t> validation_data_seed{};
+  /// The ranks of the job that wrote the checkpoint, and the rank count whose global batches the
+  /// training data follows (the count the run began on: a run resumed on another count keeps them).
+  /// 0: not recorded (a checkpoint written before dettrial recorded them, or by Determined).
+  std::int64_t ranks = 0;
+  std::int64_t data_ranks = 0;
 
   std::string to_json() const;
   static TrialProgress from_json(const std::filesystem::path& file);
@@ -11023,6 +11403,9 @@ struct ContextCheckpoint {
   static void load_rng(Context& c, const StateDict& top, const std::filesystem::path& file);
 
   static void set_generator_state(at::Generator generator, const torch::Tensor& state);  // a handle: copies share the generator
+  /// The seed of rank `rank`'s generator when the checkpoint has no state of its own for it: a hash
+  /// of the chief's saved state (its bytes) mixed with the rank.
+  static std::uint64_t new_rank_seed(const torch::Tensor& chiefs_state, std::int64_t rank);
 
   static void load_native(Context& c, const std::string& bytes, const std::filesystem::path& file);
 
@@ -11082,7 +11465,9 @@ DETTRIAL_INLINE std::string TrialProgress::to_json() const {
                           {"last_ckpt", last_checkpoint},
                           {"best_validation", optional(best_validation)},
                           {"training_data_seed", seed_text(training_data_seed)},
-                          {"validation_data_seed", seed_text(validation_data_seed)}};
+                          {"validation_data_seed", seed_text(validation_data_seed)},
+                          {"ranks", ranks},
+                          {"data_ranks", data_ranks}};
   return detail::json_text(j);
 }
 
@@ -11112,6 +11497,11 @@ DETTRIAL_INLINE TrialProgress TrialProgress::from_json(const std::filesystem::pa
       p.best_validation = detail::json_as<double>(*v, "best_validation");
     p.training_data_seed = seed("training_data_seed");
     p.validation_data_seed = seed("validation_data_seed");
+    for (const auto& [key, field] : {std::pair{"ranks", &p.ranks}, std::pair{"data_ranks", &p.data_ranks}})
+      if (const detail::Json* v = detail::json_find(n, key); v && !v->is_null()) {
+        *field = detail::json_as<std::int64_t>(*v, key);
+        if (*field < 1) throw detail::JsonFieldError(std::string("'") + key + "' is " + v->dump() + ", not a rank count");
+      }
   } catch (const detail::JsonFieldError& e) {
     throw CheckpointError("'" + file.string() + "' lacks a field or has one of the wrong type: " + e.what());
   }
@@ -11332,23 +11722,36 @@ DETTRIAL_INLINE void ContextCheckpoint::load_models(Context& c, const StateDict&
   }
 }
 
+DETTRIAL_INLINE std::uint64_t ContextCheckpoint::new_rank_seed(const torch::Tensor& chiefs_state, std::int64_t rank) {
+  const torch::Tensor bytes = chiefs_state.contiguous().to(torch::kCPU);
+  const auto* data = static_cast<const unsigned char*>(bytes.data_ptr());
+  std::uint64_t hash = 1469598103934665603ULL;  // FNV-1a over the state's bytes
+  for (std::int64_t i = 0; i < bytes.numel() * static_cast<std::int64_t>(bytes.element_size()); ++i)
+    hash = (hash ^ data[i]) * 1099511628211ULL;
+  return mix64(hash ^ (static_cast<std::uint64_t>(rank) * golden_gamma)) >> 1;
+}
+
 DETTRIAL_INLINE void ContextCheckpoint::load_rng(Context& c, const StateDict& top, const std::filesystem::path& file) {
   const std::string what = "checkpoint file '" + file.string() + "'";
   const c10::IValue& rng = require_entry(top, "rng_state", what);
   if (!rng.isGenericDict()) throw CheckpointError(what + ": 'rng_state' is not a dict");
   const StateDict states = rng.toGenericDict();
-  // This rank's own state from a job's per-rank list when there is one, else the chief's.
-  const auto this_ranks = [&](const char* per_rank_key, torch::Tensor chiefs) {
-    if (const auto per_rank = states.find(per_rank_key); per_rank != states.end() && per_rank->value().isList()) {
-      const auto list = per_rank->value().toList();
-      if (static_cast<std::size_t>(c.distributed().rank) < list.size()) return list.get(c.distributed().rank).toTensor();
-    }
-    return chiefs;
+  // This rank's own state from a job's per-rank list; the chief's on rank 0. A rank the checkpoint's
+  // job did not have (a run resumed on more ranks) starts a stream of its own, seeded from the
+  // chief's saved state and its rank: different on every rank and at every checkpoint, and the same
+  // however often the checkpoint is resumed.
+  const auto rank = static_cast<std::size_t>(c.distributed().rank);
+  const auto restore = [&](at::Generator generator, const char* per_rank_key, const torch::Tensor& chiefs) {
+    const auto per_rank = states.find(per_rank_key);
+    const bool listed = per_rank != states.end() && per_rank->value().isList() && rank < per_rank->value().toList().size();
+    if (listed) return set_generator_state(generator, per_rank->value().toList().get(rank).toTensor());
+    if (rank == 0) return set_generator_state(generator, chiefs);
+    std::lock_guard lock(generator.mutex());
+    generator.set_current_seed(new_rank_seed(chiefs, c.distributed().rank));
   };
-  set_generator_state(at::detail::getDefaultCPUGenerator(),
-                      this_ranks("cpu_rng_states", require_entry(states, "cpu_rng_state", what + "'s rng_state").toTensor()));
+  restore(at::detail::getDefaultCPUGenerator(), "cpu_rng_states", require_entry(states, "cpu_rng_state", what + "'s rng_state").toTensor());
   if (const auto gpu = states.find("gpu_rng_state"); gpu != states.end() && c.device().is_cuda())
-    set_generator_state(at::globalContext().defaultGenerator(c.device()), this_ranks("gpu_rng_states", gpu->value().toTensor()));
+    restore(at::globalContext().defaultGenerator(c.device()), "gpu_rng_states", gpu->value().toTensor());
   // NumPy's and Python's states are kept to be written back (dettrial draws from neither), as
   // primitives: an ndarray Determined wrote becomes a list, which NumPy's set_state takes.
   const auto np = states.find("np_rng_state");
@@ -13014,6 +13417,7 @@ DETTRIAL_INLINE std::vector<Chart> run_charts(const std::vector<Json>& records, 
   for (const Json& r : records) {
     const Json* batches = json_find(r, "batches");
     if (!batches || !batches->is_number()) continue;  // nowhere on the x axis
+    if (string_of(r, "type") == "restart") continue;  // listed under the header, not charted
     const double x = batches->get<double>();
     const bool training = is_training(r);
     const Json* type = json_find(r, "type");
@@ -13144,6 +13548,17 @@ DETTRIAL_INLINE std::string run_header(const std::vector<Json>& records, const s
   header += ".";
   if (trial_of_search) header += " <a href=\"../../report.html\">The search</a>.";
   header += "</p>\n";
+  // Restarts and resumes on another rank count: when, and on how many ranks.
+  std::string restarts;
+  for (const Json& r : records) {
+    if (string_of(r, "type") != "restart") continue;
+    const auto batches = integer_of(r, "batches"), before = integer_of(r, "ranks_before"), ranks = integer_of(r, "ranks");
+    const auto count = integer_of(r, "restart");
+    restarts += std::string(restarts.empty() ? "" : "; ") + "at batch " + std::to_string(batches.value_or(0)) + ", " +
+                (count ? "restart " + std::to_string(*count) : std::string("resumed")) + " on " + std::to_string(ranks.value_or(0)) +
+                " rank(s)" + (before && ranks && *before != *ranks ? " (the checkpoint's job had " + std::to_string(*before) + ")" : "");
+  }
+  if (!restarts.empty()) header += "<p class=\"meta\">Continued " + escape(restarts) + ".</p>\n";
   if (torn)
     header += "<p class=\"note\">The last line of metrics.jsonl is incomplete (the run stopped while writing it): it is left out.</p>\n";
   return header;
@@ -14294,6 +14709,10 @@ class Reporter {
   /// A checkpoint written at `batches`.
   void checkpoint(std::int64_t batches, std::int64_t epochs, const std::filesystem::path& path, double seconds);
 
+  /// A run continued at `batches` on `ranks` ranks from a checkpoint written by `ranks_before`:
+  /// restart `restart` of a launcher that restarted the job (0: resumed by hand).
+  void restart(std::int64_t batches, std::int64_t epochs, std::int64_t ranks_before, std::int64_t ranks, std::int64_t restart);
+
  private:
   /// Every metric but the counters (`batches`, `epochs`: TensorBoard's step already says them).
   void add_scalars(std::string_view prefix, const MetricValues& metrics, std::int64_t step);
@@ -14416,6 +14835,17 @@ DETTRIAL_INLINE void Reporter::checkpoint(std::int64_t batches, std::int64_t epo
     tensorboard_->add_scalar("timing/checkpoint_seconds", seconds, batches);
     tensorboard_->flush();
   }
+}
+
+DETTRIAL_INLINE void Reporter::restart(std::int64_t batches, std::int64_t epochs, std::int64_t ranks_before, std::int64_t ranks,
+                                       std::int64_t restart) {
+  const auto count = [](std::int64_t n) { return std::to_string(n) + " rank" + (n == 1 ? "" : "s"); };
+  progress_.line("[restart] batches " + std::to_string(batches) + ": " +
+                 (restart > 0 ? "restart " + std::to_string(restart) + ", " : std::string("resumed, ")) + "on " + count(ranks) +
+                 (ranks_before == ranks ? "" : " (the checkpoint's job had " + count(ranks_before) + ")"));
+  Json extra = {{"ranks_before", ranks_before}, {"ranks", ranks}};
+  if (restart > 0) extra["restart"] = restart;
+  log_.write("restart", batches, epochs, MetricValues{}, extra);
 }
 
 DETTRIAL_INLINE void Reporter::add_scalars(std::string_view prefix, const MetricValues& metrics, std::int64_t step) {
@@ -14628,6 +15058,9 @@ struct FitOptions {
   /// Determined checkpoint's LambdaLR, another optimizer type), start that part fresh with a warning
   /// instead of stopping with an error that names it.
   bool resume_fresh_parts = false;
+  /// How many times a launcher (or max_restarts) restarted this job; a resumed run with one, or on
+  /// another rank count than its checkpoint's, logs a `restart` record saying so.
+  std::int64_t restart = 0;
   /// Where metrics.jsonl (and checkpoints) go; empty means `runs/<date>-<time>` under the working directory.
   std::filesystem::path output_dir{};
   /// Where checkpoints go; empty means `<output_dir>/checkpoints`.
@@ -16490,6 +16923,8 @@ struct RunState {
   FitOptions options;
   TrainUnit length = Batch(1);
   std::int64_t epoch_len = 0;
+  /// The rank count whose global batches the training data follows (TrialProgress::data_ranks).
+  std::int64_t data_ranks = 1;
   /// The training loader's own batches per epoch on this rank (epoch_len, unless records_per_epoch sets it).
   std::int64_t data_epoch_len = 0;
   /// Where the trial stands: batches and epochs trained, the last validation and checkpoint, the
@@ -16520,6 +16955,13 @@ struct RunState {
   /// The epoch length from the chief's sharded length (agreed already) and records_per_epoch,
   /// and the run's position in the context.
   DETTRIAL_INLINE void settle_epoch_length(Context& context);
+  /// A run begun on `began` ranks continues on this job's: its global batch must divide among them
+  /// (throws ConfigError, naming both counts, where it does not).
+  DETTRIAL_INLINE static void check_global_batch_divides(const Context& context, std::int64_t began);
+  /// With reproducibility.rank_invariant and aggregation, every boundary must fall on an update's
+  /// last batch: the micro-batches of an update are kept apart until it, and no checkpoint holds
+  /// them (throws ConfigError naming the period that does not).
+  DETTRIAL_INLINE void check_rank_invariant_boundaries(const Context& context) const;
   /// After a restore: the position the training stream starts from; every rank takes rank 0's weights.
   DETTRIAL_INLINE void start_position(Context& context);
   /// The fit options that place boundaries must be the same on every rank (throws where not).
@@ -16693,6 +17135,38 @@ DETTRIAL_INLINE RunState RunState::begin(Context& context, FitOptions options) {
   return st;
 }
 
+DETTRIAL_INLINE void RunState::check_global_batch_divides(const Context& context, std::int64_t began) {
+  if (!context.has_global_batch_size()) return;  // the loader's batch size is then the rank's own choice
+  const auto global = context.get_hparams().get<std::int64_t>("global_batch_size");
+  const std::int64_t ranks = context.distributed().size;
+  if (global % ranks != 0)
+    throw ConfigError("global_batch_size " + std::to_string(global) + " does not divide among " + std::to_string(ranks) +
+                      " ranks: this run began on " + std::to_string(began) +
+                      " and keeps its global batch when resumed; resume on a rank count that divides " + std::to_string(global));
+}
+
+DETTRIAL_INLINE void RunState::check_rank_invariant_boundaries(const Context& context) const {
+  const std::int64_t agg = context.aggregation_frequency();
+  if (!context.rank_invariant() || agg == 1) return;
+  const std::pair<const char*, const TrainUnit*> periods[] = {{"max_length", &length},
+                                                              {"the validation period", &options.validation_period},
+                                                              {"the checkpoint period", &options.checkpoint_period},
+                                                              {"the reporting period", &options.reporting_period}};
+  for (const auto& [name, period] : periods) {
+    if (period->is_never()) continue;
+    const std::int64_t per_batch = period->unit() == Unit::epochs ? epoch_len : 1;
+    std::vector<std::int64_t> ends = period->is_schedule() ? period->points() : std::vector<std::int64_t>{period->value()};
+    for (const std::int64_t end : ends)
+      if (end > 0 && end * per_batch % agg != 0)
+        throw ConfigError(std::string("reproducibility.rank_invariant keeps an update's batches apart until its last one, so ") + name +
+                          " (" + period->to_string() + (per_batch > 1 ? ", epochs of " + std::to_string(epoch_len) + " batches" : "") +
+                          ") must end on a multiple of aggregation_frequency " + std::to_string(agg) + " batches");
+  }
+  if (progress.batches_trained % agg != 0)
+    throw ConfigError("reproducibility.rank_invariant cannot resume at batch " + std::to_string(progress.batches_trained) +
+                      ", between the batches of an update (aggregation_frequency " + std::to_string(agg) + ")");
+}
+
 DETTRIAL_INLINE void RunState::settle_epoch_length(Context& context) {
   if (epoch_len < 1) throw DataError("the training data loader yields no batches (its size() is 0)");
   data_epoch_len = epoch_len;
@@ -16742,6 +17216,12 @@ DETTRIAL_INLINE void RunState::announce(Context& context) {
     reporter.line("dettrial: resumed from " + resume_dir->string() +
                   (same_trial ? " at batch " + std::to_string(progress.batches_trained)
                               : std::string(" (another trial's checkpoint: weights and optimizer state only)")));
+  const std::int64_t ranks = context.distributed().size;
+  if (same_trial && (o.restart > 0 || (resumed->ranks > 0 && resumed->ranks != ranks)))
+    reporter.restart(progress.batches_trained, progress.epochs_trained, resumed->ranks > 0 ? resumed->ranks : ranks, ranks, o.restart);
+  if (data_ranks != ranks)
+    reporter.line("dettrial: the training data keeps the global batches of the " + std::to_string(data_ranks) +
+                  "-rank job this run began as: each of the " + std::to_string(ranks) + " ranks trains its share of each");
   if (const auto* graph = std::get_if<capture::cuda_graph>(&o.step_capture))
     reporter.line("dettrial: the training step is captured in a CUDA graph after " + std::to_string(graph->warmup_batches) +
                   " eager batch(es), and replayed; batches of other shapes run eagerly");
@@ -16874,6 +17354,8 @@ DETTRIAL_INLINE TrialCheckpointRecord RunState::checkpoint_record(const Context&
   saved.trial_id = options.trial_id;
   saved.training_data_seed = training_data_seed;
   saved.validation_data_seed = validation_data_seed;
+  saved.ranks = context.distributed().size;
+  saved.data_ranks = data_ranks;
   const bool validated_here = progress.last_validation == progress.batches_trained && !options.searcher_metric.empty();
   return {.progress = std::move(saved),
           .mid_aggregation = progress.batches_trained % context.aggregation_frequency() != 0,
@@ -17335,6 +17817,10 @@ DETTRIAL_INLINE void check_step_capture(const StepCapture& capture, Context& con
     throw ConfigError(what +
                       "does not capture data-parallel training (the gradient all-reduce runs between the backward pass "
                       "and the step); run one process per trial or set step_capture: none");
+  if (context.rank_invariant())
+    throw ConfigError(what +
+                      "replays one step, but reproducibility.rank_invariant seeds each batch's draws and keeps its "
+                      "gradients apart on the host's schedule; set one of them off");
   if (context.aggregation_frequency() > 1)
     throw ConfigError(what + "needs aggregation_frequency 1: with " + std::to_string(context.aggregation_frequency()) +
                       " the optimizer steps on some batches only, which one graph cannot replay");
@@ -17552,10 +18038,12 @@ class Run {
   void prepare_training() {
     train_loader_.emplace(trial_.build_training_data_loader());
     validation_loader_.emplace(trial_.build_validation_data_loader());
+    st_.data_ranks = data_layout();
     st_.epoch_len = epoch_length(*train_loader_, training_chain());
     agree_across_ranks();
     st_.settle_epoch_length(context_);
     if (st_.resume_dir) restore(*st_.resume_dir, st_.same_trial ? *st_.resumed : TrialProgress{.trial_id = st_.options.trial_id});
+    st_.check_rank_invariant_boundaries(context_);
     st_.start_position(context_);
   }
 
@@ -17612,8 +18100,11 @@ class Run {
       st_.reporter.update(st_.progress.batches_trained);
       const Reached reached = st_.boundaries_after(batch_idx, epoch_idx, epoch_end);
       if (reached.any()) return reached;
-      // One process stops at any batch; a job only at boundaries, where its ranks agree.
-      if (!context_.communicator() && StopSignals::received() != 0) return reached;
+      // One process stops at any batch (with rank_invariant, at an update's last); a job only at
+      // boundaries, where its ranks agree.
+      if (!context_.communicator() && StopSignals::received() != 0 &&
+          (!context_.rank_invariant() || st_.progress.batches_trained % context_.aggregation_frequency() == 0))
+        return reached;
       // The next batch is trained right away: its copy to the device starts while the device still
       // computes this one. Not across a boundary or an epoch's start, so the data is read in the same
       // order relative to checkpoints and callbacks as without it; nor into a profiled range, whose
@@ -17664,7 +18155,9 @@ class Run {
   template <class Loaded>
   void train_batch(Loaded&& loaded, Workload& workload, std::int64_t batch_idx, std::int64_t epoch_idx, bool sync_timings) {
     training_batch_t<TrialT> batch = std::move(loaded);
-    workload.records += record_count(batch);
+    const std::int64_t records = record_count(batch);
+    workload.records += records;
+    context_.begin_training_batch(records);
     Metrics metrics;
     if (step_graph_.captured() && step_graph_.fits(batch)) {
       // The batch (on the device already: CopyAhead) is copied into the graph's inputs; the
@@ -17847,12 +18340,35 @@ class Run {
     return out;
   }
 
-  /// The training loader's chain: endless, this rank's shard, skipping what was trained.
+  /// The training loader's chain: endless, this rank's shard (of the global batches of the rank
+  /// count the run began on), skipping what was trained.
   LoaderChain training_chain() const {
     return LoaderChain{.repeat = true,
                        .skip = context_.get_initial_batch(),
                        .num_replicas = context_.distributed().size,
-                       .rank = context_.distributed().rank};
+                       .rank = context_.distributed().rank,
+                       .layout_replicas = st_.data_ranks};
+  }
+
+  /**
+   * @brief The rank count whose global batches the training data follows: the one the resumed run
+   * began on, when this job has another and its training loader can keep them (a dettrial
+   * DataLoader), else this job's. Checks first that the global batch divides among this job's ranks.
+   */
+  std::int64_t data_layout() {
+    const std::int64_t ranks = context_.distributed().size;
+    const std::int64_t began = st_.same_trial && st_.resumed->data_ranks > 0 ? st_.resumed->data_ranks : ranks;
+    if (began == ranks) return ranks;
+    RunState::check_global_batch_divides(context_, began);
+    if constexpr (requires { training_loader_t<TrialT>::keeps_global_batches; }) {
+      (void)train_loader_->layout_sampler(LoaderChain{.repeat = true, .num_replicas = ranks, .layout_replicas = began});  // checks
+      return began;
+    } else {
+      st_.reporter.line("warning: the training data loader is not a dettrial::DataLoader, so it cannot keep the global batches of the " +
+                        std::to_string(began) + "-rank job this run began as: from batch " + std::to_string(st_.resumed->batches_trained) +
+                        " on, it reads its own " + std::to_string(ranks) + "-rank shards");
+      return ranks;
+    }
   }
   /// The validation loader's chain: one pass over this rank's shard.
   LoaderChain validation_chain() const {

@@ -27,6 +27,7 @@
 #include <exception>
 #include <filesystem>
 #include <memory>
+#include <numeric>
 #include <string>
 #include <vector>
 
@@ -1283,6 +1284,8 @@ DETTRIAL_INLINE const searcher::AshaBracket* Experiment::bracket_of(std::int64_t
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 
@@ -1308,7 +1311,9 @@ struct CommandLine {
   bool resume_fresh_parts = false;     ///< --resume-fresh-parts
   std::string backend_name;            ///< --backend: "gloo", "nccl", or empty (chosen by the devices)
   bool slurm_launcher = false;         ///< --launcher slurm (a search's trials as Slurm jobs), not local
-  int nproc = 0;                       ///< --nproc N (0: not given)
+  int nproc = 0;                       ///< --nproc N, or MAX of --nproc MIN:MAX (0: not given)
+  int nproc_min = 0;                   ///< MIN of --nproc MIN:MAX (0: a fixed count)
+  std::optional<long> max_restarts;    ///< --max-restarts K (unset: the config's max_restarts)
   std::optional<int> threads;          ///< --threads N
   long timeout_seconds = 300;          ///< --timeout SECONDS
   bool test_mode = false;              ///< --test-mode
@@ -1333,13 +1338,25 @@ namespace dettrial {
 
 namespace detail {
 
-/// A flag's value as a positive integer, or the sentence that says it is not one.
-DETTRIAL_INLINE long positive_flag_value(std::string_view flag, const std::string& value) {
+/// A flag's value as an integer of at least `least` (a positive one by default), or the sentence
+/// that says it is not one.
+DETTRIAL_INLINE long positive_flag_value(std::string_view flag, const std::string& value, long least = 1) {
   char* end = nullptr;
   const long n = std::strtol(value.c_str(), &end, 10);
-  if (end == value.c_str() || *end != '\0' || n < 1)
-    throw CommandLineError(std::string(flag) + " needs a positive integer, not '" + value + "'", false);
+  if (end == value.c_str() || *end != '\0' || n < least)
+    throw CommandLineError(std::string(flag) + " needs a " + (least == 1 ? "positive" : "non-negative") + " integer, not '" + value + "'",
+                           false);
   return n;
+}
+
+/// --nproc's value: `N` as (0, N), `MIN:MAX` as (MIN, MAX).
+DETTRIAL_INLINE std::pair<int, int> rank_range(const std::string& value) {
+  const auto colon = value.find(':');
+  if (colon == std::string::npos) return {0, static_cast<int>(positive_flag_value("--nproc", value))};
+  const auto low = static_cast<int>(positive_flag_value("--nproc", value.substr(0, colon)));
+  const auto high = static_cast<int>(positive_flag_value("--nproc", value.substr(colon + 1)));
+  if (low > high) throw CommandLineError("--nproc MIN:MAX needs MIN <= MAX, not '" + value + "'", false);
+  return {low, high};
 }
 
 /// `value` if it is one of `allowed` (for messages: "gloo or nccl"), else the sentence that says not.
@@ -1370,7 +1387,8 @@ DETTRIAL_INLINE CommandLine parse_command_line(int argc, const char* const* argv
     else if (arg == "--resume") line.resume = value();
     else if (arg == "--resume-fresh-parts") line.resume_fresh_parts = true;
     else if (arg == "--report") line.report_dir = value();
-    else if (arg == "--nproc") line.nproc = static_cast<int>(detail::positive_flag_value(arg, value()));
+    else if (arg == "--nproc") std::tie(line.nproc_min, line.nproc) = detail::rank_range(value());
+    else if (arg == "--max-restarts") line.max_restarts = detail::positive_flag_value(arg, value(), /*least=*/0);
     else if (arg == "--threads") line.threads = static_cast<int>(detail::positive_flag_value(arg, value()));
     else if (arg == "--timeout") line.timeout_seconds = detail::positive_flag_value(arg, value());
     else if (arg == "--backend") line.backend_name = detail::one_of(arg, value(), {"gloo", "nccl"}, "gloo or nccl");
@@ -1407,7 +1425,10 @@ DETTRIAL_INLINE const char* main_usage() {
          "                       cannot take starts fresh, with a warning (default: an error naming it)\n"
          "  --nproc N            train data-parallel in N local processes (Gloo on CPU, NCCL on GPUs);\n"
          "                       default: resources.slots_per_trial when no launcher (torchrun, srun,\n"
-         "                       mpirun) started this process\n"
+         "                       mpirun) started this process. MIN:MAX: start MAX; when a rank fails,\n"
+         "                       restart without its slot, on as many ranks as remain (at least MIN)\n"
+         "  --max-restarts K     restart a job whose rank failed from its latest checkpoint, up to K\n"
+         "                       times (default: the config's max_restarts, 5)\n"
          "  --threads N          intra-op threads per process (default: OMP_NUM_THREADS when set;\n"
          "                       data parallel: this rank's share of the node's cores)\n"
          "  --no-cpu-bind        with --nproc: leave the ranks unbound (by default each rank is bound\n"
@@ -1470,6 +1491,16 @@ DETTRIAL_INLINE int free_local_port();
  */
 DETTRIAL_INLINE int launch_local(const std::vector<std::string>& args, int nproc, std::chrono::seconds grace, bool bind_cpus = true);
 
+/// How a job of the built-in launcher ended: launch_local's status, and the rank that failed first (-1: none).
+struct LaunchOutcome {
+  int status = 0;
+  int first_failure = -1;
+};
+
+/// launch_local, with `extra_env` ("NAME=value") in every rank's environment, saying which rank failed first.
+DETTRIAL_INLINE LaunchOutcome run_local_ranks(const std::vector<std::string>& args, int nproc, std::chrono::seconds grace, bool bind_cpus,
+                                              const std::vector<std::string>& extra_env);
+
 }  // namespace dettrial::detail
 
 // Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
@@ -1496,6 +1527,11 @@ DETTRIAL_INLINE int free_local_port() {
 }
 
 DETTRIAL_INLINE int launch_local(const std::vector<std::string>& args, int nproc, std::chrono::seconds grace, bool bind_cpus) {
+  return run_local_ranks(args, nproc, grace, bind_cpus, {}).status;
+}
+
+DETTRIAL_INLINE LaunchOutcome run_local_ranks(const std::vector<std::string>& args, int nproc, std::chrono::seconds grace, bool bind_cpus,
+                                              const std::vector<std::string>& extra_env) {
   const std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
   const int port = free_local_port();
   std::vector<pid_t> pids(static_cast<std::size_t>(nproc), -1);
@@ -1508,6 +1544,7 @@ DETTRIAL_INLINE int launch_local(const std::vector<std::string>& args, int nproc
     // Each rank in a process group of its own: a Ctrl-C reaches it once, forwarded from here.
     SpawnOptions options{.extra_env = {"MASTER_ADDR=127.0.0.1", std::string(supervisor_pid_variable) + "=" + std::to_string(::getpid())},
                          .own_process_group = true};
+    options.extra_env.insert(options.extra_env.end(), extra_env.begin(), extra_env.end());
     for (const auto& [key, value] : {std::pair{"RANK", rank}, std::pair{"WORLD_SIZE", nproc}, std::pair{"LOCAL_RANK", rank},
                                      std::pair{"LOCAL_WORLD_SIZE", nproc}, std::pair{"MASTER_PORT", port}})
       options.extra_env.push_back(std::string(key) + "=" + std::to_string(value));
@@ -1559,11 +1596,11 @@ DETTRIAL_INLINE int launch_local(const std::vector<std::string>& args, int nproc
                  WIFSIGNALED(status) ? ("was killed by signal " + std::to_string(WTERMSIG(status))).c_str()
                                      : ("exited with status " + std::to_string(WEXITSTATUS(status))).c_str());
     // A configuration error stays one: whoever started this job must not retry it.
-    return WIFEXITED(status) && WEXITSTATUS(status) == exit_status_config_value ? exit_status_config_value : 1;
+    return {WIFEXITED(status) && WEXITSTATUS(status) == exit_status_config_value ? exit_status_config_value : 1, first_failure};
   }
   bool all_interrupted = true;
   for (const int status : statuses) all_interrupted = all_interrupted && WEXITSTATUS(status) == exit_status_interrupted_value;
-  return all_interrupted ? exit_status_interrupted_value : 0;
+  return {all_interrupted ? exit_status_interrupted_value : 0, -1};
 }
 
 }  // namespace dettrial::detail
@@ -1841,8 +1878,30 @@ DETTRIAL_INLINE int run_search(const CommandLine& line, const RunPlan& plan);
 /// started this process), or 0 when this process trains.
 DETTRIAL_INLINE int ranks_to_launch(const CommandLine& line, const RunPlan& plan, const LaunchEnvironment& env);
 
-/// Starts `nproc` ranks of this program and supervises them; all agree on the output directory.
+/**
+ * @brief Starts `nproc` ranks of this program and supervises them; all agree on the output
+ * directory. When a rank fails after the job wrote a new checkpoint, restarts the job from it, up to
+ * --max-restarts (or max_restarts) times: on `nproc` ranks, or with --nproc MIN:MAX on the slots
+ * that did not fail (as many of them as the global batch divides among, at least MIN).
+ */
 DETTRIAL_INLINE int launch_ranks(const CommandLine& line, const RunPlan& plan, int nproc, const std::filesystem::path& default_output);
+
+/// Where a run's checkpoints go: the config's checkpoint storage, else the run folder's.
+DETTRIAL_INLINE std::filesystem::path checkpoint_storage(const FitOptions& options);
+
+/// A restarted job's command line: `args` resuming from `checkpoint` (an earlier --resume replaced).
+DETTRIAL_INLINE std::vector<std::string> resuming_from(std::vector<std::string> args, const std::filesystem::path& checkpoint);
+
+/// The slots a job restarts on after slot `lost` failed (--nproc MIN:MAX): the others, as many of
+/// them as the global batch (0: none given) divides among; empty when that is fewer than `least`.
+DETTRIAL_INLINE std::vector<int> slots_after_losing(std::vector<int> slots, int lost, int least, std::int64_t global_batch);
+
+/// CUDA_VISIBLE_DEVICES for the ranks on `slots`: those of the caller's own list (or the slot numbers).
+DETTRIAL_INLINE std::string visible_devices(const std::vector<int>& slots);
+
+/// A launcher restarted this job (torchrun's agent, a requeued Slurm job): it continues from its run
+/// folder's latest checkpoint. One that may restart it needs a run folder that outlives the attempt.
+DETTRIAL_INLINE void continue_restarted_job(const RunPlan& plan, const LaunchEnvironment& env, FitOptions& options);
 
 /// The collectives of a data-parallel rank (null for one process): NCCL where each rank of this node
 /// has a GPU of its own and NCCL is built, Gloo otherwise (it takes CUDA tensors too), or --backend's.
@@ -1884,11 +1943,13 @@ int train_trial(const CommandLine& line, const RunPlan& plan, const LaunchEnviro
   say_config_differences(line, plan, env);
   const std::shared_ptr<Communicator> communicator = connect_ranks(line, env);
   FitOptions options = fit_options_for(line, plan, Trainer<TrialT>::default_output_dir());
-  if (!plan.afresh.empty() && env.rank == 0) start_afresh(plan.afresh, line.quiet);
-  const std::filesystem::path storage =
-      options.checkpoint_dir.empty() ? RunFolder{options.output_dir}.checkpoints() : options.checkpoint_dir;
-  const std::int64_t max_restarts = communicator || line.test_mode ? 0 : std::max<std::int64_t>(plan.config.max_restarts, 0);
+  continue_restarted_job(plan, env, options);
+  if (!plan.afresh.empty() && env.rank == 0 && env.restart == 0) start_afresh(plan.afresh, line.quiet);
+  const std::filesystem::path storage = checkpoint_storage(options);
+  const std::int64_t max_restarts =
+      communicator || line.test_mode ? 0 : line.max_restarts.value_or(std::max<std::int64_t>(plan.config.max_restarts, 0));
   for (std::int64_t restarts = 0;; ++restarts) {
+    options.restart = env.restart + restarts;
     const std::vector<CheckpointInfo> before = max_restarts > 0 ? list_checkpoints(storage) : std::vector<CheckpointInfo>{};
     Context context(plan.config, ContextOptions{.communicator = communicator, .threads = line.threads});
     try {
@@ -1976,7 +2037,103 @@ DETTRIAL_INLINE int launch_ranks(const CommandLine& line, const RunPlan& plan, i
   // The user's own thread count (--threads, OMP_NUM_THREADS) leaves the ranks unbound: they may
   // want more threads than a rank's share of the cores.
   const bool bind_cpus = !line.no_cpu_bind && !line.threads && !omp_num_threads([](const char* n) { return std::getenv(n); });
-  return launch_local(args, nproc, std::chrono::seconds(line.timeout_seconds + 10), bind_cpus);
+  const std::chrono::seconds grace(line.timeout_seconds + 10);
+  const std::int64_t max_restarts = line.test_mode ? 0 : line.max_restarts.value_or(std::max<std::int64_t>(plan.config.max_restarts, 0));
+  if (max_restarts == 0) return launch_local(args, nproc, grace, bind_cpus);
+  const std::filesystem::path storage = checkpoint_storage(fit_options_for(line, plan, default_output));
+  const Hyperparameters hparams = plan.config.trial_hyperparameters();
+  const std::int64_t global_batch = hparams.contains("global_batch_size") ? hparams.get<std::int64_t>("global_batch_size") : 0;
+  std::vector<int> slots(static_cast<std::size_t>(nproc));
+  std::iota(slots.begin(), slots.end(), 0);
+  std::vector<CheckpointInfo> before = list_checkpoints(storage);
+  for (std::int64_t restart = 0;; ++restart) {
+    std::vector<std::string> env = {"DETTRIAL_RESTART=" + std::to_string(restart)};
+    if (static_cast<int>(slots.size()) < nproc) env.push_back("CUDA_VISIBLE_DEVICES=" + visible_devices(slots));
+    const LaunchOutcome outcome = run_local_ranks(args, static_cast<int>(slots.size()), grace, bind_cpus, env);
+    if (outcome.status == 0 || outcome.status == exit_status_interrupted_value || outcome.status == exit_status_config_value)
+      return outcome.status;
+    const auto say = [&](const std::string& text) {
+      if (!line.quiet) std::fprintf(stderr, "dettrial: %s\n", text.c_str());
+    };
+    if (restart >= max_restarts) {
+      say("the job failed and has used its " + std::to_string(max_restarts) + " restart(s) (--max-restarts, max_restarts)");
+      return outcome.status;
+    }
+    const std::vector<CheckpointInfo> after = list_checkpoints(storage);
+    if (after.empty() || (!before.empty() && after.back().uuid == before.back().uuid)) {
+      say("the job failed before writing a new checkpoint: not restarted (it would start where this attempt did)");
+      return outcome.status;
+    }
+    if (line.nproc_min > 0 && outcome.first_failure >= 0) {
+      const std::size_t had = slots.size();
+      slots = slots_after_losing(slots, slots[static_cast<std::size_t>(outcome.first_failure)], line.nproc_min, global_batch);
+      if (slots.empty()) {
+        say("the job lost a rank and cannot restart on at least " + std::to_string(line.nproc_min) + " ranks (--nproc " +
+            std::to_string(line.nproc_min) + ":" + std::to_string(nproc) + ") among which global_batch_size " +
+            std::to_string(global_batch) + " divides");
+        return outcome.status;
+      }
+      if (slots.size() != had) say("slot " + std::to_string(outcome.first_failure) + " is left out from now on");
+    }
+    say("restarting the job from its checkpoint at batch " + std::to_string(after.back().batches_trained) + " on " +
+        std::to_string(slots.size()) + " rank(s): restart " + std::to_string(restart + 1) + " of max_restarts " +
+        std::to_string(max_restarts));
+    args = resuming_from(std::move(args), after.back().path);
+    before = after;
+  }
+}
+
+DETTRIAL_INLINE std::filesystem::path checkpoint_storage(const FitOptions& options) {
+  return options.checkpoint_dir.empty() ? RunFolder{options.output_dir}.checkpoints() : options.checkpoint_dir;
+}
+
+DETTRIAL_INLINE std::vector<std::string> resuming_from(std::vector<std::string> args, const std::filesystem::path& checkpoint) {
+  for (auto it = args.begin(); it != args.end();)
+    it = *it == "--resume" && std::next(it) != args.end() ? args.erase(it, std::next(it, 2)) : std::next(it);
+  args.emplace_back("--resume");
+  args.push_back(checkpoint.string());
+  return args;
+}
+
+DETTRIAL_INLINE std::vector<int> slots_after_losing(std::vector<int> slots, int lost, int least, std::int64_t global_batch) {
+  std::erase(slots, lost);
+  while (!slots.empty() && global_batch > 0 && global_batch % static_cast<std::int64_t>(slots.size()) != 0) slots.pop_back();
+  if (static_cast<int>(slots.size()) < least) slots.clear();
+  return slots;
+}
+
+DETTRIAL_INLINE std::string visible_devices(const std::vector<int>& slots) {
+  std::vector<std::string> devices;
+  if (const char* given = std::getenv("CUDA_VISIBLE_DEVICES"); given && *given) {
+    std::string entry;
+    for (const char* c = given;; ++c) {
+      if (*c == ',' || *c == '\0') {
+        devices.push_back(entry);
+        entry.clear();
+        if (*c == '\0') break;
+      } else {
+        entry += *c;
+      }
+    }
+  }
+  std::string list;
+  for (const int slot : slots) {
+    const auto index = static_cast<std::size_t>(slot);
+    list += (list.empty() ? "" : ",") + (index < devices.size() ? devices[index] : std::to_string(slot));
+  }
+  return list;
+}
+
+DETTRIAL_INLINE void continue_restarted_job(const RunPlan& plan, const LaunchEnvironment& env, FitOptions& options) {
+  const bool may_restart = env.restart > 0 || env.max_restarts.value_or(0) > 0;
+  if (!may_restart || env.launcher == Launcher::env) return;  // the built-in launcher resumes its ranks itself
+  if (plan.output.empty() && !plan.resumed_checkpoint)
+    throw ConfigError(std::string(launcher_name(env.launcher)) + (env.restart > 0 ? " restarted this job" : " may restart this job") +
+                      ", and a restarted job continues from its run folder's latest checkpoint: give the run a folder that outlives "
+                      "an attempt with --output DIR");
+  if (env.restart == 0) return;
+  if (const std::vector<CheckpointInfo> saved = list_checkpoints(checkpoint_storage(options)); !saved.empty())
+    options.latest_checkpoint = saved.back().path;
 }
 
 DETTRIAL_INLINE std::shared_ptr<Communicator> connect_ranks(const CommandLine& line, const LaunchEnvironment& env) {

@@ -1115,7 +1115,7 @@ class ImageDataset {
     std::int64_t kept = 0, bytes_per_image = 0;
     for (std::int64_t r = 0; r < n; ++r) {
       const std::int64_t record = records[r];
-      std::optional<Image> image = transformed(record, origin);
+      std::optional<Image> image = transformed(record, origin, r);
       if (!image) continue;
       if (!images.defined()) {
         images =
@@ -1148,8 +1148,8 @@ class ImageDataset {
     return std::to_string(image.channels) + "x" + std::to_string(image.height) + "x" + std::to_string(image.width);
   }
 
-  /// Record `record`, read and transformed; nullopt when it is unreadable and skipped.
-  std::optional<Image> transformed(std::int64_t record, const BatchOrigin& origin) const {
+  /// Record `record` (at `position` in its batch), read and transformed; nullopt when it is unreadable and skipped.
+  std::optional<Image> transformed(std::int64_t record, const BatchOrigin& origin, std::int64_t position) const {
     Image image;
     try {
       image = source_.load(record, options_.mode);
@@ -1159,7 +1159,7 @@ class ImageDataset {
       note_skip(what);
       return std::nullopt;
     }
-    RecordRandom random(origin.seed, origin.epoch, record);
+    RecordRandom random(origin.seed, origin.epoch_of(position), record);
     try {
       return transform_.apply(std::move(image), random);
     } catch (const DataError& e) {

@@ -2,8 +2,9 @@
 // index), global batch 6. Every rank appends one line per batch it trains to
 // <output>/records/rank<R>.txt: the job's attempt (the launcher's restart count), the batch index,
 // a draw from its generator and the record indices; flushed per batch, so a killed rank's lines
-// survive. With ELASTIC_KILL=RANK:BATCH, that rank kills itself with SIGKILL at that batch on the
-// job's first attempt. data.batch_sleep_ms slows each batch down (for a requeue from outside).
+// survive. With ELASTIC_KILL=RANK:BATCH (RANK `*`: any), that rank kills itself with SIGKILL at that
+// batch on the job's first attempt; with ELASTIC_KILL_AGENT=1 it first kills its parent (torchrun's
+// agent: a node lost). data.batch_sleep_ms slows each batch down (for a requeue from outside).
 #include <chrono>
 #include <csignal>
 #include <cstdlib>
@@ -11,6 +12,9 @@
 #include <fstream>
 #include <string>
 #include <thread>
+
+#include <signal.h>
+#include <unistd.h>
 
 #include <dettrial/main.hpp>
 
@@ -64,7 +68,11 @@ struct ElasticTrial {
     if (const char* kill = std::getenv("ELASTIC_KILL"); kill && attempt == 0) {
       const std::string spec = kill;
       const auto colon = spec.find(':');
-      if (std::stoi(spec.substr(0, colon)) == rank && std::stoll(spec.substr(colon + 1)) == batch_idx) std::raise(SIGKILL);
+      const std::string who = spec.substr(0, colon);
+      if ((who == "*" || std::stoi(who) == rank) && std::stoll(spec.substr(colon + 1)) == batch_idx) {
+        if (const char* agent = std::getenv("ELASTIC_KILL_AGENT"); agent && std::string(agent) == "1") ::kill(::getppid(), SIGKILL);
+        std::raise(SIGKILL);
+      }
     }
   }
 };

@@ -6,7 +6,8 @@
 # - the built-in launcher with --max-restarts 1, on the same 2 ranks;
 # - the built-in launcher with --nproc 2:3, on the 2 slots that remain after rank 2 died, keeping
 #   the 3-rank run's global batches;
-# - torchrun's elastic agent (--max-restarts 1), from PYTHON's torch, when it can start workers here.
+# - torchrun's elastic agent (--max-restarts 1), from PYTHON's torch, when it can start workers here;
+#   and two agents (--nnodes 1:2) of which one is killed with its rank: the other goes on alone.
 # A job whose rank dies before a new checkpoint, or with no restarts left, ends with status 1.
 set -u
 program=$1 config=$2 work=$3 python=${4:-}
@@ -49,6 +50,23 @@ if [ -n "$python" ] && "$python" -m torch.distributed.run --standalone --nproc_p
   ELASTIC_KILL=1:23 run torchrun 0 "${torchrun[@]}" "$program" "${trial[@]}" --output "$work/torchrun"
   echo "torchrun --max-restarts 1, rank 1 killed at batch 23:"
   python3 "$here/compare.py" "$work/reference-2" "$work/torchrun" "2>2" || fail "torchrun"
+  # Two agents (two "nodes" on this host, one rank each, --nnodes 1:2): the second agent and its
+  # worker are killed at batch 23 (a node lost); the first agent restarts its worker alone, on one
+  # rank, which continues from the checkpoint at batch 20 with the 2-rank run's global batches. (The
+  # first agent hosts the rendezvous store, so it starts first.)
+  port=$((20000 + RANDOM % 20000))
+  nodes=("$python" -m torch.distributed.run --nnodes 1:2 --nproc_per_node 1 --max-restarts 1 --rdzv-backend c10d
+         --rdzv-endpoint "127.0.0.1:$port" --rdzv-id "elastic-$$" --rdzv-conf last_call_timeout=2 --no_python)
+  "${nodes[@]}" "$program" "${trial[@]}" --output "$work/torchrun-nodes" >"$work/torchrun-node-a.log" 2>&1 &
+  first=$!
+  sleep 2
+  ELASTIC_KILL='*:23' ELASTIC_KILL_AGENT=1 "${nodes[@]}" "$program" "${trial[@]}" --output "$work/torchrun-nodes" \
+    >"$work/torchrun-node-b.log" 2>&1
+  wait "$first"
+  status=$?
+  [ "$status" -eq 0 ] || { cat "$work/torchrun-node-a.log" "$work/torchrun-node-b.log"; fail "the surviving torchrun agent exited with $status"; }
+  echo "torchrun --nnodes 1:2, a node (agent and rank) killed at batch 23:"
+  python3 "$here/compare.py" "$work/reference-2" "$work/torchrun-nodes" "2>1" || fail "torchrun --nnodes 1:2"
   # torchrun may restart the job, which then needs a folder that outlives an attempt (torchrun exits 1).
   run torchrun-no-output 1 "${torchrun[@]}" "$program" "${trial[@]}"
   grep -q "torchrun may restart this job, .* with --output DIR" "$work/torchrun-no-output.log" ||

@@ -54,6 +54,17 @@ TEST_CASE("parse_command_line: every flag lands in its field, and each rank's co
                               "gloo",     "--launcher", "slurm",     "--test-mode", "--quiet",   "--no-cpu-bind"});
 }
 
+TEST_CASE("parse_command_line: --nproc MIN:MAX and --max-restarts, which each rank also gets") {
+  const auto line = parse({"--config", "c.yaml", "--nproc", "2:4", "--max-restarts", "0"});
+  CHECK(line.nproc_min == 2);
+  CHECK(line.nproc == 4);
+  CHECK(line.max_restarts == 0L);
+  CHECK(line.rank_args == std::vector<std::string>{"trainer", "--config", "c.yaml", "--max-restarts", "0"});
+  const auto fixed = parse({"--config", "c.yaml", "--nproc", "3"});
+  CHECK(fixed.nproc_min == 0);
+  CHECK_FALSE(fixed.max_restarts);
+}
+
 TEST_CASE("parse_command_line: the defaults, --resume without --config, --report and --help alone") {
   const auto resumed = parse({"--resume", "runs/a"});
   CHECK(resumed.resume == "runs/a");
@@ -76,6 +87,10 @@ TEST_CASE("parse_command_line: each wrong command line is one sentence naming th
   CHECK(error_of({"--config", "c.yaml", "--backend", "mpi"}) == "--backend must be gloo or nccl, not 'mpi'");
   CHECK(error_of({"--config", "c.yaml", "--launcher", "k8s"}) == "--launcher must be local or slurm, not 'k8s'");
   CHECK(error_of({"--config", "c.yaml", "--bogus"}) == "unknown argument '--bogus'");
+  CHECK(error_of({"--config", "c.yaml", "--nproc", "3:2"}) == "--nproc MIN:MAX needs MIN <= MAX, not '3:2'");
+  CHECK(error_of({"--config", "c.yaml", "--nproc", "0:2"}) == "--nproc needs a positive integer, not '0'");
+  CHECK(error_of({"--config", "c.yaml", "--nproc", "2:"}) == "--nproc needs a positive integer, not ''");
+  CHECK(error_of({"--config", "c.yaml", "--max-restarts", "-1"}) == "--max-restarts needs a non-negative integer, not '-1'");
   CHECK(error_of({"--set", "a=1"}) == "--config FILE is required (or --resume DIR, which reads the run's own config)");
   CHECK(error_of({}) == "--config FILE is required (or --resume DIR, which reads the run's own config)");
 }
