@@ -56,12 +56,12 @@ if [ -n "$python" ] && "$python" -m torch.distributed.run --standalone --nproc_p
   # first agent hosts the rendezvous store, so it starts first.)
   port=$((20000 + RANDOM % 20000))
   nodes=("$python" -m torch.distributed.run --nnodes 1:2 --nproc_per_node 1 --max-restarts 1 --rdzv-backend c10d
-         --rdzv-endpoint "127.0.0.1:$port" --rdzv-id "elastic-$$" --rdzv-conf last_call_timeout=2 --no_python)
-  "${nodes[@]}" "$program" "${trial[@]}" --output "$work/torchrun-nodes" >"$work/torchrun-node-a.log" 2>&1 &
+         --rdzv-endpoint "127.0.0.1:$port" --rdzv-id "elastic-$$" --rdzv-conf last_call_timeout=6 --no_python)
+  timeout 240 "${nodes[@]}" "$program" "${trial[@]}" --output "$work/torchrun-nodes" >"$work/torchrun-node-a.log" 2>&1 &
   first=$!
-  sleep 2
-  ELASTIC_KILL='*:23' ELASTIC_KILL_AGENT=1 "${nodes[@]}" "$program" "${trial[@]}" --output "$work/torchrun-nodes" \
-    >"$work/torchrun-node-b.log" 2>&1
+  sleep 1
+  { ELASTIC_KILL='*:23' ELASTIC_KILL_AGENT=1 timeout 240 "${nodes[@]}" "$program" "${trial[@]}" --output "$work/torchrun-nodes" \
+      >"$work/torchrun-node-b.log" 2>&1; } 2>/dev/null
   wait "$first"
   status=$?
   [ "$status" -eq 0 ] || { cat "$work/torchrun-node-a.log" "$work/torchrun-node-b.log"; fail "the surviving torchrun agent exited with $status"; }
