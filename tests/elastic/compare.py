@@ -5,7 +5,9 @@ Checks a run that was resumed or restarted (RUN) against the same trial trained 
 (REFERENCE_RUN), from the record indices each rank logged per batch (records/rank<R>.txt: attempt,
 batch, a generator draw, record indices) and RUN's metrics.jsonl:
 
-- RUN logged one `restart` record per restart or resume, with the rank counts given (in order);
+- RUN logged one `restart` record per restart or resume, with the rank counts given (in order), and
+  no training, validation or checkpoint record twice (what a failed attempt logged after the
+  checkpoint its successor resumed from is dropped);
 - each attempt of RUN trained each of its batches once on each rank, starting at the batch of the
   checkpoint it resumed from;
 - taking each batch from the last attempt that trained it, every global batch holds exactly the
@@ -61,7 +63,15 @@ def main():
         fail(f"the reference {reference_run} was restarted")
     want, _ = global_batches(reference[0])
 
-    restarts = [r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if r["type"] == "restart"]
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    seen = set()
+    for r in records:
+        if r["type"] in ("training", "validation", "checkpoint"):
+            key = (r["type"], r["batches"])
+            if key in seen:
+                fail(f"metrics.jsonl holds two {r['type']} records at batch {r['batches']}: one of an attempt that was redone")
+            seen.add(key)
+    restarts = [r for r in records if r["type"] == "restart"]
     got_pairs = [(r["ranks_before"], r["ranks"]) for r in restarts]
     if got_pairs != expected:
         fail(f"metrics.jsonl's restart records say {got_pairs}, expected {expected}")

@@ -6,8 +6,10 @@
 # - the built-in launcher with --max-restarts 1, on the same 2 ranks;
 # - the built-in launcher with --nproc 2:3, on the 2 slots that remain after rank 2 died, keeping
 #   the 3-rank run's global batches;
-# - torchrun's elastic agent (--max-restarts 1), from PYTHON's torch, when it can start workers here;
-#   and two agents (--nnodes 1:2) of which one is killed with its rank: the other goes on alone.
+# - torchrun's elastic agent (--max-restarts 1), from PYTHON's torch, when it can start workers here
+#   (and, killed before any checkpoint, the restarted job starts its folder afresh, no record
+#   doubled); and two agents (--nnodes 1:2) of which one is killed with its rank: the other goes on
+#   alone, on one rank.
 # A job whose rank dies before a new checkpoint, or with no restarts left, ends with status 1.
 set -u
 program=$1 config=$2 work=$3 python=${4:-}
@@ -50,6 +52,13 @@ if [ -n "$python" ] && "$python" -m torch.distributed.run --standalone --nproc_p
   ELASTIC_KILL=1:23 run torchrun 0 "${torchrun[@]}" "$program" "${trial[@]}" --output "$work/torchrun"
   echo "torchrun --max-restarts 1, rank 1 killed at batch 23:"
   python3 "$here/compare.py" "$work/reference-2" "$work/torchrun" "2>2" || fail "torchrun"
+  # Killed after the validation at batch 17 but before the first checkpoint (at 30 here): the
+  # restarted workers start the run folder afresh, and its records of batch 17 are not doubled.
+  ELASTIC_KILL=1:23 run torchrun-afresh 0 "${torchrun[@]}" "$program" "${trial[@]}" --set min_checkpoint_period.batches=30 --set checkpoint_policy=none \
+    --output "$work/torchrun-afresh"
+  grep -q '"batches":17,' "$work/torchrun-afresh/metrics.jsonl" || fail "the afresh run has no records of batch 17 to double"
+  echo "torchrun --max-restarts 1, rank 1 killed at batch 23, before any checkpoint:"
+  python3 "$here/compare.py" "$work/reference-2" "$work/torchrun-afresh" || fail "torchrun, afresh"
   # Two agents (two "nodes" on this host, one rank each, --nnodes 1:2): the second agent and its
   # worker are killed at batch 23 (a node lost); the first agent restarts its worker alone, on one
   # rank, which continues from the checkpoint at batch 20 with the 2-rank run's global batches. (The

@@ -86,8 +86,10 @@ DETTRIAL_INLINE std::vector<int> slots_after_losing(std::vector<int> slots, int 
 DETTRIAL_INLINE std::string visible_devices(const std::vector<int>& slots);
 
 /// A launcher restarted this job (torchrun's agent, a requeued Slurm job): it continues from its run
-/// folder's latest checkpoint. One that may restart it needs a run folder that outlives the attempt.
-DETTRIAL_INLINE void continue_restarted_job(const RunPlan& plan, const LaunchEnvironment& env, FitOptions& options);
+/// folder's latest checkpoint, or, when the failed attempt wrote none, starts the folder afresh
+/// (returns true: its records describe training about to be redone). One that may restart it needs
+/// a run folder that outlives the attempt.
+DETTRIAL_INLINE bool continue_restarted_job(const RunPlan& plan, const LaunchEnvironment& env, FitOptions& options);
 
 /// The collectives of a data-parallel rank (null for one process): NCCL where each rank of this node
 /// has a GPU of its own and NCCL is built, Gloo otherwise (it takes CUDA tensors too), or --backend's.
@@ -129,8 +131,9 @@ int train_trial(const CommandLine& line, const RunPlan& plan, const LaunchEnviro
   say_config_differences(line, plan, env);
   const std::shared_ptr<Communicator> communicator = connect_ranks(line, env);
   FitOptions options = fit_options_for(line, plan, Trainer<TrialT>::default_output_dir());
-  continue_restarted_job(plan, env, options);
-  if (!plan.afresh.empty() && env.rank == 0 && env.restart == 0) start_afresh(plan.afresh, line.quiet);
+  const bool restarted_afresh = continue_restarted_job(plan, env, options);
+  if (env.rank == 0 && (restarted_afresh || (!plan.afresh.empty() && !options.latest_checkpoint)))
+    start_afresh(options.output_dir, line.quiet);
   const std::filesystem::path storage = checkpoint_storage(options);
   const std::int64_t max_restarts =
       communicator || line.test_mode ? 0 : line.max_restarts.value_or(std::max<std::int64_t>(plan.config.max_restarts, 0));
@@ -310,16 +313,17 @@ DETTRIAL_INLINE std::string visible_devices(const std::vector<int>& slots) {
   return list;
 }
 
-DETTRIAL_INLINE void continue_restarted_job(const RunPlan& plan, const LaunchEnvironment& env, FitOptions& options) {
+DETTRIAL_INLINE bool continue_restarted_job(const RunPlan& plan, const LaunchEnvironment& env, FitOptions& options) {
   const bool may_restart = env.restart > 0 || env.max_restarts.value_or(0) > 0;
-  if (!may_restart || env.launcher == Launcher::env) return;  // the built-in launcher resumes its ranks itself
+  if (!may_restart || env.launcher == Launcher::env) return false;  // the built-in launcher resumes its ranks itself
   if (plan.output.empty() && !plan.resumed_checkpoint)
     throw ConfigError(std::string(launcher_name(env.launcher)) + (env.restart > 0 ? " restarted this job" : " may restart this job") +
                       ", and a restarted job continues from its run folder's latest checkpoint: give the run a folder that outlives "
                       "an attempt with --output DIR");
-  if (env.restart == 0) return;
-  if (const std::vector<CheckpointInfo> saved = list_checkpoints(checkpoint_storage(options)); !saved.empty())
-    options.latest_checkpoint = saved.back().path;
+  if (env.restart == 0) return false;
+  const std::vector<CheckpointInfo> saved = list_checkpoints(checkpoint_storage(options));
+  if (!saved.empty()) options.latest_checkpoint = saved.back().path;
+  return saved.empty() && !options.latest_checkpoint;
 }
 
 DETTRIAL_INLINE std::shared_ptr<Communicator> connect_ranks(const CommandLine& line, const LaunchEnvironment& env) {
