@@ -251,6 +251,7 @@ TEST_CASE("child process: a data-parallel rank" * doctest::skip()) {
                          DistributedError);
     one_device_backend->seen.clear();
   }
+  options.rank_invariant = std::getenv("DETTRIAL_RANK_INVARIANT") != nullptr;
   Context context(data_parallel_hparams(one_device_backend ? 0.0 : 0.9), std::move(options));
   Trainer<DataParallelTrial> trainer(context);
   const std::int64_t length = std::atoll(std::getenv("DETTRIAL_LENGTH") ? std::getenv("DETTRIAL_LENGTH") : "50");
@@ -298,6 +299,23 @@ TEST_CASE("a backend that takes tensors on one device only (as NCCL does) gets e
     CHECK(seen.find("broadcast: ") != std::string::npos);
     CHECK(seen.find("all-gather: ") != std::string::npos);
   }
+  check_matches_one_process(dir, 50, /*momentum=*/0.0);
+}
+
+TEST_CASE("rank_invariant on a backend that takes tensors on one device only gathers every gradient there" * doctest::timeout(150)) {
+  if (test::skip_without_gloo()) return;
+  const fs::path dir = test::quiet({}).output_dir;
+  fs::create_directories(dir);
+  std::vector<bool> in_time;
+  const std::vector<int> statuses =
+      run_two_ranks(dir, {"DETTRIAL_ONE_DEVICE=1", "DETTRIAL_RANK_INVARIANT=1"}, std::chrono::seconds(120), in_time);
+  require_ranks_succeeded(dir, statuses, in_time);
+  for (int rank = 0; rank < 2; ++rank) {
+    const std::string seen = test::read_text(dir / ("rank" + std::to_string(rank) + ".collectives"));
+    CAPTURE(seen);
+    CHECK(seen.find("all-gather: ") != std::string::npos);
+  }
+  // Equal batches without dropout: the ordered, record-weighted sum is the all-reduce's average.
   check_matches_one_process(dir, 50, /*momentum=*/0.0);
 }
 
