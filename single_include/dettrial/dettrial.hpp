@@ -9125,8 +9125,9 @@ DETTRIAL_INLINE void Context::stash_ordered_gradients() { ordered_->stash(ordere
 DETTRIAL_INLINE void Context::combine_ordered_gradients() {
   if (ordered_combined_at_ == position_.current_batch) return;
   ordered_combined_at_ = position_.current_batch;
-  stash_ordered_gradients();
-  ordered_->combine(ordered_params());
+  const std::vector<torch::Tensor>& params = ordered_params();
+  ordered_->stash(params, ordered_records_);
+  ordered_->combine(params);
 }
 
 DETTRIAL_INLINE void Context::seed_rank_stream() const {
@@ -11403,8 +11404,8 @@ struct ContextCheckpoint {
   static void load_rng(Context& c, const StateDict& top, const std::filesystem::path& file);
 
   static void set_generator_state(at::Generator generator, const torch::Tensor& state);  // a handle: copies share the generator
-  /// The seed of rank `rank`'s generator when the checkpoint has no state of its own for it: a hash
-  /// of the chief's saved state (its bytes) mixed with the rank.
+  /// The seed of rank `rank`'s generator when the checkpoint has no state of its own for it: the
+  /// CRC-32 of the chief's saved state mixed with the rank.
   static std::uint64_t new_rank_seed(const torch::Tensor& chiefs_state, std::int64_t rank);
 
   static void load_native(Context& c, const std::string& bytes, const std::filesystem::path& file);
@@ -11724,11 +11725,8 @@ DETTRIAL_INLINE void ContextCheckpoint::load_models(Context& c, const StateDict&
 
 DETTRIAL_INLINE std::uint64_t ContextCheckpoint::new_rank_seed(const torch::Tensor& chiefs_state, std::int64_t rank) {
   const torch::Tensor bytes = chiefs_state.contiguous().to(torch::kCPU);
-  const auto* data = static_cast<const unsigned char*>(bytes.data_ptr());
-  std::uint64_t hash = 1469598103934665603ULL;  // FNV-1a over the state's bytes
-  for (std::int64_t i = 0; i < bytes.numel() * static_cast<std::int64_t>(bytes.element_size()); ++i)
-    hash = (hash ^ data[i]) * 1099511628211ULL;
-  return mix64(hash ^ (static_cast<std::uint64_t>(rank) * golden_gamma)) >> 1;
+  const std::uint32_t crc = crc32_of({static_cast<const char*>(bytes.data_ptr()), bytes.nbytes()});  // the checksum checkpoints use
+  return mix64(crc ^ (static_cast<std::uint64_t>(rank) * golden_gamma)) >> 1;
 }
 
 DETTRIAL_INLINE void ContextCheckpoint::load_rng(Context& c, const StateDict& top, const std::filesystem::path& file) {
@@ -18102,8 +18100,7 @@ class Run {
       if (reached.any()) return reached;
       // One process stops at any batch (with rank_invariant, at an update's last); a job only at
       // boundaries, where its ranks agree.
-      if (!context_.communicator() && StopSignals::received() != 0 &&
-          (!context_.rank_invariant() || st_.progress.batches_trained % context_.aggregation_frequency() == 0))
+      if (!context_.communicator() && StopSignals::received() != 0 && (!context_.rank_invariant() || context_.is_update_batch()))
         return reached;
       // The next batch is trained right away: its copy to the device starts while the device still
       // computes this one. Not across a boundary or an epoch's start, so the data is read in the same

@@ -88,8 +88,8 @@ struct ContextCheckpoint {
   static void load_rng(Context& c, const StateDict& top, const std::filesystem::path& file);
 
   static void set_generator_state(at::Generator generator, const torch::Tensor& state);  // a handle: copies share the generator
-  /// The seed of rank `rank`'s generator when the checkpoint has no state of its own for it: a hash
-  /// of the chief's saved state (its bytes) mixed with the rank.
+  /// The seed of rank `rank`'s generator when the checkpoint has no state of its own for it: the
+  /// CRC-32 of the chief's saved state mixed with the rank.
   static std::uint64_t new_rank_seed(const torch::Tensor& chiefs_state, std::int64_t rank);
 
   static void load_native(Context& c, const std::string& bytes, const std::filesystem::path& file);
@@ -410,11 +410,8 @@ DETTRIAL_INLINE void ContextCheckpoint::load_models(Context& c, const StateDict&
 
 DETTRIAL_INLINE std::uint64_t ContextCheckpoint::new_rank_seed(const torch::Tensor& chiefs_state, std::int64_t rank) {
   const torch::Tensor bytes = chiefs_state.contiguous().to(torch::kCPU);
-  const auto* data = static_cast<const unsigned char*>(bytes.data_ptr());
-  std::uint64_t hash = 1469598103934665603ULL;  // FNV-1a over the state's bytes
-  for (std::int64_t i = 0; i < bytes.numel() * static_cast<std::int64_t>(bytes.element_size()); ++i)
-    hash = (hash ^ data[i]) * 1099511628211ULL;
-  return mix64(hash ^ (static_cast<std::uint64_t>(rank) * golden_gamma)) >> 1;
+  const std::uint32_t crc = crc32_of({static_cast<const char*>(bytes.data_ptr()), bytes.nbytes()});  // the checksum checkpoints use
+  return mix64(crc ^ (static_cast<std::uint64_t>(rank) * golden_gamma)) >> 1;
 }
 
 DETTRIAL_INLINE void ContextCheckpoint::load_rng(Context& c, const StateDict& top, const std::filesystem::path& file) {

@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <memory>
 #include <numeric>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -71,6 +72,13 @@ DETTRIAL_INLINE int ranks_to_launch(const CommandLine& line, const RunPlan& plan
  * that did not fail (as many of them as the global batch divides among, at least MIN).
  */
 DETTRIAL_INLINE int launch_ranks(const CommandLine& line, const RunPlan& plan, int nproc, const std::filesystem::path& default_output);
+
+/// The restarts allowed: --max-restarts, else the config's max_restarts (never negative).
+DETTRIAL_INLINE std::int64_t restarts_allowed(const CommandLine& line, const RunPlan& plan);
+
+/// Whether a failed attempt wrote a checkpoint: the newest of `after` is not the newest of `before`.
+/// An attempt that wrote none would fail where it began, so it is not restarted.
+DETTRIAL_INLINE bool wrote_new_checkpoint(const std::vector<CheckpointInfo>& before, const std::vector<CheckpointInfo>& after);
 
 /// Where a run's checkpoints go: the config's checkpoint storage, else the run folder's.
 DETTRIAL_INLINE std::filesystem::path checkpoint_storage(const FitOptions& options);
@@ -135,8 +143,7 @@ int train_trial(const CommandLine& line, const RunPlan& plan, const LaunchEnviro
   if (env.rank == 0 && (restarted_afresh || (!plan.afresh.empty() && !options.latest_checkpoint)))
     start_afresh(options.output_dir, line.quiet);
   const std::filesystem::path storage = checkpoint_storage(options);
-  const std::int64_t max_restarts =
-      communicator || line.test_mode ? 0 : line.max_restarts.value_or(std::max<std::int64_t>(plan.config.max_restarts, 0));
+  const std::int64_t max_restarts = communicator || line.test_mode ? 0 : restarts_allowed(line, plan);
   for (std::int64_t restarts = 0;; ++restarts) {
     options.restart = env.restart + restarts;
     const std::vector<CheckpointInfo> before = max_restarts > 0 ? list_checkpoints(storage) : std::vector<CheckpointInfo>{};
@@ -227,7 +234,7 @@ DETTRIAL_INLINE int launch_ranks(const CommandLine& line, const RunPlan& plan, i
   // want more threads than a rank's share of the cores.
   const bool bind_cpus = !line.no_cpu_bind && !line.threads && !omp_num_threads([](const char* n) { return std::getenv(n); });
   const std::chrono::seconds grace(line.timeout_seconds + 10);
-  const std::int64_t max_restarts = line.test_mode ? 0 : line.max_restarts.value_or(std::max<std::int64_t>(plan.config.max_restarts, 0));
+  const std::int64_t max_restarts = line.test_mode ? 0 : restarts_allowed(line, plan);
   if (max_restarts == 0) return launch_local(args, nproc, grace, bind_cpus);
   const std::filesystem::path storage = checkpoint_storage(fit_options_for(line, plan, default_output));
   const Hyperparameters hparams = plan.config.trial_hyperparameters();
@@ -249,7 +256,7 @@ DETTRIAL_INLINE int launch_ranks(const CommandLine& line, const RunPlan& plan, i
       return outcome.status;
     }
     const std::vector<CheckpointInfo> after = list_checkpoints(storage);
-    if (after.empty() || (!before.empty() && after.back().uuid == before.back().uuid)) {
+    if (!wrote_new_checkpoint(before, after)) {
       say("the job failed before writing a new checkpoint: not restarted (it would start where this attempt did)");
       return outcome.status;
     }
@@ -270,6 +277,14 @@ DETTRIAL_INLINE int launch_ranks(const CommandLine& line, const RunPlan& plan, i
     args = resuming_from(std::move(args), after.back().path);
     before = after;
   }
+}
+
+DETTRIAL_INLINE std::int64_t restarts_allowed(const CommandLine& line, const RunPlan& plan) {
+  return line.max_restarts.value_or(std::max<std::int64_t>(plan.config.max_restarts, 0));
+}
+
+DETTRIAL_INLINE bool wrote_new_checkpoint(const std::vector<CheckpointInfo>& before, const std::vector<CheckpointInfo>& after) {
+  return !after.empty() && (before.empty() || after.back().uuid != before.back().uuid);
 }
 
 DETTRIAL_INLINE std::filesystem::path checkpoint_storage(const FitOptions& options) {
@@ -294,16 +309,8 @@ DETTRIAL_INLINE std::vector<int> slots_after_losing(std::vector<int> slots, int 
 DETTRIAL_INLINE std::string visible_devices(const std::vector<int>& slots) {
   std::vector<std::string> devices;
   if (const char* given = std::getenv("CUDA_VISIBLE_DEVICES"); given && *given) {
-    std::string entry;
-    for (const char* c = given;; ++c) {
-      if (*c == ',' || *c == '\0') {
-        devices.push_back(entry);
-        entry.clear();
-        if (*c == '\0') break;
-      } else {
-        entry += *c;
-      }
-    }
+    std::istringstream list(given);
+    for (std::string entry; std::getline(list, entry, ',');) devices.push_back(entry);
   }
   std::string list;
   for (const int slot : slots) {
@@ -375,7 +382,7 @@ DETTRIAL_INLINE std::filesystem::path checkpoint_to_restart_from(const std::exce
                                                                  std::int64_t max_restarts, bool quiet) {
   if (is_configuration_error(failure) || restarts >= max_restarts) throw;
   const std::vector<CheckpointInfo> after = list_checkpoints(storage);
-  if (after.empty() || (!before.empty() && after.back().uuid == before.back().uuid)) throw;  // no progress
+  if (!wrote_new_checkpoint(before, after)) throw;  // no progress
   if (!quiet)
     std::fprintf(
         stderr,

@@ -756,8 +756,9 @@ DETTRIAL_INLINE void Context::stash_ordered_gradients() { ordered_->stash(ordere
 DETTRIAL_INLINE void Context::combine_ordered_gradients() {
   if (ordered_combined_at_ == position_.current_batch) return;
   ordered_combined_at_ = position_.current_batch;
-  stash_ordered_gradients();
-  ordered_->combine(ordered_params());
+  const std::vector<torch::Tensor>& params = ordered_params();
+  ordered_->stash(params, ordered_records_);
+  ordered_->combine(params);
 }
 
 DETTRIAL_INLINE void Context::seed_rank_stream() const {

@@ -178,8 +178,7 @@ class Run {
       if (reached.any()) return reached;
       // One process stops at any batch (with rank_invariant, at an update's last); a job only at
       // boundaries, where its ranks agree.
-      if (!context_.communicator() && StopSignals::received() != 0 &&
-          (!context_.rank_invariant() || st_.progress.batches_trained % context_.aggregation_frequency() == 0))
+      if (!context_.communicator() && StopSignals::received() != 0 && (!context_.rank_invariant() || context_.is_update_batch()))
         return reached;
       // The next batch is trained right away: its copy to the device starts while the device still
       // computes this one. Not across a boundary or an epoch's start, so the data is read in the same
