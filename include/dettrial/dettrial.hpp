@@ -43,6 +43,7 @@
 #include "checkpoint/checkpointer.hpp"
 #include "checkpoint/load_weights.hpp"
 #include "checkpoint/policy.hpp"
+#include "checkpoint/snapshot.hpp"
 #include "checkpoint/state_dict.hpp"
 #include "checkpoint/storage.hpp"
 #include "checkpoint/trial_checkpoint.hpp"

@@ -42,5 +42,10 @@ struct TrialError : Error {
 struct DistributedError : Error {
   using Error::Error;
 };
+/// A run or experiment folder that another live process is writing into (it holds the folder's
+/// lock); the message names that process's pid and host.
+struct FolderInUseError : Error {
+  using Error::Error;
+};
 
 }  // namespace dettrial

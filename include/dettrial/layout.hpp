@@ -39,6 +39,10 @@ inline constexpr const char* load_data = "load_data.json";
 /// The checkpoint's metadata (format, steps completed, files and their checksums).
 inline constexpr const char* metadata = "metadata.json";
 
+/// A run's or an experiment's lock: an advisory flock held while a process writes into the folder,
+/// its text the holder's pid and host.
+inline constexpr const char* lock = ".lock";
+
 // An experiment's folder.
 /// The experiment's config; each trial's folder holds its own.
 inline constexpr const char* config = "config.yaml";
@@ -72,6 +76,7 @@ struct RunFolder {
   std::filesystem::path trial_log() const { return dir / layout::trial_log; }
   /// A trial's experiment config (written into its folder by the experiment).
   std::filesystem::path config() const { return dir / layout::config; }
+  std::filesystem::path lock() const { return dir / layout::lock; }
 };
 
 /// A checkpoint's folder (Determined's layout) and the paths of its files.
@@ -98,6 +103,7 @@ struct ExperimentFolder {
   std::filesystem::path summary() const { return dir / layout::summary; }
   std::filesystem::path report_page() const { return dir / layout::report_page; }
   std::filesystem::path experiment_id() const { return dir / layout::experiment_id; }
+  std::filesystem::path lock() const { return dir / layout::lock; }
 };
 
 }  // namespace dettrial

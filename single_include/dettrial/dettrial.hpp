@@ -73,6 +73,11 @@ struct TrialError : Error {
 struct DistributedError : Error {
   using Error::Error;
 };
+/// A run or experiment folder that another live process is writing into (it holds the folder's
+/// lock); the message names that process's pid and host.
+struct FolderInUseError : Error {
+  using Error::Error;
+};
 
 }  // namespace dettrial
 // ---- end dettrial/error.hpp
@@ -117,6 +122,10 @@ inline constexpr const char* load_data = "load_data.json";
 /// The checkpoint's metadata (format, steps completed, files and their checksums).
 inline constexpr const char* metadata = "metadata.json";
 
+/// A run's or an experiment's lock: an advisory flock held while a process writes into the folder,
+/// its text the holder's pid and host.
+inline constexpr const char* lock = ".lock";
+
 // An experiment's folder.
 /// The experiment's config; each trial's folder holds its own.
 inline constexpr const char* config = "config.yaml";
@@ -150,6 +159,7 @@ struct RunFolder {
   std::filesystem::path trial_log() const { return dir / layout::trial_log; }
   /// A trial's experiment config (written into its folder by the experiment).
   std::filesystem::path config() const { return dir / layout::config; }
+  std::filesystem::path lock() const { return dir / layout::lock; }
 };
 
 /// A checkpoint's folder (Determined's layout) and the paths of its files.
@@ -176,6 +186,7 @@ struct ExperimentFolder {
   std::filesystem::path summary() const { return dir / layout::summary; }
   std::filesystem::path report_page() const { return dir / layout::report_page; }
   std::filesystem::path experiment_id() const { return dir / layout::experiment_id; }
+  std::filesystem::path lock() const { return dir / layout::lock; }
 };
 
 }  // namespace dettrial
@@ -958,6 +969,9 @@ class ExperimentConfig {
     std::int64_t save_experiment_best = 0;
     std::int64_t save_trial_best = 1;
     std::int64_t save_trial_latest = 1;
+    /// `async` (dettrial's): checkpoints are written by a background thread from a snapshot in host
+    /// memory while training goes on; false writes them in the step loop.
+    bool async = true;
   } checkpoint_storage;
   /// `profiling`: LibTorch's profiler over the global batches `begin_on_batch` to `end_after_batch`
   /// (inclusive; unset: to the end of training), written as a Chrome trace; `sync_timings` waits for
@@ -1273,6 +1287,10 @@ DETTRIAL_INLINE void ExperimentConfig::read_checkpoint_storage(const YAML::Node&
     r.read(cs, key, field);
     if (field < 0) throw ConfigError(detail::where(cs[key], r.source) + ": checkpoint_storage." + key + " must not be negative");
   }
+  if (const YAML::Node type = cs["type"]; type && type.IsScalar() && type.Scalar() != "shared_fs" && type.Scalar() != "directory")
+    throw ConfigError(detail::where(type, r.source) + ": checkpoint_storage type '" + type.Scalar() +
+                      "' is not one dettrial writes (shared_fs or directory, on a local or mounted file system)");
+  r.read(cs, "async", storage.async);
   std::string host_path, storage_path, container_path;
   r.read(cs, "host_path", host_path);
   r.read(cs, "storage_path", storage_path);
@@ -1362,7 +1380,8 @@ DETTRIAL_INLINE void ExperimentConfig::check_fields(const YAML::Node& root, cons
   static const std::vector<std::string> slurm = {"sbatch_args"};
   static const std::vector<std::string> slurm_cluster = {"slots_per_node", "gpu_type"};
   static const std::vector<std::string> storage = {
-      "type", "host_path", "storage_path", "container_path", "propagation", "save_experiment_best", "save_trial_best", "save_trial_latest"};
+      "type", "host_path", "storage_path", "container_path", "propagation", "save_experiment_best", "save_trial_best", "save_trial_latest",
+      "async"};
   // Cloud storage, and shared_fs's legacy checkpoint_path / tensorboard_path (paths inside a task's container).
   static const std::vector<std::string> storage_cloud = {
       "checkpoint_path", "tensorboard_path", "bucket",     "access_key", "secret_key",  "endpoint_url",      "prefix",
@@ -1379,12 +1398,6 @@ DETTRIAL_INLINE void ExperimentConfig::check_fields(const YAML::Node& root, cons
   for (const auto& [section, known] : sections)
     if (const YAML::Node node = root[section]; node && node.IsMap())
       check_map(node, std::string(section) + ".", *known.first, known.second ? *known.second : std::vector<std::string>{}, source, ignored);
-  if (const YAML::Node cs = root["checkpoint_storage"]; cs && cs.IsMap() && cs["type"]) {
-    const std::string type = cs["type"].Scalar();
-    if (type != "shared_fs" && type != "directory")
-      throw ConfigError(detail::where(cs["type"], source) + ": checkpoint_storage type '" + type +
-                        "' is not one dettrial writes (shared_fs or directory, on a local or mounted file system)");
-  }
 }
 
 DETTRIAL_INLINE void ExperimentConfig::check_map(const YAML::Node& map, const std::string& prefix, const std::vector<std::string>& known,
@@ -9589,14 +9602,17 @@ concept ImperativeTrial = Trial<T> && !DeclaresModel<T>;
 /// A checkpoint directory (Determined's layout):
 /// - `state_dict.pth`: `torch.load`-able dict with `models_state_dict`, `optimizers_state_dict` (Python
 ///   layout), `lr_schedulers_state_dict`, `callbacks`, `rng_state`;
-/// - `dettrial_state.pt`: LibTorch's own archives of the optimizers and schedulers (every optimizer
-///   restored exactly, whatever its type) and, mid gradient aggregation, the pending gradients;
+/// - `dettrial_state.pt`, only when needed: LibTorch's archive of what Python's layout cannot express
+///   (an optimizer of a type it does not hold, a scheduler without a Python-state reader) and, mid
+///   gradient aggregation, the pending gradients. Each tensor is stored once (format 2); a format-1
+///   checkpoint holds every optimizer and scheduler here again, and still loads;
 /// - `trial_state.json`: where the trial stands (batches, epochs, last validation and checkpoint);
 /// - `load_data.json`: the experiment config and hyperparameters;
 /// - `metadata.json`, written last: steps completed, framework, format, each file's size and CRC-32.
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <mutex>
 #include <optional>
 #include <sstream>
@@ -9676,6 +9692,11 @@ namespace dettrial {
  */
 DETTRIAL_INLINE void load_optimizer_state_dict(torch::optim::Optimizer& optimizer, const StateDict& state, const std::string& what);
 
+/// Whether Python's layout (optimizer_state_dict) holds all of `optimizer`'s state, so that
+/// load_optimizer_state_dict restores it exactly: every group's options and every parameter's state
+/// of a type it reads (SGD, Adam, AdamW, RMSprop, Adagrad, Adadelta, and the fused ones).
+DETTRIAL_INLINE bool python_layout_holds(torch::optim::Optimizer& optimizer);
+
 }  // namespace dettrial
 
 // Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
@@ -9697,6 +9718,7 @@ DETTRIAL_INLINE void load_optimizer_state_dict(torch::optim::Optimizer& optimize
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <memory>
 #include <sstream>
@@ -10216,6 +10238,8 @@ namespace detail {
  * weights-only loader allows (`_rebuild_tensor_v2`, the storage types, `OrderedDict`).
  */
 DETTRIAL_INLINE std::string pickle_archive(const c10::IValue& value);
+/// The same archive, passed to `sink` piece by piece as it is made (tensors' bytes as they are).
+DETTRIAL_INLINE void pickle_archive_to(const c10::IValue& value, const std::function<void(const void*, std::size_t)>& sink);
 
 /// `value` as a plain pickle (no tensors): what Python's `pickle.load` reads.
 DETTRIAL_INLINE std::string pickle_bytes(const c10::IValue& value);
@@ -10241,7 +10265,11 @@ DETTRIAL_INLINE std::string shape_text(c10::IntArrayRef sizes);
 /// Python's DistributedDataParallel saves `module.<name>`: the model's own names without it.
 DETTRIAL_INLINE StateDict unwrapped(const StateDict& d);
 
-inline c10::IValue scalar_tensor(double v) { return torch::tensor(v, torch::kFloat32); }
+/// A step count as Python's optimizers keep it: a float32 scalar tensor, or float64 past 2**24,
+/// where float32 would round it (Python's load_state_dict takes either).
+inline c10::IValue scalar_tensor(double v) {
+  return torch::tensor(v, static_cast<double>(static_cast<float>(v)) == v ? torch::kFloat32 : torch::kFloat64);
+}
 
 /// Adam and AdamW keep the same state and options under the same names.
 template <class State>
@@ -10307,6 +10335,12 @@ namespace dettrial {
 namespace detail {
 
 DETTRIAL_INLINE std::string pickle_archive(const c10::IValue& value) {
+  std::string out;
+  pickle_archive_to(value, [&](const void* bytes, std::size_t n) { out.append(static_cast<const char*>(bytes), n); });
+  return out;
+}
+
+DETTRIAL_INLINE void pickle_archive_to(const c10::IValue& value, const std::function<void(const void*, std::size_t)>& sink) {
   std::vector<char> pickle;
   torch::jit::Pickler pickler([&](const char* bytes, std::size_t n) { pickle.insert(pickle.end(), bytes, bytes + n); },
                               /*tensor_table=*/nullptr, /*type_renamer=*/nullptr, /*memoized_class_types=*/nullptr,
@@ -10314,14 +10348,12 @@ DETTRIAL_INLINE std::string pickle_archive(const c10::IValue& value) {
   pickler.protocol();
   pickler.pushIValue(value);
   pickler.stop();
-  std::string out;
   caffe2::serialize::PyTorchStreamWriter writer([&](const void* bytes, std::size_t n) {
-    out.append(static_cast<const char*>(bytes), n);
+    sink(bytes, n);
     return n;
   });
   torch::jit::writeArchiveAndTensors("data", pickle.data(), pickle.size(), pickler.tensorData(), writer);
   writer.writeEndOfFile();
-  return out;
 }
 
 DETTRIAL_INLINE std::string pickle_bytes(const c10::IValue& value) {
@@ -10750,6 +10782,16 @@ DETTRIAL_INLINE void load_optimizer_state_dict(torch::optim::Optimizer& optimize
   }
 }
 
+DETTRIAL_INLINE bool python_layout_holds(torch::optim::Optimizer& optimizer) {
+  for (auto& group : optimizer.param_groups())
+    if (!python_optimizer_detail::kind_of(group.options()).name) return false;
+  for (const auto& [key, state] : optimizer.state()) {
+    c10::impl::GenericDict scratch(c10::StringType::get(), c10::AnyType::get());
+    if (!detail::python_param_state(*state, scratch)) return false;
+  }
+  return true;
+}
+
 }  // namespace dettrial
 #endif  // DETTRIAL_HEADER_DEFINITIONS
 // ---- end dettrial/checkpoint/python_optimizer.hpp
@@ -10764,6 +10806,7 @@ DETTRIAL_INLINE void load_optimizer_state_dict(torch::optim::Optimizer& optimize
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -10775,7 +10818,11 @@ DETTRIAL_INLINE void load_optimizer_state_dict(torch::optim::Optimizer& optimize
 namespace dettrial {
 
 /// The layout version dettrial writes into `metadata.json`; it refuses to read newer ones.
-inline constexpr std::int64_t checkpoint_format_version = 1;
+/// - 1: LibTorch's archive (`dettrial_state.pt`) holds every optimizer and scheduler again, beside
+///   Python's layout in `state_dict.pth`;
+/// - 2: each tensor is stored once: optimizers and schedulers are restored from Python's layout, and
+///   `dettrial_state.pt` (written only when needed) holds what that layout cannot express.
+inline constexpr std::int64_t checkpoint_format_version = 2;
 
 /// One complete checkpoint directory, as its `metadata.json` describes it.
 struct CheckpointInfo {
@@ -10786,6 +10833,8 @@ struct CheckpointInfo {
   std::int64_t epochs_trained = 0;
   /// Write order within its storage directory (1, 2, ...).
   std::int64_t sequence = 0;
+  /// Its `dettrial_format` (checkpoint_format_version when written); 0 for one Determined wrote.
+  std::int64_t format = 0;
   /// The searcher metric of the validation at the same batch, if there was one.
   std::optional<double> validation_metric{};
   /// Written by Determined (its metadata has `determined_version` and no `dettrial_format`): the
@@ -10814,6 +10863,8 @@ DETTRIAL_INLINE void sync_directory(const std::filesystem::path& dir);
 DETTRIAL_INLINE std::string read_file_bytes(const std::filesystem::path& path);
 
 DETTRIAL_INLINE std::uint32_t crc32_of(std::string_view bytes);
+/// The CRC-32 of what `crc` covered followed by `bytes`.
+DETTRIAL_INLINE std::uint32_t crc32_continue(std::uint32_t crc, std::string_view bytes);
 
 /// A random (version 4) UUID, Determined's name for a checkpoint directory.
 DETTRIAL_INLINE std::string new_uuid();
@@ -10839,6 +10890,12 @@ class CheckpointWriter {
   ~CheckpointWriter();
 
   void add_file(const std::string& name, std::string_view bytes);
+
+  /// Receives a file's bytes piece by piece.
+  using ByteSink = std::function<void(const void* data, std::size_t size)>;
+  /// Writes file `name` from the pieces `produce` passes to the sink it is given, as they come:
+  /// a large file is never held in memory whole.
+  void add_file(const std::string& name, const std::function<void(const ByteSink&)>& produce);
 
   /// Writes `metadata.json`: the members of `fields` (a JSON object), then `"files"` (each file's
   /// `"size"` and `"crc32"`), and moves the checkpoint into place. Returns its final path.
@@ -11122,15 +11179,19 @@ DETTRIAL_INLINE std::string read_file_bytes(const std::filesystem::path& path) {
   return std::move(bytes).str();
 }
 
-DETTRIAL_INLINE std::uint32_t crc32_of(std::string_view bytes) {
-  uLong crc = ::crc32(0L, Z_NULL, 0);
+DETTRIAL_INLINE std::uint32_t crc32_continue(std::uint32_t crc, std::string_view bytes) {
+  uLong value = crc;
   // zlib takes uInt lengths: feed large buffers in pieces.
   while (!bytes.empty()) {
     const std::size_t n = std::min<std::size_t>(bytes.size(), 1u << 30);
-    crc = ::crc32(crc, reinterpret_cast<const Bytef*>(bytes.data()), static_cast<uInt>(n));
+    value = ::crc32(value, reinterpret_cast<const Bytef*>(bytes.data()), static_cast<uInt>(n));
     bytes.remove_prefix(n);
   }
-  return static_cast<std::uint32_t>(crc);
+  return static_cast<std::uint32_t>(value);
+}
+
+DETTRIAL_INLINE std::uint32_t crc32_of(std::string_view bytes) {
+  return crc32_continue(static_cast<std::uint32_t>(::crc32(0L, Z_NULL, 0)), bytes);
 }
 
 DETTRIAL_INLINE std::string new_uuid() {
@@ -11180,6 +11241,34 @@ DETTRIAL_INLINE CheckpointWriter::~CheckpointWriter() {
 DETTRIAL_INLINE void CheckpointWriter::add_file(const std::string& name, std::string_view bytes) {
   detail::write_file_synced(temp_ / name, bytes);
   files_.push_back({name, bytes.size(), detail::crc32_of(bytes)});
+}
+
+DETTRIAL_INLINE void CheckpointWriter::add_file(const std::string& name, const std::function<void(const ByteSink&)>& produce) {
+  const std::filesystem::path path = temp_ / name;
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) throw CheckpointError("cannot create '" + path.string() + "': " + detail::errno_text());
+  FileEntry entry{name, 0, 0};
+  std::uint32_t crc = detail::crc32_of({});
+  try {
+    produce([&](const void* data, std::size_t size) {
+      const auto* bytes = static_cast<const char*>(data);
+      crc = detail::crc32_continue(crc, {bytes, size});
+      for (std::size_t done = 0; done < size;) {
+        const ssize_t n = ::write(fd, bytes + done, size - done);
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0) throw CheckpointError("cannot write '" + path.string() + "': " + detail::errno_text());
+        done += static_cast<std::size_t>(n);
+      }
+      entry.size += size;
+    });
+    if (::fsync(fd) != 0) throw CheckpointError("cannot sync '" + path.string() + "' to disk: " + detail::errno_text());
+  } catch (...) {
+    ::close(fd);
+    throw;
+  }
+  if (::close(fd) != 0) throw CheckpointError("cannot close '" + path.string() + "': " + detail::errno_text());
+  entry.crc32 = crc;
+  files_.push_back(std::move(entry));
 }
 
 DETTRIAL_INLINE std::filesystem::path CheckpointWriter::commit(detail::Json fields) {
@@ -11243,6 +11332,7 @@ DETTRIAL_INLINE CheckpointInfo read_checkpoint_info(const std::filesystem::path&
     if (format > checkpoint_format_version)
       throw CheckpointError("'" + meta_path.string() + "' is checkpoint format " + std::to_string(format) +
                             ", written by a newer dettrial; this one reads formats up to " + std::to_string(checkpoint_format_version));
+    info.format = format;
     info.uuid = detail::json_as<std::string>(field("uuid"), "uuid");
     info.batches_trained = detail::json_as<std::int64_t>(field("steps_completed"), "steps_completed");
     info.epochs_trained = detail::json_as<std::int64_t>(field("epochs_trained"), "epochs_trained");
@@ -11389,14 +11479,28 @@ DETTRIAL_INLINE const c10::IValue& require_entry(const StateDict& dict, const ch
 /// A checkpoint's `state_dict.pth`, its size and CRC-32 checked, as a dict.
 DETTRIAL_INLINE StateDict read_state_dict_file(const std::filesystem::path& dir);
 
+/// Maps a tensor of the live state to the one a checkpoint stores (the snapshot's host copy).
+using TensorKeeper = std::function<torch::Tensor(const torch::Tensor&)>;
+
+/// `dettrial_state.pt` before it is serialized.
+struct NativeState {
+  torch::serialize::OutputArchive archive;
+  /// It holds an optimizer's own save() of its live state, which training changes in place: it is
+  /// serialized before training goes on (the rest of a checkpoint is written in the background).
+  bool holds_live_state = false;
+  std::string bytes();
+};
+
 /// Moves a Context's state into and out of checkpoint files, through the Context's public accessors.
 struct ContextCheckpoint {
   /// The Python-readable part (without callbacks, which the trainer adds).
   static StateDict python_state(Context& c, const std::vector<torch::Tensor>& cpu_rng_per_rank = {},
                                 const std::vector<torch::Tensor>& gpu_rng_per_rank = {});
 
-  /// LibTorch's archives of the optimizers and schedulers, and pending gradients when `with_grads`.
-  static std::string native_state(Context& c, bool with_grads);
+  /// LibTorch's archive of what Python's layout cannot express: the optimizers it cannot hold
+  /// (python_layout_holds), the schedulers without a Python-state reader and, `with_grads`, the
+  /// pending gradients, each taken through `keep` (the snapshot's copy). nullopt: nothing to write.
+  static std::optional<NativeState> native_state(Context& c, bool with_grads, const TensorKeeper& keep);
 
   /// Checks and loads every model of `top` (state_dict.pth's dict) into the context's models.
   static void load_models(Context& c, const StateDict& top, const std::filesystem::path& file);
@@ -11408,13 +11512,26 @@ struct ContextCheckpoint {
   /// CRC-32 of the chief's saved state mixed with the rank.
   static std::uint64_t new_rank_seed(const torch::Tensor& chiefs_state, std::int64_t rank);
 
-  static void load_native(Context& c, const std::string& bytes, const std::filesystem::path& file);
+  /// LibTorch's archive `bytes` (`file` names it in errors).
+  static torch::serialize::InputArchive read_native(const std::string& bytes, const std::filesystem::path& file);
 
-  /// Restores the optimizers and schedulers from state_dict.pth's Python layout (a checkpoint
-  /// Determined wrote): every optimizer through load_optimizer_state_dict, every scheduler through
-  /// its Python-state reader. A part that cannot be carried over is a CheckpointError naming it,
-  /// or, with `fresh_parts`, a one-line warning and that part as the trial made it.
-  static void load_python_layout(Context& c, const StateDict& top, const std::filesystem::path& file, bool fresh_parts);
+  /// A format-1 checkpoint: every optimizer and scheduler from LibTorch's archive, and pending gradients.
+  static void load_native(Context& c, torch::serialize::InputArchive& archive, const std::filesystem::path& file);
+
+  /// Restores the optimizers and schedulers from state_dict.pth's Python layout (format 2, and a
+  /// checkpoint Determined wrote): each optimizer through load_optimizer_state_dict, each scheduler
+  /// through its Python-state reader, except those `native` (format 2's archive, when written)
+  /// holds, and the pending gradients it holds. A part that cannot be carried over is a
+  /// CheckpointError naming it, or, with `fresh_parts`, a one-line warning and that part as the
+  /// trial made it.
+  static void load_python_layout(Context& c, const StateDict& top, const std::filesystem::path& file, bool fresh_parts,
+                                 torch::serialize::InputArchive* native = nullptr);
+
+ private:
+  static void load_native_optimizer(Context& c, std::size_t i, torch::serialize::InputArchive& one, const std::string& what);
+  static void load_native_scheduler(Context& c, std::size_t i, torch::serialize::InputArchive& one, const std::string& what);
+  /// The pending gradients `archive` holds (none: nothing was pending at the checkpoint).
+  static void load_native_grads(Context& c, torch::serialize::InputArchive& archive);
 };
 
 /// NumPy's and Python's generator states as Determined seeds them (`np.random.seed(seed)`,
@@ -11659,12 +11776,23 @@ DETTRIAL_INLINE StateDict ContextCheckpoint::python_state(Context& c, const std:
   return out;
 }
 
-DETTRIAL_INLINE std::string ContextCheckpoint::native_state(Context& c, bool with_grads) {
+DETTRIAL_INLINE std::string NativeState::bytes() {
+  std::string out;
+  archive.save_to([&](const void* data, std::size_t n) {
+    out.append(static_cast<const char*>(data), n);
+    return n;
+  });
+  return out;
+}
+
+DETTRIAL_INLINE std::optional<NativeState> ContextCheckpoint::native_state(Context& c, bool with_grads, const TensorKeeper& keep) {
   pull_device_optimizer_state(c);
-  torch::serialize::OutputArchive archive;
-  archive.write("format", c10::IValue(checkpoint_format_version));
+  NativeState out;
+  bool any = false;
+  out.archive.write("format", c10::IValue(checkpoint_format_version));
   torch::serialize::OutputArchive optimizers;
   for (std::size_t i = 0; i < c.num_optimizers(); ++i) {
+    if (python_layout_holds(c.optimizer(i))) continue;
     torch::serialize::OutputArchive one;
     c.optimizer(i).save(one);
     // LibTorch's optimizer load restores the per-parameter state but not the groups' options
@@ -11678,15 +11806,18 @@ DETTRIAL_INLINE std::string ContextCheckpoint::native_state(Context& c, bool wit
     }
     one.write("dettrial_group_options", groups);
     optimizers.write(std::to_string(i), one);
+    any = out.holds_live_state = true;
   }
-  archive.write("optimizers", optimizers);
+  out.archive.write("optimizers", optimizers);
   torch::serialize::OutputArchive schedulers;
   for (std::size_t i = 0; i < c.num_lr_schedulers(); ++i) {
+    if (c.lr_scheduler(i).load_python_state) continue;
     torch::serialize::OutputArchive one;
     c.lr_scheduler(i).save(c.lr_scheduler(i).scheduler, one);
     schedulers.write(std::to_string(i), one);
+    any = true;
   }
-  archive.write("schedulers", schedulers);
+  out.archive.write("schedulers", schedulers);
   if (with_grads) {
     // By position: the models were checked entry by entry before these are read back.
     torch::serialize::OutputArchive grads;
@@ -11694,16 +11825,13 @@ DETTRIAL_INLINE std::string ContextCheckpoint::native_state(Context& c, bool wit
       torch::serialize::OutputArchive model;
       const auto params = c.models()[i]->parameters();
       for (std::size_t j = 0; j < params.size(); ++j)
-        if (params[j].grad().defined()) model.write("p" + std::to_string(j), params[j].grad(), /*is_buffer=*/true);
+        if (params[j].grad().defined()) model.write("p" + std::to_string(j), keep(params[j].grad()), /*is_buffer=*/true);
       grads.write(std::to_string(i), model);
     }
-    archive.write("grads", grads);
+    out.archive.write("grads", grads);
+    any = true;
   }
-  std::string out;
-  archive.save_to([&](const void* bytes, std::size_t n) {
-    out.append(static_cast<const char*>(bytes), n);
-    return n;
-  });
+  if (!any) return std::nullopt;
   return out;
 }
 
@@ -11769,8 +11897,9 @@ DETTRIAL_INLINE void ContextCheckpoint::load_rng(Context& c, const StateDict& to
 }
 
 DETTRIAL_INLINE void ContextCheckpoint::load_python_layout(Context& c, const StateDict& top, const std::filesystem::path& file,
-                                                           bool fresh_parts) {
+                                                           bool fresh_parts, torch::serialize::InputArchive* native) {
   const std::string what = "checkpoint file '" + file.string() + "'";
+  const std::string native_what = "checkpoint file '" + (file.parent_path() / layout::libtorch_state).string() + "'";
   const auto part = [&](const std::string& name, const std::function<void()>& load) {
     try {
       load();
@@ -11790,9 +11919,15 @@ DETTRIAL_INLINE void ContextCheckpoint::load_python_layout(Context& c, const Sta
                             std::to_string(expected));
     return list;
   };
+  // The archive's own section for part `index` of `section`, when format 2 put it there.
+  const auto archived = [&](const char* section, std::size_t index, torch::serialize::InputArchive& one) {
+    torch::serialize::InputArchive parts;
+    return native && native->try_read(section, parts) && parts.try_read(std::to_string(index), one);
+  };
   const auto optimizers = list_of("optimizers_state_dict", c.num_optimizers(), "optimizer(s)");
   for (std::size_t i = 0; i < optimizers.size(); ++i)
     part("optimizer " + std::to_string(i), [&] {
+      if (torch::serialize::InputArchive one; archived("optimizers", i, one)) return load_native_optimizer(c, i, one, native_what);
       const std::string name = what + ", optimizer " + std::to_string(i);
       if (!optimizers.get(i).isGenericDict()) throw CheckpointError(name + " is not a state dict");
       load_optimizer_state_dict(c.optimizer(i), optimizers.get(i).toGenericDict(), name);
@@ -11800,6 +11935,7 @@ DETTRIAL_INLINE void ContextCheckpoint::load_python_layout(Context& c, const Sta
   const auto schedulers = list_of("lr_schedulers_state_dict", c.num_lr_schedulers(), "LR scheduler(s)");
   for (std::size_t i = 0; i < schedulers.size(); ++i)
     part("LR scheduler " + std::to_string(i), [&] {
+      if (torch::serialize::InputArchive one; archived("schedulers", i, one)) return load_native_scheduler(c, i, one, native_what);
       const std::string name = what + ", LR scheduler " + std::to_string(i);
       const WrappedScheduler& s = c.lr_scheduler(i);
       if (!s.load_python_state)
@@ -11808,6 +11944,7 @@ DETTRIAL_INLINE void ContextCheckpoint::load_python_layout(Context& c, const Sta
       if (!schedulers.get(i).isGenericDict()) throw CheckpointError(name + " is not a state dict");
       s.load_python_state(s.scheduler, schedulers.get(i).toGenericDict(), name);
     });
+  if (native) return load_native_grads(c, *native);
   for (const auto& model : c.models())  // nothing pending: Determined checkpoints at optimizer steps
     for (auto& p : model->parameters()) p.mutable_grad() = torch::Tensor();
 }
@@ -11817,59 +11954,48 @@ DETTRIAL_INLINE void ContextCheckpoint::set_generator_state(at::Generator genera
   generator.set_state(state);
 }
 
-DETTRIAL_INLINE void ContextCheckpoint::load_native(Context& c, const std::string& bytes, const std::filesystem::path& file) {
-  const std::string what = "checkpoint file '" + file.string() + "'";
+DETTRIAL_INLINE torch::serialize::InputArchive ContextCheckpoint::read_native(const std::string& bytes, const std::filesystem::path& file) {
   torch::serialize::InputArchive archive;
   try {
     archive.load_from(bytes.data(), bytes.size());
   } catch (const std::exception& e) {
-    throw CheckpointError("cannot read " + what + ": " + first_line(e.what()));
+    throw CheckpointError("cannot read checkpoint file '" + file.string() + "': " + first_line(e.what()));
   }
-  auto sub = [&](const char* key) {
-    torch::serialize::InputArchive a;
-    if (!archive.try_read(key, a)) throw CheckpointError(what + " has no '" + key + "' section");
-    return a;
-  };
-  auto count = [](torch::serialize::InputArchive& a) { return a.keys().size(); };
-  torch::serialize::InputArchive optimizers = sub("optimizers");
-  if (count(optimizers) != c.num_optimizers())
-    throw CheckpointError(what + " holds " + std::to_string(count(optimizers)) + " optimizer(s), but the trial wraps " +
-                          std::to_string(c.num_optimizers()));
-  for (std::size_t i = 0; i < c.num_optimizers(); ++i) {
-    torch::serialize::InputArchive one;
-    optimizers.read(std::to_string(i), one);
-    try {
-      auto& optimizer = c.optimizer(i);
-      optimizer.load(one);
-      torch::serialize::InputArchive groups;
-      one.read("dettrial_group_options", groups);
-      for (std::size_t g = 0; g < optimizer.param_groups().size(); ++g) {
-        torch::serialize::InputArchive options;
-        groups.read(std::to_string(g), options);
-        optimizer.param_groups()[g].options().serialize(options);
-      }
-      // Device-side state (FusedAdam's step counts) follows the loaded state, and learning rates the loaded options.
-      if (auto* capturable = dynamic_cast<optim::CapturableOptimizer*>(&optimizer)) {
-        capturable->push_device_state();
-        capturable->sync_learning_rates(optimizer.param_groups());
-      }
-    } catch (const std::exception& e) {
-      throw CheckpointError(what + ": optimizer " + std::to_string(i) + " does not match the trial's: " + first_line(e.what()));
+  return archive;
+}
+
+DETTRIAL_INLINE void ContextCheckpoint::load_native_optimizer(Context& c, std::size_t i, torch::serialize::InputArchive& one,
+                                                              const std::string& what) {
+  try {
+    auto& optimizer = c.optimizer(i);
+    optimizer.load(one);
+    torch::serialize::InputArchive groups;
+    one.read("dettrial_group_options", groups);
+    for (std::size_t g = 0; g < optimizer.param_groups().size(); ++g) {
+      torch::serialize::InputArchive options;
+      groups.read(std::to_string(g), options);
+      optimizer.param_groups()[g].options().serialize(options);
     }
-  }
-  torch::serialize::InputArchive schedulers = sub("schedulers");
-  if (count(schedulers) != c.num_lr_schedulers())
-    throw CheckpointError(what + " holds " + std::to_string(count(schedulers)) + " LR scheduler(s), but the trial wraps " +
-                          std::to_string(c.num_lr_schedulers()));
-  for (std::size_t i = 0; i < c.num_lr_schedulers(); ++i) {
-    torch::serialize::InputArchive one;
-    schedulers.read(std::to_string(i), one);
-    try {
-      c.lr_scheduler(i).load(c.lr_scheduler(i).scheduler, one);
-    } catch (const std::exception& e) {
-      throw CheckpointError(what + ": LR scheduler " + std::to_string(i) + " cannot be restored: " + first_line(e.what()));
+    // Device-side state (FusedAdam's step counts) follows the loaded state, and learning rates the loaded options.
+    if (auto* capturable = dynamic_cast<optim::CapturableOptimizer*>(&optimizer)) {
+      capturable->push_device_state();
+      capturable->sync_learning_rates(optimizer.param_groups());
     }
+  } catch (const std::exception& e) {
+    throw CheckpointError(what + ": optimizer " + std::to_string(i) + " does not match the trial's: " + first_line(e.what()));
   }
+}
+
+DETTRIAL_INLINE void ContextCheckpoint::load_native_scheduler(Context& c, std::size_t i, torch::serialize::InputArchive& one,
+                                                              const std::string& what) {
+  try {
+    c.lr_scheduler(i).load(c.lr_scheduler(i).scheduler, one);
+  } catch (const std::exception& e) {
+    throw CheckpointError(what + ": LR scheduler " + std::to_string(i) + " cannot be restored: " + first_line(e.what()));
+  }
+}
+
+DETTRIAL_INLINE void ContextCheckpoint::load_native_grads(Context& c, torch::serialize::InputArchive& archive) {
   torch::serialize::InputArchive grads;
   const bool has_grads = archive.try_read("grads", grads);
   for (std::size_t i = 0; i < c.models().size(); ++i) {
@@ -11882,6 +12008,36 @@ DETTRIAL_INLINE void ContextCheckpoint::load_native(Context& c, const std::strin
       else if (params[j].grad().defined()) params[j].mutable_grad() = torch::Tensor();  // nothing was pending at the checkpoint
     }
   }
+}
+
+DETTRIAL_INLINE void ContextCheckpoint::load_native(Context& c, torch::serialize::InputArchive& archive,
+                                                    const std::filesystem::path& file) {
+  const std::string what = "checkpoint file '" + file.string() + "'";
+  auto sub = [&](const char* key) {
+    torch::serialize::InputArchive a;
+    if (!archive.try_read(key, a)) throw CheckpointError(what + " has no '" + key + "' section");
+    return a;
+  };
+  const auto require_count = [&](torch::serialize::InputArchive& a, std::size_t expected, const char* things) {
+    if (a.keys().size() != expected)
+      throw CheckpointError(what + " holds " + std::to_string(a.keys().size()) + " " + things + ", but the trial wraps " +
+                            std::to_string(expected));
+  };
+  torch::serialize::InputArchive optimizers = sub("optimizers");
+  require_count(optimizers, c.num_optimizers(), "optimizer(s)");
+  for (std::size_t i = 0; i < c.num_optimizers(); ++i) {
+    torch::serialize::InputArchive one;
+    optimizers.read(std::to_string(i), one);
+    load_native_optimizer(c, i, one, what);
+  }
+  torch::serialize::InputArchive schedulers = sub("schedulers");
+  require_count(schedulers, c.num_lr_schedulers(), "LR scheduler(s)");
+  for (std::size_t i = 0; i < c.num_lr_schedulers(); ++i) {
+    torch::serialize::InputArchive one;
+    schedulers.read(std::to_string(i), one);
+    load_native_scheduler(c, i, one, what);
+  }
+  load_native_grads(c, archive);
 }
 
 }  // namespace detail
@@ -11914,7 +12070,9 @@ DETTRIAL_INLINE void load_model(const std::filesystem::path& path, torch::nn::Mo
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <filesystem>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -12123,6 +12281,254 @@ static_assert(CheckpointPolicyType<checkpoint_policy::all> && CheckpointPolicyTy
 
 }  // namespace dettrial
 // ---- end dettrial/checkpoint/policy.hpp
+// ---- begin dettrial/checkpoint/snapshot.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief What lets a checkpoint be written while training goes on: a snapshot of the state in host
+/// memory the snapshot owns (reused from one checkpoint to the next), and the background thread that
+/// writes it, one checkpoint at a time.
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <future>
+#include <map>
+#include <tuple>
+#include <vector>
+
+#include <torch/torch.h>
+
+
+namespace dettrial::detail {
+
+/**
+ * @brief Copies of a checkpoint's tensors in host memory owned here. The buffers of one snapshot
+ * are reused by the next (same place in the state, same shape and type), so a run's checkpoints
+ * cost one host copy of the state in all, allocated at the first. A CUDA tensor goes to pinned
+ * memory asynchronously; finish() waits for those copies once.
+ */
+class HostSnapshot {
+ public:
+  /// Starts a snapshot: the copies that follow reuse the last one's buffers, in order.
+  void begin();
+  /// `state` with every tensor replaced by its copy; dicts, lists and tuples are copied, other
+  /// values shared (they are immutable). Tensors that share storage (tied weights) share one copy,
+  /// so each is stored once, as torch.save stores it.
+  c10::IValue take(const c10::IValue& state);
+  /// One tensor's copy.
+  torch::Tensor keep(const torch::Tensor& t);
+  /// Ends the snapshot: waits for the copies from a device, once, before any other thread reads them.
+  void finish();
+
+  /// The host memory the snapshot holds, in bytes.
+  std::size_t bytes() const;
+
+ private:
+  c10::IValue copy(const c10::IValue& v);
+  torch::Tensor buffer_like(const torch::Tensor& t);
+
+  std::vector<torch::Tensor> buffers_;
+  std::size_t next_ = 0;
+  bool copied_from_device_ = false;
+  std::map<std::tuple<const void*, std::vector<std::int64_t>, std::vector<std::int64_t>, int>, torch::Tensor> taken_;
+};
+
+/// The bytes of the tensors in `state` (dicts, lists and tuples searched), tensors sharing storage counted once.
+DETTRIAL_INLINE std::size_t tensor_bytes(const c10::IValue& state);
+
+/// The memory the system has available for new allocations (MemAvailable), in bytes; 0 when unknown.
+DETTRIAL_INLINE std::size_t available_memory();
+
+/**
+ * @brief One checkpoint write at a time on a background thread, whose failure is rethrown where it is
+ * collected. Destroying it waits for a write in flight: a checkpoint begun is completed (or its
+ * temporary directory removed), even when training fails.
+ */
+class BackgroundWrite {
+ public:
+  BackgroundWrite() = default;
+  BackgroundWrite(BackgroundWrite&&) noexcept = default;
+  BackgroundWrite& operator=(BackgroundWrite&& other) noexcept;
+  ~BackgroundWrite();
+
+  /// Runs `write` on a new thread, at a lower priority than training's (see the definition).
+  void start(std::function<CheckpointInfo()> write);
+  /// Runs `write` on this thread (a synchronous checkpoint); collect() returns what it wrote.
+  void run_here(const std::function<CheckpointInfo()>& write);
+  /// Whether a write was started and not yet collected.
+  bool in_flight() const { return future_.valid(); }
+  /// Whether that write has ended (collect() then returns at once).
+  bool ended() const;
+  /// Waits for the write and returns what it wrote, or rethrows its error.
+  CheckpointInfo collect();
+
+ private:
+  std::future<CheckpointInfo> future_;
+};
+
+}  // namespace dettrial::detail
+
+// Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
+#if DETTRIAL_HEADER_DEFINITIONS
+#include <chrono>
+#include <cstdlib>
+#include <exception>
+#include <fstream>
+#include <set>
+#include <string>
+#include <utility>
+
+#include <sys/resource.h>
+#include <unistd.h>
+
+namespace dettrial::detail {
+
+DETTRIAL_INLINE void HostSnapshot::begin() {
+  next_ = 0;
+  copied_from_device_ = false;
+  taken_.clear();
+}
+
+DETTRIAL_INLINE c10::IValue HostSnapshot::take(const c10::IValue& state) { return copy(state); }
+
+DETTRIAL_INLINE void HostSnapshot::finish() {
+  if (copied_from_device_) torch::cuda::synchronize();
+  copied_from_device_ = false;
+  taken_.clear();
+}
+
+DETTRIAL_INLINE torch::Tensor HostSnapshot::keep(const torch::Tensor& t) {
+  if (!t.defined()) return t;
+  const torch::Tensor source = t.detach();
+  const auto key = std::make_tuple(static_cast<const void*>(source.data_ptr()), source.sizes().vec(), source.strides().vec(),
+                                   static_cast<int>(source.scalar_type()));
+  if (const auto found = taken_.find(key); found != taken_.end()) return found->second;
+  torch::Tensor copy;
+  if (source.layout() != torch::kStrided) {
+    copy = source.to(torch::kCPU, /*non_blocking=*/false, /*copy=*/true);  // sparse: a copy of its own, not reused
+  } else {
+    copy = buffer_like(source);
+    const bool from_device = source.is_cuda();
+    copy.copy_(source, /*non_blocking=*/from_device);
+    copied_from_device_ = copied_from_device_ || from_device;
+  }
+  taken_.emplace(key, copy);
+  return copy;
+}
+
+DETTRIAL_INLINE std::size_t HostSnapshot::bytes() const {
+  std::size_t n = 0;
+  for (const auto& b : buffers_) n += b.nbytes();
+  return n;
+}
+
+DETTRIAL_INLINE c10::IValue HostSnapshot::copy(const c10::IValue& v) {
+  if (v.isTensor()) return keep(v.toTensor());
+  if (v.isGenericDict()) {
+    const auto dict = v.toGenericDict();
+    c10::impl::GenericDict out(dict.keyType(), dict.valueType());
+    out.reserve(dict.size());
+    for (const auto& entry : dict) out.insert(entry.key(), copy(entry.value()));
+    return out;
+  }
+  if (v.isList()) {
+    const auto list = v.toList();
+    c10::impl::GenericList out(list.elementType());
+    out.reserve(list.size());
+    for (const c10::IValue& element : list) out.push_back(copy(element));
+    return out;
+  }
+  if (v.isTuple()) {
+    std::vector<c10::IValue> elements;
+    for (const c10::IValue& element : v.toTupleRef().elements()) elements.push_back(copy(element));
+    return c10::ivalue::Tuple::create(std::move(elements));
+  }
+  return v;
+}
+
+DETTRIAL_INLINE torch::Tensor HostSnapshot::buffer_like(const torch::Tensor& t) {
+  const auto options = torch::TensorOptions().dtype(t.scalar_type()).device(torch::kCPU).pinned_memory(t.is_cuda());
+  if (next_ < buffers_.size()) {
+    torch::Tensor& reused = buffers_[next_];
+    if (reused.sizes() == t.sizes() && reused.scalar_type() == t.scalar_type() && reused.is_pinned() == t.is_cuda()) {
+      ++next_;
+      return reused;
+    }
+    reused = torch::empty(t.sizes(), options);  // the state changed shape here (an optimizer's first step): replaced
+    return buffers_[next_++];
+  }
+  buffers_.push_back(torch::empty(t.sizes(), options));
+  ++next_;
+  return buffers_.back();
+}
+
+DETTRIAL_INLINE std::size_t tensor_bytes(const c10::IValue& state) {
+  std::set<const void*> storages;
+  std::size_t n = 0;
+  const std::function<void(const c10::IValue&)> visit = [&](const c10::IValue& v) {
+    if (v.isTensor()) {
+      const torch::Tensor& t = v.toTensor();
+      if (t.defined() && t.layout() == torch::kStrided && storages.insert(t.storage().unsafeGetStorageImpl()).second) n += t.nbytes();
+    } else if (v.isGenericDict()) {
+      for (const auto& entry : v.toGenericDict()) visit(entry.value());
+    } else if (v.isList()) {
+      for (const c10::IValue& element : v.toList()) visit(element);
+    } else if (v.isTuple()) {
+      for (const c10::IValue& element : v.toTupleRef().elements()) visit(element);
+    }
+  };
+  visit(state);
+  return n;
+}
+
+DETTRIAL_INLINE std::size_t available_memory() {
+  std::ifstream meminfo("/proc/meminfo");
+  for (std::string line; std::getline(meminfo, line);)
+    if (line.rfind("MemAvailable:", 0) == 0) return std::strtoull(line.c_str() + 13, nullptr, 10) * 1024;  // in kB
+  return 0;
+}
+
+DETTRIAL_INLINE BackgroundWrite& BackgroundWrite::operator=(BackgroundWrite&& other) noexcept {
+  if (this != &other) {
+    if (future_.valid()) future_.wait();
+    future_ = std::move(other.future_);
+  }
+  return *this;
+}
+
+DETTRIAL_INLINE BackgroundWrite::~BackgroundWrite() {
+  if (future_.valid()) future_.wait();
+}
+
+DETTRIAL_INLINE void BackgroundWrite::start(std::function<CheckpointInfo()> write) {
+  future_ = std::async(std::launch::async, [write = std::move(write)] {
+    // Serializing, checksumming and copying into the page cache take CPU time that the step loop's
+    // threads would otherwise get: the writer runs niced, so on a machine whose cores training
+    // fills it takes the time training leaves (the write still ends: nice is a share, not a stop).
+    ::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), 10);
+    return write();
+  });
+}
+
+DETTRIAL_INLINE void BackgroundWrite::run_here(const std::function<CheckpointInfo()>& write) {
+  std::promise<CheckpointInfo> result;
+  future_ = result.get_future();
+  try {
+    result.set_value(write());
+  } catch (...) {
+    result.set_exception(std::current_exception());
+  }
+}
+
+DETTRIAL_INLINE bool BackgroundWrite::ended() const {
+  return future_.valid() && future_.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
+}
+
+DETTRIAL_INLINE CheckpointInfo BackgroundWrite::collect() { return future_.get(); }
+
+}  // namespace dettrial::detail
+#endif  // DETTRIAL_HEADER_DEFINITIONS
+// ---- end dettrial/checkpoint/snapshot.hpp
 // ---- begin dettrial/checkpoint/trial_checkpoint.hpp
 // SPDX-License-Identifier: Apache-2.0
 /// @file
@@ -12179,10 +12585,31 @@ struct TrialCheckpointRecord {
   std::string trial_type;
 };
 
-/// Writes a checkpoint into `storage` (crash-safe: a temporary directory renamed when complete) and
-/// returns what list_checkpoints will say about it. `top` is state_dict.pth's dict.
-DETTRIAL_INLINE CheckpointInfo write_trial_checkpoint(Context& c, const std::filesystem::path& storage, const StateDict& top,
-                                                      const TrialCheckpointRecord& record);
+/**
+ * @brief A checkpoint taken at a boundary: its files' contents, every tensor a copy in `snapshot`'s
+ * host memory, so that write_checkpoint_files may run on another thread while training changes the
+ * live state.
+ */
+struct TakenCheckpoint {
+  std::filesystem::path storage;
+  /// What list_checkpoints will say about it, but its path (known once it is written).
+  CheckpointInfo info;
+  c10::IValue state_dict;
+  std::optional<NativeState> native;
+  /// `native` serialized already, when it held live state.
+  std::string native_bytes;
+  std::string trial_state, determined_trial_state, load_data, searcher_metric;
+};
+
+/// Takes a checkpoint of the Context (`top` is state_dict.pth's dict) into `snapshot`: on the
+/// training thread, at a boundary. Without a snapshot the tensors are the live state's own, and the
+/// checkpoint must be written before training goes on.
+DETTRIAL_INLINE TakenCheckpoint take_checkpoint(Context& c, const std::filesystem::path& storage, const StateDict& top,
+                                                const TrialCheckpointRecord& record, HostSnapshot* snapshot);
+
+/// Writes a taken checkpoint into its storage (crash-safe: a temporary directory renamed when
+/// complete) and returns what list_checkpoints will say about it. Any thread.
+DETTRIAL_INLINE CheckpointInfo write_checkpoint_files(TakenCheckpoint& taken);
 
 /// Restores the Context's models (names and shapes checked first), optimizers, schedulers, pending
 /// gradients and RNGs from checkpoint `dir`, whose state_dict.pth holds `top`. A checkpoint without
@@ -12237,19 +12664,50 @@ DETTRIAL_INLINE Json load_data(const Context& c, std::string_view trial_type) {
               {"is_trainer", true}};
 }
 
-DETTRIAL_INLINE CheckpointInfo write_trial_checkpoint(Context& c, const std::filesystem::path& storage, const StateDict& top,
-                                                      const TrialCheckpointRecord& record) {
-  CheckpointInfo info{.uuid = new_uuid(),
-                      .batches_trained = record.progress.batches_trained,
-                      .epochs_trained = record.progress.epochs_trained,
-                      .sequence = record.sequence,
-                      .validation_metric = record.validation_metric};
-  CheckpointWriter writer(storage, info.uuid);
-  writer.add_file(layout::state_dict, pickle_archive(top));
-  writer.add_file(layout::libtorch_state, ContextCheckpoint::native_state(c, record.mid_aggregation));
-  writer.add_file(layout::trial_state, record.progress.to_json());
-  writer.add_file(layout::determined_trial_state, record.progress.to_determined_pickle());
-  writer.add_file(layout::load_data, json_text(load_data(c, record.trial_type)));
+DETTRIAL_INLINE TakenCheckpoint take_checkpoint(Context& c, const std::filesystem::path& storage, const StateDict& top,
+                                                const TrialCheckpointRecord& record, HostSnapshot* snapshot) {
+  TakenCheckpoint taken{.storage = storage,
+                        .info = {.uuid = new_uuid(),
+                                 .batches_trained = record.progress.batches_trained,
+                                 .epochs_trained = record.progress.epochs_trained,
+                                 .sequence = record.sequence,
+                                 .format = checkpoint_format_version,
+                                 .validation_metric = record.validation_metric},
+                        .trial_state = record.progress.to_json(),
+                        .determined_trial_state = record.progress.to_determined_pickle(),
+                        .load_data = json_text(load_data(c, record.trial_type)),
+                        .searcher_metric = record.searcher_metric};
+  if (!snapshot) {
+    taken.state_dict = top;
+    taken.native = ContextCheckpoint::native_state(c, record.mid_aggregation, [](const torch::Tensor& t) { return t; });
+    return taken;
+  }
+  snapshot->begin();
+  taken.state_dict = snapshot->take(top);
+  taken.native = ContextCheckpoint::native_state(c, record.mid_aggregation, [&](const torch::Tensor& t) { return snapshot->keep(t); });
+  snapshot->finish();
+  if (taken.native && taken.native->holds_live_state) {
+    taken.native_bytes = taken.native->bytes();
+    taken.native.reset();
+  }
+  return taken;
+}
+
+DETTRIAL_INLINE CheckpointInfo write_checkpoint_files(TakenCheckpoint& taken) {
+  CheckpointInfo info = taken.info;
+  CheckpointWriter writer(taken.storage, info.uuid);
+  writer.add_file(layout::state_dict, [&](const CheckpointWriter::ByteSink& sink) { pickle_archive_to(taken.state_dict, sink); });
+  if (taken.native)
+    writer.add_file(layout::libtorch_state, [&](const CheckpointWriter::ByteSink& sink) {
+      taken.native->archive.save_to([&](const void* data, std::size_t n) {
+        sink(data, n);
+        return n;
+      });
+    });
+  else if (!taken.native_bytes.empty()) writer.add_file(layout::libtorch_state, taken.native_bytes);
+  writer.add_file(layout::trial_state, taken.trial_state);
+  writer.add_file(layout::determined_trial_state, taken.determined_trial_state);
+  writer.add_file(layout::load_data, taken.load_data);
   const std::string framework = "torch-" + std::to_string(TORCH_VERSION_MAJOR) + "." + std::to_string(TORCH_VERSION_MINOR) + "." +
                                 std::to_string(TORCH_VERSION_PATCH);
   Json metadata{{"uuid", info.uuid},
@@ -12259,8 +12717,8 @@ DETTRIAL_INLINE CheckpointInfo write_trial_checkpoint(Context& c, const std::fil
                 {"framework", framework},
                 {"format", "pickle"},
                 {"dettrial_version", DETTRIAL_VERSION_STRING},
-                {"dettrial_format", checkpoint_format_version},
-                {"searcher_metric", record.searcher_metric},
+                {"dettrial_format", info.format},
+                {"searcher_metric", taken.searcher_metric},
                 {"validation_metric", nullptr}};
   if (info.validation_metric) metadata["validation_metric"] = *info.validation_metric;
   info.path = writer.commit(std::move(metadata));
@@ -12271,9 +12729,14 @@ DETTRIAL_INLINE void restore_context(Context& c, const std::filesystem::path& di
   const std::filesystem::path file = CheckpointFolder{dir}.state_dict();
   ContextCheckpoint::load_models(c, top, file);
   std::error_code ec;
-  if (std::filesystem::exists(CheckpointFolder{dir}.libtorch_state(), ec))
-    ContextCheckpoint::load_native(c, read_checked_file(dir, layout::libtorch_state), CheckpointFolder{dir}.libtorch_state());
-  else ContextCheckpoint::load_python_layout(c, top, file, fresh_parts);
+  if (!std::filesystem::exists(CheckpointFolder{dir}.libtorch_state(), ec)) {
+    ContextCheckpoint::load_python_layout(c, top, file, fresh_parts);  // format 2 without an archive, or Determined's
+  } else {
+    auto archive = ContextCheckpoint::read_native(read_checked_file(dir, layout::libtorch_state), CheckpointFolder{dir}.libtorch_state());
+    if (read_checkpoint_info(dir, /*verify_files=*/false).format == 1)
+      ContextCheckpoint::load_native(c, archive, CheckpointFolder{dir}.libtorch_state());
+    else ContextCheckpoint::load_python_layout(c, top, file, fresh_parts, &archive);
+  }
   ContextCheckpoint::load_rng(c, top, file);
   // A checkpoint written without a scaler (fp32, or bf16) leaves a new one at its initial scale.
   if (const auto it = top.find("scaler_state_dict"); c.scaler() && it != top.end()) {
@@ -12296,60 +12759,141 @@ std::string callback_name(const C& cb, std::size_t index) {
   else return "callback_" + std::to_string(index);
 }
 
-/// A checkpoint the chief wrote, and how long writing it took.
+/// A checkpoint the chief wrote: how long training stood still for it (taking the snapshot, or the
+/// whole write when synchronous), and how long the write took from there.
 struct WrittenCheckpoint {
   CheckpointInfo info;
   double seconds = 0;
+  double write_seconds = 0;
 };
 
 /**
  * @brief The checkpoints of one fit (Determined's layout, crash-safe; checkpoint/ writes the files).
  * Every rank holds one: writing and restoring are collectives; the chief writes the files, keeps the
  * sequence and applies retention.
+ *
+ * Writing is in two steps. begin() takes the checkpoint at a boundary: the state is copied into the
+ * snapshot's host memory, and a background thread serializes, checksums, writes, syncs and renames
+ * while training goes on (asynchronous, the default), or does so before begin() returns. finish()
+ * hands over a checkpoint once it is durable; what depends on that (its hooks, retention, the
+ * report, the searcher's record) comes after. One checkpoint is in flight at most: begin() first
+ * waits for the last, and that wait is counted (take_waited_seconds()).
  */
 class Checkpointer {
  public:
   Checkpointer() = default;
   /// On the chief, removes what an interrupted writer left in `storage` and continues its sequence.
-  Checkpointer(Context& context, std::filesystem::path storage, CheckpointPolicy policy, Retention retention, bool smaller_is_better)
+  Checkpointer(Context& context, std::filesystem::path storage, CheckpointPolicy policy, Retention retention, bool smaller_is_better,
+               bool asynchronous = true)
       : context_(&context),
         storage_(std::move(storage)),
         after_validation_(checkpoint_policy::visit(policy, []<class P>(P) { return &P::after_validation; })),
         retention_(retention),
-        smaller_is_better_(smaller_is_better) {
+        smaller_is_better_(smaller_is_better),
+        asynchronous_(asynchronous) {
     if (!context.distributed().is_chief()) return;
     remove_stale_entries(storage_);
     const auto existing = list_checkpoints(storage_);
     sequence_ = existing.empty() ? 0 : existing.back().sequence;
   }
+  Checkpointer(Checkpointer&&) noexcept = default;
+  Checkpointer& operator=(Checkpointer&&) noexcept = default;
 
   const std::filesystem::path& storage() const { return storage_; }
 
   /// Whether a validation is followed by a checkpoint, given whether it improved the searcher metric.
   bool after_validation(bool improved) const { return after_validation_(improved); }
 
+  /// Whether a checkpoint was begun and not yet finished (the same on every rank).
+  bool in_flight() const { return in_flight_; }
+
   /**
-   * @brief Writes a checkpoint of the Context's state and the callbacks' (`record.sequence` is the
-   * next of this storage), with the checkpoint hooks. A collective: every rank's RNG states go to
-   * the chief, which writes; the others learn its uuid and get nullopt.
+   * @brief Takes a checkpoint of the Context's state and the callbacks' (`record.sequence` is the
+   * next of this storage) and starts writing it, with on_checkpoint_save_start. A collective: every
+   * rank's RNG states go to the chief, which writes. The checkpoint in flight must have been
+   * finished first (finish with `wait`).
    */
   template <class Set>
-  std::optional<WrittenCheckpoint> write(Set& callbacks, TrialCheckpointRecord record) {
-    const RankRngStates rng = gather_rng_states(*context_);
-    if (!context_->distributed().is_chief()) {
-      callbacks.template call<hook::on_checkpoint_upload_end>(share_uuid(context_->communicator(), {}));
-      return std::nullopt;
-    }
+  void begin(Set& callbacks, TrialCheckpointRecord record) {
     const auto started = std::chrono::steady_clock::now();
+    const RankRngStates rng = gather_rng_states(*context_);
+    in_flight_ = true;
+    if (!context_->distributed().is_chief()) return;
     StateDict top = trial_state_dict(*context_, rng, callback_states(callbacks));
     callbacks.template call<hook::on_checkpoint_save_start>(top);
     record.sequence = ++sequence_;
-    const CheckpointInfo info = write_trial_checkpoint(*context_, storage_, top, record);
-    share_uuid(context_->communicator(), info.uuid);
-    callbacks.template call<hook::on_checkpoint_write_end>(info.path);
-    callbacks.template call<hook::on_checkpoint_upload_end>(info.uuid);
-    return WrittenCheckpoint{info, std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count()};
+    const bool background = asynchronous_ && snapshot_fits(top);
+    if (!background) {
+      write_.run_here([&] {
+        TakenCheckpoint taken = take_checkpoint(*context_, storage_, top, record, nullptr);
+        return write_checkpoint_files(taken);
+      });
+    } else {
+      auto taken = std::make_shared<TakenCheckpoint>(take_checkpoint(*context_, storage_, top, record, &snapshot_));
+      write_.start([taken] { return write_checkpoint_files(*taken); });
+    }
+    taken_at_ = std::chrono::steady_clock::now();
+    stood_still_ = std::chrono::duration<double>(taken_at_ - started).count();
   }
+
+  /**
+   * @brief The checkpoint in flight, once it is durable (with `wait`, waiting for it), after its
+   * hooks: on_checkpoint_write_end on the chief, on_checkpoint_upload_end with its uuid on every
+   * rank. A collective while a checkpoint is in flight: every rank calls it at the same places.
+   * nullopt while it is still being written, and on the ranks other than the chief. A write that
+   * failed is a CheckpointError on every rank, naming the file on the chief.
+   */
+  template <class Set>
+  std::optional<WrittenCheckpoint> finish(Set& callbacks, bool wait) {
+    if (!in_flight_) return std::nullopt;
+    const bool chief = context_->distributed().is_chief();
+    const auto asked = std::chrono::steady_clock::now();
+    enum : std::int64_t { writing = 0, written = 1, failed = 2 };
+    std::int64_t status = writing;
+    std::optional<CheckpointInfo> info;
+    std::string error;
+    if (chief && (wait || write_.ended())) {
+      try {
+        info = write_.collect();
+        status = written;
+      } catch (const std::exception& e) {
+        error = first_line(e.what());
+        status = failed;
+      }
+    }
+    if (Communicator* comm = context_->communicator()) status = comm->broadcast_values({status})[0];
+    const auto ended = std::chrono::steady_clock::now();
+    if (wait) waited_ += std::chrono::duration<double>(ended - asked).count();
+    if (status == writing) return std::nullopt;
+    in_flight_ = false;
+    if (status == failed)
+      throw CheckpointError(chief ? "the checkpoint could not be written: " + error
+                                  : std::string("the chief rank could not write the checkpoint (its log says why)"));
+    const std::string uuid = share_uuid(context_->communicator(), chief ? info->uuid : std::string());
+    if (chief) callbacks.template call<hook::on_checkpoint_write_end>(info->path);
+    callbacks.template call<hook::on_checkpoint_upload_end>(uuid);
+    if (!chief) return std::nullopt;
+    return WrittenCheckpoint{*info, stood_still_, std::chrono::duration<double>(ended - taken_at_).count()};
+  }
+
+  /// Waits for a write in flight without its hooks (the fit is ending, perhaps failing): the
+  /// checkpoint is completed, or its failure said in a warning. Not a collective.
+  void settle() noexcept {
+    if (!in_flight_) return;
+    in_flight_ = false;
+    if (!write_.in_flight()) return;
+    try {
+      (void)write_.collect();
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "dettrial: warning: the checkpoint in flight was not written: %s\n", first_line(e.what()).c_str());
+    }
+  }
+
+  /// Seconds spent waiting in finish(wait) for writes still in progress since the last call.
+  double take_waited_seconds() { return std::exchange(waited_, 0.0); }
+
+  /// The host memory the snapshot holds (one copy of the state once a checkpoint was taken).
+  std::size_t snapshot_bytes() const { return snapshot_.bytes(); }
 
   /**
    * @brief Restores checkpoint `dir` into the Context (models, names and shapes checked first;
@@ -12394,12 +12938,35 @@ class Checkpointer {
     return states;
   }
 
+  /// Whether a snapshot of `top` fits in host memory: at most half of what the system has
+  /// available. Said once when it does not: checkpoints are then written in the step loop.
+  bool snapshot_fits(const StateDict& top) {
+    if (snapshot_.bytes() > 0) return true;  // taken before: the memory is held already
+    const std::size_t needed = tensor_bytes(top), available = available_memory();
+    if (available == 0 || needed <= available / 2) return true;
+    if (!said_too_large_)
+      std::fprintf(stderr,
+                   "dettrial: warning: a snapshot of the state takes %.1f GB and the system has %.1f GB available: checkpoints "
+                   "are written in the step loop, as with checkpoint_storage.async false\n",
+                   static_cast<double>(needed) / 1e9, static_cast<double>(available) / 1e9);
+    said_too_large_ = true;
+    return false;
+  }
+
   Context* context_ = nullptr;
   std::filesystem::path storage_;
   bool (*after_validation_)(bool improved) = &checkpoint_policy::best::after_validation;
   Retention retention_{};
   bool smaller_is_better_ = true;
+  bool asynchronous_ = true;
   std::int64_t sequence_ = 0;
+  bool in_flight_ = false;
+  HostSnapshot snapshot_;
+  BackgroundWrite write_;
+  std::chrono::steady_clock::time_point taken_at_{};
+  double stood_still_ = 0;
+  double waited_ = 0;
+  bool said_too_large_ = false;
 };
 
 }  // namespace dettrial::detail
@@ -14662,6 +15229,9 @@ struct PhaseTimes {
   /// A declarative trial's backward pass, and its clipping and optimizer step, run by the trainer.
   double backward = 0;
   double optimizer_step = 0;
+  /// Waiting, at a checkpoint since the last report, for the last checkpoint's background write
+  /// (one is in flight at most): 0 when writes keep up with the checkpoint period.
+  double checkpoint_wait = 0;
   void reset() { *this = PhaseTimes{}; }
 };
 
@@ -14704,8 +15274,9 @@ class Reporter {
   /// A validation's metrics, over `records` records (0: not counted) in `seconds`.
   void validation(std::int64_t batches, std::int64_t epochs, const MetricValues& metrics, std::int64_t records, double seconds);
 
-  /// A checkpoint written at `batches`.
-  void checkpoint(std::int64_t batches, std::int64_t epochs, const std::filesystem::path& path, double seconds);
+  /// A checkpoint written at `batches`: training stood still `seconds` for it (a snapshot, or the
+  /// whole write when synchronous), and its write went on `write_seconds` from there.
+  void checkpoint(std::int64_t batches, std::int64_t epochs, const std::filesystem::path& path, double seconds, double write_seconds);
 
   /// A run continued at `batches` on `ranks` ranks from a checkpoint written by `ranks_before`:
   /// restart `restart` of a launcher that restarted the job (0: resumed by hand).
@@ -14788,6 +15359,7 @@ DETTRIAL_INLINE void Reporter::training(std::int64_t batches, std::int64_t epoch
                                                           {"train_batch", phases.train_batch},
                                                           {"backward", phases.backward},
                                                           {"optimizer_step", phases.optimizer_step},
+                                                          {"checkpoint_wait", phases.checkpoint_wait},
                                                           {"total", seconds}};
   if (log_.enabled()) {
     Json extra = {{"samples_per_second", samples_per_second}};
@@ -14824,13 +15396,17 @@ DETTRIAL_INLINE void Reporter::validation(std::int64_t batches, std::int64_t epo
   }
 }
 
-DETTRIAL_INLINE void Reporter::checkpoint(std::int64_t batches, std::int64_t epochs, const std::filesystem::path& path, double seconds) {
-  char tail[48];
-  std::snprintf(tail, sizeof tail, " (%.2f s)", seconds);
+DETTRIAL_INLINE void Reporter::checkpoint(std::int64_t batches, std::int64_t epochs, const std::filesystem::path& path, double seconds,
+                                          double write_seconds) {
+  char tail[96];
+  if (write_seconds > 0.005) std::snprintf(tail, sizeof tail, " (%.2f s, then %.2f s in the background)", seconds, write_seconds);
+  else std::snprintf(tail, sizeof tail, " (%.2f s)", seconds);
   progress_.line("[checkpoint] batches " + std::to_string(batches) + ": " + path.string() + tail);
-  log_.write("checkpoint", batches, epochs, MetricValues{}, Json{{"seconds", seconds}, {"uuid", path.filename().string()}});
+  log_.write("checkpoint", batches, epochs, MetricValues{},
+             Json{{"seconds", seconds}, {"write_seconds", write_seconds}, {"uuid", path.filename().string()}});
   if (tensorboard_) {
     tensorboard_->add_scalar("timing/checkpoint_seconds", seconds, batches);
+    tensorboard_->add_scalar("timing/checkpoint_write_seconds", write_seconds, batches);
     tensorboard_->flush();
   }
 }
@@ -15065,6 +15641,9 @@ struct FitOptions {
   std::filesystem::path checkpoint_dir{};
   /// How many checkpoints to keep (best by the searcher metric, and latest).
   Retention retention{};
+  /// Write checkpoints in the background from a snapshot in host memory, while training goes on
+  /// (`checkpoint_storage.async`); false writes them in the step loop.
+  bool async_checkpoints = true;
   /// The trial's id, saved in its checkpoints: resuming a checkpoint of another trial loads its
   /// weights and optimizer state but starts counting afresh (Determined's warm start).
   std::int64_t trial_id = 0;
@@ -15131,6 +15710,7 @@ DETTRIAL_INLINE FitOptions FitOptions::from_config(const ExperimentConfig& confi
   o.step_capture = config.step_capture;
   o.retention = {.save_trial_best = config.checkpoint_storage.save_trial_best,
                  .save_trial_latest = config.checkpoint_storage.save_trial_latest};
+  o.async_checkpoints = config.checkpoint_storage.async;
   return o;
 }
 
@@ -16884,6 +17464,124 @@ DETTRIAL_INLINE void stop_with_supervisor(pid_t supervisor) {
 
 #include <torch/torch.h>
 
+// ---- begin dettrial/detail/folder_lock.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief One process per run folder: an advisory `flock` on a file in the folder, which the kernel
+/// releases when the holding process ends, however it ends (a SIGKILLed run leaves no stale lock).
+
+#include <filesystem>
+#include <memory>
+#include <string>
+
+
+namespace dettrial::detail {
+
+/**
+ * @brief The lock of a folder that this process writes into (a run's or an experiment's). A second
+ * process asking for it is refused with a FolderInUseError naming the holder's pid and host. Within
+ * one process the lock is shared: the command line locks a run folder before it touches it, and the
+ * trainer it starts asks again and shares that lock. The lock goes when the last FolderLock of the
+ * folder does, or with the process; it is not passed to child processes.
+ */
+class FolderLock {
+ public:
+  FolderLock() = default;
+
+  /// Locks `lock_file` (created with its folder if needed), naming `what` (e.g. "run folder") in
+  /// the refusal; throws FolderInUseError when another process holds it.
+  static FolderLock acquire(const std::filesystem::path& lock_file, const std::string& what);
+
+  bool held() const { return static_cast<bool>(held_); }
+
+ private:
+  struct Held;
+  std::shared_ptr<Held> held_;
+};
+
+}  // namespace dettrial::detail
+
+// Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
+#if DETTRIAL_HEADER_DEFINITIONS
+#include <cerrno>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <system_error>
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+
+namespace dettrial::detail {
+
+struct FolderLock::Held {
+  int fd = -1;
+  ~Held() {
+    if (fd >= 0) ::close(fd);  // releases the flock
+  }
+};
+
+namespace folder_lock_detail {
+/// The locks this process holds, by lock file: a second acquire shares the first.
+inline std::map<std::filesystem::path, std::weak_ptr<void>>& held_here() {
+  static std::map<std::filesystem::path, std::weak_ptr<void>> locks;
+  return locks;
+}
+inline std::mutex& held_here_mutex() {
+  static std::mutex m;
+  return m;
+}
+
+inline std::string host_name() {
+  char name[256] = {};
+  return ::gethostname(name, sizeof name - 1) == 0 ? std::string(name) : std::string("an unknown host");
+}
+
+/// The holder's "pid N on host H", as it wrote it into the lock file.
+inline std::string holder_of(int fd) {
+  char text[512] = {};
+  const ssize_t n = ::pread(fd, text, sizeof text - 1, 0);
+  std::string holder = n > 0 ? std::string(text, static_cast<std::size_t>(n)) : std::string();
+  while (!holder.empty() && (holder.back() == '\n' || holder.back() == ' ')) holder.pop_back();
+  return holder.empty() ? std::string("another process (it has not written its pid yet)") : holder;
+}
+}  // namespace folder_lock_detail
+
+DETTRIAL_INLINE FolderLock FolderLock::acquire(const std::filesystem::path& lock_file, const std::string& what) {
+  namespace fl = folder_lock_detail;
+  std::error_code ec;
+  std::filesystem::create_directories(lock_file.parent_path(), ec);
+  const std::filesystem::path key = std::filesystem::weakly_canonical(lock_file, ec);
+  std::lock_guard guard(fl::held_here_mutex());
+  FolderLock out;
+  if (const auto found = fl::held_here().find(key); found != fl::held_here().end())
+    if (auto shared = std::static_pointer_cast<Held>(found->second.lock())) {
+      out.held_ = std::move(shared);
+      return out;
+    }
+  auto held = std::make_shared<Held>();
+  held->fd = ::open(lock_file.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (held->fd < 0) throw Error("cannot open the lock file '" + lock_file.string() + "': " + std::strerror(errno));
+  while (::flock(held->fd, LOCK_EX | LOCK_NB) != 0) {
+    if (errno == EINTR) continue;
+    if (errno != EWOULDBLOCK) throw Error("cannot lock '" + lock_file.string() + "': " + std::strerror(errno));
+    throw FolderInUseError("the " + what + " '" + lock_file.parent_path().string() + "' is in use by " + fl::holder_of(held->fd) +
+                           ", which holds its lock " + lock_file.filename().string() +
+                           ": wait for it to end, or give this run another folder (--output DIR)");
+  }
+  const std::string holder = "pid " + std::to_string(::getpid()) + " on host " + fl::host_name() + "\n";
+  if (::ftruncate(held->fd, 0) != 0 || ::pwrite(held->fd, holder.data(), holder.size(), 0) != static_cast<ssize_t>(holder.size()))
+    throw Error("cannot write the lock file '" + lock_file.string() + "': " + std::strerror(errno));
+  fl::held_here()[key] = held;
+  out.held_ = std::move(held);
+  return out;
+}
+
+}  // namespace dettrial::detail
+#endif  // DETTRIAL_HEADER_DEFINITIONS
+// ---- end dettrial/detail/folder_lock.hpp
 
 namespace dettrial::detail {
 
@@ -16919,6 +17617,9 @@ struct RunState {
   DETTRIAL_INLINE ~RunState();
 
   FitOptions options;
+  /// The run folder's lock, held by the chief from begin() to end() (declared before the
+  /// checkpointer: released after a write in flight ends).
+  FolderLock folder_lock{};
   TrainUnit length = Batch(1);
   std::int64_t epoch_len = 0;
   /// The rank count whose global batches the training data follows (TrialProgress::data_ranks).
@@ -16983,6 +17684,9 @@ struct RunState {
   DETTRIAL_INLINE void complete(const Context& context);
   /// The fit's result, with what it trained, after its report is written.
   DETTRIAL_INLINE FitResult finish(const Context& context);
+  /// However the fit ends: a checkpoint write in flight ends (a failure is a warning then), and
+  /// the run folder's lock is released.
+  DETTRIAL_INLINE void release() noexcept;
   /// Writes the trace when training ended (or stopped) inside the profiled range.
   DETTRIAL_INLINE void finish_profiling();
   /// The run's report.html, from its metrics.jsonl (on the chief). A report that cannot be written
@@ -17098,6 +17802,9 @@ DETTRIAL_INLINE RunState RunState::begin(Context& context, FitOptions options) {
   RunState st;
   st.options = std::move(options);
   FitOptions& o = st.options;
+  if (o.output_dir.empty()) o.output_dir = default_output_dir();
+  // Before anything in the folder is read or written: a second process there is refused.
+  if (context.distributed().is_chief()) st.folder_lock = FolderLock::acquire(RunFolder{o.output_dir}.lock(), "run folder");
   st.length = run_state_detail::resolve_length(o, context);
   o.validation_period = run_state_detail::resolve_period(o.validation_period, context);
   o.checkpoint_period = run_state_detail::resolve_period(o.checkpoint_period, context);
@@ -17117,7 +17824,6 @@ DETTRIAL_INLINE RunState RunState::begin(Context& context, FitOptions options) {
     }
     st.same_trial = st.resumed->trial_id == o.trial_id;
   }
-  if (o.output_dir.empty()) o.output_dir = default_output_dir();
   st.result.output_dir = o.output_dir;
   context.position().output_dir = o.output_dir;
   const std::filesystem::path storage = o.checkpoint_dir.empty() ? RunFolder{o.output_dir}.checkpoints() : o.checkpoint_dir;
@@ -17129,7 +17835,7 @@ DETTRIAL_INLINE RunState RunState::begin(Context& context, FitOptions options) {
   st.reporter = Reporter(chief, o.report, o.output_dir, resumed_at,
                          context.get_enable_tensorboard_logging() ? &context.get_tensorboard_writer() : nullptr);
   run_state_detail::start_profiler(st, context, resumed_at);
-  st.checkpointer = Checkpointer(context, storage, o.checkpoint_policy, o.retention, o.smaller_is_better);
+  st.checkpointer = Checkpointer(context, storage, o.checkpoint_policy, o.retention, o.smaller_is_better, o.async_checkpoints);
   return st;
 }
 
@@ -17273,6 +17979,7 @@ DETTRIAL_INLINE void RunState::begin_workload(Context& context, Workload& worklo
   workload.batch_metrics.clear();
   workload.records = 0;
   workload.phases.reset();
+  workload.phases.checkpoint_wait = checkpointer.take_waited_seconds();
   workload.mark = std::chrono::steady_clock::now();
   reporter.begin("train", progress.batches_trained, length.unit() == Unit::epochs ? length.value() * epoch_len : length.value(), "batches");
 }
@@ -17364,7 +18071,7 @@ DETTRIAL_INLINE TrialCheckpointRecord RunState::checkpoint_record(const Context&
 
 DETTRIAL_INLINE void RunState::checkpoint_written(const WrittenCheckpoint& written) {
   result.checkpoints.push_back(written.info);
-  reporter.checkpoint(progress.batches_trained, progress.epochs_trained, written.info.path, written.seconds);
+  reporter.checkpoint(written.info.batches_trained, written.info.epochs_trained, written.info.path, written.seconds, written.write_seconds);
   checkpointer.apply_retention(written.info.uuid);
 }
 
@@ -17421,6 +18128,11 @@ DETTRIAL_INLINE FitResult RunState::finish(const Context& context) {
   result.epochs_trained = progress.epochs_trained;
   write_report(context);
   return std::move(result);
+}
+
+DETTRIAL_INLINE void RunState::release() noexcept {
+  checkpointer.settle();
+  folder_lock = FolderLock{};
 }
 
 DETTRIAL_INLINE void training_stream_ended(std::int64_t batch_idx) {
@@ -17997,6 +18709,7 @@ class Run {
     check_step_capture(options.step_capture, context_, tensors_only_batch<training_batch_t<TrialT>>(),
                        c10::demangle(typeid(training_batch_t<TrialT>).name()));
     st_ = RunState::begin(context_, std::move(options));
+    const auto release = on_scope_exit([&] { st_.release(); });
     // Each callback that started gets on_trial_shutdown, in reverse order, whatever happens next.
     std::size_t started = 0;
     const auto shutdown = on_scope_exit([&] { shut_down(callbacks_, started); });
@@ -18026,6 +18739,7 @@ class Run {
     if (!st_.result.stop_requested) {
       if (st_.progress.last_validation != st_.progress.batches_trained) validate();
       checkpoint_unless_current();
+      finish_checkpoint(/*wait=*/true);
       st_.complete(context_);
     }
     return st_.finish(context_);
@@ -18070,6 +18784,7 @@ class Run {
     while (st_.remaining() > 0) {
       const Reached reached = train_until_boundary(batches, workload);
       report_training(workload);
+      finish_checkpoint(/*wait=*/false);  // the one written in the background, if it is durable now
       if (const int signal = agreed_max(StopSignals::received()); signal != 0) return stop(signal);
       if (handle_boundaries(reached)) return;
     }
@@ -18209,6 +18924,7 @@ class Run {
   /// for a stop request), say so.
   void stop(int signal) {
     checkpoint_unless_current();
+    finish_checkpoint(/*wait=*/true);  // durable before the process exits (with 75 after a signal)
     st_.stopped(signal);
   }
 
@@ -18283,16 +18999,23 @@ class Run {
 
   // ---- checkpoints: when, and the callbacks' part (checkpoint/ writes and reads the files) ----
 
-  /// Writes a checkpoint (Determined's layout, crash-safe) on the chief, runs the checkpoint hooks,
-  /// and applies retention sparing the new one.
+  /// Takes a checkpoint (Determined's layout, crash-safe) and starts writing it, in the background
+  /// unless checkpoint_storage.async is off; the last one is finished first (one in flight at most).
   void checkpoint() {
     RECORD_USER_SCOPE("dettrial::checkpoint");
+    finish_checkpoint(/*wait=*/true);
     st_.progress.last_checkpoint = st_.progress.batches_trained;
     agree_on_buffers(context_);
-    const std::optional<WrittenCheckpoint> written = st_.checkpointer.write(
-        callbacks_,
-        st_.checkpoint_record(context_, data_seed(*train_loader_), data_seed(*validation_loader_), c10::demangle(typeid(TrialT).name())));
-    if (written) st_.checkpoint_written(*written);  // on the chief
+    st_.checkpointer.begin(callbacks_, st_.checkpoint_record(context_, data_seed(*train_loader_), data_seed(*validation_loader_),
+                                                             c10::demangle(typeid(TrialT).name())));
+    finish_checkpoint(/*wait=*/false);  // a synchronous write has ended already
+  }
+
+  /// Once the checkpoint in flight is durable (`wait`: waiting for it): its hooks, its record and
+  /// report line, and retention sparing it. A collective while one is in flight.
+  void finish_checkpoint(bool wait) {
+    if (const std::optional<WrittenCheckpoint> written = st_.checkpointer.finish(callbacks_, wait))
+      st_.checkpoint_written(*written);  // on the chief
   }
 
   /// The largest of `value` over the ranks: what every rank acts on.

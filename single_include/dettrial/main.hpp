@@ -662,6 +662,8 @@ DETTRIAL_INLINE Experiment::Experiment(ExperimentConfig config, ExperimentOption
 
 DETTRIAL_INLINE int Experiment::run() {
   namespace fs = std::filesystem;
+  // One runner per experiment folder; each trial's process locks its own run folder.
+  const detail::FolderLock lock = detail::FolderLock::acquire(folder().lock(), "experiment folder");
   fs::create_directories(folder().trials());
   experiment_id_ = experiment_id_in(options_.output_dir);
   if (slurm_) slurm_->set_experiment(experiment_id_);
@@ -1953,6 +1955,9 @@ int train_trial(const CommandLine& line, const RunPlan& plan, const LaunchEnviro
   say_config_differences(line, plan, env);
   const std::shared_ptr<Communicator> communicator = connect_ranks(line, env);
   FitOptions options = fit_options_for(line, plan, Trainer<TrialT>::default_output_dir());
+  // Locked before anything in the run folder changes (start_afresh rewrites its records); the
+  // trainer shares this lock.
+  const FolderLock lock = env.rank == 0 ? FolderLock::acquire(RunFolder{options.output_dir}.lock(), "run folder") : FolderLock{};
   const bool restarted_afresh = continue_restarted_job(plan, env, options);
   if (env.rank == 0 && (restarted_afresh || (!plan.afresh.empty() && !options.latest_checkpoint)))
     start_afresh(options.output_dir, line.quiet);

@@ -27,6 +27,13 @@ if(TARGET mnist)
            COMMAND ${_needs_mnist} "${_cli}/signal_resume.sh" $<TARGET_FILE:mnist> "${_cli}/resume.yaml" "${DETTRIAL_MNIST10K_DIR}"
                    "${CMAKE_CURRENT_BINARY_DIR}/runs/signal-resume")
   set_tests_properties("cli: SIGTERM checkpoints and exits 75; --resume continues" PROPERTIES SKIP_RETURN_CODE 77)
+  # One process per run folder: a second one (--resume, the same --output, a second search runner)
+  # is refused naming the holder; a SIGKILLed holder leaves no lock behind.
+  add_test(NAME "cli: a second process in a live run or experiment folder is refused naming the holder's pid and host"
+           COMMAND ${_needs_mnist} "${_cli}/run_lock.sh" $<TARGET_FILE:mnist> "${_cli}/resume.yaml"
+                   "${PROJECT_SOURCE_DIR}/examples/mnist/random.yaml" "${DETTRIAL_MNIST10K_DIR}" "${CMAKE_CURRENT_BINARY_DIR}/runs/run-lock")
+  set_tests_properties("cli: a second process in a live run or experiment folder is refused naming the holder's pid and host"
+                       PROPERTIES SKIP_RETURN_CODE 77 PASS_REGULAR_EXPRESSION "ok: a second process is refused")
   # The image example on real image files: a stop mid-epoch and --resume give the straight run's metrics.
   foreach(_format png jpeg)
     string(TOUPPER "${_format}" _upper)
@@ -203,7 +210,7 @@ endif()
 if(TARGET keras_mnist)
   add_test(NAME "keras example: the tutorial's const.yaml runs unchanged and reaches Keras's accuracy"
            COMMAND ${_needs_fashion} "${CMAKE_CURRENT_SOURCE_DIR}/cli/keras_const.sh" $<TARGET_FILE:keras_mnist>
-                   "${PROJECT_SOURCE_DIR}/examples/keras_mnist/const.yaml" "${CMAKE_CURRENT_BINARY_DIR}/runs/keras-const" 0.84)
+                   "${PROJECT_SOURCE_DIR}/examples/keras_mnist/const.yaml" "${CMAKE_CURRENT_BINARY_DIR}/runs/keras-const" 0.845)
   set_tests_properties("keras example: the tutorial's const.yaml runs unchanged and reaches Keras's accuracy" PROPERTIES
                        SKIP_RETURN_CODE 77 PASS_REGULAR_EXPRESSION "ok: the tutorial's const.yaml trains 4000 batches")
 endif()

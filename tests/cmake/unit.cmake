@@ -20,8 +20,10 @@ target_link_libraries(dettrial_unit_tests PRIVATE dettrial::compiled doctest::do
 target_compile_definitions(dettrial_unit_tests PRIVATE DETTRIAL_MNIST10K_DIR="${DETTRIAL_MNIST10K_DIR}")
 dettrial_use_compiled_pch(dettrial_unit_tests)
 set_source_files_properties(unit/main.cpp PROPERTIES SKIP_PRECOMPILE_HEADERS ON)
-# The schema test's cases are data files (tests/unit/config_schema/*.yaml), read where they are.
-set_source_files_properties(unit/config_schema_test.cpp PROPERTIES COMPILE_DEFINITIONS "DETTRIAL_TESTS_SOURCE_DIR=\"${CMAKE_CURRENT_SOURCE_DIR}\"")
+# The schema test's cases are data files (tests/unit/config_schema/*.yaml), and the checkpoint
+# test's a checkpoint an earlier dettrial wrote (tests/unit/fixtures): read where they are.
+set_source_files_properties(unit/config_schema_test.cpp unit/checkpoint_test.cpp PROPERTIES COMPILE_DEFINITIONS
+                            "DETTRIAL_TESTS_SOURCE_DIR=\"${CMAKE_CURRENT_SOURCE_DIR}\"")
 doctest_discover_tests(dettrial_unit_tests TEST_PREFIX "unit: " PROPERTIES SKIP_RETURN_CODE 77)
 
 # The command line's stage alone, with no LibTorch at all: dettrial's include folder and doctest only.
@@ -72,6 +74,23 @@ if(DETTRIAL_PYTHON)
                        FIXTURES_REQUIRED dettrial_interop PASS_REGULAR_EXPRESSION "^ok: " SKIP_RETURN_CODE 77)
 else()
   dettrial_skipped_test("checkpoint interop: Python's torch.load reads it into the same network"
+                        "no Python with this LibTorch's torch given (-DDETTRIAL_PYTHON=...)")
+endif()
+
+# Checkpoint sizes against Python's own torch.save of the same model, optimizer and scheduler state
+# dicts (SGD with momentum, and Adam): the unit test case leaves its two checkpoints for the check.
+set(_checkpoint_sizes "${CMAKE_CURRENT_BINARY_DIR}/checkpoint-sizes")
+add_test(NAME "checkpoint size: the wide trials write a checkpoint with SGD and momentum, and with Adam"
+         COMMAND dettrial_unit_tests "--test-case=a format-2 checkpoint stores each tensor once*")
+set_tests_properties("checkpoint size: the wide trials write a checkpoint with SGD and momentum, and with Adam" PROPERTIES
+                     ENVIRONMENT "DETTRIAL_CHECKPOINT_SIZE_DIR=${_checkpoint_sizes}" FIXTURES_SETUP dettrial_checkpoint_sizes)
+if(DETTRIAL_PYTHON)
+  add_test(NAME "checkpoint size: at most 1.05x Python's torch.save of the same state dicts"
+           COMMAND "${DETTRIAL_PYTHON}" "${CMAKE_CURRENT_SOURCE_DIR}/python/checkpoint_size.py" "${_checkpoint_sizes}" 1.05)
+  set_tests_properties("checkpoint size: at most 1.05x Python's torch.save of the same state dicts" PROPERTIES
+                       FIXTURES_REQUIRED dettrial_checkpoint_sizes PASS_REGULAR_EXPRESSION "ok: " SKIP_RETURN_CODE 77)
+else()
+  dettrial_skipped_test("checkpoint size: at most 1.05x Python's torch.save of the same state dicts"
                         "no Python with this LibTorch's torch given (-DDETTRIAL_PYTHON=...)")
 endif()
 

@@ -115,6 +115,7 @@ def main():
             expect("timing/validation_seconds", step, r["seconds"])
         elif r["type"] == "checkpoint":
             expect("timing/checkpoint_seconds", step, r["seconds"])
+            expect("timing/checkpoint_write_seconds", step, r["write_seconds"])
         checked += 1
     # Nothing in the event files that metrics.jsonl lacks (a resumed run drops both alike), except
     # the trial's own scalars (tags outside train/, validation/, timing/).

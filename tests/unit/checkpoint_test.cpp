@@ -149,9 +149,12 @@ TEST_CASE("a checkpoint directory has Determined's layout and metadata") {
   CHECK(info.path == r.checkpoint_dir / info.uuid);
   CHECK(info.batches_trained == 5);
   CHECK(info.validation_metric == r.last_validation_metrics.get("validation_loss"));
-  for (const char* file : {"state_dict.pth", "dettrial_state.pt", "trial_state.json", "load_data.json", "metadata.json"})
+  for (const char* file : {"state_dict.pth", "trial_state.json", "trial_state.pkl", "load_data.json", "metadata.json"})
     CHECK_MESSAGE(fs::exists(info.path / file), file);
+  // SGD's state is all in Python's layout: no LibTorch archive beside it (each tensor stored once).
+  CHECK_FALSE(fs::exists(info.path / "dettrial_state.pt"));
   const YAML::Node meta = YAML::LoadFile((info.path / "metadata.json").string());
+  CHECK(meta["dettrial_format"].as<int>() == 2);
   CHECK(meta["steps_completed"].as<int>() == 5);
   CHECK(meta["format"].as<std::string>() == "pickle");
   CHECK(meta["framework"].as<std::string>().rfind("torch-", 0) == 0);
@@ -327,7 +330,9 @@ TEST_CASE("missing, damaged, mismatching and newer checkpoints are clear errors 
   // A newer format.
   const std::string meta = dettrial::detail::read_file_bytes(newer / "metadata.json");
   std::string future = meta;
-  future.replace(future.find("\"dettrial_format\": 1"), 20, "\"dettrial_format\": 99");
+  const std::string written_format = "\"dettrial_format\": " + std::to_string(checkpoint_format_version);
+  REQUIRE(future.find(written_format) != std::string::npos);
+  future.replace(future.find(written_format), written_format.size(), "\"dettrial_format\": 99");
   write_bytes(newer / "metadata.json", future);
   CHECK_THROWS_WITH_AS(resume(newer), doctest::Contains("written by a newer dettrial"), CheckpointError);
   write_bytes(newer / "metadata.json", meta);
@@ -506,4 +511,357 @@ TEST_CASE("a second stop signal aborts the process") {
   ::waitpid(child, &status, 0);
   CHECK(WIFSIGNALED(status));
   CHECK(WTERMSIG(status) == SIGINT);
+}
+
+// ---- format 2 (each tensor once), format 1 still read, background writes, the run folder's lock ----
+
+namespace {
+
+/// ResumableTrial's regression through a wide network: a checkpoint of it is megabytes, so that
+/// a background write takes long enough to be caught in flight, and sizes are not overhead.
+struct WideTrial : ResumableTrial {
+  explicit WideTrial(Context& c) : ResumableTrial(c) {}
+  torch::nn::Sequential build_model() {
+    const std::int64_t width = context.get_hparam<std::int64_t>("width");
+    return torch::nn::Sequential(torch::nn::Linear(4, width), torch::nn::ReLU(), torch::nn::Dropout(0.25), torch::nn::Linear(width, width),
+                                 torch::nn::ReLU(), torch::nn::Linear(width, 1));
+  }
+};
+
+/// The same network with SGD and momentum, and dettrial::optim's StepLR (which writes Python's state).
+struct WideMomentumTrial : WideTrial {
+  explicit WideMomentumTrial(Context& c) : WideTrial(c) {}
+  torch::optim::SGD optimizer(torch::nn::Sequential& model) {
+    return torch::optim::SGD(model->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
+  }
+  auto lr_scheduler(torch::optim::SGD& opt) { return dettrial::optim::StepLR(opt, /*step_size=*/3, /*gamma=*/0.7); }
+};
+
+/// Calls `check` when training starts (after a resumed checkpoint was restored).
+struct AtTrainingStart {
+  std::function<void()> check;
+  void on_training_start() { check(); }
+};
+
+std::uintmax_t folder_bytes(const fs::path& dir) {
+  std::uintmax_t n = 0;
+  for (const auto& e : fs::directory_iterator(dir)) n += e.file_size();
+  return n;
+}
+
+std::size_t state_tensor_bytes(torch::optim::Optimizer& optimizer, const torch::nn::Module& model) {
+  std::size_t n = 0;
+  for (const auto& p : model.parameters()) n += p.nbytes();
+  for (const auto& [key, state] : optimizer.state()) {
+    c10::impl::GenericDict entries(c10::StringType::get(), c10::AnyType::get());
+    dettrial::detail::python_param_state(*state, entries);
+    for (const auto& e : entries)
+      if (e.value().isTensor()) n += e.value().toTensor().nbytes();
+  }
+  return n;
+}
+
+}  // namespace
+
+TEST_CASE("a format-1 checkpoint (LibTorch's archive of every optimizer) still resumes with its optimizer, scheduler and gradients") {
+  // Written by dettrial before format 2: ResumableTrial (Adam, LibTorch's StepLR), aggregation
+  // frequency 2, stopped after batch 9 with one batch of gradients pending.
+  const fs::path out = test::quiet({}).output_dir;
+  fs::create_directories(out / "checkpoints");
+  fs::copy(fs::path(DETTRIAL_TESTS_SOURCE_DIR) / "unit/fixtures/format1-checkpoint", out / "checkpoints/format1");
+  const fs::path fixture = out / "checkpoints/format1";
+  REQUIRE(read_checkpoint_info(fixture).format == 1);
+  const StateDict python = dettrial::detail::read_state_dict_file(fixture).at("optimizers_state_dict").toList().get(0).toGenericDict();
+
+  Context context(test::hparams(), ContextOptions{.trial_seed = 99, .aggregation_frequency = 2});
+  Trainer<ResumableTrial> trainer(context);
+  int checked = 0;
+  AtTrainingStart restored{[&] {
+    auto& optimizer = trainer.optimizer();
+    using Map = std::remove_cvref_t<decltype(optimizer.state())>;
+    const auto params = optimizer.param_groups()[0].params();
+    const StateDict per_param = python.at("state").toGenericDict();
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      const StateDict saved = per_param.at(static_cast<std::int64_t>(i)).toGenericDict();
+      const auto& state =
+          static_cast<torch::optim::AdamParamState&>(*optimizer.state().at(dettrial::detail::optimizer_state_key<Map>(params[i])));
+      CHECK(torch::equal(state.exp_avg(), saved.at("exp_avg").toTensor()));
+      CHECK(torch::equal(state.exp_avg_sq(), saved.at("exp_avg_sq").toTensor()));
+      CHECK(state.step() == static_cast<std::int64_t>(saved.at("step").toTensor().item<double>()));
+      CHECK(params[i].grad().defined());  // batch 9's gradients, pending at the checkpoint
+      ++checked;
+    }
+    CHECK(optimizer.param_groups()[0].options().get_lr() < 0.05);  // LibTorch's StepLR lowered it
+    CHECK(optimizer.param_groups()[0].options().get_lr() == python.at("param_groups").toList().get(0).toGenericDict().at("lr").toDouble());
+  }};
+  FitOptions o = resumable_options(12);
+  o.output_dir = out;
+  o.latest_checkpoint = fixture;
+  const FitResult r = trainer.fit(o, restored);
+  CHECK(checked == 4);
+  CHECK(r.resumed_from_batch == 9);
+  CHECK(r.batches_trained == 12);
+  // What this run wrote is format 2: LibTorch's StepLR and the pending gradients (if any) in the
+  // archive, Adam in Python's layout only.
+  CHECK(read_checkpoint_info(r.checkpoints.back().path).format == checkpoint_format_version);
+}
+
+TEST_CASE("a format-2 checkpoint stores each tensor once, and resumes SGD with momentum and Adam exactly from Python's layout") {
+  const auto check = [](auto tag, bool archive) {
+    using Trial = typename decltype(tag)::type;
+    const Hyperparameters hparams = test::hparams("width: 512\n");
+    Context straight_context(hparams, ContextOptions{.trial_seed = 3});
+    Trainer<Trial> straight(straight_context);
+    straight.fit(resumable_options(10));
+
+    Context first_context(hparams, ContextOptions{.trial_seed = 3});
+    Trainer<Trial> first(first_context);
+    first.trial().stop_at = 6;
+    const FitResult stopped = first.fit(resumable_options(10));
+    REQUIRE(stopped.checkpoints.size() >= 1);
+    const fs::path checkpoint = stopped.checkpoints.back().path;
+    CHECK(stopped.checkpoints.back().batches_trained == 6);
+    CHECK(fs::exists(checkpoint / "dettrial_state.pt") == archive);
+    // The optimizer's state is in state_dict.pth only: the files are the model's and the
+    // optimizer's tensors plus a little (generator states, progress, config).
+    const std::size_t tensors = state_tensor_bytes(first.optimizer(), *first.model());
+    const std::uintmax_t files = folder_bytes(checkpoint);
+    CAPTURE(tensors);
+    CAPTURE(files);
+    CHECK(files < tensors + tensors / 20);
+    CHECK(files > tensors);
+    if (const char* dir = std::getenv("DETTRIAL_CHECKPOINT_SIZE_DIR")) {  // for Python's torch.save of the same state
+      const fs::path keep = fs::path(dir) / typeid(Trial).name();
+      fs::remove_all(keep);
+      fs::create_directories(keep.parent_path());
+      fs::copy(checkpoint, keep);
+    }
+
+    Context second_context(hparams, ContextOptions{.trial_seed = 44});
+    Trainer<Trial> second(second_context);
+    FitOptions resume = resumable_options(10);
+    resume.latest_checkpoint = stopped.output_dir;
+    second.fit(resume);
+    CHECK(test::bit_identical(test::parameters_of(straight_context), test::parameters_of(second_context)));
+  };
+  SUBCASE("Adam and LibTorch's StepLR (in the archive: it has no Python state)") { check(std::type_identity<WideTrial>{}, true); }
+  SUBCASE("SGD with momentum and dettrial's StepLR (no archive at all)") { check(std::type_identity<WideMomentumTrial>{}, false); }
+}
+
+TEST_CASE("checkpoints written in the background hold the state at their batch and are durable before anything acts on them") {
+  struct Durable {
+    std::vector<fs::path> written;
+    std::vector<std::string> uploaded;
+    int not_durable = 0;
+    void on_checkpoint_write_end(const fs::path& p) {
+      written.push_back(p);
+      // Complete and in place: every file of its metadata present with its size.
+      if (dettrial::detail::is_hidden(p) || !fs::exists(p / "metadata.json")) ++not_durable;
+      else (void)read_checkpoint_info(p);
+    }
+    void on_checkpoint_upload_end(const std::string& uuid) { uploaded.push_back(uuid); }
+  };
+  const auto run = [](bool async, Durable& durable) {
+    Context context(test::hparams("width: 256\n"), ContextOptions{.trial_seed = 5});
+    Trainer<WideTrial> trainer(context);
+    FitOptions o = test::quiet({.max_length = Batch(12),
+                                .validation_period = Batch(4),
+                                .checkpoint_period = Batch(1),
+                                .reporting_period = Batch(2),
+                                .checkpoint_policy = CheckpointPolicy::none,
+                                .retention = {.save_trial_best = 0, .save_trial_latest = 100}});
+    o.async_checkpoints = async;
+    const FitResult r = trainer.fit(o, durable);
+    return std::pair{r, test::parameters_of(context)};
+  };
+  Durable in_background, in_loop;
+  const auto [background, background_params] = run(true, in_background);
+  const auto [loop, loop_params] = run(false, in_loop);
+  CHECK(test::bit_identical(background_params, loop_params));
+  REQUIRE(background.checkpoints.size() == 12);
+  REQUIRE(loop.checkpoints.size() == 12);
+  CHECK(in_background.not_durable == 0);
+  CHECK(in_background.written.size() == 12);
+  CHECK(in_background.uploaded.size() == 12);
+  for (std::size_t i = 0; i < 12; ++i) {
+    CAPTURE(i);
+    CHECK(background.checkpoints[i].batches_trained == static_cast<std::int64_t>(i + 1));
+    CHECK(in_background.written[i] == background.checkpoints[i].path);
+    CHECK(in_background.uploaded[i] == background.checkpoints[i].uuid);
+    // The snapshot holds the state of its own batch, not of a later one training reached while it was written.
+    const StateDict a = dettrial::detail::read_state_dict_file(background.checkpoints[i].path);
+    const StateDict b = dettrial::detail::read_state_dict_file(loop.checkpoints[i].path);
+    const auto model_a = a.at("models_state_dict").toList().get(0).toGenericDict();
+    const auto model_b = b.at("models_state_dict").toList().get(0).toGenericDict();
+    for (const auto& entry : model_b) CHECK(torch::equal(model_a.at(entry.key()).toTensor(), entry.value().toTensor()));
+    const auto adam_a = a.at("optimizers_state_dict").toList().get(0).toGenericDict().at("state").toGenericDict();
+    const auto adam_b = b.at("optimizers_state_dict").toList().get(0).toGenericDict().at("state").toGenericDict();
+    for (const auto& entry : adam_b)
+      CHECK(torch::equal(adam_a.at(entry.key()).toGenericDict().at("exp_avg").toTensor(),
+                         entry.value().toGenericDict().at("exp_avg").toTensor()));
+  }
+  // The report: a checkpoint record per checkpoint, with its write time; the wait is a training phase.
+  int checkpoint_records = 0;
+  for (const auto& record : test::read_reports(background.output_dir / "metrics.jsonl")) {
+    if (record["type"] == "checkpoint") {
+      ++checkpoint_records;
+      CHECK(record.contains("write_seconds"));
+    }
+    if (record["type"] == "training") CHECK(record["seconds"].contains("checkpoint_wait"));
+  }
+  CHECK(checkpoint_records == 12);
+}
+
+TEST_CASE("a background write that fails is an error at the next boundary, naming what failed, and earlier checkpoints stay") {
+  const fs::path out = test::quiet({}).output_dir;
+  const fs::path storage = out / "checkpoints", moved = out / "kept";
+  // After the first checkpoint is durable, its storage is moved away and a file put in its place:
+  // the next write cannot create its directory there.
+  struct BreakStorage {
+    fs::path storage, moved;
+    void on_checkpoint_write_end(const fs::path&) {
+      if (fs::exists(moved)) return;
+      fs::rename(storage, moved);
+      std::ofstream(storage) << "not a directory";
+    }
+  } breaker{storage, moved};
+  Context context(test::hparams("width: 64\n"), ContextOptions{.trial_seed = 5});
+  Trainer<WideTrial> trainer(context);
+  FitOptions o = test::quiet({.max_length = Batch(20), .checkpoint_period = Batch(2), .checkpoint_policy = CheckpointPolicy::none});
+  o.output_dir = out;
+  CHECK_THROWS_WITH_AS(trainer.fit(o, breaker), doctest::Contains("checkpoint could not be written: cannot create"), CheckpointError);
+  const auto kept = list_checkpoints(moved);
+  REQUIRE(kept.size() == 1);
+  CHECK(kept[0].batches_trained == 2);
+  CHECK(read_checkpoint_info(kept[0].path).batches_trained == 2);  // complete: every file's size as written
+}
+
+TEST_CASE("the snapshot's host memory is allocated once and reused by every later checkpoint") {
+  dettrial::detail::HostSnapshot snapshot;
+  torch::nn::Linear layer(64, 32);
+  StateDict state(c10::StringType::get(), c10::AnyType::get());
+  state.insert("model", module_state_dict(*layer));
+  state.insert("tied", layer->weight);  // the same tensor again: stored once
+  std::vector<const void*> first;
+  for (int round = 0; round < 3; ++round) {
+    {
+      torch::NoGradGuard no_grad;
+      layer->weight.add_(1.0);
+    }
+    snapshot.begin();
+    const c10::IValue copy = snapshot.take(state);
+    snapshot.finish();
+    const torch::Tensor weight = copy.toGenericDict().at("model").toGenericDict().at("weight").toTensor();
+    CHECK(torch::equal(weight, layer->weight));
+    CHECK(weight.data_ptr() != layer->weight.data_ptr());
+    CHECK(copy.toGenericDict().at("tied").toTensor().data_ptr() == weight.data_ptr());
+    std::vector<const void*> pointers{weight.data_ptr(), copy.toGenericDict().at("model").toGenericDict().at("bias").toTensor().data_ptr()};
+    if (round == 0) first = pointers;
+    CHECK(pointers == first);
+    CHECK(snapshot.bytes() == static_cast<std::size_t>((64 * 32 + 32) * 4));
+  }
+}
+
+TEST_CASE("child process: writes large checkpoints in the background until killed" * doctest::skip()) {
+  const char* dir = std::getenv("DETTRIAL_CHILD_DIR");
+  REQUIRE(dir != nullptr);
+  Context context(test::hparams("width: 2048\n"), ContextOptions{.trial_seed = 21});
+  Trainer<WideTrial> trainer(context);
+  FitOptions o = resumable_options(400);
+  o.checkpoint_period = Batch(4);
+  o.output_dir = dir;
+  o.retention = {.save_trial_best = 0, .save_trial_latest = 2};
+  trainer.fit(o);
+}
+
+TEST_CASE("a process killed (SIGKILL) while a checkpoint is written in the background resumes bit-identically") {
+  const fs::path dir = test::quiet({}).output_dir;
+  fs::create_directories(dir);
+  const pid_t child =
+      test::spawn_self("child process: writes large checkpoints in the background until killed", {"DETTRIAL_CHILD_DIR=" + dir.string()});
+  // Killed while a write is in flight (its hidden temporary directory exists) after at least one
+  // checkpoint is complete: training went on meanwhile.
+  bool caught = false;
+  for (int i = 0; i < 60000 && !caught; ++i) {
+    std::error_code ec;
+    bool writing = false;
+    for (const auto& e : fs::directory_iterator(dir / "checkpoints", ec))
+      writing = writing || e.path().filename().string().rfind(".tmp-", 0) == 0;
+    caught = writing && !list_checkpoints(dir / "checkpoints").empty();
+    if (caught) ::kill(child, SIGKILL);
+    else std::this_thread::sleep_for(std::chrono::microseconds(500));
+  }
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  REQUIRE(caught);
+  REQUIRE(WIFSIGNALED(status));
+  const auto all = list_checkpoints(dir / "checkpoints");
+  REQUIRE(!all.empty());
+  for (const auto& info : all) (void)read_checkpoint_info(info.path);  // only complete ones are listed
+  const std::int64_t resumed_at = all.back().batches_trained;
+  CAPTURE(resumed_at);
+
+  Context straight_context(test::hparams("width: 2048\n"), ContextOptions{.trial_seed = 21});
+  Trainer<WideTrial> straight(straight_context);
+  FitOptions whole = resumable_options(resumed_at + 8);
+  whole.checkpoint_period = Batch(1000);
+  straight.fit(whole);
+
+  Context resumed_context(test::hparams("width: 2048\n"), ContextOptions{.trial_seed = 22});
+  Trainer<WideTrial> resumed(resumed_context);
+  FitOptions rest = resumable_options(resumed_at + 8);
+  rest.checkpoint_period = Batch(1000);
+  rest.output_dir = dir;
+  rest.latest_checkpoint = dir;
+  const FitResult r = resumed.fit(rest);
+  CHECK(r.resumed_from_batch == resumed_at);
+  CHECK(test::bit_identical(test::parameters_of(straight_context), test::parameters_of(resumed_context)));
+}
+
+TEST_CASE("child process: holds a run folder" * doctest::skip()) {
+  const char* dir = std::getenv("DETTRIAL_CHILD_DIR");
+  REQUIRE(dir != nullptr);
+  Context context(Hyperparameters{}, ContextOptions{.trial_seed = 1});
+  Trainer<FillTrial> trainer(context);
+  FitOptions o{.max_length = Batch(100'000'000), .checkpoint_period = Batch(100'000'000), .reporting_period = Batch(100'000'000)};
+  o.output_dir = dir;
+  o.report.quiet = true;
+  trainer.fit(o);
+}
+
+TEST_CASE("a second process in a live run folder is refused naming the holder, and a SIGKILLed holder leaves no lock") {
+  const fs::path dir = test::quiet({}).output_dir;
+  fs::create_directories(dir);
+  const pid_t child = test::spawn_self("child process: holds a run folder", {"DETTRIAL_CHILD_DIR=" + dir.string()});
+  const std::string holder = "pid " + std::to_string(child) + " on host ";
+  for (int i = 0; i < 3000 && test::read_text(dir / ".lock").find(holder) == std::string::npos; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  REQUIRE(test::read_text(dir / ".lock").find(holder) != std::string::npos);
+  const auto fit_here = [&] {
+    Context context(Hyperparameters{}, ContextOptions{.trial_seed = 1});
+    Trainer<FillTrial> trainer(context);
+    FitOptions o = test::quiet({.max_length = Batch(3)});
+    o.output_dir = dir;
+    return trainer.fit(o);
+  };
+  char host[256] = {};
+  ::gethostname(host, sizeof host - 1);
+  const std::string expected = holder + host;
+  const auto listing = [&] {
+    std::set<std::pair<std::string, std::uintmax_t>> files;
+    for (const auto& e : fs::recursive_directory_iterator(dir))
+      if (e.is_regular_file()) files.emplace(e.path().string(), e.file_size());
+    return files;
+  };
+  const auto before = listing();
+  CHECK_THROWS_WITH_AS(fit_here(), doctest::Contains(expected.c_str()), FolderInUseError);
+  CHECK(listing() == before);  // the refused process wrote nothing
+  ::kill(child, SIGKILL);
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  const FitResult r = fit_here();  // the kernel released the dead holder's lock
+  CHECK(r.batches_trained == 3);
+  // Within one process the lock is shared (the command line and the trainer it starts).
+  const auto outer = dettrial::detail::FolderLock::acquire(dir / ".lock", "run folder");
+  CHECK(fit_here().batches_trained == 3);
 }

@@ -103,6 +103,9 @@ TEST_CASE("callbacks hear the validation epoch around evaluate_batch, and a chec
   Trainer<BareLossTrial> trainer(context);
   Recorder recorder;
   FitOptions o = test::quiet({.max_length = Batch(8), .validation_period = Batch(4), .checkpoint_period = Batch(4)});
+  // Written in the step loop, a checkpoint's hooks come in Determined's order; written in the
+  // background (below), on_checkpoint_write_end comes once it is durable.
+  o.async_checkpoints = false;
   const FitResult r = trainer.fit(o, recorder);
   // Three batches of 4 validation records and one of 3... as 11 records in batches of 4: 4, 4, 3.
   const std::vector<std::string> one_validation = {"validation_start", "validation_epoch_start", "validation_epoch_end 3",
@@ -114,6 +117,19 @@ TEST_CASE("callbacks hear the validation epoch around evaluate_batch, and a chec
   }
   CHECK(recorder.heard == expected);
   REQUIRE(r.checkpoints.size() == 2);
+  {
+    Context background_context(Hyperparameters::parse("global_batch_size: 5\n"), ContextOptions{.trial_seed = 3});
+    Trainer<BareLossTrial> background(background_context);
+    Recorder heard;
+    FitOptions b = test::quiet({.max_length = Batch(8), .validation_period = Batch(4), .checkpoint_period = Batch(4)});
+    REQUIRE(background.fit(b, heard).checkpoints.size() == 2);
+    // Each save's write_end after it and before the next save (one checkpoint in flight at most).
+    std::vector<std::string> checkpoint_hooks;
+    for (const auto& h : heard.heard)
+      if (h.rfind("checkpoint_", 0) == 0) checkpoint_hooks.push_back(h);
+    CHECK(checkpoint_hooks ==
+          std::vector<std::string>{"checkpoint_save_start", "checkpoint_write_end", "checkpoint_save_start", "checkpoint_write_end"});
+  }
 
   // Resumed from the last checkpoint (retention deleted the first) and trained on: the load hook
   // sees what the save hook wrote.

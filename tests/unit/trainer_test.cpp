@@ -103,13 +103,16 @@ TEST_CASE("the loop follows Determined's verified boundary and callback sequence
   BatchesSeen seen{&context};
   context.wrap_reducer(seen, "", /*for_training=*/false, /*for_validation=*/true);
   Seen hook{&rec, &seen, &context};
-  const FitResult r = trainer.fit(test::quiet({.max_length = Epoch(3),
-                                               .validation_period = Batch(5),
-                                               .checkpoint_period = Epoch(2),
-                                               .reporting_period = Batch(3),
-                                               .checkpoint_policy = CheckpointPolicy::none,
-                                               .step_zero_validation = true}),
-                                  hook, rec);
+  FitOptions options = test::quiet({.max_length = Epoch(3),
+                                    .validation_period = Batch(5),
+                                    .checkpoint_period = Epoch(2),
+                                    .reporting_period = Batch(3),
+                                    .checkpoint_policy = CheckpointPolicy::none,
+                                    .step_zero_validation = true});
+  // Determined writes a checkpoint in the step loop: so does this run, for its hooks' order (in the
+  // background, on_checkpoint_write_end comes once the checkpoint is durable; hooks_test.cpp).
+  options.async_checkpoints = false;
+  const FitResult r = trainer.fit(options, hook, rec);
   const std::vector<std::string> expected = {
       "startup@0", "training_start", "VAL@0",         "epoch_start0", "train@3(n=3)", "epoch_end0",   "epoch_start1", "train@5(n=2)",
       "VAL@5",     "train@6(n=1)",   "epoch_end1",    "train@8(n=2)", "CKPT@8",       "epoch_start2", "train@9(n=1)", "train@10(n=1)",

@@ -6,8 +6,10 @@
 /// A checkpoint directory (Determined's layout):
 /// - `state_dict.pth`: `torch.load`-able dict with `models_state_dict`, `optimizers_state_dict` (Python
 ///   layout), `lr_schedulers_state_dict`, `callbacks`, `rng_state`;
-/// - `dettrial_state.pt`: LibTorch's own archives of the optimizers and schedulers (every optimizer
-///   restored exactly, whatever its type) and, mid gradient aggregation, the pending gradients;
+/// - `dettrial_state.pt`, only when needed: LibTorch's archive of what Python's layout cannot express
+///   (an optimizer of a type it does not hold, a scheduler without a Python-state reader) and, mid
+///   gradient aggregation, the pending gradients. Each tensor is stored once (format 2); a format-1
+///   checkpoint holds every optimizer and scheduler here again, and still loads;
 /// - `trial_state.json`: where the trial stands (batches, epochs, last validation and checkpoint);
 /// - `load_data.json`: the experiment config and hyperparameters;
 /// - `metadata.json`, written last: steps completed, framework, format, each file's size and CRC-32.
@@ -15,6 +17,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <mutex>
 #include <optional>
 #include <sstream>
@@ -73,14 +76,28 @@ DETTRIAL_INLINE const c10::IValue& require_entry(const StateDict& dict, const ch
 /// A checkpoint's `state_dict.pth`, its size and CRC-32 checked, as a dict.
 DETTRIAL_INLINE StateDict read_state_dict_file(const std::filesystem::path& dir);
 
+/// Maps a tensor of the live state to the one a checkpoint stores (the snapshot's host copy).
+using TensorKeeper = std::function<torch::Tensor(const torch::Tensor&)>;
+
+/// `dettrial_state.pt` before it is serialized.
+struct NativeState {
+  torch::serialize::OutputArchive archive;
+  /// It holds an optimizer's own save() of its live state, which training changes in place: it is
+  /// serialized before training goes on (the rest of a checkpoint is written in the background).
+  bool holds_live_state = false;
+  std::string bytes();
+};
+
 /// Moves a Context's state into and out of checkpoint files, through the Context's public accessors.
 struct ContextCheckpoint {
   /// The Python-readable part (without callbacks, which the trainer adds).
   static StateDict python_state(Context& c, const std::vector<torch::Tensor>& cpu_rng_per_rank = {},
                                 const std::vector<torch::Tensor>& gpu_rng_per_rank = {});
 
-  /// LibTorch's archives of the optimizers and schedulers, and pending gradients when `with_grads`.
-  static std::string native_state(Context& c, bool with_grads);
+  /// LibTorch's archive of what Python's layout cannot express: the optimizers it cannot hold
+  /// (python_layout_holds), the schedulers without a Python-state reader and, `with_grads`, the
+  /// pending gradients, each taken through `keep` (the snapshot's copy). nullopt: nothing to write.
+  static std::optional<NativeState> native_state(Context& c, bool with_grads, const TensorKeeper& keep);
 
   /// Checks and loads every model of `top` (state_dict.pth's dict) into the context's models.
   static void load_models(Context& c, const StateDict& top, const std::filesystem::path& file);
@@ -92,13 +109,26 @@ struct ContextCheckpoint {
   /// CRC-32 of the chief's saved state mixed with the rank.
   static std::uint64_t new_rank_seed(const torch::Tensor& chiefs_state, std::int64_t rank);
 
-  static void load_native(Context& c, const std::string& bytes, const std::filesystem::path& file);
+  /// LibTorch's archive `bytes` (`file` names it in errors).
+  static torch::serialize::InputArchive read_native(const std::string& bytes, const std::filesystem::path& file);
 
-  /// Restores the optimizers and schedulers from state_dict.pth's Python layout (a checkpoint
-  /// Determined wrote): every optimizer through load_optimizer_state_dict, every scheduler through
-  /// its Python-state reader. A part that cannot be carried over is a CheckpointError naming it,
-  /// or, with `fresh_parts`, a one-line warning and that part as the trial made it.
-  static void load_python_layout(Context& c, const StateDict& top, const std::filesystem::path& file, bool fresh_parts);
+  /// A format-1 checkpoint: every optimizer and scheduler from LibTorch's archive, and pending gradients.
+  static void load_native(Context& c, torch::serialize::InputArchive& archive, const std::filesystem::path& file);
+
+  /// Restores the optimizers and schedulers from state_dict.pth's Python layout (format 2, and a
+  /// checkpoint Determined wrote): each optimizer through load_optimizer_state_dict, each scheduler
+  /// through its Python-state reader, except those `native` (format 2's archive, when written)
+  /// holds, and the pending gradients it holds. A part that cannot be carried over is a
+  /// CheckpointError naming it, or, with `fresh_parts`, a one-line warning and that part as the
+  /// trial made it.
+  static void load_python_layout(Context& c, const StateDict& top, const std::filesystem::path& file, bool fresh_parts,
+                                 torch::serialize::InputArchive* native = nullptr);
+
+ private:
+  static void load_native_optimizer(Context& c, std::size_t i, torch::serialize::InputArchive& one, const std::string& what);
+  static void load_native_scheduler(Context& c, std::size_t i, torch::serialize::InputArchive& one, const std::string& what);
+  /// The pending gradients `archive` holds (none: nothing was pending at the checkpoint).
+  static void load_native_grads(Context& c, torch::serialize::InputArchive& archive);
 };
 
 /// NumPy's and Python's generator states as Determined seeds them (`np.random.seed(seed)`,
@@ -344,12 +374,23 @@ DETTRIAL_INLINE StateDict ContextCheckpoint::python_state(Context& c, const std:
   return out;
 }
 
-DETTRIAL_INLINE std::string ContextCheckpoint::native_state(Context& c, bool with_grads) {
+DETTRIAL_INLINE std::string NativeState::bytes() {
+  std::string out;
+  archive.save_to([&](const void* data, std::size_t n) {
+    out.append(static_cast<const char*>(data), n);
+    return n;
+  });
+  return out;
+}
+
+DETTRIAL_INLINE std::optional<NativeState> ContextCheckpoint::native_state(Context& c, bool with_grads, const TensorKeeper& keep) {
   pull_device_optimizer_state(c);
-  torch::serialize::OutputArchive archive;
-  archive.write("format", c10::IValue(checkpoint_format_version));
+  NativeState out;
+  bool any = false;
+  out.archive.write("format", c10::IValue(checkpoint_format_version));
   torch::serialize::OutputArchive optimizers;
   for (std::size_t i = 0; i < c.num_optimizers(); ++i) {
+    if (python_layout_holds(c.optimizer(i))) continue;
     torch::serialize::OutputArchive one;
     c.optimizer(i).save(one);
     // LibTorch's optimizer load restores the per-parameter state but not the groups' options
@@ -363,15 +404,18 @@ DETTRIAL_INLINE std::string ContextCheckpoint::native_state(Context& c, bool wit
     }
     one.write("dettrial_group_options", groups);
     optimizers.write(std::to_string(i), one);
+    any = out.holds_live_state = true;
   }
-  archive.write("optimizers", optimizers);
+  out.archive.write("optimizers", optimizers);
   torch::serialize::OutputArchive schedulers;
   for (std::size_t i = 0; i < c.num_lr_schedulers(); ++i) {
+    if (c.lr_scheduler(i).load_python_state) continue;
     torch::serialize::OutputArchive one;
     c.lr_scheduler(i).save(c.lr_scheduler(i).scheduler, one);
     schedulers.write(std::to_string(i), one);
+    any = true;
   }
-  archive.write("schedulers", schedulers);
+  out.archive.write("schedulers", schedulers);
   if (with_grads) {
     // By position: the models were checked entry by entry before these are read back.
     torch::serialize::OutputArchive grads;
@@ -379,16 +423,13 @@ DETTRIAL_INLINE std::string ContextCheckpoint::native_state(Context& c, bool wit
       torch::serialize::OutputArchive model;
       const auto params = c.models()[i]->parameters();
       for (std::size_t j = 0; j < params.size(); ++j)
-        if (params[j].grad().defined()) model.write("p" + std::to_string(j), params[j].grad(), /*is_buffer=*/true);
+        if (params[j].grad().defined()) model.write("p" + std::to_string(j), keep(params[j].grad()), /*is_buffer=*/true);
       grads.write(std::to_string(i), model);
     }
-    archive.write("grads", grads);
+    out.archive.write("grads", grads);
+    any = true;
   }
-  std::string out;
-  archive.save_to([&](const void* bytes, std::size_t n) {
-    out.append(static_cast<const char*>(bytes), n);
-    return n;
-  });
+  if (!any) return std::nullopt;
   return out;
 }
 
@@ -454,8 +495,9 @@ DETTRIAL_INLINE void ContextCheckpoint::load_rng(Context& c, const StateDict& to
 }
 
 DETTRIAL_INLINE void ContextCheckpoint::load_python_layout(Context& c, const StateDict& top, const std::filesystem::path& file,
-                                                           bool fresh_parts) {
+                                                           bool fresh_parts, torch::serialize::InputArchive* native) {
   const std::string what = "checkpoint file '" + file.string() + "'";
+  const std::string native_what = "checkpoint file '" + (file.parent_path() / layout::libtorch_state).string() + "'";
   const auto part = [&](const std::string& name, const std::function<void()>& load) {
     try {
       load();
@@ -475,9 +517,15 @@ DETTRIAL_INLINE void ContextCheckpoint::load_python_layout(Context& c, const Sta
                             std::to_string(expected));
     return list;
   };
+  // The archive's own section for part `index` of `section`, when format 2 put it there.
+  const auto archived = [&](const char* section, std::size_t index, torch::serialize::InputArchive& one) {
+    torch::serialize::InputArchive parts;
+    return native && native->try_read(section, parts) && parts.try_read(std::to_string(index), one);
+  };
   const auto optimizers = list_of("optimizers_state_dict", c.num_optimizers(), "optimizer(s)");
   for (std::size_t i = 0; i < optimizers.size(); ++i)
     part("optimizer " + std::to_string(i), [&] {
+      if (torch::serialize::InputArchive one; archived("optimizers", i, one)) return load_native_optimizer(c, i, one, native_what);
       const std::string name = what + ", optimizer " + std::to_string(i);
       if (!optimizers.get(i).isGenericDict()) throw CheckpointError(name + " is not a state dict");
       load_optimizer_state_dict(c.optimizer(i), optimizers.get(i).toGenericDict(), name);
@@ -485,6 +533,7 @@ DETTRIAL_INLINE void ContextCheckpoint::load_python_layout(Context& c, const Sta
   const auto schedulers = list_of("lr_schedulers_state_dict", c.num_lr_schedulers(), "LR scheduler(s)");
   for (std::size_t i = 0; i < schedulers.size(); ++i)
     part("LR scheduler " + std::to_string(i), [&] {
+      if (torch::serialize::InputArchive one; archived("schedulers", i, one)) return load_native_scheduler(c, i, one, native_what);
       const std::string name = what + ", LR scheduler " + std::to_string(i);
       const WrappedScheduler& s = c.lr_scheduler(i);
       if (!s.load_python_state)
@@ -493,6 +542,7 @@ DETTRIAL_INLINE void ContextCheckpoint::load_python_layout(Context& c, const Sta
       if (!schedulers.get(i).isGenericDict()) throw CheckpointError(name + " is not a state dict");
       s.load_python_state(s.scheduler, schedulers.get(i).toGenericDict(), name);
     });
+  if (native) return load_native_grads(c, *native);
   for (const auto& model : c.models())  // nothing pending: Determined checkpoints at optimizer steps
     for (auto& p : model->parameters()) p.mutable_grad() = torch::Tensor();
 }
@@ -502,59 +552,48 @@ DETTRIAL_INLINE void ContextCheckpoint::set_generator_state(at::Generator genera
   generator.set_state(state);
 }
 
-DETTRIAL_INLINE void ContextCheckpoint::load_native(Context& c, const std::string& bytes, const std::filesystem::path& file) {
-  const std::string what = "checkpoint file '" + file.string() + "'";
+DETTRIAL_INLINE torch::serialize::InputArchive ContextCheckpoint::read_native(const std::string& bytes, const std::filesystem::path& file) {
   torch::serialize::InputArchive archive;
   try {
     archive.load_from(bytes.data(), bytes.size());
   } catch (const std::exception& e) {
-    throw CheckpointError("cannot read " + what + ": " + first_line(e.what()));
+    throw CheckpointError("cannot read checkpoint file '" + file.string() + "': " + first_line(e.what()));
   }
-  auto sub = [&](const char* key) {
-    torch::serialize::InputArchive a;
-    if (!archive.try_read(key, a)) throw CheckpointError(what + " has no '" + key + "' section");
-    return a;
-  };
-  auto count = [](torch::serialize::InputArchive& a) { return a.keys().size(); };
-  torch::serialize::InputArchive optimizers = sub("optimizers");
-  if (count(optimizers) != c.num_optimizers())
-    throw CheckpointError(what + " holds " + std::to_string(count(optimizers)) + " optimizer(s), but the trial wraps " +
-                          std::to_string(c.num_optimizers()));
-  for (std::size_t i = 0; i < c.num_optimizers(); ++i) {
-    torch::serialize::InputArchive one;
-    optimizers.read(std::to_string(i), one);
-    try {
-      auto& optimizer = c.optimizer(i);
-      optimizer.load(one);
-      torch::serialize::InputArchive groups;
-      one.read("dettrial_group_options", groups);
-      for (std::size_t g = 0; g < optimizer.param_groups().size(); ++g) {
-        torch::serialize::InputArchive options;
-        groups.read(std::to_string(g), options);
-        optimizer.param_groups()[g].options().serialize(options);
-      }
-      // Device-side state (FusedAdam's step counts) follows the loaded state, and learning rates the loaded options.
-      if (auto* capturable = dynamic_cast<optim::CapturableOptimizer*>(&optimizer)) {
-        capturable->push_device_state();
-        capturable->sync_learning_rates(optimizer.param_groups());
-      }
-    } catch (const std::exception& e) {
-      throw CheckpointError(what + ": optimizer " + std::to_string(i) + " does not match the trial's: " + first_line(e.what()));
+  return archive;
+}
+
+DETTRIAL_INLINE void ContextCheckpoint::load_native_optimizer(Context& c, std::size_t i, torch::serialize::InputArchive& one,
+                                                              const std::string& what) {
+  try {
+    auto& optimizer = c.optimizer(i);
+    optimizer.load(one);
+    torch::serialize::InputArchive groups;
+    one.read("dettrial_group_options", groups);
+    for (std::size_t g = 0; g < optimizer.param_groups().size(); ++g) {
+      torch::serialize::InputArchive options;
+      groups.read(std::to_string(g), options);
+      optimizer.param_groups()[g].options().serialize(options);
     }
-  }
-  torch::serialize::InputArchive schedulers = sub("schedulers");
-  if (count(schedulers) != c.num_lr_schedulers())
-    throw CheckpointError(what + " holds " + std::to_string(count(schedulers)) + " LR scheduler(s), but the trial wraps " +
-                          std::to_string(c.num_lr_schedulers()));
-  for (std::size_t i = 0; i < c.num_lr_schedulers(); ++i) {
-    torch::serialize::InputArchive one;
-    schedulers.read(std::to_string(i), one);
-    try {
-      c.lr_scheduler(i).load(c.lr_scheduler(i).scheduler, one);
-    } catch (const std::exception& e) {
-      throw CheckpointError(what + ": LR scheduler " + std::to_string(i) + " cannot be restored: " + first_line(e.what()));
+    // Device-side state (FusedAdam's step counts) follows the loaded state, and learning rates the loaded options.
+    if (auto* capturable = dynamic_cast<optim::CapturableOptimizer*>(&optimizer)) {
+      capturable->push_device_state();
+      capturable->sync_learning_rates(optimizer.param_groups());
     }
+  } catch (const std::exception& e) {
+    throw CheckpointError(what + ": optimizer " + std::to_string(i) + " does not match the trial's: " + first_line(e.what()));
   }
+}
+
+DETTRIAL_INLINE void ContextCheckpoint::load_native_scheduler(Context& c, std::size_t i, torch::serialize::InputArchive& one,
+                                                              const std::string& what) {
+  try {
+    c.lr_scheduler(i).load(c.lr_scheduler(i).scheduler, one);
+  } catch (const std::exception& e) {
+    throw CheckpointError(what + ": LR scheduler " + std::to_string(i) + " cannot be restored: " + first_line(e.what()));
+  }
+}
+
+DETTRIAL_INLINE void ContextCheckpoint::load_native_grads(Context& c, torch::serialize::InputArchive& archive) {
   torch::serialize::InputArchive grads;
   const bool has_grads = archive.try_read("grads", grads);
   for (std::size_t i = 0; i < c.models().size(); ++i) {
@@ -567,6 +606,36 @@ DETTRIAL_INLINE void ContextCheckpoint::load_native(Context& c, const std::strin
       else if (params[j].grad().defined()) params[j].mutable_grad() = torch::Tensor();  // nothing was pending at the checkpoint
     }
   }
+}
+
+DETTRIAL_INLINE void ContextCheckpoint::load_native(Context& c, torch::serialize::InputArchive& archive,
+                                                    const std::filesystem::path& file) {
+  const std::string what = "checkpoint file '" + file.string() + "'";
+  auto sub = [&](const char* key) {
+    torch::serialize::InputArchive a;
+    if (!archive.try_read(key, a)) throw CheckpointError(what + " has no '" + key + "' section");
+    return a;
+  };
+  const auto require_count = [&](torch::serialize::InputArchive& a, std::size_t expected, const char* things) {
+    if (a.keys().size() != expected)
+      throw CheckpointError(what + " holds " + std::to_string(a.keys().size()) + " " + things + ", but the trial wraps " +
+                            std::to_string(expected));
+  };
+  torch::serialize::InputArchive optimizers = sub("optimizers");
+  require_count(optimizers, c.num_optimizers(), "optimizer(s)");
+  for (std::size_t i = 0; i < c.num_optimizers(); ++i) {
+    torch::serialize::InputArchive one;
+    optimizers.read(std::to_string(i), one);
+    load_native_optimizer(c, i, one, what);
+  }
+  torch::serialize::InputArchive schedulers = sub("schedulers");
+  require_count(schedulers, c.num_lr_schedulers(), "LR scheduler(s)");
+  for (std::size_t i = 0; i < c.num_lr_schedulers(); ++i) {
+    torch::serialize::InputArchive one;
+    schedulers.read(std::to_string(i), one);
+    load_native_scheduler(c, i, one, what);
+  }
+  load_native_grads(c, archive);
 }
 
 }  // namespace detail

@@ -28,6 +28,11 @@ namespace dettrial {
  */
 DETTRIAL_INLINE void load_optimizer_state_dict(torch::optim::Optimizer& optimizer, const StateDict& state, const std::string& what);
 
+/// Whether Python's layout (optimizer_state_dict) holds all of `optimizer`'s state, so that
+/// load_optimizer_state_dict restores it exactly: every group's options and every parameter's state
+/// of a type it reads (SGD, Adam, AdamW, RMSprop, Adagrad, Adadelta, and the fused ones).
+DETTRIAL_INLINE bool python_layout_holds(torch::optim::Optimizer& optimizer);
+
 }  // namespace dettrial
 
 // Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
@@ -294,6 +299,16 @@ DETTRIAL_INLINE void load_optimizer_state_dict(torch::optim::Optimizer& optimize
     capturable->push_device_state();
     capturable->sync_learning_rates(optimizer.param_groups());
   }
+}
+
+DETTRIAL_INLINE bool python_layout_holds(torch::optim::Optimizer& optimizer) {
+  for (auto& group : optimizer.param_groups())
+    if (!python_optimizer_detail::kind_of(group.options()).name) return false;
+  for (const auto& [key, state] : optimizer.state()) {
+    c10::impl::GenericDict scratch(c10::StringType::get(), c10::AnyType::get());
+    if (!detail::python_param_state(*state, scratch)) return false;
+  }
+  return true;
 }
 
 }  // namespace dettrial

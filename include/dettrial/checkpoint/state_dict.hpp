@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <memory>
 #include <sstream>
@@ -36,6 +37,8 @@ namespace detail {
  * weights-only loader allows (`_rebuild_tensor_v2`, the storage types, `OrderedDict`).
  */
 DETTRIAL_INLINE std::string pickle_archive(const c10::IValue& value);
+/// The same archive, passed to `sink` piece by piece as it is made (tensors' bytes as they are).
+DETTRIAL_INLINE void pickle_archive_to(const c10::IValue& value, const std::function<void(const void*, std::size_t)>& sink);
 
 /// `value` as a plain pickle (no tensors): what Python's `pickle.load` reads.
 DETTRIAL_INLINE std::string pickle_bytes(const c10::IValue& value);
@@ -61,7 +64,11 @@ DETTRIAL_INLINE std::string shape_text(c10::IntArrayRef sizes);
 /// Python's DistributedDataParallel saves `module.<name>`: the model's own names without it.
 DETTRIAL_INLINE StateDict unwrapped(const StateDict& d);
 
-inline c10::IValue scalar_tensor(double v) { return torch::tensor(v, torch::kFloat32); }
+/// A step count as Python's optimizers keep it: a float32 scalar tensor, or float64 past 2**24,
+/// where float32 would round it (Python's load_state_dict takes either).
+inline c10::IValue scalar_tensor(double v) {
+  return torch::tensor(v, static_cast<double>(static_cast<float>(v)) == v ? torch::kFloat32 : torch::kFloat64);
+}
 
 /// Adam and AdamW keep the same state and options under the same names.
 template <class State>
@@ -127,6 +134,12 @@ namespace dettrial {
 namespace detail {
 
 DETTRIAL_INLINE std::string pickle_archive(const c10::IValue& value) {
+  std::string out;
+  pickle_archive_to(value, [&](const void* bytes, std::size_t n) { out.append(static_cast<const char*>(bytes), n); });
+  return out;
+}
+
+DETTRIAL_INLINE void pickle_archive_to(const c10::IValue& value, const std::function<void(const void*, std::size_t)>& sink) {
   std::vector<char> pickle;
   torch::jit::Pickler pickler([&](const char* bytes, std::size_t n) { pickle.insert(pickle.end(), bytes, bytes + n); },
                               /*tensor_table=*/nullptr, /*type_renamer=*/nullptr, /*memoized_class_types=*/nullptr,
@@ -134,14 +147,12 @@ DETTRIAL_INLINE std::string pickle_archive(const c10::IValue& value) {
   pickler.protocol();
   pickler.pushIValue(value);
   pickler.stop();
-  std::string out;
   caffe2::serialize::PyTorchStreamWriter writer([&](const void* bytes, std::size_t n) {
-    out.append(static_cast<const char*>(bytes), n);
+    sink(bytes, n);
     return n;
   });
   torch::jit::writeArchiveAndTensors("data", pickle.data(), pickle.size(), pickler.tensorData(), writer);
   writer.writeEndOfFile();
-  return out;
 }
 
 DETTRIAL_INLINE std::string pickle_bytes(const c10::IValue& value) {

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -25,7 +26,11 @@
 namespace dettrial {
 
 /// The layout version dettrial writes into `metadata.json`; it refuses to read newer ones.
-inline constexpr std::int64_t checkpoint_format_version = 1;
+/// - 1: LibTorch's archive (`dettrial_state.pt`) holds every optimizer and scheduler again, beside
+///   Python's layout in `state_dict.pth`;
+/// - 2: each tensor is stored once: optimizers and schedulers are restored from Python's layout, and
+///   `dettrial_state.pt` (written only when needed) holds what that layout cannot express.
+inline constexpr std::int64_t checkpoint_format_version = 2;
 
 /// One complete checkpoint directory, as its `metadata.json` describes it.
 struct CheckpointInfo {
@@ -36,6 +41,8 @@ struct CheckpointInfo {
   std::int64_t epochs_trained = 0;
   /// Write order within its storage directory (1, 2, ...).
   std::int64_t sequence = 0;
+  /// Its `dettrial_format` (checkpoint_format_version when written); 0 for one Determined wrote.
+  std::int64_t format = 0;
   /// The searcher metric of the validation at the same batch, if there was one.
   std::optional<double> validation_metric{};
   /// Written by Determined (its metadata has `determined_version` and no `dettrial_format`): the
@@ -64,6 +71,8 @@ DETTRIAL_INLINE void sync_directory(const std::filesystem::path& dir);
 DETTRIAL_INLINE std::string read_file_bytes(const std::filesystem::path& path);
 
 DETTRIAL_INLINE std::uint32_t crc32_of(std::string_view bytes);
+/// The CRC-32 of what `crc` covered followed by `bytes`.
+DETTRIAL_INLINE std::uint32_t crc32_continue(std::uint32_t crc, std::string_view bytes);
 
 /// A random (version 4) UUID, Determined's name for a checkpoint directory.
 DETTRIAL_INLINE std::string new_uuid();
@@ -89,6 +98,12 @@ class CheckpointWriter {
   ~CheckpointWriter();
 
   void add_file(const std::string& name, std::string_view bytes);
+
+  /// Receives a file's bytes piece by piece.
+  using ByteSink = std::function<void(const void* data, std::size_t size)>;
+  /// Writes file `name` from the pieces `produce` passes to the sink it is given, as they come:
+  /// a large file is never held in memory whole.
+  void add_file(const std::string& name, const std::function<void(const ByteSink&)>& produce);
 
   /// Writes `metadata.json`: the members of `fields` (a JSON object), then `"files"` (each file's
   /// `"size"` and `"crc32"`), and moves the checkpoint into place. Returns its final path.
@@ -197,15 +212,19 @@ DETTRIAL_INLINE std::string read_file_bytes(const std::filesystem::path& path) {
   return std::move(bytes).str();
 }
 
-DETTRIAL_INLINE std::uint32_t crc32_of(std::string_view bytes) {
-  uLong crc = ::crc32(0L, Z_NULL, 0);
+DETTRIAL_INLINE std::uint32_t crc32_continue(std::uint32_t crc, std::string_view bytes) {
+  uLong value = crc;
   // zlib takes uInt lengths: feed large buffers in pieces.
   while (!bytes.empty()) {
     const std::size_t n = std::min<std::size_t>(bytes.size(), 1u << 30);
-    crc = ::crc32(crc, reinterpret_cast<const Bytef*>(bytes.data()), static_cast<uInt>(n));
+    value = ::crc32(value, reinterpret_cast<const Bytef*>(bytes.data()), static_cast<uInt>(n));
     bytes.remove_prefix(n);
   }
-  return static_cast<std::uint32_t>(crc);
+  return static_cast<std::uint32_t>(value);
+}
+
+DETTRIAL_INLINE std::uint32_t crc32_of(std::string_view bytes) {
+  return crc32_continue(static_cast<std::uint32_t>(::crc32(0L, Z_NULL, 0)), bytes);
 }
 
 DETTRIAL_INLINE std::string new_uuid() {
@@ -255,6 +274,34 @@ DETTRIAL_INLINE CheckpointWriter::~CheckpointWriter() {
 DETTRIAL_INLINE void CheckpointWriter::add_file(const std::string& name, std::string_view bytes) {
   detail::write_file_synced(temp_ / name, bytes);
   files_.push_back({name, bytes.size(), detail::crc32_of(bytes)});
+}
+
+DETTRIAL_INLINE void CheckpointWriter::add_file(const std::string& name, const std::function<void(const ByteSink&)>& produce) {
+  const std::filesystem::path path = temp_ / name;
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) throw CheckpointError("cannot create '" + path.string() + "': " + detail::errno_text());
+  FileEntry entry{name, 0, 0};
+  std::uint32_t crc = detail::crc32_of({});
+  try {
+    produce([&](const void* data, std::size_t size) {
+      const auto* bytes = static_cast<const char*>(data);
+      crc = detail::crc32_continue(crc, {bytes, size});
+      for (std::size_t done = 0; done < size;) {
+        const ssize_t n = ::write(fd, bytes + done, size - done);
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0) throw CheckpointError("cannot write '" + path.string() + "': " + detail::errno_text());
+        done += static_cast<std::size_t>(n);
+      }
+      entry.size += size;
+    });
+    if (::fsync(fd) != 0) throw CheckpointError("cannot sync '" + path.string() + "' to disk: " + detail::errno_text());
+  } catch (...) {
+    ::close(fd);
+    throw;
+  }
+  if (::close(fd) != 0) throw CheckpointError("cannot close '" + path.string() + "': " + detail::errno_text());
+  entry.crc32 = crc;
+  files_.push_back(std::move(entry));
 }
 
 DETTRIAL_INLINE std::filesystem::path CheckpointWriter::commit(detail::Json fields) {
@@ -318,6 +365,7 @@ DETTRIAL_INLINE CheckpointInfo read_checkpoint_info(const std::filesystem::path&
     if (format > checkpoint_format_version)
       throw CheckpointError("'" + meta_path.string() + "' is checkpoint format " + std::to_string(format) +
                             ", written by a newer dettrial; this one reads formats up to " + std::to_string(checkpoint_format_version));
+    info.format = format;
     info.uuid = detail::json_as<std::string>(field("uuid"), "uuid");
     info.batches_trained = detail::json_as<std::int64_t>(field("steps_completed"), "steps_completed");
     info.epochs_trained = detail::json_as<std::int64_t>(field("epochs_trained"), "epochs_trained");

@@ -23,6 +23,7 @@
 #include "../detail/json_fwd.hpp"
 #include "../version.hpp"
 #include "checkpoint.hpp"
+#include "snapshot.hpp"
 #include "state_dict.hpp"
 #include "storage.hpp"
 #include "../detail/linkage.hpp"
@@ -63,10 +64,31 @@ struct TrialCheckpointRecord {
   std::string trial_type;
 };
 
-/// Writes a checkpoint into `storage` (crash-safe: a temporary directory renamed when complete) and
-/// returns what list_checkpoints will say about it. `top` is state_dict.pth's dict.
-DETTRIAL_INLINE CheckpointInfo write_trial_checkpoint(Context& c, const std::filesystem::path& storage, const StateDict& top,
-                                                      const TrialCheckpointRecord& record);
+/**
+ * @brief A checkpoint taken at a boundary: its files' contents, every tensor a copy in `snapshot`'s
+ * host memory, so that write_checkpoint_files may run on another thread while training changes the
+ * live state.
+ */
+struct TakenCheckpoint {
+  std::filesystem::path storage;
+  /// What list_checkpoints will say about it, but its path (known once it is written).
+  CheckpointInfo info;
+  c10::IValue state_dict;
+  std::optional<NativeState> native;
+  /// `native` serialized already, when it held live state.
+  std::string native_bytes;
+  std::string trial_state, determined_trial_state, load_data, searcher_metric;
+};
+
+/// Takes a checkpoint of the Context (`top` is state_dict.pth's dict) into `snapshot`: on the
+/// training thread, at a boundary. Without a snapshot the tensors are the live state's own, and the
+/// checkpoint must be written before training goes on.
+DETTRIAL_INLINE TakenCheckpoint take_checkpoint(Context& c, const std::filesystem::path& storage, const StateDict& top,
+                                                const TrialCheckpointRecord& record, HostSnapshot* snapshot);
+
+/// Writes a taken checkpoint into its storage (crash-safe: a temporary directory renamed when
+/// complete) and returns what list_checkpoints will say about it. Any thread.
+DETTRIAL_INLINE CheckpointInfo write_checkpoint_files(TakenCheckpoint& taken);
 
 /// Restores the Context's models (names and shapes checked first), optimizers, schedulers, pending
 /// gradients and RNGs from checkpoint `dir`, whose state_dict.pth holds `top`. A checkpoint without
@@ -122,19 +144,50 @@ DETTRIAL_INLINE Json load_data(const Context& c, std::string_view trial_type) {
               {"is_trainer", true}};
 }
 
-DETTRIAL_INLINE CheckpointInfo write_trial_checkpoint(Context& c, const std::filesystem::path& storage, const StateDict& top,
-                                                      const TrialCheckpointRecord& record) {
-  CheckpointInfo info{.uuid = new_uuid(),
-                      .batches_trained = record.progress.batches_trained,
-                      .epochs_trained = record.progress.epochs_trained,
-                      .sequence = record.sequence,
-                      .validation_metric = record.validation_metric};
-  CheckpointWriter writer(storage, info.uuid);
-  writer.add_file(layout::state_dict, pickle_archive(top));
-  writer.add_file(layout::libtorch_state, ContextCheckpoint::native_state(c, record.mid_aggregation));
-  writer.add_file(layout::trial_state, record.progress.to_json());
-  writer.add_file(layout::determined_trial_state, record.progress.to_determined_pickle());
-  writer.add_file(layout::load_data, json_text(load_data(c, record.trial_type)));
+DETTRIAL_INLINE TakenCheckpoint take_checkpoint(Context& c, const std::filesystem::path& storage, const StateDict& top,
+                                                const TrialCheckpointRecord& record, HostSnapshot* snapshot) {
+  TakenCheckpoint taken{.storage = storage,
+                        .info = {.uuid = new_uuid(),
+                                 .batches_trained = record.progress.batches_trained,
+                                 .epochs_trained = record.progress.epochs_trained,
+                                 .sequence = record.sequence,
+                                 .format = checkpoint_format_version,
+                                 .validation_metric = record.validation_metric},
+                        .trial_state = record.progress.to_json(),
+                        .determined_trial_state = record.progress.to_determined_pickle(),
+                        .load_data = json_text(load_data(c, record.trial_type)),
+                        .searcher_metric = record.searcher_metric};
+  if (!snapshot) {
+    taken.state_dict = top;
+    taken.native = ContextCheckpoint::native_state(c, record.mid_aggregation, [](const torch::Tensor& t) { return t; });
+    return taken;
+  }
+  snapshot->begin();
+  taken.state_dict = snapshot->take(top);
+  taken.native = ContextCheckpoint::native_state(c, record.mid_aggregation, [&](const torch::Tensor& t) { return snapshot->keep(t); });
+  snapshot->finish();
+  if (taken.native && taken.native->holds_live_state) {
+    taken.native_bytes = taken.native->bytes();
+    taken.native.reset();
+  }
+  return taken;
+}
+
+DETTRIAL_INLINE CheckpointInfo write_checkpoint_files(TakenCheckpoint& taken) {
+  CheckpointInfo info = taken.info;
+  CheckpointWriter writer(taken.storage, info.uuid);
+  writer.add_file(layout::state_dict, [&](const CheckpointWriter::ByteSink& sink) { pickle_archive_to(taken.state_dict, sink); });
+  if (taken.native)
+    writer.add_file(layout::libtorch_state, [&](const CheckpointWriter::ByteSink& sink) {
+      taken.native->archive.save_to([&](const void* data, std::size_t n) {
+        sink(data, n);
+        return n;
+      });
+    });
+  else if (!taken.native_bytes.empty()) writer.add_file(layout::libtorch_state, taken.native_bytes);
+  writer.add_file(layout::trial_state, taken.trial_state);
+  writer.add_file(layout::determined_trial_state, taken.determined_trial_state);
+  writer.add_file(layout::load_data, taken.load_data);
   const std::string framework = "torch-" + std::to_string(TORCH_VERSION_MAJOR) + "." + std::to_string(TORCH_VERSION_MINOR) + "." +
                                 std::to_string(TORCH_VERSION_PATCH);
   Json metadata{{"uuid", info.uuid},
@@ -144,8 +197,8 @@ DETTRIAL_INLINE CheckpointInfo write_trial_checkpoint(Context& c, const std::fil
                 {"framework", framework},
                 {"format", "pickle"},
                 {"dettrial_version", DETTRIAL_VERSION_STRING},
-                {"dettrial_format", checkpoint_format_version},
-                {"searcher_metric", record.searcher_metric},
+                {"dettrial_format", info.format},
+                {"searcher_metric", taken.searcher_metric},
                 {"validation_metric", nullptr}};
   if (info.validation_metric) metadata["validation_metric"] = *info.validation_metric;
   info.path = writer.commit(std::move(metadata));
@@ -156,9 +209,14 @@ DETTRIAL_INLINE void restore_context(Context& c, const std::filesystem::path& di
   const std::filesystem::path file = CheckpointFolder{dir}.state_dict();
   ContextCheckpoint::load_models(c, top, file);
   std::error_code ec;
-  if (std::filesystem::exists(CheckpointFolder{dir}.libtorch_state(), ec))
-    ContextCheckpoint::load_native(c, read_checked_file(dir, layout::libtorch_state), CheckpointFolder{dir}.libtorch_state());
-  else ContextCheckpoint::load_python_layout(c, top, file, fresh_parts);
+  if (!std::filesystem::exists(CheckpointFolder{dir}.libtorch_state(), ec)) {
+    ContextCheckpoint::load_python_layout(c, top, file, fresh_parts);  // format 2 without an archive, or Determined's
+  } else {
+    auto archive = ContextCheckpoint::read_native(read_checked_file(dir, layout::libtorch_state), CheckpointFolder{dir}.libtorch_state());
+    if (read_checkpoint_info(dir, /*verify_files=*/false).format == 1)
+      ContextCheckpoint::load_native(c, archive, CheckpointFolder{dir}.libtorch_state());
+    else ContextCheckpoint::load_python_layout(c, top, file, fresh_parts, &archive);
+  }
   ContextCheckpoint::load_rng(c, top, file);
   // A checkpoint written without a scaler (fp32, or bf16) leaves a new one at its initial scale.
   if (const auto it = top.find("scaler_state_dict"); c.scaler() && it != top.end()) {

@@ -36,6 +36,7 @@
 #include "../error.hpp"
 #include "../detail/text.hpp"
 #include "../detail/exit_status.hpp"
+#include "../detail/folder_lock.hpp"
 #include "../detail/process.hpp"
 #include "../trainer/fit_options.hpp"
 #include "../trainer/trainer.hpp"
@@ -139,6 +140,9 @@ int train_trial(const CommandLine& line, const RunPlan& plan, const LaunchEnviro
   say_config_differences(line, plan, env);
   const std::shared_ptr<Communicator> communicator = connect_ranks(line, env);
   FitOptions options = fit_options_for(line, plan, Trainer<TrialT>::default_output_dir());
+  // Locked before anything in the run folder changes (start_afresh rewrites its records); the
+  // trainer shares this lock.
+  const FolderLock lock = env.rank == 0 ? FolderLock::acquire(RunFolder{options.output_dir}.lock(), "run folder") : FolderLock{};
   const bool restarted_afresh = continue_restarted_job(plan, env, options);
   if (env.rank == 0 && (restarted_afresh || (!plan.afresh.empty() && !options.latest_checkpoint)))
     start_afresh(options.output_dir, line.quiet);

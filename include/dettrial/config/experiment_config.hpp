@@ -82,6 +82,9 @@ class ExperimentConfig {
     std::int64_t save_experiment_best = 0;
     std::int64_t save_trial_best = 1;
     std::int64_t save_trial_latest = 1;
+    /// `async` (dettrial's): checkpoints are written by a background thread from a snapshot in host
+    /// memory while training goes on; false writes them in the step loop.
+    bool async = true;
   } checkpoint_storage;
   /// `profiling`: LibTorch's profiler over the global batches `begin_on_batch` to `end_after_batch`
   /// (inclusive; unset: to the end of training), written as a Chrome trace; `sync_timings` waits for
@@ -397,6 +400,10 @@ DETTRIAL_INLINE void ExperimentConfig::read_checkpoint_storage(const YAML::Node&
     r.read(cs, key, field);
     if (field < 0) throw ConfigError(detail::where(cs[key], r.source) + ": checkpoint_storage." + key + " must not be negative");
   }
+  if (const YAML::Node type = cs["type"]; type && type.IsScalar() && type.Scalar() != "shared_fs" && type.Scalar() != "directory")
+    throw ConfigError(detail::where(type, r.source) + ": checkpoint_storage type '" + type.Scalar() +
+                      "' is not one dettrial writes (shared_fs or directory, on a local or mounted file system)");
+  r.read(cs, "async", storage.async);
   std::string host_path, storage_path, container_path;
   r.read(cs, "host_path", host_path);
   r.read(cs, "storage_path", storage_path);
@@ -486,7 +493,8 @@ DETTRIAL_INLINE void ExperimentConfig::check_fields(const YAML::Node& root, cons
   static const std::vector<std::string> slurm = {"sbatch_args"};
   static const std::vector<std::string> slurm_cluster = {"slots_per_node", "gpu_type"};
   static const std::vector<std::string> storage = {
-      "type", "host_path", "storage_path", "container_path", "propagation", "save_experiment_best", "save_trial_best", "save_trial_latest"};
+      "type", "host_path", "storage_path", "container_path", "propagation", "save_experiment_best", "save_trial_best", "save_trial_latest",
+      "async"};
   // Cloud storage, and shared_fs's legacy checkpoint_path / tensorboard_path (paths inside a task's container).
   static const std::vector<std::string> storage_cloud = {
       "checkpoint_path", "tensorboard_path", "bucket",     "access_key", "secret_key",  "endpoint_url",      "prefix",
@@ -503,12 +511,6 @@ DETTRIAL_INLINE void ExperimentConfig::check_fields(const YAML::Node& root, cons
   for (const auto& [section, known] : sections)
     if (const YAML::Node node = root[section]; node && node.IsMap())
       check_map(node, std::string(section) + ".", *known.first, known.second ? *known.second : std::vector<std::string>{}, source, ignored);
-  if (const YAML::Node cs = root["checkpoint_storage"]; cs && cs.IsMap() && cs["type"]) {
-    const std::string type = cs["type"].Scalar();
-    if (type != "shared_fs" && type != "directory")
-      throw ConfigError(detail::where(cs["type"], source) + ": checkpoint_storage type '" + type +
-                        "' is not one dettrial writes (shared_fs or directory, on a local or mounted file system)");
-  }
 }
 
 DETTRIAL_INLINE void ExperimentConfig::check_map(const YAML::Node& map, const std::string& prefix, const std::vector<std::string>& known,

@@ -33,6 +33,9 @@ struct PhaseTimes {
   /// A declarative trial's backward pass, and its clipping and optimizer step, run by the trainer.
   double backward = 0;
   double optimizer_step = 0;
+  /// Waiting, at a checkpoint since the last report, for the last checkpoint's background write
+  /// (one is in flight at most): 0 when writes keep up with the checkpoint period.
+  double checkpoint_wait = 0;
   void reset() { *this = PhaseTimes{}; }
 };
 
@@ -75,8 +78,9 @@ class Reporter {
   /// A validation's metrics, over `records` records (0: not counted) in `seconds`.
   void validation(std::int64_t batches, std::int64_t epochs, const MetricValues& metrics, std::int64_t records, double seconds);
 
-  /// A checkpoint written at `batches`.
-  void checkpoint(std::int64_t batches, std::int64_t epochs, const std::filesystem::path& path, double seconds);
+  /// A checkpoint written at `batches`: training stood still `seconds` for it (a snapshot, or the
+  /// whole write when synchronous), and its write went on `write_seconds` from there.
+  void checkpoint(std::int64_t batches, std::int64_t epochs, const std::filesystem::path& path, double seconds, double write_seconds);
 
   /// A run continued at `batches` on `ranks` ranks from a checkpoint written by `ranks_before`:
   /// restart `restart` of a launcher that restarted the job (0: resumed by hand).
@@ -159,6 +163,7 @@ DETTRIAL_INLINE void Reporter::training(std::int64_t batches, std::int64_t epoch
                                                           {"train_batch", phases.train_batch},
                                                           {"backward", phases.backward},
                                                           {"optimizer_step", phases.optimizer_step},
+                                                          {"checkpoint_wait", phases.checkpoint_wait},
                                                           {"total", seconds}};
   if (log_.enabled()) {
     Json extra = {{"samples_per_second", samples_per_second}};
@@ -195,13 +200,17 @@ DETTRIAL_INLINE void Reporter::validation(std::int64_t batches, std::int64_t epo
   }
 }
 
-DETTRIAL_INLINE void Reporter::checkpoint(std::int64_t batches, std::int64_t epochs, const std::filesystem::path& path, double seconds) {
-  char tail[48];
-  std::snprintf(tail, sizeof tail, " (%.2f s)", seconds);
+DETTRIAL_INLINE void Reporter::checkpoint(std::int64_t batches, std::int64_t epochs, const std::filesystem::path& path, double seconds,
+                                          double write_seconds) {
+  char tail[96];
+  if (write_seconds > 0.005) std::snprintf(tail, sizeof tail, " (%.2f s, then %.2f s in the background)", seconds, write_seconds);
+  else std::snprintf(tail, sizeof tail, " (%.2f s)", seconds);
   progress_.line("[checkpoint] batches " + std::to_string(batches) + ": " + path.string() + tail);
-  log_.write("checkpoint", batches, epochs, MetricValues{}, Json{{"seconds", seconds}, {"uuid", path.filename().string()}});
+  log_.write("checkpoint", batches, epochs, MetricValues{},
+             Json{{"seconds", seconds}, {"write_seconds", write_seconds}, {"uuid", path.filename().string()}});
   if (tensorboard_) {
     tensorboard_->add_scalar("timing/checkpoint_seconds", seconds, batches);
+    tensorboard_->add_scalar("timing/checkpoint_write_seconds", write_seconds, batches);
     tensorboard_->flush();
   }
 }

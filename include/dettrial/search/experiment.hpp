@@ -40,6 +40,7 @@
 #include "../config/experiment_config.hpp"
 #include "../error.hpp"
 #include "../detail/exit_status.hpp"
+#include "../detail/folder_lock.hpp"
 #include "../detail/json_fwd.hpp"
 #include "../detail/process.hpp"
 #include "../vocabulary/metrics.hpp"
@@ -305,6 +306,8 @@ DETTRIAL_INLINE Experiment::Experiment(ExperimentConfig config, ExperimentOption
 
 DETTRIAL_INLINE int Experiment::run() {
   namespace fs = std::filesystem;
+  // One runner per experiment folder; each trial's process locks its own run folder.
+  const detail::FolderLock lock = detail::FolderLock::acquire(folder().lock(), "experiment folder");
   fs::create_directories(folder().trials());
   experiment_id_ = experiment_id_in(options_.output_dir);
   if (slurm_) slurm_->set_experiment(experiment_id_);

@@ -60,6 +60,9 @@ struct FitOptions {
   std::filesystem::path checkpoint_dir{};
   /// How many checkpoints to keep (best by the searcher metric, and latest).
   Retention retention{};
+  /// Write checkpoints in the background from a snapshot in host memory, while training goes on
+  /// (`checkpoint_storage.async`); false writes them in the step loop.
+  bool async_checkpoints = true;
   /// The trial's id, saved in its checkpoints: resuming a checkpoint of another trial loads its
   /// weights and optimizer state but starts counting afresh (Determined's warm start).
   std::int64_t trial_id = 0;
@@ -126,6 +129,7 @@ DETTRIAL_INLINE FitOptions FitOptions::from_config(const ExperimentConfig& confi
   o.step_capture = config.step_capture;
   o.retention = {.save_trial_best = config.checkpoint_storage.save_trial_best,
                  .save_trial_latest = config.checkpoint_storage.save_trial_latest};
+  o.async_checkpoints = config.checkpoint_storage.async;
   return o;
 }
 

@@ -75,6 +75,7 @@ class Run {
     check_step_capture(options.step_capture, context_, tensors_only_batch<training_batch_t<TrialT>>(),
                        c10::demangle(typeid(training_batch_t<TrialT>).name()));
     st_ = RunState::begin(context_, std::move(options));
+    const auto release = on_scope_exit([&] { st_.release(); });
     // Each callback that started gets on_trial_shutdown, in reverse order, whatever happens next.
     std::size_t started = 0;
     const auto shutdown = on_scope_exit([&] { shut_down(callbacks_, started); });
@@ -104,6 +105,7 @@ class Run {
     if (!st_.result.stop_requested) {
       if (st_.progress.last_validation != st_.progress.batches_trained) validate();
       checkpoint_unless_current();
+      finish_checkpoint(/*wait=*/true);
       st_.complete(context_);
     }
     return st_.finish(context_);
@@ -148,6 +150,7 @@ class Run {
     while (st_.remaining() > 0) {
       const Reached reached = train_until_boundary(batches, workload);
       report_training(workload);
+      finish_checkpoint(/*wait=*/false);  // the one written in the background, if it is durable now
       if (const int signal = agreed_max(StopSignals::received()); signal != 0) return stop(signal);
       if (handle_boundaries(reached)) return;
     }
@@ -287,6 +290,7 @@ class Run {
   /// for a stop request), say so.
   void stop(int signal) {
     checkpoint_unless_current();
+    finish_checkpoint(/*wait=*/true);  // durable before the process exits (with 75 after a signal)
     st_.stopped(signal);
   }
 
@@ -361,16 +365,23 @@ class Run {
 
   // ---- checkpoints: when, and the callbacks' part (checkpoint/ writes and reads the files) ----
 
-  /// Writes a checkpoint (Determined's layout, crash-safe) on the chief, runs the checkpoint hooks,
-  /// and applies retention sparing the new one.
+  /// Takes a checkpoint (Determined's layout, crash-safe) and starts writing it, in the background
+  /// unless checkpoint_storage.async is off; the last one is finished first (one in flight at most).
   void checkpoint() {
     RECORD_USER_SCOPE("dettrial::checkpoint");
+    finish_checkpoint(/*wait=*/true);
     st_.progress.last_checkpoint = st_.progress.batches_trained;
     agree_on_buffers(context_);
-    const std::optional<WrittenCheckpoint> written = st_.checkpointer.write(
-        callbacks_,
-        st_.checkpoint_record(context_, data_seed(*train_loader_), data_seed(*validation_loader_), c10::demangle(typeid(TrialT).name())));
-    if (written) st_.checkpoint_written(*written);  // on the chief
+    st_.checkpointer.begin(callbacks_, st_.checkpoint_record(context_, data_seed(*train_loader_), data_seed(*validation_loader_),
+                                                             c10::demangle(typeid(TrialT).name())));
+    finish_checkpoint(/*wait=*/false);  // a synchronous write has ended already
+  }
+
+  /// Once the checkpoint in flight is durable (`wait`: waiting for it): its hooks, its record and
+  /// report line, and retention sparing it. A collective while one is in flight.
+  void finish_checkpoint(bool wait) {
+    if (const std::optional<WrittenCheckpoint> written = st_.checkpointer.finish(callbacks_, wait))
+      st_.checkpoint_written(*written);  // on the chief
   }
 
   /// The largest of `value` over the ranks: what every rank acts on.

@@ -20,6 +20,7 @@
 #include "../checkpoint/trial_checkpoint.hpp"
 #include "../config/units.hpp"
 #include "../context/context.hpp"
+#include "../detail/folder_lock.hpp"
 #include "../distributed/metrics.hpp"
 #include "../error.hpp"
 #include "../metrics/reducers.hpp"
@@ -63,6 +64,9 @@ struct RunState {
   DETTRIAL_INLINE ~RunState();
 
   FitOptions options;
+  /// The run folder's lock, held by the chief from begin() to end() (declared before the
+  /// checkpointer: released after a write in flight ends).
+  FolderLock folder_lock{};
   TrainUnit length = Batch(1);
   std::int64_t epoch_len = 0;
   /// The rank count whose global batches the training data follows (TrialProgress::data_ranks).
@@ -127,6 +131,9 @@ struct RunState {
   DETTRIAL_INLINE void complete(const Context& context);
   /// The fit's result, with what it trained, after its report is written.
   DETTRIAL_INLINE FitResult finish(const Context& context);
+  /// However the fit ends: a checkpoint write in flight ends (a failure is a warning then), and
+  /// the run folder's lock is released.
+  DETTRIAL_INLINE void release() noexcept;
   /// Writes the trace when training ended (or stopped) inside the profiled range.
   DETTRIAL_INLINE void finish_profiling();
   /// The run's report.html, from its metrics.jsonl (on the chief). A report that cannot be written
@@ -250,6 +257,9 @@ DETTRIAL_INLINE RunState RunState::begin(Context& context, FitOptions options) {
   RunState st;
   st.options = std::move(options);
   FitOptions& o = st.options;
+  if (o.output_dir.empty()) o.output_dir = default_output_dir();
+  // Before anything in the folder is read or written: a second process there is refused.
+  if (context.distributed().is_chief()) st.folder_lock = FolderLock::acquire(RunFolder{o.output_dir}.lock(), "run folder");
   st.length = run_state_detail::resolve_length(o, context);
   o.validation_period = run_state_detail::resolve_period(o.validation_period, context);
   o.checkpoint_period = run_state_detail::resolve_period(o.checkpoint_period, context);
@@ -269,7 +279,6 @@ DETTRIAL_INLINE RunState RunState::begin(Context& context, FitOptions options) {
     }
     st.same_trial = st.resumed->trial_id == o.trial_id;
   }
-  if (o.output_dir.empty()) o.output_dir = default_output_dir();
   st.result.output_dir = o.output_dir;
   context.position().output_dir = o.output_dir;
   const std::filesystem::path storage = o.checkpoint_dir.empty() ? RunFolder{o.output_dir}.checkpoints() : o.checkpoint_dir;
@@ -281,7 +290,7 @@ DETTRIAL_INLINE RunState RunState::begin(Context& context, FitOptions options) {
   st.reporter = Reporter(chief, o.report, o.output_dir, resumed_at,
                          context.get_enable_tensorboard_logging() ? &context.get_tensorboard_writer() : nullptr);
   run_state_detail::start_profiler(st, context, resumed_at);
-  st.checkpointer = Checkpointer(context, storage, o.checkpoint_policy, o.retention, o.smaller_is_better);
+  st.checkpointer = Checkpointer(context, storage, o.checkpoint_policy, o.retention, o.smaller_is_better, o.async_checkpoints);
   return st;
 }
 
@@ -425,6 +434,7 @@ DETTRIAL_INLINE void RunState::begin_workload(Context& context, Workload& worklo
   workload.batch_metrics.clear();
   workload.records = 0;
   workload.phases.reset();
+  workload.phases.checkpoint_wait = checkpointer.take_waited_seconds();
   workload.mark = std::chrono::steady_clock::now();
   reporter.begin("train", progress.batches_trained, length.unit() == Unit::epochs ? length.value() * epoch_len : length.value(), "batches");
 }
@@ -516,7 +526,7 @@ DETTRIAL_INLINE TrialCheckpointRecord RunState::checkpoint_record(const Context&
 
 DETTRIAL_INLINE void RunState::checkpoint_written(const WrittenCheckpoint& written) {
   result.checkpoints.push_back(written.info);
-  reporter.checkpoint(progress.batches_trained, progress.epochs_trained, written.info.path, written.seconds);
+  reporter.checkpoint(written.info.batches_trained, written.info.epochs_trained, written.info.path, written.seconds, written.write_seconds);
   checkpointer.apply_retention(written.info.uuid);
 }
 
@@ -573,6 +583,11 @@ DETTRIAL_INLINE FitResult RunState::finish(const Context& context) {
   result.epochs_trained = progress.epochs_trained;
   write_report(context);
   return std::move(result);
+}
+
+DETTRIAL_INLINE void RunState::release() noexcept {
+  checkpointer.settle();
+  folder_lock = FolderLock{};
 }
 
 DETTRIAL_INLINE void training_stream_ended(std::int64_t batch_idx) {
