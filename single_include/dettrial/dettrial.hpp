@@ -12013,30 +12013,23 @@ DETTRIAL_INLINE void ContextCheckpoint::load_native_grads(Context& c, torch::ser
 DETTRIAL_INLINE void ContextCheckpoint::load_native(Context& c, torch::serialize::InputArchive& archive,
                                                     const std::filesystem::path& file) {
   const std::string what = "checkpoint file '" + file.string() + "'";
-  auto sub = [&](const char* key) {
-    torch::serialize::InputArchive a;
-    if (!archive.try_read(key, a)) throw CheckpointError(what + " has no '" + key + "' section");
-    return a;
+  // Every part of section `key` (`count` of them), each by its index.
+  const auto load_section = [&](const char* key, std::size_t count, const char* things, const auto& load_one) {
+    torch::serialize::InputArchive section;
+    if (!archive.try_read(key, section)) throw CheckpointError(what + " has no '" + key + "' section");
+    if (section.keys().size() != count)
+      throw CheckpointError(what + " holds " + std::to_string(section.keys().size()) + " " + things + ", but the trial wraps " +
+                            std::to_string(count));
+    for (std::size_t i = 0; i < count; ++i) {
+      torch::serialize::InputArchive one;
+      section.read(std::to_string(i), one);
+      load_one(i, one);
+    }
   };
-  const auto require_count = [&](torch::serialize::InputArchive& a, std::size_t expected, const char* things) {
-    if (a.keys().size() != expected)
-      throw CheckpointError(what + " holds " + std::to_string(a.keys().size()) + " " + things + ", but the trial wraps " +
-                            std::to_string(expected));
-  };
-  torch::serialize::InputArchive optimizers = sub("optimizers");
-  require_count(optimizers, c.num_optimizers(), "optimizer(s)");
-  for (std::size_t i = 0; i < c.num_optimizers(); ++i) {
-    torch::serialize::InputArchive one;
-    optimizers.read(std::to_string(i), one);
-    load_native_optimizer(c, i, one, what);
-  }
-  torch::serialize::InputArchive schedulers = sub("schedulers");
-  require_count(schedulers, c.num_lr_schedulers(), "LR scheduler(s)");
-  for (std::size_t i = 0; i < c.num_lr_schedulers(); ++i) {
-    torch::serialize::InputArchive one;
-    schedulers.read(std::to_string(i), one);
-    load_native_scheduler(c, i, one, what);
-  }
+  load_section("optimizers", c.num_optimizers(), "optimizer(s)",
+               [&](std::size_t i, torch::serialize::InputArchive& one) { load_native_optimizer(c, i, one, what); });
+  load_section("schedulers", c.num_lr_schedulers(), "LR scheduler(s)",
+               [&](std::size_t i, torch::serialize::InputArchive& one) { load_native_scheduler(c, i, one, what); });
   load_native_grads(c, archive);
 }
 
