@@ -12584,14 +12584,14 @@ struct TrialCheckpointRecord {
  * live state.
  */
 struct TakenCheckpoint {
-  std::filesystem::path storage;
+  std::filesystem::path storage{};
   /// What list_checkpoints will say about it, but its path (known once it is written).
-  CheckpointInfo info;
-  c10::IValue state_dict;
-  std::optional<NativeState> native;
+  CheckpointInfo info{};
+  c10::IValue state_dict{};
+  std::optional<NativeState> native{};
   /// `native` serialized already, when it held live state.
-  std::string native_bytes;
-  std::string trial_state, determined_trial_state, load_data, searcher_metric;
+  std::string native_bytes{};
+  std::string trial_state{}, determined_trial_state{}, load_data{}, searcher_metric{};
 };
 
 /// Takes a checkpoint of the Context (`top` is state_dict.pth's dict) into `snapshot`: on the
@@ -17463,6 +17463,7 @@ DETTRIAL_INLINE void stop_with_supervisor(pid_t supervisor) {
 /// @brief One process per run folder: an advisory `flock` on a file in the folder, which the kernel
 /// releases when the holding process ends, however it ends (a SIGKILLed run leaves no stale lock).
 
+#include <chrono>
 #include <filesystem>
 #include <memory>
 #include <string>
@@ -17482,8 +17483,11 @@ class FolderLock {
   FolderLock() = default;
 
   /// Locks `lock_file` (created with its folder if needed), naming `what` (e.g. "run folder") in
-  /// the refusal; throws FolderInUseError when another process holds it.
-  static FolderLock acquire(const std::filesystem::path& lock_file, const std::string& what);
+  /// the refusal; throws FolderInUseError when another process holds it, after waiting up to
+  /// `patience` for it to end (saying so once): a search's trial started anew waits for the
+  /// process of a runner that died, which is checkpointing before it ends.
+  static FolderLock acquire(const std::filesystem::path& lock_file, const std::string& what,
+                            std::chrono::seconds patience = std::chrono::seconds(0));
 
   bool held() const { return static_cast<bool>(held_); }
 
@@ -17497,10 +17501,12 @@ class FolderLock {
 // Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
 #if DETTRIAL_HEADER_DEFINITIONS
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <map>
 #include <mutex>
 #include <system_error>
+#include <thread>
 
 #include <fcntl.h>
 #include <sys/file.h>
@@ -17542,7 +17548,8 @@ inline std::string holder_of(int fd) {
 }
 }  // namespace folder_lock_detail
 
-DETTRIAL_INLINE FolderLock FolderLock::acquire(const std::filesystem::path& lock_file, const std::string& what) {
+DETTRIAL_INLINE FolderLock FolderLock::acquire(const std::filesystem::path& lock_file, const std::string& what,
+                                               std::chrono::seconds patience) {
   namespace fl = folder_lock_detail;
   std::error_code ec;
   std::filesystem::create_directories(lock_file.parent_path(), ec);
@@ -17557,12 +17564,18 @@ DETTRIAL_INLINE FolderLock FolderLock::acquire(const std::filesystem::path& lock
   auto held = std::make_shared<Held>();
   held->fd = ::open(lock_file.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
   if (held->fd < 0) throw Error("cannot open the lock file '" + lock_file.string() + "': " + std::strerror(errno));
-  while (::flock(held->fd, LOCK_EX | LOCK_NB) != 0) {
+  const auto give_up = std::chrono::steady_clock::now() + patience;
+  for (bool said = false; ::flock(held->fd, LOCK_EX | LOCK_NB) != 0;) {
     if (errno == EINTR) continue;
     if (errno != EWOULDBLOCK) throw Error("cannot lock '" + lock_file.string() + "': " + std::strerror(errno));
-    throw FolderInUseError("the " + what + " '" + lock_file.parent_path().string() + "' is in use by " + fl::holder_of(held->fd) +
-                           ", which holds its lock " + lock_file.filename().string() +
-                           ": wait for it to end, or give this run another folder (--output DIR)");
+    const std::string in_use = "the " + what + " '" + lock_file.parent_path().string() + "' is in use by " + fl::holder_of(held->fd);
+    if (std::chrono::steady_clock::now() >= give_up)
+      throw FolderInUseError(in_use + ", which holds its lock " + lock_file.filename().string() +
+                             ": wait for it to end, or give this run another folder (--output DIR)");
+    if (!said)
+      std::fprintf(stderr, "dettrial: %s; waiting up to %llds for it to end\n", in_use.c_str(), static_cast<long long>(patience.count()));
+    said = true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   const std::string holder = "pid " + std::to_string(::getpid()) + " on host " + fl::host_name() + "\n";
   if (::ftruncate(held->fd, 0) != 0 || ::pwrite(held->fd, holder.data(), holder.size(), 0) != static_cast<ssize_t>(holder.size()))

@@ -837,6 +837,9 @@ TEST_CASE("a second process in a live run folder is refused naming the holder, a
   for (int i = 0; i < 3000 && test::read_text(dir / ".lock").find(holder) == std::string::npos; ++i)
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   REQUIRE(test::read_text(dir / ".lock").find(holder) != std::string::npos);
+  // The holder's start-up writes (its metrics.jsonl, event files) are over before the folder is listed.
+  for (int i = 0; i < 3000 && !fs::exists(dir / "metrics.jsonl"); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
   const auto fit_here = [&] {
     Context context(Hyperparameters{}, ContextOptions{.trial_seed = 1});
     Trainer<FillTrial> trainer(context);
@@ -856,10 +859,21 @@ TEST_CASE("a second process in a live run folder is refused naming the holder, a
   const auto before = listing();
   CHECK_THROWS_WITH_AS(fit_here(), doctest::Contains(expected.c_str()), FolderInUseError);
   CHECK(listing() == before);  // the refused process wrote nothing
-  ::kill(child, SIGKILL);
-  int status = 0;
-  ::waitpid(child, &status, 0);
-  const FitResult r = fit_here();  // the kernel released the dead holder's lock
+  {
+    // A search's trial waits for its folder's holder to end (a dead runner's trial, checkpointing);
+    // the holder is killed with SIGKILL meanwhile, and the kernel releases its lock.
+    std::thread killer([&] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      ::kill(child, SIGKILL);
+    });
+    const auto waited = dettrial::detail::FolderLock::acquire(dir / ".lock", "run folder", std::chrono::seconds(60));
+    killer.join();
+    CHECK(waited.held());
+    int status = 0;
+    ::waitpid(child, &status, 0);
+    CHECK(WIFSIGNALED(status));
+  }
+  const FitResult r = fit_here();
   CHECK(r.batches_trained == 3);
   // Within one process the lock is shared (the command line and the trainer it starts).
   const auto outer = dettrial::detail::FolderLock::acquire(dir / ".lock", "run folder");

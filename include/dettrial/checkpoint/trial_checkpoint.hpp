@@ -70,14 +70,14 @@ struct TrialCheckpointRecord {
  * live state.
  */
 struct TakenCheckpoint {
-  std::filesystem::path storage;
+  std::filesystem::path storage{};
   /// What list_checkpoints will say about it, but its path (known once it is written).
-  CheckpointInfo info;
-  c10::IValue state_dict;
-  std::optional<NativeState> native;
+  CheckpointInfo info{};
+  c10::IValue state_dict{};
+  std::optional<NativeState> native{};
   /// `native` serialized already, when it held live state.
-  std::string native_bytes;
-  std::string trial_state, determined_trial_state, load_data, searcher_metric;
+  std::string native_bytes{};
+  std::string trial_state{}, determined_trial_state{}, load_data{}, searcher_metric{};
 };
 
 /// Takes a checkpoint of the Context (`top` is state_dict.pth's dict) into `snapshot`: on the
