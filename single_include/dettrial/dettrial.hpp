@@ -11515,13 +11515,10 @@ struct ContextCheckpoint {
   /// LibTorch's archive `bytes` (`file` names it in errors).
   static torch::serialize::InputArchive read_native(const std::string& bytes, const std::filesystem::path& file);
 
-  /// A format-1 checkpoint: every optimizer and scheduler from LibTorch's archive, and pending gradients.
-  static void load_native(Context& c, torch::serialize::InputArchive& archive, const std::filesystem::path& file);
-
-  /// Restores the optimizers and schedulers from state_dict.pth's Python layout (format 2, and a
-  /// checkpoint Determined wrote): each optimizer through load_optimizer_state_dict, each scheduler
-  /// through its Python-state reader, except those `native` (format 2's archive, when written)
-  /// holds, and the pending gradients it holds. A part that cannot be carried over is a
+  /// Restores the optimizers and schedulers from state_dict.pth's Python layout (dettrial's formats
+  /// 1 and 2, and a checkpoint Determined wrote): each optimizer through load_optimizer_state_dict,
+  /// each scheduler through its Python-state reader; a part that layout cannot hold from `native`
+  /// (LibTorch's archive, when written), and the pending gradients it holds. A part that cannot be carried over is a
   /// CheckpointError naming it, or, with `fresh_parts`, a one-line warning and that part as the
   /// trial made it.
   static void load_python_layout(Context& c, const StateDict& top, const std::filesystem::path& file, bool fresh_parts,
@@ -11919,7 +11916,9 @@ DETTRIAL_INLINE void ContextCheckpoint::load_python_layout(Context& c, const Sta
                             std::to_string(expected));
     return list;
   };
-  // The archive's own section for part `index` of `section`, when format 2 put it there.
+  // The archive's section for part `index` of `section`. Only a part Python's layout cannot hold
+  // is read from it: format 1 archived every part, and LibTorch's archive of one version need not
+  // read back in another, where Python's layout does.
   const auto archived = [&](const char* section, std::size_t index, torch::serialize::InputArchive& one) {
     torch::serialize::InputArchive parts;
     return native && native->try_read(section, parts) && parts.try_read(std::to_string(index), one);
@@ -11927,7 +11926,8 @@ DETTRIAL_INLINE void ContextCheckpoint::load_python_layout(Context& c, const Sta
   const auto optimizers = list_of("optimizers_state_dict", c.num_optimizers(), "optimizer(s)");
   for (std::size_t i = 0; i < optimizers.size(); ++i)
     part("optimizer " + std::to_string(i), [&] {
-      if (torch::serialize::InputArchive one; archived("optimizers", i, one)) return load_native_optimizer(c, i, one, native_what);
+      torch::serialize::InputArchive one;
+      if (!python_layout_holds(c.optimizer(i)) && archived("optimizers", i, one)) return load_native_optimizer(c, i, one, native_what);
       const std::string name = what + ", optimizer " + std::to_string(i);
       if (!optimizers.get(i).isGenericDict()) throw CheckpointError(name + " is not a state dict");
       load_optimizer_state_dict(c.optimizer(i), optimizers.get(i).toGenericDict(), name);
@@ -11935,9 +11935,10 @@ DETTRIAL_INLINE void ContextCheckpoint::load_python_layout(Context& c, const Sta
   const auto schedulers = list_of("lr_schedulers_state_dict", c.num_lr_schedulers(), "LR scheduler(s)");
   for (std::size_t i = 0; i < schedulers.size(); ++i)
     part("LR scheduler " + std::to_string(i), [&] {
-      if (torch::serialize::InputArchive one; archived("schedulers", i, one)) return load_native_scheduler(c, i, one, native_what);
-      const std::string name = what + ", LR scheduler " + std::to_string(i);
       const WrappedScheduler& s = c.lr_scheduler(i);
+      torch::serialize::InputArchive one;
+      if (!s.load_python_state && archived("schedulers", i, one)) return load_native_scheduler(c, i, one, native_what);
+      const std::string name = what + ", LR scheduler " + std::to_string(i);
       if (!s.load_python_state)
         throw CheckpointError(name + ": the trial's scheduler cannot read Python's state (dettrial::optim's StepLR, MultiStepLR, " +
                               "ExponentialLR and ReduceLROnPlateau can; a LambdaLR or another type has no counterpart here)");
@@ -12008,29 +12009,6 @@ DETTRIAL_INLINE void ContextCheckpoint::load_native_grads(Context& c, torch::ser
       else if (params[j].grad().defined()) params[j].mutable_grad() = torch::Tensor();  // nothing was pending at the checkpoint
     }
   }
-}
-
-DETTRIAL_INLINE void ContextCheckpoint::load_native(Context& c, torch::serialize::InputArchive& archive,
-                                                    const std::filesystem::path& file) {
-  const std::string what = "checkpoint file '" + file.string() + "'";
-  // Every part of section `key` (`count` of them), each by its index.
-  const auto load_section = [&](const char* key, std::size_t count, const char* things, const auto& load_one) {
-    torch::serialize::InputArchive section;
-    if (!archive.try_read(key, section)) throw CheckpointError(what + " has no '" + key + "' section");
-    if (section.keys().size() != count)
-      throw CheckpointError(what + " holds " + std::to_string(section.keys().size()) + " " + things + ", but the trial wraps " +
-                            std::to_string(count));
-    for (std::size_t i = 0; i < count; ++i) {
-      torch::serialize::InputArchive one;
-      section.read(std::to_string(i), one);
-      load_one(i, one);
-    }
-  };
-  load_section("optimizers", c.num_optimizers(), "optimizer(s)",
-               [&](std::size_t i, torch::serialize::InputArchive& one) { load_native_optimizer(c, i, one, what); });
-  load_section("schedulers", c.num_lr_schedulers(), "LR scheduler(s)",
-               [&](std::size_t i, torch::serialize::InputArchive& one) { load_native_scheduler(c, i, one, what); });
-  load_native_grads(c, archive);
 }
 
 }  // namespace detail
@@ -12726,9 +12704,7 @@ DETTRIAL_INLINE void restore_context(Context& c, const std::filesystem::path& di
     ContextCheckpoint::load_python_layout(c, top, file, fresh_parts);  // format 2 without an archive, or Determined's
   } else {
     auto archive = ContextCheckpoint::read_native(read_checked_file(dir, layout::libtorch_state), CheckpointFolder{dir}.libtorch_state());
-    if (read_checkpoint_info(dir, /*verify_files=*/false).format == 1)
-      ContextCheckpoint::load_native(c, archive, CheckpointFolder{dir}.libtorch_state());
-    else ContextCheckpoint::load_python_layout(c, top, file, fresh_parts, &archive);
+    ContextCheckpoint::load_python_layout(c, top, file, fresh_parts, &archive);
   }
   ContextCheckpoint::load_rng(c, top, file);
   // A checkpoint written without a scaler (fp32, or bf16) leaves a new one at its initial scale.

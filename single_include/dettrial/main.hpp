@@ -932,6 +932,7 @@ DETTRIAL_INLINE void Experiment::write_trial_config(const TrialRequest& r) const
   storage["save_trial_best"] =
       std::max<std::int64_t>(config_.checkpoint_storage.save_trial_best, config_.checkpoint_storage.save_experiment_best > 0 ? 1 : 0);
   storage["save_trial_latest"] = std::max<std::int64_t>(config_.checkpoint_storage.save_trial_latest, 1);  // restarts need one
+  storage["async"] = config_.checkpoint_storage.async;
   doc["checkpoint_storage"] = storage;
   std::ofstream(trial_folder(r.id).config()) << doc << "\n";
 }

@@ -63,7 +63,7 @@ if [ -n "$python" ] && "$python" -m torch.distributed.run --standalone --nproc_p
   # worker are killed at batch 23 (a node lost); the first agent restarts its worker alone, on one
   # rank, which continues from the checkpoint at batch 20 with the 2-rank run's global batches. (The
   # first agent hosts the rendezvous store, so it starts first.)
-  port=$((20000 + RANDOM % 20000))
+  port=$((20000 + RANDOM % 12000))  # below the ephemeral ports (32768 and up) other connections hold
   nodes=("$python" -m torch.distributed.run --nnodes 1:2 --nproc_per_node 1 --max-restarts 1 --rdzv-backend c10d
          --rdzv-endpoint "127.0.0.1:$port" --rdzv-id "elastic-$$" --rdzv-conf last_call_timeout=6 --no_python)
   timeout 240 "${nodes[@]}" "$program" "${trial[@]}" --output "$work/torchrun-nodes" >"$work/torchrun-node-a.log" 2>&1 &

@@ -159,8 +159,9 @@ void require_ranks_succeeded(const fs::path& dir, const std::vector<int>& status
 /// Runs the data-parallel child test case as 2 ranks; returns their exit statuses.
 std::vector<int> run_two_ranks(const fs::path& dir, const std::vector<std::string>& extra_env, std::chrono::seconds limit,
                                std::vector<bool>& in_time) {
-  static int runs = 0;  // a fresh port each run: the last one's may still be in TIME_WAIT
-  const std::string port = std::to_string(20000 + (::getpid() * 7 + 101 * runs++) % 20000);
+  // A port the kernel says is free now (the last run's may still be in TIME_WAIT, and a fixed range
+  // would meet the ephemeral ports other tests' connections hold).
+  const std::string port = std::to_string(dettrial::detail::free_local_port());
   std::vector<pid_t> pids;
   for (int rank = 0; rank < 2; ++rank) {
     std::vector<std::string> env = {"RANK=" + std::to_string(rank), "WORLD_SIZE=2", "MASTER_ADDR=127.0.0.1", "MASTER_PORT=" + port,

@@ -41,8 +41,9 @@ struct SquaredError {
 /// output in `dir`/rank<r>.log; requires that every rank ends with status 0 within 150 s.
 inline void run_ranks(const std::string& test_case, int n, const std::filesystem::path& dir,
                       const std::vector<std::string>& extra_env = {}) {
-  static int runs = 0;
-  const std::string port = std::to_string(21000 + (::getpid() * 13 + 97 * runs++) % 20000);
+  // A port the kernel says is free now: a fixed range would meet the ephemeral ports (32768 and
+  // up) that other tests' connections hold.
+  const std::string port = std::to_string(dettrial::detail::free_local_port());
   std::vector<pid_t> pids;
   for (int rank = 0; rank < n; ++rank) {
     std::vector<std::string> env = {

@@ -213,9 +213,7 @@ DETTRIAL_INLINE void restore_context(Context& c, const std::filesystem::path& di
     ContextCheckpoint::load_python_layout(c, top, file, fresh_parts);  // format 2 without an archive, or Determined's
   } else {
     auto archive = ContextCheckpoint::read_native(read_checked_file(dir, layout::libtorch_state), CheckpointFolder{dir}.libtorch_state());
-    if (read_checkpoint_info(dir, /*verify_files=*/false).format == 1)
-      ContextCheckpoint::load_native(c, archive, CheckpointFolder{dir}.libtorch_state());
-    else ContextCheckpoint::load_python_layout(c, top, file, fresh_parts, &archive);
+    ContextCheckpoint::load_python_layout(c, top, file, fresh_parts, &archive);
   }
   ContextCheckpoint::load_rng(c, top, file);
   // A checkpoint written without a scaler (fp32, or bf16) leaves a new one at its initial scale.

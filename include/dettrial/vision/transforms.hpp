@@ -438,12 +438,20 @@ DETTRIAL_INLINE Size resized_size(std::int64_t height, std::int64_t width, std::
   return width <= height ? Size(new_longer, size) : Size(size, new_longer);
 }
 
-/// Whether torchvision resizes 8-bit images without converting to float: its rule, LibTorch 2.1 and
-/// later (8-bit antialiased bilinear on the CPU) with "AVX2" in the CPU capability.
+/// Whether torchvision resizes 8-bit images without converting to float: its rule
+/// (`_do_native_uint8_resize_on_cpu`), LibTorch 2.1 and later (8-bit antialiased bilinear on the
+/// CPU) on an ARM64 CPU or with a CPU capability of exactly "AVX2" or "AVX512".
 inline bool resizes_uint8() {
 #if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 1)
-  static const bool avx2 = at::get_cpu_capability().find("AVX2") != std::string::npos;
-  return avx2;
+#if defined(__aarch64__)
+  return true;
+#else
+  static const bool native = [] {
+    const std::string capability = at::get_cpu_capability();
+    return capability == "AVX2" || capability == "AVX512";
+  }();
+  return native;
+#endif
 #else
   return false;
 #endif
