@@ -11239,8 +11239,7 @@ DETTRIAL_INLINE CheckpointWriter::~CheckpointWriter() {
 }
 
 DETTRIAL_INLINE void CheckpointWriter::add_file(const std::string& name, std::string_view bytes) {
-  detail::write_file_synced(temp_ / name, bytes);
-  files_.push_back({name, bytes.size(), detail::crc32_of(bytes)});
+  add_file(name, [&](const ByteSink& sink) { sink(bytes.data(), bytes.size()); });
 }
 
 DETTRIAL_INLINE void CheckpointWriter::add_file(const std::string& name, const std::function<void(const ByteSink&)>& produce) {
@@ -12773,9 +12772,6 @@ class Checkpointer {
   /// Whether a validation is followed by a checkpoint, given whether it improved the searcher metric.
   bool after_validation(bool improved) const { return after_validation_(improved); }
 
-  /// Whether a checkpoint was begun and not yet finished (the same on every rank).
-  bool in_flight() const { return in_flight_; }
-
   /**
    * @brief Takes a checkpoint of the Context's state and the callbacks' (`record.sequence` is the
    * next of this storage) and starts writing it, with on_checkpoint_save_start. A collective: every
@@ -12860,9 +12856,6 @@ class Checkpointer {
 
   /// Seconds spent waiting in finish(wait) for writes still in progress since the last call.
   double take_waited_seconds() { return std::exchange(waited_, 0.0); }
-
-  /// The host memory the snapshot holds (one copy of the state once a checkpoint was taken).
-  std::size_t snapshot_bytes() const { return snapshot_.bytes(); }
 
   /**
    * @brief Restores checkpoint `dir` into the Context (models, names and shapes checked first;

@@ -87,9 +87,6 @@ class Checkpointer {
   /// Whether a validation is followed by a checkpoint, given whether it improved the searcher metric.
   bool after_validation(bool improved) const { return after_validation_(improved); }
 
-  /// Whether a checkpoint was begun and not yet finished (the same on every rank).
-  bool in_flight() const { return in_flight_; }
-
   /**
    * @brief Takes a checkpoint of the Context's state and the callbacks' (`record.sequence` is the
    * next of this storage) and starts writing it, with on_checkpoint_save_start. A collective: every
@@ -174,9 +171,6 @@ class Checkpointer {
 
   /// Seconds spent waiting in finish(wait) for writes still in progress since the last call.
   double take_waited_seconds() { return std::exchange(waited_, 0.0); }
-
-  /// The host memory the snapshot holds (one copy of the state once a checkpoint was taken).
-  std::size_t snapshot_bytes() const { return snapshot_.bytes(); }
 
   /**
    * @brief Restores checkpoint `dir` into the Context (models, names and shapes checked first;

@@ -272,8 +272,7 @@ DETTRIAL_INLINE CheckpointWriter::~CheckpointWriter() {
 }
 
 DETTRIAL_INLINE void CheckpointWriter::add_file(const std::string& name, std::string_view bytes) {
-  detail::write_file_synced(temp_ / name, bytes);
-  files_.push_back({name, bytes.size(), detail::crc32_of(bytes)});
+  add_file(name, [&](const ByteSink& sink) { sink(bytes.data(), bytes.size()); });
 }
 
 DETTRIAL_INLINE void CheckpointWriter::add_file(const std::string& name, const std::function<void(const ByteSink&)>& produce) {
