@@ -15,8 +15,8 @@ class DettrialConan(ConanFile):
     package_type = "header-library"
     settings = "os", "arch", "compiler", "build_type"
     # Image files (<dettrial/vision.hpp>): JPEG through libjpeg-turbo, PNG through libspng.
-    options = {"with_images": [True, False]}
-    default_options = {"with_images": True}
+    options = {"with_images": [True, False], "with_mlflow": [True, False]}
+    default_options = {"with_images": True, "with_mlflow": True}
     exports_sources = "CMakeLists.txt", "cmake/*", "include/*", "single_include/*"
     no_copy_source = True
     generators = "CMakeDeps"
@@ -35,6 +35,8 @@ class DettrialConan(ConanFile):
         if self.options.with_images:
             self.requires("libjpeg-turbo/[>=2.1]", transitive_headers=True)
             self.requires("libspng/[>=0.7]", transitive_headers=True)
+        if self.options.with_mlflow:
+            self.requires("libcurl/[>=7.68]", transitive_headers=True)
 
     def layout(self):
         cmake_layout(self)
@@ -44,6 +46,7 @@ class DettrialConan(ConanFile):
         toolchain.cache_variables["DETTRIAL_BUILD_TESTS"] = False
         toolchain.cache_variables["DETTRIAL_BUILD_EXAMPLES"] = False
         toolchain.cache_variables["DETTRIAL_IMAGE_CODECS"] = bool(self.options.with_images)
+        toolchain.cache_variables["DETTRIAL_MLFLOW"] = bool(self.options.with_mlflow)
         toolchain.generate()
 
     def package(self):

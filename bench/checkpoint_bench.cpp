@@ -161,6 +161,11 @@ int main(int argc, char** argv) {
           percentile(background.step_seconds, p) / base, "x");
     print(name + ": step time " + label + " with step-loop checkpoints / without", percentile(in_loop.step_seconds, p) / base, "x");
   }
+  // The slowest step: the one that takes the snapshot, or one the writer slowed most.
+  const double slowest_none = percentile(none.step_seconds, 1.0), slowest_background = percentile(background.step_seconds, 1.0);
+  print(name + ": slowest step, no checkpoints", slowest_none, "s");
+  print(name + ": slowest step, background checkpoints", slowest_background, "s");
+  print(name + ": slowest step with background checkpoints / without", slowest_background / slowest_none, "x");
   if (background.resident_after_checkpoint.size() >= 2)
     print(name + ": resident memory growth from the first background checkpoint to the last",
           (background.resident_after_checkpoint.back() - background.resident_after_checkpoint.front()) / 1e6, "MB");

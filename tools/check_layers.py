@@ -18,6 +18,7 @@ LAYERS = [
     ["detail"],
     ["vocabulary"],
     ["config", "data", "metrics", "optim", "tensorboard"],
+    ["tracking"],
     ["distributed"],
     ["context", "vision"],
     ["checkpoint", "report"],

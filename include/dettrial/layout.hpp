@@ -13,6 +13,8 @@ namespace dettrial::layout {
 // A run's folder (`--output`).
 /// Every report, one JSON object a line.
 inline constexpr const char* metrics_log = "metrics.jsonl";
+/// The training and validation reports as a table, one row each.
+inline constexpr const char* metrics_csv = "metrics.csv";
 /// The run's checkpoints, one folder each, named by uuid.
 inline constexpr const char* checkpoints = "checkpoints";
 /// TensorBoard's event files and the profiler's traces.
@@ -65,6 +67,7 @@ struct RunFolder {
   std::filesystem::path dir;
 
   std::filesystem::path metrics_log() const { return dir / layout::metrics_log; }
+  std::filesystem::path metrics_csv() const { return dir / layout::metrics_csv; }
   std::filesystem::path checkpoints() const { return dir / layout::checkpoints; }
   std::filesystem::path tensorboard() const { return dir / layout::tensorboard; }
   std::filesystem::path report_page() const { return dir / layout::report_page; }

@@ -29,12 +29,12 @@ dettrial_apt() {
 
 # What building and training the examples needs: the build tools, Debian's LibTorch 1.13 (with
 # Gloo's headers, for data-parallel runs), yaml-cpp, range-v3, nlohmann/json, zlib, the real dataset
-# (Fashion-MNIST), libjpeg-turbo and libspng (the image decoders), and OpenBLAS, which takes over libblas.so.3 from the reference BLAS that Debian's
+# (Fashion-MNIST), libjpeg-turbo and libspng (the image decoders), libcurl (MLflow tracking), and OpenBLAS, which takes over libblas.so.3 from the reference BLAS that Debian's
 # LibTorch would otherwise compute with (10x slower).
 dettrial_example_deps() {
   dettrial_apt build-essential cmake ninja-build zlib1g-dev \
     libtorch-dev libgloo-dev libyaml-cpp-dev librange-v3-dev nlohmann-json3-dev dataset-fashion-mnist libopenblas0-pthread \
-    libturbojpeg0-dev libspng-dev
+    libturbojpeg0-dev libspng-dev libcurl4-openssl-dev
 }
 
 # What the test suite adds: doctest, git and Python's venv (the Conan and PyPI checks), Debian's
@@ -121,6 +121,18 @@ dettrial_determined_python() {
     "$DETTRIAL_VENV/bin/python" -c 'import site; print(site.getsitepackages()[0])' \
       >"$("$venv/bin/python" -c 'import site; print(site.getsitepackages()[0])')/dettrial-torch.pth"
     "$venv/bin/python" -m pip install -q "determined>=0.38,<0.39" >&2 || return 1  # the release the determined: tests are written against
+  fi
+  echo "$venv/bin/python"
+}
+
+# A venv with PyPI's mlflow, whose server the MLflow tests track runs in (read back over its REST
+# API); prints its python.
+dettrial_mlflow_python() {
+  local venv="$DETTRIAL_CACHE/mlflow-venv"
+  if ! "$venv/bin/python" -c 'import mlflow' 2>/dev/null; then
+    dettrial_log "installing mlflow from PyPI into $venv"
+    python3 -m venv "$venv" >&2 || return 1
+    "$venv/bin/python" -m pip install -q mlflow >&2 || return 1
   fi
   echo "$venv/bin/python"
 }

@@ -96,6 +96,8 @@ namespace dettrial::layout {
 // A run's folder (`--output`).
 /// Every report, one JSON object a line.
 inline constexpr const char* metrics_log = "metrics.jsonl";
+/// The training and validation reports as a table, one row each.
+inline constexpr const char* metrics_csv = "metrics.csv";
 /// The run's checkpoints, one folder each, named by uuid.
 inline constexpr const char* checkpoints = "checkpoints";
 /// TensorBoard's event files and the profiler's traces.
@@ -148,6 +150,7 @@ struct RunFolder {
   std::filesystem::path dir;
 
   std::filesystem::path metrics_log() const { return dir / layout::metrics_log; }
+  std::filesystem::path metrics_csv() const { return dir / layout::metrics_csv; }
   std::filesystem::path checkpoints() const { return dir / layout::checkpoints; }
   std::filesystem::path tensorboard() const { return dir / layout::tensorboard; }
   std::filesystem::path report_page() const { return dir / layout::report_page; }
@@ -908,6 +911,60 @@ DETTRIAL_INLINE StepCapture parse_step_capture(const std::string& text, std::int
 }  // namespace dettrial
 #endif  // DETTRIAL_HEADER_DEFINITIONS
 // ---- end dettrial/config/step_capture.hpp
+// ---- begin dettrial/config/tracking.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief Where a run is tracked: the experiment config's `mlflow` section, completed by MLflow's
+/// own environment variables.
+
+#include <cstdlib>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace dettrial {
+
+/**
+ * @brief An MLflow tracking server and how a run appears in it (the `mlflow` section of an
+ * experiment config). Tracking is on when `tracking_uri` is set, by the config or by
+ * `MLFLOW_TRACKING_URI`.
+ */
+struct MlflowSettings {
+  /// The server, `http://` or `https://` (MLFLOW_TRACKING_URI when the config gives none).
+  std::string tracking_uri;
+  /// The MLflow experiment the runs go into (MLFLOW_EXPERIMENT_NAME, else the experiment config's
+  /// `name`, else "Default").
+  std::string experiment_name;
+  /// The run's name in MLflow (else the run folder's name, or "trial N" in a search).
+  std::string run_name;
+  /// Tags set on every run, besides dettrial's own.
+  std::vector<std::pair<std::string, std::string>> tags;
+  /// A search's run, whose child this run is (the runner passes it to its trials).
+  std::string parent_run_id;
+  /// The experiment config's text, kept as the run's artifact `config.yaml`.
+  std::string config_text;
+
+  bool enabled() const { return !tracking_uri.empty(); }
+
+  /// Fills what the config left unset from MLflow's environment variables (and a search's parent
+  /// run from its runner's).
+  void complete_from_environment() {
+    const auto env = [](const char* name) {
+      const char* v = std::getenv(name);
+      return std::string(v ? v : "");
+    };
+    if (tracking_uri.empty()) tracking_uri = env("MLFLOW_TRACKING_URI");
+    if (experiment_name.empty()) experiment_name = env("MLFLOW_EXPERIMENT_NAME");
+    if (parent_run_id.empty()) parent_run_id = env(parent_run_variable);
+    while (!tracking_uri.empty() && tracking_uri.back() == '/') tracking_uri.pop_back();
+  }
+
+  /// The variable a search's runner passes its MLflow run id to its trials in.
+  static constexpr const char* parent_run_variable = "DETTRIAL_MLFLOW_PARENT_RUN_ID";
+};
+
+}  // namespace dettrial
+// ---- end dettrial/config/tracking.hpp
 
 namespace dettrial {
 
@@ -985,6 +1042,9 @@ class ExperimentConfig {
   /// `slurm.sbatch_args`: the options a search run with `--launcher slurm` gives srun for each
   /// trial's job (--partition, --account, --time, --gres, ...).
   std::vector<std::string> slurm_args;
+  /// `mlflow` (dettrial's): the MLflow server runs are tracked in (`tracking_uri`), their MLflow
+  /// experiment (`experiment_name`, default the config's `name`), run name and extra `tags`.
+  MlflowSettings mlflow;
 
   /// The whole document, for `get_experiment_config()`.
   detail::YamlMember yaml{YAML::NodeType::Map};
@@ -1094,6 +1154,7 @@ class ExperimentConfig {
   static void read_slurm(const YAML::Node& slurm, const std::string& source, std::vector<std::string>& args);
   static void read_checkpoint_storage(const YAML::Node& cs, const Reader& r, CheckpointStorage& storage);
   static void read_searcher(const YAML::Node& s, const Reader& r, ExperimentConfig& c);
+  static void read_mlflow(const YAML::Node& m, const Reader& r, MlflowSettings& mlflow);
 };
 
 }  // namespace dettrial
@@ -1147,7 +1208,8 @@ DETTRIAL_INLINE ExperimentConfig ExperimentConfig::from_yaml(const YAML::Node& r
   check_fields(root, c.source, c.ignored_fields);
   const Reader r{c.source};
   read_top_level(root, r, c);
-  for (const char* section : {"resources", "optimizations", "reproducibility", "searcher", "checkpoint_storage", "profiling", "slurm"})
+  for (const char* section :
+       {"resources", "optimizations", "reproducibility", "searcher", "checkpoint_storage", "profiling", "slurm", "mlflow"})
     if (const YAML::Node node = root[section]; node && !node.IsNull() && !node.IsMap())
       throw ConfigError(detail::where(node, c.source) + ": '" + section + "' must be a map, found " + detail::describe(node));
   if (const YAML::Node res = root["resources"]) read_resources(res, r, c);
@@ -1157,6 +1219,8 @@ DETTRIAL_INLINE ExperimentConfig ExperimentConfig::from_yaml(const YAML::Node& r
   if (const YAML::Node slurm = root["slurm"]) read_slurm(slurm, c.source, c.slurm_args);
   if (const YAML::Node cs = root["checkpoint_storage"]) read_checkpoint_storage(cs, r, c.checkpoint_storage);
   if (const YAML::Node s = root["searcher"]) read_searcher(s, r, c);
+  if (const YAML::Node m = root["mlflow"]; m && m.IsMap()) read_mlflow(m, r, c.mlflow);
+  if (c.mlflow.experiment_name.empty()) c.mlflow.experiment_name = c.name;
   return c;
 }
 
@@ -1278,6 +1342,26 @@ DETTRIAL_INLINE void ExperimentConfig::read_slurm(const YAML::Node& slurm, const
   }
 }
 
+DETTRIAL_INLINE void ExperimentConfig::read_mlflow(const YAML::Node& m, const Reader& r, MlflowSettings& mlflow) {
+  r.read(m, "tracking_uri", mlflow.tracking_uri);
+  r.read(m, "experiment_name", mlflow.experiment_name);
+  r.read(m, "run_name", mlflow.run_name);
+  const std::string& uri = mlflow.tracking_uri;
+  if (!uri.empty() && uri.rfind("http://", 0) != 0 && uri.rfind("https://", 0) != 0)
+    throw ConfigError(detail::where(m["tracking_uri"], r.source) + ": mlflow.tracking_uri '" + uri +
+                      "' is not a server's address (http:// or https://): dettrial logs to an MLflow server over its REST API");
+  const YAML::Node tags = m["tags"];
+  if (!tags || tags.IsNull()) return;
+  if (!tags.IsMap())
+    throw ConfigError(detail::where(tags, r.source) + ": mlflow.tags must be a map of names to values, found " + detail::describe(tags));
+  for (const auto& kv : tags) {
+    if (!kv.second.IsScalar())
+      throw ConfigError(detail::where(kv.second, r.source) + ": mlflow.tags." + kv.first.Scalar() + " must be a single value, found " +
+                        detail::describe(kv.second));
+    mlflow.tags.emplace_back(kv.first.Scalar(), kv.second.Scalar());
+  }
+}
+
 DETTRIAL_INLINE void ExperimentConfig::read_checkpoint_storage(const YAML::Node& cs, const Reader& r, CheckpointStorage& storage) {
   const std::pair<const char*, std::int64_t*> counts[] = {{"save_experiment_best", &storage.save_experiment_best},
                                                           {"save_trial_best", &storage.save_trial_best},
@@ -1342,7 +1426,8 @@ DETTRIAL_INLINE void ExperimentConfig::check_fields(const YAML::Node& root, cons
                                                "reproducibility",
                                                "data",
                                                "profiling",
-                                               "slurm"};
+                                               "slurm",
+                                               "mlflow"};
   static const std::vector<std::string> top_cluster = {"entrypoint",
                                                        "environment",
                                                        "bind_mounts",
@@ -1378,6 +1463,7 @@ DETTRIAL_INLINE void ExperimentConfig::check_fields(const YAML::Node& root, cons
   static const std::vector<std::string> reproducibility = {"experiment_seed", "deterministic", "rank_invariant"};
   static const std::vector<std::string> profiling = {"enabled", "begin_on_batch", "end_after_batch", "sync_timings"};
   static const std::vector<std::string> slurm = {"sbatch_args"};
+  static const std::vector<std::string> mlflow = {"tracking_uri", "experiment_name", "run_name", "tags"};
   static const std::vector<std::string> slurm_cluster = {"slots_per_node", "gpu_type"};
   static const std::vector<std::string> storage = {
       "type", "host_path", "storage_path", "container_path", "propagation", "save_experiment_best", "save_trial_best", "save_trial_latest",
@@ -1394,6 +1480,7 @@ DETTRIAL_INLINE void ExperimentConfig::check_fields(const YAML::Node& root, cons
       {"reproducibility", {&reproducibility, nullptr}},
       {"profiling", {&profiling, nullptr}},
       {"slurm", {&slurm, &slurm_cluster}},
+      {"mlflow", {&mlflow, nullptr}},
       {"checkpoint_storage", {&storage, &storage_cloud}}};
   for (const auto& [section, known] : sections)
     if (const YAML::Node node = root[section]; node && node.IsMap())
@@ -10802,11 +10889,16 @@ DETTRIAL_INLINE bool python_layout_holds(torch::optim::Optimizer& optimizer) {
 /// listed, checked (sizes and CRC-32 of every file), retained and deleted.
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
 #include <functional>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -10874,6 +10966,44 @@ DETTRIAL_INLINE bool is_hidden(const std::filesystem::path& p);
 /// Removes what an interrupted writer or deleter left behind (hidden `.tmp-*` / `.deleting-*` folders).
 DETTRIAL_INLINE void remove_stale_entries(const std::filesystem::path& storage);
 
+/**
+ * @brief Spreads a background write over a time budget. On a machine whose cores training keeps
+ * busy, a writer that runs flat out takes a thick slice of a few steps (slow steps: the p99); paced,
+ * it takes a thin slice of many. After each piece, the writer sleeps while it is ahead of an even
+ * schedule (`expected_bytes` over `budget`); hurry() (someone waits for the write) ends the pacing
+ * at once. Thread-safe: the writer calls wrote(), any thread hurry().
+ */
+class WritePace {
+ public:
+  WritePace(std::chrono::duration<double> budget, std::size_t expected_bytes)
+      : start_(std::chrono::steady_clock::now()), budget_(budget), expected_(expected_bytes) {}
+  /// `bytes` more are written: returns when the schedule allows the next piece, or when hurried.
+  void wrote(std::size_t bytes) {
+    written_ += bytes;
+    if (expected_ == 0) return;
+    const double share = std::min(1.0, static_cast<double>(written_) / static_cast<double>(expected_));
+    const auto due = start_ + std::chrono::duration_cast<std::chrono::steady_clock::duration>(budget_ * share);
+    std::unique_lock lock(mutex_);
+    woken_.wait_until(lock, due, [&] { return hurried_; });
+  }
+  /// Ends the pacing: the rest is written as fast as it can be.
+  void hurry() {
+    {
+      std::lock_guard lock(mutex_);
+      hurried_ = true;
+    }
+    woken_.notify_all();
+  }
+
+ private:
+  std::chrono::steady_clock::time_point start_;
+  std::chrono::duration<double> budget_;
+  std::size_t expected_ = 0, written_ = 0;
+  std::mutex mutex_;
+  std::condition_variable woken_;
+  bool hurried_ = false;
+};
+
 }  // namespace detail
 
 /**
@@ -10884,7 +11014,8 @@ DETTRIAL_INLINE void remove_stale_entries(const std::filesystem::path& storage);
  */
 class CheckpointWriter {
  public:
-  CheckpointWriter(std::filesystem::path storage, std::string uuid);
+  /// With a `pace`, the files' bytes are written at its rate (see WritePace).
+  CheckpointWriter(std::filesystem::path storage, std::string uuid, detail::WritePace* pace = nullptr);
   CheckpointWriter(const CheckpointWriter&) = delete;
   CheckpointWriter& operator=(const CheckpointWriter&) = delete;
   ~CheckpointWriter();
@@ -10912,6 +11043,7 @@ class CheckpointWriter {
     std::uint32_t crc32 = 0;
   };
   std::vector<FileEntry> files_;
+  detail::WritePace* pace_ = nullptr;
   bool committed_ = false;
 };
 
@@ -11223,8 +11355,8 @@ DETTRIAL_INLINE void remove_stale_entries(const std::filesystem::path& storage) 
 
 }  // namespace detail
 
-DETTRIAL_INLINE CheckpointWriter::CheckpointWriter(std::filesystem::path storage, std::string uuid)
-    : storage_(std::move(storage)), uuid_(std::move(uuid)), temp_(storage_ / (".tmp-" + uuid_)) {
+DETTRIAL_INLINE CheckpointWriter::CheckpointWriter(std::filesystem::path storage, std::string uuid, detail::WritePace* pace)
+    : storage_(std::move(storage)), uuid_(std::move(uuid)), temp_(storage_ / (".tmp-" + uuid_)), pace_(pace) {
   std::error_code ec;
   std::filesystem::create_directories(storage_, ec);
   if (ec) throw CheckpointError("cannot create checkpoint storage '" + storage_.string() + "': " + ec.message());
@@ -11250,15 +11382,22 @@ DETTRIAL_INLINE void CheckpointWriter::add_file(const std::string& name, const s
   std::uint32_t crc = detail::crc32_of({});
   try {
     produce([&](const void* data, std::size_t size) {
-      const auto* bytes = static_cast<const char*>(data);
-      crc = detail::crc32_continue(crc, {bytes, size});
-      for (std::size_t done = 0; done < size;) {
-        const ssize_t n = ::write(fd, bytes + done, size - done);
-        if (n < 0 && errno == EINTR) continue;
-        if (n < 0) throw CheckpointError("cannot write '" + path.string() + "': " + detail::errno_text());
-        done += static_cast<std::size_t>(n);
+      // In pieces of at most 4 MB, each checksummed while it is in the cache and paced.
+      constexpr std::size_t piece = std::size_t{4} << 20;
+      for (const char* bytes = static_cast<const char*>(data); size > 0;) {
+        const std::size_t n = std::min(size, piece);
+        crc = detail::crc32_continue(crc, {bytes, n});
+        for (std::size_t done = 0; done < n;) {
+          const ssize_t wrote = ::write(fd, bytes + done, n - done);
+          if (wrote < 0 && errno == EINTR) continue;
+          if (wrote < 0) throw CheckpointError("cannot write '" + path.string() + "': " + detail::errno_text());
+          done += static_cast<std::size_t>(wrote);
+        }
+        entry.size += n;
+        bytes += n;
+        size -= n;
+        if (pace_) pace_->wrote(n);
       }
-      entry.size += size;
     });
     if (::fsync(fd) != 0) throw CheckpointError("cannot sync '" + path.string() + "' to disk: " + detail::errno_text());
   } catch (...) {
@@ -12037,6 +12176,7 @@ DETTRIAL_INLINE void load_model(const std::filesystem::path& path, torch::nn::Mo
 /// @brief A fit's checkpoints as the trainer uses them: where they go, when a validation is followed
 /// by one (the policy), writing one with its callbacks' states and hooks, restoring one, retention.
 
+#include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -12263,6 +12403,7 @@ static_assert(CheckpointPolicyType<checkpoint_policy::all> && CheckpointPolicyTy
 #include <functional>
 #include <future>
 #include <map>
+#include <memory>
 #include <tuple>
 #include <vector>
 
@@ -12321,8 +12462,9 @@ class BackgroundWrite {
   BackgroundWrite& operator=(BackgroundWrite&& other) noexcept;
   ~BackgroundWrite();
 
-  /// Runs `write` on a new thread, at a lower priority than training's (see the definition).
-  void start(std::function<CheckpointInfo()> write);
+  /// Runs `write` on a new thread, at a lower priority than training's (see the definition), at
+  /// `pace`'s rate if it writes through it: waiting for the write (collect(), destruction) hurries it.
+  void start(std::function<CheckpointInfo()> write, std::shared_ptr<WritePace> pace = nullptr);
   /// Runs `write` on this thread (a synchronous checkpoint); collect() returns what it wrote.
   void run_here(const std::function<CheckpointInfo()>& write);
   /// Whether a write was started and not yet collected.
@@ -12333,7 +12475,11 @@ class BackgroundWrite {
   CheckpointInfo collect();
 
  private:
+  void hurry() const {
+    if (pace_) pace_->hurry();
+  }
   std::future<CheckpointInfo> future_;
+  std::shared_ptr<WritePace> pace_;
 };
 
 }  // namespace dettrial::detail
@@ -12460,17 +12606,21 @@ DETTRIAL_INLINE std::size_t available_memory() {
 
 DETTRIAL_INLINE BackgroundWrite& BackgroundWrite::operator=(BackgroundWrite&& other) noexcept {
   if (this != &other) {
+    hurry();
     if (future_.valid()) future_.wait();
     future_ = std::move(other.future_);
+    pace_ = std::move(other.pace_);
   }
   return *this;
 }
 
 DETTRIAL_INLINE BackgroundWrite::~BackgroundWrite() {
+  hurry();
   if (future_.valid()) future_.wait();
 }
 
-DETTRIAL_INLINE void BackgroundWrite::start(std::function<CheckpointInfo()> write) {
+DETTRIAL_INLINE void BackgroundWrite::start(std::function<CheckpointInfo()> write, std::shared_ptr<WritePace> pace) {
+  pace_ = std::move(pace);
   future_ = std::async(std::launch::async, [write = std::move(write)] {
     // Serializing, checksumming and copying into the page cache take CPU time that the step loop's
     // threads would otherwise get: the writer runs niced, so on a machine whose cores training
@@ -12483,6 +12633,7 @@ DETTRIAL_INLINE void BackgroundWrite::start(std::function<CheckpointInfo()> writ
 DETTRIAL_INLINE void BackgroundWrite::run_here(const std::function<CheckpointInfo()>& write) {
   std::promise<CheckpointInfo> result;
   future_ = result.get_future();
+  pace_ = nullptr;
   try {
     result.set_value(write());
   } catch (...) {
@@ -12494,7 +12645,10 @@ DETTRIAL_INLINE bool BackgroundWrite::ended() const {
   return future_.valid() && future_.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
 }
 
-DETTRIAL_INLINE CheckpointInfo BackgroundWrite::collect() { return future_.get(); }
+DETTRIAL_INLINE CheckpointInfo BackgroundWrite::collect() {
+  hurry();
+  return future_.get();
+}
 
 }  // namespace dettrial::detail
 #endif  // DETTRIAL_HEADER_DEFINITIONS
@@ -12578,8 +12732,8 @@ DETTRIAL_INLINE TakenCheckpoint take_checkpoint(Context& c, const std::filesyste
                                                 const TrialCheckpointRecord& record, HostSnapshot* snapshot);
 
 /// Writes a taken checkpoint into its storage (crash-safe: a temporary directory renamed when
-/// complete) and returns what list_checkpoints will say about it. Any thread.
-DETTRIAL_INLINE CheckpointInfo write_checkpoint_files(TakenCheckpoint& taken);
+/// complete) and returns what list_checkpoints will say about it. Any thread; at `pace`'s rate if given.
+DETTRIAL_INLINE CheckpointInfo write_checkpoint_files(TakenCheckpoint& taken, WritePace* pace = nullptr);
 
 /// Restores the Context's models (names and shapes checked first), optimizers, schedulers, pending
 /// gradients and RNGs from checkpoint `dir`, whose state_dict.pth holds `top`. A checkpoint without
@@ -12663,9 +12817,9 @@ DETTRIAL_INLINE TakenCheckpoint take_checkpoint(Context& c, const std::filesyste
   return taken;
 }
 
-DETTRIAL_INLINE CheckpointInfo write_checkpoint_files(TakenCheckpoint& taken) {
+DETTRIAL_INLINE CheckpointInfo write_checkpoint_files(TakenCheckpoint& taken, WritePace* pace) {
   CheckpointInfo info = taken.info;
-  CheckpointWriter writer(taken.storage, info.uuid);
+  CheckpointWriter writer(taken.storage, info.uuid, pace);
   writer.add_file(layout::state_dict, [&](const CheckpointWriter::ByteSink& sink) { pickle_archive_to(taken.state_dict, sink); });
   if (taken.native)
     writer.add_file(layout::libtorch_state, [&](const CheckpointWriter::ByteSink& sink) {
@@ -12795,8 +12949,10 @@ class Checkpointer {
       });
     } else {
       auto taken = std::make_shared<TakenCheckpoint>(take_checkpoint(*context_, storage_, top, record, &snapshot_));
-      write_.start([taken] { return write_checkpoint_files(*taken); });
+      auto pace = std::make_shared<WritePace>(write_budget(started), snapshot_.bytes());
+      write_.start([taken, pace] { return write_checkpoint_files(*taken, pace.get()); }, pace);
     }
+    last_begun_ = started;
     taken_at_ = std::chrono::steady_clock::now();
     stood_still_ = std::chrono::duration<double>(taken_at_ - started).count();
   }
@@ -12900,6 +13056,14 @@ class Checkpointer {
     return states;
   }
 
+  /// How long a background write may take: half the time since the last checkpoint began (or since
+  /// the fit began), so that it ends well before the next, at most a minute (a checkpoint is not
+  /// left undurable for long). Paced over that time, the writer takes a thin share of many steps'
+  /// CPU rather than a thick share of a few; whoever waits for it hurries it.
+  std::chrono::duration<double> write_budget(std::chrono::steady_clock::time_point now) const {
+    return std::min(std::chrono::duration<double>(now - last_begun_) / 2, std::chrono::duration<double>(60.0));
+  }
+
   /// Whether a snapshot of `top` fits in host memory: at most half of what the system has
   /// available. Said once when it does not: checkpoints are then written in the step loop.
   bool snapshot_fits(const StateDict& top) {
@@ -12926,6 +13090,7 @@ class Checkpointer {
   HostSnapshot snapshot_;
   BackgroundWrite write_;
   std::chrono::steady_clock::time_point taken_at_{};
+  std::chrono::steady_clock::time_point last_begun_ = std::chrono::steady_clock::now();
   double stood_still_ = 0;
   double waited_ = 0;
   bool said_too_large_ = false;
@@ -15179,6 +15344,946 @@ DETTRIAL_INLINE void Progress::line(const std::string& text) {
 #include <utility>
 #include <vector>
 
+// ---- begin dettrial/tracking/mlflow.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief A run tracked in an MLflow server over its REST API (no Python in the training process):
+/// its params, metrics, tags, artifacts and status, sent by a background thread so that a slow or
+/// dead server never slows training. What the server does not take is kept in the run folder
+/// (`mlflow-pending.jsonl`) and sent later: when it answers again, or by `--sync-mlflow DIR`.
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <filesystem>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <utility>
+#include <vector>
+
+// ---- begin dettrial/detail/folder_lock.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief One process per run folder: an advisory `flock` on a file in the folder, which the kernel
+/// releases when the holding process ends, however it ends (a SIGKILLed run leaves no stale lock).
+
+#include <chrono>
+#include <filesystem>
+#include <memory>
+#include <string>
+
+
+namespace dettrial::detail {
+
+/**
+ * @brief The lock of a folder that this process writes into (a run's or an experiment's). A second
+ * process asking for it is refused with a FolderInUseError naming the holder's pid and host. Within
+ * one process the lock is shared: the command line locks a run folder before it touches it, and the
+ * trainer it starts asks again and shares that lock. The lock goes when the last FolderLock of the
+ * folder does, or with the process; it is not passed to child processes.
+ */
+class FolderLock {
+ public:
+  FolderLock() = default;
+
+  /// Locks `lock_file` (created with its folder if needed), naming `what` (e.g. "run folder") in
+  /// the refusal; throws FolderInUseError when another process holds it, after waiting up to
+  /// `patience` for it to end (saying so once): a search's trial started anew waits for the
+  /// process of a runner that died, which is checkpointing before it ends.
+  static FolderLock acquire(const std::filesystem::path& lock_file, const std::string& what,
+                            std::chrono::seconds patience = std::chrono::seconds(0));
+
+  bool held() const { return static_cast<bool>(held_); }
+
+ private:
+  struct Held;
+  std::shared_ptr<Held> held_;
+};
+
+}  // namespace dettrial::detail
+
+// Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
+#if DETTRIAL_HEADER_DEFINITIONS
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <system_error>
+#include <thread>
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+
+namespace dettrial::detail {
+
+struct FolderLock::Held {
+  int fd = -1;
+  ~Held() {
+    if (fd >= 0) ::close(fd);  // releases the flock
+  }
+};
+
+namespace folder_lock_detail {
+/// The locks this process holds, by lock file: a second acquire shares the first.
+inline std::map<std::filesystem::path, std::weak_ptr<void>>& held_here() {
+  static std::map<std::filesystem::path, std::weak_ptr<void>> locks;
+  return locks;
+}
+inline std::mutex& held_here_mutex() {
+  static std::mutex m;
+  return m;
+}
+
+inline std::string host_name() {
+  char name[256] = {};
+  return ::gethostname(name, sizeof name - 1) == 0 ? std::string(name) : std::string("an unknown host");
+}
+
+/// The holder's "pid N on host H", as it wrote it into the lock file.
+inline std::string holder_of(int fd) {
+  char text[512] = {};
+  const ssize_t n = ::pread(fd, text, sizeof text - 1, 0);
+  std::string holder = n > 0 ? std::string(text, static_cast<std::size_t>(n)) : std::string();
+  while (!holder.empty() && (holder.back() == '\n' || holder.back() == ' ')) holder.pop_back();
+  return holder.empty() ? std::string("another process (it has not written its pid yet)") : holder;
+}
+}  // namespace folder_lock_detail
+
+DETTRIAL_INLINE FolderLock FolderLock::acquire(const std::filesystem::path& lock_file, const std::string& what,
+                                               std::chrono::seconds patience) {
+  namespace fl = folder_lock_detail;
+  std::error_code ec;
+  std::filesystem::create_directories(lock_file.parent_path(), ec);
+  const std::filesystem::path key = std::filesystem::weakly_canonical(lock_file, ec);
+  std::lock_guard guard(fl::held_here_mutex());
+  FolderLock out;
+  if (const auto found = fl::held_here().find(key); found != fl::held_here().end())
+    if (auto shared = std::static_pointer_cast<Held>(found->second.lock())) {
+      out.held_ = std::move(shared);
+      return out;
+    }
+  auto held = std::make_shared<Held>();
+  held->fd = ::open(lock_file.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (held->fd < 0) throw Error("cannot open the lock file '" + lock_file.string() + "': " + std::strerror(errno));
+  const auto give_up = std::chrono::steady_clock::now() + patience;
+  for (bool said = false; ::flock(held->fd, LOCK_EX | LOCK_NB) != 0;) {
+    if (errno == EINTR) continue;
+    if (errno != EWOULDBLOCK) throw Error("cannot lock '" + lock_file.string() + "': " + std::strerror(errno));
+    const std::string in_use = "the " + what + " '" + lock_file.parent_path().string() + "' is in use by " + fl::holder_of(held->fd);
+    if (std::chrono::steady_clock::now() >= give_up)
+      throw FolderInUseError(in_use + ", which holds its lock " + lock_file.filename().string() +
+                             ": wait for it to end, or give this run another folder (--output DIR)");
+    if (!said)
+      std::fprintf(stderr, "dettrial: %s; waiting up to %llds for it to end\n", in_use.c_str(), static_cast<long long>(patience.count()));
+    said = true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  const std::string holder = "pid " + std::to_string(::getpid()) + " on host " + fl::host_name() + "\n";
+  if (::ftruncate(held->fd, 0) != 0 || ::pwrite(held->fd, holder.data(), holder.size(), 0) != static_cast<ssize_t>(holder.size()))
+    throw Error("cannot write the lock file '" + lock_file.string() + "': " + std::strerror(errno));
+  fl::held_here()[key] = held;
+  out.held_ = std::move(held);
+  return out;
+}
+
+}  // namespace dettrial::detail
+#endif  // DETTRIAL_HEADER_DEFINITIONS
+// ---- end dettrial/detail/folder_lock.hpp
+// ---- begin dettrial/tracking/http.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief HTTP requests for tracking servers, through libcurl (TLS, proxies and redirects as curl
+/// does them by default). Built only where libcurl was found (DETTRIAL_HAS_CURL); elsewhere a
+/// request is an Error that says so.
+
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+
+namespace dettrial::detail {
+
+/// What a server answered: its HTTP status and body.
+struct HttpResponse {
+  long status = 0;
+  std::string body;
+  bool ok() const { return status >= 200 && status < 300; }
+};
+
+/// A request that got no answer (no connection, a timeout, a TLS failure): curl's words.
+struct HttpUnreachable : Error {
+  using Error::Error;
+};
+
+/// How requests authenticate: a bearer token, else a username and password (basic), else none.
+struct HttpAuth {
+  std::string token, username, password;
+};
+
+/**
+ * @brief One connection's worth of requests (curl keeps the connection alive between them). Not
+ * shared between threads: each thread that talks to a server holds its own.
+ */
+class HttpClient {
+ public:
+  /// `timeout_seconds` bounds a whole request, connecting included.
+  explicit HttpClient(HttpAuth auth = {}, long timeout_seconds = 30);
+  HttpClient(HttpClient&& other) noexcept
+      : auth_(std::move(other.auth_)), timeout_(other.timeout_), curl_(std::exchange(other.curl_, nullptr)) {}
+  HttpClient& operator=(HttpClient&&) = delete;
+  HttpClient(const HttpClient&) = delete;
+  ~HttpClient();
+
+  /// `method` (GET, POST, PUT) of `url` with `body` of `content_type`. Throws HttpUnreachable when
+  /// no answer came; any answer (404, 500) is returned.
+  HttpResponse request(std::string_view method, const std::string& url, std::string_view body = {},
+                       std::string_view content_type = "application/json");
+
+  /// `text` with every character a URL's query must not hold percent-encoded.
+  static std::string escape(std::string_view text);
+
+ private:
+  HttpAuth auth_;
+  long timeout_ = 30;
+  void* curl_ = nullptr;
+};
+
+/// Whether this dettrial was built with libcurl.
+constexpr bool http_available() {
+#if DETTRIAL_HAS_CURL
+  return true;
+#else
+  return false;
+#endif
+}
+
+}  // namespace dettrial::detail
+
+// Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
+#if DETTRIAL_HEADER_DEFINITIONS
+#include <cstdio>
+#include <mutex>
+#if DETTRIAL_HAS_CURL
+#include <curl/curl.h>
+#endif
+
+namespace dettrial::detail {
+
+#if DETTRIAL_HAS_CURL
+namespace http_detail {
+inline std::size_t append_body(char* data, std::size_t size, std::size_t count, void* out) {
+  static_cast<std::string*>(out)->append(data, size * count);
+  return size * count;
+}
+}  // namespace http_detail
+
+DETTRIAL_INLINE HttpClient::HttpClient(HttpAuth auth, long timeout_seconds) : auth_(std::move(auth)), timeout_(timeout_seconds) {
+  static std::once_flag initialized;
+  std::call_once(initialized, [] { curl_global_init(CURL_GLOBAL_DEFAULT); });
+  curl_ = curl_easy_init();
+  if (!curl_) throw Error("libcurl could not start a session");
+}
+
+DETTRIAL_INLINE HttpClient::~HttpClient() {
+  if (curl_) curl_easy_cleanup(static_cast<CURL*>(curl_));
+}
+
+DETTRIAL_INLINE HttpResponse HttpClient::request(std::string_view method, const std::string& url, std::string_view body,
+                                                 std::string_view content_type) {
+  CURL* curl = static_cast<CURL*>(curl_);
+  curl_easy_reset(curl);
+  HttpResponse response;
+  char error[CURL_ERROR_SIZE] = {};
+  const std::string verb(method), header = "Content-Type: " + std::string(content_type);
+  curl_slist* headers = curl_slist_append(nullptr, header.c_str());
+  if (!auth_.token.empty()) headers = curl_slist_append(headers, ("Authorization: Bearer " + auth_.token).c_str());
+  curl_easy_setopt(curl, CURLOPT_URL, url.c_str());
+  curl_easy_setopt(curl, CURLOPT_CUSTOMREQUEST, verb.c_str());
+  curl_easy_setopt(curl, CURLOPT_HTTPHEADER, headers);
+  curl_easy_setopt(curl, CURLOPT_TIMEOUT, timeout_);
+  curl_easy_setopt(curl, CURLOPT_CONNECTTIMEOUT, timeout_ < 10 ? timeout_ : 10L);
+  curl_easy_setopt(curl, CURLOPT_NOSIGNAL, 1L);  // a training process's signals are its own
+  curl_easy_setopt(curl, CURLOPT_ERRORBUFFER, error);
+  curl_easy_setopt(curl, CURLOPT_WRITEFUNCTION, &http_detail::append_body);
+  curl_easy_setopt(curl, CURLOPT_WRITEDATA, &response.body);
+  if (auth_.token.empty() && !auth_.username.empty()) {
+    curl_easy_setopt(curl, CURLOPT_HTTPAUTH, CURLAUTH_BASIC);
+    curl_easy_setopt(curl, CURLOPT_USERNAME, auth_.username.c_str());
+    curl_easy_setopt(curl, CURLOPT_PASSWORD, auth_.password.c_str());
+  }
+  if (verb != "GET") {
+    curl_easy_setopt(curl, CURLOPT_POSTFIELDS, body.data());
+    curl_easy_setopt(curl, CURLOPT_POSTFIELDSIZE_LARGE, static_cast<curl_off_t>(body.size()));
+  }
+  const CURLcode code = curl_easy_perform(curl);
+  curl_slist_free_all(headers);
+  if (code != CURLE_OK)
+    throw HttpUnreachable(verb + " " + url + ": " + (error[0] ? std::string(error) : std::string(curl_easy_strerror(code))));
+  curl_easy_getinfo(curl, CURLINFO_RESPONSE_CODE, &response.status);
+  return response;
+}
+#else
+DETTRIAL_INLINE HttpClient::HttpClient(HttpAuth auth, long timeout_seconds) : auth_(std::move(auth)), timeout_(timeout_seconds) {}
+DETTRIAL_INLINE HttpClient::~HttpClient() = default;
+DETTRIAL_INLINE HttpResponse HttpClient::request(std::string_view method, const std::string& url, std::string_view, std::string_view) {
+  throw HttpUnreachable(std::string(method) + " " + url + ": this dettrial was built without libcurl (Debian: libcurl4-openssl-dev)");
+}
+#endif
+
+DETTRIAL_INLINE std::string HttpClient::escape(std::string_view text) {
+  std::string out;
+  for (const char c : text) {
+    const auto u = static_cast<unsigned char>(c);
+    if ((u >= 'a' && u <= 'z') || (u >= 'A' && u <= 'Z') || (u >= '0' && u <= '9') || c == '-' || c == '_' || c == '.' || c == '~') {
+      out += c;
+    } else {
+      char hex[4];
+      std::snprintf(hex, sizeof hex, "%%%02X", u);
+      out += hex;
+    }
+  }
+  return out;
+}
+
+}  // namespace dettrial::detail
+#endif  // DETTRIAL_HEADER_DEFINITIONS
+// ---- end dettrial/tracking/http.hpp
+
+namespace dettrial {
+
+/// The MLflow server refused a request: the message names the request and says the server's reason.
+struct MlflowError : Error {
+  MlflowError(const std::string& what, long status) : Error(what), status(status) {}
+  long status = 0;
+};
+
+namespace layout {
+/// A tracked run's MLflow ids (server, experiment, run) and how far its metrics were sent.
+inline constexpr const char* mlflow_state = "mlflow.json";
+/// The MLflow requests the server did not take yet, one JSON object a line, in order.
+inline constexpr const char* mlflow_pending = "mlflow-pending.jsonl";
+}  // namespace layout
+
+namespace detail {
+
+/// MLflow's REST API, one request at a time (the calling thread waits).
+class MlflowClient {
+ public:
+  MlflowClient(std::string tracking_uri, long timeout_seconds = 10);
+  const std::string& tracking_uri() const { return uri_; }
+  /// `POST /api/2.0/mlflow/<api>` (`GET` with `body`'s members as the query). Throws MlflowError
+  /// for an answer that is not a success, HttpUnreachable for none.
+  Json call(std::string_view method, std::string_view api, const Json& body);
+  /// The id of experiment `name`, created if there is none.
+  std::string experiment_id(const std::string& name);
+  /// Uploads `bytes` as artifact `name` of a run whose artifact URI is `artifact_uri` (the server's
+  /// artifact proxy, `mlflow-artifacts:/...`). Throws MlflowError for a URI the proxy does not serve.
+  void upload_artifact(const std::string& artifact_uri, const std::string& name, std::string_view bytes);
+
+ private:
+  std::string uri_;
+  HttpClient http_;
+};
+
+/// The HTTP auth MLflow's clients use: MLFLOW_TRACKING_TOKEN, else MLFLOW_TRACKING_USERNAME and _PASSWORD.
+DETTRIAL_INLINE HttpAuth mlflow_auth();
+
+/// Whether a failed request may succeed when sent again (no answer, 429 or 5xx), rather than being
+/// refused for what it says.
+DETTRIAL_INLINE bool retryable(const std::exception& e);
+
+/// Sends the pending requests of run folder `dir` (`--sync-mlflow`), creating its run first if the
+/// server could not when it trained; keeps in the file those that still fail. Returns how many were
+/// sent; throws what stopped it (the rest stays pending).
+DETTRIAL_INLINE std::size_t sync_mlflow_run(const std::filesystem::path& dir);
+
+/// `--sync-mlflow DIR`: sync_mlflow_run for a run's folder, or for a search's folder and each of its
+/// trials' (each taken under its folder's lock: a live run sends its own). Returns each folder
+/// tracked and how many requests it sent; throws when one could not be synced, or none was tracked.
+DETTRIAL_INLINE std::vector<std::pair<std::filesystem::path, std::size_t>> sync_mlflow_folder(const std::filesystem::path& dir);
+
+/**
+ * @brief One run's MLflow run (on the chief). A resumed run continues the MLflow run whose id its
+ * folder keeps, and does not log the reports it redoes a second time. Everything is queued here and
+ * sent by a thread: requests that fail are retried a few times, then kept in the folder's pending
+ * file, which is tried again every 30 s and at the end (one warning says so). end() sends the
+ * status and waits for the queue, never longer than the server's timeouts.
+ */
+class MlflowRun {
+ public:
+  /// What the run starts with: its params (the hyperparameters, nested names dotted) and tags.
+  struct Start {
+    std::vector<std::pair<std::string, std::string>> params;
+    std::vector<std::pair<std::string, std::string>> tags;
+  };
+  MlflowRun(MlflowSettings settings, std::filesystem::path dir, Start start);
+  MlflowRun(const MlflowRun&) = delete;
+  MlflowRun& operator=(const MlflowRun&) = delete;
+  /// Ends as FAILED if end() was not called (the fit threw).
+  ~MlflowRun();
+
+  /// Metrics of a report of `kind` (training, validation) at batch `step`, unless a run before a
+  /// resume sent that report already.
+  /// `tags` go with them (the latest learning rates, a checkpoint's uuid).
+  void log_metrics(std::string_view kind, std::int64_t step, const std::vector<std::pair<std::string, double>>& metrics,
+                   const std::vector<std::pair<std::string, std::string>>& tags = {});
+  void set_tags(const std::vector<std::pair<std::string, std::string>>& tags);
+  /// The run's status (FINISHED, FAILED, KILLED) and end time; waits for the queue to empty.
+  void end(std::string_view status);
+  /// The run's id in MLflow, once the thread has created (or continued) it; empty when the server
+  /// did not answer (a search's runner hands it to its trials as their parent).
+  std::string run_id();
+
+ private:
+  struct Request {
+    std::string api;
+    Json body;
+    /// The report it carries (kind and step), if any: what the state file records as sent.
+    std::string kind;
+    std::int64_t step = -1;
+  };
+  void enqueue(Request request);
+  void work();
+  /// Sends `r` (its run id filled in), retrying what may succeed; false when it failed and was kept.
+  bool deliver(Request& r);
+  void keep_pending(const Request& r);
+  void save_state();
+
+  MlflowSettings settings_;
+  std::filesystem::path dir_;
+  MlflowClient client_;
+  Json state_;
+  std::map<std::string, std::int64_t, std::less<>> sent_before_;
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  std::deque<Request> queue_;
+  /// Requests queued and handled so far (run_id() waits for its own), and the run's id when known.
+  std::size_t queued_ = 0, handled_ = 0;
+  std::string run_id_;
+  std::condition_variable handled_one_;
+  bool closing_ = false, ended_ = false, warned_ = false;
+  std::thread worker_;
+};
+
+}  // namespace detail
+}  // namespace dettrial
+
+// Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
+#if DETTRIAL_HEADER_DEFINITIONS
+#include <algorithm>
+#include <cctype>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+
+
+namespace dettrial::detail {
+
+namespace mlflow_detail {
+inline std::int64_t now_ms() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+/// `name` as MLflow takes a key: letters, digits and `_ - . : /` and spaces; anything else becomes `_`
+/// (a metric named `acc@1` is logged as `acc_1`, not refused with its whole report).
+inline std::string key_of(std::string_view name) {
+  std::string key(name);
+  for (char& c : key) {
+    const auto u = static_cast<unsigned char>(c);
+    if (!std::isalnum(u) && c != '_' && c != '-' && c != '.' && c != ' ' && c != '/' && c != ':') c = '_';
+  }
+  return key;
+}
+/// Key-value pairs as MLflow's params and tags; values cut to what MLflow stores (6,000 characters
+/// for a param, 8,000 for a tag: 6,000 for both).
+inline Json key_values(const std::vector<std::pair<std::string, std::string>>& pairs, std::size_t from, std::size_t to) {
+  Json out = Json::array();
+  for (std::size_t i = from; i < to && i < pairs.size(); ++i)
+    out.push_back({{"key", key_of(pairs[i].first)}, {"value", pairs[i].second.substr(0, 6000)}});
+  return out;
+}
+/// The run's id in `body` (requests are queued without it: it may not be known yet).
+inline void set_run(Json& body, const std::string& run_id) {
+  if (body.is_object() && !body.contains("run_id")) body["run_id"] = run_id;
+}
+inline Json read_state(const std::filesystem::path& dir) {
+  std::ifstream in(dir / layout::mlflow_state);
+  if (!in) return Json::object();
+  Json state = Json::parse(in, nullptr, /*allow_exceptions=*/false);
+  return state.is_object() ? state : Json::object();
+}
+/// Creates the run the state describes (its "create" request), filling in its ids.
+inline void create_run(MlflowClient& client, Json& state) {
+  Json create = state.at("create");
+  create["experiment_id"] = client.experiment_id(create.at("experiment_name").get<std::string>());
+  state["experiment_id"] = create["experiment_id"];
+  create.erase("experiment_name");
+  const Json run = client.call("POST", "runs/create", create).at("run").at("info");
+  state["run_id"] = run.at("run_id");
+  state["artifact_uri"] = run.value("artifact_uri", "");
+}
+/// Sends one kept or queued request whose run exists.
+inline void send(MlflowClient& client, const Json& state, const std::string& api, Json body) {
+  if (api == "artifact") {
+    client.upload_artifact(state.value("artifact_uri", ""), body.at("name").get<std::string>(), body.at("text").get<std::string>());
+    return;
+  }
+  set_run(body, state.at("run_id").get<std::string>());
+  client.call("POST", api, body);
+}
+}  // namespace mlflow_detail
+
+DETTRIAL_INLINE HttpAuth mlflow_auth() {
+  const auto env = [](const char* name) {
+    const char* v = std::getenv(name);
+    return std::string(v ? v : "");
+  };
+  return {env("MLFLOW_TRACKING_TOKEN"), env("MLFLOW_TRACKING_USERNAME"), env("MLFLOW_TRACKING_PASSWORD")};
+}
+
+DETTRIAL_INLINE bool retryable(const std::exception& e) {
+  if (dynamic_cast<const HttpUnreachable*>(&e)) return true;
+  if (const auto* refused = dynamic_cast<const MlflowError*>(&e)) return refused->status == 429 || refused->status >= 500;
+  return false;
+}
+
+DETTRIAL_INLINE MlflowClient::MlflowClient(std::string tracking_uri, long timeout_seconds)
+    : uri_(std::move(tracking_uri)), http_(mlflow_auth(), timeout_seconds) {}
+
+DETTRIAL_INLINE Json MlflowClient::call(std::string_view method, std::string_view api, const Json& body) {
+  std::string url = uri_ + "/api/2.0/mlflow/" + std::string(api);
+  HttpResponse answer;
+  if (method == "GET") {
+    char separator = '?';
+    for (const auto& [key, value] : body.items()) {
+      url += separator + key + "=" + HttpClient::escape(value.is_string() ? value.get<std::string>() : value.dump());
+      separator = '&';
+    }
+    answer = http_.request("GET", url);
+  } else {
+    answer = http_.request(method, url, body.dump());
+  }
+  Json parsed = Json::parse(answer.body, nullptr, /*allow_exceptions=*/false);
+  if (!answer.ok()) {
+    std::string reason = parsed.is_object() ? parsed.value("message", std::string()) : std::string();
+    if (reason.empty()) reason = answer.body.substr(0, 300);
+    throw MlflowError(
+        "the MLflow server at " + uri_ + " answered " + std::to_string(answer.status) + " to " + std::string(api) + ": " + reason,
+        answer.status);
+  }
+  return parsed.is_discarded() ? Json::object() : parsed;
+}
+
+DETTRIAL_INLINE std::string MlflowClient::experiment_id(const std::string& name) {
+  try {
+    return call("GET", "experiments/get-by-name", {{"experiment_name", name}}).at("experiment").at("experiment_id").get<std::string>();
+  } catch (const MlflowError& e) {
+    if (e.status != 404) throw;
+  }
+  try {
+    return call("POST", "experiments/create", {{"name", name}}).at("experiment_id").get<std::string>();
+  } catch (const MlflowError& e) {
+    // Another process (a search's trial) created it meanwhile.
+    if (e.status != 400 && e.status != 409) throw;
+    return call("GET", "experiments/get-by-name", {{"experiment_name", name}}).at("experiment").at("experiment_id").get<std::string>();
+  }
+}
+
+DETTRIAL_INLINE void MlflowClient::upload_artifact(const std::string& artifact_uri, const std::string& name, std::string_view bytes) {
+  constexpr std::string_view proxied = "mlflow-artifacts:";
+  if (artifact_uri.rfind(proxied, 0) != 0)
+    throw MlflowError("the MLflow server at " + uri_ + " keeps this run's artifacts at '" + artifact_uri +
+                          "', which dettrial cannot write over HTTP (start the server with --serve-artifacts)",
+                      0);
+  std::string path = artifact_uri.substr(proxied.size());
+  while (!path.empty() && path.front() == '/') path.erase(0, 1);
+  const std::string url = uri_ + "/api/2.0/mlflow-artifacts/artifacts/" + path + "/" + name;
+  const HttpResponse answer = http_.request("PUT", url, bytes, "application/octet-stream");
+  if (!answer.ok())
+    throw MlflowError("the MLflow server at " + uri_ + " answered " + std::to_string(answer.status) + " to the upload of artifact '" +
+                          name + "': " + answer.body.substr(0, 300),
+                      answer.status);
+}
+
+DETTRIAL_INLINE std::size_t sync_mlflow_run(const std::filesystem::path& dir) {
+  Json state = mlflow_detail::read_state(dir);
+  if (!state.contains("tracking_uri"))
+    throw Error("'" + (dir / layout::mlflow_state).string() + "' is missing: the run in '" + dir.string() + "' was not tracked in MLflow");
+  const std::filesystem::path pending_path = dir / layout::mlflow_pending;
+  std::vector<Json> pending;
+  {
+    std::ifstream in(pending_path);
+    for (std::string line; std::getline(in, line);) {
+      Json entry = Json::parse(line, nullptr, /*allow_exceptions=*/false);
+      if (entry.is_object() && entry.contains("api")) pending.push_back(std::move(entry));  // a torn last line was never acknowledged
+    }
+  }
+  if (pending.empty() && !state.value("run_id", std::string()).empty()) return 0;
+  MlflowClient client(state.at("tracking_uri").get<std::string>());
+  if (state.value("run_id", std::string()).empty()) {
+    mlflow_detail::create_run(client, state);
+    write_atomically(dir / layout::mlflow_state, json_text(state));
+  }
+  std::size_t sent = 0;
+  try {
+    for (; sent < pending.size(); ++sent)
+      mlflow_detail::send(client, state, pending[sent].at("api").get<std::string>(), pending[sent].value("body", Json::object()));
+  } catch (...) {
+    std::string rest;
+    for (std::size_t i = sent; i < pending.size(); ++i) rest += json_line(pending[i]);
+    write_atomically(pending_path, rest);
+    throw;
+  }
+  std::error_code ignored;
+  std::filesystem::remove(pending_path, ignored);
+  return sent;
+}
+
+DETTRIAL_INLINE std::vector<std::pair<std::filesystem::path, std::size_t>> sync_mlflow_folder(const std::filesystem::path& dir) {
+  std::vector<std::filesystem::path> folders;
+  if (std::filesystem::exists(dir / layout::mlflow_state)) folders.push_back(dir);
+  std::error_code ec;
+  std::vector<std::filesystem::path> trials;
+  for (const auto& entry : std::filesystem::directory_iterator(ExperimentFolder{dir}.trials(), ec))
+    if (std::filesystem::exists(entry.path() / layout::mlflow_state)) trials.push_back(entry.path());
+  std::sort(trials.begin(), trials.end());
+  folders.insert(folders.end(), trials.begin(), trials.end());
+  if (folders.empty())
+    throw Error("'" + dir.string() + "' holds no run tracked in MLflow (no " + layout::mlflow_state + " in it or its trials)");
+  std::vector<std::pair<std::filesystem::path, std::size_t>> out;
+  for (const std::filesystem::path& folder : folders) {
+    const FolderLock lock = FolderLock::acquire(folder / layout::lock, "run folder");
+    out.emplace_back(folder, sync_mlflow_run(folder));
+  }
+  return out;
+}
+
+DETTRIAL_INLINE MlflowRun::MlflowRun(MlflowSettings settings, std::filesystem::path dir, Start start)
+    : settings_(std::move(settings)), dir_(std::move(dir)), client_(settings_.tracking_uri) {
+  state_ = mlflow_detail::read_state(dir_);
+  const bool continued = state_.value("tracking_uri", std::string()) == settings_.tracking_uri && state_.contains("create");
+  if (continued) {
+    const Json sent = state_.value("sent", Json::object());
+    for (const auto& [kind, step] : sent.items()) sent_before_[kind] = step.get<std::int64_t>();
+  } else {
+    std::vector<std::pair<std::string, std::string>> tags = settings_.tags;
+    tags.insert(tags.end(), start.tags.begin(), start.tags.end());
+    if (!settings_.parent_run_id.empty()) tags.emplace_back("mlflow.parentRunId", settings_.parent_run_id);
+    tags.emplace_back("mlflow.runName", settings_.run_name);
+    state_ = {{"tracking_uri", settings_.tracking_uri},
+              {"run_id", ""},
+              {"create",
+               {{"experiment_name", settings_.experiment_name},
+                {"run_name", settings_.run_name},
+                {"start_time", mlflow_detail::now_ms()},
+                {"tags", mlflow_detail::key_values(tags, 0, tags.size())}}},
+              {"sent", Json::object()}};
+  }
+  std::filesystem::create_directories(dir_);
+  save_state();
+  worker_ = std::thread([this] { work(); });
+  if (continued) {
+    enqueue({"runs/update", {{"status", "RUNNING"}}, {}, -1});
+    return;
+  }
+  // MLflow takes at most 100 params a request; a param's value is immutable (a resumed run sends none).
+  for (std::size_t i = 0; i < start.params.size(); i += 100)
+    enqueue({"runs/log-batch", {{"params", mlflow_detail::key_values(start.params, i, i + 100)}}, {}, -1});
+  if (!settings_.config_text.empty()) enqueue({"artifact", {{"name", "config.yaml"}, {"text", settings_.config_text}}, {}, -1});
+}
+
+DETTRIAL_INLINE MlflowRun::~MlflowRun() {
+  if (!ended_) end("FAILED");
+}
+
+DETTRIAL_INLINE void MlflowRun::log_metrics(std::string_view kind, std::int64_t step,
+                                            const std::vector<std::pair<std::string, double>>& metrics,
+                                            const std::vector<std::pair<std::string, std::string>>& tags) {
+  if (const auto before = sent_before_.find(kind); before != sent_before_.end() && step <= before->second) return;
+  Json list = Json::array();
+  const std::int64_t now = mlflow_detail::now_ms();
+  for (const auto& [key, value] : metrics)  // JSON has no NaN nor infinity
+    if (std::isfinite(value)) list.push_back({{"key", mlflow_detail::key_of(key)}, {"value", value}, {"timestamp", now}, {"step", step}});
+  Json body = {{"metrics", std::move(list)}};
+  if (!tags.empty()) body["tags"] = mlflow_detail::key_values(tags, 0, tags.size());
+  enqueue({"runs/log-batch", std::move(body), std::string(kind), step});
+}
+
+DETTRIAL_INLINE void MlflowRun::set_tags(const std::vector<std::pair<std::string, std::string>>& tags) {
+  for (std::size_t i = 0; i < tags.size(); i += 100)
+    enqueue({"runs/log-batch", {{"tags", mlflow_detail::key_values(tags, i, i + 100)}}, {}, -1});
+}
+
+DETTRIAL_INLINE void MlflowRun::end(std::string_view status) {
+  if (ended_) return;
+  ended_ = true;
+  enqueue({"runs/update", {{"status", std::string(status)}, {"end_time", mlflow_detail::now_ms()}}, {}, -1});
+  {
+    std::lock_guard lock(mutex_);
+    closing_ = true;
+  }
+  wake_.notify_all();
+  if (worker_.joinable()) worker_.join();
+}
+
+DETTRIAL_INLINE void MlflowRun::enqueue(Request request) {
+  {
+    std::lock_guard lock(mutex_);
+    queue_.push_back(std::move(request));
+    ++queued_;
+  }
+  wake_.notify_all();
+}
+
+DETTRIAL_INLINE std::string MlflowRun::run_id() {
+  enqueue({"", Json::object(), {}, -1});  // nothing to send: the run is created, if it is not yet
+  std::unique_lock lock(mutex_);
+  const std::size_t ticket = queued_;
+  handled_one_.wait(lock, [&] { return handled_ >= ticket; });
+  return run_id_;
+}
+
+DETTRIAL_INLINE void MlflowRun::work() {
+  using Clock = std::chrono::steady_clock;
+  auto next_retry = Clock::now();
+  for (;;) {
+    std::unique_lock lock(mutex_);
+    wake_.wait_for(lock, std::chrono::seconds(30), [&] { return closing_ || !queue_.empty(); });
+    const bool closing = closing_;
+    std::deque<Request> batch;
+    batch.swap(queue_);
+    lock.unlock();
+    const bool kept = std::filesystem::exists(dir_ / layout::mlflow_pending);
+    if (kept && (closing || Clock::now() >= next_retry)) {
+      // The server failed before: what it did not take goes first, in order.
+      try {
+        sync_mlflow_run(dir_);
+        state_ = mlflow_detail::read_state(dir_);
+      } catch (const std::exception&) {
+        next_retry = Clock::now() + std::chrono::seconds(30);
+      }
+    }
+    for (Request& r : batch) {
+      if (!std::filesystem::exists(dir_ / layout::mlflow_pending)) deliver(r);
+      else if (!r.api.empty()) keep_pending(r);
+      if (!r.kind.empty()) state_["sent"][r.kind] = r.step;
+    }
+    if (!batch.empty()) save_state();
+    {
+      std::lock_guard done(mutex_);
+      handled_ += batch.size();
+      run_id_ = state_.value("run_id", std::string());
+    }
+    handled_one_.notify_all();
+    if (closing) {
+      if (std::filesystem::exists(dir_ / layout::mlflow_pending))
+        std::fprintf(stderr, "dettrial: MLflow requests the server at %s did not take are kept in %s: send them with --sync-mlflow %s\n",
+                     settings_.tracking_uri.c_str(), (dir_ / layout::mlflow_pending).c_str(), dir_.c_str());
+      return;
+    }
+  }
+}
+
+DETTRIAL_INLINE bool MlflowRun::deliver(Request& r) {
+  for (int attempt = 0;; ++attempt) {
+    try {
+      if (state_.value("run_id", std::string()).empty()) {
+        mlflow_detail::create_run(client_, state_);
+        save_state();
+      }
+      if (!r.api.empty()) mlflow_detail::send(client_, state_, r.api, r.body);
+      return true;
+    } catch (const std::exception& e) {
+      if (!retryable(e)) {
+        // The server refuses what the request says: sending it again cannot help.
+        std::fprintf(stderr, "dettrial: warning: MLflow: %s\n", e.what());
+        return true;
+      }
+      if (attempt < 2) {
+        std::this_thread::sleep_for(std::chrono::seconds(1 << attempt));
+        continue;
+      }
+      if (!warned_)
+        std::fprintf(stderr,
+                     "dettrial: warning: the MLflow server does not answer (%s): training goes on, and what it does not take is kept "
+                     "in %s and sent when it answers again (or by --sync-mlflow %s)\n",
+                     e.what(), (dir_ / layout::mlflow_pending).c_str(), dir_.c_str());
+      warned_ = true;
+      if (!r.api.empty()) keep_pending(r);
+      return false;
+    }
+  }
+}
+
+DETTRIAL_INLINE void MlflowRun::keep_pending(const Request& r) {
+  std::ofstream out(dir_ / layout::mlflow_pending, std::ios::app);
+  out << json_line(Json{{"api", r.api}, {"body", r.body}});
+  out.flush();
+  if (!out)
+    std::fprintf(stderr, "dettrial: warning: cannot write %s: an MLflow request is lost\n", (dir_ / layout::mlflow_pending).c_str());
+}
+
+DETTRIAL_INLINE void MlflowRun::save_state() {
+  try {
+    write_atomically(dir_ / layout::mlflow_state, json_text(state_));
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "dettrial: warning: %s\n", e.what());
+  }
+}
+
+}  // namespace dettrial::detail
+#endif  // DETTRIAL_HEADER_DEFINITIONS
+// ---- end dettrial/tracking/mlflow.hpp
+// ---- begin dettrial/report/csv_log.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief metrics.csv: the reports of metrics.jsonl as a table (Keras's CSVLogger, Lightning's
+/// CSVLogger), for a spreadsheet or pandas.
+
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <string>
+#include <string_view>
+#include <vector>
+
+
+namespace dettrial {
+
+/**
+ * @brief One row per training or validation report: `type,batches,epochs`, then one column per
+ * metric, in the order metrics first appeared (a report without a metric leaves its cell empty).
+ * When a report brings a new metric, the file is rewritten with the new column (as Lightning's
+ * CSVLogger does); otherwise a row is appended. A resumed run starts from its metrics.jsonl, which
+ * already left out the reports it redoes.
+ */
+class CsvLog {
+ public:
+  CsvLog() = default;
+  /// `<dir>/metrics.csv`, its rows first those of `<dir>/metrics.jsonl` as it stands.
+  explicit CsvLog(const std::filesystem::path& dir);
+  bool enabled() const { return !path_.empty(); }
+  const std::filesystem::path& path() const { return path_; }
+
+  void write(std::string_view type, std::int64_t batches, std::int64_t epochs, const MetricValues& metrics);
+
+ private:
+  struct Row {
+    std::string type;
+    std::int64_t batches = 0, epochs = 0;
+    std::map<std::string, double> values;
+  };
+  /// Adds `row`'s new metrics as columns; true when there were any.
+  bool add_columns(const Row& row);
+  std::string line(const Row& row) const;
+  void rewrite() const;
+
+  std::filesystem::path path_;
+  std::vector<std::string> columns_;
+  std::vector<Row> rows_;
+};
+
+}  // namespace dettrial
+
+// Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
+#if DETTRIAL_HEADER_DEFINITIONS
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <limits>
+
+
+namespace dettrial {
+
+DETTRIAL_INLINE CsvLog::CsvLog(const std::filesystem::path& dir) : path_(RunFolder{dir}.metrics_csv()) {
+  std::ifstream in(RunFolder{dir}.metrics_log());
+  for (std::string text; std::getline(in, text);) {
+    const detail::Json record = detail::Json::parse(text, nullptr, /*allow_exceptions=*/false);
+    if (!record.is_object()) continue;
+    const std::string type = record.value("type", std::string());
+    if (type != "training" && type != "validation") continue;
+    Row row{type, record.value("batches", std::int64_t{0}), record.value("epochs", std::int64_t{0}), {}};
+    const detail::Json metrics = record.value("metrics", detail::Json::object());
+    for (const auto& [name, value] : metrics.items())
+      if (name != "batches" && name != "epochs")
+        row.values[name] = value.is_number() ? value.get<double>() : std::numeric_limits<double>::quiet_NaN();
+    add_columns(row);
+    rows_.push_back(std::move(row));
+  }
+  rewrite();
+}
+
+DETTRIAL_INLINE void CsvLog::write(std::string_view type, std::int64_t batches, std::int64_t epochs, const MetricValues& metrics) {
+  if (!enabled()) return;
+  Row row{std::string(type), batches, epochs, {}};
+  for (const auto& [name, value] : metrics)
+    if (name != "batches" && name != "epochs") row.values[name] = value;
+  const bool new_columns = add_columns(row);
+  rows_.push_back(std::move(row));
+  if (new_columns) {
+    rewrite();
+    return;
+  }
+  std::ofstream out(path_, std::ios::app);
+  out << line(rows_.back());
+}
+
+DETTRIAL_INLINE bool CsvLog::add_columns(const Row& row) {
+  bool added = false;
+  for (const auto& [name, value] : row.values) {
+    if (std::find(columns_.begin(), columns_.end(), name) != columns_.end()) continue;
+    columns_.push_back(name);
+    added = true;
+  }
+  return added;
+}
+
+DETTRIAL_INLINE std::string CsvLog::line(const Row& row) const {
+  std::string text = row.type + "," + std::to_string(row.batches) + "," + std::to_string(row.epochs);
+  for (const std::string& column : columns_) {
+    text += ',';
+    const auto found = row.values.find(column);
+    if (found == row.values.end()) continue;
+    if (found->second != found->second) {
+      text += "nan";
+      continue;
+    }
+    char number[32];
+    std::snprintf(number, sizeof number, "%.9g", found->second);
+    text += number;
+  }
+  return text + "\n";
+}
+
+DETTRIAL_INLINE void CsvLog::rewrite() const {
+  std::string text = "type,batches,epochs";
+  for (const std::string& column : columns_) {
+    // A name with a comma or a quote is quoted, as RFC 4180 says.
+    if (column.find_first_of(",\"\n") == std::string::npos) {
+      text += "," + column;
+      continue;
+    }
+    std::string quoted = "\"";
+    for (const char c : column) quoted += c == '"' ? std::string("\"\"") : std::string(1, c);
+    text += "," + quoted + "\"";
+  }
+  text += "\n";
+  for (const Row& row : rows_) text += line(row);
+  detail::write_atomically(path_, text);
+}
+
+}  // namespace dettrial
+#endif  // DETTRIAL_HEADER_DEFINITIONS
+// ---- end dettrial/report/csv_log.hpp
 
 namespace dettrial::detail {
 
@@ -15214,8 +16319,10 @@ class Reporter {
   /// `<output_dir>/metrics.jsonl`, dropping the records a resumed run at batch `resumed_at` redoes,
   /// and, given a `tensorboard` writer, the same numbers as TensorBoard scalars (`train/<metric>`,
   /// `validation/<metric>`, `train/lr`, `train/samples_per_second`, `timing/<phase>_seconds`).
+  /// `metrics.csv` holds the training and validation reports as a table; given an `mlflow` run, the
+  /// same go to it.
   Reporter(bool writes, ReportOptions options, const std::filesystem::path& output_dir, std::optional<std::int64_t> resumed_at,
-           TensorBoardWriter* tensorboard = nullptr);
+           TensorBoardWriter* tensorboard = nullptr, MlflowRun* mlflow = nullptr);
 
   /// A line of its own (start-up facts, warnings, stops).
   void line(const std::string& text) { progress_.line(text); }
@@ -15247,10 +16354,14 @@ class Reporter {
  private:
   /// Every metric but the counters (`batches`, `epochs`: TensorBoard's step already says them).
   void add_scalars(std::string_view prefix, const MetricValues& metrics, std::int64_t step);
+  /// The same metrics named `<prefix><name>`, for MLflow.
+  static std::vector<std::pair<std::string, double>> prefixed(std::string_view prefix, const MetricValues& metrics);
 
   Progress progress_{};
   MetricsLog log_{};
+  CsvLog csv_{};
   TensorBoardWriter* tensorboard_ = nullptr;
+  MlflowRun* mlflow_ = nullptr;
 };
 
 }  // namespace dettrial::detail
@@ -15297,9 +16408,11 @@ DETTRIAL_INLINE std::vector<std::pair<std::string, HParamValue>> flat_hparams(co
 }
 
 DETTRIAL_INLINE Reporter::Reporter(bool writes, ReportOptions options, const std::filesystem::path& output_dir,
-                                   std::optional<std::int64_t> resumed_at, TensorBoardWriter* tensorboard) {
+                                   std::optional<std::int64_t> resumed_at, TensorBoardWriter* tensorboard, MlflowRun* mlflow) {
   if (writes) log_ = MetricsLog(output_dir, resumed_at);
+  if (writes) csv_ = CsvLog(output_dir);
   if (writes) tensorboard_ = tensorboard;
+  if (writes) mlflow_ = mlflow;
   if (!writes) options.quiet = true;
   progress_ = Progress(options);
   if (log_.dropped() > 0)  // also under --quiet: a trial's log says why its metrics.jsonl shrank
@@ -15334,6 +16447,22 @@ DETTRIAL_INLINE void Reporter::training(std::int64_t batches, std::int64_t epoch
       extra["learning_rates"] = std::move(lrs);
     }
     log_.write("training", batches, epochs, metrics, extra);
+    csv_.write("training", batches, epochs, metrics);
+  }
+  if (mlflow_) {
+    std::vector<std::pair<std::string, double>> values = prefixed("train/", metrics);
+    values.emplace_back("train/samples_per_second", samples_per_second);
+    Json rates = Json::object(), times = Json::object();
+    for (const auto& [name, lr] : learning_rates) {
+      values.emplace_back("train/" + name, lr);
+      rates[name] = lr;
+    }
+    for (const auto& [phase, value] : phase_seconds) {
+      values.emplace_back(std::string("timing/") + phase + "_seconds", value);
+      times[phase] = value;
+    }
+    mlflow_->log_metrics("training", batches, values,
+                         {{"dettrial.learning_rates", rates.dump()}, {"dettrial.phase_seconds", times.dump()}});
   }
   if (tensorboard_) {
     add_scalars("train/", metrics, batches);
@@ -15351,6 +16480,12 @@ DETTRIAL_INLINE void Reporter::validation(std::int64_t batches, std::int64_t epo
   else std::snprintf(tail, sizeof tail, "  (%.2f s)", seconds);
   progress_.line("[validation]" + format_metrics(metrics) + tail);
   log_.write("validation", batches, epochs, metrics, Json{{"seconds", seconds}});
+  csv_.write("validation", batches, epochs, metrics);
+  if (mlflow_) {
+    std::vector<std::pair<std::string, double>> values = prefixed("validation/", metrics);
+    values.emplace_back("timing/validation_seconds", seconds);
+    mlflow_->log_metrics("validation", batches, values);
+  }
   if (tensorboard_) {
     add_scalars("validation/", metrics, batches);
     tensorboard_->add_scalar("timing/validation_seconds", seconds, batches);
@@ -15366,6 +16501,13 @@ DETTRIAL_INLINE void Reporter::checkpoint(std::int64_t batches, std::int64_t epo
   progress_.line("[checkpoint] batches " + std::to_string(batches) + ": " + path.string() + tail);
   log_.write("checkpoint", batches, epochs, MetricValues{},
              Json{{"seconds", seconds}, {"write_seconds", write_seconds}, {"uuid", path.filename().string()}});
+  if (mlflow_) {
+    const std::string uuid = path.filename().string();
+    mlflow_->log_metrics("checkpoint", batches, {},
+                         {{"dettrial.checkpoint.batch_" + std::to_string(batches), uuid + " " + path.string()},
+                          {"dettrial.checkpoint.latest", uuid},
+                          {"dettrial.checkpoint.latest_path", path.string()}});
+  }
   if (tensorboard_) {
     tensorboard_->add_scalar("timing/checkpoint_seconds", seconds, batches);
     tensorboard_->add_scalar("timing/checkpoint_write_seconds", write_seconds, batches);
@@ -15382,6 +16524,17 @@ DETTRIAL_INLINE void Reporter::restart(std::int64_t batches, std::int64_t epochs
   Json extra = {{"ranks_before", ranks_before}, {"ranks", ranks}};
   if (restart > 0) extra["restart"] = restart;
   log_.write("restart", batches, epochs, MetricValues{}, extra);
+  if (mlflow_)
+    mlflow_->log_metrics(
+        "restart", batches, {},
+        {{"dettrial.restart.batch_" + std::to_string(batches), std::to_string(ranks_before) + " -> " + std::to_string(ranks) + " ranks"}});
+}
+
+DETTRIAL_INLINE std::vector<std::pair<std::string, double>> Reporter::prefixed(std::string_view prefix, const MetricValues& metrics) {
+  std::vector<std::pair<std::string, double>> out;
+  for (const auto& [name, value] : metrics)
+    if (name != "batches" && name != "epochs") out.emplace_back(std::string(prefix) + name, value);
+  return out;
 }
 
 DETTRIAL_INLINE void Reporter::add_scalars(std::string_view prefix, const MetricValues& metrics, std::int64_t step) {
@@ -15619,6 +16772,9 @@ struct FitOptions {
   /// How the training step runs: eagerly (capture::none), or captured once in a CUDA graph and
   /// replayed (capture::cuda_graph; the experiment config's `optimizations.step_capture`).
   StepCapture step_capture = capture::none{};
+  /// An MLflow server the run is tracked in (the experiment config's `mlflow` section); tracking is
+  /// also on when MLFLOW_TRACKING_URI is set.
+  MlflowSettings mlflow{};
 
   /**
    * @brief The options an experiment config implies, as Determined maps them: searcher.max_length (or
@@ -15673,6 +16829,12 @@ DETTRIAL_INLINE FitOptions FitOptions::from_config(const ExperimentConfig& confi
   o.retention = {.save_trial_best = config.checkpoint_storage.save_trial_best,
                  .save_trial_latest = config.checkpoint_storage.save_trial_latest};
   o.async_checkpoints = config.checkpoint_storage.async;
+  o.mlflow = config.mlflow;
+  if (config.yaml.IsMap()) {
+    YAML::Emitter text;
+    text << static_cast<const YAML::Node&>(config.yaml);
+    o.mlflow.config_text = std::string(text.c_str()) + "\n";
+  }
   return o;
 }
 
@@ -17420,143 +18582,13 @@ DETTRIAL_INLINE void stop_with_supervisor(pid_t supervisor) {
 #include <chrono>
 #include <cstdint>
 #include <filesystem>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include <torch/torch.h>
 
-// ---- begin dettrial/detail/folder_lock.hpp
-// SPDX-License-Identifier: Apache-2.0
-/// @file
-/// @brief One process per run folder: an advisory `flock` on a file in the folder, which the kernel
-/// releases when the holding process ends, however it ends (a SIGKILLed run leaves no stale lock).
-
-#include <chrono>
-#include <filesystem>
-#include <memory>
-#include <string>
-
-
-namespace dettrial::detail {
-
-/**
- * @brief The lock of a folder that this process writes into (a run's or an experiment's). A second
- * process asking for it is refused with a FolderInUseError naming the holder's pid and host. Within
- * one process the lock is shared: the command line locks a run folder before it touches it, and the
- * trainer it starts asks again and shares that lock. The lock goes when the last FolderLock of the
- * folder does, or with the process; it is not passed to child processes.
- */
-class FolderLock {
- public:
-  FolderLock() = default;
-
-  /// Locks `lock_file` (created with its folder if needed), naming `what` (e.g. "run folder") in
-  /// the refusal; throws FolderInUseError when another process holds it, after waiting up to
-  /// `patience` for it to end (saying so once): a search's trial started anew waits for the
-  /// process of a runner that died, which is checkpointing before it ends.
-  static FolderLock acquire(const std::filesystem::path& lock_file, const std::string& what,
-                            std::chrono::seconds patience = std::chrono::seconds(0));
-
-  bool held() const { return static_cast<bool>(held_); }
-
- private:
-  struct Held;
-  std::shared_ptr<Held> held_;
-};
-
-}  // namespace dettrial::detail
-
-// Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
-#if DETTRIAL_HEADER_DEFINITIONS
-#include <cerrno>
-#include <cstdio>
-#include <cstring>
-#include <map>
-#include <mutex>
-#include <system_error>
-#include <thread>
-
-#include <fcntl.h>
-#include <sys/file.h>
-#include <unistd.h>
-
-
-namespace dettrial::detail {
-
-struct FolderLock::Held {
-  int fd = -1;
-  ~Held() {
-    if (fd >= 0) ::close(fd);  // releases the flock
-  }
-};
-
-namespace folder_lock_detail {
-/// The locks this process holds, by lock file: a second acquire shares the first.
-inline std::map<std::filesystem::path, std::weak_ptr<void>>& held_here() {
-  static std::map<std::filesystem::path, std::weak_ptr<void>> locks;
-  return locks;
-}
-inline std::mutex& held_here_mutex() {
-  static std::mutex m;
-  return m;
-}
-
-inline std::string host_name() {
-  char name[256] = {};
-  return ::gethostname(name, sizeof name - 1) == 0 ? std::string(name) : std::string("an unknown host");
-}
-
-/// The holder's "pid N on host H", as it wrote it into the lock file.
-inline std::string holder_of(int fd) {
-  char text[512] = {};
-  const ssize_t n = ::pread(fd, text, sizeof text - 1, 0);
-  std::string holder = n > 0 ? std::string(text, static_cast<std::size_t>(n)) : std::string();
-  while (!holder.empty() && (holder.back() == '\n' || holder.back() == ' ')) holder.pop_back();
-  return holder.empty() ? std::string("another process (it has not written its pid yet)") : holder;
-}
-}  // namespace folder_lock_detail
-
-DETTRIAL_INLINE FolderLock FolderLock::acquire(const std::filesystem::path& lock_file, const std::string& what,
-                                               std::chrono::seconds patience) {
-  namespace fl = folder_lock_detail;
-  std::error_code ec;
-  std::filesystem::create_directories(lock_file.parent_path(), ec);
-  const std::filesystem::path key = std::filesystem::weakly_canonical(lock_file, ec);
-  std::lock_guard guard(fl::held_here_mutex());
-  FolderLock out;
-  if (const auto found = fl::held_here().find(key); found != fl::held_here().end())
-    if (auto shared = std::static_pointer_cast<Held>(found->second.lock())) {
-      out.held_ = std::move(shared);
-      return out;
-    }
-  auto held = std::make_shared<Held>();
-  held->fd = ::open(lock_file.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-  if (held->fd < 0) throw Error("cannot open the lock file '" + lock_file.string() + "': " + std::strerror(errno));
-  const auto give_up = std::chrono::steady_clock::now() + patience;
-  for (bool said = false; ::flock(held->fd, LOCK_EX | LOCK_NB) != 0;) {
-    if (errno == EINTR) continue;
-    if (errno != EWOULDBLOCK) throw Error("cannot lock '" + lock_file.string() + "': " + std::strerror(errno));
-    const std::string in_use = "the " + what + " '" + lock_file.parent_path().string() + "' is in use by " + fl::holder_of(held->fd);
-    if (std::chrono::steady_clock::now() >= give_up)
-      throw FolderInUseError(in_use + ", which holds its lock " + lock_file.filename().string() +
-                             ": wait for it to end, or give this run another folder (--output DIR)");
-    if (!said)
-      std::fprintf(stderr, "dettrial: %s; waiting up to %llds for it to end\n", in_use.c_str(), static_cast<long long>(patience.count()));
-    said = true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  }
-  const std::string holder = "pid " + std::to_string(::getpid()) + " on host " + fl::host_name() + "\n";
-  if (::ftruncate(held->fd, 0) != 0 || ::pwrite(held->fd, holder.data(), holder.size(), 0) != static_cast<ssize_t>(holder.size()))
-    throw Error("cannot write the lock file '" + lock_file.string() + "': " + std::strerror(errno));
-  fl::held_here()[key] = held;
-  out.held_ = std::move(held);
-  return out;
-}
-
-}  // namespace dettrial::detail
-#endif  // DETTRIAL_HEADER_DEFINITIONS
-// ---- end dettrial/detail/folder_lock.hpp
 
 namespace dettrial::detail {
 
@@ -17613,6 +18645,9 @@ struct RunState {
   std::optional<TrialProgress> resumed{};
   bool same_trial = false;
   FitResult result{};
+  /// The run in MLflow (on the chief, when tracked), and the status it ends with.
+  std::unique_ptr<MlflowRun> mlflow{};
+  std::string mlflow_status = "FAILED";
   Reporter reporter{};
   TraceProfiler profiler{};
   /// Wait for the GPU at each phase's end while profiling, so that the phase timings are the GPU's (profiling.sync_timings).
@@ -17771,6 +18806,44 @@ inline void start_profiler(RunState& st, Context& context, std::optional<std::in
     st.sync_timings = o.profiling.sync_timings && context.device().is_cuda();
   }
 }
+/// The run's MLflow run, when the options or MLFLOW_TRACKING_URI name a server: its params are
+/// the hyperparameters, its tags say what ran where.
+inline std::unique_ptr<MlflowRun> start_mlflow(RunState& st, Context& context) {
+  MlflowSettings settings = st.options.mlflow;
+  settings.complete_from_environment();
+  if (!settings.enabled()) return nullptr;
+  if (!http_available()) {
+    std::fprintf(stderr, "dettrial: warning: MLflow tracking at %s is off: this dettrial was built without libcurl\n",
+                 settings.tracking_uri.c_str());
+    return nullptr;
+  }
+  if (settings.experiment_name.empty()) settings.experiment_name = "Default";
+  if (settings.run_name.empty())
+    settings.run_name = settings.parent_run_id.empty() ? std::filesystem::absolute(st.options.output_dir).filename().string()
+                                                       : "trial " + std::to_string(st.options.trial_id);
+  MlflowRun::Start start;
+  for (const auto& [name, value] : flat_hparams(context.get_hparams())) {
+    std::string text = std::visit(
+        []<class V>(const V& v) -> std::string {
+          if constexpr (std::is_same_v<V, bool>) return v ? "true" : "false";
+          else if constexpr (std::is_arithmetic_v<V>) {
+            char number[32];  // as the config wrote it: 32, 0.001
+            std::snprintf(number, sizeof number, "%.15g", v);
+            return number;
+          } else {
+            return std::string(v);
+          }
+        },
+        value);
+    start.params.emplace_back(name, std::move(text));
+  }
+  start.tags = {{"dettrial.version", DETTRIAL_VERSION_STRING},
+                {"dettrial.system", runtime_summary(context.threads().source, context.thread_pools().text())},
+                {"dettrial.device", context.device().str()},
+                {"dettrial.ranks", std::to_string(context.distributed().size)},
+                {"dettrial.run_folder", std::filesystem::absolute(st.options.output_dir).string()}};
+  return std::make_unique<MlflowRun>(std::move(settings), st.options.output_dir, std::move(start));
+}
 }  // namespace run_state_detail
 
 DETTRIAL_INLINE RunState RunState::begin(Context& context, FitOptions options) {
@@ -17807,8 +18880,9 @@ DETTRIAL_INLINE RunState RunState::begin(Context& context, FitOptions options) {
   const bool chief = context.distributed().is_chief();
   const std::optional<std::int64_t> resumed_at = st.same_trial ? std::optional(st.resumed->batches_trained) : std::nullopt;
   if (chief) context.get_tensorboard_writer() = TensorBoardWriter(context.get_tensorboard_path(), resumed_at);
+  if (chief) st.mlflow = run_state_detail::start_mlflow(st, context);
   st.reporter = Reporter(chief, o.report, o.output_dir, resumed_at,
-                         context.get_enable_tensorboard_logging() ? &context.get_tensorboard_writer() : nullptr);
+                         context.get_enable_tensorboard_logging() ? &context.get_tensorboard_writer() : nullptr, st.mlflow.get());
   run_state_detail::start_profiler(st, context, resumed_at);
   st.checkpointer = Checkpointer(context, storage, o.checkpoint_policy, o.retention, o.smaller_is_better, o.async_checkpoints);
   return st;
@@ -18101,12 +19175,20 @@ DETTRIAL_INLINE void RunState::complete(const Context& context) {
 DETTRIAL_INLINE FitResult RunState::finish(const Context& context) {
   result.batches_trained = progress.batches_trained;
   result.epochs_trained = progress.epochs_trained;
+  mlflow_status = result.signal != 0 ? "KILLED" : "FINISHED";
   write_report(context);
   return std::move(result);
 }
 
 DETTRIAL_INLINE void RunState::release() noexcept {
   checkpointer.settle();
+  if (mlflow) {
+    try {
+      mlflow->end(mlflow_status);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "dettrial: warning: the MLflow run did not end cleanly: %s\n", e.what());
+    }
+  }
   folder_lock = FolderLock{};
 }
 

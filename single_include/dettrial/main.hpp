@@ -63,6 +63,7 @@
 #include <fstream>
 #include <iterator>
 #include <map>
+#include <memory>
 #include <optional>
 #include <random>
 #include <set>
@@ -585,6 +586,12 @@ class Experiment {
 
   ExperimentConfig config_;
   std::int64_t experiment_id_ = 0;
+  /// The search's MLflow run (when tracked), its trials' runs nested under it.
+  std::unique_ptr<detail::MlflowRun> mlflow_;
+  /// Starts (or continues) the search's MLflow run and hands its id to the trials' processes.
+  void start_mlflow();
+  /// Ends it with `status` (FINISHED, FAILED, KILLED).
+  void end_mlflow(const char* status);
   /// The cluster the trials run on as jobs, with --launcher slurm.
   std::optional<detail::SlurmCluster> slurm_;
   /// When reap_adopted may ask Slurm again.
@@ -672,6 +679,7 @@ DETTRIAL_INLINE int Experiment::run() {
   const detail::SignalHandlers handlers(&detail::dettrial_on_supervisor_signal);
 
   replay_or_start();
+  start_mlflow();
   if (slurm_) adopt_slurm_jobs();
   // A trial the searcher stopped whose end the log lacks (the runner died before it): it is
   // stopped, not trained on.
@@ -690,8 +698,10 @@ DETTRIAL_INLINE int Experiment::run() {
                      "dettrial: the search stopped: trial %lld's configuration is wrong, and every trial would fail the same way:\n%s\n"
                      "dettrial: fix it and run the same command again to continue the experiment\n",
                      static_cast<long long>(config_error_->first), config_error_->second.c_str());
+        end_mlflow("FAILED");
         return detail::exit_status_config_value;
       }
+      end_mlflow("KILLED");
       say("dettrial: experiment interrupted; run the same command again to continue it");
       return detail::exit_status_interrupted_value;
     }
@@ -708,10 +718,44 @@ DETTRIAL_INLINE int Experiment::run() {
   write_summary();
   refresh_report(/*at_end=*/true);
   const auto failed = std::ranges::count_if(trials_, [](const auto& kv) { return kv.second.state == TrialState::errored; });
+  end_mlflow(failed == 0 ? "FINISHED" : "FAILED");
   if (failed == 0) return 0;
   std::fprintf(stderr, "dettrial: %lld of %zu trials failed (ERRORED in the summary above); each trial's log.txt says why\n",
                static_cast<long long>(failed), trials_.size());
   return 1;
+}
+
+DETTRIAL_INLINE void Experiment::start_mlflow() {
+  MlflowSettings settings = config_.mlflow;
+  settings.complete_from_environment();
+  settings.parent_run_id.clear();  // a search is no one's child
+  if (!settings.enabled()) return;
+  if (!detail::http_available()) {
+    std::fprintf(stderr, "dettrial: warning: MLflow tracking at %s is off: this dettrial was built without libcurl\n",
+                 settings.tracking_uri.c_str());
+    return;
+  }
+  if (settings.experiment_name.empty()) settings.experiment_name = "Default";
+  if (settings.run_name.empty()) settings.run_name = std::filesystem::absolute(options_.output_dir).filename().string();
+  if (settings.config_text.empty()) {
+    YAML::Emitter text;
+    text << static_cast<const YAML::Node&>(config_.yaml);
+    settings.config_text = std::string(text.c_str()) + "\n";
+  }
+  detail::MlflowRun::Start start;
+  start.params = {{"searcher.name", std::string(to_string(config_.searcher.kind))},
+                  {"searcher.metric", config_.searcher.metric},
+                  {"searcher.max_trials", std::to_string(config_.searcher.max_trials)}};
+  start.tags = {{"dettrial.version", DETTRIAL_VERSION_STRING},
+                {"dettrial.experiment_folder", std::filesystem::absolute(options_.output_dir).string()}};
+  mlflow_ = std::make_unique<detail::MlflowRun>(std::move(settings), options_.output_dir, std::move(start));
+  // The trials' processes inherit it: each trial's run is created as this run's child.
+  if (const std::string id = mlflow_->run_id(); !id.empty()) ::setenv(MlflowSettings::parent_run_variable, id.c_str(), 1);
+}
+
+DETTRIAL_INLINE void Experiment::end_mlflow(const char* status) {
+  if (mlflow_) mlflow_->end(status);
+  mlflow_.reset();
 }
 
 DETTRIAL_INLINE void Experiment::stop_running_trials() {
@@ -1308,6 +1352,7 @@ struct CommandLine {
   std::string program = "trial";       ///< argv[0], for messages
   bool help = false;                   ///< --help: print the usage and exit 0
   std::string report_dir;              ///< --report DIR: write the page and exit; nothing else is read
+  std::string sync_mlflow_dir;         ///< --sync-mlflow DIR: send what MLflow did not take, and exit
   std::string config_path;             ///< --config FILE
   std::vector<std::string> overrides;  ///< every --set KEY=VALUE, in order
   std::string output;                  ///< --output DIR
@@ -1391,6 +1436,7 @@ DETTRIAL_INLINE CommandLine parse_command_line(int argc, const char* const* argv
     else if (arg == "--resume") line.resume = value();
     else if (arg == "--resume-fresh-parts") line.resume_fresh_parts = true;
     else if (arg == "--report") line.report_dir = value();
+    else if (arg == "--sync-mlflow") line.sync_mlflow_dir = value();
     else if (arg == "--nproc") std::tie(line.nproc_min, line.nproc) = detail::rank_range(value());
     else if (arg == "--max-restarts") line.max_restarts = detail::positive_flag_value(arg, value(), /*least=*/0);
     else if (arg == "--threads") line.threads = static_cast<int>(detail::positive_flag_value(arg, value()));
@@ -1405,7 +1451,7 @@ DETTRIAL_INLINE CommandLine parse_command_line(int argc, const char* const* argv
     if (arg != "--nproc")
       for (int j = at; j <= i; ++j) line.rank_args.emplace_back(argv[j]);
   }
-  if (!line.help && line.report_dir.empty() && line.config_path.empty() && line.resume.empty())
+  if (!line.help && line.report_dir.empty() && line.sync_mlflow_dir.empty() && line.config_path.empty() && line.resume.empty())
     throw CommandLineError("--config FILE is required (or --resume DIR, which reads the run's own config)", true);
   return line;
 }
@@ -1448,6 +1494,8 @@ DETTRIAL_INLINE const char* main_usage() {
          "  --report DIR         write DIR/report.html, a page of charts that works offline, from a\n"
          "                       run's folder (its metrics.jsonl) or a search's (every trial), print\n"
          "                       its path and exit; nothing is trained\n"
+         "  --sync-mlflow DIR    send the MLflow requests a run (or every trial of a search) kept in its\n"
+         "                       folder while the server did not answer, and exit; nothing is trained\n"
          "  --quiet              print nothing but errors\n"
          "  --help               show this text\n"
          "\n"
@@ -1874,6 +1922,8 @@ namespace detail {
 
 /// --report DIR: writes the page, prints its path; nothing is trained and no config is read.
 DETTRIAL_INLINE int write_report_only(const CommandLine& line);
+/// --sync-mlflow DIR: sends what a run's (or a search's) folder kept for MLflow; nothing is trained.
+DETTRIAL_INLINE int sync_mlflow_only(const CommandLine& line);
 
 /// A search: every trial is a process of this program (a single-trial config of its own).
 DETTRIAL_INLINE int run_search(const CommandLine& line, const RunPlan& plan);
@@ -2004,6 +2054,7 @@ int main(int argc, char** argv, Args&&... trial_args) {
       return 0;
     }
     if (!line.report_dir.empty()) return detail::write_report_only(line);
+    if (!line.sync_mlflow_dir.empty()) return detail::sync_mlflow_only(line);
     const RunPlan plan = plan_run(line);
     if (plan.search()) return detail::run_search(line, plan);
     if (line.slurm_launcher)
@@ -2028,6 +2079,12 @@ namespace dettrial::detail {
 
 DETTRIAL_INLINE int write_report_only(const CommandLine& line) {
   std::printf("%s\n", write_report(line.report_dir).string().c_str());
+  return 0;
+}
+
+DETTRIAL_INLINE int sync_mlflow_only(const CommandLine& line) {
+  for (const auto& [dir, sent] : sync_mlflow_folder(line.sync_mlflow_dir))
+    if (!line.quiet) std::printf("dettrial: %s: %zu MLflow request(s) sent\n", dir.c_str(), sent);
   return 0;
 }
 

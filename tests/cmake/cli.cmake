@@ -75,6 +75,20 @@ if(TARGET mnist)
   else()
     dettrial_skipped_test("${_observability}" "no Python with the tensorboard package given (-DDETTRIAL_TENSORBOARD_PYTHON=...)")
   endif()
+  # MLflow: a real server (PyPI's mlflow), read back over its REST API.
+  set(DETTRIAL_MLFLOW_PYTHON "" CACHE FILEPATH "A Python with PyPI's mlflow, whose server the MLflow tests track runs in")
+  set(_mlflow "mlflow: a run, its resume, two ranks and a search appear in a real MLflow server; a dead server loses no metrics")
+  if(DETTRIAL_MLFLOW_PYTHON AND DETTRIAL_TRACKS_MLFLOW)
+    add_test(NAME "${_mlflow}"
+             COMMAND ${_needs_mnist} "${DETTRIAL_MLFLOW_PYTHON}" "${CMAKE_CURRENT_SOURCE_DIR}/mlflow/mlflow_server.py" $<TARGET_FILE:mnist>
+                     "${DETTRIAL_MNIST10K_DIR}" "${CMAKE_CURRENT_BINARY_DIR}/runs/mlflow" "${_gloo_missing}")
+    set_tests_properties("${_mlflow}" PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 900
+                         PASS_REGULAR_EXPRESSION "ok: runs, a resume, two ranks, a search and a dead server, read back from MLflow's REST API")
+  elseif(NOT DETTRIAL_TRACKS_MLFLOW)
+    dettrial_skipped_test("${_mlflow}" "this build has no libcurl (Debian: libcurl4-openssl-dev), so no MLflow tracking")
+  else()
+    dettrial_skipped_test("${_mlflow}" "no Python with the mlflow package given (-DDETTRIAL_MLFLOW_PYTHON=...)")
+  endif()
   # One trial from a search config (--test-mode, searcher single over a space), and --resume of a run
   # that stopped before its first checkpoint.
   add_test(NAME "cli: a search config trains one drawn trial in test mode or under single; a run without checkpoint resumes afresh"

@@ -2,10 +2,12 @@
 // loading for use, stop signals, and clear errors for missing, damaged or mismatching checkpoints.
 #include <doctest/doctest.h>
 
+#include <chrono>
 #include <csignal>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <random>
 #include <set>
 #include <spawn.h>
@@ -760,6 +762,38 @@ TEST_CASE("the snapshot's host memory is allocated once and reused by every late
     CHECK(pointers == first);
     CHECK(snapshot.bytes() == static_cast<std::size_t>((64 * 32 + 32) * 4));
   }
+}
+
+TEST_CASE("a background write is paced over its budget, and hurried at once when someone waits for it") {
+  const auto dir = std::filesystem::temp_directory_path() / ("dettrial-pace-" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  const std::string bytes(std::size_t{16} << 20, 'x');  // four pieces of 4 MB
+  using Clock = std::chrono::steady_clock;
+  // Paced over 0.4 s: the last piece is not written before then (the writer sleeps while ahead).
+  {
+    dettrial::detail::WritePace pace(std::chrono::milliseconds(400), bytes.size());
+    const auto start = Clock::now();
+    CheckpointWriter writer(dir, "paced", &pace);
+    writer.add_file("data", bytes);
+    CHECK(Clock::now() - start >= std::chrono::milliseconds(400));
+    CHECK(std::filesystem::file_size(writer.commit(dettrial::detail::Json::object()) / "data") == bytes.size());
+  }
+  // Paced over a minute, hurried by another thread: it ends long before the minute.
+  {
+    auto pace = std::make_shared<dettrial::detail::WritePace>(std::chrono::seconds(60), bytes.size());
+    dettrial::detail::BackgroundWrite write;
+    const auto start = Clock::now();
+    write.start(
+        [&] {
+          CheckpointWriter writer(dir, "hurried", pace.get());
+          writer.add_file("data", bytes);
+          return CheckpointInfo{.path = writer.commit(dettrial::detail::Json::object()), .uuid = "hurried"};
+        },
+        pace);
+    CHECK(write.collect().uuid == "hurried");  // collect() hurries
+    CHECK(Clock::now() - start < std::chrono::seconds(30));
+  }
+  std::filesystem::remove_all(dir);
 }
 
 TEST_CASE("child process: writes large checkpoints in the background until killed" * doctest::skip()) {

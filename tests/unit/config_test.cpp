@@ -310,3 +310,29 @@ TEST_CASE("an assigned experiment config rebinds its YAML sections: no other cop
   CHECK(kept.yaml["hyperparameters"]["lr"].as<double>() == 0.3);
   CHECK(b.hyperparameters["lr"].as<double>() == 0.2);
 }
+
+TEST_CASE(
+    "the mlflow section: a server, an experiment named after the config by default, tags; a wrong address or tag is an error naming it") {
+  const auto c = ExperimentConfig::parse(R"(
+name: fashion
+mlflow:
+  tracking_uri: http://tracker:5000/
+  tags: {team: vision, budget: 3}
+searcher: {name: single, metric: loss, max_length: {batches: 1}}
+)",
+                                         "mlflow.yaml");
+  CHECK(c.mlflow.tracking_uri == "http://tracker:5000/");
+  CHECK(c.mlflow.experiment_name == "fashion");
+  CHECK(c.mlflow.tags == std::vector<std::pair<std::string, std::string>>{{"team", "vision"}, {"budget", "3"}});
+  const FitOptions o = FitOptions::from_config(c);
+  CHECK(o.mlflow.tracking_uri == "http://tracker:5000/");
+  CHECK(o.mlflow.config_text.find("team: vision") != std::string::npos);
+  CHECK_THROWS_WITH_AS(ExperimentConfig::parse("mlflow: {tracking_uri: ./mlruns}\n", "local.yaml"),
+                       "local.yaml:1:24: mlflow.tracking_uri './mlruns' is not a server's address (http:// or https://): dettrial logs to "
+                       "an MLflow server over its REST API",
+                       ConfigError);
+  CHECK_THROWS_WITH_AS(ExperimentConfig::parse("mlflow: {tags: {team: [a, b]}}\n", "tags.yaml"),
+                       doctest::Contains("tags.yaml:1:23: mlflow.tags.team must be a single value"), ConfigError);
+  CHECK_THROWS_WITH_AS(ExperimentConfig::parse("mlflow: {tracking_url: http://x}\n", "typo.yaml"),
+                       doctest::Contains("unknown field 'mlflow.tracking_url'"), ConfigError);
+}

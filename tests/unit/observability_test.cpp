@@ -12,6 +12,7 @@
 #include <iterator>
 #include <map>
 #include <set>
+#include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -19,6 +20,7 @@
 // LibTorch before doctest (as the precompiled header has it): Debian's LibTorch brings glog, whose
 // CHECK macro must not be the one the test cases use.
 #include <dettrial/dettrial.hpp>
+#include <dettrial/cli/launcher.hpp>  // free_local_port
 
 #include <doctest/doctest.h>
 
@@ -618,3 +620,86 @@ TEST_CASE("HTML in metric and hyperparameter names is escaped") {
 }
 
 }  // namespace report_cases
+
+TEST_CASE("metrics.csv holds each training and validation report as a row, a new metric adding its column, and a resume's rows once") {
+  Context context(test::hparams(), ContextOptions{.trial_seed = 3});
+  Trainer<test::DeclarativeRegression> trainer(context);
+  // 8 batches an epoch; reports every 3 (and at each boundary), validation every 4: the first
+  // validation brings a column of its own after three training rows were written.
+  FitOptions options = test::quiet({.max_length = Batch(10),
+                                    .validation_period = Batch(4),
+                                    .checkpoint_period = Batch(4),
+                                    .reporting_period = Batch(3),
+                                    .checkpoint_policy = CheckpointPolicy::none,
+                                    .retention = {.save_trial_best = 0, .save_trial_latest = 5}});
+  const FitResult r = trainer.fit(options);
+  const auto csv_text = [&] { return test::read_text(r.output_dir / "metrics.csv"); };
+  std::vector<std::string> lines;
+  {
+    std::istringstream in(csv_text());
+    for (std::string line; std::getline(in, line);) lines.push_back(line);
+  }
+  REQUIRE(lines.size() == 10);  // the header, 6 training and 3 validation rows
+  CHECK(lines[0] == "type,batches,epochs,loss,validation_loss");
+  CHECK(lines[1].rfind("training,3,0,", 0) == 0);
+  CHECK(lines[1].back() == ',');  // a training row has no validation_loss
+  CHECK(lines[3].rfind("validation,4,0,,", 0) == 0);
+  // The same numbers as metrics.jsonl (9 significant digits).
+  std::ifstream log(r.output_dir / "metrics.jsonl");
+  std::string first;
+  std::getline(log, first);
+  const double loss = nlohmann::json::parse(first)["metrics"]["loss"].get<double>();
+  CHECK(std::stod(lines[1].substr(std::string("training,3,0,").size())) == doctest::Approx(loss).epsilon(1e-8));
+  // Resumed from batch 4: the rows after it are written again, not twice.
+  Context again(test::hparams(), ContextOptions{.trial_seed = 3});
+  Trainer<test::DeclarativeRegression> resumed(again);
+  options.latest_checkpoint = r.checkpoints.front().path;
+  REQUIRE(r.checkpoints.front().batches_trained == 4);
+  options.output_dir = r.output_dir;
+  resumed.fit(options);
+  CHECK(csv_text() == [&] {
+    std::string all;
+    for (const auto& line : lines) all += line + "\n";
+    return all;
+  }());
+  std::filesystem::remove_all(r.output_dir);
+}
+
+TEST_CASE("a run whose MLflow server does not answer trains on, keeps every request in its folder, and --sync-mlflow says what failed") {
+  if (!dettrial::detail::http_available()) {
+    MESSAGE("skipped: this build has no libcurl");
+    return;
+  }
+  // A port nothing listens on: every request is refused at once.
+  const int port = dettrial::detail::free_local_port();
+  Context context(test::hparams(), ContextOptions{.trial_seed = 3});
+  Trainer<test::DeclarativeRegression> trainer(context);
+  FitOptions options = test::quiet({.max_length = Batch(6), .validation_period = Batch(3), .reporting_period = Batch(3)});
+  options.mlflow.tracking_uri = "http://127.0.0.1:" + std::to_string(port);
+  options.mlflow.experiment_name = "unreachable";
+  const FitResult r = trainer.fit(options);
+  CHECK(r.batches_trained == 6);
+  const nlohmann::json state = nlohmann::json::parse(test::read_text(r.output_dir / "mlflow.json"));
+  CHECK(state["run_id"] == "");  // never created
+  CHECK(state["sent"]["training"] == 6);
+  CHECK(state["sent"]["validation"] == 6);
+  // The params, two training and two validation reports, the checkpoint's tags, and the status.
+  std::vector<nlohmann::json> pending;
+  {
+    std::ifstream in(r.output_dir / "mlflow-pending.jsonl");
+    for (std::string line; std::getline(in, line);) pending.push_back(nlohmann::json::parse(line));
+  }
+  REQUIRE(pending.size() >= 6);
+  CHECK(pending.front()["body"]["params"].size() == 2);  // lr and batch_size
+  CHECK(pending.back()["api"] == "runs/update");
+  CHECK(pending.back()["body"]["status"] == "FINISHED");
+  std::size_t metric_requests = 0;
+  for (const auto& p : pending) metric_requests += p["body"].contains("metrics") && !p["body"]["metrics"].empty() ? 1 : 0;
+  CHECK(metric_requests == 4);
+  // Still down: the sync fails naming the server, and keeps everything.
+  CHECK_THROWS_WITH(dettrial::detail::sync_mlflow_folder(r.output_dir), doctest::Contains(("127.0.0.1:" + std::to_string(port)).c_str()));
+  CHECK(std::filesystem::exists(r.output_dir / "mlflow-pending.jsonl"));
+  CHECK_THROWS_WITH(dettrial::detail::sync_mlflow_folder(r.output_dir / "checkpoints"),
+                    doctest::Contains("holds no run tracked in MLflow"));
+  std::filesystem::remove_all(r.output_dir);
+}

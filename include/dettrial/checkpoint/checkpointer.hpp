@@ -5,6 +5,7 @@
 // IWYU pragma: private, include <dettrial/dettrial.hpp>
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -110,8 +111,10 @@ class Checkpointer {
       });
     } else {
       auto taken = std::make_shared<TakenCheckpoint>(take_checkpoint(*context_, storage_, top, record, &snapshot_));
-      write_.start([taken] { return write_checkpoint_files(*taken); });
+      auto pace = std::make_shared<WritePace>(write_budget(started), snapshot_.bytes());
+      write_.start([taken, pace] { return write_checkpoint_files(*taken, pace.get()); }, pace);
     }
+    last_begun_ = started;
     taken_at_ = std::chrono::steady_clock::now();
     stood_still_ = std::chrono::duration<double>(taken_at_ - started).count();
   }
@@ -215,6 +218,14 @@ class Checkpointer {
     return states;
   }
 
+  /// How long a background write may take: half the time since the last checkpoint began (or since
+  /// the fit began), so that it ends well before the next, at most a minute (a checkpoint is not
+  /// left undurable for long). Paced over that time, the writer takes a thin share of many steps'
+  /// CPU rather than a thick share of a few; whoever waits for it hurries it.
+  std::chrono::duration<double> write_budget(std::chrono::steady_clock::time_point now) const {
+    return std::min(std::chrono::duration<double>(now - last_begun_) / 2, std::chrono::duration<double>(60.0));
+  }
+
   /// Whether a snapshot of `top` fits in host memory: at most half of what the system has
   /// available. Said once when it does not: checkpoints are then written in the step loop.
   bool snapshot_fits(const StateDict& top) {
@@ -241,6 +252,7 @@ class Checkpointer {
   HostSnapshot snapshot_;
   BackgroundWrite write_;
   std::chrono::steady_clock::time_point taken_at_{};
+  std::chrono::steady_clock::time_point last_begun_ = std::chrono::steady_clock::now();
   double stood_still_ = 0;
   double waited_ = 0;
   bool said_too_large_ = false;

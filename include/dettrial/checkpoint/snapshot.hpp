@@ -10,6 +10,7 @@
 #include <functional>
 #include <future>
 #include <map>
+#include <memory>
 #include <tuple>
 #include <vector>
 
@@ -71,8 +72,9 @@ class BackgroundWrite {
   BackgroundWrite& operator=(BackgroundWrite&& other) noexcept;
   ~BackgroundWrite();
 
-  /// Runs `write` on a new thread, at a lower priority than training's (see the definition).
-  void start(std::function<CheckpointInfo()> write);
+  /// Runs `write` on a new thread, at a lower priority than training's (see the definition), at
+  /// `pace`'s rate if it writes through it: waiting for the write (collect(), destruction) hurries it.
+  void start(std::function<CheckpointInfo()> write, std::shared_ptr<WritePace> pace = nullptr);
   /// Runs `write` on this thread (a synchronous checkpoint); collect() returns what it wrote.
   void run_here(const std::function<CheckpointInfo()>& write);
   /// Whether a write was started and not yet collected.
@@ -83,7 +85,11 @@ class BackgroundWrite {
   CheckpointInfo collect();
 
  private:
+  void hurry() const {
+    if (pace_) pace_->hurry();
+  }
   std::future<CheckpointInfo> future_;
+  std::shared_ptr<WritePace> pace_;
 };
 
 }  // namespace dettrial::detail
@@ -210,17 +216,21 @@ DETTRIAL_INLINE std::size_t available_memory() {
 
 DETTRIAL_INLINE BackgroundWrite& BackgroundWrite::operator=(BackgroundWrite&& other) noexcept {
   if (this != &other) {
+    hurry();
     if (future_.valid()) future_.wait();
     future_ = std::move(other.future_);
+    pace_ = std::move(other.pace_);
   }
   return *this;
 }
 
 DETTRIAL_INLINE BackgroundWrite::~BackgroundWrite() {
+  hurry();
   if (future_.valid()) future_.wait();
 }
 
-DETTRIAL_INLINE void BackgroundWrite::start(std::function<CheckpointInfo()> write) {
+DETTRIAL_INLINE void BackgroundWrite::start(std::function<CheckpointInfo()> write, std::shared_ptr<WritePace> pace) {
+  pace_ = std::move(pace);
   future_ = std::async(std::launch::async, [write = std::move(write)] {
     // Serializing, checksumming and copying into the page cache take CPU time that the step loop's
     // threads would otherwise get: the writer runs niced, so on a machine whose cores training
@@ -233,6 +243,7 @@ DETTRIAL_INLINE void BackgroundWrite::start(std::function<CheckpointInfo()> writ
 DETTRIAL_INLINE void BackgroundWrite::run_here(const std::function<CheckpointInfo()>& write) {
   std::promise<CheckpointInfo> result;
   future_ = result.get_future();
+  pace_ = nullptr;
   try {
     result.set_value(write());
   } catch (...) {
@@ -244,7 +255,10 @@ DETTRIAL_INLINE bool BackgroundWrite::ended() const {
   return future_.valid() && future_.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
 }
 
-DETTRIAL_INLINE CheckpointInfo BackgroundWrite::collect() { return future_.get(); }
+DETTRIAL_INLINE CheckpointInfo BackgroundWrite::collect() {
+  hurry();
+  return future_.get();
+}
 
 }  // namespace dettrial::detail
 #endif  // DETTRIAL_HEADER_DEFINITIONS

@@ -5,11 +5,16 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
 #include <functional>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -82,6 +87,44 @@ DETTRIAL_INLINE bool is_hidden(const std::filesystem::path& p);
 /// Removes what an interrupted writer or deleter left behind (hidden `.tmp-*` / `.deleting-*` folders).
 DETTRIAL_INLINE void remove_stale_entries(const std::filesystem::path& storage);
 
+/**
+ * @brief Spreads a background write over a time budget. On a machine whose cores training keeps
+ * busy, a writer that runs flat out takes a thick slice of a few steps (slow steps: the p99); paced,
+ * it takes a thin slice of many. After each piece, the writer sleeps while it is ahead of an even
+ * schedule (`expected_bytes` over `budget`); hurry() (someone waits for the write) ends the pacing
+ * at once. Thread-safe: the writer calls wrote(), any thread hurry().
+ */
+class WritePace {
+ public:
+  WritePace(std::chrono::duration<double> budget, std::size_t expected_bytes)
+      : start_(std::chrono::steady_clock::now()), budget_(budget), expected_(expected_bytes) {}
+  /// `bytes` more are written: returns when the schedule allows the next piece, or when hurried.
+  void wrote(std::size_t bytes) {
+    written_ += bytes;
+    if (expected_ == 0) return;
+    const double share = std::min(1.0, static_cast<double>(written_) / static_cast<double>(expected_));
+    const auto due = start_ + std::chrono::duration_cast<std::chrono::steady_clock::duration>(budget_ * share);
+    std::unique_lock lock(mutex_);
+    woken_.wait_until(lock, due, [&] { return hurried_; });
+  }
+  /// Ends the pacing: the rest is written as fast as it can be.
+  void hurry() {
+    {
+      std::lock_guard lock(mutex_);
+      hurried_ = true;
+    }
+    woken_.notify_all();
+  }
+
+ private:
+  std::chrono::steady_clock::time_point start_;
+  std::chrono::duration<double> budget_;
+  std::size_t expected_ = 0, written_ = 0;
+  std::mutex mutex_;
+  std::condition_variable woken_;
+  bool hurried_ = false;
+};
+
 }  // namespace detail
 
 /**
@@ -92,7 +135,8 @@ DETTRIAL_INLINE void remove_stale_entries(const std::filesystem::path& storage);
  */
 class CheckpointWriter {
  public:
-  CheckpointWriter(std::filesystem::path storage, std::string uuid);
+  /// With a `pace`, the files' bytes are written at its rate (see WritePace).
+  CheckpointWriter(std::filesystem::path storage, std::string uuid, detail::WritePace* pace = nullptr);
   CheckpointWriter(const CheckpointWriter&) = delete;
   CheckpointWriter& operator=(const CheckpointWriter&) = delete;
   ~CheckpointWriter();
@@ -120,6 +164,7 @@ class CheckpointWriter {
     std::uint32_t crc32 = 0;
   };
   std::vector<FileEntry> files_;
+  detail::WritePace* pace_ = nullptr;
   bool committed_ = false;
 };
 
@@ -256,8 +301,8 @@ DETTRIAL_INLINE void remove_stale_entries(const std::filesystem::path& storage) 
 
 }  // namespace detail
 
-DETTRIAL_INLINE CheckpointWriter::CheckpointWriter(std::filesystem::path storage, std::string uuid)
-    : storage_(std::move(storage)), uuid_(std::move(uuid)), temp_(storage_ / (".tmp-" + uuid_)) {
+DETTRIAL_INLINE CheckpointWriter::CheckpointWriter(std::filesystem::path storage, std::string uuid, detail::WritePace* pace)
+    : storage_(std::move(storage)), uuid_(std::move(uuid)), temp_(storage_ / (".tmp-" + uuid_)), pace_(pace) {
   std::error_code ec;
   std::filesystem::create_directories(storage_, ec);
   if (ec) throw CheckpointError("cannot create checkpoint storage '" + storage_.string() + "': " + ec.message());
@@ -283,15 +328,22 @@ DETTRIAL_INLINE void CheckpointWriter::add_file(const std::string& name, const s
   std::uint32_t crc = detail::crc32_of({});
   try {
     produce([&](const void* data, std::size_t size) {
-      const auto* bytes = static_cast<const char*>(data);
-      crc = detail::crc32_continue(crc, {bytes, size});
-      for (std::size_t done = 0; done < size;) {
-        const ssize_t n = ::write(fd, bytes + done, size - done);
-        if (n < 0 && errno == EINTR) continue;
-        if (n < 0) throw CheckpointError("cannot write '" + path.string() + "': " + detail::errno_text());
-        done += static_cast<std::size_t>(n);
+      // In pieces of at most 4 MB, each checksummed while it is in the cache and paced.
+      constexpr std::size_t piece = std::size_t{4} << 20;
+      for (const char* bytes = static_cast<const char*>(data); size > 0;) {
+        const std::size_t n = std::min(size, piece);
+        crc = detail::crc32_continue(crc, {bytes, n});
+        for (std::size_t done = 0; done < n;) {
+          const ssize_t wrote = ::write(fd, bytes + done, n - done);
+          if (wrote < 0 && errno == EINTR) continue;
+          if (wrote < 0) throw CheckpointError("cannot write '" + path.string() + "': " + detail::errno_text());
+          done += static_cast<std::size_t>(wrote);
+        }
+        entry.size += n;
+        bytes += n;
+        size -= n;
+        if (pace_) pace_->wrote(n);
       }
-      entry.size += size;
     });
     if (::fsync(fd) != 0) throw CheckpointError("cannot sync '" + path.string() + "' to disk: " + detail::errno_text());
   } catch (...) {

@@ -87,8 +87,8 @@ DETTRIAL_INLINE TakenCheckpoint take_checkpoint(Context& c, const std::filesyste
                                                 const TrialCheckpointRecord& record, HostSnapshot* snapshot);
 
 /// Writes a taken checkpoint into its storage (crash-safe: a temporary directory renamed when
-/// complete) and returns what list_checkpoints will say about it. Any thread.
-DETTRIAL_INLINE CheckpointInfo write_checkpoint_files(TakenCheckpoint& taken);
+/// complete) and returns what list_checkpoints will say about it. Any thread; at `pace`'s rate if given.
+DETTRIAL_INLINE CheckpointInfo write_checkpoint_files(TakenCheckpoint& taken, WritePace* pace = nullptr);
 
 /// Restores the Context's models (names and shapes checked first), optimizers, schedulers, pending
 /// gradients and RNGs from checkpoint `dir`, whose state_dict.pth holds `top`. A checkpoint without
@@ -173,9 +173,9 @@ DETTRIAL_INLINE TakenCheckpoint take_checkpoint(Context& c, const std::filesyste
   return taken;
 }
 
-DETTRIAL_INLINE CheckpointInfo write_checkpoint_files(TakenCheckpoint& taken) {
+DETTRIAL_INLINE CheckpointInfo write_checkpoint_files(TakenCheckpoint& taken, WritePace* pace) {
   CheckpointInfo info = taken.info;
-  CheckpointWriter writer(taken.storage, info.uuid);
+  CheckpointWriter writer(taken.storage, info.uuid, pace);
   writer.add_file(layout::state_dict, [&](const CheckpointWriter::ByteSink& sink) { pickle_archive_to(taken.state_dict, sink); });
   if (taken.native)
     writer.add_file(layout::libtorch_state, [&](const CheckpointWriter::ByteSink& sink) {

@@ -31,6 +31,7 @@ struct CommandLine {
   std::string program = "trial";       ///< argv[0], for messages
   bool help = false;                   ///< --help: print the usage and exit 0
   std::string report_dir;              ///< --report DIR: write the page and exit; nothing else is read
+  std::string sync_mlflow_dir;         ///< --sync-mlflow DIR: send what MLflow did not take, and exit
   std::string config_path;             ///< --config FILE
   std::vector<std::string> overrides;  ///< every --set KEY=VALUE, in order
   std::string output;                  ///< --output DIR
@@ -114,6 +115,7 @@ DETTRIAL_INLINE CommandLine parse_command_line(int argc, const char* const* argv
     else if (arg == "--resume") line.resume = value();
     else if (arg == "--resume-fresh-parts") line.resume_fresh_parts = true;
     else if (arg == "--report") line.report_dir = value();
+    else if (arg == "--sync-mlflow") line.sync_mlflow_dir = value();
     else if (arg == "--nproc") std::tie(line.nproc_min, line.nproc) = detail::rank_range(value());
     else if (arg == "--max-restarts") line.max_restarts = detail::positive_flag_value(arg, value(), /*least=*/0);
     else if (arg == "--threads") line.threads = static_cast<int>(detail::positive_flag_value(arg, value()));
@@ -128,7 +130,7 @@ DETTRIAL_INLINE CommandLine parse_command_line(int argc, const char* const* argv
     if (arg != "--nproc")
       for (int j = at; j <= i; ++j) line.rank_args.emplace_back(argv[j]);
   }
-  if (!line.help && line.report_dir.empty() && line.config_path.empty() && line.resume.empty())
+  if (!line.help && line.report_dir.empty() && line.sync_mlflow_dir.empty() && line.config_path.empty() && line.resume.empty())
     throw CommandLineError("--config FILE is required (or --resume DIR, which reads the run's own config)", true);
   return line;
 }
@@ -171,6 +173,8 @@ DETTRIAL_INLINE const char* main_usage() {
          "  --report DIR         write DIR/report.html, a page of charts that works offline, from a\n"
          "                       run's folder (its metrics.jsonl) or a search's (every trial), print\n"
          "                       its path and exit; nothing is trained\n"
+         "  --sync-mlflow DIR    send the MLflow requests a run (or every trial of a search) kept in its\n"
+         "                       folder while the server did not answer, and exit; nothing is trained\n"
          "  --quiet              print nothing but errors\n"
          "  --help               show this text\n"
          "\n"

@@ -58,6 +58,8 @@ namespace detail {
 
 /// --report DIR: writes the page, prints its path; nothing is trained and no config is read.
 DETTRIAL_INLINE int write_report_only(const CommandLine& line);
+/// --sync-mlflow DIR: sends what a run's (or a search's) folder kept for MLflow; nothing is trained.
+DETTRIAL_INLINE int sync_mlflow_only(const CommandLine& line);
 
 /// A search: every trial is a process of this program (a single-trial config of its own).
 DETTRIAL_INLINE int run_search(const CommandLine& line, const RunPlan& plan);
@@ -188,6 +190,7 @@ int main(int argc, char** argv, Args&&... trial_args) {
       return 0;
     }
     if (!line.report_dir.empty()) return detail::write_report_only(line);
+    if (!line.sync_mlflow_dir.empty()) return detail::sync_mlflow_only(line);
     const RunPlan plan = plan_run(line);
     if (plan.search()) return detail::run_search(line, plan);
     if (line.slurm_launcher)
@@ -212,6 +215,12 @@ namespace dettrial::detail {
 
 DETTRIAL_INLINE int write_report_only(const CommandLine& line) {
   std::printf("%s\n", write_report(line.report_dir).string().c_str());
+  return 0;
+}
+
+DETTRIAL_INLINE int sync_mlflow_only(const CommandLine& line) {
+  for (const auto& [dir, sent] : sync_mlflow_folder(line.sync_mlflow_dir))
+    if (!line.quiet) std::printf("dettrial: %s: %zu MLflow request(s) sent\n", dir.c_str(), sent);
   return 0;
 }
 

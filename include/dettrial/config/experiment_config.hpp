@@ -20,6 +20,7 @@
 #include "searcher_settings.hpp"
 #include "precision.hpp"
 #include "step_capture.hpp"
+#include "tracking.hpp"
 #include "../detail/linkage.hpp"
 
 namespace dettrial {
@@ -98,6 +99,9 @@ class ExperimentConfig {
   /// `slurm.sbatch_args`: the options a search run with `--launcher slurm` gives srun for each
   /// trial's job (--partition, --account, --time, --gres, ...).
   std::vector<std::string> slurm_args;
+  /// `mlflow` (dettrial's): the MLflow server runs are tracked in (`tracking_uri`), their MLflow
+  /// experiment (`experiment_name`, default the config's `name`), run name and extra `tags`.
+  MlflowSettings mlflow;
 
   /// The whole document, for `get_experiment_config()`.
   detail::YamlMember yaml{YAML::NodeType::Map};
@@ -207,6 +211,7 @@ class ExperimentConfig {
   static void read_slurm(const YAML::Node& slurm, const std::string& source, std::vector<std::string>& args);
   static void read_checkpoint_storage(const YAML::Node& cs, const Reader& r, CheckpointStorage& storage);
   static void read_searcher(const YAML::Node& s, const Reader& r, ExperimentConfig& c);
+  static void read_mlflow(const YAML::Node& m, const Reader& r, MlflowSettings& mlflow);
 };
 
 }  // namespace dettrial
@@ -260,7 +265,8 @@ DETTRIAL_INLINE ExperimentConfig ExperimentConfig::from_yaml(const YAML::Node& r
   check_fields(root, c.source, c.ignored_fields);
   const Reader r{c.source};
   read_top_level(root, r, c);
-  for (const char* section : {"resources", "optimizations", "reproducibility", "searcher", "checkpoint_storage", "profiling", "slurm"})
+  for (const char* section :
+       {"resources", "optimizations", "reproducibility", "searcher", "checkpoint_storage", "profiling", "slurm", "mlflow"})
     if (const YAML::Node node = root[section]; node && !node.IsNull() && !node.IsMap())
       throw ConfigError(detail::where(node, c.source) + ": '" + section + "' must be a map, found " + detail::describe(node));
   if (const YAML::Node res = root["resources"]) read_resources(res, r, c);
@@ -270,6 +276,8 @@ DETTRIAL_INLINE ExperimentConfig ExperimentConfig::from_yaml(const YAML::Node& r
   if (const YAML::Node slurm = root["slurm"]) read_slurm(slurm, c.source, c.slurm_args);
   if (const YAML::Node cs = root["checkpoint_storage"]) read_checkpoint_storage(cs, r, c.checkpoint_storage);
   if (const YAML::Node s = root["searcher"]) read_searcher(s, r, c);
+  if (const YAML::Node m = root["mlflow"]; m && m.IsMap()) read_mlflow(m, r, c.mlflow);
+  if (c.mlflow.experiment_name.empty()) c.mlflow.experiment_name = c.name;
   return c;
 }
 
@@ -391,6 +399,26 @@ DETTRIAL_INLINE void ExperimentConfig::read_slurm(const YAML::Node& slurm, const
   }
 }
 
+DETTRIAL_INLINE void ExperimentConfig::read_mlflow(const YAML::Node& m, const Reader& r, MlflowSettings& mlflow) {
+  r.read(m, "tracking_uri", mlflow.tracking_uri);
+  r.read(m, "experiment_name", mlflow.experiment_name);
+  r.read(m, "run_name", mlflow.run_name);
+  const std::string& uri = mlflow.tracking_uri;
+  if (!uri.empty() && uri.rfind("http://", 0) != 0 && uri.rfind("https://", 0) != 0)
+    throw ConfigError(detail::where(m["tracking_uri"], r.source) + ": mlflow.tracking_uri '" + uri +
+                      "' is not a server's address (http:// or https://): dettrial logs to an MLflow server over its REST API");
+  const YAML::Node tags = m["tags"];
+  if (!tags || tags.IsNull()) return;
+  if (!tags.IsMap())
+    throw ConfigError(detail::where(tags, r.source) + ": mlflow.tags must be a map of names to values, found " + detail::describe(tags));
+  for (const auto& kv : tags) {
+    if (!kv.second.IsScalar())
+      throw ConfigError(detail::where(kv.second, r.source) + ": mlflow.tags." + kv.first.Scalar() + " must be a single value, found " +
+                        detail::describe(kv.second));
+    mlflow.tags.emplace_back(kv.first.Scalar(), kv.second.Scalar());
+  }
+}
+
 DETTRIAL_INLINE void ExperimentConfig::read_checkpoint_storage(const YAML::Node& cs, const Reader& r, CheckpointStorage& storage) {
   const std::pair<const char*, std::int64_t*> counts[] = {{"save_experiment_best", &storage.save_experiment_best},
                                                           {"save_trial_best", &storage.save_trial_best},
@@ -455,7 +483,8 @@ DETTRIAL_INLINE void ExperimentConfig::check_fields(const YAML::Node& root, cons
                                                "reproducibility",
                                                "data",
                                                "profiling",
-                                               "slurm"};
+                                               "slurm",
+                                               "mlflow"};
   static const std::vector<std::string> top_cluster = {"entrypoint",
                                                        "environment",
                                                        "bind_mounts",
@@ -491,6 +520,7 @@ DETTRIAL_INLINE void ExperimentConfig::check_fields(const YAML::Node& root, cons
   static const std::vector<std::string> reproducibility = {"experiment_seed", "deterministic", "rank_invariant"};
   static const std::vector<std::string> profiling = {"enabled", "begin_on_batch", "end_after_batch", "sync_timings"};
   static const std::vector<std::string> slurm = {"sbatch_args"};
+  static const std::vector<std::string> mlflow = {"tracking_uri", "experiment_name", "run_name", "tags"};
   static const std::vector<std::string> slurm_cluster = {"slots_per_node", "gpu_type"};
   static const std::vector<std::string> storage = {
       "type", "host_path", "storage_path", "container_path", "propagation", "save_experiment_best", "save_trial_best", "save_trial_latest",
@@ -507,6 +537,7 @@ DETTRIAL_INLINE void ExperimentConfig::check_fields(const YAML::Node& root, cons
       {"reproducibility", {&reproducibility, nullptr}},
       {"profiling", {&profiling, nullptr}},
       {"slurm", {&slurm, &slurm_cluster}},
+      {"mlflow", {&mlflow, nullptr}},
       {"checkpoint_storage", {&storage, &storage_cloud}}};
   for (const auto& [section, known] : sections)
     if (const YAML::Node node = root[section]; node && node.IsMap())

@@ -18,6 +18,8 @@
 #include "../config/hyperparameters.hpp"
 #include "../vocabulary/metrics.hpp"
 #include "../tensorboard/event_file.hpp"
+#include "../tracking/mlflow.hpp"
+#include "csv_log.hpp"
 #include "metrics_log.hpp"
 #include "progress.hpp"
 #include "../detail/linkage.hpp"
@@ -56,8 +58,10 @@ class Reporter {
   /// `<output_dir>/metrics.jsonl`, dropping the records a resumed run at batch `resumed_at` redoes,
   /// and, given a `tensorboard` writer, the same numbers as TensorBoard scalars (`train/<metric>`,
   /// `validation/<metric>`, `train/lr`, `train/samples_per_second`, `timing/<phase>_seconds`).
+  /// `metrics.csv` holds the training and validation reports as a table; given an `mlflow` run, the
+  /// same go to it.
   Reporter(bool writes, ReportOptions options, const std::filesystem::path& output_dir, std::optional<std::int64_t> resumed_at,
-           TensorBoardWriter* tensorboard = nullptr);
+           TensorBoardWriter* tensorboard = nullptr, MlflowRun* mlflow = nullptr);
 
   /// A line of its own (start-up facts, warnings, stops).
   void line(const std::string& text) { progress_.line(text); }
@@ -89,10 +93,14 @@ class Reporter {
  private:
   /// Every metric but the counters (`batches`, `epochs`: TensorBoard's step already says them).
   void add_scalars(std::string_view prefix, const MetricValues& metrics, std::int64_t step);
+  /// The same metrics named `<prefix><name>`, for MLflow.
+  static std::vector<std::pair<std::string, double>> prefixed(std::string_view prefix, const MetricValues& metrics);
 
   Progress progress_{};
   MetricsLog log_{};
+  CsvLog csv_{};
   TensorBoardWriter* tensorboard_ = nullptr;
+  MlflowRun* mlflow_ = nullptr;
 };
 
 }  // namespace dettrial::detail
@@ -139,9 +147,11 @@ DETTRIAL_INLINE std::vector<std::pair<std::string, HParamValue>> flat_hparams(co
 }
 
 DETTRIAL_INLINE Reporter::Reporter(bool writes, ReportOptions options, const std::filesystem::path& output_dir,
-                                   std::optional<std::int64_t> resumed_at, TensorBoardWriter* tensorboard) {
+                                   std::optional<std::int64_t> resumed_at, TensorBoardWriter* tensorboard, MlflowRun* mlflow) {
   if (writes) log_ = MetricsLog(output_dir, resumed_at);
+  if (writes) csv_ = CsvLog(output_dir);
   if (writes) tensorboard_ = tensorboard;
+  if (writes) mlflow_ = mlflow;
   if (!writes) options.quiet = true;
   progress_ = Progress(options);
   if (log_.dropped() > 0)  // also under --quiet: a trial's log says why its metrics.jsonl shrank
@@ -176,6 +186,22 @@ DETTRIAL_INLINE void Reporter::training(std::int64_t batches, std::int64_t epoch
       extra["learning_rates"] = std::move(lrs);
     }
     log_.write("training", batches, epochs, metrics, extra);
+    csv_.write("training", batches, epochs, metrics);
+  }
+  if (mlflow_) {
+    std::vector<std::pair<std::string, double>> values = prefixed("train/", metrics);
+    values.emplace_back("train/samples_per_second", samples_per_second);
+    Json rates = Json::object(), times = Json::object();
+    for (const auto& [name, lr] : learning_rates) {
+      values.emplace_back("train/" + name, lr);
+      rates[name] = lr;
+    }
+    for (const auto& [phase, value] : phase_seconds) {
+      values.emplace_back(std::string("timing/") + phase + "_seconds", value);
+      times[phase] = value;
+    }
+    mlflow_->log_metrics("training", batches, values,
+                         {{"dettrial.learning_rates", rates.dump()}, {"dettrial.phase_seconds", times.dump()}});
   }
   if (tensorboard_) {
     add_scalars("train/", metrics, batches);
@@ -193,6 +219,12 @@ DETTRIAL_INLINE void Reporter::validation(std::int64_t batches, std::int64_t epo
   else std::snprintf(tail, sizeof tail, "  (%.2f s)", seconds);
   progress_.line("[validation]" + format_metrics(metrics) + tail);
   log_.write("validation", batches, epochs, metrics, Json{{"seconds", seconds}});
+  csv_.write("validation", batches, epochs, metrics);
+  if (mlflow_) {
+    std::vector<std::pair<std::string, double>> values = prefixed("validation/", metrics);
+    values.emplace_back("timing/validation_seconds", seconds);
+    mlflow_->log_metrics("validation", batches, values);
+  }
   if (tensorboard_) {
     add_scalars("validation/", metrics, batches);
     tensorboard_->add_scalar("timing/validation_seconds", seconds, batches);
@@ -208,6 +240,13 @@ DETTRIAL_INLINE void Reporter::checkpoint(std::int64_t batches, std::int64_t epo
   progress_.line("[checkpoint] batches " + std::to_string(batches) + ": " + path.string() + tail);
   log_.write("checkpoint", batches, epochs, MetricValues{},
              Json{{"seconds", seconds}, {"write_seconds", write_seconds}, {"uuid", path.filename().string()}});
+  if (mlflow_) {
+    const std::string uuid = path.filename().string();
+    mlflow_->log_metrics("checkpoint", batches, {},
+                         {{"dettrial.checkpoint.batch_" + std::to_string(batches), uuid + " " + path.string()},
+                          {"dettrial.checkpoint.latest", uuid},
+                          {"dettrial.checkpoint.latest_path", path.string()}});
+  }
   if (tensorboard_) {
     tensorboard_->add_scalar("timing/checkpoint_seconds", seconds, batches);
     tensorboard_->add_scalar("timing/checkpoint_write_seconds", write_seconds, batches);
@@ -224,6 +263,17 @@ DETTRIAL_INLINE void Reporter::restart(std::int64_t batches, std::int64_t epochs
   Json extra = {{"ranks_before", ranks_before}, {"ranks", ranks}};
   if (restart > 0) extra["restart"] = restart;
   log_.write("restart", batches, epochs, MetricValues{}, extra);
+  if (mlflow_)
+    mlflow_->log_metrics(
+        "restart", batches, {},
+        {{"dettrial.restart.batch_" + std::to_string(batches), std::to_string(ranks_before) + " -> " + std::to_string(ranks) + " ranks"}});
+}
+
+DETTRIAL_INLINE std::vector<std::pair<std::string, double>> Reporter::prefixed(std::string_view prefix, const MetricValues& metrics) {
+  std::vector<std::pair<std::string, double>> out;
+  for (const auto& [name, value] : metrics)
+    if (name != "batches" && name != "epochs") out.emplace_back(std::string(prefix) + name, value);
+  return out;
 }
 
 DETTRIAL_INLINE void Reporter::add_scalars(std::string_view prefix, const MetricValues& metrics, std::int64_t step) {

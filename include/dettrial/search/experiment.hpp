@@ -24,6 +24,7 @@
 #include <fstream>
 #include <iterator>
 #include <map>
+#include <memory>
 #include <optional>
 #include <random>
 #include <set>
@@ -46,6 +47,7 @@
 #include "../vocabulary/metrics.hpp"
 #include "../report/html_report.hpp"
 #include "../report/metrics_log.hpp"
+#include "../tracking/mlflow.hpp"
 #include "../detail/signals.hpp"
 #include "../detail/text.hpp"
 #include "searchers.hpp"
@@ -228,6 +230,12 @@ class Experiment {
 
   ExperimentConfig config_;
   std::int64_t experiment_id_ = 0;
+  /// The search's MLflow run (when tracked), its trials' runs nested under it.
+  std::unique_ptr<detail::MlflowRun> mlflow_;
+  /// Starts (or continues) the search's MLflow run and hands its id to the trials' processes.
+  void start_mlflow();
+  /// Ends it with `status` (FINISHED, FAILED, KILLED).
+  void end_mlflow(const char* status);
   /// The cluster the trials run on as jobs, with --launcher slurm.
   std::optional<detail::SlurmCluster> slurm_;
   /// When reap_adopted may ask Slurm again.
@@ -316,6 +324,7 @@ DETTRIAL_INLINE int Experiment::run() {
   const detail::SignalHandlers handlers(&detail::dettrial_on_supervisor_signal);
 
   replay_or_start();
+  start_mlflow();
   if (slurm_) adopt_slurm_jobs();
   // A trial the searcher stopped whose end the log lacks (the runner died before it): it is
   // stopped, not trained on.
@@ -334,8 +343,10 @@ DETTRIAL_INLINE int Experiment::run() {
                      "dettrial: the search stopped: trial %lld's configuration is wrong, and every trial would fail the same way:\n%s\n"
                      "dettrial: fix it and run the same command again to continue the experiment\n",
                      static_cast<long long>(config_error_->first), config_error_->second.c_str());
+        end_mlflow("FAILED");
         return detail::exit_status_config_value;
       }
+      end_mlflow("KILLED");
       say("dettrial: experiment interrupted; run the same command again to continue it");
       return detail::exit_status_interrupted_value;
     }
@@ -352,10 +363,44 @@ DETTRIAL_INLINE int Experiment::run() {
   write_summary();
   refresh_report(/*at_end=*/true);
   const auto failed = std::ranges::count_if(trials_, [](const auto& kv) { return kv.second.state == TrialState::errored; });
+  end_mlflow(failed == 0 ? "FINISHED" : "FAILED");
   if (failed == 0) return 0;
   std::fprintf(stderr, "dettrial: %lld of %zu trials failed (ERRORED in the summary above); each trial's log.txt says why\n",
                static_cast<long long>(failed), trials_.size());
   return 1;
+}
+
+DETTRIAL_INLINE void Experiment::start_mlflow() {
+  MlflowSettings settings = config_.mlflow;
+  settings.complete_from_environment();
+  settings.parent_run_id.clear();  // a search is no one's child
+  if (!settings.enabled()) return;
+  if (!detail::http_available()) {
+    std::fprintf(stderr, "dettrial: warning: MLflow tracking at %s is off: this dettrial was built without libcurl\n",
+                 settings.tracking_uri.c_str());
+    return;
+  }
+  if (settings.experiment_name.empty()) settings.experiment_name = "Default";
+  if (settings.run_name.empty()) settings.run_name = std::filesystem::absolute(options_.output_dir).filename().string();
+  if (settings.config_text.empty()) {
+    YAML::Emitter text;
+    text << static_cast<const YAML::Node&>(config_.yaml);
+    settings.config_text = std::string(text.c_str()) + "\n";
+  }
+  detail::MlflowRun::Start start;
+  start.params = {{"searcher.name", std::string(to_string(config_.searcher.kind))},
+                  {"searcher.metric", config_.searcher.metric},
+                  {"searcher.max_trials", std::to_string(config_.searcher.max_trials)}};
+  start.tags = {{"dettrial.version", DETTRIAL_VERSION_STRING},
+                {"dettrial.experiment_folder", std::filesystem::absolute(options_.output_dir).string()}};
+  mlflow_ = std::make_unique<detail::MlflowRun>(std::move(settings), options_.output_dir, std::move(start));
+  // The trials' processes inherit it: each trial's run is created as this run's child.
+  if (const std::string id = mlflow_->run_id(); !id.empty()) ::setenv(MlflowSettings::parent_run_variable, id.c_str(), 1);
+}
+
+DETTRIAL_INLINE void Experiment::end_mlflow(const char* status) {
+  if (mlflow_) mlflow_->end(status);
+  mlflow_.reset();
 }
 
 DETTRIAL_INLINE void Experiment::stop_running_trials() {

@@ -14,6 +14,7 @@
 #include "../vocabulary/metrics.hpp"
 #include "../report/progress.hpp"
 #include "../config/units.hpp"
+#include "../config/tracking.hpp"
 #include "../detail/linkage.hpp"
 
 namespace dettrial {
@@ -76,6 +77,9 @@ struct FitOptions {
   /// How the training step runs: eagerly (capture::none), or captured once in a CUDA graph and
   /// replayed (capture::cuda_graph; the experiment config's `optimizations.step_capture`).
   StepCapture step_capture = capture::none{};
+  /// An MLflow server the run is tracked in (the experiment config's `mlflow` section); tracking is
+  /// also on when MLFLOW_TRACKING_URI is set.
+  MlflowSettings mlflow{};
 
   /**
    * @brief The options an experiment config implies, as Determined maps them: searcher.max_length (or
@@ -130,6 +134,12 @@ DETTRIAL_INLINE FitOptions FitOptions::from_config(const ExperimentConfig& confi
   o.retention = {.save_trial_best = config.checkpoint_storage.save_trial_best,
                  .save_trial_latest = config.checkpoint_storage.save_trial_latest};
   o.async_checkpoints = config.checkpoint_storage.async;
+  o.mlflow = config.mlflow;
+  if (config.yaml.IsMap()) {
+    YAML::Emitter text;
+    text << static_cast<const YAML::Node&>(config.yaml);
+    o.mlflow.config_text = std::string(text.c_str()) + "\n";
+  }
   return o;
 }
 

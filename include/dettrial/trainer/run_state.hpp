@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstdint>
 #include <filesystem>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -85,6 +86,9 @@ struct RunState {
   std::optional<TrialProgress> resumed{};
   bool same_trial = false;
   FitResult result{};
+  /// The run in MLflow (on the chief, when tracked), and the status it ends with.
+  std::unique_ptr<MlflowRun> mlflow{};
+  std::string mlflow_status = "FAILED";
   Reporter reporter{};
   TraceProfiler profiler{};
   /// Wait for the GPU at each phase's end while profiling, so that the phase timings are the GPU's (profiling.sync_timings).
@@ -251,6 +255,44 @@ inline void start_profiler(RunState& st, Context& context, std::optional<std::in
     st.sync_timings = o.profiling.sync_timings && context.device().is_cuda();
   }
 }
+/// The run's MLflow run, when the options or MLFLOW_TRACKING_URI name a server: its params are
+/// the hyperparameters, its tags say what ran where.
+inline std::unique_ptr<MlflowRun> start_mlflow(RunState& st, Context& context) {
+  MlflowSettings settings = st.options.mlflow;
+  settings.complete_from_environment();
+  if (!settings.enabled()) return nullptr;
+  if (!http_available()) {
+    std::fprintf(stderr, "dettrial: warning: MLflow tracking at %s is off: this dettrial was built without libcurl\n",
+                 settings.tracking_uri.c_str());
+    return nullptr;
+  }
+  if (settings.experiment_name.empty()) settings.experiment_name = "Default";
+  if (settings.run_name.empty())
+    settings.run_name = settings.parent_run_id.empty() ? std::filesystem::absolute(st.options.output_dir).filename().string()
+                                                       : "trial " + std::to_string(st.options.trial_id);
+  MlflowRun::Start start;
+  for (const auto& [name, value] : flat_hparams(context.get_hparams())) {
+    std::string text = std::visit(
+        []<class V>(const V& v) -> std::string {
+          if constexpr (std::is_same_v<V, bool>) return v ? "true" : "false";
+          else if constexpr (std::is_arithmetic_v<V>) {
+            char number[32];  // as the config wrote it: 32, 0.001
+            std::snprintf(number, sizeof number, "%.15g", v);
+            return number;
+          } else {
+            return std::string(v);
+          }
+        },
+        value);
+    start.params.emplace_back(name, std::move(text));
+  }
+  start.tags = {{"dettrial.version", DETTRIAL_VERSION_STRING},
+                {"dettrial.system", runtime_summary(context.threads().source, context.thread_pools().text())},
+                {"dettrial.device", context.device().str()},
+                {"dettrial.ranks", std::to_string(context.distributed().size)},
+                {"dettrial.run_folder", std::filesystem::absolute(st.options.output_dir).string()}};
+  return std::make_unique<MlflowRun>(std::move(settings), st.options.output_dir, std::move(start));
+}
 }  // namespace run_state_detail
 
 DETTRIAL_INLINE RunState RunState::begin(Context& context, FitOptions options) {
@@ -287,8 +329,9 @@ DETTRIAL_INLINE RunState RunState::begin(Context& context, FitOptions options) {
   const bool chief = context.distributed().is_chief();
   const std::optional<std::int64_t> resumed_at = st.same_trial ? std::optional(st.resumed->batches_trained) : std::nullopt;
   if (chief) context.get_tensorboard_writer() = TensorBoardWriter(context.get_tensorboard_path(), resumed_at);
+  if (chief) st.mlflow = run_state_detail::start_mlflow(st, context);
   st.reporter = Reporter(chief, o.report, o.output_dir, resumed_at,
-                         context.get_enable_tensorboard_logging() ? &context.get_tensorboard_writer() : nullptr);
+                         context.get_enable_tensorboard_logging() ? &context.get_tensorboard_writer() : nullptr, st.mlflow.get());
   run_state_detail::start_profiler(st, context, resumed_at);
   st.checkpointer = Checkpointer(context, storage, o.checkpoint_policy, o.retention, o.smaller_is_better, o.async_checkpoints);
   return st;
@@ -581,12 +624,20 @@ DETTRIAL_INLINE void RunState::complete(const Context& context) {
 DETTRIAL_INLINE FitResult RunState::finish(const Context& context) {
   result.batches_trained = progress.batches_trained;
   result.epochs_trained = progress.epochs_trained;
+  mlflow_status = result.signal != 0 ? "KILLED" : "FINISHED";
   write_report(context);
   return std::move(result);
 }
 
 DETTRIAL_INLINE void RunState::release() noexcept {
   checkpointer.settle();
+  if (mlflow) {
+    try {
+      mlflow->end(mlflow_status);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "dettrial: warning: the MLflow run did not end cleanly: %s\n", e.what());
+    }
+  }
   folder_lock = FolderLock{};
 }
 

@@ -1,0 +1,516 @@
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief A run tracked in an MLflow server over its REST API (no Python in the training process):
+/// its params, metrics, tags, artifacts and status, sent by a background thread so that a slow or
+/// dead server never slows training. What the server does not take is kept in the run folder
+/// (`mlflow-pending.jsonl`) and sent later: when it answers again, or by `--sync-mlflow DIR`.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <filesystem>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "../error.hpp"
+#include "../detail/folder_lock.hpp"
+#include "../detail/json_fwd.hpp"
+#include "../layout.hpp"
+#include "http.hpp"
+#include "../config/tracking.hpp"
+#include "../detail/linkage.hpp"
+
+namespace dettrial {
+
+/// The MLflow server refused a request: the message names the request and says the server's reason.
+struct MlflowError : Error {
+  MlflowError(const std::string& what, long status) : Error(what), status(status) {}
+  long status = 0;
+};
+
+namespace layout {
+/// A tracked run's MLflow ids (server, experiment, run) and how far its metrics were sent.
+inline constexpr const char* mlflow_state = "mlflow.json";
+/// The MLflow requests the server did not take yet, one JSON object a line, in order.
+inline constexpr const char* mlflow_pending = "mlflow-pending.jsonl";
+}  // namespace layout
+
+namespace detail {
+
+/// MLflow's REST API, one request at a time (the calling thread waits).
+class MlflowClient {
+ public:
+  MlflowClient(std::string tracking_uri, long timeout_seconds = 10);
+  const std::string& tracking_uri() const { return uri_; }
+  /// `POST /api/2.0/mlflow/<api>` (`GET` with `body`'s members as the query). Throws MlflowError
+  /// for an answer that is not a success, HttpUnreachable for none.
+  Json call(std::string_view method, std::string_view api, const Json& body);
+  /// The id of experiment `name`, created if there is none.
+  std::string experiment_id(const std::string& name);
+  /// Uploads `bytes` as artifact `name` of a run whose artifact URI is `artifact_uri` (the server's
+  /// artifact proxy, `mlflow-artifacts:/...`). Throws MlflowError for a URI the proxy does not serve.
+  void upload_artifact(const std::string& artifact_uri, const std::string& name, std::string_view bytes);
+
+ private:
+  std::string uri_;
+  HttpClient http_;
+};
+
+/// The HTTP auth MLflow's clients use: MLFLOW_TRACKING_TOKEN, else MLFLOW_TRACKING_USERNAME and _PASSWORD.
+DETTRIAL_INLINE HttpAuth mlflow_auth();
+
+/// Whether a failed request may succeed when sent again (no answer, 429 or 5xx), rather than being
+/// refused for what it says.
+DETTRIAL_INLINE bool retryable(const std::exception& e);
+
+/// Sends the pending requests of run folder `dir` (`--sync-mlflow`), creating its run first if the
+/// server could not when it trained; keeps in the file those that still fail. Returns how many were
+/// sent; throws what stopped it (the rest stays pending).
+DETTRIAL_INLINE std::size_t sync_mlflow_run(const std::filesystem::path& dir);
+
+/// `--sync-mlflow DIR`: sync_mlflow_run for a run's folder, or for a search's folder and each of its
+/// trials' (each taken under its folder's lock: a live run sends its own). Returns each folder
+/// tracked and how many requests it sent; throws when one could not be synced, or none was tracked.
+DETTRIAL_INLINE std::vector<std::pair<std::filesystem::path, std::size_t>> sync_mlflow_folder(const std::filesystem::path& dir);
+
+/**
+ * @brief One run's MLflow run (on the chief). A resumed run continues the MLflow run whose id its
+ * folder keeps, and does not log the reports it redoes a second time. Everything is queued here and
+ * sent by a thread: requests that fail are retried a few times, then kept in the folder's pending
+ * file, which is tried again every 30 s and at the end (one warning says so). end() sends the
+ * status and waits for the queue, never longer than the server's timeouts.
+ */
+class MlflowRun {
+ public:
+  /// What the run starts with: its params (the hyperparameters, nested names dotted) and tags.
+  struct Start {
+    std::vector<std::pair<std::string, std::string>> params;
+    std::vector<std::pair<std::string, std::string>> tags;
+  };
+  MlflowRun(MlflowSettings settings, std::filesystem::path dir, Start start);
+  MlflowRun(const MlflowRun&) = delete;
+  MlflowRun& operator=(const MlflowRun&) = delete;
+  /// Ends as FAILED if end() was not called (the fit threw).
+  ~MlflowRun();
+
+  /// Metrics of a report of `kind` (training, validation) at batch `step`, unless a run before a
+  /// resume sent that report already.
+  /// `tags` go with them (the latest learning rates, a checkpoint's uuid).
+  void log_metrics(std::string_view kind, std::int64_t step, const std::vector<std::pair<std::string, double>>& metrics,
+                   const std::vector<std::pair<std::string, std::string>>& tags = {});
+  void set_tags(const std::vector<std::pair<std::string, std::string>>& tags);
+  /// The run's status (FINISHED, FAILED, KILLED) and end time; waits for the queue to empty.
+  void end(std::string_view status);
+  /// The run's id in MLflow, once the thread has created (or continued) it; empty when the server
+  /// did not answer (a search's runner hands it to its trials as their parent).
+  std::string run_id();
+
+ private:
+  struct Request {
+    std::string api;
+    Json body;
+    /// The report it carries (kind and step), if any: what the state file records as sent.
+    std::string kind;
+    std::int64_t step = -1;
+  };
+  void enqueue(Request request);
+  void work();
+  /// Sends `r` (its run id filled in), retrying what may succeed; false when it failed and was kept.
+  bool deliver(Request& r);
+  void keep_pending(const Request& r);
+  void save_state();
+
+  MlflowSettings settings_;
+  std::filesystem::path dir_;
+  MlflowClient client_;
+  Json state_;
+  std::map<std::string, std::int64_t, std::less<>> sent_before_;
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  std::deque<Request> queue_;
+  /// Requests queued and handled so far (run_id() waits for its own), and the run's id when known.
+  std::size_t queued_ = 0, handled_ = 0;
+  std::string run_id_;
+  std::condition_variable handled_one_;
+  bool closing_ = false, ended_ = false, warned_ = false;
+  std::thread worker_;
+};
+
+}  // namespace detail
+}  // namespace dettrial
+
+// Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
+#if DETTRIAL_HEADER_DEFINITIONS
+#include <algorithm>
+#include <cctype>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+
+#include "../detail/atomic_file.hpp"
+#include "../detail/json.hpp"
+
+namespace dettrial::detail {
+
+namespace mlflow_detail {
+inline std::int64_t now_ms() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+/// `name` as MLflow takes a key: letters, digits and `_ - . : /` and spaces; anything else becomes `_`
+/// (a metric named `acc@1` is logged as `acc_1`, not refused with its whole report).
+inline std::string key_of(std::string_view name) {
+  std::string key(name);
+  for (char& c : key) {
+    const auto u = static_cast<unsigned char>(c);
+    if (!std::isalnum(u) && c != '_' && c != '-' && c != '.' && c != ' ' && c != '/' && c != ':') c = '_';
+  }
+  return key;
+}
+/// Key-value pairs as MLflow's params and tags; values cut to what MLflow stores (6,000 characters
+/// for a param, 8,000 for a tag: 6,000 for both).
+inline Json key_values(const std::vector<std::pair<std::string, std::string>>& pairs, std::size_t from, std::size_t to) {
+  Json out = Json::array();
+  for (std::size_t i = from; i < to && i < pairs.size(); ++i)
+    out.push_back({{"key", key_of(pairs[i].first)}, {"value", pairs[i].second.substr(0, 6000)}});
+  return out;
+}
+/// The run's id in `body` (requests are queued without it: it may not be known yet).
+inline void set_run(Json& body, const std::string& run_id) {
+  if (body.is_object() && !body.contains("run_id")) body["run_id"] = run_id;
+}
+inline Json read_state(const std::filesystem::path& dir) {
+  std::ifstream in(dir / layout::mlflow_state);
+  if (!in) return Json::object();
+  Json state = Json::parse(in, nullptr, /*allow_exceptions=*/false);
+  return state.is_object() ? state : Json::object();
+}
+/// Creates the run the state describes (its "create" request), filling in its ids.
+inline void create_run(MlflowClient& client, Json& state) {
+  Json create = state.at("create");
+  create["experiment_id"] = client.experiment_id(create.at("experiment_name").get<std::string>());
+  state["experiment_id"] = create["experiment_id"];
+  create.erase("experiment_name");
+  const Json run = client.call("POST", "runs/create", create).at("run").at("info");
+  state["run_id"] = run.at("run_id");
+  state["artifact_uri"] = run.value("artifact_uri", "");
+}
+/// Sends one kept or queued request whose run exists.
+inline void send(MlflowClient& client, const Json& state, const std::string& api, Json body) {
+  if (api == "artifact") {
+    client.upload_artifact(state.value("artifact_uri", ""), body.at("name").get<std::string>(), body.at("text").get<std::string>());
+    return;
+  }
+  set_run(body, state.at("run_id").get<std::string>());
+  client.call("POST", api, body);
+}
+}  // namespace mlflow_detail
+
+DETTRIAL_INLINE HttpAuth mlflow_auth() {
+  const auto env = [](const char* name) {
+    const char* v = std::getenv(name);
+    return std::string(v ? v : "");
+  };
+  return {env("MLFLOW_TRACKING_TOKEN"), env("MLFLOW_TRACKING_USERNAME"), env("MLFLOW_TRACKING_PASSWORD")};
+}
+
+DETTRIAL_INLINE bool retryable(const std::exception& e) {
+  if (dynamic_cast<const HttpUnreachable*>(&e)) return true;
+  if (const auto* refused = dynamic_cast<const MlflowError*>(&e)) return refused->status == 429 || refused->status >= 500;
+  return false;
+}
+
+DETTRIAL_INLINE MlflowClient::MlflowClient(std::string tracking_uri, long timeout_seconds)
+    : uri_(std::move(tracking_uri)), http_(mlflow_auth(), timeout_seconds) {}
+
+DETTRIAL_INLINE Json MlflowClient::call(std::string_view method, std::string_view api, const Json& body) {
+  std::string url = uri_ + "/api/2.0/mlflow/" + std::string(api);
+  HttpResponse answer;
+  if (method == "GET") {
+    char separator = '?';
+    for (const auto& [key, value] : body.items()) {
+      url += separator + key + "=" + HttpClient::escape(value.is_string() ? value.get<std::string>() : value.dump());
+      separator = '&';
+    }
+    answer = http_.request("GET", url);
+  } else {
+    answer = http_.request(method, url, body.dump());
+  }
+  Json parsed = Json::parse(answer.body, nullptr, /*allow_exceptions=*/false);
+  if (!answer.ok()) {
+    std::string reason = parsed.is_object() ? parsed.value("message", std::string()) : std::string();
+    if (reason.empty()) reason = answer.body.substr(0, 300);
+    throw MlflowError(
+        "the MLflow server at " + uri_ + " answered " + std::to_string(answer.status) + " to " + std::string(api) + ": " + reason,
+        answer.status);
+  }
+  return parsed.is_discarded() ? Json::object() : parsed;
+}
+
+DETTRIAL_INLINE std::string MlflowClient::experiment_id(const std::string& name) {
+  try {
+    return call("GET", "experiments/get-by-name", {{"experiment_name", name}}).at("experiment").at("experiment_id").get<std::string>();
+  } catch (const MlflowError& e) {
+    if (e.status != 404) throw;
+  }
+  try {
+    return call("POST", "experiments/create", {{"name", name}}).at("experiment_id").get<std::string>();
+  } catch (const MlflowError& e) {
+    // Another process (a search's trial) created it meanwhile.
+    if (e.status != 400 && e.status != 409) throw;
+    return call("GET", "experiments/get-by-name", {{"experiment_name", name}}).at("experiment").at("experiment_id").get<std::string>();
+  }
+}
+
+DETTRIAL_INLINE void MlflowClient::upload_artifact(const std::string& artifact_uri, const std::string& name, std::string_view bytes) {
+  constexpr std::string_view proxied = "mlflow-artifacts:";
+  if (artifact_uri.rfind(proxied, 0) != 0)
+    throw MlflowError("the MLflow server at " + uri_ + " keeps this run's artifacts at '" + artifact_uri +
+                          "', which dettrial cannot write over HTTP (start the server with --serve-artifacts)",
+                      0);
+  std::string path = artifact_uri.substr(proxied.size());
+  while (!path.empty() && path.front() == '/') path.erase(0, 1);
+  const std::string url = uri_ + "/api/2.0/mlflow-artifacts/artifacts/" + path + "/" + name;
+  const HttpResponse answer = http_.request("PUT", url, bytes, "application/octet-stream");
+  if (!answer.ok())
+    throw MlflowError("the MLflow server at " + uri_ + " answered " + std::to_string(answer.status) + " to the upload of artifact '" +
+                          name + "': " + answer.body.substr(0, 300),
+                      answer.status);
+}
+
+DETTRIAL_INLINE std::size_t sync_mlflow_run(const std::filesystem::path& dir) {
+  Json state = mlflow_detail::read_state(dir);
+  if (!state.contains("tracking_uri"))
+    throw Error("'" + (dir / layout::mlflow_state).string() + "' is missing: the run in '" + dir.string() + "' was not tracked in MLflow");
+  const std::filesystem::path pending_path = dir / layout::mlflow_pending;
+  std::vector<Json> pending;
+  {
+    std::ifstream in(pending_path);
+    for (std::string line; std::getline(in, line);) {
+      Json entry = Json::parse(line, nullptr, /*allow_exceptions=*/false);
+      if (entry.is_object() && entry.contains("api")) pending.push_back(std::move(entry));  // a torn last line was never acknowledged
+    }
+  }
+  if (pending.empty() && !state.value("run_id", std::string()).empty()) return 0;
+  MlflowClient client(state.at("tracking_uri").get<std::string>());
+  if (state.value("run_id", std::string()).empty()) {
+    mlflow_detail::create_run(client, state);
+    write_atomically(dir / layout::mlflow_state, json_text(state));
+  }
+  std::size_t sent = 0;
+  try {
+    for (; sent < pending.size(); ++sent)
+      mlflow_detail::send(client, state, pending[sent].at("api").get<std::string>(), pending[sent].value("body", Json::object()));
+  } catch (...) {
+    std::string rest;
+    for (std::size_t i = sent; i < pending.size(); ++i) rest += json_line(pending[i]);
+    write_atomically(pending_path, rest);
+    throw;
+  }
+  std::error_code ignored;
+  std::filesystem::remove(pending_path, ignored);
+  return sent;
+}
+
+DETTRIAL_INLINE std::vector<std::pair<std::filesystem::path, std::size_t>> sync_mlflow_folder(const std::filesystem::path& dir) {
+  std::vector<std::filesystem::path> folders;
+  if (std::filesystem::exists(dir / layout::mlflow_state)) folders.push_back(dir);
+  std::error_code ec;
+  std::vector<std::filesystem::path> trials;
+  for (const auto& entry : std::filesystem::directory_iterator(ExperimentFolder{dir}.trials(), ec))
+    if (std::filesystem::exists(entry.path() / layout::mlflow_state)) trials.push_back(entry.path());
+  std::sort(trials.begin(), trials.end());
+  folders.insert(folders.end(), trials.begin(), trials.end());
+  if (folders.empty())
+    throw Error("'" + dir.string() + "' holds no run tracked in MLflow (no " + layout::mlflow_state + " in it or its trials)");
+  std::vector<std::pair<std::filesystem::path, std::size_t>> out;
+  for (const std::filesystem::path& folder : folders) {
+    const FolderLock lock = FolderLock::acquire(folder / layout::lock, "run folder");
+    out.emplace_back(folder, sync_mlflow_run(folder));
+  }
+  return out;
+}
+
+DETTRIAL_INLINE MlflowRun::MlflowRun(MlflowSettings settings, std::filesystem::path dir, Start start)
+    : settings_(std::move(settings)), dir_(std::move(dir)), client_(settings_.tracking_uri) {
+  state_ = mlflow_detail::read_state(dir_);
+  const bool continued = state_.value("tracking_uri", std::string()) == settings_.tracking_uri && state_.contains("create");
+  if (continued) {
+    const Json sent = state_.value("sent", Json::object());
+    for (const auto& [kind, step] : sent.items()) sent_before_[kind] = step.get<std::int64_t>();
+  } else {
+    std::vector<std::pair<std::string, std::string>> tags = settings_.tags;
+    tags.insert(tags.end(), start.tags.begin(), start.tags.end());
+    if (!settings_.parent_run_id.empty()) tags.emplace_back("mlflow.parentRunId", settings_.parent_run_id);
+    tags.emplace_back("mlflow.runName", settings_.run_name);
+    state_ = {{"tracking_uri", settings_.tracking_uri},
+              {"run_id", ""},
+              {"create",
+               {{"experiment_name", settings_.experiment_name},
+                {"run_name", settings_.run_name},
+                {"start_time", mlflow_detail::now_ms()},
+                {"tags", mlflow_detail::key_values(tags, 0, tags.size())}}},
+              {"sent", Json::object()}};
+  }
+  std::filesystem::create_directories(dir_);
+  save_state();
+  worker_ = std::thread([this] { work(); });
+  if (continued) {
+    enqueue({"runs/update", {{"status", "RUNNING"}}, {}, -1});
+    return;
+  }
+  // MLflow takes at most 100 params a request; a param's value is immutable (a resumed run sends none).
+  for (std::size_t i = 0; i < start.params.size(); i += 100)
+    enqueue({"runs/log-batch", {{"params", mlflow_detail::key_values(start.params, i, i + 100)}}, {}, -1});
+  if (!settings_.config_text.empty()) enqueue({"artifact", {{"name", "config.yaml"}, {"text", settings_.config_text}}, {}, -1});
+}
+
+DETTRIAL_INLINE MlflowRun::~MlflowRun() {
+  if (!ended_) end("FAILED");
+}
+
+DETTRIAL_INLINE void MlflowRun::log_metrics(std::string_view kind, std::int64_t step,
+                                            const std::vector<std::pair<std::string, double>>& metrics,
+                                            const std::vector<std::pair<std::string, std::string>>& tags) {
+  if (const auto before = sent_before_.find(kind); before != sent_before_.end() && step <= before->second) return;
+  Json list = Json::array();
+  const std::int64_t now = mlflow_detail::now_ms();
+  for (const auto& [key, value] : metrics)  // JSON has no NaN nor infinity
+    if (std::isfinite(value)) list.push_back({{"key", mlflow_detail::key_of(key)}, {"value", value}, {"timestamp", now}, {"step", step}});
+  Json body = {{"metrics", std::move(list)}};
+  if (!tags.empty()) body["tags"] = mlflow_detail::key_values(tags, 0, tags.size());
+  enqueue({"runs/log-batch", std::move(body), std::string(kind), step});
+}
+
+DETTRIAL_INLINE void MlflowRun::set_tags(const std::vector<std::pair<std::string, std::string>>& tags) {
+  for (std::size_t i = 0; i < tags.size(); i += 100)
+    enqueue({"runs/log-batch", {{"tags", mlflow_detail::key_values(tags, i, i + 100)}}, {}, -1});
+}
+
+DETTRIAL_INLINE void MlflowRun::end(std::string_view status) {
+  if (ended_) return;
+  ended_ = true;
+  enqueue({"runs/update", {{"status", std::string(status)}, {"end_time", mlflow_detail::now_ms()}}, {}, -1});
+  {
+    std::lock_guard lock(mutex_);
+    closing_ = true;
+  }
+  wake_.notify_all();
+  if (worker_.joinable()) worker_.join();
+}
+
+DETTRIAL_INLINE void MlflowRun::enqueue(Request request) {
+  {
+    std::lock_guard lock(mutex_);
+    queue_.push_back(std::move(request));
+    ++queued_;
+  }
+  wake_.notify_all();
+}
+
+DETTRIAL_INLINE std::string MlflowRun::run_id() {
+  enqueue({"", Json::object(), {}, -1});  // nothing to send: the run is created, if it is not yet
+  std::unique_lock lock(mutex_);
+  const std::size_t ticket = queued_;
+  handled_one_.wait(lock, [&] { return handled_ >= ticket; });
+  return run_id_;
+}
+
+DETTRIAL_INLINE void MlflowRun::work() {
+  using Clock = std::chrono::steady_clock;
+  auto next_retry = Clock::now();
+  for (;;) {
+    std::unique_lock lock(mutex_);
+    wake_.wait_for(lock, std::chrono::seconds(30), [&] { return closing_ || !queue_.empty(); });
+    const bool closing = closing_;
+    std::deque<Request> batch;
+    batch.swap(queue_);
+    lock.unlock();
+    const bool kept = std::filesystem::exists(dir_ / layout::mlflow_pending);
+    if (kept && (closing || Clock::now() >= next_retry)) {
+      // The server failed before: what it did not take goes first, in order.
+      try {
+        sync_mlflow_run(dir_);
+        state_ = mlflow_detail::read_state(dir_);
+      } catch (const std::exception&) {
+        next_retry = Clock::now() + std::chrono::seconds(30);
+      }
+    }
+    for (Request& r : batch) {
+      if (!std::filesystem::exists(dir_ / layout::mlflow_pending)) deliver(r);
+      else if (!r.api.empty()) keep_pending(r);
+      if (!r.kind.empty()) state_["sent"][r.kind] = r.step;
+    }
+    if (!batch.empty()) save_state();
+    {
+      std::lock_guard done(mutex_);
+      handled_ += batch.size();
+      run_id_ = state_.value("run_id", std::string());
+    }
+    handled_one_.notify_all();
+    if (closing) {
+      if (std::filesystem::exists(dir_ / layout::mlflow_pending))
+        std::fprintf(stderr, "dettrial: MLflow requests the server at %s did not take are kept in %s: send them with --sync-mlflow %s\n",
+                     settings_.tracking_uri.c_str(), (dir_ / layout::mlflow_pending).c_str(), dir_.c_str());
+      return;
+    }
+  }
+}
+
+DETTRIAL_INLINE bool MlflowRun::deliver(Request& r) {
+  for (int attempt = 0;; ++attempt) {
+    try {
+      if (state_.value("run_id", std::string()).empty()) {
+        mlflow_detail::create_run(client_, state_);
+        save_state();
+      }
+      if (!r.api.empty()) mlflow_detail::send(client_, state_, r.api, r.body);
+      return true;
+    } catch (const std::exception& e) {
+      if (!retryable(e)) {
+        // The server refuses what the request says: sending it again cannot help.
+        std::fprintf(stderr, "dettrial: warning: MLflow: %s\n", e.what());
+        return true;
+      }
+      if (attempt < 2) {
+        std::this_thread::sleep_for(std::chrono::seconds(1 << attempt));
+        continue;
+      }
+      if (!warned_)
+        std::fprintf(stderr,
+                     "dettrial: warning: the MLflow server does not answer (%s): training goes on, and what it does not take is kept "
+                     "in %s and sent when it answers again (or by --sync-mlflow %s)\n",
+                     e.what(), (dir_ / layout::mlflow_pending).c_str(), dir_.c_str());
+      warned_ = true;
+      if (!r.api.empty()) keep_pending(r);
+      return false;
+    }
+  }
+}
+
+DETTRIAL_INLINE void MlflowRun::keep_pending(const Request& r) {
+  std::ofstream out(dir_ / layout::mlflow_pending, std::ios::app);
+  out << json_line(Json{{"api", r.api}, {"body", r.body}});
+  out.flush();
+  if (!out)
+    std::fprintf(stderr, "dettrial: warning: cannot write %s: an MLflow request is lost\n", (dir_ / layout::mlflow_pending).c_str());
+}
+
+DETTRIAL_INLINE void MlflowRun::save_state() {
+  try {
+    write_atomically(dir_ / layout::mlflow_state, json_text(state_));
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "dettrial: warning: %s\n", e.what());
+  }
+}
+
+}  // namespace dettrial::detail
+#endif  // DETTRIAL_HEADER_DEFINITIONS
