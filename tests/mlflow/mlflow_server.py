@@ -10,6 +10,7 @@ MLflow's REST API:
 - a search of two trials: a parent run with the trials as nested runs, all FINISHED;
 - MLflow's own UI shows the run: headless Chromium renders its page (its DOM names the run's params
   and metrics) and takes a screenshot, OUTPUT_DIR/mlflow-run.png (the one docs/observability.md shows);
+- a run stopped by SIGTERM ends KILLED (exit 75); its resume continues the same run to FINISHED;
 - a run whose server is killed mid-run: training finishes, one warning, the requests are kept in the
   run folder; the server comes back and --sync-mlflow sends them: the history is complete, FINISHED.
 Exit 77 (skipped) without mlflow.
@@ -250,7 +251,30 @@ try:
             fail(f"a trial's learning_rate param is {lr}")
     print("ok: a search is a parent MLflow run with its 2 trials nested")
 
-    # 4. The server dies mid-run: training finishes; the requests are kept, then synced.
+    # 4. A stop by SIGTERM: KILLED, then resumed to FINISHED in the same MLflow run.
+    stop_dir = out / "stopped"
+    (out / "stop.yaml").write_text(CONFIG.replace("name: mlflow-mnist", "name: mlflow-stop").replace("batches: 40}}", "batches: 5000}}"))
+    with open(out / "stop.log", "w") as f:
+        stopped = subprocess.Popen([program, "--config", str(out / "stop.yaml"), "--output", str(stop_dir), "--threads", "1",
+                                    "--set", f"data.dir={data}"], env=dict(os.environ, MLFLOW_TRACKING_URI=uri), stdout=f,
+                                   stderr=subprocess.STDOUT)
+    while stopped.poll() is None and not ((stop_dir / "metrics.jsonl").exists() and records(stop_dir, "training")):
+        time.sleep(0.05)
+    stopped.send_signal(signal.SIGTERM)
+    if stopped.wait() != 75:
+        fail(f"the run stopped by SIGTERM exited with {stopped.returncode}, not 75: " + (out / "stop.log").read_text()[-2000:])
+    runs = runs_of("mlflow-stop")
+    if len(runs) != 1 or runs[0]["info"]["status"] != "KILLED":
+        fail(f"the stopped run is {[r['info']['status'] for r in runs]} in MLflow, not KILLED")
+    stopped_at = records(stop_dir, "checkpoint")[-1]["batches"]
+    train("--resume", str(stop_dir), "--set", f"searcher.max_length.batches={stopped_at + 30}", log=out / "stop-resume.log")
+    runs = runs_of("mlflow-stop")
+    if len(runs) != 1 or runs[0]["info"]["status"] != "FINISHED":
+        fail(f"the resumed run is {[r['info']['status'] for r in runs]} in MLflow, not one FINISHED run")
+    same_history(runs[0]["info"]["run_id"], stop_dir, "training", "train/")
+    print(f"ok: a run stopped by SIGTERM at batch {stopped_at} is KILLED in MLflow, and FINISHED once resumed")
+
+    # 5. The server dies mid-run: training finishes; the requests are kept, then synced.
     dead_dir = out / "dead"
     (out / "dead.yaml").write_text(CONFIG.replace("name: mlflow-mnist", "name: mlflow-dead").replace("batches: 40}}", "batches: 600}}"))
     env = dict(os.environ, MLFLOW_TRACKING_URI=uri)

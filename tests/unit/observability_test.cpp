@@ -702,4 +702,25 @@ TEST_CASE("a run whose MLflow server does not answer trains on, keeps every requ
   CHECK_THROWS_WITH(dettrial::detail::sync_mlflow_folder(r.output_dir / "checkpoints"),
                     doctest::Contains("holds no run tracked in MLflow"));
   std::filesystem::remove_all(r.output_dir);
+
+  // A fit that throws ends its MLflow run FAILED.
+  struct Failing : test::DeclarativeRegression {
+    using DeclarativeRegression::DeclarativeRegression;
+    dettrial::Metrics train_batch(test::Batch& b, torch::nn::Sequential& model, std::int64_t e, std::int64_t i) {
+      if (i == 2) throw std::runtime_error("the trial failed at batch 2");
+      return DeclarativeRegression::train_batch(b, model, e, i);
+    }
+  };
+  Context failing_context(test::hparams(), ContextOptions{.trial_seed = 3});
+  Trainer<Failing> failing(failing_context);
+  FitOptions failing_options = test::quiet({.max_length = Batch(6)});
+  failing_options.mlflow = options.mlflow;
+  CHECK_THROWS_WITH(failing.fit(failing_options), doctest::Contains("the trial failed at batch 2"));
+  std::string last;
+  {
+    std::ifstream in(failing_options.output_dir / "mlflow-pending.jsonl");
+    for (std::string line; std::getline(in, line);) last = line;
+  }
+  CHECK(nlohmann::json::parse(last)["body"]["status"] == "FAILED");
+  std::filesystem::remove_all(failing_options.output_dir);
 }

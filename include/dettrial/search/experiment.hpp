@@ -48,6 +48,7 @@
 #include "../report/html_report.hpp"
 #include "../report/metrics_log.hpp"
 #include "../tracking/mlflow.hpp"
+#include "../version.hpp"
 #include "../detail/signals.hpp"
 #include "../detail/text.hpp"
 #include "searchers.hpp"

@@ -11,6 +11,7 @@
 #include <deque>
 #include <filesystem>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -113,34 +114,10 @@ class MlflowRun {
   std::string run_id();
 
  private:
-  struct Request {
-    std::string api;
-    Json body;
-    /// The report it carries (kind and step), if any: what the state file records as sent.
-    std::string kind;
-    std::int64_t step = -1;
-  };
-  void enqueue(Request request);
-  void work();
-  /// Sends `r` (its run id filled in), retrying what may succeed; false when it failed and was kept.
-  bool deliver(Request& r);
-  void keep_pending(const Request& r);
-  void save_state();
-
-  MlflowSettings settings_;
-  std::filesystem::path dir_;
-  MlflowClient client_;
-  Json state_;
-  std::map<std::string, std::int64_t, std::less<>> sent_before_;
-  std::mutex mutex_;
-  std::condition_variable wake_;
-  std::deque<Request> queue_;
-  /// Requests queued and handled so far (run_id() waits for its own), and the run's id when known.
-  std::size_t queued_ = 0, handled_ = 0;
-  std::string run_id_;
-  std::condition_variable handled_one_;
-  bool closing_ = false, ended_ = false, warned_ = false;
-  std::thread worker_;
+  /// The queue, the thread that sends it and the run's state file (defined with the definitions,
+  /// so that a trial's translation unit does not parse nlohmann/json for it).
+  class Sender;
+  std::unique_ptr<Sender> sender_;
 };
 
 }  // namespace detail
@@ -339,7 +316,49 @@ DETTRIAL_INLINE std::vector<std::pair<std::filesystem::path, std::size_t>> sync_
   return out;
 }
 
-DETTRIAL_INLINE MlflowRun::MlflowRun(MlflowSettings settings, std::filesystem::path dir, Start start)
+/// MlflowRun's insides: everything is queued here and sent by the thread `worker_`.
+class MlflowRun::Sender {
+ public:
+  Sender(MlflowSettings settings, std::filesystem::path dir, Start start);
+  ~Sender();
+  void log_metrics(std::string_view kind, std::int64_t step, const std::vector<std::pair<std::string, double>>& metrics,
+                   const std::vector<std::pair<std::string, std::string>>& tags);
+  void set_tags(const std::vector<std::pair<std::string, std::string>>& tags);
+  void end(std::string_view status);
+  std::string run_id();
+
+ private:
+  struct Request {
+    std::string api;
+    Json body;
+    /// The report it carries (kind and step), if any: what the state file records as sent.
+    std::string kind;
+    std::int64_t step = -1;
+  };
+  void enqueue(Request request);
+  void work();
+  /// Sends `r` (its run id filled in), retrying what may succeed; false when it failed and was kept.
+  bool deliver(Request& r);
+  void keep_pending(const Request& r);
+  void save_state();
+
+  MlflowSettings settings_;
+  std::filesystem::path dir_;
+  MlflowClient client_;
+  Json state_;
+  std::map<std::string, std::int64_t, std::less<>> sent_before_;
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  std::deque<Request> queue_;
+  /// Requests queued and handled so far (run_id() waits for its own), and the run's id when known.
+  std::size_t queued_ = 0, handled_ = 0;
+  std::string run_id_;
+  std::condition_variable handled_one_;
+  bool closing_ = false, ended_ = false, warned_ = false;
+  std::thread worker_;
+};
+
+DETTRIAL_INLINE MlflowRun::Sender::Sender(MlflowSettings settings, std::filesystem::path dir, Start start)
     : settings_(std::move(settings)), dir_(std::move(dir)), client_(settings_.tracking_uri) {
   state_ = mlflow_detail::read_state(dir_);
   const bool continued = state_.value("tracking_uri", std::string()) == settings_.tracking_uri && state_.contains("create");
@@ -373,13 +392,13 @@ DETTRIAL_INLINE MlflowRun::MlflowRun(MlflowSettings settings, std::filesystem::p
   if (!settings_.config_text.empty()) enqueue({"artifact", {{"name", "config.yaml"}, {"text", settings_.config_text}}, {}, -1});
 }
 
-DETTRIAL_INLINE MlflowRun::~MlflowRun() {
+DETTRIAL_INLINE MlflowRun::Sender::~Sender() {
   if (!ended_) end("FAILED");
 }
 
-DETTRIAL_INLINE void MlflowRun::log_metrics(std::string_view kind, std::int64_t step,
-                                            const std::vector<std::pair<std::string, double>>& metrics,
-                                            const std::vector<std::pair<std::string, std::string>>& tags) {
+DETTRIAL_INLINE void MlflowRun::Sender::log_metrics(std::string_view kind, std::int64_t step,
+                                                    const std::vector<std::pair<std::string, double>>& metrics,
+                                                    const std::vector<std::pair<std::string, std::string>>& tags) {
   if (const auto before = sent_before_.find(kind); before != sent_before_.end() && step <= before->second) return;
   Json list = Json::array();
   const std::int64_t now = mlflow_detail::now_ms();
@@ -390,12 +409,12 @@ DETTRIAL_INLINE void MlflowRun::log_metrics(std::string_view kind, std::int64_t 
   enqueue({"runs/log-batch", std::move(body), std::string(kind), step});
 }
 
-DETTRIAL_INLINE void MlflowRun::set_tags(const std::vector<std::pair<std::string, std::string>>& tags) {
+DETTRIAL_INLINE void MlflowRun::Sender::set_tags(const std::vector<std::pair<std::string, std::string>>& tags) {
   for (std::size_t i = 0; i < tags.size(); i += 100)
     enqueue({"runs/log-batch", {{"tags", mlflow_detail::key_values(tags, i, i + 100)}}, {}, -1});
 }
 
-DETTRIAL_INLINE void MlflowRun::end(std::string_view status) {
+DETTRIAL_INLINE void MlflowRun::Sender::end(std::string_view status) {
   if (ended_) return;
   ended_ = true;
   enqueue({"runs/update", {{"status", std::string(status)}, {"end_time", mlflow_detail::now_ms()}}, {}, -1});
@@ -407,7 +426,7 @@ DETTRIAL_INLINE void MlflowRun::end(std::string_view status) {
   if (worker_.joinable()) worker_.join();
 }
 
-DETTRIAL_INLINE void MlflowRun::enqueue(Request request) {
+DETTRIAL_INLINE void MlflowRun::Sender::enqueue(Request request) {
   {
     std::lock_guard lock(mutex_);
     queue_.push_back(std::move(request));
@@ -416,7 +435,7 @@ DETTRIAL_INLINE void MlflowRun::enqueue(Request request) {
   wake_.notify_all();
 }
 
-DETTRIAL_INLINE std::string MlflowRun::run_id() {
+DETTRIAL_INLINE std::string MlflowRun::Sender::run_id() {
   enqueue({"", Json::object(), {}, -1});  // nothing to send: the run is created, if it is not yet
   std::unique_lock lock(mutex_);
   const std::size_t ticket = queued_;
@@ -424,7 +443,7 @@ DETTRIAL_INLINE std::string MlflowRun::run_id() {
   return run_id_;
 }
 
-DETTRIAL_INLINE void MlflowRun::work() {
+DETTRIAL_INLINE void MlflowRun::Sender::work() {
   using Clock = std::chrono::steady_clock;
   auto next_retry = Clock::now();
   for (;;) {
@@ -465,7 +484,7 @@ DETTRIAL_INLINE void MlflowRun::work() {
   }
 }
 
-DETTRIAL_INLINE bool MlflowRun::deliver(Request& r) {
+DETTRIAL_INLINE bool MlflowRun::Sender::deliver(Request& r) {
   for (int attempt = 0;; ++attempt) {
     try {
       if (state_.value("run_id", std::string()).empty()) {
@@ -496,7 +515,7 @@ DETTRIAL_INLINE bool MlflowRun::deliver(Request& r) {
   }
 }
 
-DETTRIAL_INLINE void MlflowRun::keep_pending(const Request& r) {
+DETTRIAL_INLINE void MlflowRun::Sender::keep_pending(const Request& r) {
   std::ofstream out(dir_ / layout::mlflow_pending, std::ios::app);
   out << json_line(Json{{"api", r.api}, {"body", r.body}});
   out.flush();
@@ -504,13 +523,30 @@ DETTRIAL_INLINE void MlflowRun::keep_pending(const Request& r) {
     std::fprintf(stderr, "dettrial: warning: cannot write %s: an MLflow request is lost\n", (dir_ / layout::mlflow_pending).c_str());
 }
 
-DETTRIAL_INLINE void MlflowRun::save_state() {
+DETTRIAL_INLINE void MlflowRun::Sender::save_state() {
   try {
     write_atomically(dir_ / layout::mlflow_state, json_text(state_));
   } catch (const std::exception& e) {
     std::fprintf(stderr, "dettrial: warning: %s\n", e.what());
   }
 }
+
+DETTRIAL_INLINE MlflowRun::MlflowRun(MlflowSettings settings, std::filesystem::path dir, Start start)
+    : sender_(std::make_unique<Sender>(std::move(settings), std::move(dir), std::move(start))) {}
+
+DETTRIAL_INLINE MlflowRun::~MlflowRun() = default;
+
+DETTRIAL_INLINE void MlflowRun::log_metrics(std::string_view kind, std::int64_t step,
+                                            const std::vector<std::pair<std::string, double>>& metrics,
+                                            const std::vector<std::pair<std::string, std::string>>& tags) {
+  sender_->log_metrics(kind, step, metrics, tags);
+}
+
+DETTRIAL_INLINE void MlflowRun::set_tags(const std::vector<std::pair<std::string, std::string>>& tags) { sender_->set_tags(tags); }
+
+DETTRIAL_INLINE void MlflowRun::end(std::string_view status) { sender_->end(status); }
+
+DETTRIAL_INLINE std::string MlflowRun::run_id() { return sender_->run_id(); }
 
 }  // namespace dettrial::detail
 #endif  // DETTRIAL_HEADER_DEFINITIONS
