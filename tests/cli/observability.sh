@@ -4,7 +4,8 @@
 # checkpoint at batch 20 and trains to 50. Then:
 # - Python's TensorBoard reader returns every metric of metrics.jsonl at its batch, once (the
 #   stopped run's events after batch 20 are gone), and the hyperparameters as one hparams session;
-# - trace.json is a Chrome trace naming the model's operators and dettrial's phases.
+# - trace.json is a Chrome trace naming the model's operators and dettrial's phases;
+# - TensorBoard's server serves the run's scalars, and its page's screenshot is written.
 set -u
 program=$1 data=$2 out=$3 python=$4
 here=$(cd "$(dirname "$0")" && pwd)
@@ -37,4 +38,35 @@ assert names["dettrial::train_batch"] == 3, names["dettrial::train_batch"]  # ba
 assert names["aten::conv2d"] >= 6, names["aten::conv2d"]  # the network's two convolutions
 print(f"ok: trace.json has {sum(names.values())} events, {names['aten::conv2d']} convolutions")
 PY
+# TensorBoard itself shows the run: its server lists the run's scalars (its own HTTP API), its
+# scalars page renders in headless Chromium, and the screenshot is OUTPUT_DIR/tensorboard.png (the
+# one docs/observability.md shows).
+browser=$(command -v chromium || command -v chromium-browser || command -v google-chrome || true)
+if [ -n "$browser" ]; then
+  port=$("$python" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+  "$python" -m tensorboard.main --logdir "$out/tensorboard" --host 127.0.0.1 --port "$port" >"$out.tensorboard.log" 2>&1 &
+  board=$!
+  trap 'kill $board 2>/dev/null' EXIT
+  "$python" - "$port" <<'PY' || fail "TensorBoard does not serve the run's scalars"
+import json, sys, time, urllib.request
+url = f"http://127.0.0.1:{sys.argv[1]}/data/plugin/scalars/tags"
+for _ in range(300):  # the server starts, then loads the event files
+    try:
+        tags = {tag for run in json.load(urllib.request.urlopen(url, timeout=5)).values() for tag in run}
+        if {"train/loss", "validation/accuracy"} <= tags:
+            sys.exit(0)
+    except OSError:
+        pass
+    time.sleep(0.2)
+sys.exit(1)
+PY
+  timeout 180 "$browser" --headless --no-sandbox --disable-gpu --disable-dev-shm-usage --no-first-run --no-default-browser-check \
+    --user-data-dir="$out.chromium" --virtual-time-budget=25000 --window-size=1400,1000 --screenshot="$out/tensorboard.png" \
+    "http://127.0.0.1:$port/#scalars&tagFilter=train%2Floss%7Cvalidation%2Faccuracy" >/dev/null 2>&1
+  [ "$(stat -c %s "$out/tensorboard.png" 2>/dev/null || echo 0)" -gt 20000 ] || fail "no screenshot of TensorBoard's page"
+  kill $board 2>/dev/null
+  echo "ok: TensorBoard serves and shows the run ($out/tensorboard.png)"
+else
+  echo "not run here: TensorBoard's page in a browser (no Chromium on the PATH)"
+fi
 echo "ok: TensorBoard files, hparams and trace of a resumed run"

@@ -312,7 +312,8 @@ TEST_CASE("an assigned experiment config rebinds its YAML sections: no other cop
 }
 
 TEST_CASE(
-    "the mlflow section: a server, an experiment named after the config by default, tags; a wrong address or tag is an error naming it") {
+    "the mlflow section names a server, an experiment after the config by default and tags, and a wrong address or tag is an error naming "
+    "it") {
   const auto c = ExperimentConfig::parse(R"(
 name: fashion
 mlflow:
