@@ -924,6 +924,14 @@ DETTRIAL_INLINE StepCapture parse_step_capture(const std::string& text, std::int
 
 namespace dettrial {
 
+namespace detail {
+/// Environment variable `name`'s value, empty when unset.
+inline std::string environment_value(const char* name) {
+  const char* value = std::getenv(name);
+  return value ? value : "";
+}
+}  // namespace detail
+
 /**
  * @brief An MLflow tracking server and how a run appears in it (the `mlflow` section of an
  * experiment config). Tracking is on when `tracking_uri` is set, by the config or by
@@ -949,13 +957,9 @@ struct MlflowSettings {
   /// Fills what the config left unset from MLflow's environment variables (and a search's parent
   /// run from its runner's).
   void complete_from_environment() {
-    const auto env = [](const char* name) {
-      const char* v = std::getenv(name);
-      return std::string(v ? v : "");
-    };
-    if (tracking_uri.empty()) tracking_uri = env("MLFLOW_TRACKING_URI");
-    if (experiment_name.empty()) experiment_name = env("MLFLOW_EXPERIMENT_NAME");
-    if (parent_run_id.empty()) parent_run_id = env(parent_run_variable);
+    if (tracking_uri.empty()) tracking_uri = detail::environment_value("MLFLOW_TRACKING_URI");
+    if (experiment_name.empty()) experiment_name = detail::environment_value("MLFLOW_EXPERIMENT_NAME");
+    if (parent_run_id.empty()) parent_run_id = detail::environment_value(parent_run_variable);
     while (!tracking_uri.empty() && tracking_uri.back() == '/') tracking_uri.pop_back();
   }
 
@@ -1221,6 +1225,9 @@ DETTRIAL_INLINE ExperimentConfig ExperimentConfig::from_yaml(const YAML::Node& r
   if (const YAML::Node s = root["searcher"]) read_searcher(s, r, c);
   if (const YAML::Node m = root["mlflow"]; m && m.IsMap()) read_mlflow(m, r, c.mlflow);
   if (c.mlflow.experiment_name.empty()) c.mlflow.experiment_name = c.name;
+  YAML::Emitter text;  // the config as the run trains it (overrides applied): its MLflow artifact
+  text << root;
+  c.mlflow.config_text = std::string(text.c_str()) + "\n";
   return c;
 }
 
@@ -15352,17 +15359,12 @@ DETTRIAL_INLINE void Progress::line(const std::string& text) {
 /// dead server never slows training. What the server does not take is kept in the run folder
 /// (`mlflow-pending.jsonl`) and sent later: when it answers again, or by `--sync-mlflow DIR`.
 
-#include <condition_variable>
 #include <cstdint>
-#include <deque>
 #include <filesystem>
-#include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
-#include <thread>
 #include <utility>
 #include <vector>
 
@@ -15507,7 +15509,6 @@ DETTRIAL_INLINE FolderLock FolderLock::acquire(const std::filesystem::path& lock
 #include <string>
 #include <string_view>
 #include <utility>
-#include <vector>
 
 
 namespace dettrial::detail {
@@ -15537,10 +15538,8 @@ class HttpClient {
  public:
   /// `timeout_seconds` bounds a whole request, connecting included.
   explicit HttpClient(HttpAuth auth = {}, long timeout_seconds = 30);
-  HttpClient(HttpClient&& other) noexcept
-      : auth_(std::move(other.auth_)), timeout_(other.timeout_), curl_(std::exchange(other.curl_, nullptr)) {}
-  HttpClient& operator=(HttpClient&&) = delete;
   HttpClient(const HttpClient&) = delete;
+  HttpClient& operator=(const HttpClient&) = delete;
   ~HttpClient();
 
   /// `method` (GET, POST, PUT) of `url` with `body` of `content_type`. Throws HttpUnreachable when
@@ -15679,7 +15678,6 @@ namespace detail {
 class MlflowClient {
  public:
   MlflowClient(std::string tracking_uri, long timeout_seconds = 10);
-  const std::string& tracking_uri() const { return uri_; }
   /// `POST /api/2.0/mlflow/<api>` (`GET` with `body`'s members as the query). Throws MlflowError
   /// for an answer that is not a success, HttpUnreachable for none.
   Json call(std::string_view method, std::string_view api, const Json& body);
@@ -15693,6 +15691,11 @@ class MlflowClient {
   std::string uri_;
   HttpClient http_;
 };
+
+/// What a run (or a search) is tracked with: `settings` completed from MLflow's environment
+/// variables, the experiment "Default" and the run `default_run_name` where unnamed; nullopt when
+/// no server is named, or this dettrial has no libcurl (said in a warning).
+DETTRIAL_INLINE std::optional<MlflowSettings> tracked_settings(MlflowSettings settings, const std::string& default_run_name);
 
 /// The HTTP auth MLflow's clients use: MLFLOW_TRACKING_TOKEN, else MLFLOW_TRACKING_USERNAME and _PASSWORD.
 DETTRIAL_INLINE HttpAuth mlflow_auth();
@@ -15736,7 +15739,6 @@ class MlflowRun {
   /// `tags` go with them (the latest learning rates, a checkpoint's uuid).
   void log_metrics(std::string_view kind, std::int64_t step, const std::vector<std::pair<std::string, double>>& metrics,
                    const std::vector<std::pair<std::string, std::string>>& tags = {});
-  void set_tags(const std::vector<std::pair<std::string, std::string>>& tags);
   /// The run's status (FINISHED, FAILED, KILLED) and end time; waits for the queue to empty.
   void end(std::string_view status);
   /// The run's id in MLflow, once the thread has created (or continued) it; empty when the server
@@ -15759,9 +15761,13 @@ class MlflowRun {
 #include <cctype>
 #include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <cstdio>
-#include <cstdlib>
+#include <deque>
 #include <fstream>
+#include <map>
+#include <mutex>
+#include <thread>
 
 
 namespace dettrial::detail {
@@ -15820,11 +15826,21 @@ inline void send(MlflowClient& client, const Json& state, const std::string& api
 }  // namespace mlflow_detail
 
 DETTRIAL_INLINE HttpAuth mlflow_auth() {
-  const auto env = [](const char* name) {
-    const char* v = std::getenv(name);
-    return std::string(v ? v : "");
-  };
-  return {env("MLFLOW_TRACKING_TOKEN"), env("MLFLOW_TRACKING_USERNAME"), env("MLFLOW_TRACKING_PASSWORD")};
+  return {environment_value("MLFLOW_TRACKING_TOKEN"), environment_value("MLFLOW_TRACKING_USERNAME"),
+          environment_value("MLFLOW_TRACKING_PASSWORD")};
+}
+
+DETTRIAL_INLINE std::optional<MlflowSettings> tracked_settings(MlflowSettings settings, const std::string& default_run_name) {
+  settings.complete_from_environment();
+  if (!settings.enabled()) return std::nullopt;
+  if (!http_available()) {
+    std::fprintf(stderr, "dettrial: warning: MLflow tracking at %s is off: this dettrial was built without libcurl\n",
+                 settings.tracking_uri.c_str());
+    return std::nullopt;
+  }
+  if (settings.experiment_name.empty()) settings.experiment_name = "Default";
+  if (settings.run_name.empty()) settings.run_name = default_run_name;
+  return settings;
 }
 
 DETTRIAL_INLINE bool retryable(const std::exception& e) {
@@ -15951,7 +15967,6 @@ class MlflowRun::Sender {
   ~Sender();
   void log_metrics(std::string_view kind, std::int64_t step, const std::vector<std::pair<std::string, double>>& metrics,
                    const std::vector<std::pair<std::string, std::string>>& tags);
-  void set_tags(const std::vector<std::pair<std::string, std::string>>& tags);
   void end(std::string_view status);
   std::string run_id();
 
@@ -16035,11 +16050,6 @@ DETTRIAL_INLINE void MlflowRun::Sender::log_metrics(std::string_view kind, std::
   Json body = {{"metrics", std::move(list)}};
   if (!tags.empty()) body["tags"] = mlflow_detail::key_values(tags, 0, tags.size());
   enqueue({"runs/log-batch", std::move(body), std::string(kind), step});
-}
-
-DETTRIAL_INLINE void MlflowRun::Sender::set_tags(const std::vector<std::pair<std::string, std::string>>& tags) {
-  for (std::size_t i = 0; i < tags.size(); i += 100)
-    enqueue({"runs/log-batch", {{"tags", mlflow_detail::key_values(tags, i, i + 100)}}, {}, -1});
 }
 
 DETTRIAL_INLINE void MlflowRun::Sender::end(std::string_view status) {
@@ -16169,8 +16179,6 @@ DETTRIAL_INLINE void MlflowRun::log_metrics(std::string_view kind, std::int64_t 
                                             const std::vector<std::pair<std::string, std::string>>& tags) {
   sender_->log_metrics(kind, step, metrics, tags);
 }
-
-DETTRIAL_INLINE void MlflowRun::set_tags(const std::vector<std::pair<std::string, std::string>>& tags) { sender_->set_tags(tags); }
 
 DETTRIAL_INLINE void MlflowRun::end(std::string_view status) { sender_->end(status); }
 
@@ -16574,13 +16582,7 @@ DETTRIAL_INLINE std::vector<std::pair<std::string, double>> Reporter::prefixed(s
 }
 
 DETTRIAL_INLINE void Reporter::add_scalars(std::string_view prefix, const MetricValues& metrics, std::int64_t step) {
-  std::string tag(prefix);
-  for (const auto& [name, value] : metrics) {
-    if (name == "batches" || name == "epochs") continue;
-    tag.resize(prefix.size());
-    tag += name;
-    tensorboard_->add_scalar(tag, value, step);
-  }
+  for (const auto& [tag, value] : prefixed(prefix, metrics)) tensorboard_->add_scalar(tag, value, step);
 }
 
 }  // namespace dettrial::detail
@@ -16866,11 +16868,6 @@ DETTRIAL_INLINE FitOptions FitOptions::from_config(const ExperimentConfig& confi
                  .save_trial_latest = config.checkpoint_storage.save_trial_latest};
   o.async_checkpoints = config.checkpoint_storage.async;
   o.mlflow = config.mlflow;
-  if (config.yaml.IsMap()) {
-    YAML::Emitter text;
-    text << static_cast<const YAML::Node&>(config.yaml);
-    o.mlflow.config_text = std::string(text.c_str()) + "\n";
-  }
   return o;
 }
 
@@ -18845,18 +18842,12 @@ inline void start_profiler(RunState& st, Context& context, std::optional<std::in
 /// The run's MLflow run, when the options or MLFLOW_TRACKING_URI name a server: its params are
 /// the hyperparameters, its tags say what ran where.
 inline std::unique_ptr<MlflowRun> start_mlflow(RunState& st, Context& context) {
-  MlflowSettings settings = st.options.mlflow;
-  settings.complete_from_environment();
-  if (!settings.enabled()) return nullptr;
-  if (!http_available()) {
-    std::fprintf(stderr, "dettrial: warning: MLflow tracking at %s is off: this dettrial was built without libcurl\n",
-                 settings.tracking_uri.c_str());
-    return nullptr;
-  }
-  if (settings.experiment_name.empty()) settings.experiment_name = "Default";
-  if (settings.run_name.empty())
-    settings.run_name = settings.parent_run_id.empty() ? std::filesystem::absolute(st.options.output_dir).filename().string()
-                                                       : "trial " + std::to_string(st.options.trial_id);
+  MlflowSettings wanted = st.options.mlflow;
+  wanted.complete_from_environment();  // a search's trial learns its parent run here: it is named by its id
+  const std::string name = wanted.parent_run_id.empty() ? std::filesystem::absolute(st.options.output_dir).filename().string()
+                                                        : "trial " + std::to_string(st.options.trial_id);
+  std::optional<MlflowSettings> settings = tracked_settings(std::move(wanted), name);
+  if (!settings) return nullptr;
   MlflowRun::Start start;
   for (const auto& [name, value] : flat_hparams(context.get_hparams())) {
     std::string text = std::visit(
@@ -18878,7 +18869,7 @@ inline std::unique_ptr<MlflowRun> start_mlflow(RunState& st, Context& context) {
                 {"dettrial.device", context.device().str()},
                 {"dettrial.ranks", std::to_string(context.distributed().size)},
                 {"dettrial.run_folder", std::filesystem::absolute(st.options.output_dir).string()}};
-  return std::make_unique<MlflowRun>(std::move(settings), st.options.output_dir, std::move(start));
+  return std::make_unique<MlflowRun>(std::move(*settings), st.options.output_dir, std::move(start));
 }
 }  // namespace run_state_detail
 

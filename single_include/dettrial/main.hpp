@@ -726,29 +726,17 @@ DETTRIAL_INLINE int Experiment::run() {
 }
 
 DETTRIAL_INLINE void Experiment::start_mlflow() {
-  MlflowSettings settings = config_.mlflow;
-  settings.complete_from_environment();
-  settings.parent_run_id.clear();  // a search is no one's child
-  if (!settings.enabled()) return;
-  if (!detail::http_available()) {
-    std::fprintf(stderr, "dettrial: warning: MLflow tracking at %s is off: this dettrial was built without libcurl\n",
-                 settings.tracking_uri.c_str());
-    return;
-  }
-  if (settings.experiment_name.empty()) settings.experiment_name = "Default";
-  if (settings.run_name.empty()) settings.run_name = std::filesystem::absolute(options_.output_dir).filename().string();
-  if (settings.config_text.empty()) {
-    YAML::Emitter text;
-    text << static_cast<const YAML::Node&>(config_.yaml);
-    settings.config_text = std::string(text.c_str()) + "\n";
-  }
+  std::optional<MlflowSettings> settings =
+      detail::tracked_settings(config_.mlflow, std::filesystem::absolute(options_.output_dir).filename().string());
+  if (!settings) return;
+  settings->parent_run_id.clear();  // a search is no one's child
   detail::MlflowRun::Start start;
   start.params = {{"searcher.name", std::string(to_string(config_.searcher.kind))},
                   {"searcher.metric", config_.searcher.metric},
                   {"searcher.max_trials", std::to_string(config_.searcher.max_trials)}};
   start.tags = {{"dettrial.version", DETTRIAL_VERSION_STRING},
                 {"dettrial.experiment_folder", std::filesystem::absolute(options_.output_dir).string()}};
-  mlflow_ = std::make_unique<detail::MlflowRun>(std::move(settings), options_.output_dir, std::move(start));
+  mlflow_ = std::make_unique<detail::MlflowRun>(std::move(*settings), options_.output_dir, std::move(start));
   // The trials' processes inherit it: each trial's run is created as this run's child.
   if (const std::string id = mlflow_->run_id(); !id.empty()) ::setenv(MlflowSettings::parent_run_variable, id.c_str(), 1);
 }

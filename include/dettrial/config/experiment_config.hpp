@@ -278,6 +278,9 @@ DETTRIAL_INLINE ExperimentConfig ExperimentConfig::from_yaml(const YAML::Node& r
   if (const YAML::Node s = root["searcher"]) read_searcher(s, r, c);
   if (const YAML::Node m = root["mlflow"]; m && m.IsMap()) read_mlflow(m, r, c.mlflow);
   if (c.mlflow.experiment_name.empty()) c.mlflow.experiment_name = c.name;
+  YAML::Emitter text;  // the config as the run trains it (overrides applied): its MLflow artifact
+  text << root;
+  c.mlflow.config_text = std::string(text.c_str()) + "\n";
   return c;
 }
 

@@ -11,6 +11,14 @@
 
 namespace dettrial {
 
+namespace detail {
+/// Environment variable `name`'s value, empty when unset.
+inline std::string environment_value(const char* name) {
+  const char* value = std::getenv(name);
+  return value ? value : "";
+}
+}  // namespace detail
+
 /**
  * @brief An MLflow tracking server and how a run appears in it (the `mlflow` section of an
  * experiment config). Tracking is on when `tracking_uri` is set, by the config or by
@@ -36,13 +44,9 @@ struct MlflowSettings {
   /// Fills what the config left unset from MLflow's environment variables (and a search's parent
   /// run from its runner's).
   void complete_from_environment() {
-    const auto env = [](const char* name) {
-      const char* v = std::getenv(name);
-      return std::string(v ? v : "");
-    };
-    if (tracking_uri.empty()) tracking_uri = env("MLFLOW_TRACKING_URI");
-    if (experiment_name.empty()) experiment_name = env("MLFLOW_EXPERIMENT_NAME");
-    if (parent_run_id.empty()) parent_run_id = env(parent_run_variable);
+    if (tracking_uri.empty()) tracking_uri = detail::environment_value("MLFLOW_TRACKING_URI");
+    if (experiment_name.empty()) experiment_name = detail::environment_value("MLFLOW_EXPERIMENT_NAME");
+    if (parent_run_id.empty()) parent_run_id = detail::environment_value(parent_run_variable);
     while (!tracking_uri.empty() && tracking_uri.back() == '/') tracking_uri.pop_back();
   }
 

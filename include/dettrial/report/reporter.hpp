@@ -277,13 +277,7 @@ DETTRIAL_INLINE std::vector<std::pair<std::string, double>> Reporter::prefixed(s
 }
 
 DETTRIAL_INLINE void Reporter::add_scalars(std::string_view prefix, const MetricValues& metrics, std::int64_t step) {
-  std::string tag(prefix);
-  for (const auto& [name, value] : metrics) {
-    if (name == "batches" || name == "epochs") continue;
-    tag.resize(prefix.size());
-    tag += name;
-    tensorboard_->add_scalar(tag, value, step);
-  }
+  for (const auto& [tag, value] : prefixed(prefix, metrics)) tensorboard_->add_scalar(tag, value, step);
 }
 
 }  // namespace dettrial::detail

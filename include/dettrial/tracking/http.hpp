@@ -8,7 +8,6 @@
 #include <string>
 #include <string_view>
 #include <utility>
-#include <vector>
 
 #include "../error.hpp"
 #include "../detail/linkage.hpp"
@@ -40,10 +39,8 @@ class HttpClient {
  public:
   /// `timeout_seconds` bounds a whole request, connecting included.
   explicit HttpClient(HttpAuth auth = {}, long timeout_seconds = 30);
-  HttpClient(HttpClient&& other) noexcept
-      : auth_(std::move(other.auth_)), timeout_(other.timeout_), curl_(std::exchange(other.curl_, nullptr)) {}
-  HttpClient& operator=(HttpClient&&) = delete;
   HttpClient(const HttpClient&) = delete;
+  HttpClient& operator=(const HttpClient&) = delete;
   ~HttpClient();
 
   /// `method` (GET, POST, PUT) of `url` with `body` of `content_type`. Throws HttpUnreachable when

@@ -6,17 +6,12 @@
 /// (`mlflow-pending.jsonl`) and sent later: when it answers again, or by `--sync-mlflow DIR`.
 #pragma once
 
-#include <condition_variable>
 #include <cstdint>
-#include <deque>
 #include <filesystem>
-#include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
-#include <thread>
 #include <utility>
 #include <vector>
 
@@ -49,7 +44,6 @@ namespace detail {
 class MlflowClient {
  public:
   MlflowClient(std::string tracking_uri, long timeout_seconds = 10);
-  const std::string& tracking_uri() const { return uri_; }
   /// `POST /api/2.0/mlflow/<api>` (`GET` with `body`'s members as the query). Throws MlflowError
   /// for an answer that is not a success, HttpUnreachable for none.
   Json call(std::string_view method, std::string_view api, const Json& body);
@@ -63,6 +57,11 @@ class MlflowClient {
   std::string uri_;
   HttpClient http_;
 };
+
+/// What a run (or a search) is tracked with: `settings` completed from MLflow's environment
+/// variables, the experiment "Default" and the run `default_run_name` where unnamed; nullopt when
+/// no server is named, or this dettrial has no libcurl (said in a warning).
+DETTRIAL_INLINE std::optional<MlflowSettings> tracked_settings(MlflowSettings settings, const std::string& default_run_name);
 
 /// The HTTP auth MLflow's clients use: MLFLOW_TRACKING_TOKEN, else MLFLOW_TRACKING_USERNAME and _PASSWORD.
 DETTRIAL_INLINE HttpAuth mlflow_auth();
@@ -106,7 +105,6 @@ class MlflowRun {
   /// `tags` go with them (the latest learning rates, a checkpoint's uuid).
   void log_metrics(std::string_view kind, std::int64_t step, const std::vector<std::pair<std::string, double>>& metrics,
                    const std::vector<std::pair<std::string, std::string>>& tags = {});
-  void set_tags(const std::vector<std::pair<std::string, std::string>>& tags);
   /// The run's status (FINISHED, FAILED, KILLED) and end time; waits for the queue to empty.
   void end(std::string_view status);
   /// The run's id in MLflow, once the thread has created (or continued) it; empty when the server
@@ -129,9 +127,13 @@ class MlflowRun {
 #include <cctype>
 #include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <cstdio>
-#include <cstdlib>
+#include <deque>
 #include <fstream>
+#include <map>
+#include <mutex>
+#include <thread>
 
 #include "../detail/atomic_file.hpp"
 #include "../detail/json.hpp"
@@ -192,11 +194,21 @@ inline void send(MlflowClient& client, const Json& state, const std::string& api
 }  // namespace mlflow_detail
 
 DETTRIAL_INLINE HttpAuth mlflow_auth() {
-  const auto env = [](const char* name) {
-    const char* v = std::getenv(name);
-    return std::string(v ? v : "");
-  };
-  return {env("MLFLOW_TRACKING_TOKEN"), env("MLFLOW_TRACKING_USERNAME"), env("MLFLOW_TRACKING_PASSWORD")};
+  return {environment_value("MLFLOW_TRACKING_TOKEN"), environment_value("MLFLOW_TRACKING_USERNAME"),
+          environment_value("MLFLOW_TRACKING_PASSWORD")};
+}
+
+DETTRIAL_INLINE std::optional<MlflowSettings> tracked_settings(MlflowSettings settings, const std::string& default_run_name) {
+  settings.complete_from_environment();
+  if (!settings.enabled()) return std::nullopt;
+  if (!http_available()) {
+    std::fprintf(stderr, "dettrial: warning: MLflow tracking at %s is off: this dettrial was built without libcurl\n",
+                 settings.tracking_uri.c_str());
+    return std::nullopt;
+  }
+  if (settings.experiment_name.empty()) settings.experiment_name = "Default";
+  if (settings.run_name.empty()) settings.run_name = default_run_name;
+  return settings;
 }
 
 DETTRIAL_INLINE bool retryable(const std::exception& e) {
@@ -323,7 +335,6 @@ class MlflowRun::Sender {
   ~Sender();
   void log_metrics(std::string_view kind, std::int64_t step, const std::vector<std::pair<std::string, double>>& metrics,
                    const std::vector<std::pair<std::string, std::string>>& tags);
-  void set_tags(const std::vector<std::pair<std::string, std::string>>& tags);
   void end(std::string_view status);
   std::string run_id();
 
@@ -407,11 +418,6 @@ DETTRIAL_INLINE void MlflowRun::Sender::log_metrics(std::string_view kind, std::
   Json body = {{"metrics", std::move(list)}};
   if (!tags.empty()) body["tags"] = mlflow_detail::key_values(tags, 0, tags.size());
   enqueue({"runs/log-batch", std::move(body), std::string(kind), step});
-}
-
-DETTRIAL_INLINE void MlflowRun::Sender::set_tags(const std::vector<std::pair<std::string, std::string>>& tags) {
-  for (std::size_t i = 0; i < tags.size(); i += 100)
-    enqueue({"runs/log-batch", {{"tags", mlflow_detail::key_values(tags, i, i + 100)}}, {}, -1});
 }
 
 DETTRIAL_INLINE void MlflowRun::Sender::end(std::string_view status) {
@@ -541,8 +547,6 @@ DETTRIAL_INLINE void MlflowRun::log_metrics(std::string_view kind, std::int64_t 
                                             const std::vector<std::pair<std::string, std::string>>& tags) {
   sender_->log_metrics(kind, step, metrics, tags);
 }
-
-DETTRIAL_INLINE void MlflowRun::set_tags(const std::vector<std::pair<std::string, std::string>>& tags) { sender_->set_tags(tags); }
 
 DETTRIAL_INLINE void MlflowRun::end(std::string_view status) { sender_->end(status); }
 

@@ -135,11 +135,6 @@ DETTRIAL_INLINE FitOptions FitOptions::from_config(const ExperimentConfig& confi
                  .save_trial_latest = config.checkpoint_storage.save_trial_latest};
   o.async_checkpoints = config.checkpoint_storage.async;
   o.mlflow = config.mlflow;
-  if (config.yaml.IsMap()) {
-    YAML::Emitter text;
-    text << static_cast<const YAML::Node&>(config.yaml);
-    o.mlflow.config_text = std::string(text.c_str()) + "\n";
-  }
   return o;
 }
 

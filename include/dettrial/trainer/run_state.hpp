@@ -258,18 +258,12 @@ inline void start_profiler(RunState& st, Context& context, std::optional<std::in
 /// The run's MLflow run, when the options or MLFLOW_TRACKING_URI name a server: its params are
 /// the hyperparameters, its tags say what ran where.
 inline std::unique_ptr<MlflowRun> start_mlflow(RunState& st, Context& context) {
-  MlflowSettings settings = st.options.mlflow;
-  settings.complete_from_environment();
-  if (!settings.enabled()) return nullptr;
-  if (!http_available()) {
-    std::fprintf(stderr, "dettrial: warning: MLflow tracking at %s is off: this dettrial was built without libcurl\n",
-                 settings.tracking_uri.c_str());
-    return nullptr;
-  }
-  if (settings.experiment_name.empty()) settings.experiment_name = "Default";
-  if (settings.run_name.empty())
-    settings.run_name = settings.parent_run_id.empty() ? std::filesystem::absolute(st.options.output_dir).filename().string()
-                                                       : "trial " + std::to_string(st.options.trial_id);
+  MlflowSettings wanted = st.options.mlflow;
+  wanted.complete_from_environment();  // a search's trial learns its parent run here: it is named by its id
+  const std::string name = wanted.parent_run_id.empty() ? std::filesystem::absolute(st.options.output_dir).filename().string()
+                                                        : "trial " + std::to_string(st.options.trial_id);
+  std::optional<MlflowSettings> settings = tracked_settings(std::move(wanted), name);
+  if (!settings) return nullptr;
   MlflowRun::Start start;
   for (const auto& [name, value] : flat_hparams(context.get_hparams())) {
     std::string text = std::visit(
@@ -291,7 +285,7 @@ inline std::unique_ptr<MlflowRun> start_mlflow(RunState& st, Context& context) {
                 {"dettrial.device", context.device().str()},
                 {"dettrial.ranks", std::to_string(context.distributed().size)},
                 {"dettrial.run_folder", std::filesystem::absolute(st.options.output_dir).string()}};
-  return std::make_unique<MlflowRun>(std::move(settings), st.options.output_dir, std::move(start));
+  return std::make_unique<MlflowRun>(std::move(*settings), st.options.output_dir, std::move(start));
 }
 }  // namespace run_state_detail
 
