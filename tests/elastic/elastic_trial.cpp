@@ -25,9 +25,7 @@ struct ElasticTrial {
 
   explicit ElasticTrial(dettrial::Context& c) : context(c) {}
 
-  torch::nn::Sequential build_model() {
-    return torch::nn::Sequential(torch::nn::Linear(3, 8), torch::nn::Tanh(), torch::nn::Dropout(0.2), torch::nn::Linear(8, 1));
-  }
+  torch::nn::Sequential build_model() { return torch::nn::Sequential(torch::nn::Linear(3, 8), torch::nn::Tanh(), torch::nn::Linear(8, 1)); }
   torch::optim::SGD optimizer(torch::nn::Sequential& model) {
     return torch::optim::SGD(model->parameters(), torch::optim::SGDOptions(context.get_hparam<double>("lr")).momentum(0.5));
   }

@@ -227,9 +227,16 @@ DETTRIAL_INLINE std::shared_ptr<Communicator> Communicator::join(const LaunchEnv
   } catch (const DistributedError&) {
     throw;
   } catch (const std::exception& e) {
+    // torchrun's agent hosts the store in its own release's protocol, which another release's client
+    // does not speak (2.x's agent answers a 1.13 program with a broken pipe): the likely cause, named.
+    const std::string agent_hint = env.agent_store
+                                       ? "; torchrun's agent hosts the store here, so it must be the torchrun of this program's LibTorch " +
+                                             std::to_string(TORCH_VERSION_MAJOR) + "." + std::to_string(TORCH_VERSION_MINOR) +
+                                             " (PyTorch releases' stores speak different protocols)"
+                                       : "";
     throw DistributedError("rank " + std::to_string(env.rank) + " of " + std::to_string(env.size) + ": cannot join the " + backend_name +
                            " process group at " + env.master_addr + ":" + std::to_string(env.master_port) + " (" +
-                           launcher_name(env.launcher) + "): " + detail::first_line(e.what()));
+                           launcher_name(env.launcher) + "): " + detail::first_line(e.what()) + agent_hint);
   }
   return comm;
 }
