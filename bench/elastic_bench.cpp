@@ -3,7 +3,9 @@
 // batches: a resumed run skips to its position in O(1) (a batch is computed from seed, epoch and
 // position), so both take the same time; a loader that replays the batches it skips would take
 // about a million batches' reads longer. Each resume trains one batch, validates one batch and
-// checkpoints; alternated, 5 rounds, medians. Prints JSON lines for bench/table.py.
+// checkpoints; alternated, 15 rounds, medians. Also, with the same records, the time rank 0 of a
+// 3-rank job takes to its first batch of a 2-rank run's global batch 10 and 500,000 (the regrouping
+// a resume on another rank count reads through). Prints JSON lines for bench/table.py.
 //   elastic_bench [--quick]   (--quick: batch 10 and batch 10,000)
 #include <algorithm>
 #include <chrono>
@@ -67,6 +69,35 @@ double resume_seconds(const std::filesystem::path& checkpoint, std::int64_t at, 
   return seconds;
 }
 
+/// Seconds rank 0 of a 3-rank job takes, from asking a loader of the 2,000,000 records for the
+/// global batches of a 2-rank layout (a 2-rank run resumed on 3) at global batch `at`, to its first
+/// batch in hand: what a resume on another rank count adds to skipping.
+double regrouped_first_batch_seconds(std::int64_t at) {
+  const torch::Tensor x = torch::arange(records, torch::kFloat).unsqueeze(1);
+  const dettrial::DataLoader loader(dettrial::TensorDataset(x, x), {.batch_size = 2, .shuffle = true, .seed = 3});
+  const auto t0 = Clock::now();
+  auto stream = loader.batches({.repeat = true, .skip = at, .num_replicas = 3, .rank = 0, .layout_replicas = 2});
+  auto it = stream.begin();
+  const torch::Tensor first = std::get<0>(*it);
+  const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  if (first.size(0) != 2) throw std::runtime_error("a 3-rank share of a global batch of 6 is not 2 records");
+  return seconds;
+}
+
+/// Seconds a loader takes to read `count` batches of the 2,000,000 records from the start: what a
+/// resume that replays the batches it skips would spend on reading alone.
+double replay_seconds(std::int64_t count) {
+  const torch::Tensor x = torch::arange(records, torch::kFloat).unsqueeze(1);
+  const dettrial::DataLoader loader(dettrial::TensorDataset(x, x), {.batch_size = 1, .shuffle = true, .seed = 3});
+  const auto t0 = Clock::now();
+  std::int64_t n = 0;
+  for (auto&& batch : loader.batches({.repeat = true})) {
+    (void)batch;
+    if (++n == count) break;
+  }
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -88,12 +119,15 @@ int main(int argc, char** argv) {
                  std::chrono::duration<double>(Clock::now() - t0).count());
     for (const auto& c : r.checkpoints) (c.batches_trained == near ? at_near : at_far) = c.path;
   }
-  std::vector<double> near_s, far_s;
-  for (int round = 0; round < 5; ++round) {  // alternated
+  std::vector<double> near_s, far_s, regrouped_near_s, regrouped_far_s;
+  for (int round = 0; round < 15; ++round) {  // alternated
     near_s.push_back(resume_seconds(at_near, near, dir / "resumed"));
     far_s.push_back(resume_seconds(at_far, far, dir / "resumed"));
+    regrouped_near_s.push_back(regrouped_first_batch_seconds(near));
+    regrouped_far_s.push_back(regrouped_first_batch_seconds(far / 2));  // a global batch of a 2-rank run holds 2 of one rank's
   }
   std::filesystem::remove_all(dir);
+  const double replay = replay_seconds(far);
   const auto median = [](std::vector<double> v) {
     std::sort(v.begin(), v.end());
     return v[v.size() / 2];
@@ -108,5 +142,11 @@ int main(int argc, char** argv) {
   print("elastic resume at batch " + std::to_string(near) + epoch + " (restore, skip, 1 batch, end)", median(near_s), "s", spread(near_s));
   print("elastic resume at batch " + std::to_string(far) + epoch + " (restore, skip, 1 batch, end)", median(far_s), "s", spread(far_s));
   print("elastic resume time, batch " + std::to_string(far) + " / batch " + std::to_string(near), median(far_s) / median(near_s), "x", 1.0);
+  print("for scale: reading the " + std::to_string(far) + " batches a replaying resume would pass over", replay, "s", 1.0);
+  const std::string regrouped = "a 2-rank run's global batches read by rank 0 of 3: first batch at global batch ";
+  print(regrouped + std::to_string(near), median(regrouped_near_s), "s", spread(regrouped_near_s));
+  print(regrouped + std::to_string(far / 2), median(regrouped_far_s), "s", spread(regrouped_far_s));
+  print("regrouped first batch, global batch " + std::to_string(far / 2) + " / " + std::to_string(near),
+        median(regrouped_far_s) / median(regrouped_near_s), "x", 1.0);
   return 0;
 }
