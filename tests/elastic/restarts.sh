@@ -10,17 +10,7 @@
 # torchrun's agent is tested by torchrun.sh.
 set -u
 program=$1 config=$2 work=$3
-here=$(cd "$(dirname "$0")" && pwd)
-fail() { echo "restarts: $*"; exit 1; }
-rm -rf "$work"
-mkdir -p "$work"
-run() {  # NAME EXPECTED_STATUS COMMAND...
-  local name=$1 expected=$2
-  shift 2
-  "$@" >"$work/$name.log" 2>&1
-  local status=$?
-  [ "$status" -eq "$expected" ] || { cat "$work/$name.log"; fail "$name exited with $status, expected $expected"; }
-}
+source "$(dirname "$0")/lib.sh"
 trial=(--config "$config" --timeout 30)
 run reference-2 0 "$program" "${trial[@]}" --nproc 2 --output "$work/reference-2"
 run reference-3 0 "$program" "${trial[@]}" --nproc 3 --output "$work/reference-3"

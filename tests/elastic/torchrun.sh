@@ -15,17 +15,7 @@
 # Exits 77 (skipped, with the reason) when PYTHON's torchrun cannot start a worker here.
 set -u
 program=$1 config=$2 work=$3 python=$4 other=${5:-}
-here=$(cd "$(dirname "$0")" && pwd)
-fail() { echo "torchrun: $*"; exit 1; }
-rm -rf "$work"
-mkdir -p "$work"
-run() {  # NAME EXPECTED_STATUS COMMAND...
-  local name=$1 expected=$2
-  shift 2
-  "$@" >"$work/$name.log" 2>&1
-  local status=$?
-  [ "$status" -eq "$expected" ] || { cat "$work/$name.log"; fail "$name exited with $status, expected $expected"; }
-}
+source "$(dirname "$0")/lib.sh"
 [ -n "$python" ] || { echo "skipped: no Python with torch was given to run torchrun with (DETTRIAL_PYTHON)"; exit 77; }
 # --redirects 1 --tee 1: torch 1.13's agent under Python 3.11 cannot parse the default "0" (its Std
 # flag enumeration skips the zero member); a worker's stdout then also goes to a log file of the
