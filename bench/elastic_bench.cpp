@@ -21,15 +21,18 @@ namespace {
 using Clock = std::chrono::steady_clock;
 constexpr std::int64_t records = 2'000'000;
 
+/// The 2,000,000 training records (x in [0, 1), y = 2x), read in one long epoch by every measurement.
+dettrial::TensorDataset<2> long_epoch_records() {
+  const torch::Tensor x = torch::arange(records, torch::kFloat).unsqueeze(1).div_(records);
+  return dettrial::TensorDataset(x, x.mul(2));
+}
+
 struct LongEpochTrial {
   dettrial::Context& context;
   explicit LongEpochTrial(dettrial::Context& c) : context(c) {}
   torch::nn::Linear build_model() { return torch::nn::Linear(1, 1); }
   torch::optim::SGD optimizer(torch::nn::Linear& model) { return torch::optim::SGD(model->parameters(), torch::optim::SGDOptions(1e-3)); }
-  auto build_training_data_loader() {
-    const torch::Tensor x = torch::arange(records, torch::kFloat).unsqueeze(1).div_(records);
-    return dettrial::DataLoader(dettrial::TensorDataset(x, x.mul(2)), {.batch_size = 1, .shuffle = true});
-  }
+  auto build_training_data_loader() { return dettrial::DataLoader(long_epoch_records(), {.batch_size = 1, .shuffle = true}); }
   auto build_validation_data_loader() {
     const torch::Tensor x = torch::rand({4, 1});
     return dettrial::DataLoader(dettrial::TensorDataset(x, x.mul(2)), {.batch_size = 4});
@@ -73,8 +76,7 @@ double resume_seconds(const std::filesystem::path& checkpoint, std::int64_t at, 
 /// global batches of a 2-rank layout (a 2-rank run resumed on 3) at global batch `at`, to its first
 /// batch in hand: what a resume on another rank count adds to skipping.
 double regrouped_first_batch_seconds(std::int64_t at) {
-  const torch::Tensor x = torch::arange(records, torch::kFloat).unsqueeze(1);
-  const dettrial::DataLoader loader(dettrial::TensorDataset(x, x), {.batch_size = 2, .shuffle = true, .seed = 3});
+  const dettrial::DataLoader loader(long_epoch_records(), {.batch_size = 2, .shuffle = true, .seed = 3});
   const auto t0 = Clock::now();
   auto stream = loader.batches({.repeat = true, .skip = at, .num_replicas = 3, .rank = 0, .layout_replicas = 2});
   auto it = stream.begin();
@@ -87,8 +89,7 @@ double regrouped_first_batch_seconds(std::int64_t at) {
 /// Seconds a loader takes to read `count` batches of the 2,000,000 records from the start: what a
 /// resume that replays the batches it skips would spend on reading alone.
 double replay_seconds(std::int64_t count) {
-  const torch::Tensor x = torch::arange(records, torch::kFloat).unsqueeze(1);
-  const dettrial::DataLoader loader(dettrial::TensorDataset(x, x), {.batch_size = 1, .shuffle = true, .seed = 3});
+  const dettrial::DataLoader loader(long_epoch_records(), {.batch_size = 1, .shuffle = true, .seed = 3});
   const auto t0 = Clock::now();
   std::int64_t n = 0;
   for (auto&& batch : loader.batches({.repeat = true})) {

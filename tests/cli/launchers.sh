@@ -30,10 +30,8 @@ if command -v mpirun >/dev/null; then
   run mpirun mpirun -np 2 --allow-run-as-root --oversubscribe -x MASTER_PORT=29531 "$program"
   compared=$((compared + 1))
 fi
-# torchrun from PYTHON's torch, probed first. --redirects 1 --tee 1: Debian's torch 1.13 under
-# Python 3.11 cannot parse the default "0" (its Std flag enumeration skips the zero member); a
-# rank's stdout then also goes to a log file of the agent's, and the console sees it as before.
-torchrun=("$python" -m torch.distributed.run --redirects 1 --tee 1)
+# torchrun from PYTHON's torch, probed first.
+torchrun=("$(dirname "$0")/../torchrun_agent.sh" "$python")
 if [ -n "$python" ] && "${torchrun[@]}" --standalone --nproc_per_node 1 --no_python true >"$work/probe.log" 2>&1; then
   # torchrun sets OMP_NUM_THREADS=1 in each rank unless it is set: set to the built-in launcher's
   # intra-op count, it leaves dettrial every other pool to size (on 2 cores both are 1).

@@ -59,21 +59,25 @@ def uneven_batches(per_rank):
     return sorted(batch for batch, s in sizes.items() if len(s) > 1)
 
 
-def last_validation_loss(run):
-    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+def read_metrics(run):
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def last_validation_loss(records, run):
     losses = [r for r in records if r["type"] == "validation"]
     if not losses:
         fail(f"{run} logged no validation")
     return losses[-1]["batches"], losses[-1]["metrics"]["validation_loss"]
 
 
-def check_loss(reference_run, run, reference, attempts, resumed_at):
+def check_loss(reference_run, run, records, reference, attempts, resumed_at):
     for name, per_rank in [("the reference", reference[0])] + [("RUN", a) for a in attempts.values()]:
         uneven = [b for b in uneven_batches(per_rank) if b >= resumed_at]
         if uneven:
             print(f"loss: not compared ({name} shared global batch {uneven[0]} unevenly among its ranks)")
             return
-    (at, want), (got_at, got) = last_validation_loss(reference_run), last_validation_loss(run)
+    at, want = last_validation_loss(read_metrics(reference_run), reference_run)
+    got_at, got = last_validation_loss(records, run)
     if at != got_at or abs(got - want) > 1e-5 * abs(want):
         fail(f"the last validation loss is {got} at batch {got_at}, the reference's {want} at batch {at}")
     print(f"loss: {got} at batch {at}, the reference's {want}")
@@ -101,7 +105,7 @@ def main():
         fail(f"the reference {reference_run} was restarted")
     want, _ = global_batches(reference[0])
 
-    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    records = read_metrics(run)
     seen = set()
     for r in records:
         if r["type"] in ("training", "validation", "checkpoint"):
@@ -141,7 +145,7 @@ def main():
     for batch in sorted(want):
         if trained[batch] != want[batch]:
             fail(f"global batch {batch} holds records {trained[batch]}, the reference's {want[batch]}")
-    check_loss(reference_run, run, reference, attempts, min(starts) if starts else 0)
+    check_loss(reference_run, run, records, reference, attempts, min(starts) if starts else 0)
     print(f"ok: {len(want)} global batches hold the reference's records in its order "
           f"({len(attempts)} attempt(s), {max(len(a) for a in attempts.values())} rank(s) at most)")
 

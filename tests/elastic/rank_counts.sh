@@ -6,10 +6,7 @@
 # global batch that the new count does not divide is refused in one sentence (status 78).
 set -u
 program=$1 config=$2 work=$3
-here=$(cd "$(dirname "$0")" && pwd)
-fail() { echo "rank_counts: $*"; exit 1; }
-rm -rf "$work"
-mkdir -p "$work"
+source "$(dirname "$0")/lib.sh"
 job() {  # NAME RANKS ARGS...: runs the trial on RANKS ranks (built-in launcher), logs in WORK/NAME.log
   local name=$1 ranks=$2
   shift 2

@@ -6,13 +6,10 @@
 # checkpoint, training exactly the global batches of the same job run without a break.
 set -u
 program=$1 config=$2 work=$3
-here=$(cd "$(dirname "$0")" && pwd)
-fail() { echo "slurm_requeue: $*"; exit 1; }
 # (No configuration file: sinfo would look for a cluster in DNS for a minute before failing.)
 { [ -f "${SLURM_CONF:-}" ] && timeout 20 sinfo -h >/dev/null 2>&1; } ||
   { echo "skipped: no Slurm cluster answers (SLURM_CONF=${SLURM_CONF:-unset})"; exit 77; }
-rm -rf "$work"
-mkdir -p "$work"
+source "$(dirname "$0")/lib.sh"
 "$program" --config "$config" --nproc 2 --output "$work/reference" >"$work/reference.log" 2>&1 ||
   { cat "$work/reference.log"; fail "the reference run failed"; }
 # Each batch sleeps, so that the job is still training when it is requeued.

@@ -17,11 +17,7 @@ set -u
 program=$1 config=$2 work=$3 python=$4 other=${5:-}
 source "$(dirname "$0")/lib.sh"
 [ -n "$python" ] || { echo "skipped: no Python with torch was given to run torchrun with (DETTRIAL_PYTHON)"; exit 77; }
-# --redirects 1 --tee 1: torch 1.13's agent under Python 3.11 cannot parse the default "0" (its Std
-# flag enumeration skips the zero member); a worker's stdout then also goes to a log file of the
-# agent's, and the console sees it as before.
-# Flags are spelled with underscores, which every release accepts (1.13 knows no --max-restarts).
-agent=("$python" -m torch.distributed.run --redirects 1 --tee 1)
+agent=("$here/../torchrun_agent.sh" "$python")
 "${agent[@]}" --standalone --nproc_per_node 1 --no_python true >"$work/probe.log" 2>&1 ||
   { echo "skipped: $python's torchrun cannot start a worker here: $(tail -n 1 "$work/probe.log")"; exit 77; }
 
@@ -68,7 +64,7 @@ grep -q "torchrun may restart this job, .* with --output DIR" "$work/torchrun-no
 # The torchrun of another PyTorch release: the ranks cannot join its agent's store, and say why.
 release() { "$1" -c 'import torch; print(".".join(torch.__version__.split(".")[:2]))' 2>/dev/null; }
 if [ -n "$other" ] && [ "$(release "$other")" != "$(release "$python")" ]; then
-  run other-release 1 timeout 120 "$other" -m torch.distributed.run --standalone --nproc_per_node 2 --no_python "$program" --config "$config" --timeout 5 \
+  run other-release 1 timeout 120 "$here/../torchrun_agent.sh" "$other" --standalone --nproc_per_node 2 --no_python "$program" --config "$config" --timeout 5 \
     --output "$work/other-release"
   grep -q "cannot join the gloo process group .* it must be the torchrun of this program's LibTorch $(release "$python")" "$work/other-release.log" ||
     { cat "$work/other-release.log"; fail "no sentence for the torchrun of torch $(release "$other")"; }
