@@ -9,7 +9,7 @@
 // Each run's training rate is timed from the start of its first epoch to the end of its last, with
 // the GPU synchronized at both ends; one JSON line per run on stdout. Without a GPU it says so and
 // exits 77 (skipped).
-//   gpu_bench [--data DIR] [--epochs N] [--quick]
+//   gpu_bench [--data DIR] [--epochs N] [--quick] [--only TEXT]   (--only: the runs whose name holds TEXT)
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -119,10 +119,15 @@ struct Options {
   std::string data = "/usr/share/datasets/fashion-mnist";
   std::int64_t epochs = 2;
   bool quick = false;
+  std::string only;  // run just the runs whose name holds this text
 };
 
 template <class Trial>
 void run(const std::string& name, const std::string& yaml, const Options& opt, std::int64_t records_per_epoch, const char* note) {
+  if (name.find(opt.only) == std::string::npos) {
+    std::printf("left out (--only %s): %s\n", opt.only.c_str(), name.c_str());
+    return;
+  }
   dettrial::Context context(dettrial::ExperimentConfig::parse(yaml));
   dettrial::Trainer<Trial> trainer(context);
   EpochTimer timer;
@@ -152,8 +157,9 @@ int main(int argc, char** argv) {
     if (a == "--data" && i + 1 < argc) opt.data = argv[++i];
     else if (a == "--epochs" && i + 1 < argc) opt.epochs = std::atoll(argv[++i]);
     else if (a == "--quick") opt.quick = true;
+    else if (a == "--only" && i + 1 < argc) opt.only = argv[++i];
     else {
-      std::fprintf(stderr, "usage: gpu_bench [--data DIR] [--epochs N] [--quick]\n");
+      std::fprintf(stderr, "usage: gpu_bench [--data DIR] [--epochs N] [--quick] [--only TEXT]\n");
       return 2;
     }
   }

@@ -4,11 +4,15 @@
   torch.utils.data.DataLoader (pinned, non-blocking copies); eager with the data kept on the GPU;
   forward + backward + optimizer.step() captured once in a torch.cuda.CUDAGraph and replayed, data on
   the GPU (the hand-written bar); optionally torch.compile(mode="reduce-overhead") (--compile).
+- The same hand-written graph with fp16 autocast and a gradient scaler in it (the check for infs and
+  fused SGD's unscale and skip captured, the scale's update after each replay): the bar for
+  dettrial's graphed fp16 run.
 - The ResNet-style convnet of gpu_bench.cpp (batch 256, synthetic images on the GPU), fp32, bf16
   autocast, and fp16 autocast with a GradScaler.
 Each rate is timed from the start of the first epoch to the end of the last, the GPU synchronized at
 both ends. Without a GPU it says so and exits 77 (skipped).
-    python bench/gpu_bench.py [--data DIR] [--epochs N] [--quick] [--compile]
+    python bench/gpu_bench.py [--data DIR] [--epochs N] [--quick] [--compile] [--only TEXT]
+--only runs just the runs whose name holds TEXT (and says which it left out).
 """
 import argparse
 import gzip
@@ -121,6 +125,68 @@ def mnist_on_gpu(images, labels, args, graph=False, compiled=False):
     report(name, records, time.perf_counter() - start, args.epochs, "full batches only" if graph else "")
 
 
+def mnist_graph_fp16(images, labels, args):
+    """The hand-written graph of mnist_on_gpu in fp16: what torch.amp.GradScaler does for a fused
+    optimizer (check the gradients for infs, hand the scale and the flag to the fused step, which
+    unscales and skips on the GPU), captured; the scale's update runs after each replay."""
+    images, labels = images.cuda(), labels.cuda()
+    model = mnist(40, 40, 0.5).cuda()
+    opt = torch.optim.SGD(model.parameters(), lr=0.03, momentum=0.9, fused=True)
+    params = list(model.parameters())
+    scale = torch.full((), 65536.0, device="cuda")
+    tracker = torch.zeros((), dtype=torch.int32, device="cuda")
+    found_inf = torch.zeros((), device="cuda")
+    one = torch.ones((), device="cuda")
+    n, batch = images.shape[0], 64
+
+    def step(x, y):
+        with torch.autocast("cuda", dtype=torch.float16, cache_enabled=False):
+            loss = nn.functional.nll_loss(model(x), y)
+        (loss.float() * scale).backward()
+        found_inf.zero_()
+        torch._amp_foreach_non_finite_check_and_unscale_([p.grad for p in params], found_inf, one)
+        opt.grad_scale, opt.found_inf = scale, found_inf
+        opt.step()
+        return loss
+
+    def update():
+        torch._amp_update_scale_(scale, tracker, found_inf, 2.0, 0.5, 2000)
+
+    torch.cuda.synchronize()
+    start, records = time.perf_counter(), 0
+    static_x = static_y = g = None
+    for epoch in range(args.epochs):
+        order = torch.randperm(n, device="cuda")
+        for i in range(batches_of(n, batch, args.quick, drop_last=True)):
+            index = order[i * batch:(i + 1) * batch]
+            x, y = images.index_select(0, index), labels.index_select(0, index)
+            if g is None and epoch == 0 and i < 3:
+                side = torch.cuda.Stream()
+                side.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(side):
+                    opt.zero_grad(set_to_none=True)
+                    step(x, y)
+                    update()
+                torch.cuda.current_stream().wait_stream(side)
+            elif g is None:
+                static_x, static_y = x.clone(), y.clone()
+                g = torch.cuda.CUDAGraph()
+                opt.zero_grad(set_to_none=True)
+                with torch.cuda.graph(g):
+                    step(static_x, static_y)
+                g.replay()
+                update()
+            else:
+                static_x.copy_(x)
+                static_y.copy_(y)
+                g.replay()
+                update()
+            records += x.shape[0]
+    torch.cuda.synchronize()
+    report("Python, hand-written CUDA graph, fp16 with its scaler in the graph, data on the GPU", records,
+           time.perf_counter() - start, args.epochs, f"full batches only; final scale {scale.item():g}")
+
+
 class Block(nn.Module):
     def __init__(self, cin, cout, stride):
         super().__init__()
@@ -182,20 +248,36 @@ def main():
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--compile", action="store_true")
+    parser.add_argument("--only", default="", help="run just the runs whose name holds this text")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("skipped: gpu_bench.py needs a CUDA device (torch.cuda.is_available() is False)")
         return 77
     torch.manual_seed(0)
-    images, labels = fashion(args.data)
-    mnist_eager_loader(images, labels, args)
-    mnist_on_gpu(images, labels, args)
+    runs = [("Python eager, torch DataLoader (pinned)", lambda d: mnist_eager_loader(*d, args)),
+            ("Python eager, data on the GPU", lambda d: mnist_on_gpu(*d, args))]
     if args.compile:
-        mnist_on_gpu(images, labels, args, compiled=True)
-    mnist_on_gpu(images, labels, args, graph=True)
-    for precision in ("fp32", "bf16", "fp16"):
-        resnet(args, precision)
-    return 0
+        runs.append(("Python torch.compile(reduce-overhead), data on the GPU",
+                     lambda d: mnist_on_gpu(*d, args, compiled=True)))
+    runs += [("Python, whole step in a hand-written CUDA graph, data on the GPU",
+              lambda d: mnist_on_gpu(*d, args, graph=True)),
+             ("Python, hand-written CUDA graph, fp16 with its scaler in the graph, data on the GPU",
+              lambda d: mnist_graph_fp16(*d, args))]
+    for precision, name in (("fp32", "fp32"), ("bf16", "bf16 autocast"), ("fp16", "fp16 autocast and scaler")):
+        runs.append((f"Python ResNet-style convnet, batch 256, {name}", lambda d, p=precision: resnet(args, p)))
+    data, failed = None, 0
+    for name, body in runs:
+        if args.only not in name:
+            print(f"left out (--only {args.only}): {name}")
+            continue
+        if data is None and "convnet" not in name:
+            data = fashion(args.data)
+        try:
+            body(data)
+        except Exception as e:  # one run's failure is reported, and the others still run
+            print(f"failed: {name}: {type(e).__name__}: {e}", flush=True)
+            failed += 1
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

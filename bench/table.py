@@ -63,15 +63,20 @@ if trained and decoded:
 # End to end (bench/e2e.sh): per round, each side's time over dettrial's, at each thread setting.
 e2e = [r for r in (json.loads(line) for line in open(sys.argv[1]) if line.startswith("{")) if "e2e_side" in r]
 for threads in dict.fromkeys(r["e2e_threads"] for r in e2e):
-    by_round = {}
+    by_round, ran_with = {}, {}
     for r in e2e:
         if r["e2e_threads"] == threads:
             by_round.setdefault(r["e2e_round"], {})[r["e2e_side"]] = r["value"]
+            ran_with.setdefault(r["e2e_side"], set()).add(r.get("threads", "?"))
+    # The intra-op threads each side reported, so a side that ran with other threads than asked shows.
+    counts = lambda side: "/".join(str(t) for t in sorted(ran_with.get(side, {"?"}), key=str))
     for side, label in (("python", "plain PyTorch loop"), ("determined", "Determined's Trainer")):
         pairs = sorted(sides[side] / sides["dettrial"] for sides in by_round.values() if side in sides and "dettrial" in sides)
         if pairs:
             what = f"end to end, {label} time / dettrial time, {threads} threads ({len(pairs)} rounds)"
-            print(f"{what:76} {pairs[len(pairs) // 2]:8.3f}x  range {pairs[0]:.3f}-{pairs[-1]:.3f}")
+            mismatch = "  THREADS DIFFER" if ran_with.get(side) != ran_with.get("dettrial") else ""
+            print(f"{what:76} {pairs[len(pairs) // 2]:8.3f}x  range {pairs[0]:.3f}-{pairs[-1]:.3f}"
+                  f"  (threads: dettrial {counts('dettrial')}, {side} {counts(side)}){mismatch}")
 for model in ("mlp", "mnist"):
     ref = by_name.get(f"Debian LibTorch, Trainer, {model} batch, 1 thread: reference BLAS")
     fast = by_name.get(f"Debian LibTorch, Trainer, {model} batch, 1 thread: OpenBLAS BLAS")

@@ -314,7 +314,9 @@ struct TrainingTrace {
 
 void mnist_epoch_end_to_end(const char* fashion, std::int64_t batches, const std::string& trace_file) {
   const auto start = clock_type::now();
-  dettrial::Context context(mnist_config(fashion), {.trial_seed = seed, .device = torch::Device(torch::kCPU), .threads = 1});
+  // The thread count a user's run gets (no .threads: OMP_NUM_THREADS when set, else every CPU this
+  // process may run on), as Python's and Determined's sides get theirs; each row says what it ran with.
+  dettrial::Context context(mnist_config(fashion), {.trial_seed = seed, .device = torch::Device(torch::kCPU)});
   dettrial::Trainer<mnist::MnistTrial> trainer(context);
   PhaseClock phases;
   TrainingTrace trace{trace_file, nullptr};

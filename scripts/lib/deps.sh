@@ -44,7 +44,7 @@ dettrial_example_deps() {
 # clang-format 19 (the format check).
 dettrial_test_deps() {
   dettrial_example_deps
-  dettrial_apt git python3 python3-venv doctest-dev python3-torch python3-numpy python3-pil openmpi-bin chromium slurm-wlm munge universal-ctags clang-format-19
+  dettrial_apt git ccache python3 python3-venv doctest-dev python3-torch python3-numpy python3-pil openmpi-bin chromium slurm-wlm munge universal-ctags clang-format-19
 }
 
 # Runs a command as one named phase of a script and says how long it took ("==> build debian: 312 s").
@@ -148,6 +148,14 @@ dettrial_build() {
   [ -n "$prefix" ] && args+=("-DCMAKE_PREFIX_PATH=$prefix" "-DTorch_DIR=$prefix/Torch")
   # The Release flags, when a script wants others than CMake's (-O3 -DNDEBUG): scripts/test's.
   [ -n "${DETTRIAL_RELEASE_FLAGS:-}" ] && args+=("-DCMAKE_CXX_FLAGS_RELEASE=$DETTRIAL_RELEASE_FLAGS")
+  # ccache, where installed, keeps compiled objects under the cache folder: a rebuild of unchanged
+  # sources (CI on a clean clone, a second scripts/test) compiles nothing again. The sloppiness lets
+  # it cache translation units that use CMake's precompiled headers.
+  if command -v ccache >/dev/null; then
+    export CCACHE_DIR=${CCACHE_DIR:-$DETTRIAL_CACHE/ccache} CCACHE_MAXSIZE=${CCACHE_MAXSIZE:-8G}
+    export CCACHE_SLOPPINESS=${CCACHE_SLOPPINESS:-pch_defines,time_macros,include_file_mtime,include_file_ctime}
+    args+=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+  fi
   mkdir -p "$DETTRIAL_ROOT/build"
   dettrial_log "configuring $name"
   cmake "${args[@]}" >"$dir.configure.log" 2>&1 || { cat "$dir.configure.log" >&2; return 1; }

@@ -18,6 +18,12 @@ if(TARGET trainer_bench)
   add_test(NAME "bench quick: Trainer bit-identical to a hand-written loop"
            COMMAND trainer_bench --quick --parity-dir "${_parity}")
   set_tests_properties("bench quick: Trainer bit-identical to a hand-written loop" PROPERTIES FIXTURES_SETUP dettrial_parity_data)
+  # The end-to-end row (bench/e2e.sh) runs dettrial as a user's run does: at the default thread
+  # count (every CPU it may use, as Python's side), never pinned to one thread.
+  add_test(NAME "bench quick: the end-to-end MNIST row trains at the default thread count and says which"
+           COMMAND ${_needs_fashion} "${CMAKE_CURRENT_SOURCE_DIR}/bench/default_threads.sh" $<TARGET_FILE:trainer_bench>)
+  set_tests_properties("bench quick: the end-to-end MNIST row trains at the default thread count and says which" PROPERTIES
+                       SKIP_RETURN_CODE 77 PASS_REGULAR_EXPRESSION "ok: the default threads")
   if(DETTRIAL_PYTHON)
     add_test(NAME "bench quick: Python PyTorch computes the same losses"
              COMMAND "${DETTRIAL_PYTHON}" "${PROJECT_SOURCE_DIR}/bench/parity.py" "${_parity}")

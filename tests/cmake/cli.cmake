@@ -101,7 +101,8 @@ if(TARGET mnist)
                  "cli: --nproc 2 on uneven data trains and validates by epochs to the end"
                  "cli: OMP_NUM_THREADS sets each rank's threads" "cli: --threads sets each rank's threads"
                  "cli: mpirun -np 2 trains in two processes (Open MPI environment, Gloo)"
-                 "cli: the built-in launcher, mpirun and torchrun give each rank the same thread pools and the same results")
+                 "cli: the built-in launcher, mpirun and torchrun give each rank the same thread pools and the same results"
+                 "cli: rank_invariant at the default threads: 1 rank aggregating 2 batches and 2 ranks end bit-identical")
   find_program(DETTRIAL_MPIRUN mpirun)
   if(_gloo_missing)
     foreach(_name IN LISTS _ddp_tests)
@@ -150,11 +151,18 @@ if(TARGET mnist)
     endif()
     # Every launcher gives each rank the same thread pools (the BLAS library's own included), so the
     # same job ends with the same metrics under each.
-    list(GET _ddp_tests -1 _launchers_test)
+    list(GET _ddp_tests -2 _launchers_test)
     add_test(NAME "${_launchers_test}"
              COMMAND ${_needs_mnist} "${_cli}/launchers.sh" $<TARGET_FILE:mnist> "${_cli}/ddp.yaml" "${DETTRIAL_MNIST10K_DIR}"
                      "${CMAKE_CURRENT_BINARY_DIR}/runs/launchers" "${DETTRIAL_PYTHON}")
     set_tests_properties("${_launchers_test}" PROPERTIES SKIP_RETURN_CODE 77 PASS_REGULAR_EXPRESSION "ok: [0-9] launchers")
+    # rank_invariant as a user runs it: no --threads, no OMP_NUM_THREADS (a 1-rank run would take
+    # every core and each of 2 ranks half, and matrix products round by their thread count).
+    list(GET _ddp_tests -1 _rank_invariant_test)
+    add_test(NAME "${_rank_invariant_test}"
+             COMMAND ${_needs_mnist} "${_cli}/rank_invariant.sh" $<TARGET_FILE:mnist> "${_cli}/ddp.yaml" "${DETTRIAL_MNIST10K_DIR}"
+                     "${CMAKE_CURRENT_BINARY_DIR}/runs/rank-invariant" "${DETTRIAL_PYTHON}")
+    set_tests_properties("${_rank_invariant_test}" PROPERTIES PASS_REGULAR_EXPRESSION "ok: 1 rank aggregating 2 batches")
     set_tests_properties(${_ddp_tests} PROPERTIES SKIP_RETURN_CODE 77)
   endif()
   # The example search configs run (shrunk: fewer and shorter trials, the 10,000 MNIST digits).

@@ -587,8 +587,9 @@ TEST_CASE("a format-1 checkpoint (LibTorch's archive of every optimizer) still r
       const StateDict saved = per_param.at(static_cast<std::int64_t>(i)).toGenericDict();
       const auto& state =
           static_cast<torch::optim::AdamParamState&>(*optimizer.state().at(dettrial::detail::optimizer_state_key<Map>(params[i])));
-      CHECK(torch::equal(state.exp_avg(), saved.at("exp_avg").toTensor()));
-      CHECK(torch::equal(state.exp_avg_sq(), saved.at("exp_avg_sq").toTensor()));
+      // On the host: the fixture's tensors are CPU tensors, the trainer's on its device (a GPU's).
+      CHECK(torch::equal(state.exp_avg().cpu(), saved.at("exp_avg").toTensor()));
+      CHECK(torch::equal(state.exp_avg_sq().cpu(), saved.at("exp_avg_sq").toTensor()));
       CHECK(state.step() == static_cast<std::int64_t>(saved.at("step").toTensor().item<double>()));
       CHECK(params[i].grad().defined());  // batch 9's gradients, pending at the checkpoint
       ++checked;

@@ -459,6 +459,21 @@ TEST_CASE("the built-in launcher binds each rank to its own CPUs, and leaves the
   ::unsetenv("DETTRIAL_CHILD_OUT");
 }
 
+TEST_CASE("threads per rank under rank_invariant: one whatever the rank count, unless the user chose") {
+  const CoreCount machine{.available = 16, .online = 16};
+  auto no_env = [](const char*) -> const char* { return nullptr; };
+  const auto builtin = env_of({{"RANK", "1"}, {"WORLD_SIZE", "4"}, {"LOCAL_RANK", "1"}, {"LOCAL_WORLD_SIZE", "4"}});
+  for (const LaunchEnvironment& env : {LaunchEnvironment{}, builtin}) {
+    const ThreadChoice chosen = choose_threads(env, std::nullopt, machine, no_env, ThreadDefault::one_per_rank);
+    CHECK(chosen.threads == 1);
+    CHECK(chosen.source == "reproducibility.rank_invariant: one per rank, whatever the rank count");
+    // The user's count still wins (then the same count on every side is theirs to keep).
+    CHECK(choose_threads(env, 3, machine, no_env, ThreadDefault::one_per_rank).threads == 3);
+    auto omp = [](const char* name) -> const char* { return std::string_view(name) == "OMP_NUM_THREADS" ? "2" : nullptr; };
+    CHECK(choose_threads(env, std::nullopt, machine, omp, ThreadDefault::one_per_rank).threads == 2);
+  }
+}
+
 TEST_CASE("threads per rank: the user's setting wins, else Slurm's, the launcher's binding, or a share of the node") {
   const CoreCount machine{.available = 16, .online = 16};
   auto no_env = [](const char*) -> const char* { return nullptr; };

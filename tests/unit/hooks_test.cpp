@@ -171,8 +171,11 @@ TEST_CASE("a bare-loss train_batch reports its loss, is_epoch_end holds on each 
 TEST_CASE("average_aggregated_gradients false sums the aggregated gradients, true averages them") {
   for (const bool average : {false, true}) {
     CAPTURE(average);
+    // On the CPU, where the update is computed by hand below (a GPU machine's default device would
+    // move the model away from the test's tensors).
     Context context(Hyperparameters::parse("global_batch_size: 5\n"),
-                    ContextOptions{.trial_seed = 3, .aggregation_frequency = 2, .average_aggregated_gradients = average});
+                    ContextOptions{.trial_seed = 3, .device = torch::Device(torch::kCPU), .aggregation_frequency = 2,
+                                   .average_aggregated_gradients = average});
     Trainer<BareLossTrial> trainer(context);
     torch::nn::Linear& model = trainer.trial().model;
     // The update over the first two batches, by hand: both gradients at the starting weights.

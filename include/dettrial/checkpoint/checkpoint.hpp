@@ -266,6 +266,15 @@ DETTRIAL_INLINE TrialProgress TrialProgress::from_determined(const std::filesyst
 
 namespace detail {
 
+/// The archive key of parameter `j`'s pending gradient ("p0", "p1", ...). Formatted, not "p" +
+/// std::to_string(j): GCC 12 at -O3 warns (-Wstringop-overflow) inside that concatenation's inlined
+/// copy, in every program that includes this header.
+DETTRIAL_INLINE std::string grad_key(std::size_t j) {
+  char key[24];
+  std::snprintf(key, sizeof key, "p%zu", j);
+  return key;
+}
+
 DETTRIAL_INLINE c10::IValue numpy_seeded_state(std::uint64_t seed) {
   c10::impl::GenericList key(c10::AnyType::get());
   std::uint32_t x = static_cast<std::uint32_t>(seed);  // NumPy refuses seeds above 2**32-1; Determined's fit
@@ -420,7 +429,7 @@ DETTRIAL_INLINE std::optional<NativeState> ContextCheckpoint::native_state(Conte
       torch::serialize::OutputArchive model;
       const auto params = c.models()[i]->parameters();
       for (std::size_t j = 0; j < params.size(); ++j)
-        if (params[j].grad().defined()) model.write("p" + std::to_string(j), keep(params[j].grad()), /*is_buffer=*/true);
+        if (params[j].grad().defined()) model.write(detail::grad_key(j), keep(params[j].grad()), /*is_buffer=*/true);
       grads.write(std::to_string(i), model);
     }
     out.archive.write("grads", grads);
@@ -603,7 +612,7 @@ DETTRIAL_INLINE void ContextCheckpoint::load_native_grads(Context& c, torch::ser
     auto params = c.models()[i]->parameters();
     for (std::size_t j = 0; j < params.size(); ++j) {
       torch::Tensor g;
-      if (has_model && model.try_read("p" + std::to_string(j), g, /*is_buffer=*/true)) params[j].mutable_grad() = g.to(params[j].device());
+      if (has_model && model.try_read(detail::grad_key(j), g, /*is_buffer=*/true)) params[j].mutable_grad() = g.to(params[j].device());
       else if (params[j].grad().defined()) params[j].mutable_grad() = torch::Tensor();  // nothing was pending at the checkpoint
     }
   }

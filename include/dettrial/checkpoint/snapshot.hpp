@@ -161,7 +161,9 @@ DETTRIAL_INLINE c10::IValue HostSnapshot::copy(const c10::IValue& v) {
     const auto list = v.toList();
     c10::impl::GenericList out(list.elementType());
     out.reserve(list.size());
-    for (const c10::IValue& element : list) out.push_back(copy(element));
+    // By index: a c10::List's iterator yields proxies, and a reference bound through one reads as
+    // dangling to GCC 13's -Wdangling-reference (get() returns the element itself, a refcount).
+    for (std::size_t i = 0; i < list.size(); ++i) out.push_back(copy(list.get(i)));
     return out;
   }
   if (v.isTuple()) {
@@ -198,7 +200,8 @@ DETTRIAL_INLINE std::size_t tensor_bytes(const c10::IValue& state) {
     } else if (v.isGenericDict()) {
       for (const auto& entry : v.toGenericDict()) visit(entry.value());
     } else if (v.isList()) {
-      for (const c10::IValue& element : v.toList()) visit(element);
+      const auto list = v.toList();
+      for (std::size_t i = 0; i < list.size(); ++i) visit(list.get(i));  // by index, as in HostSnapshot::copy
     } else if (v.isTuple()) {
       for (const c10::IValue& element : v.toTupleRef().elements()) visit(element);
     }

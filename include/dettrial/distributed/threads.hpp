@@ -29,6 +29,16 @@ struct ThreadChoice {
   bool set_by_dettrial = true;
 };
 
+/// What a process computes with when neither `--threads` nor OMP_NUM_THREADS says.
+enum class ThreadDefault {
+  /// Its share of the cores (all of them for one process): the fastest, and the thread count then
+  /// follows the rank count.
+  share_of_cores,
+  /// One thread per rank, however many ranks: reproducibility.rank_invariant's, whose results must
+  /// not depend on the rank count, and a matrix product's rounding depends on its thread count.
+  one_per_rank,
+};
+
 /// The CPUs this process may run on (its affinity mask), in increasing order.
 DETTRIAL_INLINE std::vector<int> allowed_cpus();
 
@@ -93,11 +103,13 @@ apply_threads(const ThreadChoice& choice, const LaunchEnvironment::Getenv& geten
  * divided by the ranks on this node (torchrun without OMP_NUM_THREADS, the built-in launcher on fewer
  * cores than ranks; also a mask shared by all ranks, such as taskset's or a container's). One
  * process with no choice made takes the CPUs it may run on (LibTorch's own default counts physical
- * cores on some builds, and Debian's 1.13 then trains on one of two hyperthreads).
+ * cores on some builds, and Debian's 1.13 then trains on one of two hyperthreads). With
+ * `ThreadDefault::one_per_rank` (rank_invariant) every process without a choice of the user's takes one.
  */
 DETTRIAL_INLINE ThreadChoice choose_threads(
     const LaunchEnvironment& env, std::optional<int> requested, CoreCount cores,
-    const LaunchEnvironment::Getenv& getenv = [](const char* name) { return std::getenv(name); });
+    const LaunchEnvironment::Getenv& getenv = [](const char* name) { return std::getenv(name); },
+    ThreadDefault fallback = ThreadDefault::share_of_cores);
 
 }  // namespace dettrial
 
@@ -169,13 +181,15 @@ DETTRIAL_INLINE std::optional<int> omp_num_threads(const LaunchEnvironment::Gete
 }  // namespace detail
 
 DETTRIAL_INLINE ThreadChoice choose_threads(const LaunchEnvironment& env, std::optional<int> requested, CoreCount cores,
-                                            const LaunchEnvironment::Getenv& getenv) {
+                                            const LaunchEnvironment::Getenv& getenv, ThreadDefault fallback) {
   if (requested) {
     if (*requested < 1) throw ConfigError("the thread count must be at least 1, not " + std::to_string(*requested));
     return ThreadChoice{.threads = *requested, .source = "--threads"};
   }
   if (const auto omp = detail::omp_num_threads(getenv))
     return ThreadChoice{.threads = *omp, .source = "OMP_NUM_THREADS", .set_by_dettrial = false};
+  if (fallback == ThreadDefault::one_per_rank)
+    return ThreadChoice{.threads = 1, .source = "reproducibility.rank_invariant: one per rank, whatever the rank count"};
   if (!env.distributed())
     return ThreadChoice{.threads = cores.available,
                         .source = std::string(cores.available == 1 ? "the CPU" : "the " + std::to_string(cores.available) + " CPUs") +
