@@ -49,6 +49,34 @@ add_test(NAME "package: a find_package consumer builds and trains"
                  --test-command consumer)
 set_tests_properties("package: a find_package consumer builds and trains" PROPERTIES FIXTURES_REQUIRED dettrial_installed
                      FIXTURES_SETUP dettrial_consumer)
+# docs/install.md's other two ways, as written: add_subdirectory (dettrial::compiled) and
+# FetchContent from a clone of this repository at HEAD (dettrial::dettrial). The consumer finds no
+# package itself, so LibTorch's and the other imported targets must reach it from dettrial's folder.
+set(_subdirectory_options "-DTorch_DIR=${Torch_DIR}" "-DCaffe2_DIR=${Caffe2_DIR}" "-DCMAKE_BUILD_TYPE=Release"
+                          "-DCMAKE_CXX_FLAGS_RELEASE=${CMAKE_CXX_FLAGS_RELEASE}" "-DDETTRIAL_SOURCE_DIR=${PROJECT_SOURCE_DIR}")
+if(CMAKE_CXX_COMPILER_LAUNCHER)
+  list(APPEND _subdirectory_options "-DCMAKE_CXX_COMPILER_LAUNCHER=${CMAKE_CXX_COMPILER_LAUNCHER}")
+endif()
+add_test(NAME "package: an add_subdirectory consumer that finds nothing itself builds and trains"
+         COMMAND "${CMAKE_CTEST_COMMAND}" --build-and-test "${CMAKE_CURRENT_SOURCE_DIR}/subdirectory" "${CMAKE_CURRENT_BINARY_DIR}/subdirectory"
+                 --build-generator "${CMAKE_GENERATOR}" --build-noclean
+                 --build-options ${_subdirectory_options} -DDETTRIAL_CONSUMER_MODE=subdirectory
+                 --test-command my_trial)
+find_package(Git QUIET)
+set(_fetch_test "package: a FetchContent consumer (a clone of this repository at HEAD) builds and trains")
+if(GIT_EXECUTABLE AND EXISTS "${PROJECT_SOURCE_DIR}/.git")
+  execute_process(COMMAND "${GIT_EXECUTABLE}" rev-parse HEAD WORKING_DIRECTORY "${PROJECT_SOURCE_DIR}"
+                  OUTPUT_VARIABLE _head OUTPUT_STRIP_TRAILING_WHITESPACE RESULT_VARIABLE _head_status)
+endif()
+if(_head AND _head_status EQUAL 0)
+  add_test(NAME "${_fetch_test}"
+           COMMAND "${CMAKE_CTEST_COMMAND}" --build-and-test "${CMAKE_CURRENT_SOURCE_DIR}/subdirectory" "${CMAKE_CURRENT_BINARY_DIR}/fetchcontent"
+                   --build-generator "${CMAKE_GENERATOR}" --build-noclean
+                   --build-options ${_subdirectory_options} -DDETTRIAL_CONSUMER_MODE=fetchcontent "-DDETTRIAL_GIT_TAG=${_head}"
+                   --test-command my_trial)
+else()
+  dettrial_skipped_test("${_fetch_test}" "this source tree is not a git checkout (FetchContent clones one)")
+endif()
 # The installed package carries the link order: the consumer's std:: symbols bind to libstdc++.
 add_test(NAME "package: the consumer's std:: symbols bind to libstdc++, not to LibTorch"
          COMMAND "${CMAKE_CURRENT_SOURCE_DIR}/stdlib/bindings.sh" expect-none "${CMAKE_CURRENT_BINARY_DIR}/consumer/consumer")

@@ -5,9 +5,11 @@
 #include <doctest/doctest.h>
 
 #include <random>
+#include <sstream>
 #include <string>
 #include <vector>
 
+#include <caffe2/serialize/inline_container.h>
 #include <dettrial/dettrial.hpp>
 
 using namespace dettrial;
@@ -152,6 +154,36 @@ TEST_CASE("python pickle: every truncation and thousands of byte changes of a re
     changed[random() % changed.size()] = static_cast<char>(random() & 0xff);
     attempt(changed);
   }
+}
+
+TEST_CASE("python pickle: a storage whose pickle asks for more elements than its record holds is refused before any allocation") {
+  c10::impl::GenericDict d(c10::StringType::get(), c10::AnyType::get());
+  d.insert("w", torch::ones({4}));
+  const std::string whole = dettrial::detail::pickle_archive(d);
+  std::istringstream in(whole);
+  caffe2::serialize::PyTorchStreamReader reader(&in);
+  auto [pickled, pickled_size] = reader.getRecord("data.pkl");
+  std::string pickle(static_cast<const char*>(pickled.get()), pickled_size);
+  // The storage's persistent id ends ('cpu', 4): its element count, 4 as BININT1, becomes 2**40 as
+  // LONG1 (4 TiB of floats, which an allocation made first would fail on, with another message).
+  const auto device = pickle.find("cpu");
+  REQUIRE(device != std::string::npos);
+  const auto count = pickle.find(std::string("K\x04", 2), device);
+  REQUIRE(count != std::string::npos);
+  pickle.replace(count, 2, std::string("\x8a\x06\x00\x00\x00\x00\x00\x01", 8));
+  std::string crafted;
+  caffe2::serialize::PyTorchStreamWriter writer([&](const void* data, std::size_t n) {
+    crafted.append(static_cast<const char*>(data), n);
+    return n;
+  });
+  writer.writeRecord("data.pkl", pickle.data(), pickle.size());
+  auto [storage, storage_size] = reader.getRecord("data/0");
+  writer.writeRecord("data/0", storage.get(), storage_size);
+  writer.writeEndOfFile();
+  CHECK_THROWS_WITH_AS(dettrial::detail::unpickle_archive(crafted, "crafted.pth"),
+                       doctest::Contains("tensor storage '0' holds 16 bytes where 1099511627776 of 4 bytes are needed"), CheckpointError);
+  // The file as written reads back.
+  CHECK(dettrial::detail::unpickle_archive(whole, "written.pth").toGenericDict().at("w").toTensor().equal(torch::ones({4})));
 }
 
 TEST_CASE("python state: each optimizer comes back exactly from Python's layout, and trains on bit for bit") {

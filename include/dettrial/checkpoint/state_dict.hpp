@@ -173,12 +173,16 @@ DETTRIAL_INLINE c10::IValue unpickle_archive(const std::string& bytes, const std
     auto [pickle_data, pickle_size] = reader.getRecord("data.pkl");
     const auto storages = [&](const std::string& key, c10::ScalarType dtype, std::int64_t numel) {
       auto [data, size] = reader.getRecord("data/" + key);
-      torch::Tensor out = torch::empty({numel}, torch::TensorOptions().dtype(dtype));
-      const std::size_t expected = static_cast<std::size_t>(numel) * out.element_size();
-      if (size < expected)
-        throw std::runtime_error("tensor storage '" + key + "' holds " + std::to_string(size) + " bytes where " + std::to_string(expected) +
+      // The pickle's element count is checked against the record before anything is allocated for
+      // it: a crafted file must not choose the size of an allocation.
+      const std::size_t element = c10::elementSize(dtype);
+      if (numel < 0 || static_cast<std::uint64_t>(numel) > size / element)
+        throw std::runtime_error("tensor storage '" + key + "' holds " + std::to_string(size) + " bytes where " +
+                                 (numel < 0 ? std::to_string(numel) + " elements" : std::to_string(static_cast<std::uint64_t>(numel)) + " of " +
+                                                                                      std::to_string(element) + " bytes") +
                                  " are needed");
-      std::memcpy(out.data_ptr(), data.get(), expected);
+      torch::Tensor out = torch::empty({numel}, torch::TensorOptions().dtype(dtype));
+      std::memcpy(out.data_ptr(), data.get(), static_cast<std::size_t>(numel) * element);
       return out;
     };
     return unpickle(std::string_view(static_cast<const char*>(pickle_data.get()), pickle_size), storages);
