@@ -9,6 +9,7 @@
 #include <memory>
 #include <string>
 #include <tuple>
+#include <vector>
 
 #include <dettrial/dettrial.hpp>
 #include <dettrial/main.hpp>
@@ -54,17 +55,25 @@ class DeterminedMnistTrial {
     torch::nn::Conv2d conv2(torch::nn::Conv2dOptions(n1, n2, 5));
     torch::nn::Linear hidden(16 * n2, 50);
     torch::nn::Linear output(50, 10);
-    model_ = c.wrap_model(torch::nn::Sequential(conv1, torch::nn::MaxPool2d(2), torch::nn::ReLU(), conv2, torch::nn::MaxPool2d(2),
-                                                torch::nn::ReLU(), torch::nn::Flatten(), hidden, torch::nn::ReLU(),
-                                                torch::nn::Dropout(c.get_hparam<double>("dropout")), output, torch::nn::LogSoftmax(1)));
+    torch::nn::Sequential network(conv1);
+    // data.net: batchnorm puts a BatchNorm2d after the first convolution, as determined_mnist.py does.
+    if (data["net"] && data["net"].as<std::string>() == "batchnorm") network->push_back(torch::nn::BatchNorm2d(n1));
+    network->extend(*torch::nn::Sequential(torch::nn::MaxPool2d(2), torch::nn::ReLU(), conv2, torch::nn::MaxPool2d(2), torch::nn::ReLU(),
+                                           torch::nn::Flatten(), hidden, torch::nn::ReLU(),
+                                           torch::nn::Dropout(c.get_hparam<double>("dropout")), output, torch::nn::LogSoftmax(1)));
+    model_ = c.wrap_model(network);
     optimizer_ = make_optimizer(data["optimizer"] ? data["optimizer"].as<std::string>() : "sgd", model_->parameters(),
                                 c.get_hparam<double>("learning_rate"));
     c.wrap_optimizer(*optimizer_);
     // A warm start from another run's weights (a Determined checkpoint directory, say).
     if (data["weights_from"]) dettrial::load_weights(model_, data["weights_from"].as<std::string>());
-    if (data["scheduler"] && data["scheduler"].as<std::string>() == "step") {
-      scheduler_ = std::make_unique<dettrial::optim::StepLR>(*optimizer_, 7, 0.5);
-      c.wrap_lr_scheduler(*scheduler_, dettrial::lr_step::every_batch{});
+    const std::string scheduler = data["scheduler"] ? data["scheduler"].as<std::string>() : "none";
+    if (scheduler == "step") {
+      step_ = std::make_unique<dettrial::optim::StepLR>(*optimizer_, 7, 0.5);
+      c.wrap_lr_scheduler(*step_, dettrial::lr_step::every_batch{});
+    } else if (scheduler == "multistep") {
+      multistep_ = std::make_unique<dettrial::optim::MultiStepLR>(*optimizer_, std::vector<std::int64_t>{25, 30, 30}, 0.5);
+      c.wrap_lr_scheduler(*multistep_, dettrial::lr_step::every_batch{});
     }
   }
 
@@ -125,7 +134,8 @@ class DeterminedMnistTrial {
   dettrial::Context& context_;
   torch::nn::Sequential model_{nullptr};
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
-  std::unique_ptr<dettrial::optim::StepLR> scheduler_;
+  std::unique_ptr<dettrial::optim::StepLR> step_;
+  std::unique_ptr<dettrial::optim::MultiStepLR> multistep_;
   std::int64_t batches_ = 0;
   std::ofstream log_;
   torch::Tensor train_x_, train_y_, train_ids_, val_x_, val_y_, val_ids_;

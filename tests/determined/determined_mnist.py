@@ -51,9 +51,11 @@ def find(directory, split, kind):
     raise SystemExit(f"no {split} {kind} in {directory}")
 
 
-def mnist_network(n1, n2, dropout):
-    """examples/mnist's network, layer for layer (parameters in LibTorch's order)."""
-    return nn.Sequential(nn.Conv2d(1, n1, 5), nn.MaxPool2d(2), nn.ReLU(),
+def mnist_network(n1, n2, dropout, batch_norm=False):
+    """examples/mnist's network, layer for layer (parameters in LibTorch's order); with
+    `batch_norm`, a BatchNorm2d after the first convolution (running statistics and a batch count
+    in the checkpoint)."""
+    return nn.Sequential(nn.Conv2d(1, n1, 5), *([nn.BatchNorm2d(n1)] if batch_norm else []), nn.MaxPool2d(2), nn.ReLU(),
                          nn.Conv2d(n1, n2, 5), nn.MaxPool2d(2), nn.ReLU(),
                          nn.Flatten(), nn.Linear(16 * n2, 50), nn.ReLU(), nn.Dropout(dropout),
                          nn.Linear(50, 10), nn.LogSoftmax(dim=1))
@@ -94,11 +96,16 @@ class MnistTrial(pytorch.PyTorchTrial):
         self.log = open(args.log, "a") if args.log else None
         self.counter = Log()
         hp = context.get_hparams()
-        self.model = context.wrap_model(mnist_network(hp["n_filters1"], hp["n_filters2"], hp["dropout"]))
+        self.model = context.wrap_model(mnist_network(hp["n_filters1"], hp["n_filters2"], hp["dropout"], args.net == "batchnorm"))
         self.optimizer = context.wrap_optimizer(make_optimizer(args.optimizer, self.model.parameters(), hp["learning_rate"]))
         if args.scheduler == "step":
             self.scheduler = context.wrap_lr_scheduler(torch.optim.lr_scheduler.StepLR(self.optimizer, step_size=7, gamma=0.5),
                                                        pytorch.LRScheduler.StepMode.STEP_EVERY_BATCH)
+        elif args.scheduler == "multistep":
+            # A repeated milestone: its state_dict() keeps the milestones as a Counter (30 counted twice).
+            self.scheduler = context.wrap_lr_scheduler(
+                torch.optim.lr_scheduler.MultiStepLR(self.optimizer, milestones=[25, 30, 30], gamma=0.5),
+                pytorch.LRScheduler.StepMode.STEP_EVERY_BATCH)
 
     def build_callbacks(self):
         return {"counter": self.counter}
@@ -151,7 +158,8 @@ def main():
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--batches", type=int, required=True, help="batches to train in this run")
     p.add_argument("--optimizer", default="sgd")
-    p.add_argument("--scheduler", default="none", choices=["none", "step"])
+    p.add_argument("--scheduler", default="none", choices=["none", "step", "multistep"])
+    p.add_argument("--net", default="plain", choices=["plain", "batchnorm"])
     p.add_argument("--seed", type=int, default=17)
     p.add_argument("--resume", help="a checkpoint directory to continue")
     p.add_argument("--checkpoint-to", help="copy the checkpoint written at the end here")

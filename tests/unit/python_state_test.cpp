@@ -4,6 +4,8 @@
 // when the layout is another type's; NumPy's and Python's generators seeded as Determined seeds them.
 #include <doctest/doctest.h>
 
+#include <map>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <string>
@@ -186,6 +188,40 @@ TEST_CASE("python pickle: a storage whose pickle asks for more elements than its
   CHECK(dettrial::detail::unpickle_archive(whole, "written.pth").toGenericDict().at("w").toTensor().equal(torch::ones({4})));
 }
 
+// torch 2.15's MultiStepLR(milestones=[3, 5, 5], gamma=0.5).state_dict() after 6 steps, as
+// pickle.dumps(state, protocol=2) writes it: its milestones are a collections.Counter.
+const char* const multistep_state =
+    "80027d710028580a0000006d696c6573746f6e6573710163636f6c6c656374696f6e730a436f756e7465720a71027d7103284b034b014b054b02758571045271"
+    "05580500000067616d6d617106473fe00000000000005808000000626173655f6c727371075d7108473fb999999999999a61580a0000006c6173745f65706f"
+    "636871094b06580b0000005f737465705f636f756e74710a4b07580b0000005f69735f696e697469616c710b89581a0000005f6765745f6c725f63616c6c"
+    "65645f77697468696e5f73746570710c8958080000005f6c6173745f6c72710d5d710e473f8999999999999a61752e";
+// pickle.dumps({"d": collections.defaultdict(list, {1: [2, 3]}), "t": datetime.date(2020, 1, 2)}, protocol=2).
+const char* const defaultdict_and_date =
+    "80027d710028580100000064710163636f6c6c656374696f6e730a64656661756c74646963740a7102635f5f6275696c74696e5f5f0a6c69737"
+    "40a71038571045271054b015d7106284b024b0365735801000000747107636461746574696d650a646174650a7108635f636f646563730a656e63"
+    "6f64650a7109580500000007c3a40102710a58060000006c6174696e31710b86710c52710d85710e52710f752e";
+
+TEST_CASE("python pickle: MultiStepLR's state as Python pickles it (a Counter) loads, and a defaultdict reads as a dict") {
+  const c10::IValue state = dettrial::detail::unpickle(from_hex(multistep_state));
+  torch::nn::Sequential model = small_model();
+  torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.1));
+  optim::MultiStepLR scheduler(sgd, {1}, 0.9);
+  scheduler.load_python_state(state.toGenericDict(), "LR scheduler 0");
+  CHECK(scheduler.milestones() == std::map<std::int64_t, std::int64_t>{{3, 1}, {5, 2}});
+  CHECK(scheduler.last_epoch() == 6);
+  CHECK(scheduler.get_last_lr() == std::vector<double>{0.0125});
+
+  // An object of a type dettrial does not read: refused by name, or (for a checkpoint's parts) kept
+  // as a marker whose type python_object_type names.
+  CHECK_THROWS_WITH_AS(dettrial::detail::unpickle(from_hex(defaultdict_and_date)),
+                       doctest::Contains("a Python object of type 'datetime.date', which dettrial does not read"), std::runtime_error);
+  const c10::IValue marked = dettrial::detail::unpickle(from_hex(defaultdict_and_date), {}, dettrial::detail::UnreadObjects::mark);
+  const auto d = marked.toGenericDict().at("d").toGenericDict();
+  CHECK(d.at(1).toList().size() == 2);
+  CHECK(dettrial::detail::python_object_type(marked) == std::optional<std::string>("datetime.date"));
+  CHECK(dettrial::detail::python_object_type(marked.toGenericDict().at("d")) == std::nullopt);
+}
+
 TEST_CASE("python state: each optimizer comes back exactly from Python's layout, and trains on bit for bit") {
   using namespace torch::optim;
   SUBCASE("SGD with momentum and Nesterov") {
@@ -233,6 +269,21 @@ TEST_CASE("python state: an optimizer state of another type or network is refuse
   auto group = maximizing.at("param_groups").toList().get(0).toGenericDict();
   group.insert_or_assign("maximize", true);
   CHECK_THROWS_WITH_AS(load_optimizer_state_dict(adam, maximizing, "optimizer 0"), doctest::Contains("maximize: True"), CheckpointError);
+  // Python's AdamW (torch 2.x writes decoupled_weight_decay: True) is another update than Adam's:
+  // refused by name, never trained on as Adam with L2 weight decay; and the other way round.
+  StateDict adamw_state = optimizer_state_dict(adam);  // a fresh dict (copy() shares the groups)
+  adamw_state.at("param_groups").toList().get(0).toGenericDict().insert_or_assign("decoupled_weight_decay", true);
+  CHECK_THROWS_WITH_AS(load_optimizer_state_dict(adam, adamw_state, "optimizer 0"),
+                       doctest::Contains("optimizer 0, group 0 has decoupled_weight_decay: True, which LibTorch's Adam does not do "
+                                         "(that is AdamW's decoupled weight decay: the trial's optimizer must be torch::optim::AdamW)"),
+                       CheckpointError);
+  torch::optim::AdamW adamw(model->parameters(), torch::optim::AdamWOptions(0.01));
+  load_optimizer_state_dict(adamw, adamw_state, "optimizer 0");  // what it is for
+  StateDict plain_adam = optimizer_state_dict(adam);
+  plain_adam.at("param_groups").toList().get(0).toGenericDict().insert_or_assign("decoupled_weight_decay", false);
+  load_optimizer_state_dict(adam, plain_adam, "optimizer 0");
+  CHECK_THROWS_WITH_AS(load_optimizer_state_dict(adamw, plain_adam, "optimizer 0"),
+                       doctest::Contains("has decoupled_weight_decay: False, which LibTorch's AdamW does not do"), CheckpointError);
 }
 
 TEST_CASE("python state: StepLR and ReduceLROnPlateau come back from Python's state dict, and another type's is refused by name") {

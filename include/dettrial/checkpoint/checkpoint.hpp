@@ -327,8 +327,17 @@ DETTRIAL_INLINE StateDict read_state_dict_file(const std::filesystem::path& dir)
   // Determined lists no checksums: its state_dict.pth is read as it is.
   const std::string bytes =
       read_checkpoint_info(dir, /*verify_files=*/false).by_determined ? read_file_bytes(file) : read_checked_file(dir, layout::state_dict);
-  const c10::IValue top = unpickle_archive(bytes, file);
+  // Objects of types dettrial does not read are kept marked: an optimizer's or scheduler's state that
+  // holds one is refused as that part (load_python_layout), which --resume-fresh-parts can start fresh.
+  const c10::IValue top = unpickle_archive(bytes, file, UnreadObjects::mark);
   if (!top.isGenericDict()) throw CheckpointError("checkpoint file '" + file.string() + "' does not hold a dict");
+  for (const auto& entry : top.toGenericDict()) {
+    const std::string key = entry.key().isString() ? entry.key().toStringRef() : std::string("(a key that is not a name)");
+    if (key == "optimizers_state_dict" || key == "lr_schedulers_state_dict") continue;
+    if (const auto type = python_object_type(entry.value()))
+      throw CheckpointError("checkpoint file '" + file.string() + "': '" + key + "' holds a Python object of type '" + *type +
+                            "', which dettrial does not read");
+  }
   return top.toGenericDict();
 }
 
@@ -500,6 +509,19 @@ DETTRIAL_INLINE void ContextCheckpoint::load_rng(Context& c, const StateDict& to
   c.position().python_generators = carried;
 }
 
+/// Refuses a part of a checkpoint that holds an object of a type dettrial does not read, naming the part.
+DETTRIAL_INLINE void refuse_unread_objects(const c10::IValue& part, const std::string& name) {
+  if (const auto type = python_object_type(part))
+    throw CheckpointError(name + " holds a Python object of type '" + *type + "', which dettrial does not read");
+}
+
+/// The optimizer's type as a message names it ("SGD", "Adam", ...), from its options.
+DETTRIAL_INLINE std::string optimizer_type_name(torch::optim::Optimizer& optimizer) {
+  if (optimizer.param_groups().empty()) return "an optimizer";
+  const char* name = python_optimizer_detail::kind_of(optimizer.param_groups()[0].options()).name;
+  return name ? name : "an optimizer of another type";
+}
+
 DETTRIAL_INLINE void ContextCheckpoint::load_python_layout(Context& c, const StateDict& top, const std::filesystem::path& file,
                                                            bool fresh_parts, torch::serialize::InputArchive* native) {
   const std::string what = "checkpoint file '" + file.string() + "'";
@@ -535,7 +557,8 @@ DETTRIAL_INLINE void ContextCheckpoint::load_python_layout(Context& c, const Sta
     part("optimizer " + std::to_string(i), [&] {
       torch::serialize::InputArchive one;
       if (!python_layout_holds(c.optimizer(i)) && archived("optimizers", i, one)) return load_native_optimizer(c, i, one, native_what);
-      const std::string name = what + ", optimizer " + std::to_string(i);
+      const std::string name = what + ", optimizer " + std::to_string(i) + " (" + optimizer_type_name(c.optimizer(i)) + ")";
+      refuse_unread_objects(optimizers.get(i), name);
       if (!optimizers.get(i).isGenericDict()) throw CheckpointError(name + " is not a state dict");
       load_optimizer_state_dict(c.optimizer(i), optimizers.get(i).toGenericDict(), name);
     });
@@ -545,7 +568,8 @@ DETTRIAL_INLINE void ContextCheckpoint::load_python_layout(Context& c, const Sta
       const WrappedScheduler& s = c.lr_scheduler(i);
       torch::serialize::InputArchive one;
       if (!s.load_python_state && archived("schedulers", i, one)) return load_native_scheduler(c, i, one, native_what);
-      const std::string name = what + ", LR scheduler " + std::to_string(i);
+      const std::string name = what + ", LR scheduler " + std::to_string(i) + (s.type.empty() ? std::string() : " (" + s.type + ")");
+      refuse_unread_objects(schedulers.get(i), name);
       if (!s.load_python_state)
         throw CheckpointError(name + ": the trial's scheduler cannot read Python's state (dettrial::optim's StepLR, MultiStepLR, " +
                               "ExponentialLR and ReduceLROnPlateau can; a LambdaLR or another type has no counterpart here)");

@@ -62,17 +62,29 @@ using optim::python_state_detail::python_number;  // schedulers' reader of Pytho
 struct Kind {
   const char* name;
   std::set<std::string> options;
+  /// Flags Python's optimizers carry that change the update, with the one value LibTorch's type
+  /// computes: another value in the file is refused, never trained on as something else (an AdamW
+  /// checkpoint resumed into Adam would otherwise step as Adam with L2 weight decay).
+  std::map<std::string, bool> fixed_flags;
   std::function<void(torch::optim::OptimizerOptions&, const std::string& key, const c10::IValue& value, const std::string& what)> set;
   std::function<std::unique_ptr<torch::optim::OptimizerParamState>(const StateDict& entries, const torch::Tensor& param,
                                                                    const std::string& what)>
       make_state;
 };
 
-/// Options Python's optimizers carry that change nothing in LibTorch's arithmetic.
+/// Options Python's optimizers carry that change nothing in LibTorch's arithmetic (how the update
+/// is computed, not what it is).
 inline const std::set<std::string>& ignored_options() {
-  static const std::set<std::string> keys = {"params",     "foreach",  "differentiable", "fused",
-                                             "capturable", "maximize", "initial_lr",     "decoupled_weight_decay"};
+  static const std::set<std::string> keys = {"params", "foreach", "differentiable", "fused", "capturable", "initial_lr"};
   return keys;
+}
+
+/// Why a fixed flag's other value is another update, for the refusal's sentence.
+inline std::string fixed_flag_reason(const std::string& key, bool value) {
+  if (key == "decoupled_weight_decay")
+    return value ? " (that is AdamW's decoupled weight decay: the trial's optimizer must be torch::optim::AdamW)"
+                 : " (that is Adam's L2 weight decay: the trial's optimizer must be torch::optim::Adam)";
+  return "";
 }
 
 /// A state entry as a tensor shaped like `param` (on its device), or undefined when absent.
@@ -121,6 +133,7 @@ inline Kind sgd_kind() {
   using namespace torch::optim;
   return {"SGD",
           {"lr", "momentum", "dampening", "weight_decay", "nesterov"},
+          {{"maximize", false}},
           [](OptimizerOptions& base, const std::string& k, const c10::IValue& v, const std::string& what) {
             auto& o = static_cast<SGDOptions&>(base);
             if (k == "lr") o.lr(python_number(v, what));
@@ -140,6 +153,7 @@ inline Kind adam_kind() {
   using namespace torch::optim;
   return {"Adam",
           {"lr", "betas", "eps", "weight_decay", "amsgrad"},
+          {{"maximize", false}, {"decoupled_weight_decay", false}},
           [](OptimizerOptions& o, const std::string& k, const c10::IValue& v, const std::string& what) {
             set_adam(static_cast<AdamOptions&>(o), k, v, what);
           },
@@ -150,6 +164,7 @@ inline Kind adamw_kind() {
   using namespace torch::optim;
   return {"AdamW",
           {"lr", "betas", "eps", "weight_decay", "amsgrad"},
+          {{"maximize", false}, {"decoupled_weight_decay", true}},
           [](OptimizerOptions& o, const std::string& k, const c10::IValue& v, const std::string& what) {
             set_adam(static_cast<AdamWOptions&>(o), k, v, what);
           },
@@ -160,6 +175,7 @@ inline Kind rmsprop_kind() {
   using namespace torch::optim;
   return {"RMSprop",
           {"lr", "alpha", "eps", "weight_decay", "momentum", "centered"},
+          {{"maximize", false}},
           [](OptimizerOptions& base, const std::string& k, const c10::IValue& v, const std::string& what) {
             auto& o = static_cast<RMSpropOptions&>(base);
             if (k == "lr") o.lr(python_number(v, what));
@@ -183,6 +199,7 @@ inline Kind adagrad_kind() {
   using namespace torch::optim;
   return {"Adagrad",
           {"lr", "lr_decay", "weight_decay", "initial_accumulator_value", "eps"},
+          {{"maximize", false}},
           [](OptimizerOptions& base, const std::string& k, const c10::IValue& v, const std::string& what) {
             auto& o = static_cast<AdagradOptions&>(base);
             if (k == "lr") o.lr(python_number(v, what));
@@ -203,6 +220,7 @@ inline Kind adadelta_kind() {
   using namespace torch::optim;
   return {"Adadelta",
           {"lr", "rho", "eps", "weight_decay"},
+          {{"maximize", false}},
           [](OptimizerOptions& base, const std::string& k, const c10::IValue& v, const std::string& what) {
             auto& o = static_cast<optim::AdadeltaOptions&>(base);
             if (k == "lr") o.lr(python_number(v, what));
@@ -227,15 +245,20 @@ DETTRIAL_INLINE Kind kind_of(torch::optim::OptimizerOptions& options) {
   if (dynamic_cast<RMSpropOptions*>(&options)) return rmsprop_kind();
   if (dynamic_cast<AdagradOptions*>(&options)) return adagrad_kind();
   if (dynamic_cast<optim::AdadeltaOptions*>(&options)) return adadelta_kind();
-  return {nullptr, {}, {}, {}};
+  return {nullptr, {}, {}, {}, {}};
 }
 
 /// Checks one group's options against the optimizer's kind before any is set.
 inline void check_group_options(const StateDict& group, const Kind& kind, const std::string& what) {
   for (const auto& entry : group) {
     const std::string key = entry.key().isString() ? entry.key().toStringRef() : std::string("(not a name)");
-    if (key == "maximize" && python_optimizer_detail::python_number(entry.value(), what + ": 'maximize'") != 0)
-      throw CheckpointError(what + " has maximize: True, which LibTorch's " + kind.name + " does not do");
+    if (const auto fixed = kind.fixed_flags.find(key); fixed != kind.fixed_flags.end()) {
+      const bool value = python_optimizer_detail::python_number(entry.value(), what + ": '" + key + "'") != 0;
+      if (value != fixed->second)
+        throw CheckpointError(what + " has " + key + ": " + (value ? "True" : "False") + ", which LibTorch's " + kind.name +
+                              " does not do" + fixed_flag_reason(key, value));
+      continue;
+    }
     if (!kind.options.count(key) && !ignored_options().count(key))
       throw CheckpointError(what + " has option '" + key + "', which " + kind.name +
                             " does not have: the checkpoint's optimizer is another type than the trial's");

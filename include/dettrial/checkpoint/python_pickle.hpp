@@ -17,6 +17,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -29,10 +30,25 @@ namespace dettrial::detail {
 /// The storage record `data/<key>` of a torch.save archive, as a 1-D tensor of `numel` elements of `dtype`.
 using PickleStorageLoader = std::function<torch::Tensor(const std::string& key, c10::ScalarType dtype, std::int64_t numel)>;
 
+/// What the reader does with an object of a type it does not read (a global other than the ones
+/// state dicts use): it never constructs one, and never runs anything.
+enum class UnreadObjects {
+  /// The whole read fails, naming the type.
+  refuse,
+  /// The object is kept as an opaque marker (python_object_type names it), so that a caller reading
+  /// a checkpoint can refuse only the part that holds it, naming that part, or start it fresh.
+  mark,
+};
+
 /// Runs a pickle (protocols 0 to 5, the opcodes Python's pickler writes) and returns its value;
 /// `storages` resolves a torch.save archive's tensor storages (none for a plain pickle). Throws
 /// std::runtime_error naming the opcode or global it cannot read.
-DETTRIAL_INLINE c10::IValue unpickle(std::string_view pickle, const PickleStorageLoader& storages = {});
+DETTRIAL_INLINE c10::IValue unpickle(std::string_view pickle, const PickleStorageLoader& storages = {},
+                                     UnreadObjects unread = UnreadObjects::refuse);
+
+/// The Python type ("module.name") of the first object `value` holds that unpickle(..., mark) kept
+/// unread, searching dicts, lists and tuples; nullopt when it holds none.
+DETTRIAL_INLINE std::optional<std::string> python_object_type(const c10::IValue& value);
 
 }  // namespace dettrial::detail
 
@@ -70,6 +86,14 @@ inline std::string kind_of(const c10::IValue& v) {
 }
 
 inline c10::IValue field(const c10::IValue& object, const char* key) { return object.toGenericDict().at(key); }
+
+/// The kind of the marker that unpickle(..., UnreadObjects::mark) keeps for an object it does not read.
+inline constexpr const char* unread_kind = "unread Python object";
+
+inline std::string unread_message(const std::string& type) {
+  return "the pickle holds a Python object of type '" + type +
+         "', which dettrial does not read (it reads state dicts: tensors, numbers, strings, lists, tuples, dicts, NumPy arrays)";
+}
 
 inline std::vector<c10::IValue> elements(const c10::IValue& v, const char* what) {
   if (v.isTuple()) return v.toTupleRef().elements().vec();
@@ -190,7 +214,8 @@ DETTRIAL_INLINE std::string encode_bytes(const std::string& utf8, const std::str
 /// The pickle machine: its stack, marks and memo, and the opcodes' effects.
 class Machine {
  public:
-  Machine(std::string_view pickle, const PickleStorageLoader& storages) : in_(pickle), storages_(storages) {}
+  Machine(std::string_view pickle, const PickleStorageLoader& storages, UnreadObjects unread)
+      : in_(pickle), storages_(storages), unread_(unread) {}
 
   c10::IValue run();
 
@@ -248,6 +273,8 @@ class Machine {
   }
   void set_items(std::vector<c10::IValue> items) {
     c10::IValue& target = top();
+    if (kind_of(target) == unread_kind)
+      fail("the pickle sets items on a Python object of type '" + field(target, "name").toStringRef() + "', which dettrial does not read");
     if (!target.isGenericDict() || !kind_of(target).empty()) fail("SETITEMS on something that is not a dict");
     auto d = target.toGenericDict();
     for (std::size_t i = 0; i + 1 < items.size(); i += 2) d.insert_or_assign(std::move(items[i]), std::move(items[i + 1]));
@@ -275,6 +302,7 @@ class Machine {
   std::string_view in_;
   std::size_t at_ = 0;
   const PickleStorageLoader& storages_;
+  UnreadObjects unread_;
   std::vector<c10::IValue> stack_;
   std::vector<std::size_t> marks_;
   std::unordered_map<std::uint64_t, c10::IValue> memo_;
@@ -323,8 +351,12 @@ DETTRIAL_INLINE c10::IValue Machine::call(const c10::IValue& callable, std::vect
   if (name == "torch.device") return arg(0);
   if (name == "torch.Size") return tuple(elements(arg(0), "a torch.Size"));
   if (name.rfind("torch.jit._pickle.build_", 0) == 0 || name == "torch.jit._pickle.restore_type_tag") return arg(0);
-  fail("the pickle holds a Python object of type '" + name + "', which dettrial does not read (it reads state dicts: tensors, numbers, " +
-       "strings, lists, tuples, dicts, NumPy arrays)");
+  // Dict subclasses that state dicts hold, as their items: MultiStepLR's milestones are a Counter
+  // (pickled as Counter(dict)); a defaultdict pickles its factory, then its items (SETITEMS).
+  if (name == "collections.Counter") return args.empty() ? new_dict() : c10::IValue(arg(0));
+  if (name == "collections.defaultdict") return new_dict();
+  if (unread_ == UnreadObjects::mark) return object(unread_kind, {{"name", name}});
+  fail(unread_message(name));
 }
 
 DETTRIAL_INLINE c10::IValue Machine::build(c10::IValue object, c10::IValue state) {
@@ -335,6 +367,7 @@ DETTRIAL_INLINE c10::IValue Machine::build(c10::IValue object, c10::IValue state
     if (s.size() > 1 && s[1].isString()) object.toGenericDict().insert_or_assign("order", s[1]);
     return object;
   }
+  if (kind == unread_kind) return object;  // its state is not read either
   if (object.isGenericDict() || object.isTensor()) return object;  // an OrderedDict's `_metadata`, a tensor's hooks
   fail("BUILD of something dettrial cannot set state on");
 }
@@ -490,8 +523,24 @@ DETTRIAL_INLINE bool Machine::step(unsigned char op) {
 
 }  // namespace pickle_detail
 
-DETTRIAL_INLINE c10::IValue unpickle(std::string_view pickle, const PickleStorageLoader& storages) {
-  return pickle_detail::Machine(pickle, storages).run();
+DETTRIAL_INLINE c10::IValue unpickle(std::string_view pickle, const PickleStorageLoader& storages, UnreadObjects unread) {
+  return pickle_detail::Machine(pickle, storages, unread).run();
+}
+
+DETTRIAL_INLINE std::optional<std::string> python_object_type(const c10::IValue& value) {
+  if (value.isGenericDict()) {
+    if (pickle_detail::kind_of(value) == pickle_detail::unread_kind) return pickle_detail::field(value, "name").toStringRef();
+    for (const auto& entry : value.toGenericDict())
+      if (auto found = python_object_type(entry.value())) return found;
+  } else if (value.isList()) {
+    const auto list = value.toList();
+    for (std::size_t i = 0; i < list.size(); ++i)
+      if (auto found = python_object_type(list.get(i))) return found;
+  } else if (value.isTuple()) {
+    for (const c10::IValue& element : value.toTupleRef().elements())
+      if (auto found = python_object_type(element)) return found;
+  }
+  return std::nullopt;
 }
 
 }  // namespace dettrial::detail

@@ -45,7 +45,8 @@ DETTRIAL_INLINE std::string pickle_bytes(const c10::IValue& value);
 
 /// Reads an archive written by pickle_archive or by Python's `torch.save` (state dicts, checkpoints:
 /// dicts, lists, tensors, numbers, strings); `file` names it in errors.
-DETTRIAL_INLINE c10::IValue unpickle_archive(const std::string& bytes, const std::filesystem::path& file);
+DETTRIAL_INLINE c10::IValue unpickle_archive(const std::string& bytes, const std::filesystem::path& file,
+                                             UnreadObjects unread = UnreadObjects::refuse);
 
 /// Every parameter and buffer of a module with Python's state-dict names, in Python's order.
 template <class F>
@@ -166,7 +167,7 @@ DETTRIAL_INLINE std::string pickle_bytes(const c10::IValue& value) {
   return out;
 }
 
-DETTRIAL_INLINE c10::IValue unpickle_archive(const std::string& bytes, const std::filesystem::path& file) {
+DETTRIAL_INLINE c10::IValue unpickle_archive(const std::string& bytes, const std::filesystem::path& file, UnreadObjects unread) {
   try {
     std::istringstream stream(bytes);
     caffe2::serialize::PyTorchStreamReader reader(&stream);
@@ -185,7 +186,7 @@ DETTRIAL_INLINE c10::IValue unpickle_archive(const std::string& bytes, const std
       std::memcpy(out.data_ptr(), data.get(), static_cast<std::size_t>(numel) * element);
       return out;
     };
-    return unpickle(std::string_view(static_cast<const char*>(pickle_data.get()), pickle_size), storages);
+    return unpickle(std::string_view(static_cast<const char*>(pickle_data.get()), pickle_size), storages, unread);
   } catch (const std::exception& e) {
     throw CheckpointError("cannot read '" + file.string() + "' as a torch.save archive: " + first_line(e.what()));
   }

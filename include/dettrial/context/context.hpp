@@ -14,6 +14,7 @@
 #include <string>
 #include <type_traits>
 #include <vector>
+#include <typeinfo>
 
 #include <torch/torch.h>
 #include <yaml-cpp/yaml.h>
@@ -303,6 +304,7 @@ class Context {
                                  &detail::lr_scheduler_steps<S>,
                                  detail::python_state_writer<S>(),
                                  detail::python_state_reader<S>()};
+      w.type = c10::demangle(typeid(S).name());
       if constexpr (by_metric) {
         if (mode.metric.empty())
           throw ConfigError(

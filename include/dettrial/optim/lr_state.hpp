@@ -67,6 +67,8 @@ struct WrappedScheduler {
   /// For lr_step::on_validation: `step(metric)` with the validation's value of `metric`.
   void (*step_with_metric)(void*, double) = nullptr;
   std::string metric{};
+  /// The scheduler's C++ type, for messages ("dettrial::optim::MultiStepLR").
+  std::string type{};
 };
 
 /// The scheduler's own Python state dict writer, when it has one.
