@@ -31,5 +31,5 @@ ELASTIC_KILL=1:23 run no-restarts 1 "$program" "${trial[@]}" --nproc 2 --max-res
 grep -q "error: rank 1 of 2 was killed by signal 9" "$work/no-restarts.log" || { cat "$work/no-restarts.log"; fail "the killed rank is not named"; }
 # Killed before its first checkpoint: not restarted (it would start over where it began).
 ELASTIC_KILL=1:5 run too-early 1 "$program" "${trial[@]}" --nproc 2 --max-restarts 3 --output "$work/too-early"
-grep -q "failed before writing a new checkpoint: not restarted" "$work/too-early.log" || { cat "$work/too-early.log"; fail "no sentence for a job that failed before its first checkpoint"; }
+grep -q "is not restarted: it failed before writing a new checkpoint" "$work/too-early.log" || { cat "$work/too-early.log"; fail "no sentence for a job that failed before its first checkpoint"; }
 echo "ok: a killed rank was survived under the built-in launcher (2 ranks, and 3 -> 2)"

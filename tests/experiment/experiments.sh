@@ -107,12 +107,29 @@ config_error)
   echo "config_error: both searches stopped at their first trial with exit status 78"
   ;;
 failed_trial)
-  # A trial that fails every time ends ERRORED after its restarts; the experiment exits 1 and says so.
+  # A trial that fails every time before its first checkpoint ends ERRORED without a restart (one
+  # would start where it began: RestartPolicy); the experiment exits 1 and says so.
   expect_status 1 "$work/out.log" "$program" --config "$configs/failing.yaml" --output "$work/out"
   grep -q "1 of 2 trials failed" "$work/out.log" || fail "no failure count"
   grep -q "error: synthetic failure at batch 3" "$work/out.log" || fail "the trial's error is not on the terminal"
-  summary "t = {x['hparams']['crash']: x for x in s['trials']}; assert t[0]['state'] == 'COMPLETED' and t[2]['state'] == 'ERRORED' and t[2]['restarts'] == 1, t; \
-print('failed_trial: ERRORED after 1 restart, the other completed, exit status 1')" || fail "bad summary"
+  grep -q "is not restarted: it failed before writing a new checkpoint" "$work/out.log" || fail "no reason given for not restarting"
+  summary "t = {x['hparams']['crash']: x for x in s['trials']}; assert t[0]['state'] == 'COMPLETED' and t[2]['state'] == 'ERRORED' and t[2]['restarts'] == 0, t; \
+print('failed_trial: ERRORED without a restart (no progress), the other completed, exit status 1')" || fail "bad summary"
+  ;;
+progressing)
+  # A trial that fails after progress every time (at batches 5, 9 and 13, checkpointing every 2):
+  # max_restarts 2 is the trial's whole life, spent by the runner alone: 3 attempts, from batch 0,
+  # 4 and 8, then ERRORED; its process never restarts itself (the runner starts it with --max-restarts 0).
+  expect_status 1 "$work/out.log" "$program" --config "$configs/progressing.yaml" --output "$work/out"
+  log=$(ls "$work"/out/trials/*/log.txt)
+  failures=$(grep -o "synthetic failure at batch [0-9]*" "$log" | sort -u | tr '\n' ' ')
+  [ "$failures" = "synthetic failure at batch 13 synthetic failure at batch 5 synthetic failure at batch 9 " ] ||
+    fail "the attempts failed at: $failures (expected batches 5, 9 and 13: three attempts)"
+  ! grep -q "restarting it from its checkpoint" "$log" || fail "the trial's own process restarted it too"
+  grep -q "failed (.*) after 2 restart(s) and is not restarted: it used its 2 restart(s) (max_restarts)" "$work/out.log" ||
+    fail "no sentence for the spent restarts"
+  summary "t = s['trials'][0]; assert t['state'] == 'ERRORED' and t['restarts'] == 2 and t['batches_trained'] == 12, t; \
+print('progressing: 3 attempts (restarts 2 of max_restarts 2, by the runner alone), ERRORED at batch 12')" || fail "bad summary"
   ;;
 ctrl_c)
   # Ctrl-C in a terminal signals the whole foreground process group: the runner and, unless they have

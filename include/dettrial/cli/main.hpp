@@ -24,6 +24,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include "../layout.hpp"
+#include "../checkpoint/restart_policy.hpp"
 #include "../checkpoint/storage.hpp"
 #include "../context/context.hpp"
 #include "../distributed/communicator.hpp"
@@ -81,7 +82,6 @@ DETTRIAL_INLINE std::int64_t restarts_allowed(const CommandLine& line, const Run
 
 /// Whether a failed attempt wrote a checkpoint: the newest of `after` is not the newest of `before`.
 /// An attempt that wrote none would fail where it began, so it is not restarted.
-DETTRIAL_INLINE bool wrote_new_checkpoint(const std::vector<CheckpointInfo>& before, const std::vector<CheckpointInfo>& after);
 
 /// Where a run's checkpoints go: the config's checkpoint storage, else the run folder's.
 DETTRIAL_INLINE std::filesystem::path checkpoint_storage(const FitOptions& options);
@@ -115,14 +115,12 @@ DETTRIAL_INLINE void say_config_differences(const CommandLine& line, const RunPl
 /// A run folder without a checkpoint, started again: its records describe training about to be redone.
 DETTRIAL_INLINE void start_afresh(const std::filesystem::path& run, bool quiet);
 
-/// Determined's max_restarts for a trial run on its own, called while `failure` is being handled: the
-/// checkpoint to restart from, or the failure rethrown. A failure (an exception; a crash needs a
-/// supervisor, such as the search runner) restarts only after progress: one before the attempt's
-/// first new checkpoint would just repeat (missing data, a bug at batch 0). Data-parallel ranks do
-/// not restart alone (their launcher ends the job), nor does a wrong configuration.
+/// RestartPolicy for a trial run on its own, called while `failure` is being handled: the checkpoint
+/// to restart from, or the failure rethrown. Only an exception restarts here (a crash needs a
+/// supervisor, such as the search runner); data-parallel ranks do not restart alone (their launcher
+/// restarts the job).
 DETTRIAL_INLINE std::filesystem::path checkpoint_to_restart_from(const std::exception& failure, const std::vector<CheckpointInfo>& before,
-                                                                 const std::filesystem::path& storage, std::int64_t restarts,
-                                                                 std::int64_t max_restarts, bool quiet);
+                                                                 const std::filesystem::path& storage, RestartPolicy& restarts, bool quiet);
 
 /// Says so when a resumed run had nothing left to train.
 DETTRIAL_INLINE void say_if_nothing_left(const FitResult& result, const RunPlan& plan, bool quiet, bool chief);
@@ -151,10 +149,10 @@ int train_trial(const CommandLine& line, const RunPlan& plan, const LaunchEnviro
   if (env.rank == 0 && (restarted_afresh || (!plan.afresh.empty() && !options.latest_checkpoint)))
     start_afresh(options.output_dir, line.quiet);
   const std::filesystem::path storage = checkpoint_storage(options);
-  const std::int64_t max_restarts = communicator || line.test_mode ? 0 : restarts_allowed(line, plan);
-  for (std::int64_t restarts = 0;; ++restarts) {
-    options.restart = env.restart + restarts;
-    const std::vector<CheckpointInfo> before = max_restarts > 0 ? list_checkpoints(storage) : std::vector<CheckpointInfo>{};
+  RestartPolicy restarts(communicator || line.test_mode ? 0 : restarts_allowed(line, plan));
+  for (;;) {
+    options.restart = env.restart + restarts.used();
+    const std::vector<CheckpointInfo> before = restarts.max_restarts() > 0 ? list_checkpoints(storage) : std::vector<CheckpointInfo>{};
     Context context(plan.config, ContextOptions{.communicator = communicator, .threads = line.threads});
     try {
       Trainer<TrialT> trainer(context, trial_args...);
@@ -162,7 +160,7 @@ int train_trial(const CommandLine& line, const RunPlan& plan, const LaunchEnviro
       say_if_nothing_left(result, plan, line.quiet, context.distributed().is_chief());
       return result.signal != 0 ? exit_status_interrupted : 0;
     } catch (const std::exception& e) {
-      options.latest_checkpoint = checkpoint_to_restart_from(e, before, storage, restarts, max_restarts, line.quiet);
+      options.latest_checkpoint = checkpoint_to_restart_from(e, before, storage, restarts, line.quiet);
     }
   }
 }
@@ -249,16 +247,16 @@ DETTRIAL_INLINE int launch_ranks(const CommandLine& line, const RunPlan& plan, i
   // want more threads than a rank's share of the cores.
   const bool bind_cpus = !line.no_cpu_bind && !line.threads && !omp_num_threads([](const char* n) { return std::getenv(n); });
   const std::chrono::seconds grace(line.timeout_seconds + 10);
-  const std::int64_t max_restarts = line.test_mode ? 0 : restarts_allowed(line, plan);
-  if (max_restarts == 0) return launch_local(args, nproc, grace, bind_cpus);
+  RestartPolicy restarts(line.test_mode ? 0 : restarts_allowed(line, plan));
+  if (restarts.max_restarts() == 0) return launch_local(args, nproc, grace, bind_cpus);
   const std::filesystem::path storage = checkpoint_storage(fit_options_for(line, plan, default_output));
   const Hyperparameters hparams = plan.config.trial_hyperparameters();
   const std::int64_t global_batch = hparams.contains("global_batch_size") ? hparams.get<std::int64_t>("global_batch_size") : 0;
   std::vector<int> slots(static_cast<std::size_t>(nproc));
   std::iota(slots.begin(), slots.end(), 0);
   std::vector<CheckpointInfo> before = list_checkpoints(storage);
-  for (std::int64_t restart = 0;; ++restart) {
-    std::vector<std::string> env = {"DETTRIAL_RESTART=" + std::to_string(restart)};
+  for (;;) {
+    std::vector<std::string> env = {"DETTRIAL_RESTART=" + std::to_string(restarts.used())};
     if (static_cast<int>(slots.size()) < nproc) env.push_back("CUDA_VISIBLE_DEVICES=" + visible_devices(slots));
     const LaunchOutcome outcome = run_local_ranks(args, static_cast<int>(slots.size()), grace, bind_cpus, env);
     if (outcome.status == 0 || outcome.status == exit_status_interrupted_value || outcome.status == exit_status_config_value)
@@ -266,13 +264,10 @@ DETTRIAL_INLINE int launch_ranks(const CommandLine& line, const RunPlan& plan, i
     const auto say = [&](const std::string& text) {
       if (!line.quiet) std::fprintf(stderr, "dettrial: %s\n", text.c_str());
     };
-    if (restart >= max_restarts) {
-      say("the job failed and has used its " + std::to_string(max_restarts) + " restart(s) (--max-restarts, max_restarts)");
-      return outcome.status;
-    }
     const std::vector<CheckpointInfo> after = list_checkpoints(storage);
-    if (!wrote_new_checkpoint(before, after)) {
-      say("the job failed before writing a new checkpoint: not restarted (it would start where this attempt did)");
+    // The ranks' configuration errors end the job above (exit status 78).
+    if (const auto why_not = restarts.refuse_restart(RestartPolicy::Failure::other, wrote_new_checkpoint(before, after))) {
+      say("the job failed and is not restarted: " + *why_not);
       return outcome.status;
     }
     if (line.nproc_min > 0 && outcome.first_failure >= 0) {
@@ -287,8 +282,7 @@ DETTRIAL_INLINE int launch_ranks(const CommandLine& line, const RunPlan& plan, i
       if (slots.size() != had) say("slot " + std::to_string(outcome.first_failure) + " is left out from now on");
     }
     say("restarting the job from its checkpoint at batch " + std::to_string(after.back().batches_trained) + " on " +
-        std::to_string(slots.size()) + " rank(s): restart " + std::to_string(restart + 1) + " of max_restarts " +
-        std::to_string(max_restarts));
+        std::to_string(slots.size()) + " rank(s): " + restarts.restart_text());
     args = resuming_from(std::move(args), after.back().path);
     before = after;
   }
@@ -296,10 +290,6 @@ DETTRIAL_INLINE int launch_ranks(const CommandLine& line, const RunPlan& plan, i
 
 DETTRIAL_INLINE std::int64_t restarts_allowed(const CommandLine& line, const RunPlan& plan) {
   return line.max_restarts.value_or(std::max<std::int64_t>(plan.config.max_restarts, 0));
-}
-
-DETTRIAL_INLINE bool wrote_new_checkpoint(const std::vector<CheckpointInfo>& before, const std::vector<CheckpointInfo>& after) {
-  return !after.empty() && (before.empty() || after.back().uuid != before.back().uuid);
 }
 
 DETTRIAL_INLINE std::filesystem::path checkpoint_storage(const FitOptions& options) {
@@ -393,17 +383,17 @@ DETTRIAL_INLINE void start_afresh(const std::filesystem::path& run, bool quiet) 
 }
 
 DETTRIAL_INLINE std::filesystem::path checkpoint_to_restart_from(const std::exception& failure, const std::vector<CheckpointInfo>& before,
-                                                                 const std::filesystem::path& storage, std::int64_t restarts,
-                                                                 std::int64_t max_restarts, bool quiet) {
-  if (is_configuration_error(failure) || restarts >= max_restarts) throw;
+                                                                 const std::filesystem::path& storage, RestartPolicy& restarts, bool quiet) {
+  // Nothing to say without restarts, or for a wrong configuration (its own message says what to fix).
+  if (restarts.max_restarts() == 0 || is_configuration_error(failure)) throw;
   const std::vector<CheckpointInfo> after = list_checkpoints(storage);
-  if (!wrote_new_checkpoint(before, after)) throw;  // no progress
+  if (const auto why_not = restarts.refuse_restart(RestartPolicy::Failure::other, wrote_new_checkpoint(before, after))) {
+    if (!quiet) std::fprintf(stderr, "dettrial: the trial failed and is not restarted: %s\n", why_not->c_str());
+    throw;
+  }
   if (!quiet)
-    std::fprintf(
-        stderr,
-        "dettrial: the trial failed: %s\ndettrial: restarting it from its checkpoint at batch %lld: restart %lld of max_restarts %lld\n",
-        first_line(failure.what()).c_str(), static_cast<long long>(after.back().batches_trained), static_cast<long long>(restarts + 1),
-        static_cast<long long>(max_restarts));
+    std::fprintf(stderr, "dettrial: the trial failed: %s\ndettrial: restarting it from its checkpoint at batch %lld: %s\n",
+                 first_line(failure.what()).c_str(), static_cast<long long>(after.back().batches_trained), restarts.restart_text().c_str());
   return after.back().path;
 }
 

@@ -37,6 +37,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include "../layout.hpp"
+#include "../checkpoint/restart_policy.hpp"
 #include "../checkpoint/storage.hpp"
 #include "../config/experiment_config.hpp"
 #include "../error.hpp"
@@ -124,6 +125,9 @@ class Experiment {
     /// the file without the records past its checkpoint: then it is read again from the start).
     std::uintmax_t metrics_offset = 0;
     ino_t metrics_inode = 0;
+    /// The trial's checkpoints when this runner started the attempt (none known for an adopted
+    /// job): whether a failed attempt made progress, for RestartPolicy.
+    std::optional<std::vector<CheckpointInfo>> checkpoints_at_start;
   };
 
   /// SIGTERM to every running trial (each checkpoints and exits), once per signal this process got
@@ -183,7 +187,8 @@ class Experiment {
   /// searcher, restarted from its latest checkpoint, or failed.
   /// `slurm_job`: the job that ended, recorded in the event log (a later runner then knows that
   /// job's end was handled).
-  void trial_ended(std::int64_t id, int status, bool stop_sent, bool interrupting, std::int64_t slurm_job = 0);
+  void trial_ended(std::int64_t id, int status, bool stop_sent, bool interrupting, std::int64_t slurm_job = 0,
+                   const std::optional<std::vector<CheckpointInfo>>& checkpoints_at_start = std::nullopt);
 
   /// The last `error: ...` line of a trial's log (what its program printed before it exited), or
   /// empty (a trial killed by a signal prints none).
@@ -628,8 +633,10 @@ DETTRIAL_INLINE void Experiment::launch(std::int64_t id) {
   const TrialRequest& r = requests_.at(id);
   fs::create_directories(trial_dir(id));
   write_trial_config(r);
+  // --max-restarts 0: this runner restarts the trial (RestartPolicy, one count over its life); its
+  // process, whose config keeps max_restarts, must not restart it a second time.
   std::vector<std::string> args = {options_.program.string(), "--config", trial_folder(id).config().string(), "--output",
-                                   trial_dir(id).string(),    "--quiet"};
+                                   trial_dir(id).string(),    "--quiet", "--max-restarts", "0"};
   if (!list_checkpoints(trial_folder(id).checkpoints()).empty()) {
     args.emplace_back("--resume");
     args.push_back(trial_folder(id).checkpoints().string());
@@ -650,6 +657,7 @@ DETTRIAL_INLINE void Experiment::launch(std::int64_t id) {
     command.extra_env.push_back(std::string(detail::supervisor_pid_variable) + "=" + std::to_string(::getpid()));
   }
   Running run;
+  run.checkpoints_at_start = list_checkpoints(trial_folder(id).checkpoints());
   // In a process group of its own: a Ctrl-C reaches the trial once, as this runner's SIGTERM.
   run.pid = detail::spawn_process(command.program, std::move(command.args),
                                   {.extra_env = std::move(command.extra_env),
@@ -748,6 +756,7 @@ DETTRIAL_INLINE void Experiment::reap(bool interrupting) {
   if (it == running_.end()) return;
   const std::int64_t id = it->first;
   const bool stop_sent = it->second.stop_sent;
+  const auto checkpoints_at_start = std::move(it->second.checkpoints_at_start);
   poll_metrics();  // its last records
   running_.erase(it);
   // Which job srun ran, for the event log (its record is fresh: the job has just ended).
@@ -755,10 +764,11 @@ DETTRIAL_INLINE void Experiment::reap(bool interrupting) {
   if (slurm_)
     if (const auto jobs = slurm_->jobs(options_.output_dir))
       if (const auto newest = detail::SlurmCluster::newest_job_per_trial(*jobs); newest.count(id) != 0) slurm_job = newest.at(id).id;
-  trial_ended(id, status, stop_sent, interrupting, slurm_job);
+  trial_ended(id, status, stop_sent, interrupting, slurm_job, checkpoints_at_start);
 }
 
-DETTRIAL_INLINE void Experiment::trial_ended(std::int64_t id, int status, bool stop_sent, bool interrupting, std::int64_t slurm_job) {
+DETTRIAL_INLINE void Experiment::trial_ended(std::int64_t id, int status, bool stop_sent, bool interrupting, std::int64_t slurm_job,
+                                             const std::optional<std::vector<CheckpointInfo>>& checkpoints_at_start) {
   // A restart or end, with the Slurm job behind it.
   const auto log_ending = [&](detail::Json event) {
     if (slurm_job != 0) event["slurm_job"] = slurm_job;
@@ -788,17 +798,24 @@ DETTRIAL_INLINE void Experiment::trial_ended(std::int64_t id, int status, bool s
     // The searcher's decision names the state, not its race with the signal: a trial it stopped
     // short of its length is STOPPED_EARLY also when it finished before the signal arrived.
     t.state = stop_sent ? TrialState::stopped_by_searcher : TrialState::completed;
-  } else if (t.restarts < config_.max_restarts) {
-    ++t.restarts;
-    log_ending({{"event", "restart"}, {"trial", id}, {"restarts", t.restarts}});
-    say("[experiment] trial " + std::to_string(id) + " failed (" + describe_failure(id, status) + "); restart " +
-        std::to_string(t.restarts) + " of " + std::to_string(config_.max_restarts) + " from its latest checkpoint");
-    queue_.push_back(id);
-    return;
   } else {
-    t.state = TrialState::errored;
-    std::fprintf(stderr, "[experiment] trial %lld failed (%s) after %lld restarts; see %s\n", static_cast<long long>(id),
-                 describe_failure(id, status).c_str(), static_cast<long long>(t.restarts), trial_folder(id).trial_log().c_str());
+    // The runner alone restarts a search's trial (its process runs with --max-restarts 0).
+    std::optional<bool> progressed;
+    if (checkpoints_at_start) progressed = wrote_new_checkpoint(*checkpoints_at_start, list_checkpoints(trial_folder(id).checkpoints()));
+    RestartPolicy restarts(config_.max_restarts, t.restarts);
+    if (const auto why_not = restarts.refuse_restart(RestartPolicy::Failure::other, progressed)) {
+      t.state = TrialState::errored;
+      std::fprintf(stderr, "[experiment] trial %lld failed (%s) after %lld restart(s) and is not restarted: %s; see %s\n",
+                   static_cast<long long>(id), describe_failure(id, status).c_str(), static_cast<long long>(t.restarts), why_not->c_str(),
+                   trial_folder(id).trial_log().c_str());
+    } else {
+      t.restarts = restarts.used();
+      log_ending({{"event", "restart"}, {"trial", id}, {"restarts", t.restarts}});
+      say("[experiment] trial " + std::to_string(id) + " failed (" + describe_failure(id, status) + "); " + restarts.restart_text() +
+          " from its latest checkpoint");
+      queue_.push_back(id);
+      return;
+    }
   }
   log_ending({{"event", "end"}, {"trial", id}, {"state", to_string(t.state)}, {"restarts", t.restarts}});
   say("[experiment] trial " + std::to_string(id) + " " + to_string(t.state) + " after " + std::to_string(t.batches_trained) + " batches");
