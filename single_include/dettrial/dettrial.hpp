@@ -5114,6 +5114,8 @@ struct WrappedScheduler {
   /// For lr_step::on_validation: `step(metric)` with the validation's value of `metric`.
   void (*step_with_metric)(void*, double) = nullptr;
   std::string metric{};
+  /// The scheduler's C++ type, for messages ("dettrial::optim::MultiStepLR").
+  std::string type{};
 };
 
 /// The scheduler's own Python state dict writer, when it has one.
@@ -7772,6 +7774,16 @@ struct ThreadChoice {
   bool set_by_dettrial = true;
 };
 
+/// What a process computes with when neither `--threads` nor OMP_NUM_THREADS says.
+enum class ThreadDefault {
+  /// Its share of the cores (all of them for one process): the fastest, and the thread count then
+  /// follows the rank count.
+  share_of_cores,
+  /// One thread per rank, however many ranks: reproducibility.rank_invariant's, whose results must
+  /// not depend on the rank count, and a matrix product's rounding depends on its thread count.
+  one_per_rank,
+};
+
 /// The CPUs this process may run on (its affinity mask), in increasing order.
 DETTRIAL_INLINE std::vector<int> allowed_cpus();
 
@@ -7836,11 +7848,13 @@ apply_threads(const ThreadChoice& choice, const LaunchEnvironment::Getenv& geten
  * divided by the ranks on this node (torchrun without OMP_NUM_THREADS, the built-in launcher on fewer
  * cores than ranks; also a mask shared by all ranks, such as taskset's or a container's). One
  * process with no choice made takes the CPUs it may run on (LibTorch's own default counts physical
- * cores on some builds, and Debian's 1.13 then trains on one of two hyperthreads).
+ * cores on some builds, and Debian's 1.13 then trains on one of two hyperthreads). With
+ * `ThreadDefault::one_per_rank` (rank_invariant) every process without a choice of the user's takes one.
  */
 DETTRIAL_INLINE ThreadChoice choose_threads(
     const LaunchEnvironment& env, std::optional<int> requested, CoreCount cores,
-    const LaunchEnvironment::Getenv& getenv = [](const char* name) { return std::getenv(name); });
+    const LaunchEnvironment::Getenv& getenv = [](const char* name) { return std::getenv(name); },
+    ThreadDefault fallback = ThreadDefault::share_of_cores);
 
 }  // namespace dettrial
 
@@ -7912,13 +7926,15 @@ DETTRIAL_INLINE std::optional<int> omp_num_threads(const LaunchEnvironment::Gete
 }  // namespace detail
 
 DETTRIAL_INLINE ThreadChoice choose_threads(const LaunchEnvironment& env, std::optional<int> requested, CoreCount cores,
-                                            const LaunchEnvironment::Getenv& getenv) {
+                                            const LaunchEnvironment::Getenv& getenv, ThreadDefault fallback) {
   if (requested) {
     if (*requested < 1) throw ConfigError("the thread count must be at least 1, not " + std::to_string(*requested));
     return ThreadChoice{.threads = *requested, .source = "--threads"};
   }
   if (const auto omp = detail::omp_num_threads(getenv))
     return ThreadChoice{.threads = *omp, .source = "OMP_NUM_THREADS", .set_by_dettrial = false};
+  if (fallback == ThreadDefault::one_per_rank)
+    return ThreadChoice{.threads = 1, .source = "reproducibility.rank_invariant: one per rank, whatever the rank count"};
   if (!env.distributed())
     return ThreadChoice{.threads = cores.available,
                         .source = std::string(cores.available == 1 ? "the CPU" : "the " + std::to_string(cores.available) + " CPUs") +
@@ -8001,6 +8017,7 @@ DETTRIAL_INLINE ThreadPools apply_threads(const ThreadChoice& choice, const Laun
 #include <string>
 #include <type_traits>
 #include <vector>
+#include <typeinfo>
 
 #include <torch/torch.h>
 #include <yaml-cpp/yaml.h>
@@ -8786,6 +8803,7 @@ class Context {
                                  &detail::lr_scheduler_steps<S>,
                                  detail::python_state_writer<S>(),
                                  detail::python_state_reader<S>()};
+      w.type = c10::demangle(typeid(S).name());
       if constexpr (by_metric) {
         if (mode.metric.empty())
           throw ConfigError(
@@ -9107,11 +9125,13 @@ DETTRIAL_INLINE Context::Context(Hyperparameters hparams, ExperimentConfig confi
   // One trial seed for the job: the chief's (without an experiment seed each rank's clock differs,
   // and the ranks would shard different permutations of the data).
   if (communicator_) trial_seed_ = static_cast<std::uint64_t>(communicator_->broadcast_values({static_cast<std::int64_t>(trial_seed_)})[0]);
-  threads_ =
-      choose_threads(communicator_ ? communicator_->environment() : LaunchEnvironment{}, options.threads, CoreCount::of_this_process());
+  const bool rank_invariant = options.rank_invariant.value_or(config_.rank_invariant);
+  threads_ = choose_threads(communicator_ ? communicator_->environment() : LaunchEnvironment{}, options.threads, CoreCount::of_this_process(),
+                            [](const char* name) { return std::getenv(name); },
+                            rank_invariant ? ThreadDefault::one_per_rank : ThreadDefault::share_of_cores);
   thread_pools_ = apply_threads(threads_);
   if (const auto on = options.deterministic ? options.deterministic : config_.deterministic) set_deterministic(*on);
-  if (options.rank_invariant.value_or(config_.rank_invariant)) {
+  if (rank_invariant) {
     if (!average_aggregated_gradients_)
       throw ConfigError(
           "reproducibility.rank_invariant needs optimizations.average_aggregated_gradients: a sum over the aggregated batches "
@@ -9849,6 +9869,7 @@ DETTRIAL_INLINE bool python_layout_holds(torch::optim::Optimizer& optimizer);
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -9860,10 +9881,25 @@ namespace dettrial::detail {
 /// The storage record `data/<key>` of a torch.save archive, as a 1-D tensor of `numel` elements of `dtype`.
 using PickleStorageLoader = std::function<torch::Tensor(const std::string& key, c10::ScalarType dtype, std::int64_t numel)>;
 
+/// What the reader does with an object of a type it does not read (a global other than the ones
+/// state dicts use): it never constructs one, and never runs anything.
+enum class UnreadObjects {
+  /// The whole read fails, naming the type.
+  refuse,
+  /// The object is kept as an opaque marker (python_object_type names it), so that a caller reading
+  /// a checkpoint can refuse only the part that holds it, naming that part, or start it fresh.
+  mark,
+};
+
 /// Runs a pickle (protocols 0 to 5, the opcodes Python's pickler writes) and returns its value;
 /// `storages` resolves a torch.save archive's tensor storages (none for a plain pickle). Throws
 /// std::runtime_error naming the opcode or global it cannot read.
-DETTRIAL_INLINE c10::IValue unpickle(std::string_view pickle, const PickleStorageLoader& storages = {});
+DETTRIAL_INLINE c10::IValue unpickle(std::string_view pickle, const PickleStorageLoader& storages = {},
+                                     UnreadObjects unread = UnreadObjects::refuse);
+
+/// The Python type ("module.name") of the first object `value` holds that unpickle(..., mark) kept
+/// unread, searching dicts, lists and tuples; nullopt when it holds none.
+DETTRIAL_INLINE std::optional<std::string> python_object_type(const c10::IValue& value);
 
 }  // namespace dettrial::detail
 
@@ -9901,6 +9937,14 @@ inline std::string kind_of(const c10::IValue& v) {
 }
 
 inline c10::IValue field(const c10::IValue& object, const char* key) { return object.toGenericDict().at(key); }
+
+/// The kind of the marker that unpickle(..., UnreadObjects::mark) keeps for an object it does not read.
+inline constexpr const char* unread_kind = "unread Python object";
+
+inline std::string unread_message(const std::string& type) {
+  return "the pickle holds a Python object of type '" + type +
+         "', which dettrial does not read (it reads state dicts: tensors, numbers, strings, lists, tuples, dicts, NumPy arrays)";
+}
 
 inline std::vector<c10::IValue> elements(const c10::IValue& v, const char* what) {
   if (v.isTuple()) return v.toTupleRef().elements().vec();
@@ -10021,7 +10065,8 @@ DETTRIAL_INLINE std::string encode_bytes(const std::string& utf8, const std::str
 /// The pickle machine: its stack, marks and memo, and the opcodes' effects.
 class Machine {
  public:
-  Machine(std::string_view pickle, const PickleStorageLoader& storages) : in_(pickle), storages_(storages) {}
+  Machine(std::string_view pickle, const PickleStorageLoader& storages, UnreadObjects unread)
+      : in_(pickle), storages_(storages), unread_(unread) {}
 
   c10::IValue run();
 
@@ -10079,6 +10124,8 @@ class Machine {
   }
   void set_items(std::vector<c10::IValue> items) {
     c10::IValue& target = top();
+    if (kind_of(target) == unread_kind)
+      fail("the pickle sets items on a Python object of type '" + field(target, "name").toStringRef() + "', which dettrial does not read");
     if (!target.isGenericDict() || !kind_of(target).empty()) fail("SETITEMS on something that is not a dict");
     auto d = target.toGenericDict();
     for (std::size_t i = 0; i + 1 < items.size(); i += 2) d.insert_or_assign(std::move(items[i]), std::move(items[i + 1]));
@@ -10106,6 +10153,7 @@ class Machine {
   std::string_view in_;
   std::size_t at_ = 0;
   const PickleStorageLoader& storages_;
+  UnreadObjects unread_;
   std::vector<c10::IValue> stack_;
   std::vector<std::size_t> marks_;
   std::unordered_map<std::uint64_t, c10::IValue> memo_;
@@ -10154,8 +10202,12 @@ DETTRIAL_INLINE c10::IValue Machine::call(const c10::IValue& callable, std::vect
   if (name == "torch.device") return arg(0);
   if (name == "torch.Size") return tuple(elements(arg(0), "a torch.Size"));
   if (name.rfind("torch.jit._pickle.build_", 0) == 0 || name == "torch.jit._pickle.restore_type_tag") return arg(0);
-  fail("the pickle holds a Python object of type '" + name + "', which dettrial does not read (it reads state dicts: tensors, numbers, " +
-       "strings, lists, tuples, dicts, NumPy arrays)");
+  // Dict subclasses that state dicts hold, as their items: MultiStepLR's milestones are a Counter
+  // (pickled as Counter(dict)); a defaultdict pickles its factory, then its items (SETITEMS).
+  if (name == "collections.Counter") return args.empty() ? new_dict() : c10::IValue(arg(0));
+  if (name == "collections.defaultdict") return new_dict();
+  if (unread_ == UnreadObjects::mark) return object(unread_kind, {{"name", name}});
+  fail(unread_message(name));
 }
 
 DETTRIAL_INLINE c10::IValue Machine::build(c10::IValue object, c10::IValue state) {
@@ -10166,6 +10218,7 @@ DETTRIAL_INLINE c10::IValue Machine::build(c10::IValue object, c10::IValue state
     if (s.size() > 1 && s[1].isString()) object.toGenericDict().insert_or_assign("order", s[1]);
     return object;
   }
+  if (kind == unread_kind) return object;  // its state is not read either
   if (object.isGenericDict() || object.isTensor()) return object;  // an OrderedDict's `_metadata`, a tensor's hooks
   fail("BUILD of something dettrial cannot set state on");
 }
@@ -10321,8 +10374,24 @@ DETTRIAL_INLINE bool Machine::step(unsigned char op) {
 
 }  // namespace pickle_detail
 
-DETTRIAL_INLINE c10::IValue unpickle(std::string_view pickle, const PickleStorageLoader& storages) {
-  return pickle_detail::Machine(pickle, storages).run();
+DETTRIAL_INLINE c10::IValue unpickle(std::string_view pickle, const PickleStorageLoader& storages, UnreadObjects unread) {
+  return pickle_detail::Machine(pickle, storages, unread).run();
+}
+
+DETTRIAL_INLINE std::optional<std::string> python_object_type(const c10::IValue& value) {
+  if (value.isGenericDict()) {
+    if (pickle_detail::kind_of(value) == pickle_detail::unread_kind) return pickle_detail::field(value, "name").toStringRef();
+    for (const auto& entry : value.toGenericDict())
+      if (auto found = python_object_type(entry.value())) return found;
+  } else if (value.isList()) {
+    const auto list = value.toList();
+    for (std::size_t i = 0; i < list.size(); ++i)
+      if (auto found = python_object_type(list.get(i))) return found;
+  } else if (value.isTuple()) {
+    for (const c10::IValue& element : value.toTupleRef().elements())
+      if (auto found = python_object_type(element)) return found;
+  }
+  return std::nullopt;
 }
 
 }  // namespace dettrial::detail
@@ -10347,7 +10416,8 @@ DETTRIAL_INLINE std::string pickle_bytes(const c10::IValue& value);
 
 /// Reads an archive written by pickle_archive or by Python's `torch.save` (state dicts, checkpoints:
 /// dicts, lists, tensors, numbers, strings); `file` names it in errors.
-DETTRIAL_INLINE c10::IValue unpickle_archive(const std::string& bytes, const std::filesystem::path& file);
+DETTRIAL_INLINE c10::IValue unpickle_archive(const std::string& bytes, const std::filesystem::path& file,
+                                             UnreadObjects unread = UnreadObjects::refuse);
 
 /// Every parameter and buffer of a module with Python's state-dict names, in Python's order.
 template <class F>
@@ -10468,22 +10538,26 @@ DETTRIAL_INLINE std::string pickle_bytes(const c10::IValue& value) {
   return out;
 }
 
-DETTRIAL_INLINE c10::IValue unpickle_archive(const std::string& bytes, const std::filesystem::path& file) {
+DETTRIAL_INLINE c10::IValue unpickle_archive(const std::string& bytes, const std::filesystem::path& file, UnreadObjects unread) {
   try {
     std::istringstream stream(bytes);
     caffe2::serialize::PyTorchStreamReader reader(&stream);
     auto [pickle_data, pickle_size] = reader.getRecord("data.pkl");
     const auto storages = [&](const std::string& key, c10::ScalarType dtype, std::int64_t numel) {
       auto [data, size] = reader.getRecord("data/" + key);
-      torch::Tensor out = torch::empty({numel}, torch::TensorOptions().dtype(dtype));
-      const std::size_t expected = static_cast<std::size_t>(numel) * out.element_size();
-      if (size < expected)
-        throw std::runtime_error("tensor storage '" + key + "' holds " + std::to_string(size) + " bytes where " + std::to_string(expected) +
+      // The pickle's element count is checked against the record before anything is allocated for
+      // it: a crafted file must not choose the size of an allocation.
+      const std::size_t element = c10::elementSize(dtype);
+      if (numel < 0 || static_cast<std::uint64_t>(numel) > size / element)
+        throw std::runtime_error("tensor storage '" + key + "' holds " + std::to_string(size) + " bytes where " +
+                                 (numel < 0 ? std::to_string(numel) + " elements" : std::to_string(static_cast<std::uint64_t>(numel)) + " of " +
+                                                                                      std::to_string(element) + " bytes") +
                                  " are needed");
-      std::memcpy(out.data_ptr(), data.get(), expected);
+      torch::Tensor out = torch::empty({numel}, torch::TensorOptions().dtype(dtype));
+      std::memcpy(out.data_ptr(), data.get(), static_cast<std::size_t>(numel) * element);
       return out;
     };
-    return unpickle(std::string_view(static_cast<const char*>(pickle_data.get()), pickle_size), storages);
+    return unpickle(std::string_view(static_cast<const char*>(pickle_data.get()), pickle_size), storages, unread);
   } catch (const std::exception& e) {
     throw CheckpointError("cannot read '" + file.string() + "' as a torch.save archive: " + first_line(e.what()));
   }
@@ -10644,17 +10718,29 @@ using optim::python_state_detail::python_number;  // schedulers' reader of Pytho
 struct Kind {
   const char* name;
   std::set<std::string> options;
+  /// Flags Python's optimizers carry that change the update, with the one value LibTorch's type
+  /// computes: another value in the file is refused, never trained on as something else (an AdamW
+  /// checkpoint resumed into Adam would otherwise step as Adam with L2 weight decay).
+  std::map<std::string, bool> fixed_flags;
   std::function<void(torch::optim::OptimizerOptions&, const std::string& key, const c10::IValue& value, const std::string& what)> set;
   std::function<std::unique_ptr<torch::optim::OptimizerParamState>(const StateDict& entries, const torch::Tensor& param,
                                                                    const std::string& what)>
       make_state;
 };
 
-/// Options Python's optimizers carry that change nothing in LibTorch's arithmetic.
+/// Options Python's optimizers carry that change nothing in LibTorch's arithmetic (how the update
+/// is computed, not what it is).
 inline const std::set<std::string>& ignored_options() {
-  static const std::set<std::string> keys = {"params",     "foreach",  "differentiable", "fused",
-                                             "capturable", "maximize", "initial_lr",     "decoupled_weight_decay"};
+  static const std::set<std::string> keys = {"params", "foreach", "differentiable", "fused", "capturable", "initial_lr"};
   return keys;
+}
+
+/// Why a fixed flag's other value is another update, for the refusal's sentence.
+inline std::string fixed_flag_reason(const std::string& key, bool value) {
+  if (key == "decoupled_weight_decay")
+    return value ? " (that is AdamW's decoupled weight decay: the trial's optimizer must be torch::optim::AdamW)"
+                 : " (that is Adam's L2 weight decay: the trial's optimizer must be torch::optim::Adam)";
+  return "";
 }
 
 /// A state entry as a tensor shaped like `param` (on its device), or undefined when absent.
@@ -10703,6 +10789,7 @@ inline Kind sgd_kind() {
   using namespace torch::optim;
   return {"SGD",
           {"lr", "momentum", "dampening", "weight_decay", "nesterov"},
+          {{"maximize", false}},
           [](OptimizerOptions& base, const std::string& k, const c10::IValue& v, const std::string& what) {
             auto& o = static_cast<SGDOptions&>(base);
             if (k == "lr") o.lr(python_number(v, what));
@@ -10722,6 +10809,7 @@ inline Kind adam_kind() {
   using namespace torch::optim;
   return {"Adam",
           {"lr", "betas", "eps", "weight_decay", "amsgrad"},
+          {{"maximize", false}, {"decoupled_weight_decay", false}},
           [](OptimizerOptions& o, const std::string& k, const c10::IValue& v, const std::string& what) {
             set_adam(static_cast<AdamOptions&>(o), k, v, what);
           },
@@ -10732,6 +10820,7 @@ inline Kind adamw_kind() {
   using namespace torch::optim;
   return {"AdamW",
           {"lr", "betas", "eps", "weight_decay", "amsgrad"},
+          {{"maximize", false}, {"decoupled_weight_decay", true}},
           [](OptimizerOptions& o, const std::string& k, const c10::IValue& v, const std::string& what) {
             set_adam(static_cast<AdamWOptions&>(o), k, v, what);
           },
@@ -10742,6 +10831,7 @@ inline Kind rmsprop_kind() {
   using namespace torch::optim;
   return {"RMSprop",
           {"lr", "alpha", "eps", "weight_decay", "momentum", "centered"},
+          {{"maximize", false}},
           [](OptimizerOptions& base, const std::string& k, const c10::IValue& v, const std::string& what) {
             auto& o = static_cast<RMSpropOptions&>(base);
             if (k == "lr") o.lr(python_number(v, what));
@@ -10765,6 +10855,7 @@ inline Kind adagrad_kind() {
   using namespace torch::optim;
   return {"Adagrad",
           {"lr", "lr_decay", "weight_decay", "initial_accumulator_value", "eps"},
+          {{"maximize", false}},
           [](OptimizerOptions& base, const std::string& k, const c10::IValue& v, const std::string& what) {
             auto& o = static_cast<AdagradOptions&>(base);
             if (k == "lr") o.lr(python_number(v, what));
@@ -10785,6 +10876,7 @@ inline Kind adadelta_kind() {
   using namespace torch::optim;
   return {"Adadelta",
           {"lr", "rho", "eps", "weight_decay"},
+          {{"maximize", false}},
           [](OptimizerOptions& base, const std::string& k, const c10::IValue& v, const std::string& what) {
             auto& o = static_cast<optim::AdadeltaOptions&>(base);
             if (k == "lr") o.lr(python_number(v, what));
@@ -10809,15 +10901,20 @@ DETTRIAL_INLINE Kind kind_of(torch::optim::OptimizerOptions& options) {
   if (dynamic_cast<RMSpropOptions*>(&options)) return rmsprop_kind();
   if (dynamic_cast<AdagradOptions*>(&options)) return adagrad_kind();
   if (dynamic_cast<optim::AdadeltaOptions*>(&options)) return adadelta_kind();
-  return {nullptr, {}, {}, {}};
+  return {nullptr, {}, {}, {}, {}};
 }
 
 /// Checks one group's options against the optimizer's kind before any is set.
 inline void check_group_options(const StateDict& group, const Kind& kind, const std::string& what) {
   for (const auto& entry : group) {
     const std::string key = entry.key().isString() ? entry.key().toStringRef() : std::string("(not a name)");
-    if (key == "maximize" && python_optimizer_detail::python_number(entry.value(), what + ": 'maximize'") != 0)
-      throw CheckpointError(what + " has maximize: True, which LibTorch's " + kind.name + " does not do");
+    if (const auto fixed = kind.fixed_flags.find(key); fixed != kind.fixed_flags.end()) {
+      const bool value = python_optimizer_detail::python_number(entry.value(), what + ": '" + key + "'") != 0;
+      if (value != fixed->second)
+        throw CheckpointError(what + " has " + key + ": " + (value ? "True" : "False") + ", which LibTorch's " + kind.name +
+                              " does not do" + fixed_flag_reason(key, value));
+      continue;
+    }
     if (!kind.options.count(key) && !ignored_options().count(key))
       throw CheckpointError(what + " has option '" + key + "', which " + kind.name +
                             " does not have: the checkpoint's optimizer is another type than the trial's");
@@ -11820,6 +11917,15 @@ DETTRIAL_INLINE TrialProgress TrialProgress::from_determined(const std::filesyst
 
 namespace detail {
 
+/// The archive key of parameter `j`'s pending gradient ("p0", "p1", ...). Formatted, not "p" +
+/// std::to_string(j): GCC 12 at -O3 warns (-Wstringop-overflow) inside that concatenation's inlined
+/// copy, in every program that includes this header.
+DETTRIAL_INLINE std::string grad_key(std::size_t j) {
+  char key[24];
+  std::snprintf(key, sizeof key, "p%zu", j);
+  return key;
+}
+
 DETTRIAL_INLINE c10::IValue numpy_seeded_state(std::uint64_t seed) {
   c10::impl::GenericList key(c10::AnyType::get());
   std::uint32_t x = static_cast<std::uint32_t>(seed);  // NumPy refuses seeds above 2**32-1; Determined's fit
@@ -11872,8 +11978,17 @@ DETTRIAL_INLINE StateDict read_state_dict_file(const std::filesystem::path& dir)
   // Determined lists no checksums: its state_dict.pth is read as it is.
   const std::string bytes =
       read_checkpoint_info(dir, /*verify_files=*/false).by_determined ? read_file_bytes(file) : read_checked_file(dir, layout::state_dict);
-  const c10::IValue top = unpickle_archive(bytes, file);
+  // Objects of types dettrial does not read are kept marked: an optimizer's or scheduler's state that
+  // holds one is refused as that part (load_python_layout), which --resume-fresh-parts can start fresh.
+  const c10::IValue top = unpickle_archive(bytes, file, UnreadObjects::mark);
   if (!top.isGenericDict()) throw CheckpointError("checkpoint file '" + file.string() + "' does not hold a dict");
+  for (const auto& entry : top.toGenericDict()) {
+    const std::string key = entry.key().isString() ? entry.key().toStringRef() : std::string("(a key that is not a name)");
+    if (key == "optimizers_state_dict" || key == "lr_schedulers_state_dict") continue;
+    if (const auto type = python_object_type(entry.value()))
+      throw CheckpointError("checkpoint file '" + file.string() + "': '" + key + "' holds a Python object of type '" + *type +
+                            "', which dettrial does not read");
+  }
   return top.toGenericDict();
 }
 
@@ -11974,7 +12089,7 @@ DETTRIAL_INLINE std::optional<NativeState> ContextCheckpoint::native_state(Conte
       torch::serialize::OutputArchive model;
       const auto params = c.models()[i]->parameters();
       for (std::size_t j = 0; j < params.size(); ++j)
-        if (params[j].grad().defined()) model.write("p" + std::to_string(j), keep(params[j].grad()), /*is_buffer=*/true);
+        if (params[j].grad().defined()) model.write(detail::grad_key(j), keep(params[j].grad()), /*is_buffer=*/true);
       grads.write(std::to_string(i), model);
     }
     out.archive.write("grads", grads);
@@ -12045,6 +12160,19 @@ DETTRIAL_INLINE void ContextCheckpoint::load_rng(Context& c, const StateDict& to
   c.position().python_generators = carried;
 }
 
+/// Refuses a part of a checkpoint that holds an object of a type dettrial does not read, naming the part.
+DETTRIAL_INLINE void refuse_unread_objects(const c10::IValue& part, const std::string& name) {
+  if (const auto type = python_object_type(part))
+    throw CheckpointError(name + " holds a Python object of type '" + *type + "', which dettrial does not read");
+}
+
+/// The optimizer's type as a message names it ("SGD", "Adam", ...), from its options.
+DETTRIAL_INLINE std::string optimizer_type_name(torch::optim::Optimizer& optimizer) {
+  if (optimizer.param_groups().empty()) return "an optimizer";
+  const char* name = python_optimizer_detail::kind_of(optimizer.param_groups()[0].options()).name;
+  return name ? name : "an optimizer of another type";
+}
+
 DETTRIAL_INLINE void ContextCheckpoint::load_python_layout(Context& c, const StateDict& top, const std::filesystem::path& file,
                                                            bool fresh_parts, torch::serialize::InputArchive* native) {
   const std::string what = "checkpoint file '" + file.string() + "'";
@@ -12080,7 +12208,8 @@ DETTRIAL_INLINE void ContextCheckpoint::load_python_layout(Context& c, const Sta
     part("optimizer " + std::to_string(i), [&] {
       torch::serialize::InputArchive one;
       if (!python_layout_holds(c.optimizer(i)) && archived("optimizers", i, one)) return load_native_optimizer(c, i, one, native_what);
-      const std::string name = what + ", optimizer " + std::to_string(i);
+      const std::string name = what + ", optimizer " + std::to_string(i) + " (" + optimizer_type_name(c.optimizer(i)) + ")";
+      refuse_unread_objects(optimizers.get(i), name);
       if (!optimizers.get(i).isGenericDict()) throw CheckpointError(name + " is not a state dict");
       load_optimizer_state_dict(c.optimizer(i), optimizers.get(i).toGenericDict(), name);
     });
@@ -12090,7 +12219,8 @@ DETTRIAL_INLINE void ContextCheckpoint::load_python_layout(Context& c, const Sta
       const WrappedScheduler& s = c.lr_scheduler(i);
       torch::serialize::InputArchive one;
       if (!s.load_python_state && archived("schedulers", i, one)) return load_native_scheduler(c, i, one, native_what);
-      const std::string name = what + ", LR scheduler " + std::to_string(i);
+      const std::string name = what + ", LR scheduler " + std::to_string(i) + (s.type.empty() ? std::string() : " (" + s.type + ")");
+      refuse_unread_objects(schedulers.get(i), name);
       if (!s.load_python_state)
         throw CheckpointError(name + ": the trial's scheduler cannot read Python's state (dettrial::optim's StepLR, MultiStepLR, " +
                               "ExponentialLR and ReduceLROnPlateau can; a LambdaLR or another type has no counterpart here)");
@@ -12157,7 +12287,7 @@ DETTRIAL_INLINE void ContextCheckpoint::load_native_grads(Context& c, torch::ser
     auto params = c.models()[i]->parameters();
     for (std::size_t j = 0; j < params.size(); ++j) {
       torch::Tensor g;
-      if (has_model && model.try_read("p" + std::to_string(j), g, /*is_buffer=*/true)) params[j].mutable_grad() = g.to(params[j].device());
+      if (has_model && model.try_read(detail::grad_key(j), g, /*is_buffer=*/true)) params[j].mutable_grad() = g.to(params[j].device());
       else if (params[j].grad().defined()) params[j].mutable_grad() = torch::Tensor();  // nothing was pending at the checkpoint
     }
   }
@@ -12565,7 +12695,9 @@ DETTRIAL_INLINE c10::IValue HostSnapshot::copy(const c10::IValue& v) {
     const auto list = v.toList();
     c10::impl::GenericList out(list.elementType());
     out.reserve(list.size());
-    for (const c10::IValue& element : list) out.push_back(copy(element));
+    // By index: a c10::List's iterator yields proxies, and a reference bound through one reads as
+    // dangling to GCC 13's -Wdangling-reference (get() returns the element itself, a refcount).
+    for (std::size_t i = 0; i < list.size(); ++i) out.push_back(copy(list.get(i)));
     return out;
   }
   if (v.isTuple()) {
@@ -12602,7 +12734,8 @@ DETTRIAL_INLINE std::size_t tensor_bytes(const c10::IValue& state) {
     } else if (v.isGenericDict()) {
       for (const auto& entry : v.toGenericDict()) visit(entry.value());
     } else if (v.isList()) {
-      for (const c10::IValue& element : v.toList()) visit(element);
+      const auto list = v.toList();
+      for (std::size_t i = 0; i < list.size(); ++i) visit(list.get(i));  // by index, as in HostSnapshot::copy
     } else if (v.isTuple()) {
       for (const c10::IValue& element : v.toTupleRef().elements()) visit(element);
     }

@@ -37,6 +37,85 @@
 #include <c10/util/Exception.h>
 #include <yaml-cpp/yaml.h>
 
+// ---- begin dettrial/checkpoint/restart_policy.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief The one rule for restarting a failed trial from its checkpoint, whoever restarts it: the
+/// trial's own process (a trial run alone), the launcher of a data-parallel job, or a search's
+/// runner. Each owns the count of the attempts it supervises, and only one restarts any failure:
+/// a search's trial process is started with --max-restarts 0, so its runner alone counts.
+
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
+
+
+namespace dettrial {
+
+/**
+ * @brief Determined's `max_restarts`: a trial that fails is restarted from its latest checkpoint at
+ * most `max_restarts` times over its life (not per attempt, and not once in the trial's process and
+ * again in its supervisor). dettrial restarts only a failure that can go differently:
+ * - a wrong configuration (exit status 78, ConfigError) fails the same way again: never restarted;
+ * - an attempt that wrote no checkpoint newer than the one it began from would start where it did
+ *   (missing data, a bug at batch 0): not restarted either, however many restarts are left.
+ * What is not known (a job that ended while no runner watched it) counts as progress.
+ */
+class RestartPolicy {
+ public:
+  /// How an attempt ended.
+  enum class Failure {
+    configuration,  ///< a wrong configuration: running it again fails the same way
+    other,          ///< anything else (an exception, a crash, a lost rank, a cancelled job)
+  };
+
+  explicit RestartPolicy(std::int64_t max_restarts, std::int64_t used = 0) : max_restarts_(max_restarts), used_(used) {}
+
+  /**
+   * @brief Decides about a failed attempt, and counts the restart it grants: nullopt to restart,
+   * else why not, as a clause ("it used its 5 restart(s) (max_restarts)"). `progressed`: the
+   * attempt wrote a checkpoint newer than the latest one before it (nullopt: not known).
+   */
+  DETTRIAL_INLINE std::optional<std::string> refuse_restart(Failure failure, std::optional<bool> progressed);
+
+  std::int64_t max_restarts() const { return max_restarts_; }
+  /// Restarts granted so far.
+  std::int64_t used() const { return used_; }
+  /// "restart 2 of max_restarts 5", for the line that says a restart happens.
+  std::string restart_text() const { return "restart " + std::to_string(used_) + " of max_restarts " + std::to_string(max_restarts_); }
+
+ private:
+  std::int64_t max_restarts_;
+  std::int64_t used_;
+};
+
+/// Whether `after` (a checkpoint storage's listing when an attempt ended) holds a checkpoint newer
+/// than every one in `before` (its listing when the attempt began).
+DETTRIAL_INLINE bool wrote_new_checkpoint(const std::vector<CheckpointInfo>& before, const std::vector<CheckpointInfo>& after);
+
+}  // namespace dettrial
+
+// Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
+#if DETTRIAL_HEADER_DEFINITIONS
+namespace dettrial {
+
+DETTRIAL_INLINE std::optional<std::string> RestartPolicy::refuse_restart(Failure failure, std::optional<bool> progressed) {
+  if (failure == Failure::configuration) return "a wrong configuration fails the same way again";
+  if (progressed == false) return "it failed before writing a new checkpoint (a restart would start where this attempt did)";
+  if (used_ >= max_restarts_) return "it used its " + std::to_string(max_restarts_) + " restart(s) (max_restarts)";
+  ++used_;
+  return std::nullopt;
+}
+
+DETTRIAL_INLINE bool wrote_new_checkpoint(const std::vector<CheckpointInfo>& before, const std::vector<CheckpointInfo>& after) {
+  return !after.empty() && (before.empty() || after.back().uuid != before.back().uuid);
+}
+
+}  // namespace dettrial
+#endif  // DETTRIAL_HEADER_DEFINITIONS
+// ---- end dettrial/checkpoint/restart_policy.hpp
 // ---- begin dettrial/search/experiment.hpp
 // SPDX-License-Identifier: Apache-2.0
 /// @file
@@ -479,6 +558,9 @@ class Experiment {
     /// the file without the records past its checkpoint: then it is read again from the start).
     std::uintmax_t metrics_offset = 0;
     ino_t metrics_inode = 0;
+    /// The trial's checkpoints when this runner started the attempt (none known for an adopted
+    /// job): whether a failed attempt made progress, for RestartPolicy.
+    std::optional<std::vector<CheckpointInfo>> checkpoints_at_start;
   };
 
   /// SIGTERM to every running trial (each checkpoints and exits), once per signal this process got
@@ -538,7 +620,8 @@ class Experiment {
   /// searcher, restarted from its latest checkpoint, or failed.
   /// `slurm_job`: the job that ended, recorded in the event log (a later runner then knows that
   /// job's end was handled).
-  void trial_ended(std::int64_t id, int status, bool stop_sent, bool interrupting, std::int64_t slurm_job = 0);
+  void trial_ended(std::int64_t id, int status, bool stop_sent, bool interrupting, std::int64_t slurm_job = 0,
+                   const std::optional<std::vector<CheckpointInfo>>& checkpoints_at_start = std::nullopt);
 
   /// The last `error: ...` line of a trial's log (what its program printed before it exited), or
   /// empty (a trial killed by a signal prints none).
@@ -982,8 +1065,10 @@ DETTRIAL_INLINE void Experiment::launch(std::int64_t id) {
   const TrialRequest& r = requests_.at(id);
   fs::create_directories(trial_dir(id));
   write_trial_config(r);
+  // --max-restarts 0: this runner restarts the trial (RestartPolicy, one count over its life); its
+  // process, whose config keeps max_restarts, must not restart it a second time.
   std::vector<std::string> args = {options_.program.string(), "--config", trial_folder(id).config().string(), "--output",
-                                   trial_dir(id).string(),    "--quiet"};
+                                   trial_dir(id).string(),    "--quiet", "--max-restarts", "0"};
   if (!list_checkpoints(trial_folder(id).checkpoints()).empty()) {
     args.emplace_back("--resume");
     args.push_back(trial_folder(id).checkpoints().string());
@@ -1004,6 +1089,7 @@ DETTRIAL_INLINE void Experiment::launch(std::int64_t id) {
     command.extra_env.push_back(std::string(detail::supervisor_pid_variable) + "=" + std::to_string(::getpid()));
   }
   Running run;
+  run.checkpoints_at_start = list_checkpoints(trial_folder(id).checkpoints());
   // In a process group of its own: a Ctrl-C reaches the trial once, as this runner's SIGTERM.
   run.pid = detail::spawn_process(command.program, std::move(command.args),
                                   {.extra_env = std::move(command.extra_env),
@@ -1102,6 +1188,7 @@ DETTRIAL_INLINE void Experiment::reap(bool interrupting) {
   if (it == running_.end()) return;
   const std::int64_t id = it->first;
   const bool stop_sent = it->second.stop_sent;
+  const auto checkpoints_at_start = std::move(it->second.checkpoints_at_start);
   poll_metrics();  // its last records
   running_.erase(it);
   // Which job srun ran, for the event log (its record is fresh: the job has just ended).
@@ -1109,10 +1196,11 @@ DETTRIAL_INLINE void Experiment::reap(bool interrupting) {
   if (slurm_)
     if (const auto jobs = slurm_->jobs(options_.output_dir))
       if (const auto newest = detail::SlurmCluster::newest_job_per_trial(*jobs); newest.count(id) != 0) slurm_job = newest.at(id).id;
-  trial_ended(id, status, stop_sent, interrupting, slurm_job);
+  trial_ended(id, status, stop_sent, interrupting, slurm_job, checkpoints_at_start);
 }
 
-DETTRIAL_INLINE void Experiment::trial_ended(std::int64_t id, int status, bool stop_sent, bool interrupting, std::int64_t slurm_job) {
+DETTRIAL_INLINE void Experiment::trial_ended(std::int64_t id, int status, bool stop_sent, bool interrupting, std::int64_t slurm_job,
+                                             const std::optional<std::vector<CheckpointInfo>>& checkpoints_at_start) {
   // A restart or end, with the Slurm job behind it.
   const auto log_ending = [&](detail::Json event) {
     if (slurm_job != 0) event["slurm_job"] = slurm_job;
@@ -1142,17 +1230,24 @@ DETTRIAL_INLINE void Experiment::trial_ended(std::int64_t id, int status, bool s
     // The searcher's decision names the state, not its race with the signal: a trial it stopped
     // short of its length is STOPPED_EARLY also when it finished before the signal arrived.
     t.state = stop_sent ? TrialState::stopped_by_searcher : TrialState::completed;
-  } else if (t.restarts < config_.max_restarts) {
-    ++t.restarts;
-    log_ending({{"event", "restart"}, {"trial", id}, {"restarts", t.restarts}});
-    say("[experiment] trial " + std::to_string(id) + " failed (" + describe_failure(id, status) + "); restart " +
-        std::to_string(t.restarts) + " of " + std::to_string(config_.max_restarts) + " from its latest checkpoint");
-    queue_.push_back(id);
-    return;
   } else {
-    t.state = TrialState::errored;
-    std::fprintf(stderr, "[experiment] trial %lld failed (%s) after %lld restarts; see %s\n", static_cast<long long>(id),
-                 describe_failure(id, status).c_str(), static_cast<long long>(t.restarts), trial_folder(id).trial_log().c_str());
+    // The runner alone restarts a search's trial (its process runs with --max-restarts 0).
+    std::optional<bool> progressed;
+    if (checkpoints_at_start) progressed = wrote_new_checkpoint(*checkpoints_at_start, list_checkpoints(trial_folder(id).checkpoints()));
+    RestartPolicy restarts(config_.max_restarts, t.restarts);
+    if (const auto why_not = restarts.refuse_restart(RestartPolicy::Failure::other, progressed)) {
+      t.state = TrialState::errored;
+      std::fprintf(stderr, "[experiment] trial %lld failed (%s) after %lld restart(s) and is not restarted: %s; see %s\n",
+                   static_cast<long long>(id), describe_failure(id, status).c_str(), static_cast<long long>(t.restarts), why_not->c_str(),
+                   trial_folder(id).trial_log().c_str());
+    } else {
+      t.restarts = restarts.used();
+      log_ending({{"event", "restart"}, {"trial", id}, {"restarts", t.restarts}});
+      say("[experiment] trial " + std::to_string(id) + " failed (" + describe_failure(id, status) + "); " + restarts.restart_text() +
+          " from its latest checkpoint");
+      queue_.push_back(id);
+      return;
+    }
   }
   log_ending({{"event", "end"}, {"trial", id}, {"state", to_string(t.state)}, {"restarts", t.restarts}});
   say("[experiment] trial " + std::to_string(id) + " " + to_string(t.state) + " after " + std::to_string(t.batches_trained) + " batches");
@@ -1933,7 +2028,6 @@ DETTRIAL_INLINE std::int64_t restarts_allowed(const CommandLine& line, const Run
 
 /// Whether a failed attempt wrote a checkpoint: the newest of `after` is not the newest of `before`.
 /// An attempt that wrote none would fail where it began, so it is not restarted.
-DETTRIAL_INLINE bool wrote_new_checkpoint(const std::vector<CheckpointInfo>& before, const std::vector<CheckpointInfo>& after);
 
 /// Where a run's checkpoints go: the config's checkpoint storage, else the run folder's.
 DETTRIAL_INLINE std::filesystem::path checkpoint_storage(const FitOptions& options);
@@ -1967,14 +2061,12 @@ DETTRIAL_INLINE void say_config_differences(const CommandLine& line, const RunPl
 /// A run folder without a checkpoint, started again: its records describe training about to be redone.
 DETTRIAL_INLINE void start_afresh(const std::filesystem::path& run, bool quiet);
 
-/// Determined's max_restarts for a trial run on its own, called while `failure` is being handled: the
-/// checkpoint to restart from, or the failure rethrown. A failure (an exception; a crash needs a
-/// supervisor, such as the search runner) restarts only after progress: one before the attempt's
-/// first new checkpoint would just repeat (missing data, a bug at batch 0). Data-parallel ranks do
-/// not restart alone (their launcher ends the job), nor does a wrong configuration.
+/// RestartPolicy for a trial run on its own, called while `failure` is being handled: the checkpoint
+/// to restart from, or the failure rethrown. Only an exception restarts here (a crash needs a
+/// supervisor, such as the search runner); data-parallel ranks do not restart alone (their launcher
+/// restarts the job).
 DETTRIAL_INLINE std::filesystem::path checkpoint_to_restart_from(const std::exception& failure, const std::vector<CheckpointInfo>& before,
-                                                                 const std::filesystem::path& storage, std::int64_t restarts,
-                                                                 std::int64_t max_restarts, bool quiet);
+                                                                 const std::filesystem::path& storage, RestartPolicy& restarts, bool quiet);
 
 /// Says so when a resumed run had nothing left to train.
 DETTRIAL_INLINE void say_if_nothing_left(const FitResult& result, const RunPlan& plan, bool quiet, bool chief);
@@ -2003,10 +2095,10 @@ int train_trial(const CommandLine& line, const RunPlan& plan, const LaunchEnviro
   if (env.rank == 0 && (restarted_afresh || (!plan.afresh.empty() && !options.latest_checkpoint)))
     start_afresh(options.output_dir, line.quiet);
   const std::filesystem::path storage = checkpoint_storage(options);
-  const std::int64_t max_restarts = communicator || line.test_mode ? 0 : restarts_allowed(line, plan);
-  for (std::int64_t restarts = 0;; ++restarts) {
-    options.restart = env.restart + restarts;
-    const std::vector<CheckpointInfo> before = max_restarts > 0 ? list_checkpoints(storage) : std::vector<CheckpointInfo>{};
+  RestartPolicy restarts(communicator || line.test_mode ? 0 : restarts_allowed(line, plan));
+  for (;;) {
+    options.restart = env.restart + restarts.used();
+    const std::vector<CheckpointInfo> before = restarts.max_restarts() > 0 ? list_checkpoints(storage) : std::vector<CheckpointInfo>{};
     Context context(plan.config, ContextOptions{.communicator = communicator, .threads = line.threads});
     try {
       Trainer<TrialT> trainer(context, trial_args...);
@@ -2014,7 +2106,7 @@ int train_trial(const CommandLine& line, const RunPlan& plan, const LaunchEnviro
       say_if_nothing_left(result, plan, line.quiet, context.distributed().is_chief());
       return result.signal != 0 ? exit_status_interrupted : 0;
     } catch (const std::exception& e) {
-      options.latest_checkpoint = checkpoint_to_restart_from(e, before, storage, restarts, max_restarts, line.quiet);
+      options.latest_checkpoint = checkpoint_to_restart_from(e, before, storage, restarts, line.quiet);
     }
   }
 }
@@ -2101,16 +2193,16 @@ DETTRIAL_INLINE int launch_ranks(const CommandLine& line, const RunPlan& plan, i
   // want more threads than a rank's share of the cores.
   const bool bind_cpus = !line.no_cpu_bind && !line.threads && !omp_num_threads([](const char* n) { return std::getenv(n); });
   const std::chrono::seconds grace(line.timeout_seconds + 10);
-  const std::int64_t max_restarts = line.test_mode ? 0 : restarts_allowed(line, plan);
-  if (max_restarts == 0) return launch_local(args, nproc, grace, bind_cpus);
+  RestartPolicy restarts(line.test_mode ? 0 : restarts_allowed(line, plan));
+  if (restarts.max_restarts() == 0) return launch_local(args, nproc, grace, bind_cpus);
   const std::filesystem::path storage = checkpoint_storage(fit_options_for(line, plan, default_output));
   const Hyperparameters hparams = plan.config.trial_hyperparameters();
   const std::int64_t global_batch = hparams.contains("global_batch_size") ? hparams.get<std::int64_t>("global_batch_size") : 0;
   std::vector<int> slots(static_cast<std::size_t>(nproc));
   std::iota(slots.begin(), slots.end(), 0);
   std::vector<CheckpointInfo> before = list_checkpoints(storage);
-  for (std::int64_t restart = 0;; ++restart) {
-    std::vector<std::string> env = {"DETTRIAL_RESTART=" + std::to_string(restart)};
+  for (;;) {
+    std::vector<std::string> env = {"DETTRIAL_RESTART=" + std::to_string(restarts.used())};
     if (static_cast<int>(slots.size()) < nproc) env.push_back("CUDA_VISIBLE_DEVICES=" + visible_devices(slots));
     const LaunchOutcome outcome = run_local_ranks(args, static_cast<int>(slots.size()), grace, bind_cpus, env);
     if (outcome.status == 0 || outcome.status == exit_status_interrupted_value || outcome.status == exit_status_config_value)
@@ -2118,13 +2210,10 @@ DETTRIAL_INLINE int launch_ranks(const CommandLine& line, const RunPlan& plan, i
     const auto say = [&](const std::string& text) {
       if (!line.quiet) std::fprintf(stderr, "dettrial: %s\n", text.c_str());
     };
-    if (restart >= max_restarts) {
-      say("the job failed and has used its " + std::to_string(max_restarts) + " restart(s) (--max-restarts, max_restarts)");
-      return outcome.status;
-    }
     const std::vector<CheckpointInfo> after = list_checkpoints(storage);
-    if (!wrote_new_checkpoint(before, after)) {
-      say("the job failed before writing a new checkpoint: not restarted (it would start where this attempt did)");
+    // The ranks' configuration errors end the job above (exit status 78).
+    if (const auto why_not = restarts.refuse_restart(RestartPolicy::Failure::other, wrote_new_checkpoint(before, after))) {
+      say("the job failed and is not restarted: " + *why_not);
       return outcome.status;
     }
     if (line.nproc_min > 0 && outcome.first_failure >= 0) {
@@ -2139,8 +2228,7 @@ DETTRIAL_INLINE int launch_ranks(const CommandLine& line, const RunPlan& plan, i
       if (slots.size() != had) say("slot " + std::to_string(outcome.first_failure) + " is left out from now on");
     }
     say("restarting the job from its checkpoint at batch " + std::to_string(after.back().batches_trained) + " on " +
-        std::to_string(slots.size()) + " rank(s): restart " + std::to_string(restart + 1) + " of max_restarts " +
-        std::to_string(max_restarts));
+        std::to_string(slots.size()) + " rank(s): " + restarts.restart_text());
     args = resuming_from(std::move(args), after.back().path);
     before = after;
   }
@@ -2148,10 +2236,6 @@ DETTRIAL_INLINE int launch_ranks(const CommandLine& line, const RunPlan& plan, i
 
 DETTRIAL_INLINE std::int64_t restarts_allowed(const CommandLine& line, const RunPlan& plan) {
   return line.max_restarts.value_or(std::max<std::int64_t>(plan.config.max_restarts, 0));
-}
-
-DETTRIAL_INLINE bool wrote_new_checkpoint(const std::vector<CheckpointInfo>& before, const std::vector<CheckpointInfo>& after) {
-  return !after.empty() && (before.empty() || after.back().uuid != before.back().uuid);
 }
 
 DETTRIAL_INLINE std::filesystem::path checkpoint_storage(const FitOptions& options) {
@@ -2245,17 +2329,17 @@ DETTRIAL_INLINE void start_afresh(const std::filesystem::path& run, bool quiet) 
 }
 
 DETTRIAL_INLINE std::filesystem::path checkpoint_to_restart_from(const std::exception& failure, const std::vector<CheckpointInfo>& before,
-                                                                 const std::filesystem::path& storage, std::int64_t restarts,
-                                                                 std::int64_t max_restarts, bool quiet) {
-  if (is_configuration_error(failure) || restarts >= max_restarts) throw;
+                                                                 const std::filesystem::path& storage, RestartPolicy& restarts, bool quiet) {
+  // Nothing to say without restarts, or for a wrong configuration (its own message says what to fix).
+  if (restarts.max_restarts() == 0 || is_configuration_error(failure)) throw;
   const std::vector<CheckpointInfo> after = list_checkpoints(storage);
-  if (!wrote_new_checkpoint(before, after)) throw;  // no progress
+  if (const auto why_not = restarts.refuse_restart(RestartPolicy::Failure::other, wrote_new_checkpoint(before, after))) {
+    if (!quiet) std::fprintf(stderr, "dettrial: the trial failed and is not restarted: %s\n", why_not->c_str());
+    throw;
+  }
   if (!quiet)
-    std::fprintf(
-        stderr,
-        "dettrial: the trial failed: %s\ndettrial: restarting it from its checkpoint at batch %lld: restart %lld of max_restarts %lld\n",
-        first_line(failure.what()).c_str(), static_cast<long long>(after.back().batches_trained), static_cast<long long>(restarts + 1),
-        static_cast<long long>(max_restarts));
+    std::fprintf(stderr, "dettrial: the trial failed: %s\ndettrial: restarting it from its checkpoint at batch %lld: %s\n",
+                 first_line(failure.what()).c_str(), static_cast<long long>(after.back().batches_trained), restarts.restart_text().c_str());
   return after.back().path;
 }
 
