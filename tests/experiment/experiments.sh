@@ -120,7 +120,7 @@ progressing)
   # A trial that fails after progress every time (at batches 5, 9 and 13, checkpointing every 2):
   # max_restarts 2 is the trial's whole life, spent by the runner alone: 3 attempts, from batch 0,
   # 4 and 8, then ERRORED; its process never restarts itself (the runner starts it with --max-restarts 0).
-  expect_status 1 "$work/out.log" "$program" --config "$configs/progressing.yaml" --output "$work/out"
+  expect_status 1 "$work/out.log" "$program" --config "$configs/progressing.yaml" --set "data.marker_dir=$work" --output "$work/out"
   log=$(ls "$work"/out/trials/*/log.txt)
   failures=$(grep -o "synthetic failure at batch [0-9]*" "$log" | sort -u | tr '\n' ' ')
   [ "$failures" = "synthetic failure at batch 13 synthetic failure at batch 5 synthetic failure at batch 9 " ] ||

@@ -2,7 +2,7 @@
 // rate, fast enough to run a dozen trials in seconds. With the hyperparameter `crash: 1` it crashes
 // once (abort) at batch 7, leaving a marker in data.marker_dir, so the runner must restart it; with
 // `crash: 2` it fails at batch 3 every time; with `crash: 3` it throws once at batch 7; with `crash: 4`
-// it fails at batches 5, 9 and 13 (after checkpoints). `data.batch_sleep_ms` slows each batch down (for
+// it fails once at each of batches 5, 9 and 13 (after checkpoints). `data.batch_sleep_ms` slows each batch down (for
 // interrupting a search while its trials train).
 #include <chrono>
 #include <cstdlib>
@@ -40,10 +40,17 @@ struct SyntheticTrial {
       std::this_thread::sleep_for(std::chrono::milliseconds(sleep.as<int>()));
     if (batch_idx == 3 && context.get_hparams().get_or<std::int64_t>("crash", 0) == 2)
       throw std::runtime_error("synthetic failure at batch 3");
-    // crash: 4 fails at batches 5, 9 and 13 whenever it reaches them: each attempt checkpoints (every
-    // 2 batches) before it fails, so each failure comes after progress.
-    if (context.get_hparams().get_or<std::int64_t>("crash", 0) == 4 && batch_idx % 4 == 1 && batch_idx > 1)
-      throw std::runtime_error("synthetic failure at batch " + std::to_string(batch_idx) + ", after a checkpoint");
+    // crash: 4 fails once at each of batches 5, 9 and 13 (a marker per batch in data.marker_dir): an
+    // attempt resumed from its predecessor's checkpoint passes the batch that one failed at,
+    // checkpoints (every 2 batches) and fails at the next, so every failure comes after progress.
+    if (context.get_hparams().get_or<std::int64_t>("crash", 0) == 4 && batch_idx % 4 == 1 && batch_idx > 1) {
+      const std::filesystem::path marker =
+          std::filesystem::path(context.get_data_config()["marker_dir"].as<std::string>()) / ("failed-at-" + std::to_string(batch_idx));
+      if (!std::filesystem::exists(marker)) {
+        std::ofstream(marker) << "failed at batch " << batch_idx << "\n";
+        throw std::runtime_error("synthetic failure at batch " + std::to_string(batch_idx) + ", after a checkpoint");
+      }
+    }
     if (const auto crash = context.get_hparams().get_or<std::int64_t>("crash", 0); batch_idx == 7 && (crash == 1 || crash == 3)) {
       const std::filesystem::path marker = std::filesystem::path(context.get_data_config()["marker_dir"].as<std::string>()) / "crashed";
       if (!std::filesystem::exists(marker)) {

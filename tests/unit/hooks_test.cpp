@@ -173,9 +173,10 @@ TEST_CASE("average_aggregated_gradients false sums the aggregated gradients, tru
     CAPTURE(average);
     // On the CPU, where the update is computed by hand below (a GPU machine's default device would
     // move the model away from the test's tensors).
-    Context context(Hyperparameters::parse("global_batch_size: 5\n"),
-                    ContextOptions{.trial_seed = 3, .device = torch::Device(torch::kCPU), .aggregation_frequency = 2,
-                                   .average_aggregated_gradients = average});
+    Context context(
+        Hyperparameters::parse("global_batch_size: 5\n"),
+        ContextOptions{
+            .trial_seed = 3, .device = torch::Device(torch::kCPU), .aggregation_frequency = 2, .average_aggregated_gradients = average});
     Trainer<BareLossTrial> trainer(context);
     torch::nn::Linear& model = trainer.trial().model;
     // The update over the first two batches, by hand: both gradients at the starting weights.

@@ -515,13 +515,6 @@ DETTRIAL_INLINE void refuse_unread_objects(const c10::IValue& part, const std::s
     throw CheckpointError(name + " holds a Python object of type '" + *type + "', which dettrial does not read");
 }
 
-/// The optimizer's type as a message names it ("SGD", "Adam", ...), from its options.
-DETTRIAL_INLINE std::string optimizer_type_name(torch::optim::Optimizer& optimizer) {
-  if (optimizer.param_groups().empty()) return "an optimizer";
-  const char* name = python_optimizer_detail::kind_of(optimizer.param_groups()[0].options()).name;
-  return name ? name : "an optimizer of another type";
-}
-
 DETTRIAL_INLINE void ContextCheckpoint::load_python_layout(Context& c, const StateDict& top, const std::filesystem::path& file,
                                                            bool fresh_parts, torch::serialize::InputArchive* native) {
   const std::string what = "checkpoint file '" + file.string() + "'";
@@ -557,7 +550,7 @@ DETTRIAL_INLINE void ContextCheckpoint::load_python_layout(Context& c, const Sta
     part("optimizer " + std::to_string(i), [&] {
       torch::serialize::InputArchive one;
       if (!python_layout_holds(c.optimizer(i)) && archived("optimizers", i, one)) return load_native_optimizer(c, i, one, native_what);
-      const std::string name = what + ", optimizer " + std::to_string(i) + " (" + optimizer_type_name(c.optimizer(i)) + ")";
+      const std::string name = what + ", optimizer " + std::to_string(i);
       refuse_unread_objects(optimizers.get(i), name);
       if (!optimizers.get(i).isGenericDict()) throw CheckpointError(name + " is not a state dict");
       load_optimizer_state_dict(c.optimizer(i), optimizers.get(i).toGenericDict(), name);

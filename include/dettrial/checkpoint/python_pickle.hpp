@@ -367,7 +367,7 @@ DETTRIAL_INLINE c10::IValue Machine::build(c10::IValue object, c10::IValue state
     if (s.size() > 1 && s[1].isString()) object.toGenericDict().insert_or_assign("order", s[1]);
     return object;
   }
-  if (kind == unread_kind) return object;  // its state is not read either
+  if (kind == unread_kind) return object;                          // its state is not read either
   if (object.isGenericDict() || object.isTensor()) return object;  // an OrderedDict's `_metadata`, a tensor's hooks
   fail("BUILD of something dettrial cannot set state on");
 }

@@ -179,8 +179,9 @@ DETTRIAL_INLINE c10::IValue unpickle_archive(const std::string& bytes, const std
       const std::size_t element = c10::elementSize(dtype);
       if (numel < 0 || static_cast<std::uint64_t>(numel) > size / element)
         throw std::runtime_error("tensor storage '" + key + "' holds " + std::to_string(size) + " bytes where " +
-                                 (numel < 0 ? std::to_string(numel) + " elements" : std::to_string(static_cast<std::uint64_t>(numel)) + " of " +
-                                                                                      std::to_string(element) + " bytes") +
+                                 (numel < 0
+                                      ? std::to_string(numel) + " elements"
+                                      : std::to_string(static_cast<std::uint64_t>(numel)) + " of " + std::to_string(element) + " bytes") +
                                  " are needed");
       torch::Tensor out = torch::empty({numel}, torch::TensorOptions().dtype(dtype));
       std::memcpy(out.data_ptr(), data.get(), static_cast<std::size_t>(numel) * element);

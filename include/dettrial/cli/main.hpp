@@ -383,7 +383,8 @@ DETTRIAL_INLINE void start_afresh(const std::filesystem::path& run, bool quiet) 
 }
 
 DETTRIAL_INLINE std::filesystem::path checkpoint_to_restart_from(const std::exception& failure, const std::vector<CheckpointInfo>& before,
-                                                                 const std::filesystem::path& storage, RestartPolicy& restarts, bool quiet) {
+                                                                 const std::filesystem::path& storage, RestartPolicy& restarts,
+                                                                 bool quiet) {
   // Nothing to say without restarts, or for a wrong configuration (its own message says what to fix).
   if (restarts.max_restarts() == 0 || is_configuration_error(failure)) throw;
   const std::vector<CheckpointInfo> after = list_checkpoints(storage);

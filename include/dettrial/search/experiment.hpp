@@ -635,8 +635,9 @@ DETTRIAL_INLINE void Experiment::launch(std::int64_t id) {
   write_trial_config(r);
   // --max-restarts 0: this runner restarts the trial (RestartPolicy, one count over its life); its
   // process, whose config keeps max_restarts, must not restart it a second time.
-  std::vector<std::string> args = {options_.program.string(), "--config", trial_folder(id).config().string(), "--output",
-                                   trial_dir(id).string(),    "--quiet", "--max-restarts", "0"};
+  std::vector<std::string> args = {
+      options_.program.string(), "--config", trial_folder(id).config().string(), "--output", trial_dir(id).string(), "--quiet",
+      "--max-restarts",          "0"};
   if (!list_checkpoints(trial_folder(id).checkpoints()).empty()) {
     args.emplace_back("--resume");
     args.push_back(trial_folder(id).checkpoints().string());
