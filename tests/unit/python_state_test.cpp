@@ -441,6 +441,30 @@ const std::vector<SchedulerReference>& scheduler_references() {
      "034b25580b0000005f737465705f636f756e7471044b26580b0000005f69735f696e697469616c710589581a0000005f6765745f6c725f63616c6c65"
      "645f77697468696e5f7374657071068958080000005f6c6173745f6c7271075d710828473fa55f8e4cedc46f473f855f8e4cedc46f65580a0000006c"
      "725f6c616d6264617371095d710a284e4e65752e"},
+    {"PolynomialLR(total_iters=120, power=2.0)", {0.1, 0.025}, 0x0dcfe6cd7da97295ULL,
+     {{0, {0x1.999999999999ap-4, 0x1.999999999999ap-6}}, {1, {0x1.92cd414ef6372p-4, 0x1.92cd414ef6372p-6}}, {119, {0x1.d208a5a912dfap-18, 0x1.d208a5a912dfap-20}}, {120, {0x0.0p+0, 0x0.0p+0}}, {121, {0x0.0p+0, 0x0.0p+0}}},
+     0xa9d8f229f7f1deddULL,
+     "80027d710028580b000000746f74616c5f697465727371014b785805000000706f77657271024740000000000000005808000000626173655f6c7273"
+     "71035d710428473fb999999999999a473f9999999999999a65580a0000006c6173745f65706f636871054b25580b0000005f737465705f636f756e74"
+     "71064b26580b0000005f69735f696e697469616c710789581a0000005f6765745f6c725f63616c6c65645f77697468696e5f73746570710889580800"
+     "00005f6c6173745f6c7271095d710a28473fa87e8558f9669f473f887e8558f9669f65752e"},
+    {"PolynomialLR()", {0.3}, 0x72e721570d3b328dULL,
+     {{0, {0x1.3333333333333p-2}}, {1, {0x1.eb851eb851eb8p-3}}, {4, {0x1.eb851eb851eb6p-5}}, {5, {0x0.0p+0}}, {6, {0x0.0p+0}}},
+     0, nullptr},
+    {"PolynomialLR(total_iters=90, power=0.5)", {0.3}, 0x32324a3142c02c86ULL,
+     {{0, {0x1.3333333333333p-2}}, {1, {0x1.317d12aa80111p-2}}, {89, {0x1.030dc4ea03a66p-5}}, {90, {0x0.0p+0}}, {91, {0x0.0p+0}}},
+     0, nullptr},
+    {"CosineAnnealingWarmRestarts(T_0=10, T_mult=2, eta_min=0.0001)", {0.1, 0.025}, 0x704b1bac7ef9b399ULL,
+     {{0, {0x1.999999999999ap-4, 0x1.999999999999ap-6}}, {1, {0x1.8f961e30a3466p-4, 0x1.8f9dd0ea39ecbp-6}}, {9, {0x1.4d8ade945889dp-9, 0x1.73e6dbc22e24ep-11}}, {10, {0x1.999999999999ap-4, 0x1.999999999999ap-6}}, {11, {0x1.9714c28c89728p-4, 0x1.9716b24827dccp-6}}, {29, {0x1.76d94c5e4c161p-11, 0x1.09956008e0474p-12}}, {30, {0x1.999999999999ap-4, 0x1.999999999999ap-6}}, {70, {0x1.999999999999ap-4, 0x1.999999999999ap-6}}, {300, {0x1.15d0500dce8fep-10, 0x1.63b38cda90bf7p-12}}},
+     0x9b9c46c903365216ULL,
+     "80027d7100285803000000545f3071014b0a5803000000545f6971024b285806000000545f6d756c7471034b0258070000006574615f6d696e710447"
+     "3f1a36e2eb1c432d5805000000545f63757271054b075808000000626173655f6c727371065d710728473fb999999999999a473f9999999999999a65"
+     "580a0000006c6173745f65706f636871084b25580b0000005f737465705f636f756e7471094b00580b0000005f69735f696e697469616c710a89581a"
+     "0000005f6765745f6c725f63616c6c65645f77697468696e5f73746570710b8958080000005f6c6173745f6c72710c5d710d28473fb7b736d3243f07"
+     "473f97b8a9aafe290165752e"},
+    {"CosineAnnealingWarmRestarts(T_0=7)", {0.3}, 0x9a70794adf6fd2daULL,
+     {{0, {0x1.3333333333333p-2}}, {1, {0x1.23fd232f03555p-2}}, {6, {0x1.e6c20085fbbccp-7}}, {7, {0x1.3333333333333p-2}}, {8, {0x1.23fd232f03555p-2}}, {300, {0x1.e6c20085fbbccp-7}}},
+     0, nullptr},
   };
   // clang-format on
   return references;
@@ -486,14 +510,32 @@ struct AnyScheduler {
   std::function<void(c10::impl::GenericDict&)> python_state;
   std::function<void(const c10::impl::GenericDict&, const std::string&)> load_python_state;
   std::function<std::int64_t()> last_epoch;
+  /// save() into a LibTorch archive, as bytes; load() from them.
+  std::function<std::string()> saved;
+  std::function<void(const std::string&)> restore;
 };
 
 template <class S, class... Args>
 AnyScheduler any_scheduler(torch::optim::Optimizer& optimizer, Args&&... args) {
   auto s = std::make_shared<S>(optimizer, std::forward<Args>(args)...);
-  return {s, [s] { s->step(); }, [s](c10::impl::GenericDict& d) { s->python_state(d); },
+  return {s,
+          [s] { s->step(); },
+          [s](c10::impl::GenericDict& d) { s->python_state(d); },
           [s](const c10::impl::GenericDict& d, const std::string& what) { s->load_python_state(d, what); },
-          [s] { return s->last_epoch(); }};
+          [s] { return s->last_epoch(); },
+          [s] {
+            torch::serialize::OutputArchive archive;
+            s->save(archive);
+            std::ostringstream bytes;
+            archive.save_to(bytes);
+            return bytes.str();
+          },
+          [s](const std::string& bytes) {
+            torch::serialize::InputArchive archive;
+            std::istringstream in(bytes);
+            archive.load_from(in);
+            s->load(archive);
+          }};
 }
 
 /// The scheduler scheduler_reference.py's configuration `config` names, made in C++.
@@ -556,15 +598,15 @@ void check_same_python_value(const c10::IValue& ours, const c10::IValue& python)
   }
 }
 
-/// Restores `state` into a scheduler of `config`'s type made with other arguments on another
-/// optimizer, gives the optimizer the saved rates (its own state carries them in a checkpoint) and
-/// steps it to 300: its rates after 38, ..., 300 calls must hash as Python's do.
-void check_continues(const SchedulerReference& r, const c10::impl::GenericDict& state, const std::string& what) {
+/// Restores a scheduler of `r`'s type made with other arguments on another optimizer with `restore`,
+/// gives the optimizer the rates after 37 calls (its own state carries them in a checkpoint) and steps
+/// it to 300: its rates after 38, ..., 300 calls must hash as Python's do.
+void check_continues(const SchedulerReference& r, const std::vector<double>& saved_lrs, const std::function<void(AnyScheduler&)>& restore) {
   GroupedSGD fresh(std::vector<double>(r.lrs.size(), 0.5));
   AnyScheduler restored = make_scheduler(other_arguments(r.config), *fresh.sgd);
-  restored.load_python_state(state, what);
+  restore(restored);
   CHECK(restored.last_epoch() == saved_at);
-  fresh.set_lrs(dettrial::optim::python_state_detail::python_numbers(state.at("_last_lr"), what));
+  fresh.set_lrs(saved_lrs);
   RateHash after;
   for (int k = saved_at + 1; k <= reference_steps; ++k) {
     restored.step();
@@ -605,7 +647,7 @@ TEST_CASE(
 
 TEST_CASE(
     "python state: the new schedulers write Python's state_dict(), and continue as Python does from Python's pickled "
-    "state and from their own") {
+    "state, from their own and from save/load") {
   for (const SchedulerReference& r : scheduler_references()) {
     if (!r.state) continue;
     INFO(r.config);
@@ -623,9 +665,12 @@ TEST_CASE(
       check_same_python_value(ours.at(key), entry.value());
     }
     for (const auto& entry : ours) CHECK((python.contains(entry.key()) || entry.key().toStringRef() == "verbose"));
-    check_continues(r, python, "Python's state");
+    const std::vector<double> saved_lrs = g.lrs();
+    check_continues(r, saved_lrs, [&](AnyScheduler& s2) { s2.load_python_state(python, "Python's state"); });
     const auto written = dettrial::detail::unpickle_archive(dettrial::detail::pickle_archive(ours), "scheduler").toGenericDict();
-    check_continues(r, written, "dettrial's state");
+    check_continues(r, saved_lrs, [&](AnyScheduler& s2) { s2.load_python_state(written, "dettrial's state"); });
+    const std::string archived = s.saved();  // and dettrial's own checkpoint entry
+    check_continues(r, saved_lrs, [&](AnyScheduler& s2) { s2.restore(archived); });
   }
 }
 
