@@ -5260,7 +5260,8 @@ class EpochLRScheduler {
  public:
   /// Python's `last_epoch`: the number of `step()` calls since construction.
   std::int64_t last_epoch() const { return last_epoch_; }
-  /// Python's `_step_count`: `last_epoch() + 1` (the constructor's own step counts).
+  /// Python's `_step_count`: `last_epoch() + 1` (the constructor's own step counts); 0 for
+  /// CosineAnnealingWarmRestarts, whose Python `step()` does not count.
   std::int64_t step_count() const { return step_count_; }
   /// The groups' learning rates when the scheduler was made.
   const std::vector<double>& base_lrs() const { return base_lrs_; }
