@@ -565,7 +565,8 @@ DETTRIAL_INLINE void ContextCheckpoint::load_python_layout(Context& c, const Sta
       refuse_unread_objects(schedulers.get(i), name);
       if (!s.load_python_state)
         throw CheckpointError(name + ": the trial's scheduler cannot read Python's state (dettrial::optim's StepLR, MultiStepLR, " +
-                              "ExponentialLR and ReduceLROnPlateau can; a LambdaLR or another type has no counterpart here)");
+                              "ExponentialLR, LinearLR, ConstantLR, CosineAnnealingLR, LambdaLR, MultiplicativeLR, PolynomialLR, " +
+                              "CosineAnnealingWarmRestarts and ReduceLROnPlateau can; LibTorch's own and other types cannot)");
       if (!schedulers.get(i).isGenericDict()) throw CheckpointError(name + " is not a state dict");
       s.load_python_state(s.scheduler, schedulers.get(i).toGenericDict(), name);
     });

@@ -1,16 +1,20 @@
 // SPDX-License-Identifier: Apache-2.0
 /// @file
 /// @brief Learning-rate schedulers with PyTorch's (Python's) semantics: StepLR, MultiStepLR,
-/// ExponentialLR and ReduceLROnPlateau, exact resume, and Python's `scheduler.state_dict()` layout.
+/// ExponentialLR, LinearLR, ConstantLR, CosineAnnealingLR, LambdaLR, MultiplicativeLR, PolynomialLR,
+/// CosineAnnealingWarmRestarts and ReduceLROnPlateau, exact resume, and Python's
+/// `scheduler.state_dict()` layout.
 ///
 /// LibTorch's own `torch::optim::StepLR` decays one step later than Python's (it does not count the
 /// step Python's constructor takes), so a schedule ported from Python drifts by one step. These follow
 /// Python's `torch.optim.lr_scheduler` to the bit: after k `step()` calls the learning rates are
-/// Python's after k calls, computed with Python's chainable (multiplicative) arithmetic.
+/// Python's after k calls, computed as Python's `step()` computes them (its chainable, step-to-step
+/// `get_lr`, not the closed form that `step(epoch)` uses), in Python's order of float operations.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <initializer_list>
 #include <map>
 #include <optional>
@@ -27,7 +31,7 @@
 namespace dettrial::optim {
 
 /**
- * @brief What StepLR, MultiStepLR and ExponentialLR share: Python's `LRScheduler` state (`base_lrs`,
+ * @brief What the schedulers stepped without a metric share: Python's `LRScheduler` state (`base_lrs`,
  * `last_epoch`, `_step_count`, `_last_lr`). Constructing one does what Python's constructor does:
  * it records the groups' current learning rates as `base_lrs` and takes one step, so `last_epoch`
  * starts at 0 and the step count at 1.
@@ -36,7 +40,8 @@ class EpochLRScheduler {
  public:
   /// Python's `last_epoch`: the number of `step()` calls since construction.
   std::int64_t last_epoch() const { return last_epoch_; }
-  /// Python's `_step_count`: `last_epoch() + 1` (the constructor's own step counts).
+  /// Python's `_step_count`: `last_epoch() + 1` (the constructor's own step counts); 0 for
+  /// CosineAnnealingWarmRestarts, whose Python `step()` does not count.
   std::int64_t step_count() const { return step_count_; }
   /// The groups' learning rates when the scheduler was made.
   const std::vector<double>& base_lrs() const { return base_lrs_; }
@@ -49,6 +54,11 @@ class EpochLRScheduler {
   /// One Python `step()`: `last_epoch` and the step count advance, and each group's learning rate is
   /// multiplied by `factor` when `decay` (Python's `group["lr"] * ...`), else left as it is.
   void advance(bool decay, double factor);
+  /// One Python `step()` whose new rates Python's `get_lr` computes: `last_epoch` and the step count
+  /// advance, then group i's learning rate becomes `rate(i, its current rate)`.
+  void advance_each(const std::function<double(std::size_t, double)>& rate);
+  /// Sets group i's learning rate to `rate(i, its current rate)` and records the rates as the last.
+  void set_rates(const std::function<double(std::size_t, double)>& rate);
   /// The state every scheduler saves (with its type's name, checked on load).
   void save_common(torch::serialize::OutputArchive& archive) const;
   void load_common(torch::serialize::InputArchive& archive);
@@ -130,6 +140,168 @@ class ExponentialLR : public EpochLRScheduler {
 
  private:
   double gamma_;
+};
+
+/// Python's `LinearLR(optimizer, start_factor=1/3, end_factor=1.0, total_iters=5)`: the learning
+/// rates start at `start_factor` times the groups' rates and change linearly, by Python's chainable
+/// (step-to-step) factors, to `end_factor` times them after `total_iters` steps, then stay.
+class LinearLR : public EpochLRScheduler {
+ public:
+  explicit LinearLR(torch::optim::Optimizer& optimizer, double start_factor = 1.0 / 3, double end_factor = 1.0,
+                    std::int64_t total_iters = 5);
+  void step();
+  double start_factor() const { return start_factor_; }
+  double end_factor() const { return end_factor_; }
+  std::int64_t total_iters() const { return total_iters_; }
+  void save(torch::serialize::OutputArchive& archive) const;
+  void load(torch::serialize::InputArchive& archive);
+  /// Python's `state_dict()`: start_factor, end_factor, total_iters and the LRScheduler entries.
+  void python_state(c10::impl::GenericDict& out) const;
+  /// Restores what Python's LinearLR.state_dict() (or python_state) holds.
+  void load_python_state(const c10::impl::GenericDict& in, const std::string& what);
+
+ private:
+  double start_factor_;
+  double end_factor_;
+  std::int64_t total_iters_;
+};
+
+/// Python's `ConstantLR(optimizer, factor=1/3, total_iters=5)`: the learning rates are multiplied by
+/// `factor` for the first `total_iters` steps and by `1 / factor` at step `total_iters`.
+class ConstantLR : public EpochLRScheduler {
+ public:
+  explicit ConstantLR(torch::optim::Optimizer& optimizer, double factor = 1.0 / 3, std::int64_t total_iters = 5);
+  void step();
+  double factor() const { return factor_; }
+  std::int64_t total_iters() const { return total_iters_; }
+  void save(torch::serialize::OutputArchive& archive) const;
+  void load(torch::serialize::InputArchive& archive);
+  /// Python's `state_dict()`: factor, total_iters and the LRScheduler entries.
+  void python_state(c10::impl::GenericDict& out) const;
+  /// Restores what Python's ConstantLR.state_dict() (or python_state) holds.
+  void load_python_state(const c10::impl::GenericDict& in, const std::string& what);
+
+ private:
+  double factor_;
+  std::int64_t total_iters_;
+};
+
+/// Python's `CosineAnnealingLR(optimizer, T_max, eta_min=0)`: cosine annealing from the groups' rates
+/// to `eta_min` over `T_max` steps and back over the next `T_max`, computed as Python's `step()` does,
+/// step to step (its recursive form, not the closed form, which differs in the last bits).
+class CosineAnnealingLR : public EpochLRScheduler {
+ public:
+  CosineAnnealingLR(torch::optim::Optimizer& optimizer, std::int64_t T_max, double eta_min = 0.0);
+  void step();
+  std::int64_t T_max() const { return T_max_; }
+  double eta_min() const { return eta_min_; }
+  void save(torch::serialize::OutputArchive& archive) const;
+  void load(torch::serialize::InputArchive& archive);
+  /// Python's `state_dict()`: T_max, eta_min and the LRScheduler entries.
+  void python_state(c10::impl::GenericDict& out) const;
+  /// Restores what Python's CosineAnnealingLR.state_dict() (or python_state) holds.
+  void load_python_state(const c10::impl::GenericDict& in, const std::string& what);
+
+ private:
+  std::int64_t T_max_;
+  double eta_min_;
+};
+
+/// A learning-rate factor as a function of `last_epoch` (Python's `lr_lambda`).
+using LRLambda = std::function<double(std::int64_t)>;
+
+/**
+ * @brief What LambdaLR and MultiplicativeLR share: one function per parameter group, and Python's
+ * `lr_lambdas` entry, a list of None (Python saves no plain function, and C++ functions have no state).
+ */
+class LambdaScheduler : public EpochLRScheduler {
+ public:
+  void save(torch::serialize::OutputArchive& archive) const { save_common(archive); }
+  void load(torch::serialize::InputArchive& archive) { load_common(archive); }
+  /// Python's `state_dict()`: the LRScheduler entries and lr_lambdas, one None per group.
+  void python_state(c10::impl::GenericDict& out) const;
+  /// Restores Python's state; an `lr_lambdas` entry holding a callable object's attributes is a
+  /// CheckpointError (a C++ function cannot take them).
+  void load_python_state(const c10::impl::GenericDict& in, const std::string& what);
+
+ protected:
+  LambdaScheduler(torch::optim::Optimizer& optimizer, const char* name, std::vector<LRLambda> lr_lambdas);
+  /// One function for every group, shared as Python's `[lr_lambda] * len(param_groups)` shares it (a
+  /// stateful function is called once per group per step, on one state).
+  static std::vector<LRLambda> one_per_group(LRLambda lr_lambda, const torch::optim::Optimizer& optimizer);
+  std::vector<LRLambda> lr_lambdas_;
+};
+
+/// Python's `LambdaLR(optimizer, lr_lambda)`: each group's rate is its initial rate times
+/// `lr_lambda(last_epoch)` (one function for all groups, or one per group).
+class LambdaLR : public LambdaScheduler {
+ public:
+  LambdaLR(torch::optim::Optimizer& optimizer, LRLambda lr_lambda);
+  LambdaLR(torch::optim::Optimizer& optimizer, std::vector<LRLambda> lr_lambdas);
+  void step();
+};
+
+/// Python's `MultiplicativeLR(optimizer, lr_lambda)`: each step multiplies each group's rate by
+/// `lr_lambda(last_epoch)` (one function for all groups, or one per group); the constructor's step
+/// leaves the rates as they are.
+class MultiplicativeLR : public LambdaScheduler {
+ public:
+  MultiplicativeLR(torch::optim::Optimizer& optimizer, LRLambda lr_lambda);
+  MultiplicativeLR(torch::optim::Optimizer& optimizer, std::vector<LRLambda> lr_lambdas);
+  void step();
+};
+
+/// Python's `PolynomialLR(optimizer, total_iters=5, power=1.0)`: the rates decay as
+/// `(1 - last_epoch / total_iters) ** power` times the initial ones, by Python's step-to-step factors,
+/// reaching 0 at `total_iters` and staying there.
+class PolynomialLR : public EpochLRScheduler {
+ public:
+  explicit PolynomialLR(torch::optim::Optimizer& optimizer, std::int64_t total_iters = 5, double power = 1.0);
+  void step();
+  std::int64_t total_iters() const { return total_iters_; }
+  double power() const { return power_; }
+  void save(torch::serialize::OutputArchive& archive) const;
+  void load(torch::serialize::InputArchive& archive);
+  /// Python's `state_dict()`: total_iters, power and the LRScheduler entries.
+  void python_state(c10::impl::GenericDict& out) const;
+  /// Restores what Python's PolynomialLR.state_dict() (or python_state) holds.
+  void load_python_state(const c10::impl::GenericDict& in, const std::string& what);
+
+ private:
+  std::int64_t total_iters_;
+  double power_;
+};
+
+/**
+ * @brief Python's `CosineAnnealingWarmRestarts(optimizer, T_0, T_mult=1, eta_min=0)`: cosine annealing
+ * from the initial rates towards `eta_min` over `T_i` steps, then a restart at the initial rates, with
+ * `T_i` starting at `T_0` and multiplied by `T_mult` at each restart. As in Python, its step count
+ * (`_step_count`) stays 0: Python's own `step()` does not count.
+ */
+class CosineAnnealingWarmRestarts : public EpochLRScheduler {
+ public:
+  CosineAnnealingWarmRestarts(torch::optim::Optimizer& optimizer, std::int64_t T_0, std::int64_t T_mult = 1, double eta_min = 0.0);
+  void step();
+  std::int64_t T_0() const { return T_0_; }
+  /// The length of the current cycle.
+  std::int64_t T_i() const { return T_i_; }
+  std::int64_t T_mult() const { return T_mult_; }
+  double eta_min() const { return eta_min_; }
+  /// Steps since the last restart.
+  std::int64_t T_cur() const { return T_cur_; }
+  void save(torch::serialize::OutputArchive& archive) const;
+  void load(torch::serialize::InputArchive& archive);
+  /// Python's `state_dict()`: T_0, T_i, T_mult, eta_min, T_cur and the LRScheduler entries.
+  void python_state(c10::impl::GenericDict& out) const;
+  /// Restores what Python's CosineAnnealingWarmRestarts.state_dict() (or python_state) holds.
+  void load_python_state(const c10::impl::GenericDict& in, const std::string& what);
+
+ private:
+  std::int64_t T_0_;
+  std::int64_t T_i_;
+  std::int64_t T_mult_;
+  double eta_min_;
+  std::int64_t T_cur_ = -1;  // Python's T_cur starts at last_epoch
 };
 
 /// ReduceLROnPlateau's options, with Python's defaults.
@@ -214,6 +386,8 @@ class ReduceLROnPlateau {
 #include <charconv>
 #include <cmath>
 #include <limits>
+#include <memory>
+#include <numbers>
 #include <set>
 
 namespace dettrial::detail {
@@ -306,6 +480,22 @@ DETTRIAL_INLINE void EpochLRScheduler::advance(bool decay, double factor) {
   last_lr_ = detail::scheduler_group_lrs(*optimizer_);
 }
 
+DETTRIAL_INLINE void EpochLRScheduler::advance_each(const std::function<double(std::size_t, double)>& rate) {
+  ++step_count_;
+  ++last_epoch_;
+  set_rates(rate);
+}
+
+DETTRIAL_INLINE void EpochLRScheduler::set_rates(const std::function<double(std::size_t, double)>& rate) {
+  auto& groups = optimizer_->param_groups();
+  if (groups.size() != base_lrs_.size())  // Python's zip(strict=True) refuses it too
+    throw TrialError(std::string("dettrial::optim::") + name_ + ": the optimizer has " + std::to_string(groups.size()) +
+                     " parameter groups but the scheduler " + std::to_string(base_lrs_.size()) +
+                     " (was a group added after the scheduler was made?)");
+  for (std::size_t i = 0; i < groups.size(); ++i) groups[i].options().set_lr(rate(i, groups[i].options().get_lr()));
+  last_lr_ = detail::scheduler_group_lrs(*optimizer_);
+}
+
 DETTRIAL_INLINE void EpochLRScheduler::invalid(const char* argument, const std::string& rule, const std::string& value) const {
   throw ConfigError(std::string("dettrial::optim::") + name_ + ": " + argument + " must be " + rule + ", not " + value);
 }
@@ -350,6 +540,13 @@ inline double python_number(const c10::IValue& v, const std::string& what) {
   if (v.isBool()) return v.toBool() ? 1.0 : 0.0;
   if (v.isTensor() && v.toTensor().numel() == 1) return v.toTensor().item<double>();
   throw CheckpointError(what + " is not a number");
+}
+/// A count from a Python state dict (an int, or a float with no fraction), at least `minimum`.
+inline std::int64_t python_count(const c10::IValue& v, const std::string& what, std::int64_t minimum) {
+  const double number = python_number(v, what);
+  if (!(number >= static_cast<double>(minimum)) || number != std::floor(number) || number > 9.0e18)
+    throw CheckpointError(what + " is " + std::to_string(number) + ", not a whole number of at least " + std::to_string(minimum));
+  return static_cast<std::int64_t>(number);
 }
 inline std::vector<double> python_numbers(const c10::IValue& v, const std::string& what) {
   std::vector<double> out;
@@ -530,6 +727,363 @@ DETTRIAL_INLINE void ExponentialLR::python_state(c10::impl::GenericDict& out) co
 DETTRIAL_INLINE void ExponentialLR::load_python_state(const c10::impl::GenericDict& in, const std::string& what) {
   auto own = load_python_common(in, {"gamma"}, what);
   gamma_ = python_state_detail::python_number(own["gamma"], what + ": gamma");
+}
+
+// ------------------------------------------------------------------------------------------------
+// LinearLR
+
+DETTRIAL_INLINE LinearLR::LinearLR(torch::optim::Optimizer& optimizer, double start_factor, double end_factor, std::int64_t total_iters)
+    : EpochLRScheduler(optimizer, "LinearLR"), start_factor_(start_factor), end_factor_(end_factor), total_iters_(total_iters) {
+  if (!(start_factor > 0 && start_factor <= 1)) invalid("start_factor", "in (0, 1]", detail::scheduler_number(start_factor));
+  if (!(end_factor >= 0 && end_factor <= 1)) invalid("end_factor", "in [0, 1]", detail::scheduler_number(end_factor));
+  if (total_iters < 0) invalid("total_iters", "at least 0", std::to_string(total_iters));
+  step();  // Python's constructor steps once: last_epoch 0, the rates times start_factor
+}
+
+DETTRIAL_INLINE void LinearLR::step() {
+  advance_each([this](std::size_t, double lr) {
+    if (last_epoch_ == 0) return lr * start_factor_;
+    if (last_epoch_ > total_iters_) return lr;
+    // Python's chainable factor: the ratio of this step's closed-form factor to the last one's.
+    const double slope = end_factor_ - start_factor_;
+    return lr * (1.0 + slope / (static_cast<double>(total_iters_) * start_factor_ + static_cast<double>(last_epoch_ - 1) * slope));
+  });
+}
+
+DETTRIAL_INLINE void LinearLR::save(torch::serialize::OutputArchive& archive) const {
+  save_common(archive);
+  archive.write("start_factor", c10::IValue(start_factor_));
+  archive.write("end_factor", c10::IValue(end_factor_));
+  archive.write("total_iters", c10::IValue(total_iters_));
+}
+
+DETTRIAL_INLINE void LinearLR::load(torch::serialize::InputArchive& archive) {
+  const detail::SchedulerArchive in{archive, "dettrial::optim::LinearLR's saved state"};
+  detail::check_scheduler_type(in, name_);
+  const double start_factor = in.number("start_factor");
+  const double end_factor = in.number("end_factor");
+  const std::int64_t total_iters = in.integer("total_iters");
+  load_common(archive);
+  start_factor_ = start_factor;
+  end_factor_ = end_factor;
+  total_iters_ = total_iters;
+}
+
+DETTRIAL_INLINE void LinearLR::python_state(c10::impl::GenericDict& out) const {
+  out.insert("start_factor", start_factor_);
+  out.insert("end_factor", end_factor_);
+  out.insert("total_iters", total_iters_);
+  python_common(out);
+}
+
+DETTRIAL_INLINE void LinearLR::load_python_state(const c10::impl::GenericDict& in, const std::string& what) {
+  auto own = load_python_common(in, {"start_factor", "end_factor", "total_iters"}, what);
+  start_factor_ = python_state_detail::python_number(own["start_factor"], what + ": start_factor");
+  end_factor_ = python_state_detail::python_number(own["end_factor"], what + ": end_factor");
+  total_iters_ = python_state_detail::python_count(own["total_iters"], what + ": total_iters", 0);
+}
+
+// ------------------------------------------------------------------------------------------------
+// ConstantLR
+
+DETTRIAL_INLINE ConstantLR::ConstantLR(torch::optim::Optimizer& optimizer, double factor, std::int64_t total_iters)
+    : EpochLRScheduler(optimizer, "ConstantLR"), factor_(factor), total_iters_(total_iters) {
+  // Python accepts 0 too, then divides by it at total_iters (a ZeroDivisionError).
+  if (!(factor > 0 && factor <= 1)) invalid("factor", "in (0, 1]", detail::scheduler_number(factor));
+  if (total_iters < 0) invalid("total_iters", "at least 0", std::to_string(total_iters));
+  step();  // Python's constructor steps once: last_epoch 0, the rates times factor
+}
+
+DETTRIAL_INLINE void ConstantLR::step() {
+  advance_each([this](std::size_t, double lr) {
+    if (last_epoch_ == 0) return lr * factor_;
+    if (last_epoch_ != total_iters_) return lr;
+    return lr * (1.0 / factor_);  // Python's order: the reciprocal first
+  });
+}
+
+DETTRIAL_INLINE void ConstantLR::save(torch::serialize::OutputArchive& archive) const {
+  save_common(archive);
+  archive.write("factor", c10::IValue(factor_));
+  archive.write("total_iters", c10::IValue(total_iters_));
+}
+
+DETTRIAL_INLINE void ConstantLR::load(torch::serialize::InputArchive& archive) {
+  const detail::SchedulerArchive in{archive, "dettrial::optim::ConstantLR's saved state"};
+  detail::check_scheduler_type(in, name_);
+  const double factor = in.number("factor");
+  const std::int64_t total_iters = in.integer("total_iters");
+  load_common(archive);
+  factor_ = factor;
+  total_iters_ = total_iters;
+}
+
+DETTRIAL_INLINE void ConstantLR::python_state(c10::impl::GenericDict& out) const {
+  out.insert("factor", factor_);
+  out.insert("total_iters", total_iters_);
+  python_common(out);
+}
+
+DETTRIAL_INLINE void ConstantLR::load_python_state(const c10::impl::GenericDict& in, const std::string& what) {
+  auto own = load_python_common(in, {"factor", "total_iters"}, what);
+  factor_ = python_state_detail::python_number(own["factor"], what + ": factor");
+  total_iters_ = python_state_detail::python_count(own["total_iters"], what + ": total_iters", 0);
+}
+
+// ------------------------------------------------------------------------------------------------
+// CosineAnnealingLR
+
+DETTRIAL_INLINE CosineAnnealingLR::CosineAnnealingLR(torch::optim::Optimizer& optimizer, std::int64_t T_max, double eta_min)
+    : EpochLRScheduler(optimizer, "CosineAnnealingLR"), T_max_(T_max), eta_min_(eta_min) {
+  if (T_max < 1) invalid("T_max", "at least 1", std::to_string(T_max));
+  if (!(eta_min >= 0)) invalid("eta_min", "at least 0", detail::scheduler_number(eta_min));
+  step();  // Python's constructor steps once: last_epoch 0, the rates as they are
+}
+
+DETTRIAL_INLINE void CosineAnnealingLR::step() {
+  advance_each([this](std::size_t i, double lr) {
+    // Python's _is_initial: only the constructor's step reaches last_epoch 0. (Its branch for a
+    // scheduler made with last_epoch > 0 has no counterpart: dettrial's start at -1.)
+    if (last_epoch_ == 0) return lr;
+    const double pi = std::numbers::pi;  // math.pi, the same double
+    const double t_max = static_cast<double>(T_max_);
+    // At the bottom of the cosine the ratio below would divide by 1 + cos(pi) = 0: Python adds the
+    // first step of the climb back instead.
+    if ((last_epoch_ - 1 - T_max_) % (2 * T_max_) == 0) return lr + (base_lrs_[i] - eta_min_) * (1 - std::cos(pi / t_max)) / 2;
+    return (1 + std::cos(pi * static_cast<double>(last_epoch_) / t_max)) /
+               (1 + std::cos(pi * static_cast<double>(last_epoch_ - 1) / t_max)) * (lr - eta_min_) +
+           eta_min_;
+  });
+}
+
+DETTRIAL_INLINE void CosineAnnealingLR::save(torch::serialize::OutputArchive& archive) const {
+  save_common(archive);
+  archive.write("T_max", c10::IValue(T_max_));
+  archive.write("eta_min", c10::IValue(eta_min_));
+}
+
+DETTRIAL_INLINE void CosineAnnealingLR::load(torch::serialize::InputArchive& archive) {
+  const detail::SchedulerArchive in{archive, "dettrial::optim::CosineAnnealingLR's saved state"};
+  detail::check_scheduler_type(in, name_);
+  const std::int64_t T_max = in.integer("T_max");
+  const double eta_min = in.number("eta_min");
+  if (T_max < 1) throw CheckpointError(in.owner + " has T_max " + std::to_string(T_max) + ", not at least 1");
+  load_common(archive);
+  T_max_ = T_max;
+  eta_min_ = eta_min;
+}
+
+DETTRIAL_INLINE void CosineAnnealingLR::python_state(c10::impl::GenericDict& out) const {
+  out.insert("T_max", T_max_);
+  out.insert("eta_min", eta_min_);
+  python_common(out);
+}
+
+DETTRIAL_INLINE void CosineAnnealingLR::load_python_state(const c10::impl::GenericDict& in, const std::string& what) {
+  auto own = load_python_common(in, {"T_max", "eta_min"}, what);
+  T_max_ = python_state_detail::python_count(own["T_max"], what + ": T_max", 1);
+  eta_min_ = python_state_detail::python_number(own["eta_min"], what + ": eta_min");
+}
+
+// ------------------------------------------------------------------------------------------------
+// LambdaLR and MultiplicativeLR
+
+DETTRIAL_INLINE std::vector<LRLambda> LambdaScheduler::one_per_group(LRLambda lr_lambda, const torch::optim::Optimizer& optimizer) {
+  if (!lr_lambda) return std::vector<LRLambda>(optimizer.param_groups().size());  // refused by the constructor
+  auto shared = std::make_shared<LRLambda>(std::move(lr_lambda));
+  return std::vector<LRLambda>(optimizer.param_groups().size(), [shared](std::int64_t epoch) { return (*shared)(epoch); });
+}
+
+DETTRIAL_INLINE LambdaScheduler::LambdaScheduler(torch::optim::Optimizer& optimizer, const char* name, std::vector<LRLambda> lr_lambdas)
+    : EpochLRScheduler(optimizer, name), lr_lambdas_(std::move(lr_lambdas)) {
+  const std::size_t groups = optimizer.param_groups().size();
+  if (lr_lambdas_.size() != groups)
+    invalid("lr_lambda", "one function per parameter group (" + std::to_string(groups) + ")",
+            std::to_string(lr_lambdas_.size()) + " functions");
+  for (const LRLambda& f : lr_lambdas_)
+    if (!f) invalid("lr_lambda", "a function", "an empty std::function");
+}
+
+DETTRIAL_INLINE void LambdaScheduler::python_state(c10::impl::GenericDict& out) const {
+  python_common(out);
+  // Python saves None for a plain function (and a callable object's attributes, which no C++
+  // function has).
+  c10::impl::GenericList none_each(c10::AnyType::get());
+  for (std::size_t i = 0; i < lr_lambdas_.size(); ++i) none_each.push_back(c10::IValue());
+  out.insert("lr_lambdas", none_each);
+}
+
+DETTRIAL_INLINE void LambdaScheduler::load_python_state(const c10::impl::GenericDict& in, const std::string& what) {
+  const auto it = in.find("lr_lambdas");
+  if (it != in.end()) {  // checked before anything is changed
+    const c10::IValue& saved = it->value();
+    if (!saved.isList() || saved.toListRef().size() != lr_lambdas_.size())
+      throw CheckpointError(what + ": lr_lambdas is not a list of " + std::to_string(lr_lambdas_.size()) +
+                            " entries (one per parameter group)");
+    for (std::size_t i = 0; i < lr_lambdas_.size(); ++i) {
+      const c10::IValue& fn = saved.toListRef()[i];
+      if (!fn.isNone() && !(fn.isGenericDict() && fn.toGenericDict().empty()))
+        throw CheckpointError(what + ": lr_lambdas[" + std::to_string(i) +
+                              "] holds the attributes of a Python callable object, which a C++ function cannot take");
+    }
+  }
+  load_python_common(in, {"lr_lambdas"}, what);
+}
+
+DETTRIAL_INLINE LambdaLR::LambdaLR(torch::optim::Optimizer& optimizer, LRLambda lr_lambda)
+    : LambdaLR(optimizer, one_per_group(std::move(lr_lambda), optimizer)) {}
+
+DETTRIAL_INLINE LambdaLR::LambdaLR(torch::optim::Optimizer& optimizer, std::vector<LRLambda> lr_lambdas)
+    : LambdaScheduler(optimizer, "LambdaLR", std::move(lr_lambdas)) {
+  step();  // Python's constructor steps once: last_epoch 0, the rates times lr_lambda(0)
+}
+
+DETTRIAL_INLINE void LambdaLR::step() {
+  advance_each([this](std::size_t i, double) { return base_lrs_[i] * lr_lambdas_[i](last_epoch_); });
+}
+
+DETTRIAL_INLINE MultiplicativeLR::MultiplicativeLR(torch::optim::Optimizer& optimizer, LRLambda lr_lambda)
+    : MultiplicativeLR(optimizer, one_per_group(std::move(lr_lambda), optimizer)) {}
+
+DETTRIAL_INLINE MultiplicativeLR::MultiplicativeLR(torch::optim::Optimizer& optimizer, std::vector<LRLambda> lr_lambdas)
+    : LambdaScheduler(optimizer, "MultiplicativeLR", std::move(lr_lambdas)) {
+  step();  // Python's constructor steps once: last_epoch 0, the rates as they are
+}
+
+DETTRIAL_INLINE void MultiplicativeLR::step() {
+  // Python's _is_initial: only the constructor's step reaches last_epoch 0, and calls no function.
+  advance_each([this](std::size_t i, double lr) { return last_epoch_ == 0 ? lr : lr * lr_lambdas_[i](last_epoch_); });
+}
+
+// ------------------------------------------------------------------------------------------------
+// PolynomialLR
+
+DETTRIAL_INLINE PolynomialLR::PolynomialLR(torch::optim::Optimizer& optimizer, std::int64_t total_iters, double power)
+    : EpochLRScheduler(optimizer, "PolynomialLR"), total_iters_(total_iters), power_(power) {
+  if (total_iters < 0) invalid("total_iters", "at least 0", std::to_string(total_iters));
+  // Python accepts a negative power, then divides by zero at total_iters.
+  if (!(power >= 0)) invalid("power", "at least 0", detail::scheduler_number(power));
+  step();  // Python's constructor steps once: last_epoch 0, the rates as they are
+}
+
+DETTRIAL_INLINE void PolynomialLR::step() {
+  advance_each([this](std::size_t, double lr) {
+    // Python's _is_initial: only the constructor's step reaches last_epoch 0.
+    if (last_epoch_ == 0 || last_epoch_ > total_iters_) return lr;
+    const double total = static_cast<double>(total_iters_);
+    const double decay_factor =
+        std::pow((1.0 - static_cast<double>(last_epoch_) / total) / (1.0 - static_cast<double>(last_epoch_ - 1) / total), power_);
+    return lr * decay_factor;
+  });
+}
+
+DETTRIAL_INLINE void PolynomialLR::save(torch::serialize::OutputArchive& archive) const {
+  save_common(archive);
+  archive.write("total_iters", c10::IValue(total_iters_));
+  archive.write("power", c10::IValue(power_));
+}
+
+DETTRIAL_INLINE void PolynomialLR::load(torch::serialize::InputArchive& archive) {
+  const detail::SchedulerArchive in{archive, "dettrial::optim::PolynomialLR's saved state"};
+  detail::check_scheduler_type(in, name_);
+  const std::int64_t total_iters = in.integer("total_iters");
+  const double power = in.number("power");
+  load_common(archive);
+  total_iters_ = total_iters;
+  power_ = power;
+}
+
+DETTRIAL_INLINE void PolynomialLR::python_state(c10::impl::GenericDict& out) const {
+  out.insert("total_iters", total_iters_);
+  out.insert("power", power_);
+  python_common(out);
+}
+
+DETTRIAL_INLINE void PolynomialLR::load_python_state(const c10::impl::GenericDict& in, const std::string& what) {
+  auto own = load_python_common(in, {"total_iters", "power"}, what);
+  total_iters_ = python_state_detail::python_count(own["total_iters"], what + ": total_iters", 0);
+  power_ = python_state_detail::python_number(own["power"], what + ": power");
+}
+
+// ------------------------------------------------------------------------------------------------
+// CosineAnnealingWarmRestarts
+
+DETTRIAL_INLINE CosineAnnealingWarmRestarts::CosineAnnealingWarmRestarts(torch::optim::Optimizer& optimizer, std::int64_t T_0,
+                                                                         std::int64_t T_mult, double eta_min)
+    : EpochLRScheduler(optimizer, "CosineAnnealingWarmRestarts"), T_0_(T_0), T_i_(T_0), T_mult_(T_mult), eta_min_(eta_min) {
+  if (T_0 < 1) invalid("T_0", "at least 1", std::to_string(T_0));
+  if (T_mult < 1) invalid("T_mult", "at least 1", std::to_string(T_mult));
+  if (!(eta_min >= 0)) invalid("eta_min", "at least 0", detail::scheduler_number(eta_min));
+  step();  // Python's constructor steps once: last_epoch 0, T_cur 0
+}
+
+DETTRIAL_INLINE void CosineAnnealingWarmRestarts::step() {
+  // Python's own step(), which counts no step (_step_count stays 0).
+  if (last_epoch_ < 0) {  // the constructor's: Python's step(epoch=0)
+    T_i_ = T_0_;
+    T_cur_ = 0;
+    last_epoch_ = 0;
+  } else {
+    ++last_epoch_;
+    ++T_cur_;
+    if (T_cur_ >= T_i_) {  // a restart
+      T_cur_ %= T_i_;
+      T_i_ *= T_mult_;
+    }
+  }
+  set_rates([this](std::size_t i, double) {
+    const double pi = std::numbers::pi;  // math.pi, the same double
+    return eta_min_ + (base_lrs_[i] - eta_min_) * (1 + std::cos(pi * static_cast<double>(T_cur_) / static_cast<double>(T_i_))) / 2;
+  });
+}
+
+DETTRIAL_INLINE void CosineAnnealingWarmRestarts::save(torch::serialize::OutputArchive& archive) const {
+  save_common(archive);
+  archive.write("T_0", c10::IValue(T_0_));
+  archive.write("T_i", c10::IValue(T_i_));
+  archive.write("T_mult", c10::IValue(T_mult_));
+  archive.write("eta_min", c10::IValue(eta_min_));
+  archive.write("T_cur", c10::IValue(T_cur_));
+}
+
+DETTRIAL_INLINE void CosineAnnealingWarmRestarts::load(torch::serialize::InputArchive& archive) {
+  const detail::SchedulerArchive in{archive, "dettrial::optim::CosineAnnealingWarmRestarts's saved state"};
+  detail::check_scheduler_type(in, name_);
+  const std::int64_t T_0 = in.integer("T_0");
+  const std::int64_t T_i = in.integer("T_i");
+  const std::int64_t T_mult = in.integer("T_mult");
+  const double eta_min = in.number("eta_min");
+  const std::int64_t T_cur = in.integer("T_cur");
+  if (T_0 < 1 || T_i < 1 || T_mult < 1 || T_cur < 0)
+    throw CheckpointError(in.owner + " has T_0 " + std::to_string(T_0) + ", T_i " + std::to_string(T_i) + ", T_mult " +
+                          std::to_string(T_mult) + " and T_cur " + std::to_string(T_cur) +
+                          ": expected T_0, T_i and T_mult at least 1, T_cur at least 0");
+  load_common(archive);
+  T_0_ = T_0;
+  T_i_ = T_i;
+  T_mult_ = T_mult;
+  eta_min_ = eta_min;
+  T_cur_ = T_cur;
+}
+
+DETTRIAL_INLINE void CosineAnnealingWarmRestarts::python_state(c10::impl::GenericDict& out) const {
+  out.insert("T_0", T_0_);
+  out.insert("T_i", T_i_);
+  out.insert("T_mult", T_mult_);
+  out.insert("eta_min", eta_min_);
+  out.insert("T_cur", T_cur_);
+  python_common(out);
+}
+
+DETTRIAL_INLINE void CosineAnnealingWarmRestarts::load_python_state(const c10::impl::GenericDict& in, const std::string& what) {
+  auto own = load_python_common(in, {"T_0", "T_i", "T_mult", "eta_min", "T_cur"}, what);
+  namespace pd = python_state_detail;
+  T_0_ = pd::python_count(own["T_0"], what + ": T_0", 1);
+  T_i_ = pd::python_count(own["T_i"], what + ": T_i", 1);
+  T_mult_ = pd::python_count(own["T_mult"], what + ": T_mult", 1);
+  eta_min_ = pd::python_number(own["eta_min"], what + ": eta_min");
+  // A fraction here comes from Python's step(epoch) with a fractional epoch, which dettrial does not do.
+  T_cur_ = pd::python_count(own["T_cur"], what + ": T_cur", 0);
 }
 
 // ------------------------------------------------------------------------------------------------
