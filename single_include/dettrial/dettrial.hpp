@@ -9680,9 +9680,9 @@ DETTRIAL_INLINE Context::Context(Hyperparameters hparams, ExperimentConfig confi
   // and the ranks would shard different permutations of the data).
   if (communicator_) trial_seed_ = static_cast<std::uint64_t>(communicator_->broadcast_values({static_cast<std::int64_t>(trial_seed_)})[0]);
   const bool rank_invariant = options.rank_invariant.value_or(config_.rank_invariant);
-  threads_ = choose_threads(communicator_ ? communicator_->environment() : LaunchEnvironment{}, options.threads, CoreCount::of_this_process(),
-                            [](const char* name) { return std::getenv(name); },
-                            rank_invariant ? ThreadDefault::one_per_rank : ThreadDefault::share_of_cores);
+  threads_ = choose_threads(
+      communicator_ ? communicator_->environment() : LaunchEnvironment{}, options.threads, CoreCount::of_this_process(),
+      [](const char* name) { return std::getenv(name); }, rank_invariant ? ThreadDefault::one_per_rank : ThreadDefault::share_of_cores);
   thread_pools_ = apply_threads(threads_);
   if (const auto on = options.deterministic ? options.deterministic : config_.deterministic) set_deterministic(*on);
   if (rank_invariant) {
@@ -10772,7 +10772,7 @@ DETTRIAL_INLINE c10::IValue Machine::build(c10::IValue object, c10::IValue state
     if (s.size() > 1 && s[1].isString()) object.toGenericDict().insert_or_assign("order", s[1]);
     return object;
   }
-  if (kind == unread_kind) return object;  // its state is not read either
+  if (kind == unread_kind) return object;                          // its state is not read either
   if (object.isGenericDict() || object.isTensor()) return object;  // an OrderedDict's `_metadata`, a tensor's hooks
   fail("BUILD of something dettrial cannot set state on");
 }
@@ -11104,8 +11104,9 @@ DETTRIAL_INLINE c10::IValue unpickle_archive(const std::string& bytes, const std
       const std::size_t element = c10::elementSize(dtype);
       if (numel < 0 || static_cast<std::uint64_t>(numel) > size / element)
         throw std::runtime_error("tensor storage '" + key + "' holds " + std::to_string(size) + " bytes where " +
-                                 (numel < 0 ? std::to_string(numel) + " elements" : std::to_string(static_cast<std::uint64_t>(numel)) + " of " +
-                                                                                      std::to_string(element) + " bytes") +
+                                 (numel < 0
+                                      ? std::to_string(numel) + " elements"
+                                      : std::to_string(static_cast<std::uint64_t>(numel)) + " of " + std::to_string(element) + " bytes") +
                                  " are needed");
       torch::Tensor out = torch::empty({numel}, torch::TensorOptions().dtype(dtype));
       std::memcpy(out.data_ptr(), data.get(), static_cast<std::size_t>(numel) * element);
@@ -12720,13 +12721,6 @@ DETTRIAL_INLINE void refuse_unread_objects(const c10::IValue& part, const std::s
     throw CheckpointError(name + " holds a Python object of type '" + *type + "', which dettrial does not read");
 }
 
-/// The optimizer's type as a message names it ("SGD", "Adam", ...), from its options.
-DETTRIAL_INLINE std::string optimizer_type_name(torch::optim::Optimizer& optimizer) {
-  if (optimizer.param_groups().empty()) return "an optimizer";
-  const char* name = python_optimizer_detail::kind_of(optimizer.param_groups()[0].options()).name;
-  return name ? name : "an optimizer of another type";
-}
-
 DETTRIAL_INLINE void ContextCheckpoint::load_python_layout(Context& c, const StateDict& top, const std::filesystem::path& file,
                                                            bool fresh_parts, torch::serialize::InputArchive* native) {
   const std::string what = "checkpoint file '" + file.string() + "'";
@@ -12762,7 +12756,7 @@ DETTRIAL_INLINE void ContextCheckpoint::load_python_layout(Context& c, const Sta
     part("optimizer " + std::to_string(i), [&] {
       torch::serialize::InputArchive one;
       if (!python_layout_holds(c.optimizer(i)) && archived("optimizers", i, one)) return load_native_optimizer(c, i, one, native_what);
-      const std::string name = what + ", optimizer " + std::to_string(i) + " (" + optimizer_type_name(c.optimizer(i)) + ")";
+      const std::string name = what + ", optimizer " + std::to_string(i);
       refuse_unread_objects(optimizers.get(i), name);
       if (!optimizers.get(i).isGenericDict()) throw CheckpointError(name + " is not a state dict");
       load_optimizer_state_dict(c.optimizer(i), optimizers.get(i).toGenericDict(), name);

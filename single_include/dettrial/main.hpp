@@ -1067,8 +1067,9 @@ DETTRIAL_INLINE void Experiment::launch(std::int64_t id) {
   write_trial_config(r);
   // --max-restarts 0: this runner restarts the trial (RestartPolicy, one count over its life); its
   // process, whose config keeps max_restarts, must not restart it a second time.
-  std::vector<std::string> args = {options_.program.string(), "--config", trial_folder(id).config().string(), "--output",
-                                   trial_dir(id).string(),    "--quiet", "--max-restarts", "0"};
+  std::vector<std::string> args = {
+      options_.program.string(), "--config", trial_folder(id).config().string(), "--output", trial_dir(id).string(), "--quiet",
+      "--max-restarts",          "0"};
   if (!list_checkpoints(trial_folder(id).checkpoints()).empty()) {
     args.emplace_back("--resume");
     args.push_back(trial_folder(id).checkpoints().string());
@@ -2329,7 +2330,8 @@ DETTRIAL_INLINE void start_afresh(const std::filesystem::path& run, bool quiet) 
 }
 
 DETTRIAL_INLINE std::filesystem::path checkpoint_to_restart_from(const std::exception& failure, const std::vector<CheckpointInfo>& before,
-                                                                 const std::filesystem::path& storage, RestartPolicy& restarts, bool quiet) {
+                                                                 const std::filesystem::path& storage, RestartPolicy& restarts,
+                                                                 bool quiet) {
   // Nothing to say without restarts, or for a wrong configuration (its own message says what to fix).
   if (restarts.max_restarts() == 0 || is_configuration_error(failure)) throw;
   const std::vector<CheckpointInfo> after = list_checkpoints(storage);
