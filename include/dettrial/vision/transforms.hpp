@@ -462,11 +462,10 @@ DETTRIAL_INLINE Image resize_bilinear(const Image& image, std::int64_t height, s
     throw DataError("Resize: the size must be positive, not " + std::to_string(height) + "x" + std::to_string(width));
   if (height == image.height && width == image.width) return image;
   namespace F = torch::nn::functional;
-  const auto options = F::InterpolateFuncOptions()
-                           .size(std::vector<std::int64_t>{height, width})
-                           .mode(torch::kBilinear)
-                           .align_corners(false)
-                           .antialias(true);
+  // Set on a named object, not copied from a chain on a temporary: GCC 12 at -O3 then warns
+  // (-Wmaybe-uninitialized) in the copy's destructor of the unset scale_factor.
+  F::InterpolateFuncOptions options;
+  options.size(std::vector<std::int64_t>{height, width}).mode(torch::kBilinear).align_corners(false).antialias(true);
   // The image's own memory as N x C x H x W in channels-last strides: no copy in.
   const torch::Tensor nchw =
       torch::from_blob(const_cast<std::uint8_t*>(image.pixels.data()), {1, image.height, image.width, image.channels}, torch::kUInt8)
