@@ -461,11 +461,13 @@ DETTRIAL_INLINE Image resize_bilinear(const Image& image, std::int64_t height, s
   if (height < 1 || width < 1)
     throw DataError("Resize: the size must be positive, not " + std::to_string(height) + "x" + std::to_string(width));
   if (height == image.height && width == image.width) return image;
-  namespace F = torch::nn::functional;
-  // Set on a named object, not copied from a chain on a temporary: GCC 12 at -O3 then warns
-  // (-Wmaybe-uninitialized) in the copy's destructor of the unset scale_factor.
-  F::InterpolateFuncOptions options;
-  options.size(std::vector<std::int64_t>{height, width}).mode(torch::kBilinear).align_corners(false).antialias(true);
+  // The operator F::interpolate(size, bilinear, antialias, align_corners false) calls, called
+  // directly: its options object made GCC 12 warn (-Wmaybe-uninitialized, in the destructor of its
+  // unset scale_factor) at -O2 with one LibTorch's headers and at -O3 with the other's.
+  const std::vector<std::int64_t> size{height, width};
+  const auto resize = [&](const torch::Tensor& input) {
+    return at::_upsample_bilinear2d_aa(input, size, /*align_corners=*/false);  // scales: none, the size given
+  };
   // The image's own memory as N x C x H x W in channels-last strides: no copy in.
   const torch::Tensor nchw =
       torch::from_blob(const_cast<std::uint8_t*>(image.pixels.data()), {1, image.height, image.width, image.channels}, torch::kUInt8)
@@ -475,10 +477,10 @@ DETTRIAL_INLINE Image resize_bilinear(const Image& image, std::int64_t height, s
   if (resizes_uint8()) {
     // The 8-bit kernel works in channels-last order whatever the input's layout (the same
     // arithmetic as torchvision's contiguous call), and returns channels-last: H x W x C memory.
-    resized = F::interpolate(nchw, options);
+    resized = resize(nchw);
   } else {
     // The float kernel, on torchvision's layout (C x H x W contiguous), rounded back to 8 bits.
-    resized = F::interpolate(nchw.contiguous().to(torch::kFloat), options).round_().clamp_(0, 255).to(torch::kUInt8);
+    resized = resize(nchw.contiguous().to(torch::kFloat)).round_().clamp_(0, 255).to(torch::kUInt8);
   }
   const torch::Tensor hwc = resized.permute({0, 2, 3, 1}).contiguous();
   std::memcpy(out.pixels.data(), hwc.data_ptr<std::uint8_t>(), out.pixels.size());
