@@ -137,6 +137,19 @@ dettrial_mlflow_python() {
   echo "$venv/bin/python"
 }
 
+# ccache, where installed, keeps compiled objects under the cache folder: a rebuild of unchanged
+# sources (CI on a clean clone, a second scripts/test) compiles nothing again. The base folder makes
+# the paths inside this checkout relative in ccache's key, so a clone at another path (CI's) hits
+# what this one compiled; the sloppiness lets it cache translation units that use CMake's
+# precompiled headers. The tests' own builds (the consumer projects, Conan's test_package) inherit
+# these. Returns non-zero without ccache.
+dettrial_ccache_env() {
+  command -v ccache >/dev/null || return 1
+  export CCACHE_DIR=${CCACHE_DIR:-$DETTRIAL_CACHE/ccache} CCACHE_MAXSIZE=${CCACHE_MAXSIZE:-8G}
+  export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$DETTRIAL_ROOT}
+  export CCACHE_SLOPPINESS=${CCACHE_SLOPPINESS:-pch_defines,time_macros,include_file_mtime,include_file_ctime}
+}
+
 # Configures build/<name> against the LibTorch at <prefix> ("" = the system's), with the tests and
 # examples on, and builds the given targets (all when none are given).
 dettrial_build() {
@@ -148,14 +161,7 @@ dettrial_build() {
   [ -n "$prefix" ] && args+=("-DCMAKE_PREFIX_PATH=$prefix" "-DTorch_DIR=$prefix/Torch")
   # The Release flags, when a script wants others than CMake's (-O3 -DNDEBUG): scripts/test's.
   [ -n "${DETTRIAL_RELEASE_FLAGS:-}" ] && args+=("-DCMAKE_CXX_FLAGS_RELEASE=$DETTRIAL_RELEASE_FLAGS")
-  # ccache, where installed, keeps compiled objects under the cache folder: a rebuild of unchanged
-  # sources (CI on a clean clone, a second scripts/test) compiles nothing again. The sloppiness lets
-  # it cache translation units that use CMake's precompiled headers.
-  if command -v ccache >/dev/null; then
-    export CCACHE_DIR=${CCACHE_DIR:-$DETTRIAL_CACHE/ccache} CCACHE_MAXSIZE=${CCACHE_MAXSIZE:-8G}
-    export CCACHE_SLOPPINESS=${CCACHE_SLOPPINESS:-pch_defines,time_macros,include_file_mtime,include_file_ctime}
-    args+=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
-  fi
+  dettrial_ccache_env && args+=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
   mkdir -p "$DETTRIAL_ROOT/build"
   dettrial_log "configuring $name"
   cmake "${args[@]}" >"$dir.configure.log" 2>&1 || { cat "$dir.configure.log" >&2; return 1; }
@@ -176,7 +182,9 @@ dettrial_conan_create() {
     "$venv/bin/python" -m pip install -q conan
   fi
   local profile="$DETTRIAL_ROOT/packaging/conan/profiles/debian12"
+  local launcher=()
+  dettrial_ccache_env && launcher=(-c "tools.cmake.cmaketoolchain:extra_variables={'CMAKE_CXX_COMPILER_LAUNCHER': 'ccache'}")
   dettrial_log "conan create (test_package trains a tiny trial)"
   CONAN_HOME="$DETTRIAL_ROOT/build/conan-home" "$venv/bin/conan" create "$DETTRIAL_ROOT" \
-    -pr:h "$profile" -pr:b "$profile"
+    -pr:h "$profile" -pr:b "$profile" "${launcher[@]}"
 }

@@ -33,6 +33,15 @@ if(TARGET regression)
   set_tests_properties("example: the imperative regression trial of docs/trials.md learns" PROPERTIES WORKING_DIRECTORY "${CMAKE_CURRENT_BINARY_DIR}")
 endif()
 
+# The consumer projects' CMake options: this build's LibTorch (Torch_DIR and Caffe2_DIR: Caffe2 would
+# otherwise be found on the system first, whatever Torch_DIR says), flags and compiler launcher (a
+# rebuild with nothing changed then compiles nothing again; what is linked and run is the same).
+set(_consumer_options "-DTorch_DIR=${Torch_DIR}" "-DCaffe2_DIR=${Caffe2_DIR}" "-DCMAKE_BUILD_TYPE=Release"
+                      "-DCMAKE_CXX_FLAGS_RELEASE=${CMAKE_CXX_FLAGS_RELEASE}")
+if(CMAKE_CXX_COMPILER_LAUNCHER)
+  list(APPEND _consumer_options "-DCMAKE_CXX_COMPILER_LAUNCHER=${CMAKE_CXX_COMPILER_LAUNCHER}")
+endif()
+
 # Packaging: install to a staging prefix, then build and run a separate project that finds it with
 # find_package(dettrial CONFIG REQUIRED).
 set(_stage "${CMAKE_CURRENT_BINARY_DIR}/package-stage")
@@ -42,21 +51,14 @@ set_tests_properties("package: install to a staging prefix" PROPERTIES FIXTURES_
 add_test(NAME "package: a find_package consumer builds and trains"
          COMMAND "${CMAKE_CTEST_COMMAND}" --build-and-test "${CMAKE_CURRENT_SOURCE_DIR}/consumer" "${CMAKE_CURRENT_BINARY_DIR}/consumer"
                  --build-generator "${CMAKE_GENERATOR}" --build-noclean
-                 # Torch_DIR and Caffe2_DIR: the LibTorch this build uses (Caffe2 would otherwise be found
-                 # on the system first, whatever Torch_DIR says).
-                 --build-options "-DCMAKE_PREFIX_PATH=${_stage}" "-DTorch_DIR=${Torch_DIR}" "-DCaffe2_DIR=${Caffe2_DIR}"
-                                 "-DCMAKE_BUILD_TYPE=Release" "-DCMAKE_CXX_FLAGS_RELEASE=${CMAKE_CXX_FLAGS_RELEASE}"
+                 --build-options "-DCMAKE_PREFIX_PATH=${_stage}" ${_consumer_options}
                  --test-command consumer)
 set_tests_properties("package: a find_package consumer builds and trains" PROPERTIES FIXTURES_REQUIRED dettrial_installed
                      FIXTURES_SETUP dettrial_consumer)
 # docs/install.md's other two ways, as written: add_subdirectory (dettrial::compiled) and
 # FetchContent from a clone of this repository at HEAD (dettrial::dettrial). The consumer finds no
 # package itself, so LibTorch's and the other imported targets must reach it from dettrial's folder.
-set(_subdirectory_options "-DTorch_DIR=${Torch_DIR}" "-DCaffe2_DIR=${Caffe2_DIR}" "-DCMAKE_BUILD_TYPE=Release"
-                          "-DCMAKE_CXX_FLAGS_RELEASE=${CMAKE_CXX_FLAGS_RELEASE}" "-DDETTRIAL_SOURCE_DIR=${PROJECT_SOURCE_DIR}")
-if(CMAKE_CXX_COMPILER_LAUNCHER)
-  list(APPEND _subdirectory_options "-DCMAKE_CXX_COMPILER_LAUNCHER=${CMAKE_CXX_COMPILER_LAUNCHER}")
-endif()
+set(_subdirectory_options ${_consumer_options} "-DDETTRIAL_SOURCE_DIR=${PROJECT_SOURCE_DIR}")
 add_test(NAME "package: an add_subdirectory consumer that finds nothing itself builds and trains"
          COMMAND "${CMAKE_CTEST_COMMAND}" --build-and-test "${CMAKE_CURRENT_SOURCE_DIR}/subdirectory" "${CMAKE_CURRENT_BINARY_DIR}/subdirectory"
                  --build-generator "${CMAKE_GENERATOR}" --build-noclean
