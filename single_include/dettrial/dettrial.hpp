@@ -5053,6 +5053,7 @@ struct by_value {
 /// serialization; their whole state is the step count (the optimizer keeps the learning rates).
 
 #include <concepts>
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <utility>
@@ -5111,6 +5112,12 @@ struct WrappedScheduler {
   void (*python_state)(void*, c10::impl::GenericDict&) = nullptr;
   /// Restores the scheduler from Python's `state_dict()` when it can (dettrial::optim's); else null.
   void (*load_python_state)(void*, const c10::impl::GenericDict&, const std::string&) = nullptr;
+  /// For a scheduler that keeps entries in Python's parameter groups (OneCycleLR's max_lr, ...): the
+  /// optimizer it drives, and how to write those entries into group g of that optimizer's Python
+  /// state and read them back from it; else null.
+  torch::optim::Optimizer* (*driven_optimizer)(void*) = nullptr;
+  void (*python_param_group)(void*, std::size_t, c10::impl::GenericDict&) = nullptr;
+  void (*load_python_param_group)(void*, std::size_t, const c10::impl::GenericDict&, const std::string&) = nullptr;
   /// For lr_step::on_validation: `step(metric)` with the validation's value of `metric`.
   void (*step_with_metric)(void*, double) = nullptr;
   std::string metric{};
@@ -5132,6 +5139,24 @@ auto python_state_reader() -> void (*)(void*, const c10::impl::GenericDict&, con
   if constexpr (requires(S& s, const c10::impl::GenericDict& d, const std::string& what) { s.load_python_state(d, what); })
     return [](void* s, const c10::impl::GenericDict& d, const std::string& what) { static_cast<S*>(s)->load_python_state(d, what); };
   else return nullptr;
+}
+
+/// Sets `w`'s parameter-group entries, when the scheduler keeps some in Python's groups.
+template <class S>
+void wrap_python_param_groups(WrappedScheduler& w) {
+  if constexpr (requires(const S& s, std::size_t g, c10::impl::GenericDict& d) {
+                  s.python_param_group(g, d);
+                  { s.optimizer() } -> std::convertible_to<torch::optim::Optimizer&>;
+                }) {
+    w.driven_optimizer = [](void* s) { return &static_cast<S*>(s)->optimizer(); };
+    w.python_param_group = [](void* s, std::size_t g, c10::impl::GenericDict& d) { static_cast<const S*>(s)->python_param_group(g, d); };
+    if constexpr (requires(S& s, std::size_t g, const c10::impl::GenericDict& d, const std::string& what) {
+                    s.load_python_param_group(g, d, what);
+                  })
+      w.load_python_param_group = [](void* s, std::size_t g, const c10::impl::GenericDict& d, const std::string& what) {
+        static_cast<S*>(s)->load_python_param_group(g, d, what);
+      };
+  }
 }
 
 }  // namespace detail
@@ -5223,32 +5248,149 @@ DETTRIAL_INLINE std::int64_t every_epoch::steps_after(std::int64_t batch_idx, st
 // ---- begin dettrial/optim/schedulers.hpp
 // SPDX-License-Identifier: Apache-2.0
 /// @file
-/// @brief Learning-rate schedulers with PyTorch's (Python's) semantics: StepLR, MultiStepLR,
-/// ExponentialLR, LinearLR, ConstantLR, CosineAnnealingLR, LambdaLR, MultiplicativeLR, PolynomialLR,
-/// CosineAnnealingWarmRestarts and ReduceLROnPlateau, exact resume, and Python's
-/// `scheduler.state_dict()` layout.
+/// @brief Learning-rate schedulers with PyTorch's (Python's) semantics, exact resume, and Python's
+/// `scheduler.state_dict()` layout: StepLR, MultiStepLR, ExponentialLR, LinearLR, ConstantLR,
+/// CosineAnnealingLR, LambdaLR, MultiplicativeLR, PolynomialLR and CosineAnnealingWarmRestarts here;
+/// OneCycleLR and CyclicLR (cyclic_schedulers.hpp), SequentialLR and ChainedScheduler
+/// (scheduler_composition.hpp) and ReduceLROnPlateau (reduce_lr_on_plateau.hpp) come with it.
 ///
 /// LibTorch's own `torch::optim::StepLR` decays one step later than Python's (it does not count the
 /// step Python's constructor takes), so a schedule ported from Python drifts by one step. These follow
 /// Python's `torch.optim.lr_scheduler` to the bit: after k `step()` calls the learning rates are
 /// Python's after k calls, computed as Python's `step()` computes them (its chainable, step-to-step
 /// `get_lr`, not the closed form that `step(epoch)` uses), in Python's order of float operations.
+///
+/// Each scheduler also has `restart_at_milestone()`: Python's `_update_lr(0)`, which SequentialLR
+/// calls when a milestone hands the rates to it (the closed form at step 0 where Python's class has
+/// one, else its `get_lr` at step 0).
 
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <torch/torch.h>
+
+// ---- begin dettrial/optim/cyclic_schedulers.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief Python's `OneCycleLR` and `CyclicLR`: the learning rate (and the momentum, or Adam's beta1)
+/// cycled between bounds, with Python's arithmetic, its `state_dict()`, and the entries Python keeps
+/// in the optimizer's parameter groups (`max_lr`, `min_lr`, `initial_lr`, `max_momentum`,
+/// `base_momentum`), which a checkpoint writes into the optimizer's groups and reads from them.
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <optional>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include <torch/torch.h>
+
+// ---- begin dettrial/optim/scheduler_base.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief What dettrial's LR schedulers share: Python's `LRScheduler` state (EpochLRScheduler), the
+/// table of each scheduler's own arguments that its four state functions are written from (dettrial's
+/// archive and Python's `state_dict()`, each both ways), and the readers of Python's numbers.
+
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <initializer_list>
 #include <map>
-#include <optional>
 #include <string>
 #include <utility>
-#include <variant>
 #include <vector>
 
 #include <torch/torch.h>
 
 
 namespace dettrial::optim {
+
+template <class... Schedulers>
+class ComposedSchedulers;
+template <class... Schedulers>
+class SequentialLR;
+
+namespace python_state_detail {
+/// A number from a Python state dict: Python writes counts as numbers or as 0-dim tensors, flags as bools.
+DETTRIAL_INLINE double python_number(const c10::IValue& v, const std::string& what);
+/// A count from a Python state dict (an int, or a float with no fraction), at least `minimum`.
+DETTRIAL_INLINE std::int64_t python_count(const c10::IValue& v, const std::string& what, std::int64_t minimum);
+/// A list (or tuple) of numbers from a Python state dict.
+DETTRIAL_INLINE std::vector<double> python_numbers(const c10::IValue& v, const std::string& what);
+/// A Python list of numbers: typed Any, as Python's weights-only loader wants lists.
+DETTRIAL_INLINE c10::impl::GenericList python_list(const std::vector<double>& values);
+/// The shortest text that reads back as `value` ("0.1", not "0.100000").
+DETTRIAL_INLINE std::string number_text(double value);
+}  // namespace python_state_detail
+
+/**
+ * @brief One of a scheduler's own arguments or counters as it is saved: its name (the key of Python's
+ * `state_dict()` and of dettrial's archive) and the member of `S` that holds it. Exactly one member
+ * pointer is set; `field(...)` makes one from the member's type.
+ */
+template <class S>
+struct SchedulerField {
+  const char* name;
+  std::int64_t S::*count = nullptr;  ///< a whole number of at least `minimum`
+  std::int64_t minimum = 0;
+  double S::*number = nullptr;
+  bool S::*flag = nullptr;
+  std::vector<double> S::*per_group = nullptr;  ///< one number per parameter group (or none, unused)
+
+  /// The value as dettrial's archive and Python's state dict hold it.
+  c10::IValue value(const S& s, bool python) const {
+    if (count) return s.*count;
+    if (number) return s.*number;
+    if (flag) return s.*flag;
+    return python ? c10::IValue(python_state_detail::python_list(s.*per_group)) : c10::IValue(s.*per_group);
+  }
+  /// `saved` read and checked (`groups`: the optimizer's parameter groups), in the form `assign` takes.
+  c10::IValue checked(const c10::IValue& saved, const std::string& what, std::size_t groups) const {
+    namespace pd = python_state_detail;
+    if (count) return pd::python_count(saved, what, minimum);
+    if (number) return pd::python_number(saved, what);
+    if (flag) return pd::python_number(saved, what) != 0;
+    std::vector<double> values = pd::python_numbers(saved, what);
+    if (!values.empty() && values.size() != groups)  // empty: a per-group value the scheduler does not use
+      throw CheckpointError(what + " has " + std::to_string(values.size()) + " value(s), but the optimizer " + std::to_string(groups) +
+                            " parameter group(s)");
+    return values;
+  }
+  void assign(S& s, const c10::IValue& v) const {
+    if (count) s.*count = v.toInt();
+    else if (number) s.*number = v.toDouble();
+    else if (flag) s.*flag = v.toBool();
+    else s.*per_group = v.toDoubleVector();
+  }
+};
+
+template <class S>
+constexpr SchedulerField<S> field(const char* name, std::int64_t S::*count, std::int64_t minimum) {
+  return {.name = name, .count = count, .minimum = minimum};
+}
+template <class S>
+constexpr SchedulerField<S> field(const char* name, double S::*number) {
+  return {.name = name, .number = number};
+}
+template <class S>
+constexpr SchedulerField<S> field(const char* name, bool S::*flag) {
+  return {.name = name, .flag = flag};
+}
+template <class S>
+constexpr SchedulerField<S> field(const char* name, std::vector<double> S::*per_group) {
+  return {.name = name, .per_group = per_group};
+}
 
 /**
  * @brief What the schedulers stepped without a metric share: Python's `LRScheduler` state (`base_lrs`,
@@ -5269,7 +5411,22 @@ class EpochLRScheduler {
   std::vector<double> get_last_lr() const { return last_lr_; }
   torch::optim::Optimizer& optimizer() const { return *optimizer_; }
 
+  /// How a scheduler's constructor treats Python's `initial_lr` of the groups, which SequentialLR
+  /// restores: most record the current rates unless a scheduler made before recorded them.
+  enum class InitialLr {
+    recorded_if_unset,  ///< `group.setdefault("initial_lr", group["lr"])`, and base_lrs are those
+    own_base_lrs,       ///< CyclicLR: base_lrs are its `base_lr`, recorded as initial_lr if unset
+    overwritten,        ///< OneCycleLR: initial_lr (and base_lrs) become max_lr / div_factor
+  };
+  static constexpr InitialLr initial_lr = InitialLr::recorded_if_unset;
+
  protected:
+  // The composites set their children's base_lrs and step counts as Python's constructors leave them.
+  template <class... Schedulers>
+  friend class ComposedSchedulers;
+  template <class... Schedulers>
+  friend class SequentialLR;
+
   EpochLRScheduler(torch::optim::Optimizer& optimizer, const char* name);
   /// One Python `step()`: `last_epoch` and the step count advance, and each group's learning rate is
   /// multiplied by `factor` when `decay` (Python's `group["lr"] * ...`), else left as it is.
@@ -5279,6 +5436,9 @@ class EpochLRScheduler {
   void advance_each(const std::function<double(std::size_t, double)>& rate);
   /// Sets group i's learning rate to `rate(i, its current rate)` and records the rates as the last.
   void set_rates(const std::function<double(std::size_t, double)>& rate);
+  /// Python's `_update_lr(0)`, which SequentialLR calls at a milestone: `last_epoch` becomes 0 (the
+  /// step count stays) and group i's rate `rate(i, its current rate)`.
+  void restart_with(const std::function<double(std::size_t, double)>& rate);
   /// The state every scheduler saves (with its type's name, checked on load).
   void save_common(torch::serialize::OutputArchive& archive) const;
   void load_common(torch::serialize::InputArchive& archive);
@@ -5287,10 +5447,55 @@ class EpochLRScheduler {
   /// Reads Python's `state_dict()` of this type: checks that every entry is one of `own` or of
   /// Python's LRScheduler (another type's is a CheckpointError naming the entry), then sets the
   /// common state. Returns the entries of `own`, which the subclass sets.
-  std::map<std::string, c10::IValue> load_python_common(const c10::impl::GenericDict& in, std::initializer_list<const char*> own,
+  std::map<std::string, c10::IValue> load_python_common(const c10::impl::GenericDict& in, const std::vector<std::string>& own,
                                                         const std::string& what);
+  /// The key check of load_python_common alone: an entry neither `own` nor Python's LRScheduler's
+  /// names another type (a CheckpointError naming it); one of `own` missing says it is not this type's.
+  void check_python_keys(const c10::impl::GenericDict& in, const std::vector<std::string>& own, const std::string& what) const;
+  /// "dettrial::optim::StepLR's saved state", for errors.
+  std::string archive_owner() const;
+  /// Reads `key` from dettrial's archive of this scheduler (after checking its type's name).
+  c10::IValue archived(torch::serialize::InputArchive& archive, const char* key) const;
   /// A ConfigError naming the class, the argument, the rule and the value.
   [[noreturn]] void invalid(const char* argument, const std::string& rule, const std::string& value) const;
+
+  // The four state functions of a scheduler whose own state is a table of fields (`fields`): each
+  // reads everything and checks it before it changes anything.
+  template <class S, std::size_t N>
+  static void save_fields(const S& self, torch::serialize::OutputArchive& archive, const std::array<SchedulerField<S>, N>& fields) {
+    self.save_common(archive);
+    for (const auto& f : fields) archive.write(f.name, f.value(self, false));
+  }
+  template <class S, std::size_t N>
+  static void load_fields(S& self, torch::serialize::InputArchive& archive, const std::array<SchedulerField<S>, N>& fields) {
+    std::array<c10::IValue, N> values;
+    for (std::size_t i = 0; i < N; ++i)
+      values[i] = fields[i].checked(self.archived(archive, fields[i].name), self.archive_owner() + ": '" + fields[i].name + "'",
+                                    self.optimizer_->param_groups().size());
+    self.load_common(archive);
+    for (std::size_t i = 0; i < N; ++i) fields[i].assign(self, values[i]);
+  }
+  template <class S, std::size_t N>
+  static void python_fields(const S& self, c10::impl::GenericDict& out, const std::array<SchedulerField<S>, N>& fields) {
+    for (const auto& f : fields) out.insert(f.name, f.value(self, true));
+    self.python_common(out);
+  }
+  template <class S, std::size_t N>
+  static void load_python_fields(S& self, const c10::impl::GenericDict& in, const std::string& what,
+                                 const std::array<SchedulerField<S>, N>& fields) {
+    std::vector<std::string> names;
+    for (const auto& f : fields) names.emplace_back(f.name);
+    self.check_python_keys(in, names, what);
+    // The fields are checked on a copy of the entries first: a bad one leaves the scheduler as it was.
+    std::array<c10::IValue, N> values;
+    for (std::size_t i = 0; i < N; ++i) {
+      const auto it = in.find(fields[i].name);
+      if (it == in.end()) throw CheckpointError(what + " has no '" + fields[i].name + "': it is not Python's " + self.name_ + " state");
+      values[i] = fields[i].checked(it->value(), what + ": " + fields[i].name, self.optimizer_->param_groups().size());
+    }
+    self.load_python_common(in, names, what);
+    for (std::size_t i = 0; i < N; ++i) fields[i].assign(self, values[i]);
+  }
 
   torch::optim::Optimizer* optimizer_;
   const char* name_;  // "StepLR", ...
@@ -5300,229 +5505,841 @@ class EpochLRScheduler {
   std::vector<double> last_lr_;
 };
 
-/// Python's `StepLR(optimizer, step_size, gamma=0.1)`: multiplies each group's learning rate by
-/// `gamma` on every `step_size`-th step.
-class StepLR : public EpochLRScheduler {
- public:
-  StepLR(torch::optim::Optimizer& optimizer, std::int64_t step_size, double gamma = 0.1);
-  void step();
-  std::int64_t step_size() const { return step_size_; }
-  double gamma() const { return gamma_; }
-  void save(torch::serialize::OutputArchive& archive) const;
-  void load(torch::serialize::InputArchive& archive);
-  /// Python's `state_dict()`: step_size, gamma, base_lrs, last_epoch, verbose, _step_count,
-  /// _get_lr_called_within_step, _is_initial, _last_lr.
-  void python_state(c10::impl::GenericDict& out) const;
-  /// Restores what Python's StepLR.state_dict() (or python_state) holds; `what` names it in errors.
-  void load_python_state(const c10::impl::GenericDict& in, const std::string& what);
+}  // namespace dettrial::optim
 
- private:
-  std::int64_t step_size_;
-  double gamma_;
+// Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
+#if DETTRIAL_HEADER_DEFINITIONS
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <set>
+
+namespace dettrial::optim {
+
+namespace python_state_detail {
+
+DETTRIAL_INLINE double python_number(const c10::IValue& v, const std::string& what) {
+  if (v.isDouble()) return v.toDouble();
+  if (v.isInt()) return static_cast<double>(v.toInt());
+  if (v.isBool()) return v.toBool() ? 1.0 : 0.0;
+  if (v.isTensor() && v.toTensor().numel() == 1) return v.toTensor().item<double>();
+  throw CheckpointError(what + " is not a number");
+}
+
+DETTRIAL_INLINE std::int64_t python_count(const c10::IValue& v, const std::string& what, std::int64_t minimum) {
+  const double number = python_number(v, what);
+  if (!(number >= static_cast<double>(minimum)) || number != std::floor(number) || number > 9.0e18)
+    throw CheckpointError(what + " is " + number_text(number) + ", not a whole number of at least " + std::to_string(minimum));
+  return static_cast<std::int64_t>(number);
+}
+
+DETTRIAL_INLINE std::vector<double> python_numbers(const c10::IValue& v, const std::string& what) {
+  if (v.isDoubleList()) return v.toDoubleVector();
+  if (!v.isList() && !v.isTuple()) throw CheckpointError(what + " is not a list");
+  const std::vector<c10::IValue> items = v.isTuple() ? v.toTupleRef().elements().vec() : v.toList().vec();
+  std::vector<double> out;
+  for (const auto& i : items) out.push_back(python_number(i, what));
+  return out;
+}
+
+DETTRIAL_INLINE c10::impl::GenericList python_list(const std::vector<double>& values) {
+  c10::impl::GenericList list(c10::AnyType::get());
+  for (const double v : values) list.push_back(v);
+  return list;
+}
+
+DETTRIAL_INLINE std::string number_text(double value) {
+  char text[32];
+  const auto result = std::to_chars(text, text + sizeof text, value);
+  return std::string(text, result.ptr);
+}
+
+}  // namespace python_state_detail
+
+namespace scheduler_base_detail {
+DETTRIAL_INLINE std::vector<double> group_lrs(const torch::optim::Optimizer& optimizer) {
+  std::vector<double> lrs;
+  for (const auto& group : optimizer.param_groups()) lrs.push_back(group.options().get_lr());
+  return lrs;
+}
+}  // namespace scheduler_base_detail
+
+DETTRIAL_INLINE EpochLRScheduler::EpochLRScheduler(torch::optim::Optimizer& optimizer, const char* name)
+    : optimizer_(&optimizer), name_(name), base_lrs_(scheduler_base_detail::group_lrs(optimizer)), last_lr_(base_lrs_) {}
+
+DETTRIAL_INLINE void EpochLRScheduler::advance(bool decay, double factor) {
+  ++step_count_;
+  ++last_epoch_;
+  if (decay)
+    for (auto& group : optimizer_->param_groups()) group.options().set_lr(group.options().get_lr() * factor);
+  last_lr_ = scheduler_base_detail::group_lrs(*optimizer_);
+}
+
+DETTRIAL_INLINE void EpochLRScheduler::advance_each(const std::function<double(std::size_t, double)>& rate) {
+  ++step_count_;
+  ++last_epoch_;
+  set_rates(rate);
+}
+
+DETTRIAL_INLINE void EpochLRScheduler::restart_with(const std::function<double(std::size_t, double)>& rate) {
+  last_epoch_ = 0;
+  set_rates(rate);
+}
+
+DETTRIAL_INLINE void EpochLRScheduler::set_rates(const std::function<double(std::size_t, double)>& rate) {
+  auto& groups = optimizer_->param_groups();
+  if (groups.size() != base_lrs_.size())  // Python's zip(strict=True) refuses it too
+    throw TrialError(std::string("dettrial::optim::") + name_ + ": the optimizer has " + std::to_string(groups.size()) +
+                     " parameter groups but the scheduler " + std::to_string(base_lrs_.size()) +
+                     " (was a group added after the scheduler was made?)");
+  for (std::size_t i = 0; i < groups.size(); ++i) groups[i].options().set_lr(rate(i, groups[i].options().get_lr()));
+  last_lr_ = scheduler_base_detail::group_lrs(*optimizer_);
+}
+
+DETTRIAL_INLINE void EpochLRScheduler::invalid(const char* argument, const std::string& rule, const std::string& value) const {
+  throw ConfigError(std::string("dettrial::optim::") + name_ + ": " + argument + " must be " + rule + ", not " + value);
+}
+
+DETTRIAL_INLINE std::string EpochLRScheduler::archive_owner() const { return std::string("dettrial::optim::") + name_ + "'s saved state"; }
+
+DETTRIAL_INLINE c10::IValue EpochLRScheduler::archived(torch::serialize::InputArchive& archive, const char* key) const {
+  c10::IValue saved_type;
+  if (!archive.try_read("scheduler", saved_type) || !saved_type.isString())
+    throw CheckpointError(archive_owner() + " has no 'scheduler' (the type that wrote it)");
+  if (saved_type.toStringRef() != name_)
+    throw CheckpointError(archive_owner() + " was written by a " + saved_type.toStringRef() + ": is the checkpoint from another trial?");
+  c10::IValue value;
+  if (!archive.try_read(key, value)) throw CheckpointError(archive_owner() + " has no '" + key + "'");
+  return value;
+}
+
+DETTRIAL_INLINE void EpochLRScheduler::save_common(torch::serialize::OutputArchive& archive) const {
+  archive.write("scheduler", c10::IValue(std::string(name_)));
+  archive.write("last_epoch", c10::IValue(last_epoch_));
+  archive.write("step_count", c10::IValue(step_count_));
+  archive.write("base_lrs", c10::IValue(base_lrs_));
+  archive.write("last_lr", c10::IValue(last_lr_));
+}
+
+DETTRIAL_INLINE void EpochLRScheduler::load_common(torch::serialize::InputArchive& archive) {
+  namespace pd = python_state_detail;
+  const std::string owner = archive_owner();
+  const std::size_t groups = optimizer_->param_groups().size();
+  const auto per_group = [&](const char* key) {
+    std::vector<double> values = pd::python_numbers(archived(archive, key), owner + ": '" + key + "'");
+    if (values.size() != groups)
+      throw CheckpointError(owner + " has " + std::to_string(values.size()) + " value(s) in '" + key + "', but the optimizer has " +
+                            std::to_string(groups) + " parameter group(s)");
+    return values;
+  };
+  // Everything read before anything is changed: a mismatch leaves the scheduler as it was.
+  const std::int64_t last_epoch = pd::python_count(archived(archive, "last_epoch"), owner + ": 'last_epoch'", -1);
+  const std::int64_t step_count = pd::python_count(archived(archive, "step_count"), owner + ": 'step_count'", 0);
+  std::vector<double> base_lrs = per_group("base_lrs");
+  std::vector<double> last_lr = per_group("last_lr");
+  last_epoch_ = last_epoch;
+  step_count_ = step_count;
+  base_lrs_ = std::move(base_lrs);
+  last_lr_ = std::move(last_lr);
+}
+
+DETTRIAL_INLINE void EpochLRScheduler::python_common(c10::impl::GenericDict& out) const {
+  out.insert("base_lrs", python_state_detail::python_list(base_lrs_));
+  out.insert("last_epoch", last_epoch_);
+  out.insert("verbose", false);  // torch < 2.2 has it
+  out.insert("_step_count", step_count_);
+  out.insert("_get_lr_called_within_step", false);
+  out.insert("_is_initial", false);  // torch >= 2.6 has it
+  out.insert("_last_lr", python_state_detail::python_list(last_lr_));
+}
+
+DETTRIAL_INLINE void EpochLRScheduler::check_python_keys(const c10::impl::GenericDict& in, const std::vector<std::string>& own,
+                                                         const std::string& what) const {
+  static const std::set<std::string> common = {"base_lrs",    "last_epoch", "verbose", "_step_count", "_get_lr_called_within_step",
+                                               "_is_initial", "_last_lr"};
+  for (const auto& entry : in) {
+    const std::string key = entry.key().isString() ? entry.key().toStringRef() : std::string("(not a name)");
+    if (!common.count(key) && std::find(own.begin(), own.end(), key) == own.end())
+      throw CheckpointError(what + " has '" + key + "', which Python's " + name_ +
+                            " does not have: the checkpoint's scheduler is another type than the trial's " + name_);
+  }
+  for (const std::string& k : own)
+    if (!in.contains(k)) throw CheckpointError(what + " has no '" + k + "': it is not Python's " + name_ + " state");
+}
+
+DETTRIAL_INLINE std::map<std::string, c10::IValue> EpochLRScheduler::load_python_common(const c10::impl::GenericDict& in,
+                                                                                        const std::vector<std::string>& own,
+                                                                                        const std::string& what) {
+  namespace pd = python_state_detail;
+  check_python_keys(in, own, what);
+  std::map<std::string, c10::IValue> mine;
+  for (const std::string& k : own) mine[k] = in.at(k);
+  const auto field = [&](const char* key) {
+    const auto it = in.find(key);
+    if (it == in.end()) throw CheckpointError(what + " has no '" + key + "': it is not a Python LR scheduler's state");
+    return it->value();
+  };
+  std::vector<double> base = pd::python_numbers(field("base_lrs"), what + ": base_lrs");
+  if (base.size() != optimizer_->param_groups().size())
+    throw CheckpointError(what + " has " + std::to_string(base.size()) + " base learning rate(s), but the optimizer " +
+                          std::to_string(optimizer_->param_groups().size()) + " group(s)");
+  const std::int64_t last_epoch = pd::python_count(field("last_epoch"), what + ": last_epoch", -1);
+  const auto step_count = in.find("_step_count");
+  std::vector<double> last_lr = base;
+  if (const auto it = in.find("_last_lr"); it != in.end()) last_lr = pd::python_numbers(it->value(), what + ": _last_lr");
+  base_lrs_ = std::move(base);
+  last_epoch_ = last_epoch;
+  step_count_ = step_count != in.end() ? pd::python_count(step_count->value(), what + ": _step_count", 0) : last_epoch + 1;
+  last_lr_ = std::move(last_lr);
+  return mine;
+}
+
+}  // namespace dettrial::optim
+#endif  // DETTRIAL_HEADER_DEFINITIONS
+// ---- end dettrial/optim/scheduler_base.hpp
+
+namespace dettrial::optim {
+
+/// One value for every parameter group, or one per group (Python's float-or-list arguments).
+using PerGroup = std::variant<double, std::vector<double>>;
+
+/// What the cycling schedulers set besides the learning rate: Python's `group["momentum"]` (SGD,
+/// RMSprop) or `group["betas"][0]` (Adam, AdamW), by the optimizer's type, chosen once.
+enum class CycledMomentum { none, sgd, rmsprop, adam, adamw };
+
+/// How OneCycleLR moves between two values (Python's `anneal_strategy`).
+enum class AnnealStrategy { cos, linear };
+
+/// Python's `OneCycleLR` keyword arguments, with Python's defaults.
+struct OneCycleLROptions {
+  /// The peak learning rate: one for all groups, or one per group. Required.
+  PerGroup max_lr = 0.0;
+  /// The steps in the cycle; or, without it, `epochs` times `steps_per_epoch`.
+  std::optional<std::int64_t> total_steps{};
+  std::optional<std::int64_t> epochs{};
+  std::optional<std::int64_t> steps_per_epoch{};
+  /// The share of the cycle spent raising the rate, in [0, 1].
+  double pct_start = 0.3;
+  AnnealStrategy anneal_strategy = AnnealStrategy::cos;
+  /// Cycle the momentum (SGD, RMSprop) or beta1 (Adam, AdamW) inversely to the rate.
+  bool cycle_momentum = true;
+  PerGroup base_momentum = 0.85;
+  PerGroup max_momentum = 0.95;
+  /// The first rate is max_lr / div_factor; the last, that / final_div_factor.
+  double div_factor = 25.0;
+  double final_div_factor = 1e4;
+  /// Three phases (up, down to the first rate, then to the last) instead of two.
+  bool three_phase = false;
 };
-
-/// Python's `MultiStepLR(optimizer, milestones, gamma=0.1)`: multiplies each group's learning rate by
-/// `gamma` when `last_epoch` reaches a milestone (by `gamma` to the n-th power for a milestone given n
-/// times, as Python's Counter does).
-class MultiStepLR : public EpochLRScheduler {
- public:
-  MultiStepLR(torch::optim::Optimizer& optimizer, const std::vector<std::int64_t>& milestones, double gamma = 0.1);
-  void step();
-  /// Each milestone with the number of times it was given.
-  const std::map<std::int64_t, std::int64_t>& milestones() const { return milestones_; }
-  double gamma() const { return gamma_; }
-  void save(torch::serialize::OutputArchive& archive) const;
-  void load(torch::serialize::InputArchive& archive);
-  /// Python's `state_dict()`: milestones (a dict milestone -> count, as Python's Counter pickles
-  /// into one), gamma, and the LRScheduler entries as StepLR's.
-  void python_state(c10::impl::GenericDict& out) const;
-  /// Restores what Python's MultiStepLR.state_dict() (or python_state) holds.
-  void load_python_state(const c10::impl::GenericDict& in, const std::string& what);
-
- private:
-  std::map<std::int64_t, std::int64_t> milestones_;
-  double gamma_;
-};
-
-/// Python's `ExponentialLR(optimizer, gamma)`: multiplies each group's learning rate by `gamma` on
-/// every step.
-class ExponentialLR : public EpochLRScheduler {
- public:
-  ExponentialLR(torch::optim::Optimizer& optimizer, double gamma);
-  void step();
-  double gamma() const { return gamma_; }
-  void save(torch::serialize::OutputArchive& archive) const;
-  void load(torch::serialize::InputArchive& archive);
-  /// Python's `state_dict()`: gamma and the LRScheduler entries as StepLR's.
-  void python_state(c10::impl::GenericDict& out) const;
-  /// Restores what Python's ExponentialLR.state_dict() (or python_state) holds.
-  void load_python_state(const c10::impl::GenericDict& in, const std::string& what);
-
- private:
-  double gamma_;
-};
-
-/// Python's `LinearLR(optimizer, start_factor=1/3, end_factor=1.0, total_iters=5)`: the learning
-/// rates start at `start_factor` times the groups' rates and change linearly, by Python's chainable
-/// (step-to-step) factors, to `end_factor` times them after `total_iters` steps, then stay.
-class LinearLR : public EpochLRScheduler {
- public:
-  explicit LinearLR(torch::optim::Optimizer& optimizer, double start_factor = 1.0 / 3, double end_factor = 1.0,
-                    std::int64_t total_iters = 5);
-  void step();
-  double start_factor() const { return start_factor_; }
-  double end_factor() const { return end_factor_; }
-  std::int64_t total_iters() const { return total_iters_; }
-  void save(torch::serialize::OutputArchive& archive) const;
-  void load(torch::serialize::InputArchive& archive);
-  /// Python's `state_dict()`: start_factor, end_factor, total_iters and the LRScheduler entries.
-  void python_state(c10::impl::GenericDict& out) const;
-  /// Restores what Python's LinearLR.state_dict() (or python_state) holds.
-  void load_python_state(const c10::impl::GenericDict& in, const std::string& what);
-
- private:
-  double start_factor_;
-  double end_factor_;
-  std::int64_t total_iters_;
-};
-
-/// Python's `ConstantLR(optimizer, factor=1/3, total_iters=5)`: the learning rates are multiplied by
-/// `factor` for the first `total_iters` steps and by `1 / factor` at step `total_iters`.
-class ConstantLR : public EpochLRScheduler {
- public:
-  explicit ConstantLR(torch::optim::Optimizer& optimizer, double factor = 1.0 / 3, std::int64_t total_iters = 5);
-  void step();
-  double factor() const { return factor_; }
-  std::int64_t total_iters() const { return total_iters_; }
-  void save(torch::serialize::OutputArchive& archive) const;
-  void load(torch::serialize::InputArchive& archive);
-  /// Python's `state_dict()`: factor, total_iters and the LRScheduler entries.
-  void python_state(c10::impl::GenericDict& out) const;
-  /// Restores what Python's ConstantLR.state_dict() (or python_state) holds.
-  void load_python_state(const c10::impl::GenericDict& in, const std::string& what);
-
- private:
-  double factor_;
-  std::int64_t total_iters_;
-};
-
-/// Python's `CosineAnnealingLR(optimizer, T_max, eta_min=0)`: cosine annealing from the groups' rates
-/// to `eta_min` over `T_max` steps and back over the next `T_max`, computed as Python's `step()` does,
-/// step to step (its recursive form, not the closed form, which differs in the last bits).
-class CosineAnnealingLR : public EpochLRScheduler {
- public:
-  CosineAnnealingLR(torch::optim::Optimizer& optimizer, std::int64_t T_max, double eta_min = 0.0);
-  void step();
-  std::int64_t T_max() const { return T_max_; }
-  double eta_min() const { return eta_min_; }
-  void save(torch::serialize::OutputArchive& archive) const;
-  void load(torch::serialize::InputArchive& archive);
-  /// Python's `state_dict()`: T_max, eta_min and the LRScheduler entries.
-  void python_state(c10::impl::GenericDict& out) const;
-  /// Restores what Python's CosineAnnealingLR.state_dict() (or python_state) holds.
-  void load_python_state(const c10::impl::GenericDict& in, const std::string& what);
-
- private:
-  std::int64_t T_max_;
-  double eta_min_;
-};
-
-/// A learning-rate factor as a function of `last_epoch` (Python's `lr_lambda`).
-using LRLambda = std::function<double(std::int64_t)>;
 
 /**
- * @brief What LambdaLR and MultiplicativeLR share: one function per parameter group, and Python's
- * `lr_lambdas` entry, a list of None (Python saves no plain function, and C++ functions have no state).
+ * @brief Python's `OneCycleLR(optimizer, max_lr, total_steps, ...)`: the 1cycle policy, stepped once
+ * per batch for `total_steps` steps (a step beyond is an error, as in Python).
+ * @code{.cpp}
+ * dettrial::optim::OneCycleLR sched(opt, {.max_lr = 0.1, .total_steps = 1000});
+ * @endcode
  */
-class LambdaScheduler : public EpochLRScheduler {
+class OneCycleLR : public EpochLRScheduler {
  public:
-  void save(torch::serialize::OutputArchive& archive) const { save_common(archive); }
-  void load(torch::serialize::InputArchive& archive) { load_common(archive); }
-  /// Python's `state_dict()`: the LRScheduler entries and lr_lambdas, one None per group.
-  void python_state(c10::impl::GenericDict& out) const;
-  /// Restores Python's state; an `lr_lambdas` entry holding a callable object's attributes is a
-  /// CheckpointError (a C++ function cannot take them).
-  void load_python_state(const c10::impl::GenericDict& in, const std::string& what);
-
- protected:
-  LambdaScheduler(torch::optim::Optimizer& optimizer, const char* name, std::vector<LRLambda> lr_lambdas);
-  /// One function for every group, shared as Python's `[lr_lambda] * len(param_groups)` shares it (a
-  /// stateful function is called once per group per step, on one state).
-  static std::vector<LRLambda> one_per_group(LRLambda lr_lambda, const torch::optim::Optimizer& optimizer);
-  std::vector<LRLambda> lr_lambdas_;
-};
-
-/// Python's `LambdaLR(optimizer, lr_lambda)`: each group's rate is its initial rate times
-/// `lr_lambda(last_epoch)` (one function for all groups, or one per group).
-class LambdaLR : public LambdaScheduler {
- public:
-  LambdaLR(torch::optim::Optimizer& optimizer, LRLambda lr_lambda);
-  LambdaLR(torch::optim::Optimizer& optimizer, std::vector<LRLambda> lr_lambdas);
+  static constexpr InitialLr initial_lr = InitialLr::overwritten;
+  OneCycleLR(torch::optim::Optimizer& optimizer, const OneCycleLROptions& options);
   void step();
-};
-
-/// Python's `MultiplicativeLR(optimizer, lr_lambda)`: each step multiplies each group's rate by
-/// `lr_lambda(last_epoch)` (one function for all groups, or one per group); the constructor's step
-/// leaves the rates as they are.
-class MultiplicativeLR : public LambdaScheduler {
- public:
-  MultiplicativeLR(torch::optim::Optimizer& optimizer, LRLambda lr_lambda);
-  MultiplicativeLR(torch::optim::Optimizer& optimizer, std::vector<LRLambda> lr_lambdas);
-  void step();
-};
-
-/// Python's `PolynomialLR(optimizer, total_iters=5, power=1.0)`: the rates decay as
-/// `(1 - last_epoch / total_iters) ** power` times the initial ones, by Python's step-to-step factors,
-/// reaching 0 at `total_iters` and staying there.
-class PolynomialLR : public EpochLRScheduler {
- public:
-  explicit PolynomialLR(torch::optim::Optimizer& optimizer, std::int64_t total_iters = 5, double power = 1.0);
-  void step();
-  std::int64_t total_iters() const { return total_iters_; }
-  double power() const { return power_; }
+  void restart_at_milestone();
+  std::int64_t total_steps() const { return total_steps_; }
+  const std::vector<double>& max_lrs() const { return max_lrs_; }
+  const std::vector<double>& min_lrs() const { return min_lrs_; }
   void save(torch::serialize::OutputArchive& archive) const;
   void load(torch::serialize::InputArchive& archive);
-  /// Python's `state_dict()`: total_iters, power and the LRScheduler entries.
+  /// Python's `state_dict()`: total_steps, _schedule_phases, _anneal_func_type, cycle_momentum,
+  /// use_beta1 (with cycle_momentum) and the LRScheduler entries.
   void python_state(c10::impl::GenericDict& out) const;
-  /// Restores what Python's PolynomialLR.state_dict() (or python_state) holds.
   void load_python_state(const c10::impl::GenericDict& in, const std::string& what);
+  /// What Python's OneCycleLR keeps in the optimizer's parameter group `group` (initial_lr, max_lr,
+  /// min_lr, and with cycle_momentum max_momentum and base_momentum), added to `out`.
+  void python_param_group(std::size_t group, c10::impl::GenericDict& out) const;
+  /// Reads those entries from Python's parameter group `group` of the optimizer's state (Python's
+  /// OneCycleLR reads them there, not from its own state); checked before anything is changed.
+  void load_python_param_group(std::size_t group, const c10::impl::GenericDict& in, const std::string& what);
 
  private:
-  std::int64_t total_iters_;
-  double power_;
+  /// A value of a parameter group that a phase starts or ends at (Python names it by its group key).
+  enum class GroupValue { initial_lr, max_lr, min_lr, max_momentum, base_momentum };
+  struct Phase {
+    double end_step;
+    bool end_step_is_int;  // Python's total_steps - 1 is an int, the pct_start ends are floats
+    GroupValue start_lr, end_lr, start_momentum, end_momentum;
+  };
+  static constexpr std::array<SchedulerField<OneCycleLR>, 6> fields() {
+    return std::array{field("total_steps", &OneCycleLR::total_steps_, 1), field("cycle_momentum", &OneCycleLR::cycle_momentum_),
+                      field("max_lrs", &OneCycleLR::max_lrs_), field("min_lrs", &OneCycleLR::min_lrs_),
+                      field("max_momentums", &OneCycleLR::max_momentums_), field("base_momentums", &OneCycleLR::base_momentums_)};
+  }
+  double group_value(GroupValue v, std::size_t group) const;
+  /// Python's get_lr at `step`: each group's rate (returned) and momentum (set).
+  std::vector<double> rates_at(std::int64_t step);
+  static std::vector<Phase> python_phases(const c10::IValue& saved, const std::string& what);
+
+  std::int64_t total_steps_ = 1;
+  std::vector<Phase> phases_;
+  AnnealStrategy anneal_;
+  bool cycle_momentum_;
+  CycledMomentum momentum_ = CycledMomentum::none;
+  std::vector<double> max_lrs_, min_lrs_, max_momentums_, base_momentums_;  // initial_lr is base_lrs_
+};
+
+/// How CyclicLR scales each cycle's amplitude (Python's `mode`).
+enum class CyclicMode { triangular, triangular2, exp_range };
+/// What CyclicLR's scale function is called with: the cycle's number or the step's (Python's `scale_mode`).
+enum class ScaleMode { cycle, iterations };
+
+/// Python's `CyclicLR` keyword arguments, with Python's defaults.
+struct CyclicLROptions {
+  /// The lower and upper bounds of the rate: one for all groups, or one per group. Required.
+  PerGroup base_lr = 0.0;
+  PerGroup max_lr = 0.0;
+  /// Steps in the rising and the falling half of a cycle (the falling one is the rising one's when unset).
+  double step_size_up = 2000;
+  std::optional<double> step_size_down{};
+  CyclicMode mode = CyclicMode::triangular;
+  /// exp_range's factor: the amplitude times gamma ** step.
+  double gamma = 1.0;
+  /// A scale function of your own (Python's `scale_fn`), called with the cycle or the step as
+  /// `scale_mode` says; it replaces `mode`'s.
+  std::function<double(std::int64_t)> scale_fn{};
+  ScaleMode scale_mode = ScaleMode::cycle;
+  bool cycle_momentum = true;
+  PerGroup base_momentum = 0.8;
+  PerGroup max_momentum = 0.9;
 };
 
 /**
- * @brief Python's `CosineAnnealingWarmRestarts(optimizer, T_0, T_mult=1, eta_min=0)`: cosine annealing
- * from the initial rates towards `eta_min` over `T_i` steps, then a restart at the initial rates, with
- * `T_i` starting at `T_0` and multiplied by `T_mult` at each restart. As in Python, its step count
- * (`_step_count`) stays 0: Python's own `step()` does not count.
+ * @brief Python's `CyclicLR(optimizer, base_lr, max_lr, ...)`: the rate cycles between `base_lr` and
+ * `max_lr` (and the momentum the other way), in its three modes or with a scale function of your own.
  */
-class CosineAnnealingWarmRestarts : public EpochLRScheduler {
+class CyclicLR : public EpochLRScheduler {
  public:
-  CosineAnnealingWarmRestarts(torch::optim::Optimizer& optimizer, std::int64_t T_0, std::int64_t T_mult = 1, double eta_min = 0.0);
+  static constexpr InitialLr initial_lr = InitialLr::own_base_lrs;
+  CyclicLR(torch::optim::Optimizer& optimizer, CyclicLROptions options);
   void step();
-  std::int64_t T_0() const { return T_0_; }
-  /// The length of the current cycle.
-  std::int64_t T_i() const { return T_i_; }
-  std::int64_t T_mult() const { return T_mult_; }
-  double eta_min() const { return eta_min_; }
-  /// Steps since the last restart.
-  std::int64_t T_cur() const { return T_cur_; }
+  void restart_at_milestone();
+  const std::vector<double>& max_lrs() const { return max_lrs_; }
+  double total_size() const { return total_size_; }
+  double step_ratio() const { return step_ratio_; }
   void save(torch::serialize::OutputArchive& archive) const;
   void load(torch::serialize::InputArchive& archive);
-  /// Python's `state_dict()`: T_0, T_i, T_mult, eta_min, T_cur and the LRScheduler entries.
+  /// Python's `state_dict()`: max_lrs, total_size, step_ratio, mode, gamma, scale_mode,
+  /// cycle_momentum (with it use_beta1, base_momentums, max_momentums), the LRScheduler entries and
+  /// _scale_fn_custom (None: a C++ function, as a Python function, saves nothing).
   void python_state(c10::impl::GenericDict& out) const;
-  /// Restores what Python's CosineAnnealingWarmRestarts.state_dict() (or python_state) holds.
   void load_python_state(const c10::impl::GenericDict& in, const std::string& what);
+  /// What Python's CyclicLR writes into parameter group `group` with cycle_momentum: max_momentum and
+  /// base_momentum (it reads its own state's, so nothing is read back).
+  void python_param_group(std::size_t group, c10::impl::GenericDict& out) const;
 
  private:
-  std::int64_t T_0_;
-  std::int64_t T_i_;
-  std::int64_t T_mult_;
-  double eta_min_;
-  std::int64_t T_cur_ = -1;  // Python's T_cur starts at last_epoch
+  static constexpr std::array<SchedulerField<CyclicLR>, 7> fields() {
+    return std::array{field("max_lrs", &CyclicLR::max_lrs_),
+                      field("total_size", &CyclicLR::total_size_),
+                      field("step_ratio", &CyclicLR::step_ratio_),
+                      field("gamma", &CyclicLR::gamma_),
+                      field("cycle_momentum", &CyclicLR::cycle_momentum_),
+                      field("base_momentums", &CyclicLR::base_momentums_),
+                      field("max_momentums", &CyclicLR::max_momentums_)};
+  }
+  /// The mode's scale function, or the user's.
+  double scale(std::int64_t x) const;
+  /// Python's get_lr at last_epoch: each group's rate (returned) and momentum (set).
+  std::vector<double> rates_now();
+
+  std::vector<double> max_lrs_;
+  double total_size_;
+  double step_ratio_;
+  CyclicMode mode_;
+  double gamma_;
+  std::function<double(std::int64_t)> scale_fn_;
+  ScaleMode scale_mode_;
+  bool cycle_momentum_;
+  CycledMomentum momentum_ = CycledMomentum::none;
+  std::vector<double> base_momentums_, max_momentums_;
 };
+
+}  // namespace dettrial::optim
+
+// Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
+#if DETTRIAL_HEADER_DEFINITIONS
+#include <cmath>
+#include <numbers>
+#include <utility>
+
+
+namespace dettrial::optim {
+
+namespace cyclic_detail {
+
+/// Python's _format_param: one value per group, from one for all or a list of exactly one per group.
+DETTRIAL_INLINE std::vector<double> per_group(const char* scheduler, const char* name, const PerGroup& value,
+                                              const torch::optim::Optimizer& optimizer) {
+  const std::size_t groups = optimizer.param_groups().size();
+  if (const auto* one = std::get_if<double>(&value)) return std::vector<double>(groups, *one);
+  const auto& each = std::get<std::vector<double>>(value);
+  if (each.size() != groups)
+    throw ConfigError(std::string("dettrial::optim::") + scheduler + ": " + name + " must have one value per parameter group (" +
+                      std::to_string(groups) + "), not " + std::to_string(each.size()));
+  return each;
+}
+
+/// Which momentum the optimizer has (Python: "momentum" or "betas" in its defaults); cycling a
+/// momentum on an optimizer with neither is a ConfigError, as in Python.
+DETTRIAL_INLINE CycledMomentum cycled_momentum(const char* scheduler, torch::optim::Optimizer& optimizer) {
+  auto& defaults = optimizer.defaults();
+  if (dynamic_cast<torch::optim::SGDOptions*>(&defaults)) return CycledMomentum::sgd;
+  if (dynamic_cast<torch::optim::RMSpropOptions*>(&defaults)) return CycledMomentum::rmsprop;
+  if (dynamic_cast<torch::optim::AdamWOptions*>(&defaults)) return CycledMomentum::adamw;
+  if (dynamic_cast<torch::optim::AdamOptions*>(&defaults)) return CycledMomentum::adam;
+  throw ConfigError(std::string("dettrial::optim::") + scheduler +
+                    ": cycle_momentum needs an optimizer with a momentum (SGD, RMSprop) or beta1 (Adam, AdamW); pass "
+                    "cycle_momentum = false for this one");
+}
+
+DETTRIAL_INLINE bool uses_beta1(CycledMomentum m) { return m == CycledMomentum::adam || m == CycledMomentum::adamw; }
+
+/// Sets Python's group["momentum"] or group["betas"][0].
+DETTRIAL_INLINE void set_momentum(CycledMomentum kind, torch::optim::OptimizerOptions& options, double momentum) {
+  switch (kind) {
+    case CycledMomentum::sgd: static_cast<torch::optim::SGDOptions&>(options).momentum(momentum); break;
+    case CycledMomentum::rmsprop: static_cast<torch::optim::RMSpropOptions&>(options).momentum(momentum); break;
+    case CycledMomentum::adam: {
+      auto& adam = static_cast<torch::optim::AdamOptions&>(options);
+      adam.betas({momentum, std::get<1>(adam.betas())});
+      break;
+    }
+    case CycledMomentum::adamw: {
+      auto& adamw = static_cast<torch::optim::AdamWOptions&>(options);
+      adamw.betas({momentum, std::get<1>(adamw.betas())});
+      break;
+    }
+    case CycledMomentum::none: break;
+  }
+}
+
+/// Python's annealing functions, term for term.
+DETTRIAL_INLINE double anneal(AnnealStrategy strategy, double start, double end, double pct) {
+  if (strategy == AnnealStrategy::linear) return (end - start) * pct + start;
+  const double cos_out = std::cos(std::numbers::pi * pct) + 1;
+  return end + (start - end) / 2.0 * cos_out;
+}
+
+/// The entry `key` of dettrial's archive or Python's dict, as text.
+DETTRIAL_INLINE std::string text_of(const c10::IValue& v, const std::string& what) {
+  if (!v.isString()) throw CheckpointError(what + " is not a string");
+  return v.toStringRef();
+}
+
+}  // namespace cyclic_detail
+
+// ------------------------------------------------------------------------------------------------
+// OneCycleLR
+
+DETTRIAL_INLINE OneCycleLR::OneCycleLR(torch::optim::Optimizer& optimizer, const OneCycleLROptions& o)
+    : EpochLRScheduler(optimizer, "OneCycleLR"), anneal_(o.anneal_strategy), cycle_momentum_(o.cycle_momentum) {
+  if (o.total_steps) {
+    if (*o.total_steps < 1) invalid("total_steps", "a positive number of steps", std::to_string(*o.total_steps));
+    total_steps_ = *o.total_steps;
+  } else if (o.epochs && o.steps_per_epoch) {
+    if (*o.epochs < 1) invalid("epochs", "positive", std::to_string(*o.epochs));
+    if (*o.steps_per_epoch < 1) invalid("steps_per_epoch", "positive", std::to_string(*o.steps_per_epoch));
+    total_steps_ = *o.epochs * *o.steps_per_epoch;
+  } else {
+    invalid("total_steps", "given (or epochs and steps_per_epoch)", "missing");
+  }
+  if (!(o.pct_start >= 0 && o.pct_start <= 1)) invalid("pct_start", "in [0, 1]", python_state_detail::number_text(o.pct_start));
+  if (!(o.div_factor > 0)) invalid("div_factor", "positive", python_state_detail::number_text(o.div_factor));
+  if (!(o.final_div_factor > 0)) invalid("final_div_factor", "positive", python_state_detail::number_text(o.final_div_factor));
+  const double total = static_cast<double>(total_steps_);
+  using G = GroupValue;
+  const Phase up{o.pct_start * total - 1, false, G::initial_lr, G::max_lr, G::max_momentum, G::base_momentum};
+  if (o.three_phase)
+    phases_ = {up,
+               {2 * o.pct_start * total - 2, false, G::max_lr, G::initial_lr, G::base_momentum, G::max_momentum},
+               {total - 1, true, G::initial_lr, G::min_lr, G::max_momentum, G::max_momentum}};
+  else phases_ = {up, {total - 1, true, G::max_lr, G::min_lr, G::base_momentum, G::max_momentum}};
+  max_lrs_ = cyclic_detail::per_group("OneCycleLR", "max_lr", o.max_lr, optimizer);
+  for (const double m : max_lrs_)
+    if (!(m > 0)) invalid("max_lr", "positive (is it set?)", python_state_detail::number_text(m));
+  for (std::size_t i = 0; i < max_lrs_.size(); ++i) {
+    base_lrs_[i] = max_lrs_[i] / o.div_factor;  // Python's group["initial_lr"]
+    min_lrs_.push_back(base_lrs_[i] / o.final_div_factor);
+  }
+  if (cycle_momentum_) {
+    momentum_ = cyclic_detail::cycled_momentum("OneCycleLR", optimizer);
+    max_momentums_ = cyclic_detail::per_group("OneCycleLR", "max_momentum", o.max_momentum, optimizer);
+    base_momentums_ = cyclic_detail::per_group("OneCycleLR", "base_momentum", o.base_momentum, optimizer);
+  }
+  step();  // Python's constructor steps once: step 0 of the cycle
+}
+
+DETTRIAL_INLINE double OneCycleLR::group_value(GroupValue v, std::size_t group) const {
+  switch (v) {
+    case GroupValue::initial_lr: return base_lrs_[group];
+    case GroupValue::max_lr: return max_lrs_[group];
+    case GroupValue::min_lr: return min_lrs_[group];
+    case GroupValue::max_momentum: return max_momentums_[group];
+    case GroupValue::base_momentum: return base_momentums_[group];
+  }
+  return 0.0;
+}
+
+DETTRIAL_INLINE std::vector<double> OneCycleLR::rates_at(std::int64_t step) {
+  if (step > total_steps_)  // Python raises ValueError here
+    throw TrialError("dettrial::optim::OneCycleLR: tried to step " + std::to_string(step) + " times; the cycle has total_steps " +
+                     std::to_string(total_steps_));
+  auto& groups = optimizer_->param_groups();
+  std::vector<double> rates;
+  for (std::size_t g = 0; g < groups.size(); ++g) {
+    double start_step = 0.0;
+    for (std::size_t i = 0; i < phases_.size(); ++i) {
+      const Phase& phase = phases_[i];
+      if (static_cast<double>(step) <= phase.end_step || i + 1 == phases_.size()) {
+        const double span = phase.end_step - start_step;
+        if (span == 0) throw TrialError("dettrial::optim::OneCycleLR: a phase of 0 steps (Python divides by zero here)");
+        const double pct = (static_cast<double>(step) - start_step) / span;
+        rates.push_back(cyclic_detail::anneal(anneal_, group_value(phase.start_lr, g), group_value(phase.end_lr, g), pct));
+        if (cycle_momentum_)
+          cyclic_detail::set_momentum(
+              momentum_, groups[g].options(),
+              cyclic_detail::anneal(anneal_, group_value(phase.start_momentum, g), group_value(phase.end_momentum, g), pct));
+        break;
+      }
+      start_step = phase.end_step;
+    }
+  }
+  return rates;
+}
+
+DETTRIAL_INLINE void OneCycleLR::step() {
+  std::vector<double> rates = rates_at(last_epoch_ + 1);  // checked before anything moves
+  advance_each([&rates](std::size_t i, double) { return rates[i]; });
+}
+
+DETTRIAL_INLINE void OneCycleLR::restart_at_milestone() {
+  std::vector<double> rates = rates_at(0);
+  restart_with([&rates](std::size_t i, double) { return rates[i]; });
+}
+
+DETTRIAL_INLINE void OneCycleLR::save(torch::serialize::OutputArchive& archive) const {
+  save_fields(*this, archive, fields());
+  archive.write("anneal_strategy", c10::IValue(std::string(anneal_ == AnnealStrategy::cos ? "cos" : "linear")));
+  std::vector<double> ends;
+  for (const Phase& p : phases_) ends.push_back(p.end_step);
+  archive.write("phase_ends", c10::IValue(ends));  // the phases' kinds follow from their number
+}
+
+DETTRIAL_INLINE void OneCycleLR::load(torch::serialize::InputArchive& archive) {
+  const std::string anneal = cyclic_detail::text_of(archived(archive, "anneal_strategy"), archive_owner() + ": 'anneal_strategy'");
+  if (anneal != "cos" && anneal != "linear") throw CheckpointError(archive_owner() + ": anneal_strategy '" + anneal + "' is not cos or linear");
+  const std::vector<double> ends = python_state_detail::python_numbers(archived(archive, "phase_ends"), archive_owner() + ": 'phase_ends'");
+  if (ends.size() != phases_.size())
+    throw CheckpointError(archive_owner() + " has " + std::to_string(ends.size()) + " phases, the trial's OneCycleLR " +
+                          std::to_string(phases_.size()) + " (three_phase differs)");
+  load_fields(*this, archive, fields());
+  anneal_ = anneal == "cos" ? AnnealStrategy::cos : AnnealStrategy::linear;
+  for (std::size_t i = 0; i < ends.size(); ++i) phases_[i].end_step = ends[i];
+}
+
+DETTRIAL_INLINE void OneCycleLR::python_state(c10::impl::GenericDict& out) const {
+  out.insert("total_steps", total_steps_);
+  static constexpr std::array<const char*, 5> names = {"initial_lr", "max_lr", "min_lr", "max_momentum", "base_momentum"};
+  const auto name = [](GroupValue v) { return std::string(names[static_cast<std::size_t>(v)]); };
+  c10::impl::GenericList phases(c10::AnyType::get());
+  for (const Phase& p : phases_) {
+    c10::impl::GenericDict d(c10::StringType::get(), c10::AnyType::get());
+    d.insert("end_step", p.end_step_is_int ? c10::IValue(static_cast<std::int64_t>(p.end_step)) : c10::IValue(p.end_step));
+    d.insert("start_lr", name(p.start_lr));
+    d.insert("end_lr", name(p.end_lr));
+    d.insert("start_momentum", name(p.start_momentum));
+    d.insert("end_momentum", name(p.end_momentum));
+    phases.push_back(d);
+  }
+  out.insert("_schedule_phases", phases);
+  out.insert("_anneal_func_type", std::string(anneal_ == AnnealStrategy::cos ? "cos" : "linear"));
+  out.insert("cycle_momentum", cycle_momentum_);
+  if (cycle_momentum_) out.insert("use_beta1", cyclic_detail::uses_beta1(momentum_));
+  python_common(out);
+}
+
+DETTRIAL_INLINE std::vector<OneCycleLR::Phase> OneCycleLR::python_phases(const c10::IValue& saved, const std::string& what) {
+  if (!saved.isList()) throw CheckpointError(what + ": _schedule_phases is not a list");
+  static const std::map<std::string, GroupValue> values = {{"initial_lr", GroupValue::initial_lr},
+                                                           {"max_lr", GroupValue::max_lr},
+                                                           {"min_lr", GroupValue::min_lr},
+                                                           {"max_momentum", GroupValue::max_momentum},
+                                                           {"base_momentum", GroupValue::base_momentum}};
+  std::vector<Phase> phases;
+  for (const c10::IValue& entry : saved.toListRef()) {
+    if (!entry.isGenericDict()) throw CheckpointError(what + ": a phase of _schedule_phases is not a dict");
+    const auto d = entry.toGenericDict();
+    const auto value = [&](const char* key) {
+      const auto it = d.find(key);
+      const std::string name = it == d.end() ? std::string("(none)") : cyclic_detail::text_of(it->value(), what + ": a phase's " + key);
+      const auto known = values.find(name);
+      if (known == values.end()) throw CheckpointError(what + ": a phase's " + key + " is '" + name + "', not a group value OneCycleLR has");
+      return known->second;
+    };
+    const auto end = d.find("end_step");
+    if (end == d.end()) throw CheckpointError(what + ": a phase of _schedule_phases has no end_step");
+    phases.push_back({python_state_detail::python_number(end->value(), what + ": end_step"), end->value().isInt(), value("start_lr"),
+                      value("end_lr"), value("start_momentum"), value("end_momentum")});
+  }
+  if (phases.empty()) throw CheckpointError(what + ": _schedule_phases is empty");
+  return phases;
+}
+
+DETTRIAL_INLINE void OneCycleLR::load_python_state(const c10::impl::GenericDict& in, const std::string& what) {
+  namespace pd = python_state_detail;
+  const auto entry = [&](const char* key) {
+    const auto it = in.find(key);
+    if (it == in.end()) throw CheckpointError(what + " has no '" + key + "': it is not Python's OneCycleLR state");
+    return it->value();
+  };
+  // Read and checked before anything is changed.
+  const std::int64_t total_steps = pd::python_count(entry("total_steps"), what + ": total_steps", 1);
+  std::vector<Phase> phases = python_phases(entry("_schedule_phases"), what);
+  const std::string anneal = cyclic_detail::text_of(entry("_anneal_func_type"), what + ": _anneal_func_type");
+  if (anneal != "cos" && anneal != "linear") throw CheckpointError(what + ": _anneal_func_type '" + anneal + "' is not cos or linear");
+  const bool cycle_momentum = pd::python_number(entry("cycle_momentum"), what + ": cycle_momentum") != 0;
+  if (cycle_momentum != cycle_momentum_)
+    throw CheckpointError(what + " has cycle_momentum " + (cycle_momentum ? "True" : "False") + ", the trial's OneCycleLR " +
+                          (cycle_momentum_ ? "true" : "false"));
+  std::vector<std::string> own = {"total_steps", "_schedule_phases", "_anneal_func_type", "cycle_momentum"};
+  if (cycle_momentum) {
+    own.emplace_back("use_beta1");
+    if ((pd::python_number(entry("use_beta1"), what + ": use_beta1") != 0) != cyclic_detail::uses_beta1(momentum_))
+      throw CheckpointError(what + ": use_beta1 says another optimizer family (Adam's beta1 against a momentum) than the trial's");
+  }
+  load_python_common(in, own, what);
+  total_steps_ = total_steps;
+  phases_ = std::move(phases);
+  anneal_ = anneal == "cos" ? AnnealStrategy::cos : AnnealStrategy::linear;
+}
+
+DETTRIAL_INLINE void OneCycleLR::python_param_group(std::size_t group, c10::impl::GenericDict& out) const {
+  out.insert_or_assign("initial_lr", base_lrs_.at(group));
+  out.insert_or_assign("max_lr", max_lrs_.at(group));
+  out.insert_or_assign("min_lr", min_lrs_.at(group));
+  if (!cycle_momentum_) return;
+  out.insert_or_assign("max_momentum", max_momentums_.at(group));
+  out.insert_or_assign("base_momentum", base_momentums_.at(group));
+}
+
+DETTRIAL_INLINE void OneCycleLR::load_python_param_group(std::size_t group, const c10::impl::GenericDict& in, const std::string& what) {
+  const auto value = [&](const char* key) {
+    const auto it = in.find(key);
+    if (it == in.end())
+      throw CheckpointError(what + " has no '" + key + "', which Python's OneCycleLR keeps there: was the checkpoint's scheduler another?");
+    return python_state_detail::python_number(it->value(), what + ": " + key);
+  };
+  const double initial = value("initial_lr"), max_lr = value("max_lr"), min_lr = value("min_lr");
+  const double max_m = cycle_momentum_ ? value("max_momentum") : 0.0, base_m = cycle_momentum_ ? value("base_momentum") : 0.0;
+  base_lrs_.at(group) = initial;
+  max_lrs_.at(group) = max_lr;
+  min_lrs_.at(group) = min_lr;
+  if (!cycle_momentum_) return;
+  max_momentums_.at(group) = max_m;
+  base_momentums_.at(group) = base_m;
+}
+
+// ------------------------------------------------------------------------------------------------
+// CyclicLR
+
+DETTRIAL_INLINE CyclicLR::CyclicLR(torch::optim::Optimizer& optimizer, CyclicLROptions o)
+    : EpochLRScheduler(optimizer, "CyclicLR"),
+      mode_(o.mode),
+      gamma_(o.gamma),
+      scale_fn_(std::move(o.scale_fn)),
+      scale_mode_(o.scale_mode),
+      cycle_momentum_(o.cycle_momentum) {
+  if (!(o.step_size_up > 0)) invalid("step_size_up", "positive", python_state_detail::number_text(o.step_size_up));
+  const double down = o.step_size_down.value_or(o.step_size_up);
+  if (!(down >= 0)) invalid("step_size_down", "at least 0", python_state_detail::number_text(down));
+  base_lrs_ = cyclic_detail::per_group("CyclicLR", "base_lr", o.base_lr, optimizer);
+  max_lrs_ = cyclic_detail::per_group("CyclicLR", "max_lr", o.max_lr, optimizer);
+  for (const double m : max_lrs_)
+    if (!(m > 0)) invalid("max_lr", "positive (is it set?)", python_state_detail::number_text(m));
+  total_size_ = o.step_size_up + down;
+  step_ratio_ = o.step_size_up / total_size_;
+  // Python's _init_scale_fn: a built-in mode chooses its own scale mode.
+  if (!scale_fn_) scale_mode_ = mode_ == CyclicMode::exp_range ? ScaleMode::iterations : ScaleMode::cycle;
+  if (cycle_momentum_) {
+    momentum_ = cyclic_detail::cycled_momentum("CyclicLR", optimizer);
+    base_momentums_ = cyclic_detail::per_group("CyclicLR", "base_momentum", o.base_momentum, optimizer);
+    max_momentums_ = cyclic_detail::per_group("CyclicLR", "max_momentum", o.max_momentum, optimizer);
+  }
+  step();  // Python's constructor steps once: the rates at base_lr, the momentum at max_momentum
+}
+
+DETTRIAL_INLINE double CyclicLR::scale(std::int64_t x) const {
+  if (scale_fn_) return scale_fn_(x);
+  switch (mode_) {
+    case CyclicMode::triangular: return 1.0;
+    case CyclicMode::triangular2: return 1 / std::pow(2.0, static_cast<double>(x - 1));
+    case CyclicMode::exp_range: return std::pow(gamma_, static_cast<double>(x));
+  }
+  return 1.0;
+}
+
+DETTRIAL_INLINE std::vector<double> CyclicLR::rates_now() {
+  const double epoch = static_cast<double>(last_epoch_);
+  const auto cycle = static_cast<std::int64_t>(std::floor(1 + epoch / total_size_));
+  const double x = 1.0 + epoch / total_size_ - static_cast<double>(cycle);
+  const double scale_factor = x <= step_ratio_ ? x / step_ratio_ : (x - 1) / (step_ratio_ - 1);
+  const double scaled = scale(scale_mode_ == ScaleMode::cycle ? cycle : last_epoch_);
+  std::vector<double> rates;
+  for (std::size_t i = 0; i < max_lrs_.size(); ++i) rates.push_back(base_lrs_[i] + (max_lrs_[i] - base_lrs_[i]) * scale_factor * scaled);
+  if (cycle_momentum_) {
+    auto& groups = optimizer_->param_groups();
+    for (std::size_t i = 0; i < groups.size() && i < max_momentums_.size(); ++i)
+      cyclic_detail::set_momentum(momentum_, groups[i].options(),
+                                  max_momentums_[i] - (max_momentums_[i] - base_momentums_[i]) * scale_factor * scaled);
+  }
+  return rates;
+}
+
+DETTRIAL_INLINE void CyclicLR::step() {
+  ++step_count_;
+  ++last_epoch_;
+  std::vector<double> rates = rates_now();
+  set_rates([&rates](std::size_t i, double) { return rates[i]; });
+}
+
+DETTRIAL_INLINE void CyclicLR::restart_at_milestone() {
+  last_epoch_ = 0;
+  std::vector<double> rates = rates_now();
+  set_rates([&rates](std::size_t i, double) { return rates[i]; });
+}
+
+namespace cyclic_detail {
+DETTRIAL_INLINE const char* mode_name(CyclicMode m) {
+  return m == CyclicMode::triangular ? "triangular" : m == CyclicMode::triangular2 ? "triangular2" : "exp_range";
+}
+DETTRIAL_INLINE CyclicMode mode_named(const std::string& name, const std::string& what) {
+  if (name == "triangular") return CyclicMode::triangular;
+  if (name == "triangular2") return CyclicMode::triangular2;
+  if (name == "exp_range") return CyclicMode::exp_range;
+  throw CheckpointError(what + ": mode '" + name + "' is not triangular, triangular2 or exp_range");
+}
+DETTRIAL_INLINE ScaleMode scale_mode_named(const std::string& name, const std::string& what) {
+  if (name == "cycle") return ScaleMode::cycle;
+  if (name == "iterations") return ScaleMode::iterations;
+  throw CheckpointError(what + ": scale_mode '" + name + "' is not cycle or iterations");
+}
+}  // namespace cyclic_detail
+
+DETTRIAL_INLINE void CyclicLR::save(torch::serialize::OutputArchive& archive) const {
+  save_fields(*this, archive, fields());
+  archive.write("mode", c10::IValue(std::string(cyclic_detail::mode_name(mode_))));
+  archive.write("scale_mode", c10::IValue(std::string(scale_mode_ == ScaleMode::cycle ? "cycle" : "iterations")));
+}
+
+DETTRIAL_INLINE void CyclicLR::load(torch::serialize::InputArchive& archive) {
+  const std::string owner = archive_owner();
+  const CyclicMode mode = cyclic_detail::mode_named(cyclic_detail::text_of(archived(archive, "mode"), owner + ": 'mode'"), owner);
+  const ScaleMode scale_mode =
+      cyclic_detail::scale_mode_named(cyclic_detail::text_of(archived(archive, "scale_mode"), owner + ": 'scale_mode'"), owner);
+  load_fields(*this, archive, fields());
+  mode_ = mode;
+  scale_mode_ = scale_mode;
+}
+
+DETTRIAL_INLINE void CyclicLR::python_state(c10::impl::GenericDict& out) const {
+  out.insert("max_lrs", python_state_detail::python_list(max_lrs_));
+  out.insert("total_size", total_size_);
+  out.insert("step_ratio", step_ratio_);
+  out.insert("mode", std::string(cyclic_detail::mode_name(mode_)));
+  out.insert("gamma", gamma_);
+  out.insert("scale_mode", std::string(scale_mode_ == ScaleMode::cycle ? "cycle" : "iterations"));
+  out.insert("cycle_momentum", cycle_momentum_);
+  if (cycle_momentum_) {
+    out.insert("use_beta1", cyclic_detail::uses_beta1(momentum_));
+    out.insert("base_momentums", python_state_detail::python_list(base_momentums_));
+    out.insert("max_momentums", python_state_detail::python_list(max_momentums_));
+  }
+  python_common(out);
+  out.insert("_scale_fn_custom", c10::IValue());
+}
+
+DETTRIAL_INLINE void CyclicLR::load_python_state(const c10::impl::GenericDict& in, const std::string& what) {
+  namespace pd = python_state_detail;
+  const auto entry = [&](const char* key) {
+    const auto it = in.find(key);
+    if (it == in.end()) throw CheckpointError(what + " has no '" + key + "': it is not Python's CyclicLR state");
+    return it->value();
+  };
+  const std::size_t groups = optimizer_->param_groups().size();
+  const auto per_group = [&](const char* key) {
+    std::vector<double> v = pd::python_numbers(entry(key), what + ": " + key);
+    if (v.size() != groups)
+      throw CheckpointError(what + " has " + std::to_string(v.size()) + " " + key + ", but the optimizer " + std::to_string(groups) +
+                            " group(s)");
+    return v;
+  };
+  // Read and checked before anything is changed.
+  const c10::IValue custom = entry("_scale_fn_custom");
+  if (!custom.isNone() && !(custom.isGenericDict() && custom.toGenericDict().empty()))
+    throw CheckpointError(what + ": _scale_fn_custom holds the attributes of a Python callable object, which a C++ function cannot take");
+  std::vector<double> max_lrs = per_group("max_lrs");
+  const double total_size = pd::python_number(entry("total_size"), what + ": total_size");
+  const double step_ratio = pd::python_number(entry("step_ratio"), what + ": step_ratio");
+  const CyclicMode mode = cyclic_detail::mode_named(cyclic_detail::text_of(entry("mode"), what + ": mode"), what);
+  const double gamma = pd::python_number(entry("gamma"), what + ": gamma");
+  ScaleMode scale_mode = cyclic_detail::scale_mode_named(cyclic_detail::text_of(entry("scale_mode"), what + ": scale_mode"), what);
+  const bool cycle_momentum = pd::python_number(entry("cycle_momentum"), what + ": cycle_momentum") != 0;
+  if (cycle_momentum != cycle_momentum_)
+    throw CheckpointError(what + " has cycle_momentum " + (cycle_momentum ? "True" : "False") + ", the trial's CyclicLR " +
+                          (cycle_momentum_ ? "true" : "false"));
+  std::vector<std::string> own = {"max_lrs", "total_size", "step_ratio", "mode", "gamma", "scale_mode", "cycle_momentum", "_scale_fn_custom"};
+  std::vector<double> base_momentums, max_momentums;
+  if (cycle_momentum) {
+    own.insert(own.end(), {"use_beta1", "base_momentums", "max_momentums"});
+    base_momentums = per_group("base_momentums");
+    max_momentums = per_group("max_momentums");
+  }
+  load_python_common(in, own, what);
+  max_lrs_ = std::move(max_lrs);
+  total_size_ = total_size;
+  step_ratio_ = step_ratio;
+  mode_ = mode;
+  gamma_ = gamma;
+  // Python's load_state_dict re-runs _init_scale_fn: a built-in mode sets its scale mode again.
+  if (!scale_fn_) scale_mode = mode_ == CyclicMode::exp_range ? ScaleMode::iterations : ScaleMode::cycle;
+  scale_mode_ = scale_mode;
+  base_momentums_ = std::move(base_momentums);
+  max_momentums_ = std::move(max_momentums);
+}
+
+DETTRIAL_INLINE void CyclicLR::python_param_group(std::size_t group, c10::impl::GenericDict& out) const {
+  if (!cycle_momentum_) return;
+  out.insert_or_assign("max_momentum", max_momentums_.at(group));
+  out.insert_or_assign("base_momentum", base_momentums_.at(group));
+}
+
+}  // namespace dettrial::optim
+#endif  // DETTRIAL_HEADER_DEFINITIONS
+// ---- end dettrial/optim/cyclic_schedulers.hpp
+// ---- begin dettrial/optim/reduce_lr_on_plateau.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief Python's `ReduceLROnPlateau`, stepped with a metric: its rules and arithmetic, exact resume,
+/// and Python's `state_dict()` layout.
+
+#include <cstdint>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include <torch/torch.h>
+
+
+namespace dettrial::optim {
 
 /// ReduceLROnPlateau's options, with Python's defaults.
 struct ReduceLROnPlateauOptions {
@@ -5603,38 +6420,20 @@ class ReduceLROnPlateau {
 // Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
 #if DETTRIAL_HEADER_DEFINITIONS
 #include <algorithm>
-#include <charconv>
-#include <cmath>
 #include <limits>
-#include <memory>
-#include <numbers>
+#include <optional>
 #include <set>
+#include <utility>
 
-namespace dettrial::detail {
 
-DETTRIAL_INLINE std::string scheduler_number(double value) {
-  char text[32];
-  const auto result = std::to_chars(text, text + sizeof text, value);
-  return std::string(text, result.ptr);
-}
+namespace dettrial::optim {
 
-DETTRIAL_INLINE std::vector<double> scheduler_group_lrs(const torch::optim::Optimizer& optimizer) {
-  std::vector<double> lrs;
-  for (const auto& group : optimizer.param_groups()) lrs.push_back(group.options().get_lr());
-  return lrs;
-}
+namespace plateau_detail {
 
-/// A Python list of numbers: typed Any, as Python's weights-only loader wants lists.
-DETTRIAL_INLINE c10::impl::GenericList scheduler_python_list(const std::vector<double>& values) {
-  c10::impl::GenericList list(c10::AnyType::get());
-  for (const double v : values) list.push_back(v);
-  return list;
-}
-
-/// Reads one saved entry of a scheduler; absent or of another type is a CheckpointError.
+/// Reads one saved entry of the scheduler; absent or of another type is a CheckpointError.
 struct SchedulerArchive {
   torch::serialize::InputArchive& archive;
-  std::string owner;  // "dettrial::optim::StepLR's saved state"
+  std::string owner;  // "dettrial::optim::ReduceLROnPlateau's saved state"
 
   c10::IValue entry(const char* key) const {
     c10::IValue value;
@@ -5657,19 +6456,11 @@ struct SchedulerArchive {
     if (!v.isString()) mistyped(key, "a string");
     return v.toStringRef();
   }
-  std::vector<double> numbers(const char* key) const {
-    const c10::IValue v = entry(key);
-    if (!v.isDoubleList()) mistyped(key, "a list of numbers");
-    return v.toDoubleVector();
-  }
-  std::vector<std::int64_t> integers(const char* key) const {
-    const c10::IValue v = entry(key);
-    if (!v.isIntList()) mistyped(key, "a list of integers");
-    return v.toIntVector();
-  }
   /// A list with one entry per parameter group of `optimizer`.
   std::vector<double> per_group(const char* key, const torch::optim::Optimizer& optimizer) const {
-    std::vector<double> values = numbers(key);
+    const c10::IValue v = entry(key);
+    if (!v.isDoubleList()) mistyped(key, "a list of numbers");
+    std::vector<double> values = v.toDoubleVector();
     if (values.size() != optimizer.param_groups().size())
       throw CheckpointError(owner + " has " + std::to_string(values.size()) + " value(s) in '" + key + "', but the optimizer has " +
                             std::to_string(optimizer.param_groups().size()) + " parameter group(s)");
@@ -5677,637 +6468,12 @@ struct SchedulerArchive {
   }
 };
 
-DETTRIAL_INLINE void check_scheduler_type(const SchedulerArchive& in, const std::string& name) {
+inline void check_scheduler_type(const SchedulerArchive& in, const std::string& name) {
   const std::string saved = in.text("scheduler");
   if (saved != name) throw CheckpointError(in.owner + " was written by a " + saved + ": is the checkpoint from another trial?");
 }
 
-}  // namespace dettrial::detail
-
-namespace dettrial::optim {
-
-// ------------------------------------------------------------------------------------------------
-// EpochLRScheduler
-
-DETTRIAL_INLINE EpochLRScheduler::EpochLRScheduler(torch::optim::Optimizer& optimizer, const char* name)
-    : optimizer_(&optimizer), name_(name), base_lrs_(detail::scheduler_group_lrs(optimizer)), last_lr_(base_lrs_) {}
-
-DETTRIAL_INLINE void EpochLRScheduler::advance(bool decay, double factor) {
-  ++step_count_;
-  ++last_epoch_;
-  if (decay)
-    for (auto& group : optimizer_->param_groups()) group.options().set_lr(group.options().get_lr() * factor);
-  last_lr_ = detail::scheduler_group_lrs(*optimizer_);
-}
-
-DETTRIAL_INLINE void EpochLRScheduler::advance_each(const std::function<double(std::size_t, double)>& rate) {
-  ++step_count_;
-  ++last_epoch_;
-  set_rates(rate);
-}
-
-DETTRIAL_INLINE void EpochLRScheduler::set_rates(const std::function<double(std::size_t, double)>& rate) {
-  auto& groups = optimizer_->param_groups();
-  if (groups.size() != base_lrs_.size())  // Python's zip(strict=True) refuses it too
-    throw TrialError(std::string("dettrial::optim::") + name_ + ": the optimizer has " + std::to_string(groups.size()) +
-                     " parameter groups but the scheduler " + std::to_string(base_lrs_.size()) +
-                     " (was a group added after the scheduler was made?)");
-  for (std::size_t i = 0; i < groups.size(); ++i) groups[i].options().set_lr(rate(i, groups[i].options().get_lr()));
-  last_lr_ = detail::scheduler_group_lrs(*optimizer_);
-}
-
-DETTRIAL_INLINE void EpochLRScheduler::invalid(const char* argument, const std::string& rule, const std::string& value) const {
-  throw ConfigError(std::string("dettrial::optim::") + name_ + ": " + argument + " must be " + rule + ", not " + value);
-}
-
-DETTRIAL_INLINE void EpochLRScheduler::save_common(torch::serialize::OutputArchive& archive) const {
-  archive.write("scheduler", c10::IValue(std::string(name_)));
-  archive.write("last_epoch", c10::IValue(last_epoch_));
-  archive.write("step_count", c10::IValue(step_count_));
-  archive.write("base_lrs", c10::IValue(base_lrs_));
-  archive.write("last_lr", c10::IValue(last_lr_));
-}
-
-DETTRIAL_INLINE void EpochLRScheduler::load_common(torch::serialize::InputArchive& archive) {
-  const detail::SchedulerArchive in{archive, std::string("dettrial::optim::") + name_ + "'s saved state"};
-  detail::check_scheduler_type(in, name_);
-  // Everything read before anything is changed: a mismatch leaves the scheduler as it was.
-  const std::int64_t last_epoch = in.integer("last_epoch");
-  const std::int64_t step_count = in.integer("step_count");
-  std::vector<double> base_lrs = in.per_group("base_lrs", *optimizer_);
-  std::vector<double> last_lr = in.per_group("last_lr", *optimizer_);
-  last_epoch_ = last_epoch;
-  step_count_ = step_count;
-  base_lrs_ = std::move(base_lrs);
-  last_lr_ = std::move(last_lr);
-}
-
-DETTRIAL_INLINE void EpochLRScheduler::python_common(c10::impl::GenericDict& out) const {
-  out.insert("base_lrs", detail::scheduler_python_list(base_lrs_));
-  out.insert("last_epoch", last_epoch_);
-  out.insert("verbose", false);  // torch < 2.2 has it
-  out.insert("_step_count", step_count_);
-  out.insert("_get_lr_called_within_step", false);
-  out.insert("_is_initial", false);  // torch >= 2.6 has it
-  out.insert("_last_lr", detail::scheduler_python_list(last_lr_));
-}
-
-namespace python_state_detail {
-/// A number from a Python state dict: Python writes counts as numbers or as 0-dim tensors, flags as bools.
-inline double python_number(const c10::IValue& v, const std::string& what) {
-  if (v.isDouble()) return v.toDouble();
-  if (v.isInt()) return static_cast<double>(v.toInt());
-  if (v.isBool()) return v.toBool() ? 1.0 : 0.0;
-  if (v.isTensor() && v.toTensor().numel() == 1) return v.toTensor().item<double>();
-  throw CheckpointError(what + " is not a number");
-}
-/// A count from a Python state dict (an int, or a float with no fraction), at least `minimum`.
-inline std::int64_t python_count(const c10::IValue& v, const std::string& what, std::int64_t minimum) {
-  const double number = python_number(v, what);
-  if (!(number >= static_cast<double>(minimum)) || number != std::floor(number) || number > 9.0e18)
-    throw CheckpointError(what + " is " + std::to_string(number) + ", not a whole number of at least " + std::to_string(minimum));
-  return static_cast<std::int64_t>(number);
-}
-inline std::vector<double> python_numbers(const c10::IValue& v, const std::string& what) {
-  std::vector<double> out;
-  if (!v.isList() && !v.isTuple() && !v.isDoubleList()) throw CheckpointError(what + " is not a list");
-  const std::vector<c10::IValue> items = v.isTuple() ? v.toTupleRef().elements().vec() : v.toList().vec();
-  for (const auto& i : items) out.push_back(python_number(i, what));
-  return out;
-}
-}  // namespace python_state_detail
-
-DETTRIAL_INLINE std::map<std::string, c10::IValue> EpochLRScheduler::load_python_common(const c10::impl::GenericDict& in,
-                                                                                        std::initializer_list<const char*> own,
-                                                                                        const std::string& what) {
-  static const std::set<std::string> common = {"base_lrs",    "last_epoch", "verbose", "_step_count", "_get_lr_called_within_step",
-                                               "_is_initial", "_last_lr"};
-  std::map<std::string, c10::IValue> mine;
-  for (const auto& entry : in) {
-    const std::string key = entry.key().isString() ? entry.key().toStringRef() : std::string("(not a name)");
-    if (common.count(key)) continue;
-    if (std::find_if(own.begin(), own.end(), [&](const char* k) { return key == k; }) == own.end())
-      throw CheckpointError(what + " has '" + key + "', which Python's " + name_ +
-                            " does not have: the checkpoint's scheduler is another type than the trial's " + name_);
-    mine[key] = entry.value();
-  }
-  for (const char* k : own)
-    if (!mine.count(k)) throw CheckpointError(what + " has no '" + k + "': it is not Python's " + name_ + " state");
-  const auto field = [&](const char* key) {
-    const auto it = in.find(key);
-    if (it == in.end()) throw CheckpointError(what + " has no '" + key + "': it is not a Python LR scheduler's state");
-    return it->value();
-  };
-  std::vector<double> base = python_state_detail::python_numbers(field("base_lrs"), what + ": base_lrs");
-  if (base.size() != optimizer_->param_groups().size())
-    throw CheckpointError(what + " has " + std::to_string(base.size()) + " base learning rate(s), but the optimizer " +
-                          std::to_string(optimizer_->param_groups().size()) + " group(s)");
-  const std::int64_t last_epoch = static_cast<std::int64_t>(python_state_detail::python_number(field("last_epoch"), what + ": last_epoch"));
-  const auto step_count = in.find("_step_count");
-  std::vector<double> last_lr = base;
-  if (const auto it = in.find("_last_lr"); it != in.end()) last_lr = python_state_detail::python_numbers(it->value(), what + ": _last_lr");
-  base_lrs_ = std::move(base);
-  last_epoch_ = last_epoch;
-  step_count_ =
-      step_count != in.end() ? static_cast<std::int64_t>(python_state_detail::python_number(step_count->value(), what)) : last_epoch + 1;
-  last_lr_ = std::move(last_lr);
-  return mine;
-}
-
-// ------------------------------------------------------------------------------------------------
-// StepLR
-
-DETTRIAL_INLINE StepLR::StepLR(torch::optim::Optimizer& optimizer, std::int64_t step_size, double gamma)
-    : EpochLRScheduler(optimizer, "StepLR"), step_size_(step_size), gamma_(gamma) {
-  if (step_size < 1) invalid("step_size", "at least 1", std::to_string(step_size));
-  if (!(gamma > 0)) invalid("gamma", "positive", detail::scheduler_number(gamma));
-  step();  // Python's constructor steps once: last_epoch 0, no decay
-}
-
-DETTRIAL_INLINE void StepLR::step() {
-  const std::int64_t epoch = last_epoch_ + 1;
-  advance(epoch != 0 && epoch % step_size_ == 0, gamma_);
-}
-
-DETTRIAL_INLINE void StepLR::save(torch::serialize::OutputArchive& archive) const {
-  save_common(archive);
-  archive.write("step_size", c10::IValue(step_size_));
-  archive.write("gamma", c10::IValue(gamma_));
-}
-
-DETTRIAL_INLINE void StepLR::load(torch::serialize::InputArchive& archive) {
-  const detail::SchedulerArchive in{archive, "dettrial::optim::StepLR's saved state"};
-  detail::check_scheduler_type(in, name_);
-  const std::int64_t step_size = in.integer("step_size");
-  const double gamma = in.number("gamma");
-  load_common(archive);
-  step_size_ = step_size;
-  gamma_ = gamma;
-}
-
-DETTRIAL_INLINE void StepLR::python_state(c10::impl::GenericDict& out) const {
-  out.insert("step_size", step_size_);
-  out.insert("gamma", gamma_);
-  python_common(out);
-}
-
-DETTRIAL_INLINE void StepLR::load_python_state(const c10::impl::GenericDict& in, const std::string& what) {
-  auto own = load_python_common(in, {"step_size", "gamma"}, what);
-  step_size_ = static_cast<std::int64_t>(python_state_detail::python_number(own["step_size"], what + ": step_size"));
-  gamma_ = python_state_detail::python_number(own["gamma"], what + ": gamma");
-}
-
-// ------------------------------------------------------------------------------------------------
-// MultiStepLR
-
-DETTRIAL_INLINE MultiStepLR::MultiStepLR(torch::optim::Optimizer& optimizer, const std::vector<std::int64_t>& milestones, double gamma)
-    : EpochLRScheduler(optimizer, "MultiStepLR"), gamma_(gamma) {
-  for (const std::int64_t m : milestones) {
-    if (m < 0) invalid("milestones", "at least 0", std::to_string(m));
-    ++milestones_[m];
-  }
-  if (!(gamma > 0)) invalid("gamma", "positive", detail::scheduler_number(gamma));
-  step();  // Python's constructor steps once: last_epoch 0 (a decay only if 0 is a milestone)
-}
-
-DETTRIAL_INLINE void MultiStepLR::step() {
-  const auto it = milestones_.find(last_epoch_ + 1);
-  // Python: group["lr"] * gamma ** count (the power first, as Python's float pow computes it).
-  advance(it != milestones_.end(), it != milestones_.end() ? std::pow(gamma_, static_cast<double>(it->second)) : 1.0);
-}
-
-DETTRIAL_INLINE void MultiStepLR::save(torch::serialize::OutputArchive& archive) const {
-  save_common(archive);
-  std::vector<std::int64_t> milestones;  // each as often as it was given
-  for (const auto& [m, count] : milestones_) milestones.insert(milestones.end(), static_cast<std::size_t>(count), m);
-  archive.write("milestones", c10::IValue(milestones));
-  archive.write("gamma", c10::IValue(gamma_));
-}
-
-DETTRIAL_INLINE void MultiStepLR::load(torch::serialize::InputArchive& archive) {
-  const detail::SchedulerArchive in{archive, "dettrial::optim::MultiStepLR's saved state"};
-  detail::check_scheduler_type(in, name_);
-  const std::vector<std::int64_t> milestones = in.integers("milestones");
-  const double gamma = in.number("gamma");
-  load_common(archive);
-  milestones_.clear();
-  for (const std::int64_t m : milestones) ++milestones_[m];
-  gamma_ = gamma;
-}
-
-DETTRIAL_INLINE void MultiStepLR::python_state(c10::impl::GenericDict& out) const {
-  // Python's Counter is a dict subclass; a plain dict of the same entries is what its
-  // load_state_dict and get_lr need.
-  c10::impl::GenericDict milestones(c10::IntType::get(), c10::AnyType::get());
-  for (const auto& [m, count] : milestones_) milestones.insert(m, count);
-  out.insert("milestones", milestones);
-  out.insert("gamma", gamma_);
-  python_common(out);
-}
-
-DETTRIAL_INLINE void MultiStepLR::load_python_state(const c10::impl::GenericDict& in, const std::string& what) {
-  auto own = load_python_common(in, {"milestones", "gamma"}, what);
-  if (!own["milestones"].isGenericDict()) throw CheckpointError(what + ": milestones is not a dict (Python's Counter)");
-  milestones_.clear();
-  for (const auto& m : own["milestones"].toGenericDict())
-    milestones_[static_cast<std::int64_t>(python_state_detail::python_number(m.key(), what + ": a milestone"))] =
-        static_cast<std::int64_t>(python_state_detail::python_number(m.value(), what + ": a milestone's count"));
-  gamma_ = python_state_detail::python_number(own["gamma"], what + ": gamma");
-}
-
-// ------------------------------------------------------------------------------------------------
-// ExponentialLR
-
-DETTRIAL_INLINE ExponentialLR::ExponentialLR(torch::optim::Optimizer& optimizer, double gamma)
-    : EpochLRScheduler(optimizer, "ExponentialLR"), gamma_(gamma) {
-  if (!(gamma > 0)) invalid("gamma", "positive", detail::scheduler_number(gamma));
-  step();  // Python's constructor steps once: last_epoch 0, no decay
-}
-
-DETTRIAL_INLINE void ExponentialLR::step() { advance(last_epoch_ + 1 != 0, gamma_); }
-
-DETTRIAL_INLINE void ExponentialLR::save(torch::serialize::OutputArchive& archive) const {
-  save_common(archive);
-  archive.write("gamma", c10::IValue(gamma_));
-}
-
-DETTRIAL_INLINE void ExponentialLR::load(torch::serialize::InputArchive& archive) {
-  const detail::SchedulerArchive in{archive, "dettrial::optim::ExponentialLR's saved state"};
-  detail::check_scheduler_type(in, name_);
-  const double gamma = in.number("gamma");
-  load_common(archive);
-  gamma_ = gamma;
-}
-
-DETTRIAL_INLINE void ExponentialLR::python_state(c10::impl::GenericDict& out) const {
-  out.insert("gamma", gamma_);
-  python_common(out);
-}
-
-DETTRIAL_INLINE void ExponentialLR::load_python_state(const c10::impl::GenericDict& in, const std::string& what) {
-  auto own = load_python_common(in, {"gamma"}, what);
-  gamma_ = python_state_detail::python_number(own["gamma"], what + ": gamma");
-}
-
-// ------------------------------------------------------------------------------------------------
-// LinearLR
-
-DETTRIAL_INLINE LinearLR::LinearLR(torch::optim::Optimizer& optimizer, double start_factor, double end_factor, std::int64_t total_iters)
-    : EpochLRScheduler(optimizer, "LinearLR"), start_factor_(start_factor), end_factor_(end_factor), total_iters_(total_iters) {
-  if (!(start_factor > 0 && start_factor <= 1)) invalid("start_factor", "in (0, 1]", detail::scheduler_number(start_factor));
-  if (!(end_factor >= 0 && end_factor <= 1)) invalid("end_factor", "in [0, 1]", detail::scheduler_number(end_factor));
-  if (total_iters < 0) invalid("total_iters", "at least 0", std::to_string(total_iters));
-  step();  // Python's constructor steps once: last_epoch 0, the rates times start_factor
-}
-
-DETTRIAL_INLINE void LinearLR::step() {
-  advance_each([this](std::size_t, double lr) {
-    if (last_epoch_ == 0) return lr * start_factor_;
-    if (last_epoch_ > total_iters_) return lr;
-    // Python's chainable factor: the ratio of this step's closed-form factor to the last one's.
-    const double slope = end_factor_ - start_factor_;
-    return lr * (1.0 + slope / (static_cast<double>(total_iters_) * start_factor_ + static_cast<double>(last_epoch_ - 1) * slope));
-  });
-}
-
-DETTRIAL_INLINE void LinearLR::save(torch::serialize::OutputArchive& archive) const {
-  save_common(archive);
-  archive.write("start_factor", c10::IValue(start_factor_));
-  archive.write("end_factor", c10::IValue(end_factor_));
-  archive.write("total_iters", c10::IValue(total_iters_));
-}
-
-DETTRIAL_INLINE void LinearLR::load(torch::serialize::InputArchive& archive) {
-  const detail::SchedulerArchive in{archive, "dettrial::optim::LinearLR's saved state"};
-  detail::check_scheduler_type(in, name_);
-  const double start_factor = in.number("start_factor");
-  const double end_factor = in.number("end_factor");
-  const std::int64_t total_iters = in.integer("total_iters");
-  load_common(archive);
-  start_factor_ = start_factor;
-  end_factor_ = end_factor;
-  total_iters_ = total_iters;
-}
-
-DETTRIAL_INLINE void LinearLR::python_state(c10::impl::GenericDict& out) const {
-  out.insert("start_factor", start_factor_);
-  out.insert("end_factor", end_factor_);
-  out.insert("total_iters", total_iters_);
-  python_common(out);
-}
-
-DETTRIAL_INLINE void LinearLR::load_python_state(const c10::impl::GenericDict& in, const std::string& what) {
-  auto own = load_python_common(in, {"start_factor", "end_factor", "total_iters"}, what);
-  start_factor_ = python_state_detail::python_number(own["start_factor"], what + ": start_factor");
-  end_factor_ = python_state_detail::python_number(own["end_factor"], what + ": end_factor");
-  total_iters_ = python_state_detail::python_count(own["total_iters"], what + ": total_iters", 0);
-}
-
-// ------------------------------------------------------------------------------------------------
-// ConstantLR
-
-DETTRIAL_INLINE ConstantLR::ConstantLR(torch::optim::Optimizer& optimizer, double factor, std::int64_t total_iters)
-    : EpochLRScheduler(optimizer, "ConstantLR"), factor_(factor), total_iters_(total_iters) {
-  // Python accepts 0 too, then divides by it at total_iters (a ZeroDivisionError).
-  if (!(factor > 0 && factor <= 1)) invalid("factor", "in (0, 1]", detail::scheduler_number(factor));
-  if (total_iters < 0) invalid("total_iters", "at least 0", std::to_string(total_iters));
-  step();  // Python's constructor steps once: last_epoch 0, the rates times factor
-}
-
-DETTRIAL_INLINE void ConstantLR::step() {
-  advance_each([this](std::size_t, double lr) {
-    if (last_epoch_ == 0) return lr * factor_;
-    if (last_epoch_ != total_iters_) return lr;
-    return lr * (1.0 / factor_);  // Python's order: the reciprocal first
-  });
-}
-
-DETTRIAL_INLINE void ConstantLR::save(torch::serialize::OutputArchive& archive) const {
-  save_common(archive);
-  archive.write("factor", c10::IValue(factor_));
-  archive.write("total_iters", c10::IValue(total_iters_));
-}
-
-DETTRIAL_INLINE void ConstantLR::load(torch::serialize::InputArchive& archive) {
-  const detail::SchedulerArchive in{archive, "dettrial::optim::ConstantLR's saved state"};
-  detail::check_scheduler_type(in, name_);
-  const double factor = in.number("factor");
-  const std::int64_t total_iters = in.integer("total_iters");
-  load_common(archive);
-  factor_ = factor;
-  total_iters_ = total_iters;
-}
-
-DETTRIAL_INLINE void ConstantLR::python_state(c10::impl::GenericDict& out) const {
-  out.insert("factor", factor_);
-  out.insert("total_iters", total_iters_);
-  python_common(out);
-}
-
-DETTRIAL_INLINE void ConstantLR::load_python_state(const c10::impl::GenericDict& in, const std::string& what) {
-  auto own = load_python_common(in, {"factor", "total_iters"}, what);
-  factor_ = python_state_detail::python_number(own["factor"], what + ": factor");
-  total_iters_ = python_state_detail::python_count(own["total_iters"], what + ": total_iters", 0);
-}
-
-// ------------------------------------------------------------------------------------------------
-// CosineAnnealingLR
-
-DETTRIAL_INLINE CosineAnnealingLR::CosineAnnealingLR(torch::optim::Optimizer& optimizer, std::int64_t T_max, double eta_min)
-    : EpochLRScheduler(optimizer, "CosineAnnealingLR"), T_max_(T_max), eta_min_(eta_min) {
-  if (T_max < 1) invalid("T_max", "at least 1", std::to_string(T_max));
-  if (!(eta_min >= 0)) invalid("eta_min", "at least 0", detail::scheduler_number(eta_min));
-  step();  // Python's constructor steps once: last_epoch 0, the rates as they are
-}
-
-DETTRIAL_INLINE void CosineAnnealingLR::step() {
-  advance_each([this](std::size_t i, double lr) {
-    // Python's _is_initial: only the constructor's step reaches last_epoch 0. (Its branch for a
-    // scheduler made with last_epoch > 0 has no counterpart: dettrial's start at -1.)
-    if (last_epoch_ == 0) return lr;
-    const double pi = std::numbers::pi;  // math.pi, the same double
-    const double t_max = static_cast<double>(T_max_);
-    // At the bottom of the cosine the ratio below would divide by 1 + cos(pi) = 0: Python adds the
-    // first step of the climb back instead.
-    if ((last_epoch_ - 1 - T_max_) % (2 * T_max_) == 0) return lr + (base_lrs_[i] - eta_min_) * (1 - std::cos(pi / t_max)) / 2;
-    return (1 + std::cos(pi * static_cast<double>(last_epoch_) / t_max)) /
-               (1 + std::cos(pi * static_cast<double>(last_epoch_ - 1) / t_max)) * (lr - eta_min_) +
-           eta_min_;
-  });
-}
-
-DETTRIAL_INLINE void CosineAnnealingLR::save(torch::serialize::OutputArchive& archive) const {
-  save_common(archive);
-  archive.write("T_max", c10::IValue(T_max_));
-  archive.write("eta_min", c10::IValue(eta_min_));
-}
-
-DETTRIAL_INLINE void CosineAnnealingLR::load(torch::serialize::InputArchive& archive) {
-  const detail::SchedulerArchive in{archive, "dettrial::optim::CosineAnnealingLR's saved state"};
-  detail::check_scheduler_type(in, name_);
-  const std::int64_t T_max = in.integer("T_max");
-  const double eta_min = in.number("eta_min");
-  if (T_max < 1) throw CheckpointError(in.owner + " has T_max " + std::to_string(T_max) + ", not at least 1");
-  load_common(archive);
-  T_max_ = T_max;
-  eta_min_ = eta_min;
-}
-
-DETTRIAL_INLINE void CosineAnnealingLR::python_state(c10::impl::GenericDict& out) const {
-  out.insert("T_max", T_max_);
-  out.insert("eta_min", eta_min_);
-  python_common(out);
-}
-
-DETTRIAL_INLINE void CosineAnnealingLR::load_python_state(const c10::impl::GenericDict& in, const std::string& what) {
-  auto own = load_python_common(in, {"T_max", "eta_min"}, what);
-  T_max_ = python_state_detail::python_count(own["T_max"], what + ": T_max", 1);
-  eta_min_ = python_state_detail::python_number(own["eta_min"], what + ": eta_min");
-}
-
-// ------------------------------------------------------------------------------------------------
-// LambdaLR and MultiplicativeLR
-
-DETTRIAL_INLINE std::vector<LRLambda> LambdaScheduler::one_per_group(LRLambda lr_lambda, const torch::optim::Optimizer& optimizer) {
-  if (!lr_lambda) return std::vector<LRLambda>(optimizer.param_groups().size());  // refused by the constructor
-  auto shared = std::make_shared<LRLambda>(std::move(lr_lambda));
-  return std::vector<LRLambda>(optimizer.param_groups().size(), [shared](std::int64_t epoch) { return (*shared)(epoch); });
-}
-
-DETTRIAL_INLINE LambdaScheduler::LambdaScheduler(torch::optim::Optimizer& optimizer, const char* name, std::vector<LRLambda> lr_lambdas)
-    : EpochLRScheduler(optimizer, name), lr_lambdas_(std::move(lr_lambdas)) {
-  const std::size_t groups = optimizer.param_groups().size();
-  if (lr_lambdas_.size() != groups)
-    invalid("lr_lambda", "one function per parameter group (" + std::to_string(groups) + ")",
-            std::to_string(lr_lambdas_.size()) + " functions");
-  for (const LRLambda& f : lr_lambdas_)
-    if (!f) invalid("lr_lambda", "a function", "an empty std::function");
-}
-
-DETTRIAL_INLINE void LambdaScheduler::python_state(c10::impl::GenericDict& out) const {
-  python_common(out);
-  // Python saves None for a plain function (and a callable object's attributes, which no C++
-  // function has).
-  c10::impl::GenericList none_each(c10::AnyType::get());
-  for (std::size_t i = 0; i < lr_lambdas_.size(); ++i) none_each.push_back(c10::IValue());
-  out.insert("lr_lambdas", none_each);
-}
-
-DETTRIAL_INLINE void LambdaScheduler::load_python_state(const c10::impl::GenericDict& in, const std::string& what) {
-  const auto it = in.find("lr_lambdas");
-  if (it != in.end()) {  // checked before anything is changed
-    const c10::IValue& saved = it->value();
-    if (!saved.isList() || saved.toListRef().size() != lr_lambdas_.size())
-      throw CheckpointError(what + ": lr_lambdas is not a list of " + std::to_string(lr_lambdas_.size()) +
-                            " entries (one per parameter group)");
-    for (std::size_t i = 0; i < lr_lambdas_.size(); ++i) {
-      const c10::IValue& fn = saved.toListRef()[i];
-      if (!fn.isNone() && !(fn.isGenericDict() && fn.toGenericDict().empty()))
-        throw CheckpointError(what + ": lr_lambdas[" + std::to_string(i) +
-                              "] holds the attributes of a Python callable object, which a C++ function cannot take");
-    }
-  }
-  load_python_common(in, {"lr_lambdas"}, what);
-}
-
-DETTRIAL_INLINE LambdaLR::LambdaLR(torch::optim::Optimizer& optimizer, LRLambda lr_lambda)
-    : LambdaLR(optimizer, one_per_group(std::move(lr_lambda), optimizer)) {}
-
-DETTRIAL_INLINE LambdaLR::LambdaLR(torch::optim::Optimizer& optimizer, std::vector<LRLambda> lr_lambdas)
-    : LambdaScheduler(optimizer, "LambdaLR", std::move(lr_lambdas)) {
-  step();  // Python's constructor steps once: last_epoch 0, the rates times lr_lambda(0)
-}
-
-DETTRIAL_INLINE void LambdaLR::step() {
-  advance_each([this](std::size_t i, double) { return base_lrs_[i] * lr_lambdas_[i](last_epoch_); });
-}
-
-DETTRIAL_INLINE MultiplicativeLR::MultiplicativeLR(torch::optim::Optimizer& optimizer, LRLambda lr_lambda)
-    : MultiplicativeLR(optimizer, one_per_group(std::move(lr_lambda), optimizer)) {}
-
-DETTRIAL_INLINE MultiplicativeLR::MultiplicativeLR(torch::optim::Optimizer& optimizer, std::vector<LRLambda> lr_lambdas)
-    : LambdaScheduler(optimizer, "MultiplicativeLR", std::move(lr_lambdas)) {
-  step();  // Python's constructor steps once: last_epoch 0, the rates as they are
-}
-
-DETTRIAL_INLINE void MultiplicativeLR::step() {
-  // Python's _is_initial: only the constructor's step reaches last_epoch 0, and calls no function.
-  advance_each([this](std::size_t i, double lr) { return last_epoch_ == 0 ? lr : lr * lr_lambdas_[i](last_epoch_); });
-}
-
-// ------------------------------------------------------------------------------------------------
-// PolynomialLR
-
-DETTRIAL_INLINE PolynomialLR::PolynomialLR(torch::optim::Optimizer& optimizer, std::int64_t total_iters, double power)
-    : EpochLRScheduler(optimizer, "PolynomialLR"), total_iters_(total_iters), power_(power) {
-  if (total_iters < 0) invalid("total_iters", "at least 0", std::to_string(total_iters));
-  // Python accepts a negative power, then divides by zero at total_iters.
-  if (!(power >= 0)) invalid("power", "at least 0", detail::scheduler_number(power));
-  step();  // Python's constructor steps once: last_epoch 0, the rates as they are
-}
-
-DETTRIAL_INLINE void PolynomialLR::step() {
-  advance_each([this](std::size_t, double lr) {
-    // Python's _is_initial: only the constructor's step reaches last_epoch 0.
-    if (last_epoch_ == 0 || last_epoch_ > total_iters_) return lr;
-    const double total = static_cast<double>(total_iters_);
-    const double decay_factor =
-        std::pow((1.0 - static_cast<double>(last_epoch_) / total) / (1.0 - static_cast<double>(last_epoch_ - 1) / total), power_);
-    return lr * decay_factor;
-  });
-}
-
-DETTRIAL_INLINE void PolynomialLR::save(torch::serialize::OutputArchive& archive) const {
-  save_common(archive);
-  archive.write("total_iters", c10::IValue(total_iters_));
-  archive.write("power", c10::IValue(power_));
-}
-
-DETTRIAL_INLINE void PolynomialLR::load(torch::serialize::InputArchive& archive) {
-  const detail::SchedulerArchive in{archive, "dettrial::optim::PolynomialLR's saved state"};
-  detail::check_scheduler_type(in, name_);
-  const std::int64_t total_iters = in.integer("total_iters");
-  const double power = in.number("power");
-  load_common(archive);
-  total_iters_ = total_iters;
-  power_ = power;
-}
-
-DETTRIAL_INLINE void PolynomialLR::python_state(c10::impl::GenericDict& out) const {
-  out.insert("total_iters", total_iters_);
-  out.insert("power", power_);
-  python_common(out);
-}
-
-DETTRIAL_INLINE void PolynomialLR::load_python_state(const c10::impl::GenericDict& in, const std::string& what) {
-  auto own = load_python_common(in, {"total_iters", "power"}, what);
-  total_iters_ = python_state_detail::python_count(own["total_iters"], what + ": total_iters", 0);
-  power_ = python_state_detail::python_number(own["power"], what + ": power");
-}
-
-// ------------------------------------------------------------------------------------------------
-// CosineAnnealingWarmRestarts
-
-DETTRIAL_INLINE CosineAnnealingWarmRestarts::CosineAnnealingWarmRestarts(torch::optim::Optimizer& optimizer, std::int64_t T_0,
-                                                                         std::int64_t T_mult, double eta_min)
-    : EpochLRScheduler(optimizer, "CosineAnnealingWarmRestarts"), T_0_(T_0), T_i_(T_0), T_mult_(T_mult), eta_min_(eta_min) {
-  if (T_0 < 1) invalid("T_0", "at least 1", std::to_string(T_0));
-  if (T_mult < 1) invalid("T_mult", "at least 1", std::to_string(T_mult));
-  if (!(eta_min >= 0)) invalid("eta_min", "at least 0", detail::scheduler_number(eta_min));
-  step();  // Python's constructor steps once: last_epoch 0, T_cur 0
-}
-
-DETTRIAL_INLINE void CosineAnnealingWarmRestarts::step() {
-  // Python's own step(), which counts no step (_step_count stays 0).
-  if (last_epoch_ < 0) {  // the constructor's: Python's step(epoch=0)
-    T_i_ = T_0_;
-    T_cur_ = 0;
-    last_epoch_ = 0;
-  } else {
-    ++last_epoch_;
-    ++T_cur_;
-    if (T_cur_ >= T_i_) {  // a restart
-      T_cur_ %= T_i_;
-      T_i_ *= T_mult_;
-    }
-  }
-  set_rates([this](std::size_t i, double) {
-    const double pi = std::numbers::pi;  // math.pi, the same double
-    return eta_min_ + (base_lrs_[i] - eta_min_) * (1 + std::cos(pi * static_cast<double>(T_cur_) / static_cast<double>(T_i_))) / 2;
-  });
-}
-
-DETTRIAL_INLINE void CosineAnnealingWarmRestarts::save(torch::serialize::OutputArchive& archive) const {
-  save_common(archive);
-  archive.write("T_0", c10::IValue(T_0_));
-  archive.write("T_i", c10::IValue(T_i_));
-  archive.write("T_mult", c10::IValue(T_mult_));
-  archive.write("eta_min", c10::IValue(eta_min_));
-  archive.write("T_cur", c10::IValue(T_cur_));
-}
-
-DETTRIAL_INLINE void CosineAnnealingWarmRestarts::load(torch::serialize::InputArchive& archive) {
-  const detail::SchedulerArchive in{archive, "dettrial::optim::CosineAnnealingWarmRestarts's saved state"};
-  detail::check_scheduler_type(in, name_);
-  const std::int64_t T_0 = in.integer("T_0");
-  const std::int64_t T_i = in.integer("T_i");
-  const std::int64_t T_mult = in.integer("T_mult");
-  const double eta_min = in.number("eta_min");
-  const std::int64_t T_cur = in.integer("T_cur");
-  if (T_0 < 1 || T_i < 1 || T_mult < 1 || T_cur < 0)
-    throw CheckpointError(in.owner + " has T_0 " + std::to_string(T_0) + ", T_i " + std::to_string(T_i) + ", T_mult " +
-                          std::to_string(T_mult) + " and T_cur " + std::to_string(T_cur) +
-                          ": expected T_0, T_i and T_mult at least 1, T_cur at least 0");
-  load_common(archive);
-  T_0_ = T_0;
-  T_i_ = T_i;
-  T_mult_ = T_mult;
-  eta_min_ = eta_min;
-  T_cur_ = T_cur;
-}
-
-DETTRIAL_INLINE void CosineAnnealingWarmRestarts::python_state(c10::impl::GenericDict& out) const {
-  out.insert("T_0", T_0_);
-  out.insert("T_i", T_i_);
-  out.insert("T_mult", T_mult_);
-  out.insert("eta_min", eta_min_);
-  out.insert("T_cur", T_cur_);
-  python_common(out);
-}
-
-DETTRIAL_INLINE void CosineAnnealingWarmRestarts::load_python_state(const c10::impl::GenericDict& in, const std::string& what) {
-  auto own = load_python_common(in, {"T_0", "T_i", "T_mult", "eta_min", "T_cur"}, what);
-  namespace pd = python_state_detail;
-  T_0_ = pd::python_count(own["T_0"], what + ": T_0", 1);
-  T_i_ = pd::python_count(own["T_i"], what + ": T_i", 1);
-  T_mult_ = pd::python_count(own["T_mult"], what + ": T_mult", 1);
-  eta_min_ = pd::python_number(own["eta_min"], what + ": eta_min");
-  // A fraction here comes from Python's step(epoch) with a fractional epoch, which dettrial does not do.
-  T_cur_ = pd::python_count(own["T_cur"], what + ": T_cur", 0);
-}
-
-// ------------------------------------------------------------------------------------------------
-// ReduceLROnPlateau
+}  // namespace plateau_detail
 
 DETTRIAL_INLINE ReduceLROnPlateau::ReduceLROnPlateau(torch::optim::Optimizer& optimizer, ReduceLROnPlateauOptions options)
     : optimizer_(&optimizer), options_(std::move(options)) {
@@ -6316,12 +6482,12 @@ DETTRIAL_INLINE ReduceLROnPlateau::ReduceLROnPlateau(torch::optim::Optimizer& op
   };
   const auto& o = options_;
   if (o.mode != "min" && o.mode != "max") invalid("mode", "\"min\" or \"max\"", '"' + o.mode + '"');
-  if (!(o.factor >= 0 && o.factor < 1)) invalid("factor", "in [0, 1)", dettrial::detail::scheduler_number(o.factor));
+  if (!(o.factor >= 0 && o.factor < 1)) invalid("factor", "in [0, 1)", python_state_detail::number_text(o.factor));
   if (o.patience < 0) invalid("patience", "at least 0", std::to_string(o.patience));
-  if (!(o.threshold >= 0)) invalid("threshold", "at least 0", dettrial::detail::scheduler_number(o.threshold));
+  if (!(o.threshold >= 0)) invalid("threshold", "at least 0", python_state_detail::number_text(o.threshold));
   if (o.threshold_mode != "rel" && o.threshold_mode != "abs") invalid("threshold_mode", "\"rel\" or \"abs\"", '"' + o.threshold_mode + '"');
   if (o.cooldown < 0) invalid("cooldown", "at least 0", std::to_string(o.cooldown));
-  if (!(o.eps >= 0)) invalid("eps", "at least 0", dettrial::detail::scheduler_number(o.eps));
+  if (!(o.eps >= 0)) invalid("eps", "at least 0", python_state_detail::number_text(o.eps));
   const std::size_t groups = optimizer.param_groups().size();
   if (const auto* per_group = std::get_if<std::vector<double>>(&o.min_lr)) {
     if (per_group->size() != groups)
@@ -6331,10 +6497,10 @@ DETTRIAL_INLINE ReduceLROnPlateau::ReduceLROnPlateau(torch::optim::Optimizer& op
     min_lrs_.assign(groups, std::get<double>(o.min_lr));
   }
   for (const double m : min_lrs_)
-    if (!(m >= 0)) invalid("min_lr", "at least 0", dettrial::detail::scheduler_number(m));
+    if (!(m >= 0)) invalid("min_lr", "at least 0", python_state_detail::number_text(m));
   min_mode_ = o.mode == "min";
   rel_threshold_ = o.threshold_mode == "rel";
-  last_lr_ = dettrial::detail::scheduler_group_lrs(optimizer);
+  last_lr_ = scheduler_base_detail::group_lrs(optimizer);
   best_ = mode_worse();
 }
 
@@ -6367,7 +6533,7 @@ DETTRIAL_INLINE void ReduceLROnPlateau::step(double metric) {
     cooldown_counter_ = options_.cooldown;
     num_bad_epochs_ = 0;
   }
-  last_lr_ = dettrial::detail::scheduler_group_lrs(*optimizer_);
+  last_lr_ = scheduler_base_detail::group_lrs(*optimizer_);
 }
 
 DETTRIAL_INLINE void ReduceLROnPlateau::reduce_lr() {
@@ -6407,8 +6573,8 @@ DETTRIAL_INLINE void ReduceLROnPlateau::save(torch::serialize::OutputArchive& ar
 }
 
 DETTRIAL_INLINE void ReduceLROnPlateau::load(torch::serialize::InputArchive& archive) {
-  const dettrial::detail::SchedulerArchive in{archive, "dettrial::optim::ReduceLROnPlateau's saved state"};
-  dettrial::detail::check_scheduler_type(in, "ReduceLROnPlateau");
+  const plateau_detail::SchedulerArchive in{archive, "dettrial::optim::ReduceLROnPlateau's saved state"};
+  plateau_detail::check_scheduler_type(in, "ReduceLROnPlateau");
   // Everything read and checked before anything is changed.
   ReduceLROnPlateauOptions options;
   options.mode = in.text("mode");
@@ -6447,13 +6613,13 @@ DETTRIAL_INLINE void ReduceLROnPlateau::python_state(c10::impl::GenericDict& out
   // None when min_lr was given per group (Python's default_min_lr).
   if (const auto* one = std::get_if<double>(&options_.min_lr)) out.insert("default_min_lr", *one);
   else out.insert("default_min_lr", c10::IValue());
-  out.insert("min_lrs", dettrial::detail::scheduler_python_list(min_lrs_));
+  out.insert("min_lrs", python_state_detail::python_list(min_lrs_));
   out.insert("patience", options_.patience);
   out.insert("cooldown", options_.cooldown);
   out.insert("eps", options_.eps);
   out.insert("verbose", false);  // torch < 2.2 has it
   out.insert("last_epoch", last_epoch_);
-  out.insert("_last_lr", dettrial::detail::scheduler_python_list(last_lr_));
+  out.insert("_last_lr", python_state_detail::python_list(last_lr_));
   out.insert("mode_worse", mode_worse());
   out.insert("mode", options_.mode);
   out.insert("threshold", options_.threshold);
@@ -6513,6 +6679,1049 @@ DETTRIAL_INLINE void ReduceLROnPlateau::load_python_state(const c10::impl::Gener
   best_ = pd::python_number(field("best"), what + ": best");
   cooldown_counter_ = static_cast<std::int64_t>(pd::python_number(field("cooldown_counter"), what + ": cooldown_counter"));
   num_bad_epochs_ = static_cast<std::int64_t>(pd::python_number(field("num_bad_epochs"), what + ": num_bad_epochs"));
+}
+
+}  // namespace dettrial::optim
+#endif  // DETTRIAL_HEADER_DEFINITIONS
+// ---- end dettrial/optim/reduce_lr_on_plateau.hpp
+// ---- begin dettrial/optim/scheduler_composition.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief Python's `SequentialLR` (one scheduler after another, switching at milestones) and
+/// `ChainedScheduler` (several stepped together), over dettrial::optim's epoch schedulers held by
+/// value: each child keeps its own type, so stepping one is a direct call.
+///
+/// The children are given as a `std::tuple` made in place, so that they are constructed in order, as
+/// Python's list is: like Python's, each constructor takes its first step on the optimizer, and the
+/// composite then puts the rates where Python's would be (its `initial_lr` rules below).
+
+#include <algorithm>
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include <torch/torch.h>
+
+
+namespace dettrial::optim {
+
+/// A scheduler SequentialLR and ChainedScheduler can hold: one of dettrial::optim's epoch schedulers
+/// (derived from EpochLRScheduler, with `step()` and `restart_at_milestone()`).
+template <class S>
+concept ComposableLRScheduler = std::derived_from<S, EpochLRScheduler> && requires(S& s) {
+  s.step();
+  s.restart_at_milestone();
+};
+
+namespace composition_detail {
+
+/// Calls `f` with the tuple's element number `index`.
+template <class Tuple, class F>
+void visit_at(Tuple& t, std::size_t index, F&& f) {
+  std::apply(
+      [&](auto&... s) {
+        std::size_t i = 0;
+        ((i++ == index ? (f(s), 0) : 0), ...);
+      },
+      t);
+}
+
+template <class S>
+concept WritesParamGroups = requires(const S& s, std::size_t g, c10::impl::GenericDict& d) { s.python_param_group(g, d); };
+template <class S>
+concept ReadsParamGroups = requires(S& s, std::size_t g, const c10::impl::GenericDict& d, const std::string& what) {
+  s.load_python_param_group(g, d, what);
+};
+
+inline void check_optimizer(const char* composite, std::size_t index, const EpochLRScheduler& s, const torch::optim::Optimizer& optimizer) {
+  if (&s.optimizer() != &optimizer)
+    throw ConfigError(std::string("dettrial::optim::") + composite + ": scheduler " + std::to_string(index) +
+                      " drives another optimizer than the composite's (Python refuses it too)");
+}
+
+/// A Python list of the children's state dicts.
+template <class Tuple>
+c10::impl::GenericList python_children(const Tuple& children) {
+  c10::impl::GenericList list(c10::AnyType::get());
+  std::apply(
+      [&](const auto&... s) {
+        ((
+             [&] {
+               c10::impl::GenericDict d(c10::StringType::get(), c10::AnyType::get());
+               s.python_state(d);
+               list.push_back(d);
+             }()),
+         ...);
+      },
+      children);
+  return list;
+}
+
+/// Restores the children from Python's `_schedulers` list.
+template <class Tuple>
+void load_python_children(Tuple& children, const c10::IValue& saved, const std::string& what) {
+  constexpr std::size_t n = std::tuple_size_v<Tuple>;
+  if (!saved.isList() || saved.toListRef().size() != n)
+    throw CheckpointError(what + ": _schedulers is not a list of " + std::to_string(n) + " state dicts (one per scheduler)");
+  std::size_t i = 0;
+  std::apply(
+      [&](auto&... s) {
+        ((
+             [&] {
+               const std::string name = what + ": _schedulers[" + std::to_string(i) + "]";
+               const c10::IValue& d = saved.toListRef()[i++];
+               if (!d.isGenericDict()) throw CheckpointError(name + " is not a state dict");
+               s.load_python_state(d.toGenericDict(), name);
+             }()),
+         ...);
+      },
+      children);
+}
+
+/// Saves the children into dettrial's archive as nested archives "scheduler_0", ...
+template <class Tuple>
+void save_children(const Tuple& children, torch::serialize::OutputArchive& archive) {
+  std::size_t i = 0;
+  std::apply(
+      [&](const auto&... s) {
+        ((
+             [&] {
+               torch::serialize::OutputArchive child;
+               s.save(child);
+               archive.write("scheduler_" + std::to_string(i++), child);
+             }()),
+         ...);
+      },
+      children);
+}
+
+template <class Tuple>
+void load_children(Tuple& children, torch::serialize::InputArchive& archive, const std::string& what) {
+  std::size_t i = 0;
+  std::apply(
+      [&](auto&... s) {
+        ((
+             [&] {
+               torch::serialize::InputArchive child;
+               const std::string key = "scheduler_" + std::to_string(i++);
+               if (!archive.try_read(key, child)) throw CheckpointError(what + " has no '" + key + "'");
+               s.load(child);
+             }()),
+         ...);
+      },
+      children);
+}
+
+/// Python's entries in parameter group `group`, from every child that keeps some there.
+template <class Tuple>
+void python_param_group(const Tuple& children, std::size_t group, c10::impl::GenericDict& out) {
+  std::apply(
+      [&](const auto&... s) {
+        (
+            [&] {
+              if constexpr (WritesParamGroups<std::remove_cvref_t<decltype(s)>>) s.python_param_group(group, out);
+            }(),
+            ...);
+      },
+      children);
+}
+
+template <class Tuple>
+void load_python_param_group(Tuple& children, std::size_t group, const c10::impl::GenericDict& in, const std::string& what) {
+  std::apply(
+      [&](auto&... s) {
+        (
+            [&] {
+              if constexpr (ReadsParamGroups<std::remove_cvref_t<decltype(s)>>) s.load_python_param_group(group, in, what);
+            }(),
+            ...);
+      },
+      children);
+}
+
+/// The text of dettrial's archive entry `key`, checked to be the composite's own type.
+inline void check_archive_type(torch::serialize::InputArchive& archive, const std::string& type, const std::string& what) {
+  c10::IValue saved;
+  if (!archive.try_read("scheduler", saved) || !saved.isString()) throw CheckpointError(what + " has no 'scheduler' (the type that wrote it)");
+  if (saved.toStringRef() != type)
+    throw CheckpointError(what + " was written by a " + saved.toStringRef() + ": is the checkpoint from another trial?");
+}
+
+inline c10::IValue archive_entry(torch::serialize::InputArchive& archive, const char* key, const std::string& what) {
+  c10::IValue value;
+  if (!archive.try_read(key, value)) throw CheckpointError(what + " has no '" + key + "'");
+  return value;
+}
+
+inline std::vector<double> group_lrs(const torch::optim::Optimizer& optimizer) {
+  std::vector<double> lrs;
+  for (const auto& group : optimizer.param_groups()) lrs.push_back(group.options().get_lr());
+  return lrs;
+}
+
+}  // namespace composition_detail
+
+/**
+ * @brief What SequentialLR and ChainedScheduler share: the children, held by value, and Python's
+ * `initial_lr` rules, which set each child's `base_lrs` as Python's constructors leave them (the
+ * rates when the first scheduler was made; OneCycleLR overwrites them with max_lr / div_factor;
+ * CyclicLR keeps its own `base_lr`).
+ */
+template <class... Schedulers>
+class ComposedSchedulers {
+ public:
+  /// Child `I`, as its own type.
+  template <std::size_t I>
+  auto& scheduler() {
+    return std::get<I>(children_);
+  }
+  torch::optim::Optimizer& optimizer() const { return *optimizer_; }
+  /// Python's `get_last_lr()`.
+  std::vector<double> get_last_lr() const { return last_lr_; }
+  /// What the children keep in the optimizer's parameter group `group` in Python (OneCycleLR's
+  /// max_lr, ...), added to `out`; and read back from there.
+  void python_param_group(std::size_t group, c10::impl::GenericDict& out) const {
+    composition_detail::python_param_group(children_, group, out);
+  }
+  void load_python_param_group(std::size_t group, const c10::impl::GenericDict& in, const std::string& what) {
+    composition_detail::load_python_param_group(children_, group, in, what);
+  }
+
+ protected:
+  ComposedSchedulers(const char* name, torch::optim::Optimizer& optimizer, std::tuple<Schedulers...> children)
+      : children_(std::move(children)), optimizer_(&optimizer) {
+    std::size_t i = 0;
+    std::apply([&](const auto&... s) { (composition_detail::check_optimizer(name, i++, s, optimizer), ...); }, children_);
+    // The children's constructors again, in order, from the rates the first one found, each with
+    // the base rates Python's would have had: a child's first step can depend on them (LambdaLR's).
+    const std::vector<double>& start = static_cast<EpochLRScheduler&>(std::get<0>(children_)).base_lrs_;
+    auto& groups = optimizer.param_groups();
+    for (std::size_t g = 0; g < groups.size() && g < start.size(); ++g) groups[g].options().set_lr(start[g]);
+    std::apply([&](auto&... s) { (construct_again(s), ...); }, children_);
+  }
+
+  /// Python's constructor of child `s`, as it runs after the children before it: its base rates by
+  /// Python's `initial_lr` rules (see the class comment), then its first step. (A stateful
+  /// LambdaLR function is called once more for it.)
+  template <class S>
+  void construct_again(S& s) {
+    EpochLRScheduler& base = s;
+    if constexpr (S::initial_lr == EpochLRScheduler::InitialLr::overwritten) initial_lrs_ = base.base_lrs_;
+    else if (initial_lrs_.empty()) initial_lrs_ = base.base_lrs_;
+    else if constexpr (S::initial_lr == EpochLRScheduler::InitialLr::recorded_if_unset) base.base_lrs_ = initial_lrs_;
+    base.last_epoch_ = -1;
+    base.step_count_ = 0;
+    s.step();
+  }
+
+  std::tuple<Schedulers...> children_;
+  torch::optim::Optimizer* optimizer_;
+  std::vector<double> initial_lrs_;
+  std::vector<double> last_lr_;
+};
+
+/**
+ * @brief Python's `SequentialLR(optimizer, schedulers, milestones)`: the first scheduler until the
+ * first milestone, then the next, ...; at a milestone the next one starts over (Python's
+ * `_update_lr(0)`: see `restart_at_milestone`).
+ * @code{.cpp}
+ * dettrial::optim::SequentialLR sched(opt,
+ *     std::tuple{dettrial::optim::LinearLR(opt, 0.01, 1.0, 5), dettrial::optim::CosineAnnealingLR(opt, 95)}, {5});
+ * @endcode
+ */
+template <class... Schedulers>
+class SequentialLR : public ComposedSchedulers<Schedulers...> {
+  static_assert(sizeof...(Schedulers) >= 1, "dettrial::optim::SequentialLR needs at least one scheduler");
+  static_assert((ComposableLRScheduler<Schedulers> && ...), 
+                "dettrial::optim::SequentialLR's schedulers must be dettrial::optim's epoch schedulers (StepLR, LinearLR, "
+                "CosineAnnealingLR, OneCycleLR, ...): not ReduceLROnPlateau, which Python refuses here too, nor a composite");
+  using Base = ComposedSchedulers<Schedulers...>;
+
+ public:
+  SequentialLR(torch::optim::Optimizer& optimizer, std::tuple<Schedulers...> schedulers, std::vector<std::int64_t> milestones)
+      : Base("SequentialLR", optimizer, std::move(schedulers)), milestones_(std::move(milestones)) {
+    check_milestones(milestones_, [](const std::string& m) { throw ConfigError("dettrial::optim::SequentialLR: " + m); });
+    // Python's constructor: the rates back to initial_lr, every child's step undone, and the child
+    // for step 0 takes its first step again.
+    auto& groups = optimizer.param_groups();
+    for (std::size_t g = 0; g < groups.size() && g < this->initial_lrs_.size(); ++g) groups[g].options().set_lr(this->initial_lrs_[g]);
+    std::apply([](auto&... s) { ((--static_cast<EpochLRScheduler&>(s).last_epoch_), ...); }, this->children_);
+    composition_detail::visit_at(this->children_, current(), [this](auto& s) {
+      static_cast<EpochLRScheduler&>(s).step_count_ = 0;
+      s.step();
+      this->last_lr_ = s.get_last_lr();
+    });
+  }
+
+  void step() {
+    ++last_epoch_;
+    const std::size_t i = current();
+    composition_detail::visit_at(this->children_, i, [&](auto& s) {
+      if (i > 0 && milestones_[i - 1] == last_epoch_) s.restart_at_milestone();
+      else s.step();
+      this->last_lr_ = s.get_last_lr();
+    });
+  }
+
+  /// Python's `last_epoch`: the number of `step()` calls since construction.
+  std::int64_t last_epoch() const { return last_epoch_; }
+  const std::vector<std::int64_t>& milestones() const { return milestones_; }
+
+  void save(torch::serialize::OutputArchive& archive) const {
+    archive.write("scheduler", c10::IValue(std::string("SequentialLR")));
+    archive.write("milestones", c10::IValue(milestones_));
+    archive.write("last_epoch", c10::IValue(last_epoch_));
+    archive.write("last_lr", c10::IValue(this->last_lr_));
+    composition_detail::save_children(this->children_, archive);
+  }
+  void load(torch::serialize::InputArchive& archive) {
+    const std::string what = "dettrial::optim::SequentialLR's saved state";
+    composition_detail::check_archive_type(archive, "SequentialLR", what);
+    SequentialLR copy = *this;  // loaded whole, then kept: a bad child leaves this one as it was
+    const c10::IValue milestones = composition_detail::archive_entry(archive, "milestones", what);
+    if (!milestones.isIntList()) throw CheckpointError(what + ": 'milestones' is not a list of integers");
+    copy.milestones_ = milestones.toIntVector();
+    check_milestones(copy.milestones_, [&](const std::string& m) { throw CheckpointError(what + ": " + m); });
+    copy.last_epoch_ = python_state_detail::python_count(composition_detail::archive_entry(archive, "last_epoch", what), what, 0);
+    copy.last_lr_ = python_state_detail::python_numbers(composition_detail::archive_entry(archive, "last_lr", what), what);
+    composition_detail::load_children(copy.children_, archive, what);
+    *this = std::move(copy);
+  }
+  /// Python's `state_dict()`: _milestones, last_epoch, _last_lr and _schedulers (each child's).
+  void python_state(c10::impl::GenericDict& out) const {
+    c10::impl::GenericList milestones(c10::AnyType::get());
+    for (const std::int64_t m : milestones_) milestones.push_back(m);
+    out.insert("_milestones", milestones);
+    out.insert("last_epoch", last_epoch_);
+    out.insert("_last_lr", python_state_detail::python_list(this->last_lr_));
+    out.insert("_schedulers", composition_detail::python_children(this->children_));
+  }
+  /// Restores what Python's SequentialLR.state_dict() holds, every child's included.
+  void load_python_state(const c10::impl::GenericDict& in, const std::string& what) {
+    namespace pd = python_state_detail;
+    SequentialLR copy = *this;
+    for (const auto& entry : in) {
+      const std::string key = entry.key().isString() ? entry.key().toStringRef() : std::string("(not a name)");
+      if (key == "_milestones") {
+        copy.milestones_.clear();
+        for (const double m : pd::python_numbers(entry.value(), what + ": _milestones"))
+          copy.milestones_.push_back(pd::python_count(m, what + ": a milestone", 0));
+        check_milestones(copy.milestones_, [&](const std::string& m) { throw CheckpointError(what + ": " + m); });
+      } else if (key == "last_epoch") {
+        copy.last_epoch_ = pd::python_count(entry.value(), what + ": last_epoch", 0);
+      } else if (key == "_last_lr") {
+        copy.last_lr_ = pd::python_numbers(entry.value(), what + ": _last_lr");
+      } else if (key == "_schedulers") {
+        composition_detail::load_python_children(copy.children_, entry.value(), what);
+      } else if (key != "verbose" && key != "_get_lr_called_within_step" && key != "_is_initial") {
+        throw CheckpointError(what + " has '" + key + "', which Python's SequentialLR does not have: the checkpoint's scheduler is another type");
+      }
+    }
+    for (const char* key : {"_milestones", "last_epoch", "_schedulers"})
+      if (!in.contains(key)) throw CheckpointError(what + " has no '" + std::string(key) + "': it is not Python's SequentialLR state");
+    *this = std::move(copy);
+  }
+
+ private:
+  /// The child for `last_epoch` (Python's bisect_right over the milestones).
+  std::size_t current() const {
+    return static_cast<std::size_t>(std::upper_bound(milestones_.begin(), milestones_.end(), last_epoch_) - milestones_.begin());
+  }
+  template <class Fail>
+  static void check_milestones(const std::vector<std::int64_t>& milestones, Fail fail) {
+    if (milestones.size() + 1 != sizeof...(Schedulers))
+      fail("milestones must be one fewer than the schedulers (" + std::to_string(sizeof...(Schedulers) - 1) + "), not " +
+           std::to_string(milestones.size()));
+    for (std::size_t i = 1; i < milestones.size(); ++i)
+      if (milestones[i] < milestones[i - 1])
+        fail("milestones must not decrease, but " + std::to_string(milestones[i]) + " follows " + std::to_string(milestones[i - 1]));
+  }
+
+  std::vector<std::int64_t> milestones_;
+  std::int64_t last_epoch_ = 0;
+};
+
+/**
+ * @brief Python's `ChainedScheduler(schedulers)`: every child stepped in order at each step, their
+ * factors multiplying (for chainable schedulers).
+ * @code{.cpp}
+ * dettrial::optim::ChainedScheduler sched(std::tuple{dettrial::optim::ConstantLR(opt, 0.1, 4), dettrial::optim::ExponentialLR(opt, 0.9)});
+ * @endcode
+ */
+template <class... Schedulers>
+class ChainedScheduler : public ComposedSchedulers<Schedulers...> {
+  static_assert(sizeof...(Schedulers) >= 1, "dettrial::optim::ChainedScheduler needs at least one scheduler");
+  static_assert((ComposableLRScheduler<Schedulers> && ...), 
+                "dettrial::optim::ChainedScheduler's schedulers must be dettrial::optim's epoch schedulers (StepLR, LinearLR, "
+                "CosineAnnealingLR, OneCycleLR, ...): not ReduceLROnPlateau, which Python refuses here too, nor a composite");
+  using Base = ComposedSchedulers<Schedulers...>;
+
+ public:
+  explicit ChainedScheduler(std::tuple<Schedulers...> schedulers)
+      : Base("ChainedScheduler", std::get<0>(schedulers).optimizer(), std::move(schedulers)) {
+    this->last_lr_ = composition_detail::group_lrs(*this->optimizer_);
+  }
+
+  void step() {
+    std::apply([](auto&... s) { (s.step(), ...); }, this->children_);
+    this->last_lr_ = composition_detail::group_lrs(*this->optimizer_);
+  }
+
+  void save(torch::serialize::OutputArchive& archive) const {
+    archive.write("scheduler", c10::IValue(std::string("ChainedScheduler")));
+    archive.write("last_lr", c10::IValue(this->last_lr_));
+    composition_detail::save_children(this->children_, archive);
+  }
+  void load(torch::serialize::InputArchive& archive) {
+    const std::string what = "dettrial::optim::ChainedScheduler's saved state";
+    composition_detail::check_archive_type(archive, "ChainedScheduler", what);
+    ChainedScheduler copy = *this;
+    copy.last_lr_ = python_state_detail::python_numbers(composition_detail::archive_entry(archive, "last_lr", what), what);
+    composition_detail::load_children(copy.children_, archive, what);
+    *this = std::move(copy);
+  }
+  /// Python's `state_dict()`: _last_lr and _schedulers (each child's).
+  void python_state(c10::impl::GenericDict& out) const {
+    out.insert("_last_lr", python_state_detail::python_list(this->last_lr_));
+    out.insert("_schedulers", composition_detail::python_children(this->children_));
+  }
+  void load_python_state(const c10::impl::GenericDict& in, const std::string& what) {
+    ChainedScheduler copy = *this;
+    for (const auto& entry : in) {
+      const std::string key = entry.key().isString() ? entry.key().toStringRef() : std::string("(not a name)");
+      if (key == "_last_lr") copy.last_lr_ = python_state_detail::python_numbers(entry.value(), what + ": _last_lr");
+      else if (key == "_schedulers") composition_detail::load_python_children(copy.children_, entry.value(), what);
+      else if (key != "verbose" && key != "_get_lr_called_within_step" && key != "_is_initial")
+        throw CheckpointError(what + " has '" + key + "', which Python's ChainedScheduler does not have: the checkpoint's scheduler is another type");
+    }
+    if (!in.contains("_schedulers")) throw CheckpointError(what + " has no '_schedulers': it is not Python's ChainedScheduler state");
+    *this = std::move(copy);
+  }
+};
+
+}  // namespace dettrial::optim
+// ---- end dettrial/optim/scheduler_composition.hpp
+
+namespace dettrial::optim {
+
+/// Python's `StepLR(optimizer, step_size, gamma=0.1)`: multiplies each group's learning rate by
+/// `gamma` on every `step_size`-th step.
+class StepLR : public EpochLRScheduler {
+ public:
+  StepLR(torch::optim::Optimizer& optimizer, std::int64_t step_size, double gamma = 0.1);
+  void step();
+  void restart_at_milestone();
+  std::int64_t step_size() const { return step_size_; }
+  double gamma() const { return gamma_; }
+  void save(torch::serialize::OutputArchive& archive) const { save_fields(*this, archive, fields()); }
+  void load(torch::serialize::InputArchive& archive) { load_fields(*this, archive, fields()); }
+  /// Python's `state_dict()`: step_size, gamma, base_lrs, last_epoch, verbose, _step_count,
+  /// _get_lr_called_within_step, _is_initial, _last_lr.
+  void python_state(c10::impl::GenericDict& out) const { python_fields(*this, out, fields()); }
+  /// Restores what Python's StepLR.state_dict() (or python_state) holds; `what` names it in errors.
+  void load_python_state(const c10::impl::GenericDict& in, const std::string& what) { load_python_fields(*this, in, what, fields()); }
+
+ private:
+  static constexpr std::array<SchedulerField<StepLR>, 2> fields() { return std::array{field("step_size", &StepLR::step_size_, 1), field("gamma", &StepLR::gamma_)}; }
+  std::int64_t step_size_;
+  double gamma_;
+};
+
+/// Python's `MultiStepLR(optimizer, milestones, gamma=0.1)`: multiplies each group's learning rate by
+/// `gamma` when `last_epoch` reaches a milestone (by `gamma` to the n-th power for a milestone given n
+/// times, as Python's Counter does).
+class MultiStepLR : public EpochLRScheduler {
+ public:
+  MultiStepLR(torch::optim::Optimizer& optimizer, const std::vector<std::int64_t>& milestones, double gamma = 0.1);
+  void step();
+  void restart_at_milestone();
+  /// Each milestone with the number of times it was given.
+  const std::map<std::int64_t, std::int64_t>& milestones() const { return milestones_; }
+  double gamma() const { return gamma_; }
+  void save(torch::serialize::OutputArchive& archive) const;
+  void load(torch::serialize::InputArchive& archive);
+  /// Python's `state_dict()`: milestones (a dict milestone -> count, as Python's Counter pickles
+  /// into one), gamma, and the LRScheduler entries as StepLR's.
+  void python_state(c10::impl::GenericDict& out) const;
+  /// Restores what Python's MultiStepLR.state_dict() (or python_state) holds.
+  void load_python_state(const c10::impl::GenericDict& in, const std::string& what);
+
+ private:
+  std::map<std::int64_t, std::int64_t> milestones_;
+  double gamma_;
+};
+
+/// Python's `ExponentialLR(optimizer, gamma)`: multiplies each group's learning rate by `gamma` on
+/// every step.
+class ExponentialLR : public EpochLRScheduler {
+ public:
+  ExponentialLR(torch::optim::Optimizer& optimizer, double gamma);
+  void step();
+  void restart_at_milestone();
+  double gamma() const { return gamma_; }
+  void save(torch::serialize::OutputArchive& archive) const { save_fields(*this, archive, fields()); }
+  void load(torch::serialize::InputArchive& archive) { load_fields(*this, archive, fields()); }
+  /// Python's `state_dict()`: gamma and the LRScheduler entries as StepLR's.
+  void python_state(c10::impl::GenericDict& out) const { python_fields(*this, out, fields()); }
+  /// Restores what Python's ExponentialLR.state_dict() (or python_state) holds.
+  void load_python_state(const c10::impl::GenericDict& in, const std::string& what) { load_python_fields(*this, in, what, fields()); }
+
+ private:
+  static constexpr std::array<SchedulerField<ExponentialLR>, 1> fields() { return std::array{field("gamma", &ExponentialLR::gamma_)}; }
+  double gamma_;
+};
+
+/// Python's `LinearLR(optimizer, start_factor=1/3, end_factor=1.0, total_iters=5)`: the learning
+/// rates start at `start_factor` times the groups' rates and change linearly, by Python's chainable
+/// (step-to-step) factors, to `end_factor` times them after `total_iters` steps, then stay.
+class LinearLR : public EpochLRScheduler {
+ public:
+  explicit LinearLR(torch::optim::Optimizer& optimizer, double start_factor = 1.0 / 3, double end_factor = 1.0,
+                    std::int64_t total_iters = 5);
+  void step();
+  void restart_at_milestone();
+  double start_factor() const { return start_factor_; }
+  double end_factor() const { return end_factor_; }
+  std::int64_t total_iters() const { return total_iters_; }
+  void save(torch::serialize::OutputArchive& archive) const { save_fields(*this, archive, fields()); }
+  void load(torch::serialize::InputArchive& archive) { load_fields(*this, archive, fields()); }
+  /// Python's `state_dict()`: start_factor, end_factor, total_iters and the LRScheduler entries.
+  void python_state(c10::impl::GenericDict& out) const { python_fields(*this, out, fields()); }
+  /// Restores what Python's LinearLR.state_dict() (or python_state) holds.
+  void load_python_state(const c10::impl::GenericDict& in, const std::string& what) { load_python_fields(*this, in, what, fields()); }
+
+ private:
+  static constexpr std::array<SchedulerField<LinearLR>, 3> fields() {
+    return std::array{field("start_factor", &LinearLR::start_factor_), field("end_factor", &LinearLR::end_factor_),
+                      field("total_iters", &LinearLR::total_iters_, 0)};
+  }
+  double start_factor_;
+  double end_factor_;
+  std::int64_t total_iters_;
+};
+
+/// Python's `ConstantLR(optimizer, factor=1/3, total_iters=5)`: the learning rates are multiplied by
+/// `factor` for the first `total_iters` steps and by `1 / factor` at step `total_iters`.
+class ConstantLR : public EpochLRScheduler {
+ public:
+  explicit ConstantLR(torch::optim::Optimizer& optimizer, double factor = 1.0 / 3, std::int64_t total_iters = 5);
+  void step();
+  void restart_at_milestone();
+  double factor() const { return factor_; }
+  std::int64_t total_iters() const { return total_iters_; }
+  void save(torch::serialize::OutputArchive& archive) const { save_fields(*this, archive, fields()); }
+  void load(torch::serialize::InputArchive& archive) { load_fields(*this, archive, fields()); }
+  /// Python's `state_dict()`: factor, total_iters and the LRScheduler entries.
+  void python_state(c10::impl::GenericDict& out) const { python_fields(*this, out, fields()); }
+  /// Restores what Python's ConstantLR.state_dict() (or python_state) holds.
+  void load_python_state(const c10::impl::GenericDict& in, const std::string& what) { load_python_fields(*this, in, what, fields()); }
+
+ private:
+  static constexpr std::array<SchedulerField<ConstantLR>, 2> fields() {
+    return std::array{field("factor", &ConstantLR::factor_), field("total_iters", &ConstantLR::total_iters_, 0)};
+  }
+  double factor_;
+  std::int64_t total_iters_;
+};
+
+/// Python's `CosineAnnealingLR(optimizer, T_max, eta_min=0)`: cosine annealing from the groups' rates
+/// to `eta_min` over `T_max` steps and back over the next `T_max`, computed as Python's `step()` does,
+/// step to step (its recursive form, not the closed form, which differs in the last bits).
+class CosineAnnealingLR : public EpochLRScheduler {
+ public:
+  CosineAnnealingLR(torch::optim::Optimizer& optimizer, std::int64_t T_max, double eta_min = 0.0);
+  void step();
+  void restart_at_milestone();
+  std::int64_t T_max() const { return T_max_; }
+  double eta_min() const { return eta_min_; }
+  void save(torch::serialize::OutputArchive& archive) const { save_fields(*this, archive, fields()); }
+  void load(torch::serialize::InputArchive& archive) { load_fields(*this, archive, fields()); }
+  /// Python's `state_dict()`: T_max, eta_min and the LRScheduler entries.
+  void python_state(c10::impl::GenericDict& out) const { python_fields(*this, out, fields()); }
+  /// Restores what Python's CosineAnnealingLR.state_dict() (or python_state) holds.
+  void load_python_state(const c10::impl::GenericDict& in, const std::string& what) { load_python_fields(*this, in, what, fields()); }
+
+ private:
+  static constexpr std::array<SchedulerField<CosineAnnealingLR>, 2> fields() {
+    return std::array{field("T_max", &CosineAnnealingLR::T_max_, 1), field("eta_min", &CosineAnnealingLR::eta_min_)};
+  }
+  std::int64_t T_max_;
+  double eta_min_;
+};
+
+/// A learning-rate factor as a function of `last_epoch` (Python's `lr_lambda`).
+using LRLambda = std::function<double(std::int64_t)>;
+
+/**
+ * @brief What LambdaLR and MultiplicativeLR share: one function per parameter group, and Python's
+ * `lr_lambdas` entry, a list of None (Python saves no plain function, and C++ functions have no state).
+ */
+class LambdaScheduler : public EpochLRScheduler {
+ public:
+  void save(torch::serialize::OutputArchive& archive) const { save_common(archive); }
+  void load(torch::serialize::InputArchive& archive) { load_common(archive); }
+  /// Python's `state_dict()`: the LRScheduler entries and lr_lambdas, one None per group.
+  void python_state(c10::impl::GenericDict& out) const;
+  /// Restores Python's state; an `lr_lambdas` entry holding a callable object's attributes is a
+  /// CheckpointError (a C++ function cannot take them).
+  void load_python_state(const c10::impl::GenericDict& in, const std::string& what);
+
+ protected:
+  LambdaScheduler(torch::optim::Optimizer& optimizer, const char* name, std::vector<LRLambda> lr_lambdas);
+  /// One function for every group, shared as Python's `[lr_lambda] * len(param_groups)` shares it (a
+  /// stateful function is called once per group per step, on one state).
+  static std::vector<LRLambda> one_per_group(LRLambda lr_lambda, const torch::optim::Optimizer& optimizer);
+  std::vector<LRLambda> lr_lambdas_;
+};
+
+/// Python's `LambdaLR(optimizer, lr_lambda)`: each group's rate is its initial rate times
+/// `lr_lambda(last_epoch)` (one function for all groups, or one per group).
+class LambdaLR : public LambdaScheduler {
+ public:
+  LambdaLR(torch::optim::Optimizer& optimizer, LRLambda lr_lambda);
+  LambdaLR(torch::optim::Optimizer& optimizer, std::vector<LRLambda> lr_lambdas);
+  void step();
+  void restart_at_milestone();
+};
+
+/// Python's `MultiplicativeLR(optimizer, lr_lambda)`: each step multiplies each group's rate by
+/// `lr_lambda(last_epoch)` (one function for all groups, or one per group); the constructor's step
+/// leaves the rates as they are.
+class MultiplicativeLR : public LambdaScheduler {
+ public:
+  MultiplicativeLR(torch::optim::Optimizer& optimizer, LRLambda lr_lambda);
+  MultiplicativeLR(torch::optim::Optimizer& optimizer, std::vector<LRLambda> lr_lambdas);
+  void step();
+  void restart_at_milestone();
+};
+
+/// Python's `PolynomialLR(optimizer, total_iters=5, power=1.0)`: the rates decay as
+/// `(1 - last_epoch / total_iters) ** power` times the initial ones, by Python's step-to-step factors,
+/// reaching 0 at `total_iters` and staying there.
+class PolynomialLR : public EpochLRScheduler {
+ public:
+  explicit PolynomialLR(torch::optim::Optimizer& optimizer, std::int64_t total_iters = 5, double power = 1.0);
+  void step();
+  void restart_at_milestone();
+  std::int64_t total_iters() const { return total_iters_; }
+  double power() const { return power_; }
+  void save(torch::serialize::OutputArchive& archive) const { save_fields(*this, archive, fields()); }
+  void load(torch::serialize::InputArchive& archive) { load_fields(*this, archive, fields()); }
+  /// Python's `state_dict()`: total_iters, power and the LRScheduler entries.
+  void python_state(c10::impl::GenericDict& out) const { python_fields(*this, out, fields()); }
+  /// Restores what Python's PolynomialLR.state_dict() (or python_state) holds.
+  void load_python_state(const c10::impl::GenericDict& in, const std::string& what) { load_python_fields(*this, in, what, fields()); }
+
+ private:
+  static constexpr std::array<SchedulerField<PolynomialLR>, 2> fields() {
+    return std::array{field("total_iters", &PolynomialLR::total_iters_, 0), field("power", &PolynomialLR::power_)};
+  }
+  std::int64_t total_iters_;
+  double power_;
+};
+
+/**
+ * @brief Python's `CosineAnnealingWarmRestarts(optimizer, T_0, T_mult=1, eta_min=0)`: cosine annealing
+ * from the initial rates towards `eta_min` over `T_i` steps, then a restart at the initial rates, with
+ * `T_i` starting at `T_0` and multiplied by `T_mult` at each restart. As in Python, its step count
+ * (`_step_count`) stays 0: Python's own `step()` does not count.
+ */
+class CosineAnnealingWarmRestarts : public EpochLRScheduler {
+ public:
+  CosineAnnealingWarmRestarts(torch::optim::Optimizer& optimizer, std::int64_t T_0, std::int64_t T_mult = 1, double eta_min = 0.0);
+  void step();
+  void restart_at_milestone();
+  std::int64_t T_0() const { return T_0_; }
+  /// The length of the current cycle.
+  std::int64_t T_i() const { return T_i_; }
+  std::int64_t T_mult() const { return T_mult_; }
+  double eta_min() const { return eta_min_; }
+  /// Steps since the last restart.
+  std::int64_t T_cur() const { return T_cur_; }
+  void save(torch::serialize::OutputArchive& archive) const { save_fields(*this, archive, fields()); }
+  void load(torch::serialize::InputArchive& archive) { load_fields(*this, archive, fields()); }
+  /// Python's `state_dict()`: T_0, T_i, T_mult, eta_min, T_cur and the LRScheduler entries.
+  void python_state(c10::impl::GenericDict& out) const { python_fields(*this, out, fields()); }
+  /// Restores what Python's CosineAnnealingWarmRestarts.state_dict() (or python_state) holds. (A
+  /// fractional T_cur, from Python's step(epoch) with a fractional epoch, which dettrial does not do,
+  /// is refused.)
+  void load_python_state(const c10::impl::GenericDict& in, const std::string& what) { load_python_fields(*this, in, what, fields()); }
+
+ private:
+  using Self = CosineAnnealingWarmRestarts;
+  static constexpr std::array<SchedulerField<CosineAnnealingWarmRestarts>, 5> fields() {
+    return std::array{field("T_0", &Self::T_0_, 1), field("T_i", &Self::T_i_, 1), field("T_mult", &Self::T_mult_, 1),
+                      field("eta_min", &Self::eta_min_), field("T_cur", &Self::T_cur_, 0)};
+  }
+  /// Python's get_lr: the cosine at T_cur of T_i.
+  void set_cosine_rates();
+  std::int64_t T_0_;
+  std::int64_t T_i_;
+  std::int64_t T_mult_;
+  double eta_min_;
+  std::int64_t T_cur_ = -1;  // Python's T_cur starts at last_epoch
+};
+
+}  // namespace dettrial::optim
+
+// Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
+#if DETTRIAL_HEADER_DEFINITIONS
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <numbers>
+#include <utility>
+
+
+namespace dettrial::optim {
+
+namespace schedulers_detail {
+using python_state_detail::number_text;
+}  // namespace schedulers_detail
+
+// ------------------------------------------------------------------------------------------------
+// StepLR
+
+DETTRIAL_INLINE StepLR::StepLR(torch::optim::Optimizer& optimizer, std::int64_t step_size, double gamma)
+    : EpochLRScheduler(optimizer, "StepLR"), step_size_(step_size), gamma_(gamma) {
+  if (step_size < 1) invalid("step_size", "at least 1", std::to_string(step_size));
+  if (!(gamma > 0)) invalid("gamma", "positive", schedulers_detail::number_text(gamma));
+  step();  // Python's constructor steps once: last_epoch 0, no decay
+}
+
+DETTRIAL_INLINE void StepLR::step() {
+  const std::int64_t epoch = last_epoch_ + 1;
+  advance(epoch != 0 && epoch % step_size_ == 0, gamma_);
+}
+
+DETTRIAL_INLINE void StepLR::restart_at_milestone() {
+  // Python's closed form at 0: base_lr * gamma ** (0 // step_size).
+  restart_with([this](std::size_t i, double) { return base_lrs_[i] * std::pow(gamma_, 0.0); });
+}
+
+// ------------------------------------------------------------------------------------------------
+// MultiStepLR
+
+DETTRIAL_INLINE MultiStepLR::MultiStepLR(torch::optim::Optimizer& optimizer, const std::vector<std::int64_t>& milestones, double gamma)
+    : EpochLRScheduler(optimizer, "MultiStepLR"), gamma_(gamma) {
+  for (const std::int64_t m : milestones) {
+    if (m < 0) invalid("milestones", "at least 0", std::to_string(m));
+    ++milestones_[m];
+  }
+  if (!(gamma > 0)) invalid("gamma", "positive", schedulers_detail::number_text(gamma));
+  step();  // Python's constructor steps once: last_epoch 0 (a decay only if 0 is a milestone)
+}
+
+DETTRIAL_INLINE void MultiStepLR::step() {
+  const auto it = milestones_.find(last_epoch_ + 1);
+  // Python: group["lr"] * gamma ** count (the power first, as Python's float pow computes it).
+  advance(it != milestones_.end(), it != milestones_.end() ? std::pow(gamma_, static_cast<double>(it->second)) : 1.0);
+}
+
+DETTRIAL_INLINE void MultiStepLR::restart_at_milestone() {
+  // Python's closed form at 0: base_lr * gamma ** bisect_right(sorted milestones, 0).
+  const auto at_zero = milestones_.find(0);
+  const double passed = at_zero == milestones_.end() ? 0.0 : static_cast<double>(at_zero->second);
+  restart_with([this, passed](std::size_t i, double) { return base_lrs_[i] * std::pow(gamma_, passed); });
+}
+
+DETTRIAL_INLINE void MultiStepLR::save(torch::serialize::OutputArchive& archive) const {
+  save_common(archive);
+  std::vector<std::int64_t> milestones;  // each as often as it was given
+  for (const auto& [m, count] : milestones_) milestones.insert(milestones.end(), static_cast<std::size_t>(count), m);
+  archive.write("milestones", c10::IValue(milestones));
+  archive.write("gamma", c10::IValue(gamma_));
+}
+
+DETTRIAL_INLINE void MultiStepLR::load(torch::serialize::InputArchive& archive) {
+  const c10::IValue milestones = archived(archive, "milestones");
+  if (!milestones.isIntList()) throw CheckpointError(archive_owner() + ": 'milestones' is not a list of integers");
+  const double gamma = python_state_detail::python_number(archived(archive, "gamma"), archive_owner() + ": 'gamma'");
+  load_common(archive);
+  milestones_.clear();
+  for (const std::int64_t m : milestones.toIntVector()) ++milestones_[m];
+  gamma_ = gamma;
+}
+
+DETTRIAL_INLINE void MultiStepLR::python_state(c10::impl::GenericDict& out) const {
+  // Python's Counter is a dict subclass; a plain dict of the same entries is what its
+  // load_state_dict and get_lr need.
+  c10::impl::GenericDict milestones(c10::IntType::get(), c10::AnyType::get());
+  for (const auto& [m, count] : milestones_) milestones.insert(m, count);
+  out.insert("milestones", milestones);
+  out.insert("gamma", gamma_);
+  python_common(out);
+}
+
+DETTRIAL_INLINE void MultiStepLR::load_python_state(const c10::impl::GenericDict& in, const std::string& what) {
+  namespace pd = python_state_detail;
+  const auto saved = in.find("milestones");
+  if (saved != in.end() && !saved->value().isGenericDict())
+    throw CheckpointError(what + ": milestones is not a dict (Python's Counter)");
+  std::map<std::int64_t, std::int64_t> milestones;  // read before anything is changed
+  if (saved != in.end())
+    for (const auto& m : saved->value().toGenericDict())
+      milestones[pd::python_count(m.key(), what + ": a milestone", 0)] = pd::python_count(m.value(), what + ": a milestone's count", 1);
+  const auto gamma = in.find("gamma");
+  const double new_gamma = gamma != in.end() ? pd::python_number(gamma->value(), what + ": gamma") : gamma_;
+  load_python_common(in, {"milestones", "gamma"}, what);
+  milestones_ = std::move(milestones);
+  gamma_ = new_gamma;
+}
+
+// ------------------------------------------------------------------------------------------------
+// ExponentialLR
+
+DETTRIAL_INLINE ExponentialLR::ExponentialLR(torch::optim::Optimizer& optimizer, double gamma)
+    : EpochLRScheduler(optimizer, "ExponentialLR"), gamma_(gamma) {
+  if (!(gamma > 0)) invalid("gamma", "positive", schedulers_detail::number_text(gamma));
+  step();  // Python's constructor steps once: last_epoch 0, no decay
+}
+
+DETTRIAL_INLINE void ExponentialLR::step() { advance(last_epoch_ + 1 != 0, gamma_); }
+
+DETTRIAL_INLINE void ExponentialLR::restart_at_milestone() {
+  restart_with([this](std::size_t i, double) { return base_lrs_[i] * std::pow(gamma_, 0.0); });  // base_lr * gamma ** 0
+}
+
+// ------------------------------------------------------------------------------------------------
+// LinearLR
+
+DETTRIAL_INLINE LinearLR::LinearLR(torch::optim::Optimizer& optimizer, double start_factor, double end_factor, std::int64_t total_iters)
+    : EpochLRScheduler(optimizer, "LinearLR"), start_factor_(start_factor), end_factor_(end_factor), total_iters_(total_iters) {
+  if (!(start_factor > 0 && start_factor <= 1)) invalid("start_factor", "in (0, 1]", schedulers_detail::number_text(start_factor));
+  if (!(end_factor >= 0 && end_factor <= 1)) invalid("end_factor", "in [0, 1]", schedulers_detail::number_text(end_factor));
+  if (total_iters < 0) invalid("total_iters", "at least 0", std::to_string(total_iters));
+  step();  // Python's constructor steps once: last_epoch 0, the rates times start_factor
+}
+
+DETTRIAL_INLINE void LinearLR::step() {
+  advance_each([this](std::size_t, double lr) {
+    if (last_epoch_ == 0) return lr * start_factor_;
+    if (last_epoch_ > total_iters_) return lr;
+    // Python's chainable factor: the ratio of this step's closed-form factor to the last one's.
+    const double slope = end_factor_ - start_factor_;
+    return lr * (1.0 + slope / (static_cast<double>(total_iters_) * start_factor_ + static_cast<double>(last_epoch_ - 1) * slope));
+  });
+}
+
+DETTRIAL_INLINE void LinearLR::restart_at_milestone() {
+  // Python divides by total_iters here: with 0 it raises ZeroDivisionError.
+  if (total_iters_ == 0) throw TrialError("dettrial::optim::LinearLR: total_iters 0 cannot follow a SequentialLR milestone");
+  // Python's closed form at 0: base_lr * (start + (end - start) * min(total_iters, 0) / total_iters).
+  const double factor = start_factor_ + (end_factor_ - start_factor_) * 0.0 / static_cast<double>(total_iters_);
+  restart_with([this, factor](std::size_t i, double) { return base_lrs_[i] * factor; });
+}
+
+// ------------------------------------------------------------------------------------------------
+// ConstantLR
+
+DETTRIAL_INLINE ConstantLR::ConstantLR(torch::optim::Optimizer& optimizer, double factor, std::int64_t total_iters)
+    : EpochLRScheduler(optimizer, "ConstantLR"), factor_(factor), total_iters_(total_iters) {
+  // Python accepts 0 too, then divides by it at total_iters (a ZeroDivisionError).
+  if (!(factor > 0 && factor <= 1)) invalid("factor", "in (0, 1]", schedulers_detail::number_text(factor));
+  if (total_iters < 0) invalid("total_iters", "at least 0", std::to_string(total_iters));
+  step();  // Python's constructor steps once: last_epoch 0, the rates times factor
+}
+
+DETTRIAL_INLINE void ConstantLR::step() {
+  advance_each([this](std::size_t, double lr) {
+    if (last_epoch_ == 0) return lr * factor_;
+    if (last_epoch_ != total_iters_) return lr;
+    return lr * (1.0 / factor_);  // Python's order: the reciprocal first
+  });
+}
+
+DETTRIAL_INLINE void ConstantLR::restart_at_milestone() {
+  // Python's closed form at 0: base_lr * (factor + (0 >= total_iters) * (1 - factor)).
+  const double factor = factor_ + (total_iters_ <= 0 ? 1.0 - factor_ : 0.0);
+  restart_with([this, factor](std::size_t i, double) { return base_lrs_[i] * factor; });
+}
+
+// ------------------------------------------------------------------------------------------------
+// CosineAnnealingLR
+
+DETTRIAL_INLINE CosineAnnealingLR::CosineAnnealingLR(torch::optim::Optimizer& optimizer, std::int64_t T_max, double eta_min)
+    : EpochLRScheduler(optimizer, "CosineAnnealingLR"), T_max_(T_max), eta_min_(eta_min) {
+  if (T_max < 1) invalid("T_max", "at least 1", std::to_string(T_max));
+  if (!(eta_min >= 0)) invalid("eta_min", "at least 0", schedulers_detail::number_text(eta_min));
+  step();  // Python's constructor steps once: last_epoch 0, the rates as they are
+}
+
+DETTRIAL_INLINE void CosineAnnealingLR::step() {
+  advance_each([this](std::size_t i, double lr) {
+    // Python's _is_initial: only the constructor's step reaches last_epoch 0. (Its branch for a
+    // scheduler made with last_epoch > 0 has no counterpart: dettrial's start at -1.)
+    if (last_epoch_ == 0) return lr;
+    const double pi = std::numbers::pi;  // math.pi, the same double
+    const double t_max = static_cast<double>(T_max_);
+    // At the bottom of the cosine the ratio below would divide by 1 + cos(pi) = 0: Python adds the
+    // first step of the climb back instead.
+    if ((last_epoch_ - 1 - T_max_) % (2 * T_max_) == 0) return lr + (base_lrs_[i] - eta_min_) * (1 - std::cos(pi / t_max)) / 2;
+    return (1 + std::cos(pi * static_cast<double>(last_epoch_) / t_max)) /
+               (1 + std::cos(pi * static_cast<double>(last_epoch_ - 1) / t_max)) * (lr - eta_min_) +
+           eta_min_;
+  });
+}
+
+DETTRIAL_INLINE void CosineAnnealingLR::restart_at_milestone() {
+  // Python's closed form at 0: eta_min + (base_lr - eta_min) * (1 + cos(pi * 0 / T_max)) / 2.
+  const double cosine = 1 + std::cos(std::numbers::pi * 0.0 / static_cast<double>(T_max_));
+  restart_with([this, cosine](std::size_t i, double) { return eta_min_ + (base_lrs_[i] - eta_min_) * cosine / 2; });
+}
+
+// ------------------------------------------------------------------------------------------------
+// LambdaLR and MultiplicativeLR
+
+DETTRIAL_INLINE std::vector<LRLambda> LambdaScheduler::one_per_group(LRLambda lr_lambda, const torch::optim::Optimizer& optimizer) {
+  if (!lr_lambda) return std::vector<LRLambda>(optimizer.param_groups().size());  // refused by the constructor
+  auto shared = std::make_shared<LRLambda>(std::move(lr_lambda));
+  return std::vector<LRLambda>(optimizer.param_groups().size(), [shared](std::int64_t epoch) { return (*shared)(epoch); });
+}
+
+DETTRIAL_INLINE LambdaScheduler::LambdaScheduler(torch::optim::Optimizer& optimizer, const char* name, std::vector<LRLambda> lr_lambdas)
+    : EpochLRScheduler(optimizer, name), lr_lambdas_(std::move(lr_lambdas)) {
+  const std::size_t groups = optimizer.param_groups().size();
+  if (lr_lambdas_.size() != groups)
+    invalid("lr_lambda", "one function per parameter group (" + std::to_string(groups) + ")",
+            std::to_string(lr_lambdas_.size()) + " functions");
+  for (const LRLambda& f : lr_lambdas_)
+    if (!f) invalid("lr_lambda", "a function", "an empty std::function");
+}
+
+DETTRIAL_INLINE void LambdaScheduler::python_state(c10::impl::GenericDict& out) const {
+  python_common(out);
+  // Python saves None for a plain function (and a callable object's attributes, which no C++
+  // function has).
+  c10::impl::GenericList none_each(c10::AnyType::get());
+  for (std::size_t i = 0; i < lr_lambdas_.size(); ++i) none_each.push_back(c10::IValue());
+  out.insert("lr_lambdas", none_each);
+}
+
+DETTRIAL_INLINE void LambdaScheduler::load_python_state(const c10::impl::GenericDict& in, const std::string& what) {
+  const auto it = in.find("lr_lambdas");
+  if (it != in.end()) {  // checked before anything is changed
+    const c10::IValue& saved = it->value();
+    if (!saved.isList() || saved.toListRef().size() != lr_lambdas_.size())
+      throw CheckpointError(what + ": lr_lambdas is not a list of " + std::to_string(lr_lambdas_.size()) +
+                            " entries (one per parameter group)");
+    for (std::size_t i = 0; i < lr_lambdas_.size(); ++i) {
+      const c10::IValue& fn = saved.toListRef()[i];
+      if (!fn.isNone() && !(fn.isGenericDict() && fn.toGenericDict().empty()))
+        throw CheckpointError(what + ": lr_lambdas[" + std::to_string(i) +
+                              "] holds the attributes of a Python callable object, which a C++ function cannot take");
+    }
+  }
+  load_python_common(in, {"lr_lambdas"}, what);
+}
+
+DETTRIAL_INLINE LambdaLR::LambdaLR(torch::optim::Optimizer& optimizer, LRLambda lr_lambda)
+    : LambdaLR(optimizer, one_per_group(std::move(lr_lambda), optimizer)) {}
+
+DETTRIAL_INLINE LambdaLR::LambdaLR(torch::optim::Optimizer& optimizer, std::vector<LRLambda> lr_lambdas)
+    : LambdaScheduler(optimizer, "LambdaLR", std::move(lr_lambdas)) {
+  step();  // Python's constructor steps once: last_epoch 0, the rates times lr_lambda(0)
+}
+
+DETTRIAL_INLINE void LambdaLR::step() {
+  advance_each([this](std::size_t i, double) { return base_lrs_[i] * lr_lambdas_[i](last_epoch_); });
+}
+
+DETTRIAL_INLINE void LambdaLR::restart_at_milestone() {
+  restart_with([this](std::size_t i, double) { return base_lrs_[i] * lr_lambdas_[i](0); });  // Python's get_lr at 0
+}
+
+DETTRIAL_INLINE MultiplicativeLR::MultiplicativeLR(torch::optim::Optimizer& optimizer, LRLambda lr_lambda)
+    : MultiplicativeLR(optimizer, one_per_group(std::move(lr_lambda), optimizer)) {}
+
+DETTRIAL_INLINE MultiplicativeLR::MultiplicativeLR(torch::optim::Optimizer& optimizer, std::vector<LRLambda> lr_lambdas)
+    : LambdaScheduler(optimizer, "MultiplicativeLR", std::move(lr_lambdas)) {
+  step();  // Python's constructor steps once: last_epoch 0, the rates as they are
+}
+
+DETTRIAL_INLINE void MultiplicativeLR::step() {
+  // Python's _is_initial: only the constructor's step reaches last_epoch 0, and calls no function.
+  advance_each([this](std::size_t i, double lr) { return last_epoch_ == 0 ? lr : lr * lr_lambdas_[i](last_epoch_); });
+}
+
+DETTRIAL_INLINE void MultiplicativeLR::restart_at_milestone() {
+  // Python's get_lr at 0, not in its initial step: the current rates times lr_lambda(0).
+  restart_with([this](std::size_t i, double lr) { return lr * lr_lambdas_[i](0); });
+}
+
+// ------------------------------------------------------------------------------------------------
+// PolynomialLR
+
+DETTRIAL_INLINE PolynomialLR::PolynomialLR(torch::optim::Optimizer& optimizer, std::int64_t total_iters, double power)
+    : EpochLRScheduler(optimizer, "PolynomialLR"), total_iters_(total_iters), power_(power) {
+  if (total_iters < 0) invalid("total_iters", "at least 0", std::to_string(total_iters));
+  // Python accepts a negative power, then divides by zero at total_iters.
+  if (!(power >= 0)) invalid("power", "at least 0", schedulers_detail::number_text(power));
+  step();  // Python's constructor steps once: last_epoch 0, the rates as they are
+}
+
+DETTRIAL_INLINE void PolynomialLR::step() {
+  advance_each([this](std::size_t, double lr) {
+    // Python's _is_initial: only the constructor's step reaches last_epoch 0.
+    if (last_epoch_ == 0 || last_epoch_ > total_iters_) return lr;
+    const double total = static_cast<double>(total_iters_);
+    const double decay_factor =
+        std::pow((1.0 - static_cast<double>(last_epoch_) / total) / (1.0 - static_cast<double>(last_epoch_ - 1) / total), power_);
+    return lr * decay_factor;
+  });
+}
+
+DETTRIAL_INLINE void PolynomialLR::restart_at_milestone() {
+  // Python divides by total_iters here: with 0 it raises ZeroDivisionError.
+  if (total_iters_ == 0) throw TrialError("dettrial::optim::PolynomialLR: total_iters 0 cannot follow a SequentialLR milestone");
+  // Python's closed form at 0: base_lr * (1.0 - min(total_iters, 0) / total_iters) ** power.
+  const double factor = std::pow(1.0 - 0.0 / static_cast<double>(total_iters_), power_);
+  restart_with([this, factor](std::size_t i, double) { return base_lrs_[i] * factor; });
+}
+
+// ------------------------------------------------------------------------------------------------
+// CosineAnnealingWarmRestarts
+
+DETTRIAL_INLINE CosineAnnealingWarmRestarts::CosineAnnealingWarmRestarts(torch::optim::Optimizer& optimizer, std::int64_t T_0,
+                                                                         std::int64_t T_mult, double eta_min)
+    : EpochLRScheduler(optimizer, "CosineAnnealingWarmRestarts"), T_0_(T_0), T_i_(T_0), T_mult_(T_mult), eta_min_(eta_min) {
+  if (T_0 < 1) invalid("T_0", "at least 1", std::to_string(T_0));
+  if (T_mult < 1) invalid("T_mult", "at least 1", std::to_string(T_mult));
+  if (!(eta_min >= 0)) invalid("eta_min", "at least 0", schedulers_detail::number_text(eta_min));
+  step();  // Python's constructor steps once: last_epoch 0, T_cur 0
+}
+
+DETTRIAL_INLINE void CosineAnnealingWarmRestarts::step() {
+  // Python's own step(), which counts no step (_step_count stays 0).
+  if (last_epoch_ < 0) {  // the constructor's: Python's step(epoch=0)
+    T_i_ = T_0_;
+    T_cur_ = 0;
+    last_epoch_ = 0;
+  } else {
+    ++last_epoch_;
+    ++T_cur_;
+    if (T_cur_ >= T_i_) {  // a restart
+      T_cur_ %= T_i_;
+      T_i_ *= T_mult_;
+    }
+  }
+  set_cosine_rates();
+}
+
+DETTRIAL_INLINE void CosineAnnealingWarmRestarts::restart_at_milestone() {
+  last_epoch_ = 0;  // Python's _update_lr(0) moves last_epoch only: get_lr reads T_cur and T_i as they are
+  set_cosine_rates();
+}
+
+DETTRIAL_INLINE void CosineAnnealingWarmRestarts::set_cosine_rates() {
+  set_rates([this](std::size_t i, double) {
+    const double pi = std::numbers::pi;  // math.pi, the same double
+    return eta_min_ + (base_lrs_[i] - eta_min_) * (1 + std::cos(pi * static_cast<double>(T_cur_) / static_cast<double>(T_i_))) / 2;
+  });
 }
 
 }  // namespace dettrial::optim
@@ -9358,6 +10567,7 @@ class Context {
                                  detail::python_state_writer<S>(),
                                  detail::python_state_reader<S>()};
       w.type = c10::demangle(typeid(S).name());
+      detail::wrap_python_param_groups<S>(w);
       if constexpr (by_metric) {
         if (mode.metric.empty())
           throw ConfigError(
@@ -11284,9 +12494,12 @@ struct Kind {
 };
 
 /// Options Python's optimizers carry that change nothing in LibTorch's arithmetic (how the update
-/// is computed, not what it is).
+/// is computed, not what it is), and the entries Python's schedulers keep in the groups (initial_lr;
+/// OneCycleLR's max_lr and min_lr; its and CyclicLR's max_momentum and base_momentum), which the
+/// schedulers read themselves.
 inline const std::set<std::string>& ignored_options() {
-  static const std::set<std::string> keys = {"params", "foreach", "differentiable", "fused", "capturable", "initial_lr"};
+  static const std::set<std::string> keys = {"params",     "foreach", "differentiable", "fused",        "capturable",
+                                             "initial_lr", "max_lr",  "min_lr",         "max_momentum", "base_momentum"};
   return keys;
 }
 
@@ -12333,6 +13546,11 @@ struct ContextCheckpoint {
   static void load_native_scheduler(Context& c, std::size_t i, torch::serialize::InputArchive& one, const std::string& what);
   /// The pending gradients `archive` holds (none: nothing was pending at the checkpoint).
   static void load_native_grads(Context& c, torch::serialize::InputArchive& archive);
+  /// What schedulers keep in Python's parameter groups (OneCycleLR's max_lr, ...), written into the
+  /// groups of `optimizers` (Python's optimizer states, in the trial's order) and read back from them.
+  static void add_scheduler_group_entries(Context& c, c10::impl::GenericList& optimizers);
+  static void read_scheduler_group_entries(Context& c, const WrappedScheduler& s, const c10::impl::GenericList& optimizers,
+                                           const std::string& what);
 };
 
 /// NumPy's and Python's generator states as Determined seeds them (`np.random.seed(seed)`,
@@ -12547,6 +13765,53 @@ DETTRIAL_INLINE StateDict read_state_dict_file(const std::filesystem::path& dir)
   return top.toGenericDict();
 }
 
+namespace checkpoint_detail {
+
+/// The index of the trial's optimizer `o`, or the number of optimizers when it is none of them.
+DETTRIAL_INLINE std::size_t optimizer_index(Context& c, const torch::optim::Optimizer* o) {
+  std::size_t i = 0;
+  while (i < c.num_optimizers() && &c.optimizer(i) != o) ++i;
+  return i;
+}
+
+/// Parameter group `g` of Python's optimizer state `optimizer`, or null.
+DETTRIAL_INLINE std::optional<StateDict> python_group(const c10::IValue& optimizer, std::size_t g) {
+  if (!optimizer.isGenericDict()) return std::nullopt;
+  const auto groups = optimizer.toGenericDict().find("param_groups");
+  if (groups == optimizer.toGenericDict().end() || !groups->value().isList() || g >= groups->value().toListRef().size())
+    return std::nullopt;
+  const c10::IValue& group = groups->value().toListRef()[g];
+  if (!group.isGenericDict()) return std::nullopt;
+  return group.toGenericDict();
+}
+
+}  // namespace checkpoint_detail
+
+DETTRIAL_INLINE void ContextCheckpoint::add_scheduler_group_entries(Context& c, c10::impl::GenericList& optimizers) {
+  for (std::size_t i = 0; i < c.num_lr_schedulers(); ++i) {
+    const WrappedScheduler& s = c.lr_scheduler(i);
+    if (!s.python_param_group) continue;
+    const std::size_t o = checkpoint_detail::optimizer_index(c, s.driven_optimizer(s.scheduler));
+    if (o >= optimizers.size()) continue;  // a scheduler of an optimizer the trial did not wrap: Python has no groups for it
+    for (std::size_t g = 0; auto group = checkpoint_detail::python_group(optimizers.get(o), g); ++g) {
+      StateDict d = *group;  // shares the list's dict
+      s.python_param_group(s.scheduler, g, d);
+    }
+  }
+}
+
+DETTRIAL_INLINE void ContextCheckpoint::read_scheduler_group_entries(Context& c, const WrappedScheduler& s,
+                                                                    const c10::impl::GenericList& optimizers, const std::string& what) {
+  if (!s.load_python_param_group) return;
+  const std::size_t o = checkpoint_detail::optimizer_index(c, s.driven_optimizer(s.scheduler));
+  if (o >= optimizers.size()) return;
+  for (std::size_t g = 0; g < c.optimizer(o).param_groups().size(); ++g) {
+    const auto group = checkpoint_detail::python_group(optimizers.get(o), g);
+    if (!group) throw CheckpointError(what + ": optimizer " + std::to_string(o) + " has no parameter group " + std::to_string(g));
+    s.load_python_param_group(s.scheduler, g, *group, what + ", optimizer " + std::to_string(o) + "'s group " + std::to_string(g));
+  }
+}
+
 DETTRIAL_INLINE StateDict ContextCheckpoint::python_state(Context& c, const std::vector<torch::Tensor>& cpu_rng_per_rank,
                                                           const std::vector<torch::Tensor>& gpu_rng_per_rank) {
   pull_device_optimizer_state(c);
@@ -12554,6 +13819,7 @@ DETTRIAL_INLINE StateDict ContextCheckpoint::python_state(Context& c, const std:
   for (const auto& m : c.models()) models.push_back(module_state_dict(*m));
   c10::impl::GenericList optimizers(c10::AnyType::get());
   for (std::size_t i = 0; i < c.num_optimizers(); ++i) optimizers.push_back(optimizer_state_dict(c.optimizer(i)));
+  add_scheduler_group_entries(c, optimizers);
   c10::impl::GenericList schedulers(c10::AnyType::get());
   for (std::size_t i = 0; i < c.num_lr_schedulers(); ++i) {
     const WrappedScheduler& s = c.lr_scheduler(i);
@@ -12770,10 +14036,10 @@ DETTRIAL_INLINE void ContextCheckpoint::load_python_layout(Context& c, const Sta
       const std::string name = what + ", LR scheduler " + std::to_string(i) + (s.type.empty() ? std::string() : " (" + s.type + ")");
       refuse_unread_objects(schedulers.get(i), name);
       if (!s.load_python_state)
-        throw CheckpointError(name + ": the trial's scheduler cannot read Python's state (dettrial::optim's StepLR, MultiStepLR, " +
-                              "ExponentialLR, LinearLR, ConstantLR, CosineAnnealingLR, LambdaLR, MultiplicativeLR, PolynomialLR, " +
-                              "CosineAnnealingWarmRestarts and ReduceLROnPlateau can; LibTorch's own and other types cannot)");
+        throw CheckpointError(name + ": the trial's scheduler cannot read Python's state (dettrial::optim's schedulers can; " +
+                              "LibTorch's own and other types cannot)");
       if (!schedulers.get(i).isGenericDict()) throw CheckpointError(name + " is not a state dict");
+      read_scheduler_group_entries(c, s, optimizers, name);
       s.load_python_state(s.scheduler, schedulers.get(i).toGenericDict(), name);
     });
   if (native) return load_native_grads(c, *native);

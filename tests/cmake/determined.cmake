@@ -15,7 +15,11 @@ foreach(_case "from-determined;sgd;none;plain;a checkpoint Determined wrote cont
               "from-determined;sgd;multistep;plain;a checkpoint Determined wrote with MultiStepLR (milestones a Counter) continues in dettrial as in Determined"
               "from-determined;adamw;none;batchnorm;a checkpoint Determined wrote with AdamW and BatchNorm continues in dettrial as in Determined, and is refused into Adam"
               "to-determined;sgd;none;plain;a dettrial checkpoint continues in Determined as in dettrial (SGD with momentum)"
-              "to-determined;adam;step;plain;a dettrial checkpoint continues in Determined as in dettrial (Adam, StepLR every batch)")
+              "to-determined;adam;step;plain;a dettrial checkpoint continues in Determined as in dettrial (Adam, StepLR every batch)"
+              "from-determined;adam;lambda;plain;a checkpoint Determined wrote with LambdaLR warmup and decay continues in dettrial as in Determined"
+              "to-determined;adam;lambda;plain;a dettrial checkpoint with LambdaLR warmup and decay continues in Determined as in dettrial"
+              "from-determined;sgd;onecycle;plain;a checkpoint Determined wrote with OneCycleLR (its rates and momenta in the optimizer's groups) continues in dettrial as in Determined"
+              "to-determined;sgd;onecycle;plain;a dettrial checkpoint with OneCycleLR continues in Determined as in dettrial")
   list(GET _case 0 _direction)
   list(GET _case 1 _optimizer)
   list(GET _case 2 _scheduler)

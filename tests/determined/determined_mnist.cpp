@@ -4,6 +4,7 @@
 // one JSON line per trained batch (its index, loss, learning rate, record ids and the stateful
 // callback's count), so that the suite compares dettrial and Determined continuing each other's
 // checkpoints record for record and loss for loss.
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <memory>
@@ -74,6 +75,16 @@ class DeterminedMnistTrial {
     } else if (scheduler == "multistep") {
       multistep_ = std::make_unique<dettrial::optim::MultiStepLR>(*optimizer_, std::vector<std::int64_t>{25, 30, 30}, 0.5);
       c.wrap_lr_scheduler(*multistep_, dettrial::lr_step::every_batch{});
+    } else if (scheduler == "lambda") {
+      // 10 steps of linear warmup, then linear decay to 0 at step 100 (determined_mnist.py's warmup_then_decay).
+      lambda_ = std::make_unique<dettrial::optim::LambdaLR>(*optimizer_, [](std::int64_t s) {
+        return s < 10 ? static_cast<double>(s + 1) / 10 : std::max(0.0, static_cast<double>(100 - s) / 90);
+      });
+      c.wrap_lr_scheduler(*lambda_, dettrial::lr_step::every_batch{});
+    } else if (scheduler == "onecycle") {
+      onecycle_ = std::make_unique<dettrial::optim::OneCycleLR>(
+          *optimizer_, dettrial::optim::OneCycleLROptions{.max_lr = c.get_hparam<double>("learning_rate") * 4, .total_steps = 50});
+      c.wrap_lr_scheduler(*onecycle_, dettrial::lr_step::every_batch{});
     }
   }
 
@@ -136,6 +147,8 @@ class DeterminedMnistTrial {
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
   std::unique_ptr<dettrial::optim::StepLR> step_;
   std::unique_ptr<dettrial::optim::MultiStepLR> multistep_;
+  std::unique_ptr<dettrial::optim::LambdaLR> lambda_;
+  std::unique_ptr<dettrial::optim::OneCycleLR> onecycle_;
   std::int64_t batches_ = 0;
   std::ofstream log_;
   torch::Tensor train_x_, train_y_, train_ids_, val_x_, val_y_, val_ids_;

@@ -75,6 +75,11 @@ def make_optimizer(name, params, lr):
     raise SystemExit(f"unknown optimizer {name}")
 
 
+def warmup_then_decay(step):
+    """10 steps of linear warmup, then linear decay to 0 at step 100."""
+    return (step + 1) / 10 if step < 10 else max(0.0, (100 - step) / 90)
+
+
 class Log(pytorch.PyTorchCallback):
     """Counts the batches trained, in a state dict: a stateful callback, restored by name."""
 
@@ -105,6 +110,16 @@ class MnistTrial(pytorch.PyTorchTrial):
             # A repeated milestone: its state_dict() keeps the milestones as a Counter (30 counted twice).
             self.scheduler = context.wrap_lr_scheduler(
                 torch.optim.lr_scheduler.MultiStepLR(self.optimizer, milestones=[25, 30, 30], gamma=0.5),
+                pytorch.LRScheduler.StepMode.STEP_EVERY_BATCH)
+        elif args.scheduler == "lambda":
+            # Warmup and linear decay through LambdaLR, as Hugging Face's default schedule writes it.
+            self.scheduler = context.wrap_lr_scheduler(
+                torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda=warmup_then_decay),
+                pytorch.LRScheduler.StepMode.STEP_EVERY_BATCH)
+        elif args.scheduler == "onecycle":
+            # The 1cycle policy: its max_lr, min_lr, initial_lr and momenta live in the optimizer's groups.
+            self.scheduler = context.wrap_lr_scheduler(
+                torch.optim.lr_scheduler.OneCycleLR(self.optimizer, max_lr=hp["learning_rate"] * 4, total_steps=50),
                 pytorch.LRScheduler.StepMode.STEP_EVERY_BATCH)
 
     def build_callbacks(self):
@@ -158,7 +173,7 @@ def main():
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--batches", type=int, required=True, help="batches to train in this run")
     p.add_argument("--optimizer", default="sgd")
-    p.add_argument("--scheduler", default="none", choices=["none", "step", "multistep"])
+    p.add_argument("--scheduler", default="none", choices=["none", "step", "multistep", "lambda", "onecycle"])
     p.add_argument("--net", default="plain", choices=["plain", "batchnorm"])
     p.add_argument("--seed", type=int, default=17)
     p.add_argument("--resume", help="a checkpoint directory to continue")

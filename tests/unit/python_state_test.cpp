@@ -2,9 +2,9 @@
 // scalars, protocol 2's bytes, OrderedDicts, sets) and on what it must refuse; optimizers and
 // schedulers restored from Python's layout exactly, and refused with a sentence naming the part
 // when the layout is another type's; NumPy's and Python's generators seeded as Determined seeds them;
-// LinearLR, ConstantLR, CosineAnnealingLR, LambdaLR, MultiplicativeLR, PolynomialLR and
-// CosineAnnealingWarmRestarts against the learning rates and state dicts Python computes
-// (tests/python/scheduler_reference.py prints them).
+// LinearLR, ConstantLR, CosineAnnealingLR, LambdaLR, MultiplicativeLR, PolynomialLR,
+// CosineAnnealingWarmRestarts, OneCycleLR, CyclicLR, SequentialLR and ChainedScheduler against the
+// learning rates, momenta and state dicts Python computes (tests/python/scheduler_reference.py prints them).
 #include <doctest/doctest.h>
 
 #include <bit>
@@ -374,9 +374,10 @@ struct SchedulerReference {
   const char* config;
   /// The groups' learning rates before the scheduler is made.
   std::vector<double> lrs;
-  /// FNV-1a of every group's rate after 0, 1, ..., 300 step() calls.
+  /// FNV-1a of every group's rate and then every group's momentum (SGD's, or Adam's beta1 for a
+  /// configuration named "Adam: ...") after 0, 1, ..., 300 step() calls.
   std::uint64_t all_rates;
-  /// The rates after some numbers of calls.
+  /// The rates and momenta after some numbers of calls.
   std::vector<std::pair<int, std::vector<double>>> samples;
   /// FNV-1a of the rates after 38, ..., 300 calls.
   std::uint64_t rates_after_saved;
@@ -386,84 +387,192 @@ struct SchedulerReference {
 constexpr int reference_steps = 300;
 constexpr int saved_at = 37;
 
-// Printed by tests/python/scheduler_reference.py with torch 2.15.0 (CPU).
+// Printed by tests/python/scheduler_reference.py with torch 2.15.0 (its CPU arithmetic).
 const std::vector<SchedulerReference>& scheduler_references() {
   // clang-format off: as the script prints it
   static const std::vector<SchedulerReference> references = {
-    {"LinearLR(start_factor=0.25, end_factor=0.9, total_iters=40)", {0.1, 0.025}, 0x393a370c549af4ddULL,
-     {{0, {0x1.999999999999ap-6, 0x1.999999999999ap-8}}, {1, {0x1.b4395810624ddp-6, 0x1.b4395810624ddp-8}}, {2, {0x1.ced916872b021p-6, 0x1.ced916872b021p-8}}, {39, {0x1.69fbe76c8b439p-4, 0x1.69fbe76c8b439p-6}}, {40, {0x1.70a3d70a3d70ap-4, 0x1.70a3d70a3d70ap-6}}, {41, {0x1.70a3d70a3d70ap-4, 0x1.70a3d70a3d70ap-6}}, {300, {0x1.70a3d70a3d70ap-4, 0x1.70a3d70a3d70ap-6}}},
-     0xe9140662b2c0e2ddULL,
+    {"LinearLR(start_factor=0.25, end_factor=0.9, total_iters=40)", {0.1, 0.025}, 0x2458d56ac9a0ea1dULL,
+     {{0, {0x1.999999999999ap-6, 0x1.999999999999ap-8, 0x0.0p+0, 0x0.0p+0}}, {1, {0x1.b4395810624ddp-6, 0x1.b4395810624ddp-8, 0x0.0p+0, 0x0.0p+0}}, {2, {0x1.ced916872b021p-6, 0x1.ced916872b021p-8, 0x0.0p+0, 0x0.0p+0}}, {39, {0x1.69fbe76c8b439p-4, 0x1.69fbe76c8b439p-6, 0x0.0p+0, 0x0.0p+0}}, {40, {0x1.70a3d70a3d70ap-4, 0x1.70a3d70a3d70ap-6, 0x0.0p+0, 0x0.0p+0}}, {41, {0x1.70a3d70a3d70ap-4, 0x1.70a3d70a3d70ap-6, 0x0.0p+0, 0x0.0p+0}}, {300, {0x1.70a3d70a3d70ap-4, 0x1.70a3d70a3d70ap-6, 0x0.0p+0, 0x0.0p+0}}},
+     0x0e926d5057de519dULL,
      "80027d710028580c00000073746172745f666163746f727101473fd0000000000000580a000000656e645f666163746f727102473feccccccccccccd"
      "580b000000746f74616c5f697465727371034b285808000000626173655f6c727371045d710528473fb999999999999a473f9999999999999a65580a"
      "0000006c6173745f65706f636871064b25580b0000005f737465705f636f756e7471074b26580b0000005f69735f696e697469616c710889581a0000"
      "005f6765745f6c725f63616c6c65645f77697468696e5f7374657071098958080000005f6c6173745f6c72710a5d710b28473fb5cac083126e98473f"
      "95cac083126e9865752e"},
-    {"LinearLR()", {0.3}, 0xa5022353f91f60a1ULL,
-     {{0, {0x1.9999999999999p-4}}, {1, {0x1.1eb851eb851ecp-3}}, {4, {0x1.0a3d70a3d70a5p-2}}, {5, {0x1.3333333333334p-2}}, {6, {0x1.3333333333334p-2}}},
+    {"LinearLR()", {0.3}, 0x6234666a8cb099e1ULL,
+     {{0, {0x1.9999999999999p-4, 0x0.0p+0}}, {1, {0x1.1eb851eb851ecp-3, 0x0.0p+0}}, {4, {0x1.0a3d70a3d70a5p-2, 0x0.0p+0}}, {5, {0x1.3333333333334p-2, 0x0.0p+0}}, {6, {0x1.3333333333334p-2, 0x0.0p+0}}},
      0, nullptr},
-    {"LinearLR(start_factor=1.0, end_factor=0.05, total_iters=200)", {0.3, 0.07}, 0x1d63bb5327dc40ffULL,
-     {{0, {0x1.3333333333333p-2, 0x1.1eb851eb851ecp-4}}, {1, {0x1.31bda5119ce07p-2, 0x1.1d5bab21815a1p-4}}, {199, {0x1.0d1b71758e21dp-6, 0x1.f6555c52e72fep-9}}, {200, {0x1.eb851eb851ec1p-7, 0x1.cac083126e99bp-9}}, {201, {0x1.eb851eb851ec1p-7, 0x1.cac083126e99bp-9}}},
+    {"LinearLR(start_factor=1.0, end_factor=0.05, total_iters=200)", {0.3, 0.07}, 0xf27855ae989990ffULL,
+     {{0, {0x1.3333333333333p-2, 0x1.1eb851eb851ecp-4, 0x0.0p+0, 0x0.0p+0}}, {1, {0x1.31bda5119ce07p-2, 0x1.1d5bab21815a1p-4, 0x0.0p+0, 0x0.0p+0}}, {199, {0x1.0d1b71758e21dp-6, 0x1.f6555c52e72fep-9, 0x0.0p+0, 0x0.0p+0}}, {200, {0x1.eb851eb851ec1p-7, 0x1.cac083126e99bp-9, 0x0.0p+0, 0x0.0p+0}}, {201, {0x1.eb851eb851ec1p-7, 0x1.cac083126e99bp-9, 0x0.0p+0, 0x0.0p+0}}},
      0, nullptr},
-    {"ConstantLR(factor=0.4, total_iters=50)", {0.1, 0.025}, 0xe761d906543ba08dULL,
-     {{0, {0x1.47ae147ae147cp-5, 0x1.47ae147ae147cp-7}}, {1, {0x1.47ae147ae147cp-5, 0x1.47ae147ae147cp-7}}, {49, {0x1.47ae147ae147cp-5, 0x1.47ae147ae147cp-7}}, {50, {0x1.999999999999bp-4, 0x1.999999999999bp-6}}, {51, {0x1.999999999999bp-4, 0x1.999999999999bp-6}}},
-     0x9c3fcd6a3a958cf5ULL,
+    {"ConstantLR(factor=0.4, total_iters=50)", {0.1, 0.025}, 0x9a08b3d8a97af4cdULL,
+     {{0, {0x1.47ae147ae147cp-5, 0x1.47ae147ae147cp-7, 0x0.0p+0, 0x0.0p+0}}, {1, {0x1.47ae147ae147cp-5, 0x1.47ae147ae147cp-7, 0x0.0p+0, 0x0.0p+0}}, {49, {0x1.47ae147ae147cp-5, 0x1.47ae147ae147cp-7, 0x0.0p+0, 0x0.0p+0}}, {50, {0x1.999999999999bp-4, 0x1.999999999999bp-6, 0x0.0p+0, 0x0.0p+0}}, {51, {0x1.999999999999bp-4, 0x1.999999999999bp-6, 0x0.0p+0, 0x0.0p+0}}},
+     0xc03568b1c06961b5ULL,
      "80027d7100285806000000666163746f727101473fd999999999999a580b000000746f74616c5f697465727371024b325808000000626173655f6c72"
      "7371035d710428473fb999999999999a473f9999999999999a65580a0000006c6173745f65706f636871054b25580b0000005f737465705f636f756e"
      "7471064b26580b0000005f69735f696e697469616c710789581a0000005f6765745f6c725f63616c6c65645f77697468696e5f737465707108895808"
      "0000005f6c6173745f6c7271095d710a28473fa47ae147ae147c473f847ae147ae147c65752e"},
-    {"ConstantLR()", {0.3}, 0xf7427000891b996bULL,
-     {{0, {0x1.9999999999999p-4}}, {4, {0x1.9999999999999p-4}}, {5, {0x1.3333333333333p-2}}, {6, {0x1.3333333333333p-2}}},
+    {"ConstantLR()", {0.3}, 0x8b61149f31599dcbULL,
+     {{0, {0x1.9999999999999p-4, 0x0.0p+0}}, {4, {0x1.9999999999999p-4, 0x0.0p+0}}, {5, {0x1.3333333333333p-2, 0x0.0p+0}}, {6, {0x1.3333333333333p-2, 0x0.0p+0}}},
      0, nullptr},
-    {"CosineAnnealingLR(T_max=50, eta_min=0.001)", {0.1, 0.025}, 0xf8a2db5fd118e4cbULL,
-     {{0, {0x1.999999999999ap-4, 0x1.999999999999ap-6}}, {1, {0x1.99332da5339a5p-4, 0x1.993648307c831p-6}}, {49, {0x1.1fbfda489a71cp-10, 0x1.0c59f3c0ec08fp-10}}, {50, {0x1.0624dd2f1a9fcp-10, 0x1.0624dd2f1a9fcp-10}}, {51, {0x1.1fbfda489a71cp-10, 0x1.0c59f3c0ec08fp-10}}, {52, {0x1.6c76f2fa8fad6p-10, 0x1.1ef2f1fb94175p-10}}, {100, {0x1.9999999999991p-4, 0x1.9999999999972p-6}}, {151, {0x1.1fbfda489a71cp-10, 0x1.0c59f3c0ec08fp-10}}, {300, {0x1.9999999999996p-4, 0x1.9999999999973p-6}}},
-     0xb333fbf79a8d10b9ULL,
+    {"CosineAnnealingLR(T_max=50, eta_min=0.001)", {0.1, 0.025}, 0xf1593d5914630a4bULL,
+     {{0, {0x1.999999999999ap-4, 0x1.999999999999ap-6, 0x0.0p+0, 0x0.0p+0}}, {1, {0x1.99332da5339a5p-4, 0x1.993648307c831p-6, 0x0.0p+0, 0x0.0p+0}}, {49, {0x1.1fbfda489a71cp-10, 0x1.0c59f3c0ec08fp-10, 0x0.0p+0, 0x0.0p+0}}, {50, {0x1.0624dd2f1a9fcp-10, 0x1.0624dd2f1a9fcp-10, 0x0.0p+0, 0x0.0p+0}}, {51, {0x1.1fbfda489a71cp-10, 0x1.0c59f3c0ec08fp-10, 0x0.0p+0, 0x0.0p+0}}, {52, {0x1.6c76f2fa8fad6p-10, 0x1.1ef2f1fb94175p-10, 0x0.0p+0, 0x0.0p+0}}, {100, {0x1.9999999999991p-4, 0x1.9999999999972p-6, 0x0.0p+0, 0x0.0p+0}}, {151, {0x1.1fbfda489a71cp-10, 0x1.0c59f3c0ec08fp-10, 0x0.0p+0, 0x0.0p+0}}, {300, {0x1.9999999999996p-4, 0x1.9999999999973p-6, 0x0.0p+0, 0x0.0p+0}}},
+     0x9b0080f049378739ULL,
      "80027d7100285805000000545f6d617871014b3258070000006574615f6d696e7102473f50624dd2f1a9fc5808000000626173655f6c727371035d71"
      "0428473fb999999999999a473f9999999999999a65580a0000006c6173745f65706f636871054b25580b0000005f737465705f636f756e7471064b26"
      "580b0000005f69735f696e697469616c710789581a0000005f6765745f6c725f63616c6c65645f77697468696e5f7374657071088958080000005f6c"
      "6173745f6c7271095d710a28473f9103804a2668d6473f7399e45a85708265752e"},
-    {"CosineAnnealingLR(T_max=7)", {0.3}, 0x658e4e6c6be9551cULL,
-     {{0, {0x1.3333333333333p-2}}, {1, {0x1.23fd232f03555p-2}}, {7, {0x0.0p+0}}, {8, {0x1.e6c20085fbbc3p-7}}, {9, {0x1.cea7de049c538p-5}}, {15, {0x1.23fd232f03557p-2}}, {22, {0x1.e6c20085fbbc3p-7}}},
+    {"CosineAnnealingLR(T_max=7)", {0.3}, 0xed51657efff2fa9cULL,
+     {{0, {0x1.3333333333333p-2, 0x0.0p+0}}, {1, {0x1.23fd232f03555p-2, 0x0.0p+0}}, {7, {0x0.0p+0, 0x0.0p+0}}, {8, {0x1.e6c20085fbbc3p-7, 0x0.0p+0}}, {9, {0x1.cea7de049c538p-5, 0x0.0p+0}}, {15, {0x1.23fd232f03557p-2, 0x0.0p+0}}, {22, {0x1.e6c20085fbbc3p-7, 0x0.0p+0}}},
      0, nullptr},
-    {"LambdaLR(lr_lambda=[lambda e: 1.0 / (1 + e // 30), lambda e: 0.97 ** e])", {0.1, 0.025}, 0x1ad178d4758b72c5ULL,
-     {{0, {0x1.999999999999ap-4, 0x1.999999999999ap-6}}, {1, {0x1.999999999999ap-4, 0x1.8d4fdf3b645a2p-6}}, {29, {0x1.999999999999ap-4, 0x1.52aa396c6581ap-7}}, {30, {0x1.999999999999ap-5, 0x1.4881470f8b6bdp-7}}, {300, {0x1.29e4129e4129fp-7, 0x1.68cd931fced24p-19}}},
-     0x4536e5b89e412799ULL,
+    {"LambdaLR(lr_lambda=[lambda e: 1.0 / (1 + e // 30), lambda e: 0.97 ** e])", {0.1, 0.025}, 0x395b92a762a3d505ULL,
+     {{0, {0x1.999999999999ap-4, 0x1.999999999999ap-6, 0x0.0p+0, 0x0.0p+0}}, {1, {0x1.999999999999ap-4, 0x1.8d4fdf3b645a2p-6, 0x0.0p+0, 0x0.0p+0}}, {29, {0x1.999999999999ap-4, 0x1.52aa396c6581ap-7, 0x0.0p+0, 0x0.0p+0}}, {30, {0x1.999999999999ap-5, 0x1.4881470f8b6bdp-7, 0x0.0p+0, 0x0.0p+0}}, {300, {0x1.29e4129e4129fp-7, 0x1.68cd931fced24p-19, 0x0.0p+0, 0x0.0p+0}}},
+     0x3326f9830359c219ULL,
      "80027d7100285808000000626173655f6c727371015d710228473fb999999999999a473f9999999999999a65580a0000006c6173745f65706f636871"
      "034b25580b0000005f737465705f636f756e7471044b26580b0000005f69735f696e697469616c710589581a0000005f6765745f6c725f63616c6c65"
      "645f77697468696e5f7374657071068958080000005f6c6173745f6c7271075d710828473fa999999999999a473f8096d28570b76465580a0000006c"
      "725f6c616d6264617371095d710a284e4e65752e"},
-    {"LambdaLR(lr_lambda=lambda e: 0.95 ** e)", {0.3}, 0x8bb56e8cd9263b05ULL,
-     {{0, {0x1.3333333333333p-2}}, {1, {0x1.23d70a3d70a3dp-2}}, {2, {0x1.153f7ced91687p-2}}, {300, {0x1.0b669ad82bb31p-24}}},
+    {"LambdaLR(lr_lambda=lambda e: 0.95 ** e)", {0.3}, 0x79e7add462bcef65ULL,
+     {{0, {0x1.3333333333333p-2, 0x0.0p+0}}, {1, {0x1.23d70a3d70a3dp-2, 0x0.0p+0}}, {2, {0x1.153f7ced91687p-2, 0x0.0p+0}}, {300, {0x1.0b669ad82bb31p-24, 0x0.0p+0}}},
      0, nullptr},
-    {"MultiplicativeLR(lr_lambda=lambda e: 0.5 if e % 25 == 0 else 0.995)", {0.1, 0.025}, 0x5044ae81cea1d482ULL,
-     {{0, {0x1.999999999999ap-4, 0x1.999999999999ap-6}}, {1, {0x1.978d4fdf3b646p-4, 0x1.978d4fdf3b646p-6}}, {24, {0x1.6b2c5bf0c75b2p-4, 0x1.6b2c5bf0c75b2p-6}}, {25, {0x1.6b2c5bf0c75b2p-5, 0x1.6b2c5bf0c75b2p-7}}, {26, {0x1.695b7f522284fp-5, 0x1.695b7f522284fp-7}}, {300, {0x1.82c867f9e6f05p-18, 0x1.82c867f9e6f05p-20}}},
-     0x2323b1aef09dcf72ULL,
+    {"MultiplicativeLR(lr_lambda=lambda e: 0.5 if e % 25 == 0 else 0.995)", {0.1, 0.025}, 0x9a191e02f8a9a3c2ULL,
+     {{0, {0x1.999999999999ap-4, 0x1.999999999999ap-6, 0x0.0p+0, 0x0.0p+0}}, {1, {0x1.978d4fdf3b646p-4, 0x1.978d4fdf3b646p-6, 0x0.0p+0, 0x0.0p+0}}, {24, {0x1.6b2c5bf0c75b2p-4, 0x1.6b2c5bf0c75b2p-6, 0x0.0p+0, 0x0.0p+0}}, {25, {0x1.6b2c5bf0c75b2p-5, 0x1.6b2c5bf0c75b2p-7, 0x0.0p+0, 0x0.0p+0}}, {26, {0x1.695b7f522284fp-5, 0x1.695b7f522284fp-7, 0x0.0p+0, 0x0.0p+0}}, {300, {0x1.82c867f9e6f05p-18, 0x1.82c867f9e6f05p-20, 0x0.0p+0, 0x0.0p+0}}},
+     0x1bfd751b9ed0d732ULL,
      "80027d7100285808000000626173655f6c727371015d710228473fb999999999999a473f9999999999999a65580a0000006c6173745f65706f636871"
      "034b25580b0000005f737465705f636f756e7471044b26580b0000005f69735f696e697469616c710589581a0000005f6765745f6c725f63616c6c65"
      "645f77697468696e5f7374657071068958080000005f6c6173745f6c7271075d710828473fa55f8e4cedc46f473f855f8e4cedc46f65580a0000006c"
      "725f6c616d6264617371095d710a284e4e65752e"},
-    {"PolynomialLR(total_iters=120, power=2.0)", {0.1, 0.025}, 0x0dcfe6cd7da97295ULL,
-     {{0, {0x1.999999999999ap-4, 0x1.999999999999ap-6}}, {1, {0x1.92cd414ef6372p-4, 0x1.92cd414ef6372p-6}}, {119, {0x1.d208a5a912dfap-18, 0x1.d208a5a912dfap-20}}, {120, {0x0.0p+0, 0x0.0p+0}}, {121, {0x0.0p+0, 0x0.0p+0}}},
-     0xa9d8f229f7f1deddULL,
+    {"PolynomialLR(total_iters=120, power=2.0)", {0.1, 0.025}, 0xf5bdb7227485fa95ULL,
+     {{0, {0x1.999999999999ap-4, 0x1.999999999999ap-6, 0x0.0p+0, 0x0.0p+0}}, {1, {0x1.92cd414ef6372p-4, 0x1.92cd414ef6372p-6, 0x0.0p+0, 0x0.0p+0}}, {119, {0x1.d208a5a912dfap-18, 0x1.d208a5a912dfap-20, 0x0.0p+0, 0x0.0p+0}}, {120, {0x0.0p+0, 0x0.0p+0, 0x0.0p+0, 0x0.0p+0}}, {121, {0x0.0p+0, 0x0.0p+0, 0x0.0p+0, 0x0.0p+0}}},
+     0x04171c758b3d625dULL,
      "80027d710028580b000000746f74616c5f697465727371014b785805000000706f77657271024740000000000000005808000000626173655f6c7273"
      "71035d710428473fb999999999999a473f9999999999999a65580a0000006c6173745f65706f636871054b25580b0000005f737465705f636f756e74"
      "71064b26580b0000005f69735f696e697469616c710789581a0000005f6765745f6c725f63616c6c65645f77697468696e5f73746570710889580800"
      "00005f6c6173745f6c7271095d710a28473fa87e8558f9669f473f887e8558f9669f65752e"},
-    {"PolynomialLR()", {0.3}, 0x72e721570d3b328dULL,
-     {{0, {0x1.3333333333333p-2}}, {1, {0x1.eb851eb851eb8p-3}}, {4, {0x1.eb851eb851eb6p-5}}, {5, {0x0.0p+0}}, {6, {0x0.0p+0}}},
+    {"PolynomialLR()", {0.3}, 0x09e0fbe59cf5376dULL,
+     {{0, {0x1.3333333333333p-2, 0x0.0p+0}}, {1, {0x1.eb851eb851eb8p-3, 0x0.0p+0}}, {4, {0x1.eb851eb851eb6p-5, 0x0.0p+0}}, {5, {0x0.0p+0, 0x0.0p+0}}, {6, {0x0.0p+0, 0x0.0p+0}}},
      0, nullptr},
-    {"PolynomialLR(total_iters=90, power=0.5)", {0.3}, 0x32324a3142c02c86ULL,
-     {{0, {0x1.3333333333333p-2}}, {1, {0x1.317d12aa80111p-2}}, {89, {0x1.030dc4ea03a66p-5}}, {90, {0x0.0p+0}}, {91, {0x0.0p+0}}},
+    {"PolynomialLR(total_iters=90, power=0.5)", {0.3}, 0xa05e1a247e9bc366ULL,
+     {{0, {0x1.3333333333333p-2, 0x0.0p+0}}, {1, {0x1.317d12aa80111p-2, 0x0.0p+0}}, {89, {0x1.030dc4ea03a66p-5, 0x0.0p+0}}, {90, {0x0.0p+0, 0x0.0p+0}}, {91, {0x0.0p+0, 0x0.0p+0}}},
      0, nullptr},
-    {"CosineAnnealingWarmRestarts(T_0=10, T_mult=2, eta_min=0.0001)", {0.1, 0.025}, 0x704b1bac7ef9b399ULL,
-     {{0, {0x1.999999999999ap-4, 0x1.999999999999ap-6}}, {1, {0x1.8f961e30a3466p-4, 0x1.8f9dd0ea39ecbp-6}}, {9, {0x1.4d8ade945889dp-9, 0x1.73e6dbc22e24ep-11}}, {10, {0x1.999999999999ap-4, 0x1.999999999999ap-6}}, {11, {0x1.9714c28c89728p-4, 0x1.9716b24827dccp-6}}, {29, {0x1.76d94c5e4c161p-11, 0x1.09956008e0474p-12}}, {30, {0x1.999999999999ap-4, 0x1.999999999999ap-6}}, {70, {0x1.999999999999ap-4, 0x1.999999999999ap-6}}, {300, {0x1.15d0500dce8fep-10, 0x1.63b38cda90bf7p-12}}},
-     0x9b9c46c903365216ULL,
+    {"CosineAnnealingWarmRestarts(T_0=10, T_mult=2, eta_min=0.0001)", {0.1, 0.025}, 0x16c7db5e1eb87999ULL,
+     {{0, {0x1.999999999999ap-4, 0x1.999999999999ap-6, 0x0.0p+0, 0x0.0p+0}}, {1, {0x1.8f961e30a3466p-4, 0x1.8f9dd0ea39ecbp-6, 0x0.0p+0, 0x0.0p+0}}, {9, {0x1.4d8ade945889dp-9, 0x1.73e6dbc22e24ep-11, 0x0.0p+0, 0x0.0p+0}}, {10, {0x1.999999999999ap-4, 0x1.999999999999ap-6, 0x0.0p+0, 0x0.0p+0}}, {11, {0x1.9714c28c89728p-4, 0x1.9716b24827dccp-6, 0x0.0p+0, 0x0.0p+0}}, {29, {0x1.76d94c5e4c161p-11, 0x1.09956008e0474p-12, 0x0.0p+0, 0x0.0p+0}}, {30, {0x1.999999999999ap-4, 0x1.999999999999ap-6, 0x0.0p+0, 0x0.0p+0}}, {70, {0x1.999999999999ap-4, 0x1.999999999999ap-6, 0x0.0p+0, 0x0.0p+0}}, {300, {0x1.15d0500dce8fep-10, 0x1.63b38cda90bf7p-12, 0x0.0p+0, 0x0.0p+0}}},
+     0x235c7e234bc6d9d6ULL,
      "80027d7100285803000000545f3071014b0a5803000000545f6971024b285806000000545f6d756c7471034b0258070000006574615f6d696e710447"
      "3f1a36e2eb1c432d5805000000545f63757271054b075808000000626173655f6c727371065d710728473fb999999999999a473f9999999999999a65"
      "580a0000006c6173745f65706f636871084b25580b0000005f737465705f636f756e7471094b00580b0000005f69735f696e697469616c710a89581a"
      "0000005f6765745f6c725f63616c6c65645f77697468696e5f73746570710b8958080000005f6c6173745f6c72710c5d710d28473fb7b736d3243f07"
      "473f97b8a9aafe290165752e"},
-    {"CosineAnnealingWarmRestarts(T_0=7)", {0.3}, 0x9a70794adf6fd2daULL,
-     {{0, {0x1.3333333333333p-2}}, {1, {0x1.23fd232f03555p-2}}, {6, {0x1.e6c20085fbbccp-7}}, {7, {0x1.3333333333333p-2}}, {8, {0x1.23fd232f03555p-2}}, {300, {0x1.e6c20085fbbccp-7}}},
+    {"CosineAnnealingWarmRestarts(T_0=7)", {0.3}, 0xf924fc06af6a2d9aULL,
+     {{0, {0x1.3333333333333p-2, 0x0.0p+0}}, {1, {0x1.23fd232f03555p-2, 0x0.0p+0}}, {6, {0x1.e6c20085fbbccp-7, 0x0.0p+0}}, {7, {0x1.3333333333333p-2, 0x0.0p+0}}, {8, {0x1.23fd232f03555p-2, 0x0.0p+0}}, {300, {0x1.e6c20085fbbccp-7, 0x0.0p+0}}},
+     0, nullptr},
+    {"OneCycleLR(max_lr=[1.0, 0.5], total_steps=300)", {0.1, 0.025}, 0x60427d4481a1ae2dULL,
+     {{0, {0x1.47ae147ae1480p-5, 0x1.47ae147ae1480p-6, 0x1.e666666666666p-1, 0x1.e666666666666p-1}}, {1, {0x1.4a2126500f650p-5, 0x1.4a2126500f650p-6, 0x1.e6625148adc43p-1, 0x1.e6625148adc43p-1}}, {89, {0x1.0000000000000p+0, 0x1.0000000000000p-1, 0x1.b333333333333p-1, 0x1.b333333333333p-1}}, {90, {0x1.fff8aaaadb66fp-1, 0x1.fff8aaaadb66fp-2, 0x1.b333eeef1b45fp-1, 0x1.b333eeef1b45fp-1}}, {91, {0x1.ffe2ab16fbeb1p-1, 0x1.ffe2ab16fbeb1p-2, 0x1.b3362218120cfp-1, 0x1.b3362218120cfp-1}}, {299, {0x1.0c6f7a0b5ed8dp-18, 0x1.0c6f7a0b5ed8dp-19, 0x1.e666666666666p-1, 0x1.e666666666666p-1}}, {300, {0x1.f6e33867b186fp-15, 0x1.f6e33867b186fp-16, 0x1.e665aaaa7e53ap-1, 0x1.e665aaaa7e53ap-1}}},
+     0x5709ab4acbe32a59ULL,
+     "80027d710028580b000000746f74616c5f737465707371014d2c0158100000005f7363686564756c655f70686173657371025d7103287d7104285808"
+     "000000656e645f737465707105474056400000000000580800000073746172745f6c727106580a000000696e697469616c5f6c727107580600000065"
+     "6e645f6c72710858060000006d61785f6c727109580e00000073746172745f6d6f6d656e74756d710a580c0000006d61785f6d6f6d656e74756d710b"
+     "580c000000656e645f6d6f6d656e74756d710c580d000000626173655f6d6f6d656e74756d710d757d710e2868054d2b016806680968085806000000"
+     "6d696e5f6c72710f680a680d680c680b756558110000005f616e6e65616c5f66756e635f7479706571105803000000636f737111580e000000637963"
+     "6c655f6d6f6d656e74756d71128858090000007573655f62657461317113895808000000626173655f6c727371145d711528473fa47ae147ae147b47"
+     "3f947ae147ae147b65580a0000006c6173745f65706f636871164b25580b0000005f737465705f636f756e7471174b26580b0000005f69735f696e69"
+     "7469616c711889581a0000005f6765745f6c725f63616c6c65645f77697468696e5f7374657071198958080000005f6c6173745f6c72711a5d711b28"
+     "473fd93de86ad493f2473fc93de86ad493f265752e"},
+    {"OneCycleLR(max_lr=0.3, total_steps=300, pct_start=0.25, anneal_strategy='linear', three_phase=True, div_factor=10.0, final_div_factor=100.0)", {0.3}, 0x533cb833dc3b732fULL,
+     {{0, {0x1.eb851eb851eb8p-6, 0x1.e666666666666p-1}}, {1, {0x1.13a654b0046d9p-5, 0x1.e5b54692ae5b5p-1}}, {74, {0x1.3333333333334p-2, 0x1.b333333333333p-1}}, {75, {0x1.2f76ba88b7c43p-2, 0x1.b3e45306eb3e4p-1}}, {148, {0x1.eb851eb851eb0p-6, 0x1.e666666666666p-1}}, {149, {0x1.e84c25caad117p-6, 0x1.e666666666666p-1}}, {150, {0x1.e5132cdd08376p-6, 0x1.e666666666666p-1}}, {300, {0x1.b1519e7072900p-14, 0x1.e666666666666p-1}}},
+     0x15e9a4974ee5eda0ULL,
+     "80027d710028580b000000746f74616c5f737465707371014d2c0158100000005f7363686564756c655f70686173657371025d7103287d7104285808"
+     "000000656e645f737465707105474052800000000000580800000073746172745f6c727106580a000000696e697469616c5f6c727107580600000065"
+     "6e645f6c72710858060000006d61785f6c727109580e00000073746172745f6d6f6d656e74756d710a580c0000006d61785f6d6f6d656e74756d710b"
+     "580c000000656e645f6d6f6d656e74756d710c580d000000626173655f6d6f6d656e74756d710d757d710e2868054740628000000000006806680968"
+     "086807680a680d680c680b757d710f2868054d2b0168066807680858060000006d696e5f6c727110680a680b680c680b756558110000005f616e6e65"
+     "616c5f66756e635f74797065711158060000006c696e6561727112580e0000006379636c655f6d6f6d656e74756d71138858090000007573655f6265"
+     "7461317114895808000000626173655f6c727371155d7116473f9eb851eb851eb861580a0000006c6173745f65706f636871174b25580b0000005f73"
+     "7465705f636f756e7471184b26580b0000005f69735f696e697469616c711989581a0000005f6765745f6c725f63616c6c65645f77697468696e5f73"
+     "746570711a8958080000005f6c6173745f6c72711b5d711c473fc51eb851eb851f61752e"},
+    {"Adam: OneCycleLR(max_lr=0.01, epochs=3, steps_per_epoch=100)", {0.001, 0.002}, 0xf1d3d5d7b7b2d86dULL,
+     {{0, {0x1.a36e2eb1c4320p-12, 0x1.a36e2eb1c4320p-12, 0x1.e666666666666p-1, 0x1.e666666666666p-1}}, {1, {0x1.a690d4e15b620p-12, 0x1.a690d4e15b620p-12, 0x1.e6625148adc43p-1, 0x1.e6625148adc43p-1}}, {89, {0x1.47ae147ae147bp-7, 0x1.47ae147ae147bp-7, 0x1.b333333333333p-1, 0x1.b333333333333p-1}}, {90, {0x1.47a962fcb5609p-7, 0x1.47a962fcb5609p-7, 0x1.b333eeef1b45fp-1, 0x1.b333eeef1b45fp-1}}, {300, {0x1.41d919dbf6bccp-21, 0x1.41d919dbf6bccp-21, 0x1.e665aaaa7e53ap-1, 0x1.e665aaaa7e53ap-1}}},
+     0x82ea18b8509f3f0dULL,
+     "80027d710028580b000000746f74616c5f737465707371014d2c0158100000005f7363686564756c655f70686173657371025d7103287d7104285808"
+     "000000656e645f737465707105474056400000000000580800000073746172745f6c727106580a000000696e697469616c5f6c727107580600000065"
+     "6e645f6c72710858060000006d61785f6c727109580e00000073746172745f6d6f6d656e74756d710a580c0000006d61785f6d6f6d656e74756d710b"
+     "580c000000656e645f6d6f6d656e74756d710c580d000000626173655f6d6f6d656e74756d710d757d710e2868054d2b016806680968085806000000"
+     "6d696e5f6c72710f680a680d680c680b756558110000005f616e6e65616c5f66756e635f7479706571105803000000636f737111580e000000637963"
+     "6c655f6d6f6d656e74756d71128858090000007573655f62657461317113885808000000626173655f6c727371145d711528473f3a36e2eb1c432d47"
+     "3f3a36e2eb1c432d65580a0000006c6173745f65706f636871164b25580b0000005f737465705f636f756e7471174b26580b0000005f69735f696e69"
+     "7469616c711889581a0000005f6765745f6c725f63616c6c65645f77697468696e5f7374657071198958080000005f6c6173745f6c72711a5d711b28"
+     "473f70279efcb10286473f70279efcb1028665752e"},
+    {"OneCycleLR(max_lr=0.2, total_steps=300, cycle_momentum=False)", {0.1}, 0x9048306b30d811ddULL,
+     {{0, {0x1.0624dd2f1aa00p-7, 0x0.0p+0}}, {1, {0x1.081a850cd91d0p-7, 0x0.0p+0}}, {300, {0x1.924f6052f46c0p-17, 0x0.0p+0}}},
+     0, nullptr},
+    {"CyclicLR(base_lr=0.01, max_lr=[0.1, 0.05], step_size_up=20)", {0.1, 0.025}, 0xec44e416b9807d75ULL,
+     {{0, {0x1.47ae147ae147bp-7, 0x1.47ae147ae147bp-7, 0x1.ccccccccccccdp-1, 0x1.ccccccccccccdp-1}}, {1, {0x1.db22d0e560410p-7, 0x1.89374bc6a7ef6p-7, 0x1.ca3d70a3d70a4p-1, 0x1.ca3d70a3d70a4p-1}}, {19, {0x1.872b020c49ba7p-4, 0x1.89374bc6a7efbp-5, 0x1.9c28f5c28f5c3p-1, 0x1.9c28f5c28f5c3p-1}}, {20, {0x1.999999999999ap-4, 0x1.999999999999ap-5, 0x1.999999999999ap-1, 0x1.999999999999ap-1}}, {21, {0x1.872b020c49ba7p-4, 0x1.89374bc6a7efbp-5, 0x1.9c28f5c28f5c3p-1, 0x1.9c28f5c28f5c3p-1}}, {40, {0x1.47ae147ae147bp-7, 0x1.47ae147ae147bp-7, 0x1.ccccccccccccdp-1, 0x1.ccccccccccccdp-1}}, {41, {0x1.db22d0e560410p-7, 0x1.89374bc6a7ef6p-7, 0x1.ca3d70a3d70a4p-1, 0x1.ca3d70a3d70a4p-1}}, {300, {0x1.999999999999ap-4, 0x1.999999999999ap-5, 0x1.999999999999ap-1, 0x1.999999999999ap-1}}},
+     0x235e3d5793063f3fULL,
+     "80027d71002858070000006d61785f6c727371015d710228473fb999999999999a473fa999999999999a65580a000000746f74616c5f73697a657103"
+     "474044000000000000580a000000737465705f726174696f7104473fe000000000000058040000006d6f64657105580a000000747269616e67756c61"
+     "727106580500000067616d6d617107473ff0000000000000580a0000007363616c655f6d6f6465710858050000006379636c657109580e0000006379"
+     "636c655f6d6f6d656e74756d710a8858090000007573655f6265746131710b89580e000000626173655f6d6f6d656e74756d73710c5d710d28473fe9"
+     "99999999999a473fe999999999999a65580d0000006d61785f6d6f6d656e74756d73710e5d710f28473feccccccccccccd473feccccccccccccd6558"
+     "08000000626173655f6c727371105d711128473f847ae147ae147b473f847ae147ae147b65580a0000006c6173745f65706f636871124b25580b0000"
+     "005f737465705f636f756e7471134b26580b0000005f69735f696e697469616c711489581a0000005f6765745f6c725f63616c6c65645f7769746869"
+     "6e5f7374657071158958080000005f6c6173745f6c7271165d711728473f9810624dd2f1a8473f90624dd2f1a9fb6558100000005f7363616c655f66"
+     "6e5f637573746f6d71184e752e"},
+    {"CyclicLR(base_lr=0.001, max_lr=0.1, step_size_up=15, step_size_down=25, mode='triangular2')", {0.3}, 0x61cea2ac793b8728ULL,
+     {{0, {0x1.0624dd2f1a9fcp-10, 0x1.ccccccccccccdp-1}}, {15, {0x1.999999999999ap-4, 0x1.999999999999ap-1}}, {40, {0x1.0624dd2f1a9fcp-10, 0x1.ccccccccccccdp-1}}, {55, {0x1.9db22d0e56042p-5, 0x1.b333333333334p-1}}, {80, {0x1.0624dd2f1a9fcp-10, 0x1.ccccccccccccdp-1}}, {300, {0x1.a858793dd97f6p-10, 0x1.cc7ae147ae148p-1}}},
+     0, nullptr},
+    {"Adam: CyclicLR(base_lr=[0.01, 0.002], max_lr=[0.1, 0.04], step_size_up=10, mode='exp_range', gamma=0.995)", {0.1, 0.025}, 0x987c834cac03c484ULL,
+     {{0, {0x1.47ae147ae147bp-7, 0x1.0624dd2f1a9fcp-9, 0x1.ccccccccccccdp-1, 0x1.ccccccccccccdp-1}}, {10, {0x1.8793c5e6e998dp-4, 0x1.3875f59fb8be8p-5, 0x1.9c1a68c7c0446p-1, 0x1.9c1a68c7c0446p-1}}, {20, {0x1.47ae147ae147bp-7, 0x1.0624dd2f1a9fcp-9, 0x1.ccccccccccccdp-1, 0x1.ccccccccccccdp-1}}, {300, {0x1.47ae147ae147bp-7, 0x1.0624dd2f1a9fcp-9, 0x1.ccccccccccccdp-1, 0x1.ccccccccccccdp-1}}},
+     0xf3b22045caceaebaULL,
+     "80027d71002858070000006d61785f6c727371015d710228473fb999999999999a473fa47ae147ae147b65580a000000746f74616c5f73697a657103"
+     "474034000000000000580a000000737465705f726174696f7104473fe000000000000058040000006d6f6465710558090000006578705f72616e6765"
+     "7106580500000067616d6d617107473fefd70a3d70a3d7580a0000007363616c655f6d6f64657108580a000000697465726174696f6e737109580e00"
+     "00006379636c655f6d6f6d656e74756d710a8858090000007573655f6265746131710b88580e000000626173655f6d6f6d656e74756d73710c5d710d"
+     "28473fe999999999999a473fe999999999999a65580d0000006d61785f6d6f6d656e74756d73710e5d710f28473feccccccccccccd473feccccccccc"
+     "cccd655808000000626173655f6c727371105d711128473f847ae147ae147b473f60624dd2f1a9fc65580a0000006c6173745f65706f636871124b25"
+     "580b0000005f737465705f636f756e7471134b26580b0000005f69735f696e697469616c711489581a0000005f6765745f6c725f63616c6c65645f77"
+     "697468696e5f7374657071158958080000005f6c6173745f6c7271165d711728473fa09a96434acfc2473f877daf454698e86558100000005f736361"
+     "6c655f666e5f637573746f6d71184e752e"},
+    {"CyclicLR(base_lr=0.01, max_lr=0.1, step_size_up=7, scale_fn=lambda x: 1 / (1 + 0.01 * x), scale_mode='iterations', cycle_momentum=False)", {0.3}, 0x4460ec004f524f4aULL,
+     {{0, {0x1.47ae147ae147bp-7, 0x0.0p+0}}, {7, {0x1.817bbdc663567p-4, 0x0.0p+0}}, {14, {0x1.47ae147ae147bp-7, 0x0.0p+0}}, {300, {0x1.dfd1304637958p-6, 0x0.0p+0}}},
+     0, nullptr},
+    {"SequentialLR([LinearLR(start_factor=0.1, total_iters=5), CosineAnnealingLR(T_max=95)], milestones=[5])", {0.1, 0.025}, 0x6d31b48d0c284a1dULL,
+     {{0, {0x1.47ae147ae147cp-7, 0x1.47ae147ae147cp-9, 0x0.0p+0, 0x0.0p+0}}, {1, {0x1.cac083126e97ap-6, 0x1.cac083126e97ap-8, 0x0.0p+0, 0x0.0p+0}}, {4, {0x1.4fdf3b645a1cbp-4, 0x1.4fdf3b645a1cbp-6, 0x0.0p+0, 0x0.0p+0}}, {5, {0x1.999999999999ap-4, 0x1.999999999999ap-6, 0x0.0p+0, 0x0.0p+0}}, {6, {0x1.997cef5820c20p-4, 0x1.997cef5820c20p-6, 0x0.0p+0, 0x0.0p+0}}, {99, {0x1.caa4178d7a664p-16, 0x1.caa4178d7a664p-18, 0x0.0p+0, 0x0.0p+0}}, {100, {0x0.0p+0, 0x0.0p+0, 0x0.0p+0, 0x0.0p+0}}, {101, {0x1.caa4178d7a667p-16, 0x1.caa4178d7a667p-18, 0x0.0p+0, 0x0.0p+0}}, {300, {0x1.6317957d834cep-9, 0x1.6317957d834cep-11, 0x0.0p+0, 0x0.0p+0}}},
+     0xdab720ee7aca91a9ULL,
+     "80027d710028580b0000005f6d696c6573746f6e657371015d71024b0561580a0000006c6173745f65706f636871034b2558080000005f6c6173745f"
+     "6c7271045d710528473fb313d1da4e9d53473f9313d1da4e9d5365580b0000005f7363686564756c65727371065d7107287d710828580c0000007374"
+     "6172745f666163746f727109473fb999999999999a580a000000656e645f666163746f72710a473ff0000000000000580b000000746f74616c5f6974"
+     "657273710b4b055808000000626173655f6c7273710c5d710d28473fb999999999999a473f9999999999999a6568034b04580b0000005f737465705f"
+     "636f756e74710e4b05580b0000005f69735f696e697469616c710f89581a0000005f6765745f6c725f63616c6c65645f77697468696e5f7374657071"
+     "108968045d711128473fb4fdf3b645a1cb473f94fdf3b645a1cb65757d7112285805000000545f6d617871134b5f58070000006574615f6d696e7114"
+     "470000000000000000680c5d711528473fb999999999999a473f9999999999999a6568034b20680e4b21680f89681089680468057565752e"},
+    {"SequentialLR([ConstantLR(factor=0.5, total_iters=10), ExponentialLR(gamma=0.98), StepLR(step_size=30, gamma=0.5)], milestones=[20, 120])", {0.3}, 0x4948c171a7e2e807ULL,
+     {{0, {0x1.3333333333333p-3, 0x0.0p+0}}, {10, {0x1.3333333333333p-2, 0x0.0p+0}}, {19, {0x1.3333333333333p-2, 0x0.0p+0}}, {20, {0x1.3333333333333p-2, 0x0.0p+0}}, {21, {0x1.2d0e560418937p-2, 0x0.0p+0}}, {120, {0x1.3333333333333p-2, 0x0.0p+0}}, {121, {0x1.3333333333333p-2, 0x0.0p+0}}, {300, {0x1.3333333333333p-8, 0x0.0p+0}}},
+     0xa3f289f29d06176cULL,
+     "80027d710028580b0000005f6d696c6573746f6e657371015d7102284b144b7865580a0000006c6173745f65706f636871034b2558080000005f6c61"
+     "73745f6c7271045d7105473fcb3ceaac3688cb61580b0000005f7363686564756c65727371065d7107287d7108285806000000666163746f72710947"
+     "3fe0000000000000580b000000746f74616c5f6974657273710a4b0a5808000000626173655f6c7273710b5d710c473fd33333333333336168034b13"
+     "580b0000005f737465705f636f756e74710d4b14580b0000005f69735f696e697469616c710e89581a0000005f6765745f6c725f63616c6c65645f77"
+     "697468696e5f73746570710f8968045d7110473fd333333333333361757d711128580500000067616d6d617112473fef5c28f5c28f5c680b5d711347"
+     "3fd33333333333336168034b11680d4b12680e89680f8968046805757d7114285809000000737465705f73697a6571154b1e6812473fe00000000000"
+     "00680b5d7116473fd33333333333336168034affffffff680d4b01680e89680f8968045d7117473fc3333333333333617565752e"},
+    {"SequentialLR([LinearLR(start_factor=0.01, total_iters=10), MultiplicativeLR(lr_lambda=lambda e: 0.99), CosineAnnealingWarmRestarts(T_0=20)], milestones=[10, 100])", {0.1, 0.025}, 0xae9a06c22580ab81ULL,
+     {{0, {0x1.0624dd2f1a9fcp-10, 0x1.0624dd2f1a9fcp-12, 0x0.0p+0, 0x0.0p+0}}, {9, {0x1.710cb295e9e18p-4, 0x1.710cb295e9e18p-6, 0x0.0p+0, 0x0.0p+0}}, {10, {0x1.6d5bee3d5fdcbp-4, 0x1.6d5bee3d5fdcbp-6, 0x0.0p+0, 0x0.0p+0}}, {11, {0x1.69b49c7f521a8p-4, 0x1.69b49c7f521a8p-6, 0x0.0p+0, 0x0.0p+0}}, {100, {0x1.999999999999ap-4, 0x1.999999999999ap-6, 0x0.0p+0, 0x0.0p+0}}, {101, {0x1.97141d4dff4f2p-4, 0x1.97141d4dff4f2p-6, 0x0.0p+0, 0x0.0p+0}}, {300, {0x1.999999999999ap-4, 0x1.999999999999ap-6, 0x0.0p+0, 0x0.0p+0}}},
+     0, nullptr},
+    {"SequentialLR([LinearLR(start_factor=0.5, total_iters=4), OneCycleLR(max_lr=[1.0, 0.5], total_steps=250)], milestones=[50])", {0.1, 0.025}, 0x03d649c45ca86d1dULL,
+     {{0, {0x1.47ae147ae147bp-6, 0x1.47ae147ae147bp-7, 0x1.e666666666666p-1, 0x1.e666666666666p-1}}, {4, {0x1.47ae147ae147bp-5, 0x1.47ae147ae147bp-6, 0x1.e666666666666p-1, 0x1.e666666666666p-1}}, {49, {0x1.47ae147ae147bp-5, 0x1.47ae147ae147bp-6, 0x1.e666666666666p-1, 0x1.e666666666666p-1}}, {50, {0x1.47ae147ae1480p-5, 0x1.47ae147ae1480p-6, 0x1.e666666666666p-1, 0x1.e666666666666p-1}}, {51, {0x1.4b39171efa720p-5, 0x1.4b39171efa720p-6, 0x1.e6607eb754e72p-1, 0x1.e6607eb754e72p-1}}, {300, {0x1.62b1be3ed9403p-14, 0x1.62b1be3ed9403p-15, 0x1.e6655810b3d6dp-1, 0x1.e6655810b3d6dp-1}}},
+     0, nullptr},
+    {"ChainedScheduler([ConstantLR(factor=0.1, total_iters=4), ExponentialLR(gamma=0.99)])", {0.1, 0.025}, 0xa44b4a8c084bfb39ULL,
+     {{0, {0x1.47ae147ae147cp-7, 0x1.47ae147ae147cp-9, 0x0.0p+0, 0x0.0p+0}}, {1, {0x1.4467381d7dbf6p-7, 0x1.4467381d7dbf6p-9, 0x0.0p+0, 0x0.0p+0}}, {3, {0x1.3df2945c98dd4p-7, 0x1.3df2945c98dd4p-9, 0x0.0p+0, 0x0.0p+0}}, {4, {0x1.8975cacc305e9p-4, 0x1.8975cacc305e9p-6, 0x0.0p+0, 0x0.0p+0}}, {5, {0x1.858688c506ed0p-4, 0x1.858688c506ed0p-6, 0x0.0p+0, 0x0.0p+0}}, {300, {0x1.4164f79eca7e0p-8, 0x1.4164f79eca7e0p-10, 0x0.0p+0, 0x0.0p+0}}},
+     0xb9f663951a6fd869ULL,
+     "80027d71002858080000005f6c6173745f6c7271015d710228473fb1a65f9f9b422d473f91a65f9f9b422d65580b0000005f7363686564756c657273"
+     "71035d7104287d7105285806000000666163746f727106473fb999999999999a580b000000746f74616c5f697465727371074b045808000000626173"
+     "655f6c727371085d710928473fb999999999999a473f9999999999999a65580a0000006c6173745f65706f6368710a4b25580b0000005f737465705f"
+     "636f756e74710b4b26580b0000005f69735f696e697469616c710c89581a0000005f6765745f6c725f63616c6c65645f77697468696e5f7374657071"
+     "0d8968015d710e28473fb1d4037f9a3dac473f91d4037f9a3dac65757d710f28580500000067616d6d617110473fefae147ae147ae68085d71112847"
+     "3fb999999999999a473f9999999999999a65680a4b25680b4b26680c89680d8968015d711228473fb1a65f9f9b422d473f91a65f9f9b422d65756575"
+     "2e"},
+    {"ChainedScheduler([LinearLR(start_factor=0.2, total_iters=10), LambdaLR(lr_lambda=lambda e: 0.97 ** e)])", {0.3}, 0x1b4bfee82f14200fULL,
+     {{0, {0x1.3333333333333p-2, 0x0.0p+0}}, {1, {0x1.29fbe76c8b439p-2, 0x0.0p+0}}, {9, {0x1.d31601a2612a8p-3, 0x0.0p+0}}, {10, {0x1.c512c943e87dbp-3, 0x0.0p+0}}, {11, {0x1.b77b2ebf4f98ap-3, 0x0.0p+0}}, {300, {0x1.0e9a2e57db1dap-15, 0x0.0p+0}}},
      0, nullptr},
   };
   // clang-format on
@@ -481,25 +590,35 @@ struct RateHash {
   }
 };
 
-/// An SGD whose groups start at the given learning rates.
-struct GroupedSGD {
+/// An SGD (or, for a configuration named "Adam: ...", an Adam) whose groups start at the given learning rates.
+struct GroupedOptimizer {
   std::vector<torch::Tensor> params;
-  std::unique_ptr<torch::optim::SGD> sgd;
-  explicit GroupedSGD(const std::vector<double>& lrs) {
+  std::unique_ptr<torch::optim::Optimizer> optimizer;
+  bool adam;
+  enum class Kind { sgd, adam };
+  GroupedOptimizer(const std::vector<double>& lrs, Kind kind) : adam(kind == Kind::adam) {
     std::vector<torch::optim::OptimizerParamGroup> groups;
     for (const double lr : lrs) {
       params.push_back(torch::zeros({1}, torch::requires_grad()));
-      groups.emplace_back(std::vector<torch::Tensor>{params.back()}, std::make_unique<torch::optim::SGDOptions>(lr));
+      if (adam) groups.emplace_back(std::vector<torch::Tensor>{params.back()}, std::make_unique<torch::optim::AdamOptions>(lr));
+      else groups.emplace_back(std::vector<torch::Tensor>{params.back()}, std::make_unique<torch::optim::SGDOptions>(lr));
     }
-    sgd = std::make_unique<torch::optim::SGD>(groups, torch::optim::SGDOptions(lrs.front()));
+    if (adam) optimizer = std::make_unique<torch::optim::Adam>(groups, torch::optim::AdamOptions(lrs.front()));
+    else optimizer = std::make_unique<torch::optim::SGD>(groups, torch::optim::SGDOptions(lrs.front()));
   }
-  std::vector<double> lrs() const {
+  GroupedOptimizer(const std::vector<double>& lrs, const std::string& config)
+      : GroupedOptimizer(lrs, config.rfind("Adam: ", 0) == 0 ? Kind::adam : Kind::sgd) {}
+  /// Every group's learning rate, then every group's momentum (SGD's) or beta1 (Adam's).
+  std::vector<double> rates() const {
     std::vector<double> out;
-    for (const auto& g : sgd->param_groups()) out.push_back(g.options().get_lr());
+    for (const auto& g : optimizer->param_groups()) out.push_back(g.options().get_lr());
+    for (const auto& g : optimizer->param_groups())
+      out.push_back(adam ? std::get<0>(static_cast<const torch::optim::AdamOptions&>(g.options()).betas())
+                         : static_cast<const torch::optim::SGDOptions&>(g.options()).momentum());
     return out;
   }
-  void set_lrs(const std::vector<double>& lrs) {
-    for (std::size_t i = 0; i < lrs.size(); ++i) sgd->param_groups()[i].options().set_lr(lrs[i]);
+  void set_lrs(const std::vector<double>& rates) {
+    for (std::size_t i = 0; i < optimizer->param_groups().size(); ++i) optimizer->param_groups()[i].options().set_lr(rates[i]);
   }
 };
 
@@ -515,14 +634,16 @@ struct AnyScheduler {
   std::function<void(const std::string&)> restore;
 };
 
-template <class S, class... Args>
-AnyScheduler any_scheduler(torch::optim::Optimizer& optimizer, Args&&... args) {
-  auto s = std::make_shared<S>(optimizer, std::forward<Args>(args)...);
+template <class S>
+AnyScheduler erased(std::shared_ptr<S> s) {
   return {s,
           [s] { s->step(); },
           [s](c10::impl::GenericDict& d) { s->python_state(d); },
           [s](const c10::impl::GenericDict& d, const std::string& what) { s->load_python_state(d, what); },
-          [s] { return s->last_epoch(); },
+          [s] {
+            if constexpr (requires { s->last_epoch(); }) return s->last_epoch();
+            else return s->template scheduler<0>().last_epoch();  // ChainedScheduler has none: its first child's
+          },
           [s] {
             torch::serialize::OutputArchive archive;
             s->save(archive);
@@ -536,6 +657,84 @@ AnyScheduler any_scheduler(torch::optim::Optimizer& optimizer, Args&&... args) {
             archive.load_from(in);
             s->load(archive);
           }};
+}
+
+template <class S, class... Args>
+AnyScheduler any_scheduler(torch::optim::Optimizer& optimizer, Args&&... args) {
+  return erased(std::make_shared<S>(optimizer, std::forward<Args>(args)...));
+}
+
+/// OneCycleLR's and CyclicLR's configurations of scheduler_reference.py, made in C++.
+std::optional<AnyScheduler> make_cyclic_scheduler(const std::string& config, torch::optim::Optimizer& o) {
+  using namespace dettrial::optim;
+  if (config == "OneCycleLR(max_lr=[1.0, 0.5], total_steps=300)")
+    return any_scheduler<OneCycleLR>(o, OneCycleLROptions{.max_lr = std::vector<double>{1.0, 0.5}, .total_steps = 300});
+  if (config ==
+      "OneCycleLR(max_lr=0.3, total_steps=300, pct_start=0.25, anneal_strategy='linear', three_phase=True, div_factor=10.0, "
+      "final_div_factor=100.0)")
+    return any_scheduler<OneCycleLR>(o, OneCycleLROptions{.max_lr = 0.3,
+                                                          .total_steps = 300,
+                                                          .pct_start = 0.25,
+                                                          .anneal_strategy = AnnealStrategy::linear,
+                                                          .div_factor = 10.0,
+                                                          .final_div_factor = 100.0,
+                                                          .three_phase = true});
+  if (config == "Adam: OneCycleLR(max_lr=0.01, epochs=3, steps_per_epoch=100)")
+    return any_scheduler<OneCycleLR>(o, OneCycleLROptions{.max_lr = 0.01, .epochs = 3, .steps_per_epoch = 100});
+  if (config == "OneCycleLR(max_lr=0.2, total_steps=300, cycle_momentum=False)")
+    return any_scheduler<OneCycleLR>(o, OneCycleLROptions{.max_lr = 0.2, .total_steps = 300, .cycle_momentum = false});
+  if (config == "CyclicLR(base_lr=0.01, max_lr=[0.1, 0.05], step_size_up=20)")
+    return any_scheduler<CyclicLR>(o, CyclicLROptions{.base_lr = 0.01, .max_lr = std::vector<double>{0.1, 0.05}, .step_size_up = 20});
+  if (config == "CyclicLR(base_lr=0.001, max_lr=0.1, step_size_up=15, step_size_down=25, mode='triangular2')")
+    return any_scheduler<CyclicLR>(
+        o, CyclicLROptions{.base_lr = 0.001, .max_lr = 0.1, .step_size_up = 15, .step_size_down = 25, .mode = CyclicMode::triangular2});
+  if (config == "Adam: CyclicLR(base_lr=[0.01, 0.002], max_lr=[0.1, 0.04], step_size_up=10, mode='exp_range', gamma=0.995)")
+    return any_scheduler<CyclicLR>(o, CyclicLROptions{.base_lr = std::vector<double>{0.01, 0.002},
+                                                      .max_lr = std::vector<double>{0.1, 0.04},
+                                                      .step_size_up = 10,
+                                                      .mode = CyclicMode::exp_range,
+                                                      .gamma = 0.995});
+  if (config ==
+      "CyclicLR(base_lr=0.01, max_lr=0.1, step_size_up=7, scale_fn=lambda x: 1 / (1 + 0.01 * x), scale_mode='iterations', "
+      "cycle_momentum=False)")
+    return any_scheduler<CyclicLR>(o, CyclicLROptions{.base_lr = 0.01,
+                                                      .max_lr = 0.1,
+                                                      .step_size_up = 7,
+                                                      .scale_fn = [](std::int64_t x) { return 1 / (1 + 0.01 * static_cast<double>(x)); },
+                                                      .scale_mode = ScaleMode::iterations,
+                                                      .cycle_momentum = false});
+  return std::nullopt;
+}
+
+/// SequentialLR's and ChainedScheduler's configurations of scheduler_reference.py, made in C++.
+std::optional<AnyScheduler> make_composite_scheduler(const std::string& config, torch::optim::Optimizer& o) {
+  using namespace dettrial::optim;
+  if (config == "SequentialLR([LinearLR(start_factor=0.1, total_iters=5), CosineAnnealingLR(T_max=95)], milestones=[5])")
+    return erased(std::make_shared<SequentialLR<LinearLR, CosineAnnealingLR>>(
+        o, std::tuple{LinearLR(o, 0.1, 1.0, 5), CosineAnnealingLR(o, 95)}, std::vector<std::int64_t>{5}));
+  if (config ==
+      "SequentialLR([ConstantLR(factor=0.5, total_iters=10), ExponentialLR(gamma=0.98), StepLR(step_size=30, gamma=0.5)], "
+      "milestones=[20, 120])")
+    return erased(std::make_shared<SequentialLR<ConstantLR, ExponentialLR, StepLR>>(
+        o, std::tuple{ConstantLR(o, 0.5, 10), ExponentialLR(o, 0.98), StepLR(o, 30, 0.5)}, std::vector<std::int64_t>{20, 120}));
+  if (config ==
+      "SequentialLR([LinearLR(start_factor=0.01, total_iters=10), MultiplicativeLR(lr_lambda=lambda e: 0.99), "
+      "CosineAnnealingWarmRestarts(T_0=20)], milestones=[10, 100])")
+    return erased(std::make_shared<SequentialLR<LinearLR, MultiplicativeLR, CosineAnnealingWarmRestarts>>(
+        o,
+        std::tuple{LinearLR(o, 0.01, 1.0, 10), MultiplicativeLR(o, [](std::int64_t) { return 0.99; }), CosineAnnealingWarmRestarts(o, 20)},
+        std::vector<std::int64_t>{10, 100}));
+  if (config ==
+      "SequentialLR([LinearLR(start_factor=0.5, total_iters=4), OneCycleLR(max_lr=[1.0, 0.5], total_steps=250)], milestones=[50])")
+    return erased(std::make_shared<SequentialLR<LinearLR, OneCycleLR>>(
+        o, std::tuple{LinearLR(o, 0.5, 1.0, 4), OneCycleLR(o, {.max_lr = std::vector<double>{1.0, 0.5}, .total_steps = 250})},
+        std::vector<std::int64_t>{50}));
+  if (config == "ChainedScheduler([ConstantLR(factor=0.1, total_iters=4), ExponentialLR(gamma=0.99)])")
+    return erased(std::make_shared<ChainedScheduler<ConstantLR, ExponentialLR>>(std::tuple{ConstantLR(o, 0.1, 4), ExponentialLR(o, 0.99)}));
+  if (config == "ChainedScheduler([LinearLR(start_factor=0.2, total_iters=10), LambdaLR(lr_lambda=lambda e: 0.97 ** e)])")
+    return erased(std::make_shared<ChainedScheduler<LinearLR, LambdaLR>>(
+        std::tuple{LinearLR(o, 0.2, 1.0, 10), LambdaLR(o, [](std::int64_t e) { return std::pow(0.97, static_cast<double>(e)); })}));
+  return std::nullopt;
 }
 
 /// The scheduler scheduler_reference.py's configuration `config` names, made in C++.
@@ -561,6 +760,8 @@ AnyScheduler make_scheduler(const std::string& config, torch::optim::Optimizer& 
   if (config == "CosineAnnealingWarmRestarts(T_0=10, T_mult=2, eta_min=0.0001)")
     return any_scheduler<CosineAnnealingWarmRestarts>(o, 10, 2, 0.0001);
   if (config == "CosineAnnealingWarmRestarts(T_0=7)") return any_scheduler<CosineAnnealingWarmRestarts>(o, 7);
+  if (auto cyclic = make_cyclic_scheduler(config, o)) return *cyclic;
+  if (auto composite = make_composite_scheduler(config, o)) return *composite;
   throw std::logic_error("no C++ scheduler for " + config);
 }
 
@@ -577,7 +778,21 @@ std::string other_arguments(const std::string& config) {
   return it == others.end() ? config : it->second;
 }
 
-/// The same value, exactly: Python's None, bools, ints, floats (to the bit) and lists of them.
+void check_same_python_value(const c10::IValue& ours, const c10::IValue& python);
+
+/// The same entries with the same values (ours may have verbose too, which torch < 2.2 has).
+void check_same_python_dict(const c10::impl::GenericDict& ours, const c10::impl::GenericDict& python) {
+  for (const auto& entry : python) {
+    const std::string key = entry.key().toStringRef();
+    INFO("entry " << key);
+    REQUIRE(ours.contains(key));
+    check_same_python_value(ours.at(key), entry.value());
+  }
+  for (const auto& entry : ours) CHECK((python.contains(entry.key()) || entry.key().toStringRef() == "verbose"));
+}
+
+/// The same value, exactly: Python's None, bools, ints, floats (to the bit), strings, and lists and
+/// dicts of them.
 void check_same_python_value(const c10::IValue& ours, const c10::IValue& python) {
   if (python.isNone()) {
     CHECK(ours.isNone());
@@ -593,6 +808,11 @@ void check_same_python_value(const c10::IValue& ours, const c10::IValue& python)
     CHECK((ours.isInt() && ours.toInt() == python.toInt()));
   } else if (python.isDouble()) {
     CHECK((ours.isDouble() && ours.toDouble() == python.toDouble()));
+  } else if (python.isString()) {
+    CHECK((ours.isString() && ours.toStringRef() == python.toStringRef()));
+  } else if (python.isGenericDict()) {  // a nested scheduler's state, or one of OneCycleLR's phases
+    REQUIRE(ours.isGenericDict());
+    check_same_python_dict(ours.toGenericDict(), python.toGenericDict());
   } else {
     FAIL("a Python value of type " << python.tagKind());
   }
@@ -602,15 +822,15 @@ void check_same_python_value(const c10::IValue& ours, const c10::IValue& python)
 /// gives the optimizer the rates after 37 calls (its own state carries them in a checkpoint) and steps
 /// it to 300: its rates after 38, ..., 300 calls must hash as Python's do.
 void check_continues(const SchedulerReference& r, const std::vector<double>& saved_lrs, const std::function<void(AnyScheduler&)>& restore) {
-  GroupedSGD fresh(std::vector<double>(r.lrs.size(), 0.5));
-  AnyScheduler restored = make_scheduler(other_arguments(r.config), *fresh.sgd);
+  GroupedOptimizer fresh(std::vector<double>(r.lrs.size(), 0.5), r.config);
+  AnyScheduler restored = make_scheduler(other_arguments(r.config), *fresh.optimizer);
   restore(restored);
   CHECK(restored.last_epoch() == saved_at);
   fresh.set_lrs(saved_lrs);
   RateHash after;
   for (int k = saved_at + 1; k <= reference_steps; ++k) {
     restored.step();
-    after.add(fresh.lrs());
+    after.add(fresh.rates());
   }
   CHECK(after.value == r.rates_after_saved);
 }
@@ -618,18 +838,19 @@ void check_continues(const SchedulerReference& r, const std::vector<double>& sav
 }  // namespace
 
 TEST_CASE(
-    "python state: LinearLR, ConstantLR, CosineAnnealingLR, LambdaLR, MultiplicativeLR, PolynomialLR and "
-    "CosineAnnealingWarmRestarts give Python's learning rates for 300 steps, to the bit") {
+    "python state: LinearLR, ConstantLR, CosineAnnealingLR, LambdaLR, MultiplicativeLR, PolynomialLR, "
+    "CosineAnnealingWarmRestarts, OneCycleLR, CyclicLR, SequentialLR and ChainedScheduler give Python's learning rates and "
+    "momenta for 300 steps, to the bit") {
   for (const SchedulerReference& r : scheduler_references()) {
     INFO(r.config);
-    GroupedSGD g(r.lrs);
-    AnyScheduler s = make_scheduler(r.config, *g.sgd);
+    GroupedOptimizer g(r.lrs, r.config);
+    AnyScheduler s = make_scheduler(r.config, *g.optimizer);
     RateHash all;
     std::map<int, std::vector<double>> rates;
     for (int k = 0; k <= reference_steps; ++k) {
       if (k > 0) s.step();
-      all.add(g.lrs());
-      rates[k] = g.lrs();
+      all.add(g.rates());
+      rates[k] = g.rates();
     }
     for (const auto& [k, expected] : r.samples) {
       INFO("after " << k << " step() calls");
@@ -653,19 +874,13 @@ TEST_CASE(
     INFO(r.config);
     const auto python = dettrial::detail::unpickle(from_hex(r.state)).toGenericDict();
     // The same history in C++: the same entries, to the bit (and verbose, which torch < 2.2 has).
-    GroupedSGD g(r.lrs);
-    AnyScheduler s = make_scheduler(r.config, *g.sgd);
+    GroupedOptimizer g(r.lrs, r.config);
+    AnyScheduler s = make_scheduler(r.config, *g.optimizer);
     for (int k = 0; k < saved_at; ++k) s.step();
     c10::impl::GenericDict ours(c10::StringType::get(), c10::AnyType::get());
     s.python_state(ours);
-    for (const auto& entry : python) {
-      const std::string key = entry.key().toStringRef();
-      INFO("entry " << key);
-      REQUIRE(ours.contains(key));
-      check_same_python_value(ours.at(key), entry.value());
-    }
-    for (const auto& entry : ours) CHECK((python.contains(entry.key()) || entry.key().toStringRef() == "verbose"));
-    const std::vector<double> saved_lrs = g.lrs();
+    check_same_python_dict(ours, python);
+    const std::vector<double> saved_lrs = g.rates();
     check_continues(r, saved_lrs, [&](AnyScheduler& s2) { s2.load_python_state(python, "Python's state"); });
     const auto written = dettrial::detail::unpickle_archive(dettrial::detail::pickle_archive(ours), "scheduler").toGenericDict();
     check_continues(r, saved_lrs, [&](AnyScheduler& s2) { s2.load_python_state(written, "dettrial's state"); });
@@ -676,8 +891,8 @@ TEST_CASE(
 
 TEST_CASE("python state: the new schedulers refuse a bad argument naming the class, and another type's or a callable's state by entry") {
   using namespace dettrial::optim;
-  GroupedSGD g({0.1, 0.2});
-  auto& o = *g.sgd;
+  GroupedOptimizer g({0.1, 0.2}, GroupedOptimizer::Kind::sgd);
+  auto& o = *g.optimizer;
   CHECK_THROWS_WITH_AS(LinearLR(o, 0.0), doctest::Contains("LinearLR: start_factor must be in (0, 1], not 0"), ConfigError);
   CHECK_THROWS_WITH_AS(LinearLR(o, 0.5, 1.5), doctest::Contains("LinearLR: end_factor must be in [0, 1], not 1.5"), ConfigError);
   CHECK_THROWS_WITH_AS(LinearLR(o, 0.5, 1.0, -1), doctest::Contains("LinearLR: total_iters must be at least 0, not -1"), ConfigError);
@@ -694,6 +909,42 @@ TEST_CASE("python state: the new schedulers refuse a bad argument naming the cla
                        ConfigError);
   CHECK_THROWS_WITH_AS(CosineAnnealingWarmRestarts(o, 5, 0),
                        doctest::Contains("CosineAnnealingWarmRestarts: T_mult must be at least 1, not 0"), ConfigError);
+  CHECK_THROWS_WITH_AS(OneCycleLR(o, {.total_steps = 10}), doctest::Contains("OneCycleLR: max_lr must be positive (is it set?), not 0"),
+                       ConfigError);
+  CHECK_THROWS_WITH_AS(OneCycleLR(o, {.max_lr = 0.1}),
+                       doctest::Contains("OneCycleLR: total_steps must be given (or epochs and steps_per_epoch), not missing"),
+                       ConfigError);
+  CHECK_THROWS_WITH_AS(OneCycleLR(o, {.max_lr = std::vector<double>{0.1}, .total_steps = 10}),
+                       doctest::Contains("OneCycleLR: max_lr must have one value per parameter group (2), not 1"), ConfigError);
+  CHECK_THROWS_WITH_AS(OneCycleLR(o, {.max_lr = 0.1, .total_steps = 10, .pct_start = 1.5}),
+                       doctest::Contains("OneCycleLR: pct_start must be in [0, 1], not 1.5"), ConfigError);
+  CHECK_THROWS_WITH_AS(CyclicLR(o, {.base_lr = 0.01, .max_lr = 0.1, .step_size_up = 0}),
+                       doctest::Contains("CyclicLR: step_size_up must be positive, not 0"), ConfigError);
+  {
+    dettrial::optim::AdadeltaOptions adadelta_options(1.0);
+    dettrial::optim::Adadelta adadelta(std::vector<torch::Tensor>{torch::zeros({1}, torch::requires_grad())}, adadelta_options);
+    CHECK_THROWS_WITH_AS(OneCycleLR(adadelta, {.max_lr = 0.1, .total_steps = 10}),
+                         doctest::Contains("OneCycleLR: cycle_momentum needs an optimizer with a momentum (SGD, RMSprop) or beta1"),
+                         ConfigError);
+    CHECK_NOTHROW(OneCycleLR(adadelta, {.max_lr = 0.1, .total_steps = 10, .cycle_momentum = false}));
+  }
+  {  // Python raises at the step after the last; dettrial before changing anything
+    OneCycleLR one(o, {.max_lr = 0.1, .total_steps = 3});
+    for (int k = 0; k < 3; ++k) one.step();
+    const std::vector<double> last = one.get_last_lr();
+    CHECK_THROWS_WITH_AS(one.step(), doctest::Contains("OneCycleLR: tried to step 4 times; the cycle has total_steps 3"), TrialError);
+    CHECK(one.last_epoch() == 3);
+    CHECK(one.get_last_lr() == last);
+  }
+  CHECK_THROWS_WITH_AS((SequentialLR(o, std::tuple{LinearLR(o), StepLR(o, 3)}, {5, 7})),
+                       doctest::Contains("SequentialLR: milestones must be one fewer than the schedulers (1), not 2"), ConfigError);
+  CHECK_THROWS_WITH_AS((SequentialLR(o, std::tuple{LinearLR(o), StepLR(o, 3), StepLR(o, 4)}, {9, 7})),
+                       doctest::Contains("SequentialLR: milestones must not decrease, but 7 follows 9"), ConfigError);
+  {
+    GroupedOptimizer other({0.1, 0.2}, GroupedOptimizer::Kind::sgd);
+    CHECK_THROWS_WITH_AS((SequentialLR(o, std::tuple{LinearLR(o), StepLR(*other.optimizer, 3)}, {5})),
+                         doctest::Contains("SequentialLR: scheduler 1 drives another optimizer than the composite's"), ConfigError);
+  }
 
   // Another type's state, by its first own entry; a callable object's attributes, by their index.
   const auto& linear = scheduler_references().front();

@@ -126,6 +126,11 @@ struct ContextCheckpoint {
   static void load_native_scheduler(Context& c, std::size_t i, torch::serialize::InputArchive& one, const std::string& what);
   /// The pending gradients `archive` holds (none: nothing was pending at the checkpoint).
   static void load_native_grads(Context& c, torch::serialize::InputArchive& archive);
+  /// What schedulers keep in Python's parameter groups (OneCycleLR's max_lr, ...), written into the
+  /// groups of `optimizers` (Python's optimizer states, in the trial's order) and read back from them.
+  static void add_scheduler_group_entries(Context& c, c10::impl::GenericList& optimizers);
+  static void read_scheduler_group_entries(Context& c, const WrappedScheduler& s, const c10::impl::GenericList& optimizers,
+                                           const std::string& what);
 };
 
 /// NumPy's and Python's generator states as Determined seeds them (`np.random.seed(seed)`,
@@ -341,6 +346,53 @@ DETTRIAL_INLINE StateDict read_state_dict_file(const std::filesystem::path& dir)
   return top.toGenericDict();
 }
 
+namespace checkpoint_detail {
+
+/// The index of the trial's optimizer `o`, or the number of optimizers when it is none of them.
+DETTRIAL_INLINE std::size_t optimizer_index(Context& c, const torch::optim::Optimizer* o) {
+  std::size_t i = 0;
+  while (i < c.num_optimizers() && &c.optimizer(i) != o) ++i;
+  return i;
+}
+
+/// Parameter group `g` of Python's optimizer state `optimizer`, or null.
+DETTRIAL_INLINE std::optional<StateDict> python_group(const c10::IValue& optimizer, std::size_t g) {
+  if (!optimizer.isGenericDict()) return std::nullopt;
+  const auto groups = optimizer.toGenericDict().find("param_groups");
+  if (groups == optimizer.toGenericDict().end() || !groups->value().isList() || g >= groups->value().toListRef().size())
+    return std::nullopt;
+  const c10::IValue& group = groups->value().toListRef()[g];
+  if (!group.isGenericDict()) return std::nullopt;
+  return group.toGenericDict();
+}
+
+}  // namespace checkpoint_detail
+
+DETTRIAL_INLINE void ContextCheckpoint::add_scheduler_group_entries(Context& c, c10::impl::GenericList& optimizers) {
+  for (std::size_t i = 0; i < c.num_lr_schedulers(); ++i) {
+    const WrappedScheduler& s = c.lr_scheduler(i);
+    if (!s.python_param_group) continue;
+    const std::size_t o = checkpoint_detail::optimizer_index(c, s.driven_optimizer(s.scheduler));
+    if (o >= optimizers.size()) continue;  // a scheduler of an optimizer the trial did not wrap: Python has no groups for it
+    for (std::size_t g = 0; auto group = checkpoint_detail::python_group(optimizers.get(o), g); ++g) {
+      StateDict d = *group;  // shares the list's dict
+      s.python_param_group(s.scheduler, g, d);
+    }
+  }
+}
+
+DETTRIAL_INLINE void ContextCheckpoint::read_scheduler_group_entries(Context& c, const WrappedScheduler& s,
+                                                                     const c10::impl::GenericList& optimizers, const std::string& what) {
+  if (!s.load_python_param_group) return;
+  const std::size_t o = checkpoint_detail::optimizer_index(c, s.driven_optimizer(s.scheduler));
+  if (o >= optimizers.size()) return;
+  for (std::size_t g = 0; g < c.optimizer(o).param_groups().size(); ++g) {
+    const auto group = checkpoint_detail::python_group(optimizers.get(o), g);
+    if (!group) throw CheckpointError(what + ": optimizer " + std::to_string(o) + " has no parameter group " + std::to_string(g));
+    s.load_python_param_group(s.scheduler, g, *group, what + ", optimizer " + std::to_string(o) + "'s group " + std::to_string(g));
+  }
+}
+
 DETTRIAL_INLINE StateDict ContextCheckpoint::python_state(Context& c, const std::vector<torch::Tensor>& cpu_rng_per_rank,
                                                           const std::vector<torch::Tensor>& gpu_rng_per_rank) {
   pull_device_optimizer_state(c);
@@ -348,6 +400,7 @@ DETTRIAL_INLINE StateDict ContextCheckpoint::python_state(Context& c, const std:
   for (const auto& m : c.models()) models.push_back(module_state_dict(*m));
   c10::impl::GenericList optimizers(c10::AnyType::get());
   for (std::size_t i = 0; i < c.num_optimizers(); ++i) optimizers.push_back(optimizer_state_dict(c.optimizer(i)));
+  add_scheduler_group_entries(c, optimizers);
   c10::impl::GenericList schedulers(c10::AnyType::get());
   for (std::size_t i = 0; i < c.num_lr_schedulers(); ++i) {
     const WrappedScheduler& s = c.lr_scheduler(i);
@@ -564,10 +617,10 @@ DETTRIAL_INLINE void ContextCheckpoint::load_python_layout(Context& c, const Sta
       const std::string name = what + ", LR scheduler " + std::to_string(i) + (s.type.empty() ? std::string() : " (" + s.type + ")");
       refuse_unread_objects(schedulers.get(i), name);
       if (!s.load_python_state)
-        throw CheckpointError(name + ": the trial's scheduler cannot read Python's state (dettrial::optim's StepLR, MultiStepLR, " +
-                              "ExponentialLR, LinearLR, ConstantLR, CosineAnnealingLR, LambdaLR, MultiplicativeLR, PolynomialLR, " +
-                              "CosineAnnealingWarmRestarts and ReduceLROnPlateau can; LibTorch's own and other types cannot)");
+        throw CheckpointError(name + ": the trial's scheduler cannot read Python's state (dettrial::optim's schedulers can; " +
+                              "LibTorch's own and other types cannot)");
       if (!schedulers.get(i).isGenericDict()) throw CheckpointError(name + " is not a state dict");
+      read_scheduler_group_entries(c, s, optimizers, name);
       s.load_python_state(s.scheduler, schedulers.get(i).toGenericDict(), name);
     });
   if (native) return load_native_grads(c, *native);

@@ -305,6 +305,7 @@ class Context {
                                  detail::python_state_writer<S>(),
                                  detail::python_state_reader<S>()};
       w.type = c10::demangle(typeid(S).name());
+      detail::wrap_python_param_groups<S>(w);
       if constexpr (by_metric) {
         if (mode.metric.empty())
           throw ConfigError(

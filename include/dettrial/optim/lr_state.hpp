@@ -5,6 +5,7 @@
 #pragma once
 
 #include <concepts>
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <utility>
@@ -64,6 +65,12 @@ struct WrappedScheduler {
   void (*python_state)(void*, c10::impl::GenericDict&) = nullptr;
   /// Restores the scheduler from Python's `state_dict()` when it can (dettrial::optim's); else null.
   void (*load_python_state)(void*, const c10::impl::GenericDict&, const std::string&) = nullptr;
+  /// For a scheduler that keeps entries in Python's parameter groups (OneCycleLR's max_lr, ...): the
+  /// optimizer it drives, and how to write those entries into group g of that optimizer's Python
+  /// state and read them back from it; else null.
+  torch::optim::Optimizer* (*driven_optimizer)(void*) = nullptr;
+  void (*python_param_group)(void*, std::size_t, c10::impl::GenericDict&) = nullptr;
+  void (*load_python_param_group)(void*, std::size_t, const c10::impl::GenericDict&, const std::string&) = nullptr;
   /// For lr_step::on_validation: `step(metric)` with the validation's value of `metric`.
   void (*step_with_metric)(void*, double) = nullptr;
   std::string metric{};
@@ -85,6 +92,24 @@ auto python_state_reader() -> void (*)(void*, const c10::impl::GenericDict&, con
   if constexpr (requires(S& s, const c10::impl::GenericDict& d, const std::string& what) { s.load_python_state(d, what); })
     return [](void* s, const c10::impl::GenericDict& d, const std::string& what) { static_cast<S*>(s)->load_python_state(d, what); };
   else return nullptr;
+}
+
+/// Sets `w`'s parameter-group entries, when the scheduler keeps some in Python's groups.
+template <class S>
+void wrap_python_param_groups(WrappedScheduler& w) {
+  if constexpr (requires(const S& s, std::size_t g, c10::impl::GenericDict& d) {
+                  s.python_param_group(g, d);
+                  { s.optimizer() } -> std::convertible_to<torch::optim::Optimizer&>;
+                }) {
+    w.driven_optimizer = [](void* s) { return &static_cast<S*>(s)->optimizer(); };
+    w.python_param_group = [](void* s, std::size_t g, c10::impl::GenericDict& d) { static_cast<const S*>(s)->python_param_group(g, d); };
+    if constexpr (requires(S& s, std::size_t g, const c10::impl::GenericDict& d, const std::string& what) {
+                    s.load_python_param_group(g, d, what);
+                  })
+      w.load_python_param_group = [](void* s, std::size_t g, const c10::impl::GenericDict& d, const std::string& what) {
+        static_cast<S*>(s)->load_python_param_group(g, d, what);
+      };
+  }
 }
 
 }  // namespace detail
