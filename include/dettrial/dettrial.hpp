@@ -28,6 +28,7 @@
 #include "optim/clip.hpp"
 #include "optim/lr_state.hpp"
 #include "optim/lr_step.hpp"
+#include "optim/averaged_model.hpp"
 #include "optim/schedulers.hpp"
 #include "tensorboard/event_file.hpp"
 #include "distributed/agreement.hpp"

@@ -5245,31 +5245,24 @@ DETTRIAL_INLINE std::int64_t every_epoch::steps_after(std::int64_t batch_idx, st
 }  // namespace dettrial::lr_step
 #endif  // DETTRIAL_HEADER_DEFINITIONS
 // ---- end dettrial/optim/lr_step.hpp
-// ---- begin dettrial/optim/schedulers.hpp
+// ---- begin dettrial/optim/averaged_model.hpp
 // SPDX-License-Identifier: Apache-2.0
 /// @file
-/// @brief Learning-rate schedulers with PyTorch's (Python's) semantics, exact resume, and Python's
-/// `scheduler.state_dict()` layout: StepLR, MultiStepLR, ExponentialLR, LinearLR, ConstantLR,
-/// CosineAnnealingLR, LambdaLR, MultiplicativeLR, PolynomialLR and CosineAnnealingWarmRestarts here;
-/// OneCycleLR and CyclicLR (cyclic_schedulers.hpp), SequentialLR and ChainedScheduler
-/// (scheduler_composition.hpp) and ReduceLROnPlateau (reduce_lr_on_plateau.hpp) come with it.
-///
-/// LibTorch's own `torch::optim::StepLR` decays one step later than Python's (it does not count the
-/// step Python's constructor takes), so a schedule ported from Python drifts by one step. These follow
-/// Python's `torch.optim.lr_scheduler` to the bit: after k `step()` calls the learning rates are
-/// Python's after k calls, computed as Python's `step()` computes them (its chainable, step-to-step
-/// `get_lr`, not the closed form that `step(epoch)` uses), in Python's order of float operations.
-///
-/// Each scheduler also has `restart_at_milestone()`: Python's `_update_lr(0)`, which SequentialLR
-/// calls when a milestone hands the rates to it (the closed form at step 0 where Python's class has
-/// one, else its `get_lr` at step 0).
+/// @brief Weight averaging as Python's `torch.optim.swa_utils` computes it: `AveragedModel` with equal
+/// weights (SWA) or an exponential moving average (EMA, Python's `get_ema_multi_avg_fn`), over the
+/// parameters and optionally the buffers, in Python's `state_dict()` layout (`n_averaged`, then the
+/// averaged copy's entries under `module.`); `SWALR`, the schedule SWA trains with; and `update_bn`,
+/// which recomputes BatchNorm's statistics for the averaged weights.
 
 #include <array>
 #include <cstddef>
 #include <cstdint>
-#include <functional>
-#include <map>
+#include <memory>
+#include <optional>
 #include <string>
+#include <tuple>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include <torch/torch.h>
@@ -5342,11 +5335,11 @@ DETTRIAL_INLINE std::string number_text(double value);
 template <class S>
 struct SchedulerField {
   const char* name;
-  std::int64_t S::*count = nullptr;  ///< a whole number of at least `minimum`
+  std::int64_t S::* count = nullptr;  ///< a whole number of at least `minimum`
   std::int64_t minimum = 0;
-  double S::*number = nullptr;
-  bool S::*flag = nullptr;
-  std::vector<double> S::*per_group = nullptr;  ///< one number per parameter group (or none, unused)
+  double S::* number = nullptr;
+  bool S::* flag = nullptr;
+  std::vector<double> S::* per_group = nullptr;  ///< one number per parameter group (or none, unused)
 
   /// The value as dettrial's archive and Python's state dict hold it.
   c10::IValue value(const S& s, bool python) const {
@@ -5376,19 +5369,19 @@ struct SchedulerField {
 };
 
 template <class S>
-constexpr SchedulerField<S> field(const char* name, std::int64_t S::*count, std::int64_t minimum) {
+constexpr SchedulerField<S> field(const char* name, std::int64_t S::* count, std::int64_t minimum) {
   return {.name = name, .count = count, .minimum = minimum};
 }
 template <class S>
-constexpr SchedulerField<S> field(const char* name, double S::*number) {
+constexpr SchedulerField<S> field(const char* name, double S::* number) {
   return {.name = name, .number = number};
 }
 template <class S>
-constexpr SchedulerField<S> field(const char* name, bool S::*flag) {
+constexpr SchedulerField<S> field(const char* name, bool S::* flag) {
   return {.name = name, .flag = flag};
 }
 template <class S>
-constexpr SchedulerField<S> field(const char* name, std::vector<double> S::*per_group) {
+constexpr SchedulerField<S> field(const char* name, std::vector<double> S::* per_group) {
   return {.name = name, .per_group = per_group};
 }
 
@@ -5770,9 +5763,12 @@ class OneCycleLR : public EpochLRScheduler {
     GroupValue start_lr, end_lr, start_momentum, end_momentum;
   };
   static constexpr std::array<SchedulerField<OneCycleLR>, 6> fields() {
-    return std::array{field("total_steps", &OneCycleLR::total_steps_, 1), field("cycle_momentum", &OneCycleLR::cycle_momentum_),
-                      field("max_lrs", &OneCycleLR::max_lrs_), field("min_lrs", &OneCycleLR::min_lrs_),
-                      field("max_momentums", &OneCycleLR::max_momentums_), field("base_momentums", &OneCycleLR::base_momentums_)};
+    return std::array{field("total_steps", &OneCycleLR::total_steps_, 1),
+                      field("cycle_momentum", &OneCycleLR::cycle_momentum_),
+                      field("max_lrs", &OneCycleLR::max_lrs_),
+                      field("min_lrs", &OneCycleLR::min_lrs_),
+                      field("max_momentums", &OneCycleLR::max_momentums_),
+                      field("base_momentums", &OneCycleLR::base_momentums_)};
   }
   double group_value(GroupValue v, std::size_t group) const;
   /// Python's get_lr at `step`: each group's rate (returned) and momentum (set).
@@ -6036,7 +6032,8 @@ DETTRIAL_INLINE void OneCycleLR::save(torch::serialize::OutputArchive& archive) 
 
 DETTRIAL_INLINE void OneCycleLR::load(torch::serialize::InputArchive& archive) {
   const std::string anneal = cyclic_detail::text_of(archived(archive, "anneal_strategy"), archive_owner() + ": 'anneal_strategy'");
-  if (anneal != "cos" && anneal != "linear") throw CheckpointError(archive_owner() + ": anneal_strategy '" + anneal + "' is not cos or linear");
+  if (anneal != "cos" && anneal != "linear")
+    throw CheckpointError(archive_owner() + ": anneal_strategy '" + anneal + "' is not cos or linear");
   const std::vector<double> ends = python_state_detail::python_numbers(archived(archive, "phase_ends"), archive_owner() + ": 'phase_ends'");
   if (ends.size() != phases_.size())
     throw CheckpointError(archive_owner() + " has " + std::to_string(ends.size()) + " phases, the trial's OneCycleLR " +
@@ -6082,7 +6079,8 @@ DETTRIAL_INLINE std::vector<OneCycleLR::Phase> OneCycleLR::python_phases(const c
       const auto it = d.find(key);
       const std::string name = it == d.end() ? std::string("(none)") : cyclic_detail::text_of(it->value(), what + ": a phase's " + key);
       const auto known = values.find(name);
-      if (known == values.end()) throw CheckpointError(what + ": a phase's " + key + " is '" + name + "', not a group value OneCycleLR has");
+      if (known == values.end())
+        throw CheckpointError(what + ": a phase's " + key + " is '" + name + "', not a group value OneCycleLR has");
       return known->second;
     };
     const auto end = d.find("end_step");
@@ -6296,7 +6294,8 @@ DETTRIAL_INLINE void CyclicLR::load_python_state(const c10::impl::GenericDict& i
   if (cycle_momentum != cycle_momentum_)
     throw CheckpointError(what + " has cycle_momentum " + (cycle_momentum ? "True" : "False") + ", the trial's CyclicLR " +
                           (cycle_momentum_ ? "true" : "false"));
-  std::vector<std::string> own = {"max_lrs", "total_size", "step_ratio", "mode", "gamma", "scale_mode", "cycle_momentum", "_scale_fn_custom"};
+  std::vector<std::string> own = {"max_lrs", "total_size", "step_ratio",     "mode",
+                                  "gamma",   "scale_mode", "cycle_momentum", "_scale_fn_custom"};
   std::vector<double> base_momentums, max_momentums;
   if (cycle_momentum) {
     own.insert(own.end(), {"use_beta1", "base_momentums", "max_momentums"});
@@ -6325,6 +6324,393 @@ DETTRIAL_INLINE void CyclicLR::python_param_group(std::size_t group, c10::impl::
 }  // namespace dettrial::optim
 #endif  // DETTRIAL_HEADER_DEFINITIONS
 // ---- end dettrial/optim/cyclic_schedulers.hpp
+
+namespace dettrial::optim {
+
+/// How an AveragedModel averages: Python's default equal weights (SWA) or an exponential moving
+/// average with `decay` (Python's `get_ema_multi_avg_fn(decay)`); `use_buffers` averages the buffers
+/// too (BatchNorm's running statistics), else they are copied from the model at each update.
+struct Averaging {
+  enum class Kind { equal, exponential };
+  Kind kind = Kind::equal;
+  double decay = 0.999;
+  bool use_buffers = false;
+};
+/// Python's `AveragedModel(model, use_buffers=...)`: the mean of every update so far.
+inline Averaging swa(bool use_buffers = false) { return {Averaging::Kind::equal, 0.0, use_buffers}; }
+/// Python's `AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(decay), use_buffers=...)`.
+inline Averaging ema(double decay = 0.999, bool use_buffers = false) { return {Averaging::Kind::exponential, decay, use_buffers}; }
+
+/**
+ * @brief The averaged copy of a model and its count, as a module whose state dict is Python's
+ * AveragedModel's: `n_averaged` (a CPU long tensor, as Python's default device leaves it) and the
+ * copy's entries under `module.`. AveragedModel<M> is its typed face.
+ */
+class AveragedWeights : public torch::nn::Module {
+ public:
+  AveragedWeights(std::shared_ptr<torch::nn::Module> copy, Averaging how);
+  /// Python's `update_parameters(model)`: the first update copies the model, each later one averages
+  /// it in (on the copy's device); the buffers are averaged (use_buffers) or copied.
+  void update_parameters(const torch::nn::Module& model);
+  /// Updates averaged so far (Python's `n_averaged`).
+  std::int64_t n_averaged() const { return n_averaged_.item<std::int64_t>(); }
+  /// Starts the average over: the next update copies the model (torchvision's recipe does it during
+  /// its warmup: `n_averaged.fill_(0)`).
+  void restart() { n_averaged_.fill_(0); }
+  const Averaging& averaging() const { return how_; }
+  /// The averaged copy.
+  torch::nn::Module& averaged() { return *copy_; }
+  const std::shared_ptr<torch::nn::Module>& averaged_ptr() const { return copy_; }
+
+ private:
+  /// One group of same-device, same-dtype tensors, averaged as Python's multi_avg_fn or avg_fn does.
+  void average_group(std::vector<torch::Tensor>& averaged, const std::vector<torch::Tensor>& current) const;
+  std::shared_ptr<torch::nn::Module> copy_;
+  torch::Tensor n_averaged_;
+  Averaging how_;
+};
+
+/**
+ * @brief Python's `torch.optim.swa_utils.AveragedModel` for a LibTorch module holder `M`
+ * (torch::nn::Sequential, a TORCH_MODULE type): `module()` is the averaged copy, as `M`, for
+ * validating on it.
+ * @code{.cpp}
+ * dettrial::optim::AveragedModel<torch::nn::Sequential> ema(model, dettrial::optim::ema(0.9998));
+ * ema.update_parameters(model);   // or context.wrap_averaged_model(ema, model, {.every_n_steps = 32})
+ * auto logits = ema.module()->forward(x);
+ * @endcode
+ */
+template <class M>
+class AveragedModel {
+ public:
+  /// The copy is `model->clone()` (LibTorch's deep copy, for modules derived from torch::nn::Cloneable).
+  AveragedModel(const M& model, Averaging how)
+      : AveragedModel(M(std::dynamic_pointer_cast<typename M::ContainedType>(model->clone())), model, how) {}
+  /// The copy is `fresh` (another instance of the same architecture, for a module that is not
+  /// Cloneable), given the model's values now.
+  AveragedModel(M fresh, const M& model, Averaging how) : module_(std::move(fresh)) {
+    if (!module_.ptr()) throw ConfigError("dettrial::optim::AveragedModel: the model's copy is empty (is its type Cloneable?)");
+    {
+      torch::NoGradGuard no_grad;
+      auto to = module_->named_parameters();
+      for (const auto& p : model->named_parameters()) {
+        if (!to.contains(p.key())) throw ConfigError("dettrial::optim::AveragedModel: the copy has no parameter '" + p.key() + "'");
+        to[p.key()].copy_(p.value());
+      }
+    }
+    weights_ = std::make_shared<AveragedWeights>(module_.ptr(), how);
+  }
+  /// Python's `update_parameters(model)`.
+  void update_parameters(const M& model) { weights_->update_parameters(*model); }
+  /// The averaged copy.
+  M& module() { return module_; }
+  std::int64_t n_averaged() const { return weights_->n_averaged(); }
+  /// The module whose state dict is Python's AveragedModel's (n_averaged and `module.` entries).
+  const std::shared_ptr<AveragedWeights>& weights() const { return weights_; }
+
+ private:
+  M module_;
+  std::shared_ptr<AveragedWeights> weights_;
+};
+
+/**
+ * @brief Python's `swa_utils.SWALR(optimizer, swa_lr, anneal_epochs=10, anneal_strategy="cos")`: the
+ * rates annealed from their values towards `swa_lr` over `anneal_epochs` steps, then held there.
+ * Python keeps `swa_lr` in the optimizer's parameter groups: a checkpoint writes it there and reads
+ * it back from there.
+ */
+class SWALR : public EpochLRScheduler {
+ public:
+  SWALR(torch::optim::Optimizer& optimizer, const PerGroup& swa_lr, std::int64_t anneal_epochs = 10,
+        AnnealStrategy anneal_strategy = AnnealStrategy::cos);
+  void step();
+  void restart_at_milestone();
+  const std::vector<double>& swa_lrs() const { return swa_lrs_; }
+  std::int64_t anneal_epochs() const { return anneal_epochs_; }
+  void save(torch::serialize::OutputArchive& archive) const;
+  void load(torch::serialize::InputArchive& archive);
+  /// Python's `state_dict()`: _anneal_strategy, anneal_epochs and the LRScheduler entries.
+  void python_state(c10::impl::GenericDict& out) const;
+  void load_python_state(const c10::impl::GenericDict& in, const std::string& what);
+  /// Python's group["swa_lr"], written into and read from parameter group `group`.
+  void python_param_group(std::size_t group, c10::impl::GenericDict& out) const;
+  void load_python_param_group(std::size_t group, const c10::impl::GenericDict& in, const std::string& what);
+
+ private:
+  static constexpr std::array<SchedulerField<SWALR>, 2> fields() {
+    return std::array{field("anneal_epochs", &SWALR::anneal_epochs_, 0), field("swa_lrs", &SWALR::swa_lrs_)};
+  }
+  /// Python's get_lr, from the step count.
+  std::vector<double> rates() const;
+  std::vector<double> swa_lrs_;
+  std::int64_t anneal_epochs_;
+  AnnealStrategy anneal_;
+};
+
+namespace averaging_detail {
+/// A BatchNorm layer's momentum (c10::optional before LibTorch 2.x, std::optional after).
+using Momentum = std::decay_t<decltype(std::declval<torch::nn::BatchNormOptions&>().momentum())>;
+/// Every BatchNorm layer of `model`: with no `momenta`, running statistics reset and momentum none
+/// (a cumulative average); else the momenta given back. Returns their momenta before.
+DETTRIAL_INLINE std::vector<Momentum> set_batch_norm_momenta(torch::nn::Module& model, const std::vector<Momentum>* momenta);
+}  // namespace averaging_detail
+
+/**
+ * @brief Python's `swa_utils.update_bn(loader, model, device)`: every BatchNorm layer's running
+ * statistics recomputed over one pass of `loader` (each batch's first element when it is a tuple,
+ * moved to `device` when given) in training mode, as a cumulative average; the layers' momenta and
+ * the model's mode are restored after. Call it on `averaged.module()` before validating an SWA
+ * average whose buffers were not averaged.
+ */
+template <class Loader, class M>
+void update_bn(Loader&& loader, M& model, std::optional<torch::Device> device = std::nullopt) {
+  torch::NoGradGuard no_grad;
+  const auto momenta = averaging_detail::set_batch_norm_momenta(*model, nullptr);
+  if (momenta.empty()) return;
+  const bool was_training = model->is_training();
+  model->train();
+  for (auto&& batch : loader) {
+    torch::Tensor input;
+    if constexpr (requires { std::get<0>(batch); }) input = std::get<0>(batch);
+    else input = batch;
+    if (device) input = input.to(*device);
+    model->forward(input);
+  }
+  averaging_detail::set_batch_norm_momenta(*model, &momenta);
+  model->train(was_training);
+}
+
+}  // namespace dettrial::optim
+
+// Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
+#if DETTRIAL_HEADER_DEFINITIONS
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <numbers>
+
+namespace dettrial::optim {
+
+DETTRIAL_INLINE AveragedWeights::AveragedWeights(std::shared_ptr<torch::nn::Module> copy, Averaging how)
+    : copy_(std::move(copy)), how_(how) {
+  if (!copy_) throw ConfigError("dettrial::optim::AveragedModel: no module to average into");
+  if (how_.kind == Averaging::Kind::exponential && !(how_.decay >= 0 && how_.decay <= 1))
+    throw ConfigError("dettrial::optim::AveragedModel: decay must be in [0, 1], not " + std::to_string(how_.decay));
+  // Python's registration order: the count (a buffer of its own), then the copy.
+  n_averaged_ = register_buffer("n_averaged", torch::zeros({}, torch::kLong));
+  register_module("module", copy_);
+}
+
+DETTRIAL_INLINE void AveragedWeights::average_group(std::vector<torch::Tensor>& averaged, const std::vector<torch::Tensor>& current) const {
+  const bool floating = averaged.front().is_floating_point() || averaged.front().is_complex();
+  if (how_.kind == Averaging::Kind::exponential) {  // Python's get_ema_multi_avg_fn
+    if (floating) {
+      for (std::size_t i = 0; i < averaged.size(); ++i) averaged[i].lerp_(current[i], 1 - how_.decay);  // _foreach_lerp_'s arithmetic
+    } else {
+      for (std::size_t i = 0; i < averaged.size(); ++i) averaged[i].copy_(averaged[i] * how_.decay + current[i] * (1 - how_.decay));
+    }
+    return;
+  }
+  const torch::Device device = averaged.front().device();
+  const torch::Tensor n = n_averaged_.to(device);
+  // Python's default: get_swa_multi_avg_fn on devices with foreach kernels (CUDA), whose weight is
+  // 1 / (n_averaged + 1) computed as a float32 tensor; get_swa_avg_fn elsewhere (the CPU).
+  if (device.is_cuda() && floating) {
+    const double weight = (1 / (n + 1)).item<double>();
+    for (std::size_t i = 0; i < averaged.size(); ++i) averaged[i].lerp_(current[i], weight);
+  } else {
+    for (std::size_t i = 0; i < averaged.size(); ++i) averaged[i].copy_(averaged[i] + (current[i] - averaged[i]) / (n + 1));
+  }
+}
+
+DETTRIAL_INLINE void AveragedWeights::update_parameters(const torch::nn::Module& model) {
+  torch::NoGradGuard no_grad;
+  std::vector<torch::Tensor> mine = copy_->parameters(), theirs = model.parameters();
+  if (how_.use_buffers) {
+    for (const auto& b : copy_->buffers()) mine.push_back(b);
+    for (const auto& b : model.buffers()) theirs.push_back(b);
+  }
+  if (mine.size() != theirs.size())
+    throw TrialError("dettrial::optim::AveragedModel: the model has " + std::to_string(theirs.size()) +
+                     " parameters (and buffers, with use_buffers) but the average " + std::to_string(mine.size()) +
+                     ": is it another architecture?");
+  std::vector<torch::Tensor> current;
+  for (std::size_t i = 0; i < mine.size(); ++i) current.push_back(theirs[i].detach().to(mine[i].device()));
+  if (n_averaged() == 0) {
+    for (std::size_t i = 0; i < mine.size(); ++i) mine[i].detach().copy_(current[i]);
+  } else {
+    // Grouped by device and dtype, as Python's _group_tensors_by_device_and_dtype groups them.
+    std::map<std::tuple<std::string, int>, std::pair<std::vector<torch::Tensor>, std::vector<torch::Tensor>>> groups;
+    std::vector<std::tuple<std::string, int>> order;
+    for (std::size_t i = 0; i < mine.size(); ++i) {
+      const auto key = std::make_tuple(mine[i].device().str(), static_cast<int>(mine[i].scalar_type()));
+      if (!groups.count(key)) order.push_back(key);
+      groups[key].first.push_back(mine[i].detach());
+      groups[key].second.push_back(current[i]);
+    }
+    for (const auto& key : order) average_group(groups[key].first, groups[key].second);
+  }
+  if (!how_.use_buffers) {  // Python keeps the copy's buffers in sync with the model's
+    const auto mine_buffers = copy_->buffers(), their_buffers = model.buffers();
+    if (mine_buffers.size() != their_buffers.size())
+      throw TrialError("dettrial::optim::AveragedModel: the model has " + std::to_string(their_buffers.size()) +
+                       " buffers but the average " + std::to_string(mine_buffers.size()));
+    for (std::size_t i = 0; i < mine_buffers.size(); ++i)
+      mine_buffers[i].detach().copy_(their_buffers[i].detach().to(mine_buffers[i].device()));
+  }
+  n_averaged_.add_(1);
+}
+
+// ------------------------------------------------------------------------------------------------
+// SWALR
+
+DETTRIAL_INLINE SWALR::SWALR(torch::optim::Optimizer& optimizer, const PerGroup& swa_lr, std::int64_t anneal_epochs,
+                             AnnealStrategy anneal_strategy)
+    : EpochLRScheduler(optimizer, "SWALR"), anneal_epochs_(anneal_epochs), anneal_(anneal_strategy) {
+  if (anneal_epochs < 0) invalid("anneal_epochs", "at least 0", std::to_string(anneal_epochs));
+  swa_lrs_ = cyclic_detail::per_group("SWALR", "swa_lr", swa_lr, optimizer);
+  step();  // Python's constructor steps once
+}
+
+DETTRIAL_INLINE std::vector<double> SWALR::rates() const {
+  // Python's get_lr, term for term: the rates undo the last step's annealing, then take this one's.
+  std::int64_t step = step_count_ - 1;
+  if (anneal_epochs_ == 0) step = std::max<std::int64_t>(1, step);
+  const double span = static_cast<double>(std::max<std::int64_t>(1, anneal_epochs_));
+  const auto alpha_at = [&](double t) {
+    t = std::max(0.0, std::min(1.0, t));
+    return anneal_ == AnnealStrategy::linear ? t : (1 - std::cos(std::numbers::pi * t)) / 2;
+  };
+  const double prev_alpha = alpha_at(static_cast<double>(step - 1) / span);
+  const double alpha = alpha_at(static_cast<double>(step) / span);
+  std::vector<double> out;
+  const auto& groups = optimizer_->param_groups();
+  for (std::size_t i = 0; i < groups.size(); ++i) {
+    const double lr = groups[i].options().get_lr();
+    const double prev = prev_alpha == 1 ? swa_lrs_[i] : (lr - prev_alpha * swa_lrs_[i]) / (1 - prev_alpha);
+    out.push_back(swa_lrs_[i] * alpha + prev * (1 - alpha));
+  }
+  return out;
+}
+
+DETTRIAL_INLINE void SWALR::step() {
+  ++step_count_;
+  ++last_epoch_;
+  const std::vector<double> r = rates();
+  set_rates([&r](std::size_t i, double) { return r[i]; });
+}
+
+DETTRIAL_INLINE void SWALR::restart_at_milestone() {
+  last_epoch_ = 0;
+  const std::vector<double> r = rates();
+  set_rates([&r](std::size_t i, double) { return r[i]; });
+}
+
+DETTRIAL_INLINE void SWALR::save(torch::serialize::OutputArchive& archive) const {
+  save_fields(*this, archive, fields());
+  archive.write("anneal_strategy", c10::IValue(std::string(anneal_ == AnnealStrategy::cos ? "cos" : "linear")));
+}
+
+DETTRIAL_INLINE void SWALR::load(torch::serialize::InputArchive& archive) {
+  const std::string anneal = cyclic_detail::text_of(archived(archive, "anneal_strategy"), archive_owner() + ": 'anneal_strategy'");
+  if (anneal != "cos" && anneal != "linear") throw CheckpointError(archive_owner() + ": anneal_strategy '" + anneal + "' is not cos or linear");
+  load_fields(*this, archive, fields());
+  anneal_ = anneal == "cos" ? AnnealStrategy::cos : AnnealStrategy::linear;
+}
+
+DETTRIAL_INLINE void SWALR::python_state(c10::impl::GenericDict& out) const {
+  out.insert("_anneal_strategy", std::string(anneal_ == AnnealStrategy::cos ? "cos" : "linear"));
+  out.insert("anneal_epochs", anneal_epochs_);
+  python_common(out);
+}
+
+DETTRIAL_INLINE void SWALR::load_python_state(const c10::impl::GenericDict& in, const std::string& what) {
+  const auto strategy = in.find("_anneal_strategy");
+  const auto epochs = in.find("anneal_epochs");
+  if (strategy == in.end() || epochs == in.end())
+    throw CheckpointError(what + " has no '_anneal_strategy' or 'anneal_epochs': it is not Python's SWALR state");
+  const std::string anneal = cyclic_detail::text_of(strategy->value(), what + ": _anneal_strategy");
+  if (anneal != "cos" && anneal != "linear") throw CheckpointError(what + ": _anneal_strategy '" + anneal + "' is not cos or linear");
+  const std::int64_t anneal_epochs = python_state_detail::python_count(epochs->value(), what + ": anneal_epochs", 0);
+  load_python_common(in, {"_anneal_strategy", "anneal_epochs"}, what);
+  anneal_ = anneal == "cos" ? AnnealStrategy::cos : AnnealStrategy::linear;
+  anneal_epochs_ = anneal_epochs;
+}
+
+DETTRIAL_INLINE void SWALR::python_param_group(std::size_t group, c10::impl::GenericDict& out) const {
+  out.insert_or_assign("swa_lr", swa_lrs_.at(group));
+}
+
+DETTRIAL_INLINE void SWALR::load_python_param_group(std::size_t group, const c10::impl::GenericDict& in, const std::string& what) {
+  const auto it = in.find("swa_lr");
+  if (it == in.end()) throw CheckpointError(what + " has no 'swa_lr', which Python's SWALR keeps there: was the checkpoint's scheduler another?");
+  swa_lrs_.at(group) = python_state_detail::python_number(it->value(), what + ": swa_lr");
+}
+
+// ------------------------------------------------------------------------------------------------
+// update_bn
+
+namespace averaging_detail {
+
+/// Calls f with every BatchNorm layer's options and its reset, whatever its dimension.
+template <class F>
+void for_each_batch_norm(torch::nn::Module& model, F&& f) {
+  for (const auto& m : model.modules(/*include_self=*/true)) {
+    if (auto* bn = dynamic_cast<torch::nn::BatchNorm1dImpl*>(m.get())) f(bn->options, [bn] { bn->reset_running_stats(); });
+    else if (auto* bn2 = dynamic_cast<torch::nn::BatchNorm2dImpl*>(m.get())) f(bn2->options, [bn2] { bn2->reset_running_stats(); });
+    else if (auto* bn3 = dynamic_cast<torch::nn::BatchNorm3dImpl*>(m.get())) f(bn3->options, [bn3] { bn3->reset_running_stats(); });
+  }
+}
+
+DETTRIAL_INLINE std::vector<Momentum> set_batch_norm_momenta(torch::nn::Module& model, const std::vector<Momentum>* momenta) {
+  std::vector<Momentum> before;
+  std::size_t i = 0;
+  for_each_batch_norm(model, [&](torch::nn::BatchNormOptions& options, auto reset) {
+    before.push_back(options.momentum());
+    if (momenta) {
+      options.momentum() = momenta->at(i++);
+    } else {
+      reset();
+      options.momentum() = Momentum{};  // none: a cumulative average over the pass
+    }
+  });
+  return before;
+}
+
+}  // namespace averaging_detail
+
+}  // namespace dettrial::optim
+#endif  // DETTRIAL_HEADER_DEFINITIONS
+// ---- end dettrial/optim/averaged_model.hpp
+// ---- begin dettrial/optim/schedulers.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief Learning-rate schedulers with PyTorch's (Python's) semantics, exact resume, and Python's
+/// `scheduler.state_dict()` layout: StepLR, MultiStepLR, ExponentialLR, LinearLR, ConstantLR,
+/// CosineAnnealingLR, LambdaLR, MultiplicativeLR, PolynomialLR and CosineAnnealingWarmRestarts here;
+/// OneCycleLR and CyclicLR (cyclic_schedulers.hpp), SequentialLR and ChainedScheduler
+/// (scheduler_composition.hpp) and ReduceLROnPlateau (reduce_lr_on_plateau.hpp) come with it.
+///
+/// LibTorch's own `torch::optim::StepLR` decays one step later than Python's (it does not count the
+/// step Python's constructor takes), so a schedule ported from Python drifts by one step. These follow
+/// Python's `torch.optim.lr_scheduler` to the bit: after k `step()` calls the learning rates are
+/// Python's after k calls, computed as Python's `step()` computes them (its chainable, step-to-step
+/// `get_lr`, not the closed form that `step(epoch)` uses), in Python's order of float operations.
+///
+/// Each scheduler also has `restart_at_milestone()`: Python's `_update_lr(0)`, which SequentialLR
+/// calls when a milestone hands the rates to it (the closed form at step 0 where Python's class has
+/// one, else its `get_lr` at step 0).
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <torch/torch.h>
+
 // ---- begin dettrial/optim/reduce_lr_on_plateau.hpp
 // SPDX-License-Identifier: Apache-2.0
 /// @file
@@ -6733,9 +7119,8 @@ void visit_at(Tuple& t, std::size_t index, F&& f) {
 template <class S>
 concept WritesParamGroups = requires(const S& s, std::size_t g, c10::impl::GenericDict& d) { s.python_param_group(g, d); };
 template <class S>
-concept ReadsParamGroups = requires(S& s, std::size_t g, const c10::impl::GenericDict& d, const std::string& what) {
-  s.load_python_param_group(g, d, what);
-};
+concept ReadsParamGroups =
+    requires(S& s, std::size_t g, const c10::impl::GenericDict& d, const std::string& what) { s.load_python_param_group(g, d, what); };
 
 inline void check_optimizer(const char* composite, std::size_t index, const EpochLRScheduler& s, const torch::optim::Optimizer& optimizer) {
   if (&s.optimizer() != &optimizer)
@@ -6749,12 +7134,11 @@ c10::impl::GenericList python_children(const Tuple& children) {
   c10::impl::GenericList list(c10::AnyType::get());
   std::apply(
       [&](const auto&... s) {
-        ((
-             [&] {
-               c10::impl::GenericDict d(c10::StringType::get(), c10::AnyType::get());
-               s.python_state(d);
-               list.push_back(d);
-             }()),
+        (([&] {
+           c10::impl::GenericDict d(c10::StringType::get(), c10::AnyType::get());
+           s.python_state(d);
+           list.push_back(d);
+         }()),
          ...);
       },
       children);
@@ -6770,13 +7154,12 @@ void load_python_children(Tuple& children, const c10::IValue& saved, const std::
   std::size_t i = 0;
   std::apply(
       [&](auto&... s) {
-        ((
-             [&] {
-               const std::string name = what + ": _schedulers[" + std::to_string(i) + "]";
-               const c10::IValue& d = saved.toListRef()[i++];
-               if (!d.isGenericDict()) throw CheckpointError(name + " is not a state dict");
-               s.load_python_state(d.toGenericDict(), name);
-             }()),
+        (([&] {
+           const std::string name = what + ": _schedulers[" + std::to_string(i) + "]";
+           const c10::IValue& d = saved.toListRef()[i++];
+           if (!d.isGenericDict()) throw CheckpointError(name + " is not a state dict");
+           s.load_python_state(d.toGenericDict(), name);
+         }()),
          ...);
       },
       children);
@@ -6788,12 +7171,11 @@ void save_children(const Tuple& children, torch::serialize::OutputArchive& archi
   std::size_t i = 0;
   std::apply(
       [&](const auto&... s) {
-        ((
-             [&] {
-               torch::serialize::OutputArchive child;
-               s.save(child);
-               archive.write("scheduler_" + std::to_string(i++), child);
-             }()),
+        (([&] {
+           torch::serialize::OutputArchive child;
+           s.save(child);
+           archive.write("scheduler_" + std::to_string(i++), child);
+         }()),
          ...);
       },
       children);
@@ -6804,13 +7186,12 @@ void load_children(Tuple& children, torch::serialize::InputArchive& archive, con
   std::size_t i = 0;
   std::apply(
       [&](auto&... s) {
-        ((
-             [&] {
-               torch::serialize::InputArchive child;
-               const std::string key = "scheduler_" + std::to_string(i++);
-               if (!archive.try_read(key, child)) throw CheckpointError(what + " has no '" + key + "'");
-               s.load(child);
-             }()),
+        (([&] {
+           torch::serialize::InputArchive child;
+           const std::string key = "scheduler_" + std::to_string(i++);
+           if (!archive.try_read(key, child)) throw CheckpointError(what + " has no '" + key + "'");
+           s.load(child);
+         }()),
          ...);
       },
       children);
@@ -6846,7 +7227,8 @@ void load_python_param_group(Tuple& children, std::size_t group, const c10::impl
 /// The text of dettrial's archive entry `key`, checked to be the composite's own type.
 inline void check_archive_type(torch::serialize::InputArchive& archive, const std::string& type, const std::string& what) {
   c10::IValue saved;
-  if (!archive.try_read("scheduler", saved) || !saved.isString()) throw CheckpointError(what + " has no 'scheduler' (the type that wrote it)");
+  if (!archive.try_read("scheduler", saved) || !saved.isString())
+    throw CheckpointError(what + " has no 'scheduler' (the type that wrote it)");
   if (saved.toStringRef() != type)
     throw CheckpointError(what + " was written by a " + saved.toStringRef() + ": is the checkpoint from another trial?");
 }
@@ -6936,7 +7318,7 @@ class ComposedSchedulers {
 template <class... Schedulers>
 class SequentialLR : public ComposedSchedulers<Schedulers...> {
   static_assert(sizeof...(Schedulers) >= 1, "dettrial::optim::SequentialLR needs at least one scheduler");
-  static_assert((ComposableLRScheduler<Schedulers> && ...), 
+  static_assert((ComposableLRScheduler<Schedulers> && ...),
                 "dettrial::optim::SequentialLR's schedulers must be dettrial::optim's epoch schedulers (StepLR, LinearLR, "
                 "CosineAnnealingLR, OneCycleLR, ...): not ReduceLROnPlateau, which Python refuses here too, nor a composite");
   using Base = ComposedSchedulers<Schedulers...>;
@@ -7018,7 +7400,8 @@ class SequentialLR : public ComposedSchedulers<Schedulers...> {
       } else if (key == "_schedulers") {
         composition_detail::load_python_children(copy.children_, entry.value(), what);
       } else if (key != "verbose" && key != "_get_lr_called_within_step" && key != "_is_initial") {
-        throw CheckpointError(what + " has '" + key + "', which Python's SequentialLR does not have: the checkpoint's scheduler is another type");
+        throw CheckpointError(what + " has '" + key +
+                              "', which Python's SequentialLR does not have: the checkpoint's scheduler is another type");
       }
     }
     for (const char* key : {"_milestones", "last_epoch", "_schedulers"})
@@ -7055,7 +7438,7 @@ class SequentialLR : public ComposedSchedulers<Schedulers...> {
 template <class... Schedulers>
 class ChainedScheduler : public ComposedSchedulers<Schedulers...> {
   static_assert(sizeof...(Schedulers) >= 1, "dettrial::optim::ChainedScheduler needs at least one scheduler");
-  static_assert((ComposableLRScheduler<Schedulers> && ...), 
+  static_assert((ComposableLRScheduler<Schedulers> && ...),
                 "dettrial::optim::ChainedScheduler's schedulers must be dettrial::optim's epoch schedulers (StepLR, LinearLR, "
                 "CosineAnnealingLR, OneCycleLR, ...): not ReduceLROnPlateau, which Python refuses here too, nor a composite");
   using Base = ComposedSchedulers<Schedulers...>;
@@ -7096,7 +7479,8 @@ class ChainedScheduler : public ComposedSchedulers<Schedulers...> {
       if (key == "_last_lr") copy.last_lr_ = python_state_detail::python_numbers(entry.value(), what + ": _last_lr");
       else if (key == "_schedulers") composition_detail::load_python_children(copy.children_, entry.value(), what);
       else if (key != "verbose" && key != "_get_lr_called_within_step" && key != "_is_initial")
-        throw CheckpointError(what + " has '" + key + "', which Python's ChainedScheduler does not have: the checkpoint's scheduler is another type");
+        throw CheckpointError(what + " has '" + key +
+                              "', which Python's ChainedScheduler does not have: the checkpoint's scheduler is another type");
     }
     if (!in.contains("_schedulers")) throw CheckpointError(what + " has no '_schedulers': it is not Python's ChainedScheduler state");
     *this = std::move(copy);
@@ -7126,7 +7510,9 @@ class StepLR : public EpochLRScheduler {
   void load_python_state(const c10::impl::GenericDict& in, const std::string& what) { load_python_fields(*this, in, what, fields()); }
 
  private:
-  static constexpr std::array<SchedulerField<StepLR>, 2> fields() { return std::array{field("step_size", &StepLR::step_size_, 1), field("gamma", &StepLR::gamma_)}; }
+  static constexpr std::array<SchedulerField<StepLR>, 2> fields() {
+    return std::array{field("step_size", &StepLR::step_size_, 1), field("gamma", &StepLR::gamma_)};
+  }
   std::int64_t step_size_;
   double gamma_;
 };
@@ -7460,8 +7846,7 @@ DETTRIAL_INLINE void MultiStepLR::python_state(c10::impl::GenericDict& out) cons
 DETTRIAL_INLINE void MultiStepLR::load_python_state(const c10::impl::GenericDict& in, const std::string& what) {
   namespace pd = python_state_detail;
   const auto saved = in.find("milestones");
-  if (saved != in.end() && !saved->value().isGenericDict())
-    throw CheckpointError(what + ": milestones is not a dict (Python's Counter)");
+  if (saved != in.end() && !saved->value().isGenericDict()) throw CheckpointError(what + ": milestones is not a dict (Python's Counter)");
   std::map<std::int64_t, std::int64_t> milestones;  // read before anything is changed
   if (saved != in.end())
     for (const auto& m : saved->value().toGenericDict())
@@ -10381,6 +10766,15 @@ struct RunPosition {
 };
 }  // namespace detail
 
+/// When the trainer updates the averaged model a trial wraps (Context::wrap_averaged_model).
+struct AveragingSchedule {
+  /// After every n-th optimizer step, counted from the first step of training: steps n, 2n, ...
+  std::int64_t every_n_steps = 1;
+  /// Up to this optimizer step each update copies the model, so the average begins after it (as
+  /// torchvision's recipe restarts its EMA during the learning-rate warmup).
+  std::int64_t warmup_steps = 0;
+};
+
 /**
  * @brief What a trial sees of its run (Determined's PyTorchTrialContext).
  *
@@ -10699,6 +11093,22 @@ class Context {
     if (auto_zero_grads) optimizer.zero_grad();
   }
 
+  /**
+   * @brief Registers a weight average of `model`, which the trainer then updates after every
+   * `schedule.every_n_steps`-th optimizer step (in finish_batch, after all of a batch's optimizer
+   * steps), puts in checkpoints (state_dict.pth's `model_ema`, torchvision's name and layout) and
+   * restores on resume, and whose buffers every rank takes from rank 0 where the models' are
+   * (validation, checkpoints), so every rank holds the same average. One per trial. Validating on it
+   * is the trial's choice: call `averaged.module()` in evaluate_batch.
+   */
+  template <class M>
+  optim::AveragedModel<M>& wrap_averaged_model(optim::AveragedModel<M>& averaged, const M& model, AveragingSchedule schedule = {}) {
+    register_average(averaged.weights(), model.ptr(), schedule);
+    return averaged;
+  }
+  /// The wrapped average (its state dict is Python's AveragedModel's), or null.
+  std::shared_ptr<optim::AveragedWeights> averaged_weights() const { return average_ ? average_->weights : nullptr; }
+
   /// True while a trainer's trial is registered here.
   bool has_registrations() const { return !models_.empty() || !optimizers_.empty() || !schedulers_.empty() || !reducers_.empty(); }
   /// Forgets every wrapped object (called when their trainer goes away).
@@ -10730,6 +11140,7 @@ class Context {
       return;
     }
     if (scaler_) scaler_->update();
+    if (average_) update_average(batch_idx);
     step_lr_schedulers(batch_idx);
   }
 
@@ -10750,6 +11161,15 @@ class Context {
  private:
   /// Steps the schedulers per their mode after update batch `batch_idx`.
   void step_lr_schedulers(std::int64_t batch_idx);
+  struct WrappedAverage {
+    std::shared_ptr<optim::AveragedWeights> weights;
+    std::shared_ptr<torch::nn::Module> source;
+    AveragingSchedule schedule;
+  };
+  void register_average(std::shared_ptr<optim::AveragedWeights> weights, std::shared_ptr<torch::nn::Module> source,
+                        AveragingSchedule schedule);
+  /// Updates the average when update batch `batch_idx` ends a due optimizer step.
+  void update_average(std::int64_t batch_idx);
   struct WrappedOptimizer {
     torch::optim::Optimizer* optimizer;
     std::vector<torch::Tensor> params;
@@ -10812,6 +11232,7 @@ class Context {
   std::vector<std::shared_ptr<torch::nn::Module>> models_;
   std::vector<WrappedOptimizer> optimizers_;
   std::vector<detail::WrappedScheduler> schedulers_;
+  std::optional<WrappedAverage> average_;
   std::vector<detail::WrappedReducer> reducers_;
   std::vector<std::shared_ptr<void>> owned_reducers_;  // the FunctionReducers wrap_reducer(fn) made
 
@@ -10963,6 +11384,7 @@ DETTRIAL_INLINE void Context::release_registrations() {
   models_.clear();
   optimizers_.clear();
   schedulers_.clear();
+  average_.reset();
   reducers_.clear();
   owned_reducers_.clear();
   ordered_params_.clear();
@@ -10985,6 +11407,23 @@ DETTRIAL_INLINE void Context::step_lr_schedulers_on_validation(const MetricValue
     }
     s.step_with_metric(s.scheduler, *value);
   }
+}
+
+DETTRIAL_INLINE void Context::register_average(std::shared_ptr<optim::AveragedWeights> weights, std::shared_ptr<torch::nn::Module> source,
+                                               AveragingSchedule schedule) {
+  if (average_) throw ConfigError("wrap_averaged_model: the trial already wrapped an averaged model (one per trial)");
+  if (schedule.every_n_steps < 1)
+    throw ConfigError("wrap_averaged_model: every_n_steps must be at least 1, not " + std::to_string(schedule.every_n_steps));
+  if (schedule.warmup_steps < 0)
+    throw ConfigError("wrap_averaged_model: warmup_steps must be at least 0, not " + std::to_string(schedule.warmup_steps));
+  average_ = WrappedAverage{std::move(weights), std::move(source), schedule};
+}
+
+DETTRIAL_INLINE void Context::update_average(std::int64_t batch_idx) {
+  const std::int64_t step = (batch_idx + 1) / aggregation_frequency_;  // optimizer steps so far, this one included
+  if (step % average_->schedule.every_n_steps != 0) return;
+  average_->weights->update_parameters(*average_->source);
+  if (step <= average_->schedule.warmup_steps) average_->weights->restart();
 }
 
 DETTRIAL_INLINE void Context::step_lr_schedulers(std::int64_t batch_idx) {
@@ -12495,11 +12934,11 @@ struct Kind {
 
 /// Options Python's optimizers carry that change nothing in LibTorch's arithmetic (how the update
 /// is computed, not what it is), and the entries Python's schedulers keep in the groups (initial_lr;
-/// OneCycleLR's max_lr and min_lr; its and CyclicLR's max_momentum and base_momentum), which the
-/// schedulers read themselves.
+/// OneCycleLR's max_lr and min_lr; its and CyclicLR's max_momentum and base_momentum; SWALR's
+/// swa_lr), which the schedulers read themselves.
 inline const std::set<std::string>& ignored_options() {
-  static const std::set<std::string> keys = {"params",     "foreach", "differentiable", "fused",        "capturable",
-                                             "initial_lr", "max_lr",  "min_lr",         "max_momentum", "base_momentum"};
+  static const std::set<std::string> keys = {"params",  "foreach", "differentiable", "fused",         "capturable", "initial_lr",
+                                             "max_lr",  "min_lr",  "max_momentum",   "base_momentum", "swa_lr"};
   return keys;
 }
 
@@ -13508,6 +13947,9 @@ struct NativeState {
   std::string bytes();
 };
 
+/// Where state_dict.pth holds the averaged model: torchvision's reference recipe's key.
+inline constexpr const char* averaged_model_key = "model_ema";
+
 /// Moves a Context's state into and out of checkpoint files, through the Context's public accessors.
 struct ContextCheckpoint {
   /// The Python-readable part (without callbacks, which the trainer adds).
@@ -13549,6 +13991,8 @@ struct ContextCheckpoint {
   /// What schedulers keep in Python's parameter groups (OneCycleLR's max_lr, ...), written into the
   /// groups of `optimizers` (Python's optimizer states, in the trial's order) and read back from them.
   static void add_scheduler_group_entries(Context& c, c10::impl::GenericList& optimizers);
+  /// The averaged model (Context::wrap_averaged_model) from `top`'s averaged_model_key.
+  static void load_average(Context& c, const StateDict& top, const std::string& what);
   static void read_scheduler_group_entries(Context& c, const WrappedScheduler& s, const c10::impl::GenericList& optimizers,
                                            const std::string& what);
 };
@@ -13801,7 +14245,7 @@ DETTRIAL_INLINE void ContextCheckpoint::add_scheduler_group_entries(Context& c, 
 }
 
 DETTRIAL_INLINE void ContextCheckpoint::read_scheduler_group_entries(Context& c, const WrappedScheduler& s,
-                                                                    const c10::impl::GenericList& optimizers, const std::string& what) {
+                                                                     const c10::impl::GenericList& optimizers, const std::string& what) {
   if (!s.load_python_param_group) return;
   const std::size_t o = checkpoint_detail::optimizer_index(c, s.driven_optimizer(s.scheduler));
   if (o >= optimizers.size()) return;
@@ -13858,6 +14302,8 @@ DETTRIAL_INLINE StateDict ContextCheckpoint::python_state(Context& c, const std:
   out.insert("lr_schedulers_state_dict", schedulers);
   out.insert("rng_state", rng);
   if (c.scaler()) out.insert("scaler_state_dict", c.scaler()->state_dict());  // Determined's key
+  // torchvision's reference recipe's key and layout: AveragedModel.state_dict().
+  if (const auto average = c.averaged_weights()) out.insert(averaged_model_key, module_state_dict(*average));
   return out;
 }
 
@@ -13987,6 +14433,17 @@ DETTRIAL_INLINE void refuse_unread_objects(const c10::IValue& part, const std::s
     throw CheckpointError(name + " holds a Python object of type '" + *type + "', which dettrial does not read");
 }
 
+DETTRIAL_INLINE void ContextCheckpoint::load_average(Context& c, const StateDict& top, const std::string& what) {
+  const auto it = top.find(averaged_model_key);
+  if (it == top.end())
+    throw CheckpointError(what + " has no '" + averaged_model_key +
+                          "' (the trial's averaged model): was it written by a trial without one?");
+  const std::string name = what + ", " + averaged_model_key;
+  refuse_unread_objects(it->value(), name);
+  if (!it->value().isGenericDict()) throw CheckpointError(name + " is not a state dict");
+  load_module_state_dict(*c.averaged_weights(), it->value().toGenericDict(), name);
+}
+
 DETTRIAL_INLINE void ContextCheckpoint::load_python_layout(Context& c, const StateDict& top, const std::filesystem::path& file,
                                                            bool fresh_parts, torch::serialize::InputArchive* native) {
   const std::string what = "checkpoint file '" + file.string() + "'";
@@ -14042,6 +14499,7 @@ DETTRIAL_INLINE void ContextCheckpoint::load_python_layout(Context& c, const Sta
       read_scheduler_group_entries(c, s, optimizers, name);
       s.load_python_state(s.scheduler, schedulers.get(i).toGenericDict(), name);
     });
+  if (c.averaged_weights()) part("the averaged model", [&] { load_average(c, top, what); });
   if (native) return load_native_grads(c, *native);
   for (const auto& model : c.models())  // nothing pending: Determined checkpoints at optimizer steps
     for (auto& p : model->parameters()) p.mutable_grad() = torch::Tensor();
@@ -21233,7 +21691,11 @@ DETTRIAL_INLINE void reduce_user_reducers(Context& context, bool WrappedReducer:
 }
 
 DETTRIAL_INLINE void agree_on_buffers(Context& context) {
-  if (Communicator* comm = context.communicator()) broadcast_buffers(*comm, context.models());
+  Communicator* comm = context.communicator();
+  if (!comm) return;
+  broadcast_buffers(*comm, context.models());
+  // The average's copy too (its count stays on the CPU, the same on every rank).
+  if (const auto average = context.averaged_weights()) broadcast_buffers(*comm, {average->averaged_ptr()});
 }
 
 }  // namespace dettrial::detail

@@ -1,6 +1,6 @@
 """Prints the Python reference values that tests/unit/python_state_test.cpp pastes for the schedulers
 LinearLR, ConstantLR, CosineAnnealingLR, LambdaLR, MultiplicativeLR, PolynomialLR,
-CosineAnnealingWarmRestarts, OneCycleLR, CyclicLR, SequentialLR and ChainedScheduler of
+CosineAnnealingWarmRestarts, OneCycleLR, CyclicLR, SequentialLR, ChainedScheduler and SWALR of
 include/dettrial/optim/:
 
     python3 tests/python/scheduler_reference.py
@@ -26,6 +26,7 @@ import struct
 import torch
 from torch import nn
 from torch.optim import lr_scheduler as ls
+from torch.optim import swa_utils
 
 STEPS = 300
 SAVED_AT = 37
@@ -122,6 +123,12 @@ CONFIGS = [
      [0.1, 0.025],
      lambda o: ls.SequentialLR(o, [ls.LinearLR(o, start_factor=0.5, total_iters=4), ls.OneCycleLR(o, max_lr=[1.0, 0.5], total_steps=250)],
                                milestones=[50]), [0, 4, 49, 50, 51, 300], False),
+    ("SWALR(swa_lr=0.05, anneal_epochs=10)", [0.1, 0.025],
+     lambda o: swa_utils.SWALR(o, swa_lr=0.05, anneal_epochs=10), [0, 1, 9, 10, 11, 300], True),
+    ("SWALR(swa_lr=[0.01, 0.2], anneal_epochs=5, anneal_strategy='linear')", [0.1, 0.025],
+     lambda o: swa_utils.SWALR(o, swa_lr=[0.01, 0.2], anneal_epochs=5, anneal_strategy="linear"), [0, 1, 4, 5, 6, 300], False),
+    ("SWALR(swa_lr=0.05, anneal_epochs=0)", [0.3],
+     lambda o: swa_utils.SWALR(o, swa_lr=0.05, anneal_epochs=0), [0, 1, 2, 300], False),
     ("ChainedScheduler([ConstantLR(factor=0.1, total_iters=4), ExponentialLR(gamma=0.99)])", [0.1, 0.025],
      lambda o: ls.ChainedScheduler([ls.ConstantLR(o, factor=0.1, total_iters=4), ls.ExponentialLR(o, gamma=0.99)]),
      [0, 1, 3, 4, 5, 300], True),

@@ -914,3 +914,90 @@ TEST_CASE("a second process in a live run folder is refused naming the holder, a
   const auto outer = dettrial::detail::FolderLock::acquire(dir / ".lock", "run folder");
   CHECK(fit_here().batches_trained == 3);
 }
+
+namespace {
+
+/// torchvision's reference recipe in small: SGD with momentum, a LinearLR warmup then cosine
+/// (SequentialLR, stepped every batch), and an EMA of the weights updated every 2 optimizer steps
+/// after a warmup of 3, on which validation runs; a stop request at a chosen batch.
+struct RecipeTrial : test::ImperativeRegression {
+  dettrial::optim::SequentialLR<dettrial::optim::LinearLR, dettrial::optim::CosineAnnealingLR> schedule;
+  dettrial::optim::AveragedModel<torch::nn::Sequential> ema;
+  std::int64_t stop_at = -1;
+  explicit RecipeTrial(Context& c)
+      : ImperativeRegression(c),
+        schedule(opt, std::tuple{dettrial::optim::LinearLR(opt, 0.1, 1.0, 4), dettrial::optim::CosineAnnealingLR(opt, 16)}, {4}),
+        ema(model, dettrial::optim::ema(0.8)) {
+    c.wrap_lr_scheduler(schedule, lr_step::every_batch{});
+    if (c.get_hparam<bool>("ema")) c.wrap_averaged_model(ema, model, {.every_n_steps = 2, .warmup_steps = 3});
+  }
+  Metrics train_batch(test::Batch& b, std::int64_t e, std::int64_t i) {
+    if (i + 1 == stop_at) context.set_stop_requested(true);
+    return ImperativeRegression::train_batch(b, e, i);
+  }
+  Metrics evaluate_batch(test::Batch& b) {  // validation on the averaged weights
+    auto& [x, y] = b;
+    return {{"validation_loss", torch::mse_loss(ema.module()->forward(x), y)}};
+  }
+};
+
+std::vector<torch::Tensor> averaged_state(RecipeTrial& t) {
+  std::vector<torch::Tensor> out;
+  for (const auto& entry : dettrial::module_state_dict(*t.ema.weights())) out.push_back(entry.value().toTensor().clone());
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "an EMA of the weights (torchvision's recipe: warmup, cosine, EMA) is checkpointed as torchvision's model_ema and resumes "
+    "bit-identically") {
+  const ContextOptions options{.trial_seed = 11};
+  Context straight_context(test::hparams("ema: true"), options);
+  Trainer<RecipeTrial> straight(straight_context);
+  MetricsRecorder straight_metrics;
+  const FitResult a = straight.fit(resumable_options(20), straight_metrics);
+  REQUIRE(a.batches_trained == 20);
+  // 20 optimizer steps: an update after steps 2, 4, ..., 20; those up to step 3 restart the average.
+  CHECK(straight.trial().ema.n_averaged() == 9);
+
+  Context first_context(test::hparams("ema: true"), options);
+  Trainer<RecipeTrial> first(first_context);
+  first.trial().stop_at = 9;
+  const FitResult b1 = first.fit(resumable_options(20));
+  REQUIRE(b1.batches_trained == 9);
+  // The checkpoint holds the average under torchvision's key, in Python's AveragedModel layout.
+  const StateDict top = dettrial::detail::read_state_dict_file(b1.checkpoints.back().path);
+  REQUIRE(top.contains("model_ema"));
+  const auto ema_state = top.at("model_ema").toGenericDict();
+  CHECK(ema_state.at("n_averaged").toTensor().item<std::int64_t>() == 3);
+  CHECK(ema_state.contains("module.0.weight"));
+
+  Context second_context(test::hparams("ema: true"), ContextOptions{.trial_seed = 99});
+  Trainer<RecipeTrial> second(second_context);
+  MetricsRecorder resumed_metrics;
+  FitOptions resume = resumable_options(20);
+  resume.latest_checkpoint = b1.output_dir;
+  const FitResult b2 = second.fit(resume, resumed_metrics);
+  CHECK(b2.batches_trained == 20);
+  CHECK(test::bit_identical(averaged_state(straight.trial()), averaged_state(second.trial())));
+  const bool same_reports = resumed_metrics.rows == straight_metrics.after(9);
+  CHECK(same_reports);  // validations ran on the same averaged weights
+
+  // It learns: the averaged weights' last validation loss is below the first one's.
+  std::vector<double> losses;
+  for (const auto& [kind, batches, name, value] : straight_metrics.rows)
+    if (name == "validation_loss") losses.push_back(value);
+  REQUIRE(losses.size() >= 2);
+  CHECK(losses.back() < losses.front());
+
+  // A checkpoint without the average is refused by name for a trial that has one.
+  Context plain_context(test::hparams("ema: false"), options);
+  Trainer<RecipeTrial> plain(plain_context);
+  const FitResult p = plain.fit(resumable_options(3));
+  Context into_context(test::hparams("ema: true"), options);
+  Trainer<RecipeTrial> into(into_context);
+  FitOptions from_plain = resumable_options(6);
+  from_plain.latest_checkpoint = p.output_dir;
+  CHECK_THROWS_WITH_AS(into.fit(from_plain), doctest::Contains("has no 'model_ema' (the trial's averaged model)"), CheckpointError);
+}

@@ -561,6 +561,19 @@ const std::vector<SchedulerReference>& scheduler_references() {
     {"SequentialLR([LinearLR(start_factor=0.5, total_iters=4), OneCycleLR(max_lr=[1.0, 0.5], total_steps=250)], milestones=[50])", {0.1, 0.025}, 0x03d649c45ca86d1dULL,
      {{0, {0x1.47ae147ae147bp-6, 0x1.47ae147ae147bp-7, 0x1.e666666666666p-1, 0x1.e666666666666p-1}}, {4, {0x1.47ae147ae147bp-5, 0x1.47ae147ae147bp-6, 0x1.e666666666666p-1, 0x1.e666666666666p-1}}, {49, {0x1.47ae147ae147bp-5, 0x1.47ae147ae147bp-6, 0x1.e666666666666p-1, 0x1.e666666666666p-1}}, {50, {0x1.47ae147ae1480p-5, 0x1.47ae147ae1480p-6, 0x1.e666666666666p-1, 0x1.e666666666666p-1}}, {51, {0x1.4b39171efa720p-5, 0x1.4b39171efa720p-6, 0x1.e6607eb754e72p-1, 0x1.e6607eb754e72p-1}}, {300, {0x1.62b1be3ed9403p-14, 0x1.62b1be3ed9403p-15, 0x1.e6655810b3d6dp-1, 0x1.e6655810b3d6dp-1}}},
      0, nullptr},
+    {"SWALR(swa_lr=0.05, anneal_epochs=10)", {0.1, 0.025}, 0x962f60493aaeb183ULL,
+     {{0, {0x1.999999999999ap-4, 0x1.999999999999ap-6, 0x0.0p+0, 0x0.0p+0}}, {1, {0x1.94969370daa9ap-4, 0x1.a39fa5eb1779bp-6, 0x0.0p+0, 0x0.0p+0}}, {9, {0x1.a39fa5eb1779ap-5, 0x1.94969370daa9ap-5, 0x0.0p+0, 0x0.0p+0}}, {10, {0x1.999999999999ap-5, 0x1.999999999999ap-5, 0x0.0p+0, 0x0.0p+0}}, {11, {0x1.999999999999ap-5, 0x1.999999999999ap-5, 0x0.0p+0, 0x0.0p+0}}, {300, {0x1.999999999999ap-5, 0x1.999999999999ap-5, 0x0.0p+0, 0x0.0p+0}}},
+     0x216e1f6a2957e4b1ULL,
+     "80027d71002858100000005f616e6e65616c5f737472617465677971015803000000636f737102580d000000616e6e65616c5f65706f63687371034b"
+     "0a5808000000626173655f6c727371045d710528473fb999999999999a473f9999999999999a65580a0000006c6173745f65706f636871064b25580b"
+     "0000005f737465705f636f756e7471074b26580b0000005f69735f696e697469616c710889581a0000005f6765745f6c725f63616c6c65645f776974"
+     "68696e5f7374657071098958080000005f6c6173745f6c72710a5d710b28473fa999999999999a473fa999999999999a65752e"},
+    {"SWALR(swa_lr=[0.01, 0.2], anneal_epochs=5, anneal_strategy='linear')", {0.1, 0.025}, 0x3b618819454c27f2ULL,
+     {{0, {0x1.999999999999ap-4, 0x1.999999999999ap-6, 0x0.0p+0, 0x0.0p+0}}, {1, {0x1.4fdf3b645a1ccp-4, 0x1.eb851eb851ebap-5, 0x0.0p+0, 0x0.0p+0}}, {4, {0x1.cac083126e979p-6, 0x1.51eb851eb8520p-3, 0x0.0p+0, 0x0.0p+0}}, {5, {0x1.47ae147ae147bp-7, 0x1.999999999999ap-3, 0x0.0p+0, 0x0.0p+0}}, {6, {0x1.47ae147ae147bp-7, 0x1.999999999999ap-3, 0x0.0p+0, 0x0.0p+0}}, {300, {0x1.47ae147ae147bp-7, 0x1.999999999999ap-3, 0x0.0p+0, 0x0.0p+0}}},
+     0, nullptr},
+    {"SWALR(swa_lr=0.05, anneal_epochs=0)", {0.3}, 0x623446edd5fa840cULL,
+     {{0, {0x1.999999999999ap-5, 0x0.0p+0}}, {1, {0x1.999999999999ap-5, 0x0.0p+0}}, {2, {0x1.999999999999ap-5, 0x0.0p+0}}, {300, {0x1.999999999999ap-5, 0x0.0p+0}}},
+     0, nullptr},
     {"ChainedScheduler([ConstantLR(factor=0.1, total_iters=4), ExponentialLR(gamma=0.99)])", {0.1, 0.025}, 0xa44b4a8c084bfb39ULL,
      {{0, {0x1.47ae147ae147cp-7, 0x1.47ae147ae147cp-9, 0x0.0p+0, 0x0.0p+0}}, {1, {0x1.4467381d7dbf6p-7, 0x1.4467381d7dbf6p-9, 0x0.0p+0, 0x0.0p+0}}, {3, {0x1.3df2945c98dd4p-7, 0x1.3df2945c98dd4p-9, 0x0.0p+0, 0x0.0p+0}}, {4, {0x1.8975cacc305e9p-4, 0x1.8975cacc305e9p-6, 0x0.0p+0, 0x0.0p+0}}, {5, {0x1.858688c506ed0p-4, 0x1.858688c506ed0p-6, 0x0.0p+0, 0x0.0p+0}}, {300, {0x1.4164f79eca7e0p-8, 0x1.4164f79eca7e0p-10, 0x0.0p+0, 0x0.0p+0}}},
      0xb9f663951a6fd869ULL,
@@ -664,7 +677,7 @@ AnyScheduler any_scheduler(torch::optim::Optimizer& optimizer, Args&&... args) {
   return erased(std::make_shared<S>(optimizer, std::forward<Args>(args)...));
 }
 
-/// OneCycleLR's and CyclicLR's configurations of scheduler_reference.py, made in C++.
+/// OneCycleLR's, CyclicLR's and SWALR's configurations of scheduler_reference.py, made in C++.
 std::optional<AnyScheduler> make_cyclic_scheduler(const std::string& config, torch::optim::Optimizer& o) {
   using namespace dettrial::optim;
   if (config == "OneCycleLR(max_lr=[1.0, 0.5], total_steps=300)")
@@ -703,6 +716,10 @@ std::optional<AnyScheduler> make_cyclic_scheduler(const std::string& config, tor
                                                       .scale_fn = [](std::int64_t x) { return 1 / (1 + 0.01 * static_cast<double>(x)); },
                                                       .scale_mode = ScaleMode::iterations,
                                                       .cycle_momentum = false});
+  if (config == "SWALR(swa_lr=0.05, anneal_epochs=10)") return any_scheduler<SWALR>(o, 0.05, 10);
+  if (config == "SWALR(swa_lr=[0.01, 0.2], anneal_epochs=5, anneal_strategy='linear')")
+    return any_scheduler<SWALR>(o, std::vector<double>{0.01, 0.2}, 5, AnnealStrategy::linear);
+  if (config == "SWALR(swa_lr=0.05, anneal_epochs=0)") return any_scheduler<SWALR>(o, 0.05, 0);
   return std::nullopt;
 }
 
@@ -839,8 +856,8 @@ void check_continues(const SchedulerReference& r, const std::vector<double>& sav
 
 TEST_CASE(
     "python state: LinearLR, ConstantLR, CosineAnnealingLR, LambdaLR, MultiplicativeLR, PolynomialLR, "
-    "CosineAnnealingWarmRestarts, OneCycleLR, CyclicLR, SequentialLR and ChainedScheduler give Python's learning rates and "
-    "momenta for 300 steps, to the bit") {
+    "CosineAnnealingWarmRestarts, OneCycleLR, CyclicLR, SequentialLR, ChainedScheduler and SWALR give Python's "
+    "learning rates and momenta for 300 steps, to the bit") {
   for (const SchedulerReference& r : scheduler_references()) {
     INFO(r.config);
     GroupedOptimizer g(r.lrs, r.config);
@@ -966,4 +983,116 @@ TEST_CASE("python state: the new schedulers refuse a bad argument naming the cla
                        doctest::Contains("LR scheduler 0: lr_lambdas[1] holds the attributes of a Python callable object"),
                        CheckpointError);
   CHECK(lambda.last_epoch() == 0);  // refused before anything changed
+}
+
+// ------------------------------------------------------------------------------------------------
+// AveragedModel against torch.optim.swa_utils.AveragedModel.
+
+namespace {
+
+/// What tests/python/averaging_reference.py prints for one configuration.
+struct AveragingReference {
+  const char* config;
+  /// FNV-1a of every entry of the average's state_dict() after each of the 25 updates.
+  std::uint64_t states;
+  std::vector<std::string> names;
+};
+
+// Printed by tests/python/averaging_reference.py with torch 2.15.0 (its CPU arithmetic).
+const std::vector<AveragingReference>& averaging_references() {
+  // clang-format off: as the script prints it
+  static const std::vector<AveragingReference> references = {
+    {"ema(0.9)", 0x02eaffac87896472ULL, {"n_averaged", "module.0.weight", "module.0.bias", "module.1.weight", "module.1.bias", "module.1.running_mean", "module.1.running_var", "module.1.num_batches_tracked", "module.2.weight", "module.2.bias"}},
+    {"ema(0.99, use_buffers)", 0x27302a6c55309a6aULL, {"n_averaged", "module.0.weight", "module.0.bias", "module.1.weight", "module.1.bias", "module.1.running_mean", "module.1.running_var", "module.1.num_batches_tracked", "module.2.weight", "module.2.bias"}},
+    {"swa()", 0xb9e660bb017edd8aULL, {"n_averaged", "module.0.weight", "module.0.bias", "module.1.weight", "module.1.bias", "module.1.running_mean", "module.1.running_var", "module.1.num_batches_tracked", "module.2.weight", "module.2.bias"}},
+    {"swa(use_buffers)", 0xb2874820b426e252ULL, {"n_averaged", "module.0.weight", "module.0.bias", "module.1.weight", "module.1.bias", "module.1.running_mean", "module.1.running_var", "module.1.num_batches_tracked", "module.2.weight", "module.2.bias"}},
+  };
+  // clang-format on
+  return references;
+}
+
+/// averaging_reference.py's set_values: every parameter and buffer a function of k.
+void set_averaging_values(torch::nn::Module& model, std::int64_t k) {
+  torch::NoGradGuard no_grad;
+  std::vector<torch::Tensor> all = model.parameters();
+  for (const auto& b : model.buffers()) all.push_back(b);
+  for (auto& t : all) {
+    if (t.scalar_type() == torch::kLong) t.fill_(3 * k);
+    else
+      t.copy_(
+          torch::arange(t.numel(), torch::kFloat32).reshape(t.sizes()).mul(0.37).add(1.3 * static_cast<double>(k)).remainder(5.0).div(7.0));
+  }
+}
+
+dettrial::optim::Averaging averaging_named(const std::string& config) {
+  using namespace dettrial::optim;
+  if (config == "ema(0.9)") return ema(0.9);
+  if (config == "ema(0.99, use_buffers)") return ema(0.99, true);
+  if (config == "swa()") return swa();
+  if (config == "swa(use_buffers)") return swa(true);
+  throw std::logic_error("no averaging " + config);
+}
+
+}  // namespace
+
+TEST_CASE(
+    "python state: AveragedModel averages as Python's swa_utils.AveragedModel (EMA and equal weights, buffers or not), in its layout") {
+  for (const AveragingReference& r : averaging_references()) {
+    INFO(r.config);
+    torch::manual_seed(0);
+    torch::nn::Sequential model(torch::nn::Linear(3, 4), torch::nn::BatchNorm1d(4), torch::nn::Linear(4, 2));
+    dettrial::optim::AveragedModel<torch::nn::Sequential> averaged(model, averaging_named(r.config));
+    std::uint64_t h = 0xcbf29ce484222325ULL;
+    for (std::int64_t k = 0; k < 25; ++k) {
+      set_averaging_values(*model, k);
+      averaged.update_parameters(model);
+      const auto state = dettrial::module_state_dict(*averaged.weights());
+      for (const auto& entry : state) {
+        const torch::Tensor t = entry.value().toTensor().contiguous();
+        const auto* bytes = static_cast<const unsigned char*>(t.data_ptr());
+        for (std::size_t i = 0; i < t.nbytes(); ++i) h = (h ^ bytes[i]) * 0x100000001b3ULL;
+      }
+    }
+    CHECK(h == r.states);  // one value one ulp off, after any update, changes it
+    CHECK(averaged.n_averaged() == 25);
+    std::vector<std::string> names;
+    for (const auto& entry : dettrial::module_state_dict(*averaged.weights())) names.push_back(entry.key().toStringRef());
+    CHECK(names == r.names);
+  }
+}
+
+TEST_CASE("python state: AveragedModel refuses a decay outside [0, 1] and a model of another architecture, by name") {
+  using namespace dettrial::optim;
+  torch::nn::Sequential model(torch::nn::Linear(3, 4));
+  CHECK_THROWS_WITH_AS(AveragedModel<torch::nn::Sequential>(model, ema(1.5)),
+                       doctest::Contains("AveragedModel: decay must be in [0, 1], not 1.5"), ConfigError);
+  AveragedModel<torch::nn::Sequential> averaged(model, ema(0.9));
+  torch::nn::Sequential other(torch::nn::Linear(3, 4), torch::nn::Linear(4, 2));
+  CHECK_THROWS_WITH_AS(averaged.update_parameters(other),
+                       doctest::Contains("AveragedModel: the model has 4 parameters (and buffers, with use_buffers) but the average 2"),
+                       TrialError);
+  // A copy given explicitly (for modules that are not Cloneable) starts from the model's values.
+  AveragedModel<torch::nn::Sequential> given(torch::nn::Sequential(torch::nn::Linear(3, 4)), model, swa());
+  CHECK(torch::equal(given.module()->parameters()[0], model->parameters()[0]));
+}
+
+TEST_CASE("python state: update_bn recomputes BatchNorm's statistics as Python's swa_utils.update_bn does") {
+  torch::nn::Sequential model(torch::nn::Linear(3, 4), torch::nn::BatchNorm1d(4), torch::nn::ReLU(), torch::nn::Linear(4, 2));
+  set_averaging_values(*model, 1);
+  std::vector<std::tuple<torch::Tensor, torch::Tensor>> batches;
+  for (int b = 0; b < 5; ++b)
+    batches.emplace_back(torch::arange(18, torch::kFloat32).mul(0.1 * (b + 1)).remainder(3.0).reshape({6, 3}), torch::zeros({6}));
+  model->eval();
+  dettrial::optim::update_bn(batches, model);
+  CHECK(!model->is_training());  // the mode it had
+  auto* bn = model[1]->as<torch::nn::BatchNorm1d>();
+  REQUIRE(bn);
+  CHECK(bn->options.momentum() == 0.1);  // the momentum it had
+  std::uint64_t h = 0xcbf29ce484222325ULL;
+  for (const auto& t : bn->buffers()) {
+    const torch::Tensor c = t.contiguous();
+    const auto* bytes = static_cast<const unsigned char*>(c.data_ptr());
+    for (std::size_t i = 0; i < c.nbytes(); ++i) h = (h ^ bytes[i]) * 0x100000001b3ULL;
+  }
+  CHECK(h == 0x5881b55be16fb2fcULL);  // tests/python/averaging_reference.py's "update_bn", torch 2.15.0
 }

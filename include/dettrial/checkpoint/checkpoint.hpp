@@ -88,6 +88,9 @@ struct NativeState {
   std::string bytes();
 };
 
+/// Where state_dict.pth holds the averaged model: torchvision's reference recipe's key.
+inline constexpr const char* averaged_model_key = "model_ema";
+
 /// Moves a Context's state into and out of checkpoint files, through the Context's public accessors.
 struct ContextCheckpoint {
   /// The Python-readable part (without callbacks, which the trainer adds).
@@ -129,6 +132,8 @@ struct ContextCheckpoint {
   /// What schedulers keep in Python's parameter groups (OneCycleLR's max_lr, ...), written into the
   /// groups of `optimizers` (Python's optimizer states, in the trial's order) and read back from them.
   static void add_scheduler_group_entries(Context& c, c10::impl::GenericList& optimizers);
+  /// The averaged model (Context::wrap_averaged_model) from `top`'s averaged_model_key.
+  static void load_average(Context& c, const StateDict& top, const std::string& what);
   static void read_scheduler_group_entries(Context& c, const WrappedScheduler& s, const c10::impl::GenericList& optimizers,
                                            const std::string& what);
 };
@@ -439,6 +444,8 @@ DETTRIAL_INLINE StateDict ContextCheckpoint::python_state(Context& c, const std:
   out.insert("lr_schedulers_state_dict", schedulers);
   out.insert("rng_state", rng);
   if (c.scaler()) out.insert("scaler_state_dict", c.scaler()->state_dict());  // Determined's key
+  // torchvision's reference recipe's key and layout: AveragedModel.state_dict().
+  if (const auto average = c.averaged_weights()) out.insert(averaged_model_key, module_state_dict(*average));
   return out;
 }
 
@@ -568,6 +575,17 @@ DETTRIAL_INLINE void refuse_unread_objects(const c10::IValue& part, const std::s
     throw CheckpointError(name + " holds a Python object of type '" + *type + "', which dettrial does not read");
 }
 
+DETTRIAL_INLINE void ContextCheckpoint::load_average(Context& c, const StateDict& top, const std::string& what) {
+  const auto it = top.find(averaged_model_key);
+  if (it == top.end())
+    throw CheckpointError(what + " has no '" + averaged_model_key +
+                          "' (the trial's averaged model): was it written by a trial without one?");
+  const std::string name = what + ", " + averaged_model_key;
+  refuse_unread_objects(it->value(), name);
+  if (!it->value().isGenericDict()) throw CheckpointError(name + " is not a state dict");
+  load_module_state_dict(*c.averaged_weights(), it->value().toGenericDict(), name);
+}
+
 DETTRIAL_INLINE void ContextCheckpoint::load_python_layout(Context& c, const StateDict& top, const std::filesystem::path& file,
                                                            bool fresh_parts, torch::serialize::InputArchive* native) {
   const std::string what = "checkpoint file '" + file.string() + "'";
@@ -623,6 +641,7 @@ DETTRIAL_INLINE void ContextCheckpoint::load_python_layout(Context& c, const Sta
       read_scheduler_group_entries(c, s, optimizers, name);
       s.load_python_state(s.scheduler, schedulers.get(i).toGenericDict(), name);
     });
+  if (c.averaged_weights()) part("the averaged model", [&] { load_average(c, top, what); });
   if (native) return load_native_grads(c, *native);
   for (const auto& model : c.models())  // nothing pending: Determined checkpoints at optimizer steps
     for (auto& p : model->parameters()) p.mutable_grad() = torch::Tensor();

@@ -74,11 +74,11 @@ struct Kind {
 
 /// Options Python's optimizers carry that change nothing in LibTorch's arithmetic (how the update
 /// is computed, not what it is), and the entries Python's schedulers keep in the groups (initial_lr;
-/// OneCycleLR's max_lr and min_lr; its and CyclicLR's max_momentum and base_momentum), which the
-/// schedulers read themselves.
+/// OneCycleLR's max_lr and min_lr; its and CyclicLR's max_momentum and base_momentum; SWALR's
+/// swa_lr), which the schedulers read themselves.
 inline const std::set<std::string>& ignored_options() {
-  static const std::set<std::string> keys = {"params",     "foreach", "differentiable", "fused",        "capturable",
-                                             "initial_lr", "max_lr",  "min_lr",         "max_momentum", "base_momentum"};
+  static const std::set<std::string> keys = {"params", "foreach", "differentiable", "fused",         "capturable", "initial_lr",
+                                             "max_lr", "min_lr",  "max_momentum",   "base_momentum", "swa_lr"};
   return keys;
 }
 

@@ -31,6 +31,7 @@
 #include "../distributed/ordered_gradients.hpp"
 #include "../distributed/threads.hpp"
 #include "../metrics/reducers.hpp"
+#include "../optim/averaged_model.hpp"
 #include "../optim/clip.hpp"
 #include "../optim/handles.hpp"
 #include "../optim/lr_state.hpp"
@@ -118,6 +119,15 @@ struct RunPosition {
   c10::IValue python_generators{};
 };
 }  // namespace detail
+
+/// When the trainer updates the averaged model a trial wraps (Context::wrap_averaged_model).
+struct AveragingSchedule {
+  /// After every n-th optimizer step, counted from the first step of training: steps n, 2n, ...
+  std::int64_t every_n_steps = 1;
+  /// Up to this optimizer step each update copies the model, so the average begins after it (as
+  /// torchvision's recipe restarts its EMA during the learning-rate warmup).
+  std::int64_t warmup_steps = 0;
+};
 
 /**
  * @brief What a trial sees of its run (Determined's PyTorchTrialContext).
@@ -437,6 +447,22 @@ class Context {
     if (auto_zero_grads) optimizer.zero_grad();
   }
 
+  /**
+   * @brief Registers a weight average of `model`, which the trainer then updates after every
+   * `schedule.every_n_steps`-th optimizer step (in finish_batch, after all of a batch's optimizer
+   * steps), puts in checkpoints (state_dict.pth's `model_ema`, torchvision's name and layout) and
+   * restores on resume, and whose buffers every rank takes from rank 0 where the models' are
+   * (validation, checkpoints), so every rank holds the same average. One per trial. Validating on it
+   * is the trial's choice: call `averaged.module()` in evaluate_batch.
+   */
+  template <class M>
+  optim::AveragedModel<M>& wrap_averaged_model(optim::AveragedModel<M>& averaged, const M& model, AveragingSchedule schedule = {}) {
+    register_average(averaged.weights(), model.ptr(), schedule);
+    return averaged;
+  }
+  /// The wrapped average (its state dict is Python's AveragedModel's), or null.
+  std::shared_ptr<optim::AveragedWeights> averaged_weights() const { return average_ ? average_->weights : nullptr; }
+
   /// True while a trainer's trial is registered here.
   bool has_registrations() const { return !models_.empty() || !optimizers_.empty() || !schedulers_.empty() || !reducers_.empty(); }
   /// Forgets every wrapped object (called when their trainer goes away).
@@ -468,6 +494,7 @@ class Context {
       return;
     }
     if (scaler_) scaler_->update();
+    if (average_) update_average(batch_idx);
     step_lr_schedulers(batch_idx);
   }
 
@@ -488,6 +515,15 @@ class Context {
  private:
   /// Steps the schedulers per their mode after update batch `batch_idx`.
   void step_lr_schedulers(std::int64_t batch_idx);
+  struct WrappedAverage {
+    std::shared_ptr<optim::AveragedWeights> weights;
+    std::shared_ptr<torch::nn::Module> source;
+    AveragingSchedule schedule;
+  };
+  void register_average(std::shared_ptr<optim::AveragedWeights> weights, std::shared_ptr<torch::nn::Module> source,
+                        AveragingSchedule schedule);
+  /// Updates the average when update batch `batch_idx` ends a due optimizer step.
+  void update_average(std::int64_t batch_idx);
   struct WrappedOptimizer {
     torch::optim::Optimizer* optimizer;
     std::vector<torch::Tensor> params;
@@ -550,6 +586,7 @@ class Context {
   std::vector<std::shared_ptr<torch::nn::Module>> models_;
   std::vector<WrappedOptimizer> optimizers_;
   std::vector<detail::WrappedScheduler> schedulers_;
+  std::optional<WrappedAverage> average_;
   std::vector<detail::WrappedReducer> reducers_;
   std::vector<std::shared_ptr<void>> owned_reducers_;  // the FunctionReducers wrap_reducer(fn) made
 
@@ -701,6 +738,7 @@ DETTRIAL_INLINE void Context::release_registrations() {
   models_.clear();
   optimizers_.clear();
   schedulers_.clear();
+  average_.reset();
   reducers_.clear();
   owned_reducers_.clear();
   ordered_params_.clear();
@@ -723,6 +761,23 @@ DETTRIAL_INLINE void Context::step_lr_schedulers_on_validation(const MetricValue
     }
     s.step_with_metric(s.scheduler, *value);
   }
+}
+
+DETTRIAL_INLINE void Context::register_average(std::shared_ptr<optim::AveragedWeights> weights, std::shared_ptr<torch::nn::Module> source,
+                                               AveragingSchedule schedule) {
+  if (average_) throw ConfigError("wrap_averaged_model: the trial already wrapped an averaged model (one per trial)");
+  if (schedule.every_n_steps < 1)
+    throw ConfigError("wrap_averaged_model: every_n_steps must be at least 1, not " + std::to_string(schedule.every_n_steps));
+  if (schedule.warmup_steps < 0)
+    throw ConfigError("wrap_averaged_model: warmup_steps must be at least 0, not " + std::to_string(schedule.warmup_steps));
+  average_ = WrappedAverage{std::move(weights), std::move(source), schedule};
+}
+
+DETTRIAL_INLINE void Context::update_average(std::int64_t batch_idx) {
+  const std::int64_t step = (batch_idx + 1) / aggregation_frequency_;  // optimizer steps so far, this one included
+  if (step % average_->schedule.every_n_steps != 0) return;
+  average_->weights->update_parameters(*average_->source);
+  if (step <= average_->schedule.warmup_steps) average_->weights->restart();
 }
 
 DETTRIAL_INLINE void Context::step_lr_schedulers(std::int64_t batch_idx) {

@@ -694,7 +694,11 @@ DETTRIAL_INLINE void reduce_user_reducers(Context& context, bool WrappedReducer:
 }
 
 DETTRIAL_INLINE void agree_on_buffers(Context& context) {
-  if (Communicator* comm = context.communicator()) broadcast_buffers(*comm, context.models());
+  Communicator* comm = context.communicator();
+  if (!comm) return;
+  broadcast_buffers(*comm, context.models());
+  // The average's copy too (its count stays on the CPU, the same on every rank).
+  if (const auto average = context.averaged_weights()) broadcast_buffers(*comm, {average->averaged_ptr()});
 }
 
 }  // namespace dettrial::detail
