@@ -18,7 +18,7 @@ LAYERS = [
     ["detail"],
     ["vocabulary"],
     ["config", "data", "metrics", "optim", "tensorboard"],
-    ["tracking"],
+    ["tracking", "nn"],
     ["distributed"],
     ["context", "vision"],
     ["checkpoint", "report"],

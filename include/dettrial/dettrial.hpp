@@ -24,6 +24,8 @@
 #include "vocabulary/metrics.hpp"
 #include "metrics/reducers.hpp"
 #include "optim/adadelta.hpp"
+#include "optim/adam_family.hpp"
+#include "nn/checkpoint.hpp"
 #include "optim/fused.hpp"
 #include "optim/clip.hpp"
 #include "optim/lr_state.hpp"

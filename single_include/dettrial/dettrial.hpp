@@ -521,6 +521,7 @@ DETTRIAL_INLINE std::string TrainUnit::to_string() const {
 /// @brief A trial's hyperparameters: typed, nested, with errors that name the key and the value.
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -568,6 +569,14 @@ class Hyperparameters {
   T get_or(std::string_view path, T fallback) const {
     return contains(path) ? get<T>(path) : std::move(fallback);
   }
+
+  /// Determined's `global_batch_size`, the one hyperparameter the harness reads itself, when given
+  /// (a present but mistyped value throws, naming it). Every reader of it asks here.
+  std::optional<std::int64_t> global_batch_size() const {
+    if (!contains(global_batch_size_key)) return std::nullopt;
+    return get<std::int64_t>(global_batch_size_key);
+  }
+  static constexpr std::string_view global_batch_size_key = "global_batch_size";
 
   /// The nested hyperparameters under `path` (which must be a map).
   Hyperparameters nested(std::string_view path) const;
@@ -4501,6 +4510,509 @@ DETTRIAL_INLINE void python_group_options(const AdadeltaOptions& options, c10::i
 }  // namespace dettrial::optim
 #endif  // DETTRIAL_HEADER_DEFINITIONS
 // ---- end dettrial/optim/adadelta.hpp
+// ---- begin dettrial/optim/adam_family.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief NAdam, RAdam and Adamax, which LibTorch lacks: `torch::optim::Optimizer`s with Python's
+/// `torch.optim` arithmetic (its single-tensor path, the one Python takes on the CPU), LibTorch's
+/// serialization, and Python's state-dict layout.
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include <torch/torch.h>
+
+
+namespace dettrial::optim {
+
+/// NAdam's options, with Python's defaults (`torch.optim.NAdam(params, lr=2e-3, betas=(0.9, 0.999),
+/// eps=1e-8, weight_decay=0, momentum_decay=4e-3, decoupled_weight_decay=False)`).
+struct NAdamOptions : torch::optim::OptimizerCloneableOptions<NAdamOptions> {
+  using betas_t = std::tuple<double, double>;
+  NAdamOptions(double lr = 2e-3) : lr_(lr) {}  // NOLINT(google-explicit-constructor): LibTorch's style
+  TORCH_ARG(double, lr) = 2e-3;
+  TORCH_ARG(betas_t, betas) = std::make_tuple(0.9, 0.999);
+  TORCH_ARG(double, eps) = 1e-8;
+  TORCH_ARG(double, weight_decay) = 0;
+  TORCH_ARG(double, momentum_decay) = 4e-3;
+  TORCH_ARG(bool, decoupled_weight_decay) = false;
+  TORCH_ARG(bool, maximize) = false;
+
+ public:
+  void serialize(torch::serialize::InputArchive& archive) override;
+  void serialize(torch::serialize::OutputArchive& archive) const override;
+  double get_lr() const override { return lr(); }
+  void set_lr(const double lr) override { this->lr(lr); }
+};
+
+/// RAdam's options, with Python's defaults (`torch.optim.RAdam(params, lr=1e-3, betas=(0.9, 0.999),
+/// eps=1e-8, weight_decay=0, decoupled_weight_decay=False)`).
+struct RAdamOptions : torch::optim::OptimizerCloneableOptions<RAdamOptions> {
+  using betas_t = std::tuple<double, double>;
+  RAdamOptions(double lr = 1e-3) : lr_(lr) {}  // NOLINT(google-explicit-constructor): LibTorch's style
+  TORCH_ARG(double, lr) = 1e-3;
+  TORCH_ARG(betas_t, betas) = std::make_tuple(0.9, 0.999);
+  TORCH_ARG(double, eps) = 1e-8;
+  TORCH_ARG(double, weight_decay) = 0;
+  TORCH_ARG(bool, decoupled_weight_decay) = false;
+  TORCH_ARG(bool, maximize) = false;
+
+ public:
+  void serialize(torch::serialize::InputArchive& archive) override;
+  void serialize(torch::serialize::OutputArchive& archive) const override;
+  double get_lr() const override { return lr(); }
+  void set_lr(const double lr) override { this->lr(lr); }
+};
+
+/// Adamax's options, with Python's defaults (`torch.optim.Adamax(params, lr=2e-3, betas=(0.9, 0.999),
+/// eps=1e-8, weight_decay=0)`).
+struct AdamaxOptions : torch::optim::OptimizerCloneableOptions<AdamaxOptions> {
+  using betas_t = std::tuple<double, double>;
+  AdamaxOptions(double lr = 2e-3) : lr_(lr) {}  // NOLINT(google-explicit-constructor): LibTorch's style
+  TORCH_ARG(double, lr) = 2e-3;
+  TORCH_ARG(betas_t, betas) = std::make_tuple(0.9, 0.999);
+  TORCH_ARG(double, eps) = 1e-8;
+  TORCH_ARG(double, weight_decay) = 0;
+  TORCH_ARG(bool, maximize) = false;
+
+ public:
+  void serialize(torch::serialize::InputArchive& archive) override;
+  void serialize(torch::serialize::OutputArchive& archive) const override;
+  double get_lr() const override { return lr(); }
+  void set_lr(const double lr) override { this->lr(lr); }
+};
+
+/// One parameter's state in Adam's family: the step count, the first moment (`exp_avg`), and the
+/// second (`exp_avg_sq`: NAdam, RAdam) or the infinity norm (`exp_inf`: Adamax, in `second`), with
+/// NAdam's `mu_product` (a float32 0-dim tensor, as Python keeps it).
+struct AdamFamilyParamState : torch::optim::OptimizerCloneableParamState<AdamFamilyParamState> {
+  TORCH_ARG(std::int64_t, step) = 0;
+  TORCH_ARG(torch::Tensor, exp_avg);
+  TORCH_ARG(torch::Tensor, second);
+  TORCH_ARG(torch::Tensor, mu_product);
+  /// Adamax's: `second` is the infinity norm, Python's `exp_inf`.
+  TORCH_ARG(bool, infinity_norm) = false;
+
+ public:
+  void serialize(torch::serialize::InputArchive& archive) override;
+  void serialize(torch::serialize::OutputArchive& archive) const override;
+};
+
+/**
+ * @brief What the three share: the groups' options checked as Python checks them, each parameter's
+ * state made on its first step with a gradient, and LibTorch's save and load (which restore the
+ * groups' options too, on every version). `Update` is the member of Python's family: its `update`
+ * computes one parameter's step as Python's `_single_tensor_*` function does, operation for operation.
+ */
+template <class Options, class Update>
+class AdamFamily : public torch::optim::Optimizer {
+ public:
+  explicit AdamFamily(const std::vector<torch::optim::OptimizerParamGroup>& param_groups, Options defaults = {})
+      : torch::optim::Optimizer(param_groups, std::make_unique<Options>(defaults)) {
+    Update::check(defaults, "");
+    for (std::size_t i = 0; i < param_groups_.size(); ++i) {
+      // LibTorch 2.x merges a group's options with the defaults only for its own optimizers' option
+      // types: a group's own options stand, as in Python.
+      if (i < param_groups.size() && param_groups[i].has_options()) param_groups_[i].set_options(param_groups[i].options().clone());
+      const auto* options = dynamic_cast<const Options*>(&param_groups_[i].options());
+      if (!options)
+        throw ConfigError(std::string("dettrial::optim::") + Update::name + ": parameter group " + std::to_string(i) +
+                          " has another optimizer's options; give it " + Update::name + "Options or none");
+      Update::check(*options, "parameter group " + std::to_string(i) + "'s ");
+    }
+  }
+  explicit AdamFamily(std::vector<torch::Tensor> params, Options defaults = {})
+      : AdamFamily(std::vector<torch::optim::OptimizerParamGroup>{torch::optim::OptimizerParamGroup(std::move(params))}, defaults) {}
+
+  torch::Tensor step(LossClosure closure = nullptr) override {
+    torch::NoGradGuard no_grad;
+    torch::Tensor loss;
+    if (closure != nullptr) {
+      at::AutoGradMode enable_grad(true);
+      loss = closure();
+    }
+    using StateMap = std::remove_cvref_t<decltype(state_)>;
+    for (auto& group : param_groups_) {
+      const auto& options = static_cast<const Options&>(group.options());
+      for (auto& p : group.params()) {
+        if (!p.grad().defined()) continue;
+        if (p.grad().is_sparse()) throw TrialError(std::string("dettrial::optim::") + Update::name + " does not support sparse gradients");
+        auto& slot = state_[dettrial::detail::optimizer_state_key<StateMap>(p)];
+        if (!slot) slot = Update::fresh(p);
+        auto& state = static_cast<AdamFamilyParamState&>(*slot);
+        state.step(state.step() + 1);
+        Update::update(p, options.maximize() ? -p.grad() : p.grad(), state, options);
+      }
+    }
+    return loss;
+  }
+  void save(torch::serialize::OutputArchive& archive) const override {
+    torch::optim::serialize<AdamFamilyParamState, Options>(archive, *this);
+  }
+  void load(torch::serialize::InputArchive& archive) override {
+    torch::optim::serialize<AdamFamilyParamState, Options>(archive, *this);
+    // LibTorch 1.x restores the per-parameter state only: the groups' options are read back here.
+    torch::serialize::InputArchive groups;
+    archive.read("param_groups", groups);
+    for (std::size_t i = 0; i < param_groups_.size(); ++i) {
+      torch::serialize::InputArchive group, options;
+      groups.read("param_groups/" + std::to_string(i), group);
+      group.read("options", options);
+      static_cast<Options&>(param_groups_[i].options()).serialize(options);
+    }
+  }
+};
+
+/// Python's `_single_tensor_nadam`.
+struct NAdamUpdate {
+  static constexpr const char* name = "NAdam";
+  static void check(const NAdamOptions& o, const std::string& where);
+  static std::unique_ptr<torch::optim::OptimizerParamState> fresh(const torch::Tensor& p);
+  static void update(torch::Tensor& param, torch::Tensor grad, AdamFamilyParamState& state, const NAdamOptions& o);
+};
+/// Python's `_single_tensor_radam`.
+struct RAdamUpdate {
+  static constexpr const char* name = "RAdam";
+  static void check(const RAdamOptions& o, const std::string& where);
+  static std::unique_ptr<torch::optim::OptimizerParamState> fresh(const torch::Tensor& p);
+  static void update(torch::Tensor& param, torch::Tensor grad, AdamFamilyParamState& state, const RAdamOptions& o);
+};
+/// Python's `_single_tensor_adamax`.
+struct AdamaxUpdate {
+  static constexpr const char* name = "Adamax";
+  static void check(const AdamaxOptions& o, const std::string& where);
+  static std::unique_ptr<torch::optim::OptimizerParamState> fresh(const torch::Tensor& p);
+  static void update(torch::Tensor& param, torch::Tensor grad, AdamFamilyParamState& state, const AdamaxOptions& o);
+};
+
+/**
+ * @brief NAdam (Dozat 2016), with Python's momentum decay and, with `decoupled_weight_decay`, NAdamW.
+ * @code{.cpp}
+ * dettrial::optim::NAdam opt(model->parameters(), dettrial::optim::NAdamOptions(2e-3).weight_decay(0.01));
+ * @endcode
+ */
+using NAdam = AdamFamily<NAdamOptions, NAdamUpdate>;
+/// RAdam (Liu et al. 2019): Adam with its variance rectified, plain momentum while it cannot be.
+using RAdam = AdamFamily<RAdamOptions, RAdamUpdate>;
+/// Adamax (Kingma and Ba 2014): Adam with the infinity norm.
+using Adamax = AdamFamily<AdamaxOptions, AdamaxUpdate>;
+
+/// Writes one parameter's state as Python's `state_dict()["state"][i]` holds it (`step` a float32
+/// 0-dim tensor; `exp_avg`; `exp_avg_sq`, or Adamax's `exp_inf`; NAdam's `mu_product`).
+DETTRIAL_INLINE void python_param_state(const AdamFamilyParamState& state, c10::impl::GenericDict& out);
+/// Writes a group's options as Python's `state_dict()["param_groups"][i]` holds them (less `params`).
+DETTRIAL_INLINE void python_group_options(const NAdamOptions& options, c10::impl::GenericDict& out);
+DETTRIAL_INLINE void python_group_options(const RAdamOptions& options, c10::impl::GenericDict& out);
+DETTRIAL_INLINE void python_group_options(const AdamaxOptions& options, c10::impl::GenericDict& out);
+
+}  // namespace dettrial::optim
+
+// Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
+#if DETTRIAL_HEADER_DEFINITIONS
+#include <charconv>
+#include <cmath>
+
+namespace dettrial::optim {
+
+namespace adam_family_detail {
+
+DETTRIAL_INLINE std::string number(double value) {
+  char text[32];
+  const auto result = std::to_chars(text, text + sizeof text, value);
+  return std::string(text, result.ptr);
+}
+
+/// Python's checks shared by the three (their __init__s), one sentence naming the option and value.
+template <class Options>
+void check_common(const char* optimizer, const Options& o, const std::string& where) {
+  const auto invalid = [&](const char* name, double value, const char* rule) {
+    throw ConfigError(std::string("dettrial::optim::") + optimizer + ": " + where + name + " must be " + rule + ", not " + number(value));
+  };
+  if (!(o.lr() >= 0)) invalid("lr", o.lr(), "at least 0");
+  if (!(o.eps() >= 0)) invalid("eps", o.eps(), "at least 0");
+  if (!(std::get<0>(o.betas()) >= 0 && std::get<0>(o.betas()) < 1)) invalid("betas[0]", std::get<0>(o.betas()), "in [0, 1)");
+  if (!(std::get<1>(o.betas()) >= 0 && std::get<1>(o.betas()) < 1)) invalid("betas[1]", std::get<1>(o.betas()), "in [0, 1)");
+  if (!(o.weight_decay() >= 0)) invalid("weight_decay", o.weight_decay(), "at least 0");
+}
+
+/// A first and second moment shaped like `p` (and NAdam's mu_product, a float32 one).
+DETTRIAL_INLINE std::unique_ptr<torch::optim::OptimizerParamState> fresh_state(const torch::Tensor& p, bool mu_product,
+                                                                               bool infinity_norm = false) {
+  auto s = std::make_unique<AdamFamilyParamState>();
+  s->infinity_norm(infinity_norm);
+  s->exp_avg(torch::zeros_like(p, torch::MemoryFormat::Preserve));
+  s->second(torch::zeros_like(p, torch::MemoryFormat::Preserve));
+  if (mu_product) s->mu_product(torch::ones({}, torch::kFloat));
+  return s;
+}
+
+template <class Options>
+void betas_options(const Options& o, c10::impl::GenericDict& out) {
+  out.insert("lr", o.lr());
+  out.insert("betas", c10::ivalue::Tuple::create({std::get<0>(o.betas()), std::get<1>(o.betas())}));
+  out.insert("eps", o.eps());
+  out.insert("weight_decay", o.weight_decay());
+}
+
+}  // namespace adam_family_detail
+
+// Options' and state's LibTorch serialization (dettrial's native checkpoints, torch::save).
+
+DETTRIAL_INLINE void NAdamOptions::serialize(torch::serialize::OutputArchive& archive) const {
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(lr);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(betas);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(eps);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(weight_decay);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(momentum_decay);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(decoupled_weight_decay);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(maximize);
+}
+
+DETTRIAL_INLINE void NAdamOptions::serialize(torch::serialize::InputArchive& archive) {
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(double, lr);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(betas_t, betas);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(double, eps);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(double, weight_decay);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(double, momentum_decay);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(bool, decoupled_weight_decay);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(bool, maximize);
+}
+
+DETTRIAL_INLINE void RAdamOptions::serialize(torch::serialize::OutputArchive& archive) const {
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(lr);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(betas);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(eps);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(weight_decay);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(decoupled_weight_decay);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(maximize);
+}
+
+DETTRIAL_INLINE void RAdamOptions::serialize(torch::serialize::InputArchive& archive) {
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(double, lr);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(betas_t, betas);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(double, eps);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(double, weight_decay);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(bool, decoupled_weight_decay);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(bool, maximize);
+}
+
+DETTRIAL_INLINE void AdamaxOptions::serialize(torch::serialize::OutputArchive& archive) const {
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(lr);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(betas);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(eps);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(weight_decay);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(maximize);
+}
+
+DETTRIAL_INLINE void AdamaxOptions::serialize(torch::serialize::InputArchive& archive) {
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(double, lr);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(betas_t, betas);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(double, eps);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(double, weight_decay);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(bool, maximize);
+}
+
+DETTRIAL_INLINE void AdamFamilyParamState::serialize(torch::serialize::OutputArchive& archive) const {
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(step);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(exp_avg);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(second);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(mu_product);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(infinity_norm);
+}
+
+DETTRIAL_INLINE void AdamFamilyParamState::serialize(torch::serialize::InputArchive& archive) {
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(std::int64_t, step);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(torch::Tensor, exp_avg);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(torch::Tensor, second);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(torch::Tensor, mu_product);
+  c10::IValue infinity;
+  if (archive.try_read("infinity_norm", infinity)) infinity_norm(infinity.toBool());
+}
+
+// ------------------------------------------------------------------------------------------------
+// The updates: Python's _single_tensor_* functions, operation for operation. `step` is Python's
+// `_get_value(step_t)`, the float of a float32 count.
+
+DETTRIAL_INLINE void NAdamUpdate::check(const NAdamOptions& o, const std::string& where) {
+  adam_family_detail::check_common(name, o, where);
+  if (!(o.momentum_decay() >= 0))
+    throw ConfigError("dettrial::optim::NAdam: " + where + "momentum_decay must be at least 0, not " +
+                      adam_family_detail::number(o.momentum_decay()));
+}
+
+DETTRIAL_INLINE std::unique_ptr<torch::optim::OptimizerParamState> NAdamUpdate::fresh(const torch::Tensor& p) {
+  return adam_family_detail::fresh_state(p, true);
+}
+
+DETTRIAL_INLINE void NAdamUpdate::update(torch::Tensor& param, torch::Tensor grad, AdamFamilyParamState& state, const NAdamOptions& o) {
+  const auto [beta1, beta2] = o.betas();
+  const double lr = o.lr(), step = static_cast<double>(static_cast<float>(state.step()));
+  torch::Tensor exp_avg = state.exp_avg(), exp_avg_sq = state.second(), mu_product = state.mu_product(), p = param;
+  if (p.is_complex()) {
+    p = torch::view_as_real(p);
+    grad = torch::view_as_real(grad);
+    exp_avg = torch::view_as_real(exp_avg);
+    exp_avg_sq = torch::view_as_real(exp_avg_sq);
+  }
+  const double bias_correction2 = 1 - std::pow(beta2, step);
+  if (o.weight_decay() != 0) {
+    if (o.decoupled_weight_decay()) p.mul_(1 - lr * o.weight_decay());
+    else grad = grad.add(p, o.weight_decay());
+  }
+  const double mu = beta1 * (1.0 - 0.5 * std::pow(0.96, step * o.momentum_decay()));
+  const double mu_next = beta1 * (1.0 - 0.5 * std::pow(0.96, (step + 1) * o.momentum_decay()));
+  mu_product.mul_(mu);  // a float32 tensor, as Python's
+  exp_avg.lerp_(grad, 1 - beta1);
+  exp_avg_sq.mul_(beta2).addcmul_(grad, grad, 1 - beta2);
+  torch::Tensor denom = exp_avg_sq.div(bias_correction2).sqrt();
+  const double product = mu_product.item<double>();
+  const double mu_product_next = product * mu_next;
+  denom.add_(o.eps());
+  p.addcdiv_(grad, denom, -lr * (1.0 - mu) / (1.0 - product));
+  p.addcdiv_(exp_avg, denom, (-lr * mu_next) / (1.0 - mu_product_next));
+}
+
+DETTRIAL_INLINE void RAdamUpdate::check(const RAdamOptions& o, const std::string& where) {
+  adam_family_detail::check_common(name, o, where);
+}
+
+DETTRIAL_INLINE std::unique_ptr<torch::optim::OptimizerParamState> RAdamUpdate::fresh(const torch::Tensor& p) {
+  return adam_family_detail::fresh_state(p, false);
+}
+
+DETTRIAL_INLINE void RAdamUpdate::update(torch::Tensor& param, torch::Tensor grad, AdamFamilyParamState& state, const RAdamOptions& o) {
+  const auto [beta1, beta2] = o.betas();
+  const double lr = o.lr(), step = static_cast<double>(static_cast<float>(state.step()));
+  torch::Tensor exp_avg = state.exp_avg(), exp_avg_sq = state.second(), p = param;
+  if (p.is_complex()) {
+    p = torch::view_as_real(p);
+    grad = torch::view_as_real(grad);
+    exp_avg = torch::view_as_real(exp_avg);
+    exp_avg_sq = torch::view_as_real(exp_avg_sq);
+  }
+  if (o.weight_decay() != 0) {
+    if (o.decoupled_weight_decay()) p.mul_(1 - lr * o.weight_decay());
+    else grad = grad.add(p, o.weight_decay());
+  }
+  exp_avg.lerp_(grad, 1 - beta1);
+  exp_avg_sq.mul_(beta2).addcmul_(grad, grad, 1 - beta2);
+  const double bias_correction1 = 1 - std::pow(beta1, step);
+  const double bias_correction2 = 1 - std::pow(beta2, step);
+  const torch::Tensor bias_corrected_exp_avg = exp_avg / bias_correction1;
+  const double rho_inf = 2 / (1 - beta2) - 1;
+  const double rho_t = rho_inf - 2 * step * std::pow(beta2, step) / bias_correction2;
+  if (rho_t > 5.0) {
+    const double rect = std::pow((rho_t - 4) * (rho_t - 2) * rho_inf / ((rho_inf - 4) * (rho_inf - 2) * rho_t), 0.5);
+    const torch::Tensor adaptive_lr = std::pow(bias_correction2, 0.5) / exp_avg_sq.sqrt().add_(o.eps());
+    p.add_(bias_corrected_exp_avg * lr * adaptive_lr * rect, -1.0);
+  } else {
+    p.add_(bias_corrected_exp_avg * lr, -1.0);
+  }
+}
+
+DETTRIAL_INLINE void AdamaxUpdate::check(const AdamaxOptions& o, const std::string& where) {
+  adam_family_detail::check_common(name, o, where);
+}
+
+DETTRIAL_INLINE std::unique_ptr<torch::optim::OptimizerParamState> AdamaxUpdate::fresh(const torch::Tensor& p) {
+  return adam_family_detail::fresh_state(p, false, true);
+}
+
+DETTRIAL_INLINE void AdamaxUpdate::update(torch::Tensor& param, torch::Tensor grad, AdamFamilyParamState& state, const AdamaxOptions& o) {
+  const auto [beta1, beta2] = o.betas();
+  const double step = static_cast<double>(static_cast<float>(state.step()));
+  if (o.weight_decay() != 0) grad = grad.add(param, o.weight_decay());
+  torch::Tensor exp_avg = state.exp_avg(), exp_inf = state.second(), p = param;
+  if (p.is_complex()) {
+    p = torch::view_as_real(p);
+    grad = torch::view_as_real(grad);
+    exp_avg = torch::view_as_real(exp_avg);
+    exp_inf = torch::view_as_real(exp_inf);
+  }
+  exp_avg.lerp_(grad, 1 - beta1);
+  torch::maximum_out(exp_inf, exp_inf.mul_(beta2), grad.abs().add_(o.eps()));
+  const double clr = o.lr() / (1 - std::pow(beta1, step));
+  p.addcdiv_(exp_avg, exp_inf, -clr);
+}
+
+// ------------------------------------------------------------------------------------------------
+// Python's layout
+
+DETTRIAL_INLINE void python_param_state(const AdamFamilyParamState& state, c10::impl::GenericDict& out) {
+  // Python keeps the step as a float32 0-dim tensor on the CPU (not capturable).
+  out.insert("step", torch::scalar_tensor(static_cast<double>(state.step()), torch::kFloat));
+  if (state.mu_product().defined()) out.insert("mu_product", state.mu_product().detach());
+  if (state.exp_avg().defined()) out.insert("exp_avg", state.exp_avg().detach());
+  if (state.second().defined()) out.insert(state.infinity_norm() ? "exp_inf" : "exp_avg_sq", state.second().detach());
+}
+
+DETTRIAL_INLINE void python_group_options(const NAdamOptions& o, c10::impl::GenericDict& out) {
+  adam_family_detail::betas_options(o, out);
+  out.insert("momentum_decay", o.momentum_decay());
+  out.insert("decoupled_weight_decay", o.decoupled_weight_decay());
+  out.insert("maximize", o.maximize());
+  out.insert("foreach", c10::IValue());  // None: Python's default (it picks the implementation)
+  out.insert("capturable", false);
+  out.insert("differentiable", false);
+}
+
+DETTRIAL_INLINE void python_group_options(const RAdamOptions& o, c10::impl::GenericDict& out) {
+  adam_family_detail::betas_options(o, out);
+  out.insert("maximize", o.maximize());
+  out.insert("foreach", c10::IValue());
+  out.insert("capturable", false);
+  out.insert("decoupled_weight_decay", o.decoupled_weight_decay());
+  out.insert("differentiable", false);
+}
+
+DETTRIAL_INLINE void python_group_options(const AdamaxOptions& o, c10::impl::GenericDict& out) {
+  adam_family_detail::betas_options(o, out);
+  out.insert("foreach", c10::IValue());
+  out.insert("maximize", o.maximize());
+  out.insert("differentiable", false);
+  out.insert("capturable", false);
+}
+
+}  // namespace dettrial::optim
+#endif  // DETTRIAL_HEADER_DEFINITIONS
+// ---- end dettrial/optim/adam_family.hpp
+// ---- begin dettrial/nn/checkpoint.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief Activation checkpointing, which LibTorch's C++ API never had: a module's or a function's
+/// forward run without keeping its activations, and run again in backward with the random
+/// generators as they were (as Python's `torch.utils.checkpoint` does with `preserve_rng_state=True`,
+/// dropout included, and autocast as it was), so that the gradients are the ones the plain run
+/// computes, bit for bit.
+
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include <torch/torch.h>
+
+// ---- begin dettrial/optim/mixed_precision.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief Mixed precision (see config/precision.hpp for the setting): autocast for a device (torch.autocast's C++ side, across LibTorch
+/// versions) and a gradient scaler with PyTorch's GradScaler semantics and checkpoint layout.
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <torch/torch.h>
+#include <ATen/autocast_mode.h>
+
 // ---- begin dettrial/optim/fused.hpp
 // SPDX-License-Identifier: Apache-2.0
 /// @file
@@ -4986,6 +5498,570 @@ DETTRIAL_INLINE void FusedSGD::run(const std::vector<torch::Tensor>& params, con
 }  // namespace dettrial::optim
 #endif  // DETTRIAL_HEADER_DEFINITIONS
 // ---- end dettrial/optim/fused.hpp
+
+namespace dettrial {
+
+/**
+ * @brief Autocast on `device` to `dtype` while alive, the previous state restored after (as
+ * `with torch.autocast(...)`); no dtype turns autocast off inside (for a backward pass). Autocast
+ * is per thread, like LibTorch's.
+ */
+class AutocastGuard {
+ public:
+  AutocastGuard(torch::DeviceType device, std::optional<at::ScalarType> dtype);
+  /// The dtype autocast casts to on `device` now, or none when it is off: what a region recomputed
+  /// later (activation checkpointing) gives this guard to run as it ran.
+  static std::optional<at::ScalarType> current(torch::DeviceType device);
+  ~AutocastGuard();
+  AutocastGuard(const AutocastGuard&) = delete;
+  AutocastGuard& operator=(const AutocastGuard&) = delete;
+
+ private:
+  torch::DeviceType device_;
+  bool previous_enabled_;
+  at::ScalarType previous_dtype_;
+  bool nested_;
+};
+
+/**
+ * @brief A gradient scaler for fp16 training with PyTorch's `torch.amp.GradScaler` semantics: the
+ * loss is multiplied by the scale before the backward pass; before an optimizer step the gradients
+ * are unscaled and checked, and a step with an inf or NaN gradient is skipped; after each update
+ * batch the scale backs off (on inf/NaN) or grows after `growth_interval` clean steps.
+ *
+ * As in PyTorch, the scale, the growth count and the inf/NaN flags live in tensors on the gradients'
+ * device, updated there without the host waiting. Whether a step is skipped is decided on the device
+ * too where the optimizer can (dettrial::optim::FusedSGD, FusedAdam and FusedAdamW with LibTorch's
+ * fused kernels, 2.4 and later): then an fp16 step needs no synchronization, and a CUDA graph can
+ * capture it. Other optimizers are stepped or not by the host, which reads the flag (one
+ * synchronization per step, as PyTorch's GradScaler does for them).
+ *
+ * Wrap it with `context.wrap_scaler(scaler)` (or let `optimizations.mixed_precision: fp16` make one):
+ * then `context.backward` scales the loss, `context.step_optimizer` unscales, clips and steps (or
+ * skips), and the trainer updates the scale once per update batch, as Determined's automatic mixed
+ * precision does. Its state is saved in checkpoints as `scaler_state_dict`, the layout Python's
+ * `GradScaler.load_state_dict` reads.
+ */
+class GradScaler {
+ public:
+  struct Options {
+    double init_scale = 65536.0;
+    double growth_factor = 2.0;
+    double backoff_factor = 0.5;
+    std::int64_t growth_interval = 2000;
+    bool enabled = true;
+  };
+  GradScaler() : GradScaler(Options{}) {}
+  explicit GradScaler(Options options);
+  /// A copy has its own state (the tensors are cloned), as a copy of the earlier host-side scaler had.
+  GradScaler(const GradScaler& other);
+  GradScaler& operator=(const GradScaler& other) { return *this = GradScaler(other); }
+  GradScaler(GradScaler&&) = default;
+  GradScaler& operator=(GradScaler&&) = default;
+
+  bool enabled() const { return options_.enabled; }
+  /// The current scale (a float32 value, as PyTorch keeps it). Reads the device: not for every batch.
+  double get_scale() const { return scale_.item<float>(); }
+  /// Clean steps since the scale last changed. Reads the device.
+  std::int64_t growth_tracker() const { return growth_tracker_.item<std::int32_t>(); }
+  /// Optimizer steps skipped because a gradient was inf or NaN, since construction or restore. Reads the device.
+  std::int64_t skipped_steps() const { return static_cast<std::int64_t>(skipped_.item<float>()); }
+
+  /// `loss` times the scale (no synchronisation). A wrapped scaler's loss is scaled by
+  /// `context.backward`; scaling it here as well is a TrialError.
+  torch::Tensor scale(const torch::Tensor& loss);
+  /// `t` times the scale, in `t`'s dtype (for the context: a gradient given to backward).
+  torch::Tensor scaled(const torch::Tensor& t);
+
+  /// Unscales the gradients of `params` in place and records whether any is inf or NaN (on their
+  /// device: no synchronisation). Once per step; `step` calls it when it was not.
+  void unscale(const std::vector<torch::Tensor>& params);
+  /// Steps `optimizer` unless the unscaled gradients hold an inf or NaN. An optimizer that can skip on
+  /// the device (see the class) is always called and returns true: the host does not wait to know.
+  /// Other optimizers: one synchronization; returns whether it stepped.
+  bool step(torch::optim::Optimizer& optimizer, const std::vector<torch::Tensor>& params);
+  /// After a step: backs off on inf/NaN, else counts a clean step and grows the scale every
+  /// `growth_interval` of them (on the device). Does nothing when no step was taken since the last update.
+  void update();
+  /// For a trainer replaying a captured step: the replay stepped without running step() on the host.
+  void note_replayed_step() { stepped_ = true; }
+
+  /// PyTorch's `GradScaler.state_dict()`: scale, growth_factor, backoff_factor, growth_interval, _growth_tracker.
+  c10::impl::GenericDict state_dict() const;
+  /// Restores what state_dict() (or Python's GradScaler) wrote; a missing or mistyped entry is a CheckpointError.
+  void load_state_dict(const c10::impl::GenericDict& state);
+
+  /// Set by Context::wrap_scaler: the context scales losses itself.
+  void mark_wrapped() { wrapped_ = true; }
+
+ private:
+  /// Moves the state to `device` (once: where the gradients are).
+  void place(const torch::Device& device);
+
+  Options options_;
+  // Float32 and int32 scalars, as PyTorch's; made on the CPU and moved to the gradients' device once.
+  torch::Tensor scale_;
+  torch::Tensor growth_tracker_;
+  torch::Tensor found_inf_;           // this step's flag, set by unscale
+  torch::Tensor found_since_update_;  // the sum of every optimizer's flags since the last update (PyTorch combines them)
+  torch::Tensor skipped_;             // a count
+  bool unscaled_ = false;
+  bool stepped_ = false;
+  bool wrapped_ = false;
+};
+
+}  // namespace dettrial
+
+// Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
+#if DETTRIAL_HEADER_DEFINITIONS
+namespace dettrial {
+
+namespace detail {
+// LibTorch 2.4 made autocast's switches take a device type; before, CPU and CUDA had their own.
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
+DETTRIAL_INLINE bool autocast_enabled(torch::DeviceType d) { return at::autocast::is_autocast_enabled(d); }
+DETTRIAL_INLINE void set_autocast_enabled(torch::DeviceType d, bool on) { at::autocast::set_autocast_enabled(d, on); }
+DETTRIAL_INLINE at::ScalarType autocast_dtype(torch::DeviceType d) { return at::autocast::get_autocast_dtype(d); }
+DETTRIAL_INLINE void set_autocast_dtype(torch::DeviceType d, at::ScalarType t) { at::autocast::set_autocast_dtype(d, t); }
+#else
+DETTRIAL_INLINE bool autocast_enabled(torch::DeviceType d) {
+  return d == torch::kCPU ? at::autocast::is_cpu_enabled() : at::autocast::is_enabled();
+}
+DETTRIAL_INLINE void set_autocast_enabled(torch::DeviceType d, bool on) {
+  if (d == torch::kCPU) at::autocast::set_cpu_enabled(on);
+  else at::autocast::set_enabled(on);
+}
+DETTRIAL_INLINE at::ScalarType autocast_dtype(torch::DeviceType d) {
+  return d == torch::kCPU ? at::autocast::get_autocast_cpu_dtype() : at::autocast::get_autocast_gpu_dtype();
+}
+DETTRIAL_INLINE void set_autocast_dtype(torch::DeviceType d, at::ScalarType t) {
+  if (d == torch::kCPU) at::autocast::set_autocast_cpu_dtype(t);
+  else at::autocast::set_autocast_gpu_dtype(t);
+}
+#endif
+}  // namespace detail
+
+DETTRIAL_INLINE AutocastGuard::AutocastGuard(torch::DeviceType device, std::optional<at::ScalarType> dtype)
+    : device_(device),
+      previous_enabled_(detail::autocast_enabled(device)),
+      previous_dtype_(detail::autocast_dtype(device)),
+      nested_(dtype.has_value()) {
+  if (!dtype) {
+    detail::set_autocast_enabled(device, false);
+    return;
+  }
+  detail::set_autocast_dtype(device, *dtype);
+  detail::set_autocast_enabled(device, true);
+  at::autocast::increment_nesting();
+}
+
+DETTRIAL_INLINE std::optional<at::ScalarType> AutocastGuard::current(torch::DeviceType device) {
+  if (!detail::autocast_enabled(device)) return std::nullopt;
+  return detail::autocast_dtype(device);
+}
+
+DETTRIAL_INLINE AutocastGuard::~AutocastGuard() {
+  // Casts cached for the outermost region are dropped when it ends (torch.autocast's __exit__).
+  if (nested_ && at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
+  detail::set_autocast_enabled(device_, previous_enabled_);
+  detail::set_autocast_dtype(device_, previous_dtype_);
+}
+
+namespace detail {
+// ATen's fused scaler kernels: on CUDA in every supported LibTorch, on the CPU from 2.4 (other
+// devices may lack them, and take the host arithmetic).
+DETTRIAL_INLINE bool amp_kernels_on(const torch::Tensor& t) { return t.is_cuda() || (DETTRIAL_FUSED_KERNELS && t.is_cpu()); }
+}  // namespace detail
+
+DETTRIAL_INLINE GradScaler::GradScaler(Options options) : options_(options) {
+  if (!(options_.init_scale > 0)) throw ConfigError("GradScaler: init_scale must be positive");
+  if (!(options_.growth_factor > 1)) throw ConfigError("GradScaler: growth_factor must be above 1");
+  if (!(options_.backoff_factor > 0 && options_.backoff_factor < 1)) throw ConfigError("GradScaler: backoff_factor must be in (0, 1)");
+  if (options_.growth_interval < 1) throw ConfigError("GradScaler: growth_interval must be at least 1");
+  const auto f = torch::TensorOptions().dtype(torch::kFloat);
+  scale_ = torch::full({}, options_.init_scale, f);  // rounded to float32, as PyTorch keeps it
+  growth_tracker_ = torch::zeros({}, f.dtype(torch::kInt));
+  found_inf_ = torch::zeros({}, f);
+  found_since_update_ = torch::zeros({}, f);
+  skipped_ = torch::zeros({}, f);
+}
+
+DETTRIAL_INLINE GradScaler::GradScaler(const GradScaler& other)
+    : options_(other.options_),
+      scale_(other.scale_.clone()),
+      growth_tracker_(other.growth_tracker_.clone()),
+      found_inf_(other.found_inf_.clone()),
+      found_since_update_(other.found_since_update_.clone()),
+      skipped_(other.skipped_.clone()),
+      unscaled_(other.unscaled_),
+      stepped_(other.stepped_),
+      wrapped_(other.wrapped_) {}
+
+DETTRIAL_INLINE void GradScaler::place(const torch::Device& device) {
+  if (scale_.device() == device) return;
+  for (torch::Tensor* t : {&scale_, &growth_tracker_, &found_inf_, &found_since_update_, &skipped_}) *t = t->to(device);
+}
+
+DETTRIAL_INLINE torch::Tensor GradScaler::scale(const torch::Tensor& loss) {
+  if (wrapped_)
+    throw TrialError(
+        "this GradScaler is wrapped with context.wrap_scaler: context.backward scales the loss itself; "
+        "pass the loss unscaled");
+  // In float32 (PyTorch multiplies by a float32 tensor): an fp16 loss times 65536 would overflow.
+  return options_.enabled ? scaled(loss.to(torch::kFloat)) : loss;
+}
+
+DETTRIAL_INLINE torch::Tensor GradScaler::scaled(const torch::Tensor& t) {
+  if (!options_.enabled) return t;
+  place(t.device());
+  return t * scale_;
+}
+
+DETTRIAL_INLINE void GradScaler::unscale(const std::vector<torch::Tensor>& params) {
+  if (!options_.enabled || unscaled_) return;
+  std::vector<torch::Tensor> grads;
+  grads.reserve(params.size());
+  for (const torch::Tensor& p : params)
+    if (p.grad().defined()) grads.push_back(p.grad());
+  unscaled_ = true;
+  found_inf_.zero_();
+  if (grads.empty()) return;
+  place(grads.front().device());
+  // The reciprocal in double, then float32, as PyTorch computes inv_scale.
+  const torch::Tensor inverse = scale_.to(torch::kDouble).reciprocal().to(torch::kFloat);
+  if (detail::amp_kernels_on(found_inf_)) {
+    // The kernel takes the gradients of one device (and is fastest per dtype, as PyTorch groups them).
+    std::vector<std::pair<torch::ScalarType, std::vector<torch::Tensor>>> by_dtype;
+    std::vector<torch::Tensor> elsewhere;
+    for (torch::Tensor& g : grads) {
+      if (g.device() != found_inf_.device() || g.is_sparse()) {
+        elsewhere.push_back(g);
+        continue;
+      }
+      auto it = std::find_if(by_dtype.begin(), by_dtype.end(), [&](const auto& b) { return b.first == g.scalar_type(); });
+      if (it == by_dtype.end()) by_dtype.push_back({g.scalar_type(), {g}});
+      else it->second.push_back(g);
+    }
+    for (auto& [dtype, same] : by_dtype) at::_amp_foreach_non_finite_check_and_unscale_(same, found_inf_, inverse);
+    grads = std::move(elsewhere);
+    if (grads.empty()) return;
+  }
+  // Without the kernel (older LibTorch on the CPU, other devices), or gradients on another device
+  // than the first: tensor operations, the flag gathered where it lives.
+  const torch::Tensor inverse_here = inverse.cpu();
+  const double inv = inverse_here.item<float>();
+  for (torch::Tensor& g : grads) {
+    found_inf_.logical_or_(torch::isfinite(g).all().logical_not().to(found_inf_.device()));
+    g.mul_(inv);
+  }
+}
+
+DETTRIAL_INLINE bool GradScaler::step(torch::optim::Optimizer& optimizer, const std::vector<torch::Tensor>& params) {
+  if (!options_.enabled) {
+    optimizer.step();
+    return true;
+  }
+  unscale(params);
+  unscaled_ = false;
+  stepped_ = true;
+  found_since_update_.add_(found_inf_);
+  skipped_.add_(found_inf_);
+  if (auto* capturable = dynamic_cast<optim::CapturableOptimizer*>(&optimizer); capturable && capturable->step_unless_found_inf(found_inf_))
+    return true;
+  if (found_inf_.item<float>() != 0) return false;
+  optimizer.step();
+  return true;
+}
+
+DETTRIAL_INLINE void GradScaler::update() {
+  if (!options_.enabled || !stepped_) return;
+  stepped_ = false;
+  if (detail::amp_kernels_on(scale_)) {
+    // PyTorch's update: the scale stays float32, and one that would leave its range stays as it is.
+    at::_amp_update_scale_(scale_, growth_tracker_, found_since_update_, options_.growth_factor, options_.backoff_factor,
+                           options_.growth_interval);
+  } else {
+    // The same arithmetic on the host (older LibTorch on the CPU, where reading a value costs no wait).
+    double scale = scale_.item<float>();
+    std::int64_t tracker = growth_tracker_.item<std::int32_t>();
+    if (found_since_update_.item<float>() != 0) {
+      scale = static_cast<float>(scale * options_.backoff_factor);
+      tracker = 0;
+    } else if (++tracker == options_.growth_interval) {
+      const double grown = scale * options_.growth_factor;
+      if (grown <= std::numeric_limits<float>::max()) scale = static_cast<float>(grown);
+      tracker = 0;
+    }
+    scale_.fill_(scale);
+    growth_tracker_.fill_(tracker);
+  }
+  found_since_update_.zero_();
+}
+
+DETTRIAL_INLINE c10::impl::GenericDict GradScaler::state_dict() const {
+  c10::impl::GenericDict d(c10::StringType::get(), c10::AnyType::get());
+  if (!options_.enabled) return d;  // PyTorch's disabled scaler saves nothing
+  d.insert("scale", get_scale());
+  d.insert("growth_factor", options_.growth_factor);
+  d.insert("backoff_factor", options_.backoff_factor);
+  d.insert("growth_interval", options_.growth_interval);
+  d.insert("_growth_tracker", growth_tracker());
+  return d;
+}
+
+DETTRIAL_INLINE void GradScaler::load_state_dict(const c10::impl::GenericDict& state) {
+  if (!options_.enabled) return;
+  if (state.empty()) throw CheckpointError("the checkpoint's scaler_state_dict is empty: it was saved by a disabled GradScaler");
+  const auto number = [&](const char* key) {
+    const auto it = state.find(key);
+    if (it == state.end() || !(it->value().isDouble() || it->value().isInt()))
+      throw CheckpointError(std::string("the checkpoint's scaler_state_dict lacks a number '") + key + "'");
+    return it->value().isDouble() ? it->value().toDouble() : static_cast<double>(it->value().toInt());
+  };
+  const double scale = number("scale");
+  options_.growth_factor = number("growth_factor");
+  options_.backoff_factor = number("backoff_factor");
+  options_.growth_interval = static_cast<std::int64_t>(number("growth_interval"));
+  const double tracker = number("_growth_tracker");
+  scale_.fill_(scale);
+  growth_tracker_.fill_(tracker);
+  found_since_update_.zero_();
+  skipped_.zero_();
+  stepped_ = unscaled_ = false;
+}
+
+}  // namespace dettrial
+#endif  // DETTRIAL_HEADER_DEFINITIONS
+// ---- end dettrial/optim/mixed_precision.hpp
+
+namespace dettrial::nn {
+
+/// A checkpointed function: tensors in, tensors out.
+using CheckpointedFunction = std::function<std::vector<torch::Tensor>(const std::vector<torch::Tensor>&)>;
+
+/**
+ * @brief Runs `function(inputs)` without keeping its activations; backward runs it again (the CPU
+ * generator and those of the inputs' CUDA devices restored to their state before the first run) and
+ * back-propagates through that. `parameters` are the tensors the function reads besides its inputs
+ * (a module's parameters): their gradients come out of the checkpoint like the inputs', in the
+ * order the plain run's engine gives them, also when no input requires a gradient (the first
+ * block's, whose input is data). Without them, the parameters' gradients are accumulated by a
+ * backward inside the backward, as Python's reentrant checkpoint does, and only reach them when an
+ * input requires a gradient. With grad mode off, it is a plain call.
+ */
+DETTRIAL_INLINE std::vector<torch::Tensor> checkpoint(const CheckpointedFunction& function, const std::vector<torch::Tensor>& inputs,
+                                                      const std::vector<torch::Tensor>& parameters = {});
+
+/// A module holder's forward(input), checkpointed with its parameters.
+template <class M>
+torch::Tensor checkpoint(M& module, const torch::Tensor& input) {
+  return checkpoint([&module](const std::vector<torch::Tensor>& in) { return std::vector<torch::Tensor>{module->forward(in[0])}; }, {input},
+                    module->parameters())
+      .front();
+}
+
+/**
+ * @brief Python's `torch.utils.checkpoint.checkpoint_sequential(functions, segments, input)`: the
+ * Sequential's modules split into `segments` runs of equal length (the last takes the rest), each
+ * checkpointed but the last, which runs as usual (its activations are needed at once).
+ */
+DETTRIAL_INLINE torch::Tensor checkpoint_sequential(torch::nn::Sequential& sequential, std::int64_t segments, const torch::Tensor& input);
+
+/**
+ * @brief A Sequential whose every block is checkpointed while training with gradients (in
+ * evaluation, or without grad mode, its blocks run as usual): memory for one block's activations
+ * at a time plus the blocks' inputs, for one more forward of each block in backward. Its
+ * `state_dict()` names are the Sequential's (`blocks.0.weight`, ...: the blocks are its `blocks`).
+ */
+class CheckpointEachImpl : public torch::nn::Cloneable<CheckpointEachImpl> {
+ public:
+  explicit CheckpointEachImpl(torch::nn::Sequential blocks) : blocks_(std::move(blocks)) { register_module("blocks", blocks_); }
+  void reset() override {}
+  torch::Tensor forward(torch::Tensor x);
+  torch::nn::Sequential& blocks() { return blocks_; }
+
+ private:
+  torch::nn::Sequential blocks_;
+};
+TORCH_MODULE(CheckpointEach);
+
+}  // namespace dettrial::nn
+
+// Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
+#if DETTRIAL_HEADER_DEFINITIONS
+#include <mutex>
+#include <optional>
+#include <string>
+#include <utility>
+
+
+namespace dettrial::nn {
+namespace checkpoint_detail {
+
+/// What the checkpoint keeps between the forward and the backward.
+struct Saved : torch::CustomClassHolder {
+  CheckpointedFunction function;
+  std::size_t inputs = 0;
+  bool with_parameters = false;
+  torch::Tensor cpu_state;
+  std::vector<std::pair<torch::Device, torch::Tensor>> device_states;
+  /// Autocast's state in the first run (none: off), for the run in backward.
+  std::optional<at::ScalarType> cpu_autocast, cuda_autocast;
+};
+
+/// The generators' states now: the CPU's and those of `tensors`' CUDA devices.
+DETTRIAL_INLINE void record_generators(Saved& s, const std::vector<torch::Tensor>& tensors) {
+  s.cpu_state = at::detail::getDefaultCPUGenerator().get_state();
+  for (const auto& t : tensors) {
+    if (!t.defined() || !t.is_cuda()) continue;
+    bool seen = false;
+    for (const auto& [device, state] : s.device_states) seen = seen || device == t.device();
+    if (!seen) s.device_states.emplace_back(t.device(), at::globalContext().defaultGenerator(t.device()).get_state());
+  }
+}
+
+DETTRIAL_INLINE void set_generator(at::Generator generator, const torch::Tensor& state) {
+  std::lock_guard<std::mutex> lock(generator.mutex());
+  generator.set_state(state);
+}
+
+/// Python's CheckpointFunction: forward without a graph, backward by running again.
+struct Function : torch::autograd::Function<Function> {
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, c10::intrusive_ptr<Saved> saved,
+                                                const torch::autograd::variable_list& tensors) {
+    const std::vector<torch::Tensor> inputs(tensors.begin(), tensors.begin() + static_cast<std::ptrdiff_t>(saved->inputs));
+    c10::List<torch::Tensor> parameters;
+    for (std::size_t i = saved->inputs; i < tensors.size(); ++i) parameters.push_back(tensors[i]);
+    ctx->saved_data["parameters"] = parameters;
+    record_generators(*saved, inputs);
+    saved->cpu_autocast = AutocastGuard::current(torch::kCPU);
+    saved->cuda_autocast = AutocastGuard::current(torch::kCUDA);
+    std::vector<torch::Tensor> outputs;
+    {
+      torch::NoGradGuard no_grad;
+      outputs = saved->function(inputs);
+    }
+    ctx->save_for_backward(inputs);
+    ctx->saved_data["saved"] = c10::IValue::make_capsule(saved);
+    return outputs;
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx, torch::autograd::variable_list grad_outputs) {
+    auto saved = c10::static_intrusive_pointer_cast<Saved>(ctx->saved_data["saved"].toCapsule());
+    const auto originals = ctx->get_saved_variables();
+    std::vector<torch::Tensor> inputs;
+    for (const auto& x : originals) inputs.push_back(x.defined() ? x.detach().requires_grad_(x.requires_grad()) : x);
+    // The generators as they were for the first run, and back as they are after this one.
+    Saved now;
+    record_generators(now, inputs);
+    set_generator(at::detail::getDefaultCPUGenerator(), saved->cpu_state);
+    for (const auto& [device, state] : saved->device_states) set_generator(at::globalContext().defaultGenerator(device), state);
+    std::vector<torch::Tensor> outputs;
+    {
+      torch::AutoGradMode enable(true);
+      AutocastGuard cpu(torch::kCPU, saved->cpu_autocast), cuda(torch::kCUDA, saved->cuda_autocast);
+      outputs = saved->function(inputs);
+    }
+    set_generator(at::detail::getDefaultCPUGenerator(), now.cpu_state);
+    for (const auto& [device, state] : now.device_states) set_generator(at::globalContext().defaultGenerator(device), state);
+
+    std::vector<torch::Tensor> with_grad, grads;
+    for (std::size_t i = 0; i < outputs.size() && i < grad_outputs.size(); ++i)
+      if (outputs[i].requires_grad() && grad_outputs[i].defined()) {
+        with_grad.push_back(outputs[i]);
+        grads.push_back(grad_outputs[i]);
+      }
+    torch::autograd::variable_list result{torch::Tensor()};  // for `saved`, which is no tensor
+    if (!saved->with_parameters) {                           // Python's reentrant checkpoint: a backward inside the backward
+      if (!with_grad.empty()) torch::autograd::backward(with_grad, grads);
+      for (const auto& x : inputs) result.push_back(x.defined() && x.requires_grad() ? x.grad() : torch::Tensor());
+      return result;
+    }
+    // Inputs and parameters as the function's differentiable arguments: their gradients go out.
+    std::vector<torch::Tensor> wrt;
+    std::vector<std::size_t> index;
+    const auto params = ctx->saved_data["parameters"].toTensorList();
+    for (std::size_t i = 0; i < inputs.size(); ++i)
+      if (inputs[i].defined() && inputs[i].requires_grad()) {
+        wrt.push_back(inputs[i]);
+        index.push_back(i);
+      }
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      const torch::Tensor p = params.get(i);
+      if (p.requires_grad()) {
+        wrt.push_back(p);
+        index.push_back(inputs.size() + i);
+      }
+    }
+    std::vector<torch::Tensor> got(inputs.size() + params.size());
+    if (!with_grad.empty() && !wrt.empty()) {
+      const auto g = torch::autograd::grad(with_grad, wrt, grads, /*retain_graph=*/false, /*create_graph=*/false, /*allow_unused=*/true);
+      for (std::size_t k = 0; k < g.size(); ++k) got[index[k]] = g[k];
+    }
+    result.insert(result.end(), got.begin(), got.end());
+    return result;
+  }
+};
+
+}  // namespace checkpoint_detail
+
+DETTRIAL_INLINE std::vector<torch::Tensor> checkpoint(const CheckpointedFunction& function, const std::vector<torch::Tensor>& inputs,
+                                                      const std::vector<torch::Tensor>& parameters) {
+  if (!function) throw ConfigError("dettrial::nn::checkpoint: the function is empty");
+  if (!torch::GradMode::is_enabled()) return function(inputs);  // nothing to recompute
+  auto saved = c10::make_intrusive<checkpoint_detail::Saved>();
+  saved->function = function;
+  saved->inputs = inputs.size();
+  saved->with_parameters = !parameters.empty();
+  torch::autograd::variable_list tensors(inputs.begin(), inputs.end());
+  tensors.insert(tensors.end(), parameters.begin(), parameters.end());
+  // The parameters reach backward through the context, as a list (the autograd function's own
+  // saved variables are the inputs): Function::apply sees them as differentiable arguments too.
+  return checkpoint_detail::Function::apply(saved, tensors);
+}
+
+DETTRIAL_INLINE torch::Tensor checkpoint_sequential(torch::nn::Sequential& sequential, std::int64_t segments, const torch::Tensor& input) {
+  const auto n = static_cast<std::int64_t>(sequential->size());
+  if (segments < 1 || segments > std::max<std::int64_t>(n, 1))
+    throw ConfigError("dettrial::nn::checkpoint_sequential: segments must be in [1, " + std::to_string(n) + "], not " +
+                      std::to_string(segments));
+  const std::int64_t length = n / segments;
+  const auto run = [&sequential](std::int64_t from, std::int64_t to) {  // modules from..to, inclusive
+    return [&sequential, from, to](const std::vector<torch::Tensor>& in) {
+      torch::Tensor x = in[0];
+      for (std::int64_t i = from; i <= to; ++i) x = sequential[static_cast<std::size_t>(i)].forward(x);
+      return std::vector<torch::Tensor>{x};
+    };
+  };
+  torch::Tensor x = input;
+  std::int64_t end = -1;
+  for (std::int64_t start = 0; start < length * (segments - 1); start += length) {
+    end = start + length - 1;
+    std::vector<torch::Tensor> params;
+    for (std::int64_t i = start; i <= end; ++i)
+      for (const auto& p : sequential[static_cast<std::size_t>(i)].ptr()->parameters()) params.push_back(p);
+    x = checkpoint(run(start, end), {x}, params).front();
+  }
+  return run(end + 1, n - 1)({x}).front();
+}
+
+DETTRIAL_INLINE torch::Tensor CheckpointEachImpl::forward(torch::Tensor x) {
+  const bool recompute = is_training() && torch::GradMode::is_enabled();
+  for (auto& block : *blocks_) {
+    if (!recompute) {
+      x = block.forward(x);
+      continue;
+    }
+    x = checkpoint([&block](const std::vector<torch::Tensor>& in) { return std::vector<torch::Tensor>{block.forward(in[0])}; }, {x},
+                   block.ptr()->parameters())
+            .front();
+  }
+  return x;
+}
+
+}  // namespace dettrial::nn
+#endif  // DETTRIAL_HEADER_DEFINITIONS
+// ---- end dettrial/nn/checkpoint.hpp
 // ---- begin dettrial/optim/clip.hpp
 // SPDX-License-Identifier: Apache-2.0
 /// @file
@@ -6613,7 +7689,8 @@ DETTRIAL_INLINE void SWALR::save(torch::serialize::OutputArchive& archive) const
 
 DETTRIAL_INLINE void SWALR::load(torch::serialize::InputArchive& archive) {
   const std::string anneal = cyclic_detail::text_of(archived(archive, "anneal_strategy"), archive_owner() + ": 'anneal_strategy'");
-  if (anneal != "cos" && anneal != "linear") throw CheckpointError(archive_owner() + ": anneal_strategy '" + anneal + "' is not cos or linear");
+  if (anneal != "cos" && anneal != "linear")
+    throw CheckpointError(archive_owner() + ": anneal_strategy '" + anneal + "' is not cos or linear");
   load_fields(*this, archive, fields());
   anneal_ = anneal == "cos" ? AnnealStrategy::cos : AnnealStrategy::linear;
 }
@@ -6643,7 +7720,8 @@ DETTRIAL_INLINE void SWALR::python_param_group(std::size_t group, c10::impl::Gen
 
 DETTRIAL_INLINE void SWALR::load_python_param_group(std::size_t group, const c10::impl::GenericDict& in, const std::string& what) {
   const auto it = in.find("swa_lr");
-  if (it == in.end()) throw CheckpointError(what + " has no 'swa_lr', which Python's SWALR keeps there: was the checkpoint's scheduler another?");
+  if (it == in.end())
+    throw CheckpointError(what + " has no 'swa_lr', which Python's SWALR keeps there: was the checkpoint's scheduler another?");
   swa_lrs_.at(group) = python_state_detail::python_number(it->value(), what + ": swa_lr");
 }
 
@@ -10343,350 +11421,6 @@ DETTRIAL_INLINE void OrderedGradients::combine(const std::vector<torch::Tensor>&
 }  // namespace dettrial::detail
 #endif  // DETTRIAL_HEADER_DEFINITIONS
 // ---- end dettrial/distributed/ordered_gradients.hpp
-// ---- begin dettrial/optim/mixed_precision.hpp
-// SPDX-License-Identifier: Apache-2.0
-/// @file
-/// @brief Mixed precision (see config/precision.hpp for the setting): autocast for a device (torch.autocast's C++ side, across LibTorch
-/// versions) and a gradient scaler with PyTorch's GradScaler semantics and checkpoint layout.
-
-#include <algorithm>
-#include <cstdint>
-#include <limits>
-#include <optional>
-#include <string>
-#include <utility>
-#include <vector>
-
-#include <torch/torch.h>
-#include <ATen/autocast_mode.h>
-
-
-namespace dettrial {
-
-/**
- * @brief Autocast on `device` to `dtype` while alive, the previous state restored after (as
- * `with torch.autocast(...)`); no dtype turns autocast off inside (for a backward pass). Autocast
- * is per thread, like LibTorch's.
- */
-class AutocastGuard {
- public:
-  AutocastGuard(torch::DeviceType device, std::optional<at::ScalarType> dtype);
-  ~AutocastGuard();
-  AutocastGuard(const AutocastGuard&) = delete;
-  AutocastGuard& operator=(const AutocastGuard&) = delete;
-
- private:
-  torch::DeviceType device_;
-  bool previous_enabled_;
-  at::ScalarType previous_dtype_;
-  bool nested_;
-};
-
-/**
- * @brief A gradient scaler for fp16 training with PyTorch's `torch.amp.GradScaler` semantics: the
- * loss is multiplied by the scale before the backward pass; before an optimizer step the gradients
- * are unscaled and checked, and a step with an inf or NaN gradient is skipped; after each update
- * batch the scale backs off (on inf/NaN) or grows after `growth_interval` clean steps.
- *
- * As in PyTorch, the scale, the growth count and the inf/NaN flags live in tensors on the gradients'
- * device, updated there without the host waiting. Whether a step is skipped is decided on the device
- * too where the optimizer can (dettrial::optim::FusedSGD, FusedAdam and FusedAdamW with LibTorch's
- * fused kernels, 2.4 and later): then an fp16 step needs no synchronization, and a CUDA graph can
- * capture it. Other optimizers are stepped or not by the host, which reads the flag (one
- * synchronization per step, as PyTorch's GradScaler does for them).
- *
- * Wrap it with `context.wrap_scaler(scaler)` (or let `optimizations.mixed_precision: fp16` make one):
- * then `context.backward` scales the loss, `context.step_optimizer` unscales, clips and steps (or
- * skips), and the trainer updates the scale once per update batch, as Determined's automatic mixed
- * precision does. Its state is saved in checkpoints as `scaler_state_dict`, the layout Python's
- * `GradScaler.load_state_dict` reads.
- */
-class GradScaler {
- public:
-  struct Options {
-    double init_scale = 65536.0;
-    double growth_factor = 2.0;
-    double backoff_factor = 0.5;
-    std::int64_t growth_interval = 2000;
-    bool enabled = true;
-  };
-  GradScaler() : GradScaler(Options{}) {}
-  explicit GradScaler(Options options);
-  /// A copy has its own state (the tensors are cloned), as a copy of the earlier host-side scaler had.
-  GradScaler(const GradScaler& other);
-  GradScaler& operator=(const GradScaler& other) { return *this = GradScaler(other); }
-  GradScaler(GradScaler&&) = default;
-  GradScaler& operator=(GradScaler&&) = default;
-
-  bool enabled() const { return options_.enabled; }
-  /// The current scale (a float32 value, as PyTorch keeps it). Reads the device: not for every batch.
-  double get_scale() const { return scale_.item<float>(); }
-  /// Clean steps since the scale last changed. Reads the device.
-  std::int64_t growth_tracker() const { return growth_tracker_.item<std::int32_t>(); }
-  /// Optimizer steps skipped because a gradient was inf or NaN, since construction or restore. Reads the device.
-  std::int64_t skipped_steps() const { return static_cast<std::int64_t>(skipped_.item<float>()); }
-
-  /// `loss` times the scale (no synchronisation). A wrapped scaler's loss is scaled by
-  /// `context.backward`; scaling it here as well is a TrialError.
-  torch::Tensor scale(const torch::Tensor& loss);
-  /// `t` times the scale, in `t`'s dtype (for the context: a gradient given to backward).
-  torch::Tensor scaled(const torch::Tensor& t);
-
-  /// Unscales the gradients of `params` in place and records whether any is inf or NaN (on their
-  /// device: no synchronisation). Once per step; `step` calls it when it was not.
-  void unscale(const std::vector<torch::Tensor>& params);
-  /// Steps `optimizer` unless the unscaled gradients hold an inf or NaN. An optimizer that can skip on
-  /// the device (see the class) is always called and returns true: the host does not wait to know.
-  /// Other optimizers: one synchronization; returns whether it stepped.
-  bool step(torch::optim::Optimizer& optimizer, const std::vector<torch::Tensor>& params);
-  /// After a step: backs off on inf/NaN, else counts a clean step and grows the scale every
-  /// `growth_interval` of them (on the device). Does nothing when no step was taken since the last update.
-  void update();
-  /// For a trainer replaying a captured step: the replay stepped without running step() on the host.
-  void note_replayed_step() { stepped_ = true; }
-
-  /// PyTorch's `GradScaler.state_dict()`: scale, growth_factor, backoff_factor, growth_interval, _growth_tracker.
-  c10::impl::GenericDict state_dict() const;
-  /// Restores what state_dict() (or Python's GradScaler) wrote; a missing or mistyped entry is a CheckpointError.
-  void load_state_dict(const c10::impl::GenericDict& state);
-
-  /// Set by Context::wrap_scaler: the context scales losses itself.
-  void mark_wrapped() { wrapped_ = true; }
-
- private:
-  /// Moves the state to `device` (once: where the gradients are).
-  void place(const torch::Device& device);
-
-  Options options_;
-  // Float32 and int32 scalars, as PyTorch's; made on the CPU and moved to the gradients' device once.
-  torch::Tensor scale_;
-  torch::Tensor growth_tracker_;
-  torch::Tensor found_inf_;           // this step's flag, set by unscale
-  torch::Tensor found_since_update_;  // the sum of every optimizer's flags since the last update (PyTorch combines them)
-  torch::Tensor skipped_;             // a count
-  bool unscaled_ = false;
-  bool stepped_ = false;
-  bool wrapped_ = false;
-};
-
-}  // namespace dettrial
-
-// Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
-#if DETTRIAL_HEADER_DEFINITIONS
-namespace dettrial {
-
-namespace detail {
-// LibTorch 2.4 made autocast's switches take a device type; before, CPU and CUDA had their own.
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
-DETTRIAL_INLINE bool autocast_enabled(torch::DeviceType d) { return at::autocast::is_autocast_enabled(d); }
-DETTRIAL_INLINE void set_autocast_enabled(torch::DeviceType d, bool on) { at::autocast::set_autocast_enabled(d, on); }
-DETTRIAL_INLINE at::ScalarType autocast_dtype(torch::DeviceType d) { return at::autocast::get_autocast_dtype(d); }
-DETTRIAL_INLINE void set_autocast_dtype(torch::DeviceType d, at::ScalarType t) { at::autocast::set_autocast_dtype(d, t); }
-#else
-DETTRIAL_INLINE bool autocast_enabled(torch::DeviceType d) {
-  return d == torch::kCPU ? at::autocast::is_cpu_enabled() : at::autocast::is_enabled();
-}
-DETTRIAL_INLINE void set_autocast_enabled(torch::DeviceType d, bool on) {
-  if (d == torch::kCPU) at::autocast::set_cpu_enabled(on);
-  else at::autocast::set_enabled(on);
-}
-DETTRIAL_INLINE at::ScalarType autocast_dtype(torch::DeviceType d) {
-  return d == torch::kCPU ? at::autocast::get_autocast_cpu_dtype() : at::autocast::get_autocast_gpu_dtype();
-}
-DETTRIAL_INLINE void set_autocast_dtype(torch::DeviceType d, at::ScalarType t) {
-  if (d == torch::kCPU) at::autocast::set_autocast_cpu_dtype(t);
-  else at::autocast::set_autocast_gpu_dtype(t);
-}
-#endif
-}  // namespace detail
-
-DETTRIAL_INLINE AutocastGuard::AutocastGuard(torch::DeviceType device, std::optional<at::ScalarType> dtype)
-    : device_(device),
-      previous_enabled_(detail::autocast_enabled(device)),
-      previous_dtype_(detail::autocast_dtype(device)),
-      nested_(dtype.has_value()) {
-  if (!dtype) {
-    detail::set_autocast_enabled(device, false);
-    return;
-  }
-  detail::set_autocast_dtype(device, *dtype);
-  detail::set_autocast_enabled(device, true);
-  at::autocast::increment_nesting();
-}
-
-DETTRIAL_INLINE AutocastGuard::~AutocastGuard() {
-  // Casts cached for the outermost region are dropped when it ends (torch.autocast's __exit__).
-  if (nested_ && at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
-  detail::set_autocast_enabled(device_, previous_enabled_);
-  detail::set_autocast_dtype(device_, previous_dtype_);
-}
-
-namespace detail {
-// ATen's fused scaler kernels: on CUDA in every supported LibTorch, on the CPU from 2.4 (other
-// devices may lack them, and take the host arithmetic).
-DETTRIAL_INLINE bool amp_kernels_on(const torch::Tensor& t) { return t.is_cuda() || (DETTRIAL_FUSED_KERNELS && t.is_cpu()); }
-}  // namespace detail
-
-DETTRIAL_INLINE GradScaler::GradScaler(Options options) : options_(options) {
-  if (!(options_.init_scale > 0)) throw ConfigError("GradScaler: init_scale must be positive");
-  if (!(options_.growth_factor > 1)) throw ConfigError("GradScaler: growth_factor must be above 1");
-  if (!(options_.backoff_factor > 0 && options_.backoff_factor < 1)) throw ConfigError("GradScaler: backoff_factor must be in (0, 1)");
-  if (options_.growth_interval < 1) throw ConfigError("GradScaler: growth_interval must be at least 1");
-  const auto f = torch::TensorOptions().dtype(torch::kFloat);
-  scale_ = torch::full({}, options_.init_scale, f);  // rounded to float32, as PyTorch keeps it
-  growth_tracker_ = torch::zeros({}, f.dtype(torch::kInt));
-  found_inf_ = torch::zeros({}, f);
-  found_since_update_ = torch::zeros({}, f);
-  skipped_ = torch::zeros({}, f);
-}
-
-DETTRIAL_INLINE GradScaler::GradScaler(const GradScaler& other)
-    : options_(other.options_),
-      scale_(other.scale_.clone()),
-      growth_tracker_(other.growth_tracker_.clone()),
-      found_inf_(other.found_inf_.clone()),
-      found_since_update_(other.found_since_update_.clone()),
-      skipped_(other.skipped_.clone()),
-      unscaled_(other.unscaled_),
-      stepped_(other.stepped_),
-      wrapped_(other.wrapped_) {}
-
-DETTRIAL_INLINE void GradScaler::place(const torch::Device& device) {
-  if (scale_.device() == device) return;
-  for (torch::Tensor* t : {&scale_, &growth_tracker_, &found_inf_, &found_since_update_, &skipped_}) *t = t->to(device);
-}
-
-DETTRIAL_INLINE torch::Tensor GradScaler::scale(const torch::Tensor& loss) {
-  if (wrapped_)
-    throw TrialError(
-        "this GradScaler is wrapped with context.wrap_scaler: context.backward scales the loss itself; "
-        "pass the loss unscaled");
-  // In float32 (PyTorch multiplies by a float32 tensor): an fp16 loss times 65536 would overflow.
-  return options_.enabled ? scaled(loss.to(torch::kFloat)) : loss;
-}
-
-DETTRIAL_INLINE torch::Tensor GradScaler::scaled(const torch::Tensor& t) {
-  if (!options_.enabled) return t;
-  place(t.device());
-  return t * scale_;
-}
-
-DETTRIAL_INLINE void GradScaler::unscale(const std::vector<torch::Tensor>& params) {
-  if (!options_.enabled || unscaled_) return;
-  std::vector<torch::Tensor> grads;
-  grads.reserve(params.size());
-  for (const torch::Tensor& p : params)
-    if (p.grad().defined()) grads.push_back(p.grad());
-  unscaled_ = true;
-  found_inf_.zero_();
-  if (grads.empty()) return;
-  place(grads.front().device());
-  // The reciprocal in double, then float32, as PyTorch computes inv_scale.
-  const torch::Tensor inverse = scale_.to(torch::kDouble).reciprocal().to(torch::kFloat);
-  if (detail::amp_kernels_on(found_inf_)) {
-    // The kernel takes the gradients of one device (and is fastest per dtype, as PyTorch groups them).
-    std::vector<std::pair<torch::ScalarType, std::vector<torch::Tensor>>> by_dtype;
-    std::vector<torch::Tensor> elsewhere;
-    for (torch::Tensor& g : grads) {
-      if (g.device() != found_inf_.device() || g.is_sparse()) {
-        elsewhere.push_back(g);
-        continue;
-      }
-      auto it = std::find_if(by_dtype.begin(), by_dtype.end(), [&](const auto& b) { return b.first == g.scalar_type(); });
-      if (it == by_dtype.end()) by_dtype.push_back({g.scalar_type(), {g}});
-      else it->second.push_back(g);
-    }
-    for (auto& [dtype, same] : by_dtype) at::_amp_foreach_non_finite_check_and_unscale_(same, found_inf_, inverse);
-    grads = std::move(elsewhere);
-    if (grads.empty()) return;
-  }
-  // Without the kernel (older LibTorch on the CPU, other devices), or gradients on another device
-  // than the first: tensor operations, the flag gathered where it lives.
-  const torch::Tensor inverse_here = inverse.cpu();
-  const double inv = inverse_here.item<float>();
-  for (torch::Tensor& g : grads) {
-    found_inf_.logical_or_(torch::isfinite(g).all().logical_not().to(found_inf_.device()));
-    g.mul_(inv);
-  }
-}
-
-DETTRIAL_INLINE bool GradScaler::step(torch::optim::Optimizer& optimizer, const std::vector<torch::Tensor>& params) {
-  if (!options_.enabled) {
-    optimizer.step();
-    return true;
-  }
-  unscale(params);
-  unscaled_ = false;
-  stepped_ = true;
-  found_since_update_.add_(found_inf_);
-  skipped_.add_(found_inf_);
-  if (auto* capturable = dynamic_cast<optim::CapturableOptimizer*>(&optimizer); capturable && capturable->step_unless_found_inf(found_inf_))
-    return true;
-  if (found_inf_.item<float>() != 0) return false;
-  optimizer.step();
-  return true;
-}
-
-DETTRIAL_INLINE void GradScaler::update() {
-  if (!options_.enabled || !stepped_) return;
-  stepped_ = false;
-  if (detail::amp_kernels_on(scale_)) {
-    // PyTorch's update: the scale stays float32, and one that would leave its range stays as it is.
-    at::_amp_update_scale_(scale_, growth_tracker_, found_since_update_, options_.growth_factor, options_.backoff_factor,
-                           options_.growth_interval);
-  } else {
-    // The same arithmetic on the host (older LibTorch on the CPU, where reading a value costs no wait).
-    double scale = scale_.item<float>();
-    std::int64_t tracker = growth_tracker_.item<std::int32_t>();
-    if (found_since_update_.item<float>() != 0) {
-      scale = static_cast<float>(scale * options_.backoff_factor);
-      tracker = 0;
-    } else if (++tracker == options_.growth_interval) {
-      const double grown = scale * options_.growth_factor;
-      if (grown <= std::numeric_limits<float>::max()) scale = static_cast<float>(grown);
-      tracker = 0;
-    }
-    scale_.fill_(scale);
-    growth_tracker_.fill_(tracker);
-  }
-  found_since_update_.zero_();
-}
-
-DETTRIAL_INLINE c10::impl::GenericDict GradScaler::state_dict() const {
-  c10::impl::GenericDict d(c10::StringType::get(), c10::AnyType::get());
-  if (!options_.enabled) return d;  // PyTorch's disabled scaler saves nothing
-  d.insert("scale", get_scale());
-  d.insert("growth_factor", options_.growth_factor);
-  d.insert("backoff_factor", options_.backoff_factor);
-  d.insert("growth_interval", options_.growth_interval);
-  d.insert("_growth_tracker", growth_tracker());
-  return d;
-}
-
-DETTRIAL_INLINE void GradScaler::load_state_dict(const c10::impl::GenericDict& state) {
-  if (!options_.enabled) return;
-  if (state.empty()) throw CheckpointError("the checkpoint's scaler_state_dict is empty: it was saved by a disabled GradScaler");
-  const auto number = [&](const char* key) {
-    const auto it = state.find(key);
-    if (it == state.end() || !(it->value().isDouble() || it->value().isInt()))
-      throw CheckpointError(std::string("the checkpoint's scaler_state_dict lacks a number '") + key + "'");
-    return it->value().isDouble() ? it->value().toDouble() : static_cast<double>(it->value().toInt());
-  };
-  const double scale = number("scale");
-  options_.growth_factor = number("growth_factor");
-  options_.backoff_factor = number("backoff_factor");
-  options_.growth_interval = static_cast<std::int64_t>(number("growth_interval"));
-  const double tracker = number("_growth_tracker");
-  scale_.fill_(scale);
-  growth_tracker_.fill_(tracker);
-  found_since_update_.zero_();
-  skipped_.zero_();
-  stepped_ = unscaled_ = false;
-}
-
-}  // namespace dettrial
-#endif  // DETTRIAL_HEADER_DEFINITIONS
-// ---- end dettrial/optim/mixed_precision.hpp
 
 namespace dettrial {
 
@@ -10817,7 +11551,7 @@ class Context {
   /// The effective global batch size, `per_slot * slots`.
   std::int64_t get_global_batch_size() const { return get_per_slot_batch_size() * slots_per_trial_; }
   /// True when the `global_batch_size` hyperparameter exists.
-  bool has_global_batch_size() const { return hparams_.contains("global_batch_size"); }
+  bool has_global_batch_size() const { return hparams_.global_batch_size().has_value(); }
 
   // ---- seed, device, distribution -------------------------------------------------------------
 
@@ -11488,10 +12222,11 @@ DETTRIAL_INLINE void Context::set_deterministic(bool on) {
 }
 
 DETTRIAL_INLINE std::int64_t Context::global_batch_size_hparam() const {
-  if (!hparams_.contains("global_batch_size"))
+  const std::optional<std::int64_t> given = hparams_.global_batch_size();
+  if (!given)
     throw HyperparameterError("the batch size getters need the hyperparameter 'global_batch_size', which " + hparams_.source() +
                               " does not define");
-  const auto global = hparams_.get<std::int64_t>("global_batch_size");
+  const std::int64_t global = *given;
   if (global < slots_per_trial_)
     throw HyperparameterError("global_batch_size (" + std::to_string(global) + ") is smaller than slots_per_trial (" +
                               std::to_string(slots_per_trial_) + ")");
@@ -12797,6 +13532,8 @@ DETTRIAL_INLINE bool python_param_state(const torch::optim::OptimizerParamState&
     put("sum", s->sum());
   } else if (const auto* s = dynamic_cast<const dettrial::optim::AdadeltaParamState*>(&state)) {
     dettrial::optim::python_param_state(*s, out);
+  } else if (const auto* s = dynamic_cast<const dettrial::optim::AdamFamilyParamState*>(&state)) {
+    dettrial::optim::python_param_state(*s, out);
   } else if (const auto* s = dynamic_cast<const torch::optim::RMSpropParamState*>(&state)) {
     out.insert("step", static_cast<std::int64_t>(s->step()));
     put("square_avg", s->square_avg());
@@ -12828,6 +13565,12 @@ DETTRIAL_INLINE void python_group_options(const torch::optim::OptimizerOptions& 
     out.insert("eps", o->eps());
     out.insert("maximize", false);
   } else if (const auto* o = dynamic_cast<const dettrial::optim::AdadeltaOptions*>(&options)) {
+    dettrial::optim::python_group_options(*o, out);
+  } else if (const auto* o = dynamic_cast<const dettrial::optim::NAdamOptions*>(&options)) {
+    dettrial::optim::python_group_options(*o, out);
+  } else if (const auto* o = dynamic_cast<const dettrial::optim::RAdamOptions*>(&options)) {
+    dettrial::optim::python_group_options(*o, out);
+  } else if (const auto* o = dynamic_cast<const dettrial::optim::AdamaxOptions*>(&options)) {
     dettrial::optim::python_group_options(*o, out);
   } else if (const auto* o = dynamic_cast<const torch::optim::RMSpropOptions*>(&options)) {
     out.insert("lr", o->lr());
@@ -12937,8 +13680,8 @@ struct Kind {
 /// OneCycleLR's max_lr and min_lr; its and CyclicLR's max_momentum and base_momentum; SWALR's
 /// swa_lr), which the schedulers read themselves.
 inline const std::set<std::string>& ignored_options() {
-  static const std::set<std::string> keys = {"params",  "foreach", "differentiable", "fused",         "capturable", "initial_lr",
-                                             "max_lr",  "min_lr",  "max_momentum",   "base_momentum", "swa_lr"};
+  static const std::set<std::string> keys = {"params", "foreach", "differentiable", "fused",         "capturable", "initial_lr",
+                                             "max_lr", "min_lr",  "max_momentum",   "base_momentum", "swa_lr"};
   return keys;
 }
 
@@ -13100,6 +13843,81 @@ inline Kind adadelta_kind() {
           }};
 }
 
+/// The options every member of Adam's family dettrial adds reads, and its own ones.
+template <class Options>
+bool set_adam_family(Options& o, const std::string& k, const c10::IValue& v, const std::string& what) {
+  if (k == "lr") o.lr(python_number(v, what));
+  else if (k == "eps") o.eps(python_number(v, what));
+  else if (k == "weight_decay") o.weight_decay(python_number(v, what));
+  else if (k == "maximize") o.maximize(python_number(v, what) != 0);
+  else if (k == "betas") {
+    if (!v.isTuple() && !v.isList()) throw CheckpointError(what + " is not a pair");
+    const auto b = v.isTuple() ? v.toTupleRef().elements().vec() : v.toList().vec();
+    if (b.size() != 2) throw CheckpointError(what + " is not a pair");
+    o.betas({python_number(b[0], what), python_number(b[1], what)});
+  } else {
+    return false;
+  }
+  return true;
+}
+
+/// The state of a parameter of NAdam, RAdam or Adamax from Python's entries.
+inline std::unique_ptr<torch::optim::OptimizerParamState> adam_family_state(const StateDict& e, const torch::Tensor& p, const char* second,
+                                                                            bool mu_product, const std::string& what) {
+  auto s = std::make_unique<optim::AdamFamilyParamState>();
+  s->step(step_entry(e, what));
+  s->exp_avg(tensor_entry(e, "exp_avg", p, what));
+  s->second(tensor_entry(e, second, p, what));
+  s->infinity_norm(std::string(second) == "exp_inf");
+  if (!s->exp_avg().defined() || !s->second().defined()) throw CheckpointError(what + " lacks exp_avg or " + second);
+  if (mu_product) {
+    const auto it = e.find("mu_product");
+    if (it == e.end()) throw CheckpointError(what + " lacks mu_product (NAdam's)");
+    s->mu_product(torch::scalar_tensor(python_number(it->value(), what + ": 'mu_product'"), torch::kFloat));
+  }
+  return s;
+}
+
+inline Kind nadam_kind() {
+  return {"NAdam",
+          {"lr", "betas", "eps", "weight_decay", "momentum_decay", "decoupled_weight_decay", "maximize"},
+          {},
+          [](torch::optim::OptimizerOptions& base, const std::string& k, const c10::IValue& v, const std::string& what) {
+            auto& o = static_cast<optim::NAdamOptions&>(base);
+            if (set_adam_family(o, k, v, what)) return;
+            if (k == "momentum_decay") o.momentum_decay(python_number(v, what));
+            else if (k == "decoupled_weight_decay") o.decoupled_weight_decay(python_number(v, what) != 0);
+          },
+          [](const StateDict& e, const torch::Tensor& p, const std::string& what) {
+            return adam_family_state(e, p, "exp_avg_sq", true, what);
+          }};
+}
+
+inline Kind radam_kind() {
+  return {"RAdam",
+          {"lr", "betas", "eps", "weight_decay", "decoupled_weight_decay", "maximize"},
+          {},
+          [](torch::optim::OptimizerOptions& base, const std::string& k, const c10::IValue& v, const std::string& what) {
+            auto& o = static_cast<optim::RAdamOptions&>(base);
+            if (set_adam_family(o, k, v, what)) return;
+            if (k == "decoupled_weight_decay") o.decoupled_weight_decay(python_number(v, what) != 0);
+          },
+          [](const StateDict& e, const torch::Tensor& p, const std::string& what) {
+            return adam_family_state(e, p, "exp_avg_sq", false, what);
+          }};
+}
+
+inline Kind adamax_kind() {
+  return {
+      "Adamax",
+      {"lr", "betas", "eps", "weight_decay", "maximize"},
+      {},
+      [](torch::optim::OptimizerOptions& base, const std::string& k, const c10::IValue& v, const std::string& what) {
+        set_adam_family(static_cast<optim::AdamaxOptions&>(base), k, v, what);
+      },
+      [](const StateDict& e, const torch::Tensor& p, const std::string& what) { return adam_family_state(e, p, "exp_inf", false, what); }};
+}
+
 DETTRIAL_INLINE Kind kind_of(torch::optim::OptimizerOptions& options) {
   using namespace torch::optim;
   if (dynamic_cast<SGDOptions*>(&options)) return sgd_kind();
@@ -13108,6 +13926,9 @@ DETTRIAL_INLINE Kind kind_of(torch::optim::OptimizerOptions& options) {
   if (dynamic_cast<RMSpropOptions*>(&options)) return rmsprop_kind();
   if (dynamic_cast<AdagradOptions*>(&options)) return adagrad_kind();
   if (dynamic_cast<optim::AdadeltaOptions*>(&options)) return adadelta_kind();
+  if (dynamic_cast<optim::NAdamOptions*>(&options)) return nadam_kind();
+  if (dynamic_cast<optim::RAdamOptions*>(&options)) return radam_kind();
+  if (dynamic_cast<optim::AdamaxOptions*>(&options)) return adamax_kind();
   return {nullptr, {}, {}, {}, {}};
 }
 
@@ -13154,7 +13975,7 @@ DETTRIAL_INLINE void load_optimizer_state_dict(torch::optim::Optimizer& optimize
     if (!kind.name)
       throw CheckpointError(what +
                             ": the trial's optimizer is not one whose Python state dettrial reads (SGD, Adam, AdamW, RMSprop, "
-                            "Adagrad, Adadelta)");
+                            "Adagrad, Adadelta, NAdam, RAdam, Adamax)");
     pd::check_group_options(group, kind, group_what);
     const auto params_it = group.find("params");
     if (params_it == group.end() || !params_it->value().isList()) throw CheckpointError(group_what + " lists no params");
@@ -21329,8 +22150,9 @@ DETTRIAL_INLINE RunState RunState::begin(Context& context, FitOptions options) {
 }
 
 DETTRIAL_INLINE void RunState::check_global_batch_divides(const Context& context, std::int64_t began) {
-  if (!context.has_global_batch_size()) return;  // the loader's batch size is then the rank's own choice
-  const auto global = context.get_hparams().get<std::int64_t>("global_batch_size");
+  const std::optional<std::int64_t> given = context.get_hparams().global_batch_size();
+  if (!given) return;  // the loader's batch size is then the rank's own choice
+  const std::int64_t global = *given;
   const std::int64_t ranks = context.distributed().size;
   if (global % ranks != 0)
     throw ConfigError("global_batch_size " + std::to_string(global) + " does not divide among " + std::to_string(ranks) +

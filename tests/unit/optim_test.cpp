@@ -1,6 +1,7 @@
-// dettrial::optim: Adadelta and the LR schedulers with Python's semantics (StepLR, MultiStepLR,
-// ExponentialLR, ReduceLROnPlateau) against Python's own numbers; exact resume through save/load;
-// Python's state-dict layout; the one-sentence errors.
+// dettrial::optim: Adadelta, NAdam, RAdam, Adamax and the LR schedulers with Python's semantics
+// (StepLR, MultiStepLR, ExponentialLR, ReduceLROnPlateau) against Python's own numbers; exact resume
+// through save/load; Python's state-dict layout; the one-sentence errors; and dettrial::nn's
+// activation checkpointing against the plain run.
 //
 // Every hard-coded reference value here was printed by tests/python/optim_reference.py, which runs
 // torch.optim.Adadelta and torch.optim.lr_scheduler on the same problems (run it to regenerate them),
@@ -10,7 +11,9 @@
 // builds: torch 1.13.1 prints the same values to about 1e-8 (the last float32 bit), so parameters are
 // compared to 1e-6 and the running averages (of order 1e-6 to 1) to 1e-5 relative.
 #include <cmath>
+#include <functional>
 #include <limits>
+#include <optional>
 #include <map>
 #include <set>
 #include <sstream>
@@ -595,4 +598,217 @@ TEST_CASE("invalid arguments: a ConfigError naming the class, the argument and t
                        ConfigError);
   CHECK_THROWS_WITH_AS(adadelta(AdadeltaOptions().weight_decay(-0.1)),
                        doctest::Contains("Adadelta: weight_decay must be at least 0, not -0.1"), ConfigError);
+}
+
+// ------------------------------------------------------------------------------------------------
+// NAdam, RAdam and Adamax against torch.optim's (tests/python/adam_family_reference.py).
+
+namespace {
+
+struct AdamFamilyReference {
+  const char* config;
+  /// FNV-1a of both parameters and every state tensor after each of the 30 steps.
+  std::uint64_t steps;
+  std::vector<std::string> group_keys;
+  std::vector<std::string> state_keys;
+};
+
+// Printed by tests/python/adam_family_reference.py with torch 2.15.0 (CPU).
+const std::vector<AdamFamilyReference>& adam_family_references() {
+  // clang-format off: as the script prints it
+  static const std::vector<AdamFamilyReference> references = {
+    {"NAdam()", 0x7a058d30b0fd3e83ULL, {"betas", "capturable", "decoupled_weight_decay", "differentiable", "eps", "foreach", "lr", "maximize", "momentum_decay", "weight_decay"}, {"exp_avg", "exp_avg_sq", "mu_product", "step"}},
+    {"NAdam(lr=0.01, weight_decay=0.1, momentum_decay=0.01)", 0xa47bfe0b7988414aULL, {"betas", "capturable", "decoupled_weight_decay", "differentiable", "eps", "foreach", "lr", "maximize", "momentum_decay", "weight_decay"}, {"exp_avg", "exp_avg_sq", "mu_product", "step"}},
+    {"NAdam(weight_decay=0.05, decoupled_weight_decay=True, maximize=True)", 0xf625487f330d5170ULL, {"betas", "capturable", "decoupled_weight_decay", "differentiable", "eps", "foreach", "lr", "maximize", "momentum_decay", "weight_decay"}, {"exp_avg", "exp_avg_sq", "mu_product", "step"}},
+    {"RAdam()", 0x3bbd498151d6d91cULL, {"betas", "capturable", "decoupled_weight_decay", "differentiable", "eps", "foreach", "lr", "maximize", "weight_decay"}, {"exp_avg", "exp_avg_sq", "step"}},
+    {"RAdam(lr=0.01, weight_decay=0.1)", 0x265502786daa3debULL, {"betas", "capturable", "decoupled_weight_decay", "differentiable", "eps", "foreach", "lr", "maximize", "weight_decay"}, {"exp_avg", "exp_avg_sq", "step"}},
+    {"RAdam(betas=(0.8, 0.99), weight_decay=0.05, decoupled_weight_decay=True)", 0x190201adcca5c574ULL, {"betas", "capturable", "decoupled_weight_decay", "differentiable", "eps", "foreach", "lr", "maximize", "weight_decay"}, {"exp_avg", "exp_avg_sq", "step"}},
+    {"Adamax()", 0xbb330192cc22c3abULL, {"betas", "capturable", "differentiable", "eps", "foreach", "lr", "maximize", "weight_decay"}, {"exp_avg", "exp_inf", "step"}},
+    {"Adamax(lr=0.01, betas=(0.8, 0.99), weight_decay=0.1, maximize=True)", 0x3ac78b5398bedf35ULL, {"betas", "capturable", "differentiable", "eps", "foreach", "lr", "maximize", "weight_decay"}, {"exp_avg", "exp_inf", "step"}},
+  };
+  // clang-format on
+  return references;
+}
+
+torch::Tensor reference_values(std::int64_t n, double scale, double shift) {
+  return torch::arange(n, torch::kFloat32).mul(scale).add(shift);
+}
+
+std::unique_ptr<torch::optim::Optimizer> adam_family_named(const std::string& config, std::vector<torch::Tensor> params) {
+  using namespace dettrial::optim;
+  if (config == "NAdam()") return std::make_unique<NAdam>(params);
+  if (config == "NAdam(lr=0.01, weight_decay=0.1, momentum_decay=0.01)")
+    return std::make_unique<NAdam>(params, NAdamOptions(0.01).weight_decay(0.1).momentum_decay(0.01));
+  if (config == "NAdam(weight_decay=0.05, decoupled_weight_decay=True, maximize=True)")
+    return std::make_unique<NAdam>(params, NAdamOptions().weight_decay(0.05).decoupled_weight_decay(true).maximize(true));
+  if (config == "RAdam()") return std::make_unique<RAdam>(params);
+  if (config == "RAdam(lr=0.01, weight_decay=0.1)") return std::make_unique<RAdam>(params, RAdamOptions(0.01).weight_decay(0.1));
+  if (config == "RAdam(betas=(0.8, 0.99), weight_decay=0.05, decoupled_weight_decay=True)")
+    return std::make_unique<RAdam>(params, RAdamOptions().betas({0.8, 0.99}).weight_decay(0.05).decoupled_weight_decay(true));
+  if (config == "Adamax()") return std::make_unique<Adamax>(params);
+  if (config == "Adamax(lr=0.01, betas=(0.8, 0.99), weight_decay=0.1, maximize=True)")
+    return std::make_unique<Adamax>(params, AdamaxOptions(0.01).betas({0.8, 0.99}).weight_decay(0.1).maximize(true));
+  throw std::logic_error("no optimizer " + config);
+}
+
+/// Steps `from`, ..., 30 of adam_family_reference.py's problem, hashing as it hashes.
+void adam_family_steps(torch::optim::Optimizer& opt, std::vector<torch::Tensor>& params, int from, int to, std::uint64_t& h) {
+  for (int k = from; k <= to; ++k) {
+    for (auto& p : params) p.mutable_grad() = reference_values(p.numel(), 0.7, 1.1 * k).remainder(3.0).sub(1.5).div(4.0).reshape(p.sizes());
+    opt.step();
+    for (auto& p : params) {
+      const auto add = [&](const torch::Tensor& t) {
+        const torch::Tensor c = t.detach().contiguous();
+        const auto* bytes = static_cast<const unsigned char*>(c.data_ptr());
+        for (std::size_t i = 0; i < c.nbytes(); ++i) h = (h ^ bytes[i]) * 0x100000001b3ULL;
+      };
+      add(p);
+      const auto& s = static_cast<const dettrial::optim::AdamFamilyParamState&>(
+          *opt.state().at(dettrial::detail::optimizer_state_key<std::remove_cvref_t<decltype(opt.state())>>(p)));
+      add(s.exp_avg());
+      add(s.second());
+      if (s.mu_product().defined()) add(s.mu_product());
+    }
+  }
+}
+
+std::vector<torch::Tensor> adam_family_params() {
+  return {reference_values(12, 0.3, 0.0).remainder(2.0).sub(1.0).reshape({3, 4}).requires_grad_(),
+          reference_values(5, 0.3, 0.0).remainder(2.0).sub(1.0).requires_grad_()};
+}
+
+}  // namespace
+
+TEST_CASE("NAdam, RAdam and Adamax step as torch.optim's do, bit for bit, and continue from their state in Python's layout") {
+  for (const AdamFamilyReference& r : adam_family_references()) {
+    INFO(r.config);
+    std::vector<torch::Tensor> params = adam_family_params();
+    auto opt = adam_family_named(r.config, params);
+    std::uint64_t h = 0xcbf29ce484222325ULL;
+    adam_family_steps(*opt, params, 1, 30, h);
+    CHECK(h == r.steps);  // one value one ulp off, at any step, changes it
+
+    // Python's layout: the same keys as Python's state_dict(), and the run continues from it.
+    const auto state = dettrial::optimizer_state_dict(*opt);
+    std::set<std::string> group_keys, state_keys;
+    for (const auto& e : state.at("param_groups").toListRef()[0].toGenericDict())
+      if (e.key().toStringRef() != "params") group_keys.insert(e.key().toStringRef());
+    for (const auto& e : state.at("state").toGenericDict().at(0).toGenericDict()) state_keys.insert(e.key().toStringRef());
+    CHECK(group_keys == std::set<std::string>(r.group_keys.begin(), r.group_keys.end()));
+    CHECK(state_keys == std::set<std::string>(r.state_keys.begin(), r.state_keys.end()));
+
+    std::vector<torch::Tensor> first_params = adam_family_params(), second_params = adam_family_params();
+    auto first = adam_family_named(r.config, first_params);
+    std::uint64_t straight = 0xcbf29ce484222325ULL;
+    adam_family_steps(*first, first_params, 1, 12, straight);
+    const auto saved = dettrial::optimizer_state_dict(*first);
+    auto second = adam_family_named(r.config, second_params);
+    {
+      torch::NoGradGuard no_grad;
+      for (std::size_t i = 0; i < second_params.size(); ++i) second_params[i].copy_(first_params[i]);
+    }
+    dettrial::load_optimizer_state_dict(*second, saved, "the saved state");
+    std::uint64_t a = straight, b = straight;
+    adam_family_steps(*first, first_params, 13, 30, a);
+    adam_family_steps(*second, second_params, 13, 30, b);
+    CHECK(a == b);
+    CHECK(a == r.steps);
+  }
+}
+
+TEST_CASE("NAdam, RAdam and Adamax refuse a bad option naming it, and another optimizer's group options") {
+  using namespace dettrial::optim;
+  auto p = torch::zeros({2}, torch::requires_grad());
+  CHECK_THROWS_WITH_AS(NAdam(std::vector<torch::Tensor>{p}, NAdamOptions(-1.0)), doctest::Contains("NAdam: lr must be at least 0, not -1"),
+                       dettrial::ConfigError);
+  CHECK_THROWS_WITH_AS(RAdam(std::vector<torch::Tensor>{p}, RAdamOptions().betas({1.0, 0.9})),
+                       doctest::Contains("RAdam: betas[0] must be in [0, 1), not 1"), dettrial::ConfigError);
+  CHECK_THROWS_WITH_AS(NAdam(std::vector<torch::Tensor>{p}, NAdamOptions().momentum_decay(-0.1)),
+                       doctest::Contains("NAdam: momentum_decay must be at least 0, not -0.1"), dettrial::ConfigError);
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+  groups.emplace_back(std::vector<torch::Tensor>{p}, std::make_unique<torch::optim::AdamOptions>(0.1));
+  CHECK_THROWS_WITH_AS(Adamax(groups), doctest::Contains("Adamax: parameter group 0 has another optimizer's options"),
+                       dettrial::ConfigError);
+}
+
+// ------------------------------------------------------------------------------------------------
+// Activation checkpointing (dettrial::nn::checkpoint).
+
+namespace {
+
+/// A deep network with dropout, so that the recomputation must draw the same masks.
+torch::nn::Sequential deep_network() {
+  torch::manual_seed(3);
+  torch::nn::Sequential net;
+  for (int i = 0; i < 6; ++i) {
+    net->push_back(torch::nn::Linear(16, 16));
+    net->push_back(torch::nn::ReLU());
+    net->push_back(torch::nn::Dropout(0.3));
+  }
+  net->push_back(torch::nn::Linear(16, 1));
+  return net;
+}
+
+/// Every parameter's gradient after one forward and backward of `forward` on a fixed batch, with the
+/// generator seeded alike.
+std::vector<torch::Tensor> gradients_of(torch::nn::Sequential& net, const std::function<torch::Tensor(const torch::Tensor&)>& forward,
+                                        std::optional<at::ScalarType> autocast = std::nullopt) {
+  net->zero_grad();
+  const torch::Tensor x = torch::arange(64 * 16, torch::kFloat32).reshape({64, 16}).remainder(7.0).sub(3.0).div(5.0);
+  torch::manual_seed(11);
+  torch::Tensor loss;
+  {
+    std::optional<dettrial::AutocastGuard> guard;
+    if (autocast) guard.emplace(torch::kCPU, autocast);
+    loss = forward(x).to(torch::kFloat32).pow(2).mean();
+  }
+  loss.backward();
+  std::vector<torch::Tensor> grads;
+  for (const auto& p : net->parameters()) grads.push_back(p.grad().defined() ? p.grad().clone() : torch::Tensor());
+  return grads;
+}
+
+bool same_gradients(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
+  if (a.size() != b.size()) return false;
+  for (std::size_t i = 0; i < a.size(); ++i)
+    if (!a[i].defined() || !b[i].defined() || !torch::equal(a[i], b[i])) return false;
+  return true;
+}
+
+}  // namespace
+
+TEST_CASE("activation checkpointing: gradients bit-identical to the plain run, dropout and autocast included, data inputs too") {
+  torch::nn::Sequential net = deep_network();
+  net->train();
+  const auto plain = gradients_of(net, [&](const torch::Tensor& x) { return net->forward(x); });
+  // Every block but the last recomputed (Python's checkpoint_sequential), 1 and 7 segments.
+  for (const std::int64_t segments : {1, 3, 7}) {
+    INFO(segments << " segments");
+    CHECK(same_gradients(plain,
+                         gradients_of(net, [&](const torch::Tensor& x) { return dettrial::nn::checkpoint_sequential(net, segments, x); })));
+  }
+  // Each block recomputed: the first block's input is data (no gradient), its parameters still get theirs.
+  dettrial::nn::CheckpointEach each(net);
+  CHECK(same_gradients(plain, gradients_of(net, [&](const torch::Tensor& x) { return each->forward(x); })));
+  // A function of its inputs alone (Python's reentrant form), with an input that takes a gradient.
+  const auto function_grads = [&](bool checkpointed) {
+    torch::Tensor w = torch::linspace(-1, 1, 16).requires_grad_();
+    const auto f = [](const std::vector<torch::Tensor>& in) {
+      return std::vector<torch::Tensor>{torch::dropout(in[0].tanh() * in[0], 0.5, /*train=*/true)};
+    };
+    torch::manual_seed(5);
+    const torch::Tensor y = checkpointed ? dettrial::nn::checkpoint(f, {w}).front() : f({w}).front();
+    y.sum().backward();
+    return w.grad().clone();
+  };
+  CHECK(torch::equal(function_grads(false), function_grads(true)));
+  // Under autocast (bf16 on the CPU) the recomputation runs under it too.
+  const auto plain_bf16 = gradients_of(net, [&](const torch::Tensor& x) { return net->forward(x); }, at::kBFloat16);
+  CHECK(same_gradients(plain_bf16, gradients_of(net, [&](const torch::Tensor& x) { return each->forward(x); }, at::kBFloat16)));
+  CHECK(!same_gradients(plain, plain_bf16));  // it did change the arithmetic
+  // In evaluation, or without grad mode, a plain call; a bad segment count is refused by name.
+  torch::NoGradGuard no_grad;
+  CHECK(!dettrial::nn::checkpoint_sequential(net, 3, torch::ones({2, 16})).requires_grad());
+  CHECK_THROWS_WITH_AS(dettrial::nn::checkpoint_sequential(net, 0, torch::ones({2, 16})),
+                       doctest::Contains("checkpoint_sequential: segments must be in [1, 19], not 0"), dettrial::ConfigError);
 }

@@ -47,6 +47,7 @@ DETTRIAL_INLINE bool python_layout_holds(torch::optim::Optimizer& optimizer);
 
 #include "../error.hpp"
 #include "../optim/adadelta.hpp"
+#include "../optim/adam_family.hpp"
 #include "../optim/fused.hpp"
 #include "../optim/handles.hpp"
 #include "../optim/schedulers.hpp"
@@ -240,6 +241,81 @@ inline Kind adadelta_kind() {
           }};
 }
 
+/// The options every member of Adam's family dettrial adds reads, and its own ones.
+template <class Options>
+bool set_adam_family(Options& o, const std::string& k, const c10::IValue& v, const std::string& what) {
+  if (k == "lr") o.lr(python_number(v, what));
+  else if (k == "eps") o.eps(python_number(v, what));
+  else if (k == "weight_decay") o.weight_decay(python_number(v, what));
+  else if (k == "maximize") o.maximize(python_number(v, what) != 0);
+  else if (k == "betas") {
+    if (!v.isTuple() && !v.isList()) throw CheckpointError(what + " is not a pair");
+    const auto b = v.isTuple() ? v.toTupleRef().elements().vec() : v.toList().vec();
+    if (b.size() != 2) throw CheckpointError(what + " is not a pair");
+    o.betas({python_number(b[0], what), python_number(b[1], what)});
+  } else {
+    return false;
+  }
+  return true;
+}
+
+/// The state of a parameter of NAdam, RAdam or Adamax from Python's entries.
+inline std::unique_ptr<torch::optim::OptimizerParamState> adam_family_state(const StateDict& e, const torch::Tensor& p, const char* second,
+                                                                            bool mu_product, const std::string& what) {
+  auto s = std::make_unique<optim::AdamFamilyParamState>();
+  s->step(step_entry(e, what));
+  s->exp_avg(tensor_entry(e, "exp_avg", p, what));
+  s->second(tensor_entry(e, second, p, what));
+  s->infinity_norm(std::string(second) == "exp_inf");
+  if (!s->exp_avg().defined() || !s->second().defined()) throw CheckpointError(what + " lacks exp_avg or " + second);
+  if (mu_product) {
+    const auto it = e.find("mu_product");
+    if (it == e.end()) throw CheckpointError(what + " lacks mu_product (NAdam's)");
+    s->mu_product(torch::scalar_tensor(python_number(it->value(), what + ": 'mu_product'"), torch::kFloat));
+  }
+  return s;
+}
+
+inline Kind nadam_kind() {
+  return {"NAdam",
+          {"lr", "betas", "eps", "weight_decay", "momentum_decay", "decoupled_weight_decay", "maximize"},
+          {},
+          [](torch::optim::OptimizerOptions& base, const std::string& k, const c10::IValue& v, const std::string& what) {
+            auto& o = static_cast<optim::NAdamOptions&>(base);
+            if (set_adam_family(o, k, v, what)) return;
+            if (k == "momentum_decay") o.momentum_decay(python_number(v, what));
+            else if (k == "decoupled_weight_decay") o.decoupled_weight_decay(python_number(v, what) != 0);
+          },
+          [](const StateDict& e, const torch::Tensor& p, const std::string& what) {
+            return adam_family_state(e, p, "exp_avg_sq", true, what);
+          }};
+}
+
+inline Kind radam_kind() {
+  return {"RAdam",
+          {"lr", "betas", "eps", "weight_decay", "decoupled_weight_decay", "maximize"},
+          {},
+          [](torch::optim::OptimizerOptions& base, const std::string& k, const c10::IValue& v, const std::string& what) {
+            auto& o = static_cast<optim::RAdamOptions&>(base);
+            if (set_adam_family(o, k, v, what)) return;
+            if (k == "decoupled_weight_decay") o.decoupled_weight_decay(python_number(v, what) != 0);
+          },
+          [](const StateDict& e, const torch::Tensor& p, const std::string& what) {
+            return adam_family_state(e, p, "exp_avg_sq", false, what);
+          }};
+}
+
+inline Kind adamax_kind() {
+  return {
+      "Adamax",
+      {"lr", "betas", "eps", "weight_decay", "maximize"},
+      {},
+      [](torch::optim::OptimizerOptions& base, const std::string& k, const c10::IValue& v, const std::string& what) {
+        set_adam_family(static_cast<optim::AdamaxOptions&>(base), k, v, what);
+      },
+      [](const StateDict& e, const torch::Tensor& p, const std::string& what) { return adam_family_state(e, p, "exp_inf", false, what); }};
+}
+
 DETTRIAL_INLINE Kind kind_of(torch::optim::OptimizerOptions& options) {
   using namespace torch::optim;
   if (dynamic_cast<SGDOptions*>(&options)) return sgd_kind();
@@ -248,6 +324,9 @@ DETTRIAL_INLINE Kind kind_of(torch::optim::OptimizerOptions& options) {
   if (dynamic_cast<RMSpropOptions*>(&options)) return rmsprop_kind();
   if (dynamic_cast<AdagradOptions*>(&options)) return adagrad_kind();
   if (dynamic_cast<optim::AdadeltaOptions*>(&options)) return adadelta_kind();
+  if (dynamic_cast<optim::NAdamOptions*>(&options)) return nadam_kind();
+  if (dynamic_cast<optim::RAdamOptions*>(&options)) return radam_kind();
+  if (dynamic_cast<optim::AdamaxOptions*>(&options)) return adamax_kind();
   return {nullptr, {}, {}, {}, {}};
 }
 
@@ -294,7 +373,7 @@ DETTRIAL_INLINE void load_optimizer_state_dict(torch::optim::Optimizer& optimize
     if (!kind.name)
       throw CheckpointError(what +
                             ": the trial's optimizer is not one whose Python state dettrial reads (SGD, Adam, AdamW, RMSprop, "
-                            "Adagrad, Adadelta)");
+                            "Adagrad, Adadelta, NAdam, RAdam, Adamax)");
     pd::check_group_options(group, kind, group_what);
     const auto params_it = group.find("params");
     if (params_it == group.end() || !params_it->value().isList()) throw CheckpointError(group_what + " lists no params");

@@ -21,6 +21,7 @@
 #include "../vocabulary/checkpoint.hpp"
 #include "../error.hpp"
 #include "../optim/adadelta.hpp"
+#include "../optim/adam_family.hpp"
 #include "../optim/fused.hpp"
 #include "../optim/handles.hpp"
 #include "../detail/text.hpp"
@@ -223,6 +224,8 @@ DETTRIAL_INLINE bool python_param_state(const torch::optim::OptimizerParamState&
     put("sum", s->sum());
   } else if (const auto* s = dynamic_cast<const dettrial::optim::AdadeltaParamState*>(&state)) {
     dettrial::optim::python_param_state(*s, out);
+  } else if (const auto* s = dynamic_cast<const dettrial::optim::AdamFamilyParamState*>(&state)) {
+    dettrial::optim::python_param_state(*s, out);
   } else if (const auto* s = dynamic_cast<const torch::optim::RMSpropParamState*>(&state)) {
     out.insert("step", static_cast<std::int64_t>(s->step()));
     put("square_avg", s->square_avg());
@@ -254,6 +257,12 @@ DETTRIAL_INLINE void python_group_options(const torch::optim::OptimizerOptions& 
     out.insert("eps", o->eps());
     out.insert("maximize", false);
   } else if (const auto* o = dynamic_cast<const dettrial::optim::AdadeltaOptions*>(&options)) {
+    dettrial::optim::python_group_options(*o, out);
+  } else if (const auto* o = dynamic_cast<const dettrial::optim::NAdamOptions*>(&options)) {
+    dettrial::optim::python_group_options(*o, out);
+  } else if (const auto* o = dynamic_cast<const dettrial::optim::RAdamOptions*>(&options)) {
+    dettrial::optim::python_group_options(*o, out);
+  } else if (const auto* o = dynamic_cast<const dettrial::optim::AdamaxOptions*>(&options)) {
     dettrial::optim::python_group_options(*o, out);
   } else if (const auto* o = dynamic_cast<const torch::optim::RMSpropOptions*>(&options)) {
     out.insert("lr", o->lr());

@@ -251,7 +251,7 @@ DETTRIAL_INLINE int launch_ranks(const CommandLine& line, const RunPlan& plan, i
   if (restarts.max_restarts() == 0) return launch_local(args, nproc, grace, bind_cpus);
   const std::filesystem::path storage = checkpoint_storage(fit_options_for(line, plan, default_output));
   const Hyperparameters hparams = plan.config.trial_hyperparameters();
-  const std::int64_t global_batch = hparams.contains("global_batch_size") ? hparams.get<std::int64_t>("global_batch_size") : 0;
+  const std::int64_t global_batch = hparams.global_batch_size().value_or(0);
   std::vector<int> slots(static_cast<std::size_t>(nproc));
   std::iota(slots.begin(), slots.end(), 0);
   std::vector<CheckpointInfo> before = list_checkpoints(storage);

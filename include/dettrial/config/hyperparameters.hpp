@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -54,6 +55,14 @@ class Hyperparameters {
   T get_or(std::string_view path, T fallback) const {
     return contains(path) ? get<T>(path) : std::move(fallback);
   }
+
+  /// Determined's `global_batch_size`, the one hyperparameter the harness reads itself, when given
+  /// (a present but mistyped value throws, naming it). Every reader of it asks here.
+  std::optional<std::int64_t> global_batch_size() const {
+    if (!contains(global_batch_size_key)) return std::nullopt;
+    return get<std::int64_t>(global_batch_size_key);
+  }
+  static constexpr std::string_view global_batch_size_key = "global_batch_size";
 
   /// The nested hyperparameters under `path` (which must be a map).
   Hyperparameters nested(std::string_view path) const;

@@ -171,7 +171,7 @@ class Context {
   /// The effective global batch size, `per_slot * slots`.
   std::int64_t get_global_batch_size() const { return get_per_slot_batch_size() * slots_per_trial_; }
   /// True when the `global_batch_size` hyperparameter exists.
-  bool has_global_batch_size() const { return hparams_.contains("global_batch_size"); }
+  bool has_global_batch_size() const { return hparams_.global_batch_size().has_value(); }
 
   // ---- seed, device, distribution -------------------------------------------------------------
 
@@ -842,10 +842,11 @@ DETTRIAL_INLINE void Context::set_deterministic(bool on) {
 }
 
 DETTRIAL_INLINE std::int64_t Context::global_batch_size_hparam() const {
-  if (!hparams_.contains("global_batch_size"))
+  const std::optional<std::int64_t> given = hparams_.global_batch_size();
+  if (!given)
     throw HyperparameterError("the batch size getters need the hyperparameter 'global_batch_size', which " + hparams_.source() +
                               " does not define");
-  const auto global = hparams_.get<std::int64_t>("global_batch_size");
+  const std::int64_t global = *given;
   if (global < slots_per_trial_)
     throw HyperparameterError("global_batch_size (" + std::to_string(global) + ") is smaller than slots_per_trial (" +
                               std::to_string(slots_per_trial_) + ")");

@@ -29,6 +29,9 @@ namespace dettrial {
 class AutocastGuard {
  public:
   AutocastGuard(torch::DeviceType device, std::optional<at::ScalarType> dtype);
+  /// The dtype autocast casts to on `device` now, or none when it is off: what a region recomputed
+  /// later (activation checkpointing) gives this guard to run as it ran.
+  static std::optional<at::ScalarType> current(torch::DeviceType device);
   ~AutocastGuard();
   AutocastGuard(const AutocastGuard&) = delete;
   AutocastGuard& operator=(const AutocastGuard&) = delete;
@@ -170,6 +173,11 @@ DETTRIAL_INLINE AutocastGuard::AutocastGuard(torch::DeviceType device, std::opti
   detail::set_autocast_dtype(device, *dtype);
   detail::set_autocast_enabled(device, true);
   at::autocast::increment_nesting();
+}
+
+DETTRIAL_INLINE std::optional<at::ScalarType> AutocastGuard::current(torch::DeviceType device) {
+  if (!detail::autocast_enabled(device)) return std::nullopt;
+  return detail::autocast_dtype(device);
 }
 
 DETTRIAL_INLINE AutocastGuard::~AutocastGuard() {

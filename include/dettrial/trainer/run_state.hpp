@@ -332,8 +332,9 @@ DETTRIAL_INLINE RunState RunState::begin(Context& context, FitOptions options) {
 }
 
 DETTRIAL_INLINE void RunState::check_global_batch_divides(const Context& context, std::int64_t began) {
-  if (!context.has_global_batch_size()) return;  // the loader's batch size is then the rank's own choice
-  const auto global = context.get_hparams().get<std::int64_t>("global_batch_size");
+  const std::optional<std::int64_t> given = context.get_hparams().global_batch_size();
+  if (!given) return;  // the loader's batch size is then the rank's own choice
+  const std::int64_t global = *given;
   const std::int64_t ranks = context.distributed().size;
   if (global % ranks != 0)
     throw ConfigError("global_batch_size " + std::to_string(global) + " does not divide among " + std::to_string(ranks) +

@@ -1,0 +1,473 @@
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief NAdam, RAdam and Adamax, which LibTorch lacks: `torch::optim::Optimizer`s with Python's
+/// `torch.optim` arithmetic (its single-tensor path, the one Python takes on the CPU), LibTorch's
+/// serialization, and Python's state-dict layout.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include <torch/torch.h>
+
+#include "../error.hpp"
+#include "handles.hpp"
+#include "../detail/linkage.hpp"
+
+namespace dettrial::optim {
+
+/// NAdam's options, with Python's defaults (`torch.optim.NAdam(params, lr=2e-3, betas=(0.9, 0.999),
+/// eps=1e-8, weight_decay=0, momentum_decay=4e-3, decoupled_weight_decay=False)`).
+struct NAdamOptions : torch::optim::OptimizerCloneableOptions<NAdamOptions> {
+  using betas_t = std::tuple<double, double>;
+  NAdamOptions(double lr = 2e-3) : lr_(lr) {}  // NOLINT(google-explicit-constructor): LibTorch's style
+  TORCH_ARG(double, lr) = 2e-3;
+  TORCH_ARG(betas_t, betas) = std::make_tuple(0.9, 0.999);
+  TORCH_ARG(double, eps) = 1e-8;
+  TORCH_ARG(double, weight_decay) = 0;
+  TORCH_ARG(double, momentum_decay) = 4e-3;
+  TORCH_ARG(bool, decoupled_weight_decay) = false;
+  TORCH_ARG(bool, maximize) = false;
+
+ public:
+  void serialize(torch::serialize::InputArchive& archive) override;
+  void serialize(torch::serialize::OutputArchive& archive) const override;
+  double get_lr() const override { return lr(); }
+  void set_lr(const double lr) override { this->lr(lr); }
+};
+
+/// RAdam's options, with Python's defaults (`torch.optim.RAdam(params, lr=1e-3, betas=(0.9, 0.999),
+/// eps=1e-8, weight_decay=0, decoupled_weight_decay=False)`).
+struct RAdamOptions : torch::optim::OptimizerCloneableOptions<RAdamOptions> {
+  using betas_t = std::tuple<double, double>;
+  RAdamOptions(double lr = 1e-3) : lr_(lr) {}  // NOLINT(google-explicit-constructor): LibTorch's style
+  TORCH_ARG(double, lr) = 1e-3;
+  TORCH_ARG(betas_t, betas) = std::make_tuple(0.9, 0.999);
+  TORCH_ARG(double, eps) = 1e-8;
+  TORCH_ARG(double, weight_decay) = 0;
+  TORCH_ARG(bool, decoupled_weight_decay) = false;
+  TORCH_ARG(bool, maximize) = false;
+
+ public:
+  void serialize(torch::serialize::InputArchive& archive) override;
+  void serialize(torch::serialize::OutputArchive& archive) const override;
+  double get_lr() const override { return lr(); }
+  void set_lr(const double lr) override { this->lr(lr); }
+};
+
+/// Adamax's options, with Python's defaults (`torch.optim.Adamax(params, lr=2e-3, betas=(0.9, 0.999),
+/// eps=1e-8, weight_decay=0)`).
+struct AdamaxOptions : torch::optim::OptimizerCloneableOptions<AdamaxOptions> {
+  using betas_t = std::tuple<double, double>;
+  AdamaxOptions(double lr = 2e-3) : lr_(lr) {}  // NOLINT(google-explicit-constructor): LibTorch's style
+  TORCH_ARG(double, lr) = 2e-3;
+  TORCH_ARG(betas_t, betas) = std::make_tuple(0.9, 0.999);
+  TORCH_ARG(double, eps) = 1e-8;
+  TORCH_ARG(double, weight_decay) = 0;
+  TORCH_ARG(bool, maximize) = false;
+
+ public:
+  void serialize(torch::serialize::InputArchive& archive) override;
+  void serialize(torch::serialize::OutputArchive& archive) const override;
+  double get_lr() const override { return lr(); }
+  void set_lr(const double lr) override { this->lr(lr); }
+};
+
+/// One parameter's state in Adam's family: the step count, the first moment (`exp_avg`), and the
+/// second (`exp_avg_sq`: NAdam, RAdam) or the infinity norm (`exp_inf`: Adamax, in `second`), with
+/// NAdam's `mu_product` (a float32 0-dim tensor, as Python keeps it).
+struct AdamFamilyParamState : torch::optim::OptimizerCloneableParamState<AdamFamilyParamState> {
+  TORCH_ARG(std::int64_t, step) = 0;
+  TORCH_ARG(torch::Tensor, exp_avg);
+  TORCH_ARG(torch::Tensor, second);
+  TORCH_ARG(torch::Tensor, mu_product);
+  /// Adamax's: `second` is the infinity norm, Python's `exp_inf`.
+  TORCH_ARG(bool, infinity_norm) = false;
+
+ public:
+  void serialize(torch::serialize::InputArchive& archive) override;
+  void serialize(torch::serialize::OutputArchive& archive) const override;
+};
+
+/**
+ * @brief What the three share: the groups' options checked as Python checks them, each parameter's
+ * state made on its first step with a gradient, and LibTorch's save and load (which restore the
+ * groups' options too, on every version). `Update` is the member of Python's family: its `update`
+ * computes one parameter's step as Python's `_single_tensor_*` function does, operation for operation.
+ */
+template <class Options, class Update>
+class AdamFamily : public torch::optim::Optimizer {
+ public:
+  explicit AdamFamily(const std::vector<torch::optim::OptimizerParamGroup>& param_groups, Options defaults = {})
+      : torch::optim::Optimizer(param_groups, std::make_unique<Options>(defaults)) {
+    Update::check(defaults, "");
+    for (std::size_t i = 0; i < param_groups_.size(); ++i) {
+      // LibTorch 2.x merges a group's options with the defaults only for its own optimizers' option
+      // types: a group's own options stand, as in Python.
+      if (i < param_groups.size() && param_groups[i].has_options()) param_groups_[i].set_options(param_groups[i].options().clone());
+      const auto* options = dynamic_cast<const Options*>(&param_groups_[i].options());
+      if (!options)
+        throw ConfigError(std::string("dettrial::optim::") + Update::name + ": parameter group " + std::to_string(i) +
+                          " has another optimizer's options; give it " + Update::name + "Options or none");
+      Update::check(*options, "parameter group " + std::to_string(i) + "'s ");
+    }
+  }
+  explicit AdamFamily(std::vector<torch::Tensor> params, Options defaults = {})
+      : AdamFamily(std::vector<torch::optim::OptimizerParamGroup>{torch::optim::OptimizerParamGroup(std::move(params))}, defaults) {}
+
+  torch::Tensor step(LossClosure closure = nullptr) override {
+    torch::NoGradGuard no_grad;
+    torch::Tensor loss;
+    if (closure != nullptr) {
+      at::AutoGradMode enable_grad(true);
+      loss = closure();
+    }
+    using StateMap = std::remove_cvref_t<decltype(state_)>;
+    for (auto& group : param_groups_) {
+      const auto& options = static_cast<const Options&>(group.options());
+      for (auto& p : group.params()) {
+        if (!p.grad().defined()) continue;
+        if (p.grad().is_sparse()) throw TrialError(std::string("dettrial::optim::") + Update::name + " does not support sparse gradients");
+        auto& slot = state_[dettrial::detail::optimizer_state_key<StateMap>(p)];
+        if (!slot) slot = Update::fresh(p);
+        auto& state = static_cast<AdamFamilyParamState&>(*slot);
+        state.step(state.step() + 1);
+        Update::update(p, options.maximize() ? -p.grad() : p.grad(), state, options);
+      }
+    }
+    return loss;
+  }
+  void save(torch::serialize::OutputArchive& archive) const override {
+    torch::optim::serialize<AdamFamilyParamState, Options>(archive, *this);
+  }
+  void load(torch::serialize::InputArchive& archive) override {
+    torch::optim::serialize<AdamFamilyParamState, Options>(archive, *this);
+    // LibTorch 1.x restores the per-parameter state only: the groups' options are read back here.
+    torch::serialize::InputArchive groups;
+    archive.read("param_groups", groups);
+    for (std::size_t i = 0; i < param_groups_.size(); ++i) {
+      torch::serialize::InputArchive group, options;
+      groups.read("param_groups/" + std::to_string(i), group);
+      group.read("options", options);
+      static_cast<Options&>(param_groups_[i].options()).serialize(options);
+    }
+  }
+};
+
+/// Python's `_single_tensor_nadam`.
+struct NAdamUpdate {
+  static constexpr const char* name = "NAdam";
+  static void check(const NAdamOptions& o, const std::string& where);
+  static std::unique_ptr<torch::optim::OptimizerParamState> fresh(const torch::Tensor& p);
+  static void update(torch::Tensor& param, torch::Tensor grad, AdamFamilyParamState& state, const NAdamOptions& o);
+};
+/// Python's `_single_tensor_radam`.
+struct RAdamUpdate {
+  static constexpr const char* name = "RAdam";
+  static void check(const RAdamOptions& o, const std::string& where);
+  static std::unique_ptr<torch::optim::OptimizerParamState> fresh(const torch::Tensor& p);
+  static void update(torch::Tensor& param, torch::Tensor grad, AdamFamilyParamState& state, const RAdamOptions& o);
+};
+/// Python's `_single_tensor_adamax`.
+struct AdamaxUpdate {
+  static constexpr const char* name = "Adamax";
+  static void check(const AdamaxOptions& o, const std::string& where);
+  static std::unique_ptr<torch::optim::OptimizerParamState> fresh(const torch::Tensor& p);
+  static void update(torch::Tensor& param, torch::Tensor grad, AdamFamilyParamState& state, const AdamaxOptions& o);
+};
+
+/**
+ * @brief NAdam (Dozat 2016), with Python's momentum decay and, with `decoupled_weight_decay`, NAdamW.
+ * @code{.cpp}
+ * dettrial::optim::NAdam opt(model->parameters(), dettrial::optim::NAdamOptions(2e-3).weight_decay(0.01));
+ * @endcode
+ */
+using NAdam = AdamFamily<NAdamOptions, NAdamUpdate>;
+/// RAdam (Liu et al. 2019): Adam with its variance rectified, plain momentum while it cannot be.
+using RAdam = AdamFamily<RAdamOptions, RAdamUpdate>;
+/// Adamax (Kingma and Ba 2014): Adam with the infinity norm.
+using Adamax = AdamFamily<AdamaxOptions, AdamaxUpdate>;
+
+/// Writes one parameter's state as Python's `state_dict()["state"][i]` holds it (`step` a float32
+/// 0-dim tensor; `exp_avg`; `exp_avg_sq`, or Adamax's `exp_inf`; NAdam's `mu_product`).
+DETTRIAL_INLINE void python_param_state(const AdamFamilyParamState& state, c10::impl::GenericDict& out);
+/// Writes a group's options as Python's `state_dict()["param_groups"][i]` holds them (less `params`).
+DETTRIAL_INLINE void python_group_options(const NAdamOptions& options, c10::impl::GenericDict& out);
+DETTRIAL_INLINE void python_group_options(const RAdamOptions& options, c10::impl::GenericDict& out);
+DETTRIAL_INLINE void python_group_options(const AdamaxOptions& options, c10::impl::GenericDict& out);
+
+}  // namespace dettrial::optim
+
+// Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
+#if DETTRIAL_HEADER_DEFINITIONS
+#include <charconv>
+#include <cmath>
+
+namespace dettrial::optim {
+
+namespace adam_family_detail {
+
+DETTRIAL_INLINE std::string number(double value) {
+  char text[32];
+  const auto result = std::to_chars(text, text + sizeof text, value);
+  return std::string(text, result.ptr);
+}
+
+/// Python's checks shared by the three (their __init__s), one sentence naming the option and value.
+template <class Options>
+void check_common(const char* optimizer, const Options& o, const std::string& where) {
+  const auto invalid = [&](const char* name, double value, const char* rule) {
+    throw ConfigError(std::string("dettrial::optim::") + optimizer + ": " + where + name + " must be " + rule + ", not " + number(value));
+  };
+  if (!(o.lr() >= 0)) invalid("lr", o.lr(), "at least 0");
+  if (!(o.eps() >= 0)) invalid("eps", o.eps(), "at least 0");
+  if (!(std::get<0>(o.betas()) >= 0 && std::get<0>(o.betas()) < 1)) invalid("betas[0]", std::get<0>(o.betas()), "in [0, 1)");
+  if (!(std::get<1>(o.betas()) >= 0 && std::get<1>(o.betas()) < 1)) invalid("betas[1]", std::get<1>(o.betas()), "in [0, 1)");
+  if (!(o.weight_decay() >= 0)) invalid("weight_decay", o.weight_decay(), "at least 0");
+}
+
+/// A first and second moment shaped like `p` (and NAdam's mu_product, a float32 one).
+DETTRIAL_INLINE std::unique_ptr<torch::optim::OptimizerParamState> fresh_state(const torch::Tensor& p, bool mu_product,
+                                                                               bool infinity_norm = false) {
+  auto s = std::make_unique<AdamFamilyParamState>();
+  s->infinity_norm(infinity_norm);
+  s->exp_avg(torch::zeros_like(p, torch::MemoryFormat::Preserve));
+  s->second(torch::zeros_like(p, torch::MemoryFormat::Preserve));
+  if (mu_product) s->mu_product(torch::ones({}, torch::kFloat));
+  return s;
+}
+
+template <class Options>
+void betas_options(const Options& o, c10::impl::GenericDict& out) {
+  out.insert("lr", o.lr());
+  out.insert("betas", c10::ivalue::Tuple::create({std::get<0>(o.betas()), std::get<1>(o.betas())}));
+  out.insert("eps", o.eps());
+  out.insert("weight_decay", o.weight_decay());
+}
+
+}  // namespace adam_family_detail
+
+// Options' and state's LibTorch serialization (dettrial's native checkpoints, torch::save).
+
+DETTRIAL_INLINE void NAdamOptions::serialize(torch::serialize::OutputArchive& archive) const {
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(lr);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(betas);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(eps);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(weight_decay);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(momentum_decay);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(decoupled_weight_decay);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(maximize);
+}
+
+DETTRIAL_INLINE void NAdamOptions::serialize(torch::serialize::InputArchive& archive) {
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(double, lr);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(betas_t, betas);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(double, eps);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(double, weight_decay);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(double, momentum_decay);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(bool, decoupled_weight_decay);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(bool, maximize);
+}
+
+DETTRIAL_INLINE void RAdamOptions::serialize(torch::serialize::OutputArchive& archive) const {
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(lr);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(betas);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(eps);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(weight_decay);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(decoupled_weight_decay);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(maximize);
+}
+
+DETTRIAL_INLINE void RAdamOptions::serialize(torch::serialize::InputArchive& archive) {
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(double, lr);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(betas_t, betas);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(double, eps);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(double, weight_decay);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(bool, decoupled_weight_decay);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(bool, maximize);
+}
+
+DETTRIAL_INLINE void AdamaxOptions::serialize(torch::serialize::OutputArchive& archive) const {
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(lr);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(betas);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(eps);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(weight_decay);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(maximize);
+}
+
+DETTRIAL_INLINE void AdamaxOptions::serialize(torch::serialize::InputArchive& archive) {
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(double, lr);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(betas_t, betas);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(double, eps);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(double, weight_decay);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(bool, maximize);
+}
+
+DETTRIAL_INLINE void AdamFamilyParamState::serialize(torch::serialize::OutputArchive& archive) const {
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(step);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(exp_avg);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(second);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(mu_product);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(infinity_norm);
+}
+
+DETTRIAL_INLINE void AdamFamilyParamState::serialize(torch::serialize::InputArchive& archive) {
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(std::int64_t, step);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(torch::Tensor, exp_avg);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(torch::Tensor, second);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(torch::Tensor, mu_product);
+  c10::IValue infinity;
+  if (archive.try_read("infinity_norm", infinity)) infinity_norm(infinity.toBool());
+}
+
+// ------------------------------------------------------------------------------------------------
+// The updates: Python's _single_tensor_* functions, operation for operation. `step` is Python's
+// `_get_value(step_t)`, the float of a float32 count.
+
+DETTRIAL_INLINE void NAdamUpdate::check(const NAdamOptions& o, const std::string& where) {
+  adam_family_detail::check_common(name, o, where);
+  if (!(o.momentum_decay() >= 0))
+    throw ConfigError("dettrial::optim::NAdam: " + where + "momentum_decay must be at least 0, not " +
+                      adam_family_detail::number(o.momentum_decay()));
+}
+
+DETTRIAL_INLINE std::unique_ptr<torch::optim::OptimizerParamState> NAdamUpdate::fresh(const torch::Tensor& p) {
+  return adam_family_detail::fresh_state(p, true);
+}
+
+DETTRIAL_INLINE void NAdamUpdate::update(torch::Tensor& param, torch::Tensor grad, AdamFamilyParamState& state, const NAdamOptions& o) {
+  const auto [beta1, beta2] = o.betas();
+  const double lr = o.lr(), step = static_cast<double>(static_cast<float>(state.step()));
+  torch::Tensor exp_avg = state.exp_avg(), exp_avg_sq = state.second(), mu_product = state.mu_product(), p = param;
+  if (p.is_complex()) {
+    p = torch::view_as_real(p);
+    grad = torch::view_as_real(grad);
+    exp_avg = torch::view_as_real(exp_avg);
+    exp_avg_sq = torch::view_as_real(exp_avg_sq);
+  }
+  const double bias_correction2 = 1 - std::pow(beta2, step);
+  if (o.weight_decay() != 0) {
+    if (o.decoupled_weight_decay()) p.mul_(1 - lr * o.weight_decay());
+    else grad = grad.add(p, o.weight_decay());
+  }
+  const double mu = beta1 * (1.0 - 0.5 * std::pow(0.96, step * o.momentum_decay()));
+  const double mu_next = beta1 * (1.0 - 0.5 * std::pow(0.96, (step + 1) * o.momentum_decay()));
+  mu_product.mul_(mu);  // a float32 tensor, as Python's
+  exp_avg.lerp_(grad, 1 - beta1);
+  exp_avg_sq.mul_(beta2).addcmul_(grad, grad, 1 - beta2);
+  torch::Tensor denom = exp_avg_sq.div(bias_correction2).sqrt();
+  const double product = mu_product.item<double>();
+  const double mu_product_next = product * mu_next;
+  denom.add_(o.eps());
+  p.addcdiv_(grad, denom, -lr * (1.0 - mu) / (1.0 - product));
+  p.addcdiv_(exp_avg, denom, (-lr * mu_next) / (1.0 - mu_product_next));
+}
+
+DETTRIAL_INLINE void RAdamUpdate::check(const RAdamOptions& o, const std::string& where) {
+  adam_family_detail::check_common(name, o, where);
+}
+
+DETTRIAL_INLINE std::unique_ptr<torch::optim::OptimizerParamState> RAdamUpdate::fresh(const torch::Tensor& p) {
+  return adam_family_detail::fresh_state(p, false);
+}
+
+DETTRIAL_INLINE void RAdamUpdate::update(torch::Tensor& param, torch::Tensor grad, AdamFamilyParamState& state, const RAdamOptions& o) {
+  const auto [beta1, beta2] = o.betas();
+  const double lr = o.lr(), step = static_cast<double>(static_cast<float>(state.step()));
+  torch::Tensor exp_avg = state.exp_avg(), exp_avg_sq = state.second(), p = param;
+  if (p.is_complex()) {
+    p = torch::view_as_real(p);
+    grad = torch::view_as_real(grad);
+    exp_avg = torch::view_as_real(exp_avg);
+    exp_avg_sq = torch::view_as_real(exp_avg_sq);
+  }
+  if (o.weight_decay() != 0) {
+    if (o.decoupled_weight_decay()) p.mul_(1 - lr * o.weight_decay());
+    else grad = grad.add(p, o.weight_decay());
+  }
+  exp_avg.lerp_(grad, 1 - beta1);
+  exp_avg_sq.mul_(beta2).addcmul_(grad, grad, 1 - beta2);
+  const double bias_correction1 = 1 - std::pow(beta1, step);
+  const double bias_correction2 = 1 - std::pow(beta2, step);
+  const torch::Tensor bias_corrected_exp_avg = exp_avg / bias_correction1;
+  const double rho_inf = 2 / (1 - beta2) - 1;
+  const double rho_t = rho_inf - 2 * step * std::pow(beta2, step) / bias_correction2;
+  if (rho_t > 5.0) {
+    const double rect = std::pow((rho_t - 4) * (rho_t - 2) * rho_inf / ((rho_inf - 4) * (rho_inf - 2) * rho_t), 0.5);
+    const torch::Tensor adaptive_lr = std::pow(bias_correction2, 0.5) / exp_avg_sq.sqrt().add_(o.eps());
+    p.add_(bias_corrected_exp_avg * lr * adaptive_lr * rect, -1.0);
+  } else {
+    p.add_(bias_corrected_exp_avg * lr, -1.0);
+  }
+}
+
+DETTRIAL_INLINE void AdamaxUpdate::check(const AdamaxOptions& o, const std::string& where) {
+  adam_family_detail::check_common(name, o, where);
+}
+
+DETTRIAL_INLINE std::unique_ptr<torch::optim::OptimizerParamState> AdamaxUpdate::fresh(const torch::Tensor& p) {
+  return adam_family_detail::fresh_state(p, false, true);
+}
+
+DETTRIAL_INLINE void AdamaxUpdate::update(torch::Tensor& param, torch::Tensor grad, AdamFamilyParamState& state, const AdamaxOptions& o) {
+  const auto [beta1, beta2] = o.betas();
+  const double step = static_cast<double>(static_cast<float>(state.step()));
+  if (o.weight_decay() != 0) grad = grad.add(param, o.weight_decay());
+  torch::Tensor exp_avg = state.exp_avg(), exp_inf = state.second(), p = param;
+  if (p.is_complex()) {
+    p = torch::view_as_real(p);
+    grad = torch::view_as_real(grad);
+    exp_avg = torch::view_as_real(exp_avg);
+    exp_inf = torch::view_as_real(exp_inf);
+  }
+  exp_avg.lerp_(grad, 1 - beta1);
+  torch::maximum_out(exp_inf, exp_inf.mul_(beta2), grad.abs().add_(o.eps()));
+  const double clr = o.lr() / (1 - std::pow(beta1, step));
+  p.addcdiv_(exp_avg, exp_inf, -clr);
+}
+
+// ------------------------------------------------------------------------------------------------
+// Python's layout
+
+DETTRIAL_INLINE void python_param_state(const AdamFamilyParamState& state, c10::impl::GenericDict& out) {
+  // Python keeps the step as a float32 0-dim tensor on the CPU (not capturable).
+  out.insert("step", torch::scalar_tensor(static_cast<double>(state.step()), torch::kFloat));
+  if (state.mu_product().defined()) out.insert("mu_product", state.mu_product().detach());
+  if (state.exp_avg().defined()) out.insert("exp_avg", state.exp_avg().detach());
+  if (state.second().defined()) out.insert(state.infinity_norm() ? "exp_inf" : "exp_avg_sq", state.second().detach());
+}
+
+DETTRIAL_INLINE void python_group_options(const NAdamOptions& o, c10::impl::GenericDict& out) {
+  adam_family_detail::betas_options(o, out);
+  out.insert("momentum_decay", o.momentum_decay());
+  out.insert("decoupled_weight_decay", o.decoupled_weight_decay());
+  out.insert("maximize", o.maximize());
+  out.insert("foreach", c10::IValue());  // None: Python's default (it picks the implementation)
+  out.insert("capturable", false);
+  out.insert("differentiable", false);
+}
+
+DETTRIAL_INLINE void python_group_options(const RAdamOptions& o, c10::impl::GenericDict& out) {
+  adam_family_detail::betas_options(o, out);
+  out.insert("maximize", o.maximize());
+  out.insert("foreach", c10::IValue());
+  out.insert("capturable", false);
+  out.insert("decoupled_weight_decay", o.decoupled_weight_decay());
+  out.insert("differentiable", false);
+}
+
+DETTRIAL_INLINE void python_group_options(const AdamaxOptions& o, c10::impl::GenericDict& out) {
+  adam_family_detail::betas_options(o, out);
+  out.insert("foreach", c10::IValue());
+  out.insert("maximize", o.maximize());
+  out.insert("differentiable", false);
+  out.insert("capturable", false);
+}
+
+}  // namespace dettrial::optim
+#endif  // DETTRIAL_HEADER_DEFINITIONS
