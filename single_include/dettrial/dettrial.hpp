@@ -4908,7 +4908,8 @@ DETTRIAL_INLINE void RAdamUpdate::update(torch::Tensor& param, torch::Tensor gra
   const double rho_t = rho_inf - 2 * step * std::pow(beta2, step) / bias_correction2;
   if (rho_t > 5.0) {
     const double rect = std::pow((rho_t - 4) * (rho_t - 2) * rho_inf / ((rho_inf - 4) * (rho_inf - 2) * rho_t), 0.5);
-    const torch::Tensor adaptive_lr = std::pow(bias_correction2, 0.5) / exp_avg_sq.sqrt().add_(o.eps());
+    // Python's `float / tensor` is the tensor's reciprocal times the float (Tensor.__rtruediv__).
+    const torch::Tensor adaptive_lr = exp_avg_sq.sqrt().add_(o.eps()).reciprocal() * std::pow(bias_correction2, 0.5);
     p.add_(bias_corrected_exp_avg * lr * adaptive_lr * rect, -1.0);
   } else {
     p.add_(bias_corrected_exp_avg * lr, -1.0);
@@ -4990,6 +4991,7 @@ DETTRIAL_INLINE void python_group_options(const AdamaxOptions& o, c10::impl::Gen
 /// dropout included, and autocast as it was), so that the gradients are the ones the plain run
 /// computes, bit for bit.
 
+#include <concepts>
 #include <cstdint>
 #include <functional>
 #include <vector>
@@ -5854,6 +5856,10 @@ DETTRIAL_INLINE std::vector<torch::Tensor> checkpoint(const CheckpointedFunction
 
 /// A module holder's forward(input), checkpointed with its parameters.
 template <class M>
+  requires requires(M& m, const torch::Tensor& x) {
+    { m->forward(x) } -> std::convertible_to<torch::Tensor>;
+    m->parameters();
+  }
 torch::Tensor checkpoint(M& module, const torch::Tensor& input) {
   return checkpoint([&module](const std::vector<torch::Tensor>& in) { return std::vector<torch::Tensor>{module->forward(in[0])}; }, {input},
                     module->parameters())
@@ -5928,7 +5934,7 @@ DETTRIAL_INLINE void set_generator(at::Generator generator, const torch::Tensor&
 /// Python's CheckpointFunction: forward without a graph, backward by running again.
 struct Function : torch::autograd::Function<Function> {
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, c10::intrusive_ptr<Saved> saved,
-                                                const torch::autograd::variable_list& tensors) {
+                                                at::TensorList tensors) {
     const std::vector<torch::Tensor> inputs(tensors.begin(), tensors.begin() + static_cast<std::ptrdiff_t>(saved->inputs));
     c10::List<torch::Tensor> parameters;
     for (std::size_t i = saved->inputs; i < tensors.size(); ++i) parameters.push_back(tensors[i]);
@@ -6017,7 +6023,7 @@ DETTRIAL_INLINE std::vector<torch::Tensor> checkpoint(const CheckpointedFunction
   tensors.insert(tensors.end(), parameters.begin(), parameters.end());
   // The parameters reach backward through the context, as a list (the autograd function's own
   // saved variables are the inputs): Function::apply sees them as differentiable arguments too.
-  return checkpoint_detail::Function::apply(saved, tensors);
+  return checkpoint_detail::Function::apply(saved, at::TensorList(tensors));  // a TensorList: each tensor an input
 }
 
 DETTRIAL_INLINE torch::Tensor checkpoint_sequential(torch::nn::Sequential& sequential, std::int64_t segments, const torch::Tensor& input) {
@@ -6029,7 +6035,7 @@ DETTRIAL_INLINE torch::Tensor checkpoint_sequential(torch::nn::Sequential& seque
   const auto run = [&sequential](std::int64_t from, std::int64_t to) {  // modules from..to, inclusive
     return [&sequential, from, to](const std::vector<torch::Tensor>& in) {
       torch::Tensor x = in[0];
-      for (std::int64_t i = from; i <= to; ++i) x = sequential[static_cast<std::size_t>(i)].forward(x);
+      for (std::int64_t i = from; i <= to; ++i) x = (sequential->begin() + i)->forward(x);
       return std::vector<torch::Tensor>{x};
     };
   };
@@ -6039,7 +6045,7 @@ DETTRIAL_INLINE torch::Tensor checkpoint_sequential(torch::nn::Sequential& seque
     end = start + length - 1;
     std::vector<torch::Tensor> params;
     for (std::int64_t i = start; i <= end; ++i)
-      for (const auto& p : sequential[static_cast<std::size_t>(i)].ptr()->parameters()) params.push_back(p);
+      for (const auto& p : sequential->ptr(static_cast<std::size_t>(i))->parameters()) params.push_back(p);
     x = checkpoint(run(start, end), {x}, params).front();
   }
   return run(end + 1, n - 1)({x}).front();
@@ -7592,7 +7598,7 @@ DETTRIAL_INLINE void AveragedWeights::average_group(std::vector<torch::Tensor>& 
   // Python's default: get_swa_multi_avg_fn on devices with foreach kernels (CUDA), whose weight is
   // 1 / (n_averaged + 1) computed as a float32 tensor; get_swa_avg_fn elsewhere (the CPU).
   if (device.is_cuda() && floating) {
-    const double weight = (1 / (n + 1)).item<double>();
+    const double weight = (n + 1).reciprocal().item<double>();  // Python's 1 / (n + 1): the reciprocal, a float32 tensor
     for (std::size_t i = 0; i < averaged.size(); ++i) averaged[i].lerp_(current[i], weight);
   } else {
     for (std::size_t i = 0; i < averaged.size(); ++i) averaged[i].copy_(averaged[i] + (current[i] - averaged[i]) / (n + 1));

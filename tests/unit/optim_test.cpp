@@ -727,7 +727,7 @@ TEST_CASE("NAdam, RAdam and Adamax refuse a bad option naming it, and another op
                        doctest::Contains("NAdam: momentum_decay must be at least 0, not -0.1"), dettrial::ConfigError);
   std::vector<torch::optim::OptimizerParamGroup> groups;
   groups.emplace_back(std::vector<torch::Tensor>{p}, std::make_unique<torch::optim::AdamOptions>(0.1));
-  CHECK_THROWS_WITH_AS(Adamax(groups), doctest::Contains("Adamax: parameter group 0 has another optimizer's options"),
+  CHECK_THROWS_WITH_AS(Adamax{groups}, doctest::Contains("Adamax: parameter group 0 has another optimizer's options"),
                        dettrial::ConfigError);
 }
 

@@ -7,6 +7,7 @@
 /// computes, bit for bit.
 #pragma once
 
+#include <concepts>
 #include <cstdint>
 #include <functional>
 #include <vector>
@@ -36,6 +37,10 @@ DETTRIAL_INLINE std::vector<torch::Tensor> checkpoint(const CheckpointedFunction
 
 /// A module holder's forward(input), checkpointed with its parameters.
 template <class M>
+  requires requires(M& m, const torch::Tensor& x) {
+    { m->forward(x) } -> std::convertible_to<torch::Tensor>;
+    m->parameters();
+  }
 torch::Tensor checkpoint(M& module, const torch::Tensor& input) {
   return checkpoint([&module](const std::vector<torch::Tensor>& in) { return std::vector<torch::Tensor>{module->forward(in[0])}; }, {input},
                     module->parameters())
@@ -111,7 +116,7 @@ DETTRIAL_INLINE void set_generator(at::Generator generator, const torch::Tensor&
 /// Python's CheckpointFunction: forward without a graph, backward by running again.
 struct Function : torch::autograd::Function<Function> {
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, c10::intrusive_ptr<Saved> saved,
-                                                const torch::autograd::variable_list& tensors) {
+                                                at::TensorList tensors) {
     const std::vector<torch::Tensor> inputs(tensors.begin(), tensors.begin() + static_cast<std::ptrdiff_t>(saved->inputs));
     c10::List<torch::Tensor> parameters;
     for (std::size_t i = saved->inputs; i < tensors.size(); ++i) parameters.push_back(tensors[i]);
@@ -200,7 +205,7 @@ DETTRIAL_INLINE std::vector<torch::Tensor> checkpoint(const CheckpointedFunction
   tensors.insert(tensors.end(), parameters.begin(), parameters.end());
   // The parameters reach backward through the context, as a list (the autograd function's own
   // saved variables are the inputs): Function::apply sees them as differentiable arguments too.
-  return checkpoint_detail::Function::apply(saved, tensors);
+  return checkpoint_detail::Function::apply(saved, at::TensorList(tensors));  // a TensorList: each tensor an input
 }
 
 DETTRIAL_INLINE torch::Tensor checkpoint_sequential(torch::nn::Sequential& sequential, std::int64_t segments, const torch::Tensor& input) {
@@ -212,7 +217,7 @@ DETTRIAL_INLINE torch::Tensor checkpoint_sequential(torch::nn::Sequential& seque
   const auto run = [&sequential](std::int64_t from, std::int64_t to) {  // modules from..to, inclusive
     return [&sequential, from, to](const std::vector<torch::Tensor>& in) {
       torch::Tensor x = in[0];
-      for (std::int64_t i = from; i <= to; ++i) x = sequential[static_cast<std::size_t>(i)].forward(x);
+      for (std::int64_t i = from; i <= to; ++i) x = (sequential->begin() + i)->forward(x);
       return std::vector<torch::Tensor>{x};
     };
   };
@@ -222,7 +227,7 @@ DETTRIAL_INLINE torch::Tensor checkpoint_sequential(torch::nn::Sequential& seque
     end = start + length - 1;
     std::vector<torch::Tensor> params;
     for (std::int64_t i = start; i <= end; ++i)
-      for (const auto& p : sequential[static_cast<std::size_t>(i)].ptr()->parameters()) params.push_back(p);
+      for (const auto& p : sequential->ptr(static_cast<std::size_t>(i))->parameters()) params.push_back(p);
     x = checkpoint(run(start, end), {x}, params).front();
   }
   return run(end + 1, n - 1)({x}).front();

@@ -399,7 +399,8 @@ DETTRIAL_INLINE void RAdamUpdate::update(torch::Tensor& param, torch::Tensor gra
   const double rho_t = rho_inf - 2 * step * std::pow(beta2, step) / bias_correction2;
   if (rho_t > 5.0) {
     const double rect = std::pow((rho_t - 4) * (rho_t - 2) * rho_inf / ((rho_inf - 4) * (rho_inf - 2) * rho_t), 0.5);
-    const torch::Tensor adaptive_lr = std::pow(bias_correction2, 0.5) / exp_avg_sq.sqrt().add_(o.eps());
+    // Python's `float / tensor` is the tensor's reciprocal times the float (Tensor.__rtruediv__).
+    const torch::Tensor adaptive_lr = exp_avg_sq.sqrt().add_(o.eps()).reciprocal() * std::pow(bias_correction2, 0.5);
     p.add_(bias_corrected_exp_avg * lr * adaptive_lr * rect, -1.0);
   } else {
     p.add_(bias_corrected_exp_avg * lr, -1.0);

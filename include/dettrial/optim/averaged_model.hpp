@@ -216,7 +216,7 @@ DETTRIAL_INLINE void AveragedWeights::average_group(std::vector<torch::Tensor>& 
   // Python's default: get_swa_multi_avg_fn on devices with foreach kernels (CUDA), whose weight is
   // 1 / (n_averaged + 1) computed as a float32 tensor; get_swa_avg_fn elsewhere (the CPU).
   if (device.is_cuda() && floating) {
-    const double weight = (1 / (n + 1)).item<double>();
+    const double weight = (n + 1).reciprocal().item<double>();  // Python's 1 / (n + 1): the reciprocal, a float32 tensor
     for (std::size_t i = 0; i < averaged.size(); ++i) averaged[i].lerp_(current[i], weight);
   } else {
     for (std::size_t i = 0; i < averaged.size(); ++i) averaged[i].copy_(averaged[i] + (current[i] - averaged[i]) / (n + 1));
