@@ -25,6 +25,7 @@
 #include "metrics/reducers.hpp"
 #include "optim/adadelta.hpp"
 #include "optim/adam_family.hpp"
+#include "optim/muon.hpp"
 #include "nn/checkpoint.hpp"
 #include "optim/fused.hpp"
 #include "optim/clip.hpp"

@@ -142,8 +142,11 @@ dettrial_mlflow_python() {
 # the paths inside this checkout relative in ccache's key, so a clone at another path (CI's) hits
 # what this one compiled; the sloppiness lets it cache translation units that use CMake's
 # precompiled headers. The tests' own builds (the consumer projects, Conan's test_package) inherit
-# these. Returns non-zero without ccache.
+# these. The compile-fail cases' outputs, which ccache does not keep (it caches no failed
+# compilation), are kept beside it the same way (tests/compile_fail/build_all.py). Returns non-zero
+# without ccache.
 dettrial_ccache_env() {
+  export DETTRIAL_COMPILE_FAIL_CACHE=${DETTRIAL_COMPILE_FAIL_CACHE:-$DETTRIAL_CACHE/compile-fail}
   command -v ccache >/dev/null || return 1
   export CCACHE_DIR=${CCACHE_DIR:-$DETTRIAL_CACHE/ccache} CCACHE_MAXSIZE=${CCACHE_MAXSIZE:-8G}
   export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$DETTRIAL_ROOT}

@@ -4132,9 +4132,23 @@ DETTRIAL_INLINE ValidationReduction::Slot* ValidationReduction::find(std::string
 
 #include <cstdint>
 #include <memory>
-#include <sstream>
+#include <string>
+#include <vector>
+
+#include <torch/torch.h>
+
+// ---- begin dettrial/optim/single_tensor_optimizer.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief What every optimizer dettrial adds to LibTorch's shares: a `torch::optim::Optimizer` that
+/// checks its groups' options as Python checks them, makes a parameter's state on its first step with
+/// a gradient, steps each parameter as Python's `_single_tensor_*` function does, and saves and loads
+/// with LibTorch's serialization (the groups' options too, on every LibTorch version).
+
+#include <memory>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include <torch/torch.h>
@@ -4268,6 +4282,140 @@ auto optimizer_state_key(const torch::Tensor& p) {
 
 }  // namespace dettrial
 // ---- end dettrial/optim/handles.hpp
+// ---- begin dettrial/detail/text.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief Small text helpers for error messages.
+
+#include <string>
+
+
+namespace dettrial::detail {
+/// The first line of a message (LibTorch's errors append a backtrace).
+DETTRIAL_INLINE std::string first_line(std::string text);
+/// The shortest text that reads back as `value` ("0.1", not "0.100000"): numbers in error messages.
+DETTRIAL_INLINE std::string number_text(double value);
+}  // namespace dettrial::detail
+
+// Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
+#if DETTRIAL_HEADER_DEFINITIONS
+#include <charconv>
+
+namespace dettrial::detail {
+
+DETTRIAL_INLINE std::string first_line(std::string text) {
+  if (const auto nl = text.find('\n'); nl != std::string::npos) text.resize(nl);
+  return text;
+}
+
+DETTRIAL_INLINE std::string number_text(double value) {
+  char text[32];
+  const auto result = std::to_chars(text, text + sizeof text, value);
+  return std::string(text, result.ptr);
+}
+
+}  // namespace dettrial::detail
+#endif  // DETTRIAL_HEADER_DEFINITIONS
+// ---- end dettrial/detail/text.hpp
+
+namespace dettrial::optim {
+
+/**
+ * @brief What an optimizer's arithmetic gives `SingleTensorOptimizer`: its `Options` and per-parameter
+ * `State` types, its Python name, Python's checks of the options, a fresh state, and one parameter's
+ * step. It may also check each parameter (`check_param`: Muon takes matrices only).
+ */
+template <class U>
+concept SingleTensorUpdate = requires(const typename U::Options& o, const torch::Tensor& p, torch::Tensor& param, typename U::State& state,
+                                      const std::string& where) {
+  { U::name } -> std::convertible_to<const char*>;
+  U::check(o, where);
+  { U::fresh(p) } -> std::same_as<std::unique_ptr<typename U::State>>;
+  U::update(param, p, state, o);
+};
+
+/// Throws Python's refusal of an option as one sentence: "dettrial::optim::NAdam: lr must be at least
+/// 0, not -1" (`where` names the parameter group, or is empty for the defaults).
+[[noreturn]] inline void invalid_option(const char* optimizer, const std::string& where, const char* name, double value, const char* rule) {
+  throw ConfigError(std::string("dettrial::optim::") + optimizer + ": " + where + name + " must be " + rule + ", not " +
+                    detail::number_text(value));
+}
+
+/**
+ * @brief A LibTorch optimizer with Python's arithmetic, one parameter at a time (the path Python's
+ * `torch.optim` takes on the CPU; its multi-tensor path does the same operations in the same order).
+ * `Update` supplies the arithmetic (see SingleTensorUpdate); a group's own options stand, as in Python.
+ */
+template <SingleTensorUpdate Update>
+class SingleTensorOptimizer : public torch::optim::Optimizer {
+ public:
+  using Options = typename Update::Options;
+  using State = typename Update::State;
+
+  explicit SingleTensorOptimizer(const std::vector<torch::optim::OptimizerParamGroup>& param_groups, Options defaults = {})
+      : torch::optim::Optimizer(param_groups, std::make_unique<Options>(defaults)) {
+    Update::check(defaults, "");
+    for (std::size_t i = 0; i < param_groups_.size(); ++i) {
+      // LibTorch 2.x merges a group's options with the defaults only for its own optimizers' option
+      // types: a group's own options stand, as in Python.
+      if (i < param_groups.size() && param_groups[i].has_options()) param_groups_[i].set_options(param_groups[i].options().clone());
+      const auto* options = dynamic_cast<const Options*>(&param_groups_[i].options());
+      if (!options)
+        throw ConfigError(std::string("dettrial::optim::") + Update::name + ": parameter group " + std::to_string(i) +
+                          " has another optimizer's options; give it " + Update::name + "Options or none");
+      const std::string where = "parameter group " + std::to_string(i) + "'s ";
+      Update::check(*options, where);
+      if constexpr (requires { Update::check_param(torch::Tensor(), where); }) {
+        const auto& params = param_groups_[i].params();
+        for (std::size_t j = 0; j < params.size(); ++j) Update::check_param(params[j], where + "parameter " + std::to_string(j));
+      }
+    }
+  }
+  explicit SingleTensorOptimizer(std::vector<torch::Tensor> params, Options defaults = {})
+      : SingleTensorOptimizer(std::vector<torch::optim::OptimizerParamGroup>{torch::optim::OptimizerParamGroup(std::move(params))},
+                              std::move(defaults)) {}
+
+  torch::Tensor step(LossClosure closure = nullptr) override {
+    torch::NoGradGuard no_grad;
+    torch::Tensor loss;
+    if (closure != nullptr) {
+      at::AutoGradMode enable_grad(true);
+      loss = closure();
+    }
+    using StateMap = std::remove_cvref_t<decltype(state_)>;
+    for (auto& group : param_groups_) {
+      const auto& options = static_cast<const Options&>(group.options());
+      for (auto& p : group.params()) {
+        if (!p.grad().defined()) continue;
+        if (p.grad().is_sparse()) throw TrialError(std::string("dettrial::optim::") + Update::name + " does not support sparse gradients");
+        auto& slot = state_[dettrial::detail::optimizer_state_key<StateMap>(p)];
+        if (!slot) slot = Update::fresh(p);
+        auto& state = static_cast<State&>(*slot);
+        if constexpr (requires { state.step(state.step() + 1); }) state.step(state.step() + 1);
+        if constexpr (requires { options.maximize(); }) Update::update(p, options.maximize() ? -p.grad() : p.grad(), state, options);
+        else Update::update(p, p.grad(), state, options);
+      }
+    }
+    return loss;
+  }
+  void save(torch::serialize::OutputArchive& archive) const override { torch::optim::serialize<State, Options>(archive, *this); }
+  void load(torch::serialize::InputArchive& archive) override {
+    torch::optim::serialize<State, Options>(archive, *this);
+    // LibTorch 1.x restores the per-parameter state only: the groups' options (learning rates a
+    // scheduler changed) are read back here, on every version.
+    torch::serialize::InputArchive groups;
+    archive.read("param_groups", groups);
+    for (std::size_t i = 0; i < param_groups_.size(); ++i) {
+      torch::serialize::InputArchive group, options;
+      groups.read("param_groups/" + std::to_string(i), group);
+      group.read("options", options);
+      static_cast<Options&>(param_groups_[i].options()).serialize(options);
+    }
+  }
+};
+
+}  // namespace dettrial::optim
+// ---- end dettrial/optim/single_tensor_optimizer.hpp
 
 namespace dettrial::optim {
 
@@ -4304,34 +4452,26 @@ struct AdadeltaParamState : torch::optim::OptimizerCloneableParamState<AdadeltaP
   ~AdadeltaParamState() override = default;
 };
 
+/// Python's `_single_tensor_adadelta`.
+struct AdadeltaUpdate {
+  using Options = AdadeltaOptions;
+  using State = AdadeltaParamState;
+  static constexpr const char* name = "Adadelta";
+  static void check(const AdadeltaOptions& o, const std::string& where);
+  static std::unique_ptr<AdadeltaParamState> fresh(const torch::Tensor& p);
+  static void update(torch::Tensor& param, torch::Tensor grad, AdadeltaParamState& state, const AdadeltaOptions& o);
+};
+
 /**
  * @brief Adadelta (Zeiler 2012) as PyTorch's `torch.optim.Adadelta` computes it, operation for
- * operation (its single-tensor path; the multi-tensor one does the same operations in the same
- * order), so the parameters follow Python's bit for bit on the same device.
- *
- * The state of a parameter is made on its first step with a gradient (as Python's), `save` and `load`
- * work like LibTorch's optimizers (`torch::save(optimizer, ...)`, dettrial's native checkpoints), and
- * `load` restores the groups' options (learning rates) as well, on every LibTorch version.
+ * operation, so the parameters follow Python's bit for bit on the same device; saved and loaded as
+ * LibTorch's optimizers are (`torch::save(optimizer, ...)`, dettrial's native checkpoints).
  * @code{.cpp}
  * dettrial::optim::Adadelta opt(model->parameters(), dettrial::optim::AdadeltaOptions(1.0).rho(0.95));
  * @endcode
  * An invalid option (lr, eps or weight_decay negative, rho outside [0, 1]) is a ConfigError.
  */
-class Adadelta : public torch::optim::Optimizer {
- public:
-  explicit Adadelta(const std::vector<torch::optim::OptimizerParamGroup>& param_groups, AdadeltaOptions defaults = {});
-  explicit Adadelta(std::vector<torch::Tensor> params, AdadeltaOptions defaults = {});
-
-  torch::Tensor step(LossClosure closure = nullptr) override;
-  void save(torch::serialize::OutputArchive& archive) const override;
-  void load(torch::serialize::InputArchive& archive) override;
-
- private:
-  template <typename Self, typename Archive>
-  static void serialize(Self& self, Archive& archive) {
-    _TORCH_OPTIM_SERIALIZE_WITH_TEMPLATE_ARG(Adadelta);
-  }
-};
+using Adadelta = SingleTensorOptimizer<AdadeltaUpdate>;
 
 /// Writes one parameter's state as Python's `Adadelta.state_dict()["state"][i]` holds it: `step` (a
 /// float32 0-dim tensor), `square_avg`, `acc_delta`.
@@ -4344,29 +4484,6 @@ DETTRIAL_INLINE void python_group_options(const AdadeltaOptions& options, c10::i
 
 // Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
 #if DETTRIAL_HEADER_DEFINITIONS
-#include <charconv>
-
-namespace dettrial::detail {
-
-DETTRIAL_INLINE std::string adadelta_number(double value) {
-  char text[32];
-  const auto result = std::to_chars(text, text + sizeof text, value);
-  return std::string(text, result.ptr);
-}
-
-// Python's checks (torch.optim.Adadelta.__init__), as one sentence naming the option and its value.
-DETTRIAL_INLINE void check_adadelta_options(const dettrial::optim::AdadeltaOptions& o, const std::string& where) {
-  const auto invalid = [&](const char* name, double value, const char* rule) {
-    throw ConfigError("dettrial::optim::Adadelta: " + where + name + " must be " + rule + ", not " + adadelta_number(value));
-  };
-  if (!(o.lr() >= 0)) invalid("lr", o.lr(), "at least 0");
-  if (!(o.rho() >= 0 && o.rho() <= 1)) invalid("rho", o.rho(), "in [0, 1]");
-  if (!(o.eps() >= 0)) invalid("eps", o.eps(), "at least 0");
-  if (!(o.weight_decay() >= 0)) invalid("weight_decay", o.weight_decay(), "at least 0");
-}
-
-}  // namespace dettrial::detail
-
 namespace dettrial::optim {
 
 DETTRIAL_INLINE void AdadeltaOptions::serialize(torch::serialize::OutputArchive& archive) const {
@@ -4409,84 +4526,39 @@ DETTRIAL_INLINE bool operator==(const AdadeltaParamState& lhs, const AdadeltaPar
   return lhs.step() == rhs.step() && same(lhs.square_avg(), rhs.square_avg()) && same(lhs.acc_delta(), rhs.acc_delta());
 }
 
-DETTRIAL_INLINE Adadelta::Adadelta(const std::vector<torch::optim::OptimizerParamGroup>& param_groups, AdadeltaOptions defaults)
-    : torch::optim::Optimizer(param_groups, std::make_unique<AdadeltaOptions>(defaults)) {
-  detail::check_adadelta_options(defaults, "");
-  for (std::size_t i = 0; i < param_groups_.size(); ++i) {
-    // LibTorch 2.x merges a group's options with the defaults only for its own optimizers' option
-    // types; for others it keeps the defaults alone. A group's own options stand, as in Python.
-    if (i < param_groups.size() && param_groups[i].has_options()) param_groups_[i].set_options(param_groups[i].options().clone());
-    const auto* options = dynamic_cast<const AdadeltaOptions*>(&param_groups_[i].options());
-    if (!options)
-      throw ConfigError("dettrial::optim::Adadelta: parameter group " + std::to_string(i) +
-                        " has another optimizer's options; give it AdadeltaOptions or none");
-    detail::check_adadelta_options(*options, "parameter group " + std::to_string(i) + "'s ");
-  }
+// Python's checks (torch.optim.Adadelta.__init__), as one sentence naming the option and its value.
+DETTRIAL_INLINE void AdadeltaUpdate::check(const AdadeltaOptions& o, const std::string& where) {
+  const auto invalid = [&](const char* option, double value, const char* rule) { invalid_option(name, where, option, value, rule); };
+  if (!(o.lr() >= 0)) invalid("lr", o.lr(), "at least 0");
+  if (!(o.rho() >= 0 && o.rho() <= 1)) invalid("rho", o.rho(), "in [0, 1]");
+  if (!(o.eps() >= 0)) invalid("eps", o.eps(), "at least 0");
+  if (!(o.weight_decay() >= 0)) invalid("weight_decay", o.weight_decay(), "at least 0");
 }
 
-DETTRIAL_INLINE Adadelta::Adadelta(std::vector<torch::Tensor> params, AdadeltaOptions defaults)
-    : Adadelta(std::vector<torch::optim::OptimizerParamGroup>{torch::optim::OptimizerParamGroup(std::move(params))}, std::move(defaults)) {}
-
-DETTRIAL_INLINE torch::Tensor Adadelta::step(LossClosure closure) {
-  torch::NoGradGuard no_grad;
-  torch::Tensor loss;
-  if (closure != nullptr) {
-    at::AutoGradMode enable_grad(true);
-    loss = closure();
-  }
-  using StateMap = std::remove_cvref_t<decltype(state_)>;
-  for (auto& group : param_groups_) {
-    const auto& options = static_cast<const AdadeltaOptions&>(group.options());
-    const double lr = options.lr(), rho = options.rho(), eps = options.eps(), weight_decay = options.weight_decay();
-    for (auto& p : group.params()) {
-      if (!p.grad().defined()) continue;
-      if (p.grad().is_sparse()) throw TrialError("dettrial::optim::Adadelta does not support sparse gradients");
-      auto& slot = state_[dettrial::detail::optimizer_state_key<StateMap>(p)];
-      if (!slot) {
-        auto fresh = std::make_unique<AdadeltaParamState>();
-        fresh->step(0);
-        fresh->square_avg(torch::zeros_like(p, torch::MemoryFormat::Preserve));
-        fresh->acc_delta(torch::zeros_like(p, torch::MemoryFormat::Preserve));
-        slot = std::move(fresh);
-      }
-      auto& state = static_cast<AdadeltaParamState&>(*slot);
-      state.step(state.step() + 1);
-
-      // Python's _single_tensor_adadelta, operation for operation.
-      torch::Tensor grad = options.maximize() ? -p.grad() : p.grad();
-      if (weight_decay != 0) grad = grad.add(p, weight_decay);
-      torch::Tensor square_avg = state.square_avg(), acc_delta = state.acc_delta();
-      if (p.is_complex()) {
-        square_avg = torch::view_as_real(square_avg);
-        acc_delta = torch::view_as_real(acc_delta);
-        grad = torch::view_as_real(grad);
-      }
-      square_avg.mul_(rho).addcmul_(grad, grad, 1 - rho);
-      const torch::Tensor stddev = square_avg.add(eps).sqrt_();
-      torch::Tensor delta = acc_delta.add(eps).sqrt_();
-      delta.div_(stddev).mul_(grad);
-      acc_delta.mul_(rho).addcmul_(delta, delta, 1 - rho);
-      if (p.is_complex()) delta = torch::view_as_complex(delta);
-      p.add_(delta, -lr);
-    }
-  }
-  return loss;
+DETTRIAL_INLINE std::unique_ptr<AdadeltaParamState> AdadeltaUpdate::fresh(const torch::Tensor& p) {
+  auto fresh = std::make_unique<AdadeltaParamState>();
+  fresh->square_avg(torch::zeros_like(p, torch::MemoryFormat::Preserve));
+  fresh->acc_delta(torch::zeros_like(p, torch::MemoryFormat::Preserve));
+  return fresh;
 }
 
-DETTRIAL_INLINE void Adadelta::save(torch::serialize::OutputArchive& archive) const { serialize(*this, archive); }
-
-DETTRIAL_INLINE void Adadelta::load(torch::serialize::InputArchive& archive) {
-  serialize(*this, archive);
-  // LibTorch 1.x restores the per-parameter state only: the groups' options (learning rates a
-  // scheduler changed) are read back here, on every version.
-  torch::serialize::InputArchive groups;
-  archive.read("param_groups", groups);
-  for (std::size_t i = 0; i < param_groups_.size(); ++i) {
-    torch::serialize::InputArchive group, options;
-    groups.read("param_groups/" + std::to_string(i), group);
-    group.read("options", options);
-    static_cast<AdadeltaOptions&>(param_groups_[i].options()).serialize(options);
+// Python's _single_tensor_adadelta, operation for operation.
+DETTRIAL_INLINE void AdadeltaUpdate::update(torch::Tensor& p, torch::Tensor grad, AdadeltaParamState& state, const AdadeltaOptions& o) {
+  const double lr = o.lr(), rho = o.rho(), eps = o.eps(), weight_decay = o.weight_decay();
+  if (weight_decay != 0) grad = grad.add(p, weight_decay);
+  torch::Tensor square_avg = state.square_avg(), acc_delta = state.acc_delta();
+  if (p.is_complex()) {
+    square_avg = torch::view_as_real(square_avg);
+    acc_delta = torch::view_as_real(acc_delta);
+    grad = torch::view_as_real(grad);
   }
+  square_avg.mul_(rho).addcmul_(grad, grad, 1 - rho);
+  const torch::Tensor stddev = square_avg.add(eps).sqrt_();
+  torch::Tensor delta = acc_delta.add(eps).sqrt_();
+  delta.div_(stddev).mul_(grad);
+  acc_delta.mul_(rho).addcmul_(delta, delta, 1 - rho);
+  if (p.is_complex()) delta = torch::view_as_complex(delta);
+  p.add_(delta, -lr);
 }
 
 DETTRIAL_INLINE void python_param_state(const AdadeltaParamState& state, c10::impl::GenericDict& out) {
@@ -4603,90 +4675,31 @@ struct AdamFamilyParamState : torch::optim::OptimizerCloneableParamState<AdamFam
   void serialize(torch::serialize::OutputArchive& archive) const override;
 };
 
-/**
- * @brief What the three share: the groups' options checked as Python checks them, each parameter's
- * state made on its first step with a gradient, and LibTorch's save and load (which restore the
- * groups' options too, on every version). `Update` is the member of Python's family: its `update`
- * computes one parameter's step as Python's `_single_tensor_*` function does, operation for operation.
- */
-template <class Options, class Update>
-class AdamFamily : public torch::optim::Optimizer {
- public:
-  explicit AdamFamily(const std::vector<torch::optim::OptimizerParamGroup>& param_groups, Options defaults = {})
-      : torch::optim::Optimizer(param_groups, std::make_unique<Options>(defaults)) {
-    Update::check(defaults, "");
-    for (std::size_t i = 0; i < param_groups_.size(); ++i) {
-      // LibTorch 2.x merges a group's options with the defaults only for its own optimizers' option
-      // types: a group's own options stand, as in Python.
-      if (i < param_groups.size() && param_groups[i].has_options()) param_groups_[i].set_options(param_groups[i].options().clone());
-      const auto* options = dynamic_cast<const Options*>(&param_groups_[i].options());
-      if (!options)
-        throw ConfigError(std::string("dettrial::optim::") + Update::name + ": parameter group " + std::to_string(i) +
-                          " has another optimizer's options; give it " + Update::name + "Options or none");
-      Update::check(*options, "parameter group " + std::to_string(i) + "'s ");
-    }
-  }
-  explicit AdamFamily(std::vector<torch::Tensor> params, Options defaults = {})
-      : AdamFamily(std::vector<torch::optim::OptimizerParamGroup>{torch::optim::OptimizerParamGroup(std::move(params))}, defaults) {}
-
-  torch::Tensor step(LossClosure closure = nullptr) override {
-    torch::NoGradGuard no_grad;
-    torch::Tensor loss;
-    if (closure != nullptr) {
-      at::AutoGradMode enable_grad(true);
-      loss = closure();
-    }
-    using StateMap = std::remove_cvref_t<decltype(state_)>;
-    for (auto& group : param_groups_) {
-      const auto& options = static_cast<const Options&>(group.options());
-      for (auto& p : group.params()) {
-        if (!p.grad().defined()) continue;
-        if (p.grad().is_sparse()) throw TrialError(std::string("dettrial::optim::") + Update::name + " does not support sparse gradients");
-        auto& slot = state_[dettrial::detail::optimizer_state_key<StateMap>(p)];
-        if (!slot) slot = Update::fresh(p);
-        auto& state = static_cast<AdamFamilyParamState&>(*slot);
-        state.step(state.step() + 1);
-        Update::update(p, options.maximize() ? -p.grad() : p.grad(), state, options);
-      }
-    }
-    return loss;
-  }
-  void save(torch::serialize::OutputArchive& archive) const override {
-    torch::optim::serialize<AdamFamilyParamState, Options>(archive, *this);
-  }
-  void load(torch::serialize::InputArchive& archive) override {
-    torch::optim::serialize<AdamFamilyParamState, Options>(archive, *this);
-    // LibTorch 1.x restores the per-parameter state only: the groups' options are read back here.
-    torch::serialize::InputArchive groups;
-    archive.read("param_groups", groups);
-    for (std::size_t i = 0; i < param_groups_.size(); ++i) {
-      torch::serialize::InputArchive group, options;
-      groups.read("param_groups/" + std::to_string(i), group);
-      group.read("options", options);
-      static_cast<Options&>(param_groups_[i].options()).serialize(options);
-    }
-  }
-};
-
 /// Python's `_single_tensor_nadam`.
 struct NAdamUpdate {
+  using Options = NAdamOptions;
+  using State = AdamFamilyParamState;
   static constexpr const char* name = "NAdam";
   static void check(const NAdamOptions& o, const std::string& where);
-  static std::unique_ptr<torch::optim::OptimizerParamState> fresh(const torch::Tensor& p);
+  static std::unique_ptr<AdamFamilyParamState> fresh(const torch::Tensor& p);
   static void update(torch::Tensor& param, torch::Tensor grad, AdamFamilyParamState& state, const NAdamOptions& o);
 };
 /// Python's `_single_tensor_radam`.
 struct RAdamUpdate {
+  using Options = RAdamOptions;
+  using State = AdamFamilyParamState;
   static constexpr const char* name = "RAdam";
   static void check(const RAdamOptions& o, const std::string& where);
-  static std::unique_ptr<torch::optim::OptimizerParamState> fresh(const torch::Tensor& p);
+  static std::unique_ptr<AdamFamilyParamState> fresh(const torch::Tensor& p);
   static void update(torch::Tensor& param, torch::Tensor grad, AdamFamilyParamState& state, const RAdamOptions& o);
 };
 /// Python's `_single_tensor_adamax`.
 struct AdamaxUpdate {
+  using Options = AdamaxOptions;
+  using State = AdamFamilyParamState;
   static constexpr const char* name = "Adamax";
   static void check(const AdamaxOptions& o, const std::string& where);
-  static std::unique_ptr<torch::optim::OptimizerParamState> fresh(const torch::Tensor& p);
+  static std::unique_ptr<AdamFamilyParamState> fresh(const torch::Tensor& p);
   static void update(torch::Tensor& param, torch::Tensor grad, AdamFamilyParamState& state, const AdamaxOptions& o);
 };
 
@@ -4696,11 +4709,21 @@ struct AdamaxUpdate {
  * dettrial::optim::NAdam opt(model->parameters(), dettrial::optim::NAdamOptions(2e-3).weight_decay(0.01));
  * @endcode
  */
-using NAdam = AdamFamily<NAdamOptions, NAdamUpdate>;
+using NAdam = SingleTensorOptimizer<NAdamUpdate>;
 /// RAdam (Liu et al. 2019): Adam with its variance rectified, plain momentum while it cannot be.
-using RAdam = AdamFamily<RAdamOptions, RAdamUpdate>;
+using RAdam = SingleTensorOptimizer<RAdamUpdate>;
 /// Adamax (Kingma and Ba 2014): Adam with the infinity norm.
-using Adamax = AdamFamily<AdamaxOptions, AdamaxUpdate>;
+using Adamax = SingleTensorOptimizer<AdamaxUpdate>;
+
+/// Writes the options every optimizer of Adam's family has (LibTorch's Adam and AdamW too) as
+/// Python's `state_dict()["param_groups"][i]` holds them: lr, betas (a tuple), eps, weight_decay.
+template <class Options>
+void python_betas_options(const Options& o, c10::impl::GenericDict& out) {
+  out.insert("lr", o.lr());
+  out.insert("betas", c10::ivalue::Tuple::create({std::get<0>(o.betas()), std::get<1>(o.betas())}));
+  out.insert("eps", o.eps());
+  out.insert("weight_decay", o.weight_decay());
+}
 
 /// Writes one parameter's state as Python's `state_dict()["state"][i]` holds it (`step` a float32
 /// 0-dim tensor; `exp_avg`; `exp_avg_sq`, or Adamax's `exp_inf`; NAdam's `mu_product`).
@@ -4714,25 +4737,16 @@ DETTRIAL_INLINE void python_group_options(const AdamaxOptions& options, c10::imp
 
 // Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
 #if DETTRIAL_HEADER_DEFINITIONS
-#include <charconv>
 #include <cmath>
 
 namespace dettrial::optim {
 
 namespace adam_family_detail {
 
-DETTRIAL_INLINE std::string number(double value) {
-  char text[32];
-  const auto result = std::to_chars(text, text + sizeof text, value);
-  return std::string(text, result.ptr);
-}
-
 /// Python's checks shared by the three (their __init__s), one sentence naming the option and value.
 template <class Options>
 void check_common(const char* optimizer, const Options& o, const std::string& where) {
-  const auto invalid = [&](const char* name, double value, const char* rule) {
-    throw ConfigError(std::string("dettrial::optim::") + optimizer + ": " + where + name + " must be " + rule + ", not " + number(value));
-  };
+  const auto invalid = [&](const char* name, double value, const char* rule) { invalid_option(optimizer, where, name, value, rule); };
   if (!(o.lr() >= 0)) invalid("lr", o.lr(), "at least 0");
   if (!(o.eps() >= 0)) invalid("eps", o.eps(), "at least 0");
   if (!(std::get<0>(o.betas()) >= 0 && std::get<0>(o.betas()) < 1)) invalid("betas[0]", std::get<0>(o.betas()), "in [0, 1)");
@@ -4741,22 +4755,13 @@ void check_common(const char* optimizer, const Options& o, const std::string& wh
 }
 
 /// A first and second moment shaped like `p` (and NAdam's mu_product, a float32 one).
-DETTRIAL_INLINE std::unique_ptr<torch::optim::OptimizerParamState> fresh_state(const torch::Tensor& p, bool mu_product,
-                                                                               bool infinity_norm = false) {
+DETTRIAL_INLINE std::unique_ptr<AdamFamilyParamState> fresh_state(const torch::Tensor& p, bool mu_product, bool infinity_norm = false) {
   auto s = std::make_unique<AdamFamilyParamState>();
   s->infinity_norm(infinity_norm);
   s->exp_avg(torch::zeros_like(p, torch::MemoryFormat::Preserve));
   s->second(torch::zeros_like(p, torch::MemoryFormat::Preserve));
   if (mu_product) s->mu_product(torch::ones({}, torch::kFloat));
   return s;
-}
-
-template <class Options>
-void betas_options(const Options& o, c10::impl::GenericDict& out) {
-  out.insert("lr", o.lr());
-  out.insert("betas", c10::ivalue::Tuple::create({std::get<0>(o.betas()), std::get<1>(o.betas())}));
-  out.insert("eps", o.eps());
-  out.insert("weight_decay", o.weight_decay());
 }
 
 }  // namespace adam_family_detail
@@ -4840,12 +4845,10 @@ DETTRIAL_INLINE void AdamFamilyParamState::serialize(torch::serialize::InputArch
 
 DETTRIAL_INLINE void NAdamUpdate::check(const NAdamOptions& o, const std::string& where) {
   adam_family_detail::check_common(name, o, where);
-  if (!(o.momentum_decay() >= 0))
-    throw ConfigError("dettrial::optim::NAdam: " + where + "momentum_decay must be at least 0, not " +
-                      adam_family_detail::number(o.momentum_decay()));
+  if (!(o.momentum_decay() >= 0)) invalid_option(name, where, "momentum_decay", o.momentum_decay(), "at least 0");
 }
 
-DETTRIAL_INLINE std::unique_ptr<torch::optim::OptimizerParamState> NAdamUpdate::fresh(const torch::Tensor& p) {
+DETTRIAL_INLINE std::unique_ptr<AdamFamilyParamState> NAdamUpdate::fresh(const torch::Tensor& p) {
   return adam_family_detail::fresh_state(p, true);
 }
 
@@ -4881,7 +4884,7 @@ DETTRIAL_INLINE void RAdamUpdate::check(const RAdamOptions& o, const std::string
   adam_family_detail::check_common(name, o, where);
 }
 
-DETTRIAL_INLINE std::unique_ptr<torch::optim::OptimizerParamState> RAdamUpdate::fresh(const torch::Tensor& p) {
+DETTRIAL_INLINE std::unique_ptr<AdamFamilyParamState> RAdamUpdate::fresh(const torch::Tensor& p) {
   return adam_family_detail::fresh_state(p, false);
 }
 
@@ -4920,7 +4923,7 @@ DETTRIAL_INLINE void AdamaxUpdate::check(const AdamaxOptions& o, const std::stri
   adam_family_detail::check_common(name, o, where);
 }
 
-DETTRIAL_INLINE std::unique_ptr<torch::optim::OptimizerParamState> AdamaxUpdate::fresh(const torch::Tensor& p) {
+DETTRIAL_INLINE std::unique_ptr<AdamFamilyParamState> AdamaxUpdate::fresh(const torch::Tensor& p) {
   return adam_family_detail::fresh_state(p, false, true);
 }
 
@@ -4953,7 +4956,7 @@ DETTRIAL_INLINE void python_param_state(const AdamFamilyParamState& state, c10::
 }
 
 DETTRIAL_INLINE void python_group_options(const NAdamOptions& o, c10::impl::GenericDict& out) {
-  adam_family_detail::betas_options(o, out);
+  python_betas_options(o, out);
   out.insert("momentum_decay", o.momentum_decay());
   out.insert("decoupled_weight_decay", o.decoupled_weight_decay());
   out.insert("maximize", o.maximize());
@@ -4963,7 +4966,7 @@ DETTRIAL_INLINE void python_group_options(const NAdamOptions& o, c10::impl::Gene
 }
 
 DETTRIAL_INLINE void python_group_options(const RAdamOptions& o, c10::impl::GenericDict& out) {
-  adam_family_detail::betas_options(o, out);
+  python_betas_options(o, out);
   out.insert("maximize", o.maximize());
   out.insert("foreach", c10::IValue());
   out.insert("capturable", false);
@@ -4972,7 +4975,7 @@ DETTRIAL_INLINE void python_group_options(const RAdamOptions& o, c10::impl::Gene
 }
 
 DETTRIAL_INLINE void python_group_options(const AdamaxOptions& o, c10::impl::GenericDict& out) {
-  adam_family_detail::betas_options(o, out);
+  python_betas_options(o, out);
   out.insert("foreach", c10::IValue());
   out.insert("maximize", o.maximize());
   out.insert("differentiable", false);
@@ -4982,6 +4985,242 @@ DETTRIAL_INLINE void python_group_options(const AdamaxOptions& o, c10::impl::Gen
 }  // namespace dettrial::optim
 #endif  // DETTRIAL_HEADER_DEFINITIONS
 // ---- end dettrial/optim/adam_family.hpp
+// ---- begin dettrial/optim/muon.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief Muon, which LibTorch lacks: torch 2.9's `torch.optim.Muon` (momentum orthogonalized by a
+/// Newton-Schulz iteration in bfloat16) as a `torch::optim::Optimizer`, with Python's arithmetic,
+/// LibTorch's serialization and Python's state-dict layout.
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <tuple>
+
+#include <torch/torch.h>
+
+
+namespace dettrial::optim {
+
+/// How Muon scales the learning rate by a matrix's shape (rows A, columns B): Python's `adjust_lr_fn`.
+enum class MuonLrAdjustment {
+  original,            ///< sqrt(max(1, A / B)), Keller Jordan's (Python's None means this one)
+  match_rms_adamw,     ///< 0.2 sqrt(max(A, B)), Moonshot's: AdamW's learning rate and weight decay carry over
+  spectral_unclamped,  ///< sqrt(A / B), Bernstein's
+};
+
+/// Muon's options, with Python's defaults (`torch.optim.Muon(params, lr=1e-3, weight_decay=0.1,
+/// momentum=0.95, nesterov=True, ns_coefficients=(3.4445, -4.775, 2.0315), eps=1e-7, ns_steps=5,
+/// adjust_lr_fn=None)`). An unset `adjust_lr_fn` is Python's None (scaled as `original`), kept apart
+/// from `original` so that a state dict is written back as it was read.
+struct MuonOptions : torch::optim::OptimizerCloneableOptions<MuonOptions> {
+  using coefficients_t = std::tuple<double, double, double>;
+  MuonOptions(double lr = 1e-3) : lr_(lr) {}  // NOLINT(google-explicit-constructor): LibTorch's style
+  TORCH_ARG(double, lr) = 1e-3;
+  TORCH_ARG(double, weight_decay) = 0.1;
+  TORCH_ARG(double, momentum) = 0.95;
+  TORCH_ARG(bool, nesterov) = true;
+  TORCH_ARG(coefficients_t, ns_coefficients) = std::make_tuple(3.4445, -4.7750, 2.0315);
+  TORCH_ARG(double, eps) = 1e-7;
+  TORCH_ARG(std::int64_t, ns_steps) = 5;
+  TORCH_ARG(std::optional<MuonLrAdjustment>, adjust_lr_fn);
+
+ public:
+  void serialize(torch::serialize::InputArchive& archive) override;
+  void serialize(torch::serialize::OutputArchive& archive) const override;
+  double get_lr() const override { return lr(); }
+  void set_lr(const double lr) override { this->lr(lr); }
+};
+
+/// One parameter's Muon state: the momentum buffer, as Python's `optimizer.state[p]` holds it.
+struct MuonParamState : torch::optim::OptimizerCloneableParamState<MuonParamState> {
+  TORCH_ARG(torch::Tensor, momentum_buffer);
+
+ public:
+  void serialize(torch::serialize::InputArchive& archive) override;
+  void serialize(torch::serialize::OutputArchive& archive) const override;
+};
+
+/// Python's `_single_tensor_muon`.
+struct MuonUpdate {
+  using Options = MuonOptions;
+  using State = MuonParamState;
+  static constexpr const char* name = "Muon";
+  static void check(const MuonOptions& o, const std::string& where);
+  /// Muon steps matrices only, as Python's constructor insists.
+  static void check_param(const torch::Tensor& p, const std::string& where);
+  static std::unique_ptr<MuonParamState> fresh(const torch::Tensor& p);
+  static void update(torch::Tensor& param, torch::Tensor grad, MuonParamState& state, const MuonOptions& o);
+};
+
+/**
+ * @brief Muon (Jordan et al. 2024) as torch 2.9's `torch.optim.Muon` computes it: Nesterov momentum,
+ * orthogonalized by `ns_steps` quintic Newton-Schulz iterations in bfloat16, a decoupled weight decay
+ * and a learning rate scaled by the matrix's shape. For the 2-D weights of hidden layers; give biases,
+ * norms and embeddings to another optimizer (AdamW), as Python's documentation does:
+ * @code{.cpp}
+ * std::vector<torch::Tensor> matrices, others;
+ * for (auto& p : model->parameters()) (p.dim() == 2 ? matrices : others).push_back(p);
+ * dettrial::optim::Muon muon(matrices, dettrial::optim::MuonOptions(0.02));
+ * torch::optim::AdamW adamw(others, torch::optim::AdamWOptions(3e-4));
+ * @endcode
+ * A parameter that is not a matrix, or an invalid option, is a ConfigError naming it.
+ */
+using Muon = SingleTensorOptimizer<MuonUpdate>;
+
+/// Python's `_zeropower_via_newtonschulz`: `grad` (a matrix) orthogonalized approximately, in bfloat16.
+DETTRIAL_INLINE torch::Tensor muon_orthogonalize(const torch::Tensor& grad, const MuonOptions::coefficients_t& coefficients,
+                                                 std::int64_t steps, double eps);
+/// Python's `_adjust_lr`: the learning rate for a matrix of `rows` x `cols`.
+DETTRIAL_INLINE double muon_adjusted_lr(double lr, const std::optional<MuonLrAdjustment>& adjustment, std::int64_t rows, std::int64_t cols);
+
+/// Writes one parameter's state as Python's `Muon.state_dict()["state"][i]` holds it.
+DETTRIAL_INLINE void python_param_state(const MuonParamState& state, c10::impl::GenericDict& out);
+/// Writes a group's options as Python's `Muon.state_dict()["param_groups"][i]` holds them (less `params`).
+DETTRIAL_INLINE void python_group_options(const MuonOptions& options, c10::impl::GenericDict& out);
+/// Python's name of an `adjust_lr_fn` ("original", ...), and back; nullopt for a name Python refuses.
+DETTRIAL_INLINE const char* muon_adjustment_name(MuonLrAdjustment adjustment);
+DETTRIAL_INLINE std::optional<MuonLrAdjustment> muon_adjustment_named(const std::string& name);
+
+}  // namespace dettrial::optim
+
+// Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
+#if DETTRIAL_HEADER_DEFINITIONS
+#include <algorithm>
+#include <cmath>
+
+namespace dettrial::optim {
+
+DETTRIAL_INLINE const char* muon_adjustment_name(MuonLrAdjustment adjustment) {
+  switch (adjustment) {
+    case MuonLrAdjustment::match_rms_adamw: return "match_rms_adamw";
+    case MuonLrAdjustment::spectral_unclamped: return "spectral_unclamped";
+    case MuonLrAdjustment::original: break;
+  }
+  return "original";
+}
+
+DETTRIAL_INLINE std::optional<MuonLrAdjustment> muon_adjustment_named(const std::string& name) {
+  for (const auto a : {MuonLrAdjustment::original, MuonLrAdjustment::match_rms_adamw, MuonLrAdjustment::spectral_unclamped})
+    if (name == muon_adjustment_name(a)) return a;
+  return std::nullopt;
+}
+
+// The archive keeps the adjustment as a count: -1 for None, else the enumerator.
+DETTRIAL_INLINE void MuonOptions::serialize(torch::serialize::OutputArchive& archive) const {
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(lr);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(weight_decay);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(momentum);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(nesterov);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(ns_coefficients);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(eps);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(ns_steps);
+  archive.write("adjust_lr_fn", c10::IValue(adjust_lr_fn() ? static_cast<std::int64_t>(*adjust_lr_fn()) : std::int64_t{-1}));
+}
+
+DETTRIAL_INLINE void MuonOptions::serialize(torch::serialize::InputArchive& archive) {
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(double, lr);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(double, weight_decay);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(double, momentum);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(bool, nesterov);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(coefficients_t, ns_coefficients);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(double, eps);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(std::int64_t, ns_steps);
+  c10::IValue adjustment;
+  archive.read("adjust_lr_fn", adjustment);
+  const std::int64_t value = adjustment.toInt();
+  if (value < -1 || value > static_cast<std::int64_t>(MuonLrAdjustment::spectral_unclamped))
+    throw CheckpointError("Muon's adjust_lr_fn in the archive is " + std::to_string(value) + ", which no dettrial writes");
+  if (value < 0) adjust_lr_fn(std::nullopt);
+  else adjust_lr_fn(static_cast<MuonLrAdjustment>(value));
+}
+
+DETTRIAL_INLINE void MuonParamState::serialize(torch::serialize::OutputArchive& archive) const {
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(momentum_buffer);
+}
+
+DETTRIAL_INLINE void MuonParamState::serialize(torch::serialize::InputArchive& archive) {
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(torch::Tensor, momentum_buffer);
+}
+
+// Python's checks (torch.optim.Muon.__init__, and _zeropower_via_newtonschulz's, made at the start).
+DETTRIAL_INLINE void MuonUpdate::check(const MuonOptions& o, const std::string& where) {
+  const auto invalid = [&](const char* option, double value, const char* rule) { invalid_option(name, where, option, value, rule); };
+  if (!(o.lr() >= 0)) invalid("lr", o.lr(), "at least 0");
+  if (!(o.momentum() >= 0)) invalid("momentum", o.momentum(), "at least 0");
+  if (!(o.weight_decay() >= 0)) invalid("weight_decay", o.weight_decay(), "at least 0");
+  if (!(o.ns_steps() >= 0 && o.ns_steps() < 100)) invalid("ns_steps", static_cast<double>(o.ns_steps()), "in [0, 100)");
+}
+
+DETTRIAL_INLINE void MuonUpdate::check_param(const torch::Tensor& p, const std::string& where) {
+  if (p.dim() != 2)
+    throw ConfigError("dettrial::optim::Muon: " + where + " has " + std::to_string(p.dim()) +
+                      " dimension(s); Muon steps matrices only: give biases, norms and embeddings to another optimizer (AdamW)");
+  if (p.is_complex()) throw ConfigError("dettrial::optim::Muon: " + where + " is complex, which Muon does not step");
+}
+
+DETTRIAL_INLINE std::unique_ptr<MuonParamState> MuonUpdate::fresh(const torch::Tensor& p) {
+  auto state = std::make_unique<MuonParamState>();
+  state->momentum_buffer(torch::zeros_like(p, torch::MemoryFormat::Preserve));
+  return state;
+}
+
+DETTRIAL_INLINE torch::Tensor muon_orthogonalize(const torch::Tensor& grad, const MuonOptions::coefficients_t& coefficients,
+                                                 std::int64_t steps, double eps) {
+  const auto [a, b, c] = coefficients;
+  const bool tall = grad.size(0) > grad.size(1);
+  torch::Tensor x = grad.to(torch::kBFloat16, /*non_blocking=*/false, /*copy=*/true);
+  if (tall) x = x.t();
+  x.div_(torch::clamp(x.norm(), eps));
+  for (std::int64_t i = 0; i < steps; ++i) {
+    const torch::Tensor gram = torch::matmul(x, x.t());
+    const torch::Tensor gram_update = torch::addmm(gram, gram, gram, /*beta=*/b, /*alpha=*/c);
+    x = torch::addmm(x, gram_update, x, /*beta=*/a);
+  }
+  return tall ? x.t() : x;
+}
+
+DETTRIAL_INLINE double muon_adjusted_lr(double lr, const std::optional<MuonLrAdjustment>& adjustment, std::int64_t rows,
+                                        std::int64_t cols) {
+  const auto a = static_cast<double>(rows), b = static_cast<double>(cols);
+  switch (adjustment.value_or(MuonLrAdjustment::original)) {
+    case MuonLrAdjustment::match_rms_adamw: return lr * (0.2 * std::sqrt(std::max(a, b)));
+    case MuonLrAdjustment::spectral_unclamped: return lr * std::sqrt(a / b);
+    case MuonLrAdjustment::original: break;
+  }
+  return lr * std::sqrt(std::max(1.0, a / b));
+}
+
+DETTRIAL_INLINE void MuonUpdate::update(torch::Tensor& param, torch::Tensor grad, MuonParamState& state, const MuonOptions& o) {
+  torch::Tensor buf = state.momentum_buffer();
+  buf.lerp_(grad, 1 - o.momentum());
+  torch::Tensor update = o.nesterov() ? grad.lerp(buf, o.momentum()) : buf;
+  update = muon_orthogonalize(update, o.ns_coefficients(), o.ns_steps(), o.eps());
+  const double adjusted_lr = muon_adjusted_lr(o.lr(), o.adjust_lr_fn(), param.size(0), param.size(1));
+  param.mul_(1 - o.lr() * o.weight_decay());
+  param.add_(update, -adjusted_lr);
+}
+
+DETTRIAL_INLINE void python_param_state(const MuonParamState& state, c10::impl::GenericDict& out) {
+  if (state.momentum_buffer().defined()) out.insert("momentum_buffer", state.momentum_buffer().detach());
+}
+
+DETTRIAL_INLINE void python_group_options(const MuonOptions& o, c10::impl::GenericDict& out) {
+  out.insert("lr", o.lr());
+  out.insert("weight_decay", o.weight_decay());
+  out.insert("momentum", o.momentum());
+  out.insert("nesterov", o.nesterov());
+  const auto [a, b, c] = o.ns_coefficients();
+  out.insert("ns_coefficients", c10::ivalue::Tuple::create({a, b, c}));
+  out.insert("eps", o.eps());
+  out.insert("ns_steps", o.ns_steps());
+  out.insert("adjust_lr_fn", o.adjust_lr_fn() ? c10::IValue(std::string(muon_adjustment_name(*o.adjust_lr_fn()))) : c10::IValue());
+}
+
+}  // namespace dettrial::optim
+#endif  // DETTRIAL_HEADER_DEFINITIONS
+// ---- end dettrial/optim/muon.hpp
 // ---- begin dettrial/nn/checkpoint.hpp
 // SPDX-License-Identifier: Apache-2.0
 /// @file
@@ -6405,8 +6644,7 @@ DETTRIAL_INLINE std::int64_t python_count(const c10::IValue& v, const std::strin
 DETTRIAL_INLINE std::vector<double> python_numbers(const c10::IValue& v, const std::string& what);
 /// A Python list of numbers: typed Any, as Python's weights-only loader wants lists.
 DETTRIAL_INLINE c10::impl::GenericList python_list(const std::vector<double>& values);
-/// The shortest text that reads back as `value` ("0.1", not "0.100000").
-DETTRIAL_INLINE std::string number_text(double value);
+using dettrial::detail::number_text;
 }  // namespace python_state_detail
 
 /**
@@ -6585,7 +6823,6 @@ class EpochLRScheduler {
 // Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
 #if DETTRIAL_HEADER_DEFINITIONS
 #include <algorithm>
-#include <charconv>
 #include <cmath>
 #include <set>
 
@@ -6621,12 +6858,6 @@ DETTRIAL_INLINE c10::impl::GenericList python_list(const std::vector<double>& va
   c10::impl::GenericList list(c10::AnyType::get());
   for (const double v : values) list.push_back(v);
   return list;
-}
-
-DETTRIAL_INLINE std::string number_text(double value) {
-  char text[32];
-  const auto result = std::to_chars(text, text + sizeof text, value);
-  return std::string(text, result.ptr);
 }
 
 }  // namespace python_state_detail
@@ -9763,31 +9994,6 @@ DETTRIAL_INLINE void TensorBoardWriter::flush() {
 #define DETTRIAL_HAS_GLOO 1
 #endif
 
-// ---- begin dettrial/detail/text.hpp
-// SPDX-License-Identifier: Apache-2.0
-/// @file
-/// @brief Small text helpers for error messages.
-
-#include <string>
-
-
-namespace dettrial::detail {
-/// The first line of a message (LibTorch's errors append a backtrace).
-DETTRIAL_INLINE std::string first_line(std::string text);
-}  // namespace dettrial::detail
-
-// Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
-#if DETTRIAL_HEADER_DEFINITIONS
-namespace dettrial::detail {
-
-DETTRIAL_INLINE std::string first_line(std::string text) {
-  if (const auto nl = text.find('\n'); nl != std::string::npos) text.resize(nl);
-  return text;
-}
-
-}  // namespace dettrial::detail
-#endif  // DETTRIAL_HEADER_DEFINITIONS
-// ---- end dettrial/detail/text.hpp
 // ---- begin dettrial/distributed/launch_environment.hpp
 // SPDX-License-Identifier: Apache-2.0
 /// @file
@@ -13396,10 +13602,7 @@ void adam_param_state(const State& s, c10::impl::GenericDict& out) {
 }
 template <class Options>
 void adam_options(const Options& o, c10::impl::GenericDict& out) {
-  out.insert("lr", o.lr());
-  out.insert("betas", c10::ivalue::Tuple::create({std::get<0>(o.betas()), std::get<1>(o.betas())}));
-  out.insert("eps", o.eps());
-  out.insert("weight_decay", o.weight_decay());
+  optim::python_betas_options(o, out);
   out.insert("amsgrad", o.amsgrad());
   out.insert("maximize", false);
 }
@@ -13540,6 +13743,8 @@ DETTRIAL_INLINE bool python_param_state(const torch::optim::OptimizerParamState&
     dettrial::optim::python_param_state(*s, out);
   } else if (const auto* s = dynamic_cast<const dettrial::optim::AdamFamilyParamState*>(&state)) {
     dettrial::optim::python_param_state(*s, out);
+  } else if (const auto* s = dynamic_cast<const dettrial::optim::MuonParamState*>(&state)) {
+    dettrial::optim::python_param_state(*s, out);
   } else if (const auto* s = dynamic_cast<const torch::optim::RMSpropParamState*>(&state)) {
     out.insert("step", static_cast<std::int64_t>(s->step()));
     put("square_avg", s->square_avg());
@@ -13577,6 +13782,8 @@ DETTRIAL_INLINE void python_group_options(const torch::optim::OptimizerOptions& 
   } else if (const auto* o = dynamic_cast<const dettrial::optim::RAdamOptions*>(&options)) {
     dettrial::optim::python_group_options(*o, out);
   } else if (const auto* o = dynamic_cast<const dettrial::optim::AdamaxOptions*>(&options)) {
+    dettrial::optim::python_group_options(*o, out);
+  } else if (const auto* o = dynamic_cast<const dettrial::optim::MuonOptions*>(&options)) {
     dettrial::optim::python_group_options(*o, out);
   } else if (const auto* o = dynamic_cast<const torch::optim::RMSpropOptions*>(&options)) {
     out.insert("lr", o->lr());
@@ -13924,6 +14131,43 @@ inline Kind adamax_kind() {
       [](const StateDict& e, const torch::Tensor& p, const std::string& what) { return adam_family_state(e, p, "exp_inf", false, what); }};
 }
 
+/// Muon's options: ns_coefficients a triple, adjust_lr_fn None or one of Python's names.
+inline void set_muon(optim::MuonOptions& o, const std::string& k, const c10::IValue& v, const std::string& what) {
+  if (k == "lr") o.lr(python_number(v, what));
+  else if (k == "weight_decay") o.weight_decay(python_number(v, what));
+  else if (k == "momentum") o.momentum(python_number(v, what));
+  else if (k == "nesterov") o.nesterov(python_number(v, what) != 0);
+  else if (k == "eps") o.eps(python_number(v, what));
+  else if (k == "ns_steps") o.ns_steps(optim::python_state_detail::python_count(v, what, 0));
+  else if (k == "ns_coefficients") {
+    const auto c = optim::python_state_detail::python_numbers(v, what);
+    if (c.size() != 3) throw CheckpointError(what + " holds " + std::to_string(c.size()) + " numbers, not Muon's 3");
+    o.ns_coefficients({c[0], c[1], c[2]});
+  } else if (k == "adjust_lr_fn") {
+    if (v.isNone()) return o.adjust_lr_fn(std::nullopt), void();
+    const auto adjustment = v.isString() ? optim::muon_adjustment_named(v.toStringRef()) : std::nullopt;
+    if (!adjustment)
+      throw CheckpointError(what + " is " + (v.isString() ? "'" + v.toStringRef() + "'" : std::string("not a name")) +
+                            ", not one of None, 'original', 'match_rms_adamw', 'spectral_unclamped'");
+    o.adjust_lr_fn(adjustment);
+  }
+}
+
+inline Kind muon_kind() {
+  return {"Muon",
+          {"lr", "weight_decay", "momentum", "nesterov", "ns_coefficients", "eps", "ns_steps", "adjust_lr_fn"},
+          {},
+          [](torch::optim::OptimizerOptions& base, const std::string& k, const c10::IValue& v, const std::string& what) {
+            set_muon(static_cast<optim::MuonOptions&>(base), k, v, what);
+          },
+          [](const StateDict& e, const torch::Tensor& p, const std::string& what) -> std::unique_ptr<torch::optim::OptimizerParamState> {
+            auto s = std::make_unique<optim::MuonParamState>();
+            s->momentum_buffer(tensor_entry(e, "momentum_buffer", p, what));
+            if (!s->momentum_buffer().defined()) throw CheckpointError(what + " lacks momentum_buffer (Muon's)");
+            return s;
+          }};
+}
+
 DETTRIAL_INLINE Kind kind_of(torch::optim::OptimizerOptions& options) {
   using namespace torch::optim;
   if (dynamic_cast<SGDOptions*>(&options)) return sgd_kind();
@@ -13935,6 +14179,7 @@ DETTRIAL_INLINE Kind kind_of(torch::optim::OptimizerOptions& options) {
   if (dynamic_cast<optim::NAdamOptions*>(&options)) return nadam_kind();
   if (dynamic_cast<optim::RAdamOptions*>(&options)) return radam_kind();
   if (dynamic_cast<optim::AdamaxOptions*>(&options)) return adamax_kind();
+  if (dynamic_cast<optim::MuonOptions*>(&options)) return muon_kind();
   return {nullptr, {}, {}, {}, {}};
 }
 
@@ -13981,7 +14226,7 @@ DETTRIAL_INLINE void load_optimizer_state_dict(torch::optim::Optimizer& optimize
     if (!kind.name)
       throw CheckpointError(what +
                             ": the trial's optimizer is not one whose Python state dettrial reads (SGD, Adam, AdamW, RMSprop, "
-                            "Adagrad, Adadelta, NAdam, RAdam, Adamax)");
+                            "Adagrad, Adadelta, NAdam, RAdam, Adamax, Muon)");
     pd::check_group_options(group, kind, group_what);
     const auto params_it = group.find("params");
     if (params_it == group.end() || !params_it->value().isList()) throw CheckpointError(group_what + " lists no params");

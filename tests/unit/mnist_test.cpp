@@ -1,7 +1,10 @@
 // End to end: the MNIST example trial on real data (the 10,000 MNIST digits, and Fashion-MNIST).
 #include <doctest/doctest.h>
 
+#include <fstream>
+
 #include "../../examples/mnist/mnist_trial.hpp"
+#include "muon_problem.hpp"
 #include "skip.hpp"
 
 using namespace dettrial;
@@ -176,6 +179,54 @@ TEST_CASE("weights written by Python load into the same network in C++") {
   std::filesystem::remove_all(dir);
 }
 
+// torch.optim.Muon's own state (torch.save of its state_dict() after 12 steps, by
+// tests/python/muon_reference.py) loads into dettrial::optim::Muon, which steps on to Python's hash.
+TEST_CASE("Muon continues from the state torch.optim.Muon saved, to Python's numbers") {
+  const std::string python = DETTRIAL_TEST_PYTHON;
+  if (python.empty()) return test::skip("no Python with this LibTorch's torch given (-DDETTRIAL_PYTHON=...)");
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / ("dettrial-python-muon-" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  const std::string command = "'" + python + "' '" DETTRIAL_TESTS_SOURCE_DIR "/python/muon_reference.py' '" + dir.string() + "' > '" +
+                              (dir / "hashes.txt").string() + "'";
+  const int status = std::system(command.c_str());
+  if (WIFEXITED(status) && WEXITSTATUS(status) == 77) {
+    std::filesystem::remove_all(dir);
+    return test::skip(python + "'s torch has no torch.optim.Muon (it came in torch 2.9)");
+  }
+  REQUIRE_MESSAGE(status == 0, command);
+  std::ifstream hashes(dir / "hashes.txt");
+  std::string line;
+  std::getline(hashes, line);  // the torch release
+  for (int n = 0; std::getline(hashes, line); ++n) {
+    // {"<config>", 0x<hash>ULL, ...}: the configuration and Python's hash after 30 steps.
+    const auto config_end = line.find("\", 0x");
+    REQUIRE(config_end != std::string::npos);
+    const std::string config = line.substr(line.find('"') + 1, config_end - line.find('"') - 1);
+    const std::uint64_t python_hash = std::stoull(line.substr(config_end + 5, 16), nullptr, 16);
+    INFO(config);
+    const std::filesystem::path file = dir / (std::to_string(n) + ".pt");
+    const StateDict saved = dettrial::detail::unpickle_archive(dettrial::detail::read_file_bytes(file), file).toGenericDict();
+    std::vector<torch::Tensor> params = muon_problem::muon_params();
+    {
+      torch::NoGradGuard no_grad;
+      params[0].copy_(saved.at("w").toTensor());
+      params[1].copy_(saved.at("v").toTensor());
+    }
+    // Python's defaults: every option of the configuration must come from the file.
+    auto opt = std::make_unique<dettrial::optim::Muon>(params);
+    dettrial::load_optimizer_state_dict(*opt, saved.at("optimizer").toGenericDict(), file.string());
+    std::uint64_t h = std::stoull(saved.at("hash").toStringRef(), nullptr, 16);
+    muon_problem::muon_steps(*opt, params, 13, 30, h);
+#if TORCH_VERSION_MAJOR >= 2
+    CHECK(h == python_hash);
+#else
+    MESSAGE("LibTorch 1.x with a torch that has Muon: not compared with its hash (other bfloat16 kernels)");
+#endif
+  }
+  std::filesystem::remove_all(dir);
+}
+
 // Every optimizer dettrial writes in Python's layout loads into torch.optim's own and steps on from it
 // exactly as LibTorch's (tests/python/load_optimizers.py, run here with the build's Python).
 TEST_CASE("optimizer states in Python's layout load into torch.optim and step on the same") {
@@ -185,12 +236,13 @@ TEST_CASE("optimizer states in Python's layout load into torch.optim and step on
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
   const torch::Tensor input = torch::linspace(-1, 1, 12).reshape({4, 3});
-  auto write = [&](const std::string& name, auto make_optimizer) {
-    torch::nn::Linear net(3, 2);
+  // Muon steps matrices only: its network has no bias (the file says so by having none).
+  auto write = [&](const std::string& name, auto make_optimizer, bool bias = true) {
+    torch::nn::Linear net(torch::nn::LinearOptions(3, 2).bias(bias));
     {
       torch::NoGradGuard no_grad;
       net->weight.copy_(torch::linspace(-0.5, 0.5, 6).reshape({2, 3}));
-      net->bias.copy_(torch::tensor({0.1f, -0.2f}));
+      if (bias) net->bias.copy_(torch::tensor({0.1f, -0.2f}));
     }
     auto optimizer = make_optimizer(net->parameters());
     auto step = [&] {
@@ -204,11 +256,11 @@ TEST_CASE("optimizer states in Python's layout load into torch.optim and step on
     // A deep copy: the state dict shares the optimizer's tensors, which the third step changes.
     d.insert("optimizer", dettrial::detail::unpickle_archive(dettrial::detail::pickle_archive(optimizer_state_dict(optimizer)), "copy"));
     d.insert("weight", net->weight.detach().clone());
-    d.insert("bias", net->bias.detach().clone());
+    if (bias) d.insert("bias", net->bias.detach().clone());
     d.insert("input", input);
     step();
     d.insert("next_weight", net->weight.detach().clone());
-    d.insert("next_bias", net->bias.detach().clone());
+    if (bias) d.insert("next_bias", net->bias.detach().clone());
     dettrial::detail::write_file_synced(dir / (name + ".pt"), dettrial::detail::pickle_archive(d));
   };
   using namespace torch::optim;
@@ -218,6 +270,11 @@ TEST_CASE("optimizer states in Python's layout load into torch.optim and step on
   write("Adagrad", [](auto p) { return Adagrad(p, AdagradOptions(0.1).lr_decay(0.01).initial_accumulator_value(0.1)); });
   write("RMSprop", [](auto p) { return RMSprop(p, RMSpropOptions(0.01).momentum(0.5).centered(true)); });
   write("Adadelta", [](auto p) { return dettrial::optim::Adadelta(p, dettrial::optim::AdadeltaOptions(0.5).rho(0.8).weight_decay(0.01)); });
+  using namespace dettrial::optim;
+  write("NAdam", [](auto p) { return NAdam(p, NAdamOptions(0.01).weight_decay(0.01).momentum_decay(0.01)); });
+  write("RAdam", [](auto p) { return RAdam(p, RAdamOptions(0.01).weight_decay(0.01)); });
+  write("Adamax", [](auto p) { return Adamax(p, AdamaxOptions(0.01).betas({0.8, 0.99})); });
+  write("Muon", [](auto p) { return Muon(p, MuonOptions(0.02).adjust_lr_fn(MuonLrAdjustment::match_rms_adamw)); }, false);
   const std::string command = "'" + python + "' '" DETTRIAL_TESTS_SOURCE_DIR "/python/load_optimizers.py' '" + dir.string() + "'";
   const int status = std::system(command.c_str());
   if (WIFEXITED(status) && WEXITSTATUS(status) == 77) return test::skip(python + " has no torch");

@@ -50,6 +50,7 @@ DETTRIAL_INLINE bool python_layout_holds(torch::optim::Optimizer& optimizer);
 #include "../optim/adam_family.hpp"
 #include "../optim/fused.hpp"
 #include "../optim/handles.hpp"
+#include "../optim/muon.hpp"
 #include "../optim/schedulers.hpp"
 #include "state_dict.hpp"
 
@@ -316,6 +317,43 @@ inline Kind adamax_kind() {
       [](const StateDict& e, const torch::Tensor& p, const std::string& what) { return adam_family_state(e, p, "exp_inf", false, what); }};
 }
 
+/// Muon's options: ns_coefficients a triple, adjust_lr_fn None or one of Python's names.
+inline void set_muon(optim::MuonOptions& o, const std::string& k, const c10::IValue& v, const std::string& what) {
+  if (k == "lr") o.lr(python_number(v, what));
+  else if (k == "weight_decay") o.weight_decay(python_number(v, what));
+  else if (k == "momentum") o.momentum(python_number(v, what));
+  else if (k == "nesterov") o.nesterov(python_number(v, what) != 0);
+  else if (k == "eps") o.eps(python_number(v, what));
+  else if (k == "ns_steps") o.ns_steps(optim::python_state_detail::python_count(v, what, 0));
+  else if (k == "ns_coefficients") {
+    const auto c = optim::python_state_detail::python_numbers(v, what);
+    if (c.size() != 3) throw CheckpointError(what + " holds " + std::to_string(c.size()) + " numbers, not Muon's 3");
+    o.ns_coefficients({c[0], c[1], c[2]});
+  } else if (k == "adjust_lr_fn") {
+    if (v.isNone()) return o.adjust_lr_fn(std::nullopt), void();
+    const auto adjustment = v.isString() ? optim::muon_adjustment_named(v.toStringRef()) : std::nullopt;
+    if (!adjustment)
+      throw CheckpointError(what + " is " + (v.isString() ? "'" + v.toStringRef() + "'" : std::string("not a name")) +
+                            ", not one of None, 'original', 'match_rms_adamw', 'spectral_unclamped'");
+    o.adjust_lr_fn(adjustment);
+  }
+}
+
+inline Kind muon_kind() {
+  return {"Muon",
+          {"lr", "weight_decay", "momentum", "nesterov", "ns_coefficients", "eps", "ns_steps", "adjust_lr_fn"},
+          {},
+          [](torch::optim::OptimizerOptions& base, const std::string& k, const c10::IValue& v, const std::string& what) {
+            set_muon(static_cast<optim::MuonOptions&>(base), k, v, what);
+          },
+          [](const StateDict& e, const torch::Tensor& p, const std::string& what) -> std::unique_ptr<torch::optim::OptimizerParamState> {
+            auto s = std::make_unique<optim::MuonParamState>();
+            s->momentum_buffer(tensor_entry(e, "momentum_buffer", p, what));
+            if (!s->momentum_buffer().defined()) throw CheckpointError(what + " lacks momentum_buffer (Muon's)");
+            return s;
+          }};
+}
+
 DETTRIAL_INLINE Kind kind_of(torch::optim::OptimizerOptions& options) {
   using namespace torch::optim;
   if (dynamic_cast<SGDOptions*>(&options)) return sgd_kind();
@@ -327,6 +365,7 @@ DETTRIAL_INLINE Kind kind_of(torch::optim::OptimizerOptions& options) {
   if (dynamic_cast<optim::NAdamOptions*>(&options)) return nadam_kind();
   if (dynamic_cast<optim::RAdamOptions*>(&options)) return radam_kind();
   if (dynamic_cast<optim::AdamaxOptions*>(&options)) return adamax_kind();
+  if (dynamic_cast<optim::MuonOptions*>(&options)) return muon_kind();
   return {nullptr, {}, {}, {}, {}};
 }
 
@@ -373,7 +412,7 @@ DETTRIAL_INLINE void load_optimizer_state_dict(torch::optim::Optimizer& optimize
     if (!kind.name)
       throw CheckpointError(what +
                             ": the trial's optimizer is not one whose Python state dettrial reads (SGD, Adam, AdamW, RMSprop, "
-                            "Adagrad, Adadelta, NAdam, RAdam, Adamax)");
+                            "Adagrad, Adadelta, NAdam, RAdam, Adamax, Muon)");
     pd::check_group_options(group, kind, group_what);
     const auto params_it = group.find("params");
     if (params_it == group.end() || !params_it->value().isList()) throw CheckpointError(group_what + " lists no params");

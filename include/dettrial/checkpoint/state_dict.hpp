@@ -24,6 +24,7 @@
 #include "../optim/adam_family.hpp"
 #include "../optim/fused.hpp"
 #include "../optim/handles.hpp"
+#include "../optim/muon.hpp"
 #include "../detail/text.hpp"
 #include "python_pickle.hpp"
 #include "../detail/linkage.hpp"
@@ -82,10 +83,7 @@ void adam_param_state(const State& s, c10::impl::GenericDict& out) {
 }
 template <class Options>
 void adam_options(const Options& o, c10::impl::GenericDict& out) {
-  out.insert("lr", o.lr());
-  out.insert("betas", c10::ivalue::Tuple::create({std::get<0>(o.betas()), std::get<1>(o.betas())}));
-  out.insert("eps", o.eps());
-  out.insert("weight_decay", o.weight_decay());
+  optim::python_betas_options(o, out);
   out.insert("amsgrad", o.amsgrad());
   out.insert("maximize", false);
 }
@@ -226,6 +224,8 @@ DETTRIAL_INLINE bool python_param_state(const torch::optim::OptimizerParamState&
     dettrial::optim::python_param_state(*s, out);
   } else if (const auto* s = dynamic_cast<const dettrial::optim::AdamFamilyParamState*>(&state)) {
     dettrial::optim::python_param_state(*s, out);
+  } else if (const auto* s = dynamic_cast<const dettrial::optim::MuonParamState*>(&state)) {
+    dettrial::optim::python_param_state(*s, out);
   } else if (const auto* s = dynamic_cast<const torch::optim::RMSpropParamState*>(&state)) {
     out.insert("step", static_cast<std::int64_t>(s->step()));
     put("square_avg", s->square_avg());
@@ -263,6 +263,8 @@ DETTRIAL_INLINE void python_group_options(const torch::optim::OptimizerOptions& 
   } else if (const auto* o = dynamic_cast<const dettrial::optim::RAdamOptions*>(&options)) {
     dettrial::optim::python_group_options(*o, out);
   } else if (const auto* o = dynamic_cast<const dettrial::optim::AdamaxOptions*>(&options)) {
+    dettrial::optim::python_group_options(*o, out);
+  } else if (const auto* o = dynamic_cast<const dettrial::optim::MuonOptions*>(&options)) {
     dettrial::optim::python_group_options(*o, out);
   } else if (const auto* o = dynamic_cast<const torch::optim::RMSpropOptions*>(&options)) {
     out.insert("lr", o->lr());

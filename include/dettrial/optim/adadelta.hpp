@@ -6,15 +6,13 @@
 
 #include <cstdint>
 #include <memory>
-#include <sstream>
 #include <string>
-#include <type_traits>
 #include <vector>
 
 #include <torch/torch.h>
 
 #include "../error.hpp"
-#include "handles.hpp"
+#include "single_tensor_optimizer.hpp"
 #include "../detail/linkage.hpp"
 
 namespace dettrial::optim {
@@ -52,34 +50,26 @@ struct AdadeltaParamState : torch::optim::OptimizerCloneableParamState<AdadeltaP
   ~AdadeltaParamState() override = default;
 };
 
+/// Python's `_single_tensor_adadelta`.
+struct AdadeltaUpdate {
+  using Options = AdadeltaOptions;
+  using State = AdadeltaParamState;
+  static constexpr const char* name = "Adadelta";
+  static void check(const AdadeltaOptions& o, const std::string& where);
+  static std::unique_ptr<AdadeltaParamState> fresh(const torch::Tensor& p);
+  static void update(torch::Tensor& param, torch::Tensor grad, AdadeltaParamState& state, const AdadeltaOptions& o);
+};
+
 /**
  * @brief Adadelta (Zeiler 2012) as PyTorch's `torch.optim.Adadelta` computes it, operation for
- * operation (its single-tensor path; the multi-tensor one does the same operations in the same
- * order), so the parameters follow Python's bit for bit on the same device.
- *
- * The state of a parameter is made on its first step with a gradient (as Python's), `save` and `load`
- * work like LibTorch's optimizers (`torch::save(optimizer, ...)`, dettrial's native checkpoints), and
- * `load` restores the groups' options (learning rates) as well, on every LibTorch version.
+ * operation, so the parameters follow Python's bit for bit on the same device; saved and loaded as
+ * LibTorch's optimizers are (`torch::save(optimizer, ...)`, dettrial's native checkpoints).
  * @code{.cpp}
  * dettrial::optim::Adadelta opt(model->parameters(), dettrial::optim::AdadeltaOptions(1.0).rho(0.95));
  * @endcode
  * An invalid option (lr, eps or weight_decay negative, rho outside [0, 1]) is a ConfigError.
  */
-class Adadelta : public torch::optim::Optimizer {
- public:
-  explicit Adadelta(const std::vector<torch::optim::OptimizerParamGroup>& param_groups, AdadeltaOptions defaults = {});
-  explicit Adadelta(std::vector<torch::Tensor> params, AdadeltaOptions defaults = {});
-
-  torch::Tensor step(LossClosure closure = nullptr) override;
-  void save(torch::serialize::OutputArchive& archive) const override;
-  void load(torch::serialize::InputArchive& archive) override;
-
- private:
-  template <typename Self, typename Archive>
-  static void serialize(Self& self, Archive& archive) {
-    _TORCH_OPTIM_SERIALIZE_WITH_TEMPLATE_ARG(Adadelta);
-  }
-};
+using Adadelta = SingleTensorOptimizer<AdadeltaUpdate>;
 
 /// Writes one parameter's state as Python's `Adadelta.state_dict()["state"][i]` holds it: `step` (a
 /// float32 0-dim tensor), `square_avg`, `acc_delta`.
@@ -92,29 +82,6 @@ DETTRIAL_INLINE void python_group_options(const AdadeltaOptions& options, c10::i
 
 // Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
 #if DETTRIAL_HEADER_DEFINITIONS
-#include <charconv>
-
-namespace dettrial::detail {
-
-DETTRIAL_INLINE std::string adadelta_number(double value) {
-  char text[32];
-  const auto result = std::to_chars(text, text + sizeof text, value);
-  return std::string(text, result.ptr);
-}
-
-// Python's checks (torch.optim.Adadelta.__init__), as one sentence naming the option and its value.
-DETTRIAL_INLINE void check_adadelta_options(const dettrial::optim::AdadeltaOptions& o, const std::string& where) {
-  const auto invalid = [&](const char* name, double value, const char* rule) {
-    throw ConfigError("dettrial::optim::Adadelta: " + where + name + " must be " + rule + ", not " + adadelta_number(value));
-  };
-  if (!(o.lr() >= 0)) invalid("lr", o.lr(), "at least 0");
-  if (!(o.rho() >= 0 && o.rho() <= 1)) invalid("rho", o.rho(), "in [0, 1]");
-  if (!(o.eps() >= 0)) invalid("eps", o.eps(), "at least 0");
-  if (!(o.weight_decay() >= 0)) invalid("weight_decay", o.weight_decay(), "at least 0");
-}
-
-}  // namespace dettrial::detail
-
 namespace dettrial::optim {
 
 DETTRIAL_INLINE void AdadeltaOptions::serialize(torch::serialize::OutputArchive& archive) const {
@@ -157,84 +124,39 @@ DETTRIAL_INLINE bool operator==(const AdadeltaParamState& lhs, const AdadeltaPar
   return lhs.step() == rhs.step() && same(lhs.square_avg(), rhs.square_avg()) && same(lhs.acc_delta(), rhs.acc_delta());
 }
 
-DETTRIAL_INLINE Adadelta::Adadelta(const std::vector<torch::optim::OptimizerParamGroup>& param_groups, AdadeltaOptions defaults)
-    : torch::optim::Optimizer(param_groups, std::make_unique<AdadeltaOptions>(defaults)) {
-  detail::check_adadelta_options(defaults, "");
-  for (std::size_t i = 0; i < param_groups_.size(); ++i) {
-    // LibTorch 2.x merges a group's options with the defaults only for its own optimizers' option
-    // types; for others it keeps the defaults alone. A group's own options stand, as in Python.
-    if (i < param_groups.size() && param_groups[i].has_options()) param_groups_[i].set_options(param_groups[i].options().clone());
-    const auto* options = dynamic_cast<const AdadeltaOptions*>(&param_groups_[i].options());
-    if (!options)
-      throw ConfigError("dettrial::optim::Adadelta: parameter group " + std::to_string(i) +
-                        " has another optimizer's options; give it AdadeltaOptions or none");
-    detail::check_adadelta_options(*options, "parameter group " + std::to_string(i) + "'s ");
-  }
+// Python's checks (torch.optim.Adadelta.__init__), as one sentence naming the option and its value.
+DETTRIAL_INLINE void AdadeltaUpdate::check(const AdadeltaOptions& o, const std::string& where) {
+  const auto invalid = [&](const char* option, double value, const char* rule) { invalid_option(name, where, option, value, rule); };
+  if (!(o.lr() >= 0)) invalid("lr", o.lr(), "at least 0");
+  if (!(o.rho() >= 0 && o.rho() <= 1)) invalid("rho", o.rho(), "in [0, 1]");
+  if (!(o.eps() >= 0)) invalid("eps", o.eps(), "at least 0");
+  if (!(o.weight_decay() >= 0)) invalid("weight_decay", o.weight_decay(), "at least 0");
 }
 
-DETTRIAL_INLINE Adadelta::Adadelta(std::vector<torch::Tensor> params, AdadeltaOptions defaults)
-    : Adadelta(std::vector<torch::optim::OptimizerParamGroup>{torch::optim::OptimizerParamGroup(std::move(params))}, std::move(defaults)) {}
-
-DETTRIAL_INLINE torch::Tensor Adadelta::step(LossClosure closure) {
-  torch::NoGradGuard no_grad;
-  torch::Tensor loss;
-  if (closure != nullptr) {
-    at::AutoGradMode enable_grad(true);
-    loss = closure();
-  }
-  using StateMap = std::remove_cvref_t<decltype(state_)>;
-  for (auto& group : param_groups_) {
-    const auto& options = static_cast<const AdadeltaOptions&>(group.options());
-    const double lr = options.lr(), rho = options.rho(), eps = options.eps(), weight_decay = options.weight_decay();
-    for (auto& p : group.params()) {
-      if (!p.grad().defined()) continue;
-      if (p.grad().is_sparse()) throw TrialError("dettrial::optim::Adadelta does not support sparse gradients");
-      auto& slot = state_[dettrial::detail::optimizer_state_key<StateMap>(p)];
-      if (!slot) {
-        auto fresh = std::make_unique<AdadeltaParamState>();
-        fresh->step(0);
-        fresh->square_avg(torch::zeros_like(p, torch::MemoryFormat::Preserve));
-        fresh->acc_delta(torch::zeros_like(p, torch::MemoryFormat::Preserve));
-        slot = std::move(fresh);
-      }
-      auto& state = static_cast<AdadeltaParamState&>(*slot);
-      state.step(state.step() + 1);
-
-      // Python's _single_tensor_adadelta, operation for operation.
-      torch::Tensor grad = options.maximize() ? -p.grad() : p.grad();
-      if (weight_decay != 0) grad = grad.add(p, weight_decay);
-      torch::Tensor square_avg = state.square_avg(), acc_delta = state.acc_delta();
-      if (p.is_complex()) {
-        square_avg = torch::view_as_real(square_avg);
-        acc_delta = torch::view_as_real(acc_delta);
-        grad = torch::view_as_real(grad);
-      }
-      square_avg.mul_(rho).addcmul_(grad, grad, 1 - rho);
-      const torch::Tensor stddev = square_avg.add(eps).sqrt_();
-      torch::Tensor delta = acc_delta.add(eps).sqrt_();
-      delta.div_(stddev).mul_(grad);
-      acc_delta.mul_(rho).addcmul_(delta, delta, 1 - rho);
-      if (p.is_complex()) delta = torch::view_as_complex(delta);
-      p.add_(delta, -lr);
-    }
-  }
-  return loss;
+DETTRIAL_INLINE std::unique_ptr<AdadeltaParamState> AdadeltaUpdate::fresh(const torch::Tensor& p) {
+  auto fresh = std::make_unique<AdadeltaParamState>();
+  fresh->square_avg(torch::zeros_like(p, torch::MemoryFormat::Preserve));
+  fresh->acc_delta(torch::zeros_like(p, torch::MemoryFormat::Preserve));
+  return fresh;
 }
 
-DETTRIAL_INLINE void Adadelta::save(torch::serialize::OutputArchive& archive) const { serialize(*this, archive); }
-
-DETTRIAL_INLINE void Adadelta::load(torch::serialize::InputArchive& archive) {
-  serialize(*this, archive);
-  // LibTorch 1.x restores the per-parameter state only: the groups' options (learning rates a
-  // scheduler changed) are read back here, on every version.
-  torch::serialize::InputArchive groups;
-  archive.read("param_groups", groups);
-  for (std::size_t i = 0; i < param_groups_.size(); ++i) {
-    torch::serialize::InputArchive group, options;
-    groups.read("param_groups/" + std::to_string(i), group);
-    group.read("options", options);
-    static_cast<AdadeltaOptions&>(param_groups_[i].options()).serialize(options);
+// Python's _single_tensor_adadelta, operation for operation.
+DETTRIAL_INLINE void AdadeltaUpdate::update(torch::Tensor& p, torch::Tensor grad, AdadeltaParamState& state, const AdadeltaOptions& o) {
+  const double lr = o.lr(), rho = o.rho(), eps = o.eps(), weight_decay = o.weight_decay();
+  if (weight_decay != 0) grad = grad.add(p, weight_decay);
+  torch::Tensor square_avg = state.square_avg(), acc_delta = state.acc_delta();
+  if (p.is_complex()) {
+    square_avg = torch::view_as_real(square_avg);
+    acc_delta = torch::view_as_real(acc_delta);
+    grad = torch::view_as_real(grad);
   }
+  square_avg.mul_(rho).addcmul_(grad, grad, 1 - rho);
+  const torch::Tensor stddev = square_avg.add(eps).sqrt_();
+  torch::Tensor delta = acc_delta.add(eps).sqrt_();
+  delta.div_(stddev).mul_(grad);
+  acc_delta.mul_(rho).addcmul_(delta, delta, 1 - rho);
+  if (p.is_complex()) delta = torch::view_as_complex(delta);
+  p.add_(delta, -lr);
 }
 
 DETTRIAL_INLINE void python_param_state(const AdadeltaParamState& state, c10::impl::GenericDict& out) {

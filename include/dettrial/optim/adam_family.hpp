@@ -16,7 +16,7 @@
 #include <torch/torch.h>
 
 #include "../error.hpp"
-#include "handles.hpp"
+#include "single_tensor_optimizer.hpp"
 #include "../detail/linkage.hpp"
 
 namespace dettrial::optim {
@@ -94,90 +94,31 @@ struct AdamFamilyParamState : torch::optim::OptimizerCloneableParamState<AdamFam
   void serialize(torch::serialize::OutputArchive& archive) const override;
 };
 
-/**
- * @brief What the three share: the groups' options checked as Python checks them, each parameter's
- * state made on its first step with a gradient, and LibTorch's save and load (which restore the
- * groups' options too, on every version). `Update` is the member of Python's family: its `update`
- * computes one parameter's step as Python's `_single_tensor_*` function does, operation for operation.
- */
-template <class Options, class Update>
-class AdamFamily : public torch::optim::Optimizer {
- public:
-  explicit AdamFamily(const std::vector<torch::optim::OptimizerParamGroup>& param_groups, Options defaults = {})
-      : torch::optim::Optimizer(param_groups, std::make_unique<Options>(defaults)) {
-    Update::check(defaults, "");
-    for (std::size_t i = 0; i < param_groups_.size(); ++i) {
-      // LibTorch 2.x merges a group's options with the defaults only for its own optimizers' option
-      // types: a group's own options stand, as in Python.
-      if (i < param_groups.size() && param_groups[i].has_options()) param_groups_[i].set_options(param_groups[i].options().clone());
-      const auto* options = dynamic_cast<const Options*>(&param_groups_[i].options());
-      if (!options)
-        throw ConfigError(std::string("dettrial::optim::") + Update::name + ": parameter group " + std::to_string(i) +
-                          " has another optimizer's options; give it " + Update::name + "Options or none");
-      Update::check(*options, "parameter group " + std::to_string(i) + "'s ");
-    }
-  }
-  explicit AdamFamily(std::vector<torch::Tensor> params, Options defaults = {})
-      : AdamFamily(std::vector<torch::optim::OptimizerParamGroup>{torch::optim::OptimizerParamGroup(std::move(params))}, defaults) {}
-
-  torch::Tensor step(LossClosure closure = nullptr) override {
-    torch::NoGradGuard no_grad;
-    torch::Tensor loss;
-    if (closure != nullptr) {
-      at::AutoGradMode enable_grad(true);
-      loss = closure();
-    }
-    using StateMap = std::remove_cvref_t<decltype(state_)>;
-    for (auto& group : param_groups_) {
-      const auto& options = static_cast<const Options&>(group.options());
-      for (auto& p : group.params()) {
-        if (!p.grad().defined()) continue;
-        if (p.grad().is_sparse()) throw TrialError(std::string("dettrial::optim::") + Update::name + " does not support sparse gradients");
-        auto& slot = state_[dettrial::detail::optimizer_state_key<StateMap>(p)];
-        if (!slot) slot = Update::fresh(p);
-        auto& state = static_cast<AdamFamilyParamState&>(*slot);
-        state.step(state.step() + 1);
-        Update::update(p, options.maximize() ? -p.grad() : p.grad(), state, options);
-      }
-    }
-    return loss;
-  }
-  void save(torch::serialize::OutputArchive& archive) const override {
-    torch::optim::serialize<AdamFamilyParamState, Options>(archive, *this);
-  }
-  void load(torch::serialize::InputArchive& archive) override {
-    torch::optim::serialize<AdamFamilyParamState, Options>(archive, *this);
-    // LibTorch 1.x restores the per-parameter state only: the groups' options are read back here.
-    torch::serialize::InputArchive groups;
-    archive.read("param_groups", groups);
-    for (std::size_t i = 0; i < param_groups_.size(); ++i) {
-      torch::serialize::InputArchive group, options;
-      groups.read("param_groups/" + std::to_string(i), group);
-      group.read("options", options);
-      static_cast<Options&>(param_groups_[i].options()).serialize(options);
-    }
-  }
-};
-
 /// Python's `_single_tensor_nadam`.
 struct NAdamUpdate {
+  using Options = NAdamOptions;
+  using State = AdamFamilyParamState;
   static constexpr const char* name = "NAdam";
   static void check(const NAdamOptions& o, const std::string& where);
-  static std::unique_ptr<torch::optim::OptimizerParamState> fresh(const torch::Tensor& p);
+  static std::unique_ptr<AdamFamilyParamState> fresh(const torch::Tensor& p);
   static void update(torch::Tensor& param, torch::Tensor grad, AdamFamilyParamState& state, const NAdamOptions& o);
 };
 /// Python's `_single_tensor_radam`.
 struct RAdamUpdate {
+  using Options = RAdamOptions;
+  using State = AdamFamilyParamState;
   static constexpr const char* name = "RAdam";
   static void check(const RAdamOptions& o, const std::string& where);
-  static std::unique_ptr<torch::optim::OptimizerParamState> fresh(const torch::Tensor& p);
+  static std::unique_ptr<AdamFamilyParamState> fresh(const torch::Tensor& p);
   static void update(torch::Tensor& param, torch::Tensor grad, AdamFamilyParamState& state, const RAdamOptions& o);
 };
 /// Python's `_single_tensor_adamax`.
 struct AdamaxUpdate {
+  using Options = AdamaxOptions;
+  using State = AdamFamilyParamState;
   static constexpr const char* name = "Adamax";
   static void check(const AdamaxOptions& o, const std::string& where);
-  static std::unique_ptr<torch::optim::OptimizerParamState> fresh(const torch::Tensor& p);
+  static std::unique_ptr<AdamFamilyParamState> fresh(const torch::Tensor& p);
   static void update(torch::Tensor& param, torch::Tensor grad, AdamFamilyParamState& state, const AdamaxOptions& o);
 };
 
@@ -187,11 +128,21 @@ struct AdamaxUpdate {
  * dettrial::optim::NAdam opt(model->parameters(), dettrial::optim::NAdamOptions(2e-3).weight_decay(0.01));
  * @endcode
  */
-using NAdam = AdamFamily<NAdamOptions, NAdamUpdate>;
+using NAdam = SingleTensorOptimizer<NAdamUpdate>;
 /// RAdam (Liu et al. 2019): Adam with its variance rectified, plain momentum while it cannot be.
-using RAdam = AdamFamily<RAdamOptions, RAdamUpdate>;
+using RAdam = SingleTensorOptimizer<RAdamUpdate>;
 /// Adamax (Kingma and Ba 2014): Adam with the infinity norm.
-using Adamax = AdamFamily<AdamaxOptions, AdamaxUpdate>;
+using Adamax = SingleTensorOptimizer<AdamaxUpdate>;
+
+/// Writes the options every optimizer of Adam's family has (LibTorch's Adam and AdamW too) as
+/// Python's `state_dict()["param_groups"][i]` holds them: lr, betas (a tuple), eps, weight_decay.
+template <class Options>
+void python_betas_options(const Options& o, c10::impl::GenericDict& out) {
+  out.insert("lr", o.lr());
+  out.insert("betas", c10::ivalue::Tuple::create({std::get<0>(o.betas()), std::get<1>(o.betas())}));
+  out.insert("eps", o.eps());
+  out.insert("weight_decay", o.weight_decay());
+}
 
 /// Writes one parameter's state as Python's `state_dict()["state"][i]` holds it (`step` a float32
 /// 0-dim tensor; `exp_avg`; `exp_avg_sq`, or Adamax's `exp_inf`; NAdam's `mu_product`).
@@ -205,25 +156,16 @@ DETTRIAL_INLINE void python_group_options(const AdamaxOptions& options, c10::imp
 
 // Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
 #if DETTRIAL_HEADER_DEFINITIONS
-#include <charconv>
 #include <cmath>
 
 namespace dettrial::optim {
 
 namespace adam_family_detail {
 
-DETTRIAL_INLINE std::string number(double value) {
-  char text[32];
-  const auto result = std::to_chars(text, text + sizeof text, value);
-  return std::string(text, result.ptr);
-}
-
 /// Python's checks shared by the three (their __init__s), one sentence naming the option and value.
 template <class Options>
 void check_common(const char* optimizer, const Options& o, const std::string& where) {
-  const auto invalid = [&](const char* name, double value, const char* rule) {
-    throw ConfigError(std::string("dettrial::optim::") + optimizer + ": " + where + name + " must be " + rule + ", not " + number(value));
-  };
+  const auto invalid = [&](const char* name, double value, const char* rule) { invalid_option(optimizer, where, name, value, rule); };
   if (!(o.lr() >= 0)) invalid("lr", o.lr(), "at least 0");
   if (!(o.eps() >= 0)) invalid("eps", o.eps(), "at least 0");
   if (!(std::get<0>(o.betas()) >= 0 && std::get<0>(o.betas()) < 1)) invalid("betas[0]", std::get<0>(o.betas()), "in [0, 1)");
@@ -232,22 +174,13 @@ void check_common(const char* optimizer, const Options& o, const std::string& wh
 }
 
 /// A first and second moment shaped like `p` (and NAdam's mu_product, a float32 one).
-DETTRIAL_INLINE std::unique_ptr<torch::optim::OptimizerParamState> fresh_state(const torch::Tensor& p, bool mu_product,
-                                                                               bool infinity_norm = false) {
+DETTRIAL_INLINE std::unique_ptr<AdamFamilyParamState> fresh_state(const torch::Tensor& p, bool mu_product, bool infinity_norm = false) {
   auto s = std::make_unique<AdamFamilyParamState>();
   s->infinity_norm(infinity_norm);
   s->exp_avg(torch::zeros_like(p, torch::MemoryFormat::Preserve));
   s->second(torch::zeros_like(p, torch::MemoryFormat::Preserve));
   if (mu_product) s->mu_product(torch::ones({}, torch::kFloat));
   return s;
-}
-
-template <class Options>
-void betas_options(const Options& o, c10::impl::GenericDict& out) {
-  out.insert("lr", o.lr());
-  out.insert("betas", c10::ivalue::Tuple::create({std::get<0>(o.betas()), std::get<1>(o.betas())}));
-  out.insert("eps", o.eps());
-  out.insert("weight_decay", o.weight_decay());
 }
 
 }  // namespace adam_family_detail
@@ -331,12 +264,10 @@ DETTRIAL_INLINE void AdamFamilyParamState::serialize(torch::serialize::InputArch
 
 DETTRIAL_INLINE void NAdamUpdate::check(const NAdamOptions& o, const std::string& where) {
   adam_family_detail::check_common(name, o, where);
-  if (!(o.momentum_decay() >= 0))
-    throw ConfigError("dettrial::optim::NAdam: " + where + "momentum_decay must be at least 0, not " +
-                      adam_family_detail::number(o.momentum_decay()));
+  if (!(o.momentum_decay() >= 0)) invalid_option(name, where, "momentum_decay", o.momentum_decay(), "at least 0");
 }
 
-DETTRIAL_INLINE std::unique_ptr<torch::optim::OptimizerParamState> NAdamUpdate::fresh(const torch::Tensor& p) {
+DETTRIAL_INLINE std::unique_ptr<AdamFamilyParamState> NAdamUpdate::fresh(const torch::Tensor& p) {
   return adam_family_detail::fresh_state(p, true);
 }
 
@@ -372,7 +303,7 @@ DETTRIAL_INLINE void RAdamUpdate::check(const RAdamOptions& o, const std::string
   adam_family_detail::check_common(name, o, where);
 }
 
-DETTRIAL_INLINE std::unique_ptr<torch::optim::OptimizerParamState> RAdamUpdate::fresh(const torch::Tensor& p) {
+DETTRIAL_INLINE std::unique_ptr<AdamFamilyParamState> RAdamUpdate::fresh(const torch::Tensor& p) {
   return adam_family_detail::fresh_state(p, false);
 }
 
@@ -411,7 +342,7 @@ DETTRIAL_INLINE void AdamaxUpdate::check(const AdamaxOptions& o, const std::stri
   adam_family_detail::check_common(name, o, where);
 }
 
-DETTRIAL_INLINE std::unique_ptr<torch::optim::OptimizerParamState> AdamaxUpdate::fresh(const torch::Tensor& p) {
+DETTRIAL_INLINE std::unique_ptr<AdamFamilyParamState> AdamaxUpdate::fresh(const torch::Tensor& p) {
   return adam_family_detail::fresh_state(p, false, true);
 }
 
@@ -444,7 +375,7 @@ DETTRIAL_INLINE void python_param_state(const AdamFamilyParamState& state, c10::
 }
 
 DETTRIAL_INLINE void python_group_options(const NAdamOptions& o, c10::impl::GenericDict& out) {
-  adam_family_detail::betas_options(o, out);
+  python_betas_options(o, out);
   out.insert("momentum_decay", o.momentum_decay());
   out.insert("decoupled_weight_decay", o.decoupled_weight_decay());
   out.insert("maximize", o.maximize());
@@ -454,7 +385,7 @@ DETTRIAL_INLINE void python_group_options(const NAdamOptions& o, c10::impl::Gene
 }
 
 DETTRIAL_INLINE void python_group_options(const RAdamOptions& o, c10::impl::GenericDict& out) {
-  adam_family_detail::betas_options(o, out);
+  python_betas_options(o, out);
   out.insert("maximize", o.maximize());
   out.insert("foreach", c10::IValue());
   out.insert("capturable", false);
@@ -463,7 +394,7 @@ DETTRIAL_INLINE void python_group_options(const RAdamOptions& o, c10::impl::Gene
 }
 
 DETTRIAL_INLINE void python_group_options(const AdamaxOptions& o, c10::impl::GenericDict& out) {
-  adam_family_detail::betas_options(o, out);
+  python_betas_options(o, out);
   out.insert("foreach", c10::IValue());
   out.insert("maximize", o.maximize());
   out.insert("differentiable", false);

@@ -19,6 +19,7 @@
 
 #include "../error.hpp"
 #include "../detail/linkage.hpp"
+#include "../detail/text.hpp"
 
 namespace dettrial::optim {
 
@@ -36,8 +37,7 @@ DETTRIAL_INLINE std::int64_t python_count(const c10::IValue& v, const std::strin
 DETTRIAL_INLINE std::vector<double> python_numbers(const c10::IValue& v, const std::string& what);
 /// A Python list of numbers: typed Any, as Python's weights-only loader wants lists.
 DETTRIAL_INLINE c10::impl::GenericList python_list(const std::vector<double>& values);
-/// The shortest text that reads back as `value` ("0.1", not "0.100000").
-DETTRIAL_INLINE std::string number_text(double value);
+using dettrial::detail::number_text;
 }  // namespace python_state_detail
 
 /**
@@ -216,7 +216,6 @@ class EpochLRScheduler {
 // Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
 #if DETTRIAL_HEADER_DEFINITIONS
 #include <algorithm>
-#include <charconv>
 #include <cmath>
 #include <set>
 
@@ -252,12 +251,6 @@ DETTRIAL_INLINE c10::impl::GenericList python_list(const std::vector<double>& va
   c10::impl::GenericList list(c10::AnyType::get());
   for (const double v : values) list.push_back(v);
   return list;
-}
-
-DETTRIAL_INLINE std::string number_text(double value) {
-  char text[32];
-  const auto result = std::to_chars(text, text + sizeof text, value);
-  return std::string(text, result.ptr);
 }
 
 }  // namespace python_state_detail
