@@ -6705,6 +6705,29 @@ constexpr SchedulerField<S> field(const char* name, std::vector<double> S::* per
   return {.name = name, .per_group = per_group};
 }
 
+namespace scheduler_base_detail {
+/// The groups' learning rates, in order.
+DETTRIAL_INLINE std::vector<double> group_lrs(const torch::optim::Optimizer& optimizer);
+
+/// One scheduler's entries in dettrial's archive, read checked: made only if the archive says the
+/// scheduler type `type` wrote it; an absent or mistyped entry is a CheckpointError naming it.
+struct SchedulerArchive {
+  SchedulerArchive(torch::serialize::InputArchive& archive, const std::string& type, std::string owner);
+  c10::IValue entry(const char* key) const;
+  std::int64_t integer(const char* key) const;
+  double number(const char* key) const;
+  std::string text(const char* key) const;
+  /// A list of numbers with one entry per parameter group of `optimizer`.
+  std::vector<double> per_group(const char* key, const torch::optim::Optimizer& optimizer) const;
+
+  torch::serialize::InputArchive& archive;
+  std::string owner;  // "dettrial::optim::StepLR's saved state"
+
+ private:
+  [[noreturn]] void mistyped(const char* key, const char* type) const;
+};
+}  // namespace scheduler_base_detail
+
 /**
  * @brief What the schedulers stepped without a metric share: Python's `LRScheduler` state (`base_lrs`,
  * `last_epoch`, `_step_count`, `_last_lr`). Constructing one does what Python's constructor does:
@@ -6752,6 +6775,8 @@ class EpochLRScheduler {
   /// Python's `_update_lr(0)`, which SequentialLR calls at a milestone: `last_epoch` becomes 0 (the
   /// step count stays) and group i's rate `rate(i, its current rate)`.
   void restart_with(const std::function<double(std::size_t, double)>& rate);
+  /// Records the groups' current learning rates as the last ones, in place.
+  void refresh_last_lr();
   /// The state every scheduler saves (with its type's name, checked on load).
   void save_common(torch::serialize::OutputArchive& archive) const;
   void load_common(torch::serialize::InputArchive& archive);
@@ -6816,6 +6841,9 @@ class EpochLRScheduler {
   std::int64_t last_epoch_ = -1;
   std::int64_t step_count_ = 0;
   std::vector<double> last_lr_;
+  /// The rates the next step sets, for the schedulers that compute them all first (OneCycleLR,
+  /// CyclicLR, SWALR): kept, so that a step allocates nothing after the first.
+  std::vector<double> next_rates_;
 };
 
 }  // namespace dettrial::optim
@@ -6868,6 +6896,53 @@ DETTRIAL_INLINE std::vector<double> group_lrs(const torch::optim::Optimizer& opt
   for (const auto& group : optimizer.param_groups()) lrs.push_back(group.options().get_lr());
   return lrs;
 }
+
+DETTRIAL_INLINE SchedulerArchive::SchedulerArchive(torch::serialize::InputArchive& archive, const std::string& type, std::string owner)
+    : archive(archive), owner(std::move(owner)) {
+  c10::IValue saved;
+  if (!archive.try_read("scheduler", saved) || !saved.isString())
+    throw CheckpointError(this->owner + " has no 'scheduler' (the type that wrote it)");
+  if (saved.toStringRef() != type)
+    throw CheckpointError(this->owner + " was written by a " + saved.toStringRef() + ": is the checkpoint from another trial?");
+}
+
+DETTRIAL_INLINE c10::IValue SchedulerArchive::entry(const char* key) const {
+  c10::IValue value;
+  if (!archive.try_read(key, value)) throw CheckpointError(owner + " has no '" + key + "'");
+  return value;
+}
+
+DETTRIAL_INLINE void SchedulerArchive::mistyped(const char* key, const char* type) const {
+  throw CheckpointError(owner + ": '" + key + "' is not " + type);
+}
+
+DETTRIAL_INLINE std::int64_t SchedulerArchive::integer(const char* key) const {
+  const c10::IValue v = entry(key);
+  if (!v.isInt()) mistyped(key, "an integer");
+  return v.toInt();
+}
+
+DETTRIAL_INLINE double SchedulerArchive::number(const char* key) const {
+  const c10::IValue v = entry(key);
+  if (!v.isDouble()) mistyped(key, "a number");
+  return v.toDouble();
+}
+
+DETTRIAL_INLINE std::string SchedulerArchive::text(const char* key) const {
+  const c10::IValue v = entry(key);
+  if (!v.isString()) mistyped(key, "a string");
+  return v.toStringRef();
+}
+
+DETTRIAL_INLINE std::vector<double> SchedulerArchive::per_group(const char* key, const torch::optim::Optimizer& optimizer) const {
+  const c10::IValue v = entry(key);
+  if (!v.isDoubleList()) mistyped(key, "a list of numbers");
+  std::vector<double> values = v.toDoubleVector();
+  if (values.size() != optimizer.param_groups().size())
+    throw CheckpointError(owner + " has " + std::to_string(values.size()) + " value(s) in '" + key + "', but the optimizer has " +
+                          std::to_string(optimizer.param_groups().size()) + " parameter group(s)");
+  return values;
+}
 }  // namespace scheduler_base_detail
 
 DETTRIAL_INLINE EpochLRScheduler::EpochLRScheduler(torch::optim::Optimizer& optimizer, const char* name)
@@ -6878,7 +6953,13 @@ DETTRIAL_INLINE void EpochLRScheduler::advance(bool decay, double factor) {
   ++last_epoch_;
   if (decay)
     for (auto& group : optimizer_->param_groups()) group.options().set_lr(group.options().get_lr() * factor);
-  last_lr_ = scheduler_base_detail::group_lrs(*optimizer_);
+  refresh_last_lr();
+}
+
+DETTRIAL_INLINE void EpochLRScheduler::refresh_last_lr() {
+  const auto& groups = optimizer_->param_groups();
+  last_lr_.resize(groups.size());  // the same size every step: no allocation after the first
+  for (std::size_t i = 0; i < groups.size(); ++i) last_lr_[i] = groups[i].options().get_lr();
 }
 
 DETTRIAL_INLINE void EpochLRScheduler::advance_each(const std::function<double(std::size_t, double)>& rate) {
@@ -6899,7 +6980,7 @@ DETTRIAL_INLINE void EpochLRScheduler::set_rates(const std::function<double(std:
                      " parameter groups but the scheduler " + std::to_string(base_lrs_.size()) +
                      " (was a group added after the scheduler was made?)");
   for (std::size_t i = 0; i < groups.size(); ++i) groups[i].options().set_lr(rate(i, groups[i].options().get_lr()));
-  last_lr_ = scheduler_base_detail::group_lrs(*optimizer_);
+  refresh_last_lr();
 }
 
 DETTRIAL_INLINE void EpochLRScheduler::invalid(const char* argument, const std::string& rule, const std::string& value) const {
@@ -6909,14 +6990,7 @@ DETTRIAL_INLINE void EpochLRScheduler::invalid(const char* argument, const std::
 DETTRIAL_INLINE std::string EpochLRScheduler::archive_owner() const { return std::string("dettrial::optim::") + name_ + "'s saved state"; }
 
 DETTRIAL_INLINE c10::IValue EpochLRScheduler::archived(torch::serialize::InputArchive& archive, const char* key) const {
-  c10::IValue saved_type;
-  if (!archive.try_read("scheduler", saved_type) || !saved_type.isString())
-    throw CheckpointError(archive_owner() + " has no 'scheduler' (the type that wrote it)");
-  if (saved_type.toStringRef() != name_)
-    throw CheckpointError(archive_owner() + " was written by a " + saved_type.toStringRef() + ": is the checkpoint from another trial?");
-  c10::IValue value;
-  if (!archive.try_read(key, value)) throw CheckpointError(archive_owner() + " has no '" + key + "'");
-  return value;
+  return scheduler_base_detail::SchedulerArchive(archive, name_, archive_owner()).entry(key);
 }
 
 DETTRIAL_INLINE void EpochLRScheduler::save_common(torch::serialize::OutputArchive& archive) const {
@@ -7085,7 +7159,8 @@ class OneCycleLR : public EpochLRScheduler {
   }
   double group_value(GroupValue v, std::size_t group) const;
   /// Python's get_lr at `step`: each group's rate (returned) and momentum (set).
-  std::vector<double> rates_at(std::int64_t step);
+  /// The rates of step `step` (in next_rates_), and the momenta set.
+  const std::vector<double>& rates_at(std::int64_t step);
   static std::vector<Phase> python_phases(const c10::IValue& saved, const std::string& what);
 
   std::int64_t total_steps_ = 1;
@@ -7158,7 +7233,8 @@ class CyclicLR : public EpochLRScheduler {
   /// The mode's scale function, or the user's.
   double scale(std::int64_t x) const;
   /// Python's get_lr at last_epoch: each group's rate (returned) and momentum (set).
-  std::vector<double> rates_now();
+  /// The rates of this step (in next_rates_), and the momenta set.
+  const std::vector<double>& rates_now();
 
   std::vector<double> max_lrs_;
   double total_size_;
@@ -7298,12 +7374,13 @@ DETTRIAL_INLINE double OneCycleLR::group_value(GroupValue v, std::size_t group) 
   return 0.0;
 }
 
-DETTRIAL_INLINE std::vector<double> OneCycleLR::rates_at(std::int64_t step) {
+DETTRIAL_INLINE const std::vector<double>& OneCycleLR::rates_at(std::int64_t step) {
   if (step > total_steps_)  // Python raises ValueError here
     throw TrialError("dettrial::optim::OneCycleLR: tried to step " + std::to_string(step) + " times; the cycle has total_steps " +
                      std::to_string(total_steps_));
   auto& groups = optimizer_->param_groups();
-  std::vector<double> rates;
+  std::vector<double>& rates = next_rates_;
+  rates.clear();
   for (std::size_t g = 0; g < groups.size(); ++g) {
     double start_step = 0.0;
     for (std::size_t i = 0; i < phases_.size(); ++i) {
@@ -7326,12 +7403,12 @@ DETTRIAL_INLINE std::vector<double> OneCycleLR::rates_at(std::int64_t step) {
 }
 
 DETTRIAL_INLINE void OneCycleLR::step() {
-  std::vector<double> rates = rates_at(last_epoch_ + 1);  // checked before anything moves
+  const std::vector<double>& rates = rates_at(last_epoch_ + 1);  // checked before anything moves
   advance_each([&rates](std::size_t i, double) { return rates[i]; });
 }
 
 DETTRIAL_INLINE void OneCycleLR::restart_at_milestone() {
-  std::vector<double> rates = rates_at(0);
+  const std::vector<double>& rates = rates_at(0);
   restart_with([&rates](std::size_t i, double) { return rates[i]; });
 }
 
@@ -7498,13 +7575,14 @@ DETTRIAL_INLINE double CyclicLR::scale(std::int64_t x) const {
   return 1.0;
 }
 
-DETTRIAL_INLINE std::vector<double> CyclicLR::rates_now() {
+DETTRIAL_INLINE const std::vector<double>& CyclicLR::rates_now() {
   const double epoch = static_cast<double>(last_epoch_);
   const auto cycle = static_cast<std::int64_t>(std::floor(1 + epoch / total_size_));
   const double x = 1.0 + epoch / total_size_ - static_cast<double>(cycle);
   const double scale_factor = x <= step_ratio_ ? x / step_ratio_ : (x - 1) / (step_ratio_ - 1);
   const double scaled = scale(scale_mode_ == ScaleMode::cycle ? cycle : last_epoch_);
-  std::vector<double> rates;
+  std::vector<double>& rates = next_rates_;
+  rates.clear();
   for (std::size_t i = 0; i < max_lrs_.size(); ++i) rates.push_back(base_lrs_[i] + (max_lrs_[i] - base_lrs_[i]) * scale_factor * scaled);
   if (cycle_momentum_) {
     auto& groups = optimizer_->param_groups();
@@ -7518,13 +7596,13 @@ DETTRIAL_INLINE std::vector<double> CyclicLR::rates_now() {
 DETTRIAL_INLINE void CyclicLR::step() {
   ++step_count_;
   ++last_epoch_;
-  std::vector<double> rates = rates_now();
+  const std::vector<double>& rates = rates_now();
   set_rates([&rates](std::size_t i, double) { return rates[i]; });
 }
 
 DETTRIAL_INLINE void CyclicLR::restart_at_milestone() {
   last_epoch_ = 0;
-  std::vector<double> rates = rates_now();
+  const std::vector<double>& rates = rates_now();
   set_rates([&rates](std::size_t i, double) { return rates[i]; });
 }
 
@@ -7754,7 +7832,8 @@ class SWALR : public EpochLRScheduler {
     return std::array{field("anneal_epochs", &SWALR::anneal_epochs_, 0), field("swa_lrs", &SWALR::swa_lrs_)};
   }
   /// Python's get_lr, from the step count.
-  std::vector<double> rates() const;
+  /// The rates of this step (in next_rates_).
+  const std::vector<double>& rates();
   std::vector<double> swa_lrs_;
   std::int64_t anneal_epochs_;
   AnnealStrategy anneal_;
@@ -7885,7 +7964,7 @@ DETTRIAL_INLINE SWALR::SWALR(torch::optim::Optimizer& optimizer, const PerGroup&
   step();  // Python's constructor steps once
 }
 
-DETTRIAL_INLINE std::vector<double> SWALR::rates() const {
+DETTRIAL_INLINE const std::vector<double>& SWALR::rates() {
   // Python's get_lr, term for term: the rates undo the last step's annealing, then take this one's.
   std::int64_t step = step_count_ - 1;
   if (anneal_epochs_ == 0) step = std::max<std::int64_t>(1, step);
@@ -7896,7 +7975,8 @@ DETTRIAL_INLINE std::vector<double> SWALR::rates() const {
   };
   const double prev_alpha = alpha_at(static_cast<double>(step - 1) / span);
   const double alpha = alpha_at(static_cast<double>(step) / span);
-  std::vector<double> out;
+  std::vector<double>& out = next_rates_;
+  out.clear();
   const auto& groups = optimizer_->param_groups();
   for (std::size_t i = 0; i < groups.size(); ++i) {
     const double lr = groups[i].options().get_lr();
@@ -7909,13 +7989,13 @@ DETTRIAL_INLINE std::vector<double> SWALR::rates() const {
 DETTRIAL_INLINE void SWALR::step() {
   ++step_count_;
   ++last_epoch_;
-  const std::vector<double> r = rates();
+  const std::vector<double>& r = rates();
   set_rates([&r](std::size_t i, double) { return r[i]; });
 }
 
 DETTRIAL_INLINE void SWALR::restart_at_milestone() {
   last_epoch_ = 0;
-  const std::vector<double> r = rates();
+  const std::vector<double>& r = rates();
   set_rates([&r](std::size_t i, double) { return r[i]; });
 }
 
@@ -8129,53 +8209,6 @@ class ReduceLROnPlateau {
 
 namespace dettrial::optim {
 
-namespace plateau_detail {
-
-/// Reads one saved entry of the scheduler; absent or of another type is a CheckpointError.
-struct SchedulerArchive {
-  torch::serialize::InputArchive& archive;
-  std::string owner;  // "dettrial::optim::ReduceLROnPlateau's saved state"
-
-  c10::IValue entry(const char* key) const {
-    c10::IValue value;
-    if (!archive.try_read(key, value)) throw CheckpointError(owner + " has no '" + key + "'");
-    return value;
-  }
-  [[noreturn]] void mistyped(const char* key, const char* type) const { throw CheckpointError(owner + ": '" + key + "' is not " + type); }
-  std::int64_t integer(const char* key) const {
-    const c10::IValue v = entry(key);
-    if (!v.isInt()) mistyped(key, "an integer");
-    return v.toInt();
-  }
-  double number(const char* key) const {
-    const c10::IValue v = entry(key);
-    if (!v.isDouble()) mistyped(key, "a number");
-    return v.toDouble();
-  }
-  std::string text(const char* key) const {
-    const c10::IValue v = entry(key);
-    if (!v.isString()) mistyped(key, "a string");
-    return v.toStringRef();
-  }
-  /// A list with one entry per parameter group of `optimizer`.
-  std::vector<double> per_group(const char* key, const torch::optim::Optimizer& optimizer) const {
-    const c10::IValue v = entry(key);
-    if (!v.isDoubleList()) mistyped(key, "a list of numbers");
-    std::vector<double> values = v.toDoubleVector();
-    if (values.size() != optimizer.param_groups().size())
-      throw CheckpointError(owner + " has " + std::to_string(values.size()) + " value(s) in '" + key + "', but the optimizer has " +
-                            std::to_string(optimizer.param_groups().size()) + " parameter group(s)");
-    return values;
-  }
-};
-
-inline void check_scheduler_type(const SchedulerArchive& in, const std::string& name) {
-  const std::string saved = in.text("scheduler");
-  if (saved != name) throw CheckpointError(in.owner + " was written by a " + saved + ": is the checkpoint from another trial?");
-}
-
-}  // namespace plateau_detail
-
 DETTRIAL_INLINE ReduceLROnPlateau::ReduceLROnPlateau(torch::optim::Optimizer& optimizer, ReduceLROnPlateauOptions options)
     : optimizer_(&optimizer), options_(std::move(options)) {
   const auto invalid = [](const char* argument, const std::string& rule, const std::string& value) {
@@ -8274,8 +8307,7 @@ DETTRIAL_INLINE void ReduceLROnPlateau::save(torch::serialize::OutputArchive& ar
 }
 
 DETTRIAL_INLINE void ReduceLROnPlateau::load(torch::serialize::InputArchive& archive) {
-  const plateau_detail::SchedulerArchive in{archive, "dettrial::optim::ReduceLROnPlateau's saved state"};
-  plateau_detail::check_scheduler_type(in, "ReduceLROnPlateau");
+  const scheduler_base_detail::SchedulerArchive in(archive, "ReduceLROnPlateau", "dettrial::optim::ReduceLROnPlateau's saved state");
   // Everything read and checked before anything is changed.
   ReduceLROnPlateauOptions options;
   options.mode = in.text("mode");
@@ -8539,27 +8571,6 @@ void load_python_param_group(Tuple& children, std::size_t group, const c10::impl
       children);
 }
 
-/// The text of dettrial's archive entry `key`, checked to be the composite's own type.
-inline void check_archive_type(torch::serialize::InputArchive& archive, const std::string& type, const std::string& what) {
-  c10::IValue saved;
-  if (!archive.try_read("scheduler", saved) || !saved.isString())
-    throw CheckpointError(what + " has no 'scheduler' (the type that wrote it)");
-  if (saved.toStringRef() != type)
-    throw CheckpointError(what + " was written by a " + saved.toStringRef() + ": is the checkpoint from another trial?");
-}
-
-inline c10::IValue archive_entry(torch::serialize::InputArchive& archive, const char* key, const std::string& what) {
-  c10::IValue value;
-  if (!archive.try_read(key, value)) throw CheckpointError(what + " has no '" + key + "'");
-  return value;
-}
-
-inline std::vector<double> group_lrs(const torch::optim::Optimizer& optimizer) {
-  std::vector<double> lrs;
-  for (const auto& group : optimizer.param_groups()) lrs.push_back(group.options().get_lr());
-  return lrs;
-}
-
 }  // namespace composition_detail
 
 /**
@@ -8677,14 +8688,14 @@ class SequentialLR : public ComposedSchedulers<Schedulers...> {
   }
   void load(torch::serialize::InputArchive& archive) {
     const std::string what = "dettrial::optim::SequentialLR's saved state";
-    composition_detail::check_archive_type(archive, "SequentialLR", what);
+    const scheduler_base_detail::SchedulerArchive in(archive, "SequentialLR", what);
     SequentialLR copy = *this;  // loaded whole, then kept: a bad child leaves this one as it was
-    const c10::IValue milestones = composition_detail::archive_entry(archive, "milestones", what);
+    const c10::IValue milestones = in.entry("milestones");
     if (!milestones.isIntList()) throw CheckpointError(what + ": 'milestones' is not a list of integers");
     copy.milestones_ = milestones.toIntVector();
     check_milestones(copy.milestones_, [&](const std::string& m) { throw CheckpointError(what + ": " + m); });
-    copy.last_epoch_ = python_state_detail::python_count(composition_detail::archive_entry(archive, "last_epoch", what), what, 0);
-    copy.last_lr_ = python_state_detail::python_numbers(composition_detail::archive_entry(archive, "last_lr", what), what);
+    copy.last_epoch_ = python_state_detail::python_count(in.entry("last_epoch"), what, 0);
+    copy.last_lr_ = python_state_detail::python_numbers(in.entry("last_lr"), what);
     composition_detail::load_children(copy.children_, archive, what);
     *this = std::move(copy);
   }
@@ -8761,12 +8772,12 @@ class ChainedScheduler : public ComposedSchedulers<Schedulers...> {
  public:
   explicit ChainedScheduler(std::tuple<Schedulers...> schedulers)
       : Base("ChainedScheduler", std::get<0>(schedulers).optimizer(), std::move(schedulers)) {
-    this->last_lr_ = composition_detail::group_lrs(*this->optimizer_);
+    this->last_lr_ = scheduler_base_detail::group_lrs(*this->optimizer_);
   }
 
   void step() {
     std::apply([](auto&... s) { (s.step(), ...); }, this->children_);
-    this->last_lr_ = composition_detail::group_lrs(*this->optimizer_);
+    this->last_lr_ = scheduler_base_detail::group_lrs(*this->optimizer_);
   }
 
   void save(torch::serialize::OutputArchive& archive) const {
@@ -8776,9 +8787,9 @@ class ChainedScheduler : public ComposedSchedulers<Schedulers...> {
   }
   void load(torch::serialize::InputArchive& archive) {
     const std::string what = "dettrial::optim::ChainedScheduler's saved state";
-    composition_detail::check_archive_type(archive, "ChainedScheduler", what);
+    const scheduler_base_detail::SchedulerArchive in(archive, "ChainedScheduler", what);
     ChainedScheduler copy = *this;
-    copy.last_lr_ = python_state_detail::python_numbers(composition_detail::archive_entry(archive, "last_lr", what), what);
+    copy.last_lr_ = python_state_detail::python_numbers(in.entry("last_lr"), what);
     composition_detail::load_children(copy.children_, archive, what);
     *this = std::move(copy);
   }

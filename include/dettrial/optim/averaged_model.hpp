@@ -141,7 +141,8 @@ class SWALR : public EpochLRScheduler {
     return std::array{field("anneal_epochs", &SWALR::anneal_epochs_, 0), field("swa_lrs", &SWALR::swa_lrs_)};
   }
   /// Python's get_lr, from the step count.
-  std::vector<double> rates() const;
+  /// The rates of this step (in next_rates_).
+  const std::vector<double>& rates();
   std::vector<double> swa_lrs_;
   std::int64_t anneal_epochs_;
   AnnealStrategy anneal_;
@@ -272,7 +273,7 @@ DETTRIAL_INLINE SWALR::SWALR(torch::optim::Optimizer& optimizer, const PerGroup&
   step();  // Python's constructor steps once
 }
 
-DETTRIAL_INLINE std::vector<double> SWALR::rates() const {
+DETTRIAL_INLINE const std::vector<double>& SWALR::rates() {
   // Python's get_lr, term for term: the rates undo the last step's annealing, then take this one's.
   std::int64_t step = step_count_ - 1;
   if (anneal_epochs_ == 0) step = std::max<std::int64_t>(1, step);
@@ -283,7 +284,8 @@ DETTRIAL_INLINE std::vector<double> SWALR::rates() const {
   };
   const double prev_alpha = alpha_at(static_cast<double>(step - 1) / span);
   const double alpha = alpha_at(static_cast<double>(step) / span);
-  std::vector<double> out;
+  std::vector<double>& out = next_rates_;
+  out.clear();
   const auto& groups = optimizer_->param_groups();
   for (std::size_t i = 0; i < groups.size(); ++i) {
     const double lr = groups[i].options().get_lr();
@@ -296,13 +298,13 @@ DETTRIAL_INLINE std::vector<double> SWALR::rates() const {
 DETTRIAL_INLINE void SWALR::step() {
   ++step_count_;
   ++last_epoch_;
-  const std::vector<double> r = rates();
+  const std::vector<double>& r = rates();
   set_rates([&r](std::size_t i, double) { return r[i]; });
 }
 
 DETTRIAL_INLINE void SWALR::restart_at_milestone() {
   last_epoch_ = 0;
-  const std::vector<double> r = rates();
+  const std::vector<double>& r = rates();
   set_rates([&r](std::size_t i, double) { return r[i]; });
 }
 

@@ -102,7 +102,8 @@ class OneCycleLR : public EpochLRScheduler {
   }
   double group_value(GroupValue v, std::size_t group) const;
   /// Python's get_lr at `step`: each group's rate (returned) and momentum (set).
-  std::vector<double> rates_at(std::int64_t step);
+  /// The rates of step `step` (in next_rates_), and the momenta set.
+  const std::vector<double>& rates_at(std::int64_t step);
   static std::vector<Phase> python_phases(const c10::IValue& saved, const std::string& what);
 
   std::int64_t total_steps_ = 1;
@@ -175,7 +176,8 @@ class CyclicLR : public EpochLRScheduler {
   /// The mode's scale function, or the user's.
   double scale(std::int64_t x) const;
   /// Python's get_lr at last_epoch: each group's rate (returned) and momentum (set).
-  std::vector<double> rates_now();
+  /// The rates of this step (in next_rates_), and the momenta set.
+  const std::vector<double>& rates_now();
 
   std::vector<double> max_lrs_;
   double total_size_;
@@ -316,12 +318,13 @@ DETTRIAL_INLINE double OneCycleLR::group_value(GroupValue v, std::size_t group) 
   return 0.0;
 }
 
-DETTRIAL_INLINE std::vector<double> OneCycleLR::rates_at(std::int64_t step) {
+DETTRIAL_INLINE const std::vector<double>& OneCycleLR::rates_at(std::int64_t step) {
   if (step > total_steps_)  // Python raises ValueError here
     throw TrialError("dettrial::optim::OneCycleLR: tried to step " + std::to_string(step) + " times; the cycle has total_steps " +
                      std::to_string(total_steps_));
   auto& groups = optimizer_->param_groups();
-  std::vector<double> rates;
+  std::vector<double>& rates = next_rates_;
+  rates.clear();
   for (std::size_t g = 0; g < groups.size(); ++g) {
     double start_step = 0.0;
     for (std::size_t i = 0; i < phases_.size(); ++i) {
@@ -344,12 +347,12 @@ DETTRIAL_INLINE std::vector<double> OneCycleLR::rates_at(std::int64_t step) {
 }
 
 DETTRIAL_INLINE void OneCycleLR::step() {
-  std::vector<double> rates = rates_at(last_epoch_ + 1);  // checked before anything moves
+  const std::vector<double>& rates = rates_at(last_epoch_ + 1);  // checked before anything moves
   advance_each([&rates](std::size_t i, double) { return rates[i]; });
 }
 
 DETTRIAL_INLINE void OneCycleLR::restart_at_milestone() {
-  std::vector<double> rates = rates_at(0);
+  const std::vector<double>& rates = rates_at(0);
   restart_with([&rates](std::size_t i, double) { return rates[i]; });
 }
 
@@ -516,13 +519,14 @@ DETTRIAL_INLINE double CyclicLR::scale(std::int64_t x) const {
   return 1.0;
 }
 
-DETTRIAL_INLINE std::vector<double> CyclicLR::rates_now() {
+DETTRIAL_INLINE const std::vector<double>& CyclicLR::rates_now() {
   const double epoch = static_cast<double>(last_epoch_);
   const auto cycle = static_cast<std::int64_t>(std::floor(1 + epoch / total_size_));
   const double x = 1.0 + epoch / total_size_ - static_cast<double>(cycle);
   const double scale_factor = x <= step_ratio_ ? x / step_ratio_ : (x - 1) / (step_ratio_ - 1);
   const double scaled = scale(scale_mode_ == ScaleMode::cycle ? cycle : last_epoch_);
-  std::vector<double> rates;
+  std::vector<double>& rates = next_rates_;
+  rates.clear();
   for (std::size_t i = 0; i < max_lrs_.size(); ++i) rates.push_back(base_lrs_[i] + (max_lrs_[i] - base_lrs_[i]) * scale_factor * scaled);
   if (cycle_momentum_) {
     auto& groups = optimizer_->param_groups();
@@ -536,13 +540,13 @@ DETTRIAL_INLINE std::vector<double> CyclicLR::rates_now() {
 DETTRIAL_INLINE void CyclicLR::step() {
   ++step_count_;
   ++last_epoch_;
-  std::vector<double> rates = rates_now();
+  const std::vector<double>& rates = rates_now();
   set_rates([&rates](std::size_t i, double) { return rates[i]; });
 }
 
 DETTRIAL_INLINE void CyclicLR::restart_at_milestone() {
   last_epoch_ = 0;
-  std::vector<double> rates = rates_now();
+  const std::vector<double>& rates = rates_now();
   set_rates([&rates](std::size_t i, double) { return rates[i]; });
 }
 

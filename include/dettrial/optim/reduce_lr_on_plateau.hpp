@@ -104,53 +104,6 @@ class ReduceLROnPlateau {
 
 namespace dettrial::optim {
 
-namespace plateau_detail {
-
-/// Reads one saved entry of the scheduler; absent or of another type is a CheckpointError.
-struct SchedulerArchive {
-  torch::serialize::InputArchive& archive;
-  std::string owner;  // "dettrial::optim::ReduceLROnPlateau's saved state"
-
-  c10::IValue entry(const char* key) const {
-    c10::IValue value;
-    if (!archive.try_read(key, value)) throw CheckpointError(owner + " has no '" + key + "'");
-    return value;
-  }
-  [[noreturn]] void mistyped(const char* key, const char* type) const { throw CheckpointError(owner + ": '" + key + "' is not " + type); }
-  std::int64_t integer(const char* key) const {
-    const c10::IValue v = entry(key);
-    if (!v.isInt()) mistyped(key, "an integer");
-    return v.toInt();
-  }
-  double number(const char* key) const {
-    const c10::IValue v = entry(key);
-    if (!v.isDouble()) mistyped(key, "a number");
-    return v.toDouble();
-  }
-  std::string text(const char* key) const {
-    const c10::IValue v = entry(key);
-    if (!v.isString()) mistyped(key, "a string");
-    return v.toStringRef();
-  }
-  /// A list with one entry per parameter group of `optimizer`.
-  std::vector<double> per_group(const char* key, const torch::optim::Optimizer& optimizer) const {
-    const c10::IValue v = entry(key);
-    if (!v.isDoubleList()) mistyped(key, "a list of numbers");
-    std::vector<double> values = v.toDoubleVector();
-    if (values.size() != optimizer.param_groups().size())
-      throw CheckpointError(owner + " has " + std::to_string(values.size()) + " value(s) in '" + key + "', but the optimizer has " +
-                            std::to_string(optimizer.param_groups().size()) + " parameter group(s)");
-    return values;
-  }
-};
-
-inline void check_scheduler_type(const SchedulerArchive& in, const std::string& name) {
-  const std::string saved = in.text("scheduler");
-  if (saved != name) throw CheckpointError(in.owner + " was written by a " + saved + ": is the checkpoint from another trial?");
-}
-
-}  // namespace plateau_detail
-
 DETTRIAL_INLINE ReduceLROnPlateau::ReduceLROnPlateau(torch::optim::Optimizer& optimizer, ReduceLROnPlateauOptions options)
     : optimizer_(&optimizer), options_(std::move(options)) {
   const auto invalid = [](const char* argument, const std::string& rule, const std::string& value) {
@@ -249,8 +202,7 @@ DETTRIAL_INLINE void ReduceLROnPlateau::save(torch::serialize::OutputArchive& ar
 }
 
 DETTRIAL_INLINE void ReduceLROnPlateau::load(torch::serialize::InputArchive& archive) {
-  const plateau_detail::SchedulerArchive in{archive, "dettrial::optim::ReduceLROnPlateau's saved state"};
-  plateau_detail::check_scheduler_type(in, "ReduceLROnPlateau");
+  const scheduler_base_detail::SchedulerArchive in(archive, "ReduceLROnPlateau", "dettrial::optim::ReduceLROnPlateau's saved state");
   // Everything read and checked before anything is changed.
   ReduceLROnPlateauOptions options;
   options.mode = in.text("mode");

@@ -98,6 +98,29 @@ constexpr SchedulerField<S> field(const char* name, std::vector<double> S::* per
   return {.name = name, .per_group = per_group};
 }
 
+namespace scheduler_base_detail {
+/// The groups' learning rates, in order.
+DETTRIAL_INLINE std::vector<double> group_lrs(const torch::optim::Optimizer& optimizer);
+
+/// One scheduler's entries in dettrial's archive, read checked: made only if the archive says the
+/// scheduler type `type` wrote it; an absent or mistyped entry is a CheckpointError naming it.
+struct SchedulerArchive {
+  SchedulerArchive(torch::serialize::InputArchive& archive, const std::string& type, std::string owner);
+  c10::IValue entry(const char* key) const;
+  std::int64_t integer(const char* key) const;
+  double number(const char* key) const;
+  std::string text(const char* key) const;
+  /// A list of numbers with one entry per parameter group of `optimizer`.
+  std::vector<double> per_group(const char* key, const torch::optim::Optimizer& optimizer) const;
+
+  torch::serialize::InputArchive& archive;
+  std::string owner;  // "dettrial::optim::StepLR's saved state"
+
+ private:
+  [[noreturn]] void mistyped(const char* key, const char* type) const;
+};
+}  // namespace scheduler_base_detail
+
 /**
  * @brief What the schedulers stepped without a metric share: Python's `LRScheduler` state (`base_lrs`,
  * `last_epoch`, `_step_count`, `_last_lr`). Constructing one does what Python's constructor does:
@@ -145,6 +168,8 @@ class EpochLRScheduler {
   /// Python's `_update_lr(0)`, which SequentialLR calls at a milestone: `last_epoch` becomes 0 (the
   /// step count stays) and group i's rate `rate(i, its current rate)`.
   void restart_with(const std::function<double(std::size_t, double)>& rate);
+  /// Records the groups' current learning rates as the last ones, in place.
+  void refresh_last_lr();
   /// The state every scheduler saves (with its type's name, checked on load).
   void save_common(torch::serialize::OutputArchive& archive) const;
   void load_common(torch::serialize::InputArchive& archive);
@@ -209,6 +234,9 @@ class EpochLRScheduler {
   std::int64_t last_epoch_ = -1;
   std::int64_t step_count_ = 0;
   std::vector<double> last_lr_;
+  /// The rates the next step sets, for the schedulers that compute them all first (OneCycleLR,
+  /// CyclicLR, SWALR): kept, so that a step allocates nothing after the first.
+  std::vector<double> next_rates_;
 };
 
 }  // namespace dettrial::optim
@@ -261,6 +289,53 @@ DETTRIAL_INLINE std::vector<double> group_lrs(const torch::optim::Optimizer& opt
   for (const auto& group : optimizer.param_groups()) lrs.push_back(group.options().get_lr());
   return lrs;
 }
+
+DETTRIAL_INLINE SchedulerArchive::SchedulerArchive(torch::serialize::InputArchive& archive, const std::string& type, std::string owner)
+    : archive(archive), owner(std::move(owner)) {
+  c10::IValue saved;
+  if (!archive.try_read("scheduler", saved) || !saved.isString())
+    throw CheckpointError(this->owner + " has no 'scheduler' (the type that wrote it)");
+  if (saved.toStringRef() != type)
+    throw CheckpointError(this->owner + " was written by a " + saved.toStringRef() + ": is the checkpoint from another trial?");
+}
+
+DETTRIAL_INLINE c10::IValue SchedulerArchive::entry(const char* key) const {
+  c10::IValue value;
+  if (!archive.try_read(key, value)) throw CheckpointError(owner + " has no '" + key + "'");
+  return value;
+}
+
+DETTRIAL_INLINE void SchedulerArchive::mistyped(const char* key, const char* type) const {
+  throw CheckpointError(owner + ": '" + key + "' is not " + type);
+}
+
+DETTRIAL_INLINE std::int64_t SchedulerArchive::integer(const char* key) const {
+  const c10::IValue v = entry(key);
+  if (!v.isInt()) mistyped(key, "an integer");
+  return v.toInt();
+}
+
+DETTRIAL_INLINE double SchedulerArchive::number(const char* key) const {
+  const c10::IValue v = entry(key);
+  if (!v.isDouble()) mistyped(key, "a number");
+  return v.toDouble();
+}
+
+DETTRIAL_INLINE std::string SchedulerArchive::text(const char* key) const {
+  const c10::IValue v = entry(key);
+  if (!v.isString()) mistyped(key, "a string");
+  return v.toStringRef();
+}
+
+DETTRIAL_INLINE std::vector<double> SchedulerArchive::per_group(const char* key, const torch::optim::Optimizer& optimizer) const {
+  const c10::IValue v = entry(key);
+  if (!v.isDoubleList()) mistyped(key, "a list of numbers");
+  std::vector<double> values = v.toDoubleVector();
+  if (values.size() != optimizer.param_groups().size())
+    throw CheckpointError(owner + " has " + std::to_string(values.size()) + " value(s) in '" + key + "', but the optimizer has " +
+                          std::to_string(optimizer.param_groups().size()) + " parameter group(s)");
+  return values;
+}
 }  // namespace scheduler_base_detail
 
 DETTRIAL_INLINE EpochLRScheduler::EpochLRScheduler(torch::optim::Optimizer& optimizer, const char* name)
@@ -271,7 +346,13 @@ DETTRIAL_INLINE void EpochLRScheduler::advance(bool decay, double factor) {
   ++last_epoch_;
   if (decay)
     for (auto& group : optimizer_->param_groups()) group.options().set_lr(group.options().get_lr() * factor);
-  last_lr_ = scheduler_base_detail::group_lrs(*optimizer_);
+  refresh_last_lr();
+}
+
+DETTRIAL_INLINE void EpochLRScheduler::refresh_last_lr() {
+  const auto& groups = optimizer_->param_groups();
+  last_lr_.resize(groups.size());  // the same size every step: no allocation after the first
+  for (std::size_t i = 0; i < groups.size(); ++i) last_lr_[i] = groups[i].options().get_lr();
 }
 
 DETTRIAL_INLINE void EpochLRScheduler::advance_each(const std::function<double(std::size_t, double)>& rate) {
@@ -292,7 +373,7 @@ DETTRIAL_INLINE void EpochLRScheduler::set_rates(const std::function<double(std:
                      " parameter groups but the scheduler " + std::to_string(base_lrs_.size()) +
                      " (was a group added after the scheduler was made?)");
   for (std::size_t i = 0; i < groups.size(); ++i) groups[i].options().set_lr(rate(i, groups[i].options().get_lr()));
-  last_lr_ = scheduler_base_detail::group_lrs(*optimizer_);
+  refresh_last_lr();
 }
 
 DETTRIAL_INLINE void EpochLRScheduler::invalid(const char* argument, const std::string& rule, const std::string& value) const {
@@ -302,14 +383,7 @@ DETTRIAL_INLINE void EpochLRScheduler::invalid(const char* argument, const std::
 DETTRIAL_INLINE std::string EpochLRScheduler::archive_owner() const { return std::string("dettrial::optim::") + name_ + "'s saved state"; }
 
 DETTRIAL_INLINE c10::IValue EpochLRScheduler::archived(torch::serialize::InputArchive& archive, const char* key) const {
-  c10::IValue saved_type;
-  if (!archive.try_read("scheduler", saved_type) || !saved_type.isString())
-    throw CheckpointError(archive_owner() + " has no 'scheduler' (the type that wrote it)");
-  if (saved_type.toStringRef() != name_)
-    throw CheckpointError(archive_owner() + " was written by a " + saved_type.toStringRef() + ": is the checkpoint from another trial?");
-  c10::IValue value;
-  if (!archive.try_read(key, value)) throw CheckpointError(archive_owner() + " has no '" + key + "'");
-  return value;
+  return scheduler_base_detail::SchedulerArchive(archive, name_, archive_owner()).entry(key);
 }
 
 DETTRIAL_INLINE void EpochLRScheduler::save_common(torch::serialize::OutputArchive& archive) const {

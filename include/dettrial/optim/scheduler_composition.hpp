@@ -154,27 +154,6 @@ void load_python_param_group(Tuple& children, std::size_t group, const c10::impl
       children);
 }
 
-/// The text of dettrial's archive entry `key`, checked to be the composite's own type.
-inline void check_archive_type(torch::serialize::InputArchive& archive, const std::string& type, const std::string& what) {
-  c10::IValue saved;
-  if (!archive.try_read("scheduler", saved) || !saved.isString())
-    throw CheckpointError(what + " has no 'scheduler' (the type that wrote it)");
-  if (saved.toStringRef() != type)
-    throw CheckpointError(what + " was written by a " + saved.toStringRef() + ": is the checkpoint from another trial?");
-}
-
-inline c10::IValue archive_entry(torch::serialize::InputArchive& archive, const char* key, const std::string& what) {
-  c10::IValue value;
-  if (!archive.try_read(key, value)) throw CheckpointError(what + " has no '" + key + "'");
-  return value;
-}
-
-inline std::vector<double> group_lrs(const torch::optim::Optimizer& optimizer) {
-  std::vector<double> lrs;
-  for (const auto& group : optimizer.param_groups()) lrs.push_back(group.options().get_lr());
-  return lrs;
-}
-
 }  // namespace composition_detail
 
 /**
@@ -292,14 +271,14 @@ class SequentialLR : public ComposedSchedulers<Schedulers...> {
   }
   void load(torch::serialize::InputArchive& archive) {
     const std::string what = "dettrial::optim::SequentialLR's saved state";
-    composition_detail::check_archive_type(archive, "SequentialLR", what);
+    const scheduler_base_detail::SchedulerArchive in(archive, "SequentialLR", what);
     SequentialLR copy = *this;  // loaded whole, then kept: a bad child leaves this one as it was
-    const c10::IValue milestones = composition_detail::archive_entry(archive, "milestones", what);
+    const c10::IValue milestones = in.entry("milestones");
     if (!milestones.isIntList()) throw CheckpointError(what + ": 'milestones' is not a list of integers");
     copy.milestones_ = milestones.toIntVector();
     check_milestones(copy.milestones_, [&](const std::string& m) { throw CheckpointError(what + ": " + m); });
-    copy.last_epoch_ = python_state_detail::python_count(composition_detail::archive_entry(archive, "last_epoch", what), what, 0);
-    copy.last_lr_ = python_state_detail::python_numbers(composition_detail::archive_entry(archive, "last_lr", what), what);
+    copy.last_epoch_ = python_state_detail::python_count(in.entry("last_epoch"), what, 0);
+    copy.last_lr_ = python_state_detail::python_numbers(in.entry("last_lr"), what);
     composition_detail::load_children(copy.children_, archive, what);
     *this = std::move(copy);
   }
@@ -376,12 +355,12 @@ class ChainedScheduler : public ComposedSchedulers<Schedulers...> {
  public:
   explicit ChainedScheduler(std::tuple<Schedulers...> schedulers)
       : Base("ChainedScheduler", std::get<0>(schedulers).optimizer(), std::move(schedulers)) {
-    this->last_lr_ = composition_detail::group_lrs(*this->optimizer_);
+    this->last_lr_ = scheduler_base_detail::group_lrs(*this->optimizer_);
   }
 
   void step() {
     std::apply([](auto&... s) { (s.step(), ...); }, this->children_);
-    this->last_lr_ = composition_detail::group_lrs(*this->optimizer_);
+    this->last_lr_ = scheduler_base_detail::group_lrs(*this->optimizer_);
   }
 
   void save(torch::serialize::OutputArchive& archive) const {
@@ -391,9 +370,9 @@ class ChainedScheduler : public ComposedSchedulers<Schedulers...> {
   }
   void load(torch::serialize::InputArchive& archive) {
     const std::string what = "dettrial::optim::ChainedScheduler's saved state";
-    composition_detail::check_archive_type(archive, "ChainedScheduler", what);
+    const scheduler_base_detail::SchedulerArchive in(archive, "ChainedScheduler", what);
     ChainedScheduler copy = *this;
-    copy.last_lr_ = python_state_detail::python_numbers(composition_detail::archive_entry(archive, "last_lr", what), what);
+    copy.last_lr_ = python_state_detail::python_numbers(in.entry("last_lr"), what);
     composition_detail::load_children(copy.children_, archive, what);
     *this = std::move(copy);
   }
