@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Fails when a header of include/dettrial/ uses a third-party library (LibTorch, its profiler,
 yaml-cpp, range-v3, nlohmann/json) without including that library's header itself or through the
-dettrial headers it includes.
+dettrial headers it includes; and when a header under detail/ lacks the include-what-you-use pragma
+that marks it internal (`// IWYU pragma: private, include <dettrial/dettrial.hpp>`).
 
 The header self-containment build (DETTRIAL_VERIFY_HEADERS) compiles the headers that need LibTorch
 with these libraries precompiled, which is minutes faster but cannot see a missing include of one of
@@ -22,6 +23,7 @@ LIBRARIES = {
     "nlohmann/json": (re.compile(r"\bnlohmann::"), re.compile(r"^\s*#\s*include\s*<nlohmann/", re.M)),
 }
 COMMENT_RE = re.compile(r"//[^\n]*|/\*.*?\*/", re.S)
+PRIVATE_PRAGMA = "// IWYU pragma: private, include <dettrial/dettrial.hpp>"
 
 
 def main() -> int:
@@ -46,6 +48,10 @@ def main() -> int:
             if use.search(code[header]) and not any(include.search(text[h]) for h in reach):
                 problems.append(f"{header.relative_to(ROOT)} uses {library} but includes none of its headers, "
                                 f"itself or through the dettrial headers it includes")
+    for header in headers:
+        if header.parent.name == "detail" and PRIVATE_PRAGMA not in text[header]:
+            problems.append(f"{header.relative_to(ROOT)} is internal (under detail/) but lacks the line "
+                            f"'{PRIVATE_PRAGMA}' after its #pragma once")
     for problem in problems:
         print(problem, file=sys.stderr)
     if problems:

@@ -160,6 +160,11 @@ DETTRIAL_INLINE bool wrote_new_checkpoint(const std::vector<CheckpointInfo>& bef
 /// @brief The exit statuses of a trial program that its supervisors (the built-in launcher, an
 /// experiment runner, a user's script) act on: one source for all of them.
 
+#include <sys/wait.h>
+
+#include <optional>
+#include <string>
+
 namespace dettrial::detail {
 
 /// Stopped by SIGINT or SIGTERM after a checkpoint: continue it later (sysexits' EX_TEMPFAIL).
@@ -173,6 +178,31 @@ inline constexpr int exit_status_config_value = 78;
 /// with `code`, or that `signal` killed: for ends a supervisor learns of other than by waitpid.
 inline constexpr int wait_status_exited(int code) { return (code & 0xff) << 8; }
 inline constexpr int wait_status_killed(int signal) { return signal & 0x7f; }
+
+/// How a process ended, decoded once from its wait status: the code it exited with, or the signal
+/// that killed it. Supervisors ask this, not the wait status.
+struct ProcessEnd {
+  std::optional<int> exit_code;  ///< set when it exited
+  std::optional<int> signal;     ///< set when a signal killed it
+
+  static ProcessEnd from_wait_status(int status) {
+    ProcessEnd end;
+    if (WIFEXITED(status)) end.exit_code = WEXITSTATUS(status);
+    else if (WIFSIGNALED(status)) end.signal = WTERMSIG(status);
+    return end;
+  }
+  bool exited_with(int code) const { return exit_code == code; }
+  bool succeeded() const { return exited_with(0); }
+  /// Stopped by a signal after a checkpoint, to be continued.
+  bool interrupted() const { return exited_with(exit_status_interrupted_value); }
+  /// A wrong configuration: running it again fails the same way.
+  bool config_error() const { return exited_with(exit_status_config_value); }
+  bool killed_by(int s) const { return signal == s; }
+  /// "exit status 1" or "killed by signal 9".
+  std::string describe() const {
+    return signal ? "killed by signal " + std::to_string(*signal) : "exit status " + std::to_string(exit_code.value_or(-1));
+  }
+};
 
 }  // namespace dettrial::detail
 // ---- end dettrial/detail/exit_status.hpp
@@ -626,10 +656,8 @@ class Experiment {
   /// The last `error: ...` line of a trial's log (what its program printed before it exited), or
   /// empty (a trial killed by a signal prints none).
   std::string last_error_line(std::int64_t id) const;
-  /// describe_status and the trial's error line: "exit status 1: error: ...".
+  /// How the trial's process ended and its error line: "exit status 1: error: ...".
   std::string describe_failure(std::int64_t id, int status) const;
-
-  static std::string describe_status(int status);
 
   /// Batches trained and the best checkpoint, from the trial's folder.
   void refresh_from_disk(TrialSummary& t) const;
@@ -673,8 +701,8 @@ class Experiment {
   std::unique_ptr<detail::MlflowRun> mlflow_;
   /// Starts (or continues) the search's MLflow run and hands its id to the trials' processes.
   void start_mlflow();
-  /// Ends it with `status` (FINISHED, FAILED, KILLED).
-  void end_mlflow(const char* status);
+  /// Ends it with `status`.
+  void end_mlflow(detail::MlflowEnd status);
   /// The cluster the trials run on as jobs, with --launcher slurm.
   std::optional<detail::SlurmCluster> slurm_;
   /// When reap_adopted may ask Slurm again.
@@ -781,10 +809,10 @@ DETTRIAL_INLINE int Experiment::run() {
                      "dettrial: the search stopped: trial %lld's configuration is wrong, and every trial would fail the same way:\n%s\n"
                      "dettrial: fix it and run the same command again to continue the experiment\n",
                      static_cast<long long>(config_error_->first), config_error_->second.c_str());
-        end_mlflow("FAILED");
+        end_mlflow(detail::MlflowEnd::failed);
         return detail::exit_status_config_value;
       }
-      end_mlflow("KILLED");
+      end_mlflow(detail::MlflowEnd::killed);
       say("dettrial: experiment interrupted; run the same command again to continue it");
       return detail::exit_status_interrupted_value;
     }
@@ -801,7 +829,7 @@ DETTRIAL_INLINE int Experiment::run() {
   write_summary();
   refresh_report(/*at_end=*/true);
   const auto failed = std::ranges::count_if(trials_, [](const auto& kv) { return kv.second.state == TrialState::errored; });
-  end_mlflow(failed == 0 ? "FINISHED" : "FAILED");
+  end_mlflow(failed == 0 ? detail::MlflowEnd::finished : detail::MlflowEnd::failed);
   if (failed == 0) return 0;
   std::fprintf(stderr, "dettrial: %lld of %zu trials failed (ERRORED in the summary above); each trial's log.txt says why\n",
                static_cast<long long>(failed), trials_.size());
@@ -824,7 +852,7 @@ DETTRIAL_INLINE void Experiment::start_mlflow() {
   if (const std::string id = mlflow_->run_id(); !id.empty()) ::setenv(MlflowSettings::parent_run_variable, id.c_str(), 1);
 }
 
-DETTRIAL_INLINE void Experiment::end_mlflow(const char* status) {
+DETTRIAL_INLINE void Experiment::end_mlflow(detail::MlflowEnd status) {
   if (mlflow_) mlflow_->end(status);
   mlflow_.reset();
 }
@@ -1209,13 +1237,13 @@ DETTRIAL_INLINE void Experiment::trial_ended(std::int64_t id, int status, bool s
   };
   TrialSummary& t = trials_.at(id);
   refresh_from_disk(t);
-  const bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
-  // 75: stopped by a signal after a checkpoint; a SIGTERM that came after training ended kills it.
+  const auto end = detail::ProcessEnd::from_wait_status(status);
+  const bool ok = end.succeeded();
+  // Stopped by a signal after a checkpoint; a SIGTERM that came after training ended kills it.
   // srun reports a task killed by signal n as exit status 128 + n.
-  const bool stopped = (WIFEXITED(status) && WEXITSTATUS(status) == detail::exit_status_interrupted_value) ||
-                       (stop_sent && WIFSIGNALED(status) && WTERMSIG(status) == SIGTERM) ||
-                       (stop_sent && slurm_ && WIFEXITED(status) && WEXITSTATUS(status) == 128 + SIGTERM);
-  if (WIFEXITED(status) && WEXITSTATUS(status) == detail::exit_status_config_value) {
+  const bool stopped =
+      end.interrupted() || (stop_sent && end.killed_by(SIGTERM)) || (stop_sent && slurm_ && end.exited_with(128 + SIGTERM));
+  if (end.config_error()) {
     // Not restarted, and not ended in the event log: after the fix the next run trains it.
     t.state = TrialState::errored;
     if (!config_error_)
@@ -1267,12 +1295,7 @@ DETTRIAL_INLINE std::string Experiment::last_error_line(std::int64_t id) const {
 
 DETTRIAL_INLINE std::string Experiment::describe_failure(std::int64_t id, int status) const {
   const std::string error = last_error_line(id);
-  return describe_status(status) + (error.empty() ? "" : ": " + error);
-}
-
-DETTRIAL_INLINE std::string Experiment::describe_status(int status) {
-  if (WIFSIGNALED(status)) return "killed by signal " + std::to_string(WTERMSIG(status));
-  return "exit status " + std::to_string(WEXITSTATUS(status));
+  return detail::ProcessEnd::from_wait_status(status).describe() + (error.empty() ? "" : ": " + error);
 }
 
 DETTRIAL_INLINE void Experiment::refresh_from_disk(TrialSummary& t) const {
@@ -1711,8 +1734,8 @@ DETTRIAL_INLINE LaunchOutcome run_local_ranks(const std::vector<std::string>& ar
         if (pids[r] == pid) {
           statuses[r] = status;
           --running;
-          const bool ok = WIFEXITED(status) && (WEXITSTATUS(status) == 0 || WEXITSTATUS(status) == exit_status_interrupted_value);
-          if (!ok && first_failure < 0) {
+          const auto end = ProcessEnd::from_wait_status(status);
+          if (!end.succeeded() && !end.interrupted() && first_failure < 0) {
             first_failure = static_cast<int>(r);
             kill_at = std::chrono::steady_clock::now() + grace;
           }
@@ -1727,15 +1750,15 @@ DETTRIAL_INLINE LaunchOutcome run_local_ranks(const std::vector<std::string>& ar
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   if (first_failure >= 0) {
-    const int status = statuses[static_cast<std::size_t>(first_failure)];
+    const auto end = ProcessEnd::from_wait_status(statuses[static_cast<std::size_t>(first_failure)]);
     std::fprintf(stderr, "error: rank %d of %d %s\n", first_failure, nproc,
-                 WIFSIGNALED(status) ? ("was killed by signal " + std::to_string(WTERMSIG(status))).c_str()
-                                     : ("exited with status " + std::to_string(WEXITSTATUS(status))).c_str());
+                 end.signal ? ("was killed by signal " + std::to_string(*end.signal)).c_str()
+                            : ("exited with status " + std::to_string(end.exit_code.value_or(-1))).c_str());
     // A configuration error stays one: whoever started this job must not retry it.
-    return {WIFEXITED(status) && WEXITSTATUS(status) == exit_status_config_value ? exit_status_config_value : 1, first_failure};
+    return {end.config_error() ? exit_status_config_value : 1, first_failure};
   }
   bool all_interrupted = true;
-  for (const int status : statuses) all_interrupted = all_interrupted && WEXITSTATUS(status) == exit_status_interrupted_value;
+  for (const int status : statuses) all_interrupted = all_interrupted && ProcessEnd::from_wait_status(status).interrupted();
   return {all_interrupted ? exit_status_interrupted_value : 0, -1};
 }
 
@@ -1768,6 +1791,10 @@ struct RunPlan {
   ExperimentConfig config;
   /// The config's name in messages: --config's path, or the resumed run's load_data.json.
   std::string config_path;
+  /// Where the config came from: --config's file, or (no --config with --resume) the config the
+  /// resumed run was written under.
+  enum class ConfigSource { file, resumed_run };
+  ConfigSource config_source = ConfigSource::file;
   /// The checkpoint --resume continues from.
   std::optional<std::filesystem::path> resumed_checkpoint;
   /// A run folder given to --resume that holds no checkpoint yet: the run starts afresh there.
@@ -1868,6 +1895,7 @@ DETTRIAL_INLINE RunPlan plan_run(const CommandLine& line) {
       if (plan.output.empty()) plan.output = line.resume;
     }
   }
+  plan.config_source = line.config_path.empty() ? RunPlan::ConfigSource::resumed_run : RunPlan::ConfigSource::file;
   plan.config = detail::config_of(line, plan);
   plan.config_path = line.config_path.empty() ? plan.config.source : line.config_path;
   if (!plan.config.ignored_fields.empty() && !line.quiet) {
@@ -2312,8 +2340,7 @@ DETTRIAL_INLINE FitOptions fit_options_for(const CommandLine& line, const RunPla
 }
 
 DETTRIAL_INLINE void say_config_differences(const CommandLine& line, const RunPlan& plan, const LaunchEnvironment& env) {
-  if (!plan.resumed_checkpoint || plan.config.source.find("(the resumed run's config)") != std::string::npos || line.quiet || env.rank != 0)
-    return;
+  if (!plan.resumed_checkpoint || plan.config_source == RunPlan::ConfigSource::resumed_run || line.quiet || env.rank != 0) return;
   if (std::error_code ec; !std::filesystem::exists(CheckpointFolder{*plan.resumed_checkpoint}.load_data(), ec)) return;
   const std::string differences = config_differences(resumed_run_config(*plan.resumed_checkpoint).yaml, plan.config.yaml);
   if (!differences.empty())

@@ -124,8 +124,8 @@ DETTRIAL_INLINE LaunchOutcome run_local_ranks(const std::vector<std::string>& ar
         if (pids[r] == pid) {
           statuses[r] = status;
           --running;
-          const bool ok = WIFEXITED(status) && (WEXITSTATUS(status) == 0 || WEXITSTATUS(status) == exit_status_interrupted_value);
-          if (!ok && first_failure < 0) {
+          const auto end = ProcessEnd::from_wait_status(status);
+          if (!end.succeeded() && !end.interrupted() && first_failure < 0) {
             first_failure = static_cast<int>(r);
             kill_at = std::chrono::steady_clock::now() + grace;
           }
@@ -140,15 +140,15 @@ DETTRIAL_INLINE LaunchOutcome run_local_ranks(const std::vector<std::string>& ar
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   if (first_failure >= 0) {
-    const int status = statuses[static_cast<std::size_t>(first_failure)];
+    const auto end = ProcessEnd::from_wait_status(statuses[static_cast<std::size_t>(first_failure)]);
     std::fprintf(stderr, "error: rank %d of %d %s\n", first_failure, nproc,
-                 WIFSIGNALED(status) ? ("was killed by signal " + std::to_string(WTERMSIG(status))).c_str()
-                                     : ("exited with status " + std::to_string(WEXITSTATUS(status))).c_str());
+                 end.signal ? ("was killed by signal " + std::to_string(*end.signal)).c_str()
+                            : ("exited with status " + std::to_string(end.exit_code.value_or(-1))).c_str());
     // A configuration error stays one: whoever started this job must not retry it.
-    return {WIFEXITED(status) && WEXITSTATUS(status) == exit_status_config_value ? exit_status_config_value : 1, first_failure};
+    return {end.config_error() ? exit_status_config_value : 1, first_failure};
   }
   bool all_interrupted = true;
-  for (const int status : statuses) all_interrupted = all_interrupted && WEXITSTATUS(status) == exit_status_interrupted_value;
+  for (const int status : statuses) all_interrupted = all_interrupted && ProcessEnd::from_wait_status(status).interrupted();
   return {all_interrupted ? exit_status_interrupted_value : 0, -1};
 }
 

@@ -365,8 +365,7 @@ DETTRIAL_INLINE FitOptions fit_options_for(const CommandLine& line, const RunPla
 }
 
 DETTRIAL_INLINE void say_config_differences(const CommandLine& line, const RunPlan& plan, const LaunchEnvironment& env) {
-  if (!plan.resumed_checkpoint || plan.config.source.find("(the resumed run's config)") != std::string::npos || line.quiet || env.rank != 0)
-    return;
+  if (!plan.resumed_checkpoint || plan.config_source == RunPlan::ConfigSource::resumed_run || line.quiet || env.rank != 0) return;
   if (std::error_code ec; !std::filesystem::exists(CheckpointFolder{*plan.resumed_checkpoint}.load_data(), ec)) return;
   const std::string differences = config_differences(resumed_run_config(*plan.resumed_checkpoint).yaml, plan.config.yaml);
   if (!differences.empty())

@@ -32,6 +32,10 @@ struct RunPlan {
   ExperimentConfig config;
   /// The config's name in messages: --config's path, or the resumed run's load_data.json.
   std::string config_path;
+  /// Where the config came from: --config's file, or (no --config with --resume) the config the
+  /// resumed run was written under.
+  enum class ConfigSource { file, resumed_run };
+  ConfigSource config_source = ConfigSource::file;
   /// The checkpoint --resume continues from.
   std::optional<std::filesystem::path> resumed_checkpoint;
   /// A run folder given to --resume that holds no checkpoint yet: the run starts afresh there.
@@ -132,6 +136,7 @@ DETTRIAL_INLINE RunPlan plan_run(const CommandLine& line) {
       if (plan.output.empty()) plan.output = line.resume;
     }
   }
+  plan.config_source = line.config_path.empty() ? RunPlan::ConfigSource::resumed_run : RunPlan::ConfigSource::file;
   plan.config = detail::config_of(line, plan);
   plan.config_path = line.config_path.empty() ? plan.config.source : line.config_path;
   if (!plan.config.ignored_fields.empty() && !line.quiet) {

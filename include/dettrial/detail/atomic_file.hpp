@@ -3,6 +3,7 @@
 /// @brief A file replaced whole: written beside itself, then renamed over the old one, so a reader
 /// (TensorBoard, a browser, a resumed run) never sees half of it.
 #pragma once
+// IWYU pragma: private, include <dettrial/dettrial.hpp>
 
 #include <filesystem>
 #include <string_view>

@@ -3,6 +3,7 @@
 /// @brief One process per run folder: an advisory `flock` on a file in the folder, which the kernel
 /// releases when the holding process ends, however it ends (a SIGKILLed run leaves no stale lock).
 #pragma once
+// IWYU pragma: private, include <dettrial/dettrial.hpp>
 
 #include <chrono>
 #include <filesystem>

@@ -3,6 +3,7 @@
 /// @brief The JSON dettrial writes and reads (metrics lines, events, checkpoint metadata, summaries),
 /// with nlohmann/json.
 #pragma once
+// IWYU pragma: private, include <dettrial/dettrial.hpp>
 
 #include <algorithm>
 #include <cmath>

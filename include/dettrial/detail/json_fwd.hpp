@@ -3,8 +3,8 @@
 /// @brief dettrial::detail::Json declared, without nlohmann/json's 25,000 lines: what a header needs
 /// for declarations that take or return JSON. The definitions (and header-only mode) include
 /// json.hpp, so a trial's translation unit in separate-compilation mode does not parse the library.
-// IWYU pragma: private
 #pragma once
+// IWYU pragma: private, include <dettrial/dettrial.hpp>
 
 #include <nlohmann/json_fwd.hpp>
 

@@ -2,6 +2,7 @@
 /// @file
 /// @brief Keeping freed memory in the process: glibc's malloc settings for a training loop.
 #pragma once
+// IWYU pragma: private, include <dettrial/dettrial.hpp>
 
 #include <cstdlib>
 #include <initializer_list>

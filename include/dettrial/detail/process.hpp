@@ -3,6 +3,7 @@
 /// @brief Starting child processes (ranks of the built-in launcher, trials of an experiment) with
 /// extra environment variables and their output sent to a file.
 #pragma once
+// IWYU pragma: private, include <dettrial/dettrial.hpp>
 
 #include <unistd.h>
 

@@ -3,6 +3,7 @@
 /// @brief SIGINT and SIGTERM during fit: the first asks the trainer to finish the batch, checkpoint
 /// and return; a second one ends the process at once (the default action of that signal).
 #pragma once
+// IWYU pragma: private, include <dettrial/dettrial.hpp>
 
 #include <atomic>
 #include <csignal>

@@ -193,10 +193,8 @@ class Experiment {
   /// The last `error: ...` line of a trial's log (what its program printed before it exited), or
   /// empty (a trial killed by a signal prints none).
   std::string last_error_line(std::int64_t id) const;
-  /// describe_status and the trial's error line: "exit status 1: error: ...".
+  /// How the trial's process ended and its error line: "exit status 1: error: ...".
   std::string describe_failure(std::int64_t id, int status) const;
-
-  static std::string describe_status(int status);
 
   /// Batches trained and the best checkpoint, from the trial's folder.
   void refresh_from_disk(TrialSummary& t) const;
@@ -240,8 +238,8 @@ class Experiment {
   std::unique_ptr<detail::MlflowRun> mlflow_;
   /// Starts (or continues) the search's MLflow run and hands its id to the trials' processes.
   void start_mlflow();
-  /// Ends it with `status` (FINISHED, FAILED, KILLED).
-  void end_mlflow(const char* status);
+  /// Ends it with `status`.
+  void end_mlflow(detail::MlflowEnd status);
   /// The cluster the trials run on as jobs, with --launcher slurm.
   std::optional<detail::SlurmCluster> slurm_;
   /// When reap_adopted may ask Slurm again.
@@ -349,10 +347,10 @@ DETTRIAL_INLINE int Experiment::run() {
                      "dettrial: the search stopped: trial %lld's configuration is wrong, and every trial would fail the same way:\n%s\n"
                      "dettrial: fix it and run the same command again to continue the experiment\n",
                      static_cast<long long>(config_error_->first), config_error_->second.c_str());
-        end_mlflow("FAILED");
+        end_mlflow(detail::MlflowEnd::failed);
         return detail::exit_status_config_value;
       }
-      end_mlflow("KILLED");
+      end_mlflow(detail::MlflowEnd::killed);
       say("dettrial: experiment interrupted; run the same command again to continue it");
       return detail::exit_status_interrupted_value;
     }
@@ -369,7 +367,7 @@ DETTRIAL_INLINE int Experiment::run() {
   write_summary();
   refresh_report(/*at_end=*/true);
   const auto failed = std::ranges::count_if(trials_, [](const auto& kv) { return kv.second.state == TrialState::errored; });
-  end_mlflow(failed == 0 ? "FINISHED" : "FAILED");
+  end_mlflow(failed == 0 ? detail::MlflowEnd::finished : detail::MlflowEnd::failed);
   if (failed == 0) return 0;
   std::fprintf(stderr, "dettrial: %lld of %zu trials failed (ERRORED in the summary above); each trial's log.txt says why\n",
                static_cast<long long>(failed), trials_.size());
@@ -392,7 +390,7 @@ DETTRIAL_INLINE void Experiment::start_mlflow() {
   if (const std::string id = mlflow_->run_id(); !id.empty()) ::setenv(MlflowSettings::parent_run_variable, id.c_str(), 1);
 }
 
-DETTRIAL_INLINE void Experiment::end_mlflow(const char* status) {
+DETTRIAL_INLINE void Experiment::end_mlflow(detail::MlflowEnd status) {
   if (mlflow_) mlflow_->end(status);
   mlflow_.reset();
 }
@@ -777,13 +775,13 @@ DETTRIAL_INLINE void Experiment::trial_ended(std::int64_t id, int status, bool s
   };
   TrialSummary& t = trials_.at(id);
   refresh_from_disk(t);
-  const bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
-  // 75: stopped by a signal after a checkpoint; a SIGTERM that came after training ended kills it.
+  const auto end = detail::ProcessEnd::from_wait_status(status);
+  const bool ok = end.succeeded();
+  // Stopped by a signal after a checkpoint; a SIGTERM that came after training ended kills it.
   // srun reports a task killed by signal n as exit status 128 + n.
-  const bool stopped = (WIFEXITED(status) && WEXITSTATUS(status) == detail::exit_status_interrupted_value) ||
-                       (stop_sent && WIFSIGNALED(status) && WTERMSIG(status) == SIGTERM) ||
-                       (stop_sent && slurm_ && WIFEXITED(status) && WEXITSTATUS(status) == 128 + SIGTERM);
-  if (WIFEXITED(status) && WEXITSTATUS(status) == detail::exit_status_config_value) {
+  const bool stopped =
+      end.interrupted() || (stop_sent && end.killed_by(SIGTERM)) || (stop_sent && slurm_ && end.exited_with(128 + SIGTERM));
+  if (end.config_error()) {
     // Not restarted, and not ended in the event log: after the fix the next run trains it.
     t.state = TrialState::errored;
     if (!config_error_)
@@ -835,12 +833,7 @@ DETTRIAL_INLINE std::string Experiment::last_error_line(std::int64_t id) const {
 
 DETTRIAL_INLINE std::string Experiment::describe_failure(std::int64_t id, int status) const {
   const std::string error = last_error_line(id);
-  return describe_status(status) + (error.empty() ? "" : ": " + error);
-}
-
-DETTRIAL_INLINE std::string Experiment::describe_status(int status) {
-  if (WIFSIGNALED(status)) return "killed by signal " + std::to_string(WTERMSIG(status));
-  return "exit status " + std::to_string(WEXITSTATUS(status));
+  return detail::ProcessEnd::from_wait_status(status).describe() + (error.empty() ? "" : ": " + error);
 }
 
 DETTRIAL_INLINE void Experiment::refresh_from_disk(TrialSummary& t) const {

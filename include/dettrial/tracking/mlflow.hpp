@@ -80,6 +80,22 @@ DETTRIAL_INLINE std::size_t sync_mlflow_run(const std::filesystem::path& dir);
 /// tracked and how many requests it sent; throws when one could not be synced, or none was tracked.
 DETTRIAL_INLINE std::vector<std::pair<std::filesystem::path, std::size_t>> sync_mlflow_folder(const std::filesystem::path& dir);
 
+/// How an MLflow run ended (MLflow's RunStatus, less RUNNING and SCHEDULED, which a run starts in).
+enum class MlflowEnd {
+  finished,  ///< FINISHED: trained to its length (or the searcher stopped it)
+  failed,    ///< FAILED: an error ended it (the default when end() was not called)
+  killed,    ///< KILLED: a signal stopped it
+};
+/// MLflow's name of it: "FINISHED", "FAILED", "KILLED".
+constexpr const char* mlflow_status_name(MlflowEnd end) {
+  switch (end) {
+    case MlflowEnd::finished: return "FINISHED";
+    case MlflowEnd::killed: return "KILLED";
+    case MlflowEnd::failed: break;
+  }
+  return "FAILED";
+}
+
 /**
  * @brief One run's MLflow run (on the chief). A resumed run continues the MLflow run whose id its
  * folder keeps, and does not log the reports it redoes a second time. Everything is queued here and
@@ -105,8 +121,8 @@ class MlflowRun {
   /// `tags` go with them (the latest learning rates, a checkpoint's uuid).
   void log_metrics(std::string_view kind, std::int64_t step, const std::vector<std::pair<std::string, double>>& metrics,
                    const std::vector<std::pair<std::string, std::string>>& tags = {});
-  /// The run's status (FINISHED, FAILED, KILLED) and end time; waits for the queue to empty.
-  void end(std::string_view status);
+  /// The run's status and end time; waits for the queue to empty.
+  void end(MlflowEnd status);
   /// The run's id in MLflow, once the thread has created (or continued) it; empty when the server
   /// did not answer (a search's runner hands it to its trials as their parent).
   std::string run_id();
@@ -335,7 +351,7 @@ class MlflowRun::Sender {
   ~Sender();
   void log_metrics(std::string_view kind, std::int64_t step, const std::vector<std::pair<std::string, double>>& metrics,
                    const std::vector<std::pair<std::string, std::string>>& tags);
-  void end(std::string_view status);
+  void end(MlflowEnd status);
   std::string run_id();
 
  private:
@@ -404,7 +420,7 @@ DETTRIAL_INLINE MlflowRun::Sender::Sender(MlflowSettings settings, std::filesyst
 }
 
 DETTRIAL_INLINE MlflowRun::Sender::~Sender() {
-  if (!ended_) end("FAILED");
+  if (!ended_) end(MlflowEnd::failed);
 }
 
 DETTRIAL_INLINE void MlflowRun::Sender::log_metrics(std::string_view kind, std::int64_t step,
@@ -420,10 +436,10 @@ DETTRIAL_INLINE void MlflowRun::Sender::log_metrics(std::string_view kind, std::
   enqueue({"runs/log-batch", std::move(body), std::string(kind), step});
 }
 
-DETTRIAL_INLINE void MlflowRun::Sender::end(std::string_view status) {
+DETTRIAL_INLINE void MlflowRun::Sender::end(MlflowEnd status) {
   if (ended_) return;
   ended_ = true;
-  enqueue({"runs/update", {{"status", std::string(status)}, {"end_time", mlflow_detail::now_ms()}}, {}, -1});
+  enqueue({"runs/update", {{"status", mlflow_status_name(status)}, {"end_time", mlflow_detail::now_ms()}}, {}, -1});
   {
     std::lock_guard lock(mutex_);
     closing_ = true;
@@ -548,7 +564,7 @@ DETTRIAL_INLINE void MlflowRun::log_metrics(std::string_view kind, std::int64_t 
   sender_->log_metrics(kind, step, metrics, tags);
 }
 
-DETTRIAL_INLINE void MlflowRun::end(std::string_view status) { sender_->end(status); }
+DETTRIAL_INLINE void MlflowRun::end(MlflowEnd status) { sender_->end(status); }
 
 DETTRIAL_INLINE std::string MlflowRun::run_id() { return sender_->run_id(); }
 

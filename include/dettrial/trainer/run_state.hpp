@@ -88,7 +88,7 @@ struct RunState {
   FitResult result{};
   /// The run in MLflow (on the chief, when tracked), and the status it ends with.
   std::unique_ptr<MlflowRun> mlflow{};
-  std::string mlflow_status = "FAILED";
+  MlflowEnd mlflow_status = MlflowEnd::failed;
   Reporter reporter{};
   TraceProfiler profiler{};
   /// Wait for the GPU at each phase's end while profiling, so that the phase timings are the GPU's (profiling.sync_timings).
@@ -619,7 +619,7 @@ DETTRIAL_INLINE void RunState::complete(const Context& context) {
 DETTRIAL_INLINE FitResult RunState::finish(const Context& context) {
   result.batches_trained = progress.batches_trained;
   result.epochs_trained = progress.epochs_trained;
-  mlflow_status = result.signal != 0 ? "KILLED" : "FINISHED";
+  mlflow_status = result.signal != 0 ? MlflowEnd::killed : MlflowEnd::finished;
   write_report(context);
   return std::move(result);
 }
