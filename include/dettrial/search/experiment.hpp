@@ -111,7 +111,8 @@ class Experiment {
 
   int run();
 
-  const std::map<std::int64_t, TrialSummary>& trials() const { return trials_; }
+  /// Every trial's summary, by id.
+  std::map<std::int64_t, TrialSummary> trials() const;
 
  private:
   struct Running {
@@ -129,6 +130,24 @@ class Experiment {
     /// job): whether a failed attempt made progress, for RestartPolicy.
     std::optional<std::vector<CheckpointInfo>> checkpoints_at_start;
   };
+
+  /// Everything the runner knows of one trial.
+  struct TrialRecord {
+    TrialSummary summary;
+    TrialRequest request;
+    /// Its process (or Slurm job) while it runs.
+    std::optional<Running> running;
+    /// The batches of the last validation the searcher was told of.
+    std::optional<std::int64_t> validated_batches;
+    /// ASHA: the highest rung its validations reached (0: the first), as events.jsonl says.
+    std::optional<std::int64_t> rung;
+    /// The searcher stopped it, as events.jsonl says (an adopted trial's exit is then its stop).
+    bool stop_logged = false;
+    /// The last Slurm job whose end events.jsonl records (a restart or the end).
+    std::optional<std::int64_t> handled_job;
+  };
+  /// The ids of the running trials, in order (a copy: ending one changes the records).
+  std::vector<std::int64_t> running_ids() const;
 
   /// SIGTERM to every running trial (each checkpoints and exits), once per signal this process got
   /// (a second Ctrl-C makes them abort), and waits for them.
@@ -236,6 +255,8 @@ class Experiment {
   std::int64_t experiment_id_ = 0;
   /// The search's MLflow run (when tracked), its trials' runs nested under it.
   std::unique_ptr<detail::MlflowRun> mlflow_;
+  /// Its id, which each trial's process gets in its environment (its run is created as a child).
+  std::string mlflow_run_id_;
   /// Starts (or continues) the search's MLflow run and hands its id to the trials' processes.
   void start_mlflow();
   /// Ends it with `status`.
@@ -246,18 +267,10 @@ class Experiment {
   std::chrono::steady_clock::time_point next_slurm_poll_{};
   ExperimentOptions options_;
   Searcher searcher_;
-  std::map<std::int64_t, TrialSummary> trials_;
-  std::map<std::int64_t, TrialRequest> requests_;
+  /// Every trial the searcher asked for, by id.
+  std::map<std::int64_t, TrialRecord> records_;
+  /// The trials waiting to start, in order.
   std::vector<std::int64_t> queue_;
-  std::map<std::int64_t, Running> running_;
-  /// Per trial, the batches of the last validation the searcher was told of.
-  std::map<std::int64_t, std::int64_t> validated_batches_;
-  /// Per ASHA trial, the highest rung its validations reached (0: the first), as events.jsonl says.
-  std::map<std::int64_t, std::int64_t> rungs_;
-  /// Trials the searcher stopped, as events.jsonl says (an adopted trial's exit is then its stop).
-  std::set<std::int64_t> stop_logged_;
-  /// Per trial, the last Slurm job whose end events.jsonl records (restart or end).
-  std::map<std::int64_t, std::int64_t> handled_jobs_;
   /// The first trial that failed with a configuration error, and that error.
   std::optional<std::pair<std::int64_t, std::string>> config_error_;
 };
@@ -333,7 +346,7 @@ DETTRIAL_INLINE int Experiment::run() {
   // A trial the searcher stopped whose end the log lacks (the runner died before it): it is
   // stopped, not trained on.
   for (const std::int64_t id : std::vector<std::int64_t>(queue_))
-    if (stop_logged_.count(id) != 0) {
+    if (records_.at(id).stop_logged) {
       queue_.erase(std::find(queue_.begin(), queue_.end(), id));
       trial_ended(id, detail::wait_status_exited(detail::exit_status_interrupted_value), /*stop_sent=*/true, /*interrupting=*/false);
     }
@@ -355,22 +368,22 @@ DETTRIAL_INLINE int Experiment::run() {
       return detail::exit_status_interrupted_value;
     }
     launch_queued();
-    if (running_.empty() && queue_.empty()) break;
+    if (running_ids().empty() && queue_.empty()) break;
     poll_metrics();
     reap(false);
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   // What each trial trained, before the experiment's retention deletes checkpoints (also of trials
   // that ended under an earlier runner, which this one knows only from their folders).
-  for (auto& [id, t] : trials_) refresh_from_disk(t);
+  for (auto& [id, r] : records_) refresh_from_disk(r.summary);
   apply_experiment_retention();
   write_summary();
   refresh_report(/*at_end=*/true);
-  const auto failed = std::ranges::count_if(trials_, [](const auto& kv) { return kv.second.state == TrialState::errored; });
+  const auto failed = std::ranges::count_if(records_, [](const auto& kv) { return kv.second.summary.state == TrialState::errored; });
   end_mlflow(failed == 0 ? detail::MlflowEnd::finished : detail::MlflowEnd::failed);
   if (failed == 0) return 0;
   std::fprintf(stderr, "dettrial: %lld of %zu trials failed (ERRORED in the summary above); each trial's log.txt says why\n",
-               static_cast<long long>(failed), trials_.size());
+               static_cast<long long>(failed), records_.size());
   return 1;
 }
 
@@ -386,8 +399,8 @@ DETTRIAL_INLINE void Experiment::start_mlflow() {
   start.tags = {{"dettrial.version", DETTRIAL_VERSION_STRING},
                 {"dettrial.experiment_folder", std::filesystem::absolute(options_.output_dir).string()}};
   mlflow_ = std::make_unique<detail::MlflowRun>(std::move(*settings), options_.output_dir, std::move(start));
-  // The trials' processes inherit it: each trial's run is created as this run's child.
-  if (const std::string id = mlflow_->run_id(); !id.empty()) ::setenv(MlflowSettings::parent_run_variable, id.c_str(), 1);
+  // Each trial's process is given it at launch: its run is created as this run's child.
+  mlflow_run_id_ = mlflow_->run_id();
 }
 
 DETTRIAL_INLINE void Experiment::end_mlflow(detail::MlflowEnd status) {
@@ -397,10 +410,10 @@ DETTRIAL_INLINE void Experiment::end_mlflow(detail::MlflowEnd status) {
 
 DETTRIAL_INLINE void Experiment::stop_running_trials() {
   int forwarded = 0;
-  while (!running_.empty()) {
+  while (!running_ids().empty()) {
     const int signals = std::max(1, detail::supervisor_signal_count.load());
     if (signals > forwarded) {
-      for (auto& [id, t] : running_) terminate_trial(id, t);
+      for (const std::int64_t id : running_ids()) terminate_trial(id, *records_.at(id).running);
       forwarded = signals;
     }
     reap(/*interrupting=*/true);  // waits; a signal interrupts the wait
@@ -420,13 +433,14 @@ DETTRIAL_INLINE void Experiment::adopt_slurm_jobs() {
     if (queued == queue_.end()) continue;  // ended in the event log: its job is history
     // A job whose end the log records (a restart logged, the runner killed before the next job
     // started): the trial is queued again, as the log says.
-    if (const auto handled = handled_jobs_.find(id); handled != handled_jobs_.end() && handled->second == job.id) continue;
+    TrialRecord& record = records_.at(id);
+    if (record.handled_job == job.id) continue;
     queue_.erase(queued);
     Running run;
     run.slurm_job = job.id;
-    run.stop_sent = stop_logged_.count(id) != 0;
-    running_[id] = run;
-    trials_.at(id).state = TrialState::running;
+    run.stop_sent = record.stop_logged;
+    record.running = run;
+    record.summary.state = TrialState::running;
     if (detail::slurm_job_ended(job.state)) {
       say("[experiment] trial " + std::to_string(id) + "'s Slurm job " + std::to_string(job.id) + " ended while no runner watched it (" +
           job.state + ")");
@@ -441,8 +455,8 @@ DETTRIAL_INLINE void Experiment::adopt_slurm_jobs() {
   // the trial from its checkpoint).
   poll_metrics();
   for (const std::int64_t id : ended) {
-    const Running run = running_.at(id);
-    running_.erase(id);
+    const Running run = *records_.at(id).running;
+    records_.at(id).running.reset();
     trial_ended(id, jobs->at(run.slurm_job).status, run.stop_sent, /*interrupting=*/false, run.slurm_job);
   }
 }
@@ -457,16 +471,17 @@ DETTRIAL_INLINE void Experiment::reap_adopted(bool interrupting) {
   const bool leave = !jobs && interrupting && detail::supervisor_signal_count.load() >= 2;
   if (!jobs && !leave) return;
   std::vector<std::int64_t> ended;
-  for (const auto& [id, run] : running_)
-    if (run.pid < 0 && (leave || !jobs->count(run.slurm_job) || detail::slurm_job_ended(jobs->at(run.slurm_job).state)))
+  for (const std::int64_t id : running_ids())
+    if (const Running& run = *records_.at(id).running;
+        run.pid < 0 && (leave || !jobs->count(run.slurm_job) || detail::slurm_job_ended(jobs->at(run.slurm_job).state)))
       ended.push_back(id);
   for (const std::int64_t id : ended) {
-    const Running run = running_.at(id);
+    const Running run = *records_.at(id).running;
     poll_metrics();  // its last records
-    running_.erase(id);
+    records_.at(id).running.reset();
     const std::string job = "Slurm job " + std::to_string(run.slurm_job);
     if (leave) {
-      trials_.at(id).state = TrialState::interrupted;
+      records_.at(id).summary.state = TrialState::interrupted;
       say("[experiment] trial " + std::to_string(id) + ": left its " + job + " running (Slurm does not answer)");
     } else if (!jobs->count(run.slurm_job)) {
       // The controller forgot the job (restarted without its state): how it ended is unknown, so
@@ -540,26 +555,27 @@ DETTRIAL_INLINE void Experiment::replay_or_start() {
         const double metric = detail::json_as<double>(get("metric"), "metric");
         const double time = detail::json_as<double>(get("time"), "time");
         std::visit([&](auto& s) { s.on_validation(id, metric, time); }, searcher_);
-        TrialSummary& t = trials_.at(id);
-        record_metric(t, metric);
+        TrialRecord& record = records_.at(id);
+        record_metric(record.summary, metric);
         if (const detail::Json* b = detail::json_find(e, "batches"))
-          validated_batches_[id] = std::max(validated_batches_[id], detail::json_as<std::int64_t>(*b, "batches"));
+          record.validated_batches = std::max(record.validated_batches.value_or(0), detail::json_as<std::int64_t>(*b, "batches"));
         if (const detail::Json* r = detail::json_find(e, "rung")) {
           const auto rung = detail::json_as<std::int64_t>(*r, "rung");
-          rungs_[id] = std::max(rungs_.count(id) ? rungs_[id] : rung, rung);
+          record.rung = std::max(record.rung.value_or(rung), rung);
         }
         if (const detail::Json* stopped = detail::json_find(e, "stopped"); stopped && stopped->is_boolean() && stopped->get<bool>())
-          stop_logged_.insert(id);
+          record.stop_logged = true;
       } else if (kind == "end") {
-        TrialSummary& t = trials_.at(id);
+        TrialSummary& t = records_.at(id).summary;
         t.state = state_from(detail::json_as<std::string>(get("state"), "state"));
         t.restarts = detail::json_as<std::int64_t>(get("restarts"), "restarts");
         queue_.erase(std::remove(queue_.begin(), queue_.end(), id), queue_.end());
         for (auto& r : std::visit([&](auto& s) { return s.on_trial_end(id); }, searcher_)) add_trial(std::move(r));
       } else if (kind == "restart") {
-        trials_.at(id).restarts = detail::json_as<std::int64_t>(get("restarts"), "restarts");
+        records_.at(id).summary.restarts = detail::json_as<std::int64_t>(get("restarts"), "restarts");
       }
-      if (const detail::Json* job = detail::json_find(e, "slurm_job")) handled_jobs_[id] = detail::json_as<std::int64_t>(*job, "slurm_job");
+      if (const detail::Json* job = detail::json_find(e, "slurm_job"))
+        records_.at(id).handled_job = detail::json_as<std::int64_t>(*job, "slurm_job");
     } catch (const detail::JsonFieldError& err) {
       throw Error("'" + events_path.string() + "' has an event that lacks a field or has one of the wrong type (" + err.what() +
                   "): " + line);
@@ -577,12 +593,12 @@ DETTRIAL_INLINE TrialState Experiment::state_from(const std::string& s) {
 }
 
 DETTRIAL_INLINE void Experiment::add_trial(TrialRequest r) {
-  TrialSummary t;
-  t.id = r.id;
-  t.hparams = r.hparams;
   const std::int64_t id = r.id;
-  trials_[id] = t;
-  requests_[id] = std::move(r);
+  TrialRecord record;
+  record.summary.id = id;
+  record.summary.hparams = r.hparams;
+  record.request = std::move(r);
+  records_[id] = std::move(record);
   queue_.push_back(id);
 }
 
@@ -628,7 +644,7 @@ DETTRIAL_INLINE void Experiment::launch_queued() {
 
 DETTRIAL_INLINE void Experiment::launch(std::int64_t id) {
   namespace fs = std::filesystem;
-  const TrialRequest& r = requests_.at(id);
+  const TrialRequest& r = records_.at(id).request;
   fs::create_directories(trial_dir(id));
   write_trial_config(r);
   // --max-restarts 0: this runner restarts the trial (RestartPolicy, one count over its life); its
@@ -649,6 +665,7 @@ DETTRIAL_INLINE void Experiment::launch(std::int64_t id) {
   detail::TrialCommand command{.program = options_.program.string(),
                                .args = std::move(args),
                                .extra_env = {"DET_TRIAL_ID=" + std::to_string(id), "DET_EXPERIMENT_ID=" + std::to_string(experiment_id_)}};
+  if (!mlflow_run_id_.empty()) command.extra_env.push_back(std::string(MlflowSettings::parent_run_variable) + "=" + mlflow_run_id_);
   if (slurm_) {
     command = slurm_->job_command(id, config_.slots_per_trial, config_.slurm_args, std::move(command));
   } else {
@@ -664,13 +681,15 @@ DETTRIAL_INLINE void Experiment::launch(std::int64_t id) {
                                    .output = trial_folder(id).trial_log().string(),
                                    .append = true,
                                    .own_process_group = true});
-  running_[id] = run;
-  trials_.at(id).state = TrialState::running;
+  records_.at(id).running = std::move(run);
+  records_.at(id).summary.state = TrialState::running;
   say("[experiment] trial " + std::to_string(id) + " started: " + detail::one_line(r.hparams));
 }
 
 DETTRIAL_INLINE void Experiment::poll_metrics() {
-  for (auto& [id, run] : running_) {
+  for (auto& [id, trial] : records_) {
+    if (!trial.running) continue;
+    Running& run = *trial.running;
     const auto path = trial_folder(id).metrics_log();
     struct stat file{};
     if (::stat(path.c_str(), &file) != 0) continue;
@@ -692,8 +711,8 @@ DETTRIAL_INLINE void Experiment::poll_metrics() {
       // Each validation reaches the searcher once, also when a restarted trial trains it again.
       const auto batches = MetricsLog::batches_of_record(record);
       if (!batches) continue;
-      if (const auto told = validated_batches_.find(id); told != validated_batches_.end() && *batches <= told->second) continue;
-      validated_batches_[id] = *batches;
+      if (trial.validated_batches && *batches <= *trial.validated_batches) continue;
+      trial.validated_batches = *batches;
       // The searcher closed a trial it stopped: a validation the trial reaches before the stop
       // does (it trains on while the signal travels) would otherwise change ASHA's rungs for the
       // other trials, by how fast the signal was.
@@ -705,11 +724,11 @@ DETTRIAL_INLINE void Experiment::poll_metrics() {
       const std::string& time_metric = config_.searcher.time_metric;
       const detail::Json* time_value = detail::json_find(*metrics, time_metric);
       const double time = time_value && time_value->is_number() ? time_value->get<double>() : static_cast<double>(*batches);
-      TrialSummary& t = trials_.at(id);
+      TrialSummary& t = trial.summary;
       record_metric(t, metric);
       const SearcherDecision d = std::visit([&](auto& s) { return s.on_validation(id, metric, time); }, searcher_);
       // A trial at its full length ends by itself; a stop is for the ones with time left.
-      const bool stop = d == SearcherDecision::stop && !run.stop_sent && time < static_cast<double>(requests_.at(id).max_length);
+      const bool stop = d == SearcherDecision::stop && !run.stop_sent && time < static_cast<double>(trial.request.max_length);
       detail::Json event = {{"event", "validation"}, {"trial", id}, {"metric", metric}, {"time", time}, {"batches", *batches}};
       // For the report: the ASHA rung this validation reached (the rungs its time has passed), and a stop.
       std::string where;
@@ -719,7 +738,7 @@ DETTRIAL_INLINE void Experiment::poll_metrics() {
                                   1;
         if (rung >= 0) {
           event["rung"] = rung;
-          rungs_[id] = std::max(rungs_.count(id) ? rungs_[id] : rung, rung);
+          trial.rung = std::max(trial.rung.value_or(rung), rung);
           where = "; rung " + std::to_string(rung + 1) + " of " + std::to_string(bracket->units_needed.size());
         }
       }
@@ -740,8 +759,11 @@ DETTRIAL_INLINE void Experiment::poll_metrics() {
 }
 
 DETTRIAL_INLINE void Experiment::reap(bool interrupting) {
-  const bool children = std::ranges::any_of(running_, [](const auto& kv) { return kv.second.pid > 0; });
-  const bool adopted = std::ranges::any_of(running_, [](const auto& kv) { return kv.second.pid < 0; });
+  const auto running_with = [&](auto pid_test) {
+    return std::ranges::any_of(records_, [&](const auto& kv) { return kv.second.running && pid_test(kv.second.running->pid); });
+  };
+  const bool children = running_with([](pid_t pid) { return pid > 0; });
+  const bool adopted = running_with([](pid_t pid) { return pid < 0; });
   if (adopted) {
     reap_adopted(interrupting);
     if (interrupting) std::this_thread::sleep_for(std::chrono::milliseconds(100));
@@ -751,13 +773,13 @@ DETTRIAL_INLINE void Experiment::reap(bool interrupting) {
   // Interrupting, it waits for a child (a signal interrupts the wait), unless adopted jobs need asking.
   const pid_t pid = ::waitpid(-1, &status, interrupting && !adopted ? 0 : WNOHANG);
   if (pid <= 0) return;
-  auto it = std::find_if(running_.begin(), running_.end(), [&](const auto& kv) { return kv.second.pid == pid; });
-  if (it == running_.end()) return;
+  auto it = std::ranges::find_if(records_, [&](const auto& kv) { return kv.second.running && kv.second.running->pid == pid; });
+  if (it == records_.end()) return;
   const std::int64_t id = it->first;
-  const bool stop_sent = it->second.stop_sent;
-  const auto checkpoints_at_start = std::move(it->second.checkpoints_at_start);
+  const bool stop_sent = it->second.running->stop_sent;
+  const auto checkpoints_at_start = std::move(it->second.running->checkpoints_at_start);
   poll_metrics();  // its last records
-  running_.erase(it);
+  it->second.running.reset();
   // Which job srun ran, for the event log (its record is fresh: the job has just ended).
   std::int64_t slurm_job = 0;
   if (slurm_)
@@ -773,7 +795,7 @@ DETTRIAL_INLINE void Experiment::trial_ended(std::int64_t id, int status, bool s
     if (slurm_job != 0) event["slurm_job"] = slurm_job;
     log_event(event);
   };
-  TrialSummary& t = trials_.at(id);
+  TrialSummary& t = records_.at(id).summary;
   refresh_from_disk(t);
   const auto end = detail::ProcessEnd::from_wait_status(status);
   const bool ok = end.succeeded();
@@ -855,7 +877,7 @@ DETTRIAL_INLINE void Experiment::apply_experiment_retention() {
   if (storage.save_experiment_best == 0) return;  // the trials applied their own retention already
   std::vector<CheckpointInfo> ranked;
   std::map<std::string, std::int64_t> trial_best_keep;  // uuid -> kept by its trial's rules
-  for (const auto& [id, t] : trials_) {
+  for (const auto& [id, r] : records_) {
     const auto all = list_checkpoints(trial_folder(id).checkpoints());
     for (const auto& c :
          checkpoints_to_delete(all, {.save_trial_best = storage.save_trial_best, .save_trial_latest = storage.save_trial_latest},
@@ -869,7 +891,7 @@ DETTRIAL_INLINE void Experiment::apply_experiment_retention() {
   });
   for (std::size_t k = 0; k < ranked.size() && static_cast<std::int64_t>(k) < storage.save_experiment_best; ++k)
     trial_best_keep.erase(ranked[k].uuid);  // among the experiment's best: kept
-  for (const auto& [id, t] : trials_)
+  for (const auto& [id, r] : records_)
     for (const auto& c : list_checkpoints(trial_folder(id).checkpoints()))
       if (trial_best_keep.count(c.uuid)) delete_checkpoint(c);
 }
@@ -890,8 +912,9 @@ DETTRIAL_INLINE detail::Json Experiment::summary_json() const {
   }
   summary["trials"] = detail::Json::array();
   std::optional<std::int64_t> best_trial;
-  for (const auto& [id, t] : trials_) {
-    if (t.best_metric && (!best_trial || order().better(*t.best_metric, *trials_.at(*best_trial).best_metric))) best_trial = id;
+  for (const auto& [id, record] : records_) {
+    const TrialSummary& t = record.summary;
+    if (t.best_metric && (!best_trial || order().better(*t.best_metric, *records_.at(*best_trial).summary.best_metric))) best_trial = id;
     detail::Json trial = {{"id", id},
                           {"state", to_string(t.state)},
                           {"batches_trained", t.batches_trained},
@@ -901,8 +924,8 @@ DETTRIAL_INLINE detail::Json Experiment::summary_json() const {
                           {"last_metric", optional(t.last_metric)},
                           {"best_checkpoint", t.best_checkpoint}};
     if (bracket_of(id)) {
-      trial["bracket"] = requests_.at(id).bracket;
-      if (const auto rung = rungs_.find(id); rung != rungs_.end()) trial["rung"] = rung->second;
+      trial["bracket"] = record.request.bracket;
+      if (record.rung) trial["rung"] = *record.rung;
     }
     summary["trials"].push_back(std::move(trial));
   }
@@ -911,12 +934,13 @@ DETTRIAL_INLINE detail::Json Experiment::summary_json() const {
 }
 
 DETTRIAL_INLINE void Experiment::write_summary(bool print) {
-  for (auto& [id, t] : trials_) refresh_from_disk(t);
+  for (auto& [id, r] : records_) refresh_from_disk(r.summary);
   const detail::Json summary = summary_json();
   detail::write_file_synced(folder().summary(), detail::json_text(summary));
   if (!print) return;
   std::string table = "\n trial  state           batches  restarts  best " + config_.searcher.metric + "  last  hyperparameters\n";
-  for (const auto& [id, t] : trials_) {
+  for (const auto& [id, record] : records_) {
+    const TrialSummary& t = record.summary;
     char row[160];
     std::snprintf(row, sizeof row, " %5lld  %-14s %8lld  %8lld  %12s  %6s  ", static_cast<long long>(id), to_string(t.state),
                   static_cast<long long>(t.batches_trained), static_cast<long long>(t.restarts),
@@ -926,7 +950,7 @@ DETTRIAL_INLINE void Experiment::write_summary(bool print) {
   }
   if (const detail::Json& best = summary.at("best_trial"); best.is_number_integer())
     table += " best: trial " + std::to_string(best.get<std::int64_t>()) + ", checkpoint " +
-             trials_.at(best.get<std::int64_t>()).best_checkpoint + "\n";
+             records_.at(best.get<std::int64_t>()).summary.best_checkpoint + "\n";
   say(table + " summary: " + folder().summary().string());
 }
 
@@ -943,7 +967,8 @@ DETTRIAL_INLINE void Experiment::refresh_report(bool at_end) {
 
 DETTRIAL_INLINE std::string Experiment::progress() const {
   std::int64_t completed = 0, stopped = 0, failed = 0;
-  for (const auto& [id, t] : trials_) {
+  for (const auto& [id, record] : records_) {
+    const TrialSummary& t = record.summary;
     completed += t.state == TrialState::completed ? 1 : 0;
     stopped += t.state == TrialState::stopped_by_searcher ? 1 : 0;
     failed += t.state == TrialState::errored ? 1 : 0;
@@ -951,14 +976,27 @@ DETTRIAL_INLINE std::string Experiment::progress() const {
   const std::int64_t total = std::visit([](const auto& s) { return s.max_trials(); }, searcher_);
   return "[experiment] " + std::to_string(completed + stopped + failed) + " of " + std::to_string(total) + " trials ended (" +
          std::to_string(completed) + " completed, " + std::to_string(stopped) + " stopped early, " + std::to_string(failed) + " failed), " +
-         std::to_string(running_.size()) + " running";
+         std::to_string(running_ids().size()) + " running";
+}
+
+DETTRIAL_INLINE std::map<std::int64_t, TrialSummary> Experiment::trials() const {
+  std::map<std::int64_t, TrialSummary> out;
+  for (const auto& [id, record] : records_) out.emplace(id, record.summary);
+  return out;
+}
+
+DETTRIAL_INLINE std::vector<std::int64_t> Experiment::running_ids() const {
+  std::vector<std::int64_t> ids;
+  for (const auto& [id, record] : records_)
+    if (record.running) ids.push_back(id);
+  return ids;
 }
 
 DETTRIAL_INLINE const searcher::AshaBracket* Experiment::bracket_of(std::int64_t id) const {
   const auto* asha = std::get_if<searcher::AdaptiveAsha>(&searcher_);
-  const auto request = requests_.find(id);
-  if (!asha || request == requests_.end()) return nullptr;
-  const auto b = static_cast<std::size_t>(request->second.bracket);
+  const auto record = records_.find(id);
+  if (!asha || record == records_.end()) return nullptr;
+  const auto b = static_cast<std::size_t>(record->second.request.bracket);
   return b < asha->brackets().size() ? &asha->brackets()[b] : nullptr;
 }
 
