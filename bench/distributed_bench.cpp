@@ -54,13 +54,13 @@ StepTimes run_steps(dettrial::Context& context, int steps) {
     double sync = 0;
     for (std::int64_t j = 0; j < agg; ++j) {
       const std::int64_t s = u * agg + j;
-      context.position().current_batch = s;
-      context.begin_training_batch(per_rank);
+      dettrial::detail::ContextAccess::position(context).current_batch = s;
+      dettrial::detail::ContextAccess::begin_training_batch(context, per_rank);
       const torch::Tensor loss = torch::nll_loss(torch::log_softmax(model->forward(x), 1), y);
       context.backward(loss);
       const auto t1 = Clock::now();
       context.step_optimizer(opt);
-      context.finish_batch(s);
+      dettrial::detail::ContextAccess::finish_batch(context, s);
       sync += std::chrono::duration<double, std::milli>(Clock::now() - t1).count();
     }
     if (u >= 5) {
@@ -72,7 +72,7 @@ StepTimes run_steps(dettrial::Context& context, int steps) {
     std::sort(v.begin(), v.end());
     return v[v.size() / 2];
   };
-  context.release_registrations();
+  dettrial::detail::ContextAccess::release_registrations(context);
   return {median(step_ms), median(sync_ms), gradient_bytes};
 }
 

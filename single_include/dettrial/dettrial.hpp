@@ -11732,6 +11732,10 @@ struct AveragingSchedule {
   std::int64_t warmup_steps = 0;
 };
 
+namespace detail {
+struct ContextAccess;
+}  // namespace detail
+
 /**
  * @brief What a trial sees of its run (Determined's PyTorchTrialContext).
  *
@@ -12066,26 +12070,23 @@ class Context {
   /// The wrapped average (its state dict is Python's AveragedModel's), or null.
   std::shared_ptr<optim::AveragedWeights> averaged_weights() const { return average_ ? average_->weights : nullptr; }
 
-  /// True while a trainer's trial is registered here.
-  bool has_registrations() const { return !models_.empty() || !optimizers_.empty() || !schedulers_.empty() || !reducers_.empty(); }
-  /// Forgets every wrapped object (called when their trainer goes away).
-  void release_registrations();
-
   /// Every wrapped model, in wrap order.
   const std::vector<std::shared_ptr<torch::nn::Module>>& models() const { return models_; }
   std::size_t num_optimizers() const { return optimizers_.size(); }
   /// Wrapped optimizer `i`, in wrap order.
   torch::optim::Optimizer& optimizer(std::size_t i) const { return *optimizers_.at(i).optimizer; }
   std::size_t num_lr_schedulers() const { return schedulers_.size(); }
-  /// Wrapped LR scheduler `i` (type-erased: how to step, save and restore it), in wrap order.
-  const detail::WrappedScheduler& lr_scheduler(std::size_t i) const { return schedulers_.at(i); }
+  /// Whether gradients are summed in the data stream's order (reproducibility.rank_invariant).
+  bool rank_invariant() const { return ordered_ != nullptr; }
 
-  // ---- driven by the trainer (trials read the counters and metrics above) ---------------------
+ private:
+  // ---- driven by the trainer alone, through detail::ContextAccess ------------------------------
+  friend struct detail::ContextAccess;
 
-  /// Where the running fit stands; the trainer moves it, the counters above read it.
-  detail::RunPosition& position() { return position_; }
-  /// The wrapped reducers, reset and reduced by the trainer at each workload.
-  std::span<detail::WrappedReducer> reducers() { return reducers_; }
+  /// True while a trainer's trial is registered here.
+  bool has_registrations() const { return !models_.empty() || !optimizers_.empty() || !schedulers_.empty() || !reducers_.empty(); }
+  /// Forgets every wrapped object (called when their trainer goes away).
+  void release_registrations();
 
   /// Ends training batch `batch_idx` (the trainer calls it after train_batch): on an update batch
   /// (every `aggregation_frequency`-th, the one that stepped the optimizers) the gradient scaler's
@@ -12107,15 +12108,12 @@ class Context {
   void begin_training_batch(std::int64_t records) {
     if (ordered_) seed_micro_batch(records);
   }
-  /// Whether gradients are summed in the data stream's order (reproducibility.rank_invariant).
-  bool rank_invariant() const { return ordered_ != nullptr; }
 
   /// In a job, after the trial and its data loaders were built from the same seed on every rank:
   /// ranks other than the chief continue on a stream of their own, derived from the trial seed and
   /// the rank, so that their dropout masks and other draws differ.
   void seed_rank_stream() const;
 
- private:
   /// Steps the schedulers per their mode after update batch `batch_idx`.
   void step_lr_schedulers(std::int64_t batch_idx);
   struct WrappedAverage {
@@ -12207,6 +12205,27 @@ class Context {
   std::int64_t ordered_combined_at_ = -1;  // the update batch whose gradients were combined
   GradScaler* scaler_ = nullptr;
 };
+
+namespace detail {
+/**
+ * @brief The one way into what only dettrial's trainer and checkpoints do with a Context: the run's
+ * position, the reducers and schedulers as they drive them, a training batch's beginning and end,
+ * and the registrations' lifetime. Context keeps these private, so a trial's view of its context
+ * (its public members) holds only what Determined's context offers a trial.
+ */
+struct ContextAccess {
+  static RunPosition& position(Context& c) { return c.position_; }
+  static const RunPosition& position(const Context& c) { return c.position_; }
+  static std::span<WrappedReducer> reducers(Context& c) { return c.reducers_; }
+  /// Wrapped LR scheduler `i` (type-erased: how to step, save and restore it), in wrap order.
+  static const WrappedScheduler& lr_scheduler(const Context& c, std::size_t i) { return c.schedulers_.at(i); }
+  static void begin_training_batch(Context& c, std::int64_t records) { c.begin_training_batch(records); }
+  static void finish_batch(Context& c, std::int64_t batch_idx) { c.finish_batch(batch_idx); }
+  static void seed_rank_stream(const Context& c) { c.seed_rank_stream(); }
+  static bool has_registrations(const Context& c) { return c.has_registrations(); }
+  static void release_registrations(Context& c) { c.release_registrations(); }
+};
+}  // namespace detail
 
 }  // namespace dettrial
 
@@ -15316,7 +15335,7 @@ DETTRIAL_INLINE std::optional<StateDict> python_group(const c10::IValue& optimiz
 
 DETTRIAL_INLINE void ContextCheckpoint::add_scheduler_group_entries(Context& c, c10::impl::GenericList& optimizers) {
   for (std::size_t i = 0; i < c.num_lr_schedulers(); ++i) {
-    const WrappedScheduler& s = c.lr_scheduler(i);
+    const WrappedScheduler& s = detail::ContextAccess::lr_scheduler(c, i);
     if (!s.python_param_group) continue;
     const std::size_t o = checkpoint_detail::optimizer_index(c, s.driven_optimizer(s.scheduler));
     if (o >= optimizers.size()) continue;  // a scheduler of an optimizer the trial did not wrap: Python has no groups for it
@@ -15349,7 +15368,7 @@ DETTRIAL_INLINE StateDict ContextCheckpoint::python_state(Context& c, const std:
   add_scheduler_group_entries(c, optimizers);
   c10::impl::GenericList schedulers(c10::AnyType::get());
   for (std::size_t i = 0; i < c.num_lr_schedulers(); ++i) {
-    const WrappedScheduler& s = c.lr_scheduler(i);
+    const WrappedScheduler& s = detail::ContextAccess::lr_scheduler(c, i);
     StateDict d(c10::StringType::get(), c10::AnyType::get());
     if (s.python_state) {  // dettrial::optim's schedulers write Python's own state dict
       s.python_state(s.scheduler, d);
@@ -15375,7 +15394,7 @@ DETTRIAL_INLINE StateDict ContextCheckpoint::python_state(Context& c, const std:
   }
   // NumPy's and Python's generators, which Determined restores (and requires): carried from the
   // Determined checkpoint this run continues, else as Determined seeds them with the trial seed.
-  const c10::IValue& carried = c.position().python_generators;
+  const c10::IValue& carried = detail::ContextAccess::position(c).python_generators;
   const bool carry = carried.isGenericDict();
   rng.insert("np_rng_state", carry ? carried.toGenericDict().at("np_rng_state") : numpy_seeded_state(c.get_trial_seed()));
   rng.insert("random_rng_state", carry ? carried.toGenericDict().at("random_rng_state") : python_random_seeded_state(c.get_trial_seed()));
@@ -15425,9 +15444,10 @@ DETTRIAL_INLINE std::optional<NativeState> ContextCheckpoint::native_state(Conte
   out.archive.write("optimizers", optimizers);
   torch::serialize::OutputArchive schedulers;
   for (std::size_t i = 0; i < c.num_lr_schedulers(); ++i) {
-    if (c.lr_scheduler(i).load_python_state) continue;
+    const WrappedScheduler& s = detail::ContextAccess::lr_scheduler(c, i);
+    if (s.load_python_state) continue;
     torch::serialize::OutputArchive one;
-    c.lr_scheduler(i).save(c.lr_scheduler(i).scheduler, one);
+    s.save(s.scheduler, one);
     schedulers.write(std::to_string(i), one);
     any = true;
   }
@@ -15507,7 +15527,7 @@ DETTRIAL_INLINE void ContextCheckpoint::load_rng(Context& c, const StateDict& to
   c10::impl::GenericDict carried(c10::StringType::get(), c10::AnyType::get());
   carried.insert("np_rng_state", c10::ivalue::Tuple::create(std::move(np_state)));
   carried.insert("random_rng_state", py->value());
-  c.position().python_generators = carried;
+  detail::ContextAccess::position(c).python_generators = carried;
 }
 
 /// Refuses a part of a checkpoint that holds an object of a type dettrial does not read, naming the part.
@@ -15570,7 +15590,7 @@ DETTRIAL_INLINE void ContextCheckpoint::load_python_layout(Context& c, const Sta
   const auto schedulers = list_of("lr_schedulers_state_dict", c.num_lr_schedulers(), "LR scheduler(s)");
   for (std::size_t i = 0; i < schedulers.size(); ++i)
     part("LR scheduler " + std::to_string(i), [&] {
-      const WrappedScheduler& s = c.lr_scheduler(i);
+      const WrappedScheduler& s = detail::ContextAccess::lr_scheduler(c, i);
       torch::serialize::InputArchive one;
       if (!s.load_python_state && archived("schedulers", i, one)) return load_native_scheduler(c, i, one, native_what);
       const std::string name = what + ", LR scheduler " + std::to_string(i) + (s.type.empty() ? std::string() : " (" + s.type + ")");
@@ -15628,7 +15648,8 @@ DETTRIAL_INLINE void ContextCheckpoint::load_native_optimizer(Context& c, std::s
 DETTRIAL_INLINE void ContextCheckpoint::load_native_scheduler(Context& c, std::size_t i, torch::serialize::InputArchive& one,
                                                               const std::string& what) {
   try {
-    c.lr_scheduler(i).load(c.lr_scheduler(i).scheduler, one);
+    const WrappedScheduler& s = detail::ContextAccess::lr_scheduler(c, i);
+    s.load(s.scheduler, one);
   } catch (const std::exception& e) {
     throw CheckpointError(what + ": LR scheduler " + std::to_string(i) + " cannot be restored: " + first_line(e.what()));
   }
@@ -22412,7 +22433,7 @@ DETTRIAL_INLINE RunState RunState::begin(Context& context, FitOptions options) {
     st.same_trial = st.resumed->trial_id == o.trial_id;
   }
   st.result.output_dir = o.output_dir;
-  context.position().output_dir = o.output_dir;
+  detail::ContextAccess::position(context).output_dir = o.output_dir;
   const std::filesystem::path storage = o.checkpoint_dir.empty() ? RunFolder{o.output_dir}.checkpoints() : o.checkpoint_dir;
   st.result.checkpoint_dir = storage;
   // One writer per job: the chief reports and writes metrics.jsonl, event files and checkpoints.
@@ -22468,11 +22489,11 @@ DETTRIAL_INLINE void RunState::settle_epoch_length(Context& context) {
   // least 1), whatever the loader's own length; the data still reshuffles at its own epochs.
   if (const std::int64_t records = context.get_experiment_config().records_per_epoch; records > 0)
     epoch_len = std::max<std::int64_t>(records / context.get_global_batch_size(), 1);
-  context.position().epoch_len = epoch_len;
+  detail::ContextAccess::position(context).epoch_len = epoch_len;
 }
 
 DETTRIAL_INLINE void RunState::start_position(Context& context) {
-  RunPosition& position = context.position();
+  RunPosition& position = detail::ContextAccess::position(context);
   position.initial_batch = progress.batches_trained;  // the training stream skips what was trained
   position.current_batch = progress.batches_trained;
   result.resumed_from_batch = progress.batches_trained;
@@ -22562,7 +22583,7 @@ DETTRIAL_INLINE Reached RunState::boundaries_after(std::int64_t batch_idx, std::
 
 DETTRIAL_INLINE void RunState::begin_workload(Context& context, Workload& workload) {
   for (const auto& m : context.models()) m->train();
-  for (auto& r : context.reducers())
+  for (auto& r : detail::ContextAccess::reducers(context))
     if (r.for_training) r.reset(r.object);
   workload.means.reset();
   workload.batch_metrics.clear();
@@ -22577,7 +22598,7 @@ DETTRIAL_INLINE const MetricValues& RunState::report_training(Context& context, 
   const double seconds = reporter.elapsed();
   RankShare mine{.batches = workload.means.batches(), .records = workload.records};
   for (const auto& [name, value] : workload.means.means()) mine.totals.push_back({name, Reducer::avg, value});
-  for (auto& r : context.reducers())
+  for (auto& r : detail::ContextAccess::reducers(context))
     if (r.for_training) mine.reducer_parts.push_back(r.per_slot(r.object));
   const auto shares = gather_shares(std::move(mine), context.communicator());
   MetricValues avg;
@@ -22595,12 +22616,12 @@ DETTRIAL_INLINE const MetricValues& RunState::report_training(Context& context, 
 DETTRIAL_INLINE void RunState::begin_validation(Context& context) {
   agree_on_buffers(context);
   for (const auto& m : context.models()) m->eval();
-  for (auto& r : context.reducers())
+  for (auto& r : detail::ContextAccess::reducers(context))
     if (r.for_validation) r.reset(r.object);
 }
 
 DETTRIAL_INLINE MetricValues RunState::reduce_validation(Context& context, RankShare mine, std::int64_t& records) const {
-  for (auto& r : context.reducers())
+  for (auto& r : detail::ContextAccess::reducers(context))
     if (r.for_validation) mine.reducer_parts.push_back(r.per_slot(r.object));
   const auto shares = gather_shares(std::move(mine), context.communicator());
   // Decided from the gathered shares, so every rank throws (or goes on) together.
@@ -22786,7 +22807,7 @@ DETTRIAL_INLINE void reduce_user_reducers(Context& context, bool WrappedReducer:
     if (s.reducer_parts.size() != shares.front().reducer_parts.size())
       throw DistributedError("the ranks wrapped different numbers of reducers; every rank must build the same trial");
   std::size_t index = 0;
-  for (auto& r : context.reducers())
+  for (auto& r : detail::ContextAccess::reducers(context))
     if (r.*role) r.cross_slot_into(r.object, r.name, reducer_parts(shares, index++), out);
 }
 
@@ -23135,7 +23156,7 @@ DETTRIAL_INLINE void check_step_capture(const StepCapture& capture, Context& con
   if (context.aggregation_frequency() > 1)
     throw ConfigError(what + "needs aggregation_frequency 1: with " + std::to_string(context.aggregation_frequency()) +
                       " the optimizer steps on some batches only, which one graph cannot replay");
-  for (const auto& reducer : context.reducers())
+  for (const auto& reducer : detail::ContextAccess::reducers(context))
     if (reducer.for_training)
       throw TrialError(what + "replays train_batch without running its host code, so a reducer fed in train_batch (" +
                        (reducer.name.empty() ? std::string("one returning MetricValues") : "'" + reducer.name + "'") +
@@ -23399,7 +23420,7 @@ class Run {
     for (;;) {
       const std::int64_t batch_idx = st_.progress.batches_trained, epoch_idx = batch_idx / st_.epoch_len;
       const bool epoch_start = batch_idx % st_.epoch_len == 0, epoch_end = batch_idx % st_.epoch_len == st_.epoch_len - 1;
-      context_.position().current_batch = batch_idx;
+      detail::ContextAccess::position(context_).current_batch = batch_idx;
       if (epoch_start) callbacks_.template call<hook::on_training_epoch_start>(epoch_idx);
       if (!batches.has_next()) training_stream_ended(batch_idx);
       st_.profiler.before_batch(batch_idx);
@@ -23470,7 +23491,7 @@ class Run {
     training_batch_t<TrialT> batch = std::move(loaded);
     const std::int64_t records = record_count(batch);
     workload.records += records;
-    context_.begin_training_batch(records);
+    detail::ContextAccess::begin_training_batch(context_, records);
     Metrics metrics;
     if (step_graph_.captured() && step_graph_.fits(batch)) {
       // The batch (on the device already: CopyAhead) is copied into the graph's inputs; the
@@ -23496,7 +23517,7 @@ class Run {
         metrics = eager_step(batch, workload, batch_idx, epoch_idx, sync_timings);
       }
     }
-    context_.finish_batch(batch_idx);
+    detail::ContextAccess::finish_batch(context_, batch_idx);
     workload.means.add(metrics, batch_idx);
     if constexpr (Set::wants_batch_metrics) workload.batch_metrics.push_back(detached(metrics));
   }
@@ -23640,7 +23661,7 @@ class Run {
     if (chief[2]) restore_data_seed(*train_loader_, static_cast<std::uint64_t>(chief[1]));
     if (chief[4]) restore_data_seed(*validation_loader_, static_cast<std::uint64_t>(chief[3]));
     st_.require_same_settings(*comm, context_);
-    context_.seed_rank_stream();
+    detail::ContextAccess::seed_rank_stream(context_);
   }
 
   /**
@@ -23787,11 +23808,11 @@ class Trainer {
     static_assert(std::constructible_from<TrialT, Context&, Args...> || std::constructible_from<TrialT, Args...>,
                   "dettrial::Trainer<T>: T must be constructible from (dettrial::Context&, args...) or from (args...), "
                   "where args are the Trainer's arguments after the context");
-    if (context_.has_registrations())
+    if (detail::ContextAccess::has_registrations(context_))
       throw TrialError("this context already serves a trainer; give each Trainer its own dettrial::Context");
     if constexpr (trial_ok) {
       // If building fails half-way, the context must not keep pointers into the half-built trial.
-      auto release = detail::on_scope_exit([this] { context_.release_registrations(); });
+      auto release = detail::on_scope_exit([this] { detail::ContextAccess::release_registrations(context_); });
       build(std::forward<Args>(args)...);
       release.dismiss();
     }
@@ -23816,7 +23837,7 @@ class Trainer {
   Trainer(const Trainer&) = delete;
   Trainer& operator=(const Trainer&) = delete;
   /// The context forgets the trial's models, optimizers, schedulers and reducers (they die with it).
-  ~Trainer() { context_.release_registrations(); }
+  ~Trainer() { detail::ContextAccess::release_registrations(context_); }
 
   TrialT& trial() { return *trial_; }
   Context& context() { return context_; }

@@ -375,7 +375,7 @@ DETTRIAL_INLINE std::optional<StateDict> python_group(const c10::IValue& optimiz
 
 DETTRIAL_INLINE void ContextCheckpoint::add_scheduler_group_entries(Context& c, c10::impl::GenericList& optimizers) {
   for (std::size_t i = 0; i < c.num_lr_schedulers(); ++i) {
-    const WrappedScheduler& s = c.lr_scheduler(i);
+    const WrappedScheduler& s = detail::ContextAccess::lr_scheduler(c, i);
     if (!s.python_param_group) continue;
     const std::size_t o = checkpoint_detail::optimizer_index(c, s.driven_optimizer(s.scheduler));
     if (o >= optimizers.size()) continue;  // a scheduler of an optimizer the trial did not wrap: Python has no groups for it
@@ -408,7 +408,7 @@ DETTRIAL_INLINE StateDict ContextCheckpoint::python_state(Context& c, const std:
   add_scheduler_group_entries(c, optimizers);
   c10::impl::GenericList schedulers(c10::AnyType::get());
   for (std::size_t i = 0; i < c.num_lr_schedulers(); ++i) {
-    const WrappedScheduler& s = c.lr_scheduler(i);
+    const WrappedScheduler& s = detail::ContextAccess::lr_scheduler(c, i);
     StateDict d(c10::StringType::get(), c10::AnyType::get());
     if (s.python_state) {  // dettrial::optim's schedulers write Python's own state dict
       s.python_state(s.scheduler, d);
@@ -434,7 +434,7 @@ DETTRIAL_INLINE StateDict ContextCheckpoint::python_state(Context& c, const std:
   }
   // NumPy's and Python's generators, which Determined restores (and requires): carried from the
   // Determined checkpoint this run continues, else as Determined seeds them with the trial seed.
-  const c10::IValue& carried = c.position().python_generators;
+  const c10::IValue& carried = detail::ContextAccess::position(c).python_generators;
   const bool carry = carried.isGenericDict();
   rng.insert("np_rng_state", carry ? carried.toGenericDict().at("np_rng_state") : numpy_seeded_state(c.get_trial_seed()));
   rng.insert("random_rng_state", carry ? carried.toGenericDict().at("random_rng_state") : python_random_seeded_state(c.get_trial_seed()));
@@ -484,9 +484,10 @@ DETTRIAL_INLINE std::optional<NativeState> ContextCheckpoint::native_state(Conte
   out.archive.write("optimizers", optimizers);
   torch::serialize::OutputArchive schedulers;
   for (std::size_t i = 0; i < c.num_lr_schedulers(); ++i) {
-    if (c.lr_scheduler(i).load_python_state) continue;
+    const WrappedScheduler& s = detail::ContextAccess::lr_scheduler(c, i);
+    if (s.load_python_state) continue;
     torch::serialize::OutputArchive one;
-    c.lr_scheduler(i).save(c.lr_scheduler(i).scheduler, one);
+    s.save(s.scheduler, one);
     schedulers.write(std::to_string(i), one);
     any = true;
   }
@@ -566,7 +567,7 @@ DETTRIAL_INLINE void ContextCheckpoint::load_rng(Context& c, const StateDict& to
   c10::impl::GenericDict carried(c10::StringType::get(), c10::AnyType::get());
   carried.insert("np_rng_state", c10::ivalue::Tuple::create(std::move(np_state)));
   carried.insert("random_rng_state", py->value());
-  c.position().python_generators = carried;
+  detail::ContextAccess::position(c).python_generators = carried;
 }
 
 /// Refuses a part of a checkpoint that holds an object of a type dettrial does not read, naming the part.
@@ -629,7 +630,7 @@ DETTRIAL_INLINE void ContextCheckpoint::load_python_layout(Context& c, const Sta
   const auto schedulers = list_of("lr_schedulers_state_dict", c.num_lr_schedulers(), "LR scheduler(s)");
   for (std::size_t i = 0; i < schedulers.size(); ++i)
     part("LR scheduler " + std::to_string(i), [&] {
-      const WrappedScheduler& s = c.lr_scheduler(i);
+      const WrappedScheduler& s = detail::ContextAccess::lr_scheduler(c, i);
       torch::serialize::InputArchive one;
       if (!s.load_python_state && archived("schedulers", i, one)) return load_native_scheduler(c, i, one, native_what);
       const std::string name = what + ", LR scheduler " + std::to_string(i) + (s.type.empty() ? std::string() : " (" + s.type + ")");
@@ -687,7 +688,8 @@ DETTRIAL_INLINE void ContextCheckpoint::load_native_optimizer(Context& c, std::s
 DETTRIAL_INLINE void ContextCheckpoint::load_native_scheduler(Context& c, std::size_t i, torch::serialize::InputArchive& one,
                                                               const std::string& what) {
   try {
-    c.lr_scheduler(i).load(c.lr_scheduler(i).scheduler, one);
+    const WrappedScheduler& s = detail::ContextAccess::lr_scheduler(c, i);
+    s.load(s.scheduler, one);
   } catch (const std::exception& e) {
     throw CheckpointError(what + ": LR scheduler " + std::to_string(i) + " cannot be restored: " + first_line(e.what()));
   }

@@ -129,6 +129,10 @@ struct AveragingSchedule {
   std::int64_t warmup_steps = 0;
 };
 
+namespace detail {
+struct ContextAccess;
+}  // namespace detail
+
 /**
  * @brief What a trial sees of its run (Determined's PyTorchTrialContext).
  *
@@ -463,26 +467,23 @@ class Context {
   /// The wrapped average (its state dict is Python's AveragedModel's), or null.
   std::shared_ptr<optim::AveragedWeights> averaged_weights() const { return average_ ? average_->weights : nullptr; }
 
-  /// True while a trainer's trial is registered here.
-  bool has_registrations() const { return !models_.empty() || !optimizers_.empty() || !schedulers_.empty() || !reducers_.empty(); }
-  /// Forgets every wrapped object (called when their trainer goes away).
-  void release_registrations();
-
   /// Every wrapped model, in wrap order.
   const std::vector<std::shared_ptr<torch::nn::Module>>& models() const { return models_; }
   std::size_t num_optimizers() const { return optimizers_.size(); }
   /// Wrapped optimizer `i`, in wrap order.
   torch::optim::Optimizer& optimizer(std::size_t i) const { return *optimizers_.at(i).optimizer; }
   std::size_t num_lr_schedulers() const { return schedulers_.size(); }
-  /// Wrapped LR scheduler `i` (type-erased: how to step, save and restore it), in wrap order.
-  const detail::WrappedScheduler& lr_scheduler(std::size_t i) const { return schedulers_.at(i); }
+  /// Whether gradients are summed in the data stream's order (reproducibility.rank_invariant).
+  bool rank_invariant() const { return ordered_ != nullptr; }
 
-  // ---- driven by the trainer (trials read the counters and metrics above) ---------------------
+ private:
+  // ---- driven by the trainer alone, through detail::ContextAccess ------------------------------
+  friend struct detail::ContextAccess;
 
-  /// Where the running fit stands; the trainer moves it, the counters above read it.
-  detail::RunPosition& position() { return position_; }
-  /// The wrapped reducers, reset and reduced by the trainer at each workload.
-  std::span<detail::WrappedReducer> reducers() { return reducers_; }
+  /// True while a trainer's trial is registered here.
+  bool has_registrations() const { return !models_.empty() || !optimizers_.empty() || !schedulers_.empty() || !reducers_.empty(); }
+  /// Forgets every wrapped object (called when their trainer goes away).
+  void release_registrations();
 
   /// Ends training batch `batch_idx` (the trainer calls it after train_batch): on an update batch
   /// (every `aggregation_frequency`-th, the one that stepped the optimizers) the gradient scaler's
@@ -504,15 +505,12 @@ class Context {
   void begin_training_batch(std::int64_t records) {
     if (ordered_) seed_micro_batch(records);
   }
-  /// Whether gradients are summed in the data stream's order (reproducibility.rank_invariant).
-  bool rank_invariant() const { return ordered_ != nullptr; }
 
   /// In a job, after the trial and its data loaders were built from the same seed on every rank:
   /// ranks other than the chief continue on a stream of their own, derived from the trial seed and
   /// the rank, so that their dropout masks and other draws differ.
   void seed_rank_stream() const;
 
- private:
   /// Steps the schedulers per their mode after update batch `batch_idx`.
   void step_lr_schedulers(std::int64_t batch_idx);
   struct WrappedAverage {
@@ -604,6 +602,27 @@ class Context {
   std::int64_t ordered_combined_at_ = -1;  // the update batch whose gradients were combined
   GradScaler* scaler_ = nullptr;
 };
+
+namespace detail {
+/**
+ * @brief The one way into what only dettrial's trainer and checkpoints do with a Context: the run's
+ * position, the reducers and schedulers as they drive them, a training batch's beginning and end,
+ * and the registrations' lifetime. Context keeps these private, so a trial's view of its context
+ * (its public members) holds only what Determined's context offers a trial.
+ */
+struct ContextAccess {
+  static RunPosition& position(Context& c) { return c.position_; }
+  static const RunPosition& position(const Context& c) { return c.position_; }
+  static std::span<WrappedReducer> reducers(Context& c) { return c.reducers_; }
+  /// Wrapped LR scheduler `i` (type-erased: how to step, save and restore it), in wrap order.
+  static const WrappedScheduler& lr_scheduler(const Context& c, std::size_t i) { return c.schedulers_.at(i); }
+  static void begin_training_batch(Context& c, std::int64_t records) { c.begin_training_batch(records); }
+  static void finish_batch(Context& c, std::int64_t batch_idx) { c.finish_batch(batch_idx); }
+  static void seed_rank_stream(const Context& c) { c.seed_rank_stream(); }
+  static bool has_registrations(const Context& c) { return c.has_registrations(); }
+  static void release_registrations(Context& c) { c.release_registrations(); }
+};
+}  // namespace detail
 
 }  // namespace dettrial
 

@@ -164,7 +164,7 @@ class Run {
     for (;;) {
       const std::int64_t batch_idx = st_.progress.batches_trained, epoch_idx = batch_idx / st_.epoch_len;
       const bool epoch_start = batch_idx % st_.epoch_len == 0, epoch_end = batch_idx % st_.epoch_len == st_.epoch_len - 1;
-      context_.position().current_batch = batch_idx;
+      detail::ContextAccess::position(context_).current_batch = batch_idx;
       if (epoch_start) callbacks_.template call<hook::on_training_epoch_start>(epoch_idx);
       if (!batches.has_next()) training_stream_ended(batch_idx);
       st_.profiler.before_batch(batch_idx);
@@ -235,7 +235,7 @@ class Run {
     training_batch_t<TrialT> batch = std::move(loaded);
     const std::int64_t records = record_count(batch);
     workload.records += records;
-    context_.begin_training_batch(records);
+    detail::ContextAccess::begin_training_batch(context_, records);
     Metrics metrics;
     if (step_graph_.captured() && step_graph_.fits(batch)) {
       // The batch (on the device already: CopyAhead) is copied into the graph's inputs; the
@@ -261,7 +261,7 @@ class Run {
         metrics = eager_step(batch, workload, batch_idx, epoch_idx, sync_timings);
       }
     }
-    context_.finish_batch(batch_idx);
+    detail::ContextAccess::finish_batch(context_, batch_idx);
     workload.means.add(metrics, batch_idx);
     if constexpr (Set::wants_batch_metrics) workload.batch_metrics.push_back(detached(metrics));
   }
@@ -405,7 +405,7 @@ class Run {
     if (chief[2]) restore_data_seed(*train_loader_, static_cast<std::uint64_t>(chief[1]));
     if (chief[4]) restore_data_seed(*validation_loader_, static_cast<std::uint64_t>(chief[3]));
     st_.require_same_settings(*comm, context_);
-    context_.seed_rank_stream();
+    detail::ContextAccess::seed_rank_stream(context_);
   }
 
   /**

@@ -316,7 +316,7 @@ DETTRIAL_INLINE RunState RunState::begin(Context& context, FitOptions options) {
     st.same_trial = st.resumed->trial_id == o.trial_id;
   }
   st.result.output_dir = o.output_dir;
-  context.position().output_dir = o.output_dir;
+  detail::ContextAccess::position(context).output_dir = o.output_dir;
   const std::filesystem::path storage = o.checkpoint_dir.empty() ? RunFolder{o.output_dir}.checkpoints() : o.checkpoint_dir;
   st.result.checkpoint_dir = storage;
   // One writer per job: the chief reports and writes metrics.jsonl, event files and checkpoints.
@@ -372,11 +372,11 @@ DETTRIAL_INLINE void RunState::settle_epoch_length(Context& context) {
   // least 1), whatever the loader's own length; the data still reshuffles at its own epochs.
   if (const std::int64_t records = context.get_experiment_config().records_per_epoch; records > 0)
     epoch_len = std::max<std::int64_t>(records / context.get_global_batch_size(), 1);
-  context.position().epoch_len = epoch_len;
+  detail::ContextAccess::position(context).epoch_len = epoch_len;
 }
 
 DETTRIAL_INLINE void RunState::start_position(Context& context) {
-  RunPosition& position = context.position();
+  RunPosition& position = detail::ContextAccess::position(context);
   position.initial_batch = progress.batches_trained;  // the training stream skips what was trained
   position.current_batch = progress.batches_trained;
   result.resumed_from_batch = progress.batches_trained;
@@ -466,7 +466,7 @@ DETTRIAL_INLINE Reached RunState::boundaries_after(std::int64_t batch_idx, std::
 
 DETTRIAL_INLINE void RunState::begin_workload(Context& context, Workload& workload) {
   for (const auto& m : context.models()) m->train();
-  for (auto& r : context.reducers())
+  for (auto& r : detail::ContextAccess::reducers(context))
     if (r.for_training) r.reset(r.object);
   workload.means.reset();
   workload.batch_metrics.clear();
@@ -481,7 +481,7 @@ DETTRIAL_INLINE const MetricValues& RunState::report_training(Context& context, 
   const double seconds = reporter.elapsed();
   RankShare mine{.batches = workload.means.batches(), .records = workload.records};
   for (const auto& [name, value] : workload.means.means()) mine.totals.push_back({name, Reducer::avg, value});
-  for (auto& r : context.reducers())
+  for (auto& r : detail::ContextAccess::reducers(context))
     if (r.for_training) mine.reducer_parts.push_back(r.per_slot(r.object));
   const auto shares = gather_shares(std::move(mine), context.communicator());
   MetricValues avg;
@@ -499,12 +499,12 @@ DETTRIAL_INLINE const MetricValues& RunState::report_training(Context& context, 
 DETTRIAL_INLINE void RunState::begin_validation(Context& context) {
   agree_on_buffers(context);
   for (const auto& m : context.models()) m->eval();
-  for (auto& r : context.reducers())
+  for (auto& r : detail::ContextAccess::reducers(context))
     if (r.for_validation) r.reset(r.object);
 }
 
 DETTRIAL_INLINE MetricValues RunState::reduce_validation(Context& context, RankShare mine, std::int64_t& records) const {
-  for (auto& r : context.reducers())
+  for (auto& r : detail::ContextAccess::reducers(context))
     if (r.for_validation) mine.reducer_parts.push_back(r.per_slot(r.object));
   const auto shares = gather_shares(std::move(mine), context.communicator());
   // Decided from the gathered shares, so every rank throws (or goes on) together.
@@ -690,7 +690,7 @@ DETTRIAL_INLINE void reduce_user_reducers(Context& context, bool WrappedReducer:
     if (s.reducer_parts.size() != shares.front().reducer_parts.size())
       throw DistributedError("the ranks wrapped different numbers of reducers; every rank must build the same trial");
   std::size_t index = 0;
-  for (auto& r : context.reducers())
+  for (auto& r : detail::ContextAccess::reducers(context))
     if (r.*role) r.cross_slot_into(r.object, r.name, reducer_parts(shares, index++), out);
 }
 

@@ -341,7 +341,7 @@ DETTRIAL_INLINE void check_step_capture(const StepCapture& capture, Context& con
   if (context.aggregation_frequency() > 1)
     throw ConfigError(what + "needs aggregation_frequency 1: with " + std::to_string(context.aggregation_frequency()) +
                       " the optimizer steps on some batches only, which one graph cannot replay");
-  for (const auto& reducer : context.reducers())
+  for (const auto& reducer : detail::ContextAccess::reducers(context))
     if (reducer.for_training)
       throw TrialError(what + "replays train_batch without running its host code, so a reducer fed in train_batch (" +
                        (reducer.name.empty() ? std::string("one returning MetricValues") : "'" + reducer.name + "'") +

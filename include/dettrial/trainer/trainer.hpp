@@ -64,11 +64,11 @@ class Trainer {
     static_assert(std::constructible_from<TrialT, Context&, Args...> || std::constructible_from<TrialT, Args...>,
                   "dettrial::Trainer<T>: T must be constructible from (dettrial::Context&, args...) or from (args...), "
                   "where args are the Trainer's arguments after the context");
-    if (context_.has_registrations())
+    if (detail::ContextAccess::has_registrations(context_))
       throw TrialError("this context already serves a trainer; give each Trainer its own dettrial::Context");
     if constexpr (trial_ok) {
       // If building fails half-way, the context must not keep pointers into the half-built trial.
-      auto release = detail::on_scope_exit([this] { context_.release_registrations(); });
+      auto release = detail::on_scope_exit([this] { detail::ContextAccess::release_registrations(context_); });
       build(std::forward<Args>(args)...);
       release.dismiss();
     }
@@ -93,7 +93,7 @@ class Trainer {
   Trainer(const Trainer&) = delete;
   Trainer& operator=(const Trainer&) = delete;
   /// The context forgets the trial's models, optimizers, schedulers and reducers (they die with it).
-  ~Trainer() { context_.release_registrations(); }
+  ~Trainer() { detail::ContextAccess::release_registrations(context_); }
 
   TrialT& trial() { return *trial_; }
   Context& context() { return context_; }
