@@ -1079,6 +1079,15 @@ class ExperimentConfig {
     return names;
   }
 
+  /**
+   * @brief The hyperparameters of the one trial this config describes: `const` entries and plain
+   * values resolved, nested maps kept. A search space (int, double, log, categorical) has no single
+   * value, so it is an error that names it.
+   */
+  Hyperparameters trial_hyperparameters() const { return Hyperparameters(resolve_constants(hyperparameters, ""), source); }
+
+ private:
+  // The reader: one function per part of the document, and the schema check.
   /// The searchers dettrial runs, and the names Determined removed.
   template <class R>  // the Reader, declared below
   static void read_search_fields(const YAML::Node& s, const std::string& source, const R& r, const std::string& name,
@@ -1133,14 +1142,6 @@ class ExperimentConfig {
   static void check_map(const YAML::Node& map, const std::string& prefix, const std::vector<std::string>& known,
                         const std::vector<std::string>& cluster, const std::string& source, std::vector<std::string>& ignored);
 
-  /**
-   * @brief The hyperparameters of the one trial this config describes: `const` entries and plain
-   * values resolved, nested maps kept. A search space (int, double, log, categorical) has no single
-   * value, so it is an error that names it.
-   */
-  Hyperparameters trial_hyperparameters() const { return Hyperparameters(resolve_constants(hyperparameters, ""), source); }
-
- private:
   YAML::Node resolve_constants(const YAML::Node& map, const std::string& prefix) const;
 
   struct Reader {
