@@ -22077,6 +22077,10 @@ DETTRIAL_INLINE void stop_with_supervisor(pid_t supervisor);
 
 /// The variable that tells a child its supervisor's pid.
 inline constexpr const char* supervisor_pid_variable = "DETTRIAL_SUPERVISOR_PID";
+/// Set (to 1) by a search's runner in each trial process it starts, locally or as a Slurm job: the
+/// trial waits for the run folder's lock that its predecessor (a restarted attempt) may still hold.
+/// (DET_TRIAL_ID is the trial's id for `context.get_trial_id()`, which a user may also set.)
+inline constexpr const char* search_trial_variable = "DETTRIAL_SEARCH_TRIAL";
 
 }  // namespace dettrial::detail
 

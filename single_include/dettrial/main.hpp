@@ -1126,7 +1126,8 @@ DETTRIAL_INLINE void Experiment::launch(std::int64_t id) {
   // Determined's own variables: context.get_trial_id() / get_experiment_id().
   detail::TrialCommand command{.program = options_.program.string(),
                                .args = std::move(args),
-                               .extra_env = {"DET_TRIAL_ID=" + std::to_string(id), "DET_EXPERIMENT_ID=" + std::to_string(experiment_id_)}};
+                               .extra_env = {"DET_TRIAL_ID=" + std::to_string(id), "DET_EXPERIMENT_ID=" + std::to_string(experiment_id_),
+                                             std::string(detail::search_trial_variable) + "=1"}};
   if (!mlflow_run_id_.empty()) command.extra_env.push_back(std::string(MlflowSettings::parent_run_variable) + "=" + mlflow_run_id_);
   if (slurm_) {
     command = slurm_->job_command(id, config_.slots_per_trial, config_.slurm_args, std::move(command));
@@ -2154,9 +2155,10 @@ int train_trial(const CommandLine& line, const RunPlan& plan, const LaunchEnviro
   const std::shared_ptr<Communicator> communicator = connect_ranks(line, env);
   FitOptions options = fit_options_for(line, plan, Trainer<TrialT>::default_output_dir());
   // Locked before anything in the run folder changes (start_afresh rewrites its records); the
-  // trainer shares this lock. A search's trial (DET_TRIAL_ID) waits for one its runner's
-  // predecessor started, which ends with a checkpoint; the runner holds the experiment's lock.
-  const auto patience = std::getenv("DET_TRIAL_ID") ? std::chrono::seconds(600) : std::chrono::seconds(0);
+  // trainer shares this lock. A search's trial waits for one its runner's predecessor started,
+  // which ends with a checkpoint; the runner holds the experiment's lock.
+  const char* search_trial = std::getenv(detail::search_trial_variable);
+  const auto patience = search_trial && *search_trial ? std::chrono::seconds(600) : std::chrono::seconds(0);
   const FolderLock lock = env.rank == 0 ? FolderLock::acquire(RunFolder{options.output_dir}.lock(), "run folder", patience) : FolderLock{};
   const bool restarted_afresh = continue_restarted_job(plan, env, options);
   if (env.rank == 0 && (restarted_afresh || (!plan.afresh.empty() && !options.latest_checkpoint)))

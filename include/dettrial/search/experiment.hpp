@@ -664,7 +664,8 @@ DETTRIAL_INLINE void Experiment::launch(std::int64_t id) {
   // Determined's own variables: context.get_trial_id() / get_experiment_id().
   detail::TrialCommand command{.program = options_.program.string(),
                                .args = std::move(args),
-                               .extra_env = {"DET_TRIAL_ID=" + std::to_string(id), "DET_EXPERIMENT_ID=" + std::to_string(experiment_id_)}};
+                               .extra_env = {"DET_TRIAL_ID=" + std::to_string(id), "DET_EXPERIMENT_ID=" + std::to_string(experiment_id_),
+                                             std::string(detail::search_trial_variable) + "=1"}};
   if (!mlflow_run_id_.empty()) command.extra_env.push_back(std::string(MlflowSettings::parent_run_variable) + "=" + mlflow_run_id_);
   if (slurm_) {
     command = slurm_->job_command(id, config_.slots_per_trial, config_.slurm_args, std::move(command));
