@@ -20,6 +20,8 @@ import sys
 
 import torch
 
+from adam_family_reference import fnv1a, values  # the same hash and problem values
+
 STEPS = 30
 SAVED_AT = 12
 
@@ -32,16 +34,6 @@ CONFIGS = [
     ("Muon(lr=0.05, ns_coefficients=(2.0, -1.5, 0.5), adjust_lr_fn='original')",
      dict(lr=0.05, ns_coefficients=(2.0, -1.5, 0.5), adjust_lr_fn="original")),
 ]
-
-
-def fnv1a(h, data):
-    for byte in data:
-        h = ((h ^ byte) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
-    return h
-
-
-def values(n, scale, shift):
-    return torch.arange(n, dtype=torch.float32).mul(scale).add(shift)
 
 
 def main(folder):

@@ -1,18 +1,38 @@
 // The problem tests/python/muon_reference.py steps torch.optim.Muon on, for the tests that compare
 // dettrial::optim::Muon with it (tests/unit/optim_test.cpp, and from Python's own file,
-// tests/unit/mnist_test.cpp).
+// tests/unit/mnist_test.cpp); and the hash and state-dict keys the optimizer parity tests compare.
 #pragma once
 
 #include <cstdint>
 #include <memory>
+#include <set>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include <dettrial/dettrial.hpp>
 
 namespace muon_problem {
+
+/// FNV-1a 64 over a tensor's bytes, as the reference scripts hash numpy's `tobytes()`.
+inline void fnv1a(std::uint64_t& h, const torch::Tensor& t) {
+  const torch::Tensor c = t.detach().contiguous();
+  const auto* bytes = static_cast<const unsigned char*>(c.data_ptr());
+  for (std::size_t i = 0; i < c.nbytes(); ++i) h = (h ^ bytes[i]) * 0x100000001b3ULL;
+}
+
+/// The keys of the first group (less `params`) and of the first parameter's state of an optimizer's
+/// state dict in Python's layout, for comparison with the ones Python's state_dict() has.
+inline std::pair<std::set<std::string>, std::set<std::string>> python_layout_keys(torch::optim::Optimizer& opt) {
+  const auto state = dettrial::optimizer_state_dict(opt);
+  std::set<std::string> group_keys, state_keys;
+  for (const auto& e : state.at("param_groups").toListRef()[0].toGenericDict())
+    if (e.key().toStringRef() != "params") group_keys.insert(e.key().toStringRef());
+  for (const auto& e : state.at("state").toGenericDict().at(0).toGenericDict()) state_keys.insert(e.key().toStringRef());
+  return {group_keys, state_keys};
+}
 
 /// w (3 x 4, wide) and v (5 x 2, tall), starting at ((arange(n) * 0.3) % 2 - 1).
 inline std::vector<torch::Tensor> muon_params() {
@@ -46,11 +66,7 @@ inline void muon_steps(torch::optim::Optimizer& opt, std::vector<torch::Tensor>&
           torch::arange(p.numel(), torch::kFloat32).mul(0.7).add(1.1 * k).remainder(3.0).sub(1.5).div(4.0).reshape(p.sizes());
     opt.step();
     for (auto& p : params) {
-      const auto add = [&](const torch::Tensor& t) {
-        const torch::Tensor c = t.detach().contiguous();
-        const auto* bytes = static_cast<const unsigned char*>(c.data_ptr());
-        for (std::size_t i = 0; i < c.nbytes(); ++i) h = (h ^ bytes[i]) * 0x100000001b3ULL;
-      };
+      const auto add = [&](const torch::Tensor& t) { fnv1a(h, t); };
       add(p);
       using StateMap = std::remove_cvref_t<decltype(opt.state())>;
       add(static_cast<const dettrial::optim::MuonParamState&>(*opt.state().at(dettrial::detail::optimizer_state_key<StateMap>(p)))

@@ -660,11 +660,7 @@ void adam_family_steps(torch::optim::Optimizer& opt, std::vector<torch::Tensor>&
     for (auto& p : params) p.mutable_grad() = reference_values(p.numel(), 0.7, 1.1 * k).remainder(3.0).sub(1.5).div(4.0).reshape(p.sizes());
     opt.step();
     for (auto& p : params) {
-      const auto add = [&](const torch::Tensor& t) {
-        const torch::Tensor c = t.detach().contiguous();
-        const auto* bytes = static_cast<const unsigned char*>(c.data_ptr());
-        for (std::size_t i = 0; i < c.nbytes(); ++i) h = (h ^ bytes[i]) * 0x100000001b3ULL;
-      };
+      const auto add = [&](const torch::Tensor& t) { muon_problem::fnv1a(h, t); };
       add(p);
       const auto& s = static_cast<const dettrial::optim::AdamFamilyParamState&>(
           *opt.state().at(dettrial::detail::optimizer_state_key<std::remove_cvref_t<decltype(opt.state())>>(p)));
@@ -698,11 +694,7 @@ TEST_CASE("NAdam, RAdam and Adamax step as torch.optim's do, bit for bit, and co
 #endif
 
     // Python's layout: the same keys as Python's state_dict(), and the run continues from it.
-    const auto state = dettrial::optimizer_state_dict(*opt);
-    std::set<std::string> group_keys, state_keys;
-    for (const auto& e : state.at("param_groups").toListRef()[0].toGenericDict())
-      if (e.key().toStringRef() != "params") group_keys.insert(e.key().toStringRef());
-    for (const auto& e : state.at("state").toGenericDict().at(0).toGenericDict()) state_keys.insert(e.key().toStringRef());
+    const auto [group_keys, state_keys] = muon_problem::python_layout_keys(*opt);
     CHECK(group_keys == std::set<std::string>(r.group_keys.begin(), r.group_keys.end()));
     CHECK(state_keys == std::set<std::string>(r.state_keys.begin(), r.state_keys.end()));
 
@@ -775,11 +767,7 @@ TEST_CASE("Muon steps as torch.optim.Muon does, bit for bit, wide and tall matri
 #else
     MESSAGE("LibTorch 1.x: " << r.config << " not compared with torch 2.15's hash (other bfloat16 kernels), only with its own resume");
 #endif
-    const auto state = dettrial::optimizer_state_dict(*opt);
-    std::set<std::string> group_keys, state_keys;
-    for (const auto& e : state.at("param_groups").toListRef()[0].toGenericDict())
-      if (e.key().toStringRef() != "params") group_keys.insert(e.key().toStringRef());
-    for (const auto& e : state.at("state").toGenericDict().at(0).toGenericDict()) state_keys.insert(e.key().toStringRef());
+    const auto [group_keys, state_keys] = muon_problem::python_layout_keys(*opt);
     CHECK(group_keys == std::set<std::string>(r.group_keys.begin(), r.group_keys.end()));
     CHECK(state_keys == std::set<std::string>(r.state_keys.begin(), r.state_keys.end()));
 
