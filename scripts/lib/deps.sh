@@ -141,14 +141,16 @@ dettrial_mlflow_python() {
 # sources (CI on a clean clone, a second scripts/test) compiles nothing again. The base folder makes
 # the paths inside this checkout relative in ccache's key, so a clone at another path (CI's) hits
 # what this one compiled; the sloppiness lets it cache translation units that use CMake's
-# precompiled headers. The tests' own builds (the consumer projects, Conan's test_package) inherit
+# precompiled headers. 16 GB: two LibTorch builds, each with precompiled headers of 700-800 MB, and
+# the objects of the last few commits (ccache's default, 5 GB, holds little more than one commit of both).
+# The tests' own builds (the consumer projects, Conan's test_package) inherit
 # these. The compile-fail cases' outputs, which ccache does not keep (it caches no failed
 # compilation), are kept beside it the same way (tests/compile_fail/build_all.py). Returns non-zero
 # without ccache.
 dettrial_ccache_env() {
   export DETTRIAL_COMPILE_FAIL_CACHE=${DETTRIAL_COMPILE_FAIL_CACHE:-$DETTRIAL_CACHE/compile-fail}
   command -v ccache >/dev/null || return 1
-  export CCACHE_DIR=${CCACHE_DIR:-$DETTRIAL_CACHE/ccache} CCACHE_MAXSIZE=${CCACHE_MAXSIZE:-8G}
+  export CCACHE_DIR=${CCACHE_DIR:-$DETTRIAL_CACHE/ccache} CCACHE_MAXSIZE=${CCACHE_MAXSIZE:-16G}
   export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$DETTRIAL_ROOT}
   export CCACHE_SLOPPINESS=${CCACHE_SLOPPINESS:-pch_defines,time_macros,include_file_mtime,include_file_ctime}
 }

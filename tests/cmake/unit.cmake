@@ -9,7 +9,7 @@
 # two thirds of a header-only program's compile time). Header-only programs are built and run too:
 # the MNIST example from single_include/, the trainer benchmark, the link-order programs and the
 # Conan package's test.
-add_executable(dettrial_unit_tests unit/main.cpp unit/config_test.cpp unit/trainer_test.cpp unit/data_test.cpp
+add_executable(dettrial_unit_tests unit/main.cpp unit/source_dir.cpp unit/config_test.cpp unit/trainer_test.cpp unit/data_test.cpp
                                    unit/checkpoint_test.cpp unit/distributed_test.cpp unit/data_parallel_test.cpp
                                    unit/search_test.cpp unit/keras_test.cpp
                                    unit/mixed_precision_test.cpp unit/optim_test.cpp
@@ -19,11 +19,11 @@ add_executable(dettrial_unit_tests unit/main.cpp unit/config_test.cpp unit/train
 target_link_libraries(dettrial_unit_tests PRIVATE dettrial::compiled doctest::doctest)
 target_compile_definitions(dettrial_unit_tests PRIVATE DETTRIAL_MNIST10K_DIR="${DETTRIAL_MNIST10K_DIR}")
 dettrial_use_compiled_pch(dettrial_unit_tests)
-set_source_files_properties(unit/main.cpp PROPERTIES SKIP_PRECOMPILE_HEADERS ON)
-# The schema test's cases are data files (tests/unit/config_schema/*.yaml), and the checkpoint
-# test's a checkpoint an earlier dettrial wrote (tests/unit/fixtures): read where they are.
-set_source_files_properties(unit/config_schema_test.cpp unit/checkpoint_test.cpp PROPERTIES COMPILE_DEFINITIONS
-                            "DETTRIAL_TESTS_SOURCE_DIR=\"${CMAKE_CURRENT_SOURCE_DIR}\"")
+# The data files some tests read (the schema test's cases, the checkpoint an earlier dettrial wrote,
+# the Python scripts) are read where they are: the checkout's path is compiled into source_dir.cpp
+# alone, which includes no LibTorch, so that the other files hit the compiler cache in any checkout.
+set_source_files_properties(unit/main.cpp unit/source_dir.cpp PROPERTIES SKIP_PRECOMPILE_HEADERS ON)
+set_source_files_properties(unit/source_dir.cpp PROPERTIES COMPILE_DEFINITIONS "DETTRIAL_TESTS_SOURCE_DIR=\"${CMAKE_CURRENT_SOURCE_DIR}\"")
 doctest_discover_tests(dettrial_unit_tests TEST_PREFIX "unit: " PROPERTIES SKIP_RETURN_CODE 77)
 
 # The command line's stage alone, with no LibTorch at all: dettrial's include folder and doctest only.
@@ -36,10 +36,10 @@ doctest_discover_tests(dettrial_command_line_tests TEST_PREFIX "unit: ")
 set(DETTRIAL_PYTHON "" CACHE FILEPATH "A Python with the torch that matches this LibTorch, for the parity and
        checkpoint interop checks")
 # End to end on real data.
-add_executable(dettrial_mnist_tests unit/main.cpp unit/mnist_test.cpp)
+add_executable(dettrial_mnist_tests unit/main.cpp unit/source_dir.cpp unit/mnist_test.cpp)
 target_link_libraries(dettrial_mnist_tests PRIVATE dettrial::compiled doctest::doctest)
 target_compile_definitions(dettrial_mnist_tests PRIVATE DETTRIAL_MNIST10K_DIR="${DETTRIAL_MNIST10K_DIR}"
-                           DETTRIAL_TEST_PYTHON="${DETTRIAL_PYTHON}" DETTRIAL_TESTS_SOURCE_DIR="${CMAKE_CURRENT_SOURCE_DIR}")
+                           DETTRIAL_TEST_PYTHON="${DETTRIAL_PYTHON}")
 dettrial_use_compiled_pch(dettrial_mnist_tests)
 doctest_discover_tests(dettrial_mnist_tests TEST_PREFIX "mnist: " PROPERTIES SKIP_RETURN_CODE 77)
 

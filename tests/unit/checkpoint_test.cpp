@@ -2,6 +2,8 @@
 // loading for use, stop signals, and clear errors for missing, damaged or mismatching checkpoints.
 #include <doctest/doctest.h>
 
+#include "source_dir.hpp"
+
 #include <chrono>
 #include <csignal>
 #include <cstdlib>
@@ -570,7 +572,7 @@ TEST_CASE("a format-1 checkpoint (LibTorch's archive of every optimizer) still r
   // frequency 2, stopped after batch 9 with one batch of gradients pending.
   const fs::path out = test::quiet({}).output_dir;
   fs::create_directories(out / "checkpoints");
-  fs::copy(fs::path(DETTRIAL_TESTS_SOURCE_DIR) / "unit/fixtures/format1-checkpoint", out / "checkpoints/format1");
+  fs::copy(fs::path(test::tests_source_dir()) / "unit/fixtures/format1-checkpoint", out / "checkpoints/format1");
   const fs::path fixture = out / "checkpoints/format1";
   REQUIRE(read_checkpoint_info(fixture).format == 1);
   const StateDict python = dettrial::detail::read_state_dict_file(fixture).at("optimizers_state_dict").toList().get(0).toGenericDict();

@@ -10,6 +10,8 @@
 
 #include <doctest/doctest.h>
 
+#include "source_dir.hpp"
+
 #include <filesystem>
 #include <optional>
 #include <string>
@@ -28,7 +30,7 @@ struct SchemaCase {
 };
 
 std::vector<SchemaCase> schema_cases(const char* file) {
-  const std::filesystem::path path = std::filesystem::path(DETTRIAL_TESTS_SOURCE_DIR) / "unit" / "config_schema" / file;
+  const std::filesystem::path path = std::filesystem::path(test::tests_source_dir()) / "unit" / "config_schema" / file;
   std::vector<SchemaCase> cases;
   for (const YAML::Node& c : YAML::LoadFile(path.string()))
     cases.push_back({c["name"].as<std::string>(), c["config"].as<std::string>(), c["reason"] ? c["reason"].as<std::string>() : ""});

@@ -6,6 +6,7 @@
 #include "../../examples/mnist/mnist_trial.hpp"
 #include "muon_problem.hpp"
 #include "skip.hpp"
+#include "source_dir.hpp"
 
 using namespace dettrial;
 
@@ -128,7 +129,8 @@ TEST_CASE("weights written by Python load into the same network in C++") {
   if (python.empty()) return test::skip("no Python with this LibTorch's torch given (-DDETTRIAL_PYTHON=...)");
   const std::filesystem::path dir = std::filesystem::temp_directory_path() / ("dettrial-python-weights-" + std::to_string(::getpid()));
   std::filesystem::remove_all(dir);
-  const std::string command = "'" + python + "' '" DETTRIAL_TESTS_SOURCE_DIR "/python/write_weights.py' '" + dir.string() + "'";
+  const std::string command =
+      "'" + python + "' '" + std::string(test::tests_source_dir()) + "/python/write_weights.py' '" + dir.string() + "'";
   const int status = std::system(command.c_str());
   if (WIFEXITED(status) && WEXITSTATUS(status) == 77) return test::skip(python + " has no torch");
   REQUIRE_MESSAGE(status == 0, command);
@@ -187,8 +189,8 @@ TEST_CASE("Muon continues from the state torch.optim.Muon saved, to Python's num
   const std::filesystem::path dir = std::filesystem::temp_directory_path() / ("dettrial-python-muon-" + std::to_string(::getpid()));
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
-  const std::string command = "'" + python + "' '" DETTRIAL_TESTS_SOURCE_DIR "/python/muon_reference.py' '" + dir.string() + "' > '" +
-                              (dir / "hashes.txt").string() + "'";
+  const std::string command = "'" + python + "' '" + std::string(test::tests_source_dir()) + "/python/muon_reference.py' '" + dir.string() +
+                              "' > '" + (dir / "hashes.txt").string() + "'";
   const int status = std::system(command.c_str());
   if (WIFEXITED(status) && WEXITSTATUS(status) == 77) {
     std::filesystem::remove_all(dir);
@@ -275,7 +277,8 @@ TEST_CASE("optimizer states in Python's layout load into torch.optim and step on
   write("RAdam", [](auto p) { return RAdam(p, RAdamOptions(0.01).weight_decay(0.01)); });
   write("Adamax", [](auto p) { return Adamax(p, AdamaxOptions(0.01).betas({0.8, 0.99})); });
   write("Muon", [](auto p) { return Muon(p, MuonOptions(0.02).adjust_lr_fn(MuonLrAdjustment::match_rms_adamw)); }, false);
-  const std::string command = "'" + python + "' '" DETTRIAL_TESTS_SOURCE_DIR "/python/load_optimizers.py' '" + dir.string() + "'";
+  const std::string command =
+      "'" + python + "' '" + std::string(test::tests_source_dir()) + "/python/load_optimizers.py' '" + dir.string() + "'";
   const int status = std::system(command.c_str());
   if (WIFEXITED(status) && WEXITSTATUS(status) == 77) return test::skip(python + " has no torch");
   CHECK_MESSAGE(status == 0, command);
