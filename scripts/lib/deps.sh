@@ -144,11 +144,11 @@ dettrial_mlflow_python() {
 # precompiled headers. 16 GB: two LibTorch builds, each with precompiled headers of 700-800 MB, and
 # the objects of the last few commits (ccache's default, 5 GB, holds little more than one commit of both).
 # The tests' own builds (the consumer projects, Conan's test_package) inherit
-# these. The compile-fail cases' outputs, which ccache does not keep (it caches no failed
-# compilation), are kept beside it the same way (tests/compile_fail/build_all.py). Returns non-zero
-# without ccache.
+# these. What ccache cannot keep, the compile-fail cases' outputs (it caches no failed compilation)
+# and the headers' syntax checks (no object), is kept beside it the same way
+# (tools/compile_check_cache.py). Returns non-zero without ccache.
 dettrial_ccache_env() {
-  export DETTRIAL_COMPILE_FAIL_CACHE=${DETTRIAL_COMPILE_FAIL_CACHE:-$DETTRIAL_CACHE/compile-fail}
+  export DETTRIAL_COMPILE_CHECK_CACHE=${DETTRIAL_COMPILE_CHECK_CACHE:-$DETTRIAL_CACHE/compile-checks}
   command -v ccache >/dev/null || return 1
   export CCACHE_DIR=${CCACHE_DIR:-$DETTRIAL_CACHE/ccache} CCACHE_MAXSIZE=${CCACHE_MAXSIZE:-16G}
   export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$DETTRIAL_ROOT}
