@@ -8,6 +8,13 @@
 
 namespace dettrial {
 
+namespace detail {
+/// The one sentence for an argument outside its rule: "<owner>: <argument> must be <rule>, not <value>"
+/// (the optimizers' and schedulers' checks, as Python's constructors check them).
+[[noreturn]] inline void throw_invalid_argument(const std::string& owner, const std::string& argument, const std::string& rule,
+                                                const std::string& value);
+}  // namespace detail
+
 /// Base of every error dettrial reports; `what()` is one readable sentence.
 struct Error : std::runtime_error {
   using std::runtime_error::runtime_error;
@@ -47,5 +54,10 @@ struct DistributedError : Error {
 struct FolderInUseError : Error {
   using Error::Error;
 };
+
+[[noreturn]] inline void detail::throw_invalid_argument(const std::string& owner, const std::string& argument, const std::string& rule,
+                                                        const std::string& value) {
+  throw ConfigError(owner + ": " + argument + " must be " + rule + ", not " + value);
+}
 
 }  // namespace dettrial

@@ -39,6 +39,13 @@ inline constexpr const char* version = DETTRIAL_VERSION_STRING;
 
 namespace dettrial {
 
+namespace detail {
+/// The one sentence for an argument outside its rule: "<owner>: <argument> must be <rule>, not <value>"
+/// (the optimizers' and schedulers' checks, as Python's constructors check them).
+[[noreturn]] inline void throw_invalid_argument(const std::string& owner, const std::string& argument, const std::string& rule,
+                                                const std::string& value);
+}  // namespace detail
+
 /// Base of every error dettrial reports; `what()` is one readable sentence.
 struct Error : std::runtime_error {
   using std::runtime_error::runtime_error;
@@ -78,6 +85,11 @@ struct DistributedError : Error {
 struct FolderInUseError : Error {
   using Error::Error;
 };
+
+[[noreturn]] inline void detail::throw_invalid_argument(const std::string& owner, const std::string& argument, const std::string& rule,
+                                                        const std::string& value) {
+  throw ConfigError(owner + ": " + argument + " must be " + rule + ", not " + value);
+}
 
 }  // namespace dettrial
 // ---- end dettrial/error.hpp
@@ -4338,8 +4350,7 @@ concept SingleTensorUpdate = requires(const typename U::Options& o, const torch:
 /// Throws Python's refusal of an option as one sentence: "dettrial::optim::NAdam: lr must be at least
 /// 0, not -1" (`where` names the parameter group, or is empty for the defaults).
 [[noreturn]] inline void invalid_option(const char* optimizer, const std::string& where, const char* name, double value, const char* rule) {
-  throw ConfigError(std::string("dettrial::optim::") + optimizer + ": " + where + name + " must be " + rule + ", not " +
-                    detail::number_text(value));
+  detail::throw_invalid_argument(std::string("dettrial::optim::") + optimizer, where + name, rule, detail::number_text(value));
 }
 
 /**
@@ -6985,7 +6996,7 @@ DETTRIAL_INLINE void EpochLRScheduler::set_rates(const std::function<double(std:
 }
 
 DETTRIAL_INLINE void EpochLRScheduler::invalid(const char* argument, const std::string& rule, const std::string& value) const {
-  throw ConfigError(std::string("dettrial::optim::") + name_ + ": " + argument + " must be " + rule + ", not " + value);
+  detail::throw_invalid_argument(std::string("dettrial::optim::") + name_, argument, rule, value);
 }
 
 DETTRIAL_INLINE std::string EpochLRScheduler::archive_owner() const { return std::string("dettrial::optim::") + name_ + "'s saved state"; }
@@ -8213,7 +8224,7 @@ namespace dettrial::optim {
 DETTRIAL_INLINE ReduceLROnPlateau::ReduceLROnPlateau(torch::optim::Optimizer& optimizer, ReduceLROnPlateauOptions options)
     : optimizer_(&optimizer), options_(std::move(options)) {
   const auto invalid = [](const char* argument, const std::string& rule, const std::string& value) {
-    throw ConfigError(std::string("dettrial::optim::ReduceLROnPlateau: ") + argument + " must be " + rule + ", not " + value);
+    detail::throw_invalid_argument("dettrial::optim::ReduceLROnPlateau", argument, rule, value);
   };
   const auto& o = options_;
   if (o.mode != "min" && o.mode != "max") invalid("mode", "\"min\" or \"max\"", '"' + o.mode + '"');
@@ -12216,7 +12227,6 @@ namespace detail {
  */
 struct ContextAccess {
   static RunPosition& position(Context& c) { return c.position_; }
-  static const RunPosition& position(const Context& c) { return c.position_; }
   static std::span<WrappedReducer> reducers(Context& c) { return c.reducers_; }
   /// Wrapped LR scheduler `i` (type-erased: how to step, save and restore it), in wrap order.
   static const WrappedScheduler& lr_scheduler(const Context& c, std::size_t i) { return c.schedulers_.at(i); }

@@ -612,7 +612,6 @@ namespace detail {
  */
 struct ContextAccess {
   static RunPosition& position(Context& c) { return c.position_; }
-  static const RunPosition& position(const Context& c) { return c.position_; }
   static std::span<WrappedReducer> reducers(Context& c) { return c.reducers_; }
   /// Wrapped LR scheduler `i` (type-erased: how to step, save and restore it), in wrap order.
   static const WrappedScheduler& lr_scheduler(const Context& c, std::size_t i) { return c.schedulers_.at(i); }

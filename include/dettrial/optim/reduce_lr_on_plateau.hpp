@@ -107,7 +107,7 @@ namespace dettrial::optim {
 DETTRIAL_INLINE ReduceLROnPlateau::ReduceLROnPlateau(torch::optim::Optimizer& optimizer, ReduceLROnPlateauOptions options)
     : optimizer_(&optimizer), options_(std::move(options)) {
   const auto invalid = [](const char* argument, const std::string& rule, const std::string& value) {
-    throw ConfigError(std::string("dettrial::optim::ReduceLROnPlateau: ") + argument + " must be " + rule + ", not " + value);
+    detail::throw_invalid_argument("dettrial::optim::ReduceLROnPlateau", argument, rule, value);
   };
   const auto& o = options_;
   if (o.mode != "min" && o.mode != "max") invalid("mode", "\"min\" or \"max\"", '"' + o.mode + '"');

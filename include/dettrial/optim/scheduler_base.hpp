@@ -377,7 +377,7 @@ DETTRIAL_INLINE void EpochLRScheduler::set_rates(const std::function<double(std:
 }
 
 DETTRIAL_INLINE void EpochLRScheduler::invalid(const char* argument, const std::string& rule, const std::string& value) const {
-  throw ConfigError(std::string("dettrial::optim::") + name_ + ": " + argument + " must be " + rule + ", not " + value);
+  detail::throw_invalid_argument(std::string("dettrial::optim::") + name_, argument, rule, value);
 }
 
 DETTRIAL_INLINE std::string EpochLRScheduler::archive_owner() const { return std::string("dettrial::optim::") + name_ + "'s saved state"; }

@@ -37,8 +37,7 @@ concept SingleTensorUpdate = requires(const typename U::Options& o, const torch:
 /// Throws Python's refusal of an option as one sentence: "dettrial::optim::NAdam: lr must be at least
 /// 0, not -1" (`where` names the parameter group, or is empty for the defaults).
 [[noreturn]] inline void invalid_option(const char* optimizer, const std::string& where, const char* name, double value, const char* rule) {
-  throw ConfigError(std::string("dettrial::optim::") + optimizer + ": " + where + name + " must be " + rule + ", not " +
-                    detail::number_text(value));
+  detail::throw_invalid_argument(std::string("dettrial::optim::") + optimizer, where + name, rule, detail::number_text(value));
 }
 
 /**

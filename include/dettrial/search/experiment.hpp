@@ -148,6 +148,7 @@ class Experiment {
   };
   /// The ids of the running trials, in order (a copy: ending one changes the records).
   std::vector<std::int64_t> running_ids() const;
+  std::size_t running_count() const;
 
   /// SIGTERM to every running trial (each checkpoints and exits), once per signal this process got
   /// (a second Ctrl-C makes them abort), and waits for them.
@@ -368,7 +369,7 @@ DETTRIAL_INLINE int Experiment::run() {
       return detail::exit_status_interrupted_value;
     }
     launch_queued();
-    if (running_ids().empty() && queue_.empty()) break;
+    if (running_count() == 0 && queue_.empty()) break;
     poll_metrics();
     reap(false);
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
@@ -410,7 +411,7 @@ DETTRIAL_INLINE void Experiment::end_mlflow(detail::MlflowEnd status) {
 
 DETTRIAL_INLINE void Experiment::stop_running_trials() {
   int forwarded = 0;
-  while (!running_ids().empty()) {
+  while (running_count() != 0) {
     const int signals = std::max(1, detail::supervisor_signal_count.load());
     if (signals > forwarded) {
       for (const std::int64_t id : running_ids()) terminate_trial(id, *records_.at(id).running);
@@ -977,7 +978,7 @@ DETTRIAL_INLINE std::string Experiment::progress() const {
   const std::int64_t total = std::visit([](const auto& s) { return s.max_trials(); }, searcher_);
   return "[experiment] " + std::to_string(completed + stopped + failed) + " of " + std::to_string(total) + " trials ended (" +
          std::to_string(completed) + " completed, " + std::to_string(stopped) + " stopped early, " + std::to_string(failed) + " failed), " +
-         std::to_string(running_ids().size()) + " running";
+         std::to_string(running_count()) + " running";
 }
 
 DETTRIAL_INLINE std::map<std::int64_t, TrialSummary> Experiment::trials() const {
@@ -991,6 +992,10 @@ DETTRIAL_INLINE std::vector<std::int64_t> Experiment::running_ids() const {
   for (const auto& [id, record] : records_)
     if (record.running) ids.push_back(id);
   return ids;
+}
+
+DETTRIAL_INLINE std::size_t Experiment::running_count() const {
+  return static_cast<std::size_t>(std::ranges::count_if(records_, [](const auto& kv) { return kv.second.running.has_value(); }));
 }
 
 DETTRIAL_INLINE const searcher::AshaBracket* Experiment::bracket_of(std::int64_t id) const {
