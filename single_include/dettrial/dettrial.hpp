@@ -21822,8 +21822,8 @@ DETTRIAL_INLINE void initialize_like_keras(torch::nn::Module& model) {
 /// @file
 /// @brief detail::Run<TrialT, Set>: one fit of a valid trial, Determined's loop generated for it
 /// (workloads ending at any boundary, validation, checkpoints, reports, the final validation).
-/// Trainer<TrialT> builds the trial and makes a Run for each fit; what does not depend on the trial
-/// type is detail::RunState's (run_state.hpp).
+/// Trainer<TrialT> builds the trial and makes a Run for each fit. What does not depend on the trial
+/// type is compiled once: the fit's Schedule, Position and Outputs, and the steps in fit_steps.hpp.
 
 #include <chrono>
 #include <cstdint>
@@ -22152,23 +22152,154 @@ DETTRIAL_INLINE void stop_with_supervisor(pid_t supervisor) {
 }  // namespace dettrial::detail
 #endif  // DETTRIAL_HEADER_DEFINITIONS
 // ---- end dettrial/detail/signals.hpp
-// ---- begin dettrial/trainer/run_state.hpp
+// ---- begin dettrial/trainer/fit_steps.hpp
 // SPDX-License-Identifier: Apache-2.0
 /// @file
-/// @brief detail::RunState: one fit's state and the part of Determined's loop that does not depend
-/// on the trial type (options, boundaries, reports, agreement across ranks, the checkpoint policy).
-/// Compiled once (dettrial::compiled in separate-compilation mode): Trainer<T> keeps only what calls
-/// the trial, its loaders and its callbacks.
+/// @brief The steps of Determined's loop that do not call the trial: the run's first lines, a
+/// workload's and a validation's metrics reduced over the ranks and reported, the searcher metric's
+/// best, a checkpoint's record, an early stop. Each takes the pieces of the fit it needs (Schedule,
+/// Position, Outputs' reporter, the Checkpointer); detail::Run calls them between the trial's
+/// hooks. Compiled once in separate-compilation mode, so a trial's translation unit compiles its own
+/// loop and little else.
 
 #include <chrono>
 #include <cstdint>
 #include <filesystem>
-#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
-#include <torch/torch.h>
+// ---- begin dettrial/trainer/position.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief detail::Position: where a fit stands (its TrialProgress) and what the checkpoint it
+/// resumed from said. Compiled once in separate-compilation mode.
+
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+
+
+namespace dettrial::detail {
+
+/**
+ * @brief Where a fit stands: batches and epochs trained, the last validation and checkpoint, the
+ * best searcher metric (what a checkpoint saves as `trial_state.json`), and the checkpoint it
+ * resumed from. Found before anything is written (find), restored with the checkpoint (restored),
+ * then moved by the loop one batch, epoch, validation and checkpoint at a time.
+ */
+class Position {
+ public:
+  Position() = default;
+  /// FitOptions::latest_checkpoint resolved to one checkpoint, and where it says its trial stood
+  /// (its `trial_state.json`, or what Determined wrote); a fresh position without one. Throws
+  /// CheckpointError for a checkpoint that cannot be read.
+  DETTRIAL_INLINE static Position find(const FitOptions& options);
+
+  const TrialProgress& progress() const { return progress_; }
+  std::int64_t batches_trained() const { return progress_.batches_trained; }
+  std::int64_t epochs_trained() const { return progress_.epochs_trained; }
+
+  // ---- what the resumed checkpoint said --------------------------------------------------------
+  const std::optional<std::filesystem::path>& resume_dir() const { return resume_dir_; }
+  /// Whether the checkpoint resumed from is this trial's own (else only its weights and optimizer
+  /// state are taken, and counting starts afresh: Determined's warm start).
+  bool same_trial() const { return same_trial_; }
+  /// The batch this fit starts from: the one this trial's resumed checkpoint stood at.
+  std::int64_t first_batch() const { return same_trial_ ? resumed_->batches_trained : 0; }
+  /// first_batch() where this fit continues its own trial.
+  std::optional<std::int64_t> continued_at() const { return same_trial_ ? std::optional(resumed_->batches_trained) : std::nullopt; }
+  /// The ranks of the job that wrote this trial's resumed checkpoint, and the rank count whose
+  /// global batches its data followed (0: not recorded, or not this trial's).
+  std::int64_t resumed_ranks() const { return same_trial_ ? resumed_->ranks : 0; }
+  std::int64_t resumed_data_ranks() const { return same_trial_ ? resumed_->data_ranks : 0; }
+  /// What a restore reads into: the resumed trial's position, or a fresh one of `trial_id`.
+  TrialProgress to_restore(std::int64_t trial_id) const { return same_trial_ ? *resumed_ : TrialProgress{.trial_id = trial_id}; }
+  /// The checkpoint was restored: the fit stands where it says, and the Context's training stream
+  /// starts there.
+  DETTRIAL_INLINE void restored(TrialProgress progress);
+  /// The Context's position (what the training stream skips, the current batch) from this one.
+  DETTRIAL_INLINE void start(Context& context) const;
+
+  // ---- moved by the loop -----------------------------------------------------------------------
+  void batch_trained() { ++progress_.batches_trained; }
+  void epoch_trained() { ++progress_.epochs_trained; }
+  bool validated_here() const { return progress_.last_validation == progress_.batches_trained; }
+  bool checkpointed_here() const { return progress_.last_checkpoint == progress_.batches_trained; }
+  /// Nothing trained and nothing validated yet (step-zero validation's condition).
+  bool untouched() const { return progress_.batches_trained == 0 && progress_.last_validation < 0; }
+  void validated() { progress_.last_validation = progress_.batches_trained; }
+  void checkpointed() { progress_.last_checkpoint = progress_.batches_trained; }
+  /// `value` of the searcher metric is the best validated so far.
+  void keep_best(double value) { progress_.best_validation = value; }
+  /// What a checkpoint saves as `trial_state.json`: this position, with the trial, the loaders'
+  /// data seeds and the ranks.
+  DETTRIAL_INLINE TrialProgress saved(std::int64_t trial_id, std::optional<std::uint64_t> training_data_seed,
+                                      std::optional<std::uint64_t> validation_data_seed, std::int64_t ranks, std::int64_t data_ranks) const;
+
+ private:
+  TrialProgress progress_{};
+  std::optional<std::filesystem::path> resume_dir_{};
+  std::optional<TrialProgress> resumed_{};
+  bool same_trial_ = false;
+};
+
+}  // namespace dettrial::detail
+
+// Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
+#if DETTRIAL_HEADER_DEFINITIONS
+#include <utility>
+
+
+namespace dettrial::detail {
+
+DETTRIAL_INLINE Position Position::find(const FitOptions& options) {
+  Position p;
+  if (!options.latest_checkpoint) return p;
+  p.resume_dir_ = resolve_checkpoint(*options.latest_checkpoint);
+  const CheckpointInfo info = read_checkpoint_info(*p.resume_dir_);
+  if (info.by_determined) {
+    // Determined's trial ids belong to its master, which a moved run leaves behind: a checkpoint
+    // Determined wrote is this trial's own, continued where it stood.
+    p.resumed_ = TrialProgress::from_determined(*p.resume_dir_, info);
+    p.resumed_->trial_id = options.trial_id;
+  } else {
+    p.resumed_ = TrialProgress::from_json(CheckpointFolder{*p.resume_dir_}.trial_state());
+  }
+  p.same_trial_ = p.resumed_->trial_id == options.trial_id;
+  return p;
+}
+
+DETTRIAL_INLINE void Position::restored(TrialProgress progress) { progress_ = std::move(progress); }
+
+DETTRIAL_INLINE void Position::start(Context& context) const {
+  RunPosition& position = ContextAccess::position(context);
+  position.initial_batch = progress_.batches_trained;  // the training stream skips what was trained
+  position.current_batch = progress_.batches_trained;
+}
+
+DETTRIAL_INLINE TrialProgress Position::saved(std::int64_t trial_id, std::optional<std::uint64_t> training_data_seed,
+                                              std::optional<std::uint64_t> validation_data_seed, std::int64_t ranks,
+                                              std::int64_t data_ranks) const {
+  TrialProgress saved = progress_;
+  saved.trial_id = trial_id;
+  saved.training_data_seed = training_data_seed;
+  saved.validation_data_seed = validation_data_seed;
+  saved.ranks = ranks;
+  saved.data_ranks = data_ranks;
+  return saved;
+}
+
+}  // namespace dettrial::detail
+#endif  // DETTRIAL_HEADER_DEFINITIONS
+// ---- end dettrial/trainer/position.hpp
+// ---- begin dettrial/trainer/schedule.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief detail::Schedule: a fit's length and periods in batches, its epoch, and which boundaries
+/// a batch reaches (Determined's rule). Compiled once in separate-compilation mode.
+
+#include <cstdint>
 
 
 namespace dettrial::detail {
@@ -22182,6 +22313,182 @@ struct Reached {
   bool any() const { return length || validation || checkpoint || report; }
 };
 
+/**
+ * @brief When a fit trains, validates, checkpoints and reports: FitOptions' length and periods with
+ * records turned into batches, the epoch in batches, and the rank count whose global batches the
+ * training data follows. Resolved at the fit's start (resolve, then settle_epoch_length once the
+ * loaders exist); read-only after.
+ */
+class Schedule {
+ public:
+  Schedule() = default;
+  /// The options' length and periods in batches where given in records (by the global batch size);
+  /// throws ConfigError for a missing, scheduled or empty max_length.
+  DETTRIAL_INLINE static Schedule resolve(const FitOptions& options, const Context& context);
+
+  /// The rank count whose global batches the training data follows (TrialProgress::data_ranks).
+  void keep_data_ranks(std::int64_t ranks) { data_ranks_ = ranks; }
+  /// The epoch, from the training loader's batches on this rank (the chief's: agreed already) and
+  /// records_per_epoch, told to the Context; throws DataError for a loader with no batches.
+  DETTRIAL_INLINE void settle_epoch_length(Context& context, std::int64_t loader_batches);
+
+  const TrainUnit& length() const { return length_; }
+  /// Batches per epoch (records_per_epoch's, where set).
+  std::int64_t epoch_len() const { return epoch_len_; }
+  /// The training loader's own batches per epoch on this rank.
+  std::int64_t data_epoch_len() const { return data_epoch_len_; }
+  std::int64_t data_ranks() const { return data_ranks_; }
+
+  std::int64_t epoch_of(std::int64_t batch_idx) const { return batch_idx / epoch_len_; }
+  bool starts_epoch(std::int64_t batch_idx) const { return batch_idx % epoch_len_ == 0; }
+  bool ends_epoch(std::int64_t batch_idx) const { return batch_idx % epoch_len_ == epoch_len_ - 1; }
+  /// Batches (or epochs, for a length in epochs) still to train from `progress`.
+  std::int64_t remaining(const TrialProgress& progress) const {
+    return length_.unit() == Unit::epochs ? length_.value() - progress.epochs_trained : length_.value() - progress.batches_trained;
+  }
+  /// The whole length in batches (the progress bar's total).
+  std::int64_t total_batches() const { return length_.unit() == Unit::epochs ? length_.value() * epoch_len_ : length_.value(); }
+  /// Determined's boundary rule: batch periods on batches completed; epoch periods on the last
+  /// batch of an epoch, on epochs completed.
+  DETTRIAL_INLINE Reached boundaries_after(std::int64_t batch_idx, std::int64_t epoch_idx, bool epoch_end) const;
+
+  /// With reproducibility.rank_invariant and aggregation, every boundary and the batch resumed at
+  /// must fall on an update's last batch: the micro-batches of an update are kept apart until it,
+  /// and no checkpoint holds them (throws ConfigError naming the period that does not).
+  DETTRIAL_INLINE void check_rank_invariant_boundaries(const Context& context, std::int64_t resumed_at) const;
+  /// What places boundaries (this schedule, and the options and batch `first_batch` that decide
+  /// where each acts) must be the same on every rank: throws DistributedError naming the first
+  /// that is not.
+  DETTRIAL_INLINE void require_same_on_every_rank(Communicator& comm, const Context& context, const FitOptions& options,
+                                                  std::int64_t first_batch) const;
+  /// A run begun on `began` ranks continues on this job's: its global batch must divide among them
+  /// (throws ConfigError, naming both counts, where it does not).
+  DETTRIAL_INLINE static void check_global_batch_divides(const Context& context, std::int64_t began);
+
+ private:
+  TrainUnit length_ = Batch(1);
+  TrainUnit validation_period_ = never();
+  TrainUnit checkpoint_period_ = never();
+  TrainUnit reporting_period_ = never();
+  bool test_mode_ = false;
+  std::int64_t epoch_len_ = 0;
+  std::int64_t data_epoch_len_ = 0;
+  std::int64_t data_ranks_ = 1;
+};
+
+}  // namespace dettrial::detail
+
+// Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
+#if DETTRIAL_HEADER_DEFINITIONS
+#include <algorithm>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+
+namespace dettrial::detail {
+
+DETTRIAL_INLINE Schedule Schedule::resolve(const FitOptions& options, const Context& context) {
+  auto in_batches = [&](const TrainUnit& period) {
+    return period.unit() == Unit::records ? period.in_batches_if_records(context.get_global_batch_size()) : period;
+  };
+  Schedule s;
+  s.test_mode_ = options.test_mode;
+  if (options.test_mode) {
+    s.length_ = Batch(1);
+  } else {
+    if (!options.max_length)
+      throw ConfigError(
+          "fit() needs a training length: set FitOptions::max_length (Batch, Epoch or Record), or "
+          "searcher.max_length in the experiment config and build the options with FitOptions::from_config");
+    if (options.max_length->is_schedule()) throw ConfigError("max_length must be a count, not a schedule of points");
+    s.length_ = in_batches(*options.max_length);
+    if (s.length_.value() < 1) throw ConfigError("max_length is " + s.length_.to_string() + "; training needs a max_length of at least 1");
+  }
+  s.validation_period_ = in_batches(options.validation_period);
+  s.checkpoint_period_ = in_batches(options.checkpoint_period);
+  s.reporting_period_ = in_batches(options.reporting_period);
+  return s;
+}
+
+DETTRIAL_INLINE void Schedule::settle_epoch_length(Context& context, std::int64_t loader_batches) {
+  if (loader_batches < 1) throw DataError("the training data loader yields no batches (its size() is 0)");
+  epoch_len_ = data_epoch_len_ = loader_batches;
+  // Determined's records_per_epoch: the epoch of epoch-based lengths, periods, LR steps and epoch
+  // hooks, in global batches (its legacy sequencer's records_per_epoch // global_batch_size, at
+  // least 1), whatever the loader's own length; the data still reshuffles at its own epochs.
+  if (const std::int64_t records = context.get_experiment_config().records_per_epoch; records > 0)
+    epoch_len_ = std::max<std::int64_t>(records / context.get_global_batch_size(), 1);
+  ContextAccess::position(context).epoch_len = epoch_len_;
+}
+
+DETTRIAL_INLINE Reached Schedule::boundaries_after(std::int64_t batch_idx, std::int64_t epoch_idx, bool epoch_end) const {
+  auto hit = [&](const TrainUnit& u) {
+    return u.unit() == Unit::epochs ? epoch_end && u.reached(epoch_idx + 1) : u.reached(batch_idx + 1);
+  };
+  return Reached{.length = test_mode_ || hit(length_),
+                 .validation = hit(validation_period_),
+                 .checkpoint = hit(checkpoint_period_),
+                 .report = hit(reporting_period_)};
+}
+
+DETTRIAL_INLINE void Schedule::check_rank_invariant_boundaries(const Context& context, std::int64_t resumed_at) const {
+  const std::int64_t agg = context.aggregation_frequency();
+  if (!context.rank_invariant() || agg == 1) return;
+  const std::pair<const char*, const TrainUnit*> periods[] = {{"max_length", &length_},
+                                                              {"the validation period", &validation_period_},
+                                                              {"the checkpoint period", &checkpoint_period_},
+                                                              {"the reporting period", &reporting_period_}};
+  for (const auto& [name, period] : periods) {
+    if (period->is_never()) continue;
+    const std::int64_t per_batch = period->unit() == Unit::epochs ? epoch_len_ : 1;
+    std::vector<std::int64_t> ends = period->is_schedule() ? period->points() : std::vector<std::int64_t>{period->value()};
+    for (const std::int64_t end : ends)
+      if (end > 0 && end * per_batch % agg != 0)
+        throw ConfigError(std::string("reproducibility.rank_invariant keeps an update's batches apart until its last one, so ") + name +
+                          " (" + period->to_string() + (per_batch > 1 ? ", epochs of " + std::to_string(epoch_len_) + " batches" : "") +
+                          ") must end on a multiple of aggregation_frequency " + std::to_string(agg) + " batches");
+  }
+  if (resumed_at % agg != 0)
+    throw ConfigError("reproducibility.rank_invariant cannot resume at batch " + std::to_string(resumed_at) +
+                      ", between the batches of an update (aggregation_frequency " + std::to_string(agg) + ")");
+}
+
+DETTRIAL_INLINE void Schedule::require_same_on_every_rank(Communicator& comm, const Context& context, const FitOptions& options,
+                                                          std::int64_t first_batch) const {
+  const RankSetting placing_boundaries[] = {
+      {"max_length", length_.to_string()},
+      {"the validation period", validation_period_.to_string()},
+      {"the checkpoint period", checkpoint_period_.to_string()},
+      {"the reporting period", reporting_period_.to_string()},
+      {"test mode", test_mode_ ? "on" : "off"},
+      {"step-zero validation", options.step_zero_validation ? "on" : "off"},
+      {"the checkpoint policy", std::to_string(static_cast<int>(options.checkpoint_policy))},
+      {"the searcher metric", options.searcher_metric + (options.smaller_is_better ? " (smaller is better)" : " (larger is better)")},
+      {"the batch resumed from", std::to_string(first_batch)},
+      {"aggregation_frequency", std::to_string(context.aggregation_frequency())},
+      {"the global batch size", context.has_global_batch_size() ? std::to_string(context.get_global_batch_size()) : "-"}};
+  require_same_settings(comm, placing_boundaries);
+}
+
+DETTRIAL_INLINE void Schedule::check_global_batch_divides(const Context& context, std::int64_t began) {
+  const std::optional<std::int64_t> given = context.get_hparams().global_batch_size();
+  if (!given) return;  // the loader's batch size is then the rank's own choice
+  const std::int64_t global = *given;
+  const std::int64_t ranks = context.distributed().size;
+  if (global % ranks != 0)
+    throw ConfigError("global_batch_size " + std::to_string(global) + " does not divide among " + std::to_string(ranks) +
+                      " ranks: this run began on " + std::to_string(began) +
+                      " and keeps its global batch when resumed; resume on a rank count that divides " + std::to_string(global));
+}
+
+}  // namespace dettrial::detail
+#endif  // DETTRIAL_HEADER_DEFINITIONS
+// ---- end dettrial/trainer/schedule.hpp
+
+namespace dettrial::detail {
+
 /// What a training workload accumulates; kept across workloads so that a batch allocates nothing.
 struct Workload {
   WorkloadMeans means;
@@ -22190,135 +22497,51 @@ struct Workload {
   PhaseTimes phases{};
   /// The end of the last timed phase.
   std::chrono::steady_clock::time_point mark{};
-};
 
-/**
- * @brief One fit: its options with every period in batches, where it stands (TrialProgress), and
- * what writes, reports and profiles it. Its functions are the loop's steps that do not call the
- * trial; Trainer<T> calls them between the trial's hooks.
- */
-struct RunState {
-  // Made, moved and destroyed where compiled (a trial's translation unit compiles none of its members' code).
-  DETTRIAL_INLINE RunState();
-  DETTRIAL_INLINE RunState(RunState&&) noexcept;
-  DETTRIAL_INLINE RunState& operator=(RunState&&) noexcept;
-  DETTRIAL_INLINE ~RunState();
-
-  FitOptions options;
-  /// The run folder's lock, held by the chief from begin() to end() (declared before the
-  /// checkpointer: released after a write in flight ends).
-  FolderLock folder_lock{};
-  TrainUnit length = Batch(1);
-  std::int64_t epoch_len = 0;
-  /// The rank count whose global batches the training data follows (TrialProgress::data_ranks).
-  std::int64_t data_ranks = 1;
-  /// The training loader's own batches per epoch on this rank (epoch_len, unless records_per_epoch sets it).
-  std::int64_t data_epoch_len = 0;
-  /// Where the trial stands: batches and epochs trained, the last validation and checkpoint, the
-  /// best searcher metric (what a checkpoint saves as `trial_state.json`; its data seeds are filled
-  /// in when it is saved).
-  TrialProgress progress{};
-  bool warned_best_without_metric = false;
-  /// Where checkpoints go, when, and how they are written, restored and retained.
-  Checkpointer checkpointer{};
-  /// The checkpoint resumed from, and where it says the trial stood.
-  std::optional<std::filesystem::path> resume_dir{};
-  std::optional<TrialProgress> resumed{};
-  bool same_trial = false;
-  FitResult result{};
-  /// The run in MLflow (on the chief, when tracked), and the status it ends with.
-  std::unique_ptr<MlflowRun> mlflow{};
-  MlflowEnd mlflow_status = MlflowEnd::failed;
-  Reporter reporter{};
-  TraceProfiler profiler{};
-  /// Wait for the GPU at each phase's end while profiling, so that the phase timings are the GPU's (profiling.sync_timings).
-  bool sync_timings = false;
-  /// Whether the first eager batch after a capture was announced.
-  bool eager_batch_announced = false;
-
-  /// Checks the options, finds (and checks) the checkpoint to resume from before anything is
-  /// written, and sets up the output folder, checkpoint storage, reporter and profiler.
-  DETTRIAL_INLINE static RunState begin(Context& context, FitOptions options);
-
-  /// The batch this fit starts from: the one the resumed checkpoint of the same trial stood at.
-  std::int64_t first_batch() const { return same_trial ? resumed->batches_trained : 0; }
-  /// The epoch length from the chief's sharded length (agreed already) and records_per_epoch,
-  /// and the run's position in the context.
-  DETTRIAL_INLINE void settle_epoch_length(Context& context);
-  /// A run begun on `began` ranks continues on this job's: its global batch must divide among them
-  /// (throws ConfigError, naming both counts, where it does not).
-  DETTRIAL_INLINE static void check_global_batch_divides(const Context& context, std::int64_t began);
-  /// With reproducibility.rank_invariant and aggregation, every boundary must fall on an update's
-  /// last batch: the micro-batches of an update are kept apart until it, and no checkpoint holds
-  /// them (throws ConfigError naming the period that does not).
-  DETTRIAL_INLINE void check_rank_invariant_boundaries(const Context& context) const;
-  /// After a restore: the position the training stream starts from; every rank takes rank 0's weights.
-  DETTRIAL_INLINE void start_position(Context& context);
-  /// The fit options that place boundaries must be the same on every rank (throws where not).
-  DETTRIAL_INLINE void require_same_settings(Communicator& comm, const Context& context) const;
-
-  /// The run's first lines: the runtime, the trial, the job, the checkpoint resumed from.
-  DETTRIAL_INLINE void announce(Context& context);
-  /// One TensorBoard hparams session a folder: a resumed run's folder already starts one.
-  DETTRIAL_INLINE static void start_tensorboard_session(Context& context);
-  /// The session ends as the fit does: failed when it throws.
-  DETTRIAL_INLINE static void end_tensorboard_session(Context& context, bool succeeded) noexcept;
-  /// The profiler's summary line, after a profiled range ended.
-  DETTRIAL_INLINE void report_profile();
-  /// The step was captured at batch `batch_idx` (its line).
-  DETTRIAL_INLINE void note_capture(std::int64_t batch_idx);
-  /// Batch `batch_idx` runs eagerly after the capture (a line the first time).
-  DETTRIAL_INLINE void note_eager_batch(std::int64_t batch_idx);
-  /// A warning for each callback whose state the checkpoint lacks.
-  DETTRIAL_INLINE void warn_missing_callback_states(const std::vector<std::string>& names);
-  /// The trial trained to its length: retention applies without sparing the newest checkpoint.
-  DETTRIAL_INLINE void complete(const Context& context);
-  /// The fit's result, with what it trained, after its report is written.
-  DETTRIAL_INLINE FitResult finish(const Context& context);
-  /// However the fit ends: a checkpoint write in flight ends (a failure is a warning then), and
-  /// the run folder's lock is released.
-  DETTRIAL_INLINE void release() noexcept;
-  /// Writes the trace when training ended (or stopped) inside the profiled range.
-  DETTRIAL_INLINE void finish_profiling();
-  /// The run's report.html, from its metrics.jsonl (on the chief). A report that cannot be written
-  /// is a warning: the training it describes is done and saved.
-  DETTRIAL_INLINE void write_report(const Context& context);
-
-  /// Batches (or epochs) still to train.
-  std::int64_t remaining() const {
-    return length.unit() == Unit::epochs ? length.value() - progress.epochs_trained : length.value() - progress.batches_trained;
-  }
-  /// Determined's boundary rule: batch periods on batches completed; epoch periods on the last batch
-  /// of an epoch, on epochs completed.
-  DETTRIAL_INLINE Reached boundaries_after(std::int64_t batch_idx, std::int64_t epoch_idx, bool epoch_end) const;
-
-  /// A workload begins: models in training mode, training reducers and the workload's sums reset.
-  DETTRIAL_INLINE void begin_workload(Context& context, Workload& workload);
-  /// The workload's training metrics over all ranks (reported, and kept as the last ones).
-  DETTRIAL_INLINE const MetricValues& report_training(Context& context, const Workload& workload);
-
-  /// A validation begins: rank 0's buffers, models in evaluation mode, validation reducers reset.
-  DETTRIAL_INLINE static void begin_validation(Context& context);
-  /// This rank's share and every other's, reduced: the validation's metrics, as the callbacks get them.
-  DETTRIAL_INLINE MetricValues reduce_validation(Context& context, RankShare mine, std::int64_t& records) const;
-  /// After on_validation_end: LR schedulers on the metrics, counters, report. Returns the metrics
-  /// with `batches` and `epochs`, as reported and as the checkpoint policy reads them.
-  DETTRIAL_INLINE const MetricValues& finish_validation(Context& context, const MetricValues& metrics, std::int64_t records);
-  /// After a validation: tracks the best searcher metric; whether the policy asks for a checkpoint.
-  DETTRIAL_INLINE bool checkpoint_after_validation(Context& context, const MetricValues& reported);
-
-  /// What a checkpoint saves besides the state, with the loaders' data seeds.
-  DETTRIAL_INLINE TrialCheckpointRecord checkpoint_record(const Context& context, std::optional<std::uint64_t> training_data_seed,
-                                                          std::optional<std::uint64_t> validation_data_seed, std::string trial_type) const;
-  /// A checkpoint the chief wrote: recorded, reported, and retention applied sparing it.
-  DETTRIAL_INLINE void checkpoint_written(const WrittenCheckpoint& written);
-  /// Training stops early (after its checkpoint) for `signal`, or 0 for a stop request: the result
-  /// says why, and a line says so.
-  DETTRIAL_INLINE void stopped(int signal);
+  /// A workload begins: models in training mode, training reducers and the sums reset; the
+  /// checkpoint writer's wait since the last one is its first phase time.
+  DETTRIAL_INLINE void begin(Context& context, double checkpoint_wait);
 };
 
 /// `runs/<date>-<time>-<pid>` under the working directory.
 DETTRIAL_INLINE std::filesystem::path default_output_dir();
+
+/// The fit's checkpoints: in FitOptions::checkpoint_dir, or the run folder's `checkpoints`, with
+/// its policy and retention (throws ConfigError for a negative retention count).
+DETTRIAL_INLINE Checkpointer fit_checkpointer(Context& context, const FitOptions& options);
+
+/// The run's first lines: the runtime, the trial, the job, the checkpoint resumed from, what is
+/// profiled and captured.
+DETTRIAL_INLINE void announce(Context& context, const FitOptions& options, const Schedule& schedule, const Position& position,
+                              Reporter& reporter);
+
+/// The workload's training metrics over all ranks, with `batches` and `epochs`, reported.
+DETTRIAL_INLINE MetricValues report_training(Context& context, const Workload& workload, const TrialProgress& progress, Reporter& reporter);
+
+/// A validation begins: rank 0's buffers, models in evaluation mode, validation reducers reset.
+DETTRIAL_INLINE void begin_validation(Context& context);
+/// This rank's share and every other's, reduced: the validation's metrics, as the callbacks get
+/// them; `records` the whole job's.
+DETTRIAL_INLINE MetricValues reduce_validation(Context& context, RankShare mine, std::int64_t& records);
+/// After on_validation_end: LR schedulers on the metrics, the position, the report. Returns the
+/// metrics with `batches` and `epochs`, as reported and as the checkpoint policy reads them.
+DETTRIAL_INLINE MetricValues finish_validation(Context& context, const MetricValues& metrics, std::int64_t records, Position& position,
+                                               Reporter& reporter);
+/// Whether a validation's `reported` metrics improve the searcher metric (kept as the best when
+/// they do); without a searcher metric every validation counts as the best so far. The chief's
+/// answer, on every rank.
+DETTRIAL_INLINE bool improves_searcher_metric(Context& context, const FitOptions& options, Position& position,
+                                              const MetricValues& reported);
+
+/// What a checkpoint saves besides the state, with the loaders' data seeds.
+DETTRIAL_INLINE TrialCheckpointRecord checkpoint_record(const Context& context, const FitOptions& options, const Schedule& schedule,
+                                                        const Position& position, const MetricValues& last_validation,
+                                                        std::optional<std::uint64_t> training_data_seed,
+                                                        std::optional<std::uint64_t> validation_data_seed, std::string trial_type);
+/// A checkpoint the chief wrote: reported, and retention applied sparing it.
+DETTRIAL_INLINE void report_checkpoint(const WrittenCheckpoint& written, Checkpointer& checkpointer, Reporter& reporter);
+/// Training stopped early after batch `batches_trained` for `signal` (0: a stop request): a line says so.
+DETTRIAL_INLINE void report_stop(int signal, std::int64_t batches_trained, const Checkpointer& checkpointer, Reporter& reporter);
 
 /// The training loader's endless stream ended (a DataError naming the batch).
 [[noreturn]] DETTRIAL_INLINE void training_stream_ended(std::int64_t batch_idx);
@@ -22344,276 +22567,96 @@ DETTRIAL_INLINE void agree_on_buffers(Context& context);
 // Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
 #if DETTRIAL_HEADER_DEFINITIONS
 #include <algorithm>
-#include <cstring>
 #include <ctime>
 #include <iterator>
 #include <unistd.h>
 
-#include <cstdio>
-#include <exception>
-
 
 namespace dettrial::detail {
 
-namespace run_state_detail {
-inline TrainUnit resolve_length(const FitOptions& o, const Context& context) {
-  if (o.test_mode) return Batch(1);
-  if (!o.max_length)
-    throw ConfigError(
-        "fit() needs a training length: set FitOptions::max_length (Batch, Epoch or Record), or "
-        "searcher.max_length in the experiment config and build the options with FitOptions::from_config");
-  TrainUnit length = *o.max_length;
-  if (length.is_schedule()) throw ConfigError("max_length must be a count, not a schedule of points");
-  if (length.unit() == Unit::records) length = length.in_batches_if_records(context.get_global_batch_size());
-  if (length.value() < 1) throw ConfigError("max_length is " + length.to_string() + "; training needs a max_length of at least 1");
-  return length;
+DETTRIAL_INLINE void Workload::begin(Context& context, double checkpoint_wait) {
+  for (const auto& m : context.models()) m->train();
+  for (auto& r : ContextAccess::reducers(context))
+    if (r.for_training) r.reset(r.object);
+  means.reset();
+  batch_metrics.clear();
+  records = 0;
+  phases.reset();
+  phases.checkpoint_wait = checkpoint_wait;
+  mark = std::chrono::steady_clock::now();
 }
-inline TrainUnit resolve_period(const TrainUnit& period, const Context& context) {
-  return period.unit() == Unit::records ? period.in_batches_if_records(context.get_global_batch_size()) : period;
-}
-/// The profiler of `st`'s fit: set_profiler's schedule, or the config's profiling section.
-inline void start_profiler(RunState& st, Context& context, std::optional<std::int64_t> resumed_at) {
-  const FitOptions& o = st.options;
-  if (const auto& profiler = context.profiler_options()) {
-    // set_profiler: steps count from this fit's first batch; every rank writes each cycle's trace
-    // into the run's TensorBoard folder under its own worker name (host and process).
-    st.profiler = TraceProfiler(*profiler, resumed_at.value_or(0), {RunFolder{o.output_dir}.tensorboard(), /*one_a_cycle=*/true},
-                                context.device().is_cuda());
-    st.sync_timings = o.profiling.sync_timings && context.device().is_cuda();
-  } else if (o.profiling.enabled) {
-    // Every rank profiles its own process: the chief into trace.json, rank r into trace.rank<r>.json.
-    const int rank = context.distributed().rank;
-    st.profiler = TraceProfiler::for_section(o.profiling, RunFolder{o.output_dir}.trace(rank), context.device().is_cuda());
-    st.sync_timings = o.profiling.sync_timings && context.device().is_cuda();
-  }
-}
-/// The run's MLflow run, when the options or MLFLOW_TRACKING_URI name a server: its params are
-/// the hyperparameters, its tags say what ran where.
-inline std::unique_ptr<MlflowRun> start_mlflow(RunState& st, Context& context) {
-  MlflowSettings wanted = st.options.mlflow;
-  wanted.complete_from_environment();  // a search's trial learns its parent run here: it is named by its id
-  const std::string name = wanted.parent_run_id.empty() ? std::filesystem::absolute(st.options.output_dir).filename().string()
-                                                        : "trial " + std::to_string(st.options.trial_id);
-  std::optional<MlflowSettings> settings = tracked_settings(std::move(wanted), name);
-  if (!settings) return nullptr;
-  MlflowRun::Start start;
-  for (const auto& [name, value] : flat_hparams(context.get_hparams())) {
-    std::string text = std::visit(
-        []<class V>(const V& v) -> std::string {
-          if constexpr (std::is_same_v<V, bool>) return v ? "true" : "false";
-          else if constexpr (std::is_arithmetic_v<V>) {
-            char number[32];  // as the config wrote it: 32, 0.001
-            std::snprintf(number, sizeof number, "%.15g", v);
-            return number;
-          } else {
-            return std::string(v);
-          }
-        },
-        value);
-    start.params.emplace_back(name, std::move(text));
-  }
-  start.tags = {{"dettrial.version", DETTRIAL_VERSION_STRING},
-                {"dettrial.system", runtime_summary(context.threads().source, context.thread_pools().text())},
-                {"dettrial.device", context.device().str()},
-                {"dettrial.ranks", std::to_string(context.distributed().size)},
-                {"dettrial.run_folder", std::filesystem::absolute(st.options.output_dir).string()}};
-  return std::make_unique<MlflowRun>(std::move(*settings), st.options.output_dir, std::move(start));
-}
-}  // namespace run_state_detail
 
-DETTRIAL_INLINE RunState RunState::begin(Context& context, FitOptions options) {
-  RunState st;
-  st.options = std::move(options);
-  FitOptions& o = st.options;
-  if (o.output_dir.empty()) o.output_dir = default_output_dir();
-  // Before anything in the folder is read or written: a second process there is refused.
-  if (context.distributed().is_chief()) st.folder_lock = FolderLock::acquire(RunFolder{o.output_dir}.lock(), "run folder");
-  st.length = run_state_detail::resolve_length(o, context);
-  o.validation_period = run_state_detail::resolve_period(o.validation_period, context);
-  o.checkpoint_period = run_state_detail::resolve_period(o.checkpoint_period, context);
-  o.reporting_period = run_state_detail::resolve_period(o.reporting_period, context);
+DETTRIAL_INLINE std::filesystem::path default_output_dir() {
+  const std::time_t now = std::time(nullptr);
+  char stamp[32];
+  std::strftime(stamp, sizeof stamp, "%Y%m%d-%H%M%S", std::localtime(&now));
+  return std::filesystem::path("runs") / (std::string(stamp) + "-" + std::to_string(::getpid()));
+}
+
+DETTRIAL_INLINE Checkpointer fit_checkpointer(Context& context, const FitOptions& o) {
   if (o.retention.save_trial_best < 0 || o.retention.save_trial_latest < 0)
     throw ConfigError("checkpoint retention counts (save_trial_best, save_trial_latest) must not be negative");
-  if (o.latest_checkpoint) {
-    st.resume_dir = resolve_checkpoint(*o.latest_checkpoint);
-    const CheckpointInfo info = read_checkpoint_info(*st.resume_dir);
-    if (info.by_determined) {
-      // Determined's trial ids belong to its master, which a moved run leaves behind: a checkpoint
-      // Determined wrote is this trial's own, continued where it stood.
-      st.resumed = TrialProgress::from_determined(*st.resume_dir, info);
-      st.resumed->trial_id = o.trial_id;
-    } else {
-      st.resumed = TrialProgress::from_json(CheckpointFolder{*st.resume_dir}.trial_state());
-    }
-    st.same_trial = st.resumed->trial_id == o.trial_id;
-  }
-  st.result.output_dir = o.output_dir;
-  detail::ContextAccess::position(context).output_dir = o.output_dir;
-  const std::filesystem::path storage = o.checkpoint_dir.empty() ? RunFolder{o.output_dir}.checkpoints() : o.checkpoint_dir;
-  st.result.checkpoint_dir = storage;
-  // One writer per job: the chief reports and writes metrics.jsonl, event files and checkpoints.
-  const bool chief = context.distributed().is_chief();
-  const std::optional<std::int64_t> resumed_at = st.same_trial ? std::optional(st.resumed->batches_trained) : std::nullopt;
-  if (chief) context.get_tensorboard_writer() = TensorBoardWriter(context.get_tensorboard_path(), resumed_at);
-  if (chief) st.mlflow = run_state_detail::start_mlflow(st, context);
-  st.reporter = Reporter(chief, o.report, o.output_dir, resumed_at,
-                         context.get_enable_tensorboard_logging() ? &context.get_tensorboard_writer() : nullptr, st.mlflow.get());
-  run_state_detail::start_profiler(st, context, resumed_at);
-  st.checkpointer = Checkpointer(context, storage, o.checkpoint_policy, o.retention, o.smaller_is_better, o.async_checkpoints);
-  return st;
+  std::filesystem::path storage = o.checkpoint_dir.empty() ? RunFolder{o.output_dir}.checkpoints() : o.checkpoint_dir;
+  return Checkpointer(context, std::move(storage), o.checkpoint_policy, o.retention, o.smaller_is_better, o.async_checkpoints);
 }
 
-DETTRIAL_INLINE void RunState::check_global_batch_divides(const Context& context, std::int64_t began) {
-  const std::optional<std::int64_t> given = context.get_hparams().global_batch_size();
-  if (!given) return;  // the loader's batch size is then the rank's own choice
-  const std::int64_t global = *given;
-  const std::int64_t ranks = context.distributed().size;
-  if (global % ranks != 0)
-    throw ConfigError("global_batch_size " + std::to_string(global) + " does not divide among " + std::to_string(ranks) +
-                      " ranks: this run began on " + std::to_string(began) +
-                      " and keeps its global batch when resumed; resume on a rank count that divides " + std::to_string(global));
-}
-
-DETTRIAL_INLINE void RunState::check_rank_invariant_boundaries(const Context& context) const {
-  const std::int64_t agg = context.aggregation_frequency();
-  if (!context.rank_invariant() || agg == 1) return;
-  const std::pair<const char*, const TrainUnit*> periods[] = {{"max_length", &length},
-                                                              {"the validation period", &options.validation_period},
-                                                              {"the checkpoint period", &options.checkpoint_period},
-                                                              {"the reporting period", &options.reporting_period}};
-  for (const auto& [name, period] : periods) {
-    if (period->is_never()) continue;
-    const std::int64_t per_batch = period->unit() == Unit::epochs ? epoch_len : 1;
-    std::vector<std::int64_t> ends = period->is_schedule() ? period->points() : std::vector<std::int64_t>{period->value()};
-    for (const std::int64_t end : ends)
-      if (end > 0 && end * per_batch % agg != 0)
-        throw ConfigError(std::string("reproducibility.rank_invariant keeps an update's batches apart until its last one, so ") + name +
-                          " (" + period->to_string() + (per_batch > 1 ? ", epochs of " + std::to_string(epoch_len) + " batches" : "") +
-                          ") must end on a multiple of aggregation_frequency " + std::to_string(agg) + " batches");
-  }
-  if (progress.batches_trained % agg != 0)
-    throw ConfigError("reproducibility.rank_invariant cannot resume at batch " + std::to_string(progress.batches_trained) +
-                      ", between the batches of an update (aggregation_frequency " + std::to_string(agg) + ")");
-}
-
-DETTRIAL_INLINE void RunState::settle_epoch_length(Context& context) {
-  if (epoch_len < 1) throw DataError("the training data loader yields no batches (its size() is 0)");
-  data_epoch_len = epoch_len;
-  // Determined's records_per_epoch: the epoch of epoch-based lengths, periods, LR steps and epoch
-  // hooks, in global batches (its legacy sequencer's records_per_epoch // global_batch_size, at
-  // least 1), whatever the loader's own length; the data still reshuffles at its own epochs.
-  if (const std::int64_t records = context.get_experiment_config().records_per_epoch; records > 0)
-    epoch_len = std::max<std::int64_t>(records / context.get_global_batch_size(), 1);
-  detail::ContextAccess::position(context).epoch_len = epoch_len;
-}
-
-DETTRIAL_INLINE void RunState::start_position(Context& context) {
-  RunPosition& position = detail::ContextAccess::position(context);
-  position.initial_batch = progress.batches_trained;  // the training stream skips what was trained
-  position.current_batch = progress.batches_trained;
-  result.resumed_from_batch = progress.batches_trained;
-  if (Communicator* comm = context.communicator()) broadcast_modules(*comm, context.models());  // every rank starts from rank 0's weights
-}
-
-DETTRIAL_INLINE void RunState::require_same_settings(Communicator& comm, const Context& context) const {
-  const FitOptions& o = options;
-  const RankSetting placing_boundaries[] = {
-      {"max_length", length.to_string()},
-      {"the validation period", o.validation_period.to_string()},
-      {"the checkpoint period", o.checkpoint_period.to_string()},
-      {"the reporting period", o.reporting_period.to_string()},
-      {"test mode", o.test_mode ? "on" : "off"},
-      {"step-zero validation", o.step_zero_validation ? "on" : "off"},
-      {"the checkpoint policy", std::to_string(static_cast<int>(o.checkpoint_policy))},
-      {"the searcher metric", o.searcher_metric + (o.smaller_is_better ? " (smaller is better)" : " (larger is better)")},
-      {"the batch resumed from", std::to_string(first_batch())},
-      {"aggregation_frequency", std::to_string(context.aggregation_frequency())},
-      {"the global batch size", context.has_global_batch_size() ? std::to_string(context.get_global_batch_size()) : "-"}};
-  detail::require_same_settings(comm, placing_boundaries);
-}
-
-DETTRIAL_INLINE void RunState::announce(Context& context) {
-  const FitOptions& o = options;
-  reporter.line("dettrial " DETTRIAL_VERSION_STRING ": " + runtime_summary(context.threads().source, context.thread_pools().text()));
-  reporter.line("dettrial: trial seed " + std::to_string(context.get_trial_seed()) + ", device " + context.device().str() + ", training " +
-                length.to_string() + " (an epoch is " + std::to_string(epoch_len) + " batches), output " + o.output_dir.string());
-  if (const Communicator* comm = context.communicator())
-    reporter.line("dettrial: " + std::to_string(comm->size()) + " processes (" + launcher_name(comm->environment().launcher) + ", " +
-                  comm->backend_name() + "), rendezvous at " + comm->environment().master_addr + ":" +
-                  std::to_string(comm->environment().master_port) + ", global batch " + std::to_string(context.get_global_batch_size()));
-  if (resume_dir)
-    reporter.line("dettrial: resumed from " + resume_dir->string() +
-                  (same_trial ? " at batch " + std::to_string(progress.batches_trained)
-                              : std::string(" (another trial's checkpoint: weights and optimizer state only)")));
-  const std::int64_t ranks = context.distributed().size;
-  if (same_trial && (o.restart > 0 || (resumed->ranks > 0 && resumed->ranks != ranks)))
-    reporter.restart(progress.batches_trained, progress.epochs_trained, resumed->ranks > 0 ? resumed->ranks : ranks, ranks, o.restart);
-  if (data_ranks != ranks)
-    reporter.line("dettrial: the training data keeps the global batches of the " + std::to_string(data_ranks) +
-                  "-rank job this run began as: each of the " + std::to_string(ranks) + " ranks trains its share of each");
-  if (const auto* graph = std::get_if<capture::cuda_graph>(&o.step_capture))
-    reporter.line("dettrial: the training step is captured in a CUDA graph after " + std::to_string(graph->warmup_batches) +
-                  " eager batch(es), and replayed; batches of other shapes run eagerly");
+namespace fit_steps_detail {
+/// The lines saying what is profiled, and where the trace goes.
+inline void announce_profiling(Context& context, const FitOptions& o, std::int64_t from_batch, Reporter& reporter) {
+  const bool synced = o.profiling.sync_timings && context.device().is_cuda();
   if (const auto& profiler = context.profiler_options()) {
     const ProfilerSchedule& s = profiler->schedule;
     reporter.line("dettrial: profiling on set_profiler's schedule (skip_first " + std::to_string(s.skip_first) + ", wait " +
                   std::to_string(s.wait) + ", warmup " + std::to_string(s.warmup) + ", active " + std::to_string(s.active) + ", repeat " +
-                  std::to_string(s.repeat) + ", from batch " + std::to_string(progress.batches_trained) + "); each cycle's trace in " +
+                  std::to_string(s.repeat) + ", from batch " + std::to_string(from_batch) + "); each cycle's trace in " +
                   RunFolder{o.output_dir}.tensorboard().string() +
                   (o.profiling.enabled ? " (the config's profiling section is not used)" : ""));
   } else if (o.profiling.enabled)
     reporter.line("dettrial: profiling batches " + std::to_string(o.profiling.begin_on_batch) + " to " +
                   (o.profiling.end_after_batch ? std::to_string(*o.profiling.end_after_batch) : std::string("the end of training")) +
-                  " with LibTorch's profiler" + (sync_timings ? ", timings synchronized with the GPU" : "") + "; trace in " +
+                  " with LibTorch's profiler" + (synced ? ", timings synchronized with the GPU" : "") + "; trace in " +
                   o.output_dir.string());
+}
+}  // namespace fit_steps_detail
+
+DETTRIAL_INLINE void announce(Context& context, const FitOptions& o, const Schedule& schedule, const Position& position,
+                              Reporter& reporter) {
+  reporter.line("dettrial " DETTRIAL_VERSION_STRING ": " + runtime_summary(context.threads().source, context.thread_pools().text()));
+  reporter.line("dettrial: trial seed " + std::to_string(context.get_trial_seed()) + ", device " + context.device().str() + ", training " +
+                schedule.length().to_string() + " (an epoch is " + std::to_string(schedule.epoch_len()) + " batches), output " +
+                o.output_dir.string());
+  if (const Communicator* comm = context.communicator())
+    reporter.line("dettrial: " + std::to_string(comm->size()) + " processes (" + launcher_name(comm->environment().launcher) + ", " +
+                  comm->backend_name() + "), rendezvous at " + comm->environment().master_addr + ":" +
+                  std::to_string(comm->environment().master_port) + ", global batch " + std::to_string(context.get_global_batch_size()));
+  if (const auto& dir = position.resume_dir())
+    reporter.line("dettrial: resumed from " + dir->string() +
+                  (position.same_trial() ? " at batch " + std::to_string(position.batches_trained())
+                                         : std::string(" (another trial's checkpoint: weights and optimizer state only)")));
+  const std::int64_t ranks = context.distributed().size, before = position.resumed_ranks();
+  if (position.same_trial() && (o.restart > 0 || (before > 0 && before != ranks)))
+    reporter.restart(position.batches_trained(), position.epochs_trained(), before > 0 ? before : ranks, ranks, o.restart);
+  if (schedule.data_ranks() != ranks)
+    reporter.line("dettrial: the training data keeps the global batches of the " + std::to_string(schedule.data_ranks()) +
+                  "-rank job this run began as: each of the " + std::to_string(ranks) + " ranks trains its share of each");
+  if (const auto* graph = std::get_if<capture::cuda_graph>(&o.step_capture))
+    reporter.line("dettrial: the training step is captured in a CUDA graph after " + std::to_string(graph->warmup_batches) +
+                  " eager batch(es), and replayed; batches of other shapes run eagerly");
+  fit_steps_detail::announce_profiling(context, o, position.batches_trained(), reporter);
   if (const std::int64_t records = context.get_experiment_config().records_per_epoch; records > 0)
-    reporter.line("dettrial: records_per_epoch " + std::to_string(records) + " sets the epoch: " + std::to_string(epoch_len) +
+    reporter.line("dettrial: records_per_epoch " + std::to_string(records) + " sets the epoch: " + std::to_string(schedule.epoch_len()) +
                   " batches of " + std::to_string(context.get_global_batch_size()) + " records (the training data loader's own epoch is " +
-                  std::to_string(data_epoch_len) + " batches on this rank)");
+                  std::to_string(schedule.data_epoch_len()) + " batches on this rank)");
+  if (o.checkpoint_policy == CheckpointPolicy::best && o.searcher_metric.empty())
+    reporter.line("dettrial: checkpoint_policy 'best' has no searcher metric to compare; checkpointing after every validation");
 }
 
-DETTRIAL_INLINE void RunState::finish_profiling() {
-  if (profiler.finish(progress.batches_trained - 1)) reporter.line("dettrial: " + profiler.summary());
-}
-
-DETTRIAL_INLINE void RunState::write_report(const Context& context) {
-  if (!context.distributed().is_chief()) return;
-  try {
-    const auto path = write_run_report(options.output_dir);
-    reporter.line("dettrial: report " + path.string());
-  } catch (const std::exception& e) {
-    reporter.line(std::string("dettrial: warning: no report.html: ") + e.what());
-  }
-}
-
-DETTRIAL_INLINE Reached RunState::boundaries_after(std::int64_t batch_idx, std::int64_t epoch_idx, bool epoch_end) const {
-  auto hit = [&](const TrainUnit& u) {
-    return u.unit() == Unit::epochs ? epoch_end && u.reached(epoch_idx + 1) : u.reached(batch_idx + 1);
-  };
-  return Reached{.length = options.test_mode || hit(length),
-                 .validation = hit(options.validation_period),
-                 .checkpoint = hit(options.checkpoint_period),
-                 .report = hit(options.reporting_period)};
-}
-
-DETTRIAL_INLINE void RunState::begin_workload(Context& context, Workload& workload) {
-  for (const auto& m : context.models()) m->train();
-  for (auto& r : detail::ContextAccess::reducers(context))
-    if (r.for_training) r.reset(r.object);
-  workload.means.reset();
-  workload.batch_metrics.clear();
-  workload.records = 0;
-  workload.phases.reset();
-  workload.phases.checkpoint_wait = checkpointer.take_waited_seconds();
-  workload.mark = std::chrono::steady_clock::now();
-  reporter.begin("train", progress.batches_trained, length.unit() == Unit::epochs ? length.value() * epoch_len : length.value(), "batches");
-}
-
-DETTRIAL_INLINE const MetricValues& RunState::report_training(Context& context, const Workload& workload) {
+DETTRIAL_INLINE MetricValues report_training(Context& context, const Workload& workload, const TrialProgress& progress,
+                                             Reporter& reporter) {
   const double seconds = reporter.elapsed();
   RankShare mine{.batches = workload.means.batches(), .records = workload.records};
   for (const auto& [name, value] : workload.means.means()) mine.totals.push_back({name, Reducer::avg, value});
-  for (auto& r : detail::ContextAccess::reducers(context))
+  for (auto& r : ContextAccess::reducers(context))
     if (r.for_training) mine.reducer_parts.push_back(r.per_slot(r.object));
   const auto shares = gather_shares(std::move(mine), context.communicator());
   MetricValues avg;
@@ -22624,19 +22667,18 @@ DETTRIAL_INLINE const MetricValues& RunState::report_training(Context& context, 
   // The whole job's records (every rank's), over the chief's clock.
   const double rate = seconds > 0 ? static_cast<double>(total_records(shares)) / seconds : 0.0;
   reporter.training(progress.batches_trained, progress.epochs_trained, avg, rate, seconds, workload.phases, learning_rates(context));
-  result.last_training_metrics = std::move(avg);
-  return result.last_training_metrics;
+  return avg;
 }
 
-DETTRIAL_INLINE void RunState::begin_validation(Context& context) {
+DETTRIAL_INLINE void begin_validation(Context& context) {
   agree_on_buffers(context);
   for (const auto& m : context.models()) m->eval();
-  for (auto& r : detail::ContextAccess::reducers(context))
+  for (auto& r : ContextAccess::reducers(context))
     if (r.for_validation) r.reset(r.object);
 }
 
-DETTRIAL_INLINE MetricValues RunState::reduce_validation(Context& context, RankShare mine, std::int64_t& records) const {
-  for (auto& r : detail::ContextAccess::reducers(context))
+DETTRIAL_INLINE MetricValues reduce_validation(Context& context, RankShare mine, std::int64_t& records) {
+  for (auto& r : ContextAccess::reducers(context))
     if (r.for_validation) mine.reducer_parts.push_back(r.per_slot(r.object));
   const auto shares = gather_shares(std::move(mine), context.communicator());
   // Decided from the gathered shares, so every rank throws (or goes on) together.
@@ -22647,136 +22689,59 @@ DETTRIAL_INLINE MetricValues RunState::reduce_validation(Context& context, RankS
   return metrics;
 }
 
-DETTRIAL_INLINE const MetricValues& RunState::finish_validation(Context& context, const MetricValues& metrics, std::int64_t records) {
+DETTRIAL_INLINE MetricValues finish_validation(Context& context, const MetricValues& metrics, std::int64_t records, Position& position,
+                                               Reporter& reporter) {
   context.step_lr_schedulers_on_validation(metrics);  // the same reduced metrics on every rank
-  progress.last_validation = progress.batches_trained;
-  ++result.validations;
+  position.validated();
   MetricValues reported;
-  reported.set("batches", static_cast<double>(progress.batches_trained));
-  reported.set("epochs", static_cast<double>(progress.epochs_trained));
+  reported.set("batches", static_cast<double>(position.batches_trained()));
+  reported.set("epochs", static_cast<double>(position.epochs_trained()));
   for (const auto& [name, value] : metrics) reported.set(name, value);
-  reporter.validation(progress.batches_trained, progress.epochs_trained, reported, records, reporter.elapsed());
-  result.last_validation_metrics = std::move(reported);
-  return result.last_validation_metrics;
+  reporter.validation(position.batches_trained(), position.epochs_trained(), reported, records, reporter.elapsed());
+  return reported;
 }
 
-DETTRIAL_INLINE bool RunState::checkpoint_after_validation(Context& context, const MetricValues& reported) {
-  bool improved = true;  // without a searcher metric every validation counts as the best so far
-  if (!options.searcher_metric.empty()) {
-    const auto value = reported.get(options.searcher_metric);
-    if (!value) throw missing_searcher_metric(options.searcher_metric, reported);
-    improved = MetricOrder{options.smaller_is_better}.improves(*value, progress.best_validation);
-    // Every rank holds the same gathered metrics; the chief's decision is still the one acted on,
-    // because a checkpoint is a collective that all ranks enter or none.
-    if (Communicator* comm = context.communicator()) improved = comm->broadcast_values({improved ? 1 : 0})[0] != 0;
-    if (improved) progress.best_validation = *value;
-  } else if (options.checkpoint_policy == CheckpointPolicy::best && !warned_best_without_metric) {
-    reporter.line("dettrial: checkpoint_policy 'best' has no searcher metric to compare; checkpointing after every validation");
-    warned_best_without_metric = true;
-  }
-  return checkpointer.after_validation(improved);
+DETTRIAL_INLINE bool improves_searcher_metric(Context& context, const FitOptions& options, Position& position,
+                                              const MetricValues& reported) {
+  if (options.searcher_metric.empty()) return true;
+  const auto value = reported.get(options.searcher_metric);
+  if (!value) throw missing_searcher_metric(options.searcher_metric, reported);
+  const MetricOrder order{options.smaller_is_better};
+  bool improved = order.improves(*value, position.progress().best_validation);
+  // Every rank holds the same gathered metrics; the chief's decision is still the one acted on,
+  // because a checkpoint is a collective that all ranks enter or none.
+  if (Communicator* comm = context.communicator()) improved = comm->broadcast_values({improved ? 1 : 0})[0] != 0;
+  if (improved) position.keep_best(*value);
+  return improved;
 }
 
-DETTRIAL_INLINE TrialCheckpointRecord RunState::checkpoint_record(const Context& context, std::optional<std::uint64_t> training_data_seed,
-                                                                  std::optional<std::uint64_t> validation_data_seed,
-                                                                  std::string trial_type) const {
-  TrialProgress saved = progress;
-  saved.trial_id = options.trial_id;
-  saved.training_data_seed = training_data_seed;
-  saved.validation_data_seed = validation_data_seed;
-  saved.ranks = context.distributed().size;
-  saved.data_ranks = data_ranks;
-  const bool validated_here = progress.last_validation == progress.batches_trained && !options.searcher_metric.empty();
-  return {.progress = std::move(saved),
-          .mid_aggregation = progress.batches_trained % context.aggregation_frequency() != 0,
+DETTRIAL_INLINE TrialCheckpointRecord checkpoint_record(const Context& context, const FitOptions& options, const Schedule& schedule,
+                                                        const Position& position, const MetricValues& last_validation,
+                                                        std::optional<std::uint64_t> training_data_seed,
+                                                        std::optional<std::uint64_t> validation_data_seed, std::string trial_type) {
+  const bool validated_here = position.validated_here() && !options.searcher_metric.empty();
+  return {.progress =
+              position.saved(options.trial_id, training_data_seed, validation_data_seed, context.distributed().size, schedule.data_ranks()),
+          .mid_aggregation = position.batches_trained() % context.aggregation_frequency() != 0,
           .searcher_metric = options.searcher_metric,
-          .validation_metric = validated_here ? result.last_validation_metrics.get(options.searcher_metric) : std::nullopt,
+          .validation_metric = validated_here ? last_validation.get(options.searcher_metric) : std::nullopt,
           .trial_type = std::move(trial_type)};
 }
 
-DETTRIAL_INLINE void RunState::checkpoint_written(const WrittenCheckpoint& written) {
-  result.checkpoints.push_back(written.info);
+DETTRIAL_INLINE void report_checkpoint(const WrittenCheckpoint& written, Checkpointer& checkpointer, Reporter& reporter) {
   reporter.checkpoint(written.info.batches_trained, written.info.epochs_trained, written.info.path, written.seconds, written.write_seconds);
   checkpointer.apply_retention(written.info.uuid);
 }
 
-DETTRIAL_INLINE void RunState::stopped(int signal) {
-  result.signal = signal;
-  result.stop_requested = true;
-  result.stopped_early = remaining() > 0;
-  const std::string after = " after batch " + std::to_string(progress.batches_trained);
+DETTRIAL_INLINE void report_stop(int signal, std::int64_t batches_trained, const Checkpointer& checkpointer, Reporter& reporter) {
+  const std::string after = " after batch " + std::to_string(batches_trained);
   if (signal != 0)
     reporter.line(std::string("dettrial: stopped by ") + signal_name(signal) + after + "; resume from " + checkpointer.storage().string());
   else reporter.line("dettrial: stop requested; stopped" + after);
 }
 
-DETTRIAL_INLINE RunState::RunState() = default;
-DETTRIAL_INLINE RunState::RunState(RunState&&) noexcept = default;
-DETTRIAL_INLINE RunState& RunState::operator=(RunState&&) noexcept = default;
-DETTRIAL_INLINE RunState::~RunState() = default;
-
-DETTRIAL_INLINE void RunState::start_tensorboard_session(Context& context) {
-  if (!context.get_tensorboard_writer().has_session()) context.get_tensorboard_writer().add_hparams(flat_hparams(context.get_hparams()));
-}
-
-DETTRIAL_INLINE void RunState::end_tensorboard_session(Context& context, bool succeeded) noexcept {
-  try {
-    context.get_tensorboard_writer().end_session(succeeded);
-    context.get_tensorboard_writer().flush();
-  } catch (const std::exception& e) {  // ends a fit that may be unwinding already
-    std::fprintf(stderr, "dettrial: warning: the TensorBoard session did not end cleanly: %s\n", e.what());
-  }
-}
-
-DETTRIAL_INLINE void RunState::report_profile() { reporter.line("dettrial: " + profiler.summary()); }
-
-DETTRIAL_INLINE void RunState::note_capture(std::int64_t batch_idx) {
-  reporter.line("dettrial: training step captured in a CUDA graph at batch " + std::to_string(batch_idx));
-}
-
-DETTRIAL_INLINE void RunState::note_eager_batch(std::int64_t batch_idx) {
-  if (!eager_batch_announced)
-    reporter.line("dettrial: batch " + std::to_string(batch_idx) + " has other shapes than the captured batch; such batches run eagerly");
-  eager_batch_announced = true;
-}
-
-DETTRIAL_INLINE void RunState::warn_missing_callback_states(const std::vector<std::string>& names) {
-  for (const std::string& name : names) reporter.line("dettrial: warning: the checkpoint has no state for callback '" + name + "'");
-}
-
-DETTRIAL_INLINE void RunState::complete(const Context& context) {
-  if (context.distributed().is_chief()) checkpointer.apply_retention({});
-}
-
-DETTRIAL_INLINE FitResult RunState::finish(const Context& context) {
-  result.batches_trained = progress.batches_trained;
-  result.epochs_trained = progress.epochs_trained;
-  mlflow_status = result.signal != 0 ? MlflowEnd::killed : MlflowEnd::finished;
-  write_report(context);
-  return std::move(result);
-}
-
-DETTRIAL_INLINE void RunState::release() noexcept {
-  checkpointer.settle();
-  if (mlflow) {
-    try {
-      mlflow->end(mlflow_status);
-    } catch (const std::exception& e) {
-      std::fprintf(stderr, "dettrial: warning: the MLflow run did not end cleanly: %s\n", e.what());
-    }
-  }
-  folder_lock = FolderLock{};
-}
-
 DETTRIAL_INLINE void training_stream_ended(std::int64_t batch_idx) {
   throw DataError("the training data loader's repeating stream ended at batch " + std::to_string(batch_idx));
-}
-
-DETTRIAL_INLINE std::filesystem::path default_output_dir() {
-  const std::time_t now = std::time(nullptr);
-  char stamp[32];
-  std::strftime(stamp, sizeof stamp, "%Y%m%d-%H%M%S", std::localtime(&now));
-  return std::filesystem::path("runs") / (std::string(stamp) + "-" + std::to_string(::getpid()));
 }
 
 DETTRIAL_INLINE ConfigError missing_searcher_metric(const std::string& metric, const MetricValues& metrics) {
@@ -22822,7 +22787,7 @@ DETTRIAL_INLINE void reduce_user_reducers(Context& context, bool WrappedReducer:
     if (s.reducer_parts.size() != shares.front().reducer_parts.size())
       throw DistributedError("the ranks wrapped different numbers of reducers; every rank must build the same trial");
   std::size_t index = 0;
-  for (auto& r : detail::ContextAccess::reducers(context))
+  for (auto& r : ContextAccess::reducers(context))
     if (r.*role) r.cross_slot_into(r.object, r.name, reducer_parts(shares, index++), out);
 }
 
@@ -22836,7 +22801,236 @@ DETTRIAL_INLINE void agree_on_buffers(Context& context) {
 
 }  // namespace dettrial::detail
 #endif  // DETTRIAL_HEADER_DEFINITIONS
-// ---- end dettrial/trainer/run_state.hpp
+// ---- end dettrial/trainer/fit_steps.hpp
+// ---- begin dettrial/trainer/outputs.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief detail::Outputs: what a fit writes besides checkpoints (the run folder's lock, the
+/// reporter, the profiler, TensorBoard's session, the MLflow run), opened together and ended
+/// together. Compiled once in separate-compilation mode.
+
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+
+namespace dettrial::detail {
+
+/**
+ * @brief A fit's outputs: on the chief, the run folder's lock (taken first, before anything there is
+ * read or written), then the TensorBoard writer, the MLflow run and the reporter's metrics.jsonl;
+ * on every rank the terminal lines and the profiler. close() (and the destructor) ends them in one
+ * place: the TensorBoard session and the MLflow run as the fit ended (end_as; failed unless told
+ * otherwise), then the lock.
+ */
+class Outputs {
+ public:
+  Outputs() = default;
+  Outputs(Outputs&& other) noexcept { *this = std::move(other); }
+  /// Ends what this object holds first (a moved-into Outputs never drops an open one silently).
+  Outputs& operator=(Outputs&& other) noexcept {
+    if (this != &other) {
+      close();
+      folder_lock_ = std::move(other.folder_lock_);
+      reporter_ = std::move(other.reporter_);
+      profiler_ = std::move(other.profiler_);
+      mlflow_ = std::move(other.mlflow_);
+      ending_ = other.ending_;
+      session_ = std::exchange(other.session_, nullptr);
+      sync_timings_ = other.sync_timings_;
+      eager_batch_announced_ = other.eager_batch_announced_;
+    }
+    return *this;
+  }
+  ~Outputs() { close(); }
+
+  /// On the chief, the lock of the run folder `output_dir` (a second process there is refused with
+  /// an error naming the one that holds it).
+  DETTRIAL_INLINE static Outputs lock(const Context& context, const std::filesystem::path& output_dir);
+  /// Opens the rest for the fit with `options`, continuing the outputs of a run at batch
+  /// `continued_at`: TensorBoard's writer and the MLflow run (on the chief), the reporter, the profiler.
+  DETTRIAL_INLINE void open(Context& context, const FitOptions& options, std::optional<std::int64_t> continued_at);
+
+  Reporter& reporter() { return reporter_; }
+  TraceProfiler& profiler() { return profiler_; }
+  /// Wait for the GPU at each phase's end while profiling, so that the phase timings are the GPU's
+  /// (profiling.sync_timings; only inside the profiled range).
+  bool sync_timings() const { return sync_timings_ && profiler_.running(); }
+
+  /// One TensorBoard hparams session a folder: a resumed run's folder already starts one. It ends
+  /// in close(), as the fit ended.
+  DETTRIAL_INLINE void start_tensorboard_session(Context& context);
+  /// The profiler's summary line, after a profiled range ended.
+  DETTRIAL_INLINE void report_profile();
+  /// Writes the trace when training ended (or stopped, after batch `last_batch`) inside the profiled range.
+  DETTRIAL_INLINE void finish_profiling(std::int64_t last_batch);
+  /// The step was captured at batch `batch_idx` (its line).
+  DETTRIAL_INLINE void note_capture(std::int64_t batch_idx);
+  /// Batch `batch_idx` runs eagerly after the capture (a line the first time).
+  DETTRIAL_INLINE void note_eager_batch(std::int64_t batch_idx);
+  /// A warning for each callback whose state the checkpoint lacks.
+  DETTRIAL_INLINE void warn_missing_callback_states(const std::vector<std::string>& names);
+  /// The run's report.html from its metrics.jsonl in `output_dir` (on the chief). A report that
+  /// cannot be written is a warning: the training it describes is done and saved.
+  DETTRIAL_INLINE void write_report(const Context& context, const std::filesystem::path& output_dir);
+
+  /// How the fit ended, for MLflow's status and TensorBoard's session (succeeded unless `failed`).
+  void end_as(MlflowEnd ending) { ending_ = ending; }
+  /// Ends the TensorBoard session and the MLflow run as the fit ended, and releases the lock; a
+  /// failure to end one is a warning (the fit may be unwinding already). Once.
+  DETTRIAL_INLINE void close() noexcept;
+
+ private:
+  /// Declared first: released last.
+  FolderLock folder_lock_{};
+  Reporter reporter_{};
+  TraceProfiler profiler_{};
+  std::unique_ptr<MlflowRun> mlflow_{};
+  MlflowEnd ending_ = MlflowEnd::failed;
+  /// The writer whose hparams session this fit started (ended in close()).
+  TensorBoardWriter* session_ = nullptr;
+  bool sync_timings_ = false;
+  bool eager_batch_announced_ = false;
+};
+
+}  // namespace dettrial::detail
+
+// Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
+#if DETTRIAL_HEADER_DEFINITIONS
+#include <cstdio>
+#include <exception>
+#include <type_traits>
+#include <utility>
+#include <variant>
+
+
+namespace dettrial::detail {
+
+namespace outputs_detail {
+/// The run's MLflow run, when the options or MLFLOW_TRACKING_URI name a server: its params are
+/// the hyperparameters, its tags say what ran where.
+inline std::unique_ptr<MlflowRun> start_mlflow(const FitOptions& options, Context& context) {
+  MlflowSettings wanted = options.mlflow;
+  wanted.complete_from_environment();  // a search's trial learns its parent run here: it is named by its id
+  const std::string name = wanted.parent_run_id.empty() ? std::filesystem::absolute(options.output_dir).filename().string()
+                                                        : "trial " + std::to_string(options.trial_id);
+  std::optional<MlflowSettings> settings = tracked_settings(std::move(wanted), name);
+  if (!settings) return nullptr;
+  MlflowRun::Start start;
+  for (const auto& [name, value] : flat_hparams(context.get_hparams())) {
+    std::string text = std::visit(
+        []<class V>(const V& v) -> std::string {
+          if constexpr (std::is_same_v<V, bool>) return v ? "true" : "false";
+          else if constexpr (std::is_arithmetic_v<V>) {
+            char number[32];  // as the config wrote it: 32, 0.001
+            std::snprintf(number, sizeof number, "%.15g", v);
+            return number;
+          } else {
+            return std::string(v);
+          }
+        },
+        value);
+    start.params.emplace_back(name, std::move(text));
+  }
+  start.tags = {{"dettrial.version", DETTRIAL_VERSION_STRING},
+                {"dettrial.system", runtime_summary(context.threads().source, context.thread_pools().text())},
+                {"dettrial.device", context.device().str()},
+                {"dettrial.ranks", std::to_string(context.distributed().size)},
+                {"dettrial.run_folder", std::filesystem::absolute(options.output_dir).string()}};
+  return std::make_unique<MlflowRun>(std::move(*settings), options.output_dir, std::move(start));
+}
+}  // namespace outputs_detail
+
+DETTRIAL_INLINE Outputs Outputs::lock(const Context& context, const std::filesystem::path& output_dir) {
+  Outputs out;
+  if (context.distributed().is_chief()) out.folder_lock_ = FolderLock::acquire(RunFolder{output_dir}.lock(), "run folder");
+  return out;
+}
+
+DETTRIAL_INLINE void Outputs::open(Context& context, const FitOptions& options, std::optional<std::int64_t> continued_at) {
+  // One writer per job: the chief reports and writes metrics.jsonl, event files and checkpoints.
+  const bool chief = context.distributed().is_chief();
+  if (chief) context.get_tensorboard_writer() = TensorBoardWriter(context.get_tensorboard_path(), continued_at);
+  if (chief) mlflow_ = outputs_detail::start_mlflow(options, context);
+  reporter_ = Reporter(chief, options.report, options.output_dir, continued_at,
+                       context.get_enable_tensorboard_logging() ? &context.get_tensorboard_writer() : nullptr, mlflow_.get());
+  const bool cuda = context.device().is_cuda();
+  if (const auto& profiler = context.profiler_options()) {
+    // set_profiler: steps count from this fit's first batch; every rank writes each cycle's trace
+    // into the run's TensorBoard folder under its own worker name (host and process).
+    profiler_ =
+        TraceProfiler(*profiler, continued_at.value_or(0), {RunFolder{options.output_dir}.tensorboard(), /*one_a_cycle=*/true}, cuda);
+    sync_timings_ = options.profiling.sync_timings && cuda;
+  } else if (options.profiling.enabled) {
+    // Every rank profiles its own process: the chief into trace.json, rank r into trace.rank<r>.json.
+    const int rank = context.distributed().rank;
+    profiler_ = TraceProfiler::for_section(options.profiling, RunFolder{options.output_dir}.trace(rank), cuda);
+    sync_timings_ = options.profiling.sync_timings && cuda;
+  }
+}
+
+DETTRIAL_INLINE void Outputs::start_tensorboard_session(Context& context) {
+  TensorBoardWriter& writer = context.get_tensorboard_writer();
+  if (!writer.has_session()) writer.add_hparams(flat_hparams(context.get_hparams()));
+  session_ = &writer;
+}
+
+DETTRIAL_INLINE void Outputs::report_profile() { reporter_.line("dettrial: " + profiler_.summary()); }
+
+DETTRIAL_INLINE void Outputs::finish_profiling(std::int64_t last_batch) {
+  if (profiler_.finish(last_batch)) report_profile();
+}
+
+DETTRIAL_INLINE void Outputs::note_capture(std::int64_t batch_idx) {
+  reporter_.line("dettrial: training step captured in a CUDA graph at batch " + std::to_string(batch_idx));
+}
+
+DETTRIAL_INLINE void Outputs::note_eager_batch(std::int64_t batch_idx) {
+  if (!eager_batch_announced_)
+    reporter_.line("dettrial: batch " + std::to_string(batch_idx) + " has other shapes than the captured batch; such batches run eagerly");
+  eager_batch_announced_ = true;
+}
+
+DETTRIAL_INLINE void Outputs::warn_missing_callback_states(const std::vector<std::string>& names) {
+  for (const std::string& name : names) reporter_.line("dettrial: warning: the checkpoint has no state for callback '" + name + "'");
+}
+
+DETTRIAL_INLINE void Outputs::write_report(const Context& context, const std::filesystem::path& output_dir) {
+  if (!context.distributed().is_chief()) return;
+  try {
+    const auto path = write_run_report(output_dir);
+    reporter_.line("dettrial: report " + path.string());
+  } catch (const std::exception& e) {
+    reporter_.line(std::string("dettrial: warning: no report.html: ") + e.what());
+  }
+}
+
+DETTRIAL_INLINE void Outputs::close() noexcept {
+  if (TensorBoardWriter* writer = std::exchange(session_, nullptr)) {
+    try {
+      writer->end_session(ending_ != MlflowEnd::failed);
+      writer->flush();
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "dettrial: warning: the TensorBoard session did not end cleanly: %s\n", e.what());
+    }
+  }
+  if (const std::unique_ptr<MlflowRun> mlflow = std::move(mlflow_)) {
+    try {
+      mlflow->end(ending_);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "dettrial: warning: the MLflow run did not end cleanly: %s\n", e.what());
+    }
+  }
+  folder_lock_ = FolderLock{};
+}
+
+}  // namespace dettrial::detail
+#endif  // DETTRIAL_HEADER_DEFINITIONS
+// ---- end dettrial/trainer/outputs.hpp
 // ---- begin dettrial/trainer/step_graph.hpp
 // SPDX-License-Identifier: Apache-2.0
 /// @file
@@ -23323,8 +23517,9 @@ decltype(auto) deref(O& o) {
 
 /**
  * @brief One fit of a valid trial (only Trainer<TrialT> makes one, and only for a trial that meets
- * the concepts): the trial's loaders, the captured step and the fit's RunState as members, and the
- * loop that calls the trial's hooks and the callbacks in `Set` between RunState's steps.
+ * the concepts): the trial's loaders, the captured step and the fit's pieces as members (its
+ * Schedule, Position, Outputs, Checkpointer and result), and the loop that calls the trial's hooks
+ * and the callbacks in `Set` between the steps of fit_steps.hpp.
  */
 template <class TrialT, class Set>
 class Run {
@@ -23345,13 +23540,18 @@ class Run {
   FitResult fit(FitOptions options) {
     check_step_capture(options.step_capture, context_, tensors_only_batch<training_batch_t<TrialT>>(),
                        c10::demangle(typeid(training_batch_t<TrialT>).name()));
-    st_ = RunState::begin(context_, std::move(options));
-    const auto release = on_scope_exit([&] { st_.release(); });
+    begin(std::move(options));
+    // However the fit ends: a checkpoint write in flight ends (a failure is a warning then), then
+    // the outputs end as the fit did, the run folder's lock last.
+    const auto end = on_scope_exit([&] {
+      checkpointer_.settle();
+      outputs_.close();
+    });
     // Each callback that started gets on_trial_shutdown, in reverse order, whatever happens next.
     std::size_t started = 0;
     const auto shutdown = on_scope_exit([&] { shut_down(callbacks_, started); });
-    const std::int64_t first_batch = st_.first_batch();
-    const std::string resume_uuid = st_.resume_dir ? st_.resume_dir->filename().string() : std::string();
+    const std::int64_t first_batch = position_.first_batch();
+    const std::string resume_uuid = position_.resume_dir() ? position_.resume_dir()->filename().string() : std::string();
     callbacks_.each([&](auto& cb) {
       using C = std::remove_reference_t<decltype(cb)>;
       if constexpr (hook::on_trial_startup::callable<C>) hook::on_trial_startup::call(cb, first_batch, resume_uuid);
@@ -23359,41 +23559,59 @@ class Run {
     });
     prepare_training();
     // The graph is made anew in each fit (a resumed run warms up and captures again) and freed after it.
-    if (const auto* graph = std::get_if<capture::cuda_graph>(&st_.options.step_capture)) step_graph_.start(*graph, context_);
+    if (const auto* graph = std::get_if<capture::cuda_graph>(&options_.step_capture)) step_graph_.start(*graph, context_);
     const auto free_graph = on_scope_exit([&] { step_graph_.reset(); });
-    st_.announce(context_);
-    if constexpr (requires { train_loader_->describe(); }) st_.reporter.line("dettrial: training data: " + train_loader_->describe());
-    RunState::start_tensorboard_session(context_);
-    // The hparams session ends as the fit does: failed when it throws.
-    const auto end_session = on_scope_exit([&, exceptions = std::uncaught_exceptions()] {
-      RunState::end_tensorboard_session(context_, std::uncaught_exceptions() == exceptions);
-    });
-    const StopSignals signals(st_.options.handle_signals);
+    announce(context_, options_, schedule_, position_, outputs_.reporter());
+    if constexpr (requires { train_loader_->describe(); })
+      outputs_.reporter().line("dettrial: training data: " + train_loader_->describe());
+    outputs_.start_tensorboard_session(context_);
+    const StopSignals signals(options_.handle_signals);
     callbacks_.template call<hook::on_training_start>();
-    if (st_.options.step_zero_validation && st_.progress.batches_trained == 0 && st_.progress.last_validation < 0) validate();
+    if (options_.step_zero_validation && position_.untouched()) validate();
     train();
-    st_.finish_profiling();
-    if (!st_.result.stop_requested) {
-      if (st_.progress.last_validation != st_.progress.batches_trained) validate();
+    outputs_.finish_profiling(position_.batches_trained() - 1);
+    if (!result_.stop_requested) {
+      if (!position_.validated_here()) validate();
       checkpoint_unless_current();
       finish_checkpoint(/*wait=*/true);
-      st_.complete(context_);
+      // Trained to its length: retention applies without sparing the newest checkpoint.
+      if (context_.distributed().is_chief()) checkpointer_.apply_retention({});
     }
-    return st_.finish(context_);
+    result_.batches_trained = position_.batches_trained();
+    result_.epochs_trained = position_.epochs_trained();
+    outputs_.end_as(result_.signal != 0 ? MlflowEnd::killed : MlflowEnd::finished);
+    outputs_.write_report(context_, options_.output_dir);
+    return std::move(result_);
   }
 
  private:
+  /// The fit's pieces, in an order that fails before anything is written where it can: the run
+  /// folder's lock first, then the schedule, the checkpoint to resume from, the checkpoints'
+  /// storage and the outputs.
+  void begin(FitOptions options) {
+    options_ = std::move(options);
+    if (options_.output_dir.empty()) options_.output_dir = default_output_dir();
+    outputs_ = Outputs::lock(context_, options_.output_dir);
+    schedule_ = Schedule::resolve(options_, context_);
+    position_ = Position::find(options_);
+    ContextAccess::position(context_).output_dir = options_.output_dir;
+    checkpointer_ = fit_checkpointer(context_, options_);
+    outputs_.open(context_, options_, position_.continued_at());
+    result_ = FitResult{.checkpoint_dir = checkpointer_.storage(), .output_dir = options_.output_dir};
+  }
+
   /// Builds the data loaders, makes the ranks agree, restores the checkpoint and sets the counters.
   void prepare_training() {
     train_loader_.emplace(trial_.build_training_data_loader());
     validation_loader_.emplace(trial_.build_validation_data_loader());
-    st_.data_ranks = data_layout();
-    st_.epoch_len = epoch_length(*train_loader_, training_chain());
-    agree_across_ranks();
-    st_.settle_epoch_length(context_);
-    if (st_.resume_dir) restore(*st_.resume_dir, st_.same_trial ? *st_.resumed : TrialProgress{.trial_id = st_.options.trial_id});
-    st_.check_rank_invariant_boundaries(context_);
-    st_.start_position(context_);
+    schedule_.keep_data_ranks(data_layout());
+    schedule_.settle_epoch_length(context_, agree_across_ranks(epoch_length(*train_loader_, training_chain())));
+    if (const auto& dir = position_.resume_dir()) restore(*dir, position_.to_restore(options_.trial_id));
+    schedule_.check_rank_invariant_boundaries(context_, position_.batches_trained());
+    position_.start(context_);
+    result_.resumed_from_batch = position_.batches_trained();
+    if (Communicator* comm = context_.communicator())
+      broadcast_modules(*comm, context_.models());  // every rank starts from rank 0's weights
   }
 
   /// on_trial_shutdown for the callbacks that started, last first; a failing hook is reported, not thrown.
@@ -23418,7 +23636,7 @@ class Run {
     // One endless stream for the whole run (Determined's repeat → shard → skip chain).
     CopyAhead batches(train_loader_->batches(training_chain()), context_.device());
     Workload workload;
-    while (st_.remaining() > 0) {
+    while (schedule_.remaining(position_.progress()) > 0) {
       const Reached reached = train_until_boundary(batches, workload);
       report_training(workload);
       finish_checkpoint(/*wait=*/false);  // the one written in the background, if it is durable now
@@ -23431,24 +23649,27 @@ class Run {
   template <class Batches>
   Reached train_until_boundary(Batches& batches, Workload& workload) {
     step_graph_.check_unchanged();
-    st_.begin_workload(context_, workload);
+    workload.begin(context_, checkpointer_.take_waited_seconds());
+    Reporter& reporter = outputs_.reporter();
+    TraceProfiler& profiler = outputs_.profiler();
+    reporter.begin("train", position_.batches_trained(), schedule_.total_batches(), "batches");
     for (;;) {
-      const std::int64_t batch_idx = st_.progress.batches_trained, epoch_idx = batch_idx / st_.epoch_len;
-      const bool epoch_start = batch_idx % st_.epoch_len == 0, epoch_end = batch_idx % st_.epoch_len == st_.epoch_len - 1;
-      detail::ContextAccess::position(context_).current_batch = batch_idx;
+      const std::int64_t batch_idx = position_.batches_trained(), epoch_idx = schedule_.epoch_of(batch_idx);
+      const bool epoch_start = schedule_.starts_epoch(batch_idx), epoch_end = schedule_.ends_epoch(batch_idx);
+      ContextAccess::position(context_).current_batch = batch_idx;
       if (epoch_start) callbacks_.template call<hook::on_training_epoch_start>(epoch_idx);
       if (!batches.has_next()) training_stream_ended(batch_idx);
-      st_.profiler.before_batch(batch_idx);
+      profiler.before_batch(batch_idx);
       // Synchronized timings only inside the profiled range: a sync a batch elsewhere would cost the GPU its queue.
-      train_batch(batches.take(), workload, batch_idx, epoch_idx, st_.sync_timings && st_.profiler.running());
-      ++st_.progress.batches_trained;
-      if (st_.profiler.after_batch(batch_idx)) st_.report_profile();
+      train_batch(batches.take(), workload, batch_idx, epoch_idx, outputs_.sync_timings());
+      position_.batch_trained();
+      if (profiler.after_batch(batch_idx)) outputs_.report_profile();
       if (epoch_end) {
         callbacks_.template call<hook::on_training_epoch_end>(epoch_idx);
-        ++st_.progress.epochs_trained;
+        position_.epoch_trained();
       }
-      st_.reporter.update(st_.progress.batches_trained);
-      const Reached reached = st_.boundaries_after(batch_idx, epoch_idx, epoch_end);
+      reporter.update(position_.batches_trained());
+      const Reached reached = schedule_.boundaries_after(batch_idx, epoch_idx, epoch_end);
       if (reached.any()) return reached;
       // One process stops at any batch (with rank_invariant, at an update's last); a job only at
       // boundaries, where its ranks agree.
@@ -23458,7 +23679,7 @@ class Run {
       // computes this one. Not across a boundary or an epoch's start, so the data is read in the same
       // order relative to checkpoints and callbacks as without it; nor into a profiled range, whose
       // trace shows each of its batches' reads.
-      if (!epoch_end && !st_.profiler.starts_at(batch_idx + 1)) batches.stage();
+      if (!epoch_end && !profiler.starts_at(batch_idx + 1)) batches.stage();
     }
   }
 
@@ -23506,7 +23727,7 @@ class Run {
     training_batch_t<TrialT> batch = std::move(loaded);
     const std::int64_t records = record_count(batch);
     workload.records += records;
-    detail::ContextAccess::begin_training_batch(context_, records);
+    ContextAccess::begin_training_batch(context_, records);
     Metrics metrics;
     if (step_graph_.captured() && step_graph_.fits(batch)) {
       // The batch (on the device already: CopyAhead) is copied into the graph's inputs; the
@@ -23525,14 +23746,14 @@ class Run {
         metrics = step_graph_.capture(std::move(batch),
                                       [&](training_batch_t<TrialT>& b) { return eager_step(b, workload, batch_idx, epoch_idx, false); });
         lap(workload, workload.phases.train_batch, sync_timings);
-        st_.note_capture(batch_idx);
+        outputs_.note_capture(batch_idx);
       } else {
-        st_.note_eager_batch(batch_idx);
+        outputs_.note_eager_batch(batch_idx);
         step_graph_.before_eager_batch();
         metrics = eager_step(batch, workload, batch_idx, epoch_idx, sync_timings);
       }
     }
-    detail::ContextAccess::finish_batch(context_, batch_idx);
+    ContextAccess::finish_batch(context_, batch_idx);
     workload.means.add(metrics, batch_idx);
     if constexpr (Set::wants_batch_metrics) workload.batch_metrics.push_back(detached(metrics));
   }
@@ -23547,7 +23768,7 @@ class Run {
                                               {reached.report, Kind::report}};
     for (const auto& [hit, kind] : in_order) {
       if (!hit) continue;
-      if (kind == Kind::validation && st_.progress.last_validation != st_.progress.batches_trained) validate();
+      if (kind == Kind::validation && !position_.validated_here()) validate();
       if (kind == Kind::checkpoint) checkpoint_unless_current();
       if (agreed_max(context_.get_stop_requested() ? 1 : 0) != 0) {
         stop(0);
@@ -23562,31 +23783,37 @@ class Run {
   void stop(int signal) {
     checkpoint_unless_current();
     finish_checkpoint(/*wait=*/true);  // durable before the process exits (with 75 after a signal)
-    st_.stopped(signal);
+    result_.signal = signal;
+    result_.stop_requested = true;
+    result_.stopped_early = schedule_.remaining(position_.progress()) > 0;
+    report_stop(signal, position_.batches_trained(), checkpointer_, outputs_.reporter());
   }
 
   void checkpoint_unless_current() {
-    if (st_.progress.last_checkpoint != st_.progress.batches_trained) checkpoint();
+    if (!position_.checkpointed_here()) checkpoint();
   }
 
   // ---- reports and validation -----------------------------------------------------------------
 
   void report_training(const Workload& workload) {
-    const MetricValues& metrics = st_.report_training(context_, workload);
-    callbacks_.template call<hook::on_training_workload_end>(metrics, std::span<const Metrics>(workload.batch_metrics));
+    result_.last_training_metrics = detail::report_training(context_, workload, position_.progress(), outputs_.reporter());
+    callbacks_.template call<hook::on_training_workload_end>(result_.last_training_metrics,
+                                                             std::span<const Metrics>(workload.batch_metrics));
   }
 
   void validate() {
     RECORD_USER_SCOPE("dettrial::validate");
     torch::NoGradGuard no_grad;
-    RunState::begin_validation(context_);
+    begin_validation(context_);
     callbacks_.template call<hook::on_validation_start>();
-    st_.reporter.begin("validate", 0, epoch_length(*validation_loader_, validation_chain()), "batches");
+    outputs_.reporter().begin("validate", 0, epoch_length(*validation_loader_, validation_chain()), "batches");
     std::int64_t records = 0;
-    const MetricValues metrics = st_.reduce_validation(context_, evaluate(), records);
+    const MetricValues metrics = reduce_validation(context_, evaluate(), records);
     callbacks_.template call<hook::on_validation_end>(metrics);
-    const MetricValues& reported = st_.finish_validation(context_, metrics, records);
-    if (st_.checkpoint_after_validation(context_, reported)) checkpoint_unless_current();
+    result_.last_validation_metrics = finish_validation(context_, metrics, records, position_, outputs_.reporter());
+    ++result_.validations;
+    if (checkpointer_.after_validation(improves_searcher_metric(context_, options_, position_, result_.last_validation_metrics)))
+      checkpoint_unless_current();
   }
 
   /// This rank's share of a validation: its metric totals over its shard (evaluate_batch) or, with
@@ -23605,8 +23832,8 @@ class Run {
         Metrics m = in_precision([&]() -> decltype(auto) { return call_evaluate_batch(trial_, batch, model_, batch_idx); });
         reduction.add(m, batch_idx);
         if constexpr (Set::wants_validation_outputs) outputs.push_back(std::move(m));
-        st_.reporter.update(++batch_idx);
-        if (st_.options.test_mode) break;
+        outputs_.reporter().update(++batch_idx);
+        if (options_.test_mode) break;
         batches.stage();  // the next batch copies while the device evaluates this one
       }
       callbacks_.template call<hook::on_validation_epoch_end>(std::span<const Metrics>(outputs));
@@ -23641,42 +23868,46 @@ class Run {
   void checkpoint() {
     RECORD_USER_SCOPE("dettrial::checkpoint");
     finish_checkpoint(/*wait=*/true);
-    st_.progress.last_checkpoint = st_.progress.batches_trained;
+    position_.checkpointed();
     agree_on_buffers(context_);
-    st_.checkpointer.begin(callbacks_, st_.checkpoint_record(context_, data_seed(*train_loader_), data_seed(*validation_loader_),
-                                                             c10::demangle(typeid(TrialT).name())));
+    checkpointer_.begin(
+        callbacks_, checkpoint_record(context_, options_, schedule_, position_, result_.last_validation_metrics, data_seed(*train_loader_),
+                                      data_seed(*validation_loader_), c10::demangle(typeid(TrialT).name())));
     finish_checkpoint(/*wait=*/false);  // a synchronous write has ended already
   }
 
   /// Once the checkpoint in flight is durable (`wait`: waiting for it): its hooks, its record and
   /// report line, and retention sparing it. A collective while one is in flight.
   void finish_checkpoint(bool wait) {
-    if (const std::optional<WrittenCheckpoint> written = st_.checkpointer.finish(callbacks_, wait))
-      st_.checkpoint_written(*written);  // on the chief
+    if (const std::optional<WrittenCheckpoint> written = checkpointer_.finish(callbacks_, wait)) {  // on the chief
+      result_.checkpoints.push_back(written->info);
+      report_checkpoint(*written, checkpointer_, outputs_.reporter());
+    }
   }
 
   /// The largest of `value` over the ranks: what every rank acts on.
   int agreed_max(int value) { return detail::agreed_max(context_.communicator(), value); }
 
   /**
-   * @brief Makes the ranks of a job agree before training: the epoch length is the chief's sharded
+   * @brief Makes the ranks of a job agree before training (returns the training loader's batches per
+   * epoch, `loader_batches` on this rank, as the job takes them): the epoch length is the chief's sharded
    * length (Determined's rule; a rank whose shard is a batch shorter reads on into the next epoch of
    * the endless stream), the data loaders shuffle with the chief's seeds, each rank's own RNG
    * stream (dropout) is derived from the agreed trial seed and its rank, and the fit options that
    * place boundaries must be the same on every rank.
    */
-  void agree_across_ranks() {
+  std::int64_t agree_across_ranks(std::int64_t loader_batches) {
     Communicator* comm = context_.communicator();
-    if (!comm) return;
+    if (!comm) return loader_batches;
     const auto train_seed = data_seed(*train_loader_), validation_seed = data_seed(*validation_loader_);
     const std::vector<std::int64_t> chief =
-        comm->broadcast_values({st_.epoch_len, static_cast<std::int64_t>(train_seed.value_or(0)), train_seed ? 1 : 0,
+        comm->broadcast_values({loader_batches, static_cast<std::int64_t>(train_seed.value_or(0)), train_seed ? 1 : 0,
                                 static_cast<std::int64_t>(validation_seed.value_or(0)), validation_seed ? 1 : 0});
-    st_.epoch_len = chief[0];
     if (chief[2]) restore_data_seed(*train_loader_, static_cast<std::uint64_t>(chief[1]));
     if (chief[4]) restore_data_seed(*validation_loader_, static_cast<std::uint64_t>(chief[3]));
-    st_.require_same_settings(*comm, context_);
-    detail::ContextAccess::seed_rank_stream(context_);
+    schedule_.require_same_on_every_rank(*comm, context_, options_, position_.first_batch());
+    ContextAccess::seed_rank_stream(context_);
+    return chief[0];
   }
 
   /**
@@ -23684,10 +23915,10 @@ class Run {
    * gradients, RNGs, callbacks, and where the trial stands (`progress`).
    */
   void restore(const std::filesystem::path& dir, const TrialProgress& progress) {
-    st_.warn_missing_callback_states(st_.checkpointer.restore(dir, callbacks_, st_.options.resume_fresh_parts));
+    outputs_.warn_missing_callback_states(checkpointer_.restore(dir, callbacks_, options_.resume_fresh_parts));
     restore_data_seed(*train_loader_, progress.training_data_seed);
     restore_data_seed(*validation_loader_, progress.validation_data_seed);
-    st_.progress = progress;
+    position_.restored(progress);
   }
 
   /// A copy whose tensors are detached from the graph and on the CPU (kept for callbacks).
@@ -23704,7 +23935,7 @@ class Run {
                        .skip = context_.get_initial_batch(),
                        .num_replicas = context_.distributed().size,
                        .rank = context_.distributed().rank,
-                       .layout_replicas = st_.data_ranks};
+                       .layout_replicas = schedule_.data_ranks()};
   }
 
   /**
@@ -23714,16 +23945,17 @@ class Run {
    */
   std::int64_t data_layout() {
     const std::int64_t ranks = context_.distributed().size;
-    const std::int64_t began = st_.same_trial && st_.resumed->data_ranks > 0 ? st_.resumed->data_ranks : ranks;
+    const std::int64_t began = position_.resumed_data_ranks() > 0 ? position_.resumed_data_ranks() : ranks;
     if (began == ranks) return ranks;
-    RunState::check_global_batch_divides(context_, began);
+    Schedule::check_global_batch_divides(context_, began);
     if constexpr (requires { training_loader_t<TrialT>::keeps_global_batches; }) {
       (void)train_loader_->layout_sampler(LoaderChain{.repeat = true, .num_replicas = ranks, .layout_replicas = began});  // checks
       return began;
     } else {
-      st_.reporter.line("warning: the training data loader is not a dettrial::DataLoader, so it cannot keep the global batches of the " +
-                        std::to_string(began) + "-rank job this run began as: from batch " + std::to_string(st_.resumed->batches_trained) +
-                        " on, it reads its own " + std::to_string(ranks) + "-rank shards");
+      outputs_.reporter().line(
+          "warning: the training data loader is not a dettrial::DataLoader, so it cannot keep the global batches of the " +
+          std::to_string(began) + "-rank job this run began as: from batch " + std::to_string(position_.first_batch()) +
+          " on, it reads its own " + std::to_string(ranks) + "-rank shards");
       return ranks;
     }
   }
@@ -23773,7 +24005,14 @@ class Run {
   Model& model_;
   OptimizerHolder& optimizer_;
   Set& callbacks_;
-  RunState st_{};
+  FitOptions options_{};
+  Schedule schedule_{};
+  Position position_{};
+  /// Declared before the checkpointer: the run folder's lock outlives a write in flight.
+  Outputs outputs_{};
+  Checkpointer checkpointer_{};
+  /// What fit returns, filled in as it goes.
+  FitResult result_{};
   std::optional<training_loader_t<TrialT>> train_loader_;
   std::optional<validation_loader_t<TrialT>> validation_loader_;
   /// The captured training step (capture::cuda_graph).

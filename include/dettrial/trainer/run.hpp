@@ -2,8 +2,8 @@
 /// @file
 /// @brief detail::Run<TrialT, Set>: one fit of a valid trial, Determined's loop generated for it
 /// (workloads ending at any boundary, validation, checkpoints, reports, the final validation).
-/// Trainer<TrialT> builds the trial and makes a Run for each fit; what does not depend on the trial
-/// type is detail::RunState's (run_state.hpp).
+/// Trainer<TrialT> builds the trial and makes a Run for each fit. What does not depend on the trial
+/// type is compiled once: the fit's Schedule, Position and Outputs, and the steps in fit_steps.hpp.
 #pragma once
 // IWYU pragma: private, include <dettrial/dettrial.hpp>
 
@@ -38,7 +38,10 @@
 #include "../vocabulary/trial.hpp"
 #include "callbacks.hpp"
 #include "fit_options.hpp"
-#include "run_state.hpp"
+#include "fit_steps.hpp"
+#include "outputs.hpp"
+#include "position.hpp"
+#include "schedule.hpp"
 #include "step_graph.hpp"
 
 namespace dettrial::detail {
@@ -52,8 +55,9 @@ decltype(auto) deref(O& o) {
 
 /**
  * @brief One fit of a valid trial (only Trainer<TrialT> makes one, and only for a trial that meets
- * the concepts): the trial's loaders, the captured step and the fit's RunState as members, and the
- * loop that calls the trial's hooks and the callbacks in `Set` between RunState's steps.
+ * the concepts): the trial's loaders, the captured step and the fit's pieces as members (its
+ * Schedule, Position, Outputs, Checkpointer and result), and the loop that calls the trial's hooks
+ * and the callbacks in `Set` between the steps of fit_steps.hpp.
  */
 template <class TrialT, class Set>
 class Run {
@@ -74,13 +78,18 @@ class Run {
   FitResult fit(FitOptions options) {
     check_step_capture(options.step_capture, context_, tensors_only_batch<training_batch_t<TrialT>>(),
                        c10::demangle(typeid(training_batch_t<TrialT>).name()));
-    st_ = RunState::begin(context_, std::move(options));
-    const auto release = on_scope_exit([&] { st_.release(); });
+    begin(std::move(options));
+    // However the fit ends: a checkpoint write in flight ends (a failure is a warning then), then
+    // the outputs end as the fit did, the run folder's lock last.
+    const auto end = on_scope_exit([&] {
+      checkpointer_.settle();
+      outputs_.close();
+    });
     // Each callback that started gets on_trial_shutdown, in reverse order, whatever happens next.
     std::size_t started = 0;
     const auto shutdown = on_scope_exit([&] { shut_down(callbacks_, started); });
-    const std::int64_t first_batch = st_.first_batch();
-    const std::string resume_uuid = st_.resume_dir ? st_.resume_dir->filename().string() : std::string();
+    const std::int64_t first_batch = position_.first_batch();
+    const std::string resume_uuid = position_.resume_dir() ? position_.resume_dir()->filename().string() : std::string();
     callbacks_.each([&](auto& cb) {
       using C = std::remove_reference_t<decltype(cb)>;
       if constexpr (hook::on_trial_startup::callable<C>) hook::on_trial_startup::call(cb, first_batch, resume_uuid);
@@ -88,41 +97,59 @@ class Run {
     });
     prepare_training();
     // The graph is made anew in each fit (a resumed run warms up and captures again) and freed after it.
-    if (const auto* graph = std::get_if<capture::cuda_graph>(&st_.options.step_capture)) step_graph_.start(*graph, context_);
+    if (const auto* graph = std::get_if<capture::cuda_graph>(&options_.step_capture)) step_graph_.start(*graph, context_);
     const auto free_graph = on_scope_exit([&] { step_graph_.reset(); });
-    st_.announce(context_);
-    if constexpr (requires { train_loader_->describe(); }) st_.reporter.line("dettrial: training data: " + train_loader_->describe());
-    RunState::start_tensorboard_session(context_);
-    // The hparams session ends as the fit does: failed when it throws.
-    const auto end_session = on_scope_exit([&, exceptions = std::uncaught_exceptions()] {
-      RunState::end_tensorboard_session(context_, std::uncaught_exceptions() == exceptions);
-    });
-    const StopSignals signals(st_.options.handle_signals);
+    announce(context_, options_, schedule_, position_, outputs_.reporter());
+    if constexpr (requires { train_loader_->describe(); })
+      outputs_.reporter().line("dettrial: training data: " + train_loader_->describe());
+    outputs_.start_tensorboard_session(context_);
+    const StopSignals signals(options_.handle_signals);
     callbacks_.template call<hook::on_training_start>();
-    if (st_.options.step_zero_validation && st_.progress.batches_trained == 0 && st_.progress.last_validation < 0) validate();
+    if (options_.step_zero_validation && position_.untouched()) validate();
     train();
-    st_.finish_profiling();
-    if (!st_.result.stop_requested) {
-      if (st_.progress.last_validation != st_.progress.batches_trained) validate();
+    outputs_.finish_profiling(position_.batches_trained() - 1);
+    if (!result_.stop_requested) {
+      if (!position_.validated_here()) validate();
       checkpoint_unless_current();
       finish_checkpoint(/*wait=*/true);
-      st_.complete(context_);
+      // Trained to its length: retention applies without sparing the newest checkpoint.
+      if (context_.distributed().is_chief()) checkpointer_.apply_retention({});
     }
-    return st_.finish(context_);
+    result_.batches_trained = position_.batches_trained();
+    result_.epochs_trained = position_.epochs_trained();
+    outputs_.end_as(result_.signal != 0 ? MlflowEnd::killed : MlflowEnd::finished);
+    outputs_.write_report(context_, options_.output_dir);
+    return std::move(result_);
   }
 
  private:
+  /// The fit's pieces, in an order that fails before anything is written where it can: the run
+  /// folder's lock first, then the schedule, the checkpoint to resume from, the checkpoints'
+  /// storage and the outputs.
+  void begin(FitOptions options) {
+    options_ = std::move(options);
+    if (options_.output_dir.empty()) options_.output_dir = default_output_dir();
+    outputs_ = Outputs::lock(context_, options_.output_dir);
+    schedule_ = Schedule::resolve(options_, context_);
+    position_ = Position::find(options_);
+    ContextAccess::position(context_).output_dir = options_.output_dir;
+    checkpointer_ = fit_checkpointer(context_, options_);
+    outputs_.open(context_, options_, position_.continued_at());
+    result_ = FitResult{.checkpoint_dir = checkpointer_.storage(), .output_dir = options_.output_dir};
+  }
+
   /// Builds the data loaders, makes the ranks agree, restores the checkpoint and sets the counters.
   void prepare_training() {
     train_loader_.emplace(trial_.build_training_data_loader());
     validation_loader_.emplace(trial_.build_validation_data_loader());
-    st_.data_ranks = data_layout();
-    st_.epoch_len = epoch_length(*train_loader_, training_chain());
-    agree_across_ranks();
-    st_.settle_epoch_length(context_);
-    if (st_.resume_dir) restore(*st_.resume_dir, st_.same_trial ? *st_.resumed : TrialProgress{.trial_id = st_.options.trial_id});
-    st_.check_rank_invariant_boundaries(context_);
-    st_.start_position(context_);
+    schedule_.keep_data_ranks(data_layout());
+    schedule_.settle_epoch_length(context_, agree_across_ranks(epoch_length(*train_loader_, training_chain())));
+    if (const auto& dir = position_.resume_dir()) restore(*dir, position_.to_restore(options_.trial_id));
+    schedule_.check_rank_invariant_boundaries(context_, position_.batches_trained());
+    position_.start(context_);
+    result_.resumed_from_batch = position_.batches_trained();
+    if (Communicator* comm = context_.communicator())
+      broadcast_modules(*comm, context_.models());  // every rank starts from rank 0's weights
   }
 
   /// on_trial_shutdown for the callbacks that started, last first; a failing hook is reported, not thrown.
@@ -147,7 +174,7 @@ class Run {
     // One endless stream for the whole run (Determined's repeat → shard → skip chain).
     CopyAhead batches(train_loader_->batches(training_chain()), context_.device());
     Workload workload;
-    while (st_.remaining() > 0) {
+    while (schedule_.remaining(position_.progress()) > 0) {
       const Reached reached = train_until_boundary(batches, workload);
       report_training(workload);
       finish_checkpoint(/*wait=*/false);  // the one written in the background, if it is durable now
@@ -160,24 +187,27 @@ class Run {
   template <class Batches>
   Reached train_until_boundary(Batches& batches, Workload& workload) {
     step_graph_.check_unchanged();
-    st_.begin_workload(context_, workload);
+    workload.begin(context_, checkpointer_.take_waited_seconds());
+    Reporter& reporter = outputs_.reporter();
+    TraceProfiler& profiler = outputs_.profiler();
+    reporter.begin("train", position_.batches_trained(), schedule_.total_batches(), "batches");
     for (;;) {
-      const std::int64_t batch_idx = st_.progress.batches_trained, epoch_idx = batch_idx / st_.epoch_len;
-      const bool epoch_start = batch_idx % st_.epoch_len == 0, epoch_end = batch_idx % st_.epoch_len == st_.epoch_len - 1;
-      detail::ContextAccess::position(context_).current_batch = batch_idx;
+      const std::int64_t batch_idx = position_.batches_trained(), epoch_idx = schedule_.epoch_of(batch_idx);
+      const bool epoch_start = schedule_.starts_epoch(batch_idx), epoch_end = schedule_.ends_epoch(batch_idx);
+      ContextAccess::position(context_).current_batch = batch_idx;
       if (epoch_start) callbacks_.template call<hook::on_training_epoch_start>(epoch_idx);
       if (!batches.has_next()) training_stream_ended(batch_idx);
-      st_.profiler.before_batch(batch_idx);
+      profiler.before_batch(batch_idx);
       // Synchronized timings only inside the profiled range: a sync a batch elsewhere would cost the GPU its queue.
-      train_batch(batches.take(), workload, batch_idx, epoch_idx, st_.sync_timings && st_.profiler.running());
-      ++st_.progress.batches_trained;
-      if (st_.profiler.after_batch(batch_idx)) st_.report_profile();
+      train_batch(batches.take(), workload, batch_idx, epoch_idx, outputs_.sync_timings());
+      position_.batch_trained();
+      if (profiler.after_batch(batch_idx)) outputs_.report_profile();
       if (epoch_end) {
         callbacks_.template call<hook::on_training_epoch_end>(epoch_idx);
-        ++st_.progress.epochs_trained;
+        position_.epoch_trained();
       }
-      st_.reporter.update(st_.progress.batches_trained);
-      const Reached reached = st_.boundaries_after(batch_idx, epoch_idx, epoch_end);
+      reporter.update(position_.batches_trained());
+      const Reached reached = schedule_.boundaries_after(batch_idx, epoch_idx, epoch_end);
       if (reached.any()) return reached;
       // One process stops at any batch (with rank_invariant, at an update's last); a job only at
       // boundaries, where its ranks agree.
@@ -187,7 +217,7 @@ class Run {
       // computes this one. Not across a boundary or an epoch's start, so the data is read in the same
       // order relative to checkpoints and callbacks as without it; nor into a profiled range, whose
       // trace shows each of its batches' reads.
-      if (!epoch_end && !st_.profiler.starts_at(batch_idx + 1)) batches.stage();
+      if (!epoch_end && !profiler.starts_at(batch_idx + 1)) batches.stage();
     }
   }
 
@@ -235,7 +265,7 @@ class Run {
     training_batch_t<TrialT> batch = std::move(loaded);
     const std::int64_t records = record_count(batch);
     workload.records += records;
-    detail::ContextAccess::begin_training_batch(context_, records);
+    ContextAccess::begin_training_batch(context_, records);
     Metrics metrics;
     if (step_graph_.captured() && step_graph_.fits(batch)) {
       // The batch (on the device already: CopyAhead) is copied into the graph's inputs; the
@@ -254,14 +284,14 @@ class Run {
         metrics = step_graph_.capture(std::move(batch),
                                       [&](training_batch_t<TrialT>& b) { return eager_step(b, workload, batch_idx, epoch_idx, false); });
         lap(workload, workload.phases.train_batch, sync_timings);
-        st_.note_capture(batch_idx);
+        outputs_.note_capture(batch_idx);
       } else {
-        st_.note_eager_batch(batch_idx);
+        outputs_.note_eager_batch(batch_idx);
         step_graph_.before_eager_batch();
         metrics = eager_step(batch, workload, batch_idx, epoch_idx, sync_timings);
       }
     }
-    detail::ContextAccess::finish_batch(context_, batch_idx);
+    ContextAccess::finish_batch(context_, batch_idx);
     workload.means.add(metrics, batch_idx);
     if constexpr (Set::wants_batch_metrics) workload.batch_metrics.push_back(detached(metrics));
   }
@@ -276,7 +306,7 @@ class Run {
                                               {reached.report, Kind::report}};
     for (const auto& [hit, kind] : in_order) {
       if (!hit) continue;
-      if (kind == Kind::validation && st_.progress.last_validation != st_.progress.batches_trained) validate();
+      if (kind == Kind::validation && !position_.validated_here()) validate();
       if (kind == Kind::checkpoint) checkpoint_unless_current();
       if (agreed_max(context_.get_stop_requested() ? 1 : 0) != 0) {
         stop(0);
@@ -291,31 +321,37 @@ class Run {
   void stop(int signal) {
     checkpoint_unless_current();
     finish_checkpoint(/*wait=*/true);  // durable before the process exits (with 75 after a signal)
-    st_.stopped(signal);
+    result_.signal = signal;
+    result_.stop_requested = true;
+    result_.stopped_early = schedule_.remaining(position_.progress()) > 0;
+    report_stop(signal, position_.batches_trained(), checkpointer_, outputs_.reporter());
   }
 
   void checkpoint_unless_current() {
-    if (st_.progress.last_checkpoint != st_.progress.batches_trained) checkpoint();
+    if (!position_.checkpointed_here()) checkpoint();
   }
 
   // ---- reports and validation -----------------------------------------------------------------
 
   void report_training(const Workload& workload) {
-    const MetricValues& metrics = st_.report_training(context_, workload);
-    callbacks_.template call<hook::on_training_workload_end>(metrics, std::span<const Metrics>(workload.batch_metrics));
+    result_.last_training_metrics = detail::report_training(context_, workload, position_.progress(), outputs_.reporter());
+    callbacks_.template call<hook::on_training_workload_end>(result_.last_training_metrics,
+                                                             std::span<const Metrics>(workload.batch_metrics));
   }
 
   void validate() {
     RECORD_USER_SCOPE("dettrial::validate");
     torch::NoGradGuard no_grad;
-    RunState::begin_validation(context_);
+    begin_validation(context_);
     callbacks_.template call<hook::on_validation_start>();
-    st_.reporter.begin("validate", 0, epoch_length(*validation_loader_, validation_chain()), "batches");
+    outputs_.reporter().begin("validate", 0, epoch_length(*validation_loader_, validation_chain()), "batches");
     std::int64_t records = 0;
-    const MetricValues metrics = st_.reduce_validation(context_, evaluate(), records);
+    const MetricValues metrics = reduce_validation(context_, evaluate(), records);
     callbacks_.template call<hook::on_validation_end>(metrics);
-    const MetricValues& reported = st_.finish_validation(context_, metrics, records);
-    if (st_.checkpoint_after_validation(context_, reported)) checkpoint_unless_current();
+    result_.last_validation_metrics = finish_validation(context_, metrics, records, position_, outputs_.reporter());
+    ++result_.validations;
+    if (checkpointer_.after_validation(improves_searcher_metric(context_, options_, position_, result_.last_validation_metrics)))
+      checkpoint_unless_current();
   }
 
   /// This rank's share of a validation: its metric totals over its shard (evaluate_batch) or, with
@@ -334,8 +370,8 @@ class Run {
         Metrics m = in_precision([&]() -> decltype(auto) { return call_evaluate_batch(trial_, batch, model_, batch_idx); });
         reduction.add(m, batch_idx);
         if constexpr (Set::wants_validation_outputs) outputs.push_back(std::move(m));
-        st_.reporter.update(++batch_idx);
-        if (st_.options.test_mode) break;
+        outputs_.reporter().update(++batch_idx);
+        if (options_.test_mode) break;
         batches.stage();  // the next batch copies while the device evaluates this one
       }
       callbacks_.template call<hook::on_validation_epoch_end>(std::span<const Metrics>(outputs));
@@ -370,42 +406,46 @@ class Run {
   void checkpoint() {
     RECORD_USER_SCOPE("dettrial::checkpoint");
     finish_checkpoint(/*wait=*/true);
-    st_.progress.last_checkpoint = st_.progress.batches_trained;
+    position_.checkpointed();
     agree_on_buffers(context_);
-    st_.checkpointer.begin(callbacks_, st_.checkpoint_record(context_, data_seed(*train_loader_), data_seed(*validation_loader_),
-                                                             c10::demangle(typeid(TrialT).name())));
+    checkpointer_.begin(
+        callbacks_, checkpoint_record(context_, options_, schedule_, position_, result_.last_validation_metrics, data_seed(*train_loader_),
+                                      data_seed(*validation_loader_), c10::demangle(typeid(TrialT).name())));
     finish_checkpoint(/*wait=*/false);  // a synchronous write has ended already
   }
 
   /// Once the checkpoint in flight is durable (`wait`: waiting for it): its hooks, its record and
   /// report line, and retention sparing it. A collective while one is in flight.
   void finish_checkpoint(bool wait) {
-    if (const std::optional<WrittenCheckpoint> written = st_.checkpointer.finish(callbacks_, wait))
-      st_.checkpoint_written(*written);  // on the chief
+    if (const std::optional<WrittenCheckpoint> written = checkpointer_.finish(callbacks_, wait)) {  // on the chief
+      result_.checkpoints.push_back(written->info);
+      report_checkpoint(*written, checkpointer_, outputs_.reporter());
+    }
   }
 
   /// The largest of `value` over the ranks: what every rank acts on.
   int agreed_max(int value) { return detail::agreed_max(context_.communicator(), value); }
 
   /**
-   * @brief Makes the ranks of a job agree before training: the epoch length is the chief's sharded
+   * @brief Makes the ranks of a job agree before training (returns the training loader's batches per
+   * epoch, `loader_batches` on this rank, as the job takes them): the epoch length is the chief's sharded
    * length (Determined's rule; a rank whose shard is a batch shorter reads on into the next epoch of
    * the endless stream), the data loaders shuffle with the chief's seeds, each rank's own RNG
    * stream (dropout) is derived from the agreed trial seed and its rank, and the fit options that
    * place boundaries must be the same on every rank.
    */
-  void agree_across_ranks() {
+  std::int64_t agree_across_ranks(std::int64_t loader_batches) {
     Communicator* comm = context_.communicator();
-    if (!comm) return;
+    if (!comm) return loader_batches;
     const auto train_seed = data_seed(*train_loader_), validation_seed = data_seed(*validation_loader_);
     const std::vector<std::int64_t> chief =
-        comm->broadcast_values({st_.epoch_len, static_cast<std::int64_t>(train_seed.value_or(0)), train_seed ? 1 : 0,
+        comm->broadcast_values({loader_batches, static_cast<std::int64_t>(train_seed.value_or(0)), train_seed ? 1 : 0,
                                 static_cast<std::int64_t>(validation_seed.value_or(0)), validation_seed ? 1 : 0});
-    st_.epoch_len = chief[0];
     if (chief[2]) restore_data_seed(*train_loader_, static_cast<std::uint64_t>(chief[1]));
     if (chief[4]) restore_data_seed(*validation_loader_, static_cast<std::uint64_t>(chief[3]));
-    st_.require_same_settings(*comm, context_);
-    detail::ContextAccess::seed_rank_stream(context_);
+    schedule_.require_same_on_every_rank(*comm, context_, options_, position_.first_batch());
+    ContextAccess::seed_rank_stream(context_);
+    return chief[0];
   }
 
   /**
@@ -413,10 +453,10 @@ class Run {
    * gradients, RNGs, callbacks, and where the trial stands (`progress`).
    */
   void restore(const std::filesystem::path& dir, const TrialProgress& progress) {
-    st_.warn_missing_callback_states(st_.checkpointer.restore(dir, callbacks_, st_.options.resume_fresh_parts));
+    outputs_.warn_missing_callback_states(checkpointer_.restore(dir, callbacks_, options_.resume_fresh_parts));
     restore_data_seed(*train_loader_, progress.training_data_seed);
     restore_data_seed(*validation_loader_, progress.validation_data_seed);
-    st_.progress = progress;
+    position_.restored(progress);
   }
 
   /// A copy whose tensors are detached from the graph and on the CPU (kept for callbacks).
@@ -433,7 +473,7 @@ class Run {
                        .skip = context_.get_initial_batch(),
                        .num_replicas = context_.distributed().size,
                        .rank = context_.distributed().rank,
-                       .layout_replicas = st_.data_ranks};
+                       .layout_replicas = schedule_.data_ranks()};
   }
 
   /**
@@ -443,16 +483,17 @@ class Run {
    */
   std::int64_t data_layout() {
     const std::int64_t ranks = context_.distributed().size;
-    const std::int64_t began = st_.same_trial && st_.resumed->data_ranks > 0 ? st_.resumed->data_ranks : ranks;
+    const std::int64_t began = position_.resumed_data_ranks() > 0 ? position_.resumed_data_ranks() : ranks;
     if (began == ranks) return ranks;
-    RunState::check_global_batch_divides(context_, began);
+    Schedule::check_global_batch_divides(context_, began);
     if constexpr (requires { training_loader_t<TrialT>::keeps_global_batches; }) {
       (void)train_loader_->layout_sampler(LoaderChain{.repeat = true, .num_replicas = ranks, .layout_replicas = began});  // checks
       return began;
     } else {
-      st_.reporter.line("warning: the training data loader is not a dettrial::DataLoader, so it cannot keep the global batches of the " +
-                        std::to_string(began) + "-rank job this run began as: from batch " + std::to_string(st_.resumed->batches_trained) +
-                        " on, it reads its own " + std::to_string(ranks) + "-rank shards");
+      outputs_.reporter().line(
+          "warning: the training data loader is not a dettrial::DataLoader, so it cannot keep the global batches of the " +
+          std::to_string(began) + "-rank job this run began as: from batch " + std::to_string(position_.first_batch()) +
+          " on, it reads its own " + std::to_string(ranks) + "-rank shards");
       return ranks;
     }
   }
@@ -502,7 +543,14 @@ class Run {
   Model& model_;
   OptimizerHolder& optimizer_;
   Set& callbacks_;
-  RunState st_{};
+  FitOptions options_{};
+  Schedule schedule_{};
+  Position position_{};
+  /// Declared before the checkpointer: the run folder's lock outlives a write in flight.
+  Outputs outputs_{};
+  Checkpointer checkpointer_{};
+  /// What fit returns, filled in as it goes.
+  FitResult result_{};
   std::optional<training_loader_t<TrialT>> train_loader_;
   std::optional<validation_loader_t<TrialT>> validation_loader_;
   /// The captured training step (capture::cuda_graph).

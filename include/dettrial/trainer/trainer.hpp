@@ -22,7 +22,7 @@
 #include "callbacks.hpp"
 #include "fit_options.hpp"
 #include "run.hpp"
-#include "run_state.hpp"
+#include "fit_steps.hpp"
 
 namespace dettrial {
 
