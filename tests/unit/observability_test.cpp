@@ -683,6 +683,17 @@ TEST_CASE("a run whose MLflow server does not answer trains on, keeps every requ
   CHECK(state["run_id"] == "");  // never created
   CHECK(state["sent"]["training"] == 6);
   CHECK(state["sent"]["validation"] == 6);
+  // The typed state reads what the run wrote, and writes it back the same.
+  const auto typed = dettrial::detail::MlflowState::read(r.output_dir);
+  CHECK(typed.continues(options.mlflow.tracking_uri));
+  CHECK(typed.experiment_name == "unreachable");
+  CHECK(typed.run_id.empty());
+  CHECK(typed.sent.at("training") == 6);
+  CHECK(std::ranges::count(typed.tags, std::pair<std::string, std::string>("dettrial.ranks", "1")) == 1);
+  CHECK(nlohmann::json::parse(typed.to_json()) == state);
+  CHECK(dettrial::detail::MlflowState::from_json(typed.to_json()).to_json() == typed.to_json());
+  // A torn file is no state: the run is started afresh rather than continued from half a record.
+  CHECK_FALSE(dettrial::detail::MlflowState::from_json(R"({"tracking_uri": "http://127.0.0.1:1", "crea)").continues("http://127.0.0.1:1"));
   // The params, two training and two validation reports, the checkpoint's tags, and the status.
   std::vector<nlohmann::json> pending;
   {

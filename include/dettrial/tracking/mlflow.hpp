@@ -8,6 +8,8 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -97,6 +99,38 @@ constexpr const char* mlflow_status_name(MlflowEnd end) {
 }
 
 /**
+ * @brief What a tracked run's folder keeps of its MLflow run (`mlflow.json`): the server, what
+ * creates the run (kept, since the server may not take it until later), the ids the server gave,
+ * and how far each kind of report was sent, so that a resumed run continues the same MLflow run
+ * without sending a report twice.
+ */
+struct MlflowState {
+  std::string tracking_uri;
+  /// What creates the run (MLflow's `runs/create`, the experiment named rather than its id, which
+  /// is looked up when the run is created). Tags are as MLflow takes them (keys cleaned, values cut).
+  std::string experiment_name;
+  std::string run_name;
+  std::int64_t start_time_ms = 0;
+  std::vector<std::pair<std::string, std::string>> tags;
+  /// Filled in once the server created the run.
+  std::string experiment_id;
+  std::string run_id;
+  std::string artifact_uri;
+  /// The step of the last report of each kind (training, validation) sent or kept to send.
+  std::map<std::string, std::int64_t, std::less<>> sent;
+
+  /// Whether this state continues a run on server `tracking_uri` (one was started there).
+  bool continues(std::string_view uri) const { return tracking_uri == uri && !experiment_name.empty(); }
+  /// The folder's state; an empty one (tracked by nothing) when `dir` has no readable `mlflow.json`.
+  static MlflowState read(const std::filesystem::path& dir);
+  /// Writes `dir`'s `mlflow.json` atomically (throws Error naming the file where it cannot).
+  void write(const std::filesystem::path& dir) const;
+  /// The file's text, and the state from it (what is missing or of another type is left empty).
+  std::string to_json() const;
+  static MlflowState from_json(std::string_view text);
+};
+
+/**
  * @brief One run's MLflow run (on the chief). A resumed run continues the MLflow run whose id its
  * folder keeps, and does not log the reports it redoes a second time. Everything is queued here and
  * sent by a thread: requests that fail are retried a few times, then kept in the folder's pending
@@ -147,6 +181,7 @@ class MlflowRun {
 #include <cstdio>
 #include <deque>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -182,32 +217,82 @@ inline Json key_values(const std::vector<std::pair<std::string, std::string>>& p
 inline void set_run(Json& body, const std::string& run_id) {
   if (body.is_object() && !body.contains("run_id")) body["run_id"] = run_id;
 }
-inline Json read_state(const std::filesystem::path& dir) {
-  std::ifstream in(dir / layout::mlflow_state);
-  if (!in) return Json::object();
-  Json state = Json::parse(in, nullptr, /*allow_exceptions=*/false);
-  return state.is_object() ? state : Json::object();
-}
-/// Creates the run the state describes (its "create" request), filling in its ids.
-inline void create_run(MlflowClient& client, Json& state) {
-  Json create = state.at("create");
-  create["experiment_id"] = client.experiment_id(create.at("experiment_name").get<std::string>());
-  state["experiment_id"] = create["experiment_id"];
-  create.erase("experiment_name");
+/// Creates the run the state describes, filling in its ids.
+inline void create_run(MlflowClient& client, MlflowState& state) {
+  state.experiment_id = client.experiment_id(state.experiment_name);
+  const Json create = {{"experiment_id", state.experiment_id},
+                       {"run_name", state.run_name},
+                       {"start_time", state.start_time_ms},
+                       {"tags", key_values(state.tags, 0, state.tags.size())}};
   const Json run = client.call("POST", "runs/create", create).at("run").at("info");
-  state["run_id"] = run.at("run_id");
-  state["artifact_uri"] = run.value("artifact_uri", "");
+  state.run_id = run.at("run_id").get<std::string>();
+  state.artifact_uri = run.value("artifact_uri", "");
 }
 /// Sends one kept or queued request whose run exists.
-inline void send(MlflowClient& client, const Json& state, const std::string& api, Json body) {
+inline void send(MlflowClient& client, const MlflowState& state, const std::string& api, Json body) {
   if (api == "artifact") {
-    client.upload_artifact(state.value("artifact_uri", ""), body.at("name").get<std::string>(), body.at("text").get<std::string>());
+    client.upload_artifact(state.artifact_uri, body.at("name").get<std::string>(), body.at("text").get<std::string>());
     return;
   }
-  set_run(body, state.at("run_id").get<std::string>());
+  set_run(body, state.run_id);
   client.call("POST", api, body);
 }
+/// A string member of `j`, or empty.
+inline std::string text_of(const Json& j, const char* key) {
+  const auto found = j.find(key);
+  return found != j.end() && found->is_string() ? found->get<std::string>() : std::string();
+}
 }  // namespace mlflow_detail
+
+DETTRIAL_INLINE MlflowState MlflowState::from_json(std::string_view text) {
+  using mlflow_detail::text_of;
+  const Json j = Json::parse(text, nullptr, /*allow_exceptions=*/false);
+  MlflowState s;
+  if (!j.is_object()) return s;
+  s.tracking_uri = text_of(j, "tracking_uri");
+  s.experiment_id = text_of(j, "experiment_id");
+  s.run_id = text_of(j, "run_id");
+  s.artifact_uri = text_of(j, "artifact_uri");
+  if (const auto create = j.find("create"); create != j.end() && create->is_object()) {
+    s.experiment_name = text_of(*create, "experiment_name");
+    s.run_name = text_of(*create, "run_name");
+    s.start_time_ms = create->value("start_time", std::int64_t{0});
+    if (const auto tags = create->find("tags"); tags != create->end() && tags->is_array())
+      for (const Json& tag : *tags)
+        if (tag.is_object()) s.tags.emplace_back(text_of(tag, "key"), text_of(tag, "value"));
+  }
+  if (const auto sent = j.find("sent"); sent != j.end() && sent->is_object())
+    for (const auto& [kind, step] : sent->items())
+      if (step.is_number_integer()) s.sent[kind] = step.get<std::int64_t>();
+  return s;
+}
+
+DETTRIAL_INLINE std::string MlflowState::to_json() const {
+  Json sent_steps = Json::object();
+  for (const auto& [kind, step] : sent) sent_steps[kind] = step;
+  Json j = {{"tracking_uri", tracking_uri},
+            {"run_id", run_id},
+            {"create",
+             {{"experiment_name", experiment_name},
+              {"run_name", run_name},
+              {"start_time", start_time_ms},
+              {"tags", mlflow_detail::key_values(tags, 0, tags.size())}}},
+            {"sent", std::move(sent_steps)}};
+  if (!experiment_id.empty()) j["experiment_id"] = experiment_id;
+  if (!run_id.empty()) j["artifact_uri"] = artifact_uri;
+  return json_text(j);
+}
+
+DETTRIAL_INLINE MlflowState MlflowState::read(const std::filesystem::path& dir) {
+  std::ifstream in(dir / layout::mlflow_state);
+  if (!in) return {};
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  return from_json(text);
+}
+
+DETTRIAL_INLINE void MlflowState::write(const std::filesystem::path& dir) const { write_atomically(dir / layout::mlflow_state, to_json()); }
+
+namespace mlflow_detail {}  // namespace mlflow_detail
 
 DETTRIAL_INLINE HttpAuth mlflow_auth() {
   return {environment_value("MLFLOW_TRACKING_TOKEN"), environment_value("MLFLOW_TRACKING_USERNAME"),
@@ -292,8 +377,8 @@ DETTRIAL_INLINE void MlflowClient::upload_artifact(const std::string& artifact_u
 }
 
 DETTRIAL_INLINE std::size_t sync_mlflow_run(const std::filesystem::path& dir) {
-  Json state = mlflow_detail::read_state(dir);
-  if (!state.contains("tracking_uri"))
+  MlflowState state = MlflowState::read(dir);
+  if (state.tracking_uri.empty())
     throw Error("'" + (dir / layout::mlflow_state).string() + "' is missing: the run in '" + dir.string() + "' was not tracked in MLflow");
   const std::filesystem::path pending_path = dir / layout::mlflow_pending;
   std::vector<Json> pending;
@@ -304,11 +389,11 @@ DETTRIAL_INLINE std::size_t sync_mlflow_run(const std::filesystem::path& dir) {
       if (entry.is_object() && entry.contains("api")) pending.push_back(std::move(entry));  // a torn last line was never acknowledged
     }
   }
-  if (pending.empty() && !state.value("run_id", std::string()).empty()) return 0;
-  MlflowClient client(state.at("tracking_uri").get<std::string>());
-  if (state.value("run_id", std::string()).empty()) {
+  if (pending.empty() && !state.run_id.empty()) return 0;
+  MlflowClient client(state.tracking_uri);
+  if (state.run_id.empty()) {
     mlflow_detail::create_run(client, state);
-    write_atomically(dir / layout::mlflow_state, json_text(state));
+    state.write(dir);
   }
   std::size_t sent = 0;
   try {
@@ -372,7 +457,7 @@ class MlflowRun::Sender {
   MlflowSettings settings_;
   std::filesystem::path dir_;
   MlflowClient client_;
-  Json state_;
+  MlflowState state_;
   std::map<std::string, std::int64_t, std::less<>> sent_before_;
   std::mutex mutex_;
   std::condition_variable wake_;
@@ -387,24 +472,20 @@ class MlflowRun::Sender {
 
 DETTRIAL_INLINE MlflowRun::Sender::Sender(MlflowSettings settings, std::filesystem::path dir, Start start)
     : settings_(std::move(settings)), dir_(std::move(dir)), client_(settings_.tracking_uri) {
-  state_ = mlflow_detail::read_state(dir_);
-  const bool continued = state_.value("tracking_uri", std::string()) == settings_.tracking_uri && state_.contains("create");
+  state_ = MlflowState::read(dir_);
+  const bool continued = state_.continues(settings_.tracking_uri);
   if (continued) {
-    const Json sent = state_.value("sent", Json::object());
-    for (const auto& [kind, step] : sent.items()) sent_before_[kind] = step.get<std::int64_t>();
+    sent_before_ = state_.sent;
   } else {
     std::vector<std::pair<std::string, std::string>> tags = settings_.tags;
     tags.insert(tags.end(), start.tags.begin(), start.tags.end());
     if (!settings_.parent_run_id.empty()) tags.emplace_back("mlflow.parentRunId", settings_.parent_run_id);
     tags.emplace_back("mlflow.runName", settings_.run_name);
-    state_ = {{"tracking_uri", settings_.tracking_uri},
-              {"run_id", ""},
-              {"create",
-               {{"experiment_name", settings_.experiment_name},
-                {"run_name", settings_.run_name},
-                {"start_time", mlflow_detail::now_ms()},
-                {"tags", mlflow_detail::key_values(tags, 0, tags.size())}}},
-              {"sent", Json::object()}};
+    state_ = MlflowState{.tracking_uri = settings_.tracking_uri,
+                         .experiment_name = settings_.experiment_name,
+                         .run_name = settings_.run_name,
+                         .start_time_ms = mlflow_detail::now_ms(),
+                         .tags = std::move(tags)};
   }
   std::filesystem::create_directories(dir_);
   save_state();
@@ -480,7 +561,7 @@ DETTRIAL_INLINE void MlflowRun::Sender::work() {
       // The server failed before: what it did not take goes first, in order.
       try {
         sync_mlflow_run(dir_);
-        state_ = mlflow_detail::read_state(dir_);
+        state_ = MlflowState::read(dir_);
       } catch (const std::exception&) {
         next_retry = Clock::now() + std::chrono::seconds(30);
       }
@@ -488,13 +569,13 @@ DETTRIAL_INLINE void MlflowRun::Sender::work() {
     for (Request& r : batch) {
       if (!std::filesystem::exists(dir_ / layout::mlflow_pending)) deliver(r);
       else if (!r.api.empty()) keep_pending(r);
-      if (!r.kind.empty()) state_["sent"][r.kind] = r.step;
+      if (!r.kind.empty()) state_.sent[r.kind] = r.step;
     }
     if (!batch.empty()) save_state();
     {
       std::lock_guard done(mutex_);
       handled_ += batch.size();
-      run_id_ = state_.value("run_id", std::string());
+      run_id_ = state_.run_id;
     }
     handled_one_.notify_all();
     if (closing) {
@@ -509,7 +590,7 @@ DETTRIAL_INLINE void MlflowRun::Sender::work() {
 DETTRIAL_INLINE bool MlflowRun::Sender::deliver(Request& r) {
   for (int attempt = 0;; ++attempt) {
     try {
-      if (state_.value("run_id", std::string()).empty()) {
+      if (state_.run_id.empty()) {
         mlflow_detail::create_run(client_, state_);
         save_state();
       }
@@ -547,7 +628,7 @@ DETTRIAL_INLINE void MlflowRun::Sender::keep_pending(const Request& r) {
 
 DETTRIAL_INLINE void MlflowRun::Sender::save_state() {
   try {
-    write_atomically(dir_ / layout::mlflow_state, json_text(state_));
+    state_.write(dir_);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "dettrial: warning: %s\n", e.what());
   }

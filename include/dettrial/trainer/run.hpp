@@ -135,7 +135,9 @@ class Run {
     ContextAccess::position(context_).output_dir = options_.output_dir;
     checkpointer_ = fit_checkpointer(context_, options_);
     outputs_.open(context_, options_, position_.continued_at());
-    result_ = FitResult{.checkpoint_dir = checkpointer_.storage(), .output_dir = options_.output_dir};
+    result_ = FitResult{};
+    result_.checkpoint_dir = checkpointer_.storage();
+    result_.output_dir = options_.output_dir;
   }
 
   /// Builds the data loaders, makes the ranks agree, restores the checkpoint and sets the counters.
