@@ -10017,7 +10017,7 @@ DETTRIAL_INLINE void TensorBoardWriter::flush() {
 #define DETTRIAL_HAS_GLOO 1
 #endif
 
-// ---- begin dettrial/distributed/launch_environment.hpp
+// ---- begin dettrial/process/launch_environment.hpp
 // SPDX-License-Identifier: Apache-2.0
 /// @file
 /// @brief Where this process sits in a data-parallel job, read from the launcher's environment:
@@ -10212,7 +10212,7 @@ DETTRIAL_INLINE std::string LaunchEnvironment::first_slurm_host(std::string_view
 
 }  // namespace dettrial
 #endif  // DETTRIAL_HEADER_DEFINITIONS
-// ---- end dettrial/distributed/launch_environment.hpp
+// ---- end dettrial/process/launch_environment.hpp
 
 namespace dettrial {
 
@@ -11207,7 +11207,17 @@ DETTRIAL_INLINE torch::nn::Sequential convert_sync_batchnorm(const torch::nn::Se
 }  // namespace dettrial::nn
 #endif  // DETTRIAL_HEADER_DEFINITIONS
 // ---- end dettrial/distributed/sync_batch_norm.hpp
-// ---- begin dettrial/distributed/threads.hpp
+// ---- begin dettrial/process/process_settings.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief ProcessSettings: what a training process sets for the whole process (thread pools,
+/// determinism, the allocator, the global seed, the variables LibTorch's libraries read), applied
+/// once by the process's main and by nothing else.
+
+#include <cstdint>
+#include <optional>
+
+// ---- begin dettrial/process/threads.hpp
 // SPDX-License-Identifier: Apache-2.0
 /// @file
 /// @brief How many threads each process computes with: in a data-parallel job its share of the
@@ -11461,27 +11471,68 @@ DETTRIAL_INLINE ThreadPools apply_threads(const ThreadChoice& choice, const Laun
 
 }  // namespace dettrial
 #endif  // DETTRIAL_HEADER_DEFINITIONS
-// ---- end dettrial/distributed/threads.hpp
-// ---- begin dettrial/context/context.hpp
-// SPDX-License-Identifier: Apache-2.0
-/// @file
-/// @brief The trial context: hyperparameters, batch sizes, seed, device, counters, and the wrapping of
-/// models, optimizers, schedulers and reducers that the trainer drives.
+// ---- end dettrial/process/threads.hpp
 
-#include <algorithm>
-#include <chrono>
-#include <cstdint>
-#include <filesystem>
-#include <memory>
-#include <optional>
-#include <span>
-#include <string>
-#include <type_traits>
-#include <vector>
-#include <typeinfo>
+namespace dettrial {
 
-#include <torch/torch.h>
-#include <yaml-cpp/yaml.h>
+/// What ProcessSettings::apply() left the process with: the run's first line says it.
+struct AppliedProcess {
+  /// The thread count and where it came from; nullopt where the pools were left as they were.
+  std::optional<ThreadChoice> threads;
+  ThreadPools pools;
+  bool deterministic = false;
+  /// Whether glibc keeps freed memory (see detail::keep_freed_memory).
+  bool keeps_freed_memory = false;
+};
+
+/**
+ * @brief The settings a training process applies to itself, once, before it builds its trial:
+ * library objects (Context, Trainer, Experiment) change nothing process-wide. `dettrial::main`
+ * applies the ones its Context derives; a main of one's own makes its Context and then calls
+ * `context.process_settings().apply()`:
+ * @code{.cpp}
+ * dettrial::Context context(config);
+ * context.process_settings().apply();  // threads, determinism, allocator, the trial's seed
+ * dettrial::Trainer<MyTrial> trainer(context);
+ * @endcode
+ * Without the call a fit still trains, with LibTorch's thread pools and generators as the process
+ * has them (Determined's local mode, which seeds nothing).
+ */
+struct ProcessSettings {
+  /// Every pool that computes gets this many threads (see apply_threads); nullopt leaves them.
+  std::optional<ThreadChoice> threads;
+  /// LibTorch's switches for bit-identical runs (the config's reproducibility): deterministic
+  /// algorithms (an op without a deterministic implementation throws, naming itself), cuDNN's
+  /// deterministic kernels and no autotuning, and cuBLAS's fixed workspace
+  /// (`CUBLAS_WORKSPACE_CONFIG`, unless set already), which cuBLAS reads before its first use;
+  /// nullopt leaves them as they are.
+  std::optional<bool> deterministic;
+  /// Makes glibc keep the memory a training loop frees (see detail::keep_freed_memory).
+  bool keep_freed_memory = true;
+  /// Seeds LibTorch's global generators (the CPU's and every CUDA device's); nullopt leaves them.
+  std::optional<std::uint64_t> seed;
+
+  /// Applies the settings and records what they left (applied()).
+  const AppliedProcess& apply() const;
+  /// What the last apply() in this process set; nullopt where none ran.
+  static const std::optional<AppliedProcess>& applied() { return record(); }
+
+ private:
+  static std::optional<AppliedProcess>& record() {
+    static std::optional<AppliedProcess> last;
+    return last;
+  }
+};
+
+}  // namespace dettrial
+
+// Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
+#if DETTRIAL_HEADER_DEFINITIONS
+#include <cstdlib>
+
+#include <ATen/Context.h>
+#include <ATen/Parallel.h>
+#include <torch/utils.h>
 
 // ---- begin dettrial/detail/malloc.hpp
 // SPDX-License-Identifier: Apache-2.0
@@ -11536,6 +11587,56 @@ DETTRIAL_INLINE bool keep_freed_memory() {
 }  // namespace dettrial::detail
 #endif  // DETTRIAL_HEADER_DEFINITIONS
 // ---- end dettrial/detail/malloc.hpp
+
+namespace dettrial {
+
+DETTRIAL_INLINE const AppliedProcess& ProcessSettings::apply() const {
+  AppliedProcess done;
+  if (threads) {
+    done.threads = threads;
+    done.pools = apply_threads(*threads);
+  } else {
+    done.pools.intra_op = at::get_num_threads();
+    done.pools.inter_op = static_cast<int>(at::get_num_interop_threads());
+  }
+  if (deterministic) {
+    const bool on = *deterministic;
+    at::globalContext().setDeterministicAlgorithms(on, /*warn_only=*/false);
+    at::globalContext().setDeterministicCuDNN(on);
+    at::globalContext().setBenchmarkCuDNN(!on && at::globalContext().benchmarkCuDNN());
+    if (on) ::setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8", /*overwrite=*/0);
+  }
+  done.deterministic = at::globalContext().deterministicAlgorithms();
+  done.keeps_freed_memory = keep_freed_memory && detail::keep_freed_memory();
+  if (seed) torch::manual_seed(*seed);  // CPU and, when present, every CUDA device
+  record() = std::move(done);
+  return *record();
+}
+
+}  // namespace dettrial
+#endif  // DETTRIAL_HEADER_DEFINITIONS
+// ---- end dettrial/process/process_settings.hpp
+// ---- begin dettrial/context/context.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief The trial context: hyperparameters, batch sizes, seed, device, counters, and the wrapping of
+/// models, optimizers, schedulers and reducers that the trainer drives.
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <vector>
+#include <typeinfo>
+
+#include <torch/torch.h>
+#include <yaml-cpp/yaml.h>
+
 // ---- begin dettrial/distributed/ordered_gradients.hpp
 // SPDX-License-Identifier: Apache-2.0
 /// @file
@@ -11805,10 +11906,17 @@ class Context {
   const DistributedInfo& distributed() const { return distributed_; }
   /// The job's process group, or null for one process.
   Communicator* communicator() const { return communicator_.get(); }
-  /// The thread count this process was given and why (see ContextOptions::threads).
+  /// The thread count this process is to compute with and why (see ContextOptions::threads).
   const ThreadChoice& threads() const { return threads_; }
-  /// What each thread pool computes with: the intra-op pool's and the BLAS library's own.
-  const ThreadPools& thread_pools() const { return thread_pools_; }
+  /**
+   * @brief What the process this context trains in should set for itself: the thread count, the
+   * config's determinism, glibc's retention of freed memory, and the trial's seed (the chief's, in a
+   * job). The context applies none of it: `dettrial::main` does, and a main of one's own calls
+   * `context.process_settings().apply()` once, before building the trial.
+   */
+  ProcessSettings process_settings() const {
+    return {.threads = threads_, .deterministic = deterministic_, .keep_freed_memory = true, .seed = trial_seed_};
+  }
   std::int64_t aggregation_frequency() const { return aggregation_frequency_; }
 
   /// Moves a nested batch to this context's device (see dettrial::to_device).
@@ -12155,15 +12263,6 @@ class Context {
 
   static std::uint64_t derive_trial_seed(std::optional<std::uint64_t> experiment_seed);
 
-  /// LibTorch's switches for bit-identical runs (process-wide): deterministic algorithms (an op
-  /// without a deterministic implementation throws, naming itself), cuDNN's deterministic kernels and
-  /// no autotuning, and cuBLAS's fixed workspace, which it needs before its first use.
-  static void set_deterministic(bool on);
-
-  void seed_everything() const {
-    torch::manual_seed(trial_seed_);  // CPU and, when present, every CUDA device
-  }
-
   std::int64_t global_batch_size_hparam() const;
 
   std::int64_t require_epoch_len() const;
@@ -12194,7 +12293,7 @@ class Context {
   DistributedInfo distributed_;
   std::shared_ptr<Communicator> communicator_;
   ThreadChoice threads_;
-  ThreadPools thread_pools_;
+  std::optional<bool> deterministic_;
 
   std::vector<std::shared_ptr<torch::nn::Module>> models_;
   std::vector<WrappedOptimizer> optimizers_;
@@ -12301,8 +12400,7 @@ DETTRIAL_INLINE Context::Context(Hyperparameters hparams, ExperimentConfig confi
   threads_ = choose_threads(
       communicator_ ? communicator_->environment() : LaunchEnvironment{}, options.threads, CoreCount::of_this_process(),
       [](const char* name) { return std::getenv(name); }, rank_invariant ? ThreadDefault::one_per_rank : ThreadDefault::share_of_cores);
-  thread_pools_ = apply_threads(threads_);
-  if (const auto on = options.deterministic ? options.deterministic : config_.deterministic) set_deterministic(*on);
+  deterministic_ = options.deterministic ? options.deterministic : config_.deterministic;
   if (rank_invariant) {
     if (!average_aggregated_gradients_)
       throw ConfigError(
@@ -12321,8 +12419,6 @@ DETTRIAL_INLINE Context::Context(Hyperparameters hparams, ExperimentConfig confi
     own_scaler_->mark_wrapped();
     scaler_ = own_scaler_.get();
   }
-  detail::keep_freed_memory();
-  seed_everything();
 }
 
 DETTRIAL_INLINE std::int64_t Context::get_per_slot_batch_size() const {
@@ -12465,13 +12561,6 @@ DETTRIAL_INLINE std::uint64_t Context::derive_trial_seed(std::optional<std::uint
   std::uint64_t x =
       experiment_seed ? *experiment_seed : static_cast<std::uint64_t>(std::chrono::system_clock::now().time_since_epoch().count());
   return detail::mix64(x + detail::golden_gamma) % (1ULL << 31);
-}
-
-DETTRIAL_INLINE void Context::set_deterministic(bool on) {
-  at::globalContext().setDeterministicAlgorithms(on, /*warn_only=*/false);
-  at::globalContext().setDeterministicCuDNN(on);
-  at::globalContext().setBenchmarkCuDNN(!on && at::globalContext().benchmarkCuDNN());
-  if (on) ::setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8", /*overwrite=*/0);
 }
 
 DETTRIAL_INLINE std::int64_t Context::global_batch_size_hparam() const {
@@ -19641,11 +19730,12 @@ DETTRIAL_INLINE MlflowRun::Sender::Sender(MlflowSettings settings, std::filesyst
     tags.insert(tags.end(), start.tags.begin(), start.tags.end());
     if (!settings_.parent_run_id.empty()) tags.emplace_back("mlflow.parentRunId", settings_.parent_run_id);
     tags.emplace_back("mlflow.runName", settings_.run_name);
-    state_ = MlflowState{.tracking_uri = settings_.tracking_uri,
-                         .experiment_name = settings_.experiment_name,
-                         .run_name = settings_.run_name,
-                         .start_time_ms = mlflow_detail::now_ms(),
-                         .tags = std::move(tags)};
+    state_ = MlflowState{};
+    state_.tracking_uri = settings_.tracking_uri;
+    state_.experiment_name = settings_.experiment_name;
+    state_.run_name = settings_.run_name;
+    state_.start_time_ms = mlflow_detail::now_ms();
+    state_.tags = std::move(tags);
   }
   std::filesystem::create_directories(dir_);
   save_state();
@@ -20235,8 +20325,9 @@ namespace dettrial::detail {
 DETTRIAL_INLINE std::string loaded_blas();
 
 /// "LibTorch 2.5.1 (CPU), MKL (built in), 4 threads (the 4 CPUs this process may run on: intra-op 4,
-/// MKL 4 (...), inter-op 4)": the source of the thread count and what each pool got.
-DETTRIAL_INLINE std::string runtime_summary(std::string_view threads_source, std::string_view pools);
+/// MKL 4 (...), inter-op 4)": the source of the thread count and what each pool got, as the
+/// process's settings left them (ProcessSettings::applied(); LibTorch's defaults where none were applied).
+DETTRIAL_INLINE std::string runtime_summary();
 
 }  // namespace dettrial::detail
 
@@ -20279,7 +20370,10 @@ DETTRIAL_INLINE std::string loaded_blas() {
   return std::string(kind) + " (" + path + ")";
 }
 
-DETTRIAL_INLINE std::string runtime_summary(std::string_view threads_source, std::string_view pools) {
+DETTRIAL_INLINE std::string runtime_summary() {
+  const std::optional<AppliedProcess>& applied = ProcessSettings::applied();
+  const std::string threads_source = applied && applied->threads ? applied->threads->source : std::string();
+  const std::string pools = applied && applied->threads ? applied->pools.text() : std::string();
   std::string s = "LibTorch " + std::to_string(TORCH_VERSION_MAJOR) + "." + std::to_string(TORCH_VERSION_MINOR) + "." +
                   std::to_string(TORCH_VERSION_PATCH);
   s += torch::cuda::is_available() ? " (CUDA, " + std::to_string(torch::cuda::device_count()) + " GPUs)" : " (CPU)";
@@ -20288,7 +20382,7 @@ DETTRIAL_INLINE std::string runtime_summary(std::string_view threads_source, std
   s += ", " + std::to_string(threads) + (threads == 1 ? " thread" : " threads");
   s += " (" + std::string(threads_source.empty() ? "LibTorch's default" : threads_source) +
        (pools.empty() ? std::string() : ": " + std::string(pools)) + ")";
-  if (keep_freed_memory()) s += ", malloc keeps freed memory";
+  if (applied && applied->keeps_freed_memory) s += ", malloc keeps freed memory";
   return s;
 }
 
@@ -22702,7 +22796,7 @@ inline void announce_profiling(Context& context, const FitOptions& o, std::int64
 
 DETTRIAL_INLINE void announce(Context& context, const FitOptions& o, const Schedule& schedule, const Position& position,
                               Reporter& reporter) {
-  reporter.line("dettrial " DETTRIAL_VERSION_STRING ": " + runtime_summary(context.threads().source, context.thread_pools().text()));
+  reporter.line("dettrial " DETTRIAL_VERSION_STRING ": " + runtime_summary());
   reporter.line("dettrial: trial seed " + std::to_string(context.get_trial_seed()) + ", device " + context.device().str() + ", training " +
                 schedule.length().to_string() + " (an epoch is " + std::to_string(schedule.epoch_len()) + " batches), output " +
                 o.output_dir.string());
@@ -23018,7 +23112,7 @@ inline std::unique_ptr<MlflowRun> start_mlflow(const FitOptions& options, Contex
     start.params.emplace_back(name, std::move(text));
   }
   start.tags = {{"dettrial.version", DETTRIAL_VERSION_STRING},
-                {"dettrial.system", runtime_summary(context.threads().source, context.thread_pools().text())},
+                {"dettrial.system", runtime_summary()},
                 {"dettrial.device", context.device().str()},
                 {"dettrial.ranks", std::to_string(context.distributed().size)},
                 {"dettrial.run_folder", std::filesystem::absolute(options.output_dir).string()}};

@@ -481,11 +481,12 @@ DETTRIAL_INLINE MlflowRun::Sender::Sender(MlflowSettings settings, std::filesyst
     tags.insert(tags.end(), start.tags.begin(), start.tags.end());
     if (!settings_.parent_run_id.empty()) tags.emplace_back("mlflow.parentRunId", settings_.parent_run_id);
     tags.emplace_back("mlflow.runName", settings_.run_name);
-    state_ = MlflowState{.tracking_uri = settings_.tracking_uri,
-                         .experiment_name = settings_.experiment_name,
-                         .run_name = settings_.run_name,
-                         .start_time_ms = mlflow_detail::now_ms(),
-                         .tags = std::move(tags)};
+    state_ = MlflowState{};
+    state_.tracking_uri = settings_.tracking_uri;
+    state_.experiment_name = settings_.experiment_name;
+    state_.run_name = settings_.run_name;
+    state_.start_time_ms = mlflow_detail::now_ms();
+    state_.tags = std::move(tags);
   }
   std::filesystem::create_directories(dir_);
   save_state();
