@@ -83,6 +83,7 @@ struct RunResult {
 RunResult run(Mode mode, const Sizes& sizes, const std::filesystem::path& output) {
   std::filesystem::remove_all(output);
   dettrial::Context context(dettrial::Hyperparameters{}, dettrial::ContextOptions{.trial_seed = 3});
+  context.process_settings().apply();  // threads, determinism, allocator, the trial's seed
   dettrial::Trainer<WideMlpTrial> trainer(context, sizes);
   dettrial::FitOptions o{.max_length = dettrial::Batch(sizes.batches), .reporting_period = dettrial::Batch(1'000'000)};
   o.checkpoint_period = mode == Mode::none ? dettrial::Batch(1'000'000) : dettrial::Batch(sizes.period);

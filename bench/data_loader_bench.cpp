@@ -110,6 +110,7 @@ int main(int argc, char** argv) {
   };
   auto with_trainer = [&] {
     dettrial::Context context(config, {.trial_seed = 1, .threads = 1});
+    context.process_settings().apply();  // threads, determinism, allocator, the trial's seed
     dettrial::Trainer<mnist::MnistTrial> trainer(context);
     Clock clock;
     trainer.fit({.max_length = dettrial::Batch(steps),
@@ -121,6 +122,7 @@ int main(int argc, char** argv) {
   };
   auto prebatched = [&] {
     dettrial::Context context(config, {.trial_seed = 1, .threads = 1});
+    context.process_settings().apply();  // threads, determinism, allocator, the trial's seed
     mnist::MnistTrial trial(context);
     auto model = trial.build_model();
     auto optimizer = trial.optimizer(model);

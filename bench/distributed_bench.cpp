@@ -117,6 +117,7 @@ int main(int argc, char** argv) {
                                                                                     .communicator = comm,
                                                                                     .rank_invariant = mode == "invariant",
                                                                                     .threads = 1});
+    context.process_settings().apply();  // threads, determinism, allocator, the trial's seed
     const StepTimes t = run_steps(context, std::atoi(argv[2]));
     if (env.rank == 0) std::printf("%.6g %.6g %.6g\n", t.step_ms, t.all_reduce_ms, t.gradient_bytes);
     return 0;
@@ -127,6 +128,7 @@ int main(int argc, char** argv) {
   double bytes = 0;
   for (int round = 0; round < rounds; ++round) {  // alternate A and B
     dettrial::Context context(dettrial::Hyperparameters{}, dettrial::ContextOptions{.trial_seed = 1, .threads = 1});
+    context.process_settings().apply();  // threads, determinism, allocator, the trial's seed
     const StepTimes one = run_steps(context, steps);
     single_ms.push_back(one.step_ms);
     single_opt_ms.push_back(one.all_reduce_ms);

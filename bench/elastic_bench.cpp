@@ -61,6 +61,7 @@ dettrial::FitOptions options(std::int64_t batches, const std::filesystem::path& 
 double resume_seconds(const std::filesystem::path& checkpoint, std::int64_t at, const std::filesystem::path& output) {
   std::filesystem::remove_all(output);
   dettrial::Context context(dettrial::Hyperparameters{}, dettrial::ContextOptions{.trial_seed = 3, .threads = 1});
+  context.process_settings().apply();  // threads, determinism, allocator, the trial's seed
   dettrial::Trainer<LongEpochTrial> trainer(context);
   dettrial::FitOptions o = options(at + 1, output);
   o.latest_checkpoint = checkpoint;
@@ -110,6 +111,7 @@ int main(int argc, char** argv) {
   std::filesystem::path at_near, at_far;
   {
     dettrial::Context context(dettrial::Hyperparameters{}, dettrial::ContextOptions{.trial_seed = 3, .threads = 1});
+    context.process_settings().apply();  // threads, determinism, allocator, the trial's seed
     dettrial::Trainer<LongEpochTrial> trainer(context);
     dettrial::FitOptions o = options(far, dir / "run");
     o.checkpoint_period = dettrial::Batch::at({near, far});

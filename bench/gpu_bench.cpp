@@ -129,6 +129,7 @@ void run(const std::string& name, const std::string& yaml, const Options& opt, s
     return;
   }
   dettrial::Context context(dettrial::ExperimentConfig::parse(yaml));
+  context.process_settings().apply();  // threads, determinism, allocator, the trial's seed
   dettrial::Trainer<Trial> trainer(context);
   EpochTimer timer;
   dettrial::FitOptions fit = dettrial::FitOptions::from_config(context.get_experiment_config());

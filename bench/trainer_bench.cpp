@@ -118,6 +118,7 @@ std::vector<torch::Tensor> snapshot(const torch::nn::Module& m) {
 template <class Trial>
 Run with_trainer(const dettrial::ExperimentConfig& config, std::int64_t batches, bool record) {
   dettrial::Context context(config, {.trial_seed = seed, .device = torch::Device(torch::kCPU), .threads = 1});
+  context.process_settings().apply();  // threads, determinism, allocator, the trial's seed
   dettrial::Trainer<Trial> trainer(context);
   Run run;
   Clock clock{batches};
@@ -141,6 +142,7 @@ Run with_trainer(const dettrial::ExperimentConfig& config, std::int64_t batches,
 template <class Trial>
 Run by_hand(const dettrial::ExperimentConfig& config, std::int64_t batches, bool record, Recording* recording = nullptr) {
   dettrial::Context context(config, {.trial_seed = seed, .device = torch::Device(torch::kCPU), .threads = 1});
+  context.process_settings().apply();  // threads, determinism, allocator, the trial's seed
   Trial trial(context);
   auto model = trial.build_model();
   auto optimizer = trial.optimizer(model);
@@ -259,6 +261,7 @@ void write_parity(const std::filesystem::path& dir, const dettrial::ExperimentCo
   std::filesystem::create_directories(dir);
   {  // the initial weights, as the Trainer and the hand loop get them
     dettrial::Context context(config, {.trial_seed = seed, .device = torch::Device(torch::kCPU), .threads = 1});
+    context.process_settings().apply();  // threads, determinism, allocator, the trial's seed
     Trial trial(context);
     auto model = trial.build_model();
     std::int64_t i = 0;
@@ -317,6 +320,7 @@ void mnist_epoch_end_to_end(const char* fashion, std::int64_t batches, const std
   // The thread count a user's run gets (no .threads: OMP_NUM_THREADS when set, else every CPU this
   // process may run on), as Python's and Determined's sides get theirs; each row says what it ran with.
   dettrial::Context context(mnist_config(fashion), {.trial_seed = seed, .device = torch::Device(torch::kCPU)});
+  context.process_settings().apply();  // threads, determinism, allocator, the trial's seed
   dettrial::Trainer<mnist::MnistTrial> trainer(context);
   PhaseClock phases;
   TrainingTrace trace{trace_file, nullptr};

@@ -16,7 +16,7 @@ DETTRIAL = ROOT / "include" / "dettrial"
 LAYERS = [
     ["version.hpp", "error.hpp", "layout.hpp"],
     ["detail"],
-    ["vocabulary"],
+    ["vocabulary", "process"],
     ["config", "data", "metrics", "optim", "tensorboard"],
     ["tracking", "nn"],
     ["distributed"],

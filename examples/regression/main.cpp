@@ -46,6 +46,7 @@ struct RegressionTrial {
 
 int main() {
   dettrial::Context context(dettrial::Hyperparameters::parse("lr: 0.05\nglobal_batch_size: 32"));
+  context.process_settings().apply();  // threads, determinism, allocator, the trial's seed
   dettrial::Trainer<RegressionTrial> trainer(context);
   dettrial::FitResult result = trainer.fit({.max_length = dettrial::Epoch{5}, .validation_period = dettrial::Epoch{1}});
   return result.last_validation_metrics.at("validation_loss") < 0.01 ? 0 : 1;

@@ -30,6 +30,7 @@ struct TinyTrial {
 
 int main() {
   dettrial::Context context(dettrial::Hyperparameters::parse("global_batch_size: 16"), {.trial_seed = 1});
+  context.process_settings().apply();  // threads, determinism, allocator, the trial's seed
   dettrial::Trainer<TinyTrial> trainer(context);
   const auto result = trainer.fit({.max_length = dettrial::Epoch{4}, .output_dir = "consumer-run", .report = {.quiet = true}});
   const double mse = result.last_validation_metrics.at("mse");

@@ -12,6 +12,7 @@
 
 #include "ranks.hpp"
 #include "test_trials.hpp"
+#include "applied_context.hpp"
 
 using namespace dettrial;
 namespace fs = std::filesystem;
@@ -138,7 +139,7 @@ TEST_CASE("child process: a rank trains a BatchNorm model" * doctest::skip()) {
   REQUIRE(env.distributed());
   const fs::path dir = std::getenv("DETTRIAL_CHILD_DIR");
   auto comm = Communicator::create(env, std::chrono::seconds(60), backend::gloo{});
-  Context context(Hyperparameters::parse("global_batch_size: 12\n"), ContextOptions{.trial_seed = 3, .communicator = comm});
+  test::Context context(Hyperparameters::parse("global_batch_size: 12\n"), ContextOptions{.trial_seed = 3, .communicator = comm});
   Trainer<BatchNormTrial> trainer(context);
   FitOptions o{.max_length = Epoch(2), .validation_period = Epoch(1), .reporting_period = Batch(10)};
   o.output_dir = dir / "run";

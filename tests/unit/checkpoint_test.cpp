@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "test_trials.hpp"
+#include "applied_context.hpp"
 
 using namespace dettrial;
 namespace fs = std::filesystem;
@@ -95,14 +96,14 @@ TEST_CASE("stopping and resuming is bit-identical to training straight through")
   // 64 records in batches of 8: an epoch is 8 batches. Aggregation frequency 2 and a stop after
   // batch 9 leave one batch of gradients pending in the checkpoint.
   const ContextOptions options{.trial_seed = 7, .aggregation_frequency = 2};
-  Context straight_context(test::hparams(), options);
+  test::Context straight_context(test::hparams(), options);
   Trainer<ResumableTrial> straight(straight_context);
   MetricsRecorder straight_metrics;
   BatchCounter straight_counter;
   const FitResult a = straight.fit(resumable_options(20), straight_metrics, straight_counter);
   REQUIRE(a.batches_trained == 20);
 
-  Context first_context(test::hparams(), options);
+  test::Context first_context(test::hparams(), options);
   Trainer<ResumableTrial> first(first_context);
   first.trial().stop_at = 9;
   BatchCounter first_counter;
@@ -113,7 +114,7 @@ TEST_CASE("stopping and resuming is bit-identical to training straight through")
   CHECK(b1.checkpoints.back().batches_trained == 9);
 
   // A new process would have another seed; everything that matters comes from the checkpoint.
-  Context second_context(test::hparams(), ContextOptions{.trial_seed = 99, .aggregation_frequency = 2});
+  test::Context second_context(test::hparams(), ContextOptions{.trial_seed = 99, .aggregation_frequency = 2});
   Trainer<ResumableTrial> second(second_context);
   MetricsRecorder resumed_metrics;
   BatchCounter resumed_counter;
@@ -145,7 +146,7 @@ TEST_CASE("stopping and resuming is bit-identical to training straight through")
 }
 
 TEST_CASE("a checkpoint directory has Determined's layout and metadata") {
-  Context context(test::hparams(), ContextOptions{.trial_seed = 3});
+  test::Context context(test::hparams(), ContextOptions{.trial_seed = 3});
   Trainer<test::DeclarativeRegression> trainer(context);
   const FitResult r = trainer.fit(test::quiet({.max_length = Batch(5), .searcher_metric = "validation_loss"}));
   REQUIRE(r.checkpoints.size() == 1);
@@ -189,7 +190,7 @@ TEST_CASE("a checkpoint directory has Determined's layout and metadata") {
 TEST_CASE("checkpoint policies and retention keep what Determined keeps") {
   // Validation after every batch; the loss falls, then a large learning rate makes it jump.
   auto run = [](CheckpointPolicy policy, Retention retention, std::int64_t length = 6) {
-    Context context(test::hparams(), ContextOptions{.trial_seed = 5});
+    test::Context context(test::hparams(), ContextOptions{.trial_seed = 5});
     Trainer<test::DeclarativeRegression> trainer(context);
     trainer.trial().shuffle = false;
     return trainer.fit(test::quiet({.max_length = Batch(length),
@@ -258,11 +259,11 @@ TEST_CASE("retention picks the best by metric direction and the most recent") {
 }
 
 TEST_CASE("a trial's models load from a checkpoint for evaluation without training") {
-  Context trained_context(test::hparams(), ContextOptions{.trial_seed = 11});
+  test::Context trained_context(test::hparams(), ContextOptions{.trial_seed = 11});
   Trainer<test::DeclarativeRegression> trained(trained_context);
   const FitResult r = trained.fit(test::quiet({.max_length = Batch(6)}));
 
-  Context fresh_context(test::hparams(), ContextOptions{.trial_seed = 12});
+  test::Context fresh_context(test::hparams(), ContextOptions{.trial_seed = 12});
   Trainer<test::DeclarativeRegression> fresh(fresh_context);
   REQUIRE(!test::bit_identical(test::parameters_of(trained_context), test::parameters_of(fresh_context)));
   const CheckpointInfo info = load_models(r.output_dir, fresh_context);  // a run directory: its latest checkpoint
@@ -275,10 +276,10 @@ TEST_CASE("a trial's models load from a checkpoint for evaluation without traini
 }
 
 TEST_CASE("resuming another trial's checkpoint is a warm start") {
-  Context c1(test::hparams(), ContextOptions{.trial_seed = 1});
+  test::Context c1(test::hparams(), ContextOptions{.trial_seed = 1});
   Trainer<test::DeclarativeRegression> t1(c1);
   const FitResult r1 = t1.fit(test::quiet({.max_length = Batch(4), .trial_id = 1}));
-  Context c2(test::hparams(), ContextOptions{.trial_seed = 2});
+  test::Context c2(test::hparams(), ContextOptions{.trial_seed = 2});
   Trainer<test::DeclarativeRegression> t2(c2);
   FitOptions o = test::quiet({.max_length = Batch(3), .trial_id = 2});
   o.latest_checkpoint = r1.output_dir;
@@ -299,7 +300,7 @@ TEST_CASE("resuming another trial's checkpoint is a warm start") {
 }
 
 TEST_CASE("missing, damaged, mismatching and newer checkpoints are clear errors that delete nothing") {
-  Context context(test::hparams(), ContextOptions{.trial_seed = 4});
+  test::Context context(test::hparams(), ContextOptions{.trial_seed = 4});
   Trainer<test::DeclarativeRegression> trainer(context);
   const FitResult r = trainer.fit(
       test::quiet({.max_length = Batch(4), .checkpoint_period = Batch(2), .retention = {.save_trial_best = 0, .save_trial_latest = 5}}));
@@ -308,7 +309,7 @@ TEST_CASE("missing, damaged, mismatching and newer checkpoints are clear errors 
   const std::size_t before = count_dirs(r.checkpoint_dir);
 
   auto resume = [&](const fs::path& from) {
-    Context c(test::hparams(), ContextOptions{.trial_seed = 4});
+    test::Context c(test::hparams(), ContextOptions{.trial_seed = 4});
     Trainer<test::DeclarativeRegression> t(c);
     FitOptions o = test::quiet({.max_length = Batch(8), .checkpoint_dir = r.checkpoint_dir});
     o.latest_checkpoint = from;
@@ -349,7 +350,7 @@ TEST_CASE("missing, damaged, mismatching and newer checkpoints are clear errors 
     }
   };
   {
-    Context c(test::hparams(), ContextOptions{.trial_seed = 4});
+    test::Context c(test::hparams(), ContextOptions{.trial_seed = 4});
     Trainer<Wider> t(c);
     FitOptions o = test::quiet({.max_length = Batch(8)});
     o.latest_checkpoint = older;
@@ -364,7 +365,7 @@ TEST_CASE("missing, damaged, mismatching and newer checkpoints are clear errors 
     }
   };
   {
-    Context c(test::hparams(), ContextOptions{.trial_seed = 4});
+    test::Context c(test::hparams(), ContextOptions{.trial_seed = 4});
     Trainer<Deeper> t(c);
     FitOptions o = test::quiet({.max_length = Batch(8)});
     o.latest_checkpoint = older;
@@ -386,7 +387,7 @@ TEST_CASE("SIGTERM finishes the batch, checkpoints and returns, the run resumes 
   };
   struct sigaction before{};
   ::sigaction(SIGTERM, nullptr, &before);
-  Context context(test::hparams(), ContextOptions{.trial_seed = 2});
+  test::Context context(test::hparams(), ContextOptions{.trial_seed = 2});
   Trainer<SignalsAtFive> trainer(context);
   const FitResult r = trainer.fit(test::quiet({.max_length = Batch(50)}));
   CHECK(r.signal == SIGTERM);
@@ -403,7 +404,7 @@ TEST_CASE("SIGTERM finishes the batch, checkpoints and returns, the run resumes 
   // handlers or without them.
   for (const bool handle_signals : {false, true}) {
     CAPTURE(handle_signals);
-    Context again(test::hparams(), ContextOptions{.trial_seed = 3});
+    test::Context again(test::hparams(), ContextOptions{.trial_seed = 3});
     Trainer<test::DeclarativeRegression> next(again);
     FitOptions o = test::quiet({.max_length = Batch(7)});
     o.handle_signals = handle_signals;
@@ -442,7 +443,7 @@ struct FillTrial {
 TEST_CASE("child process: writes checkpoints until killed" * doctest::skip()) {
   const char* dir = std::getenv("DETTRIAL_CHILD_DIR");
   REQUIRE(dir != nullptr);
-  Context context(Hyperparameters{}, ContextOptions{.trial_seed = 1});
+  test::Context context(Hyperparameters{}, ContextOptions{.trial_seed = 1});
   Trainer<FillTrial> trainer(context);
   FitOptions o{.max_length = Batch(1'000'000), .checkpoint_period = Batch(1), .reporting_period = Batch(1'000'000)};
   o.output_dir = dir;
@@ -463,7 +464,7 @@ TEST_CASE("child process: a second stop signal aborts at once" * doctest::skip()
       return FillTrial::train_batch(b, e, i);
     }
   };
-  Context context(Hyperparameters{}, ContextOptions{.trial_seed = 1});
+  test::Context context(Hyperparameters{}, ContextOptions{.trial_seed = 1});
   Trainer<TwoSignals> trainer(context);
   FitOptions o{.max_length = Batch(100)};
   o.output_dir = std::getenv("DETTRIAL_CHILD_DIR");
@@ -577,7 +578,7 @@ TEST_CASE("a format-1 checkpoint (LibTorch's archive of every optimizer) still r
   REQUIRE(read_checkpoint_info(fixture).format == 1);
   const StateDict python = dettrial::detail::read_state_dict_file(fixture).at("optimizers_state_dict").toList().get(0).toGenericDict();
 
-  Context context(test::hparams(), ContextOptions{.trial_seed = 99, .aggregation_frequency = 2});
+  test::Context context(test::hparams(), ContextOptions{.trial_seed = 99, .aggregation_frequency = 2});
   Trainer<ResumableTrial> trainer(context);
   int checked = 0;
   AtTrainingStart restored{[&] {
@@ -615,11 +616,11 @@ TEST_CASE("a format-2 checkpoint stores each tensor once, and resumes SGD with m
   const auto check = [](auto tag, bool archive) {
     using Trial = typename decltype(tag)::type;
     const Hyperparameters hparams = test::hparams("width: 512\n");
-    Context straight_context(hparams, ContextOptions{.trial_seed = 3});
+    test::Context straight_context(hparams, ContextOptions{.trial_seed = 3});
     Trainer<Trial> straight(straight_context);
     straight.fit(resumable_options(10));
 
-    Context first_context(hparams, ContextOptions{.trial_seed = 3});
+    test::Context first_context(hparams, ContextOptions{.trial_seed = 3});
     Trainer<Trial> first(first_context);
     first.trial().stop_at = 6;
     const FitResult stopped = first.fit(resumable_options(10));
@@ -642,7 +643,7 @@ TEST_CASE("a format-2 checkpoint stores each tensor once, and resumes SGD with m
       fs::copy(checkpoint, keep);
     }
 
-    Context second_context(hparams, ContextOptions{.trial_seed = 44});
+    test::Context second_context(hparams, ContextOptions{.trial_seed = 44});
     Trainer<Trial> second(second_context);
     FitOptions resume = resumable_options(10);
     resume.latest_checkpoint = stopped.output_dir;
@@ -667,7 +668,7 @@ TEST_CASE("checkpoints written in the background hold the state at their batch a
     void on_checkpoint_upload_end(const std::string& uuid) { uploaded.push_back(uuid); }
   };
   const auto run = [](bool async, Durable& durable) {
-    Context context(test::hparams("width: 256\n"), ContextOptions{.trial_seed = 5});
+    test::Context context(test::hparams("width: 256\n"), ContextOptions{.trial_seed = 5});
     Trainer<WideTrial> trainer(context);
     FitOptions o = test::quiet({.max_length = Batch(12),
                                 .validation_period = Batch(4),
@@ -730,7 +731,7 @@ TEST_CASE("a background write that fails is an error at the next boundary, namin
       std::ofstream(storage) << "not a directory";
     }
   } breaker{storage, moved};
-  Context context(test::hparams("width: 64\n"), ContextOptions{.trial_seed = 5});
+  test::Context context(test::hparams("width: 64\n"), ContextOptions{.trial_seed = 5});
   Trainer<WideTrial> trainer(context);
   FitOptions o = test::quiet({.max_length = Batch(20), .checkpoint_period = Batch(2), .checkpoint_policy = CheckpointPolicy::none});
   o.output_dir = out;
@@ -802,7 +803,7 @@ TEST_CASE("a background write is paced over its budget, and hurried at once when
 TEST_CASE("child process: writes large checkpoints in the background until killed" * doctest::skip()) {
   const char* dir = std::getenv("DETTRIAL_CHILD_DIR");
   REQUIRE(dir != nullptr);
-  Context context(test::hparams("width: 2048\n"), ContextOptions{.trial_seed = 21});
+  test::Context context(test::hparams("width: 2048\n"), ContextOptions{.trial_seed = 21});
   Trainer<WideTrial> trainer(context);
   FitOptions o = resumable_options(400);
   o.checkpoint_period = Batch(4);
@@ -838,13 +839,13 @@ TEST_CASE("a process killed (SIGKILL) while a checkpoint is written in the backg
   const std::int64_t resumed_at = all.back().batches_trained;
   CAPTURE(resumed_at);
 
-  Context straight_context(test::hparams("width: 2048\n"), ContextOptions{.trial_seed = 21});
+  test::Context straight_context(test::hparams("width: 2048\n"), ContextOptions{.trial_seed = 21});
   Trainer<WideTrial> straight(straight_context);
   FitOptions whole = resumable_options(resumed_at + 8);
   whole.checkpoint_period = Batch(1000);
   straight.fit(whole);
 
-  Context resumed_context(test::hparams("width: 2048\n"), ContextOptions{.trial_seed = 22});
+  test::Context resumed_context(test::hparams("width: 2048\n"), ContextOptions{.trial_seed = 22});
   Trainer<WideTrial> resumed(resumed_context);
   FitOptions rest = resumable_options(resumed_at + 8);
   rest.checkpoint_period = Batch(1000);
@@ -858,7 +859,7 @@ TEST_CASE("a process killed (SIGKILL) while a checkpoint is written in the backg
 TEST_CASE("child process: holds a run folder" * doctest::skip()) {
   const char* dir = std::getenv("DETTRIAL_CHILD_DIR");
   REQUIRE(dir != nullptr);
-  Context context(Hyperparameters{}, ContextOptions{.trial_seed = 1});
+  test::Context context(Hyperparameters{}, ContextOptions{.trial_seed = 1});
   Trainer<FillTrial> trainer(context);
   FitOptions o{.max_length = Batch(100'000'000), .checkpoint_period = Batch(100'000'000), .reporting_period = Batch(100'000'000)};
   o.output_dir = dir;
@@ -878,7 +879,7 @@ TEST_CASE("a second process in a live run folder is refused naming the holder, a
   for (int i = 0; i < 3000 && !fs::exists(dir / "metrics.jsonl"); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
   std::this_thread::sleep_for(std::chrono::milliseconds(500));
   const auto fit_here = [&] {
-    Context context(Hyperparameters{}, ContextOptions{.trial_seed = 1});
+    test::Context context(Hyperparameters{}, ContextOptions{.trial_seed = 1});
     Trainer<FillTrial> trainer(context);
     FitOptions o = test::quiet({.max_length = Batch(3)});
     o.output_dir = dir;
@@ -955,7 +956,7 @@ TEST_CASE(
     "an EMA of the weights (torchvision's recipe: warmup, cosine, EMA) is checkpointed as torchvision's model_ema and resumes "
     "bit-identically") {
   const ContextOptions options{.trial_seed = 11};
-  Context straight_context(test::hparams("ema: true"), options);
+  test::Context straight_context(test::hparams("ema: true"), options);
   Trainer<RecipeTrial> straight(straight_context);
   MetricsRecorder straight_metrics;
   const FitResult a = straight.fit(resumable_options(20), straight_metrics);
@@ -963,7 +964,7 @@ TEST_CASE(
   // 20 optimizer steps: an update after steps 2, 4, ..., 20; those up to step 3 restart the average.
   CHECK(straight.trial().ema.n_averaged() == 9);
 
-  Context first_context(test::hparams("ema: true"), options);
+  test::Context first_context(test::hparams("ema: true"), options);
   Trainer<RecipeTrial> first(first_context);
   first.trial().stop_at = 9;
   const FitResult b1 = first.fit(resumable_options(20));
@@ -975,7 +976,7 @@ TEST_CASE(
   CHECK(ema_state.at("n_averaged").toTensor().item<std::int64_t>() == 3);
   CHECK(ema_state.contains("module.0.weight"));
 
-  Context second_context(test::hparams("ema: true"), ContextOptions{.trial_seed = 99});
+  test::Context second_context(test::hparams("ema: true"), ContextOptions{.trial_seed = 99});
   Trainer<RecipeTrial> second(second_context);
   MetricsRecorder resumed_metrics;
   FitOptions resume = resumable_options(20);
@@ -994,10 +995,10 @@ TEST_CASE(
   CHECK(losses.back() < losses.front());
 
   // A checkpoint without the average is refused by name for a trial that has one.
-  Context plain_context(test::hparams("ema: false"), options);
+  test::Context plain_context(test::hparams("ema: false"), options);
   Trainer<RecipeTrial> plain(plain_context);
   const FitResult p = plain.fit(resumable_options(3));
-  Context into_context(test::hparams("ema: true"), options);
+  test::Context into_context(test::hparams("ema: true"), options);
   Trainer<RecipeTrial> into(into_context);
   FitOptions from_plain = resumable_options(6);
   from_plain.latest_checkpoint = p.output_dir;

@@ -5,6 +5,7 @@
 #include <fstream>
 
 #include <dettrial/dettrial.hpp>
+#include "applied_context.hpp"
 
 using namespace dettrial;
 
@@ -110,8 +111,8 @@ data: {dir: /data}
   CHECK_FALSE(o.smaller_is_better);
   CHECK(o.reporting_period == TrainUnit(Batch(10)));
 
-  Context a(c, ContextOptions{});
-  Context b(c, ContextOptions{});
+  test::Context a(c, ContextOptions{});
+  test::Context b(c, ContextOptions{});
   CHECK(a.get_trial_seed() == b.get_trial_seed());  // derived from experiment_seed
   CHECK(a.aggregation_frequency() == 4);
 
@@ -173,13 +174,13 @@ TEST_CASE("reproducibility.deterministic turns LibTorch's deterministic switches
   CHECK_THROWS_WITH_AS(ExperimentConfig::parse("reproducibility: {deterministic: sure}\n", "d.yaml"),
                        doctest::Contains("d.yaml:1:34: 'deterministic' is 'sure'"), ConfigError);
   {
-    Context context(on);
+    test::Context context(on);
     CHECK(at::globalContext().deterministicAlgorithms());
     CHECK(at::globalContext().deterministicCuDNN());
     CHECK_FALSE(at::globalContext().benchmarkCuDNN());
     CHECK(std::getenv("CUBLAS_WORKSPACE_CONFIG") != nullptr);
   }
-  Context off(ExperimentConfig::parse("reproducibility: {deterministic: false}\n", "d.yaml"));
+  test::Context off(ExperimentConfig::parse("reproducibility: {deterministic: false}\n", "d.yaml"));
   CHECK_FALSE(at::globalContext().deterministicAlgorithms());
   CHECK_FALSE(at::globalContext().deterministicCuDNN());
 }

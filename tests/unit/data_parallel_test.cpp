@@ -19,6 +19,7 @@
 
 #include "ranks.hpp"
 #include "test_trials.hpp"
+#include "applied_context.hpp"
 
 using namespace dettrial;
 namespace fs = std::filesystem;
@@ -231,7 +232,7 @@ TEST_CASE("child process: a rank on uneven data" * doctest::skip()) {
   const fs::path dir = std::getenv("DETTRIAL_CHILD_DIR");
   auto comm = Communicator::create(env, std::chrono::seconds(60), backend::gloo{});
   // No seed anywhere: the ranks must still shuffle alike.
-  Context context(Hyperparameters::parse("global_batch_size: 6\n"), ContextOptions{.aggregation_frequency = 2, .communicator = comm});
+  test::Context context(Hyperparameters::parse("global_batch_size: 6\n"), ContextOptions{.aggregation_frequency = 2, .communicator = comm});
   LocalOnly local;
   CHECK_THROWS_WITH_AS(context.wrap_reducer(local, "local"), doctest::Contains("has only reduce(), which sees one rank's data"),
                        TrialError);
@@ -350,8 +351,8 @@ TEST_CASE("child process: a rank of a rank-invariant job" * doctest::skip()) {
   const std::int64_t agg = 4 / env.size;
   std::shared_ptr<Communicator> comm;
   if (env.distributed()) comm = Communicator::create(env, std::chrono::seconds(60), backend::gloo{});
-  Context context(Hyperparameters::parse("global_batch_size: " + std::to_string(5 * env.size) + "\n"),
-                  ContextOptions{.trial_seed = 42, .aggregation_frequency = agg, .communicator = comm, .rank_invariant = on});
+  test::Context context(Hyperparameters::parse("global_batch_size: " + std::to_string(5 * env.size) + "\n"),
+                        ContextOptions{.trial_seed = 42, .aggregation_frequency = agg, .communicator = comm, .rank_invariant = on});
   Trainer<RankInvariantTrial> trainer(context);
   FitOptions o{.max_length = Batch(12 * agg), .reporting_period = Batch(4 * agg)};
   o.output_dir = dir / "run";
@@ -372,7 +373,8 @@ TEST_CASE("rank_invariant: 1 rank aggregating 4 batches, 2 aggregating 2 and 4 a
 }
 
 TEST_CASE("rank_invariant: a boundary between an update's batches, and a sum of aggregated gradients, are refused") {
-  Context context(Hyperparameters::parse("global_batch_size: 5\n"), ContextOptions{.aggregation_frequency = 4, .rank_invariant = true});
+  test::Context context(Hyperparameters::parse("global_batch_size: 5\n"),
+                        ContextOptions{.aggregation_frequency = 4, .rank_invariant = true});
   Trainer<RankInvariantTrial> trainer(context);
   CHECK_THROWS_WITH_AS(trainer.fit(test::quiet({.max_length = Batch(10)})),
                        "reproducibility.rank_invariant keeps an update's batches apart until its last one, so max_length (10 batches) "
@@ -387,7 +389,7 @@ double plain_sum(const std::vector<double>& v) { return std::accumulate(v.begin(
 
 TEST_CASE("a function reducer interleaves the ranks' values back into batch order") {
   // A plain function, a lambda and tensors all make function reducers.
-  Context context(Hyperparameters{});
+  test::Context context(Hyperparameters{});
   auto& sum = context.wrap_reducer(plain_sum, "sum");
   sum.update(2);
   sum.update(3);
@@ -619,7 +621,7 @@ TEST_CASE("child process: a rank validates with evaluate_full_dataset" * doctest
   REQUIRE(env.distributed());
   const fs::path dir = std::getenv("DETTRIAL_CHILD_DIR");
   auto comm = Communicator::create(env, std::chrono::seconds(60), backend::gloo{});
-  Context context(Hyperparameters::parse("global_batch_size: 6\n"), ContextOptions{.trial_seed = 8, .communicator = comm});
+  test::Context context(Hyperparameters::parse("global_batch_size: 6\n"), ContextOptions{.trial_seed = 8, .communicator = comm});
   Trainer<FullDatasetTrial> trainer(context);
   FitOptions o{.max_length = Epoch(2), .validation_period = Epoch(1)};
   o.output_dir = dir / "run";

@@ -16,6 +16,7 @@
 #include <torch/csrc/lazy/ts_backend/ts_backend_impl.h>
 
 #include "test_trials.hpp"
+#include "applied_context.hpp"
 
 using namespace dettrial;
 namespace fs = std::filesystem;
@@ -253,7 +254,7 @@ TEST_CASE("child process: a data-parallel rank" * doctest::skip()) {
     one_device_backend->seen.clear();
   }
   options.rank_invariant = std::getenv("DETTRIAL_RANK_INVARIANT") != nullptr;
-  Context context(data_parallel_hparams(one_device_backend ? 0.0 : 0.9), std::move(options));
+  test::Context context(data_parallel_hparams(one_device_backend ? 0.0 : 0.9), std::move(options));
   Trainer<DataParallelTrial> trainer(context);
   const std::int64_t length = std::atoll(std::getenv("DETTRIAL_LENGTH") ? std::getenv("DETTRIAL_LENGTH") : "50");
   FitOptions o = data_parallel_options(dir / "run", length);
@@ -356,7 +357,7 @@ namespace {
 /// The 2-rank run in `dir` (its chief's checkpoint and reports) against one process with the same
 /// seed and global batch 64 over the same data order: the same parameters and losses to float rounding.
 void check_matches_one_process(const fs::path& dir, std::int64_t length, double momentum) {
-  Context context(data_parallel_hparams(momentum), ContextOptions{.trial_seed = 17});
+  test::Context context(data_parallel_hparams(momentum), ContextOptions{.trial_seed = 17});
   Trainer<DataParallelTrial> single(context);
   const FitResult r = single.fit(data_parallel_options(dir / "single", length));
 
@@ -395,7 +396,7 @@ TEST_CASE("a 2-rank run resumed from its checkpoint reproduces the uninterrupted
   REQUIRE(all_succeeded(run_two_ranks(split, {"DETTRIAL_LENGTH=12"}, std::chrono::seconds(90), in_time)));
   REQUIRE(all_succeeded(
       run_two_ranks(split, {"DETTRIAL_LENGTH=30", "DETTRIAL_RESUME=" + (split / "run").string()}, std::chrono::seconds(90), in_time)));
-  Context context(data_parallel_hparams(), ContextOptions{.trial_seed = 1});
+  test::Context context(data_parallel_hparams(), ContextOptions{.trial_seed = 1});
   torch::nn::Sequential x = DataParallelTrial(context).build_model(), y = DataParallelTrial(context).build_model();
   load_model(straight / "run", *x);
   load_model(split / "run", *y);

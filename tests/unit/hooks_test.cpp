@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "test_trials.hpp"
+#include "applied_context.hpp"
 
 using namespace dettrial;
 namespace fs = std::filesystem;
@@ -99,7 +100,7 @@ struct StdoutToFile {
 }  // namespace
 
 TEST_CASE("callbacks hear the validation epoch around evaluate_batch, and a checkpoint's save and load") {
-  Context context(Hyperparameters::parse("global_batch_size: 5\n"), ContextOptions{.trial_seed = 3});
+  test::Context context(Hyperparameters::parse("global_batch_size: 5\n"), ContextOptions{.trial_seed = 3});
   Trainer<BareLossTrial> trainer(context);
   Recorder recorder;
   FitOptions o = test::quiet({.max_length = Batch(8), .validation_period = Batch(4), .checkpoint_period = Batch(4)});
@@ -118,7 +119,7 @@ TEST_CASE("callbacks hear the validation epoch around evaluate_batch, and a chec
   CHECK(recorder.heard == expected);
   REQUIRE(r.checkpoints.size() == 2);
   {
-    Context background_context(Hyperparameters::parse("global_batch_size: 5\n"), ContextOptions{.trial_seed = 3});
+    test::Context background_context(Hyperparameters::parse("global_batch_size: 5\n"), ContextOptions{.trial_seed = 3});
     Trainer<BareLossTrial> background(background_context);
     Recorder heard;
     FitOptions b = test::quiet({.max_length = Batch(8), .validation_period = Batch(4), .checkpoint_period = Batch(4)});
@@ -133,7 +134,7 @@ TEST_CASE("callbacks hear the validation epoch around evaluate_batch, and a chec
 
   // Resumed from the last checkpoint (retention deleted the first) and trained on: the load hook
   // sees what the save hook wrote.
-  Context again(Hyperparameters::parse("global_batch_size: 5\n"), ContextOptions{.trial_seed = 3});
+  test::Context again(Hyperparameters::parse("global_batch_size: 5\n"), ContextOptions{.trial_seed = 3});
   Trainer<BareLossTrial> resumed(again);
   Recorder second;
   FitOptions from = o;
@@ -147,7 +148,7 @@ TEST_CASE("callbacks hear the validation epoch around evaluate_batch, and a chec
 }
 
 TEST_CASE("a bare-loss train_batch reports its loss, is_epoch_end holds on each epoch's last batch, get_batch_length counts records") {
-  Context context(Hyperparameters::parse("global_batch_size: 5\n"), ContextOptions{.trial_seed = 3});
+  test::Context context(Hyperparameters::parse("global_batch_size: 5\n"), ContextOptions{.trial_seed = 3});
   Trainer<BareLossTrial> trainer(context);
   const fs::path dir = test::quiet({}).output_dir;
   fs::create_directories(dir);
@@ -173,7 +174,7 @@ TEST_CASE("average_aggregated_gradients false sums the aggregated gradients, tru
     CAPTURE(average);
     // On the CPU, where the update is computed by hand below (a GPU machine's default device would
     // move the model away from the test's tensors).
-    Context context(
+    test::Context context(
         Hyperparameters::parse("global_batch_size: 5\n"),
         ContextOptions{
             .trial_seed = 3, .device = torch::Device(torch::kCPU), .aggregation_frequency = 2, .average_aggregated_gradients = average});

@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "ranks.hpp"  // test_trials.hpp, and running ranks
+#include "applied_context.hpp"
 
 using namespace dettrial;
 namespace fs = std::filesystem;
@@ -124,7 +125,7 @@ TEST_CASE("Keras's losses and metrics: the batch means Keras computes") {
 }
 
 TEST_CASE("a Keras-style trial trains under Trainer: loss and accuracy, val_ names, metrics.jsonl") {
-  Context context(test::hparams(), ContextOptions{.trial_seed = 3});
+  test::Context context(test::hparams(), ContextOptions{.trial_seed = 3});
   Trainer<ClusterTrial> trainer(context);
   static_assert(std::is_same_v<decltype(trainer.trial()), ClusterTrial&>);
   const FitResult r = trainer.fit(test::quiet(
@@ -147,16 +148,16 @@ TEST_CASE("a Keras-style trial stops and resumes bit-identically (model, Adam's 
   const auto options = [](std::int64_t length) {
     return test::quiet({.max_length = Batch(length), .checkpoint_period = Batch(4), .searcher_metric = "val_loss"});
   };
-  Context straight_context(test::hparams(), ContextOptions{.trial_seed = 11});
+  test::Context straight_context(test::hparams(), ContextOptions{.trial_seed = 11});
   Trainer<ClusterTrial> straight(straight_context);
   straight.fit(options(10));
 
-  Context first_context(test::hparams(), ContextOptions{.trial_seed = 11});
+  test::Context first_context(test::hparams(), ContextOptions{.trial_seed = 11});
   Trainer<ClusterTrial> first(first_context);
   const FitResult stopped = first.fit(options(5));  // checkpoints at 4 and at the end, 5: mid-epoch
   REQUIRE(stopped.checkpoints.back().batches_trained == 5);
 
-  Context second_context(test::hparams(), ContextOptions{.trial_seed = 99});
+  test::Context second_context(test::hparams(), ContextOptions{.trial_seed = 99});
   Trainer<ClusterTrial> second(second_context);
   FitOptions resume = options(10);
   resume.latest_checkpoint = stopped.output_dir;
@@ -168,7 +169,7 @@ TEST_CASE("a Keras-style trial stops and resumes bit-identically (model, Adam's 
 }
 
 TEST_CASE("keras::EarlyStopping stops after patience validations without improvement, counting on after a resume") {
-  Context context(test::hparams(), ContextOptions{.trial_seed = 1});
+  test::Context context(test::hparams(), ContextOptions{.trial_seed = 1});
   Trainer<EarlyTrial> trainer(context);  // the model is wrapped by dettrial: build_model did not
   CHECK(context.models().size() == 1);
   const FitResult r = trainer.fit(test::quiet({.max_length = Batch(50), .validation_period = Batch(3), .searcher_metric = "val_loss"}));
@@ -200,7 +201,7 @@ TEST_CASE("Keras-style validation means are weighted by records, as Keras's eval
       return {.data = data.x, .labels = data.y, .batch_size = 32, .shuffle = false};
     }
   };
-  Context context(test::hparams(), ContextOptions{.trial_seed = 3});
+  test::Context context(test::hparams(), ContextOptions{.trial_seed = 3});
   Trainer<PartialBatches> trainer(context);
   const FitResult r = trainer.fit(test::quiet({.max_length = Batch(4), .validation_period = Batch(4)}));
   // One pass over the whole set, as Keras's evaluate reports it.
@@ -321,7 +322,7 @@ TEST_CASE("keras::WeightedSequence: sample and class weights weigh each sample's
 TEST_CASE("keras::WeightedSequence trains weighted: weights of 2 step as twice the learning rate, class_weight only for training") {
   const Clusters data = clusters();
   auto run = [&](double lr, keras::WeightedSequence train) {
-    Context context(test::hparams(), ContextOptions{.trial_seed = 3});
+    test::Context context(test::hparams(), ContextOptions{.trial_seed = 3});
     Trainer<WeightedTrial> trainer(context, lr, std::move(train));
     trainer.fit(test::quiet({.max_length = Batch(3), .validation_period = Batch(3)}));
     return test::parameters_of(context);
@@ -342,7 +343,7 @@ TEST_CASE("keras::WeightedSequence trains weighted: weights of 2 step as twice t
     keras::WeightedSequence build_validation_data_loader() { return {.data = data.x, .labels = data.y, .class_weight = {{0, 2.0}}}; }
   };
   auto refused = [&] {
-    Context context(test::hparams(), ContextOptions{.trial_seed = 3});
+    test::Context context(test::hparams(), ContextOptions{.trial_seed = 3});
     Trainer<ClassWeightedValidation> trainer(context, 0.1, keras::WeightedSequence{.data = data.x, .labels = data.y});
     trainer.fit(test::quiet({.max_length = Batch(1)}));
   };
@@ -377,7 +378,7 @@ TEST_CASE("Keras's callbacks over eight epochs: ReduceLROnPlateau, EarlyStopping
   const fs::path dir = test::quiet({}).output_dir;
   fs::create_directories(dir);
   // One context each: EarlyStopping's stop request must be its own.
-  Context lr_context(test::hparams()), stop_context(test::hparams()), file_context(test::hparams());
+  test::Context lr_context(test::hparams()), stop_context(test::hparams()), file_context(test::hparams());
   torch::nn::Linear net(2, 1);
   torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.01));
   lr_context.wrap_optimizer(sgd);
@@ -475,7 +476,7 @@ struct LoggingTrial : ClusterTrial {
   }
 };
 FitResult logging_run(const fs::path& dir, std::int64_t length, std::optional<fs::path> resume = std::nullopt) {
-  Context context(test::hparams(), ContextOptions{.trial_seed = 5});
+  test::Context context(test::hparams(), ContextOptions{.trial_seed = 5});
   Trainer<LoggingTrial> trainer(context, dir);
   FitOptions o = test::quiet(
       {.max_length = Batch(length), .validation_period = Batch(3), .checkpoint_period = Batch(3), .reporting_period = Batch(2)});
@@ -524,7 +525,7 @@ struct DivergingTrial : ClusterTrial {
 }  // namespace
 
 TEST_CASE("keras::TerminateOnNaN stops at the end of the reporting period whose loss is NaN, without a wait a batch") {
-  Context context(test::hparams(), ContextOptions{.trial_seed = 2});
+  test::Context context(test::hparams(), ContextOptions{.trial_seed = 2});
   Trainer<DivergingTrial> trainer(context);
   const FitResult r = trainer.fit(test::quiet({.max_length = Batch(30), .validation_period = Batch(100), .reporting_period = Batch(4)}));
   CHECK(r.stop_requested);
@@ -569,7 +570,7 @@ TEST_CASE("child process: a Keras-style rank" * doctest::skip()) {
   REQUIRE(env.distributed());
   const fs::path dir = std::getenv("DETTRIAL_CHILD_DIR");
   auto comm = Communicator::create(env, std::chrono::seconds(60), backend::gloo{});
-  Context context(Hyperparameters::parse("global_batch_size: 30\n"), ContextOptions{.trial_seed = 4, .communicator = comm});
+  test::Context context(Hyperparameters::parse("global_batch_size: 30\n"), ContextOptions{.trial_seed = 4, .communicator = comm});
   const FitResult r = ranked_keras_fit(context, dir / "run");
   nlohmann::json out = {{"val_loss", r.last_validation_metrics.at("val_loss")},
                         {"val_accuracy", r.last_validation_metrics.at("val_accuracy")},
@@ -582,7 +583,7 @@ TEST_CASE("a Keras-style trial on 2 ranks trains and validates as one process wi
   const fs::path dir = test::quiet({}).output_dir;
   fs::create_directories(dir);
   test::run_ranks("child process: a Keras-style rank", 2, dir);
-  Context context(Hyperparameters::parse("global_batch_size: 30\n"), ContextOptions{.trial_seed = 4});
+  test::Context context(Hyperparameters::parse("global_batch_size: 30\n"), ContextOptions{.trial_seed = 4});
   std::vector<torch::Tensor> a;
   const FitResult one = ranked_keras_fit(context, test::quiet({}).output_dir, &a);
 
@@ -648,7 +649,7 @@ struct TwoInputTrial {
 
 template <bool ByName>
 void check_two_inputs(const char* name) {
-  Context context(test::hparams(), ContextOptions{.trial_seed = 6});
+  test::Context context(test::hparams(), ContextOptions{.trial_seed = 6});
   Trainer<TwoInputTrial<ByName>> trainer(context);
   const FitResult r = trainer.fit(test::quiet({.max_length = Batch(6), .validation_period = Batch(6)}));
   REQUIRE(r.validations == 1);

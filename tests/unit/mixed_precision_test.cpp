@@ -8,6 +8,7 @@
 #include <limits>
 
 #include "test_trials.hpp"
+#include "applied_context.hpp"
 
 using namespace dettrial;
 
@@ -137,10 +138,10 @@ TEST_CASE("GradScaler: an inf in one optimizer's gradients backs the scale off t
 
 TEST_CASE("a wrapped scaler: backward scales, step_optimizer unscales and clips, the run equals one without it") {
   // Powers of two scale exactly: with no inf, the scaled run is bit-identical to the plain one.
-  Context plain_context(test::hparams("wrap_scaler: false\n"), ContextOptions{.trial_seed = 4});
+  test::Context plain_context(test::hparams("wrap_scaler: false\n"), ContextOptions{.trial_seed = 4});
   Trainer<ScaledRegression> plain(plain_context);
   plain.fit(test::quiet({.max_length = Batch(12)}));
-  Context scaled_context(test::hparams(), ContextOptions{.trial_seed = 4});
+  test::Context scaled_context(test::hparams(), ContextOptions{.trial_seed = 4});
   Trainer<ScaledRegression> scaled(scaled_context);
   scaled.fit(test::quiet({.max_length = Batch(12)}));
   const auto a = test::parameters_of(plain_context), b = test::parameters_of(scaled_context);
@@ -153,7 +154,7 @@ TEST_CASE("a wrapped scaler: backward scales, step_optimizer unscales and clips,
 
 TEST_CASE("an inf loss skips that optimizer step and backs the scale off, training goes on") {
   const auto run = [](std::int64_t length, std::vector<torch::Tensor>& params, double& scale, std::int64_t& skipped) {
-    Context context(test::hparams(), ContextOptions{.trial_seed = 5});
+    test::Context context(test::hparams(), ContextOptions{.trial_seed = 5});
     Trainer<ScaledRegression> trainer(context);
     trainer.trial().inf_at = 4;
     const FitResult r = trainer.fit(test::quiet({.max_length = Batch(length)}));
@@ -181,8 +182,8 @@ TEST_CASE("bf16 autocast runs the trial's forward passes in bf16, backward outsi
   const auto final_loss = [](std::optional<Precision> precision, torch::ScalarType& forward, torch::ScalarType& validation) {
     // On the CPU: the GPU's bf16 is bench/gpu's and the GPU: cases' (on a GPU machine the default
     // device trains there, in another arithmetic, and this tolerance is the CPU's).
-    Context context(test::hparams("wrap_scaler: false\n"),
-                    ContextOptions{.trial_seed = 6, .device = torch::Device(torch::kCPU), .mixed_precision = precision});
+    test::Context context(test::hparams("wrap_scaler: false\n"),
+                          ContextOptions{.trial_seed = 6, .device = torch::Device(torch::kCPU), .mixed_precision = precision});
     Trainer<ScaledRegression> trainer(context);
     const FitResult r = trainer.fit(test::quiet({.max_length = Batch(40)}));
     forward = trainer.trial().forward_dtype;
@@ -203,12 +204,12 @@ TEST_CASE("bf16 autocast runs the trial's forward passes in bf16, backward outsi
 
 TEST_CASE("stopping and resuming with a scaler is exact: parameters, scale and growth count") {
   const auto options = [](std::int64_t length) { return test::quiet({.max_length = Batch(length), .checkpoint_period = Batch(4)}); };
-  Context straight_context(test::hparams(), ContextOptions{.trial_seed = 8});
+  test::Context straight_context(test::hparams(), ContextOptions{.trial_seed = 8});
   Trainer<ScaledRegression> straight(straight_context);
   straight.trial().inf_at = 2;
   straight.fit(options(11));
 
-  Context first_context(test::hparams(), ContextOptions{.trial_seed = 8});
+  test::Context first_context(test::hparams(), ContextOptions{.trial_seed = 8});
   Trainer<ScaledRegression> first(first_context);
   first.trial().inf_at = 2;
   const FitResult stopped = first.fit(options(5));
@@ -216,7 +217,7 @@ TEST_CASE("stopping and resuming with a scaler is exact: parameters, scale and g
   REQUIRE(saved.contains("scaler_state_dict"));
   CHECK(saved.at("scaler_state_dict").toGenericDict().at("_growth_tracker").toInt() == first.trial().scaler.growth_tracker());
 
-  Context second_context(test::hparams(), ContextOptions{.trial_seed = 77});
+  test::Context second_context(test::hparams(), ContextOptions{.trial_seed = 77});
   Trainer<ScaledRegression> second(second_context);
   second.trial().inf_at = 2;
   FitOptions resume = options(11);
@@ -237,7 +238,7 @@ TEST_CASE("optimizations.mixed_precision: O0, O1, bf16, fp16 read, Apex's O2 ref
                        doctest::Contains("mp.yaml:1:34: optimizations.mixed_precision 'O2' is Apex's fp16 master weights"), ConfigError);
   CHECK_THROWS_WITH_AS(ExperimentConfig::parse("optimizations: {mixed_precision: half}\n", "mp.yaml"),
                        doctest::Contains("expected O0 (off), fp16 (or O1) or bf16"), ConfigError);
-  Context bf16(ExperimentConfig::parse("optimizations: {mixed_precision: bf16}\n"));
+  test::Context bf16(ExperimentConfig::parse("optimizations: {mixed_precision: bf16}\n"));
   CHECK(bf16.precision() == Precision::bf16);
   CHECK(bf16.scaler() == nullptr);  // bf16 needs no loss scaling
 }

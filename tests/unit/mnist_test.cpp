@@ -7,13 +7,14 @@
 #include "muon_problem.hpp"
 #include "skip.hpp"
 #include "source_dir.hpp"
+#include "applied_context.hpp"
 
 using namespace dettrial;
 
 namespace {
 FitResult train_mnist(const std::string& config_yaml, FitOptions options) {
   const ExperimentConfig config = ExperimentConfig::parse(config_yaml, "mnist test config");
-  Context context(config);
+  test::Context context(config);
   Trainer<mnist::MnistTrial> trainer(context);
   options.report.quiet = true;
   options.output_dir = std::filesystem::temp_directory_path() / ("dettrial-mnist-" + std::to_string(::getpid()));
@@ -72,7 +73,7 @@ reproducibility: {experiment_seed: 3}
 data: {dir: )" DETTRIAL_MNIST10K_DIR R"(, train_split: t10k, validation_split: t10k, holdout: 9000}
 )",
                                                           "interop config");
-  Context context(config);
+  test::Context context(config);
   // A gradient scaler too (powers of two: the training is the same), so that Python loads its state.
   GradScaler scaler(GradScaler::Options{.init_scale = 1024, .growth_interval = 8});
   context.wrap_scaler(scaler);
@@ -90,7 +91,7 @@ data: {dir: )" DETTRIAL_MNIST10K_DIR R"(, train_split: t10k, validation_split: t
   const torch::Tensor input = torch::randn({16, 1, 28, 28}, at::detail::createCPUGenerator(42)).to(context.device());
   const torch::Tensor output = trainer.model()->forward(input);
 
-  Context fresh_context(config);
+  test::Context fresh_context(config);
   Trainer<mnist::MnistTrial> fresh(fresh_context);
   load_models(r.checkpoints.back().path, fresh_context);
   fresh.model()->eval();

@@ -25,6 +25,7 @@
 #include <doctest/doctest.h>
 
 #include "test_trials.hpp"
+#include "applied_context.hpp"
 
 using namespace dettrial;
 namespace tb = dettrial::detail::tensorboard;
@@ -167,7 +168,7 @@ TEST_CASE("a fit writes TensorBoard scalars for its metrics, learning rate and t
       return DeclarativeRegression::train_batch(b, model, e, i);
     }
   };
-  Context context(test::hparams(), ContextOptions{.trial_seed = 3});
+  test::Context context(test::hparams(), ContextOptions{.trial_seed = 3});
   Trainer<OwnScalars> trainer(context);
   // 64 records in batches of 8: 8 batches an epoch; reports every 3, validation every 4 (every
   // boundary reports the training since the last), one checkpoint at the end.
@@ -194,7 +195,7 @@ TEST_CASE("a fit writes TensorBoard scalars for its metrics, learning rate and t
   // The counters are TensorBoard's step, not scalars of their own.
   CHECK(count_tag(events, "train/batches") == 0);
   // Logging off: no trainer scalars; the trial's own still go in.
-  Context quiet_context(test::hparams(), ContextOptions{.trial_seed = 3});
+  test::Context quiet_context(test::hparams(), ContextOptions{.trial_seed = 3});
   quiet_context.set_enable_tensorboard_logging(false);
   Trainer<OwnScalars> quiet_trainer(quiet_context);
   const FitResult q = quiet_trainer.fit(test::quiet({.max_length = Batch(4)}));
@@ -206,7 +207,7 @@ TEST_CASE("a fit writes TensorBoard scalars for its metrics, learning rate and t
 }
 
 TEST_CASE("profiling writes a Chrome trace of its batches that names the model's operators and dettrial's phases") {
-  Context context(test::hparams(), ContextOptions{.trial_seed = 4});
+  test::Context context(test::hparams(), ContextOptions{.trial_seed = 4});
   Trainer<test::DeclarativeRegression> trainer(context);
   FitOptions options = test::quiet({.max_length = Batch(12), .reporting_period = Batch(4)});
   options.profiling = {.enabled = true, .begin_on_batch = 5, .end_after_batch = 7};
@@ -226,7 +227,7 @@ TEST_CASE("profiling writes a Chrome trace of its batches that names the model's
   CHECK(names.count("aten::addmm") >= 3 * 2);  // two Linear layers a forward pass
   CHECK(names.count("aten::mse_loss") >= 3);
   // A range that training ends inside: the trace is written at the end.
-  Context open_context(test::hparams(), ContextOptions{.trial_seed = 4});
+  test::Context open_context(test::hparams(), ContextOptions{.trial_seed = 4});
   Trainer<test::DeclarativeRegression> open_trainer(open_context);
   FitOptions open_options = test::quiet({.max_length = Batch(6)});
   open_options.profiling = {.enabled = true, .begin_on_batch = 4};
@@ -253,7 +254,7 @@ TEST_CASE("set_profiler's schedule acts at every step as torch.profiler.schedule
     for (std::int64_t step = 0; step < 12; ++step) got.push_back(dettrial::detail::profiler_action(schedule, step));
     CHECK((got == expected));  // (not decomposed: the actions have no operator<<)
   }
-  Context context(test::hparams());
+  test::Context context(test::hparams());
   CHECK_THROWS_WITH_AS(context.set_profiler({.schedule = {.active = 0}}), "set_profiler: schedule active is 0; it must be at least 1",
                        ConfigError);
   CHECK_THROWS_WITH_AS(context.set_profiler({.schedule = {.wait = -1}}), "set_profiler: schedule wait is -1; it must be at least 0",
@@ -263,7 +264,7 @@ TEST_CASE("set_profiler's schedule acts at every step as torch.profiler.schedule
 }
 
 TEST_CASE("set_profiler: each cycle's trace in the TensorBoard folder, named for its plugin, its steps marked") {
-  Context context(test::hparams(), ContextOptions{.trial_seed = 4});
+  test::Context context(test::hparams(), ContextOptions{.trial_seed = 4});
   // Determined's example: skip batch 0, warm up on 1, record 2 and 3; twice.
   context.set_profiler(
       {.activities = {ProfilerActivity::cpu, ProfilerActivity::cuda}, .schedule = {.wait = 1, .warmup = 1, .active = 2, .repeat = 2}});
@@ -622,7 +623,7 @@ TEST_CASE("HTML in metric and hyperparameter names is escaped") {
 }  // namespace report_cases
 
 TEST_CASE("metrics.csv holds each training and validation report as a row, a new metric adding its column, and a resume's rows once") {
-  Context context(test::hparams(), ContextOptions{.trial_seed = 3});
+  test::Context context(test::hparams(), ContextOptions{.trial_seed = 3});
   Trainer<test::DeclarativeRegression> trainer(context);
   // 8 batches an epoch; reports every 3 (and at each boundary), validation every 4: the first
   // validation brings a column of its own after three training rows were written.
@@ -651,7 +652,7 @@ TEST_CASE("metrics.csv holds each training and validation report as a row, a new
   const double loss = nlohmann::json::parse(first)["metrics"]["loss"].get<double>();
   CHECK(std::stod(lines[1].substr(std::string("training,3,0,").size())) == doctest::Approx(loss).epsilon(1e-8));
   // Resumed from batch 4: the rows after it are written again, not twice.
-  Context again(test::hparams(), ContextOptions{.trial_seed = 3});
+  test::Context again(test::hparams(), ContextOptions{.trial_seed = 3});
   Trainer<test::DeclarativeRegression> resumed(again);
   options.latest_checkpoint = r.checkpoints.front().path;
   REQUIRE(r.checkpoints.front().batches_trained == 4);
@@ -672,7 +673,7 @@ TEST_CASE("a run whose MLflow server does not answer trains on, keeps every requ
   }
   // A port nothing listens on: every request is refused at once.
   const int port = dettrial::detail::free_local_port();
-  Context context(test::hparams(), ContextOptions{.trial_seed = 3});
+  test::Context context(test::hparams(), ContextOptions{.trial_seed = 3});
   Trainer<test::DeclarativeRegression> trainer(context);
   FitOptions options = test::quiet({.max_length = Batch(6), .validation_period = Batch(3), .reporting_period = Batch(3)});
   options.mlflow.tracking_uri = "http://127.0.0.1:" + std::to_string(port);
@@ -722,7 +723,7 @@ TEST_CASE("a run whose MLflow server does not answer trains on, keeps every requ
       return DeclarativeRegression::train_batch(b, model, e, i);
     }
   };
-  Context failing_context(test::hparams(), ContextOptions{.trial_seed = 3});
+  test::Context failing_context(test::hparams(), ContextOptions{.trial_seed = 3});
   Trainer<Failing> failing(failing_context);
   FitOptions failing_options = test::quiet({.max_length = Batch(6)});
   failing_options.mlflow = options.mlflow;

@@ -14,6 +14,7 @@
 #include "test_trials.hpp"
 
 #include <doctest/doctest.h>
+#include "applied_context.hpp"
 
 using namespace dettrial;
 namespace fs = std::filesystem;
@@ -81,7 +82,7 @@ FitOptions captured(std::int64_t length, fs::path* out = nullptr) {
 
 template <class Trial>
 std::string refusal(ContextOptions options = {}) {
-  Context context(test::hparams(), options);
+  test::Context context(test::hparams(), options);
   Trainer<Trial> trainer(context);
   fs::path out;
   try {
@@ -140,11 +141,11 @@ TEST_CASE("FusedAdam: stopped after a checkpoint and resumed, training is bit-id
   auto options = [](std::int64_t length) {
     return test::quiet({.max_length = Batch(length), .checkpoint_period = Batch(3), .checkpoint_policy = CheckpointPolicy::none});
   };
-  Context straight_context(test::hparams(), ContextOptions{.trial_seed = 5});
+  test::Context straight_context(test::hparams(), ContextOptions{.trial_seed = 5});
   Trainer<FusedTrial> straight(straight_context);
   REQUIRE(straight.fit(options(13)).batches_trained == 13);
 
-  Context first_context(test::hparams(), ContextOptions{.trial_seed = 5});
+  test::Context first_context(test::hparams(), ContextOptions{.trial_seed = 5});
   Trainer<FusedTrial> first(first_context);
   first.trial().stop_at = 6;
   const FitResult stopped = first.fit(options(13));
@@ -154,7 +155,7 @@ TEST_CASE("FusedAdam: stopped after a checkpoint and resumed, training is bit-id
   REQUIRE(!state.empty());
   for (const auto& [key, s] : state) CHECK(static_cast<torch::optim::AdamParamState&>(*s).step() == 6);
 
-  Context second_context(test::hparams(), ContextOptions{.trial_seed = 42});
+  test::Context second_context(test::hparams(), ContextOptions{.trial_seed = 42});
   Trainer<FusedTrial> second(second_context);
   FitOptions resume = options(13);
   resume.latest_checkpoint = stopped.output_dir;
@@ -223,7 +224,7 @@ TEST_CASE("step_capture: cuda_graph refuses at the start, in one sentence, what 
     else CHECK(e == "step_capture: cuda_graph needs LibTorch built with CUDA, and this one is CPU-only; set step_capture: none");
   }
   SUBCASE("no warm-up batch") {
-    Context context(test::hparams());
+    test::Context context(test::hparams());
     Trainer<FusedSgdTrial> trainer(context);
     FitOptions o = captured(4);
     o.step_capture = capture::cuda_graph{.warmup_batches = 0};
@@ -319,7 +320,7 @@ struct GraphRun {
 };
 
 GraphRun graph_run(StepCapture capture, std::int64_t length, std::optional<fs::path> resume = std::nullopt) {
-  Context context(test::hparams(), ContextOptions{.trial_seed = 11, .deterministic = true});
+  test::Context context(test::hparams(), ContextOptions{.trial_seed = 11, .deterministic = true});
   Trainer<GraphTrial> trainer(context);
   FitOptions o = test::quiet({.max_length = Batch(length), .checkpoint_period = Batch(10), .checkpoint_policy = CheckpointPolicy::none});
   o.step_capture = capture;
@@ -367,7 +368,7 @@ TEST_CASE("GPU: fp16 with a captured step skips the eager run's steps and keeps 
     std::int64_t skipped = 0;
   };
   const auto run = [](StepCapture capture) {
-    Context context(test::hparams(), ContextOptions{.trial_seed = 11, .deterministic = true, .mixed_precision = Precision::fp16});
+    test::Context context(test::hparams(), ContextOptions{.trial_seed = 11, .deterministic = true, .mixed_precision = Precision::fp16});
     Trainer<InfRecordTrial> trainer(context);
     FitOptions o = test::quiet({.max_length = Batch(30)});
     o.step_capture = capture;
@@ -389,7 +390,7 @@ TEST_CASE("GPU: fp16 with a captured step skips the eager run's steps and keeps 
 
 TEST_CASE("GPU: a train_batch that waits for the device cannot be captured, and the error says why") {
   if (!cuda_or_skip()) return;
-  Context context(test::hparams(), ContextOptions{.trial_seed = 11});
+  test::Context context(test::hparams(), ContextOptions{.trial_seed = 11});
   Trainer<SyncingTrial> trainer(context);
   CHECK_THROWS_WITH_AS(trainer.fit(captured(8)), doctest::Contains("could not capture the training step"), TrialError);
 }

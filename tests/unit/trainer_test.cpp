@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "test_trials.hpp"
+#include "applied_context.hpp"
 
 using namespace dettrial;
 
@@ -91,7 +92,7 @@ std::vector<std::string> read_lines(const std::filesystem::path& p) {
 TEST_CASE("the loop follows Determined's verified boundary and callback sequence") {
   // Reference: a 4-batch epoch, max_length Epoch(3), validation Batch(5), checkpoint Epoch(2),
   // reporting Batch(3), step_zero_validation, checkpoint_policy none.
-  Context context(test::hparams(), ContextOptions{.trial_seed = 1});
+  test::Context context(test::hparams(), ContextOptions{.trial_seed = 1});
   Trainer<CountingTrial> trainer(context);
   Recorder rec;
   struct Seen {
@@ -128,7 +129,7 @@ TEST_CASE("the loop follows Determined's verified boundary and callback sequence
 }
 
 TEST_CASE("training metrics are unweighted means over each workload, metrics.jsonl has every report") {
-  Context context(test::hparams(), ContextOptions{.trial_seed = 1});
+  test::Context context(test::hparams(), ContextOptions{.trial_seed = 1});
   Trainer<CountingTrial> trainer(context);
   const FitResult r = trainer.fit(test::quiet({.max_length = Batch(7), .reporting_period = Batch(3)}));
   // Workloads: batches 0-2 (mean 1), 3-5 (mean 4), 6 (mean 6).
@@ -177,7 +178,7 @@ struct WrongReducerNames : CountingTrial {
 };
 template <class T>
 MetricValues validate_once() {
-  Context context(test::hparams(), ContextOptions{.trial_seed = 1});
+  test::Context context(test::hparams(), ContextOptions{.trial_seed = 1});
   Trainer<T> trainer(context);
   return trainer.fit(test::quiet({.max_length = Batch(1)})).last_validation_metrics;
 }
@@ -215,7 +216,7 @@ struct ReducerTrial : CountingTrial {
 }  // namespace
 
 TEST_CASE("a user reducer is reset before each validation and merged under its name") {
-  Context context(test::hparams(), ContextOptions{.trial_seed = 1});
+  test::Context context(test::hparams(), ContextOptions{.trial_seed = 1});
   Trainer<ReducerTrial> trainer(context);
   const FitResult r = trainer.fit(test::quiet({.max_length = Batch(4), .validation_period = Batch(2)}));
   CHECK(r.validations == 2);
@@ -271,7 +272,7 @@ TEST_CASE("gradient aggregation: accumulate, average, then step on every second 
     }
     Metrics evaluate_batch(test::Batch& b) { return {{"mse", torch::mse_loss(model->forward(std::get<0>(b)), std::get<1>(b))}}; }
   };
-  Context context(test::hparams(), ContextOptions{.trial_seed = 1, .aggregation_frequency = 2});
+  test::Context context(test::hparams(), ContextOptions{.trial_seed = 1, .aggregation_frequency = 2});
   Trainer<Unshuffled> trainer(context, initial);
   trainer.fit(test::quiet({.max_length = Batch(8)}));
   CHECK(test::bit_identical(test::parameters_of(context), [&] {
@@ -306,7 +307,7 @@ struct SchedulerTrial : CountingTrial {
 };
 template <class Mode>
 std::vector<int> schedule(std::int64_t agg, std::int64_t frequency) {
-  Context context(test::hparams(), ContextOptions{.trial_seed = 1, .aggregation_frequency = agg});
+  test::Context context(test::hparams(), ContextOptions{.trial_seed = 1, .aggregation_frequency = agg});
   Trainer<SchedulerTrial<Mode>> trainer(context, frequency);
   trainer.fit(test::quiet({.max_length = Batch(8)}));
   auto v = trainer.trial().steps_after_batch;
@@ -332,7 +333,7 @@ TEST_CASE("a declarative trial's lr_scheduler is stepped in its chosen mode") {
     using DeclarativeRegression::DeclarativeRegression;
     auto lr_scheduler(torch::optim::SGD& opt) { return scheduled(torch::optim::StepLR(opt, 1, 0.5), lr_step::every_epoch{}); }
   };
-  Context context(test::hparams(), ContextOptions{.trial_seed = 3});
+  test::Context context(test::hparams(), ContextOptions{.trial_seed = 3});
   Trainer<WithScheduler> trainer(context);
   trainer.fit(test::quiet({.max_length = Epoch(3)}));
   // 8 batches per epoch, three epochs: three step() calls, whatever LibTorch's StepLR makes of them
@@ -347,7 +348,7 @@ TEST_CASE("a declarative trial's lr_scheduler is stepped in its chosen mode") {
 
 TEST_CASE("step_optimizer clips by norm and by value before stepping") {
   auto run = [](auto clip) {
-    Context context(test::hparams(), ContextOptions{.trial_seed = 1});
+    test::Context context(test::hparams(), ContextOptions{.trial_seed = 1});
     auto model = context.wrap_model(torch::nn::Linear(torch::nn::LinearOptions(2, 1).bias(false)));
     model->weight.data().fill_(0);
     torch::optim::SGD opt(model->parameters(), 1.0);
@@ -372,7 +373,7 @@ struct ClippedDeclarative : test::DeclarativeRegression {
 TEST_CASE("a declarative trial's gradient_clipping() hook clips before each step") {
   const auto first_step = [](auto tag) {
     using T = typename decltype(tag)::type;
-    Context context(test::hparams(), ContextOptions{.trial_seed = 2});
+    test::Context context(test::hparams(), ContextOptions{.trial_seed = 2});
     Trainer<T> trainer(context);
     const auto before = test::parameters_of(context)[0].detach().clone();
     trainer.fit(test::quiet({.max_length = Batch(1)}));
@@ -395,7 +396,7 @@ TEST_CASE("context.distributed getters, and backward(output, gradient)") {
   CHECK(two_nodes.get_cross_size() == 2);
   CHECK(DistributedInfo{}.get_cross_size() == 1);
 
-  Context context(test::hparams(), ContextOptions{.trial_seed = 1});
+  test::Context context(test::hparams(), ContextOptions{.trial_seed = 1});
   auto model = context.wrap_model(torch::nn::Linear(torch::nn::LinearOptions(2, 2).bias(false)));
   const torch::Device device = context.device();  // the model's: a GPU where there is one
   const torch::Tensor out = model->forward(torch::tensor({{1.0f, 2.0f}}).to(device));
@@ -408,7 +409,7 @@ TEST_CASE("context.distributed getters, and backward(output, gradient)") {
 namespace {
 template <class T>
 std::pair<std::vector<torch::Tensor>, double> train_regression(std::uint64_t seed) {
-  Context context(test::hparams(), ContextOptions{.trial_seed = seed});
+  test::Context context(test::hparams(), ContextOptions{.trial_seed = seed});
   Trainer<T> trainer(context);
   const FitResult r = trainer.fit(test::quiet({.max_length = Epoch(3), .validation_period = Epoch(1)}));
   return {test::parameters_of(context), r.last_validation_metrics.at("validation_loss")};
@@ -429,21 +430,21 @@ TEST_CASE("the same seed gives the same run, in both trial styles, another seed 
 }
 
 TEST_CASE("max_length in records and epochs, test_mode, step-zero validation, stop requests") {
-  Context context(test::hparams(), ContextOptions{.trial_seed = 1});
+  test::Context context(test::hparams(), ContextOptions{.trial_seed = 1});
   {
     Trainer<CountingTrial> trainer(context);
     // 60 records of a global batch of 8 are 7 batches (Determined rounds down, at least one).
     CHECK(trainer.fit(test::quiet({.max_length = Record(60)})).batches_trained == 7);
   }
   {
-    Context c2(test::hparams(), ContextOptions{.trial_seed = 1});
+    test::Context c2(test::hparams(), ContextOptions{.trial_seed = 1});
     Trainer<CountingTrial> trainer(c2, 5);
     const FitResult r = trainer.fit(test::quiet({.max_length = Epoch(2)}));
     CHECK(r.batches_trained == 10);
     CHECK(r.epochs_trained == 2);
   }
   {
-    Context c3(test::hparams(), ContextOptions{.trial_seed = 1});
+    test::Context c3(test::hparams(), ContextOptions{.trial_seed = 1});
     Trainer<CountingTrial> trainer(c3);
     const FitResult r = trainer.fit(test::quiet({.max_length = Epoch(100), .test_mode = true}));
     CHECK(r.batches_trained == 1);
@@ -462,7 +463,7 @@ TEST_CASE("max_length in records and epochs, test_mode, step-zero validation, st
         return CountingTrial::train_batch(b, e, i);
       }
     };
-    Context c4(test::hparams(), ContextOptions{.trial_seed = 1});
+    test::Context c4(test::hparams(), ContextOptions{.trial_seed = 1});
     Trainer<StopsAtThree> trainer(c4);
     const FitResult r = trainer.fit(test::quiet({.max_length = Batch(100), .reporting_period = Batch(1)}));
     CHECK(r.stopped_early);
@@ -473,7 +474,7 @@ TEST_CASE("max_length in records and epochs, test_mode, step-zero validation, st
 }
 
 TEST_CASE("fit reports bad lengths and broken trials with one clear message") {
-  Context context(test::hparams(), ContextOptions{.trial_seed = 1});
+  test::Context context(test::hparams(), ContextOptions{.trial_seed = 1});
   Trainer<CountingTrial> trainer(context);
   CHECK_THROWS_WITH_AS(trainer.fit(test::quiet({})), doctest::Contains("fit() needs a training length"), ConfigError);
   CHECK_THROWS_WITH_AS(trainer.fit(test::quiet({.max_length = Batch(0)})), doctest::Contains("max_length is 0 batches"), ConfigError);
@@ -486,7 +487,7 @@ TEST_CASE("fit reports bad lengths and broken trials with one clear message") {
       return {{"mse", torch::mse_loss(m->forward(std::get<0>(b)), std::get<1>(b))}};
     }
   };
-  Context c2(test::hparams(), ContextOptions{.trial_seed = 1});
+  test::Context c2(test::hparams(), ContextOptions{.trial_seed = 1});
   Trainer<NoLoss> no_loss(c2);
   CHECK_THROWS_WITH_AS(no_loss.fit(test::quiet({.max_length = Batch(1)})), "metric 'loss' is missing; the metrics are: mse", TrialError);
 
@@ -498,7 +499,7 @@ TEST_CASE("fit reports bad lengths and broken trials with one clear message") {
       return {{"loss", 1.0}};
     }
   };
-  Context c3(test::hparams(), ContextOptions{.trial_seed = 1});
+  test::Context c3(test::hparams(), ContextOptions{.trial_seed = 1});
   Trainer<ChangingKeys> changing(c3);
   CHECK_THROWS_WITH_AS(changing.fit(test::quiet({.max_length = Batch(4)})),
                        doctest::Contains("returned the metrics {loss, extra} at batch 1 but {loss} earlier"), TrialError);
@@ -513,14 +514,14 @@ TEST_CASE("fit reports bad lengths and broken trials with one clear message") {
     Metrics train_batch(std::tuple<torch::Tensor>& b, std::int64_t, std::int64_t) { return {{"loss", 0.0}}; }
     Metrics evaluate_batch(std::tuple<torch::Tensor>&) { return {{"x", 0.0}}; }
   };
-  Context c4(test::hparams(), ContextOptions{.trial_seed = 1});
+  test::Context c4(test::hparams(), ContextOptions{.trial_seed = 1});
   CHECK_THROWS_WITH_AS(Trainer<Unwrapped>{c4}, doctest::Contains("the trial wrapped no optimizer"), TrialError);
 
   struct EmptyValidation : CountingTrial {
     using CountingTrial::CountingTrial;
     auto build_validation_data_loader() { return DataLoader(TensorDataset(torch::zeros({0, 1})), {.batch_size = 2}); }
   };
-  Context c5(test::hparams(), ContextOptions{.trial_seed = 1});
+  test::Context c5(test::hparams(), ContextOptions{.trial_seed = 1});
   Trainer<EmptyValidation> empty(c5);
   CHECK_THROWS_WITH_AS(empty.fit(test::quiet({.max_length = Batch(1)})), "DataLoader: the dataset is empty", DataError);
 }
@@ -535,7 +536,7 @@ TEST_CASE("evaluate_full_dataset gets the whole validation loader and no reducer
       return {{"total", total}, {"batches_in_loader", static_cast<double>(loader.size())}};
     }
   };
-  Context context(test::hparams(), ContextOptions{.trial_seed = 1});
+  test::Context context(test::hparams(), ContextOptions{.trial_seed = 1});
   Trainer<FullDataset> trainer(context);
   const FitResult r = trainer.fit(test::quiet({.max_length = Batch(2)}));
   CHECK(r.last_validation_metrics.at("total") == 15.0);
@@ -568,7 +569,7 @@ TEST_CASE("callbacks from build_callbacks and from fit, with per-batch metrics o
     std::filesystem::path seen;
     void on_trial_startup(std::int64_t, const std::string&) { seen = context->output_dir(); }
   };
-  Context context(test::hparams(), ContextOptions{.trial_seed = 1});
+  test::Context context(test::hparams(), ContextOptions{.trial_seed = 1});
   Trainer<WithCallbacks> trainer(context);
   WantsBatches wants;
   SeesOutputDir sees{&context, {}};
@@ -583,12 +584,12 @@ TEST_CASE("callbacks from build_callbacks and from fit, with per-batch metrics o
 }
 
 TEST_CASE("context: batch sizes, counters, to_device over nested batches") {
-  Context context(test::hparams(), ContextOptions{.trial_seed = 9, .slots_per_trial = 3});
+  test::Context context(test::hparams(), ContextOptions{.trial_seed = 9, .slots_per_trial = 3});
   CHECK(context.get_per_slot_batch_size() == 2);  // 8 // 3
   CHECK(context.get_global_batch_size() == 6);
   CHECK(context.get_trial_seed() == 9);
   CHECK(context.device() == test::default_device());
-  Context no_batch(Hyperparameters::parse("lr: 1"), ContextOptions{.trial_seed = 1});
+  test::Context no_batch(Hyperparameters::parse("lr: 1"), ContextOptions{.trial_seed = 1});
   CHECK_THROWS_WITH_AS(no_batch.get_per_slot_batch_size(), doctest::Contains("need the hyperparameter 'global_batch_size'"),
                        HyperparameterError);
   CHECK_THROWS_WITH_AS(no_batch.current_train_epoch(), doctest::Contains("once training has started"), TrialError);
@@ -654,8 +655,44 @@ double page_faults_per_batch() {
 }  // namespace
 
 TEST_CASE("child process: page faults of re-allocated activations" * doctest::skip()) {
-  Context context(test::hparams(), ContextOptions{.trial_seed = 1});
+  test::Context context(test::hparams(), ContextOptions{.trial_seed = 1});
   std::ofstream(std::getenv("DETTRIAL_CHILD_OUT")) << faults_of_fresh_pages() << ' ' << page_faults_per_batch();
+}
+
+TEST_CASE("a Context changes nothing process-wide; its ProcessSettings, applied once, set the threads, determinism and seed") {
+  const int threads_before = at::get_num_threads();
+  const bool deterministic_before = at::globalContext().deterministicAlgorithms();
+  const int other_threads = threads_before == 1 ? 2 : 1;
+  torch::manual_seed(11);
+  const torch::Tensor unseeded = torch::rand({4});
+  torch::manual_seed(11);
+  const dettrial::Context context(test::hparams(),
+                                  ContextOptions{.trial_seed = 7, .deterministic = !deterministic_before, .threads = other_threads});
+  CHECK(at::get_num_threads() == threads_before);
+  CHECK(at::globalContext().deterministicAlgorithms() == deterministic_before);
+  CHECK(torch::equal(torch::rand({4}), unseeded));  // the global generator was left where it was
+
+  const ProcessSettings settings = context.process_settings();
+  CHECK(settings.seed == 7u);
+  REQUIRE(settings.threads);
+  CHECK(settings.threads->threads == other_threads);
+  CHECK(settings.deterministic == !deterministic_before);
+  const std::string source = settings.apply().threads->source;
+  CHECK(source == "--threads");
+  CHECK(at::get_num_threads() == other_threads);
+  CHECK(at::globalContext().deterministicAlgorithms() == !deterministic_before);
+  if (!deterministic_before) CHECK(std::getenv("CUBLAS_WORKSPACE_CONFIG") != nullptr);
+  CHECK(dettrial::detail::runtime_summary().find("(--threads: intra-op " + std::to_string(other_threads)) != std::string::npos);
+  torch::manual_seed(7);
+  const torch::Tensor seeded = torch::rand({4});
+  settings.apply();
+  CHECK(torch::equal(torch::rand({4}), seeded));  // seeded with the trial's seed
+
+  ProcessSettings restore;
+  restore.threads = ThreadChoice{.threads = threads_before, .source = "restored", .set_by_dettrial = true};
+  restore.deterministic = deterministic_before;
+  restore.apply();
+  CHECK(at::get_num_threads() == threads_before);
 }
 
 TEST_CASE("a Context keeps freed memory in the process: training steps take no fresh pages") {
@@ -727,7 +764,7 @@ TEST_CASE("dettrial::optim::StepLR stepped every epoch changes the learning rate
     void on_training_epoch_start(std::int64_t) { at_epoch_start.push_back(lr_of_group0()); }
     std::function<double()> lr_of_group0;
   };
-  Context context(test::hparams(), ContextOptions{.trial_seed = 3});
+  test::Context context(test::hparams(), ContextOptions{.trial_seed = 3});
   Trainer<WithStepLR> trainer(context);
   RecordLR record{.lr_of_group0 = [&] { return trainer.optimizer().param_groups()[0].options().get_lr(); }};
   trainer.fit(test::quiet({.max_length = Epoch(5)}), record);
@@ -754,7 +791,7 @@ TEST_CASE("ReduceLROnPlateau steps with the validation metric, and resumes with 
   // lr (as Python's): losses 1.0 0.9 0.95 0.97(halve) 0.99 0.96(halve) 0.98.
   const auto dir = std::filesystem::temp_directory_path() / ("dettrial-plateau-" + std::to_string(::getpid()));
   auto run = [&](std::int64_t epochs, bool resume) {
-    Context context(test::hparams(), ContextOptions{.trial_seed = 5});
+    test::Context context(test::hparams(), ContextOptions{.trial_seed = 5});
     Trainer<PlateauTrial> trainer(context);
     FitOptions o =
         test::quiet({.max_length = Epoch(epochs), .validation_period = Epoch(1), .checkpoint_period = Epoch(1), .output_dir = dir});
@@ -776,7 +813,7 @@ TEST_CASE("ReduceLROnPlateau steps with the validation metric, and resumes with 
       c.wrap_lr_scheduler(plateau, lr_step::on_validation{"accuracy"});
     }
   };
-  Context context(test::hparams(), ContextOptions{.trial_seed = 5});
+  test::Context context(test::hparams(), ContextOptions{.trial_seed = 5});
   Trainer<WrongMetric> trainer(context);
   CHECK_THROWS_WITH_AS(
       trainer.fit(test::quiet({.max_length = Batch(8)})),
@@ -788,7 +825,7 @@ TEST_CASE("records_per_epoch sets the epoch of epoch-based lengths and periods")
   // 64 records in batches of 8 are 8 batches, but records_per_epoch 40 makes an epoch 5 batches.
   const ExperimentConfig config =
       ExperimentConfig::parse("hyperparameters: {global_batch_size: 8, lr: 0.05}\nrecords_per_epoch: 40\n", "test");
-  Context context(config, ContextOptions{.trial_seed = 1});
+  test::Context context(config, ContextOptions{.trial_seed = 1});
   Trainer<test::DeclarativeRegression> trainer(context);
   const FitResult r = trainer.fit(test::quiet({.max_length = Epoch(3), .validation_period = Epoch(2)}));
   CHECK(r.batches_trained == 15);
@@ -800,12 +837,12 @@ TEST_CASE("records_per_epoch sets the epoch of epoch-based lengths and periods")
 TEST_CASE("the context's trial and experiment ids: given, from Determined's variables, or 0") {
   CHECK(Context(test::hparams()).get_trial_id() == 0);
   CHECK(Context(test::hparams()).get_experiment_id() == 0);
-  const Context given(test::hparams(), ContextOptions{.trial_id = 7, .experiment_id = 12});
+  const test::Context given(test::hparams(), ContextOptions{.trial_id = 7, .experiment_id = 12});
   CHECK(given.get_trial_id() == 7);
   CHECK(given.get_experiment_id() == 12);
   ::setenv("DET_TRIAL_ID", "3", 1);
   ::setenv("DET_EXPERIMENT_ID", "41", 1);
-  const Context from_env(test::hparams());
+  const test::Context from_env(test::hparams());
   CHECK(from_env.get_trial_id() == 3);
   CHECK(from_env.get_experiment_id() == 41);
   CHECK(from_env.get_experiment_config().records_per_epoch == 0);

@@ -19,7 +19,7 @@
 #include "../detail/exit_status.hpp"
 #include "../detail/process.hpp"
 #include "../detail/signals.hpp"
-#include "../distributed/threads.hpp"
+#include "../process/threads.hpp"
 #include "../error.hpp"
 #include "../detail/linkage.hpp"
 

@@ -28,8 +28,8 @@
 #include "../checkpoint/storage.hpp"
 #include "../context/context.hpp"
 #include "../distributed/communicator.hpp"
-#include "../distributed/launch_environment.hpp"
-#include "../distributed/threads.hpp"
+#include "../process/launch_environment.hpp"
+#include "../process/threads.hpp"
 #include "../search/experiment.hpp"
 #include "../report/html_report.hpp"
 #include "../report/metrics_log.hpp"
@@ -155,6 +155,7 @@ int train_trial(const CommandLine& line, const RunPlan& plan, const LaunchEnviro
     options.restart = env.restart + restarts.used();
     const std::vector<CheckpointInfo> before = restarts.max_restarts() > 0 ? list_checkpoints(storage) : std::vector<CheckpointInfo>{};
     Context context(plan.config, ContextOptions{.communicator = communicator, .threads = line.threads});
+    context.process_settings().apply();  // the one place the process is configured: threads, determinism, allocator, seed
     try {
       Trainer<TrialT> trainer(context, trial_args...);
       const FitResult result = trainer.fit(options);

@@ -17,7 +17,7 @@
 #include "../layout.hpp"
 #include "../checkpoint/storage.hpp"
 #include "../config/experiment_config.hpp"
-#include "../distributed/launch_environment.hpp"
+#include "../process/launch_environment.hpp"
 #include "../error.hpp"
 #include "../search/hyperparameter_space.hpp"
 #include "command_line.hpp"

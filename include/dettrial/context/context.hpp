@@ -24,12 +24,12 @@
 #include "../config/hyperparameters.hpp"
 #include "../config/profiler_options.hpp"
 #include "../error.hpp"
-#include "../detail/malloc.hpp"
 #include "../detail/random.hpp"
 #include "../distributed/communicator.hpp"
 #include "../distributed/gradient_buckets.hpp"
 #include "../distributed/ordered_gradients.hpp"
-#include "../distributed/threads.hpp"
+#include "../process/process_settings.hpp"
+#include "../process/threads.hpp"
 #include "../metrics/reducers.hpp"
 #include "../optim/averaged_model.hpp"
 #include "../optim/clip.hpp"
@@ -190,10 +190,17 @@ class Context {
   const DistributedInfo& distributed() const { return distributed_; }
   /// The job's process group, or null for one process.
   Communicator* communicator() const { return communicator_.get(); }
-  /// The thread count this process was given and why (see ContextOptions::threads).
+  /// The thread count this process is to compute with and why (see ContextOptions::threads).
   const ThreadChoice& threads() const { return threads_; }
-  /// What each thread pool computes with: the intra-op pool's and the BLAS library's own.
-  const ThreadPools& thread_pools() const { return thread_pools_; }
+  /**
+   * @brief What the process this context trains in should set for itself: the thread count, the
+   * config's determinism, glibc's retention of freed memory, and the trial's seed (the chief's, in a
+   * job). The context applies none of it: `dettrial::main` does, and a main of one's own calls
+   * `context.process_settings().apply()` once, before building the trial.
+   */
+  ProcessSettings process_settings() const {
+    return {.threads = threads_, .deterministic = deterministic_, .keep_freed_memory = true, .seed = trial_seed_};
+  }
   std::int64_t aggregation_frequency() const { return aggregation_frequency_; }
 
   /// Moves a nested batch to this context's device (see dettrial::to_device).
@@ -540,15 +547,6 @@ class Context {
 
   static std::uint64_t derive_trial_seed(std::optional<std::uint64_t> experiment_seed);
 
-  /// LibTorch's switches for bit-identical runs (process-wide): deterministic algorithms (an op
-  /// without a deterministic implementation throws, naming itself), cuDNN's deterministic kernels and
-  /// no autotuning, and cuBLAS's fixed workspace, which it needs before its first use.
-  static void set_deterministic(bool on);
-
-  void seed_everything() const {
-    torch::manual_seed(trial_seed_);  // CPU and, when present, every CUDA device
-  }
-
   std::int64_t global_batch_size_hparam() const;
 
   std::int64_t require_epoch_len() const;
@@ -579,7 +577,7 @@ class Context {
   DistributedInfo distributed_;
   std::shared_ptr<Communicator> communicator_;
   ThreadChoice threads_;
-  ThreadPools thread_pools_;
+  std::optional<bool> deterministic_;
 
   std::vector<std::shared_ptr<torch::nn::Module>> models_;
   std::vector<WrappedOptimizer> optimizers_;
@@ -686,8 +684,7 @@ DETTRIAL_INLINE Context::Context(Hyperparameters hparams, ExperimentConfig confi
   threads_ = choose_threads(
       communicator_ ? communicator_->environment() : LaunchEnvironment{}, options.threads, CoreCount::of_this_process(),
       [](const char* name) { return std::getenv(name); }, rank_invariant ? ThreadDefault::one_per_rank : ThreadDefault::share_of_cores);
-  thread_pools_ = apply_threads(threads_);
-  if (const auto on = options.deterministic ? options.deterministic : config_.deterministic) set_deterministic(*on);
+  deterministic_ = options.deterministic ? options.deterministic : config_.deterministic;
   if (rank_invariant) {
     if (!average_aggregated_gradients_)
       throw ConfigError(
@@ -706,8 +703,6 @@ DETTRIAL_INLINE Context::Context(Hyperparameters hparams, ExperimentConfig confi
     own_scaler_->mark_wrapped();
     scaler_ = own_scaler_.get();
   }
-  detail::keep_freed_memory();
-  seed_everything();
 }
 
 DETTRIAL_INLINE std::int64_t Context::get_per_slot_batch_size() const {
@@ -850,13 +845,6 @@ DETTRIAL_INLINE std::uint64_t Context::derive_trial_seed(std::optional<std::uint
   std::uint64_t x =
       experiment_seed ? *experiment_seed : static_cast<std::uint64_t>(std::chrono::system_clock::now().time_since_epoch().count());
   return detail::mix64(x + detail::golden_gamma) % (1ULL << 31);
-}
-
-DETTRIAL_INLINE void Context::set_deterministic(bool on) {
-  at::globalContext().setDeterministicAlgorithms(on, /*warn_only=*/false);
-  at::globalContext().setDeterministicCuDNN(on);
-  at::globalContext().setBenchmarkCuDNN(!on && at::globalContext().benchmarkCuDNN());
-  if (on) ::setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8", /*overwrite=*/0);
 }
 
 DETTRIAL_INLINE std::int64_t Context::global_batch_size_hparam() const {

@@ -32,7 +32,7 @@
 
 #include "../error.hpp"
 #include "../detail/text.hpp"
-#include "launch_environment.hpp"
+#include "../process/launch_environment.hpp"
 #include "../detail/linkage.hpp"
 
 namespace dettrial {

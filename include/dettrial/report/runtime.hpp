@@ -11,8 +11,8 @@
 
 #include <torch/torch.h>
 
-#include "../detail/malloc.hpp"
 #include "../detail/linkage.hpp"
+#include "../process/process_settings.hpp"
 
 namespace dettrial::detail {
 
@@ -22,8 +22,9 @@ namespace dettrial::detail {
 DETTRIAL_INLINE std::string loaded_blas();
 
 /// "LibTorch 2.5.1 (CPU), MKL (built in), 4 threads (the 4 CPUs this process may run on: intra-op 4,
-/// MKL 4 (...), inter-op 4)": the source of the thread count and what each pool got.
-DETTRIAL_INLINE std::string runtime_summary(std::string_view threads_source, std::string_view pools);
+/// MKL 4 (...), inter-op 4)": the source of the thread count and what each pool got, as the
+/// process's settings left them (ProcessSettings::applied(); LibTorch's defaults where none were applied).
+DETTRIAL_INLINE std::string runtime_summary();
 
 }  // namespace dettrial::detail
 
@@ -66,7 +67,10 @@ DETTRIAL_INLINE std::string loaded_blas() {
   return std::string(kind) + " (" + path + ")";
 }
 
-DETTRIAL_INLINE std::string runtime_summary(std::string_view threads_source, std::string_view pools) {
+DETTRIAL_INLINE std::string runtime_summary() {
+  const std::optional<AppliedProcess>& applied = ProcessSettings::applied();
+  const std::string threads_source = applied && applied->threads ? applied->threads->source : std::string();
+  const std::string pools = applied && applied->threads ? applied->pools.text() : std::string();
   std::string s = "LibTorch " + std::to_string(TORCH_VERSION_MAJOR) + "." + std::to_string(TORCH_VERSION_MINOR) + "." +
                   std::to_string(TORCH_VERSION_PATCH);
   s += torch::cuda::is_available() ? " (CUDA, " + std::to_string(torch::cuda::device_count()) + " GPUs)" : " (CPU)";
@@ -75,7 +79,7 @@ DETTRIAL_INLINE std::string runtime_summary(std::string_view threads_source, std
   s += ", " + std::to_string(threads) + (threads == 1 ? " thread" : " threads");
   s += " (" + std::string(threads_source.empty() ? "LibTorch's default" : threads_source) +
        (pools.empty() ? std::string() : ": " + std::string(pools)) + ")";
-  if (keep_freed_memory()) s += ", malloc keeps freed memory";
+  if (applied && applied->keeps_freed_memory) s += ", malloc keeps freed memory";
   return s;
 }
 

@@ -169,7 +169,7 @@ inline void announce_profiling(Context& context, const FitOptions& o, std::int64
 
 DETTRIAL_INLINE void announce(Context& context, const FitOptions& o, const Schedule& schedule, const Position& position,
                               Reporter& reporter) {
-  reporter.line("dettrial " DETTRIAL_VERSION_STRING ": " + runtime_summary(context.threads().source, context.thread_pools().text()));
+  reporter.line("dettrial " DETTRIAL_VERSION_STRING ": " + runtime_summary());
   reporter.line("dettrial: trial seed " + std::to_string(context.get_trial_seed()) + ", device " + context.device().str() + ", training " +
                 schedule.length().to_string() + " (an epoch is " + std::to_string(schedule.epoch_len()) + " batches), output " +
                 o.output_dir.string());

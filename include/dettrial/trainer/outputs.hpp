@@ -145,7 +145,7 @@ inline std::unique_ptr<MlflowRun> start_mlflow(const FitOptions& options, Contex
     start.params.emplace_back(name, std::move(text));
   }
   start.tags = {{"dettrial.version", DETTRIAL_VERSION_STRING},
-                {"dettrial.system", runtime_summary(context.threads().source, context.thread_pools().text())},
+                {"dettrial.system", runtime_summary()},
                 {"dettrial.device", context.device().str()},
                 {"dettrial.ranks", std::to_string(context.distributed().size)},
                 {"dettrial.run_folder", std::filesystem::absolute(options.output_dir).string()}};

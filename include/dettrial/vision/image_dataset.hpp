@@ -18,7 +18,7 @@
 
 #include "../vocabulary/data.hpp"
 #include "../error.hpp"
-#include "../distributed/threads.hpp"
+#include "../process/threads.hpp"
 #include "image.hpp"
 #include "transforms.hpp"
 
