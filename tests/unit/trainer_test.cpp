@@ -659,7 +659,7 @@ TEST_CASE("child process: page faults of re-allocated activations" * doctest::sk
   std::ofstream(std::getenv("DETTRIAL_CHILD_OUT")) << faults_of_fresh_pages() << ' ' << page_faults_per_batch();
 }
 
-TEST_CASE("a Context changes nothing process-wide; its ProcessSettings, applied once, set the threads, determinism and seed") {
+TEST_CASE("a Context changes nothing process-wide, and its ProcessSettings, applied once, set the threads, determinism and seed") {
   const int threads_before = at::get_num_threads();
   const bool deterministic_before = at::globalContext().deterministicAlgorithms();
   const int other_threads = threads_before == 1 ? 2 : 1;
