@@ -666,11 +666,19 @@ TEST_CASE("a Context changes nothing process-wide, and its ProcessSettings, appl
   torch::manual_seed(11);
   const torch::Tensor unseeded = torch::rand({4});
   torch::manual_seed(11);
+  // At its defaults (the threads from the CPUs, a clock seed) and with every setting chosen.
+  const dettrial::Context defaults(test::hparams());
   const dettrial::Context context(test::hparams(),
                                   ContextOptions{.trial_seed = 7, .deterministic = !deterministic_before, .threads = other_threads});
   CHECK(at::get_num_threads() == threads_before);
   CHECK(at::globalContext().deterministicAlgorithms() == deterministic_before);
   CHECK(torch::equal(torch::rand({4}), unseeded));  // the global generator was left where it was
+  CHECK_FALSE(ProcessSettings::applied());
+  CHECK(dettrial::detail::runtime_summary().find("(LibTorch's default)") != std::string::npos);
+  CHECK(defaults.process_settings().seed == defaults.get_trial_seed());
+  REQUIRE(defaults.process_settings().threads);
+  CHECK(defaults.process_settings().threads->threads >= 1);
+  CHECK_FALSE(defaults.process_settings().deterministic);
 
   const ProcessSettings settings = context.process_settings();
   CHECK(settings.seed == 7u);
