@@ -6,15 +6,14 @@
 #include <stdexcept>
 #include <string>
 
-namespace dettrial {
-
-namespace detail {
+namespace dettrial::detail {
 /// The one sentence for an argument outside its rule: "<owner>: <argument> must be <rule>, not <value>"
 /// (the optimizers' and schedulers' checks, as Python's constructors check them).
 [[noreturn]] inline void throw_invalid_argument(const std::string& owner, const std::string& argument, const std::string& rule,
                                                 const std::string& value);
-}  // namespace detail
+}  // namespace dettrial::detail
 
+namespace dettrial {
 /// Base of every error dettrial reports; `what()` is one readable sentence.
 struct Error : std::runtime_error {
   using std::runtime_error::runtime_error;

@@ -37,15 +37,14 @@ inline constexpr const char* version = DETTRIAL_VERSION_STRING;
 #include <stdexcept>
 #include <string>
 
-namespace dettrial {
-
-namespace detail {
+namespace dettrial::detail {
 /// The one sentence for an argument outside its rule: "<owner>: <argument> must be <rule>, not <value>"
 /// (the optimizers' and schedulers' checks, as Python's constructors check them).
 [[noreturn]] inline void throw_invalid_argument(const std::string& owner, const std::string& argument, const std::string& rule,
                                                 const std::string& value);
-}  // namespace detail
+}  // namespace dettrial::detail
 
+namespace dettrial {
 /// Base of every error dettrial reports; `what()` is one readable sentence.
 struct Error : std::runtime_error {
   using std::runtime_error::runtime_error;
@@ -875,8 +874,7 @@ DETTRIAL_INLINE Precision parse_precision(const std::string& text) {
 #include <variant>
 
 
-namespace dettrial {
-namespace capture {
+namespace dettrial::capture {
 
 /// Every batch runs eagerly: the trial's hooks, backward and the optimizer step, kernel by kernel.
 struct none {
@@ -901,8 +899,9 @@ struct cuda_graph {
   std::int64_t warmup_batches = 3;
 };
 
-}  // namespace capture
+}  // namespace dettrial::capture
 
+namespace dettrial {
 /// capture::none or capture::cuda_graph.
 using StepCapture = std::variant<capture::none, capture::cuda_graph>;
 
@@ -918,6 +917,7 @@ inline const char* to_string(const StepCapture& c) {
 
 // Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
 #if DETTRIAL_HEADER_DEFINITIONS
+
 namespace dettrial {
 
 DETTRIAL_INLINE StepCapture parse_step_capture(const std::string& text, std::int64_t warmup_batches) {
@@ -930,6 +930,7 @@ DETTRIAL_INLINE StepCapture parse_step_capture(const std::string& text, std::int
 }
 
 }  // namespace dettrial
+
 #endif  // DETTRIAL_HEADER_DEFINITIONS
 // ---- end dettrial/config/step_capture.hpp
 // ---- begin dettrial/config/tracking.hpp
@@ -943,16 +944,15 @@ DETTRIAL_INLINE StepCapture parse_step_capture(const std::string& text, std::int
 #include <utility>
 #include <vector>
 
-namespace dettrial {
-
-namespace detail {
+namespace dettrial::detail {
 /// Environment variable `name`'s value, empty when unset.
 inline std::string environment_value(const char* name) {
   const char* value = std::getenv(name);
   return value ? value : "";
 }
-}  // namespace detail
+}  // namespace dettrial::detail
 
+namespace dettrial {
 /**
  * @brief An MLflow tracking server and how a run appears in it (the `mlflow` section of an
  * experiment config). Tracking is on when `tracking_uri` is set, by the config or by
@@ -1644,7 +1644,9 @@ struct ProfilerOptions {
   bool with_modules = false;
 };
 
-namespace detail {
+}  // namespace dettrial
+
+namespace dettrial::detail {
 
 /// `torch.profiler.ProfilerAction`.
 enum class ProfilerAction { none, warmup, record, record_and_save };
@@ -1677,8 +1679,7 @@ inline void check_profiler_options(const ProfilerOptions& o) {
   if (o.activities.empty()) throw ConfigError("set_profiler: no activities to record (give ProfilerActivity::cpu, cuda or both)");
 }
 
-}  // namespace detail
-}  // namespace dettrial
+}  // namespace dettrial::detail
 // ---- end dettrial/config/profiler_options.hpp
 // ---- begin dettrial/data/data_loader.hpp
 // SPDX-License-Identifier: Apache-2.0
@@ -1810,9 +1811,7 @@ using batch_of = std::remove_cvref_t<std::ranges::range_reference_t<decltype(std
 
 #include <torch/torch.h>
 
-namespace dettrial {
-
-namespace detail {
+namespace dettrial::detail {
 template <class T>
 struct is_tuple_like : std::false_type {};
 template <class... Ts>
@@ -1829,9 +1828,7 @@ template <class V, class C, class A>
 struct is_string_map<std::map<std::string, V, C, A>> : std::true_type {};
 template <class V, class H, class E, class A>
 struct is_string_map<std::unordered_map<std::string, V, H, E, A>> : std::true_type {};
-}  // namespace detail
 
-namespace detail {
 /// Calls `f(tensor&)` on every tensor inside a nested batch (tuples, pairs, vectors, string-keyed maps);
 /// other values are skipped.
 template <class T, class F>
@@ -1864,8 +1861,9 @@ constexpr bool tensors_only_batch() {
   else return false;
 }
 
-}  // namespace detail
+}  // namespace dettrial::detail
 
+namespace dettrial {
 /**
  * @brief Moves every tensor inside `batch` to `device`, in place.
  *
@@ -2262,7 +2260,9 @@ using BatchSamplerFunction = std::function<std::vector<torch::Tensor>(std::int64
 
 /// Determined's `determined.pytorch.samplers`, with the epoch made explicit so that any batch of any
 /// epoch can be computed on its own (O(1) skipping).
-namespace samplers {
+}  // namespace dettrial
+
+namespace dettrial::samplers {
 
 /**
  * @brief Determined's `ReproducibleShuffleSampler`: the record order of epoch `e` is a permutation
@@ -2300,7 +2300,9 @@ constexpr std::int64_t distributed_length(std::int64_t length, std::int64_t num_
   return length / num_replicas + (length % num_replicas > rank ? 1 : 0);
 }
 
-namespace detail {
+}  // namespace dettrial::samplers
+
+namespace dettrial::samplers::detail {
 /// Item `k` of a stream of epochs: `batch_of(k / batches_per_epoch, k % batches_per_epoch)`.
 template <class BatchOf>
 struct EpochBatch {
@@ -2341,8 +2343,9 @@ struct HeldBatch {
 DETTRIAL_INLINE void check_batches_per_epoch(std::int64_t batches_per_epoch, const char* who);
 DETTRIAL_INLINE void check_replicas(std::int64_t num_replicas, std::int64_t rank);
 DETTRIAL_INLINE void check_skip(std::int64_t skip);
-}  // namespace detail
+}  // namespace dettrial::samplers::detail
 
+namespace dettrial::samplers {
 /**
  * @brief Determined's `RepeatBatchSampler` (and `RepeatSampler`): epoch after epoch, endlessly.
  * - `samplers::repeat(batches_per_epoch, batch_of)`: batch `k` of the stream is
@@ -2418,8 +2421,7 @@ struct skip_fn {
 /// See skip_fn.
 inline constexpr skip_fn skip{};
 
-}  // namespace samplers
-}  // namespace dettrial
+}  // namespace dettrial::samplers
 
 // Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
 #if DETTRIAL_HEADER_DEFINITIONS
@@ -2454,7 +2456,9 @@ DETTRIAL_INLINE torch::Tensor ReproducibleShuffleSampler::permutation(std::int64
   return torch::randperm(n, generator, torch::TensorOptions().dtype(torch::kLong));
 }
 
-namespace detail {
+}  // namespace dettrial::samplers
+
+namespace dettrial::samplers::detail {
 DETTRIAL_INLINE void check_batches_per_epoch(std::int64_t batches_per_epoch, const char* who) {
   if (batches_per_epoch < 1)
     throw DataError(std::string("samplers::") + who + ": an epoch needs at least one batch, not " + std::to_string(batches_per_epoch));
@@ -2466,9 +2470,8 @@ DETTRIAL_INLINE void check_replicas(std::int64_t num_replicas, std::int64_t rank
 DETTRIAL_INLINE void check_skip(std::int64_t skip) {
   if (skip < 0) throw DataError("samplers::skip: cannot skip a negative number of batches (" + std::to_string(skip) + ")");
 }
-}  // namespace detail
+}  // namespace dettrial::samplers::detail
 
-}  // namespace dettrial::samplers
 #endif  // DETTRIAL_HEADER_DEFINITIONS
 // ---- end dettrial/data/samplers.hpp
 
@@ -3034,7 +3037,9 @@ struct DataLoaderOptions {
   std::optional<bool> pin_memory{};
 };
 
-namespace detail {
+}  // namespace dettrial
+
+namespace dettrial::detail {
 template <class D>
 auto as_batch_dataset(D dataset) {
   if constexpr (BatchDataset<D>) return dataset;
@@ -3045,8 +3050,9 @@ auto as_batch_dataset(D dataset) {
 DETTRIAL_INLINE BatchSampler make_batch_sampler(std::int64_t records, const DataLoaderOptions& options, std::uint64_t seed);
 /// See DataLoader::layout_sampler.
 DETTRIAL_INLINE BatchSampler layout_sampler(const BatchSampler& sampler, const LoaderChain& chain);
-}  // namespace detail
+}  // namespace dettrial::detail
 
+namespace dettrial {
 /**
  * @brief Reads a dataset in batches, in a reproducible order, optionally on background threads.
  *
@@ -3360,6 +3366,7 @@ DETTRIAL_INLINE BatchSampler make_batch_sampler(std::int64_t records, const Data
 }
 
 }  // namespace dettrial::detail
+
 #endif  // DETTRIAL_HEADER_DEFINITIONS
 // ---- end dettrial/data/data_loader.hpp
 // ---- begin dettrial/data/idx.hpp
@@ -3672,14 +3679,18 @@ concept CrossSlotReducer = requires(R& r) {
 template <class R>
 concept MetricReducer = LocalReducer<R> || CrossSlotReducer<R>;
 
-namespace detail {
+}  // namespace dettrial
+
+namespace dettrial::detail {
 template <MetricReducer R>
 constexpr auto reduced_metrics_type() {
   if constexpr (CrossSlotReducer<R>)
     return std::type_identity<decltype(std::declval<R&>().cross_slot_reduce(std::declval<const std::vector<per_slot_t<R>>&>()))>{};
   else return std::type_identity<decltype(std::declval<R&>().reduce())>{};
 }
-}  // namespace detail
+}  // namespace dettrial::detail
+
+namespace dettrial {
 /// What a reducer's last step returns: a number or MetricValues.
 template <MetricReducer R>
 using reduced_metrics_t = std::remove_cvref_t<typename decltype(detail::reduced_metrics_type<R>())::type>;
@@ -3688,6 +3699,7 @@ using reduced_metrics_t = std::remove_cvref_t<typename decltype(detail::reduced_
 
 // Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
 #if DETTRIAL_HEADER_DEFINITIONS
+
 namespace dettrial {
 
 DETTRIAL_INLINE std::string_view MetricKey::intern(const std::string& name) {
@@ -3753,6 +3765,7 @@ DETTRIAL_INLINE double MetricValues::at(std::string_view name) const {
 }
 
 }  // namespace dettrial
+
 #endif  // DETTRIAL_HEADER_DEFINITIONS
 // ---- end dettrial/vocabulary/metrics.hpp
 // ---- begin dettrial/metrics/reducers.hpp
@@ -3828,7 +3841,9 @@ class FunctionReducer {
   std::vector<T> values_;
 };
 
-namespace detail {
+}  // namespace dettrial
+
+namespace dettrial::detail {
 
 /// Averages training metrics over the batches of one workload, unweighted, without syncing the
 /// device per batch: tensors are summed in place on their device and read once at the end.
@@ -3956,11 +3971,11 @@ struct WrappedReducer {
   }
 };
 
-}  // namespace detail
-}  // namespace dettrial
+}  // namespace dettrial::detail
 
 // Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
 #if DETTRIAL_HEADER_DEFINITIONS
+
 namespace dettrial {
 
 DETTRIAL_INLINE const char* to_string(Reducer r) {
@@ -3973,7 +3988,9 @@ DETTRIAL_INLINE const char* to_string(Reducer r) {
   return "?";
 }
 
-namespace detail {
+}  // namespace dettrial
+
+namespace dettrial::detail {
 
 DETTRIAL_INLINE void WorkloadMeans::reset() {
   slots_.clear();
@@ -4133,8 +4150,8 @@ DETTRIAL_INLINE ValidationReduction::Slot* ValidationReduction::find(std::string
   return nullptr;
 }
 
-}  // namespace detail
-}  // namespace dettrial
+}  // namespace dettrial::detail
+
 #endif  // DETTRIAL_HEADER_DEFINITIONS
 // ---- end dettrial/metrics/reducers.hpp
 // ---- begin dettrial/optim/adadelta.hpp
@@ -4277,7 +4294,9 @@ std::shared_ptr<torch::nn::Module> module_of(M& m) {
   else return std::shared_ptr<torch::nn::Module>(m);
 }
 
-namespace detail {
+}  // namespace dettrial
+
+namespace dettrial::detail {
 /// The key of a parameter in `Optimizer::state()`: LibTorch 1.x keys it by the TensorImpl's address
 /// printed as a string, 2.x by the address itself. The state map's key type tells which.
 template <class StateMap>
@@ -4291,9 +4310,7 @@ auto optimizer_state_key(const torch::Tensor& p) {
     return Key(p.unsafeGetTensorImpl());
   }
 }
-}  // namespace detail
-
-}  // namespace dettrial
+}  // namespace dettrial::detail
 // ---- end dettrial/optim/handles.hpp
 // ---- begin dettrial/detail/text.hpp
 // SPDX-License-Identifier: Apache-2.0
@@ -4350,7 +4367,8 @@ concept SingleTensorUpdate = requires(const typename U::Options& o, const torch:
 /// Throws Python's refusal of an option as one sentence: "dettrial::optim::NAdam: lr must be at least
 /// 0, not -1" (`where` names the parameter group, or is empty for the defaults).
 [[noreturn]] inline void invalid_option(const char* optimizer, const std::string& where, const char* name, double value, const char* rule) {
-  detail::throw_invalid_argument(std::string("dettrial::optim::") + optimizer, where + name, rule, detail::number_text(value));
+  dettrial::detail::throw_invalid_argument(std::string("dettrial::optim::") + optimizer, where + name, rule,
+                                           dettrial::detail::number_text(value));
 }
 
 /**
@@ -4751,9 +4769,7 @@ DETTRIAL_INLINE void python_group_options(const AdamaxOptions& options, c10::imp
 #if DETTRIAL_HEADER_DEFINITIONS
 #include <cmath>
 
-namespace dettrial::optim {
-
-namespace adam_family_detail {
+namespace dettrial::optim::detail::adam_family {
 
 /// Python's checks shared by the three (their __init__s), one sentence naming the option and value.
 template <class Options>
@@ -4776,8 +4792,9 @@ DETTRIAL_INLINE std::unique_ptr<AdamFamilyParamState> fresh_state(const torch::T
   return s;
 }
 
-}  // namespace adam_family_detail
+}  // namespace dettrial::optim::detail::adam_family
 
+namespace dettrial::optim {
 // Options' and state's LibTorch serialization (dettrial's native checkpoints, torch::save).
 
 DETTRIAL_INLINE void NAdamOptions::serialize(torch::serialize::OutputArchive& archive) const {
@@ -4856,12 +4873,12 @@ DETTRIAL_INLINE void AdamFamilyParamState::serialize(torch::serialize::InputArch
 // `_get_value(step_t)`, the float of a float32 count.
 
 DETTRIAL_INLINE void NAdamUpdate::check(const NAdamOptions& o, const std::string& where) {
-  adam_family_detail::check_common(name, o, where);
+  detail::adam_family::check_common(name, o, where);
   if (!(o.momentum_decay() >= 0)) invalid_option(name, where, "momentum_decay", o.momentum_decay(), "at least 0");
 }
 
 DETTRIAL_INLINE std::unique_ptr<AdamFamilyParamState> NAdamUpdate::fresh(const torch::Tensor& p) {
-  return adam_family_detail::fresh_state(p, true);
+  return detail::adam_family::fresh_state(p, true);
 }
 
 DETTRIAL_INLINE void NAdamUpdate::update(torch::Tensor& param, torch::Tensor grad, AdamFamilyParamState& state, const NAdamOptions& o) {
@@ -4893,11 +4910,11 @@ DETTRIAL_INLINE void NAdamUpdate::update(torch::Tensor& param, torch::Tensor gra
 }
 
 DETTRIAL_INLINE void RAdamUpdate::check(const RAdamOptions& o, const std::string& where) {
-  adam_family_detail::check_common(name, o, where);
+  detail::adam_family::check_common(name, o, where);
 }
 
 DETTRIAL_INLINE std::unique_ptr<AdamFamilyParamState> RAdamUpdate::fresh(const torch::Tensor& p) {
-  return adam_family_detail::fresh_state(p, false);
+  return detail::adam_family::fresh_state(p, false);
 }
 
 DETTRIAL_INLINE void RAdamUpdate::update(torch::Tensor& param, torch::Tensor grad, AdamFamilyParamState& state, const RAdamOptions& o) {
@@ -4932,11 +4949,11 @@ DETTRIAL_INLINE void RAdamUpdate::update(torch::Tensor& param, torch::Tensor gra
 }
 
 DETTRIAL_INLINE void AdamaxUpdate::check(const AdamaxOptions& o, const std::string& where) {
-  adam_family_detail::check_common(name, o, where);
+  detail::adam_family::check_common(name, o, where);
 }
 
 DETTRIAL_INLINE std::unique_ptr<AdamFamilyParamState> AdamaxUpdate::fresh(const torch::Tensor& p) {
-  return adam_family_detail::fresh_state(p, false, true);
+  return detail::adam_family::fresh_state(p, false, true);
 }
 
 DETTRIAL_INLINE void AdamaxUpdate::update(torch::Tensor& param, torch::Tensor grad, AdamFamilyParamState& state, const AdamaxOptions& o) {
@@ -4995,6 +5012,7 @@ DETTRIAL_INLINE void python_group_options(const AdamaxOptions& o, c10::impl::Gen
 }
 
 }  // namespace dettrial::optim
+
 #endif  // DETTRIAL_HEADER_DEFINITIONS
 // ---- end dettrial/optim/adam_family.hpp
 // ---- begin dettrial/optim/muon.hpp
@@ -5561,7 +5579,9 @@ class FusedAdamBase : public Base, public optim::CapturableOptimizer {
   }
 
   using Key = typename std::decay_t<decltype(std::declval<Base&>().state())>::key_type;
-  static Key key(const torch::Tensor& p) { return detail::optimizer_state_key<std::decay_t<decltype(std::declval<Base&>().state())>>(p); }
+  static Key key(const torch::Tensor& p) {
+    return dettrial::detail::optimizer_state_key<std::decay_t<decltype(std::declval<Base&>().state())>>(p);
+  }
 
   State& state_of(const torch::Tensor& p, const Options& o) {
     const Key k = key(p);
@@ -5628,9 +5648,9 @@ class FusedAdamBase : public Base, public optim::CapturableOptimizer {
 namespace dettrial::optim {
 
 /// Adam (LibTorch's options and state) stepped with a device-resident learning rate and step count.
-using FusedAdam = detail::FusedAdamBase<torch::optim::Adam, torch::optim::AdamOptions, torch::optim::AdamParamState, false>;
+using FusedAdam = dettrial::detail::FusedAdamBase<torch::optim::Adam, torch::optim::AdamOptions, torch::optim::AdamParamState, false>;
 /// AdamW (decoupled weight decay) stepped with a device-resident learning rate and step count.
-using FusedAdamW = detail::FusedAdamBase<torch::optim::AdamW, torch::optim::AdamWOptions, torch::optim::AdamWParamState, true>;
+using FusedAdamW = dettrial::detail::FusedAdamBase<torch::optim::AdamW, torch::optim::AdamWOptions, torch::optim::AdamWParamState, true>;
 
 }  // namespace dettrial::optim
 
@@ -5693,7 +5713,7 @@ DETTRIAL_INLINE torch::Tensor FusedSGD::step_with(LossClosure closure, const std
 DETTRIAL_INLINE void FusedSGD::run_buckets(const std::vector<torch::Tensor>& params, const std::vector<torch::Tensor>& bufs,
                                            const torch::optim::SGDOptions& o, const torch::Tensor& lr, bool first,
                                            const std::optional<torch::Tensor>& found_inf) {
-  detail::for_each_bucket(params, [&](const std::vector<std::size_t>& idx) {
+  dettrial::detail::for_each_bucket(params, [&](const std::vector<std::size_t>& idx) {
     std::vector<torch::Tensor> ps, grads, bs;
     ps.reserve(idx.size());
     grads.reserve(idx.size());
@@ -5707,12 +5727,12 @@ DETTRIAL_INLINE void FusedSGD::run_buckets(const std::vector<torch::Tensor>& par
 }
 
 DETTRIAL_INLINE bool FusedSGD::has_buffer(const torch::Tensor& p) {
-  const auto it = state().find(detail::optimizer_state_key<std::decay_t<decltype(state())>>(p));
+  const auto it = state().find(dettrial::detail::optimizer_state_key<std::decay_t<decltype(state())>>(p));
   return it != state().end() && static_cast<torch::optim::SGDParamState&>(*it->second).momentum_buffer().defined();
 }
 
 DETTRIAL_INLINE torch::Tensor FusedSGD::buffer(const torch::Tensor& p, bool fresh) {
-  const auto key = detail::optimizer_state_key<std::decay_t<decltype(state())>>(p);
+  const auto key = dettrial::detail::optimizer_state_key<std::decay_t<decltype(state())>>(p);
   if (fresh) {
     if (capturing()) throw_new_state("a momentum buffer");
     auto s = std::make_unique<torch::optim::SGDParamState>();
@@ -5867,9 +5887,8 @@ class GradScaler {
 
 // Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
 #if DETTRIAL_HEADER_DEFINITIONS
-namespace dettrial {
 
-namespace detail {
+namespace dettrial::detail {
 // LibTorch 2.4 made autocast's switches take a device type; before, CPU and CUDA had their own.
 #if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
 DETTRIAL_INLINE bool autocast_enabled(torch::DeviceType d) { return at::autocast::is_autocast_enabled(d); }
@@ -5892,40 +5911,44 @@ DETTRIAL_INLINE void set_autocast_dtype(torch::DeviceType d, at::ScalarType t) {
   else at::autocast::set_autocast_gpu_dtype(t);
 }
 #endif
-}  // namespace detail
+}  // namespace dettrial::detail
 
+namespace dettrial {
 DETTRIAL_INLINE AutocastGuard::AutocastGuard(torch::DeviceType device, std::optional<at::ScalarType> dtype)
     : device_(device),
-      previous_enabled_(detail::autocast_enabled(device)),
-      previous_dtype_(detail::autocast_dtype(device)),
+      previous_enabled_(dettrial::detail::autocast_enabled(device)),
+      previous_dtype_(dettrial::detail::autocast_dtype(device)),
       nested_(dtype.has_value()) {
   if (!dtype) {
-    detail::set_autocast_enabled(device, false);
+    dettrial::detail::set_autocast_enabled(device, false);
     return;
   }
-  detail::set_autocast_dtype(device, *dtype);
-  detail::set_autocast_enabled(device, true);
+  dettrial::detail::set_autocast_dtype(device, *dtype);
+  dettrial::detail::set_autocast_enabled(device, true);
   at::autocast::increment_nesting();
 }
 
 DETTRIAL_INLINE std::optional<at::ScalarType> AutocastGuard::current(torch::DeviceType device) {
-  if (!detail::autocast_enabled(device)) return std::nullopt;
-  return detail::autocast_dtype(device);
+  if (!dettrial::detail::autocast_enabled(device)) return std::nullopt;
+  return dettrial::detail::autocast_dtype(device);
 }
 
 DETTRIAL_INLINE AutocastGuard::~AutocastGuard() {
   // Casts cached for the outermost region are dropped when it ends (torch.autocast's __exit__).
   if (nested_ && at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
-  detail::set_autocast_enabled(device_, previous_enabled_);
-  detail::set_autocast_dtype(device_, previous_dtype_);
+  dettrial::detail::set_autocast_enabled(device_, previous_enabled_);
+  dettrial::detail::set_autocast_dtype(device_, previous_dtype_);
 }
 
-namespace detail {
+}  // namespace dettrial
+
+namespace dettrial::detail {
 // ATen's fused scaler kernels: on CUDA in every supported LibTorch, on the CPU from 2.4 (other
 // devices may lack them, and take the host arithmetic).
 DETTRIAL_INLINE bool amp_kernels_on(const torch::Tensor& t) { return t.is_cuda() || (DETTRIAL_FUSED_KERNELS && t.is_cpu()); }
-}  // namespace detail
+}  // namespace dettrial::detail
 
+namespace dettrial {
 DETTRIAL_INLINE GradScaler::GradScaler(Options options) : options_(options) {
   if (!(options_.init_scale > 0)) throw ConfigError("GradScaler: init_scale must be positive");
   if (!(options_.growth_factor > 1)) throw ConfigError("GradScaler: growth_factor must be above 1");
@@ -5982,7 +6005,7 @@ DETTRIAL_INLINE void GradScaler::unscale(const std::vector<torch::Tensor>& param
   place(grads.front().device());
   // The reciprocal in double, then float32, as PyTorch computes inv_scale.
   const torch::Tensor inverse = scale_.to(torch::kDouble).reciprocal().to(torch::kFloat);
-  if (detail::amp_kernels_on(found_inf_)) {
+  if (dettrial::detail::amp_kernels_on(found_inf_)) {
     // The kernel takes the gradients of one device (and is fastest per dtype, as PyTorch groups them).
     std::vector<std::pair<torch::ScalarType, std::vector<torch::Tensor>>> by_dtype;
     std::vector<torch::Tensor> elsewhere;
@@ -6029,7 +6052,7 @@ DETTRIAL_INLINE bool GradScaler::step(torch::optim::Optimizer& optimizer, const 
 DETTRIAL_INLINE void GradScaler::update() {
   if (!options_.enabled || !stepped_) return;
   stepped_ = false;
-  if (detail::amp_kernels_on(scale_)) {
+  if (dettrial::detail::amp_kernels_on(scale_)) {
     // PyTorch's update: the scale stays float32, and one that would leave its range stays as it is.
     at::_amp_update_scale_(scale_, growth_tracker_, found_since_update_, options_.growth_factor, options_.backoff_factor,
                            options_.growth_interval);
@@ -6084,6 +6107,7 @@ DETTRIAL_INLINE void GradScaler::load_state_dict(const c10::impl::GenericDict& s
 }
 
 }  // namespace dettrial
+
 #endif  // DETTRIAL_HEADER_DEFINITIONS
 // ---- end dettrial/optim/mixed_precision.hpp
 
@@ -6152,8 +6176,7 @@ TORCH_MODULE(CheckpointEach);
 #include <utility>
 
 
-namespace dettrial::nn {
-namespace checkpoint_detail {
+namespace dettrial::nn::detail::checkpoint {
 
 /// What the checkpoint keeps between the forward and the backward.
 struct Saved : torch::CustomClassHolder {
@@ -6260,13 +6283,14 @@ struct Function : torch::autograd::Function<Function> {
   }
 };
 
-}  // namespace checkpoint_detail
+}  // namespace dettrial::nn::detail::checkpoint
 
+namespace dettrial::nn {
 DETTRIAL_INLINE std::vector<torch::Tensor> checkpoint(const CheckpointedFunction& function, const std::vector<torch::Tensor>& inputs,
                                                       const std::vector<torch::Tensor>& parameters) {
   if (!function) throw ConfigError("dettrial::nn::checkpoint: the function is empty");
   if (!torch::GradMode::is_enabled()) return function(inputs);  // nothing to recompute
-  auto saved = c10::make_intrusive<checkpoint_detail::Saved>();
+  auto saved = c10::make_intrusive<detail::checkpoint::Saved>();
   saved->function = function;
   saved->inputs = inputs.size();
   saved->with_parameters = !parameters.empty();
@@ -6274,7 +6298,7 @@ DETTRIAL_INLINE std::vector<torch::Tensor> checkpoint(const CheckpointedFunction
   tensors.insert(tensors.end(), parameters.begin(), parameters.end());
   // The parameters reach backward through the context, as a list (the autograd function's own
   // saved variables are the inputs): Function::apply sees them as differentiable arguments too.
-  return checkpoint_detail::Function::apply(saved, at::TensorList(tensors));  // a TensorList: each tensor an input
+  return detail::checkpoint::Function::apply(saved, at::TensorList(tensors));  // a TensorList: each tensor an input
 }
 
 DETTRIAL_INLINE torch::Tensor checkpoint_sequential(torch::nn::Sequential& sequential, std::int64_t segments, const torch::Tensor& input) {
@@ -6317,6 +6341,7 @@ DETTRIAL_INLINE torch::Tensor CheckpointEachImpl::forward(torch::Tensor x) {
 }
 
 }  // namespace dettrial::nn
+
 #endif  // DETTRIAL_HEADER_DEFINITIONS
 // ---- end dettrial/nn/checkpoint.hpp
 // ---- begin dettrial/optim/clip.hpp
@@ -6331,9 +6356,7 @@ DETTRIAL_INLINE torch::Tensor CheckpointEachImpl::forward(torch::Tensor x) {
 #include <torch/torch.h>
 
 
-namespace dettrial {
-
-namespace clip {
+namespace dettrial::clip {
 
 /// No clipping (the default).
 struct none {
@@ -6376,8 +6399,7 @@ struct by_value {
   void operator()(std::vector<torch::Tensor>& params) const { torch::nn::utils::clip_grad_value_(params, clip_value); }
 };
 
-}  // namespace clip
-}  // namespace dettrial
+}  // namespace dettrial::clip
 // ---- end dettrial/optim/clip.hpp
 // ---- begin dettrial/optim/lr_state.hpp
 // SPDX-License-Identifier: Apache-2.0
@@ -6394,9 +6416,7 @@ struct by_value {
 #include <torch/torch.h>
 
 
-namespace dettrial {
-
-namespace detail {
+namespace dettrial::detail {
 
 /// Reaches LRScheduler's protected step count (the usual derived-class member-pointer route).
 struct LRSchedulerAccess : torch::optim::LRScheduler {
@@ -6492,8 +6512,7 @@ void wrap_python_param_groups(WrappedScheduler& w) {
   }
 }
 
-}  // namespace detail
-}  // namespace dettrial
+}  // namespace dettrial::detail
 // ---- end dettrial/optim/lr_state.hpp
 // ---- begin dettrial/optim/lr_step.hpp
 // SPDX-License-Identifier: Apache-2.0
@@ -6513,7 +6532,9 @@ namespace dettrial {
  * only on update batches (every `aggregation_frequency`-th batch); each mode says how many `step()`
  * calls that update batch makes.
  */
-namespace lr_step {
+}  // namespace dettrial
+
+namespace dettrial::lr_step {
 
 /// After every batch (batches skipped by gradient aggregation are caught up on the update batch).
 struct every_batch {
@@ -6554,12 +6575,11 @@ struct on_validation {
   std::string metric;
 };
 
-}  // namespace lr_step
-
-}  // namespace dettrial
+}  // namespace dettrial::lr_step
 
 // Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
 #if DETTRIAL_HEADER_DEFINITIONS
+
 namespace dettrial::lr_step {
 
 DETTRIAL_INLINE std::int64_t every_batch::steps_after(std::int64_t batch_idx, std::int64_t agg, std::int64_t /*epoch_len*/,
@@ -6576,6 +6596,7 @@ DETTRIAL_INLINE std::int64_t every_epoch::steps_after(std::int64_t batch_idx, st
 }
 
 }  // namespace dettrial::lr_step
+
 #endif  // DETTRIAL_HEADER_DEFINITIONS
 // ---- end dettrial/optim/lr_step.hpp
 // ---- begin dettrial/optim/averaged_model.hpp
@@ -6647,7 +6668,9 @@ class ComposedSchedulers;
 template <class... Schedulers>
 class SequentialLR;
 
-namespace python_state_detail {
+}  // namespace dettrial::optim
+
+namespace dettrial::optim::detail::python_state {
 /// A number from a Python state dict: Python writes counts as numbers or as 0-dim tensors, flags as bools.
 DETTRIAL_INLINE double python_number(const c10::IValue& v, const std::string& what);
 /// A count from a Python state dict (an int, or a float with no fraction), at least `minimum`.
@@ -6657,8 +6680,9 @@ DETTRIAL_INLINE std::vector<double> python_numbers(const c10::IValue& v, const s
 /// A Python list of numbers: typed Any, as Python's weights-only loader wants lists.
 DETTRIAL_INLINE c10::impl::GenericList python_list(const std::vector<double>& values);
 using dettrial::detail::number_text;
-}  // namespace python_state_detail
+}  // namespace dettrial::optim::detail::python_state
 
+namespace dettrial::optim {
 /**
  * @brief One of a scheduler's own arguments or counters as it is saved: its name (the key of Python's
  * `state_dict()` and of dettrial's archive) and the member of `S` that holds it. Exactly one member
@@ -6678,11 +6702,11 @@ struct SchedulerField {
     if (count) return s.*count;
     if (number) return s.*number;
     if (flag) return s.*flag;
-    return python ? c10::IValue(python_state_detail::python_list(s.*per_group)) : c10::IValue(s.*per_group);
+    return python ? c10::IValue(detail::python_state::python_list(s.*per_group)) : c10::IValue(s.*per_group);
   }
   /// `saved` read and checked (`groups`: the optimizer's parameter groups), in the form `assign` takes.
   c10::IValue checked(const c10::IValue& saved, const std::string& what, std::size_t groups) const {
-    namespace pd = python_state_detail;
+    namespace pd = detail::python_state;
     if (count) return pd::python_count(saved, what, minimum);
     if (number) return pd::python_number(saved, what);
     if (flag) return pd::python_number(saved, what) != 0;
@@ -6717,7 +6741,9 @@ constexpr SchedulerField<S> field(const char* name, std::vector<double> S::* per
   return {.name = name, .per_group = per_group};
 }
 
-namespace scheduler_base_detail {
+}  // namespace dettrial::optim
+
+namespace dettrial::optim::detail::scheduler_base {
 /// The groups' learning rates, in order.
 DETTRIAL_INLINE std::vector<double> group_lrs(const torch::optim::Optimizer& optimizer);
 
@@ -6738,8 +6764,9 @@ struct SchedulerArchive {
  private:
   [[noreturn]] void mistyped(const char* key, const char* type) const;
 };
-}  // namespace scheduler_base_detail
+}  // namespace dettrial::optim::detail::scheduler_base
 
+namespace dettrial::optim {
 /**
  * @brief What the schedulers stepped without a metric share: Python's `LRScheduler` state (`base_lrs`,
  * `last_epoch`, `_step_count`, `_last_lr`). Constructing one does what Python's constructor does:
@@ -6866,9 +6893,7 @@ class EpochLRScheduler {
 #include <cmath>
 #include <set>
 
-namespace dettrial::optim {
-
-namespace python_state_detail {
+namespace dettrial::optim::detail::python_state {
 
 DETTRIAL_INLINE double python_number(const c10::IValue& v, const std::string& what) {
   if (v.isDouble()) return v.toDouble();
@@ -6900,9 +6925,9 @@ DETTRIAL_INLINE c10::impl::GenericList python_list(const std::vector<double>& va
   return list;
 }
 
-}  // namespace python_state_detail
+}  // namespace dettrial::optim::detail::python_state
 
-namespace scheduler_base_detail {
+namespace dettrial::optim::detail::scheduler_base {
 DETTRIAL_INLINE std::vector<double> group_lrs(const torch::optim::Optimizer& optimizer) {
   std::vector<double> lrs;
   for (const auto& group : optimizer.param_groups()) lrs.push_back(group.options().get_lr());
@@ -6955,10 +6980,11 @@ DETTRIAL_INLINE std::vector<double> SchedulerArchive::per_group(const char* key,
                           std::to_string(optimizer.param_groups().size()) + " parameter group(s)");
   return values;
 }
-}  // namespace scheduler_base_detail
+}  // namespace dettrial::optim::detail::scheduler_base
 
+namespace dettrial::optim {
 DETTRIAL_INLINE EpochLRScheduler::EpochLRScheduler(torch::optim::Optimizer& optimizer, const char* name)
-    : optimizer_(&optimizer), name_(name), base_lrs_(scheduler_base_detail::group_lrs(optimizer)), last_lr_(base_lrs_) {}
+    : optimizer_(&optimizer), name_(name), base_lrs_(detail::scheduler_base::group_lrs(optimizer)), last_lr_(base_lrs_) {}
 
 DETTRIAL_INLINE void EpochLRScheduler::advance(bool decay, double factor) {
   ++step_count_;
@@ -6996,13 +7022,13 @@ DETTRIAL_INLINE void EpochLRScheduler::set_rates(const std::function<double(std:
 }
 
 DETTRIAL_INLINE void EpochLRScheduler::invalid(const char* argument, const std::string& rule, const std::string& value) const {
-  detail::throw_invalid_argument(std::string("dettrial::optim::") + name_, argument, rule, value);
+  dettrial::detail::throw_invalid_argument(std::string("dettrial::optim::") + name_, argument, rule, value);
 }
 
 DETTRIAL_INLINE std::string EpochLRScheduler::archive_owner() const { return std::string("dettrial::optim::") + name_ + "'s saved state"; }
 
 DETTRIAL_INLINE c10::IValue EpochLRScheduler::archived(torch::serialize::InputArchive& archive, const char* key) const {
-  return scheduler_base_detail::SchedulerArchive(archive, name_, archive_owner()).entry(key);
+  return detail::scheduler_base::SchedulerArchive(archive, name_, archive_owner()).entry(key);
 }
 
 DETTRIAL_INLINE void EpochLRScheduler::save_common(torch::serialize::OutputArchive& archive) const {
@@ -7014,7 +7040,7 @@ DETTRIAL_INLINE void EpochLRScheduler::save_common(torch::serialize::OutputArchi
 }
 
 DETTRIAL_INLINE void EpochLRScheduler::load_common(torch::serialize::InputArchive& archive) {
-  namespace pd = python_state_detail;
+  namespace pd = detail::python_state;
   const std::string owner = archive_owner();
   const std::size_t groups = optimizer_->param_groups().size();
   const auto per_group = [&](const char* key) {
@@ -7036,13 +7062,13 @@ DETTRIAL_INLINE void EpochLRScheduler::load_common(torch::serialize::InputArchiv
 }
 
 DETTRIAL_INLINE void EpochLRScheduler::python_common(c10::impl::GenericDict& out) const {
-  out.insert("base_lrs", python_state_detail::python_list(base_lrs_));
+  out.insert("base_lrs", detail::python_state::python_list(base_lrs_));
   out.insert("last_epoch", last_epoch_);
   out.insert("verbose", false);  // torch < 2.2 has it
   out.insert("_step_count", step_count_);
   out.insert("_get_lr_called_within_step", false);
   out.insert("_is_initial", false);  // torch >= 2.6 has it
-  out.insert("_last_lr", python_state_detail::python_list(last_lr_));
+  out.insert("_last_lr", detail::python_state::python_list(last_lr_));
 }
 
 DETTRIAL_INLINE void EpochLRScheduler::check_python_keys(const c10::impl::GenericDict& in, const std::vector<std::string>& own,
@@ -7062,7 +7088,7 @@ DETTRIAL_INLINE void EpochLRScheduler::check_python_keys(const c10::impl::Generi
 DETTRIAL_INLINE std::map<std::string, c10::IValue> EpochLRScheduler::load_python_common(const c10::impl::GenericDict& in,
                                                                                         const std::vector<std::string>& own,
                                                                                         const std::string& what) {
-  namespace pd = python_state_detail;
+  namespace pd = detail::python_state;
   check_python_keys(in, own, what);
   std::map<std::string, c10::IValue> mine;
   for (const std::string& k : own) mine[k] = in.at(k);
@@ -7087,6 +7113,7 @@ DETTRIAL_INLINE std::map<std::string, c10::IValue> EpochLRScheduler::load_python
 }
 
 }  // namespace dettrial::optim
+
 #endif  // DETTRIAL_HEADER_DEFINITIONS
 // ---- end dettrial/optim/scheduler_base.hpp
 
@@ -7269,9 +7296,7 @@ class CyclicLR : public EpochLRScheduler {
 #include <utility>
 
 
-namespace dettrial::optim {
-
-namespace cyclic_detail {
+namespace dettrial::optim::detail::cyclic {
 
 /// Python's _format_param: one value per group, from one for all or a list of exactly one per group.
 DETTRIAL_INLINE std::vector<double> per_group(const char* scheduler, const char* name, const PerGroup& value,
@@ -7332,8 +7357,9 @@ DETTRIAL_INLINE std::string text_of(const c10::IValue& v, const std::string& wha
   return v.toStringRef();
 }
 
-}  // namespace cyclic_detail
+}  // namespace dettrial::optim::detail::cyclic
 
+namespace dettrial::optim {
 // ------------------------------------------------------------------------------------------------
 // OneCycleLR
 
@@ -7349,9 +7375,9 @@ DETTRIAL_INLINE OneCycleLR::OneCycleLR(torch::optim::Optimizer& optimizer, const
   } else {
     invalid("total_steps", "given (or epochs and steps_per_epoch)", "missing");
   }
-  if (!(o.pct_start >= 0 && o.pct_start <= 1)) invalid("pct_start", "in [0, 1]", python_state_detail::number_text(o.pct_start));
-  if (!(o.div_factor > 0)) invalid("div_factor", "positive", python_state_detail::number_text(o.div_factor));
-  if (!(o.final_div_factor > 0)) invalid("final_div_factor", "positive", python_state_detail::number_text(o.final_div_factor));
+  if (!(o.pct_start >= 0 && o.pct_start <= 1)) invalid("pct_start", "in [0, 1]", detail::python_state::number_text(o.pct_start));
+  if (!(o.div_factor > 0)) invalid("div_factor", "positive", detail::python_state::number_text(o.div_factor));
+  if (!(o.final_div_factor > 0)) invalid("final_div_factor", "positive", detail::python_state::number_text(o.final_div_factor));
   const double total = static_cast<double>(total_steps_);
   using G = GroupValue;
   const Phase up{o.pct_start * total - 1, false, G::initial_lr, G::max_lr, G::max_momentum, G::base_momentum};
@@ -7360,17 +7386,17 @@ DETTRIAL_INLINE OneCycleLR::OneCycleLR(torch::optim::Optimizer& optimizer, const
                {2 * o.pct_start * total - 2, false, G::max_lr, G::initial_lr, G::base_momentum, G::max_momentum},
                {total - 1, true, G::initial_lr, G::min_lr, G::max_momentum, G::max_momentum}};
   else phases_ = {up, {total - 1, true, G::max_lr, G::min_lr, G::base_momentum, G::max_momentum}};
-  max_lrs_ = cyclic_detail::per_group("OneCycleLR", "max_lr", o.max_lr, optimizer);
+  max_lrs_ = detail::cyclic::per_group("OneCycleLR", "max_lr", o.max_lr, optimizer);
   for (const double m : max_lrs_)
-    if (!(m > 0)) invalid("max_lr", "positive (is it set?)", python_state_detail::number_text(m));
+    if (!(m > 0)) invalid("max_lr", "positive (is it set?)", detail::python_state::number_text(m));
   for (std::size_t i = 0; i < max_lrs_.size(); ++i) {
     base_lrs_[i] = max_lrs_[i] / o.div_factor;  // Python's group["initial_lr"]
     min_lrs_.push_back(base_lrs_[i] / o.final_div_factor);
   }
   if (cycle_momentum_) {
-    momentum_ = cyclic_detail::cycled_momentum("OneCycleLR", optimizer);
-    max_momentums_ = cyclic_detail::per_group("OneCycleLR", "max_momentum", o.max_momentum, optimizer);
-    base_momentums_ = cyclic_detail::per_group("OneCycleLR", "base_momentum", o.base_momentum, optimizer);
+    momentum_ = detail::cyclic::cycled_momentum("OneCycleLR", optimizer);
+    max_momentums_ = detail::cyclic::per_group("OneCycleLR", "max_momentum", o.max_momentum, optimizer);
+    base_momentums_ = detail::cyclic::per_group("OneCycleLR", "base_momentum", o.base_momentum, optimizer);
   }
   step();  // Python's constructor steps once: step 0 of the cycle
 }
@@ -7401,11 +7427,11 @@ DETTRIAL_INLINE const std::vector<double>& OneCycleLR::rates_at(std::int64_t ste
         const double span = phase.end_step - start_step;
         if (span == 0) throw TrialError("dettrial::optim::OneCycleLR: a phase of 0 steps (Python divides by zero here)");
         const double pct = (static_cast<double>(step) - start_step) / span;
-        rates.push_back(cyclic_detail::anneal(anneal_, group_value(phase.start_lr, g), group_value(phase.end_lr, g), pct));
+        rates.push_back(detail::cyclic::anneal(anneal_, group_value(phase.start_lr, g), group_value(phase.end_lr, g), pct));
         if (cycle_momentum_)
-          cyclic_detail::set_momentum(
+          detail::cyclic::set_momentum(
               momentum_, groups[g].options(),
-              cyclic_detail::anneal(anneal_, group_value(phase.start_momentum, g), group_value(phase.end_momentum, g), pct));
+              detail::cyclic::anneal(anneal_, group_value(phase.start_momentum, g), group_value(phase.end_momentum, g), pct));
         break;
       }
       start_step = phase.end_step;
@@ -7433,10 +7459,11 @@ DETTRIAL_INLINE void OneCycleLR::save(torch::serialize::OutputArchive& archive) 
 }
 
 DETTRIAL_INLINE void OneCycleLR::load(torch::serialize::InputArchive& archive) {
-  const std::string anneal = cyclic_detail::text_of(archived(archive, "anneal_strategy"), archive_owner() + ": 'anneal_strategy'");
+  const std::string anneal = detail::cyclic::text_of(archived(archive, "anneal_strategy"), archive_owner() + ": 'anneal_strategy'");
   if (anneal != "cos" && anneal != "linear")
     throw CheckpointError(archive_owner() + ": anneal_strategy '" + anneal + "' is not cos or linear");
-  const std::vector<double> ends = python_state_detail::python_numbers(archived(archive, "phase_ends"), archive_owner() + ": 'phase_ends'");
+  const std::vector<double> ends =
+      detail::python_state::python_numbers(archived(archive, "phase_ends"), archive_owner() + ": 'phase_ends'");
   if (ends.size() != phases_.size())
     throw CheckpointError(archive_owner() + " has " + std::to_string(ends.size()) + " phases, the trial's OneCycleLR " +
                           std::to_string(phases_.size()) + " (three_phase differs)");
@@ -7462,7 +7489,7 @@ DETTRIAL_INLINE void OneCycleLR::python_state(c10::impl::GenericDict& out) const
   out.insert("_schedule_phases", phases);
   out.insert("_anneal_func_type", std::string(anneal_ == AnnealStrategy::cos ? "cos" : "linear"));
   out.insert("cycle_momentum", cycle_momentum_);
-  if (cycle_momentum_) out.insert("use_beta1", cyclic_detail::uses_beta1(momentum_));
+  if (cycle_momentum_) out.insert("use_beta1", detail::cyclic::uses_beta1(momentum_));
   python_common(out);
 }
 
@@ -7479,7 +7506,7 @@ DETTRIAL_INLINE std::vector<OneCycleLR::Phase> OneCycleLR::python_phases(const c
     const auto d = entry.toGenericDict();
     const auto value = [&](const char* key) {
       const auto it = d.find(key);
-      const std::string name = it == d.end() ? std::string("(none)") : cyclic_detail::text_of(it->value(), what + ": a phase's " + key);
+      const std::string name = it == d.end() ? std::string("(none)") : detail::cyclic::text_of(it->value(), what + ": a phase's " + key);
       const auto known = values.find(name);
       if (known == values.end())
         throw CheckpointError(what + ": a phase's " + key + " is '" + name + "', not a group value OneCycleLR has");
@@ -7487,7 +7514,7 @@ DETTRIAL_INLINE std::vector<OneCycleLR::Phase> OneCycleLR::python_phases(const c
     };
     const auto end = d.find("end_step");
     if (end == d.end()) throw CheckpointError(what + ": a phase of _schedule_phases has no end_step");
-    phases.push_back({python_state_detail::python_number(end->value(), what + ": end_step"), end->value().isInt(), value("start_lr"),
+    phases.push_back({detail::python_state::python_number(end->value(), what + ": end_step"), end->value().isInt(), value("start_lr"),
                       value("end_lr"), value("start_momentum"), value("end_momentum")});
   }
   if (phases.empty()) throw CheckpointError(what + ": _schedule_phases is empty");
@@ -7495,7 +7522,7 @@ DETTRIAL_INLINE std::vector<OneCycleLR::Phase> OneCycleLR::python_phases(const c
 }
 
 DETTRIAL_INLINE void OneCycleLR::load_python_state(const c10::impl::GenericDict& in, const std::string& what) {
-  namespace pd = python_state_detail;
+  namespace pd = detail::python_state;
   const auto entry = [&](const char* key) {
     const auto it = in.find(key);
     if (it == in.end()) throw CheckpointError(what + " has no '" + key + "': it is not Python's OneCycleLR state");
@@ -7504,7 +7531,7 @@ DETTRIAL_INLINE void OneCycleLR::load_python_state(const c10::impl::GenericDict&
   // Read and checked before anything is changed.
   const std::int64_t total_steps = pd::python_count(entry("total_steps"), what + ": total_steps", 1);
   std::vector<Phase> phases = python_phases(entry("_schedule_phases"), what);
-  const std::string anneal = cyclic_detail::text_of(entry("_anneal_func_type"), what + ": _anneal_func_type");
+  const std::string anneal = detail::cyclic::text_of(entry("_anneal_func_type"), what + ": _anneal_func_type");
   if (anneal != "cos" && anneal != "linear") throw CheckpointError(what + ": _anneal_func_type '" + anneal + "' is not cos or linear");
   const bool cycle_momentum = pd::python_number(entry("cycle_momentum"), what + ": cycle_momentum") != 0;
   if (cycle_momentum != cycle_momentum_)
@@ -7513,7 +7540,7 @@ DETTRIAL_INLINE void OneCycleLR::load_python_state(const c10::impl::GenericDict&
   std::vector<std::string> own = {"total_steps", "_schedule_phases", "_anneal_func_type", "cycle_momentum"};
   if (cycle_momentum) {
     own.emplace_back("use_beta1");
-    if ((pd::python_number(entry("use_beta1"), what + ": use_beta1") != 0) != cyclic_detail::uses_beta1(momentum_))
+    if ((pd::python_number(entry("use_beta1"), what + ": use_beta1") != 0) != detail::cyclic::uses_beta1(momentum_))
       throw CheckpointError(what + ": use_beta1 says another optimizer family (Adam's beta1 against a momentum) than the trial's");
   }
   load_python_common(in, own, what);
@@ -7536,7 +7563,7 @@ DETTRIAL_INLINE void OneCycleLR::load_python_param_group(std::size_t group, cons
     const auto it = in.find(key);
     if (it == in.end())
       throw CheckpointError(what + " has no '" + key + "', which Python's OneCycleLR keeps there: was the checkpoint's scheduler another?");
-    return python_state_detail::python_number(it->value(), what + ": " + key);
+    return detail::python_state::python_number(it->value(), what + ": " + key);
   };
   const double initial = value("initial_lr"), max_lr = value("max_lr"), min_lr = value("min_lr");
   const double max_m = cycle_momentum_ ? value("max_momentum") : 0.0, base_m = cycle_momentum_ ? value("base_momentum") : 0.0;
@@ -7558,21 +7585,21 @@ DETTRIAL_INLINE CyclicLR::CyclicLR(torch::optim::Optimizer& optimizer, CyclicLRO
       scale_fn_(std::move(o.scale_fn)),
       scale_mode_(o.scale_mode),
       cycle_momentum_(o.cycle_momentum) {
-  if (!(o.step_size_up > 0)) invalid("step_size_up", "positive", python_state_detail::number_text(o.step_size_up));
+  if (!(o.step_size_up > 0)) invalid("step_size_up", "positive", detail::python_state::number_text(o.step_size_up));
   const double down = o.step_size_down.value_or(o.step_size_up);
-  if (!(down >= 0)) invalid("step_size_down", "at least 0", python_state_detail::number_text(down));
-  base_lrs_ = cyclic_detail::per_group("CyclicLR", "base_lr", o.base_lr, optimizer);
-  max_lrs_ = cyclic_detail::per_group("CyclicLR", "max_lr", o.max_lr, optimizer);
+  if (!(down >= 0)) invalid("step_size_down", "at least 0", detail::python_state::number_text(down));
+  base_lrs_ = detail::cyclic::per_group("CyclicLR", "base_lr", o.base_lr, optimizer);
+  max_lrs_ = detail::cyclic::per_group("CyclicLR", "max_lr", o.max_lr, optimizer);
   for (const double m : max_lrs_)
-    if (!(m > 0)) invalid("max_lr", "positive (is it set?)", python_state_detail::number_text(m));
+    if (!(m > 0)) invalid("max_lr", "positive (is it set?)", detail::python_state::number_text(m));
   total_size_ = o.step_size_up + down;
   step_ratio_ = o.step_size_up / total_size_;
   // Python's _init_scale_fn: a built-in mode chooses its own scale mode.
   if (!scale_fn_) scale_mode_ = mode_ == CyclicMode::exp_range ? ScaleMode::iterations : ScaleMode::cycle;
   if (cycle_momentum_) {
-    momentum_ = cyclic_detail::cycled_momentum("CyclicLR", optimizer);
-    base_momentums_ = cyclic_detail::per_group("CyclicLR", "base_momentum", o.base_momentum, optimizer);
-    max_momentums_ = cyclic_detail::per_group("CyclicLR", "max_momentum", o.max_momentum, optimizer);
+    momentum_ = detail::cyclic::cycled_momentum("CyclicLR", optimizer);
+    base_momentums_ = detail::cyclic::per_group("CyclicLR", "base_momentum", o.base_momentum, optimizer);
+    max_momentums_ = detail::cyclic::per_group("CyclicLR", "max_momentum", o.max_momentum, optimizer);
   }
   step();  // Python's constructor steps once: the rates at base_lr, the momentum at max_momentum
 }
@@ -7599,8 +7626,8 @@ DETTRIAL_INLINE const std::vector<double>& CyclicLR::rates_now() {
   if (cycle_momentum_) {
     auto& groups = optimizer_->param_groups();
     for (std::size_t i = 0; i < groups.size() && i < max_momentums_.size(); ++i)
-      cyclic_detail::set_momentum(momentum_, groups[i].options(),
-                                  max_momentums_[i] - (max_momentums_[i] - base_momentums_[i]) * scale_factor * scaled);
+      detail::cyclic::set_momentum(momentum_, groups[i].options(),
+                                   max_momentums_[i] - (max_momentums_[i] - base_momentums_[i]) * scale_factor * scaled);
   }
   return rates;
 }
@@ -7618,7 +7645,9 @@ DETTRIAL_INLINE void CyclicLR::restart_at_milestone() {
   set_rates([&rates](std::size_t i, double) { return rates[i]; });
 }
 
-namespace cyclic_detail {
+}  // namespace dettrial::optim
+
+namespace dettrial::optim::detail::cyclic {
 DETTRIAL_INLINE const char* mode_name(CyclicMode m) {
   return m == CyclicMode::triangular ? "triangular" : m == CyclicMode::triangular2 ? "triangular2" : "exp_range";
 }
@@ -7633,43 +7662,44 @@ DETTRIAL_INLINE ScaleMode scale_mode_named(const std::string& name, const std::s
   if (name == "iterations") return ScaleMode::iterations;
   throw CheckpointError(what + ": scale_mode '" + name + "' is not cycle or iterations");
 }
-}  // namespace cyclic_detail
+}  // namespace dettrial::optim::detail::cyclic
 
+namespace dettrial::optim {
 DETTRIAL_INLINE void CyclicLR::save(torch::serialize::OutputArchive& archive) const {
   save_fields(*this, archive, fields());
-  archive.write("mode", c10::IValue(std::string(cyclic_detail::mode_name(mode_))));
+  archive.write("mode", c10::IValue(std::string(detail::cyclic::mode_name(mode_))));
   archive.write("scale_mode", c10::IValue(std::string(scale_mode_ == ScaleMode::cycle ? "cycle" : "iterations")));
 }
 
 DETTRIAL_INLINE void CyclicLR::load(torch::serialize::InputArchive& archive) {
   const std::string owner = archive_owner();
-  const CyclicMode mode = cyclic_detail::mode_named(cyclic_detail::text_of(archived(archive, "mode"), owner + ": 'mode'"), owner);
+  const CyclicMode mode = detail::cyclic::mode_named(detail::cyclic::text_of(archived(archive, "mode"), owner + ": 'mode'"), owner);
   const ScaleMode scale_mode =
-      cyclic_detail::scale_mode_named(cyclic_detail::text_of(archived(archive, "scale_mode"), owner + ": 'scale_mode'"), owner);
+      detail::cyclic::scale_mode_named(detail::cyclic::text_of(archived(archive, "scale_mode"), owner + ": 'scale_mode'"), owner);
   load_fields(*this, archive, fields());
   mode_ = mode;
   scale_mode_ = scale_mode;
 }
 
 DETTRIAL_INLINE void CyclicLR::python_state(c10::impl::GenericDict& out) const {
-  out.insert("max_lrs", python_state_detail::python_list(max_lrs_));
+  out.insert("max_lrs", detail::python_state::python_list(max_lrs_));
   out.insert("total_size", total_size_);
   out.insert("step_ratio", step_ratio_);
-  out.insert("mode", std::string(cyclic_detail::mode_name(mode_)));
+  out.insert("mode", std::string(detail::cyclic::mode_name(mode_)));
   out.insert("gamma", gamma_);
   out.insert("scale_mode", std::string(scale_mode_ == ScaleMode::cycle ? "cycle" : "iterations"));
   out.insert("cycle_momentum", cycle_momentum_);
   if (cycle_momentum_) {
-    out.insert("use_beta1", cyclic_detail::uses_beta1(momentum_));
-    out.insert("base_momentums", python_state_detail::python_list(base_momentums_));
-    out.insert("max_momentums", python_state_detail::python_list(max_momentums_));
+    out.insert("use_beta1", detail::cyclic::uses_beta1(momentum_));
+    out.insert("base_momentums", detail::python_state::python_list(base_momentums_));
+    out.insert("max_momentums", detail::python_state::python_list(max_momentums_));
   }
   python_common(out);
   out.insert("_scale_fn_custom", c10::IValue());
 }
 
 DETTRIAL_INLINE void CyclicLR::load_python_state(const c10::impl::GenericDict& in, const std::string& what) {
-  namespace pd = python_state_detail;
+  namespace pd = detail::python_state;
   const auto entry = [&](const char* key) {
     const auto it = in.find(key);
     if (it == in.end()) throw CheckpointError(what + " has no '" + key + "': it is not Python's CyclicLR state");
@@ -7690,9 +7720,9 @@ DETTRIAL_INLINE void CyclicLR::load_python_state(const c10::impl::GenericDict& i
   std::vector<double> max_lrs = per_group("max_lrs");
   const double total_size = pd::python_number(entry("total_size"), what + ": total_size");
   const double step_ratio = pd::python_number(entry("step_ratio"), what + ": step_ratio");
-  const CyclicMode mode = cyclic_detail::mode_named(cyclic_detail::text_of(entry("mode"), what + ": mode"), what);
+  const CyclicMode mode = detail::cyclic::mode_named(detail::cyclic::text_of(entry("mode"), what + ": mode"), what);
   const double gamma = pd::python_number(entry("gamma"), what + ": gamma");
-  ScaleMode scale_mode = cyclic_detail::scale_mode_named(cyclic_detail::text_of(entry("scale_mode"), what + ": scale_mode"), what);
+  ScaleMode scale_mode = detail::cyclic::scale_mode_named(detail::cyclic::text_of(entry("scale_mode"), what + ": scale_mode"), what);
   const bool cycle_momentum = pd::python_number(entry("cycle_momentum"), what + ": cycle_momentum") != 0;
   if (cycle_momentum != cycle_momentum_)
     throw CheckpointError(what + " has cycle_momentum " + (cycle_momentum ? "True" : "False") + ", the trial's CyclicLR " +
@@ -7725,6 +7755,7 @@ DETTRIAL_INLINE void CyclicLR::python_param_group(std::size_t group, c10::impl::
 }
 
 }  // namespace dettrial::optim
+
 #endif  // DETTRIAL_HEADER_DEFINITIONS
 // ---- end dettrial/optim/cyclic_schedulers.hpp
 
@@ -7851,14 +7882,17 @@ class SWALR : public EpochLRScheduler {
   AnnealStrategy anneal_;
 };
 
-namespace averaging_detail {
+}  // namespace dettrial::optim
+
+namespace dettrial::optim::detail::averaging {
 /// A BatchNorm layer's momentum (c10::optional before LibTorch 2.x, std::optional after).
 using Momentum = std::decay_t<decltype(std::declval<torch::nn::BatchNormOptions&>().momentum())>;
 /// Every BatchNorm layer of `model`: with no `momenta`, running statistics reset and momentum none
 /// (a cumulative average); else the momenta given back. Returns their momenta before.
 DETTRIAL_INLINE std::vector<Momentum> set_batch_norm_momenta(torch::nn::Module& model, const std::vector<Momentum>* momenta);
-}  // namespace averaging_detail
+}  // namespace dettrial::optim::detail::averaging
 
+namespace dettrial::optim {
 /**
  * @brief Python's `swa_utils.update_bn(loader, model, device)`: every BatchNorm layer's running
  * statistics recomputed over one pass of `loader` (each batch's first element when it is a tuple,
@@ -7869,7 +7903,7 @@ DETTRIAL_INLINE std::vector<Momentum> set_batch_norm_momenta(torch::nn::Module& 
 template <class Loader, class M>
 void update_bn(Loader&& loader, M& model, std::optional<torch::Device> device = std::nullopt) {
   torch::NoGradGuard no_grad;
-  const auto momenta = averaging_detail::set_batch_norm_momenta(*model, nullptr);
+  const auto momenta = detail::averaging::set_batch_norm_momenta(*model, nullptr);
   if (momenta.empty()) return;
   const bool was_training = model->is_training();
   model->train();
@@ -7880,7 +7914,7 @@ void update_bn(Loader&& loader, M& model, std::optional<torch::Device> device = 
     if (device) input = input.to(*device);
     model->forward(input);
   }
-  averaging_detail::set_batch_norm_momenta(*model, &momenta);
+  detail::averaging::set_batch_norm_momenta(*model, &momenta);
   model->train(was_training);
 }
 
@@ -7972,7 +8006,7 @@ DETTRIAL_INLINE SWALR::SWALR(torch::optim::Optimizer& optimizer, const PerGroup&
                              AnnealStrategy anneal_strategy)
     : EpochLRScheduler(optimizer, "SWALR"), anneal_epochs_(anneal_epochs), anneal_(anneal_strategy) {
   if (anneal_epochs < 0) invalid("anneal_epochs", "at least 0", std::to_string(anneal_epochs));
-  swa_lrs_ = cyclic_detail::per_group("SWALR", "swa_lr", swa_lr, optimizer);
+  swa_lrs_ = detail::cyclic::per_group("SWALR", "swa_lr", swa_lr, optimizer);
   step();  // Python's constructor steps once
 }
 
@@ -8017,7 +8051,7 @@ DETTRIAL_INLINE void SWALR::save(torch::serialize::OutputArchive& archive) const
 }
 
 DETTRIAL_INLINE void SWALR::load(torch::serialize::InputArchive& archive) {
-  const std::string anneal = cyclic_detail::text_of(archived(archive, "anneal_strategy"), archive_owner() + ": 'anneal_strategy'");
+  const std::string anneal = detail::cyclic::text_of(archived(archive, "anneal_strategy"), archive_owner() + ": 'anneal_strategy'");
   if (anneal != "cos" && anneal != "linear")
     throw CheckpointError(archive_owner() + ": anneal_strategy '" + anneal + "' is not cos or linear");
   load_fields(*this, archive, fields());
@@ -8035,9 +8069,9 @@ DETTRIAL_INLINE void SWALR::load_python_state(const c10::impl::GenericDict& in, 
   const auto epochs = in.find("anneal_epochs");
   if (strategy == in.end() || epochs == in.end())
     throw CheckpointError(what + " has no '_anneal_strategy' or 'anneal_epochs': it is not Python's SWALR state");
-  const std::string anneal = cyclic_detail::text_of(strategy->value(), what + ": _anneal_strategy");
+  const std::string anneal = detail::cyclic::text_of(strategy->value(), what + ": _anneal_strategy");
   if (anneal != "cos" && anneal != "linear") throw CheckpointError(what + ": _anneal_strategy '" + anneal + "' is not cos or linear");
-  const std::int64_t anneal_epochs = python_state_detail::python_count(epochs->value(), what + ": anneal_epochs", 0);
+  const std::int64_t anneal_epochs = detail::python_state::python_count(epochs->value(), what + ": anneal_epochs", 0);
   load_python_common(in, {"_anneal_strategy", "anneal_epochs"}, what);
   anneal_ = anneal == "cos" ? AnnealStrategy::cos : AnnealStrategy::linear;
   anneal_epochs_ = anneal_epochs;
@@ -8051,13 +8085,15 @@ DETTRIAL_INLINE void SWALR::load_python_param_group(std::size_t group, const c10
   const auto it = in.find("swa_lr");
   if (it == in.end())
     throw CheckpointError(what + " has no 'swa_lr', which Python's SWALR keeps there: was the checkpoint's scheduler another?");
-  swa_lrs_.at(group) = python_state_detail::python_number(it->value(), what + ": swa_lr");
+  swa_lrs_.at(group) = detail::python_state::python_number(it->value(), what + ": swa_lr");
 }
 
 // ------------------------------------------------------------------------------------------------
 // update_bn
 
-namespace averaging_detail {
+}  // namespace dettrial::optim
+
+namespace dettrial::optim::detail::averaging {
 
 /// Calls f with every BatchNorm layer's options and its reset, whatever its dimension.
 template <class F>
@@ -8084,9 +8120,8 @@ DETTRIAL_INLINE std::vector<Momentum> set_batch_norm_momenta(torch::nn::Module& 
   return before;
 }
 
-}  // namespace averaging_detail
+}  // namespace dettrial::optim::detail::averaging
 
-}  // namespace dettrial::optim
 #endif  // DETTRIAL_HEADER_DEFINITIONS
 // ---- end dettrial/optim/averaged_model.hpp
 // ---- begin dettrial/optim/schedulers.hpp
@@ -8224,16 +8259,16 @@ namespace dettrial::optim {
 DETTRIAL_INLINE ReduceLROnPlateau::ReduceLROnPlateau(torch::optim::Optimizer& optimizer, ReduceLROnPlateauOptions options)
     : optimizer_(&optimizer), options_(std::move(options)) {
   const auto invalid = [](const char* argument, const std::string& rule, const std::string& value) {
-    detail::throw_invalid_argument("dettrial::optim::ReduceLROnPlateau", argument, rule, value);
+    dettrial::detail::throw_invalid_argument("dettrial::optim::ReduceLROnPlateau", argument, rule, value);
   };
   const auto& o = options_;
   if (o.mode != "min" && o.mode != "max") invalid("mode", "\"min\" or \"max\"", '"' + o.mode + '"');
-  if (!(o.factor >= 0 && o.factor < 1)) invalid("factor", "in [0, 1)", python_state_detail::number_text(o.factor));
+  if (!(o.factor >= 0 && o.factor < 1)) invalid("factor", "in [0, 1)", detail::python_state::number_text(o.factor));
   if (o.patience < 0) invalid("patience", "at least 0", std::to_string(o.patience));
-  if (!(o.threshold >= 0)) invalid("threshold", "at least 0", python_state_detail::number_text(o.threshold));
+  if (!(o.threshold >= 0)) invalid("threshold", "at least 0", detail::python_state::number_text(o.threshold));
   if (o.threshold_mode != "rel" && o.threshold_mode != "abs") invalid("threshold_mode", "\"rel\" or \"abs\"", '"' + o.threshold_mode + '"');
   if (o.cooldown < 0) invalid("cooldown", "at least 0", std::to_string(o.cooldown));
-  if (!(o.eps >= 0)) invalid("eps", "at least 0", python_state_detail::number_text(o.eps));
+  if (!(o.eps >= 0)) invalid("eps", "at least 0", detail::python_state::number_text(o.eps));
   const std::size_t groups = optimizer.param_groups().size();
   if (const auto* per_group = std::get_if<std::vector<double>>(&o.min_lr)) {
     if (per_group->size() != groups)
@@ -8243,10 +8278,10 @@ DETTRIAL_INLINE ReduceLROnPlateau::ReduceLROnPlateau(torch::optim::Optimizer& op
     min_lrs_.assign(groups, std::get<double>(o.min_lr));
   }
   for (const double m : min_lrs_)
-    if (!(m >= 0)) invalid("min_lr", "at least 0", python_state_detail::number_text(m));
+    if (!(m >= 0)) invalid("min_lr", "at least 0", detail::python_state::number_text(m));
   min_mode_ = o.mode == "min";
   rel_threshold_ = o.threshold_mode == "rel";
-  last_lr_ = scheduler_base_detail::group_lrs(optimizer);
+  last_lr_ = detail::scheduler_base::group_lrs(optimizer);
   best_ = mode_worse();
 }
 
@@ -8279,7 +8314,7 @@ DETTRIAL_INLINE void ReduceLROnPlateau::step(double metric) {
     cooldown_counter_ = options_.cooldown;
     num_bad_epochs_ = 0;
   }
-  last_lr_ = scheduler_base_detail::group_lrs(*optimizer_);
+  last_lr_ = detail::scheduler_base::group_lrs(*optimizer_);
 }
 
 DETTRIAL_INLINE void ReduceLROnPlateau::reduce_lr() {
@@ -8319,7 +8354,7 @@ DETTRIAL_INLINE void ReduceLROnPlateau::save(torch::serialize::OutputArchive& ar
 }
 
 DETTRIAL_INLINE void ReduceLROnPlateau::load(torch::serialize::InputArchive& archive) {
-  const scheduler_base_detail::SchedulerArchive in(archive, "ReduceLROnPlateau", "dettrial::optim::ReduceLROnPlateau's saved state");
+  const detail::scheduler_base::SchedulerArchive in(archive, "ReduceLROnPlateau", "dettrial::optim::ReduceLROnPlateau's saved state");
   // Everything read and checked before anything is changed.
   ReduceLROnPlateauOptions options;
   options.mode = in.text("mode");
@@ -8358,13 +8393,13 @@ DETTRIAL_INLINE void ReduceLROnPlateau::python_state(c10::impl::GenericDict& out
   // None when min_lr was given per group (Python's default_min_lr).
   if (const auto* one = std::get_if<double>(&options_.min_lr)) out.insert("default_min_lr", *one);
   else out.insert("default_min_lr", c10::IValue());
-  out.insert("min_lrs", python_state_detail::python_list(min_lrs_));
+  out.insert("min_lrs", detail::python_state::python_list(min_lrs_));
   out.insert("patience", options_.patience);
   out.insert("cooldown", options_.cooldown);
   out.insert("eps", options_.eps);
   out.insert("verbose", false);  // torch < 2.2 has it
   out.insert("last_epoch", last_epoch_);
-  out.insert("_last_lr", python_state_detail::python_list(last_lr_));
+  out.insert("_last_lr", detail::python_state::python_list(last_lr_));
   out.insert("mode_worse", mode_worse());
   out.insert("mode", options_.mode);
   out.insert("threshold", options_.threshold);
@@ -8375,7 +8410,7 @@ DETTRIAL_INLINE void ReduceLROnPlateau::python_state(c10::impl::GenericDict& out
 }
 
 DETTRIAL_INLINE void ReduceLROnPlateau::load_python_state(const c10::impl::GenericDict& in, const std::string& what) {
-  namespace pd = python_state_detail;
+  namespace pd = detail::python_state;
   static const std::set<std::string> known = {
       "factor",   "default_min_lr", "min_lrs", "patience",  "cooldown",       "eps",  "verbose",          "last_epoch",
       "_last_lr", "mode_worse",     "mode",    "threshold", "threshold_mode", "best", "cooldown_counter", "num_bad_epochs"};
@@ -8462,7 +8497,9 @@ concept ComposableLRScheduler = std::derived_from<S, EpochLRScheduler> && requir
   s.restart_at_milestone();
 };
 
-namespace composition_detail {
+}  // namespace dettrial::optim
+
+namespace dettrial::optim::detail::composition {
 
 /// Calls `f` with the tuple's element number `index`.
 template <class Tuple, class F>
@@ -8583,8 +8620,9 @@ void load_python_param_group(Tuple& children, std::size_t group, const c10::impl
       children);
 }
 
-}  // namespace composition_detail
+}  // namespace dettrial::optim::detail::composition
 
+namespace dettrial::optim {
 /**
  * @brief What SequentialLR and ChainedScheduler share: the children, held by value, and Python's
  * `initial_lr` rules, which set each child's `base_lrs` as Python's constructors leave them (the
@@ -8605,17 +8643,17 @@ class ComposedSchedulers {
   /// What the children keep in the optimizer's parameter group `group` in Python (OneCycleLR's
   /// max_lr, ...), added to `out`; and read back from there.
   void python_param_group(std::size_t group, c10::impl::GenericDict& out) const {
-    composition_detail::python_param_group(children_, group, out);
+    detail::composition::python_param_group(children_, group, out);
   }
   void load_python_param_group(std::size_t group, const c10::impl::GenericDict& in, const std::string& what) {
-    composition_detail::load_python_param_group(children_, group, in, what);
+    detail::composition::load_python_param_group(children_, group, in, what);
   }
 
  protected:
   ComposedSchedulers(const char* name, torch::optim::Optimizer& optimizer, std::tuple<Schedulers...> children)
       : children_(std::move(children)), optimizer_(&optimizer) {
     std::size_t i = 0;
-    std::apply([&](const auto&... s) { (composition_detail::check_optimizer(name, i++, s, optimizer), ...); }, children_);
+    std::apply([&](const auto&... s) { (detail::composition::check_optimizer(name, i++, s, optimizer), ...); }, children_);
     // The children's constructors again, in order, from the rates the first one found, each with
     // the base rates Python's would have had: a child's first step can depend on them (LambdaLR's).
     const std::vector<double>& start = static_cast<EpochLRScheduler&>(std::get<0>(children_)).base_lrs_;
@@ -8670,7 +8708,7 @@ class SequentialLR : public ComposedSchedulers<Schedulers...> {
     auto& groups = optimizer.param_groups();
     for (std::size_t g = 0; g < groups.size() && g < this->initial_lrs_.size(); ++g) groups[g].options().set_lr(this->initial_lrs_[g]);
     std::apply([](auto&... s) { ((--static_cast<EpochLRScheduler&>(s).last_epoch_), ...); }, this->children_);
-    composition_detail::visit_at(this->children_, current(), [this](auto& s) {
+    detail::composition::visit_at(this->children_, current(), [this](auto& s) {
       static_cast<EpochLRScheduler&>(s).step_count_ = 0;
       s.step();
       this->last_lr_ = s.get_last_lr();
@@ -8680,7 +8718,7 @@ class SequentialLR : public ComposedSchedulers<Schedulers...> {
   void step() {
     ++last_epoch_;
     const std::size_t i = current();
-    composition_detail::visit_at(this->children_, i, [&](auto& s) {
+    detail::composition::visit_at(this->children_, i, [&](auto& s) {
       if (i > 0 && milestones_[i - 1] == last_epoch_) s.restart_at_milestone();
       else s.step();
       this->last_lr_ = s.get_last_lr();
@@ -8696,19 +8734,19 @@ class SequentialLR : public ComposedSchedulers<Schedulers...> {
     archive.write("milestones", c10::IValue(milestones_));
     archive.write("last_epoch", c10::IValue(last_epoch_));
     archive.write("last_lr", c10::IValue(this->last_lr_));
-    composition_detail::save_children(this->children_, archive);
+    detail::composition::save_children(this->children_, archive);
   }
   void load(torch::serialize::InputArchive& archive) {
     const std::string what = "dettrial::optim::SequentialLR's saved state";
-    const scheduler_base_detail::SchedulerArchive in(archive, "SequentialLR", what);
+    const detail::scheduler_base::SchedulerArchive in(archive, "SequentialLR", what);
     SequentialLR copy = *this;  // loaded whole, then kept: a bad child leaves this one as it was
     const c10::IValue milestones = in.entry("milestones");
     if (!milestones.isIntList()) throw CheckpointError(what + ": 'milestones' is not a list of integers");
     copy.milestones_ = milestones.toIntVector();
     check_milestones(copy.milestones_, [&](const std::string& m) { throw CheckpointError(what + ": " + m); });
-    copy.last_epoch_ = python_state_detail::python_count(in.entry("last_epoch"), what, 0);
-    copy.last_lr_ = python_state_detail::python_numbers(in.entry("last_lr"), what);
-    composition_detail::load_children(copy.children_, archive, what);
+    copy.last_epoch_ = detail::python_state::python_count(in.entry("last_epoch"), what, 0);
+    copy.last_lr_ = detail::python_state::python_numbers(in.entry("last_lr"), what);
+    detail::composition::load_children(copy.children_, archive, what);
     *this = std::move(copy);
   }
   /// Python's `state_dict()`: _milestones, last_epoch, _last_lr and _schedulers (each child's).
@@ -8717,12 +8755,12 @@ class SequentialLR : public ComposedSchedulers<Schedulers...> {
     for (const std::int64_t m : milestones_) milestones.push_back(m);
     out.insert("_milestones", milestones);
     out.insert("last_epoch", last_epoch_);
-    out.insert("_last_lr", python_state_detail::python_list(this->last_lr_));
-    out.insert("_schedulers", composition_detail::python_children(this->children_));
+    out.insert("_last_lr", detail::python_state::python_list(this->last_lr_));
+    out.insert("_schedulers", detail::composition::python_children(this->children_));
   }
   /// Restores what Python's SequentialLR.state_dict() holds, every child's included.
   void load_python_state(const c10::impl::GenericDict& in, const std::string& what) {
-    namespace pd = python_state_detail;
+    namespace pd = detail::python_state;
     SequentialLR copy = *this;
     for (const auto& entry : in) {
       const std::string key = entry.key().isString() ? entry.key().toStringRef() : std::string("(not a name)");
@@ -8736,7 +8774,7 @@ class SequentialLR : public ComposedSchedulers<Schedulers...> {
       } else if (key == "_last_lr") {
         copy.last_lr_ = pd::python_numbers(entry.value(), what + ": _last_lr");
       } else if (key == "_schedulers") {
-        composition_detail::load_python_children(copy.children_, entry.value(), what);
+        detail::composition::load_python_children(copy.children_, entry.value(), what);
       } else if (key != "verbose" && key != "_get_lr_called_within_step" && key != "_is_initial") {
         throw CheckpointError(what + " has '" + key +
                               "', which Python's SequentialLR does not have: the checkpoint's scheduler is another type");
@@ -8784,38 +8822,38 @@ class ChainedScheduler : public ComposedSchedulers<Schedulers...> {
  public:
   explicit ChainedScheduler(std::tuple<Schedulers...> schedulers)
       : Base("ChainedScheduler", std::get<0>(schedulers).optimizer(), std::move(schedulers)) {
-    this->last_lr_ = scheduler_base_detail::group_lrs(*this->optimizer_);
+    this->last_lr_ = detail::scheduler_base::group_lrs(*this->optimizer_);
   }
 
   void step() {
     std::apply([](auto&... s) { (s.step(), ...); }, this->children_);
-    this->last_lr_ = scheduler_base_detail::group_lrs(*this->optimizer_);
+    this->last_lr_ = detail::scheduler_base::group_lrs(*this->optimizer_);
   }
 
   void save(torch::serialize::OutputArchive& archive) const {
     archive.write("scheduler", c10::IValue(std::string("ChainedScheduler")));
     archive.write("last_lr", c10::IValue(this->last_lr_));
-    composition_detail::save_children(this->children_, archive);
+    detail::composition::save_children(this->children_, archive);
   }
   void load(torch::serialize::InputArchive& archive) {
     const std::string what = "dettrial::optim::ChainedScheduler's saved state";
-    const scheduler_base_detail::SchedulerArchive in(archive, "ChainedScheduler", what);
+    const detail::scheduler_base::SchedulerArchive in(archive, "ChainedScheduler", what);
     ChainedScheduler copy = *this;
-    copy.last_lr_ = python_state_detail::python_numbers(in.entry("last_lr"), what);
-    composition_detail::load_children(copy.children_, archive, what);
+    copy.last_lr_ = detail::python_state::python_numbers(in.entry("last_lr"), what);
+    detail::composition::load_children(copy.children_, archive, what);
     *this = std::move(copy);
   }
   /// Python's `state_dict()`: _last_lr and _schedulers (each child's).
   void python_state(c10::impl::GenericDict& out) const {
-    out.insert("_last_lr", python_state_detail::python_list(this->last_lr_));
-    out.insert("_schedulers", composition_detail::python_children(this->children_));
+    out.insert("_last_lr", detail::python_state::python_list(this->last_lr_));
+    out.insert("_schedulers", detail::composition::python_children(this->children_));
   }
   void load_python_state(const c10::impl::GenericDict& in, const std::string& what) {
     ChainedScheduler copy = *this;
     for (const auto& entry : in) {
       const std::string key = entry.key().isString() ? entry.key().toStringRef() : std::string("(not a name)");
-      if (key == "_last_lr") copy.last_lr_ = python_state_detail::python_numbers(entry.value(), what + ": _last_lr");
-      else if (key == "_schedulers") composition_detail::load_python_children(copy.children_, entry.value(), what);
+      if (key == "_last_lr") copy.last_lr_ = detail::python_state::python_numbers(entry.value(), what + ": _last_lr");
+      else if (key == "_schedulers") detail::composition::load_python_children(copy.children_, entry.value(), what);
       else if (key != "verbose" && key != "_get_lr_called_within_step" && key != "_is_initial")
         throw CheckpointError(what + " has '" + key +
                               "', which Python's ChainedScheduler does not have: the checkpoint's scheduler is another type");
@@ -9101,19 +9139,18 @@ class CosineAnnealingWarmRestarts : public EpochLRScheduler {
 #include <utility>
 
 
+namespace dettrial::optim::detail::schedulers {
+using detail::python_state::number_text;
+}  // namespace dettrial::optim::detail::schedulers
+
 namespace dettrial::optim {
-
-namespace schedulers_detail {
-using python_state_detail::number_text;
-}  // namespace schedulers_detail
-
 // ------------------------------------------------------------------------------------------------
 // StepLR
 
 DETTRIAL_INLINE StepLR::StepLR(torch::optim::Optimizer& optimizer, std::int64_t step_size, double gamma)
     : EpochLRScheduler(optimizer, "StepLR"), step_size_(step_size), gamma_(gamma) {
   if (step_size < 1) invalid("step_size", "at least 1", std::to_string(step_size));
-  if (!(gamma > 0)) invalid("gamma", "positive", schedulers_detail::number_text(gamma));
+  if (!(gamma > 0)) invalid("gamma", "positive", detail::schedulers::number_text(gamma));
   step();  // Python's constructor steps once: last_epoch 0, no decay
 }
 
@@ -9136,7 +9173,7 @@ DETTRIAL_INLINE MultiStepLR::MultiStepLR(torch::optim::Optimizer& optimizer, con
     if (m < 0) invalid("milestones", "at least 0", std::to_string(m));
     ++milestones_[m];
   }
-  if (!(gamma > 0)) invalid("gamma", "positive", schedulers_detail::number_text(gamma));
+  if (!(gamma > 0)) invalid("gamma", "positive", detail::schedulers::number_text(gamma));
   step();  // Python's constructor steps once: last_epoch 0 (a decay only if 0 is a milestone)
 }
 
@@ -9164,7 +9201,7 @@ DETTRIAL_INLINE void MultiStepLR::save(torch::serialize::OutputArchive& archive)
 DETTRIAL_INLINE void MultiStepLR::load(torch::serialize::InputArchive& archive) {
   const c10::IValue milestones = archived(archive, "milestones");
   if (!milestones.isIntList()) throw CheckpointError(archive_owner() + ": 'milestones' is not a list of integers");
-  const double gamma = python_state_detail::python_number(archived(archive, "gamma"), archive_owner() + ": 'gamma'");
+  const double gamma = detail::python_state::python_number(archived(archive, "gamma"), archive_owner() + ": 'gamma'");
   load_common(archive);
   milestones_.clear();
   for (const std::int64_t m : milestones.toIntVector()) ++milestones_[m];
@@ -9182,7 +9219,7 @@ DETTRIAL_INLINE void MultiStepLR::python_state(c10::impl::GenericDict& out) cons
 }
 
 DETTRIAL_INLINE void MultiStepLR::load_python_state(const c10::impl::GenericDict& in, const std::string& what) {
-  namespace pd = python_state_detail;
+  namespace pd = detail::python_state;
   const auto saved = in.find("milestones");
   if (saved != in.end() && !saved->value().isGenericDict()) throw CheckpointError(what + ": milestones is not a dict (Python's Counter)");
   std::map<std::int64_t, std::int64_t> milestones;  // read before anything is changed
@@ -9201,7 +9238,7 @@ DETTRIAL_INLINE void MultiStepLR::load_python_state(const c10::impl::GenericDict
 
 DETTRIAL_INLINE ExponentialLR::ExponentialLR(torch::optim::Optimizer& optimizer, double gamma)
     : EpochLRScheduler(optimizer, "ExponentialLR"), gamma_(gamma) {
-  if (!(gamma > 0)) invalid("gamma", "positive", schedulers_detail::number_text(gamma));
+  if (!(gamma > 0)) invalid("gamma", "positive", detail::schedulers::number_text(gamma));
   step();  // Python's constructor steps once: last_epoch 0, no decay
 }
 
@@ -9216,8 +9253,8 @@ DETTRIAL_INLINE void ExponentialLR::restart_at_milestone() {
 
 DETTRIAL_INLINE LinearLR::LinearLR(torch::optim::Optimizer& optimizer, double start_factor, double end_factor, std::int64_t total_iters)
     : EpochLRScheduler(optimizer, "LinearLR"), start_factor_(start_factor), end_factor_(end_factor), total_iters_(total_iters) {
-  if (!(start_factor > 0 && start_factor <= 1)) invalid("start_factor", "in (0, 1]", schedulers_detail::number_text(start_factor));
-  if (!(end_factor >= 0 && end_factor <= 1)) invalid("end_factor", "in [0, 1]", schedulers_detail::number_text(end_factor));
+  if (!(start_factor > 0 && start_factor <= 1)) invalid("start_factor", "in (0, 1]", detail::schedulers::number_text(start_factor));
+  if (!(end_factor >= 0 && end_factor <= 1)) invalid("end_factor", "in [0, 1]", detail::schedulers::number_text(end_factor));
   if (total_iters < 0) invalid("total_iters", "at least 0", std::to_string(total_iters));
   step();  // Python's constructor steps once: last_epoch 0, the rates times start_factor
 }
@@ -9246,7 +9283,7 @@ DETTRIAL_INLINE void LinearLR::restart_at_milestone() {
 DETTRIAL_INLINE ConstantLR::ConstantLR(torch::optim::Optimizer& optimizer, double factor, std::int64_t total_iters)
     : EpochLRScheduler(optimizer, "ConstantLR"), factor_(factor), total_iters_(total_iters) {
   // Python accepts 0 too, then divides by it at total_iters (a ZeroDivisionError).
-  if (!(factor > 0 && factor <= 1)) invalid("factor", "in (0, 1]", schedulers_detail::number_text(factor));
+  if (!(factor > 0 && factor <= 1)) invalid("factor", "in (0, 1]", detail::schedulers::number_text(factor));
   if (total_iters < 0) invalid("total_iters", "at least 0", std::to_string(total_iters));
   step();  // Python's constructor steps once: last_epoch 0, the rates times factor
 }
@@ -9271,7 +9308,7 @@ DETTRIAL_INLINE void ConstantLR::restart_at_milestone() {
 DETTRIAL_INLINE CosineAnnealingLR::CosineAnnealingLR(torch::optim::Optimizer& optimizer, std::int64_t T_max, double eta_min)
     : EpochLRScheduler(optimizer, "CosineAnnealingLR"), T_max_(T_max), eta_min_(eta_min) {
   if (T_max < 1) invalid("T_max", "at least 1", std::to_string(T_max));
-  if (!(eta_min >= 0)) invalid("eta_min", "at least 0", schedulers_detail::number_text(eta_min));
+  if (!(eta_min >= 0)) invalid("eta_min", "at least 0", detail::schedulers::number_text(eta_min));
   step();  // Python's constructor steps once: last_epoch 0, the rates as they are
 }
 
@@ -9383,7 +9420,7 @@ DETTRIAL_INLINE PolynomialLR::PolynomialLR(torch::optim::Optimizer& optimizer, s
     : EpochLRScheduler(optimizer, "PolynomialLR"), total_iters_(total_iters), power_(power) {
   if (total_iters < 0) invalid("total_iters", "at least 0", std::to_string(total_iters));
   // Python accepts a negative power, then divides by zero at total_iters.
-  if (!(power >= 0)) invalid("power", "at least 0", schedulers_detail::number_text(power));
+  if (!(power >= 0)) invalid("power", "at least 0", detail::schedulers::number_text(power));
   step();  // Python's constructor steps once: last_epoch 0, the rates as they are
 }
 
@@ -9414,7 +9451,7 @@ DETTRIAL_INLINE CosineAnnealingWarmRestarts::CosineAnnealingWarmRestarts(torch::
     : EpochLRScheduler(optimizer, "CosineAnnealingWarmRestarts"), T_0_(T_0), T_i_(T_0), T_mult_(T_mult), eta_min_(eta_min) {
   if (T_0 < 1) invalid("T_0", "at least 1", std::to_string(T_0));
   if (T_mult < 1) invalid("T_mult", "at least 1", std::to_string(T_mult));
-  if (!(eta_min >= 0)) invalid("eta_min", "at least 0", schedulers_detail::number_text(eta_min));
+  if (!(eta_min >= 0)) invalid("eta_min", "at least 0", detail::schedulers::number_text(eta_min));
   step();  // Python's constructor steps once: last_epoch 0, T_cur 0
 }
 
@@ -9448,6 +9485,7 @@ DETTRIAL_INLINE void CosineAnnealingWarmRestarts::set_cosine_rates() {
 }
 
 }  // namespace dettrial::optim
+
 #endif  // DETTRIAL_HEADER_DEFINITIONS
 // ---- end dettrial/optim/schedulers.hpp
 // ---- begin dettrial/tensorboard/event_file.hpp
@@ -9805,15 +9843,14 @@ DETTRIAL_INLINE std::vector<std::filesystem::path> event_files(const std::filesy
 
 }  // namespace dettrial::detail::tensorboard
 
-namespace dettrial {
-
-namespace detail::tensorboard {
+namespace dettrial::detail::tensorboard {
 /// An Event's wall_time: seconds since the epoch.
 DETTRIAL_INLINE double wall_time_now() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
-}  // namespace detail::tensorboard
+}  // namespace dettrial::detail::tensorboard
 
+namespace dettrial {
 DETTRIAL_INLINE std::size_t TensorBoardWriter::drop_events_after(const std::filesystem::path& dir, std::int64_t batch) {
   namespace tb = detail::tensorboard;
   std::size_t dropped = 0;
@@ -9967,6 +10004,7 @@ DETTRIAL_INLINE void TensorBoardWriter::flush() {
 }
 
 }  // namespace dettrial
+
 #endif  // DETTRIAL_HEADER_DEFINITIONS
 // ---- end dettrial/tensorboard/event_file.hpp
 // ---- begin dettrial/distributed/agreement.hpp
@@ -10217,7 +10255,9 @@ DETTRIAL_INLINE std::string LaunchEnvironment::first_slurm_host(std::string_view
 namespace dettrial {
 
 /// Distributed backends as policy types (`Communicator::create<backend::gloo>(...)`).
-namespace backend {
+}  // namespace dettrial
+
+namespace dettrial::backend {
 /// Gloo over TCP: CPU tensors (any machine).
 struct gloo {
   static constexpr const char* name = "gloo";
@@ -10240,9 +10280,9 @@ inline constexpr bool has_nccl =
 #else
     false;
 #endif
-}  // namespace backend
+}  // namespace dettrial::backend
 
-namespace detail {
+namespace dettrial::detail {
 // LibTorch 1.x backends derive from c10d::ProcessGroup; 2.x ones from c10d::Backend. Both have the
 // same collective signatures, which are all dettrial calls.
 #if TORCH_VERSION_MAJOR >= 2
@@ -10250,8 +10290,9 @@ using C10dBackend = c10d::Backend;
 #else
 using C10dBackend = c10d::ProcessGroup;
 #endif
-}  // namespace detail
+}  // namespace dettrial::detail
 
+namespace dettrial {
 /**
  * @brief One process's handle on its job's process group. Every collective waits for its result and
  * turns a failure (a dead or hung peer, after `timeout`) into a DistributedError naming this rank.
@@ -10345,10 +10386,13 @@ class Communicator {
 #if defined(DETTRIAL_HAS_NCCL)
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
+
 namespace dettrial {
 
 #if defined(DETTRIAL_HAS_GLOO)
-namespace detail {
+}  // namespace dettrial
+
+namespace dettrial::detail {
 /// Gloo's transport device: the interface GLOO_SOCKET_IFNAME names, loopback for a job on one
 /// machine, else the host name's address.
 DETTRIAL_INLINE std::shared_ptr<::gloo::transport::Device> gloo_device(const LaunchEnvironment& env) {
@@ -10358,7 +10402,9 @@ DETTRIAL_INLINE std::shared_ptr<::gloo::transport::Device> gloo_device(const Lau
   if (env.master_addr == "127.0.0.1" || env.master_addr == "localhost") return c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1");
   return c10d::ProcessGroupGloo::createDefaultDevice();
 }
-}  // namespace detail
+}  // namespace dettrial::detail
+
+namespace dettrial {
 #endif
 
 DETTRIAL_INLINE std::shared_ptr<Communicator> Communicator::join(const LaunchEnvironment& env, std::chrono::milliseconds timeout,
@@ -10526,6 +10572,7 @@ DETTRIAL_INLINE DistributedError Communicator::failure(const char* what, const s
 }
 
 }  // namespace dettrial
+
 #endif  // DETTRIAL_HEADER_DEFINITIONS
 // ---- end dettrial/distributed/communicator.hpp
 
@@ -11028,8 +11075,8 @@ DETTRIAL_INLINE torch::nn::Sequential convert_sync_batchnorm(const torch::nn::Se
 
 // Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
 #if DETTRIAL_HEADER_DEFINITIONS
-namespace dettrial::nn {
-namespace detail {
+
+namespace dettrial::nn::detail {
 
 /// Every dimension but the channels' (1): the ones a channel's statistics are taken over.
 inline std::vector<std::int64_t> non_channel_dims(const torch::Tensor& input) {
@@ -11104,8 +11151,9 @@ struct SyncBatchNormFunction : torch::autograd::Function<SyncBatchNormFunction> 
   }
 };
 
-}  // namespace detail
+}  // namespace dettrial::nn::detail
 
+namespace dettrial::nn {
 DETTRIAL_INLINE SyncBatchNormImpl::SyncBatchNormImpl(torch::nn::BatchNormOptions options_, Communicator* communicator_)
     : options(std::move(options_)), communicator(communicator_) {
   SyncBatchNormImpl::reset();
@@ -11161,7 +11209,9 @@ DETTRIAL_INLINE void SyncBatchNormImpl::pretty_print(std::ostream& stream) const
          << ", track_running_stats=" << options.track_running_stats() << ")";
 }
 
-namespace detail {
+}  // namespace dettrial::nn
+
+namespace dettrial::nn::detail {
 template <class BatchNormImpl>
 bool replace_batch_norm(const std::shared_ptr<torch::nn::Module>& module, Communicator* communicator, torch::nn::Sequential& out,
                         const std::string& name) {
@@ -11185,8 +11235,9 @@ bool replace_batch_norm(const std::shared_ptr<torch::nn::Module>& module, Commun
   out->push_back(std::string(name), sync);
   return true;
 }
-}  // namespace detail
+}  // namespace dettrial::nn::detail
 
+namespace dettrial::nn {
 DETTRIAL_INLINE torch::nn::Sequential convert_sync_batchnorm(const torch::nn::Sequential& model, Communicator* communicator) {
   torch::nn::Sequential out;
   const auto names = model->named_children().keys();
@@ -11205,6 +11256,7 @@ DETTRIAL_INLINE torch::nn::Sequential convert_sync_batchnorm(const torch::nn::Se
 }
 
 }  // namespace dettrial::nn
+
 #endif  // DETTRIAL_HEADER_DEFINITIONS
 // ---- end dettrial/distributed/sync_batch_norm.hpp
 // ---- begin dettrial/process/process_settings.hpp
@@ -11279,12 +11331,15 @@ DETTRIAL_INLINE std::vector<int> share_of_cpus(const std::vector<int>& cpus, int
 /// A CPU list as Linux writes one ("0-3,8,10-11").
 DETTRIAL_INLINE std::string cpu_list_text(const std::vector<int>& cpus);
 
-namespace detail {
+}  // namespace dettrial
+
+namespace dettrial::detail {
 /// The thread count OpenMP takes from OMP_NUM_THREADS: its leading integer ("4", " 8", "4,2" for
 /// nested teams); nullopt when unset or unreadable (OpenMP then warns and ignores it itself).
 DETTRIAL_INLINE std::optional<int> omp_num_threads(const LaunchEnvironment::Getenv& getenv);
-}  // namespace detail
+}  // namespace dettrial::detail
 
+namespace dettrial {
 /// What each thread pool of this process was left with, for the run's first line.
 struct ThreadPools {
   /// LibTorch's intra-op pool (OpenMP or its native pool), which its own kernels split work over.
@@ -11383,7 +11438,9 @@ DETTRIAL_INLINE std::string cpu_list_text(const std::vector<int>& cpus) {
   return text;
 }
 
-namespace detail {
+}  // namespace dettrial
+
+namespace dettrial::detail {
 DETTRIAL_INLINE std::optional<int> omp_num_threads(const LaunchEnvironment::Getenv& getenv) {
   const char* text = getenv("OMP_NUM_THREADS");
   if (text == nullptr) return std::nullopt;
@@ -11394,8 +11451,9 @@ DETTRIAL_INLINE std::optional<int> omp_num_threads(const LaunchEnvironment::Gete
   if (end == text || value < 1) return std::nullopt;
   return value;
 }
-}  // namespace detail
+}  // namespace dettrial::detail
 
+namespace dettrial {
 DETTRIAL_INLINE ThreadChoice choose_threads(const LaunchEnvironment& env, std::optional<int> requested, CoreCount cores,
                                             const LaunchEnvironment::Getenv& getenv, ThreadDefault fallback) {
   if (requested) {
@@ -11428,7 +11486,9 @@ DETTRIAL_INLINE std::string ThreadPools::text() const {
   return "intra-op " + std::to_string(intra_op) + (blas.empty() ? std::string() : ", " + blas) + ", inter-op " + std::to_string(inter_op);
 }
 
-namespace detail {
+}  // namespace dettrial
+
+namespace dettrial::detail {
 /// A function of the loaded libraries by its C name, or null (dlsym over the global scope, where the
 /// BLAS library that LibTorch links is).
 template <class F>
@@ -11446,8 +11506,9 @@ std::string size_blas_pool(const char* library, const char* variable, void (*set
   const long long took = get ? static_cast<long long>(get()) : threads;
   return std::string(library) + " " + std::to_string(took) + (users ? " from " + std::string(variable) : std::string());
 }
-}  // namespace detail
+}  // namespace dettrial::detail
 
+namespace dettrial {
 DETTRIAL_INLINE ThreadPools apply_threads(const ThreadChoice& choice, const LaunchEnvironment::Getenv& getenv) {
   if (choice.set_by_dettrial) at::set_num_threads(choice.threads);
   ThreadPools pools;
@@ -11470,6 +11531,7 @@ DETTRIAL_INLINE ThreadPools apply_threads(const ThreadChoice& choice, const Laun
 }
 
 }  // namespace dettrial
+
 #endif  // DETTRIAL_HEADER_DEFINITIONS
 // ---- end dettrial/process/threads.hpp
 
@@ -11817,7 +11879,9 @@ struct ContextOptions {
   std::optional<std::int64_t> experiment_id{};
 };
 
-namespace detail {
+}  // namespace dettrial
+
+namespace dettrial::detail {
 /// A non-negative integer id from environment variable `name`; 0 when unset; ConfigError when not a number.
 DETTRIAL_INLINE std::int64_t id_from_environment(const char* name);
 
@@ -11834,8 +11898,9 @@ struct RunPosition {
   /// (`np_rng_state`, `random_rng_state`), written back into its checkpoints; none otherwise.
   c10::IValue python_generators{};
 };
-}  // namespace detail
+}  // namespace dettrial::detail
 
+namespace dettrial {
 /// When the trainer updates the averaged model a trial wraps (Context::wrap_averaged_model).
 struct AveragingSchedule {
   /// After every n-th optimizer step, counted from the first step of training: steps n, 2n, ...
@@ -11845,10 +11910,13 @@ struct AveragingSchedule {
   std::int64_t warmup_steps = 0;
 };
 
-namespace detail {
-struct ContextAccess;
-}  // namespace detail
+}  // namespace dettrial
 
+namespace dettrial::detail {
+struct ContextAccess;
+}  // namespace dettrial::detail
+
+namespace dettrial {
 /**
  * @brief What a trial sees of its run (Determined's PyTorchTrialContext).
  *
@@ -12317,7 +12385,9 @@ class Context {
   GradScaler* scaler_ = nullptr;
 };
 
-namespace detail {
+}  // namespace dettrial
+
+namespace dettrial::detail {
 /**
  * @brief The one way into what only dettrial's trainer and checkpoints do with a Context: the run's
  * position, the reducers and schedulers as they drive them, a training batch's beginning and end,
@@ -12335,18 +12405,14 @@ struct ContextAccess {
   static bool has_registrations(const Context& c) { return c.has_registrations(); }
   static void release_registrations(Context& c) { c.release_registrations(); }
 };
-}  // namespace detail
-
-}  // namespace dettrial
+}  // namespace dettrial::detail
 
 // Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
 #if DETTRIAL_HEADER_DEFINITIONS
 #include <cerrno>
 #include <cstdlib>
 
-namespace dettrial {
-
-namespace detail {
+namespace dettrial::detail {
 DETTRIAL_INLINE std::int64_t id_from_environment(const char* name) {
   const char* text = std::getenv(name);
   if (!text || !*text) return 0;
@@ -12357,8 +12423,9 @@ DETTRIAL_INLINE std::int64_t id_from_environment(const char* name) {
     throw ConfigError(std::string(name) + " is '" + text + "'; it must be a trial or experiment id (a non-negative integer)");
   return id;
 }
-}  // namespace detail
+}  // namespace dettrial::detail
 
+namespace dettrial {
 DETTRIAL_INLINE Context::Context(Hyperparameters hparams, ExperimentConfig config, ContextOptions options)
     : hparams_(std::move(hparams)),
       config_(std::move(config)),
@@ -12597,6 +12664,7 @@ DETTRIAL_INLINE Context::WrappedOptimizer& Context::find_optimizer(const torch::
 }
 
 }  // namespace dettrial
+
 #endif  // DETTRIAL_HEADER_DEFINITIONS
 // ---- end dettrial/context/context.hpp
 // ---- begin dettrial/vocabulary/trial.hpp
@@ -12618,8 +12686,7 @@ DETTRIAL_INLINE Context::WrappedOptimizer& Context::find_optimizer(const torch::
 #include <torch/torch.h>
 
 
-namespace dettrial {
-namespace detail {
+namespace dettrial::detail {
 
 template <class R>
 struct is_scheduled_lr : std::false_type {};
@@ -12630,8 +12697,9 @@ struct is_scheduled_lr<ScheduledLR<S, M>> : std::true_type {};
 /// one diagnostic that matters is printed.
 struct missing {};
 
-}  // namespace detail
+}  // namespace dettrial::detail
 
+namespace dettrial {
 // ---- the data loaders ----------------------------------------------------------------------------
 
 /// T has a `build_training_data_loader()` hook (whatever it returns).
@@ -12641,7 +12709,9 @@ concept DeclaresTrainingDataLoader = requires(T& t) { t.build_training_data_load
 template <class T>
 concept DeclaresValidationDataLoader = requires(T& t) { t.build_validation_data_loader(); };
 
-namespace detail {
+}  // namespace dettrial
+
+namespace dettrial::detail {
 
 template <class T>
 using training_loader_result = decltype(std::declval<T&>().build_training_data_loader());
@@ -12664,8 +12734,9 @@ consteval auto batch_type_of() {
   else return std::type_identity<missing>{};
 }
 
-}  // namespace detail
+}  // namespace dettrial::detail
 
+namespace dettrial {
 /// The training loader type of trial T (`detail::missing` when it has none).
 template <class T>
 using training_loader_t = typename decltype(detail::training_loader_type<T>())::type;
@@ -12693,14 +12764,17 @@ concept ValidationDataLoaderHook = DeclaresValidationDataLoader<T> && BatchLoade
 template <class T>
 concept DeclaresModel = requires(T& t) { t.build_model(); };
 
-namespace detail {
+}  // namespace dettrial
+
+namespace dettrial::detail {
 template <class T>
 consteval auto model_type() {
   if constexpr (DeclaresModel<T>) return std::type_identity<std::remove_cvref_t<decltype(std::declval<T&>().build_model())>>{};
   else return std::type_identity<missing>{};
 }
-}  // namespace detail
+}  // namespace dettrial::detail
 
+namespace dettrial {
 /// The model type of a declarative trial.
 template <class T>
 using model_t = typename decltype(detail::model_type<T>())::type;
@@ -12710,7 +12784,9 @@ using model_t = typename decltype(detail::model_type<T>())::type;
 template <class T>
 concept DeclaresOptimizer = DeclaresModel<T> && requires(T& t, model_t<T>& m) { t.optimizer(m); };
 
-namespace detail {
+}  // namespace dettrial
+
+namespace dettrial::detail {
 template <class T>
 consteval auto optimizer_type() {
   if constexpr (DeclaresOptimizer<T>)
@@ -12727,8 +12803,9 @@ consteval auto optimizer_object_type() {
     else return std::type_identity<missing>{};
   } else return std::type_identity<missing>{};
 }
-}  // namespace detail
+}  // namespace dettrial::detail
 
+namespace dettrial {
 /// What a declarative trial's `optimizer(model)` returns.
 template <class T>
 using optimizer_result_t = typename decltype(detail::optimizer_type<T>())::type;
@@ -12741,15 +12818,18 @@ using optimizer_t = typename decltype(detail::optimizer_object_type<optimizer_re
 template <class T>
 concept DeclaresLRScheduler = DeclaresModel<T> && requires(T& t, optimizer_t<T>& o) { t.lr_scheduler(o); };
 
-namespace detail {
+}  // namespace dettrial
+
+namespace dettrial::detail {
 template <class T>
 consteval auto scheduler_type() {
   if constexpr (DeclaresLRScheduler<T>)
     return std::type_identity<std::remove_cvref_t<decltype(std::declval<T&>().lr_scheduler(std::declval<optimizer_t<T>&>()))>>{};
   else return std::type_identity<missing>{};
 }
-}  // namespace detail
+}  // namespace dettrial::detail
 
+namespace dettrial {
 /// What a declarative trial's optional `lr_scheduler(optimizer)` returns.
 template <class T>
 using scheduler_result_t = typename decltype(detail::scheduler_type<T>())::type;
@@ -12786,7 +12866,9 @@ concept DeclaresEvaluateFullDataset = requires { &T::evaluate_full_dataset; } ||
   t.evaluate_full_dataset(l, m);
 } || requires(T& t, validation_loader_t<T>& l) { t.evaluate_full_dataset(l); };
 
-namespace detail {
+}  // namespace dettrial
+
+namespace dettrial::detail {
 /// Calls train_batch in the trial's style; only used in unevaluated contexts and by the trainer.
 template <class T>
 decltype(auto) call_train_batch(T& t, training_batch_t<T>& b, model_t<T>& m, std::int64_t epoch_idx, std::int64_t batch_idx) {
@@ -12808,8 +12890,9 @@ decltype(auto) call_evaluate_full_dataset(T& t, validation_loader_t<T>& l, model
   if constexpr (DeclaresModel<T>) return t.evaluate_full_dataset(l, m);
   else return t.evaluate_full_dataset(l);
 }
-}  // namespace detail
+}  // namespace dettrial::detail
 
+namespace dettrial {
 template <class T>
 concept CallableTrainBatch =
     (DeclaresModel<T> && requires(T& t, training_batch_t<T>& b, model_t<T>& m, std::int64_t i) { t.train_batch(b, m, i, i); }) ||
@@ -12825,7 +12908,9 @@ concept CallableEvaluateFullDataset =
     (DeclaresModel<T> && requires(T& t, validation_loader_t<T>& l, model_t<T>& m) { t.evaluate_full_dataset(l, m); }) ||
     (!DeclaresModel<T> && requires(T& t, validation_loader_t<T>& l) { t.evaluate_full_dataset(l); });
 
-namespace detail {
+}  // namespace dettrial
+
+namespace dettrial::detail {
 // What a hook returns. Only named once the hook is known to be callable: the concepts below put these
 // after the Callable... check in a conjunction, which substitutes its right side only when its left
 // side holds (naming one of these for a hook that cannot be called would be a hard error).
@@ -12838,8 +12923,9 @@ using evaluate_batch_result_t =
 template <class T>
 using evaluate_full_dataset_result_t =
     decltype(call_evaluate_full_dataset(std::declval<T&>(), std::declval<validation_loader_t<T>&>(), std::declval<model_t<T>&>()));
-}  // namespace detail
+}  // namespace dettrial::detail
 
+namespace dettrial {
 /// Piece 4 of dettrial::Trial: `train_batch` can be called with the training loader's batch type, as
 /// `train_batch(batch, model, epoch_idx, batch_idx)` in a declarative trial or
 /// `train_batch(batch, epoch_idx, batch_idx)` in an imperative one, and returns dettrial::Metrics (with
@@ -12866,7 +12952,9 @@ template <class T>
 concept EvaluationHook =
     (EvaluateBatchHook<T> && !DeclaresEvaluateFullDataset<T>) || (EvaluateFullDatasetHook<T> && !DeclaresEvaluateBatch<T>);
 
-namespace detail {
+}  // namespace dettrial
+
+namespace dettrial::detail {
 
 /// The first thing wrong with a trial type, in the order a user would fix them.
 enum class TrialProblem {
@@ -12965,8 +13053,9 @@ struct TrialDiagnostics {
   static constexpr bool ok = problem == P::none;
 };
 
-}  // namespace detail
+}  // namespace dettrial::detail
 
+namespace dettrial {
 /**
  * @brief A trial: a plain type with Determined's hooks, in either style.
  *
@@ -13192,8 +13281,7 @@ DETTRIAL_INLINE std::optional<std::string> python_object_type(const c10::IValue&
 #include <utility>
 #include <vector>
 
-namespace dettrial::detail {
-namespace pickle_detail {
+namespace dettrial::detail::pickle {
 
 /// Objects the machine builds that are not values of their own (a global, a NumPy dtype, an array
 /// before its BUILD) are dicts tagged with this key, so that tuples and lists can hold them.
@@ -13652,15 +13740,16 @@ DETTRIAL_INLINE bool Machine::step(unsigned char op) {
   return true;
 }
 
-}  // namespace pickle_detail
+}  // namespace dettrial::detail::pickle
 
+namespace dettrial::detail {
 DETTRIAL_INLINE c10::IValue unpickle(std::string_view pickle, const PickleStorageLoader& storages, UnreadObjects unread) {
-  return pickle_detail::Machine(pickle, storages, unread).run();
+  return detail::pickle::Machine(pickle, storages, unread).run();
 }
 
 DETTRIAL_INLINE std::optional<std::string> python_object_type(const c10::IValue& value) {
   if (value.isGenericDict()) {
-    if (pickle_detail::kind_of(value) == pickle_detail::unread_kind) return pickle_detail::field(value, "name").toStringRef();
+    if (detail::pickle::kind_of(value) == detail::pickle::unread_kind) return detail::pickle::field(value, "name").toStringRef();
     for (const auto& entry : value.toGenericDict())
       if (auto found = python_object_type(entry.value())) return found;
   } else if (value.isList()) {
@@ -13675,12 +13764,11 @@ DETTRIAL_INLINE std::optional<std::string> python_object_type(const c10::IValue&
 }
 
 }  // namespace dettrial::detail
+
 #endif  // DETTRIAL_HEADER_DEFINITIONS
 // ---- end dettrial/checkpoint/python_pickle.hpp
 
-namespace dettrial {
-
-namespace detail {
+namespace dettrial::detail {
 
 /**
  * @brief `value` as a `torch.save` archive (a zip with `data.pkl` and `data/<n>`). The pickler is
@@ -13742,8 +13830,9 @@ DETTRIAL_INLINE bool python_param_state(const torch::optim::OptimizerParamState&
 
 DETTRIAL_INLINE void python_group_options(const torch::optim::OptimizerOptions& options, c10::impl::GenericDict& out);
 
-}  // namespace detail
+}  // namespace dettrial::detail
 
+namespace dettrial {
 /**
  * @brief A module's state dict as Python's `module.state_dict()` has it: parameters and buffers under
  * their dotted names (`0.weight`, `fc1.bias`, `bn.running_mean`), detached.
@@ -13779,8 +13868,7 @@ DETTRIAL_INLINE void load_module_state_dict(torch::nn::Module& module, const Sta
 #include <stdexcept>
 #include <string_view>
 
-namespace dettrial {
-namespace detail {
+namespace dettrial::detail {
 
 DETTRIAL_INLINE std::string pickle_archive(const c10::IValue& value) {
   std::string out;
@@ -13928,8 +14016,9 @@ DETTRIAL_INLINE void python_group_options(const torch::optim::OptimizerOptions& 
   }
 }
 
-}  // namespace detail
+}  // namespace dettrial::detail
 
+namespace dettrial {
 DETTRIAL_INLINE StateDict module_state_dict(const torch::nn::Module& module) {
   StateDict out(c10::StringType::get(), c10::TensorType::get());
   // LibTorch's pickler writes CPU and CUDA tensors (a CUDA one is copied out and tagged with its
@@ -13995,13 +14084,13 @@ DETTRIAL_INLINE void load_module_state_dict(torch::nn::Module& module, const Sta
 }
 
 }  // namespace dettrial
+
 #endif  // DETTRIAL_HEADER_DEFINITIONS
 // ---- end dettrial/checkpoint/state_dict.hpp
 
-namespace dettrial {
-namespace python_optimizer_detail {
+namespace dettrial::detail::python_optimizer {
 
-using optim::python_state_detail::python_number;  // schedulers' reader of Python's numbers
+using optim::detail::python_state::python_number;  // schedulers' reader of Python's numbers
 
 /// One optimizer type: the options it has (beyond those every optimizer carries), how to set them
 /// and how to make a parameter's state from the file's entries.
@@ -14268,9 +14357,9 @@ inline void set_muon(optim::MuonOptions& o, const std::string& k, const c10::IVa
   else if (k == "momentum") o.momentum(python_number(v, what));
   else if (k == "nesterov") o.nesterov(python_number(v, what) != 0);
   else if (k == "eps") o.eps(python_number(v, what));
-  else if (k == "ns_steps") o.ns_steps(optim::python_state_detail::python_count(v, what, 0));
+  else if (k == "ns_steps") o.ns_steps(optim::detail::python_state::python_count(v, what, 0));
   else if (k == "ns_coefficients") {
-    const auto c = optim::python_state_detail::python_numbers(v, what);
+    const auto c = optim::detail::python_state::python_numbers(v, what);
     if (c.size() != 3) throw CheckpointError(what + " holds " + std::to_string(c.size()) + " numbers, not Muon's 3");
     o.ns_coefficients({c[0], c[1], c[2]});
   } else if (k == "adjust_lr_fn") {
@@ -14318,7 +14407,7 @@ inline void check_group_options(const StateDict& group, const Kind& kind, const 
   for (const auto& entry : group) {
     const std::string key = entry.key().isString() ? entry.key().toStringRef() : std::string("(not a name)");
     if (const auto fixed = kind.fixed_flags.find(key); fixed != kind.fixed_flags.end()) {
-      const bool value = python_optimizer_detail::python_number(entry.value(), what + ": '" + key + "'") != 0;
+      const bool value = detail::python_optimizer::python_number(entry.value(), what + ": '" + key + "'") != 0;
       if (value != fixed->second)
         throw CheckpointError(what + " has " + key + ": " + (value ? "True" : "False") + ", which LibTorch's " + kind.name +
                               " does not do" + fixed_flag_reason(key, value));
@@ -14330,10 +14419,11 @@ inline void check_group_options(const StateDict& group, const Kind& kind, const 
   }
 }
 
-}  // namespace python_optimizer_detail
+}  // namespace dettrial::detail::python_optimizer
 
+namespace dettrial {
 DETTRIAL_INLINE void load_optimizer_state_dict(torch::optim::Optimizer& optimizer, const StateDict& state, const std::string& what) {
-  namespace pd = python_optimizer_detail;
+  namespace pd = detail::python_optimizer;
   const auto groups_it = state.find("param_groups");
   const auto state_it = state.find("state");
   if (groups_it == state.end() || !groups_it->value().isList() || state_it == state.end() || !state_it->value().isGenericDict())
@@ -14391,7 +14481,7 @@ DETTRIAL_INLINE void load_optimizer_state_dict(torch::optim::Optimizer& optimize
 
 DETTRIAL_INLINE bool python_layout_holds(torch::optim::Optimizer& optimizer) {
   for (auto& group : optimizer.param_groups())
-    if (!python_optimizer_detail::kind_of(group.options()).name) return false;
+    if (!detail::python_optimizer::kind_of(group.options()).name) return false;
   for (const auto& [key, state] : optimizer.state()) {
     c10::impl::GenericDict scratch(c10::StringType::get(), c10::AnyType::get());
     if (!detail::python_param_state(*state, scratch)) return false;
@@ -14400,6 +14490,7 @@ DETTRIAL_INLINE bool python_layout_holds(torch::optim::Optimizer& optimizer) {
 }
 
 }  // namespace dettrial
+
 #endif  // DETTRIAL_HEADER_DEFINITIONS
 // ---- end dettrial/checkpoint/python_optimizer.hpp
 // ---- begin dettrial/checkpoint/storage.hpp
@@ -14462,7 +14553,9 @@ struct Retention {
   std::int64_t save_trial_latest = 1;
 };
 
-namespace detail {
+}  // namespace dettrial
+
+namespace dettrial::detail {
 
 inline std::string errno_text() { return std::strerror(errno); }
 
@@ -14524,8 +14617,9 @@ class WritePace {
   bool hurried_ = false;
 };
 
-}  // namespace detail
+}  // namespace dettrial::detail
 
+namespace dettrial {
 /**
  * @brief Writes one checkpoint crash-safely: every file goes into a hidden temporary directory and
  * is synced; `commit` writes `metadata.json` (with each file's size and CRC-32) last, syncs, and
@@ -14789,8 +14883,7 @@ DETTRIAL_INLINE std::string json_kind(const Json& j) {
 #include <unistd.h>
 #include <zlib.h>
 
-namespace dettrial {
-namespace detail {
+namespace dettrial::detail {
 
 DETTRIAL_INLINE void write_file_synced(const std::filesystem::path& path, std::string_view bytes) {
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
@@ -14873,8 +14966,9 @@ DETTRIAL_INLINE void remove_stale_entries(const std::filesystem::path& storage) 
   }
 }
 
-}  // namespace detail
+}  // namespace dettrial::detail
 
+namespace dettrial {
 DETTRIAL_INLINE CheckpointWriter::CheckpointWriter(std::filesystem::path storage, std::string uuid, detail::WritePace* pace)
     : storage_(std::move(storage)), uuid_(std::move(uuid)), temp_(storage_ / (".tmp-" + uuid_)), pace_(pace) {
   std::error_code ec;
@@ -14947,7 +15041,9 @@ DETTRIAL_INLINE std::filesystem::path CheckpointWriter::commit(detail::Json fiel
   return final_path;
 }
 
-namespace detail {
+}  // namespace dettrial
+
+namespace dettrial::detail {
 /// A checkpoint Determined wrote: its id is its folder's name (Determined's storage id), its place
 /// its `steps_completed`; it lists no checksums (Determined keeps none).
 DETTRIAL_INLINE CheckpointInfo determined_checkpoint_info(const std::filesystem::path& dir, const Json& meta) {
@@ -14965,8 +15061,9 @@ DETTRIAL_INLINE CheckpointInfo determined_checkpoint_info(const std::filesystem:
                           "' (written by Determined) has no state_dict.pth: only PyTorchTrial checkpoints can be continued");
   return info;
 }
-}  // namespace detail
+}  // namespace dettrial::detail
 
+namespace dettrial {
 DETTRIAL_INLINE CheckpointInfo read_checkpoint_info(const std::filesystem::path& dir, bool verify_files) {
   std::error_code ec;
   if (!std::filesystem::exists(dir, ec)) throw CheckpointError("checkpoint '" + dir.string() + "' does not exist");
@@ -15097,6 +15194,7 @@ DETTRIAL_INLINE void delete_checkpoint(const CheckpointInfo& checkpoint) {
 }
 
 }  // namespace dettrial
+
 #endif  // DETTRIAL_HEADER_DEFINITIONS
 // ---- end dettrial/checkpoint/storage.hpp
 
@@ -15130,7 +15228,9 @@ struct TrialProgress {
   static TrialProgress from_determined(const std::filesystem::path& dir, const CheckpointInfo& info);
 };
 
-namespace detail {
+}  // namespace dettrial
+
+namespace dettrial::detail {
 
 DETTRIAL_INLINE const c10::IValue& require_entry(const StateDict& dict, const char* key, const std::string& what);
 
@@ -15205,8 +15305,9 @@ struct ContextCheckpoint {
 DETTRIAL_INLINE c10::IValue numpy_seeded_state(std::uint64_t seed);
 DETTRIAL_INLINE c10::IValue python_random_seeded_state(std::uint64_t seed);
 
-}  // namespace detail
+}  // namespace dettrial::detail
 
+namespace dettrial {
 /**
  * @brief Loads a checkpoint's models into a trial's wrapped models, for evaluation or inference
  * without training: build the trial (`Trainer<T> trainer(context)`), then
@@ -15221,6 +15322,7 @@ DETTRIAL_INLINE void load_model(const std::filesystem::path& path, torch::nn::Mo
 }  // namespace dettrial
 
 // Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
+
 namespace dettrial {
 /// Brings device-side optimizer state (FusedAdam's step counts) into LibTorch's state before it is
 /// saved: one read of the device per checkpoint.
@@ -15233,6 +15335,7 @@ inline void pull_device_optimizer_state(Context& c) {
 #if DETTRIAL_HEADER_DEFINITIONS
 #include <cstdio>
 #include <functional>
+
 namespace dettrial {
 
 DETTRIAL_INLINE std::string TrialProgress::to_json() const {
@@ -15334,7 +15437,9 @@ DETTRIAL_INLINE TrialProgress TrialProgress::from_determined(const std::filesyst
   return p;
 }
 
-namespace detail {
+}  // namespace dettrial
+
+namespace dettrial::detail {
 
 /// The archive key of parameter `j`'s pending gradient ("p0", "p1", ...). Formatted, not "p" +
 /// std::to_string(j): GCC 12 at -O3 warns (-Wstringop-overflow) inside that concatenation's inlined
@@ -15411,7 +15516,9 @@ DETTRIAL_INLINE StateDict read_state_dict_file(const std::filesystem::path& dir)
   return top.toGenericDict();
 }
 
-namespace checkpoint_detail {
+}  // namespace dettrial::detail
+
+namespace dettrial::detail::checkpoint {
 
 /// The index of the trial's optimizer `o`, or the number of optimizers when it is none of them.
 DETTRIAL_INLINE std::size_t optimizer_index(Context& c, const torch::optim::Optimizer* o) {
@@ -15431,15 +15538,16 @@ DETTRIAL_INLINE std::optional<StateDict> python_group(const c10::IValue& optimiz
   return group.toGenericDict();
 }
 
-}  // namespace checkpoint_detail
+}  // namespace dettrial::detail::checkpoint
 
+namespace dettrial::detail {
 DETTRIAL_INLINE void ContextCheckpoint::add_scheduler_group_entries(Context& c, c10::impl::GenericList& optimizers) {
   for (std::size_t i = 0; i < c.num_lr_schedulers(); ++i) {
     const WrappedScheduler& s = detail::ContextAccess::lr_scheduler(c, i);
     if (!s.python_param_group) continue;
-    const std::size_t o = checkpoint_detail::optimizer_index(c, s.driven_optimizer(s.scheduler));
+    const std::size_t o = detail::checkpoint::optimizer_index(c, s.driven_optimizer(s.scheduler));
     if (o >= optimizers.size()) continue;  // a scheduler of an optimizer the trial did not wrap: Python has no groups for it
-    for (std::size_t g = 0; auto group = checkpoint_detail::python_group(optimizers.get(o), g); ++g) {
+    for (std::size_t g = 0; auto group = detail::checkpoint::python_group(optimizers.get(o), g); ++g) {
       StateDict d = *group;  // shares the list's dict
       s.python_param_group(s.scheduler, g, d);
     }
@@ -15449,10 +15557,10 @@ DETTRIAL_INLINE void ContextCheckpoint::add_scheduler_group_entries(Context& c, 
 DETTRIAL_INLINE void ContextCheckpoint::read_scheduler_group_entries(Context& c, const WrappedScheduler& s,
                                                                      const c10::impl::GenericList& optimizers, const std::string& what) {
   if (!s.load_python_param_group) return;
-  const std::size_t o = checkpoint_detail::optimizer_index(c, s.driven_optimizer(s.scheduler));
+  const std::size_t o = detail::checkpoint::optimizer_index(c, s.driven_optimizer(s.scheduler));
   if (o >= optimizers.size()) return;
   for (std::size_t g = 0; g < c.optimizer(o).param_groups().size(); ++g) {
-    const auto group = checkpoint_detail::python_group(optimizers.get(o), g);
+    const auto group = detail::checkpoint::python_group(optimizers.get(o), g);
     if (!group) throw CheckpointError(what + ": optimizer " + std::to_string(o) + " has no parameter group " + std::to_string(g));
     s.load_python_param_group(s.scheduler, g, *group, what + ", optimizer " + std::to_string(o) + "'s group " + std::to_string(g));
   }
@@ -15770,8 +15878,9 @@ DETTRIAL_INLINE void ContextCheckpoint::load_native_grads(Context& c, torch::ser
   }
 }
 
-}  // namespace detail
+}  // namespace dettrial::detail
 
+namespace dettrial {
 DETTRIAL_INLINE CheckpointInfo load_models(const std::filesystem::path& path, Context& context) {
   const std::filesystem::path dir = resolve_checkpoint(path);
   const CheckpointInfo info = read_checkpoint_info(dir);
@@ -15789,6 +15898,7 @@ DETTRIAL_INLINE void load_model(const std::filesystem::path& path, torch::nn::Mo
 }
 
 }  // namespace dettrial
+
 #endif  // DETTRIAL_HEADER_DEFINITIONS
 // ---- end dettrial/checkpoint/checkpoint.hpp
 // ---- begin dettrial/checkpoint/checkpointer.hpp
@@ -15839,7 +15949,9 @@ namespace dettrial {
  * A callback declaring a hook by name (a non-overloaded member) that cannot be called with these
  * arguments is a compile error naming the hook, never a hook silently not called.
  */
-namespace hook {
+}  // namespace dettrial
+
+namespace dettrial::hook {
 
 // NAME: the member function; ...: the argument types the trainer passes, in order. A hook whose
 // member is a template or an overload set is found by calling it, not by name.
@@ -15934,9 +16046,9 @@ using all = std::tuple<on_trial_startup, on_trial_shutdown, on_training_start, o
                        on_checkpoint_save_start, on_checkpoint_write_end, on_checkpoint_upload_end, on_checkpoint_load_start, state_dict,
                        load_state_dict>;
 
-}  // namespace hook
+}  // namespace dettrial::hook
 
-namespace detail {
+namespace dettrial::detail {
 template <class C, class... Hook>
 consteval bool has_any_hook(std::tuple<Hook...>*) {
   return ((Hook::template named_in<C> || Hook::template callable<C>) || ...);
@@ -15945,8 +16057,9 @@ template <class C, class... Hook>
 consteval bool check_hooks(std::tuple<Hook...>*) {
   return (Hook::template check<C>() && ...);
 }
-}  // namespace detail
+}  // namespace dettrial::detail
 
+namespace dettrial {
 /**
  * @brief A callback: any object with at least one of the hooks in dettrial::hook (Determined's
  * PyTorchCallback): `on_trial_startup(first_batch_idx, checkpoint_uuid)`, `on_trial_shutdown()`,
@@ -15976,9 +16089,7 @@ concept Callback = detail::has_any_hook<C>(static_cast<hook::all*>(nullptr));
 #include <utility>
 
 
-namespace dettrial {
-
-namespace checkpoint_policy {
+namespace dettrial::checkpoint_policy {
 /// After every validation.
 struct all {
   static constexpr std::string_view name = "all";
@@ -16005,8 +16116,9 @@ decltype(auto) visit(CheckpointPolicy policy, F&& f) {
   }
   return std::forward<F>(f)(best{});
 }
-}  // namespace checkpoint_policy
+}  // namespace dettrial::checkpoint_policy
 
+namespace dettrial {
 static_assert(CheckpointPolicyType<checkpoint_policy::all> && CheckpointPolicyType<checkpoint_policy::best> &&
               CheckpointPolicyType<checkpoint_policy::none>);
 
@@ -16798,8 +16910,7 @@ IncompatibleKeys load_weights(M& model, const std::filesystem::path& path, LoadW
 #include <map>
 #include <utility>
 
-namespace dettrial {
-namespace detail {
+namespace dettrial::detail {
 
 /// Whether every value of `d` is a tensor (a model's state dict, as opposed to a checkpoint's top level).
 DETTRIAL_INLINE bool all_tensors(const StateDict& d) {
@@ -16818,8 +16929,9 @@ DETTRIAL_INLINE std::string keys_text(const StateDict& d) {
   return out.empty() ? "nothing" : out;
 }
 
-}  // namespace detail
+}  // namespace dettrial::detail
 
+namespace dettrial {
 DETTRIAL_INLINE StateDict read_model_state_dict(const std::filesystem::path& path, std::size_t model_index) {
   namespace fs = std::filesystem;
   std::error_code ec;
@@ -16893,6 +17005,7 @@ DETTRIAL_INLINE IncompatibleKeys load_state_dict(torch::nn::Module& module, cons
 }
 
 }  // namespace dettrial
+
 #endif  // DETTRIAL_HEADER_DEFINITIONS
 // ---- end dettrial/checkpoint/load_weights.hpp
 // ---- begin dettrial/report/html_report.hpp
@@ -17669,6 +17782,7 @@ DETTRIAL_INLINE std::filesystem::path write_run_report(const std::filesystem::pa
 
 // Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
 #if DETTRIAL_HEADER_DEFINITIONS
+
 namespace dettrial::detail::html {
 
 /// The series named `series_name` of the chart named `chart_name`, each made on first use (charts
@@ -17806,9 +17920,7 @@ DETTRIAL_INLINE Json run_hyperparameters(const std::filesystem::path& dir, const
 
 }  // namespace dettrial::detail::html
 
-namespace dettrial {
-
-namespace detail::html {
+namespace dettrial::detail::html {
 
 /// The last value of each series of a run's charts, with its range and counts, as a table (empty
 /// when no series has a value).
@@ -17880,8 +17992,9 @@ DETTRIAL_INLINE std::string run_header(const std::vector<Json>& records, const s
   return header;
 }
 
-}  // namespace detail::html
+}  // namespace dettrial::detail::html
 
+namespace dettrial {
 DETTRIAL_INLINE std::filesystem::path write_run_report(const std::filesystem::path& run_dir) {
   namespace html = detail::html;
   using detail::Json;
@@ -17918,6 +18031,7 @@ DETTRIAL_INLINE std::filesystem::path write_run_report(const std::filesystem::pa
   return out;
 }
 }  // namespace dettrial
+
 #endif  // DETTRIAL_HEADER_DEFINITIONS
 // ---- end dettrial/report/html/run_page.hpp
 // ---- begin dettrial/report/html/experiment_page.hpp
@@ -17953,18 +18067,19 @@ namespace dettrial {
  */
 DETTRIAL_INLINE std::filesystem::path write_experiment_report(const std::filesystem::path& experiment_dir);
 
-namespace detail::html {
+}  // namespace dettrial
+
+namespace dettrial::detail::html {
 
 /// write_experiment_report with the search's summary given, in summary.json's form, rather than read
 /// from the folder: the runner's own, while the search runs (an empty object: none).
 DETTRIAL_INLINE std::filesystem::path write_experiment_page(const std::filesystem::path& experiment_dir, const Json& summary);
 
-}  // namespace detail::html
-
-}  // namespace dettrial
+}  // namespace dettrial::detail::html
 
 // Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
 #if DETTRIAL_HEADER_DEFINITIONS
+
 namespace dettrial::detail::html {
 
 /// Whether `page` is missing or older than any of `sources` (that exist).
@@ -18372,6 +18487,7 @@ DETTRIAL_INLINE std::filesystem::path write_experiment_report(const std::filesys
 }
 
 }  // namespace dettrial
+
 #endif  // DETTRIAL_HEADER_DEFINITIONS
 // ---- end dettrial/report/html/experiment_page.hpp
 
@@ -18700,7 +18816,9 @@ DETTRIAL_INLINE TraceProfiler::~TraceProfiler() {
   }
 }
 
-namespace profiler_detail {
+}  // namespace dettrial::detail
+
+namespace dettrial::detail::profiler {
 inline torch::profiler::impl::ProfilerConfig config_of(const ProfilerOptions& o) {
   namespace impl = torch::profiler::impl;
   return impl::ProfilerConfig(impl::ProfilerState::KINETO, o.record_shapes, o.profile_memory, o.with_stack, o.with_flops, o.with_modules);
@@ -18715,16 +18833,17 @@ inline std::set<torch::profiler::impl::ActivityType> activities_of(const Profile
   if (out.empty()) out.insert(impl::ActivityType::CPU);  // CUDA asked for on a CPU run: the CPU's operators
   return out;
 }
-}  // namespace profiler_detail
+}  // namespace dettrial::detail::profiler
 
+namespace dettrial::detail {
 DETTRIAL_INLINE void TraceProfiler::prepare() {
-  torch::autograd::profiler::prepareProfiler(profiler_detail::config_of(options_), profiler_detail::activities_of(options_, cuda_));
+  torch::autograd::profiler::prepareProfiler(detail::profiler::config_of(options_), detail::profiler::activities_of(options_, cuda_));
   prepared_ = true;
 }
 
 DETTRIAL_INLINE void TraceProfiler::start(std::int64_t batch_idx) {
   if (!prepared_) prepare();
-  torch::autograd::profiler::enableProfiler(profiler_detail::config_of(options_), profiler_detail::activities_of(options_, cuda_));
+  torch::autograd::profiler::enableProfiler(detail::profiler::config_of(options_), detail::profiler::activities_of(options_, cuda_));
   running_ = true;
   first_batch_ = batch_idx;
 }
@@ -18817,6 +18936,7 @@ DETTRIAL_INLINE void write_chrome_trace(const torch::autograd::profiler::Profile
 }
 
 }  // namespace dettrial::detail
+
 #endif  // DETTRIAL_HEADER_DEFINITIONS
 // ---- end dettrial/report/profiler.hpp
 // ---- begin dettrial/report/progress.hpp
@@ -18843,7 +18963,9 @@ struct ReportOptions {
   bool quiet = false;
 };
 
-namespace detail {
+}  // namespace dettrial
+
+namespace dettrial::detail {
 
 DETTRIAL_INLINE std::string format_duration(double seconds);
 
@@ -18878,8 +19000,7 @@ class Progress {
   clock::time_point start_, next_draw_;
 };
 
-}  // namespace detail
-}  // namespace dettrial
+}  // namespace dettrial::detail
 
 // Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
 #if DETTRIAL_HEADER_DEFINITIONS
@@ -18950,6 +19071,7 @@ DETTRIAL_INLINE void Progress::line(const std::string& text) {
 }
 
 }  // namespace dettrial::detail
+
 #endif  // DETTRIAL_HEADER_DEFINITIONS
 // ---- end dettrial/report/progress.hpp
 // ---- begin dettrial/report/reporter.hpp
@@ -19052,7 +19174,9 @@ struct FolderLock::Held {
   }
 };
 
-namespace folder_lock_detail {
+}  // namespace dettrial::detail
+
+namespace dettrial::detail::folder_lock {
 /// The locks this process holds, by lock file: a second acquire shares the first.
 inline std::map<std::filesystem::path, std::weak_ptr<void>>& held_here() {
   static std::map<std::filesystem::path, std::weak_ptr<void>> locks;
@@ -19076,11 +19200,12 @@ inline std::string holder_of(int fd) {
   while (!holder.empty() && (holder.back() == '\n' || holder.back() == ' ')) holder.pop_back();
   return holder.empty() ? std::string("another process (it has not written its pid yet)") : holder;
 }
-}  // namespace folder_lock_detail
+}  // namespace dettrial::detail::folder_lock
 
+namespace dettrial::detail {
 DETTRIAL_INLINE FolderLock FolderLock::acquire(const std::filesystem::path& lock_file, const std::string& what,
                                                std::chrono::seconds patience) {
-  namespace fl = folder_lock_detail;
+  namespace fl = detail::folder_lock;
   std::error_code ec;
   std::filesystem::create_directories(lock_file.parent_path(), ec);
   const std::filesystem::path key = std::filesystem::weakly_canonical(lock_file, ec);
@@ -19116,6 +19241,7 @@ DETTRIAL_INLINE FolderLock FolderLock::acquire(const std::filesystem::path& lock
 }
 
 }  // namespace dettrial::detail
+
 #endif  // DETTRIAL_HEADER_DEFINITIONS
 // ---- end dettrial/detail/folder_lock.hpp
 // ---- begin dettrial/tracking/http.hpp
@@ -19197,13 +19323,16 @@ constexpr bool http_available() {
 namespace dettrial::detail {
 
 #if DETTRIAL_HAS_CURL
-namespace http_detail {
+}  // namespace dettrial::detail
+
+namespace dettrial::detail::http {
 inline std::size_t append_body(char* data, std::size_t size, std::size_t count, void* out) {
   static_cast<std::string*>(out)->append(data, size * count);
   return size * count;
 }
-}  // namespace http_detail
+}  // namespace dettrial::detail::http
 
+namespace dettrial::detail {
 DETTRIAL_INLINE HttpClient::HttpClient(HttpAuth auth, long timeout_seconds) : auth_(std::move(auth)), timeout_(timeout_seconds) {
   static std::once_flag initialized;
   std::call_once(initialized, [] { curl_global_init(CURL_GLOBAL_DEFAULT); });
@@ -19231,7 +19360,7 @@ DETTRIAL_INLINE HttpResponse HttpClient::request(std::string_view method, const 
   curl_easy_setopt(curl, CURLOPT_CONNECTTIMEOUT, timeout_ < 10 ? timeout_ : 10L);
   curl_easy_setopt(curl, CURLOPT_NOSIGNAL, 1L);  // a training process's signals are its own
   curl_easy_setopt(curl, CURLOPT_ERRORBUFFER, error);
-  curl_easy_setopt(curl, CURLOPT_WRITEFUNCTION, &http_detail::append_body);
+  curl_easy_setopt(curl, CURLOPT_WRITEFUNCTION, &detail::http::append_body);
   curl_easy_setopt(curl, CURLOPT_WRITEDATA, &response.body);
   if (auth_.token.empty() && !auth_.username.empty()) {
     curl_easy_setopt(curl, CURLOPT_HTTPAUTH, CURLAUTH_BASIC);
@@ -19273,6 +19402,7 @@ DETTRIAL_INLINE std::string HttpClient::escape(std::string_view text) {
 }
 
 }  // namespace dettrial::detail
+
 #endif  // DETTRIAL_HEADER_DEFINITIONS
 // ---- end dettrial/tracking/http.hpp
 
@@ -19284,14 +19414,16 @@ struct MlflowError : Error {
   long status = 0;
 };
 
-namespace layout {
+}  // namespace dettrial
+
+namespace dettrial::layout {
 /// A tracked run's MLflow ids (server, experiment, run) and how far its metrics were sent.
 inline constexpr const char* mlflow_state = "mlflow.json";
 /// The MLflow requests the server did not take yet, one JSON object a line, in order.
 inline constexpr const char* mlflow_pending = "mlflow-pending.jsonl";
-}  // namespace layout
+}  // namespace dettrial::layout
 
-namespace detail {
+namespace dettrial::detail {
 
 /// MLflow's REST API, one request at a time (the calling thread waits).
 class MlflowClient {
@@ -19419,8 +19551,7 @@ class MlflowRun {
   std::unique_ptr<Sender> sender_;
 };
 
-}  // namespace detail
-}  // namespace dettrial
+}  // namespace dettrial::detail
 
 // Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
 #if DETTRIAL_HEADER_DEFINITIONS
@@ -19438,9 +19569,7 @@ class MlflowRun {
 #include <thread>
 
 
-namespace dettrial::detail {
-
-namespace mlflow_detail {
+namespace dettrial::detail::mlflow {
 inline std::int64_t now_ms() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
@@ -19491,10 +19620,11 @@ inline std::string text_of(const Json& j, const char* key) {
   const auto found = j.find(key);
   return found != j.end() && found->is_string() ? found->get<std::string>() : std::string();
 }
-}  // namespace mlflow_detail
+}  // namespace dettrial::detail::mlflow
 
+namespace dettrial::detail {
 DETTRIAL_INLINE MlflowState MlflowState::from_json(std::string_view text) {
-  using mlflow_detail::text_of;
+  using detail::mlflow::text_of;
   const Json j = Json::parse(text, nullptr, /*allow_exceptions=*/false);
   MlflowState s;
   if (!j.is_object()) return s;
@@ -19525,7 +19655,7 @@ DETTRIAL_INLINE std::string MlflowState::to_json() const {
              {{"experiment_name", experiment_name},
               {"run_name", run_name},
               {"start_time", start_time_ms},
-              {"tags", mlflow_detail::key_values(tags, 0, tags.size())}}},
+              {"tags", detail::mlflow::key_values(tags, 0, tags.size())}}},
             {"sent", std::move(sent_steps)}};
   if (!experiment_id.empty()) j["experiment_id"] = experiment_id;
   if (!run_id.empty()) j["artifact_uri"] = artifact_uri;
@@ -19540,8 +19670,6 @@ DETTRIAL_INLINE MlflowState MlflowState::read(const std::filesystem::path& dir) 
 }
 
 DETTRIAL_INLINE void MlflowState::write(const std::filesystem::path& dir) const { write_atomically(dir / layout::mlflow_state, to_json()); }
-
-namespace mlflow_detail {}  // namespace mlflow_detail
 
 DETTRIAL_INLINE HttpAuth mlflow_auth() {
   return {environment_value("MLFLOW_TRACKING_TOKEN"), environment_value("MLFLOW_TRACKING_USERNAME"),
@@ -19641,13 +19769,13 @@ DETTRIAL_INLINE std::size_t sync_mlflow_run(const std::filesystem::path& dir) {
   if (pending.empty() && !state.run_id.empty()) return 0;
   MlflowClient client(state.tracking_uri);
   if (state.run_id.empty()) {
-    mlflow_detail::create_run(client, state);
+    detail::mlflow::create_run(client, state);
     state.write(dir);
   }
   std::size_t sent = 0;
   try {
     for (; sent < pending.size(); ++sent)
-      mlflow_detail::send(client, state, pending[sent].at("api").get<std::string>(), pending[sent].value("body", Json::object()));
+      detail::mlflow::send(client, state, pending[sent].at("api").get<std::string>(), pending[sent].value("body", Json::object()));
   } catch (...) {
     std::string rest;
     for (std::size_t i = sent; i < pending.size(); ++i) rest += json_line(pending[i]);
@@ -19734,7 +19862,7 @@ DETTRIAL_INLINE MlflowRun::Sender::Sender(MlflowSettings settings, std::filesyst
     state_.tracking_uri = settings_.tracking_uri;
     state_.experiment_name = settings_.experiment_name;
     state_.run_name = settings_.run_name;
-    state_.start_time_ms = mlflow_detail::now_ms();
+    state_.start_time_ms = detail::mlflow::now_ms();
     state_.tags = std::move(tags);
   }
   std::filesystem::create_directories(dir_);
@@ -19746,7 +19874,7 @@ DETTRIAL_INLINE MlflowRun::Sender::Sender(MlflowSettings settings, std::filesyst
   }
   // MLflow takes at most 100 params a request; a param's value is immutable (a resumed run sends none).
   for (std::size_t i = 0; i < start.params.size(); i += 100)
-    enqueue({"runs/log-batch", {{"params", mlflow_detail::key_values(start.params, i, i + 100)}}, {}, -1});
+    enqueue({"runs/log-batch", {{"params", detail::mlflow::key_values(start.params, i, i + 100)}}, {}, -1});
   if (!settings_.config_text.empty()) enqueue({"artifact", {{"name", "config.yaml"}, {"text", settings_.config_text}}, {}, -1});
 }
 
@@ -19759,18 +19887,18 @@ DETTRIAL_INLINE void MlflowRun::Sender::log_metrics(std::string_view kind, std::
                                                     const std::vector<std::pair<std::string, std::string>>& tags) {
   if (const auto before = sent_before_.find(kind); before != sent_before_.end() && step <= before->second) return;
   Json list = Json::array();
-  const std::int64_t now = mlflow_detail::now_ms();
+  const std::int64_t now = detail::mlflow::now_ms();
   for (const auto& [key, value] : metrics)  // JSON has no NaN nor infinity
-    if (std::isfinite(value)) list.push_back({{"key", mlflow_detail::key_of(key)}, {"value", value}, {"timestamp", now}, {"step", step}});
+    if (std::isfinite(value)) list.push_back({{"key", detail::mlflow::key_of(key)}, {"value", value}, {"timestamp", now}, {"step", step}});
   Json body = {{"metrics", std::move(list)}};
-  if (!tags.empty()) body["tags"] = mlflow_detail::key_values(tags, 0, tags.size());
+  if (!tags.empty()) body["tags"] = detail::mlflow::key_values(tags, 0, tags.size());
   enqueue({"runs/log-batch", std::move(body), std::string(kind), step});
 }
 
 DETTRIAL_INLINE void MlflowRun::Sender::end(MlflowEnd status) {
   if (ended_) return;
   ended_ = true;
-  enqueue({"runs/update", {{"status", mlflow_status_name(status)}, {"end_time", mlflow_detail::now_ms()}}, {}, -1});
+  enqueue({"runs/update", {{"status", mlflow_status_name(status)}, {"end_time", detail::mlflow::now_ms()}}, {}, -1});
   {
     std::lock_guard lock(mutex_);
     closing_ = true;
@@ -19841,10 +19969,10 @@ DETTRIAL_INLINE bool MlflowRun::Sender::deliver(Request& r) {
   for (int attempt = 0;; ++attempt) {
     try {
       if (state_.run_id.empty()) {
-        mlflow_detail::create_run(client_, state_);
+        detail::mlflow::create_run(client_, state_);
         save_state();
       }
-      if (!r.api.empty()) mlflow_detail::send(client_, state_, r.api, r.body);
+      if (!r.api.empty()) detail::mlflow::send(client_, state_, r.api, r.body);
       return true;
     } catch (const std::exception& e) {
       if (!retryable(e)) {
@@ -19900,6 +20028,7 @@ DETTRIAL_INLINE void MlflowRun::end(MlflowEnd status) { sender_->end(status); }
 DETTRIAL_INLINE std::string MlflowRun::run_id() { return sender_->run_id(); }
 
 }  // namespace dettrial::detail
+
 #endif  // DETTRIAL_HEADER_DEFINITIONS
 // ---- end dettrial/tracking/mlflow.hpp
 // ---- begin dettrial/report/csv_log.hpp
@@ -20404,9 +20533,7 @@ DETTRIAL_INLINE std::string runtime_summary() {
 #include <utility>
 
 
-namespace dettrial {
-
-namespace detail {
+namespace dettrial::detail {
 
 /// Checks each callback type once: a sentence instead of silence for a hook-less (misspelt) one, and
 /// for a hook declared with the wrong parameters.
@@ -20454,8 +20581,7 @@ class CallbackSet {
   std::tuple<C&...> callbacks_;
 };
 
-}  // namespace detail
-}  // namespace dettrial
+}  // namespace dettrial::detail
 // ---- end dettrial/trainer/callbacks.hpp
 // ---- begin dettrial/trainer/fit_options.hpp
 // SPDX-License-Identifier: Apache-2.0
@@ -20707,9 +20833,7 @@ ScopeExit<F> on_scope_exit(F f) {
 #include <torch/torch.h>
 
 
-namespace dettrial::keras {
-
-namespace detail {
+namespace dettrial::keras::detail {
 
 /**
  * @brief Keras 3's MonitorCallback: which way `monitor` improves (`mode` "min", "max", or "auto":
@@ -20757,8 +20881,9 @@ DETTRIAL_INLINE std::string python_float(double value);
 /// not in `logs` or a spec outside that is a ConfigError naming the pattern, as Keras's KeyError does.
 DETTRIAL_INLINE std::string python_format(const std::string& pattern, std::int64_t epoch, const MetricValues& logs, const char* who);
 
-}  // namespace detail
+}  // namespace dettrial::keras::detail
 
+namespace dettrial::keras {
 /**
  * @brief Keras's `EarlyStopping`: asks the trial to stop once `monitor` (a validation metric) has not
  * improved by more than `min_delta` for `patience` epochs (validations), counting from
@@ -20940,9 +21065,7 @@ class TerminateOnNaN {
 #include <iterator>
 
 
-namespace dettrial::keras {
-
-namespace detail {
+namespace dettrial::keras::detail {
 
 DETTRIAL_INLINE Monitor Monitor::make(const char* who, std::string monitor, const std::string& mode, double min_delta) {
   Monitor m{std::move(monitor), MetricOrder{true}, std::abs(min_delta)};
@@ -21121,8 +21244,9 @@ DETTRIAL_INLINE std::string python_format(const std::string& pattern, std::int64
   return out;
 }
 
-}  // namespace detail
+}  // namespace dettrial::keras::detail
 
+namespace dettrial::keras {
 // ---- EarlyStopping -------------------------------------------------------------------------------
 
 DETTRIAL_INLINE EarlyStopping::EarlyStopping(Context& context, Options options)
@@ -21385,6 +21509,7 @@ DETTRIAL_INLINE void TerminateOnNaN::on_training_workload_end(const MetricValues
 }
 
 }  // namespace dettrial::keras
+
 #endif  // DETTRIAL_HEADER_DEFINITIONS
 // ---- end dettrial/keras/callbacks.hpp
 
@@ -21450,7 +21575,9 @@ struct DictInputSequence {
 };
 
 /// Loss functions with Keras's names and semantics (the mean over the batch).
-namespace losses {
+}  // namespace dettrial::keras
+
+namespace dettrial::keras::losses {
 /// Integer class labels against logits (`from_logits`) or probabilities.
 struct SparseCategoricalCrossentropy {
   bool from_logits = false;
@@ -21471,8 +21598,9 @@ using Custom = std::function<torch::Tensor(const torch::Tensor& y_pred, const to
 inline SparseCategoricalCrossentropy sparse_categorical_crossentropy(bool from_logits = false) { return {from_logits}; }
 inline CategoricalCrossentropy categorical_crossentropy(bool from_logits = false) { return {from_logits}; }
 inline BinaryCrossentropy binary_crossentropy(bool from_logits = false) { return {from_logits}; }
-}  // namespace losses
+}  // namespace dettrial::keras::losses
 
+namespace dettrial::keras {
 /// The losses `compile` takes: one of Keras's (chosen once; a switch per batch) or one's own.
 using Loss = std::variant<losses::SparseCategoricalCrossentropy, losses::CategoricalCrossentropy, losses::BinaryCrossentropy,
                           losses::MeanSquaredError, losses::MeanAbsoluteError, losses::Custom>;
@@ -21507,7 +21635,9 @@ struct CompiledModel {
   std::vector<CompiledMetric> metrics;
 };
 
-namespace detail {
+}  // namespace dettrial::keras
+
+namespace dettrial::keras::detail {
 /// Keras's optimizer of that name over `parameters`, with Keras's defaults (Adam: lr 0.001, eps 1e-7; SGD:
 /// lr 0.01; RMSprop: lr 0.001, rho 0.9, eps 1e-7; AdamW: lr 0.001, weight decay 0.004, eps 1e-7;
 /// Adagrad: lr 0.001, initial accumulator 0.1, eps 1e-7). An unknown name is a ConfigError with a suggestion.
@@ -21566,8 +21696,9 @@ class InputsDataset {
   Inputs inputs_;
   torch::Tensor labels_;
 };
-}  // namespace detail
+}  // namespace dettrial::keras::detail
 
+namespace dettrial::keras {
 /**
  * @brief `model.compile(optimizer, loss, metrics)`: the model with an optimizer over its parameters
  * (by name with Keras's defaults, or given), a loss and metrics. Bad names are a ConfigError naming them.
@@ -21607,7 +21738,9 @@ concept KerasTrial = requires(K& k) {
   k.build_validation_data_loader();
 };
 
-namespace detail {
+}  // namespace dettrial::keras
+
+namespace dettrial::keras::detail {
 /**
  * @brief Validation means as Keras's `evaluate` takes them: each batch's loss and metrics weighted
  * by its records, so a partial last batch counts by its size (Determined's own averaging counts
@@ -21646,8 +21779,9 @@ struct RecordWeightedMeans {
     return out;
   }
 };
-}  // namespace detail
+}  // namespace dettrial::keras::detail
 
+namespace dettrial::keras {
 /**
  * @brief A Keras-style trial as a dettrial trial: builds the user's trial, its compiled model (wrapped
  * in the context unless `build_model` did) and optimizer, and writes `train_batch` (forward, loss,
@@ -21802,9 +21936,7 @@ class TrialAdapter {
 #include <cmath>
 #include <limits>
 
-namespace dettrial::keras {
-
-namespace detail {
+namespace dettrial::keras::detail {
 
 DETTRIAL_INLINE std::shared_ptr<torch::optim::Optimizer> optimizer_named(const std::string& name,
                                                                          const std::vector<torch::Tensor>& parameters) {
@@ -21971,8 +22103,9 @@ DETTRIAL_INLINE torch::Tensor metric_value(CompiledMetric::Kind kind, const torc
   throw TrialError("keras: unknown metric kind");
 }
 
-}  // namespace detail
+}  // namespace dettrial::keras::detail
 
+namespace dettrial::keras {
 DETTRIAL_INLINE void initialize_like_keras(torch::nn::Module& model) {
   torch::NoGradGuard no_grad;
   for (const auto& m : model.modules(/*include_self=*/true)) {
@@ -21990,6 +22123,7 @@ DETTRIAL_INLINE void initialize_like_keras(torch::nn::Module& model) {
 }
 
 }  // namespace dettrial::keras
+
 #endif  // DETTRIAL_HEADER_DEFINITIONS
 // ---- end dettrial/keras/keras.hpp
 // ---- begin dettrial/trainer/run.hpp
@@ -22775,7 +22909,9 @@ DETTRIAL_INLINE Checkpointer fit_checkpointer(Context& context, const FitOptions
   return Checkpointer(context, std::move(storage), o.checkpoint_policy, o.retention, o.smaller_is_better, o.async_checkpoints);
 }
 
-namespace fit_steps_detail {
+}  // namespace dettrial::detail
+
+namespace dettrial::detail::fit_steps {
 /// The lines saying what is profiled, and where the trace goes.
 inline void announce_profiling(Context& context, const FitOptions& o, std::int64_t from_batch, Reporter& reporter) {
   const bool synced = o.profiling.sync_timings && context.device().is_cuda();
@@ -22792,8 +22928,9 @@ inline void announce_profiling(Context& context, const FitOptions& o, std::int64
                   " with LibTorch's profiler" + (synced ? ", timings synchronized with the GPU" : "") + "; trace in " +
                   o.output_dir.string());
 }
-}  // namespace fit_steps_detail
+}  // namespace dettrial::detail::fit_steps
 
+namespace dettrial::detail {
 DETTRIAL_INLINE void announce(Context& context, const FitOptions& o, const Schedule& schedule, const Position& position,
                               Reporter& reporter) {
   reporter.line("dettrial " DETTRIAL_VERSION_STRING ": " + runtime_summary());
@@ -22817,7 +22954,7 @@ DETTRIAL_INLINE void announce(Context& context, const FitOptions& o, const Sched
   if (const auto* graph = std::get_if<capture::cuda_graph>(&o.step_capture))
     reporter.line("dettrial: the training step is captured in a CUDA graph after " + std::to_string(graph->warmup_batches) +
                   " eager batch(es), and replayed; batches of other shapes run eagerly");
-  fit_steps_detail::announce_profiling(context, o, position.batches_trained(), reporter);
+  detail::fit_steps::announce_profiling(context, o, position.batches_trained(), reporter);
   if (const std::int64_t records = context.get_experiment_config().records_per_epoch; records > 0)
     reporter.line("dettrial: records_per_epoch " + std::to_string(records) + " sets the epoch: " + std::to_string(schedule.epoch_len()) +
                   " batches of " + std::to_string(context.get_global_batch_size()) + " records (the training data loader's own epoch is " +
@@ -22975,6 +23112,7 @@ DETTRIAL_INLINE void agree_on_buffers(Context& context) {
 }
 
 }  // namespace dettrial::detail
+
 #endif  // DETTRIAL_HEADER_DEFINITIONS
 // ---- end dettrial/trainer/fit_steps.hpp
 // ---- begin dettrial/trainer/outputs.hpp
@@ -23083,9 +23221,7 @@ class Outputs {
 #include <variant>
 
 
-namespace dettrial::detail {
-
-namespace outputs_detail {
+namespace dettrial::detail::outputs {
 /// The run's MLflow run, when the options or MLFLOW_TRACKING_URI name a server: its params are
 /// the hyperparameters, its tags say what ran where.
 inline std::unique_ptr<MlflowRun> start_mlflow(const FitOptions& options, Context& context) {
@@ -23118,8 +23254,9 @@ inline std::unique_ptr<MlflowRun> start_mlflow(const FitOptions& options, Contex
                 {"dettrial.run_folder", std::filesystem::absolute(options.output_dir).string()}};
   return std::make_unique<MlflowRun>(std::move(*settings), options.output_dir, std::move(start));
 }
-}  // namespace outputs_detail
+}  // namespace dettrial::detail::outputs
 
+namespace dettrial::detail {
 DETTRIAL_INLINE Outputs Outputs::lock(const Context& context, const std::filesystem::path& output_dir) {
   Outputs out;
   if (context.distributed().is_chief()) out.folder_lock_ = FolderLock::acquire(RunFolder{output_dir}.lock(), "run folder");
@@ -23130,7 +23267,7 @@ DETTRIAL_INLINE void Outputs::open(Context& context, const FitOptions& options, 
   // One writer per job: the chief reports and writes metrics.jsonl, event files and checkpoints.
   const bool chief = context.distributed().is_chief();
   if (chief) context.get_tensorboard_writer() = TensorBoardWriter(context.get_tensorboard_path(), continued_at);
-  if (chief) mlflow_ = outputs_detail::start_mlflow(options, context);
+  if (chief) mlflow_ = detail::outputs::start_mlflow(options, context);
   reporter_ = Reporter(chief, options.report, options.output_dir, continued_at,
                        context.get_enable_tensorboard_logging() ? &context.get_tensorboard_writer() : nullptr, mlflow_.get());
   const bool cuda = context.device().is_cuda();
@@ -23204,6 +23341,7 @@ DETTRIAL_INLINE void Outputs::close() noexcept {
 }
 
 }  // namespace dettrial::detail
+
 #endif  // DETTRIAL_HEADER_DEFINITIONS
 // ---- end dettrial/trainer/outputs.hpp
 // ---- begin dettrial/trainer/step_graph.hpp
@@ -24389,14 +24527,17 @@ class LoadedTrial {
   std::unique_ptr<Trainer<TrialT>> trainer_;
 };
 
-namespace detail {
+}  // namespace dettrial
+
+namespace dettrial::detail {
 /// `changes` merged into the map `target`, nested maps key by key.
 DETTRIAL_INLINE void merge_yaml_map(YAML::Node target, const YAML::Node& changes);
 /// The experiment config a checkpoint was trained under, with its trial's hyperparameters (from its
 /// `load_data.json`) and `overrides` merged over them.
 DETTRIAL_INLINE ExperimentConfig checkpoint_trial_config(const std::filesystem::path& checkpoint, const YAML::Node& overrides);
-}  // namespace detail
+}  // namespace dettrial::detail
 
+namespace dettrial {
 /**
  * @brief Rebuilds `TrialT` from a checkpoint (a checkpoint directory, or a folder holding checkpoints
  * whose latest is taken): its experiment config and hyperparameters from the checkpoint's
@@ -24464,6 +24605,7 @@ DETTRIAL_INLINE ExperimentConfig checkpoint_trial_config(const std::filesystem::
 }
 
 }  // namespace dettrial::detail
+
 #endif  // DETTRIAL_HEADER_DEFINITIONS
 // ---- end dettrial/trainer/load_trial.hpp
 // ---- begin dettrial/search/hyperparameter_space.hpp
@@ -24755,7 +24897,9 @@ struct TrialRequest {
 /// What a searcher says after a validation.
 enum class SearcherDecision { keep_training, stop };
 
-namespace detail {
+}  // namespace dettrial
+
+namespace dettrial::detail {
 
 /// Draws trial seeds and hyperparameters from the experiment seed: the same seed, the same trials.
 class SearchRandom {
@@ -24768,9 +24912,9 @@ class SearchRandom {
   std::mt19937_64 rng_;
 };
 
-}  // namespace detail
+}  // namespace dettrial::detail
 
-namespace searcher {
+namespace dettrial::searcher {
 
 /// `random` (and `single`, one random trial of a constant space): `max_trials` trials, a new one
 /// each time one ends, `max_concurrent_trials` at a time; validations never stop a trial.
@@ -24857,8 +25001,9 @@ class AdaptiveAsha {
   std::int64_t last_id_ = 0;
 };
 
-}  // namespace searcher
+}  // namespace dettrial::searcher
 
+namespace dettrial {
 /// The searcher an experiment config names.
 using Searcher = std::variant<searcher::Random, searcher::Grid, searcher::AdaptiveAsha>;
 
@@ -24869,6 +25014,7 @@ DETTRIAL_INLINE Searcher make_searcher(const SearcherSettings& config, const Hyp
 
 // Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
 #if DETTRIAL_HEADER_DEFINITIONS
+
 namespace dettrial::searcher {
 
 DETTRIAL_INLINE Random::Random(SearcherSettings config, HyperparameterSpace space, std::uint64_t experiment_seed)
@@ -25039,6 +25185,7 @@ DETTRIAL_INLINE Searcher make_searcher(const SearcherSettings& config, const Hyp
 }
 
 }  // namespace dettrial
+
 #endif  // DETTRIAL_HEADER_DEFINITIONS
 // ---- end dettrial/search/searchers.hpp
 // ---- end dettrial/dettrial.hpp

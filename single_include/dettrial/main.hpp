@@ -462,7 +462,9 @@ DETTRIAL_INLINE void SlurmCluster::stop(std::int64_t trial) const {
   run_and_wait(scancel_, {scancel_, "--quiet", "--signal=TERM", name});
 }
 
-namespace slurm_detail {
+}  // namespace dettrial::detail
+
+namespace dettrial::detail::slurm {
 inline std::optional<std::int64_t> number(std::string_view text) {
   std::int64_t value = 0;
   const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
@@ -477,10 +479,11 @@ inline std::string field(const std::string& line, std::string_view key) {
   }
   return {};
 }
-}  // namespace slurm_detail
+}  // namespace dettrial::detail::slurm
 
+namespace dettrial::detail {
 DETTRIAL_INLINE std::optional<std::map<std::int64_t, SlurmJob>> SlurmCluster::jobs(const std::filesystem::path& scratch) const {
-  using slurm_detail::field, slurm_detail::number;
+  using detail::slurm::field, detail::slurm::number;
   // One line per job the controller knows: "JobId=16 JobName=dettrial-e5-t1 ... JobState=RUNNING ... ExitCode=0:0 ...".
   const std::filesystem::path listing = scratch / ".slurm-jobs.txt";
   const int status = run_and_wait(scontrol_, {scontrol_, "--oneliner", "show", "job"}, {.output = listing.string(), .merge_stderr = false});
@@ -516,6 +519,7 @@ DETTRIAL_INLINE std::map<std::int64_t, SlurmJob> SlurmCluster::newest_job_per_tr
 }
 
 }  // namespace dettrial::detail
+
 #endif  // DETTRIAL_HEADER_DEFINITIONS
 // ---- end dettrial/search/slurm.hpp
 
@@ -556,10 +560,13 @@ struct ExperimentOptions {
   TrialLauncher launcher = TrialLauncher::local;
 };
 
-namespace detail {
-DETTRIAL_INLINE std::string one_line(const YAML::Node& node);
-}  // namespace detail
+}  // namespace dettrial
 
+namespace dettrial::detail {
+DETTRIAL_INLINE std::string one_line(const YAML::Node& node);
+}  // namespace dettrial::detail
+
+namespace dettrial {
 /**
  * @brief An experiment: a searcher, its trials as child processes, and the record that lets it
  * resume. `run()` returns 0 when every trial completed or was stopped by the searcher, 1 when some
@@ -743,6 +750,7 @@ class Experiment {
 
 // Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
 #if DETTRIAL_HEADER_DEFINITIONS
+
 namespace dettrial {
 
 DETTRIAL_INLINE const char* to_string(TrialState s) {
@@ -1469,6 +1477,7 @@ DETTRIAL_INLINE const searcher::AshaBracket* Experiment::bracket_of(std::int64_t
 }
 
 }  // namespace dettrial
+
 #endif  // DETTRIAL_HEADER_DEFINITIONS
 // ---- end dettrial/search/experiment.hpp
 // ---- begin dettrial/cli/command_line.hpp
@@ -1534,9 +1543,8 @@ DETTRIAL_INLINE CommandLine parse_command_line(int argc, const char* const* argv
 
 // Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
 #if DETTRIAL_HEADER_DEFINITIONS
-namespace dettrial {
 
-namespace detail {
+namespace dettrial::detail {
 
 /// A flag's value as an integer of at least `least` (a positive one by default), or the sentence
 /// that says it is not one.
@@ -1567,8 +1575,9 @@ DETTRIAL_INLINE const std::string& one_of(std::string_view flag, const std::stri
   throw CommandLineError(std::string(flag) + " must be " + std::string(said) + ", not '" + value + "'", false);
 }
 
-}  // namespace detail
+}  // namespace dettrial::detail
 
+namespace dettrial {
 DETTRIAL_INLINE CommandLine parse_command_line(int argc, const char* const* argv) {
   CommandLine line;
   if (argc > 0 && argv[0]) line.program = argv[0];
@@ -1656,6 +1665,7 @@ DETTRIAL_INLINE const char* main_usage() {
 }
 
 }  // namespace dettrial
+
 #endif  // DETTRIAL_HEADER_DEFINITIONS
 // ---- end dettrial/cli/command_line.hpp
 // ---- begin dettrial/cli/launcher.hpp
@@ -1855,7 +1865,9 @@ struct RunPlan {
 /// or CheckpointError naming the file.
 DETTRIAL_INLINE RunPlan plan_run(const CommandLine& line);
 
-namespace detail {
+}  // namespace dettrial
+
+namespace dettrial::detail {
 
 /// Applies `a.b.c=value` to a YAML document; the value is parsed as YAML (numbers stay numbers).
 DETTRIAL_INLINE void apply_override(YAML::Node& root, const std::string& assignment);
@@ -1882,14 +1894,12 @@ DETTRIAL_INLINE void flatten_yaml(const YAML::Node& node, const std::string& pat
 /// per line (numbers compared as numbers: 1e-3 is 0.001), or empty.
 DETTRIAL_INLINE std::string config_differences(const YAML::Node& stored, const YAML::Node& given);
 
-}  // namespace detail
-}  // namespace dettrial
+}  // namespace dettrial::detail
 
 // Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
 #if DETTRIAL_HEADER_DEFINITIONS
-namespace dettrial {
 
-namespace detail {
+namespace dettrial::detail {
 
 /// The config file, or the resumed run's own config when none is given, with --set applied.
 DETTRIAL_INLINE ExperimentConfig config_of(const CommandLine& line, const RunPlan& plan) {
@@ -1927,8 +1937,9 @@ DETTRIAL_INLINE void draw_one_trial(const CommandLine& line, bool draws, RunPlan
   }
 }
 
-}  // namespace detail
+}  // namespace dettrial::detail
 
+namespace dettrial {
 DETTRIAL_INLINE RunPlan plan_run(const CommandLine& line) {
   RunPlan plan;
   plan.output = line.output;
@@ -1953,7 +1964,9 @@ DETTRIAL_INLINE RunPlan plan_run(const CommandLine& line) {
   return plan;
 }
 
-namespace detail {
+}  // namespace dettrial
+
+namespace dettrial::detail {
 
 DETTRIAL_INLINE ExperimentConfig one_trial_drawn(const ExperimentConfig& config) {
   const HyperparameterSpace space(config.hyperparameters, config.source);
@@ -2060,8 +2073,8 @@ DETTRIAL_INLINE std::string config_differences(const YAML::Node& stored, const Y
   return out;
 }
 
-}  // namespace detail
-}  // namespace dettrial
+}  // namespace dettrial::detail
+
 #endif  // DETTRIAL_HEADER_DEFINITIONS
 // ---- end dettrial/cli/run_plan.hpp
 
@@ -2074,7 +2087,9 @@ inline constexpr int exit_status_interrupted = detail::exit_status_interrupted_v
 /// running it again would fail the same way (EX_CONFIG).
 inline constexpr int exit_status_config_error = detail::exit_status_config_value;
 
-namespace detail {
+}  // namespace dettrial
+
+namespace dettrial::detail {
 
 /// --report DIR: writes the page, prints its path; nothing is trained and no config is read.
 DETTRIAL_INLINE int write_report_only(const CommandLine& line);
@@ -2186,8 +2201,9 @@ int train_trial(const CommandLine& line, const RunPlan& plan, const LaunchEnviro
   }
 }
 
-}  // namespace detail
+}  // namespace dettrial::detail
 
+namespace dettrial {
 /**
  * @brief The `main` of a trial program: parses the command line, reads the experiment config, builds
  * the context and the trainer, and fits. Returns the process exit status: 0 on success, 1 when the
@@ -2230,6 +2246,7 @@ int main(int argc, char** argv, Args&&... trial_args) {
 
 // Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
 #if DETTRIAL_HEADER_DEFINITIONS
+
 namespace dettrial::detail {
 
 DETTRIAL_INLINE int write_report_only(const CommandLine& line) {
@@ -2451,6 +2468,7 @@ DETTRIAL_INLINE int exit_status_of_failure(const char* program) {
 }
 
 }  // namespace dettrial::detail
+
 #endif  // DETTRIAL_HEADER_DEFINITIONS
 // ---- end dettrial/cli/main.hpp
 // ---- end dettrial/main.hpp

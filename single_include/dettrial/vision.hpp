@@ -156,8 +156,7 @@ class Cifar {
 #include <fstream>
 #include <iterator>
 
-namespace dettrial::vision {
-namespace detail {
+namespace dettrial::vision::detail {
 /// `root/name`, or `root/folder/name` when the archive's folder is still there.
 inline std::filesystem::path cifar_file(const std::filesystem::path& root, const char* folder, const std::string& name) {
   std::error_code ec;
@@ -166,8 +165,9 @@ inline std::filesystem::path cifar_file(const std::filesystem::path& root, const
   throw DataError("CIFAR: found no '" + name + "' in '" + root.string() + "' or '" + (root / folder).string() +
                   "' (the binary version of the data set, as published)");
 }
-}  // namespace detail
+}  // namespace dettrial::vision::detail
 
+namespace dettrial::vision {
 DETTRIAL_INLINE void Cifar::read(const std::filesystem::path& file, bool two_labels, CifarLabel which) {
   std::ifstream in(file, std::ios::binary);
   const std::vector<std::uint8_t> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
@@ -224,6 +224,7 @@ DETTRIAL_INLINE Image Cifar::load(std::int64_t index, ImageMode mode) const {
 }
 
 }  // namespace dettrial::vision
+
 #endif  // DETTRIAL_HEADER_DEFINITIONS
 // ---- end dettrial/vision/cifar.hpp
 // ---- begin dettrial/vision/decode.hpp
@@ -292,8 +293,7 @@ DETTRIAL_INLINE void read_file(const std::filesystem::path& path, std::vector<st
 #include <spng.h>
 #endif
 
-namespace dettrial::vision {
-namespace detail {
+namespace dettrial::vision::detail {
 
 /// The largest image accepted, a guard against decompression bombs (a damaged header can claim any
 /// size): 32768 a side, and PIL's own limit in all (twice its MAX_IMAGE_PIXELS, where it refuses).
@@ -430,8 +430,9 @@ inline std::string leading_bytes(std::span<const std::uint8_t> bytes) {
   return out.empty() ? "nothing: the file is empty" : out;
 }
 
-}  // namespace detail
+}  // namespace dettrial::vision::detail
 
+namespace dettrial::vision {
 DETTRIAL_INLINE Image decode_image(std::span<const std::uint8_t> bytes, ImageMode mode, const std::string& name) {
   static constexpr std::uint8_t png_signature[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n'};
   const bool jpeg = bytes.size() >= 3 && bytes[0] == 0xFF && bytes[1] == 0xD8 && bytes[2] == 0xFF;
@@ -485,6 +486,7 @@ DETTRIAL_INLINE Image read_image(const std::filesystem::path& path, ImageMode mo
 }
 
 }  // namespace dettrial::vision
+
 #endif  // DETTRIAL_HEADER_DEFINITIONS
 // ---- end dettrial/vision/decode.hpp
 // ---- begin dettrial/vision/image_dataset.hpp
@@ -557,7 +559,9 @@ concept ImageTransform = requires(const T& t, Image image, RecordRandom& random)
   { t(std::move(image), random) } -> std::same_as<Image>;
 };
 
-namespace detail {
+}  // namespace dettrial::vision
+
+namespace dettrial::vision::detail {
 /// The source index of position `i` (which may lie outside [0, n)) under `mode`; -1 for constant fill.
 DETTRIAL_INLINE std::int64_t padded_source(std::int64_t i, std::int64_t n, PaddingMode mode);
 /**
@@ -580,8 +584,9 @@ constexpr std::int64_t round_half(std::int64_t x) {
   const std::int64_t other = x > 0 ? q + 1 : q - 1;
   return q % 2 == 0 ? q : other;
 }
-}  // namespace detail
+}  // namespace dettrial::vision::detail
 
+namespace dettrial::vision {
 /// torchvision's `Resize(size)`: one number resizes the shorter side to it (keeping the aspect), two
 /// give the size; bilinear with antialiasing (v2's default), through LibTorch's interpolation.
 struct Resize {
@@ -765,7 +770,9 @@ concept OutputStep = requires {
   { T::output_step } -> std::convertible_to<bool>;
 } && T::output_step;
 
-namespace detail {
+}  // namespace dettrial::vision
+
+namespace dettrial::vision::detail {
 template <class... Steps>
 constexpr bool output_steps_last() {
   bool seen_output = false, ok = true;
@@ -778,8 +785,9 @@ constexpr bool normalize_after_to_float() {
   ((ok = ok && (!std::is_same_v<Steps, Normalize> || seen_float), seen_float = seen_float || std::is_same_v<Steps, ToFloat>), ...);
   return ok;
 }
-}  // namespace detail
+}  // namespace dettrial::vision::detail
 
+namespace dettrial::vision {
 /**
  * @brief torchvision's `Compose([...])`, as a type: the 8-bit transforms in order, then the output
  * steps, which the batch writer applies as it converts each image into the batch (C x H x W).
@@ -886,8 +894,7 @@ class Compose {
 
 #include <ATen/Version.h>
 
-namespace dettrial::vision {
-namespace detail {
+namespace dettrial::vision::detail {
 
 DETTRIAL_INLINE std::int64_t padded_source(std::int64_t i, std::int64_t n, PaddingMode mode) {
   if (i >= 0 && i < n) return i;
@@ -1002,8 +1009,9 @@ inline std::uint8_t blend(std::uint8_t x, float other, float ratio) {
   return static_cast<std::uint8_t>(std::clamp(v, 0.0f, 255.0f));
 }
 
-}  // namespace detail
+}  // namespace dettrial::vision::detail
 
+namespace dettrial::vision {
 DETTRIAL_INLINE Image ColorJitter::operator()(Image image, RecordRandom& random) const {
   // torchvision draws the order first (a permutation of its four adjustments), then each factor.
   std::array<int, 3> order{0, 1, 2};
@@ -1033,6 +1041,7 @@ DETTRIAL_INLINE Image ColorJitter::operator()(Image image, RecordRandom& random)
 }
 
 }  // namespace dettrial::vision
+
 #endif  // DETTRIAL_HEADER_DEFINITIONS
 // ---- end dettrial/vision/transforms.hpp
 
@@ -1277,8 +1286,7 @@ class ImageFolder {
 #include <set>
 #include <system_error>
 
-namespace dettrial::vision {
-namespace detail {
+namespace dettrial::vision::detail {
 
 inline bool has_extension(const std::string& file, const std::vector<std::string>& extensions) {
   std::string lower = file;
@@ -1334,8 +1342,9 @@ inline bool is_integer(const std::string& text) {
   return true;
 }
 
-}  // namespace detail
+}  // namespace dettrial::vision::detail
 
+namespace dettrial::vision {
 DETTRIAL_INLINE ImageFolder::ImageFolder(const std::filesystem::path& root, const ImageFolderOptions& options) {
   std::error_code ec;
   if (!std::filesystem::is_directory(root, ec))
@@ -1426,6 +1435,7 @@ DETTRIAL_INLINE ImageFolder ImageFolder::from_csv(const std::filesystem::path& c
 }
 
 }  // namespace dettrial::vision
+
 #endif  // DETTRIAL_HEADER_DEFINITIONS
 // ---- end dettrial/vision/image_folder.hpp
 // ---- end dettrial/vision.hpp

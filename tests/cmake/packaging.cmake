@@ -5,7 +5,8 @@
 find_package(Python3 REQUIRED COMPONENTS Interpreter)
 add_test(NAME "single header is up to date" COMMAND Python3::Interpreter "${PROJECT_SOURCE_DIR}/tools/amalgamate.py" --check)
 add_test(NAME "layers: no header includes one from a folder above its own" COMMAND Python3::Interpreter "${PROJECT_SOURCE_DIR}/tools/check_layers.py")
-add_test(NAME "includes: each header includes the third-party headers it uses" COMMAND Python3::Interpreter "${PROJECT_SOURCE_DIR}/tools/check_includes.py")
+add_test(NAME "includes: each header includes the third-party headers it uses, and opens its namespaces one way" COMMAND Python3::Interpreter "${PROJECT_SOURCE_DIR}/tools/check_includes.py")
+add_test(NAME "includes: the namespace rule refuses each way of breaking it" COMMAND Python3::Interpreter "${PROJECT_SOURCE_DIR}/tools/check_includes.py" --self-test)
 add_test(NAME "docs: every relative link and anchor in the markdown resolves, every docs/ page is linked"
          COMMAND Python3::Interpreter "${PROJECT_SOURCE_DIR}/tools/check_links.py")
 add_test(NAME "functions: none in include/ is over 80 lines" COMMAND Python3::Interpreter "${PROJECT_SOURCE_DIR}/tools/check_function_lengths.py")

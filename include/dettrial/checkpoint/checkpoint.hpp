@@ -69,7 +69,9 @@ struct TrialProgress {
   static TrialProgress from_determined(const std::filesystem::path& dir, const CheckpointInfo& info);
 };
 
-namespace detail {
+}  // namespace dettrial
+
+namespace dettrial::detail {
 
 DETTRIAL_INLINE const c10::IValue& require_entry(const StateDict& dict, const char* key, const std::string& what);
 
@@ -144,8 +146,9 @@ struct ContextCheckpoint {
 DETTRIAL_INLINE c10::IValue numpy_seeded_state(std::uint64_t seed);
 DETTRIAL_INLINE c10::IValue python_random_seeded_state(std::uint64_t seed);
 
-}  // namespace detail
+}  // namespace dettrial::detail
 
+namespace dettrial {
 /**
  * @brief Loads a checkpoint's models into a trial's wrapped models, for evaluation or inference
  * without training: build the trial (`Trainer<T> trainer(context)`), then
@@ -160,6 +163,7 @@ DETTRIAL_INLINE void load_model(const std::filesystem::path& path, torch::nn::Mo
 }  // namespace dettrial
 
 // Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
+
 namespace dettrial {
 /// Brings device-side optimizer state (FusedAdam's step counts) into LibTorch's state before it is
 /// saved: one read of the device per checkpoint.
@@ -173,6 +177,7 @@ inline void pull_device_optimizer_state(Context& c) {
 #include "../detail/json.hpp"
 #include <cstdio>
 #include <functional>
+
 namespace dettrial {
 
 DETTRIAL_INLINE std::string TrialProgress::to_json() const {
@@ -274,7 +279,9 @@ DETTRIAL_INLINE TrialProgress TrialProgress::from_determined(const std::filesyst
   return p;
 }
 
-namespace detail {
+}  // namespace dettrial
+
+namespace dettrial::detail {
 
 /// The archive key of parameter `j`'s pending gradient ("p0", "p1", ...). Formatted, not "p" +
 /// std::to_string(j): GCC 12 at -O3 warns (-Wstringop-overflow) inside that concatenation's inlined
@@ -351,7 +358,9 @@ DETTRIAL_INLINE StateDict read_state_dict_file(const std::filesystem::path& dir)
   return top.toGenericDict();
 }
 
-namespace checkpoint_detail {
+}  // namespace dettrial::detail
+
+namespace dettrial::detail::checkpoint {
 
 /// The index of the trial's optimizer `o`, or the number of optimizers when it is none of them.
 DETTRIAL_INLINE std::size_t optimizer_index(Context& c, const torch::optim::Optimizer* o) {
@@ -371,15 +380,16 @@ DETTRIAL_INLINE std::optional<StateDict> python_group(const c10::IValue& optimiz
   return group.toGenericDict();
 }
 
-}  // namespace checkpoint_detail
+}  // namespace dettrial::detail::checkpoint
 
+namespace dettrial::detail {
 DETTRIAL_INLINE void ContextCheckpoint::add_scheduler_group_entries(Context& c, c10::impl::GenericList& optimizers) {
   for (std::size_t i = 0; i < c.num_lr_schedulers(); ++i) {
     const WrappedScheduler& s = detail::ContextAccess::lr_scheduler(c, i);
     if (!s.python_param_group) continue;
-    const std::size_t o = checkpoint_detail::optimizer_index(c, s.driven_optimizer(s.scheduler));
+    const std::size_t o = detail::checkpoint::optimizer_index(c, s.driven_optimizer(s.scheduler));
     if (o >= optimizers.size()) continue;  // a scheduler of an optimizer the trial did not wrap: Python has no groups for it
-    for (std::size_t g = 0; auto group = checkpoint_detail::python_group(optimizers.get(o), g); ++g) {
+    for (std::size_t g = 0; auto group = detail::checkpoint::python_group(optimizers.get(o), g); ++g) {
       StateDict d = *group;  // shares the list's dict
       s.python_param_group(s.scheduler, g, d);
     }
@@ -389,10 +399,10 @@ DETTRIAL_INLINE void ContextCheckpoint::add_scheduler_group_entries(Context& c, 
 DETTRIAL_INLINE void ContextCheckpoint::read_scheduler_group_entries(Context& c, const WrappedScheduler& s,
                                                                      const c10::impl::GenericList& optimizers, const std::string& what) {
   if (!s.load_python_param_group) return;
-  const std::size_t o = checkpoint_detail::optimizer_index(c, s.driven_optimizer(s.scheduler));
+  const std::size_t o = detail::checkpoint::optimizer_index(c, s.driven_optimizer(s.scheduler));
   if (o >= optimizers.size()) return;
   for (std::size_t g = 0; g < c.optimizer(o).param_groups().size(); ++g) {
-    const auto group = checkpoint_detail::python_group(optimizers.get(o), g);
+    const auto group = detail::checkpoint::python_group(optimizers.get(o), g);
     if (!group) throw CheckpointError(what + ": optimizer " + std::to_string(o) + " has no parameter group " + std::to_string(g));
     s.load_python_param_group(s.scheduler, g, *group, what + ", optimizer " + std::to_string(o) + "'s group " + std::to_string(g));
   }
@@ -710,8 +720,9 @@ DETTRIAL_INLINE void ContextCheckpoint::load_native_grads(Context& c, torch::ser
   }
 }
 
-}  // namespace detail
+}  // namespace dettrial::detail
 
+namespace dettrial {
 DETTRIAL_INLINE CheckpointInfo load_models(const std::filesystem::path& path, Context& context) {
   const std::filesystem::path dir = resolve_checkpoint(path);
   const CheckpointInfo info = read_checkpoint_info(dir);
@@ -729,4 +740,5 @@ DETTRIAL_INLINE void load_model(const std::filesystem::path& path, torch::nn::Mo
 }
 
 }  // namespace dettrial
+
 #endif  // DETTRIAL_HEADER_DEFINITIONS

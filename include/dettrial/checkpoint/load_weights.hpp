@@ -79,8 +79,7 @@ IncompatibleKeys load_weights(M& model, const std::filesystem::path& path, LoadW
 #include <map>
 #include <utility>
 
-namespace dettrial {
-namespace detail {
+namespace dettrial::detail {
 
 /// Whether every value of `d` is a tensor (a model's state dict, as opposed to a checkpoint's top level).
 DETTRIAL_INLINE bool all_tensors(const StateDict& d) {
@@ -99,8 +98,9 @@ DETTRIAL_INLINE std::string keys_text(const StateDict& d) {
   return out.empty() ? "nothing" : out;
 }
 
-}  // namespace detail
+}  // namespace dettrial::detail
 
+namespace dettrial {
 DETTRIAL_INLINE StateDict read_model_state_dict(const std::filesystem::path& path, std::size_t model_index) {
   namespace fs = std::filesystem;
   std::error_code ec;
@@ -174,4 +174,5 @@ DETTRIAL_INLINE IncompatibleKeys load_state_dict(torch::nn::Module& module, cons
 }
 
 }  // namespace dettrial
+
 #endif  // DETTRIAL_HEADER_DEFINITIONS

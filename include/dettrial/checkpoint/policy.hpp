@@ -11,9 +11,7 @@
 #include "../vocabulary/checkpoint.hpp"
 #include "../config/experiment_config.hpp"
 
-namespace dettrial {
-
-namespace checkpoint_policy {
+namespace dettrial::checkpoint_policy {
 /// After every validation.
 struct all {
   static constexpr std::string_view name = "all";
@@ -40,8 +38,9 @@ decltype(auto) visit(CheckpointPolicy policy, F&& f) {
   }
   return std::forward<F>(f)(best{});
 }
-}  // namespace checkpoint_policy
+}  // namespace dettrial::checkpoint_policy
 
+namespace dettrial {
 static_assert(CheckpointPolicyType<checkpoint_policy::all> && CheckpointPolicyType<checkpoint_policy::best> &&
               CheckpointPolicyType<checkpoint_policy::none>);
 

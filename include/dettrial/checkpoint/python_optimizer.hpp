@@ -54,10 +54,9 @@ DETTRIAL_INLINE bool python_layout_holds(torch::optim::Optimizer& optimizer);
 #include "../optim/schedulers.hpp"
 #include "state_dict.hpp"
 
-namespace dettrial {
-namespace python_optimizer_detail {
+namespace dettrial::detail::python_optimizer {
 
-using optim::python_state_detail::python_number;  // schedulers' reader of Python's numbers
+using optim::detail::python_state::python_number;  // schedulers' reader of Python's numbers
 
 /// One optimizer type: the options it has (beyond those every optimizer carries), how to set them
 /// and how to make a parameter's state from the file's entries.
@@ -324,9 +323,9 @@ inline void set_muon(optim::MuonOptions& o, const std::string& k, const c10::IVa
   else if (k == "momentum") o.momentum(python_number(v, what));
   else if (k == "nesterov") o.nesterov(python_number(v, what) != 0);
   else if (k == "eps") o.eps(python_number(v, what));
-  else if (k == "ns_steps") o.ns_steps(optim::python_state_detail::python_count(v, what, 0));
+  else if (k == "ns_steps") o.ns_steps(optim::detail::python_state::python_count(v, what, 0));
   else if (k == "ns_coefficients") {
-    const auto c = optim::python_state_detail::python_numbers(v, what);
+    const auto c = optim::detail::python_state::python_numbers(v, what);
     if (c.size() != 3) throw CheckpointError(what + " holds " + std::to_string(c.size()) + " numbers, not Muon's 3");
     o.ns_coefficients({c[0], c[1], c[2]});
   } else if (k == "adjust_lr_fn") {
@@ -374,7 +373,7 @@ inline void check_group_options(const StateDict& group, const Kind& kind, const 
   for (const auto& entry : group) {
     const std::string key = entry.key().isString() ? entry.key().toStringRef() : std::string("(not a name)");
     if (const auto fixed = kind.fixed_flags.find(key); fixed != kind.fixed_flags.end()) {
-      const bool value = python_optimizer_detail::python_number(entry.value(), what + ": '" + key + "'") != 0;
+      const bool value = detail::python_optimizer::python_number(entry.value(), what + ": '" + key + "'") != 0;
       if (value != fixed->second)
         throw CheckpointError(what + " has " + key + ": " + (value ? "True" : "False") + ", which LibTorch's " + kind.name +
                               " does not do" + fixed_flag_reason(key, value));
@@ -386,10 +385,11 @@ inline void check_group_options(const StateDict& group, const Kind& kind, const 
   }
 }
 
-}  // namespace python_optimizer_detail
+}  // namespace dettrial::detail::python_optimizer
 
+namespace dettrial {
 DETTRIAL_INLINE void load_optimizer_state_dict(torch::optim::Optimizer& optimizer, const StateDict& state, const std::string& what) {
-  namespace pd = python_optimizer_detail;
+  namespace pd = detail::python_optimizer;
   const auto groups_it = state.find("param_groups");
   const auto state_it = state.find("state");
   if (groups_it == state.end() || !groups_it->value().isList() || state_it == state.end() || !state_it->value().isGenericDict())
@@ -447,7 +447,7 @@ DETTRIAL_INLINE void load_optimizer_state_dict(torch::optim::Optimizer& optimize
 
 DETTRIAL_INLINE bool python_layout_holds(torch::optim::Optimizer& optimizer) {
   for (auto& group : optimizer.param_groups())
-    if (!python_optimizer_detail::kind_of(group.options()).name) return false;
+    if (!detail::python_optimizer::kind_of(group.options()).name) return false;
   for (const auto& [key, state] : optimizer.state()) {
     c10::impl::GenericDict scratch(c10::StringType::get(), c10::AnyType::get());
     if (!detail::python_param_state(*state, scratch)) return false;
@@ -456,4 +456,5 @@ DETTRIAL_INLINE bool python_layout_holds(torch::optim::Optimizer& optimizer) {
 }
 
 }  // namespace dettrial
+
 #endif  // DETTRIAL_HEADER_DEFINITIONS

@@ -61,8 +61,7 @@ DETTRIAL_INLINE std::optional<std::string> python_object_type(const c10::IValue&
 #include <utility>
 #include <vector>
 
-namespace dettrial::detail {
-namespace pickle_detail {
+namespace dettrial::detail::pickle {
 
 /// Objects the machine builds that are not values of their own (a global, a NumPy dtype, an array
 /// before its BUILD) are dicts tagged with this key, so that tuples and lists can hold them.
@@ -521,15 +520,16 @@ DETTRIAL_INLINE bool Machine::step(unsigned char op) {
   return true;
 }
 
-}  // namespace pickle_detail
+}  // namespace dettrial::detail::pickle
 
+namespace dettrial::detail {
 DETTRIAL_INLINE c10::IValue unpickle(std::string_view pickle, const PickleStorageLoader& storages, UnreadObjects unread) {
-  return pickle_detail::Machine(pickle, storages, unread).run();
+  return detail::pickle::Machine(pickle, storages, unread).run();
 }
 
 DETTRIAL_INLINE std::optional<std::string> python_object_type(const c10::IValue& value) {
   if (value.isGenericDict()) {
-    if (pickle_detail::kind_of(value) == pickle_detail::unread_kind) return pickle_detail::field(value, "name").toStringRef();
+    if (detail::pickle::kind_of(value) == detail::pickle::unread_kind) return detail::pickle::field(value, "name").toStringRef();
     for (const auto& entry : value.toGenericDict())
       if (auto found = python_object_type(entry.value())) return found;
   } else if (value.isList()) {
@@ -544,4 +544,5 @@ DETTRIAL_INLINE std::optional<std::string> python_object_type(const c10::IValue&
 }
 
 }  // namespace dettrial::detail
+
 #endif  // DETTRIAL_HEADER_DEFINITIONS

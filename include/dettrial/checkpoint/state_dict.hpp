@@ -29,9 +29,7 @@
 #include "python_pickle.hpp"
 #include "../detail/linkage.hpp"
 
-namespace dettrial {
-
-namespace detail {
+namespace dettrial::detail {
 
 /**
  * @brief `value` as a `torch.save` archive (a zip with `data.pkl` and `data/<n>`). The pickler is
@@ -93,8 +91,9 @@ DETTRIAL_INLINE bool python_param_state(const torch::optim::OptimizerParamState&
 
 DETTRIAL_INLINE void python_group_options(const torch::optim::OptimizerOptions& options, c10::impl::GenericDict& out);
 
-}  // namespace detail
+}  // namespace dettrial::detail
 
+namespace dettrial {
 /**
  * @brief A module's state dict as Python's `module.state_dict()` has it: parameters and buffers under
  * their dotted names (`0.weight`, `fc1.bias`, `bn.running_mean`), detached.
@@ -130,8 +129,7 @@ DETTRIAL_INLINE void load_module_state_dict(torch::nn::Module& module, const Sta
 #include <stdexcept>
 #include <string_view>
 
-namespace dettrial {
-namespace detail {
+namespace dettrial::detail {
 
 DETTRIAL_INLINE std::string pickle_archive(const c10::IValue& value) {
   std::string out;
@@ -279,8 +277,9 @@ DETTRIAL_INLINE void python_group_options(const torch::optim::OptimizerOptions& 
   }
 }
 
-}  // namespace detail
+}  // namespace dettrial::detail
 
+namespace dettrial {
 DETTRIAL_INLINE StateDict module_state_dict(const torch::nn::Module& module) {
   StateDict out(c10::StringType::get(), c10::TensorType::get());
   // LibTorch's pickler writes CPU and CUDA tensors (a CUDA one is copied out and tagged with its
@@ -346,4 +345,5 @@ DETTRIAL_INLINE void load_module_state_dict(torch::nn::Module& module, const Sta
 }
 
 }  // namespace dettrial
+
 #endif  // DETTRIAL_HEADER_DEFINITIONS

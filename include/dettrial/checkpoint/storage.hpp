@@ -63,7 +63,9 @@ struct Retention {
   std::int64_t save_trial_latest = 1;
 };
 
-namespace detail {
+}  // namespace dettrial
+
+namespace dettrial::detail {
 
 inline std::string errno_text() { return std::strerror(errno); }
 
@@ -125,8 +127,9 @@ class WritePace {
   bool hurried_ = false;
 };
 
-}  // namespace detail
+}  // namespace dettrial::detail
 
+namespace dettrial {
 /**
  * @brief Writes one checkpoint crash-safely: every file goes into a hidden temporary directory and
  * is synced; `commit` writes `metadata.json` (with each file's size and CRC-32) last, syncs, and
@@ -215,8 +218,7 @@ DETTRIAL_INLINE void delete_checkpoint(const CheckpointInfo& checkpoint);
 #include <unistd.h>
 #include <zlib.h>
 
-namespace dettrial {
-namespace detail {
+namespace dettrial::detail {
 
 DETTRIAL_INLINE void write_file_synced(const std::filesystem::path& path, std::string_view bytes) {
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
@@ -299,8 +301,9 @@ DETTRIAL_INLINE void remove_stale_entries(const std::filesystem::path& storage) 
   }
 }
 
-}  // namespace detail
+}  // namespace dettrial::detail
 
+namespace dettrial {
 DETTRIAL_INLINE CheckpointWriter::CheckpointWriter(std::filesystem::path storage, std::string uuid, detail::WritePace* pace)
     : storage_(std::move(storage)), uuid_(std::move(uuid)), temp_(storage_ / (".tmp-" + uuid_)), pace_(pace) {
   std::error_code ec;
@@ -373,7 +376,9 @@ DETTRIAL_INLINE std::filesystem::path CheckpointWriter::commit(detail::Json fiel
   return final_path;
 }
 
-namespace detail {
+}  // namespace dettrial
+
+namespace dettrial::detail {
 /// A checkpoint Determined wrote: its id is its folder's name (Determined's storage id), its place
 /// its `steps_completed`; it lists no checksums (Determined keeps none).
 DETTRIAL_INLINE CheckpointInfo determined_checkpoint_info(const std::filesystem::path& dir, const Json& meta) {
@@ -391,8 +396,9 @@ DETTRIAL_INLINE CheckpointInfo determined_checkpoint_info(const std::filesystem:
                           "' (written by Determined) has no state_dict.pth: only PyTorchTrial checkpoints can be continued");
   return info;
 }
-}  // namespace detail
+}  // namespace dettrial::detail
 
+namespace dettrial {
 DETTRIAL_INLINE CheckpointInfo read_checkpoint_info(const std::filesystem::path& dir, bool verify_files) {
   std::error_code ec;
   if (!std::filesystem::exists(dir, ec)) throw CheckpointError("checkpoint '" + dir.string() + "' does not exist");
@@ -523,4 +529,5 @@ DETTRIAL_INLINE void delete_checkpoint(const CheckpointInfo& checkpoint) {
 }
 
 }  // namespace dettrial
+
 #endif  // DETTRIAL_HEADER_DEFINITIONS

@@ -62,9 +62,8 @@ DETTRIAL_INLINE CommandLine parse_command_line(int argc, const char* const* argv
 
 // Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
 #if DETTRIAL_HEADER_DEFINITIONS
-namespace dettrial {
 
-namespace detail {
+namespace dettrial::detail {
 
 /// A flag's value as an integer of at least `least` (a positive one by default), or the sentence
 /// that says it is not one.
@@ -95,8 +94,9 @@ DETTRIAL_INLINE const std::string& one_of(std::string_view flag, const std::stri
   throw CommandLineError(std::string(flag) + " must be " + std::string(said) + ", not '" + value + "'", false);
 }
 
-}  // namespace detail
+}  // namespace dettrial::detail
 
+namespace dettrial {
 DETTRIAL_INLINE CommandLine parse_command_line(int argc, const char* const* argv) {
   CommandLine line;
   if (argc > 0 && argv[0]) line.program = argv[0];
@@ -184,4 +184,5 @@ DETTRIAL_INLINE const char* main_usage() {
 }
 
 }  // namespace dettrial
+
 #endif  // DETTRIAL_HEADER_DEFINITIONS

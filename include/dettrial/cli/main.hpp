@@ -55,7 +55,9 @@ inline constexpr int exit_status_interrupted = detail::exit_status_interrupted_v
 /// running it again would fail the same way (EX_CONFIG).
 inline constexpr int exit_status_config_error = detail::exit_status_config_value;
 
-namespace detail {
+}  // namespace dettrial
+
+namespace dettrial::detail {
 
 /// --report DIR: writes the page, prints its path; nothing is trained and no config is read.
 DETTRIAL_INLINE int write_report_only(const CommandLine& line);
@@ -167,8 +169,9 @@ int train_trial(const CommandLine& line, const RunPlan& plan, const LaunchEnviro
   }
 }
 
-}  // namespace detail
+}  // namespace dettrial::detail
 
+namespace dettrial {
 /**
  * @brief The `main` of a trial program: parses the command line, reads the experiment config, builds
  * the context and the trainer, and fits. Returns the process exit status: 0 on success, 1 when the
@@ -211,6 +214,7 @@ int main(int argc, char** argv, Args&&... trial_args) {
 
 // Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
 #if DETTRIAL_HEADER_DEFINITIONS
+
 namespace dettrial::detail {
 
 DETTRIAL_INLINE int write_report_only(const CommandLine& line) {
@@ -432,4 +436,5 @@ DETTRIAL_INLINE int exit_status_of_failure(const char* program) {
 }
 
 }  // namespace dettrial::detail
+
 #endif  // DETTRIAL_HEADER_DEFINITIONS

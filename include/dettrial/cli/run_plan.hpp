@@ -52,7 +52,9 @@ struct RunPlan {
 /// or CheckpointError naming the file.
 DETTRIAL_INLINE RunPlan plan_run(const CommandLine& line);
 
-namespace detail {
+}  // namespace dettrial
+
+namespace dettrial::detail {
 
 /// Applies `a.b.c=value` to a YAML document; the value is parsed as YAML (numbers stay numbers).
 DETTRIAL_INLINE void apply_override(YAML::Node& root, const std::string& assignment);
@@ -79,14 +81,12 @@ DETTRIAL_INLINE void flatten_yaml(const YAML::Node& node, const std::string& pat
 /// per line (numbers compared as numbers: 1e-3 is 0.001), or empty.
 DETTRIAL_INLINE std::string config_differences(const YAML::Node& stored, const YAML::Node& given);
 
-}  // namespace detail
-}  // namespace dettrial
+}  // namespace dettrial::detail
 
 // Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
 #if DETTRIAL_HEADER_DEFINITIONS
-namespace dettrial {
 
-namespace detail {
+namespace dettrial::detail {
 
 /// The config file, or the resumed run's own config when none is given, with --set applied.
 DETTRIAL_INLINE ExperimentConfig config_of(const CommandLine& line, const RunPlan& plan) {
@@ -124,8 +124,9 @@ DETTRIAL_INLINE void draw_one_trial(const CommandLine& line, bool draws, RunPlan
   }
 }
 
-}  // namespace detail
+}  // namespace dettrial::detail
 
+namespace dettrial {
 DETTRIAL_INLINE RunPlan plan_run(const CommandLine& line) {
   RunPlan plan;
   plan.output = line.output;
@@ -150,7 +151,9 @@ DETTRIAL_INLINE RunPlan plan_run(const CommandLine& line) {
   return plan;
 }
 
-namespace detail {
+}  // namespace dettrial
+
+namespace dettrial::detail {
 
 DETTRIAL_INLINE ExperimentConfig one_trial_drawn(const ExperimentConfig& config) {
   const HyperparameterSpace space(config.hyperparameters, config.source);
@@ -257,6 +260,6 @@ DETTRIAL_INLINE std::string config_differences(const YAML::Node& stored, const Y
   return out;
 }
 
-}  // namespace detail
-}  // namespace dettrial
+}  // namespace dettrial::detail
+
 #endif  // DETTRIAL_HEADER_DEFINITIONS

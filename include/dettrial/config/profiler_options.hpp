@@ -48,7 +48,9 @@ struct ProfilerOptions {
   bool with_modules = false;
 };
 
-namespace detail {
+}  // namespace dettrial
+
+namespace dettrial::detail {
 
 /// `torch.profiler.ProfilerAction`.
 enum class ProfilerAction { none, warmup, record, record_and_save };
@@ -81,5 +83,4 @@ inline void check_profiler_options(const ProfilerOptions& o) {
   if (o.activities.empty()) throw ConfigError("set_profiler: no activities to record (give ProfilerActivity::cpu, cuda or both)");
 }
 
-}  // namespace detail
-}  // namespace dettrial
+}  // namespace dettrial::detail

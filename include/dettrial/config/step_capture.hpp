@@ -12,8 +12,7 @@
 #include "../error.hpp"
 #include "../detail/linkage.hpp"
 
-namespace dettrial {
-namespace capture {
+namespace dettrial::capture {
 
 /// Every batch runs eagerly: the trial's hooks, backward and the optimizer step, kernel by kernel.
 struct none {
@@ -38,8 +37,9 @@ struct cuda_graph {
   std::int64_t warmup_batches = 3;
 };
 
-}  // namespace capture
+}  // namespace dettrial::capture
 
+namespace dettrial {
 /// capture::none or capture::cuda_graph.
 using StepCapture = std::variant<capture::none, capture::cuda_graph>;
 
@@ -55,6 +55,7 @@ inline const char* to_string(const StepCapture& c) {
 
 // Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
 #if DETTRIAL_HEADER_DEFINITIONS
+
 namespace dettrial {
 
 DETTRIAL_INLINE StepCapture parse_step_capture(const std::string& text, std::int64_t warmup_batches) {
@@ -67,4 +68,5 @@ DETTRIAL_INLINE StepCapture parse_step_capture(const std::string& text, std::int
 }
 
 }  // namespace dettrial
+
 #endif  // DETTRIAL_HEADER_DEFINITIONS

@@ -9,16 +9,15 @@
 #include <utility>
 #include <vector>
 
-namespace dettrial {
-
-namespace detail {
+namespace dettrial::detail {
 /// Environment variable `name`'s value, empty when unset.
 inline std::string environment_value(const char* name) {
   const char* value = std::getenv(name);
   return value ? value : "";
 }
-}  // namespace detail
+}  // namespace dettrial::detail
 
+namespace dettrial {
 /**
  * @brief An MLflow tracking server and how a run appears in it (the `mlflow` section of an
  * experiment config). Tracking is on when `tracking_uri` is set, by the config or by

@@ -101,7 +101,9 @@ struct ContextOptions {
   std::optional<std::int64_t> experiment_id{};
 };
 
-namespace detail {
+}  // namespace dettrial
+
+namespace dettrial::detail {
 /// A non-negative integer id from environment variable `name`; 0 when unset; ConfigError when not a number.
 DETTRIAL_INLINE std::int64_t id_from_environment(const char* name);
 
@@ -118,8 +120,9 @@ struct RunPosition {
   /// (`np_rng_state`, `random_rng_state`), written back into its checkpoints; none otherwise.
   c10::IValue python_generators{};
 };
-}  // namespace detail
+}  // namespace dettrial::detail
 
+namespace dettrial {
 /// When the trainer updates the averaged model a trial wraps (Context::wrap_averaged_model).
 struct AveragingSchedule {
   /// After every n-th optimizer step, counted from the first step of training: steps n, 2n, ...
@@ -129,10 +132,13 @@ struct AveragingSchedule {
   std::int64_t warmup_steps = 0;
 };
 
-namespace detail {
-struct ContextAccess;
-}  // namespace detail
+}  // namespace dettrial
 
+namespace dettrial::detail {
+struct ContextAccess;
+}  // namespace dettrial::detail
+
+namespace dettrial {
 /**
  * @brief What a trial sees of its run (Determined's PyTorchTrialContext).
  *
@@ -601,7 +607,9 @@ class Context {
   GradScaler* scaler_ = nullptr;
 };
 
-namespace detail {
+}  // namespace dettrial
+
+namespace dettrial::detail {
 /**
  * @brief The one way into what only dettrial's trainer and checkpoints do with a Context: the run's
  * position, the reducers and schedulers as they drive them, a training batch's beginning and end,
@@ -619,18 +627,14 @@ struct ContextAccess {
   static bool has_registrations(const Context& c) { return c.has_registrations(); }
   static void release_registrations(Context& c) { c.release_registrations(); }
 };
-}  // namespace detail
-
-}  // namespace dettrial
+}  // namespace dettrial::detail
 
 // Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
 #if DETTRIAL_HEADER_DEFINITIONS
 #include <cerrno>
 #include <cstdlib>
 
-namespace dettrial {
-
-namespace detail {
+namespace dettrial::detail {
 DETTRIAL_INLINE std::int64_t id_from_environment(const char* name) {
   const char* text = std::getenv(name);
   if (!text || !*text) return 0;
@@ -641,8 +645,9 @@ DETTRIAL_INLINE std::int64_t id_from_environment(const char* name) {
     throw ConfigError(std::string(name) + " is '" + text + "'; it must be a trial or experiment id (a non-negative integer)");
   return id;
 }
-}  // namespace detail
+}  // namespace dettrial::detail
 
+namespace dettrial {
 DETTRIAL_INLINE Context::Context(Hyperparameters hparams, ExperimentConfig config, ContextOptions options)
     : hparams_(std::move(hparams)),
       config_(std::move(config)),
@@ -881,4 +886,5 @@ DETTRIAL_INLINE Context::WrappedOptimizer& Context::find_optimizer(const torch::
 }
 
 }  // namespace dettrial
+
 #endif  // DETTRIAL_HEADER_DEFINITIONS

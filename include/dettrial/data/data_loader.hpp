@@ -134,7 +134,9 @@ struct DataLoaderOptions {
   std::optional<bool> pin_memory{};
 };
 
-namespace detail {
+}  // namespace dettrial
+
+namespace dettrial::detail {
 template <class D>
 auto as_batch_dataset(D dataset) {
   if constexpr (BatchDataset<D>) return dataset;
@@ -145,8 +147,9 @@ auto as_batch_dataset(D dataset) {
 DETTRIAL_INLINE BatchSampler make_batch_sampler(std::int64_t records, const DataLoaderOptions& options, std::uint64_t seed);
 /// See DataLoader::layout_sampler.
 DETTRIAL_INLINE BatchSampler layout_sampler(const BatchSampler& sampler, const LoaderChain& chain);
-}  // namespace detail
+}  // namespace dettrial::detail
 
+namespace dettrial {
 /**
  * @brief Reads a dataset in batches, in a reproducible order, optionally on background threads.
  *
@@ -460,4 +463,5 @@ DETTRIAL_INLINE BatchSampler make_batch_sampler(std::int64_t records, const Data
 }
 
 }  // namespace dettrial::detail
+
 #endif  // DETTRIAL_HEADER_DEFINITIONS

@@ -49,7 +49,9 @@ using BatchSamplerFunction = std::function<std::vector<torch::Tensor>(std::int64
 
 /// Determined's `determined.pytorch.samplers`, with the epoch made explicit so that any batch of any
 /// epoch can be computed on its own (O(1) skipping).
-namespace samplers {
+}  // namespace dettrial
+
+namespace dettrial::samplers {
 
 /**
  * @brief Determined's `ReproducibleShuffleSampler`: the record order of epoch `e` is a permutation
@@ -87,7 +89,9 @@ constexpr std::int64_t distributed_length(std::int64_t length, std::int64_t num_
   return length / num_replicas + (length % num_replicas > rank ? 1 : 0);
 }
 
-namespace detail {
+}  // namespace dettrial::samplers
+
+namespace dettrial::samplers::detail {
 /// Item `k` of a stream of epochs: `batch_of(k / batches_per_epoch, k % batches_per_epoch)`.
 template <class BatchOf>
 struct EpochBatch {
@@ -128,8 +132,9 @@ struct HeldBatch {
 DETTRIAL_INLINE void check_batches_per_epoch(std::int64_t batches_per_epoch, const char* who);
 DETTRIAL_INLINE void check_replicas(std::int64_t num_replicas, std::int64_t rank);
 DETTRIAL_INLINE void check_skip(std::int64_t skip);
-}  // namespace detail
+}  // namespace dettrial::samplers::detail
 
+namespace dettrial::samplers {
 /**
  * @brief Determined's `RepeatBatchSampler` (and `RepeatSampler`): epoch after epoch, endlessly.
  * - `samplers::repeat(batches_per_epoch, batch_of)`: batch `k` of the stream is
@@ -205,8 +210,7 @@ struct skip_fn {
 /// See skip_fn.
 inline constexpr skip_fn skip{};
 
-}  // namespace samplers
-}  // namespace dettrial
+}  // namespace dettrial::samplers
 
 // Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
 #if DETTRIAL_HEADER_DEFINITIONS
@@ -241,7 +245,9 @@ DETTRIAL_INLINE torch::Tensor ReproducibleShuffleSampler::permutation(std::int64
   return torch::randperm(n, generator, torch::TensorOptions().dtype(torch::kLong));
 }
 
-namespace detail {
+}  // namespace dettrial::samplers
+
+namespace dettrial::samplers::detail {
 DETTRIAL_INLINE void check_batches_per_epoch(std::int64_t batches_per_epoch, const char* who) {
   if (batches_per_epoch < 1)
     throw DataError(std::string("samplers::") + who + ": an epoch needs at least one batch, not " + std::to_string(batches_per_epoch));
@@ -253,7 +259,6 @@ DETTRIAL_INLINE void check_replicas(std::int64_t num_replicas, std::int64_t rank
 DETTRIAL_INLINE void check_skip(std::int64_t skip) {
   if (skip < 0) throw DataError("samplers::skip: cannot skip a negative number of batches (" + std::to_string(skip) + ")");
 }
-}  // namespace detail
+}  // namespace dettrial::samplers::detail
 
-}  // namespace dettrial::samplers
 #endif  // DETTRIAL_HEADER_DEFINITIONS

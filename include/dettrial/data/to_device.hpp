@@ -14,9 +14,7 @@
 
 #include <torch/torch.h>
 
-namespace dettrial {
-
-namespace detail {
+namespace dettrial::detail {
 template <class T>
 struct is_tuple_like : std::false_type {};
 template <class... Ts>
@@ -33,9 +31,7 @@ template <class V, class C, class A>
 struct is_string_map<std::map<std::string, V, C, A>> : std::true_type {};
 template <class V, class H, class E, class A>
 struct is_string_map<std::unordered_map<std::string, V, H, E, A>> : std::true_type {};
-}  // namespace detail
 
-namespace detail {
 /// Calls `f(tensor&)` on every tensor inside a nested batch (tuples, pairs, vectors, string-keyed maps);
 /// other values are skipped.
 template <class T, class F>
@@ -68,8 +64,9 @@ constexpr bool tensors_only_batch() {
   else return false;
 }
 
-}  // namespace detail
+}  // namespace dettrial::detail
 
+namespace dettrial {
 /**
  * @brief Moves every tensor inside `batch` to `device`, in place.
  *

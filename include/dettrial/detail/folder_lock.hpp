@@ -66,7 +66,9 @@ struct FolderLock::Held {
   }
 };
 
-namespace folder_lock_detail {
+}  // namespace dettrial::detail
+
+namespace dettrial::detail::folder_lock {
 /// The locks this process holds, by lock file: a second acquire shares the first.
 inline std::map<std::filesystem::path, std::weak_ptr<void>>& held_here() {
   static std::map<std::filesystem::path, std::weak_ptr<void>> locks;
@@ -90,11 +92,12 @@ inline std::string holder_of(int fd) {
   while (!holder.empty() && (holder.back() == '\n' || holder.back() == ' ')) holder.pop_back();
   return holder.empty() ? std::string("another process (it has not written its pid yet)") : holder;
 }
-}  // namespace folder_lock_detail
+}  // namespace dettrial::detail::folder_lock
 
+namespace dettrial::detail {
 DETTRIAL_INLINE FolderLock FolderLock::acquire(const std::filesystem::path& lock_file, const std::string& what,
                                                std::chrono::seconds patience) {
-  namespace fl = folder_lock_detail;
+  namespace fl = detail::folder_lock;
   std::error_code ec;
   std::filesystem::create_directories(lock_file.parent_path(), ec);
   const std::filesystem::path key = std::filesystem::weakly_canonical(lock_file, ec);
@@ -130,4 +133,5 @@ DETTRIAL_INLINE FolderLock FolderLock::acquire(const std::filesystem::path& lock
 }
 
 }  // namespace dettrial::detail
+
 #endif  // DETTRIAL_HEADER_DEFINITIONS

@@ -38,7 +38,9 @@
 namespace dettrial {
 
 /// Distributed backends as policy types (`Communicator::create<backend::gloo>(...)`).
-namespace backend {
+}  // namespace dettrial
+
+namespace dettrial::backend {
 /// Gloo over TCP: CPU tensors (any machine).
 struct gloo {
   static constexpr const char* name = "gloo";
@@ -61,9 +63,9 @@ inline constexpr bool has_nccl =
 #else
     false;
 #endif
-}  // namespace backend
+}  // namespace dettrial::backend
 
-namespace detail {
+namespace dettrial::detail {
 // LibTorch 1.x backends derive from c10d::ProcessGroup; 2.x ones from c10d::Backend. Both have the
 // same collective signatures, which are all dettrial calls.
 #if TORCH_VERSION_MAJOR >= 2
@@ -71,8 +73,9 @@ using C10dBackend = c10d::Backend;
 #else
 using C10dBackend = c10d::ProcessGroup;
 #endif
-}  // namespace detail
+}  // namespace dettrial::detail
 
+namespace dettrial {
 /**
  * @brief One process's handle on its job's process group. Every collective waits for its result and
  * turns a failure (a dead or hung peer, after `timeout`) into a DistributedError naming this rank.
@@ -166,10 +169,13 @@ class Communicator {
 #if defined(DETTRIAL_HAS_NCCL)
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
+
 namespace dettrial {
 
 #if defined(DETTRIAL_HAS_GLOO)
-namespace detail {
+}  // namespace dettrial
+
+namespace dettrial::detail {
 /// Gloo's transport device: the interface GLOO_SOCKET_IFNAME names, loopback for a job on one
 /// machine, else the host name's address.
 DETTRIAL_INLINE std::shared_ptr<::gloo::transport::Device> gloo_device(const LaunchEnvironment& env) {
@@ -179,7 +185,9 @@ DETTRIAL_INLINE std::shared_ptr<::gloo::transport::Device> gloo_device(const Lau
   if (env.master_addr == "127.0.0.1" || env.master_addr == "localhost") return c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1");
   return c10d::ProcessGroupGloo::createDefaultDevice();
 }
-}  // namespace detail
+}  // namespace dettrial::detail
+
+namespace dettrial {
 #endif
 
 DETTRIAL_INLINE std::shared_ptr<Communicator> Communicator::join(const LaunchEnvironment& env, std::chrono::milliseconds timeout,
@@ -347,4 +355,5 @@ DETTRIAL_INLINE DistributedError Communicator::failure(const char* what, const s
 }
 
 }  // namespace dettrial
+
 #endif  // DETTRIAL_HEADER_DEFINITIONS

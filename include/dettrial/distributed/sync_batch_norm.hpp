@@ -57,8 +57,8 @@ DETTRIAL_INLINE torch::nn::Sequential convert_sync_batchnorm(const torch::nn::Se
 
 // Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
 #if DETTRIAL_HEADER_DEFINITIONS
-namespace dettrial::nn {
-namespace detail {
+
+namespace dettrial::nn::detail {
 
 /// Every dimension but the channels' (1): the ones a channel's statistics are taken over.
 inline std::vector<std::int64_t> non_channel_dims(const torch::Tensor& input) {
@@ -133,8 +133,9 @@ struct SyncBatchNormFunction : torch::autograd::Function<SyncBatchNormFunction> 
   }
 };
 
-}  // namespace detail
+}  // namespace dettrial::nn::detail
 
+namespace dettrial::nn {
 DETTRIAL_INLINE SyncBatchNormImpl::SyncBatchNormImpl(torch::nn::BatchNormOptions options_, Communicator* communicator_)
     : options(std::move(options_)), communicator(communicator_) {
   SyncBatchNormImpl::reset();
@@ -190,7 +191,9 @@ DETTRIAL_INLINE void SyncBatchNormImpl::pretty_print(std::ostream& stream) const
          << ", track_running_stats=" << options.track_running_stats() << ")";
 }
 
-namespace detail {
+}  // namespace dettrial::nn
+
+namespace dettrial::nn::detail {
 template <class BatchNormImpl>
 bool replace_batch_norm(const std::shared_ptr<torch::nn::Module>& module, Communicator* communicator, torch::nn::Sequential& out,
                         const std::string& name) {
@@ -214,8 +217,9 @@ bool replace_batch_norm(const std::shared_ptr<torch::nn::Module>& module, Commun
   out->push_back(std::string(name), sync);
   return true;
 }
-}  // namespace detail
+}  // namespace dettrial::nn::detail
 
+namespace dettrial::nn {
 DETTRIAL_INLINE torch::nn::Sequential convert_sync_batchnorm(const torch::nn::Sequential& model, Communicator* communicator) {
   torch::nn::Sequential out;
   const auto names = model->named_children().keys();
@@ -234,4 +238,5 @@ DETTRIAL_INLINE torch::nn::Sequential convert_sync_batchnorm(const torch::nn::Se
 }
 
 }  // namespace dettrial::nn
+
 #endif  // DETTRIAL_HEADER_DEFINITIONS

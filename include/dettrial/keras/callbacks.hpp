@@ -26,9 +26,7 @@
 #include "../vocabulary/metrics.hpp"
 #include "../detail/linkage.hpp"
 
-namespace dettrial::keras {
-
-namespace detail {
+namespace dettrial::keras::detail {
 
 /**
  * @brief Keras 3's MonitorCallback: which way `monitor` improves (`mode` "min", "max", or "auto":
@@ -76,8 +74,9 @@ DETTRIAL_INLINE std::string python_float(double value);
 /// not in `logs` or a spec outside that is a ConfigError naming the pattern, as Keras's KeyError does.
 DETTRIAL_INLINE std::string python_format(const std::string& pattern, std::int64_t epoch, const MetricValues& logs, const char* who);
 
-}  // namespace detail
+}  // namespace dettrial::keras::detail
 
+namespace dettrial::keras {
 /**
  * @brief Keras's `EarlyStopping`: asks the trial to stop once `monitor` (a validation metric) has not
  * improved by more than `min_delta` for `patience` epochs (validations), counting from
@@ -261,9 +260,7 @@ class TerminateOnNaN {
 #include "../checkpoint/state_dict.hpp"
 #include "../detail/atomic_file.hpp"
 
-namespace dettrial::keras {
-
-namespace detail {
+namespace dettrial::keras::detail {
 
 DETTRIAL_INLINE Monitor Monitor::make(const char* who, std::string monitor, const std::string& mode, double min_delta) {
   Monitor m{std::move(monitor), MetricOrder{true}, std::abs(min_delta)};
@@ -442,8 +439,9 @@ DETTRIAL_INLINE std::string python_format(const std::string& pattern, std::int64
   return out;
 }
 
-}  // namespace detail
+}  // namespace dettrial::keras::detail
 
+namespace dettrial::keras {
 // ---- EarlyStopping -------------------------------------------------------------------------------
 
 DETTRIAL_INLINE EarlyStopping::EarlyStopping(Context& context, Options options)
@@ -706,4 +704,5 @@ DETTRIAL_INLINE void TerminateOnNaN::on_training_workload_end(const MetricValues
 }
 
 }  // namespace dettrial::keras
+
 #endif  // DETTRIAL_HEADER_DEFINITIONS

@@ -95,7 +95,9 @@ struct DictInputSequence {
 };
 
 /// Loss functions with Keras's names and semantics (the mean over the batch).
-namespace losses {
+}  // namespace dettrial::keras
+
+namespace dettrial::keras::losses {
 /// Integer class labels against logits (`from_logits`) or probabilities.
 struct SparseCategoricalCrossentropy {
   bool from_logits = false;
@@ -116,8 +118,9 @@ using Custom = std::function<torch::Tensor(const torch::Tensor& y_pred, const to
 inline SparseCategoricalCrossentropy sparse_categorical_crossentropy(bool from_logits = false) { return {from_logits}; }
 inline CategoricalCrossentropy categorical_crossentropy(bool from_logits = false) { return {from_logits}; }
 inline BinaryCrossentropy binary_crossentropy(bool from_logits = false) { return {from_logits}; }
-}  // namespace losses
+}  // namespace dettrial::keras::losses
 
+namespace dettrial::keras {
 /// The losses `compile` takes: one of Keras's (chosen once; a switch per batch) or one's own.
 using Loss = std::variant<losses::SparseCategoricalCrossentropy, losses::CategoricalCrossentropy, losses::BinaryCrossentropy,
                           losses::MeanSquaredError, losses::MeanAbsoluteError, losses::Custom>;
@@ -152,7 +155,9 @@ struct CompiledModel {
   std::vector<CompiledMetric> metrics;
 };
 
-namespace detail {
+}  // namespace dettrial::keras
+
+namespace dettrial::keras::detail {
 /// Keras's optimizer of that name over `parameters`, with Keras's defaults (Adam: lr 0.001, eps 1e-7; SGD:
 /// lr 0.01; RMSprop: lr 0.001, rho 0.9, eps 1e-7; AdamW: lr 0.001, weight decay 0.004, eps 1e-7;
 /// Adagrad: lr 0.001, initial accumulator 0.1, eps 1e-7). An unknown name is a ConfigError with a suggestion.
@@ -211,8 +216,9 @@ class InputsDataset {
   Inputs inputs_;
   torch::Tensor labels_;
 };
-}  // namespace detail
+}  // namespace dettrial::keras::detail
 
+namespace dettrial::keras {
 /**
  * @brief `model.compile(optimizer, loss, metrics)`: the model with an optimizer over its parameters
  * (by name with Keras's defaults, or given), a loss and metrics. Bad names are a ConfigError naming them.
@@ -252,7 +258,9 @@ concept KerasTrial = requires(K& k) {
   k.build_validation_data_loader();
 };
 
-namespace detail {
+}  // namespace dettrial::keras
+
+namespace dettrial::keras::detail {
 /**
  * @brief Validation means as Keras's `evaluate` takes them: each batch's loss and metrics weighted
  * by its records, so a partial last batch counts by its size (Determined's own averaging counts
@@ -291,8 +299,9 @@ struct RecordWeightedMeans {
     return out;
   }
 };
-}  // namespace detail
+}  // namespace dettrial::keras::detail
 
+namespace dettrial::keras {
 /**
  * @brief A Keras-style trial as a dettrial trial: builds the user's trial, its compiled model (wrapped
  * in the context unless `build_model` did) and optimizer, and writes `train_batch` (forward, loss,
@@ -447,9 +456,7 @@ class TrialAdapter {
 #include <cmath>
 #include <limits>
 
-namespace dettrial::keras {
-
-namespace detail {
+namespace dettrial::keras::detail {
 
 DETTRIAL_INLINE std::shared_ptr<torch::optim::Optimizer> optimizer_named(const std::string& name,
                                                                          const std::vector<torch::Tensor>& parameters) {
@@ -616,8 +623,9 @@ DETTRIAL_INLINE torch::Tensor metric_value(CompiledMetric::Kind kind, const torc
   throw TrialError("keras: unknown metric kind");
 }
 
-}  // namespace detail
+}  // namespace dettrial::keras::detail
 
+namespace dettrial::keras {
 DETTRIAL_INLINE void initialize_like_keras(torch::nn::Module& model) {
   torch::NoGradGuard no_grad;
   for (const auto& m : model.modules(/*include_self=*/true)) {
@@ -635,4 +643,5 @@ DETTRIAL_INLINE void initialize_like_keras(torch::nn::Module& model) {
 }
 
 }  // namespace dettrial::keras
+
 #endif  // DETTRIAL_HEADER_DEFINITIONS

@@ -74,7 +74,9 @@ class FunctionReducer {
   std::vector<T> values_;
 };
 
-namespace detail {
+}  // namespace dettrial
+
+namespace dettrial::detail {
 
 /// Averages training metrics over the batches of one workload, unweighted, without syncing the
 /// device per batch: tensors are summed in place on their device and read once at the end.
@@ -202,11 +204,11 @@ struct WrappedReducer {
   }
 };
 
-}  // namespace detail
-}  // namespace dettrial
+}  // namespace dettrial::detail
 
 // Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
 #if DETTRIAL_HEADER_DEFINITIONS
+
 namespace dettrial {
 
 DETTRIAL_INLINE const char* to_string(Reducer r) {
@@ -219,7 +221,9 @@ DETTRIAL_INLINE const char* to_string(Reducer r) {
   return "?";
 }
 
-namespace detail {
+}  // namespace dettrial
+
+namespace dettrial::detail {
 
 DETTRIAL_INLINE void WorkloadMeans::reset() {
   slots_.clear();
@@ -379,6 +383,6 @@ DETTRIAL_INLINE ValidationReduction::Slot* ValidationReduction::find(std::string
   return nullptr;
 }
 
-}  // namespace detail
-}  // namespace dettrial
+}  // namespace dettrial::detail
+
 #endif  // DETTRIAL_HEADER_DEFINITIONS

@@ -83,8 +83,7 @@ TORCH_MODULE(CheckpointEach);
 
 #include "../error.hpp"
 
-namespace dettrial::nn {
-namespace checkpoint_detail {
+namespace dettrial::nn::detail::checkpoint {
 
 /// What the checkpoint keeps between the forward and the backward.
 struct Saved : torch::CustomClassHolder {
@@ -191,13 +190,14 @@ struct Function : torch::autograd::Function<Function> {
   }
 };
 
-}  // namespace checkpoint_detail
+}  // namespace dettrial::nn::detail::checkpoint
 
+namespace dettrial::nn {
 DETTRIAL_INLINE std::vector<torch::Tensor> checkpoint(const CheckpointedFunction& function, const std::vector<torch::Tensor>& inputs,
                                                       const std::vector<torch::Tensor>& parameters) {
   if (!function) throw ConfigError("dettrial::nn::checkpoint: the function is empty");
   if (!torch::GradMode::is_enabled()) return function(inputs);  // nothing to recompute
-  auto saved = c10::make_intrusive<checkpoint_detail::Saved>();
+  auto saved = c10::make_intrusive<detail::checkpoint::Saved>();
   saved->function = function;
   saved->inputs = inputs.size();
   saved->with_parameters = !parameters.empty();
@@ -205,7 +205,7 @@ DETTRIAL_INLINE std::vector<torch::Tensor> checkpoint(const CheckpointedFunction
   tensors.insert(tensors.end(), parameters.begin(), parameters.end());
   // The parameters reach backward through the context, as a list (the autograd function's own
   // saved variables are the inputs): Function::apply sees them as differentiable arguments too.
-  return checkpoint_detail::Function::apply(saved, at::TensorList(tensors));  // a TensorList: each tensor an input
+  return detail::checkpoint::Function::apply(saved, at::TensorList(tensors));  // a TensorList: each tensor an input
 }
 
 DETTRIAL_INLINE torch::Tensor checkpoint_sequential(torch::nn::Sequential& sequential, std::int64_t segments, const torch::Tensor& input) {
@@ -248,4 +248,5 @@ DETTRIAL_INLINE torch::Tensor CheckpointEachImpl::forward(torch::Tensor x) {
 }
 
 }  // namespace dettrial::nn
+
 #endif  // DETTRIAL_HEADER_DEFINITIONS

@@ -158,9 +158,7 @@ DETTRIAL_INLINE void python_group_options(const AdamaxOptions& options, c10::imp
 #if DETTRIAL_HEADER_DEFINITIONS
 #include <cmath>
 
-namespace dettrial::optim {
-
-namespace adam_family_detail {
+namespace dettrial::optim::detail::adam_family {
 
 /// Python's checks shared by the three (their __init__s), one sentence naming the option and value.
 template <class Options>
@@ -183,8 +181,9 @@ DETTRIAL_INLINE std::unique_ptr<AdamFamilyParamState> fresh_state(const torch::T
   return s;
 }
 
-}  // namespace adam_family_detail
+}  // namespace dettrial::optim::detail::adam_family
 
+namespace dettrial::optim {
 // Options' and state's LibTorch serialization (dettrial's native checkpoints, torch::save).
 
 DETTRIAL_INLINE void NAdamOptions::serialize(torch::serialize::OutputArchive& archive) const {
@@ -263,12 +262,12 @@ DETTRIAL_INLINE void AdamFamilyParamState::serialize(torch::serialize::InputArch
 // `_get_value(step_t)`, the float of a float32 count.
 
 DETTRIAL_INLINE void NAdamUpdate::check(const NAdamOptions& o, const std::string& where) {
-  adam_family_detail::check_common(name, o, where);
+  detail::adam_family::check_common(name, o, where);
   if (!(o.momentum_decay() >= 0)) invalid_option(name, where, "momentum_decay", o.momentum_decay(), "at least 0");
 }
 
 DETTRIAL_INLINE std::unique_ptr<AdamFamilyParamState> NAdamUpdate::fresh(const torch::Tensor& p) {
-  return adam_family_detail::fresh_state(p, true);
+  return detail::adam_family::fresh_state(p, true);
 }
 
 DETTRIAL_INLINE void NAdamUpdate::update(torch::Tensor& param, torch::Tensor grad, AdamFamilyParamState& state, const NAdamOptions& o) {
@@ -300,11 +299,11 @@ DETTRIAL_INLINE void NAdamUpdate::update(torch::Tensor& param, torch::Tensor gra
 }
 
 DETTRIAL_INLINE void RAdamUpdate::check(const RAdamOptions& o, const std::string& where) {
-  adam_family_detail::check_common(name, o, where);
+  detail::adam_family::check_common(name, o, where);
 }
 
 DETTRIAL_INLINE std::unique_ptr<AdamFamilyParamState> RAdamUpdate::fresh(const torch::Tensor& p) {
-  return adam_family_detail::fresh_state(p, false);
+  return detail::adam_family::fresh_state(p, false);
 }
 
 DETTRIAL_INLINE void RAdamUpdate::update(torch::Tensor& param, torch::Tensor grad, AdamFamilyParamState& state, const RAdamOptions& o) {
@@ -339,11 +338,11 @@ DETTRIAL_INLINE void RAdamUpdate::update(torch::Tensor& param, torch::Tensor gra
 }
 
 DETTRIAL_INLINE void AdamaxUpdate::check(const AdamaxOptions& o, const std::string& where) {
-  adam_family_detail::check_common(name, o, where);
+  detail::adam_family::check_common(name, o, where);
 }
 
 DETTRIAL_INLINE std::unique_ptr<AdamFamilyParamState> AdamaxUpdate::fresh(const torch::Tensor& p) {
-  return adam_family_detail::fresh_state(p, false, true);
+  return detail::adam_family::fresh_state(p, false, true);
 }
 
 DETTRIAL_INLINE void AdamaxUpdate::update(torch::Tensor& param, torch::Tensor grad, AdamFamilyParamState& state, const AdamaxOptions& o) {
@@ -402,4 +401,5 @@ DETTRIAL_INLINE void python_group_options(const AdamaxOptions& o, c10::impl::Gen
 }
 
 }  // namespace dettrial::optim
+
 #endif  // DETTRIAL_HEADER_DEFINITIONS

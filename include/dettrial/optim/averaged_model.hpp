@@ -148,14 +148,17 @@ class SWALR : public EpochLRScheduler {
   AnnealStrategy anneal_;
 };
 
-namespace averaging_detail {
+}  // namespace dettrial::optim
+
+namespace dettrial::optim::detail::averaging {
 /// A BatchNorm layer's momentum (c10::optional before LibTorch 2.x, std::optional after).
 using Momentum = std::decay_t<decltype(std::declval<torch::nn::BatchNormOptions&>().momentum())>;
 /// Every BatchNorm layer of `model`: with no `momenta`, running statistics reset and momentum none
 /// (a cumulative average); else the momenta given back. Returns their momenta before.
 DETTRIAL_INLINE std::vector<Momentum> set_batch_norm_momenta(torch::nn::Module& model, const std::vector<Momentum>* momenta);
-}  // namespace averaging_detail
+}  // namespace dettrial::optim::detail::averaging
 
+namespace dettrial::optim {
 /**
  * @brief Python's `swa_utils.update_bn(loader, model, device)`: every BatchNorm layer's running
  * statistics recomputed over one pass of `loader` (each batch's first element when it is a tuple,
@@ -166,7 +169,7 @@ DETTRIAL_INLINE std::vector<Momentum> set_batch_norm_momenta(torch::nn::Module& 
 template <class Loader, class M>
 void update_bn(Loader&& loader, M& model, std::optional<torch::Device> device = std::nullopt) {
   torch::NoGradGuard no_grad;
-  const auto momenta = averaging_detail::set_batch_norm_momenta(*model, nullptr);
+  const auto momenta = detail::averaging::set_batch_norm_momenta(*model, nullptr);
   if (momenta.empty()) return;
   const bool was_training = model->is_training();
   model->train();
@@ -177,7 +180,7 @@ void update_bn(Loader&& loader, M& model, std::optional<torch::Device> device = 
     if (device) input = input.to(*device);
     model->forward(input);
   }
-  averaging_detail::set_batch_norm_momenta(*model, &momenta);
+  detail::averaging::set_batch_norm_momenta(*model, &momenta);
   model->train(was_training);
 }
 
@@ -269,7 +272,7 @@ DETTRIAL_INLINE SWALR::SWALR(torch::optim::Optimizer& optimizer, const PerGroup&
                              AnnealStrategy anneal_strategy)
     : EpochLRScheduler(optimizer, "SWALR"), anneal_epochs_(anneal_epochs), anneal_(anneal_strategy) {
   if (anneal_epochs < 0) invalid("anneal_epochs", "at least 0", std::to_string(anneal_epochs));
-  swa_lrs_ = cyclic_detail::per_group("SWALR", "swa_lr", swa_lr, optimizer);
+  swa_lrs_ = detail::cyclic::per_group("SWALR", "swa_lr", swa_lr, optimizer);
   step();  // Python's constructor steps once
 }
 
@@ -314,7 +317,7 @@ DETTRIAL_INLINE void SWALR::save(torch::serialize::OutputArchive& archive) const
 }
 
 DETTRIAL_INLINE void SWALR::load(torch::serialize::InputArchive& archive) {
-  const std::string anneal = cyclic_detail::text_of(archived(archive, "anneal_strategy"), archive_owner() + ": 'anneal_strategy'");
+  const std::string anneal = detail::cyclic::text_of(archived(archive, "anneal_strategy"), archive_owner() + ": 'anneal_strategy'");
   if (anneal != "cos" && anneal != "linear")
     throw CheckpointError(archive_owner() + ": anneal_strategy '" + anneal + "' is not cos or linear");
   load_fields(*this, archive, fields());
@@ -332,9 +335,9 @@ DETTRIAL_INLINE void SWALR::load_python_state(const c10::impl::GenericDict& in, 
   const auto epochs = in.find("anneal_epochs");
   if (strategy == in.end() || epochs == in.end())
     throw CheckpointError(what + " has no '_anneal_strategy' or 'anneal_epochs': it is not Python's SWALR state");
-  const std::string anneal = cyclic_detail::text_of(strategy->value(), what + ": _anneal_strategy");
+  const std::string anneal = detail::cyclic::text_of(strategy->value(), what + ": _anneal_strategy");
   if (anneal != "cos" && anneal != "linear") throw CheckpointError(what + ": _anneal_strategy '" + anneal + "' is not cos or linear");
-  const std::int64_t anneal_epochs = python_state_detail::python_count(epochs->value(), what + ": anneal_epochs", 0);
+  const std::int64_t anneal_epochs = detail::python_state::python_count(epochs->value(), what + ": anneal_epochs", 0);
   load_python_common(in, {"_anneal_strategy", "anneal_epochs"}, what);
   anneal_ = anneal == "cos" ? AnnealStrategy::cos : AnnealStrategy::linear;
   anneal_epochs_ = anneal_epochs;
@@ -348,13 +351,15 @@ DETTRIAL_INLINE void SWALR::load_python_param_group(std::size_t group, const c10
   const auto it = in.find("swa_lr");
   if (it == in.end())
     throw CheckpointError(what + " has no 'swa_lr', which Python's SWALR keeps there: was the checkpoint's scheduler another?");
-  swa_lrs_.at(group) = python_state_detail::python_number(it->value(), what + ": swa_lr");
+  swa_lrs_.at(group) = detail::python_state::python_number(it->value(), what + ": swa_lr");
 }
 
 // ------------------------------------------------------------------------------------------------
 // update_bn
 
-namespace averaging_detail {
+}  // namespace dettrial::optim
+
+namespace dettrial::optim::detail::averaging {
 
 /// Calls f with every BatchNorm layer's options and its reset, whatever its dimension.
 template <class F>
@@ -381,7 +386,6 @@ DETTRIAL_INLINE std::vector<Momentum> set_batch_norm_momenta(torch::nn::Module& 
   return before;
 }
 
-}  // namespace averaging_detail
+}  // namespace dettrial::optim::detail::averaging
 
-}  // namespace dettrial::optim
 #endif  // DETTRIAL_HEADER_DEFINITIONS

@@ -11,9 +11,7 @@
 
 #include "../vocabulary/optim.hpp"
 
-namespace dettrial {
-
-namespace clip {
+namespace dettrial::clip {
 
 /// No clipping (the default).
 struct none {
@@ -56,5 +54,4 @@ struct by_value {
   void operator()(std::vector<torch::Tensor>& params) const { torch::nn::utils::clip_grad_value_(params, clip_value); }
 };
 
-}  // namespace clip
-}  // namespace dettrial
+}  // namespace dettrial::clip

@@ -201,9 +201,7 @@ class CyclicLR : public EpochLRScheduler {
 
 #include "../error.hpp"
 
-namespace dettrial::optim {
-
-namespace cyclic_detail {
+namespace dettrial::optim::detail::cyclic {
 
 /// Python's _format_param: one value per group, from one for all or a list of exactly one per group.
 DETTRIAL_INLINE std::vector<double> per_group(const char* scheduler, const char* name, const PerGroup& value,
@@ -264,8 +262,9 @@ DETTRIAL_INLINE std::string text_of(const c10::IValue& v, const std::string& wha
   return v.toStringRef();
 }
 
-}  // namespace cyclic_detail
+}  // namespace dettrial::optim::detail::cyclic
 
+namespace dettrial::optim {
 // ------------------------------------------------------------------------------------------------
 // OneCycleLR
 
@@ -281,9 +280,9 @@ DETTRIAL_INLINE OneCycleLR::OneCycleLR(torch::optim::Optimizer& optimizer, const
   } else {
     invalid("total_steps", "given (or epochs and steps_per_epoch)", "missing");
   }
-  if (!(o.pct_start >= 0 && o.pct_start <= 1)) invalid("pct_start", "in [0, 1]", python_state_detail::number_text(o.pct_start));
-  if (!(o.div_factor > 0)) invalid("div_factor", "positive", python_state_detail::number_text(o.div_factor));
-  if (!(o.final_div_factor > 0)) invalid("final_div_factor", "positive", python_state_detail::number_text(o.final_div_factor));
+  if (!(o.pct_start >= 0 && o.pct_start <= 1)) invalid("pct_start", "in [0, 1]", detail::python_state::number_text(o.pct_start));
+  if (!(o.div_factor > 0)) invalid("div_factor", "positive", detail::python_state::number_text(o.div_factor));
+  if (!(o.final_div_factor > 0)) invalid("final_div_factor", "positive", detail::python_state::number_text(o.final_div_factor));
   const double total = static_cast<double>(total_steps_);
   using G = GroupValue;
   const Phase up{o.pct_start * total - 1, false, G::initial_lr, G::max_lr, G::max_momentum, G::base_momentum};
@@ -292,17 +291,17 @@ DETTRIAL_INLINE OneCycleLR::OneCycleLR(torch::optim::Optimizer& optimizer, const
                {2 * o.pct_start * total - 2, false, G::max_lr, G::initial_lr, G::base_momentum, G::max_momentum},
                {total - 1, true, G::initial_lr, G::min_lr, G::max_momentum, G::max_momentum}};
   else phases_ = {up, {total - 1, true, G::max_lr, G::min_lr, G::base_momentum, G::max_momentum}};
-  max_lrs_ = cyclic_detail::per_group("OneCycleLR", "max_lr", o.max_lr, optimizer);
+  max_lrs_ = detail::cyclic::per_group("OneCycleLR", "max_lr", o.max_lr, optimizer);
   for (const double m : max_lrs_)
-    if (!(m > 0)) invalid("max_lr", "positive (is it set?)", python_state_detail::number_text(m));
+    if (!(m > 0)) invalid("max_lr", "positive (is it set?)", detail::python_state::number_text(m));
   for (std::size_t i = 0; i < max_lrs_.size(); ++i) {
     base_lrs_[i] = max_lrs_[i] / o.div_factor;  // Python's group["initial_lr"]
     min_lrs_.push_back(base_lrs_[i] / o.final_div_factor);
   }
   if (cycle_momentum_) {
-    momentum_ = cyclic_detail::cycled_momentum("OneCycleLR", optimizer);
-    max_momentums_ = cyclic_detail::per_group("OneCycleLR", "max_momentum", o.max_momentum, optimizer);
-    base_momentums_ = cyclic_detail::per_group("OneCycleLR", "base_momentum", o.base_momentum, optimizer);
+    momentum_ = detail::cyclic::cycled_momentum("OneCycleLR", optimizer);
+    max_momentums_ = detail::cyclic::per_group("OneCycleLR", "max_momentum", o.max_momentum, optimizer);
+    base_momentums_ = detail::cyclic::per_group("OneCycleLR", "base_momentum", o.base_momentum, optimizer);
   }
   step();  // Python's constructor steps once: step 0 of the cycle
 }
@@ -333,11 +332,11 @@ DETTRIAL_INLINE const std::vector<double>& OneCycleLR::rates_at(std::int64_t ste
         const double span = phase.end_step - start_step;
         if (span == 0) throw TrialError("dettrial::optim::OneCycleLR: a phase of 0 steps (Python divides by zero here)");
         const double pct = (static_cast<double>(step) - start_step) / span;
-        rates.push_back(cyclic_detail::anneal(anneal_, group_value(phase.start_lr, g), group_value(phase.end_lr, g), pct));
+        rates.push_back(detail::cyclic::anneal(anneal_, group_value(phase.start_lr, g), group_value(phase.end_lr, g), pct));
         if (cycle_momentum_)
-          cyclic_detail::set_momentum(
+          detail::cyclic::set_momentum(
               momentum_, groups[g].options(),
-              cyclic_detail::anneal(anneal_, group_value(phase.start_momentum, g), group_value(phase.end_momentum, g), pct));
+              detail::cyclic::anneal(anneal_, group_value(phase.start_momentum, g), group_value(phase.end_momentum, g), pct));
         break;
       }
       start_step = phase.end_step;
@@ -365,10 +364,11 @@ DETTRIAL_INLINE void OneCycleLR::save(torch::serialize::OutputArchive& archive) 
 }
 
 DETTRIAL_INLINE void OneCycleLR::load(torch::serialize::InputArchive& archive) {
-  const std::string anneal = cyclic_detail::text_of(archived(archive, "anneal_strategy"), archive_owner() + ": 'anneal_strategy'");
+  const std::string anneal = detail::cyclic::text_of(archived(archive, "anneal_strategy"), archive_owner() + ": 'anneal_strategy'");
   if (anneal != "cos" && anneal != "linear")
     throw CheckpointError(archive_owner() + ": anneal_strategy '" + anneal + "' is not cos or linear");
-  const std::vector<double> ends = python_state_detail::python_numbers(archived(archive, "phase_ends"), archive_owner() + ": 'phase_ends'");
+  const std::vector<double> ends =
+      detail::python_state::python_numbers(archived(archive, "phase_ends"), archive_owner() + ": 'phase_ends'");
   if (ends.size() != phases_.size())
     throw CheckpointError(archive_owner() + " has " + std::to_string(ends.size()) + " phases, the trial's OneCycleLR " +
                           std::to_string(phases_.size()) + " (three_phase differs)");
@@ -394,7 +394,7 @@ DETTRIAL_INLINE void OneCycleLR::python_state(c10::impl::GenericDict& out) const
   out.insert("_schedule_phases", phases);
   out.insert("_anneal_func_type", std::string(anneal_ == AnnealStrategy::cos ? "cos" : "linear"));
   out.insert("cycle_momentum", cycle_momentum_);
-  if (cycle_momentum_) out.insert("use_beta1", cyclic_detail::uses_beta1(momentum_));
+  if (cycle_momentum_) out.insert("use_beta1", detail::cyclic::uses_beta1(momentum_));
   python_common(out);
 }
 
@@ -411,7 +411,7 @@ DETTRIAL_INLINE std::vector<OneCycleLR::Phase> OneCycleLR::python_phases(const c
     const auto d = entry.toGenericDict();
     const auto value = [&](const char* key) {
       const auto it = d.find(key);
-      const std::string name = it == d.end() ? std::string("(none)") : cyclic_detail::text_of(it->value(), what + ": a phase's " + key);
+      const std::string name = it == d.end() ? std::string("(none)") : detail::cyclic::text_of(it->value(), what + ": a phase's " + key);
       const auto known = values.find(name);
       if (known == values.end())
         throw CheckpointError(what + ": a phase's " + key + " is '" + name + "', not a group value OneCycleLR has");
@@ -419,7 +419,7 @@ DETTRIAL_INLINE std::vector<OneCycleLR::Phase> OneCycleLR::python_phases(const c
     };
     const auto end = d.find("end_step");
     if (end == d.end()) throw CheckpointError(what + ": a phase of _schedule_phases has no end_step");
-    phases.push_back({python_state_detail::python_number(end->value(), what + ": end_step"), end->value().isInt(), value("start_lr"),
+    phases.push_back({detail::python_state::python_number(end->value(), what + ": end_step"), end->value().isInt(), value("start_lr"),
                       value("end_lr"), value("start_momentum"), value("end_momentum")});
   }
   if (phases.empty()) throw CheckpointError(what + ": _schedule_phases is empty");
@@ -427,7 +427,7 @@ DETTRIAL_INLINE std::vector<OneCycleLR::Phase> OneCycleLR::python_phases(const c
 }
 
 DETTRIAL_INLINE void OneCycleLR::load_python_state(const c10::impl::GenericDict& in, const std::string& what) {
-  namespace pd = python_state_detail;
+  namespace pd = detail::python_state;
   const auto entry = [&](const char* key) {
     const auto it = in.find(key);
     if (it == in.end()) throw CheckpointError(what + " has no '" + key + "': it is not Python's OneCycleLR state");
@@ -436,7 +436,7 @@ DETTRIAL_INLINE void OneCycleLR::load_python_state(const c10::impl::GenericDict&
   // Read and checked before anything is changed.
   const std::int64_t total_steps = pd::python_count(entry("total_steps"), what + ": total_steps", 1);
   std::vector<Phase> phases = python_phases(entry("_schedule_phases"), what);
-  const std::string anneal = cyclic_detail::text_of(entry("_anneal_func_type"), what + ": _anneal_func_type");
+  const std::string anneal = detail::cyclic::text_of(entry("_anneal_func_type"), what + ": _anneal_func_type");
   if (anneal != "cos" && anneal != "linear") throw CheckpointError(what + ": _anneal_func_type '" + anneal + "' is not cos or linear");
   const bool cycle_momentum = pd::python_number(entry("cycle_momentum"), what + ": cycle_momentum") != 0;
   if (cycle_momentum != cycle_momentum_)
@@ -445,7 +445,7 @@ DETTRIAL_INLINE void OneCycleLR::load_python_state(const c10::impl::GenericDict&
   std::vector<std::string> own = {"total_steps", "_schedule_phases", "_anneal_func_type", "cycle_momentum"};
   if (cycle_momentum) {
     own.emplace_back("use_beta1");
-    if ((pd::python_number(entry("use_beta1"), what + ": use_beta1") != 0) != cyclic_detail::uses_beta1(momentum_))
+    if ((pd::python_number(entry("use_beta1"), what + ": use_beta1") != 0) != detail::cyclic::uses_beta1(momentum_))
       throw CheckpointError(what + ": use_beta1 says another optimizer family (Adam's beta1 against a momentum) than the trial's");
   }
   load_python_common(in, own, what);
@@ -468,7 +468,7 @@ DETTRIAL_INLINE void OneCycleLR::load_python_param_group(std::size_t group, cons
     const auto it = in.find(key);
     if (it == in.end())
       throw CheckpointError(what + " has no '" + key + "', which Python's OneCycleLR keeps there: was the checkpoint's scheduler another?");
-    return python_state_detail::python_number(it->value(), what + ": " + key);
+    return detail::python_state::python_number(it->value(), what + ": " + key);
   };
   const double initial = value("initial_lr"), max_lr = value("max_lr"), min_lr = value("min_lr");
   const double max_m = cycle_momentum_ ? value("max_momentum") : 0.0, base_m = cycle_momentum_ ? value("base_momentum") : 0.0;
@@ -490,21 +490,21 @@ DETTRIAL_INLINE CyclicLR::CyclicLR(torch::optim::Optimizer& optimizer, CyclicLRO
       scale_fn_(std::move(o.scale_fn)),
       scale_mode_(o.scale_mode),
       cycle_momentum_(o.cycle_momentum) {
-  if (!(o.step_size_up > 0)) invalid("step_size_up", "positive", python_state_detail::number_text(o.step_size_up));
+  if (!(o.step_size_up > 0)) invalid("step_size_up", "positive", detail::python_state::number_text(o.step_size_up));
   const double down = o.step_size_down.value_or(o.step_size_up);
-  if (!(down >= 0)) invalid("step_size_down", "at least 0", python_state_detail::number_text(down));
-  base_lrs_ = cyclic_detail::per_group("CyclicLR", "base_lr", o.base_lr, optimizer);
-  max_lrs_ = cyclic_detail::per_group("CyclicLR", "max_lr", o.max_lr, optimizer);
+  if (!(down >= 0)) invalid("step_size_down", "at least 0", detail::python_state::number_text(down));
+  base_lrs_ = detail::cyclic::per_group("CyclicLR", "base_lr", o.base_lr, optimizer);
+  max_lrs_ = detail::cyclic::per_group("CyclicLR", "max_lr", o.max_lr, optimizer);
   for (const double m : max_lrs_)
-    if (!(m > 0)) invalid("max_lr", "positive (is it set?)", python_state_detail::number_text(m));
+    if (!(m > 0)) invalid("max_lr", "positive (is it set?)", detail::python_state::number_text(m));
   total_size_ = o.step_size_up + down;
   step_ratio_ = o.step_size_up / total_size_;
   // Python's _init_scale_fn: a built-in mode chooses its own scale mode.
   if (!scale_fn_) scale_mode_ = mode_ == CyclicMode::exp_range ? ScaleMode::iterations : ScaleMode::cycle;
   if (cycle_momentum_) {
-    momentum_ = cyclic_detail::cycled_momentum("CyclicLR", optimizer);
-    base_momentums_ = cyclic_detail::per_group("CyclicLR", "base_momentum", o.base_momentum, optimizer);
-    max_momentums_ = cyclic_detail::per_group("CyclicLR", "max_momentum", o.max_momentum, optimizer);
+    momentum_ = detail::cyclic::cycled_momentum("CyclicLR", optimizer);
+    base_momentums_ = detail::cyclic::per_group("CyclicLR", "base_momentum", o.base_momentum, optimizer);
+    max_momentums_ = detail::cyclic::per_group("CyclicLR", "max_momentum", o.max_momentum, optimizer);
   }
   step();  // Python's constructor steps once: the rates at base_lr, the momentum at max_momentum
 }
@@ -531,8 +531,8 @@ DETTRIAL_INLINE const std::vector<double>& CyclicLR::rates_now() {
   if (cycle_momentum_) {
     auto& groups = optimizer_->param_groups();
     for (std::size_t i = 0; i < groups.size() && i < max_momentums_.size(); ++i)
-      cyclic_detail::set_momentum(momentum_, groups[i].options(),
-                                  max_momentums_[i] - (max_momentums_[i] - base_momentums_[i]) * scale_factor * scaled);
+      detail::cyclic::set_momentum(momentum_, groups[i].options(),
+                                   max_momentums_[i] - (max_momentums_[i] - base_momentums_[i]) * scale_factor * scaled);
   }
   return rates;
 }
@@ -550,7 +550,9 @@ DETTRIAL_INLINE void CyclicLR::restart_at_milestone() {
   set_rates([&rates](std::size_t i, double) { return rates[i]; });
 }
 
-namespace cyclic_detail {
+}  // namespace dettrial::optim
+
+namespace dettrial::optim::detail::cyclic {
 DETTRIAL_INLINE const char* mode_name(CyclicMode m) {
   return m == CyclicMode::triangular ? "triangular" : m == CyclicMode::triangular2 ? "triangular2" : "exp_range";
 }
@@ -565,43 +567,44 @@ DETTRIAL_INLINE ScaleMode scale_mode_named(const std::string& name, const std::s
   if (name == "iterations") return ScaleMode::iterations;
   throw CheckpointError(what + ": scale_mode '" + name + "' is not cycle or iterations");
 }
-}  // namespace cyclic_detail
+}  // namespace dettrial::optim::detail::cyclic
 
+namespace dettrial::optim {
 DETTRIAL_INLINE void CyclicLR::save(torch::serialize::OutputArchive& archive) const {
   save_fields(*this, archive, fields());
-  archive.write("mode", c10::IValue(std::string(cyclic_detail::mode_name(mode_))));
+  archive.write("mode", c10::IValue(std::string(detail::cyclic::mode_name(mode_))));
   archive.write("scale_mode", c10::IValue(std::string(scale_mode_ == ScaleMode::cycle ? "cycle" : "iterations")));
 }
 
 DETTRIAL_INLINE void CyclicLR::load(torch::serialize::InputArchive& archive) {
   const std::string owner = archive_owner();
-  const CyclicMode mode = cyclic_detail::mode_named(cyclic_detail::text_of(archived(archive, "mode"), owner + ": 'mode'"), owner);
+  const CyclicMode mode = detail::cyclic::mode_named(detail::cyclic::text_of(archived(archive, "mode"), owner + ": 'mode'"), owner);
   const ScaleMode scale_mode =
-      cyclic_detail::scale_mode_named(cyclic_detail::text_of(archived(archive, "scale_mode"), owner + ": 'scale_mode'"), owner);
+      detail::cyclic::scale_mode_named(detail::cyclic::text_of(archived(archive, "scale_mode"), owner + ": 'scale_mode'"), owner);
   load_fields(*this, archive, fields());
   mode_ = mode;
   scale_mode_ = scale_mode;
 }
 
 DETTRIAL_INLINE void CyclicLR::python_state(c10::impl::GenericDict& out) const {
-  out.insert("max_lrs", python_state_detail::python_list(max_lrs_));
+  out.insert("max_lrs", detail::python_state::python_list(max_lrs_));
   out.insert("total_size", total_size_);
   out.insert("step_ratio", step_ratio_);
-  out.insert("mode", std::string(cyclic_detail::mode_name(mode_)));
+  out.insert("mode", std::string(detail::cyclic::mode_name(mode_)));
   out.insert("gamma", gamma_);
   out.insert("scale_mode", std::string(scale_mode_ == ScaleMode::cycle ? "cycle" : "iterations"));
   out.insert("cycle_momentum", cycle_momentum_);
   if (cycle_momentum_) {
-    out.insert("use_beta1", cyclic_detail::uses_beta1(momentum_));
-    out.insert("base_momentums", python_state_detail::python_list(base_momentums_));
-    out.insert("max_momentums", python_state_detail::python_list(max_momentums_));
+    out.insert("use_beta1", detail::cyclic::uses_beta1(momentum_));
+    out.insert("base_momentums", detail::python_state::python_list(base_momentums_));
+    out.insert("max_momentums", detail::python_state::python_list(max_momentums_));
   }
   python_common(out);
   out.insert("_scale_fn_custom", c10::IValue());
 }
 
 DETTRIAL_INLINE void CyclicLR::load_python_state(const c10::impl::GenericDict& in, const std::string& what) {
-  namespace pd = python_state_detail;
+  namespace pd = detail::python_state;
   const auto entry = [&](const char* key) {
     const auto it = in.find(key);
     if (it == in.end()) throw CheckpointError(what + " has no '" + key + "': it is not Python's CyclicLR state");
@@ -622,9 +625,9 @@ DETTRIAL_INLINE void CyclicLR::load_python_state(const c10::impl::GenericDict& i
   std::vector<double> max_lrs = per_group("max_lrs");
   const double total_size = pd::python_number(entry("total_size"), what + ": total_size");
   const double step_ratio = pd::python_number(entry("step_ratio"), what + ": step_ratio");
-  const CyclicMode mode = cyclic_detail::mode_named(cyclic_detail::text_of(entry("mode"), what + ": mode"), what);
+  const CyclicMode mode = detail::cyclic::mode_named(detail::cyclic::text_of(entry("mode"), what + ": mode"), what);
   const double gamma = pd::python_number(entry("gamma"), what + ": gamma");
-  ScaleMode scale_mode = cyclic_detail::scale_mode_named(cyclic_detail::text_of(entry("scale_mode"), what + ": scale_mode"), what);
+  ScaleMode scale_mode = detail::cyclic::scale_mode_named(detail::cyclic::text_of(entry("scale_mode"), what + ": scale_mode"), what);
   const bool cycle_momentum = pd::python_number(entry("cycle_momentum"), what + ": cycle_momentum") != 0;
   if (cycle_momentum != cycle_momentum_)
     throw CheckpointError(what + " has cycle_momentum " + (cycle_momentum ? "True" : "False") + ", the trial's CyclicLR " +
@@ -657,4 +660,5 @@ DETTRIAL_INLINE void CyclicLR::python_param_group(std::size_t group, c10::impl::
 }
 
 }  // namespace dettrial::optim
+
 #endif  // DETTRIAL_HEADER_DEFINITIONS

@@ -23,7 +23,9 @@ std::shared_ptr<torch::nn::Module> module_of(M& m) {
   else return std::shared_ptr<torch::nn::Module>(m);
 }
 
-namespace detail {
+}  // namespace dettrial
+
+namespace dettrial::detail {
 /// The key of a parameter in `Optimizer::state()`: LibTorch 1.x keys it by the TensorImpl's address
 /// printed as a string, 2.x by the address itself. The state map's key type tells which.
 template <class StateMap>
@@ -37,6 +39,4 @@ auto optimizer_state_key(const torch::Tensor& p) {
     return Key(p.unsafeGetTensorImpl());
   }
 }
-}  // namespace detail
-
-}  // namespace dettrial
+}  // namespace dettrial::detail

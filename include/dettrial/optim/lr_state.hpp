@@ -14,9 +14,7 @@
 
 #include "../vocabulary/optim.hpp"
 
-namespace dettrial {
-
-namespace detail {
+namespace dettrial::detail {
 
 /// Reaches LRScheduler's protected step count (the usual derived-class member-pointer route).
 struct LRSchedulerAccess : torch::optim::LRScheduler {
@@ -112,5 +110,4 @@ void wrap_python_param_groups(WrappedScheduler& w) {
   }
 }
 
-}  // namespace detail
-}  // namespace dettrial
+}  // namespace dettrial::detail

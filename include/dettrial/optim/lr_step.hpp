@@ -19,7 +19,9 @@ namespace dettrial {
  * only on update batches (every `aggregation_frequency`-th batch); each mode says how many `step()`
  * calls that update batch makes.
  */
-namespace lr_step {
+}  // namespace dettrial
+
+namespace dettrial::lr_step {
 
 /// After every batch (batches skipped by gradient aggregation are caught up on the update batch).
 struct every_batch {
@@ -60,12 +62,11 @@ struct on_validation {
   std::string metric;
 };
 
-}  // namespace lr_step
-
-}  // namespace dettrial
+}  // namespace dettrial::lr_step
 
 // Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
 #if DETTRIAL_HEADER_DEFINITIONS
+
 namespace dettrial::lr_step {
 
 DETTRIAL_INLINE std::int64_t every_batch::steps_after(std::int64_t batch_idx, std::int64_t agg, std::int64_t /*epoch_len*/,
@@ -82,4 +83,5 @@ DETTRIAL_INLINE std::int64_t every_epoch::steps_after(std::int64_t batch_idx, st
 }
 
 }  // namespace dettrial::lr_step
+
 #endif  // DETTRIAL_HEADER_DEFINITIONS

@@ -134,9 +134,8 @@ class GradScaler {
 
 // Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
 #if DETTRIAL_HEADER_DEFINITIONS
-namespace dettrial {
 
-namespace detail {
+namespace dettrial::detail {
 // LibTorch 2.4 made autocast's switches take a device type; before, CPU and CUDA had their own.
 #if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
 DETTRIAL_INLINE bool autocast_enabled(torch::DeviceType d) { return at::autocast::is_autocast_enabled(d); }
@@ -159,40 +158,44 @@ DETTRIAL_INLINE void set_autocast_dtype(torch::DeviceType d, at::ScalarType t) {
   else at::autocast::set_autocast_gpu_dtype(t);
 }
 #endif
-}  // namespace detail
+}  // namespace dettrial::detail
 
+namespace dettrial {
 DETTRIAL_INLINE AutocastGuard::AutocastGuard(torch::DeviceType device, std::optional<at::ScalarType> dtype)
     : device_(device),
-      previous_enabled_(detail::autocast_enabled(device)),
-      previous_dtype_(detail::autocast_dtype(device)),
+      previous_enabled_(dettrial::detail::autocast_enabled(device)),
+      previous_dtype_(dettrial::detail::autocast_dtype(device)),
       nested_(dtype.has_value()) {
   if (!dtype) {
-    detail::set_autocast_enabled(device, false);
+    dettrial::detail::set_autocast_enabled(device, false);
     return;
   }
-  detail::set_autocast_dtype(device, *dtype);
-  detail::set_autocast_enabled(device, true);
+  dettrial::detail::set_autocast_dtype(device, *dtype);
+  dettrial::detail::set_autocast_enabled(device, true);
   at::autocast::increment_nesting();
 }
 
 DETTRIAL_INLINE std::optional<at::ScalarType> AutocastGuard::current(torch::DeviceType device) {
-  if (!detail::autocast_enabled(device)) return std::nullopt;
-  return detail::autocast_dtype(device);
+  if (!dettrial::detail::autocast_enabled(device)) return std::nullopt;
+  return dettrial::detail::autocast_dtype(device);
 }
 
 DETTRIAL_INLINE AutocastGuard::~AutocastGuard() {
   // Casts cached for the outermost region are dropped when it ends (torch.autocast's __exit__).
   if (nested_ && at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
-  detail::set_autocast_enabled(device_, previous_enabled_);
-  detail::set_autocast_dtype(device_, previous_dtype_);
+  dettrial::detail::set_autocast_enabled(device_, previous_enabled_);
+  dettrial::detail::set_autocast_dtype(device_, previous_dtype_);
 }
 
-namespace detail {
+}  // namespace dettrial
+
+namespace dettrial::detail {
 // ATen's fused scaler kernels: on CUDA in every supported LibTorch, on the CPU from 2.4 (other
 // devices may lack them, and take the host arithmetic).
 DETTRIAL_INLINE bool amp_kernels_on(const torch::Tensor& t) { return t.is_cuda() || (DETTRIAL_FUSED_KERNELS && t.is_cpu()); }
-}  // namespace detail
+}  // namespace dettrial::detail
 
+namespace dettrial {
 DETTRIAL_INLINE GradScaler::GradScaler(Options options) : options_(options) {
   if (!(options_.init_scale > 0)) throw ConfigError("GradScaler: init_scale must be positive");
   if (!(options_.growth_factor > 1)) throw ConfigError("GradScaler: growth_factor must be above 1");
@@ -249,7 +252,7 @@ DETTRIAL_INLINE void GradScaler::unscale(const std::vector<torch::Tensor>& param
   place(grads.front().device());
   // The reciprocal in double, then float32, as PyTorch computes inv_scale.
   const torch::Tensor inverse = scale_.to(torch::kDouble).reciprocal().to(torch::kFloat);
-  if (detail::amp_kernels_on(found_inf_)) {
+  if (dettrial::detail::amp_kernels_on(found_inf_)) {
     // The kernel takes the gradients of one device (and is fastest per dtype, as PyTorch groups them).
     std::vector<std::pair<torch::ScalarType, std::vector<torch::Tensor>>> by_dtype;
     std::vector<torch::Tensor> elsewhere;
@@ -296,7 +299,7 @@ DETTRIAL_INLINE bool GradScaler::step(torch::optim::Optimizer& optimizer, const 
 DETTRIAL_INLINE void GradScaler::update() {
   if (!options_.enabled || !stepped_) return;
   stepped_ = false;
-  if (detail::amp_kernels_on(scale_)) {
+  if (dettrial::detail::amp_kernels_on(scale_)) {
     // PyTorch's update: the scale stays float32, and one that would leave its range stays as it is.
     at::_amp_update_scale_(scale_, growth_tracker_, found_since_update_, options_.growth_factor, options_.backoff_factor,
                            options_.growth_interval);
@@ -351,4 +354,5 @@ DETTRIAL_INLINE void GradScaler::load_state_dict(const c10::impl::GenericDict& s
 }
 
 }  // namespace dettrial
+
 #endif  // DETTRIAL_HEADER_DEFINITIONS

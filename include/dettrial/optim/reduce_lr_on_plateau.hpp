@@ -107,16 +107,16 @@ namespace dettrial::optim {
 DETTRIAL_INLINE ReduceLROnPlateau::ReduceLROnPlateau(torch::optim::Optimizer& optimizer, ReduceLROnPlateauOptions options)
     : optimizer_(&optimizer), options_(std::move(options)) {
   const auto invalid = [](const char* argument, const std::string& rule, const std::string& value) {
-    detail::throw_invalid_argument("dettrial::optim::ReduceLROnPlateau", argument, rule, value);
+    dettrial::detail::throw_invalid_argument("dettrial::optim::ReduceLROnPlateau", argument, rule, value);
   };
   const auto& o = options_;
   if (o.mode != "min" && o.mode != "max") invalid("mode", "\"min\" or \"max\"", '"' + o.mode + '"');
-  if (!(o.factor >= 0 && o.factor < 1)) invalid("factor", "in [0, 1)", python_state_detail::number_text(o.factor));
+  if (!(o.factor >= 0 && o.factor < 1)) invalid("factor", "in [0, 1)", detail::python_state::number_text(o.factor));
   if (o.patience < 0) invalid("patience", "at least 0", std::to_string(o.patience));
-  if (!(o.threshold >= 0)) invalid("threshold", "at least 0", python_state_detail::number_text(o.threshold));
+  if (!(o.threshold >= 0)) invalid("threshold", "at least 0", detail::python_state::number_text(o.threshold));
   if (o.threshold_mode != "rel" && o.threshold_mode != "abs") invalid("threshold_mode", "\"rel\" or \"abs\"", '"' + o.threshold_mode + '"');
   if (o.cooldown < 0) invalid("cooldown", "at least 0", std::to_string(o.cooldown));
-  if (!(o.eps >= 0)) invalid("eps", "at least 0", python_state_detail::number_text(o.eps));
+  if (!(o.eps >= 0)) invalid("eps", "at least 0", detail::python_state::number_text(o.eps));
   const std::size_t groups = optimizer.param_groups().size();
   if (const auto* per_group = std::get_if<std::vector<double>>(&o.min_lr)) {
     if (per_group->size() != groups)
@@ -126,10 +126,10 @@ DETTRIAL_INLINE ReduceLROnPlateau::ReduceLROnPlateau(torch::optim::Optimizer& op
     min_lrs_.assign(groups, std::get<double>(o.min_lr));
   }
   for (const double m : min_lrs_)
-    if (!(m >= 0)) invalid("min_lr", "at least 0", python_state_detail::number_text(m));
+    if (!(m >= 0)) invalid("min_lr", "at least 0", detail::python_state::number_text(m));
   min_mode_ = o.mode == "min";
   rel_threshold_ = o.threshold_mode == "rel";
-  last_lr_ = scheduler_base_detail::group_lrs(optimizer);
+  last_lr_ = detail::scheduler_base::group_lrs(optimizer);
   best_ = mode_worse();
 }
 
@@ -162,7 +162,7 @@ DETTRIAL_INLINE void ReduceLROnPlateau::step(double metric) {
     cooldown_counter_ = options_.cooldown;
     num_bad_epochs_ = 0;
   }
-  last_lr_ = scheduler_base_detail::group_lrs(*optimizer_);
+  last_lr_ = detail::scheduler_base::group_lrs(*optimizer_);
 }
 
 DETTRIAL_INLINE void ReduceLROnPlateau::reduce_lr() {
@@ -202,7 +202,7 @@ DETTRIAL_INLINE void ReduceLROnPlateau::save(torch::serialize::OutputArchive& ar
 }
 
 DETTRIAL_INLINE void ReduceLROnPlateau::load(torch::serialize::InputArchive& archive) {
-  const scheduler_base_detail::SchedulerArchive in(archive, "ReduceLROnPlateau", "dettrial::optim::ReduceLROnPlateau's saved state");
+  const detail::scheduler_base::SchedulerArchive in(archive, "ReduceLROnPlateau", "dettrial::optim::ReduceLROnPlateau's saved state");
   // Everything read and checked before anything is changed.
   ReduceLROnPlateauOptions options;
   options.mode = in.text("mode");
@@ -241,13 +241,13 @@ DETTRIAL_INLINE void ReduceLROnPlateau::python_state(c10::impl::GenericDict& out
   // None when min_lr was given per group (Python's default_min_lr).
   if (const auto* one = std::get_if<double>(&options_.min_lr)) out.insert("default_min_lr", *one);
   else out.insert("default_min_lr", c10::IValue());
-  out.insert("min_lrs", python_state_detail::python_list(min_lrs_));
+  out.insert("min_lrs", detail::python_state::python_list(min_lrs_));
   out.insert("patience", options_.patience);
   out.insert("cooldown", options_.cooldown);
   out.insert("eps", options_.eps);
   out.insert("verbose", false);  // torch < 2.2 has it
   out.insert("last_epoch", last_epoch_);
-  out.insert("_last_lr", python_state_detail::python_list(last_lr_));
+  out.insert("_last_lr", detail::python_state::python_list(last_lr_));
   out.insert("mode_worse", mode_worse());
   out.insert("mode", options_.mode);
   out.insert("threshold", options_.threshold);
@@ -258,7 +258,7 @@ DETTRIAL_INLINE void ReduceLROnPlateau::python_state(c10::impl::GenericDict& out
 }
 
 DETTRIAL_INLINE void ReduceLROnPlateau::load_python_state(const c10::impl::GenericDict& in, const std::string& what) {
-  namespace pd = python_state_detail;
+  namespace pd = detail::python_state;
   static const std::set<std::string> known = {
       "factor",   "default_min_lr", "min_lrs", "patience",  "cooldown",       "eps",  "verbose",          "last_epoch",
       "_last_lr", "mode_worse",     "mode",    "threshold", "threshold_mode", "best", "cooldown_counter", "num_bad_epochs"};

@@ -28,7 +28,9 @@ class ComposedSchedulers;
 template <class... Schedulers>
 class SequentialLR;
 
-namespace python_state_detail {
+}  // namespace dettrial::optim
+
+namespace dettrial::optim::detail::python_state {
 /// A number from a Python state dict: Python writes counts as numbers or as 0-dim tensors, flags as bools.
 DETTRIAL_INLINE double python_number(const c10::IValue& v, const std::string& what);
 /// A count from a Python state dict (an int, or a float with no fraction), at least `minimum`.
@@ -38,8 +40,9 @@ DETTRIAL_INLINE std::vector<double> python_numbers(const c10::IValue& v, const s
 /// A Python list of numbers: typed Any, as Python's weights-only loader wants lists.
 DETTRIAL_INLINE c10::impl::GenericList python_list(const std::vector<double>& values);
 using dettrial::detail::number_text;
-}  // namespace python_state_detail
+}  // namespace dettrial::optim::detail::python_state
 
+namespace dettrial::optim {
 /**
  * @brief One of a scheduler's own arguments or counters as it is saved: its name (the key of Python's
  * `state_dict()` and of dettrial's archive) and the member of `S` that holds it. Exactly one member
@@ -59,11 +62,11 @@ struct SchedulerField {
     if (count) return s.*count;
     if (number) return s.*number;
     if (flag) return s.*flag;
-    return python ? c10::IValue(python_state_detail::python_list(s.*per_group)) : c10::IValue(s.*per_group);
+    return python ? c10::IValue(detail::python_state::python_list(s.*per_group)) : c10::IValue(s.*per_group);
   }
   /// `saved` read and checked (`groups`: the optimizer's parameter groups), in the form `assign` takes.
   c10::IValue checked(const c10::IValue& saved, const std::string& what, std::size_t groups) const {
-    namespace pd = python_state_detail;
+    namespace pd = detail::python_state;
     if (count) return pd::python_count(saved, what, minimum);
     if (number) return pd::python_number(saved, what);
     if (flag) return pd::python_number(saved, what) != 0;
@@ -98,7 +101,9 @@ constexpr SchedulerField<S> field(const char* name, std::vector<double> S::* per
   return {.name = name, .per_group = per_group};
 }
 
-namespace scheduler_base_detail {
+}  // namespace dettrial::optim
+
+namespace dettrial::optim::detail::scheduler_base {
 /// The groups' learning rates, in order.
 DETTRIAL_INLINE std::vector<double> group_lrs(const torch::optim::Optimizer& optimizer);
 
@@ -119,8 +124,9 @@ struct SchedulerArchive {
  private:
   [[noreturn]] void mistyped(const char* key, const char* type) const;
 };
-}  // namespace scheduler_base_detail
+}  // namespace dettrial::optim::detail::scheduler_base
 
+namespace dettrial::optim {
 /**
  * @brief What the schedulers stepped without a metric share: Python's `LRScheduler` state (`base_lrs`,
  * `last_epoch`, `_step_count`, `_last_lr`). Constructing one does what Python's constructor does:
@@ -247,9 +253,7 @@ class EpochLRScheduler {
 #include <cmath>
 #include <set>
 
-namespace dettrial::optim {
-
-namespace python_state_detail {
+namespace dettrial::optim::detail::python_state {
 
 DETTRIAL_INLINE double python_number(const c10::IValue& v, const std::string& what) {
   if (v.isDouble()) return v.toDouble();
@@ -281,9 +285,9 @@ DETTRIAL_INLINE c10::impl::GenericList python_list(const std::vector<double>& va
   return list;
 }
 
-}  // namespace python_state_detail
+}  // namespace dettrial::optim::detail::python_state
 
-namespace scheduler_base_detail {
+namespace dettrial::optim::detail::scheduler_base {
 DETTRIAL_INLINE std::vector<double> group_lrs(const torch::optim::Optimizer& optimizer) {
   std::vector<double> lrs;
   for (const auto& group : optimizer.param_groups()) lrs.push_back(group.options().get_lr());
@@ -336,10 +340,11 @@ DETTRIAL_INLINE std::vector<double> SchedulerArchive::per_group(const char* key,
                           std::to_string(optimizer.param_groups().size()) + " parameter group(s)");
   return values;
 }
-}  // namespace scheduler_base_detail
+}  // namespace dettrial::optim::detail::scheduler_base
 
+namespace dettrial::optim {
 DETTRIAL_INLINE EpochLRScheduler::EpochLRScheduler(torch::optim::Optimizer& optimizer, const char* name)
-    : optimizer_(&optimizer), name_(name), base_lrs_(scheduler_base_detail::group_lrs(optimizer)), last_lr_(base_lrs_) {}
+    : optimizer_(&optimizer), name_(name), base_lrs_(detail::scheduler_base::group_lrs(optimizer)), last_lr_(base_lrs_) {}
 
 DETTRIAL_INLINE void EpochLRScheduler::advance(bool decay, double factor) {
   ++step_count_;
@@ -377,13 +382,13 @@ DETTRIAL_INLINE void EpochLRScheduler::set_rates(const std::function<double(std:
 }
 
 DETTRIAL_INLINE void EpochLRScheduler::invalid(const char* argument, const std::string& rule, const std::string& value) const {
-  detail::throw_invalid_argument(std::string("dettrial::optim::") + name_, argument, rule, value);
+  dettrial::detail::throw_invalid_argument(std::string("dettrial::optim::") + name_, argument, rule, value);
 }
 
 DETTRIAL_INLINE std::string EpochLRScheduler::archive_owner() const { return std::string("dettrial::optim::") + name_ + "'s saved state"; }
 
 DETTRIAL_INLINE c10::IValue EpochLRScheduler::archived(torch::serialize::InputArchive& archive, const char* key) const {
-  return scheduler_base_detail::SchedulerArchive(archive, name_, archive_owner()).entry(key);
+  return detail::scheduler_base::SchedulerArchive(archive, name_, archive_owner()).entry(key);
 }
 
 DETTRIAL_INLINE void EpochLRScheduler::save_common(torch::serialize::OutputArchive& archive) const {
@@ -395,7 +400,7 @@ DETTRIAL_INLINE void EpochLRScheduler::save_common(torch::serialize::OutputArchi
 }
 
 DETTRIAL_INLINE void EpochLRScheduler::load_common(torch::serialize::InputArchive& archive) {
-  namespace pd = python_state_detail;
+  namespace pd = detail::python_state;
   const std::string owner = archive_owner();
   const std::size_t groups = optimizer_->param_groups().size();
   const auto per_group = [&](const char* key) {
@@ -417,13 +422,13 @@ DETTRIAL_INLINE void EpochLRScheduler::load_common(torch::serialize::InputArchiv
 }
 
 DETTRIAL_INLINE void EpochLRScheduler::python_common(c10::impl::GenericDict& out) const {
-  out.insert("base_lrs", python_state_detail::python_list(base_lrs_));
+  out.insert("base_lrs", detail::python_state::python_list(base_lrs_));
   out.insert("last_epoch", last_epoch_);
   out.insert("verbose", false);  // torch < 2.2 has it
   out.insert("_step_count", step_count_);
   out.insert("_get_lr_called_within_step", false);
   out.insert("_is_initial", false);  // torch >= 2.6 has it
-  out.insert("_last_lr", python_state_detail::python_list(last_lr_));
+  out.insert("_last_lr", detail::python_state::python_list(last_lr_));
 }
 
 DETTRIAL_INLINE void EpochLRScheduler::check_python_keys(const c10::impl::GenericDict& in, const std::vector<std::string>& own,
@@ -443,7 +448,7 @@ DETTRIAL_INLINE void EpochLRScheduler::check_python_keys(const c10::impl::Generi
 DETTRIAL_INLINE std::map<std::string, c10::IValue> EpochLRScheduler::load_python_common(const c10::impl::GenericDict& in,
                                                                                         const std::vector<std::string>& own,
                                                                                         const std::string& what) {
-  namespace pd = python_state_detail;
+  namespace pd = detail::python_state;
   check_python_keys(in, own, what);
   std::map<std::string, c10::IValue> mine;
   for (const std::string& k : own) mine[k] = in.at(k);
@@ -468,4 +473,5 @@ DETTRIAL_INLINE std::map<std::string, c10::IValue> EpochLRScheduler::load_python
 }
 
 }  // namespace dettrial::optim
+
 #endif  // DETTRIAL_HEADER_DEFINITIONS

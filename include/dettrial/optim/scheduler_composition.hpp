@@ -33,7 +33,9 @@ concept ComposableLRScheduler = std::derived_from<S, EpochLRScheduler> && requir
   s.restart_at_milestone();
 };
 
-namespace composition_detail {
+}  // namespace dettrial::optim
+
+namespace dettrial::optim::detail::composition {
 
 /// Calls `f` with the tuple's element number `index`.
 template <class Tuple, class F>
@@ -154,8 +156,9 @@ void load_python_param_group(Tuple& children, std::size_t group, const c10::impl
       children);
 }
 
-}  // namespace composition_detail
+}  // namespace dettrial::optim::detail::composition
 
+namespace dettrial::optim {
 /**
  * @brief What SequentialLR and ChainedScheduler share: the children, held by value, and Python's
  * `initial_lr` rules, which set each child's `base_lrs` as Python's constructors leave them (the
@@ -176,17 +179,17 @@ class ComposedSchedulers {
   /// What the children keep in the optimizer's parameter group `group` in Python (OneCycleLR's
   /// max_lr, ...), added to `out`; and read back from there.
   void python_param_group(std::size_t group, c10::impl::GenericDict& out) const {
-    composition_detail::python_param_group(children_, group, out);
+    detail::composition::python_param_group(children_, group, out);
   }
   void load_python_param_group(std::size_t group, const c10::impl::GenericDict& in, const std::string& what) {
-    composition_detail::load_python_param_group(children_, group, in, what);
+    detail::composition::load_python_param_group(children_, group, in, what);
   }
 
  protected:
   ComposedSchedulers(const char* name, torch::optim::Optimizer& optimizer, std::tuple<Schedulers...> children)
       : children_(std::move(children)), optimizer_(&optimizer) {
     std::size_t i = 0;
-    std::apply([&](const auto&... s) { (composition_detail::check_optimizer(name, i++, s, optimizer), ...); }, children_);
+    std::apply([&](const auto&... s) { (detail::composition::check_optimizer(name, i++, s, optimizer), ...); }, children_);
     // The children's constructors again, in order, from the rates the first one found, each with
     // the base rates Python's would have had: a child's first step can depend on them (LambdaLR's).
     const std::vector<double>& start = static_cast<EpochLRScheduler&>(std::get<0>(children_)).base_lrs_;
@@ -241,7 +244,7 @@ class SequentialLR : public ComposedSchedulers<Schedulers...> {
     auto& groups = optimizer.param_groups();
     for (std::size_t g = 0; g < groups.size() && g < this->initial_lrs_.size(); ++g) groups[g].options().set_lr(this->initial_lrs_[g]);
     std::apply([](auto&... s) { ((--static_cast<EpochLRScheduler&>(s).last_epoch_), ...); }, this->children_);
-    composition_detail::visit_at(this->children_, current(), [this](auto& s) {
+    detail::composition::visit_at(this->children_, current(), [this](auto& s) {
       static_cast<EpochLRScheduler&>(s).step_count_ = 0;
       s.step();
       this->last_lr_ = s.get_last_lr();
@@ -251,7 +254,7 @@ class SequentialLR : public ComposedSchedulers<Schedulers...> {
   void step() {
     ++last_epoch_;
     const std::size_t i = current();
-    composition_detail::visit_at(this->children_, i, [&](auto& s) {
+    detail::composition::visit_at(this->children_, i, [&](auto& s) {
       if (i > 0 && milestones_[i - 1] == last_epoch_) s.restart_at_milestone();
       else s.step();
       this->last_lr_ = s.get_last_lr();
@@ -267,19 +270,19 @@ class SequentialLR : public ComposedSchedulers<Schedulers...> {
     archive.write("milestones", c10::IValue(milestones_));
     archive.write("last_epoch", c10::IValue(last_epoch_));
     archive.write("last_lr", c10::IValue(this->last_lr_));
-    composition_detail::save_children(this->children_, archive);
+    detail::composition::save_children(this->children_, archive);
   }
   void load(torch::serialize::InputArchive& archive) {
     const std::string what = "dettrial::optim::SequentialLR's saved state";
-    const scheduler_base_detail::SchedulerArchive in(archive, "SequentialLR", what);
+    const detail::scheduler_base::SchedulerArchive in(archive, "SequentialLR", what);
     SequentialLR copy = *this;  // loaded whole, then kept: a bad child leaves this one as it was
     const c10::IValue milestones = in.entry("milestones");
     if (!milestones.isIntList()) throw CheckpointError(what + ": 'milestones' is not a list of integers");
     copy.milestones_ = milestones.toIntVector();
     check_milestones(copy.milestones_, [&](const std::string& m) { throw CheckpointError(what + ": " + m); });
-    copy.last_epoch_ = python_state_detail::python_count(in.entry("last_epoch"), what, 0);
-    copy.last_lr_ = python_state_detail::python_numbers(in.entry("last_lr"), what);
-    composition_detail::load_children(copy.children_, archive, what);
+    copy.last_epoch_ = detail::python_state::python_count(in.entry("last_epoch"), what, 0);
+    copy.last_lr_ = detail::python_state::python_numbers(in.entry("last_lr"), what);
+    detail::composition::load_children(copy.children_, archive, what);
     *this = std::move(copy);
   }
   /// Python's `state_dict()`: _milestones, last_epoch, _last_lr and _schedulers (each child's).
@@ -288,12 +291,12 @@ class SequentialLR : public ComposedSchedulers<Schedulers...> {
     for (const std::int64_t m : milestones_) milestones.push_back(m);
     out.insert("_milestones", milestones);
     out.insert("last_epoch", last_epoch_);
-    out.insert("_last_lr", python_state_detail::python_list(this->last_lr_));
-    out.insert("_schedulers", composition_detail::python_children(this->children_));
+    out.insert("_last_lr", detail::python_state::python_list(this->last_lr_));
+    out.insert("_schedulers", detail::composition::python_children(this->children_));
   }
   /// Restores what Python's SequentialLR.state_dict() holds, every child's included.
   void load_python_state(const c10::impl::GenericDict& in, const std::string& what) {
-    namespace pd = python_state_detail;
+    namespace pd = detail::python_state;
     SequentialLR copy = *this;
     for (const auto& entry : in) {
       const std::string key = entry.key().isString() ? entry.key().toStringRef() : std::string("(not a name)");
@@ -307,7 +310,7 @@ class SequentialLR : public ComposedSchedulers<Schedulers...> {
       } else if (key == "_last_lr") {
         copy.last_lr_ = pd::python_numbers(entry.value(), what + ": _last_lr");
       } else if (key == "_schedulers") {
-        composition_detail::load_python_children(copy.children_, entry.value(), what);
+        detail::composition::load_python_children(copy.children_, entry.value(), what);
       } else if (key != "verbose" && key != "_get_lr_called_within_step" && key != "_is_initial") {
         throw CheckpointError(what + " has '" + key +
                               "', which Python's SequentialLR does not have: the checkpoint's scheduler is another type");
@@ -355,38 +358,38 @@ class ChainedScheduler : public ComposedSchedulers<Schedulers...> {
  public:
   explicit ChainedScheduler(std::tuple<Schedulers...> schedulers)
       : Base("ChainedScheduler", std::get<0>(schedulers).optimizer(), std::move(schedulers)) {
-    this->last_lr_ = scheduler_base_detail::group_lrs(*this->optimizer_);
+    this->last_lr_ = detail::scheduler_base::group_lrs(*this->optimizer_);
   }
 
   void step() {
     std::apply([](auto&... s) { (s.step(), ...); }, this->children_);
-    this->last_lr_ = scheduler_base_detail::group_lrs(*this->optimizer_);
+    this->last_lr_ = detail::scheduler_base::group_lrs(*this->optimizer_);
   }
 
   void save(torch::serialize::OutputArchive& archive) const {
     archive.write("scheduler", c10::IValue(std::string("ChainedScheduler")));
     archive.write("last_lr", c10::IValue(this->last_lr_));
-    composition_detail::save_children(this->children_, archive);
+    detail::composition::save_children(this->children_, archive);
   }
   void load(torch::serialize::InputArchive& archive) {
     const std::string what = "dettrial::optim::ChainedScheduler's saved state";
-    const scheduler_base_detail::SchedulerArchive in(archive, "ChainedScheduler", what);
+    const detail::scheduler_base::SchedulerArchive in(archive, "ChainedScheduler", what);
     ChainedScheduler copy = *this;
-    copy.last_lr_ = python_state_detail::python_numbers(in.entry("last_lr"), what);
-    composition_detail::load_children(copy.children_, archive, what);
+    copy.last_lr_ = detail::python_state::python_numbers(in.entry("last_lr"), what);
+    detail::composition::load_children(copy.children_, archive, what);
     *this = std::move(copy);
   }
   /// Python's `state_dict()`: _last_lr and _schedulers (each child's).
   void python_state(c10::impl::GenericDict& out) const {
-    out.insert("_last_lr", python_state_detail::python_list(this->last_lr_));
-    out.insert("_schedulers", composition_detail::python_children(this->children_));
+    out.insert("_last_lr", detail::python_state::python_list(this->last_lr_));
+    out.insert("_schedulers", detail::composition::python_children(this->children_));
   }
   void load_python_state(const c10::impl::GenericDict& in, const std::string& what) {
     ChainedScheduler copy = *this;
     for (const auto& entry : in) {
       const std::string key = entry.key().isString() ? entry.key().toStringRef() : std::string("(not a name)");
-      if (key == "_last_lr") copy.last_lr_ = python_state_detail::python_numbers(entry.value(), what + ": _last_lr");
-      else if (key == "_schedulers") composition_detail::load_python_children(copy.children_, entry.value(), what);
+      if (key == "_last_lr") copy.last_lr_ = detail::python_state::python_numbers(entry.value(), what + ": _last_lr");
+      else if (key == "_schedulers") detail::composition::load_python_children(copy.children_, entry.value(), what);
       else if (key != "verbose" && key != "_get_lr_called_within_step" && key != "_is_initial")
         throw CheckpointError(what + " has '" + key +
                               "', which Python's ChainedScheduler does not have: the checkpoint's scheduler is another type");

@@ -307,19 +307,18 @@ class CosineAnnealingWarmRestarts : public EpochLRScheduler {
 
 #include "../error.hpp"
 
+namespace dettrial::optim::detail::schedulers {
+using detail::python_state::number_text;
+}  // namespace dettrial::optim::detail::schedulers
+
 namespace dettrial::optim {
-
-namespace schedulers_detail {
-using python_state_detail::number_text;
-}  // namespace schedulers_detail
-
 // ------------------------------------------------------------------------------------------------
 // StepLR
 
 DETTRIAL_INLINE StepLR::StepLR(torch::optim::Optimizer& optimizer, std::int64_t step_size, double gamma)
     : EpochLRScheduler(optimizer, "StepLR"), step_size_(step_size), gamma_(gamma) {
   if (step_size < 1) invalid("step_size", "at least 1", std::to_string(step_size));
-  if (!(gamma > 0)) invalid("gamma", "positive", schedulers_detail::number_text(gamma));
+  if (!(gamma > 0)) invalid("gamma", "positive", detail::schedulers::number_text(gamma));
   step();  // Python's constructor steps once: last_epoch 0, no decay
 }
 
@@ -342,7 +341,7 @@ DETTRIAL_INLINE MultiStepLR::MultiStepLR(torch::optim::Optimizer& optimizer, con
     if (m < 0) invalid("milestones", "at least 0", std::to_string(m));
     ++milestones_[m];
   }
-  if (!(gamma > 0)) invalid("gamma", "positive", schedulers_detail::number_text(gamma));
+  if (!(gamma > 0)) invalid("gamma", "positive", detail::schedulers::number_text(gamma));
   step();  // Python's constructor steps once: last_epoch 0 (a decay only if 0 is a milestone)
 }
 
@@ -370,7 +369,7 @@ DETTRIAL_INLINE void MultiStepLR::save(torch::serialize::OutputArchive& archive)
 DETTRIAL_INLINE void MultiStepLR::load(torch::serialize::InputArchive& archive) {
   const c10::IValue milestones = archived(archive, "milestones");
   if (!milestones.isIntList()) throw CheckpointError(archive_owner() + ": 'milestones' is not a list of integers");
-  const double gamma = python_state_detail::python_number(archived(archive, "gamma"), archive_owner() + ": 'gamma'");
+  const double gamma = detail::python_state::python_number(archived(archive, "gamma"), archive_owner() + ": 'gamma'");
   load_common(archive);
   milestones_.clear();
   for (const std::int64_t m : milestones.toIntVector()) ++milestones_[m];
@@ -388,7 +387,7 @@ DETTRIAL_INLINE void MultiStepLR::python_state(c10::impl::GenericDict& out) cons
 }
 
 DETTRIAL_INLINE void MultiStepLR::load_python_state(const c10::impl::GenericDict& in, const std::string& what) {
-  namespace pd = python_state_detail;
+  namespace pd = detail::python_state;
   const auto saved = in.find("milestones");
   if (saved != in.end() && !saved->value().isGenericDict()) throw CheckpointError(what + ": milestones is not a dict (Python's Counter)");
   std::map<std::int64_t, std::int64_t> milestones;  // read before anything is changed
@@ -407,7 +406,7 @@ DETTRIAL_INLINE void MultiStepLR::load_python_state(const c10::impl::GenericDict
 
 DETTRIAL_INLINE ExponentialLR::ExponentialLR(torch::optim::Optimizer& optimizer, double gamma)
     : EpochLRScheduler(optimizer, "ExponentialLR"), gamma_(gamma) {
-  if (!(gamma > 0)) invalid("gamma", "positive", schedulers_detail::number_text(gamma));
+  if (!(gamma > 0)) invalid("gamma", "positive", detail::schedulers::number_text(gamma));
   step();  // Python's constructor steps once: last_epoch 0, no decay
 }
 
@@ -422,8 +421,8 @@ DETTRIAL_INLINE void ExponentialLR::restart_at_milestone() {
 
 DETTRIAL_INLINE LinearLR::LinearLR(torch::optim::Optimizer& optimizer, double start_factor, double end_factor, std::int64_t total_iters)
     : EpochLRScheduler(optimizer, "LinearLR"), start_factor_(start_factor), end_factor_(end_factor), total_iters_(total_iters) {
-  if (!(start_factor > 0 && start_factor <= 1)) invalid("start_factor", "in (0, 1]", schedulers_detail::number_text(start_factor));
-  if (!(end_factor >= 0 && end_factor <= 1)) invalid("end_factor", "in [0, 1]", schedulers_detail::number_text(end_factor));
+  if (!(start_factor > 0 && start_factor <= 1)) invalid("start_factor", "in (0, 1]", detail::schedulers::number_text(start_factor));
+  if (!(end_factor >= 0 && end_factor <= 1)) invalid("end_factor", "in [0, 1]", detail::schedulers::number_text(end_factor));
   if (total_iters < 0) invalid("total_iters", "at least 0", std::to_string(total_iters));
   step();  // Python's constructor steps once: last_epoch 0, the rates times start_factor
 }
@@ -452,7 +451,7 @@ DETTRIAL_INLINE void LinearLR::restart_at_milestone() {
 DETTRIAL_INLINE ConstantLR::ConstantLR(torch::optim::Optimizer& optimizer, double factor, std::int64_t total_iters)
     : EpochLRScheduler(optimizer, "ConstantLR"), factor_(factor), total_iters_(total_iters) {
   // Python accepts 0 too, then divides by it at total_iters (a ZeroDivisionError).
-  if (!(factor > 0 && factor <= 1)) invalid("factor", "in (0, 1]", schedulers_detail::number_text(factor));
+  if (!(factor > 0 && factor <= 1)) invalid("factor", "in (0, 1]", detail::schedulers::number_text(factor));
   if (total_iters < 0) invalid("total_iters", "at least 0", std::to_string(total_iters));
   step();  // Python's constructor steps once: last_epoch 0, the rates times factor
 }
@@ -477,7 +476,7 @@ DETTRIAL_INLINE void ConstantLR::restart_at_milestone() {
 DETTRIAL_INLINE CosineAnnealingLR::CosineAnnealingLR(torch::optim::Optimizer& optimizer, std::int64_t T_max, double eta_min)
     : EpochLRScheduler(optimizer, "CosineAnnealingLR"), T_max_(T_max), eta_min_(eta_min) {
   if (T_max < 1) invalid("T_max", "at least 1", std::to_string(T_max));
-  if (!(eta_min >= 0)) invalid("eta_min", "at least 0", schedulers_detail::number_text(eta_min));
+  if (!(eta_min >= 0)) invalid("eta_min", "at least 0", detail::schedulers::number_text(eta_min));
   step();  // Python's constructor steps once: last_epoch 0, the rates as they are
 }
 
@@ -589,7 +588,7 @@ DETTRIAL_INLINE PolynomialLR::PolynomialLR(torch::optim::Optimizer& optimizer, s
     : EpochLRScheduler(optimizer, "PolynomialLR"), total_iters_(total_iters), power_(power) {
   if (total_iters < 0) invalid("total_iters", "at least 0", std::to_string(total_iters));
   // Python accepts a negative power, then divides by zero at total_iters.
-  if (!(power >= 0)) invalid("power", "at least 0", schedulers_detail::number_text(power));
+  if (!(power >= 0)) invalid("power", "at least 0", detail::schedulers::number_text(power));
   step();  // Python's constructor steps once: last_epoch 0, the rates as they are
 }
 
@@ -620,7 +619,7 @@ DETTRIAL_INLINE CosineAnnealingWarmRestarts::CosineAnnealingWarmRestarts(torch::
     : EpochLRScheduler(optimizer, "CosineAnnealingWarmRestarts"), T_0_(T_0), T_i_(T_0), T_mult_(T_mult), eta_min_(eta_min) {
   if (T_0 < 1) invalid("T_0", "at least 1", std::to_string(T_0));
   if (T_mult < 1) invalid("T_mult", "at least 1", std::to_string(T_mult));
-  if (!(eta_min >= 0)) invalid("eta_min", "at least 0", schedulers_detail::number_text(eta_min));
+  if (!(eta_min >= 0)) invalid("eta_min", "at least 0", detail::schedulers::number_text(eta_min));
   step();  // Python's constructor steps once: last_epoch 0, T_cur 0
 }
 
@@ -654,4 +653,5 @@ DETTRIAL_INLINE void CosineAnnealingWarmRestarts::set_cosine_rates() {
 }
 
 }  // namespace dettrial::optim
+
 #endif  // DETTRIAL_HEADER_DEFINITIONS

@@ -37,7 +37,8 @@ concept SingleTensorUpdate = requires(const typename U::Options& o, const torch:
 /// Throws Python's refusal of an option as one sentence: "dettrial::optim::NAdam: lr must be at least
 /// 0, not -1" (`where` names the parameter group, or is empty for the defaults).
 [[noreturn]] inline void invalid_option(const char* optimizer, const std::string& where, const char* name, double value, const char* rule) {
-  detail::throw_invalid_argument(std::string("dettrial::optim::") + optimizer, where + name, rule, detail::number_text(value));
+  dettrial::detail::throw_invalid_argument(std::string("dettrial::optim::") + optimizer, where + name, rule,
+                                           dettrial::detail::number_text(value));
 }
 
 /**

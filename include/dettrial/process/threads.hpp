@@ -63,12 +63,15 @@ DETTRIAL_INLINE std::vector<int> share_of_cpus(const std::vector<int>& cpus, int
 /// A CPU list as Linux writes one ("0-3,8,10-11").
 DETTRIAL_INLINE std::string cpu_list_text(const std::vector<int>& cpus);
 
-namespace detail {
+}  // namespace dettrial
+
+namespace dettrial::detail {
 /// The thread count OpenMP takes from OMP_NUM_THREADS: its leading integer ("4", " 8", "4,2" for
 /// nested teams); nullopt when unset or unreadable (OpenMP then warns and ignores it itself).
 DETTRIAL_INLINE std::optional<int> omp_num_threads(const LaunchEnvironment::Getenv& getenv);
-}  // namespace detail
+}  // namespace dettrial::detail
 
+namespace dettrial {
 /// What each thread pool of this process was left with, for the run's first line.
 struct ThreadPools {
   /// LibTorch's intra-op pool (OpenMP or its native pool), which its own kernels split work over.
@@ -167,7 +170,9 @@ DETTRIAL_INLINE std::string cpu_list_text(const std::vector<int>& cpus) {
   return text;
 }
 
-namespace detail {
+}  // namespace dettrial
+
+namespace dettrial::detail {
 DETTRIAL_INLINE std::optional<int> omp_num_threads(const LaunchEnvironment::Getenv& getenv) {
   const char* text = getenv("OMP_NUM_THREADS");
   if (text == nullptr) return std::nullopt;
@@ -178,8 +183,9 @@ DETTRIAL_INLINE std::optional<int> omp_num_threads(const LaunchEnvironment::Gete
   if (end == text || value < 1) return std::nullopt;
   return value;
 }
-}  // namespace detail
+}  // namespace dettrial::detail
 
+namespace dettrial {
 DETTRIAL_INLINE ThreadChoice choose_threads(const LaunchEnvironment& env, std::optional<int> requested, CoreCount cores,
                                             const LaunchEnvironment::Getenv& getenv, ThreadDefault fallback) {
   if (requested) {
@@ -212,7 +218,9 @@ DETTRIAL_INLINE std::string ThreadPools::text() const {
   return "intra-op " + std::to_string(intra_op) + (blas.empty() ? std::string() : ", " + blas) + ", inter-op " + std::to_string(inter_op);
 }
 
-namespace detail {
+}  // namespace dettrial
+
+namespace dettrial::detail {
 /// A function of the loaded libraries by its C name, or null (dlsym over the global scope, where the
 /// BLAS library that LibTorch links is).
 template <class F>
@@ -230,8 +238,9 @@ std::string size_blas_pool(const char* library, const char* variable, void (*set
   const long long took = get ? static_cast<long long>(get()) : threads;
   return std::string(library) + " " + std::to_string(took) + (users ? " from " + std::string(variable) : std::string());
 }
-}  // namespace detail
+}  // namespace dettrial::detail
 
+namespace dettrial {
 DETTRIAL_INLINE ThreadPools apply_threads(const ThreadChoice& choice, const LaunchEnvironment::Getenv& getenv) {
   if (choice.set_by_dettrial) at::set_num_threads(choice.threads);
   ThreadPools pools;
@@ -254,4 +263,5 @@ DETTRIAL_INLINE ThreadPools apply_threads(const ThreadChoice& choice, const Laun
 }
 
 }  // namespace dettrial
+
 #endif  // DETTRIAL_HEADER_DEFINITIONS

@@ -177,7 +177,9 @@ DETTRIAL_INLINE TraceProfiler::~TraceProfiler() {
   }
 }
 
-namespace profiler_detail {
+}  // namespace dettrial::detail
+
+namespace dettrial::detail::profiler {
 inline torch::profiler::impl::ProfilerConfig config_of(const ProfilerOptions& o) {
   namespace impl = torch::profiler::impl;
   return impl::ProfilerConfig(impl::ProfilerState::KINETO, o.record_shapes, o.profile_memory, o.with_stack, o.with_flops, o.with_modules);
@@ -192,16 +194,17 @@ inline std::set<torch::profiler::impl::ActivityType> activities_of(const Profile
   if (out.empty()) out.insert(impl::ActivityType::CPU);  // CUDA asked for on a CPU run: the CPU's operators
   return out;
 }
-}  // namespace profiler_detail
+}  // namespace dettrial::detail::profiler
 
+namespace dettrial::detail {
 DETTRIAL_INLINE void TraceProfiler::prepare() {
-  torch::autograd::profiler::prepareProfiler(profiler_detail::config_of(options_), profiler_detail::activities_of(options_, cuda_));
+  torch::autograd::profiler::prepareProfiler(detail::profiler::config_of(options_), detail::profiler::activities_of(options_, cuda_));
   prepared_ = true;
 }
 
 DETTRIAL_INLINE void TraceProfiler::start(std::int64_t batch_idx) {
   if (!prepared_) prepare();
-  torch::autograd::profiler::enableProfiler(profiler_detail::config_of(options_), profiler_detail::activities_of(options_, cuda_));
+  torch::autograd::profiler::enableProfiler(detail::profiler::config_of(options_), detail::profiler::activities_of(options_, cuda_));
   running_ = true;
   first_batch_ = batch_idx;
 }
@@ -294,4 +297,5 @@ DETTRIAL_INLINE void write_chrome_trace(const torch::autograd::profiler::Profile
 }
 
 }  // namespace dettrial::detail
+
 #endif  // DETTRIAL_HEADER_DEFINITIONS

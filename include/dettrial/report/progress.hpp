@@ -24,7 +24,9 @@ struct ReportOptions {
   bool quiet = false;
 };
 
-namespace detail {
+}  // namespace dettrial
+
+namespace dettrial::detail {
 
 DETTRIAL_INLINE std::string format_duration(double seconds);
 
@@ -59,8 +61,7 @@ class Progress {
   clock::time_point start_, next_draw_;
 };
 
-}  // namespace detail
-}  // namespace dettrial
+}  // namespace dettrial::detail
 
 // Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
 #if DETTRIAL_HEADER_DEFINITIONS
@@ -131,4 +132,5 @@ DETTRIAL_INLINE void Progress::line(const std::string& text) {
 }
 
 }  // namespace dettrial::detail
+
 #endif  // DETTRIAL_HEADER_DEFINITIONS

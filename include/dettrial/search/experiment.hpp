@@ -93,10 +93,13 @@ struct ExperimentOptions {
   TrialLauncher launcher = TrialLauncher::local;
 };
 
-namespace detail {
-DETTRIAL_INLINE std::string one_line(const YAML::Node& node);
-}  // namespace detail
+}  // namespace dettrial
 
+namespace dettrial::detail {
+DETTRIAL_INLINE std::string one_line(const YAML::Node& node);
+}  // namespace dettrial::detail
+
+namespace dettrial {
 /**
  * @brief An experiment: a searcher, its trials as child processes, and the record that lets it
  * resume. `run()` returns 0 when every trial completed or was stopped by the searcher, 1 when some
@@ -281,6 +284,7 @@ class Experiment {
 // Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
 #if DETTRIAL_HEADER_DEFINITIONS
 #include "../detail/json.hpp"
+
 namespace dettrial {
 
 DETTRIAL_INLINE const char* to_string(TrialState s) {
@@ -1007,4 +1011,5 @@ DETTRIAL_INLINE const searcher::AshaBracket* Experiment::bracket_of(std::int64_t
 }
 
 }  // namespace dettrial
+
 #endif  // DETTRIAL_HEADER_DEFINITIONS

@@ -40,7 +40,9 @@ struct TrialRequest {
 /// What a searcher says after a validation.
 enum class SearcherDecision { keep_training, stop };
 
-namespace detail {
+}  // namespace dettrial
+
+namespace dettrial::detail {
 
 /// Draws trial seeds and hyperparameters from the experiment seed: the same seed, the same trials.
 class SearchRandom {
@@ -53,9 +55,9 @@ class SearchRandom {
   std::mt19937_64 rng_;
 };
 
-}  // namespace detail
+}  // namespace dettrial::detail
 
-namespace searcher {
+namespace dettrial::searcher {
 
 /// `random` (and `single`, one random trial of a constant space): `max_trials` trials, a new one
 /// each time one ends, `max_concurrent_trials` at a time; validations never stop a trial.
@@ -142,8 +144,9 @@ class AdaptiveAsha {
   std::int64_t last_id_ = 0;
 };
 
-}  // namespace searcher
+}  // namespace dettrial::searcher
 
+namespace dettrial {
 /// The searcher an experiment config names.
 using Searcher = std::variant<searcher::Random, searcher::Grid, searcher::AdaptiveAsha>;
 
@@ -154,6 +157,7 @@ DETTRIAL_INLINE Searcher make_searcher(const SearcherSettings& config, const Hyp
 
 // Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
 #if DETTRIAL_HEADER_DEFINITIONS
+
 namespace dettrial::searcher {
 
 DETTRIAL_INLINE Random::Random(SearcherSettings config, HyperparameterSpace space, std::uint64_t experiment_seed)
@@ -324,4 +328,5 @@ DETTRIAL_INLINE Searcher make_searcher(const SearcherSettings& config, const Hyp
 }
 
 }  // namespace dettrial
+
 #endif  // DETTRIAL_HEADER_DEFINITIONS

@@ -142,7 +142,9 @@ DETTRIAL_INLINE void SlurmCluster::stop(std::int64_t trial) const {
   run_and_wait(scancel_, {scancel_, "--quiet", "--signal=TERM", name});
 }
 
-namespace slurm_detail {
+}  // namespace dettrial::detail
+
+namespace dettrial::detail::slurm {
 inline std::optional<std::int64_t> number(std::string_view text) {
   std::int64_t value = 0;
   const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
@@ -157,10 +159,11 @@ inline std::string field(const std::string& line, std::string_view key) {
   }
   return {};
 }
-}  // namespace slurm_detail
+}  // namespace dettrial::detail::slurm
 
+namespace dettrial::detail {
 DETTRIAL_INLINE std::optional<std::map<std::int64_t, SlurmJob>> SlurmCluster::jobs(const std::filesystem::path& scratch) const {
-  using slurm_detail::field, slurm_detail::number;
+  using detail::slurm::field, detail::slurm::number;
   // One line per job the controller knows: "JobId=16 JobName=dettrial-e5-t1 ... JobState=RUNNING ... ExitCode=0:0 ...".
   const std::filesystem::path listing = scratch / ".slurm-jobs.txt";
   const int status = run_and_wait(scontrol_, {scontrol_, "--oneliner", "show", "job"}, {.output = listing.string(), .merge_stderr = false});
@@ -196,4 +199,5 @@ DETTRIAL_INLINE std::map<std::int64_t, SlurmJob> SlurmCluster::newest_job_per_tr
 }
 
 }  // namespace dettrial::detail
+
 #endif  // DETTRIAL_HEADER_DEFINITIONS

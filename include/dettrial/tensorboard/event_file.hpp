@@ -306,15 +306,14 @@ DETTRIAL_INLINE std::vector<std::filesystem::path> event_files(const std::filesy
 
 }  // namespace dettrial::detail::tensorboard
 
-namespace dettrial {
-
-namespace detail::tensorboard {
+namespace dettrial::detail::tensorboard {
 /// An Event's wall_time: seconds since the epoch.
 DETTRIAL_INLINE double wall_time_now() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
-}  // namespace detail::tensorboard
+}  // namespace dettrial::detail::tensorboard
 
+namespace dettrial {
 DETTRIAL_INLINE std::size_t TensorBoardWriter::drop_events_after(const std::filesystem::path& dir, std::int64_t batch) {
   namespace tb = detail::tensorboard;
   std::size_t dropped = 0;
@@ -468,4 +467,5 @@ DETTRIAL_INLINE void TensorBoardWriter::flush() {
 }
 
 }  // namespace dettrial
+
 #endif  // DETTRIAL_HEADER_DEFINITIONS

@@ -79,13 +79,16 @@ constexpr bool http_available() {
 namespace dettrial::detail {
 
 #if DETTRIAL_HAS_CURL
-namespace http_detail {
+}  // namespace dettrial::detail
+
+namespace dettrial::detail::http {
 inline std::size_t append_body(char* data, std::size_t size, std::size_t count, void* out) {
   static_cast<std::string*>(out)->append(data, size * count);
   return size * count;
 }
-}  // namespace http_detail
+}  // namespace dettrial::detail::http
 
+namespace dettrial::detail {
 DETTRIAL_INLINE HttpClient::HttpClient(HttpAuth auth, long timeout_seconds) : auth_(std::move(auth)), timeout_(timeout_seconds) {
   static std::once_flag initialized;
   std::call_once(initialized, [] { curl_global_init(CURL_GLOBAL_DEFAULT); });
@@ -113,7 +116,7 @@ DETTRIAL_INLINE HttpResponse HttpClient::request(std::string_view method, const 
   curl_easy_setopt(curl, CURLOPT_CONNECTTIMEOUT, timeout_ < 10 ? timeout_ : 10L);
   curl_easy_setopt(curl, CURLOPT_NOSIGNAL, 1L);  // a training process's signals are its own
   curl_easy_setopt(curl, CURLOPT_ERRORBUFFER, error);
-  curl_easy_setopt(curl, CURLOPT_WRITEFUNCTION, &http_detail::append_body);
+  curl_easy_setopt(curl, CURLOPT_WRITEFUNCTION, &detail::http::append_body);
   curl_easy_setopt(curl, CURLOPT_WRITEDATA, &response.body);
   if (auth_.token.empty() && !auth_.username.empty()) {
     curl_easy_setopt(curl, CURLOPT_HTTPAUTH, CURLAUTH_BASIC);
@@ -155,4 +158,5 @@ DETTRIAL_INLINE std::string HttpClient::escape(std::string_view text) {
 }
 
 }  // namespace dettrial::detail
+
 #endif  // DETTRIAL_HEADER_DEFINITIONS

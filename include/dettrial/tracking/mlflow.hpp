@@ -33,14 +33,16 @@ struct MlflowError : Error {
   long status = 0;
 };
 
-namespace layout {
+}  // namespace dettrial
+
+namespace dettrial::layout {
 /// A tracked run's MLflow ids (server, experiment, run) and how far its metrics were sent.
 inline constexpr const char* mlflow_state = "mlflow.json";
 /// The MLflow requests the server did not take yet, one JSON object a line, in order.
 inline constexpr const char* mlflow_pending = "mlflow-pending.jsonl";
-}  // namespace layout
+}  // namespace dettrial::layout
 
-namespace detail {
+namespace dettrial::detail {
 
 /// MLflow's REST API, one request at a time (the calling thread waits).
 class MlflowClient {
@@ -168,8 +170,7 @@ class MlflowRun {
   std::unique_ptr<Sender> sender_;
 };
 
-}  // namespace detail
-}  // namespace dettrial
+}  // namespace dettrial::detail
 
 // Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
 #if DETTRIAL_HEADER_DEFINITIONS
@@ -189,9 +190,7 @@ class MlflowRun {
 #include "../detail/atomic_file.hpp"
 #include "../detail/json.hpp"
 
-namespace dettrial::detail {
-
-namespace mlflow_detail {
+namespace dettrial::detail::mlflow {
 inline std::int64_t now_ms() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
@@ -242,10 +241,11 @@ inline std::string text_of(const Json& j, const char* key) {
   const auto found = j.find(key);
   return found != j.end() && found->is_string() ? found->get<std::string>() : std::string();
 }
-}  // namespace mlflow_detail
+}  // namespace dettrial::detail::mlflow
 
+namespace dettrial::detail {
 DETTRIAL_INLINE MlflowState MlflowState::from_json(std::string_view text) {
-  using mlflow_detail::text_of;
+  using detail::mlflow::text_of;
   const Json j = Json::parse(text, nullptr, /*allow_exceptions=*/false);
   MlflowState s;
   if (!j.is_object()) return s;
@@ -276,7 +276,7 @@ DETTRIAL_INLINE std::string MlflowState::to_json() const {
              {{"experiment_name", experiment_name},
               {"run_name", run_name},
               {"start_time", start_time_ms},
-              {"tags", mlflow_detail::key_values(tags, 0, tags.size())}}},
+              {"tags", detail::mlflow::key_values(tags, 0, tags.size())}}},
             {"sent", std::move(sent_steps)}};
   if (!experiment_id.empty()) j["experiment_id"] = experiment_id;
   if (!run_id.empty()) j["artifact_uri"] = artifact_uri;
@@ -291,8 +291,6 @@ DETTRIAL_INLINE MlflowState MlflowState::read(const std::filesystem::path& dir) 
 }
 
 DETTRIAL_INLINE void MlflowState::write(const std::filesystem::path& dir) const { write_atomically(dir / layout::mlflow_state, to_json()); }
-
-namespace mlflow_detail {}  // namespace mlflow_detail
 
 DETTRIAL_INLINE HttpAuth mlflow_auth() {
   return {environment_value("MLFLOW_TRACKING_TOKEN"), environment_value("MLFLOW_TRACKING_USERNAME"),
@@ -392,13 +390,13 @@ DETTRIAL_INLINE std::size_t sync_mlflow_run(const std::filesystem::path& dir) {
   if (pending.empty() && !state.run_id.empty()) return 0;
   MlflowClient client(state.tracking_uri);
   if (state.run_id.empty()) {
-    mlflow_detail::create_run(client, state);
+    detail::mlflow::create_run(client, state);
     state.write(dir);
   }
   std::size_t sent = 0;
   try {
     for (; sent < pending.size(); ++sent)
-      mlflow_detail::send(client, state, pending[sent].at("api").get<std::string>(), pending[sent].value("body", Json::object()));
+      detail::mlflow::send(client, state, pending[sent].at("api").get<std::string>(), pending[sent].value("body", Json::object()));
   } catch (...) {
     std::string rest;
     for (std::size_t i = sent; i < pending.size(); ++i) rest += json_line(pending[i]);
@@ -485,7 +483,7 @@ DETTRIAL_INLINE MlflowRun::Sender::Sender(MlflowSettings settings, std::filesyst
     state_.tracking_uri = settings_.tracking_uri;
     state_.experiment_name = settings_.experiment_name;
     state_.run_name = settings_.run_name;
-    state_.start_time_ms = mlflow_detail::now_ms();
+    state_.start_time_ms = detail::mlflow::now_ms();
     state_.tags = std::move(tags);
   }
   std::filesystem::create_directories(dir_);
@@ -497,7 +495,7 @@ DETTRIAL_INLINE MlflowRun::Sender::Sender(MlflowSettings settings, std::filesyst
   }
   // MLflow takes at most 100 params a request; a param's value is immutable (a resumed run sends none).
   for (std::size_t i = 0; i < start.params.size(); i += 100)
-    enqueue({"runs/log-batch", {{"params", mlflow_detail::key_values(start.params, i, i + 100)}}, {}, -1});
+    enqueue({"runs/log-batch", {{"params", detail::mlflow::key_values(start.params, i, i + 100)}}, {}, -1});
   if (!settings_.config_text.empty()) enqueue({"artifact", {{"name", "config.yaml"}, {"text", settings_.config_text}}, {}, -1});
 }
 
@@ -510,18 +508,18 @@ DETTRIAL_INLINE void MlflowRun::Sender::log_metrics(std::string_view kind, std::
                                                     const std::vector<std::pair<std::string, std::string>>& tags) {
   if (const auto before = sent_before_.find(kind); before != sent_before_.end() && step <= before->second) return;
   Json list = Json::array();
-  const std::int64_t now = mlflow_detail::now_ms();
+  const std::int64_t now = detail::mlflow::now_ms();
   for (const auto& [key, value] : metrics)  // JSON has no NaN nor infinity
-    if (std::isfinite(value)) list.push_back({{"key", mlflow_detail::key_of(key)}, {"value", value}, {"timestamp", now}, {"step", step}});
+    if (std::isfinite(value)) list.push_back({{"key", detail::mlflow::key_of(key)}, {"value", value}, {"timestamp", now}, {"step", step}});
   Json body = {{"metrics", std::move(list)}};
-  if (!tags.empty()) body["tags"] = mlflow_detail::key_values(tags, 0, tags.size());
+  if (!tags.empty()) body["tags"] = detail::mlflow::key_values(tags, 0, tags.size());
   enqueue({"runs/log-batch", std::move(body), std::string(kind), step});
 }
 
 DETTRIAL_INLINE void MlflowRun::Sender::end(MlflowEnd status) {
   if (ended_) return;
   ended_ = true;
-  enqueue({"runs/update", {{"status", mlflow_status_name(status)}, {"end_time", mlflow_detail::now_ms()}}, {}, -1});
+  enqueue({"runs/update", {{"status", mlflow_status_name(status)}, {"end_time", detail::mlflow::now_ms()}}, {}, -1});
   {
     std::lock_guard lock(mutex_);
     closing_ = true;
@@ -592,10 +590,10 @@ DETTRIAL_INLINE bool MlflowRun::Sender::deliver(Request& r) {
   for (int attempt = 0;; ++attempt) {
     try {
       if (state_.run_id.empty()) {
-        mlflow_detail::create_run(client_, state_);
+        detail::mlflow::create_run(client_, state_);
         save_state();
       }
-      if (!r.api.empty()) mlflow_detail::send(client_, state_, r.api, r.body);
+      if (!r.api.empty()) detail::mlflow::send(client_, state_, r.api, r.body);
       return true;
     } catch (const std::exception& e) {
       if (!retryable(e)) {
@@ -651,4 +649,5 @@ DETTRIAL_INLINE void MlflowRun::end(MlflowEnd status) { sender_->end(status); }
 DETTRIAL_INLINE std::string MlflowRun::run_id() { return sender_->run_id(); }
 
 }  // namespace dettrial::detail
+
 #endif  // DETTRIAL_HEADER_DEFINITIONS

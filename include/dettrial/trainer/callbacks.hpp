@@ -16,9 +16,7 @@
 #include "../vocabulary/callbacks.hpp"
 #include "../vocabulary/metrics.hpp"
 
-namespace dettrial {
-
-namespace detail {
+namespace dettrial::detail {
 
 /// Checks each callback type once: a sentence instead of silence for a hook-less (misspelt) one, and
 /// for a hook declared with the wrong parameters.
@@ -66,5 +64,4 @@ class CallbackSet {
   std::tuple<C&...> callbacks_;
 };
 
-}  // namespace detail
-}  // namespace dettrial
+}  // namespace dettrial::detail

@@ -148,7 +148,9 @@ DETTRIAL_INLINE Checkpointer fit_checkpointer(Context& context, const FitOptions
   return Checkpointer(context, std::move(storage), o.checkpoint_policy, o.retention, o.smaller_is_better, o.async_checkpoints);
 }
 
-namespace fit_steps_detail {
+}  // namespace dettrial::detail
+
+namespace dettrial::detail::fit_steps {
 /// The lines saying what is profiled, and where the trace goes.
 inline void announce_profiling(Context& context, const FitOptions& o, std::int64_t from_batch, Reporter& reporter) {
   const bool synced = o.profiling.sync_timings && context.device().is_cuda();
@@ -165,8 +167,9 @@ inline void announce_profiling(Context& context, const FitOptions& o, std::int64
                   " with LibTorch's profiler" + (synced ? ", timings synchronized with the GPU" : "") + "; trace in " +
                   o.output_dir.string());
 }
-}  // namespace fit_steps_detail
+}  // namespace dettrial::detail::fit_steps
 
+namespace dettrial::detail {
 DETTRIAL_INLINE void announce(Context& context, const FitOptions& o, const Schedule& schedule, const Position& position,
                               Reporter& reporter) {
   reporter.line("dettrial " DETTRIAL_VERSION_STRING ": " + runtime_summary());
@@ -190,7 +193,7 @@ DETTRIAL_INLINE void announce(Context& context, const FitOptions& o, const Sched
   if (const auto* graph = std::get_if<capture::cuda_graph>(&o.step_capture))
     reporter.line("dettrial: the training step is captured in a CUDA graph after " + std::to_string(graph->warmup_batches) +
                   " eager batch(es), and replayed; batches of other shapes run eagerly");
-  fit_steps_detail::announce_profiling(context, o, position.batches_trained(), reporter);
+  detail::fit_steps::announce_profiling(context, o, position.batches_trained(), reporter);
   if (const std::int64_t records = context.get_experiment_config().records_per_epoch; records > 0)
     reporter.line("dettrial: records_per_epoch " + std::to_string(records) + " sets the epoch: " + std::to_string(schedule.epoch_len()) +
                   " batches of " + std::to_string(context.get_global_batch_size()) + " records (the training data loader's own epoch is " +
@@ -348,4 +351,5 @@ DETTRIAL_INLINE void agree_on_buffers(Context& context) {
 }
 
 }  // namespace dettrial::detail
+
 #endif  // DETTRIAL_HEADER_DEFINITIONS

@@ -49,14 +49,17 @@ class LoadedTrial {
   std::unique_ptr<Trainer<TrialT>> trainer_;
 };
 
-namespace detail {
+}  // namespace dettrial
+
+namespace dettrial::detail {
 /// `changes` merged into the map `target`, nested maps key by key.
 DETTRIAL_INLINE void merge_yaml_map(YAML::Node target, const YAML::Node& changes);
 /// The experiment config a checkpoint was trained under, with its trial's hyperparameters (from its
 /// `load_data.json`) and `overrides` merged over them.
 DETTRIAL_INLINE ExperimentConfig checkpoint_trial_config(const std::filesystem::path& checkpoint, const YAML::Node& overrides);
-}  // namespace detail
+}  // namespace dettrial::detail
 
+namespace dettrial {
 /**
  * @brief Rebuilds `TrialT` from a checkpoint (a checkpoint directory, or a folder holding checkpoints
  * whose latest is taken): its experiment config and hyperparameters from the checkpoint's
@@ -124,4 +127,5 @@ DETTRIAL_INLINE ExperimentConfig checkpoint_trial_config(const std::filesystem::
 }
 
 }  // namespace dettrial::detail
+
 #endif  // DETTRIAL_HEADER_DEFINITIONS

@@ -116,9 +116,7 @@ class Outputs {
 #include "../report/runtime.hpp"
 #include "../version.hpp"
 
-namespace dettrial::detail {
-
-namespace outputs_detail {
+namespace dettrial::detail::outputs {
 /// The run's MLflow run, when the options or MLFLOW_TRACKING_URI name a server: its params are
 /// the hyperparameters, its tags say what ran where.
 inline std::unique_ptr<MlflowRun> start_mlflow(const FitOptions& options, Context& context) {
@@ -151,8 +149,9 @@ inline std::unique_ptr<MlflowRun> start_mlflow(const FitOptions& options, Contex
                 {"dettrial.run_folder", std::filesystem::absolute(options.output_dir).string()}};
   return std::make_unique<MlflowRun>(std::move(*settings), options.output_dir, std::move(start));
 }
-}  // namespace outputs_detail
+}  // namespace dettrial::detail::outputs
 
+namespace dettrial::detail {
 DETTRIAL_INLINE Outputs Outputs::lock(const Context& context, const std::filesystem::path& output_dir) {
   Outputs out;
   if (context.distributed().is_chief()) out.folder_lock_ = FolderLock::acquire(RunFolder{output_dir}.lock(), "run folder");
@@ -163,7 +162,7 @@ DETTRIAL_INLINE void Outputs::open(Context& context, const FitOptions& options, 
   // One writer per job: the chief reports and writes metrics.jsonl, event files and checkpoints.
   const bool chief = context.distributed().is_chief();
   if (chief) context.get_tensorboard_writer() = TensorBoardWriter(context.get_tensorboard_path(), continued_at);
-  if (chief) mlflow_ = outputs_detail::start_mlflow(options, context);
+  if (chief) mlflow_ = detail::outputs::start_mlflow(options, context);
   reporter_ = Reporter(chief, options.report, options.output_dir, continued_at,
                        context.get_enable_tensorboard_logging() ? &context.get_tensorboard_writer() : nullptr, mlflow_.get());
   const bool cuda = context.device().is_cuda();
@@ -237,4 +236,5 @@ DETTRIAL_INLINE void Outputs::close() noexcept {
 }
 
 }  // namespace dettrial::detail
+
 #endif  // DETTRIAL_HEADER_DEFINITIONS

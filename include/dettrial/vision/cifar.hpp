@@ -59,8 +59,7 @@ class Cifar {
 #include <fstream>
 #include <iterator>
 
-namespace dettrial::vision {
-namespace detail {
+namespace dettrial::vision::detail {
 /// `root/name`, or `root/folder/name` when the archive's folder is still there.
 inline std::filesystem::path cifar_file(const std::filesystem::path& root, const char* folder, const std::string& name) {
   std::error_code ec;
@@ -69,8 +68,9 @@ inline std::filesystem::path cifar_file(const std::filesystem::path& root, const
   throw DataError("CIFAR: found no '" + name + "' in '" + root.string() + "' or '" + (root / folder).string() +
                   "' (the binary version of the data set, as published)");
 }
-}  // namespace detail
+}  // namespace dettrial::vision::detail
 
+namespace dettrial::vision {
 DETTRIAL_INLINE void Cifar::read(const std::filesystem::path& file, bool two_labels, CifarLabel which) {
   std::ifstream in(file, std::ios::binary);
   const std::vector<std::uint8_t> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
@@ -127,4 +127,5 @@ DETTRIAL_INLINE Image Cifar::load(std::int64_t index, ImageMode mode) const {
 }
 
 }  // namespace dettrial::vision
+
 #endif  // DETTRIAL_HEADER_DEFINITIONS

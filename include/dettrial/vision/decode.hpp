@@ -67,8 +67,7 @@ DETTRIAL_INLINE void read_file(const std::filesystem::path& path, std::vector<st
 #include <spng.h>
 #endif
 
-namespace dettrial::vision {
-namespace detail {
+namespace dettrial::vision::detail {
 
 /// The largest image accepted, a guard against decompression bombs (a damaged header can claim any
 /// size): 32768 a side, and PIL's own limit in all (twice its MAX_IMAGE_PIXELS, where it refuses).
@@ -205,8 +204,9 @@ inline std::string leading_bytes(std::span<const std::uint8_t> bytes) {
   return out.empty() ? "nothing: the file is empty" : out;
 }
 
-}  // namespace detail
+}  // namespace dettrial::vision::detail
 
+namespace dettrial::vision {
 DETTRIAL_INLINE Image decode_image(std::span<const std::uint8_t> bytes, ImageMode mode, const std::string& name) {
   static constexpr std::uint8_t png_signature[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n'};
   const bool jpeg = bytes.size() >= 3 && bytes[0] == 0xFF && bytes[1] == 0xD8 && bytes[2] == 0xFF;
@@ -260,4 +260,5 @@ DETTRIAL_INLINE Image read_image(const std::filesystem::path& path, ImageMode mo
 }
 
 }  // namespace dettrial::vision
+
 #endif  // DETTRIAL_HEADER_DEFINITIONS

@@ -86,8 +86,7 @@ class ImageFolder {
 #include <set>
 #include <system_error>
 
-namespace dettrial::vision {
-namespace detail {
+namespace dettrial::vision::detail {
 
 inline bool has_extension(const std::string& file, const std::vector<std::string>& extensions) {
   std::string lower = file;
@@ -143,8 +142,9 @@ inline bool is_integer(const std::string& text) {
   return true;
 }
 
-}  // namespace detail
+}  // namespace dettrial::vision::detail
 
+namespace dettrial::vision {
 DETTRIAL_INLINE ImageFolder::ImageFolder(const std::filesystem::path& root, const ImageFolderOptions& options) {
   std::error_code ec;
   if (!std::filesystem::is_directory(root, ec))
@@ -235,4 +235,5 @@ DETTRIAL_INLINE ImageFolder ImageFolder::from_csv(const std::filesystem::path& c
 }
 
 }  // namespace dettrial::vision
+
 #endif  // DETTRIAL_HEADER_DEFINITIONS

@@ -53,7 +53,9 @@ concept ImageTransform = requires(const T& t, Image image, RecordRandom& random)
   { t(std::move(image), random) } -> std::same_as<Image>;
 };
 
-namespace detail {
+}  // namespace dettrial::vision
+
+namespace dettrial::vision::detail {
 /// The source index of position `i` (which may lie outside [0, n)) under `mode`; -1 for constant fill.
 DETTRIAL_INLINE std::int64_t padded_source(std::int64_t i, std::int64_t n, PaddingMode mode);
 /**
@@ -76,8 +78,9 @@ constexpr std::int64_t round_half(std::int64_t x) {
   const std::int64_t other = x > 0 ? q + 1 : q - 1;
   return q % 2 == 0 ? q : other;
 }
-}  // namespace detail
+}  // namespace dettrial::vision::detail
 
+namespace dettrial::vision {
 /// torchvision's `Resize(size)`: one number resizes the shorter side to it (keeping the aspect), two
 /// give the size; bilinear with antialiasing (v2's default), through LibTorch's interpolation.
 struct Resize {
@@ -261,7 +264,9 @@ concept OutputStep = requires {
   { T::output_step } -> std::convertible_to<bool>;
 } && T::output_step;
 
-namespace detail {
+}  // namespace dettrial::vision
+
+namespace dettrial::vision::detail {
 template <class... Steps>
 constexpr bool output_steps_last() {
   bool seen_output = false, ok = true;
@@ -274,8 +279,9 @@ constexpr bool normalize_after_to_float() {
   ((ok = ok && (!std::is_same_v<Steps, Normalize> || seen_float), seen_float = seen_float || std::is_same_v<Steps, ToFloat>), ...);
   return ok;
 }
-}  // namespace detail
+}  // namespace dettrial::vision::detail
 
+namespace dettrial::vision {
 /**
  * @brief torchvision's `Compose([...])`, as a type: the 8-bit transforms in order, then the output
  * steps, which the batch writer applies as it converts each image into the batch (C x H x W).
@@ -382,8 +388,7 @@ class Compose {
 
 #include <ATen/Version.h>
 
-namespace dettrial::vision {
-namespace detail {
+namespace dettrial::vision::detail {
 
 DETTRIAL_INLINE std::int64_t padded_source(std::int64_t i, std::int64_t n, PaddingMode mode) {
   if (i >= 0 && i < n) return i;
@@ -498,8 +503,9 @@ inline std::uint8_t blend(std::uint8_t x, float other, float ratio) {
   return static_cast<std::uint8_t>(std::clamp(v, 0.0f, 255.0f));
 }
 
-}  // namespace detail
+}  // namespace dettrial::vision::detail
 
+namespace dettrial::vision {
 DETTRIAL_INLINE Image ColorJitter::operator()(Image image, RecordRandom& random) const {
   // torchvision draws the order first (a permutation of its four adjustments), then each factor.
   std::array<int, 3> order{0, 1, 2};
@@ -529,4 +535,5 @@ DETTRIAL_INLINE Image ColorJitter::operator()(Image image, RecordRandom& random)
 }
 
 }  // namespace dettrial::vision
+
 #endif  // DETTRIAL_HEADER_DEFINITIONS

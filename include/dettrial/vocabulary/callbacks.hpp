@@ -26,7 +26,9 @@ namespace dettrial {
  * A callback declaring a hook by name (a non-overloaded member) that cannot be called with these
  * arguments is a compile error naming the hook, never a hook silently not called.
  */
-namespace hook {
+}  // namespace dettrial
+
+namespace dettrial::hook {
 
 // NAME: the member function; ...: the argument types the trainer passes, in order. A hook whose
 // member is a template or an overload set is found by calling it, not by name.
@@ -121,9 +123,9 @@ using all = std::tuple<on_trial_startup, on_trial_shutdown, on_training_start, o
                        on_checkpoint_save_start, on_checkpoint_write_end, on_checkpoint_upload_end, on_checkpoint_load_start, state_dict,
                        load_state_dict>;
 
-}  // namespace hook
+}  // namespace dettrial::hook
 
-namespace detail {
+namespace dettrial::detail {
 template <class C, class... Hook>
 consteval bool has_any_hook(std::tuple<Hook...>*) {
   return ((Hook::template named_in<C> || Hook::template callable<C>) || ...);
@@ -132,8 +134,9 @@ template <class C, class... Hook>
 consteval bool check_hooks(std::tuple<Hook...>*) {
   return (Hook::template check<C>() && ...);
 }
-}  // namespace detail
+}  // namespace dettrial::detail
 
+namespace dettrial {
 /**
  * @brief A callback: any object with at least one of the hooks in dettrial::hook (Determined's
  * PyTorchCallback): `on_trial_startup(first_batch_idx, checkpoint_uuid)`, `on_trial_shutdown()`,

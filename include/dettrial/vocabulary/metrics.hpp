@@ -177,14 +177,18 @@ concept CrossSlotReducer = requires(R& r) {
 template <class R>
 concept MetricReducer = LocalReducer<R> || CrossSlotReducer<R>;
 
-namespace detail {
+}  // namespace dettrial
+
+namespace dettrial::detail {
 template <MetricReducer R>
 constexpr auto reduced_metrics_type() {
   if constexpr (CrossSlotReducer<R>)
     return std::type_identity<decltype(std::declval<R&>().cross_slot_reduce(std::declval<const std::vector<per_slot_t<R>>&>()))>{};
   else return std::type_identity<decltype(std::declval<R&>().reduce())>{};
 }
-}  // namespace detail
+}  // namespace dettrial::detail
+
+namespace dettrial {
 /// What a reducer's last step returns: a number or MetricValues.
 template <MetricReducer R>
 using reduced_metrics_t = std::remove_cvref_t<typename decltype(detail::reduced_metrics_type<R>())::type>;
@@ -193,6 +197,7 @@ using reduced_metrics_t = std::remove_cvref_t<typename decltype(detail::reduced_
 
 // Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
 #if DETTRIAL_HEADER_DEFINITIONS
+
 namespace dettrial {
 
 DETTRIAL_INLINE std::string_view MetricKey::intern(const std::string& name) {
@@ -258,4 +263,5 @@ DETTRIAL_INLINE double MetricValues::at(std::string_view name) const {
 }
 
 }  // namespace dettrial
+
 #endif  // DETTRIAL_HEADER_DEFINITIONS

@@ -20,8 +20,7 @@
 #include "metrics.hpp"
 #include "optim.hpp"
 
-namespace dettrial {
-namespace detail {
+namespace dettrial::detail {
 
 template <class R>
 struct is_scheduled_lr : std::false_type {};
@@ -32,8 +31,9 @@ struct is_scheduled_lr<ScheduledLR<S, M>> : std::true_type {};
 /// one diagnostic that matters is printed.
 struct missing {};
 
-}  // namespace detail
+}  // namespace dettrial::detail
 
+namespace dettrial {
 // ---- the data loaders ----------------------------------------------------------------------------
 
 /// T has a `build_training_data_loader()` hook (whatever it returns).
@@ -43,7 +43,9 @@ concept DeclaresTrainingDataLoader = requires(T& t) { t.build_training_data_load
 template <class T>
 concept DeclaresValidationDataLoader = requires(T& t) { t.build_validation_data_loader(); };
 
-namespace detail {
+}  // namespace dettrial
+
+namespace dettrial::detail {
 
 template <class T>
 using training_loader_result = decltype(std::declval<T&>().build_training_data_loader());
@@ -66,8 +68,9 @@ consteval auto batch_type_of() {
   else return std::type_identity<missing>{};
 }
 
-}  // namespace detail
+}  // namespace dettrial::detail
 
+namespace dettrial {
 /// The training loader type of trial T (`detail::missing` when it has none).
 template <class T>
 using training_loader_t = typename decltype(detail::training_loader_type<T>())::type;
@@ -95,14 +98,17 @@ concept ValidationDataLoaderHook = DeclaresValidationDataLoader<T> && BatchLoade
 template <class T>
 concept DeclaresModel = requires(T& t) { t.build_model(); };
 
-namespace detail {
+}  // namespace dettrial
+
+namespace dettrial::detail {
 template <class T>
 consteval auto model_type() {
   if constexpr (DeclaresModel<T>) return std::type_identity<std::remove_cvref_t<decltype(std::declval<T&>().build_model())>>{};
   else return std::type_identity<missing>{};
 }
-}  // namespace detail
+}  // namespace dettrial::detail
 
+namespace dettrial {
 /// The model type of a declarative trial.
 template <class T>
 using model_t = typename decltype(detail::model_type<T>())::type;
@@ -112,7 +118,9 @@ using model_t = typename decltype(detail::model_type<T>())::type;
 template <class T>
 concept DeclaresOptimizer = DeclaresModel<T> && requires(T& t, model_t<T>& m) { t.optimizer(m); };
 
-namespace detail {
+}  // namespace dettrial
+
+namespace dettrial::detail {
 template <class T>
 consteval auto optimizer_type() {
   if constexpr (DeclaresOptimizer<T>)
@@ -129,8 +137,9 @@ consteval auto optimizer_object_type() {
     else return std::type_identity<missing>{};
   } else return std::type_identity<missing>{};
 }
-}  // namespace detail
+}  // namespace dettrial::detail
 
+namespace dettrial {
 /// What a declarative trial's `optimizer(model)` returns.
 template <class T>
 using optimizer_result_t = typename decltype(detail::optimizer_type<T>())::type;
@@ -143,15 +152,18 @@ using optimizer_t = typename decltype(detail::optimizer_object_type<optimizer_re
 template <class T>
 concept DeclaresLRScheduler = DeclaresModel<T> && requires(T& t, optimizer_t<T>& o) { t.lr_scheduler(o); };
 
-namespace detail {
+}  // namespace dettrial
+
+namespace dettrial::detail {
 template <class T>
 consteval auto scheduler_type() {
   if constexpr (DeclaresLRScheduler<T>)
     return std::type_identity<std::remove_cvref_t<decltype(std::declval<T&>().lr_scheduler(std::declval<optimizer_t<T>&>()))>>{};
   else return std::type_identity<missing>{};
 }
-}  // namespace detail
+}  // namespace dettrial::detail
 
+namespace dettrial {
 /// What a declarative trial's optional `lr_scheduler(optimizer)` returns.
 template <class T>
 using scheduler_result_t = typename decltype(detail::scheduler_type<T>())::type;
@@ -188,7 +200,9 @@ concept DeclaresEvaluateFullDataset = requires { &T::evaluate_full_dataset; } ||
   t.evaluate_full_dataset(l, m);
 } || requires(T& t, validation_loader_t<T>& l) { t.evaluate_full_dataset(l); };
 
-namespace detail {
+}  // namespace dettrial
+
+namespace dettrial::detail {
 /// Calls train_batch in the trial's style; only used in unevaluated contexts and by the trainer.
 template <class T>
 decltype(auto) call_train_batch(T& t, training_batch_t<T>& b, model_t<T>& m, std::int64_t epoch_idx, std::int64_t batch_idx) {
@@ -210,8 +224,9 @@ decltype(auto) call_evaluate_full_dataset(T& t, validation_loader_t<T>& l, model
   if constexpr (DeclaresModel<T>) return t.evaluate_full_dataset(l, m);
   else return t.evaluate_full_dataset(l);
 }
-}  // namespace detail
+}  // namespace dettrial::detail
 
+namespace dettrial {
 template <class T>
 concept CallableTrainBatch =
     (DeclaresModel<T> && requires(T& t, training_batch_t<T>& b, model_t<T>& m, std::int64_t i) { t.train_batch(b, m, i, i); }) ||
@@ -227,7 +242,9 @@ concept CallableEvaluateFullDataset =
     (DeclaresModel<T> && requires(T& t, validation_loader_t<T>& l, model_t<T>& m) { t.evaluate_full_dataset(l, m); }) ||
     (!DeclaresModel<T> && requires(T& t, validation_loader_t<T>& l) { t.evaluate_full_dataset(l); });
 
-namespace detail {
+}  // namespace dettrial
+
+namespace dettrial::detail {
 // What a hook returns. Only named once the hook is known to be callable: the concepts below put these
 // after the Callable... check in a conjunction, which substitutes its right side only when its left
 // side holds (naming one of these for a hook that cannot be called would be a hard error).
@@ -240,8 +257,9 @@ using evaluate_batch_result_t =
 template <class T>
 using evaluate_full_dataset_result_t =
     decltype(call_evaluate_full_dataset(std::declval<T&>(), std::declval<validation_loader_t<T>&>(), std::declval<model_t<T>&>()));
-}  // namespace detail
+}  // namespace dettrial::detail
 
+namespace dettrial {
 /// Piece 4 of dettrial::Trial: `train_batch` can be called with the training loader's batch type, as
 /// `train_batch(batch, model, epoch_idx, batch_idx)` in a declarative trial or
 /// `train_batch(batch, epoch_idx, batch_idx)` in an imperative one, and returns dettrial::Metrics (with
@@ -268,7 +286,9 @@ template <class T>
 concept EvaluationHook =
     (EvaluateBatchHook<T> && !DeclaresEvaluateFullDataset<T>) || (EvaluateFullDatasetHook<T> && !DeclaresEvaluateBatch<T>);
 
-namespace detail {
+}  // namespace dettrial
+
+namespace dettrial::detail {
 
 /// The first thing wrong with a trial type, in the order a user would fix them.
 enum class TrialProblem {
@@ -367,8 +387,9 @@ struct TrialDiagnostics {
   static constexpr bool ok = problem == P::none;
 };
 
-}  // namespace detail
+}  // namespace dettrial::detail
 
+namespace dettrial {
 /**
  * @brief A trial: a plain type with Determined's hooks, in either style.
  *

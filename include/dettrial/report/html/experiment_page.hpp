@@ -41,19 +41,20 @@ namespace dettrial {
  */
 DETTRIAL_INLINE std::filesystem::path write_experiment_report(const std::filesystem::path& experiment_dir);
 
-namespace detail::html {
+}  // namespace dettrial
+
+namespace dettrial::detail::html {
 
 /// write_experiment_report with the search's summary given, in summary.json's form, rather than read
 /// from the folder: the runner's own, while the search runs (an empty object: none).
 DETTRIAL_INLINE std::filesystem::path write_experiment_page(const std::filesystem::path& experiment_dir, const Json& summary);
 
-}  // namespace detail::html
-
-}  // namespace dettrial
+}  // namespace dettrial::detail::html
 
 // Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
 #if DETTRIAL_HEADER_DEFINITIONS
 #include "../../detail/json.hpp"
+
 namespace dettrial::detail::html {
 
 /// Whether `page` is missing or older than any of `sources` (that exist).
@@ -461,4 +462,5 @@ DETTRIAL_INLINE std::filesystem::path write_experiment_report(const std::filesys
 }
 
 }  // namespace dettrial
+
 #endif  // DETTRIAL_HEADER_DEFINITIONS

@@ -41,6 +41,7 @@ DETTRIAL_INLINE std::filesystem::path write_run_report(const std::filesystem::pa
 // Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
 #if DETTRIAL_HEADER_DEFINITIONS
 #include "../../detail/json.hpp"
+
 namespace dettrial::detail::html {
 
 /// The series named `series_name` of the chart named `chart_name`, each made on first use (charts
@@ -178,9 +179,7 @@ DETTRIAL_INLINE Json run_hyperparameters(const std::filesystem::path& dir, const
 
 }  // namespace dettrial::detail::html
 
-namespace dettrial {
-
-namespace detail::html {
+namespace dettrial::detail::html {
 
 /// The last value of each series of a run's charts, with its range and counts, as a table (empty
 /// when no series has a value).
@@ -252,8 +251,9 @@ DETTRIAL_INLINE std::string run_header(const std::vector<Json>& records, const s
   return header;
 }
 
-}  // namespace detail::html
+}  // namespace dettrial::detail::html
 
+namespace dettrial {
 DETTRIAL_INLINE std::filesystem::path write_run_report(const std::filesystem::path& run_dir) {
   namespace html = detail::html;
   using detail::Json;
@@ -290,4 +290,5 @@ DETTRIAL_INLINE std::filesystem::path write_run_report(const std::filesystem::pa
   return out;
 }
 }  // namespace dettrial
+
 #endif  // DETTRIAL_HEADER_DEFINITIONS
