@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 /// @file
 /// @brief Image data for dettrial: JPEG and PNG decoding, torchvision's ImageFolder and CIFAR
-/// readers, torchvision's transforms, and the ImageDataset that a DataLoader decodes and augments
+/// readers, torchvision's transforms and ResNets, and the ImageDataset that a DataLoader decodes and augments
 /// in parallel, straight into batch tensors. Opt-in, next to <dettrial/dettrial.hpp>.
 #pragma once
 
@@ -12,4 +12,5 @@
 #include "vision/image.hpp"
 #include "vision/image_dataset.hpp"
 #include "vision/image_folder.hpp"
+#include "vision/resnet.hpp"
 #include "vision/transforms.hpp"

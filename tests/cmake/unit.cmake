@@ -60,6 +60,24 @@ endif()
 doctest_discover_tests(dettrial_vision_tests TEST_PREFIX "unit: " PROPERTIES SKIP_RETURN_CODE 77
                        ENVIRONMENT "DETTRIAL_VISION_FIXTURES=${_vision_fixtures}" FIXTURES_REQUIRED dettrial_vision)
 
+# torchvision's ResNets: tests/python/torchvision_resnets.py saves them with their own random weights
+# and what they compute (1.2 GB), with a Python that has torchvision; without one the cases that
+# need them are skipped with the reason. PyPI's torch of another release than this LibTorch is
+# compared to a stated tolerance, its own release bit for bit.
+set(DETTRIAL_TORCHVISION_PYTHON "${DETTRIAL_PYTHON}" CACHE FILEPATH "A Python with torchvision, whose ResNets the models are tested against")
+add_executable(dettrial_model_tests unit/main.cpp unit/resnet_test.cpp)
+target_link_libraries(dettrial_model_tests PRIVATE dettrial::compiled doctest::doctest)
+dettrial_use_compiled_pch(dettrial_model_tests)
+set(_resnet_fixtures "${CMAKE_CURRENT_BINARY_DIR}/resnet_fixtures")
+if(DETTRIAL_TORCHVISION_PYTHON)
+  add_test(NAME "vision: torchvision saves its ResNets and what they compute"
+           COMMAND "${DETTRIAL_TORCHVISION_PYTHON}" "${CMAKE_CURRENT_SOURCE_DIR}/python/torchvision_resnets.py" "${_resnet_fixtures}")
+  set_tests_properties("vision: torchvision saves its ResNets and what they compute" PROPERTIES
+                       FIXTURES_SETUP dettrial_resnets SKIP_RETURN_CODE 77 PASS_REGULAR_EXPRESSION "^ok: ")
+endif()
+doctest_discover_tests(dettrial_model_tests TEST_PREFIX "unit: " PROPERTIES SKIP_RETURN_CODE 77
+                       ENVIRONMENT "DETTRIAL_RESNET_FIXTURES=${_resnet_fixtures}" FIXTURES_REQUIRED dettrial_resnets)
+
 # Checkpoints Python can load: the MNIST trial's checkpoint goes into the same network written in
 # Python (DETTRIAL_PYTHON, the torch matching this LibTorch), whose outputs must match.
 set(_interop "${CMAKE_CURRENT_BINARY_DIR}/interop")
