@@ -3,7 +3,8 @@ vision tests: the real decoders' and transforms' outputs that dettrial's must ma
 
   OUT/images/*.png|*.jpg        files in every colour type PIL writes (gray, gray+alpha, RGB, RGBA,
                                 palette, palette with transparency, 1-bit; baseline, 4:4:4 and
-                                progressive JPEG, gray JPEG)
+                                progressive JPEG, gray JPEG, CMYK JPEG by PIL, YCCK JPEG by
+                                libjpeg-turbo)
   OUT/pil/<file>.<mode>.raw     PIL's Image.open(file).convert(mode) pixels (H x W x C bytes)
   OUT/tv/<file>.<path>.raw      torchvision's Resize(20), CenterCrop(16), ToDtype/ToTensor, Normalize
                                 output (float32, C x H x W) on the tensor path (v2 on
@@ -55,7 +56,38 @@ def write_images(out):
     Image.fromarray(rgb, "RGB").save(f"{out}/rgb444.jpg", quality=92, subsampling=0)
     Image.fromarray(pattern(40, 52, 3, 4), "RGB").save(f"{out}/progressive.jpg", quality=80, progressive=True)
     Image.fromarray(gray, "L").save(f"{out}/gray.jpg", quality=90)
+    # CMYK as ImageNet holds it: PIL writes Adobe's inverted samples; libjpeg-turbo's encoder a YCCK file.
+    cmyk = pattern(33, 41, 4, 5)
+    Image.fromarray(cmyk, "CMYK").save(f"{out}/cmyk.jpg", quality=90)
+    write_ycck(f"{out}/ycck.jpg", pattern(26, 35, 4, 6))
     return sorted(os.listdir(out))
+
+
+def write_ycck(path, cmyk):
+    """A YCCK JPEG, as Photoshop saves CMYK, by libjpeg-turbo's TurboJPEG (PIL writes none): its
+    compressor turns CMYK samples into YCCK. Left out where no libturbojpeg loads."""
+    import ctypes
+    import ctypes.util
+    name = ctypes.util.find_library("turbojpeg") or "libturbojpeg.so.0"
+    try:
+        tj = ctypes.CDLL(name)
+    except OSError:
+        print(f"note: no libturbojpeg ({name}) here: no YCCK file written")
+        return
+    tj.tjInitCompress.restype = ctypes.c_void_p
+    handle = tj.tjInitCompress()
+    height, width = cmyk.shape[:2]
+    data = np.ascontiguousarray(cmyk)
+    buffer, size = ctypes.POINTER(ctypes.c_ubyte)(), ctypes.c_ulong(0)
+    TJPF_CMYK, TJSAMP_420 = 11, 2
+    status = tj.tjCompress2(ctypes.c_void_p(handle), data.ctypes.data_as(ctypes.POINTER(ctypes.c_ubyte)), width, 0, height, TJPF_CMYK,
+                            ctypes.byref(buffer), ctypes.byref(size), TJSAMP_420, 90, 0)
+    if status != 0:
+        raise RuntimeError("libturbojpeg could not write the YCCK file")
+    with open(path, "wb") as f:
+        f.write(ctypes.string_at(buffer, size.value))
+    tj.tjFree(buffer)
+    tj.tjDestroy(ctypes.c_void_p(handle))
 
 
 def write_folder(root):

@@ -92,6 +92,24 @@ inline void rgb_to_gray(Image& image) {
   image.channels = 1;
 }
 
+/// A CMYK JPEG's samples as PIL reads and converts them to RGB: PIL takes every CMYK JPEG's samples
+/// as Adobe writes them, inverted (its raw mode "CMYK;I"), then `convert("RGB")` computes each
+/// channel as (255 - K) - C (255 - K) / 255, rounded as its MULDIV255. `cmyk` holds the file's samples.
+inline Image pil_cmyk_to_rgb(const std::vector<std::uint8_t>& cmyk, std::int64_t height, std::int64_t width) {
+  Image rgb(height, width, 3);
+  const std::int64_t n = height * width;
+  const std::uint8_t* in = cmyk.data();
+  std::uint8_t* out = rgb.pixels.data();
+  for (std::int64_t i = 0; i < n; ++i, in += 4, out += 3) {
+    const int not_black = in[3];  // 255 - K, K being the inverted sample 255 - in[3]
+    for (int c = 0; c < 3; ++c) {
+      const int t = (255 - in[c]) * not_black + 128;
+      out[c] = static_cast<std::uint8_t>(not_black - (((t >> 8) + t) >> 8));
+    }
+  }
+  return rgb;
+}
+
 /// PIL's L to RGB conversion: each gray sample three times.
 inline Image gray_to_rgb(const Image& gray) {
   Image rgb(gray.height, gray.width, 3);
@@ -137,8 +155,16 @@ inline Image decode_jpeg(std::span<const std::uint8_t> bytes, ImageMode mode, co
   if (tjDecompressHeader3(tj, bytes.data(), static_cast<unsigned long>(bytes.size()), &width, &height, &subsampling, &colorspace) != 0)
     throw fail();
   check_size(width, height, name);
-  if (colorspace == TJCS_CMYK || colorspace == TJCS_YCCK)
-    throw ImageError("cannot decode '" + name + "': it is a CMYK JPEG, which dettrial does not convert (save it as RGB)");
+  if (colorspace == TJCS_CMYK || colorspace == TJCS_YCCK) {
+    // libjpeg-turbo converts YCCK to CMYK; the samples come out as the file holds them.
+    std::vector<std::uint8_t> cmyk(static_cast<std::size_t>(width) * static_cast<std::size_t>(height) * 4);
+    if (tjDecompress2(tj, bytes.data(), static_cast<unsigned long>(bytes.size()), cmyk.data(), width, 0, height, TJPF_CMYK,
+                      TJFLAG_STOPONWARNING) != 0)
+      throw fail();
+    Image image = pil_cmyk_to_rgb(cmyk, height, width);
+    if (mode == ImageMode::gray) rgb_to_gray(image);  // PIL's CMYK to L is its CMYK to RGB, then RGB to L
+    return image;
+  }
   // A gray JPEG decodes to gray; a colour one to RGB (to gray after that, as PIL converts).
   const bool gray_source = colorspace == TJCS_GRAY;
   Image image(height, width, gray_source ? 1 : 3);
