@@ -14,7 +14,7 @@ class DettrialConan(ConanFile):
     topics = ("libtorch", "pytorch", "training", "header-only")
     package_type = "header-library"
     settings = "os", "arch", "compiler", "build_type"
-    # Image files (<dettrial/vision.hpp>): JPEG through libjpeg-turbo, PNG through libspng.
+    # Image files (<dettrial/vision.hpp>): JPEG through libjpeg-turbo, PNG through libspng, WebP through libwebp.
     options = {"with_images": [True, False], "with_mlflow": [True, False]}
     default_options = {"with_images": True, "with_mlflow": True}
     exports_sources = "CMakeLists.txt", "cmake/*", "include/*", "single_include/*"
@@ -35,6 +35,7 @@ class DettrialConan(ConanFile):
         if self.options.with_images:
             self.requires("libjpeg-turbo/[>=2.1]", transitive_headers=True)
             self.requires("libspng/[>=0.7]", transitive_headers=True)
+            self.requires("libwebp/[>=1.2]", transitive_headers=True)
         if self.options.with_mlflow:
             self.requires("libcurl/[>=7.68]", transitive_headers=True)
 

@@ -1,8 +1,8 @@
-# dettrial's image decoders, optional like Gloo: libjpeg-turbo's TurboJPEG API for JPEG and libspng
-# for PNG (both in Debian, Conan and vcpkg). Each one found is linked to `target` with
-# DETTRIAL_HAS_TURBOJPEG or DETTRIAL_HAS_SPNG (and DETTRIAL_DECODES_JPEG / DETTRIAL_DECODES_PNG set
-# for the caller); without it dettrial still builds, says so here, and decoding that format is an
-# ImageError naming what is missing.
+# dettrial's image decoders, optional like Gloo: libjpeg-turbo's TurboJPEG API for JPEG, libspng
+# for PNG and libwebp for WebP (all in Debian, Conan and vcpkg). Each one found is linked to `target`
+# with DETTRIAL_HAS_TURBOJPEG, DETTRIAL_HAS_SPNG or DETTRIAL_HAS_WEBP (and DETTRIAL_DECODES_JPEG /
+# _PNG / _WEBP set for the caller); without it dettrial still builds, says so here, and decoding that
+# format is an ImageError naming what is missing.
 function(dettrial_find_image_codecs target)
   # TurboJPEG: libjpeg-turbo's own CMake package (Debian, vcpkg), else the header and the library.
   find_package(libjpeg-turbo CONFIG QUIET)
@@ -52,5 +52,27 @@ function(dettrial_find_image_codecs target)
     set(DETTRIAL_DECODES_PNG TRUE PARENT_SCOPE)
   else()
     message(STATUS "dettrial: libspng was not found: PNG decoding is left out (Debian: libspng-dev)")
+  endif()
+
+  # libwebp: its CMake package (vcpkg and Conan: WebP), else the header and the library (Debian
+  # ships only a pkg-config file).
+  find_package(WebP CONFIG QUIET)
+  if(TARGET WebP::webp)
+    set(_webp WebP::webp)
+  else()
+    find_path(DETTRIAL_WEBP_INCLUDE_DIR webp/decode.h)
+    find_library(DETTRIAL_WEBP_LIBRARY NAMES webp)
+    if(DETTRIAL_WEBP_INCLUDE_DIR AND DETTRIAL_WEBP_LIBRARY)
+      set(_webp "${DETTRIAL_WEBP_LIBRARY}")
+      target_include_directories(${target} SYSTEM INTERFACE "${DETTRIAL_WEBP_INCLUDE_DIR}")
+    endif()
+  endif()
+  if(_webp)
+    target_link_libraries(${target} INTERFACE ${_webp})
+    target_compile_definitions(${target} INTERFACE DETTRIAL_HAS_WEBP)
+    message(STATUS "dettrial: WebP decoding on (libwebp)")
+    set(DETTRIAL_DECODES_WEBP TRUE PARENT_SCOPE)
+  else()
+    message(STATUS "dettrial: libwebp was not found: WebP decoding is left out (Debian: libwebp-dev)")
   endif()
 endfunction()

@@ -29,12 +29,12 @@ dettrial_apt() {
 
 # What building and training the examples needs: the build tools, Debian's LibTorch 1.13 (with
 # Gloo's headers, for data-parallel runs), yaml-cpp, range-v3, nlohmann/json, zlib, the real dataset
-# (Fashion-MNIST), libjpeg-turbo and libspng (the image decoders), libcurl (MLflow tracking), and OpenBLAS, which takes over libblas.so.3 from the reference BLAS that Debian's
+# (Fashion-MNIST), libjpeg-turbo, libspng and libwebp (the image decoders), libcurl (MLflow tracking), and OpenBLAS, which takes over libblas.so.3 from the reference BLAS that Debian's
 # LibTorch would otherwise compute with (10x slower).
 dettrial_example_deps() {
   dettrial_apt build-essential cmake ninja-build zlib1g-dev \
     libtorch-dev libgloo-dev libyaml-cpp-dev librange-v3-dev nlohmann-json3-dev dataset-fashion-mnist libopenblas0-pthread \
-    libturbojpeg0-dev libspng-dev libcurl4-openssl-dev
+    libturbojpeg0-dev libspng-dev libwebp-dev libcurl4-openssl-dev
 }
 
 # What the test suite adds: doctest, git and Python's venv (the Conan and PyPI checks), Debian's

@@ -247,7 +247,8 @@ DETTRIAL_INLINE Image Cifar::load(std::int64_t index, ImageMode mode) const {
 
 namespace dettrial::vision {
 
-/// Whether this build decodes JPEG (libjpeg-turbo was found) and PNG (libspng was found).
+/// Whether this build decodes JPEG (libjpeg-turbo was found), PNG (libspng was found) and WebP
+/// (libwebp was found).
 #if defined(DETTRIAL_HAS_TURBOJPEG)
 inline constexpr bool decodes_jpeg = true;
 #else
@@ -258,10 +259,16 @@ inline constexpr bool decodes_png = true;
 #else
 inline constexpr bool decodes_png = false;
 #endif
+#if defined(DETTRIAL_HAS_WEBP)
+inline constexpr bool decodes_webp = true;
+#else
+inline constexpr bool decodes_webp = false;
+#endif
 
 /**
- * @brief Decodes a JPEG or PNG file's bytes (8- or 16-bit; grayscale, gray with alpha, RGB, RGBA or
- * palette) into `mode`. 16-bit samples keep their high byte. Throws ImageError naming `name` and
+ * @brief Decodes a JPEG (gray, colour, CMYK), PNG (8- or 16-bit; grayscale, gray with alpha, RGB,
+ * RGBA or palette) or WebP (lossy or lossless, with or without alpha) file's bytes into `mode`, as
+ * PIL's `Image.open(f).convert(mode)`: 16-bit samples keep their high byte, alpha is dropped. Throws ImageError naming `name` and
  * the decoder's reason for anything else: a truncated or corrupt file (a JPEG the decoder would only
  * warn about included: a silently grey-filled image is a wrong batch), another format, or a format
  * this build has no decoder for.
@@ -291,6 +298,9 @@ DETTRIAL_INLINE void read_file(const std::filesystem::path& path, std::vector<st
 #endif
 #if defined(DETTRIAL_HAS_SPNG)
 #include <spng.h>
+#endif
+#if defined(DETTRIAL_HAS_WEBP)
+#include <webp/decode.h>
 #endif
 
 namespace dettrial::vision::detail {
@@ -445,6 +455,37 @@ inline Image decode_png(std::span<const std::uint8_t> bytes, ImageMode mode, con
 }
 #endif
 
+#if defined(DETTRIAL_HAS_WEBP)
+/// libwebp's reasons, in words.
+inline const char* webp_status(VP8StatusCode status) {
+  switch (status) {
+    case VP8_STATUS_OUT_OF_MEMORY: return "out of memory";
+    case VP8_STATUS_INVALID_PARAM: return "invalid parameter";
+    case VP8_STATUS_BITSTREAM_ERROR: return "its data is damaged";
+    case VP8_STATUS_UNSUPPORTED_FEATURE: return "it uses a feature libwebp does not support";
+    case VP8_STATUS_SUSPENDED: return "decoding was suspended";
+    case VP8_STATUS_USER_ABORT: return "decoding was aborted";
+    case VP8_STATUS_NOT_ENOUGH_DATA: return "it ends early";
+    default: return "libwebp refused it";
+  }
+}
+
+inline Image decode_webp(std::span<const std::uint8_t> bytes, ImageMode mode, const std::string& name) {
+  WebPBitstreamFeatures features{};
+  const VP8StatusCode status = WebPGetFeatures(bytes.data(), bytes.size(), &features);
+  if (status != VP8_STATUS_OK) throw ImageError("cannot decode '" + name + "' as WebP: " + webp_status(status));
+  if (features.has_animation)
+    throw ImageError("cannot decode '" + name + "': it is an animated WebP, and dettrial decodes still images only");
+  check_size(features.width, features.height, name);
+  // RGB straight from the decoder: alpha dropped, not composited, as PIL's convert("RGB").
+  Image image(features.height, features.width, 3);
+  if (WebPDecodeRGBInto(bytes.data(), bytes.size(), image.pixels.data(), image.pixels.size(), static_cast<int>(image.width * 3)) == nullptr)
+    throw ImageError("cannot decode '" + name + "' as WebP: its data is damaged or ends early");
+  if (mode == ImageMode::gray) rgb_to_gray(image);
+  return image;
+}
+#endif
+
 inline std::string leading_bytes(std::span<const std::uint8_t> bytes) {
   static constexpr char hex[] = "0123456789abcdef";
   std::string out;
@@ -479,7 +520,16 @@ DETTRIAL_INLINE Image decode_image(std::span<const std::uint8_t> bytes, ImageMod
                      "': this build of dettrial has no PNG decoder (libspng was not found when it was configured)");
 #endif
   }
-  throw ImageError("cannot decode '" + name + "': it is neither JPEG nor PNG (it begins with " + detail::leading_bytes(bytes) + ")");
+  const bool webp = bytes.size() >= 12 && std::memcmp(bytes.data(), "RIFF", 4) == 0 && std::memcmp(bytes.data() + 8, "WEBP", 4) == 0;
+  if (webp) {
+#if defined(DETTRIAL_HAS_WEBP)
+    return detail::decode_webp(bytes, mode, name);
+#else
+    throw ImageError("cannot decode '" + name +
+                     "': this build of dettrial has no WebP decoder (libwebp was not found when it was configured)");
+#endif
+  }
+  throw ImageError("cannot decode '" + name + "': it is not JPEG, PNG or WebP (it begins with " + detail::leading_bytes(bytes) + ")");
 }
 
 DETTRIAL_INLINE void read_file(const std::filesystem::path& path, std::vector<std::uint8_t>& buffer) {
@@ -1368,6 +1418,42 @@ inline bool is_integer(const std::string& text) {
   return true;
 }
 
+/// The ending of `file` in lower case when it names an image kind this build cannot decode: BMP,
+/// TIFF, PPM/PGM and GIF, and JPEG, PNG or WebP where their library was not found; else empty.
+inline std::string undecodable_ending(const std::string& file) {
+  const std::string ending = std::filesystem::path(file).extension().string();
+  std::string lower(ending.size(), '\0');
+  std::transform(ending.begin(), ending.end(), lower.begin(), [](unsigned char ch) { return static_cast<char>(std::tolower(ch)); });
+  const bool readable =
+      ((lower == ".jpg" || lower == ".jpeg") && decodes_jpeg) || (lower == ".png" && decodes_png) || (lower == ".webp" && decodes_webp);
+  static const std::set<std::string> images{".jpg", ".jpeg", ".png", ".webp", ".bmp", ".tif", ".tiff", ".ppm", ".pgm", ".gif"};
+  return !readable && images.count(lower) ? lower : std::string();
+}
+
+/// Refuses a listing that holds files this build cannot decode, before any training: one sentence
+/// with how many of each ending (the file's content decides the decoder, so a PNG named .JPEG is read).
+inline void check_decodable(const std::vector<ImageFolder::Sample>& samples, const std::string& where) {
+  std::map<std::string, std::int64_t> counts;
+  std::string first;
+  for (const auto& sample : samples) {
+    const std::string ending = undecodable_ending(sample.path.filename().string());
+    if (ending.empty()) continue;
+    if (first.empty()) first = sample.path.string();
+    ++counts[ending];
+  }
+  if (counts.empty()) return;
+  std::int64_t total = 0;
+  std::string kinds;
+  for (const auto& [ending, n] : counts) {
+    total += n;
+    kinds += (kinds.empty() ? "" : ", ") + std::to_string(n) + " " + ending;
+  }
+  std::string decoded = std::string(decodes_jpeg ? " JPEG" : "") + (decodes_png ? " PNG" : "") + (decodes_webp ? " WebP" : "");
+  throw DataError("ImageFolder: " + std::to_string(total) + " file(s) listed in " + where + " are of kinds this build cannot decode (" +
+                  kinds + "; the first: '" + first + "'); it decodes" + (decoded.empty() ? std::string(" none") : decoded) +
+                  ": convert them, or list without their endings (ImageFolderOptions::extensions)");
+}
+
 }  // namespace dettrial::vision::detail
 
 namespace dettrial::vision {
@@ -1397,6 +1483,7 @@ DETTRIAL_INLINE ImageFolder::ImageFolder(const std::filesystem::path& root, cons
     }
     if (samples_.size() == before) empty.push_back(classes_[label]);
   }
+  detail::check_decodable(samples_, "'" + root.string() + "'");
   if (!empty.empty() && !options.allow_empty) {
     std::string names, endings;
     for (const auto& n : empty) names += (names.empty() ? "" : ", ") + n;
@@ -1457,6 +1544,7 @@ DETTRIAL_INLINE ImageFolder ImageFolder::from_csv(const std::filesystem::path& c
     const std::filesystem::path p(path);
     samples.push_back({p.is_absolute() ? p : csv.parent_path() / p, numeric ? std::stoll(label) : index.at(label)});
   }
+  detail::check_decodable(samples, "the CSV file '" + csv.string() + "'");
   return from_samples(std::move(samples), std::move(classes));
 }
 

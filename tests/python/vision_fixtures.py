@@ -4,7 +4,7 @@ vision tests: the real decoders' and transforms' outputs that dettrial's must ma
   OUT/images/*.png|*.jpg        files in every colour type PIL writes (gray, gray+alpha, RGB, RGBA,
                                 palette, palette with transparency, 1-bit; baseline, 4:4:4 and
                                 progressive JPEG, gray JPEG, CMYK JPEG by PIL, YCCK JPEG by
-                                libjpeg-turbo)
+                                libjpeg-turbo; lossy and lossless WebP, with and without alpha)
   OUT/pil/<file>.<mode>.raw     PIL's Image.open(file).convert(mode) pixels (H x W x C bytes)
   OUT/tv/<file>.<path>.raw      torchvision's Resize(20), CenterCrop(16), ToDtype/ToTensor, Normalize
                                 output (float32, C x H x W) on the tensor path (v2 on
@@ -60,6 +60,11 @@ def write_images(out):
     cmyk = pattern(33, 41, 4, 5)
     Image.fromarray(cmyk, "CMYK").save(f"{out}/cmyk.jpg", quality=90)
     write_ycck(f"{out}/ycck.jpg", pattern(26, 35, 4, 6))
+    # WebP as libwebp writes it: lossy and lossless, with and without alpha.
+    Image.fromarray(rgb, "RGB").save(f"{out}/lossy.webp", quality=80)
+    Image.fromarray(rgba, "RGBA").save(f"{out}/lossy_alpha.webp", quality=75)
+    Image.fromarray(rgb, "RGB").save(f"{out}/lossless.webp", lossless=True)
+    Image.fromarray(rgba, "RGBA").save(f"{out}/lossless_alpha.webp", lossless=True)
     return sorted(os.listdir(out))
 
 

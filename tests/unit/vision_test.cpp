@@ -156,6 +156,30 @@ TEST_CASE("vision: ImageFolder lists the files, classes and labels torchvision's
                        DataError);
 }
 
+TEST_CASE("vision: files this build cannot decode are refused when the folder is listed, counted by ending; content decides the decoder") {
+  const fs::path root = fs::temp_directory_path() / ("dettrial-vision-kinds-" + std::to_string(::getpid()));
+  fs::remove_all(root);
+  fs::create_directories(root / "a");
+  fs::create_directories(root / "b");
+  for (const char* name : {"a/1.bmp", "a/2.BMP", "b/3.tif", "b/4.png", "b/5.gif"}) std::ofstream(root / name) << "not decoded when listed";
+  // torchvision's endings list .bmp and .tif (not .gif): three files, refused before any record is read.
+  const std::string refusal =
+      "3 file(s) listed in '" + root.string() + "' are of kinds this build cannot decode (2 .bmp, 1 .tif; the first: '";
+  CHECK_THROWS_WITH_AS(vision::ImageFolder{root}, doctest::Contains(refusal.c_str()), DataError);
+  // Listing without their endings is the way round.
+  CHECK(vision::ImageFolder(root, {.extensions = {".png"}}).size() == 1);
+  fs::remove_all(root);
+
+  std::string why;
+  const auto dir = fixtures(why);
+  if (!dir) return test::skip(why);
+  // ImageNet holds a PNG named .JPEG: its bytes, not its name, pick the decoder.
+  const fs::path renamed = fs::temp_directory_path() / ("dettrial-png-named-jpeg-" + std::to_string(::getpid()) + ".JPEG");
+  fs::copy_file(*dir / "images" / "rgb.png", renamed, fs::copy_options::overwrite_existing);
+  CHECK(vision::read_image(renamed, ImageMode::rgb).pixels == vision::read_image(*dir / "images" / "rgb.png", ImageMode::rgb).pixels);
+  fs::remove(renamed);
+}
+
 TEST_CASE("vision: damaged files are errors that name the file, never a crash or a grey-filled image") {
   std::string why;
   const auto dir = fixtures(why);
@@ -194,7 +218,7 @@ TEST_CASE("vision: damaged files are errors that name the file, never a crash or
   }
   MESSAGE(truncations << " truncated files refused; " << flips_refused << " of " << flips << " damaged files refused");
   CHECK_THROWS_WITH_AS(vision::decode_image(std::vector<std::uint8_t>{'G', 'I', 'F', '8', '9', 'a'}, ImageMode::rgb, "x.gif"),
-                       "cannot decode 'x.gif': it is neither JPEG nor PNG (it begins with 47 49 46 38 39 61)", ImageError);
+                       "cannot decode 'x.gif': it is not JPEG, PNG or WebP (it begins with 47 49 46 38 39 61)", ImageError);
   CHECK_THROWS_WITH_AS(vision::read_image(*dir / "no-such.png", ImageMode::rgb), doctest::Contains("no-such.png"), ImageError);
 }
 
@@ -218,7 +242,7 @@ TEST_CASE("vision: an unreadable record is an error naming file, record and reas
   const vision::Compose pipeline(vision::Resize(12, 12), vision::ToFloat{});
   const vision::ImageDataset strict(folder, pipeline);
   CHECK_THROWS_WITH_AS(strict.get_batch(torch::tensor({0, 3}, torch::kLong)),
-                       doctest::Contains("notes.png': it is neither JPEG nor PNG (it begins with 6e 6f 74 20 61 6e 20 69) (record 3)"),
+                       doctest::Contains("notes.png': it is not JPEG, PNG or WebP (it begins with 6e 6f 74 20 61 6e 20 69) (record 3)"),
                        ImageError);
   CHECK_THROWS_WITH_AS(strict.get_batch(torch::tensor({5}, torch::kLong)), doctest::Contains("truncated.jpg' as JPEG"), ImageError);
   const vision::ImageDataset lenient(folder, pipeline, {.skip_unreadable = true});

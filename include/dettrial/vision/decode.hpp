@@ -21,7 +21,8 @@
 
 namespace dettrial::vision {
 
-/// Whether this build decodes JPEG (libjpeg-turbo was found) and PNG (libspng was found).
+/// Whether this build decodes JPEG (libjpeg-turbo was found), PNG (libspng was found) and WebP
+/// (libwebp was found).
 #if defined(DETTRIAL_HAS_TURBOJPEG)
 inline constexpr bool decodes_jpeg = true;
 #else
@@ -32,10 +33,16 @@ inline constexpr bool decodes_png = true;
 #else
 inline constexpr bool decodes_png = false;
 #endif
+#if defined(DETTRIAL_HAS_WEBP)
+inline constexpr bool decodes_webp = true;
+#else
+inline constexpr bool decodes_webp = false;
+#endif
 
 /**
- * @brief Decodes a JPEG or PNG file's bytes (8- or 16-bit; grayscale, gray with alpha, RGB, RGBA or
- * palette) into `mode`. 16-bit samples keep their high byte. Throws ImageError naming `name` and
+ * @brief Decodes a JPEG (gray, colour, CMYK), PNG (8- or 16-bit; grayscale, gray with alpha, RGB,
+ * RGBA or palette) or WebP (lossy or lossless, with or without alpha) file's bytes into `mode`, as
+ * PIL's `Image.open(f).convert(mode)`: 16-bit samples keep their high byte, alpha is dropped. Throws ImageError naming `name` and
  * the decoder's reason for anything else: a truncated or corrupt file (a JPEG the decoder would only
  * warn about included: a silently grey-filled image is a wrong batch), another format, or a format
  * this build has no decoder for.
@@ -65,6 +72,9 @@ DETTRIAL_INLINE void read_file(const std::filesystem::path& path, std::vector<st
 #endif
 #if defined(DETTRIAL_HAS_SPNG)
 #include <spng.h>
+#endif
+#if defined(DETTRIAL_HAS_WEBP)
+#include <webp/decode.h>
 #endif
 
 namespace dettrial::vision::detail {
@@ -219,6 +229,37 @@ inline Image decode_png(std::span<const std::uint8_t> bytes, ImageMode mode, con
 }
 #endif
 
+#if defined(DETTRIAL_HAS_WEBP)
+/// libwebp's reasons, in words.
+inline const char* webp_status(VP8StatusCode status) {
+  switch (status) {
+    case VP8_STATUS_OUT_OF_MEMORY: return "out of memory";
+    case VP8_STATUS_INVALID_PARAM: return "invalid parameter";
+    case VP8_STATUS_BITSTREAM_ERROR: return "its data is damaged";
+    case VP8_STATUS_UNSUPPORTED_FEATURE: return "it uses a feature libwebp does not support";
+    case VP8_STATUS_SUSPENDED: return "decoding was suspended";
+    case VP8_STATUS_USER_ABORT: return "decoding was aborted";
+    case VP8_STATUS_NOT_ENOUGH_DATA: return "it ends early";
+    default: return "libwebp refused it";
+  }
+}
+
+inline Image decode_webp(std::span<const std::uint8_t> bytes, ImageMode mode, const std::string& name) {
+  WebPBitstreamFeatures features{};
+  const VP8StatusCode status = WebPGetFeatures(bytes.data(), bytes.size(), &features);
+  if (status != VP8_STATUS_OK) throw ImageError("cannot decode '" + name + "' as WebP: " + webp_status(status));
+  if (features.has_animation)
+    throw ImageError("cannot decode '" + name + "': it is an animated WebP, and dettrial decodes still images only");
+  check_size(features.width, features.height, name);
+  // RGB straight from the decoder: alpha dropped, not composited, as PIL's convert("RGB").
+  Image image(features.height, features.width, 3);
+  if (WebPDecodeRGBInto(bytes.data(), bytes.size(), image.pixels.data(), image.pixels.size(), static_cast<int>(image.width * 3)) == nullptr)
+    throw ImageError("cannot decode '" + name + "' as WebP: its data is damaged or ends early");
+  if (mode == ImageMode::gray) rgb_to_gray(image);
+  return image;
+}
+#endif
+
 inline std::string leading_bytes(std::span<const std::uint8_t> bytes) {
   static constexpr char hex[] = "0123456789abcdef";
   std::string out;
@@ -253,7 +294,16 @@ DETTRIAL_INLINE Image decode_image(std::span<const std::uint8_t> bytes, ImageMod
                      "': this build of dettrial has no PNG decoder (libspng was not found when it was configured)");
 #endif
   }
-  throw ImageError("cannot decode '" + name + "': it is neither JPEG nor PNG (it begins with " + detail::leading_bytes(bytes) + ")");
+  const bool webp = bytes.size() >= 12 && std::memcmp(bytes.data(), "RIFF", 4) == 0 && std::memcmp(bytes.data() + 8, "WEBP", 4) == 0;
+  if (webp) {
+#if defined(DETTRIAL_HAS_WEBP)
+    return detail::decode_webp(bytes, mode, name);
+#else
+    throw ImageError("cannot decode '" + name +
+                     "': this build of dettrial has no WebP decoder (libwebp was not found when it was configured)");
+#endif
+  }
+  throw ImageError("cannot decode '" + name + "': it is not JPEG, PNG or WebP (it begins with " + detail::leading_bytes(bytes) + ")");
 }
 
 DETTRIAL_INLINE void read_file(const std::filesystem::path& path, std::vector<std::uint8_t>& buffer) {

@@ -142,6 +142,42 @@ inline bool is_integer(const std::string& text) {
   return true;
 }
 
+/// The ending of `file` in lower case when it names an image kind this build cannot decode: BMP,
+/// TIFF, PPM/PGM and GIF, and JPEG, PNG or WebP where their library was not found; else empty.
+inline std::string undecodable_ending(const std::string& file) {
+  const std::string ending = std::filesystem::path(file).extension().string();
+  std::string lower(ending.size(), '\0');
+  std::transform(ending.begin(), ending.end(), lower.begin(), [](unsigned char ch) { return static_cast<char>(std::tolower(ch)); });
+  const bool readable =
+      ((lower == ".jpg" || lower == ".jpeg") && decodes_jpeg) || (lower == ".png" && decodes_png) || (lower == ".webp" && decodes_webp);
+  static const std::set<std::string> images{".jpg", ".jpeg", ".png", ".webp", ".bmp", ".tif", ".tiff", ".ppm", ".pgm", ".gif"};
+  return !readable && images.count(lower) ? lower : std::string();
+}
+
+/// Refuses a listing that holds files this build cannot decode, before any training: one sentence
+/// with how many of each ending (the file's content decides the decoder, so a PNG named .JPEG is read).
+inline void check_decodable(const std::vector<ImageFolder::Sample>& samples, const std::string& where) {
+  std::map<std::string, std::int64_t> counts;
+  std::string first;
+  for (const auto& sample : samples) {
+    const std::string ending = undecodable_ending(sample.path.filename().string());
+    if (ending.empty()) continue;
+    if (first.empty()) first = sample.path.string();
+    ++counts[ending];
+  }
+  if (counts.empty()) return;
+  std::int64_t total = 0;
+  std::string kinds;
+  for (const auto& [ending, n] : counts) {
+    total += n;
+    kinds += (kinds.empty() ? "" : ", ") + std::to_string(n) + " " + ending;
+  }
+  std::string decoded = std::string(decodes_jpeg ? " JPEG" : "") + (decodes_png ? " PNG" : "") + (decodes_webp ? " WebP" : "");
+  throw DataError("ImageFolder: " + std::to_string(total) + " file(s) listed in " + where + " are of kinds this build cannot decode (" +
+                  kinds + "; the first: '" + first + "'); it decodes" + (decoded.empty() ? std::string(" none") : decoded) +
+                  ": convert them, or list without their endings (ImageFolderOptions::extensions)");
+}
+
 }  // namespace dettrial::vision::detail
 
 namespace dettrial::vision {
@@ -171,6 +207,7 @@ DETTRIAL_INLINE ImageFolder::ImageFolder(const std::filesystem::path& root, cons
     }
     if (samples_.size() == before) empty.push_back(classes_[label]);
   }
+  detail::check_decodable(samples_, "'" + root.string() + "'");
   if (!empty.empty() && !options.allow_empty) {
     std::string names, endings;
     for (const auto& n : empty) names += (names.empty() ? "" : ", ") + n;
@@ -231,6 +268,7 @@ DETTRIAL_INLINE ImageFolder ImageFolder::from_csv(const std::filesystem::path& c
     const std::filesystem::path p(path);
     samples.push_back({p.is_absolute() ? p : csv.parent_path() / p, numeric ? std::stoll(label) : index.at(label)});
   }
+  detail::check_decodable(samples, "the CSV file '" + csv.string() + "'");
   return from_samples(std::move(samples), std::move(classes));
 }
 
