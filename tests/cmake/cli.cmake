@@ -47,6 +47,34 @@ if(TARGET mnist)
       dettrial_skipped_test("${_name}" "this build has no ${_upper} decoder (libjpeg-turbo's TurboJPEG, libspng)")
     endif()
   endforeach()
+  # The porting guide's ImageNet trial on an ImageNet-shaped folder (CMYK JPEGs and a PNG named .JPEG
+  # among the files): a stop mid-epoch and --resume give the straight run's metrics; a torchvision
+  # ResNet-50 state dict saved by Python warm-starts it.
+  set(_imagenet_folder "${CMAKE_CURRENT_BINARY_DIR}/imagenet-folder")
+  set(_imagenet_resume "imagenet example: the guide's trial on an ImageNet-shaped folder resumes mid-epoch exactly, CMYK files included")
+  set(_imagenet_pretrained "imagenet example: a torchvision ResNet-50 state dict saved by Python warm-starts the guide's trial")
+  if(DETTRIAL_DECODES_JPEG AND DETTRIAL_DECODES_PNG AND DETTRIAL_PYTHON)
+    add_test(NAME "imagenet example: an ImageNet-shaped folder is written from Fashion-MNIST"
+             COMMAND ${_needs_fashion} "${DETTRIAL_PYTHON}" "${PROJECT_SOURCE_DIR}/scripts/lib/imagenet_folder.py"
+                     /usr/share/datasets/fashion-mnist "${_imagenet_folder}" 8 4)
+    set_tests_properties("imagenet example: an ImageNet-shaped folder is written from Fashion-MNIST" PROPERTIES
+                         FIXTURES_SETUP dettrial_imagenet_folder SKIP_RETURN_CODE 77 PASS_REGULAR_EXPRESSION "^ok: ")
+    add_test(NAME "${_imagenet_resume}" COMMAND "${_requires}" "${_imagenet_folder}/complete" "the ImageNet-shaped folder" --
+                                                "${_cli}/image_resume.sh" $<TARGET_FILE:imagenet> "${_cli}/imagenet.yaml" "${_imagenet_folder}"
+                                                "${CMAKE_CURRENT_BINARY_DIR}/runs/imagenet")
+    set_tests_properties("${_imagenet_resume}" PROPERTIES FIXTURES_REQUIRED dettrial_imagenet_folder SKIP_RETURN_CODE 77
+                                                          PASS_REGULAR_EXPRESSION "records after batch 6 equal")
+    add_test(NAME "${_imagenet_pretrained}"
+             COMMAND "${_requires}" "${_imagenet_folder}/complete" "the ImageNet-shaped folder" -- "${_requires}"
+                     "${CMAKE_CURRENT_BINARY_DIR}/resnet_fixtures/resnet50.pt" "torchvision's ResNet-50 (tests/python/torchvision_resnets.py)" --
+                     "${_cli}/imagenet_pretrained.sh" $<TARGET_FILE:imagenet> "${_cli}/imagenet.yaml" "${_imagenet_folder}"
+                     "${CMAKE_CURRENT_BINARY_DIR}/resnet_fixtures/resnet50.pt" "${CMAKE_CURRENT_BINARY_DIR}/runs/imagenet-pretrained")
+    set_tests_properties("${_imagenet_pretrained}" PROPERTIES FIXTURES_REQUIRED "dettrial_imagenet_folder;dettrial_resnets"
+                                                              SKIP_RETURN_CODE 77 PASS_REGULAR_EXPRESSION "ok: warm-started")
+  else()
+    dettrial_skipped_test("${_imagenet_resume}" "this build has no JPEG or PNG decoder, or no Python to write the folder")
+    dettrial_skipped_test("${_imagenet_pretrained}" "this build has no JPEG or PNG decoder, or no Python to write the folder")
+  endif()
   set(_slurm_tests "slurm: srun (on one node and on two) and sbatch run the 2-rank MNIST job as the built-in launcher does; a failed task ends the step")
   if(_gloo_missing)
     dettrial_skipped_test("${_slurm_tests}" "${_gloo_missing}")

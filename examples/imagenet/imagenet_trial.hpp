@@ -1,0 +1,145 @@
+// SPDX-License-Identifier: Apache-2.0
+// The porting guide's ImageNet trial (Determined's imagenet_pytorch tutorial, from PyTorch's
+// examples/imagenet), written as the guide writes it: imperative style, the model, the optimizer and
+// the StepLR scheduler wrapped in the constructor, `train_batch` stepping the optimizer itself, top-1
+// and top-5 accuracy as the guide's `accuracy(output, target, topk=(1, 5))` computes them.
+//   scripts/imagenet-folder    # an ImageNet-shaped folder from Fashion-MNIST, or your ImageNet
+//   imagenet --config examples/imagenet/const.yaml --set data.train_dir=... --set data.validation_dir=...
+#pragma once
+
+#include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+#include <iostream>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <dettrial/vision.hpp>
+
+namespace imagenet {
+
+namespace vision = dettrial::vision;
+namespace models = dettrial::vision::models;
+
+/// The guide's `accuracy(output, target, topk)`: for each k, the percentage of the batch whose
+/// label is among the k largest outputs (k is capped at the number of classes).
+inline std::vector<torch::Tensor> accuracy(const torch::Tensor& output, const torch::Tensor& target, std::vector<std::int64_t> topk) {
+  torch::NoGradGuard no_grad;
+  const std::int64_t maxk = std::min(*std::max_element(topk.begin(), topk.end()), output.size(1));
+  const torch::Tensor predicted = std::get<1>(output.topk(maxk, 1, /*largest=*/true, /*sorted=*/true)).t();
+  const torch::Tensor correct = predicted.eq(target.view({1, -1}).expand_as(predicted));
+  std::vector<torch::Tensor> result;
+  for (const std::int64_t k : topk)
+    result.push_back(
+        correct.slice(0, 0, std::min(k, maxk)).reshape(-1).to(torch::kFloat).sum().mul(100.0 / static_cast<double>(target.size(0))));
+  return result;
+}
+
+/// A data path from the config: absolute, or under $DETTRIAL_IMAGE_FOLDER (the tests' folder).
+inline std::filesystem::path data_path(const YAML::Node& data, const char* key) {
+  if (!data[key])
+    throw dettrial::ConfigError(std::string("the ImageNet example needs data.") + key + " (a folder of class folders, ImageNet's layout)");
+  const std::filesystem::path path = data[key].as<std::string>();
+  const char* root = std::getenv("DETTRIAL_IMAGE_FOLDER");
+  return path.is_absolute() || !root || !*root ? path : std::filesystem::path(root) / path;
+}
+
+/// `models.__dict__[arch]()`, or with the weights in `pretrained` (a file `torch.save(model.state_dict())`
+/// wrote: nothing is downloaded). Weights for another number of classes warm-start all but `fc`.
+inline models::ResNet build_model(const dettrial::Context& context, std::int64_t classes) {
+  const auto arch = context.get_hparam<std::string>("arch");
+  auto model = models::resnet(arch, {.num_classes = classes});
+  const auto pretrained = context.get_hparams().get_or<std::string>("pretrained", "");
+  if (pretrained.empty()) {
+    std::cout << "=> creating model '" << arch << "'\n";
+    return model;
+  }
+  std::cout << "=> using pre-trained model '" << arch << "' from '" << pretrained << "'\n";
+  auto weights = dettrial::read_model_state_dict(pretrained);
+  const bool same_classes = !weights.contains("fc.weight") || weights.at("fc.weight").toTensor().size(0) == classes;
+  if (!same_classes) {
+    std::cout << "=> its classifier has " << weights.at("fc.weight").toTensor().size(0) << " classes, this data " << classes
+              << ": fc starts fresh\n";
+    static_cast<void>(weights.erase("fc.weight"));
+    static_cast<void>(weights.erase("fc.bias"));
+  }
+  dettrial::load_state_dict(*model, weights, /*strict=*/same_classes, "'" + pretrained + "'");
+  return model;
+}
+
+class ImageNetTrial {
+ public:
+  using Batch = std::tuple<torch::Tensor, torch::Tensor>;
+
+  explicit ImageNetTrial(dettrial::Context& context)
+      : context_(context),
+        train_folder_(data_path(context.get_data_config(), "train_dir")),
+        model_(context.wrap_model(build_model(context, static_cast<std::int64_t>(train_folder_.classes().size())))),
+        optimizer_(model_->parameters(), torch::optim::SGDOptions(context.get_hparam<double>("lr"))
+                                             .momentum(context.get_hparam<double>("momentum"))
+                                             .weight_decay(context.get_hparam<double>("weight_decay"))),
+        // The guide's StepLR: the learning rate divided by 10 every lr_step_epochs (30 in PyTorch's
+        // recipe), stepped once an epoch.
+        lr_sch_(optimizer_, context.get_hparams().get_or<std::int64_t>("lr_step_epochs", 30), 0.1) {
+    context.wrap_optimizer(optimizer_);
+    context.wrap_lr_scheduler(lr_sch_, dettrial::lr_step::every_epoch{});
+    const YAML::Node& data = context.get_data_config();
+    validation_dir_ = data_path(data, "validation_dir");
+    crop_ = data["crop"] ? data["crop"].as<std::int64_t>() : 224;
+    resize_ = data["resize"] ? data["resize"].as<std::int64_t>() : 256;
+  }
+
+  /// transforms.RandomResizedCrop(224), RandomHorizontalFlip(), ToTensor(), Normalize(mean, std).
+  auto build_training_data_loader() {
+    vision::ImageDataset train(train_folder_, vision::Compose(vision::RandomResizedCrop(crop_), vision::RandomHorizontalFlip{},
+                                                              vision::ToFloat{}, vision::Normalize(mean, std)));
+    return dettrial::DataLoader(std::move(train),
+                                {.batch_size = context_.get_per_slot_batch_size(), .shuffle = true, .workers = workers()});
+  }
+
+  /// transforms.Resize(256), CenterCrop(224), ToTensor(), Normalize(mean, std).
+  auto build_validation_data_loader() {
+    vision::ImageDataset validation(
+        vision::ImageFolder(validation_dir_),
+        vision::Compose(vision::Resize(resize_), vision::CenterCrop(crop_), vision::ToFloat{}, vision::Normalize(mean, std)));
+    return dettrial::DataLoader(std::move(validation), {.batch_size = context_.get_per_slot_batch_size(), .workers = workers()});
+  }
+
+  dettrial::Metrics train_batch(Batch& batch, std::int64_t /*epoch_idx*/, std::int64_t /*batch_idx*/) {
+    auto& [images, target] = batch;
+    const torch::Tensor output = model_->forward(images);
+    const torch::Tensor loss = criterion_(output, target);
+    const auto acc = accuracy(output, target, {1, 5});
+    context_.backward(loss);
+    context_.step_optimizer(optimizer_);
+    return {{"loss", loss}, {"acc1", acc[0]}, {"acc5", acc[1]}};
+  }
+
+  dettrial::Metrics evaluate_batch(Batch& batch) {
+    auto& [images, target] = batch;
+    const torch::Tensor output = model_->forward(images);
+    const auto acc = accuracy(output, target, {1, 5});
+    return {{"val_loss", criterion_(output, target)}, {"acc1", acc[0]}, {"acc5", acc[1]}};
+  }
+
+ private:
+  inline static const std::vector<double> mean{0.485, 0.456, 0.406}, std{0.229, 0.224, 0.225};
+
+  /// The guide's `workers` hyperparameter: the loader's decoding threads (the default when absent).
+  std::optional<int> workers() const {
+    if (!context_.get_hparams().contains("workers")) return std::nullopt;
+    return static_cast<int>(context_.get_hparam<std::int64_t>("workers"));
+  }
+
+  dettrial::Context& context_;
+  vision::ImageFolder train_folder_;  // listed once: the model's classes and the training data
+  models::ResNet model_;
+  torch::optim::SGD optimizer_;
+  torch::optim::StepLR lr_sch_;
+  torch::nn::CrossEntropyLoss criterion_;  // the guide's nn.CrossEntropyLoss()
+  std::filesystem::path validation_dir_;
+  std::int64_t crop_ = 224, resize_ = 256;
+};
+
+}  // namespace imagenet
