@@ -13,9 +13,12 @@ int keras_example_main(int argc, char** argv) { return dettrial::mnist_example_m
 // The image example, and with it <dettrial/vision.hpp>'s decoders, datasets and transforms.
 #include "../../examples/image_folder/image_folder_trial.hpp"
 int image_example_main(int argc, char** argv) { return dettrial::mnist_example_main<image_folder::ImageFolderTrial>(argc, argv); }
+// The porting guide's ImageNet trial, with torchvision's ResNets.
+#include "../../examples/imagenet/imagenet_trial.hpp"
+int imagenet_example_main(int argc, char** argv) { return dettrial::mnist_example_main<imagenet::ImageNetTrial>(argc, argv); }
 
 int main(int argc, char** argv) {
-  return argc > 99
-             ? mnist_example_main(argc, argv) + regression_example_main() + keras_example_main(argc, argv) + image_example_main(argc, argv)
-             : 0;
+  return argc > 99 ? mnist_example_main(argc, argv) + regression_example_main() + keras_example_main(argc, argv) +
+                         image_example_main(argc, argv) + imagenet_example_main(argc, argv)
+                   : 0;
 }
