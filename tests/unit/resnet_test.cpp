@@ -105,8 +105,8 @@ TEST_CASE("vision: torchvision's ResNets load strictly here and compute its logi
     }
   }
   MESSAGE("torchvision " << (*manifest)["torchvision"].get<std::string>() << " on torch " << (*manifest)["torch"].get<std::string>()
-                         << ": largest difference " << worst << " of the largest value (" << (exact ? "same release" : "another release")
-                         << ")");
+                         << ": largest difference " << worst << " of the largest value ("
+                         << std::string(exact ? "same release" : "another release") << ")");
 }
 
 TEST_CASE("vision: a ResNet built after manual_seed holds torchvision's initial weights, zero_init_residual included") {

@@ -156,7 +156,8 @@ TEST_CASE("vision: ImageFolder lists the files, classes and labels torchvision's
                        DataError);
 }
 
-TEST_CASE("vision: files this build cannot decode are refused when the folder is listed, counted by ending; content decides the decoder") {
+TEST_CASE(
+    "vision: files this build cannot decode are refused when the folder is listed, counted by ending, and the bytes pick the decoder") {
   const fs::path root = fs::temp_directory_path() / ("dettrial-vision-kinds-" + std::to_string(::getpid()));
   fs::remove_all(root);
   fs::create_directories(root / "a");
