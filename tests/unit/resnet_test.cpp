@@ -98,10 +98,13 @@ TEST_CASE("vision: torchvision's ResNets load strictly here and compute its logi
       CAPTURE(what);
       worst = std::max(worst, difference);
       // The same release runs the same kernels on one thread: the same bits. Another release (Debian's
-      // LibTorch against PyPI's torchvision) may block its convolutions otherwise: float32 rounding
-      // over depth, well inside 1e-4 of the largest logit.
+      // LibTorch 1.13 against PyPI's torchvision) blocks its convolutions otherwise: float32 rounding
+      // over up to 152 layers, within 1e-4 of the largest logit in eval mode. In train mode BatchNorm
+      // divides by statistics of the batch itself, over as few as 12 values a channel in layer4 (3
+      // images of 2 x 2), which multiplies those differences: measured up to 3.4e-4, held to 1e-3.
+      const double tolerance = what == "eval" ? 1e-4 : 1e-3;
       if (exact) CHECK(difference == 0.0);
-      else CHECK(difference < 1e-4);
+      else CHECK(difference < tolerance);
     }
   }
   MESSAGE("torchvision " << (*manifest)["torchvision"].get<std::string>() << " on torch " << (*manifest)["torch"].get<std::string>()
