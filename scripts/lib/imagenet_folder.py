@@ -12,7 +12,6 @@ for the ImageNet example and its tests.
 
 Usage: imagenet_folder.py IDX_DIR OUT [TRAIN_PER_CLASS [VAL_PER_CLASS]]   (default 100 and 20)
 """
-import gzip
 import os
 import shutil
 import sys
@@ -24,15 +23,10 @@ except ImportError as missing:  # reported as skipped (77), with the reason
     print(f"skipped: this Python has no {missing.name} (Debian: python3-pil, python3-numpy)")
     sys.exit(77)
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from image_folder import read_idx  # noqa: E402 - the IDX reader of the Fashion-MNIST image folders
+
 CLASSES = 10
-
-
-def read_idx(path):
-    with gzip.open(path, "rb") as f:
-        data = f.read()
-    dims = data[3]
-    shape = [int.from_bytes(data[4 + 4 * i:8 + 4 * i], "big") for i in range(dims)]
-    return np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * dims).reshape(shape)
 
 
 def picture(digit, rng):
