@@ -2,7 +2,9 @@
 // The porting guide's ImageNet trial (Determined's imagenet_pytorch tutorial, from PyTorch's
 // examples/imagenet), written as the guide writes it: imperative style, the model, the optimizer and
 // the StepLR scheduler wrapped in the constructor, `train_batch` stepping the optimizer itself, top-1
-// and top-5 accuracy as the guide's `accuracy(output, target, topk=(1, 5))` computes them.
+// and top-5 accuracy as the guide's `accuracy(output, target, topk=(1, 5))` computes them. Optional
+// hyperparameters add torchvision's reference recipe: auto_augment ("ra", "ta_wide", "imagenet", ...),
+// random_erase, mixup_alpha, cutmix_alpha and label_smoothing, under its names.
 //   scripts/imagenet-folder    # an ImageNet-shaped folder from Fashion-MNIST, or your ImageNet
 //   imagenet --config examples/imagenet/const.yaml --set data.train_dir=... --set data.validation_dir=...
 #pragma once
@@ -24,8 +26,9 @@ namespace models = dettrial::vision::models;
 
 /// The guide's `accuracy(output, target, topk)`: for each k, the percentage of the batch whose
 /// label is among the k largest outputs (k is capped at the number of classes).
-inline std::vector<torch::Tensor> accuracy(const torch::Tensor& output, const torch::Tensor& target, std::vector<std::int64_t> topk) {
+inline std::vector<torch::Tensor> accuracy(const torch::Tensor& output, torch::Tensor target, std::vector<std::int64_t> topk) {
   torch::NoGradGuard no_grad;
+  if (target.dim() == 2) target = target.argmax(1);  // MixUp's and CutMix's soft labels: the larger share, as the recipe counts
   const std::int64_t maxk = std::min(*std::max_element(topk.begin(), topk.end()), output.size(1));
   const torch::Tensor predicted = std::get<1>(output.topk(maxk, 1, /*largest=*/true, /*sorted=*/true)).t();
   const torch::Tensor correct = predicted.eq(target.view({1, -1}).expand_as(predicted));
@@ -81,7 +84,9 @@ class ImageNetTrial {
                                              .weight_decay(context.get_hparam<double>("weight_decay"))),
         // The guide's StepLR: the learning rate divided by 10 every lr_step_epochs (30 in PyTorch's
         // recipe), stepped once an epoch.
-        lr_sch_(optimizer_, context.get_hparams().get_or<std::int64_t>("lr_step_epochs", 30), 0.1) {
+        lr_sch_(optimizer_, context.get_hparams().get_or<std::int64_t>("lr_step_epochs", 30), 0.1),
+        // The recipe's nn.CrossEntropyLoss(label_smoothing=...): it takes MixUp's soft labels too.
+        criterion_(torch::nn::CrossEntropyLossOptions().label_smoothing(context.get_hparams().get_or<double>("label_smoothing", 0.0))) {
     context.wrap_optimizer(optimizer_);
     context.wrap_lr_scheduler(lr_sch_, dettrial::lr_step::every_epoch{});
     const YAML::Node& data = context.get_data_config();
@@ -90,10 +95,21 @@ class ImageNetTrial {
     resize_ = data["resize"] ? data["resize"].as<std::int64_t>() : 256;
   }
 
-  /// transforms.RandomResizedCrop(224), RandomHorizontalFlip(), ToTensor(), Normalize(mean, std).
+  /// transforms.RandomResizedCrop(224), RandomHorizontalFlip(), ToTensor(), Normalize(mean, std); with
+  /// the recipe's hyperparameters, its policy after the flip, RandomErasing last, MixUp or CutMix per batch.
   auto build_training_data_loader() {
-    vision::ImageDataset train(train_folder_, vision::Compose(vision::RandomResizedCrop(crop_), vision::RandomHorizontalFlip{},
-                                                              vision::ToFloat{}, vision::Normalize(mean, std)));
+    const auto& hparams = context_.get_hparams();
+    // The reference recipe samples its policies' geometry bilinearly.
+    const auto policy = vision::AnyAutoAugment::from_name(hparams.get_or<std::string>("auto_augment", "none"),
+                                                          {.interpolation = vision::Interpolation::bilinear},
+                                                          static_cast<int>(hparams.get_or<std::int64_t>("ra_magnitude", 9)));
+    const vision::RandomErasing erasing({.p = hparams.get_or<double>("random_erase", 0.0)});
+    const vision::MixUpCutMix mixing(static_cast<std::int64_t>(train_folder_.classes().size()), hparams.get_or<double>("mixup_alpha", 0.0),
+                                     hparams.get_or<double>("cutmix_alpha", 0.0));
+    vision::ImageDataset train(train_folder_,
+                               vision::Compose(vision::RandomResizedCrop(crop_), vision::RandomHorizontalFlip{}, policy, vision::ToFloat{},
+                                               vision::Normalize(mean, std), erasing),
+                               mixing);
     return dettrial::DataLoader(std::move(train),
                                 {.batch_size = context_.get_per_slot_batch_size(), .shuffle = true, .workers = workers()});
   }
@@ -137,7 +153,7 @@ class ImageNetTrial {
   models::ResNet model_;
   torch::optim::SGD optimizer_;
   torch::optim::StepLR lr_sch_;
-  torch::nn::CrossEntropyLoss criterion_;  // the guide's nn.CrossEntropyLoss()
+  torch::nn::CrossEntropyLoss criterion_;  // the guide's nn.CrossEntropyLoss(), with the recipe's label smoothing
   std::filesystem::path validation_dir_;
   std::int64_t crop_ = 224, resize_ = 256;
 };

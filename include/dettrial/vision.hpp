@@ -7,10 +7,13 @@
 
 #include "dettrial.hpp"
 
+#include "vision/auto_augment.hpp"
 #include "vision/cifar.hpp"
 #include "vision/decode.hpp"
 #include "vision/image.hpp"
 #include "vision/image_dataset.hpp"
 #include "vision/image_folder.hpp"
+#include "vision/image_ops.hpp"
+#include "vision/mixing.hpp"
 #include "vision/resnet.hpp"
 #include "vision/transforms.hpp"

@@ -12,16 +12,21 @@
 /// in parallel, straight into batch tensors. Opt-in, next to <dettrial/dettrial.hpp>.
 
 
-// ---- begin dettrial/vision/cifar.hpp
+// ---- begin dettrial/vision/auto_augment.hpp
 // SPDX-License-Identifier: Apache-2.0
 /// @file
-/// @brief CIFAR-10 and CIFAR-100 in their published binary format (the "binary version" archives:
-/// cifar-10-batches-bin/, cifar-100-binary/), read whole into memory.
+/// @brief torchvision's automatic augmentation policies on 8-bit images: AutoAugment (its ImageNet,
+/// CIFAR-10 and SVHN policies), RandAugment and TrivialAugmentWide, with torchvision's operations
+/// (image_ops.hpp, bit for bit) and magnitude tables (computed with LibTorch's linspace, as
+/// torchvision computes them); the draws come from the record's RecordRandom, so a record is
+/// augmented the same way on any worker, rank count or resume.
 
+#include <array>
 #include <cstdint>
-#include <filesystem>
+#include <optional>
 #include <string>
-#include <vector>
+#include <string_view>
+#include <variant>
 
 // ---- begin dettrial/vision/image.hpp
 // SPDX-License-Identifier: Apache-2.0
@@ -30,6 +35,7 @@
 /// write them), the colour modes images are decoded to, and the per-record random draws of
 /// augmentations.
 
+#include <cmath>
 #include <cstdint>
 #include <string_view>
 #include <vector>
@@ -81,9 +87,12 @@ struct Image {
  */
 class RecordRandom {
  public:
-  RecordRandom(std::uint64_t seed, std::int64_t epoch, std::int64_t record)
-      : state_(detail::mix64(detail::mix64(detail::mix64(seed ^ augmentation_domain) + static_cast<std::uint64_t>(epoch)) +
-                             static_cast<std::uint64_t>(record))) {}
+  RecordRandom(std::uint64_t seed, std::int64_t epoch, std::int64_t record) : RecordRandom(augmentation_domain, seed, epoch, record) {}
+  /// The draws of a whole batch's transform (MixUp, CutMix), keyed by (seed, epoch, the batch's first
+  /// record), apart from every record's own stream.
+  static RecordRandom of_batch(std::uint64_t seed, std::int64_t epoch, std::int64_t first_record) {
+    return RecordRandom(batch_domain, seed, epoch, first_record);
+  }
 
   /// The next 64 random bits.
   std::uint64_t bits() {
@@ -99,16 +108,770 @@ class RecordRandom {
   }
   /// True with probability `p`.
   bool chance(double p) { return uniform(0.0, 1.0) < p; }
+  /// Standard normal (Box-Muller, one value per two draws).
+  double normal() {
+    const double u = 1.0 - uniform(0.0, 1.0);  // in (0, 1]: the logarithm stays finite
+    return std::sqrt(-2.0 * std::log(u)) * std::cos(2.0 * 3.14159265358979323846 * uniform(0.0, 1.0));
+  }
 
  private:
+  RecordRandom(std::uint64_t domain, std::uint64_t seed, std::int64_t epoch, std::int64_t key)
+      : state_(detail::mix64(detail::mix64(detail::mix64(seed ^ domain) + static_cast<std::uint64_t>(epoch)) +
+                             static_cast<std::uint64_t>(key))) {}
+
   __extension__ typedef unsigned __int128 wide;  // GCC's and Clang's; __extension__: no -Wpedantic warning
   // Keeps augmentation streams apart from the shuffles drawn from the same loader seed.
   static constexpr std::uint64_t augmentation_domain = 0x61756720696d6167ULL;
+  static constexpr std::uint64_t batch_domain = 0x6d697820626174ULL;
   std::uint64_t state_;
 };
 
 }  // namespace dettrial::vision
 // ---- end dettrial/vision/image.hpp
+// ---- begin dettrial/vision/image_ops.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief The image operations of torchvision's augmentation policies, on 8-bit images, as
+/// `torchvision.transforms.v2.functional` computes them on uint8 tensors: the same arithmetic in the
+/// same order (through LibTorch's own kernels where torchvision blends, convolves or samples a grid,
+/// so float rounding and fused multiply-adds come out as torchvision's), bit for bit on the same
+/// LibTorch.
+///
+/// Each takes an Image and returns one; the policies (auto_augment.hpp) call them with the
+/// magnitudes torchvision's tables give, and a user may call them alone.
+
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include <torch/torch.h>
+
+
+namespace dettrial::vision {
+
+/// How a geometric operation samples the source: torchvision's `InterpolationMode.NEAREST` (the
+/// policies' default) or `BILINEAR` (what torchvision's reference recipe passes them).
+enum class Interpolation {
+  nearest,
+  bilinear,
+};
+
+/// What a geometric operation puts where no source pixel lands: empty is torchvision's `fill=None`
+/// (zeros), one value fills every channel, or one value per channel (0 to 255).
+using Fill = std::vector<double>;
+
+/// The arguments of torchvision's `affine`: a rotation in degrees (counter-clockwise), a translation
+/// in pixels, a scale, shears in degrees along x and y, about `center` (pixels from the top-left
+/// corner; the image's centre when unset).
+struct AffineParams {
+  double angle = 0.0;
+  std::array<double, 2> translate{0.0, 0.0};
+  double scale = 1.0;
+  std::array<double, 2> shear{0.0, 0.0};
+  std::optional<std::array<double, 2>> center{};
+};
+
+}  // namespace dettrial::vision
+
+namespace dettrial::vision::functional {
+
+/// torchvision's `adjust_brightness`: each sample times `factor`, clamped, truncated.
+DETTRIAL_INLINE Image adjust_brightness(Image image, double factor);
+/// torchvision's `adjust_saturation`: a blend with the (floored) gray image; gray images unchanged.
+DETTRIAL_INLINE Image adjust_saturation(const Image& image, double factor);
+/// torchvision's `adjust_contrast`: a blend with the mean of the (floored) gray image.
+DETTRIAL_INLINE Image adjust_contrast(const Image& image, double factor);
+/// torchvision's `adjust_sharpness`: a blend with the image smoothed by its 3x3 kernel (1s around,
+/// 5 in the middle, over 13), the border left as it is.
+DETTRIAL_INLINE Image adjust_sharpness(const Image& image, double factor);
+/// torchvision's `posterize`: the `bits` high bits of each sample kept.
+DETTRIAL_INLINE Image posterize(Image image, int bits);
+/// torchvision's `solarize`: the samples at or above `threshold` inverted.
+DETTRIAL_INLINE Image solarize(Image image, double threshold);
+/// torchvision's `autocontrast`: each channel stretched to [0, 255].
+DETTRIAL_INLINE Image autocontrast(Image image);
+/// torchvision's `equalize`: each channel's histogram equalised as PIL's `ImageOps.equalize` does.
+DETTRIAL_INLINE Image equalize(Image image);
+/// torchvision's `invert`: 255 minus each sample.
+DETTRIAL_INLINE Image invert(Image image);
+/// torchvision's `affine` (tensor path): the inverse map sampled on a grid, the image's size kept.
+DETTRIAL_INLINE Image affine(const Image& image, const AffineParams& params, Interpolation interpolation = Interpolation::nearest,
+                             const Fill& fill = {});
+/// torchvision's `rotate` (expand false, about the centre): `angle` degrees counter-clockwise.
+DETTRIAL_INLINE Image rotate(const Image& image, double angle, Interpolation interpolation = Interpolation::nearest, const Fill& fill = {});
+
+}  // namespace dettrial::vision::functional
+
+namespace dettrial::vision::detail {
+/// The image as torchvision holds it: a contiguous C x H x W uint8 tensor (a copy).
+DETTRIAL_INLINE torch::Tensor to_chw(const Image& image);
+/// A C x H x W uint8 tensor back into an Image.
+DETTRIAL_INLINE Image from_chw(const torch::Tensor& chw);
+/// torchvision's `_get_inverse_affine_matrix` (inverted): the 2 x 3 map from output to source pixels.
+DETTRIAL_INLINE std::array<double, 6> inverse_affine_matrix(std::array<double, 2> center, double angle, std::array<double, 2> translate,
+                                                            double scale, std::array<double, 2> shear);
+/// Python's `x % 360` for a float: in [0, 360), -0.0 becoming 0.0.
+DETTRIAL_INLINE double degrees_mod_360(double x);
+}  // namespace dettrial::vision::detail
+
+// Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
+#if DETTRIAL_HEADER_DEFINITIONS
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <numbers>
+#include <string>
+
+
+namespace dettrial::vision::detail {
+
+DETTRIAL_INLINE torch::Tensor to_chw(const Image& image) {
+  return torch::from_blob(const_cast<std::uint8_t*>(image.pixels.data()), {image.height, image.width, image.channels}, torch::kUInt8)
+      .permute({2, 0, 1})
+      .contiguous();
+}
+
+DETTRIAL_INLINE Image from_chw(const torch::Tensor& chw) {
+  Image out(chw.size(1), chw.size(2), chw.size(0));
+  const torch::Tensor hwc = chw.permute({1, 2, 0}).contiguous();
+  std::memcpy(out.pixels.data(), hwc.data_ptr<std::uint8_t>(), out.pixels.size());
+  return out;
+}
+
+/// Checks an operation's image: 1 or 3 channels, as torchvision's kernels require.
+inline void check_channels(const Image& image, const char* op) {
+  if (image.channels != 1 && image.channels != 3)
+    throw DataError(std::string(op) + ": images of 1 or 3 channels, not " + std::to_string(image.channels));
+}
+
+/// torchvision's `_rgb_to_grayscale_image` without casting back, floored as its 8-bit paths floor it: 1 x H x W float.
+inline torch::Tensor floored_gray(const torch::Tensor& chw) {
+  const std::vector<torch::Tensor> rgb = chw.unbind(0);
+  return rgb[0].mul(0.2989).add_(rgb[1], 0.587).add_(rgb[2], 0.114).unsqueeze(0).floor_();
+}
+
+/// torchvision's `_blend` of an 8-bit image with a float one: `x * ratio + other * (1 - ratio)`,
+/// clamped, truncated (LibTorch's add with alpha: a fused multiply-add where its kernel fuses).
+inline torch::Tensor blend(const torch::Tensor& chw, const torch::Tensor& other, double ratio) {
+  return chw.mul(ratio).add_(other, 1.0 - ratio).clamp_(0, 255).to(torch::kUInt8);
+}
+
+DETTRIAL_INLINE std::array<double, 6> inverse_affine_matrix(std::array<double, 2> center, double angle, std::array<double, 2> translate,
+                                                            double scale, std::array<double, 2> shear) {
+  // The same operations in the same order as torchvision's Python (math.radians is x * (pi / 180)),
+  // so the doubles, and the float32 grid made from them, are its own.
+  constexpr double to_radians = std::numbers::pi / 180.0;
+  const double rot = angle * to_radians, sx = shear[0] * to_radians, sy = shear[1] * to_radians;
+  const double cos_sy = std::cos(sy), tan_sx = std::tan(sx), rot_minus_sy = rot - sy;
+  const double cx_plus_tx = center[0] + translate[0], cy_plus_ty = center[1] + translate[1];
+  const double a = std::cos(rot_minus_sy) / cos_sy;
+  const double b = -(a * tan_sx + std::sin(rot));
+  const double c = std::sin(rot_minus_sy) / cos_sy;
+  const double d = std::cos(rot) - c * tan_sx;
+  std::array<double, 6> m{d / scale, -b / scale, 0.0, -c / scale, a / scale, 0.0};
+  m[2] += center[0] - m[0] * cx_plus_tx - m[1] * cy_plus_ty;
+  m[5] += center[1] - m[3] * cx_plus_tx - m[4] * cy_plus_ty;
+  return m;
+}
+
+DETTRIAL_INLINE double degrees_mod_360(double x) {
+  double r = std::fmod(x, 360.0);
+  if (r != 0.0 && r < 0.0) r += 360.0;
+  return r == 0.0 ? 0.0 : r;
+}
+
+/// torchvision's `_affine_grid`: the output pixels' centres mapped through `matrix` and normalised
+/// by the source's size (1 x oh x ow x 2, for grid_sample without corner alignment).
+inline torch::Tensor affine_grid(const std::array<double, 6>& matrix, std::int64_t w, std::int64_t h, std::int64_t ow, std::int64_t oh) {
+  std::vector<float> entries(matrix.begin(), matrix.end());
+  const torch::Tensor theta = torch::tensor(entries, torch::kFloat).reshape({1, 2, 3});
+  torch::Tensor base = torch::empty({1, oh, ow, 3}, torch::kFloat);
+  base.select(-1, 0).copy_(torch::linspace((1.0 - static_cast<double>(ow)) * 0.5, (static_cast<double>(ow) - 1.0) * 0.5, ow));
+  base.select(-1, 1).copy_(
+      torch::linspace((1.0 - static_cast<double>(oh)) * 0.5, (static_cast<double>(oh) - 1.0) * 0.5, oh).unsqueeze_(-1));
+  base.select(-1, 2).fill_(1);
+  const std::vector<float> half{static_cast<float>(0.5 * static_cast<double>(w)), static_cast<float>(0.5 * static_cast<double>(h))};
+  const torch::Tensor rescaled = theta.transpose(1, 2).div_(torch::tensor(half, torch::kFloat));
+  return base.view({1, oh * ow, 3}).bmm(rescaled).view({1, oh, ow, 2});
+}
+
+/// torchvision's `_apply_grid_transform` on an 8-bit image: sampled in float32 with zeros outside,
+/// `fill` through a mask channel as torchvision adds it, rounded back to 8 bits.
+inline Image grid_transform(const Image& image, const torch::Tensor& grid, Interpolation interpolation, const Fill& fill) {
+  const std::int64_t c = image.channels;
+  torch::Tensor input = to_chw(image).unsqueeze(0).to(torch::kFloat);
+  if (!fill.empty()) input = torch::cat({input, torch::ones({1, 1, image.height, image.width}, torch::kFloat)}, 1);
+  const std::int64_t mode = interpolation == Interpolation::nearest ? 1 : 0;  // grid_sample's enum: 0 bilinear, 1 nearest
+  torch::Tensor sampled = at::grid_sampler(input, grid, mode, /*padding_mode=zeros*/ 0, /*align_corners=*/false);
+  if (!fill.empty()) {
+    torch::Tensor mask = sampled.narrow(1, c, 1);  // torchvision's tensor_split at the last channel
+    sampled = sampled.narrow(1, 0, c);
+    mask = mask.expand_as(sampled);
+    const std::vector<float> values(fill.begin(), fill.end());
+    const torch::Tensor fill_image = torch::tensor(values, torch::kFloat).view({1, -1, 1, 1});
+    if (interpolation == Interpolation::nearest) sampled = torch::where(mask < 0.5, fill_image.expand_as(sampled), sampled);
+    else sampled = sampled.sub_(fill_image).mul_(mask).add_(fill_image);
+  }
+  return from_chw(sampled.round_().to(torch::kUInt8).squeeze(0));
+}
+
+inline void check_fill(const Image& image, const Fill& fill, const char* op) {
+  if (!fill.empty() && fill.size() != 1 && static_cast<std::int64_t>(fill.size()) != image.channels)
+    throw DataError(std::string(op) + ": fill takes one value or one per channel (" + std::to_string(image.channels) + "), not " +
+                    std::to_string(fill.size()));
+  for (const double v : fill)
+    if (!(v >= 0.0 && v <= 255.0)) throw DataError(std::string(op) + ": fill values lie in [0, 255], not " + std::to_string(v));
+}
+
+}  // namespace dettrial::vision::detail
+
+namespace dettrial::vision::functional {
+
+DETTRIAL_INLINE Image adjust_brightness(Image image, double factor) {
+  if (!(factor >= 0)) throw DataError("adjust_brightness: the factor must not be negative, not " + std::to_string(factor));
+  // uint8 times a Python float is float32 in torch: the factor rounded to float, one product.
+  const auto f = static_cast<float>(factor);
+  for (std::uint8_t& v : image.pixels) v = static_cast<std::uint8_t>(std::clamp(static_cast<float>(v) * f, 0.0f, 255.0f));
+  return image;
+}
+
+DETTRIAL_INLINE Image adjust_saturation(const Image& image, double factor) {
+  if (!(factor >= 0)) throw DataError("adjust_saturation: the factor must not be negative, not " + std::to_string(factor));
+  detail::check_channels(image, "adjust_saturation");
+  if (image.channels == 1) return image;  // as PIL, and torchvision after it
+  const torch::Tensor chw = detail::to_chw(image);
+  return detail::from_chw(detail::blend(chw, detail::floored_gray(chw), factor));
+}
+
+DETTRIAL_INLINE Image adjust_contrast(const Image& image, double factor) {
+  if (!(factor >= 0)) throw DataError("adjust_contrast: the factor must not be negative, not " + std::to_string(factor));
+  detail::check_channels(image, "adjust_contrast");
+  const torch::Tensor chw = detail::to_chw(image);
+  const torch::Tensor gray = image.channels == 3 ? detail::floored_gray(chw) : chw.to(torch::kFloat);
+  return detail::from_chw(detail::blend(chw, gray.mean({-3, -2, -1}, /*keepdim=*/true), factor));
+}
+
+DETTRIAL_INLINE Image adjust_sharpness(const Image& image, double factor) {
+  if (!(factor >= 0)) throw DataError("adjust_sharpness: the factor must not be negative, not " + std::to_string(factor));
+  detail::check_channels(image, "adjust_sharpness");
+  if (image.height <= 2 || image.width <= 2) return image;
+  const float a = static_cast<float>(1.0 / 13.0), b = static_cast<float>(5.0 / 13.0);
+  const torch::Tensor kernel = torch::tensor({a, a, a, a, b, a, a, a, a}, torch::kFloat).view({3, 3}).expand({image.channels, 1, 3, 3});
+  torch::Tensor output = detail::to_chw(image).to(torch::kFloat);
+  // torchvision convolves the unbatched C x H x W image, one group per channel, rounds the smoothed
+  // image, and blends it into the interior in place: x + (1 - factor) * (smoothed - x).
+  const std::vector<std::int64_t> ones{1, 1}, zeros{0, 0};  // stride, padding, dilation
+  torch::Tensor smoothed = torch::conv2d(output, kernel, /*bias=*/torch::Tensor(), ones, zeros, ones, image.channels).round_();
+  torch::Tensor interior = output.slice(-2, 1, -1).slice(-1, 1, -1);
+  interior.add_(smoothed.sub_(interior), 1.0 - factor);
+  return detail::from_chw(output.clamp_(0, 255).to(torch::kUInt8));
+}
+
+DETTRIAL_INLINE Image posterize(Image image, int bits) {
+  if (bits < 0 || bits > 8) throw DataError("posterize: bits lie in [0, 8], not " + std::to_string(bits));
+  if (bits == 8) return image;
+  const auto mask = static_cast<std::uint8_t>(((1u << bits) - 1u) << (8 - bits));
+  for (std::uint8_t& v : image.pixels) v &= mask;
+  return image;
+}
+
+DETTRIAL_INLINE Image solarize(Image image, double threshold) {
+  if (threshold > 255.0) throw DataError("solarize: the threshold is at most 255, not " + std::to_string(threshold));
+  // torch compares uint8 with a Python float in float32: the threshold rounded to float.
+  const auto t = static_cast<float>(threshold);
+  for (std::uint8_t& v : image.pixels)
+    if (static_cast<float>(v) >= t) v = static_cast<std::uint8_t>(255 - v);
+  return image;
+}
+
+DETTRIAL_INLINE Image autocontrast(Image image) {
+  detail::check_channels(image, "autocontrast");
+  const std::int64_t c = image.channels, n = image.height * image.width;
+  if (n == 0) return image;
+  for (std::int64_t k = 0; k < c; ++k) {
+    std::uint8_t lo = 255, hi = 0;
+    for (std::int64_t i = 0; i < n; ++i) {
+      lo = std::min(lo, image.pixels[static_cast<std::size_t>(i * c + k)]);
+      hi = std::max(hi, image.pixels[static_cast<std::size_t>(i * c + k)]);
+    }
+    // In float32 as torchvision: (max - min) * (1 / 255) is the step, a flat channel left as it is.
+    float minimum = static_cast<float>(lo), inv_scale = (static_cast<float>(hi) - minimum) * static_cast<float>(1.0 / 255.0);
+    if (hi == lo) minimum = 0.0f, inv_scale = 1.0f;
+    for (std::int64_t i = 0; i < n; ++i) {
+      std::uint8_t& v = image.pixels[static_cast<std::size_t>(i * c + k)];
+      v = static_cast<std::uint8_t>(std::clamp((static_cast<float>(v) - minimum) / inv_scale, 0.0f, 255.0f));
+    }
+  }
+  return image;
+}
+
+DETTRIAL_INLINE Image equalize(Image image) {
+  const std::int64_t c = image.channels, n = image.height * image.width;
+  for (std::int64_t k = 0; k < c; ++k) {
+    std::array<std::int64_t, 256> histogram{};
+    for (std::int64_t i = 0; i < n; ++i) ++histogram[image.pixels[static_cast<std::size_t>(i * c + k)]];
+    // PIL's scheme, as torchvision follows it: the pixels but those of the largest value present,
+    // over 255, is the step; a channel with step 0 (one value, or nearly) stays as it is.
+    std::size_t largest = 255;
+    while (largest > 0 && histogram[largest] == 0) --largest;
+    const std::int64_t step = (n - histogram[largest]) / 255;
+    if (step == 0) continue;
+    std::array<std::uint8_t, 256> lut{};
+    std::int64_t cumulative = 0;
+    for (std::size_t v = 1; v < 256; ++v) {
+      cumulative += histogram[v - 1];
+      lut[v] = static_cast<std::uint8_t>(std::min<std::int64_t>((cumulative + step / 2) / step, 255));
+    }
+    for (std::int64_t i = 0; i < n; ++i) {
+      std::uint8_t& v = image.pixels[static_cast<std::size_t>(i * c + k)];
+      v = lut[v];
+    }
+  }
+  return image;
+}
+
+DETTRIAL_INLINE Image invert(Image image) {
+  for (std::uint8_t& v : image.pixels) v = static_cast<std::uint8_t>(255 - v);
+  return image;
+}
+
+DETTRIAL_INLINE Image affine(const Image& image, const AffineParams& params, Interpolation interpolation, const Fill& fill) {
+  if (!(params.scale > 0)) throw DataError("affine: the scale must be positive, not " + std::to_string(params.scale));
+  detail::check_fill(image, fill, "affine");
+  const auto w = static_cast<double>(image.width), h = static_cast<double>(image.height);
+  std::array<double, 2> center{0.0, 0.0};  // relative to the image's centre, as torchvision's tensor path takes it
+  if (params.center) center = {(*params.center)[0] - w * 0.5, (*params.center)[1] - h * 0.5};
+  const auto matrix = detail::inverse_affine_matrix(center, params.angle, params.translate, params.scale, params.shear);
+  return detail::grid_transform(image, detail::affine_grid(matrix, image.width, image.height, image.width, image.height), interpolation,
+                                fill);
+}
+
+DETTRIAL_INLINE Image rotate(const Image& image, double angle, Interpolation interpolation, const Fill& fill) {
+  detail::check_fill(image, fill, "rotate");
+  angle = detail::degrees_mod_360(angle);
+  // torchvision's exact paths: no turn, a half turn, and quarter turns of a square image.
+  if (angle == 0.0) return image;
+  if (angle == 180.0) return detail::from_chw(torch::rot90(detail::to_chw(image), 2, {-2, -1}).contiguous());
+  if (image.height == image.width && (angle == 90.0 || angle == 270.0))
+    return detail::from_chw(torch::rot90(detail::to_chw(image), angle == 90.0 ? 1 : 3, {-2, -1}).contiguous());
+  // affine and rotate turn opposite ways in torchvision: rotate passes -angle.
+  const auto matrix = detail::inverse_affine_matrix({0.0, 0.0}, -angle, {0.0, 0.0}, 1.0, {0.0, 0.0});
+  return detail::grid_transform(image, detail::affine_grid(matrix, image.width, image.height, image.width, image.height), interpolation,
+                                fill);
+}
+
+}  // namespace dettrial::vision::functional
+
+#endif  // DETTRIAL_HEADER_DEFINITIONS
+// ---- end dettrial/vision/image_ops.hpp
+
+namespace dettrial::vision {
+
+/// The operations of torchvision's augmentation spaces, by its names ("ShearX", "Color", ...).
+enum class AugmentOp {
+  identity,
+  shear_x,
+  shear_y,
+  translate_x,
+  translate_y,
+  rotate,
+  brightness,
+  color,
+  contrast,
+  sharpness,
+  posterize,
+  solarize,
+  auto_contrast,
+  equalize,
+  invert,
+};
+
+/// torchvision's name of `op`: "Identity", "ShearX", ..., "Invert".
+DETTRIAL_INLINE std::string_view name_of(AugmentOp op);
+
+/// Where an operation's magnitude comes from: AutoAugment's and RandAugment's table, or
+/// TrivialAugmentWide's wider one.
+enum class MagnitudeSpace {
+  auto_augment,
+  trivial_augment_wide,
+};
+
+/**
+ * @brief Magnitude `bin` of `num_bins` for `op` in `space` on an image of `height` x `width`, as
+ * torchvision's `_AUGMENTATION_SPACE` tables give it (float32 values, as its linspace makes them);
+ * nullopt for the operations without one (Identity, AutoContrast, Equalize, Invert).
+ */
+DETTRIAL_INLINE std::optional<double> augment_magnitude(MagnitudeSpace space, AugmentOp op, std::int64_t bin, std::int64_t num_bins,
+                                                        std::int64_t height, std::int64_t width);
+/// Whether `op`'s magnitude is negated half of the time (the geometric and colour operations).
+DETTRIAL_INLINE bool signed_magnitude(AugmentOp op);
+
+/// The options every policy shares: how geometric operations sample and what they fill with.
+struct AugmentOptions {
+  /// torchvision's default is nearest; its reference recipe passes bilinear.
+  Interpolation interpolation = Interpolation::nearest;
+  /// Empty: zeros (torchvision's fill=None).
+  Fill fill{};
+};
+
+/**
+ * @brief torchvision's `_apply_image_or_video_transform`: `op` at `magnitude` (a shear's magnitude
+ * is its tangent, about the top-left corner; a translation truncated to whole pixels; colour
+ * factors `1 + magnitude`; Posterize's bits; Solarize's threshold `255 * magnitude`).
+ */
+DETTRIAL_INLINE Image apply_augment_op(Image image, AugmentOp op, double magnitude, const AugmentOptions& options = {});
+
+/// The policies of torchvision's `AutoAugmentPolicy`.
+enum class AutoAugmentPolicy {
+  imagenet,
+  cifar10,
+  svhn,
+};
+
+/// torchvision's `AutoAugment(policy)`: one of the policy's 25 pairs of (operation, probability,
+/// magnitude bin of 10), each applied with its probability.
+class AutoAugment {
+ public:
+  explicit AutoAugment(AutoAugmentPolicy policy = AutoAugmentPolicy::imagenet, AugmentOptions options = {})
+      : policy_(policy), options_(std::move(options)) {}
+  DETTRIAL_INLINE Image operator()(Image image, RecordRandom& random) const;
+  AutoAugmentPolicy policy() const { return policy_; }
+
+ private:
+  AutoAugmentPolicy policy_;
+  AugmentOptions options_;
+};
+
+/// Options of RandAugment: torchvision's keyword arguments.
+struct RandAugmentOptions {
+  int num_ops = 2;
+  /// The bin of `num_magnitude_bins` every operation uses.
+  int magnitude = 9;
+  int num_magnitude_bins = 31;
+  Interpolation interpolation = Interpolation::nearest;
+  Fill fill{};
+};
+
+/// torchvision's `RandAugment(num_ops, magnitude, num_magnitude_bins)`: `num_ops` operations drawn
+/// uniformly from its 14, each at the one magnitude.
+class RandAugment {
+ public:
+  DETTRIAL_INLINE explicit RandAugment(RandAugmentOptions options = {});
+  DETTRIAL_INLINE Image operator()(Image image, RecordRandom& random) const;
+
+ private:
+  RandAugmentOptions options_;
+};
+
+/// Options of TrivialAugmentWide: torchvision's keyword arguments.
+struct TrivialAugmentWideOptions {
+  int num_magnitude_bins = 31;
+  Interpolation interpolation = Interpolation::nearest;
+  Fill fill{};
+};
+
+/// torchvision's `TrivialAugmentWide(num_magnitude_bins)`: one operation of its 14 and one
+/// magnitude bin, both drawn uniformly, from its wider magnitude table.
+class TrivialAugmentWide {
+ public:
+  DETTRIAL_INLINE explicit TrivialAugmentWide(TrivialAugmentWideOptions options = {});
+  DETTRIAL_INLINE Image operator()(Image image, RecordRandom& random) const;
+
+ private:
+  TrivialAugmentWideOptions options_;
+};
+
+/**
+ * @brief One of the policies, or none, chosen when the trial starts: what torchvision's reference
+ * classification recipe picks with `--auto-augment` ("ra", "ta_wide", "imagenet", "cifar10",
+ * "svhn"; empty or "none" for none), so one pipeline type serves every choice a config makes.
+ */
+class AnyAutoAugment {
+ public:
+  AnyAutoAugment() = default;
+  template <class Policy>
+    requires(std::is_same_v<Policy, AutoAugment> || std::is_same_v<Policy, RandAugment> || std::is_same_v<Policy, TrivialAugmentWide>)
+  AnyAutoAugment(Policy policy) : policy_(std::move(policy)) {}  // NOLINT(google-explicit-constructor): any policy is one
+  /// The recipe's names; RandAugment takes `ra_magnitude`. An unknown name is a ConfigError that lists the known ones.
+  DETTRIAL_INLINE static AnyAutoAugment from_name(std::string_view name, AugmentOptions options = {}, int ra_magnitude = 9);
+  Image operator()(Image image, RecordRandom& random) const {
+    return std::visit(
+        [&](const auto& policy) -> Image {
+          if constexpr (std::is_same_v<std::remove_cvref_t<decltype(policy)>, std::monostate>) return image;
+          else return policy(std::move(image), random);
+        },
+        policy_);
+  }
+  /// Whether a policy is chosen.
+  bool active() const { return policy_.index() != 0; }
+
+ private:
+  std::variant<std::monostate, AutoAugment, RandAugment, TrivialAugmentWide> policy_{};
+};
+
+}  // namespace dettrial::vision
+
+namespace dettrial::vision::detail::augment {
+
+/// One step of an AutoAugment policy: the operation, its probability, its magnitude bin (-1: none).
+struct PolicyStep {
+  AugmentOp op;
+  double probability;
+  int bin;
+};
+using PolicyPair = std::array<PolicyStep, 2>;
+using Policy = std::array<PolicyPair, 25>;
+
+using O = AugmentOp;
+// The policies of the AutoAugment paper (Cubuk et al., 2018), in torchvision's order: the order is
+// part of the draw (the pair is drawn by index).
+inline constexpr Policy imagenet{{
+    {{{O::posterize, 0.4, 8}, {O::rotate, 0.6, 9}}},    {{{O::solarize, 0.6, 5}, {O::auto_contrast, 0.6, -1}}},
+    {{{O::equalize, 0.8, -1}, {O::equalize, 0.6, -1}}}, {{{O::posterize, 0.6, 7}, {O::posterize, 0.6, 6}}},
+    {{{O::equalize, 0.4, -1}, {O::solarize, 0.2, 4}}},  {{{O::equalize, 0.4, -1}, {O::rotate, 0.8, 8}}},
+    {{{O::solarize, 0.6, 3}, {O::equalize, 0.6, -1}}},  {{{O::posterize, 0.8, 5}, {O::equalize, 1.0, -1}}},
+    {{{O::rotate, 0.2, 3}, {O::solarize, 0.6, 8}}},     {{{O::equalize, 0.6, -1}, {O::posterize, 0.4, 6}}},
+    {{{O::rotate, 0.8, 8}, {O::color, 0.4, 0}}},        {{{O::rotate, 0.4, 9}, {O::equalize, 0.6, -1}}},
+    {{{O::equalize, 0.0, -1}, {O::equalize, 0.8, -1}}}, {{{O::invert, 0.6, -1}, {O::equalize, 1.0, -1}}},
+    {{{O::color, 0.6, 4}, {O::contrast, 1.0, 8}}},      {{{O::rotate, 0.8, 8}, {O::color, 1.0, 2}}},
+    {{{O::color, 0.8, 8}, {O::solarize, 0.8, 7}}},      {{{O::sharpness, 0.4, 7}, {O::invert, 0.6, -1}}},
+    {{{O::shear_x, 0.6, 5}, {O::equalize, 1.0, -1}}},   {{{O::color, 0.4, 0}, {O::equalize, 0.6, -1}}},
+    {{{O::equalize, 0.4, -1}, {O::solarize, 0.2, 4}}},  {{{O::solarize, 0.6, 5}, {O::auto_contrast, 0.6, -1}}},
+    {{{O::invert, 0.6, -1}, {O::equalize, 1.0, -1}}},   {{{O::color, 0.6, 4}, {O::contrast, 1.0, 8}}},
+    {{{O::equalize, 0.8, -1}, {O::equalize, 0.6, -1}}},
+}};
+inline constexpr Policy cifar10{{
+    {{{O::invert, 0.1, -1}, {O::contrast, 0.2, 6}}},           {{{O::rotate, 0.7, 2}, {O::translate_x, 0.3, 9}}},
+    {{{O::sharpness, 0.8, 1}, {O::sharpness, 0.9, 3}}},        {{{O::shear_y, 0.5, 8}, {O::translate_y, 0.7, 9}}},
+    {{{O::auto_contrast, 0.5, -1}, {O::equalize, 0.9, -1}}},   {{{O::shear_y, 0.2, 7}, {O::posterize, 0.3, 7}}},
+    {{{O::color, 0.4, 3}, {O::brightness, 0.6, 7}}},           {{{O::sharpness, 0.3, 9}, {O::brightness, 0.7, 9}}},
+    {{{O::equalize, 0.6, -1}, {O::equalize, 0.5, -1}}},        {{{O::contrast, 0.6, 7}, {O::sharpness, 0.6, 5}}},
+    {{{O::color, 0.7, 7}, {O::translate_x, 0.5, 8}}},          {{{O::equalize, 0.3, -1}, {O::auto_contrast, 0.4, -1}}},
+    {{{O::translate_y, 0.4, 3}, {O::sharpness, 0.2, 6}}},      {{{O::brightness, 0.9, 6}, {O::color, 0.2, 8}}},
+    {{{O::solarize, 0.5, 2}, {O::invert, 0.0, -1}}},           {{{O::equalize, 0.2, -1}, {O::auto_contrast, 0.6, -1}}},
+    {{{O::equalize, 0.2, -1}, {O::equalize, 0.6, -1}}},        {{{O::color, 0.9, 9}, {O::equalize, 0.6, -1}}},
+    {{{O::auto_contrast, 0.8, -1}, {O::solarize, 0.2, 8}}},    {{{O::brightness, 0.1, 3}, {O::color, 0.7, 0}}},
+    {{{O::solarize, 0.4, 5}, {O::auto_contrast, 0.9, -1}}},    {{{O::translate_y, 0.9, 9}, {O::translate_y, 0.7, 9}}},
+    {{{O::auto_contrast, 0.9, -1}, {O::solarize, 0.8, 3}}},    {{{O::equalize, 0.8, -1}, {O::invert, 0.1, -1}}},
+    {{{O::translate_y, 0.7, 9}, {O::auto_contrast, 0.9, -1}}},
+}};
+inline constexpr Policy svhn{{
+    {{{O::shear_x, 0.9, 4}, {O::invert, 0.2, -1}}},        {{{O::shear_y, 0.9, 8}, {O::invert, 0.7, -1}}},
+    {{{O::equalize, 0.6, -1}, {O::solarize, 0.6, 6}}},     {{{O::invert, 0.9, -1}, {O::equalize, 0.6, -1}}},
+    {{{O::equalize, 0.6, -1}, {O::rotate, 0.9, 3}}},       {{{O::shear_x, 0.9, 4}, {O::auto_contrast, 0.8, -1}}},
+    {{{O::shear_y, 0.9, 8}, {O::invert, 0.4, -1}}},        {{{O::shear_y, 0.9, 5}, {O::solarize, 0.2, 6}}},
+    {{{O::invert, 0.9, -1}, {O::auto_contrast, 0.8, -1}}}, {{{O::equalize, 0.6, -1}, {O::rotate, 0.9, 3}}},
+    {{{O::shear_x, 0.9, 4}, {O::solarize, 0.3, 3}}},       {{{O::shear_y, 0.8, 8}, {O::invert, 0.7, -1}}},
+    {{{O::equalize, 0.9, -1}, {O::translate_y, 0.6, 6}}},  {{{O::invert, 0.9, -1}, {O::equalize, 0.6, -1}}},
+    {{{O::contrast, 0.3, 3}, {O::rotate, 0.8, 4}}},        {{{O::invert, 0.8, -1}, {O::translate_y, 0.0, 2}}},
+    {{{O::shear_y, 0.7, 6}, {O::solarize, 0.4, 8}}},       {{{O::invert, 0.6, -1}, {O::rotate, 0.8, 4}}},
+    {{{O::shear_y, 0.3, 7}, {O::translate_x, 0.9, 3}}},    {{{O::shear_x, 0.1, 6}, {O::invert, 0.6, -1}}},
+    {{{O::solarize, 0.7, 2}, {O::translate_y, 0.6, 7}}},   {{{O::shear_y, 0.8, 4}, {O::invert, 0.8, -1}}},
+    {{{O::shear_x, 0.7, 9}, {O::translate_y, 0.8, 3}}},    {{{O::shear_y, 0.8, 5}, {O::auto_contrast, 0.7, -1}}},
+    {{{O::shear_x, 0.7, 2}, {O::invert, 0.1, -1}}},
+}};
+
+/// RandAugment's and TrivialAugmentWide's 14 operations, in torchvision's dictionary order (the
+/// draw picks by index).
+inline constexpr std::array<AugmentOp, 14> random_ops{O::identity,  O::shear_x,    O::shear_y,       O::translate_x, O::translate_y,
+                                                      O::rotate,    O::brightness, O::color,         O::contrast,    O::sharpness,
+                                                      O::posterize, O::solarize,   O::auto_contrast, O::equalize};
+
+}  // namespace dettrial::vision::detail::augment
+
+// Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
+#if DETTRIAL_HEADER_DEFINITIONS
+#include <cmath>
+#include <numbers>
+
+#include <torch/torch.h>
+
+
+namespace dettrial::vision::detail::augment {
+
+/// Bin `bin` of torch.linspace(0, high, num_bins): float32, as torchvision's table holds it.
+inline double linspace_at(double low, double high, std::int64_t num_bins, std::int64_t bin) {
+  return static_cast<double>(torch::linspace(low, high, num_bins).index({bin}).item<float>());
+}
+
+/// torchvision's Posterize table: (top - arange(n) / ((n - 1) / divisor)).round().int().
+inline double posterize_bits(std::int64_t top, double divisor, std::int64_t num_bins, std::int64_t bin) {
+  const torch::Tensor bins = (top - (torch::arange(num_bins) / ((static_cast<double>(num_bins) - 1.0) / divisor))).round().to(torch::kInt);
+  return static_cast<double>(bins.index({bin}).item<int>());
+}
+
+/// Whether `op` takes a magnitude (all but Identity, AutoContrast, Equalize and Invert).
+inline bool has_magnitude(AugmentOp op) {
+  return op != AugmentOp::identity && op != AugmentOp::auto_contrast && op != AugmentOp::equalize && op != AugmentOp::invert;
+}
+
+/// The magnitude's sign: torchvision negates it when `torch.rand(()) <= 0.5`.
+inline double signed_draw(AugmentOp op, double magnitude, RecordRandom& random) {
+  return signed_magnitude(op) && random.uniform(0.0, 1.0) <= 0.5 ? -magnitude : magnitude;
+}
+
+inline void check_bins(int num_magnitude_bins, const char* policy) {
+  if (num_magnitude_bins < 2)
+    throw DataError(std::string(policy) + ": num_magnitude_bins must be at least 2, not " + std::to_string(num_magnitude_bins));
+}
+
+}  // namespace dettrial::vision::detail::augment
+
+namespace dettrial::vision {
+
+DETTRIAL_INLINE std::string_view name_of(AugmentOp op) {
+  constexpr std::array<std::string_view, 15> names{"Identity",  "ShearX",     "ShearY",       "TranslateX", "TranslateY",
+                                                   "Rotate",    "Brightness", "Color",        "Contrast",   "Sharpness",
+                                                   "Posterize", "Solarize",   "AutoContrast", "Equalize",   "Invert"};
+  return names[static_cast<std::size_t>(op)];
+}
+
+DETTRIAL_INLINE bool signed_magnitude(AugmentOp op) {
+  switch (op) {
+    case AugmentOp::shear_x:
+    case AugmentOp::shear_y:
+    case AugmentOp::translate_x:
+    case AugmentOp::translate_y:
+    case AugmentOp::rotate:
+    case AugmentOp::brightness:
+    case AugmentOp::color:
+    case AugmentOp::contrast:
+    case AugmentOp::sharpness: return true;
+    default: return false;
+  }
+}
+
+DETTRIAL_INLINE std::optional<double> augment_magnitude(MagnitudeSpace space, AugmentOp op, std::int64_t bin, std::int64_t num_bins,
+                                                        std::int64_t height, std::int64_t width) {
+  using detail::augment::linspace_at;
+  const bool wide = space == MagnitudeSpace::trivial_augment_wide;
+  switch (op) {
+    case AugmentOp::shear_x:
+    case AugmentOp::shear_y: return linspace_at(0.0, wide ? 0.99 : 0.3, num_bins, bin);
+    case AugmentOp::translate_x: return linspace_at(0.0, wide ? 32.0 : 150.0 / 331.0 * static_cast<double>(width), num_bins, bin);
+    case AugmentOp::translate_y: return linspace_at(0.0, wide ? 32.0 : 150.0 / 331.0 * static_cast<double>(height), num_bins, bin);
+    case AugmentOp::rotate: return linspace_at(0.0, wide ? 135.0 : 30.0, num_bins, bin);
+    case AugmentOp::brightness:
+    case AugmentOp::color:
+    case AugmentOp::contrast:
+    case AugmentOp::sharpness: return linspace_at(0.0, wide ? 0.99 : 0.9, num_bins, bin);
+    case AugmentOp::posterize: return detail::augment::posterize_bits(8, wide ? 6.0 : 4.0, num_bins, bin);
+    case AugmentOp::solarize: return linspace_at(1.0, 0.0, num_bins, bin);
+    default: return std::nullopt;
+  }
+}
+
+DETTRIAL_INLINE Image apply_augment_op(Image image, AugmentOp op, double magnitude, const AugmentOptions& options) {
+  namespace F = functional;
+  constexpr double to_degrees = 180.0 / std::numbers::pi;  // Python's math.degrees: x * (180 / pi)
+  const Interpolation mode = options.interpolation;
+  switch (op) {
+    case AugmentOp::identity: return image;
+    // torchvision shears about the top-left corner by atan(magnitude) degrees (the paper's shear
+    // matrix has the magnitude itself), and translates by whole pixels (int() truncates).
+    case AugmentOp::shear_x:
+      return F::affine(image, {.shear = {std::atan(magnitude) * to_degrees, 0.0}, .center = std::array{0.0, 0.0}}, mode, options.fill);
+    case AugmentOp::shear_y:
+      return F::affine(image, {.shear = {0.0, std::atan(magnitude) * to_degrees}, .center = std::array{0.0, 0.0}}, mode, options.fill);
+    case AugmentOp::translate_x: return F::affine(image, {.translate = {std::trunc(magnitude), 0.0}}, mode, options.fill);
+    case AugmentOp::translate_y: return F::affine(image, {.translate = {0.0, std::trunc(magnitude)}}, mode, options.fill);
+    case AugmentOp::rotate: return F::rotate(image, magnitude, mode, options.fill);
+    case AugmentOp::brightness: return F::adjust_brightness(std::move(image), 1.0 + magnitude);
+    case AugmentOp::color: return F::adjust_saturation(image, 1.0 + magnitude);
+    case AugmentOp::contrast: return F::adjust_contrast(image, 1.0 + magnitude);
+    case AugmentOp::sharpness: return F::adjust_sharpness(image, 1.0 + magnitude);
+    case AugmentOp::posterize: return F::posterize(std::move(image), static_cast<int>(magnitude));
+    case AugmentOp::solarize: return F::solarize(std::move(image), 255.0 * magnitude);
+    case AugmentOp::auto_contrast: return F::autocontrast(std::move(image));
+    case AugmentOp::equalize: return F::equalize(std::move(image));
+    case AugmentOp::invert: return F::invert(std::move(image));
+  }
+  return image;
+}
+
+DETTRIAL_INLINE Image AutoAugment::operator()(Image image, RecordRandom& random) const {
+  const detail::augment::Policy& policy = policy_ == AutoAugmentPolicy::imagenet  ? detail::augment::imagenet
+                                          : policy_ == AutoAugmentPolicy::cifar10 ? detail::augment::cifar10
+                                                                                  : detail::augment::svhn;
+  const auto& pair = policy[static_cast<std::size_t>(random.integer(0, static_cast<std::int64_t>(policy.size())))];
+  const std::int64_t height = image.height, width = image.width;
+  for (const auto& step : pair) {
+    if (!(random.uniform(0.0, 1.0) <= step.probability)) continue;
+    double magnitude = 0.0;
+    if (const auto m = augment_magnitude(MagnitudeSpace::auto_augment, step.op, step.bin, 10, height, width))
+      magnitude = detail::augment::signed_draw(step.op, *m, random);
+    image = apply_augment_op(std::move(image), step.op, magnitude, options_);
+  }
+  return image;
+}
+
+DETTRIAL_INLINE RandAugment::RandAugment(RandAugmentOptions options) : options_(std::move(options)) {
+  detail::augment::check_bins(options_.num_magnitude_bins, "RandAugment");
+  if (options_.num_ops < 0) throw DataError("RandAugment: num_ops must not be negative, not " + std::to_string(options_.num_ops));
+  if (options_.magnitude < 0 || options_.magnitude >= options_.num_magnitude_bins)
+    throw DataError("RandAugment: magnitude is a bin in [0, num_magnitude_bins = " + std::to_string(options_.num_magnitude_bins) +
+                    "), not " + std::to_string(options_.magnitude));
+}
+
+DETTRIAL_INLINE Image RandAugment::operator()(Image image, RecordRandom& random) const {
+  const auto& ops = detail::augment::random_ops;
+  const AugmentOptions geometry{options_.interpolation, options_.fill};
+  for (int i = 0; i < options_.num_ops; ++i) {
+    const AugmentOp op = ops[static_cast<std::size_t>(random.integer(0, static_cast<std::int64_t>(ops.size())))];
+    double magnitude = 0.0;
+    if (const auto m =
+            augment_magnitude(MagnitudeSpace::auto_augment, op, options_.magnitude, options_.num_magnitude_bins, image.height, image.width))
+      magnitude = detail::augment::signed_draw(op, *m, random);
+    image = apply_augment_op(std::move(image), op, magnitude, geometry);
+  }
+  return image;
+}
+
+DETTRIAL_INLINE TrivialAugmentWide::TrivialAugmentWide(TrivialAugmentWideOptions options) : options_(std::move(options)) {
+  detail::augment::check_bins(options_.num_magnitude_bins, "TrivialAugmentWide");
+}
+
+DETTRIAL_INLINE Image TrivialAugmentWide::operator()(Image image, RecordRandom& random) const {
+  const auto& ops = detail::augment::random_ops;
+  const AugmentOp op = ops[static_cast<std::size_t>(random.integer(0, static_cast<std::int64_t>(ops.size())))];
+  double magnitude = 0.0;
+  // torchvision draws the bin only for an operation with a magnitude.
+  if (detail::augment::has_magnitude(op)) {
+    const std::int64_t bin = random.integer(0, options_.num_magnitude_bins);
+    const auto m = augment_magnitude(MagnitudeSpace::trivial_augment_wide, op, bin, options_.num_magnitude_bins, image.height, image.width);
+    magnitude = detail::augment::signed_draw(op, *m, random);
+  }
+  return apply_augment_op(std::move(image), op, magnitude, {options_.interpolation, options_.fill});
+}
+
+DETTRIAL_INLINE AnyAutoAugment AnyAutoAugment::from_name(std::string_view name, AugmentOptions options, int ra_magnitude) {
+  if (name.empty() || name == "none") return {};
+  if (name == "ra") return RandAugment({.magnitude = ra_magnitude, .interpolation = options.interpolation, .fill = options.fill});
+  if (name == "ta_wide") return TrivialAugmentWide({.interpolation = options.interpolation, .fill = options.fill});
+  if (name == "imagenet") return AutoAugment(AutoAugmentPolicy::imagenet, std::move(options));
+  if (name == "cifar10") return AutoAugment(AutoAugmentPolicy::cifar10, std::move(options));
+  if (name == "svhn") return AutoAugment(AutoAugmentPolicy::svhn, std::move(options));
+  throw ConfigError("unknown augmentation policy '" + std::string(name) +
+                    "': the names of torchvision's reference recipe are 'ra' (RandAugment), 'ta_wide' (TrivialAugmentWide), "
+                    "'imagenet', 'cifar10' and 'svhn' (AutoAugment's policies), or 'none' ('augmix' is not in dettrial)");
+}
+
+}  // namespace dettrial::vision
+
+#endif  // DETTRIAL_HEADER_DEFINITIONS
+// ---- end dettrial/vision/auto_augment.hpp
+// ---- begin dettrial/vision/cifar.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief CIFAR-10 and CIFAR-100 in their published binary format (the "binary version" archives:
+/// cifar-10-batches-bin/, cifar-100-binary/), read whole into memory.
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <vector>
+
 
 namespace dettrial::vision {
 
@@ -583,6 +1346,263 @@ DETTRIAL_INLINE Image read_image(const std::filesystem::path& path, ImageMode mo
 
 #include <torch/torch.h>
 
+// ---- begin dettrial/vision/mixing.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief torchvision's batch transforms MixUp and CutMix (and RandomChoice between them): each image
+/// mixed with the batch's previous one (torchvision's `roll(1, 0)` pairing) and the labels made soft
+/// in the same proportion, for a loss that takes class probabilities (cross-entropy does, with label
+/// smoothing too). ImageDataset applies one to each batch it makes, as torchvision's reference
+/// recipe applies it in the loader's collate, with draws keyed by (seed, epoch, the batch's first
+/// record), so a resumed run mixes the same batches the same way.
+
+#include <array>
+#include <concepts>
+#include <cstdint>
+#include <optional>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include <torch/torch.h>
+
+
+namespace dettrial::vision {
+
+/// Images (N x C x H x W) and labels: class indices (N) or probabilities (N x classes).
+using LabelledBatch = std::tuple<torch::Tensor, torch::Tensor>;
+
+/// A transform of a whole batch: `LabelledBatch(images, labels, RecordRandom&)`.
+template <class T>
+concept BatchTransform = requires(const T& t, const torch::Tensor& images, const torch::Tensor& labels, RecordRandom& random) {
+  { t(images, labels, random) } -> std::same_as<LabelledBatch>;
+};
+
+/// The rectangle CutMix pastes: columns [x1, x2) and rows [y1, y2).
+struct CutMixBox {
+  std::int64_t x1 = 0, y1 = 0, x2 = 0, y2 = 0;
+};
+
+/**
+ * @brief torchvision's `MixUp(alpha, num_classes)`: `lam` drawn from Beta(alpha, alpha), each image
+ * becomes `lam * image + (1 - lam) * previous image` and each label the same mix of the two one-hot
+ * labels. The batch must be float (ToFloat in the pipeline); it is mixed in place.
+ */
+class MixUp {
+ public:
+  DETTRIAL_INLINE explicit MixUp(std::int64_t num_classes, double alpha = 1.0);
+  LabelledBatch operator()(const torch::Tensor& images, const torch::Tensor& labels, RecordRandom& random) const {
+    return mix(images, labels, draw_lambda(random));
+  }
+  /// The mix at a given `lam`, as torchvision computes it.
+  DETTRIAL_INLINE LabelledBatch mix(const torch::Tensor& images, const torch::Tensor& labels, double lam) const;
+  /// Beta(alpha, alpha).
+  DETTRIAL_INLINE double draw_lambda(RecordRandom& random) const;
+
+ private:
+  std::int64_t num_classes_;
+  double alpha_;
+};
+
+/**
+ * @brief torchvision's `CutMix(alpha, num_classes)`: `lam` drawn from Beta(alpha, alpha), a box of
+ * about `1 - lam` of the area (centred at a uniformly drawn pixel, clipped to the image) pasted from
+ * the previous image into each, and the labels mixed by the area actually pasted. Float or 8-bit
+ * batches; pasted in place.
+ */
+class CutMix {
+ public:
+  DETTRIAL_INLINE explicit CutMix(std::int64_t num_classes, double alpha = 1.0);
+  DETTRIAL_INLINE LabelledBatch operator()(const torch::Tensor& images, const torch::Tensor& labels, RecordRandom& random) const;
+  /// torchvision's box for `lam` centred at (`center_x`, `center_y`) in a `height` x `width` image.
+  DETTRIAL_INLINE static CutMixBox box_of(std::int64_t height, std::int64_t width, double lam, std::int64_t center_x,
+                                          std::int64_t center_y);
+  /// The paste of `box`, the labels mixed by its area, as torchvision computes them.
+  DETTRIAL_INLINE LabelledBatch cut(const torch::Tensor& images, const torch::Tensor& labels, const CutMixBox& box) const;
+
+ private:
+  std::int64_t num_classes_;
+  double alpha_;
+};
+
+/// torchvision's `RandomChoice([...])` of batch transforms: one of them per batch, uniformly.
+template <BatchTransform... Transforms>
+  requires(sizeof...(Transforms) > 0)
+class RandomChoice {
+ public:
+  explicit RandomChoice(Transforms... transforms) : transforms_(std::move(transforms)...) {}
+  LabelledBatch operator()(const torch::Tensor& images, const torch::Tensor& labels, RecordRandom& random) const {
+    const std::int64_t pick = random.integer(0, static_cast<std::int64_t>(sizeof...(Transforms)));
+    return pick_one(images, labels, random, pick, std::index_sequence_for<Transforms...>{});
+  }
+
+ private:
+  template <std::size_t... I>
+  LabelledBatch pick_one(const torch::Tensor& images, const torch::Tensor& labels, RecordRandom& random, std::int64_t pick,
+                         std::index_sequence<I...> /*indices*/) const {
+    LabelledBatch out;
+    ((static_cast<std::int64_t>(I) == pick ? (out = std::get<I>(transforms_)(images, labels, random), true) : false) || ...);
+    return out;
+  }
+  std::tuple<Transforms...> transforms_;
+};
+
+/**
+ * @brief torchvision's reference recipe's `get_mixup_cutmix(mixup_alpha, cutmix_alpha,
+ * num_classes)`, chosen when the trial starts: MixUp where `mixup_alpha > 0`, CutMix where
+ * `cutmix_alpha > 0`, one of the two per batch where both, and the batch left as it is (class
+ * indices for labels) where neither.
+ */
+class MixUpCutMix {
+ public:
+  DETTRIAL_INLINE MixUpCutMix(std::int64_t num_classes, double mixup_alpha, double cutmix_alpha);
+  DETTRIAL_INLINE LabelledBatch operator()(const torch::Tensor& images, const torch::Tensor& labels, RecordRandom& random) const;
+  /// Whether batches are mixed at all.
+  bool active() const { return mixup_.has_value() || cutmix_.has_value(); }
+
+ private:
+  std::optional<MixUp> mixup_;
+  std::optional<CutMix> cutmix_;
+};
+
+/// ImageDataset's default: batches as they are.
+struct NoMixing {};
+
+}  // namespace dettrial::vision
+
+// Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
+#if DETTRIAL_HEADER_DEFINITIONS
+#include <cmath>
+#include <string>
+
+
+namespace dettrial::vision::detail::mixing {
+
+/// Gamma(shape, 1) by Marsaglia and Tsang's method (shape below 1 boosted by U^(1/shape)).
+inline double gamma(double shape, RecordRandom& random) {
+  if (shape < 1.0) return gamma(shape + 1.0, random) * std::pow(1.0 - random.uniform(0.0, 1.0), 1.0 / shape);
+  const double d = shape - 1.0 / 3.0, c = 1.0 / std::sqrt(9.0 * d);
+  for (;;) {
+    const double x = random.normal();
+    double v = 1.0 + c * x;
+    if (v <= 0.0) continue;
+    v = v * v * v;
+    const double u = 1.0 - random.uniform(0.0, 1.0);
+    if (u < 1.0 - 0.0331 * x * x * x * x || std::log(u) < 0.5 * x * x + d * (1.0 - v + std::log(v))) return d * v;
+  }
+}
+
+/// Beta(alpha, alpha) as X / (X + Y) of two Gamma(alpha) draws.
+inline double symmetric_beta(double alpha, RecordRandom& random) {
+  const double x = gamma(alpha, random), y = gamma(alpha, random);
+  return x / (x + y);
+}
+
+inline void check(std::int64_t num_classes, double alpha, const char* name) {
+  if (num_classes < 1) throw DataError(std::string(name) + ": num_classes must be positive, not " + std::to_string(num_classes));
+  if (!(alpha > 0)) throw DataError(std::string(name) + ": alpha must be positive, not " + std::to_string(alpha));
+}
+
+/// torchvision's `_mixup_label`: one-hot (if class indices), then `lam * label + (1 - lam) * previous label`.
+inline torch::Tensor mixed_labels(const torch::Tensor& labels, std::int64_t num_classes, double lam, bool pinned, const char* name) {
+  torch::Tensor soft;
+  if (labels.dim() == 1) {
+    if (labels.numel() > 0) {
+      const auto [low, high] = torch::aminmax(labels);
+      if (low.item<std::int64_t>() < 0 || high.item<std::int64_t>() >= num_classes)
+        throw DataError(std::string(name) + ": a label lies outside [0, num_classes = " + std::to_string(num_classes) + ") (labels " +
+                        std::to_string(low.item<std::int64_t>()) + " to " + std::to_string(high.item<std::int64_t>()) + ")");
+    }
+    soft = torch::one_hot(labels.to(torch::kLong), num_classes).to(torch::kFloat);
+  } else if (labels.dim() == 2 && labels.size(1) == num_classes) {
+    soft = labels.is_floating_point() ? labels : labels.to(torch::kFloat);
+  } else {
+    throw DataError(std::string(name) + ": labels are class indices (N) or probabilities (N x " + std::to_string(num_classes) +
+                    "), not a tensor of " + std::to_string(labels.dim()) + " dimensions");
+  }
+  torch::Tensor out = soft.roll(1, 0).mul_(1.0 - lam).add_(soft.mul(lam));
+  return pinned ? out.pin_memory() : out;
+}
+
+inline void check_batch(const torch::Tensor& images, const torch::Tensor& labels, const char* name) {
+  if (images.dim() != 4 || images.size(0) != labels.size(0))
+    throw DataError(std::string(name) + ": a batch of N images (N x C x H x W) and N labels");
+}
+
+}  // namespace dettrial::vision::detail::mixing
+
+namespace dettrial::vision {
+
+DETTRIAL_INLINE MixUp::MixUp(std::int64_t num_classes, double alpha) : num_classes_(num_classes), alpha_(alpha) {
+  detail::mixing::check(num_classes, alpha, "MixUp");
+}
+
+DETTRIAL_INLINE double MixUp::draw_lambda(RecordRandom& random) const { return detail::mixing::symmetric_beta(alpha_, random); }
+
+DETTRIAL_INLINE LabelledBatch MixUp::mix(const torch::Tensor& images, const torch::Tensor& labels, double lam) const {
+  detail::mixing::check_batch(images, labels, "MixUp");
+  if (!images.is_floating_point())
+    throw DataError(
+        "MixUp: the images must be float to be mixed: end the pipeline with ToFloat (and Normalize), as torchvision's MixUp "
+        "needs float tensors");
+  // torchvision: roll(1, 0) * (1 - lam) + images * lam. The two products are rounded apart and
+  // then added, so adding them the other way round, in place, gives its bits in the batch's own
+  // (possibly pinned) memory.
+  const torch::Tensor previous = images.roll(1, 0).mul_(1.0 - lam);
+  images.mul_(lam).add_(previous);
+  return {images, detail::mixing::mixed_labels(labels, num_classes_, lam, images.is_pinned(), "MixUp")};
+}
+
+DETTRIAL_INLINE CutMix::CutMix(std::int64_t num_classes, double alpha) : num_classes_(num_classes), alpha_(alpha) {
+  detail::mixing::check(num_classes, alpha, "CutMix");
+}
+
+DETTRIAL_INLINE CutMixBox CutMix::box_of(std::int64_t height, std::int64_t width, double lam, std::int64_t center_x,
+                                         std::int64_t center_y) {
+  const double r = 0.5 * std::sqrt(1.0 - lam);
+  const auto half_w = static_cast<std::int64_t>(r * static_cast<double>(width));
+  const auto half_h = static_cast<std::int64_t>(r * static_cast<double>(height));
+  return {std::max<std::int64_t>(center_x - half_w, 0), std::max<std::int64_t>(center_y - half_h, 0), std::min(center_x + half_w, width),
+          std::min(center_y + half_h, height)};
+}
+
+DETTRIAL_INLINE LabelledBatch CutMix::operator()(const torch::Tensor& images, const torch::Tensor& labels, RecordRandom& random) const {
+  detail::mixing::check_batch(images, labels, "CutMix");
+  const double lam = detail::mixing::symmetric_beta(alpha_, random);
+  const std::int64_t height = images.size(2), width = images.size(3);
+  const std::int64_t center_x = random.integer(0, width), center_y = random.integer(0, height);
+  return cut(images, labels, box_of(height, width, lam, center_x, center_y));
+}
+
+DETTRIAL_INLINE LabelledBatch CutMix::cut(const torch::Tensor& images, const torch::Tensor& labels, const CutMixBox& box) const {
+  detail::mixing::check_batch(images, labels, "CutMix");
+  const std::int64_t height = images.size(2), width = images.size(3);
+  torch::Tensor region = images.slice(2, box.y1, box.y2).slice(3, box.x1, box.x2);
+  region.copy_(region.roll(1, 0));  // roll copies first: each image gets its predecessor's pixels
+  const double lam = 1.0 - static_cast<double>((box.x2 - box.x1) * (box.y2 - box.y1)) / static_cast<double>(width * height);
+  return {images, detail::mixing::mixed_labels(labels, num_classes_, lam, images.is_pinned(), "CutMix")};
+}
+
+DETTRIAL_INLINE MixUpCutMix::MixUpCutMix(std::int64_t num_classes, double mixup_alpha, double cutmix_alpha) {
+  if (mixup_alpha < 0 || cutmix_alpha < 0)
+    throw DataError("MixUpCutMix: mixup_alpha and cutmix_alpha are 0 (off) or positive, not " + std::to_string(mixup_alpha) + " and " +
+                    std::to_string(cutmix_alpha));
+  if (mixup_alpha > 0) mixup_.emplace(num_classes, mixup_alpha);
+  if (cutmix_alpha > 0) cutmix_.emplace(num_classes, cutmix_alpha);
+}
+
+DETTRIAL_INLINE LabelledBatch MixUpCutMix::operator()(const torch::Tensor& images, const torch::Tensor& labels,
+                                                      RecordRandom& random) const {
+  if (mixup_ && cutmix_) return random.integer(0, 2) == 0 ? (*mixup_)(images, labels, random) : (*cutmix_)(images, labels, random);
+  if (mixup_) return (*mixup_)(images, labels, random);
+  if (cutmix_) return (*cutmix_)(images, labels, random);
+  return {images, labels};
+}
+
+}  // namespace dettrial::vision
+
+#endif  // DETTRIAL_HEADER_DEFINITIONS
+// ---- end dettrial/vision/mixing.hpp
 // ---- begin dettrial/vision/transforms.hpp
 // SPDX-License-Identifier: Apache-2.0
 /// @file
@@ -598,6 +1618,7 @@ DETTRIAL_INLINE Image read_image(const std::filesystem::path& path, ImageMode mo
 #include <cmath>
 #include <concepts>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <type_traits>
@@ -652,6 +1673,17 @@ DETTRIAL_INLINE Image window(const Image& image, std::int64_t top, std::int64_t 
 DETTRIAL_INLINE Image resize_bilinear(const Image& image, std::int64_t height, std::int64_t width);
 /// torchvision's `_compute_resized_output_size` for one number: the shorter side becomes `size`.
 DETTRIAL_INLINE Size resized_size(std::int64_t height, std::int64_t width, std::int64_t size);
+/// The draw RandomResizedCrop and RandomErasing share: an area of `area` times a fraction uniform in
+/// `scale`, an aspect log-uniform in `ratio`; the sides (sqrt(area * aspect), sqrt(area / aspect)),
+/// rounded as Python rounds (RandomResizedCrop takes them as width and height, RandomErasing as
+/// height and width).
+inline std::array<std::int64_t, 2> random_rectangle(double area, const std::array<double, 2>& scale, const std::array<double, 2>& ratio,
+                                                    RecordRandom& random) {
+  const double target = area * random.uniform(scale[0], scale[1]);
+  const double aspect = std::exp(random.uniform(std::log(ratio[0]), std::log(ratio[1])));
+  return {static_cast<std::int64_t>(std::nearbyint(std::sqrt(target * aspect))),
+          static_cast<std::int64_t>(std::nearbyint(std::sqrt(target / aspect)))};
+}
 /// Python's round() of `x / 2` for an integer x: halves go to the even neighbour.
 constexpr std::int64_t round_half(std::int64_t x) {
   const std::int64_t q = x >= 0 ? x / 2 : -((-x) / 2);
@@ -768,12 +1800,8 @@ struct RandomResizedCrop {
   /// torchvision's `get_params`: (top, left, height, width).
   std::array<std::int64_t, 4> window_of(std::int64_t height, std::int64_t width, RecordRandom& random) const {
     const double area = static_cast<double>(height * width);
-    const double log_low = std::log(options.ratio[0]), log_high = std::log(options.ratio[1]);
     for (int attempt = 0; attempt < 10; ++attempt) {
-      const double target = area * random.uniform(options.scale[0], options.scale[1]);
-      const double aspect = std::exp(random.uniform(log_low, log_high));
-      const auto w = static_cast<std::int64_t>(std::nearbyint(std::sqrt(target * aspect)));
-      const auto h = static_cast<std::int64_t>(std::nearbyint(std::sqrt(target / aspect)));
+      const auto [w, h] = detail::random_rectangle(area, options.scale, options.ratio, random);
       if (0 < w && w <= width && 0 < h && h <= height) return {random.integer(0, height - h + 1), random.integer(0, width - w + 1), h, w};
     }
     const double in_ratio = static_cast<double>(width) / static_cast<double>(height);
@@ -811,8 +1839,8 @@ struct RandomVerticalFlip {
 };
 
 /// torchvision's `ColorJitter(brightness, contrast, saturation)`: each factor drawn uniformly from
-/// [max(0, 1 - x), 1 + x] (0: left alone), applied in a random order, with v2's 8-bit arithmetic
-/// (blend in float, clamp, truncate). Saturation leaves a gray image alone, as torchvision does.
+/// [max(0, 1 - x), 1 + x] (0: left alone), applied in a random order, each as torchvision's v2
+/// functional computes it (image_ops.hpp). Saturation leaves a gray image alone, as torchvision does.
 struct ColorJitter {
   double brightness = 0;
   double contrast = 0;
@@ -840,7 +1868,43 @@ struct Normalize {
   }
 };
 
-/// A step that says what the batch holds (ToFloat, Normalize) rather than changing the image.
+/// Options of RandomErasing: torchvision's keyword arguments.
+struct RandomErasingOptions {
+  /// The probability that a rectangle is erased.
+  double p = 0.5;
+  /// The rectangle's area as a fraction of the image's, drawn uniformly.
+  std::array<double, 2> scale{0.02, 0.33};
+  /// The rectangle's aspect ratio (height / width, as torchvision draws it), drawn log-uniformly.
+  std::array<double, 2> ratio{0.3, 3.3};
+  /// What the rectangle holds, in the batch's units (after Normalize, 0 is the mean): one value for
+  /// every channel or one per channel; empty: standard normal values per sample (torchvision's
+  /// `value="random"`).
+  std::vector<double> value{0.0};
+};
+
+/**
+ * @brief torchvision's `RandomErasing(p, scale, ratio, value)`, where its reference recipe puts it:
+ * on the batch's image after ToFloat and Normalize (an output step, so it comes last). With `p`, a
+ * rectangle of random area and aspect (ten tries to fit inside the image, else nothing) is set to
+ * `value`. On an 8-bit batch (no ToFloat) the values are whole numbers in [0, 255].
+ */
+class RandomErasing {
+ public:
+  static constexpr bool output_step = true;
+  DETTRIAL_INLINE explicit RandomErasing(RandomErasingOptions options = {});
+  /// torchvision's `make_params`: (top, left, height, width) of the rectangle, or nullopt.
+  DETTRIAL_INLINE std::optional<std::array<std::int64_t, 4>> window_of(std::int64_t channels, std::int64_t height, std::int64_t width,
+                                                                       RecordRandom& random) const;
+  /// Erases in the image written at `out` (C x H x W, float or 8-bit as `is_float` says).
+  DETTRIAL_INLINE void erase(void* out, bool is_float, std::int64_t channels, std::int64_t height, std::int64_t width,
+                             RecordRandom& random) const;
+  const RandomErasingOptions& options() const { return options_; }
+
+ private:
+  RandomErasingOptions options_;
+};
+
+/// A step that says what the batch holds (ToFloat, Normalize) or acts on it (RandomErasing) rather than changing the image.
 template <class T>
 concept OutputStep = requires {
   { T::output_step } -> std::convertible_to<bool>;
@@ -853,6 +1917,14 @@ template <class... Steps>
 constexpr bool output_steps_last() {
   bool seen_output = false, ok = true;
   ((seen_output = seen_output || OutputStep<Steps>, ok = ok && (OutputStep<Steps> || !seen_output)), ...);
+  return ok;
+}
+template <class... Steps>
+constexpr bool erasing_last() {
+  bool seen_erasing = false, ok = true;
+  ((ok = ok && (std::is_same_v<Steps, RandomErasing> || !seen_erasing),
+    seen_erasing = seen_erasing || std::is_same_v<Steps, RandomErasing>),
+   ...);
   return ok;
 }
 template <class... Steps>
@@ -884,13 +1956,19 @@ class Compose {
   static_assert(detail::normalize_after_to_float<Steps...>(),
                 "dettrial::vision::Compose: Normalize works on float images: put ToFloat before it (torchvision's ToDtype(torch.float32, "
                 "scale=True))");
+  static_assert(detail::erasing_last<Steps...>(),
+                "dettrial::vision::Compose: RandomErasing comes last: it erases the batch's image after ToFloat and Normalize, as "
+                "torchvision's reference recipe places it");
 
  public:
   /// Whether the batch is float (ToFloat is a step) or 8-bit.
   static constexpr bool to_float = (std::is_same_v<Steps, ToFloat> || ...);
+  /// Whether a RandomErasing step acts on the written image.
+  static constexpr bool erases = (std::is_same_v<Steps, RandomErasing> || ...);
 
   explicit Compose(Steps... steps) : steps_(std::move(steps)...) {
     std::apply([&](const auto&... s) { (take_normalize(s), ...); }, steps_);
+    if constexpr (erases && !to_float) std::apply([](const auto&... s) { (check_byte_erasing(s), ...); }, steps_);
     // Plain x / 255 without Normalize; one mean and std serve every channel.
     if (mean_.empty())
       for (auto& channel : table_)
@@ -921,7 +1999,30 @@ class Compose {
    * normalising on the way: `(x * (1 / 255) - mean) / std` in float32, as torchvision v2's ToDtype and
    * Normalize compute it (a table of the 256 values per channel, so every sample costs one lookup).
    */
-  void write(const Image& image, void* out) const {
+  void write(const Image& image, void* out) const
+    requires(!erases)
+  {
+    write_pixels(image, out);
+  }
+
+  /// write(), then the RandomErasing steps on what was written, drawing from the record's `random`.
+  void write(const Image& image, void* out, RecordRandom& random) const {
+    write_pixels(image, out);
+    if constexpr (erases)
+      std::apply(
+          [&](const auto&... s) {
+            (
+                [&](const auto& step) {
+                  if constexpr (std::is_same_v<std::remove_cvref_t<decltype(step)>, RandomErasing>)
+                    step.erase(out, to_float, image.channels, image.height, image.width, random);
+                }(s),
+                ...);
+          },
+          steps_);
+  }
+
+ private:
+  void write_pixels(const Image& image, void* out) const {
     const std::int64_t plane = image.height * image.width, c = image.channels;
     if constexpr (to_float) {
       if (!mean_.empty() && mean_.size() != 1 && static_cast<std::int64_t>(mean_.size()) != c)
@@ -941,7 +2042,18 @@ class Compose {
     }
   }
 
- private:
+  static void check_byte_erasing(const RandomErasing& erasing) {
+    const auto& value = erasing.options().value;
+    if (value.empty())
+      throw DataError(
+          "RandomErasing: random values need a float batch: put ToFloat (and Normalize) before it, as torchvision's recipe does");
+    for (const double v : value)
+      if (!(v >= 0 && v <= 255) || v != std::floor(v))
+        throw DataError("RandomErasing: an 8-bit batch (no ToFloat) erases with whole numbers in [0, 255], not " + std::to_string(v));
+  }
+  template <class S>
+  static void check_byte_erasing(const S& /*step*/) {}
+
   void take_normalize(const Normalize& n) {
     if (n.mean.size() > 4) throw DataError("Normalize: at most 4 channels");
     mean_ = n.mean;
@@ -1074,17 +2186,6 @@ DETTRIAL_INLINE Image resize_bilinear(const Image& image, std::int64_t height, s
   return out;
 }
 
-/// v2's gray value of an RGB pixel for contrast and saturation (computed in float, then floored for 8-bit images).
-inline float gray_of(const std::uint8_t* p) {
-  return std::floor(static_cast<float>(p[0]) * 0.2989f + static_cast<float>(p[1]) * 0.587f + static_cast<float>(p[2]) * 0.114f);
-}
-
-/// v2's `_blend` for 8-bit images: `x * ratio + other * (1 - ratio)`, clamped to [0, 255], truncated.
-inline std::uint8_t blend(std::uint8_t x, float other, float ratio) {
-  const float v = static_cast<float>(x) * ratio + other * (1.0f - ratio);
-  return static_cast<std::uint8_t>(std::clamp(v, 0.0f, 255.0f));
-}
-
 }  // namespace dettrial::vision::detail
 
 namespace dettrial::vision {
@@ -1092,28 +2193,62 @@ DETTRIAL_INLINE Image ColorJitter::operator()(Image image, RecordRandom& random)
   // torchvision draws the order first (a permutation of its four adjustments), then each factor.
   std::array<int, 3> order{0, 1, 2};
   for (int i = 2; i > 0; --i) std::swap(order[static_cast<std::size_t>(i)], order[static_cast<std::size_t>(random.integer(0, i + 1))]);
-  const auto factor = [&](double x) { return x > 0 ? static_cast<float>(random.uniform(std::max(0.0, 1.0 - x), 1.0 + x)) : -1.0f; };
-  const float factors[3] = {factor(brightness), factor(contrast), factor(saturation)};
-  const std::int64_t n = image.height * image.width, c = image.channels;
-  std::uint8_t* p = image.pixels.data();
+  const auto factor = [&](double x) { return x > 0 ? random.uniform(std::max(0.0, 1.0 - x), 1.0 + x) : -1.0; };
+  const double factors[3] = {factor(brightness), factor(contrast), factor(saturation)};
   for (const int which : order) {
-    const float f = factors[which];
+    const double f = factors[which];
     if (f < 0) continue;
-    if (which == 0) {
-      for (std::int64_t i = 0; i < n * c; ++i) p[i] = detail::blend(p[i], 0.0f, f);
-    } else if (which == 1) {
-      double sum = 0;
-      for (std::int64_t i = 0; i < n; ++i) sum += c == 3 ? detail::gray_of(p + 3 * i) : static_cast<float>(p[i]);
-      const auto mean = static_cast<float>(sum / static_cast<double>(n));
-      for (std::int64_t i = 0; i < n * c; ++i) p[i] = detail::blend(p[i], mean, f);
-    } else if (c == 3) {
-      for (std::int64_t i = 0; i < n; ++i) {
-        const float gray = detail::gray_of(p + 3 * i);
-        for (std::int64_t k = 0; k < 3; ++k) p[3 * i + k] = detail::blend(p[3 * i + k], gray, f);
+    if (which == 0) image = functional::adjust_brightness(std::move(image), f);
+    else if (which == 1) image = functional::adjust_contrast(image, f);
+    else image = functional::adjust_saturation(image, f);
+  }
+  return image;
+}
+
+DETTRIAL_INLINE RandomErasing::RandomErasing(RandomErasingOptions options) : options_(std::move(options)) {
+  const auto& o = options_;
+  if (!(o.p >= 0 && o.p <= 1)) throw DataError("RandomErasing: p is a probability in [0, 1], not " + std::to_string(o.p));
+  if (!(o.scale[0] >= 0 && o.scale[0] <= o.scale[1] && o.scale[1] <= 1))
+    throw DataError("RandomErasing: scale is a (low, high) range within [0, 1]");
+  if (!(o.ratio[0] > 0 && o.ratio[0] <= o.ratio[1])) throw DataError("RandomErasing: ratio is a (low, high) range above 0");
+}
+
+DETTRIAL_INLINE std::optional<std::array<std::int64_t, 4>> RandomErasing::window_of(std::int64_t channels, std::int64_t height,
+                                                                                    std::int64_t width, RecordRandom& random) const {
+  const auto& o = options_;
+  if (o.value.size() > 1 && static_cast<std::int64_t>(o.value.size()) != channels)
+    throw DataError("RandomErasing: " + std::to_string(o.value.size()) + " values for an image of " + std::to_string(channels) +
+                    " channels (one value, or one per channel)");
+  if (!random.chance(o.p)) return std::nullopt;
+  const double area = static_cast<double>(height * width);
+  for (int attempt = 0; attempt < 10; ++attempt) {
+    const auto [h, w] = detail::random_rectangle(area, o.scale, o.ratio, random);
+    if (!(h < height && w < width)) continue;
+    return std::array<std::int64_t, 4>{random.integer(0, height - h + 1), random.integer(0, width - w + 1), h, w};
+  }
+  return std::nullopt;  // torchvision's fallback (the whole image, no value) erases nothing
+}
+
+DETTRIAL_INLINE void RandomErasing::erase(void* out, bool is_float, std::int64_t channels, std::int64_t height, std::int64_t width,
+                                          RecordRandom& random) const {
+  const auto window = window_of(channels, height, width, random);
+  if (!window) return;
+  const auto [top, left, h, w] = *window;
+  const auto& value = options_.value;
+  for (std::int64_t k = 0; k < channels; ++k) {
+    const double v = value.empty() ? 0.0 : value[value.size() == 1 ? 0 : static_cast<std::size_t>(k)];
+    for (std::int64_t y = top; y < top + h; ++y) {
+      const std::int64_t at = (k * height + y) * width + left;
+      if (!is_float) {
+        std::fill_n(static_cast<std::uint8_t*>(out) + at, w, static_cast<std::uint8_t>(v));
+      } else if (value.empty()) {
+        float* row = static_cast<float*>(out) + at;
+        for (std::int64_t x = 0; x < w; ++x) row[x] = static_cast<float>(random.normal());
+      } else {
+        std::fill_n(static_cast<float*>(out) + at, w, static_cast<float>(v));
       }
     }
   }
-  return image;
 }
 
 }  // namespace dettrial::vision
@@ -1137,7 +2272,7 @@ template <class T>
 concept ImagePipeline = requires(const T& t, Image image, RecordRandom& random, void* out) {
   { t.apply(std::move(image), random) } -> std::same_as<Image>;
   { t.dtype() } -> std::convertible_to<torch::Dtype>;
-  t.write(image, out);
+  t.write(image, out, random);
 };
 
 /// Options of ImageDataset.
@@ -1156,6 +2291,8 @@ struct ImageDatasetOptions {
  * decoded, transformed with draws keyed by (loader seed, epoch, record index), and written into the
  * batch tensor in place (N x C x H x W, float or 8-bit as the transform ends); labels are int64. A
  * DataLoader runs it on its worker threads, by default as many as the process's share of the CPUs.
+ * A batch transform (MixUp, CutMix, MixUpCutMix: mixing.hpp) then mixes each batch, drawing from
+ * (loader seed, epoch, the batch's first record), and the labels become class probabilities.
  * @code{.cpp}
  * namespace vision = dettrial::vision;
  * vision::ImageDataset train(vision::ImageFolder("data/train"),
@@ -1164,23 +2301,27 @@ struct ImageDatasetOptions {
  * dettrial::DataLoader loader(train, {.batch_size = 64, .shuffle = true});
  * @endcode
  */
-template <class Source, class Transform>
+template <class Source, class Transform, class Mixing = NoMixing>
 class ImageDataset {
   static_assert(ImageSource<Source>,
                 "dettrial::vision::ImageDataset<Source, Transform>: Source must have size(), label(index), load(index, mode) returning "
                 "a dettrial::vision::Image, and name(index) (like dettrial::vision::ImageFolder or dettrial::vision::Cifar)");
   static_assert(ImagePipeline<Transform>,
                 "dettrial::vision::ImageDataset<Source, Transform>: Transform must be a dettrial::vision::Compose of transforms");
+  static_assert(std::is_same_v<Mixing, NoMixing> || BatchTransform<Mixing>,
+                "dettrial::vision::ImageDataset<Source, Transform, Mixing>: Mixing must be a batch transform (LabelledBatch(images, "
+                "labels, RecordRandom&) const, like dettrial::vision::MixUp, CutMix, RandomChoice or MixUpCutMix)");
 
  public:
   using Batch = std::tuple<torch::Tensor, torch::Tensor>;
 
   ImageDataset(Source source, Transform transform, ImageDatasetOptions options = {})
-      : source_(std::move(source)),
-        transform_(std::move(transform)),
-        options_(options),
-        pin_(options.pin_memory.value_or(torch::cuda::is_available())),
-        skips_(std::make_shared<Skips>()) {}
+    requires(std::is_same_v<Mixing, NoMixing>)
+      : ImageDataset(std::move(source), std::move(transform), NoMixing{}, options, 0) {}
+  /// With a batch transform applied to each batch.
+  ImageDataset(Source source, Transform transform, Mixing mixing, ImageDatasetOptions options = {})
+    requires(!std::is_same_v<Mixing, NoMixing>)
+      : ImageDataset(std::move(source), std::move(transform), std::move(mixing), options, 0) {}
 
   std::int64_t size() const { return static_cast<std::int64_t>(source_.size()); }
   const Source& source() const { return source_; }
@@ -1209,7 +2350,8 @@ class ImageDataset {
     std::int64_t kept = 0, bytes_per_image = 0;
     for (std::int64_t r = 0; r < n; ++r) {
       const std::int64_t record = records[r];
-      std::optional<Image> image = transformed(record, origin, r);
+      RecordRandom random(origin.seed, origin.epoch_of(r), record);
+      std::optional<Image> image = transformed(record, random);
       if (!image) continue;
       if (!images.defined()) {
         images =
@@ -1221,17 +2363,31 @@ class ImageDataset {
                         std::to_string(images.size(2)) + "x" + std::to_string(images.size(3)) +
                         ": end the transforms in one size (Resize with two numbers, CenterCrop, RandomCrop, RandomResizedCrop)");
       }
-      transform_.write(*image, static_cast<char*>(images.data_ptr()) + kept * bytes_per_image);
+      transform_.write(*image, static_cast<char*>(images.data_ptr()) + kept * bytes_per_image, random);
       label_out[kept++] = source_.label(record);
     }
     if (!images.defined()) return {torch::empty({0}, transform_.dtype()), labels.narrow(0, 0, 0)};
-    if (kept < n) return {images.narrow(0, 0, kept), labels.narrow(0, 0, kept)};
-    return {images, labels};
+    Batch batch = kept < n ? Batch{images.narrow(0, 0, kept), labels.narrow(0, 0, kept)} : Batch{images, labels};
+    if constexpr (!std::is_same_v<Mixing, NoMixing>) {
+      if (n > 0) {
+        RecordRandom random = RecordRandom::of_batch(origin.seed, origin.epoch_of(0), records[0]);
+        return mixing_(std::get<0>(batch), std::get<1>(batch), random);
+      }
+    }
+    return batch;
   }
   /// The records at `indices` as epoch 0 with seed 0 (a DataLoader passes the batch's origin).
   Batch get_batch(const torch::Tensor& indices) const { return get_batch(indices, BatchOrigin{}); }
 
  private:
+  ImageDataset(Source source, Transform transform, Mixing mixing, ImageDatasetOptions options, int /*all*/)
+      : source_(std::move(source)),
+        transform_(std::move(transform)),
+        mixing_(std::move(mixing)),
+        options_(options),
+        pin_(options.pin_memory.value_or(torch::cuda::is_available())),
+        skips_(std::make_shared<Skips>()) {}
+
   struct Skips {
     std::mutex mutex;
     std::int64_t count = 0;
@@ -1242,8 +2398,8 @@ class ImageDataset {
     return std::to_string(image.channels) + "x" + std::to_string(image.height) + "x" + std::to_string(image.width);
   }
 
-  /// Record `record` (at `position` in its batch), read and transformed; nullopt when it is unreadable and skipped.
-  std::optional<Image> transformed(std::int64_t record, const BatchOrigin& origin, std::int64_t position) const {
+  /// Record `record`, read and transformed with its draws; nullopt when it is unreadable and skipped.
+  std::optional<Image> transformed(std::int64_t record, RecordRandom& random) const {
     Image image;
     try {
       image = source_.load(record, options_.mode);
@@ -1253,7 +2409,6 @@ class ImageDataset {
       note_skip(what);
       return std::nullopt;
     }
-    RecordRandom random(origin.seed, origin.epoch_of(position), record);
     try {
       return transform_.apply(std::move(image), random);
     } catch (const DataError& e) {
@@ -1271,6 +2426,7 @@ class ImageDataset {
 
   Source source_;
   Transform transform_;
+  [[no_unique_address]] Mixing mixing_;
   ImageDatasetOptions options_;
   bool pin_ = false;
   std::shared_ptr<Skips> skips_;  // shared by copies: the loader's copy counts for the trial's

@@ -1,19 +1,21 @@
 #!/usr/bin/env bash
-# Usage: image_resume.sh PROGRAM CONFIG IMAGE_FOLDERS OUTPUT_DIR
+# Usage: image_resume.sh PROGRAM CONFIG IMAGE_FOLDERS OUTPUT_DIR [--set KEY=VALUE]...
 # The image example through dettrial::main on real image files: 12 batches straight, and the same 12
 # as 6, a stop mid-epoch (a checkpoint) and --resume. The resumed run's training and validation
 # metrics after batch 6 must equal the straight run's digit for digit: the weights, the optimizer,
 # the data order and every record's augmentation come back exactly.
 set -u
 program=$1 config=$2 folders=$3 out=$4
+shift 4  # what remains: --set options every run gets
 rm -rf "$out"
 mkdir -p "$out"
 export DETTRIAL_IMAGE_FOLDER=$folders
 run() {
   local log=$1
   shift
-  "$program" "$@" >"$out/$log.log" 2>&1 || { cat "$out/$log.log"; echo "image_resume: '$log' failed"; exit 1; }
+  "$program" "$@" "${extra[@]}" >"$out/$log.log" 2>&1 || { cat "$out/$log.log"; echo "image_resume: '$log' failed"; exit 1; }
 }
+extra=("$@")
 run straight --config "$config" --set searcher.max_length.batches=12 --output "$out/straight"
 run first --config "$config" --set searcher.max_length.batches=6 --output "$out/resumed"
 run second --config "$config" --set searcher.max_length.batches=12 --resume "$out/resumed"

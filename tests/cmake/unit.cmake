@@ -43,40 +43,41 @@ target_compile_definitions(dettrial_mnist_tests PRIVATE DETTRIAL_MNIST10K_DIR="$
 dettrial_use_compiled_pch(dettrial_mnist_tests)
 doctest_discover_tests(dettrial_mnist_tests TEST_PREFIX "mnist: " PROPERTIES SKIP_RETURN_CODE 77)
 
+# Test programs whose cases compare with what a Python script wrote: the script runs first as a
+# CTest fixture (its output must begin "ok: "; exit 77 is skipped, with the reason), writing into
+# the build folder that the cases read through `variable`. Without `python` the cases find nothing
+# there and skip themselves, each with its reason.
+function(dettrial_python_fixture_tests target source python script fixture_name variable)
+  add_executable(${target} unit/main.cpp ${source})
+  target_link_libraries(${target} PRIVATE dettrial::compiled doctest::doctest)
+  dettrial_use_compiled_pch(${target})
+  get_filename_component(_stem "${script}" NAME_WE)
+  set(_out "${CMAKE_CURRENT_BINARY_DIR}/${_stem}")
+  if(python)
+    add_test(NAME "${fixture_name}" COMMAND "${python}" "${CMAKE_CURRENT_SOURCE_DIR}/python/${script}" "${_out}")
+    set_tests_properties("${fixture_name}" PROPERTIES FIXTURES_SETUP ${target} SKIP_RETURN_CODE 77 PASS_REGULAR_EXPRESSION "^ok: ")
+  endif()
+  doctest_discover_tests(${target} TEST_PREFIX "unit: " PROPERTIES SKIP_RETURN_CODE 77 ENVIRONMENT "${variable}=${_out}"
+                         FIXTURES_REQUIRED ${target})
+endfunction()
+
 # Image data: the decoders against PIL, the transforms and ImageFolder's listing against torchvision.
 # tests/python/vision_fixtures.py writes the image files and what PIL and torchvision make of them
 # with DETTRIAL_PYTHON; a Python without PIL skips every case that needs them, one without
-# torchvision the torchvision cases, each with its reason.
-add_executable(dettrial_vision_tests unit/main.cpp unit/vision_test.cpp)
-target_link_libraries(dettrial_vision_tests PRIVATE dettrial::compiled doctest::doctest)
-dettrial_use_compiled_pch(dettrial_vision_tests)
-set(_vision_fixtures "${CMAKE_CURRENT_BINARY_DIR}/vision_fixtures")
-if(DETTRIAL_PYTHON)
-  add_test(NAME "vision: PIL and torchvision write the image fixtures"
-           COMMAND "${DETTRIAL_PYTHON}" "${CMAKE_CURRENT_SOURCE_DIR}/python/vision_fixtures.py" "${_vision_fixtures}")
-  set_tests_properties("vision: PIL and torchvision write the image fixtures" PROPERTIES
-                       FIXTURES_SETUP dettrial_vision SKIP_RETURN_CODE 77 PASS_REGULAR_EXPRESSION "^ok: ")
-endif()
-doctest_discover_tests(dettrial_vision_tests TEST_PREFIX "unit: " PROPERTIES SKIP_RETURN_CODE 77
-                       ENVIRONMENT "DETTRIAL_VISION_FIXTURES=${_vision_fixtures}" FIXTURES_REQUIRED dettrial_vision)
+# torchvision the torchvision cases.
+dettrial_python_fixture_tests(dettrial_vision_tests unit/vision_test.cpp "${DETTRIAL_PYTHON}" vision_fixtures.py
+                              "vision: PIL and torchvision write the image fixtures" DETTRIAL_VISION_FIXTURES)
 
-# torchvision's ResNets: tests/python/torchvision_resnets.py saves them with their own random weights
-# and what they compute (1.2 GB), with a Python that has torchvision; without one the cases that
-# need them are skipped with the reason. PyPI's torch of another release than this LibTorch is
-# compared to a stated tolerance, its own release bit for bit.
-set(DETTRIAL_TORCHVISION_PYTHON "${DETTRIAL_PYTHON}" CACHE FILEPATH "A Python with torchvision, whose ResNets the models are tested against")
-add_executable(dettrial_model_tests unit/main.cpp unit/resnet_test.cpp)
-target_link_libraries(dettrial_model_tests PRIVATE dettrial::compiled doctest::doctest)
-dettrial_use_compiled_pch(dettrial_model_tests)
-set(_resnet_fixtures "${CMAKE_CURRENT_BINARY_DIR}/resnet_fixtures")
-if(DETTRIAL_TORCHVISION_PYTHON)
-  add_test(NAME "vision: torchvision saves its ResNets and what they compute"
-           COMMAND "${DETTRIAL_TORCHVISION_PYTHON}" "${CMAKE_CURRENT_SOURCE_DIR}/python/torchvision_resnets.py" "${_resnet_fixtures}")
-  set_tests_properties("vision: torchvision saves its ResNets and what they compute" PROPERTIES
-                       FIXTURES_SETUP dettrial_resnets SKIP_RETURN_CODE 77 PASS_REGULAR_EXPRESSION "^ok: ")
-endif()
-doctest_discover_tests(dettrial_model_tests TEST_PREFIX "unit: " PROPERTIES SKIP_RETURN_CODE 77
-                       ENVIRONMENT "DETTRIAL_RESNET_FIXTURES=${_resnet_fixtures}" FIXTURES_REQUIRED dettrial_resnets)
+# torchvision's models and augmentation, with a Python that has torchvision (PyPI's torch of another
+# release than this LibTorch is compared to a stated tolerance, its own release bit for bit):
+# tests/python/torchvision_resnets.py saves its ResNets with their own random weights and what they
+# compute (1.2 GB); tests/python/torchvision_augment.py records its policies' operations at their
+# magnitudes, the tables and policies, MixUp and CutMix at given draws (7 MB).
+set(DETTRIAL_TORCHVISION_PYTHON "${DETTRIAL_PYTHON}" CACHE FILEPATH "A Python with torchvision, whose ResNets and augmentation are tested against")
+dettrial_python_fixture_tests(dettrial_model_tests unit/resnet_test.cpp "${DETTRIAL_TORCHVISION_PYTHON}" torchvision_resnets.py
+                              "vision: torchvision saves its ResNets and what they compute" DETTRIAL_RESNET_FIXTURES)
+dettrial_python_fixture_tests(dettrial_augment_tests unit/augment_test.cpp "${DETTRIAL_TORCHVISION_PYTHON}" torchvision_augment.py
+                              "vision: torchvision records its augmentation operations, tables and mixing" DETTRIAL_AUGMENT_FIXTURES)
 
 # Checkpoints Python can load: the MNIST trial's checkpoint goes into the same network written in
 # Python (DETTRIAL_PYTHON, the torch matching this LibTorch), whose outputs must match.

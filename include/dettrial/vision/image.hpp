@@ -5,6 +5,7 @@
 /// augmentations.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <string_view>
 #include <vector>
@@ -57,9 +58,12 @@ struct Image {
  */
 class RecordRandom {
  public:
-  RecordRandom(std::uint64_t seed, std::int64_t epoch, std::int64_t record)
-      : state_(detail::mix64(detail::mix64(detail::mix64(seed ^ augmentation_domain) + static_cast<std::uint64_t>(epoch)) +
-                             static_cast<std::uint64_t>(record))) {}
+  RecordRandom(std::uint64_t seed, std::int64_t epoch, std::int64_t record) : RecordRandom(augmentation_domain, seed, epoch, record) {}
+  /// The draws of a whole batch's transform (MixUp, CutMix), keyed by (seed, epoch, the batch's first
+  /// record), apart from every record's own stream.
+  static RecordRandom of_batch(std::uint64_t seed, std::int64_t epoch, std::int64_t first_record) {
+    return RecordRandom(batch_domain, seed, epoch, first_record);
+  }
 
   /// The next 64 random bits.
   std::uint64_t bits() {
@@ -75,11 +79,21 @@ class RecordRandom {
   }
   /// True with probability `p`.
   bool chance(double p) { return uniform(0.0, 1.0) < p; }
+  /// Standard normal (Box-Muller, one value per two draws).
+  double normal() {
+    const double u = 1.0 - uniform(0.0, 1.0);  // in (0, 1]: the logarithm stays finite
+    return std::sqrt(-2.0 * std::log(u)) * std::cos(2.0 * 3.14159265358979323846 * uniform(0.0, 1.0));
+  }
 
  private:
+  RecordRandom(std::uint64_t domain, std::uint64_t seed, std::int64_t epoch, std::int64_t key)
+      : state_(detail::mix64(detail::mix64(detail::mix64(seed ^ domain) + static_cast<std::uint64_t>(epoch)) +
+                             static_cast<std::uint64_t>(key))) {}
+
   __extension__ typedef unsigned __int128 wide;  // GCC's and Clang's; __extension__: no -Wpedantic warning
   // Keeps augmentation streams apart from the shuffles drawn from the same loader seed.
   static constexpr std::uint64_t augmentation_domain = 0x61756720696d6167ULL;
+  static constexpr std::uint64_t batch_domain = 0x6d697820626174ULL;
   std::uint64_t state_;
 };
 

@@ -20,6 +20,7 @@
 #include "../error.hpp"
 #include "../process/threads.hpp"
 #include "image.hpp"
+#include "mixing.hpp"
 #include "transforms.hpp"
 
 namespace dettrial::vision {
@@ -38,7 +39,7 @@ template <class T>
 concept ImagePipeline = requires(const T& t, Image image, RecordRandom& random, void* out) {
   { t.apply(std::move(image), random) } -> std::same_as<Image>;
   { t.dtype() } -> std::convertible_to<torch::Dtype>;
-  t.write(image, out);
+  t.write(image, out, random);
 };
 
 /// Options of ImageDataset.
@@ -57,6 +58,8 @@ struct ImageDatasetOptions {
  * decoded, transformed with draws keyed by (loader seed, epoch, record index), and written into the
  * batch tensor in place (N x C x H x W, float or 8-bit as the transform ends); labels are int64. A
  * DataLoader runs it on its worker threads, by default as many as the process's share of the CPUs.
+ * A batch transform (MixUp, CutMix, MixUpCutMix: mixing.hpp) then mixes each batch, drawing from
+ * (loader seed, epoch, the batch's first record), and the labels become class probabilities.
  * @code{.cpp}
  * namespace vision = dettrial::vision;
  * vision::ImageDataset train(vision::ImageFolder("data/train"),
@@ -65,23 +68,27 @@ struct ImageDatasetOptions {
  * dettrial::DataLoader loader(train, {.batch_size = 64, .shuffle = true});
  * @endcode
  */
-template <class Source, class Transform>
+template <class Source, class Transform, class Mixing = NoMixing>
 class ImageDataset {
   static_assert(ImageSource<Source>,
                 "dettrial::vision::ImageDataset<Source, Transform>: Source must have size(), label(index), load(index, mode) returning "
                 "a dettrial::vision::Image, and name(index) (like dettrial::vision::ImageFolder or dettrial::vision::Cifar)");
   static_assert(ImagePipeline<Transform>,
                 "dettrial::vision::ImageDataset<Source, Transform>: Transform must be a dettrial::vision::Compose of transforms");
+  static_assert(std::is_same_v<Mixing, NoMixing> || BatchTransform<Mixing>,
+                "dettrial::vision::ImageDataset<Source, Transform, Mixing>: Mixing must be a batch transform (LabelledBatch(images, "
+                "labels, RecordRandom&) const, like dettrial::vision::MixUp, CutMix, RandomChoice or MixUpCutMix)");
 
  public:
   using Batch = std::tuple<torch::Tensor, torch::Tensor>;
 
   ImageDataset(Source source, Transform transform, ImageDatasetOptions options = {})
-      : source_(std::move(source)),
-        transform_(std::move(transform)),
-        options_(options),
-        pin_(options.pin_memory.value_or(torch::cuda::is_available())),
-        skips_(std::make_shared<Skips>()) {}
+    requires(std::is_same_v<Mixing, NoMixing>)
+      : ImageDataset(std::move(source), std::move(transform), NoMixing{}, options, 0) {}
+  /// With a batch transform applied to each batch.
+  ImageDataset(Source source, Transform transform, Mixing mixing, ImageDatasetOptions options = {})
+    requires(!std::is_same_v<Mixing, NoMixing>)
+      : ImageDataset(std::move(source), std::move(transform), std::move(mixing), options, 0) {}
 
   std::int64_t size() const { return static_cast<std::int64_t>(source_.size()); }
   const Source& source() const { return source_; }
@@ -110,7 +117,8 @@ class ImageDataset {
     std::int64_t kept = 0, bytes_per_image = 0;
     for (std::int64_t r = 0; r < n; ++r) {
       const std::int64_t record = records[r];
-      std::optional<Image> image = transformed(record, origin, r);
+      RecordRandom random(origin.seed, origin.epoch_of(r), record);
+      std::optional<Image> image = transformed(record, random);
       if (!image) continue;
       if (!images.defined()) {
         images =
@@ -122,17 +130,31 @@ class ImageDataset {
                         std::to_string(images.size(2)) + "x" + std::to_string(images.size(3)) +
                         ": end the transforms in one size (Resize with two numbers, CenterCrop, RandomCrop, RandomResizedCrop)");
       }
-      transform_.write(*image, static_cast<char*>(images.data_ptr()) + kept * bytes_per_image);
+      transform_.write(*image, static_cast<char*>(images.data_ptr()) + kept * bytes_per_image, random);
       label_out[kept++] = source_.label(record);
     }
     if (!images.defined()) return {torch::empty({0}, transform_.dtype()), labels.narrow(0, 0, 0)};
-    if (kept < n) return {images.narrow(0, 0, kept), labels.narrow(0, 0, kept)};
-    return {images, labels};
+    Batch batch = kept < n ? Batch{images.narrow(0, 0, kept), labels.narrow(0, 0, kept)} : Batch{images, labels};
+    if constexpr (!std::is_same_v<Mixing, NoMixing>) {
+      if (n > 0) {
+        RecordRandom random = RecordRandom::of_batch(origin.seed, origin.epoch_of(0), records[0]);
+        return mixing_(std::get<0>(batch), std::get<1>(batch), random);
+      }
+    }
+    return batch;
   }
   /// The records at `indices` as epoch 0 with seed 0 (a DataLoader passes the batch's origin).
   Batch get_batch(const torch::Tensor& indices) const { return get_batch(indices, BatchOrigin{}); }
 
  private:
+  ImageDataset(Source source, Transform transform, Mixing mixing, ImageDatasetOptions options, int /*all*/)
+      : source_(std::move(source)),
+        transform_(std::move(transform)),
+        mixing_(std::move(mixing)),
+        options_(options),
+        pin_(options.pin_memory.value_or(torch::cuda::is_available())),
+        skips_(std::make_shared<Skips>()) {}
+
   struct Skips {
     std::mutex mutex;
     std::int64_t count = 0;
@@ -143,8 +165,8 @@ class ImageDataset {
     return std::to_string(image.channels) + "x" + std::to_string(image.height) + "x" + std::to_string(image.width);
   }
 
-  /// Record `record` (at `position` in its batch), read and transformed; nullopt when it is unreadable and skipped.
-  std::optional<Image> transformed(std::int64_t record, const BatchOrigin& origin, std::int64_t position) const {
+  /// Record `record`, read and transformed with its draws; nullopt when it is unreadable and skipped.
+  std::optional<Image> transformed(std::int64_t record, RecordRandom& random) const {
     Image image;
     try {
       image = source_.load(record, options_.mode);
@@ -154,7 +176,6 @@ class ImageDataset {
       note_skip(what);
       return std::nullopt;
     }
-    RecordRandom random(origin.seed, origin.epoch_of(position), record);
     try {
       return transform_.apply(std::move(image), random);
     } catch (const DataError& e) {
@@ -172,6 +193,7 @@ class ImageDataset {
 
   Source source_;
   Transform transform_;
+  [[no_unique_address]] Mixing mixing_;
   ImageDatasetOptions options_;
   bool pin_ = false;
   std::shared_ptr<Skips> skips_;  // shared by copies: the loader's copy counts for the trial's

@@ -13,6 +13,7 @@
 #include <cmath>
 #include <concepts>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <type_traits>
@@ -24,6 +25,7 @@
 #include "../error.hpp"
 #include "../detail/linkage.hpp"
 #include "image.hpp"
+#include "image_ops.hpp"
 
 namespace dettrial::vision {
 
@@ -70,6 +72,17 @@ DETTRIAL_INLINE Image window(const Image& image, std::int64_t top, std::int64_t 
 DETTRIAL_INLINE Image resize_bilinear(const Image& image, std::int64_t height, std::int64_t width);
 /// torchvision's `_compute_resized_output_size` for one number: the shorter side becomes `size`.
 DETTRIAL_INLINE Size resized_size(std::int64_t height, std::int64_t width, std::int64_t size);
+/// The draw RandomResizedCrop and RandomErasing share: an area of `area` times a fraction uniform in
+/// `scale`, an aspect log-uniform in `ratio`; the sides (sqrt(area * aspect), sqrt(area / aspect)),
+/// rounded as Python rounds (RandomResizedCrop takes them as width and height, RandomErasing as
+/// height and width).
+inline std::array<std::int64_t, 2> random_rectangle(double area, const std::array<double, 2>& scale, const std::array<double, 2>& ratio,
+                                                    RecordRandom& random) {
+  const double target = area * random.uniform(scale[0], scale[1]);
+  const double aspect = std::exp(random.uniform(std::log(ratio[0]), std::log(ratio[1])));
+  return {static_cast<std::int64_t>(std::nearbyint(std::sqrt(target * aspect))),
+          static_cast<std::int64_t>(std::nearbyint(std::sqrt(target / aspect)))};
+}
 /// Python's round() of `x / 2` for an integer x: halves go to the even neighbour.
 constexpr std::int64_t round_half(std::int64_t x) {
   const std::int64_t q = x >= 0 ? x / 2 : -((-x) / 2);
@@ -186,12 +199,8 @@ struct RandomResizedCrop {
   /// torchvision's `get_params`: (top, left, height, width).
   std::array<std::int64_t, 4> window_of(std::int64_t height, std::int64_t width, RecordRandom& random) const {
     const double area = static_cast<double>(height * width);
-    const double log_low = std::log(options.ratio[0]), log_high = std::log(options.ratio[1]);
     for (int attempt = 0; attempt < 10; ++attempt) {
-      const double target = area * random.uniform(options.scale[0], options.scale[1]);
-      const double aspect = std::exp(random.uniform(log_low, log_high));
-      const auto w = static_cast<std::int64_t>(std::nearbyint(std::sqrt(target * aspect)));
-      const auto h = static_cast<std::int64_t>(std::nearbyint(std::sqrt(target / aspect)));
+      const auto [w, h] = detail::random_rectangle(area, options.scale, options.ratio, random);
       if (0 < w && w <= width && 0 < h && h <= height) return {random.integer(0, height - h + 1), random.integer(0, width - w + 1), h, w};
     }
     const double in_ratio = static_cast<double>(width) / static_cast<double>(height);
@@ -229,8 +238,8 @@ struct RandomVerticalFlip {
 };
 
 /// torchvision's `ColorJitter(brightness, contrast, saturation)`: each factor drawn uniformly from
-/// [max(0, 1 - x), 1 + x] (0: left alone), applied in a random order, with v2's 8-bit arithmetic
-/// (blend in float, clamp, truncate). Saturation leaves a gray image alone, as torchvision does.
+/// [max(0, 1 - x), 1 + x] (0: left alone), applied in a random order, each as torchvision's v2
+/// functional computes it (image_ops.hpp). Saturation leaves a gray image alone, as torchvision does.
 struct ColorJitter {
   double brightness = 0;
   double contrast = 0;
@@ -258,7 +267,43 @@ struct Normalize {
   }
 };
 
-/// A step that says what the batch holds (ToFloat, Normalize) rather than changing the image.
+/// Options of RandomErasing: torchvision's keyword arguments.
+struct RandomErasingOptions {
+  /// The probability that a rectangle is erased.
+  double p = 0.5;
+  /// The rectangle's area as a fraction of the image's, drawn uniformly.
+  std::array<double, 2> scale{0.02, 0.33};
+  /// The rectangle's aspect ratio (height / width, as torchvision draws it), drawn log-uniformly.
+  std::array<double, 2> ratio{0.3, 3.3};
+  /// What the rectangle holds, in the batch's units (after Normalize, 0 is the mean): one value for
+  /// every channel or one per channel; empty: standard normal values per sample (torchvision's
+  /// `value="random"`).
+  std::vector<double> value{0.0};
+};
+
+/**
+ * @brief torchvision's `RandomErasing(p, scale, ratio, value)`, where its reference recipe puts it:
+ * on the batch's image after ToFloat and Normalize (an output step, so it comes last). With `p`, a
+ * rectangle of random area and aspect (ten tries to fit inside the image, else nothing) is set to
+ * `value`. On an 8-bit batch (no ToFloat) the values are whole numbers in [0, 255].
+ */
+class RandomErasing {
+ public:
+  static constexpr bool output_step = true;
+  DETTRIAL_INLINE explicit RandomErasing(RandomErasingOptions options = {});
+  /// torchvision's `make_params`: (top, left, height, width) of the rectangle, or nullopt.
+  DETTRIAL_INLINE std::optional<std::array<std::int64_t, 4>> window_of(std::int64_t channels, std::int64_t height, std::int64_t width,
+                                                                       RecordRandom& random) const;
+  /// Erases in the image written at `out` (C x H x W, float or 8-bit as `is_float` says).
+  DETTRIAL_INLINE void erase(void* out, bool is_float, std::int64_t channels, std::int64_t height, std::int64_t width,
+                             RecordRandom& random) const;
+  const RandomErasingOptions& options() const { return options_; }
+
+ private:
+  RandomErasingOptions options_;
+};
+
+/// A step that says what the batch holds (ToFloat, Normalize) or acts on it (RandomErasing) rather than changing the image.
 template <class T>
 concept OutputStep = requires {
   { T::output_step } -> std::convertible_to<bool>;
@@ -271,6 +316,14 @@ template <class... Steps>
 constexpr bool output_steps_last() {
   bool seen_output = false, ok = true;
   ((seen_output = seen_output || OutputStep<Steps>, ok = ok && (OutputStep<Steps> || !seen_output)), ...);
+  return ok;
+}
+template <class... Steps>
+constexpr bool erasing_last() {
+  bool seen_erasing = false, ok = true;
+  ((ok = ok && (std::is_same_v<Steps, RandomErasing> || !seen_erasing),
+    seen_erasing = seen_erasing || std::is_same_v<Steps, RandomErasing>),
+   ...);
   return ok;
 }
 template <class... Steps>
@@ -302,13 +355,19 @@ class Compose {
   static_assert(detail::normalize_after_to_float<Steps...>(),
                 "dettrial::vision::Compose: Normalize works on float images: put ToFloat before it (torchvision's ToDtype(torch.float32, "
                 "scale=True))");
+  static_assert(detail::erasing_last<Steps...>(),
+                "dettrial::vision::Compose: RandomErasing comes last: it erases the batch's image after ToFloat and Normalize, as "
+                "torchvision's reference recipe places it");
 
  public:
   /// Whether the batch is float (ToFloat is a step) or 8-bit.
   static constexpr bool to_float = (std::is_same_v<Steps, ToFloat> || ...);
+  /// Whether a RandomErasing step acts on the written image.
+  static constexpr bool erases = (std::is_same_v<Steps, RandomErasing> || ...);
 
   explicit Compose(Steps... steps) : steps_(std::move(steps)...) {
     std::apply([&](const auto&... s) { (take_normalize(s), ...); }, steps_);
+    if constexpr (erases && !to_float) std::apply([](const auto&... s) { (check_byte_erasing(s), ...); }, steps_);
     // Plain x / 255 without Normalize; one mean and std serve every channel.
     if (mean_.empty())
       for (auto& channel : table_)
@@ -339,7 +398,30 @@ class Compose {
    * normalising on the way: `(x * (1 / 255) - mean) / std` in float32, as torchvision v2's ToDtype and
    * Normalize compute it (a table of the 256 values per channel, so every sample costs one lookup).
    */
-  void write(const Image& image, void* out) const {
+  void write(const Image& image, void* out) const
+    requires(!erases)
+  {
+    write_pixels(image, out);
+  }
+
+  /// write(), then the RandomErasing steps on what was written, drawing from the record's `random`.
+  void write(const Image& image, void* out, RecordRandom& random) const {
+    write_pixels(image, out);
+    if constexpr (erases)
+      std::apply(
+          [&](const auto&... s) {
+            (
+                [&](const auto& step) {
+                  if constexpr (std::is_same_v<std::remove_cvref_t<decltype(step)>, RandomErasing>)
+                    step.erase(out, to_float, image.channels, image.height, image.width, random);
+                }(s),
+                ...);
+          },
+          steps_);
+  }
+
+ private:
+  void write_pixels(const Image& image, void* out) const {
     const std::int64_t plane = image.height * image.width, c = image.channels;
     if constexpr (to_float) {
       if (!mean_.empty() && mean_.size() != 1 && static_cast<std::int64_t>(mean_.size()) != c)
@@ -359,7 +441,18 @@ class Compose {
     }
   }
 
- private:
+  static void check_byte_erasing(const RandomErasing& erasing) {
+    const auto& value = erasing.options().value;
+    if (value.empty())
+      throw DataError(
+          "RandomErasing: random values need a float batch: put ToFloat (and Normalize) before it, as torchvision's recipe does");
+    for (const double v : value)
+      if (!(v >= 0 && v <= 255) || v != std::floor(v))
+        throw DataError("RandomErasing: an 8-bit batch (no ToFloat) erases with whole numbers in [0, 255], not " + std::to_string(v));
+  }
+  template <class S>
+  static void check_byte_erasing(const S& /*step*/) {}
+
   void take_normalize(const Normalize& n) {
     if (n.mean.size() > 4) throw DataError("Normalize: at most 4 channels");
     mean_ = n.mean;
@@ -492,17 +585,6 @@ DETTRIAL_INLINE Image resize_bilinear(const Image& image, std::int64_t height, s
   return out;
 }
 
-/// v2's gray value of an RGB pixel for contrast and saturation (computed in float, then floored for 8-bit images).
-inline float gray_of(const std::uint8_t* p) {
-  return std::floor(static_cast<float>(p[0]) * 0.2989f + static_cast<float>(p[1]) * 0.587f + static_cast<float>(p[2]) * 0.114f);
-}
-
-/// v2's `_blend` for 8-bit images: `x * ratio + other * (1 - ratio)`, clamped to [0, 255], truncated.
-inline std::uint8_t blend(std::uint8_t x, float other, float ratio) {
-  const float v = static_cast<float>(x) * ratio + other * (1.0f - ratio);
-  return static_cast<std::uint8_t>(std::clamp(v, 0.0f, 255.0f));
-}
-
 }  // namespace dettrial::vision::detail
 
 namespace dettrial::vision {
@@ -510,28 +592,62 @@ DETTRIAL_INLINE Image ColorJitter::operator()(Image image, RecordRandom& random)
   // torchvision draws the order first (a permutation of its four adjustments), then each factor.
   std::array<int, 3> order{0, 1, 2};
   for (int i = 2; i > 0; --i) std::swap(order[static_cast<std::size_t>(i)], order[static_cast<std::size_t>(random.integer(0, i + 1))]);
-  const auto factor = [&](double x) { return x > 0 ? static_cast<float>(random.uniform(std::max(0.0, 1.0 - x), 1.0 + x)) : -1.0f; };
-  const float factors[3] = {factor(brightness), factor(contrast), factor(saturation)};
-  const std::int64_t n = image.height * image.width, c = image.channels;
-  std::uint8_t* p = image.pixels.data();
+  const auto factor = [&](double x) { return x > 0 ? random.uniform(std::max(0.0, 1.0 - x), 1.0 + x) : -1.0; };
+  const double factors[3] = {factor(brightness), factor(contrast), factor(saturation)};
   for (const int which : order) {
-    const float f = factors[which];
+    const double f = factors[which];
     if (f < 0) continue;
-    if (which == 0) {
-      for (std::int64_t i = 0; i < n * c; ++i) p[i] = detail::blend(p[i], 0.0f, f);
-    } else if (which == 1) {
-      double sum = 0;
-      for (std::int64_t i = 0; i < n; ++i) sum += c == 3 ? detail::gray_of(p + 3 * i) : static_cast<float>(p[i]);
-      const auto mean = static_cast<float>(sum / static_cast<double>(n));
-      for (std::int64_t i = 0; i < n * c; ++i) p[i] = detail::blend(p[i], mean, f);
-    } else if (c == 3) {
-      for (std::int64_t i = 0; i < n; ++i) {
-        const float gray = detail::gray_of(p + 3 * i);
-        for (std::int64_t k = 0; k < 3; ++k) p[3 * i + k] = detail::blend(p[3 * i + k], gray, f);
+    if (which == 0) image = functional::adjust_brightness(std::move(image), f);
+    else if (which == 1) image = functional::adjust_contrast(image, f);
+    else image = functional::adjust_saturation(image, f);
+  }
+  return image;
+}
+
+DETTRIAL_INLINE RandomErasing::RandomErasing(RandomErasingOptions options) : options_(std::move(options)) {
+  const auto& o = options_;
+  if (!(o.p >= 0 && o.p <= 1)) throw DataError("RandomErasing: p is a probability in [0, 1], not " + std::to_string(o.p));
+  if (!(o.scale[0] >= 0 && o.scale[0] <= o.scale[1] && o.scale[1] <= 1))
+    throw DataError("RandomErasing: scale is a (low, high) range within [0, 1]");
+  if (!(o.ratio[0] > 0 && o.ratio[0] <= o.ratio[1])) throw DataError("RandomErasing: ratio is a (low, high) range above 0");
+}
+
+DETTRIAL_INLINE std::optional<std::array<std::int64_t, 4>> RandomErasing::window_of(std::int64_t channels, std::int64_t height,
+                                                                                    std::int64_t width, RecordRandom& random) const {
+  const auto& o = options_;
+  if (o.value.size() > 1 && static_cast<std::int64_t>(o.value.size()) != channels)
+    throw DataError("RandomErasing: " + std::to_string(o.value.size()) + " values for an image of " + std::to_string(channels) +
+                    " channels (one value, or one per channel)");
+  if (!random.chance(o.p)) return std::nullopt;
+  const double area = static_cast<double>(height * width);
+  for (int attempt = 0; attempt < 10; ++attempt) {
+    const auto [h, w] = detail::random_rectangle(area, o.scale, o.ratio, random);
+    if (!(h < height && w < width)) continue;
+    return std::array<std::int64_t, 4>{random.integer(0, height - h + 1), random.integer(0, width - w + 1), h, w};
+  }
+  return std::nullopt;  // torchvision's fallback (the whole image, no value) erases nothing
+}
+
+DETTRIAL_INLINE void RandomErasing::erase(void* out, bool is_float, std::int64_t channels, std::int64_t height, std::int64_t width,
+                                          RecordRandom& random) const {
+  const auto window = window_of(channels, height, width, random);
+  if (!window) return;
+  const auto [top, left, h, w] = *window;
+  const auto& value = options_.value;
+  for (std::int64_t k = 0; k < channels; ++k) {
+    const double v = value.empty() ? 0.0 : value[value.size() == 1 ? 0 : static_cast<std::size_t>(k)];
+    for (std::int64_t y = top; y < top + h; ++y) {
+      const std::int64_t at = (k * height + y) * width + left;
+      if (!is_float) {
+        std::fill_n(static_cast<std::uint8_t*>(out) + at, w, static_cast<std::uint8_t>(v));
+      } else if (value.empty()) {
+        float* row = static_cast<float*>(out) + at;
+        for (std::int64_t x = 0; x < w; ++x) row[x] = static_cast<float>(random.normal());
+      } else {
+        std::fill_n(static_cast<float*>(out) + at, w, static_cast<float>(v));
       }
     }
   }
-  return image;
 }
 
 }  // namespace dettrial::vision
