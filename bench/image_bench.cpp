@@ -1,9 +1,14 @@
 // The image pipeline's throughput, beside torchvision's (bench/image_bench.py runs the same folders):
-//   image_bench --png DIR --jpeg DIR [--quick]
+//   image_bench --png DIR --jpeg DIR --imagenet DIR [--quick]
 // One case per process (--case NAME), so that each side's peak memory is its own:
 //   png        one epoch of the PNG folder (28x28 gray): RandomCrop(28, padding=4), flip, ToFloat, Normalize
 //   jpeg       one epoch of the JPEG folder (64x64 RGB): RandomResizedCrop(64), flip, ToFloat, Normalize
 //   decode     the bare decode rate of each folder's files (read and decode, one thread, no transform)
+//   imagenet   one epoch of the ImageNet-sized folder (bench/imagenet_jpegs.py): the guide's training
+//              pipeline, RandomResizedCrop(224), flip, ToFloat, Normalize, each JPEG decoded only in
+//              the crop's window, and again decoded whole (the exact same batches either way)
+//   imagenet-val  the guide's validation pipeline on it: Resize(256), CenterCrop(224), ToFloat, Normalize
+//   imagenet-decode  its bare decode rate, one thread (the limit, times the cores)
 //   train      the example's ResNet trained on the PNG folder through the pipeline, and on the same
 //              images decoded beforehand into a tensor: whether training waits on data
 // Prints one JSON object per measurement (bench/table.py makes the table).
@@ -69,6 +74,17 @@ void epoch(const std::string& name, const Loader& loader, std::int64_t limit) {
          {"images", images}});
 }
 
+/// An ImageFolder without load_window: every file decoded whole, for the side-by-side row.
+struct WholeFiles {
+  vision::ImageFolder folder;
+  std::int64_t size() const { return folder.size(); }
+  std::int64_t label(std::int64_t i) const { return folder.label(i); }
+  std::string name(std::int64_t i) const { return folder.name(i); }
+  vision::Image load(std::int64_t i, vision::ImageMode mode) const { return folder.load(i, mode); }
+};
+
+const std::vector<double> imagenet_mean{0.485, 0.456, 0.406}, imagenet_std{0.229, 0.224, 0.225};
+
 vision::Compose<vision::RandomCrop, vision::RandomHorizontalFlip, vision::ToFloat, vision::Normalize> png_pipeline() {
   return vision::Compose(vision::RandomCrop(28, {.padding = {4}}), vision::RandomHorizontalFlip{}, vision::ToFloat{},
                          vision::Normalize({0.2860}, {0.3530}));
@@ -77,12 +93,13 @@ vision::Compose<vision::RandomCrop, vision::RandomHorizontalFlip, vision::ToFloa
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string png, jpeg, which = "png";
+  std::string png, jpeg, imagenet, which = "png";
   bool quick = false;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg == "--png" && i + 1 < argc) png = argv[++i];
     else if (arg == "--jpeg" && i + 1 < argc) jpeg = argv[++i];
+    else if (arg == "--imagenet" && i + 1 < argc) imagenet = argv[++i];
     else if (arg == "--case" && i + 1 < argc) which = argv[++i];
     else if (arg == "--quick") quick = true;
   }
@@ -110,6 +127,31 @@ int main(int argc, char** argv) {
       print(std::string("image decode alone, ") + label + ": one thread x " + std::to_string(cores) + " cores (the limit)", rate * cores,
             "images/s", {{"one_thread", rate}, {"checksum", checksum}});
     }
+  } else if (which == "imagenet") {
+    const auto train = vision::Compose(vision::RandomResizedCrop(224), vision::RandomHorizontalFlip{}, vision::ToFloat{},
+                                       vision::Normalize(imagenet_mean, imagenet_std));
+    const vision::ImageDataset windows(vision::ImageFolder(imagenet), train);
+    epoch("image pipeline, ImageNet-sized JPEGs, RandomResizedCrop(224): dettrial, the crop's window decoded",
+          dettrial::DataLoader(windows, {.batch_size = 64, .shuffle = true, .seed = 1}), limit);
+    const vision::ImageDataset whole(WholeFiles{vision::ImageFolder(imagenet)}, train);
+    epoch("image pipeline, ImageNet-sized JPEGs, RandomResizedCrop(224): dettrial, decoded whole",
+          dettrial::DataLoader(whole, {.batch_size = 64, .shuffle = true, .seed = 1}), limit);
+  } else if (which == "imagenet-val") {
+    const vision::ImageDataset data(
+        vision::ImageFolder(imagenet),
+        vision::Compose(vision::Resize(256), vision::CenterCrop(224), vision::ToFloat{}, vision::Normalize(imagenet_mean, imagenet_std)));
+    epoch("image pipeline, ImageNet-sized JPEGs, Resize(256) CenterCrop(224): dettrial",
+          dettrial::DataLoader(data, {.batch_size = 64, .seed = 1}), limit);
+  } else if (which == "imagenet-decode") {
+    const int cores = dettrial::CoreCount::of_this_process().available;
+    const vision::ImageFolder folder(imagenet);
+    const std::int64_t n = std::min<std::int64_t>(folder.size(), quick ? 100 : 2000);
+    const auto start = Clock::now();
+    std::int64_t checksum = 0;
+    for (std::int64_t i = 0; i < n; ++i) checksum += folder.load(i, vision::ImageMode::rgb).pixels[0];
+    const double rate = static_cast<double>(n) / std::chrono::duration<double>(Clock::now() - start).count();
+    print("image decode alone, ImageNet-sized JPEGs: one thread x " + std::to_string(cores) + " cores (the limit)", rate * cores,
+          "images/s", {{"one_thread", rate}, {"checksum", checksum}});
   } else if (which == "train") {
     // The example's ResNet-8 on the PNG folder: batches from the pipeline (decoded and augmented on
     // the workers while the model trains) against the same images decoded once into a tensor.

@@ -1,78 +1,54 @@
-# dettrial's image decoders, optional like Gloo: libjpeg-turbo's TurboJPEG API for JPEG, libspng
-# for PNG and libwebp for WebP (all in Debian, Conan and vcpkg). Each one found is linked to `target`
-# with DETTRIAL_HAS_TURBOJPEG, DETTRIAL_HAS_SPNG or DETTRIAL_HAS_WEBP (and DETTRIAL_DECODES_JPEG /
-# _PNG / _WEBP set for the caller); without it dettrial still builds, says so here, and decoding that
+# dettrial's image decoders, optional like Gloo: libjpeg-turbo's TurboJPEG API for JPEG (and its
+# libjpeg API for a crop's window), libspng for PNG and libwebp for WebP (all in Debian, Conan and
+# vcpkg). Each one found is linked to `target` with DETTRIAL_HAS_TURBOJPEG, DETTRIAL_HAS_LIBJPEG,
+# DETTRIAL_HAS_SPNG or DETTRIAL_HAS_WEBP (and DETTRIAL_DECODES_JPEG / _JPEG_WINDOW / _PNG / _WEBP set
+# for the caller); without it dettrial still builds, says so here, and decoding that
 # format is an ImageError naming what is missing.
+
+# One decoder (`format` as the variables spell it, `name` as people do): the first of the package targets (ARGN) that the caller's find_package made, else its
+# header and library found by name (Debian ships libspng and libwebp with only a pkg-config file),
+# linked to `target` with DETTRIAL_HAS_<define>; DETTRIAL_DECODES_<format> is set for the caller of
+# dettrial_find_image_codecs (a macro: it runs in that function's scope).
+macro(_dettrial_link_image_codec target format name define header library what debian)
+  set(_codec "")
+  foreach(_candidate IN ITEMS ${ARGN})
+    if(NOT _codec AND TARGET ${_candidate})
+      set(_codec ${_candidate})
+    endif()
+  endforeach()
+  if(NOT _codec)
+    find_path(DETTRIAL_${define}_INCLUDE_DIR ${header})
+    find_library(DETTRIAL_${define}_LIBRARY NAMES ${library})
+    if(DETTRIAL_${define}_INCLUDE_DIR AND DETTRIAL_${define}_LIBRARY)
+      set(_codec "${DETTRIAL_${define}_LIBRARY}")
+      target_include_directories(${target} SYSTEM INTERFACE "${DETTRIAL_${define}_INCLUDE_DIR}")
+    endif()
+  endif()
+  if(_codec)
+    target_link_libraries(${target} INTERFACE ${_codec})
+    target_compile_definitions(${target} INTERFACE DETTRIAL_HAS_${define})
+    message(STATUS "dettrial: ${name} decoding on (${what})")
+    set(DETTRIAL_DECODES_${format} TRUE PARENT_SCOPE)
+  else()
+    message(STATUS "dettrial: ${what} was not found: ${name} decoding is left out (Debian: ${debian})")
+  endif()
+endmacro()
+
 function(dettrial_find_image_codecs target)
   # TurboJPEG: libjpeg-turbo's own CMake package (Debian, vcpkg), else the header and the library.
   find_package(libjpeg-turbo CONFIG QUIET)
-  if(TARGET libjpeg-turbo::turbojpeg)
-    set(_jpeg libjpeg-turbo::turbojpeg)
-  elseif(TARGET libjpeg-turbo::turbojpeg-static)
-    set(_jpeg libjpeg-turbo::turbojpeg-static)
-  else()
-    find_path(DETTRIAL_TURBOJPEG_INCLUDE_DIR turbojpeg.h)
-    find_library(DETTRIAL_TURBOJPEG_LIBRARY NAMES turbojpeg)
-    if(DETTRIAL_TURBOJPEG_INCLUDE_DIR AND DETTRIAL_TURBOJPEG_LIBRARY)
-      set(_jpeg "${DETTRIAL_TURBOJPEG_LIBRARY}")
-      target_include_directories(${target} SYSTEM INTERFACE "${DETTRIAL_TURBOJPEG_INCLUDE_DIR}")
-    endif()
-  endif()
-  if(_jpeg)
-    target_link_libraries(${target} INTERFACE ${_jpeg})
-    target_compile_definitions(${target} INTERFACE DETTRIAL_HAS_TURBOJPEG)
-    message(STATUS "dettrial: JPEG decoding on (libjpeg-turbo's TurboJPEG)")
-    set(DETTRIAL_DECODES_JPEG TRUE PARENT_SCOPE)
-  else()
-    message(STATUS "dettrial: libjpeg-turbo's TurboJPEG was not found: JPEG decoding is left out (Debian: libturbojpeg0-dev)")
-  endif()
-
-  # libspng: its CMake package (vcpkg: SPNG, Conan: spng), else the header and the library (Debian
-  # ships only a pkg-config file).
+  _dettrial_link_image_codec(${target} JPEG JPEG TURBOJPEG turbojpeg.h turbojpeg "libjpeg-turbo's TurboJPEG" libturbojpeg0-dev
+                             libjpeg-turbo::turbojpeg libjpeg-turbo::turbojpeg-static)
+  # Its libjpeg API, for decoding only a crop's window (jpeg_crop_scanline, jpeg_skip_scanlines).
+  _dettrial_link_image_codec(${target} JPEG_WINDOW "cropped JPEG" LIBJPEG jpeglib.h jpeg "libjpeg-turbo's libjpeg API" libjpeg62-turbo-dev
+                             libjpeg-turbo::jpeg libjpeg-turbo::jpeg-static)
+  # libspng: its CMake package (vcpkg: SPNG, Conan: spng).
   find_package(SPNG CONFIG QUIET)
   if(NOT TARGET spng::spng AND NOT TARGET spng::spng_static)
     find_package(spng CONFIG QUIET)
   endif()
-  if(TARGET spng::spng)
-    set(_png spng::spng)
-  elseif(TARGET spng::spng_static)
-    set(_png spng::spng_static)
-  else()
-    find_path(DETTRIAL_SPNG_INCLUDE_DIR spng.h)
-    find_library(DETTRIAL_SPNG_LIBRARY NAMES spng)
-    if(DETTRIAL_SPNG_INCLUDE_DIR AND DETTRIAL_SPNG_LIBRARY)
-      set(_png "${DETTRIAL_SPNG_LIBRARY}")
-      target_include_directories(${target} SYSTEM INTERFACE "${DETTRIAL_SPNG_INCLUDE_DIR}")
-    endif()
-  endif()
-  if(_png)
-    target_link_libraries(${target} INTERFACE ${_png})
-    target_compile_definitions(${target} INTERFACE DETTRIAL_HAS_SPNG)
-    message(STATUS "dettrial: PNG decoding on (libspng)")
-    set(DETTRIAL_DECODES_PNG TRUE PARENT_SCOPE)
-  else()
-    message(STATUS "dettrial: libspng was not found: PNG decoding is left out (Debian: libspng-dev)")
-  endif()
-
-  # libwebp: its CMake package (vcpkg and Conan: WebP), else the header and the library (Debian
-  # ships only a pkg-config file).
+  _dettrial_link_image_codec(${target} PNG PNG SPNG spng.h spng libspng libspng-dev spng::spng spng::spng_static)
+  # libwebp: its CMake package (vcpkg and Conan: WebP).
   find_package(WebP CONFIG QUIET)
-  if(TARGET WebP::webp)
-    set(_webp WebP::webp)
-  else()
-    find_path(DETTRIAL_WEBP_INCLUDE_DIR webp/decode.h)
-    find_library(DETTRIAL_WEBP_LIBRARY NAMES webp)
-    if(DETTRIAL_WEBP_INCLUDE_DIR AND DETTRIAL_WEBP_LIBRARY)
-      set(_webp "${DETTRIAL_WEBP_LIBRARY}")
-      target_include_directories(${target} SYSTEM INTERFACE "${DETTRIAL_WEBP_INCLUDE_DIR}")
-    endif()
-  endif()
-  if(_webp)
-    target_link_libraries(${target} INTERFACE ${_webp})
-    target_compile_definitions(${target} INTERFACE DETTRIAL_HAS_WEBP)
-    message(STATUS "dettrial: WebP decoding on (libwebp)")
-    set(DETTRIAL_DECODES_WEBP TRUE PARENT_SCOPE)
-  else()
-    message(STATUS "dettrial: libwebp was not found: WebP decoding is left out (Debian: libwebp-dev)")
-  endif()
+  _dettrial_link_image_codec(${target} WEBP WebP WEBP webp/decode.h webp libwebp libwebp-dev WebP::webp)
 endfunction()

@@ -34,7 +34,7 @@ dettrial_apt() {
 dettrial_example_deps() {
   dettrial_apt build-essential cmake ninja-build zlib1g-dev \
     libtorch-dev libgloo-dev libyaml-cpp-dev librange-v3-dev nlohmann-json3-dev dataset-fashion-mnist libopenblas0-pthread \
-    libturbojpeg0-dev libspng-dev libwebp-dev libcurl4-openssl-dev
+    libturbojpeg0-dev libjpeg62-turbo-dev libspng-dev libwebp-dev libcurl4-openssl-dev
 }
 
 # What the test suite adds: doctest, git and Python's venv (the Conan and PyPI checks), Debian's

@@ -37,7 +37,10 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
+#include <memory>
 #include <string_view>
+#include <type_traits>
 #include <vector>
 
 
@@ -79,6 +82,46 @@ struct Image {
   const std::uint8_t* row(std::int64_t y) const { return pixels.data() + y * width * channels; }
 };
 
+/// A rectangle of an image's pixels: rows [top, top + height) and columns [left, left + width).
+struct PixelWindow {
+  std::int64_t top = 0;
+  std::int64_t left = 0;
+  std::int64_t height = 0;
+  std::int64_t width = 0;
+};
+
+/// What picks the window once the file's header gives the image's height and width: a reference
+/// to any callable `PixelWindow(height, width)`, valid for the call it is passed to (no allocation).
+class WindowChooser {
+ public:
+  template <class F>
+    requires(!std::is_same_v<std::remove_cvref_t<F>, WindowChooser> && std::is_invocable_r_v<PixelWindow, F&, std::int64_t, std::int64_t>)
+  WindowChooser(F&& choose)  // NOLINT(google-explicit-constructor): a reference to the callable
+      : object_(const_cast<void*>(static_cast<const void*>(std::addressof(choose)))),
+        call_([](void* object, std::int64_t height, std::int64_t width) {
+          return (*static_cast<std::remove_reference_t<F>*>(object))(height, width);
+        }) {}
+  PixelWindow operator()(std::int64_t height, std::int64_t width) const { return call_(object_, height, width); }
+
+ private:
+  void* object_;
+  PixelWindow (*call_)(void*, std::int64_t, std::int64_t);
+};
+
+}  // namespace dettrial::vision
+
+namespace dettrial::vision::detail {
+/// The `height` x `width` pixels of `image` at (`top`, `left`), which lie inside it: one copy a row.
+inline Image crop(const Image& image, std::int64_t top, std::int64_t left, std::int64_t height, std::int64_t width) {
+  Image out(height, width, image.channels);
+  const auto row_bytes = static_cast<std::size_t>(width * image.channels);
+  for (std::int64_t y = 0; y < height; ++y) std::memcpy(out.row(y), image.row(top + y) + left * image.channels, row_bytes);
+  return out;
+}
+}  // namespace dettrial::vision::detail
+
+namespace dettrial::vision {
+
 /**
  * @brief The random draws of one record's augmentation in one epoch: a splitmix64 stream keyed by
  * (seed, epoch, record index) alone, so a record is augmented the same way whatever the worker
@@ -96,8 +139,8 @@ class RecordRandom {
 
   /// The next 64 random bits.
   std::uint64_t bits() {
-    state_ += detail::golden_gamma;
-    return detail::mix64(state_);
+    state_ += dettrial::detail::golden_gamma;
+    return dettrial::detail::mix64(state_);
   }
   /// Uniform in [lo, hi).
   double uniform(double lo, double hi) { return lo + (hi - lo) * static_cast<double>(bits() >> 11) * 0x1.0p-53; }
@@ -116,8 +159,8 @@ class RecordRandom {
 
  private:
   RecordRandom(std::uint64_t domain, std::uint64_t seed, std::int64_t epoch, std::int64_t key)
-      : state_(detail::mix64(detail::mix64(detail::mix64(seed ^ domain) + static_cast<std::uint64_t>(epoch)) +
-                             static_cast<std::uint64_t>(key))) {}
+      : state_(dettrial::detail::mix64(dettrial::detail::mix64(dettrial::detail::mix64(seed ^ domain) + static_cast<std::uint64_t>(epoch)) +
+                                       static_cast<std::uint64_t>(key))) {}
 
   __extension__ typedef unsigned __int128 wide;  // GCC's and Clang's; __extension__: no -Wpedantic warning
   // Keeps augmentation streams apart from the shuffles drawn from the same loader seed.
@@ -1041,6 +1084,27 @@ DETTRIAL_INLINE Image decode_image(std::span<const std::uint8_t> bytes, ImageMod
 /// Reads and decodes the image file at `path` (see decode_image).
 DETTRIAL_INLINE Image read_image(const std::filesystem::path& path, ImageMode mode);
 
+/// Whether this build decodes a window of a JPEG without the rest (libjpeg-turbo's libjpeg API was found).
+#if defined(DETTRIAL_HAS_LIBJPEG)
+inline constexpr bool decodes_jpeg_windows = true;
+#else
+inline constexpr bool decodes_jpeg_windows = false;
+#endif
+
+/**
+ * @brief The window `choose(height, width)` picks of the image in `bytes`: decode_image's pixels
+ * cropped to it, bit for bit. A JPEG decodes only what the window needs where this build has
+ * libjpeg's API (decodes_jpeg_windows): no row below it, the rows above it entropy-decoded and
+ * skipped, and only the block columns it covers transformed. Damage below the window's last row
+ * therefore goes unseen (every pixel returned is the file's own); damage up to it is an ImageError
+ * as in decode_image. Other formats decode whole, then crop.
+ */
+DETTRIAL_INLINE Image decode_image_window(std::span<const std::uint8_t> bytes, ImageMode mode, const std::string& name,
+                                          WindowChooser choose);
+
+/// Reads the image file at `path` and decodes the window `choose` picks (see decode_image_window).
+DETTRIAL_INLINE Image read_image_window(const std::filesystem::path& path, ImageMode mode, WindowChooser choose);
+
 /// Reads a whole file into `buffer` (reusing its capacity). Throws ImageError naming the file.
 DETTRIAL_INLINE void read_file(const std::filesystem::path& path, std::vector<std::uint8_t>& buffer);
 
@@ -1052,12 +1116,19 @@ DETTRIAL_INLINE void read_file(const std::filesystem::path& path, std::vector<st
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <memory>
 
 #if defined(DETTRIAL_HAS_TURBOJPEG)
 #include <turbojpeg.h>
+#endif
+#if defined(DETTRIAL_HAS_LIBJPEG)
+#include <csetjmp>
+#include <cstdio>  // jpeglib.h uses FILE without including it
+
+#include <jpeglib.h>
 #endif
 #if defined(DETTRIAL_HAS_SPNG)
 #include <spng.h>
@@ -1260,14 +1331,100 @@ inline std::string leading_bytes(std::span<const std::uint8_t> bytes) {
   return out.empty() ? "nothing: the file is empty" : out;
 }
 
+#if defined(DETTRIAL_HAS_LIBJPEG)
+/// libjpeg's error manager, turned into exceptions: an error, and a warning too (libjpeg only warns
+/// about a file cut short, filling the rest with grey), jumps back to the decoding function with
+/// the message, which then throws (nothing with a destructor lives between the jump's two ends).
+struct JpegErrors {
+  jpeg_error_mgr manager{};
+  std::jmp_buf jump{};
+  char message[JMSG_LENGTH_MAX] = {};
+
+  static void fail(j_common_ptr info) {
+    auto* self = reinterpret_cast<JpegErrors*>(info->err);
+    (*info->err->format_message)(info, self->message);
+    std::longjmp(self->jump, 1);
+  }
+  static void message_or_warning(j_common_ptr info, int level) {
+    if (level < 0) fail(info);  // a warning; trace messages (level >= 0) are dropped
+  }
+};
+
+/// The window of a JPEG through libjpeg's API: the rows above it skipped (entropy-decoded only), the
+/// block columns around it decoded (and one more each side), the rows below never read. The decoder's settings are TurboJPEG's defaults
+/// (islow DCT, fancy upsampling), so the pixels are decode_jpeg's.
+inline Image decode_jpeg_window(std::span<const std::uint8_t> bytes, ImageMode mode, const std::string& name, WindowChooser choose) {
+  JpegErrors errors;
+  jpeg_decompress_struct info{};
+  info.err = jpeg_std_error(&errors.manager);
+  errors.manager.error_exit = &JpegErrors::fail;
+  errors.manager.emit_message = &JpegErrors::message_or_warning;
+  jpeg_create_decompress(&info);
+  const std::unique_ptr<jpeg_decompress_struct, void (*)(jpeg_decompress_struct*)> destroy(&info, jpeg_destroy_decompress);
+  // Made before the jump target: nothing between setjmp and a longjmp may need destroying.
+  std::vector<std::uint8_t> rows;
+  Image window;
+  if (setjmp(errors.jump) != 0) throw ImageError("cannot decode '" + name + "' as JPEG: " + errors.message);
+  jpeg_mem_src(&info, bytes.data(), static_cast<unsigned long>(bytes.size()));
+  jpeg_read_header(&info, TRUE);
+  const std::int64_t height = info.image_height, width = info.image_width;
+  check_size(width, height, name);
+  const bool cmyk = info.jpeg_color_space == JCS_CMYK || info.jpeg_color_space == JCS_YCCK;
+  const bool gray_source = info.jpeg_color_space == JCS_GRAYSCALE;
+  info.out_color_space = cmyk ? JCS_CMYK : gray_source ? JCS_GRAYSCALE : JCS_RGB;
+  const PixelWindow w = choose(height, width);
+  if (w.top < 0 || w.left < 0 || w.height < 1 || w.width < 1 || w.top + w.height > height || w.left + w.width > width)
+    throw DataError("a window of " + std::to_string(w.height) + "x" + std::to_string(w.width) + " at (" + std::to_string(w.top) + ", " +
+                    std::to_string(w.left) + ") does not lie inside '" + name + "' (" + std::to_string(height) + "x" +
+                    std::to_string(width) + ")");
+  jpeg_start_decompress(&info);
+  // One block column more on each side than the window: fancy upsampling of subsampled chroma reads
+  // its neighbours, and at the edge of a cropped scanline libjpeg-turbo has none (it repeats the
+  // edge), so the window's outer pixels would differ from the whole decode's. jpeg_crop_scanline
+  // then widens to whole blocks.
+  const std::int64_t margin = static_cast<std::int64_t>(info.max_h_samp_factor) * DCTSIZE;
+  const std::int64_t from = std::max<std::int64_t>(0, w.left - margin), to = std::min(width, w.left + w.width + margin);
+  auto first_column = static_cast<JDIMENSION>(from), columns = static_cast<JDIMENSION>(to - from);
+  jpeg_crop_scanline(&info, &first_column, &columns);
+  if (w.top > 0) jpeg_skip_scanlines(&info, static_cast<JDIMENSION>(w.top));
+  const std::int64_t channels = info.output_components, stride = static_cast<std::int64_t>(columns) * channels;
+  const std::int64_t offset = (w.left - static_cast<std::int64_t>(first_column)) * channels;
+  rows.resize(static_cast<std::size_t>(stride));
+  window = Image(w.height, w.width, channels);
+  for (std::int64_t y = 0; y < w.height; ++y) {
+    JSAMPROW row = rows.data();
+    jpeg_read_scanlines(&info, &row, 1);
+    std::memcpy(window.row(y), rows.data() + offset, static_cast<std::size_t>(w.width * channels));
+  }
+  jpeg_abort_decompress(&info);  // the rows below the window are not needed
+  if (cmyk) {
+    Image rgb = pil_cmyk_to_rgb(window.pixels, window.height, window.width);
+    if (mode == ImageMode::gray) rgb_to_gray(rgb);
+    return rgb;
+  }
+  if (mode == ImageMode::rgb && gray_source) return gray_to_rgb(window);
+  if (mode == ImageMode::gray && !gray_source) rgb_to_gray(window);
+  return window;
+}
+#endif
+
+/// The bytes' format by their signature.
+enum class ImageFormat { jpeg, png, webp, other };
+inline ImageFormat format_of(std::span<const std::uint8_t> bytes) {
+  static constexpr std::uint8_t png_signature[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n'};
+  if (bytes.size() >= 3 && bytes[0] == 0xFF && bytes[1] == 0xD8 && bytes[2] == 0xFF) return ImageFormat::jpeg;
+  if (bytes.size() >= 8 && std::memcmp(bytes.data(), png_signature, 8) == 0) return ImageFormat::png;
+  if (bytes.size() >= 12 && std::memcmp(bytes.data(), "RIFF", 4) == 0 && std::memcmp(bytes.data() + 8, "WEBP", 4) == 0)
+    return ImageFormat::webp;
+  return ImageFormat::other;
+}
+
 }  // namespace dettrial::vision::detail
 
 namespace dettrial::vision {
 DETTRIAL_INLINE Image decode_image(std::span<const std::uint8_t> bytes, ImageMode mode, const std::string& name) {
-  static constexpr std::uint8_t png_signature[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n'};
-  const bool jpeg = bytes.size() >= 3 && bytes[0] == 0xFF && bytes[1] == 0xD8 && bytes[2] == 0xFF;
-  const bool png = bytes.size() >= 8 && std::memcmp(bytes.data(), png_signature, 8) == 0;
-  if (jpeg) {
+  const detail::ImageFormat format = detail::format_of(bytes);
+  if (format == detail::ImageFormat::jpeg) {
 #if defined(DETTRIAL_HAS_TURBOJPEG)
     return detail::decode_jpeg(bytes, mode, name);
 #else
@@ -1275,7 +1432,7 @@ DETTRIAL_INLINE Image decode_image(std::span<const std::uint8_t> bytes, ImageMod
                      "': this build of dettrial has no JPEG decoder (libjpeg-turbo was not found when it was configured)");
 #endif
   }
-  if (png) {
+  if (format == detail::ImageFormat::png) {
 #if defined(DETTRIAL_HAS_SPNG)
     return detail::decode_png(bytes, mode, name);
 #else
@@ -1283,8 +1440,7 @@ DETTRIAL_INLINE Image decode_image(std::span<const std::uint8_t> bytes, ImageMod
                      "': this build of dettrial has no PNG decoder (libspng was not found when it was configured)");
 #endif
   }
-  const bool webp = bytes.size() >= 12 && std::memcmp(bytes.data(), "RIFF", 4) == 0 && std::memcmp(bytes.data() + 8, "WEBP", 4) == 0;
-  if (webp) {
+  if (format == detail::ImageFormat::webp) {
 #if defined(DETTRIAL_HAS_WEBP)
     return detail::decode_webp(bytes, mode, name);
 #else
@@ -1322,6 +1478,26 @@ DETTRIAL_INLINE Image read_image(const std::filesystem::path& path, ImageMode mo
   thread_local std::vector<std::uint8_t> buffer;
   read_file(path, buffer);
   return decode_image(buffer, mode, path.string());
+}
+
+DETTRIAL_INLINE Image decode_image_window(std::span<const std::uint8_t> bytes, ImageMode mode, const std::string& name,
+                                          WindowChooser choose) {
+#if defined(DETTRIAL_HAS_LIBJPEG)
+  if (detail::format_of(bytes) == detail::ImageFormat::jpeg) return detail::decode_jpeg_window(bytes, mode, name, choose);
+#endif
+  const Image image = decode_image(bytes, mode, name);
+  const PixelWindow w = choose(image.height, image.width);
+  if (w.top < 0 || w.left < 0 || w.height < 1 || w.width < 1 || w.top + w.height > image.height || w.left + w.width > image.width)
+    throw DataError("a window of " + std::to_string(w.height) + "x" + std::to_string(w.width) + " at (" + std::to_string(w.top) + ", " +
+                    std::to_string(w.left) + ") does not lie inside '" + name + "' (" + std::to_string(image.height) + "x" +
+                    std::to_string(image.width) + ")");
+  return detail::crop(image, w.top, w.left, w.height, w.width);
+}
+
+DETTRIAL_INLINE Image read_image_window(const std::filesystem::path& path, ImageMode mode, WindowChooser choose) {
+  thread_local std::vector<std::uint8_t> buffer;
+  read_file(path, buffer);
+  return decode_image_window(buffer, mode, path.string(), choose);
 }
 
 }  // namespace dettrial::vision
@@ -1721,6 +1897,14 @@ struct CenterCrop {
     const std::int64_t left = image.width >= size.width ? detail::round_half(image.width - size.width) : -((size.width - image.width) / 2);
     return detail::window(image, top, left, size.height, size.width);
   }
+  /// The window, known from the image's size alone, so a JPEG decodes only it; none when it does
+  /// not fit (the image is then padded as above).
+  std::optional<PixelWindow> window_in(std::int64_t height, std::int64_t width, RecordRandom& /*random*/) const {
+    if (height < size.height || width < size.width) return std::nullopt;
+    return PixelWindow{detail::round_half(height - size.height), detail::round_half(width - size.width), size.height, size.width};
+  }
+  /// The step's work on its decoded window: none.
+  Image finish_window(Image window) const { return window; }
 };
 
 /// Options of RandomCrop: torchvision's keyword arguments.
@@ -1797,6 +1981,13 @@ struct RandomResizedCrop {
     const auto [top, left, h, w] = window_of(image.height, image.width, random);
     return detail::resize_bilinear(detail::window(image, top, left, h, w), size.height, size.width);
   }
+  /// The window, drawn from the image's size alone (the same draws as above), so a JPEG decodes only it.
+  std::optional<PixelWindow> window_in(std::int64_t height, std::int64_t width, RecordRandom& random) const {
+    const auto [top, left, h, w] = window_of(height, width, random);
+    return PixelWindow{top, left, h, w};
+  }
+  /// The step's work on its decoded window: the resize.
+  Image finish_window(Image window) const { return detail::resize_bilinear(window, size.height, size.width); }
   /// torchvision's `get_params`: (top, left, height, width).
   std::array<std::int64_t, 4> window_of(std::int64_t height, std::int64_t width, RecordRandom& random) const {
     const double area = static_cast<double>(height * width);
@@ -1904,6 +2095,14 @@ class RandomErasing {
   RandomErasingOptions options_;
 };
 
+/// A crop whose window is known from the image's size before its pixels are (RandomResizedCrop,
+/// CenterCrop): first in a pipeline, it lets a JPEG decode only that window.
+template <class T>
+concept WindowStep = requires(const T& t, std::int64_t side, RecordRandom& random, Image image) {
+  { t.window_in(side, side, random) } -> std::same_as<std::optional<PixelWindow>>;
+  { t.finish_window(std::move(image)) } -> std::same_as<Image>;
+};
+
 /// A step that says what the batch holds (ToFloat, Normalize) or acts on it (RandomErasing) rather than changing the image.
 template <class T>
 concept OutputStep = requires {
@@ -1965,6 +2164,11 @@ class Compose {
   static constexpr bool to_float = (std::is_same_v<Steps, ToFloat> || ...);
   /// Whether a RandomErasing step acts on the written image.
   static constexpr bool erases = (std::is_same_v<Steps, RandomErasing> || ...);
+  /// Whether the first step is a crop drawn before decoding (WindowStep): then apply_windowed decodes only its window.
+  static constexpr bool crops_first = [] {
+    if constexpr (sizeof...(Steps) == 0) return false;
+    else return WindowStep<std::tuple_element_t<0, std::tuple<Steps...>>>;
+  }();
 
   explicit Compose(Steps... steps) : steps_(std::move(steps)...) {
     std::apply([&](const auto&... s) { (take_normalize(s), ...); }, steps_);
@@ -1978,17 +2182,28 @@ class Compose {
   }
 
   /// The 8-bit transforms, in order.
-  Image apply(Image image, RecordRandom& random) const {
-    std::apply(
-        [&](const auto&... s) {
-          (
-              [&](const auto& step) {
-                if constexpr (!OutputStep<std::remove_cvref_t<decltype(step)>>) image = step(std::move(image), random);
-              }(s),
-              ...);
-        },
-        steps_);
-    return image;
+  Image apply(Image image, RecordRandom& random) const { return apply_from<0>(std::move(image), random); }
+
+  /**
+   * @brief The transforms on an image read through `load_window(WindowChooser)` (a source's
+   * load_window): the first step draws its window from the image's size, the file is decoded only
+   * there, and the step finishes on the window (RandomResizedCrop resizes it). The same draws and
+   * the same pixels as apply() on the whole decoded image.
+   */
+  template <class LoadWindow>
+  Image apply_windowed(LoadWindow&& load_window, RecordRandom& random) const
+    requires crops_first
+  {
+    const auto& first = std::get<0>(steps_);
+    bool windowed = false;
+    auto choose = [&](std::int64_t height, std::int64_t width) {
+      const std::optional<PixelWindow> window = first.window_in(height, width, random);
+      windowed = window.has_value();
+      return window.value_or(PixelWindow{0, 0, height, width});
+    };
+    Image image = std::forward<LoadWindow>(load_window)(WindowChooser(choose));
+    image = windowed ? first.finish_window(std::move(image)) : first(std::move(image), random);
+    return apply_from<1>(std::move(image), random);
   }
 
   /// The batch's element type.
@@ -2040,6 +2255,20 @@ class Compose {
       for (std::int64_t k = 0; k < c; ++k)
         for (std::int64_t i = 0; i < plane; ++i) dst[k * plane + i] = image.pixels[static_cast<std::size_t>(i * c + k)];
     }
+  }
+
+  /// The 8-bit steps from the `First`-th on.
+  template <std::size_t First>
+  Image apply_from(Image image, RecordRandom& random) const {
+    [&]<std::size_t... I>(std::index_sequence<I...>) {
+      (
+          [&] {
+            using Step = std::tuple_element_t<First + I, std::tuple<Steps...>>;
+            if constexpr (!OutputStep<Step>) image = std::get<First + I>(steps_)(std::move(image), random);
+          }(),
+          ...);
+    }(std::make_index_sequence<sizeof...(Steps) - First>{});
+    return image;
   }
 
   static void check_byte_erasing(const RandomErasing& erasing) {
@@ -2107,12 +2336,9 @@ DETTRIAL_INLINE std::int64_t padded_source(std::int64_t i, std::int64_t n, Paddi
 DETTRIAL_INLINE Image window(const Image& image, std::int64_t top, std::int64_t left, std::int64_t height, std::int64_t width,
                              PaddingMode mode, std::uint8_t fill) {
   const std::int64_t c = image.channels;
-  Image out(height, width, c);
   const bool inside = top >= 0 && left >= 0 && top + height <= image.height && left + width <= image.width;
-  if (inside) {  // a plain crop: one copy per row
-    for (std::int64_t y = 0; y < height; ++y) std::memcpy(out.row(y), image.row(top + y) + left * c, static_cast<std::size_t>(width * c));
-    return out;
-  }
+  if (inside) return crop(image, top, left, height, width);
+  Image out(height, width, c);
   std::vector<std::int64_t> columns(static_cast<std::size_t>(width));
   for (std::int64_t x = 0; x < width; ++x) columns[static_cast<std::size_t>(x)] = padded_source(left + x, image.width, mode);
   for (std::int64_t y = 0; y < height; ++y) {
@@ -2267,6 +2493,13 @@ concept ImageSource = requires(const S& s, std::int64_t i, ImageMode mode) {
   { s.name(i) } -> std::convertible_to<std::string>;
 };
 
+/// A source that decodes a record's window alone (ImageFolder), for a pipeline whose first step
+/// crops a window drawn before decoding (Compose::crops_first).
+template <class S, class T>
+concept DecodesWindowsFor = T::crops_first && requires(const S& s, std::int64_t i, ImageMode mode, WindowChooser choose) {
+  { s.load_window(i, mode, choose) } -> std::same_as<Image>;
+};
+
 /// What an ImageDataset transforms with: a Compose (the 8-bit steps, then what the batch holds).
 template <class T>
 concept ImagePipeline = requires(const T& t, Image image, RecordRandom& random, void* out) {
@@ -2399,19 +2632,21 @@ class ImageDataset {
   }
 
   /// Record `record`, read and transformed with its draws; nullopt when it is unreadable and skipped.
+  /// A pipeline that crops first (RandomResizedCrop, CenterCrop) reads only the crop's window of a
+  /// JPEG, with the same draws and pixels.
   std::optional<Image> transformed(std::int64_t record, RecordRandom& random) const {
-    Image image;
     try {
-      image = source_.load(record, options_.mode);
-    } catch (const ImageError& e) {
+      if constexpr (DecodesWindowsFor<Source, Transform>) {
+        return transform_.apply_windowed([&](WindowChooser choose) { return source_.load_window(record, options_.mode, choose); }, random);
+      } else {
+        return transform_.apply(source_.load(record, options_.mode), random);
+      }
+    } catch (const ImageError& e) {  // the file: skipped if the options say so
       const std::string what = std::string(e.what()) + " (record " + std::to_string(record) + ")";
       if (!options_.skip_unreadable) throw ImageError(what);
       note_skip(what);
       return std::nullopt;
-    }
-    try {
-      return transform_.apply(std::move(image), random);
-    } catch (const DataError& e) {
+    } catch (const DataError& e) {  // the transforms
       throw DataError(std::string(e.what()) + " (record " + std::to_string(record) + ", '" + source_.name(record) + "')");
     }
   }
@@ -2450,8 +2685,8 @@ class ImageDataset {
 
 namespace dettrial::vision {
 
-/// torchvision's IMG_EXTENSIONS: the files ImageFolder lists by default (dettrial decodes the JPEG and
-/// PNG ones; any other listed file is an ImageError when read, so the records are torchvision's).
+/// torchvision's IMG_EXTENSIONS: the files ImageFolder lists by default, so the records are
+/// torchvision's (dettrial decodes the JPEG, PNG and WebP ones and refuses a listing with the others).
 inline const std::vector<std::string>& default_image_extensions() {
   static const std::vector<std::string> extensions{".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp"};
   return extensions;
@@ -2499,6 +2734,10 @@ class ImageFolder {
   std::int64_t label(std::int64_t index) const { return samples_[static_cast<std::size_t>(index)].label; }
   /// Reads and decodes record `index` (thread-safe).
   Image load(std::int64_t index, ImageMode mode) const { return read_image(samples_[static_cast<std::size_t>(index)].path, mode); }
+  /// Record `index`'s window that `choose` picks from its size: a JPEG decodes only that (read_image_window).
+  Image load_window(std::int64_t index, ImageMode mode, WindowChooser choose) const {
+    return read_image_window(samples_[static_cast<std::size_t>(index)].path, mode, choose);
+  }
   /// The record's file, for messages.
   std::string name(std::int64_t index) const { return samples_[static_cast<std::size_t>(index)].path.string(); }
 
@@ -2520,9 +2759,14 @@ class ImageFolder {
 
 namespace dettrial::vision::detail {
 
+/// `text` in lower case (ASCII: file name endings).
+inline std::string lowercase(std::string text) {
+  std::transform(text.begin(), text.end(), text.begin(), [](unsigned char ch) { return static_cast<char>(std::tolower(ch)); });
+  return text;
+}
+
 inline bool has_extension(const std::string& file, const std::vector<std::string>& extensions) {
-  std::string lower = file;
-  std::transform(lower.begin(), lower.end(), lower.begin(), [](unsigned char ch) { return static_cast<char>(std::tolower(ch)); });
+  const std::string lower = lowercase(file);
   return std::any_of(extensions.begin(), extensions.end(), [&](const std::string& e) {
     return lower.size() >= e.size() && lower.compare(lower.size() - e.size(), e.size(), e) == 0;
   });
@@ -2577,13 +2821,12 @@ inline bool is_integer(const std::string& text) {
 /// The ending of `file` in lower case when it names an image kind this build cannot decode: BMP,
 /// TIFF, PPM/PGM and GIF, and JPEG, PNG or WebP where their library was not found; else empty.
 inline std::string undecodable_ending(const std::string& file) {
-  const std::string ending = std::filesystem::path(file).extension().string();
-  std::string lower(ending.size(), '\0');
-  std::transform(ending.begin(), ending.end(), lower.begin(), [](unsigned char ch) { return static_cast<char>(std::tolower(ch)); });
+  const std::string lower = lowercase(std::filesystem::path(file).extension().string());
   const bool readable =
       ((lower == ".jpg" || lower == ".jpeg") && decodes_jpeg) || (lower == ".png" && decodes_png) || (lower == ".webp" && decodes_webp);
-  static const std::set<std::string> images{".jpg", ".jpeg", ".png", ".webp", ".bmp", ".tif", ".tiff", ".ppm", ".pgm", ".gif"};
-  return !readable && images.count(lower) ? lower : std::string();
+  const auto& listed = default_image_extensions();
+  const bool image = lower == ".gif" || std::find(listed.begin(), listed.end(), lower) != listed.end();  // and GIF, which a user may list
+  return !readable && image ? lower : std::string();
 }
 
 /// Refuses a listing that holds files this build cannot decode, before any training: one sentence
@@ -2805,6 +3048,8 @@ class ResNetImpl : public torch::nn::Module {
  private:
   torch::nn::Sequential make_layer(std::int64_t planes, std::int64_t blocks, std::int64_t stride, bool dilate);
   void initialise(bool zero_init_residual);
+  /// The block's output channels over its `planes`: 1 for BasicBlock, 4 for Bottleneck.
+  std::int64_t expansion() const { return block_ == ResNetBlock::basic ? BasicBlockImpl::expansion : BottleneckImpl::expansion; }
 
   ResNetBlock block_;
   std::int64_t inplanes_ = 64;
@@ -2916,13 +3161,12 @@ DETTRIAL_INLINE ResNetImpl::ResNetImpl(ResNetBlock block, std::array<std::int64_
   layer3 = register_module("layer3", make_layer(256, layers[2], 2, options.replace_stride_with_dilation[1]));
   layer4 = register_module("layer4", make_layer(512, layers[3], 2, options.replace_stride_with_dilation[2]));
   avgpool = register_module("avgpool", torch::nn::AdaptiveAvgPool2d(torch::nn::AdaptiveAvgPool2dOptions({1, 1})));
-  const std::int64_t expansion = block == ResNetBlock::basic ? BasicBlockImpl::expansion : BottleneckImpl::expansion;
-  fc = register_module("fc", torch::nn::Linear(512 * expansion, options.num_classes));
+  fc = register_module("fc", torch::nn::Linear(512 * expansion(), options.num_classes));
   initialise(options.zero_init_residual);
 }
 
 DETTRIAL_INLINE torch::nn::Sequential ResNetImpl::make_layer(std::int64_t planes, std::int64_t blocks, std::int64_t stride, bool dilate) {
-  const std::int64_t expansion = block_ == ResNetBlock::basic ? BasicBlockImpl::expansion : BottleneckImpl::expansion;
+  const std::int64_t expansion = this->expansion();
   const std::int64_t previous_dilation = dilation_;
   if (dilate) {
     dilation_ *= stride;

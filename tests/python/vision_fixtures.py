@@ -9,6 +9,7 @@ vision tests: the real decoders' and transforms' outputs that dettrial's must ma
   OUT/tv/<file>.<path>.raw      torchvision's Resize(20), CenterCrop(16), ToDtype/ToTensor, Normalize
                                 output (float32, C x H x W) on the tensor path (v2 on
                                 pil_to_tensor) and on the PIL path (v1 on the PIL image)
+  OUT/windows/*.jpg|*.png       larger files of ImageNet's sizes, to decode windows of
   OUT/folder/                   an ImageFolder tree with nested folders, links and odd names
   OUT/manifest.json             the list, the shapes, torchvision's ImageFolder samples of the tree,
                                 or why torchvision is absent
@@ -95,6 +96,21 @@ def write_ycck(path, cmyk):
     tj.tjDestroy(ctypes.c_void_p(handle))
 
 
+def write_window_files(out):
+    """JPEGs of ImageNet's sizes and kinds, for decoding a window alone: 4:2:0, 4:2:2 and 4:4:4
+    chroma, progressive, gray, CMYK and YCCK, odd sizes; and a PNG (decoded whole, then cropped)."""
+    os.makedirs(out, exist_ok=True)
+    Image.fromarray(pattern(375, 500, 3, 11), "RGB").save(f"{out}/imagenet420.jpg", quality=90)
+    Image.fromarray(pattern(500, 333, 3, 12), "RGB").save(f"{out}/tall422.jpg", quality=90, subsampling=1)
+    Image.fromarray(pattern(257, 301, 3, 13), "RGB").save(f"{out}/odd444.jpg", quality=92, subsampling=0)
+    Image.fromarray(pattern(299, 401, 3, 14), "RGB").save(f"{out}/progressive420.jpg", quality=85, progressive=True)
+    Image.fromarray(pattern(301, 257, 1, 15)[..., 0], "L").save(f"{out}/gray.jpg", quality=90)
+    Image.fromarray(pattern(211, 307, 4, 16), "CMYK").save(f"{out}/cmyk.jpg", quality=90)
+    write_ycck(f"{out}/ycck.jpg", pattern(203, 177, 4, 17))
+    Image.fromarray(pattern(97, 131, 3, 18), "RGB").save(f"{out}/whole.png")
+    return sorted(os.listdir(out))
+
+
 def write_folder(root):
     """A tree that exercises ImageFolder's listing: sorting, nesting, links, endings, empty folders."""
     shutil.rmtree(root, ignore_errors=True)
@@ -122,6 +138,7 @@ def main():
             pixels.tofile(f"{out}/pil/{name}.{mode}.raw")
             h, w = pixels.shape[:2]
             manifest["pil"].append({"file": name, "mode": mode, "height": h, "width": w, "source_mode": image.mode})
+    manifest["window_files"] = write_window_files(f"{out}/windows")
     write_folder(f"{out}/folder")
     try:
         import torch

@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <random>
 #include <set>
 #include <string>
@@ -179,6 +180,105 @@ TEST_CASE(
   fs::copy_file(*dir / "images" / "rgb.png", renamed, fs::copy_options::overwrite_existing);
   CHECK(vision::read_image(renamed, ImageMode::rgb).pixels == vision::read_image(*dir / "images" / "rgb.png", ImageMode::rgb).pixels);
   fs::remove(renamed);
+}
+
+TEST_CASE("vision: a JPEG's window decodes to the whole decode's pixels, bit for bit, at any place and size") {
+  std::string why;
+  const auto dir = fixtures(why);
+  if (!dir) return test::skip(why);
+  const auto files = manifest_of(*dir)["window_files"].get<std::vector<std::string>>();
+  REQUIRE(files.size() >= 7);
+  std::mt19937_64 rng(2024);
+  std::int64_t windows = 0;
+  for (const std::string& file : files) {
+    const auto bytes = file_bytes(*dir / "windows" / file);
+    for (const ImageMode mode : {ImageMode::rgb, ImageMode::gray}) {
+      const Image whole = vision::decode_image(bytes, mode, file);
+      const std::int64_t h = whole.height, w = whole.width;
+      // The corners, the edges, a single pixel, the whole image, blocks' and chroma's boundaries
+      // met and missed, then windows of every size and place.
+      std::vector<vision::PixelWindow> picks{{0, 0, h, w},        {0, 0, 1, 1},         {h - 1, w - 1, 1, 1},
+                                             {0, w - 1, h, 1},    {h - 1, 0, 1, w},     {16, 16, 16, 16},
+                                             {15, 17, 18, 14},    {7, 9, h - 7, w - 9}, {h / 2, w / 2, h - h / 2, w - w / 2},
+                                             {1, 1, h - 2, w - 2}};
+      for (int i = 0; i < 60; ++i) {
+        const auto top = static_cast<std::int64_t>(rng() % static_cast<std::uint64_t>(h));
+        const auto left = static_cast<std::int64_t>(rng() % static_cast<std::uint64_t>(w));
+        picks.push_back({top, left, 1 + static_cast<std::int64_t>(rng() % static_cast<std::uint64_t>(h - top)),
+                         1 + static_cast<std::int64_t>(rng() % static_cast<std::uint64_t>(w - left))});
+      }
+      for (const auto& pick : picks) {
+        CAPTURE(file);
+        CAPTURE(pick.top);
+        CAPTURE(pick.left);
+        CAPTURE(pick.height);
+        CAPTURE(pick.width);
+        std::int64_t asked_height = 0, asked_width = 0;
+        const Image window = vision::decode_image_window(bytes, mode, file, [&](std::int64_t height, std::int64_t width) {
+          asked_height = height, asked_width = width;
+          return pick;
+        });
+        CHECK((asked_height == h && asked_width == w));
+        const Image expected = vision::detail::crop(whole, pick.top, pick.left, pick.height, pick.width);
+        REQUIRE(window.pixels.size() == expected.pixels.size());
+        CHECK(window.pixels == expected.pixels);
+        ++windows;
+      }
+    }
+  }
+  MESSAGE(
+      windows << " windows of " << files.size() << " files equal to the whole decode's pixels"
+              << std::string(vision::decodes_jpeg_windows ? " (JPEGs decoded in part)" : " (decoded whole: no libjpeg API in this build)"));
+  const auto bytes = file_bytes(*dir / "windows" / "odd444.jpg");
+  CHECK_THROWS_WITH_AS(
+      vision::decode_image_window(bytes, ImageMode::rgb, "odd444.jpg",
+                                  [](std::int64_t height, std::int64_t width) { return vision::PixelWindow{height - 2, 0, 3, width}; }),
+      doctest::Contains("does not lie inside 'odd444.jpg' (257x301)"), DataError);
+  // Damage up to the window's last row is refused as the whole decode refuses it.
+  const std::vector<std::uint8_t> cut(bytes.begin(), bytes.begin() + static_cast<std::ptrdiff_t>(bytes.size() / 2));
+  CHECK_THROWS_WITH_AS(
+      vision::decode_image_window(cut, ImageMode::rgb, "cut.jpg",
+                                  [](std::int64_t height, std::int64_t width) { return vision::PixelWindow{0, 0, height, width}; }),
+      doctest::Contains("cannot decode 'cut.jpg' as JPEG"), ImageError);
+}
+
+TEST_CASE("vision: a pipeline that crops first reads only the window, with the same draws and batches as the whole image") {
+  std::string why;
+  const auto dir = fixtures(why);
+  if (!dir) return test::skip(why);
+  // The window files as a source that can decode windows, and the same files through load() alone.
+  struct Files {
+    std::vector<fs::path> paths;
+    std::int64_t size() const { return static_cast<std::int64_t>(paths.size()); }
+    std::int64_t label(std::int64_t i) const { return i; }
+    std::string name(std::int64_t i) const { return paths[static_cast<std::size_t>(i)].string(); }
+    Image load(std::int64_t i, ImageMode mode) const { return vision::read_image(paths[static_cast<std::size_t>(i)], mode); }
+  };
+  struct WindowFiles : Files {
+    Image load_window(std::int64_t i, ImageMode mode, vision::WindowChooser choose) const {
+      ++*windows;
+      return vision::read_image_window(paths[static_cast<std::size_t>(i)], mode, choose);
+    }
+    std::shared_ptr<int> windows = std::make_shared<int>(0);
+  };
+  Files files;
+  for (const auto& file : manifest_of(*dir)["window_files"]) files.paths.push_back(*dir / "windows" / file.get<std::string>());
+  const WindowFiles window_files{files};
+  const auto check_same = [&](const auto& pipeline) {
+    static_assert(std::decay_t<decltype(pipeline)>::crops_first);
+    const vision::ImageDataset whole(files, pipeline, {.pin_memory = false});
+    const vision::ImageDataset windowed(window_files, pipeline, {.pin_memory = false});
+    const torch::Tensor indices = torch::arange(files.size());
+    for (std::int64_t epoch = 0; epoch < 4; ++epoch) {
+      const dettrial::BatchOrigin origin{.epoch = epoch, .seed = 5};
+      CHECK(torch::equal(std::get<0>(whole.get_batch(indices, origin)), std::get<0>(windowed.get_batch(indices, origin))));
+    }
+  };
+  check_same(vision::Compose(vision::RandomResizedCrop(64), vision::RandomHorizontalFlip{}, vision::ToFloat{}));
+  check_same(vision::Compose(vision::RandomResizedCrop(32, {.scale = {0.01, 0.05}}), vision::TrivialAugmentWide{}));
+  check_same(vision::Compose(vision::CenterCrop(180), vision::ToFloat{}));  // larger than some: those are padded, decoded whole
+  CHECK(*window_files.windows == 3 * 4 * files.size());
+  CHECK_FALSE(vision::Compose(vision::Resize(64), vision::CenterCrop(56)).crops_first);  // the resize needs the whole image
 }
 
 TEST_CASE("vision: damaged files are errors that name the file, never a crash or a grey-filled image") {

@@ -52,6 +52,27 @@ DETTRIAL_INLINE Image decode_image(std::span<const std::uint8_t> bytes, ImageMod
 /// Reads and decodes the image file at `path` (see decode_image).
 DETTRIAL_INLINE Image read_image(const std::filesystem::path& path, ImageMode mode);
 
+/// Whether this build decodes a window of a JPEG without the rest (libjpeg-turbo's libjpeg API was found).
+#if defined(DETTRIAL_HAS_LIBJPEG)
+inline constexpr bool decodes_jpeg_windows = true;
+#else
+inline constexpr bool decodes_jpeg_windows = false;
+#endif
+
+/**
+ * @brief The window `choose(height, width)` picks of the image in `bytes`: decode_image's pixels
+ * cropped to it, bit for bit. A JPEG decodes only what the window needs where this build has
+ * libjpeg's API (decodes_jpeg_windows): no row below it, the rows above it entropy-decoded and
+ * skipped, and only the block columns it covers transformed. Damage below the window's last row
+ * therefore goes unseen (every pixel returned is the file's own); damage up to it is an ImageError
+ * as in decode_image. Other formats decode whole, then crop.
+ */
+DETTRIAL_INLINE Image decode_image_window(std::span<const std::uint8_t> bytes, ImageMode mode, const std::string& name,
+                                          WindowChooser choose);
+
+/// Reads the image file at `path` and decodes the window `choose` picks (see decode_image_window).
+DETTRIAL_INLINE Image read_image_window(const std::filesystem::path& path, ImageMode mode, WindowChooser choose);
+
 /// Reads a whole file into `buffer` (reusing its capacity). Throws ImageError naming the file.
 DETTRIAL_INLINE void read_file(const std::filesystem::path& path, std::vector<std::uint8_t>& buffer);
 
@@ -63,12 +84,19 @@ DETTRIAL_INLINE void read_file(const std::filesystem::path& path, std::vector<st
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <memory>
 
 #if defined(DETTRIAL_HAS_TURBOJPEG)
 #include <turbojpeg.h>
+#endif
+#if defined(DETTRIAL_HAS_LIBJPEG)
+#include <csetjmp>
+#include <cstdio>  // jpeglib.h uses FILE without including it
+
+#include <jpeglib.h>
 #endif
 #if defined(DETTRIAL_HAS_SPNG)
 #include <spng.h>
@@ -271,14 +299,100 @@ inline std::string leading_bytes(std::span<const std::uint8_t> bytes) {
   return out.empty() ? "nothing: the file is empty" : out;
 }
 
+#if defined(DETTRIAL_HAS_LIBJPEG)
+/// libjpeg's error manager, turned into exceptions: an error, and a warning too (libjpeg only warns
+/// about a file cut short, filling the rest with grey), jumps back to the decoding function with
+/// the message, which then throws (nothing with a destructor lives between the jump's two ends).
+struct JpegErrors {
+  jpeg_error_mgr manager{};
+  std::jmp_buf jump{};
+  char message[JMSG_LENGTH_MAX] = {};
+
+  static void fail(j_common_ptr info) {
+    auto* self = reinterpret_cast<JpegErrors*>(info->err);
+    (*info->err->format_message)(info, self->message);
+    std::longjmp(self->jump, 1);
+  }
+  static void message_or_warning(j_common_ptr info, int level) {
+    if (level < 0) fail(info);  // a warning; trace messages (level >= 0) are dropped
+  }
+};
+
+/// The window of a JPEG through libjpeg's API: the rows above it skipped (entropy-decoded only), the
+/// block columns around it decoded (and one more each side), the rows below never read. The decoder's settings are TurboJPEG's defaults
+/// (islow DCT, fancy upsampling), so the pixels are decode_jpeg's.
+inline Image decode_jpeg_window(std::span<const std::uint8_t> bytes, ImageMode mode, const std::string& name, WindowChooser choose) {
+  JpegErrors errors;
+  jpeg_decompress_struct info{};
+  info.err = jpeg_std_error(&errors.manager);
+  errors.manager.error_exit = &JpegErrors::fail;
+  errors.manager.emit_message = &JpegErrors::message_or_warning;
+  jpeg_create_decompress(&info);
+  const std::unique_ptr<jpeg_decompress_struct, void (*)(jpeg_decompress_struct*)> destroy(&info, jpeg_destroy_decompress);
+  // Made before the jump target: nothing between setjmp and a longjmp may need destroying.
+  std::vector<std::uint8_t> rows;
+  Image window;
+  if (setjmp(errors.jump) != 0) throw ImageError("cannot decode '" + name + "' as JPEG: " + errors.message);
+  jpeg_mem_src(&info, bytes.data(), static_cast<unsigned long>(bytes.size()));
+  jpeg_read_header(&info, TRUE);
+  const std::int64_t height = info.image_height, width = info.image_width;
+  check_size(width, height, name);
+  const bool cmyk = info.jpeg_color_space == JCS_CMYK || info.jpeg_color_space == JCS_YCCK;
+  const bool gray_source = info.jpeg_color_space == JCS_GRAYSCALE;
+  info.out_color_space = cmyk ? JCS_CMYK : gray_source ? JCS_GRAYSCALE : JCS_RGB;
+  const PixelWindow w = choose(height, width);
+  if (w.top < 0 || w.left < 0 || w.height < 1 || w.width < 1 || w.top + w.height > height || w.left + w.width > width)
+    throw DataError("a window of " + std::to_string(w.height) + "x" + std::to_string(w.width) + " at (" + std::to_string(w.top) + ", " +
+                    std::to_string(w.left) + ") does not lie inside '" + name + "' (" + std::to_string(height) + "x" +
+                    std::to_string(width) + ")");
+  jpeg_start_decompress(&info);
+  // One block column more on each side than the window: fancy upsampling of subsampled chroma reads
+  // its neighbours, and at the edge of a cropped scanline libjpeg-turbo has none (it repeats the
+  // edge), so the window's outer pixels would differ from the whole decode's. jpeg_crop_scanline
+  // then widens to whole blocks.
+  const std::int64_t margin = static_cast<std::int64_t>(info.max_h_samp_factor) * DCTSIZE;
+  const std::int64_t from = std::max<std::int64_t>(0, w.left - margin), to = std::min(width, w.left + w.width + margin);
+  auto first_column = static_cast<JDIMENSION>(from), columns = static_cast<JDIMENSION>(to - from);
+  jpeg_crop_scanline(&info, &first_column, &columns);
+  if (w.top > 0) jpeg_skip_scanlines(&info, static_cast<JDIMENSION>(w.top));
+  const std::int64_t channels = info.output_components, stride = static_cast<std::int64_t>(columns) * channels;
+  const std::int64_t offset = (w.left - static_cast<std::int64_t>(first_column)) * channels;
+  rows.resize(static_cast<std::size_t>(stride));
+  window = Image(w.height, w.width, channels);
+  for (std::int64_t y = 0; y < w.height; ++y) {
+    JSAMPROW row = rows.data();
+    jpeg_read_scanlines(&info, &row, 1);
+    std::memcpy(window.row(y), rows.data() + offset, static_cast<std::size_t>(w.width * channels));
+  }
+  jpeg_abort_decompress(&info);  // the rows below the window are not needed
+  if (cmyk) {
+    Image rgb = pil_cmyk_to_rgb(window.pixels, window.height, window.width);
+    if (mode == ImageMode::gray) rgb_to_gray(rgb);
+    return rgb;
+  }
+  if (mode == ImageMode::rgb && gray_source) return gray_to_rgb(window);
+  if (mode == ImageMode::gray && !gray_source) rgb_to_gray(window);
+  return window;
+}
+#endif
+
+/// The bytes' format by their signature.
+enum class ImageFormat { jpeg, png, webp, other };
+inline ImageFormat format_of(std::span<const std::uint8_t> bytes) {
+  static constexpr std::uint8_t png_signature[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n'};
+  if (bytes.size() >= 3 && bytes[0] == 0xFF && bytes[1] == 0xD8 && bytes[2] == 0xFF) return ImageFormat::jpeg;
+  if (bytes.size() >= 8 && std::memcmp(bytes.data(), png_signature, 8) == 0) return ImageFormat::png;
+  if (bytes.size() >= 12 && std::memcmp(bytes.data(), "RIFF", 4) == 0 && std::memcmp(bytes.data() + 8, "WEBP", 4) == 0)
+    return ImageFormat::webp;
+  return ImageFormat::other;
+}
+
 }  // namespace dettrial::vision::detail
 
 namespace dettrial::vision {
 DETTRIAL_INLINE Image decode_image(std::span<const std::uint8_t> bytes, ImageMode mode, const std::string& name) {
-  static constexpr std::uint8_t png_signature[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n'};
-  const bool jpeg = bytes.size() >= 3 && bytes[0] == 0xFF && bytes[1] == 0xD8 && bytes[2] == 0xFF;
-  const bool png = bytes.size() >= 8 && std::memcmp(bytes.data(), png_signature, 8) == 0;
-  if (jpeg) {
+  const detail::ImageFormat format = detail::format_of(bytes);
+  if (format == detail::ImageFormat::jpeg) {
 #if defined(DETTRIAL_HAS_TURBOJPEG)
     return detail::decode_jpeg(bytes, mode, name);
 #else
@@ -286,7 +400,7 @@ DETTRIAL_INLINE Image decode_image(std::span<const std::uint8_t> bytes, ImageMod
                      "': this build of dettrial has no JPEG decoder (libjpeg-turbo was not found when it was configured)");
 #endif
   }
-  if (png) {
+  if (format == detail::ImageFormat::png) {
 #if defined(DETTRIAL_HAS_SPNG)
     return detail::decode_png(bytes, mode, name);
 #else
@@ -294,8 +408,7 @@ DETTRIAL_INLINE Image decode_image(std::span<const std::uint8_t> bytes, ImageMod
                      "': this build of dettrial has no PNG decoder (libspng was not found when it was configured)");
 #endif
   }
-  const bool webp = bytes.size() >= 12 && std::memcmp(bytes.data(), "RIFF", 4) == 0 && std::memcmp(bytes.data() + 8, "WEBP", 4) == 0;
-  if (webp) {
+  if (format == detail::ImageFormat::webp) {
 #if defined(DETTRIAL_HAS_WEBP)
     return detail::decode_webp(bytes, mode, name);
 #else
@@ -333,6 +446,26 @@ DETTRIAL_INLINE Image read_image(const std::filesystem::path& path, ImageMode mo
   thread_local std::vector<std::uint8_t> buffer;
   read_file(path, buffer);
   return decode_image(buffer, mode, path.string());
+}
+
+DETTRIAL_INLINE Image decode_image_window(std::span<const std::uint8_t> bytes, ImageMode mode, const std::string& name,
+                                          WindowChooser choose) {
+#if defined(DETTRIAL_HAS_LIBJPEG)
+  if (detail::format_of(bytes) == detail::ImageFormat::jpeg) return detail::decode_jpeg_window(bytes, mode, name, choose);
+#endif
+  const Image image = decode_image(bytes, mode, name);
+  const PixelWindow w = choose(image.height, image.width);
+  if (w.top < 0 || w.left < 0 || w.height < 1 || w.width < 1 || w.top + w.height > image.height || w.left + w.width > image.width)
+    throw DataError("a window of " + std::to_string(w.height) + "x" + std::to_string(w.width) + " at (" + std::to_string(w.top) + ", " +
+                    std::to_string(w.left) + ") does not lie inside '" + name + "' (" + std::to_string(image.height) + "x" +
+                    std::to_string(image.width) + ")");
+  return detail::crop(image, w.top, w.left, w.height, w.width);
+}
+
+DETTRIAL_INLINE Image read_image_window(const std::filesystem::path& path, ImageMode mode, WindowChooser choose) {
+  thread_local std::vector<std::uint8_t> buffer;
+  read_file(path, buffer);
+  return decode_image_window(buffer, mode, path.string(), choose);
 }
 
 }  // namespace dettrial::vision

@@ -7,7 +7,10 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
+#include <memory>
 #include <string_view>
+#include <type_traits>
 #include <vector>
 
 #include "../detail/random.hpp"
@@ -50,6 +53,46 @@ struct Image {
   const std::uint8_t* row(std::int64_t y) const { return pixels.data() + y * width * channels; }
 };
 
+/// A rectangle of an image's pixels: rows [top, top + height) and columns [left, left + width).
+struct PixelWindow {
+  std::int64_t top = 0;
+  std::int64_t left = 0;
+  std::int64_t height = 0;
+  std::int64_t width = 0;
+};
+
+/// What picks the window once the file's header gives the image's height and width: a reference
+/// to any callable `PixelWindow(height, width)`, valid for the call it is passed to (no allocation).
+class WindowChooser {
+ public:
+  template <class F>
+    requires(!std::is_same_v<std::remove_cvref_t<F>, WindowChooser> && std::is_invocable_r_v<PixelWindow, F&, std::int64_t, std::int64_t>)
+  WindowChooser(F&& choose)  // NOLINT(google-explicit-constructor): a reference to the callable
+      : object_(const_cast<void*>(static_cast<const void*>(std::addressof(choose)))),
+        call_([](void* object, std::int64_t height, std::int64_t width) {
+          return (*static_cast<std::remove_reference_t<F>*>(object))(height, width);
+        }) {}
+  PixelWindow operator()(std::int64_t height, std::int64_t width) const { return call_(object_, height, width); }
+
+ private:
+  void* object_;
+  PixelWindow (*call_)(void*, std::int64_t, std::int64_t);
+};
+
+}  // namespace dettrial::vision
+
+namespace dettrial::vision::detail {
+/// The `height` x `width` pixels of `image` at (`top`, `left`), which lie inside it: one copy a row.
+inline Image crop(const Image& image, std::int64_t top, std::int64_t left, std::int64_t height, std::int64_t width) {
+  Image out(height, width, image.channels);
+  const auto row_bytes = static_cast<std::size_t>(width * image.channels);
+  for (std::int64_t y = 0; y < height; ++y) std::memcpy(out.row(y), image.row(top + y) + left * image.channels, row_bytes);
+  return out;
+}
+}  // namespace dettrial::vision::detail
+
+namespace dettrial::vision {
+
 /**
  * @brief The random draws of one record's augmentation in one epoch: a splitmix64 stream keyed by
  * (seed, epoch, record index) alone, so a record is augmented the same way whatever the worker
@@ -67,8 +110,8 @@ class RecordRandom {
 
   /// The next 64 random bits.
   std::uint64_t bits() {
-    state_ += detail::golden_gamma;
-    return detail::mix64(state_);
+    state_ += dettrial::detail::golden_gamma;
+    return dettrial::detail::mix64(state_);
   }
   /// Uniform in [lo, hi).
   double uniform(double lo, double hi) { return lo + (hi - lo) * static_cast<double>(bits() >> 11) * 0x1.0p-53; }
@@ -87,8 +130,8 @@ class RecordRandom {
 
  private:
   RecordRandom(std::uint64_t domain, std::uint64_t seed, std::int64_t epoch, std::int64_t key)
-      : state_(detail::mix64(detail::mix64(detail::mix64(seed ^ domain) + static_cast<std::uint64_t>(epoch)) +
-                             static_cast<std::uint64_t>(key))) {}
+      : state_(dettrial::detail::mix64(dettrial::detail::mix64(dettrial::detail::mix64(seed ^ domain) + static_cast<std::uint64_t>(epoch)) +
+                                       static_cast<std::uint64_t>(key))) {}
 
   __extension__ typedef unsigned __int128 wide;  // GCC's and Clang's; __extension__: no -Wpedantic warning
   // Keeps augmentation streams apart from the shuffles drawn from the same loader seed.

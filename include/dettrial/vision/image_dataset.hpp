@@ -34,6 +34,13 @@ concept ImageSource = requires(const S& s, std::int64_t i, ImageMode mode) {
   { s.name(i) } -> std::convertible_to<std::string>;
 };
 
+/// A source that decodes a record's window alone (ImageFolder), for a pipeline whose first step
+/// crops a window drawn before decoding (Compose::crops_first).
+template <class S, class T>
+concept DecodesWindowsFor = T::crops_first && requires(const S& s, std::int64_t i, ImageMode mode, WindowChooser choose) {
+  { s.load_window(i, mode, choose) } -> std::same_as<Image>;
+};
+
 /// What an ImageDataset transforms with: a Compose (the 8-bit steps, then what the batch holds).
 template <class T>
 concept ImagePipeline = requires(const T& t, Image image, RecordRandom& random, void* out) {
@@ -166,19 +173,21 @@ class ImageDataset {
   }
 
   /// Record `record`, read and transformed with its draws; nullopt when it is unreadable and skipped.
+  /// A pipeline that crops first (RandomResizedCrop, CenterCrop) reads only the crop's window of a
+  /// JPEG, with the same draws and pixels.
   std::optional<Image> transformed(std::int64_t record, RecordRandom& random) const {
-    Image image;
     try {
-      image = source_.load(record, options_.mode);
-    } catch (const ImageError& e) {
+      if constexpr (DecodesWindowsFor<Source, Transform>) {
+        return transform_.apply_windowed([&](WindowChooser choose) { return source_.load_window(record, options_.mode, choose); }, random);
+      } else {
+        return transform_.apply(source_.load(record, options_.mode), random);
+      }
+    } catch (const ImageError& e) {  // the file: skipped if the options say so
       const std::string what = std::string(e.what()) + " (record " + std::to_string(record) + ")";
       if (!options_.skip_unreadable) throw ImageError(what);
       note_skip(what);
       return std::nullopt;
-    }
-    try {
-      return transform_.apply(std::move(image), random);
-    } catch (const DataError& e) {
+    } catch (const DataError& e) {  // the transforms
       throw DataError(std::string(e.what()) + " (record " + std::to_string(record) + ", '" + source_.name(record) + "')");
     }
   }

@@ -18,8 +18,8 @@
 
 namespace dettrial::vision {
 
-/// torchvision's IMG_EXTENSIONS: the files ImageFolder lists by default (dettrial decodes the JPEG and
-/// PNG ones; any other listed file is an ImageError when read, so the records are torchvision's).
+/// torchvision's IMG_EXTENSIONS: the files ImageFolder lists by default, so the records are
+/// torchvision's (dettrial decodes the JPEG, PNG and WebP ones and refuses a listing with the others).
 inline const std::vector<std::string>& default_image_extensions() {
   static const std::vector<std::string> extensions{".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp"};
   return extensions;
@@ -67,6 +67,10 @@ class ImageFolder {
   std::int64_t label(std::int64_t index) const { return samples_[static_cast<std::size_t>(index)].label; }
   /// Reads and decodes record `index` (thread-safe).
   Image load(std::int64_t index, ImageMode mode) const { return read_image(samples_[static_cast<std::size_t>(index)].path, mode); }
+  /// Record `index`'s window that `choose` picks from its size: a JPEG decodes only that (read_image_window).
+  Image load_window(std::int64_t index, ImageMode mode, WindowChooser choose) const {
+    return read_image_window(samples_[static_cast<std::size_t>(index)].path, mode, choose);
+  }
   /// The record's file, for messages.
   std::string name(std::int64_t index) const { return samples_[static_cast<std::size_t>(index)].path.string(); }
 
@@ -88,9 +92,14 @@ class ImageFolder {
 
 namespace dettrial::vision::detail {
 
+/// `text` in lower case (ASCII: file name endings).
+inline std::string lowercase(std::string text) {
+  std::transform(text.begin(), text.end(), text.begin(), [](unsigned char ch) { return static_cast<char>(std::tolower(ch)); });
+  return text;
+}
+
 inline bool has_extension(const std::string& file, const std::vector<std::string>& extensions) {
-  std::string lower = file;
-  std::transform(lower.begin(), lower.end(), lower.begin(), [](unsigned char ch) { return static_cast<char>(std::tolower(ch)); });
+  const std::string lower = lowercase(file);
   return std::any_of(extensions.begin(), extensions.end(), [&](const std::string& e) {
     return lower.size() >= e.size() && lower.compare(lower.size() - e.size(), e.size(), e) == 0;
   });
@@ -145,13 +154,12 @@ inline bool is_integer(const std::string& text) {
 /// The ending of `file` in lower case when it names an image kind this build cannot decode: BMP,
 /// TIFF, PPM/PGM and GIF, and JPEG, PNG or WebP where their library was not found; else empty.
 inline std::string undecodable_ending(const std::string& file) {
-  const std::string ending = std::filesystem::path(file).extension().string();
-  std::string lower(ending.size(), '\0');
-  std::transform(ending.begin(), ending.end(), lower.begin(), [](unsigned char ch) { return static_cast<char>(std::tolower(ch)); });
+  const std::string lower = lowercase(std::filesystem::path(file).extension().string());
   const bool readable =
       ((lower == ".jpg" || lower == ".jpeg") && decodes_jpeg) || (lower == ".png" && decodes_png) || (lower == ".webp" && decodes_webp);
-  static const std::set<std::string> images{".jpg", ".jpeg", ".png", ".webp", ".bmp", ".tif", ".tiff", ".ppm", ".pgm", ".gif"};
-  return !readable && images.count(lower) ? lower : std::string();
+  const auto& listed = default_image_extensions();
+  const bool image = lower == ".gif" || std::find(listed.begin(), listed.end(), lower) != listed.end();  // and GIF, which a user may list
+  return !readable && image ? lower : std::string();
 }
 
 /// Refuses a listing that holds files this build cannot decode, before any training: one sentence

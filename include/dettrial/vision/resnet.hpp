@@ -97,6 +97,8 @@ class ResNetImpl : public torch::nn::Module {
  private:
   torch::nn::Sequential make_layer(std::int64_t planes, std::int64_t blocks, std::int64_t stride, bool dilate);
   void initialise(bool zero_init_residual);
+  /// The block's output channels over its `planes`: 1 for BasicBlock, 4 for Bottleneck.
+  std::int64_t expansion() const { return block_ == ResNetBlock::basic ? BasicBlockImpl::expansion : BottleneckImpl::expansion; }
 
   ResNetBlock block_;
   std::int64_t inplanes_ = 64;
@@ -208,13 +210,12 @@ DETTRIAL_INLINE ResNetImpl::ResNetImpl(ResNetBlock block, std::array<std::int64_
   layer3 = register_module("layer3", make_layer(256, layers[2], 2, options.replace_stride_with_dilation[1]));
   layer4 = register_module("layer4", make_layer(512, layers[3], 2, options.replace_stride_with_dilation[2]));
   avgpool = register_module("avgpool", torch::nn::AdaptiveAvgPool2d(torch::nn::AdaptiveAvgPool2dOptions({1, 1})));
-  const std::int64_t expansion = block == ResNetBlock::basic ? BasicBlockImpl::expansion : BottleneckImpl::expansion;
-  fc = register_module("fc", torch::nn::Linear(512 * expansion, options.num_classes));
+  fc = register_module("fc", torch::nn::Linear(512 * expansion(), options.num_classes));
   initialise(options.zero_init_residual);
 }
 
 DETTRIAL_INLINE torch::nn::Sequential ResNetImpl::make_layer(std::int64_t planes, std::int64_t blocks, std::int64_t stride, bool dilate) {
-  const std::int64_t expansion = block_ == ResNetBlock::basic ? BasicBlockImpl::expansion : BottleneckImpl::expansion;
+  const std::int64_t expansion = this->expansion();
   const std::int64_t previous_dilation = dilation_;
   if (dilate) {
     dilation_ *= stride;

@@ -120,6 +120,14 @@ struct CenterCrop {
     const std::int64_t left = image.width >= size.width ? detail::round_half(image.width - size.width) : -((size.width - image.width) / 2);
     return detail::window(image, top, left, size.height, size.width);
   }
+  /// The window, known from the image's size alone, so a JPEG decodes only it; none when it does
+  /// not fit (the image is then padded as above).
+  std::optional<PixelWindow> window_in(std::int64_t height, std::int64_t width, RecordRandom& /*random*/) const {
+    if (height < size.height || width < size.width) return std::nullopt;
+    return PixelWindow{detail::round_half(height - size.height), detail::round_half(width - size.width), size.height, size.width};
+  }
+  /// The step's work on its decoded window: none.
+  Image finish_window(Image window) const { return window; }
 };
 
 /// Options of RandomCrop: torchvision's keyword arguments.
@@ -196,6 +204,13 @@ struct RandomResizedCrop {
     const auto [top, left, h, w] = window_of(image.height, image.width, random);
     return detail::resize_bilinear(detail::window(image, top, left, h, w), size.height, size.width);
   }
+  /// The window, drawn from the image's size alone (the same draws as above), so a JPEG decodes only it.
+  std::optional<PixelWindow> window_in(std::int64_t height, std::int64_t width, RecordRandom& random) const {
+    const auto [top, left, h, w] = window_of(height, width, random);
+    return PixelWindow{top, left, h, w};
+  }
+  /// The step's work on its decoded window: the resize.
+  Image finish_window(Image window) const { return detail::resize_bilinear(window, size.height, size.width); }
   /// torchvision's `get_params`: (top, left, height, width).
   std::array<std::int64_t, 4> window_of(std::int64_t height, std::int64_t width, RecordRandom& random) const {
     const double area = static_cast<double>(height * width);
@@ -303,6 +318,14 @@ class RandomErasing {
   RandomErasingOptions options_;
 };
 
+/// A crop whose window is known from the image's size before its pixels are (RandomResizedCrop,
+/// CenterCrop): first in a pipeline, it lets a JPEG decode only that window.
+template <class T>
+concept WindowStep = requires(const T& t, std::int64_t side, RecordRandom& random, Image image) {
+  { t.window_in(side, side, random) } -> std::same_as<std::optional<PixelWindow>>;
+  { t.finish_window(std::move(image)) } -> std::same_as<Image>;
+};
+
 /// A step that says what the batch holds (ToFloat, Normalize) or acts on it (RandomErasing) rather than changing the image.
 template <class T>
 concept OutputStep = requires {
@@ -364,6 +387,11 @@ class Compose {
   static constexpr bool to_float = (std::is_same_v<Steps, ToFloat> || ...);
   /// Whether a RandomErasing step acts on the written image.
   static constexpr bool erases = (std::is_same_v<Steps, RandomErasing> || ...);
+  /// Whether the first step is a crop drawn before decoding (WindowStep): then apply_windowed decodes only its window.
+  static constexpr bool crops_first = [] {
+    if constexpr (sizeof...(Steps) == 0) return false;
+    else return WindowStep<std::tuple_element_t<0, std::tuple<Steps...>>>;
+  }();
 
   explicit Compose(Steps... steps) : steps_(std::move(steps)...) {
     std::apply([&](const auto&... s) { (take_normalize(s), ...); }, steps_);
@@ -377,17 +405,28 @@ class Compose {
   }
 
   /// The 8-bit transforms, in order.
-  Image apply(Image image, RecordRandom& random) const {
-    std::apply(
-        [&](const auto&... s) {
-          (
-              [&](const auto& step) {
-                if constexpr (!OutputStep<std::remove_cvref_t<decltype(step)>>) image = step(std::move(image), random);
-              }(s),
-              ...);
-        },
-        steps_);
-    return image;
+  Image apply(Image image, RecordRandom& random) const { return apply_from<0>(std::move(image), random); }
+
+  /**
+   * @brief The transforms on an image read through `load_window(WindowChooser)` (a source's
+   * load_window): the first step draws its window from the image's size, the file is decoded only
+   * there, and the step finishes on the window (RandomResizedCrop resizes it). The same draws and
+   * the same pixels as apply() on the whole decoded image.
+   */
+  template <class LoadWindow>
+  Image apply_windowed(LoadWindow&& load_window, RecordRandom& random) const
+    requires crops_first
+  {
+    const auto& first = std::get<0>(steps_);
+    bool windowed = false;
+    auto choose = [&](std::int64_t height, std::int64_t width) {
+      const std::optional<PixelWindow> window = first.window_in(height, width, random);
+      windowed = window.has_value();
+      return window.value_or(PixelWindow{0, 0, height, width});
+    };
+    Image image = std::forward<LoadWindow>(load_window)(WindowChooser(choose));
+    image = windowed ? first.finish_window(std::move(image)) : first(std::move(image), random);
+    return apply_from<1>(std::move(image), random);
   }
 
   /// The batch's element type.
@@ -439,6 +478,20 @@ class Compose {
       for (std::int64_t k = 0; k < c; ++k)
         for (std::int64_t i = 0; i < plane; ++i) dst[k * plane + i] = image.pixels[static_cast<std::size_t>(i * c + k)];
     }
+  }
+
+  /// The 8-bit steps from the `First`-th on.
+  template <std::size_t First>
+  Image apply_from(Image image, RecordRandom& random) const {
+    [&]<std::size_t... I>(std::index_sequence<I...>) {
+      (
+          [&] {
+            using Step = std::tuple_element_t<First + I, std::tuple<Steps...>>;
+            if constexpr (!OutputStep<Step>) image = std::get<First + I>(steps_)(std::move(image), random);
+          }(),
+          ...);
+    }(std::make_index_sequence<sizeof...(Steps) - First>{});
+    return image;
   }
 
   static void check_byte_erasing(const RandomErasing& erasing) {
@@ -506,12 +559,9 @@ DETTRIAL_INLINE std::int64_t padded_source(std::int64_t i, std::int64_t n, Paddi
 DETTRIAL_INLINE Image window(const Image& image, std::int64_t top, std::int64_t left, std::int64_t height, std::int64_t width,
                              PaddingMode mode, std::uint8_t fill) {
   const std::int64_t c = image.channels;
-  Image out(height, width, c);
   const bool inside = top >= 0 && left >= 0 && top + height <= image.height && left + width <= image.width;
-  if (inside) {  // a plain crop: one copy per row
-    for (std::int64_t y = 0; y < height; ++y) std::memcpy(out.row(y), image.row(top + y) + left * c, static_cast<std::size_t>(width * c));
-    return out;
-  }
+  if (inside) return crop(image, top, left, height, width);
+  Image out(height, width, c);
   std::vector<std::int64_t> columns(static_cast<std::size_t>(width));
   for (std::int64_t x = 0; x < width; ++x) columns[static_cast<std::size_t>(x)] = padded_source(left + x, image.width, mode);
   for (std::int64_t y = 0; y < height; ++y) {
