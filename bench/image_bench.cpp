@@ -9,6 +9,7 @@
 //              the crop's window, and again decoded whole (the exact same batches either way)
 //   imagenet-val  the guide's validation pipeline on it: Resize(256), CenterCrop(224), ToFloat, Normalize
 //   imagenet-decode  its bare decode rate, one thread (the limit, times the cores)
+//   imagenet-stages  one image's time in the training pipeline, stage by stage, one thread
 //   train      the example's ResNet trained on the PNG folder through the pipeline, and on the same
 //              images decoded beforehand into a tensor: whether training waits on data
 // Prints one JSON object per measurement (bench/table.py makes the table).
@@ -47,7 +48,7 @@ double peak_mib() {
   return static_cast<double>(usage.ru_maxrss) / 1024.0;
 }
 
-void print(const std::string& name, double value, const std::string& unit, nlohmann::json extra = {}) {
+void print(const std::string& name, double value, const std::string& unit, nlohmann::json extra = nlohmann::json::object()) {
   nlohmann::json row{{"name", name}, {"value", value}, {"unit", unit}, {"spread", 1.0}};
   row.update(extra);
   std::cout << row.dump() << std::endl;
@@ -93,6 +94,9 @@ vision::Compose<vision::RandomCrop, vision::RandomHorizontalFlip, vision::ToFloa
 }  // namespace
 
 int main(int argc, char** argv) {
+  // The process as a trial's runs (dettrial::main applies its Context's settings): here only glibc's
+  // malloc keeping freed memory; threads, determinism and seeds are left as they are.
+  dettrial::ProcessSettings{}.apply();
   std::string png, jpeg, imagenet, which = "png";
   bool quick = false;
   for (int i = 1; i < argc; ++i) {
@@ -152,6 +156,47 @@ int main(int argc, char** argv) {
     const double rate = static_cast<double>(n) / std::chrono::duration<double>(Clock::now() - start).count();
     print("image decode alone, ImageNet-sized JPEGs: one thread x " + std::to_string(cores) + " cores (the limit)", rate * cores,
           "images/s", {{"one_thread", rate}, {"checksum", checksum}});
+  } else if (which == "imagenet-stages") {
+    // Where one image's time goes in the training pipeline, one thread: the window decoded, the
+    // whole image decoded (for comparison), the resize to 224, the flip, the write into the batch.
+    const vision::ImageFolder folder(imagenet);
+    const auto pipeline = vision::Compose(vision::RandomResizedCrop(224), vision::RandomHorizontalFlip{1.0}, vision::ToFloat{},
+                                          vision::Normalize(imagenet_mean, imagenet_std));
+    const auto& crop = vision::RandomResizedCrop(224);
+    const std::int64_t n = std::min<std::int64_t>(folder.size(), quick ? 50 : 1000);
+    std::vector<float> out(3 * 224 * 224);
+    double window_s = 0, whole_s = 0, resize_s = 0, flip_s = 0, write_s = 0;
+    std::int64_t window_pixels = 0, image_pixels = 0;
+    const auto seconds = [](Clock::time_point since) { return std::chrono::duration<double>(Clock::now() - since).count(); };
+    for (std::int64_t i = 0; i < n; ++i) {
+      vision::RecordRandom random(1, 0, i);
+      auto t = Clock::now();
+      vision::Image window = folder.load_window(i, vision::ImageMode::rgb, [&](std::int64_t h, std::int64_t w) {
+        image_pixels += h * w;
+        return crop.window_in(h, w, random).value();
+      });
+      window_s += seconds(t);
+      window_pixels += window.height * window.width;
+      t = Clock::now();
+      static_cast<void>(folder.load(i, vision::ImageMode::rgb));
+      whole_s += seconds(t);
+      t = Clock::now();
+      vision::Image resized = crop.finish_window(std::move(window));
+      resize_s += seconds(t);
+      t = Clock::now();
+      resized = vision::RandomHorizontalFlip{1.0}(std::move(resized), random);
+      flip_s += seconds(t);
+      t = Clock::now();
+      pipeline.write(resized, out.data(), random);
+      write_s += seconds(t);
+    }
+    const auto ms = [&](double s) { return 1000.0 * s / static_cast<double>(n); };
+    print("ImageNet training pipeline, one image, one thread: the crop's window decoded", ms(window_s), "ms",
+          {{"window_share_of_pixels", static_cast<double>(window_pixels) / static_cast<double>(image_pixels)}});
+    print("ImageNet training pipeline, one image, one thread: the whole image decoded", ms(whole_s), "ms");
+    print("ImageNet training pipeline, one image, one thread: the window resized to 224x224", ms(resize_s), "ms");
+    print("ImageNet training pipeline, one image, one thread: the flip", ms(flip_s), "ms");
+    print("ImageNet training pipeline, one image, one thread: ToFloat and Normalize into the batch", ms(write_s), "ms");
   } else if (which == "train") {
     // The example's ResNet-8 on the PNG folder: batches from the pipeline (decoded and augmented on
     // the workers while the model trains) against the same images decoded once into a tensor.

@@ -1,5 +1,6 @@
 """Turns bench/run's JSON lines into one table with the ratios the project tracks."""
 import json
+import os
 import platform
 import sys
 
@@ -44,10 +45,14 @@ if "MNIST example: Trainer + DataLoader" in by_name:
     print(f"{'MNIST example time per batch, Trainer + DataLoader / pre-batched loop':76} {t / p:8.3f}")
 # Images (bench/image): dettrial's pipeline against torchvision's best worker count, and against the
 # bare decode rate times the cores (the limit).
-for folder in ("PNG folder 28x28", "JPEG folder 64x64"):
-    ours = by_name.get(f"image pipeline, {folder}: dettrial")
+imagenet_train = "ImageNet-sized JPEGs, RandomResizedCrop(224)"
+for folder, ours_name, files in (("PNG folder 28x28", "dettrial", "PNG folder 28x28"),
+                                 ("JPEG folder 64x64", "dettrial", "JPEG folder 64x64"),
+                                 (imagenet_train, "dettrial, the crop's window decoded", "ImageNet-sized JPEGs"),
+                                 ("ImageNet-sized JPEGs, Resize(256) CenterCrop(224)", "dettrial", "ImageNet-sized JPEGs")):
+    ours = by_name.get(f"image pipeline, {folder}: {ours_name}")
     theirs = [r for r in rows if r["name"].startswith(f"image pipeline, {folder}: torchvision")]
-    limit = next((r for r in rows if r["name"].startswith(f"image decode alone, {folder}: one thread")), None)
+    limit = next((r for r in rows if r["name"].startswith(f"image decode alone, {files}: one thread")), None)
     if ours and theirs:
         best = max(theirs, key=lambda r: r["value"])
         print(f"{'image pipeline, ' + folder + ', dettrial / torchvision best (workers ' + str(best['workers']) + ')':76} "
@@ -56,6 +61,12 @@ for folder in ("PNG folder 28x28", "JPEG folder 64x64"):
               f"{ours['rss_end_mib'] / ours['rss_tenth_mib']:8.2f}")
     if ours and limit:
         print(f"{'image pipeline, ' + folder + ', dettrial / the limit (decode alone x cores)':76} {ours['value'] / limit['value']:8.2f}")
+window = by_name.get(f"image pipeline, {imagenet_train}: dettrial, the crop's window decoded")
+whole = by_name.get(f"image pipeline, {imagenet_train}: dettrial, decoded whole")
+if window and whole:
+    print(f"{'image pipeline, ' + imagenet_train + ', the window decoded / decoded whole':76} {window['value'] / whole['value']:8.2f}")
+    print(f"{'image pipeline, ' + imagenet_train + ', dettrial per core (images/s)':76} "
+          f"{window['value'] / max(1, len(os.sched_getaffinity(0))):8.0f}")
 trained = by_name.get("image example training, ResNet-8 on PNG: batches from the pipeline")
 decoded = by_name.get("image example training, ResNet-8 on PNG: batches decoded beforehand")
 if trained and decoded:

@@ -1331,6 +1331,15 @@ inline std::string leading_bytes(std::span<const std::uint8_t> bytes) {
   return out.empty() ? "nothing: the file is empty" : out;
 }
 
+/// `window`, which must lie inside the `height` x `width` image `name`: a DataError says where it does not.
+inline PixelWindow checked_window(const PixelWindow& w, std::int64_t height, std::int64_t width, const std::string& name) {
+  if (w.top < 0 || w.left < 0 || w.height < 1 || w.width < 1 || w.top + w.height > height || w.left + w.width > width)
+    throw DataError("a window of " + std::to_string(w.height) + "x" + std::to_string(w.width) + " at (" + std::to_string(w.top) + ", " +
+                    std::to_string(w.left) + ") does not lie inside '" + name + "' (" + std::to_string(height) + "x" +
+                    std::to_string(width) + ")");
+  return w;
+}
+
 #if defined(DETTRIAL_HAS_LIBJPEG)
 /// libjpeg's error manager, turned into exceptions: an error, and a warning too (libjpeg only warns
 /// about a file cut short, filling the rest with grey), jumps back to the decoding function with
@@ -1372,11 +1381,7 @@ inline Image decode_jpeg_window(std::span<const std::uint8_t> bytes, ImageMode m
   const bool cmyk = info.jpeg_color_space == JCS_CMYK || info.jpeg_color_space == JCS_YCCK;
   const bool gray_source = info.jpeg_color_space == JCS_GRAYSCALE;
   info.out_color_space = cmyk ? JCS_CMYK : gray_source ? JCS_GRAYSCALE : JCS_RGB;
-  const PixelWindow w = choose(height, width);
-  if (w.top < 0 || w.left < 0 || w.height < 1 || w.width < 1 || w.top + w.height > height || w.left + w.width > width)
-    throw DataError("a window of " + std::to_string(w.height) + "x" + std::to_string(w.width) + " at (" + std::to_string(w.top) + ", " +
-                    std::to_string(w.left) + ") does not lie inside '" + name + "' (" + std::to_string(height) + "x" +
-                    std::to_string(width) + ")");
+  const PixelWindow w = checked_window(choose(height, width), height, width, name);
   jpeg_start_decompress(&info);
   // One block column more on each side than the window: fancy upsampling of subsampled chroma reads
   // its neighbours, and at the edge of a cropped scanline libjpeg-turbo has none (it repeats the
@@ -1486,11 +1491,7 @@ DETTRIAL_INLINE Image decode_image_window(std::span<const std::uint8_t> bytes, I
   if (detail::format_of(bytes) == detail::ImageFormat::jpeg) return detail::decode_jpeg_window(bytes, mode, name, choose);
 #endif
   const Image image = decode_image(bytes, mode, name);
-  const PixelWindow w = choose(image.height, image.width);
-  if (w.top < 0 || w.left < 0 || w.height < 1 || w.width < 1 || w.top + w.height > image.height || w.left + w.width > image.width)
-    throw DataError("a window of " + std::to_string(w.height) + "x" + std::to_string(w.width) + " at (" + std::to_string(w.top) + ", " +
-                    std::to_string(w.left) + ") does not lie inside '" + name + "' (" + std::to_string(image.height) + "x" +
-                    std::to_string(image.width) + ")");
+  const PixelWindow w = detail::checked_window(choose(image.height, image.width), image.height, image.width, name);
   return detail::crop(image, w.top, w.left, w.height, w.width);
 }
 
@@ -1515,6 +1516,7 @@ DETTRIAL_INLINE Image read_image_window(const std::filesystem::path& path, Image
 #include <cstdio>
 #include <memory>
 #include <mutex>
+#include <vector>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -2493,6 +2495,41 @@ concept ImageSource = requires(const S& s, std::int64_t i, ImageMode mode) {
   { s.name(i) } -> std::convertible_to<std::string>;
 };
 
+}  // namespace dettrial::vision
+
+namespace dettrial::vision::detail {
+/**
+ * @brief Batch tensors handed out again once nothing refers to them any more. A float batch of 64
+ * images of 224 pixels is 38 MB, above glibc's largest mmap threshold (32 MiB): a fresh one every
+ * batch is a fresh mapping, each of its pages faulting and zeroed as it is first written, a quarter
+ * of the pipeline's time at ImageNet's sizes. A buffer is reused only when its storage has no other
+ * owner (no batch, view or copy of it is alive). Pinned buffers are not kept: a non-blocking copy
+ * to the GPU may still be reading one its owner has dropped, and CUDA's host allocator, which
+ * serves them, already reuses its blocks once such copies end.
+ */
+class BatchBuffers {
+ public:
+  torch::Tensor take(at::IntArrayRef shape, torch::Dtype dtype, bool pinned) {
+    if (pinned) return torch::empty(shape, torch::TensorOptions(dtype).pinned_memory(true));
+    std::lock_guard lock(mutex_);
+    for (const torch::Tensor& buffer : buffers_)
+      if (buffer.use_count() == 1 && buffer.storage().use_count() == 1 && buffer.scalar_type() == dtype && buffer.sizes() == shape)
+        return buffer;  // the copy returned makes it owned again before the lock is released
+    torch::Tensor fresh = torch::empty(shape, dtype);
+    if (buffers_.size() < max_buffers) buffers_.push_back(fresh);
+    return fresh;
+  }
+
+ private:
+  // Enough for a loader's batches in flight (workers x prefetch) and the one being trained on.
+  static constexpr std::size_t max_buffers = 16;
+  std::mutex mutex_;
+  std::vector<torch::Tensor> buffers_;
+};
+}  // namespace dettrial::vision::detail
+
+namespace dettrial::vision {
+
 /// A source that decodes a record's window alone (ImageFolder), for a pipeline whose first step
 /// crops a window drawn before decoding (Compose::crops_first).
 template <class S, class T>
@@ -2587,8 +2624,7 @@ class ImageDataset {
       std::optional<Image> image = transformed(record, random);
       if (!image) continue;
       if (!images.defined()) {
-        images =
-            torch::empty({n, image->channels, image->height, image->width}, torch::TensorOptions(transform_.dtype()).pinned_memory(pin_));
+        images = buffers_->take({n, image->channels, image->height, image->width}, transform_.dtype(), pin_);
         bytes_per_image = image->channels * image->height * image->width * static_cast<std::int64_t>(images.element_size());
       } else if (image->channels != images.size(1) || image->height != images.size(2) || image->width != images.size(3)) {
         throw DataError("record " + std::to_string(record) + " ('" + source_.name(record) + "') is " + shape(*image) +
@@ -2619,7 +2655,8 @@ class ImageDataset {
         mixing_(std::move(mixing)),
         options_(options),
         pin_(options.pin_memory.value_or(torch::cuda::is_available())),
-        skips_(std::make_shared<Skips>()) {}
+        skips_(std::make_shared<Skips>()),
+        buffers_(std::make_shared<detail::BatchBuffers>()) {}
 
   struct Skips {
     std::mutex mutex;
@@ -2664,7 +2701,8 @@ class ImageDataset {
   [[no_unique_address]] Mixing mixing_;
   ImageDatasetOptions options_;
   bool pin_ = false;
-  std::shared_ptr<Skips> skips_;  // shared by copies: the loader's copy counts for the trial's
+  std::shared_ptr<Skips> skips_;                   // shared by copies: the loader's copy counts for the trial's
+  std::shared_ptr<detail::BatchBuffers> buffers_;  // shared by copies, as the loader's workers share them
 };
 
 }  // namespace dettrial::vision

@@ -281,6 +281,37 @@ TEST_CASE("vision: a pipeline that crops first reads only the window, with the s
   CHECK_FALSE(vision::Compose(vision::Resize(64), vision::CenterCrop(56)).crops_first);  // the resize needs the whole image
 }
 
+TEST_CASE("vision: a batch's memory is used again only once nothing refers to it, and holds the new batch's images") {
+  std::string why;
+  const auto dir = fixtures(why);
+  if (!dir) return test::skip(why);
+  struct Files {  // the window files, labelled by index
+    fs::path dir;
+    std::vector<std::string> names;
+    std::int64_t size() const { return static_cast<std::int64_t>(names.size()); }
+    std::int64_t label(std::int64_t i) const { return i; }
+    std::string name(std::int64_t i) const { return names[static_cast<std::size_t>(i)]; }
+    Image load(std::int64_t i, ImageMode mode) const { return vision::read_image(dir / name(i), mode); }
+  };
+  const Files files{*dir / "windows", manifest_of(*dir)["window_files"].get<std::vector<std::string>>()};
+  const vision::ImageDataset data(files, vision::Compose(vision::RandomResizedCrop(48), vision::ToFloat{}), {.pin_memory = false});
+  const vision::ImageDataset copy = data;  // copies share the buffers, as the loader's workers do
+  const torch::Tensor some = torch::tensor({0, 1, 2}, torch::kLong), others = torch::tensor({3, 4, 5}, torch::kLong);
+  torch::Tensor first = std::get<0>(data.get_batch(some));
+  const void* first_memory = first.data_ptr();
+  const torch::Tensor view = first.narrow(0, 1, 1), view_was = view.clone();
+  first = torch::Tensor();  // only a view of it is left
+  torch::Tensor second = std::get<0>(copy.get_batch(others));
+  const void* second_memory = second.data_ptr();
+  CHECK(second_memory != first_memory);  // the view still owns the first batch's memory
+  const torch::Tensor second_was = second.clone();
+  second = torch::Tensor();  // nothing refers to the second any more
+  const torch::Tensor third = std::get<0>(data.get_batch(others));
+  CHECK(third.data_ptr() == second_memory);  // handed out again
+  CHECK(torch::equal(third, second_was));    // and written anew: the same records, the same draws
+  CHECK(torch::equal(view, view_was));       // the view's memory was never written over
+}
+
 TEST_CASE("vision: damaged files are errors that name the file, never a crash or a grey-filled image") {
   std::string why;
   const auto dir = fixtures(why);

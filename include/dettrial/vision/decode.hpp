@@ -299,6 +299,15 @@ inline std::string leading_bytes(std::span<const std::uint8_t> bytes) {
   return out.empty() ? "nothing: the file is empty" : out;
 }
 
+/// `window`, which must lie inside the `height` x `width` image `name`: a DataError says where it does not.
+inline PixelWindow checked_window(const PixelWindow& w, std::int64_t height, std::int64_t width, const std::string& name) {
+  if (w.top < 0 || w.left < 0 || w.height < 1 || w.width < 1 || w.top + w.height > height || w.left + w.width > width)
+    throw DataError("a window of " + std::to_string(w.height) + "x" + std::to_string(w.width) + " at (" + std::to_string(w.top) + ", " +
+                    std::to_string(w.left) + ") does not lie inside '" + name + "' (" + std::to_string(height) + "x" +
+                    std::to_string(width) + ")");
+  return w;
+}
+
 #if defined(DETTRIAL_HAS_LIBJPEG)
 /// libjpeg's error manager, turned into exceptions: an error, and a warning too (libjpeg only warns
 /// about a file cut short, filling the rest with grey), jumps back to the decoding function with
@@ -340,11 +349,7 @@ inline Image decode_jpeg_window(std::span<const std::uint8_t> bytes, ImageMode m
   const bool cmyk = info.jpeg_color_space == JCS_CMYK || info.jpeg_color_space == JCS_YCCK;
   const bool gray_source = info.jpeg_color_space == JCS_GRAYSCALE;
   info.out_color_space = cmyk ? JCS_CMYK : gray_source ? JCS_GRAYSCALE : JCS_RGB;
-  const PixelWindow w = choose(height, width);
-  if (w.top < 0 || w.left < 0 || w.height < 1 || w.width < 1 || w.top + w.height > height || w.left + w.width > width)
-    throw DataError("a window of " + std::to_string(w.height) + "x" + std::to_string(w.width) + " at (" + std::to_string(w.top) + ", " +
-                    std::to_string(w.left) + ") does not lie inside '" + name + "' (" + std::to_string(height) + "x" +
-                    std::to_string(width) + ")");
+  const PixelWindow w = checked_window(choose(height, width), height, width, name);
   jpeg_start_decompress(&info);
   // One block column more on each side than the window: fancy upsampling of subsampled chroma reads
   // its neighbours, and at the edge of a cropped scanline libjpeg-turbo has none (it repeats the
@@ -454,11 +459,7 @@ DETTRIAL_INLINE Image decode_image_window(std::span<const std::uint8_t> bytes, I
   if (detail::format_of(bytes) == detail::ImageFormat::jpeg) return detail::decode_jpeg_window(bytes, mode, name, choose);
 #endif
   const Image image = decode_image(bytes, mode, name);
-  const PixelWindow w = choose(image.height, image.width);
-  if (w.top < 0 || w.left < 0 || w.height < 1 || w.width < 1 || w.top + w.height > image.height || w.left + w.width > image.width)
-    throw DataError("a window of " + std::to_string(w.height) + "x" + std::to_string(w.width) + " at (" + std::to_string(w.top) + ", " +
-                    std::to_string(w.left) + ") does not lie inside '" + name + "' (" + std::to_string(image.height) + "x" +
-                    std::to_string(image.width) + ")");
+  const PixelWindow w = detail::checked_window(choose(image.height, image.width), image.height, image.width, name);
   return detail::crop(image, w.top, w.left, w.height, w.width);
 }
 

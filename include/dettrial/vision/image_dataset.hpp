@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <memory>
 #include <mutex>
+#include <vector>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -33,6 +34,41 @@ concept ImageSource = requires(const S& s, std::int64_t i, ImageMode mode) {
   { s.load(i, mode) } -> std::same_as<Image>;
   { s.name(i) } -> std::convertible_to<std::string>;
 };
+
+}  // namespace dettrial::vision
+
+namespace dettrial::vision::detail {
+/**
+ * @brief Batch tensors handed out again once nothing refers to them any more. A float batch of 64
+ * images of 224 pixels is 38 MB, above glibc's largest mmap threshold (32 MiB): a fresh one every
+ * batch is a fresh mapping, each of its pages faulting and zeroed as it is first written, a quarter
+ * of the pipeline's time at ImageNet's sizes. A buffer is reused only when its storage has no other
+ * owner (no batch, view or copy of it is alive). Pinned buffers are not kept: a non-blocking copy
+ * to the GPU may still be reading one its owner has dropped, and CUDA's host allocator, which
+ * serves them, already reuses its blocks once such copies end.
+ */
+class BatchBuffers {
+ public:
+  torch::Tensor take(at::IntArrayRef shape, torch::Dtype dtype, bool pinned) {
+    if (pinned) return torch::empty(shape, torch::TensorOptions(dtype).pinned_memory(true));
+    std::lock_guard lock(mutex_);
+    for (const torch::Tensor& buffer : buffers_)
+      if (buffer.use_count() == 1 && buffer.storage().use_count() == 1 && buffer.scalar_type() == dtype && buffer.sizes() == shape)
+        return buffer;  // the copy returned makes it owned again before the lock is released
+    torch::Tensor fresh = torch::empty(shape, dtype);
+    if (buffers_.size() < max_buffers) buffers_.push_back(fresh);
+    return fresh;
+  }
+
+ private:
+  // Enough for a loader's batches in flight (workers x prefetch) and the one being trained on.
+  static constexpr std::size_t max_buffers = 16;
+  std::mutex mutex_;
+  std::vector<torch::Tensor> buffers_;
+};
+}  // namespace dettrial::vision::detail
+
+namespace dettrial::vision {
 
 /// A source that decodes a record's window alone (ImageFolder), for a pipeline whose first step
 /// crops a window drawn before decoding (Compose::crops_first).
@@ -128,8 +164,7 @@ class ImageDataset {
       std::optional<Image> image = transformed(record, random);
       if (!image) continue;
       if (!images.defined()) {
-        images =
-            torch::empty({n, image->channels, image->height, image->width}, torch::TensorOptions(transform_.dtype()).pinned_memory(pin_));
+        images = buffers_->take({n, image->channels, image->height, image->width}, transform_.dtype(), pin_);
         bytes_per_image = image->channels * image->height * image->width * static_cast<std::int64_t>(images.element_size());
       } else if (image->channels != images.size(1) || image->height != images.size(2) || image->width != images.size(3)) {
         throw DataError("record " + std::to_string(record) + " ('" + source_.name(record) + "') is " + shape(*image) +
@@ -160,7 +195,8 @@ class ImageDataset {
         mixing_(std::move(mixing)),
         options_(options),
         pin_(options.pin_memory.value_or(torch::cuda::is_available())),
-        skips_(std::make_shared<Skips>()) {}
+        skips_(std::make_shared<Skips>()),
+        buffers_(std::make_shared<detail::BatchBuffers>()) {}
 
   struct Skips {
     std::mutex mutex;
@@ -205,7 +241,8 @@ class ImageDataset {
   [[no_unique_address]] Mixing mixing_;
   ImageDatasetOptions options_;
   bool pin_ = false;
-  std::shared_ptr<Skips> skips_;  // shared by copies: the loader's copy counts for the trial's
+  std::shared_ptr<Skips> skips_;                   // shared by copies: the loader's copy counts for the trial's
+  std::shared_ptr<detail::BatchBuffers> buffers_;  // shared by copies, as the loader's workers share them
 };
 
 }  // namespace dettrial::vision
