@@ -162,7 +162,7 @@ int main(int argc, char** argv) {
     const vision::ImageFolder folder(imagenet);
     const auto pipeline = vision::Compose(vision::RandomResizedCrop(224), vision::RandomHorizontalFlip{1.0}, vision::ToFloat{},
                                           vision::Normalize(imagenet_mean, imagenet_std));
-    const auto& crop = vision::RandomResizedCrop(224);
+    const vision::RandomResizedCrop crop(224);
     const std::int64_t n = std::min<std::int64_t>(folder.size(), quick ? 50 : 1000);
     std::vector<float> out(3 * 224 * 224);
     double window_s = 0, whole_s = 0, resize_s = 0, flip_s = 0, write_s = 0;

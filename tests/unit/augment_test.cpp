@@ -23,6 +23,7 @@
 #include <dettrial/vision.hpp>
 
 #include "skip.hpp"
+#include "torch_release.hpp"
 
 namespace fs = std::filesystem;
 namespace vision = dettrial::vision;
@@ -74,13 +75,6 @@ AugmentOp op_named(const std::string& name) {
   return AugmentOp::identity;
 }
 
-/// "2.15" of "2.15.0+cu132".
-std::string release_of(const std::string& version) { return version.substr(0, version.find('.', version.find('.') + 1)); }
-bool same_release(const nlohmann::json& manifest) {
-  return release_of(manifest["torch"].get<std::string>()) ==
-         std::to_string(TORCH_VERSION_MAJOR) + "." + std::to_string(TORCH_VERSION_MINOR);
-}
-
 /// An image source in memory for ImageDataset: `n` images of 20 x 24, labels record % 10.
 struct MemorySource {
   std::int64_t n = 13;
@@ -129,7 +123,7 @@ TEST_CASE("augment: each operation of AutoAugment, RandAugment and TrivialAugmen
       // linspace rounds the sampling grid's last bit differently, so a geometric operation's nearest
       // neighbour can fall on the other side of a tie; nothing else may differ.
       const bool geometric = op == "ShearX" || op == "ShearY" || op == "TranslateX" || op == "TranslateY" || op == "Rotate";
-      CHECK((!same_release(*manifest) && geometric && share < 0.01));
+      CHECK((!test::same_release(*manifest) && geometric && share < 0.01));
     }
     ++cases;
   }
@@ -177,7 +171,7 @@ TEST_CASE("augment: the magnitude tables, the AutoAugment policies and the opera
     const auto expected = table["values"].get<std::vector<double>>();
     // torch's linspace changed its rounding between releases: another release's tables may differ in
     // the last bit of a float, nothing more.
-    const double tolerance = same_release(*manifest) ? 0.0 : 2e-7;
+    const double tolerance = test::same_release(*manifest) ? 0.0 : 2e-7;
     for (std::int64_t b = 0; b < bins; ++b, ++values) {
       const double ours = vision::augment_magnitude(space, op, b, bins, 29, 37).value(), theirs = expected[static_cast<std::size_t>(b)];
       CHECK(std::abs(ours - theirs) <= tolerance * std::max(1.0, std::abs(theirs)));

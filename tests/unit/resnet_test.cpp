@@ -15,6 +15,7 @@
 #include <dettrial/vision.hpp>
 
 #include "skip.hpp"
+#include "torch_release.hpp"
 
 namespace fs = std::filesystem;
 namespace models = dettrial::vision::models;
@@ -36,15 +37,6 @@ std::optional<nlohmann::json> resnet_manifest(fs::path& dir, std::string& why) {
     return std::nullopt;
   }
   return manifest;
-}
-
-/// "2.15" of "2.15.0+cu132": the release whose kernels and random draws Python used.
-std::string release_of(const std::string& version) { return version.substr(0, version.find('.', version.find('.') + 1)); }
-
-/// Whether Python's torch is this LibTorch's release: then every number must be the same bit for bit.
-bool same_release(const nlohmann::json& manifest) {
-  return release_of(manifest["torch"].get<std::string>()) ==
-         std::to_string(TORCH_VERSION_MAJOR) + "." + std::to_string(TORCH_VERSION_MINOR);
 }
 
 torch::Tensor entry(const dettrial::StateDict& state, const std::string& name) {
@@ -73,7 +65,7 @@ TEST_CASE("vision: torchvision's ResNets load strictly here and compute its logi
   std::string why;
   const auto manifest = resnet_manifest(dir, why);
   if (!manifest) return test::skip(why);
-  const bool exact = same_release(*manifest);
+  const bool exact = test::same_release(*manifest);
   const OneThread one_thread;
   torch::NoGradGuard no_grad;
   double worst = 0;
@@ -117,7 +109,7 @@ TEST_CASE("vision: a ResNet built after manual_seed holds torchvision's initial 
   std::string why;
   const auto manifest = resnet_manifest(dir, why);
   if (!manifest) return test::skip(why);
-  const bool exact = same_release(*manifest);
+  const bool exact = test::same_release(*manifest);
   for (const auto& [name, options] : (*manifest)["initialised"].items()) {
     CAPTURE(name);
     torch::manual_seed(7);
