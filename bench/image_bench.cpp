@@ -6,7 +6,8 @@
 //   decode     the bare decode rate of each folder's files (read and decode, one thread, no transform)
 //   imagenet   one epoch of the ImageNet-sized folder (bench/imagenet_jpegs.py): the guide's training
 //              pipeline, RandomResizedCrop(224), flip, ToFloat, Normalize, each JPEG decoded only in
-//              the crop's window, and again decoded whole (the exact same batches either way)
+//              the crop's window, at a reduced DCT scale where allowed (opt-in), and decoded whole
+//              (the exact same batches as the first)
 //   imagenet-val  the guide's validation pipeline on it: Resize(256), CenterCrop(224), ToFloat, Normalize
 //   imagenet-decode  its bare decode rate, one thread (the limit, times the cores)
 //   imagenet-stages  one image's time in the training pipeline, stage by stage, one thread
@@ -137,6 +138,12 @@ int main(int argc, char** argv) {
     const vision::ImageDataset windows(vision::ImageFolder(imagenet), train);
     epoch("image pipeline, ImageNet-sized JPEGs, RandomResizedCrop(224): dettrial, the crop's window decoded",
           dettrial::DataLoader(windows, {.batch_size = 64, .shuffle = true, .seed = 1}), limit);
+    const vision::ImageDataset reduced(
+        vision::ImageFolder(imagenet),
+        vision::Compose(vision::RandomResizedCrop(224, {.reduced_decode = true}), vision::RandomHorizontalFlip{}, vision::ToFloat{},
+                        vision::Normalize(imagenet_mean, imagenet_std)));
+    epoch("image pipeline, ImageNet-sized JPEGs, RandomResizedCrop(224): dettrial, reduced_decode (not torchvision's pixels)",
+          dettrial::DataLoader(reduced, {.batch_size = 64, .shuffle = true, .seed = 1}), limit);
     const vision::ImageDataset whole(WholeFiles{vision::ImageFolder(imagenet)}, train);
     epoch("image pipeline, ImageNet-sized JPEGs, RandomResizedCrop(224): dettrial, decoded whole",
           dettrial::DataLoader(whole, {.batch_size = 64, .shuffle = true, .seed = 1}), limit);

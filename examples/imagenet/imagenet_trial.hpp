@@ -93,6 +93,9 @@ class ImageNetTrial {
     validation_dir_ = data_path(data, "validation_dir");
     crop_ = data["crop"] ? data["crop"].as<std::int64_t>() : 224;
     resize_ = data["resize"] ? data["resize"].as<std::int64_t>() : 256;
+    // JPEGs decoded at 1/2, 1/4 or 1/8 scale where the crop's window stays at least its output size:
+    // faster on large images, not torchvision's pixels, so off unless the config asks.
+    reduced_decode_ = data["reduced_decode"] && data["reduced_decode"].as<bool>();
   }
 
   /// transforms.RandomResizedCrop(224), RandomHorizontalFlip(), ToTensor(), Normalize(mean, std); with
@@ -106,10 +109,10 @@ class ImageNetTrial {
     const vision::RandomErasing erasing({.p = hparams.get_or<double>("random_erase", 0.0)});
     const vision::MixUpCutMix mixing(static_cast<std::int64_t>(train_folder_.classes().size()), hparams.get_or<double>("mixup_alpha", 0.0),
                                      hparams.get_or<double>("cutmix_alpha", 0.0));
-    vision::ImageDataset train(train_folder_,
-                               vision::Compose(vision::RandomResizedCrop(crop_), vision::RandomHorizontalFlip{}, policy, vision::ToFloat{},
-                                               vision::Normalize(mean, std), erasing),
-                               mixing);
+    const vision::RandomResizedCrop crop(crop_, {.reduced_decode = reduced_decode_});
+    vision::ImageDataset train(
+        train_folder_,
+        vision::Compose(crop, vision::RandomHorizontalFlip{}, policy, vision::ToFloat{}, vision::Normalize(mean, std), erasing), mixing);
     return dettrial::DataLoader(std::move(train),
                                 {.batch_size = context_.get_per_slot_batch_size(), .shuffle = true, .workers = workers()});
   }
@@ -156,6 +159,7 @@ class ImageNetTrial {
   torch::nn::CrossEntropyLoss criterion_;  // the guide's nn.CrossEntropyLoss(), with the recipe's label smoothing
   std::filesystem::path validation_dir_;
   std::int64_t crop_ = 224, resize_ = 256;
+  bool reduced_decode_ = false;  // data.reduced_decode
 };
 
 }  // namespace imagenet

@@ -88,6 +88,11 @@ struct PixelWindow {
   std::int64_t left = 0;
   std::int64_t height = 0;
   std::int64_t width = 0;
+  /// Where above 0: the window may come back decoded at a reduced scale (a JPEG's DCT scaling, 1/2,
+  /// 1/4 or 1/8) as long as it keeps at least these many rows and columns. Not the full decode's
+  /// pixels: for a step that resizes the window to that size anyway, and only when asked for.
+  std::int64_t at_least_height = 0;
+  std::int64_t at_least_width = 0;
 };
 
 /// What picks the window once the file's header gives the image's height and width: a reference
@@ -1097,7 +1102,9 @@ inline constexpr bool decodes_jpeg_windows = false;
  * libjpeg's API (decodes_jpeg_windows): no row below it, the rows above it entropy-decoded and
  * skipped, and only the block columns it covers transformed. Damage below the window's last row
  * therefore goes unseen (every pixel returned is the file's own); damage up to it is an ImageError
- * as in decode_image. Other formats decode whole, then crop.
+ * as in decode_image. Other formats decode whole, then crop. A window that allows it
+ * (PixelWindow::at_least_height and at_least_width) comes back from a JPEG at the smallest DCT
+ * scale that keeps it that large: not the full decode's pixels, as the caller asked.
  */
 DETTRIAL_INLINE Image decode_image_window(std::span<const std::uint8_t> bytes, ImageMode mode, const std::string& name,
                                           WindowChooser choose);
@@ -1359,6 +1366,24 @@ struct JpegErrors {
   }
 };
 
+/// Where `w` allows it, the largest DCT reduction (1/8, 1/4, 1/2) that keeps the window at least its
+/// asked size: sets the decoder's scale and returns the window in the reduced image's pixels (its
+/// edges rounded outwards, within the image).
+inline PixelWindow reduced_window(jpeg_decompress_struct& info, const PixelWindow& w) {
+  for (const unsigned denominator : {8u, 4u, 2u}) {
+    const auto d = static_cast<std::int64_t>(denominator);
+    if (w.height / d < w.at_least_height || w.width / d < w.at_least_width) continue;
+    info.scale_num = 1;
+    info.scale_denom = denominator;
+    jpeg_calc_output_dimensions(&info);
+    const std::int64_t top = w.top / d, left = w.left / d;
+    const std::int64_t bottom = std::min<std::int64_t>(info.output_height, (w.top + w.height + d - 1) / d);
+    const std::int64_t right = std::min<std::int64_t>(info.output_width, (w.left + w.width + d - 1) / d);
+    return PixelWindow{.top = top, .left = left, .height = bottom - top, .width = right - left};
+  }
+  return w;
+}
+
 /// The window of a JPEG through libjpeg's API: the rows above it skipped (entropy-decoded only), the
 /// block columns around it decoded (and one more each side), the rows below never read. The decoder's settings are TurboJPEG's defaults
 /// (islow DCT, fancy upsampling), so the pixels are decode_jpeg's.
@@ -1381,14 +1406,16 @@ inline Image decode_jpeg_window(std::span<const std::uint8_t> bytes, ImageMode m
   const bool cmyk = info.jpeg_color_space == JCS_CMYK || info.jpeg_color_space == JCS_YCCK;
   const bool gray_source = info.jpeg_color_space == JCS_GRAYSCALE;
   info.out_color_space = cmyk ? JCS_CMYK : gray_source ? JCS_GRAYSCALE : JCS_RGB;
-  const PixelWindow w = checked_window(choose(height, width), height, width, name);
+  PixelWindow w = checked_window(choose(height, width), height, width, name);
+  if (w.at_least_height > 0 && w.at_least_width > 0) w = reduced_window(info, w);
   jpeg_start_decompress(&info);
   // One block column more on each side than the window: fancy upsampling of subsampled chroma reads
   // its neighbours, and at the edge of a cropped scanline libjpeg-turbo has none (it repeats the
   // edge), so the window's outer pixels would differ from the whole decode's. jpeg_crop_scanline
   // then widens to whole blocks.
   const std::int64_t margin = static_cast<std::int64_t>(info.max_h_samp_factor) * DCTSIZE;
-  const std::int64_t from = std::max<std::int64_t>(0, w.left - margin), to = std::min(width, w.left + w.width + margin);
+  const std::int64_t output_width = info.output_width;
+  const std::int64_t from = std::max<std::int64_t>(0, w.left - margin), to = std::min(output_width, w.left + w.width + margin);
   auto first_column = static_cast<JDIMENSION>(from), columns = static_cast<JDIMENSION>(to - from);
   jpeg_crop_scanline(&info, &first_column, &columns);
   if (w.top > 0) jpeg_skip_scanlines(&info, static_cast<JDIMENSION>(w.top));
@@ -1903,7 +1930,10 @@ struct CenterCrop {
   /// not fit (the image is then padded as above).
   std::optional<PixelWindow> window_in(std::int64_t height, std::int64_t width, RecordRandom& /*random*/) const {
     if (height < size.height || width < size.width) return std::nullopt;
-    return PixelWindow{detail::round_half(height - size.height), detail::round_half(width - size.width), size.height, size.width};
+    return PixelWindow{.top = detail::round_half(height - size.height),
+                       .left = detail::round_half(width - size.width),
+                       .height = size.height,
+                       .width = size.width};
   }
   /// The step's work on its decoded window: none.
   Image finish_window(Image window) const { return window; }
@@ -1967,6 +1997,11 @@ struct RandomResizedCropOptions {
   std::array<double, 2> scale{0.08, 1.0};
   /// The crop's aspect ratio (width / height), drawn log-uniformly.
   std::array<double, 2> ratio{3.0 / 4.0, 4.0 / 3.0};
+  /// Decode a JPEG's window at 1/2, 1/4 or 1/8 scale where it stays at least `size` (libjpeg's DCT
+  /// scaling): much less work for large images, but not torchvision's pixels (a smaller image
+  /// resized less), so off unless asked for. Only where the window is decoded alone
+  /// (ImageDataset over ImageFolder, this step first).
+  bool reduced_decode = false;
 };
 
 /// torchvision's `RandomResizedCrop(size, scale, ratio)`: a window of random area and aspect (ten
@@ -1986,7 +2021,12 @@ struct RandomResizedCrop {
   /// The window, drawn from the image's size alone (the same draws as above), so a JPEG decodes only it.
   std::optional<PixelWindow> window_in(std::int64_t height, std::int64_t width, RecordRandom& random) const {
     const auto [top, left, h, w] = window_of(height, width, random);
-    return PixelWindow{top, left, h, w};
+    PixelWindow window{.top = top, .left = left, .height = h, .width = w};
+    if (options.reduced_decode) {
+      window.at_least_height = size.height;
+      window.at_least_width = size.width;
+    }
+    return window;
   }
   /// The step's work on its decoded window: the resize.
   Image finish_window(Image window) const { return detail::resize_bilinear(window, size.height, size.width); }
@@ -2201,7 +2241,7 @@ class Compose {
     auto choose = [&](std::int64_t height, std::int64_t width) {
       const std::optional<PixelWindow> window = first.window_in(height, width, random);
       windowed = window.has_value();
-      return window.value_or(PixelWindow{0, 0, height, width});
+      return window.value_or(PixelWindow{.height = height, .width = width});
     };
     Image image = std::forward<LoadWindow>(load_window)(WindowChooser(choose));
     image = windowed ? first.finish_window(std::move(image)) : first(std::move(image), random);

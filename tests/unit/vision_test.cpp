@@ -230,16 +230,17 @@ TEST_CASE("vision: a JPEG's window decodes to the whole decode's pixels, bit for
       windows << " windows of " << files.size() << " files equal to the whole decode's pixels"
               << std::string(vision::decodes_jpeg_windows ? " (JPEGs decoded in part)" : " (decoded whole: no libjpeg API in this build)"));
   const auto bytes = file_bytes(*dir / "windows" / "odd444.jpg");
-  CHECK_THROWS_WITH_AS(
-      vision::decode_image_window(bytes, ImageMode::rgb, "odd444.jpg",
-                                  [](std::int64_t height, std::int64_t width) { return vision::PixelWindow{height - 2, 0, 3, width}; }),
-      doctest::Contains("does not lie inside 'odd444.jpg' (257x301)"), DataError);
+  CHECK_THROWS_WITH_AS(vision::decode_image_window(bytes, ImageMode::rgb, "odd444.jpg",
+                                                   [](std::int64_t height, std::int64_t width) {
+                                                     return vision::PixelWindow{.top = height - 2, .height = 3, .width = width};
+                                                   }),
+                       doctest::Contains("does not lie inside 'odd444.jpg' (257x301)"), DataError);
   // Damage up to the window's last row is refused as the whole decode refuses it.
   const std::vector<std::uint8_t> cut(bytes.begin(), bytes.begin() + static_cast<std::ptrdiff_t>(bytes.size() / 2));
-  CHECK_THROWS_WITH_AS(
-      vision::decode_image_window(cut, ImageMode::rgb, "cut.jpg",
-                                  [](std::int64_t height, std::int64_t width) { return vision::PixelWindow{0, 0, height, width}; }),
-      doctest::Contains("cannot decode 'cut.jpg' as JPEG"), ImageError);
+  CHECK_THROWS_WITH_AS(vision::decode_image_window(
+                           cut, ImageMode::rgb, "cut.jpg",
+                           [](std::int64_t height, std::int64_t width) { return vision::PixelWindow{.height = height, .width = width}; }),
+                       doctest::Contains("cannot decode 'cut.jpg' as JPEG"), ImageError);
 }
 
 TEST_CASE("vision: a pipeline that crops first reads only the window, with the same draws and batches as the whole image") {
@@ -279,6 +280,64 @@ TEST_CASE("vision: a pipeline that crops first reads only the window, with the s
   check_same(vision::Compose(vision::CenterCrop(180), vision::ToFloat{}));  // larger than some: those are padded, decoded whole
   CHECK(*window_files.windows == 3 * 4 * files.size());
   CHECK_FALSE(vision::Compose(vision::Resize(64), vision::CenterCrop(56)).crops_first);  // the resize needs the whole image
+}
+
+TEST_CASE("vision: reduced_decode decodes a JPEG's window at the DCT scale that keeps it the crop's size, near the full decode resized") {
+  std::string why;
+  const auto dir = fixtures(why);
+  if (!dir) return test::skip(why);
+  if (!vision::decodes_jpeg_windows) return test::skip("this build has no libjpeg API (libjpeg62-turbo-dev): windows are decoded whole");
+  const auto bytes = file_bytes(*dir / "windows" / "imagenet420.jpg");
+  const Image whole = vision::decode_image(bytes, ImageMode::rgb, "imagenet420.jpg");
+  const auto window_of = [&](vision::PixelWindow pick) {
+    return vision::decode_image_window(bytes, ImageMode::rgb, "imagenet420.jpg", [&](std::int64_t, std::int64_t) { return pick; });
+  };
+  // 300 x 400 to keep at least 64 x 64: a quarter (75 x 100) is the smallest scale that does.
+  const Image reduced = window_of({.top = 40, .left = 60, .height = 300, .width = 400, .at_least_height = 64, .at_least_width = 64});
+  CHECK((reduced.height == 75 && reduced.width == 100));
+  const Image resized = vision::detail::resize_bilinear(vision::detail::crop(whole, 40, 60, 300, 400), 75, 100);
+  double total = 0;
+  for (std::size_t i = 0; i < reduced.pixels.size(); ++i) total += std::abs(int(reduced.pixels[i]) - int(resized.pixels[i]));
+  const double mean = total / static_cast<double>(reduced.pixels.size());
+  MESSAGE("a quarter-scale decode differs from the full decode resized by " << mean << " levels on average");
+  CHECK(mean < 6.0);
+  CHECK(reduced.pixels != resized.pixels);  // not the same pixels: why it is opt-in
+  // Every kind of JPEG in the fixtures (4:2:0, 4:2:2, 4:4:4, progressive, gray, CMYK, YCCK): the
+  // scale each window allows, its size, and pixels near the full decode's resized.
+  for (const auto& entry : fs::directory_iterator(*dir / "windows")) {
+    if (entry.path().extension() != ".jpg") continue;
+    const std::string name = entry.path().filename().string();
+    CAPTURE(name);
+    const auto file = file_bytes(entry.path());
+    const Image full = vision::decode_image(file, ImageMode::rgb, name);
+    const std::int64_t top = full.height / 7, left = full.width / 5, height = full.height * 2 / 3, width = full.width * 3 / 5;
+    std::int64_t d = 1;
+    for (const std::int64_t denominator : {8, 4, 2})
+      if (d == 1 && height / denominator >= 48 && width / denominator >= 48) d = denominator;
+    const Image scaled = vision::decode_image_window(file, ImageMode::rgb, name, [&](std::int64_t, std::int64_t) {
+      return vision::PixelWindow{.top = top, .left = left, .height = height, .width = width, .at_least_height = 48, .at_least_width = 48};
+    });
+    CHECK(scaled.height == (top + height + d - 1) / d - top / d);
+    CHECK(scaled.width == (left + width + d - 1) / d - left / d);
+    const Image expected =
+        vision::detail::resize_bilinear(vision::detail::crop(full, top, left, height, width), scaled.height, scaled.width);
+    double sum = 0;
+    for (std::size_t i = 0; i < scaled.pixels.size(); ++i) sum += std::abs(int(scaled.pixels[i]) - int(expected.pixels[i]));
+    CHECK(sum / static_cast<double>(scaled.pixels.size()) < 8.0);
+  }
+  // A window that cannot shrink and keep its size, or asks nothing, is the full decode's, exactly.
+  CHECK(window_of({.top = 40, .left = 60, .height = 100, .width = 120, .at_least_height = 64, .at_least_width = 64}).pixels ==
+        vision::detail::crop(whole, 40, 60, 100, 120).pixels);
+  CHECK(window_of({.top = 40, .left = 60, .height = 300, .width = 400}).pixels == vision::detail::crop(whole, 40, 60, 300, 400).pixels);
+  // In a pipeline: RandomResizedCrop's output is its size either way, and the same for the same record.
+  const auto pipeline = vision::Compose(vision::RandomResizedCrop(64, {.reduced_decode = true}), vision::ToFloat{});
+  vision::RecordRandom a(3, 0, 1), b(3, 0, 1);
+  const auto load = [&](vision::WindowChooser choose) {
+    return vision::decode_image_window(bytes, ImageMode::rgb, "imagenet420.jpg", choose);
+  };
+  const Image first = pipeline.apply_windowed(load, a), again = pipeline.apply_windowed(load, b);
+  CHECK((first.height == 64 && first.width == 64));
+  CHECK(first.pixels == again.pixels);
 }
 
 TEST_CASE("vision: a batch's memory is used again only once nothing refers to it, and holds the new batch's images") {

@@ -65,7 +65,9 @@ inline constexpr bool decodes_jpeg_windows = false;
  * libjpeg's API (decodes_jpeg_windows): no row below it, the rows above it entropy-decoded and
  * skipped, and only the block columns it covers transformed. Damage below the window's last row
  * therefore goes unseen (every pixel returned is the file's own); damage up to it is an ImageError
- * as in decode_image. Other formats decode whole, then crop.
+ * as in decode_image. Other formats decode whole, then crop. A window that allows it
+ * (PixelWindow::at_least_height and at_least_width) comes back from a JPEG at the smallest DCT
+ * scale that keeps it that large: not the full decode's pixels, as the caller asked.
  */
 DETTRIAL_INLINE Image decode_image_window(std::span<const std::uint8_t> bytes, ImageMode mode, const std::string& name,
                                           WindowChooser choose);
@@ -327,6 +329,24 @@ struct JpegErrors {
   }
 };
 
+/// Where `w` allows it, the largest DCT reduction (1/8, 1/4, 1/2) that keeps the window at least its
+/// asked size: sets the decoder's scale and returns the window in the reduced image's pixels (its
+/// edges rounded outwards, within the image).
+inline PixelWindow reduced_window(jpeg_decompress_struct& info, const PixelWindow& w) {
+  for (const unsigned denominator : {8u, 4u, 2u}) {
+    const auto d = static_cast<std::int64_t>(denominator);
+    if (w.height / d < w.at_least_height || w.width / d < w.at_least_width) continue;
+    info.scale_num = 1;
+    info.scale_denom = denominator;
+    jpeg_calc_output_dimensions(&info);
+    const std::int64_t top = w.top / d, left = w.left / d;
+    const std::int64_t bottom = std::min<std::int64_t>(info.output_height, (w.top + w.height + d - 1) / d);
+    const std::int64_t right = std::min<std::int64_t>(info.output_width, (w.left + w.width + d - 1) / d);
+    return PixelWindow{.top = top, .left = left, .height = bottom - top, .width = right - left};
+  }
+  return w;
+}
+
 /// The window of a JPEG through libjpeg's API: the rows above it skipped (entropy-decoded only), the
 /// block columns around it decoded (and one more each side), the rows below never read. The decoder's settings are TurboJPEG's defaults
 /// (islow DCT, fancy upsampling), so the pixels are decode_jpeg's.
@@ -349,14 +369,16 @@ inline Image decode_jpeg_window(std::span<const std::uint8_t> bytes, ImageMode m
   const bool cmyk = info.jpeg_color_space == JCS_CMYK || info.jpeg_color_space == JCS_YCCK;
   const bool gray_source = info.jpeg_color_space == JCS_GRAYSCALE;
   info.out_color_space = cmyk ? JCS_CMYK : gray_source ? JCS_GRAYSCALE : JCS_RGB;
-  const PixelWindow w = checked_window(choose(height, width), height, width, name);
+  PixelWindow w = checked_window(choose(height, width), height, width, name);
+  if (w.at_least_height > 0 && w.at_least_width > 0) w = reduced_window(info, w);
   jpeg_start_decompress(&info);
   // One block column more on each side than the window: fancy upsampling of subsampled chroma reads
   // its neighbours, and at the edge of a cropped scanline libjpeg-turbo has none (it repeats the
   // edge), so the window's outer pixels would differ from the whole decode's. jpeg_crop_scanline
   // then widens to whole blocks.
   const std::int64_t margin = static_cast<std::int64_t>(info.max_h_samp_factor) * DCTSIZE;
-  const std::int64_t from = std::max<std::int64_t>(0, w.left - margin), to = std::min(width, w.left + w.width + margin);
+  const std::int64_t output_width = info.output_width;
+  const std::int64_t from = std::max<std::int64_t>(0, w.left - margin), to = std::min(output_width, w.left + w.width + margin);
   auto first_column = static_cast<JDIMENSION>(from), columns = static_cast<JDIMENSION>(to - from);
   jpeg_crop_scanline(&info, &first_column, &columns);
   if (w.top > 0) jpeg_skip_scanlines(&info, static_cast<JDIMENSION>(w.top));

@@ -59,6 +59,11 @@ struct PixelWindow {
   std::int64_t left = 0;
   std::int64_t height = 0;
   std::int64_t width = 0;
+  /// Where above 0: the window may come back decoded at a reduced scale (a JPEG's DCT scaling, 1/2,
+  /// 1/4 or 1/8) as long as it keeps at least these many rows and columns. Not the full decode's
+  /// pixels: for a step that resizes the window to that size anyway, and only when asked for.
+  std::int64_t at_least_height = 0;
+  std::int64_t at_least_width = 0;
 };
 
 /// What picks the window once the file's header gives the image's height and width: a reference

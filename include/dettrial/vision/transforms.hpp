@@ -124,7 +124,10 @@ struct CenterCrop {
   /// not fit (the image is then padded as above).
   std::optional<PixelWindow> window_in(std::int64_t height, std::int64_t width, RecordRandom& /*random*/) const {
     if (height < size.height || width < size.width) return std::nullopt;
-    return PixelWindow{detail::round_half(height - size.height), detail::round_half(width - size.width), size.height, size.width};
+    return PixelWindow{.top = detail::round_half(height - size.height),
+                       .left = detail::round_half(width - size.width),
+                       .height = size.height,
+                       .width = size.width};
   }
   /// The step's work on its decoded window: none.
   Image finish_window(Image window) const { return window; }
@@ -188,6 +191,11 @@ struct RandomResizedCropOptions {
   std::array<double, 2> scale{0.08, 1.0};
   /// The crop's aspect ratio (width / height), drawn log-uniformly.
   std::array<double, 2> ratio{3.0 / 4.0, 4.0 / 3.0};
+  /// Decode a JPEG's window at 1/2, 1/4 or 1/8 scale where it stays at least `size` (libjpeg's DCT
+  /// scaling): much less work for large images, but not torchvision's pixels (a smaller image
+  /// resized less), so off unless asked for. Only where the window is decoded alone
+  /// (ImageDataset over ImageFolder, this step first).
+  bool reduced_decode = false;
 };
 
 /// torchvision's `RandomResizedCrop(size, scale, ratio)`: a window of random area and aspect (ten
@@ -207,7 +215,12 @@ struct RandomResizedCrop {
   /// The window, drawn from the image's size alone (the same draws as above), so a JPEG decodes only it.
   std::optional<PixelWindow> window_in(std::int64_t height, std::int64_t width, RecordRandom& random) const {
     const auto [top, left, h, w] = window_of(height, width, random);
-    return PixelWindow{top, left, h, w};
+    PixelWindow window{.top = top, .left = left, .height = h, .width = w};
+    if (options.reduced_decode) {
+      window.at_least_height = size.height;
+      window.at_least_width = size.width;
+    }
+    return window;
   }
   /// The step's work on its decoded window: the resize.
   Image finish_window(Image window) const { return detail::resize_bilinear(window, size.height, size.width); }
@@ -422,7 +435,7 @@ class Compose {
     auto choose = [&](std::int64_t height, std::int64_t width) {
       const std::optional<PixelWindow> window = first.window_in(height, width, random);
       windowed = window.has_value();
-      return window.value_or(PixelWindow{0, 0, height, width});
+      return window.value_or(PixelWindow{.height = height, .width = width});
     };
     Image image = std::forward<LoadWindow>(load_window)(WindowChooser(choose));
     image = windowed ? first.finish_window(std::move(image)) : first(std::move(image), random);
