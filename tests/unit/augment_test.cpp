@@ -365,3 +365,40 @@ TEST_CASE("augment: a wrong policy name, bin, operation count or fill is an erro
   Image four(3, 3, 4);
   CHECK_THROWS_WITH_AS(vision::functional::adjust_contrast(four, 1.5), doctest::Contains("images of 1 or 3 channels, not 4"), DataError);
 }
+
+TEST_CASE("augment: a last RandomHorizontalFlip is mirrored as the batch is written, the same batch as flipping first") {
+  const MemorySource source;
+  const torch::Tensor indices = torch::tensor({12, 4, 7, 0, 9, 3, 11}, torch::kLong);
+  const auto expected_batch = [&](const auto& pipeline, const dettrial::BatchOrigin& origin) {
+    torch::Tensor out = torch::empty({indices.size(0), 3, 16, 16}, pipeline.dtype());
+    for (std::int64_t r = 0; r < indices.size(0); ++r) {
+      const std::int64_t record = indices[r].item<std::int64_t>();
+      vision::RecordRandom random(origin.seed, origin.epoch, record);
+      const Image image = pipeline.apply(source.load(record, vision::ImageMode::rgb), random);  // flipped in place
+      pipeline.write(image, out[r].data_ptr(), random);
+    }
+    return out;
+  };
+  const auto check = [&](const auto& pipeline, bool deferred) {
+    CHECK(std::remove_cvref_t<decltype(pipeline)>::flips_last == deferred);
+    const vision::ImageDataset dataset(source, pipeline, {.pin_memory = false});
+    std::int64_t mirrored = 0;
+    for (std::int64_t epoch = 0; epoch < 3; ++epoch) {
+      const dettrial::BatchOrigin origin{.epoch = epoch, .seed = 17};
+      CHECK(torch::equal(std::get<0>(dataset.get_batch(indices, origin)), expected_batch(pipeline, origin)));
+      for (std::int64_t r = 0; r < indices.size(0); ++r) {
+        vision::RecordRandom random(origin.seed, origin.epoch, indices[r].item<std::int64_t>());
+        mirrored += pipeline.prepare(source.load(0, vision::ImageMode::rgb), random).mirrored ? 1 : 0;
+      }
+    }
+    // Both ways drawn (21 draws at p = 0.5): a writer that ignored the flag would have failed above.
+    if (deferred) CHECK((mirrored > 0 && mirrored < 21));
+  };
+  const std::vector<double> mean{0.5, 0.4, 0.3}, std{0.2, 0.25, 0.3};
+  // Float with Normalize and RandomErasing after the write; 8-bit; and a flip that is not last.
+  check(vision::Compose(vision::RandomCrop(16), vision::RandomHorizontalFlip{}, vision::ToFloat{}, vision::Normalize(mean, std),
+                        vision::RandomErasing({.p = 0.5})),
+        true);
+  check(vision::Compose(vision::RandomCrop(16), vision::RandomHorizontalFlip{}), true);
+  check(vision::Compose(vision::RandomHorizontalFlip{}, vision::RandomCrop(16), vision::ToFloat{}), false);
+}

@@ -85,6 +85,13 @@ concept ImagePipeline = requires(const T& t, Image image, RecordRandom& random, 
   t.write(image, out, random);
 };
 
+/// A pipeline that leaves its last flip to the batch writer (Compose): prepare() and write(PreparedImage).
+template <class T>
+concept PreparesForWriter = requires(const T& t, Image image, RecordRandom& random, const PreparedImage& prepared, void* out) {
+  { t.prepare(std::move(image), random) } -> std::same_as<PreparedImage>;
+  t.write(prepared, out, random);
+};
+
 /// Options of ImageDataset.
 struct ImageDatasetOptions {
   /// The colour mode images are decoded to (PIL's convert("RGB") or convert("L")).
@@ -161,8 +168,9 @@ class ImageDataset {
     for (std::int64_t r = 0; r < n; ++r) {
       const std::int64_t record = records[r];
       RecordRandom random(origin.seed, origin.epoch_of(r), record);
-      std::optional<Image> image = transformed(record, random);
-      if (!image) continue;
+      std::optional<PreparedImage> prepared = transformed(record, random);
+      if (!prepared) continue;
+      const Image* image = &prepared->image;
       if (!images.defined()) {
         images = buffers_->take({n, image->channels, image->height, image->width}, transform_.dtype(), pin_);
         bytes_per_image = image->channels * image->height * image->width * static_cast<std::int64_t>(images.element_size());
@@ -172,7 +180,9 @@ class ImageDataset {
                         std::to_string(images.size(2)) + "x" + std::to_string(images.size(3)) +
                         ": end the transforms in one size (Resize with two numbers, CenterCrop, RandomCrop, RandomResizedCrop)");
       }
-      transform_.write(*image, static_cast<char*>(images.data_ptr()) + kept * bytes_per_image, random);
+      void* out = static_cast<char*>(images.data_ptr()) + kept * bytes_per_image;
+      if constexpr (PreparesForWriter<Transform>) transform_.write(*prepared, out, random);
+      else transform_.write(*image, out, random);
       label_out[kept++] = source_.label(record);
     }
     if (!images.defined()) return {torch::empty({0}, transform_.dtype()), labels.narrow(0, 0, 0)};
@@ -211,13 +221,14 @@ class ImageDataset {
   /// Record `record`, read and transformed with its draws; nullopt when it is unreadable and skipped.
   /// A pipeline that crops first (RandomResizedCrop, CenterCrop) reads only the crop's window of a
   /// JPEG, with the same draws and pixels.
-  std::optional<Image> transformed(std::int64_t record, RecordRandom& random) const {
+  std::optional<PreparedImage> transformed(std::int64_t record, RecordRandom& random) const {
     try {
       if constexpr (DecodesWindowsFor<Source, Transform>) {
-        return transform_.apply_windowed([&](WindowChooser choose) { return source_.load_window(record, options_.mode, choose); }, random);
-      } else {
-        return transform_.apply(source_.load(record, options_.mode), random);
-      }
+        const auto load_window = [&](WindowChooser choose) { return source_.load_window(record, options_.mode, choose); };
+        if constexpr (PreparesForWriter<Transform>) return transform_.prepare_windowed(load_window, random);
+        else return PreparedImage{transform_.apply_windowed(load_window, random)};
+      } else if constexpr (PreparesForWriter<Transform>) return transform_.prepare(source_.load(record, options_.mode), random);
+      else return PreparedImage{transform_.apply(source_.load(record, options_.mode), random)};
     } catch (const ImageError& e) {  // the file: skipped if the options say so
       const std::string what = std::string(e.what()) + " (record " + std::to_string(record) + ")";
       if (!options_.skip_unreadable) throw ImageError(what);

@@ -243,15 +243,26 @@ struct RandomResizedCrop {
 struct RandomHorizontalFlip {
   double p = 0.5;
   Image operator()(Image image, RecordRandom& random) const {
-    if (!random.chance(p)) return image;
+    if (random.chance(p)) mirror(image);
+    return image;
+  }
+  /// The image mirrored left to right, in place.
+  static void mirror(Image& image) {
     const std::int64_t c = image.channels;
     for (std::int64_t y = 0; y < image.height; ++y) {
       std::uint8_t* row = image.row(y);
       for (std::int64_t a = 0, b = image.width - 1; a < b; ++a, --b)
         for (std::int64_t k = 0; k < c; ++k) std::swap(row[a * c + k], row[b * c + k]);
     }
-    return image;
   }
+};
+
+/// An image through a pipeline's 8-bit steps, for the batch writer: whether it is to be mirrored left
+/// to right as it is written (a last RandomHorizontalFlip left to the write, one pass over the
+/// pixels fewer; the batch is the same).
+struct PreparedImage {
+  Image image;
+  bool mirrored = false;
 };
 
 /// torchvision's `RandomVerticalFlip(p)`.
@@ -405,6 +416,13 @@ class Compose {
     if constexpr (sizeof...(Steps) == 0) return false;
     else return WindowStep<std::tuple_element_t<0, std::tuple<Steps...>>>;
   }();
+  /// The number of 8-bit steps (the output steps follow them).
+  static constexpr std::size_t image_steps = (std::size_t{0} + ... + std::size_t{!OutputStep<Steps>});
+  /// Whether the last 8-bit step is RandomHorizontalFlip: prepare() leaves the mirroring to write().
+  static constexpr bool flips_last = [] {
+    if constexpr (image_steps == 0) return false;
+    else return std::is_same_v<std::tuple_element_t<image_steps - 1, std::tuple<Steps...>>, RandomHorizontalFlip>;
+  }();
 
   explicit Compose(Steps... steps) : steps_(std::move(steps)...) {
     std::apply([&](const auto&... s) { (take_normalize(s), ...); }, steps_);
@@ -418,7 +436,11 @@ class Compose {
   }
 
   /// The 8-bit transforms, in order.
-  Image apply(Image image, RecordRandom& random) const { return apply_from<0>(std::move(image), random); }
+  Image apply(Image image, RecordRandom& random) const { return mirrored(prepare(std::move(image), random)); }
+
+  /// apply() for the batch writer: the same draws, but a last RandomHorizontalFlip is left to
+  /// write(PreparedImage), which mirrors as it converts.
+  PreparedImage prepare(Image image, RecordRandom& random) const { return prepare_from<0>(std::move(image), random); }
 
   /**
    * @brief The transforms on an image read through `load_window(WindowChooser)` (a source's
@@ -430,6 +452,13 @@ class Compose {
   Image apply_windowed(LoadWindow&& load_window, RecordRandom& random) const
     requires crops_first
   {
+    return mirrored(prepare_windowed(std::forward<LoadWindow>(load_window), random));
+  }
+  /// apply_windowed() for the batch writer, as prepare() is apply()'s.
+  template <class LoadWindow>
+  PreparedImage prepare_windowed(LoadWindow&& load_window, RecordRandom& random) const
+    requires crops_first
+  {
     const auto& first = std::get<0>(steps_);
     bool windowed = false;
     auto choose = [&](std::int64_t height, std::int64_t width) {
@@ -439,7 +468,7 @@ class Compose {
     };
     Image image = std::forward<LoadWindow>(load_window)(WindowChooser(choose));
     image = windowed ? first.finish_window(std::move(image)) : first(std::move(image), random);
-    return apply_from<1>(std::move(image), random);
+    return prepare_from<1>(std::move(image), random);
   }
 
   /// The batch's element type.
@@ -453,12 +482,29 @@ class Compose {
   void write(const Image& image, void* out) const
     requires(!erases)
   {
-    write_pixels(image, out);
+    write_pixels(image, /*mirror=*/false, out);
   }
 
   /// write(), then the RandomErasing steps on what was written, drawing from the record's `random`.
   void write(const Image& image, void* out, RecordRandom& random) const {
-    write_pixels(image, out);
+    write_pixels(image, /*mirror=*/false, out);
+    erase_written(image, out, random);
+  }
+
+  /// What prepare() made, written as write() writes apply()'s image: mirrored on the way where the
+  /// last flip drew so.
+  void write(const PreparedImage& prepared, void* out, RecordRandom& random) const {
+    write_pixels(prepared.image, prepared.mirrored, out);
+    erase_written(prepared.image, out, random);
+  }
+
+ private:
+  static Image mirrored(PreparedImage prepared) {
+    if (prepared.mirrored) RandomHorizontalFlip::mirror(prepared.image);
+    return std::move(prepared.image);
+  }
+
+  void erase_written([[maybe_unused]] const Image& image, [[maybe_unused]] void* out, [[maybe_unused]] RecordRandom& random) const {
     if constexpr (erases)
       std::apply(
           [&](const auto&... s) {
@@ -472,39 +518,54 @@ class Compose {
           steps_);
   }
 
- private:
-  void write_pixels(const Image& image, void* out) const {
+  /// The image as C x H x W at `out`, each row read right to left when `mirror`.
+  void write_pixels(const Image& image, bool mirror, void* out) const {
     const std::int64_t plane = image.height * image.width, c = image.channels;
     if constexpr (to_float) {
       if (!mean_.empty() && mean_.size() != 1 && static_cast<std::int64_t>(mean_.size()) != c)
         throw DataError("Normalize: " + std::to_string(mean_.size()) + " means and stds for an image of " + std::to_string(c) +
                         " channels");
-      auto* dst = static_cast<float*>(out);
       for (std::int64_t k = 0; k < c; ++k) {
         const auto& lookup = table_[static_cast<std::size_t>(k)];
-        float* channel = dst + k * plane;
-        const std::uint8_t* src = image.pixels.data() + k;
-        for (std::int64_t i = 0; i < plane; ++i) channel[i] = lookup[src[i * c]];
+        convert_channel(image, k, mirror, static_cast<float*>(out) + k * plane, [&](std::uint8_t v) { return lookup[v]; });
       }
     } else {
-      auto* dst = static_cast<std::uint8_t*>(out);
       for (std::int64_t k = 0; k < c; ++k)
-        for (std::int64_t i = 0; i < plane; ++i) dst[k * plane + i] = image.pixels[static_cast<std::size_t>(i * c + k)];
+        convert_channel(image, k, mirror, static_cast<std::uint8_t*>(out) + k * plane, [](std::uint8_t v) { return v; });
+    }
+  }
+  /// Channel `k` of the interleaved image into its plane at `dst`, each sample through `convert`.
+  template <class T, class Convert>
+  static void convert_channel(const Image& image, std::int64_t k, bool mirror, T* dst, Convert convert) {
+    const std::int64_t c = image.channels, w = image.width, plane = image.height * w;
+    const std::uint8_t* src = image.pixels.data() + k;
+    if (!mirror) {
+      for (std::int64_t i = 0; i < plane; ++i) dst[i] = convert(src[i * c]);
+      return;
+    }
+    for (std::int64_t y = 0; y < image.height; ++y) {
+      const std::uint8_t* row_end = src + (y * w + w - 1) * c;  // the row's last pixel, read first
+      T* out_row = dst + y * w;
+      for (std::int64_t x = 0; x < w; ++x) out_row[x] = convert(row_end[-x * c]);
     }
   }
 
-  /// The 8-bit steps from the `First`-th on.
+  /// The 8-bit steps from the `First`-th on; a last RandomHorizontalFlip only draws (the writer mirrors).
   template <std::size_t First>
-  Image apply_from(Image image, RecordRandom& random) const {
+  PreparedImage prepare_from(Image image, RecordRandom& random) const {
+    bool mirror = false;
     [&]<std::size_t... I>(std::index_sequence<I...>) {
       (
           [&] {
-            using Step = std::tuple_element_t<First + I, std::tuple<Steps...>>;
-            if constexpr (!OutputStep<Step>) image = std::get<First + I>(steps_)(std::move(image), random);
+            constexpr std::size_t index = First + I;
+            using Step = std::tuple_element_t<index, std::tuple<Steps...>>;
+            if constexpr (flips_last && index + 1 == image_steps)
+              mirror = random.chance(std::get<index>(steps_).p);  // the flip's one draw, as its operator() makes it
+            else if constexpr (!OutputStep<Step>) image = std::get<index>(steps_)(std::move(image), random);
           }(),
           ...);
     }(std::make_index_sequence<sizeof...(Steps) - First>{});
-    return image;
+    return {std::move(image), mirror};
   }
 
   static void check_byte_erasing(const RandomErasing& erasing) {
