@@ -6,8 +6,9 @@
 //   decode     the bare decode rate of each folder's files (read and decode, one thread, no transform)
 //   imagenet   one epoch of the ImageNet-sized folder (bench/imagenet_jpegs.py): the guide's training
 //              pipeline, RandomResizedCrop(224), flip, ToFloat, Normalize, each JPEG decoded only in
-//              the crop's window, at a reduced DCT scale where allowed (opt-in), and decoded whole
-//              (the exact same batches as the first)
+//              the crop's window; imagenet-whole: decoded whole (the same batches); imagenet-reduced:
+//              at a reduced DCT scale where the window allows (opt-in); imagenet-160 and
+//              imagenet-reduced-160: the same at RandomResizedCrop(160)
 //   imagenet-val  the guide's validation pipeline on it: Resize(256), CenterCrop(224), ToFloat, Normalize
 //   imagenet-decode  its bare decode rate, one thread (the limit, times the cores)
 //   imagenet-stages  one image's time in the training pipeline, stage by stage, one thread
@@ -132,21 +133,22 @@ int main(int argc, char** argv) {
       print(std::string("image decode alone, ") + label + ": one thread x " + std::to_string(cores) + " cores (the limit)", rate * cores,
             "images/s", {{"one_thread", rate}, {"checksum", checksum}});
     }
-  } else if (which == "imagenet") {
-    const auto train = vision::Compose(vision::RandomResizedCrop(224), vision::RandomHorizontalFlip{}, vision::ToFloat{},
-                                       vision::Normalize(imagenet_mean, imagenet_std));
-    const vision::ImageDataset windows(vision::ImageFolder(imagenet), train);
-    epoch("image pipeline, ImageNet-sized JPEGs, RandomResizedCrop(224): dettrial, the crop's window decoded",
-          dettrial::DataLoader(windows, {.batch_size = 64, .shuffle = true, .seed = 1}), limit);
-    const vision::ImageDataset reduced(
-        vision::ImageFolder(imagenet),
-        vision::Compose(vision::RandomResizedCrop(224, {.reduced_decode = true}), vision::RandomHorizontalFlip{}, vision::ToFloat{},
-                        vision::Normalize(imagenet_mean, imagenet_std)));
-    epoch("image pipeline, ImageNet-sized JPEGs, RandomResizedCrop(224): dettrial, reduced_decode (not torchvision's pixels)",
-          dettrial::DataLoader(reduced, {.batch_size = 64, .shuffle = true, .seed = 1}), limit);
-    const vision::ImageDataset whole(WholeFiles{vision::ImageFolder(imagenet)}, train);
-    epoch("image pipeline, ImageNet-sized JPEGs, RandomResizedCrop(224): dettrial, decoded whole",
-          dettrial::DataLoader(whole, {.batch_size = 64, .shuffle = true, .seed = 1}), limit);
+  } else if (which == "imagenet" || which == "imagenet-whole" || which == "imagenet-reduced" || which == "imagenet-160" ||
+             which == "imagenet-reduced-160") {
+    // imagenet[-whole|-reduced][-160]: the guide's training pipeline at 224 (or 160, the
+    // low-resolution phase of fast ImageNet recipes), the crop's window decoded; -reduced with
+    // reduced_decode, -whole through a source without load_window (the same batches as the window's).
+    const std::int64_t size = which.ends_with("-160") ? 160 : 224;
+    const bool reduce = which.find("-reduced") != std::string::npos, whole = which.find("-whole") != std::string::npos;
+    const auto pipeline = vision::Compose(vision::RandomResizedCrop(size, {.reduced_decode = reduce}), vision::RandomHorizontalFlip{},
+                                          vision::ToFloat{}, vision::Normalize(imagenet_mean, imagenet_std));
+    const std::string name = "image pipeline, ImageNet-sized JPEGs, RandomResizedCrop(" + std::to_string(size) + "): dettrial, " +
+                             (whole    ? "decoded whole"
+                              : reduce ? "reduced_decode (not torchvision's pixels)"
+                                       : "the crop's window decoded");
+    const dettrial::DataLoaderOptions options{.batch_size = 64, .shuffle = true, .seed = 1};
+    if (whole) epoch(name, dettrial::DataLoader(vision::ImageDataset(WholeFiles{vision::ImageFolder(imagenet)}, pipeline), options), limit);
+    else epoch(name, dettrial::DataLoader(vision::ImageDataset(vision::ImageFolder(imagenet), pipeline), options), limit);
   } else if (which == "imagenet-val") {
     const vision::ImageDataset data(
         vision::ImageFolder(imagenet),
