@@ -15,6 +15,7 @@
 #include <iostream>
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include <dettrial/vision.hpp>
@@ -46,6 +47,19 @@ inline std::filesystem::path data_path(const YAML::Node& data, const char* key) 
   const std::filesystem::path path = data[key].as<std::string>();
   const char* root = std::getenv("DETTRIAL_IMAGE_FOLDER");
   return path.is_absolute() || !root || !*root ? path : std::filesystem::path(root) / path;
+}
+
+/// data.`key` as a T, or `fallback` when absent; a value of another type is an error naming the key.
+template <class T>
+T data_or(const YAML::Node& data, const char* key, T fallback) {
+  const YAML::Node value = data[key];
+  if (!value) return fallback;
+  try {
+    return value.as<T>();
+  } catch (const YAML::Exception&) {
+    throw dettrial::ConfigError(std::string("data.") + key + ": '" + YAML::Dump(value) + "' is not " +
+                                (std::is_same_v<T, bool> ? "true or false" : "a whole number"));
+  }
 }
 
 /// `models.__dict__[arch]()`, or with the weights in `pretrained` (a file `torch.save(model.state_dict())`
@@ -91,11 +105,11 @@ class ImageNetTrial {
     context.wrap_lr_scheduler(lr_sch_, dettrial::lr_step::every_epoch{});
     const YAML::Node& data = context.get_data_config();
     validation_dir_ = data_path(data, "validation_dir");
-    crop_ = data["crop"] ? data["crop"].as<std::int64_t>() : 224;
-    resize_ = data["resize"] ? data["resize"].as<std::int64_t>() : 256;
+    crop_ = data_or<std::int64_t>(data, "crop", 224);
+    resize_ = data_or<std::int64_t>(data, "resize", 256);
     // JPEGs decoded at 1/2, 1/4 or 1/8 scale where the crop's window stays at least its output size:
     // faster on large images, not torchvision's pixels, so off unless the config asks.
-    reduced_decode_ = data["reduced_decode"] && data["reduced_decode"].as<bool>();
+    reduced_decode_ = data_or(data, "reduced_decode", false);
   }
 
   /// transforms.RandomResizedCrop(224), RandomHorizontalFlip(), ToTensor(), Normalize(mean, std); with

@@ -52,7 +52,9 @@ if(TARGET mnist)
   # ResNet-50 state dict saved by Python warm-starts it.
   set(_imagenet_folder "${CMAKE_CURRENT_BINARY_DIR}/imagenet-folder")
   set(_imagenet_resume "imagenet example: the guide's trial on an ImageNet-shaped folder resumes mid-epoch exactly, CMYK files included")
-  set(_imagenet_recipe "imagenet example: TrivialAugmentWide, RandomErasing, MixUp or CutMix and label smoothing resume mid-epoch exactly")
+  set(_imagenet_recipe
+      "imagenet example: TrivialAugmentWide, RandomErasing, MixUp or CutMix, label smoothing and reduced_decode resume mid-epoch exactly")
+  set(_imagenet_bad_data "imagenet example: a data value of the wrong type is named (data.reduced_decode: maybe)")
   set(_imagenet_pretrained "imagenet example: a torchvision ResNet-50 state dict saved by Python warm-starts the guide's trial")
   if(DETTRIAL_DECODES_JPEG AND DETTRIAL_DECODES_PNG AND DETTRIAL_PYTHON)
     add_test(NAME "imagenet example: an ImageNet-shaped folder is written from Fashion-MNIST"
@@ -71,9 +73,16 @@ if(TARGET mnist)
                                                 "${_cli}/image_resume.sh" $<TARGET_FILE:imagenet> "${_cli}/imagenet.yaml" "${_imagenet_folder}"
                                                 "${CMAKE_CURRENT_BINARY_DIR}/runs/imagenet-recipe" --set hyperparameters.auto_augment=ta_wide
                                                 --set hyperparameters.random_erase=0.25 --set hyperparameters.mixup_alpha=0.2
-                                                --set hyperparameters.cutmix_alpha=1.0 --set hyperparameters.label_smoothing=0.1)
+                                                --set hyperparameters.cutmix_alpha=1.0 --set hyperparameters.label_smoothing=0.1
+                                                --set data.reduced_decode=true)
     set_tests_properties("${_imagenet_recipe}" PROPERTIES FIXTURES_REQUIRED dettrial_imagenet_folder SKIP_RETURN_CODE 77
                                                           PASS_REGULAR_EXPRESSION "records after batch 6 equal")
+    add_test(NAME "${_imagenet_bad_data}"
+             COMMAND "${_requires}" "${_imagenet_folder}/complete" "the ImageNet-shaped folder" -- "${CMAKE_COMMAND}" -E env
+                     "DETTRIAL_IMAGE_FOLDER=${_imagenet_folder}" $<TARGET_FILE:imagenet> --config "${_cli}/imagenet.yaml" --set
+                     data.reduced_decode=maybe --output "${CMAKE_CURRENT_BINARY_DIR}/runs/imagenet-bad-data")
+    set_tests_properties("${_imagenet_bad_data}" PROPERTIES FIXTURES_REQUIRED dettrial_imagenet_folder SKIP_RETURN_CODE 77
+                                                            PASS_REGULAR_EXPRESSION "error: data.reduced_decode: 'maybe' is not true or false")
     add_test(NAME "${_imagenet_pretrained}"
              COMMAND "${_requires}" "${_imagenet_folder}/complete" "the ImageNet-shaped folder" -- "${_requires}"
                      "${CMAKE_CURRENT_BINARY_DIR}/torchvision_resnets/resnet50.pt" "torchvision's ResNet-50 (tests/python/torchvision_resnets.py)" --
@@ -84,6 +93,7 @@ if(TARGET mnist)
   else()
     dettrial_skipped_test("${_imagenet_resume}" "this build has no JPEG or PNG decoder, or no Python to write the folder")
     dettrial_skipped_test("${_imagenet_recipe}" "this build has no JPEG or PNG decoder, or no Python to write the folder")
+    dettrial_skipped_test("${_imagenet_bad_data}" "this build has no JPEG or PNG decoder, or no Python to write the folder")
     dettrial_skipped_test("${_imagenet_pretrained}" "this build has no JPEG or PNG decoder, or no Python to write the folder")
   endif()
   set(_slurm_tests "slurm: srun (on one node and on two) and sbatch run the 2-rank MNIST job as the built-in launcher does; a failed task ends the step")
