@@ -52,6 +52,7 @@ inline std::filesystem::path data_path(const YAML::Node& data, const char* key) 
 /// data.`key` as a T, or `fallback` when absent; a value of another type is an error naming the key.
 template <class T>
 T data_or(const YAML::Node& data, const char* key, T fallback) {
+  static_assert(std::is_same_v<T, bool> || std::is_integral_v<T>, "data_or names the expected type for flags and whole numbers only");
   const YAML::Node value = data[key];
   if (!value) return fallback;
   try {

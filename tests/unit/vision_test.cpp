@@ -296,9 +296,13 @@ TEST_CASE("vision: reduced_decode decodes a JPEG's window at the DCT scale that 
   const Image reduced = window_of({.top = 40, .left = 60, .height = 300, .width = 400, .at_least_height = 64, .at_least_width = 64});
   CHECK((reduced.height == 75 && reduced.width == 100));
   const Image resized = vision::detail::resize_bilinear(vision::detail::crop(whole, 40, 60, 300, 400), 75, 100);
-  double total = 0;
-  for (std::size_t i = 0; i < reduced.pixels.size(); ++i) total += std::abs(int(reduced.pixels[i]) - int(resized.pixels[i]));
-  const double mean = total / static_cast<double>(reduced.pixels.size());
+  const auto mean_difference = [](const Image& a, const Image& b) {  // in levels, over every sample
+    REQUIRE(a.pixels.size() == b.pixels.size());
+    double total = 0;
+    for (std::size_t i = 0; i < a.pixels.size(); ++i) total += std::abs(int(a.pixels[i]) - int(b.pixels[i]));
+    return total / static_cast<double>(a.pixels.size());
+  };
+  const double mean = mean_difference(reduced, resized);
   MESSAGE("a quarter-scale decode differs from the full decode resized by " << mean << " levels on average");
   CHECK(mean < 6.0);
   CHECK(reduced.pixels != resized.pixels);  // not the same pixels: why it is opt-in
@@ -321,9 +325,7 @@ TEST_CASE("vision: reduced_decode decodes a JPEG's window at the DCT scale that 
     CHECK(scaled.width == (left + width + d - 1) / d - left / d);
     const Image expected =
         vision::detail::resize_bilinear(vision::detail::crop(full, top, left, height, width), scaled.height, scaled.width);
-    double sum = 0;
-    for (std::size_t i = 0; i < scaled.pixels.size(); ++i) sum += std::abs(int(scaled.pixels[i]) - int(expected.pixels[i]));
-    CHECK(sum / static_cast<double>(scaled.pixels.size()) < 8.0);
+    CHECK(mean_difference(scaled, expected) < 8.0);
   }
   // A window that cannot shrink and keep its size, or asks nothing, is the full decode's, exactly.
   CHECK(window_of({.top = 40, .left = 60, .height = 100, .width = 120, .at_least_height = 64, .at_least_width = 64}).pixels ==

@@ -170,19 +170,19 @@ class ImageDataset {
       RecordRandom random(origin.seed, origin.epoch_of(r), record);
       std::optional<PreparedImage> prepared = transformed(record, random);
       if (!prepared) continue;
-      const Image* image = &prepared->image;
+      const Image& image = prepared->image;
       if (!images.defined()) {
-        images = buffers_->take({n, image->channels, image->height, image->width}, transform_.dtype(), pin_);
-        bytes_per_image = image->channels * image->height * image->width * static_cast<std::int64_t>(images.element_size());
-      } else if (image->channels != images.size(1) || image->height != images.size(2) || image->width != images.size(3)) {
-        throw DataError("record " + std::to_string(record) + " ('" + source_.name(record) + "') is " + shape(*image) +
+        images = buffers_->take({n, image.channels, image.height, image.width}, transform_.dtype(), pin_);
+        bytes_per_image = image.channels * image.height * image.width * static_cast<std::int64_t>(images.element_size());
+      } else if (image.channels != images.size(1) || image.height != images.size(2) || image.width != images.size(3)) {
+        throw DataError("record " + std::to_string(record) + " ('" + source_.name(record) + "') is " + shape(image) +
                         " after the transforms, but its batch's first image is " + std::to_string(images.size(1)) + "x" +
                         std::to_string(images.size(2)) + "x" + std::to_string(images.size(3)) +
                         ": end the transforms in one size (Resize with two numbers, CenterCrop, RandomCrop, RandomResizedCrop)");
       }
       void* out = static_cast<char*>(images.data_ptr()) + kept * bytes_per_image;
       if constexpr (PreparesForWriter<Transform>) transform_.write(*prepared, out, random);
-      else transform_.write(*image, out, random);
+      else transform_.write(image, out, random);
       label_out[kept++] = source_.label(record);
     }
     if (!images.defined()) return {torch::empty({0}, transform_.dtype()), labels.narrow(0, 0, 0)};

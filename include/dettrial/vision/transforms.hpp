@@ -243,9 +243,11 @@ struct RandomResizedCrop {
 struct RandomHorizontalFlip {
   double p = 0.5;
   Image operator()(Image image, RecordRandom& random) const {
-    if (random.chance(p)) mirror(image);
+    if (draws_mirror(random)) mirror(image);
     return image;
   }
+  /// The step's one draw: whether this image is mirrored (Compose's batch writer mirrors by it too).
+  bool draws_mirror(RecordRandom& random) const { return random.chance(p); }
   /// The image mirrored left to right, in place.
   static void mirror(Image& image) {
     const std::int64_t c = image.channels;
@@ -559,8 +561,7 @@ class Compose {
           [&] {
             constexpr std::size_t index = First + I;
             using Step = std::tuple_element_t<index, std::tuple<Steps...>>;
-            if constexpr (flips_last && index + 1 == image_steps)
-              mirror = random.chance(std::get<index>(steps_).p);  // the flip's one draw, as its operator() makes it
+            if constexpr (flips_last && index + 1 == image_steps) mirror = std::get<index>(steps_).draws_mirror(random);
             else if constexpr (!OutputStep<Step>) image = std::get<index>(steps_)(std::move(image), random);
           }(),
           ...);
