@@ -996,6 +996,14 @@ namespace dettrial {
 /// When to checkpoint right after a validation (Determined's `checkpoint_policy`).
 enum class CheckpointPolicy { best, all, none };
 
+/// ZeRO's sharding of a data-parallel job's training state over its ranks (`optimizations.zero_stage`).
+enum class ZeroStage {
+  /// Every rank keeps the whole optimizer state (0).
+  off = 0,
+  /// Each rank keeps, and steps, the optimizer state of its 1/N of the parameters (1, ZeRO-1).
+  optimizer_state = 1,
+};
+
 DETTRIAL_INLINE const char* to_string(CheckpointPolicy p);
 
 /**
@@ -1035,6 +1043,9 @@ class ExperimentConfig {
   /// and replay it (with `optimizations.capture_warmup_batches` eager batches first, default 3).
   StepCapture step_capture = capture::none{};
   bool average_aggregated_gradients = true;
+  /// `optimizations.zero_stage` (dettrial's): 1 shards the optimizer state over a data-parallel
+  /// job's ranks (ZeRO-1, docs/distributed.md); 0, the default, keeps it whole on every rank.
+  ZeroStage zero_stage = ZeroStage::off;
   std::optional<std::uint64_t> experiment_seed;
   /// `reproducibility.deterministic` (dettrial's): LibTorch's deterministic algorithms on, cuDNN's
   /// autotuner off, so that runs with one seed are bit-identical on a GPU too. Unset: LibTorch's defaults.
@@ -1318,6 +1329,18 @@ DETTRIAL_INLINE void ExperimentConfig::read_optimizations(const YAML::Node& opt,
     throw ConfigError(detail::where(opt["capture_warmup_batches"], source) +
                       ": optimizations.capture_warmup_batches is set but step_capture is not; set step_capture: cuda_graph");
   }
+  if (const YAML::Node zero = opt["zero_stage"]; zero && !zero.IsNull()) {
+    std::int64_t stage = 0;
+    r.read(opt, "zero_stage", stage);
+    if (stage == 2 || stage == 3)
+      throw ConfigError(detail::where(zero, source) + ": optimizations.zero_stage " + std::to_string(stage) + " (sharded gradients" +
+                        (stage == 3 ? std::string(" and parameters") : std::string()) +
+                        ") is not in dettrial yet; 1 shards the optimizer state, 0 keeps it whole");
+    if (stage != 0 && stage != 1)
+      throw ConfigError(detail::where(zero, source) + ": optimizations.zero_stage must be 0 (off) or 1 (sharded optimizer state), not " +
+                        std::to_string(stage));
+    c.zero_stage = static_cast<ZeroStage>(stage);
+  }
 }
 
 DETTRIAL_INLINE void ExperimentConfig::read_reproducibility(const YAML::Node& rep, const Reader& r, ExperimentConfig& c) {
@@ -1485,7 +1508,7 @@ DETTRIAL_INLINE void ExperimentConfig::check_fields(const YAML::Node& root, cons
                                                              "weight",         "shm_size",      "devices",   "native_parallel",
                                                              "is_single_node", "agent_label"};
   static const std::vector<std::string> optimizations = {"aggregation_frequency", "average_aggregated_gradients", "mixed_precision",
-                                                         "step_capture", "capture_warmup_batches"};
+                                                         "step_capture",          "capture_warmup_batches",       "zero_stage"};
   static const std::vector<std::string> optimizations_cluster = {"average_training_metrics", "gradient_compression",
                                                                  "tensor_fusion_threshold",  "tensor_fusion_cycle_time",
                                                                  "auto_tune_tensor_fusion",  "grad_updates_size_file"};
@@ -10330,6 +10353,9 @@ class Communicator {
   void broadcast(std::vector<torch::Tensor>& tensors, int root = 0);
   /// Every rank's `tensor` (same shape on all), gathered on every rank in rank order.
   std::vector<torch::Tensor> allgather(const torch::Tensor& tensor);
+  /// Starts an all-gather of every rank's `inputs[0]` into `outputs[0][r]` (rank r's; the caller's
+  /// tensors, kept alive until waited for) and returns without waiting (see wait()).
+  c10::intrusive_ptr<c10d::Work> allgather_async(std::vector<std::vector<torch::Tensor>>& outputs, std::vector<torch::Tensor>& inputs);
   void barrier();
 
   /// Where this backend's collectives take their tensors: the CPU for Gloo, this rank's GPU for NCCL.
@@ -10514,6 +10540,15 @@ DETTRIAL_INLINE std::vector<torch::Tensor> Communicator::allgather(const torch::
   std::vector<torch::Tensor> in{tensor};
   run("all-gather", [&] { return backend_->allgather(out, in); });
   return out[0];
+}
+
+DETTRIAL_INLINE c10::intrusive_ptr<c10d::Work> Communicator::allgather_async(std::vector<std::vector<torch::Tensor>>& outputs,
+                                                                             std::vector<torch::Tensor>& inputs) {
+  try {
+    return backend_->allgather(outputs, inputs);
+  } catch (const std::exception& e) {
+    throw failure("all-gather", e);
+  }
 }
 
 DETTRIAL_INLINE void Communicator::barrier() {
@@ -10710,8 +10745,20 @@ class GradientBuckets {
  public:
   static constexpr std::int64_t bucket_bytes = 25 << 20;
 
-  GradientBuckets(Communicator& communicator, std::vector<torch::Tensor> params)
-      : communicator_(communicator), params_(std::move(params)) {}
+  /// A flat buffer that carries the gradients of several parameters in one all-reduce.
+  struct Bucket {
+    /// Padded to a multiple of `pad_to` elements (ZeRO's equal shards); the all-reduce takes `reduced`.
+    torch::Tensor flat;
+    std::vector<std::pair<std::size_t, std::int64_t>> members;  // (parameter index, offset)
+    /// The first `numel` elements of `flat`: the gradients (the same tensor as `flat` when unpadded).
+    torch::Tensor reduced{};
+    std::int64_t numel = 0;
+  };
+
+  /// `pad_to`: each bucket's flat buffer is padded to a multiple of it (the world size, for ZeRO's
+  /// shards); the all-reduce still takes only the gradients, so padding changes no sum.
+  GradientBuckets(Communicator& communicator, std::vector<torch::Tensor> params, std::int64_t pad_to = 1)
+      : communicator_(communicator), params_(std::move(params)), pad_to_(pad_to) {}
   GradientBuckets(const GradientBuckets&) = delete;
   GradientBuckets& operator=(const GradientBuckets&) = delete;
   ~GradientBuckets();
@@ -10722,13 +10769,14 @@ class GradientBuckets {
   /// Replaces every parameter's gradient by its average over the ranks.
   void all_reduce();
 
- private:
-  /// A flat buffer that carries the gradients of several parameters in one all-reduce.
-  struct Bucket {
-    torch::Tensor flat;
-    std::vector<std::pair<std::size_t, std::int64_t>> members;  // (parameter index, offset)
-  };
+  /// The buckets, made now if they were not yet (and the backward pass's hooks with them).
+  const std::vector<Bucket>& buckets() {
+    if (buckets_.empty()) build();
+    return buckets_;
+  }
+  const std::vector<torch::Tensor>& params() const { return params_; }
 
+ private:
   void build();
 
   /// Puts parameter k's gradient for this step (its accumulated .grad plus `incoming`) into its slice.
@@ -10748,7 +10796,8 @@ class GradientBuckets {
   std::vector<std::size_t> pending_{};                   // per bucket: parameters still to come
   std::vector<c10::intrusive_ptr<c10d::Work>> works_{};  // the all-reduces started, in bucket order
   std::vector<torch::Tensor> collective_arg_{1};         // c10d takes a vector: one, reused
-  bool armed_ = false;                                   // this backward pass feeds the buckets
+  std::int64_t pad_to_ = 1;
+  bool armed_ = false;  // this backward pass feeds the buckets
 };
 
 }  // namespace dettrial::detail
@@ -10785,7 +10834,7 @@ DETTRIAL_INLINE void GradientBuckets::all_reduce() {
   for (std::size_t k = 0; k < buckets_.size(); ++k) {
     communicator_.wait(works_[k], "gradient all-reduce");
     Bucket& b = buckets_[k];
-    b.flat.mul_(scale);
+    b.reduced.mul_(scale);
     for (const auto& [i, offset] : b.members) {
       torch::Tensor& p = params_[i];
       const torch::Tensor slice = b.flat.narrow(0, offset, p.numel()).view(p.sizes());
@@ -10803,12 +10852,18 @@ DETTRIAL_INLINE void GradientBuckets::build() {
     const torch::Tensor& p = params_[k];
     if (buckets_.empty() || buckets_.back().flat.scalar_type() != p.scalar_type() || buckets_.back().flat.device() != p.device() ||
         (buckets_.back().flat.numel() + p.numel()) * p.element_size() > bucket_bytes)
-      buckets_.push_back(Bucket{torch::empty({0}, p.options()), {}});
+      buckets_.push_back(Bucket{.flat = torch::empty({0}, p.options()), .members = {}});
     Bucket& b = buckets_.back();
     b.members.emplace_back(k, b.flat.numel());
     offset_of_[k] = b.flat.numel();
     b.flat = torch::empty({b.flat.numel() + p.numel()}, p.options());
     bucket_of_[k] = buckets_.size() - 1;
+  }
+  for (Bucket& b : buckets_) {
+    b.numel = b.flat.numel();
+    const std::int64_t padded = (b.numel + pad_to_ - 1) / pad_to_ * pad_to_;
+    if (padded != b.numel) b.flat = torch::zeros({padded}, b.flat.options());
+    b.reduced = padded == b.numel ? b.flat : b.flat.narrow(0, 0, b.numel);
   }
   filled_.assign(params_.size(), 0);
   pending_.assign(buckets_.size(), 0);
@@ -10843,7 +10898,7 @@ DETTRIAL_INLINE void GradientBuckets::fill_slice(std::size_t k, const torch::Ten
 
 DETTRIAL_INLINE void GradientBuckets::start_ready_buckets() {
   while (works_.size() < buckets_.size() && pending_[works_.size()] == 0) {
-    collective_arg_[0] = buckets_[works_.size()].flat;
+    collective_arg_[0] = buckets_[works_.size()].reduced;
     works_.push_back(communicator_.allreduce_async(collective_arg_));
   }
 }
@@ -11699,6 +11754,199 @@ DETTRIAL_INLINE const AppliedProcess& ProcessSettings::apply() const {
 #include <torch/torch.h>
 #include <yaml-cpp/yaml.h>
 
+// ---- begin dettrial/distributed/optimizer_shards.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief ZeRO stage 1 in a data-parallel job: each rank keeps, and steps, the optimizer state of
+/// its 1/N of the parameters, cut from the gradient buckets; the parameters are then all-gathered.
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include <torch/torch.h>
+
+
+namespace dettrial::detail {
+
+/**
+ * @brief One wrapped optimizer's parameters cut into equal shards over the ranks (ZeRO stage 1).
+ *
+ * Each gradient bucket (its flat buffer padded to a multiple of the world size) is cut into N equal
+ * ranges, and rank r owns range r of every bucket. A *piece* is the part of one parameter inside
+ * this rank's range: a 1-D view of the parameter's data. While `stepping()` is held, the optimizer's
+ * groups hold this rank's pieces instead of the parameters, each piece's gradient a view of its
+ * parameter's (averaged, unscaled, clipped) gradient: the optimizer's step updates only this rank's
+ * 1/N and makes state for it alone. LibTorch's optimizers and dettrial's update every element from
+ * that element's own gradient and state, so a piece steps as the same elements of the whole
+ * parameter would. `all_gather_parameters()` then gives every rank every rank's updated range.
+ *
+ * The object must not move (the Context holds it by pointer), and the optimizer's groups must not
+ * change while it lives: the pieces are cut once.
+ */
+class OptimizerShards {
+ public:
+  /// The part of one parameter in this rank's range of one bucket.
+  struct Piece {
+    std::size_t param = 0;           // index in the optimizer's parameters, group by group
+    std::size_t group = 0;           // the optimizer's group it belongs to
+    std::int64_t start = 0;          // its first element in the parameter
+    std::size_t bucket = 0;          // the gradient bucket it lies in
+    std::int64_t bucket_offset = 0;  // its first element in that bucket's flat buffer
+    torch::Tensor tensor{};          // the parameter's elements [start, start + numel) (a 1-D view)
+  };
+
+  OptimizerShards(Communicator& communicator, GradientBuckets& buckets, torch::optim::Optimizer& optimizer);
+  OptimizerShards(const OptimizerShards&) = delete;
+  OptimizerShards& operator=(const OptimizerShards&) = delete;
+
+  const std::vector<Piece>& pieces() const { return pieces_; }
+  const std::vector<torch::Tensor>& params() const { return buckets_.params(); }
+  const std::vector<GradientBuckets::Bucket>& buckets() const { return buckets_.buckets(); }
+  /// How many elements of `bucket` each rank owns (its padded size over the world size).
+  std::int64_t shard_numel(std::size_t bucket) const;
+  torch::optim::Optimizer& optimizer() const { return optimizer_; }
+  Communicator& communicator() const { return communicator_; }
+
+  /// While it lives, the optimizer's groups hold this rank's pieces, their gradients bound to the
+  /// parameters'; when it ends, the parameters again, and the pieces hold no gradient.
+  class Stepping {
+   public:
+    explicit Stepping(OptimizerShards& shards);
+    Stepping(const Stepping&) = delete;
+    Stepping& operator=(const Stepping&) = delete;
+    ~Stepping();
+
+   private:
+    OptimizerShards& shards_;
+  };
+  [[nodiscard]] Stepping stepping() { return Stepping(*this); }
+
+  /// Every rank's updated range of every bucket, into every rank's parameters.
+  void all_gather_parameters();
+
+  /**
+   * @brief A per-element value of the pieces, gathered whole bucket by bucket (a collective), in
+   * each bucket's dtype: `fill(piece, region)` writes this rank's pieces' values into
+   * `region` (the piece's elements of a bucket-sized buffer, zeros elsewhere), then `take(bucket,
+   * flat)` sees the buffer with every rank's ranges.
+   */
+  void all_gather(const std::function<void(const Piece&, torch::Tensor region)>& fill,
+                  const std::function<void(std::size_t bucket, const torch::Tensor& flat)>& take);
+
+ private:
+  /// Swaps the optimizer's groups' parameter lists with the pieces' (one vector swap per group).
+  void swap_groups();
+
+  Communicator& communicator_;
+  GradientBuckets& buckets_;
+  torch::optim::Optimizer& optimizer_;
+  std::vector<Piece> pieces_{};
+  std::vector<std::vector<torch::Tensor>> group_pieces_{};  // per group: its pieces' tensors (the parameters while stepping)
+  // The all-gather's arguments per bucket, made once: this rank's range, and every rank's.
+  std::vector<std::vector<torch::Tensor>> gather_in_{};
+  std::vector<std::vector<std::vector<torch::Tensor>>> gather_out_{};
+};
+
+}  // namespace dettrial::detail
+
+// Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
+#if DETTRIAL_HEADER_DEFINITIONS
+#include <algorithm>
+#include <utility>
+
+namespace dettrial::detail {
+
+DETTRIAL_INLINE OptimizerShards::OptimizerShards(Communicator& communicator, GradientBuckets& buckets, torch::optim::Optimizer& optimizer)
+    : communicator_(communicator), buckets_(buckets), optimizer_(optimizer) {
+  // The parameters' groups, in the order the buckets index them (the optimizer's, group by group).
+  std::vector<std::size_t> group_of;
+  for (std::size_t g = 0; g < optimizer.param_groups().size(); ++g)
+    group_of.insert(group_of.end(), optimizer.param_groups()[g].params().size(), g);
+  group_pieces_.resize(optimizer.param_groups().size());
+  const std::int64_t rank = communicator.rank();
+  torch::NoGradGuard no_grad;
+  const auto& all = buckets_.buckets();
+  for (std::size_t b = 0; b < all.size(); ++b) {
+    const std::int64_t shard = shard_numel(b), first = rank * shard, end = first + shard;
+    for (const auto& [k, offset] : all[b].members) {
+      const torch::Tensor& p = buckets_.params()[k];
+      const std::int64_t lo = std::max(offset, first), hi = std::min(offset + p.numel(), end);
+      if (lo >= hi) continue;
+      Piece piece{.param = k, .group = group_of.at(k), .start = lo - offset, .bucket = b, .bucket_offset = lo, .tensor = {}};
+      piece.tensor = p.detach().view({-1}).narrow(0, piece.start, hi - lo);
+      group_pieces_[piece.group].push_back(piece.tensor);
+      pieces_.push_back(std::move(piece));
+    }
+    gather_in_.push_back({all[b].flat.narrow(0, first, shard)});
+    std::vector<torch::Tensor> ranges;
+    for (std::int64_t r = 0; r < communicator.size(); ++r) ranges.push_back(all[b].flat.narrow(0, r * shard, shard));
+    gather_out_.push_back({std::move(ranges)});
+  }
+}
+
+DETTRIAL_INLINE std::int64_t OptimizerShards::shard_numel(std::size_t bucket) const {
+  return buckets_.buckets()[bucket].flat.numel() / communicator_.size();
+}
+
+DETTRIAL_INLINE void OptimizerShards::swap_groups() {
+  auto& groups = optimizer_.param_groups();
+  for (std::size_t g = 0; g < groups.size(); ++g) std::swap(groups[g].params(), group_pieces_[g]);
+}
+
+DETTRIAL_INLINE OptimizerShards::Stepping::Stepping(OptimizerShards& shards) : shards_(shards) {
+  for (auto& piece : shards_.pieces_) {
+    const torch::Tensor& grad = shards_.params()[piece.param].grad();
+    piece.tensor.mutable_grad() = grad.defined() ? grad.reshape({-1}).narrow(0, piece.start, piece.tensor.numel()) : torch::Tensor();
+  }
+  shards_.swap_groups();
+}
+
+DETTRIAL_INLINE OptimizerShards::Stepping::~Stepping() {
+  shards_.swap_groups();
+  // The pieces' gradients are views: left in place they would keep a released gradient alive.
+  for (auto& piece : shards_.pieces_) piece.tensor.mutable_grad() = torch::Tensor();
+}
+
+DETTRIAL_INLINE void OptimizerShards::all_gather_parameters() {
+  torch::NoGradGuard no_grad;
+  const auto& all = buckets_.buckets();
+  // The gradients in the buckets were consumed by the step: their buffers carry the parameters now.
+  for (const Piece& piece : pieces_) all[piece.bucket].flat.narrow(0, piece.bucket_offset, piece.tensor.numel()).copy_(piece.tensor);
+  std::vector<c10::intrusive_ptr<c10d::Work>> works;
+  works.reserve(all.size());
+  for (std::size_t b = 0; b < all.size(); ++b) works.push_back(communicator_.allgather_async(gather_out_[b], gather_in_[b]));
+  for (std::size_t b = 0; b < all.size(); ++b) {
+    communicator_.wait(works[b], "ZeRO parameter all-gather");
+    for (const auto& [k, offset] : all[b].members) {
+      const torch::Tensor& p = params()[k];
+      p.detach().view({-1}).copy_(all[b].flat.narrow(0, offset, p.numel()));
+    }
+  }
+}
+
+DETTRIAL_INLINE void OptimizerShards::all_gather(const std::function<void(const Piece&, torch::Tensor region)>& fill,
+                                                 const std::function<void(std::size_t bucket, const torch::Tensor& flat)>& take) {
+  torch::NoGradGuard no_grad;
+  const auto& all = buckets_.buckets();
+  for (std::size_t b = 0; b < all.size(); ++b) {
+    const std::int64_t shard = shard_numel(b);
+    torch::Tensor flat = torch::zeros({all[b].flat.numel()}, all[b].flat.options());
+    for (const Piece& piece : pieces_)
+      if (piece.bucket == b) fill(piece, flat.narrow(0, piece.bucket_offset, piece.tensor.numel()));
+    std::vector<torch::Tensor> in{flat.narrow(0, communicator_.rank() * shard, shard)};
+    std::vector<std::vector<torch::Tensor>> out(1);
+    for (std::int64_t r = 0; r < communicator_.size(); ++r) out[0].push_back(torch::empty({shard}, flat.options()));
+    communicator_.wait(communicator_.allgather_async(out, in), "ZeRO state all-gather");
+    for (std::int64_t r = 0; r < communicator_.size(); ++r) flat.narrow(0, r * shard, shard).copy_(out[0][static_cast<std::size_t>(r)]);
+    take(b, flat);
+  }
+}
+
+}  // namespace dettrial::detail
+#endif  // DETTRIAL_HEADER_DEFINITIONS
+// ---- end dettrial/distributed/optimizer_shards.hpp
 // ---- begin dettrial/distributed/ordered_gradients.hpp
 // SPDX-License-Identifier: Apache-2.0
 /// @file
@@ -12234,7 +12482,8 @@ class Context {
     }
     if (scaler_) scaler_->unscale(w.params);                        // clipping sees the true gradients
     if constexpr (GradientClipper<Clip>) clip_gradients(w.params);  // else only the sentence above
-    if (scaler_) scaler_->step(optimizer, w.params);                // skipped when a gradient is inf or NaN
+    if (w.shards) step_shards(w);                                   // ZeRO: this rank's 1/N, then all-gathered
+    else if (scaler_) scaler_->step(optimizer, w.params);           // skipped when a gradient is inf or NaN
     else optimizer.step();
     // Autocast caches low-precision copies of the weights until its region ends; a forward pass
     // later in the same train_batch must see the stepped weights.
@@ -12319,7 +12568,14 @@ class Context {
     bool average;
     /// Data parallel only: made on the first step, dropped when the parameters change.
     std::unique_ptr<detail::GradientBuckets> buckets;
+    /// ZeRO stage 1 only (made when the fit starts, over `buckets`): this rank's pieces of the parameters.
+    std::unique_ptr<detail::OptimizerShards> shards{};
   };
+  /// ZeRO: optimizer `i`'s shards, made (with padded buckets) when it has none.
+  detail::OptimizerShards& shard_optimizer(std::size_t i);
+  /// ZeRO's step: the optimizer steps this rank's pieces (the scaler's skip decided on the whole
+  /// gradients, the same on every rank), then every rank gets every rank's parameters.
+  void step_shards(WrappedOptimizer& w);
 
   template <class Result>
   static void check_reducer_name(const std::string& name) {
@@ -12404,6 +12660,11 @@ struct ContextAccess {
   static void seed_rank_stream(const Context& c) { c.seed_rank_stream(); }
   static bool has_registrations(const Context& c) { return c.has_registrations(); }
   static void release_registrations(Context& c) { c.release_registrations(); }
+  /// ZeRO: optimizer `i`'s shards, made when it has none; or the shards it has (null without).
+  static OptimizerShards& shard_optimizer(Context& c, std::size_t i) { return c.shard_optimizer(i); }
+  static OptimizerShards* optimizer_shards(Context& c, std::size_t i) { return c.optimizers_.at(i).shards.get(); }
+  /// Whether gradients are combined in the data stream's order (reproducibility.rank_invariant).
+  static bool rank_invariant(const Context& c) { return c.ordered_ != nullptr; }
 };
 }  // namespace dettrial::detail
 
@@ -12651,10 +12912,34 @@ DETTRIAL_INLINE void Context::refresh_params(WrappedOptimizer& w) {
   std::size_t count = 0;
   for (const auto& group : w.optimizer->param_groups()) count += group.params().size();
   if (count == w.params.size()) return;
+  if (w.shards)
+    throw TrialError("an optimizer's parameter groups changed from " + std::to_string(w.params.size()) + " to " + std::to_string(count) +
+                     " parameters during training; with ZeRO (optimizations.zero_stage 1) its shards are cut once, when the fit "
+                     "starts: add the parameters before it (frozen ones stay still with requires_grad off)");
   w.buckets.reset();
   w.params.clear();
   for (auto& group : w.optimizer->param_groups())
     for (auto& p : group.params()) w.params.push_back(p);
+}
+
+DETTRIAL_INLINE detail::OptimizerShards& Context::shard_optimizer(std::size_t i) {
+  WrappedOptimizer& w = optimizers_.at(i);
+  if (w.shards) return *w.shards;
+  if (!communicator_) throw TrialError("ZeRO shards an optimizer over the ranks of a data-parallel job; this context has one rank");
+  refresh_params(w);
+  w.buckets = std::make_unique<detail::GradientBuckets>(*communicator_, w.params, communicator_->size());
+  w.shards = std::make_unique<detail::OptimizerShards>(*communicator_, *w.buckets, *w.optimizer);
+  return *w.shards;
+}
+
+DETTRIAL_INLINE void Context::step_shards(WrappedOptimizer& w) {
+  bool stepped = true;
+  {
+    const auto stepping = w.shards->stepping();
+    if (scaler_) stepped = scaler_->step(*w.optimizer, w.params);
+    else w.optimizer->step();
+  }
+  if (stepped) w.shards->all_gather_parameters();
 }
 
 DETTRIAL_INLINE Context::WrappedOptimizer& Context::find_optimizer(const torch::optim::Optimizer& optimizer) {
@@ -16078,6 +16363,215 @@ concept Callback = detail::has_any_hook<C>(static_cast<hook::all*>(nullptr));
 
 }  // namespace dettrial
 // ---- end dettrial/vocabulary/callbacks.hpp
+// ---- begin dettrial/checkpoint/sharded_state.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief ZeRO's optimizer state and the checkpoints: the state a checkpoint loaded (whole, in
+/// Python's layout) cut into this rank's pieces when the fit starts, on any rank count; and the
+/// pieces gathered whole for a checkpoint, so that it is written as an unsharded run writes it.
+
+#include <cstddef>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <torch/torch.h>
+
+
+namespace dettrial::detail {
+
+/**
+ * @brief Starts ZeRO `stage` for a fit (nothing for ZeroStage::off): every wrapped optimizer is
+ * checked, cut into shards over the ranks, and the whole state it holds (a checkpoint's, loaded
+ * before) is cut into this rank's pieces, the rest dropped. Refused with a ConfigError naming why:
+ * an optimizer ZeRO cannot shard, rank_invariant, a single rank, a parameter that is not dense and
+ * contiguous. Every rank calls it (a collective only in what it refuses: every rank refuses alike).
+ */
+DETTRIAL_INLINE void shard_optimizer_states(Context& context, ZeroStage stage);
+
+/**
+ * @brief For the checkpoint being taken: each sharded optimizer's state gathered whole into the
+ * chief's optimizer, keyed by its parameters as an unsharded run keeps it, so the checkpoint's
+ * writers (Python's layout) read it unchanged; dropped again when this object ends. A collective:
+ * every rank makes one, at the same place. The chief holds the whole state for that time.
+ */
+class WholeOptimizerStates {
+ public:
+  explicit WholeOptimizerStates(Context& context);
+  WholeOptimizerStates(const WholeOptimizerStates&) = delete;
+  WholeOptimizerStates& operator=(const WholeOptimizerStates&) = delete;
+  ~WholeOptimizerStates();
+
+ private:
+  /// The chief's entries made for the checkpoint, per optimizer: (optimizer, its parameters with state).
+  std::vector<std::pair<torch::optim::Optimizer*, std::vector<torch::Tensor>>> made_{};
+};
+
+}  // namespace dettrial::detail
+
+// Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
+#if DETTRIAL_HEADER_DEFINITIONS
+#include <map>
+#include <set>
+
+
+namespace dettrial::detail::sharded_state {
+
+using StateMap = std::remove_cvref_t<decltype(std::declval<torch::optim::Optimizer&>().state())>;
+
+/// Whether a state entry holds one value per element of its parameter (`numel` of them), so that
+/// ZeRO cuts it; the rest (`step`, ...) are per parameter and every piece has them whole.
+inline bool per_element(const std::string& key, const c10::IValue& value, const torch::Tensor& like) {
+  return key != "step" && value.isTensor() && value.toTensor().sizes() == like.sizes();
+}
+
+/// Why ZeRO cannot shard optimizer `i`, or empty when it can.
+inline std::string unshardable(torch::optim::Optimizer& optimizer) {
+  for (auto& group : optimizer.param_groups()) {
+    const python_optimizer::Kind kind = python_optimizer::kind_of(group.options());
+    if (!kind.name)
+      return "it is not one whose state dettrial writes in Python's layout (SGD, Adam, AdamW, RMSprop, Adagrad, Adadelta, NAdam, "
+             "RAdam, Adamax and the fused ones), which ZeRO's checkpoints need";
+    if (std::string(kind.name) == "Muon")
+      return "Muon orthogonalizes each weight matrix whole, and ZeRO's shards cut matrices apart (ZeRO shards optimizers that "
+             "update each element from its own gradient and state: SGD, Adam, AdamW, RMSprop, Adagrad, Adadelta, NAdam, RAdam, "
+             "Adamax and the fused ones)";
+    for (const auto& p : group.params())
+      if (p.is_sparse() || !p.is_contiguous()) return "a parameter of it is not a dense, contiguous tensor";
+  }
+  return {};
+}
+
+/// The whole state the optimizer holds for its parameters (loaded from a checkpoint) cut into this
+/// rank's pieces: each piece's state made from its parameter's, sliced; the parameters' dropped.
+inline void cut_whole_state(OptimizerShards& shards) {
+  torch::optim::Optimizer& optimizer = shards.optimizer();
+  auto& map = optimizer.state();
+  std::vector<StateMap::key_type> whole;
+  for (const auto& p : shards.params())
+    if (map.find(optimizer_state_key<StateMap>(p)) != map.end()) whole.push_back(optimizer_state_key<StateMap>(p));
+  if (whole.empty()) return;
+  for (const auto& piece : shards.pieces()) {
+    const torch::Tensor& p = shards.params()[piece.param];
+    const auto it = map.find(optimizer_state_key<StateMap>(p));
+    if (it == map.end()) continue;
+    c10::impl::GenericDict entries(c10::StringType::get(), c10::AnyType::get());
+    python_param_state(*it->second, entries);
+    c10::impl::GenericDict cut(c10::StringType::get(), c10::AnyType::get());
+    for (const auto& entry : entries) {
+      const std::string& key = entry.key().toStringRef();
+      cut.insert(key, per_element(key, entry.value(), p)
+                          ? c10::IValue(entry.value().toTensor().reshape({-1}).narrow(0, piece.start, piece.tensor.numel()).clone())
+                          : entry.value());
+    }
+    const python_optimizer::Kind kind = python_optimizer::kind_of(optimizer.param_groups()[piece.group].options());
+    map[optimizer_state_key<StateMap>(piece.tensor)] =
+        kind.make_state(cut, piece.tensor, "ZeRO: the loaded state of parameter " + std::to_string(piece.param));
+  }
+  for (const auto& key : whole) map.erase(key);
+  // A fused optimizer's device-side state follows its (piece) state.
+  if (auto* capturable = dynamic_cast<optim::CapturableOptimizer*>(&optimizer)) {
+    const auto stepping = shards.stepping();
+    capturable->push_device_state();
+  }
+}
+
+}  // namespace dettrial::detail::sharded_state
+
+namespace dettrial::detail {
+
+DETTRIAL_INLINE void shard_optimizer_states(Context& context, ZeroStage stage) {
+  if (stage == ZeroStage::off) return;
+  for (std::size_t i = 0; i < context.num_optimizers(); ++i)
+    if (const std::string why = sharded_state::unshardable(context.optimizer(i)); !why.empty())
+      throw ConfigError("ZeRO (optimizations.zero_stage 1) cannot shard optimizer " + std::to_string(i) + " (" +
+                        c10::demangle(typeid(context.optimizer(i)).name()) + "): " + why);
+  if (ContextAccess::rank_invariant(context))
+    throw ConfigError(
+        "ZeRO (optimizations.zero_stage 1) and reproducibility.rank_invariant do not go together: rank_invariant sums every "
+        "gradient in the data stream's order on every rank, and steps whole parameters; set one of them off");
+  if (!context.communicator())
+    throw ConfigError(
+        "ZeRO (optimizations.zero_stage 1) shards the optimizer state over the ranks of a data-parallel job, and this run has one "
+        "rank: start 2 or more (--nprocs, torchrun), or set zero_stage 0");
+  for (std::size_t i = 0; i < context.num_optimizers(); ++i) sharded_state::cut_whole_state(ContextAccess::shard_optimizer(context, i));
+}
+
+DETTRIAL_INLINE WholeOptimizerStates::WholeOptimizerStates(Context& context) {
+  const bool chief = context.distributed().is_chief();
+  for (std::size_t i = 0; i < context.num_optimizers(); ++i) {
+    OptimizerShards* shards = ContextAccess::optimizer_shards(context, i);
+    if (!shards) continue;
+    torch::optim::Optimizer& optimizer = shards->optimizer();
+    if (auto* capturable = dynamic_cast<optim::CapturableOptimizer*>(&optimizer)) capturable->pull_host_state();
+    auto& map = optimizer.state();
+    const auto& params = shards->params();
+    // Each rank's per-parameter entries ({parameter: {key: value}}, the per-element ones as names
+    // only), gathered: every rank then knows which parameters have state and what it holds.
+    c10::impl::GenericDict mine(c10::IntType::get(), c10::AnyType::get());
+    for (const auto& piece : shards->pieces()) {
+      const auto it = map.find(optimizer_state_key<sharded_state::StateMap>(piece.tensor));
+      if (it == map.end() || mine.contains(static_cast<std::int64_t>(piece.param))) continue;
+      c10::impl::GenericDict entries(c10::StringType::get(), c10::AnyType::get());
+      python_param_state(*it->second, entries);
+      c10::impl::GenericDict described(c10::StringType::get(), c10::AnyType::get());
+      for (const auto& entry : entries) {
+        const std::string& key = entry.key().toStringRef();
+        described.insert(key, sharded_state::per_element(key, entry.value(), piece.tensor) ? c10::IValue("per element") : entry.value());
+      }
+      mine.insert(static_cast<std::int64_t>(piece.param), described);
+    }
+    std::map<std::size_t, c10::impl::GenericDict> whole;  // parameter -> its entries, whole
+    std::set<std::string> per_element_keys;
+    for (const c10::IValue& rank : shards->communicator().allgather_object(mine))
+      for (const auto& entry : rank.toGenericDict()) {
+        const auto k = static_cast<std::size_t>(entry.key().toInt());
+        auto [slot, fresh] = whole.try_emplace(k, c10::StringType::get(), c10::AnyType::get());
+        for (const auto& e : entry.value().toGenericDict()) {
+          const bool cut = e.value().isString() && e.value().toStringRef() == "per element";
+          if (cut) per_element_keys.insert(e.key().toStringRef());
+          if (!cut) slot->second.insert_or_assign(e.key(), e.value());
+        }
+      }
+    for (const std::string& key : per_element_keys) {
+      shards->all_gather(
+          [&](const OptimizerShards::Piece& piece, torch::Tensor region) {
+            const auto it = map.find(optimizer_state_key<sharded_state::StateMap>(piece.tensor));
+            if (it == map.end()) return;
+            c10::impl::GenericDict entries(c10::StringType::get(), c10::AnyType::get());
+            python_param_state(*it->second, entries);
+            if (const auto e = entries.find(key); e != entries.end() && e->value().isTensor()) region.copy_(e->value().toTensor());
+          },
+          [&](std::size_t b, const torch::Tensor& flat) {
+            if (!chief) return;
+            for (const auto& [k, offset] : shards->buckets()[b].members)
+              if (const auto w = whole.find(k); w != whole.end())
+                w->second.insert_or_assign(key, flat.narrow(0, offset, params[k].numel()).view(params[k].sizes()).clone());
+          });
+    }
+    if (!chief) continue;
+    std::vector<torch::Tensor> made;
+    std::vector<std::size_t> group_of;
+    for (std::size_t g = 0; g < optimizer.param_groups().size(); ++g)
+      group_of.insert(group_of.end(), optimizer.param_groups()[g].params().size(), g);
+    for (const auto& [k, entries] : whole) {
+      const python_optimizer::Kind kind = python_optimizer::kind_of(optimizer.param_groups()[group_of.at(k)].options());
+      map[optimizer_state_key<sharded_state::StateMap>(params[k])] =
+          kind.make_state(entries, params[k], "ZeRO: the gathered state of parameter " + std::to_string(k));
+      made.push_back(params[k]);
+    }
+    made_.emplace_back(&optimizer, std::move(made));
+  }
+}
+
+DETTRIAL_INLINE WholeOptimizerStates::~WholeOptimizerStates() {
+  for (auto& [optimizer, params] : made_)
+    for (const auto& p : params) optimizer->state().erase(optimizer_state_key<sharded_state::StateMap>(p));
+}
+
+}  // namespace dettrial::detail
+#endif  // DETTRIAL_HEADER_DEFINITIONS
+// ---- end dettrial/checkpoint/sharded_state.hpp
 // ---- begin dettrial/checkpoint/policy.hpp
 // SPDX-License-Identifier: Apache-2.0
 /// @file
@@ -16672,6 +17166,7 @@ class Checkpointer {
   void begin(Set& callbacks, TrialCheckpointRecord record) {
     const auto started = std::chrono::steady_clock::now();
     const RankRngStates rng = gather_rng_states(*context_);
+    const detail::WholeOptimizerStates whole_optimizer_states(*context_);  // ZeRO's shards, whole on the chief while it is taken
     in_flight_ = true;
     if (!context_->distributed().is_chief()) return;
     StateDict top = trial_state_dict(*context_, rng, callback_states(callbacks));
@@ -20655,6 +21150,9 @@ struct FitOptions {
   /// How the training step runs: eagerly (capture::none), or captured once in a CUDA graph and
   /// replayed (capture::cuda_graph; the experiment config's `optimizations.step_capture`).
   StepCapture step_capture = capture::none{};
+  /// ZeRO: ZeroStage::optimizer_state shards every wrapped optimizer's state over the ranks of a
+  /// data-parallel job (the experiment config's `optimizations.zero_stage`; docs/distributed.md).
+  ZeroStage zero_stage = ZeroStage::off;
   /// An MLflow server the run is tracked in (the experiment config's `mlflow` section); tracking is
   /// also on when MLFLOW_TRACKING_URI is set.
   MlflowSettings mlflow{};
@@ -20709,6 +21207,7 @@ DETTRIAL_INLINE FitOptions FitOptions::from_config(const ExperimentConfig& confi
   if (config.checkpoint_storage.path) o.checkpoint_dir = *config.checkpoint_storage.path;
   o.profiling = config.profiling;
   o.step_capture = config.step_capture;
+  o.zero_stage = config.zero_stage;
   o.retention = {.save_trial_best = config.checkpoint_storage.save_trial_best,
                  .save_trial_latest = config.checkpoint_storage.save_trial_latest};
   o.async_checkpoints = config.checkpoint_storage.async;
@@ -22948,6 +23447,10 @@ DETTRIAL_INLINE void announce(Context& context, const FitOptions& o, const Sched
   const std::int64_t ranks = context.distributed().size, before = position.resumed_ranks();
   if (position.same_trial() && (o.restart > 0 || (before > 0 && before != ranks)))
     reporter.restart(position.batches_trained(), position.epochs_trained(), before > 0 ? before : ranks, ranks, o.restart);
+  if (o.zero_stage == ZeroStage::optimizer_state && ranks > 1)
+    reporter.line("dettrial: ZeRO stage 1: each of the " + std::to_string(ranks) + " ranks keeps and steps the optimizer state of its 1/" +
+                  std::to_string(ranks) +
+                  " of the parameters; gradients all-reduced, parameters all-gathered after each step, checkpoints whole");
   if (schedule.data_ranks() != ranks)
     reporter.line("dettrial: the training data keeps the global batches of the " + std::to_string(schedule.data_ranks()) +
                   "-rank job this run began as: each of the " + std::to_string(ranks) + " ranks trains its share of each");
@@ -23926,7 +24429,8 @@ class Run {
     position_.start(context_);
     result_.resumed_from_batch = position_.batches_trained();
     if (Communicator* comm = context_.communicator())
-      broadcast_modules(*comm, context_.models());  // every rank starts from rank 0's weights
+      broadcast_modules(*comm, context_.models());          // every rank starts from rank 0's weights
+    shard_optimizer_states(context_, options_.zero_stage);  // after the restore: the loaded state is cut
   }
 
   /// on_trial_shutdown for the callbacks that started, last first; a failing hook is reported, not thrown.

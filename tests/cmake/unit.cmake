@@ -15,7 +15,7 @@ add_executable(dettrial_unit_tests unit/main.cpp unit/source_dir.cpp unit/config
                                    unit/mixed_precision_test.cpp unit/optim_test.cpp
                                    unit/config_schema_test.cpp unit/observability_test.cpp
                                    unit/step_capture_test.cpp unit/batch_norm_test.cpp unit/hooks_test.cpp
-                                   unit/python_state_test.cpp)
+                                   unit/python_state_test.cpp unit/zero_test.cpp)
 target_link_libraries(dettrial_unit_tests PRIVATE dettrial::compiled doctest::doctest)
 target_compile_definitions(dettrial_unit_tests PRIVATE DETTRIAL_MNIST10K_DIR="${DETTRIAL_MNIST10K_DIR}")
 dettrial_use_compiled_pch(dettrial_unit_tests)

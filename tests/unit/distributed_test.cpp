@@ -259,6 +259,7 @@ TEST_CASE("child process: a data-parallel rank" * doctest::skip()) {
   const std::int64_t length = std::atoll(std::getenv("DETTRIAL_LENGTH") ? std::getenv("DETTRIAL_LENGTH") : "50");
   FitOptions o = data_parallel_options(dir / "run", length);
   if (const char* resume = std::getenv("DETTRIAL_RESUME")) o.latest_checkpoint = resume;
+  if (std::getenv("DETTRIAL_ZERO")) o.zero_stage = ZeroStage::optimizer_state;
   // Every rank hears of each checkpoint (the chief alone writes it).
   struct Uploads {
     std::vector<std::string> uuids;
@@ -318,6 +319,24 @@ TEST_CASE("rank_invariant on a backend that takes tensors on one device only gat
     CHECK(seen.find("all-gather: ") != std::string::npos);
   }
   // Equal batches without dropout: the ordered, record-weighted sum is the all-reduce's average.
+  check_matches_one_process(dir, 50, /*momentum=*/0.0);
+}
+
+TEST_CASE("ZeRO-1 on a backend that takes tensors on one device only (as NCCL does) gathers its shards there" * doctest::timeout(150)) {
+  if (test::skip_without_gloo()) return;
+  const fs::path dir = test::quiet({}).output_dir;
+  fs::create_directories(dir);
+  std::vector<bool> in_time;
+  const std::vector<int> statuses = run_two_ranks(dir, {"DETTRIAL_ONE_DEVICE=1", "DETTRIAL_ZERO=1"}, std::chrono::seconds(120), in_time);
+  require_ranks_succeeded(dir, statuses, in_time);
+  for (int rank = 0; rank < 2; ++rank) {
+    const std::string seen = test::read_text(dir / ("rank" + std::to_string(rank) + ".collectives"));
+    CAPTURE(seen);
+    // The parameters' after each of the 50 updates (one bucket), besides the metrics' and the checkpoint's.
+    const std::size_t at = seen.find("all-gather: ");
+    REQUIRE(at != std::string::npos);
+    CHECK(std::stoi(seen.substr(at + 12)) >= 50);
+  }
   check_matches_one_process(dir, 50, /*momentum=*/0.0);
 }
 

@@ -26,6 +26,7 @@
 #include "../vocabulary/callbacks.hpp"
 #include "../vocabulary/checkpoint.hpp"
 #include "checkpoint.hpp"
+#include "sharded_state.hpp"
 #include "../detail/text.hpp"
 #include "../distributed/communicator.hpp"
 #include "policy.hpp"
@@ -98,6 +99,7 @@ class Checkpointer {
   void begin(Set& callbacks, TrialCheckpointRecord record) {
     const auto started = std::chrono::steady_clock::now();
     const RankRngStates rng = gather_rng_states(*context_);
+    const detail::WholeOptimizerStates whole_optimizer_states(*context_);  // ZeRO's shards, whole on the chief while it is taken
     in_flight_ = true;
     if (!context_->distributed().is_chief()) return;
     StateDict top = trial_state_dict(*context_, rng, callback_states(callbacks));

@@ -28,6 +28,14 @@ namespace dettrial {
 /// When to checkpoint right after a validation (Determined's `checkpoint_policy`).
 enum class CheckpointPolicy { best, all, none };
 
+/// ZeRO's sharding of a data-parallel job's training state over its ranks (`optimizations.zero_stage`).
+enum class ZeroStage {
+  /// Every rank keeps the whole optimizer state (0).
+  off = 0,
+  /// Each rank keeps, and steps, the optimizer state of its 1/N of the parameters (1, ZeRO-1).
+  optimizer_state = 1,
+};
+
 DETTRIAL_INLINE const char* to_string(CheckpointPolicy p);
 
 /**
@@ -67,6 +75,9 @@ class ExperimentConfig {
   /// and replay it (with `optimizations.capture_warmup_batches` eager batches first, default 3).
   StepCapture step_capture = capture::none{};
   bool average_aggregated_gradients = true;
+  /// `optimizations.zero_stage` (dettrial's): 1 shards the optimizer state over a data-parallel
+  /// job's ranks (ZeRO-1, docs/distributed.md); 0, the default, keeps it whole on every rank.
+  ZeroStage zero_stage = ZeroStage::off;
   std::optional<std::uint64_t> experiment_seed;
   /// `reproducibility.deterministic` (dettrial's): LibTorch's deterministic algorithms on, cuDNN's
   /// autotuner off, so that runs with one seed are bit-identical on a GPU too. Unset: LibTorch's defaults.
@@ -350,6 +361,18 @@ DETTRIAL_INLINE void ExperimentConfig::read_optimizations(const YAML::Node& opt,
     throw ConfigError(detail::where(opt["capture_warmup_batches"], source) +
                       ": optimizations.capture_warmup_batches is set but step_capture is not; set step_capture: cuda_graph");
   }
+  if (const YAML::Node zero = opt["zero_stage"]; zero && !zero.IsNull()) {
+    std::int64_t stage = 0;
+    r.read(opt, "zero_stage", stage);
+    if (stage == 2 || stage == 3)
+      throw ConfigError(detail::where(zero, source) + ": optimizations.zero_stage " + std::to_string(stage) + " (sharded gradients" +
+                        (stage == 3 ? std::string(" and parameters") : std::string()) +
+                        ") is not in dettrial yet; 1 shards the optimizer state, 0 keeps it whole");
+    if (stage != 0 && stage != 1)
+      throw ConfigError(detail::where(zero, source) + ": optimizations.zero_stage must be 0 (off) or 1 (sharded optimizer state), not " +
+                        std::to_string(stage));
+    c.zero_stage = static_cast<ZeroStage>(stage);
+  }
 }
 
 DETTRIAL_INLINE void ExperimentConfig::read_reproducibility(const YAML::Node& rep, const Reader& r, ExperimentConfig& c) {
@@ -517,7 +540,7 @@ DETTRIAL_INLINE void ExperimentConfig::check_fields(const YAML::Node& root, cons
                                                              "weight",         "shm_size",      "devices",   "native_parallel",
                                                              "is_single_node", "agent_label"};
   static const std::vector<std::string> optimizations = {"aggregation_frequency", "average_aggregated_gradients", "mixed_precision",
-                                                         "step_capture", "capture_warmup_batches"};
+                                                         "step_capture",          "capture_warmup_batches",       "zero_stage"};
   static const std::vector<std::string> optimizations_cluster = {"average_training_metrics", "gradient_compression",
                                                                  "tensor_fusion_threshold",  "tensor_fusion_cycle_time",
                                                                  "auto_tune_tensor_fusion",  "grad_updates_size_file"};

@@ -27,6 +27,7 @@
 #include "../detail/random.hpp"
 #include "../distributed/communicator.hpp"
 #include "../distributed/gradient_buckets.hpp"
+#include "../distributed/optimizer_shards.hpp"
 #include "../distributed/ordered_gradients.hpp"
 #include "../process/process_settings.hpp"
 #include "../process/threads.hpp"
@@ -456,7 +457,8 @@ class Context {
     }
     if (scaler_) scaler_->unscale(w.params);                        // clipping sees the true gradients
     if constexpr (GradientClipper<Clip>) clip_gradients(w.params);  // else only the sentence above
-    if (scaler_) scaler_->step(optimizer, w.params);                // skipped when a gradient is inf or NaN
+    if (w.shards) step_shards(w);                                   // ZeRO: this rank's 1/N, then all-gathered
+    else if (scaler_) scaler_->step(optimizer, w.params);           // skipped when a gradient is inf or NaN
     else optimizer.step();
     // Autocast caches low-precision copies of the weights until its region ends; a forward pass
     // later in the same train_batch must see the stepped weights.
@@ -541,7 +543,14 @@ class Context {
     bool average;
     /// Data parallel only: made on the first step, dropped when the parameters change.
     std::unique_ptr<detail::GradientBuckets> buckets;
+    /// ZeRO stage 1 only (made when the fit starts, over `buckets`): this rank's pieces of the parameters.
+    std::unique_ptr<detail::OptimizerShards> shards{};
   };
+  /// ZeRO: optimizer `i`'s shards, made (with padded buckets) when it has none.
+  detail::OptimizerShards& shard_optimizer(std::size_t i);
+  /// ZeRO's step: the optimizer steps this rank's pieces (the scaler's skip decided on the whole
+  /// gradients, the same on every rank), then every rank gets every rank's parameters.
+  void step_shards(WrappedOptimizer& w);
 
   template <class Result>
   static void check_reducer_name(const std::string& name) {
@@ -626,6 +635,11 @@ struct ContextAccess {
   static void seed_rank_stream(const Context& c) { c.seed_rank_stream(); }
   static bool has_registrations(const Context& c) { return c.has_registrations(); }
   static void release_registrations(Context& c) { c.release_registrations(); }
+  /// ZeRO: optimizer `i`'s shards, made when it has none; or the shards it has (null without).
+  static OptimizerShards& shard_optimizer(Context& c, std::size_t i) { return c.shard_optimizer(i); }
+  static OptimizerShards* optimizer_shards(Context& c, std::size_t i) { return c.optimizers_.at(i).shards.get(); }
+  /// Whether gradients are combined in the data stream's order (reproducibility.rank_invariant).
+  static bool rank_invariant(const Context& c) { return c.ordered_ != nullptr; }
 };
 }  // namespace dettrial::detail
 
@@ -873,10 +887,34 @@ DETTRIAL_INLINE void Context::refresh_params(WrappedOptimizer& w) {
   std::size_t count = 0;
   for (const auto& group : w.optimizer->param_groups()) count += group.params().size();
   if (count == w.params.size()) return;
+  if (w.shards)
+    throw TrialError("an optimizer's parameter groups changed from " + std::to_string(w.params.size()) + " to " + std::to_string(count) +
+                     " parameters during training; with ZeRO (optimizations.zero_stage 1) its shards are cut once, when the fit "
+                     "starts: add the parameters before it (frozen ones stay still with requires_grad off)");
   w.buckets.reset();
   w.params.clear();
   for (auto& group : w.optimizer->param_groups())
     for (auto& p : group.params()) w.params.push_back(p);
+}
+
+DETTRIAL_INLINE detail::OptimizerShards& Context::shard_optimizer(std::size_t i) {
+  WrappedOptimizer& w = optimizers_.at(i);
+  if (w.shards) return *w.shards;
+  if (!communicator_) throw TrialError("ZeRO shards an optimizer over the ranks of a data-parallel job; this context has one rank");
+  refresh_params(w);
+  w.buckets = std::make_unique<detail::GradientBuckets>(*communicator_, w.params, communicator_->size());
+  w.shards = std::make_unique<detail::OptimizerShards>(*communicator_, *w.buckets, *w.optimizer);
+  return *w.shards;
+}
+
+DETTRIAL_INLINE void Context::step_shards(WrappedOptimizer& w) {
+  bool stepped = true;
+  {
+    const auto stepping = w.shards->stepping();
+    if (scaler_) stepped = scaler_->step(*w.optimizer, w.params);
+    else w.optimizer->step();
+  }
+  if (stepped) w.shards->all_gather_parameters();
 }
 
 DETTRIAL_INLINE Context::WrappedOptimizer& Context::find_optimizer(const torch::optim::Optimizer& optimizer) {

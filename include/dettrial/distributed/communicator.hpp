@@ -113,6 +113,9 @@ class Communicator {
   void broadcast(std::vector<torch::Tensor>& tensors, int root = 0);
   /// Every rank's `tensor` (same shape on all), gathered on every rank in rank order.
   std::vector<torch::Tensor> allgather(const torch::Tensor& tensor);
+  /// Starts an all-gather of every rank's `inputs[0]` into `outputs[0][r]` (rank r's; the caller's
+  /// tensors, kept alive until waited for) and returns without waiting (see wait()).
+  c10::intrusive_ptr<c10d::Work> allgather_async(std::vector<std::vector<torch::Tensor>>& outputs, std::vector<torch::Tensor>& inputs);
   void barrier();
 
   /// Where this backend's collectives take their tensors: the CPU for Gloo, this rank's GPU for NCCL.
@@ -297,6 +300,15 @@ DETTRIAL_INLINE std::vector<torch::Tensor> Communicator::allgather(const torch::
   std::vector<torch::Tensor> in{tensor};
   run("all-gather", [&] { return backend_->allgather(out, in); });
   return out[0];
+}
+
+DETTRIAL_INLINE c10::intrusive_ptr<c10d::Work> Communicator::allgather_async(std::vector<std::vector<torch::Tensor>>& outputs,
+                                                                             std::vector<torch::Tensor>& inputs) {
+  try {
+    return backend_->allgather(outputs, inputs);
+  } catch (const std::exception& e) {
+    throw failure("all-gather", e);
+  }
 }
 
 DETTRIAL_INLINE void Communicator::barrier() {

@@ -33,8 +33,20 @@ class GradientBuckets {
  public:
   static constexpr std::int64_t bucket_bytes = 25 << 20;
 
-  GradientBuckets(Communicator& communicator, std::vector<torch::Tensor> params)
-      : communicator_(communicator), params_(std::move(params)) {}
+  /// A flat buffer that carries the gradients of several parameters in one all-reduce.
+  struct Bucket {
+    /// Padded to a multiple of `pad_to` elements (ZeRO's equal shards); the all-reduce takes `reduced`.
+    torch::Tensor flat;
+    std::vector<std::pair<std::size_t, std::int64_t>> members;  // (parameter index, offset)
+    /// The first `numel` elements of `flat`: the gradients (the same tensor as `flat` when unpadded).
+    torch::Tensor reduced{};
+    std::int64_t numel = 0;
+  };
+
+  /// `pad_to`: each bucket's flat buffer is padded to a multiple of it (the world size, for ZeRO's
+  /// shards); the all-reduce still takes only the gradients, so padding changes no sum.
+  GradientBuckets(Communicator& communicator, std::vector<torch::Tensor> params, std::int64_t pad_to = 1)
+      : communicator_(communicator), params_(std::move(params)), pad_to_(pad_to) {}
   GradientBuckets(const GradientBuckets&) = delete;
   GradientBuckets& operator=(const GradientBuckets&) = delete;
   ~GradientBuckets();
@@ -45,13 +57,14 @@ class GradientBuckets {
   /// Replaces every parameter's gradient by its average over the ranks.
   void all_reduce();
 
- private:
-  /// A flat buffer that carries the gradients of several parameters in one all-reduce.
-  struct Bucket {
-    torch::Tensor flat;
-    std::vector<std::pair<std::size_t, std::int64_t>> members;  // (parameter index, offset)
-  };
+  /// The buckets, made now if they were not yet (and the backward pass's hooks with them).
+  const std::vector<Bucket>& buckets() {
+    if (buckets_.empty()) build();
+    return buckets_;
+  }
+  const std::vector<torch::Tensor>& params() const { return params_; }
 
+ private:
   void build();
 
   /// Puts parameter k's gradient for this step (its accumulated .grad plus `incoming`) into its slice.
@@ -71,7 +84,8 @@ class GradientBuckets {
   std::vector<std::size_t> pending_{};                   // per bucket: parameters still to come
   std::vector<c10::intrusive_ptr<c10d::Work>> works_{};  // the all-reduces started, in bucket order
   std::vector<torch::Tensor> collective_arg_{1};         // c10d takes a vector: one, reused
-  bool armed_ = false;                                   // this backward pass feeds the buckets
+  std::int64_t pad_to_ = 1;
+  bool armed_ = false;  // this backward pass feeds the buckets
 };
 
 }  // namespace dettrial::detail
@@ -108,7 +122,7 @@ DETTRIAL_INLINE void GradientBuckets::all_reduce() {
   for (std::size_t k = 0; k < buckets_.size(); ++k) {
     communicator_.wait(works_[k], "gradient all-reduce");
     Bucket& b = buckets_[k];
-    b.flat.mul_(scale);
+    b.reduced.mul_(scale);
     for (const auto& [i, offset] : b.members) {
       torch::Tensor& p = params_[i];
       const torch::Tensor slice = b.flat.narrow(0, offset, p.numel()).view(p.sizes());
@@ -126,12 +140,18 @@ DETTRIAL_INLINE void GradientBuckets::build() {
     const torch::Tensor& p = params_[k];
     if (buckets_.empty() || buckets_.back().flat.scalar_type() != p.scalar_type() || buckets_.back().flat.device() != p.device() ||
         (buckets_.back().flat.numel() + p.numel()) * p.element_size() > bucket_bytes)
-      buckets_.push_back(Bucket{torch::empty({0}, p.options()), {}});
+      buckets_.push_back(Bucket{.flat = torch::empty({0}, p.options()), .members = {}});
     Bucket& b = buckets_.back();
     b.members.emplace_back(k, b.flat.numel());
     offset_of_[k] = b.flat.numel();
     b.flat = torch::empty({b.flat.numel() + p.numel()}, p.options());
     bucket_of_[k] = buckets_.size() - 1;
+  }
+  for (Bucket& b : buckets_) {
+    b.numel = b.flat.numel();
+    const std::int64_t padded = (b.numel + pad_to_ - 1) / pad_to_ * pad_to_;
+    if (padded != b.numel) b.flat = torch::zeros({padded}, b.flat.options());
+    b.reduced = padded == b.numel ? b.flat : b.flat.narrow(0, 0, b.numel);
   }
   filled_.assign(params_.size(), 0);
   pending_.assign(buckets_.size(), 0);
@@ -166,7 +186,7 @@ DETTRIAL_INLINE void GradientBuckets::fill_slice(std::size_t k, const torch::Ten
 
 DETTRIAL_INLINE void GradientBuckets::start_ready_buckets() {
   while (works_.size() < buckets_.size() && pending_[works_.size()] == 0) {
-    collective_arg_[0] = buckets_[works_.size()].flat;
+    collective_arg_[0] = buckets_[works_.size()].reduced;
     works_.push_back(communicator_.allreduce_async(collective_arg_));
   }
 }

@@ -77,6 +77,9 @@ struct FitOptions {
   /// How the training step runs: eagerly (capture::none), or captured once in a CUDA graph and
   /// replayed (capture::cuda_graph; the experiment config's `optimizations.step_capture`).
   StepCapture step_capture = capture::none{};
+  /// ZeRO: ZeroStage::optimizer_state shards every wrapped optimizer's state over the ranks of a
+  /// data-parallel job (the experiment config's `optimizations.zero_stage`; docs/distributed.md).
+  ZeroStage zero_stage = ZeroStage::off;
   /// An MLflow server the run is tracked in (the experiment config's `mlflow` section); tracking is
   /// also on when MLFLOW_TRACKING_URI is set.
   MlflowSettings mlflow{};
@@ -131,6 +134,7 @@ DETTRIAL_INLINE FitOptions FitOptions::from_config(const ExperimentConfig& confi
   if (config.checkpoint_storage.path) o.checkpoint_dir = *config.checkpoint_storage.path;
   o.profiling = config.profiling;
   o.step_capture = config.step_capture;
+  o.zero_stage = config.zero_stage;
   o.retention = {.save_trial_best = config.checkpoint_storage.save_trial_best,
                  .save_trial_latest = config.checkpoint_storage.save_trial_latest};
   o.async_checkpoints = config.checkpoint_storage.async;

@@ -187,6 +187,10 @@ DETTRIAL_INLINE void announce(Context& context, const FitOptions& o, const Sched
   const std::int64_t ranks = context.distributed().size, before = position.resumed_ranks();
   if (position.same_trial() && (o.restart > 0 || (before > 0 && before != ranks)))
     reporter.restart(position.batches_trained(), position.epochs_trained(), before > 0 ? before : ranks, ranks, o.restart);
+  if (o.zero_stage == ZeroStage::optimizer_state && ranks > 1)
+    reporter.line("dettrial: ZeRO stage 1: each of the " + std::to_string(ranks) + " ranks keeps and steps the optimizer state of its 1/" +
+                  std::to_string(ranks) +
+                  " of the parameters; gradients all-reduced, parameters all-gathered after each step, checkpoints whole");
   if (schedule.data_ranks() != ranks)
     reporter.line("dettrial: the training data keeps the global batches of the " + std::to_string(schedule.data_ranks()) +
                   "-rank job this run began as: each of the " + std::to_string(ranks) + " ranks trains its share of each");

@@ -23,6 +23,7 @@
 #include <ATen/record_function.h>
 #include <torch/torch.h>
 
+#include "../checkpoint/sharded_state.hpp"
 #include "../checkpoint/trial_checkpoint.hpp"
 #include "../context/context.hpp"
 #include "../data/copy_ahead.hpp"
@@ -151,7 +152,8 @@ class Run {
     position_.start(context_);
     result_.resumed_from_batch = position_.batches_trained();
     if (Communicator* comm = context_.communicator())
-      broadcast_modules(*comm, context_.models());  // every rank starts from rank 0's weights
+      broadcast_modules(*comm, context_.models());          // every rank starts from rank 0's weights
+    shard_optimizer_states(context_, options_.zero_stage);  // after the restore: the loaded state is cut
   }
 
   /// on_trial_shutdown for the callbacks that started, last first; a failing hook is reported, not thrown.

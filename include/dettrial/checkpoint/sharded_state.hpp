@@ -1,0 +1,218 @@
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief ZeRO's optimizer state and the checkpoints: the state a checkpoint loaded (whole, in
+/// Python's layout) cut into this rank's pieces when the fit starts, on any rank count; and the
+/// pieces gathered whole for a checkpoint, so that it is written as an unsharded run writes it.
+#pragma once
+// IWYU pragma: private, include <dettrial/dettrial.hpp>
+
+#include <cstddef>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <torch/torch.h>
+
+#include "../config/experiment_config.hpp"
+#include "../context/context.hpp"
+#include "../detail/linkage.hpp"
+
+namespace dettrial::detail {
+
+/**
+ * @brief Starts ZeRO `stage` for a fit (nothing for ZeroStage::off): every wrapped optimizer is
+ * checked, cut into shards over the ranks, and the whole state it holds (a checkpoint's, loaded
+ * before) is cut into this rank's pieces, the rest dropped. Refused with a ConfigError naming why:
+ * an optimizer ZeRO cannot shard, rank_invariant, a single rank, a parameter that is not dense and
+ * contiguous. Every rank calls it (a collective only in what it refuses: every rank refuses alike).
+ */
+DETTRIAL_INLINE void shard_optimizer_states(Context& context, ZeroStage stage);
+
+/**
+ * @brief For the checkpoint being taken: each sharded optimizer's state gathered whole into the
+ * chief's optimizer, keyed by its parameters as an unsharded run keeps it, so the checkpoint's
+ * writers (Python's layout) read it unchanged; dropped again when this object ends. A collective:
+ * every rank makes one, at the same place. The chief holds the whole state for that time.
+ */
+class WholeOptimizerStates {
+ public:
+  explicit WholeOptimizerStates(Context& context);
+  WholeOptimizerStates(const WholeOptimizerStates&) = delete;
+  WholeOptimizerStates& operator=(const WholeOptimizerStates&) = delete;
+  ~WholeOptimizerStates();
+
+ private:
+  /// The chief's entries made for the checkpoint, per optimizer: (optimizer, its parameters with state).
+  std::vector<std::pair<torch::optim::Optimizer*, std::vector<torch::Tensor>>> made_{};
+};
+
+}  // namespace dettrial::detail
+
+// Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
+#if DETTRIAL_HEADER_DEFINITIONS
+#include <map>
+#include <set>
+
+#include "../distributed/optimizer_shards.hpp"
+#include "../error.hpp"
+#include "../optim/fused.hpp"
+#include "../optim/handles.hpp"
+#include "python_optimizer.hpp"
+#include "state_dict.hpp"
+
+namespace dettrial::detail::sharded_state {
+
+using StateMap = std::remove_cvref_t<decltype(std::declval<torch::optim::Optimizer&>().state())>;
+
+/// Whether a state entry holds one value per element of its parameter (`numel` of them), so that
+/// ZeRO cuts it; the rest (`step`, ...) are per parameter and every piece has them whole.
+inline bool per_element(const std::string& key, const c10::IValue& value, const torch::Tensor& like) {
+  return key != "step" && value.isTensor() && value.toTensor().sizes() == like.sizes();
+}
+
+/// Why ZeRO cannot shard optimizer `i`, or empty when it can.
+inline std::string unshardable(torch::optim::Optimizer& optimizer) {
+  for (auto& group : optimizer.param_groups()) {
+    const python_optimizer::Kind kind = python_optimizer::kind_of(group.options());
+    if (!kind.name)
+      return "it is not one whose state dettrial writes in Python's layout (SGD, Adam, AdamW, RMSprop, Adagrad, Adadelta, NAdam, "
+             "RAdam, Adamax and the fused ones), which ZeRO's checkpoints need";
+    if (std::string(kind.name) == "Muon")
+      return "Muon orthogonalizes each weight matrix whole, and ZeRO's shards cut matrices apart (ZeRO shards optimizers that "
+             "update each element from its own gradient and state: SGD, Adam, AdamW, RMSprop, Adagrad, Adadelta, NAdam, RAdam, "
+             "Adamax and the fused ones)";
+    for (const auto& p : group.params())
+      if (p.is_sparse() || !p.is_contiguous()) return "a parameter of it is not a dense, contiguous tensor";
+  }
+  return {};
+}
+
+/// The whole state the optimizer holds for its parameters (loaded from a checkpoint) cut into this
+/// rank's pieces: each piece's state made from its parameter's, sliced; the parameters' dropped.
+inline void cut_whole_state(OptimizerShards& shards) {
+  torch::optim::Optimizer& optimizer = shards.optimizer();
+  auto& map = optimizer.state();
+  std::vector<StateMap::key_type> whole;
+  for (const auto& p : shards.params())
+    if (map.find(optimizer_state_key<StateMap>(p)) != map.end()) whole.push_back(optimizer_state_key<StateMap>(p));
+  if (whole.empty()) return;
+  for (const auto& piece : shards.pieces()) {
+    const torch::Tensor& p = shards.params()[piece.param];
+    const auto it = map.find(optimizer_state_key<StateMap>(p));
+    if (it == map.end()) continue;
+    c10::impl::GenericDict entries(c10::StringType::get(), c10::AnyType::get());
+    python_param_state(*it->second, entries);
+    c10::impl::GenericDict cut(c10::StringType::get(), c10::AnyType::get());
+    for (const auto& entry : entries) {
+      const std::string& key = entry.key().toStringRef();
+      cut.insert(key, per_element(key, entry.value(), p)
+                          ? c10::IValue(entry.value().toTensor().reshape({-1}).narrow(0, piece.start, piece.tensor.numel()).clone())
+                          : entry.value());
+    }
+    const python_optimizer::Kind kind = python_optimizer::kind_of(optimizer.param_groups()[piece.group].options());
+    map[optimizer_state_key<StateMap>(piece.tensor)] =
+        kind.make_state(cut, piece.tensor, "ZeRO: the loaded state of parameter " + std::to_string(piece.param));
+  }
+  for (const auto& key : whole) map.erase(key);
+  // A fused optimizer's device-side state follows its (piece) state.
+  if (auto* capturable = dynamic_cast<optim::CapturableOptimizer*>(&optimizer)) {
+    const auto stepping = shards.stepping();
+    capturable->push_device_state();
+  }
+}
+
+}  // namespace dettrial::detail::sharded_state
+
+namespace dettrial::detail {
+
+DETTRIAL_INLINE void shard_optimizer_states(Context& context, ZeroStage stage) {
+  if (stage == ZeroStage::off) return;
+  for (std::size_t i = 0; i < context.num_optimizers(); ++i)
+    if (const std::string why = sharded_state::unshardable(context.optimizer(i)); !why.empty())
+      throw ConfigError("ZeRO (optimizations.zero_stage 1) cannot shard optimizer " + std::to_string(i) + " (" +
+                        c10::demangle(typeid(context.optimizer(i)).name()) + "): " + why);
+  if (ContextAccess::rank_invariant(context))
+    throw ConfigError(
+        "ZeRO (optimizations.zero_stage 1) and reproducibility.rank_invariant do not go together: rank_invariant sums every "
+        "gradient in the data stream's order on every rank, and steps whole parameters; set one of them off");
+  if (!context.communicator())
+    throw ConfigError(
+        "ZeRO (optimizations.zero_stage 1) shards the optimizer state over the ranks of a data-parallel job, and this run has one "
+        "rank: start 2 or more (--nprocs, torchrun), or set zero_stage 0");
+  for (std::size_t i = 0; i < context.num_optimizers(); ++i) sharded_state::cut_whole_state(ContextAccess::shard_optimizer(context, i));
+}
+
+DETTRIAL_INLINE WholeOptimizerStates::WholeOptimizerStates(Context& context) {
+  const bool chief = context.distributed().is_chief();
+  for (std::size_t i = 0; i < context.num_optimizers(); ++i) {
+    OptimizerShards* shards = ContextAccess::optimizer_shards(context, i);
+    if (!shards) continue;
+    torch::optim::Optimizer& optimizer = shards->optimizer();
+    if (auto* capturable = dynamic_cast<optim::CapturableOptimizer*>(&optimizer)) capturable->pull_host_state();
+    auto& map = optimizer.state();
+    const auto& params = shards->params();
+    // Each rank's per-parameter entries ({parameter: {key: value}}, the per-element ones as names
+    // only), gathered: every rank then knows which parameters have state and what it holds.
+    c10::impl::GenericDict mine(c10::IntType::get(), c10::AnyType::get());
+    for (const auto& piece : shards->pieces()) {
+      const auto it = map.find(optimizer_state_key<sharded_state::StateMap>(piece.tensor));
+      if (it == map.end() || mine.contains(static_cast<std::int64_t>(piece.param))) continue;
+      c10::impl::GenericDict entries(c10::StringType::get(), c10::AnyType::get());
+      python_param_state(*it->second, entries);
+      c10::impl::GenericDict described(c10::StringType::get(), c10::AnyType::get());
+      for (const auto& entry : entries) {
+        const std::string& key = entry.key().toStringRef();
+        described.insert(key, sharded_state::per_element(key, entry.value(), piece.tensor) ? c10::IValue("per element") : entry.value());
+      }
+      mine.insert(static_cast<std::int64_t>(piece.param), described);
+    }
+    std::map<std::size_t, c10::impl::GenericDict> whole;  // parameter -> its entries, whole
+    std::set<std::string> per_element_keys;
+    for (const c10::IValue& rank : shards->communicator().allgather_object(mine))
+      for (const auto& entry : rank.toGenericDict()) {
+        const auto k = static_cast<std::size_t>(entry.key().toInt());
+        auto [slot, fresh] = whole.try_emplace(k, c10::StringType::get(), c10::AnyType::get());
+        for (const auto& e : entry.value().toGenericDict()) {
+          const bool cut = e.value().isString() && e.value().toStringRef() == "per element";
+          if (cut) per_element_keys.insert(e.key().toStringRef());
+          if (!cut) slot->second.insert_or_assign(e.key(), e.value());
+        }
+      }
+    for (const std::string& key : per_element_keys) {
+      shards->all_gather(
+          [&](const OptimizerShards::Piece& piece, torch::Tensor region) {
+            const auto it = map.find(optimizer_state_key<sharded_state::StateMap>(piece.tensor));
+            if (it == map.end()) return;
+            c10::impl::GenericDict entries(c10::StringType::get(), c10::AnyType::get());
+            python_param_state(*it->second, entries);
+            if (const auto e = entries.find(key); e != entries.end() && e->value().isTensor()) region.copy_(e->value().toTensor());
+          },
+          [&](std::size_t b, const torch::Tensor& flat) {
+            if (!chief) return;
+            for (const auto& [k, offset] : shards->buckets()[b].members)
+              if (const auto w = whole.find(k); w != whole.end())
+                w->second.insert_or_assign(key, flat.narrow(0, offset, params[k].numel()).view(params[k].sizes()).clone());
+          });
+    }
+    if (!chief) continue;
+    std::vector<torch::Tensor> made;
+    std::vector<std::size_t> group_of;
+    for (std::size_t g = 0; g < optimizer.param_groups().size(); ++g)
+      group_of.insert(group_of.end(), optimizer.param_groups()[g].params().size(), g);
+    for (const auto& [k, entries] : whole) {
+      const python_optimizer::Kind kind = python_optimizer::kind_of(optimizer.param_groups()[group_of.at(k)].options());
+      map[optimizer_state_key<sharded_state::StateMap>(params[k])] =
+          kind.make_state(entries, params[k], "ZeRO: the gathered state of parameter " + std::to_string(k));
+      made.push_back(params[k]);
+    }
+    made_.emplace_back(&optimizer, std::move(made));
+  }
+}
+
+DETTRIAL_INLINE WholeOptimizerStates::~WholeOptimizerStates() {
+  for (auto& [optimizer, params] : made_)
+    for (const auto& p : params) optimizer->state().erase(optimizer_state_key<sharded_state::StateMap>(p));
+}
+
+}  // namespace dettrial::detail
+#endif  // DETTRIAL_HEADER_DEFINITIONS
