@@ -85,8 +85,10 @@ int main(int argc, char** argv) {
   const std::filesystem::path output = argument(argc, argv, "--output", "zero_bench_run");
   const dettrial::LaunchEnvironment env = dettrial::LaunchEnvironment::detect();
   auto comm = dettrial::Communicator::create(env, std::chrono::minutes(10), dettrial::backend::gloo{});
+  dettrial::ContextOptions options{.trial_seed = 5, .communicator = comm};
+  options.threads = 1;
   dettrial::Context context(dettrial::Hyperparameters::parse("global_batch_size: " + std::to_string(batch * env.size) + "\n"),
-                            dettrial::ContextOptions{.trial_seed = 5, .threads = 1, .communicator = comm});
+                            std::move(options));
   context.process_settings().apply();
   dettrial::Trainer<WideTrial> trainer(context);
   // Two updates more than timed: the first allocates the state, and the last's start ends the timing.

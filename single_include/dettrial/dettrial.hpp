@@ -10722,11 +10722,21 @@ DETTRIAL_INLINE void require_same_settings(Communicator& comm, std::span<const R
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <utility>
 #include <vector>
 
 #include <torch/torch.h>
 
+
+// LibTorch 2.1 on calls a hook after a gradient is accumulated into .grad: with gradients as views
+// of the buckets, a bucket's all-reduce can then start during the backward pass.
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 1)
+#include <torch/csrc/autograd/function_hook.h>
+#define DETTRIAL_POST_ACCUMULATE_HOOKS 1
+#else
+#define DETTRIAL_POST_ACCUMULATE_HOOKS 0
+#endif
 
 namespace dettrial::detail {
 
@@ -10740,6 +10750,12 @@ namespace dettrial::detail {
  * allocates nothing. A backward pass not armed (not run through `context.backward`, or two backward
  * passes in one step), and parameters without a gradient (zeros), are handled in `all_reduce` after
  * the fact. The object must not move once it has hooks (the Context holds it by pointer).
+ *
+ * With GradientLayout::bucket_views (ZeRO's), the parameters' gradients *are* views of the buckets:
+ * the backward pass accumulates into them in place, so a rank holds the gradients once, not twice
+ * (the buckets and .grad). Each bucket's all-reduce starts during the backward pass once all its
+ * gradients are accumulated (LibTorch 2.1 on, which calls a hook then; before, after the backward
+ * pass); an update batch then takes one backward pass through `context.backward`.
  */
 class GradientBuckets {
  public:
@@ -10755,10 +10771,19 @@ class GradientBuckets {
     std::int64_t numel = 0;
   };
 
+  /// Where the parameters' gradients live between the backward pass and the step.
+  enum class GradientLayout {
+    /// In `.grad`, copied into the buckets by hooks as the backward pass makes them (DDP's default).
+    copied,
+    /// In the buckets: every `.grad` is a view of its bucket (DDP's gradient_as_bucket_view).
+    bucket_views,
+  };
+
   /// `pad_to`: each bucket's flat buffer is padded to a multiple of it (the world size, for ZeRO's
   /// shards); the all-reduce still takes only the gradients, so padding changes no sum.
-  GradientBuckets(Communicator& communicator, std::vector<torch::Tensor> params, std::int64_t pad_to = 1)
-      : communicator_(communicator), params_(std::move(params)), pad_to_(pad_to) {}
+  GradientBuckets(Communicator& communicator, std::vector<torch::Tensor> params, std::int64_t pad_to = 1,
+                  GradientLayout layout = GradientLayout::copied)
+      : communicator_(communicator), params_(std::move(params)), pad_to_(pad_to), layout_(layout) {}
   GradientBuckets(const GradientBuckets&) = delete;
   GradientBuckets& operator=(const GradientBuckets&) = delete;
   ~GradientBuckets();
@@ -10779,6 +10804,14 @@ class GradientBuckets {
  private:
   void build();
 
+  /// bucket_views: every parameter's .grad made the view of its slice (its value copied in when it
+  /// was another tensor, zeros when it had none).
+  void bind_views();
+  /// bucket_views: whether parameter k's .grad is the view of its slice.
+  bool bound(std::size_t k) const;
+  /// bucket_views: parameter k's gradient is accumulated (in its slice, when bound).
+  void accumulated(std::size_t k);
+
   /// Puts parameter k's gradient for this step (its accumulated .grad plus `incoming`) into its slice.
   void fill_slice(std::size_t k, const torch::Tensor& incoming);
 
@@ -10797,6 +10830,7 @@ class GradientBuckets {
   std::vector<c10::intrusive_ptr<c10d::Work>> works_{};  // the all-reduces started, in bucket order
   std::vector<torch::Tensor> collective_arg_{1};         // c10d takes a vector: one, reused
   std::int64_t pad_to_ = 1;
+  GradientLayout layout_ = GradientLayout::copied;
   bool armed_ = false;  // this backward pass feeds the buckets
 };
 
@@ -10808,9 +10842,27 @@ namespace dettrial::detail {
 
 DETTRIAL_INLINE GradientBuckets::~GradientBuckets() {
   for (std::size_t k = 0; k < hooks_.size(); ++k) params_[k].remove_hook(hooks_[k]);
+#if DETTRIAL_POST_ACCUMULATE_HOOKS
+  if (layout_ == GradientLayout::bucket_views && !buckets_.empty())
+    for (const auto& p : params_) torch::autograd::impl::set_post_acc_grad_hooks(p, nullptr);
+#endif
 }
 
 DETTRIAL_INLINE void GradientBuckets::arm(bool update_batch) {
+  if (layout_ == GradientLayout::bucket_views) {  // every backward pass accumulates into the buckets
+    if (buckets_.empty()) build();
+    if (armed_ && std::find(filled_.begin(), filled_.end(), 1) != filled_.end())
+      throw TrialError(
+          "context.backward ran a second time in one update batch; with ZeRO (optimizations.zero_stage 1) the gradients are "
+          "all-reduced as the first backward pass accumulates them: add the losses and call context.backward once per batch");
+    bind_views();
+    armed_ = DETTRIAL_POST_ACCUMULATE_HOOKS && update_batch;
+    if (!armed_) return;
+    std::fill(filled_.begin(), filled_.end(), 0);
+    for (std::size_t b = 0; b < buckets_.size(); ++b) pending_[b] = buckets_[b].members.size();
+    works_.clear();
+    return;
+  }
   armed_ = !buckets_.empty() && update_batch;
   if (!armed_) return;
   std::fill(filled_.begin(), filled_.end(), 0);
@@ -10821,6 +10873,22 @@ DETTRIAL_INLINE void GradientBuckets::arm(bool update_batch) {
 DETTRIAL_INLINE void GradientBuckets::all_reduce() {
   if (buckets_.empty()) build();
   torch::NoGradGuard no_grad;
+  if (layout_ == GradientLayout::bucket_views) {
+    // The buckets started during the backward pass hold their gradients; a gradient of the rest
+    // that is not the view of its slice (a backward pass not run through context.backward) is
+    // copied in before its bucket starts.
+    if (!armed_) works_.clear();
+    bind_views();
+    std::fill(pending_.begin(), pending_.end(), 0);
+    start_ready_buckets();
+    const double scale = 1.0 / static_cast<double>(communicator_.size());
+    for (std::size_t k = 0; k < buckets_.size(); ++k) {
+      communicator_.wait(works_[k], "gradient all-reduce");
+      buckets_[k].reduced.mul_(scale);
+    }
+    armed_ = false;
+    return;
+  }
   if (!armed_) {  // the hooks did not feed this step (or saw two backward passes): start over
     for (const auto& work : works_) communicator_.wait(work, "gradient all-reduce");
     std::fill(filled_.begin(), filled_.end(), 0);
@@ -10868,6 +10936,19 @@ DETTRIAL_INLINE void GradientBuckets::build() {
   filled_.assign(params_.size(), 0);
   pending_.assign(buckets_.size(), 0);
   works_.reserve(buckets_.size());
+  if (layout_ == GradientLayout::bucket_views) {
+#if DETTRIAL_POST_ACCUMULATE_HOOKS
+    struct Accumulated final : torch::autograd::PostAccumulateGradHook {
+      Accumulated(GradientBuckets& buckets, std::size_t k) : buckets_(buckets), k_(k) {}
+      void operator()(const torch::autograd::Variable&) override { buckets_.accumulated(k_); }
+      GradientBuckets& buckets_;
+      std::size_t k_;
+    };
+    for (std::size_t k = 0; k < params_.size(); ++k)
+      torch::autograd::impl::set_post_acc_grad_hooks(params_[k], std::make_unique<Accumulated>(*this, k));
+#endif
+    return;
+  }
   for (std::size_t k = 0; k < params_.size(); ++k)
     hooks_.push_back(params_[k].register_hook([this, k](const torch::Tensor& grad) {
       if (!armed_) return;
@@ -10880,6 +10961,36 @@ DETTRIAL_INLINE void GradientBuckets::build() {
       --pending_[bucket_of_[k]];
       start_ready_buckets();
     }));
+}
+
+DETTRIAL_INLINE bool GradientBuckets::bound(std::size_t k) const {
+  const torch::Tensor& grad = params_[k].grad();
+  const auto* slice_data = static_cast<const char*>(buckets_[bucket_of_[k]].flat.data_ptr()) + offset_of_[k] * params_[k].element_size();
+  return grad.defined() && grad.data_ptr() == slice_data && grad.is_contiguous();
+}
+
+DETTRIAL_INLINE void GradientBuckets::accumulated(std::size_t k) {
+  // A gradient accumulated elsewhere (a backward pass that made .grad anew) leaves its bucket to
+  // all_reduce, which copies it in first; the buckets start in order, so none after it starts.
+  if (!armed_ || filled_[k] || !bound(k)) return;
+  filled_[k] = 1;
+  --pending_[bucket_of_[k]];
+  start_ready_buckets();
+}
+
+DETTRIAL_INLINE void GradientBuckets::bind_views() {
+  torch::NoGradGuard no_grad;
+  for (std::size_t k = 0; k < params_.size(); ++k) {
+    torch::Tensor& p = params_[k];
+    const torch::Tensor& grad = p.grad();
+    if (bound(k)) continue;
+    torch::Tensor slice = buckets_[bucket_of_[k]].flat.narrow(0, offset_of_[k], p.numel());
+    if (grad.defined()) slice.copy_(grad.reshape({-1}));
+    else slice.zero_();
+    // Detached: the same memory, but not a view in autograd's sense, which LibTorch's zero_grad
+    // (it detaches gradients in place) refuses.
+    p.mutable_grad() = slice.view(p.sizes()).detach();
+  }
 }
 
 DETTRIAL_INLINE void GradientBuckets::fill_slice(std::size_t k, const torch::Tensor& incoming) {
@@ -11844,7 +11955,11 @@ class OptimizerShards {
   torch::optim::Optimizer& optimizer_;
   std::vector<Piece> pieces_{};
   std::vector<std::vector<torch::Tensor>> group_pieces_{};  // per group: its pieces' tensors (the parameters while stepping)
-  // The all-gather's arguments per bucket, made once: this rank's range, and every rank's.
+  // The parameters' all-gather, per bucket, made once: where it gathers (a bucket of one parameter
+  // and no padding: straight into the parameter; else a staging buffer, one per dtype and device, the
+  // size of the largest such bucket: the bucket holds the gradients, which the step leaves to the
+  // trial), this rank's range and every rank's.
+  std::vector<torch::Tensor> staged_{};  // per bucket: undefined where it gathers into its parameter
   std::vector<std::vector<torch::Tensor>> gather_in_{};
   std::vector<std::vector<std::vector<torch::Tensor>>> gather_out_{};
 };
@@ -11879,9 +11994,27 @@ DETTRIAL_INLINE OptimizerShards::OptimizerShards(Communicator& communicator, Gra
       group_pieces_[piece.group].push_back(piece.tensor);
       pieces_.push_back(std::move(piece));
     }
-    gather_in_.push_back({all[b].flat.narrow(0, first, shard)});
+  }
+  // One staging buffer per dtype and device, as large as the largest such bucket that needs one.
+  std::vector<torch::Tensor> buffers;
+  const auto direct = [&](std::size_t b) {
+    return all[b].members.size() == 1 && all[b].flat.numel() == buckets_.params()[all[b].members.front().first].numel();
+  };
+  const auto buffer_for = [&](std::size_t b) -> torch::Tensor& {
+    for (auto& buffer : buffers)
+      if (buffer.scalar_type() == all[b].flat.scalar_type() && buffer.device() == all[b].flat.device()) return buffer;
+    return buffers.emplace_back(torch::empty({0}, all[b].flat.options()));
+  };
+  for (std::size_t b = 0; b < all.size(); ++b)
+    if (!direct(b) && buffer_for(b).numel() < all[b].flat.numel())
+      buffer_for(b) = torch::empty({all[b].flat.numel()}, all[b].flat.options());
+  for (std::size_t b = 0; b < all.size(); ++b) {
+    const std::int64_t shard = shard_numel(b);
+    staged_.push_back(direct(b) ? torch::Tensor() : buffer_for(b).narrow(0, 0, all[b].flat.numel()));
+    const torch::Tensor target = direct(b) ? buckets_.params()[all[b].members.front().first].detach().view({-1}) : staged_[b];
+    gather_in_.push_back({target.narrow(0, rank * shard, shard)});
     std::vector<torch::Tensor> ranges;
-    for (std::int64_t r = 0; r < communicator.size(); ++r) ranges.push_back(all[b].flat.narrow(0, r * shard, shard));
+    for (std::int64_t r = 0; r < communicator.size(); ++r) ranges.push_back(target.narrow(0, r * shard, shard));
     gather_out_.push_back({std::move(ranges)});
   }
 }
@@ -11912,16 +12045,16 @@ DETTRIAL_INLINE OptimizerShards::Stepping::~Stepping() {
 DETTRIAL_INLINE void OptimizerShards::all_gather_parameters() {
   torch::NoGradGuard no_grad;
   const auto& all = buckets_.buckets();
-  // The gradients in the buckets were consumed by the step: their buffers carry the parameters now.
-  for (const Piece& piece : pieces_) all[piece.bucket].flat.narrow(0, piece.bucket_offset, piece.tensor.numel()).copy_(piece.tensor);
-  std::vector<c10::intrusive_ptr<c10d::Work>> works;
-  works.reserve(all.size());
-  for (std::size_t b = 0; b < all.size(); ++b) works.push_back(communicator_.allgather_async(gather_out_[b], gather_in_[b]));
+  // One bucket at a time: the backend's own buffer for it (a bucket's size) is then the only one.
   for (std::size_t b = 0; b < all.size(); ++b) {
-    communicator_.wait(works[b], "ZeRO parameter all-gather");
+    if (staged_[b].defined())
+      for (const Piece& piece : pieces_)
+        if (piece.bucket == b) staged_[b].narrow(0, piece.bucket_offset, piece.tensor.numel()).copy_(piece.tensor);
+    communicator_.wait(communicator_.allgather_async(gather_out_[b], gather_in_[b]), "ZeRO parameter all-gather");
+    if (!staged_[b].defined()) continue;  // gathered into its parameter
     for (const auto& [k, offset] : all[b].members) {
       const torch::Tensor& p = params()[k];
-      p.detach().view({-1}).copy_(all[b].flat.narrow(0, offset, p.numel()));
+      p.detach().view({-1}).copy_(staged_[b].narrow(0, offset, p.numel()));
     }
   }
 }
@@ -12927,7 +13060,12 @@ DETTRIAL_INLINE detail::OptimizerShards& Context::shard_optimizer(std::size_t i)
   if (w.shards) return *w.shards;
   if (!communicator_) throw TrialError("ZeRO shards an optimizer over the ranks of a data-parallel job; this context has one rank");
   refresh_params(w);
-  w.buckets = std::make_unique<detail::GradientBuckets>(*communicator_, w.params, communicator_->size());
+  // Gradients as views of the buckets where a view shares memory with its base (the CPU and CUDA;
+  // not, for one, LibTorch's lazy device, whose views are replayed): a rank then holds them once.
+  using Layout = detail::GradientBuckets::GradientLayout;
+  const bool aliasing = std::all_of(w.params.begin(), w.params.end(), [](const torch::Tensor& p) { return p.is_cpu() || p.is_cuda(); });
+  w.buckets = std::make_unique<detail::GradientBuckets>(*communicator_, w.params, communicator_->size(),
+                                                        aliasing ? Layout::bucket_views : Layout::copied);
   w.shards = std::make_unique<detail::OptimizerShards>(*communicator_, *w.buckets, *w.optimizer);
   return *w.shards;
 }

@@ -21,7 +21,7 @@ namespace {
 
 /// Five models, each with its own optimizer: SGD with Nesterov momentum and weight decay in two
 /// groups of other learning rates, Adam with amsgrad, AdamW, and the fused SGD and AdamW; layer
-/// sizes that divide by no rank count, so shards cut parameters apart at odd places.
+/// sizes that divide by no rank count, so shards cut parameters apart at odd places (but AdamW's).
 struct ZeroTrial {
   Context& context;
   torch::nn::Sequential a, b, c, d, e;
@@ -35,6 +35,12 @@ struct ZeroTrial {
   static torch::nn::Sequential model(std::int64_t hidden) {
     return torch::nn::Sequential(torch::nn::Linear(4, hidden), torch::nn::Tanh(), torch::nn::Linear(hidden, 1));
   }
+  /// AdamW's: a 2604 x 2604 layer (27 MB) is a gradient bucket of its own whose elements divide by 2
+  /// and 3 ranks, which ZeRO all-gathers straight into the parameter.
+  static torch::nn::Sequential wide_model() {
+    return torch::nn::Sequential(torch::nn::Linear(4, 2604), torch::nn::Tanh(), torch::nn::Linear(2604, 2604), torch::nn::Tanh(),
+                                 torch::nn::Linear(2604, 1));
+  }
   static std::vector<torch::optim::OptimizerParamGroup> two_groups(torch::nn::Sequential& m) {
     std::vector<torch::optim::OptimizerParamGroup> groups;
     groups.emplace_back(m[0]->parameters(), std::make_unique<torch::optim::SGDOptions>(
@@ -47,7 +53,7 @@ struct ZeroTrial {
       : context(ctx),
         a(ctx.wrap_model(model(13))),
         b(ctx.wrap_model(model(7))),
-        c(ctx.wrap_model(model(11))),
+        c(ctx.wrap_model(wide_model())),
         d(ctx.wrap_model(model(5))),
         e(ctx.wrap_model(model(9))),
         sgd(two_groups(a), torch::optim::SGDOptions(0.05)),

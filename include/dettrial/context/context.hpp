@@ -902,7 +902,12 @@ DETTRIAL_INLINE detail::OptimizerShards& Context::shard_optimizer(std::size_t i)
   if (w.shards) return *w.shards;
   if (!communicator_) throw TrialError("ZeRO shards an optimizer over the ranks of a data-parallel job; this context has one rank");
   refresh_params(w);
-  w.buckets = std::make_unique<detail::GradientBuckets>(*communicator_, w.params, communicator_->size());
+  // Gradients as views of the buckets where a view shares memory with its base (the CPU and CUDA;
+  // not, for one, LibTorch's lazy device, whose views are replayed): a rank then holds them once.
+  using Layout = detail::GradientBuckets::GradientLayout;
+  const bool aliasing = std::all_of(w.params.begin(), w.params.end(), [](const torch::Tensor& p) { return p.is_cpu() || p.is_cuda(); });
+  w.buckets = std::make_unique<detail::GradientBuckets>(*communicator_, w.params, communicator_->size(),
+                                                        aliasing ? Layout::bucket_views : Layout::copied);
   w.shards = std::make_unique<detail::OptimizerShards>(*communicator_, *w.buckets, *w.optimizer);
   return *w.shards;
 }

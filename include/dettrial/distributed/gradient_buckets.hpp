@@ -8,13 +8,24 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <utility>
 #include <vector>
 
 #include <torch/torch.h>
 
 #include "communicator.hpp"
+#include "../error.hpp"
 #include "../detail/linkage.hpp"
+
+// LibTorch 2.1 on calls a hook after a gradient is accumulated into .grad: with gradients as views
+// of the buckets, a bucket's all-reduce can then start during the backward pass.
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 1)
+#include <torch/csrc/autograd/function_hook.h>
+#define DETTRIAL_POST_ACCUMULATE_HOOKS 1
+#else
+#define DETTRIAL_POST_ACCUMULATE_HOOKS 0
+#endif
 
 namespace dettrial::detail {
 
@@ -28,6 +39,12 @@ namespace dettrial::detail {
  * allocates nothing. A backward pass not armed (not run through `context.backward`, or two backward
  * passes in one step), and parameters without a gradient (zeros), are handled in `all_reduce` after
  * the fact. The object must not move once it has hooks (the Context holds it by pointer).
+ *
+ * With GradientLayout::bucket_views (ZeRO's), the parameters' gradients *are* views of the buckets:
+ * the backward pass accumulates into them in place, so a rank holds the gradients once, not twice
+ * (the buckets and .grad). Each bucket's all-reduce starts during the backward pass once all its
+ * gradients are accumulated (LibTorch 2.1 on, which calls a hook then; before, after the backward
+ * pass); an update batch then takes one backward pass through `context.backward`.
  */
 class GradientBuckets {
  public:
@@ -43,10 +60,19 @@ class GradientBuckets {
     std::int64_t numel = 0;
   };
 
+  /// Where the parameters' gradients live between the backward pass and the step.
+  enum class GradientLayout {
+    /// In `.grad`, copied into the buckets by hooks as the backward pass makes them (DDP's default).
+    copied,
+    /// In the buckets: every `.grad` is a view of its bucket (DDP's gradient_as_bucket_view).
+    bucket_views,
+  };
+
   /// `pad_to`: each bucket's flat buffer is padded to a multiple of it (the world size, for ZeRO's
   /// shards); the all-reduce still takes only the gradients, so padding changes no sum.
-  GradientBuckets(Communicator& communicator, std::vector<torch::Tensor> params, std::int64_t pad_to = 1)
-      : communicator_(communicator), params_(std::move(params)), pad_to_(pad_to) {}
+  GradientBuckets(Communicator& communicator, std::vector<torch::Tensor> params, std::int64_t pad_to = 1,
+                  GradientLayout layout = GradientLayout::copied)
+      : communicator_(communicator), params_(std::move(params)), pad_to_(pad_to), layout_(layout) {}
   GradientBuckets(const GradientBuckets&) = delete;
   GradientBuckets& operator=(const GradientBuckets&) = delete;
   ~GradientBuckets();
@@ -67,6 +93,14 @@ class GradientBuckets {
  private:
   void build();
 
+  /// bucket_views: every parameter's .grad made the view of its slice (its value copied in when it
+  /// was another tensor, zeros when it had none).
+  void bind_views();
+  /// bucket_views: whether parameter k's .grad is the view of its slice.
+  bool bound(std::size_t k) const;
+  /// bucket_views: parameter k's gradient is accumulated (in its slice, when bound).
+  void accumulated(std::size_t k);
+
   /// Puts parameter k's gradient for this step (its accumulated .grad plus `incoming`) into its slice.
   void fill_slice(std::size_t k, const torch::Tensor& incoming);
 
@@ -85,6 +119,7 @@ class GradientBuckets {
   std::vector<c10::intrusive_ptr<c10d::Work>> works_{};  // the all-reduces started, in bucket order
   std::vector<torch::Tensor> collective_arg_{1};         // c10d takes a vector: one, reused
   std::int64_t pad_to_ = 1;
+  GradientLayout layout_ = GradientLayout::copied;
   bool armed_ = false;  // this backward pass feeds the buckets
 };
 
@@ -96,9 +131,27 @@ namespace dettrial::detail {
 
 DETTRIAL_INLINE GradientBuckets::~GradientBuckets() {
   for (std::size_t k = 0; k < hooks_.size(); ++k) params_[k].remove_hook(hooks_[k]);
+#if DETTRIAL_POST_ACCUMULATE_HOOKS
+  if (layout_ == GradientLayout::bucket_views && !buckets_.empty())
+    for (const auto& p : params_) torch::autograd::impl::set_post_acc_grad_hooks(p, nullptr);
+#endif
 }
 
 DETTRIAL_INLINE void GradientBuckets::arm(bool update_batch) {
+  if (layout_ == GradientLayout::bucket_views) {  // every backward pass accumulates into the buckets
+    if (buckets_.empty()) build();
+    if (armed_ && std::find(filled_.begin(), filled_.end(), 1) != filled_.end())
+      throw TrialError(
+          "context.backward ran a second time in one update batch; with ZeRO (optimizations.zero_stage 1) the gradients are "
+          "all-reduced as the first backward pass accumulates them: add the losses and call context.backward once per batch");
+    bind_views();
+    armed_ = DETTRIAL_POST_ACCUMULATE_HOOKS && update_batch;
+    if (!armed_) return;
+    std::fill(filled_.begin(), filled_.end(), 0);
+    for (std::size_t b = 0; b < buckets_.size(); ++b) pending_[b] = buckets_[b].members.size();
+    works_.clear();
+    return;
+  }
   armed_ = !buckets_.empty() && update_batch;
   if (!armed_) return;
   std::fill(filled_.begin(), filled_.end(), 0);
@@ -109,6 +162,22 @@ DETTRIAL_INLINE void GradientBuckets::arm(bool update_batch) {
 DETTRIAL_INLINE void GradientBuckets::all_reduce() {
   if (buckets_.empty()) build();
   torch::NoGradGuard no_grad;
+  if (layout_ == GradientLayout::bucket_views) {
+    // The buckets started during the backward pass hold their gradients; a gradient of the rest
+    // that is not the view of its slice (a backward pass not run through context.backward) is
+    // copied in before its bucket starts.
+    if (!armed_) works_.clear();
+    bind_views();
+    std::fill(pending_.begin(), pending_.end(), 0);
+    start_ready_buckets();
+    const double scale = 1.0 / static_cast<double>(communicator_.size());
+    for (std::size_t k = 0; k < buckets_.size(); ++k) {
+      communicator_.wait(works_[k], "gradient all-reduce");
+      buckets_[k].reduced.mul_(scale);
+    }
+    armed_ = false;
+    return;
+  }
   if (!armed_) {  // the hooks did not feed this step (or saw two backward passes): start over
     for (const auto& work : works_) communicator_.wait(work, "gradient all-reduce");
     std::fill(filled_.begin(), filled_.end(), 0);
@@ -156,6 +225,19 @@ DETTRIAL_INLINE void GradientBuckets::build() {
   filled_.assign(params_.size(), 0);
   pending_.assign(buckets_.size(), 0);
   works_.reserve(buckets_.size());
+  if (layout_ == GradientLayout::bucket_views) {
+#if DETTRIAL_POST_ACCUMULATE_HOOKS
+    struct Accumulated final : torch::autograd::PostAccumulateGradHook {
+      Accumulated(GradientBuckets& buckets, std::size_t k) : buckets_(buckets), k_(k) {}
+      void operator()(const torch::autograd::Variable&) override { buckets_.accumulated(k_); }
+      GradientBuckets& buckets_;
+      std::size_t k_;
+    };
+    for (std::size_t k = 0; k < params_.size(); ++k)
+      torch::autograd::impl::set_post_acc_grad_hooks(params_[k], std::make_unique<Accumulated>(*this, k));
+#endif
+    return;
+  }
   for (std::size_t k = 0; k < params_.size(); ++k)
     hooks_.push_back(params_[k].register_hook([this, k](const torch::Tensor& grad) {
       if (!armed_) return;
@@ -168,6 +250,36 @@ DETTRIAL_INLINE void GradientBuckets::build() {
       --pending_[bucket_of_[k]];
       start_ready_buckets();
     }));
+}
+
+DETTRIAL_INLINE bool GradientBuckets::bound(std::size_t k) const {
+  const torch::Tensor& grad = params_[k].grad();
+  const auto* slice_data = static_cast<const char*>(buckets_[bucket_of_[k]].flat.data_ptr()) + offset_of_[k] * params_[k].element_size();
+  return grad.defined() && grad.data_ptr() == slice_data && grad.is_contiguous();
+}
+
+DETTRIAL_INLINE void GradientBuckets::accumulated(std::size_t k) {
+  // A gradient accumulated elsewhere (a backward pass that made .grad anew) leaves its bucket to
+  // all_reduce, which copies it in first; the buckets start in order, so none after it starts.
+  if (!armed_ || filled_[k] || !bound(k)) return;
+  filled_[k] = 1;
+  --pending_[bucket_of_[k]];
+  start_ready_buckets();
+}
+
+DETTRIAL_INLINE void GradientBuckets::bind_views() {
+  torch::NoGradGuard no_grad;
+  for (std::size_t k = 0; k < params_.size(); ++k) {
+    torch::Tensor& p = params_[k];
+    const torch::Tensor& grad = p.grad();
+    if (bound(k)) continue;
+    torch::Tensor slice = buckets_[bucket_of_[k]].flat.narrow(0, offset_of_[k], p.numel());
+    if (grad.defined()) slice.copy_(grad.reshape({-1}));
+    else slice.zero_();
+    // Detached: the same memory, but not a view in autograd's sense, which LibTorch's zero_grad
+    // (it detaches gradients in place) refuses.
+    p.mutable_grad() = slice.view(p.sizes()).detach();
+  }
 }
 
 DETTRIAL_INLINE void GradientBuckets::fill_slice(std::size_t k, const torch::Tensor& incoming) {

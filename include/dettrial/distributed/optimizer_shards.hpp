@@ -92,7 +92,11 @@ class OptimizerShards {
   torch::optim::Optimizer& optimizer_;
   std::vector<Piece> pieces_{};
   std::vector<std::vector<torch::Tensor>> group_pieces_{};  // per group: its pieces' tensors (the parameters while stepping)
-  // The all-gather's arguments per bucket, made once: this rank's range, and every rank's.
+  // The parameters' all-gather, per bucket, made once: where it gathers (a bucket of one parameter
+  // and no padding: straight into the parameter; else a staging buffer, one per dtype and device, the
+  // size of the largest such bucket: the bucket holds the gradients, which the step leaves to the
+  // trial), this rank's range and every rank's.
+  std::vector<torch::Tensor> staged_{};  // per bucket: undefined where it gathers into its parameter
   std::vector<std::vector<torch::Tensor>> gather_in_{};
   std::vector<std::vector<std::vector<torch::Tensor>>> gather_out_{};
 };
@@ -127,9 +131,27 @@ DETTRIAL_INLINE OptimizerShards::OptimizerShards(Communicator& communicator, Gra
       group_pieces_[piece.group].push_back(piece.tensor);
       pieces_.push_back(std::move(piece));
     }
-    gather_in_.push_back({all[b].flat.narrow(0, first, shard)});
+  }
+  // One staging buffer per dtype and device, as large as the largest such bucket that needs one.
+  std::vector<torch::Tensor> buffers;
+  const auto direct = [&](std::size_t b) {
+    return all[b].members.size() == 1 && all[b].flat.numel() == buckets_.params()[all[b].members.front().first].numel();
+  };
+  const auto buffer_for = [&](std::size_t b) -> torch::Tensor& {
+    for (auto& buffer : buffers)
+      if (buffer.scalar_type() == all[b].flat.scalar_type() && buffer.device() == all[b].flat.device()) return buffer;
+    return buffers.emplace_back(torch::empty({0}, all[b].flat.options()));
+  };
+  for (std::size_t b = 0; b < all.size(); ++b)
+    if (!direct(b) && buffer_for(b).numel() < all[b].flat.numel())
+      buffer_for(b) = torch::empty({all[b].flat.numel()}, all[b].flat.options());
+  for (std::size_t b = 0; b < all.size(); ++b) {
+    const std::int64_t shard = shard_numel(b);
+    staged_.push_back(direct(b) ? torch::Tensor() : buffer_for(b).narrow(0, 0, all[b].flat.numel()));
+    const torch::Tensor target = direct(b) ? buckets_.params()[all[b].members.front().first].detach().view({-1}) : staged_[b];
+    gather_in_.push_back({target.narrow(0, rank * shard, shard)});
     std::vector<torch::Tensor> ranges;
-    for (std::int64_t r = 0; r < communicator.size(); ++r) ranges.push_back(all[b].flat.narrow(0, r * shard, shard));
+    for (std::int64_t r = 0; r < communicator.size(); ++r) ranges.push_back(target.narrow(0, r * shard, shard));
     gather_out_.push_back({std::move(ranges)});
   }
 }
@@ -160,16 +182,16 @@ DETTRIAL_INLINE OptimizerShards::Stepping::~Stepping() {
 DETTRIAL_INLINE void OptimizerShards::all_gather_parameters() {
   torch::NoGradGuard no_grad;
   const auto& all = buckets_.buckets();
-  // The gradients in the buckets were consumed by the step: their buffers carry the parameters now.
-  for (const Piece& piece : pieces_) all[piece.bucket].flat.narrow(0, piece.bucket_offset, piece.tensor.numel()).copy_(piece.tensor);
-  std::vector<c10::intrusive_ptr<c10d::Work>> works;
-  works.reserve(all.size());
-  for (std::size_t b = 0; b < all.size(); ++b) works.push_back(communicator_.allgather_async(gather_out_[b], gather_in_[b]));
+  // One bucket at a time: the backend's own buffer for it (a bucket's size) is then the only one.
   for (std::size_t b = 0; b < all.size(); ++b) {
-    communicator_.wait(works[b], "ZeRO parameter all-gather");
+    if (staged_[b].defined())
+      for (const Piece& piece : pieces_)
+        if (piece.bucket == b) staged_[b].narrow(0, piece.bucket_offset, piece.tensor.numel()).copy_(piece.tensor);
+    communicator_.wait(communicator_.allgather_async(gather_out_[b], gather_in_[b]), "ZeRO parameter all-gather");
+    if (!staged_[b].defined()) continue;  // gathered into its parameter
     for (const auto& [k, offset] : all[b].members) {
       const torch::Tensor& p = params()[k];
-      p.detach().view({-1}).copy_(all[b].flat.narrow(0, offset, p.numel()));
+      p.detach().view({-1}).copy_(staged_[b].narrow(0, offset, p.numel()));
     }
   }
 }
