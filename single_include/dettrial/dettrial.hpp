@@ -11914,6 +11914,8 @@ class OptimizerShards {
 
   const std::vector<Piece>& pieces() const { return pieces_; }
   const std::vector<torch::Tensor>& params() const { return buckets_.params(); }
+  /// The optimizer's group parameter `param` belongs to.
+  std::size_t group(std::size_t param) const { return group_of_.at(param); }
   const std::vector<GradientBuckets::Bucket>& buckets() const { return buckets_.buckets(); }
   /// How many elements of `bucket` each rank owns (its padded size over the world size).
   std::int64_t shard_numel(std::size_t bucket) const;
@@ -11954,6 +11956,7 @@ class OptimizerShards {
   GradientBuckets& buckets_;
   torch::optim::Optimizer& optimizer_;
   std::vector<Piece> pieces_{};
+  std::vector<std::size_t> group_of_{};                     // per parameter
   std::vector<std::vector<torch::Tensor>> group_pieces_{};  // per group: its pieces' tensors (the parameters while stepping)
   // The parameters' all-gather, per bucket, made once: where it gathers (a bucket of one parameter
   // and no padding: straight into the parameter; else a staging buffer, one per dtype and device, the
@@ -11976,9 +11979,8 @@ namespace dettrial::detail {
 DETTRIAL_INLINE OptimizerShards::OptimizerShards(Communicator& communicator, GradientBuckets& buckets, torch::optim::Optimizer& optimizer)
     : communicator_(communicator), buckets_(buckets), optimizer_(optimizer) {
   // The parameters' groups, in the order the buckets index them (the optimizer's, group by group).
-  std::vector<std::size_t> group_of;
   for (std::size_t g = 0; g < optimizer.param_groups().size(); ++g)
-    group_of.insert(group_of.end(), optimizer.param_groups()[g].params().size(), g);
+    group_of_.insert(group_of_.end(), optimizer.param_groups()[g].params().size(), g);
   group_pieces_.resize(optimizer.param_groups().size());
   const std::int64_t rank = communicator.rank();
   torch::NoGradGuard no_grad;
@@ -11989,7 +11991,7 @@ DETTRIAL_INLINE OptimizerShards::OptimizerShards(Communicator& communicator, Gra
       const torch::Tensor& p = buckets_.params()[k];
       const std::int64_t lo = std::max(offset, first), hi = std::min(offset + p.numel(), end);
       if (lo >= hi) continue;
-      Piece piece{.param = k, .group = group_of.at(k), .start = lo - offset, .bucket = b, .bucket_offset = lo, .tensor = {}};
+      Piece piece{.param = k, .group = group_of_.at(k), .start = lo - offset, .bucket = b, .bucket_offset = lo, .tensor = {}};
       piece.tensor = p.detach().view({-1}).narrow(0, piece.start, hi - lo);
       group_pieces_[piece.group].push_back(piece.tensor);
       pieces_.push_back(std::move(piece));
@@ -16689,11 +16691,8 @@ DETTRIAL_INLINE WholeOptimizerStates::WholeOptimizerStates(Context& context) {
     }
     if (!chief) continue;
     std::vector<torch::Tensor> made;
-    std::vector<std::size_t> group_of;
-    for (std::size_t g = 0; g < optimizer.param_groups().size(); ++g)
-      group_of.insert(group_of.end(), optimizer.param_groups()[g].params().size(), g);
     for (const auto& [k, entries] : whole) {
-      const python_optimizer::Kind kind = python_optimizer::kind_of(optimizer.param_groups()[group_of.at(k)].options());
+      const python_optimizer::Kind kind = python_optimizer::kind_of(optimizer.param_groups()[shards->group(k)].options());
       map[optimizer_state_key<sharded_state::StateMap>(params[k])] =
           kind.make_state(entries, params[k], "ZeRO: the gathered state of parameter " + std::to_string(k));
       made.push_back(params[k]);

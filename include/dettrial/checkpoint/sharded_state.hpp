@@ -196,11 +196,8 @@ DETTRIAL_INLINE WholeOptimizerStates::WholeOptimizerStates(Context& context) {
     }
     if (!chief) continue;
     std::vector<torch::Tensor> made;
-    std::vector<std::size_t> group_of;
-    for (std::size_t g = 0; g < optimizer.param_groups().size(); ++g)
-      group_of.insert(group_of.end(), optimizer.param_groups()[g].params().size(), g);
     for (const auto& [k, entries] : whole) {
-      const python_optimizer::Kind kind = python_optimizer::kind_of(optimizer.param_groups()[group_of.at(k)].options());
+      const python_optimizer::Kind kind = python_optimizer::kind_of(optimizer.param_groups()[shards->group(k)].options());
       map[optimizer_state_key<sharded_state::StateMap>(params[k])] =
           kind.make_state(entries, params[k], "ZeRO: the gathered state of parameter " + std::to_string(k));
       made.push_back(params[k]);
