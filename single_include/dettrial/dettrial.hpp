@@ -10766,9 +10766,8 @@ class GradientBuckets {
     /// Padded to a multiple of `pad_to` elements (ZeRO's equal shards); the all-reduce takes `reduced`.
     torch::Tensor flat;
     std::vector<std::pair<std::size_t, std::int64_t>> members;  // (parameter index, offset)
-    /// The first `numel` elements of `flat`: the gradients (the same tensor as `flat` when unpadded).
+    /// The gradients: the first elements of `flat` (the same tensor as `flat` when unpadded).
     torch::Tensor reduced{};
-    std::int64_t numel = 0;
   };
 
   /// Where the parameters' gradients live between the backward pass and the step.
@@ -10928,10 +10927,9 @@ DETTRIAL_INLINE void GradientBuckets::build() {
     bucket_of_[k] = buckets_.size() - 1;
   }
   for (Bucket& b : buckets_) {
-    b.numel = b.flat.numel();
-    const std::int64_t padded = (b.numel + pad_to_ - 1) / pad_to_ * pad_to_;
-    if (padded != b.numel) b.flat = torch::zeros({padded}, b.flat.options());
-    b.reduced = padded == b.numel ? b.flat : b.flat.narrow(0, 0, b.numel);
+    const std::int64_t numel = b.flat.numel(), padded = (numel + pad_to_ - 1) / pad_to_ * pad_to_;
+    if (padded != numel) b.flat = torch::zeros({padded}, b.flat.options());
+    b.reduced = padded == numel ? b.flat : b.flat.narrow(0, 0, numel);
   }
   filled_.assign(params_.size(), 0);
   pending_.assign(buckets_.size(), 0);
@@ -16552,6 +16550,7 @@ class WholeOptimizerStates {
 // Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
 #if DETTRIAL_HEADER_DEFINITIONS
 #include <map>
+#include <optional>
 #include <set>
 
 
@@ -16646,14 +16645,21 @@ DETTRIAL_INLINE WholeOptimizerStates::WholeOptimizerStates(Context& context) {
     if (auto* capturable = dynamic_cast<optim::CapturableOptimizer*>(&optimizer)) capturable->pull_host_state();
     auto& map = optimizer.state();
     const auto& params = shards->params();
+    // Each piece's state in Python's entries, read once (none where the piece has no state).
+    const auto& pieces = shards->pieces();
+    std::vector<std::optional<c10::impl::GenericDict>> piece_entries(pieces.size());
+    for (std::size_t i = 0; i < pieces.size(); ++i)
+      if (const auto it = map.find(optimizer_state_key<sharded_state::StateMap>(pieces[i].tensor)); it != map.end()) {
+        piece_entries[i].emplace(c10::StringType::get(), c10::AnyType::get());
+        python_param_state(*it->second, *piece_entries[i]);
+      }
     // Each rank's per-parameter entries ({parameter: {key: value}}, the per-element ones as names
     // only), gathered: every rank then knows which parameters have state and what it holds.
     c10::impl::GenericDict mine(c10::IntType::get(), c10::AnyType::get());
-    for (const auto& piece : shards->pieces()) {
-      const auto it = map.find(optimizer_state_key<sharded_state::StateMap>(piece.tensor));
-      if (it == map.end() || mine.contains(static_cast<std::int64_t>(piece.param))) continue;
-      c10::impl::GenericDict entries(c10::StringType::get(), c10::AnyType::get());
-      python_param_state(*it->second, entries);
+    for (std::size_t i = 0; i < pieces.size(); ++i) {
+      const auto& piece = pieces[i];
+      if (!piece_entries[i] || mine.contains(static_cast<std::int64_t>(piece.param))) continue;
+      const c10::impl::GenericDict& entries = *piece_entries[i];
       c10::impl::GenericDict described(c10::StringType::get(), c10::AnyType::get());
       for (const auto& entry : entries) {
         const std::string& key = entry.key().toStringRef();
@@ -16666,7 +16672,7 @@ DETTRIAL_INLINE WholeOptimizerStates::WholeOptimizerStates(Context& context) {
     for (const c10::IValue& rank : shards->communicator().allgather_object(mine))
       for (const auto& entry : rank.toGenericDict()) {
         const auto k = static_cast<std::size_t>(entry.key().toInt());
-        auto [slot, fresh] = whole.try_emplace(k, c10::StringType::get(), c10::AnyType::get());
+        const auto slot = whole.try_emplace(k, c10::StringType::get(), c10::AnyType::get()).first;
         for (const auto& e : entry.value().toGenericDict()) {
           const bool cut = e.value().isString() && e.value().toStringRef() == "per element";
           if (cut) per_element_keys.insert(e.key().toStringRef());
@@ -16676,11 +16682,9 @@ DETTRIAL_INLINE WholeOptimizerStates::WholeOptimizerStates(Context& context) {
     for (const std::string& key : per_element_keys) {
       shards->all_gather(
           [&](const OptimizerShards::Piece& piece, torch::Tensor region) {
-            const auto it = map.find(optimizer_state_key<sharded_state::StateMap>(piece.tensor));
-            if (it == map.end()) return;
-            c10::impl::GenericDict entries(c10::StringType::get(), c10::AnyType::get());
-            python_param_state(*it->second, entries);
-            if (const auto e = entries.find(key); e != entries.end() && e->value().isTensor()) region.copy_(e->value().toTensor());
+            const auto& entries = piece_entries[static_cast<std::size_t>(&piece - pieces.data())];
+            if (!entries) return;
+            if (const auto e = entries->find(key); e != entries->end() && e->value().isTensor()) region.copy_(e->value().toTensor());
           },
           [&](std::size_t b, const torch::Tensor& flat) {
             if (!chief) return;

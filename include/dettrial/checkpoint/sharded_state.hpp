@@ -51,6 +51,7 @@ class WholeOptimizerStates {
 // Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
 #if DETTRIAL_HEADER_DEFINITIONS
 #include <map>
+#include <optional>
 #include <set>
 
 #include "../distributed/optimizer_shards.hpp"
@@ -151,14 +152,21 @@ DETTRIAL_INLINE WholeOptimizerStates::WholeOptimizerStates(Context& context) {
     if (auto* capturable = dynamic_cast<optim::CapturableOptimizer*>(&optimizer)) capturable->pull_host_state();
     auto& map = optimizer.state();
     const auto& params = shards->params();
+    // Each piece's state in Python's entries, read once (none where the piece has no state).
+    const auto& pieces = shards->pieces();
+    std::vector<std::optional<c10::impl::GenericDict>> piece_entries(pieces.size());
+    for (std::size_t i = 0; i < pieces.size(); ++i)
+      if (const auto it = map.find(optimizer_state_key<sharded_state::StateMap>(pieces[i].tensor)); it != map.end()) {
+        piece_entries[i].emplace(c10::StringType::get(), c10::AnyType::get());
+        python_param_state(*it->second, *piece_entries[i]);
+      }
     // Each rank's per-parameter entries ({parameter: {key: value}}, the per-element ones as names
     // only), gathered: every rank then knows which parameters have state and what it holds.
     c10::impl::GenericDict mine(c10::IntType::get(), c10::AnyType::get());
-    for (const auto& piece : shards->pieces()) {
-      const auto it = map.find(optimizer_state_key<sharded_state::StateMap>(piece.tensor));
-      if (it == map.end() || mine.contains(static_cast<std::int64_t>(piece.param))) continue;
-      c10::impl::GenericDict entries(c10::StringType::get(), c10::AnyType::get());
-      python_param_state(*it->second, entries);
+    for (std::size_t i = 0; i < pieces.size(); ++i) {
+      const auto& piece = pieces[i];
+      if (!piece_entries[i] || mine.contains(static_cast<std::int64_t>(piece.param))) continue;
+      const c10::impl::GenericDict& entries = *piece_entries[i];
       c10::impl::GenericDict described(c10::StringType::get(), c10::AnyType::get());
       for (const auto& entry : entries) {
         const std::string& key = entry.key().toStringRef();
@@ -171,7 +179,7 @@ DETTRIAL_INLINE WholeOptimizerStates::WholeOptimizerStates(Context& context) {
     for (const c10::IValue& rank : shards->communicator().allgather_object(mine))
       for (const auto& entry : rank.toGenericDict()) {
         const auto k = static_cast<std::size_t>(entry.key().toInt());
-        auto [slot, fresh] = whole.try_emplace(k, c10::StringType::get(), c10::AnyType::get());
+        const auto slot = whole.try_emplace(k, c10::StringType::get(), c10::AnyType::get()).first;
         for (const auto& e : entry.value().toGenericDict()) {
           const bool cut = e.value().isString() && e.value().toStringRef() == "per element";
           if (cut) per_element_keys.insert(e.key().toStringRef());
@@ -181,11 +189,9 @@ DETTRIAL_INLINE WholeOptimizerStates::WholeOptimizerStates(Context& context) {
     for (const std::string& key : per_element_keys) {
       shards->all_gather(
           [&](const OptimizerShards::Piece& piece, torch::Tensor region) {
-            const auto it = map.find(optimizer_state_key<sharded_state::StateMap>(piece.tensor));
-            if (it == map.end()) return;
-            c10::impl::GenericDict entries(c10::StringType::get(), c10::AnyType::get());
-            python_param_state(*it->second, entries);
-            if (const auto e = entries.find(key); e != entries.end() && e->value().isTensor()) region.copy_(e->value().toTensor());
+            const auto& entries = piece_entries[static_cast<std::size_t>(&piece - pieces.data())];
+            if (!entries) return;
+            if (const auto e = entries->find(key); e != entries->end() && e->value().isTensor()) region.copy_(e->value().toTensor());
           },
           [&](std::size_t b, const torch::Tensor& flat) {
             if (!chief) return;

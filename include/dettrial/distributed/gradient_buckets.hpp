@@ -55,9 +55,8 @@ class GradientBuckets {
     /// Padded to a multiple of `pad_to` elements (ZeRO's equal shards); the all-reduce takes `reduced`.
     torch::Tensor flat;
     std::vector<std::pair<std::size_t, std::int64_t>> members;  // (parameter index, offset)
-    /// The first `numel` elements of `flat`: the gradients (the same tensor as `flat` when unpadded).
+    /// The gradients: the first elements of `flat` (the same tensor as `flat` when unpadded).
     torch::Tensor reduced{};
-    std::int64_t numel = 0;
   };
 
   /// Where the parameters' gradients live between the backward pass and the step.
@@ -217,10 +216,9 @@ DETTRIAL_INLINE void GradientBuckets::build() {
     bucket_of_[k] = buckets_.size() - 1;
   }
   for (Bucket& b : buckets_) {
-    b.numel = b.flat.numel();
-    const std::int64_t padded = (b.numel + pad_to_ - 1) / pad_to_ * pad_to_;
-    if (padded != b.numel) b.flat = torch::zeros({padded}, b.flat.options());
-    b.reduced = padded == b.numel ? b.flat : b.flat.narrow(0, 0, b.numel);
+    const std::int64_t numel = b.flat.numel(), padded = (numel + pad_to_ - 1) / pad_to_ * pad_to_;
+    if (padded != numel) b.flat = torch::zeros({padded}, b.flat.options());
+    b.reduced = padded == numel ? b.flat : b.flat.narrow(0, 0, numel);
   }
   filled_.assign(params_.size(), 0);
   pending_.assign(buckets_.size(), 0);
