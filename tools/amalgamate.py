@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Generates single_include/dettrial/dettrial.hpp (the trial API), single_include/dettrial/main.hpp
+"""Generates single_include/dettrial/dettrial.hpp (the trial API), single_include/dettrial/search.hpp
+(search spaces and searchers), single_include/dettrial/main.hpp
 (the opt-in command line, which includes the first and inlines only what it adds), the same for
 single_include/dettrial/vision.hpp (image data), and
 single_include/dettrial/src.hpp (separate-compilation mode's source, which includes main.hpp) from include/
@@ -16,6 +17,8 @@ ENTRY = INCLUDE / "dettrial" / "dettrial.hpp"
 MAIN_ENTRY = INCLUDE / "dettrial" / "main.hpp"
 OUTPUT = ROOT / "single_include" / "dettrial" / "dettrial.hpp"
 MAIN_OUTPUT = ROOT / "single_include" / "dettrial" / "main.hpp"
+SEARCH_ENTRY = INCLUDE / "dettrial" / "search.hpp"
+SEARCH_OUTPUT = ROOT / "single_include" / "dettrial" / "search.hpp"
 VISION_ENTRY = INCLUDE / "dettrial" / "vision.hpp"
 VISION_OUTPUT = ROOT / "single_include" / "dettrial" / "vision.hpp"
 SRC_ENTRY = INCLUDE / "dettrial" / "src.hpp"
@@ -62,9 +65,12 @@ def generate() -> dict:
     out = [BANNER, "#pragma once\n"]
     inline(ENTRY.resolve(), seen, out)
     trial_api = set(seen)
-    # main.hpp and vision.hpp include dettrial.hpp: their single-header editions include the file
-    # above instead, and inline only what they add to it.
-    main_out = [BANNER, "#pragma once\n", '#include "dettrial.hpp"\n']
+    # search.hpp, main.hpp and vision.hpp include dettrial.hpp: their single-header editions include
+    # the file above instead, and inline only what they add to it (main.hpp: to search.hpp too, which
+    # it includes, so that both can be included).
+    search_out = [BANNER, "#pragma once\n", '#include "dettrial.hpp"\n']
+    inline(SEARCH_ENTRY.resolve(), seen, search_out)
+    main_out = [BANNER, "#pragma once\n", '#include "dettrial.hpp"\n', '#include "search.hpp"\n']
     inline(MAIN_ENTRY.resolve(), seen, main_out)
     vision_out = [BANNER, "#pragma once\n", '#include "dettrial.hpp"\n']
     inline(VISION_ENTRY.resolve(), set(trial_api), vision_out)
@@ -72,7 +78,7 @@ def generate() -> dict:
     # editions beside it.
     src = SRC_ENTRY.read_text()
     assert re.findall(r'#\s*include\s*"([^"]+)"', src) == ["main.hpp", "vision.hpp"], "src.hpp must include main.hpp and vision.hpp only"
-    return {OUTPUT: "".join(out), MAIN_OUTPUT: "".join(main_out), VISION_OUTPUT: "".join(vision_out), SRC_OUTPUT: BANNER + src}
+    return {OUTPUT: "".join(out), SEARCH_OUTPUT: "".join(search_out), MAIN_OUTPUT: "".join(main_out), VISION_OUTPUT: "".join(vision_out), SRC_OUTPUT: BANNER + src}
 
 
 def main() -> int:

@@ -26,7 +26,7 @@ LAYERS = [
     ["trainer"],
     ["search"],
     ["dettrial.hpp"],
-    ["vision.hpp"],
+    ["vision.hpp", "search.hpp"],
     ["cli"],
     ["main.hpp"],
     ["src.hpp"],

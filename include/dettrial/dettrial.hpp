@@ -6,7 +6,7 @@
 /// train_batch, evaluate_batch, and either build_model/optimizer or a constructor that wraps them in
 /// the Context). dettrial::Trainer<MyTrial> checks them with concepts and runs Determined's loop.
 /// The command line (dettrial::main: the launcher, the experiment runner) is one more, opt-in header:
-/// <dettrial/main.hpp>.
+/// <dettrial/main.hpp>; the search spaces and searchers on their own are <dettrial/search.hpp>.
 #pragma once
 
 #include "version.hpp"
@@ -62,5 +62,3 @@
 #include "trainer/fit_options.hpp"
 #include "trainer/load_trial.hpp"
 #include "trainer/trainer.hpp"
-#include "search/hyperparameter_space.hpp"
-#include "search/searchers.hpp"

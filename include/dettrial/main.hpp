@@ -6,5 +6,6 @@
 #pragma once
 
 #include "dettrial.hpp"
+#include "search.hpp"
 
 #include "cli/main.hpp"

@@ -4,6 +4,7 @@
 // ==========================================================================================
 #pragma once
 #include "dettrial.hpp"
+#include "search.hpp"
 // ---- begin dettrial/main.hpp
 // SPDX-License-Identifier: Apache-2.0
 /// @file

@@ -6,7 +6,7 @@
 
 // LibTorch before doctest (as the precompiled header has it): Debian's LibTorch brings glog, whose
 // CHECK macro must not be the one the test cases use.
-#include <dettrial/dettrial.hpp>
+#include <dettrial/search.hpp>
 
 #include <doctest/doctest.h>
 

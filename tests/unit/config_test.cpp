@@ -4,7 +4,7 @@
 
 #include <fstream>
 
-#include <dettrial/dettrial.hpp>
+#include <dettrial/search.hpp>
 #include "applied_context.hpp"
 
 using namespace dettrial;

@@ -4,7 +4,7 @@
 
 #include <set>
 
-#include <dettrial/dettrial.hpp>
+#include <dettrial/search.hpp>
 
 using namespace dettrial;
 

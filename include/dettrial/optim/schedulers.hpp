@@ -44,13 +44,13 @@ class StepLR : public EpochLRScheduler {
   void restart_at_milestone();
   std::int64_t step_size() const { return step_size_; }
   double gamma() const { return gamma_; }
-  void save(torch::serialize::OutputArchive& archive) const { save_fields(*this, archive, fields()); }
-  void load(torch::serialize::InputArchive& archive) { load_fields(*this, archive, fields()); }
+  void save(torch::serialize::OutputArchive& archive) const;
+  void load(torch::serialize::InputArchive& archive);
   /// Python's `state_dict()`: step_size, gamma, base_lrs, last_epoch, verbose, _step_count,
   /// _get_lr_called_within_step, _is_initial, _last_lr.
-  void python_state(c10::impl::GenericDict& out) const { python_fields(*this, out, fields()); }
+  void python_state(c10::impl::GenericDict& out) const;
   /// Restores what Python's StepLR.state_dict() (or python_state) holds; `what` names it in errors.
-  void load_python_state(const c10::impl::GenericDict& in, const std::string& what) { load_python_fields(*this, in, what, fields()); }
+  void load_python_state(const c10::impl::GenericDict& in, const std::string& what);
 
  private:
   static constexpr std::array<SchedulerField<StepLR>, 2> fields() {
@@ -92,12 +92,12 @@ class ExponentialLR : public EpochLRScheduler {
   void step();
   void restart_at_milestone();
   double gamma() const { return gamma_; }
-  void save(torch::serialize::OutputArchive& archive) const { save_fields(*this, archive, fields()); }
-  void load(torch::serialize::InputArchive& archive) { load_fields(*this, archive, fields()); }
+  void save(torch::serialize::OutputArchive& archive) const;
+  void load(torch::serialize::InputArchive& archive);
   /// Python's `state_dict()`: gamma and the LRScheduler entries as StepLR's.
-  void python_state(c10::impl::GenericDict& out) const { python_fields(*this, out, fields()); }
+  void python_state(c10::impl::GenericDict& out) const;
   /// Restores what Python's ExponentialLR.state_dict() (or python_state) holds.
-  void load_python_state(const c10::impl::GenericDict& in, const std::string& what) { load_python_fields(*this, in, what, fields()); }
+  void load_python_state(const c10::impl::GenericDict& in, const std::string& what);
 
  private:
   static constexpr std::array<SchedulerField<ExponentialLR>, 1> fields() { return std::array{field("gamma", &ExponentialLR::gamma_)}; }
@@ -116,12 +116,12 @@ class LinearLR : public EpochLRScheduler {
   double start_factor() const { return start_factor_; }
   double end_factor() const { return end_factor_; }
   std::int64_t total_iters() const { return total_iters_; }
-  void save(torch::serialize::OutputArchive& archive) const { save_fields(*this, archive, fields()); }
-  void load(torch::serialize::InputArchive& archive) { load_fields(*this, archive, fields()); }
+  void save(torch::serialize::OutputArchive& archive) const;
+  void load(torch::serialize::InputArchive& archive);
   /// Python's `state_dict()`: start_factor, end_factor, total_iters and the LRScheduler entries.
-  void python_state(c10::impl::GenericDict& out) const { python_fields(*this, out, fields()); }
+  void python_state(c10::impl::GenericDict& out) const;
   /// Restores what Python's LinearLR.state_dict() (or python_state) holds.
-  void load_python_state(const c10::impl::GenericDict& in, const std::string& what) { load_python_fields(*this, in, what, fields()); }
+  void load_python_state(const c10::impl::GenericDict& in, const std::string& what);
 
  private:
   static constexpr std::array<SchedulerField<LinearLR>, 3> fields() {
@@ -142,12 +142,12 @@ class ConstantLR : public EpochLRScheduler {
   void restart_at_milestone();
   double factor() const { return factor_; }
   std::int64_t total_iters() const { return total_iters_; }
-  void save(torch::serialize::OutputArchive& archive) const { save_fields(*this, archive, fields()); }
-  void load(torch::serialize::InputArchive& archive) { load_fields(*this, archive, fields()); }
+  void save(torch::serialize::OutputArchive& archive) const;
+  void load(torch::serialize::InputArchive& archive);
   /// Python's `state_dict()`: factor, total_iters and the LRScheduler entries.
-  void python_state(c10::impl::GenericDict& out) const { python_fields(*this, out, fields()); }
+  void python_state(c10::impl::GenericDict& out) const;
   /// Restores what Python's ConstantLR.state_dict() (or python_state) holds.
-  void load_python_state(const c10::impl::GenericDict& in, const std::string& what) { load_python_fields(*this, in, what, fields()); }
+  void load_python_state(const c10::impl::GenericDict& in, const std::string& what);
 
  private:
   static constexpr std::array<SchedulerField<ConstantLR>, 2> fields() {
@@ -167,12 +167,12 @@ class CosineAnnealingLR : public EpochLRScheduler {
   void restart_at_milestone();
   std::int64_t T_max() const { return T_max_; }
   double eta_min() const { return eta_min_; }
-  void save(torch::serialize::OutputArchive& archive) const { save_fields(*this, archive, fields()); }
-  void load(torch::serialize::InputArchive& archive) { load_fields(*this, archive, fields()); }
+  void save(torch::serialize::OutputArchive& archive) const;
+  void load(torch::serialize::InputArchive& archive);
   /// Python's `state_dict()`: T_max, eta_min and the LRScheduler entries.
-  void python_state(c10::impl::GenericDict& out) const { python_fields(*this, out, fields()); }
+  void python_state(c10::impl::GenericDict& out) const;
   /// Restores what Python's CosineAnnealingLR.state_dict() (or python_state) holds.
-  void load_python_state(const c10::impl::GenericDict& in, const std::string& what) { load_python_fields(*this, in, what, fields()); }
+  void load_python_state(const c10::impl::GenericDict& in, const std::string& what);
 
  private:
   static constexpr std::array<SchedulerField<CosineAnnealingLR>, 2> fields() {
@@ -238,12 +238,12 @@ class PolynomialLR : public EpochLRScheduler {
   void restart_at_milestone();
   std::int64_t total_iters() const { return total_iters_; }
   double power() const { return power_; }
-  void save(torch::serialize::OutputArchive& archive) const { save_fields(*this, archive, fields()); }
-  void load(torch::serialize::InputArchive& archive) { load_fields(*this, archive, fields()); }
+  void save(torch::serialize::OutputArchive& archive) const;
+  void load(torch::serialize::InputArchive& archive);
   /// Python's `state_dict()`: total_iters, power and the LRScheduler entries.
-  void python_state(c10::impl::GenericDict& out) const { python_fields(*this, out, fields()); }
+  void python_state(c10::impl::GenericDict& out) const;
   /// Restores what Python's PolynomialLR.state_dict() (or python_state) holds.
-  void load_python_state(const c10::impl::GenericDict& in, const std::string& what) { load_python_fields(*this, in, what, fields()); }
+  void load_python_state(const c10::impl::GenericDict& in, const std::string& what);
 
  private:
   static constexpr std::array<SchedulerField<PolynomialLR>, 2> fields() {
@@ -271,14 +271,14 @@ class CosineAnnealingWarmRestarts : public EpochLRScheduler {
   double eta_min() const { return eta_min_; }
   /// Steps since the last restart.
   std::int64_t T_cur() const { return T_cur_; }
-  void save(torch::serialize::OutputArchive& archive) const { save_fields(*this, archive, fields()); }
-  void load(torch::serialize::InputArchive& archive) { load_fields(*this, archive, fields()); }
+  void save(torch::serialize::OutputArchive& archive) const;
+  void load(torch::serialize::InputArchive& archive);
   /// Python's `state_dict()`: T_0, T_i, T_mult, eta_min, T_cur and the LRScheduler entries.
-  void python_state(c10::impl::GenericDict& out) const { python_fields(*this, out, fields()); }
+  void python_state(c10::impl::GenericDict& out) const;
   /// Restores what Python's CosineAnnealingWarmRestarts.state_dict() (or python_state) holds. (A
   /// fractional T_cur, from Python's step(epoch) with a fractional epoch, which dettrial does not do,
   /// is refused.)
-  void load_python_state(const c10::impl::GenericDict& in, const std::string& what) { load_python_fields(*this, in, what, fields()); }
+  void load_python_state(const c10::impl::GenericDict& in, const std::string& what);
 
  private:
   using Self = CosineAnnealingWarmRestarts;
@@ -650,6 +650,53 @@ DETTRIAL_INLINE void CosineAnnealingWarmRestarts::set_cosine_rates() {
     const double pi = std::numbers::pi;  // math.pi, the same double
     return eta_min_ + (base_lrs_[i] - eta_min_) * (1 + std::cos(pi * static_cast<double>(T_cur_) / static_cast<double>(T_i_))) / 2;
   });
+}
+
+// The state functions of each scheduler whose own state is a table of fields: compiled once, not in
+// each translation unit that wraps a scheduler.
+DETTRIAL_INLINE void StepLR::save(torch::serialize::OutputArchive& archive) const { save_fields(*this, archive, fields()); }
+DETTRIAL_INLINE void StepLR::load(torch::serialize::InputArchive& archive) { load_fields(*this, archive, fields()); }
+DETTRIAL_INLINE void StepLR::python_state(c10::impl::GenericDict& out) const { python_fields(*this, out, fields()); }
+DETTRIAL_INLINE void StepLR::load_python_state(const c10::impl::GenericDict& in, const std::string& what) {
+  load_python_fields(*this, in, what, fields());
+}
+DETTRIAL_INLINE void ExponentialLR::save(torch::serialize::OutputArchive& archive) const { save_fields(*this, archive, fields()); }
+DETTRIAL_INLINE void ExponentialLR::load(torch::serialize::InputArchive& archive) { load_fields(*this, archive, fields()); }
+DETTRIAL_INLINE void ExponentialLR::python_state(c10::impl::GenericDict& out) const { python_fields(*this, out, fields()); }
+DETTRIAL_INLINE void ExponentialLR::load_python_state(const c10::impl::GenericDict& in, const std::string& what) {
+  load_python_fields(*this, in, what, fields());
+}
+DETTRIAL_INLINE void LinearLR::save(torch::serialize::OutputArchive& archive) const { save_fields(*this, archive, fields()); }
+DETTRIAL_INLINE void LinearLR::load(torch::serialize::InputArchive& archive) { load_fields(*this, archive, fields()); }
+DETTRIAL_INLINE void LinearLR::python_state(c10::impl::GenericDict& out) const { python_fields(*this, out, fields()); }
+DETTRIAL_INLINE void LinearLR::load_python_state(const c10::impl::GenericDict& in, const std::string& what) {
+  load_python_fields(*this, in, what, fields());
+}
+DETTRIAL_INLINE void ConstantLR::save(torch::serialize::OutputArchive& archive) const { save_fields(*this, archive, fields()); }
+DETTRIAL_INLINE void ConstantLR::load(torch::serialize::InputArchive& archive) { load_fields(*this, archive, fields()); }
+DETTRIAL_INLINE void ConstantLR::python_state(c10::impl::GenericDict& out) const { python_fields(*this, out, fields()); }
+DETTRIAL_INLINE void ConstantLR::load_python_state(const c10::impl::GenericDict& in, const std::string& what) {
+  load_python_fields(*this, in, what, fields());
+}
+DETTRIAL_INLINE void CosineAnnealingLR::save(torch::serialize::OutputArchive& archive) const { save_fields(*this, archive, fields()); }
+DETTRIAL_INLINE void CosineAnnealingLR::load(torch::serialize::InputArchive& archive) { load_fields(*this, archive, fields()); }
+DETTRIAL_INLINE void CosineAnnealingLR::python_state(c10::impl::GenericDict& out) const { python_fields(*this, out, fields()); }
+DETTRIAL_INLINE void CosineAnnealingLR::load_python_state(const c10::impl::GenericDict& in, const std::string& what) {
+  load_python_fields(*this, in, what, fields());
+}
+DETTRIAL_INLINE void PolynomialLR::save(torch::serialize::OutputArchive& archive) const { save_fields(*this, archive, fields()); }
+DETTRIAL_INLINE void PolynomialLR::load(torch::serialize::InputArchive& archive) { load_fields(*this, archive, fields()); }
+DETTRIAL_INLINE void PolynomialLR::python_state(c10::impl::GenericDict& out) const { python_fields(*this, out, fields()); }
+DETTRIAL_INLINE void PolynomialLR::load_python_state(const c10::impl::GenericDict& in, const std::string& what) {
+  load_python_fields(*this, in, what, fields());
+}
+DETTRIAL_INLINE void CosineAnnealingWarmRestarts::save(torch::serialize::OutputArchive& archive) const {
+  save_fields(*this, archive, fields());
+}
+DETTRIAL_INLINE void CosineAnnealingWarmRestarts::load(torch::serialize::InputArchive& archive) { load_fields(*this, archive, fields()); }
+DETTRIAL_INLINE void CosineAnnealingWarmRestarts::python_state(c10::impl::GenericDict& out) const { python_fields(*this, out, fields()); }
+DETTRIAL_INLINE void CosineAnnealingWarmRestarts::load_python_state(const c10::impl::GenericDict& in, const std::string& what) {
+  load_python_fields(*this, in, what, fields());
 }
 
 }  // namespace dettrial::optim
