@@ -27,12 +27,11 @@ class BasicMnistTrial {
   using Batch = std::tuple<torch::Tensor, torch::Tensor>;
 
   explicit BasicMnistTrial(dettrial::Context& context) : context_(context) {
-    const YAML::Node& data = context.get_data_config();
-    dir_ = data["dir"] ? data["dir"].as<std::string>() : std::string("/usr/share/datasets/fashion-mnist");
-    train_split_ = data["train_split"] ? data["train_split"].as<std::string>() : "train";
-    validation_split_ = data["validation_split"] ? data["validation_split"].as<std::string>() : "t10k";
-    holdout_ = data["holdout"] ? data["holdout"].as<std::int64_t>() : 0;
-    on_device_ = data["on_device"] && data["on_device"].as<bool>();
+    dir_ = context.get_data_or<std::string>("dir", "/usr/share/datasets/fashion-mnist");
+    train_split_ = context.get_data_or<std::string>("train_split", "train");
+    validation_split_ = context.get_data_or<std::string>("validation_split", "t10k");
+    holdout_ = context.get_data_or<std::int64_t>("holdout", 0);
+    on_device_ = context.get_data_or<bool>("on_device", false);
     load();
   }
 

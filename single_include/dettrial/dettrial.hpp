@@ -3101,25 +3101,13 @@ class DataLoader {
   using dataset_type = decltype(detail::as_batch_dataset(std::declval<D>()));
   using batch_type = std::remove_cvref_t<decltype(std::declval<const dataset_type&>().get_batch(std::declval<const torch::Tensor&>()))>;
 
-  DataLoader(D dataset, DataLoaderOptions options)
-      : dataset_(std::make_shared<const dataset_type>(detail::as_batch_dataset(std::move(dataset)))),
-        options_(options),
-        sampler_(detail::make_batch_sampler(static_cast<std::int64_t>(dataset_->size()), options_,
-                                            options.seed || options.determined_order ? options.seed.value_or(0) : draw_seed())) {
-    if (options_.workers && *options_.workers < 0) throw DataError("DataLoader workers must not be negative");
-    if (options_.prefetch < 1) throw DataError("DataLoader prefetch must be at least 1");
-    workers_ = options_.workers.value_or(default_workers(*dataset_));
-    pin_ = options_.pin_memory.value_or(torch::cuda::is_available());
-  }
+  DataLoader(D dataset, DataLoaderOptions options);
 
   /// Batches per epoch (one process).
   std::int64_t size() const { return sampler_.batches_per_epoch(); }
   /// Batches one rank reads per epoch under `chain` (Determined's sharded length; with a layout
   /// of other ranks, that layout's chief's).
-  std::int64_t batches_for(const LoaderChain& chain) const {
-    if (regroups(chain)) return samplers::distributed_length(layout_sampler(chain).batches_per_epoch(), chain.layout_replicas, 0);
-    return sampler_.batches_for(chain);
-  }
+  std::int64_t batches_for(const LoaderChain& chain) const;
   /// Keeps the global batches of another rank count (LoaderChain::layout_replicas).
   static constexpr bool keeps_global_batches = true;
 
@@ -3137,18 +3125,7 @@ class DataLoader {
   int workers() const { return workers_; }
   /// What the trainer's start line says of this loader: "60000 records in batches of 64, shuffled,
   /// read by 2 worker threads (the dataset's default), 4 batches ahead".
-  std::string describe() const {
-    std::string text =
-        std::to_string(num_records()) + " records in " +
-        (sampler_.has_batch_sampler() ? std::string("a batch sampler's batches") : "batches of " + std::to_string(sampler_.batch_size())) +
-        (sampler_.draws_from_global_generator() ? (sampler_.shuffle() ? ", shuffled in Determined's order" : ", in Determined's order")
-         : sampler_.shuffle()                   ? ", shuffled"
-         : sampler_.has_sampler()               ? ", in a sampler's order"
-                                                : "");
-    if (workers_ == 0) return text + ", read on the training thread";
-    return text + ", read by " + std::to_string(workers_) + " worker thread" + (workers_ == 1 ? "" : "s") +
-           (options_.workers ? "" : " (the dataset's default)") + ", " + std::to_string(workers_ * options_.prefetch) + " batches ahead";
-  }
+  std::string describe() const;
   std::uint64_t seed() const { return sampler_.seed(); }
   /// Changes the shuffle seed; streams made before keep the old one. (A user's sampler ignores it.)
   void set_seed(std::uint64_t seed) { sampler_.set_seed(seed); }
@@ -3156,22 +3133,7 @@ class DataLoader {
   const BatchSampler& sampler() const { return sampler_; }
 
   /// Reads the records of one slice (thread-safe when the dataset is).
-  batch_type read(const BatchSlice& slice) const {
-    batch_type batch = [&] {
-      const auto in_order = [&] { return torch::arange(slice.first, slice.first + slice.count, torch::kLong); };
-      if constexpr (requires { dataset_->get_batch(slice.indices, BatchOrigin{}); }) {
-        return dataset_->get_batch(slice.indices.defined() ? slice.indices : in_order(),
-                                   BatchOrigin{slice.epoch, sampler_.seed(), slice.epoch_starts});
-      } else {
-        if (slice.indices.defined()) return dataset_->get_batch(slice.indices);
-        if constexpr (requires { dataset_->get_range(slice.first, slice.first + slice.count); })
-          return dataset_->get_range(slice.first, slice.first + slice.count);
-        else return dataset_->get_batch(in_order());
-      }
-    }();
-    if (pin_) pin_in_place(batch);
-    return batch;
-  }
+  batch_type read(const BatchSlice& slice) const;
 
   /// The batches a rank reads under `chain`, in order, prefetched by the loader's workers.
   class Stream {
@@ -3205,28 +3167,9 @@ class DataLoader {
       mutable std::optional<batch_type> current_;
     };
 
-    Stream(const DataLoader& loader, LoaderChain chain)
-        : loader_(&loader),
-          slice_at_(loader, chain),
-          chain_(chain),
-          position_(chain.skip),
-          end_(chain.repeat ? std::numeric_limits<std::int64_t>::max() : loader.batches_for(chain)) {
-      if (loader.sampler_.draws_from_global_generator()) {
-        loader.sampler_.begin_pass();
-        // Python's iterator draws its base seed when made; Determined makes its training iterator
-        // before it restores a checkpoint's generator, so a resumed pass (skip > 0) shows no draw.
-        if (chain.skip == 0) torch::empty({}, torch::kLong).random_();
-      }
-      const int workers = loader.workers_;
-      const std::int64_t in_flight = workers > 0 ? std::max(workers * loader.options_.prefetch, workers) : 1;
-      if (slice_at_.layout) slice_at_.layout->keep_epochs_in_flight(in_flight * chain.layout_replicas, LoaderChain{.repeat = true});
-      else loader.sampler_.keep_epochs_in_flight(in_flight, chain);
-      if (workers > 0 && position_ < end_)
-        prefetcher_ = std::make_unique<detail::Prefetcher<batch_type>>(
-            [loader = loader_, slice_at = slice_at_](std::int64_t k) { return loader->read(slice_at(k)); }, position_, end_, workers,
-            workers * loader.options_.prefetch);
-    }
+    Stream(const DataLoader& loader, LoaderChain chain);
     Stream(Stream&&) = default;
+    ~Stream();
 
     iterator begin() { return iterator(this); }
     std::default_sentinel_t end() const { return {}; }
@@ -3235,18 +3178,7 @@ class DataLoader {
 
    private:
     bool exhausted() const { return position_ >= end_; }
-    batch_type next() {
-      const std::int64_t k = position_++;
-      // The epoch of this rank's batch k in the stream of all ranks' batches: its seed is drawn
-      // now, on the training thread, as Python's sampler draws it when that epoch's first batch is asked for.
-      if (loader_->sampler_.draws_from_global_generator()) {
-        if (slice_at_.layout)  // the last of the layout's batches that make up global batch k
-          slice_at_.layout->draw_seeds_through(((k + 1) * chain_.layout_replicas - 1) / slice_at_.layout->batches_per_epoch());
-        else loader_->sampler_.draw_seeds_through((chain_.rank + chain_.num_replicas * k) / loader_->sampler_.batches_per_epoch());
-      }
-      if (prefetcher_) return prefetcher_->take();
-      return loader_->read(slice_at_(k));
-    }
+    batch_type next();
 
     using Slices = decltype(std::declval<const BatchSampler&>().slices(std::declval<const LoaderChain&>()));
     /// The slice of this rank's batch `k`: Determined's chain, or a share of the layout's global batch `k`.
@@ -3272,13 +3204,7 @@ class DataLoader {
   };
 
   /// Determined's `get_data_loader(repeat, skip, num_replicas, rank)`: the batches this rank reads.
-  Stream batches(const LoaderChain& chain) const {
-    if (chain.num_replicas < 1 || chain.rank < 0 || chain.rank >= chain.num_replicas)
-      throw DataError("DataLoader: rank " + std::to_string(chain.rank) + " is not among " + std::to_string(chain.num_replicas) +
-                      " replicas");
-    if (chain.skip < 0) throw DataError("DataLoader: cannot skip a negative number of batches");
-    return Stream(*this, chain);
-  }
+  Stream batches(const LoaderChain& chain) const;
 
   /// One unsharded pass over the data (epoch 0's order).
   class PassIterator {
@@ -3327,6 +3253,121 @@ class DataLoader {
   int workers_ = 0;
   bool pin_ = false;
 };
+
+// The members that read data, defined outside the class: not inline, so that the explicit
+// instantiations below keep a trial's translation unit from compiling them for the common datasets.
+template <class D>
+DataLoader<D>::DataLoader(D dataset, DataLoaderOptions options)
+    : dataset_(std::make_shared<const dataset_type>(detail::as_batch_dataset(std::move(dataset)))),
+      options_(options),
+      sampler_(detail::make_batch_sampler(static_cast<std::int64_t>(dataset_->size()), options_,
+                                          options.seed || options.determined_order ? options.seed.value_or(0) : draw_seed())) {
+  if (options_.workers && *options_.workers < 0) throw DataError("DataLoader workers must not be negative");
+  if (options_.prefetch < 1) throw DataError("DataLoader prefetch must be at least 1");
+  workers_ = options_.workers.value_or(default_workers(*dataset_));
+  pin_ = options_.pin_memory.value_or(torch::cuda::is_available());
+}
+
+template <class D>
+std::int64_t DataLoader<D>::batches_for(const LoaderChain& chain) const {
+  if (regroups(chain)) return samplers::distributed_length(layout_sampler(chain).batches_per_epoch(), chain.layout_replicas, 0);
+  return sampler_.batches_for(chain);
+}
+
+template <class D>
+std::string DataLoader<D>::describe() const {
+  std::string text =
+      std::to_string(num_records()) + " records in " +
+      (sampler_.has_batch_sampler() ? std::string("a batch sampler's batches") : "batches of " + std::to_string(sampler_.batch_size())) +
+      (sampler_.draws_from_global_generator() ? (sampler_.shuffle() ? ", shuffled in Determined's order" : ", in Determined's order")
+       : sampler_.shuffle()                   ? ", shuffled"
+       : sampler_.has_sampler()               ? ", in a sampler's order"
+                                              : "");
+  if (workers_ == 0) return text + ", read on the training thread";
+  return text + ", read by " + std::to_string(workers_) + " worker thread" + (workers_ == 1 ? "" : "s") +
+         (options_.workers ? "" : " (the dataset's default)") + ", " + std::to_string(workers_ * options_.prefetch) + " batches ahead";
+}
+
+template <class D>
+auto DataLoader<D>::read(const BatchSlice& slice) const -> batch_type {
+  batch_type batch = [&] {
+    const auto in_order = [&] { return torch::arange(slice.first, slice.first + slice.count, torch::kLong); };
+    if constexpr (requires { dataset_->get_batch(slice.indices, BatchOrigin{}); }) {
+      return dataset_->get_batch(slice.indices.defined() ? slice.indices : in_order(),
+                                 BatchOrigin{slice.epoch, sampler_.seed(), slice.epoch_starts});
+    } else {
+      if (slice.indices.defined()) return dataset_->get_batch(slice.indices);
+      if constexpr (requires { dataset_->get_range(slice.first, slice.first + slice.count); })
+        return dataset_->get_range(slice.first, slice.first + slice.count);
+      else return dataset_->get_batch(in_order());
+    }
+  }();
+  if (pin_) pin_in_place(batch);
+  return batch;
+}
+
+template <class D>
+DataLoader<D>::Stream::Stream(const DataLoader& loader, LoaderChain chain)
+    : loader_(&loader),
+      slice_at_(loader, chain),
+      chain_(chain),
+      position_(chain.skip),
+      end_(chain.repeat ? std::numeric_limits<std::int64_t>::max() : loader.batches_for(chain)) {
+  if (loader.sampler_.draws_from_global_generator()) {
+    loader.sampler_.begin_pass();
+    // Python's iterator draws its base seed when made; Determined makes its training iterator
+    // before it restores a checkpoint's generator, so a resumed pass (skip > 0) shows no draw.
+    if (chain.skip == 0) torch::empty({}, torch::kLong).random_();
+  }
+  const int workers = loader.workers_;
+  const std::int64_t in_flight = workers > 0 ? std::max(workers * loader.options_.prefetch, workers) : 1;
+  if (slice_at_.layout) slice_at_.layout->keep_epochs_in_flight(in_flight * chain.layout_replicas, LoaderChain{.repeat = true});
+  else loader.sampler_.keep_epochs_in_flight(in_flight, chain);
+  if (workers > 0 && position_ < end_)
+    prefetcher_ = std::make_unique<detail::Prefetcher<batch_type>>(
+        [loader = loader_, slice_at = slice_at_](std::int64_t k) { return loader->read(slice_at(k)); }, position_, end_, workers,
+        workers * loader.options_.prefetch);
+}
+
+template <class D>
+DataLoader<D>::Stream::~Stream() = default;
+
+template <class D>
+auto DataLoader<D>::Stream::next() -> batch_type {
+  const std::int64_t k = position_++;
+  // The epoch of this rank's batch k in the stream of all ranks' batches: its seed is drawn
+  // now, on the training thread, as Python's sampler draws it when that epoch's first batch is asked for.
+  if (loader_->sampler_.draws_from_global_generator()) {
+    if (slice_at_.layout)  // the last of the layout's batches that make up global batch k
+      slice_at_.layout->draw_seeds_through(((k + 1) * chain_.layout_replicas - 1) / slice_at_.layout->batches_per_epoch());
+    else loader_->sampler_.draw_seeds_through((chain_.rank + chain_.num_replicas * k) / loader_->sampler_.batches_per_epoch());
+  }
+  if (prefetcher_) return prefetcher_->take();
+  return loader_->read(slice_at_(k));
+}
+
+template <class D>
+auto DataLoader<D>::batches(const LoaderChain& chain) const -> Stream {
+  if (chain.num_replicas < 1 || chain.rank < 0 || chain.rank >= chain.num_replicas)
+    throw DataError("DataLoader: rank " + std::to_string(chain.rank) + " is not among " + std::to_string(chain.num_replicas) + " replicas");
+  if (chain.skip < 0) throw DataError("DataLoader: cannot skip a negative number of batches");
+  return Stream(*this, chain);
+}
+
+// TensorDataset's loaders (1 to 3 tensors) are compiled once, in dettrial::compiled (separate
+// compilation): a trial's translation unit then compiles none of their reading, sampling and
+// prefetching code.
+#if defined(DETTRIAL_SEPARATE_COMPILATION)
+#if DETTRIAL_HEADER_DEFINITIONS
+template class DataLoader<TensorDataset<1>>;
+template class DataLoader<TensorDataset<2>>;
+template class DataLoader<TensorDataset<3>>;
+#else
+extern template class DataLoader<TensorDataset<1>>;
+extern template class DataLoader<TensorDataset<2>>;
+extern template class DataLoader<TensorDataset<3>>;
+#endif
+#endif
 
 }  // namespace dettrial
 
@@ -11903,6 +11944,7 @@ DETTRIAL_INLINE const AppliedProcess& ProcessSettings::apply() const {
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <type_traits>
 #include <vector>
 #include <typeinfo>
@@ -12378,6 +12420,19 @@ class Context {
   const Hyperparameters& get_hparams() const { return hparams_; }
   /// The experiment config's `data` section.
   const YAML::Node& get_data_config() const { return config_.data; }
+  /// The value at `path` (dotted for nested values) of the config's `data` section as T; throws
+  /// ConfigError naming `data.<path>` when it is missing or is not a T. The common types are read
+  /// once, in dettrial::compiled: a trial's translation unit compiles no YAML lookup for them.
+  template <class T>
+  T get_data(std::string_view path) const;
+  /// The same, or `fallback` when the `data` section does not have `path` (a present but mistyped
+  /// value still throws).
+  template <class T>
+  T get_data_or(std::string_view path, T fallback) const {
+    return has_data(path) ? get_data<T>(path) : std::move(fallback);
+  }
+  /// True when the `data` section has a value at `path`.
+  bool has_data(std::string_view path) const;
   /// The running fit's output folder (metrics.jsonl, checkpoints/; in a search, the trial's own
   /// `trials/<id>/`): where a trial's or callback's own files belong. Empty until `fit` starts (the
   /// trial's constructor runs before), so read it in hooks and batches.
@@ -12499,11 +12554,7 @@ class Context {
   O& wrap_optimizer(O& optimizer, std::optional<bool> average_aggregated_gradients = std::nullopt) {
     static_assert(TorchOptimizer<O>, "dettrial::Context::wrap_optimizer<O>: O must derive from torch::optim::Optimizer");
     if constexpr (TorchOptimizer<O>) {  // only the sentence above when it is not
-      for (const auto& w : optimizers_)
-        if (w.optimizer == &optimizer) throw TrialError("this optimizer was already wrapped with wrap_optimizer");
-      WrappedOptimizer w{&optimizer, {}, average_aggregated_gradients.value_or(average_aggregated_gradients_), nullptr};
-      refresh_params(w);
-      optimizers_.push_back(std::move(w));
+      add_optimizer(optimizer, average_aggregated_gradients);
     }
     return optimizer;
   }
@@ -12550,7 +12601,7 @@ class Context {
       } else {
         w.step = [](void* s) { static_cast<S*>(s)->step(); };
       }
-      schedulers_.push_back(std::move(w));
+      add_lr_scheduler(std::move(w));
     }
     return scheduler;
   }
@@ -12775,6 +12826,11 @@ class Context {
 
   /// Rebuilds the cached parameter list when the optimizer's groups changed size (no allocation otherwise).
   void refresh_params(WrappedOptimizer& w);
+  // What wrap_optimizer and wrap_lr_scheduler do that does not depend on the type: compiled once.
+  void add_optimizer(torch::optim::Optimizer& optimizer, std::optional<bool> average_aggregated_gradients);
+  void add_lr_scheduler(detail::WrappedScheduler scheduler);
+  /// The `data` section's node at `path`; throws ConfigError naming it when it is missing.
+  YAML::Node data_node(std::string_view path) const;
 
   // rank_invariant: see detail::OrderedGradients.
   void seed_micro_batch(std::int64_t records);
@@ -12822,6 +12878,32 @@ class Context {
   std::int64_t ordered_combined_at_ = -1;  // the update batch whose gradients were combined
   GradScaler* scaler_ = nullptr;
 };
+
+// Not inline, so that the explicit instantiations below keep a trial's translation unit from compiling it.
+template <class T>
+T Context::get_data(std::string_view path) const {
+  const YAML::Node node = data_node(path);
+  T value{};
+  if (!detail::try_read(node, value))
+    throw ConfigError(detail::where(node, config_.source) + ": data." + std::string(path) + " is " + detail::describe(node) +
+                      ", which is not a " + detail::type_name<T>());
+  return value;
+}
+
+#if defined(DETTRIAL_SEPARATE_COMPILATION)
+#if DETTRIAL_HEADER_DEFINITIONS
+#define DETTRIAL_DATA_TYPE(T) template T Context::get_data<T>(std::string_view) const;
+#else
+#define DETTRIAL_DATA_TYPE(T) extern template T Context::get_data<T>(std::string_view) const;
+#endif
+DETTRIAL_DATA_TYPE(double)
+DETTRIAL_DATA_TYPE(float)
+DETTRIAL_DATA_TYPE(int)
+DETTRIAL_DATA_TYPE(std::int64_t)
+DETTRIAL_DATA_TYPE(bool)
+DETTRIAL_DATA_TYPE(std::string)
+#undef DETTRIAL_DATA_TYPE
+#endif
 
 }  // namespace dettrial
 
@@ -12876,6 +12958,31 @@ DETTRIAL_INLINE Context::Context(Hyperparameters hparams, ContextOptions options
     : Context(std::move(hparams), ExperimentConfig{}, std::move(options)) {}
 
 DETTRIAL_INLINE Context::~Context() = default;
+
+DETTRIAL_INLINE void Context::add_optimizer(torch::optim::Optimizer& optimizer, std::optional<bool> average_aggregated_gradients) {
+  for (const auto& w : optimizers_)
+    if (w.optimizer == &optimizer) throw TrialError("this optimizer was already wrapped with wrap_optimizer");
+  WrappedOptimizer w{&optimizer, {}, average_aggregated_gradients.value_or(average_aggregated_gradients_), nullptr};
+  refresh_params(w);
+  optimizers_.push_back(std::move(w));
+}
+
+DETTRIAL_INLINE void Context::add_lr_scheduler(detail::WrappedScheduler scheduler) { schedulers_.push_back(std::move(scheduler)); }
+
+DETTRIAL_INLINE bool Context::has_data(std::string_view path) const {
+  return config_.data.IsMap() && Hyperparameters(config_.data, config_.source).contains(path);
+}
+
+DETTRIAL_INLINE YAML::Node Context::data_node(std::string_view path) const {
+  if (!has_data(path)) {
+    std::string known;
+    if (config_.data.IsMap())
+      for (const auto& kv : config_.data) known += (known.empty() ? "" : ", ") + kv.first.Scalar();
+    throw ConfigError("data." + std::string(path) + " is missing from " + config_.source + "'s data section" +
+                      (known.empty() ? " (it has none)" : " (it has: " + known + ")"));
+  }
+  return Hyperparameters(config_.data, config_.source).node(path);
+}
 
 DETTRIAL_INLINE Context::Context(Hyperparameters hparams, ExperimentConfig config, ContextOptions options)
     : hparams_(std::move(hparams)),
@@ -17331,23 +17438,15 @@ struct WrittenCheckpoint {
  */
 class Checkpointer {
  public:
-  Checkpointer() = default;
+  // Out of line (compiled once in separate compilation), as a Run<T> of every trial makes, moves
+  // and ends one.
+  DETTRIAL_INLINE Checkpointer();
   /// On the chief, removes what an interrupted writer left in `storage` and continues its sequence.
-  Checkpointer(Context& context, std::filesystem::path storage, CheckpointPolicy policy, Retention retention, bool smaller_is_better,
-               bool asynchronous = true)
-      : context_(&context),
-        storage_(std::move(storage)),
-        after_validation_(checkpoint_policy::visit(policy, []<class P>(P) { return &P::after_validation; })),
-        retention_(retention),
-        smaller_is_better_(smaller_is_better),
-        asynchronous_(asynchronous) {
-    if (!context.distributed().is_chief()) return;
-    remove_stale_entries(storage_);
-    const auto existing = list_checkpoints(storage_);
-    sequence_ = existing.empty() ? 0 : existing.back().sequence;
-  }
-  Checkpointer(Checkpointer&&) noexcept = default;
-  Checkpointer& operator=(Checkpointer&&) noexcept = default;
+  DETTRIAL_INLINE Checkpointer(Context& context, std::filesystem::path storage, CheckpointPolicy policy, Retention retention,
+                               bool smaller_is_better, bool asynchronous = true);
+  DETTRIAL_INLINE Checkpointer(Checkpointer&&) noexcept;
+  DETTRIAL_INLINE Checkpointer& operator=(Checkpointer&&) noexcept;
+  DETTRIAL_INLINE ~Checkpointer();
 
   const std::filesystem::path& storage() const { return storage_; }
 
@@ -17526,6 +17625,33 @@ class Checkpointer {
 };
 
 }  // namespace dettrial::detail
+
+// Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
+#if DETTRIAL_HEADER_DEFINITIONS
+namespace dettrial::detail {
+
+DETTRIAL_INLINE Checkpointer::Checkpointer() = default;
+
+DETTRIAL_INLINE Checkpointer::Checkpointer(Context& context, std::filesystem::path storage, CheckpointPolicy policy, Retention retention,
+                                           bool smaller_is_better, bool asynchronous)
+    : context_(&context),
+      storage_(std::move(storage)),
+      after_validation_(checkpoint_policy::visit(policy, []<class P>(P) { return &P::after_validation; })),
+      retention_(retention),
+      smaller_is_better_(smaller_is_better),
+      asynchronous_(asynchronous) {
+  if (!context.distributed().is_chief()) return;
+  remove_stale_entries(storage_);
+  const auto existing = list_checkpoints(storage_);
+  sequence_ = existing.empty() ? 0 : existing.back().sequence;
+}
+
+DETTRIAL_INLINE Checkpointer::Checkpointer(Checkpointer&&) noexcept = default;
+DETTRIAL_INLINE Checkpointer& Checkpointer::operator=(Checkpointer&&) noexcept = default;
+DETTRIAL_INLINE Checkpointer::~Checkpointer() = default;
+
+}  // namespace dettrial::detail
+#endif  // DETTRIAL_HEADER_DEFINITIONS
 // ---- end dettrial/checkpoint/checkpointer.hpp
 // ---- begin dettrial/checkpoint/load_weights.hpp
 // SPDX-License-Identifier: Apache-2.0
@@ -23843,24 +23969,13 @@ namespace dettrial::detail {
  */
 class Outputs {
  public:
-  Outputs() = default;
-  Outputs(Outputs&& other) noexcept { *this = std::move(other); }
+  // Out of line (compiled once in separate compilation), as a Run<T> of every trial makes, moves
+  // and ends one.
+  DETTRIAL_INLINE Outputs();
+  DETTRIAL_INLINE Outputs(Outputs&& other) noexcept;
   /// Ends what this object holds first (a moved-into Outputs never drops an open one silently).
-  Outputs& operator=(Outputs&& other) noexcept {
-    if (this != &other) {
-      close();
-      folder_lock_ = std::move(other.folder_lock_);
-      reporter_ = std::move(other.reporter_);
-      profiler_ = std::move(other.profiler_);
-      mlflow_ = std::move(other.mlflow_);
-      ending_ = other.ending_;
-      session_ = std::exchange(other.session_, nullptr);
-      sync_timings_ = other.sync_timings_;
-      eager_batch_announced_ = other.eager_batch_announced_;
-    }
-    return *this;
-  }
-  ~Outputs() { close(); }
+  DETTRIAL_INLINE Outputs& operator=(Outputs&& other) noexcept;
+  DETTRIAL_INLINE ~Outputs();
 
   /// On the chief, the lock of the run folder `output_dir` (a second process there is refused with
   /// an error naming the one that holds it).
@@ -23958,6 +24073,27 @@ inline std::unique_ptr<MlflowRun> start_mlflow(const FitOptions& options, Contex
 }  // namespace dettrial::detail::outputs
 
 namespace dettrial::detail {
+
+DETTRIAL_INLINE Outputs::Outputs() = default;
+
+DETTRIAL_INLINE Outputs::Outputs(Outputs&& other) noexcept { *this = std::move(other); }
+
+DETTRIAL_INLINE Outputs& Outputs::operator=(Outputs&& other) noexcept {
+  if (this != &other) {
+    close();
+    folder_lock_ = std::move(other.folder_lock_);
+    reporter_ = std::move(other.reporter_);
+    profiler_ = std::move(other.profiler_);
+    mlflow_ = std::move(other.mlflow_);
+    ending_ = other.ending_;
+    session_ = std::exchange(other.session_, nullptr);
+    sync_timings_ = other.sync_timings_;
+    eager_batch_announced_ = other.eager_batch_announced_;
+  }
+  return *this;
+}
+
+DETTRIAL_INLINE Outputs::~Outputs() { close(); }
 DETTRIAL_INLINE Outputs Outputs::lock(const Context& context, const std::filesystem::path& output_dir) {
   Outputs out;
   if (context.distributed().is_chief()) out.folder_lock_ = FolderLock::acquire(RunFolder{output_dir}.lock(), "run folder");

@@ -41,6 +41,34 @@ TEST_CASE("hyperparameters: typed, nested, and errors that name the key and the 
   CHECK_THROWS_WITH_AS(Hyperparameters::parse("a: [1, 2", "x.yaml"), doctest::Contains("x.yaml:1:"), HyperparameterError);
 }
 
+TEST_CASE("the data section: typed reads with defaults, and errors that name data.<key> and where it was written") {
+  Context context(
+      ExperimentConfig::parse("data:\n  dir: /srv/mnist\n  holdout: 500\n  on_device: true\n  crop: {size: 224}\n"
+                              "  mean: 0.5\n",
+                              "exp.yaml"));
+  CHECK(context.get_data<std::string>("dir") == "/srv/mnist");
+  CHECK(context.get_data<std::int64_t>("holdout") == 500);
+  CHECK(context.get_data<double>("holdout") == 500.0);
+  CHECK(context.get_data<bool>("on_device"));
+  CHECK(context.get_data<int>("crop.size") == 224);
+  CHECK(context.get_data<float>("mean") == 0.5f);
+  CHECK(context.get_data_or<std::string>("train_split", "train") == "train");
+  CHECK(context.get_data_or<std::int64_t>("holdout", 0) == 500);
+  CHECK(context.get_data_or<std::vector<int>>("sizes", {1, 2}) == std::vector<int>{1, 2});  // a type compiled where it is used
+  CHECK(context.has_data("crop.size"));
+  CHECK_FALSE(context.has_data("crop.ratio"));
+
+  CHECK_THROWS_WITH_AS(context.get_data<std::string>("split"),
+                       "data.split is missing from exp.yaml's data section (it has: dir, holdout, on_device, crop, mean)", ConfigError);
+  CHECK_THROWS_WITH_AS(context.get_data<int>("dir"), "exp.yaml:2:8: data.dir is '/srv/mnist', which is not a integer", ConfigError);
+  CHECK_THROWS_WITH_AS(context.get_data_or<bool>("holdout", false), "exp.yaml:3:12: data.holdout is '500', which is not a bool",
+                       ConfigError);
+  CHECK_THROWS_WITH_AS(context.get_data<double>("crop"), doctest::Contains("data.crop is a map, which is not a number"), ConfigError);
+  Context empty(ExperimentConfig::parse("name: x\n", "bare.yaml"));
+  CHECK(empty.get_data_or<int>("workers", 3) == 3);
+  CHECK_THROWS_WITH_AS(empty.get_data<int>("workers"), "data.workers is missing from bare.yaml's data section (it has none)", ConfigError);
+}
+
 TEST_CASE("the seed's const.yaml: legacy max_steps in steps of scheduling_unit, Determined's defaults") {
   const auto c = ExperimentConfig::parse(R"(
 description: mnist_pytorch_const

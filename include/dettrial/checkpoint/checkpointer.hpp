@@ -33,6 +33,7 @@
 #include "snapshot.hpp"
 #include "storage.hpp"
 #include "trial_checkpoint.hpp"
+#include "../detail/linkage.hpp"
 
 namespace dettrial::detail {
 
@@ -66,23 +67,15 @@ struct WrittenCheckpoint {
  */
 class Checkpointer {
  public:
-  Checkpointer() = default;
+  // Out of line (compiled once in separate compilation), as a Run<T> of every trial makes, moves
+  // and ends one.
+  DETTRIAL_INLINE Checkpointer();
   /// On the chief, removes what an interrupted writer left in `storage` and continues its sequence.
-  Checkpointer(Context& context, std::filesystem::path storage, CheckpointPolicy policy, Retention retention, bool smaller_is_better,
-               bool asynchronous = true)
-      : context_(&context),
-        storage_(std::move(storage)),
-        after_validation_(checkpoint_policy::visit(policy, []<class P>(P) { return &P::after_validation; })),
-        retention_(retention),
-        smaller_is_better_(smaller_is_better),
-        asynchronous_(asynchronous) {
-    if (!context.distributed().is_chief()) return;
-    remove_stale_entries(storage_);
-    const auto existing = list_checkpoints(storage_);
-    sequence_ = existing.empty() ? 0 : existing.back().sequence;
-  }
-  Checkpointer(Checkpointer&&) noexcept = default;
-  Checkpointer& operator=(Checkpointer&&) noexcept = default;
+  DETTRIAL_INLINE Checkpointer(Context& context, std::filesystem::path storage, CheckpointPolicy policy, Retention retention,
+                               bool smaller_is_better, bool asynchronous = true);
+  DETTRIAL_INLINE Checkpointer(Checkpointer&&) noexcept;
+  DETTRIAL_INLINE Checkpointer& operator=(Checkpointer&&) noexcept;
+  DETTRIAL_INLINE ~Checkpointer();
 
   const std::filesystem::path& storage() const { return storage_; }
 
@@ -261,3 +254,30 @@ class Checkpointer {
 };
 
 }  // namespace dettrial::detail
+
+// Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
+#if DETTRIAL_HEADER_DEFINITIONS
+namespace dettrial::detail {
+
+DETTRIAL_INLINE Checkpointer::Checkpointer() = default;
+
+DETTRIAL_INLINE Checkpointer::Checkpointer(Context& context, std::filesystem::path storage, CheckpointPolicy policy, Retention retention,
+                                           bool smaller_is_better, bool asynchronous)
+    : context_(&context),
+      storage_(std::move(storage)),
+      after_validation_(checkpoint_policy::visit(policy, []<class P>(P) { return &P::after_validation; })),
+      retention_(retention),
+      smaller_is_better_(smaller_is_better),
+      asynchronous_(asynchronous) {
+  if (!context.distributed().is_chief()) return;
+  remove_stale_entries(storage_);
+  const auto existing = list_checkpoints(storage_);
+  sequence_ = existing.empty() ? 0 : existing.back().sequence;
+}
+
+DETTRIAL_INLINE Checkpointer::Checkpointer(Checkpointer&&) noexcept = default;
+DETTRIAL_INLINE Checkpointer& Checkpointer::operator=(Checkpointer&&) noexcept = default;
+DETTRIAL_INLINE Checkpointer::~Checkpointer() = default;
+
+}  // namespace dettrial::detail
+#endif  // DETTRIAL_HEADER_DEFINITIONS

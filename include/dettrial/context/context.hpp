@@ -12,6 +12,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <type_traits>
 #include <vector>
 #include <typeinfo>
@@ -25,6 +26,7 @@
 #include "../config/profiler_options.hpp"
 #include "../error.hpp"
 #include "../detail/random.hpp"
+#include "../detail/yaml.hpp"
 #include "../distributed/communicator.hpp"
 #include "../distributed/gradient_buckets.hpp"
 #include "../distributed/optimizer_shards.hpp"
@@ -173,6 +175,19 @@ class Context {
   const Hyperparameters& get_hparams() const { return hparams_; }
   /// The experiment config's `data` section.
   const YAML::Node& get_data_config() const { return config_.data; }
+  /// The value at `path` (dotted for nested values) of the config's `data` section as T; throws
+  /// ConfigError naming `data.<path>` when it is missing or is not a T. The common types are read
+  /// once, in dettrial::compiled: a trial's translation unit compiles no YAML lookup for them.
+  template <class T>
+  T get_data(std::string_view path) const;
+  /// The same, or `fallback` when the `data` section does not have `path` (a present but mistyped
+  /// value still throws).
+  template <class T>
+  T get_data_or(std::string_view path, T fallback) const {
+    return has_data(path) ? get_data<T>(path) : std::move(fallback);
+  }
+  /// True when the `data` section has a value at `path`.
+  bool has_data(std::string_view path) const;
   /// The running fit's output folder (metrics.jsonl, checkpoints/; in a search, the trial's own
   /// `trials/<id>/`): where a trial's or callback's own files belong. Empty until `fit` starts (the
   /// trial's constructor runs before), so read it in hooks and batches.
@@ -294,11 +309,7 @@ class Context {
   O& wrap_optimizer(O& optimizer, std::optional<bool> average_aggregated_gradients = std::nullopt) {
     static_assert(TorchOptimizer<O>, "dettrial::Context::wrap_optimizer<O>: O must derive from torch::optim::Optimizer");
     if constexpr (TorchOptimizer<O>) {  // only the sentence above when it is not
-      for (const auto& w : optimizers_)
-        if (w.optimizer == &optimizer) throw TrialError("this optimizer was already wrapped with wrap_optimizer");
-      WrappedOptimizer w{&optimizer, {}, average_aggregated_gradients.value_or(average_aggregated_gradients_), nullptr};
-      refresh_params(w);
-      optimizers_.push_back(std::move(w));
+      add_optimizer(optimizer, average_aggregated_gradients);
     }
     return optimizer;
   }
@@ -345,7 +356,7 @@ class Context {
       } else {
         w.step = [](void* s) { static_cast<S*>(s)->step(); };
       }
-      schedulers_.push_back(std::move(w));
+      add_lr_scheduler(std::move(w));
     }
     return scheduler;
   }
@@ -570,6 +581,11 @@ class Context {
 
   /// Rebuilds the cached parameter list when the optimizer's groups changed size (no allocation otherwise).
   void refresh_params(WrappedOptimizer& w);
+  // What wrap_optimizer and wrap_lr_scheduler do that does not depend on the type: compiled once.
+  void add_optimizer(torch::optim::Optimizer& optimizer, std::optional<bool> average_aggregated_gradients);
+  void add_lr_scheduler(detail::WrappedScheduler scheduler);
+  /// The `data` section's node at `path`; throws ConfigError naming it when it is missing.
+  YAML::Node data_node(std::string_view path) const;
 
   // rank_invariant: see detail::OrderedGradients.
   void seed_micro_batch(std::int64_t records);
@@ -617,6 +633,32 @@ class Context {
   std::int64_t ordered_combined_at_ = -1;  // the update batch whose gradients were combined
   GradScaler* scaler_ = nullptr;
 };
+
+// Not inline, so that the explicit instantiations below keep a trial's translation unit from compiling it.
+template <class T>
+T Context::get_data(std::string_view path) const {
+  const YAML::Node node = data_node(path);
+  T value{};
+  if (!detail::try_read(node, value))
+    throw ConfigError(detail::where(node, config_.source) + ": data." + std::string(path) + " is " + detail::describe(node) +
+                      ", which is not a " + detail::type_name<T>());
+  return value;
+}
+
+#if defined(DETTRIAL_SEPARATE_COMPILATION)
+#if DETTRIAL_HEADER_DEFINITIONS
+#define DETTRIAL_DATA_TYPE(T) template T Context::get_data<T>(std::string_view) const;
+#else
+#define DETTRIAL_DATA_TYPE(T) extern template T Context::get_data<T>(std::string_view) const;
+#endif
+DETTRIAL_DATA_TYPE(double)
+DETTRIAL_DATA_TYPE(float)
+DETTRIAL_DATA_TYPE(int)
+DETTRIAL_DATA_TYPE(std::int64_t)
+DETTRIAL_DATA_TYPE(bool)
+DETTRIAL_DATA_TYPE(std::string)
+#undef DETTRIAL_DATA_TYPE
+#endif
 
 }  // namespace dettrial
 
@@ -671,6 +713,31 @@ DETTRIAL_INLINE Context::Context(Hyperparameters hparams, ContextOptions options
     : Context(std::move(hparams), ExperimentConfig{}, std::move(options)) {}
 
 DETTRIAL_INLINE Context::~Context() = default;
+
+DETTRIAL_INLINE void Context::add_optimizer(torch::optim::Optimizer& optimizer, std::optional<bool> average_aggregated_gradients) {
+  for (const auto& w : optimizers_)
+    if (w.optimizer == &optimizer) throw TrialError("this optimizer was already wrapped with wrap_optimizer");
+  WrappedOptimizer w{&optimizer, {}, average_aggregated_gradients.value_or(average_aggregated_gradients_), nullptr};
+  refresh_params(w);
+  optimizers_.push_back(std::move(w));
+}
+
+DETTRIAL_INLINE void Context::add_lr_scheduler(detail::WrappedScheduler scheduler) { schedulers_.push_back(std::move(scheduler)); }
+
+DETTRIAL_INLINE bool Context::has_data(std::string_view path) const {
+  return config_.data.IsMap() && Hyperparameters(config_.data, config_.source).contains(path);
+}
+
+DETTRIAL_INLINE YAML::Node Context::data_node(std::string_view path) const {
+  if (!has_data(path)) {
+    std::string known;
+    if (config_.data.IsMap())
+      for (const auto& kv : config_.data) known += (known.empty() ? "" : ", ") + kv.first.Scalar();
+    throw ConfigError("data." + std::string(path) + " is missing from " + config_.source + "'s data section" +
+                      (known.empty() ? " (it has none)" : " (it has: " + known + ")"));
+  }
+  return Hyperparameters(config_.data, config_.source).node(path);
+}
 
 DETTRIAL_INLINE Context::Context(Hyperparameters hparams, ExperimentConfig config, ContextOptions options)
     : hparams_(std::move(hparams)),

@@ -175,25 +175,13 @@ class DataLoader {
   using dataset_type = decltype(detail::as_batch_dataset(std::declval<D>()));
   using batch_type = std::remove_cvref_t<decltype(std::declval<const dataset_type&>().get_batch(std::declval<const torch::Tensor&>()))>;
 
-  DataLoader(D dataset, DataLoaderOptions options)
-      : dataset_(std::make_shared<const dataset_type>(detail::as_batch_dataset(std::move(dataset)))),
-        options_(options),
-        sampler_(detail::make_batch_sampler(static_cast<std::int64_t>(dataset_->size()), options_,
-                                            options.seed || options.determined_order ? options.seed.value_or(0) : draw_seed())) {
-    if (options_.workers && *options_.workers < 0) throw DataError("DataLoader workers must not be negative");
-    if (options_.prefetch < 1) throw DataError("DataLoader prefetch must be at least 1");
-    workers_ = options_.workers.value_or(default_workers(*dataset_));
-    pin_ = options_.pin_memory.value_or(torch::cuda::is_available());
-  }
+  DataLoader(D dataset, DataLoaderOptions options);
 
   /// Batches per epoch (one process).
   std::int64_t size() const { return sampler_.batches_per_epoch(); }
   /// Batches one rank reads per epoch under `chain` (Determined's sharded length; with a layout
   /// of other ranks, that layout's chief's).
-  std::int64_t batches_for(const LoaderChain& chain) const {
-    if (regroups(chain)) return samplers::distributed_length(layout_sampler(chain).batches_per_epoch(), chain.layout_replicas, 0);
-    return sampler_.batches_for(chain);
-  }
+  std::int64_t batches_for(const LoaderChain& chain) const;
   /// Keeps the global batches of another rank count (LoaderChain::layout_replicas).
   static constexpr bool keeps_global_batches = true;
 
@@ -211,18 +199,7 @@ class DataLoader {
   int workers() const { return workers_; }
   /// What the trainer's start line says of this loader: "60000 records in batches of 64, shuffled,
   /// read by 2 worker threads (the dataset's default), 4 batches ahead".
-  std::string describe() const {
-    std::string text =
-        std::to_string(num_records()) + " records in " +
-        (sampler_.has_batch_sampler() ? std::string("a batch sampler's batches") : "batches of " + std::to_string(sampler_.batch_size())) +
-        (sampler_.draws_from_global_generator() ? (sampler_.shuffle() ? ", shuffled in Determined's order" : ", in Determined's order")
-         : sampler_.shuffle()                   ? ", shuffled"
-         : sampler_.has_sampler()               ? ", in a sampler's order"
-                                                : "");
-    if (workers_ == 0) return text + ", read on the training thread";
-    return text + ", read by " + std::to_string(workers_) + " worker thread" + (workers_ == 1 ? "" : "s") +
-           (options_.workers ? "" : " (the dataset's default)") + ", " + std::to_string(workers_ * options_.prefetch) + " batches ahead";
-  }
+  std::string describe() const;
   std::uint64_t seed() const { return sampler_.seed(); }
   /// Changes the shuffle seed; streams made before keep the old one. (A user's sampler ignores it.)
   void set_seed(std::uint64_t seed) { sampler_.set_seed(seed); }
@@ -230,22 +207,7 @@ class DataLoader {
   const BatchSampler& sampler() const { return sampler_; }
 
   /// Reads the records of one slice (thread-safe when the dataset is).
-  batch_type read(const BatchSlice& slice) const {
-    batch_type batch = [&] {
-      const auto in_order = [&] { return torch::arange(slice.first, slice.first + slice.count, torch::kLong); };
-      if constexpr (requires { dataset_->get_batch(slice.indices, BatchOrigin{}); }) {
-        return dataset_->get_batch(slice.indices.defined() ? slice.indices : in_order(),
-                                   BatchOrigin{slice.epoch, sampler_.seed(), slice.epoch_starts});
-      } else {
-        if (slice.indices.defined()) return dataset_->get_batch(slice.indices);
-        if constexpr (requires { dataset_->get_range(slice.first, slice.first + slice.count); })
-          return dataset_->get_range(slice.first, slice.first + slice.count);
-        else return dataset_->get_batch(in_order());
-      }
-    }();
-    if (pin_) pin_in_place(batch);
-    return batch;
-  }
+  batch_type read(const BatchSlice& slice) const;
 
   /// The batches a rank reads under `chain`, in order, prefetched by the loader's workers.
   class Stream {
@@ -279,28 +241,9 @@ class DataLoader {
       mutable std::optional<batch_type> current_;
     };
 
-    Stream(const DataLoader& loader, LoaderChain chain)
-        : loader_(&loader),
-          slice_at_(loader, chain),
-          chain_(chain),
-          position_(chain.skip),
-          end_(chain.repeat ? std::numeric_limits<std::int64_t>::max() : loader.batches_for(chain)) {
-      if (loader.sampler_.draws_from_global_generator()) {
-        loader.sampler_.begin_pass();
-        // Python's iterator draws its base seed when made; Determined makes its training iterator
-        // before it restores a checkpoint's generator, so a resumed pass (skip > 0) shows no draw.
-        if (chain.skip == 0) torch::empty({}, torch::kLong).random_();
-      }
-      const int workers = loader.workers_;
-      const std::int64_t in_flight = workers > 0 ? std::max(workers * loader.options_.prefetch, workers) : 1;
-      if (slice_at_.layout) slice_at_.layout->keep_epochs_in_flight(in_flight * chain.layout_replicas, LoaderChain{.repeat = true});
-      else loader.sampler_.keep_epochs_in_flight(in_flight, chain);
-      if (workers > 0 && position_ < end_)
-        prefetcher_ = std::make_unique<detail::Prefetcher<batch_type>>(
-            [loader = loader_, slice_at = slice_at_](std::int64_t k) { return loader->read(slice_at(k)); }, position_, end_, workers,
-            workers * loader.options_.prefetch);
-    }
+    Stream(const DataLoader& loader, LoaderChain chain);
     Stream(Stream&&) = default;
+    ~Stream();
 
     iterator begin() { return iterator(this); }
     std::default_sentinel_t end() const { return {}; }
@@ -309,18 +252,7 @@ class DataLoader {
 
    private:
     bool exhausted() const { return position_ >= end_; }
-    batch_type next() {
-      const std::int64_t k = position_++;
-      // The epoch of this rank's batch k in the stream of all ranks' batches: its seed is drawn
-      // now, on the training thread, as Python's sampler draws it when that epoch's first batch is asked for.
-      if (loader_->sampler_.draws_from_global_generator()) {
-        if (slice_at_.layout)  // the last of the layout's batches that make up global batch k
-          slice_at_.layout->draw_seeds_through(((k + 1) * chain_.layout_replicas - 1) / slice_at_.layout->batches_per_epoch());
-        else loader_->sampler_.draw_seeds_through((chain_.rank + chain_.num_replicas * k) / loader_->sampler_.batches_per_epoch());
-      }
-      if (prefetcher_) return prefetcher_->take();
-      return loader_->read(slice_at_(k));
-    }
+    batch_type next();
 
     using Slices = decltype(std::declval<const BatchSampler&>().slices(std::declval<const LoaderChain&>()));
     /// The slice of this rank's batch `k`: Determined's chain, or a share of the layout's global batch `k`.
@@ -346,13 +278,7 @@ class DataLoader {
   };
 
   /// Determined's `get_data_loader(repeat, skip, num_replicas, rank)`: the batches this rank reads.
-  Stream batches(const LoaderChain& chain) const {
-    if (chain.num_replicas < 1 || chain.rank < 0 || chain.rank >= chain.num_replicas)
-      throw DataError("DataLoader: rank " + std::to_string(chain.rank) + " is not among " + std::to_string(chain.num_replicas) +
-                      " replicas");
-    if (chain.skip < 0) throw DataError("DataLoader: cannot skip a negative number of batches");
-    return Stream(*this, chain);
-  }
+  Stream batches(const LoaderChain& chain) const;
 
   /// One unsharded pass over the data (epoch 0's order).
   class PassIterator {
@@ -401,6 +327,121 @@ class DataLoader {
   int workers_ = 0;
   bool pin_ = false;
 };
+
+// The members that read data, defined outside the class: not inline, so that the explicit
+// instantiations below keep a trial's translation unit from compiling them for the common datasets.
+template <class D>
+DataLoader<D>::DataLoader(D dataset, DataLoaderOptions options)
+    : dataset_(std::make_shared<const dataset_type>(detail::as_batch_dataset(std::move(dataset)))),
+      options_(options),
+      sampler_(detail::make_batch_sampler(static_cast<std::int64_t>(dataset_->size()), options_,
+                                          options.seed || options.determined_order ? options.seed.value_or(0) : draw_seed())) {
+  if (options_.workers && *options_.workers < 0) throw DataError("DataLoader workers must not be negative");
+  if (options_.prefetch < 1) throw DataError("DataLoader prefetch must be at least 1");
+  workers_ = options_.workers.value_or(default_workers(*dataset_));
+  pin_ = options_.pin_memory.value_or(torch::cuda::is_available());
+}
+
+template <class D>
+std::int64_t DataLoader<D>::batches_for(const LoaderChain& chain) const {
+  if (regroups(chain)) return samplers::distributed_length(layout_sampler(chain).batches_per_epoch(), chain.layout_replicas, 0);
+  return sampler_.batches_for(chain);
+}
+
+template <class D>
+std::string DataLoader<D>::describe() const {
+  std::string text =
+      std::to_string(num_records()) + " records in " +
+      (sampler_.has_batch_sampler() ? std::string("a batch sampler's batches") : "batches of " + std::to_string(sampler_.batch_size())) +
+      (sampler_.draws_from_global_generator() ? (sampler_.shuffle() ? ", shuffled in Determined's order" : ", in Determined's order")
+       : sampler_.shuffle()                   ? ", shuffled"
+       : sampler_.has_sampler()               ? ", in a sampler's order"
+                                              : "");
+  if (workers_ == 0) return text + ", read on the training thread";
+  return text + ", read by " + std::to_string(workers_) + " worker thread" + (workers_ == 1 ? "" : "s") +
+         (options_.workers ? "" : " (the dataset's default)") + ", " + std::to_string(workers_ * options_.prefetch) + " batches ahead";
+}
+
+template <class D>
+auto DataLoader<D>::read(const BatchSlice& slice) const -> batch_type {
+  batch_type batch = [&] {
+    const auto in_order = [&] { return torch::arange(slice.first, slice.first + slice.count, torch::kLong); };
+    if constexpr (requires { dataset_->get_batch(slice.indices, BatchOrigin{}); }) {
+      return dataset_->get_batch(slice.indices.defined() ? slice.indices : in_order(),
+                                 BatchOrigin{slice.epoch, sampler_.seed(), slice.epoch_starts});
+    } else {
+      if (slice.indices.defined()) return dataset_->get_batch(slice.indices);
+      if constexpr (requires { dataset_->get_range(slice.first, slice.first + slice.count); })
+        return dataset_->get_range(slice.first, slice.first + slice.count);
+      else return dataset_->get_batch(in_order());
+    }
+  }();
+  if (pin_) pin_in_place(batch);
+  return batch;
+}
+
+template <class D>
+DataLoader<D>::Stream::Stream(const DataLoader& loader, LoaderChain chain)
+    : loader_(&loader),
+      slice_at_(loader, chain),
+      chain_(chain),
+      position_(chain.skip),
+      end_(chain.repeat ? std::numeric_limits<std::int64_t>::max() : loader.batches_for(chain)) {
+  if (loader.sampler_.draws_from_global_generator()) {
+    loader.sampler_.begin_pass();
+    // Python's iterator draws its base seed when made; Determined makes its training iterator
+    // before it restores a checkpoint's generator, so a resumed pass (skip > 0) shows no draw.
+    if (chain.skip == 0) torch::empty({}, torch::kLong).random_();
+  }
+  const int workers = loader.workers_;
+  const std::int64_t in_flight = workers > 0 ? std::max(workers * loader.options_.prefetch, workers) : 1;
+  if (slice_at_.layout) slice_at_.layout->keep_epochs_in_flight(in_flight * chain.layout_replicas, LoaderChain{.repeat = true});
+  else loader.sampler_.keep_epochs_in_flight(in_flight, chain);
+  if (workers > 0 && position_ < end_)
+    prefetcher_ = std::make_unique<detail::Prefetcher<batch_type>>(
+        [loader = loader_, slice_at = slice_at_](std::int64_t k) { return loader->read(slice_at(k)); }, position_, end_, workers,
+        workers * loader.options_.prefetch);
+}
+
+template <class D>
+DataLoader<D>::Stream::~Stream() = default;
+
+template <class D>
+auto DataLoader<D>::Stream::next() -> batch_type {
+  const std::int64_t k = position_++;
+  // The epoch of this rank's batch k in the stream of all ranks' batches: its seed is drawn
+  // now, on the training thread, as Python's sampler draws it when that epoch's first batch is asked for.
+  if (loader_->sampler_.draws_from_global_generator()) {
+    if (slice_at_.layout)  // the last of the layout's batches that make up global batch k
+      slice_at_.layout->draw_seeds_through(((k + 1) * chain_.layout_replicas - 1) / slice_at_.layout->batches_per_epoch());
+    else loader_->sampler_.draw_seeds_through((chain_.rank + chain_.num_replicas * k) / loader_->sampler_.batches_per_epoch());
+  }
+  if (prefetcher_) return prefetcher_->take();
+  return loader_->read(slice_at_(k));
+}
+
+template <class D>
+auto DataLoader<D>::batches(const LoaderChain& chain) const -> Stream {
+  if (chain.num_replicas < 1 || chain.rank < 0 || chain.rank >= chain.num_replicas)
+    throw DataError("DataLoader: rank " + std::to_string(chain.rank) + " is not among " + std::to_string(chain.num_replicas) + " replicas");
+  if (chain.skip < 0) throw DataError("DataLoader: cannot skip a negative number of batches");
+  return Stream(*this, chain);
+}
+
+// TensorDataset's loaders (1 to 3 tensors) are compiled once, in dettrial::compiled (separate
+// compilation): a trial's translation unit then compiles none of their reading, sampling and
+// prefetching code.
+#if defined(DETTRIAL_SEPARATE_COMPILATION)
+#if DETTRIAL_HEADER_DEFINITIONS
+template class DataLoader<TensorDataset<1>>;
+template class DataLoader<TensorDataset<2>>;
+template class DataLoader<TensorDataset<3>>;
+#else
+extern template class DataLoader<TensorDataset<1>>;
+extern template class DataLoader<TensorDataset<2>>;
+extern template class DataLoader<TensorDataset<3>>;
+#endif
+#endif
 
 }  // namespace dettrial
 

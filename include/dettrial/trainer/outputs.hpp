@@ -33,24 +33,13 @@ namespace dettrial::detail {
  */
 class Outputs {
  public:
-  Outputs() = default;
-  Outputs(Outputs&& other) noexcept { *this = std::move(other); }
+  // Out of line (compiled once in separate compilation), as a Run<T> of every trial makes, moves
+  // and ends one.
+  DETTRIAL_INLINE Outputs();
+  DETTRIAL_INLINE Outputs(Outputs&& other) noexcept;
   /// Ends what this object holds first (a moved-into Outputs never drops an open one silently).
-  Outputs& operator=(Outputs&& other) noexcept {
-    if (this != &other) {
-      close();
-      folder_lock_ = std::move(other.folder_lock_);
-      reporter_ = std::move(other.reporter_);
-      profiler_ = std::move(other.profiler_);
-      mlflow_ = std::move(other.mlflow_);
-      ending_ = other.ending_;
-      session_ = std::exchange(other.session_, nullptr);
-      sync_timings_ = other.sync_timings_;
-      eager_batch_announced_ = other.eager_batch_announced_;
-    }
-    return *this;
-  }
-  ~Outputs() { close(); }
+  DETTRIAL_INLINE Outputs& operator=(Outputs&& other) noexcept;
+  DETTRIAL_INLINE ~Outputs();
 
   /// On the chief, the lock of the run folder `output_dir` (a second process there is refused with
   /// an error naming the one that holds it).
@@ -152,6 +141,27 @@ inline std::unique_ptr<MlflowRun> start_mlflow(const FitOptions& options, Contex
 }  // namespace dettrial::detail::outputs
 
 namespace dettrial::detail {
+
+DETTRIAL_INLINE Outputs::Outputs() = default;
+
+DETTRIAL_INLINE Outputs::Outputs(Outputs&& other) noexcept { *this = std::move(other); }
+
+DETTRIAL_INLINE Outputs& Outputs::operator=(Outputs&& other) noexcept {
+  if (this != &other) {
+    close();
+    folder_lock_ = std::move(other.folder_lock_);
+    reporter_ = std::move(other.reporter_);
+    profiler_ = std::move(other.profiler_);
+    mlflow_ = std::move(other.mlflow_);
+    ending_ = other.ending_;
+    session_ = std::exchange(other.session_, nullptr);
+    sync_timings_ = other.sync_timings_;
+    eager_batch_announced_ = other.eager_batch_announced_;
+  }
+  return *this;
+}
+
+DETTRIAL_INLINE Outputs::~Outputs() { close(); }
 DETTRIAL_INLINE Outputs Outputs::lock(const Context& context, const std::filesystem::path& output_dir) {
   Outputs out;
   if (context.distributed().is_chief()) out.folder_lock_ = FolderLock::acquire(RunFolder{output_dir}.lock(), "run folder");
