@@ -7,9 +7,11 @@
 # command is the build's own compile command at -O2 with nothing precompiled unless said, rounds
 # rotated; one JSON line per compile (the compiler's CPU seconds, and its wall time), table.py prints
 # the median ratios.
-#   bench/compile_time.sh BUILD_DIR [ROUNDS]     (BUILD_DIR: a bench build, e.g. build/bench-pip)
+#   bench/compile_time.sh BUILD_DIR [ROUNDS] [--pair]     (BUILD_DIR: a bench build, e.g. build/bench-pip)
+# --pair times only the two compiles the target compares (the plain loop and the separate-compilation
+# trial TU), alternating which goes first: five rounds of the pair take minutes, not half an hour.
 set -euo pipefail
-dir=$1 rounds=${2:-3}
+dir=$1 rounds=${2:-3} only_pair=${3:-}
 scratch=$(mktemp -d)
 trap 'rm -rf "$scratch"' EXIT
 # The compile command ninja would run for TARGET's one source, without a precompiled header, at -O2,
@@ -57,6 +59,9 @@ names=("plain LibTorch loop" "dettrial trial TU, no command line" "dettrial tria
        "dettrial MNIST example main" "dettrial MNIST example main, separate compilation"
        "dettrial MNIST example main, main.hpp precompiled" "dettrial's compiled part (once per build, separate compilation)")
 commands=("$plain" "$trial" "$(separate "$trial")" "$example" "$(separate "$example")" "$with_pch" "$compiled")
+if [ "$only_pair" = "--pair" ]; then
+  names=("${names[0]}" "${names[2]}") commands=("${commands[0]}" "${commands[2]}")
+fi
 n=${#names[@]}
 for ((round = 0; round < rounds; ++round)); do
   for ((k = 0; k < n; ++k)); do
