@@ -161,8 +161,9 @@ class Context {
   Context(const Context&) = delete;
   Context& operator=(const Context&) = delete;
   // Out of line (compiled once in separate compilation): destroying a Context's members is a
-  // large graph of inline code (optimizers, buckets, schedulers, the config) that a trial's
-  // translation unit would otherwise compile, about a quarter of its compile time.
+  // large graph of inline code (optimizers, buckets, schedulers, the config) that a translation
+  // unit making a Context would otherwise compile. (In a whole trial's unit the saving is small:
+  // docs/benchmarks.md.)
   ~Context();
 
   // ---- hyperparameters and configuration -------------------------------------------------------
