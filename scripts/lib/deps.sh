@@ -156,7 +156,8 @@ dettrial_ccache_env() {
 }
 
 # Configures build/<name> against the LibTorch at <prefix> ("" = the system's), with the tests and
-# examples on, and builds the given targets (all when none are given).
+# examples on, and builds the given targets (all when none are given). DETTRIAL_BUILD_KEEP_GOING=1
+# builds every target it can past a failed one (the status still says the build failed).
 dettrial_build() {
   local name=$1 prefix=$2
   shift 2
@@ -174,7 +175,9 @@ dettrial_build() {
   for t in "$@"; do targets+=(--target "$t"); done
   local jobs=${DETTRIAL_BUILD_JOBS:-2}
   dettrial_log "building $name ${*:-(everything)} ($jobs jobs)"
-  cmake --build "$dir" -j "$jobs" "${targets[@]}"
+  local keep_going=()
+  [ "${DETTRIAL_BUILD_KEEP_GOING:-0}" = 1 ] && keep_going=(-- -k 0)
+  cmake --build "$dir" -j "$jobs" "${targets[@]}" "${keep_going[@]}"
 }
 
 # Conan 2 in the venv, then `conan create` of the recipe with Debian's LibTorch, yaml-cpp, range-v3

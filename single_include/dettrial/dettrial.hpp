@@ -1053,7 +1053,8 @@ class ExperimentConfig {
   /// `reproducibility.rank_invariant` (dettrial's): gradients summed over the micro-batches of an
   /// update in the data stream's order, and each micro-batch's random draws seeded by its place in
   /// the stream, so that the same per-slot batch and seed give bit-identical parameters on CPU
-  /// whatever the ranks x aggregation_frequency layout. See docs/distributed.md for its cost.
+  /// whatever the ranks x aggregation_frequency layout; on a GPU it turns `deterministic` on unless
+  /// set. See docs/distributed.md for its cost.
   bool rank_invariant = false;
   /// `checkpoint_storage`: where checkpoints go (`host_path`/`storage_path` of shared_fs, or
   /// `container_path` of directory storage; unset means the run's output directory) and how many are kept.
@@ -8616,7 +8617,9 @@ void load_python_children(Tuple& children, const c10::IValue& saved, const std::
       [&](auto&... s) {
         (([&] {
            const std::string name = what + ": _schedulers[" + std::to_string(i) + "]";
-           const c10::IValue& d = saved.toListRef()[i++];
+           // Named, not a temporary: GCC 13 warns of a reference into a temporary view as dangling.
+           const c10::ArrayRef<c10::IValue> states = saved.toListRef();
+           const c10::IValue& d = states[i++];
            if (!d.isGenericDict()) throw CheckpointError(name + " is not a state dict");
            s.load_python_state(d.toGenericDict(), name);
          }()),
@@ -9433,8 +9436,10 @@ DETTRIAL_INLINE void LambdaScheduler::load_python_state(const c10::impl::Generic
     if (!saved.isList() || saved.toListRef().size() != lr_lambdas_.size())
       throw CheckpointError(what + ": lr_lambdas is not a list of " + std::to_string(lr_lambdas_.size()) +
                             " entries (one per parameter group)");
+    // Named, not a temporary: GCC 13 warns of a reference into a temporary view as dangling.
+    const c10::ArrayRef<c10::IValue> fns = saved.toListRef();
     for (std::size_t i = 0; i < lr_lambdas_.size(); ++i) {
-      const c10::IValue& fn = saved.toListRef()[i];
+      const c10::IValue& fn = fns[i];
       if (!fn.isNone() && !(fn.isGenericDict() && fn.toGenericDict().empty()))
         throw CheckpointError(what + ": lr_lambdas[" + std::to_string(i) +
                               "] holds the attributes of a Python callable object, which a C++ function cannot take");
@@ -10144,6 +10149,7 @@ DETTRIAL_INLINE void TensorBoardWriter::flush() {
 #include <chrono>
 #include <cstring>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <type_traits>
@@ -10377,6 +10383,12 @@ struct gloo {
 struct nccl {
   static constexpr const char* name = "nccl";
 };
+/// NCCL where every rank of the job has a GPU of its own (compared across the job by the GPUs'
+/// UUIDs, so two launchers' "nodes" on one machine are seen) and NCCL is built, Gloo otherwise: the
+/// command line's default. Every rank decides alike, from what every rank reported.
+struct gpu_or_gloo {
+  static constexpr const char* name = "nccl-or-gloo";
+};
 /// Whether this build of dettrial has the Gloo backend.
 inline constexpr bool has_gloo =
 #if defined(DETTRIAL_HAS_GLOO)
@@ -10401,6 +10413,11 @@ using C10dBackend = c10d::Backend;
 #else
 using C10dBackend = c10d::ProcessGroup;
 #endif
+
+/// Why the NCCL backend cannot take a job whose ranks' GPUs are `gpu_of_rank` (in rank order: a
+/// GPU's UUID, or "" where a rank has no GPU of its own): "rank 3 has no GPU of its own", "ranks 0
+/// and 1 would both use GPU <uuid>"; empty when every rank has a GPU no other rank uses.
+std::string why_not_one_gpu_per_rank(const std::vector<std::string>& gpu_of_rank);
 }  // namespace dettrial::detail
 
 namespace dettrial {
@@ -10413,8 +10430,9 @@ class Communicator {
   /// Joins the job `env` describes with backend `B` (rank 0 hosts the TCPStore unless torchrun's agent does).
   template <class B>
   static std::shared_ptr<Communicator> create(const LaunchEnvironment& env, std::chrono::milliseconds timeout, B = {}) {
-    static_assert(std::is_same_v<B, backend::gloo> || std::is_same_v<B, backend::nccl>,
-                  "dettrial: Communicator::create takes backend::gloo or backend::nccl (adopt() takes a backend of one's own)");
+    static_assert(std::is_same_v<B, backend::gloo> || std::is_same_v<B, backend::nccl> || std::is_same_v<B, backend::gpu_or_gloo>,
+                  "dettrial: Communicator::create takes backend::gloo, backend::nccl or backend::gpu_or_gloo (adopt() takes a "
+                  "backend of one's own)");
     return join(env, timeout, B::name);
   }
 
@@ -10467,7 +10485,7 @@ class Communicator {
  private:
   Communicator(LaunchEnvironment env, std::chrono::milliseconds timeout, const char* backend_name);
 
-  /// Joins the job with the backend named `backend_name` (backend::gloo::name or backend::nccl::name).
+  /// Joins the job with the backend named `backend_name` (a backend policy's name).
   static std::shared_ptr<Communicator> join(const LaunchEnvironment& env, std::chrono::milliseconds timeout, const char* backend_name);
 
   template <class F>
@@ -10494,6 +10512,9 @@ class Communicator {
 #if DETTRIAL_HEADER_DEFINITIONS
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#if defined(DETTRIAL_HAS_NCCL)
+#include <ATen/cuda/CUDAContext.h>
+#endif
 #if defined(DETTRIAL_HAS_GLOO)
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #endif
@@ -10516,6 +10537,47 @@ DETTRIAL_INLINE std::shared_ptr<::gloo::transport::Device> gloo_device(const Lau
   if (env.master_addr == "127.0.0.1" || env.master_addr == "localhost") return c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1");
   return c10d::ProcessGroupGloo::createDefaultDevice();
 }
+
+DETTRIAL_INLINE std::string why_not_one_gpu_per_rank(const std::vector<std::string>& gpu_of_rank) {
+  std::map<std::string, std::size_t> first_rank_of;
+  for (std::size_t r = 0; r < gpu_of_rank.size(); ++r) {
+    if (gpu_of_rank[r].empty()) return "rank " + std::to_string(r) + " has no GPU of its own";
+    const auto [seen, fresh] = first_rank_of.emplace(gpu_of_rank[r], r);
+    if (!fresh) return "ranks " + std::to_string(seen->second) + " and " + std::to_string(r) + " would both use GPU " + gpu_of_rank[r];
+  }
+  return {};
+}
+
+#if defined(DETTRIAL_HAS_NCCL)
+/// The UUID of the GPU this process's local rank picks, or "" where its node runs more ranks than it
+/// has GPUs (or has none).
+DETTRIAL_INLINE std::string this_ranks_gpu(const LaunchEnvironment& env) {
+  const auto gpus = static_cast<std::int64_t>(torch::cuda::device_count());
+  if (gpus == 0 || env.local_size > gpus) return {};
+  const cudaDeviceProp* properties = at::cuda::getDeviceProperties(static_cast<c10::DeviceIndex>(env.local_rank % gpus));
+  static constexpr char hex[] = "0123456789abcdef";
+  std::string uuid = "GPU-";
+  for (const char byte : properties->uuid.bytes) {
+    uuid += hex[(static_cast<unsigned char>(byte) >> 4) & 0xF];
+    uuid += hex[static_cast<unsigned char>(byte) & 0xF];
+  }
+  return uuid;
+}
+
+/// Every rank's GPU (this_ranks_gpu), in rank order, exchanged through the job's store: keys of this
+/// attempt, so a restarted job does not read the last one's.
+DETTRIAL_INLINE std::vector<std::string> gpus_of_ranks(c10d::Store& store, const LaunchEnvironment& env) {
+  const std::string prefix = "dettrial/gpu/" + std::to_string(env.restart) + "/";
+  const std::string mine = "uuid:" + this_ranks_gpu(env);  // never an empty value
+  store.set(prefix + std::to_string(env.rank), std::vector<std::uint8_t>(mine.begin(), mine.end()));
+  std::vector<std::string> all;
+  for (int r = 0; r < env.size; ++r) {
+    const std::vector<std::uint8_t> value = store.get(prefix + std::to_string(r));
+    all.emplace_back(value.begin() + std::min<std::size_t>(5, value.size()), value.end());
+  }
+  return all;
+}
+#endif
 }  // namespace dettrial::detail
 
 namespace dettrial {
@@ -10532,7 +10594,7 @@ DETTRIAL_INLINE std::shared_ptr<Communicator> Communicator::join(const LaunchEnv
                              " rank(s) but sees " + (gpus == 0 ? std::string("no GPU") : std::to_string(gpus) + " GPU(s)") +
                              "; start at most one rank per GPU, or use the Gloo backend (--backend gloo)");
   }
-  auto comm = std::shared_ptr<Communicator>(new Communicator(env, timeout, backend_name));
+  std::shared_ptr<Communicator> comm;
   try {
     c10d::TCPStoreOptions options;
     options.port = static_cast<std::uint16_t>(env.master_port);
@@ -10542,6 +10604,23 @@ DETTRIAL_INLINE std::shared_ptr<Communicator> Communicator::join(const LaunchEnv
     options.timeout = timeout;
     c10::intrusive_ptr<c10d::Store> store = c10::make_intrusive<c10d::TCPStore>(env.master_addr, options);
     if (!env.store_prefix.empty()) store = c10::make_intrusive<c10d::PrefixStore>(env.store_prefix, store);
+    // A launcher counts the ranks of its own node only: two of its "nodes" on one machine (torchrun
+    // --nnodes 2 on one host) would put two NCCL ranks on one GPU, which NCCL refuses only after the
+    // rendezvous, as "invalid usage". The ranks compare their GPUs' UUIDs first.
+    const bool automatic = std::string_view(backend_name) == backend::gpu_or_gloo::name;
+    if (automatic) backend_name = backend::gloo::name;
+#if defined(DETTRIAL_HAS_NCCL)
+    if (automatic || std::string_view(backend_name) == backend::nccl::name) {
+      const std::string why_not = detail::why_not_one_gpu_per_rank(detail::gpus_of_ranks(*store, env));
+      if (automatic) backend_name = why_not.empty() ? backend::nccl::name : backend::gloo::name;
+      else if (!why_not.empty())
+        throw DistributedError("rank " + std::to_string(env.rank) + " of " + std::to_string(env.size) +
+                               ": the NCCL backend takes one GPU per rank, but " + why_not +
+                               " (two launchers' nodes on one machine?); give each rank a GPU of its own, or use the Gloo backend "
+                               "(--backend gloo)");
+    }
+#endif
+    comm = std::shared_ptr<Communicator>(new Communicator(env, timeout, backend_name));
     if (std::string_view(backend_name) == backend::gloo::name) {
 #if defined(DETTRIAL_HAS_GLOO)
       auto gloo_options = c10d::ProcessGroupGloo::Options::create(timeout);
@@ -13027,6 +13106,10 @@ DETTRIAL_INLINE Context::Context(Hyperparameters hparams, ExperimentConfig confi
       communicator_ ? communicator_->environment() : LaunchEnvironment{}, options.threads, CoreCount::of_this_process(),
       [](const char* name) { return std::getenv(name); }, rank_invariant ? ThreadDefault::one_per_rank : ThreadDefault::share_of_cores);
   deterministic_ = options.deterministic ? options.deterministic : config_.deterministic;
+  // On a GPU the ordered sums alone do not give the same bits: cuDNN's and atomic kernels may round
+  // differently from run to run (the MNIST example's 1 and 2 ranks ended 3e-8 apart on an H200).
+  // Unless the user chose, rank_invariant asks for the deterministic ones there.
+  if (rank_invariant && device_.is_cuda() && !deterministic_) deterministic_ = true;
   if (rank_invariant) {
     if (!average_aggregated_gradients_)
       throw ConfigError(
@@ -16121,7 +16204,9 @@ DETTRIAL_INLINE std::optional<StateDict> python_group(const c10::IValue& optimiz
   const auto groups = optimizer.toGenericDict().find("param_groups");
   if (groups == optimizer.toGenericDict().end() || !groups->value().isList() || g >= groups->value().toListRef().size())
     return std::nullopt;
-  const c10::IValue& group = groups->value().toListRef()[g];
+  // Named, not a temporary: GCC 13 warns of a reference into a temporary view as dangling.
+  const c10::ArrayRef<c10::IValue> all = groups->value().toListRef();
+  const c10::IValue& group = all[g];
   if (!group.isGenericDict()) return std::nullopt;
   return group.toGenericDict();
 }
@@ -21331,6 +21416,7 @@ DETTRIAL_INLINE std::string runtime_summary() {
   s += ", " + std::to_string(threads) + (threads == 1 ? " thread" : " threads");
   s += " (" + std::string(threads_source.empty() ? "LibTorch's default" : threads_source) +
        (pools.empty() ? std::string() : ": " + std::string(pools)) + ")";
+  if (applied && applied->deterministic) s += ", deterministic algorithms";
   if (applied && applied->keeps_freed_memory) s += ", malloc keeps freed memory";
   return s;
 }

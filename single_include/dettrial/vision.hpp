@@ -1454,7 +1454,7 @@ inline ImageFormat format_of(std::span<const std::uint8_t> bytes) {
 }  // namespace dettrial::vision::detail
 
 namespace dettrial::vision {
-DETTRIAL_INLINE Image decode_image(std::span<const std::uint8_t> bytes, ImageMode mode, const std::string& name) {
+DETTRIAL_INLINE Image decode_image(std::span<const std::uint8_t> bytes, [[maybe_unused]] ImageMode mode, const std::string& name) {
   const detail::ImageFormat format = detail::format_of(bytes);
   if (format == detail::ImageFormat::jpeg) {
 #if defined(DETTRIAL_HAS_TURBOJPEG)

@@ -9,6 +9,8 @@
 # two thirds of a header-only program's compile time). Header-only programs are built and run too:
 # the MNIST example from single_include/, the trainer benchmark, the link-order programs and the
 # Conan package's test.
+set(DETTRIAL_PYTHON "" CACHE FILEPATH "A Python with the torch that matches this LibTorch, for the parity and
+       checkpoint interop checks")
 add_executable(dettrial_unit_tests unit/main.cpp unit/source_dir.cpp unit/config_test.cpp unit/trainer_test.cpp unit/data_test.cpp
                                    unit/checkpoint_test.cpp unit/distributed_test.cpp unit/data_parallel_test.cpp
                                    unit/search_test.cpp unit/keras_test.cpp
@@ -24,7 +26,9 @@ dettrial_use_compiled_pch(dettrial_unit_tests)
 # alone, which includes no LibTorch, so that the other files hit the compiler cache in any checkout.
 set_source_files_properties(unit/main.cpp unit/source_dir.cpp PROPERTIES SKIP_PRECOMPILE_HEADERS ON)
 set_source_files_properties(unit/source_dir.cpp PROPERTIES COMPILE_DEFINITIONS "DETTRIAL_TESTS_SOURCE_DIR=\"${CMAKE_CURRENT_SOURCE_DIR}\"")
-doctest_discover_tests(dettrial_unit_tests TEST_PREFIX "unit: " PROPERTIES SKIP_RETURN_CODE 77)
+# The Python of this LibTorch's torch, for cases that compare with what it computes on this machine.
+doctest_discover_tests(dettrial_unit_tests TEST_PREFIX "unit: " PROPERTIES SKIP_RETURN_CODE 77
+                       ENVIRONMENT "DETTRIAL_TEST_PYTHON=${DETTRIAL_PYTHON}")
 
 # The command line's stage alone, with no LibTorch at all: dettrial's include folder and doctest only.
 add_executable(dettrial_command_line_tests unit/command_line_test.cpp)
@@ -33,8 +37,6 @@ target_link_libraries(dettrial_command_line_tests PRIVATE doctest::doctest)
 target_compile_features(dettrial_command_line_tests PRIVATE cxx_std_20)
 doctest_discover_tests(dettrial_command_line_tests TEST_PREFIX "unit: ")
 
-set(DETTRIAL_PYTHON "" CACHE FILEPATH "A Python with the torch that matches this LibTorch, for the parity and
-       checkpoint interop checks")
 # End to end on real data.
 add_executable(dettrial_mnist_tests unit/main.cpp unit/source_dir.cpp unit/mnist_test.cpp)
 target_link_libraries(dettrial_mnist_tests PRIVATE dettrial::compiled doctest::doctest)
@@ -44,9 +46,9 @@ dettrial_use_compiled_pch(dettrial_mnist_tests)
 doctest_discover_tests(dettrial_mnist_tests TEST_PREFIX "mnist: " PROPERTIES SKIP_RETURN_CODE 77)
 
 # Test programs whose cases compare with what a Python script wrote: the script runs first as a
-# CTest fixture (its output must begin "ok: "; exit 77 is skipped, with the reason), writing into
-# the build folder that the cases read through `variable`. Without `python` the cases find nothing
-# there and skip themselves, each with its reason.
+# CTest fixture (a line of its output must begin "ok: ", after any notes; exit 77 is skipped, with
+# the reason), writing into the build folder that the cases read through `variable`. Without
+# `python` the cases find nothing there and skip themselves, each with its reason.
 function(dettrial_python_fixture_tests target source python script fixture_name variable)
   add_executable(${target} unit/main.cpp ${source})
   target_link_libraries(${target} PRIVATE dettrial::compiled doctest::doctest)
@@ -55,7 +57,7 @@ function(dettrial_python_fixture_tests target source python script fixture_name 
   set(_out "${CMAKE_CURRENT_BINARY_DIR}/${_stem}")
   if(python)
     add_test(NAME "${fixture_name}" COMMAND "${python}" "${CMAKE_CURRENT_SOURCE_DIR}/python/${script}" "${_out}")
-    set_tests_properties("${fixture_name}" PROPERTIES FIXTURES_SETUP ${target} SKIP_RETURN_CODE 77 PASS_REGULAR_EXPRESSION "^ok: ")
+    set_tests_properties("${fixture_name}" PROPERTIES FIXTURES_SETUP ${target} SKIP_RETURN_CODE 77 PASS_REGULAR_EXPRESSION "(^|\n)ok: ")
   endif()
   doctest_discover_tests(${target} TEST_PREFIX "unit: " PROPERTIES SKIP_RETURN_CODE 77 ENVIRONMENT "${variable}=${_out}"
                          FIXTURES_REQUIRED ${target})
@@ -90,7 +92,7 @@ if(DETTRIAL_PYTHON)
   add_test(NAME "checkpoint interop: Python's torch.load reads it into the same network"
            COMMAND "${DETTRIAL_PYTHON}" "${CMAKE_CURRENT_SOURCE_DIR}/python/load_checkpoint.py" "${_interop}")
   set_tests_properties("checkpoint interop: Python's torch.load reads it into the same network" PROPERTIES
-                       FIXTURES_REQUIRED dettrial_interop PASS_REGULAR_EXPRESSION "^ok: " SKIP_RETURN_CODE 77)
+                       FIXTURES_REQUIRED dettrial_interop PASS_REGULAR_EXPRESSION "(^|\n)ok: " SKIP_RETURN_CODE 77)
 else()
   dettrial_skipped_test("checkpoint interop: Python's torch.load reads it into the same network"
                         "no Python with this LibTorch's torch given (-DDETTRIAL_PYTHON=...)")

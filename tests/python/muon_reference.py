@@ -11,7 +11,9 @@ step k set to (((arange(n) * 0.7 + 1.1 * k) % 3) - 1.5) / 4, no autograd, so tha
 optimizer's arithmetic is compared. Printed, per configuration: an FNV-1a 64-bit hash of the bytes of
 both matrices and their momentum buffers after each step, and the keys of the state dict's first
 group and first state. A file holds the state dict after step 12, both matrices then, and the hash
-so far (a hex string). Exits 77 (CTest's skip) when this torch has no torch.optim.Muon (before 2.9).
+so far (a hex string). Exits 77 (CTest's skip) when this torch has no torch.optim.Muon (before 2.9);
+a configuration this torch's Muon refuses (an adjust_lr_fn it does not have yet: torch 2.11 has no
+'spectral_unclamped') is a line "// skipped: <configuration>: <why>", with no file.
 
 The values in the test were printed by torch 2.15.0 (CPU).
 """
@@ -44,7 +46,11 @@ def main(folder):
     for n, (name, kwargs) in enumerate(CONFIGS):
         w = torch.nn.Parameter(values(12, 0.3, 0.0).remainder(2.0).sub(1.0).reshape(3, 4))
         v = torch.nn.Parameter(values(10, 0.3, 0.0).remainder(2.0).sub(1.0).reshape(5, 2))
-        opt = torch.optim.Muon([w, v], **kwargs)
+        try:
+            opt = torch.optim.Muon([w, v], **kwargs)
+        except ValueError as e:  # an option this release does not have
+            print(f"// skipped: {name}: torch {torch.__version__}: {e}")
+            continue
         h = 0xCBF29CE484222325
         for k in range(1, STEPS + 1):
             for p in (w, v):

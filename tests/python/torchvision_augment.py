@@ -18,6 +18,7 @@ try:
     import torch
     import torchvision
     from torchvision.transforms import v2
+    from torchvision.transforms import InterpolationMode
     from torchvision.transforms.v2 import functional as F
 except Exception as e:  # noqa: BLE001 - any failure to import means no torchvision here
     print(f"skipped: this Python cannot import torchvision's v2 transforms ({e})")
@@ -65,7 +66,9 @@ def op_cases(images):
                                 fill = fills[fill_name]
                                 if fill_name == "each" and hwc.shape[2] != 3:
                                     continue
-                                out = aa._apply_image_or_video_transform(chw, op, m, interpolation=interpolation, fill=_fill_arg(fill))
+                                # The enum, not its name: torchvision 0.26 takes only InterpolationMode here.
+                                out = aa._apply_image_or_video_transform(chw, op, m, interpolation=InterpolationMode(interpolation),
+                                                                         fill=_fill_arg(fill))
                                 name = f"{image_name}.{space_name}.{op}.{len(cases)}"
                                 cases.append({"name": name, "image": image_name, "op": op, "magnitude": m,
                                               "interpolation": interpolation, "fill": fill or []})

@@ -326,7 +326,7 @@ struct RankInvariantTrial {
 std::string parameter_hash(torch::nn::Module& model) {
   std::uint64_t hash = 1469598103934665603ULL;
   for (const auto& p : model.parameters()) {
-    const torch::Tensor t = p.detach().contiguous();
+    const torch::Tensor t = p.detach().to(torch::kCPU).contiguous();  // the bytes on the host, wherever it trained
     const auto* bytes = static_cast<const unsigned char*>(t.data_ptr());
     for (std::int64_t i = 0; i < t.numel() * static_cast<std::int64_t>(t.element_size()); ++i) hash = (hash ^ bytes[i]) * 1099511628211ULL;
   }
@@ -353,6 +353,7 @@ TEST_CASE("child process: a rank of a rank-invariant job" * doctest::skip()) {
   if (env.distributed()) comm = Communicator::create(env, std::chrono::seconds(60), backend::gloo{});
   test::Context context(Hyperparameters::parse("global_batch_size: " + std::to_string(5 * env.size) + "\n"),
                         ContextOptions{.trial_seed = 42, .aggregation_frequency = agg, .communicator = comm, .rank_invariant = on});
+  context.process_settings().apply();  // as a rank's main does: one thread per rank, deterministic kernels on a GPU
   Trainer<RankInvariantTrial> trainer(context);
   FitOptions o{.max_length = Batch(12 * agg), .reporting_period = Batch(4 * agg)};
   o.output_dir = dir / "run";

@@ -17,6 +17,7 @@
 
 #include "test_trials.hpp"
 #include "applied_context.hpp"
+#include "ranks.hpp"
 
 using namespace dettrial;
 namespace fs = std::filesystem;
@@ -372,6 +373,49 @@ TEST_CASE("NCCL with more ranks on a node than GPUs is refused before the rendez
                                "; start at most one rank per GPU, or use the Gloo backend";
   CHECK_THROWS_WITH_AS(Communicator::create(env, std::chrono::seconds(5), backend::nccl{}), doctest::Contains(expected.c_str()),
                        DistributedError);
+}
+
+TEST_CASE("NCCL takes a job only where every rank has a GPU of its own, compared by the GPUs' UUIDs") {
+  using dettrial::detail::why_not_one_gpu_per_rank;
+  CHECK(why_not_one_gpu_per_rank({"GPU-a", "GPU-b", "GPU-c"}).empty());
+  CHECK(why_not_one_gpu_per_rank({"GPU-a", "GPU-b", "GPU-a"}) == "ranks 0 and 2 would both use GPU GPU-a");
+  CHECK(why_not_one_gpu_per_rank({"GPU-a", "", "GPU-a"}) == "rank 1 has no GPU of its own");
+  CHECK(why_not_one_gpu_per_rank({"GPU-a"}).empty());
+}
+
+TEST_CASE("child process: a rank that joins with the default backend or NCCL and writes which it got" * doctest::skip()) {
+  const LaunchEnvironment env = LaunchEnvironment::detect();
+  std::ofstream out(fs::path(std::getenv("DETTRIAL_CHILD_DIR")) / ("backend" + std::to_string(env.rank) + ".txt"));
+  try {
+    const auto comm = std::string(std::getenv("BACKEND")) == "nccl"
+                          ? Communicator::create(env, std::chrono::seconds(60), backend::nccl{})
+                          : Communicator::create(env, std::chrono::seconds(60), backend::gpu_or_gloo{});
+    out << comm->backend_name();
+  } catch (const DistributedError& e) {
+    out << "error: " << e.what();
+  }
+}
+
+TEST_CASE("two launchers' nodes on one machine (one local rank each) get Gloo by default, and NCCL there is refused naming both ranks") {
+  if (test::skip_without_gloo()) return;
+  const fs::path dir = test::quiet({}).output_dir;
+  fs::create_directories(dir);
+  // Each rank is its node's only one (LOCAL_RANK 0 of 1), as under torchrun --nnodes 2 on one host.
+  const std::vector<std::string> two_nodes = {"LOCAL_RANK=0", "LOCAL_WORLD_SIZE=1"};
+  auto backends = [&](const char* requested) {
+    std::vector<std::string> extra = two_nodes;
+    extra.push_back(std::string("BACKEND=") + requested);
+    test::run_ranks("child process: a rank that joins with the default backend or NCCL and writes which it got", 2, dir, extra);
+    return std::pair{test::read_text(dir / "backend0.txt"), test::read_text(dir / "backend1.txt")};
+  };
+  // Every rank would use GPU 0 here (with a GPU) or has none (without): Gloo, on both.
+  CHECK(backends("default") == std::pair<std::string, std::string>{"gloo", "gloo"});
+  if (!backend::has_nccl || torch::cuda::device_count() == 0) return;  // the refusal needs a GPU to share
+  const auto [first, second] = backends("nccl");
+  for (const std::string& got : {first, second}) {
+    CHECK_MESSAGE(got.find("the NCCL backend takes one GPU per rank, but ranks 0 and 1 would both use GPU GPU-") != std::string::npos, got);
+    CHECK_MESSAGE(got.find("or use the Gloo backend (--backend gloo)") != std::string::npos, got);
+  }
 }
 
 namespace {

@@ -201,7 +201,13 @@ TEST_CASE("Muon continues from the state torch.optim.Muon saved, to Python's num
   std::ifstream hashes(dir / "hashes.txt");
   std::string line;
   std::getline(hashes, line);  // the torch release
+  int compared = 0;
   for (int n = 0; std::getline(hashes, line); ++n) {
+    if (line.starts_with("// skipped: ")) {  // a configuration this torch's Muon does not have
+      MESSAGE(line.substr(3));
+      continue;
+    }
+    ++compared;
     // {"<config>", 0x<hash>ULL, ...}: the configuration and Python's hash after 30 steps.
     const auto config_end = line.find("\", 0x");
     REQUIRE(config_end != std::string::npos);
@@ -227,6 +233,7 @@ TEST_CASE("Muon continues from the state torch.optim.Muon saved, to Python's num
     MESSAGE("LibTorch 1.x with a torch that has Muon: not compared with its hash (other bfloat16 kernels)");
 #endif
   }
+  CHECK_MESSAGE(compared > 0, (std::string("no configuration of Muon was compared: ") + python + "'s torch refused them all"));
   std::filesystem::remove_all(dir);
 }
 

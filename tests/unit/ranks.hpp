@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <string>
@@ -37,8 +38,9 @@ struct SquaredError {
 };
 
 /// Runs `test_case` of this program as the `n` ranks of a job (RANK/WORLD_SIZE on 127.0.0.1, a port
-/// of its own), with DETTRIAL_CHILD_DIR=`dir` and `extra_env` in their environment and rank r's
-/// output in `dir`/rank<r>.log; requires that every rank ends with status 0 within 150 s.
+/// of its own), with DETTRIAL_CHILD_DIR=`dir` and `extra_env` in their environment (a variable of
+/// its replaces the one given here: LOCAL_RANK=0, say) and rank r's output in `dir`/rank<r>.log;
+/// requires that every rank ends with status 0 within 150 s.
 inline void run_ranks(const std::string& test_case, int n, const std::filesystem::path& dir,
                       const std::vector<std::string>& extra_env = {}) {
   // A port the kernel says is free now: a fixed range would meet the ephemeral ports (32768 and
@@ -50,6 +52,10 @@ inline void run_ranks(const std::string& test_case, int n, const std::filesystem
         "RANK=" + std::to_string(rank),          "WORLD_SIZE=" + std::to_string(n), "LOCAL_RANK=" + std::to_string(rank),
         "LOCAL_WORLD_SIZE=" + std::to_string(n), "MASTER_ADDR=127.0.0.1",           "MASTER_PORT=" + port,
         "DETTRIAL_CHILD_DIR=" + dir.string()};
+    const auto name_of = [](const std::string& assignment) { return assignment.substr(0, assignment.find('=')); };
+    std::erase_if(env, [&](const std::string& given) {
+      return std::any_of(extra_env.begin(), extra_env.end(), [&](const std::string& extra) { return name_of(extra) == name_of(given); });
+    });
     env.insert(env.end(), extra_env.begin(), extra_env.end());
     pids.push_back(spawn_self(test_case, env, (dir / ("rank" + std::to_string(rank) + ".log")).string()));
   }

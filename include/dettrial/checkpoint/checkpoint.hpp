@@ -375,7 +375,9 @@ DETTRIAL_INLINE std::optional<StateDict> python_group(const c10::IValue& optimiz
   const auto groups = optimizer.toGenericDict().find("param_groups");
   if (groups == optimizer.toGenericDict().end() || !groups->value().isList() || g >= groups->value().toListRef().size())
     return std::nullopt;
-  const c10::IValue& group = groups->value().toListRef()[g];
+  // Named, not a temporary: GCC 13 warns of a reference into a temporary view as dangling.
+  const c10::ArrayRef<c10::IValue> all = groups->value().toListRef();
+  const c10::IValue& group = all[g];
   if (!group.isGenericDict()) return std::nullopt;
   return group.toGenericDict();
 }

@@ -104,8 +104,9 @@ DETTRIAL_INLINE std::string visible_devices(const std::vector<int>& slots);
 /// a run folder that outlives the attempt.
 DETTRIAL_INLINE bool continue_restarted_job(const RunPlan& plan, const LaunchEnvironment& env, FitOptions& options);
 
-/// The collectives of a data-parallel rank (null for one process): NCCL where each rank of this node
-/// has a GPU of its own and NCCL is built, Gloo otherwise (it takes CUDA tensors too), or --backend's.
+/// The collectives of a data-parallel rank (null for one process): --backend's, or NCCL where every
+/// rank of the job has a GPU of its own and NCCL is built, Gloo otherwise (it takes CUDA tensors
+/// too): backend::gpu_or_gloo.
 DETTRIAL_INLINE std::shared_ptr<Communicator> connect_ranks(const CommandLine& line, const LaunchEnvironment& env);
 
 /// The fit's options: the config's, the command line's, and the folder a resumed run continues in.
@@ -346,10 +347,10 @@ DETTRIAL_INLINE bool continue_restarted_job(const RunPlan& plan, const LaunchEnv
 
 DETTRIAL_INLINE std::shared_ptr<Communicator> connect_ranks(const CommandLine& line, const LaunchEnvironment& env) {
   if (!env.distributed()) return nullptr;
-  const bool gpu_per_rank = torch::cuda::is_available() && env.local_size <= static_cast<std::int64_t>(torch::cuda::device_count());
-  const std::string name = !line.backend_name.empty() ? line.backend_name : gpu_per_rank && backend::has_nccl ? "nccl" : "gloo";
   const std::chrono::milliseconds timeout = std::chrono::seconds(line.timeout_seconds);
-  return name == "nccl" ? Communicator::create(env, timeout, backend::nccl{}) : Communicator::create(env, timeout, backend::gloo{});
+  if (line.backend_name.empty()) return Communicator::create(env, timeout, backend::gpu_or_gloo{});
+  return line.backend_name == "nccl" ? Communicator::create(env, timeout, backend::nccl{})
+                                     : Communicator::create(env, timeout, backend::gloo{});
 }
 
 DETTRIAL_INLINE FitOptions fit_options_for(const CommandLine& line, const RunPlan& plan, const std::filesystem::path& default_output) {

@@ -85,7 +85,8 @@ class ExperimentConfig {
   /// `reproducibility.rank_invariant` (dettrial's): gradients summed over the micro-batches of an
   /// update in the data stream's order, and each micro-batch's random draws seeded by its place in
   /// the stream, so that the same per-slot batch and seed give bit-identical parameters on CPU
-  /// whatever the ranks x aggregation_frequency layout. See docs/distributed.md for its cost.
+  /// whatever the ranks x aggregation_frequency layout; on a GPU it turns `deterministic` on unless
+  /// set. See docs/distributed.md for its cost.
   bool rank_invariant = false;
   /// `checkpoint_storage`: where checkpoints go (`host_path`/`storage_path` of shared_fs, or
   /// `container_path` of directory storage; unset means the run's output directory) and how many are kept.

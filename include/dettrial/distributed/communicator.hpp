@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstring>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <type_traits>
@@ -49,6 +50,12 @@ struct gloo {
 struct nccl {
   static constexpr const char* name = "nccl";
 };
+/// NCCL where every rank of the job has a GPU of its own (compared across the job by the GPUs'
+/// UUIDs, so two launchers' "nodes" on one machine are seen) and NCCL is built, Gloo otherwise: the
+/// command line's default. Every rank decides alike, from what every rank reported.
+struct gpu_or_gloo {
+  static constexpr const char* name = "nccl-or-gloo";
+};
 /// Whether this build of dettrial has the Gloo backend.
 inline constexpr bool has_gloo =
 #if defined(DETTRIAL_HAS_GLOO)
@@ -73,6 +80,11 @@ using C10dBackend = c10d::Backend;
 #else
 using C10dBackend = c10d::ProcessGroup;
 #endif
+
+/// Why the NCCL backend cannot take a job whose ranks' GPUs are `gpu_of_rank` (in rank order: a
+/// GPU's UUID, or "" where a rank has no GPU of its own): "rank 3 has no GPU of its own", "ranks 0
+/// and 1 would both use GPU <uuid>"; empty when every rank has a GPU no other rank uses.
+std::string why_not_one_gpu_per_rank(const std::vector<std::string>& gpu_of_rank);
 }  // namespace dettrial::detail
 
 namespace dettrial {
@@ -85,8 +97,9 @@ class Communicator {
   /// Joins the job `env` describes with backend `B` (rank 0 hosts the TCPStore unless torchrun's agent does).
   template <class B>
   static std::shared_ptr<Communicator> create(const LaunchEnvironment& env, std::chrono::milliseconds timeout, B = {}) {
-    static_assert(std::is_same_v<B, backend::gloo> || std::is_same_v<B, backend::nccl>,
-                  "dettrial: Communicator::create takes backend::gloo or backend::nccl (adopt() takes a backend of one's own)");
+    static_assert(std::is_same_v<B, backend::gloo> || std::is_same_v<B, backend::nccl> || std::is_same_v<B, backend::gpu_or_gloo>,
+                  "dettrial: Communicator::create takes backend::gloo, backend::nccl or backend::gpu_or_gloo (adopt() takes a "
+                  "backend of one's own)");
     return join(env, timeout, B::name);
   }
 
@@ -139,7 +152,7 @@ class Communicator {
  private:
   Communicator(LaunchEnvironment env, std::chrono::milliseconds timeout, const char* backend_name);
 
-  /// Joins the job with the backend named `backend_name` (backend::gloo::name or backend::nccl::name).
+  /// Joins the job with the backend named `backend_name` (a backend policy's name).
   static std::shared_ptr<Communicator> join(const LaunchEnvironment& env, std::chrono::milliseconds timeout, const char* backend_name);
 
   template <class F>
@@ -166,6 +179,9 @@ class Communicator {
 #if DETTRIAL_HEADER_DEFINITIONS
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#if defined(DETTRIAL_HAS_NCCL)
+#include <ATen/cuda/CUDAContext.h>
+#endif
 #if defined(DETTRIAL_HAS_GLOO)
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #endif
@@ -188,6 +204,47 @@ DETTRIAL_INLINE std::shared_ptr<::gloo::transport::Device> gloo_device(const Lau
   if (env.master_addr == "127.0.0.1" || env.master_addr == "localhost") return c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1");
   return c10d::ProcessGroupGloo::createDefaultDevice();
 }
+
+DETTRIAL_INLINE std::string why_not_one_gpu_per_rank(const std::vector<std::string>& gpu_of_rank) {
+  std::map<std::string, std::size_t> first_rank_of;
+  for (std::size_t r = 0; r < gpu_of_rank.size(); ++r) {
+    if (gpu_of_rank[r].empty()) return "rank " + std::to_string(r) + " has no GPU of its own";
+    const auto [seen, fresh] = first_rank_of.emplace(gpu_of_rank[r], r);
+    if (!fresh) return "ranks " + std::to_string(seen->second) + " and " + std::to_string(r) + " would both use GPU " + gpu_of_rank[r];
+  }
+  return {};
+}
+
+#if defined(DETTRIAL_HAS_NCCL)
+/// The UUID of the GPU this process's local rank picks, or "" where its node runs more ranks than it
+/// has GPUs (or has none).
+DETTRIAL_INLINE std::string this_ranks_gpu(const LaunchEnvironment& env) {
+  const auto gpus = static_cast<std::int64_t>(torch::cuda::device_count());
+  if (gpus == 0 || env.local_size > gpus) return {};
+  const cudaDeviceProp* properties = at::cuda::getDeviceProperties(static_cast<c10::DeviceIndex>(env.local_rank % gpus));
+  static constexpr char hex[] = "0123456789abcdef";
+  std::string uuid = "GPU-";
+  for (const char byte : properties->uuid.bytes) {
+    uuid += hex[(static_cast<unsigned char>(byte) >> 4) & 0xF];
+    uuid += hex[static_cast<unsigned char>(byte) & 0xF];
+  }
+  return uuid;
+}
+
+/// Every rank's GPU (this_ranks_gpu), in rank order, exchanged through the job's store: keys of this
+/// attempt, so a restarted job does not read the last one's.
+DETTRIAL_INLINE std::vector<std::string> gpus_of_ranks(c10d::Store& store, const LaunchEnvironment& env) {
+  const std::string prefix = "dettrial/gpu/" + std::to_string(env.restart) + "/";
+  const std::string mine = "uuid:" + this_ranks_gpu(env);  // never an empty value
+  store.set(prefix + std::to_string(env.rank), std::vector<std::uint8_t>(mine.begin(), mine.end()));
+  std::vector<std::string> all;
+  for (int r = 0; r < env.size; ++r) {
+    const std::vector<std::uint8_t> value = store.get(prefix + std::to_string(r));
+    all.emplace_back(value.begin() + std::min<std::size_t>(5, value.size()), value.end());
+  }
+  return all;
+}
+#endif
 }  // namespace dettrial::detail
 
 namespace dettrial {
@@ -204,7 +261,7 @@ DETTRIAL_INLINE std::shared_ptr<Communicator> Communicator::join(const LaunchEnv
                              " rank(s) but sees " + (gpus == 0 ? std::string("no GPU") : std::to_string(gpus) + " GPU(s)") +
                              "; start at most one rank per GPU, or use the Gloo backend (--backend gloo)");
   }
-  auto comm = std::shared_ptr<Communicator>(new Communicator(env, timeout, backend_name));
+  std::shared_ptr<Communicator> comm;
   try {
     c10d::TCPStoreOptions options;
     options.port = static_cast<std::uint16_t>(env.master_port);
@@ -214,6 +271,23 @@ DETTRIAL_INLINE std::shared_ptr<Communicator> Communicator::join(const LaunchEnv
     options.timeout = timeout;
     c10::intrusive_ptr<c10d::Store> store = c10::make_intrusive<c10d::TCPStore>(env.master_addr, options);
     if (!env.store_prefix.empty()) store = c10::make_intrusive<c10d::PrefixStore>(env.store_prefix, store);
+    // A launcher counts the ranks of its own node only: two of its "nodes" on one machine (torchrun
+    // --nnodes 2 on one host) would put two NCCL ranks on one GPU, which NCCL refuses only after the
+    // rendezvous, as "invalid usage". The ranks compare their GPUs' UUIDs first.
+    const bool automatic = std::string_view(backend_name) == backend::gpu_or_gloo::name;
+    if (automatic) backend_name = backend::gloo::name;
+#if defined(DETTRIAL_HAS_NCCL)
+    if (automatic || std::string_view(backend_name) == backend::nccl::name) {
+      const std::string why_not = detail::why_not_one_gpu_per_rank(detail::gpus_of_ranks(*store, env));
+      if (automatic) backend_name = why_not.empty() ? backend::nccl::name : backend::gloo::name;
+      else if (!why_not.empty())
+        throw DistributedError("rank " + std::to_string(env.rank) + " of " + std::to_string(env.size) +
+                               ": the NCCL backend takes one GPU per rank, but " + why_not +
+                               " (two launchers' nodes on one machine?); give each rank a GPU of its own, or use the Gloo backend "
+                               "(--backend gloo)");
+    }
+#endif
+    comm = std::shared_ptr<Communicator>(new Communicator(env, timeout, backend_name));
     if (std::string_view(backend_name) == backend::gloo::name) {
 #if defined(DETTRIAL_HAS_GLOO)
       auto gloo_options = c10d::ProcessGroupGloo::Options::create(timeout);

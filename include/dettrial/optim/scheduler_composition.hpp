@@ -88,7 +88,9 @@ void load_python_children(Tuple& children, const c10::IValue& saved, const std::
       [&](auto&... s) {
         (([&] {
            const std::string name = what + ": _schedulers[" + std::to_string(i) + "]";
-           const c10::IValue& d = saved.toListRef()[i++];
+           // Named, not a temporary: GCC 13 warns of a reference into a temporary view as dangling.
+           const c10::ArrayRef<c10::IValue> states = saved.toListRef();
+           const c10::IValue& d = states[i++];
            if (!d.isGenericDict()) throw CheckpointError(name + " is not a state dict");
            s.load_python_state(d.toGenericDict(), name);
          }()),

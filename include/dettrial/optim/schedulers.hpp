@@ -537,8 +537,10 @@ DETTRIAL_INLINE void LambdaScheduler::load_python_state(const c10::impl::Generic
     if (!saved.isList() || saved.toListRef().size() != lr_lambdas_.size())
       throw CheckpointError(what + ": lr_lambdas is not a list of " + std::to_string(lr_lambdas_.size()) +
                             " entries (one per parameter group)");
+    // Named, not a temporary: GCC 13 warns of a reference into a temporary view as dangling.
+    const c10::ArrayRef<c10::IValue> fns = saved.toListRef();
     for (std::size_t i = 0; i < lr_lambdas_.size(); ++i) {
-      const c10::IValue& fn = saved.toListRef()[i];
+      const c10::IValue& fn = fns[i];
       if (!fn.isNone() && !(fn.isGenericDict() && fn.toGenericDict().empty()))
         throw CheckpointError(what + ": lr_lambdas[" + std::to_string(i) +
                               "] holds the attributes of a Python callable object, which a C++ function cannot take");

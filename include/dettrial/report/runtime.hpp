@@ -79,6 +79,7 @@ DETTRIAL_INLINE std::string runtime_summary() {
   s += ", " + std::to_string(threads) + (threads == 1 ? " thread" : " threads");
   s += " (" + std::string(threads_source.empty() ? "LibTorch's default" : threads_source) +
        (pools.empty() ? std::string() : ": " + std::string(pools)) + ")";
+  if (applied && applied->deterministic) s += ", deterministic algorithms";
   if (applied && applied->keeps_freed_memory) s += ", malloc keeps freed memory";
   return s;
 }
