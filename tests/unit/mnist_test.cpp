@@ -208,11 +208,10 @@ TEST_CASE("Muon continues from the state torch.optim.Muon saved, to Python's num
       continue;
     }
     ++compared;
-    // {"<config>", 0x<hash>ULL, ...}: the configuration and Python's hash after 30 steps.
-    const auto config_end = line.find("\", 0x");
-    REQUIRE(config_end != std::string::npos);
-    const std::string config = line.substr(line.find('"') + 1, config_end - line.find('"') - 1);
-    const std::uint64_t python_hash = std::stoull(line.substr(config_end + 5, 16), nullptr, 16);
+    // The configuration and Python's hash after 30 steps.
+    const auto reference = muon_problem::reference_hash_line(line);
+    REQUIRE_MESSAGE(reference, line);
+    const auto& [config, python_hash] = *reference;
     INFO(config);
     const std::filesystem::path file = dir / (std::to_string(n) + ".pt");
     const StateDict saved = dettrial::detail::unpickle_archive(dettrial::detail::read_file_bytes(file), file).toGenericDict();

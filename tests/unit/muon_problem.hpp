@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <set>
 #include <stdexcept>
 #include <string>
@@ -17,6 +18,15 @@
 namespace muon_problem {
 
 /// FNV-1a 64 over a tensor's bytes, as the reference scripts hash numpy's `tobytes()`.
+/// A reference script's line `{"<configuration>", 0x<hash>ULL, ...}` (tests/python/*_reference.py):
+/// the configuration and the hash; nullopt for any other line.
+inline std::optional<std::pair<std::string, std::uint64_t>> reference_hash_line(const std::string& line) {
+  const auto config_end = line.find("\", 0x");
+  if (config_end == std::string::npos) return std::nullopt;
+  const auto config_begin = line.find('"') + 1;
+  return std::pair{line.substr(config_begin, config_end - config_begin), std::stoull(line.substr(config_end + 5, 16), nullptr, 16)};
+}
+
 inline void fnv1a(std::uint64_t& h, const torch::Tensor& t) {
   const torch::Tensor c = t.detach().contiguous();
   const auto* bytes = static_cast<const unsigned char*>(c.data_ptr());

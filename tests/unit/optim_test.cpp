@@ -650,13 +650,8 @@ std::map<std::string, std::uint64_t> python_adam_family_hashes() {
   REQUIRE_MESSAGE(pipe != nullptr, command);
   std::map<std::string, std::uint64_t> hashes;
   char buffer[1024];
-  while (std::fgets(buffer, sizeof buffer, pipe)) {
-    const std::string line = buffer;  // {"<config>", 0x<hash>ULL, ...}
-    const auto config_end = line.find("\", 0x");
-    if (config_end == std::string::npos) continue;
-    const auto config_begin = line.find('"') + 1;
-    hashes[line.substr(config_begin, config_end - config_begin)] = std::stoull(line.substr(config_end + 5, 16), nullptr, 16);
-  }
+  while (std::fgets(buffer, sizeof buffer, pipe))
+    if (const auto reference = muon_problem::reference_hash_line(buffer)) hashes.insert(*reference);
   const int status = ::pclose(pipe);
   REQUIRE_MESSAGE(status == 0, command);
   return hashes;

@@ -659,6 +659,20 @@ TEST_CASE("child process: page faults of re-allocated activations" * doctest::sk
   std::ofstream(std::getenv("DETTRIAL_CHILD_OUT")) << faults_of_fresh_pages() << ' ' << page_faults_per_batch();
 }
 
+TEST_CASE("rank_invariant on a GPU asks for deterministic kernels unless the config chose, and leaves them on the CPU") {
+  // The device is only named: a Context touches none until it is given a model.
+  const torch::Device gpu(torch::kCUDA, 0), cpu(torch::kCPU);
+  auto deterministic = [](torch::Device device, std::optional<bool> chosen, bool rank_invariant) {
+    return dettrial::Context(test::hparams(), ContextOptions{.device = device, .deterministic = chosen, .rank_invariant = rank_invariant})
+        .process_settings()
+        .deterministic;
+  };
+  CHECK(deterministic(gpu, std::nullopt, true) == std::optional<bool>(true));
+  CHECK(deterministic(gpu, false, true) == std::optional<bool>(false));  // the config's choice stays
+  CHECK(deterministic(gpu, std::nullopt, false) == std::nullopt);
+  CHECK(deterministic(cpu, std::nullopt, true) == std::nullopt);  // on the CPU the ordered sums suffice
+}
+
 TEST_CASE("a Context changes nothing process-wide, and its ProcessSettings, applied once, set the threads, determinism and seed") {
   const int threads_before = at::get_num_threads();
   const bool deterministic_before = at::globalContext().deterministicAlgorithms();
@@ -691,6 +705,8 @@ TEST_CASE("a Context changes nothing process-wide, and its ProcessSettings, appl
   CHECK(at::globalContext().deterministicAlgorithms() == !deterministic_before);
   if (!deterministic_before) CHECK(std::getenv("CUBLAS_WORKSPACE_CONFIG") != nullptr);
   CHECK(dettrial::detail::runtime_summary().find("(--threads: intra-op " + std::to_string(other_threads)) != std::string::npos);
+  // The first line says when the deterministic kernels are on.
+  CHECK((dettrial::detail::runtime_summary().find(", deterministic algorithms") != std::string::npos) == !deterministic_before);
   torch::manual_seed(7);
   const torch::Tensor seeded = torch::rand({4});
   settings.apply();

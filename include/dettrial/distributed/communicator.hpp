@@ -189,12 +189,8 @@ class Communicator {
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
 
-namespace dettrial {
-
-#if defined(DETTRIAL_HAS_GLOO)
-}  // namespace dettrial
-
 namespace dettrial::detail {
+#if defined(DETTRIAL_HAS_GLOO)
 /// Gloo's transport device: the interface GLOO_SOCKET_IFNAME names, loopback for a job on one
 /// machine, else the host name's address.
 DETTRIAL_INLINE std::shared_ptr<::gloo::transport::Device> gloo_device(const LaunchEnvironment& env) {
@@ -204,6 +200,7 @@ DETTRIAL_INLINE std::shared_ptr<::gloo::transport::Device> gloo_device(const Lau
   if (env.master_addr == "127.0.0.1" || env.master_addr == "localhost") return c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1");
   return c10d::ProcessGroupGloo::createDefaultDevice();
 }
+#endif
 
 DETTRIAL_INLINE std::string why_not_one_gpu_per_rank(const std::vector<std::string>& gpu_of_rank) {
   std::map<std::string, std::size_t> first_rank_of;
@@ -215,13 +212,18 @@ DETTRIAL_INLINE std::string why_not_one_gpu_per_rank(const std::vector<std::stri
   return {};
 }
 
+/// The GPU a process's local rank picks: one per process, as the Context picks its device.
+DETTRIAL_INLINE c10::DeviceIndex local_gpu_index(const LaunchEnvironment& env) {
+  return static_cast<c10::DeviceIndex>(env.local_rank % std::max<std::int64_t>(static_cast<std::int64_t>(torch::cuda::device_count()), 1));
+}
+
 #if defined(DETTRIAL_HAS_NCCL)
 /// The UUID of the GPU this process's local rank picks, or "" where its node runs more ranks than it
 /// has GPUs (or has none).
 DETTRIAL_INLINE std::string this_ranks_gpu(const LaunchEnvironment& env) {
   const auto gpus = static_cast<std::int64_t>(torch::cuda::device_count());
   if (gpus == 0 || env.local_size > gpus) return {};
-  const cudaDeviceProp* properties = at::cuda::getDeviceProperties(static_cast<c10::DeviceIndex>(env.local_rank % gpus));
+  const cudaDeviceProp* properties = at::cuda::getDeviceProperties(local_gpu_index(env));
   static constexpr char hex[] = "0123456789abcdef";
   std::string uuid = "GPU-";
   for (const char byte : properties->uuid.bytes) {
@@ -235,12 +237,15 @@ DETTRIAL_INLINE std::string this_ranks_gpu(const LaunchEnvironment& env) {
 /// attempt, so a restarted job does not read the last one's.
 DETTRIAL_INLINE std::vector<std::string> gpus_of_ranks(c10d::Store& store, const LaunchEnvironment& env) {
   const std::string prefix = "dettrial/gpu/" + std::to_string(env.restart) + "/";
-  const std::string mine = "uuid:" + this_ranks_gpu(env);  // never an empty value
+  static constexpr std::string_view none = "none";  // a rank without a GPU of its own (the store keeps no empty value)
+  const std::string uuid = this_ranks_gpu(env);
+  const std::string_view mine = uuid.empty() ? none : std::string_view(uuid);
   store.set(prefix + std::to_string(env.rank), std::vector<std::uint8_t>(mine.begin(), mine.end()));
   std::vector<std::string> all;
   for (int r = 0; r < env.size; ++r) {
     const std::vector<std::uint8_t> value = store.get(prefix + std::to_string(r));
-    all.emplace_back(value.begin() + std::min<std::size_t>(5, value.size()), value.end());
+    const std::string theirs(value.begin(), value.end());
+    all.push_back(theirs == none ? std::string() : theirs);
   }
   return all;
 }
@@ -248,7 +253,6 @@ DETTRIAL_INLINE std::vector<std::string> gpus_of_ranks(c10d::Store& store, const
 }  // namespace dettrial::detail
 
 namespace dettrial {
-#endif
 
 DETTRIAL_INLINE std::shared_ptr<Communicator> Communicator::join(const LaunchEnvironment& env, std::chrono::milliseconds timeout,
                                                                  const char* backend_name) {
@@ -428,10 +432,7 @@ DETTRIAL_INLINE std::vector<c10::IValue> Communicator::allgather_object(const c1
 DETTRIAL_INLINE Communicator::Communicator(LaunchEnvironment env, std::chrono::milliseconds timeout, const char* backend_name)
     : env_(std::move(env)), timeout_(timeout), backend_name_(backend_name) {
   // NCCL: one GPU per process, picked by the local rank (as the Context picks its device).
-  if (std::string_view(backend_name_) == backend::nccl::name)
-    device_ = torch::Device(
-        torch::kCUDA,
-        static_cast<c10::DeviceIndex>(env_.local_rank % std::max<std::int64_t>(static_cast<std::int64_t>(torch::cuda::device_count()), 1)));
+  if (std::string_view(backend_name_) == backend::nccl::name) device_ = torch::Device(torch::kCUDA, detail::local_gpu_index(env_));
 }
 
 DETTRIAL_INLINE DistributedError Communicator::failure(const char* what, const std::exception& e) const {
