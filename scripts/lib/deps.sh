@@ -180,19 +180,26 @@ dettrial_build() {
   cmake --build "$dir" -j "$jobs" "${targets[@]}" "${keep_going[@]}"
 }
 
-# Conan 2 in the venv, then `conan create` of the recipe with Debian's LibTorch, yaml-cpp, range-v3
-# and zlib declared as platform requirements (Conan's central remote is not needed).
-dettrial_conan_create() {
+# Conan 2 in a venv; prints its conan.
+dettrial_conan() {
   local venv="$DETTRIAL_CACHE/conan-venv"
   if [ ! -x "$venv/bin/conan" ]; then
     dettrial_log "installing conan from PyPI into $venv"
-    python3 -m venv "$venv"
-    "$venv/bin/python" -m pip install -q conan
+    python3 -m venv "$venv" >&2 || return 1
+    "$venv/bin/python" -m pip install -q conan >&2 || return 1
   fi
+  echo "$venv/bin/conan"
+}
+
+# `conan create` of the recipe with Debian's LibTorch, yaml-cpp, range-v3 and zlib declared as
+# platform requirements (Conan's central remote is not needed).
+dettrial_conan_create() {
+  local conan
+  conan=$(dettrial_conan) || return 1
   local profile="$DETTRIAL_ROOT/packaging/conan/profiles/debian12"
   local launcher=()
   dettrial_ccache_env && launcher=(-c "tools.cmake.cmaketoolchain:extra_variables={'CMAKE_CXX_COMPILER_LAUNCHER': 'ccache'}")
   dettrial_log "conan create (test_package trains a tiny trial)"
-  CONAN_HOME="$DETTRIAL_ROOT/build/conan-home" "$venv/bin/conan" create "$DETTRIAL_ROOT" \
+  CONAN_HOME="$DETTRIAL_ROOT/build/conan-home" "$conan" create "$DETTRIAL_ROOT" \
     -pr:h "$profile" -pr:b "$profile" "${launcher[@]}"
 }

@@ -259,6 +259,14 @@ struct ExperimentFolder {
 #else
 #define DETTRIAL_HEADER_DEFINITIONS 0
 #endif
+#elif defined(DETTRIAL_HEADER_CHECK)
+// The header check (CMake's DETTRIAL_VERIFY_HEADERS: one translation unit per header, the header
+// included first): the checked header's definitions compile with what it includes, and the headers
+// it includes are read as declarations only (their own translation units check their definitions;
+// reading them again in every header that includes them was most of the check's time). Checked
+// this way, a header may not lean on what another's definitions section includes.
+#define DETTRIAL_INLINE
+#define DETTRIAL_HEADER_DEFINITIONS (__INCLUDE_LEVEL__ == 1)
 #else
 #define DETTRIAL_INLINE inline
 /// 1 where a header's definitions section is compiled: always header-only, in <dettrial/src.hpp> otherwise.
@@ -7354,6 +7362,17 @@ class CyclicLR : public EpochLRScheduler {
 
 }  // namespace dettrial::optim
 
+// Shared with SWALR (averaged_model.hpp).
+namespace dettrial::optim::detail::cyclic {
+
+/// Python's _format_param: one value per group, from one for all or a list of exactly one per group.
+DETTRIAL_INLINE std::vector<double> per_group(const char* scheduler, const char* name, const PerGroup& value,
+                                              const torch::optim::Optimizer& optimizer);
+/// The entry `key` of dettrial's archive or Python's dict, as text.
+DETTRIAL_INLINE std::string text_of(const c10::IValue& v, const std::string& what);
+
+}  // namespace dettrial::optim::detail::cyclic
+
 // Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
 #if DETTRIAL_HEADER_DEFINITIONS
 #include <cmath>
@@ -7363,7 +7382,6 @@ class CyclicLR : public EpochLRScheduler {
 
 namespace dettrial::optim::detail::cyclic {
 
-/// Python's _format_param: one value per group, from one for all or a list of exactly one per group.
 DETTRIAL_INLINE std::vector<double> per_group(const char* scheduler, const char* name, const PerGroup& value,
                                               const torch::optim::Optimizer& optimizer) {
   const std::size_t groups = optimizer.param_groups().size();
@@ -7416,7 +7434,6 @@ DETTRIAL_INLINE double anneal(AnnealStrategy strategy, double start, double end,
   return end + (start - end) / 2.0 * cos_out;
 }
 
-/// The entry `key` of dettrial's archive or Python's dict, as text.
 DETTRIAL_INLINE std::string text_of(const c10::IValue& v, const std::string& what) {
   if (!v.isString()) throw CheckpointError(what + " is not a string");
   return v.toStringRef();
@@ -13807,6 +13824,10 @@ using Json = nlohmann::ordered_json;
 /// dettrial's `state_dict.pth` hold it) into LibTorch's optimizers and dettrial's fused ones: the
 /// groups' options and every parameter's state, checked before anything is changed.
 
+#include <functional>
+#include <map>
+#include <memory>
+#include <set>
 #include <string>
 
 #include <torch/torch.h>
@@ -13861,12 +13882,31 @@ DETTRIAL_INLINE bool python_layout_holds(torch::optim::Optimizer& optimizer);
 
 }  // namespace dettrial
 
+namespace dettrial::detail::python_optimizer {
+
+/// One optimizer type: the options it has (beyond those every optimizer carries), how to set them
+/// and how to make a parameter's state from the file's entries.
+struct Kind {
+  const char* name;
+  std::set<std::string> options;
+  /// Flags Python's optimizers carry that change the update, with the one value LibTorch's type
+  /// computes: another value in the file is refused, never trained on as something else (an AdamW
+  /// checkpoint resumed into Adam would otherwise step as Adam with L2 weight decay).
+  std::map<std::string, bool> fixed_flags;
+  std::function<void(torch::optim::OptimizerOptions&, const std::string& key, const c10::IValue& value, const std::string& what)> set;
+  std::function<std::unique_ptr<torch::optim::OptimizerParamState>(const StateDict& entries, const torch::Tensor& param,
+                                                                   const std::string& what)>
+      make_state;
+};
+
+/// The kind of `options`' optimizer; `name` is null for one whose state dettrial does not write in
+/// Python's layout.
+DETTRIAL_INLINE Kind kind_of(torch::optim::OptimizerOptions& options);
+
+}  // namespace dettrial::detail::python_optimizer
+
 // Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
 #if DETTRIAL_HEADER_DEFINITIONS
-#include <functional>
-#include <map>
-#include <memory>
-#include <set>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -14763,21 +14803,6 @@ DETTRIAL_INLINE void load_module_state_dict(torch::nn::Module& module, const Sta
 namespace dettrial::detail::python_optimizer {
 
 using optim::detail::python_state::python_number;  // schedulers' reader of Python's numbers
-
-/// One optimizer type: the options it has (beyond those every optimizer carries), how to set them
-/// and how to make a parameter's state from the file's entries.
-struct Kind {
-  const char* name;
-  std::set<std::string> options;
-  /// Flags Python's optimizers carry that change the update, with the one value LibTorch's type
-  /// computes: another value in the file is refused, never trained on as something else (an AdamW
-  /// checkpoint resumed into Adam would otherwise step as Adam with L2 weight decay).
-  std::map<std::string, bool> fixed_flags;
-  std::function<void(torch::optim::OptimizerOptions&, const std::string& key, const c10::IValue& value, const std::string& what)> set;
-  std::function<std::unique_ptr<torch::optim::OptimizerParamState>(const StateDict& entries, const torch::Tensor& param,
-                                                                   const std::string& what)>
-      make_state;
-};
 
 /// Options Python's optimizers carry that change nothing in LibTorch's arithmetic (how the update
 /// is computed, not what it is), and the entries Python's schedulers keep in the groups (initial_lr;
@@ -17979,6 +18004,19 @@ struct Chart {
 /// Text for HTML (content and attribute values): & < > " ' escaped.
 DETTRIAL_INLINE std::string escape(std::string_view text);
 
+/// `v` with `precision` significant digits ("0.000531533", "1.5e+06"); std::to_chars, so that a
+/// program's locale never turns SVG's '.' into ','.
+DETTRIAL_INLINE std::string general(double v, int precision = 6);
+
+/// A JSON value for a table cell: numbers with 6 significant digits, strings as they are.
+DETTRIAL_INLINE std::string value_text(const Json& v);
+
+/// A JSON value as the table sorts it (`data-value`): numbers exactly, empty for null.
+DETTRIAL_INLINE std::string sort_key(const Json& v);
+
+/// Series colours: Tableau's ten, then hues a golden angle apart.
+DETTRIAL_INLINE std::string palette(std::size_t i);
+
 /// At most `max_points` of `points` (sorted by x), keeping the first, the last and, in each of
 /// (max_points - 2) / 2 equal runs between them, the lowest and the highest: a line drawn through
 /// them keeps the series' extremes.
@@ -18017,8 +18055,7 @@ DETTRIAL_INLINE std::string escape(std::string_view text) {
 
 // ---- numbers as text: std::to_chars, so that a program's locale never turns SVG's '.' into ','
 
-/// `v` with `precision` significant digits ("0.000531533", "1.5e+06").
-DETTRIAL_INLINE std::string general(double v, int precision = 6) {
+DETTRIAL_INLINE std::string general(double v, int precision) {
   if (std::isnan(v)) return "NaN";
   if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
   char buffer[64];
@@ -18044,7 +18081,6 @@ DETTRIAL_INLINE std::string fixed(double v, int decimals) {
   return s;
 }
 
-/// A JSON value for a table cell: numbers with 6 significant digits, strings as they are.
 DETTRIAL_INLINE std::string value_text(const Json& v) {
   if (v.is_null()) return "";
   if (v.is_number_integer() || v.is_number_unsigned()) return v.dump();
@@ -18053,7 +18089,6 @@ DETTRIAL_INLINE std::string value_text(const Json& v) {
   return v.dump(-1, ' ', false, Json::error_handler_t::replace);
 }
 
-/// A JSON value as the table sorts it (`data-value`): numbers exactly, empty for null.
 DETTRIAL_INLINE std::string sort_key(const Json& v) {
   if (v.is_number_float()) return shortest(v.get<double>());
   return value_text(v);
@@ -18125,7 +18160,6 @@ DETTRIAL_INLINE double position(double v, const Axis& a) {
   return a.hi > a.lo ? (t - a.lo) / (a.hi - a.lo) : 0.5;
 }
 
-/// Series colours: Tableau's ten, then hues a golden angle apart.
 DETTRIAL_INLINE std::string palette(std::size_t i) {
   static constexpr const char* colors[] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd",
                                            "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"};
@@ -18406,6 +18440,32 @@ namespace dettrial::detail::html {
  */
 DETTRIAL_INLINE std::vector<Json> read_jsonl(const std::filesystem::path& path, bool* torn = nullptr);
 
+/// The page: its frame around `header` and `content` (HTML), with a footer line of when it was written.
+DETTRIAL_INLINE std::string page(const std::string& title, const std::string& header, const std::string& content);
+/// The charts as a row of figures.
+DETTRIAL_INLINE std::string figures(const std::vector<Chart>& charts);
+/// A config file shown as it is, folded.
+DETTRIAL_INLINE std::string config_section(const std::string& name, const std::string& text);
+/// A file's bytes; empty when it cannot be read.
+DETTRIAL_INLINE std::string read_text(const std::filesystem::path& path);
+/// Nested hyperparameters by their dotted names ("optimizer.lr"), in their order.
+DETTRIAL_INLINE void flatten(const Json& value, const std::string& prefix, std::vector<std::pair<std::string, Json>>& out);
+/// The `hyperparameters` of a config.yaml, or null when it has none or does not parse.
+DETTRIAL_INLINE Json config_hyperparameters(const std::string& yaml_text);
+/// A table of name/value rows (hyperparameters).
+DETTRIAL_INLINE std::string value_table(const std::vector<std::pair<std::string, Json>>& rows);
+/// A record's field, when it is there and of that kind.
+DETTRIAL_INLINE std::optional<std::int64_t> integer_of(const Json& object, const char* key);
+DETTRIAL_INLINE std::optional<double> number_of(const Json& object, const char* key);
+DETTRIAL_INLINE std::string string_of(const Json& object, const char* key);
+/// A table header cell the script sorts by: `column` is the name `#sort=` takes.
+DETTRIAL_INLINE std::string sortable_header(const std::string& column, const std::string& label, bool numeric);
+/// A table cell sorted by `value`, showing its text or `inner_html`.
+DETTRIAL_INLINE std::string table_cell(const Json& value, const std::string& inner_html = {});
+/// A value or null.
+DETTRIAL_INLINE Json optional_json(const std::optional<double>& v);
+DETTRIAL_INLINE Json optional_json(const std::optional<std::int64_t>& v);
+
 }  // namespace dettrial::detail::html
 
 // Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
@@ -18580,7 +18640,6 @@ DETTRIAL_INLINE std::string figures(const std::vector<Chart>& charts) {
   return out + "</div>\n";
 }
 
-/// A config file shown as it is, folded.
 DETTRIAL_INLINE std::string config_section(const std::string& name, const std::string& text) {
   if (text.empty()) return "";
   return "<details><summary>" + escape(name) + "</summary>\n<pre>" + escape(text) + "</pre>\n</details>\n";
@@ -18591,7 +18650,6 @@ DETTRIAL_INLINE std::string read_text(const std::filesystem::path& path) {
   return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
 }
 
-/// Nested hyperparameters by their dotted names ("optimizer.lr"), in their order.
 DETTRIAL_INLINE void flatten(const Json& value, const std::string& prefix, std::vector<std::pair<std::string, Json>>& out) {
   if (value.is_object() && !value.empty()) {
     for (auto it = value.begin(); it != value.end(); ++it) flatten(it.value(), prefix.empty() ? it.key() : prefix + "." + it.key(), out);
@@ -18600,7 +18658,6 @@ DETTRIAL_INLINE void flatten(const Json& value, const std::string& prefix, std::
   }
 }
 
-/// The `hyperparameters` of a config.yaml, or null when it has none or does not parse.
 DETTRIAL_INLINE Json config_hyperparameters(const std::string& yaml_text) {
   try {
     const YAML::Node doc = YAML::Load(yaml_text);
@@ -18611,7 +18668,6 @@ DETTRIAL_INLINE Json config_hyperparameters(const std::string& yaml_text) {
   return nullptr;
 }
 
-/// A table of name/value rows (hyperparameters).
 DETTRIAL_INLINE std::string value_table(const std::vector<std::pair<std::string, Json>>& rows) {
   std::string out = "<table>\n";
   for (const auto& [name, value] : rows)
@@ -18637,13 +18693,12 @@ DETTRIAL_INLINE std::string string_of(const Json& object, const char* key) {
   return v && v->is_string() ? v->get<std::string>() : std::string();
 }
 
-/// A table header cell the script sorts by: `column` is the name `#sort=` takes.
 DETTRIAL_INLINE std::string sortable_header(const std::string& column, const std::string& label, bool numeric) {
   return "<th data-column=\"" + escape(column) + "\" data-type=\"" + (numeric ? "number" : "text") + "\"" +
          (numeric ? "" : " class=\"text\"") + " title=\"sort by " + escape(label) + "\">" + escape(label) + "</th>";
 }
 
-DETTRIAL_INLINE std::string table_cell(const Json& value, const std::string& inner_html = {}) {
+DETTRIAL_INLINE std::string table_cell(const Json& value, const std::string& inner_html) {
   return "<td" + std::string(value.is_string() ? " class=\"text\"" : "") + " data-value=\"" + escape(sort_key(value)) + "\">" +
          (inner_html.empty() ? escape(value_text(value)) : inner_html) + "</td>";
 }

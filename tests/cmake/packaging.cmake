@@ -71,7 +71,12 @@ if(GIT_EXECUTABLE AND EXISTS "${PROJECT_SOURCE_DIR}/.git")
   execute_process(COMMAND "${GIT_EXECUTABLE}" rev-parse HEAD WORKING_DIRECTORY "${PROJECT_SOURCE_DIR}"
                   OUTPUT_VARIABLE _head OUTPUT_STRIP_TRAILING_WHITESPACE RESULT_VARIABLE _head_status)
 endif()
-if(_head AND _head_status EQUAL 0)
+# What it adds to the add_subdirectory consumer (a clone of the commit, fetched by CMake) is the
+# same with any LibTorch: CI runs it in one build.
+option(DETTRIAL_FETCHCONTENT_TEST "Build and run the FetchContent consumer" ON)
+if(NOT DETTRIAL_FETCHCONTENT_TEST)
+  dettrial_skipped_test("${_fetch_test}" "the FetchContent consumer is off in this build (-DDETTRIAL_FETCHCONTENT_TEST=OFF)")
+elseif(_head AND _head_status EQUAL 0)
   add_test(NAME "${_fetch_test}"
            COMMAND "${CMAKE_CTEST_COMMAND}" --build-and-test "${CMAKE_CURRENT_SOURCE_DIR}/subdirectory" "${CMAKE_CURRENT_BINARY_DIR}/fetchcontent"
                    --build-generator "${CMAKE_GENERATOR}" --build-noclean

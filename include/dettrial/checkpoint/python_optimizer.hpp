@@ -5,6 +5,10 @@
 /// groups' options and every parameter's state, checked before anything is changed.
 #pragma once
 
+#include <functional>
+#include <map>
+#include <memory>
+#include <set>
 #include <string>
 
 #include <torch/torch.h>
@@ -35,12 +39,31 @@ DETTRIAL_INLINE bool python_layout_holds(torch::optim::Optimizer& optimizer);
 
 }  // namespace dettrial
 
+namespace dettrial::detail::python_optimizer {
+
+/// One optimizer type: the options it has (beyond those every optimizer carries), how to set them
+/// and how to make a parameter's state from the file's entries.
+struct Kind {
+  const char* name;
+  std::set<std::string> options;
+  /// Flags Python's optimizers carry that change the update, with the one value LibTorch's type
+  /// computes: another value in the file is refused, never trained on as something else (an AdamW
+  /// checkpoint resumed into Adam would otherwise step as Adam with L2 weight decay).
+  std::map<std::string, bool> fixed_flags;
+  std::function<void(torch::optim::OptimizerOptions&, const std::string& key, const c10::IValue& value, const std::string& what)> set;
+  std::function<std::unique_ptr<torch::optim::OptimizerParamState>(const StateDict& entries, const torch::Tensor& param,
+                                                                   const std::string& what)>
+      make_state;
+};
+
+/// The kind of `options`' optimizer; `name` is null for one whose state dettrial does not write in
+/// Python's layout.
+DETTRIAL_INLINE Kind kind_of(torch::optim::OptimizerOptions& options);
+
+}  // namespace dettrial::detail::python_optimizer
+
 // Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
 #if DETTRIAL_HEADER_DEFINITIONS
-#include <functional>
-#include <map>
-#include <memory>
-#include <set>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -57,21 +80,6 @@ DETTRIAL_INLINE bool python_layout_holds(torch::optim::Optimizer& optimizer);
 namespace dettrial::detail::python_optimizer {
 
 using optim::detail::python_state::python_number;  // schedulers' reader of Python's numbers
-
-/// One optimizer type: the options it has (beyond those every optimizer carries), how to set them
-/// and how to make a parameter's state from the file's entries.
-struct Kind {
-  const char* name;
-  std::set<std::string> options;
-  /// Flags Python's optimizers carry that change the update, with the one value LibTorch's type
-  /// computes: another value in the file is refused, never trained on as something else (an AdamW
-  /// checkpoint resumed into Adam would otherwise step as Adam with L2 weight decay).
-  std::map<std::string, bool> fixed_flags;
-  std::function<void(torch::optim::OptimizerOptions&, const std::string& key, const c10::IValue& value, const std::string& what)> set;
-  std::function<std::unique_ptr<torch::optim::OptimizerParamState>(const StateDict& entries, const torch::Tensor& param,
-                                                                   const std::string& what)>
-      make_state;
-};
 
 /// Options Python's optimizers carry that change nothing in LibTorch's arithmetic (how the update
 /// is computed, not what it is), and the entries Python's schedulers keep in the groups (initial_lr;

@@ -20,6 +20,14 @@
 #else
 #define DETTRIAL_HEADER_DEFINITIONS 0
 #endif
+#elif defined(DETTRIAL_HEADER_CHECK)
+// The header check (CMake's DETTRIAL_VERIFY_HEADERS: one translation unit per header, the header
+// included first): the checked header's definitions compile with what it includes, and the headers
+// it includes are read as declarations only (their own translation units check their definitions;
+// reading them again in every header that includes them was most of the check's time). Checked
+// this way, a header may not lean on what another's definitions section includes.
+#define DETTRIAL_INLINE
+#define DETTRIAL_HEADER_DEFINITIONS (__INCLUDE_LEVEL__ == 1)
 #else
 #define DETTRIAL_INLINE inline
 /// 1 where a header's definitions section is compiled: always header-only, in <dettrial/src.hpp> otherwise.

@@ -193,6 +193,17 @@ class CyclicLR : public EpochLRScheduler {
 
 }  // namespace dettrial::optim
 
+// Shared with SWALR (averaged_model.hpp).
+namespace dettrial::optim::detail::cyclic {
+
+/// Python's _format_param: one value per group, from one for all or a list of exactly one per group.
+DETTRIAL_INLINE std::vector<double> per_group(const char* scheduler, const char* name, const PerGroup& value,
+                                              const torch::optim::Optimizer& optimizer);
+/// The entry `key` of dettrial's archive or Python's dict, as text.
+DETTRIAL_INLINE std::string text_of(const c10::IValue& v, const std::string& what);
+
+}  // namespace dettrial::optim::detail::cyclic
+
 // Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
 #if DETTRIAL_HEADER_DEFINITIONS
 #include <cmath>
@@ -203,7 +214,6 @@ class CyclicLR : public EpochLRScheduler {
 
 namespace dettrial::optim::detail::cyclic {
 
-/// Python's _format_param: one value per group, from one for all or a list of exactly one per group.
 DETTRIAL_INLINE std::vector<double> per_group(const char* scheduler, const char* name, const PerGroup& value,
                                               const torch::optim::Optimizer& optimizer) {
   const std::size_t groups = optimizer.param_groups().size();
@@ -256,7 +266,6 @@ DETTRIAL_INLINE double anneal(AnnealStrategy strategy, double start, double end,
   return end + (start - end) / 2.0 * cos_out;
 }
 
-/// The entry `key` of dettrial's archive or Python's dict, as text.
 DETTRIAL_INLINE std::string text_of(const c10::IValue& v, const std::string& what) {
   if (!v.isString()) throw CheckpointError(what + " is not a string");
   return v.toStringRef();

@@ -56,6 +56,19 @@ struct Chart {
 /// Text for HTML (content and attribute values): & < > " ' escaped.
 DETTRIAL_INLINE std::string escape(std::string_view text);
 
+/// `v` with `precision` significant digits ("0.000531533", "1.5e+06"); std::to_chars, so that a
+/// program's locale never turns SVG's '.' into ','.
+DETTRIAL_INLINE std::string general(double v, int precision = 6);
+
+/// A JSON value for a table cell: numbers with 6 significant digits, strings as they are.
+DETTRIAL_INLINE std::string value_text(const Json& v);
+
+/// A JSON value as the table sorts it (`data-value`): numbers exactly, empty for null.
+DETTRIAL_INLINE std::string sort_key(const Json& v);
+
+/// Series colours: Tableau's ten, then hues a golden angle apart.
+DETTRIAL_INLINE std::string palette(std::size_t i);
+
 /// At most `max_points` of `points` (sorted by x), keeping the first, the last and, in each of
 /// (max_points - 2) / 2 equal runs between them, the lowest and the highest: a line drawn through
 /// them keeps the series' extremes.
@@ -95,8 +108,7 @@ DETTRIAL_INLINE std::string escape(std::string_view text) {
 
 // ---- numbers as text: std::to_chars, so that a program's locale never turns SVG's '.' into ','
 
-/// `v` with `precision` significant digits ("0.000531533", "1.5e+06").
-DETTRIAL_INLINE std::string general(double v, int precision = 6) {
+DETTRIAL_INLINE std::string general(double v, int precision) {
   if (std::isnan(v)) return "NaN";
   if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
   char buffer[64];
@@ -122,7 +134,6 @@ DETTRIAL_INLINE std::string fixed(double v, int decimals) {
   return s;
 }
 
-/// A JSON value for a table cell: numbers with 6 significant digits, strings as they are.
 DETTRIAL_INLINE std::string value_text(const Json& v) {
   if (v.is_null()) return "";
   if (v.is_number_integer() || v.is_number_unsigned()) return v.dump();
@@ -131,7 +142,6 @@ DETTRIAL_INLINE std::string value_text(const Json& v) {
   return v.dump(-1, ' ', false, Json::error_handler_t::replace);
 }
 
-/// A JSON value as the table sorts it (`data-value`): numbers exactly, empty for null.
 DETTRIAL_INLINE std::string sort_key(const Json& v) {
   if (v.is_number_float()) return shortest(v.get<double>());
   return value_text(v);
@@ -203,7 +213,6 @@ DETTRIAL_INLINE double position(double v, const Axis& a) {
   return a.hi > a.lo ? (t - a.lo) / (a.hi - a.lo) : 0.5;
 }
 
-/// Series colours: Tableau's ten, then hues a golden angle apart.
 DETTRIAL_INLINE std::string palette(std::size_t i) {
   static constexpr const char* colors[] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd",
                                            "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"};

@@ -31,6 +31,32 @@ namespace dettrial::detail::html {
  */
 DETTRIAL_INLINE std::vector<Json> read_jsonl(const std::filesystem::path& path, bool* torn = nullptr);
 
+/// The page: its frame around `header` and `content` (HTML), with a footer line of when it was written.
+DETTRIAL_INLINE std::string page(const std::string& title, const std::string& header, const std::string& content);
+/// The charts as a row of figures.
+DETTRIAL_INLINE std::string figures(const std::vector<Chart>& charts);
+/// A config file shown as it is, folded.
+DETTRIAL_INLINE std::string config_section(const std::string& name, const std::string& text);
+/// A file's bytes; empty when it cannot be read.
+DETTRIAL_INLINE std::string read_text(const std::filesystem::path& path);
+/// Nested hyperparameters by their dotted names ("optimizer.lr"), in their order.
+DETTRIAL_INLINE void flatten(const Json& value, const std::string& prefix, std::vector<std::pair<std::string, Json>>& out);
+/// The `hyperparameters` of a config.yaml, or null when it has none or does not parse.
+DETTRIAL_INLINE Json config_hyperparameters(const std::string& yaml_text);
+/// A table of name/value rows (hyperparameters).
+DETTRIAL_INLINE std::string value_table(const std::vector<std::pair<std::string, Json>>& rows);
+/// A record's field, when it is there and of that kind.
+DETTRIAL_INLINE std::optional<std::int64_t> integer_of(const Json& object, const char* key);
+DETTRIAL_INLINE std::optional<double> number_of(const Json& object, const char* key);
+DETTRIAL_INLINE std::string string_of(const Json& object, const char* key);
+/// A table header cell the script sorts by: `column` is the name `#sort=` takes.
+DETTRIAL_INLINE std::string sortable_header(const std::string& column, const std::string& label, bool numeric);
+/// A table cell sorted by `value`, showing its text or `inner_html`.
+DETTRIAL_INLINE std::string table_cell(const Json& value, const std::string& inner_html = {});
+/// A value or null.
+DETTRIAL_INLINE Json optional_json(const std::optional<double>& v);
+DETTRIAL_INLINE Json optional_json(const std::optional<std::int64_t>& v);
+
 }  // namespace dettrial::detail::html
 
 // Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
@@ -206,7 +232,6 @@ DETTRIAL_INLINE std::string figures(const std::vector<Chart>& charts) {
   return out + "</div>\n";
 }
 
-/// A config file shown as it is, folded.
 DETTRIAL_INLINE std::string config_section(const std::string& name, const std::string& text) {
   if (text.empty()) return "";
   return "<details><summary>" + escape(name) + "</summary>\n<pre>" + escape(text) + "</pre>\n</details>\n";
@@ -217,7 +242,6 @@ DETTRIAL_INLINE std::string read_text(const std::filesystem::path& path) {
   return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
 }
 
-/// Nested hyperparameters by their dotted names ("optimizer.lr"), in their order.
 DETTRIAL_INLINE void flatten(const Json& value, const std::string& prefix, std::vector<std::pair<std::string, Json>>& out) {
   if (value.is_object() && !value.empty()) {
     for (auto it = value.begin(); it != value.end(); ++it) flatten(it.value(), prefix.empty() ? it.key() : prefix + "." + it.key(), out);
@@ -226,7 +250,6 @@ DETTRIAL_INLINE void flatten(const Json& value, const std::string& prefix, std::
   }
 }
 
-/// The `hyperparameters` of a config.yaml, or null when it has none or does not parse.
 DETTRIAL_INLINE Json config_hyperparameters(const std::string& yaml_text) {
   try {
     const YAML::Node doc = YAML::Load(yaml_text);
@@ -237,7 +260,6 @@ DETTRIAL_INLINE Json config_hyperparameters(const std::string& yaml_text) {
   return nullptr;
 }
 
-/// A table of name/value rows (hyperparameters).
 DETTRIAL_INLINE std::string value_table(const std::vector<std::pair<std::string, Json>>& rows) {
   std::string out = "<table>\n";
   for (const auto& [name, value] : rows)
@@ -263,13 +285,12 @@ DETTRIAL_INLINE std::string string_of(const Json& object, const char* key) {
   return v && v->is_string() ? v->get<std::string>() : std::string();
 }
 
-/// A table header cell the script sorts by: `column` is the name `#sort=` takes.
 DETTRIAL_INLINE std::string sortable_header(const std::string& column, const std::string& label, bool numeric) {
   return "<th data-column=\"" + escape(column) + "\" data-type=\"" + (numeric ? "number" : "text") + "\"" +
          (numeric ? "" : " class=\"text\"") + " title=\"sort by " + escape(label) + "\">" + escape(label) + "</th>";
 }
 
-DETTRIAL_INLINE std::string table_cell(const Json& value, const std::string& inner_html = {}) {
+DETTRIAL_INLINE std::string table_cell(const Json& value, const std::string& inner_html) {
   return "<td" + std::string(value.is_string() ? " class=\"text\"" : "") + " data-value=\"" + escape(sort_key(value)) + "\">" +
          (inner_html.empty() ? escape(value_text(value)) : inner_html) + "</td>";
 }
