@@ -93,8 +93,10 @@ TEST_CASE("vision: torchvision's ResNets load strictly here and compute its logi
       // LibTorch 1.13 against PyPI's torchvision) blocks its convolutions otherwise: float32 rounding
       // over up to 152 layers, within 1e-4 of the largest logit in eval mode. In train mode BatchNorm
       // divides by statistics of the batch itself, over as few as 12 values a channel in layer4 (3
-      // images of 2 x 2), which multiplies those differences: measured up to 3.4e-4, held to 1e-3.
-      const double tolerance = what == "eval" ? 1e-4 : 1e-3;
+      // images of 2 x 2), which multiplies those differences, and by how much depends on the CPU's
+      // kernels: measured up to 3.4e-4 on one machine and 1.1e-3 (ResNet-152) on another, held to
+      // 5e-3 (a wrong layer or weight is off by the size of the logits themselves).
+      const double tolerance = what == "eval" ? 1e-4 : 5e-3;
       if (exact) CHECK(difference == 0.0);
       else CHECK(difference < tolerance);
     }
