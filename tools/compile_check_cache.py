@@ -9,19 +9,51 @@ and the compiler's version; it holds, with the outcome, every file the compilati
 compiler's own -M list, made when the entry is written) and a hash of each, and is used only while
 every one of them is unchanged. So the same inputs give the same outcome, as a compilation would.
 
-As a compiler launcher (CMake's CXX_COMPILER_LAUNCHER) for a syntax check:
-    compile_check_cache.py COMPILER ARGS...
+As a compiler launcher (CMake's CXX_COMPILER_LAUNCHER) for a syntax check (-fsyntax-only):
+    compile_check_cache.py [--parse] COMPILER ARGS...
 a known success is not compiled again; anything else runs the compiler, and a success is recorded.
+
+A parse check (--parse, which adds -fsyntax-only) stops the compiler once the file is parsed. GCC instantiates the templates a
+translation unit used at its end, and for <torch/torch.h> alone that takes 10 s whatever the file
+does; a header's check, or a compile-fail case whose sentence comes from a class template, needs
+none of it. So the file is compiled through a wrapper that includes it and then fails twice where
+the parse ends (PARSED): with -fmax-errors=1 the compiler prints the first error and stops at the
+second. The file parsed clean if its first error is the wrapper's; otherwise its own first error is
+what a whole compilation would have printed first too (it was found while parsing, before the
+templates at the end).
 """
 import hashlib
 import json
 import os
 import pathlib
+import re
 import shlex
 import subprocess
 import sys
 
 SOURCE_ROOT = pathlib.Path(__file__).resolve().parents[1]
+PARSED = "dettrial: the file parsed to its end"
+FIRST_ERROR = re.compile(r"^.*\berror: .*$", re.MULTILINE)
+
+
+def parse_command(command, wrapper, cwd="."):
+    """`command` (a compilation, run in `cwd`) made a parse check of the same file through `wrapper`
+    (written here): the file, then the end of parsing twice (the second stops the compiler)."""
+    at = command.index("-c") + 1
+    source = pathlib.Path(cwd) / command[at]
+    wrapper = pathlib.Path(wrapper)
+    wrapper.parent.mkdir(parents=True, exist_ok=True)
+    wrapper.write_text(f'#include "{source.resolve()}"\n'
+                       f'static_assert(false, "{PARSED}");\n'
+                       f'static_assert(false, "{PARSED} (the compiler stops here)");\n')
+    stop_after_one = "-ferror-limit=1" if "clang" in pathlib.Path(command[0]).name else "-fmax-errors=1"
+    return command[:at] + [str(wrapper.resolve())] + command[at + 1:] + [stop_after_one]
+
+
+def parsed_clean(output):
+    """Whether a parse check's first error is the end of parsing (the file itself has none)."""
+    first = FIRST_ERROR.search(output)
+    return first is not None and PARSED in first.group(0)
 
 
 class Cache:
@@ -93,21 +125,64 @@ class Cache:
         temporary.replace(entry)
 
 
-def launch(command) -> int:
+def check(command, parse):
+    """Runs a syntax check (a parse check with `parse`): its exit status and what to print."""
+    output = command[command.index("-o") + 1] if "-o" in command else command[command.index("-c") + 1]
+    if not parse or output.endswith((".gch", ".pch")):  # a precompiled header is compiled whole
+        run = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace")
+        return run.returncode, run.stdout
+    # The wrapper beside the object the command names (its folder exists), so the dependency file
+    # the compiler writes names a file that stays; syntax only, so no object is written.
+    run = subprocess.run(parse_command(command + ["-fsyntax-only"], output + ".parse.cpp"), stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True, errors="replace")
+    return (0, "") if parsed_clean(run.stdout) else (run.returncode or 1, run.stdout)
+
+
+def self_test(compiler) -> int:
+    """A parse check passes a clean file and fails each kind of error found while parsing, with the
+    compiler's own message and not the end-of-parsing sentinel."""
+    import tempfile
+    cases = {
+        "clean": ("#include <vector>\ntemplate <class T> int f(T t) { return t.missing(); }\nint g() { return 1; }\n", None),
+        "missing include": ("int h() { return std::vector<int>{}.size(); }\n", "vector"),
+        "undeclared name": ("int h() { return undeclared_name; }\n", "undeclared_name"),
+        "namespace-scope static_assert": ("static_assert(sizeof(int) == 3, \"int has 3 bytes\");\n", "int has 3 bytes"),
+    }
+    failures = []
+    with tempfile.TemporaryDirectory() as folder:
+        for name, (text, expected) in cases.items():
+            source = pathlib.Path(folder) / (name.replace(" ", "_") + ".cpp")
+            source.write_text(text)
+            status, printed = check([compiler, "-std=c++20", "-c", str(source), "-o", str(source) + ".o"], parse=True)
+            if expected is None and status != 0:
+                failures.append(f"'{name}' failed: {printed}")
+            elif expected is not None and (status == 0 or expected not in printed or PARSED in printed):
+                failures.append(f"'{name}' gave status {status} and: {printed}")
+    for failure in failures:
+        print(f"compile_check_cache self-test: {failure}", file=sys.stderr)
+    return 1 if failures else 0
+
+
+def launch(arguments) -> int:
     """A syntax check through the cache: a known success returns at once."""
-    folder = os.environ.get("DETTRIAL_COMPILE_CHECK_CACHE")
-    if not folder or "-c" not in command:
+    parse = arguments[:1] == ["--parse"]
+    command = arguments[1:] if parse else arguments
+    if "-c" not in command:
         return subprocess.run(command).returncode
-    cache = Cache(folder, os.getcwd())
-    known = cache.lookup(command)
+    folder = os.environ.get("DETTRIAL_COMPILE_CHECK_CACHE")
+    # A parse check proves less than a whole syntax check: its outcomes are kept apart.
+    cache = Cache(os.path.join(folder, "parse") if parse else folder, os.getcwd()) if folder else None
+    known = cache.lookup(command) if cache else None
     if known is not None and known["status"] == 0:
         return 0
-    run = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace")
-    sys.stdout.write(run.stdout)
-    if run.returncode == 0:
-        cache.store(command, 0, run.stdout)
-    return run.returncode
+    status, printed = check(command, parse)
+    sys.stdout.write(printed)
+    if status == 0 and cache:
+        cache.store(command, 0, printed)
+    return status
 
 
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["--self-test"] and len(sys.argv) == 3:
+        sys.exit(self_test(sys.argv[2]))
     sys.exit(launch(sys.argv[1:]))

@@ -1,10 +1,12 @@
 # What the compiler must accept and refuse: the concepts, and the one-sentence diagnostics.
 # Included from tests/CMakeLists.txt (same scope: its variables and helpers are in reach).
 
-# Concepts checked at compile time: building this library is the test.
+# Concepts checked at compile time: building this library is the test. Its static_asserts stand at
+# namespace scope, decided as the file is parsed: a parse check.
 add_library(dettrial_static_checks OBJECT static/concepts_test.cpp)
 target_link_libraries(dettrial_static_checks PRIVATE dettrial::dettrial)
 dettrial_use_pch(dettrial_static_checks)
+dettrial_parse_check(dettrial_static_checks)
 
 # Compile-fail tests: each bad trial must fail to build with its one-sentence diagnostic (the
 # first line of the file, after "EXPECT: "). One step builds them all, two at a time, and keeps each

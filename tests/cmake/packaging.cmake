@@ -7,6 +7,8 @@ add_test(NAME "single header is up to date" COMMAND Python3::Interpreter "${PROJ
 add_test(NAME "layers: no header includes one from a folder above its own" COMMAND Python3::Interpreter "${PROJECT_SOURCE_DIR}/tools/check_layers.py")
 add_test(NAME "includes: each header includes the third-party headers it uses, and opens its namespaces one way" COMMAND Python3::Interpreter "${PROJECT_SOURCE_DIR}/tools/check_includes.py")
 add_test(NAME "includes: the namespace rule refuses each way of breaking it" COMMAND Python3::Interpreter "${PROJECT_SOURCE_DIR}/tools/check_includes.py" --self-test)
+add_test(NAME "parse check: a file passes while it parses clean, and fails with the compiler's own first error"
+         COMMAND Python3::Interpreter "${PROJECT_SOURCE_DIR}/tools/compile_check_cache.py" --self-test "${CMAKE_CXX_COMPILER}")
 add_test(NAME "docs: every relative link and anchor in the markdown resolves, every docs/ page is linked"
          COMMAND Python3::Interpreter "${PROJECT_SOURCE_DIR}/tools/check_links.py")
 add_test(NAME "functions: none in include/ is over 80 lines" COMMAND Python3::Interpreter "${PROJECT_SOURCE_DIR}/tools/check_function_lengths.py")
@@ -49,10 +51,20 @@ set(_stage "${CMAKE_CURRENT_BINARY_DIR}/package-stage")
 add_test(NAME "package: install to a staging prefix"
          COMMAND "${CMAKE_COMMAND}" -E env "${CMAKE_COMMAND}" --install "${PROJECT_BINARY_DIR}" --prefix "${_stage}")
 set_tests_properties("package: install to a staging prefix" PROPERTIES FIXTURES_SETUP dettrial_installed)
+# It links dettrial::compiled (the installed source compiled in the consumer), or, with
+# -DDETTRIAL_CONSUMER_COMPILED=OFF, dettrial::dettrial: CI's second build links the header-only
+# target (its add_subdirectory consumer links dettrial::compiled), which spares it compiling
+# dettrial's non-template code a third time.
+option(DETTRIAL_CONSUMER_COMPILED "The find_package consumer links dettrial::compiled (else dettrial::dettrial)" ON)
+if(DETTRIAL_CONSUMER_COMPILED)
+  set(_consumer_target dettrial::compiled)
+else()
+  set(_consumer_target dettrial::dettrial)
+endif()
 add_test(NAME "package: a find_package consumer builds and trains"
          COMMAND "${CMAKE_CTEST_COMMAND}" --build-and-test "${CMAKE_CURRENT_SOURCE_DIR}/consumer" "${CMAKE_CURRENT_BINARY_DIR}/consumer"
                  --build-generator "${CMAKE_GENERATOR}" --build-noclean
-                 --build-options "-DCMAKE_PREFIX_PATH=${_stage}" ${_consumer_options}
+                 --build-options "-DCMAKE_PREFIX_PATH=${_stage}" "-DDETTRIAL_CONSUMER_TARGET=${_consumer_target}" ${_consumer_options}
                  --test-command consumer)
 set_tests_properties("package: a find_package consumer builds and trains" PROPERTIES FIXTURES_REQUIRED dettrial_installed
                      FIXTURES_SETUP dettrial_consumer)

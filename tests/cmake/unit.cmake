@@ -21,6 +21,24 @@ add_executable(dettrial_unit_tests unit/main.cpp unit/source_dir.cpp unit/config
 target_link_libraries(dettrial_unit_tests PRIVATE dettrial::compiled doctest::doctest)
 target_compile_definitions(dettrial_unit_tests PRIVATE DETTRIAL_MNIST10K_DIR="${DETTRIAL_MNIST10K_DIR}")
 dettrial_use_compiled_pch(dettrial_unit_tests)
+# Compiled as six translation units of two or three files each (CMake's unity build, in groups):
+# each unit that includes LibTorch spends 13 s before its own code (GCC instantiating, at the end
+# of the unit, the templates LibTorch's inline functions use), so 17 files were 11 of those more.
+# A group's files share one namespace scope: two files of a group must not define the same name at
+# file scope (an anonymous namespace included). DETTRIAL_UNITY_TESTS=OFF compiles each file alone.
+option(DETTRIAL_UNITY_TESTS "Compile the unit tests' files in groups (CMake's unity build)" ON)
+if(DETTRIAL_UNITY_TESTS)
+  set_target_properties(dettrial_unit_tests PROPERTIES UNITY_BUILD ON UNITY_BUILD_MODE GROUP)
+  foreach(_group IN ITEMS "trainer_test data_parallel_test config_schema_test" "keras_test distributed_test config_test"
+                          "checkpoint_test observability_test search_test" "python_state_test step_capture_test"
+                          "batch_norm_test data_test zero_test" "optim_test mixed_precision_test hooks_test")
+    string(REPLACE " " ";" _files "${_group}")
+    list(GET _files 0 _name)
+    list(TRANSFORM _files PREPEND "unit/")
+    list(TRANSFORM _files APPEND ".cpp")
+    set_source_files_properties(${_files} PROPERTIES UNITY_GROUP "${_name}")
+  endforeach()
+endif()
 # The data files some tests read (the schema test's cases, the checkpoint an earlier dettrial wrote,
 # the Python scripts) are read where they are: the checkout's path is compiled into source_dir.cpp
 # alone, which includes no LibTorch, so that the other files hit the compiler cache in any checkout.
