@@ -50,6 +50,29 @@ def parse_command(command, wrapper, cwd="."):
     return command[:at] + [str(wrapper.resolve())] + command[at + 1:] + [stop_after_one]
 
 
+# -H: a file the compiler opens, one dot per level of inclusion, or a precompiled header it used ("!")
+# or looked at and refused ("x"); at the end, a list of headers whose include guards could help.
+INCLUDED = re.compile(r"^(\.+|!|x) (.+)$")
+GUARDS = "Multiple include guards may be useful for:"
+
+
+def split_included(output):
+    """A compilation's output with -H: the files it read (opened headers, the precompiled header used)
+    and what is left, the diagnostics."""
+    files, rest = [], []
+    lines = iter(output.splitlines(keepends=True))
+    for line in lines:
+        match = INCLUDED.match(line.rstrip("\n"))
+        if match:
+            if match.group(1) != "x":
+                files.append(match.group(2))
+        elif line.startswith(GUARDS):
+            rest.extend(l for l in lines if not l.startswith("/"))
+        else:
+            rest.append(line)
+    return files, "".join(rest)
+
+
 def parsed_clean(output):
     """Whether a parse check's first error is the end of parsing (the file itself has none)."""
     first = FIRST_ERROR.search(output)
@@ -106,14 +129,16 @@ class Cache:
                 return None
         return {"status": data.get("status", 1), "log": self.absolute(data["log"])}
 
-    def store(self, command, status, log):
-        """Records the outcome with every file the compilation reads (the compiler's -M, no output)."""
-        deps = [w for i, w in enumerate(command)
-                if w not in ("-MD", "-MT", "-MF", "-o", "-fsyntax-only") and command[i - 1] not in ("-MT", "-MF", "-o")]
-        listed = subprocess.run(deps + ["-M", "-MF", "/dev/stdout"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                text=True, cwd=self.build_dir)
-        files = listed.stdout.replace("\\\n", " ").split()[1:]
-        if listed.returncode != 0 or not files:
+    def store(self, command, status, log, files=None):
+        """Records the outcome with every file the compilation read: `files`, when the compilation
+        listed them (-H), or else the compiler's -M (a second run, of the preprocessor alone)."""
+        if files is None:
+            deps = [w for i, w in enumerate(command)
+                    if w not in ("-MD", "-MT", "-MF", "-o", "-fsyntax-only") and command[i - 1] not in ("-MT", "-MF", "-o")]
+            listed = subprocess.run(deps + ["-M", "-MF", "/dev/stdout"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                    text=True, cwd=self.build_dir)
+            files = listed.stdout.replace("\\\n", " ").split()[1:] if listed.returncode == 0 else []
+        if not files:
             return  # stopped in the preprocessor: nothing to key on, compiled each time
         hashes = {self.relative(str((self.build_dir / f).resolve())): self.file_hash(str((self.build_dir / f).resolve()))
                   for f in files}
@@ -126,21 +151,32 @@ class Cache:
 
 
 def check(command, parse):
-    """Runs a syntax check (a parse check with `parse`): its exit status and what to print."""
+    """Runs a syntax check (a parse check with `parse`): its exit status, what to print and, for a
+    parse check, the files it read (None: not listed)."""
     output = command[command.index("-o") + 1] if "-o" in command else command[command.index("-c") + 1]
     if not parse or output.endswith((".gch", ".pch")):  # a precompiled header is compiled whole
         run = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace")
-        return run.returncode, run.stdout
+        return run.returncode, run.stdout, None
     # The wrapper beside the object the command names (its folder exists), so the dependency file
-    # the compiler writes names a file that stays; syntax only, so no object is written.
-    run = subprocess.run(parse_command(command + ["-fsyntax-only"], output + ".parse.cpp"), stdout=subprocess.PIPE,
+    # the compiler writes names a file that stays; syntax only, so no object is written. -H lists the
+    # files read as it goes (the dependency file is not written when the compilation fails, as a
+    # parse check always does).
+    status, printed, files = parse_check(command + ["-fsyntax-only"], output + ".parse.cpp")
+    return (0, "", files) if parsed_clean(printed) else (status or 1, printed, files)
+
+
+def parse_check(command, wrapper, cwd=None):
+    """Runs `command` as a parse check through `wrapper`, in `cwd`: its exit status, its diagnostics
+    and the files it read."""
+    run = subprocess.run(parse_command(command + ["-H"], wrapper, cwd or "."), cwd=cwd, stdout=subprocess.PIPE,
                          stderr=subprocess.STDOUT, text=True, errors="replace")
-    return (0, "") if parsed_clean(run.stdout) else (run.returncode or 1, run.stdout)
+    files, printed = split_included(run.stdout)
+    return run.returncode, printed, files
 
 
 def self_test(compiler) -> int:
     """A parse check passes a clean file and fails each kind of error found while parsing, with the
-    compiler's own message and not the end-of-parsing sentinel."""
+    compiler's own message and not the end-of-parsing sentinel; it lists the files each read."""
     import tempfile
     cases = {
         "clean": ("#include <vector>\ntemplate <class T> int f(T t) { return t.missing(); }\nint g() { return 1; }\n", None),
@@ -153,11 +189,15 @@ def self_test(compiler) -> int:
         for name, (text, expected) in cases.items():
             source = pathlib.Path(folder) / (name.replace(" ", "_") + ".cpp")
             source.write_text(text)
-            status, printed = check([compiler, "-std=c++20", "-c", str(source), "-o", str(source) + ".o"], parse=True)
+            status, printed, files = check([compiler, "-std=c++20", "-c", str(source), "-o", str(source) + ".o"], parse=True)
             if expected is None and status != 0:
                 failures.append(f"'{name}' failed: {printed}")
             elif expected is not None and (status == 0 or expected not in printed or PARSED in printed):
                 failures.append(f"'{name}' gave status {status} and: {printed}")
+            if str(source) not in files or (name == "clean" and not any(f.endswith("/vector") for f in files)):
+                failures.append(f"'{name}' did not list the files it read: {files}")
+            if re.search(r"^\.+ ", printed, re.MULTILINE):
+                failures.append(f"'{name}' printed the list of files it read: {printed}")
     for failure in failures:
         print(f"compile_check_cache self-test: {failure}", file=sys.stderr)
     return 1 if failures else 0
@@ -175,10 +215,10 @@ def launch(arguments) -> int:
     known = cache.lookup(command) if cache else None
     if known is not None and known["status"] == 0:
         return 0
-    status, printed = check(command, parse)
+    status, printed, files = check(command, parse)
     sys.stdout.write(printed)
     if status == 0 and cache:
-        cache.store(command, 0, printed)
+        cache.store(command, 0, printed, files)
     return status
 
 

@@ -26,7 +26,7 @@ import subprocess
 import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "tools"))
-from compile_check_cache import Cache, parse_command, parsed_clean  # noqa: E402
+from compile_check_cache import Cache, parse_check, parsed_clean  # noqa: E402
 
 TARGET_RE = re.compile(r"CMakeFiles/(compile_fail_[A-Za-z0-9_]+)\.dir/")
 
@@ -62,15 +62,15 @@ def compile_command(build_dir, target):
     return words[1:] if words[0].endswith("ccache") else words
 
 
-def parse_check(build_dir, log_dir, target, command):
-    """The case's first error when its file has one before the end of parsing, else None."""
+def parse_case(build_dir, log_dir, target, command):
+    """The case's first error and the files it read, when its file has an error before the end of
+    parsing; else None."""
     if command is None or "-fmax-errors=1" not in command:
         return None  # a case that reports every error (the hooks') needs the whole compilation
     skip = {"-o", "-MT", "-MF"}
     words = [w for i, w in enumerate(command) if w not in skip | {"-MD"} and (i == 0 or command[i - 1] not in skip)]
-    run = subprocess.run(parse_command(words + ["-fsyntax-only"], log_dir / f"{target}.parse.cpp", build_dir),
-                         cwd=build_dir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace")
-    return None if run.returncode == 0 or parsed_clean(run.stdout) else run.stdout
+    status, printed, files = parse_check(words + ["-fsyntax-only"], log_dir / f"{target}.parse.cpp", build_dir)
+    return None if status == 0 or parsed_clean(printed) else (printed, files)
 
 
 def main() -> int:
@@ -88,13 +88,15 @@ def main() -> int:
                 logs[target] = known["log"]
     unknown = [t for t in targets if t not in logs]
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
-        parsed = dict(zip(unknown, pool.map(lambda t: parse_check(build_dir, log_dir, t, commands[t]), unknown)))
-    new_logs = {t: log for t, log in parsed.items() if log is not None}
+        parsed = dict(zip(unknown, pool.map(lambda t: parse_case(build_dir, log_dir, t, commands[t]), unknown)))
+    parsed = {t: found for t, found in parsed.items() if found is not None}
+    new_logs = {t: log for t, (log, _) in parsed.items()}
     to_build = [t for t in unknown if t not in new_logs]
     new_logs.update(build(build_dir, to_build))
-    if cache:
+    if cache:  # a parsed case's files are known; a built one's come from the compiler's -M
         with concurrent.futures.ThreadPoolExecutor(2) as pool:
-            list(pool.map(lambda t: cache.store(commands[t], 1, new_logs[t]), [t for t in new_logs if commands[t]]))
+            list(pool.map(lambda t: cache.store(commands[t], 1, new_logs[t], parsed[t][1] if t in parsed else None),
+                          [t for t in new_logs if commands[t]]))
     logs.update(new_logs)
     for target, text in logs.items():
         (log_dir / f"{target}.log").write_text(text)
