@@ -6,15 +6,15 @@ in the folder DETTRIAL_COMPILE_CHECK_CACHE names (scripts/lib/deps.sh sets it be
 An entry is keyed as ccache's direct mode keys: the compile command (paths under the source and build
 folders made relative, so a clone at another path hits what this one wrote), the compiled file's text
 and the compiler's version; it holds, with the outcome, every file the compilation read (the
-compiler's own -M list, made when the entry is written) and a hash of each, and is used only while
-every one of them is unchanged. So the same inputs give the same outcome, as a compilation would.
+list from -H during a parse check, else the compiler's -M, run when the entry is written) and a hash
+of each, and is used only while every one of them is unchanged. So the same inputs give the same outcome, as a compilation would.
 
 As a compiler launcher (CMake's CXX_COMPILER_LAUNCHER) for a syntax check (-fsyntax-only):
     compile_check_cache.py [--parse] COMPILER ARGS...
 a known success is not compiled again; anything else runs the compiler, and a success is recorded.
 
-A parse check (--parse, which adds -fsyntax-only) stops the compiler once the file is parsed. GCC instantiates the templates a
-translation unit used at its end, and for <torch/torch.h> alone that takes 10 s whatever the file
+A parse check (--parse) stops the compiler once the file is parsed. GCC instantiates the templates
+a translation unit used at its end, and for <torch/torch.h> alone that takes 10 s whatever the file
 does; a header's check, or a compile-fail case whose sentence comes from a class template, needs
 none of it. So the file is compiled through a wrapper that includes it and then fails twice where
 the parse ends (PARSED): with -fmax-errors=1 the compiler prints the first error and stops at the
@@ -34,6 +34,12 @@ import sys
 SOURCE_ROOT = pathlib.Path(__file__).resolve().parents[1]
 PARSED = "dettrial: the file parsed to its end"
 FIRST_ERROR = re.compile(r"^.*\berror: .*$", re.MULTILINE)
+
+
+def without_outputs(command):
+    """`command` without the object and dependency files it names: a compilation that writes none."""
+    named = ("-o", "-MT", "-MF")
+    return [w for i, w in enumerate(command) if w not in named + ("-MD",) and (i == 0 or command[i - 1] not in named)]
 
 
 def parse_command(command, wrapper, cwd="."):
@@ -133,8 +139,7 @@ class Cache:
         """Records the outcome with every file the compilation read: `files`, when the compilation
         listed them (-H), or else the compiler's -M (a second run, of the preprocessor alone)."""
         if files is None:
-            deps = [w for i, w in enumerate(command)
-                    if w not in ("-MD", "-MT", "-MF", "-o", "-fsyntax-only") and command[i - 1] not in ("-MT", "-MF", "-o")]
+            deps = [w for w in without_outputs(command) if w != "-fsyntax-only"]
             listed = subprocess.run(deps + ["-M", "-MF", "/dev/stdout"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                                     text=True, cwd=self.build_dir)
             files = listed.stdout.replace("\\\n", " ").split()[1:] if listed.returncode == 0 else []
@@ -157,18 +162,16 @@ def check(command, parse):
     if not parse or output.endswith((".gch", ".pch")):  # a precompiled header is compiled whole
         run = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace")
         return run.returncode, run.stdout, None
-    # The wrapper beside the object the command names (its folder exists), so the dependency file
-    # the compiler writes names a file that stays; syntax only, so no object is written. -H lists the
-    # files read as it goes (the dependency file is not written when the compilation fails, as a
-    # parse check always does).
-    status, printed, files = parse_check(command + ["-fsyntax-only"], output + ".parse.cpp")
+    # The wrapper beside the object the command names (its folder exists).
+    status, printed, files = parse_check(command, output + ".parse.cpp")
     return (0, "", files) if parsed_clean(printed) else (status or 1, printed, files)
 
 
 def parse_check(command, wrapper, cwd=None):
     """Runs `command` as a parse check through `wrapper`, in `cwd`: its exit status, its diagnostics
-    and the files it read."""
-    run = subprocess.run(parse_command(command + ["-H"], wrapper, cwd or "."), cwd=cwd, stdout=subprocess.PIPE,
+    and the files it read. Syntax only, so no object is written; -H lists the files read as it goes
+    (GCC writes no dependency file for a compilation that fails, as a parse check always does)."""
+    run = subprocess.run(parse_command(command + ["-fsyntax-only", "-H"], wrapper, cwd or "."), cwd=cwd, stdout=subprocess.PIPE,
                          stderr=subprocess.STDOUT, text=True, errors="replace")
     files, printed = split_included(run.stdout)
     return run.returncode, printed, files

@@ -26,7 +26,7 @@ import subprocess
 import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "tools"))
-from compile_check_cache import Cache, parse_check, parsed_clean  # noqa: E402
+from compile_check_cache import Cache, parse_check, parsed_clean, without_outputs  # noqa: E402
 
 TARGET_RE = re.compile(r"CMakeFiles/(compile_fail_[A-Za-z0-9_]+)\.dir/")
 
@@ -67,9 +67,7 @@ def parse_case(build_dir, log_dir, target, command):
     parsing; else None."""
     if command is None or "-fmax-errors=1" not in command:
         return None  # a case that reports every error (the hooks') needs the whole compilation
-    skip = {"-o", "-MT", "-MF"}
-    words = [w for i, w in enumerate(command) if w not in skip | {"-MD"} and (i == 0 or command[i - 1] not in skip)]
-    status, printed, files = parse_check(words + ["-fsyntax-only"], log_dir / f"{target}.parse.cpp", build_dir)
+    status, printed, files = parse_check(without_outputs(command), log_dir / f"{target}.parse.cpp", build_dir)
     return None if status == 0 or parsed_clean(printed) else (printed, files)
 
 
