@@ -3,7 +3,8 @@
 // once (abort) at batch 7, leaving a marker in data.marker_dir, so the runner must restart it; with
 // `crash: 2` it fails at batch 3 every time; with `crash: 3` it throws once at batch 7; with `crash: 4`
 // it fails once at each of batches 5, 9 and 13 (after checkpoints). `data.batch_sleep_ms` slows each batch down (for
-// interrupting a search while its trials train).
+// interrupting a search while its trials train); while the file `data.pause_file` names exists, a batch
+// waits (a test holds the trials' jobs running for as long as it needs them running).
 #include <chrono>
 #include <cstdlib>
 #include <stdexcept>
@@ -38,6 +39,8 @@ struct SyntheticTrial {
   dettrial::Metrics train_batch(Batch& b, torch::nn::Sequential& model, std::int64_t, std::int64_t batch_idx) {
     if (const auto sleep = context.get_data_config()["batch_sleep_ms"])
       std::this_thread::sleep_for(std::chrono::milliseconds(sleep.as<int>()));
+    if (const auto pause = context.get_data_config()["pause_file"])
+      while (std::filesystem::exists(pause.as<std::string>())) std::this_thread::sleep_for(std::chrono::milliseconds(20));
     if (batch_idx == 3 && context.get_hparams().get_or<std::int64_t>("crash", 0) == 2)
       throw std::runtime_error("synthetic failure at batch 3");
     // crash: 4 fails once at each of batches 5, 9 and 13 (a marker per batch in data.marker_dir): an

@@ -61,7 +61,9 @@ python3 -c 'import json,sys; s=json.load(open(sys.argv[1])); st=[t["state"] for 
   "$work/asha-slurm/summary.json" || fail "the Slurm ASHA search did not end with completed and stopped trials"
 
 # A trial's job cancelled from outside after its first checkpoint: restarted from it.
-slow=(--config "$configs/random.yaml" --set searcher.max_length.batches=64 --set data.batch_sleep_ms=50 --set min_checkpoint_period.batches=8)
+# While $work/paused exists the trials wait at their next batch, their jobs running.
+slow=(--config "$configs/random.yaml" --set searcher.max_length.batches=64 --set data.batch_sleep_ms=50 --set min_checkpoint_period.batches=8
+      --set "data.pause_file=$work/paused")
 # Starts the slow search into $work/$1 in the background (pid), once trial 1 has a checkpoint sets
 # id to the experiment's id (its jobs are dettrial-e<id>-t<trial>).
 start_slow_search() {
@@ -104,10 +106,18 @@ wait_for_checkpoints() {  # of trials $@ in $work/killed
   return 1
 }
 start_slow_search killed
+# The jobs held running until the next runner has looked at them (on a loaded machine they could
+# otherwise end before it starts: a trial trains for about 3 s).
+touch "$work/paused"
 kill -KILL "$pid"
 wait "$pid" 2>/dev/null
 "$program" "${slow[@]}" --output "$work/killed" --launcher slurm >"$work/adopting.log" 2>&1 &
 pid=$!
+for _ in $(seq 1 600); do
+  [ "$(grep -c "adopting its Slurm job" "$work/adopting.log")" -ge 2 ] && break
+  sleep 0.1
+done
+rm -f "$work/paused"
 wait_for_checkpoints 3 4 || { cat "$work/adopting.log"; fail "the runner that adopted trials 1 and 2 did not go on to trials 3 and 4"; }
 kill -KILL "$pid"
 wait "$pid" 2>/dev/null
