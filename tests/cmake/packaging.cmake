@@ -93,9 +93,6 @@ elseif(_head AND _head_status EQUAL 0)
            COMMAND "${CMAKE_CTEST_COMMAND}" --build-and-test "${CMAKE_CURRENT_SOURCE_DIR}/subdirectory" "${CMAKE_CURRENT_BINARY_DIR}/fetchcontent"
                    --build-generator "${CMAKE_GENERATOR}" --build-noclean
                    --build-options ${_subdirectory_options} -DDETTRIAL_CONSUMER_MODE=fetchcontent "-DDETTRIAL_GIT_TAG=${_head}"
-                                   # A clone per commit: an earlier commit's clone would fetch only
-                                   # branches, and a detached HEAD is on none.
-                                   "-DFETCHCONTENT_BASE_DIR=${CMAKE_CURRENT_BINARY_DIR}/fetchcontent/_deps/${_head}"
                    --test-command my_trial)
 else()
   dettrial_skipped_test("${_fetch_test}" "this source tree is not a git checkout (FetchContent clones one)")
