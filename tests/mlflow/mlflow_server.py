@@ -164,12 +164,12 @@ def screenshot(run):
     url = f"{uri}/#/experiments/{run['info']['experiment_id']}/runs/{run['info']['run_id']}"
     common = [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
               f"--user-data-dir={out / 'chromium'}", "--virtual-time-budget=20000", "--window-size=1400,1000"]
-    dom = subprocess.run(common + ["--dump-dom", url], capture_output=True, text=True, timeout=180).stdout
+    png = out / "mlflow-run.png"
+    # One launch: headless Chromium prints the DOM and then takes the screenshot of the same page.
+    dom = subprocess.run(common + ["--dump-dom", f"--screenshot={png}", url], capture_output=True, text=True, timeout=180).stdout
     for needle in ("learning_rate", "n_filters1", "train/loss", "FINISHED".lower()):
         if needle not in dom.lower():
             fail(f"MLflow's run page does not show {needle} ({len(dom)} bytes of DOM)")
-    png = out / "mlflow-run.png"
-    subprocess.run(common + [f"--screenshot={png}", url], capture_output=True, timeout=180)
     if not png.exists() or png.stat().st_size < 20000:
         fail(f"no screenshot of MLflow's run page ({png})")
     print(f"ok: MLflow's UI shows the run ({png})")
