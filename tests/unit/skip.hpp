@@ -13,6 +13,7 @@ struct SkipCount {
   int ran = 0;
   int skipped = 0;
   bool current_skipped = false;
+  std::string current_reason;  ///< the running case's, when it skipped
 };
 inline SkipCount skip_count;
 
@@ -21,6 +22,7 @@ inline void skip(const std::string& reason) {
   std::printf("skipped: %s\n", reason.c_str());
   std::fflush(stdout);
   skip_count.current_skipped = true;
+  skip_count.current_reason = reason;
 }
 
 }  // namespace test

@@ -13,6 +13,7 @@
 
 #include "test_trials.hpp"
 #include "applied_context.hpp"
+#include "shared_run.hpp"
 
 using namespace dettrial;
 
@@ -673,7 +674,9 @@ TEST_CASE("rank_invariant on a GPU asks for deterministic kernels unless the con
   CHECK(deterministic(cpu, std::nullopt, true) == std::nullopt);  // on the CPU the ordered sums suffice
 }
 
-TEST_CASE("a Context changes nothing process-wide, and its ProcessSettings, applied once, set the threads, determinism and seed") {
+// In a process of its own (test::shared_run): it checks that nothing applied ProcessSettings before it.
+TEST_CASE("a Context changes nothing process-wide, and its ProcessSettings, applied once, set the threads, determinism and seed" *
+          doctest::test_suite(test::shared_run::own_process_suite)) {
   const int threads_before = at::get_num_threads();
   const bool deterministic_before = at::globalContext().deterministicAlgorithms();
   const int other_threads = threads_before == 1 ? 2 : 1;

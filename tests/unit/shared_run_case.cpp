@@ -1,0 +1,60 @@
+// shared_run_case DIR PROGRAM ARGS...: one test case's CTest test (the test program's
+// CROSSCOMPILING_EMULATOR, so doctest's discovery puts it before each case's command). With
+// `--test-case=NAME` among ARGS and a record of NAME in DIR written by the shared run since PROGRAM
+// was built (shared_run.hpp): prints it, deletes it, and exits as the case ended (0 passed, 77
+// skipped). Otherwise, a failed record included, runs PROGRAM ARGS in this process's place.
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "shared_run.hpp"
+
+namespace {
+
+/// A doctest filter's text as the case's name: doctest escapes a comma in a filter as "\,".
+std::string unescaped(std::string_view filter) {
+  std::string name;
+  for (std::size_t i = 0; i < filter.size(); ++i) {
+    if (filter[i] == '\\' && i + 1 < filter.size() && filter[i + 1] == ',') ++i;
+    name += filter[i];
+  }
+  return name;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 3) {
+    std::fprintf(stderr, "usage: shared_run_case DIR PROGRAM ARGS...\n");
+    return 2;
+  }
+  const std::filesystem::path dir = argv[1], program = argv[2];
+  std::vector<std::string_view> filters;
+  for (int i = 3; i < argc; ++i)
+    if (std::string_view(argv[i]).starts_with("--test-case=")) filters.push_back(std::string_view(argv[i]).substr(12));
+  if (filters.size() == 1) {
+    const std::string name = unescaped(filters.front());
+    if (const auto record = test::shared_run::read(dir, name, program)) {
+      std::error_code ignored;
+      std::filesystem::remove(test::shared_run::record_path(dir, name), ignored);  // reported once
+      if (record->status == "passed" || record->status == "skipped") {
+        std::printf("%s%s in the shared run of %s (CTest's \"unit:every case in one process\")\n", record->text.c_str(),
+                    record->status.c_str(), program.filename().c_str());
+        return record->status == "passed" ? 0 : 77;
+      }
+      std::printf("failed in the shared run of %s: run again alone, in a process of its own\n", program.filename().c_str());
+      std::fflush(stdout);
+    }
+  }
+  std::vector<char*> args(argv + 2, argv + argc);
+  args.push_back(nullptr);
+  ::execv(program.c_str(), args.data());
+  std::fprintf(stderr, "shared_run_case: cannot run %s: %s\n", program.c_str(), std::strerror(errno));
+  return 1;
+}
