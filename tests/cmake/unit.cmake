@@ -58,7 +58,9 @@ set(_shared_run_test "unit:every case in one process")
 # target, unevaluated.
 set_target_properties(dettrial_shared_run_case PROPERTIES RUNTIME_OUTPUT_DIRECTORY "${CMAKE_CURRENT_BINARY_DIR}")
 set_target_properties(dettrial_unit_tests PROPERTIES CROSSCOMPILING_EMULATOR "${CMAKE_CURRENT_BINARY_DIR}/dettrial_shared_run_case;${_shared_run}")
-add_test(NAME "${_shared_run_test}" COMMAND dettrial_unit_tests "--dettrial-shared-run=${_shared_run}")
+# Through shared_run_case, which passes however the program ends (the cases' own tests report).
+add_test(NAME "${_shared_run_test}" COMMAND dettrial_shared_run_case "${_shared_run}" "$<TARGET_FILE:dettrial_unit_tests>"
+                                            "--dettrial-shared-run=${_shared_run}")
 set_tests_properties("${_shared_run_test}" PROPERTIES ENVIRONMENT "DETTRIAL_TEST_PYTHON=${DETTRIAL_PYTHON}" TIMEOUT 1800)
 doctest_discover_tests(dettrial_unit_tests TEST_PREFIX "unit: " PROPERTIES SKIP_RETURN_CODE 77 DEPENDS "${_shared_run_test}"
                        ENVIRONMENT "DETTRIAL_TEST_PYTHON=${DETTRIAL_PYTHON}")

@@ -3,8 +3,12 @@
 // `--test-case=NAME` among ARGS and a record of NAME in DIR written by the shared run since PROGRAM
 // was built (shared_run.hpp): prints it, deletes it, and exits as the case ended (0 passed, 77
 // skipped). Otherwise, a failed record included, runs PROGRAM ARGS in this process's place.
+// The shared run itself (`--dettrial-shared-run=` among ARGS) passes however the program ends: a
+// case that crashed it leaves the cases after it without records, and their own tests run them.
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -54,6 +58,25 @@ int main(int argc, char** argv) {
   }
   std::vector<char*> args(argv + 2, argv + argc);
   args.push_back(nullptr);
+  const bool shared_run =
+      std::any_of(argv + 3, argv + argc, [](const char* arg) { return std::string_view(arg).starts_with(test::shared_run::option); });
+  if (shared_run) {
+    std::fflush(stdout);
+    const pid_t child = ::fork();
+    if (child == 0) {
+      ::execv(program.c_str(), args.data());
+      std::fprintf(stderr, "shared_run_case: cannot run %s: %s\n", program.c_str(), std::strerror(errno));
+      ::_exit(127);
+    }
+    int status = 0;
+    while (child > 0 && ::waitpid(child, &status, 0) < 0 && errno == EINTR) {
+    }
+    if (child < 0 || !WIFEXITED(status) || WEXITSTATUS(status) != 0)
+      std::printf("the shared run ended %s %d: each case it did not record runs alone, in its own test\n",
+                  child > 0 && WIFSIGNALED(status) ? "by signal" : "with status",
+                  child > 0 && WIFSIGNALED(status) ? WTERMSIG(status) : WEXITSTATUS(status));
+    return 0;
+  }
   ::execv(program.c_str(), args.data());
   std::fprintf(stderr, "shared_run_case: cannot run %s: %s\n", program.c_str(), std::strerror(errno));
   return 1;
