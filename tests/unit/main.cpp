@@ -33,12 +33,12 @@ struct SkipListener : doctest::IReporter {
     ++test::skip_count.ran;
     if (test::skip_count.current_skipped) ++test::skip_count.skipped;
     if (shared_run_dir.empty()) return;
-    const bool skipped = stats.testCaseSuccess && test::skip_count.current_skipped;
+    using test::shared_run::Outcome;
+    const Outcome outcome = !stats.testCaseSuccess             ? Outcome::failed
+                            : test::skip_count.current_skipped ? Outcome::skipped
+                                                               : Outcome::passed;
     test::shared_run::write(shared_run_dir, current_name,
-                            {!stats.testCaseSuccess ? "failed"
-                             : skipped              ? "skipped"
-                                                    : "passed",
-                             skipped ? "skipped: " + test::skip_count.current_reason + "\n" : ""});
+                            {outcome, outcome == Outcome::skipped ? "skipped: " + test::skip_count.current_reason + "\n" : ""});
   }
   void test_case_exception(const doctest::TestCaseException&) override {}
   void subcase_start(const doctest::SubcaseSignature&) override {}

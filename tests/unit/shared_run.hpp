@@ -11,6 +11,8 @@
 // No LibTorch and no doctest here: shared_run_case starts in a millisecond.
 #pragma once
 
+#include <algorithm>
+#include <array>
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
@@ -25,9 +27,15 @@ namespace test::shared_run {
 inline constexpr std::string_view option = "--dettrial-shared-run=";
 inline constexpr const char* own_process_suite = "own process";
 
-/// What a case did in the shared run: "passed", "skipped" or "failed", and what to print for it.
+/// How a case ended in the shared run.
+enum class Outcome { passed, skipped, failed };
+inline constexpr std::array<std::string_view, 3> outcome_names = {"passed", "skipped", "failed"};
+
+inline std::string_view name(Outcome outcome) { return outcome_names[static_cast<std::size_t>(outcome)]; }
+
+/// What a case did in the shared run, and what to print for it (a skip's reason).
 struct Record {
-  std::string status;
+  Outcome outcome;
   std::string text;
 };
 
@@ -47,7 +55,7 @@ inline void write(const std::filesystem::path& dir, std::string_view test_case, 
   const std::filesystem::path part = path.string() + ".part";
   {
     std::ofstream out(part, std::ios::binary | std::ios::trunc);
-    out << record.status << '\n' << record.text;
+    out << name(record.outcome) << '\n' << record.text;
   }
   std::filesystem::rename(part, path);
 }
@@ -61,12 +69,13 @@ inline std::optional<Record> read(const std::filesystem::path& dir, std::string_
   const auto built = std::filesystem::last_write_time(program, error);
   if (error || written < built) return std::nullopt;
   std::ifstream in(path, std::ios::binary);
-  Record record;
-  if (!std::getline(in, record.status)) return std::nullopt;
+  std::string outcome;
+  if (!std::getline(in, outcome)) return std::nullopt;
+  const auto known = std::find(outcome_names.begin(), outcome_names.end(), outcome);
+  if (known == outcome_names.end()) return std::nullopt;
   std::ostringstream text;
   text << in.rdbuf();
-  record.text = text.str();
-  return record;
+  return Record{static_cast<Outcome>(known - outcome_names.begin()), text.str()};
 }
 
 }  // namespace test::shared_run

@@ -31,6 +31,34 @@ std::string unescaped(std::string_view filter) {
   return name;
 }
 
+/// Runs PROGRAM with `args` in this process's place; returns only if it cannot.
+void run_program(const std::filesystem::path& program, std::vector<char*>& args) {
+  ::execv(program.c_str(), args.data());
+  std::fprintf(stderr, "shared_run_case: cannot run %s: %s\n", program.c_str(), std::strerror(errno));
+}
+
+/// The shared run, in a child: passes however it ends (the cases it did not record run alone).
+int shared_run(const std::filesystem::path& program, std::vector<char*>& args) {
+  std::fflush(stdout);
+  const pid_t child = ::fork();
+  if (child == 0) {
+    run_program(program, args);
+    ::_exit(127);
+  }
+  if (child < 0) {
+    std::printf("the shared run did not start (fork: %s): each case runs alone, in its own test\n", std::strerror(errno));
+    return 0;
+  }
+  int status = 0;
+  while (::waitpid(child, &status, 0) < 0 && errno == EINTR) {
+  }
+  if (WIFSIGNALED(status))
+    std::printf("the shared run ended by signal %d: each case it did not record runs alone, in its own test\n", WTERMSIG(status));
+  else if (WEXITSTATUS(status) != 0)
+    std::printf("the shared run ended with status %d: each case it did not record runs alone, in its own test\n", WEXITSTATUS(status));
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -43,14 +71,15 @@ int main(int argc, char** argv) {
   for (int i = 3; i < argc; ++i)
     if (std::string_view(argv[i]).starts_with("--test-case=")) filters.push_back(std::string_view(argv[i]).substr(12));
   if (filters.size() == 1) {
-    const std::string name = unescaped(filters.front());
-    if (const auto record = test::shared_run::read(dir, name, program)) {
+    const std::string case_name = unescaped(filters.front());
+    if (const auto record = test::shared_run::read(dir, case_name, program)) {
       std::error_code ignored;
-      std::filesystem::remove(test::shared_run::record_path(dir, name), ignored);  // reported once
-      if (record->status == "passed" || record->status == "skipped") {
+      std::filesystem::remove(test::shared_run::record_path(dir, case_name), ignored);  // reported once
+      using test::shared_run::Outcome;
+      if (record->outcome != Outcome::failed) {
         std::printf("%s%s in the shared run of %s (CTest's \"unit:every case in one process\")\n", record->text.c_str(),
-                    record->status.c_str(), program.filename().c_str());
-        return record->status == "passed" ? 0 : 77;
+                    std::string(test::shared_run::name(record->outcome)).c_str(), program.filename().c_str());
+        return record->outcome == Outcome::passed ? 0 : 77;
       }
       std::printf("failed in the shared run of %s: run again alone, in a process of its own\n", program.filename().c_str());
       std::fflush(stdout);
@@ -58,26 +87,8 @@ int main(int argc, char** argv) {
   }
   std::vector<char*> args(argv + 2, argv + argc);
   args.push_back(nullptr);
-  const bool shared_run =
-      std::any_of(argv + 3, argv + argc, [](const char* arg) { return std::string_view(arg).starts_with(test::shared_run::option); });
-  if (shared_run) {
-    std::fflush(stdout);
-    const pid_t child = ::fork();
-    if (child == 0) {
-      ::execv(program.c_str(), args.data());
-      std::fprintf(stderr, "shared_run_case: cannot run %s: %s\n", program.c_str(), std::strerror(errno));
-      ::_exit(127);
-    }
-    int status = 0;
-    while (child > 0 && ::waitpid(child, &status, 0) < 0 && errno == EINTR) {
-    }
-    if (child < 0 || !WIFEXITED(status) || WEXITSTATUS(status) != 0)
-      std::printf("the shared run ended %s %d: each case it did not record runs alone, in its own test\n",
-                  child > 0 && WIFSIGNALED(status) ? "by signal" : "with status",
-                  child > 0 && WIFSIGNALED(status) ? WTERMSIG(status) : WEXITSTATUS(status));
-    return 0;
-  }
-  ::execv(program.c_str(), args.data());
-  std::fprintf(stderr, "shared_run_case: cannot run %s: %s\n", program.c_str(), std::strerror(errno));
+  if (std::any_of(argv + 3, argv + argc, [](const char* arg) { return std::string_view(arg).starts_with(test::shared_run::option); }))
+    return shared_run(program, args);
+  run_program(program, args);
   return 1;
 }
