@@ -167,7 +167,7 @@ dettrial_build() {
   [ -n "$prefix" ] && args+=("-DCMAKE_PREFIX_PATH=$prefix" "-DTorch_DIR=$prefix/Torch")
   # The Release flags, when a script wants others than CMake's (-O3 -DNDEBUG): scripts/test's.
   [ -n "${DETTRIAL_RELEASE_FLAGS:-}" ] && args+=("-DCMAKE_CXX_FLAGS_RELEASE=$DETTRIAL_RELEASE_FLAGS")
-  dettrial_ccache_env && args+=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+  dettrial_ccache_env && args+=("-DCMAKE_CXX_COMPILER_LAUNCHER=$DETTRIAL_ROOT/scripts/lib/ccache-launcher")
   mkdir -p "$DETTRIAL_ROOT/build"
   dettrial_log "configuring $name"
   cmake "${args[@]}" >"$dir.configure.log" 2>&1 || { cat "$dir.configure.log" >&2; return 1; }
@@ -198,7 +198,10 @@ dettrial_conan_create() {
   conan=$(dettrial_conan) || return 1
   local profile="$DETTRIAL_ROOT/packaging/conan/profiles/debian12"
   local launcher=()
-  dettrial_ccache_env && launcher=(-c "tools.cmake.cmaketoolchain:extra_variables={'CMAKE_CXX_COMPILER_LAUNCHER': 'ccache'}")
+  # The launcher names Conan's build folder (a random name each run) by a stable link, so the test
+  # package's compile hits ccache as the builds' do.
+  dettrial_ccache_env &&
+    launcher=(-c "tools.cmake.cmaketoolchain:extra_variables={'CMAKE_CXX_COMPILER_LAUNCHER': '$DETTRIAL_ROOT/scripts/lib/ccache-launcher'}")
   dettrial_log "conan create (test_package trains a tiny trial)"
   CONAN_HOME="$DETTRIAL_ROOT/build/conan-home" "$conan" create "$DETTRIAL_ROOT" \
     -pr:h "$profile" -pr:b "$profile" "${launcher[@]}"
