@@ -16,9 +16,23 @@ import torch
 from determined import pytorch
 
 
-def main():
-    d = sys.argv[1]
-    state = torch.load(os.path.join(d, "state_dict.pth"), map_location="cpu")  # Determined's own call
+def read_state(d):
+    return torch.load(os.path.join(d, "state_dict.pth"), map_location="cpu")  # Determined's own call
+
+
+def seed_of(state):
+    """The trial seed dettrial seeded the generators with: NumPy's legacy seeding puts it first."""
+    return int(state["rng_state"]["np_rng_state"][1][0])
+
+
+def trial_seed(d):
+    """The trial seed of the dettrial checkpoint in D."""
+    return seed_of(read_state(d))
+
+
+def main(argv):
+    d = argv[0]
+    state = read_state(d)
     for key in ("models_state_dict", "optimizers_state_dict", "lr_schedulers_state_dict", "callbacks", "rng_state"):
         if key not in state:
             sys.exit(f"state_dict.pth has no '{key}', which Determined reads")
@@ -28,7 +42,7 @@ def main():
             sys.exit(f"rng_state has no '{key}', which Determined reads")
     torch.random.set_rng_state(rng["cpu_rng_state"])
     np.random.set_state(rng["np_rng_state"])
-    seed = int(rng["np_rng_state"][1][0])  # NumPy's legacy seeding puts the seed first
+    seed = seed_of(state)
     got_np = np.random.get_state()
     np.random.seed(seed)
     want_np = np.random.get_state()
@@ -50,4 +64,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:])

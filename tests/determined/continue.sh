@@ -27,7 +27,23 @@ if [ -z "${DETTRIAL_LOSS_TOLERANCE:-}" ] && [ "$python_torch" != "$libtorch" ]; 
   export DETTRIAL_LOSS_TOLERANCE=1e-6
 fi
 n=20 m=22
-det() { "$python" "$here/determined_mnist.py" --data "$data" --optimizer "$optimizer" --scheduler "$scheduler" --net "$net" "$@"; }
+# Determined's runs, in one command (determined_mnist.py imports torch and Determined once, and
+# forks each run): "--then" starts the next run, with this test's data, optimizer and network again.
+det() {
+  local runs=() segment=() token
+  local common=(--data "$data" --optimizer "$optimizer" --scheduler "$scheduler" --net "$net")
+  for token in "$@" --then; do
+    if [ "$token" = --then ]; then
+      if [ "${segment[0]}" = check_checkpoint ]; then runs+=("${segment[@]}"); else runs+=("${common[@]}" "${segment[@]}"); fi
+      runs+=(--then)
+      segment=()
+    else
+      segment+=("$token")
+    fi
+  done
+  unset 'runs[${#runs[@]}-1]'
+  "$python" "$here/determined_mnist.py" "${runs[@]}"
+}
 # determined_mnist.py's learning rates: 0.03 for SGD, 0.002 for the others.
 lr=0.002
 [ "$optimizer" = sgd ] && lr=0.03
@@ -38,8 +54,8 @@ dt() {
 }
 case $direction in
   from-determined)
-    det --batches $n --checkpoint-to "$work/checkpoint" --log "$work/first.jsonl" >/dev/null
-    det --batches $m --resume "$work/checkpoint" --log "$work/determined.jsonl" >/dev/null
+    det --batches $n --checkpoint-to "$work/checkpoint" --log "$work/first.jsonl" --then \
+        --batches $m --resume "$work/checkpoint" --log "$work/determined.jsonl" >/dev/null
     dt --resume "$work/checkpoint" --output "$work/dettrial-run" --set searcher.max_length.batches=$((n + m)) \
        --set data.log="$work/dettrial.jsonl"
     # Its weights alone, as a warm start (dettrial::load_weights on the checkpoint directory).
@@ -65,17 +81,15 @@ case $direction in
   to-determined)
     dt --output "$work/first-run" --set searcher.max_length.batches=$n --set data.log="$work/first.jsonl"
     checkpoint=$(ls -d "$work"/first-run/checkpoints/*/ | head -n 1)
-    checked=$("$python" "$here/check_checkpoint.py" "$checkpoint") || { echo "$checked"; exit 1; }
-    echo "$checked"
-    # From scratch too: Determined seeded with dettrial's trial seed (the one the checkpoint's
-    # generators were seeded with) trains the same first batches.
-    seed=$(sed -n 's/^ok: .*generators seeded with \([0-9]*\),.*$/\1/p' <<<"$checked")
-    [ -n "$seed" ] || { echo "check_checkpoint.py named no seed"; exit 1; }
-    det --batches $n --seed "$seed" --log "$work/first-determined.jsonl" >/dev/null
-    /usr/bin/python3 "$here/compare.py" "$work/first-determined.jsonl" "$work/first.jsonl" --first 0 --batches $n
     dt --resume "$checkpoint" --output "$work/dettrial-run" --set searcher.max_length.batches=$((n + m)) \
        --set data.log="$work/dettrial.jsonl"
-    det --batches $m --resume "$checkpoint" --log "$work/determined.jsonl" >/dev/null ;;
+    # Determined reads the checkpoint (check_checkpoint.py), trains from scratch seeded with
+    # dettrial's trial seed (the one the checkpoint's generators were seeded with), which must be
+    # dettrial's first batches, and continues the checkpoint: three runs of one command.
+    det check_checkpoint "$checkpoint" --then \
+        --batches $n --seed-from "$checkpoint" --log "$work/first-determined.jsonl" --then \
+        --batches $m --resume "$checkpoint" --log "$work/determined.jsonl"
+    /usr/bin/python3 "$here/compare.py" "$work/first-determined.jsonl" "$work/first.jsonl" --first 0 --batches $n ;;
   *) echo "unknown direction $direction" >&2; exit 2 ;;
 esac
 /usr/bin/python3 "$here/compare.py" "$work/determined.jsonl" "$work/dettrial.jsonl" --first $n --batches $m

@@ -13,6 +13,12 @@ Local-mode Trainer.fit starts a resumed run's data loader at batch 0 (the master
 trial its `steps_completed` on a cluster, is absent). `--resume` passes the checkpoint's own
 `steps_completed` as the master would, so the run continues as a resumed trial on a cluster does.
 
+Several runs go in one command, separated by `--then` (`... --batches 20 --checkpoint-to C --then
+--batches 22 --resume C`), and `check_checkpoint DIR` is a run too (check_checkpoint.py's checks).
+torch and Determined are imported once; each run is a child forked from that process before it
+trains, so it starts with nothing another run left behind, as a run of its own command does. One
+command stops at its first failed run.
+
 Data: the first `--records` images of an IDX split (gzip or not), normalised with their own mean and
 spread as examples/mnist normalises its training images; batches of `--batch-size`, shuffled by
 Determined's DataLoader (torch's RandomSampler over the global generator).
@@ -26,6 +32,7 @@ import shutil
 import struct
 import sys
 import tempfile
+import traceback
 
 import numpy as np
 import torch
@@ -33,6 +40,8 @@ from torch import nn
 
 import determined
 from determined import pytorch
+
+import check_checkpoint
 
 
 def read_idx(path):
@@ -164,8 +173,8 @@ def load(args):
             "validation": (val_x.sub(mean).div_(spread).unsqueeze(1).contiguous(), y[args.records:], ids[args.records:])}
 
 
-def main():
-    p = argparse.ArgumentParser()
+def train(argv):
+    p = argparse.ArgumentParser(prog="determined_mnist.py")
     p.add_argument("--data", required=True)
     p.add_argument("--split", default="t10k")
     p.add_argument("--records", type=int, default=1000)
@@ -176,10 +185,13 @@ def main():
     p.add_argument("--scheduler", default="none", choices=["none", "step", "multistep", "lambda", "onecycle"])
     p.add_argument("--net", default="plain", choices=["plain", "batchnorm"])
     p.add_argument("--seed", type=int, default=17)
+    p.add_argument("--seed-from", help="seed as the trial seed of this dettrial checkpoint (check_checkpoint.py's)")
     p.add_argument("--resume", help="a checkpoint directory to continue")
     p.add_argument("--checkpoint-to", help="copy the checkpoint written at the end here")
     p.add_argument("--log", help="append one JSON line per trained batch")
-    args = p.parse_args()
+    args = p.parse_args(argv)
+    if args.seed_from:
+        args.seed = check_checkpoint.trial_seed(args.seed_from)
     for name in ("data", "resume", "checkpoint_to", "log"):
         if getattr(args, name):
             setattr(args, name, os.path.abspath(getattr(args, name)))
@@ -231,6 +243,55 @@ def main():
             newest = max(checkpoints, key=lambda d: json.load(open(os.path.join(d, "metadata.json")))["steps_completed"])
             shutil.copytree(newest, args.checkpoint_to)
     print(json.dumps({"determined": determined.__version__, "torch": torch.__version__, "batches": args.batches}))
+
+
+def run(argv):
+    """One run in this process: a training run, or `check_checkpoint DIR`."""
+    if argv[:1] == ["check_checkpoint"]:
+        return check_checkpoint.main(argv[1:])
+    return train(argv)
+
+
+def run_in_child(argv):
+    """One run in a child forked from this process; its exit status."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            code = run(argv) or 0
+        except SystemExit as e:  # argparse's and sys.exit("message")'s: say it as Python would
+            if isinstance(e.code, str):
+                print(e.code, file=sys.stderr)
+            code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        except BaseException:
+            traceback.print_exc()
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status)
+
+
+def main():
+    runs = [[]]
+    for token in sys.argv[1:]:
+        if token == "--then":
+            runs.append([])
+        else:
+            runs[-1].append(token)
+    if len(runs) == 1:
+        return run(runs[0])
+    # torch.optim's first optimizer imports torch's compiler stack (seconds): here, once, for all.
+    import torch._dynamo  # noqa: F401
+    for index, argv in enumerate(runs):
+        code = run_in_child(argv)
+        if code != 0:
+            print(f"determined_mnist.py: run {index + 1} of {len(runs)} ({' '.join(argv)}) ended with status {code}", file=sys.stderr)
+            return code if code > 0 else 1
+    return 0
 
 
 if __name__ == "__main__":
