@@ -83,7 +83,11 @@ doctest_discover_tests(dettrial_mnist_tests TEST_PREFIX "mnist: " PROPERTIES SKI
 # Test programs whose cases compare with what a Python script wrote: the script runs first as a
 # CTest fixture (a line of its output must begin "ok: ", after any notes; exit 77 is skipped, with
 # the reason), writing into the build folder that the cases read through `variable`. Without
-# `python` the cases find nothing there and skip themselves, each with its reason.
+# `python` the cases find nothing there and skip themselves, each with its reason. Through
+# tests/python/fixture_cache.py: with DETTRIAL_FIXTURE_CACHE, a folder the same script, Python and
+# packages wrote before (another build's, an earlier run's) is linked, not written again.
+set(DETTRIAL_FIXTURE_CACHE "" CACHE PATH
+    "A folder where the Python fixture writers' outputs are kept, keyed by all their inputs (empty: written each run)")
 function(dettrial_python_fixture_tests target source python script fixture_name variable)
   add_executable(${target} unit/main.cpp ${source})
   target_link_libraries(${target} PRIVATE dettrial::compiled doctest::doctest)
@@ -91,7 +95,8 @@ function(dettrial_python_fixture_tests target source python script fixture_name 
   get_filename_component(_stem "${script}" NAME_WE)
   set(_out "${CMAKE_CURRENT_BINARY_DIR}/${_stem}")
   if(python)
-    add_test(NAME "${fixture_name}" COMMAND "${python}" "${CMAKE_CURRENT_SOURCE_DIR}/python/${script}" "${_out}")
+    add_test(NAME "${fixture_name}" COMMAND "${python}" "${CMAKE_CURRENT_SOURCE_DIR}/python/fixture_cache.py" "${DETTRIAL_FIXTURE_CACHE}"
+                                            "${CMAKE_CURRENT_SOURCE_DIR}/python/${script}" "${_out}")
     set_tests_properties("${fixture_name}" PROPERTIES FIXTURES_SETUP ${target} SKIP_RETURN_CODE 77 PASS_REGULAR_EXPRESSION "(^|\n)ok: ")
   endif()
   doctest_discover_tests(${target} TEST_PREFIX "unit: " PROPERTIES SKIP_RETURN_CODE 77 ENVIRONMENT "${variable}=${_out}"
