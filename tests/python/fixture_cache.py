@@ -73,8 +73,9 @@ def main(cache, script, out):
         remove(writing)
         status, printed = run(script, writing)
         if status != 0:  # a failure or a skip: OUT holds what the script wrote, as without a cache
-            os.rename(writing, out)
             print(printed, end="")
+            if os.path.lexists(writing):
+                os.rename(writing, out)
             return status
         with open(os.path.join(writing, "fixture_cache.output"), "w") as f:
             f.write(printed)
