@@ -59,7 +59,8 @@ def compile_command(build_dir, target):
     if len(mine) != 1:
         return None
     words = shlex.split(mine[0])
-    return words[1:] if words[0].endswith("ccache") else words
+    # The builds' launchers: ccache, or scripts/lib/ccache-launcher in front of it.
+    return words[1:] if os.path.basename(words[0]) in ("ccache", "ccache-launcher") else words
 
 
 def parse_case(build_dir, log_dir, target, command):
