@@ -7,9 +7,10 @@ again. A folder is reused only when every input is the same: the script's bytes,
 Python (its path, its version) and the releases of the packages the writers import. OUT is then a
 link to CACHE/<script>-<python>-<inputs>, and the script's own output is printed again, "ok: " line
 included, with a note saying where it came from. Anything else (a failure, a skip with exit 77)
-is not kept: OUT holds what the script wrote, and its status is this command's. An empty CACHE
+is not kept: OUT holds a copy of what the script wrote, and its status is this command's. An empty CACHE
 runs the script into OUT as before. Each script and Python keeps its newest folder only.
 """
+import fcntl
 import hashlib
 import os
 import shutil
@@ -67,30 +68,32 @@ def main(cache, script, out):
     stem = os.path.splitext(os.path.basename(script))[0]
     prefix = f"{stem}-{digest(os.path.realpath(sys.executable))}-"
     kept = os.path.join(cache, prefix + inputs_key(script))
-    if not os.path.isdir(kept):
-        os.makedirs(cache, exist_ok=True)
-        writing = f"{kept}.writing-{os.getpid()}"
-        remove(writing)
-        status, printed = run(script, writing)
-        if status != 0:  # a failure or a skip: OUT holds what the script wrote, as without a cache
-            print(printed, end="")
-            if os.path.lexists(writing):
-                os.rename(writing, out)
-            return status
-        with open(os.path.join(writing, "fixture_cache.output"), "w") as f:
-            f.write(printed)
-        try:
-            os.rename(writing, kept)  # atomic: a kept folder is always a whole one
-        except OSError:  # another build kept the same inputs first
-            shutil.rmtree(writing)
-        for name in os.listdir(cache):  # this script's and Python's older folders
-            if name.startswith(prefix) and os.path.join(cache, name) != kept and ".writing-" not in name:
-                shutil.rmtree(os.path.join(cache, name), ignore_errors=True)
-        note = "written now"
-    else:
-        note = "written by an earlier run of the same inputs"
+    # Written where it is kept, not moved there: a writer may record its own paths (absolute links,
+    # file lists). The output file, written last, says the folder is whole; a lock keeps two builds
+    # from writing one folder at once.
+    printed_file = os.path.join(kept, "fixture_cache.output")
+    os.makedirs(cache, exist_ok=True)
+    with open(kept + ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if os.path.exists(printed_file):
+            note = "written by an earlier run of the same inputs"
+        else:
+            remove(kept)  # a writer that did not finish
+            status, printed = run(script, kept)
+            if status != 0:  # a failure or a skip: OUT holds what the script wrote, as without a cache
+                print(printed, end="")
+                if os.path.lexists(kept):
+                    shutil.copytree(kept, out, symlinks=True)
+                    remove(kept)
+                return status
+            with open(printed_file, "w") as f:
+                f.write(printed)
+            for name in os.listdir(cache):  # this script's and Python's older folders
+                if name.startswith(prefix) and not name.startswith(os.path.basename(kept)):
+                    remove(os.path.join(cache, name))
+            note = "written now"
     os.symlink(kept, out)
-    with open(os.path.join(kept, "fixture_cache.output")) as f:
+    with open(printed_file) as f:
         print(f.read(), end="")
     print(f"note: {out} is {kept} ({note}: the same script, Python and {', '.join(PACKAGES)} releases)")
     return 0
