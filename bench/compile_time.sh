@@ -14,12 +14,13 @@ set -euo pipefail
 dir=$1 rounds=${2:-3} only_pair=${3:-}
 scratch=$(mktemp -d)
 trap 'rm -rf "$scratch"' EXIT
-# The compile command ninja would run for TARGET's one source, without a precompiled header, at -O2,
+# The compile command ninja would run for TARGET's one source, without a precompiled header or the
+# builds' compiler launcher (ccache, scripts/lib/ccache-launcher), at -O2,
 # header-only (the examples link dettrial::compiled; separate() below adds its definition back).
 command_of() {
   ninja -C "$dir" -t commands "$1" | grep -E -- " -o [^ ]*CMakeFiles/$1\.dir/[^ ]+\.cpp\.o -c " | tail -n 1 |
     sed -E 's/ -Xclang -include-pch -Xclang [^ ]+//g; s/ -include [^ ]*cmake_pch[^ ]*//g; s/ -Winvalid-pch//g;
-            s/ -O[0-3s]( |$)/ -O2 /g; s/ -o [^ ]+/ -o \/dev\/null/; s/ -DDETTRIAL_SEPARATE_COMPILATION( |$)/ /g'
+            s#(^|&& )[^ ]*ccache(-launcher)? #\1#; s/ -O[0-3s]( |$)/ -O2 /g; s/ -o [^ ]+/ -o \/dev\/null/; s/ -DDETTRIAL_SEPARATE_COMPILATION( |$)/ /g'
 }
 plain=$(command_of compile_plain_loop)
 trial=$(command_of compile_trial_only)
