@@ -25,6 +25,8 @@ dettrial_source_check("docs: every relative link and anchor in the markdown reso
                       "${PROJECT_SOURCE_DIR}/tools/check_links.py")
 dettrial_source_check("functions: none in include/ is over 80 lines" "${PROJECT_SOURCE_DIR}/tools/check_function_lengths.py")
 dettrial_source_check("format: every C++ file but single_include/ follows .clang-format" "${PROJECT_SOURCE_DIR}/tools/check_format.py")
+dettrial_source_check("fixture cache: a Python fixture folder is reused only for the same inputs, never a failed or skipped one"
+                      "${PROJECT_SOURCE_DIR}/tests/python/fixture_cache.py" --self-test)
 # The generated header is the same text for every LibTorch: CI builds it once (-DDETTRIAL_SINGLE_HEADER_TEST=OFF on the other).
 option(DETTRIAL_SINGLE_HEADER_TEST "Build and run the MNIST example against single_include/" ON)
 if(TARGET mnist AND NOT DETTRIAL_SINGLE_HEADER AND DETTRIAL_SINGLE_HEADER_TEST)

@@ -28,22 +28,9 @@ if [ -z "${DETTRIAL_LOSS_TOLERANCE:-}" ] && [ "$python_torch" != "$libtorch" ]; 
 fi
 n=20 m=22
 # Determined's runs, in one command (determined_mnist.py imports torch and Determined once, and
-# forks each run): "--then" starts the next run, with this test's data, optimizer and network again.
-det() {
-  local runs=() segment=() token
-  local common=(--data "$data" --optimizer "$optimizer" --scheduler "$scheduler" --net "$net")
-  for token in "$@" --then; do
-    if [ "$token" = --then ]; then
-      if [ "${segment[0]}" = check_checkpoint ]; then runs+=("${segment[@]}"); else runs+=("${common[@]}" "${segment[@]}"); fi
-      runs+=(--then)
-      segment=()
-    else
-      segment+=("$token")
-    fi
-  done
-  unset 'runs[${#runs[@]}-1]'
-  "$python" "$here/determined_mnist.py" "${runs[@]}"
-}
+# forks each run): "--then" starts the next run, which names this test's trial again.
+det() { "$python" "$here/determined_mnist.py" "$@"; }
+trial_args=(--data "$data" --optimizer "$optimizer" --scheduler "$scheduler" --net "$net")
 # determined_mnist.py's learning rates: 0.03 for SGD, 0.002 for the others.
 lr=0.002
 [ "$optimizer" = sgd ] && lr=0.03
@@ -54,8 +41,8 @@ dt() {
 }
 case $direction in
   from-determined)
-    det --batches $n --checkpoint-to "$work/checkpoint" --log "$work/first.jsonl" --then \
-        --batches $m --resume "$work/checkpoint" --log "$work/determined.jsonl" >/dev/null
+    det "${trial_args[@]}" --batches $n --checkpoint-to "$work/checkpoint" --log "$work/first.jsonl" --then \
+        "${trial_args[@]}" --batches $m --resume "$work/checkpoint" --log "$work/determined.jsonl" >/dev/null
     dt --resume "$work/checkpoint" --output "$work/dettrial-run" --set searcher.max_length.batches=$((n + m)) \
        --set data.log="$work/dettrial.jsonl"
     # Its weights alone, as a warm start (dettrial::load_weights on the checkpoint directory).
@@ -87,8 +74,8 @@ case $direction in
     # dettrial's trial seed (the one the checkpoint's generators were seeded with), which must be
     # dettrial's first batches, and continues the checkpoint: three runs of one command.
     det check_checkpoint "$checkpoint" --then \
-        --batches $n --seed-from "$checkpoint" --log "$work/first-determined.jsonl" --then \
-        --batches $m --resume "$checkpoint" --log "$work/determined.jsonl"
+        "${trial_args[@]}" --batches $n --seed-from "$checkpoint" --log "$work/first-determined.jsonl" --then \
+        "${trial_args[@]}" --batches $m --resume "$checkpoint" --log "$work/determined.jsonl"
     /usr/bin/python3 "$here/compare.py" "$work/first-determined.jsonl" "$work/first.jsonl" --first 0 --batches $n ;;
   *) echo "unknown direction $direction" >&2; exit 2 ;;
 esac
