@@ -147,6 +147,22 @@ TEST_CASE("DataLoader: skipping resumes the exact order, mid-epoch included, wit
     if (++taken == 15) break;
   }
   CHECK(from_view == ids_of(loader.batches({.repeat = true, .skip = 5, .num_replicas = 2, .rank = 1}), 15));
+  // The loader reads each slice directly (chain_batch), not through the view: the same slices for
+  // endless and one-epoch chains, rank counts that do not divide the 11 batches, skips across epochs.
+  for (const LoaderChain chain : {LoaderChain{.repeat = true, .skip = 7, .num_replicas = 3, .rank = 2},
+                                  LoaderChain{.repeat = false, .num_replicas = 4, .rank = 3}, LoaderChain{.repeat = true, .skip = 30}}) {
+    std::int64_t k = chain.skip;
+    for (const BatchSlice& slice : loader.sampler().slices(chain)) {
+      const BatchSlice direct = loader.sampler().chain_batch(chain, k++);
+      CHECK(direct.epoch == slice.epoch);
+      CHECK(direct.count == slice.count);
+      CHECK(torch::equal(direct.indices, slice.indices));
+      if (k == chain.skip + 25) break;
+    }
+    CHECK(k == (chain.repeat ? chain.skip + 25 : 2));  // rank 3 of 4 reads 2 of an epoch's 11 batches
+  }
+  CHECK_THROWS_WITH_AS(loader.sampler().check_chain({.num_replicas = 2, .rank = 2}), "samplers::distribute: rank 2 is not among 2 replicas",
+                       DataError);
 
   CountingDataset counting;
   DataLoader skipper(counting, {.batch_size = 10});

@@ -254,18 +254,21 @@ class DataLoader {
     bool exhausted() const { return position_ >= end_; }
     batch_type next();
 
-    using Slices = decltype(std::declval<const BatchSampler&>().slices(std::declval<const LoaderChain&>()));
     /// The slice of this rank's batch `k`: Determined's chain, or a share of the layout's global batch `k`.
     struct SliceAt {
       SliceAt(const DataLoader& loader, const LoaderChain& chain)
-          : slices(loader.sampler_.slices(chain)),
+          : sampler(checked(loader.sampler_, chain)),
             chain(chain),
             layout(loader.regroups(chain) ? std::optional(loader.layout_sampler(chain)) : std::nullopt) {}
       BatchSlice operator()(std::int64_t k) const {
         if (layout) return layout->share_of_global_batch(k, chain.layout_replicas, chain.num_replicas, chain.rank);
-        return slices[k - chain.skip];
+        return sampler.chain_batch(chain, k);
       }
-      Slices slices;  // the sampler chain this stream reads
+      static const BatchSampler& checked(const BatchSampler& sampler, const LoaderChain& chain) {
+        sampler.check_chain(chain);
+        return sampler;
+      }
+      BatchSampler sampler;  // the sampler chain this stream reads (its epochs shared with the loader's)
       LoaderChain chain;
       std::optional<BatchSampler> layout;  // the layout's stream, when the job regroups its global batches
     };

@@ -6,6 +6,7 @@
 /// user's batch sampler's batches; the chain steps are those of samplers.hpp.
 #pragma once
 
+#include <concepts>
 #include <condition_variable>
 #include <cstdint>
 #include <limits>
@@ -128,11 +129,21 @@ class BatchSampler {
    * `num_replicas`-th, from its rank on), without the first `skip` of those. A random-access view:
    * skipping costs nothing, and the loader's workers read any position of it.
    */
-  auto slices(const LoaderChain& chain) const {
+  // A template, so that only a translation unit that reads the views instantiates range-v3's: the
+  // loader reads the same batches through chain_batch.
+  template <std::same_as<LoaderChain> Chain = LoaderChain>
+  auto slices(const Chain& chain) const {
     auto batch_of = [self = *this](std::int64_t epoch, std::int64_t index) { return self.batch(epoch, index); };
     auto epochs = chain.repeat ? samplers::repeat(batches_per_epoch_, batch_of) : samplers::one_epoch(batches_per_epoch_, batch_of);
     return std::move(epochs) | samplers::distribute(chain.num_replicas, chain.rank) | samplers::skip(chain.skip);
   }
+
+  /// Checks `chain` as slices(chain) does (an epoch of at least one batch, the rank among the
+  /// replicas, no negative skip), with its sentences.
+  void check_chain(const LoaderChain& chain) const;
+  /// Batch `k` of the batches a rank reads under `chain`, counted from the chain's start (the
+  /// skipped ones too): `slices(chain)[k - chain.skip]`, computed directly. Random access, O(1).
+  BatchSlice chain_batch(const LoaderChain& chain, std::int64_t k) const { return global_batch(chain.rank + k * chain.num_replicas); }
 
   /// The order of epoch `e`: the records of its batches, in order (int64, CPU). For a batch sampler,
   /// its batches concatenated.
@@ -309,6 +320,12 @@ DETTRIAL_INLINE BatchSlice BatchSampler::batch(std::int64_t epoch, std::int64_t 
 
 DETTRIAL_INLINE BatchSlice BatchSampler::global_batch(std::int64_t global) const {
   return batch(global / batches_per_epoch_, global % batches_per_epoch_);
+}
+
+DETTRIAL_INLINE void BatchSampler::check_chain(const LoaderChain& chain) const {
+  samplers::detail::check_batches_per_epoch(batches_per_epoch_, chain.repeat ? "repeat" : "one_epoch");
+  samplers::detail::check_replicas(chain.num_replicas, chain.rank);
+  samplers::detail::check_skip(chain.skip);
 }
 
 DETTRIAL_INLINE BatchSampler BatchSampler::with_batch_size(std::int64_t batch_size) const {
