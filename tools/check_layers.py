@@ -26,7 +26,7 @@ LAYERS = [
     ["trainer"],
     ["search"],
     ["dettrial.hpp"],
-    ["vision.hpp", "search.hpp"],
+    ["vision.hpp", "search.hpp", "samplers.hpp"],
     ["cli"],
     ["main.hpp"],
     ["src.hpp"],

@@ -1096,6 +1096,15 @@ class ExperimentConfig {
   /// Where it came from (file name or "<string>"), for messages.
   std::string source = "<string>";
 
+  // Out of line (compiled once in separate compilation): every trial's translation unit makes, copies
+  // and ends one, and the members' own are many.
+  DETTRIAL_INLINE ExperimentConfig();
+  DETTRIAL_INLINE ExperimentConfig(const ExperimentConfig&);
+  DETTRIAL_INLINE ExperimentConfig(ExperimentConfig&&) noexcept;
+  DETTRIAL_INLINE ExperimentConfig& operator=(const ExperimentConfig&);
+  DETTRIAL_INLINE ExperimentConfig& operator=(ExperimentConfig&&) noexcept;
+  DETTRIAL_INLINE ~ExperimentConfig();
+
   /// Reads and parses a file; a missing or unreadable file is a ConfigError naming it.
   static ExperimentConfig load_file(const std::filesystem::path& path);
 
@@ -1211,6 +1220,13 @@ class ExperimentConfig {
 #include <sstream>
 
 namespace dettrial {
+
+DETTRIAL_INLINE ExperimentConfig::ExperimentConfig() = default;
+DETTRIAL_INLINE ExperimentConfig::ExperimentConfig(const ExperimentConfig&) = default;
+DETTRIAL_INLINE ExperimentConfig::ExperimentConfig(ExperimentConfig&&) noexcept = default;
+DETTRIAL_INLINE ExperimentConfig& ExperimentConfig::operator=(const ExperimentConfig&) = default;
+DETTRIAL_INLINE ExperimentConfig& ExperimentConfig::operator=(ExperimentConfig&&) noexcept = default;
+DETTRIAL_INLINE ExperimentConfig::~ExperimentConfig() = default;
 
 DETTRIAL_INLINE const char* to_string(CheckpointPolicy p) {
   switch (p) {
@@ -1726,7 +1742,6 @@ inline void check_profiler_options(const ProfilerOptions& o) {
 #include <limits>
 #include <memory>
 #include <optional>
-#include <ranges>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -2210,7 +2225,7 @@ class Prefetcher {
 /// @brief The sampler chain: which records make up each batch a rank reads, with Determined's order of
 /// operations (an epoch's order, batch, repeat, shard by rank, skip) and O(1) random access. The
 /// epoch's order is the built-in one (in order, or shuffled per epoch), a user's sampler's, or a
-/// user's batch sampler's batches; the chain steps are those of samplers.hpp.
+/// user's batch sampler's batches; the chain steps are those of samplers.hpp, computed directly.
 
 #include <concepts>
 #include <condition_variable>
@@ -2224,31 +2239,17 @@ class Prefetcher {
 
 #include <torch/torch.h>
 
-// ---- begin dettrial/data/samplers.hpp
+// ---- begin dettrial/data/epoch_order.hpp
 // SPDX-License-Identifier: Apache-2.0
 /// @file
-/// @brief Determined's `determined.pytorch.samplers`, for loaders and batch samplers a trial writes
-/// itself: the reproducible shuffle, and the chain steps repeat, distribute (shard by rank) and skip
-/// as range-v3 views with O(1) random access. dettrial's own loader reads its batches through them.
+/// @brief What orders an epoch's records: the sampler and batch-sampler functions a loader takes,
+/// Determined's reproducible shuffle, and a rank's share of an epoch. The chain steps over them
+/// (repeat, distribute, skip as range-v3 views) are in <dettrial/samplers.hpp>.
 
-#include <concepts>
 #include <cstdint>
 #include <functional>
-#include <limits>
-#include <memory>
-#include <type_traits>
-#include <utility>
 #include <vector>
 
-#include <range/v3/range/access.hpp>
-#include <range/v3/range/concepts.hpp>
-#include <range/v3/range/primitives.hpp>
-#include <range/v3/range/traits.hpp>
-#include <range/v3/view/all.hpp>
-#include <range/v3/view/drop.hpp>
-#include <range/v3/view/iota.hpp>
-#include <range/v3/view/stride.hpp>
-#include <range/v3/view/transform.hpp>
 #include <torch/torch.h>
 
 // ---- begin dettrial/detail/random.hpp
@@ -2336,125 +2337,11 @@ constexpr std::int64_t distributed_length(std::int64_t length, std::int64_t num_
 }  // namespace dettrial::samplers
 
 namespace dettrial::samplers::detail {
-/// Item `k` of a stream of epochs: `batch_of(k / batches_per_epoch, k % batches_per_epoch)`.
-template <class BatchOf>
-struct EpochBatch {
-  std::int64_t batches_per_epoch;
-  BatchOf batch_of;
-  auto operator()(std::int64_t k) const { return batch_of(k / batches_per_epoch, k % batches_per_epoch); }
-};
-
-/// `end` items of the stream of epochs (the type repeat and one_epoch share).
-template <class BatchOf>
-auto epochs(std::int64_t batches_per_epoch, BatchOf batch_of, std::int64_t end) {
-  return ranges::views::iota(std::int64_t{0}, end) | ranges::views::transform(EpochBatch<BatchOf>{batches_per_epoch, std::move(batch_of)});
-}
-
-/// A fixed sequence of batches, kept for repeat: a view of an lvalue (or the view itself), or the
-/// container moved into shared ownership.
-template <class R>
-auto hold(R&& batches) {
-  if constexpr (std::is_lvalue_reference_v<R> || ranges::view_<std::remove_cvref_t<R>>) return ranges::views::all(std::forward<R>(batches));
-  else return std::make_shared<const std::remove_cvref_t<R>>(std::forward<R>(batches));
-}
-
-template <class T>
-inline constexpr bool is_shared_ptr = false;
-template <class T>
-inline constexpr bool is_shared_ptr<std::shared_ptr<T>> = true;
-
-/// Batch `index` of a held sequence, whatever the epoch (a copy: a tensor costs a reference count).
-template <class Held, class Value>
-struct HeldBatch {
-  Held held;
-  Value operator()(std::int64_t /*epoch*/, std::int64_t index) const {
-    if constexpr (is_shared_ptr<Held>) return Value(ranges::begin(*held)[index]);
-    else return Value(ranges::begin(held)[index]);
-  }
-};
-
+// The chain's checks, with the sentences samplers::repeat, distribute and skip (and the loader) give.
 DETTRIAL_INLINE void check_batches_per_epoch(std::int64_t batches_per_epoch, const char* who);
 DETTRIAL_INLINE void check_replicas(std::int64_t num_replicas, std::int64_t rank);
 DETTRIAL_INLINE void check_skip(std::int64_t skip);
 }  // namespace dettrial::samplers::detail
-
-namespace dettrial::samplers {
-/**
- * @brief Determined's `RepeatBatchSampler` (and `RepeatSampler`): epoch after epoch, endlessly.
- * - `samplers::repeat(batches_per_epoch, batch_of)`: batch `k` of the stream is
- *   `batch_of(k / batches_per_epoch, k % batches_per_epoch)`, so each epoch may differ (a shuffle).
- * - `batches | samplers::repeat` (or `samplers::repeat(batches)`): a fixed sequence (random access,
- *   sized), the same every epoch. An lvalue is viewed (keep it alive), an rvalue container is kept.
- * Random access: position `k` costs one call, whatever `k`.
- */
-struct repeat_fn {
-  template <class BatchOf>
-    requires std::invocable<const BatchOf&, std::int64_t, std::int64_t>
-  auto operator()(std::int64_t batches_per_epoch, BatchOf batch_of) const {
-    detail::check_batches_per_epoch(batches_per_epoch, "repeat");
-    return detail::epochs(batches_per_epoch, std::move(batch_of), std::numeric_limits<std::int64_t>::max());
-  }
-  template <class R>
-    requires ranges::random_access_range<R> && ranges::sized_range<R>
-  auto operator()(R&& batches) const {
-    const auto n = static_cast<std::int64_t>(ranges::size(batches));
-    using Held = decltype(detail::hold(std::forward<R>(batches)));
-    return (*this)(n, detail::HeldBatch<Held, ranges::range_value_t<R>>{detail::hold(std::forward<R>(batches))});
-  }
-  template <class R>
-    requires ranges::random_access_range<R> && ranges::sized_range<R>
-  friend auto operator|(R&& batches, const repeat_fn& self) {
-    return self(std::forward<R>(batches));
-  }
-};
-/// See repeat_fn.
-inline constexpr repeat_fn repeat{};
-
-/// One epoch of `batch_of(0, index)`: the chain without repeat (validation). The same view type as
-/// `samplers::repeat(batches_per_epoch, batch_of)`, so either can be chosen at run time.
-struct one_epoch_fn {
-  template <class BatchOf>
-    requires std::invocable<const BatchOf&, std::int64_t, std::int64_t>
-  auto operator()(std::int64_t batches_per_epoch, BatchOf batch_of) const {
-    detail::check_batches_per_epoch(batches_per_epoch, "one_epoch");
-    return detail::epochs(batches_per_epoch, std::move(batch_of), batches_per_epoch);
-  }
-};
-/// See one_epoch_fn.
-inline constexpr one_epoch_fn one_epoch{};
-
-/**
- * @brief Determined's `DistributedBatchSampler` (and `DistributedSampler`): rank `rank` of
- * `num_replicas` takes every `num_replicas`-th item, starting at item `rank`. A view adaptor:
- * `stream | samplers::distribute(num_replicas, rank)`; over a sized sequence its length is
- * `distributed_length(size, num_replicas, rank)`. Apply it after repeat (Determined's rule: shard the
- * endless stream, so ranks never drift apart at epoch ends).
- */
-struct distribute_fn {
-  auto operator()(std::int64_t num_replicas, std::int64_t rank) const {
-    detail::check_replicas(num_replicas, rank);
-    return ranges::views::drop(rank) | ranges::views::stride(num_replicas);
-  }
-};
-/// See distribute_fn.
-inline constexpr distribute_fn distribute{};
-
-/**
- * @brief Determined's `SkipBatchSampler` (and `SkipSampler`): passes over the first `n` items. A view
- * adaptor: `stream | samplers::skip(n)`; on a random-access stream nothing of the skipped items is
- * computed. Apply it last, after repeat and distribute, counting this rank's batches (Determined's
- * `steps_completed`).
- */
-struct skip_fn {
-  auto operator()(std::int64_t n) const {
-    detail::check_skip(n);
-    return ranges::views::drop(n);
-  }
-};
-/// See skip_fn.
-inline constexpr skip_fn skip{};
-
-}  // namespace dettrial::samplers
 
 // Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
 #if DETTRIAL_HEADER_DEFINITIONS
@@ -2506,7 +2393,7 @@ DETTRIAL_INLINE void check_skip(std::int64_t skip) {
 }  // namespace dettrial::samplers::detail
 
 #endif  // DETTRIAL_HEADER_DEFINITIONS
-// ---- end dettrial/data/samplers.hpp
+// ---- end dettrial/data/epoch_order.hpp
 
 namespace dettrial {
 
@@ -2612,16 +2499,13 @@ class BatchSampler {
    * @brief The slices a rank reads under `chain`: Determined's chain, as views. The batches of the
    * epochs (endless when repeating, one epoch otherwise), this rank's share of them (every
    * `num_replicas`-th, from its rank on), without the first `skip` of those. A random-access view:
-   * skipping costs nothing, and the loader's workers read any position of it.
+   * skipping costs nothing, and the loader's workers read any position of it. Defined in
+   * <dettrial/samplers.hpp> (range-v3's views), which a translation unit that reads it includes.
    */
-  // A template, so that only a translation unit that reads the views instantiates range-v3's: the
-  // loader reads the same batches through chain_batch.
+  // A template defined with the views, so that only a translation unit that reads them compiles
+  // range-v3: the loader reads the same batches through chain_batch.
   template <std::same_as<LoaderChain> Chain = LoaderChain>
-  auto slices(const Chain& chain) const {
-    auto batch_of = [self = *this](std::int64_t epoch, std::int64_t index) { return self.batch(epoch, index); };
-    auto epochs = chain.repeat ? samplers::repeat(batches_per_epoch_, batch_of) : samplers::one_epoch(batches_per_epoch_, batch_of);
-    return std::move(epochs) | samplers::distribute(chain.num_replicas, chain.rank) | samplers::skip(chain.skip);
-  }
+  auto slices(const Chain& chain) const;
 
   /// Checks `chain` as slices(chain) does (an epoch of at least one batch, the rank among the
   /// replicas, no negative skip), with its sentences.
@@ -5565,6 +5449,10 @@ namespace dettrial::optim {
 class FusedSGD : public torch::optim::SGD, public CapturableOptimizer {
  public:
   using torch::optim::SGD::SGD;
+  FusedSGD(FusedSGD&&) = default;
+  FusedSGD& operator=(FusedSGD&&) = default;
+  // Out of line (compiled once in separate compilation), as a trial that holds one ends it.
+  DETTRIAL_INLINE ~FusedSGD() override;
 
   /// With the fused kernel (LibTorch 2.4+, CUDA), once every momentum buffer exists: a new buffer is
   /// a copy of the first gradient, which a skipped first step must not leave behind.
@@ -5772,6 +5660,8 @@ DETTRIAL_INLINE bool FusedSGD::step_unless_found_inf(const torch::Tensor& found_
   return CapturableOptimizer::step_unless_found_inf(found_inf);
 #endif
 }
+
+DETTRIAL_INLINE FusedSGD::~FusedSGD() = default;
 
 DETTRIAL_INLINE torch::Tensor FusedSGD::step(LossClosure closure) { return step_with(closure, std::nullopt); }
 
@@ -12815,31 +12705,10 @@ class Context {
     static_assert(GradientClipper<Clip>,
                   "dettrial::Context::step_optimizer: the clip argument must be callable with std::vector<torch::Tensor>& "
                   "(dettrial::clip::by_norm{...}, clip::by_value{...})");
-    if (aggregation_frequency_ > 1 && !auto_zero_grads)
-      throw TrialError("step_optimizer(auto_zero_grads=false) cannot be used with aggregation_frequency > 1");
-    if (!is_update_batch()) return;
-    WrappedOptimizer& w = find_optimizer(optimizer);
-    refresh_params(w);  // param groups may have grown since wrapping (unfrozen layers)
-    if (ordered_) {
-      combine_ordered_gradients();  // weighted by records: already an average
-    } else if (communicator_) {
-      if (!w.buckets) w.buckets = std::make_unique<detail::GradientBuckets>(*communicator_, w.params);
-      w.buckets->all_reduce();
-    }
-    if (w.average && aggregation_frequency_ > 1 && !ordered_) {
-      const double scale = 1.0 / static_cast<double>(aggregation_frequency_);
-      for (auto& p : w.params)
-        if (p.grad().defined()) p.grad().mul_(scale);
-    }
-    if (scaler_) scaler_->unscale(w.params);                        // clipping sees the true gradients
-    if constexpr (GradientClipper<Clip>) clip_gradients(w.params);  // else only the sentence above
-    if (w.shards) step_shards(w);                                   // ZeRO: this rank's 1/N, then all-gathered
-    else if (scaler_) scaler_->step(optimizer, w.params);           // skipped when a gradient is inf or NaN
-    else optimizer.step();
-    // Autocast caches low-precision copies of the weights until its region ends; a forward pass
-    // later in the same train_batch must see the stepped weights.
-    if (precision_ != Precision::fp32) at::autocast::clear_cache();
-    if (auto_zero_grads) optimizer.zero_grad();
+    WrappedOptimizer* w = gradients_for_step(optimizer, auto_zero_grads);
+    if (!w) return;                                                  // not an update batch
+    if constexpr (GradientClipper<Clip>) clip_gradients(w->params);  // else only the sentence above
+    step_wrapped(*w, optimizer, auto_zero_grads);
   }
 
   /**
@@ -12924,6 +12793,12 @@ class Context {
   };
   /// ZeRO: optimizer `i`'s shards, made (with padded buckets) when it has none.
   detail::OptimizerShards& shard_optimizer(std::size_t i);
+  // step_optimizer's halves around the clip, compiled once (in separate compilation) for every clip
+  // type and trial. The first: the gradients of an update batch all-reduced (or combined in order),
+  // averaged over aggregated batches and unscaled; null on a batch that only accumulates.
+  WrappedOptimizer* gradients_for_step(torch::optim::Optimizer& optimizer, bool auto_zero_grads);
+  // The second: the step (this rank's shard, or the scaler's, or the optimizer's), then zero_grad.
+  void step_wrapped(WrappedOptimizer& w, torch::optim::Optimizer& optimizer, bool auto_zero_grads);
   /// ZeRO's step: the optimizer steps this rank's pieces (the scaler's skip decided on the whole
   /// gradients, the same on every rank), then every rank gets every rank's parameters.
   void step_shards(WrappedOptimizer& w);
@@ -13325,6 +13200,37 @@ DETTRIAL_INLINE std::int64_t Context::global_batch_size_hparam() const {
 DETTRIAL_INLINE std::int64_t Context::require_epoch_len() const {
   if (position_.epoch_len <= 0) throw TrialError("epoch counters are only known once training has started");
   return position_.epoch_len;
+}
+
+DETTRIAL_INLINE Context::WrappedOptimizer* Context::gradients_for_step(torch::optim::Optimizer& optimizer, bool auto_zero_grads) {
+  if (aggregation_frequency_ > 1 && !auto_zero_grads)
+    throw TrialError("step_optimizer(auto_zero_grads=false) cannot be used with aggregation_frequency > 1");
+  if (!is_update_batch()) return nullptr;
+  WrappedOptimizer& w = find_optimizer(optimizer);
+  refresh_params(w);  // param groups may have grown since wrapping (unfrozen layers)
+  if (ordered_) {
+    combine_ordered_gradients();  // weighted by records: already an average
+  } else if (communicator_) {
+    if (!w.buckets) w.buckets = std::make_unique<detail::GradientBuckets>(*communicator_, w.params);
+    w.buckets->all_reduce();
+  }
+  if (w.average && aggregation_frequency_ > 1 && !ordered_) {
+    const double scale = 1.0 / static_cast<double>(aggregation_frequency_);
+    for (auto& p : w.params)
+      if (p.grad().defined()) p.grad().mul_(scale);
+  }
+  if (scaler_) scaler_->unscale(w.params);  // clipping sees the true gradients
+  return &w;
+}
+
+DETTRIAL_INLINE void Context::step_wrapped(WrappedOptimizer& w, torch::optim::Optimizer& optimizer, bool auto_zero_grads) {
+  if (w.shards) step_shards(w);                          // ZeRO: this rank's 1/N, then all-gathered
+  else if (scaler_) scaler_->step(optimizer, w.params);  // skipped when a gradient is inf or NaN
+  else optimizer.step();
+  // Autocast caches low-precision copies of the weights until its region ends; a forward pass
+  // later in the same train_batch must see the stepped weights.
+  if (precision_ != Precision::fp32) at::autocast::clear_cache();
+  if (auto_zero_grads) optimizer.zero_grad();
 }
 
 DETTRIAL_INLINE void Context::refresh_params(WrappedOptimizer& w) {
@@ -14533,6 +14439,9 @@ void for_each_state_entry(const torch::nn::Module& module, F&& f) {
 
 DETTRIAL_INLINE std::string shape_text(c10::IntArrayRef sizes);
 
+/// An empty dict of names to any values (a state dict's `{}`), made where dettrial is compiled.
+DETTRIAL_INLINE StateDict empty_state_dict();
+
 /// Python's DistributedDataParallel saves `module.<name>`: the model's own names without it.
 DETTRIAL_INLINE StateDict unwrapped(const StateDict& d);
 
@@ -14660,6 +14569,8 @@ DETTRIAL_INLINE c10::IValue unpickle_archive(const std::string& bytes, const std
     throw CheckpointError("cannot read '" + file.string() + "' as a torch.save archive: " + first_line(e.what()));
   }
 }
+
+DETTRIAL_INLINE StateDict empty_state_dict() { return StateDict(c10::StringType::get(), c10::AnyType::get()); }
 
 DETTRIAL_INLINE StateDict unwrapped(const StateDict& d) {
   const std::string prefix = "module.";
@@ -17557,6 +17468,58 @@ struct WrittenCheckpoint {
 };
 
 /**
+ * @brief What a fit's callbacks add to its checkpoints, as function pointers over the callback set:
+ * their states for a checkpoint and their hooks around writing and loading one. The Checkpointer
+ * reads them through this, so that its code is compiled once (in separate compilation) and not in
+ * every trial's translation unit; each pointer is called once per checkpoint, never per batch.
+ */
+struct CallbackHooks {
+  void* set = nullptr;
+  StateDict (*states)(void* set) = nullptr;                                               ///< the callbacks' state_dict()s, by name
+  void (*save_start)(void* set, StateDict& top) = nullptr;                                ///< on_checkpoint_save_start
+  void (*write_end)(void* set, const std::filesystem::path& dir) = nullptr;               ///< on_checkpoint_write_end
+  void (*upload_end)(void* set, const std::string& uuid) = nullptr;                       ///< on_checkpoint_upload_end
+  void (*load_start)(void* set, const StateDict& top) = nullptr;                          ///< on_checkpoint_load_start
+  std::vector<std::string> (*load_states)(void* set, const StateDict& states) = nullptr;  ///< load_state_dict; names without state
+};
+
+/// The hooks of callback set `set` (a CallbackSet), which must outlive them.
+template <class Set>
+CallbackHooks callback_hooks(Set& set) {
+  return {.set = &set,
+          .states =
+              [](void* p) {
+                StateDict states = empty_state_dict();
+                std::size_t index = 0;
+                static_cast<Set*>(p)->each([&](auto& cb) {
+                  if constexpr (hook::state_dict::callable<std::remove_reference_t<decltype(cb)>>)
+                    states.insert(callback_name(cb, index), hook::state_dict::call(cb));
+                  ++index;
+                });
+                return states;
+              },
+          .save_start = [](void* p, StateDict& top) { static_cast<Set*>(p)->template call<hook::on_checkpoint_save_start>(top); },
+          .write_end = [](void* p,
+                          const std::filesystem::path& dir) { static_cast<Set*>(p)->template call<hook::on_checkpoint_write_end>(dir); },
+          .upload_end = [](void* p, const std::string& uuid) { static_cast<Set*>(p)->template call<hook::on_checkpoint_upload_end>(uuid); },
+          .load_start = [](void* p, const StateDict& top) { static_cast<Set*>(p)->template call<hook::on_checkpoint_load_start>(top); },
+          .load_states =
+              [](void* p, const StateDict& states) {
+                std::vector<std::string> without_state;
+                std::size_t index = 0;
+                static_cast<Set*>(p)->each([&](auto& cb) {
+                  if constexpr (hook::load_state_dict::callable<std::remove_reference_t<decltype(cb)>>) {
+                    const std::string name = callback_name(cb, index);
+                    if (const auto found = states.find(name); found != states.end()) hook::load_state_dict::call(cb, found->value());
+                    else without_state.push_back(name);
+                  }
+                  ++index;
+                });
+                return without_state;
+              }};
+}
+
+/**
  * @brief The checkpoints of one fit (Determined's layout, crash-safe; checkpoint/ writes the files).
  * Every rank holds one: writing and restoring are collectives; the chief writes the files, keeps the
  * sequence and applies retention.
@@ -17591,31 +17554,7 @@ class Checkpointer {
    * rank's RNG states go to the chief, which writes. The checkpoint in flight must have been
    * finished first (finish with `wait`).
    */
-  template <class Set>
-  void begin(Set& callbacks, TrialCheckpointRecord record) {
-    const auto started = std::chrono::steady_clock::now();
-    const RankRngStates rng = gather_rng_states(*context_);
-    const detail::WholeOptimizerStates whole_optimizer_states(*context_);  // ZeRO's shards, whole on the chief while it is taken
-    in_flight_ = true;
-    if (!context_->distributed().is_chief()) return;
-    StateDict top = trial_state_dict(*context_, rng, callback_states(callbacks));
-    callbacks.template call<hook::on_checkpoint_save_start>(top);
-    record.sequence = ++sequence_;
-    const bool background = asynchronous_ && snapshot_fits(top);
-    if (!background) {
-      write_.run_here([&] {
-        TakenCheckpoint taken = take_checkpoint(*context_, storage_, top, record, nullptr);
-        return write_checkpoint_files(taken);
-      });
-    } else {
-      auto taken = std::make_shared<TakenCheckpoint>(take_checkpoint(*context_, storage_, top, record, &snapshot_));
-      auto pace = std::make_shared<WritePace>(write_budget(started), snapshot_.bytes());
-      write_.start([taken, pace] { return write_checkpoint_files(*taken, pace.get()); }, pace);
-    }
-    last_begun_ = started;
-    taken_at_ = std::chrono::steady_clock::now();
-    stood_still_ = std::chrono::duration<double>(taken_at_ - started).count();
-  }
+  DETTRIAL_INLINE void begin(const CallbackHooks& callbacks, TrialCheckpointRecord record);
 
   /**
    * @brief The checkpoint in flight, once it is durable (with `wait`, waiting for it), after its
@@ -17624,38 +17563,7 @@ class Checkpointer {
    * nullopt while it is still being written, and on the ranks other than the chief. A write that
    * failed is a CheckpointError on every rank, naming the file on the chief.
    */
-  template <class Set>
-  std::optional<WrittenCheckpoint> finish(Set& callbacks, bool wait) {
-    if (!in_flight_) return std::nullopt;
-    const bool chief = context_->distributed().is_chief();
-    const auto asked = std::chrono::steady_clock::now();
-    enum : std::int64_t { writing = 0, written = 1, failed = 2 };
-    std::int64_t status = writing;
-    std::optional<CheckpointInfo> info;
-    std::string error;
-    if (chief && (wait || write_.ended())) {
-      try {
-        info = write_.collect();
-        status = written;
-      } catch (const std::exception& e) {
-        error = first_line(e.what());
-        status = failed;
-      }
-    }
-    if (Communicator* comm = context_->communicator()) status = comm->broadcast_values({status})[0];
-    const auto ended = std::chrono::steady_clock::now();
-    if (wait) waited_ += std::chrono::duration<double>(ended - asked).count();
-    if (status == writing) return std::nullopt;
-    in_flight_ = false;
-    if (status == failed)
-      throw CheckpointError(chief ? "the checkpoint could not be written: " + error
-                                  : std::string("the chief rank could not write the checkpoint (its log says why)"));
-    const std::string uuid = share_uuid(context_->communicator(), chief ? info->uuid : std::string());
-    if (chief) callbacks.template call<hook::on_checkpoint_write_end>(info->path);
-    callbacks.template call<hook::on_checkpoint_upload_end>(uuid);
-    if (!chief) return std::nullopt;
-    return WrittenCheckpoint{*info, stood_still_, std::chrono::duration<double>(ended - taken_at_).count()};
-  }
+  DETTRIAL_INLINE std::optional<WrittenCheckpoint> finish(const CallbackHooks& callbacks, bool wait);
 
   /// Waits for a write in flight without its hooks (the fit is ending, perhaps failing): the
   /// checkpoint is completed, or its failure said in a warning. Not a collective.
@@ -17678,24 +17586,8 @@ class Checkpointer {
    * optimizers, schedulers, pending gradients, RNGs) and the callbacks that keep state. Returns the
    * names of the callbacks with state that the checkpoint has none for.
    */
-  template <class Set>
-  std::vector<std::string> restore(const std::filesystem::path& dir, Set& callbacks, bool fresh_parts = false) {
-    const StateDict top = read_state_dict_file(dir);
-    callbacks.template call<hook::on_checkpoint_load_start>(top);
-    restore_context(*context_, dir, top, fresh_parts);
-    const StateDict states = callback_states_of(top);
-    std::vector<std::string> without_state;
-    std::size_t index = 0;
-    callbacks.each([&](auto& cb) {
-      if constexpr (hook::load_state_dict::callable<std::remove_reference_t<decltype(cb)>>) {
-        const std::string name = callback_name(cb, index);
-        if (const auto found = states.find(name); found != states.end()) hook::load_state_dict::call(cb, found->value());
-        else without_state.push_back(name);
-      }
-      ++index;
-    });
-    return without_state;
-  }
+  DETTRIAL_INLINE std::vector<std::string> restore(const std::filesystem::path& dir, const CallbackHooks& callbacks,
+                                                   bool fresh_parts = false);
 
   /// Deletes the checkpoints retention lets go; `keep_uuid` (the newest, mid-trial) is spared.
   void apply_retention(std::string_view keep_uuid) const {
@@ -17704,18 +17596,6 @@ class Checkpointer {
   }
 
  private:
-  template <class Set>
-  static StateDict callback_states(Set& callbacks) {
-    StateDict states(c10::StringType::get(), c10::AnyType::get());
-    std::size_t index = 0;
-    callbacks.each([&](auto& cb) {
-      if constexpr (hook::state_dict::callable<std::remove_reference_t<decltype(cb)>>)
-        states.insert(callback_name(cb, index), hook::state_dict::call(cb));
-      ++index;
-    });
-    return states;
-  }
-
   /// How long a background write may take: half the time since the last checkpoint began (or since
   /// the fit began), so that it ends well before the next, at most a minute (a checkpoint is not
   /// left undurable for long). Paced over that time, the writer takes a thin share of many steps'
@@ -17781,6 +17661,71 @@ DETTRIAL_INLINE Checkpointer::Checkpointer(Context& context, std::filesystem::pa
 DETTRIAL_INLINE Checkpointer::Checkpointer(Checkpointer&&) noexcept = default;
 DETTRIAL_INLINE Checkpointer& Checkpointer::operator=(Checkpointer&&) noexcept = default;
 DETTRIAL_INLINE Checkpointer::~Checkpointer() = default;
+
+DETTRIAL_INLINE void Checkpointer::begin(const CallbackHooks& callbacks, TrialCheckpointRecord record) {
+  const auto started = std::chrono::steady_clock::now();
+  const RankRngStates rng = gather_rng_states(*context_);
+  const detail::WholeOptimizerStates whole_optimizer_states(*context_);  // ZeRO's shards, whole on the chief while it is taken
+  in_flight_ = true;
+  if (!context_->distributed().is_chief()) return;
+  StateDict top = trial_state_dict(*context_, rng, callbacks.states(callbacks.set));
+  callbacks.save_start(callbacks.set, top);
+  record.sequence = ++sequence_;
+  const bool background = asynchronous_ && snapshot_fits(top);
+  if (!background) {
+    write_.run_here([&] {
+      TakenCheckpoint taken = take_checkpoint(*context_, storage_, top, record, nullptr);
+      return write_checkpoint_files(taken);
+    });
+  } else {
+    auto taken = std::make_shared<TakenCheckpoint>(take_checkpoint(*context_, storage_, top, record, &snapshot_));
+    auto pace = std::make_shared<WritePace>(write_budget(started), snapshot_.bytes());
+    write_.start([taken, pace] { return write_checkpoint_files(*taken, pace.get()); }, pace);
+  }
+  last_begun_ = started;
+  taken_at_ = std::chrono::steady_clock::now();
+  stood_still_ = std::chrono::duration<double>(taken_at_ - started).count();
+}
+
+DETTRIAL_INLINE std::optional<WrittenCheckpoint> Checkpointer::finish(const CallbackHooks& callbacks, bool wait) {
+  if (!in_flight_) return std::nullopt;
+  const bool chief = context_->distributed().is_chief();
+  const auto asked = std::chrono::steady_clock::now();
+  enum : std::int64_t { writing = 0, written = 1, failed = 2 };
+  std::int64_t status = writing;
+  std::optional<CheckpointInfo> info;
+  std::string error;
+  if (chief && (wait || write_.ended())) {
+    try {
+      info = write_.collect();
+      status = written;
+    } catch (const std::exception& e) {
+      error = first_line(e.what());
+      status = failed;
+    }
+  }
+  if (Communicator* comm = context_->communicator()) status = comm->broadcast_values({status})[0];
+  const auto ended = std::chrono::steady_clock::now();
+  if (wait) waited_ += std::chrono::duration<double>(ended - asked).count();
+  if (status == writing) return std::nullopt;
+  in_flight_ = false;
+  if (status == failed)
+    throw CheckpointError(chief ? "the checkpoint could not be written: " + error
+                                : std::string("the chief rank could not write the checkpoint (its log says why)"));
+  const std::string uuid = share_uuid(context_->communicator(), chief ? info->uuid : std::string());
+  if (chief) callbacks.write_end(callbacks.set, info->path);
+  callbacks.upload_end(callbacks.set, uuid);
+  if (!chief) return std::nullopt;
+  return WrittenCheckpoint{*info, stood_still_, std::chrono::duration<double>(ended - taken_at_).count()};
+}
+
+DETTRIAL_INLINE std::vector<std::string> Checkpointer::restore(const std::filesystem::path& dir, const CallbackHooks& callbacks,
+                                                               bool fresh_parts) {
+  const StateDict top = read_state_dict_file(dir);
+  callbacks.load_start(callbacks.set, top);
+  restore_context(*context_, dir, top, fresh_parts);
+  return callbacks.load_states(callbacks.set, callback_states_of(top));
+}
 
 }  // namespace dettrial::detail
 #endif  // DETTRIAL_HEADER_DEFINITIONS
@@ -24485,6 +24430,11 @@ class StepGraphCore {
   /// Forgets the graph (and its memory).
   DETTRIAL_INLINE void reset();
 
+  /// A captured step's metrics must be tensors (a number would keep the captured batch's value).
+  DETTRIAL_INLINE static void check_metrics(const Metrics& metrics);
+  /// The TrialError for a step that could not be captured (`e` is why).
+  [[noreturn]] DETTRIAL_INLINE static void capture_failed(const std::exception& e);
+
  private:
   DETTRIAL_INLINE std::vector<std::vector<double>> group_states() const;
 
@@ -24552,7 +24502,7 @@ class StepGraph {
       metrics = step();
     }
     core_.join_side_stream();
-    check_metrics(metrics);
+    StepGraphCore::check_metrics(metrics);
     return metrics;
   }
 
@@ -24576,16 +24526,11 @@ class StepGraph {
       core_.end_capture();
     } catch (const std::exception& e) {
       core_.stop_capturing();
-      throw TrialError(std::string("step_capture: cuda_graph could not capture the training step (train_batch, backward and "
-                                   "the optimizer step): ") +
-                       first_line(e.what()) +
-                       ". A captured step must not wait for the device (.item(), .cpu(), printing a tensor, a branch on a "
-                       "tensor's value), make tensors on the host, or change shapes with the data (nonzero, masked_select); "
-                       "remove that from train_batch or set step_capture: none");
+      StepGraphCore::capture_failed(e);
     }
     core_.stop_capturing();
     core_.join_side_stream();
-    check_metrics(static_metrics_);
+    StepGraphCore::check_metrics(static_metrics_);
     core_.note_captured();
     last_warm_up_.reset();
     core_.replay_graph();
@@ -24621,19 +24566,6 @@ class StepGraph {
       return x.defined() == y.defined() && (!x.defined() || (x.sizes() == y.sizes() && x.scalar_type() == y.scalar_type()));
     });
   }
-  static void check_metrics(const Metrics& metrics) {
-    for (const auto& e : metrics)
-      if (!e.value.is_tensor())
-        throw TrialError(
-            "step_capture: cuda_graph replays train_batch, so a metric it returns as a number would keep the "
-            "captured batch's value: return '" +
-            std::string(e.key.view()) + "' as a tensor");
-  }
-  static std::string first_line(const char* text) {
-    const std::string s(text);
-    return s.substr(0, s.find('\n'));
-  }
-
   StepGraphCore core_;
   std::optional<Batch> static_batch_;
   Metrics static_metrics_;
@@ -24834,6 +24766,25 @@ DETTRIAL_INLINE void StepGraphCore::reset() {
 }
 #endif
 
+DETTRIAL_INLINE void StepGraphCore::check_metrics(const Metrics& metrics) {
+  for (const auto& e : metrics)
+    if (!e.value.is_tensor())
+      throw TrialError(
+          "step_capture: cuda_graph replays train_batch, so a metric it returns as a number would keep the "
+          "captured batch's value: return '" +
+          std::string(e.key.view()) + "' as a tensor");
+}
+
+DETTRIAL_INLINE void StepGraphCore::capture_failed(const std::exception& e) {
+  const std::string what(e.what());
+  throw TrialError(std::string("step_capture: cuda_graph could not capture the training step (train_batch, backward and "
+                               "the optimizer step): ") +
+                   what.substr(0, what.find('\n')) +
+                   ". A captured step must not wait for the device (.item(), .cpu(), printing a tensor, a branch on a "
+                   "tensor's value), make tensors on the host, or change shapes with the data (nonzero, masked_select); "
+                   "remove that from train_batch or set step_capture: none");
+}
+
 }  // namespace dettrial::detail
 #endif  // DETTRIAL_HEADER_DEFINITIONS
 // ---- end dettrial/trainer/step_graph.hpp
@@ -24872,7 +24823,8 @@ class FitLoop {
   DETTRIAL_INLINE FitResult fit(FitOptions options);
 
  protected:
-  DETTRIAL_INLINE FitLoop(Context& context, TrialFacts facts);
+  /// `callbacks`: the Run's callbacks' states and hooks, which the checkpoints read and call.
+  DETTRIAL_INLINE FitLoop(Context& context, TrialFacts facts, CallbackHooks callbacks);
   // Not virtual: a Run is never destroyed through a FitLoop.
   DETTRIAL_INLINE ~FitLoop();
 
@@ -24910,12 +24862,6 @@ class FitLoop {
   virtual Reached train_workload(Workload& workload) = 0;
   /// This rank's share of a validation (the trial's evaluate_batch or evaluate_full_dataset).
   virtual RankShare evaluate() = 0;
-
-  /// The checkpointer's collectives, with the callbacks' states and hooks.
-  virtual void begin_checkpoint(TrialCheckpointRecord record) = 0;
-  virtual std::optional<WrittenCheckpoint> finish_checkpoint_write(bool wait) = 0;
-  /// Restores `dir`; returns the names of the callbacks with state that it has none for.
-  virtual std::vector<std::string> restore_checkpoint(const std::filesystem::path& dir) = 0;
 
   /// The captured step: made anew in each fit, and freed after it.
   virtual void start_step_graph(const capture::cuda_graph& options) = 0;
@@ -24956,6 +24902,7 @@ class FitLoop {
   DETTRIAL_INLINE int agreed_max(int value);
 
   TrialFacts facts_;
+  CallbackHooks callback_hooks_;
 };
 
 }  // namespace dettrial::detail
@@ -24971,7 +24918,8 @@ class FitLoop {
 
 namespace dettrial::detail {
 
-DETTRIAL_INLINE FitLoop::FitLoop(Context& context, TrialFacts facts) : context_(context), facts_(std::move(facts)) {}
+DETTRIAL_INLINE FitLoop::FitLoop(Context& context, TrialFacts facts, CallbackHooks callbacks)
+    : context_(context), facts_(std::move(facts)), callback_hooks_(callbacks) {}
 DETTRIAL_INLINE FitLoop::~FitLoop() = default;
 
 DETTRIAL_INLINE FitResult FitLoop::fit(FitOptions options) {
@@ -25121,15 +25069,15 @@ DETTRIAL_INLINE void FitLoop::checkpoint() {
   position_.checkpointed();
   agree_on_buffers(context_);
   const LoaderSeeds seeds = data_seeds();
-  begin_checkpoint(checkpoint_record(context_, options_, schedule_, position_, result_.last_validation_metrics, seeds.training,
-                                     seeds.validation, facts_.trial_type));
+  checkpointer_.begin(callback_hooks_, checkpoint_record(context_, options_, schedule_, position_, result_.last_validation_metrics,
+                                                         seeds.training, seeds.validation, facts_.trial_type));
   finish_checkpoint(/*wait=*/false);  // a synchronous write has ended already
 }
 
 /// Once the checkpoint in flight is durable (`wait`: waiting for it): its hooks, its record and
 /// report line, and retention sparing it. A collective while one is in flight.
 DETTRIAL_INLINE void FitLoop::finish_checkpoint(bool wait) {
-  if (const std::optional<WrittenCheckpoint> written = finish_checkpoint_write(wait)) {  // on the chief
+  if (const std::optional<WrittenCheckpoint> written = checkpointer_.finish(callback_hooks_, wait)) {  // on the chief
     result_.checkpoints.push_back(written->info);
     report_checkpoint(*written, checkpointer_, outputs_.reporter());
   }
@@ -25162,7 +25110,7 @@ DETTRIAL_INLINE std::int64_t FitLoop::agree_across_ranks(std::int64_t loader_bat
 /// Restores a checkpoint: models (names and shapes checked), optimizers, schedulers, pending
 /// gradients, RNGs, callbacks, and where the trial stands (`progress`).
 DETTRIAL_INLINE void FitLoop::restore(const std::filesystem::path& dir, const TrialProgress& progress) {
-  outputs_.warn_missing_callback_states(restore_checkpoint(dir));
+  outputs_.warn_missing_callback_states(checkpointer_.restore(dir, callback_hooks_, options_.resume_fresh_parts));
   restore_data_seeds({progress.training_data_seed, progress.validation_data_seed});
   position_.restored(progress);
 }
@@ -25228,9 +25176,11 @@ class Run final : public FitLoop {
 
   /// A declarative trial's model and optimizer holder; `missing` objects for the others.
   Run(Context& context, TrialT& trial, Model& model, OptimizerHolder& optimizer, Set& callbacks)
-      : FitLoop(context, TrialFacts{.trial_type = c10::demangle(typeid(TrialT).name()),
-                                    .training_batch_type = c10::demangle(typeid(training_batch_t<TrialT>).name()),
-                                    .training_batch_tensors_only = tensors_only_batch<training_batch_t<TrialT>>()}),
+      : FitLoop(context,
+                TrialFacts{.trial_type = c10::demangle(typeid(TrialT).name()),
+                           .training_batch_type = c10::demangle(typeid(training_batch_t<TrialT>).name()),
+                           .training_batch_tensors_only = tensors_only_batch<training_batch_t<TrialT>>()},
+                callback_hooks(callbacks)),
         trial_(trial),
         model_(model),
         optimizer_(optimizer),
@@ -25515,13 +25465,7 @@ class Run final : public FitLoop {
     return std::forward<F>(hook)();
   }
 
-  // ---- checkpoints (the Checkpointer's collectives, with the callbacks) and the captured step --
-
-  void begin_checkpoint(TrialCheckpointRecord record) override { checkpointer_.begin(callbacks_, std::move(record)); }
-  std::optional<WrittenCheckpoint> finish_checkpoint_write(bool wait) override { return checkpointer_.finish(callbacks_, wait); }
-  std::vector<std::string> restore_checkpoint(const std::filesystem::path& dir) override {
-    return checkpointer_.restore(dir, callbacks_, options_.resume_fresh_parts);
-  }
+  // ---- the captured step ---------------------------------------------------------------------
 
   void start_step_graph(const capture::cuda_graph& options) override { step_graph_.start(options, context_); }
   void free_step_graph() noexcept override { step_graph_.reset(); }

@@ -15,6 +15,7 @@
 #include <zlib.h>
 
 #include <dettrial/dettrial.hpp>
+#include <dettrial/samplers.hpp>
 
 #include "skip.hpp"
 

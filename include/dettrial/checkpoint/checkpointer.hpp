@@ -27,6 +27,7 @@
 #include "../vocabulary/checkpoint.hpp"
 #include "checkpoint.hpp"
 #include "sharded_state.hpp"
+#include "state_dict.hpp"
 #include "../detail/text.hpp"
 #include "../distributed/communicator.hpp"
 #include "policy.hpp"
@@ -52,6 +53,58 @@ struct WrittenCheckpoint {
   double seconds = 0;
   double write_seconds = 0;
 };
+
+/**
+ * @brief What a fit's callbacks add to its checkpoints, as function pointers over the callback set:
+ * their states for a checkpoint and their hooks around writing and loading one. The Checkpointer
+ * reads them through this, so that its code is compiled once (in separate compilation) and not in
+ * every trial's translation unit; each pointer is called once per checkpoint, never per batch.
+ */
+struct CallbackHooks {
+  void* set = nullptr;
+  StateDict (*states)(void* set) = nullptr;                                               ///< the callbacks' state_dict()s, by name
+  void (*save_start)(void* set, StateDict& top) = nullptr;                                ///< on_checkpoint_save_start
+  void (*write_end)(void* set, const std::filesystem::path& dir) = nullptr;               ///< on_checkpoint_write_end
+  void (*upload_end)(void* set, const std::string& uuid) = nullptr;                       ///< on_checkpoint_upload_end
+  void (*load_start)(void* set, const StateDict& top) = nullptr;                          ///< on_checkpoint_load_start
+  std::vector<std::string> (*load_states)(void* set, const StateDict& states) = nullptr;  ///< load_state_dict; names without state
+};
+
+/// The hooks of callback set `set` (a CallbackSet), which must outlive them.
+template <class Set>
+CallbackHooks callback_hooks(Set& set) {
+  return {.set = &set,
+          .states =
+              [](void* p) {
+                StateDict states = empty_state_dict();
+                std::size_t index = 0;
+                static_cast<Set*>(p)->each([&](auto& cb) {
+                  if constexpr (hook::state_dict::callable<std::remove_reference_t<decltype(cb)>>)
+                    states.insert(callback_name(cb, index), hook::state_dict::call(cb));
+                  ++index;
+                });
+                return states;
+              },
+          .save_start = [](void* p, StateDict& top) { static_cast<Set*>(p)->template call<hook::on_checkpoint_save_start>(top); },
+          .write_end = [](void* p,
+                          const std::filesystem::path& dir) { static_cast<Set*>(p)->template call<hook::on_checkpoint_write_end>(dir); },
+          .upload_end = [](void* p, const std::string& uuid) { static_cast<Set*>(p)->template call<hook::on_checkpoint_upload_end>(uuid); },
+          .load_start = [](void* p, const StateDict& top) { static_cast<Set*>(p)->template call<hook::on_checkpoint_load_start>(top); },
+          .load_states =
+              [](void* p, const StateDict& states) {
+                std::vector<std::string> without_state;
+                std::size_t index = 0;
+                static_cast<Set*>(p)->each([&](auto& cb) {
+                  if constexpr (hook::load_state_dict::callable<std::remove_reference_t<decltype(cb)>>) {
+                    const std::string name = callback_name(cb, index);
+                    if (const auto found = states.find(name); found != states.end()) hook::load_state_dict::call(cb, found->value());
+                    else without_state.push_back(name);
+                  }
+                  ++index;
+                });
+                return without_state;
+              }};
+}
 
 /**
  * @brief The checkpoints of one fit (Determined's layout, crash-safe; checkpoint/ writes the files).
@@ -88,31 +141,7 @@ class Checkpointer {
    * rank's RNG states go to the chief, which writes. The checkpoint in flight must have been
    * finished first (finish with `wait`).
    */
-  template <class Set>
-  void begin(Set& callbacks, TrialCheckpointRecord record) {
-    const auto started = std::chrono::steady_clock::now();
-    const RankRngStates rng = gather_rng_states(*context_);
-    const detail::WholeOptimizerStates whole_optimizer_states(*context_);  // ZeRO's shards, whole on the chief while it is taken
-    in_flight_ = true;
-    if (!context_->distributed().is_chief()) return;
-    StateDict top = trial_state_dict(*context_, rng, callback_states(callbacks));
-    callbacks.template call<hook::on_checkpoint_save_start>(top);
-    record.sequence = ++sequence_;
-    const bool background = asynchronous_ && snapshot_fits(top);
-    if (!background) {
-      write_.run_here([&] {
-        TakenCheckpoint taken = take_checkpoint(*context_, storage_, top, record, nullptr);
-        return write_checkpoint_files(taken);
-      });
-    } else {
-      auto taken = std::make_shared<TakenCheckpoint>(take_checkpoint(*context_, storage_, top, record, &snapshot_));
-      auto pace = std::make_shared<WritePace>(write_budget(started), snapshot_.bytes());
-      write_.start([taken, pace] { return write_checkpoint_files(*taken, pace.get()); }, pace);
-    }
-    last_begun_ = started;
-    taken_at_ = std::chrono::steady_clock::now();
-    stood_still_ = std::chrono::duration<double>(taken_at_ - started).count();
-  }
+  DETTRIAL_INLINE void begin(const CallbackHooks& callbacks, TrialCheckpointRecord record);
 
   /**
    * @brief The checkpoint in flight, once it is durable (with `wait`, waiting for it), after its
@@ -121,38 +150,7 @@ class Checkpointer {
    * nullopt while it is still being written, and on the ranks other than the chief. A write that
    * failed is a CheckpointError on every rank, naming the file on the chief.
    */
-  template <class Set>
-  std::optional<WrittenCheckpoint> finish(Set& callbacks, bool wait) {
-    if (!in_flight_) return std::nullopt;
-    const bool chief = context_->distributed().is_chief();
-    const auto asked = std::chrono::steady_clock::now();
-    enum : std::int64_t { writing = 0, written = 1, failed = 2 };
-    std::int64_t status = writing;
-    std::optional<CheckpointInfo> info;
-    std::string error;
-    if (chief && (wait || write_.ended())) {
-      try {
-        info = write_.collect();
-        status = written;
-      } catch (const std::exception& e) {
-        error = first_line(e.what());
-        status = failed;
-      }
-    }
-    if (Communicator* comm = context_->communicator()) status = comm->broadcast_values({status})[0];
-    const auto ended = std::chrono::steady_clock::now();
-    if (wait) waited_ += std::chrono::duration<double>(ended - asked).count();
-    if (status == writing) return std::nullopt;
-    in_flight_ = false;
-    if (status == failed)
-      throw CheckpointError(chief ? "the checkpoint could not be written: " + error
-                                  : std::string("the chief rank could not write the checkpoint (its log says why)"));
-    const std::string uuid = share_uuid(context_->communicator(), chief ? info->uuid : std::string());
-    if (chief) callbacks.template call<hook::on_checkpoint_write_end>(info->path);
-    callbacks.template call<hook::on_checkpoint_upload_end>(uuid);
-    if (!chief) return std::nullopt;
-    return WrittenCheckpoint{*info, stood_still_, std::chrono::duration<double>(ended - taken_at_).count()};
-  }
+  DETTRIAL_INLINE std::optional<WrittenCheckpoint> finish(const CallbackHooks& callbacks, bool wait);
 
   /// Waits for a write in flight without its hooks (the fit is ending, perhaps failing): the
   /// checkpoint is completed, or its failure said in a warning. Not a collective.
@@ -175,24 +173,8 @@ class Checkpointer {
    * optimizers, schedulers, pending gradients, RNGs) and the callbacks that keep state. Returns the
    * names of the callbacks with state that the checkpoint has none for.
    */
-  template <class Set>
-  std::vector<std::string> restore(const std::filesystem::path& dir, Set& callbacks, bool fresh_parts = false) {
-    const StateDict top = read_state_dict_file(dir);
-    callbacks.template call<hook::on_checkpoint_load_start>(top);
-    restore_context(*context_, dir, top, fresh_parts);
-    const StateDict states = callback_states_of(top);
-    std::vector<std::string> without_state;
-    std::size_t index = 0;
-    callbacks.each([&](auto& cb) {
-      if constexpr (hook::load_state_dict::callable<std::remove_reference_t<decltype(cb)>>) {
-        const std::string name = callback_name(cb, index);
-        if (const auto found = states.find(name); found != states.end()) hook::load_state_dict::call(cb, found->value());
-        else without_state.push_back(name);
-      }
-      ++index;
-    });
-    return without_state;
-  }
+  DETTRIAL_INLINE std::vector<std::string> restore(const std::filesystem::path& dir, const CallbackHooks& callbacks,
+                                                   bool fresh_parts = false);
 
   /// Deletes the checkpoints retention lets go; `keep_uuid` (the newest, mid-trial) is spared.
   void apply_retention(std::string_view keep_uuid) const {
@@ -201,18 +183,6 @@ class Checkpointer {
   }
 
  private:
-  template <class Set>
-  static StateDict callback_states(Set& callbacks) {
-    StateDict states(c10::StringType::get(), c10::AnyType::get());
-    std::size_t index = 0;
-    callbacks.each([&](auto& cb) {
-      if constexpr (hook::state_dict::callable<std::remove_reference_t<decltype(cb)>>)
-        states.insert(callback_name(cb, index), hook::state_dict::call(cb));
-      ++index;
-    });
-    return states;
-  }
-
   /// How long a background write may take: half the time since the last checkpoint began (or since
   /// the fit began), so that it ends well before the next, at most a minute (a checkpoint is not
   /// left undurable for long). Paced over that time, the writer takes a thin share of many steps'
@@ -278,6 +248,71 @@ DETTRIAL_INLINE Checkpointer::Checkpointer(Context& context, std::filesystem::pa
 DETTRIAL_INLINE Checkpointer::Checkpointer(Checkpointer&&) noexcept = default;
 DETTRIAL_INLINE Checkpointer& Checkpointer::operator=(Checkpointer&&) noexcept = default;
 DETTRIAL_INLINE Checkpointer::~Checkpointer() = default;
+
+DETTRIAL_INLINE void Checkpointer::begin(const CallbackHooks& callbacks, TrialCheckpointRecord record) {
+  const auto started = std::chrono::steady_clock::now();
+  const RankRngStates rng = gather_rng_states(*context_);
+  const detail::WholeOptimizerStates whole_optimizer_states(*context_);  // ZeRO's shards, whole on the chief while it is taken
+  in_flight_ = true;
+  if (!context_->distributed().is_chief()) return;
+  StateDict top = trial_state_dict(*context_, rng, callbacks.states(callbacks.set));
+  callbacks.save_start(callbacks.set, top);
+  record.sequence = ++sequence_;
+  const bool background = asynchronous_ && snapshot_fits(top);
+  if (!background) {
+    write_.run_here([&] {
+      TakenCheckpoint taken = take_checkpoint(*context_, storage_, top, record, nullptr);
+      return write_checkpoint_files(taken);
+    });
+  } else {
+    auto taken = std::make_shared<TakenCheckpoint>(take_checkpoint(*context_, storage_, top, record, &snapshot_));
+    auto pace = std::make_shared<WritePace>(write_budget(started), snapshot_.bytes());
+    write_.start([taken, pace] { return write_checkpoint_files(*taken, pace.get()); }, pace);
+  }
+  last_begun_ = started;
+  taken_at_ = std::chrono::steady_clock::now();
+  stood_still_ = std::chrono::duration<double>(taken_at_ - started).count();
+}
+
+DETTRIAL_INLINE std::optional<WrittenCheckpoint> Checkpointer::finish(const CallbackHooks& callbacks, bool wait) {
+  if (!in_flight_) return std::nullopt;
+  const bool chief = context_->distributed().is_chief();
+  const auto asked = std::chrono::steady_clock::now();
+  enum : std::int64_t { writing = 0, written = 1, failed = 2 };
+  std::int64_t status = writing;
+  std::optional<CheckpointInfo> info;
+  std::string error;
+  if (chief && (wait || write_.ended())) {
+    try {
+      info = write_.collect();
+      status = written;
+    } catch (const std::exception& e) {
+      error = first_line(e.what());
+      status = failed;
+    }
+  }
+  if (Communicator* comm = context_->communicator()) status = comm->broadcast_values({status})[0];
+  const auto ended = std::chrono::steady_clock::now();
+  if (wait) waited_ += std::chrono::duration<double>(ended - asked).count();
+  if (status == writing) return std::nullopt;
+  in_flight_ = false;
+  if (status == failed)
+    throw CheckpointError(chief ? "the checkpoint could not be written: " + error
+                                : std::string("the chief rank could not write the checkpoint (its log says why)"));
+  const std::string uuid = share_uuid(context_->communicator(), chief ? info->uuid : std::string());
+  if (chief) callbacks.write_end(callbacks.set, info->path);
+  callbacks.upload_end(callbacks.set, uuid);
+  if (!chief) return std::nullopt;
+  return WrittenCheckpoint{*info, stood_still_, std::chrono::duration<double>(ended - taken_at_).count()};
+}
+
+DETTRIAL_INLINE std::vector<std::string> Checkpointer::restore(const std::filesystem::path& dir, const CallbackHooks& callbacks,
+                                                               bool fresh_parts) {
+  const StateDict top = read_state_dict_file(dir);
+  callbacks.load_start(callbacks.set, top);
+  restore_context(*context_, dir, top, fresh_parts);
+  return callbacks.load_states(callbacks.set, callback_states_of(top));
+}
 
 }  // namespace dettrial::detail
 #endif  // DETTRIAL_HEADER_DEFINITIONS

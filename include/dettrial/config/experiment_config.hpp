@@ -120,6 +120,15 @@ class ExperimentConfig {
   /// Where it came from (file name or "<string>"), for messages.
   std::string source = "<string>";
 
+  // Out of line (compiled once in separate compilation): every trial's translation unit makes, copies
+  // and ends one, and the members' own are many.
+  DETTRIAL_INLINE ExperimentConfig();
+  DETTRIAL_INLINE ExperimentConfig(const ExperimentConfig&);
+  DETTRIAL_INLINE ExperimentConfig(ExperimentConfig&&) noexcept;
+  DETTRIAL_INLINE ExperimentConfig& operator=(const ExperimentConfig&);
+  DETTRIAL_INLINE ExperimentConfig& operator=(ExperimentConfig&&) noexcept;
+  DETTRIAL_INLINE ~ExperimentConfig();
+
   /// Reads and parses a file; a missing or unreadable file is a ConfigError naming it.
   static ExperimentConfig load_file(const std::filesystem::path& path);
 
@@ -235,6 +244,13 @@ class ExperimentConfig {
 #include <sstream>
 
 namespace dettrial {
+
+DETTRIAL_INLINE ExperimentConfig::ExperimentConfig() = default;
+DETTRIAL_INLINE ExperimentConfig::ExperimentConfig(const ExperimentConfig&) = default;
+DETTRIAL_INLINE ExperimentConfig::ExperimentConfig(ExperimentConfig&&) noexcept = default;
+DETTRIAL_INLINE ExperimentConfig& ExperimentConfig::operator=(const ExperimentConfig&) = default;
+DETTRIAL_INLINE ExperimentConfig& ExperimentConfig::operator=(ExperimentConfig&&) noexcept = default;
+DETTRIAL_INLINE ExperimentConfig::~ExperimentConfig() = default;
 
 DETTRIAL_INLINE const char* to_string(CheckpointPolicy p) {
   switch (p) {

@@ -453,31 +453,10 @@ class Context {
     static_assert(GradientClipper<Clip>,
                   "dettrial::Context::step_optimizer: the clip argument must be callable with std::vector<torch::Tensor>& "
                   "(dettrial::clip::by_norm{...}, clip::by_value{...})");
-    if (aggregation_frequency_ > 1 && !auto_zero_grads)
-      throw TrialError("step_optimizer(auto_zero_grads=false) cannot be used with aggregation_frequency > 1");
-    if (!is_update_batch()) return;
-    WrappedOptimizer& w = find_optimizer(optimizer);
-    refresh_params(w);  // param groups may have grown since wrapping (unfrozen layers)
-    if (ordered_) {
-      combine_ordered_gradients();  // weighted by records: already an average
-    } else if (communicator_) {
-      if (!w.buckets) w.buckets = std::make_unique<detail::GradientBuckets>(*communicator_, w.params);
-      w.buckets->all_reduce();
-    }
-    if (w.average && aggregation_frequency_ > 1 && !ordered_) {
-      const double scale = 1.0 / static_cast<double>(aggregation_frequency_);
-      for (auto& p : w.params)
-        if (p.grad().defined()) p.grad().mul_(scale);
-    }
-    if (scaler_) scaler_->unscale(w.params);                        // clipping sees the true gradients
-    if constexpr (GradientClipper<Clip>) clip_gradients(w.params);  // else only the sentence above
-    if (w.shards) step_shards(w);                                   // ZeRO: this rank's 1/N, then all-gathered
-    else if (scaler_) scaler_->step(optimizer, w.params);           // skipped when a gradient is inf or NaN
-    else optimizer.step();
-    // Autocast caches low-precision copies of the weights until its region ends; a forward pass
-    // later in the same train_batch must see the stepped weights.
-    if (precision_ != Precision::fp32) at::autocast::clear_cache();
-    if (auto_zero_grads) optimizer.zero_grad();
+    WrappedOptimizer* w = gradients_for_step(optimizer, auto_zero_grads);
+    if (!w) return;                                                  // not an update batch
+    if constexpr (GradientClipper<Clip>) clip_gradients(w->params);  // else only the sentence above
+    step_wrapped(*w, optimizer, auto_zero_grads);
   }
 
   /**
@@ -562,6 +541,12 @@ class Context {
   };
   /// ZeRO: optimizer `i`'s shards, made (with padded buckets) when it has none.
   detail::OptimizerShards& shard_optimizer(std::size_t i);
+  // step_optimizer's halves around the clip, compiled once (in separate compilation) for every clip
+  // type and trial. The first: the gradients of an update batch all-reduced (or combined in order),
+  // averaged over aggregated batches and unscaled; null on a batch that only accumulates.
+  WrappedOptimizer* gradients_for_step(torch::optim::Optimizer& optimizer, bool auto_zero_grads);
+  // The second: the step (this rank's shard, or the scaler's, or the optimizer's), then zero_grad.
+  void step_wrapped(WrappedOptimizer& w, torch::optim::Optimizer& optimizer, bool auto_zero_grads);
   /// ZeRO's step: the optimizer steps this rank's pieces (the scaler's skip decided on the whole
   /// gradients, the same on every rank), then every rank gets every rank's parameters.
   void step_shards(WrappedOptimizer& w);
@@ -963,6 +948,37 @@ DETTRIAL_INLINE std::int64_t Context::global_batch_size_hparam() const {
 DETTRIAL_INLINE std::int64_t Context::require_epoch_len() const {
   if (position_.epoch_len <= 0) throw TrialError("epoch counters are only known once training has started");
   return position_.epoch_len;
+}
+
+DETTRIAL_INLINE Context::WrappedOptimizer* Context::gradients_for_step(torch::optim::Optimizer& optimizer, bool auto_zero_grads) {
+  if (aggregation_frequency_ > 1 && !auto_zero_grads)
+    throw TrialError("step_optimizer(auto_zero_grads=false) cannot be used with aggregation_frequency > 1");
+  if (!is_update_batch()) return nullptr;
+  WrappedOptimizer& w = find_optimizer(optimizer);
+  refresh_params(w);  // param groups may have grown since wrapping (unfrozen layers)
+  if (ordered_) {
+    combine_ordered_gradients();  // weighted by records: already an average
+  } else if (communicator_) {
+    if (!w.buckets) w.buckets = std::make_unique<detail::GradientBuckets>(*communicator_, w.params);
+    w.buckets->all_reduce();
+  }
+  if (w.average && aggregation_frequency_ > 1 && !ordered_) {
+    const double scale = 1.0 / static_cast<double>(aggregation_frequency_);
+    for (auto& p : w.params)
+      if (p.grad().defined()) p.grad().mul_(scale);
+  }
+  if (scaler_) scaler_->unscale(w.params);  // clipping sees the true gradients
+  return &w;
+}
+
+DETTRIAL_INLINE void Context::step_wrapped(WrappedOptimizer& w, torch::optim::Optimizer& optimizer, bool auto_zero_grads) {
+  if (w.shards) step_shards(w);                          // ZeRO: this rank's 1/N, then all-gathered
+  else if (scaler_) scaler_->step(optimizer, w.params);  // skipped when a gradient is inf or NaN
+  else optimizer.step();
+  // Autocast caches low-precision copies of the weights until its region ends; a forward pass
+  // later in the same train_batch must see the stepped weights.
+  if (precision_ != Precision::fp32) at::autocast::clear_cache();
+  if (auto_zero_grads) optimizer.zero_grad();
 }
 
 DETTRIAL_INLINE void Context::refresh_params(WrappedOptimizer& w) {

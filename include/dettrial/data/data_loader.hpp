@@ -11,7 +11,6 @@
 #include <limits>
 #include <memory>
 #include <optional>
-#include <ranges>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -25,7 +24,7 @@
 #include "collate.hpp"
 #include "prefetch.hpp"
 #include "sampler.hpp"
-#include "samplers.hpp"
+#include "epoch_order.hpp"
 #include "../detail/linkage.hpp"
 
 namespace dettrial {

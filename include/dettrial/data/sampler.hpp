@@ -3,7 +3,7 @@
 /// @brief The sampler chain: which records make up each batch a rank reads, with Determined's order of
 /// operations (an epoch's order, batch, repeat, shard by rank, skip) and O(1) random access. The
 /// epoch's order is the built-in one (in order, or shuffled per epoch), a user's sampler's, or a
-/// user's batch sampler's batches; the chain steps are those of samplers.hpp.
+/// user's batch sampler's batches; the chain steps are those of samplers.hpp, computed directly.
 #pragma once
 
 #include <concepts>
@@ -21,7 +21,7 @@
 #include "../vocabulary/data.hpp"
 #include "../error.hpp"
 #include "../detail/linkage.hpp"
-#include "samplers.hpp"
+#include "epoch_order.hpp"
 
 namespace dettrial {
 
@@ -127,16 +127,13 @@ class BatchSampler {
    * @brief The slices a rank reads under `chain`: Determined's chain, as views. The batches of the
    * epochs (endless when repeating, one epoch otherwise), this rank's share of them (every
    * `num_replicas`-th, from its rank on), without the first `skip` of those. A random-access view:
-   * skipping costs nothing, and the loader's workers read any position of it.
+   * skipping costs nothing, and the loader's workers read any position of it. Defined in
+   * <dettrial/samplers.hpp> (range-v3's views), which a translation unit that reads it includes.
    */
-  // A template, so that only a translation unit that reads the views instantiates range-v3's: the
-  // loader reads the same batches through chain_batch.
+  // A template defined with the views, so that only a translation unit that reads them compiles
+  // range-v3: the loader reads the same batches through chain_batch.
   template <std::same_as<LoaderChain> Chain = LoaderChain>
-  auto slices(const Chain& chain) const {
-    auto batch_of = [self = *this](std::int64_t epoch, std::int64_t index) { return self.batch(epoch, index); };
-    auto epochs = chain.repeat ? samplers::repeat(batches_per_epoch_, batch_of) : samplers::one_epoch(batches_per_epoch_, batch_of);
-    return std::move(epochs) | samplers::distribute(chain.num_replicas, chain.rank) | samplers::skip(chain.skip);
-  }
+  auto slices(const Chain& chain) const;
 
   /// Checks `chain` as slices(chain) does (an epoch of at least one batch, the rank among the
   /// replicas, no negative skip), with its sentences.

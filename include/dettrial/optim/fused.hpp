@@ -189,6 +189,10 @@ namespace dettrial::optim {
 class FusedSGD : public torch::optim::SGD, public CapturableOptimizer {
  public:
   using torch::optim::SGD::SGD;
+  FusedSGD(FusedSGD&&) = default;
+  FusedSGD& operator=(FusedSGD&&) = default;
+  // Out of line (compiled once in separate compilation), as a trial that holds one ends it.
+  DETTRIAL_INLINE ~FusedSGD() override;
 
   /// With the fused kernel (LibTorch 2.4+, CUDA), once every momentum buffer exists: a new buffer is
   /// a copy of the first gradient, which a skipped first step must not leave behind.
@@ -396,6 +400,8 @@ DETTRIAL_INLINE bool FusedSGD::step_unless_found_inf(const torch::Tensor& found_
   return CapturableOptimizer::step_unless_found_inf(found_inf);
 #endif
 }
+
+DETTRIAL_INLINE FusedSGD::~FusedSGD() = default;
 
 DETTRIAL_INLINE torch::Tensor FusedSGD::step(LossClosure closure) { return step_with(closure, std::nullopt); }
 

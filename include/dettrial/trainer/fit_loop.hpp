@@ -64,7 +64,8 @@ class FitLoop {
   DETTRIAL_INLINE FitResult fit(FitOptions options);
 
  protected:
-  DETTRIAL_INLINE FitLoop(Context& context, TrialFacts facts);
+  /// `callbacks`: the Run's callbacks' states and hooks, which the checkpoints read and call.
+  DETTRIAL_INLINE FitLoop(Context& context, TrialFacts facts, CallbackHooks callbacks);
   // Not virtual: a Run is never destroyed through a FitLoop.
   DETTRIAL_INLINE ~FitLoop();
 
@@ -102,12 +103,6 @@ class FitLoop {
   virtual Reached train_workload(Workload& workload) = 0;
   /// This rank's share of a validation (the trial's evaluate_batch or evaluate_full_dataset).
   virtual RankShare evaluate() = 0;
-
-  /// The checkpointer's collectives, with the callbacks' states and hooks.
-  virtual void begin_checkpoint(TrialCheckpointRecord record) = 0;
-  virtual std::optional<WrittenCheckpoint> finish_checkpoint_write(bool wait) = 0;
-  /// Restores `dir`; returns the names of the callbacks with state that it has none for.
-  virtual std::vector<std::string> restore_checkpoint(const std::filesystem::path& dir) = 0;
 
   /// The captured step: made anew in each fit, and freed after it.
   virtual void start_step_graph(const capture::cuda_graph& options) = 0;
@@ -148,6 +143,7 @@ class FitLoop {
   DETTRIAL_INLINE int agreed_max(int value);
 
   TrialFacts facts_;
+  CallbackHooks callback_hooks_;
 };
 
 }  // namespace dettrial::detail
@@ -167,7 +163,8 @@ class FitLoop {
 
 namespace dettrial::detail {
 
-DETTRIAL_INLINE FitLoop::FitLoop(Context& context, TrialFacts facts) : context_(context), facts_(std::move(facts)) {}
+DETTRIAL_INLINE FitLoop::FitLoop(Context& context, TrialFacts facts, CallbackHooks callbacks)
+    : context_(context), facts_(std::move(facts)), callback_hooks_(callbacks) {}
 DETTRIAL_INLINE FitLoop::~FitLoop() = default;
 
 DETTRIAL_INLINE FitResult FitLoop::fit(FitOptions options) {
@@ -317,15 +314,15 @@ DETTRIAL_INLINE void FitLoop::checkpoint() {
   position_.checkpointed();
   agree_on_buffers(context_);
   const LoaderSeeds seeds = data_seeds();
-  begin_checkpoint(checkpoint_record(context_, options_, schedule_, position_, result_.last_validation_metrics, seeds.training,
-                                     seeds.validation, facts_.trial_type));
+  checkpointer_.begin(callback_hooks_, checkpoint_record(context_, options_, schedule_, position_, result_.last_validation_metrics,
+                                                         seeds.training, seeds.validation, facts_.trial_type));
   finish_checkpoint(/*wait=*/false);  // a synchronous write has ended already
 }
 
 /// Once the checkpoint in flight is durable (`wait`: waiting for it): its hooks, its record and
 /// report line, and retention sparing it. A collective while one is in flight.
 DETTRIAL_INLINE void FitLoop::finish_checkpoint(bool wait) {
-  if (const std::optional<WrittenCheckpoint> written = finish_checkpoint_write(wait)) {  // on the chief
+  if (const std::optional<WrittenCheckpoint> written = checkpointer_.finish(callback_hooks_, wait)) {  // on the chief
     result_.checkpoints.push_back(written->info);
     report_checkpoint(*written, checkpointer_, outputs_.reporter());
   }
@@ -358,7 +355,7 @@ DETTRIAL_INLINE std::int64_t FitLoop::agree_across_ranks(std::int64_t loader_bat
 /// Restores a checkpoint: models (names and shapes checked), optimizers, schedulers, pending
 /// gradients, RNGs, callbacks, and where the trial stands (`progress`).
 DETTRIAL_INLINE void FitLoop::restore(const std::filesystem::path& dir, const TrialProgress& progress) {
-  outputs_.warn_missing_callback_states(restore_checkpoint(dir));
+  outputs_.warn_missing_callback_states(checkpointer_.restore(dir, callback_hooks_, options_.resume_fresh_parts));
   restore_data_seeds({progress.training_data_seed, progress.validation_data_seed});
   position_.restored(progress);
 }

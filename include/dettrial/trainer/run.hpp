@@ -69,9 +69,11 @@ class Run final : public FitLoop {
 
   /// A declarative trial's model and optimizer holder; `missing` objects for the others.
   Run(Context& context, TrialT& trial, Model& model, OptimizerHolder& optimizer, Set& callbacks)
-      : FitLoop(context, TrialFacts{.trial_type = c10::demangle(typeid(TrialT).name()),
-                                    .training_batch_type = c10::demangle(typeid(training_batch_t<TrialT>).name()),
-                                    .training_batch_tensors_only = tensors_only_batch<training_batch_t<TrialT>>()}),
+      : FitLoop(context,
+                TrialFacts{.trial_type = c10::demangle(typeid(TrialT).name()),
+                           .training_batch_type = c10::demangle(typeid(training_batch_t<TrialT>).name()),
+                           .training_batch_tensors_only = tensors_only_batch<training_batch_t<TrialT>>()},
+                callback_hooks(callbacks)),
         trial_(trial),
         model_(model),
         optimizer_(optimizer),
@@ -356,13 +358,7 @@ class Run final : public FitLoop {
     return std::forward<F>(hook)();
   }
 
-  // ---- checkpoints (the Checkpointer's collectives, with the callbacks) and the captured step --
-
-  void begin_checkpoint(TrialCheckpointRecord record) override { checkpointer_.begin(callbacks_, std::move(record)); }
-  std::optional<WrittenCheckpoint> finish_checkpoint_write(bool wait) override { return checkpointer_.finish(callbacks_, wait); }
-  std::vector<std::string> restore_checkpoint(const std::filesystem::path& dir) override {
-    return checkpointer_.restore(dir, callbacks_, options_.resume_fresh_parts);
-  }
+  // ---- the captured step ---------------------------------------------------------------------
 
   void start_step_graph(const capture::cuda_graph& options) override { step_graph_.start(options, context_); }
   void free_step_graph() noexcept override { step_graph_.reset(); }

@@ -129,6 +129,11 @@ class StepGraphCore {
   /// Forgets the graph (and its memory).
   DETTRIAL_INLINE void reset();
 
+  /// A captured step's metrics must be tensors (a number would keep the captured batch's value).
+  DETTRIAL_INLINE static void check_metrics(const Metrics& metrics);
+  /// The TrialError for a step that could not be captured (`e` is why).
+  [[noreturn]] DETTRIAL_INLINE static void capture_failed(const std::exception& e);
+
  private:
   DETTRIAL_INLINE std::vector<std::vector<double>> group_states() const;
 
@@ -196,7 +201,7 @@ class StepGraph {
       metrics = step();
     }
     core_.join_side_stream();
-    check_metrics(metrics);
+    StepGraphCore::check_metrics(metrics);
     return metrics;
   }
 
@@ -220,16 +225,11 @@ class StepGraph {
       core_.end_capture();
     } catch (const std::exception& e) {
       core_.stop_capturing();
-      throw TrialError(std::string("step_capture: cuda_graph could not capture the training step (train_batch, backward and "
-                                   "the optimizer step): ") +
-                       first_line(e.what()) +
-                       ". A captured step must not wait for the device (.item(), .cpu(), printing a tensor, a branch on a "
-                       "tensor's value), make tensors on the host, or change shapes with the data (nonzero, masked_select); "
-                       "remove that from train_batch or set step_capture: none");
+      StepGraphCore::capture_failed(e);
     }
     core_.stop_capturing();
     core_.join_side_stream();
-    check_metrics(static_metrics_);
+    StepGraphCore::check_metrics(static_metrics_);
     core_.note_captured();
     last_warm_up_.reset();
     core_.replay_graph();
@@ -265,19 +265,6 @@ class StepGraph {
       return x.defined() == y.defined() && (!x.defined() || (x.sizes() == y.sizes() && x.scalar_type() == y.scalar_type()));
     });
   }
-  static void check_metrics(const Metrics& metrics) {
-    for (const auto& e : metrics)
-      if (!e.value.is_tensor())
-        throw TrialError(
-            "step_capture: cuda_graph replays train_batch, so a metric it returns as a number would keep the "
-            "captured batch's value: return '" +
-            std::string(e.key.view()) + "' as a tensor");
-  }
-  static std::string first_line(const char* text) {
-    const std::string s(text);
-    return s.substr(0, s.find('\n'));
-  }
-
   StepGraphCore core_;
   std::optional<Batch> static_batch_;
   Metrics static_metrics_;
@@ -477,6 +464,25 @@ DETTRIAL_INLINE void StepGraphCore::reset() {
   captured_groups_.clear();
 }
 #endif
+
+DETTRIAL_INLINE void StepGraphCore::check_metrics(const Metrics& metrics) {
+  for (const auto& e : metrics)
+    if (!e.value.is_tensor())
+      throw TrialError(
+          "step_capture: cuda_graph replays train_batch, so a metric it returns as a number would keep the "
+          "captured batch's value: return '" +
+          std::string(e.key.view()) + "' as a tensor");
+}
+
+DETTRIAL_INLINE void StepGraphCore::capture_failed(const std::exception& e) {
+  const std::string what(e.what());
+  throw TrialError(std::string("step_capture: cuda_graph could not capture the training step (train_batch, backward and "
+                               "the optimizer step): ") +
+                   what.substr(0, what.find('\n')) +
+                   ". A captured step must not wait for the device (.item(), .cpu(), printing a tensor, a branch on a "
+                   "tensor's value), make tensors on the host, or change shapes with the data (nonzero, masked_select); "
+                   "remove that from train_batch or set step_capture: none");
+}
 
 }  // namespace dettrial::detail
 #endif  // DETTRIAL_HEADER_DEFINITIONS
