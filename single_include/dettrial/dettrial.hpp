@@ -5449,6 +5449,7 @@ namespace dettrial::optim {
 class FusedSGD : public torch::optim::SGD, public CapturableOptimizer {
  public:
   using torch::optim::SGD::SGD;
+  // Movable as before: the declared destructor below would remove the implicit moves.
   FusedSGD(FusedSGD&&) = default;
   FusedSGD& operator=(FusedSGD&&) = default;
   // Out of line (compiled once in separate compilation), as a trial that holds one ends it.
@@ -24776,10 +24777,9 @@ DETTRIAL_INLINE void StepGraphCore::check_metrics(const Metrics& metrics) {
 }
 
 DETTRIAL_INLINE void StepGraphCore::capture_failed(const std::exception& e) {
-  const std::string what(e.what());
   throw TrialError(std::string("step_capture: cuda_graph could not capture the training step (train_batch, backward and "
                                "the optimizer step): ") +
-                   what.substr(0, what.find('\n')) +
+                   first_line(e.what()) +
                    ". A captured step must not wait for the device (.item(), .cpu(), printing a tensor, a branch on a "
                    "tensor's value), make tensors on the host, or change shapes with the data (nonzero, masked_select); "
                    "remove that from train_batch or set step_capture: none");

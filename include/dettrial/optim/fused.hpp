@@ -189,6 +189,7 @@ namespace dettrial::optim {
 class FusedSGD : public torch::optim::SGD, public CapturableOptimizer {
  public:
   using torch::optim::SGD::SGD;
+  // Movable as before: the declared destructor below would remove the implicit moves.
   FusedSGD(FusedSGD&&) = default;
   FusedSGD& operator=(FusedSGD&&) = default;
   // Out of line (compiled once in separate compilation), as a trial that holds one ends it.

@@ -29,6 +29,7 @@
 #include "../optim/fused.hpp"
 #include "../detail/linkage.hpp"
 #include "../detail/scope_exit.hpp"
+#include "../detail/text.hpp"
 
 namespace dettrial::detail {
 
@@ -475,10 +476,9 @@ DETTRIAL_INLINE void StepGraphCore::check_metrics(const Metrics& metrics) {
 }
 
 DETTRIAL_INLINE void StepGraphCore::capture_failed(const std::exception& e) {
-  const std::string what(e.what());
   throw TrialError(std::string("step_capture: cuda_graph could not capture the training step (train_batch, backward and "
                                "the optimizer step): ") +
-                   what.substr(0, what.find('\n')) +
+                   first_line(e.what()) +
                    ". A captured step must not wait for the device (.item(), .cpu(), printing a tensor, a branch on a "
                    "tensor's value), make tensors on the host, or change shapes with the data (nonzero, masked_select); "
                    "remove that from train_batch or set step_capture: none");
