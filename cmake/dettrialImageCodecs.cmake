@@ -42,6 +42,24 @@ function(dettrial_find_image_codecs target)
   # Its libjpeg API, for decoding only a crop's window (jpeg_crop_scanline, jpeg_skip_scanlines).
   _dettrial_link_image_codec(${target} JPEG_WINDOW "cropped JPEG" LIBJPEG jpeglib.h jpeg "libjpeg-turbo's libjpeg API" libjpeg62-turbo-dev
                              libjpeg-turbo::jpeg libjpeg-turbo::jpeg-static)
+  # jpeglib.h includes jconfig.h, which multiarch systems keep in include/<arch>, where the compiler
+  # may find another libjpeg's first (libjpeg 8's, say, changing the structs' layout): the one for the
+  # jpeglib.h found is named (DETTRIAL_LIBJPEG_CONFIG_DIR, which the tests read too) and, for a
+  # header found by name, put on the include path.
+  if(_codec)
+    set(_jpeg_include "${DETTRIAL_LIBJPEG_INCLUDE_DIR}")
+    if(TARGET ${_codec})
+      get_target_property(_jpeg_include ${_codec} INTERFACE_INCLUDE_DIRECTORIES)
+    endif()
+    set(_jpeg_config_paths "")
+    foreach(_dir IN LISTS _jpeg_include)
+      list(APPEND _jpeg_config_paths "${_dir}/${CMAKE_LIBRARY_ARCHITECTURE}" "${_dir}")
+    endforeach()
+    find_path(DETTRIAL_LIBJPEG_CONFIG_DIR jconfig.h NO_DEFAULT_PATH PATHS ${_jpeg_config_paths})
+    if(DETTRIAL_LIBJPEG_CONFIG_DIR AND NOT TARGET ${_codec})
+      target_include_directories(${target} SYSTEM INTERFACE "${DETTRIAL_LIBJPEG_CONFIG_DIR}")
+    endif()
+  endif()
   # libspng: its CMake package (vcpkg: SPNG, Conan: spng).
   find_package(SPNG CONFIG QUIET)
   if(NOT TARGET spng::spng AND NOT TARGET spng::spng_static)

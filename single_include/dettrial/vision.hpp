@@ -1393,6 +1393,12 @@ inline Image decode_jpeg_window(std::span<const std::uint8_t> bytes, ImageMode m
   info.err = jpeg_std_error(&errors.manager);
   errors.manager.error_exit = &JpegErrors::fail;
   errors.manager.emit_message = &JpegErrors::message_or_warning;
+  // Creating checks that the library is the version of the jpeglib.h and jconfig.h this was compiled
+  // with, and fails through error_exit: its jump target is set first (a libjpeg 8 jconfig.h beside
+  // libjpeg 6.2's jpeglib.h crashed here on a machine that had both). Nothing is allocated yet.
+  if (setjmp(errors.jump) != 0)
+    throw ImageError("cannot decode '" + name + "' as JPEG: " + errors.message +
+                     " (dettrial was compiled with another libjpeg's jpeglib.h or jconfig.h than the library it runs with)");
   jpeg_create_decompress(&info);
   const std::unique_ptr<jpeg_decompress_struct, void (*)(jpeg_decompress_struct*)> destroy(&info, jpeg_destroy_decompress);
   // Made before the jump target: nothing between setjmp and a longjmp may need destroying.

@@ -110,6 +110,33 @@ endfunction()
 dettrial_python_fixture_tests(dettrial_vision_tests unit/vision_test.cpp "${DETTRIAL_PYTHON}" vision_fixtures.py
                               "vision: PIL and torchvision write the image fixtures" DETTRIAL_VISION_FIXTURES)
 
+# The JPEG window decoder compiled against another libjpeg version's jconfig.h than the library it
+# links (unit/jpeg_version_test.cpp): a copy of the found jconfig.h with another JPEG_LIB_VERSION,
+# found before the real one (jpeglib.h includes it by name). Where jconfig.h sits beside jpeglib.h,
+# that copy would never be read: the test is reported skipped.
+set(_jpeg_version_test "unit: vision: a JPEG decoder compiled for another libjpeg version than the one it runs with is an ImageError, not a crash")
+if(NOT DETTRIAL_DECODES_JPEG_WINDOW OR NOT DETTRIAL_LIBJPEG_CONFIG_DIR)
+  dettrial_skipped_test("${_jpeg_version_test}" "this build has no libjpeg API, or its jconfig.h was not found (libjpeg62-turbo-dev)")
+elseif(EXISTS "${DETTRIAL_LIBJPEG_CONFIG_DIR}/jpeglib.h")
+  dettrial_skipped_test("${_jpeg_version_test}" "jconfig.h sits beside jpeglib.h in ${DETTRIAL_LIBJPEG_CONFIG_DIR}: no other copy can take its place")
+else()
+  file(READ "${DETTRIAL_LIBJPEG_CONFIG_DIR}/jconfig.h" _jconfig)
+  string(REGEX MATCH "#define[ \t]+JPEG_LIB_VERSION[ \t]+([0-9]+)" _ "${_jconfig}")
+  set(_other_version 80)
+  if(CMAKE_MATCH_1 GREATER_EQUAL 70)
+    set(_other_version 62)
+  endif()
+  string(REGEX REPLACE "(#define[ \t]+JPEG_LIB_VERSION[ \t]+)[0-9]+" "\\1${_other_version}" _jconfig "${_jconfig}")
+  file(WRITE "${CMAKE_CURRENT_BINARY_DIR}/jpeg-other-version/jconfig.h" "${_jconfig}")
+  add_executable(dettrial_jpeg_version_tests unit/jpeg_version_test.cpp)
+  target_include_directories(dettrial_jpeg_version_tests BEFORE PRIVATE "${CMAKE_CURRENT_BINARY_DIR}/jpeg-other-version"
+                                                                        "${PROJECT_SOURCE_DIR}/include")
+  target_compile_definitions(dettrial_jpeg_version_tests PRIVATE DETTRIAL_OTHER_JPEG_LIB_VERSION=${_other_version})
+  target_link_libraries(dettrial_jpeg_version_tests PRIVATE dettrial_build_links doctest::doctest)
+  target_compile_features(dettrial_jpeg_version_tests PRIVATE cxx_std_20)
+  doctest_discover_tests(dettrial_jpeg_version_tests TEST_PREFIX "unit: ")
+endif()
+
 # torchvision's models and augmentation, with a Python that has torchvision (PyPI's torch of another
 # release than this LibTorch is compared to a stated tolerance, its own release bit for bit):
 # tests/python/torchvision_resnets.py saves its ResNets with their own random weights and what they
