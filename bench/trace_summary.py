@@ -2,7 +2,9 @@
 --trace): per operator, the total time inside it (nested operators count in their callers too) and
 how often it ran, side by side, largest first; and the time outside any operator (the framework's
 own loop, data loading, Python). Where the traces hold the GPU's work (CUDA activities: kernels,
-copies, fills, those a CUDA graph replays too), the same per kernel, and the GPU's busy time.
+copies, fills, those a CUDA graph replays too), the same per kernel, and the GPU's busy time; and
+the host's calls into the CUDA runtime and driver (a graph's launch, a synchronization that makes
+the host wait for the GPU), per call.
   python3 bench/trace_summary.py dettrial.json python.json [TOP]"""
 import json
 import sys
@@ -38,15 +40,16 @@ def load(path):
 
 
 GPU_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset", "Kernel", "Memcpy", "Memset")
+RUNTIME_CATEGORIES = ("cuda_runtime", "cuda_driver", "Runtime", "Driver")
 
 
-def load_gpu(path):
+def load_gpu(path, categories=GPU_CATEGORIES):
     """Per kernel (or copy, or fill) name on the GPU: total ms and count; and the GPU's busy ms
-    (the union of their intervals)."""
+    (the union of their intervals). With RUNTIME_CATEGORIES, the same of the host's CUDA calls."""
     with open(path) as f:
         data = json.load(f)
     events = data["traceEvents"] if isinstance(data, dict) else data
-    work = [e for e in events if e.get("ph") == "X" and "dur" in e and e.get("cat") in GPU_CATEGORIES]
+    work = [e for e in events if e.get("ph") == "X" and "dur" in e and e.get("cat") in categories]
     totals, counts = defaultdict(float), defaultdict(int)
     for e in work:
         totals[e["name"]] += float(e["dur"])
@@ -85,6 +88,11 @@ def main():
     print_side_by_side("on the GPU", ga, gb, top)
     for label, (totals, counts, busy) in (("first", ga), ("second", gb)):
         print(f"{label}: the GPU busy {busy / 1e3:.3f} ms, {sum(counts.values())} kernels, copies and fills")
+    ra, rb = load_gpu(sys.argv[1], RUNTIME_CATEGORIES), load_gpu(sys.argv[2], RUNTIME_CATEGORIES)
+    print()
+    print_side_by_side("CUDA runtime and driver calls", ra, rb, top)
+    for label, (totals, counts, busy) in (("first", ra), ("second", rb)):
+        print(f"{label}: the host in CUDA calls {busy / 1e3:.3f} ms, {sum(counts.values())} calls")
 
 
 if __name__ == "__main__":
