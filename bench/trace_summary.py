@@ -43,7 +43,7 @@ GPU_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset", "Kernel", "Memcpy", "Mem
 RUNTIME_CATEGORIES = ("cuda_runtime", "cuda_driver", "Runtime", "Driver")
 
 
-def load_gpu(path, categories=GPU_CATEGORIES):
+def load_activities(path, categories=GPU_CATEGORIES):
     """Per kernel (or copy, or fill) name on the GPU: total ms and count; and the GPU's busy ms
     (the union of their intervals). With RUNTIME_CATEGORIES, the same of the host's CUDA calls."""
     with open(path) as f:
@@ -80,7 +80,7 @@ def main():
     for label, (_, _, inside, span) in (("first", a), ("second", b)):
         print(f"{label}: {span / 1e3:.1f} ms from the first operator to the last, {inside / 1e3:.1f} ms inside operators, "
               f"{(span - inside) / 1e3:.1f} ms outside ({(span - inside) / span:.1%})")
-    ga, gb = load_gpu(sys.argv[1]), load_gpu(sys.argv[2])
+    ga, gb = load_activities(sys.argv[1]), load_activities(sys.argv[2])
     print()
     if not ga[0] and not gb[0]:
         print("no GPU work in either trace (a CPU run, or the profiler recorded no CUDA activities)")
@@ -88,7 +88,7 @@ def main():
     print_side_by_side("on the GPU", ga, gb, top)
     for label, (totals, counts, busy) in (("first", ga), ("second", gb)):
         print(f"{label}: the GPU busy {busy / 1e3:.3f} ms, {sum(counts.values())} kernels, copies and fills")
-    ra, rb = load_gpu(sys.argv[1], RUNTIME_CATEGORIES), load_gpu(sys.argv[2], RUNTIME_CATEGORIES)
+    ra, rb = load_activities(sys.argv[1], RUNTIME_CATEGORIES), load_activities(sys.argv[2], RUNTIME_CATEGORIES)
     print()
     print_side_by_side("CUDA runtime and driver calls", ra, rb, top)
     for label, (totals, counts, busy) in (("first", ra), ("second", rb)):
