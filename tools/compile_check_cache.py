@@ -13,7 +13,9 @@ As a compiler launcher (CMake's CXX_COMPILER_LAUNCHER) for a syntax check (-fsyn
     compile_check_cache.py [--parse] COMPILER ARGS...
 a known success is not compiled again; anything else runs the compiler, and a success is recorded.
 
-A parse check (--parse) stops the compiler once the file is parsed. GCC instantiates the templates
+A parse check (--parse) stops the compiler once the file is parsed. A passed one writes the object
+the command names (empty) and its dependency file (the files it read), so that a build runs it again
+only when one of them changes. GCC instantiates the templates
 a translation unit used at its end, and for <torch/torch.h> alone that takes 10 s whatever the file
 does; a header's check, or a compile-fail case whose sentence comes from a class template, needs
 none of it. So the file is compiled through a wrapper that includes it and then fails twice where
@@ -133,7 +135,8 @@ class Cache:
         for path, digest in data["files"].items():
             if self.file_hash(self.absolute(path)) != digest:
                 return None
-        return {"status": data.get("status", 1), "log": self.absolute(data["log"])}
+        return {"status": data.get("status", 1), "log": self.absolute(data["log"]),
+                "files": [self.absolute(path) for path in data["files"]]}
 
     def store(self, command, status, log, files=None):
         """Records the outcome with every file the compilation read: `files`, when the compilation
@@ -201,9 +204,39 @@ def self_test(compiler) -> int:
                 failures.append(f"'{name}' did not list the files it read: {files}")
             if re.search(r"^\.+ ", printed, re.MULTILINE):
                 failures.append(f"'{name}' printed the list of files it read: {printed}")
+        failures += outputs_self_test(compiler, pathlib.Path(folder), cases)
     for failure in failures:
         print(f"compile_check_cache self-test: {failure}", file=sys.stderr)
     return 1 if failures else 0
+
+
+def outputs_self_test(compiler, folder, cases):
+    """A passed parse check, run as the build runs it, leaves an empty object and a dependency file
+    naming the files it read; a failed one leaves neither (the build tool runs it again)."""
+    failures = []
+    saved = os.environ.pop("DETTRIAL_COMPILE_CHECK_CACHE", None)
+    try:
+        for name in ("clean", "undeclared name"):
+            source = folder / ("outputs_" + name.replace(" ", "_") + ".cpp")
+            source.write_text(cases[name][0])
+            output, depfile = folder / (source.name + ".o"), folder / (source.name + ".o.d")
+            with open(os.devnull, "w") as quiet:
+                saved_stdout, sys.stdout = sys.stdout, quiet
+                try:
+                    status = launch(["--parse", compiler, "-std=c++20", "-MD", "-MT", str(output), "-MF", str(depfile),
+                                     "-c", str(source), "-o", str(output)])
+                finally:
+                    sys.stdout = saved_stdout
+            listed = depfile.read_text() if depfile.exists() else ""
+            if name == "clean" and (status != 0 or not output.exists() or output.stat().st_size != 0 or
+                                    str(source) not in listed or "/vector" not in listed):
+                failures.append(f"a passed check left status {status}, object {output.exists()}, dependencies '{listed[:200]}'")
+            if name != "clean" and (status == 0 or output.exists() or depfile.exists()):
+                failures.append(f"a failed check left status {status}, object {output.exists()}, dependencies {depfile.exists()}")
+    finally:
+        if saved is not None:
+            os.environ["DETTRIAL_COMPILE_CHECK_CACHE"] = saved
+    return failures
 
 
 def launch(arguments) -> int:
@@ -217,12 +250,36 @@ def launch(arguments) -> int:
     cache = Cache(os.path.join(folder, "parse") if parse else folder, os.getcwd()) if folder else None
     known = cache.lookup(command) if cache else None
     if known is not None and known["status"] == 0:
+        if parse:
+            write_outputs(command, known["files"])
         return 0
     status, printed, files = check(command, parse)
     sys.stdout.write(printed)
     if status == 0 and cache:
         cache.store(command, 0, printed, files)
+    if status == 0 and parse and files is not None:
+        write_outputs(command, files)
     return status
+
+
+def make_escaped(path):
+    """A path as a Makefile rule names it (what the build tool reads from a dependency file)."""
+    return str(path).replace("$", "$$").replace(" ", "\\ ").replace("#", "\\#")
+
+
+def write_outputs(command, files):
+    """After a parse check passed: the object the command names, empty, and its dependency file,
+    listing the files the check read. A syntax check writes neither, so the build tool ran every
+    check again in every build, each a second even when the cache knew it; with them it runs a check
+    again only when a file it read has changed, as it does a compilation."""
+    if "-o" not in command or command[command.index("-o") + 1].endswith((".gch", ".pch")):
+        return
+    output = pathlib.Path(command[command.index("-o") + 1])
+    if "-MF" in command:
+        target = command[command.index("-MT") + 1] if "-MT" in command else str(output)
+        listed = " \\\n  ".join(make_escaped(f) for f in files)
+        pathlib.Path(command[command.index("-MF") + 1]).write_text(f"{make_escaped(target)}: {listed}\n")
+    output.write_bytes(b"")
 
 
 if __name__ == "__main__":

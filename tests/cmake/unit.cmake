@@ -21,22 +21,33 @@ add_executable(dettrial_unit_tests unit/main.cpp unit/source_dir.cpp unit/config
 target_link_libraries(dettrial_unit_tests PRIVATE dettrial::compiled doctest::doctest)
 target_compile_definitions(dettrial_unit_tests PRIVATE DETTRIAL_MNIST10K_DIR="${DETTRIAL_MNIST10K_DIR}")
 dettrial_use_compiled_pch(dettrial_unit_tests)
-# Compiled as six translation units of two or three files each (CMake's unity build, in groups):
-# each unit that includes LibTorch spends 13 s before its own code (GCC instantiating, at the end
-# of the unit, the templates LibTorch's inline functions use), so 17 files were 11 of those more.
-# A group's files share one namespace scope: two files of a group must not define the same name at
-# file scope (an anonymous namespace included). DETTRIAL_UNITY_TESTS=OFF compiles each file alone.
-option(DETTRIAL_UNITY_TESTS "Compile the unit tests' files in groups (CMake's unity build)" ON)
+# Compiled as six translation units of two or three files each: each unit that includes LibTorch
+# spends 13 s before its own code (GCC instantiating, at the end of the unit, the templates
+# LibTorch's inline functions use), so 17 files were 11 of those more. A group's files share one
+# namespace scope: two files of a group must not define the same name at file scope (an anonymous
+# namespace included). DETTRIAL_UNITY_TESTS=OFF compiles each file alone. Each group is a source
+# written here that includes its files by relative paths, not CMake's unity build: CMake 3.25
+# writes the checkout's absolute path into its unity sources, so ccache's key for them differed in
+# every clone, and a clone with a warm cache compiled all six groups again.
+option(DETTRIAL_UNITY_TESTS "Compile the unit tests' files in groups of two or three" ON)
 if(DETTRIAL_UNITY_TESTS)
-  set_target_properties(dettrial_unit_tests PROPERTIES UNITY_BUILD ON UNITY_BUILD_MODE GROUP)
+  set(_groups_dir "${CMAKE_CURRENT_BINARY_DIR}/unit-groups")
   foreach(_group IN ITEMS "trainer_test data_parallel_test config_schema_test" "keras_test distributed_test config_test"
                           "checkpoint_test observability_test search_test" "python_state_test step_capture_test"
                           "batch_norm_test data_test zero_test" "optim_test mixed_precision_test hooks_test")
     string(REPLACE " " ";" _files "${_group}")
     list(GET _files 0 _name)
+    set(_content "// The unit tests' group of ${_name}, written by tests/cmake/unit.cmake.\n")
+    foreach(_file IN LISTS _files)
+      file(RELATIVE_PATH _relative "${_groups_dir}" "${CMAKE_CURRENT_SOURCE_DIR}/unit/${_file}.cpp")
+      string(APPEND _content "#include \"${_relative}\"\n")
+    endforeach()
+    file(CONFIGURE OUTPUT "${_groups_dir}/${_name}_group.cpp" CONTENT "${_content}")
+    target_sources(dettrial_unit_tests PRIVATE "${_groups_dir}/${_name}_group.cpp")
+    # Listed with the target (IDEs show them), compiled through their group only.
     list(TRANSFORM _files PREPEND "unit/")
     list(TRANSFORM _files APPEND ".cpp")
-    set_source_files_properties(${_files} PROPERTIES UNITY_GROUP "${_name}")
+    set_source_files_properties(${_files} PROPERTIES HEADER_FILE_ONLY ON)
   endforeach()
 endif()
 # The data files some tests read (the schema test's cases, the checkpoint an earlier dettrial wrote,

@@ -152,88 +152,9 @@ class ExperimentConfig {
   Hyperparameters trial_hyperparameters() const { return Hyperparameters(resolve_constants(hyperparameters, ""), source); }
 
  private:
-  // The reader: one function per part of the document, and the schema check.
-  /// The searchers dettrial runs, and the names Determined removed.
-  template <class R>  // the Reader, declared below
-  static void read_search_fields(const YAML::Node& s, const std::string& source, const R& r, const std::string& name,
-                                 SearcherSettings& out) {
-    if (name == "adaptive" || name == "adaptive_simple" || name == "sync_halving")
-      throw ConfigError(detail::where(s["name"], source) + ": searcher '" + name + "' was removed from Determined; use adaptive_asha");
-    if (name != "async_halving" && !searcher_kind_named(name))
-      throw ConfigError(detail::where(s["name"], source) + ": unknown searcher '" + name + "'" +
-                        detail::suggestion(name, searcher_names()) + " (dettrial runs single, random, grid and adaptive_asha)");
-    r.read(s, "max_trials", out.max_trials);
-    r.read(s, "max_concurrent_trials", out.max_concurrent_trials);
-    r.read(s, "time_metric", out.time_metric);
-    r.read(s, "max_time", out.max_time);
-    r.read(s, "divisor", out.divisor);
-    r.read(s, "max_rungs", out.max_rungs);
-    r.read(s, "num_rungs", out.max_rungs);  // async_halving
-    r.read(s, "mode", out.mode);
-    if (const YAML::Node b = s["bracket_rungs"]; b && !b.IsNull()) {
-      if (!b.IsSequence()) throw ConfigError(detail::where(b, source) + ": searcher.bracket_rungs must be a list of rung counts");
-      for (const auto& x : b) out.bracket_rungs.push_back(x.as<std::int64_t>());
-    }
-    out.kind = name == "async_halving" ? SearcherKind::adaptive_asha : *searcher_kind_named(name);
-    if (name == "async_halving") out.bracket_rungs = {out.max_rungs};
-    auto positive = [&](const char* key, double value) {
-      if (s[key] && !(value >= 1)) throw ConfigError(detail::where(s[key], source) + ": searcher." + key + " must be at least 1");
-    };
-    positive("max_trials", static_cast<double>(out.max_trials));
-    positive("max_rungs", static_cast<double>(out.max_rungs));
-    if (out.max_concurrent_trials < 0)
-      throw ConfigError(detail::where(s["max_concurrent_trials"], source) + ": searcher.max_concurrent_trials must not be negative");
-    if (s["divisor"] && !(out.divisor > 1))
-      throw ConfigError(detail::where(s["divisor"], source) + ": searcher.divisor must be greater than 1");
-    if ((out.kind == SearcherKind::random || out.kind == SearcherKind::adaptive_asha) && !s["max_trials"])
-      throw ConfigError(detail::where(s, source) + ": searcher '" + std::string(out.name()) + "' needs max_trials");
-    if (out.kind == SearcherKind::adaptive_asha) {
-      // Determined needs time_metric and max_time; its deprecated max_length stands for them.
-      if (!s["max_time"] && out.max_length) {
-        out.max_time = out.max_length->value();
-        out.time_metric = out.max_length->unit() == Unit::epochs ? "epochs" : "batches";
-      }
-      if (out.max_time < 1)
-        throw ConfigError(detail::where(s, source) + ": searcher 'adaptive_asha' needs max_time (and time_metric, default batches)");
-    }
-  }
-
-  /**
-   * @brief Every key must be one of the schema's: cluster-only ones are collected in `ignored` (one
-   * warning), anything else is an error at its file:line:column with the nearest known name.
-   */
-  static void check_fields(const YAML::Node& root, const std::string& source, std::vector<std::string>& ignored);
-
-  static void check_map(const YAML::Node& map, const std::string& prefix, const std::vector<std::string>& known,
-                        const std::vector<std::string>& cluster, const std::string& source, std::vector<std::string>& ignored);
-
+  /// `map` with its `const` entries and plain values resolved (nested maps kept); a search space is
+  /// an error that names it.
   YAML::Node resolve_constants(const YAML::Node& map, const std::string& prefix) const;
-
-  struct Reader {
-    const std::string& source;
-    template <class T>
-    void read(const YAML::Node& map, const char* key, T& out) const {
-      const YAML::Node node = map[key];
-      if (!node || node.IsNull()) return;
-      if (!detail::try_read(node, out))
-        throw ConfigError(detail::where(node, source) + ": '" + key + "' is " + detail::describe(node) + ", which is not a " +
-                          detail::type_name<T>());
-    }
-    /// A length (`{batches: N}`, `{records: N}`, `{epochs: N}`). With `step_batches` > 0, a plain
-    /// integer is also accepted: Determined's legacy form, N steps of `step_batches` batches.
-    std::optional<TrainUnit> length(const YAML::Node& map, const char* key, bool zero_means_never, std::int64_t step_batches = 0) const;
-  };
-
-  // One reader per part of the document, called by from_yaml in this order.
-  static void read_top_level(const YAML::Node& root, const Reader& r, ExperimentConfig& c);
-  static void read_resources(const YAML::Node& res, const Reader& r, ExperimentConfig& c);
-  static void read_optimizations(const YAML::Node& opt, const Reader& r, ExperimentConfig& c);
-  static void read_reproducibility(const YAML::Node& rep, const Reader& r, ExperimentConfig& c);
-  static void read_profiling(const YAML::Node& prof, const Reader& r, Profiling& p);
-  static void read_slurm(const YAML::Node& slurm, const std::string& source, std::vector<std::string>& args);
-  static void read_checkpoint_storage(const YAML::Node& cs, const Reader& r, CheckpointStorage& storage);
-  static void read_searcher(const YAML::Node& s, const Reader& r, ExperimentConfig& c);
-  static void read_mlflow(const YAML::Node& m, const Reader& r, MlflowSettings& mlflow);
 };
 
 }  // namespace dettrial
@@ -242,6 +163,50 @@ class ExperimentConfig {
 #if DETTRIAL_HEADER_DEFINITIONS
 #include <fstream>
 #include <sstream>
+
+// The reader of the document: one function per part, and the schema check. Internal: its one caller
+// is ExperimentConfig::from_yaml.
+namespace dettrial::detail::config_reader {
+
+struct Reader {
+  const std::string& source;
+  template <class T>
+  void read(const YAML::Node& map, const char* key, T& out) const {
+    const YAML::Node node = map[key];
+    if (!node || node.IsNull()) return;
+    if (!detail::try_read(node, out))
+      throw ConfigError(detail::where(node, source) + ": '" + key + "' is " + detail::describe(node) + ", which is not a " +
+                        detail::type_name<T>());
+  }
+  /// A length (`{batches: N}`, `{records: N}`, `{epochs: N}`). With `step_batches` > 0, a plain
+  /// integer is also accepted: Determined's legacy form, N steps of `step_batches` batches.
+  std::optional<TrainUnit> length(const YAML::Node& map, const char* key, bool zero_means_never, std::int64_t step_batches = 0) const;
+};
+
+/**
+ * @brief Every key must be one of the schema's: cluster-only ones are collected in `ignored` (one
+ * warning), anything else is an error at its file:line:column with the nearest known name.
+ */
+DETTRIAL_INLINE void check_fields(const YAML::Node& root, const std::string& source, std::vector<std::string>& ignored);
+
+DETTRIAL_INLINE void check_map(const YAML::Node& map, const std::string& prefix, const std::vector<std::string>& known,
+                               const std::vector<std::string>& cluster, const std::string& source, std::vector<std::string>& ignored);
+
+// One reader per part of the document, called by from_yaml in this order.
+DETTRIAL_INLINE void read_top_level(const YAML::Node& root, const Reader& r, ExperimentConfig& c);
+DETTRIAL_INLINE void read_resources(const YAML::Node& res, const Reader& r, ExperimentConfig& c);
+DETTRIAL_INLINE void read_optimizations(const YAML::Node& opt, const Reader& r, ExperimentConfig& c);
+DETTRIAL_INLINE void read_reproducibility(const YAML::Node& rep, const Reader& r, ExperimentConfig& c);
+DETTRIAL_INLINE void read_profiling(const YAML::Node& prof, const Reader& r, ExperimentConfig::Profiling& p);
+DETTRIAL_INLINE void read_slurm(const YAML::Node& slurm, const std::string& source, std::vector<std::string>& args);
+DETTRIAL_INLINE void read_checkpoint_storage(const YAML::Node& cs, const Reader& r, ExperimentConfig::CheckpointStorage& storage);
+DETTRIAL_INLINE void read_searcher(const YAML::Node& s, const Reader& r, ExperimentConfig& c);
+/// The searchers dettrial runs, and the names Determined removed.
+DETTRIAL_INLINE void read_search_fields(const YAML::Node& s, const std::string& source, const Reader& r, const std::string& name,
+                                        SearcherSettings& out);
+DETTRIAL_INLINE void read_mlflow(const YAML::Node& m, const Reader& r, MlflowSettings& mlflow);
+
+}  // namespace dettrial::detail::config_reader
 
 namespace dettrial {
 
@@ -286,26 +251,27 @@ DETTRIAL_INLINE ExperimentConfig ExperimentConfig::parse(const std::string& text
 }
 
 DETTRIAL_INLINE ExperimentConfig ExperimentConfig::from_yaml(const YAML::Node& root, std::string source) {
+  namespace reader = detail::config_reader;
   ExperimentConfig c;
   c.source = std::move(source);
   if (!root.IsDefined() || root.IsNull()) throw ConfigError(c.source + ": the experiment config is empty");
   if (!root.IsMap()) throw ConfigError(detail::where(root, c.source) + ": the experiment config must be a map");
   c.yaml.reset(root);
-  check_fields(root, c.source, c.ignored_fields);
-  const Reader r{c.source};
-  read_top_level(root, r, c);
+  reader::check_fields(root, c.source, c.ignored_fields);
+  const reader::Reader r{c.source};
+  reader::read_top_level(root, r, c);
   for (const char* section :
        {"resources", "optimizations", "reproducibility", "searcher", "checkpoint_storage", "profiling", "slurm", "mlflow"})
     if (const YAML::Node node = root[section]; node && !node.IsNull() && !node.IsMap())
       throw ConfigError(detail::where(node, c.source) + ": '" + section + "' must be a map, found " + detail::describe(node));
-  if (const YAML::Node res = root["resources"]) read_resources(res, r, c);
-  if (const YAML::Node opt = root["optimizations"]) read_optimizations(opt, r, c);
-  if (const YAML::Node rep = root["reproducibility"]) read_reproducibility(rep, r, c);
-  if (const YAML::Node prof = root["profiling"]; prof && prof.IsMap()) read_profiling(prof, r, c.profiling);
-  if (const YAML::Node slurm = root["slurm"]) read_slurm(slurm, c.source, c.slurm_args);
-  if (const YAML::Node cs = root["checkpoint_storage"]) read_checkpoint_storage(cs, r, c.checkpoint_storage);
-  if (const YAML::Node s = root["searcher"]) read_searcher(s, r, c);
-  if (const YAML::Node m = root["mlflow"]; m && m.IsMap()) read_mlflow(m, r, c.mlflow);
+  if (const YAML::Node res = root["resources"]) reader::read_resources(res, r, c);
+  if (const YAML::Node opt = root["optimizations"]) reader::read_optimizations(opt, r, c);
+  if (const YAML::Node rep = root["reproducibility"]) reader::read_reproducibility(rep, r, c);
+  if (const YAML::Node prof = root["profiling"]; prof && prof.IsMap()) reader::read_profiling(prof, r, c.profiling);
+  if (const YAML::Node slurm = root["slurm"]) reader::read_slurm(slurm, c.source, c.slurm_args);
+  if (const YAML::Node cs = root["checkpoint_storage"]) reader::read_checkpoint_storage(cs, r, c.checkpoint_storage);
+  if (const YAML::Node s = root["searcher"]) reader::read_searcher(s, r, c);
+  if (const YAML::Node m = root["mlflow"]; m && m.IsMap()) reader::read_mlflow(m, r, c.mlflow);
   if (c.mlflow.experiment_name.empty()) c.mlflow.experiment_name = c.name;
   YAML::Emitter text;  // the config as the run trains it (overrides applied): its MLflow artifact
   text << root;
@@ -313,7 +279,7 @@ DETTRIAL_INLINE ExperimentConfig ExperimentConfig::from_yaml(const YAML::Node& r
   return c;
 }
 
-DETTRIAL_INLINE void ExperimentConfig::read_top_level(const YAML::Node& root, const Reader& r, ExperimentConfig& c) {
+DETTRIAL_INLINE void detail::config_reader::read_top_level(const YAML::Node& root, const Reader& r, ExperimentConfig& c) {
   const std::string& source = r.source;
   r.read(root, "name", c.name);
   r.read(root, "description", c.description);
@@ -341,7 +307,7 @@ DETTRIAL_INLINE void ExperimentConfig::read_top_level(const YAML::Node& root, co
   }
 }
 
-DETTRIAL_INLINE void ExperimentConfig::read_resources(const YAML::Node& res, const Reader& r, ExperimentConfig& c) {
+DETTRIAL_INLINE void detail::config_reader::read_resources(const YAML::Node& res, const Reader& r, ExperimentConfig& c) {
   r.read(res, "slots_per_trial", c.slots_per_trial);
   if (c.slots_per_trial < 0)
     throw ConfigError(detail::where(res["slots_per_trial"], r.source) + ": resources.slots_per_trial must not be negative");
@@ -349,7 +315,7 @@ DETTRIAL_INLINE void ExperimentConfig::read_resources(const YAML::Node& res, con
   if (c.slots_per_trial == 0) c.slots_per_trial = 1;
 }
 
-DETTRIAL_INLINE void ExperimentConfig::read_optimizations(const YAML::Node& opt, const Reader& r, ExperimentConfig& c) {
+DETTRIAL_INLINE void detail::config_reader::read_optimizations(const YAML::Node& opt, const Reader& r, ExperimentConfig& c) {
   const std::string& source = r.source;
   if (const YAML::Node mp = opt["mixed_precision"]; mp && !mp.IsNull()) {
     std::string text;
@@ -392,7 +358,7 @@ DETTRIAL_INLINE void ExperimentConfig::read_optimizations(const YAML::Node& opt,
   }
 }
 
-DETTRIAL_INLINE void ExperimentConfig::read_reproducibility(const YAML::Node& rep, const Reader& r, ExperimentConfig& c) {
+DETTRIAL_INLINE void detail::config_reader::read_reproducibility(const YAML::Node& rep, const Reader& r, ExperimentConfig& c) {
   if (rep["experiment_seed"] && !rep["experiment_seed"].IsNull()) {
     std::uint64_t seed = 0;
     r.read(rep, "experiment_seed", seed);
@@ -406,7 +372,7 @@ DETTRIAL_INLINE void ExperimentConfig::read_reproducibility(const YAML::Node& re
   r.read(rep, "rank_invariant", c.rank_invariant);
 }
 
-DETTRIAL_INLINE void ExperimentConfig::read_profiling(const YAML::Node& prof, const Reader& r, Profiling& p) {
+DETTRIAL_INLINE void detail::config_reader::read_profiling(const YAML::Node& prof, const Reader& r, ExperimentConfig::Profiling& p) {
   r.read(prof, "enabled", p.enabled);
   r.read(prof, "begin_on_batch", p.begin_on_batch);
   r.read(prof, "sync_timings", p.sync_timings);
@@ -422,7 +388,7 @@ DETTRIAL_INLINE void ExperimentConfig::read_profiling(const YAML::Node& prof, co
   }
 }
 
-DETTRIAL_INLINE void ExperimentConfig::read_slurm(const YAML::Node& slurm, const std::string& source, std::vector<std::string>& args) {
+DETTRIAL_INLINE void detail::config_reader::read_slurm(const YAML::Node& slurm, const std::string& source, std::vector<std::string>& args) {
   const YAML::Node given = slurm.IsMap() ? slurm["sbatch_args"] : YAML::Node();
   if (!given || given.IsNull()) return;
   if (!given.IsSequence())
@@ -443,7 +409,7 @@ DETTRIAL_INLINE void ExperimentConfig::read_slurm(const YAML::Node& slurm, const
   }
 }
 
-DETTRIAL_INLINE void ExperimentConfig::read_mlflow(const YAML::Node& m, const Reader& r, MlflowSettings& mlflow) {
+DETTRIAL_INLINE void detail::config_reader::read_mlflow(const YAML::Node& m, const Reader& r, MlflowSettings& mlflow) {
   r.read(m, "tracking_uri", mlflow.tracking_uri);
   r.read(m, "experiment_name", mlflow.experiment_name);
   r.read(m, "run_name", mlflow.run_name);
@@ -463,7 +429,8 @@ DETTRIAL_INLINE void ExperimentConfig::read_mlflow(const YAML::Node& m, const Re
   }
 }
 
-DETTRIAL_INLINE void ExperimentConfig::read_checkpoint_storage(const YAML::Node& cs, const Reader& r, CheckpointStorage& storage) {
+DETTRIAL_INLINE void detail::config_reader::read_checkpoint_storage(const YAML::Node& cs, const Reader& r,
+                                                                    ExperimentConfig::CheckpointStorage& storage) {
   const std::pair<const char*, std::int64_t*> counts[] = {{"save_experiment_best", &storage.save_experiment_best},
                                                           {"save_trial_best", &storage.save_trial_best},
                                                           {"save_trial_latest", &storage.save_trial_latest}};
@@ -485,7 +452,7 @@ DETTRIAL_INLINE void ExperimentConfig::read_checkpoint_storage(const YAML::Node&
   else if (!container_path.empty()) storage.path = std::filesystem::path(container_path);
 }
 
-DETTRIAL_INLINE void ExperimentConfig::read_searcher(const YAML::Node& s, const Reader& r, ExperimentConfig& c) {
+DETTRIAL_INLINE void detail::config_reader::read_searcher(const YAML::Node& s, const Reader& r, ExperimentConfig& c) {
   const std::string& source = r.source;
   if (!s.IsMap()) throw ConfigError(detail::where(s, source) + ": 'searcher' must be a map");
   std::string name(to_string(SearcherKind::single));
@@ -509,7 +476,52 @@ DETTRIAL_INLINE void ExperimentConfig::read_searcher(const YAML::Node& s, const 
   read_search_fields(s, source, r, name, c.searcher);
 }
 
-DETTRIAL_INLINE void ExperimentConfig::check_fields(const YAML::Node& root, const std::string& source, std::vector<std::string>& ignored) {
+DETTRIAL_INLINE void detail::config_reader::read_search_fields(const YAML::Node& s, const std::string& source, const Reader& r,
+                                                               const std::string& name, SearcherSettings& out) {
+  if (name == "adaptive" || name == "adaptive_simple" || name == "sync_halving")
+    throw ConfigError(detail::where(s["name"], source) + ": searcher '" + name + "' was removed from Determined; use adaptive_asha");
+  if (name != "async_halving" && !searcher_kind_named(name))
+    throw ConfigError(detail::where(s["name"], source) + ": unknown searcher '" + name + "'" +
+                      detail::suggestion(name, ExperimentConfig::searcher_names()) +
+                      " (dettrial runs single, random, grid and adaptive_asha)");
+  r.read(s, "max_trials", out.max_trials);
+  r.read(s, "max_concurrent_trials", out.max_concurrent_trials);
+  r.read(s, "time_metric", out.time_metric);
+  r.read(s, "max_time", out.max_time);
+  r.read(s, "divisor", out.divisor);
+  r.read(s, "max_rungs", out.max_rungs);
+  r.read(s, "num_rungs", out.max_rungs);  // async_halving
+  r.read(s, "mode", out.mode);
+  if (const YAML::Node b = s["bracket_rungs"]; b && !b.IsNull()) {
+    if (!b.IsSequence()) throw ConfigError(detail::where(b, source) + ": searcher.bracket_rungs must be a list of rung counts");
+    for (const auto& x : b) out.bracket_rungs.push_back(x.as<std::int64_t>());
+  }
+  out.kind = name == "async_halving" ? SearcherKind::adaptive_asha : *searcher_kind_named(name);
+  if (name == "async_halving") out.bracket_rungs = {out.max_rungs};
+  auto positive = [&](const char* key, double value) {
+    if (s[key] && !(value >= 1)) throw ConfigError(detail::where(s[key], source) + ": searcher." + key + " must be at least 1");
+  };
+  positive("max_trials", static_cast<double>(out.max_trials));
+  positive("max_rungs", static_cast<double>(out.max_rungs));
+  if (out.max_concurrent_trials < 0)
+    throw ConfigError(detail::where(s["max_concurrent_trials"], source) + ": searcher.max_concurrent_trials must not be negative");
+  if (s["divisor"] && !(out.divisor > 1))
+    throw ConfigError(detail::where(s["divisor"], source) + ": searcher.divisor must be greater than 1");
+  if ((out.kind == SearcherKind::random || out.kind == SearcherKind::adaptive_asha) && !s["max_trials"])
+    throw ConfigError(detail::where(s, source) + ": searcher '" + std::string(out.name()) + "' needs max_trials");
+  if (out.kind == SearcherKind::adaptive_asha) {
+    // Determined needs time_metric and max_time; its deprecated max_length stands for them.
+    if (!s["max_time"] && out.max_length) {
+      out.max_time = out.max_length->value();
+      out.time_metric = out.max_length->unit() == Unit::epochs ? "epochs" : "batches";
+    }
+    if (out.max_time < 1)
+      throw ConfigError(detail::where(s, source) + ": searcher 'adaptive_asha' needs max_time (and time_metric, default batches)");
+  }
+}
+
+DETTRIAL_INLINE void detail::config_reader::check_fields(const YAML::Node& root, const std::string& source,
+                                                         std::vector<std::string>& ignored) {
   static const std::vector<std::string> top = {"name",
                                                "description",
                                                "hyperparameters",
@@ -588,9 +600,9 @@ DETTRIAL_INLINE void ExperimentConfig::check_fields(const YAML::Node& root, cons
       check_map(node, std::string(section) + ".", *known.first, known.second ? *known.second : std::vector<std::string>{}, source, ignored);
 }
 
-DETTRIAL_INLINE void ExperimentConfig::check_map(const YAML::Node& map, const std::string& prefix, const std::vector<std::string>& known,
-                                                 const std::vector<std::string>& cluster, const std::string& source,
-                                                 std::vector<std::string>& ignored) {
+DETTRIAL_INLINE void detail::config_reader::check_map(const YAML::Node& map, const std::string& prefix,
+                                                      const std::vector<std::string>& known, const std::vector<std::string>& cluster,
+                                                      const std::string& source, std::vector<std::string>& ignored) {
   for (const auto& kv : map) {
     const std::string key = kv.first.Scalar();
     if (std::find(known.begin(), known.end(), key) != known.end()) continue;
@@ -631,8 +643,8 @@ DETTRIAL_INLINE YAML::Node ExperimentConfig::resolve_constants(const YAML::Node&
   return out;
 }
 
-DETTRIAL_INLINE std::optional<TrainUnit> ExperimentConfig::Reader::length(const YAML::Node& map, const char* key, bool zero_means_never,
-                                                                          std::int64_t step_batches) const {
+DETTRIAL_INLINE std::optional<TrainUnit> detail::config_reader::Reader::length(const YAML::Node& map, const char* key,
+                                                                               bool zero_means_never, std::int64_t step_batches) const {
   const YAML::Node node = map[key];
   if (!node || node.IsNull()) return std::nullopt;
   if (step_batches > 0 && node.IsScalar()) {
