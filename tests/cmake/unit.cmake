@@ -142,7 +142,11 @@ else()
     set(_other_version 62)
   endif()
   string(REGEX REPLACE "(#define[ \t]+JPEG_LIB_VERSION[ \t]+)[0-9]+" "\\1${_other_version}" _jconfig "${_jconfig}")
-  file(WRITE "${CMAKE_CURRENT_BINARY_DIR}/jpeg-other-version/jconfig.h" "${_jconfig}")
+  # Replaced only when it changes: a new copy each configure compiled the test again after every
+  # configure.
+  file(WRITE "${CMAKE_CURRENT_BINARY_DIR}/jpeg-other-version/jconfig.h.new" "${_jconfig}")
+  file(COPY_FILE "${CMAKE_CURRENT_BINARY_DIR}/jpeg-other-version/jconfig.h.new" "${CMAKE_CURRENT_BINARY_DIR}/jpeg-other-version/jconfig.h"
+       ONLY_IF_DIFFERENT)
   add_executable(dettrial_jpeg_version_tests unit/jpeg_version_test.cpp)
   target_include_directories(dettrial_jpeg_version_tests BEFORE PRIVATE "${CMAKE_CURRENT_BINARY_DIR}/jpeg-other-version"
                                                                         "${PROJECT_SOURCE_DIR}/include")
