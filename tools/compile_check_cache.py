@@ -87,6 +87,46 @@ def parsed_clean(output):
     return first is not None and PARSED in first.group(0)
 
 
+# Files at least this large (a precompiled header: 500-800 MB) have their digest kept beside them.
+LARGE_FILE = 16 << 20
+
+
+def digest_of(path):
+    """The SHA-256 of the file at `path` (None if it cannot be read). Every check that uses the
+    precompiled header reads it: hashing its 700 MB took 0.9 s of each check's second, so a large
+    file's digest is kept beside it (`<file>.sha256`), used while its size, modification time and
+    inode are those it was computed for (a header compiled again is a new file: the builds' launcher
+    removes the old one first)."""
+    try:
+        stat = path.stat()
+        if stat.st_size < LARGE_FILE:
+            return hashlib.sha256(path.read_bytes()).hexdigest()
+    except OSError:
+        return None
+    kept = path.with_name(path.name + ".sha256")
+    stamp = f"{stat.st_size} {stat.st_mtime_ns} {stat.st_ino}"
+    try:
+        kept_stamp, kept_digest = kept.read_text().split("\n")[:2]
+        if kept_stamp == stamp and kept_digest:
+            return kept_digest
+    except (OSError, ValueError):
+        pass
+    digest = hashlib.sha256()
+    try:
+        with open(path, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                digest.update(chunk)
+    except OSError:
+        return None
+    temporary = kept.with_name(f"{kept.name}.{os.getpid()}.tmp")
+    try:
+        temporary.write_text(f"{stamp}\n{digest.hexdigest()}\n")
+        temporary.replace(kept)
+    except OSError:
+        pass  # a folder we cannot write to: computed each time
+    return digest.hexdigest()
+
+
 class Cache:
     """Compilation outcomes, each valid while the files it read are unchanged."""
 
@@ -111,10 +151,7 @@ class Cache:
 
     def file_hash(self, path):
         if path not in self.file_hashes:
-            try:
-                self.file_hashes[path] = hashlib.sha256(pathlib.Path(path).read_bytes()).hexdigest()
-            except OSError:
-                self.file_hashes[path] = None
+            self.file_hashes[path] = digest_of(pathlib.Path(path))
         return self.file_hashes[path]
 
     def key(self, command):
@@ -205,9 +242,26 @@ def self_test(compiler) -> int:
             if re.search(r"^\.+ ", printed, re.MULTILINE):
                 failures.append(f"'{name}' printed the list of files it read: {printed}")
         failures += outputs_self_test(compiler, pathlib.Path(folder), cases)
+        failures += large_file_self_test(pathlib.Path(folder))
     for failure in failures:
         print(f"compile_check_cache self-test: {failure}", file=sys.stderr)
     return 1 if failures else 0
+
+
+def large_file_self_test(folder):
+    """A large file's kept digest is its SHA-256, and a file changed in place gets a new one."""
+    failures = []
+    large = folder / "large.gch"
+    large.write_bytes(b"a" * LARGE_FILE)
+    first, again = digest_of(large), digest_of(large)
+    if first != hashlib.sha256(large.read_bytes()).hexdigest() or again != first or not (folder / "large.gch.sha256").exists():
+        failures.append(f"a large file's digest was {first}, then {again}, kept: {(folder / 'large.gch.sha256').exists()}")
+    with open(large, "r+b") as f:  # the same size, other bytes, in place
+        f.write(b"b")
+    os.utime(large, ns=(large.stat().st_atime_ns, large.stat().st_mtime_ns + 1_000_000))
+    if digest_of(large) != hashlib.sha256(large.read_bytes()).hexdigest():
+        failures.append("a large file changed in place kept its old digest")
+    return failures
 
 
 def outputs_self_test(compiler, folder, cases):
