@@ -13,16 +13,15 @@ As a compiler launcher (CMake's CXX_COMPILER_LAUNCHER) for a syntax check (-fsyn
     compile_check_cache.py [--parse] COMPILER ARGS...
 a known success is not compiled again; anything else runs the compiler, and a success is recorded.
 
-A parse check (--parse) stops the compiler once the file is parsed. A passed one writes the object
-the command names (empty) and its dependency file (the files it read), so that a build runs it again
-only when one of them changes. GCC instantiates the templates
+A parse check (--parse) stops the compiler once the file is parsed. GCC instantiates the templates
 a translation unit used at its end, and for <torch/torch.h> alone that takes 10 s whatever the file
 does; a header's check, or a compile-fail case whose sentence comes from a class template, needs
 none of it. So the file is compiled through a wrapper that includes it and then fails twice where
 the parse ends (PARSED): with -fmax-errors=1 the compiler prints the first error and stops at the
 second. The file parsed clean if its first error is the wrapper's; otherwise its own first error is
 what a whole compilation would have printed first too (it was found while parsing, before the
-templates at the end).
+templates at the end). A passed parse check writes the object the command names (empty) and its
+dependency file (the files it read), so that a build runs it again only when one of them changes.
 """
 import hashlib
 import json
@@ -36,6 +35,11 @@ import sys
 SOURCE_ROOT = pathlib.Path(__file__).resolve().parents[1]
 PARSED = "dettrial: the file parsed to its end"
 FIRST_ERROR = re.compile(r"^.*\berror: .*$", re.MULTILINE)
+
+
+def argument_after(command, flag):
+    """The argument that follows `flag` in `command`, or None."""
+    return command[command.index(flag) + 1] if flag in command else None
 
 
 def without_outputs(command):
@@ -86,6 +90,9 @@ def parsed_clean(output):
     first = FIRST_ERROR.search(output)
     return first is not None and PARSED in first.group(0)
 
+
+# What a precompiled header's compilation writes: it is compiled whole, never parse-checked.
+PRECOMPILED = (".gch", ".pch")
 
 # Files at least this large (a precompiled header: 500-800 MB) have their digest kept beside them.
 LARGE_FILE = 16 << 20
@@ -198,8 +205,8 @@ class Cache:
 def check(command, parse):
     """Runs a syntax check (a parse check with `parse`): its exit status, what to print and, for a
     parse check, the files it read (None: not listed)."""
-    output = command[command.index("-o") + 1] if "-o" in command else command[command.index("-c") + 1]
-    if not parse or output.endswith((".gch", ".pch")):  # a precompiled header is compiled whole
+    output = argument_after(command, "-o") or argument_after(command, "-c")
+    if not parse or output.endswith(PRECOMPILED):  # a precompiled header is compiled whole
         run = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace")
         return run.returncode, run.stdout, None
     # The wrapper beside the object the command names (its folder exists).
@@ -266,14 +273,16 @@ def large_file_self_test(folder):
 
 def outputs_self_test(compiler, folder, cases):
     """A passed parse check, run as the build runs it, leaves an empty object and a dependency file
-    naming the files it read; a failed one leaves neither (the build tool runs it again)."""
+    naming the files it read; the same check failing next (its source changed) leaves neither, so the
+    build tool runs it again."""
     failures = []
+    source = folder / "outputs.cpp"
+    output, depfile = folder / "outputs.cpp.o", folder / "outputs.cpp.o.d"
     saved = os.environ.pop("DETTRIAL_COMPILE_CHECK_CACHE", None)
     try:
         for name in ("clean", "undeclared name"):
-            source = folder / ("outputs_" + name.replace(" ", "_") + ".cpp")
             source.write_text(cases[name][0])
-            output, depfile = folder / (source.name + ".o"), folder / (source.name + ".o.d")
+            depfile.unlink(missing_ok=True)  # the build tool reads and removes it
             with open(os.devnull, "w") as quiet:
                 saved_stdout, sys.stdout = sys.stdout, quiet
                 try:
@@ -304,15 +313,14 @@ def launch(arguments) -> int:
     cache = Cache(os.path.join(folder, "parse") if parse else folder, os.getcwd()) if folder else None
     known = cache.lookup(command) if cache else None
     if known is not None and known["status"] == 0:
-        if parse:
-            write_outputs(command, known["files"])
-        return 0
-    status, printed, files = check(command, parse)
-    sys.stdout.write(printed)
-    if status == 0 and cache:
-        cache.store(command, 0, printed, files)
-    if status == 0 and parse and files is not None:
-        write_outputs(command, files)
+        status, files = 0, known["files"]
+    else:
+        status, printed, files = check(command, parse)
+        sys.stdout.write(printed)
+        if status == 0 and cache:
+            cache.store(command, 0, printed, files)
+    if parse:
+        write_outputs(command, files if status == 0 else None)
     return status
 
 
@@ -322,18 +330,21 @@ def make_escaped(path):
 
 
 def write_outputs(command, files):
-    """After a parse check passed: the object the command names, empty, and its dependency file,
-    listing the files the check read. A syntax check writes neither, so the build tool ran every
-    check again in every build, each a second even when the cache knew it; with them it runs a check
-    again only when a file it read has changed, as it does a compilation."""
-    if "-o" not in command or command[command.index("-o") + 1].endswith((".gch", ".pch")):
+    """After a parse check passed (`files`: those it read): the object the command names, empty, and
+    its dependency file listing them; after one that failed (None), no object, as a compiler leaves
+    none. A syntax check writes neither, so the build tool ran every check again in every build, each
+    a second even when the cache knew it; with them it runs a check again only when a file it read
+    has changed, as it does a compilation."""
+    output = argument_after(command, "-o")
+    if output is None or output.endswith(PRECOMPILED):  # compiled whole: the compiler wrote it
         return
-    output = pathlib.Path(command[command.index("-o") + 1])
-    if "-MF" in command:
-        target = command[command.index("-MT") + 1] if "-MT" in command else str(output)
+    if files is None:
+        pathlib.Path(output).unlink(missing_ok=True)
+        return
+    if depfile := argument_after(command, "-MF"):
         listed = " \\\n  ".join(make_escaped(f) for f in files)
-        pathlib.Path(command[command.index("-MF") + 1]).write_text(f"{make_escaped(target)}: {listed}\n")
-    output.write_bytes(b"")
+        pathlib.Path(depfile).write_text(f"{make_escaped(argument_after(command, '-MT') or output)}: {listed}\n")
+    pathlib.Path(output).write_bytes(b"")
 
 
 if __name__ == "__main__":

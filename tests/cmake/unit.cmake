@@ -142,8 +142,8 @@ else()
     set(_other_version 62)
   endif()
   string(REGEX REPLACE "(#define[ \t]+JPEG_LIB_VERSION[ \t]+)[0-9]+" "\\1${_other_version}" _jconfig "${_jconfig}")
-  # Replaced only when it changes: a new copy each configure compiled the test again after every
-  # configure.
+  # Replaced only when it changes (a new copy each configure compiled the test again after every
+  # configure); copied verbatim, where file(CONFIGURE) would substitute any @...@ in it.
   file(WRITE "${CMAKE_CURRENT_BINARY_DIR}/jpeg-other-version/jconfig.h.new" "${_jconfig}")
   file(COPY_FILE "${CMAKE_CURRENT_BINARY_DIR}/jpeg-other-version/jconfig.h.new" "${CMAKE_CURRENT_BINARY_DIR}/jpeg-other-version/jconfig.h"
        ONLY_IF_DIFFERENT)
