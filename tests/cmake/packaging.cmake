@@ -25,6 +25,8 @@ dettrial_source_check("docs: every relative link and anchor in the markdown reso
                       "${PROJECT_SOURCE_DIR}/tools/check_links.py")
 dettrial_source_check("functions: none in include/ is over 80 lines" "${PROJECT_SOURCE_DIR}/tools/check_function_lengths.py")
 dettrial_source_check("format: every C++ file but single_include/ follows .clang-format" "${PROJECT_SOURCE_DIR}/tools/check_format.py")
+dettrial_source_check("compiler launcher: a precompiled header is handed out only for the input files it was compiled from"
+                      "${PROJECT_SOURCE_DIR}/tests/python/ccache_launcher.py" "${CMAKE_CXX_COMPILER}")
 dettrial_source_check("fixture cache: a Python fixture folder is reused only for the same inputs, never a failed or skipped one"
                       "${PROJECT_SOURCE_DIR}/tests/python/fixture_cache.py" --self-test)
 # The generated header is the same text for every LibTorch: CI builds it once (-DDETTRIAL_SINGLE_HEADER_TEST=OFF on the other).
