@@ -3,7 +3,8 @@
 // it moves). On a 2-core machine both ranks share the cores, so this shows the communication cost
 // and what it overlaps, not a speed-up. Then the cost of reproducibility.rank_invariant: the same 2
 // ranks with aggregation_frequency 2, gradients gathered and summed in stream order against the
-// default all-reduce, alternated in the same run. Prints JSON lines for bench/table.py.
+// default all-reduce, alternated in the same run. The MLP is a trial a Trainer trains (the loop a
+// trial really gets); its train_batch times the updates. Prints JSON lines for bench/table.py.
 //   distributed_bench [--quick]
 #include <sys/wait.h>
 #include <unistd.h>
@@ -16,6 +17,7 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <dettrial/dettrial.hpp>
@@ -31,49 +33,91 @@ struct StepTimes {
   double gradient_bytes;
 };
 
-/// Trains `steps` steps of an MLP on this process's share of a global batch of 64, through
-/// Context::step_optimizer (which all-reduces the gradients in a job). Times the whole step and the
-/// part inside step_optimizer beyond the optimizer's own step.
-StepTimes run_steps(dettrial::Context& context, int steps) {
-  const std::int64_t agg = context.aggregation_frequency();
-  torch::manual_seed(1);
-  auto model = context.wrap_model(torch::nn::Sequential(torch::nn::Linear(784, 256), torch::nn::ReLU(), torch::nn::Linear(256, 256),
-                                                        torch::nn::ReLU(), torch::nn::Linear(256, 10)));
-  torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
-  context.wrap_optimizer(opt);
-  const int per_rank = 64 / context.distributed().size;
-  const torch::Tensor x = torch::randn({per_rank, 784});
-  const torch::Tensor y = torch::randint(0, 10, {per_rank});
-  double gradient_bytes = 0;
-  for (const auto& p : model->parameters()) gradient_bytes += static_cast<double>(p.numel() * p.element_size());
-  // Times per update (aggregation_frequency batches): the whole update, and the part inside
-  // step_optimizer and finish_batch (gradients kept, reduced, stepped).
-  std::vector<double> step_ms, sync_ms;
-  for (int u = 0; u < steps + 5; ++u) {  // 5 warm-up updates
-    const auto t0 = Clock::now();
-    double sync = 0;
-    for (std::int64_t j = 0; j < agg; ++j) {
-      const std::int64_t s = u * agg + j;
-      dettrial::detail::ContextAccess::position(context).current_batch = s;
-      dettrial::detail::ContextAccess::begin_training_batch(context, per_rank);
-      const torch::Tensor loss = torch::nll_loss(torch::log_softmax(model->forward(x), 1), y);
-      context.backward(loss);
-      const auto t1 = Clock::now();
-      context.step_optimizer(opt);
-      dettrial::detail::ContextAccess::finish_batch(context, s);
-      sync += std::chrono::duration<double, std::milli>(Clock::now() - t1).count();
-    }
-    if (u >= 5) {
-      step_ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
-      sync_ms.push_back(sync);
-    }
+/// Per-update times a trial measures: the whole update (from one update's first micro-batch to the
+/// next's), and the part inside Context::step_optimizer (gradients kept, reduced, stepped).
+struct UpdateTimes {
+  std::vector<double> update_ms, sync_ms;
+};
+
+/// An MLP on this process's share of a global batch of 64, trained by a Trainer: the loop, the
+/// gradient aggregation and (in a job) the all-reduce a trial really gets.
+struct MlpTrial {
+  using Batch = std::tuple<torch::Tensor, torch::Tensor>;
+  static constexpr std::int64_t warm_up_updates = 5;
+
+  dettrial::Context& context;
+  UpdateTimes& times;
+  torch::nn::Sequential model;
+  torch::optim::SGD opt;
+  Clock::time_point update_start{};
+  double update_sync_ms = 0;
+
+  MlpTrial(dettrial::Context& c, UpdateTimes& t)
+      : context(c),
+        times(t),
+        model((torch::manual_seed(1),
+               c.wrap_model(torch::nn::Sequential(torch::nn::Linear(784, 256), torch::nn::ReLU(), torch::nn::Linear(256, 256),
+                                                  torch::nn::ReLU(), torch::nn::Linear(256, 10))))),
+        opt(model->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9)) {
+    c.wrap_optimizer(opt);
   }
+
+  /// 20 updates' records (the data loader gives this rank its share of each global batch of 64).
+  static dettrial::TensorDataset<2> dataset(std::int64_t records) {
+    return dettrial::TensorDataset(torch::randn({records, 784}), torch::randint(0, 10, {records}));
+  }
+  auto build_training_data_loader() {
+    return dettrial::DataLoader(dataset(64 * context.aggregation_frequency() * 20), {.batch_size = context.get_per_slot_batch_size()});
+  }
+  auto build_validation_data_loader() { return dettrial::DataLoader(dataset(64), {.batch_size = 64}); }
+
+  dettrial::Metrics train_batch(Batch& batch, std::int64_t /*epoch_idx*/, std::int64_t batch_idx) {
+    const std::int64_t agg = context.aggregation_frequency();
+    if (batch_idx % agg == 0) {  // an update begins: the one before it ended
+      const auto now = Clock::now();
+      if (batch_idx / agg > warm_up_updates) {
+        times.update_ms.push_back(std::chrono::duration<double, std::milli>(now - update_start).count());
+        times.sync_ms.push_back(update_sync_ms);
+      }
+      update_start = now;
+      update_sync_ms = 0;
+    }
+    auto& [x, y] = batch;
+    const torch::Tensor loss = torch::nll_loss(torch::log_softmax(model->forward(x), 1), y);
+    context.backward(loss);
+    const auto t1 = Clock::now();
+    context.step_optimizer(opt);
+    update_sync_ms += std::chrono::duration<double, std::milli>(Clock::now() - t1).count();
+    return {{"loss", loss}};
+  }
+  dettrial::Metrics evaluate_batch(Batch& batch) {
+    auto& [x, y] = batch;
+    return {{"validation_loss", torch::nll_loss(torch::log_softmax(model->forward(x), 1), y)}};
+  }
+};
+
+/// Trains `steps` updates (after 5 warm-up ones) of the MLP with a Trainer; returns the medians of
+/// the update time and of its part inside step_optimizer, and the gradient's bytes.
+StepTimes run_steps(dettrial::Context& context, int steps) {
+  UpdateTimes times;
+  double gradient_bytes = 0;
+  const std::filesystem::path out =
+      std::filesystem::temp_directory_path() / ("dettrial-distributed-bench-run-" + std::to_string(::getpid()));
+  {
+    dettrial::Trainer<MlpTrial> trainer(context, times);
+    for (const auto& p : trainer.trial().model->parameters()) gradient_bytes += static_cast<double>(p.numel() * p.element_size());
+    trainer.fit({.max_length = dettrial::Batch{(steps + MlpTrial::warm_up_updates + 1) * context.aggregation_frequency()},
+                 .reporting_period = dettrial::never(),
+                 .output_dir = out,
+                 .handle_signals = false,
+                 .report = {.quiet = true}});
+  }
+  std::filesystem::remove_all(out);
   auto median = [](std::vector<double> v) {
     std::sort(v.begin(), v.end());
     return v[v.size() / 2];
   };
-  dettrial::detail::ContextAccess::release_registrations(context);
-  return {median(step_ms), median(sync_ms), gradient_bytes};
+  return {median(times.update_ms), median(times.sync_ms), gradient_bytes};
 }
 
 void print(const std::string& name, double value, const char* unit, double spread, const std::string& extra = "") {
@@ -112,11 +156,12 @@ int main(int argc, char** argv) {
     const auto env = dettrial::LaunchEnvironment::detect();
     auto comm = dettrial::Communicator::create(env, std::chrono::seconds(60), dettrial::backend::gloo{});
     const std::string mode = argv[3];
-    dettrial::Context context(dettrial::Hyperparameters{}, dettrial::ContextOptions{.trial_seed = 1,
-                                                                                    .aggregation_frequency = mode == "plain" ? 1 : 2,
-                                                                                    .communicator = comm,
-                                                                                    .rank_invariant = mode == "invariant",
-                                                                                    .threads = 1});
+    dettrial::Context context(dettrial::Hyperparameters::parse("global_batch_size: 64"),
+                              dettrial::ContextOptions{.trial_seed = 1,
+                                                       .aggregation_frequency = mode == "plain" ? 1 : 2,
+                                                       .communicator = comm,
+                                                       .rank_invariant = mode == "invariant",
+                                                       .threads = 1});
     context.process_settings().apply();  // threads, determinism, allocator, the trial's seed
     const StepTimes t = run_steps(context, std::atoi(argv[2]));
     if (env.rank == 0) std::printf("%.6g %.6g %.6g\n", t.step_ms, t.all_reduce_ms, t.gradient_bytes);
@@ -127,7 +172,8 @@ int main(int argc, char** argv) {
   std::vector<double> single_ms, single_opt_ms, two_ms, two_sync_ms;
   double bytes = 0;
   for (int round = 0; round < rounds; ++round) {  // alternate A and B
-    dettrial::Context context(dettrial::Hyperparameters{}, dettrial::ContextOptions{.trial_seed = 1, .threads = 1});
+    dettrial::Context context(dettrial::Hyperparameters::parse("global_batch_size: 64"),
+                              dettrial::ContextOptions{.trial_seed = 1, .threads = 1});
     context.process_settings().apply();  // threads, determinism, allocator, the trial's seed
     const StepTimes one = run_steps(context, steps);
     single_ms.push_back(one.step_ms);

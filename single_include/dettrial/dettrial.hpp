@@ -12402,7 +12402,23 @@ struct AveragingSchedule {
 
 }  // namespace dettrial
 
+namespace dettrial {
+template <class TrialT>
+class Trainer;
+}  // namespace dettrial
+
 namespace dettrial::detail {
+/**
+ * @brief The pass every call of ContextAccess takes: only a dettrial::Trainer can make one (the
+ * constructor is private to it), and it hands copies to the pieces that drive its run (the fit loop,
+ * the schedule, the validation steps, the checkpoints). A trial, or any other code, holds none, so
+ * nothing but the trainer moves a run's position, steps its schedulers or ends its batches.
+ */
+class TrainerKey {
+  TrainerKey() = default;
+  template <class TrialT>
+  friend class dettrial::Trainer;
+};
 struct ContextAccess;
 }  // namespace dettrial::detail
 
@@ -12918,23 +12934,22 @@ namespace dettrial::detail {
  * @brief The one way into what only dettrial's trainer and checkpoints do with a Context: the run's
  * position, the reducers and schedulers as they drive them, a training batch's beginning and end,
  * and the registrations' lifetime. Context keeps these private, so a trial's view of its context
- * (its public members) holds only what Determined's context offers a trial.
+ * (its public members) holds only what Determined's context offers a trial; and each call takes a
+ * TrainerKey, which only a Trainer makes.
  */
 struct ContextAccess {
-  static RunPosition& position(Context& c) { return c.position_; }
-  static std::span<WrappedReducer> reducers(Context& c) { return c.reducers_; }
+  static RunPosition& position(TrainerKey, Context& c) { return c.position_; }
+  static std::span<WrappedReducer> reducers(TrainerKey, Context& c) { return c.reducers_; }
   /// Wrapped LR scheduler `i` (type-erased: how to step, save and restore it), in wrap order.
-  static const WrappedScheduler& lr_scheduler(const Context& c, std::size_t i) { return c.schedulers_.at(i); }
-  static void begin_training_batch(Context& c, std::int64_t records) { c.begin_training_batch(records); }
-  static void finish_batch(Context& c, std::int64_t batch_idx) { c.finish_batch(batch_idx); }
-  static void seed_rank_stream(const Context& c) { c.seed_rank_stream(); }
-  static bool has_registrations(const Context& c) { return c.has_registrations(); }
-  static void release_registrations(Context& c) { c.release_registrations(); }
+  static const WrappedScheduler& lr_scheduler(TrainerKey, const Context& c, std::size_t i) { return c.schedulers_.at(i); }
+  static void begin_training_batch(TrainerKey, Context& c, std::int64_t records) { c.begin_training_batch(records); }
+  static void finish_batch(TrainerKey, Context& c, std::int64_t batch_idx) { c.finish_batch(batch_idx); }
+  static void seed_rank_stream(TrainerKey, const Context& c) { c.seed_rank_stream(); }
+  static bool has_registrations(TrainerKey, const Context& c) { return c.has_registrations(); }
+  static void release_registrations(TrainerKey, Context& c) { c.release_registrations(); }
   /// ZeRO: optimizer `i`'s shards, made when it has none; or the shards it has (null without).
-  static OptimizerShards& shard_optimizer(Context& c, std::size_t i) { return c.shard_optimizer(i); }
-  static OptimizerShards* optimizer_shards(Context& c, std::size_t i) { return c.optimizers_.at(i).shards.get(); }
-  /// Whether gradients are combined in the data stream's order (reproducibility.rank_invariant).
-  static bool rank_invariant(const Context& c) { return c.ordered_ != nullptr; }
+  static OptimizerShards& shard_optimizer(TrainerKey, Context& c, std::size_t i) { return c.shard_optimizer(i); }
+  static OptimizerShards* optimizer_shards(TrainerKey, Context& c, std::size_t i) { return c.optimizers_.at(i).shards.get(); }
 };
 }  // namespace dettrial::detail
 
@@ -15896,18 +15911,18 @@ inline constexpr const char* averaged_model_key = "model_ema";
 /// Moves a Context's state into and out of checkpoint files, through the Context's public accessors.
 struct ContextCheckpoint {
   /// The Python-readable part (without callbacks, which the trainer adds).
-  static StateDict python_state(Context& c, const std::vector<torch::Tensor>& cpu_rng_per_rank = {},
+  static StateDict python_state(TrainerKey key, Context& c, const std::vector<torch::Tensor>& cpu_rng_per_rank = {},
                                 const std::vector<torch::Tensor>& gpu_rng_per_rank = {});
 
   /// LibTorch's archive of what Python's layout cannot express: the optimizers it cannot hold
   /// (python_layout_holds), the schedulers without a Python-state reader and, `with_grads`, the
   /// pending gradients, each taken through `keep` (the snapshot's copy). nullopt: nothing to write.
-  static std::optional<NativeState> native_state(Context& c, bool with_grads, const TensorKeeper& keep);
+  static std::optional<NativeState> native_state(TrainerKey key, Context& c, bool with_grads, const TensorKeeper& keep);
 
   /// Checks and loads every model of `top` (state_dict.pth's dict) into the context's models.
   static void load_models(Context& c, const StateDict& top, const std::filesystem::path& file);
 
-  static void load_rng(Context& c, const StateDict& top, const std::filesystem::path& file);
+  static void load_rng(TrainerKey key, Context& c, const StateDict& top, const std::filesystem::path& file);
 
   static void set_generator_state(at::Generator generator, const torch::Tensor& state);  // a handle: copies share the generator
   /// The seed of rank `rank`'s generator when the checkpoint has no state of its own for it: the
@@ -15923,17 +15938,18 @@ struct ContextCheckpoint {
   /// (LibTorch's archive, when written), and the pending gradients it holds. A part that cannot be carried over is a
   /// CheckpointError naming it, or, with `fresh_parts`, a one-line warning and that part as the
   /// trial made it.
-  static void load_python_layout(Context& c, const StateDict& top, const std::filesystem::path& file, bool fresh_parts,
+  static void load_python_layout(TrainerKey key, Context& c, const StateDict& top, const std::filesystem::path& file, bool fresh_parts,
                                  torch::serialize::InputArchive* native = nullptr);
 
  private:
   static void load_native_optimizer(Context& c, std::size_t i, torch::serialize::InputArchive& one, const std::string& what);
-  static void load_native_scheduler(Context& c, std::size_t i, torch::serialize::InputArchive& one, const std::string& what);
+  static void load_native_scheduler(TrainerKey key, Context& c, std::size_t i, torch::serialize::InputArchive& one,
+                                    const std::string& what);
   /// The pending gradients `archive` holds (none: nothing was pending at the checkpoint).
   static void load_native_grads(Context& c, torch::serialize::InputArchive& archive);
   /// What schedulers keep in Python's parameter groups (OneCycleLR's max_lr, ...), written into the
   /// groups of `optimizers` (Python's optimizer states, in the trial's order) and read back from them.
-  static void add_scheduler_group_entries(Context& c, c10::impl::GenericList& optimizers);
+  static void add_scheduler_group_entries(TrainerKey key, Context& c, c10::impl::GenericList& optimizers);
   /// The averaged model (Context::wrap_averaged_model) from `top`'s averaged_model_key.
   static void load_average(Context& c, const StateDict& top, const std::string& what);
   static void read_scheduler_group_entries(Context& c, const WrappedScheduler& s, const c10::impl::GenericList& optimizers,
@@ -16184,9 +16200,9 @@ DETTRIAL_INLINE std::optional<StateDict> python_group(const c10::IValue& optimiz
 }  // namespace dettrial::detail::checkpoint
 
 namespace dettrial::detail {
-DETTRIAL_INLINE void ContextCheckpoint::add_scheduler_group_entries(Context& c, c10::impl::GenericList& optimizers) {
+DETTRIAL_INLINE void ContextCheckpoint::add_scheduler_group_entries(TrainerKey key, Context& c, c10::impl::GenericList& optimizers) {
   for (std::size_t i = 0; i < c.num_lr_schedulers(); ++i) {
-    const WrappedScheduler& s = detail::ContextAccess::lr_scheduler(c, i);
+    const WrappedScheduler& s = detail::ContextAccess::lr_scheduler(key, c, i);
     if (!s.python_param_group) continue;
     const std::size_t o = detail::checkpoint::optimizer_index(c, s.driven_optimizer(s.scheduler));
     if (o >= optimizers.size()) continue;  // a scheduler of an optimizer the trial did not wrap: Python has no groups for it
@@ -16209,17 +16225,17 @@ DETTRIAL_INLINE void ContextCheckpoint::read_scheduler_group_entries(Context& c,
   }
 }
 
-DETTRIAL_INLINE StateDict ContextCheckpoint::python_state(Context& c, const std::vector<torch::Tensor>& cpu_rng_per_rank,
+DETTRIAL_INLINE StateDict ContextCheckpoint::python_state(TrainerKey key, Context& c, const std::vector<torch::Tensor>& cpu_rng_per_rank,
                                                           const std::vector<torch::Tensor>& gpu_rng_per_rank) {
   pull_device_optimizer_state(c);
   c10::impl::GenericList models(c10::AnyType::get());
   for (const auto& m : c.models()) models.push_back(module_state_dict(*m));
   c10::impl::GenericList optimizers(c10::AnyType::get());
   for (std::size_t i = 0; i < c.num_optimizers(); ++i) optimizers.push_back(optimizer_state_dict(c.optimizer(i)));
-  add_scheduler_group_entries(c, optimizers);
+  add_scheduler_group_entries(key, c, optimizers);
   c10::impl::GenericList schedulers(c10::AnyType::get());
   for (std::size_t i = 0; i < c.num_lr_schedulers(); ++i) {
-    const WrappedScheduler& s = detail::ContextAccess::lr_scheduler(c, i);
+    const WrappedScheduler& s = detail::ContextAccess::lr_scheduler(key, c, i);
     StateDict d(c10::StringType::get(), c10::AnyType::get());
     if (s.python_state) {  // dettrial::optim's schedulers write Python's own state dict
       s.python_state(s.scheduler, d);
@@ -16245,7 +16261,7 @@ DETTRIAL_INLINE StateDict ContextCheckpoint::python_state(Context& c, const std:
   }
   // NumPy's and Python's generators, which Determined restores (and requires): carried from the
   // Determined checkpoint this run continues, else as Determined seeds them with the trial seed.
-  const c10::IValue& carried = detail::ContextAccess::position(c).python_generators;
+  const c10::IValue& carried = detail::ContextAccess::position(key, c).python_generators;
   const bool carry = carried.isGenericDict();
   rng.insert("np_rng_state", carry ? carried.toGenericDict().at("np_rng_state") : numpy_seeded_state(c.get_trial_seed()));
   rng.insert("random_rng_state", carry ? carried.toGenericDict().at("random_rng_state") : python_random_seeded_state(c.get_trial_seed()));
@@ -16269,7 +16285,8 @@ DETTRIAL_INLINE std::string NativeState::bytes() {
   return out;
 }
 
-DETTRIAL_INLINE std::optional<NativeState> ContextCheckpoint::native_state(Context& c, bool with_grads, const TensorKeeper& keep) {
+DETTRIAL_INLINE std::optional<NativeState> ContextCheckpoint::native_state(TrainerKey key, Context& c, bool with_grads,
+                                                                           const TensorKeeper& keep) {
   pull_device_optimizer_state(c);
   NativeState out;
   bool any = false;
@@ -16295,7 +16312,7 @@ DETTRIAL_INLINE std::optional<NativeState> ContextCheckpoint::native_state(Conte
   out.archive.write("optimizers", optimizers);
   torch::serialize::OutputArchive schedulers;
   for (std::size_t i = 0; i < c.num_lr_schedulers(); ++i) {
-    const WrappedScheduler& s = detail::ContextAccess::lr_scheduler(c, i);
+    const WrappedScheduler& s = detail::ContextAccess::lr_scheduler(key, c, i);
     if (s.load_python_state) continue;
     torch::serialize::OutputArchive one;
     s.save(s.scheduler, one);
@@ -16342,7 +16359,7 @@ DETTRIAL_INLINE std::uint64_t ContextCheckpoint::new_rank_seed(const torch::Tens
   return mix64(crc ^ (static_cast<std::uint64_t>(rank) * golden_gamma)) >> 1;
 }
 
-DETTRIAL_INLINE void ContextCheckpoint::load_rng(Context& c, const StateDict& top, const std::filesystem::path& file) {
+DETTRIAL_INLINE void ContextCheckpoint::load_rng(TrainerKey key, Context& c, const StateDict& top, const std::filesystem::path& file) {
   const std::string what = "checkpoint file '" + file.string() + "'";
   const c10::IValue& rng = require_entry(top, "rng_state", what);
   if (!rng.isGenericDict()) throw CheckpointError(what + ": 'rng_state' is not a dict");
@@ -16378,7 +16395,7 @@ DETTRIAL_INLINE void ContextCheckpoint::load_rng(Context& c, const StateDict& to
   c10::impl::GenericDict carried(c10::StringType::get(), c10::AnyType::get());
   carried.insert("np_rng_state", c10::ivalue::Tuple::create(std::move(np_state)));
   carried.insert("random_rng_state", py->value());
-  detail::ContextAccess::position(c).python_generators = carried;
+  detail::ContextAccess::position(key, c).python_generators = carried;
 }
 
 /// Refuses a part of a checkpoint that holds an object of a type dettrial does not read, naming the part.
@@ -16398,8 +16415,9 @@ DETTRIAL_INLINE void ContextCheckpoint::load_average(Context& c, const StateDict
   load_module_state_dict(*c.averaged_weights(), it->value().toGenericDict(), name);
 }
 
-DETTRIAL_INLINE void ContextCheckpoint::load_python_layout(Context& c, const StateDict& top, const std::filesystem::path& file,
-                                                           bool fresh_parts, torch::serialize::InputArchive* native) {
+DETTRIAL_INLINE void ContextCheckpoint::load_python_layout(TrainerKey key, Context& c, const StateDict& top,
+                                                           const std::filesystem::path& file, bool fresh_parts,
+                                                           torch::serialize::InputArchive* native) {
   const std::string what = "checkpoint file '" + file.string() + "'";
   const std::string native_what = "checkpoint file '" + (file.parent_path() / layout::libtorch_state).string() + "'";
   const auto part = [&](const std::string& name, const std::function<void()>& load) {
@@ -16441,9 +16459,9 @@ DETTRIAL_INLINE void ContextCheckpoint::load_python_layout(Context& c, const Sta
   const auto schedulers = list_of("lr_schedulers_state_dict", c.num_lr_schedulers(), "LR scheduler(s)");
   for (std::size_t i = 0; i < schedulers.size(); ++i)
     part("LR scheduler " + std::to_string(i), [&] {
-      const WrappedScheduler& s = detail::ContextAccess::lr_scheduler(c, i);
+      const WrappedScheduler& s = detail::ContextAccess::lr_scheduler(key, c, i);
       torch::serialize::InputArchive one;
-      if (!s.load_python_state && archived("schedulers", i, one)) return load_native_scheduler(c, i, one, native_what);
+      if (!s.load_python_state && archived("schedulers", i, one)) return load_native_scheduler(key, c, i, one, native_what);
       const std::string name = what + ", LR scheduler " + std::to_string(i) + (s.type.empty() ? std::string() : " (" + s.type + ")");
       refuse_unread_objects(schedulers.get(i), name);
       if (!s.load_python_state)
@@ -16496,10 +16514,10 @@ DETTRIAL_INLINE void ContextCheckpoint::load_native_optimizer(Context& c, std::s
   }
 }
 
-DETTRIAL_INLINE void ContextCheckpoint::load_native_scheduler(Context& c, std::size_t i, torch::serialize::InputArchive& one,
-                                                              const std::string& what) {
+DETTRIAL_INLINE void ContextCheckpoint::load_native_scheduler(TrainerKey key, Context& c, std::size_t i,
+                                                              torch::serialize::InputArchive& one, const std::string& what) {
   try {
-    const WrappedScheduler& s = detail::ContextAccess::lr_scheduler(c, i);
+    const WrappedScheduler& s = detail::ContextAccess::lr_scheduler(key, c, i);
     s.load(s.scheduler, one);
   } catch (const std::exception& e) {
     throw CheckpointError(what + ": LR scheduler " + std::to_string(i) + " cannot be restored: " + first_line(e.what()));
@@ -16739,13 +16757,19 @@ concept Callback = detail::has_any_hook<C>(static_cast<hook::all*>(nullptr));
 namespace dettrial::detail {
 
 /**
- * @brief Starts ZeRO `stage` for a fit (nothing for ZeroStage::off): every wrapped optimizer is
- * checked, cut into shards over the ranks, and the whole state it holds (a checkpoint's, loaded
- * before) is cut into this rank's pieces, the rest dropped. Refused with a ConfigError naming why:
- * an optimizer ZeRO cannot shard, rank_invariant, a single rank, a parameter that is not dense and
- * contiguous. Every rank calls it (a collective only in what it refuses: every rank refuses alike).
+ * @brief Whether ZeRO `stage` applies to this context's trial (always for ZeroStage::off): a
+ * ConfigError naming why not: an optimizer ZeRO cannot shard, rank_invariant, a single rank.
  */
-DETTRIAL_INLINE void shard_optimizer_states(Context& context, ZeroStage stage);
+DETTRIAL_INLINE void check_shardable(const Context& context, ZeroStage stage);
+
+/**
+ * @brief Starts ZeRO `stage` for a fit (nothing for ZeroStage::off): checked (check_shardable),
+ * every wrapped optimizer is cut into shards over the ranks, and the whole state it holds (a
+ * checkpoint's, loaded before) is cut into this rank's pieces, the rest dropped; a parameter that is
+ * not dense and contiguous is refused. Every rank calls it (a collective only in what it refuses:
+ * every rank refuses alike).
+ */
+DETTRIAL_INLINE void shard_optimizer_states(TrainerKey key, Context& context, ZeroStage stage);
 
 /**
  * @brief For the checkpoint being taken: each sharded optimizer's state gathered whole into the
@@ -16755,7 +16779,7 @@ DETTRIAL_INLINE void shard_optimizer_states(Context& context, ZeroStage stage);
  */
 class WholeOptimizerStates {
  public:
-  explicit WholeOptimizerStates(Context& context);
+  explicit WholeOptimizerStates(TrainerKey key, Context& context);
   WholeOptimizerStates(const WholeOptimizerStates&) = delete;
   WholeOptimizerStates& operator=(const WholeOptimizerStates&) = delete;
   ~WholeOptimizerStates();
@@ -16839,13 +16863,13 @@ inline void cut_whole_state(OptimizerShards& shards) {
 
 namespace dettrial::detail {
 
-DETTRIAL_INLINE void shard_optimizer_states(Context& context, ZeroStage stage) {
+DETTRIAL_INLINE void check_shardable(const Context& context, ZeroStage stage) {
   if (stage == ZeroStage::off) return;
   for (std::size_t i = 0; i < context.num_optimizers(); ++i)
     if (const std::string why = sharded_state::unshardable(context.optimizer(i)); !why.empty())
       throw ConfigError("ZeRO (optimizations.zero_stage 1) cannot shard optimizer " + std::to_string(i) + " (" +
                         c10::demangle(typeid(context.optimizer(i)).name()) + "): " + why);
-  if (ContextAccess::rank_invariant(context))
+  if (context.rank_invariant())
     throw ConfigError(
         "ZeRO (optimizations.zero_stage 1) and reproducibility.rank_invariant do not go together: rank_invariant sums every "
         "gradient in the data stream's order on every rank, and steps whole parameters; set one of them off");
@@ -16853,13 +16877,19 @@ DETTRIAL_INLINE void shard_optimizer_states(Context& context, ZeroStage stage) {
     throw ConfigError(
         "ZeRO (optimizations.zero_stage 1) shards the optimizer state over the ranks of a data-parallel job, and this run has one "
         "rank: start 2 or more (--nprocs, torchrun), or set zero_stage 0");
-  for (std::size_t i = 0; i < context.num_optimizers(); ++i) sharded_state::cut_whole_state(ContextAccess::shard_optimizer(context, i));
 }
 
-DETTRIAL_INLINE WholeOptimizerStates::WholeOptimizerStates(Context& context) {
+DETTRIAL_INLINE void shard_optimizer_states(TrainerKey key, Context& context, ZeroStage stage) {
+  check_shardable(context, stage);
+  if (stage == ZeroStage::off) return;
+  for (std::size_t i = 0; i < context.num_optimizers(); ++i)
+    sharded_state::cut_whole_state(ContextAccess::shard_optimizer(key, context, i));
+}
+
+DETTRIAL_INLINE WholeOptimizerStates::WholeOptimizerStates(TrainerKey key, Context& context) {
   const bool chief = context.distributed().is_chief();
   for (std::size_t i = 0; i < context.num_optimizers(); ++i) {
-    OptimizerShards* shards = ContextAccess::optimizer_shards(context, i);
+    OptimizerShards* shards = ContextAccess::optimizer_shards(key, context, i);
     if (!shards) continue;
     torch::optim::Optimizer& optimizer = shards->optimizer();
     if (auto* capturable = dynamic_cast<optim::CapturableOptimizer*>(&optimizer)) capturable->pull_host_state();
@@ -17279,7 +17309,7 @@ DETTRIAL_INLINE RankRngStates gather_rng_states(Context& c);
 DETTRIAL_INLINE std::string share_uuid(Communicator* comm, const std::string& uuid);
 
 /// state_dict.pth's dict: the Context's Python-readable state and the callbacks' states.
-DETTRIAL_INLINE StateDict trial_state_dict(Context& c, const RankRngStates& rng, StateDict callback_states);
+DETTRIAL_INLINE StateDict trial_state_dict(TrainerKey key, Context& c, const RankRngStates& rng, StateDict callback_states);
 
 /// The callbacks' states in a checkpoint's state dict (empty when it has none).
 DETTRIAL_INLINE StateDict callback_states_of(const StateDict& top);
@@ -17319,7 +17349,7 @@ struct TakenCheckpoint {
 /// Takes a checkpoint of the Context (`top` is state_dict.pth's dict) into `snapshot`: on the
 /// training thread, at a boundary. Without a snapshot the tensors are the live state's own, and the
 /// checkpoint must be written before training goes on.
-DETTRIAL_INLINE TakenCheckpoint take_checkpoint(Context& c, const std::filesystem::path& storage, const StateDict& top,
+DETTRIAL_INLINE TakenCheckpoint take_checkpoint(TrainerKey key, Context& c, const std::filesystem::path& storage, const StateDict& top,
                                                 const TrialCheckpointRecord& record, HostSnapshot* snapshot);
 
 /// Writes a taken checkpoint into its storage (crash-safe: a temporary directory renamed when
@@ -17330,7 +17360,8 @@ DETTRIAL_INLINE CheckpointInfo write_checkpoint_files(TakenCheckpoint& taken, Wr
 /// gradients and RNGs from checkpoint `dir`, whose state_dict.pth holds `top`. A checkpoint without
 /// LibTorch's archive (one Determined wrote) restores its optimizers and schedulers from Python's
 /// layout; `fresh_parts` lets a part that cannot be carried over start fresh, with a warning.
-DETTRIAL_INLINE void restore_context(Context& c, const std::filesystem::path& dir, const StateDict& top, bool fresh_parts = false);
+DETTRIAL_INLINE void restore_context(TrainerKey key, Context& c, const std::filesystem::path& dir, const StateDict& top,
+                                     bool fresh_parts = false);
 
 }  // namespace dettrial::detail
 
@@ -17360,8 +17391,8 @@ DETTRIAL_INLINE std::string share_uuid(Communicator* comm, const std::string& uu
   return std::string(reinterpret_cast<const char*>(host.data_ptr<std::uint8_t>()), 36);
 }
 
-DETTRIAL_INLINE StateDict trial_state_dict(Context& c, const RankRngStates& rng, StateDict callback_states) {
-  StateDict top = ContextCheckpoint::python_state(c, rng.cpu, rng.gpu);
+DETTRIAL_INLINE StateDict trial_state_dict(TrainerKey key, Context& c, const RankRngStates& rng, StateDict callback_states) {
+  StateDict top = ContextCheckpoint::python_state(key, c, rng.cpu, rng.gpu);
   top.insert("callbacks", std::move(callback_states));
   return top;
 }
@@ -17379,7 +17410,7 @@ DETTRIAL_INLINE Json load_data(const Context& c, std::string_view trial_type) {
               {"is_trainer", true}};
 }
 
-DETTRIAL_INLINE TakenCheckpoint take_checkpoint(Context& c, const std::filesystem::path& storage, const StateDict& top,
+DETTRIAL_INLINE TakenCheckpoint take_checkpoint(TrainerKey key, Context& c, const std::filesystem::path& storage, const StateDict& top,
                                                 const TrialCheckpointRecord& record, HostSnapshot* snapshot) {
   TakenCheckpoint taken{.storage = storage,
                         .info = {.uuid = new_uuid(),
@@ -17394,12 +17425,12 @@ DETTRIAL_INLINE TakenCheckpoint take_checkpoint(Context& c, const std::filesyste
                         .searcher_metric = record.searcher_metric};
   if (!snapshot) {
     taken.state_dict = top;
-    taken.native = ContextCheckpoint::native_state(c, record.mid_aggregation, [](const torch::Tensor& t) { return t; });
+    taken.native = ContextCheckpoint::native_state(key, c, record.mid_aggregation, [](const torch::Tensor& t) { return t; });
     return taken;
   }
   snapshot->begin();
   taken.state_dict = snapshot->take(top);
-  taken.native = ContextCheckpoint::native_state(c, record.mid_aggregation, [&](const torch::Tensor& t) { return snapshot->keep(t); });
+  taken.native = ContextCheckpoint::native_state(key, c, record.mid_aggregation, [&](const torch::Tensor& t) { return snapshot->keep(t); });
   snapshot->finish();
   if (taken.native && taken.native->holds_live_state) {
     taken.native_bytes = taken.native->bytes();
@@ -17440,17 +17471,17 @@ DETTRIAL_INLINE CheckpointInfo write_checkpoint_files(TakenCheckpoint& taken, Wr
   return info;
 }
 
-DETTRIAL_INLINE void restore_context(Context& c, const std::filesystem::path& dir, const StateDict& top, bool fresh_parts) {
+DETTRIAL_INLINE void restore_context(TrainerKey key, Context& c, const std::filesystem::path& dir, const StateDict& top, bool fresh_parts) {
   const std::filesystem::path file = CheckpointFolder{dir}.state_dict();
   ContextCheckpoint::load_models(c, top, file);
   std::error_code ec;
   if (!std::filesystem::exists(CheckpointFolder{dir}.libtorch_state(), ec)) {
-    ContextCheckpoint::load_python_layout(c, top, file, fresh_parts);  // format 2 without an archive, or Determined's
+    ContextCheckpoint::load_python_layout(key, c, top, file, fresh_parts);  // format 2 without an archive, or Determined's
   } else {
     auto archive = ContextCheckpoint::read_native(read_checked_file(dir, layout::libtorch_state), CheckpointFolder{dir}.libtorch_state());
-    ContextCheckpoint::load_python_layout(c, top, file, fresh_parts, &archive);
+    ContextCheckpoint::load_python_layout(key, c, top, file, fresh_parts, &archive);
   }
-  ContextCheckpoint::load_rng(c, top, file);
+  ContextCheckpoint::load_rng(key, c, top, file);
   // A checkpoint written without a scaler (fp32, or bf16) leaves a new one at its initial scale.
   if (const auto it = top.find("scaler_state_dict"); c.scaler() && it != top.end()) {
     if (!it->value().isGenericDict()) throw CheckpointError("'" + file.string() + "': scaler_state_dict is not a dict");
@@ -17550,8 +17581,8 @@ class Checkpointer {
   // and ends one.
   DETTRIAL_INLINE Checkpointer();
   /// On the chief, removes what an interrupted writer left in `storage` and continues its sequence.
-  DETTRIAL_INLINE Checkpointer(Context& context, std::filesystem::path storage, CheckpointPolicy policy, Retention retention,
-                               bool smaller_is_better, bool asynchronous = true);
+  DETTRIAL_INLINE Checkpointer(TrainerKey key, Context& context, std::filesystem::path storage, CheckpointPolicy policy,
+                               Retention retention, bool smaller_is_better, bool asynchronous = true);
   DETTRIAL_INLINE Checkpointer(Checkpointer&&) noexcept;
   DETTRIAL_INLINE Checkpointer& operator=(Checkpointer&&) noexcept;
   DETTRIAL_INLINE ~Checkpointer();
@@ -17632,6 +17663,8 @@ class Checkpointer {
     return false;
   }
 
+  /// The trainer's pass (detail::TrainerKey); none in a Checkpointer made empty.
+  std::optional<TrainerKey> key_;
   Context* context_ = nullptr;
   std::filesystem::path storage_;
   bool (*after_validation_)(bool improved) = &checkpoint_policy::best::after_validation;
@@ -17657,9 +17690,10 @@ namespace dettrial::detail {
 
 DETTRIAL_INLINE Checkpointer::Checkpointer() = default;
 
-DETTRIAL_INLINE Checkpointer::Checkpointer(Context& context, std::filesystem::path storage, CheckpointPolicy policy, Retention retention,
-                                           bool smaller_is_better, bool asynchronous)
-    : context_(&context),
+DETTRIAL_INLINE Checkpointer::Checkpointer(TrainerKey key, Context& context, std::filesystem::path storage, CheckpointPolicy policy,
+                                           Retention retention, bool smaller_is_better, bool asynchronous)
+    : key_(key),
+      context_(&context),
       storage_(std::move(storage)),
       after_validation_(checkpoint_policy::visit(policy, []<class P>(P) { return &P::after_validation; })),
       retention_(retention),
@@ -17678,20 +17712,20 @@ DETTRIAL_INLINE Checkpointer::~Checkpointer() = default;
 DETTRIAL_INLINE void Checkpointer::begin(const CallbackHooks& callbacks, TrialCheckpointRecord record) {
   const auto started = std::chrono::steady_clock::now();
   const RankRngStates rng = gather_rng_states(*context_);
-  const detail::WholeOptimizerStates whole_optimizer_states(*context_);  // ZeRO's shards, whole on the chief while it is taken
+  const detail::WholeOptimizerStates whole_optimizer_states(*key_, *context_);  // ZeRO's shards, whole on the chief while it is taken
   in_flight_ = true;
   if (!context_->distributed().is_chief()) return;
-  StateDict top = trial_state_dict(*context_, rng, callbacks.states(callbacks.set));
+  StateDict top = trial_state_dict(*key_, *context_, rng, callbacks.states(callbacks.set));
   callbacks.save_start(callbacks.set, top);
   record.sequence = ++sequence_;
   const bool background = asynchronous_ && snapshot_fits(top);
   if (!background) {
     write_.run_here([&] {
-      TakenCheckpoint taken = take_checkpoint(*context_, storage_, top, record, nullptr);
+      TakenCheckpoint taken = take_checkpoint(*key_, *context_, storage_, top, record, nullptr);
       return write_checkpoint_files(taken);
     });
   } else {
-    auto taken = std::make_shared<TakenCheckpoint>(take_checkpoint(*context_, storage_, top, record, &snapshot_));
+    auto taken = std::make_shared<TakenCheckpoint>(take_checkpoint(*key_, *context_, storage_, top, record, &snapshot_));
     auto pace = std::make_shared<WritePace>(write_budget(started), snapshot_.bytes());
     write_.start([taken, pace] { return write_checkpoint_files(*taken, pace.get()); }, pace);
   }
@@ -17736,7 +17770,7 @@ DETTRIAL_INLINE std::vector<std::string> Checkpointer::restore(const std::filesy
                                                                bool fresh_parts) {
   const StateDict top = read_state_dict_file(dir);
   callbacks.load_start(callbacks.set, top);
-  restore_context(*context_, dir, top, fresh_parts);
+  restore_context(*key_, *context_, dir, top, fresh_parts);
   return callbacks.load_states(callbacks.set, callback_states_of(top));
 }
 
@@ -23491,7 +23525,7 @@ class Position {
   /// starts there.
   DETTRIAL_INLINE void restored(TrialProgress progress);
   /// The Context's position (what the training stream skips, the current batch) from this one.
-  DETTRIAL_INLINE void start(Context& context) const;
+  DETTRIAL_INLINE void start(TrainerKey key, Context& context) const;
 
   // ---- moved by the loop -----------------------------------------------------------------------
   void batch_trained() { ++progress_.batches_trained; }
@@ -23544,8 +23578,8 @@ DETTRIAL_INLINE Position Position::find(const FitOptions& options) {
 
 DETTRIAL_INLINE void Position::restored(TrialProgress progress) { progress_ = std::move(progress); }
 
-DETTRIAL_INLINE void Position::start(Context& context) const {
-  RunPosition& position = ContextAccess::position(context);
+DETTRIAL_INLINE void Position::start(TrainerKey key, Context& context) const {
+  RunPosition& position = ContextAccess::position(key, context);
   position.initial_batch = progress_.batches_trained;  // the training stream skips what was trained
   position.current_batch = progress_.batches_trained;
 }
@@ -23602,7 +23636,7 @@ class Schedule {
   void keep_data_ranks(std::int64_t ranks) { data_ranks_ = ranks; }
   /// The epoch, from the training loader's batches on this rank (the chief's: agreed already) and
   /// records_per_epoch, told to the Context; throws DataError for a loader with no batches.
-  DETTRIAL_INLINE void settle_epoch_length(Context& context, std::int64_t loader_batches);
+  DETTRIAL_INLINE void settle_epoch_length(TrainerKey key, Context& context, std::int64_t loader_batches);
 
   const TrainUnit& length() const { return length_; }
   /// Batches per epoch (records_per_epoch's, where set).
@@ -23684,7 +23718,7 @@ DETTRIAL_INLINE Schedule Schedule::resolve(const FitOptions& options, const Cont
   return s;
 }
 
-DETTRIAL_INLINE void Schedule::settle_epoch_length(Context& context, std::int64_t loader_batches) {
+DETTRIAL_INLINE void Schedule::settle_epoch_length(TrainerKey key, Context& context, std::int64_t loader_batches) {
   if (loader_batches < 1) throw DataError("the training data loader yields no batches (its size() is 0)");
   epoch_len_ = data_epoch_len_ = loader_batches;
   // Determined's records_per_epoch: the epoch of epoch-based lengths, periods, LR steps and epoch
@@ -23692,7 +23726,7 @@ DETTRIAL_INLINE void Schedule::settle_epoch_length(Context& context, std::int64_
   // least 1), whatever the loader's own length; the data still reshuffles at its own epochs.
   if (const std::int64_t records = context.get_experiment_config().records_per_epoch; records > 0)
     epoch_len_ = std::max<std::int64_t>(records / context.get_global_batch_size(), 1);
-  ContextAccess::position(context).epoch_len = epoch_len_;
+  ContextAccess::position(key, context).epoch_len = epoch_len_;
 }
 
 DETTRIAL_INLINE Reached Schedule::boundaries_after(std::int64_t batch_idx, std::int64_t epoch_idx, bool epoch_end) const {
@@ -23772,7 +23806,7 @@ struct Workload {
 
   /// A workload begins: models in training mode, training reducers and the sums reset; the
   /// checkpoint writer's wait since the last one is its first phase time.
-  DETTRIAL_INLINE void begin(Context& context, double checkpoint_wait);
+  DETTRIAL_INLINE void begin(TrainerKey key, Context& context, double checkpoint_wait);
 };
 
 /// `runs/<date>-<time>-<pid>` under the working directory.
@@ -23780,7 +23814,7 @@ DETTRIAL_INLINE std::filesystem::path default_output_dir();
 
 /// The fit's checkpoints: in FitOptions::checkpoint_dir, or the run folder's `checkpoints`, with
 /// its policy and retention (throws ConfigError for a negative retention count).
-DETTRIAL_INLINE Checkpointer fit_checkpointer(Context& context, const FitOptions& options);
+DETTRIAL_INLINE Checkpointer fit_checkpointer(TrainerKey key, Context& context, const FitOptions& options);
 
 /// The run's first lines: the runtime, the trial, the job, the checkpoint resumed from, what is
 /// profiled and captured.
@@ -23788,13 +23822,14 @@ DETTRIAL_INLINE void announce(Context& context, const FitOptions& options, const
                               Reporter& reporter);
 
 /// The workload's training metrics over all ranks, with `batches` and `epochs`, reported.
-DETTRIAL_INLINE MetricValues report_training(Context& context, const Workload& workload, const TrialProgress& progress, Reporter& reporter);
+DETTRIAL_INLINE MetricValues report_training(TrainerKey key, Context& context, const Workload& workload, const TrialProgress& progress,
+                                             Reporter& reporter);
 
 /// A validation begins: rank 0's buffers, models in evaluation mode, validation reducers reset.
-DETTRIAL_INLINE void begin_validation(Context& context);
+DETTRIAL_INLINE void begin_validation(TrainerKey key, Context& context);
 /// This rank's share and every other's, reduced: the validation's metrics, as the callbacks get
 /// them; `records` the whole job's.
-DETTRIAL_INLINE MetricValues reduce_validation(Context& context, RankShare mine, std::int64_t& records);
+DETTRIAL_INLINE MetricValues reduce_validation(TrainerKey key, Context& context, RankShare mine, std::int64_t& records);
 /// After on_validation_end: LR schedulers on the metrics, the position, the report. Returns the
 /// metrics with `batches` and `epochs`, as reported and as the checkpoint policy reads them.
 DETTRIAL_INLINE MetricValues finish_validation(Context& context, const MetricValues& metrics, std::int64_t records, Position& position,
@@ -23827,8 +23862,8 @@ DETTRIAL_INLINE LearningRates learning_rates(const Context& context);
 
 /// Merges the user reducers taking part (`role`: for_training or for_validation) into `out`, each
 /// reducing the parts of every rank.
-DETTRIAL_INLINE void reduce_user_reducers(Context& context, bool WrappedReducer::* role, const std::vector<RankShare>& shares,
-                                          MetricValues& out);
+DETTRIAL_INLINE void reduce_user_reducers(TrainerKey key, Context& context, bool WrappedReducer::* role,
+                                          const std::vector<RankShare>& shares, MetricValues& out);
 
 /// Every rank takes rank 0's buffers (see broadcast_buffers: DDP's broadcast_buffers, at the
 /// boundaries that read them).
@@ -23846,9 +23881,9 @@ DETTRIAL_INLINE void agree_on_buffers(Context& context);
 
 namespace dettrial::detail {
 
-DETTRIAL_INLINE void Workload::begin(Context& context, double checkpoint_wait) {
+DETTRIAL_INLINE void Workload::begin(TrainerKey key, Context& context, double checkpoint_wait) {
   for (const auto& m : context.models()) m->train();
-  for (auto& r : ContextAccess::reducers(context))
+  for (auto& r : ContextAccess::reducers(key, context))
     if (r.for_training) r.reset(r.object);
   means.reset();
   batch_metrics.clear();
@@ -23865,11 +23900,11 @@ DETTRIAL_INLINE std::filesystem::path default_output_dir() {
   return std::filesystem::path("runs") / (std::string(stamp) + "-" + std::to_string(::getpid()));
 }
 
-DETTRIAL_INLINE Checkpointer fit_checkpointer(Context& context, const FitOptions& o) {
+DETTRIAL_INLINE Checkpointer fit_checkpointer(TrainerKey key, Context& context, const FitOptions& o) {
   if (o.retention.save_trial_best < 0 || o.retention.save_trial_latest < 0)
     throw ConfigError("checkpoint retention counts (save_trial_best, save_trial_latest) must not be negative");
   std::filesystem::path storage = o.checkpoint_dir.empty() ? RunFolder{o.output_dir}.checkpoints() : o.checkpoint_dir;
-  return Checkpointer(context, std::move(storage), o.checkpoint_policy, o.retention, o.smaller_is_better, o.async_checkpoints);
+  return Checkpointer(key, context, std::move(storage), o.checkpoint_policy, o.retention, o.smaller_is_better, o.async_checkpoints);
 }
 
 }  // namespace dettrial::detail
@@ -23930,40 +23965,40 @@ DETTRIAL_INLINE void announce(Context& context, const FitOptions& o, const Sched
     reporter.line("dettrial: checkpoint_policy 'best' has no searcher metric to compare; checkpointing after every validation");
 }
 
-DETTRIAL_INLINE MetricValues report_training(Context& context, const Workload& workload, const TrialProgress& progress,
+DETTRIAL_INLINE MetricValues report_training(TrainerKey key, Context& context, const Workload& workload, const TrialProgress& progress,
                                              Reporter& reporter) {
   const double seconds = reporter.elapsed();
   RankShare mine{.batches = workload.means.batches(), .records = workload.records};
   for (const auto& [name, value] : workload.means.means()) mine.totals.push_back({name, Reducer::avg, value});
-  for (auto& r : ContextAccess::reducers(context))
+  for (auto& r : ContextAccess::reducers(key, context))
     if (r.for_training) mine.reducer_parts.push_back(r.per_slot(r.object));
   const auto shares = gather_shares(std::move(mine), context.communicator());
   MetricValues avg;
   avg.set("batches", static_cast<double>(progress.batches_trained));
   avg.set("epochs", static_cast<double>(progress.epochs_trained));
   for (const auto& [name, value] : combine_training(shares)) avg.set(name, value);
-  reduce_user_reducers(context, &WrappedReducer::for_training, shares, avg);
+  reduce_user_reducers(key, context, &WrappedReducer::for_training, shares, avg);
   // The whole job's records (every rank's), over the chief's clock.
   const double rate = seconds > 0 ? static_cast<double>(total_records(shares)) / seconds : 0.0;
   reporter.training(progress.batches_trained, progress.epochs_trained, avg, rate, seconds, workload.phases, learning_rates(context));
   return avg;
 }
 
-DETTRIAL_INLINE void begin_validation(Context& context) {
+DETTRIAL_INLINE void begin_validation(TrainerKey key, Context& context) {
   agree_on_buffers(context);
   for (const auto& m : context.models()) m->eval();
-  for (auto& r : ContextAccess::reducers(context))
+  for (auto& r : ContextAccess::reducers(key, context))
     if (r.for_validation) r.reset(r.object);
 }
 
-DETTRIAL_INLINE MetricValues reduce_validation(Context& context, RankShare mine, std::int64_t& records) {
-  for (auto& r : ContextAccess::reducers(context))
+DETTRIAL_INLINE MetricValues reduce_validation(TrainerKey key, Context& context, RankShare mine, std::int64_t& records) {
+  for (auto& r : ContextAccess::reducers(key, context))
     if (r.for_validation) mine.reducer_parts.push_back(r.per_slot(r.object));
   const auto shares = gather_shares(std::move(mine), context.communicator());
   // Decided from the gathered shares, so every rank throws (or goes on) together.
   if (total_batches(shares) == 0) throw DataError("the validation data loader yielded no batches");
   MetricValues metrics = combine_validation(shares);
-  reduce_user_reducers(context, &WrappedReducer::for_validation, shares, metrics);
+  reduce_user_reducers(key, context, &WrappedReducer::for_validation, shares, metrics);
   records = total_records(shares);
   return metrics;
 }
@@ -24059,14 +24094,14 @@ DETTRIAL_INLINE LearningRates learning_rates(const Context& context) {
   return out;
 }
 
-DETTRIAL_INLINE void reduce_user_reducers(Context& context, bool WrappedReducer::* role, const std::vector<RankShare>& shares,
-                                          MetricValues& out) {
+DETTRIAL_INLINE void reduce_user_reducers(TrainerKey key, Context& context, bool WrappedReducer::* role,
+                                          const std::vector<RankShare>& shares, MetricValues& out) {
   // Every rank sees every share, so a mismatch stops all ranks here together.
   for (const auto& s : shares)
     if (s.reducer_parts.size() != shares.front().reducer_parts.size())
       throw DistributedError("the ranks wrapped different numbers of reducers; every rank must build the same trial");
   std::size_t index = 0;
-  for (auto& r : ContextAccess::reducers(context))
+  for (auto& r : ContextAccess::reducers(key, context))
     if (r.*role) r.cross_slot_into(r.object, r.name, reducer_parts(shares, index++), out);
 }
 
@@ -24389,7 +24424,8 @@ bool for_each_tensor_pair(A& a, B& b, F&& f) {
  * tested) on any machine; the device last. `tensors_only`: whether the training batch type
  * (`batch_type`, for the message) is made of tensors only.
  */
-DETTRIAL_INLINE void check_step_capture(const StepCapture& capture, Context& context, bool tensors_only, const std::string& batch_type);
+DETTRIAL_INLINE void check_step_capture(TrainerKey key, const StepCapture& capture, Context& context, bool tensors_only,
+                                        const std::string& batch_type);
 
 /**
  * @brief What a captured step holds that does not depend on the batch type: the optimizers it syncs,
@@ -24619,7 +24655,8 @@ struct StepGraphCore::Device {};
 [[noreturn]] inline void step_capture_unavailable() { throw ConfigError("step_capture: cuda_graph needs LibTorch built with CUDA"); }
 #endif
 
-DETTRIAL_INLINE void check_step_capture(const StepCapture& capture, Context& context, bool tensors_only, const std::string& batch_type) {
+DETTRIAL_INLINE void check_step_capture(TrainerKey key, const StepCapture& capture, Context& context, bool tensors_only,
+                                        const std::string& batch_type) {
   if (std::holds_alternative<capture::none>(capture)) return;
   const auto& graph = std::get<capture::cuda_graph>(capture);
   const std::string what = "step_capture: cuda_graph ";
@@ -24642,7 +24679,7 @@ DETTRIAL_INLINE void check_step_capture(const StepCapture& capture, Context& con
   if (context.aggregation_frequency() > 1)
     throw ConfigError(what + "needs aggregation_frequency 1: with " + std::to_string(context.aggregation_frequency()) +
                       " the optimizer steps on some batches only, which one graph cannot replay");
-  for (const auto& reducer : detail::ContextAccess::reducers(context))
+  for (const auto& reducer : detail::ContextAccess::reducers(key, context))
     if (reducer.for_training)
       throw TrialError(what + "replays train_batch without running its host code, so a reducer fed in train_batch (" +
                        (reducer.name.empty() ? std::string("one returning MetricValues") : "'" + reducer.name + "'") +
@@ -24836,7 +24873,7 @@ class FitLoop {
 
  protected:
   /// `callbacks`: the Run's callbacks' states and hooks, which the checkpoints read and call.
-  DETTRIAL_INLINE FitLoop(Context& context, TrialFacts facts, CallbackHooks callbacks);
+  DETTRIAL_INLINE FitLoop(TrainerKey key, Context& context, TrialFacts facts, CallbackHooks callbacks);
   // Not virtual: a Run is never destroyed through a FitLoop.
   DETTRIAL_INLINE ~FitLoop();
 
@@ -24887,6 +24924,8 @@ class FitLoop {
   /// The validation loader's chain: one pass over this rank's shard.
   DETTRIAL_INLINE LoaderChain validation_chain() const;
 
+  /// The trainer's pass to the Context's trainer-only calls, handed on to the pieces below.
+  TrainerKey key_;
   Context& context_;
   FitOptions options_{};
   Schedule schedule_{};
@@ -24930,12 +24969,12 @@ class FitLoop {
 
 namespace dettrial::detail {
 
-DETTRIAL_INLINE FitLoop::FitLoop(Context& context, TrialFacts facts, CallbackHooks callbacks)
-    : context_(context), facts_(std::move(facts)), callback_hooks_(callbacks) {}
+DETTRIAL_INLINE FitLoop::FitLoop(TrainerKey key, Context& context, TrialFacts facts, CallbackHooks callbacks)
+    : key_(key), context_(context), facts_(std::move(facts)), callback_hooks_(callbacks) {}
 DETTRIAL_INLINE FitLoop::~FitLoop() = default;
 
 DETTRIAL_INLINE FitResult FitLoop::fit(FitOptions options) {
-  check_step_capture(options.step_capture, context_, facts_.training_batch_tensors_only, facts_.training_batch_type);
+  check_step_capture(key_, options.step_capture, context_, facts_.training_batch_tensors_only, facts_.training_batch_type);
   begin(std::move(options));
   // However the fit ends: a checkpoint write in flight ends (a failure is a warning then), then
   // the outputs end as the fit did, the run folder's lock last.
@@ -24983,8 +25022,8 @@ DETTRIAL_INLINE void FitLoop::begin(FitOptions options) {
   outputs_ = Outputs::lock(context_, options_.output_dir);
   schedule_ = Schedule::resolve(options_, context_);
   position_ = Position::find(options_);
-  ContextAccess::position(context_).output_dir = options_.output_dir;
-  checkpointer_ = fit_checkpointer(context_, options_);
+  ContextAccess::position(key_, context_).output_dir = options_.output_dir;
+  checkpointer_ = fit_checkpointer(key_, context_, options_);
   outputs_.open(context_, options_, position_.continued_at());
   result_ = FitResult{};
   result_.checkpoint_dir = checkpointer_.storage();
@@ -24995,13 +25034,13 @@ DETTRIAL_INLINE void FitLoop::begin(FitOptions options) {
 DETTRIAL_INLINE void FitLoop::prepare_training() {
   build_loaders();
   schedule_.keep_data_ranks(data_layout());
-  schedule_.settle_epoch_length(context_, agree_across_ranks(training_epoch_length(training_chain())));
+  schedule_.settle_epoch_length(key_, context_, agree_across_ranks(training_epoch_length(training_chain())));
   if (const auto& dir = position_.resume_dir()) restore(*dir, position_.to_restore(options_.trial_id));
   schedule_.check_rank_invariant_boundaries(context_, position_.batches_trained());
-  position_.start(context_);
+  position_.start(key_, context_);
   result_.resumed_from_batch = position_.batches_trained();
   if (Communicator* comm = context_.communicator()) broadcast_modules(*comm, context_.models());  // every rank starts from rank 0's weights
-  shard_optimizer_states(context_, options_.zero_stage);  // after the restore: the loaded state is cut
+  shard_optimizer_states(key_, context_, options_.zero_stage);  // after the restore: the loaded state is cut
 }
 
 // ---- the loop: train until a boundary, then handle each boundary reached ----------------------
@@ -25013,7 +25052,7 @@ DETTRIAL_INLINE void FitLoop::train() {
   Workload workload;
   while (schedule_.remaining(position_.progress()) > 0) {
     const Reached reached = train_workload(workload);
-    result_.last_training_metrics = report_training(context_, workload, position_.progress(), outputs_.reporter());
+    result_.last_training_metrics = report_training(key_, context_, workload, position_.progress(), outputs_.reporter());
     workload_ended(result_.last_training_metrics, workload);
     finish_checkpoint(/*wait=*/false);  // the one written in the background, if it is durable now
     if (const int signal = agreed_max(StopSignals::received()); signal != 0) return stop(signal);
@@ -25061,11 +25100,11 @@ DETTRIAL_INLINE void FitLoop::checkpoint_unless_current() {
 DETTRIAL_INLINE void FitLoop::validate() {
   RECORD_USER_SCOPE("dettrial::validate");
   torch::NoGradGuard no_grad;
-  begin_validation(context_);
+  begin_validation(key_, context_);
   call_callbacks(LoopHook::validation_start);
   outputs_.reporter().begin("validate", 0, validation_epoch_length(validation_chain()), "batches");
   std::int64_t records = 0;
-  const MetricValues metrics = reduce_validation(context_, evaluate(), records);
+  const MetricValues metrics = reduce_validation(key_, context_, evaluate(), records);
   validation_ended(metrics);
   result_.last_validation_metrics = finish_validation(context_, metrics, records, position_, outputs_.reporter());
   ++result_.validations;
@@ -25115,7 +25154,7 @@ DETTRIAL_INLINE std::int64_t FitLoop::agree_across_ranks(std::int64_t loader_bat
   if (chief[4]) agreed.validation = static_cast<std::uint64_t>(chief[3]);
   restore_data_seeds(agreed);
   schedule_.require_same_on_every_rank(*comm, context_, options_, position_.first_batch());
-  ContextAccess::seed_rank_stream(context_);
+  ContextAccess::seed_rank_stream(key_, context_);
   return chief[0];
 }
 
@@ -25187,8 +25226,8 @@ class Run final : public FitLoop {
   using OptimizerHolder = std::conditional_t<declarative, optimizer_result_t<TrialT>, missing>;
 
   /// A declarative trial's model and optimizer holder; `missing` objects for the others.
-  Run(Context& context, TrialT& trial, Model& model, OptimizerHolder& optimizer, Set& callbacks)
-      : FitLoop(context,
+  Run(TrainerKey key, Context& context, TrialT& trial, Model& model, OptimizerHolder& optimizer, Set& callbacks)
+      : FitLoop(key, context,
                 TrialFacts{.trial_type = c10::demangle(typeid(TrialT).name()),
                            .training_batch_type = c10::demangle(typeid(training_batch_t<TrialT>).name()),
                            .training_batch_tensors_only = tensors_only_batch<training_batch_t<TrialT>>()},
@@ -25304,14 +25343,14 @@ class Run final : public FitLoop {
   template <class Batches>
   Reached train_until_boundary(Batches& batches, Workload& workload) {
     step_graph_.check_unchanged();
-    workload.begin(context_, checkpointer_.take_waited_seconds());
+    workload.begin(key_, context_, checkpointer_.take_waited_seconds());
     Reporter& reporter = outputs_.reporter();
     TraceProfiler& profiler = outputs_.profiler();
     reporter.begin("train", position_.batches_trained(), schedule_.total_batches(), "batches");
     for (;;) {
       const std::int64_t batch_idx = position_.batches_trained(), epoch_idx = schedule_.epoch_of(batch_idx);
       const bool epoch_start = schedule_.starts_epoch(batch_idx), epoch_end = schedule_.ends_epoch(batch_idx);
-      ContextAccess::position(context_).current_batch = batch_idx;
+      ContextAccess::position(key_, context_).current_batch = batch_idx;
       if (epoch_start) callbacks_.template call<hook::on_training_epoch_start>(epoch_idx);
       if (!batches.has_next()) training_stream_ended(batch_idx);
       profiler.before_batch(batch_idx);
@@ -25382,7 +25421,7 @@ class Run final : public FitLoop {
     training_batch_t<TrialT> batch = std::move(loaded);
     const std::int64_t records = record_count(batch);
     workload.records += records;
-    ContextAccess::begin_training_batch(context_, records);
+    ContextAccess::begin_training_batch(key_, context_, records);
     Metrics metrics;
     if (step_graph_.captured() && step_graph_.fits(batch)) {
       // The batch (on the device already: CopyAhead) is copied into the graph's inputs; the
@@ -25408,7 +25447,7 @@ class Run final : public FitLoop {
         metrics = eager_step(batch, workload, batch_idx, epoch_idx, sync_timings);
       }
     }
-    ContextAccess::finish_batch(context_, batch_idx);
+    ContextAccess::finish_batch(key_, context_, batch_idx);
     workload.means.add(metrics, batch_idx);
     if constexpr (Set::wants_batch_metrics) workload.batch_metrics.push_back(detached(metrics));
   }
@@ -25538,11 +25577,11 @@ class Trainer {
     static_assert(std::constructible_from<TrialT, Context&, Args...> || std::constructible_from<TrialT, Args...>,
                   "dettrial::Trainer<T>: T must be constructible from (dettrial::Context&, args...) or from (args...), "
                   "where args are the Trainer's arguments after the context");
-    if (detail::ContextAccess::has_registrations(context_))
+    if (detail::ContextAccess::has_registrations(key_, context_))
       throw TrialError("this context already serves a trainer; give each Trainer its own dettrial::Context");
     if constexpr (trial_ok) {
       // If building fails half-way, the context must not keep pointers into the half-built trial.
-      auto release = detail::on_scope_exit([this] { detail::ContextAccess::release_registrations(context_); });
+      auto release = detail::on_scope_exit([this] { detail::ContextAccess::release_registrations(key_, context_); });
       build(std::forward<Args>(args)...);
       release.dismiss();
     }
@@ -25567,7 +25606,7 @@ class Trainer {
   Trainer(const Trainer&) = delete;
   Trainer& operator=(const Trainer&) = delete;
   /// The context forgets the trial's models, optimizers, schedulers and reducers (they die with it).
-  ~Trainer() { detail::ContextAccess::release_registrations(context_); }
+  ~Trainer() { detail::ContextAccess::release_registrations(key_, context_); }
 
   TrialT& trial() { return *trial_; }
   Context& context() { return context_; }
@@ -25599,7 +25638,7 @@ class Trainer {
             return detail::CallbackSet<std::remove_reference_t<decltype(own)>..., Callbacks...>(std::tie(own..., callbacks...));
           },
           *callbacks_);
-      detail::Run<TrialT, decltype(set)> run(context_, *trial_, model_or_missing(), optimizer_or_missing(), set);
+      detail::Run<TrialT, decltype(set)> run(key_, context_, *trial_, model_or_missing(), optimizer_or_missing(), set);
       return run.fit(std::move(options));
     }
   }
@@ -25633,6 +25672,8 @@ class Trainer {
     else return missing_;
   }
 
+  /// The pass to the context's trainer-only calls: made here, and only here (detail::TrainerKey).
+  detail::TrainerKey key_{};
   Context& context_;
   std::unique_ptr<TrialT> trial_;
   std::optional<Model> model_;

@@ -239,7 +239,7 @@ TEST_CASE("ZeRO-1 is refused in one sentence where it cannot apply: one rank, ra
     torch::optim::SGD sgd(layer->parameters(), torch::optim::SGDOptions(0.1));
     context.wrap_optimizer(muon ? static_cast<torch::optim::Optimizer&>(muon_optimizer) : sgd);
     try {
-      dettrial::detail::shard_optimizer_states(context, ZeroStage::optimizer_state);
+      dettrial::detail::check_shardable(context, ZeroStage::optimizer_state);
     } catch (const ConfigError& e) {
       return std::string(e.what());
     }
@@ -250,9 +250,9 @@ TEST_CASE("ZeRO-1 is refused in one sentence where it cannot apply: one rank, ra
   const std::string muon = refusal({}, true);
   CHECK(muon.find("cannot shard optimizer 0 (") != std::string::npos);
   CHECK(muon.find("): Muon orthogonalizes each weight matrix whole") != std::string::npos);
-  // Off: nothing checked, nothing made.
+  // Off: nothing refused.
   test::Context context(test::hparams(), {});
-  CHECK_NOTHROW(dettrial::detail::shard_optimizer_states(context, ZeroStage::off));
+  CHECK_NOTHROW(dettrial::detail::check_shardable(context, ZeroStage::off));
 }
 
 TEST_CASE("ZeRO-1 in the experiment config: optimizations.zero_stage 1, and 2, 3 or another value refused naming it") {

@@ -96,18 +96,18 @@ inline constexpr const char* averaged_model_key = "model_ema";
 /// Moves a Context's state into and out of checkpoint files, through the Context's public accessors.
 struct ContextCheckpoint {
   /// The Python-readable part (without callbacks, which the trainer adds).
-  static StateDict python_state(Context& c, const std::vector<torch::Tensor>& cpu_rng_per_rank = {},
+  static StateDict python_state(TrainerKey key, Context& c, const std::vector<torch::Tensor>& cpu_rng_per_rank = {},
                                 const std::vector<torch::Tensor>& gpu_rng_per_rank = {});
 
   /// LibTorch's archive of what Python's layout cannot express: the optimizers it cannot hold
   /// (python_layout_holds), the schedulers without a Python-state reader and, `with_grads`, the
   /// pending gradients, each taken through `keep` (the snapshot's copy). nullopt: nothing to write.
-  static std::optional<NativeState> native_state(Context& c, bool with_grads, const TensorKeeper& keep);
+  static std::optional<NativeState> native_state(TrainerKey key, Context& c, bool with_grads, const TensorKeeper& keep);
 
   /// Checks and loads every model of `top` (state_dict.pth's dict) into the context's models.
   static void load_models(Context& c, const StateDict& top, const std::filesystem::path& file);
 
-  static void load_rng(Context& c, const StateDict& top, const std::filesystem::path& file);
+  static void load_rng(TrainerKey key, Context& c, const StateDict& top, const std::filesystem::path& file);
 
   static void set_generator_state(at::Generator generator, const torch::Tensor& state);  // a handle: copies share the generator
   /// The seed of rank `rank`'s generator when the checkpoint has no state of its own for it: the
@@ -123,17 +123,18 @@ struct ContextCheckpoint {
   /// (LibTorch's archive, when written), and the pending gradients it holds. A part that cannot be carried over is a
   /// CheckpointError naming it, or, with `fresh_parts`, a one-line warning and that part as the
   /// trial made it.
-  static void load_python_layout(Context& c, const StateDict& top, const std::filesystem::path& file, bool fresh_parts,
+  static void load_python_layout(TrainerKey key, Context& c, const StateDict& top, const std::filesystem::path& file, bool fresh_parts,
                                  torch::serialize::InputArchive* native = nullptr);
 
  private:
   static void load_native_optimizer(Context& c, std::size_t i, torch::serialize::InputArchive& one, const std::string& what);
-  static void load_native_scheduler(Context& c, std::size_t i, torch::serialize::InputArchive& one, const std::string& what);
+  static void load_native_scheduler(TrainerKey key, Context& c, std::size_t i, torch::serialize::InputArchive& one,
+                                    const std::string& what);
   /// The pending gradients `archive` holds (none: nothing was pending at the checkpoint).
   static void load_native_grads(Context& c, torch::serialize::InputArchive& archive);
   /// What schedulers keep in Python's parameter groups (OneCycleLR's max_lr, ...), written into the
   /// groups of `optimizers` (Python's optimizer states, in the trial's order) and read back from them.
-  static void add_scheduler_group_entries(Context& c, c10::impl::GenericList& optimizers);
+  static void add_scheduler_group_entries(TrainerKey key, Context& c, c10::impl::GenericList& optimizers);
   /// The averaged model (Context::wrap_averaged_model) from `top`'s averaged_model_key.
   static void load_average(Context& c, const StateDict& top, const std::string& what);
   static void read_scheduler_group_entries(Context& c, const WrappedScheduler& s, const c10::impl::GenericList& optimizers,
@@ -385,9 +386,9 @@ DETTRIAL_INLINE std::optional<StateDict> python_group(const c10::IValue& optimiz
 }  // namespace dettrial::detail::checkpoint
 
 namespace dettrial::detail {
-DETTRIAL_INLINE void ContextCheckpoint::add_scheduler_group_entries(Context& c, c10::impl::GenericList& optimizers) {
+DETTRIAL_INLINE void ContextCheckpoint::add_scheduler_group_entries(TrainerKey key, Context& c, c10::impl::GenericList& optimizers) {
   for (std::size_t i = 0; i < c.num_lr_schedulers(); ++i) {
-    const WrappedScheduler& s = detail::ContextAccess::lr_scheduler(c, i);
+    const WrappedScheduler& s = detail::ContextAccess::lr_scheduler(key, c, i);
     if (!s.python_param_group) continue;
     const std::size_t o = detail::checkpoint::optimizer_index(c, s.driven_optimizer(s.scheduler));
     if (o >= optimizers.size()) continue;  // a scheduler of an optimizer the trial did not wrap: Python has no groups for it
@@ -410,17 +411,17 @@ DETTRIAL_INLINE void ContextCheckpoint::read_scheduler_group_entries(Context& c,
   }
 }
 
-DETTRIAL_INLINE StateDict ContextCheckpoint::python_state(Context& c, const std::vector<torch::Tensor>& cpu_rng_per_rank,
+DETTRIAL_INLINE StateDict ContextCheckpoint::python_state(TrainerKey key, Context& c, const std::vector<torch::Tensor>& cpu_rng_per_rank,
                                                           const std::vector<torch::Tensor>& gpu_rng_per_rank) {
   pull_device_optimizer_state(c);
   c10::impl::GenericList models(c10::AnyType::get());
   for (const auto& m : c.models()) models.push_back(module_state_dict(*m));
   c10::impl::GenericList optimizers(c10::AnyType::get());
   for (std::size_t i = 0; i < c.num_optimizers(); ++i) optimizers.push_back(optimizer_state_dict(c.optimizer(i)));
-  add_scheduler_group_entries(c, optimizers);
+  add_scheduler_group_entries(key, c, optimizers);
   c10::impl::GenericList schedulers(c10::AnyType::get());
   for (std::size_t i = 0; i < c.num_lr_schedulers(); ++i) {
-    const WrappedScheduler& s = detail::ContextAccess::lr_scheduler(c, i);
+    const WrappedScheduler& s = detail::ContextAccess::lr_scheduler(key, c, i);
     StateDict d(c10::StringType::get(), c10::AnyType::get());
     if (s.python_state) {  // dettrial::optim's schedulers write Python's own state dict
       s.python_state(s.scheduler, d);
@@ -446,7 +447,7 @@ DETTRIAL_INLINE StateDict ContextCheckpoint::python_state(Context& c, const std:
   }
   // NumPy's and Python's generators, which Determined restores (and requires): carried from the
   // Determined checkpoint this run continues, else as Determined seeds them with the trial seed.
-  const c10::IValue& carried = detail::ContextAccess::position(c).python_generators;
+  const c10::IValue& carried = detail::ContextAccess::position(key, c).python_generators;
   const bool carry = carried.isGenericDict();
   rng.insert("np_rng_state", carry ? carried.toGenericDict().at("np_rng_state") : numpy_seeded_state(c.get_trial_seed()));
   rng.insert("random_rng_state", carry ? carried.toGenericDict().at("random_rng_state") : python_random_seeded_state(c.get_trial_seed()));
@@ -470,7 +471,8 @@ DETTRIAL_INLINE std::string NativeState::bytes() {
   return out;
 }
 
-DETTRIAL_INLINE std::optional<NativeState> ContextCheckpoint::native_state(Context& c, bool with_grads, const TensorKeeper& keep) {
+DETTRIAL_INLINE std::optional<NativeState> ContextCheckpoint::native_state(TrainerKey key, Context& c, bool with_grads,
+                                                                           const TensorKeeper& keep) {
   pull_device_optimizer_state(c);
   NativeState out;
   bool any = false;
@@ -496,7 +498,7 @@ DETTRIAL_INLINE std::optional<NativeState> ContextCheckpoint::native_state(Conte
   out.archive.write("optimizers", optimizers);
   torch::serialize::OutputArchive schedulers;
   for (std::size_t i = 0; i < c.num_lr_schedulers(); ++i) {
-    const WrappedScheduler& s = detail::ContextAccess::lr_scheduler(c, i);
+    const WrappedScheduler& s = detail::ContextAccess::lr_scheduler(key, c, i);
     if (s.load_python_state) continue;
     torch::serialize::OutputArchive one;
     s.save(s.scheduler, one);
@@ -543,7 +545,7 @@ DETTRIAL_INLINE std::uint64_t ContextCheckpoint::new_rank_seed(const torch::Tens
   return mix64(crc ^ (static_cast<std::uint64_t>(rank) * golden_gamma)) >> 1;
 }
 
-DETTRIAL_INLINE void ContextCheckpoint::load_rng(Context& c, const StateDict& top, const std::filesystem::path& file) {
+DETTRIAL_INLINE void ContextCheckpoint::load_rng(TrainerKey key, Context& c, const StateDict& top, const std::filesystem::path& file) {
   const std::string what = "checkpoint file '" + file.string() + "'";
   const c10::IValue& rng = require_entry(top, "rng_state", what);
   if (!rng.isGenericDict()) throw CheckpointError(what + ": 'rng_state' is not a dict");
@@ -579,7 +581,7 @@ DETTRIAL_INLINE void ContextCheckpoint::load_rng(Context& c, const StateDict& to
   c10::impl::GenericDict carried(c10::StringType::get(), c10::AnyType::get());
   carried.insert("np_rng_state", c10::ivalue::Tuple::create(std::move(np_state)));
   carried.insert("random_rng_state", py->value());
-  detail::ContextAccess::position(c).python_generators = carried;
+  detail::ContextAccess::position(key, c).python_generators = carried;
 }
 
 /// Refuses a part of a checkpoint that holds an object of a type dettrial does not read, naming the part.
@@ -599,8 +601,9 @@ DETTRIAL_INLINE void ContextCheckpoint::load_average(Context& c, const StateDict
   load_module_state_dict(*c.averaged_weights(), it->value().toGenericDict(), name);
 }
 
-DETTRIAL_INLINE void ContextCheckpoint::load_python_layout(Context& c, const StateDict& top, const std::filesystem::path& file,
-                                                           bool fresh_parts, torch::serialize::InputArchive* native) {
+DETTRIAL_INLINE void ContextCheckpoint::load_python_layout(TrainerKey key, Context& c, const StateDict& top,
+                                                           const std::filesystem::path& file, bool fresh_parts,
+                                                           torch::serialize::InputArchive* native) {
   const std::string what = "checkpoint file '" + file.string() + "'";
   const std::string native_what = "checkpoint file '" + (file.parent_path() / layout::libtorch_state).string() + "'";
   const auto part = [&](const std::string& name, const std::function<void()>& load) {
@@ -642,9 +645,9 @@ DETTRIAL_INLINE void ContextCheckpoint::load_python_layout(Context& c, const Sta
   const auto schedulers = list_of("lr_schedulers_state_dict", c.num_lr_schedulers(), "LR scheduler(s)");
   for (std::size_t i = 0; i < schedulers.size(); ++i)
     part("LR scheduler " + std::to_string(i), [&] {
-      const WrappedScheduler& s = detail::ContextAccess::lr_scheduler(c, i);
+      const WrappedScheduler& s = detail::ContextAccess::lr_scheduler(key, c, i);
       torch::serialize::InputArchive one;
-      if (!s.load_python_state && archived("schedulers", i, one)) return load_native_scheduler(c, i, one, native_what);
+      if (!s.load_python_state && archived("schedulers", i, one)) return load_native_scheduler(key, c, i, one, native_what);
       const std::string name = what + ", LR scheduler " + std::to_string(i) + (s.type.empty() ? std::string() : " (" + s.type + ")");
       refuse_unread_objects(schedulers.get(i), name);
       if (!s.load_python_state)
@@ -697,10 +700,10 @@ DETTRIAL_INLINE void ContextCheckpoint::load_native_optimizer(Context& c, std::s
   }
 }
 
-DETTRIAL_INLINE void ContextCheckpoint::load_native_scheduler(Context& c, std::size_t i, torch::serialize::InputArchive& one,
-                                                              const std::string& what) {
+DETTRIAL_INLINE void ContextCheckpoint::load_native_scheduler(TrainerKey key, Context& c, std::size_t i,
+                                                              torch::serialize::InputArchive& one, const std::string& what) {
   try {
-    const WrappedScheduler& s = detail::ContextAccess::lr_scheduler(c, i);
+    const WrappedScheduler& s = detail::ContextAccess::lr_scheduler(key, c, i);
     s.load(s.scheduler, one);
   } catch (const std::exception& e) {
     throw CheckpointError(what + ": LR scheduler " + std::to_string(i) + " cannot be restored: " + first_line(e.what()));

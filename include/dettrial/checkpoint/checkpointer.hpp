@@ -124,8 +124,8 @@ class Checkpointer {
   // and ends one.
   DETTRIAL_INLINE Checkpointer();
   /// On the chief, removes what an interrupted writer left in `storage` and continues its sequence.
-  DETTRIAL_INLINE Checkpointer(Context& context, std::filesystem::path storage, CheckpointPolicy policy, Retention retention,
-                               bool smaller_is_better, bool asynchronous = true);
+  DETTRIAL_INLINE Checkpointer(TrainerKey key, Context& context, std::filesystem::path storage, CheckpointPolicy policy,
+                               Retention retention, bool smaller_is_better, bool asynchronous = true);
   DETTRIAL_INLINE Checkpointer(Checkpointer&&) noexcept;
   DETTRIAL_INLINE Checkpointer& operator=(Checkpointer&&) noexcept;
   DETTRIAL_INLINE ~Checkpointer();
@@ -206,6 +206,8 @@ class Checkpointer {
     return false;
   }
 
+  /// The trainer's pass (detail::TrainerKey); none in a Checkpointer made empty.
+  std::optional<TrainerKey> key_;
   Context* context_ = nullptr;
   std::filesystem::path storage_;
   bool (*after_validation_)(bool improved) = &checkpoint_policy::best::after_validation;
@@ -231,9 +233,10 @@ namespace dettrial::detail {
 
 DETTRIAL_INLINE Checkpointer::Checkpointer() = default;
 
-DETTRIAL_INLINE Checkpointer::Checkpointer(Context& context, std::filesystem::path storage, CheckpointPolicy policy, Retention retention,
-                                           bool smaller_is_better, bool asynchronous)
-    : context_(&context),
+DETTRIAL_INLINE Checkpointer::Checkpointer(TrainerKey key, Context& context, std::filesystem::path storage, CheckpointPolicy policy,
+                                           Retention retention, bool smaller_is_better, bool asynchronous)
+    : key_(key),
+      context_(&context),
       storage_(std::move(storage)),
       after_validation_(checkpoint_policy::visit(policy, []<class P>(P) { return &P::after_validation; })),
       retention_(retention),
@@ -252,20 +255,20 @@ DETTRIAL_INLINE Checkpointer::~Checkpointer() = default;
 DETTRIAL_INLINE void Checkpointer::begin(const CallbackHooks& callbacks, TrialCheckpointRecord record) {
   const auto started = std::chrono::steady_clock::now();
   const RankRngStates rng = gather_rng_states(*context_);
-  const detail::WholeOptimizerStates whole_optimizer_states(*context_);  // ZeRO's shards, whole on the chief while it is taken
+  const detail::WholeOptimizerStates whole_optimizer_states(*key_, *context_);  // ZeRO's shards, whole on the chief while it is taken
   in_flight_ = true;
   if (!context_->distributed().is_chief()) return;
-  StateDict top = trial_state_dict(*context_, rng, callbacks.states(callbacks.set));
+  StateDict top = trial_state_dict(*key_, *context_, rng, callbacks.states(callbacks.set));
   callbacks.save_start(callbacks.set, top);
   record.sequence = ++sequence_;
   const bool background = asynchronous_ && snapshot_fits(top);
   if (!background) {
     write_.run_here([&] {
-      TakenCheckpoint taken = take_checkpoint(*context_, storage_, top, record, nullptr);
+      TakenCheckpoint taken = take_checkpoint(*key_, *context_, storage_, top, record, nullptr);
       return write_checkpoint_files(taken);
     });
   } else {
-    auto taken = std::make_shared<TakenCheckpoint>(take_checkpoint(*context_, storage_, top, record, &snapshot_));
+    auto taken = std::make_shared<TakenCheckpoint>(take_checkpoint(*key_, *context_, storage_, top, record, &snapshot_));
     auto pace = std::make_shared<WritePace>(write_budget(started), snapshot_.bytes());
     write_.start([taken, pace] { return write_checkpoint_files(*taken, pace.get()); }, pace);
   }
@@ -310,7 +313,7 @@ DETTRIAL_INLINE std::vector<std::string> Checkpointer::restore(const std::filesy
                                                                bool fresh_parts) {
   const StateDict top = read_state_dict_file(dir);
   callbacks.load_start(callbacks.set, top);
-  restore_context(*context_, dir, top, fresh_parts);
+  restore_context(*key_, *context_, dir, top, fresh_parts);
   return callbacks.load_states(callbacks.set, callback_states_of(top));
 }
 

@@ -20,13 +20,19 @@
 namespace dettrial::detail {
 
 /**
- * @brief Starts ZeRO `stage` for a fit (nothing for ZeroStage::off): every wrapped optimizer is
- * checked, cut into shards over the ranks, and the whole state it holds (a checkpoint's, loaded
- * before) is cut into this rank's pieces, the rest dropped. Refused with a ConfigError naming why:
- * an optimizer ZeRO cannot shard, rank_invariant, a single rank, a parameter that is not dense and
- * contiguous. Every rank calls it (a collective only in what it refuses: every rank refuses alike).
+ * @brief Whether ZeRO `stage` applies to this context's trial (always for ZeroStage::off): a
+ * ConfigError naming why not: an optimizer ZeRO cannot shard, rank_invariant, a single rank.
  */
-DETTRIAL_INLINE void shard_optimizer_states(Context& context, ZeroStage stage);
+DETTRIAL_INLINE void check_shardable(const Context& context, ZeroStage stage);
+
+/**
+ * @brief Starts ZeRO `stage` for a fit (nothing for ZeroStage::off): checked (check_shardable),
+ * every wrapped optimizer is cut into shards over the ranks, and the whole state it holds (a
+ * checkpoint's, loaded before) is cut into this rank's pieces, the rest dropped; a parameter that is
+ * not dense and contiguous is refused. Every rank calls it (a collective only in what it refuses:
+ * every rank refuses alike).
+ */
+DETTRIAL_INLINE void shard_optimizer_states(TrainerKey key, Context& context, ZeroStage stage);
 
 /**
  * @brief For the checkpoint being taken: each sharded optimizer's state gathered whole into the
@@ -36,7 +42,7 @@ DETTRIAL_INLINE void shard_optimizer_states(Context& context, ZeroStage stage);
  */
 class WholeOptimizerStates {
  public:
-  explicit WholeOptimizerStates(Context& context);
+  explicit WholeOptimizerStates(TrainerKey key, Context& context);
   WholeOptimizerStates(const WholeOptimizerStates&) = delete;
   WholeOptimizerStates& operator=(const WholeOptimizerStates&) = delete;
   ~WholeOptimizerStates();
@@ -126,13 +132,13 @@ inline void cut_whole_state(OptimizerShards& shards) {
 
 namespace dettrial::detail {
 
-DETTRIAL_INLINE void shard_optimizer_states(Context& context, ZeroStage stage) {
+DETTRIAL_INLINE void check_shardable(const Context& context, ZeroStage stage) {
   if (stage == ZeroStage::off) return;
   for (std::size_t i = 0; i < context.num_optimizers(); ++i)
     if (const std::string why = sharded_state::unshardable(context.optimizer(i)); !why.empty())
       throw ConfigError("ZeRO (optimizations.zero_stage 1) cannot shard optimizer " + std::to_string(i) + " (" +
                         c10::demangle(typeid(context.optimizer(i)).name()) + "): " + why);
-  if (ContextAccess::rank_invariant(context))
+  if (context.rank_invariant())
     throw ConfigError(
         "ZeRO (optimizations.zero_stage 1) and reproducibility.rank_invariant do not go together: rank_invariant sums every "
         "gradient in the data stream's order on every rank, and steps whole parameters; set one of them off");
@@ -140,13 +146,19 @@ DETTRIAL_INLINE void shard_optimizer_states(Context& context, ZeroStage stage) {
     throw ConfigError(
         "ZeRO (optimizations.zero_stage 1) shards the optimizer state over the ranks of a data-parallel job, and this run has one "
         "rank: start 2 or more (--nprocs, torchrun), or set zero_stage 0");
-  for (std::size_t i = 0; i < context.num_optimizers(); ++i) sharded_state::cut_whole_state(ContextAccess::shard_optimizer(context, i));
 }
 
-DETTRIAL_INLINE WholeOptimizerStates::WholeOptimizerStates(Context& context) {
+DETTRIAL_INLINE void shard_optimizer_states(TrainerKey key, Context& context, ZeroStage stage) {
+  check_shardable(context, stage);
+  if (stage == ZeroStage::off) return;
+  for (std::size_t i = 0; i < context.num_optimizers(); ++i)
+    sharded_state::cut_whole_state(ContextAccess::shard_optimizer(key, context, i));
+}
+
+DETTRIAL_INLINE WholeOptimizerStates::WholeOptimizerStates(TrainerKey key, Context& context) {
   const bool chief = context.distributed().is_chief();
   for (std::size_t i = 0; i < context.num_optimizers(); ++i) {
-    OptimizerShards* shards = ContextAccess::optimizer_shards(context, i);
+    OptimizerShards* shards = ContextAccess::optimizer_shards(key, context, i);
     if (!shards) continue;
     torch::optim::Optimizer& optimizer = shards->optimizer();
     if (auto* capturable = dynamic_cast<optim::CapturableOptimizer*>(&optimizer)) capturable->pull_host_state();

@@ -43,7 +43,7 @@ DETTRIAL_INLINE RankRngStates gather_rng_states(Context& c);
 DETTRIAL_INLINE std::string share_uuid(Communicator* comm, const std::string& uuid);
 
 /// state_dict.pth's dict: the Context's Python-readable state and the callbacks' states.
-DETTRIAL_INLINE StateDict trial_state_dict(Context& c, const RankRngStates& rng, StateDict callback_states);
+DETTRIAL_INLINE StateDict trial_state_dict(TrainerKey key, Context& c, const RankRngStates& rng, StateDict callback_states);
 
 /// The callbacks' states in a checkpoint's state dict (empty when it has none).
 DETTRIAL_INLINE StateDict callback_states_of(const StateDict& top);
@@ -83,7 +83,7 @@ struct TakenCheckpoint {
 /// Takes a checkpoint of the Context (`top` is state_dict.pth's dict) into `snapshot`: on the
 /// training thread, at a boundary. Without a snapshot the tensors are the live state's own, and the
 /// checkpoint must be written before training goes on.
-DETTRIAL_INLINE TakenCheckpoint take_checkpoint(Context& c, const std::filesystem::path& storage, const StateDict& top,
+DETTRIAL_INLINE TakenCheckpoint take_checkpoint(TrainerKey key, Context& c, const std::filesystem::path& storage, const StateDict& top,
                                                 const TrialCheckpointRecord& record, HostSnapshot* snapshot);
 
 /// Writes a taken checkpoint into its storage (crash-safe: a temporary directory renamed when
@@ -94,7 +94,8 @@ DETTRIAL_INLINE CheckpointInfo write_checkpoint_files(TakenCheckpoint& taken, Wr
 /// gradients and RNGs from checkpoint `dir`, whose state_dict.pth holds `top`. A checkpoint without
 /// LibTorch's archive (one Determined wrote) restores its optimizers and schedulers from Python's
 /// layout; `fresh_parts` lets a part that cannot be carried over start fresh, with a warning.
-DETTRIAL_INLINE void restore_context(Context& c, const std::filesystem::path& dir, const StateDict& top, bool fresh_parts = false);
+DETTRIAL_INLINE void restore_context(TrainerKey key, Context& c, const std::filesystem::path& dir, const StateDict& top,
+                                     bool fresh_parts = false);
 
 }  // namespace dettrial::detail
 
@@ -125,8 +126,8 @@ DETTRIAL_INLINE std::string share_uuid(Communicator* comm, const std::string& uu
   return std::string(reinterpret_cast<const char*>(host.data_ptr<std::uint8_t>()), 36);
 }
 
-DETTRIAL_INLINE StateDict trial_state_dict(Context& c, const RankRngStates& rng, StateDict callback_states) {
-  StateDict top = ContextCheckpoint::python_state(c, rng.cpu, rng.gpu);
+DETTRIAL_INLINE StateDict trial_state_dict(TrainerKey key, Context& c, const RankRngStates& rng, StateDict callback_states) {
+  StateDict top = ContextCheckpoint::python_state(key, c, rng.cpu, rng.gpu);
   top.insert("callbacks", std::move(callback_states));
   return top;
 }
@@ -144,7 +145,7 @@ DETTRIAL_INLINE Json load_data(const Context& c, std::string_view trial_type) {
               {"is_trainer", true}};
 }
 
-DETTRIAL_INLINE TakenCheckpoint take_checkpoint(Context& c, const std::filesystem::path& storage, const StateDict& top,
+DETTRIAL_INLINE TakenCheckpoint take_checkpoint(TrainerKey key, Context& c, const std::filesystem::path& storage, const StateDict& top,
                                                 const TrialCheckpointRecord& record, HostSnapshot* snapshot) {
   TakenCheckpoint taken{.storage = storage,
                         .info = {.uuid = new_uuid(),
@@ -159,12 +160,12 @@ DETTRIAL_INLINE TakenCheckpoint take_checkpoint(Context& c, const std::filesyste
                         .searcher_metric = record.searcher_metric};
   if (!snapshot) {
     taken.state_dict = top;
-    taken.native = ContextCheckpoint::native_state(c, record.mid_aggregation, [](const torch::Tensor& t) { return t; });
+    taken.native = ContextCheckpoint::native_state(key, c, record.mid_aggregation, [](const torch::Tensor& t) { return t; });
     return taken;
   }
   snapshot->begin();
   taken.state_dict = snapshot->take(top);
-  taken.native = ContextCheckpoint::native_state(c, record.mid_aggregation, [&](const torch::Tensor& t) { return snapshot->keep(t); });
+  taken.native = ContextCheckpoint::native_state(key, c, record.mid_aggregation, [&](const torch::Tensor& t) { return snapshot->keep(t); });
   snapshot->finish();
   if (taken.native && taken.native->holds_live_state) {
     taken.native_bytes = taken.native->bytes();
@@ -205,17 +206,17 @@ DETTRIAL_INLINE CheckpointInfo write_checkpoint_files(TakenCheckpoint& taken, Wr
   return info;
 }
 
-DETTRIAL_INLINE void restore_context(Context& c, const std::filesystem::path& dir, const StateDict& top, bool fresh_parts) {
+DETTRIAL_INLINE void restore_context(TrainerKey key, Context& c, const std::filesystem::path& dir, const StateDict& top, bool fresh_parts) {
   const std::filesystem::path file = CheckpointFolder{dir}.state_dict();
   ContextCheckpoint::load_models(c, top, file);
   std::error_code ec;
   if (!std::filesystem::exists(CheckpointFolder{dir}.libtorch_state(), ec)) {
-    ContextCheckpoint::load_python_layout(c, top, file, fresh_parts);  // format 2 without an archive, or Determined's
+    ContextCheckpoint::load_python_layout(key, c, top, file, fresh_parts);  // format 2 without an archive, or Determined's
   } else {
     auto archive = ContextCheckpoint::read_native(read_checked_file(dir, layout::libtorch_state), CheckpointFolder{dir}.libtorch_state());
-    ContextCheckpoint::load_python_layout(c, top, file, fresh_parts, &archive);
+    ContextCheckpoint::load_python_layout(key, c, top, file, fresh_parts, &archive);
   }
-  ContextCheckpoint::load_rng(c, top, file);
+  ContextCheckpoint::load_rng(key, c, top, file);
   // A checkpoint written without a scaler (fp32, or bf16) leaves a new one at its initial scale.
   if (const auto it = top.find("scaler_state_dict"); c.scaler() && it != top.end()) {
     if (!it->value().isGenericDict()) throw CheckpointError("'" + file.string() + "': scaler_state_dict is not a dict");

@@ -137,7 +137,23 @@ struct AveragingSchedule {
 
 }  // namespace dettrial
 
+namespace dettrial {
+template <class TrialT>
+class Trainer;
+}  // namespace dettrial
+
 namespace dettrial::detail {
+/**
+ * @brief The pass every call of ContextAccess takes: only a dettrial::Trainer can make one (the
+ * constructor is private to it), and it hands copies to the pieces that drive its run (the fit loop,
+ * the schedule, the validation steps, the checkpoints). A trial, or any other code, holds none, so
+ * nothing but the trainer moves a run's position, steps its schedulers or ends its batches.
+ */
+class TrainerKey {
+  TrainerKey() = default;
+  template <class TrialT>
+  friend class dettrial::Trainer;
+};
 struct ContextAccess;
 }  // namespace dettrial::detail
 
@@ -653,23 +669,22 @@ namespace dettrial::detail {
  * @brief The one way into what only dettrial's trainer and checkpoints do with a Context: the run's
  * position, the reducers and schedulers as they drive them, a training batch's beginning and end,
  * and the registrations' lifetime. Context keeps these private, so a trial's view of its context
- * (its public members) holds only what Determined's context offers a trial.
+ * (its public members) holds only what Determined's context offers a trial; and each call takes a
+ * TrainerKey, which only a Trainer makes.
  */
 struct ContextAccess {
-  static RunPosition& position(Context& c) { return c.position_; }
-  static std::span<WrappedReducer> reducers(Context& c) { return c.reducers_; }
+  static RunPosition& position(TrainerKey, Context& c) { return c.position_; }
+  static std::span<WrappedReducer> reducers(TrainerKey, Context& c) { return c.reducers_; }
   /// Wrapped LR scheduler `i` (type-erased: how to step, save and restore it), in wrap order.
-  static const WrappedScheduler& lr_scheduler(const Context& c, std::size_t i) { return c.schedulers_.at(i); }
-  static void begin_training_batch(Context& c, std::int64_t records) { c.begin_training_batch(records); }
-  static void finish_batch(Context& c, std::int64_t batch_idx) { c.finish_batch(batch_idx); }
-  static void seed_rank_stream(const Context& c) { c.seed_rank_stream(); }
-  static bool has_registrations(const Context& c) { return c.has_registrations(); }
-  static void release_registrations(Context& c) { c.release_registrations(); }
+  static const WrappedScheduler& lr_scheduler(TrainerKey, const Context& c, std::size_t i) { return c.schedulers_.at(i); }
+  static void begin_training_batch(TrainerKey, Context& c, std::int64_t records) { c.begin_training_batch(records); }
+  static void finish_batch(TrainerKey, Context& c, std::int64_t batch_idx) { c.finish_batch(batch_idx); }
+  static void seed_rank_stream(TrainerKey, const Context& c) { c.seed_rank_stream(); }
+  static bool has_registrations(TrainerKey, const Context& c) { return c.has_registrations(); }
+  static void release_registrations(TrainerKey, Context& c) { c.release_registrations(); }
   /// ZeRO: optimizer `i`'s shards, made when it has none; or the shards it has (null without).
-  static OptimizerShards& shard_optimizer(Context& c, std::size_t i) { return c.shard_optimizer(i); }
-  static OptimizerShards* optimizer_shards(Context& c, std::size_t i) { return c.optimizers_.at(i).shards.get(); }
-  /// Whether gradients are combined in the data stream's order (reproducibility.rank_invariant).
-  static bool rank_invariant(const Context& c) { return c.ordered_ != nullptr; }
+  static OptimizerShards& shard_optimizer(TrainerKey, Context& c, std::size_t i) { return c.shard_optimizer(i); }
+  static OptimizerShards* optimizer_shards(TrainerKey, Context& c, std::size_t i) { return c.optimizers_.at(i).shards.get(); }
 };
 }  // namespace dettrial::detail
 

@@ -65,7 +65,7 @@ class FitLoop {
 
  protected:
   /// `callbacks`: the Run's callbacks' states and hooks, which the checkpoints read and call.
-  DETTRIAL_INLINE FitLoop(Context& context, TrialFacts facts, CallbackHooks callbacks);
+  DETTRIAL_INLINE FitLoop(TrainerKey key, Context& context, TrialFacts facts, CallbackHooks callbacks);
   // Not virtual: a Run is never destroyed through a FitLoop.
   DETTRIAL_INLINE ~FitLoop();
 
@@ -116,6 +116,8 @@ class FitLoop {
   /// The validation loader's chain: one pass over this rank's shard.
   DETTRIAL_INLINE LoaderChain validation_chain() const;
 
+  /// The trainer's pass to the Context's trainer-only calls, handed on to the pieces below.
+  TrainerKey key_;
   Context& context_;
   FitOptions options_{};
   Schedule schedule_{};
@@ -163,12 +165,12 @@ class FitLoop {
 
 namespace dettrial::detail {
 
-DETTRIAL_INLINE FitLoop::FitLoop(Context& context, TrialFacts facts, CallbackHooks callbacks)
-    : context_(context), facts_(std::move(facts)), callback_hooks_(callbacks) {}
+DETTRIAL_INLINE FitLoop::FitLoop(TrainerKey key, Context& context, TrialFacts facts, CallbackHooks callbacks)
+    : key_(key), context_(context), facts_(std::move(facts)), callback_hooks_(callbacks) {}
 DETTRIAL_INLINE FitLoop::~FitLoop() = default;
 
 DETTRIAL_INLINE FitResult FitLoop::fit(FitOptions options) {
-  check_step_capture(options.step_capture, context_, facts_.training_batch_tensors_only, facts_.training_batch_type);
+  check_step_capture(key_, options.step_capture, context_, facts_.training_batch_tensors_only, facts_.training_batch_type);
   begin(std::move(options));
   // However the fit ends: a checkpoint write in flight ends (a failure is a warning then), then
   // the outputs end as the fit did, the run folder's lock last.
@@ -216,8 +218,8 @@ DETTRIAL_INLINE void FitLoop::begin(FitOptions options) {
   outputs_ = Outputs::lock(context_, options_.output_dir);
   schedule_ = Schedule::resolve(options_, context_);
   position_ = Position::find(options_);
-  ContextAccess::position(context_).output_dir = options_.output_dir;
-  checkpointer_ = fit_checkpointer(context_, options_);
+  ContextAccess::position(key_, context_).output_dir = options_.output_dir;
+  checkpointer_ = fit_checkpointer(key_, context_, options_);
   outputs_.open(context_, options_, position_.continued_at());
   result_ = FitResult{};
   result_.checkpoint_dir = checkpointer_.storage();
@@ -228,13 +230,13 @@ DETTRIAL_INLINE void FitLoop::begin(FitOptions options) {
 DETTRIAL_INLINE void FitLoop::prepare_training() {
   build_loaders();
   schedule_.keep_data_ranks(data_layout());
-  schedule_.settle_epoch_length(context_, agree_across_ranks(training_epoch_length(training_chain())));
+  schedule_.settle_epoch_length(key_, context_, agree_across_ranks(training_epoch_length(training_chain())));
   if (const auto& dir = position_.resume_dir()) restore(*dir, position_.to_restore(options_.trial_id));
   schedule_.check_rank_invariant_boundaries(context_, position_.batches_trained());
-  position_.start(context_);
+  position_.start(key_, context_);
   result_.resumed_from_batch = position_.batches_trained();
   if (Communicator* comm = context_.communicator()) broadcast_modules(*comm, context_.models());  // every rank starts from rank 0's weights
-  shard_optimizer_states(context_, options_.zero_stage);  // after the restore: the loaded state is cut
+  shard_optimizer_states(key_, context_, options_.zero_stage);  // after the restore: the loaded state is cut
 }
 
 // ---- the loop: train until a boundary, then handle each boundary reached ----------------------
@@ -246,7 +248,7 @@ DETTRIAL_INLINE void FitLoop::train() {
   Workload workload;
   while (schedule_.remaining(position_.progress()) > 0) {
     const Reached reached = train_workload(workload);
-    result_.last_training_metrics = report_training(context_, workload, position_.progress(), outputs_.reporter());
+    result_.last_training_metrics = report_training(key_, context_, workload, position_.progress(), outputs_.reporter());
     workload_ended(result_.last_training_metrics, workload);
     finish_checkpoint(/*wait=*/false);  // the one written in the background, if it is durable now
     if (const int signal = agreed_max(StopSignals::received()); signal != 0) return stop(signal);
@@ -294,11 +296,11 @@ DETTRIAL_INLINE void FitLoop::checkpoint_unless_current() {
 DETTRIAL_INLINE void FitLoop::validate() {
   RECORD_USER_SCOPE("dettrial::validate");
   torch::NoGradGuard no_grad;
-  begin_validation(context_);
+  begin_validation(key_, context_);
   call_callbacks(LoopHook::validation_start);
   outputs_.reporter().begin("validate", 0, validation_epoch_length(validation_chain()), "batches");
   std::int64_t records = 0;
-  const MetricValues metrics = reduce_validation(context_, evaluate(), records);
+  const MetricValues metrics = reduce_validation(key_, context_, evaluate(), records);
   validation_ended(metrics);
   result_.last_validation_metrics = finish_validation(context_, metrics, records, position_, outputs_.reporter());
   ++result_.validations;
@@ -348,7 +350,7 @@ DETTRIAL_INLINE std::int64_t FitLoop::agree_across_ranks(std::int64_t loader_bat
   if (chief[4]) agreed.validation = static_cast<std::uint64_t>(chief[3]);
   restore_data_seeds(agreed);
   schedule_.require_same_on_every_rank(*comm, context_, options_, position_.first_batch());
-  ContextAccess::seed_rank_stream(context_);
+  ContextAccess::seed_rank_stream(key_, context_);
   return chief[0];
 }
 

@@ -43,7 +43,7 @@ struct Workload {
 
   /// A workload begins: models in training mode, training reducers and the sums reset; the
   /// checkpoint writer's wait since the last one is its first phase time.
-  DETTRIAL_INLINE void begin(Context& context, double checkpoint_wait);
+  DETTRIAL_INLINE void begin(TrainerKey key, Context& context, double checkpoint_wait);
 };
 
 /// `runs/<date>-<time>-<pid>` under the working directory.
@@ -51,7 +51,7 @@ DETTRIAL_INLINE std::filesystem::path default_output_dir();
 
 /// The fit's checkpoints: in FitOptions::checkpoint_dir, or the run folder's `checkpoints`, with
 /// its policy and retention (throws ConfigError for a negative retention count).
-DETTRIAL_INLINE Checkpointer fit_checkpointer(Context& context, const FitOptions& options);
+DETTRIAL_INLINE Checkpointer fit_checkpointer(TrainerKey key, Context& context, const FitOptions& options);
 
 /// The run's first lines: the runtime, the trial, the job, the checkpoint resumed from, what is
 /// profiled and captured.
@@ -59,13 +59,14 @@ DETTRIAL_INLINE void announce(Context& context, const FitOptions& options, const
                               Reporter& reporter);
 
 /// The workload's training metrics over all ranks, with `batches` and `epochs`, reported.
-DETTRIAL_INLINE MetricValues report_training(Context& context, const Workload& workload, const TrialProgress& progress, Reporter& reporter);
+DETTRIAL_INLINE MetricValues report_training(TrainerKey key, Context& context, const Workload& workload, const TrialProgress& progress,
+                                             Reporter& reporter);
 
 /// A validation begins: rank 0's buffers, models in evaluation mode, validation reducers reset.
-DETTRIAL_INLINE void begin_validation(Context& context);
+DETTRIAL_INLINE void begin_validation(TrainerKey key, Context& context);
 /// This rank's share and every other's, reduced: the validation's metrics, as the callbacks get
 /// them; `records` the whole job's.
-DETTRIAL_INLINE MetricValues reduce_validation(Context& context, RankShare mine, std::int64_t& records);
+DETTRIAL_INLINE MetricValues reduce_validation(TrainerKey key, Context& context, RankShare mine, std::int64_t& records);
 /// After on_validation_end: LR schedulers on the metrics, the position, the report. Returns the
 /// metrics with `batches` and `epochs`, as reported and as the checkpoint policy reads them.
 DETTRIAL_INLINE MetricValues finish_validation(Context& context, const MetricValues& metrics, std::int64_t records, Position& position,
@@ -98,8 +99,8 @@ DETTRIAL_INLINE LearningRates learning_rates(const Context& context);
 
 /// Merges the user reducers taking part (`role`: for_training or for_validation) into `out`, each
 /// reducing the parts of every rank.
-DETTRIAL_INLINE void reduce_user_reducers(Context& context, bool WrappedReducer::* role, const std::vector<RankShare>& shares,
-                                          MetricValues& out);
+DETTRIAL_INLINE void reduce_user_reducers(TrainerKey key, Context& context, bool WrappedReducer::* role,
+                                          const std::vector<RankShare>& shares, MetricValues& out);
 
 /// Every rank takes rank 0's buffers (see broadcast_buffers: DDP's broadcast_buffers, at the
 /// boundaries that read them).
@@ -122,9 +123,9 @@ DETTRIAL_INLINE void agree_on_buffers(Context& context);
 
 namespace dettrial::detail {
 
-DETTRIAL_INLINE void Workload::begin(Context& context, double checkpoint_wait) {
+DETTRIAL_INLINE void Workload::begin(TrainerKey key, Context& context, double checkpoint_wait) {
   for (const auto& m : context.models()) m->train();
-  for (auto& r : ContextAccess::reducers(context))
+  for (auto& r : ContextAccess::reducers(key, context))
     if (r.for_training) r.reset(r.object);
   means.reset();
   batch_metrics.clear();
@@ -141,11 +142,11 @@ DETTRIAL_INLINE std::filesystem::path default_output_dir() {
   return std::filesystem::path("runs") / (std::string(stamp) + "-" + std::to_string(::getpid()));
 }
 
-DETTRIAL_INLINE Checkpointer fit_checkpointer(Context& context, const FitOptions& o) {
+DETTRIAL_INLINE Checkpointer fit_checkpointer(TrainerKey key, Context& context, const FitOptions& o) {
   if (o.retention.save_trial_best < 0 || o.retention.save_trial_latest < 0)
     throw ConfigError("checkpoint retention counts (save_trial_best, save_trial_latest) must not be negative");
   std::filesystem::path storage = o.checkpoint_dir.empty() ? RunFolder{o.output_dir}.checkpoints() : o.checkpoint_dir;
-  return Checkpointer(context, std::move(storage), o.checkpoint_policy, o.retention, o.smaller_is_better, o.async_checkpoints);
+  return Checkpointer(key, context, std::move(storage), o.checkpoint_policy, o.retention, o.smaller_is_better, o.async_checkpoints);
 }
 
 }  // namespace dettrial::detail
@@ -206,40 +207,40 @@ DETTRIAL_INLINE void announce(Context& context, const FitOptions& o, const Sched
     reporter.line("dettrial: checkpoint_policy 'best' has no searcher metric to compare; checkpointing after every validation");
 }
 
-DETTRIAL_INLINE MetricValues report_training(Context& context, const Workload& workload, const TrialProgress& progress,
+DETTRIAL_INLINE MetricValues report_training(TrainerKey key, Context& context, const Workload& workload, const TrialProgress& progress,
                                              Reporter& reporter) {
   const double seconds = reporter.elapsed();
   RankShare mine{.batches = workload.means.batches(), .records = workload.records};
   for (const auto& [name, value] : workload.means.means()) mine.totals.push_back({name, Reducer::avg, value});
-  for (auto& r : ContextAccess::reducers(context))
+  for (auto& r : ContextAccess::reducers(key, context))
     if (r.for_training) mine.reducer_parts.push_back(r.per_slot(r.object));
   const auto shares = gather_shares(std::move(mine), context.communicator());
   MetricValues avg;
   avg.set("batches", static_cast<double>(progress.batches_trained));
   avg.set("epochs", static_cast<double>(progress.epochs_trained));
   for (const auto& [name, value] : combine_training(shares)) avg.set(name, value);
-  reduce_user_reducers(context, &WrappedReducer::for_training, shares, avg);
+  reduce_user_reducers(key, context, &WrappedReducer::for_training, shares, avg);
   // The whole job's records (every rank's), over the chief's clock.
   const double rate = seconds > 0 ? static_cast<double>(total_records(shares)) / seconds : 0.0;
   reporter.training(progress.batches_trained, progress.epochs_trained, avg, rate, seconds, workload.phases, learning_rates(context));
   return avg;
 }
 
-DETTRIAL_INLINE void begin_validation(Context& context) {
+DETTRIAL_INLINE void begin_validation(TrainerKey key, Context& context) {
   agree_on_buffers(context);
   for (const auto& m : context.models()) m->eval();
-  for (auto& r : ContextAccess::reducers(context))
+  for (auto& r : ContextAccess::reducers(key, context))
     if (r.for_validation) r.reset(r.object);
 }
 
-DETTRIAL_INLINE MetricValues reduce_validation(Context& context, RankShare mine, std::int64_t& records) {
-  for (auto& r : ContextAccess::reducers(context))
+DETTRIAL_INLINE MetricValues reduce_validation(TrainerKey key, Context& context, RankShare mine, std::int64_t& records) {
+  for (auto& r : ContextAccess::reducers(key, context))
     if (r.for_validation) mine.reducer_parts.push_back(r.per_slot(r.object));
   const auto shares = gather_shares(std::move(mine), context.communicator());
   // Decided from the gathered shares, so every rank throws (or goes on) together.
   if (total_batches(shares) == 0) throw DataError("the validation data loader yielded no batches");
   MetricValues metrics = combine_validation(shares);
-  reduce_user_reducers(context, &WrappedReducer::for_validation, shares, metrics);
+  reduce_user_reducers(key, context, &WrappedReducer::for_validation, shares, metrics);
   records = total_records(shares);
   return metrics;
 }
@@ -335,14 +336,14 @@ DETTRIAL_INLINE LearningRates learning_rates(const Context& context) {
   return out;
 }
 
-DETTRIAL_INLINE void reduce_user_reducers(Context& context, bool WrappedReducer::* role, const std::vector<RankShare>& shares,
-                                          MetricValues& out) {
+DETTRIAL_INLINE void reduce_user_reducers(TrainerKey key, Context& context, bool WrappedReducer::* role,
+                                          const std::vector<RankShare>& shares, MetricValues& out) {
   // Every rank sees every share, so a mismatch stops all ranks here together.
   for (const auto& s : shares)
     if (s.reducer_parts.size() != shares.front().reducer_parts.size())
       throw DistributedError("the ranks wrapped different numbers of reducers; every rank must build the same trial");
   std::size_t index = 0;
-  for (auto& r : ContextAccess::reducers(context))
+  for (auto& r : ContextAccess::reducers(key, context))
     if (r.*role) r.cross_slot_into(r.object, r.name, reducer_parts(shares, index++), out);
 }
 

@@ -53,7 +53,7 @@ class Position {
   /// starts there.
   DETTRIAL_INLINE void restored(TrialProgress progress);
   /// The Context's position (what the training stream skips, the current batch) from this one.
-  DETTRIAL_INLINE void start(Context& context) const;
+  DETTRIAL_INLINE void start(TrainerKey key, Context& context) const;
 
   // ---- moved by the loop -----------------------------------------------------------------------
   void batch_trained() { ++progress_.batches_trained; }
@@ -108,8 +108,8 @@ DETTRIAL_INLINE Position Position::find(const FitOptions& options) {
 
 DETTRIAL_INLINE void Position::restored(TrialProgress progress) { progress_ = std::move(progress); }
 
-DETTRIAL_INLINE void Position::start(Context& context) const {
-  RunPosition& position = ContextAccess::position(context);
+DETTRIAL_INLINE void Position::start(TrainerKey key, Context& context) const {
+  RunPosition& position = ContextAccess::position(key, context);
   position.initial_batch = progress_.batches_trained;  // the training stream skips what was trained
   position.current_batch = progress_.batches_trained;
 }

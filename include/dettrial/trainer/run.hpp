@@ -68,8 +68,8 @@ class Run final : public FitLoop {
   using OptimizerHolder = std::conditional_t<declarative, optimizer_result_t<TrialT>, missing>;
 
   /// A declarative trial's model and optimizer holder; `missing` objects for the others.
-  Run(Context& context, TrialT& trial, Model& model, OptimizerHolder& optimizer, Set& callbacks)
-      : FitLoop(context,
+  Run(TrainerKey key, Context& context, TrialT& trial, Model& model, OptimizerHolder& optimizer, Set& callbacks)
+      : FitLoop(key, context,
                 TrialFacts{.trial_type = c10::demangle(typeid(TrialT).name()),
                            .training_batch_type = c10::demangle(typeid(training_batch_t<TrialT>).name()),
                            .training_batch_tensors_only = tensors_only_batch<training_batch_t<TrialT>>()},
@@ -185,14 +185,14 @@ class Run final : public FitLoop {
   template <class Batches>
   Reached train_until_boundary(Batches& batches, Workload& workload) {
     step_graph_.check_unchanged();
-    workload.begin(context_, checkpointer_.take_waited_seconds());
+    workload.begin(key_, context_, checkpointer_.take_waited_seconds());
     Reporter& reporter = outputs_.reporter();
     TraceProfiler& profiler = outputs_.profiler();
     reporter.begin("train", position_.batches_trained(), schedule_.total_batches(), "batches");
     for (;;) {
       const std::int64_t batch_idx = position_.batches_trained(), epoch_idx = schedule_.epoch_of(batch_idx);
       const bool epoch_start = schedule_.starts_epoch(batch_idx), epoch_end = schedule_.ends_epoch(batch_idx);
-      ContextAccess::position(context_).current_batch = batch_idx;
+      ContextAccess::position(key_, context_).current_batch = batch_idx;
       if (epoch_start) callbacks_.template call<hook::on_training_epoch_start>(epoch_idx);
       if (!batches.has_next()) training_stream_ended(batch_idx);
       profiler.before_batch(batch_idx);
@@ -263,7 +263,7 @@ class Run final : public FitLoop {
     training_batch_t<TrialT> batch = std::move(loaded);
     const std::int64_t records = record_count(batch);
     workload.records += records;
-    ContextAccess::begin_training_batch(context_, records);
+    ContextAccess::begin_training_batch(key_, context_, records);
     Metrics metrics;
     if (step_graph_.captured() && step_graph_.fits(batch)) {
       // The batch (on the device already: CopyAhead) is copied into the graph's inputs; the
@@ -289,7 +289,7 @@ class Run final : public FitLoop {
         metrics = eager_step(batch, workload, batch_idx, epoch_idx, sync_timings);
       }
     }
-    ContextAccess::finish_batch(context_, batch_idx);
+    ContextAccess::finish_batch(key_, context_, batch_idx);
     workload.means.add(metrics, batch_idx);
     if constexpr (Set::wants_batch_metrics) workload.batch_metrics.push_back(detached(metrics));
   }

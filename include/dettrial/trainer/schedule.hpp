@@ -42,7 +42,7 @@ class Schedule {
   void keep_data_ranks(std::int64_t ranks) { data_ranks_ = ranks; }
   /// The epoch, from the training loader's batches on this rank (the chief's: agreed already) and
   /// records_per_epoch, told to the Context; throws DataError for a loader with no batches.
-  DETTRIAL_INLINE void settle_epoch_length(Context& context, std::int64_t loader_batches);
+  DETTRIAL_INLINE void settle_epoch_length(TrainerKey key, Context& context, std::int64_t loader_batches);
 
   const TrainUnit& length() const { return length_; }
   /// Batches per epoch (records_per_epoch's, where set).
@@ -126,7 +126,7 @@ DETTRIAL_INLINE Schedule Schedule::resolve(const FitOptions& options, const Cont
   return s;
 }
 
-DETTRIAL_INLINE void Schedule::settle_epoch_length(Context& context, std::int64_t loader_batches) {
+DETTRIAL_INLINE void Schedule::settle_epoch_length(TrainerKey key, Context& context, std::int64_t loader_batches) {
   if (loader_batches < 1) throw DataError("the training data loader yields no batches (its size() is 0)");
   epoch_len_ = data_epoch_len_ = loader_batches;
   // Determined's records_per_epoch: the epoch of epoch-based lengths, periods, LR steps and epoch
@@ -134,7 +134,7 @@ DETTRIAL_INLINE void Schedule::settle_epoch_length(Context& context, std::int64_
   // least 1), whatever the loader's own length; the data still reshuffles at its own epochs.
   if (const std::int64_t records = context.get_experiment_config().records_per_epoch; records > 0)
     epoch_len_ = std::max<std::int64_t>(records / context.get_global_batch_size(), 1);
-  ContextAccess::position(context).epoch_len = epoch_len_;
+  ContextAccess::position(key, context).epoch_len = epoch_len_;
 }
 
 DETTRIAL_INLINE Reached Schedule::boundaries_after(std::int64_t batch_idx, std::int64_t epoch_idx, bool epoch_end) const {

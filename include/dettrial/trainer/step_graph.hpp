@@ -76,7 +76,8 @@ bool for_each_tensor_pair(A& a, B& b, F&& f) {
  * tested) on any machine; the device last. `tensors_only`: whether the training batch type
  * (`batch_type`, for the message) is made of tensors only.
  */
-DETTRIAL_INLINE void check_step_capture(const StepCapture& capture, Context& context, bool tensors_only, const std::string& batch_type);
+DETTRIAL_INLINE void check_step_capture(TrainerKey key, const StepCapture& capture, Context& context, bool tensors_only,
+                                        const std::string& batch_type);
 
 /**
  * @brief What a captured step holds that does not depend on the batch type: the optimizers it syncs,
@@ -306,7 +307,8 @@ struct StepGraphCore::Device {};
 [[noreturn]] inline void step_capture_unavailable() { throw ConfigError("step_capture: cuda_graph needs LibTorch built with CUDA"); }
 #endif
 
-DETTRIAL_INLINE void check_step_capture(const StepCapture& capture, Context& context, bool tensors_only, const std::string& batch_type) {
+DETTRIAL_INLINE void check_step_capture(TrainerKey key, const StepCapture& capture, Context& context, bool tensors_only,
+                                        const std::string& batch_type) {
   if (std::holds_alternative<capture::none>(capture)) return;
   const auto& graph = std::get<capture::cuda_graph>(capture);
   const std::string what = "step_capture: cuda_graph ";
@@ -329,7 +331,7 @@ DETTRIAL_INLINE void check_step_capture(const StepCapture& capture, Context& con
   if (context.aggregation_frequency() > 1)
     throw ConfigError(what + "needs aggregation_frequency 1: with " + std::to_string(context.aggregation_frequency()) +
                       " the optimizer steps on some batches only, which one graph cannot replay");
-  for (const auto& reducer : detail::ContextAccess::reducers(context))
+  for (const auto& reducer : detail::ContextAccess::reducers(key, context))
     if (reducer.for_training)
       throw TrialError(what + "replays train_batch without running its host code, so a reducer fed in train_batch (" +
                        (reducer.name.empty() ? std::string("one returning MetricValues") : "'" + reducer.name + "'") +

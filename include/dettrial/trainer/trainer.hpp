@@ -64,11 +64,11 @@ class Trainer {
     static_assert(std::constructible_from<TrialT, Context&, Args...> || std::constructible_from<TrialT, Args...>,
                   "dettrial::Trainer<T>: T must be constructible from (dettrial::Context&, args...) or from (args...), "
                   "where args are the Trainer's arguments after the context");
-    if (detail::ContextAccess::has_registrations(context_))
+    if (detail::ContextAccess::has_registrations(key_, context_))
       throw TrialError("this context already serves a trainer; give each Trainer its own dettrial::Context");
     if constexpr (trial_ok) {
       // If building fails half-way, the context must not keep pointers into the half-built trial.
-      auto release = detail::on_scope_exit([this] { detail::ContextAccess::release_registrations(context_); });
+      auto release = detail::on_scope_exit([this] { detail::ContextAccess::release_registrations(key_, context_); });
       build(std::forward<Args>(args)...);
       release.dismiss();
     }
@@ -93,7 +93,7 @@ class Trainer {
   Trainer(const Trainer&) = delete;
   Trainer& operator=(const Trainer&) = delete;
   /// The context forgets the trial's models, optimizers, schedulers and reducers (they die with it).
-  ~Trainer() { detail::ContextAccess::release_registrations(context_); }
+  ~Trainer() { detail::ContextAccess::release_registrations(key_, context_); }
 
   TrialT& trial() { return *trial_; }
   Context& context() { return context_; }
@@ -125,7 +125,7 @@ class Trainer {
             return detail::CallbackSet<std::remove_reference_t<decltype(own)>..., Callbacks...>(std::tie(own..., callbacks...));
           },
           *callbacks_);
-      detail::Run<TrialT, decltype(set)> run(context_, *trial_, model_or_missing(), optimizer_or_missing(), set);
+      detail::Run<TrialT, decltype(set)> run(key_, context_, *trial_, model_or_missing(), optimizer_or_missing(), set);
       return run.fit(std::move(options));
     }
   }
@@ -159,6 +159,8 @@ class Trainer {
     else return missing_;
   }
 
+  /// The pass to the context's trainer-only calls: made here, and only here (detail::TrainerKey).
+  detail::TrainerKey key_{};
   Context& context_;
   std::unique_ptr<TrialT> trial_;
   std::optional<Model> model_;
