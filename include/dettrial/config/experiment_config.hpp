@@ -202,8 +202,7 @@ DETTRIAL_INLINE void read_slurm(const YAML::Node& slurm, const std::string& sour
 DETTRIAL_INLINE void read_checkpoint_storage(const YAML::Node& cs, const Reader& r, ExperimentConfig::CheckpointStorage& storage);
 DETTRIAL_INLINE void read_searcher(const YAML::Node& s, const Reader& r, ExperimentConfig& c);
 /// The searchers dettrial runs, and the names Determined removed.
-DETTRIAL_INLINE void read_search_fields(const YAML::Node& s, const std::string& source, const Reader& r, const std::string& name,
-                                        SearcherSettings& out);
+DETTRIAL_INLINE void read_search_fields(const YAML::Node& s, const Reader& r, const std::string& name, SearcherSettings& out);
 DETTRIAL_INLINE void read_mlflow(const YAML::Node& m, const Reader& r, MlflowSettings& mlflow);
 
 }  // namespace dettrial::detail::config_reader
@@ -473,11 +472,12 @@ DETTRIAL_INLINE void detail::config_reader::read_searcher(const YAML::Node& s, c
     if (steps < 0) throw ConfigError(detail::where(s["max_steps"], source) + ": searcher.max_steps must not be negative");
     c.searcher.max_length = Batch(steps * c.scheduling_unit);
   }
-  read_search_fields(s, source, r, name, c.searcher);
+  read_search_fields(s, r, name, c.searcher);
 }
 
-DETTRIAL_INLINE void detail::config_reader::read_search_fields(const YAML::Node& s, const std::string& source, const Reader& r,
-                                                               const std::string& name, SearcherSettings& out) {
+DETTRIAL_INLINE void detail::config_reader::read_search_fields(const YAML::Node& s, const Reader& r, const std::string& name,
+                                                               SearcherSettings& out) {
+  const std::string& source = r.source;
   if (name == "adaptive" || name == "adaptive_simple" || name == "sync_halving")
     throw ConfigError(detail::where(s["name"], source) + ": searcher '" + name + "' was removed from Determined; use adaptive_asha");
   if (name != "async_halving" && !searcher_kind_named(name))
