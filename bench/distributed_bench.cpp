@@ -62,10 +62,10 @@ struct MlpTrial {
     c.wrap_optimizer(opt);
   }
 
-  /// 20 updates' records (the data loader gives this rank its share of each global batch of 64).
   static dettrial::TensorDataset<2> dataset(std::int64_t records) {
     return dettrial::TensorDataset(torch::randn({records, 784}), torch::randint(0, 10, {records}));
   }
+  /// 20 updates' records an epoch; each batch is this rank's share of a global batch of 64.
   auto build_training_data_loader() {
     return dettrial::DataLoader(dataset(64 * context.aggregation_frequency() * 20), {.batch_size = context.get_per_slot_batch_size()});
   }

@@ -6,7 +6,9 @@ inside a section the preprocessor drops. Each compiles a precompiled header thro
 one cache, as CMake does; the second then compiles a unit that uses it and includes the header again
 by its absolute path, which GCC tells from the header's `#pragma once` record. A header handed out
 from the first checkout's text fails that unit with "multiple definition". A third checkout with the
-first one's files must be handed the cached header (the cache still works across paths).
+first one's files must be handed the cached header (the cache still works across paths). The same
+two checkouts again with commands that ask for no dependency list (which the launcher's key needs):
+the second must not be handed the first one's header either.
 
 Exits 77 (skipped) without ccache.
 """
@@ -45,11 +47,23 @@ def hits(environment):
     return int(counters.get("direct_cache_hit", 0)) + int(counters.get("preprocessed_cache_hit", 0))
 
 
-def compile_header(compiler, folder, environment):
+def compile_header(compiler, folder, environment, dependency_list=True):
     # CMake's command for a precompiled header, with the dependency file the launcher's key needs.
-    command = [LAUNCHER, compiler, "-std=c++20", "-Iinclude", "-x", "c++-header", "build/pch.hxx", "-o", "build/pch.hxx.gch",
-               "-MD", "-MT", "build/pch.hxx.gch", "-MF", "build/pch.hxx.d"]
+    command = [LAUNCHER, compiler, "-std=c++20", "-Iinclude", "-x", "c++-header", "build/pch.hxx", "-o", "build/pch.hxx.gch"]
+    if dependency_list:
+        command += ["-MD", "-MT", "build/pch.hxx.gch", "-MF", "build/pch.hxx.d"]
     subprocess.run(command, cwd=folder, env=dict(environment, CCACHE_BASEDIR=folder), check=True)
+
+
+def second_checkout_compiles(compiler, root, environment, dependency_list):
+    """Two checkouts, one cache: whether the second's unit compiles on the header it was handed."""
+    suffix = "" if dependency_list else "-without-list"
+    compile_header(compiler, checkout(root, "first" + suffix, 1), environment, dependency_list)
+    second = checkout(root, "second" + suffix, 2)
+    compile_header(compiler, second, environment, dependency_list)
+    unit = subprocess.run([compiler, "-std=c++20", "-Iinclude", "-include", "build/pch.hxx", "-Winvalid-pch", "-c", "unit.cpp",
+                           "-o", "unit.o"], cwd=second, capture_output=True, text=True)
+    return unit.returncode == 0, unit.stderr
 
 
 def main():
@@ -64,19 +78,17 @@ def main():
                            CCACHE_SLOPPINESS="pch_defines,time_macros,include_file_mtime,include_file_ctime")
         environment.pop("CCACHE_DEPEND", None)
         environment.pop("CCACHE_DISABLE", None)
-        first = checkout(root, "first", 1)
-        compile_header(compiler, first, environment)
-        second = checkout(root, "second", 2)
-        compile_header(compiler, second, environment)
-        unit = subprocess.run([compiler, "-std=c++20", "-Iinclude", "-include", "build/pch.hxx", "-Winvalid-pch", "-c", "unit.cpp",
-                               "-o", "unit.o"], cwd=second, capture_output=True, text=True)
-        if unit.returncode != 0:
-            sys.exit("FAIL: the second checkout was handed the first one's precompiled header:\n" + unit.stderr)
+        compiled, errors = second_checkout_compiles(compiler, root, environment, dependency_list=True)
+        if not compiled:
+            sys.exit("FAIL: the second checkout was handed the first one's precompiled header:\n" + errors)
         before = hits(environment)
         compile_header(compiler, checkout(root, "third", 1), environment)
         if hits(environment) != before + 1:
             sys.exit("FAIL: a checkout with the first one's files at another path was not handed its precompiled header")
-    print("ok: a precompiled header is handed out only for the same input files, and is at another path")
+        compiled, errors = second_checkout_compiles(compiler, root, environment, dependency_list=False)
+        if not compiled:
+            sys.exit("FAIL: without a dependency list, the second checkout was handed the first one's precompiled header:\n" + errors)
+    print("ok: a precompiled header is handed out only for the same input files (never without their list), and is at another path")
 
 
 if __name__ == "__main__":
