@@ -98,7 +98,8 @@ class ImageNetTrial {
                                              .momentum(context.get_hparam<double>("momentum"))
                                              .weight_decay(context.get_hparam<double>("weight_decay"))),
         // The guide's StepLR: the learning rate divided by 10 every lr_step_epochs (30 in PyTorch's
-        // recipe), stepped once an epoch.
+        // recipe), stepped once an epoch. Python's StepLR, which dettrial::optim::StepLR is:
+        // LibTorch's torch::optim::StepLR decays one epoch later.
         lr_sch_(optimizer_, context.get_hparams().get_or<std::int64_t>("lr_step_epochs", 30), 0.1),
         // The recipe's nn.CrossEntropyLoss(label_smoothing=...): it takes MixUp's soft labels too.
         criterion_(torch::nn::CrossEntropyLossOptions().label_smoothing(context.get_hparams().get_or<double>("label_smoothing", 0.0))) {
@@ -170,7 +171,7 @@ class ImageNetTrial {
   vision::ImageFolder train_folder_;  // listed once: the model's classes and the training data
   models::ResNet model_;
   torch::optim::SGD optimizer_;
-  torch::optim::StepLR lr_sch_;
+  dettrial::optim::StepLR lr_sch_;
   torch::nn::CrossEntropyLoss criterion_;  // the guide's nn.CrossEntropyLoss(), with the recipe's label smoothing
   std::filesystem::path validation_dir_;
   std::int64_t crop_ = 224, resize_ = 256;

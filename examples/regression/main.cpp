@@ -9,7 +9,7 @@ struct RegressionTrial {
   dettrial::Context& context;
   torch::nn::Linear model;
   torch::optim::Adam opt;
-  torch::optim::StepLR scheduler;
+  dettrial::optim::StepLR scheduler;  // Python's StepLR (LibTorch's decays one step later)
 
   explicit RegressionTrial(dettrial::Context& c)
       : context(c),

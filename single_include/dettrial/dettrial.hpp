@@ -4238,7 +4238,7 @@ concept LRStepMode = requires(std::int64_t i) {
  * returns to choose a mode other than `every_batch`.
  * @code{.cpp}
  * auto lr_scheduler(torch::optim::SGD& opt) {
- *   return dettrial::scheduled(torch::optim::StepLR(opt, 1, 0.9), dettrial::lr_step::every_epoch{});
+ *   return dettrial::scheduled(dettrial::optim::StepLR(opt, 1, 0.9), dettrial::lr_step::every_epoch{});
  * }
  * @endcode
  */
@@ -5252,10 +5252,73 @@ DETTRIAL_INLINE void python_group_options(const MuonOptions& o, c10::impl::Gener
 #include <concepts>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <vector>
 
 #include <torch/torch.h>
 
+// ---- begin dettrial/detail/generators.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief detail::GeneratorStates: the default random generators' states (the CPU's and chosen CUDA
+/// devices'), kept and put back. One mechanism for every place that must leave the random stream as
+/// it found it: activation checkpointing's recompute (nn/checkpoint.hpp) and validation, which must
+/// change nothing the training reads (trainer/fit_loop.hpp).
+
+#include <mutex>
+#include <utility>
+#include <vector>
+
+#include <ATen/Context.h>
+#include <ATen/core/Generator.h>
+#include <torch/types.h>
+
+namespace dettrial::detail {
+
+/// The states of the default CPU generator and of the default generators of some CUDA devices.
+class GeneratorStates {
+ public:
+  GeneratorStates() = default;
+  /// The CPU generator's state now, and those of `device` (when it is a CUDA device).
+  static GeneratorStates record(const torch::Device& device) {
+    GeneratorStates s;
+    s.record_cpu();
+    s.add_device(device);
+    return s;
+  }
+  /// The CPU generator's state now, and those of the CUDA devices `tensors` live on.
+  static GeneratorStates record(const std::vector<torch::Tensor>& tensors) {
+    GeneratorStates s;
+    s.record_cpu();
+    for (const auto& t : tensors)
+      if (t.defined()) s.add_device(t.device());
+    return s;
+  }
+  /// Puts every recorded generator back to its recorded state.
+  void restore() const {
+    if (cpu_.defined()) set(at::detail::getDefaultCPUGenerator(), cpu_);
+    for (const auto& [device, state] : devices_) set(at::globalContext().defaultGenerator(device), state);
+  }
+
+ private:
+  void record_cpu() { cpu_ = at::detail::getDefaultCPUGenerator().get_state(); }
+  void add_device(const torch::Device& device) {
+    if (!device.is_cuda()) return;
+    for (const auto& [seen, state] : devices_)
+      if (seen == device) return;
+    devices_.emplace_back(device, at::globalContext().defaultGenerator(device).get_state());
+  }
+  static void set(at::Generator generator, const torch::Tensor& state) {
+    std::lock_guard<std::mutex> lock(generator.mutex());
+    generator.set_state(state);
+  }
+
+  torch::Tensor cpu_;
+  std::vector<std::pair<torch::Device, torch::Tensor>> devices_;
+};
+
+}  // namespace dettrial::detail
+// ---- end dettrial/detail/generators.hpp
 // ---- begin dettrial/optim/mixed_precision.hpp
 // SPDX-License-Identifier: Apache-2.0
 /// @file
@@ -6153,7 +6216,12 @@ DETTRIAL_INLINE torch::Tensor checkpoint_sequential(torch::nn::Sequential& seque
 class CheckpointEachImpl : public torch::nn::Cloneable<CheckpointEachImpl> {
  public:
   explicit CheckpointEachImpl(torch::nn::Sequential blocks) : blocks_(std::move(blocks)) { register_module("blocks", blocks_); }
+  /// Nothing of its own to reset: its parameters are the blocks'.
   void reset() override {}
+  /// A deep copy, modes included, that draws nothing from the random generators. Cloneable's own
+  /// clone() rebuilds a copy's children with reset(), which cannot make this wrapper's blocks (they
+  /// are given, not built): the blocks are cloned as a Sequential clones its modules.
+  std::shared_ptr<torch::nn::Module> clone(const c10::optional<torch::Device>& device = c10::nullopt) const override;
   torch::Tensor forward(torch::Tensor x);
   torch::nn::Sequential& blocks() { return blocks_; }
 
@@ -6166,7 +6234,6 @@ TORCH_MODULE(CheckpointEach);
 
 // Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
 #if DETTRIAL_HEADER_DEFINITIONS
-#include <mutex>
 #include <optional>
 #include <string>
 #include <utility>
@@ -6179,27 +6246,11 @@ struct Saved : torch::CustomClassHolder {
   CheckpointedFunction function;
   std::size_t inputs = 0;
   bool with_parameters = false;
-  torch::Tensor cpu_state;
-  std::vector<std::pair<torch::Device, torch::Tensor>> device_states;
+  /// The generators (the CPU's and the inputs' CUDA devices') as they were for the first run.
+  ::dettrial::detail::GeneratorStates generators;
   /// Autocast's state in the first run (none: off), for the run in backward.
   std::optional<at::ScalarType> cpu_autocast, cuda_autocast;
 };
-
-/// The generators' states now: the CPU's and those of `tensors`' CUDA devices.
-DETTRIAL_INLINE void record_generators(Saved& s, const std::vector<torch::Tensor>& tensors) {
-  s.cpu_state = at::detail::getDefaultCPUGenerator().get_state();
-  for (const auto& t : tensors) {
-    if (!t.defined() || !t.is_cuda()) continue;
-    bool seen = false;
-    for (const auto& [device, state] : s.device_states) seen = seen || device == t.device();
-    if (!seen) s.device_states.emplace_back(t.device(), at::globalContext().defaultGenerator(t.device()).get_state());
-  }
-}
-
-DETTRIAL_INLINE void set_generator(at::Generator generator, const torch::Tensor& state) {
-  std::lock_guard<std::mutex> lock(generator.mutex());
-  generator.set_state(state);
-}
 
 /// Python's CheckpointFunction: forward without a graph, backward by running again.
 struct Function : torch::autograd::Function<Function> {
@@ -6209,7 +6260,7 @@ struct Function : torch::autograd::Function<Function> {
     c10::List<torch::Tensor> parameters;
     for (std::size_t i = saved->inputs; i < tensors.size(); ++i) parameters.push_back(tensors[i]);
     ctx->saved_data["parameters"] = parameters;
-    record_generators(*saved, inputs);
+    saved->generators = ::dettrial::detail::GeneratorStates::record(inputs);
     saved->cpu_autocast = AutocastGuard::current(torch::kCPU);
     saved->cuda_autocast = AutocastGuard::current(torch::kCUDA);
     std::vector<torch::Tensor> outputs;
@@ -6228,18 +6279,15 @@ struct Function : torch::autograd::Function<Function> {
     std::vector<torch::Tensor> inputs;
     for (const auto& x : originals) inputs.push_back(x.defined() ? x.detach().requires_grad_(x.requires_grad()) : x);
     // The generators as they were for the first run, and back as they are after this one.
-    Saved now;
-    record_generators(now, inputs);
-    set_generator(at::detail::getDefaultCPUGenerator(), saved->cpu_state);
-    for (const auto& [device, state] : saved->device_states) set_generator(at::globalContext().defaultGenerator(device), state);
+    const auto now = ::dettrial::detail::GeneratorStates::record(inputs);
+    saved->generators.restore();
     std::vector<torch::Tensor> outputs;
     {
       torch::AutoGradMode enable(true);
       AutocastGuard cpu(torch::kCPU, saved->cpu_autocast), cuda(torch::kCUDA, saved->cuda_autocast);
       outputs = saved->function(inputs);
     }
-    set_generator(at::detail::getDefaultCPUGenerator(), now.cpu_state);
-    for (const auto& [device, state] : now.device_states) set_generator(at::globalContext().defaultGenerator(device), state);
+    now.restore();
 
     std::vector<torch::Tensor> with_grad, grads;
     for (std::size_t i = 0; i < outputs.size() && i < grad_outputs.size(); ++i)
@@ -6320,6 +6368,20 @@ DETTRIAL_INLINE torch::Tensor checkpoint_sequential(torch::nn::Sequential& seque
     x = checkpoint(run(start, end), {x}, params).front();
   }
   return run(end + 1, n - 1)({x}).front();
+}
+
+DETTRIAL_INLINE std::shared_ptr<torch::nn::Module> CheckpointEachImpl::clone(const c10::optional<torch::Device>& device) const {
+  // LibTorch's clone of a block draws its reset()'s initialisation from the random generators;
+  // a copy draws nothing (Python's deepcopy), so they are put back after it.
+  const auto generators = ::dettrial::detail::GeneratorStates::record(torch::Device(torch::kCPU));
+  auto blocks = std::dynamic_pointer_cast<torch::nn::SequentialImpl>(blocks_->clone(device));
+  generators.restore();
+  auto copy = std::make_shared<CheckpointEachImpl>(torch::nn::Sequential(std::move(blocks)));
+  // A Sequential's clone starts in training mode: the wrapper's mode (whether it recomputes) and
+  // each block's are the original's.
+  copy->train(is_training());
+  for (std::size_t i = 0; i < blocks_->size(); ++i) copy->blocks_->ptr(i)->train(blocks_->ptr(i)->is_training());
+  return copy;
 }
 
 DETTRIAL_INLINE torch::Tensor CheckpointEachImpl::forward(torch::Tensor x) {
@@ -7763,6 +7825,29 @@ DETTRIAL_INLINE void CyclicLR::python_param_group(std::size_t group, c10::impl::
 
 #endif  // DETTRIAL_HEADER_DEFINITIONS
 // ---- end dettrial/optim/cyclic_schedulers.hpp
+// ---- begin dettrial/optim/running_statistics.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief optim::RunningStatistics: what update_bn needs of a normalization layer that is not one of
+/// LibTorch's BatchNorm classes but keeps their running statistics (nn::SyncBatchNorm, and with it
+/// dettrial's ResNets), so that update_bn recomputes its statistics as it does a BatchNorm's.
+
+#include <torch/torch.h>
+
+namespace dettrial::optim {
+
+/// A module with BatchNorm's options and running statistics (Python's `_BatchNorm` family).
+class RunningStatistics {
+ public:
+  virtual ~RunningStatistics() = default;
+  /// The options whose momentum update_bn sets to none (a cumulative average) and back.
+  virtual torch::nn::BatchNormOptions& batch_norm_options() = 0;
+  /// Running mean 0, variance 1, no batches tracked (BatchNorm's reset_running_stats).
+  virtual void reset_running_stats() = 0;
+};
+
+}  // namespace dettrial::optim
+// ---- end dettrial/optim/running_statistics.hpp
 
 namespace dettrial::optim {
 
@@ -7822,9 +7907,11 @@ class AveragedWeights : public torch::nn::Module {
 template <class M>
 class AveragedModel {
  public:
-  /// The copy is `model->clone()` (LibTorch's deep copy, for modules derived from torch::nn::Cloneable).
-  AveragedModel(const M& model, Averaging how)
-      : AveragedModel(M(std::dynamic_pointer_cast<typename M::ContainedType>(model->clone())), model, how) {}
+  /// The copy is `model->clone()` (LibTorch's deep copy, for modules derived from torch::nn::Cloneable),
+  /// with the random generators put back after it: Cloneable rebuilds a copy's layers with reset(),
+  /// whose initialisation draws from them, and Python's deepcopy draws nothing, so the training's
+  /// random stream (dropout, shuffles on the global generator) is the one Python's recipe has.
+  AveragedModel(const M& model, Averaging how) : AveragedModel(drawing_nothing_clone(model), model, how) {}
   /// The copy is `fresh` (another instance of the same architecture, for a module that is not
   /// Cloneable), given the model's values now.
   AveragedModel(M fresh, const M& model, Averaging how) : module_(std::move(fresh)) {
@@ -7848,6 +7935,13 @@ class AveragedModel {
   const std::shared_ptr<AveragedWeights>& weights() const { return weights_; }
 
  private:
+  static M drawing_nothing_clone(const M& model) {
+    const auto generators = dettrial::detail::GeneratorStates::record(torch::Device(torch::kCPU));
+    M copy(std::dynamic_pointer_cast<typename M::ContainedType>(model->clone()));
+    generators.restore();
+    return copy;
+  }
+
   M module_;
   std::shared_ptr<AveragedWeights> weights_;
 };
@@ -8100,13 +8194,16 @@ DETTRIAL_INLINE void SWALR::load_python_param_group(std::size_t group, const c10
 
 namespace dettrial::optim::detail::averaging {
 
-/// Calls f with every BatchNorm layer's options and its reset, whatever its dimension.
+/// Calls f with every BatchNorm layer's options and its reset, whatever its dimension (and those of
+/// dettrial's layers with BatchNorm's statistics: RunningStatistics).
 template <class F>
 void for_each_batch_norm(torch::nn::Module& model, F&& f) {
   for (const auto& m : model.modules(/*include_self=*/true)) {
     if (auto* bn = dynamic_cast<torch::nn::BatchNorm1dImpl*>(m.get())) f(bn->options, [bn] { bn->reset_running_stats(); });
     else if (auto* bn2 = dynamic_cast<torch::nn::BatchNorm2dImpl*>(m.get())) f(bn2->options, [bn2] { bn2->reset_running_stats(); });
     else if (auto* bn3 = dynamic_cast<torch::nn::BatchNorm3dImpl*>(m.get())) f(bn3->options, [bn3] { bn3->reset_running_stats(); });
+    else if (auto* other = dynamic_cast<RunningStatistics*>(m.get()))
+      f(other->batch_norm_options(), [other] { other->reset_running_stats(); });
   }
 }
 
@@ -11298,7 +11395,10 @@ DETTRIAL_INLINE std::vector<c10::IValue> reducer_parts(const std::vector<RankSha
 /// of each channel over the global batch (every rank's share), as PyTorch's SyncBatchNorm computes
 /// them, with the backward pass reducing its two sums across the ranks too.
 
+#include <concepts>
 #include <cstdint>
+#include <memory>
+#include <string>
 #include <vector>
 
 #include <torch/torch.h>
@@ -11318,12 +11418,14 @@ namespace dettrial::nn {
  * so checkpoints move between the two and to Python's BatchNorm and SyncBatchNorm. Takes inputs of
  * shape (N, C, *): it serves BatchNorm1d, 2d and 3d.
  */
-class SyncBatchNormImpl : public torch::nn::Cloneable<SyncBatchNormImpl> {
+class SyncBatchNormImpl : public torch::nn::Cloneable<SyncBatchNormImpl>, public optim::RunningStatistics {
  public:
   explicit SyncBatchNormImpl(torch::nn::BatchNormOptions options, Communicator* communicator = nullptr);
 
   void reset() override;
   void reset_parameters();
+  torch::nn::BatchNormOptions& batch_norm_options() override { return options; }
+  void reset_running_stats() override;
   torch::Tensor forward(const torch::Tensor& input);
   void pretty_print(std::ostream& stream) const override;
 
@@ -11334,14 +11436,46 @@ class SyncBatchNormImpl : public torch::nn::Cloneable<SyncBatchNormImpl> {
 };
 TORCH_MODULE(SyncBatchNorm);
 
+}  // namespace dettrial::nn
+
+namespace dettrial::nn::detail {
+/// Converts the tree below `module` in place (`path`: its name, for errors): see convert_sync_batchnorm.
+DETTRIAL_INLINE void convert_sync_batchnorm_below(torch::nn::Module& module, const std::string& path, Communicator* communicator);
+/// Whether `module` is a BatchNorm1d, 2d or 3d.
+DETTRIAL_INLINE bool is_batch_norm(const torch::nn::Module& module);
+}  // namespace dettrial::nn::detail
+
+namespace dettrial::nn {
+
 /**
  * @brief `model` with each BatchNorm1d, 2d and 3d replaced by a
  * SyncBatchNorm over `communicator` that holds the same options, parameters and running statistics
- * (PyTorch's `SyncBatchNorm.convert_sync_batchnorm`). The other layers are shared, not copied.
- * A BatchNorm held by a module of one's own cannot be swapped from outside (its forward calls its
- * member): declare that member a SyncBatchNorm instead.
+ * (PyTorch's `SyncBatchNorm.convert_sync_batchnorm`). The other layers are shared, not copied, and
+ * converted as the overload for any module converts them.
  */
 DETTRIAL_INLINE torch::nn::Sequential convert_sync_batchnorm(const torch::nn::Sequential& model, Communicator* communicator);
+
+/**
+ * @brief Any module tree converted in place, as PyTorch's `convert_sync_batchnorm` converts any
+ * module (returns `model`): every SyncBatchNorm in it takes `communicator`, and each BatchNorm1d,
+ * 2d and 3d that a Sequential holds (at any depth) is replaced there by a SyncBatchNorm with its
+ * options, state and mode. A module that holds a BatchNorm as a member calls that member itself,
+ * which no one can swap from outside: a BatchNorm anywhere else is refused (ConfigError), naming
+ * its path. Declare such a member a SyncBatchNorm instead, as dettrial's ResNets do (without a
+ * communicator it normalizes as BatchNorm, so nothing else changes).
+ */
+template <class M>
+  requires(!std::same_as<M, torch::nn::Sequential>) && requires(const M& m) {
+    { m.ptr() } -> std::convertible_to<std::shared_ptr<torch::nn::Module>>;
+  }
+M convert_sync_batchnorm(M model, Communicator* communicator) {
+  if (detail::is_batch_norm(*model.ptr()))
+    throw ConfigError(
+        "convert_sync_batchnorm: the model is a BatchNorm itself, which cannot be converted in place: make it a "
+        "dettrial::nn::SyncBatchNorm");
+  detail::convert_sync_batchnorm_below(*model.ptr(), "", communicator);
+  return model;
+}
 
 }  // namespace dettrial::nn
 
@@ -11447,13 +11581,18 @@ DETTRIAL_INLINE void SyncBatchNormImpl::reset() {
   reset_parameters();
 }
 
-DETTRIAL_INLINE void SyncBatchNormImpl::reset_parameters() {
+DETTRIAL_INLINE void SyncBatchNormImpl::reset_running_stats() {
   torch::NoGradGuard no_grad;
   if (running_mean.defined()) {
     running_mean.zero_();
     running_var.fill_(1);
     num_batches_tracked.zero_();
   }
+}
+
+DETTRIAL_INLINE void SyncBatchNormImpl::reset_parameters() {
+  torch::NoGradGuard no_grad;
+  reset_running_stats();
   if (options.affine()) {
     weight.fill_(1);
     bias.zero_();
@@ -11484,11 +11623,12 @@ DETTRIAL_INLINE void SyncBatchNormImpl::pretty_print(std::ostream& stream) const
 }  // namespace dettrial::nn
 
 namespace dettrial::nn::detail {
+/// A SyncBatchNorm over `communicator` with the options, parameters, running statistics, mode,
+/// device and dtype of `module`, when it is a `BatchNormImpl`; else null.
 template <class BatchNormImpl>
-bool replace_batch_norm(const std::shared_ptr<torch::nn::Module>& module, Communicator* communicator, torch::nn::Sequential& out,
-                        const std::string& name) {
+SyncBatchNorm sync_copy(const std::shared_ptr<torch::nn::Module>& module, Communicator* communicator) {
   const auto bn = std::dynamic_pointer_cast<BatchNormImpl>(module);
-  if (!bn) return false;
+  if (!bn) return SyncBatchNorm(nullptr);
   SyncBatchNorm sync(bn->options, communicator);
   torch::NoGradGuard no_grad;
   if (bn->options.affine()) {
@@ -11504,8 +11644,47 @@ bool replace_batch_norm(const std::shared_ptr<torch::nn::Module>& module, Commun
   }
   if (!bn->is_training()) sync->eval();
   if (!bn->parameters().empty()) sync->to(bn->parameters().front().device(), bn->parameters().front().scalar_type());
-  out->push_back(std::string(name), sync);
-  return true;
+  return sync;
+}
+
+/// sync_copy for a BatchNorm of any dimension.
+inline SyncBatchNorm sync_copy_of_any(const std::shared_ptr<torch::nn::Module>& module, Communicator* communicator) {
+  if (SyncBatchNorm s = sync_copy<torch::nn::BatchNorm1dImpl>(module, communicator)) return s;
+  if (SyncBatchNorm s = sync_copy<torch::nn::BatchNorm2dImpl>(module, communicator)) return s;
+  return sync_copy<torch::nn::BatchNorm3dImpl>(module, communicator);
+}
+
+DETTRIAL_INLINE bool is_batch_norm(const torch::nn::Module& module) {
+  return dynamic_cast<const torch::nn::BatchNorm1dImpl*>(&module) || dynamic_cast<const torch::nn::BatchNorm2dImpl*>(&module) ||
+         dynamic_cast<const torch::nn::BatchNorm3dImpl*>(&module);
+}
+
+DETTRIAL_INLINE void convert_sync_batchnorm_below(torch::nn::Module& module, const std::string& path, Communicator* communicator) {
+  // A Sequential calls its elements through its own list: a BatchNorm there is replaced in that
+  // list and in its registry, under the same name.
+  if (auto* sequential = dynamic_cast<torch::nn::SequentialImpl*>(&module)) {
+    const auto names = sequential->named_children().keys();
+    std::size_t i = 0;
+    for (torch::nn::AnyModule& element : *sequential) {
+      const std::string& name = names.at(i++);
+      if (SyncBatchNorm sync = sync_copy_of_any(element.ptr(), communicator)) {
+        element = torch::nn::AnyModule(sync);
+        sequential->replace_module(name, sync.ptr());
+      }
+    }
+  }
+  for (const auto& child : module.named_children()) {
+    const std::string child_path = path.empty() ? child.key() : path + "." + child.key();
+    if (auto* sync = dynamic_cast<SyncBatchNormImpl*>(child.value().get())) {
+      sync->communicator = communicator;
+      continue;
+    }
+    if (is_batch_norm(*child.value()))
+      throw ConfigError("convert_sync_batchnorm: '" + child_path + "' is a " + child.value()->name() +
+                        " that its module calls itself, so it cannot be swapped from outside: declare that member a "
+                        "dettrial::nn::SyncBatchNorm (in one process it normalizes as BatchNorm)");
+    convert_sync_batchnorm_below(*child.value(), child_path, communicator);
+  }
 }
 }  // namespace dettrial::nn::detail
 
@@ -11516,11 +11695,12 @@ DETTRIAL_INLINE torch::nn::Sequential convert_sync_batchnorm(const torch::nn::Se
   std::size_t i = 0;
   for (const auto& any : *model) {
     const std::string& name = names.at(i++);
-    const std::shared_ptr<torch::nn::Module> module = any.ptr();
-    if (detail::replace_batch_norm<torch::nn::BatchNorm1dImpl>(module, communicator, out, name) ||
-        detail::replace_batch_norm<torch::nn::BatchNorm2dImpl>(module, communicator, out, name) ||
-        detail::replace_batch_norm<torch::nn::BatchNorm3dImpl>(module, communicator, out, name))
+    if (SyncBatchNorm sync = detail::sync_copy_of_any(any.ptr(), communicator)) {
+      out->push_back(std::string(name), sync);
       continue;
+    }
+    if (auto* sync = dynamic_cast<SyncBatchNormImpl*>(any.ptr().get())) sync->communicator = communicator;
+    else detail::convert_sync_batchnorm_below(*any.ptr(), name, communicator);
     out->push_back(std::string(name), any);
   }
   if (!model->is_training()) out->eval();
@@ -12480,6 +12660,9 @@ class Context {
   std::int64_t get_per_slot_batch_size() const;
   /// The effective global batch size, `per_slot * slots`.
   std::int64_t get_global_batch_size() const { return get_per_slot_batch_size() * slots_per_trial_; }
+  /// The job's ranks: the communicator's size, else `resources.slots_per_trial` (which a fit then
+  /// refuses above 1: one process would train alone on a slot's share of each global batch).
+  std::int64_t slots_per_trial() const { return slots_per_trial_; }
   /// True when the `global_batch_size` hyperparameter exists.
   bool has_global_batch_size() const { return hparams_.global_batch_size().has_value(); }
 
@@ -23657,6 +23840,11 @@ class Schedule {
   /// Determined's boundary rule: batch periods on batches completed; epoch periods on the last
   /// batch of an epoch, on epochs completed.
   DETTRIAL_INLINE Reached boundaries_after(std::int64_t batch_idx, std::int64_t epoch_idx, bool epoch_end) const;
+  /// Whether a validation is due once `batches_trained` batches are trained (none before the first).
+  bool validates_after(std::int64_t batches_trained) const {
+    const std::int64_t last = batches_trained - 1;
+    return batches_trained > 0 && boundaries_after(last, epoch_of(last), ends_epoch(last)).validation;
+  }
 
   /// With reproducibility.rank_invariant and aggregation, every boundary and the batch resumed at
   /// must fall on an update's last batch: the micro-batches of an update are kept apart until it,
@@ -23817,15 +24005,17 @@ DETTRIAL_INLINE std::filesystem::path default_output_dir();
 DETTRIAL_INLINE Checkpointer fit_checkpointer(TrainerKey key, Context& context, const FitOptions& options);
 
 /// The run's first lines: the runtime, the trial, the job, the checkpoint resumed from, what is
-/// profiled and captured.
-DETTRIAL_INLINE void announce(Context& context, const FitOptions& options, const Schedule& schedule, const Position& position,
-                              Reporter& reporter);
+/// profiled and captured, and a scheduler that steps otherwise than its Python namesake.
+DETTRIAL_INLINE void announce(TrainerKey key, Context& context, const FitOptions& options, const Schedule& schedule,
+                              const Position& position, Reporter& reporter);
 
 /// The workload's training metrics over all ranks, with `batches` and `epochs`, reported.
 DETTRIAL_INLINE MetricValues report_training(TrainerKey key, Context& context, const Workload& workload, const TrialProgress& progress,
                                              Reporter& reporter);
 
-/// A validation begins: rank 0's buffers, models in evaluation mode, validation reducers reset.
+/// A validation begins: rank 0's buffers, models and the averaged model in evaluation mode (the
+/// average as torchvision's recipe evaluates it; nothing trains it, so it stays so), validation
+/// reducers reset.
 DETTRIAL_INLINE void begin_validation(TrainerKey key, Context& context);
 /// This rank's share and every other's, reduced: the validation's metrics, as the callbacks get
 /// them; `records` the whole job's.
@@ -23929,7 +24119,7 @@ inline void announce_profiling(Context& context, const FitOptions& o, std::int64
 }  // namespace dettrial::detail::fit_steps
 
 namespace dettrial::detail {
-DETTRIAL_INLINE void announce(Context& context, const FitOptions& o, const Schedule& schedule, const Position& position,
+DETTRIAL_INLINE void announce(TrainerKey key, Context& context, const FitOptions& o, const Schedule& schedule, const Position& position,
                               Reporter& reporter) {
   reporter.line("dettrial " DETTRIAL_VERSION_STRING ": " + runtime_summary());
   reporter.line("dettrial: trial seed " + std::to_string(context.get_trial_seed()) + ", device " + context.device().str() + ", training " +
@@ -23963,6 +24153,14 @@ DETTRIAL_INLINE void announce(Context& context, const FitOptions& o, const Sched
                   std::to_string(schedule.data_epoch_len()) + " batches on this rank)");
   if (o.checkpoint_policy == CheckpointPolicy::best && o.searcher_metric.empty())
     reporter.line("dettrial: checkpoint_policy 'best' has no searcher metric to compare; checkpointing after every validation");
+  // A port that means Python's StepLR and wraps LibTorch's decays one step late: said once.
+  for (std::size_t i = 0; i < context.num_lr_schedulers(); ++i)
+    if (ContextAccess::lr_scheduler(key, context, i).type == "torch::optim::StepLR") {
+      reporter.line("dettrial: LR scheduler " + std::to_string(i) +
+                    " is LibTorch's torch::optim::StepLR, which decays one step() later than Python's StepLR (its first step() does "
+                    "not count); dettrial::optim::StepLR decays where Python's does");
+      break;
+    }
 }
 
 DETTRIAL_INLINE MetricValues report_training(TrainerKey key, Context& context, const Workload& workload, const TrialProgress& progress,
@@ -23987,6 +24185,7 @@ DETTRIAL_INLINE MetricValues report_training(TrainerKey key, Context& context, c
 DETTRIAL_INLINE void begin_validation(TrainerKey key, Context& context) {
   agree_on_buffers(context);
   for (const auto& m : context.models()) m->eval();
+  if (const auto average = context.averaged_weights()) average->eval();
   for (auto& r : ContextAccess::reducers(key, context))
     if (r.for_validation) r.reset(r.object);
 }
@@ -24941,6 +25140,8 @@ class FitLoop {
   DETTRIAL_INLINE void prepare_training();
   DETTRIAL_INLINE void train();
   DETTRIAL_INLINE bool handle_boundaries(const Reached& reached);
+  /// Stops (and returns true) when any rank received a stop signal or asked to stop.
+  DETTRIAL_INLINE bool stop_if_asked();
   DETTRIAL_INLINE void stop(int signal);
   DETTRIAL_INLINE void checkpoint_unless_current();
   DETTRIAL_INLINE void validate();
@@ -24991,12 +25192,15 @@ DETTRIAL_INLINE FitResult FitLoop::fit(FitOptions options) {
   // The graph is made anew in each fit (a resumed run warms up and captures again) and freed after it.
   if (const auto* graph = std::get_if<capture::cuda_graph>(&options_.step_capture)) start_step_graph(*graph);
   const auto free_graph = on_scope_exit([&] { free_step_graph(); });
-  announce(context_, options_, schedule_, position_, outputs_.reporter());
+  announce(key_, context_, options_, schedule_, position_, outputs_.reporter());
   if (const std::optional<std::string> data = describe_training_data()) outputs_.reporter().line("dettrial: training data: " + *data);
   outputs_.start_tensorboard_session(context_);
   const StopSignals signals(options_.handle_signals);
   call_callbacks(LoopHook::training_start);
   if (options_.step_zero_validation && position_.untouched()) validate();
+  // A checkpoint taken where a validation was due but had not run (an earlier dettrial stopped on
+  // a signal before validating): it runs first, where the uninterrupted run ran it.
+  if (!position_.validated_here() && schedule_.validates_after(position_.batches_trained())) validate();
   train();
   outputs_.finish_profiling(position_.batches_trained() - 1);
   if (!result_.stop_requested) {
@@ -25017,6 +25221,13 @@ DETTRIAL_INLINE FitResult FitLoop::fit(FitOptions options) {
 /// folder's lock first, then the schedule, the checkpoint to resume from, the checkpoints'
 /// storage and the outputs.
 DETTRIAL_INLINE void FitLoop::begin(FitOptions options) {
+  if (!context_.communicator() && context_.slots_per_trial() > 1) {
+    const std::string slots = std::to_string(context_.slots_per_trial());
+    throw ConfigError("resources.slots_per_trial is " + slots + ", but this process trains alone (its Context has no communicator of " +
+                      slots + " ranks), so it would train on 1/" + slots +
+                      " of each global batch: launch the ranks (dettrial::main does, or torchrun, srun or mpirun with a Communicator "
+                      "in ContextOptions), or set slots_per_trial to 1");
+  }
   options_ = std::move(options);
   if (options_.output_dir.empty()) options_.output_dir = default_output_dir();
   outputs_ = Outputs::lock(context_, options_.output_dir);
@@ -25055,13 +25266,15 @@ DETTRIAL_INLINE void FitLoop::train() {
     result_.last_training_metrics = report_training(key_, context_, workload, position_.progress(), outputs_.reporter());
     workload_ended(result_.last_training_metrics, workload);
     finish_checkpoint(/*wait=*/false);  // the one written in the background, if it is durable now
-    if (const int signal = agreed_max(StopSignals::received()); signal != 0) return stop(signal);
     if (handle_boundaries(reached)) return;
   }
 }
 
 /// Validates and checkpoints as reached, in Determined's order (length, validation, checkpoint,
-/// report), honouring a stop request after each. Returns true when training stops.
+/// report), and after each acts on a stop signal or a stop request, as Determined's harness checks
+/// for a preemption after each boundary: a validation due at this batch runs before a signal
+/// stops the run. A workload that a signal ended between boundaries (one process) stops at once.
+/// Returns true when training stops.
 DETTRIAL_INLINE bool FitLoop::handle_boundaries(const Reached& reached) {
   enum class Kind { length, validation, checkpoint, report };
   const std::pair<bool, Kind> in_order[] = {{reached.length, Kind::length},
@@ -25072,12 +25285,18 @@ DETTRIAL_INLINE bool FitLoop::handle_boundaries(const Reached& reached) {
     if (!hit) continue;
     if (kind == Kind::validation && !position_.validated_here()) validate();
     if (kind == Kind::checkpoint) checkpoint_unless_current();
-    if (agreed_max(context_.get_stop_requested() ? 1 : 0) != 0) {
-      stop(0);
-      return true;
-    }
+    if (stop_if_asked()) return true;
   }
-  return false;
+  return !reached.any() && stop_if_asked();
+}
+
+DETTRIAL_INLINE bool FitLoop::stop_if_asked() {
+  // One collective for both: twice the largest signal any rank received, plus one where a rank
+  // asked to stop; every rank acts on the same answer.
+  const int agreed = agreed_max(StopSignals::received() * 2 + (context_.get_stop_requested() ? 1 : 0));
+  if (agreed == 0) return false;
+  stop(agreed / 2);
+  return true;
 }
 
 /// The one way training stops early: checkpoint (unless current), record why (`signal`, or 0
@@ -25099,17 +25318,25 @@ DETTRIAL_INLINE void FitLoop::checkpoint_unless_current() {
 
 DETTRIAL_INLINE void FitLoop::validate() {
   RECORD_USER_SCOPE("dettrial::validate");
-  torch::NoGradGuard no_grad;
-  begin_validation(key_, context_);
-  call_callbacks(LoopHook::validation_start);
-  outputs_.reporter().begin("validate", 0, validation_epoch_length(validation_chain()), "batches");
-  std::int64_t records = 0;
-  const MetricValues metrics = reduce_validation(key_, context_, evaluate(), records);
-  validation_ended(metrics);
-  result_.last_validation_metrics = finish_validation(context_, metrics, records, position_, outputs_.reporter());
-  ++result_.validations;
-  if (checkpointer_.after_validation(improves_searcher_metric(context_, options_, position_, result_.last_validation_metrics)))
-    checkpoint_unless_current();
+  bool improved = false;
+  {
+    torch::NoGradGuard no_grad;
+    // Validation changes nothing the training reads: what the trial's evaluation draws from the
+    // random generators (a model's own sampling, a stochastic metric) is undone before anything
+    // else (a checkpoint saves them), so a run trains the same numbers whatever its validation
+    // period.
+    const auto generators = on_scope_exit([states = GeneratorStates::record(context_.device())] { states.restore(); });
+    begin_validation(key_, context_);
+    call_callbacks(LoopHook::validation_start);
+    outputs_.reporter().begin("validate", 0, validation_epoch_length(validation_chain()), "batches");
+    std::int64_t records = 0;
+    const MetricValues metrics = reduce_validation(key_, context_, evaluate(), records);
+    validation_ended(metrics);
+    result_.last_validation_metrics = finish_validation(context_, metrics, records, position_, outputs_.reporter());
+    ++result_.validations;
+    improved = improves_searcher_metric(context_, options_, position_, result_.last_validation_metrics);
+  }
+  if (checkpointer_.after_validation(improved)) checkpoint_unless_current();
 }
 
 /// Takes a checkpoint (Determined's layout, crash-safe) and starts writing it, in the background

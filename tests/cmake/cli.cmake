@@ -56,6 +56,7 @@ if(TARGET mnist)
       "imagenet example: TrivialAugmentWide, RandomErasing, MixUp or CutMix, label smoothing and reduced_decode resume mid-epoch exactly")
   set(_imagenet_bad_data "imagenet example: a data value of the wrong type is named (data.reduced_decode: maybe)")
   set(_imagenet_pretrained "imagenet example: a torchvision ResNet-50 state dict saved by Python warm-starts the guide's trial")
+  set(_imagenet_lr "imagenet example: the guide's trial decays its learning rate after the epochs Python's StepLR does")
   if(DETTRIAL_DECODES_JPEG AND DETTRIAL_DECODES_PNG AND DETTRIAL_PYTHON)
     add_test(NAME "imagenet example: an ImageNet-shaped folder is written from Fashion-MNIST"
              COMMAND ${_needs_fashion} "${DETTRIAL_PYTHON}" "${PROJECT_SOURCE_DIR}/scripts/lib/imagenet_folder.py"
@@ -90,11 +91,17 @@ if(TARGET mnist)
                      "${CMAKE_CURRENT_BINARY_DIR}/torchvision_resnets/resnet50.pt" "${CMAKE_CURRENT_BINARY_DIR}/runs/imagenet-pretrained")
     set_tests_properties("${_imagenet_pretrained}" PROPERTIES FIXTURES_REQUIRED "dettrial_imagenet_folder;dettrial_model_tests"
                                                               SKIP_RETURN_CODE 77 PASS_REGULAR_EXPRESSION "ok: warm-started")
+    add_test(NAME "${_imagenet_lr}" COMMAND "${_requires}" "${_imagenet_folder}/complete" "the ImageNet-shaped folder" --
+                                            "${_cli}/imagenet_lr.sh" $<TARGET_FILE:imagenet> "${_cli}/imagenet.yaml" "${_imagenet_folder}"
+                                            "${CMAKE_CURRENT_BINARY_DIR}/runs/imagenet-lr" "${DETTRIAL_PYTHON}")
+    set_tests_properties("${_imagenet_lr}" PROPERTIES FIXTURES_REQUIRED dettrial_imagenet_folder SKIP_RETURN_CODE 77
+                                                      PASS_REGULAR_EXPRESSION "ok: the learning rates after 1, 2 and 3 epochs")
   else()
     dettrial_skipped_test("${_imagenet_resume}" "this build has no JPEG or PNG decoder, or no Python to write the folder")
     dettrial_skipped_test("${_imagenet_recipe}" "this build has no JPEG or PNG decoder, or no Python to write the folder")
     dettrial_skipped_test("${_imagenet_bad_data}" "this build has no JPEG or PNG decoder, or no Python to write the folder")
     dettrial_skipped_test("${_imagenet_pretrained}" "this build has no JPEG or PNG decoder, or no Python to write the folder")
+    dettrial_skipped_test("${_imagenet_lr}" "this build has no JPEG or PNG decoder, or no Python to write the folder")
   endif()
   set(_slurm_tests "slurm: srun (on one node and on two) and sbatch run the 2-rank MNIST job as the built-in launcher does; a failed task ends the step")
   if(_gloo_missing)

@@ -40,16 +40,20 @@ python3 "$here/compare.py" "$work/reference-2" "$work/torchrun-afresh" || fail "
 
 # Two agents (two "nodes" on this host, one rank each, --nnodes 1:2): the second agent and its
 # worker are killed at batch 23 (a node lost); the first agent restarts its worker alone, on one
-# rank, which continues from the checkpoint at batch 20 with the 2-rank run's global batches. (The
-# first agent hosts the rendezvous store, so it starts first.)
+# rank, which continues from the checkpoint at batch 20 with the 2-rank run's global batches. The
+# first agent hosts the rendezvous store, told so (is_host): left to itself, whichever agent binds
+# the port first hosts it, and when that is the agent killed, the survivor has no store to
+# rendezvous on again (a loaded machine, where the first agent's Python took longer to start,
+# lost that race). The second is a client whenever it starts: its store connection waits for the
+# host.
 port=$((20000 + RANDOM % 12000))  # below the ephemeral ports (32768 and up) other connections hold
-nodes=("${agent[@]}" --nnodes 1:2 --nproc_per_node 1 --max_restarts 1 --rdzv_backend c10d
-       --rdzv_endpoint "127.0.0.1:$port" --rdzv_id "elastic-$$" --rdzv_conf last_call_timeout=6 --no_python)
-timeout 240 "${nodes[@]}" "$program" "${trial[@]}" --output "$work/torchrun-nodes" >"$work/torchrun-node-a.log" 2>&1 &
+node=("${agent[@]}" --nnodes 1:2 --nproc_per_node 1 --max_restarts 1 --rdzv_backend c10d
+      --rdzv_endpoint "127.0.0.1:$port" --rdzv_id "elastic-$$")
+timeout 240 "${node[@]}" --rdzv_conf is_host=true,last_call_timeout=6 --no_python "$program" "${trial[@]}" \
+  --output "$work/torchrun-nodes" >"$work/torchrun-node-a.log" 2>&1 &
 first=$!
-sleep 1
-{ ELASTIC_KILL='*:23' ELASTIC_KILL_AGENT=1 timeout 240 "${nodes[@]}" "$program" "${trial[@]}" --output "$work/torchrun-nodes" \
-    >"$work/torchrun-node-b.log" 2>&1; } 2>/dev/null
+{ ELASTIC_KILL='*:23' ELASTIC_KILL_AGENT=1 timeout 240 "${node[@]}" --rdzv_conf is_host=false,last_call_timeout=6 --no_python "$program" \
+    "${trial[@]}" --output "$work/torchrun-nodes" >"$work/torchrun-node-b.log" 2>&1; } 2>/dev/null
 wait "$first"
 status=$?
 [ "$status" -eq 0 ] || { cat "$work/torchrun-node-a.log" "$work/torchrun-node-b.log"; fail "the surviving torchrun agent exited with $status"; }

@@ -14,6 +14,8 @@
 #include "test_trials.hpp"
 #include "applied_context.hpp"
 
+#include <dettrial/vision.hpp>
+
 using namespace dettrial;
 namespace fs = std::filesystem;
 
@@ -291,4 +293,214 @@ TEST_CASE("convert_sync_batchnorm swaps each BatchNorm for a SyncBatchNorm with 
   CHECK(torch::equal(converted[1]->as<dettrial::nn::SyncBatchNorm>()->forward(x), model[1]->as<torch::nn::BatchNorm1d>()->forward(x)));
   model->eval();
   CHECK(!dettrial::nn::convert_sync_batchnorm(model, nullptr)->is_training());
+}
+
+// ---- any module tree converted: torchvision's ResNet on 2 ranks ---------------------------------
+
+namespace {
+
+/// The global batch of images: 5 of 3 x 32 x 32, split 3 and 2 over 2 ranks.
+torch::Tensor global_images() {
+  auto gen = at::detail::createCPUGenerator(41);
+  return torch::randn({5, 3, 32, 32}, gen);
+}
+
+/// ResNet-18 for 5 classes as every process builds it (the same seed, the same weights).
+dettrial::vision::models::ResNet seeded_resnet18() {
+  torch::manual_seed(12);
+  return dettrial::vision::models::resnet18({.num_classes = 5});
+}
+
+/// The output of one training forward, then every buffer (the running statistics, in order).
+std::vector<torch::Tensor> forward_and_buffers(dettrial::vision::models::ResNet& model, const torch::Tensor& images) {
+  torch::NoGradGuard no_grad;
+  model->train();
+  std::vector<torch::Tensor> out{model->forward(images)};
+  for (const auto& b : model->named_buffers()) out.push_back(b.value().clone());
+  return out;
+}
+
+}  // namespace
+
+namespace {
+/// A module of one's own whose forward calls its BatchNorm member.
+struct OwnNormImpl : torch::nn::Module {
+  torch::nn::BatchNorm2d norm{nullptr};
+  OwnNormImpl() { norm = register_module("norm", torch::nn::BatchNorm2d(4)); }
+  torch::Tensor forward(torch::Tensor x) { return norm(x); }
+};
+/// A module of one's own that holds a Sequential with a BatchNorm.
+struct SequentialHolderImpl : torch::nn::Module {
+  torch::nn::Sequential body{nullptr};
+  SequentialHolderImpl() { body = register_module("body", torch::nn::Sequential(torch::nn::Conv2d(3, 4, 3), torch::nn::BatchNorm2d(4))); }
+  torch::Tensor forward(torch::Tensor x) { return body->forward(x); }
+};
+TORCH_MODULE(SequentialHolder);
+}  // namespace
+
+TEST_CASE("child process: a converted ResNet rank" * doctest::skip()) {
+  const LaunchEnvironment env = LaunchEnvironment::detect();
+  REQUIRE(env.distributed());
+  auto comm = Communicator::create(env, std::chrono::seconds(60), backend::gloo{});
+  auto model = dettrial::nn::convert_sync_batchnorm(seeded_resnet18(), comm.get());
+  // In place: the members the ResNet's forward calls are the converted layers.
+  REQUIRE(model->bn1->communicator == comm.get());
+  REQUIRE(model->layer2[0]->as<dettrial::vision::models::BasicBlock>()->downsample[1]->as<dettrial::nn::SyncBatchNorm>()->communicator ==
+          comm.get());
+  const std::int64_t first = env.rank == 0 ? 0 : 3, count = env.rank == 0 ? 3 : 2;
+  torch::save(forward_and_buffers(model, global_images().narrow(0, first, count)),
+              (fs::path(std::getenv("DETTRIAL_CHILD_DIR")) / ("resnet" + std::to_string(env.rank) + ".pt")).string());
+}
+
+TEST_CASE(
+    "convert_sync_batchnorm converts torchvision's ResNet-18 in place: on 2 ranks with a 3 and 2 split its outputs and running "
+    "statistics are one process's over the global batch; a BatchNorm member it cannot swap is refused by path" *
+    doctest::timeout(200)) {
+  if (test::skip_without_gloo()) return;
+  auto reference_model = seeded_resnet18();
+  const std::vector<torch::Tensor> reference = forward_and_buffers(reference_model, global_images());
+  // The test can fail: a rank normalizing with its own share's statistics ends elsewhere.
+  auto alone = seeded_resnet18();
+  const std::vector<torch::Tensor> own_share = forward_and_buffers(alone, global_images().narrow(0, 0, 3));
+  CHECK_FALSE(torch::allclose(own_share[1], reference[1], 1e-4, 1e-5));
+
+  const fs::path dir = test::quiet({}).output_dir;
+  fs::create_directories(dir);
+  test::run_ranks("child process: a converted ResNet rank", 2, dir);
+  std::vector<torch::Tensor> outputs;
+  for (int rank = 0; rank < 2; ++rank) {
+    CAPTURE(rank);
+    std::vector<torch::Tensor> got;
+    torch::load(got, (dir / ("resnet" + std::to_string(rank) + ".pt")).string());
+    REQUIRE(got.size() == reference.size());
+    outputs.push_back(got[0]);
+    for (std::size_t i = 1; i < got.size(); ++i) {
+      CAPTURE(i);
+      CHECK(torch::allclose(got[i], reference[i], 1e-4, 1e-5));
+    }
+  }
+  CHECK(torch::allclose(torch::cat(outputs), reference[0], 1e-4, 1e-4));
+
+  // A module of one's own that holds a BatchNorm as a member calls it itself: refused, by path.
+  torch::nn::Sequential tree(torch::nn::Conv2d(3, 4, 3), torch::nn::BatchNorm2d(4));
+  tree->push_back("own", std::make_shared<OwnNormImpl>());
+  CHECK_THROWS_WITH_AS(dettrial::nn::convert_sync_batchnorm(tree, nullptr),
+                       doctest::Contains("convert_sync_batchnorm: 'own.norm' is a torch::nn::BatchNorm2dImpl that its module calls "
+                                         "itself, so it cannot be swapped from outside: declare that member a dettrial::nn::SyncBatchNorm"),
+                       ConfigError);
+  // A Sequential inside a module of one's own is converted where it is: the member sees it.
+  SequentialHolder holder;
+  CHECK(dettrial::nn::convert_sync_batchnorm(holder, nullptr).get() == holder.get());
+  CHECK(holder->body[1]->as<dettrial::nn::SyncBatchNorm>() != nullptr);
+}
+
+// ---- clone() of every module dettrial ships ------------------------------------------------------
+
+namespace {
+
+/// `copy` holds `original`'s values in storage of its own, with its names and modes.
+void check_deep_copy(torch::nn::Module& original, torch::nn::Module& copy) {
+  const auto from = original.named_parameters(), to = copy.named_parameters();
+  REQUIRE(from.size() == to.size());
+  for (const auto& p : from) {
+    CAPTURE(p.key());
+    REQUIRE(to.contains(p.key()));
+    CHECK(torch::equal(to[p.key()], p.value()));
+    CHECK(to[p.key()].data_ptr() != p.value().data_ptr());
+  }
+  const auto from_buffers = original.named_buffers(), to_buffers = copy.named_buffers();
+  REQUIRE(from_buffers.size() == to_buffers.size());
+  for (const auto& b : from_buffers) {
+    CAPTURE(b.key());
+    REQUIRE(to_buffers.contains(b.key()));
+    CHECK(torch::equal(to_buffers[b.key()], b.value()));
+  }
+  const auto from_modules = original.modules(), to_modules = copy.modules();
+  REQUIRE(from_modules.size() == to_modules.size());
+  for (std::size_t i = 0; i < from_modules.size(); ++i) CHECK(to_modules[i]->is_training() == from_modules[i]->is_training());
+}
+
+}  // namespace
+
+TEST_CASE(
+    "every module dettrial ships clones deeply, modes included, drawing nothing; an EMA of a model with activation "
+    "checkpointing or of a ResNet is made by cloning") {
+  namespace models = dettrial::vision::models;
+  const auto generator_state = [] { return at::detail::getDefaultCPUGenerator().get_state(); };
+  torch::manual_seed(4);
+  {
+    dettrial::nn::CheckpointEach model(torch::nn::Sequential(torch::nn::Linear(3, 4), torch::nn::Dropout(0.5), torch::nn::Linear(4, 2)));
+    model->blocks()[1]->eval();  // a mode of its own in one block
+    const torch::Tensor before = generator_state();
+    auto copy = std::dynamic_pointer_cast<dettrial::nn::CheckpointEachImpl>(model->clone());
+    CHECK(torch::equal(generator_state(), before));
+    REQUIRE(copy);
+    check_deep_copy(*model, *copy);
+    model->eval();
+    check_deep_copy(*model, *model->clone());
+    // LibTorch's message before: "The cloned module does not have the same number of child modules".
+    const torch::Tensor before_ema = generator_state();
+    dettrial::optim::AveragedModel<dettrial::nn::CheckpointEach> ema(model, dettrial::optim::ema(0.9));
+    CHECK(torch::equal(generator_state(), before_ema));  // as Python's deepcopy: no draws
+    check_deep_copy(*model, *ema.module());
+    // An EMA of a plain Sequential draws nothing either (LibTorch's clone re-initialises its layers).
+    torch::nn::Sequential plain(torch::nn::Linear(3, 4), torch::nn::Linear(4, 2));
+    const torch::Tensor before_plain = generator_state();
+    dettrial::optim::AveragedModel<torch::nn::Sequential> plain_ema(plain, dettrial::optim::ema(0.9));
+    CHECK(torch::equal(generator_state(), before_plain));
+    check_deep_copy(*plain, *plain_ema.module());
+  }
+  {
+    dettrial::nn::SyncBatchNorm norm(torch::nn::BatchNormOptions(3));
+    norm->running_mean.fill_(0.5);
+    norm->eval();
+    check_deep_copy(*norm, *norm->clone());
+  }
+  {
+    // update_bn recomputes a SyncBatchNorm's statistics (the ResNets' norm layers) as a BatchNorm's.
+    torch::nn::Sequential plain(torch::nn::BatchNorm1d(3)), sync(dettrial::nn::SyncBatchNorm(torch::nn::BatchNormOptions(3)));
+    const std::vector<torch::Tensor> batches{torch::randn({4, 3}) + 2, torch::randn({6, 3}) * 3};
+    dettrial::optim::update_bn(batches, plain);
+    dettrial::optim::update_bn(batches, sync);
+    const auto* by_sync = sync[0]->as<dettrial::nn::SyncBatchNorm>();
+    const auto* by_plain = plain[0]->as<torch::nn::BatchNorm1d>();
+    CHECK(torch::allclose(by_sync->running_mean, by_plain->running_mean));
+    CHECK(torch::allclose(by_sync->running_var, by_plain->running_var));
+    CHECK(by_sync->running_mean.abs().sum().item<double>() > 0.1);  // recomputed, not left at zero
+  }
+  {
+    models::ResNet resnet = models::resnet18({.num_classes = 4});
+    resnet->layer3->eval();
+    resnet->fc = resnet->replace_module("fc", torch::nn::Linear(512, 3));  // fine-tuned on 3 classes
+    {
+      torch::NoGradGuard no_grad;
+      resnet->bn1->running_var.fill_(2);
+    }
+    const torch::Tensor before = generator_state();
+    const auto copy = std::dynamic_pointer_cast<models::ResNetImpl>(resnet->clone());
+    CHECK(torch::equal(generator_state(), before));
+    REQUIRE(copy);
+    check_deep_copy(*resnet, *copy);
+    resnet->eval();
+    const torch::Tensor images = torch::randn({2, 3, 32, 32});
+    copy->eval();
+    CHECK(torch::equal(copy->forward(images), resnet->forward(images)));
+    // Training the copy leaves the original alone.
+    {
+      torch::NoGradGuard no_grad;
+      copy->fc->weight.add_(1);
+    }
+    CHECK_FALSE(torch::equal(copy->fc->weight, resnet->fc->weight));
+    dettrial::optim::AveragedModel<models::ResNet> ema(resnet, dettrial::optim::ema(0.9));
+    check_deep_copy(*resnet, *ema.module());
+  }
+  {
+    models::Bottleneck block(64, 16, 1, torch::nn::Sequential(nullptr), 1, 64, 1);
+    check_deep_copy(*block, *block->clone());
+    models::BasicBlock basic(16, 32, 2,
+                             torch::nn::Sequential(torch::nn::Conv2d(torch::nn::Conv2dOptions(16, 32, 1).stride(2).bias(false)),
+                                                   dettrial::nn::SyncBatchNorm(torch::nn::BatchNormOptions(32))),
+                             1, 64, 1);
+    check_deep_copy(*basic, *basic->clone());
+  }
 }

@@ -4,6 +4,7 @@
 
 #include "source_dir.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <csignal>
 #include <cstdlib>
@@ -1005,4 +1006,162 @@ TEST_CASE(
   FitOptions from_plain = resumable_options(6);
   from_plain.latest_checkpoint = p.output_dir;
   CHECK_THROWS_WITH_AS(into.fit(from_plain), doctest::Contains("has no 'model_ema' (the trial's averaged model)"), CheckpointError);
+}
+
+// ---- validation changes nothing the training reads; a stop on a validation boundary ------------
+
+namespace {
+
+/// What a validation could disturb, together: a model whose blocks are checkpointed
+/// (nn::CheckpointEach) with BatchNorm (running statistics) and dropout (random draws), AdamW, a
+/// warmup then cosine stepped every batch, and an EMA of the weights and buffers, validated on
+/// beside the model. evaluate_batch notes the modes it finds; SIGTERM is raised in a chosen batch.
+struct DisturbableTrial {
+  Context& context;
+  dettrial::nn::CheckpointEach model;
+  torch::optim::AdamW opt;
+  optim::SequentialLR<optim::LinearLR, optim::CosineAnnealingLR> schedule;
+  optim::AveragedModel<dettrial::nn::CheckpointEach> ema;
+  std::int64_t signal_in_batch = -1;
+  /// Whether the model, then the average, was in training mode, for each validation batch.
+  std::vector<bool> evaluated_training;
+  explicit DisturbableTrial(Context& c)
+      : context(c),
+        model(c.wrap_model(dettrial::nn::CheckpointEach(torch::nn::Sequential(
+            torch::nn::Linear(4, 16), torch::nn::BatchNorm1d(16), torch::nn::ReLU(), torch::nn::Dropout(0.3), torch::nn::Linear(16, 1))))),
+        opt(model->parameters(), torch::optim::AdamWOptions(c.get_hparam<double>("lr"))),
+        schedule(opt, std::tuple{optim::LinearLR(opt, 0.1, 1.0, 4), optim::CosineAnnealingLR(opt, 30)}, {4}),
+        ema(model, optim::ema(0.8, /*use_buffers=*/true)) {
+    c.wrap_optimizer(opt);
+    c.wrap_lr_scheduler(schedule, lr_step::every_batch{});
+    c.wrap_averaged_model(ema, model, {.every_n_steps = 1});
+  }
+  auto build_training_data_loader() {
+    auto [x, y] = test::regression_data(60);  // 7 batches of 8 and one of 4 an epoch
+    return DataLoader(TensorDataset(x, y), {.batch_size = context.get_per_slot_batch_size(), .shuffle = true});
+  }
+  auto build_validation_data_loader() {
+    auto [x, y] = test::regression_data(20);
+    return DataLoader(TensorDataset(x, y), {.batch_size = 6});
+  }
+  Metrics train_batch(test::Batch& b, std::int64_t, std::int64_t batch_idx) {
+    if (batch_idx == signal_in_batch) std::raise(SIGTERM);  // as if sent from outside
+    auto& [x, y] = b;
+    const torch::Tensor loss = torch::mse_loss(model->forward(x), y);
+    context.backward(loss);
+    context.step_optimizer(opt);
+    return {{"loss", loss}};
+  }
+  Metrics evaluate_batch(test::Batch& b) {
+    auto& [x, y] = b;
+    evaluated_training.push_back(model->is_training());
+    evaluated_training.push_back(ema.module()->is_training());
+    return {{"validation_loss", torch::mse_loss(model->forward(x), y)}, {"ema_loss", torch::mse_loss(ema.module()->forward(x), y)}};
+  }
+};
+
+/// Everything the training reads after a fit: the model's parameters and buffers, the average's
+/// state (Python's AveragedModel layout) and AdamW's state of each parameter.
+std::vector<torch::Tensor> trained_state(DisturbableTrial& t) {
+  std::vector<torch::Tensor> out;
+  for (const auto& p : t.model->named_parameters()) out.push_back(p.value().detach().clone());
+  for (const auto& b : t.model->named_buffers()) out.push_back(b.value().clone());
+  for (const auto& e : dettrial::module_state_dict(*t.ema.weights())) out.push_back(e.value().toTensor().clone());
+  for (const auto& p : t.opt.param_groups().at(0).params()) {
+    const auto key = dettrial::detail::optimizer_state_key<std::decay_t<decltype(t.opt.state())>>(p);
+    const auto& state = static_cast<const torch::optim::AdamWParamState&>(*t.opt.state().at(key));
+    out.insert(out.end(), {state.exp_avg().clone(), state.exp_avg_sq().clone(), torch::tensor(static_cast<std::int64_t>(state.step()))});
+  }
+  return out;
+}
+
+FitOptions disturbable_options(TrainUnit validation_period) {
+  return test::quiet({.max_length = Batch(20),
+                      .validation_period = validation_period,
+                      .checkpoint_policy = CheckpointPolicy::none,
+                      .searcher_metric = "validation_loss"});
+}
+
+}  // namespace
+
+TEST_CASE(
+    "validation changes nothing the training reads: runs validating every 3 batches and never end with the same model, optimizer and "
+    "average, bit for bit, and the average is evaluated in eval mode") {
+  const auto train = [](TrainUnit validation_period, std::int64_t& validations) {
+    test::Context context(test::hparams("lr: 0.01"), ContextOptions{.trial_seed = 7});
+    Trainer<DisturbableTrial> trainer(context);
+    validations = trainer.fit(disturbable_options(validation_period)).validations;
+    for (const bool training : trainer.trial().evaluated_training) CHECK_FALSE(training);
+    return trained_state(trainer.trial());
+  };
+  std::int64_t often = 0, once = 0, again = 0;
+  const auto validating = train(Batch(3), often), plain = train(never(), once), plain_again = train(never(), again);
+  CHECK(often == 7);                                 // at 3, 6, ..., 18 and at the end
+  CHECK(once == 1);                                  // at the end only
+  REQUIRE(test::bit_identical(plain, plain_again));  // a config trains the same numbers twice
+  CHECK(test::bit_identical(validating, plain));
+}
+
+TEST_CASE(
+    "a stop signal on a validation boundary validates there first; the resumed run neither repeats it nor departs from the "
+    "uninterrupted one") {
+  const auto fresh_context = [] { return test::Context(test::hparams("lr: 0.01"), ContextOptions{.trial_seed = 7}); };
+  auto straight_context = fresh_context();
+  Trainer<DisturbableTrial> straight(straight_context);
+  MetricsRecorder straight_metrics;
+  REQUIRE(straight.fit(disturbable_options(Batch(4)), straight_metrics).batches_trained == 20);
+
+  // SIGTERM in batch index 7: batch 8 ends on a validation boundary.
+  auto first_context = fresh_context();
+  Trainer<DisturbableTrial> first(first_context);
+  first.trial().signal_in_batch = 7;
+  MetricsRecorder first_metrics;
+  const FitResult stopped = first.fit(disturbable_options(Batch(4)), first_metrics);
+  CHECK(stopped.signal == SIGTERM);
+  REQUIRE(stopped.batches_trained == 8);
+  CHECK(stopped.validations == 2);  // at 4 and at 8, before the stop
+  REQUIRE(!stopped.checkpoints.empty());
+  CHECK(stopped.checkpoints.back().batches_trained == 8);
+  auto up_to_8 = straight_metrics.rows;
+  std::erase_if(up_to_8, [](const auto& row) { return std::get<1>(row) > 8; });
+  const bool same_until_the_stop = first_metrics.rows == up_to_8;
+  CHECK(same_until_the_stop);  // the validation at 8 included
+
+  auto second_context = fresh_context();
+  Trainer<DisturbableTrial> second(second_context);
+  MetricsRecorder resumed_metrics;
+  FitOptions resume = disturbable_options(Batch(4));
+  resume.latest_checkpoint = stopped.output_dir;
+  const FitResult resumed = second.fit(resume, resumed_metrics);
+  CHECK(resumed.batches_trained == 20);
+  const bool same_reports = resumed_metrics.rows == straight_metrics.after(8);
+  CHECK(same_reports);  // no second validation at 8
+  CHECK(test::bit_identical(trained_state(straight.trial()), trained_state(second.trial())));
+
+  // A checkpoint taken on a validation boundary whose validation did not run (a run that did not
+  // validate there, resumed with a period that does): the resumed run validates there first.
+  auto unvalidated_context = fresh_context();
+  Trainer<DisturbableTrial> unvalidated(unvalidated_context);
+  unvalidated.trial().signal_in_batch = 7;
+  const FitResult at_8 = unvalidated.fit(disturbable_options(never()));
+  REQUIRE(at_8.batches_trained == 8);
+  REQUIRE(at_8.validations == 0);
+  auto late_context = fresh_context();
+  Trainer<DisturbableTrial> late(late_context);
+  MetricsRecorder late_metrics;
+  FitOptions late_resume = disturbable_options(Batch(4));
+  late_resume.latest_checkpoint = at_8.output_dir;
+  const FitResult late_result = late.fit(late_resume, late_metrics);
+  CHECK(late_result.validations == 4);  // at 8 first, then 12, 16, 20
+  REQUIRE(!late_metrics.rows.empty());
+  CHECK(std::get<0>(late_metrics.rows.front()) == "validation");
+  // Its first validation is the straight run's at batch 8, before any training.
+  const auto loss_at_8 = [](const MetricsRecorder& m, std::int64_t batches) {
+    for (const auto& [kind, at, name, value] : m.rows)
+      if (kind == "validation" && at == batches && name == "validation_loss") return value;
+    return -1.0;
+  };
+  CHECK(loss_at_8(late_metrics, 0) == loss_at_8(straight_metrics, 8));
+  CHECK(loss_at_8(straight_metrics, 8) > 0);
+  CHECK(test::bit_identical(trained_state(straight.trial()), trained_state(late.trial())));
 }

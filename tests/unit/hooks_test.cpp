@@ -201,3 +201,40 @@ TEST_CASE("average_aggregated_gradients false sums the aggregated gradients, tru
     }
   }
 }
+
+TEST_CASE("a trial that wraps LibTorch's StepLR is told once, on the start lines, that it decays a step after Python's") {
+  struct TwoLibTorchStepLRs : test::ImperativeRegression {
+    torch::optim::StepLR first, second;
+    explicit TwoLibTorchStepLRs(Context& c) : ImperativeRegression(c), first(opt, 2, 0.5), second(opt, 3, 0.5) {
+      c.wrap_lr_scheduler(first, lr_step::every_epoch{});
+      c.wrap_lr_scheduler(second, lr_step::every_epoch{});
+    }
+  };
+  struct PythonStepLR : test::ImperativeRegression {
+    dettrial::optim::StepLR schedule;
+    explicit PythonStepLR(Context& c) : ImperativeRegression(c), schedule(opt, 2, 0.5) {
+      c.wrap_lr_scheduler(schedule, lr_step::every_epoch{});
+    }
+  };
+  const auto start_lines = [](auto& trainer) {
+    const fs::path dir = test::quiet({}).output_dir;
+    fs::create_directories(dir);
+    FitOptions o{.max_length = Batch(2), .output_dir = dir / "run"};
+    o.report.live_progress = false;
+    {
+      StdoutToFile capture(dir / "out.txt");
+      trainer.fit(o);
+    }
+    return test::read_text(dir / "out.txt");
+  };
+  const std::string note = "is LibTorch's torch::optim::StepLR, which decays one step() later than Python's StepLR";
+  test::Context libtorch_context(test::hparams(), ContextOptions{.trial_seed = 3});
+  Trainer<TwoLibTorchStepLRs> libtorch(libtorch_context);
+  const std::string told = start_lines(libtorch);
+  CAPTURE(told);
+  CHECK(told.find("dettrial: LR scheduler 0 " + note) != std::string::npos);
+  CHECK(told.find(note) == told.rfind(note));  // once, however many there are
+  test::Context python_context(test::hparams(), ContextOptions{.trial_seed = 3});
+  Trainer<PythonStepLR> python(python_context);
+  CHECK(start_lines(python).find(note) == std::string::npos);
+}

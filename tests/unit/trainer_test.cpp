@@ -584,6 +584,20 @@ TEST_CASE("callbacks from build_callbacks and from fit, with per-batch metrics o
   CHECK_THROWS_WITH_AS(Trainer<WithCallbacks>{context}, doctest::Contains("already serves a trainer"), TrialError);
 }
 
+TEST_CASE("a fit with slots_per_trial above 1 and no communicator is refused in one sentence, before it writes anything") {
+  // A main of one's own that reads `resources.slots_per_trial: 8` and launches no ranks.
+  test::Context context(test::hparams(), ExperimentConfig::parse("resources: {slots_per_trial: 8}\n"), ContextOptions{.trial_seed = 9});
+  Trainer<test::DeclarativeRegression> trainer(context);
+  const FitOptions o = test::quiet({.max_length = Batch(2)});
+  CHECK_THROWS_WITH_AS(
+      trainer.fit(o),
+      doctest::Contains("resources.slots_per_trial is 8, but this process trains alone (its Context has no communicator of "
+                        "8 ranks), so it would train on 1/8 of each global batch"),
+      ConfigError);
+  CHECK_FALSE(std::filesystem::exists(o.output_dir / "checkpoints"));
+  CHECK_FALSE(std::filesystem::exists(o.output_dir / "metrics.jsonl"));
+}
+
 TEST_CASE("context: batch sizes, counters, to_device over nested batches") {
   test::Context context(test::hparams(), ContextOptions{.trial_seed = 9, .slots_per_trial = 3});
   CHECK(context.get_per_slot_batch_size() == 2);  // 8 // 3

@@ -215,6 +215,9 @@ class Context {
   std::int64_t get_per_slot_batch_size() const;
   /// The effective global batch size, `per_slot * slots`.
   std::int64_t get_global_batch_size() const { return get_per_slot_batch_size() * slots_per_trial_; }
+  /// The job's ranks: the communicator's size, else `resources.slots_per_trial` (which a fit then
+  /// refuses above 1: one process would train alone on a slot's share of each global batch).
+  std::int64_t slots_per_trial() const { return slots_per_trial_; }
   /// True when the `global_batch_size` hyperparameter exists.
   bool has_global_batch_size() const { return hparams_.global_batch_size().has_value(); }
 

@@ -6,13 +6,18 @@
 #pragma once
 // IWYU pragma: private, include <dettrial/dettrial.hpp>
 
+#include <concepts>
 #include <cstdint>
+#include <memory>
+#include <string>
 #include <vector>
 
 #include <torch/torch.h>
 
 #include "communicator.hpp"
 #include "../detail/linkage.hpp"
+#include "../error.hpp"
+#include "../optim/running_statistics.hpp"
 
 namespace dettrial::nn {
 
@@ -28,12 +33,14 @@ namespace dettrial::nn {
  * so checkpoints move between the two and to Python's BatchNorm and SyncBatchNorm. Takes inputs of
  * shape (N, C, *): it serves BatchNorm1d, 2d and 3d.
  */
-class SyncBatchNormImpl : public torch::nn::Cloneable<SyncBatchNormImpl> {
+class SyncBatchNormImpl : public torch::nn::Cloneable<SyncBatchNormImpl>, public optim::RunningStatistics {
  public:
   explicit SyncBatchNormImpl(torch::nn::BatchNormOptions options, Communicator* communicator = nullptr);
 
   void reset() override;
   void reset_parameters();
+  torch::nn::BatchNormOptions& batch_norm_options() override { return options; }
+  void reset_running_stats() override;
   torch::Tensor forward(const torch::Tensor& input);
   void pretty_print(std::ostream& stream) const override;
 
@@ -44,14 +51,46 @@ class SyncBatchNormImpl : public torch::nn::Cloneable<SyncBatchNormImpl> {
 };
 TORCH_MODULE(SyncBatchNorm);
 
+}  // namespace dettrial::nn
+
+namespace dettrial::nn::detail {
+/// Converts the tree below `module` in place (`path`: its name, for errors): see convert_sync_batchnorm.
+DETTRIAL_INLINE void convert_sync_batchnorm_below(torch::nn::Module& module, const std::string& path, Communicator* communicator);
+/// Whether `module` is a BatchNorm1d, 2d or 3d.
+DETTRIAL_INLINE bool is_batch_norm(const torch::nn::Module& module);
+}  // namespace dettrial::nn::detail
+
+namespace dettrial::nn {
+
 /**
  * @brief `model` with each BatchNorm1d, 2d and 3d replaced by a
  * SyncBatchNorm over `communicator` that holds the same options, parameters and running statistics
- * (PyTorch's `SyncBatchNorm.convert_sync_batchnorm`). The other layers are shared, not copied.
- * A BatchNorm held by a module of one's own cannot be swapped from outside (its forward calls its
- * member): declare that member a SyncBatchNorm instead.
+ * (PyTorch's `SyncBatchNorm.convert_sync_batchnorm`). The other layers are shared, not copied, and
+ * converted as the overload for any module converts them.
  */
 DETTRIAL_INLINE torch::nn::Sequential convert_sync_batchnorm(const torch::nn::Sequential& model, Communicator* communicator);
+
+/**
+ * @brief Any module tree converted in place, as PyTorch's `convert_sync_batchnorm` converts any
+ * module (returns `model`): every SyncBatchNorm in it takes `communicator`, and each BatchNorm1d,
+ * 2d and 3d that a Sequential holds (at any depth) is replaced there by a SyncBatchNorm with its
+ * options, state and mode. A module that holds a BatchNorm as a member calls that member itself,
+ * which no one can swap from outside: a BatchNorm anywhere else is refused (ConfigError), naming
+ * its path. Declare such a member a SyncBatchNorm instead, as dettrial's ResNets do (without a
+ * communicator it normalizes as BatchNorm, so nothing else changes).
+ */
+template <class M>
+  requires(!std::same_as<M, torch::nn::Sequential>) && requires(const M& m) {
+    { m.ptr() } -> std::convertible_to<std::shared_ptr<torch::nn::Module>>;
+  }
+M convert_sync_batchnorm(M model, Communicator* communicator) {
+  if (detail::is_batch_norm(*model.ptr()))
+    throw ConfigError(
+        "convert_sync_batchnorm: the model is a BatchNorm itself, which cannot be converted in place: make it a "
+        "dettrial::nn::SyncBatchNorm");
+  detail::convert_sync_batchnorm_below(*model.ptr(), "", communicator);
+  return model;
+}
 
 }  // namespace dettrial::nn
 
@@ -157,13 +196,18 @@ DETTRIAL_INLINE void SyncBatchNormImpl::reset() {
   reset_parameters();
 }
 
-DETTRIAL_INLINE void SyncBatchNormImpl::reset_parameters() {
+DETTRIAL_INLINE void SyncBatchNormImpl::reset_running_stats() {
   torch::NoGradGuard no_grad;
   if (running_mean.defined()) {
     running_mean.zero_();
     running_var.fill_(1);
     num_batches_tracked.zero_();
   }
+}
+
+DETTRIAL_INLINE void SyncBatchNormImpl::reset_parameters() {
+  torch::NoGradGuard no_grad;
+  reset_running_stats();
   if (options.affine()) {
     weight.fill_(1);
     bias.zero_();
@@ -194,11 +238,12 @@ DETTRIAL_INLINE void SyncBatchNormImpl::pretty_print(std::ostream& stream) const
 }  // namespace dettrial::nn
 
 namespace dettrial::nn::detail {
+/// A SyncBatchNorm over `communicator` with the options, parameters, running statistics, mode,
+/// device and dtype of `module`, when it is a `BatchNormImpl`; else null.
 template <class BatchNormImpl>
-bool replace_batch_norm(const std::shared_ptr<torch::nn::Module>& module, Communicator* communicator, torch::nn::Sequential& out,
-                        const std::string& name) {
+SyncBatchNorm sync_copy(const std::shared_ptr<torch::nn::Module>& module, Communicator* communicator) {
   const auto bn = std::dynamic_pointer_cast<BatchNormImpl>(module);
-  if (!bn) return false;
+  if (!bn) return SyncBatchNorm(nullptr);
   SyncBatchNorm sync(bn->options, communicator);
   torch::NoGradGuard no_grad;
   if (bn->options.affine()) {
@@ -214,8 +259,47 @@ bool replace_batch_norm(const std::shared_ptr<torch::nn::Module>& module, Commun
   }
   if (!bn->is_training()) sync->eval();
   if (!bn->parameters().empty()) sync->to(bn->parameters().front().device(), bn->parameters().front().scalar_type());
-  out->push_back(std::string(name), sync);
-  return true;
+  return sync;
+}
+
+/// sync_copy for a BatchNorm of any dimension.
+inline SyncBatchNorm sync_copy_of_any(const std::shared_ptr<torch::nn::Module>& module, Communicator* communicator) {
+  if (SyncBatchNorm s = sync_copy<torch::nn::BatchNorm1dImpl>(module, communicator)) return s;
+  if (SyncBatchNorm s = sync_copy<torch::nn::BatchNorm2dImpl>(module, communicator)) return s;
+  return sync_copy<torch::nn::BatchNorm3dImpl>(module, communicator);
+}
+
+DETTRIAL_INLINE bool is_batch_norm(const torch::nn::Module& module) {
+  return dynamic_cast<const torch::nn::BatchNorm1dImpl*>(&module) || dynamic_cast<const torch::nn::BatchNorm2dImpl*>(&module) ||
+         dynamic_cast<const torch::nn::BatchNorm3dImpl*>(&module);
+}
+
+DETTRIAL_INLINE void convert_sync_batchnorm_below(torch::nn::Module& module, const std::string& path, Communicator* communicator) {
+  // A Sequential calls its elements through its own list: a BatchNorm there is replaced in that
+  // list and in its registry, under the same name.
+  if (auto* sequential = dynamic_cast<torch::nn::SequentialImpl*>(&module)) {
+    const auto names = sequential->named_children().keys();
+    std::size_t i = 0;
+    for (torch::nn::AnyModule& element : *sequential) {
+      const std::string& name = names.at(i++);
+      if (SyncBatchNorm sync = sync_copy_of_any(element.ptr(), communicator)) {
+        element = torch::nn::AnyModule(sync);
+        sequential->replace_module(name, sync.ptr());
+      }
+    }
+  }
+  for (const auto& child : module.named_children()) {
+    const std::string child_path = path.empty() ? child.key() : path + "." + child.key();
+    if (auto* sync = dynamic_cast<SyncBatchNormImpl*>(child.value().get())) {
+      sync->communicator = communicator;
+      continue;
+    }
+    if (is_batch_norm(*child.value()))
+      throw ConfigError("convert_sync_batchnorm: '" + child_path + "' is a " + child.value()->name() +
+                        " that its module calls itself, so it cannot be swapped from outside: declare that member a "
+                        "dettrial::nn::SyncBatchNorm (in one process it normalizes as BatchNorm)");
+    convert_sync_batchnorm_below(*child.value(), child_path, communicator);
+  }
 }
 }  // namespace dettrial::nn::detail
 
@@ -226,11 +310,12 @@ DETTRIAL_INLINE torch::nn::Sequential convert_sync_batchnorm(const torch::nn::Se
   std::size_t i = 0;
   for (const auto& any : *model) {
     const std::string& name = names.at(i++);
-    const std::shared_ptr<torch::nn::Module> module = any.ptr();
-    if (detail::replace_batch_norm<torch::nn::BatchNorm1dImpl>(module, communicator, out, name) ||
-        detail::replace_batch_norm<torch::nn::BatchNorm2dImpl>(module, communicator, out, name) ||
-        detail::replace_batch_norm<torch::nn::BatchNorm3dImpl>(module, communicator, out, name))
+    if (SyncBatchNorm sync = detail::sync_copy_of_any(any.ptr(), communicator)) {
+      out->push_back(std::string(name), sync);
       continue;
+    }
+    if (auto* sync = dynamic_cast<SyncBatchNormImpl*>(any.ptr().get())) sync->communicator = communicator;
+    else detail::convert_sync_batchnorm_below(*any.ptr(), name, communicator);
     out->push_back(std::string(name), any);
   }
   if (!model->is_training()) out->eval();

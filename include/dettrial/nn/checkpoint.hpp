@@ -10,10 +10,12 @@
 #include <concepts>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <vector>
 
 #include <torch/torch.h>
 
+#include "../detail/generators.hpp"
 #include "../detail/linkage.hpp"
 #include "../optim/mixed_precision.hpp"
 
@@ -63,7 +65,12 @@ DETTRIAL_INLINE torch::Tensor checkpoint_sequential(torch::nn::Sequential& seque
 class CheckpointEachImpl : public torch::nn::Cloneable<CheckpointEachImpl> {
  public:
   explicit CheckpointEachImpl(torch::nn::Sequential blocks) : blocks_(std::move(blocks)) { register_module("blocks", blocks_); }
+  /// Nothing of its own to reset: its parameters are the blocks'.
   void reset() override {}
+  /// A deep copy, modes included, that draws nothing from the random generators. Cloneable's own
+  /// clone() rebuilds a copy's children with reset(), which cannot make this wrapper's blocks (they
+  /// are given, not built): the blocks are cloned as a Sequential clones its modules.
+  std::shared_ptr<torch::nn::Module> clone(const c10::optional<torch::Device>& device = c10::nullopt) const override;
   torch::Tensor forward(torch::Tensor x);
   torch::nn::Sequential& blocks() { return blocks_; }
 
@@ -76,7 +83,6 @@ TORCH_MODULE(CheckpointEach);
 
 // Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
 #if DETTRIAL_HEADER_DEFINITIONS
-#include <mutex>
 #include <optional>
 #include <string>
 #include <utility>
@@ -90,27 +96,11 @@ struct Saved : torch::CustomClassHolder {
   CheckpointedFunction function;
   std::size_t inputs = 0;
   bool with_parameters = false;
-  torch::Tensor cpu_state;
-  std::vector<std::pair<torch::Device, torch::Tensor>> device_states;
+  /// The generators (the CPU's and the inputs' CUDA devices') as they were for the first run.
+  ::dettrial::detail::GeneratorStates generators;
   /// Autocast's state in the first run (none: off), for the run in backward.
   std::optional<at::ScalarType> cpu_autocast, cuda_autocast;
 };
-
-/// The generators' states now: the CPU's and those of `tensors`' CUDA devices.
-DETTRIAL_INLINE void record_generators(Saved& s, const std::vector<torch::Tensor>& tensors) {
-  s.cpu_state = at::detail::getDefaultCPUGenerator().get_state();
-  for (const auto& t : tensors) {
-    if (!t.defined() || !t.is_cuda()) continue;
-    bool seen = false;
-    for (const auto& [device, state] : s.device_states) seen = seen || device == t.device();
-    if (!seen) s.device_states.emplace_back(t.device(), at::globalContext().defaultGenerator(t.device()).get_state());
-  }
-}
-
-DETTRIAL_INLINE void set_generator(at::Generator generator, const torch::Tensor& state) {
-  std::lock_guard<std::mutex> lock(generator.mutex());
-  generator.set_state(state);
-}
 
 /// Python's CheckpointFunction: forward without a graph, backward by running again.
 struct Function : torch::autograd::Function<Function> {
@@ -120,7 +110,7 @@ struct Function : torch::autograd::Function<Function> {
     c10::List<torch::Tensor> parameters;
     for (std::size_t i = saved->inputs; i < tensors.size(); ++i) parameters.push_back(tensors[i]);
     ctx->saved_data["parameters"] = parameters;
-    record_generators(*saved, inputs);
+    saved->generators = ::dettrial::detail::GeneratorStates::record(inputs);
     saved->cpu_autocast = AutocastGuard::current(torch::kCPU);
     saved->cuda_autocast = AutocastGuard::current(torch::kCUDA);
     std::vector<torch::Tensor> outputs;
@@ -139,18 +129,15 @@ struct Function : torch::autograd::Function<Function> {
     std::vector<torch::Tensor> inputs;
     for (const auto& x : originals) inputs.push_back(x.defined() ? x.detach().requires_grad_(x.requires_grad()) : x);
     // The generators as they were for the first run, and back as they are after this one.
-    Saved now;
-    record_generators(now, inputs);
-    set_generator(at::detail::getDefaultCPUGenerator(), saved->cpu_state);
-    for (const auto& [device, state] : saved->device_states) set_generator(at::globalContext().defaultGenerator(device), state);
+    const auto now = ::dettrial::detail::GeneratorStates::record(inputs);
+    saved->generators.restore();
     std::vector<torch::Tensor> outputs;
     {
       torch::AutoGradMode enable(true);
       AutocastGuard cpu(torch::kCPU, saved->cpu_autocast), cuda(torch::kCUDA, saved->cuda_autocast);
       outputs = saved->function(inputs);
     }
-    set_generator(at::detail::getDefaultCPUGenerator(), now.cpu_state);
-    for (const auto& [device, state] : now.device_states) set_generator(at::globalContext().defaultGenerator(device), state);
+    now.restore();
 
     std::vector<torch::Tensor> with_grad, grads;
     for (std::size_t i = 0; i < outputs.size() && i < grad_outputs.size(); ++i)
@@ -231,6 +218,20 @@ DETTRIAL_INLINE torch::Tensor checkpoint_sequential(torch::nn::Sequential& seque
     x = checkpoint(run(start, end), {x}, params).front();
   }
   return run(end + 1, n - 1)({x}).front();
+}
+
+DETTRIAL_INLINE std::shared_ptr<torch::nn::Module> CheckpointEachImpl::clone(const c10::optional<torch::Device>& device) const {
+  // LibTorch's clone of a block draws its reset()'s initialisation from the random generators;
+  // a copy draws nothing (Python's deepcopy), so they are put back after it.
+  const auto generators = ::dettrial::detail::GeneratorStates::record(torch::Device(torch::kCPU));
+  auto blocks = std::dynamic_pointer_cast<torch::nn::SequentialImpl>(blocks_->clone(device));
+  generators.restore();
+  auto copy = std::make_shared<CheckpointEachImpl>(torch::nn::Sequential(std::move(blocks)));
+  // A Sequential's clone starts in training mode: the wrapper's mode (whether it recomputes) and
+  // each block's are the original's.
+  copy->train(is_training());
+  for (std::size_t i = 0; i < blocks_->size(); ++i) copy->blocks_->ptr(i)->train(blocks_->ptr(i)->is_training());
+  return copy;
 }
 
 DETTRIAL_INLINE torch::Tensor CheckpointEachImpl::forward(torch::Tensor x) {

@@ -20,9 +20,11 @@
 
 #include <torch/torch.h>
 
-#include "../error.hpp"
+#include "../detail/generators.hpp"
 #include "../detail/linkage.hpp"
+#include "../error.hpp"
 #include "cyclic_schedulers.hpp"
+#include "running_statistics.hpp"
 #include "scheduler_base.hpp"
 
 namespace dettrial::optim {
@@ -83,9 +85,11 @@ class AveragedWeights : public torch::nn::Module {
 template <class M>
 class AveragedModel {
  public:
-  /// The copy is `model->clone()` (LibTorch's deep copy, for modules derived from torch::nn::Cloneable).
-  AveragedModel(const M& model, Averaging how)
-      : AveragedModel(M(std::dynamic_pointer_cast<typename M::ContainedType>(model->clone())), model, how) {}
+  /// The copy is `model->clone()` (LibTorch's deep copy, for modules derived from torch::nn::Cloneable),
+  /// with the random generators put back after it: Cloneable rebuilds a copy's layers with reset(),
+  /// whose initialisation draws from them, and Python's deepcopy draws nothing, so the training's
+  /// random stream (dropout, shuffles on the global generator) is the one Python's recipe has.
+  AveragedModel(const M& model, Averaging how) : AveragedModel(drawing_nothing_clone(model), model, how) {}
   /// The copy is `fresh` (another instance of the same architecture, for a module that is not
   /// Cloneable), given the model's values now.
   AveragedModel(M fresh, const M& model, Averaging how) : module_(std::move(fresh)) {
@@ -109,6 +113,13 @@ class AveragedModel {
   const std::shared_ptr<AveragedWeights>& weights() const { return weights_; }
 
  private:
+  static M drawing_nothing_clone(const M& model) {
+    const auto generators = dettrial::detail::GeneratorStates::record(torch::Device(torch::kCPU));
+    M copy(std::dynamic_pointer_cast<typename M::ContainedType>(model->clone()));
+    generators.restore();
+    return copy;
+  }
+
   M module_;
   std::shared_ptr<AveragedWeights> weights_;
 };
@@ -361,13 +372,16 @@ DETTRIAL_INLINE void SWALR::load_python_param_group(std::size_t group, const c10
 
 namespace dettrial::optim::detail::averaging {
 
-/// Calls f with every BatchNorm layer's options and its reset, whatever its dimension.
+/// Calls f with every BatchNorm layer's options and its reset, whatever its dimension (and those of
+/// dettrial's layers with BatchNorm's statistics: RunningStatistics).
 template <class F>
 void for_each_batch_norm(torch::nn::Module& model, F&& f) {
   for (const auto& m : model.modules(/*include_self=*/true)) {
     if (auto* bn = dynamic_cast<torch::nn::BatchNorm1dImpl*>(m.get())) f(bn->options, [bn] { bn->reset_running_stats(); });
     else if (auto* bn2 = dynamic_cast<torch::nn::BatchNorm2dImpl*>(m.get())) f(bn2->options, [bn2] { bn2->reset_running_stats(); });
     else if (auto* bn3 = dynamic_cast<torch::nn::BatchNorm3dImpl*>(m.get())) f(bn3->options, [bn3] { bn3->reset_running_stats(); });
+    else if (auto* other = dynamic_cast<RunningStatistics*>(m.get()))
+      f(other->batch_norm_options(), [other] { other->reset_running_stats(); });
   }
 }
 

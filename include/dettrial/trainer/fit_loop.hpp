@@ -21,6 +21,7 @@
 #include "../context/context.hpp"
 #include "../detail/linkage.hpp"
 #include "../distributed/metrics.hpp"
+#include "../error.hpp"
 #include "../vocabulary/data.hpp"
 #include "../vocabulary/metrics.hpp"
 #include "fit_options.hpp"
@@ -133,6 +134,8 @@ class FitLoop {
   DETTRIAL_INLINE void prepare_training();
   DETTRIAL_INLINE void train();
   DETTRIAL_INLINE bool handle_boundaries(const Reached& reached);
+  /// Stops (and returns true) when any rank received a stop signal or asked to stop.
+  DETTRIAL_INLINE bool stop_if_asked();
   DETTRIAL_INLINE void stop(int signal);
   DETTRIAL_INLINE void checkpoint_unless_current();
   DETTRIAL_INLINE void validate();
@@ -159,6 +162,7 @@ class FitLoop {
 #include <torch/torch.h>
 
 #include "../checkpoint/sharded_state.hpp"
+#include "../detail/generators.hpp"
 #include "../detail/scope_exit.hpp"
 #include "../detail/signals.hpp"
 #include "../distributed/agreement.hpp"
@@ -187,12 +191,15 @@ DETTRIAL_INLINE FitResult FitLoop::fit(FitOptions options) {
   // The graph is made anew in each fit (a resumed run warms up and captures again) and freed after it.
   if (const auto* graph = std::get_if<capture::cuda_graph>(&options_.step_capture)) start_step_graph(*graph);
   const auto free_graph = on_scope_exit([&] { free_step_graph(); });
-  announce(context_, options_, schedule_, position_, outputs_.reporter());
+  announce(key_, context_, options_, schedule_, position_, outputs_.reporter());
   if (const std::optional<std::string> data = describe_training_data()) outputs_.reporter().line("dettrial: training data: " + *data);
   outputs_.start_tensorboard_session(context_);
   const StopSignals signals(options_.handle_signals);
   call_callbacks(LoopHook::training_start);
   if (options_.step_zero_validation && position_.untouched()) validate();
+  // A checkpoint taken where a validation was due but had not run (an earlier dettrial stopped on
+  // a signal before validating): it runs first, where the uninterrupted run ran it.
+  if (!position_.validated_here() && schedule_.validates_after(position_.batches_trained())) validate();
   train();
   outputs_.finish_profiling(position_.batches_trained() - 1);
   if (!result_.stop_requested) {
@@ -213,6 +220,13 @@ DETTRIAL_INLINE FitResult FitLoop::fit(FitOptions options) {
 /// folder's lock first, then the schedule, the checkpoint to resume from, the checkpoints'
 /// storage and the outputs.
 DETTRIAL_INLINE void FitLoop::begin(FitOptions options) {
+  if (!context_.communicator() && context_.slots_per_trial() > 1) {
+    const std::string slots = std::to_string(context_.slots_per_trial());
+    throw ConfigError("resources.slots_per_trial is " + slots + ", but this process trains alone (its Context has no communicator of " +
+                      slots + " ranks), so it would train on 1/" + slots +
+                      " of each global batch: launch the ranks (dettrial::main does, or torchrun, srun or mpirun with a Communicator "
+                      "in ContextOptions), or set slots_per_trial to 1");
+  }
   options_ = std::move(options);
   if (options_.output_dir.empty()) options_.output_dir = default_output_dir();
   outputs_ = Outputs::lock(context_, options_.output_dir);
@@ -251,13 +265,15 @@ DETTRIAL_INLINE void FitLoop::train() {
     result_.last_training_metrics = report_training(key_, context_, workload, position_.progress(), outputs_.reporter());
     workload_ended(result_.last_training_metrics, workload);
     finish_checkpoint(/*wait=*/false);  // the one written in the background, if it is durable now
-    if (const int signal = agreed_max(StopSignals::received()); signal != 0) return stop(signal);
     if (handle_boundaries(reached)) return;
   }
 }
 
 /// Validates and checkpoints as reached, in Determined's order (length, validation, checkpoint,
-/// report), honouring a stop request after each. Returns true when training stops.
+/// report), and after each acts on a stop signal or a stop request, as Determined's harness checks
+/// for a preemption after each boundary: a validation due at this batch runs before a signal
+/// stops the run. A workload that a signal ended between boundaries (one process) stops at once.
+/// Returns true when training stops.
 DETTRIAL_INLINE bool FitLoop::handle_boundaries(const Reached& reached) {
   enum class Kind { length, validation, checkpoint, report };
   const std::pair<bool, Kind> in_order[] = {{reached.length, Kind::length},
@@ -268,12 +284,18 @@ DETTRIAL_INLINE bool FitLoop::handle_boundaries(const Reached& reached) {
     if (!hit) continue;
     if (kind == Kind::validation && !position_.validated_here()) validate();
     if (kind == Kind::checkpoint) checkpoint_unless_current();
-    if (agreed_max(context_.get_stop_requested() ? 1 : 0) != 0) {
-      stop(0);
-      return true;
-    }
+    if (stop_if_asked()) return true;
   }
-  return false;
+  return !reached.any() && stop_if_asked();
+}
+
+DETTRIAL_INLINE bool FitLoop::stop_if_asked() {
+  // One collective for both: twice the largest signal any rank received, plus one where a rank
+  // asked to stop; every rank acts on the same answer.
+  const int agreed = agreed_max(StopSignals::received() * 2 + (context_.get_stop_requested() ? 1 : 0));
+  if (agreed == 0) return false;
+  stop(agreed / 2);
+  return true;
 }
 
 /// The one way training stops early: checkpoint (unless current), record why (`signal`, or 0
@@ -295,17 +317,25 @@ DETTRIAL_INLINE void FitLoop::checkpoint_unless_current() {
 
 DETTRIAL_INLINE void FitLoop::validate() {
   RECORD_USER_SCOPE("dettrial::validate");
-  torch::NoGradGuard no_grad;
-  begin_validation(key_, context_);
-  call_callbacks(LoopHook::validation_start);
-  outputs_.reporter().begin("validate", 0, validation_epoch_length(validation_chain()), "batches");
-  std::int64_t records = 0;
-  const MetricValues metrics = reduce_validation(key_, context_, evaluate(), records);
-  validation_ended(metrics);
-  result_.last_validation_metrics = finish_validation(context_, metrics, records, position_, outputs_.reporter());
-  ++result_.validations;
-  if (checkpointer_.after_validation(improves_searcher_metric(context_, options_, position_, result_.last_validation_metrics)))
-    checkpoint_unless_current();
+  bool improved = false;
+  {
+    torch::NoGradGuard no_grad;
+    // Validation changes nothing the training reads: what the trial's evaluation draws from the
+    // random generators (a model's own sampling, a stochastic metric) is undone before anything
+    // else (a checkpoint saves them), so a run trains the same numbers whatever its validation
+    // period.
+    const auto generators = on_scope_exit([states = GeneratorStates::record(context_.device())] { states.restore(); });
+    begin_validation(key_, context_);
+    call_callbacks(LoopHook::validation_start);
+    outputs_.reporter().begin("validate", 0, validation_epoch_length(validation_chain()), "batches");
+    std::int64_t records = 0;
+    const MetricValues metrics = reduce_validation(key_, context_, evaluate(), records);
+    validation_ended(metrics);
+    result_.last_validation_metrics = finish_validation(context_, metrics, records, position_, outputs_.reporter());
+    ++result_.validations;
+    improved = improves_searcher_metric(context_, options_, position_, result_.last_validation_metrics);
+  }
+  if (checkpointer_.after_validation(improved)) checkpoint_unless_current();
 }
 
 /// Takes a checkpoint (Determined's layout, crash-safe) and starts writing it, in the background

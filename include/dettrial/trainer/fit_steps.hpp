@@ -54,15 +54,17 @@ DETTRIAL_INLINE std::filesystem::path default_output_dir();
 DETTRIAL_INLINE Checkpointer fit_checkpointer(TrainerKey key, Context& context, const FitOptions& options);
 
 /// The run's first lines: the runtime, the trial, the job, the checkpoint resumed from, what is
-/// profiled and captured.
-DETTRIAL_INLINE void announce(Context& context, const FitOptions& options, const Schedule& schedule, const Position& position,
-                              Reporter& reporter);
+/// profiled and captured, and a scheduler that steps otherwise than its Python namesake.
+DETTRIAL_INLINE void announce(TrainerKey key, Context& context, const FitOptions& options, const Schedule& schedule,
+                              const Position& position, Reporter& reporter);
 
 /// The workload's training metrics over all ranks, with `batches` and `epochs`, reported.
 DETTRIAL_INLINE MetricValues report_training(TrainerKey key, Context& context, const Workload& workload, const TrialProgress& progress,
                                              Reporter& reporter);
 
-/// A validation begins: rank 0's buffers, models in evaluation mode, validation reducers reset.
+/// A validation begins: rank 0's buffers, models and the averaged model in evaluation mode (the
+/// average as torchvision's recipe evaluates it; nothing trains it, so it stays so), validation
+/// reducers reset.
 DETTRIAL_INLINE void begin_validation(TrainerKey key, Context& context);
 /// This rank's share and every other's, reduced: the validation's metrics, as the callbacks get
 /// them; `records` the whole job's.
@@ -171,7 +173,7 @@ inline void announce_profiling(Context& context, const FitOptions& o, std::int64
 }  // namespace dettrial::detail::fit_steps
 
 namespace dettrial::detail {
-DETTRIAL_INLINE void announce(Context& context, const FitOptions& o, const Schedule& schedule, const Position& position,
+DETTRIAL_INLINE void announce(TrainerKey key, Context& context, const FitOptions& o, const Schedule& schedule, const Position& position,
                               Reporter& reporter) {
   reporter.line("dettrial " DETTRIAL_VERSION_STRING ": " + runtime_summary());
   reporter.line("dettrial: trial seed " + std::to_string(context.get_trial_seed()) + ", device " + context.device().str() + ", training " +
@@ -205,6 +207,14 @@ DETTRIAL_INLINE void announce(Context& context, const FitOptions& o, const Sched
                   std::to_string(schedule.data_epoch_len()) + " batches on this rank)");
   if (o.checkpoint_policy == CheckpointPolicy::best && o.searcher_metric.empty())
     reporter.line("dettrial: checkpoint_policy 'best' has no searcher metric to compare; checkpointing after every validation");
+  // A port that means Python's StepLR and wraps LibTorch's decays one step late: said once.
+  for (std::size_t i = 0; i < context.num_lr_schedulers(); ++i)
+    if (ContextAccess::lr_scheduler(key, context, i).type == "torch::optim::StepLR") {
+      reporter.line("dettrial: LR scheduler " + std::to_string(i) +
+                    " is LibTorch's torch::optim::StepLR, which decays one step() later than Python's StepLR (its first step() does "
+                    "not count); dettrial::optim::StepLR decays where Python's does");
+      break;
+    }
 }
 
 DETTRIAL_INLINE MetricValues report_training(TrainerKey key, Context& context, const Workload& workload, const TrialProgress& progress,
@@ -229,6 +239,7 @@ DETTRIAL_INLINE MetricValues report_training(TrainerKey key, Context& context, c
 DETTRIAL_INLINE void begin_validation(TrainerKey key, Context& context) {
   agree_on_buffers(context);
   for (const auto& m : context.models()) m->eval();
+  if (const auto average = context.averaged_weights()) average->eval();
   for (auto& r : ContextAccess::reducers(key, context))
     if (r.for_validation) r.reset(r.object);
 }

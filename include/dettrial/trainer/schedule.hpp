@@ -63,6 +63,11 @@ class Schedule {
   /// Determined's boundary rule: batch periods on batches completed; epoch periods on the last
   /// batch of an epoch, on epochs completed.
   DETTRIAL_INLINE Reached boundaries_after(std::int64_t batch_idx, std::int64_t epoch_idx, bool epoch_end) const;
+  /// Whether a validation is due once `batches_trained` batches are trained (none before the first).
+  bool validates_after(std::int64_t batches_trained) const {
+    const std::int64_t last = batches_trained - 1;
+    return batches_trained > 0 && boundaries_after(last, epoch_of(last), ends_epoch(last)).validation;
+  }
 
   /// With reproducibility.rank_invariant and aggregation, every boundary and the batch resumed at
   /// must fall on an update's last batch: the micro-batches of an update are kept apart until it,

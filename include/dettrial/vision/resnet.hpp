@@ -12,8 +12,10 @@
 
 #include <torch/torch.h>
 
-#include "../error.hpp"
 #include "../detail/linkage.hpp"
+#include "../distributed/sync_batch_norm.hpp"
+#include "../error.hpp"
+#include "../nn/rebuilt_clone.hpp"
 
 namespace dettrial::vision::models {
 
@@ -42,10 +44,16 @@ class BasicBlockImpl : public torch::nn::Module {
   BasicBlockImpl(std::int64_t inplanes, std::int64_t planes, std::int64_t stride, torch::nn::Sequential downsample, std::int64_t groups,
                  std::int64_t base_width, std::int64_t dilation);
   torch::Tensor forward(torch::Tensor x);
+  /// A deep copy, modes included (nn::rebuilt_clone: built again from its arguments).
+  std::shared_ptr<torch::nn::Module> clone(const c10::optional<torch::Device>& device = c10::nullopt) const override;
 
   torch::nn::Conv2d conv1{nullptr}, conv2{nullptr};
-  torch::nn::BatchNorm2d bn1{nullptr}, bn2{nullptr};
+  /// BatchNorm2d's state and arithmetic (see ResNetImpl's norm layers).
+  nn::SyncBatchNorm bn1{nullptr}, bn2{nullptr};
   torch::nn::Sequential downsample{nullptr};
+
+ private:
+  std::int64_t inplanes_, planes_, stride_, groups_, base_width_, dilation_;
 };
 TORCH_MODULE(BasicBlock);
 
@@ -58,10 +66,15 @@ class BottleneckImpl : public torch::nn::Module {
   BottleneckImpl(std::int64_t inplanes, std::int64_t planes, std::int64_t stride, torch::nn::Sequential downsample, std::int64_t groups,
                  std::int64_t base_width, std::int64_t dilation);
   torch::Tensor forward(torch::Tensor x);
+  /// A deep copy, modes included (nn::rebuilt_clone: built again from its arguments).
+  std::shared_ptr<torch::nn::Module> clone(const c10::optional<torch::Device>& device = c10::nullopt) const override;
 
   torch::nn::Conv2d conv1{nullptr}, conv2{nullptr}, conv3{nullptr};
-  torch::nn::BatchNorm2d bn1{nullptr}, bn2{nullptr}, bn3{nullptr};
+  nn::SyncBatchNorm bn1{nullptr}, bn2{nullptr}, bn3{nullptr};
   torch::nn::Sequential downsample{nullptr};
+
+ private:
+  std::int64_t inplanes_, planes_, stride_, groups_, base_width_, dilation_;
 };
 TORCH_MODULE(Bottleneck);
 
@@ -75,6 +88,9 @@ enum class ResNetBlock { basic, bottleneck };
  * layer's default), module by module in torchvision's order, so a network built after
  * `torch::manual_seed(s)` holds the weights torchvision's does after `torch.manual_seed(s)` on the
  * same LibTorch release. Takes N x 3 x H x W images (any H, W of at least 32); returns N x num_classes logits.
+ * Its norm layers are dettrial::nn::SyncBatchNorm: BatchNorm2d's names, state and arithmetic in one
+ * process, and the job's statistics once `nn::convert_sync_batchnorm(model, context.communicator())`
+ * gives them the communicator (a BatchNorm2d member could not be swapped from outside).
  * @code{.cpp}
  * auto model = dettrial::vision::models::resnet50({.num_classes = 1000});
  * dettrial::load_weights(model, "resnet50.pt");  // torch.save(torchvision.models.resnet50().state_dict(), ...)
@@ -85,9 +101,12 @@ class ResNetImpl : public torch::nn::Module {
   /// `layers`: the blocks in layer1..layer4 (ResNet-50: {3, 4, 6, 3}).
   ResNetImpl(ResNetBlock block, std::array<std::int64_t, 4> layers, ResNetOptions options = {});
   torch::Tensor forward(torch::Tensor x);
+  /// A deep copy, modes and a replaced classifier included (an EMA's copy: optim::AveragedModel).
+  /// Built again from its arguments (nn::rebuilt_clone), drawing nothing from the random stream.
+  std::shared_ptr<torch::nn::Module> clone(const c10::optional<torch::Device>& device = c10::nullopt) const override;
 
   torch::nn::Conv2d conv1{nullptr};
-  torch::nn::BatchNorm2d bn1{nullptr};
+  nn::SyncBatchNorm bn1{nullptr};
   torch::nn::MaxPool2d maxpool{nullptr};
   torch::nn::Sequential layer1{nullptr}, layer2{nullptr}, layer3{nullptr}, layer4{nullptr};
   torch::nn::AdaptiveAvgPool2d avgpool{nullptr};
@@ -101,6 +120,8 @@ class ResNetImpl : public torch::nn::Module {
   std::int64_t expansion() const { return block_ == ResNetBlock::basic ? BasicBlockImpl::expansion : BottleneckImpl::expansion; }
 
   ResNetBlock block_;
+  std::array<std::int64_t, 4> layers_;
+  ResNetOptions options_;
   std::int64_t inplanes_ = 64;
   std::int64_t dilation_ = 1;
   std::int64_t groups_;
@@ -143,13 +164,24 @@ inline torch::nn::Conv2d conv1x1(std::int64_t in, std::int64_t out, std::int64_t
   return torch::nn::Conv2d(torch::nn::Conv2dOptions(in, out, 1).stride(stride).bias(false));
 }
 
+/// torchvision's default `norm_layer`, nn.BatchNorm2d(planes): as a SyncBatchNorm without a
+/// communicator, which normalizes as BatchNorm2d until convert_sync_batchnorm gives it one.
+inline nn::SyncBatchNorm norm2d(std::int64_t planes) { return nn::SyncBatchNorm(torch::nn::BatchNormOptions(planes)); }
+
+/// The block's downsample, deeply copied (or none).
+inline torch::nn::Sequential cloned_downsample(const torch::nn::Sequential& downsample) {
+  if (!downsample) return torch::nn::Sequential(nullptr);
+  return torch::nn::Sequential(std::dynamic_pointer_cast<torch::nn::SequentialImpl>(downsample->clone()));
+}
+
 }  // namespace dettrial::vision::models::detail
 
 namespace dettrial::vision::models {
 
 DETTRIAL_INLINE BasicBlockImpl::BasicBlockImpl(std::int64_t inplanes, std::int64_t planes, std::int64_t stride,
                                                torch::nn::Sequential downsample, std::int64_t groups, std::int64_t base_width,
-                                               std::int64_t dilation) {
+                                               std::int64_t dilation)
+    : inplanes_(inplanes), planes_(planes), stride_(stride), groups_(groups), base_width_(base_width), dilation_(dilation) {
   if (groups != 1 || base_width != 64)
     throw ConfigError("vision::models: BasicBlock only supports groups 1 and width_per_group 64 (got " + std::to_string(groups) + " and " +
                       std::to_string(base_width) + "), as torchvision's; use a Bottleneck network (resnet50 and deeper)");
@@ -157,9 +189,9 @@ DETTRIAL_INLINE BasicBlockImpl::BasicBlockImpl(std::int64_t inplanes, std::int64
     throw ConfigError("vision::models: BasicBlock does not support dilation (replace_stride_with_dilation), as torchvision's does not");
   // Registered in torchvision's attribute order: the order of the module tree and of the initialisation.
   conv1 = register_module("conv1", detail::conv3x3(inplanes, planes, stride, 1, 1));
-  bn1 = register_module("bn1", torch::nn::BatchNorm2d(planes));
+  bn1 = register_module("bn1", detail::norm2d(planes));
   conv2 = register_module("conv2", detail::conv3x3(planes, planes, 1, 1, 1));
-  bn2 = register_module("bn2", torch::nn::BatchNorm2d(planes));
+  bn2 = register_module("bn2", detail::norm2d(planes));
   if (downsample) this->downsample = register_module("downsample", std::move(downsample));
 }
 
@@ -172,16 +204,37 @@ DETTRIAL_INLINE torch::Tensor BasicBlockImpl::forward(torch::Tensor x) {
 
 DETTRIAL_INLINE BottleneckImpl::BottleneckImpl(std::int64_t inplanes, std::int64_t planes, std::int64_t stride,
                                                torch::nn::Sequential downsample, std::int64_t groups, std::int64_t base_width,
-                                               std::int64_t dilation) {
+                                               std::int64_t dilation)
+    : inplanes_(inplanes), planes_(planes), stride_(stride), groups_(groups), base_width_(base_width), dilation_(dilation) {
   // torchvision's int(planes * (base_width / 64.0)) * groups.
   const auto width = static_cast<std::int64_t>(static_cast<double>(planes) * (static_cast<double>(base_width) / 64.0)) * groups;
   conv1 = register_module("conv1", detail::conv1x1(inplanes, width, 1));
-  bn1 = register_module("bn1", torch::nn::BatchNorm2d(width));
+  bn1 = register_module("bn1", detail::norm2d(width));
   conv2 = register_module("conv2", detail::conv3x3(width, width, stride, groups, dilation));
-  bn2 = register_module("bn2", torch::nn::BatchNorm2d(width));
+  bn2 = register_module("bn2", detail::norm2d(width));
   conv3 = register_module("conv3", detail::conv1x1(width, planes * expansion, 1));
-  bn3 = register_module("bn3", torch::nn::BatchNorm2d(planes * expansion));
+  bn3 = register_module("bn3", detail::norm2d(planes * expansion));
   if (downsample) this->downsample = register_module("downsample", std::move(downsample));
+}
+
+DETTRIAL_INLINE std::shared_ptr<torch::nn::Module> BasicBlockImpl::clone(const c10::optional<torch::Device>& device) const {
+  return nn::rebuilt_clone(
+      *this,
+      [&] {
+        return std::make_shared<BasicBlockImpl>(inplanes_, planes_, stride_, detail::cloned_downsample(downsample), groups_, base_width_,
+                                                dilation_);
+      },
+      device);
+}
+
+DETTRIAL_INLINE std::shared_ptr<torch::nn::Module> BottleneckImpl::clone(const c10::optional<torch::Device>& device) const {
+  return nn::rebuilt_clone(
+      *this,
+      [&] {
+        return std::make_shared<BottleneckImpl>(inplanes_, planes_, stride_, detail::cloned_downsample(downsample), groups_, base_width_,
+                                                dilation_);
+      },
+      device);
 }
 
 DETTRIAL_INLINE torch::Tensor BottleneckImpl::forward(torch::Tensor x) {
@@ -193,7 +246,7 @@ DETTRIAL_INLINE torch::Tensor BottleneckImpl::forward(torch::Tensor x) {
 }
 
 DETTRIAL_INLINE ResNetImpl::ResNetImpl(ResNetBlock block, std::array<std::int64_t, 4> layers, ResNetOptions options)
-    : block_(block), groups_(options.groups), base_width_(options.width_per_group) {
+    : block_(block), layers_(layers), options_(options), groups_(options.groups), base_width_(options.width_per_group) {
   for (const std::int64_t blocks : layers)
     if (blocks < 1)
       throw ConfigError("vision::models: every layer of a ResNet needs at least one block (got " + std::to_string(blocks) + ")");
@@ -203,7 +256,7 @@ DETTRIAL_INLINE ResNetImpl::ResNetImpl(ResNetBlock block, std::array<std::int64_
     throw ConfigError("vision::models: groups and width_per_group must be at least 1 (got " + std::to_string(groups_) + " and " +
                       std::to_string(base_width_) + ")");
   conv1 = register_module("conv1", torch::nn::Conv2d(torch::nn::Conv2dOptions(3, inplanes_, 7).stride(2).padding(3).bias(false)));
-  bn1 = register_module("bn1", torch::nn::BatchNorm2d(inplanes_));
+  bn1 = register_module("bn1", detail::norm2d(inplanes_));
   maxpool = register_module("maxpool", torch::nn::MaxPool2d(torch::nn::MaxPool2dOptions(3).stride(2).padding(1)));
   layer1 = register_module("layer1", make_layer(64, layers[0], 1, false));
   layer2 = register_module("layer2", make_layer(128, layers[1], 2, options.replace_stride_with_dilation[0]));
@@ -225,7 +278,7 @@ DETTRIAL_INLINE torch::nn::Sequential ResNetImpl::make_layer(std::int64_t planes
   // initialisation of the modules draws in).
   torch::nn::Sequential downsample{nullptr};
   if (stride != 1 || inplanes_ != planes * expansion)
-    downsample = torch::nn::Sequential(detail::conv1x1(inplanes_, planes * expansion, stride), torch::nn::BatchNorm2d(planes * expansion));
+    downsample = torch::nn::Sequential(detail::conv1x1(inplanes_, planes * expansion, stride), detail::norm2d(planes * expansion));
   torch::nn::Sequential layer;
   auto add = [&](std::int64_t block_stride, torch::nn::Sequential block_downsample, std::int64_t dilation) {
     if (block_ == ResNetBlock::basic)
@@ -244,7 +297,7 @@ DETTRIAL_INLINE void ResNetImpl::initialise(bool zero_init_residual) {
   for (const auto& module : modules(/*include_self=*/false)) {
     if (auto* conv = module->as<torch::nn::Conv2d>()) {
       torch::nn::init::kaiming_normal_(conv->weight, 0.0, torch::kFanOut, torch::kReLU);
-    } else if (auto* norm = module->as<torch::nn::BatchNorm2d>()) {
+    } else if (auto* norm = module->as<nn::SyncBatchNorm>()) {
       torch::nn::init::constant_(norm->weight, 1);
       torch::nn::init::constant_(norm->bias, 0);
     }
@@ -254,6 +307,18 @@ DETTRIAL_INLINE void ResNetImpl::initialise(bool zero_init_residual) {
     if (auto* bottleneck = module->as<BottleneckImpl>()) torch::nn::init::constant_(bottleneck->bn3->weight, 0);
     if (auto* basic = module->as<BasicBlockImpl>()) torch::nn::init::constant_(basic->bn2->weight, 0);
   }
+}
+
+DETTRIAL_INLINE std::shared_ptr<torch::nn::Module> ResNetImpl::clone(const c10::optional<torch::Device>& device) const {
+  return nn::rebuilt_clone(
+      *this,
+      [&] {
+        auto copy = std::make_shared<ResNetImpl>(block_, layers_, options_);
+        // The classifier as it is now: fine-tuning replaces it (`replace_module("fc", ...)`).
+        copy->fc = copy->replace_module("fc", std::dynamic_pointer_cast<torch::nn::LinearImpl>(fc->clone()));
+        return copy;
+      },
+      device);
 }
 
 DETTRIAL_INLINE torch::Tensor ResNetImpl::forward(torch::Tensor x) {

@@ -51,7 +51,7 @@ concept LRStepMode = requires(std::int64_t i) {
  * returns to choose a mode other than `every_batch`.
  * @code{.cpp}
  * auto lr_scheduler(torch::optim::SGD& opt) {
- *   return dettrial::scheduled(torch::optim::StepLR(opt, 1, 0.9), dettrial::lr_step::every_epoch{});
+ *   return dettrial::scheduled(dettrial::optim::StepLR(opt, 1, 0.9), dettrial::lr_step::every_epoch{});
  * }
  * @endcode
  */
