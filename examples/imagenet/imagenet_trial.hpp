@@ -16,6 +16,7 @@
 #include <optional>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include <dettrial/vision.hpp>
@@ -40,13 +41,25 @@ inline std::vector<torch::Tensor> accuracy(const torch::Tensor& output, torch::T
   return result;
 }
 
-/// A data path from the config: absolute, or under $DETTRIAL_IMAGE_FOLDER (the tests' folder).
-inline std::filesystem::path data_path(const YAML::Node& data, const char* key) {
-  if (!data[key])
-    throw dettrial::ConfigError(std::string("the ImageNet example needs data.") + key + " (a folder of class folders, ImageNet's layout)");
-  const std::filesystem::path path = data[key].as<std::string>();
+/// A data path: absolute, or under $DETTRIAL_IMAGE_FOLDER (the tests' folder).
+inline std::filesystem::path under_image_folder(const std::filesystem::path& path) {
   const char* root = std::getenv("DETTRIAL_IMAGE_FOLDER");
   return path.is_absolute() || !root || !*root ? path : std::filesystem::path(root) / path;
+}
+
+/// The training (`key` train_dir) or validation (validation_dir) folder: data.`key`, else, as the
+/// guide's const.yaml gives it, `hyperparameters.data` as ImageNet's root with `train/` and `val/`
+/// below it (PyTorch's examples/imagenet: os.path.join(args.data, "train"), "val").
+inline std::filesystem::path data_path(const dettrial::Context& context, const char* key) {
+  const YAML::Node& data = context.get_data_config();
+  if (data[key]) return under_image_folder(data[key].as<std::string>());
+  if (context.get_hparams().contains("data")) {
+    const std::filesystem::path root = context.get_hparam<std::string>("data");
+    return under_image_folder(root / (std::string(key) == "train_dir" ? "train" : "val"));
+  }
+  throw dettrial::ConfigError(std::string("the ImageNet example needs data.") + key +
+                              " (a folder of class folders, ImageNet's layout), or the guide's hyperparameters.data (ImageNet's "
+                              "root, with train/ and val/ below it)");
 }
 
 /// data.`key` as a T, or `fallback` when absent; a value of another type is an error naming the key.
@@ -63,16 +76,69 @@ T data_or(const YAML::Node& data, const char* key, T fallback) {
   }
 }
 
-/// `models.__dict__[arch]()`, or with the weights in `pretrained` (a file `torch.save(model.state_dict())`
-/// wrote: nothing is downloaded). Weights for another number of classes warm-start all but `fc`.
+/// torch.hub's cache, where torchvision keeps the weights it downloads: $TORCH_HOME, else
+/// $XDG_CACHE_HOME/torch, else ~/.cache/torch (torch.hub's _get_torch_home).
+inline std::filesystem::path torch_home() {
+  const auto set = [](const char* name) -> const char* {
+    const char* value = std::getenv(name);
+    return value && *value ? value : nullptr;
+  };
+  if (const char* home = set("TORCH_HOME")) return home;
+  if (const char* cache = set("XDG_CACHE_HOME")) return std::filesystem::path(cache) / "torch";
+  const char* user = set("HOME");
+  return std::filesystem::path(user ? user : "/") / ".cache" / "torch";
+}
+
+/// The file torchvision's `models.<arch>(pretrained=True)` loads (its IMAGENET1K_V1 weights), as
+/// torch.hub names it in its cache.
+inline std::string torchvision_weights_file(const std::string& arch) {
+  static const std::pair<const char*, const char*> files[] = {{"resnet18", "resnet18-f37072fd.pth"},
+                                                              {"resnet34", "resnet34-b627a593.pth"},
+                                                              {"resnet50", "resnet50-0676ba61.pth"},
+                                                              {"resnet101", "resnet101-63fe2227.pth"},
+                                                              {"resnet152", "resnet152-394f9c45.pth"},
+                                                              {"resnext50_32x4d", "resnext50_32x4d-7cdf4587.pth"},
+                                                              {"wide_resnet50_2", "wide_resnet50_2-95faca4d.pth"}};
+  for (const auto& [name, file] : files)
+    if (arch == name) return file;
+  return arch + ".pth";
+}
+
+/// The weights file the `pretrained` hyperparameter asks for: none (false, an empty string, absent),
+/// the file it names, or (true, as the guide's const.yaml says) torchvision's ImageNet weights for
+/// `arch` in torch.hub's cache; nothing is downloaded, and weights that are not there are refused in
+/// one sentence saying how to put them there.
+inline std::optional<std::filesystem::path> pretrained_weights(const dettrial::Context& context, const std::string& arch) {
+  if (!context.get_hparams().contains("pretrained")) return std::nullopt;
+  const YAML::Node value = context.get_hparams().node("pretrained");
+  bool flag = false;
+  if (value.IsScalar() && YAML::convert<bool>::decode(value, flag)) {
+    if (!flag) return std::nullopt;
+    const std::filesystem::path cached = torch_home() / "hub" / "checkpoints" / torchvision_weights_file(arch);
+    if (!std::filesystem::exists(cached))
+      throw dettrial::ConfigError(
+          "hyperparameters.pretrained is true, but torchvision's ImageNet weights for " + arch + " are not in " + cached.string() +
+          " (torch.hub's cache, $TORCH_HOME); put them there with python3 -c \"import torchvision; " + "torchvision.models." + arch +
+          "(weights='IMAGENET1K_V1')\" (it downloads them), or give pretrained " + "the path of a state dict file");
+    return cached;
+  }
+  const auto path = context.get_hparam<std::string>("pretrained");
+  if (path.empty()) return std::nullopt;
+  return std::filesystem::path(path);
+}
+
+/// `models.__dict__[arch]()`, or with the weights `pretrained` asks for (pretrained_weights: a file
+/// `torch.save(model.state_dict())` wrote, or torchvision's in torch.hub's cache). Weights for another
+/// number of classes warm-start all but `fc`.
 inline models::ResNet build_model(const dettrial::Context& context, std::int64_t classes) {
   const auto arch = context.get_hparam<std::string>("arch");
   auto model = models::resnet(arch, {.num_classes = classes});
-  const auto pretrained = context.get_hparams().get_or<std::string>("pretrained", "");
-  if (pretrained.empty()) {
+  const std::optional<std::filesystem::path> weights_file = pretrained_weights(context, arch);
+  if (!weights_file) {
     std::cout << "=> creating model '" << arch << "'\n";
     return model;
   }
+  const std::string pretrained = weights_file->string();
   std::cout << "=> using pre-trained model '" << arch << "' from '" << pretrained << "'\n";
   auto weights = dettrial::read_model_state_dict(pretrained);
   const bool same_classes = !weights.contains("fc.weight") || weights.at("fc.weight").toTensor().size(0) == classes;
@@ -92,7 +158,7 @@ class ImageNetTrial {
 
   explicit ImageNetTrial(dettrial::Context& context)
       : context_(context),
-        train_folder_(data_path(context.get_data_config(), "train_dir")),
+        train_folder_(data_path(context, "train_dir")),
         model_(context.wrap_model(build_model(context, static_cast<std::int64_t>(train_folder_.classes().size())))),
         optimizer_(model_->parameters(), torch::optim::SGDOptions(context.get_hparam<double>("lr"))
                                              .momentum(context.get_hparam<double>("momentum"))
@@ -106,7 +172,7 @@ class ImageNetTrial {
     context.wrap_optimizer(optimizer_);
     context.wrap_lr_scheduler(lr_sch_, dettrial::lr_step::every_epoch{});
     const YAML::Node& data = context.get_data_config();
-    validation_dir_ = data_path(data, "validation_dir");
+    validation_dir_ = data_path(context, "validation_dir");
     crop_ = data_or<std::int64_t>(data, "crop", 224);
     resize_ = data_or<std::int64_t>(data, "resize", 256);
     // JPEGs decoded at 1/2, 1/4 or 1/8 scale where the crop's window stays at least its output size:

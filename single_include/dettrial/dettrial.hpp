@@ -10833,6 +10833,29 @@ DETTRIAL_INLINE void broadcast_modules(Communicator& comm, const std::vector<std
  */
 DETTRIAL_INLINE void broadcast_buffers(Communicator& comm, const std::vector<std::shared_ptr<torch::nn::Module>>& modules);
 
+/// A module whose parameters every rank must hold bit for bit, with the name its parameters are
+/// reported under ("model 0", "the averaged model").
+struct ReplicatedModule {
+  std::string name;
+  std::shared_ptr<torch::nn::Module> module;
+};
+
+/// A fingerprint of `tensor`'s values: zlib's CRC-32 of its bytes (a contiguous copy on the host):
+/// the same on two ranks when they hold the same bits, different when they do not (but by chance,
+/// one in 2^32).
+DETTRIAL_INLINE std::uint32_t tensor_fingerprint(const torch::Tensor& tensor);
+
+/**
+ * @brief Checks that every rank holds the same parameters in `modules`, as the all-reduced gradients
+ * and the same step on every rank keep them: one all-reduce of a fingerprint per parameter (its
+ * CRC-32 and its negation, under MAX: every rank learns the largest and the smallest). Where one
+ * differs, every rank throws a DistributedError naming the first such parameter, the batch, and
+ * the likely causes (a trial that steps its optimizer itself, nondeterministic kernels, a rank that
+ * changed its weights alone), rather than train replicas that drift apart unnoticed. Buffers are not
+ * compared: each rank's BatchNorm statistics are its own until the chief's are broadcast.
+ */
+DETTRIAL_INLINE void require_same_parameters(Communicator& comm, std::span<const ReplicatedModule> modules, std::int64_t batches_trained);
+
 /// A setting every rank must share, by name, with this rank's value as text.
 struct RankSetting {
   const char* name;
@@ -10850,6 +10873,8 @@ DETTRIAL_INLINE void require_same_settings(Communicator& comm, std::span<const R
 
 // Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
 #if DETTRIAL_HEADER_DEFINITIONS
+#include <zlib.h>
+
 namespace dettrial::detail {
 
 DETTRIAL_INLINE int agreed_max(Communicator* comm, int value) {
@@ -10897,6 +10922,42 @@ DETTRIAL_INLINE void broadcast_buffers(Communicator& comm, const std::vector<std
       b.copy_(one[0].narrow(0, offset, b.numel()).view_as(b));
       offset += b.numel();
     }
+  }
+}
+
+DETTRIAL_INLINE std::uint32_t tensor_fingerprint(const torch::Tensor& tensor) {
+  const torch::Tensor bytes = tensor.detach().to(torch::kCPU).contiguous();
+  const auto* data = static_cast<const Bytef*>(bytes.data_ptr());
+  std::size_t left = static_cast<std::size_t>(bytes.numel()) * bytes.element_size();
+  uLong crc = ::crc32(0L, Z_NULL, 0);
+  while (left > 0) {  // zlib takes at most a uInt of bytes at a time
+    const auto n = static_cast<uInt>(std::min<std::size_t>(left, 1u << 30));
+    crc = ::crc32(crc, data, n);
+    data += n;
+    left -= n;
+  }
+  return static_cast<std::uint32_t>(crc);
+}
+
+DETTRIAL_INLINE void require_same_parameters(Communicator& comm, std::span<const ReplicatedModule> modules, std::int64_t batches_trained) {
+  std::vector<std::string> names;
+  std::vector<double> largest_and_smallest;  // each fingerprint, then each negated: under MAX, the largest and minus the smallest
+  for (const ReplicatedModule& m : modules)
+    for (const auto& p : m.module->named_parameters()) {
+      names.push_back(m.name + "'s '" + p.key() + "'");
+      largest_and_smallest.push_back(static_cast<double>(tensor_fingerprint(p.value())));
+    }
+  if (names.empty()) return;
+  const std::size_t n = names.size();
+  for (std::size_t i = 0; i < n; ++i) largest_and_smallest.push_back(-largest_and_smallest[i]);
+  const std::vector<double> agreed = comm.allreduce_values(largest_and_smallest, c10d::ReduceOp::MAX);
+  for (std::size_t i = 0; i < n; ++i) {
+    if (agreed[i] == -agreed[n + i]) continue;
+    throw DistributedError("the ranks' parameters differ after batch " + std::to_string(batches_trained) + ": " + names[i] +
+                           " is not the same on every rank (the first that differs). Data-parallel ranks must hold the same "
+                           "weights; likely causes: the trial steps its optimizer itself (optimizer.step() instead of "
+                           "context.step_optimizer(optimizer), which averages the gradients over the ranks first), kernels that "
+                           "are not deterministic (reproducibility.deterministic), or a rank that changed its weights alone");
   }
 }
 
@@ -23021,6 +23082,10 @@ class TrialAdapter {
 
  public:
   using Compiled = std::remove_cvref_t<decltype(std::declval<K&>().build_model())>;
+  /// Its epochs are records_per_epoch's, where the config sets it, as Determined's TFKerasTrial
+  /// counts them (its workload sequencer's records_per_epoch // global_batch_size); a PyTorch-style
+  /// trial's are its loader's.
+  static constexpr bool epochs_follow_records_per_epoch = true;
 
   template <class... Args>
   explicit TrialAdapter(Context& context, Args&&... args)
@@ -23817,13 +23882,16 @@ class Schedule {
 
   /// The rank count whose global batches the training data follows (TrialProgress::data_ranks).
   void keep_data_ranks(std::int64_t ranks) { data_ranks_ = ranks; }
-  /// The epoch, from the training loader's batches on this rank (the chief's: agreed already) and
-  /// records_per_epoch, told to the Context; throws DataError for a loader with no batches.
-  DETTRIAL_INLINE void settle_epoch_length(TrainerKey key, Context& context, std::int64_t loader_batches);
+  /// The epoch, from the training loader's batches on this rank (the chief's: agreed already) and,
+  /// where the trial's epochs follow it (`from_records`: a Keras-style trial), records_per_epoch,
+  /// told to the Context; throws DataError for a loader with no batches.
+  DETTRIAL_INLINE void settle_epoch_length(TrainerKey key, Context& context, std::int64_t loader_batches, bool from_records);
 
   const TrainUnit& length() const { return length_; }
-  /// Batches per epoch (records_per_epoch's, where set).
+  /// Batches per epoch (records_per_epoch's, where set and the trial's epochs follow it).
   std::int64_t epoch_len() const { return epoch_len_; }
+  /// Whether the epoch is records_per_epoch's.
+  bool epoch_from_records() const { return epoch_from_records_; }
   /// The training loader's own batches per epoch on this rank.
   std::int64_t data_epoch_len() const { return data_epoch_len_; }
   std::int64_t data_ranks() const { return data_ranks_; }
@@ -23868,6 +23936,7 @@ class Schedule {
   std::int64_t epoch_len_ = 0;
   std::int64_t data_epoch_len_ = 0;
   std::int64_t data_ranks_ = 1;
+  bool epoch_from_records_ = false;
 };
 
 }  // namespace dettrial::detail
@@ -23906,14 +23975,16 @@ DETTRIAL_INLINE Schedule Schedule::resolve(const FitOptions& options, const Cont
   return s;
 }
 
-DETTRIAL_INLINE void Schedule::settle_epoch_length(TrainerKey key, Context& context, std::int64_t loader_batches) {
+DETTRIAL_INLINE void Schedule::settle_epoch_length(TrainerKey key, Context& context, std::int64_t loader_batches, bool from_records) {
   if (loader_batches < 1) throw DataError("the training data loader yields no batches (its size() is 0)");
   epoch_len_ = data_epoch_len_ = loader_batches;
-  // Determined's records_per_epoch: the epoch of epoch-based lengths, periods, LR steps and epoch
-  // hooks, in global batches (its legacy sequencer's records_per_epoch // global_batch_size, at
-  // least 1), whatever the loader's own length; the data still reshuffles at its own epochs.
-  if (const std::int64_t records = context.get_experiment_config().records_per_epoch; records > 0)
-    epoch_len_ = std::max<std::int64_t>(records / context.get_global_batch_size(), 1);
+  // Determined's records_per_epoch, for the trials whose epochs follow it (Keras-style, as its
+  // TFKerasTrial's legacy sequencer): the epoch of epoch-based lengths, periods, LR steps and epoch
+  // hooks, in global batches (records_per_epoch // global_batch_size, at least 1), whatever the
+  // loader's own length; the data still reshuffles at its own epochs. PyTorchTrial ignores it.
+  const std::int64_t records = context.get_experiment_config().records_per_epoch;
+  epoch_from_records_ = from_records && records > 0;
+  if (epoch_from_records_) epoch_len_ = std::max<std::int64_t>(records / context.get_global_batch_size(), 1);
   ContextAccess::position(key, context).epoch_len = epoch_len_;
 }
 
@@ -24013,10 +24084,10 @@ DETTRIAL_INLINE void announce(TrainerKey key, Context& context, const FitOptions
 DETTRIAL_INLINE MetricValues report_training(TrainerKey key, Context& context, const Workload& workload, const TrialProgress& progress,
                                              Reporter& reporter);
 
-/// A validation begins: rank 0's buffers, models and the averaged model in evaluation mode (the
-/// average as torchvision's recipe evaluates it; nothing trains it, so it stays so), validation
-/// reducers reset.
-DETTRIAL_INLINE void begin_validation(TrainerKey key, Context& context);
+/// A validation begins: rank 0's buffers and the parameters checked (agree_on_replicas), models and
+/// the averaged model in evaluation mode (the average as torchvision's recipe evaluates it; nothing
+/// trains it, so it stays so), validation reducers reset.
+DETTRIAL_INLINE void begin_validation(TrainerKey key, Context& context, std::int64_t batches_trained);
 /// This rank's share and every other's, reduced: the validation's metrics, as the callbacks get
 /// them; `records` the whole job's.
 DETTRIAL_INLINE MetricValues reduce_validation(TrainerKey key, Context& context, RankShare mine, std::int64_t& records);
@@ -24055,15 +24126,17 @@ DETTRIAL_INLINE LearningRates learning_rates(const Context& context);
 DETTRIAL_INLINE void reduce_user_reducers(TrainerKey key, Context& context, bool WrappedReducer::* role,
                                           const std::vector<RankShare>& shares, MetricValues& out);
 
-/// Every rank takes rank 0's buffers (see broadcast_buffers: DDP's broadcast_buffers, at the
-/// boundaries that read them).
-DETTRIAL_INLINE void agree_on_buffers(Context& context);
+/// At the boundaries that read the models (validation, checkpoints): every rank takes rank 0's
+/// buffers (see broadcast_buffers: DDP's broadcast_buffers), and the ranks check that they hold the
+/// same parameters (require_same_parameters: one small all-reduce), after `batches_trained`.
+DETTRIAL_INLINE void agree_on_replicas(Context& context, std::int64_t batches_trained);
 
 }  // namespace dettrial::detail
 
 // Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
 #if DETTRIAL_HEADER_DEFINITIONS
 #include <algorithm>
+#include <cctype>
 #include <ctime>
 #include <iterator>
 #include <unistd.h>
@@ -24100,6 +24173,13 @@ DETTRIAL_INLINE Checkpointer fit_checkpointer(TrainerKey key, Context& context, 
 }  // namespace dettrial::detail
 
 namespace dettrial::detail::fit_steps {
+/// Whether a metric's name says smaller is better: a loss or an error ("val_loss", "train_error").
+inline bool named_like_a_loss(const std::string& metric) {
+  std::string lower(metric);
+  std::transform(lower.begin(), lower.end(), lower.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  return lower.find("loss") != std::string::npos || lower.find("error") != std::string::npos;
+}
+
 /// The lines saying what is profiled, and where the trace goes.
 inline void announce_profiling(Context& context, const FitOptions& o, std::int64_t from_batch, Reporter& reporter) {
   const bool synced = o.profiling.sync_timings && context.device().is_cuda();
@@ -24147,12 +24227,21 @@ DETTRIAL_INLINE void announce(TrainerKey key, Context& context, const FitOptions
     reporter.line("dettrial: the training step is captured in a CUDA graph after " + std::to_string(graph->warmup_batches) +
                   " eager batch(es), and replayed; batches of other shapes run eagerly");
   detail::fit_steps::announce_profiling(context, o, position.batches_trained(), reporter);
-  if (const std::int64_t records = context.get_experiment_config().records_per_epoch; records > 0)
+  if (const std::int64_t records = context.get_experiment_config().records_per_epoch; records > 0 && schedule.epoch_from_records())
     reporter.line("dettrial: records_per_epoch " + std::to_string(records) + " sets the epoch: " + std::to_string(schedule.epoch_len()) +
                   " batches of " + std::to_string(context.get_global_batch_size()) + " records (the training data loader's own epoch is " +
                   std::to_string(schedule.data_epoch_len()) + " batches on this rank)");
+  else if (records > 0)
+    reporter.line("dettrial: records_per_epoch " + std::to_string(records) + " is not used: an epoch is the training data loader's " +
+                  std::to_string(schedule.epoch_len()) +
+                  " batches on this rank, as Determined's PyTorchTrial ignores records_per_epoch (Keras-style trials count their "
+                  "epochs in it)");
   if (o.checkpoint_policy == CheckpointPolicy::best && o.searcher_metric.empty())
     reporter.line("dettrial: checkpoint_policy 'best' has no searcher metric to compare; checkpointing after every validation");
+  if (!o.smaller_is_better && detail::fit_steps::named_like_a_loss(o.searcher_metric))
+    reporter.line("warning: searcher.smaller_is_better is false for '" + o.searcher_metric + "', so a larger " + o.searcher_metric +
+                  " counts as better: the checkpoints kept as best, and a search's decisions, favour the worst; set it to true "
+                  "unless larger is better");
   // A port that means Python's StepLR and wraps LibTorch's decays one step late: said once.
   for (std::size_t i = 0; i < context.num_lr_schedulers(); ++i)
     if (ContextAccess::lr_scheduler(key, context, i).type == "torch::optim::StepLR") {
@@ -24182,8 +24271,8 @@ DETTRIAL_INLINE MetricValues report_training(TrainerKey key, Context& context, c
   return avg;
 }
 
-DETTRIAL_INLINE void begin_validation(TrainerKey key, Context& context) {
-  agree_on_buffers(context);
+DETTRIAL_INLINE void begin_validation(TrainerKey key, Context& context, std::int64_t batches_trained) {
+  agree_on_replicas(context, batches_trained);
   for (const auto& m : context.models()) m->eval();
   if (const auto average = context.averaged_weights()) average->eval();
   for (auto& r : ContextAccess::reducers(key, context))
@@ -24304,12 +24393,17 @@ DETTRIAL_INLINE void reduce_user_reducers(TrainerKey key, Context& context, bool
     if (r.*role) r.cross_slot_into(r.object, r.name, reducer_parts(shares, index++), out);
 }
 
-DETTRIAL_INLINE void agree_on_buffers(Context& context) {
+DETTRIAL_INLINE void agree_on_replicas(Context& context, std::int64_t batches_trained) {
   Communicator* comm = context.communicator();
   if (!comm) return;
   broadcast_buffers(*comm, context.models());
   // The average's copy too (its count stays on the CPU, the same on every rank).
-  if (const auto average = context.averaged_weights()) broadcast_buffers(*comm, {average->averaged_ptr()});
+  const auto average = context.averaged_weights();
+  if (average) broadcast_buffers(*comm, {average->averaged_ptr()});
+  std::vector<ReplicatedModule> replicas;
+  for (std::size_t i = 0; i < context.models().size(); ++i) replicas.push_back({"model " + std::to_string(i), context.models()[i]});
+  if (average) replicas.push_back({"the averaged model", average->averaged_ptr()});
+  require_same_parameters(*comm, replicas, batches_trained);
 }
 
 }  // namespace dettrial::detail
@@ -25051,6 +25145,9 @@ struct TrialFacts {
   std::string trial_type;
   std::string training_batch_type;
   bool training_batch_tensors_only = false;
+  /// Whether its epochs are records_per_epoch's (a Keras-style trial, as Determined's TFKerasTrial)
+  /// rather than its training loader's (a PyTorch-style trial, whose records_per_epoch Determined ignores).
+  bool epochs_follow_records_per_epoch = false;
 };
 
 /// The callback hooks without arguments that the loop calls.
@@ -25245,7 +25342,8 @@ DETTRIAL_INLINE void FitLoop::begin(FitOptions options) {
 DETTRIAL_INLINE void FitLoop::prepare_training() {
   build_loaders();
   schedule_.keep_data_ranks(data_layout());
-  schedule_.settle_epoch_length(key_, context_, agree_across_ranks(training_epoch_length(training_chain())));
+  schedule_.settle_epoch_length(key_, context_, agree_across_ranks(training_epoch_length(training_chain())),
+                                facts_.epochs_follow_records_per_epoch);
   if (const auto& dir = position_.resume_dir()) restore(*dir, position_.to_restore(options_.trial_id));
   schedule_.check_rank_invariant_boundaries(context_, position_.batches_trained());
   position_.start(key_, context_);
@@ -25326,7 +25424,7 @@ DETTRIAL_INLINE void FitLoop::validate() {
     // else (a checkpoint saves them), so a run trains the same numbers whatever its validation
     // period.
     const auto generators = on_scope_exit([states = GeneratorStates::record(context_.device())] { states.restore(); });
-    begin_validation(key_, context_);
+    begin_validation(key_, context_, position_.batches_trained());
     call_callbacks(LoopHook::validation_start);
     outputs_.reporter().begin("validate", 0, validation_epoch_length(validation_chain()), "batches");
     std::int64_t records = 0;
@@ -25345,7 +25443,7 @@ DETTRIAL_INLINE void FitLoop::checkpoint() {
   RECORD_USER_SCOPE("dettrial::checkpoint");
   finish_checkpoint(/*wait=*/true);
   position_.checkpointed();
-  agree_on_buffers(context_);
+  agree_on_replicas(context_, position_.batches_trained());
   const LoaderSeeds seeds = data_seeds();
   checkpointer_.begin(callback_hooks_, checkpoint_record(context_, options_, schedule_, position_, result_.last_validation_metrics,
                                                          seeds.training, seeds.validation, facts_.trial_type));
@@ -25457,7 +25555,8 @@ class Run final : public FitLoop {
       : FitLoop(key, context,
                 TrialFacts{.trial_type = c10::demangle(typeid(TrialT).name()),
                            .training_batch_type = c10::demangle(typeid(training_batch_t<TrialT>).name()),
-                           .training_batch_tensors_only = tensors_only_batch<training_batch_t<TrialT>>()},
+                           .training_batch_tensors_only = tensors_only_batch<training_batch_t<TrialT>>(),
+                           .epochs_follow_records_per_epoch = epochs_follow_records_per_epoch()},
                 callback_hooks(callbacks)),
         trial_(trial),
         model_(model),
@@ -25465,6 +25564,11 @@ class Run final : public FitLoop {
         callbacks_(callbacks) {}
 
  private:
+  static constexpr bool epochs_follow_records_per_epoch() {
+    if constexpr (requires { TrialT::epochs_follow_records_per_epoch; }) return TrialT::epochs_follow_records_per_epoch;
+    else return false;
+  }
+
   // ---- callbacks -----------------------------------------------------------------------------
 
   void start_callbacks(std::int64_t first_batch, const std::string& resume_uuid, std::size_t& started) override {

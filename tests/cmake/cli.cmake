@@ -57,6 +57,7 @@ if(TARGET mnist)
   set(_imagenet_bad_data "imagenet example: a data value of the wrong type is named (data.reduced_decode: maybe)")
   set(_imagenet_pretrained "imagenet example: a torchvision ResNet-50 state dict saved by Python warm-starts the guide's trial")
   set(_imagenet_lr "imagenet example: the guide's trial decays its learning rate after the epochs Python's StepLR does")
+  set(_imagenet_seed "imagenet example: the porting guide's const.yaml, verbatim, runs (pretrained from torch.hub's cache, records_per_epoch not used, smaller_is_better warned)")
   if(DETTRIAL_DECODES_JPEG AND DETTRIAL_DECODES_PNG AND DETTRIAL_PYTHON)
     add_test(NAME "imagenet example: an ImageNet-shaped folder is written from Fashion-MNIST"
              COMMAND ${_needs_fashion} "${DETTRIAL_PYTHON}" "${PROJECT_SOURCE_DIR}/scripts/lib/imagenet_folder.py"
@@ -96,12 +97,20 @@ if(TARGET mnist)
                                             "${CMAKE_CURRENT_BINARY_DIR}/runs/imagenet-lr" "${DETTRIAL_PYTHON}")
     set_tests_properties("${_imagenet_lr}" PROPERTIES FIXTURES_REQUIRED dettrial_imagenet_folder SKIP_RETURN_CODE 77
                                                       PASS_REGULAR_EXPRESSION "ok: the learning rates after 1, 2 and 3 epochs")
+    add_test(NAME "${_imagenet_seed}"
+             COMMAND "${_requires}" "${_imagenet_folder}/complete" "the ImageNet-shaped folder" -- "${_requires}"
+                     "${CMAKE_CURRENT_BINARY_DIR}/torchvision_resnets/resnet18.pt" "torchvision's ResNet-18 (tests/python/torchvision_resnets.py)" --
+                     "${_cli}/imagenet_seed_config.sh" $<TARGET_FILE:imagenet> "${_cli}/seed_imagenet_const.yaml" "${_imagenet_folder}"
+                     "${CMAKE_CURRENT_BINARY_DIR}/torchvision_resnets/resnet18.pt" "${CMAKE_CURRENT_BINARY_DIR}/runs/imagenet-seed")
+    set_tests_properties("${_imagenet_seed}" PROPERTIES FIXTURES_REQUIRED "dettrial_imagenet_folder;dettrial_model_tests"
+                                                        SKIP_RETURN_CODE 77 PASS_REGULAR_EXPRESSION "ok: the guide's const.yaml ran as written")
   else()
     dettrial_skipped_test("${_imagenet_resume}" "this build has no JPEG or PNG decoder, or no Python to write the folder")
     dettrial_skipped_test("${_imagenet_recipe}" "this build has no JPEG or PNG decoder, or no Python to write the folder")
     dettrial_skipped_test("${_imagenet_bad_data}" "this build has no JPEG or PNG decoder, or no Python to write the folder")
     dettrial_skipped_test("${_imagenet_pretrained}" "this build has no JPEG or PNG decoder, or no Python to write the folder")
     dettrial_skipped_test("${_imagenet_lr}" "this build has no JPEG or PNG decoder, or no Python to write the folder")
+    dettrial_skipped_test("${_imagenet_seed}" "this build has no JPEG or PNG decoder, or no Python to write the folder")
   endif()
   set(_slurm_tests "slurm: srun (on one node and on two) and sbatch run the 2-rank MNIST job as the built-in launcher does; a failed task ends the step")
   if(_gloo_missing)
@@ -270,13 +279,13 @@ if(TARGET mnist)
                    $<TARGET_FILE:mnist> --config "${PROJECT_SOURCE_DIR}/examples/mnist/const.yaml" --test-mode
                    --output "${CMAKE_CURRENT_BINARY_DIR}/runs/const-warning")
   set_tests_properties("cli: the seed's cluster-only fields get one warning" PROPERTIES SKIP_RETURN_CODE 77)
-  # records_per_epoch (Determined's legacy epoch size) sets the epoch of epoch-based periods: 60000
-  # records of 64 are 937 batches, while the loader's own epoch is 938.
-  add_test(NAME "cli: records_per_epoch sets the epoch"
-           COMMAND ${_needs_fashion} "${_expect}" 0 "records_per_epoch 60000 sets the epoch: 937 batches of 64 records \\(the training data loader's own epoch is 938 batches"
+  # records_per_epoch (Determined's legacy epoch size) is not used by a PyTorch-style trial, as
+  # Determined's PyTorchTrial ignores it: the epoch stays the loader's 938 batches of 64, and a line says so.
+  add_test(NAME "cli: records_per_epoch is not used by a PyTorch-style trial, and a line says so"
+           COMMAND ${_needs_fashion} "${_expect}" 0 "records_per_epoch 60000 is not used: an epoch is the training data loader's 938 batches on this rank, as Determined's PyTorchTrial ignores"
                    $<TARGET_FILE:mnist> --config "${PROJECT_SOURCE_DIR}/examples/mnist/const.yaml" --test-mode
                    --set records_per_epoch=60000 --output "${CMAKE_CURRENT_BINARY_DIR}/runs/records-per-epoch")
-  set_tests_properties("cli: records_per_epoch sets the epoch" PROPERTIES SKIP_RETURN_CODE 77)
+  set_tests_properties("cli: records_per_epoch is not used by a PyTorch-style trial, and a line says so" PROPERTIES SKIP_RETURN_CODE 77)
   dettrial_cli_error("unknown field with a suggestion" 78 "unknown_field.yaml:6:3: unknown field 'searcher.max_trails'; did you mean 'max_trials'\\?"
                      --config "${_cli}/unknown_field.yaml")
   # The seed's const.yaml runs unchanged (one batch in test mode, on Fashion-MNIST).

@@ -665,3 +665,99 @@ TEST_CASE("3 ranks on uneven data: evaluate_full_dataset runs on the chief over 
     CHECK(mine["params"].as<std::string>() == ranks[0]["params"].as<std::string>());
   }
 }
+
+// ---- replicas that drift apart are caught at the next validation --------------------------------
+
+namespace {
+
+/// A regression whose ranks' weights drift apart as DRIFT says: `own_step`, the trial steps its
+/// optimizer itself (the gradients of each rank's own shard, never averaged); `alone`, rank 1
+/// changes a weight by itself after batch 2 (as a kernel that is not deterministic would); `none`,
+/// as it should be.
+struct DriftingTrial {
+  Context& context;
+  torch::nn::Sequential model;
+  torch::optim::SGD opt;
+  std::string drift = std::getenv("DRIFT") ? std::getenv("DRIFT") : "none";
+  explicit DriftingTrial(Context& c)
+      : context(c),
+        model(c.wrap_model(torch::nn::Sequential(torch::nn::Linear(3, 4), torch::nn::Linear(4, 1)))),
+        opt(model->parameters(), 0.05) {
+    c.wrap_optimizer(opt);
+  }
+  auto build_training_data_loader() {
+    auto [x, y] = indexed_data(train_records, 11);
+    return DataLoader(TensorDataset(x.narrow(1, 1, 3), y), {.batch_size = context.get_per_slot_batch_size(), .shuffle = true});
+  }
+  auto build_validation_data_loader() {
+    auto [x, y] = indexed_data(validation_records, 12);
+    return DataLoader(TensorDataset(x.narrow(1, 1, 3), y), {.batch_size = 4});
+  }
+  Metrics train_batch(test::Batch& b, std::int64_t, std::int64_t batch_idx) {
+    auto& [x, y] = b;
+    const torch::Tensor loss = torch::mse_loss(model->forward(x), y);
+    context.backward(loss);
+    if (drift == "own_step") {
+      opt.step();
+      opt.zero_grad();
+    } else {
+      context.step_optimizer(opt);
+    }
+    if (drift == "alone" && batch_idx == 2 && context.distributed().rank == 1) {
+      torch::NoGradGuard no_grad;
+      model[1]->as<torch::nn::Linear>()->bias.add_(1e-3);
+    }
+    return {{"loss", loss}};
+  }
+  Metrics evaluate_batch(test::Batch& b) {
+    auto& [x, y] = b;
+    return {{"validation_loss", torch::mse_loss(model->forward(x), y)}};
+  }
+};
+
+}  // namespace
+
+TEST_CASE("child process: a rank whose weights may drift" * doctest::skip()) {
+  const LaunchEnvironment env = LaunchEnvironment::detect();
+  REQUIRE(env.distributed());
+  const fs::path dir = std::getenv("DETTRIAL_CHILD_DIR");
+  auto comm = Communicator::create(env, std::chrono::seconds(60), backend::gloo{});
+  test::Context context(Hyperparameters::parse("global_batch_size: 6\n"), ContextOptions{.trial_seed = 4, .communicator = comm});
+  Trainer<DriftingTrial> trainer(context);
+  FitOptions o = test::quiet({.max_length = Batch(8), .validation_period = Batch(3)});
+  o.output_dir = dir / "run";
+  std::string outcome = "trained to batch 8";
+  try {
+    trainer.fit(o);
+  } catch (const DistributedError& e) {
+    outcome = e.what();
+  }
+  std::ofstream(dir / ("rank" + std::to_string(env.rank) + ".txt")) << outcome;
+}
+
+TEST_CASE(
+    "ranks whose weights drift apart (a trial stepping its optimizer itself, a rank changing a weight alone) stop at the next "
+    "validation on every rank, naming the first parameter that differs" *
+    doctest::timeout(200)) {
+  if (test::skip_without_gloo()) return;
+  const std::pair<const char*, const char*> cases[] = {
+      {"none", "trained to batch 8"},
+      {"own_step",
+       "the ranks' parameters differ after batch 3: model 0's '0.weight' is not the same on every rank (the first that differs)"},
+      {"alone", "the ranks' parameters differ after batch 3: model 0's '1.bias' is not the same on every rank (the first that differs)"}};
+  for (const auto& [drift, expected] : cases) {
+    CAPTURE(drift);
+    const fs::path dir = test::quiet({}).output_dir;
+    fs::create_directories(dir);
+    test::run_ranks("child process: a rank whose weights may drift", 2, dir, {std::string("DRIFT=") + drift});
+    for (int rank = 0; rank < 2; ++rank) {
+      CAPTURE(rank);
+      const std::string outcome = test::read_text(dir / ("rank" + std::to_string(rank) + ".txt"));
+      CAPTURE(outcome);
+      CHECK(outcome.find(expected) != std::string::npos);
+      if (std::string(drift) == "own_step")
+        CHECK(outcome.find("the trial steps its optimizer itself (optimizer.step() instead of context.step_optimizer") !=
+              std::string::npos);
+    }
+  }
+}

@@ -144,6 +144,16 @@ TEST_CASE("a Keras-style trial trains under Trainer: loss and accuracy, val_ nam
   CHECK(last_validation.find("\"val_accuracy\"") != std::string::npos);
 }
 
+TEST_CASE("a Keras-style trial's epochs follow records_per_epoch, as Determined's TFKerasTrial counts them") {
+  // 90 records in sequences of 32 are 3 batches; records_per_epoch 64 of global batches of 8 is 8.
+  const ExperimentConfig config = ExperimentConfig::parse("hyperparameters: {global_batch_size: 8}\nrecords_per_epoch: 64\n", "test");
+  test::Context context(config, ContextOptions{.trial_seed = 3});
+  Trainer<ClusterTrial> trainer(context);
+  const FitResult r = trainer.fit(test::quiet({.max_length = Epoch(2)}));
+  CHECK(r.batches_trained == 16);
+  CHECK(r.epochs_trained == 2);
+}
+
 TEST_CASE("a Keras-style trial stops and resumes bit-identically (model, Adam's state, the data order)") {
   const auto options = [](std::int64_t length) {
     return test::quiet({.max_length = Batch(length), .checkpoint_period = Batch(4), .searcher_metric = "val_loss"});

@@ -862,16 +862,16 @@ TEST_CASE("ReduceLROnPlateau steps with the validation metric, and resumes with 
       ConfigError);
 }
 
-TEST_CASE("records_per_epoch sets the epoch of epoch-based lengths and periods") {
-  // 64 records in batches of 8 are 8 batches, but records_per_epoch 40 makes an epoch 5 batches.
+TEST_CASE("records_per_epoch is not used by a PyTorch-style trial, as Determined's PyTorchTrial ignores it: its epoch is its loader's") {
+  // 64 records in batches of 8 are 8 batches; records_per_epoch 40 (5 batches) changes nothing.
   const ExperimentConfig config =
       ExperimentConfig::parse("hyperparameters: {global_batch_size: 8, lr: 0.05}\nrecords_per_epoch: 40\n", "test");
   test::Context context(config, ContextOptions{.trial_seed = 1});
   Trainer<test::DeclarativeRegression> trainer(context);
   const FitResult r = trainer.fit(test::quiet({.max_length = Epoch(3), .validation_period = Epoch(2)}));
-  CHECK(r.batches_trained == 15);
+  CHECK(r.batches_trained == 24);
   CHECK(r.epochs_trained == 3);
-  CHECK(r.validations == 2);  // after epoch 2 (batch 10) and at the end
+  CHECK(r.validations == 2);  // after epoch 2 (batch 16) and at the end
   CHECK(context.get_experiment_config().records_per_epoch == 40);
 }
 

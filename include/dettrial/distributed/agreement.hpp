@@ -36,6 +36,29 @@ DETTRIAL_INLINE void broadcast_modules(Communicator& comm, const std::vector<std
  */
 DETTRIAL_INLINE void broadcast_buffers(Communicator& comm, const std::vector<std::shared_ptr<torch::nn::Module>>& modules);
 
+/// A module whose parameters every rank must hold bit for bit, with the name its parameters are
+/// reported under ("model 0", "the averaged model").
+struct ReplicatedModule {
+  std::string name;
+  std::shared_ptr<torch::nn::Module> module;
+};
+
+/// A fingerprint of `tensor`'s values: zlib's CRC-32 of its bytes (a contiguous copy on the host):
+/// the same on two ranks when they hold the same bits, different when they do not (but by chance,
+/// one in 2^32).
+DETTRIAL_INLINE std::uint32_t tensor_fingerprint(const torch::Tensor& tensor);
+
+/**
+ * @brief Checks that every rank holds the same parameters in `modules`, as the all-reduced gradients
+ * and the same step on every rank keep them: one all-reduce of a fingerprint per parameter (its
+ * CRC-32 and its negation, under MAX: every rank learns the largest and the smallest). Where one
+ * differs, every rank throws a DistributedError naming the first such parameter, the batch, and
+ * the likely causes (a trial that steps its optimizer itself, nondeterministic kernels, a rank that
+ * changed its weights alone), rather than train replicas that drift apart unnoticed. Buffers are not
+ * compared: each rank's BatchNorm statistics are its own until the chief's are broadcast.
+ */
+DETTRIAL_INLINE void require_same_parameters(Communicator& comm, std::span<const ReplicatedModule> modules, std::int64_t batches_trained);
+
 /// A setting every rank must share, by name, with this rank's value as text.
 struct RankSetting {
   const char* name;
@@ -53,6 +76,8 @@ DETTRIAL_INLINE void require_same_settings(Communicator& comm, std::span<const R
 
 // Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
 #if DETTRIAL_HEADER_DEFINITIONS
+#include <zlib.h>
+
 namespace dettrial::detail {
 
 DETTRIAL_INLINE int agreed_max(Communicator* comm, int value) {
@@ -100,6 +125,42 @@ DETTRIAL_INLINE void broadcast_buffers(Communicator& comm, const std::vector<std
       b.copy_(one[0].narrow(0, offset, b.numel()).view_as(b));
       offset += b.numel();
     }
+  }
+}
+
+DETTRIAL_INLINE std::uint32_t tensor_fingerprint(const torch::Tensor& tensor) {
+  const torch::Tensor bytes = tensor.detach().to(torch::kCPU).contiguous();
+  const auto* data = static_cast<const Bytef*>(bytes.data_ptr());
+  std::size_t left = static_cast<std::size_t>(bytes.numel()) * bytes.element_size();
+  uLong crc = ::crc32(0L, Z_NULL, 0);
+  while (left > 0) {  // zlib takes at most a uInt of bytes at a time
+    const auto n = static_cast<uInt>(std::min<std::size_t>(left, 1u << 30));
+    crc = ::crc32(crc, data, n);
+    data += n;
+    left -= n;
+  }
+  return static_cast<std::uint32_t>(crc);
+}
+
+DETTRIAL_INLINE void require_same_parameters(Communicator& comm, std::span<const ReplicatedModule> modules, std::int64_t batches_trained) {
+  std::vector<std::string> names;
+  std::vector<double> largest_and_smallest;  // each fingerprint, then each negated: under MAX, the largest and minus the smallest
+  for (const ReplicatedModule& m : modules)
+    for (const auto& p : m.module->named_parameters()) {
+      names.push_back(m.name + "'s '" + p.key() + "'");
+      largest_and_smallest.push_back(static_cast<double>(tensor_fingerprint(p.value())));
+    }
+  if (names.empty()) return;
+  const std::size_t n = names.size();
+  for (std::size_t i = 0; i < n; ++i) largest_and_smallest.push_back(-largest_and_smallest[i]);
+  const std::vector<double> agreed = comm.allreduce_values(largest_and_smallest, c10d::ReduceOp::MAX);
+  for (std::size_t i = 0; i < n; ++i) {
+    if (agreed[i] == -agreed[n + i]) continue;
+    throw DistributedError("the ranks' parameters differ after batch " + std::to_string(batches_trained) + ": " + names[i] +
+                           " is not the same on every rank (the first that differs). Data-parallel ranks must hold the same "
+                           "weights; likely causes: the trial steps its optimizer itself (optimizer.step() instead of "
+                           "context.step_optimizer(optimizer), which averages the gradients over the ranks first), kernels that "
+                           "are not deterministic (reproducibility.deterministic), or a rank that changed its weights alone");
   }
 }
 

@@ -380,6 +380,10 @@ class TrialAdapter {
 
  public:
   using Compiled = std::remove_cvref_t<decltype(std::declval<K&>().build_model())>;
+  /// Its epochs are records_per_epoch's, where the config sets it, as Determined's TFKerasTrial
+  /// counts them (its workload sequencer's records_per_epoch // global_batch_size); a PyTorch-style
+  /// trial's are its loader's.
+  static constexpr bool epochs_follow_records_per_epoch = true;
 
   template <class... Args>
   explicit TrialAdapter(Context& context, Args&&... args)

@@ -45,6 +45,9 @@ struct TrialFacts {
   std::string trial_type;
   std::string training_batch_type;
   bool training_batch_tensors_only = false;
+  /// Whether its epochs are records_per_epoch's (a Keras-style trial, as Determined's TFKerasTrial)
+  /// rather than its training loader's (a PyTorch-style trial, whose records_per_epoch Determined ignores).
+  bool epochs_follow_records_per_epoch = false;
 };
 
 /// The callback hooks without arguments that the loop calls.
@@ -244,7 +247,8 @@ DETTRIAL_INLINE void FitLoop::begin(FitOptions options) {
 DETTRIAL_INLINE void FitLoop::prepare_training() {
   build_loaders();
   schedule_.keep_data_ranks(data_layout());
-  schedule_.settle_epoch_length(key_, context_, agree_across_ranks(training_epoch_length(training_chain())));
+  schedule_.settle_epoch_length(key_, context_, agree_across_ranks(training_epoch_length(training_chain())),
+                                facts_.epochs_follow_records_per_epoch);
   if (const auto& dir = position_.resume_dir()) restore(*dir, position_.to_restore(options_.trial_id));
   schedule_.check_rank_invariant_boundaries(context_, position_.batches_trained());
   position_.start(key_, context_);
@@ -325,7 +329,7 @@ DETTRIAL_INLINE void FitLoop::validate() {
     // else (a checkpoint saves them), so a run trains the same numbers whatever its validation
     // period.
     const auto generators = on_scope_exit([states = GeneratorStates::record(context_.device())] { states.restore(); });
-    begin_validation(key_, context_);
+    begin_validation(key_, context_, position_.batches_trained());
     call_callbacks(LoopHook::validation_start);
     outputs_.reporter().begin("validate", 0, validation_epoch_length(validation_chain()), "batches");
     std::int64_t records = 0;
@@ -344,7 +348,7 @@ DETTRIAL_INLINE void FitLoop::checkpoint() {
   RECORD_USER_SCOPE("dettrial::checkpoint");
   finish_checkpoint(/*wait=*/true);
   position_.checkpointed();
-  agree_on_buffers(context_);
+  agree_on_replicas(context_, position_.batches_trained());
   const LoaderSeeds seeds = data_seeds();
   checkpointer_.begin(callback_hooks_, checkpoint_record(context_, options_, schedule_, position_, result_.last_validation_metrics,
                                                          seeds.training, seeds.validation, facts_.trial_type));

@@ -62,10 +62,10 @@ DETTRIAL_INLINE void announce(TrainerKey key, Context& context, const FitOptions
 DETTRIAL_INLINE MetricValues report_training(TrainerKey key, Context& context, const Workload& workload, const TrialProgress& progress,
                                              Reporter& reporter);
 
-/// A validation begins: rank 0's buffers, models and the averaged model in evaluation mode (the
-/// average as torchvision's recipe evaluates it; nothing trains it, so it stays so), validation
-/// reducers reset.
-DETTRIAL_INLINE void begin_validation(TrainerKey key, Context& context);
+/// A validation begins: rank 0's buffers and the parameters checked (agree_on_replicas), models and
+/// the averaged model in evaluation mode (the average as torchvision's recipe evaluates it; nothing
+/// trains it, so it stays so), validation reducers reset.
+DETTRIAL_INLINE void begin_validation(TrainerKey key, Context& context, std::int64_t batches_trained);
 /// This rank's share and every other's, reduced: the validation's metrics, as the callbacks get
 /// them; `records` the whole job's.
 DETTRIAL_INLINE MetricValues reduce_validation(TrainerKey key, Context& context, RankShare mine, std::int64_t& records);
@@ -104,15 +104,17 @@ DETTRIAL_INLINE LearningRates learning_rates(const Context& context);
 DETTRIAL_INLINE void reduce_user_reducers(TrainerKey key, Context& context, bool WrappedReducer::* role,
                                           const std::vector<RankShare>& shares, MetricValues& out);
 
-/// Every rank takes rank 0's buffers (see broadcast_buffers: DDP's broadcast_buffers, at the
-/// boundaries that read them).
-DETTRIAL_INLINE void agree_on_buffers(Context& context);
+/// At the boundaries that read the models (validation, checkpoints): every rank takes rank 0's
+/// buffers (see broadcast_buffers: DDP's broadcast_buffers), and the ranks check that they hold the
+/// same parameters (require_same_parameters: one small all-reduce), after `batches_trained`.
+DETTRIAL_INLINE void agree_on_replicas(Context& context, std::int64_t batches_trained);
 
 }  // namespace dettrial::detail
 
 // Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
 #if DETTRIAL_HEADER_DEFINITIONS
 #include <algorithm>
+#include <cctype>
 #include <ctime>
 #include <iterator>
 #include <unistd.h>
@@ -154,6 +156,13 @@ DETTRIAL_INLINE Checkpointer fit_checkpointer(TrainerKey key, Context& context, 
 }  // namespace dettrial::detail
 
 namespace dettrial::detail::fit_steps {
+/// Whether a metric's name says smaller is better: a loss or an error ("val_loss", "train_error").
+inline bool named_like_a_loss(const std::string& metric) {
+  std::string lower(metric);
+  std::transform(lower.begin(), lower.end(), lower.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  return lower.find("loss") != std::string::npos || lower.find("error") != std::string::npos;
+}
+
 /// The lines saying what is profiled, and where the trace goes.
 inline void announce_profiling(Context& context, const FitOptions& o, std::int64_t from_batch, Reporter& reporter) {
   const bool synced = o.profiling.sync_timings && context.device().is_cuda();
@@ -201,12 +210,21 @@ DETTRIAL_INLINE void announce(TrainerKey key, Context& context, const FitOptions
     reporter.line("dettrial: the training step is captured in a CUDA graph after " + std::to_string(graph->warmup_batches) +
                   " eager batch(es), and replayed; batches of other shapes run eagerly");
   detail::fit_steps::announce_profiling(context, o, position.batches_trained(), reporter);
-  if (const std::int64_t records = context.get_experiment_config().records_per_epoch; records > 0)
+  if (const std::int64_t records = context.get_experiment_config().records_per_epoch; records > 0 && schedule.epoch_from_records())
     reporter.line("dettrial: records_per_epoch " + std::to_string(records) + " sets the epoch: " + std::to_string(schedule.epoch_len()) +
                   " batches of " + std::to_string(context.get_global_batch_size()) + " records (the training data loader's own epoch is " +
                   std::to_string(schedule.data_epoch_len()) + " batches on this rank)");
+  else if (records > 0)
+    reporter.line("dettrial: records_per_epoch " + std::to_string(records) + " is not used: an epoch is the training data loader's " +
+                  std::to_string(schedule.epoch_len()) +
+                  " batches on this rank, as Determined's PyTorchTrial ignores records_per_epoch (Keras-style trials count their "
+                  "epochs in it)");
   if (o.checkpoint_policy == CheckpointPolicy::best && o.searcher_metric.empty())
     reporter.line("dettrial: checkpoint_policy 'best' has no searcher metric to compare; checkpointing after every validation");
+  if (!o.smaller_is_better && detail::fit_steps::named_like_a_loss(o.searcher_metric))
+    reporter.line("warning: searcher.smaller_is_better is false for '" + o.searcher_metric + "', so a larger " + o.searcher_metric +
+                  " counts as better: the checkpoints kept as best, and a search's decisions, favour the worst; set it to true "
+                  "unless larger is better");
   // A port that means Python's StepLR and wraps LibTorch's decays one step late: said once.
   for (std::size_t i = 0; i < context.num_lr_schedulers(); ++i)
     if (ContextAccess::lr_scheduler(key, context, i).type == "torch::optim::StepLR") {
@@ -236,8 +254,8 @@ DETTRIAL_INLINE MetricValues report_training(TrainerKey key, Context& context, c
   return avg;
 }
 
-DETTRIAL_INLINE void begin_validation(TrainerKey key, Context& context) {
-  agree_on_buffers(context);
+DETTRIAL_INLINE void begin_validation(TrainerKey key, Context& context, std::int64_t batches_trained) {
+  agree_on_replicas(context, batches_trained);
   for (const auto& m : context.models()) m->eval();
   if (const auto average = context.averaged_weights()) average->eval();
   for (auto& r : ContextAccess::reducers(key, context))
@@ -358,12 +376,17 @@ DETTRIAL_INLINE void reduce_user_reducers(TrainerKey key, Context& context, bool
     if (r.*role) r.cross_slot_into(r.object, r.name, reducer_parts(shares, index++), out);
 }
 
-DETTRIAL_INLINE void agree_on_buffers(Context& context) {
+DETTRIAL_INLINE void agree_on_replicas(Context& context, std::int64_t batches_trained) {
   Communicator* comm = context.communicator();
   if (!comm) return;
   broadcast_buffers(*comm, context.models());
   // The average's copy too (its count stays on the CPU, the same on every rank).
-  if (const auto average = context.averaged_weights()) broadcast_buffers(*comm, {average->averaged_ptr()});
+  const auto average = context.averaged_weights();
+  if (average) broadcast_buffers(*comm, {average->averaged_ptr()});
+  std::vector<ReplicatedModule> replicas;
+  for (std::size_t i = 0; i < context.models().size(); ++i) replicas.push_back({"model " + std::to_string(i), context.models()[i]});
+  if (average) replicas.push_back({"the averaged model", average->averaged_ptr()});
+  require_same_parameters(*comm, replicas, batches_trained);
 }
 
 }  // namespace dettrial::detail

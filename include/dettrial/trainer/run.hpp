@@ -72,7 +72,8 @@ class Run final : public FitLoop {
       : FitLoop(key, context,
                 TrialFacts{.trial_type = c10::demangle(typeid(TrialT).name()),
                            .training_batch_type = c10::demangle(typeid(training_batch_t<TrialT>).name()),
-                           .training_batch_tensors_only = tensors_only_batch<training_batch_t<TrialT>>()},
+                           .training_batch_tensors_only = tensors_only_batch<training_batch_t<TrialT>>(),
+                           .epochs_follow_records_per_epoch = epochs_follow_records_per_epoch()},
                 callback_hooks(callbacks)),
         trial_(trial),
         model_(model),
@@ -80,6 +81,11 @@ class Run final : public FitLoop {
         callbacks_(callbacks) {}
 
  private:
+  static constexpr bool epochs_follow_records_per_epoch() {
+    if constexpr (requires { TrialT::epochs_follow_records_per_epoch; }) return TrialT::epochs_follow_records_per_epoch;
+    else return false;
+  }
+
   // ---- callbacks -----------------------------------------------------------------------------
 
   void start_callbacks(std::int64_t first_batch, const std::string& resume_uuid, std::size_t& started) override {

@@ -40,13 +40,16 @@ class Schedule {
 
   /// The rank count whose global batches the training data follows (TrialProgress::data_ranks).
   void keep_data_ranks(std::int64_t ranks) { data_ranks_ = ranks; }
-  /// The epoch, from the training loader's batches on this rank (the chief's: agreed already) and
-  /// records_per_epoch, told to the Context; throws DataError for a loader with no batches.
-  DETTRIAL_INLINE void settle_epoch_length(TrainerKey key, Context& context, std::int64_t loader_batches);
+  /// The epoch, from the training loader's batches on this rank (the chief's: agreed already) and,
+  /// where the trial's epochs follow it (`from_records`: a Keras-style trial), records_per_epoch,
+  /// told to the Context; throws DataError for a loader with no batches.
+  DETTRIAL_INLINE void settle_epoch_length(TrainerKey key, Context& context, std::int64_t loader_batches, bool from_records);
 
   const TrainUnit& length() const { return length_; }
-  /// Batches per epoch (records_per_epoch's, where set).
+  /// Batches per epoch (records_per_epoch's, where set and the trial's epochs follow it).
   std::int64_t epoch_len() const { return epoch_len_; }
+  /// Whether the epoch is records_per_epoch's.
+  bool epoch_from_records() const { return epoch_from_records_; }
   /// The training loader's own batches per epoch on this rank.
   std::int64_t data_epoch_len() const { return data_epoch_len_; }
   std::int64_t data_ranks() const { return data_ranks_; }
@@ -91,6 +94,7 @@ class Schedule {
   std::int64_t epoch_len_ = 0;
   std::int64_t data_epoch_len_ = 0;
   std::int64_t data_ranks_ = 1;
+  bool epoch_from_records_ = false;
 };
 
 }  // namespace dettrial::detail
@@ -131,14 +135,16 @@ DETTRIAL_INLINE Schedule Schedule::resolve(const FitOptions& options, const Cont
   return s;
 }
 
-DETTRIAL_INLINE void Schedule::settle_epoch_length(TrainerKey key, Context& context, std::int64_t loader_batches) {
+DETTRIAL_INLINE void Schedule::settle_epoch_length(TrainerKey key, Context& context, std::int64_t loader_batches, bool from_records) {
   if (loader_batches < 1) throw DataError("the training data loader yields no batches (its size() is 0)");
   epoch_len_ = data_epoch_len_ = loader_batches;
-  // Determined's records_per_epoch: the epoch of epoch-based lengths, periods, LR steps and epoch
-  // hooks, in global batches (its legacy sequencer's records_per_epoch // global_batch_size, at
-  // least 1), whatever the loader's own length; the data still reshuffles at its own epochs.
-  if (const std::int64_t records = context.get_experiment_config().records_per_epoch; records > 0)
-    epoch_len_ = std::max<std::int64_t>(records / context.get_global_batch_size(), 1);
+  // Determined's records_per_epoch, for the trials whose epochs follow it (Keras-style, as its
+  // TFKerasTrial's legacy sequencer): the epoch of epoch-based lengths, periods, LR steps and epoch
+  // hooks, in global batches (records_per_epoch // global_batch_size, at least 1), whatever the
+  // loader's own length; the data still reshuffles at its own epochs. PyTorchTrial ignores it.
+  const std::int64_t records = context.get_experiment_config().records_per_epoch;
+  epoch_from_records_ = from_records && records > 0;
+  if (epoch_from_records_) epoch_len_ = std::max<std::int64_t>(records / context.get_global_batch_size(), 1);
   ContextAccess::position(key, context).epoch_len = epoch_len_;
 }
 
