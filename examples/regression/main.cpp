@@ -45,9 +45,9 @@ struct RegressionTrial {
 };
 
 int main() {
-  dettrial::Context context(dettrial::Hyperparameters::parse("lr: 0.05\nglobal_batch_size: 32"));
-  context.process_settings().apply();  // threads, determinism, allocator, the trial's seed
-  dettrial::Trainer<RegressionTrial> trainer(context);
+  // Determined's det.pytorch.init(): the context, with threads, determinism, allocator and seed applied.
+  const auto context = dettrial::init({.hparams = dettrial::Hyperparameters::parse("lr: 0.05\nglobal_batch_size: 32")});
+  dettrial::Trainer<RegressionTrial> trainer(*context);
   dettrial::FitResult result = trainer.fit({.max_length = dettrial::Epoch{5}, .validation_period = dettrial::Epoch{1}});
   return result.last_validation_metrics.at("validation_loss") < 0.01 ? 0 : 1;
 }

@@ -43,6 +43,7 @@
 #include "process/process_settings.hpp"
 #include "process/threads.hpp"
 #include "context/context.hpp"
+#include "context/init.hpp"
 #include "vocabulary/trial.hpp"
 #include "checkpoint/checkpoint.hpp"
 #include "checkpoint/checkpointer.hpp"

@@ -1493,6 +1493,13 @@ DETTRIAL_INLINE void detail::config_reader::read_search_fields(const YAML::Node&
     }
     if (out.max_time < 1)
       throw ConfigError(detail::where(s, source) + ": searcher 'adaptive_asha' needs max_time (and time_metric, default batches)");
+    // Each trial is given its rung's length as searcher.max_length in time_metric's unit: a metric
+    // the trial reports of its own cannot be a length it trains (nor can it for Determined's
+    // PyTorchTrial, whose lengths are batches, records or epochs).
+    if (out.time_metric != "batches" && out.time_metric != "records" && out.time_metric != "epochs")
+      throw ConfigError(detail::where(s["time_metric"] ? s["time_metric"] : s, source) + ": searcher.time_metric '" + out.time_metric +
+                        "' is not batches, records or epochs: each trial trains its rung's length in that unit, so ASHA's time must "
+                        "be counted in one of them");
   }
 }
 
@@ -13554,6 +13561,78 @@ DETTRIAL_INLINE Context::WrappedOptimizer& Context::find_optimizer(const torch::
 
 #endif  // DETTRIAL_HEADER_DEFINITIONS
 // ---- end dettrial/context/context.hpp
+// ---- begin dettrial/context/init.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief dettrial::init: Determined's `det.pytorch.init()` for a main of one's own (the PyTorch
+/// Trainer API's style): a Context made as a training process's main makes it, in one call.
+
+#include <chrono>
+#include <memory>
+#include <optional>
+
+
+namespace dettrial {
+
+/// What dettrial::init makes a Context from: Determined's `pytorch.init(hparams=, exp_conf=,
+/// distributed=)`, and the rest of the Context's options.
+struct InitOptions {
+  /// The trial's hyperparameters (Python's `hparams=`); unset: the experiment config's.
+  std::optional<Hyperparameters> hparams{};
+  /// The experiment config (Python's `exp_conf=`); unset: an empty one, as local training without a
+  /// config has.
+  std::optional<ExperimentConfig> exp_conf{};
+  /// The job's process group (Python's `distributed=`); unset: joined from the launcher's
+  /// environment when torchrun, srun, mpirun or dettrial's launcher started this process as one rank
+  /// of several (Gloo on the CPU, NCCL on a GPU), none in one process.
+  std::shared_ptr<Communicator> distributed{};
+  /// How long the ranks wait for each other, at the rendezvous and in each collective (dettrial::main's
+  /// `--timeout` default).
+  std::chrono::milliseconds timeout = std::chrono::seconds(300);
+  /// The rest of the Context's options (a communicator there counts as `distributed`).
+  ContextOptions context{};
+};
+
+/**
+ * @brief Determined's `det.pytorch.init()`: a Context for a main of one's own, made as
+ * dettrial::main makes it: the job's ranks joined (InitOptions::distributed) and the process's
+ * settings applied (threads, determinism, the allocator, the trial's seed: ProcessSettings) before
+ * the trial is built, so its weights and data order are what `dettrial::main` would give it. A
+ * Context is not movable (its wrapped objects point into it): it comes back owned.
+ * @code{.cpp}
+ * auto context = dettrial::init({.exp_conf = dettrial::ExperimentConfig::load_file("const.yaml")});
+ * dettrial::Trainer<MnistTrial> trainer(*context);
+ * trainer.fit({.max_length = dettrial::Batch(100)});  // unset: the config's searcher.max_length
+ * @endcode
+ */
+DETTRIAL_INLINE std::unique_ptr<Context> init(InitOptions options = {});
+
+}  // namespace dettrial
+
+// Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
+#if DETTRIAL_HEADER_DEFINITIONS
+#include <utility>
+
+
+namespace dettrial {
+
+DETTRIAL_INLINE std::unique_ptr<Context> init(InitOptions o) {
+  ContextOptions options = std::move(o.context);
+  if (o.distributed) options.communicator = std::move(o.distributed);
+  if (!options.communicator) {
+    const LaunchEnvironment env = LaunchEnvironment::detect();
+    if (env.distributed()) options.communicator = Communicator::create(env, o.timeout, backend::gpu_or_gloo{});
+  }
+  ExperimentConfig config = o.exp_conf ? std::move(*o.exp_conf) : ExperimentConfig{};
+  auto context = o.hparams ? std::make_unique<Context>(std::move(*o.hparams), std::move(config), std::move(options))
+                           : std::make_unique<Context>(config, std::move(options));
+  context->process_settings().apply();
+  return context;
+}
+
+}  // namespace dettrial
+#endif  // DETTRIAL_HEADER_DEFINITIONS
+// ---- end dettrial/context/init.hpp
 // ---- begin dettrial/vocabulary/trial.hpp
 // SPDX-License-Identifier: Apache-2.0
 /// @file
@@ -21824,7 +21903,9 @@ namespace dettrial {
  * @endcode
  */
 struct FitOptions {
-  /// Total training length (required): Batch, Epoch, or Record (converted with the global batch size).
+  /// Total training length: Batch, Epoch, or Record (converted with the global batch size). Unset:
+  /// the context's experiment config's searcher.max_length (Determined's `fit(max_length=None)`),
+  /// which one of the two must give.
   std::optional<TrainUnit> max_length;
   /// Validate when this period is reached (default: never, but always once at the end).
   TrainUnit validation_period = never();
@@ -23961,12 +24042,15 @@ DETTRIAL_INLINE Schedule Schedule::resolve(const FitOptions& options, const Cont
   if (options.test_mode) {
     s.length_ = Batch(1);
   } else {
-    if (!options.max_length)
+    // Unset: the searcher's length in the context's config, as Determined's Trainer.fit(max_length=None)
+    // trains on a cluster.
+    const std::optional<TrainUnit>& length = options.max_length ? options.max_length : context.get_experiment_config().searcher.max_length;
+    if (!length)
       throw ConfigError(
-          "fit() needs a training length: set FitOptions::max_length (Batch, Epoch or Record), or "
-          "searcher.max_length in the experiment config and build the options with FitOptions::from_config");
-    if (options.max_length->is_schedule()) throw ConfigError("max_length must be a count, not a schedule of points");
-    s.length_ = in_batches(*options.max_length);
+          "fit() needs a training length: set FitOptions::max_length (Batch, Epoch or Record), or searcher.max_length in the "
+          "context's experiment config");
+    if (length->is_schedule()) throw ConfigError("max_length must be a count, not a schedule of points");
+    s.length_ = in_batches(*length);
     if (s.length_.value() < 1) throw ConfigError("max_length is " + s.length_.to_string() + "; training needs a max_length of at least 1");
   }
   s.validation_period_ = in_batches(options.validation_period);

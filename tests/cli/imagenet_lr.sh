@@ -11,7 +11,7 @@ rm -rf "$out"
 mkdir -p "$out"
 export DETTRIAL_IMAGE_FOLDER=$folder
 "$program" --config "$config" --set searcher.max_length.epochs=3 --set hyperparameters.lr_step_epochs=1 \
-  --set min_validation_period.epochs=1 --set data.crop=64 --set data.resize=73 --output "$out/run" >"$out/run.log" 2>&1 ||
+  --set data.crop=64 --set data.resize=73 --output "$out/run" >"$out/run.log" 2>&1 ||
   { cat "$out/run.log"; echo "imagenet_lr: the run failed"; exit 1; }
 if grep -q "is LibTorch's torch::optim::StepLR" "$out/run.log"; then
   cat "$out/run.log"

@@ -40,7 +40,7 @@ set_tests_properties("slurm: searches run as Slurm jobs end as the local runner'
                      PROPERTIES FIXTURES_REQUIRED dettrial_slurm SKIP_RETURN_CODE 77 RESOURCE_LOCK dettrial_slurm_cpus
                                 ENVIRONMENT "SLURM_CONF=${_slurm_dir}/slurm.conf"
                                 PASS_REGULAR_EXPRESSION "ok: searches run as Slurm jobs end as the local runner's")
-foreach(_case IN ITEMS random asha crash restart_single resume config_error failed_trial progressing ctrl_c)
+foreach(_case IN ITEMS random dist_random asha crash restart_single resume config_error failed_trial progressing ctrl_c)
   add_test(NAME "experiment: ${_case}"
            COMMAND "${CMAKE_CURRENT_SOURCE_DIR}/experiment/experiments.sh" ${_case} $<TARGET_FILE:synthetic_trial>
                    "${CMAKE_CURRENT_SOURCE_DIR}/experiment" "${CMAKE_CURRENT_BINARY_DIR}/experiments/${_case}")

@@ -50,6 +50,16 @@ if(TARGET regression)
   set_tests_properties("example: the imperative regression trial of docs/trials.md learns" PROPERTIES WORKING_DIRECTORY "${CMAKE_CURRENT_BINARY_DIR}")
 endif()
 
+# Seed 004's train.py in local mode (const.yaml's hyperparameters, 100 batches) on the real digits,
+# the last 2,000 held out: a main of one's own through dettrial::init, Trainer and fit.
+if(TARGET mnist_trainer)
+  add_test(NAME "example: seed 004's train.py trains locally (dettrial::init, Trainer, fit) on the real digits"
+           COMMAND ${_needs_mnist} sh -c "rm -rf \"$2\" && exec \"$0\" --data \"$1\" --holdout 2000 --output \"$2\""
+                   $<TARGET_FILE:mnist_trainer> "${DETTRIAL_MNIST10K_DIR}" "${CMAKE_CURRENT_BINARY_DIR}/runs/mnist-trainer-local")
+  set_tests_properties("example: seed 004's train.py trains locally (dettrial::init, Trainer, fit) on the real digits" PROPERTIES
+                       SKIP_RETURN_CODE 77 PASS_REGULAR_EXPRESSION "validation accuracy 0\\.(8|9)[0-9]* after 100 batches")
+endif()
+
 # The consumer projects' CMake options: this build's LibTorch (Torch_DIR and Caffe2_DIR: Caffe2 would
 # otherwise be found on the system first, whatever Torch_DIR says), flags and compiler launcher (a
 # rebuild with nothing changed then compiles nothing again; what is linked and run is the same).

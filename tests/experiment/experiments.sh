@@ -39,6 +39,16 @@ import glob, os; kept = glob.glob('$work/out/trials/*/checkpoints/*/metadata.jso
 assert len(kept) == 1 and os.path.dirname(kept[0]) == best['best_checkpoint'], (kept, best); \
 print('random: 4 trials completed; best', best['id'], 'and only its checkpoint kept')" || fail "bad summary"
   ;;
+dist_random)
+  # Each trial is a 2-rank job (the runner starts the trial's program, whose launcher starts its ranks).
+  "$program" --config "$configs/dist_random.yaml" --output "$work/out" || fail "exit status $?"
+  summary "assert len(s['trials']) == 2, s; assert all(t['state'] == 'COMPLETED' and t['batches_trained'] == 12 for t in s['trials']), s; \
+print('dist_random: 2 trials of 2 ranks completed')" || fail "bad summary"
+  for log in "$work"/out/trials/*/log.txt; do
+    grep -q "dettrial: 2 processes" "$log" || { cat "$log"; fail "a trial did not train on 2 processes: $log"; }
+  done
+  no_duplicates
+  ;;
 asha)
   "$program" --config "$configs/asha.yaml" --output "$work/out" || fail "exit status $?"
   summary "t = s['trials']; stopped = [x for x in t if x['state'] == 'STOPPED_EARLY']; \

@@ -354,7 +354,7 @@ TEST_CASE("child process: a converted ResNet rank" * doctest::skip()) {
 
 TEST_CASE(
     "convert_sync_batchnorm converts torchvision's ResNet-18 in place: on 2 ranks with a 3 and 2 split its outputs and running "
-    "statistics are one process's over the global batch; a BatchNorm member it cannot swap is refused by path" *
+    "statistics are one process's over the global batch, and a BatchNorm member it cannot swap is refused by path" *
     doctest::timeout(200)) {
   if (test::skip_without_gloo()) return;
   auto reference_model = seeded_resnet18();
@@ -423,7 +423,7 @@ void check_deep_copy(torch::nn::Module& original, torch::nn::Module& copy) {
 }  // namespace
 
 TEST_CASE(
-    "every module dettrial ships clones deeply, modes included, drawing nothing; an EMA of a model with activation "
+    "every module dettrial ships clones deeply, modes included, drawing nothing, and an EMA of a model with activation "
     "checkpointing or of a ResNet is made by cloning") {
   namespace models = dettrial::vision::models;
   const auto generator_state = [] { return at::detail::getDefaultCPUGenerator().get_state(); };

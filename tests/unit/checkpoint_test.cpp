@@ -1103,7 +1103,7 @@ TEST_CASE(
 }
 
 TEST_CASE(
-    "a stop signal on a validation boundary validates there first; the resumed run neither repeats it nor departs from the "
+    "a stop signal on a validation boundary validates there first, and the resumed run neither repeats it nor departs from the "
     "uninterrupted one") {
   const auto fresh_context = [] { return test::Context(test::hparams("lr: 0.01"), ContextOptions{.trial_seed = 7}); };
   auto straight_context = fresh_context();

@@ -293,6 +293,18 @@ searcher:
   CHECK(asha.searcher.max_trials == 16);
   CHECK(asha.searcher.max_time == 1000);
   CHECK(asha.searcher.max_concurrent_trials == 8);
+  // A time_metric that is no length unit is refused where it is written, not in every trial.
+  std::string refused;
+  try {
+    ExperimentConfig::parse(
+        "hyperparameters: {global_batch_size: 8}\nsearcher:\n  name: adaptive_asha\n  metric: loss\n  max_trials: 4\n  max_time: 100\n"
+        "  time_metric: steps\n",
+        "asha.yaml");
+  } catch (const ConfigError& e) {
+    refused = e.what();
+  }
+  CHECK(refused.find("asha.yaml:7:") != std::string::npos);
+  CHECK(refused.find("searcher.time_metric 'steps' is not batches, records or epochs") != std::string::npos);
   // The deprecated max_length stands for time_metric and max_time.
   const ExperimentConfig legacy =
       ExperimentConfig::parse("searcher: {name: adaptive_asha, metric: m, max_trials: 4, max_length: {epochs: 3}}\n", "l.yaml");

@@ -4,6 +4,7 @@
 #include <fstream>
 
 #include "../../examples/mnist/mnist_trial.hpp"
+#include "../../examples/mnist_trainer/mnist_trial.hpp"
 #include "muon_problem.hpp"
 #include "skip.hpp"
 #include "source_dir.hpp"
@@ -36,6 +37,32 @@ data: {dir: )" DETTRIAL_MNIST10K_DIR R"(, train_split: t10k, validation_split: t
   CHECK(r.batches_trained == 3 * 125);
   MESSAGE("MNIST-10k holdout accuracy: " << r.last_validation_metrics.at("accuracy"));
   CHECK(r.last_validation_metrics.at("accuracy") > 0.93);
+}
+#endif
+
+#ifdef DETTRIAL_MNIST10K_DIR
+TEST_CASE("seed 004's example in the Trainer style (init, Trainer, fit) reaches its README's ~97% validation accuracy on held-out digits") {
+  if (!std::filesystem::exists(DETTRIAL_MNIST10K_DIR)) return test::skip(DETTRIAL_MNIST10K_DIR " is absent (the 10,000 MNIST digits)");
+  // train.py as a trial: const.yaml's hyperparameters, the searcher's length (fit's max_length unset).
+  // The first 8,000 digits train (125 batches of 64 an epoch), the last 2,000 validate.
+  const auto context = dettrial::init({.exp_conf = ExperimentConfig::parse(R"(
+hyperparameters: {learning_rate: 1.0, n_filters1: 32, n_filters2: 64, dropout1: 0.25, dropout2: 0.5}
+searcher: {name: single, metric: validation_loss, max_length: {batches: 500}}
+reproducibility: {experiment_seed: 5}
+)",
+                                                                           "seed 004 const.yaml")});
+  CHECK(dettrial::ProcessSettings::applied().has_value());  // init applied the process's settings
+  Trainer<mnist_trainer::MNistTrial> trainer(
+      *context, context->get_hparams(),
+      mnist_trainer::DataSource{.dir = DETTRIAL_MNIST10K_DIR, .train_split = "t10k", .validation_split = "t10k", .holdout = 2000});
+  FitOptions options{.validation_period = Batch(250),
+                     .output_dir = std::filesystem::temp_directory_path() / ("dettrial-seed004-" + std::to_string(::getpid()))};
+  options.report.quiet = true;
+  const FitResult r = trainer.fit(options);
+  CHECK(r.batches_trained == 500);  // the searcher's length
+  CHECK(r.validations == 2);
+  MESSAGE("seed 004's MNIST trial, held-out accuracy after 4 epochs of 8,000 digits: " << r.last_validation_metrics.at("accuracy"));
+  CHECK(r.last_validation_metrics.at("accuracy") > 0.965);
 }
 #endif
 

@@ -517,6 +517,13 @@ DETTRIAL_INLINE void detail::config_reader::read_search_fields(const YAML::Node&
     }
     if (out.max_time < 1)
       throw ConfigError(detail::where(s, source) + ": searcher 'adaptive_asha' needs max_time (and time_metric, default batches)");
+    // Each trial is given its rung's length as searcher.max_length in time_metric's unit: a metric
+    // the trial reports of its own cannot be a length it trains (nor can it for Determined's
+    // PyTorchTrial, whose lengths are batches, records or epochs).
+    if (out.time_metric != "batches" && out.time_metric != "records" && out.time_metric != "epochs")
+      throw ConfigError(detail::where(s["time_metric"] ? s["time_metric"] : s, source) + ": searcher.time_metric '" + out.time_metric +
+                        "' is not batches, records or epochs: each trial trains its rung's length in that unit, so ASHA's time must "
+                        "be counted in one of them");
   }
 }
 

@@ -28,7 +28,9 @@ namespace dettrial {
  * @endcode
  */
 struct FitOptions {
-  /// Total training length (required): Batch, Epoch, or Record (converted with the global batch size).
+  /// Total training length: Batch, Epoch, or Record (converted with the global batch size). Unset:
+  /// the context's experiment config's searcher.max_length (Determined's `fit(max_length=None)`),
+  /// which one of the two must give.
   std::optional<TrainUnit> max_length;
   /// Validate when this period is reached (default: never, but always once at the end).
   TrainUnit validation_period = never();

@@ -121,12 +121,15 @@ DETTRIAL_INLINE Schedule Schedule::resolve(const FitOptions& options, const Cont
   if (options.test_mode) {
     s.length_ = Batch(1);
   } else {
-    if (!options.max_length)
+    // Unset: the searcher's length in the context's config, as Determined's Trainer.fit(max_length=None)
+    // trains on a cluster.
+    const std::optional<TrainUnit>& length = options.max_length ? options.max_length : context.get_experiment_config().searcher.max_length;
+    if (!length)
       throw ConfigError(
-          "fit() needs a training length: set FitOptions::max_length (Batch, Epoch or Record), or "
-          "searcher.max_length in the experiment config and build the options with FitOptions::from_config");
-    if (options.max_length->is_schedule()) throw ConfigError("max_length must be a count, not a schedule of points");
-    s.length_ = in_batches(*options.max_length);
+          "fit() needs a training length: set FitOptions::max_length (Batch, Epoch or Record), or searcher.max_length in the "
+          "context's experiment config");
+    if (length->is_schedule()) throw ConfigError("max_length must be a count, not a schedule of points");
+    s.length_ = in_batches(*length);
     if (s.length_.value() < 1) throw ConfigError("max_length is " + s.length_.to_string() + "; training needs a max_length of at least 1");
   }
   s.validation_period_ = in_batches(options.validation_period);
