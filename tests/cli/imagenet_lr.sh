@@ -10,7 +10,7 @@ program=$1 config=$2 folder=$3 out=$4 python=$5
 rm -rf "$out"
 mkdir -p "$out"
 export DETTRIAL_IMAGE_FOLDER=$folder
-"$program" --config "$config" --set searcher.max_length.epochs=3 --set hyperparameters.lr_step_epochs=1 \
+"$program" --config "$config" --set "searcher.max_length={epochs: 3}" --set hyperparameters.lr_step_epochs=1 \
   --set data.crop=64 --set data.resize=73 --output "$out/run" >"$out/run.log" 2>&1 ||
   { cat "$out/run.log"; echo "imagenet_lr: the run failed"; exit 1; }
 if grep -q "is LibTorch's torch::optim::StepLR" "$out/run.log"; then

@@ -44,9 +44,15 @@ dist_random)
   "$program" --config "$configs/dist_random.yaml" --output "$work/out" || fail "exit status $?"
   summary "assert len(s['trials']) == 2, s; assert all(t['state'] == 'COMPLETED' and t['batches_trained'] == 12 for t in s['trials']), s; \
 print('dist_random: 2 trials of 2 ranks completed')" || fail "bad summary"
-  for log in "$work"/out/trials/*/log.txt; do
-    grep -q "dettrial: 2 processes" "$log" || { cat "$log"; fail "a trial did not train on 2 processes: $log"; }
-  done
+  # Each trial's checkpoints say the job that wrote them had 2 ranks.
+  python3 - "$work/out" <<'PY' || fail "a trial did not train on 2 ranks"
+import glob, json, sys
+states = glob.glob(sys.argv[1] + "/trials/*/checkpoints/*/trial_state.json")
+assert len({s.split("/trials/")[1].split("/")[0] for s in states}) == 2, states
+for s in states:
+    assert json.load(open(s))["ranks"] == 2, s
+print("dist_random: every checkpoint was written by a 2-rank job")
+PY
   no_duplicates
   ;;
 asha)
