@@ -5301,6 +5301,17 @@ class GeneratorStates {
       if (t.defined()) s.add_device(t.device());
     return s;
   }
+  /// `make()`'s result, with the CPU generator put back after it: for a copy of a module, which
+  /// LibTorch's Cloneable (and a rebuild) initialises from it before copying the values in, and
+  /// Python's deepcopy draws nothing for.
+  template <class Make>
+  static decltype(auto) drawing_nothing(Make&& make) {
+    const GeneratorStates before = record(torch::Device(torch::kCPU));
+    decltype(auto) made = std::forward<Make>(make)();
+    before.restore();
+    return made;
+  }
+
   /// Puts every recorded generator back to its recorded state.
   void restore() const {
     if (cpu_.defined()) set(at::detail::getDefaultCPUGenerator(), cpu_);
@@ -6380,9 +6391,8 @@ DETTRIAL_INLINE torch::Tensor checkpoint_sequential(torch::nn::Sequential& seque
 DETTRIAL_INLINE std::shared_ptr<torch::nn::Module> CheckpointEachImpl::clone(const c10::optional<torch::Device>& device) const {
   // LibTorch's clone of a block draws its reset()'s initialisation from the random generators;
   // a copy draws nothing (Python's deepcopy), so they are put back after it.
-  const auto generators = ::dettrial::detail::GeneratorStates::record(torch::Device(torch::kCPU));
-  auto blocks = std::dynamic_pointer_cast<torch::nn::SequentialImpl>(blocks_->clone(device));
-  generators.restore();
+  auto blocks = std::dynamic_pointer_cast<torch::nn::SequentialImpl>(
+      ::dettrial::detail::GeneratorStates::drawing_nothing([&] { return blocks_->clone(device); }));
   auto copy = std::make_shared<CheckpointEachImpl>(torch::nn::Sequential(std::move(blocks)));
   // A Sequential's clone starts in training mode: the wrapper's mode (whether it recomputes) and
   // each block's are the original's.
@@ -7943,10 +7953,8 @@ class AveragedModel {
 
  private:
   static M drawing_nothing_clone(const M& model) {
-    const auto generators = dettrial::detail::GeneratorStates::record(torch::Device(torch::kCPU));
-    M copy(std::dynamic_pointer_cast<typename M::ContainedType>(model->clone()));
-    generators.restore();
-    return copy;
+    return M(std::dynamic_pointer_cast<typename M::ContainedType>(
+        dettrial::detail::GeneratorStates::drawing_nothing([&] { return model->clone(); })));
   }
 
   M module_;
@@ -10847,11 +10855,6 @@ struct ReplicatedModule {
   std::shared_ptr<torch::nn::Module> module;
 };
 
-/// A fingerprint of `tensor`'s values: zlib's CRC-32 of its bytes (a contiguous copy on the host):
-/// the same on two ranks when they hold the same bits, different when they do not (but by chance,
-/// one in 2^32).
-DETTRIAL_INLINE std::uint32_t tensor_fingerprint(const torch::Tensor& tensor);
-
 /**
  * @brief Checks that every rank holds the same parameters in `modules`, as the all-reduced gradients
  * and the same step on every rank keep them: one all-reduce of a fingerprint per parameter (its
@@ -10880,7 +10883,61 @@ DETTRIAL_INLINE void require_same_settings(Communicator& comm, std::span<const R
 
 // Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
 #if DETTRIAL_HEADER_DEFINITIONS
+// ---- begin dettrial/detail/crc32.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief zlib's CRC-32, the one checksum dettrial computes: of bytes (checkpoint files, their
+/// manifests) and of a tensor's values (a rank's seed from the chief's generator state, the
+/// fingerprints ranks compare their parameters by).
+
+#include <cstdint>
+#include <string_view>
+
+#include <torch/types.h>
+
+
+namespace dettrial::detail {
+
+DETTRIAL_INLINE std::uint32_t crc32_of(std::string_view bytes);
+/// The CRC-32 of what `crc` covered followed by `bytes`.
+DETTRIAL_INLINE std::uint32_t crc32_continue(std::uint32_t crc, std::string_view bytes);
+/// The CRC-32 of `tensor`'s values as its bytes (a contiguous copy on the host).
+DETTRIAL_INLINE std::uint32_t crc32_of(const torch::Tensor& tensor);
+
+}  // namespace dettrial::detail
+
+// Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
+#if DETTRIAL_HEADER_DEFINITIONS
+#include <algorithm>
+#include <cstddef>
+
 #include <zlib.h>
+
+namespace dettrial::detail {
+
+DETTRIAL_INLINE std::uint32_t crc32_continue(std::uint32_t crc, std::string_view bytes) {
+  uLong value = crc;
+  // zlib takes uInt lengths: feed large buffers in pieces.
+  while (!bytes.empty()) {
+    const std::size_t n = std::min<std::size_t>(bytes.size(), 1u << 30);
+    value = ::crc32(value, reinterpret_cast<const Bytef*>(bytes.data()), static_cast<uInt>(n));
+    bytes.remove_prefix(n);
+  }
+  return static_cast<std::uint32_t>(value);
+}
+
+DETTRIAL_INLINE std::uint32_t crc32_of(std::string_view bytes) {
+  return crc32_continue(static_cast<std::uint32_t>(::crc32(0L, Z_NULL, 0)), bytes);
+}
+
+DETTRIAL_INLINE std::uint32_t crc32_of(const torch::Tensor& tensor) {
+  const torch::Tensor bytes = tensor.detach().to(torch::kCPU).contiguous();
+  return crc32_of(std::string_view(static_cast<const char*>(bytes.data_ptr()), bytes.nbytes()));
+}
+
+}  // namespace dettrial::detail
+#endif  // DETTRIAL_HEADER_DEFINITIONS
+// ---- end dettrial/detail/crc32.hpp
 
 namespace dettrial::detail {
 
@@ -10932,27 +10989,14 @@ DETTRIAL_INLINE void broadcast_buffers(Communicator& comm, const std::vector<std
   }
 }
 
-DETTRIAL_INLINE std::uint32_t tensor_fingerprint(const torch::Tensor& tensor) {
-  const torch::Tensor bytes = tensor.detach().to(torch::kCPU).contiguous();
-  const auto* data = static_cast<const Bytef*>(bytes.data_ptr());
-  std::size_t left = static_cast<std::size_t>(bytes.numel()) * bytes.element_size();
-  uLong crc = ::crc32(0L, Z_NULL, 0);
-  while (left > 0) {  // zlib takes at most a uInt of bytes at a time
-    const auto n = static_cast<uInt>(std::min<std::size_t>(left, 1u << 30));
-    crc = ::crc32(crc, data, n);
-    data += n;
-    left -= n;
-  }
-  return static_cast<std::uint32_t>(crc);
-}
-
 DETTRIAL_INLINE void require_same_parameters(Communicator& comm, std::span<const ReplicatedModule> modules, std::int64_t batches_trained) {
   std::vector<std::string> names;
   std::vector<double> largest_and_smallest;  // each fingerprint, then each negated: under MAX, the largest and minus the smallest
   for (const ReplicatedModule& m : modules)
     for (const auto& p : m.module->named_parameters()) {
       names.push_back(m.name + "'s '" + p.key() + "'");
-      largest_and_smallest.push_back(static_cast<double>(tensor_fingerprint(p.value())));
+      // Its CRC-32: the same on two ranks when they hold the same bits (different ones collide one time in 2^32).
+      largest_and_smallest.push_back(static_cast<double>(crc32_of(p.value())));
     }
   if (names.empty()) return;
   const std::size_t n = names.size();
@@ -15546,10 +15590,6 @@ DETTRIAL_INLINE void sync_directory(const std::filesystem::path& dir);
 
 DETTRIAL_INLINE std::string read_file_bytes(const std::filesystem::path& path);
 
-DETTRIAL_INLINE std::uint32_t crc32_of(std::string_view bytes);
-/// The CRC-32 of what `crc` covered followed by `bytes`.
-DETTRIAL_INLINE std::uint32_t crc32_continue(std::uint32_t crc, std::string_view bytes);
-
 /// A random (version 4) UUID, Determined's name for a checkpoint directory.
 DETTRIAL_INLINE std::string new_uuid();
 
@@ -15860,7 +15900,6 @@ DETTRIAL_INLINE std::string json_kind(const Json& j) {
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
-#include <zlib.h>
 
 namespace dettrial::detail {
 
@@ -15901,21 +15940,6 @@ DETTRIAL_INLINE std::string read_file_bytes(const std::filesystem::path& path) {
   std::ostringstream bytes;
   bytes << in.rdbuf();
   return std::move(bytes).str();
-}
-
-DETTRIAL_INLINE std::uint32_t crc32_continue(std::uint32_t crc, std::string_view bytes) {
-  uLong value = crc;
-  // zlib takes uInt lengths: feed large buffers in pieces.
-  while (!bytes.empty()) {
-    const std::size_t n = std::min<std::size_t>(bytes.size(), 1u << 30);
-    value = ::crc32(value, reinterpret_cast<const Bytef*>(bytes.data()), static_cast<uInt>(n));
-    bytes.remove_prefix(n);
-  }
-  return static_cast<std::uint32_t>(value);
-}
-
-DETTRIAL_INLINE std::uint32_t crc32_of(std::string_view bytes) {
-  return crc32_continue(static_cast<std::uint32_t>(::crc32(0L, Z_NULL, 0)), bytes);
 }
 
 DETTRIAL_INLINE std::string new_uuid() {
@@ -16677,8 +16701,7 @@ DETTRIAL_INLINE void ContextCheckpoint::load_models(Context& c, const StateDict&
 }
 
 DETTRIAL_INLINE std::uint64_t ContextCheckpoint::new_rank_seed(const torch::Tensor& chiefs_state, std::int64_t rank) {
-  const torch::Tensor bytes = chiefs_state.contiguous().to(torch::kCPU);
-  const std::uint32_t crc = crc32_of({static_cast<const char*>(bytes.data_ptr()), bytes.nbytes()});  // the checksum checkpoints use
+  const std::uint32_t crc = crc32_of(chiefs_state);  // the checksum checkpoints use
   return mix64(crc ^ (static_cast<std::uint64_t>(rank) * golden_gamma)) >> 1;
 }
 
@@ -24211,9 +24234,10 @@ DETTRIAL_INLINE void reduce_user_reducers(TrainerKey key, Context& context, bool
                                           const std::vector<RankShare>& shares, MetricValues& out);
 
 /// At the boundaries that read the models (validation, checkpoints): every rank takes rank 0's
-/// buffers (see broadcast_buffers: DDP's broadcast_buffers), and the ranks check that they hold the
-/// same parameters (require_same_parameters: one small all-reduce), after `batches_trained`.
-DETTRIAL_INLINE void agree_on_replicas(Context& context, std::int64_t batches_trained);
+/// buffers (see broadcast_buffers: DDP's broadcast_buffers), and, with `compare_parameters`, the
+/// ranks check that they hold the same parameters (require_same_parameters: one small all-reduce),
+/// after `batches_trained`.
+DETTRIAL_INLINE void agree_on_replicas(Context& context, std::int64_t batches_trained, bool compare_parameters = true);
 
 }  // namespace dettrial::detail
 
@@ -24477,13 +24501,14 @@ DETTRIAL_INLINE void reduce_user_reducers(TrainerKey key, Context& context, bool
     if (r.*role) r.cross_slot_into(r.object, r.name, reducer_parts(shares, index++), out);
 }
 
-DETTRIAL_INLINE void agree_on_replicas(Context& context, std::int64_t batches_trained) {
+DETTRIAL_INLINE void agree_on_replicas(Context& context, std::int64_t batches_trained, bool compare_parameters) {
   Communicator* comm = context.communicator();
   if (!comm) return;
   broadcast_buffers(*comm, context.models());
   // The average's copy too (its count stays on the CPU, the same on every rank).
   const auto average = context.averaged_weights();
   if (average) broadcast_buffers(*comm, {average->averaged_ptr()});
+  if (!compare_parameters) return;
   std::vector<ReplicatedModule> replicas;
   for (std::size_t i = 0; i < context.models().size(); ++i) replicas.push_back({"model " + std::to_string(i), context.models()[i]});
   if (average) replicas.push_back({"the averaged model", average->averaged_ptr()});
@@ -25527,7 +25552,8 @@ DETTRIAL_INLINE void FitLoop::checkpoint() {
   RECORD_USER_SCOPE("dettrial::checkpoint");
   finish_checkpoint(/*wait=*/true);
   position_.checkpointed();
-  agree_on_replicas(context_, position_.batches_trained());
+  // Compared already when a validation ran at this batch: nothing has trained since.
+  agree_on_replicas(context_, position_.batches_trained(), /*compare_parameters=*/!position_.validated_here());
   const LoaderSeeds seeds = data_seeds();
   checkpointer_.begin(callback_hooks_, checkpoint_record(context_, options_, schedule_, position_, result_.last_validation_metrics,
                                                          seeds.training, seeds.validation, facts_.trial_type));

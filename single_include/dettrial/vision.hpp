@@ -3165,12 +3165,7 @@ std::shared_ptr<torch::nn::Module> rebuilt_clone(const torch::nn::Module& origin
                                                  const c10::optional<torch::Device>& device = c10::nullopt) {
   torch::NoGradGuard no_grad;
   const std::string what = original.name();
-  std::shared_ptr<torch::nn::Module> copy;
-  {
-    const auto generators = ::dettrial::detail::GeneratorStates::record(torch::Device(torch::kCPU));
-    copy = std::forward<Build>(build)();
-    generators.restore();
-  }
+  const std::shared_ptr<torch::nn::Module> copy = ::dettrial::detail::GeneratorStates::drawing_nothing(std::forward<Build>(build));
   auto parameters = copy->named_parameters();
   for (const auto& p : original.named_parameters()) {
     torch::Tensor* to = parameters.find(p.key());

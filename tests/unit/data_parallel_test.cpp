@@ -722,7 +722,8 @@ TEST_CASE("child process: a rank whose weights may drift" * doctest::skip()) {
   REQUIRE(env.distributed());
   const fs::path dir = std::getenv("DETTRIAL_CHILD_DIR");
   auto comm = Communicator::create(env, std::chrono::seconds(60), backend::gloo{});
-  test::Context context(Hyperparameters::parse("global_batch_size: 6\n"), ContextOptions{.trial_seed = 4, .communicator = comm});
+  // No seed: the ranks agree on the chief's, as a user's job does by default.
+  test::Context context(Hyperparameters::parse("global_batch_size: 6\n"), ContextOptions{.communicator = comm});
   Trainer<DriftingTrial> trainer(context);
   FitOptions o = test::quiet({.max_length = Batch(8), .validation_period = Batch(3)});
   o.output_dir = dir / "run";

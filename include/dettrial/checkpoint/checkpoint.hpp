@@ -31,6 +31,7 @@
 #include "../context/context.hpp"
 #include "../error.hpp"
 #include "../optim/fused.hpp"
+#include "../detail/crc32.hpp"
 #include "../detail/random.hpp"
 #include "../detail/text.hpp"
 #include "../detail/json_fwd.hpp"
@@ -540,8 +541,7 @@ DETTRIAL_INLINE void ContextCheckpoint::load_models(Context& c, const StateDict&
 }
 
 DETTRIAL_INLINE std::uint64_t ContextCheckpoint::new_rank_seed(const torch::Tensor& chiefs_state, std::int64_t rank) {
-  const torch::Tensor bytes = chiefs_state.contiguous().to(torch::kCPU);
-  const std::uint32_t crc = crc32_of({static_cast<const char*>(bytes.data_ptr()), bytes.nbytes()});  // the checksum checkpoints use
+  const std::uint32_t crc = crc32_of(chiefs_state);  // the checksum checkpoints use
   return mix64(crc ^ (static_cast<std::uint64_t>(rank) * golden_gamma)) >> 1;
 }
 

@@ -26,6 +26,7 @@
 #include "../error.hpp"
 #include "../detail/json_fwd.hpp"
 #include "../vocabulary/metrics.hpp"
+#include "../detail/crc32.hpp"
 #include "../detail/linkage.hpp"
 
 namespace dettrial {
@@ -76,10 +77,6 @@ DETTRIAL_INLINE void write_file_synced(const std::filesystem::path& path, std::s
 DETTRIAL_INLINE void sync_directory(const std::filesystem::path& dir);
 
 DETTRIAL_INLINE std::string read_file_bytes(const std::filesystem::path& path);
-
-DETTRIAL_INLINE std::uint32_t crc32_of(std::string_view bytes);
-/// The CRC-32 of what `crc` covered followed by `bytes`.
-DETTRIAL_INLINE std::uint32_t crc32_continue(std::uint32_t crc, std::string_view bytes);
 
 /// A random (version 4) UUID, Determined's name for a checkpoint directory.
 DETTRIAL_INLINE std::string new_uuid();
@@ -216,7 +213,6 @@ DETTRIAL_INLINE void delete_checkpoint(const CheckpointInfo& checkpoint);
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
-#include <zlib.h>
 
 namespace dettrial::detail {
 
@@ -257,21 +253,6 @@ DETTRIAL_INLINE std::string read_file_bytes(const std::filesystem::path& path) {
   std::ostringstream bytes;
   bytes << in.rdbuf();
   return std::move(bytes).str();
-}
-
-DETTRIAL_INLINE std::uint32_t crc32_continue(std::uint32_t crc, std::string_view bytes) {
-  uLong value = crc;
-  // zlib takes uInt lengths: feed large buffers in pieces.
-  while (!bytes.empty()) {
-    const std::size_t n = std::min<std::size_t>(bytes.size(), 1u << 30);
-    value = ::crc32(value, reinterpret_cast<const Bytef*>(bytes.data()), static_cast<uInt>(n));
-    bytes.remove_prefix(n);
-  }
-  return static_cast<std::uint32_t>(value);
-}
-
-DETTRIAL_INLINE std::uint32_t crc32_of(std::string_view bytes) {
-  return crc32_continue(static_cast<std::uint32_t>(::crc32(0L, Z_NULL, 0)), bytes);
 }
 
 DETTRIAL_INLINE std::string new_uuid() {

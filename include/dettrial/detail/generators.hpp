@@ -36,6 +36,17 @@ class GeneratorStates {
       if (t.defined()) s.add_device(t.device());
     return s;
   }
+  /// `make()`'s result, with the CPU generator put back after it: for a copy of a module, which
+  /// LibTorch's Cloneable (and a rebuild) initialises from it before copying the values in, and
+  /// Python's deepcopy draws nothing for.
+  template <class Make>
+  static decltype(auto) drawing_nothing(Make&& make) {
+    const GeneratorStates before = record(torch::Device(torch::kCPU));
+    decltype(auto) made = std::forward<Make>(make)();
+    before.restore();
+    return made;
+  }
+
   /// Puts every recorded generator back to its recorded state.
   void restore() const {
     if (cpu_.defined()) set(at::detail::getDefaultCPUGenerator(), cpu_);

@@ -43,11 +43,6 @@ struct ReplicatedModule {
   std::shared_ptr<torch::nn::Module> module;
 };
 
-/// A fingerprint of `tensor`'s values: zlib's CRC-32 of its bytes (a contiguous copy on the host):
-/// the same on two ranks when they hold the same bits, different when they do not (but by chance,
-/// one in 2^32).
-DETTRIAL_INLINE std::uint32_t tensor_fingerprint(const torch::Tensor& tensor);
-
 /**
  * @brief Checks that every rank holds the same parameters in `modules`, as the all-reduced gradients
  * and the same step on every rank keep them: one all-reduce of a fingerprint per parameter (its
@@ -76,7 +71,7 @@ DETTRIAL_INLINE void require_same_settings(Communicator& comm, std::span<const R
 
 // Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
 #if DETTRIAL_HEADER_DEFINITIONS
-#include <zlib.h>
+#include "../detail/crc32.hpp"
 
 namespace dettrial::detail {
 
@@ -128,27 +123,14 @@ DETTRIAL_INLINE void broadcast_buffers(Communicator& comm, const std::vector<std
   }
 }
 
-DETTRIAL_INLINE std::uint32_t tensor_fingerprint(const torch::Tensor& tensor) {
-  const torch::Tensor bytes = tensor.detach().to(torch::kCPU).contiguous();
-  const auto* data = static_cast<const Bytef*>(bytes.data_ptr());
-  std::size_t left = static_cast<std::size_t>(bytes.numel()) * bytes.element_size();
-  uLong crc = ::crc32(0L, Z_NULL, 0);
-  while (left > 0) {  // zlib takes at most a uInt of bytes at a time
-    const auto n = static_cast<uInt>(std::min<std::size_t>(left, 1u << 30));
-    crc = ::crc32(crc, data, n);
-    data += n;
-    left -= n;
-  }
-  return static_cast<std::uint32_t>(crc);
-}
-
 DETTRIAL_INLINE void require_same_parameters(Communicator& comm, std::span<const ReplicatedModule> modules, std::int64_t batches_trained) {
   std::vector<std::string> names;
   std::vector<double> largest_and_smallest;  // each fingerprint, then each negated: under MAX, the largest and minus the smallest
   for (const ReplicatedModule& m : modules)
     for (const auto& p : m.module->named_parameters()) {
       names.push_back(m.name + "'s '" + p.key() + "'");
-      largest_and_smallest.push_back(static_cast<double>(tensor_fingerprint(p.value())));
+      // Its CRC-32: the same on two ranks when they hold the same bits (different ones collide one time in 2^32).
+      largest_and_smallest.push_back(static_cast<double>(crc32_of(p.value())));
     }
   if (names.empty()) return;
   const std::size_t n = names.size();

@@ -223,9 +223,8 @@ DETTRIAL_INLINE torch::Tensor checkpoint_sequential(torch::nn::Sequential& seque
 DETTRIAL_INLINE std::shared_ptr<torch::nn::Module> CheckpointEachImpl::clone(const c10::optional<torch::Device>& device) const {
   // LibTorch's clone of a block draws its reset()'s initialisation from the random generators;
   // a copy draws nothing (Python's deepcopy), so they are put back after it.
-  const auto generators = ::dettrial::detail::GeneratorStates::record(torch::Device(torch::kCPU));
-  auto blocks = std::dynamic_pointer_cast<torch::nn::SequentialImpl>(blocks_->clone(device));
-  generators.restore();
+  auto blocks = std::dynamic_pointer_cast<torch::nn::SequentialImpl>(
+      ::dettrial::detail::GeneratorStates::drawing_nothing([&] { return blocks_->clone(device); }));
   auto copy = std::make_shared<CheckpointEachImpl>(torch::nn::Sequential(std::move(blocks)));
   // A Sequential's clone starts in training mode: the wrapper's mode (whether it recomputes) and
   // each block's are the original's.

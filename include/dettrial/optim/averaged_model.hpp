@@ -114,10 +114,8 @@ class AveragedModel {
 
  private:
   static M drawing_nothing_clone(const M& model) {
-    const auto generators = dettrial::detail::GeneratorStates::record(torch::Device(torch::kCPU));
-    M copy(std::dynamic_pointer_cast<typename M::ContainedType>(model->clone()));
-    generators.restore();
-    return copy;
+    return M(std::dynamic_pointer_cast<typename M::ContainedType>(
+        dettrial::detail::GeneratorStates::drawing_nothing([&] { return model->clone(); })));
   }
 
   M module_;

@@ -348,7 +348,8 @@ DETTRIAL_INLINE void FitLoop::checkpoint() {
   RECORD_USER_SCOPE("dettrial::checkpoint");
   finish_checkpoint(/*wait=*/true);
   position_.checkpointed();
-  agree_on_replicas(context_, position_.batches_trained());
+  // Compared already when a validation ran at this batch: nothing has trained since.
+  agree_on_replicas(context_, position_.batches_trained(), /*compare_parameters=*/!position_.validated_here());
   const LoaderSeeds seeds = data_seeds();
   checkpointer_.begin(callback_hooks_, checkpoint_record(context_, options_, schedule_, position_, result_.last_validation_metrics,
                                                          seeds.training, seeds.validation, facts_.trial_type));

@@ -105,9 +105,10 @@ DETTRIAL_INLINE void reduce_user_reducers(TrainerKey key, Context& context, bool
                                           const std::vector<RankShare>& shares, MetricValues& out);
 
 /// At the boundaries that read the models (validation, checkpoints): every rank takes rank 0's
-/// buffers (see broadcast_buffers: DDP's broadcast_buffers), and the ranks check that they hold the
-/// same parameters (require_same_parameters: one small all-reduce), after `batches_trained`.
-DETTRIAL_INLINE void agree_on_replicas(Context& context, std::int64_t batches_trained);
+/// buffers (see broadcast_buffers: DDP's broadcast_buffers), and, with `compare_parameters`, the
+/// ranks check that they hold the same parameters (require_same_parameters: one small all-reduce),
+/// after `batches_trained`.
+DETTRIAL_INLINE void agree_on_replicas(Context& context, std::int64_t batches_trained, bool compare_parameters = true);
 
 }  // namespace dettrial::detail
 
@@ -376,13 +377,14 @@ DETTRIAL_INLINE void reduce_user_reducers(TrainerKey key, Context& context, bool
     if (r.*role) r.cross_slot_into(r.object, r.name, reducer_parts(shares, index++), out);
 }
 
-DETTRIAL_INLINE void agree_on_replicas(Context& context, std::int64_t batches_trained) {
+DETTRIAL_INLINE void agree_on_replicas(Context& context, std::int64_t batches_trained, bool compare_parameters) {
   Communicator* comm = context.communicator();
   if (!comm) return;
   broadcast_buffers(*comm, context.models());
   // The average's copy too (its count stays on the CPU, the same on every rank).
   const auto average = context.averaged_weights();
   if (average) broadcast_buffers(*comm, {average->averaged_ptr()});
+  if (!compare_parameters) return;
   std::vector<ReplicatedModule> replicas;
   for (std::size_t i = 0; i < context.models().size(); ++i) replicas.push_back({"model " + std::to_string(i), context.models()[i]});
   if (average) replicas.push_back({"the averaged model", average->averaged_ptr()});
