@@ -10902,7 +10902,7 @@ DETTRIAL_INLINE std::uint32_t crc32_of(std::string_view bytes);
 /// The CRC-32 of what `crc` covered followed by `bytes`.
 DETTRIAL_INLINE std::uint32_t crc32_continue(std::uint32_t crc, std::string_view bytes);
 /// The CRC-32 of `tensor`'s values as its bytes (a contiguous copy on the host).
-DETTRIAL_INLINE std::uint32_t crc32_of(const torch::Tensor& tensor);
+DETTRIAL_INLINE std::uint32_t tensor_crc32(const torch::Tensor& tensor);
 
 }  // namespace dettrial::detail
 
@@ -10930,7 +10930,7 @@ DETTRIAL_INLINE std::uint32_t crc32_of(std::string_view bytes) {
   return crc32_continue(static_cast<std::uint32_t>(::crc32(0L, Z_NULL, 0)), bytes);
 }
 
-DETTRIAL_INLINE std::uint32_t crc32_of(const torch::Tensor& tensor) {
+DETTRIAL_INLINE std::uint32_t tensor_crc32(const torch::Tensor& tensor) {
   const torch::Tensor bytes = tensor.detach().to(torch::kCPU).contiguous();
   return crc32_of(std::string_view(static_cast<const char*>(bytes.data_ptr()), bytes.nbytes()));
 }
@@ -10996,7 +10996,7 @@ DETTRIAL_INLINE void require_same_parameters(Communicator& comm, std::span<const
     for (const auto& p : m.module->named_parameters()) {
       names.push_back(m.name + "'s '" + p.key() + "'");
       // Its CRC-32: the same on two ranks when they hold the same bits (different ones collide one time in 2^32).
-      largest_and_smallest.push_back(static_cast<double>(crc32_of(p.value())));
+      largest_and_smallest.push_back(static_cast<double>(tensor_crc32(p.value())));
     }
   if (names.empty()) return;
   const std::size_t n = names.size();
@@ -16701,7 +16701,7 @@ DETTRIAL_INLINE void ContextCheckpoint::load_models(Context& c, const StateDict&
 }
 
 DETTRIAL_INLINE std::uint64_t ContextCheckpoint::new_rank_seed(const torch::Tensor& chiefs_state, std::int64_t rank) {
-  const std::uint32_t crc = crc32_of(chiefs_state);  // the checksum checkpoints use
+  const std::uint32_t crc = tensor_crc32(chiefs_state);  // the checksum checkpoints use
   return mix64(crc ^ (static_cast<std::uint64_t>(rank) * golden_gamma)) >> 1;
 }
 

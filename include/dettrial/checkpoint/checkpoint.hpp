@@ -541,7 +541,7 @@ DETTRIAL_INLINE void ContextCheckpoint::load_models(Context& c, const StateDict&
 }
 
 DETTRIAL_INLINE std::uint64_t ContextCheckpoint::new_rank_seed(const torch::Tensor& chiefs_state, std::int64_t rank) {
-  const std::uint32_t crc = crc32_of(chiefs_state);  // the checksum checkpoints use
+  const std::uint32_t crc = tensor_crc32(chiefs_state);  // the checksum checkpoints use
   return mix64(crc ^ (static_cast<std::uint64_t>(rank) * golden_gamma)) >> 1;
 }
 

@@ -19,7 +19,7 @@ DETTRIAL_INLINE std::uint32_t crc32_of(std::string_view bytes);
 /// The CRC-32 of what `crc` covered followed by `bytes`.
 DETTRIAL_INLINE std::uint32_t crc32_continue(std::uint32_t crc, std::string_view bytes);
 /// The CRC-32 of `tensor`'s values as its bytes (a contiguous copy on the host).
-DETTRIAL_INLINE std::uint32_t crc32_of(const torch::Tensor& tensor);
+DETTRIAL_INLINE std::uint32_t tensor_crc32(const torch::Tensor& tensor);
 
 }  // namespace dettrial::detail
 
@@ -47,7 +47,7 @@ DETTRIAL_INLINE std::uint32_t crc32_of(std::string_view bytes) {
   return crc32_continue(static_cast<std::uint32_t>(::crc32(0L, Z_NULL, 0)), bytes);
 }
 
-DETTRIAL_INLINE std::uint32_t crc32_of(const torch::Tensor& tensor) {
+DETTRIAL_INLINE std::uint32_t tensor_crc32(const torch::Tensor& tensor) {
   const torch::Tensor bytes = tensor.detach().to(torch::kCPU).contiguous();
   return crc32_of(std::string_view(static_cast<const char*>(bytes.data_ptr()), bytes.nbytes()));
 }

@@ -130,7 +130,7 @@ DETTRIAL_INLINE void require_same_parameters(Communicator& comm, std::span<const
     for (const auto& p : m.module->named_parameters()) {
       names.push_back(m.name + "'s '" + p.key() + "'");
       // Its CRC-32: the same on two ranks when they hold the same bits (different ones collide one time in 2^32).
-      largest_and_smallest.push_back(static_cast<double>(crc32_of(p.value())));
+      largest_and_smallest.push_back(static_cast<double>(tensor_crc32(p.value())));
     }
   if (names.empty()) return;
   const std::size_t n = names.size();
