@@ -75,6 +75,8 @@ struct RunFolder {
   std::filesystem::path trace(int rank) const {
     return rank == 0 ? dir / layout::trace : dir / ("trace.rank" + std::to_string(rank) + ".json");
   }
+  /// The system metrics of node `node` > 0 of a job (node 0's are metrics.jsonl's `system` records).
+  std::filesystem::path system_log(int node) const { return dir / ("system.node" + std::to_string(node) + ".jsonl"); }
   /// A trial's output, in an experiment.
   std::filesystem::path trial_log() const { return dir / layout::trial_log; }
   /// A trial's experiment config (written into its folder by the experiment).

@@ -44,7 +44,7 @@ dettrial_example_deps() {
 # clang-format 19 (the format check).
 dettrial_test_deps() {
   dettrial_example_deps
-  dettrial_apt git ccache python3 python3-venv doctest-dev python3-torch python3-numpy python3-pil openmpi-bin chromium slurm-wlm munge universal-ctags clang-format-19
+  dettrial_apt git ccache python3 python3-venv doctest-dev python3-torch python3-numpy python3-pil python3-psutil openmpi-bin chromium slurm-wlm munge universal-ctags clang-format-19
 }
 
 # Runs a command as one named phase of a script and says how long it took ("==> build debian: 312 s").

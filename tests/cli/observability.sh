@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Usage: observability.sh PROGRAM DATA_DIR OUTPUT_DIR TENSORBOARD_PYTHON
-# The MNIST example trains 40 batches with the profiler on over batches 3-5, then resumes from its
-# checkpoint at batch 20 and trains to 50. Then:
-# - Python's TensorBoard reader returns every metric of metrics.jsonl at its batch, once (the
-#   stopped run's events after batch 20 are gone), and the hyperparameters as one hparams session;
+# The MNIST example trains 40 batches with the profiler on over batches 3-5 and the system metrics
+# sampled, then resumes from its checkpoint at batch 20 and trains to 50. Then:
+# - Python's TensorBoard reader returns every metric of metrics.jsonl at its batch, once (the stopped
+#   run's events after batch 20 are gone), each system metrics report at its batch, and the
+#   hyperparameters as one hparams session;
 # - trace.json is a Chrome trace naming the model's operators and dettrial's phases;
 # - TensorBoard's server serves the run's scalars, and its page's screenshot is written.
 set -u
@@ -14,19 +15,26 @@ rm -rf "$out"
 mkdir -p "$(dirname "$out")"
 # The profiling section, absent from the file, is made by --set.
 "$program" --config "$here/observability.yaml" --set "data.dir=$data" --set profiling.enabled=true \
-  --set profiling.begin_on_batch=3 --set profiling.end_after_batch=5 --output "$out" >"$out.log" 2>&1
+  --set profiling.begin_on_batch=3 --set profiling.end_after_batch=5 --set profiling.sampling_interval=0.2 \
+  --set profiling.samples_per_report=2 --output "$out" >"$out.log" 2>&1
 status=$?
 cat "$out.log"
 [ "$status" -eq 0 ] || fail "the first run exited with $status"
 grep -q "profiled batches 3-5: .*trace.json" "$out.log" || fail "no line saying what was profiled"
+grep -q "system metrics (profiling.enabled) sampled every 0.2 s" "$out.log" || fail "no line saying the system metrics are sampled"
+grep -q '"type":"system".*"cpu_util_simple"' "$out/metrics.jsonl" || fail "no system metrics in metrics.jsonl"
 metadata=$(grep -l '"steps_completed": 20,' "$out"/checkpoints/*/metadata.json | head -n 1)
 [ -n "$metadata" ] || fail "no checkpoint at batch 20"
+# The resumed run samples too (a report every 0.1 s): its system records, past the checkpoint, are
+# what the reader below compares with TensorBoard's (no batch of it is traced: trace.json stays the first run's).
 "$program" --config "$here/observability.yaml" --set "data.dir=$data" --set searcher.max_length.batches=50 \
-  --resume "$(dirname "$metadata")" >"$out.resume.log" 2>&1
+  --set profiling.enabled=true --set profiling.begin_on_batch=1000 \
+  --set profiling.sampling_interval=0.1 --set profiling.samples_per_report=1 --resume "$(dirname "$metadata")" >"$out.resume.log" 2>&1
 status=$?
 cat "$out.resume.log"
 [ "$status" -eq 0 ] || fail "the resumed run exited with $status"
 grep -q "dropped .* event(s) .* written after that checkpoint" "$out.resume.log" || fail "the resume did not drop the stopped run's events"
+grep -q '"type":"system".*"cpu_util_simple"' "$out/metrics.jsonl" || fail "no system metrics in the resumed run's metrics.jsonl"
 "$python" "$here/../python/read_tensorboard.py" "$out" learning_rate=0.05 dropout=0.2 n_filters1=8 global_batch_size=64 ||
   fail "TensorBoard's reader disagrees with metrics.jsonl"
 python3 - "$out/trace.json" <<'PY' || fail "bad trace.json"

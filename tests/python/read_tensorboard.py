@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Reads a run's TensorBoard event files with PyPI's tensorboard package and checks them against the
 run's metrics.jsonl: every training and validation metric, samples/s, learning rate and phase timing
-is there at its batch, exactly once, equal to float32 of the logged value; the hyperparameters are
+is there at its batch, exactly once, equal to float32 of the logged value, and each system metrics
+report's values at their batch; the hyperparameters are
 the hparams plugin's session; every record passes TensorBoard's CRC checks.
 
 usage: read_tensorboard.py RUN_DIR [NAME=VALUE ...]   (expected hyperparameters)
@@ -53,6 +54,7 @@ def main():
         fail(f"no event files in {run_dir}/tensorboard")
     scalars = collections.Counter()
     values = {}
+    system_values = collections.defaultdict(list)
     sessions, ends = [], []
     for path in files:
         events = events_of(path)
@@ -63,7 +65,11 @@ def main():
                 # TensorBoard's own migration: simple_value becomes a scalar tensor of the scalars plugin.
                 migrated = data_compat.migrate_value(value)
                 plugin = migrated.metadata.plugin_data.plugin_name
-                if plugin == "scalars":
+                if plugin == "scalars" and migrated.tag.startswith("system/"):
+                    # The system metrics report by time: several may share a batch (during a
+                    # validation, say), so they are compared as lists.
+                    system_values[(migrated.tag, event.step)].append(float(tensor_util.make_ndarray(migrated.tensor)))
+                elif plugin == "scalars":
                     key = (migrated.tag, event.step)
                     scalars[key] += 1
                     values[key] = float(tensor_util.make_ndarray(migrated.tensor))
@@ -91,6 +97,7 @@ def main():
             fail(f"{tag} at {step}: {got!r}, expected float32({want!r}) = {want32!r}")
 
     checked = 0
+    system_logged = collections.defaultdict(list)
     with open(os.path.join(run_dir, "metrics.jsonl")) as f:
         records = [json.loads(line) for line in f]
     for r in records:
@@ -116,7 +123,20 @@ def main():
         elif r["type"] == "checkpoint":
             expect("timing/checkpoint_seconds", step, r["seconds"])
             expect("timing/checkpoint_write_seconds", step, r["write_seconds"])
+        elif r["type"] == "system":
+            for name, v in r.items():
+                if name in ("type", "batches", "epochs", "time"):
+                    continue
+                for label, x in (v.items() if isinstance(v, dict) else [(None, v)]):
+                    tag = f"system/{name}" + (f"/{label}" if label else "")
+                    system_logged[(tag, step)].append(struct.unpack("f", struct.pack("f", x))[0])
+                    checked += 1
         checked += 1
+    for key, logged in system_logged.items():
+        if sorted(system_values.get(key, [])) != sorted(logged):
+            fail(f"{key[0]} at step {key[1]}: {system_values.get(key, [])} in TensorBoard, {logged} in metrics.jsonl")
+    if set(system_values) - set(system_logged):
+        fail(f"system scalars metrics.jsonl has no record of: {sorted(set(system_values) - set(system_logged))[:5]}")
     # Nothing in the event files that metrics.jsonl lacks (a resumed run drops both alike), except
     # the trial's own scalars (tags outside train/, validation/, timing/).
     logged_steps = {r["batches"] for r in records}

@@ -11,8 +11,10 @@
 #include <fstream>
 #include <iterator>
 #include <map>
+#include <optional>
 #include <set>
 #include <sstream>
+#include <thread>
 #include <string>
 #include <utility>
 #include <vector>
@@ -238,6 +240,236 @@ TEST_CASE("profiling writes a Chrome trace of its batches that names the model's
   CHECK(batches == 2);
   std::filesystem::remove_all(r.output_dir);
   std::filesystem::remove_all(open.output_dir);
+}
+
+namespace {
+/// This process's resident memory in bytes (/proc/self/statm's second field, in pages).
+std::int64_t resident_bytes() {
+  std::ifstream statm("/proc/self/statm");
+  std::int64_t size = 0, resident = 0;
+  statm >> size >> resident;
+  return resident * static_cast<std::int64_t>(::sysconf(_SC_PAGESIZE));
+}
+
+/// The regression trial, measuring its process's resident memory at two batches.
+struct MeasuredRegression : test::DeclarativeRegression {
+  inline static std::int64_t early_batch = 0, late_batch = 0, early_bytes = 0, late_bytes = 0, sleep_ms = 0;
+  using DeclarativeRegression::DeclarativeRegression;
+  dettrial::Metrics train_batch(test::Batch& b, torch::nn::Sequential& model, std::int64_t epoch_idx, std::int64_t batch_idx) {
+    const std::int64_t batch = context.current_train_batch();
+    if (batch == early_batch) early_bytes = resident_bytes();
+    if (batch == late_batch) late_bytes = resident_bytes();
+    if (sleep_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(sleep_ms));
+    return DeclarativeRegression::train_batch(b, model, epoch_idx, batch_idx);
+  }
+};
+
+/// The records of one type in a run's metrics.jsonl.
+std::vector<nlohmann::json> records_of(const std::filesystem::path& run, const std::string& type) {
+  std::vector<nlohmann::json> out;
+  std::ifstream in(run / "metrics.jsonl");
+  for (std::string line; std::getline(in, line);) {
+    nlohmann::json record = nlohmann::json::parse(line);
+    if (record.value("type", "") == type) out.push_back(std::move(record));
+  }
+  return out;
+}
+}  // namespace
+
+// Determined's `profiling: {enabled: true}` with no range: the operator trace is bounded (LibTorch's
+// profiler holds a cycle's events in memory until it ends), so a long run's memory stays flat.
+// Before, the trace ran to the end of training: 4,000 batches held every event, and the process
+// grew by tens of megabytes between batch 1,000 and 4,000 (the contrast below measures it).
+TEST_CASE("an open-ended profiling section traces a bounded range, and a long run's memory stays flat") {
+  const auto run = [](std::optional<std::int64_t> end_after_batch) {
+    test::Context context(test::hparams(), ContextOptions{.trial_seed = 5});
+    Trainer<MeasuredRegression> trainer(context);
+    MeasuredRegression::early_batch = 1000;
+    MeasuredRegression::late_batch = 3999;
+    FitOptions options = test::quiet({.max_length = Batch(4000), .reporting_period = Batch(1000)});
+    options.profiling = {.enabled = true, .end_after_batch = end_after_batch};
+    const FitResult r = trainer.fit(options);
+    const nlohmann::json trace = nlohmann::json::parse(test::read_text(r.output_dir / "trace.json"));
+    std::size_t traced = 0;
+    for (const auto& e : trace["traceEvents"])
+      traced += e.is_object() && e.value("cat", "") != "gpu_user_annotation" && e.value("name", "") == "dettrial::train_batch";
+    std::filesystem::remove_all(r.output_dir);
+    return std::pair{traced, MeasuredRegression::late_bytes - MeasuredRegression::early_bytes};
+  };
+  const auto [traced, growth] = run(std::nullopt);
+  CHECK(traced == ExperimentConfig::Profiling::default_traced_batches);  // batches 0 to 9
+  CAPTURE(growth);
+  CHECK(growth < 8 * 1024 * 1024);
+  // The same run traced to its end (the old default) holds every batch's events: the measurement
+  // above would see it.
+  const auto [all_traced, all_growth] = run(3999);
+  CHECK(all_traced == 4000);
+  CAPTURE(all_growth);
+  CHECK(all_growth > 3 * std::max<std::int64_t>(growth, 4 * 1024 * 1024));
+}
+
+// Determined's meaning of profiling.enabled: the machine's system metrics, sampled on a thread
+// (here every 0.1 s, two samples a report), in metrics.jsonl, TensorBoard and the report's charts.
+TEST_CASE("profiling.enabled samples the machine into metrics.jsonl, TensorBoard and the report") {
+  test::Context context(test::hparams(), ContextOptions{.trial_seed = 6});
+  Trainer<MeasuredRegression> trainer(context);
+  MeasuredRegression::early_batch = MeasuredRegression::late_batch = -1;
+  FitOptions options = test::quiet({.max_length = Batch(400), .reporting_period = Batch(100)});
+  options.profiling = {.enabled = true, .end_after_batch = 1, .sampling_interval = 0.1, .samples_per_report = 2};
+  // Long enough for reports while training: the trial sleeps a millisecond a batch.
+  MeasuredRegression::sleep_ms = 1;
+  const FitResult r = trainer.fit(options);
+  MeasuredRegression::sleep_ms = 0;
+  const std::vector<nlohmann::json> system = records_of(r.output_dir, "system");
+  REQUIRE(!system.empty());
+  std::int64_t last_batches = -1;
+  for (const nlohmann::json& record : system) {
+    CAPTURE(record.dump());
+    REQUIRE(record.contains("cpu_util_simple"));
+    CHECK(record["cpu_util_simple"].get<double>() >= 0);
+    CHECK(record["cpu_util_simple"].get<double>() <= 100.0001);
+    CHECK(record["memory_free"].get<double>() > 0);  // GB
+    CHECK(record["disk_util"].get<double>() > 0);
+    CHECK(record["disk_util"].get<double>() <= 100);
+    CHECK(record["net_throughput_sent"].get<double>() >= 0);
+    CHECK(record["net_throughput_recv"].get<double>() >= 0);
+    CHECK(record["disk_throughput_write"].get<double>() >= 0);
+    const std::string time = record["time"].get<std::string>();  // 2026-12-02T01:02:03.456Z
+    CHECK(time.size() == 24);
+    CHECK(time.back() == 'Z');
+    CHECK(record["batches"].get<std::int64_t>() >= last_batches);
+    last_batches = record["batches"].get<std::int64_t>();
+  }
+  CHECK(last_batches <= 400);
+  const auto events = all_events(r.output_dir / "tensorboard");
+  CHECK(count_tag(events, "system/cpu_util_simple") == system.size());
+  CHECK(count_tag(events, "system/memory_free") == system.size());
+  const std::string page = test::read_text(r.output_dir / "report.html");
+  CHECK(page.find("CPU utilization (percent of all cores)") != std::string::npos);
+  CHECK(page.find("free memory (GB)") != std::string::npos);
+  std::filesystem::remove_all(r.output_dir);
+}
+
+// The counters dettrial reads from /proc are psutil's (what Determined's profiler samples with):
+// read before and after Python reads its own, each of psutil's monotonic counters lies between them.
+TEST_CASE("system metrics: the machine's counters read as psutil reads them") {
+  const char* given = std::getenv("DETTRIAL_TEST_PYTHON");
+  const std::string python = given ? given : "";
+  if (python.empty()) return test::skip("no Python given (-DDETTRIAL_PYTHON=...)");
+  const std::filesystem::path out = std::filesystem::temp_directory_path() / ("dettrial-psutil-" + std::to_string(::getpid()) + ".json");
+  const std::string script =
+      "import json, os, sys\n"
+      "try:\n import psutil\nexcept ImportError:\n sys.exit(77)\n"
+      "c = psutil.cpu_times(); d = psutil.disk_io_counters(); n = psutil.net_io_counters()\n"
+      "json.dump({'idle': c.idle, 'tick': os.sysconf('SC_CLK_TCK'), 'reads': d.read_count, 'writes': d.write_count,\n"
+      "           'read_bytes': d.read_bytes, 'write_bytes': d.write_bytes, 'sent': n.bytes_sent, 'recv': n.bytes_recv,\n"
+      "           'disk_percent': psutil.disk_usage('/').percent}, open(sys.argv[1], 'w'))\n";
+  const std::filesystem::path script_path = out.string() + ".py";
+  std::ofstream(script_path) << script;
+  namespace sm = dettrial::detail::system_metrics;
+  const auto idle_ticks = [] {
+    std::ifstream in("/proc/stat");
+    std::string cpu;
+    std::uint64_t user = 0, nice = 0, sys = 0, idle = 0;
+    in >> cpu >> user >> nice >> sys >> idle;
+    return idle;
+  };
+  const std::uint64_t idle_before = idle_ticks();
+  const dettrial::detail::SystemCounters before = sm::read_counters("/");
+  const int status = std::system(("'" + python + "' '" + script_path.string() + "' '" + out.string() + "'").c_str());
+  const dettrial::detail::SystemCounters after = sm::read_counters("/");
+  const std::uint64_t idle_after = idle_ticks();
+  std::filesystem::remove(script_path);
+  if (WIFEXITED(status) && WEXITSTATUS(status) == 77) return test::skip(python + " has no psutil");
+  REQUIRE(status == 0);
+  const nlohmann::json p = nlohmann::json::parse(test::read_text(out));
+  std::filesystem::remove(out);
+  REQUIRE(before.disk_reads.has_value());
+  REQUIRE(before.net_sent_bytes.has_value());
+  const auto between = [](std::uint64_t low, const nlohmann::json& value, std::uint64_t high) {
+    const auto v = value.get<std::uint64_t>();
+    return low <= v && v <= high;
+  };
+  CHECK(between(*before.disk_reads, p["reads"], *after.disk_reads));
+  CHECK(between(*before.disk_writes, p["writes"], *after.disk_writes));
+  CHECK(between(*before.disk_read_bytes, p["read_bytes"], *after.disk_read_bytes));
+  CHECK(between(*before.disk_write_bytes, p["write_bytes"], *after.disk_write_bytes));
+  CHECK(between(*before.net_sent_bytes, p["sent"], *after.net_sent_bytes));
+  CHECK(between(*before.net_recv_bytes, p["recv"], *after.net_recv_bytes));
+  // psutil's idle seconds are /proc/stat's ticks over the clock's rate: dettrial's busy and total
+  // read the same line.
+  const double tick = p["tick"].get<double>();
+  CHECK(p["idle"].get<double>() >= static_cast<double>(idle_before) / tick - 0.011);
+  CHECK(p["idle"].get<double>() <= static_cast<double>(idle_after) / tick + 0.011);
+  REQUIRE(before.cpu_total.has_value());
+  CHECK(*after.cpu_total >= *before.cpu_total);
+  // The file system's use, as df and psutil count it (within what other tests write meanwhile).
+  REQUIRE(before.disk_used_percent.has_value());
+  CHECK(std::abs(*before.disk_used_percent - p["disk_percent"].get<double>()) < 1.0);
+}
+
+TEST_CASE("system metrics: /proc's formats, a sampler's reports and its bounds") {
+  namespace sm = dettrial::detail::system_metrics;
+  // Lines as Linux 6.1 writes them.
+  const auto cpu = sm::cpu_ticks("cpu  100 5 50 800 40 3 2 0 7 0\ncpu0 50 2 25 400 20 1 1 0 0 0\n");
+  REQUIRE(cpu.has_value());
+  CHECK(cpu->first == 1000);         // user..steal; guest is inside user
+  CHECK(cpu->second == 1000 - 840);  // all but idle and iowait
+  CHECK(!sm::cpu_ticks("intr 5 6\n").has_value());
+  CHECK(sm::memory_available("MemTotal:       24000000 kB\nMemFree:  1000 kB\nMemAvailable:   12000000 kB\n") ==
+        std::uint64_t{12000000} * 1024);
+  CHECK(!sm::memory_available("MemTotal: 5 kB\n").has_value());
+  const std::string diskstats =
+      "   8       0 sda 1000 10 20000 500 2000 30 40000 900 0 1200 1400 0 0 0 0 0 0\n"
+      "   8       1 sda1 900 10 18000 450 1900 30 38000 850 0 1100 1300 0 0 0 0 0 0\n"
+      "   7       0 loop0 5 0 10 0 0 0 0 0 0 0 0 0 0 0 0 0 0\n";
+  const auto disks = sm::disk_totals(diskstats, [](std::string_view name) { return name == "sda" || name == "loop0"; });
+  REQUIRE(disks.has_value());
+  CHECK(disks->reads == 1005);  // sda1 is a partition of sda: not counted twice
+  CHECK(disks->writes == 2000);
+  CHECK(disks->read_bytes == (20000 + 10) * 512);
+  CHECK(disks->write_bytes == std::uint64_t{40000} * 512);
+  const auto net = sm::net_totals(
+      "Inter-|   Receive                                                |  Transmit\n"
+      " face |bytes    packets errs drop fifo frame compressed multicast|bytes    packets errs drop fifo colls carrier compressed\n"
+      "    lo: 1000      10    0    0    0     0          0         0     1000      10    0    0    0     0       0          0\n"
+      "  eth0: 5000      20    0    0    0     0          0         0      700       7    0    0    0     0       0          0\n");
+  REQUIRE(net.has_value());
+  CHECK(net->first == 1700);   // sent
+  CHECK(net->second == 6000);  // received
+  // A sampler: the reports come while it runs, each an average of its samples; a stop ends it with
+  // the samples it has.
+  dettrial::detail::SystemMetricsSampler sampler({.interval = std::chrono::milliseconds(100), .samples_per_report = 2, .disk = "/"});
+  CHECK(sampler.running());
+  const auto waited_from = std::chrono::steady_clock::now();
+  while (!sampler.ready() && std::chrono::steady_clock::now() - waited_from < std::chrono::seconds(30))
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  std::vector<dettrial::detail::SystemReport> reports = sampler.take();
+  REQUIRE(!reports.empty());
+  CHECK(reports.front().samples == 2);
+  CHECK(!sampler.ready());
+  sampler.stop();
+  CHECK(!sampler.running());
+  for (auto& r : sampler.take()) reports.push_back(std::move(r));
+  for (const auto& r : reports) {
+    const auto has = [&](const char* name) {
+      return std::any_of(r.values.begin(), r.values.end(), [&](const auto& v) { return v.first == name; });
+    };
+    CHECK(has("cpu_util_simple"));
+    CHECK(has("memory_free"));
+    CHECK(has("disk_util"));
+  }
+  CHECK_THROWS_WITH_AS(dettrial::detail::SystemMetricsSampler({.interval = std::chrono::milliseconds(50)}),
+                       "the system metrics' sampling interval is 0.05 s; it must be at least 0.1 s", std::invalid_argument);
+  // The config's keys, checked where they are written.
+  CHECK_THROWS_WITH_AS(
+      ExperimentConfig::parse("profiling: {enabled: true, sampling_interval: 0.05}\n"),
+      "<string>:1:47: profiling.sampling_interval is 0.05 seconds; it must be at least 0.1 (as Determined's profiler requires)",
+      ConfigError);
+  const ExperimentConfig open = ExperimentConfig::parse("profiling: {enabled: true, begin_on_batch: 100}\n");
+  CHECK(open.profiling.last_traced_batch() == 109);
+  CHECK(open.profiling.sampling_interval == 1.0);
+  CHECK(open.profiling.samples_per_report == 10);
 }
 
 TEST_CASE("set_profiler's schedule acts at every step as torch.profiler.schedule does") {

@@ -99,14 +99,24 @@ class ExperimentConfig {
     /// memory while training goes on; false writes them in the step loop.
     bool async = true;
   } checkpoint_storage;
-  /// `profiling`: LibTorch's profiler over the global batches `begin_on_batch` to `end_after_batch`
-  /// (inclusive; unset: to the end of training), written as a Chrome trace; `sync_timings` waits for
-  /// the GPU at each phase so that per-phase timings are the GPU's, not the host's launch times.
+  /// `profiling`, as Determined means it: `enabled` samples the machine's system metrics on a thread
+  /// (CPU, memory, disk, network, and GPUs through NVML) for the whole run, and traces LibTorch's
+  /// operators over the global batches `begin_on_batch` to `end_after_batch` (inclusive; unset:
+  /// `default_traced_batches` batches, so that an open-ended section holds a bounded trace) as a
+  /// Chrome trace; `sync_timings` waits for the GPU at each phase so that per-phase timings are
+  /// the GPU's, not the host's launch times. `sampling_interval` (seconds, at least 0.1) and
+  /// `samples_per_report` (dettrial's keys: the arguments of Determined's `profiler.on()`) set how
+  /// often the machine is sampled and how many samples a report averages.
   struct Profiling {
+    static constexpr std::int64_t default_traced_batches = 10;
     bool enabled = false;
     std::int64_t begin_on_batch = 0;
     std::optional<std::int64_t> end_after_batch;
     bool sync_timings = true;
+    double sampling_interval = 1.0;
+    std::int64_t samples_per_report = 10;
+    /// The last batch traced: `end_after_batch`, or `default_traced_batches` from `begin_on_batch`.
+    std::int64_t last_traced_batch() const { return end_after_batch.value_or(begin_on_batch + default_traced_batches - 1); }
   } profiling;
   /// `slurm.sbatch_args`: the options a search run with `--launcher slurm` gives srun for each
   /// trial's job (--partition, --account, --time, --gres, ...).
@@ -163,6 +173,7 @@ class ExperimentConfig {
 #if DETTRIAL_HEADER_DEFINITIONS
 #include <fstream>
 #include <sstream>
+#include "../detail/text.hpp"
 
 // The reader of the document: one function per part, and the schema check. Internal: its one caller
 // is ExperimentConfig::from_yaml.
@@ -375,6 +386,14 @@ DETTRIAL_INLINE void detail::config_reader::read_profiling(const YAML::Node& pro
   r.read(prof, "enabled", p.enabled);
   r.read(prof, "begin_on_batch", p.begin_on_batch);
   r.read(prof, "sync_timings", p.sync_timings);
+  r.read(prof, "sampling_interval", p.sampling_interval);
+  r.read(prof, "samples_per_report", p.samples_per_report);
+  if (!(p.sampling_interval >= 0.1))
+    throw ConfigError(detail::where(prof["sampling_interval"], r.source) + ": profiling.sampling_interval is " +
+                      detail::number_text(p.sampling_interval) + " seconds; it must be at least 0.1 (as Determined's profiler requires)");
+  if (p.samples_per_report < 1)
+    throw ConfigError(detail::where(prof["samples_per_report"], r.source) + ": profiling.samples_per_report is " +
+                      std::to_string(p.samples_per_report) + "; it must be at least 1");
   if (p.begin_on_batch < 0)
     throw ConfigError(detail::where(prof["begin_on_batch"], r.source) + ": profiling.begin_on_batch must not be negative");
   if (const YAML::Node end = prof["end_after_batch"]; end && !end.IsNull()) {
@@ -581,7 +600,8 @@ DETTRIAL_INLINE void detail::config_reader::check_fields(const YAML::Node& root,
                                                                  "tensor_fusion_threshold",  "tensor_fusion_cycle_time",
                                                                  "auto_tune_tensor_fusion",  "grad_updates_size_file"};
   static const std::vector<std::string> reproducibility = {"experiment_seed", "deterministic", "rank_invariant"};
-  static const std::vector<std::string> profiling = {"enabled", "begin_on_batch", "end_after_batch", "sync_timings"};
+  static const std::vector<std::string> profiling = {"enabled",      "begin_on_batch",    "end_after_batch",
+                                                     "sync_timings", "sampling_interval", "samples_per_report"};
   static const std::vector<std::string> slurm = {"sbatch_args"};
   static const std::vector<std::string> mlflow = {"tracking_uri", "experiment_name", "run_name", "tags"};
   static const std::vector<std::string> slurm_cluster = {"slots_per_node", "gpu_type"};

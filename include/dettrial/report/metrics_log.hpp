@@ -29,6 +29,8 @@ class MetricsLog {
    * dropped first, with a torn last line, so that no report appears twice.
    */
   explicit MetricsLog(const std::filesystem::path& dir, std::optional<std::int64_t> resumed_at = std::nullopt);
+  /// The same for records of its own kind in `file` of `dir` (a node's system metrics).
+  MetricsLog(const std::filesystem::path& dir, const std::filesystem::path& file, std::optional<std::int64_t> resumed_at);
   bool enabled() const { return out_.is_open(); }
   const std::filesystem::path& path() const { return path_; }
   /// How many records opening it for a resume dropped.
@@ -63,7 +65,11 @@ class MetricsLog {
 namespace dettrial {
 
 DETTRIAL_INLINE MetricsLog::MetricsLog(const std::filesystem::path& dir, std::optional<std::int64_t> resumed_at)
-    : path_(RunFolder{dir}.metrics_log()) {
+    : MetricsLog(dir, RunFolder{dir}.metrics_log(), resumed_at) {}
+
+DETTRIAL_INLINE MetricsLog::MetricsLog(const std::filesystem::path& dir, const std::filesystem::path& file,
+                                       std::optional<std::int64_t> resumed_at)
+    : path_(file) {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) throw Error("cannot create output directory '" + dir.string() + "': " + ec.message());

@@ -2,7 +2,7 @@
 /// @file
 /// @brief LibTorch's profiler over training batches on a `torch.profiler.schedule`: set by
 /// `Context::set_profiler` (each cycle's trace where TensorBoard's profile plugin reads it), or by
-/// the config's `profiling` section (one range of batches, `trace.json`, for Perfetto or chrome://tracing).
+/// the config's `profiling` section (one bounded range of batches, `trace.json`, for Perfetto or chrome://tracing).
 #pragma once
 // IWYU pragma: private, include <dettrial/dettrial.hpp>
 
@@ -11,7 +11,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <limits>
 #include <filesystem>
 #include <memory>
 #include <optional>
@@ -49,15 +48,15 @@ class TraceProfiler {
   TraceProfiler(ProfilerOptions options, std::int64_t first_step_batch, TraceFiles files, bool cuda)
       : options_(std::move(options)), first_step_batch_(first_step_batch), files_(std::move(files)), cuda_(cuda), enabled_(true) {}
   /// The config's `profiling` section as a schedule: the global batches `begin_on_batch` to
-  /// `end_after_batch` (unset: to the end of training) recorded in one cycle, into `trace`. A resumed
-  /// run inside the range records the rest of it.
+  /// `last_traced_batch()` recorded in one cycle, into `trace`. A resumed run inside the range
+  /// records the rest of it. (LibTorch's profiler holds every event of a cycle in memory until the
+  /// cycle ends: an unbounded range would grow with the run.)
   static TraceProfiler for_section(const ExperimentConfig::Profiling& section, std::filesystem::path trace, bool cuda) {
     ProfilerOptions o;
     o.record_shapes = true;
     o.schedule = {.wait = 0,
                   .warmup = 0,
-                  .active = section.end_after_batch ? std::max<std::int64_t>(*section.end_after_batch - section.begin_on_batch + 1, 1)
-                                                    : std::numeric_limits<std::int64_t>::max() / 4,
+                  .active = std::max<std::int64_t>(section.last_traced_batch() - section.begin_on_batch + 1, 1),
                   .repeat = 1,
                   .skip_first = section.begin_on_batch};
     return TraceProfiler(std::move(o), 0, TraceFiles{std::move(trace), false}, cuda);

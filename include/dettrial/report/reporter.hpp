@@ -22,6 +22,7 @@
 #include "csv_log.hpp"
 #include "metrics_log.hpp"
 #include "progress.hpp"
+#include "system_metrics.hpp"
 #include "../detail/linkage.hpp"
 
 namespace dettrial::detail {
@@ -48,6 +49,10 @@ using LearningRates = std::vector<std::pair<std::string, double>>;
 /// The hyperparameters as TensorBoard's hparams dashboard lists them: nested ones by dotted name,
 /// numbers as numbers, true/false as booleans, lists and anything else as their YAML text.
 DETTRIAL_INLINE std::vector<std::pair<std::string, HParamValue>> flat_hparams(const Hyperparameters& hparams);
+
+/// A system metrics report as a metrics.jsonl record's fields: `time` (UTC, ISO 8601), each metric
+/// by Determined's name, and `gpu_util` and `gpu_free_memory` by GPU UUID.
+DETTRIAL_INLINE Json system_record(const SystemReport& report);
 
 /// What a fit reports, in the words and files users read: one object, so that new outlets (event
 /// files, a profiler) plug in here rather than into the loop.
@@ -86,6 +91,11 @@ class Reporter {
   /// whole write when synchronous), and its write went on `write_seconds` from there.
   void checkpoint(std::int64_t batches, std::int64_t epochs, const std::filesystem::path& path, double seconds, double write_seconds);
 
+  /// A report of the machine's system metrics (profiling.enabled), at `batches` trained: a
+  /// `{"type":"system"}` record, TensorBoard's `system/<metric>` (`system/gpu_util/<uuid>`) and
+  /// MLflow's. No terminal line.
+  void system(std::int64_t batches, std::int64_t epochs, const SystemReport& report);
+
   /// A run continued at `batches` on `ranks` ranks from a checkpoint written by `ranks_before`:
   /// restart `restart` of a launcher that restarted the job (0: resumed by hand).
   void restart(std::int64_t batches, std::int64_t epochs, std::int64_t ranks_before, std::int64_t ranks, std::int64_t restart);
@@ -107,6 +117,9 @@ class Reporter {
 
 // Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
 #if DETTRIAL_HEADER_DEFINITIONS
+#include <chrono>
+#include <ctime>
+
 namespace dettrial::detail {
 
 /// flat_hparams' recursion: the entries of `map`, their names prefixed.
@@ -250,6 +263,44 @@ DETTRIAL_INLINE void Reporter::checkpoint(std::int64_t batches, std::int64_t epo
   if (tensorboard_) {
     tensorboard_->add_scalar("timing/checkpoint_seconds", seconds, batches);
     tensorboard_->add_scalar("timing/checkpoint_write_seconds", write_seconds, batches);
+    tensorboard_->flush();
+  }
+}
+
+DETTRIAL_INLINE Json system_record(const SystemReport& report) {
+  const auto since_epoch = report.time.time_since_epoch();
+  const std::time_t seconds = std::chrono::duration_cast<std::chrono::seconds>(since_epoch).count();
+  const auto millis = std::chrono::duration_cast<std::chrono::milliseconds>(since_epoch).count() % 1000;
+  std::tm utc{};
+  ::gmtime_r(&seconds, &utc);
+  char time[40];
+  const std::size_t n = std::strftime(time, sizeof time, "%Y-%m-%dT%H:%M:%S", &utc);
+  std::snprintf(time + n, sizeof time - n, ".%03dZ", static_cast<int>(millis));
+  Json record = {{"time", time}};
+  for (const auto& [name, value] : report.values) record[name] = value;
+  if (!report.gpus.empty()) {
+    Json util = Json::object(), free_memory = Json::object();
+    for (const SystemReport::Gpu& gpu : report.gpus) {
+      util[gpu.uuid] = gpu.gpu_util;
+      free_memory[gpu.uuid] = gpu.gpu_free_memory;
+    }
+    record["gpu_util"] = std::move(util);
+    record["gpu_free_memory"] = std::move(free_memory);
+  }
+  return record;
+}
+
+DETTRIAL_INLINE void Reporter::system(std::int64_t batches, std::int64_t epochs, const SystemReport& report) {
+  log_.write("system", batches, epochs, MetricValues{}, system_record(report));
+  std::vector<std::pair<std::string, double>> values;
+  for (const auto& [name, value] : report.values) values.emplace_back("system/" + name, value);
+  for (const SystemReport::Gpu& gpu : report.gpus) {
+    values.emplace_back("system/gpu_util/" + gpu.uuid, gpu.gpu_util);
+    values.emplace_back("system/gpu_free_memory/" + gpu.uuid, gpu.gpu_free_memory);
+  }
+  if (mlflow_) mlflow_->log_metrics("system", batches, values);
+  if (tensorboard_) {
+    for (const auto& [tag, value] : values) tensorboard_->add_scalar(tag, value, batches);
     tensorboard_->flush();
   }
 }

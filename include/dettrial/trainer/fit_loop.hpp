@@ -195,6 +195,7 @@ DETTRIAL_INLINE FitResult FitLoop::fit(FitOptions options) {
   if (const auto* graph = std::get_if<capture::cuda_graph>(&options_.step_capture)) start_step_graph(*graph);
   const auto free_graph = on_scope_exit([&] { free_step_graph(); });
   announce(key_, context_, options_, schedule_, position_, outputs_.reporter());
+  outputs_.announce_system_metrics();
   if (const std::optional<std::string> data = describe_training_data()) outputs_.reporter().line("dettrial: training data: " + *data);
   outputs_.start_tensorboard_session(context_);
   const StopSignals signals(options_.handle_signals);
@@ -214,6 +215,7 @@ DETTRIAL_INLINE FitResult FitLoop::fit(FitOptions options) {
   }
   result_.batches_trained = position_.batches_trained();
   result_.epochs_trained = position_.epochs_trained();
+  outputs_.finish_system_metrics(result_.batches_trained, result_.epochs_trained);
   outputs_.end_as(result_.signal != 0 ? MlflowEnd::killed : MlflowEnd::finished);
   outputs_.write_report(context_, options_.output_dir);
   return std::move(result_);

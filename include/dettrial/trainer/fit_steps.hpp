@@ -173,12 +173,14 @@ inline void announce_profiling(Context& context, const FitOptions& o, std::int64
                   std::to_string(s.wait) + ", warmup " + std::to_string(s.warmup) + ", active " + std::to_string(s.active) + ", repeat " +
                   std::to_string(s.repeat) + ", from batch " + std::to_string(from_batch) + "); each cycle's trace in " +
                   RunFolder{o.output_dir}.tensorboard().string() +
-                  (o.profiling.enabled ? " (the config's profiling section is not used)" : ""));
+                  (o.profiling.enabled ? " (the config's profiling range is not used)" : ""));
   } else if (o.profiling.enabled)
-    reporter.line("dettrial: profiling batches " + std::to_string(o.profiling.begin_on_batch) + " to " +
-                  (o.profiling.end_after_batch ? std::to_string(*o.profiling.end_after_batch) : std::string("the end of training")) +
-                  " with LibTorch's profiler" + (synced ? ", timings synchronized with the GPU" : "") + "; trace in " +
-                  o.output_dir.string());
+    reporter.line(
+        "dettrial: profiling batches " + std::to_string(o.profiling.begin_on_batch) + " to " +
+        std::to_string(o.profiling.last_traced_batch()) +
+        (o.profiling.end_after_batch ? std::string()
+                                     : " (end_after_batch unset: " + std::to_string(o.profiling.default_traced_batches) + " batches)") +
+        " with LibTorch's profiler" + (synced ? ", timings synchronized with the GPU" : "") + "; trace in " + o.output_dir.string());
 }
 }  // namespace dettrial::detail::fit_steps
 

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 /// @file
 /// @brief detail::Outputs: what a fit writes besides checkpoints (the run folder's lock, the
-/// reporter, the profiler, TensorBoard's session, the MLflow run), opened together and ended
+/// reporter, the profiler, the system metrics, TensorBoard's session, the MLflow run), opened together and ended
 /// together. Compiled once in separate-compilation mode.
 #pragma once
 // IWYU pragma: private, include <dettrial/dettrial.hpp>
@@ -19,6 +19,7 @@
 #include "../detail/linkage.hpp"
 #include "../report/profiler.hpp"
 #include "../report/reporter.hpp"
+#include "../report/system_metrics.hpp"
 #include "../tracking/mlflow.hpp"
 #include "fit_options.hpp"
 
@@ -27,7 +28,8 @@ namespace dettrial::detail {
 /**
  * @brief A fit's outputs: on the chief, the run folder's lock (taken first, before anything there is
  * read or written), then the TensorBoard writer, the MLflow run and the reporter's metrics.jsonl;
- * on every rank the terminal lines and the profiler. close() (and the destructor) ends them in one
+ * on every rank the terminal lines and the profiler; on each node's first rank, with
+ * profiling.enabled, the system metrics' sampler. close() (and the destructor) ends them in one
  * place: the TensorBoard session and the MLflow run as the fit ended (end_as; failed unless told
  * otherwise), then the lock.
  */
@@ -57,6 +59,14 @@ class Outputs {
   /// One TensorBoard hparams session a folder: a resumed run's folder already starts one. It ends
   /// in close(), as the fit ended.
   DETTRIAL_INLINE void start_tensorboard_session(Context& context);
+  /// What the system metrics' sampler samples, and what it cannot (a line, once).
+  DETTRIAL_INLINE void announce_system_metrics();
+  /// Whether the sampler has reports waiting (an atomic load: asked after each batch).
+  bool system_metrics_ready() const noexcept { return system_metrics_.ready(); }
+  /// Writes the sampler's waiting reports, at `batches` trained.
+  DETTRIAL_INLINE void report_system_metrics(std::int64_t batches, std::int64_t epochs);
+  /// Stops the sampler and writes its last reports (training ended or stopped).
+  DETTRIAL_INLINE void finish_system_metrics(std::int64_t batches, std::int64_t epochs);
   /// The profiler's summary line, after a profiled range ended.
   DETTRIAL_INLINE void report_profile();
   /// Writes the trace when training ended (or stopped, after batch `last_batch`) inside the profiled range.
@@ -82,6 +92,9 @@ class Outputs {
   FolderLock folder_lock_{};
   Reporter reporter_{};
   TraceProfiler profiler_{};
+  SystemMetricsSampler system_metrics_{};
+  /// A node's system metrics on the first rank of a node other than the chief's.
+  MetricsLog node_system_log_{};
   std::unique_ptr<MlflowRun> mlflow_{};
   MlflowEnd ending_ = MlflowEnd::failed;
   /// The writer whose hparams session this fit started (ended in close()).
@@ -103,6 +116,7 @@ class Outputs {
 #include "../layout.hpp"
 #include "../report/html_report.hpp"
 #include "../report/runtime.hpp"
+#include "../detail/text.hpp"
 #include "../version.hpp"
 
 namespace dettrial::detail::outputs {
@@ -152,6 +166,8 @@ DETTRIAL_INLINE Outputs& Outputs::operator=(Outputs&& other) noexcept {
     folder_lock_ = std::move(other.folder_lock_);
     reporter_ = std::move(other.reporter_);
     profiler_ = std::move(other.profiler_);
+    system_metrics_ = std::move(other.system_metrics_);
+    node_system_log_ = std::move(other.node_system_log_);
     mlflow_ = std::move(other.mlflow_);
     ending_ = other.ending_;
     session_ = std::exchange(other.session_, nullptr);
@@ -188,6 +204,47 @@ DETTRIAL_INLINE void Outputs::open(Context& context, const FitOptions& options, 
     profiler_ = TraceProfiler::for_section(options.profiling, RunFolder{options.output_dir}.trace(rank), cuda);
     sync_timings_ = options.profiling.sync_timings && cuda;
   }
+  // The system metrics are the machine's: one sampler a node, on its first rank (as Determined's).
+  if (options.profiling.enabled && context.distributed().local_rank == 0) {
+    const std::filesystem::path disk = options.checkpoint_dir.empty() ? options.output_dir : options.checkpoint_dir;
+    system_metrics_ = SystemMetricsSampler({.interval = std::chrono::duration<double>(options.profiling.sampling_interval),
+                                            .samples_per_report = options.profiling.samples_per_report,
+                                            .disk = std::filesystem::exists(disk) ? disk : options.output_dir});
+    if (!chief)
+      node_system_log_ =
+          MetricsLog(options.output_dir, RunFolder{options.output_dir}.system_log(context.distributed().get_cross_rank()), continued_at);
+  }
+}
+
+DETTRIAL_INLINE void Outputs::announce_system_metrics() {
+  if (!system_metrics_.running()) return;
+  std::string line =
+      "dettrial: system metrics (profiling.enabled) sampled every " + detail::number_text(system_metrics_.interval_seconds()) +
+      " s, a report of " + std::to_string(system_metrics_.samples_per_report()) + " samples' averages in " +
+      (node_system_log_.enabled() ? node_system_log_.path().string() : std::string("metrics.jsonl and TensorBoard (system/*)"));
+  for (const std::string& note : system_metrics_.notes()) line += "; " + note;
+  reporter_.line(line);
+}
+
+DETTRIAL_INLINE void Outputs::report_system_metrics(std::int64_t batches, std::int64_t epochs) {
+  // A report that cannot be written is left out: the training goes on.
+  try {
+    for (const SystemReport& report : system_metrics_.take()) {
+      if (node_system_log_.enabled()) node_system_log_.write("system", batches, epochs, MetricValues{}, system_record(report));
+      else reporter_.system(batches, epochs, report);
+    }
+  } catch (const std::exception& e) {
+    reporter_.line(std::string("dettrial: warning: a system metrics report was not written: ") + e.what());
+  }
+}
+
+DETTRIAL_INLINE void Outputs::finish_system_metrics(std::int64_t batches, std::int64_t epochs) {
+  if (!system_metrics_.running()) return;
+  system_metrics_.stop();
+  report_system_metrics(batches, epochs);
+  if (const std::size_t dropped = system_metrics_.dropped(); dropped > 0)
+    reporter_.line("dettrial: warning: " + std::to_string(dropped) + " system metrics report(s) were dropped (none was taken for " +
+                   std::to_string(SystemMetricsSampler::max_queued) + " reports)");
 }
 
 DETTRIAL_INLINE void Outputs::start_tensorboard_session(Context& context) {
@@ -227,6 +284,7 @@ DETTRIAL_INLINE void Outputs::write_report(const Context& context, const std::fi
 }
 
 DETTRIAL_INLINE void Outputs::close() noexcept {
+  system_metrics_.stop();
   if (TensorBoardWriter* writer = std::exchange(session_, nullptr)) {
     try {
       writer->end_session(ending_ != MlflowEnd::failed);

@@ -206,6 +206,7 @@ class Run final : public FitLoop {
       train_batch(batches.take(), workload, batch_idx, epoch_idx, outputs_.sync_timings());
       position_.batch_trained();
       if (profiler.after_batch(batch_idx)) outputs_.report_profile();
+      if (outputs_.system_metrics_ready()) outputs_.report_system_metrics(position_.batches_trained(), position_.epochs_trained());
       if (epoch_end) {
         callbacks_.template call<hook::on_training_epoch_end>(epoch_idx);
         position_.epoch_trained();

@@ -79,6 +79,28 @@ DETTRIAL_INLINE std::string_view without_prefix(std::string_view name, std::init
   return name;
 }
 
+/// The title of the chart of a record's field: what it measures, in its units (empty: the name says it).
+DETTRIAL_INLINE std::string field_chart_title(std::string_view field) {
+  // The trainer's fields, and the system metrics' (profiling.enabled) in Determined's units.
+  static const std::pair<const char*, const char*> titles[] = {{"samples_per_second", "throughput (samples per second)"},
+                                                               {"seconds", "seconds (per report, by phase)"},
+                                                               {"lr", "learning rate"},
+                                                               {"learning_rates", "learning rate"},
+                                                               {"cpu_util_simple", "CPU utilization (percent of all cores)"},
+                                                               {"memory_free", "free memory (GB)"},
+                                                               {"disk_iops", "disk operations per second"},
+                                                               {"disk_throughput_read", "disk reads (bytes per second)"},
+                                                               {"disk_throughput_write", "disk writes (bytes per second)"},
+                                                               {"disk_util", "disk use (percent of the run folder's file system)"},
+                                                               {"net_throughput_sent", "network sent (bytes per second)"},
+                                                               {"net_throughput_recv", "network received (bytes per second)"},
+                                                               {"gpu_util", "GPU utilization (percent), by GPU"},
+                                                               {"gpu_free_memory", "GPU free memory (bytes), by GPU"}};
+  for (const auto& [name, title] : titles)
+    if (field == name) return title;
+  return {};
+}
+
 /// The charts of a run's records: its metrics first (`*metric_charts` of them), then every other
 /// numeric field.
 DETTRIAL_INLINE std::vector<Chart> run_charts(const std::vector<Json>& records, std::size_t* metric_charts_count = nullptr) {
@@ -142,11 +164,7 @@ DETTRIAL_INLINE std::vector<Chart> run_charts(const std::vector<Json>& records, 
       }
     }
   }
-  for (Chart& c : field_charts) {
-    if (c.name == "samples_per_second") c.title = "throughput (samples per second)";
-    else if (c.name == "seconds") c.title = "seconds (per report, by phase)";
-    else if (c.name == "lr" || c.name == "learning_rates") c.title = "learning rate";
-  }
+  for (Chart& c : field_charts) c.title = field_chart_title(c.name);
   if (metric_charts_count) *metric_charts_count = metric_charts.size();
   metric_charts.insert(metric_charts.end(), std::make_move_iterator(field_charts.begin()), std::make_move_iterator(field_charts.end()));
   return metric_charts;
