@@ -220,7 +220,7 @@ DETTRIAL_INLINE void Outputs::announce_system_metrics() {
   if (!system_metrics_.running()) return;
   std::string line =
       "dettrial: system metrics (profiling.enabled) sampled every " + detail::number_text(system_metrics_.interval_seconds()) +
-      " s, a report of " + std::to_string(system_metrics_.samples_per_report()) + " samples' averages in " +
+      " s, each report averaging " + std::to_string(system_metrics_.samples_per_report()) + " sample(s), into " +
       (node_system_log_.enabled() ? node_system_log_.path().string() : std::string("metrics.jsonl and TensorBoard (system/*)"));
   for (const std::string& note : system_metrics_.notes()) line += "; " + note;
   reporter_.line(line);
