@@ -762,3 +762,58 @@ TEST_CASE(
     }
   }
 }
+
+namespace {
+/// The regression trial at a few milliseconds a batch: long enough for the system metrics' sampler
+/// to report while it trains.
+struct UnhurriedRegression : test::DeclarativeRegression {
+  using DeclarativeRegression::DeclarativeRegression;
+  Metrics train_batch(test::Batch& b, torch::nn::Sequential& model, std::int64_t epoch_idx, std::int64_t batch_idx) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    return DeclarativeRegression::train_batch(b, model, epoch_idx, batch_idx);
+  }
+};
+
+/// The `system` records of a JSON-lines file.
+std::size_t system_records_in(const fs::path& file) {
+  std::ifstream in(file);
+  std::size_t n = 0;
+  for (std::string line; std::getline(in, line);)
+    n += line.find("\"type\":\"system\"") != std::string::npos && line.find("\"cpu_util_simple\"") != std::string::npos;
+  return n;
+}
+}  // namespace
+
+TEST_CASE("child process: a rank of a profiled job" * doctest::skip()) {
+  const LaunchEnvironment env = LaunchEnvironment::detect();
+  REQUIRE(env.distributed());
+  const fs::path dir = std::getenv("DETTRIAL_CHILD_DIR");
+  auto comm = Communicator::create(env, std::chrono::seconds(60), backend::gloo{});
+  test::Context context(test::hparams(), ContextOptions{.trial_seed = 9, .communicator = comm});
+  Trainer<UnhurriedRegression> trainer(context);
+  FitOptions o = test::quiet({.max_length = Batch(40)});
+  o.output_dir = dir / "run";
+  o.profiling = {.enabled = true, .end_after_batch = 1, .sampling_interval = 0.1, .samples_per_report = 1};
+  trainer.fit(o);
+}
+
+// Determined samples a machine once, on its first rank: on one node, the chief alone (into
+// metrics.jsonl); on two (each rank its node's first), node 1 too, into system.node1.jsonl.
+TEST_CASE("profiling.enabled in a job: each node's first rank samples its machine, the chief's node into metrics.jsonl" *
+          doctest::timeout(200)) {
+  if (test::skip_without_gloo()) return;
+  for (const bool two_nodes : {false, true}) {
+    CAPTURE(two_nodes);
+    const fs::path dir = test::quiet({}).output_dir;
+    fs::create_directories(dir);
+    test::run_ranks("child process: a rank of a profiled job", 2, dir,
+                    two_nodes ? std::vector<std::string>{"LOCAL_RANK=0", "LOCAL_WORLD_SIZE=1"} : std::vector<std::string>{});
+    CHECK(system_records_in(dir / "run" / "metrics.jsonl") >= 1);
+    CHECK(fs::exists(dir / "run" / "system.node1.jsonl") == two_nodes);
+    if (two_nodes) CHECK(system_records_in(dir / "run" / "system.node1.jsonl") >= 1);
+    // Every rank traces its own process.
+    CHECK(fs::exists(dir / "run" / "trace.json"));
+    CHECK(fs::exists(dir / "run" / "trace.rank1.json"));
+    fs::remove_all(dir);
+  }
+}
