@@ -3519,15 +3519,40 @@ DETTRIAL_INLINE torch::Tensor read_idx(const std::filesystem::path& path) {
   const int rank = magic[3];
   if (rank < 1) throw DataError("IDX file '" + name + "' declares no dimensions");
   std::vector<std::int64_t> dims(static_cast<std::size_t>(rank));
-  std::size_t count = 1;
+  // The header's sizes are checked before anything is allocated for them: a crafted file must not
+  // choose the size of an allocation. Its data is read in growing chunks, so the memory taken
+  // follows the bytes the file holds (a gzip file's size says nothing of its contents').
+  std::uint64_t count = 1, declared = 0;
+  bool overflow = false;
+  std::string shape;
   for (auto& d : dims) {
     std::array<unsigned char, 4> b{};
     read_exact(b.data(), 4, "header");
     d = (std::int64_t{b[0]} << 24) | (std::int64_t{b[1]} << 16) | (std::int64_t{b[2]} << 8) | std::int64_t{b[3]};
-    count *= static_cast<std::size_t>(d);
+    overflow = overflow || __builtin_mul_overflow(count, static_cast<std::uint64_t>(d), &count);
+    shape += (shape.empty() ? "" : " x ") + std::to_string(d);
   }
-  torch::Tensor out = torch::empty(dims, torch::TensorOptions().dtype(dtype));
-  read_exact(out.data_ptr(), count * element_size, "data");
+  overflow = overflow || __builtin_mul_overflow(count, element_size, &declared);
+  constexpr std::uint64_t largest = std::uint64_t{1} << 46;  // 64 TiB: more than any data set's file
+  if (overflow || declared > largest)
+    throw DataError("IDX file '" + name + "' declares " + shape + " elements: more data than an IDX file holds");
+  torch::Tensor data = torch::empty({static_cast<std::int64_t>(std::min<std::uint64_t>(declared, 1 << 24))}, torch::kUInt8);
+  std::uint64_t have = 0;
+  while (have < declared) {
+    if (have == static_cast<std::uint64_t>(data.numel()))
+      data.resize_({static_cast<std::int64_t>(std::min<std::uint64_t>(declared, 2 * have))});
+    const auto room = static_cast<unsigned>(std::min<std::uint64_t>(static_cast<std::uint64_t>(data.numel()) - have, 1u << 30));
+    const int got = gzread(file, data.data_ptr<std::uint8_t>() + have, room);
+    if (got < 0) {
+      int code = 0;
+      throw DataError("cannot read IDX file '" + name + "': " + gzerror(file, &code));
+    }
+    if (got == 0)
+      throw DataError("IDX file '" + name + "' is truncated: its data needs " + std::to_string(declared) + " bytes, found " +
+                      std::to_string(have));
+    have += static_cast<std::uint64_t>(got);
+  }
+  torch::Tensor out = data.view(dtype).reshape(dims);
   if (element_size > 1) {  // IDX is big-endian
     auto* bytes = static_cast<unsigned char*>(out.data_ptr());
     for (std::size_t i = 0; i < count; ++i) std::reverse(bytes + i * element_size, bytes + (i + 1) * element_size);
@@ -14484,11 +14509,86 @@ DETTRIAL_INLINE std::string encode_bytes(const std::string& utf8, const std::str
   return out;
 }
 
+/// The containers (lists, dicts, tuples) a value reaches, each once, without recursion: with the
+/// memo, a pickle can share one container many times (a value of 2^n paths in n opcodes) or make
+/// one hold itself. `visit(container)` sees each once, parents before children; `on_cycle` is told
+/// when a container is reached again while it is still being walked. Returns the longest chain of
+/// containers (1: a container of leaves; 0: no container), however they are shared.
+template <class Visit, class OnCycle>
+std::size_t walk_containers(const std::vector<const c10::IValue*>& roots, Visit visit, OnCycle on_cycle) {
+  struct Frame {
+    c10::IValue value;
+    std::vector<c10::IValue> children;
+    std::size_t next = 0;
+    std::size_t height = 1;
+  };
+  // A container's height once walked; 0 while it is on the walk's path.
+  std::unordered_map<const void*, std::size_t> heights;
+  std::vector<Frame> path;
+  const auto children_of = [](const c10::IValue& v) {
+    std::vector<c10::IValue> out;
+    if (v.isList()) {
+      const auto l = v.toList();
+      for (std::size_t i = 0; i < l.size(); ++i) out.push_back(l.get(i));
+    } else if (v.isGenericDict()) {
+      for (const auto& e : v.toGenericDict()) {
+        out.push_back(e.key());
+        out.push_back(e.value());
+      }
+    } else if (v.isTuple()) {
+      for (const c10::IValue& e : v.toTupleRef().elements()) out.push_back(e);
+    }
+    return out;
+  };
+  const auto is_container = [](const c10::IValue& v) { return v.isList() || v.isGenericDict() || v.isTuple(); };
+  std::size_t tallest = 0;
+  // Enters `v`, or returns the height it already has (0 on the path: a cycle).
+  const auto enter = [&](const c10::IValue& v) -> std::optional<std::size_t> {
+    const auto [it, fresh] = heights.try_emplace(v.internalToPointer(), 0);
+    if (!fresh) {
+      if (it->second == 0) on_cycle();
+      return it->second;
+    }
+    visit(v);
+    path.push_back({v, children_of(v), 0, 1});
+    return std::nullopt;
+  };
+  for (const c10::IValue* root : roots) {
+    if (!is_container(*root) || enter(*root)) continue;
+    while (!path.empty()) {
+      Frame& top = path.back();
+      if (top.next == top.children.size()) {
+        const std::size_t height = top.height;
+        heights[top.value.internalToPointer()] = height;
+        tallest = std::max(tallest, height);
+        path.pop_back();
+        if (!path.empty()) path.back().height = std::max(path.back().height, height + 1);
+        continue;
+      }
+      const c10::IValue child = top.children[top.next++];
+      if (!is_container(child)) continue;
+      if (const auto known = enter(child)) top.height = std::max(top.height, *known + 1);
+    }
+  }
+  return tallest;
+}
+
+/// How deep a pickle's containers may nest: state dicts nest a handful of levels; a deeper value
+/// would be freed, and read, by recursion as deep.
+inline constexpr std::size_t max_nesting = 100;
+
 /// The pickle machine: its stack, marks and memo, and the opcodes' effects.
 class Machine {
  public:
   Machine(std::string_view pickle, const PickleStorageLoader& storages, UnreadObjects unread)
       : in_(pickle), storages_(storages), unread_(unread) {}
+  Machine(const Machine&) = delete;
+  Machine& operator=(const Machine&) = delete;
+  /// A pickle refused halfway may have left containers holding themselves (through the memo):
+  /// every container it built is emptied, so none outlives the machine in a cycle.
+  ~Machine() {
+    if (!checked_) break_apart();
+  }
 
   c10::IValue run();
 
@@ -14581,6 +14681,8 @@ class Machine {
   std::unordered_map<std::uint64_t, c10::IValue> memo_;
   std::map<std::string, torch::Tensor> storage_cache_;
   std::optional<c10::IValue> result_;
+  bool checked_ = false;
+  void break_apart() noexcept;
 };
 
 DETTRIAL_INLINE c10::IValue Machine::global(const std::string& module, const std::string& name) {
@@ -14598,6 +14700,15 @@ DETTRIAL_INLINE c10::IValue Machine::call(const c10::IValue& callable, std::vect
     if (i >= args.size()) fail(name + " has too few arguments");
     return args[i];
   };
+  // An argument of the type the callable takes, or a refusal naming both (never LibTorch's
+  // "Expected Tensor but got ...").
+  const auto typed = [&](std::size_t i, bool is, const char* type) -> const c10::IValue& {
+    if (!is) fail(name + "'s argument " + std::to_string(i + 1) + " is not " + type);
+    return args[i];
+  };
+  const auto tensor_arg = [&](std::size_t i) { return typed(i, arg(i).isTensor(), "a tensor storage").toTensor(); };
+  const auto int_arg = [&](std::size_t i) { return typed(i, arg(i).isInt(), "an integer").toInt(); };
+  const auto text_arg = [&](std::size_t i) -> const std::string& { return typed(i, arg(i).isString(), "a text").toStringRef(); };
   if (name == "collections.OrderedDict") {
     c10::IValue d = new_dict();
     if (!args.empty()) {
@@ -14611,14 +14722,14 @@ DETTRIAL_INLINE c10::IValue Machine::call(const c10::IValue& callable, std::vect
     return d;
   }
   if (name == "torch._utils._rebuild_tensor_v2" || name == "torch._utils._rebuild_tensor") {
-    const torch::Tensor& storage = arg(0).toTensor();
+    const torch::Tensor storage = tensor_arg(0);
     const std::vector<std::int64_t> size = int_elements(arg(2), "a tensor's size"), stride = int_elements(arg(3), "a tensor's stride");
-    return storage.as_strided(size, stride, arg(1).toInt());
+    return storage.as_strided(size, stride, int_arg(1));
   }
   if (name == "torch._utils._rebuild_parameter" || name == "torch._utils._rebuild_parameter_with_state") return arg(0);
-  if (name == "_codecs.encode") return encode_bytes(arg(0).toStringRef(), args.size() > 1 ? arg(1).toStringRef() : "utf-8");
+  if (name == "_codecs.encode") return encode_bytes(text_arg(0), args.size() > 1 ? text_arg(1) : "utf-8");
   if (name == "numpy._core.multiarray._reconstruct") return object("numpy.ndarray");
-  if (name == "numpy.dtype") return object("numpy.dtype", {{"descr", arg(0).toStringRef()}, {"order", std::string("=")}});
+  if (name == "numpy.dtype") return object("numpy.dtype", {{"descr", text_arg(0)}, {"order", std::string("=")}});
   if (name == "numpy._core.multiarray.scalar") return numpy_scalar(args);
   if (name == "builtins.set" || name == "builtins.frozenset") return args.empty() ? list({}) : list(elements(arg(0), "a set's items"));
   if (name == "torch.device") return arg(0);
@@ -14649,6 +14760,7 @@ DETTRIAL_INLINE c10::IValue Machine::persistent_load(const c10::IValue& id) {
   const auto parts = elements(id, "a persistent id");
   if (parts.size() < 5 || !parts[0].isString() || parts[0].toStringRef() != "storage") fail("a persistent id other than a tensor storage");
   if (!storages_) fail("a tensor storage in a plain pickle (not a torch.save archive)");
+  if (!parts[2].isString() || !parts[4].isInt()) fail("a tensor storage's persistent id without its key and element count");
   const std::string key = parts[2].toStringRef();
   if (const auto it = storage_cache_.find(key); it != storage_cache_.end()) return it->second;
   if (kind_of(parts[1]) != "global") fail("a storage without its type");
@@ -14663,7 +14775,36 @@ DETTRIAL_INLINE c10::IValue Machine::run() {
     const auto op = static_cast<unsigned char>(in_[at_++]);
     if (!step(op)) fail("opcode 0x" + c10::str(std::hex, static_cast<int>(op)) + " is not one dettrial reads");
   }
+  // What Python's pickler writes of a state dict is a tree of shared leaves: a container that
+  // holds itself, or nesting deeper than max_nesting, is a crafted file.
+  bool cycle = false;
+  const std::size_t deepest = walk_containers({&*result_}, [](const c10::IValue&) {}, [&] { cycle = true; });
+  if (cycle) fail("a list, dict or tuple holds itself (a value Python's state dicts never are)");
+  if (deepest > max_nesting)
+    fail("lists, dicts and tuples nested " + std::to_string(deepest) + " deep, more than the " + std::to_string(max_nesting) +
+         " dettrial reads");
+  checked_ = true;
   return *result_;
+}
+
+DETTRIAL_INLINE void Machine::break_apart() noexcept {
+  try {
+    std::vector<const c10::IValue*> roots;
+    for (const c10::IValue& v : stack_) roots.push_back(&v);
+    for (const auto& [slot, v] : memo_) roots.push_back(&v);
+    if (result_) roots.push_back(&*result_);
+    // Held here while they are emptied, so that none is freed by recursion through the others.
+    std::vector<c10::IValue> containers;
+    walk_containers(roots, [&](const c10::IValue& v) { containers.push_back(v); }, [] {});
+    for (c10::IValue& v : containers) {
+      if (v.isList()) v.toList().clear();
+      else if (v.isGenericDict()) v.toGenericDict().clear();
+    }
+    stack_.clear();
+    memo_.clear();
+    result_.reset();
+  } catch (...) {
+  }
 }
 
 // One case per opcode, as the protocol's table reads.
@@ -14802,25 +14943,213 @@ DETTRIAL_INLINE c10::IValue unpickle(std::string_view pickle, const PickleStorag
 }
 
 DETTRIAL_INLINE std::optional<std::string> python_object_type(const c10::IValue& value) {
-  if (value.isGenericDict()) {
-    if (detail::pickle::kind_of(value) == detail::pickle::unread_kind) return detail::pickle::field(value, "name").toStringRef();
-    for (const auto& entry : value.toGenericDict())
-      if (auto found = python_object_type(entry.value())) return found;
-  } else if (value.isList()) {
-    const auto list = value.toList();
-    for (std::size_t i = 0; i < list.size(); ++i)
-      if (auto found = python_object_type(list.get(i))) return found;
-  } else if (value.isTuple()) {
-    for (const c10::IValue& element : value.toTupleRef().elements())
-      if (auto found = python_object_type(element)) return found;
-  }
-  return std::nullopt;
+  // Without recursion, each shared container once: a value can share one many times.
+  std::optional<std::string> found;
+  detail::pickle::walk_containers(
+      {&value},
+      [&](const c10::IValue& v) {
+        if (!found && detail::pickle::kind_of(v) == detail::pickle::unread_kind) found = detail::pickle::field(v, "name").toStringRef();
+      },
+      [] {});
+  return found;
 }
 
 }  // namespace dettrial::detail
 
 #endif  // DETTRIAL_HEADER_DEFINITIONS
 // ---- end dettrial/checkpoint/python_pickle.hpp
+// ---- begin dettrial/checkpoint/torch_archive.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief The zip container of a torch.save archive, checked before LibTorch's reader opens it:
+/// every record stored (not compressed) inside the file, named inside one folder, once.
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+
+namespace dettrial::detail {
+
+/// A record of a torch.save archive: its name and where its bytes lie in the file.
+struct ArchiveRecord {
+  std::string name;
+  std::uint64_t offset = 0;
+  std::uint64_t size = 0;
+};
+
+/**
+ * @brief The records of a torch.save archive's zip container (ZIP64 included), or a
+ * std::runtime_error saying what is wrong with it. torch.save writes each record stored, whole,
+ * inside one top folder; LibTorch's reader (miniz) trusts the sizes the central directory claims
+ * and allocates them before reading. Refused here, before it runs: a central directory that is
+ * missing, truncated or outside the file; a record that is compressed (a zip bomb's way: an
+ * allocation of any size from a few bytes), encrypted, split over disks, whose sizes disagree, or
+ * whose bytes lie outside the file; a name that is empty, absolute, climbs out (`..`), holds a
+ * backslash or a NUL, or is outside the archive's one top folder; a name given twice.
+ */
+DETTRIAL_INLINE std::vector<ArchiveRecord> torch_archive_records(std::string_view bytes);
+
+}  // namespace dettrial::detail
+
+// Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
+#if DETTRIAL_HEADER_DEFINITIONS
+#include <algorithm>
+#include <set>
+#include <stdexcept>
+
+namespace dettrial::detail::torch_archive {
+
+/// Little-endian fields at `at` of `bytes`, checked to lie inside it.
+class Fields {
+ public:
+  explicit Fields(std::string_view bytes) : bytes_(bytes) {}
+  std::uint64_t get(std::uint64_t at, int width, const char* what) const {
+    if (at > bytes_.size() || static_cast<std::uint64_t>(width) > bytes_.size() - at)
+      throw std::runtime_error(std::string("the zip container is truncated: its ") + what + " lies past the end of the file");
+    std::uint64_t v = 0;
+    for (int i = 0; i < width; ++i) v |= static_cast<std::uint64_t>(static_cast<unsigned char>(bytes_[at + i])) << (8 * i);
+    return v;
+  }
+  std::string_view text(std::uint64_t at, std::uint64_t n, const char* what) const {
+    if (at > bytes_.size() || n > bytes_.size() - at)
+      throw std::runtime_error(std::string("the zip container is truncated: its ") + what + " lies past the end of the file");
+    return bytes_.substr(at, n);
+  }
+  std::uint64_t size() const { return bytes_.size(); }
+
+ private:
+  std::string_view bytes_;
+};
+
+constexpr std::uint32_t end_signature = 0x06054b50, zip64_end_signature = 0x06064b50, zip64_locator_signature = 0x07064b50;
+constexpr std::uint32_t central_signature = 0x02014b50, local_signature = 0x04034b50;
+
+/// Why a record's name is refused, or nullptr.
+inline const char* bad_name(std::string_view name) {
+  if (name.empty()) return "is empty";
+  if (name.front() == '/') return "is absolute";
+  if (name.find('\\') != std::string_view::npos) return "holds a backslash";
+  if (name.find('\0') != std::string_view::npos) return "holds a NUL";
+  std::size_t start = 0;
+  while (start <= name.size()) {
+    const std::size_t end = std::min(name.find('/', start), name.size());
+    if (name.substr(start, end - start) == "..") return "climbs out of the archive ('..')";
+    start = end + 1;
+  }
+  return nullptr;
+}
+
+/// The central directory's place: {offset, size, entries}, from the end record (ZIP64's where its
+/// fields overflow).
+struct Directory {
+  std::uint64_t offset = 0, size = 0, entries = 0;
+};
+
+inline Directory find_directory(const Fields& f) {
+  // The end record is the last 22 bytes but for a comment of at most 65,535 bytes.
+  if (f.size() < 22) throw std::runtime_error("not a zip container (shorter than a zip's end record)");
+  std::uint64_t end = f.size() - 22;
+  const std::uint64_t lowest = f.size() > 22 + 65535 ? f.size() - 22 - 65535 : 0;
+  while (f.get(end, 4, "end record") != end_signature) {
+    if (end == lowest) throw std::runtime_error("not a zip container (no end of central directory record: a truncated file?)");
+    --end;
+  }
+  if (f.get(end + 4, 2, "end record") != 0 || f.get(end + 6, 2, "end record") != 0)
+    throw std::runtime_error("the zip container is split over several disks");
+  Directory d{f.get(end + 16, 4, "end record"), f.get(end + 12, 4, "end record"), f.get(end + 10, 2, "end record")};
+  if (d.offset == 0xFFFFFFFF || d.size == 0xFFFFFFFF || d.entries == 0xFFFF) {
+    if (end < 20 || f.get(end - 20, 4, "ZIP64 locator") != zip64_locator_signature)
+      throw std::runtime_error("the zip container's end record points to a ZIP64 record that is not there");
+    const std::uint64_t record = f.get(end - 20 + 8, 8, "ZIP64 locator");
+    if (f.get(record, 4, "ZIP64 end record") != zip64_end_signature)
+      throw std::runtime_error("the zip container's ZIP64 end record is not where its locator says");
+    d = {f.get(record + 48, 8, "ZIP64 end record"), f.get(record + 40, 8, "ZIP64 end record"), f.get(record + 32, 8, "ZIP64 end record")};
+    end = record;
+  }
+  if (d.offset > end || d.size > end - d.offset)
+    throw std::runtime_error("the zip container's central directory lies outside the file (a truncated file?)");
+  if (d.entries > d.size / 46) throw std::runtime_error("the zip container's central directory is shorter than its record count");
+  return d;
+}
+
+}  // namespace dettrial::detail::torch_archive
+
+namespace dettrial::detail {
+
+DETTRIAL_INLINE std::vector<ArchiveRecord> torch_archive_records(std::string_view bytes) {
+  namespace za = torch_archive;
+  const za::Fields f(bytes);
+  const za::Directory dir = za::find_directory(f);
+  std::vector<ArchiveRecord> records;
+  records.reserve(static_cast<std::size_t>(dir.entries));
+  std::set<std::string_view> names;
+  std::string_view folder;
+  std::uint64_t at = dir.offset;
+  for (std::uint64_t i = 0; i < dir.entries; ++i) {
+    if (f.get(at, 4, "central directory") != za::central_signature)
+      throw std::runtime_error("the zip container's central directory is damaged (entry " + std::to_string(i) + ")");
+    const std::uint64_t flags = f.get(at + 8, 2, "central directory"), method = f.get(at + 10, 2, "central directory");
+    std::uint64_t compressed = f.get(at + 20, 4, "central directory"), size = f.get(at + 24, 4, "central directory");
+    const std::uint64_t name_length = f.get(at + 28, 2, "central directory"), extra_length = f.get(at + 30, 2, "central directory");
+    const std::uint64_t comment_length = f.get(at + 32, 2, "central directory");
+    std::uint64_t disk = f.get(at + 34, 2, "central directory"), local = f.get(at + 42, 4, "central directory");
+    const std::string_view name = f.text(at + 46, name_length, "central directory");
+    const std::string shown = "record '" + std::string(name.substr(0, 200)) + "'";
+    // ZIP64's extra field holds, in order, each 32-bit field that overflowed.
+    const std::string_view extra = f.text(at + 46 + name_length, extra_length, "central directory");
+    for (std::size_t e = 0; e + 4 <= extra.size();) {
+      const za::Fields x(extra);
+      const std::uint64_t id = x.get(e, 2, "extra field"), length = x.get(e + 2, 2, "extra field");
+      if (id == 0x0001) {
+        std::uint64_t p = e + 4;
+        for (std::uint64_t* field : {&size, &compressed, &local}) {
+          if (*field == 0xFFFFFFFF && p + 8 <= e + 4 + length) {
+            *field = x.get(p, 8, "ZIP64 extra field");
+            p += 8;
+          }
+        }
+        if (disk == 0xFFFF && p + 4 <= e + 4 + length) disk = x.get(p, 4, "ZIP64 extra field");
+      }
+      e += 4 + length;
+    }
+    if (const char* why = za::bad_name(name)) throw std::runtime_error("the zip container's " + shown + " " + why);
+    const std::string_view top = name.substr(0, name.find('/'));
+    if (i == 0) folder = top;
+    if (top == name || top != folder)
+      throw std::runtime_error("the zip container's " + shown + " is not inside the archive's folder '" + std::string(folder) +
+                               "/' (torch.save writes every record there)");
+    if (!names.insert(name).second) throw std::runtime_error("the zip container names " + shown + " twice");
+    if (flags & 1) throw std::runtime_error("the zip container's " + shown + " is encrypted");
+    if (method != 0)
+      throw std::runtime_error("the zip container's " + shown + " is compressed (method " + std::to_string(method) +
+                               "): torch.save stores records uncompressed, and a compressed one could inflate to any size");
+    if (compressed != size)
+      throw std::runtime_error("the zip container's " + shown + " claims " + std::to_string(size) + " bytes stored in " +
+                               std::to_string(compressed));
+    if (disk != 0) throw std::runtime_error("the zip container is split over several disks");
+    // The record's bytes follow its local header, and lie before the central directory.
+    if (f.get(local, 4, "local header") != za::local_signature)
+      throw std::runtime_error("the zip container's " + shown + " has no local header where the central directory says");
+    const std::uint64_t local_name = f.get(local + 26, 2, "local header"), local_extra = f.get(local + 28, 2, "local header");
+    if (f.text(local + 30, local_name, "local header") != name)
+      throw std::runtime_error("the zip container's " + shown + " has another name in its local header");
+    const std::uint64_t data = local + 30 + local_name + local_extra;
+    if (data > dir.offset || size > dir.offset - data)
+      throw std::runtime_error("the zip container's " + shown + " claims " + std::to_string(size) +
+                               " bytes, more than the file holds before its central directory");
+    records.push_back({std::string(name), data, size});
+    at += 46 + name_length + extra_length + comment_length;
+  }
+  if (at > dir.offset + dir.size) throw std::runtime_error("the zip container's central directory is longer than its end record says");
+  return records;
+}
+
+}  // namespace dettrial::detail
+
+#endif  // DETTRIAL_HEADER_DEFINITIONS
+// ---- end dettrial/checkpoint/torch_archive.hpp
 
 namespace dettrial::detail {
 
@@ -14962,6 +15291,13 @@ DETTRIAL_INLINE std::string pickle_bytes(const c10::IValue& value) {
 
 DETTRIAL_INLINE c10::IValue unpickle_archive(const std::string& bytes, const std::filesystem::path& file, UnreadObjects unread) {
   try {
+    // The container is checked before LibTorch's reader trusts its sizes (torch_archive.hpp).
+    const std::vector<ArchiveRecord> records = torch_archive_records(bytes);
+    const std::string folder = records.empty() ? std::string() : records.front().name.substr(0, records.front().name.find('/') + 1);
+    const auto has = [&](const std::string& name) {
+      return std::any_of(records.begin(), records.end(), [&](const ArchiveRecord& r) { return r.name == folder + name; });
+    };
+    if (!has("data.pkl")) throw std::runtime_error("it has no data.pkl record (a zip, but not one torch.save wrote)");
     std::istringstream stream(bytes);
     caffe2::serialize::PyTorchStreamReader reader(&stream);
     auto [pickle_data, pickle_size] = reader.getRecord("data.pkl");

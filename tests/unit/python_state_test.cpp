@@ -1098,3 +1098,146 @@ TEST_CASE("python state: update_bn recomputes BatchNorm's statistics as Python's
   }
   CHECK(bn->num_batches_tracked.item<std::int64_t>() == 5);
 }
+
+namespace {
+/// A pickle of protocol 2 calling `module.name` with one text argument (what an attack does).
+std::string reduce_call(const std::string& module, const std::string& name, const std::string& argument) {
+  std::string text(4, '\0');
+  text[0] = static_cast<char>(argument.size());
+  return std::string("\x80\x02") + "c" + module + "\n" + name + "\nX" + text + argument + "\x85" + "R.";
+}
+
+/// The offset of the central directory entry of record `name` in a zip.
+std::size_t central_entry(const std::string& zip, const std::string& name) {
+  for (std::size_t at = zip.find("PK\x01\x02"); at != std::string::npos; at = zip.find("PK\x01\x02", at + 4)) {
+    const std::size_t length = static_cast<unsigned char>(zip[at + 28]) | (static_cast<unsigned char>(zip[at + 29]) << 8);
+    if (zip.compare(at + 46, length, name) == 0) return at;
+  }
+  FAIL("no central directory entry for " << name);
+  return 0;
+}
+
+void put32(std::string& bytes, std::size_t at, std::uint32_t value) {
+  for (int i = 0; i < 4; ++i) bytes[at + i] = static_cast<char>((value >> (8 * i)) & 0xff);
+}
+
+/// A torch.save archive of two tensors, as LibTorch's writer (torch.save's) writes it.
+std::string two_tensor_archive() {
+  c10::impl::GenericDict d(c10::StringType::get(), c10::AnyType::get());
+  d.insert("w", torch::ones({4}));
+  d.insert("b", torch::zeros({2}));
+  return dettrial::detail::pickle_archive(d);
+}
+
+/// Replaces every occurrence of `from` (the central directory's and the local header's) with `to`, of its length.
+std::string renamed(std::string zip, const std::string& from, const std::string& to) {
+  REQUIRE(from.size() == to.size());
+  for (std::size_t at = zip.find(from); at != std::string::npos; at = zip.find(from, at + 1)) zip.replace(at, from.size(), to);
+  return zip;
+}
+
+std::string archive_error(const std::string& bytes) {
+  try {
+    (void)dettrial::detail::unpickle_archive(bytes, "hostile.pth");
+  } catch (const CheckpointError& e) {
+    return e.what();
+  }
+  return "read";
+}
+}  // namespace
+
+// Each attack on the pickle machine, refused in one line naming it, with nothing run.
+TEST_CASE(
+    "python pickle: hostile pickles (calls of os.system, builtins.eval, subprocess.Popen, containers that hold themselves, "
+    "deep nesting, a value shared 2^40 times) are refused or read in bounded time") {
+  for (const auto& [module, name] : {std::pair{"os", "system"}, std::pair{"builtins", "eval"}, std::pair{"subprocess", "Popen"},
+                                     std::pair{"posix", "system"}, std::pair{"builtins", "getattr"}}) {
+    CAPTURE(name);
+    const std::string expected = std::string("'") + module + "." + name + "', which dettrial does not read";
+    CHECK_THROWS_WITH_AS(dettrial::detail::unpickle(reduce_call(module, name, "echo")), doctest::Contains(expected.c_str()),
+                         std::runtime_error);
+  }
+  // torch's rebuild function called on something that is not a storage.
+  const std::string rebuild = std::string("\x80\x02") + "ctorch._utils\n_rebuild_tensor_v2\n(" + "cos\nsystem\n" + std::string("K\x00", 2) +
+                              "K\x01\x85" + "K\x01\x85" + "\x89" + "ccollections\nOrderedDict\n)R" + "tR.";
+  CHECK_THROWS_WITH_AS(dettrial::detail::unpickle(rebuild),
+                       doctest::Contains("torch._utils._rebuild_tensor_v2's argument 1 is not a tensor storage"), std::runtime_error);
+  // A list and a dict that hold themselves through the memo (l = []; l.append(l)).
+  CHECK_THROWS_WITH_AS(dettrial::detail::unpickle(std::string("\x80\x02]q\x00h\x00"
+                                                              "a.",
+                                                              9)),
+                       doctest::Contains("a list, dict or tuple holds itself"), std::runtime_error);
+  CHECK_THROWS_WITH_AS(dettrial::detail::unpickle(std::string("\x80\x02}q\x00X\x01\x00\x00\x00"
+                                                              "ah\x00s.",
+                                                              15)),
+                       doctest::Contains("a list, dict or tuple holds itself"), std::runtime_error);
+  // 1,000 lists each in the last: refused, and freed without a recursion 1,000 deep.
+  std::string deep = "\x80\x02";
+  for (int i = 0; i < 1000; ++i) deep += "]";
+  for (int i = 0; i < 999; ++i) deep += "a";
+  deep += ".";
+  CHECK_THROWS_WITH_AS(dettrial::detail::unpickle(deep), doctest::Contains("nested 1000 deep, more than the 100 dettrial reads"),
+                       std::runtime_error);
+  // A tuple of the same tuple twice, 40 times over (2^40 paths to its leaf): read, and searched for
+  // unread objects once per container.
+  std::string shared = std::string("\x80\x02") + "K\x01";
+  for (int i = 0; i < 40; ++i) shared += "q\x00h\x00\x86";
+  shared += ".";
+  const c10::IValue value = dettrial::detail::unpickle(shared);
+  CHECK(!dettrial::detail::python_object_type(value).has_value());
+}
+
+// A torch.save archive's zip container, each way it can lie, refused before LibTorch's reader
+// trusts it; each refusal one line.
+TEST_CASE(
+    "python pickle: hostile torch.save archives (path traversal, duplicate names, lying sizes, compression, a truncated "
+    "directory, 2^62 elements) are refused in one line before any allocation they ask for") {
+  const std::string whole = two_tensor_archive();
+  REQUIRE(archive_error(whole) == "read");
+  const std::string folder = whole.substr(30, whole.find('/', 30) - 30);  // the first local header's name
+  CAPTURE(folder);
+  const std::string prefix = "cannot read 'hostile.pth' as a torch.save archive: the zip container";
+  CHECK(archive_error(renamed(whole, folder + "/data/1", folder + "/../d/1")) ==
+        prefix + "'s record '" + folder + "/../d/1' climbs out of the archive ('..')");
+  CHECK(archive_error(renamed(whole, folder + "/data/1", "/" + folder.substr(1) + "/data/1")) ==
+        prefix + "'s record '/" + folder.substr(1) + "/data/1' is absolute");
+  CHECK(archive_error(renamed(whole, folder + "/data/1", folder + "/data/0")) == prefix + " names record '" + folder + "/data/0' twice");
+  std::string compressed = whole;
+  compressed[central_entry(whole, folder + "/data/0") + 10] = 8;  // deflate
+  CHECK(archive_error(compressed) ==
+        prefix + "'s record '" + folder +
+            "/data/0' is compressed (method 8): torch.save stores records uncompressed, and a compressed one could inflate to any size");
+  std::string disagreeing = whole;
+  put32(disagreeing, central_entry(whole, folder + "/data/0") + 20, 1);  // compressed size
+  CHECK(archive_error(disagreeing) == prefix + "'s record '" + folder + "/data/0' claims 16 bytes stored in 1");
+  std::string huge = whole;
+  put32(huge, central_entry(whole, folder + "/data/0") + 20, 0x7fffffff);
+  put32(huge, central_entry(whole, folder + "/data/0") + 24, 0x7fffffff);
+  CHECK(archive_error(huge) ==
+        prefix + "'s record '" + folder + "/data/0' claims 2147483647 bytes, more than the file holds before its central directory");
+  const std::size_t directory = whole.find("PK\x01\x02");
+  CHECK(archive_error(whole.substr(0, directory + 30)) ==
+        "cannot read 'hostile.pth' as a torch.save archive: not a zip container (no end of central directory record: a truncated file?)");
+  CHECK(archive_error(whole.substr(0, 10)) ==
+        "cannot read 'hostile.pth' as a torch.save archive: not a zip container (shorter than a zip's end record)");
+  // A storage of 2^62 elements, asked for by the pickle of a well-formed archive.
+  std::istringstream in(whole);
+  caffe2::serialize::PyTorchStreamReader reader(&in);
+  auto [pickled, pickled_size] = reader.getRecord("data.pkl");
+  std::string pickle(static_cast<const char*>(pickled.get()), pickled_size);
+  const auto count = pickle.find(std::string("K\x04", 2), pickle.find("cpu"));
+  REQUIRE(count != std::string::npos);
+  pickle.replace(count, 2, std::string("\x8a\x08\x00\x00\x00\x00\x00\x00\x00\x40", 10));
+  std::string crafted;
+  caffe2::serialize::PyTorchStreamWriter writer([&](const void* data, std::size_t n) {
+    crafted.append(static_cast<const char*>(data), n);
+    return n;
+  });
+  writer.writeRecord("data.pkl", pickle.data(), pickle.size());
+  for (const char* record : {"data/0", "data/1"}) {
+    auto [storage, storage_size] = reader.getRecord(record);
+    writer.writeRecord(record, storage.get(), storage_size);
+  }
+  writer.writeEndOfFile();
+  CHECK(archive_error(crafted).find("holds 16 bytes where 4611686018427387904 of 4 bytes are needed") != std::string::npos);
+}

@@ -210,11 +210,86 @@ DETTRIAL_INLINE std::string encode_bytes(const std::string& utf8, const std::str
   return out;
 }
 
+/// The containers (lists, dicts, tuples) a value reaches, each once, without recursion: with the
+/// memo, a pickle can share one container many times (a value of 2^n paths in n opcodes) or make
+/// one hold itself. `visit(container)` sees each once, parents before children; `on_cycle` is told
+/// when a container is reached again while it is still being walked. Returns the longest chain of
+/// containers (1: a container of leaves; 0: no container), however they are shared.
+template <class Visit, class OnCycle>
+std::size_t walk_containers(const std::vector<const c10::IValue*>& roots, Visit visit, OnCycle on_cycle) {
+  struct Frame {
+    c10::IValue value;
+    std::vector<c10::IValue> children;
+    std::size_t next = 0;
+    std::size_t height = 1;
+  };
+  // A container's height once walked; 0 while it is on the walk's path.
+  std::unordered_map<const void*, std::size_t> heights;
+  std::vector<Frame> path;
+  const auto children_of = [](const c10::IValue& v) {
+    std::vector<c10::IValue> out;
+    if (v.isList()) {
+      const auto l = v.toList();
+      for (std::size_t i = 0; i < l.size(); ++i) out.push_back(l.get(i));
+    } else if (v.isGenericDict()) {
+      for (const auto& e : v.toGenericDict()) {
+        out.push_back(e.key());
+        out.push_back(e.value());
+      }
+    } else if (v.isTuple()) {
+      for (const c10::IValue& e : v.toTupleRef().elements()) out.push_back(e);
+    }
+    return out;
+  };
+  const auto is_container = [](const c10::IValue& v) { return v.isList() || v.isGenericDict() || v.isTuple(); };
+  std::size_t tallest = 0;
+  // Enters `v`, or returns the height it already has (0 on the path: a cycle).
+  const auto enter = [&](const c10::IValue& v) -> std::optional<std::size_t> {
+    const auto [it, fresh] = heights.try_emplace(v.internalToPointer(), 0);
+    if (!fresh) {
+      if (it->second == 0) on_cycle();
+      return it->second;
+    }
+    visit(v);
+    path.push_back({v, children_of(v), 0, 1});
+    return std::nullopt;
+  };
+  for (const c10::IValue* root : roots) {
+    if (!is_container(*root) || enter(*root)) continue;
+    while (!path.empty()) {
+      Frame& top = path.back();
+      if (top.next == top.children.size()) {
+        const std::size_t height = top.height;
+        heights[top.value.internalToPointer()] = height;
+        tallest = std::max(tallest, height);
+        path.pop_back();
+        if (!path.empty()) path.back().height = std::max(path.back().height, height + 1);
+        continue;
+      }
+      const c10::IValue child = top.children[top.next++];
+      if (!is_container(child)) continue;
+      if (const auto known = enter(child)) top.height = std::max(top.height, *known + 1);
+    }
+  }
+  return tallest;
+}
+
+/// How deep a pickle's containers may nest: state dicts nest a handful of levels; a deeper value
+/// would be freed, and read, by recursion as deep.
+inline constexpr std::size_t max_nesting = 100;
+
 /// The pickle machine: its stack, marks and memo, and the opcodes' effects.
 class Machine {
  public:
   Machine(std::string_view pickle, const PickleStorageLoader& storages, UnreadObjects unread)
       : in_(pickle), storages_(storages), unread_(unread) {}
+  Machine(const Machine&) = delete;
+  Machine& operator=(const Machine&) = delete;
+  /// A pickle refused halfway may have left containers holding themselves (through the memo):
+  /// every container it built is emptied, so none outlives the machine in a cycle.
+  ~Machine() {
+    if (!checked_) break_apart();
+  }
 
   c10::IValue run();
 
@@ -307,6 +382,8 @@ class Machine {
   std::unordered_map<std::uint64_t, c10::IValue> memo_;
   std::map<std::string, torch::Tensor> storage_cache_;
   std::optional<c10::IValue> result_;
+  bool checked_ = false;
+  void break_apart() noexcept;
 };
 
 DETTRIAL_INLINE c10::IValue Machine::global(const std::string& module, const std::string& name) {
@@ -324,6 +401,15 @@ DETTRIAL_INLINE c10::IValue Machine::call(const c10::IValue& callable, std::vect
     if (i >= args.size()) fail(name + " has too few arguments");
     return args[i];
   };
+  // An argument of the type the callable takes, or a refusal naming both (never LibTorch's
+  // "Expected Tensor but got ...").
+  const auto typed = [&](std::size_t i, bool is, const char* type) -> const c10::IValue& {
+    if (!is) fail(name + "'s argument " + std::to_string(i + 1) + " is not " + type);
+    return args[i];
+  };
+  const auto tensor_arg = [&](std::size_t i) { return typed(i, arg(i).isTensor(), "a tensor storage").toTensor(); };
+  const auto int_arg = [&](std::size_t i) { return typed(i, arg(i).isInt(), "an integer").toInt(); };
+  const auto text_arg = [&](std::size_t i) -> const std::string& { return typed(i, arg(i).isString(), "a text").toStringRef(); };
   if (name == "collections.OrderedDict") {
     c10::IValue d = new_dict();
     if (!args.empty()) {
@@ -337,14 +423,14 @@ DETTRIAL_INLINE c10::IValue Machine::call(const c10::IValue& callable, std::vect
     return d;
   }
   if (name == "torch._utils._rebuild_tensor_v2" || name == "torch._utils._rebuild_tensor") {
-    const torch::Tensor& storage = arg(0).toTensor();
+    const torch::Tensor storage = tensor_arg(0);
     const std::vector<std::int64_t> size = int_elements(arg(2), "a tensor's size"), stride = int_elements(arg(3), "a tensor's stride");
-    return storage.as_strided(size, stride, arg(1).toInt());
+    return storage.as_strided(size, stride, int_arg(1));
   }
   if (name == "torch._utils._rebuild_parameter" || name == "torch._utils._rebuild_parameter_with_state") return arg(0);
-  if (name == "_codecs.encode") return encode_bytes(arg(0).toStringRef(), args.size() > 1 ? arg(1).toStringRef() : "utf-8");
+  if (name == "_codecs.encode") return encode_bytes(text_arg(0), args.size() > 1 ? text_arg(1) : "utf-8");
   if (name == "numpy._core.multiarray._reconstruct") return object("numpy.ndarray");
-  if (name == "numpy.dtype") return object("numpy.dtype", {{"descr", arg(0).toStringRef()}, {"order", std::string("=")}});
+  if (name == "numpy.dtype") return object("numpy.dtype", {{"descr", text_arg(0)}, {"order", std::string("=")}});
   if (name == "numpy._core.multiarray.scalar") return numpy_scalar(args);
   if (name == "builtins.set" || name == "builtins.frozenset") return args.empty() ? list({}) : list(elements(arg(0), "a set's items"));
   if (name == "torch.device") return arg(0);
@@ -375,6 +461,7 @@ DETTRIAL_INLINE c10::IValue Machine::persistent_load(const c10::IValue& id) {
   const auto parts = elements(id, "a persistent id");
   if (parts.size() < 5 || !parts[0].isString() || parts[0].toStringRef() != "storage") fail("a persistent id other than a tensor storage");
   if (!storages_) fail("a tensor storage in a plain pickle (not a torch.save archive)");
+  if (!parts[2].isString() || !parts[4].isInt()) fail("a tensor storage's persistent id without its key and element count");
   const std::string key = parts[2].toStringRef();
   if (const auto it = storage_cache_.find(key); it != storage_cache_.end()) return it->second;
   if (kind_of(parts[1]) != "global") fail("a storage without its type");
@@ -389,7 +476,36 @@ DETTRIAL_INLINE c10::IValue Machine::run() {
     const auto op = static_cast<unsigned char>(in_[at_++]);
     if (!step(op)) fail("opcode 0x" + c10::str(std::hex, static_cast<int>(op)) + " is not one dettrial reads");
   }
+  // What Python's pickler writes of a state dict is a tree of shared leaves: a container that
+  // holds itself, or nesting deeper than max_nesting, is a crafted file.
+  bool cycle = false;
+  const std::size_t deepest = walk_containers({&*result_}, [](const c10::IValue&) {}, [&] { cycle = true; });
+  if (cycle) fail("a list, dict or tuple holds itself (a value Python's state dicts never are)");
+  if (deepest > max_nesting)
+    fail("lists, dicts and tuples nested " + std::to_string(deepest) + " deep, more than the " + std::to_string(max_nesting) +
+         " dettrial reads");
+  checked_ = true;
   return *result_;
+}
+
+DETTRIAL_INLINE void Machine::break_apart() noexcept {
+  try {
+    std::vector<const c10::IValue*> roots;
+    for (const c10::IValue& v : stack_) roots.push_back(&v);
+    for (const auto& [slot, v] : memo_) roots.push_back(&v);
+    if (result_) roots.push_back(&*result_);
+    // Held here while they are emptied, so that none is freed by recursion through the others.
+    std::vector<c10::IValue> containers;
+    walk_containers(roots, [&](const c10::IValue& v) { containers.push_back(v); }, [] {});
+    for (c10::IValue& v : containers) {
+      if (v.isList()) v.toList().clear();
+      else if (v.isGenericDict()) v.toGenericDict().clear();
+    }
+    stack_.clear();
+    memo_.clear();
+    result_.reset();
+  } catch (...) {
+  }
 }
 
 // One case per opcode, as the protocol's table reads.
@@ -528,19 +644,15 @@ DETTRIAL_INLINE c10::IValue unpickle(std::string_view pickle, const PickleStorag
 }
 
 DETTRIAL_INLINE std::optional<std::string> python_object_type(const c10::IValue& value) {
-  if (value.isGenericDict()) {
-    if (detail::pickle::kind_of(value) == detail::pickle::unread_kind) return detail::pickle::field(value, "name").toStringRef();
-    for (const auto& entry : value.toGenericDict())
-      if (auto found = python_object_type(entry.value())) return found;
-  } else if (value.isList()) {
-    const auto list = value.toList();
-    for (std::size_t i = 0; i < list.size(); ++i)
-      if (auto found = python_object_type(list.get(i))) return found;
-  } else if (value.isTuple()) {
-    for (const c10::IValue& element : value.toTupleRef().elements())
-      if (auto found = python_object_type(element)) return found;
-  }
-  return std::nullopt;
+  // Without recursion, each shared container once: a value can share one many times.
+  std::optional<std::string> found;
+  detail::pickle::walk_containers(
+      {&value},
+      [&](const c10::IValue& v) {
+        if (!found && detail::pickle::kind_of(v) == detail::pickle::unread_kind) found = detail::pickle::field(v, "name").toStringRef();
+      },
+      [] {});
+  return found;
 }
 
 }  // namespace dettrial::detail

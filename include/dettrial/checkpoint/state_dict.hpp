@@ -27,6 +27,7 @@
 #include "../optim/muon.hpp"
 #include "../detail/text.hpp"
 #include "python_pickle.hpp"
+#include "torch_archive.hpp"
 #include "../detail/linkage.hpp"
 
 namespace dettrial::detail {
@@ -169,6 +170,13 @@ DETTRIAL_INLINE std::string pickle_bytes(const c10::IValue& value) {
 
 DETTRIAL_INLINE c10::IValue unpickle_archive(const std::string& bytes, const std::filesystem::path& file, UnreadObjects unread) {
   try {
+    // The container is checked before LibTorch's reader trusts its sizes (torch_archive.hpp).
+    const std::vector<ArchiveRecord> records = torch_archive_records(bytes);
+    const std::string folder = records.empty() ? std::string() : records.front().name.substr(0, records.front().name.find('/') + 1);
+    const auto has = [&](const std::string& name) {
+      return std::any_of(records.begin(), records.end(), [&](const ArchiveRecord& r) { return r.name == folder + name; });
+    };
+    if (!has("data.pkl")) throw std::runtime_error("it has no data.pkl record (a zip, but not one torch.save wrote)");
     std::istringstream stream(bytes);
     caffe2::serialize::PyTorchStreamReader reader(&stream);
     auto [pickle_data, pickle_size] = reader.getRecord("data.pkl");

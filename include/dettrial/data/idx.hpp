@@ -98,15 +98,40 @@ DETTRIAL_INLINE torch::Tensor read_idx(const std::filesystem::path& path) {
   const int rank = magic[3];
   if (rank < 1) throw DataError("IDX file '" + name + "' declares no dimensions");
   std::vector<std::int64_t> dims(static_cast<std::size_t>(rank));
-  std::size_t count = 1;
+  // The header's sizes are checked before anything is allocated for them: a crafted file must not
+  // choose the size of an allocation. Its data is read in growing chunks, so the memory taken
+  // follows the bytes the file holds (a gzip file's size says nothing of its contents').
+  std::uint64_t count = 1, declared = 0;
+  bool overflow = false;
+  std::string shape;
   for (auto& d : dims) {
     std::array<unsigned char, 4> b{};
     read_exact(b.data(), 4, "header");
     d = (std::int64_t{b[0]} << 24) | (std::int64_t{b[1]} << 16) | (std::int64_t{b[2]} << 8) | std::int64_t{b[3]};
-    count *= static_cast<std::size_t>(d);
+    overflow = overflow || __builtin_mul_overflow(count, static_cast<std::uint64_t>(d), &count);
+    shape += (shape.empty() ? "" : " x ") + std::to_string(d);
   }
-  torch::Tensor out = torch::empty(dims, torch::TensorOptions().dtype(dtype));
-  read_exact(out.data_ptr(), count * element_size, "data");
+  overflow = overflow || __builtin_mul_overflow(count, element_size, &declared);
+  constexpr std::uint64_t largest = std::uint64_t{1} << 46;  // 64 TiB: more than any data set's file
+  if (overflow || declared > largest)
+    throw DataError("IDX file '" + name + "' declares " + shape + " elements: more data than an IDX file holds");
+  torch::Tensor data = torch::empty({static_cast<std::int64_t>(std::min<std::uint64_t>(declared, 1 << 24))}, torch::kUInt8);
+  std::uint64_t have = 0;
+  while (have < declared) {
+    if (have == static_cast<std::uint64_t>(data.numel()))
+      data.resize_({static_cast<std::int64_t>(std::min<std::uint64_t>(declared, 2 * have))});
+    const auto room = static_cast<unsigned>(std::min<std::uint64_t>(static_cast<std::uint64_t>(data.numel()) - have, 1u << 30));
+    const int got = gzread(file, data.data_ptr<std::uint8_t>() + have, room);
+    if (got < 0) {
+      int code = 0;
+      throw DataError("cannot read IDX file '" + name + "': " + gzerror(file, &code));
+    }
+    if (got == 0)
+      throw DataError("IDX file '" + name + "' is truncated: its data needs " + std::to_string(declared) + " bytes, found " +
+                      std::to_string(have));
+    have += static_cast<std::uint64_t>(got);
+  }
+  torch::Tensor out = data.view(dtype).reshape(dims);
   if (element_size > 1) {  // IDX is big-endian
     auto* bytes = static_cast<unsigned char*>(out.data_ptr());
     for (std::size_t i = 0; i < count; ++i) std::reverse(bytes + i * element_size, bytes + (i + 1) * element_size);
