@@ -2,7 +2,7 @@
 // chosen by DETTRIAL_FUZZ_TARGET (one build for all: each translation unit with LibTorch costs a
 // minute under clang's sanitizers). Every input must end in a value or an exception; a crash, a
 // sanitizer's report, a leak or an allocation over libFuzzer's -malloc_limit_mb is a finding.
-// tests/fuzz/README.md lists the targets, their corpora and how to run them.
+// docs/testing.md lists the targets, their corpora and how to run them.
 #include <dettrial/dettrial.hpp>
 #include <dettrial/vision.hpp>
 
@@ -152,6 +152,8 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
     std::exit(2);
   }
   chosen = it->second;
+  // LibTorch's refusals without a stack trace each (c10::Error collects one): twice the executions.
+  ::setenv("TORCH_SHOW_CPP_STACKTRACES", "0", 0);
   // One thread: the readers are sequential, and LibTorch's pool would only add noise.
   torch::set_num_threads(1);
   return 0;
