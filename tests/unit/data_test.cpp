@@ -577,6 +577,18 @@ TEST_CASE("read_idx reads raw and gzip IDX files and names what is wrong with br
 
   write_file(dir / "short.gz", idx_bytes({1, 2, 3}, {3, 2, 2}), true);
   CHECK_THROWS_WITH_AS(read_idx(dir / "short.gz"), doctest::Contains("is truncated: its data needs 12 bytes, found 3"), DataError);
+  // Headers the fuzzer found (tests/fuzz/regressions/idx): one declaring 60000 x 28 x 1000000 floats
+  // (6.7 TB) over 16 bytes of data, read in chunks as the data arrives (it was allocated whole before
+  // the read), and one whose sizes overflow 64 bits.
+  for (bool gzip : {false, true}) {
+    write_file(dir / "huge", idx_bytes(std::vector<std::uint8_t>(16, 0), {60000, 28, 1000000}, 0x0D), gzip);
+    CHECK_THROWS_WITH_AS(read_idx(dir / "huge"), doctest::Contains("is truncated: its data needs 6720000000000 bytes, found 16"),
+                         DataError);
+  }
+  write_file(dir / "overflow", idx_bytes(std::vector<std::uint8_t>(8, 0), {0xffffffffU, 0xffffffffU, 0xffffffffU, 2}, 0x0E), false);
+  CHECK_THROWS_WITH_AS(read_idx(dir / "overflow"),
+                       doctest::Contains("declares 4294967295 x 4294967295 x 4294967295 x 2 elements: more data than an IDX file holds"),
+                       DataError);
   write_file(dir / "text", "hello world", false);
   CHECK_THROWS_WITH_AS(read_idx(dir / "text"), doctest::Contains("is not an IDX file"), DataError);
   CHECK_THROWS_WITH_AS(read_idx(dir / "absent"), doctest::Contains("absent': no such file"), DataError);
