@@ -1171,6 +1171,11 @@ TEST_CASE(
                                                               "ah\x00s.",
                                                               15)),
                        doctest::Contains("a list, dict or tuple holds itself"), std::runtime_error);
+  // A dict that holds itself left in the memo, the pickle's value a text (found by the fuzzer).
+  CHECK_THROWS_WITH_AS(dettrial::detail::unpickle(std::string("\x80\x02}q\x00X\x01\x00\x00\x00"
+                                                              "ah\x00sX\x07\x00\x00\x00storage.",
+                                                              27)),
+                       doctest::Contains("a list, dict or tuple holds itself"), std::runtime_error);
   // 1,000 lists each in the last: refused, and freed without a recursion 1,000 deep.
   std::string deep = "\x80\x02";
   for (int i = 0; i < 1000; ++i) deep += "]";

@@ -478,8 +478,13 @@ DETTRIAL_INLINE c10::IValue Machine::run() {
   }
   // What Python's pickler writes of a state dict is a tree of shared leaves: a container that
   // holds itself, or nesting deeper than max_nesting, is a crafted file.
+  // Everything the machine holds is walked, the memo and what is left on the stack too: a cycle
+  // there, unreachable from the result, would outlive the machine.
+  std::vector<const c10::IValue*> held = {&*result_};
+  for (const c10::IValue& v : stack_) held.push_back(&v);
+  for (const auto& [slot, v] : memo_) held.push_back(&v);
   bool cycle = false;
-  const std::size_t deepest = walk_containers({&*result_}, [](const c10::IValue&) {}, [&] { cycle = true; });
+  const std::size_t deepest = walk_containers(held, [](const c10::IValue&) {}, [&] { cycle = true; });
   if (cycle) fail("a list, dict or tuple holds itself (a value Python's state dicts never are)");
   if (deepest > max_nesting)
     fail("lists, dicts and tuples nested " + std::to_string(deepest) + " deep, more than the " + std::to_string(max_nesting) +
