@@ -22102,6 +22102,17 @@ inline std::string_view next_field(std::string_view text, std::size_t& pos) {
   while (pos < text.size() && text[pos] != ' ' && text[pos] != '\t' && text[pos] != '\n') ++pos;
   return text.substr(start, pos - start);
 }
+/// Calls `f(line)` for each line of `text` (a last line without its newline too).
+template <class F>
+void for_each_line(std::string_view text, F f) {
+  std::size_t start = 0;
+  while (start < text.size()) {
+    std::size_t end = text.find('\n', start);
+    if (end == std::string_view::npos) end = text.size();
+    f(text.substr(start, end - start));
+    start = end + 1;
+  }
+}
 /// A decimal field as an unsigned number (nullopt for anything else).
 DETTRIAL_INLINE std::optional<std::uint64_t> unsigned_of(std::string_view field);
 
@@ -22111,12 +22122,7 @@ std::optional<DiskTotals> disk_totals(std::string_view text, IsDisk is_disk) {
   // sectors_written ... (the kernel's Documentation/admin-guide/iostats.rst).
   DiskTotals totals;
   bool any = false;
-  std::size_t line_start = 0;
-  while (line_start < text.size()) {
-    std::size_t line_end = text.find('\n', line_start);
-    if (line_end == std::string_view::npos) line_end = text.size();
-    const std::string_view line = text.substr(line_start, line_end - line_start);
-    line_start = line_end + 1;
+  for_each_line(text, [&](std::string_view line) {
     std::size_t pos = 0;
     std::string_view fields[10];
     std::size_t n = 0;
@@ -22124,16 +22130,16 @@ std::optional<DiskTotals> disk_totals(std::string_view text, IsDisk is_disk) {
       fields[n] = next_field(line, pos);
       if (fields[n].empty()) break;
     }
-    if (n < 10 || !is_disk(fields[2])) continue;
+    if (n < 10 || !is_disk(fields[2])) return;
     const auto reads = unsigned_of(fields[3]), sectors_read = unsigned_of(fields[5]);
     const auto writes = unsigned_of(fields[7]), sectors_written = unsigned_of(fields[9]);
-    if (!reads || !sectors_read || !writes || !sectors_written) continue;
+    if (!reads || !sectors_read || !writes || !sectors_written) return;
     totals.reads += *reads;
     totals.writes += *writes;
     totals.read_bytes += *sectors_read * 512;
     totals.write_bytes += *sectors_written * 512;
     any = true;
-  }
+  });
   if (!any) return std::nullopt;
   return totals;
 }
@@ -22201,14 +22207,9 @@ DETTRIAL_INLINE std::optional<std::pair<std::uint64_t, std::uint64_t>> net_total
   // Two header lines, then "  name: rx_bytes rx_packets ... (8 receive fields) tx_bytes ...".
   std::uint64_t sent = 0, received = 0;
   bool any = false;
-  std::size_t line_start = 0;
-  while (line_start < text.size()) {
-    std::size_t line_end = text.find('\n', line_start);
-    if (line_end == std::string_view::npos) line_end = text.size();
-    const std::string_view line = text.substr(line_start, line_end - line_start);
-    line_start = line_end + 1;
+  for_each_line(text, [&](std::string_view line) {
     const std::size_t colon = line.find(':');
-    if (colon == std::string_view::npos) continue;
+    if (colon == std::string_view::npos) return;
     const std::string_view counters = line.substr(colon + 1);
     std::size_t pos = 0;
     std::optional<std::uint64_t> fields[9];
@@ -22218,11 +22219,11 @@ DETTRIAL_INLINE std::optional<std::pair<std::uint64_t, std::uint64_t>> net_total
       if (field.empty()) break;
       fields[n] = unsigned_of(field);
     }
-    if (n < 9 || !fields[0] || !fields[8]) continue;
+    if (n < 9 || !fields[0] || !fields[8]) return;
     received += *fields[0];
     sent += *fields[8];
     any = true;
-  }
+  });
   if (!any) return std::nullopt;
   return std::pair{sent, received};
 }
