@@ -14377,6 +14377,7 @@ DETTRIAL_INLINE std::optional<std::string> python_object_type(const c10::IValue&
 #include <map>
 #include <stdexcept>
 #include <unordered_map>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -14652,11 +14653,50 @@ class Machine {
     if (stack_.size() <= floor()) fail("the stack is empty");
     return stack_.back();
   }
-  static c10::IValue tuple(std::vector<c10::IValue> items) { return c10::ivalue::Tuple::create(std::move(items)); }
-  static c10::IValue list(std::vector<c10::IValue> items) {
+  // Every container the machine makes goes through made(), and every insertion through set_items
+  // and append_items, so that nesting is bounded as it is built (a tuple of a tuple ... a million
+  // deep is a million bytes, and would be freed by a recursion as deep), and so that a refused
+  // pickle can break every cycle: one can only form by an insertion into an existing container.
+  c10::IValue tuple(std::vector<c10::IValue> items) {
+    const std::size_t height = height_over(items);
+    return made(c10::ivalue::Tuple::create(std::move(items)), height);
+  }
+  c10::IValue list(std::vector<c10::IValue> items) {
+    const std::size_t height = height_over(items);
     c10::impl::GenericList l(c10::AnyType::get());
     for (auto& i : items) l.push_back(std::move(i));
-    return l;
+    return made(std::move(l), height);
+  }
+  c10::IValue dict() { return made(new_dict(), 1); }
+  /// The height of a container over `items`: one more than the tallest of them.
+  std::size_t height_over(const std::vector<c10::IValue>& items) const {
+    std::size_t tallest = 0;
+    for (const c10::IValue& i : items) tallest = std::max(tallest, height_of(i));
+    return tallest + 1;
+  }
+  std::size_t height_of(const c10::IValue& v) const {
+    if (!v.isList() && !v.isGenericDict() && !v.isTuple()) return 0;
+    const auto it = heights_.find(v.internalToPointer());
+    return it == heights_.end() ? 1 : it->second;  // a marker of the machine's own: a dict of texts
+  }
+  void check_height(std::size_t height) const {
+    if (height > max_nesting)
+      fail("lists, dicts and tuples nested " + std::to_string(height) + " deep, more than the " + std::to_string(max_nesting) +
+           " dettrial reads");
+  }
+  /// Registers a container the machine made (kept alive by it, so that its address is not reused).
+  c10::IValue made(c10::IValue container, std::size_t height) {
+    check_height(height);
+    heights_[container.internalToPointer()] = height;
+    created_.push_back(container);
+    return container;
+  }
+  /// `target` receives items of height up to `items_height`: kept, to be broken apart on a refusal.
+  void inserting_into(const c10::IValue& target, std::size_t items_height) {
+    const std::size_t height = std::max(height_of(target), items_height + 1);
+    check_height(height);
+    heights_[target.internalToPointer()] = height;
+    if (mutated_set_.insert(target.internalToPointer()).second) mutated_.push_back(target);
   }
   void put(std::uint64_t slot) { memo_[slot] = top(); }
   void get(std::uint64_t slot) {
@@ -14669,12 +14709,14 @@ class Machine {
     if (kind_of(target) == unread_kind)
       fail("the pickle sets items on a Python object of type '" + field(target, "name").toStringRef() + "', which dettrial does not read");
     if (!target.isGenericDict() || !kind_of(target).empty()) fail("SETITEMS on something that is not a dict");
+    inserting_into(target, height_over(items) - 1);
     auto d = target.toGenericDict();
     for (std::size_t i = 0; i + 1 < items.size(); i += 2) d.insert_or_assign(std::move(items[i]), std::move(items[i + 1]));
   }
   void append_items(std::vector<c10::IValue> items) {
     c10::IValue& target = top();
     if (!target.isList()) fail("APPENDS on something that is not a list");
+    inserting_into(target, height_over(items) - 1);
     auto l = target.toList();
     for (auto& i : items) l.push_back(std::move(i));
   }
@@ -14702,6 +14744,9 @@ class Machine {
   std::map<std::string, torch::Tensor> storage_cache_;
   std::optional<c10::IValue> result_;
   bool checked_ = false;
+  std::unordered_map<const void*, std::size_t> heights_;
+  std::vector<c10::IValue> created_, mutated_;
+  std::unordered_set<const void*> mutated_set_;
   void break_apart() noexcept;
 };
 
@@ -14730,7 +14775,7 @@ DETTRIAL_INLINE c10::IValue Machine::call(const c10::IValue& callable, std::vect
   const auto int_arg = [&](std::size_t i) { return typed(i, arg(i).isInt(), "an integer").toInt(); };
   const auto text_arg = [&](std::size_t i) -> const std::string& { return typed(i, arg(i).isString(), "a text").toStringRef(); };
   if (name == "collections.OrderedDict") {
-    c10::IValue d = new_dict();
+    c10::IValue d = dict();
     if (!args.empty()) {
       std::vector<c10::IValue> items;
       for (const auto& pair : elements(arg(0), "OrderedDict's items"))
@@ -14757,8 +14802,8 @@ DETTRIAL_INLINE c10::IValue Machine::call(const c10::IValue& callable, std::vect
   if (name.rfind("torch.jit._pickle.build_", 0) == 0 || name == "torch.jit._pickle.restore_type_tag") return arg(0);
   // Dict subclasses that state dicts hold, as their items: MultiStepLR's milestones are a Counter
   // (pickled as Counter(dict)); a defaultdict pickles its factory, then its items (SETITEMS).
-  if (name == "collections.Counter") return args.empty() ? new_dict() : c10::IValue(arg(0));
-  if (name == "collections.defaultdict") return new_dict();
+  if (name == "collections.Counter") return args.empty() ? dict() : c10::IValue(arg(0));
+  if (name == "collections.defaultdict") return dict();
   if (unread_ == UnreadObjects::mark) return object(unread_kind, {{"name", name}});
   fail(unread_message(name));
 }
@@ -14813,23 +14858,15 @@ DETTRIAL_INLINE c10::IValue Machine::run() {
 }
 
 DETTRIAL_INLINE void Machine::break_apart() noexcept {
-  try {
-    std::vector<const c10::IValue*> roots;
-    for (const c10::IValue& v : stack_) roots.push_back(&v);
-    for (const auto& [slot, v] : memo_) roots.push_back(&v);
-    if (result_) roots.push_back(&*result_);
-    // Held here while they are emptied, so that none is freed by recursion through the others.
-    std::vector<c10::IValue> containers;
-    walk_containers(roots, [&](const c10::IValue& v) { containers.push_back(v); }, [] {});
-    for (c10::IValue& v : containers) {
-      if (v.isList()) v.toList().clear();
-      else if (v.isGenericDict()) v.toGenericDict().clear();
-    }
-    stack_.clear();
-    memo_.clear();
-    result_.reset();
-  } catch (...) {
+  // Every cycle passes through a container that received an insertion: emptied, none survives. The
+  // rest is a forest of bounded height, freed as usual.
+  for (c10::IValue& v : mutated_) {
+    if (v.isList()) v.toList().clear();
+    else if (v.isGenericDict()) v.toGenericDict().clear();
   }
+  stack_.clear();
+  memo_.clear();
+  result_.reset();
 }
 
 // One case per opcode, as the protocol's table reads.
@@ -14900,10 +14937,10 @@ DETTRIAL_INLINE bool Machine::step(unsigned char op) {
       stack_.push_back(tuple(std::move(items)));
       break;
     }
-    case '}': stack_.emplace_back(new_dict()); break;
+    case '}': stack_.emplace_back(dict()); break;
     case 'd': {
       std::vector<c10::IValue> items = pop_to_mark();
-      stack_.emplace_back(new_dict());
+      stack_.emplace_back(dict());
       set_items(std::move(items));
       break;
     }

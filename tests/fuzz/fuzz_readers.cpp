@@ -140,6 +140,7 @@ const std::map<std::string, Target>& targets() {
 }
 
 Target chosen = nullptr;
+bool verbose = false;
 }  // namespace
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
@@ -152,6 +153,7 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
     std::exit(2);
   }
   chosen = it->second;
+  verbose = std::getenv("DETTRIAL_FUZZ_VERBOSE") != nullptr;
   // LibTorch's refusals without a stack trace each (c10::Error collects one): twice the executions.
   ::setenv("TORCH_SHOW_CPP_STACKTRACES", "0", 0);
   // One thread: the readers are sequential, and LibTorch's pool would only add noise.
@@ -162,8 +164,10 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   try {
     chosen(std::string_view(reinterpret_cast<const char*>(data), size));
-  } catch (const std::exception&) {
-    // A refusal with a reason: what a bad file must get.
+  } catch (const std::exception& e) {
+    // A refusal with a reason: what a bad file must get (DETTRIAL_FUZZ_VERBOSE prints it, to read
+    // what a finding's input was refused with).
+    if (verbose) std::fprintf(stderr, "refused: %s\n", e.what());
   }
   return 0;
 }

@@ -1176,12 +1176,19 @@ TEST_CASE(
                                                               "ah\x00sX\x07\x00\x00\x00storage.",
                                                               27)),
                        doctest::Contains("a list, dict or tuple holds itself"), std::runtime_error);
-  // 1,000 lists each in the last: refused, and freed without a recursion 1,000 deep.
+  // 1,000 lists each in the last, and 100,000 tuples each in the next (100 KB): refused as they are
+  // built, at the 101st level, and freed without a recursion as deep.
+  const std::string tuples = std::string("\x80\x02K\x01") + std::string(100000, '\x85') + ".";
+  CHECK_THROWS_WITH_AS(dettrial::detail::unpickle(tuples), doctest::Contains("nested 101 deep, more than the 100 dettrial reads"),
+                       std::runtime_error);
+  // A cycle made in a list that is then popped off the stack (by a STACK_GLOBAL that refuses it).
+  CHECK_THROWS_WITH_AS(dettrial::detail::unpickle(std::string("\x80\x02]2a]2a\x93.")), doctest::Contains("STACK_GLOBAL"),
+                       std::runtime_error);
   std::string deep = "\x80\x02";
   for (int i = 0; i < 1000; ++i) deep += "]";
   for (int i = 0; i < 999; ++i) deep += "a";
   deep += ".";
-  CHECK_THROWS_WITH_AS(dettrial::detail::unpickle(deep), doctest::Contains("nested 1000 deep, more than the 100 dettrial reads"),
+  CHECK_THROWS_WITH_AS(dettrial::detail::unpickle(deep), doctest::Contains("nested 101 deep, more than the 100 dettrial reads"),
                        std::runtime_error);
   // A tuple of the same tuple twice, 40 times over (2^40 paths to its leaf): read, and searched for
   // unread objects once per container.
