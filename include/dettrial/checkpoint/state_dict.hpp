@@ -192,7 +192,9 @@ DETTRIAL_INLINE c10::IValue unpickle_archive(const std::string& bytes, const std
                                       : std::to_string(static_cast<std::uint64_t>(numel)) + " of " + std::to_string(element) + " bytes") +
                                  " are needed");
       torch::Tensor out = torch::empty({numel}, torch::TensorOptions().dtype(dtype));
-      std::memcpy(out.data_ptr(), data.get(), static_cast<std::size_t>(numel) * element);
+      // (An empty storage has no data pointer on either side: memcpy of a null pointer is undefined
+      // even for no bytes, which UndefinedBehaviorSanitizer reported for a fuzzed archive.)
+      if (numel > 0) std::memcpy(out.data_ptr(), data.get(), static_cast<std::size_t>(numel) * element);
       return out;
     };
     return unpickle(std::string_view(static_cast<const char*>(pickle_data.get()), pickle_size), storages, unread);
