@@ -22069,6 +22069,8 @@ class Nvml {
 
  private:
   using Api = NvmlApi;
+  /// Shuts NVML down and unloads it (the destructor's work, also before a move assignment).
+  DETTRIAL_INLINE void close() noexcept;
   void* handle_ = nullptr;
   std::unique_ptr<Api> api_;
   std::string why_;
@@ -22377,7 +22379,7 @@ DETTRIAL_INLINE Nvml Nvml::open(const char* library) {
 
 DETTRIAL_INLINE Nvml& Nvml::operator=(Nvml&& other) noexcept {
   if (this != &other) {
-    this->~Nvml();
+    close();
     handle_ = std::exchange(other.handle_, nullptr);
     api_ = std::move(other.api_);
     why_ = std::move(other.why_);
@@ -22385,7 +22387,9 @@ DETTRIAL_INLINE Nvml& Nvml::operator=(Nvml&& other) noexcept {
   return *this;
 }
 
-DETTRIAL_INLINE Nvml::~Nvml() {
+DETTRIAL_INLINE Nvml::~Nvml() { close(); }
+
+DETTRIAL_INLINE void Nvml::close() noexcept {
   if (handle_) {
     api_->shutdown();
     ::dlclose(handle_);

@@ -168,30 +168,42 @@ TEST_CASE("python pickle: every truncation and thousands of byte changes of a re
   }
 }
 
-TEST_CASE("python pickle: a storage whose pickle asks for more elements than its record holds is refused before any allocation") {
-  c10::impl::GenericDict d(c10::StringType::get(), c10::AnyType::get());
-  d.insert("w", torch::ones({4}));
-  const std::string whole = dettrial::detail::pickle_archive(d);
-  std::istringstream in(whole);
+/// `archive` written again with the element count of the first tensor storage of its pickle (4,
+/// pickled as BININT1 `K\x04`) replaced by `count`, an opcode and its argument, and its storages
+/// as they were: a well-formed archive whose pickle asks for more than a record holds.
+std::string with_storage_count(const std::string& archive, const std::string& count) {
+  std::istringstream in(archive);
   caffe2::serialize::PyTorchStreamReader reader(&in);
   auto [pickled, pickled_size] = reader.getRecord("data.pkl");
   std::string pickle(static_cast<const char*>(pickled.get()), pickled_size);
-  // The storage's persistent id ends ('cpu', 4): its element count, 4 as BININT1, becomes 2**40 as
-  // LONG1 (4 TiB of floats, which an allocation made first would fail on, with another message).
+  // The storage's persistent id ends ('cpu', 4): its element count follows the device.
   const auto device = pickle.find("cpu");
   REQUIRE(device != std::string::npos);
-  const auto count = pickle.find(std::string("K\x04", 2), device);
-  REQUIRE(count != std::string::npos);
-  pickle.replace(count, 2, std::string("\x8a\x06\x00\x00\x00\x00\x00\x01", 8));
+  const auto at = pickle.find(std::string("K\x04", 2), device);
+  REQUIRE(at != std::string::npos);
+  pickle.replace(at, 2, count);
   std::string crafted;
   caffe2::serialize::PyTorchStreamWriter writer([&](const void* data, std::size_t n) {
     crafted.append(static_cast<const char*>(data), n);
     return n;
   });
   writer.writeRecord("data.pkl", pickle.data(), pickle.size());
-  auto [storage, storage_size] = reader.getRecord("data/0");
-  writer.writeRecord("data/0", storage.get(), storage_size);
+  for (const std::string& record : reader.getAllRecords()) {
+    if (record.rfind("data/", 0) != 0) continue;
+    auto [storage, storage_size] = reader.getRecord(record);
+    writer.writeRecord(record, storage.get(), storage_size);
+  }
   writer.writeEndOfFile();
+  return crafted;
+}
+
+TEST_CASE("python pickle: a storage whose pickle asks for more elements than its record holds is refused before any allocation") {
+  c10::impl::GenericDict d(c10::StringType::get(), c10::AnyType::get());
+  d.insert("w", torch::ones({4}));
+  const std::string whole = dettrial::detail::pickle_archive(d);
+  // The count 4, as BININT1, becomes 2**40 as LONG1 (4 TiB of floats, which an allocation made
+  // first would fail on, with another message).
+  const std::string crafted = with_storage_count(whole, std::string("\x8a\x06\x00\x00\x00\x00\x00\x01", 8));
   CHECK_THROWS_WITH_AS(dettrial::detail::unpickle_archive(crafted, "crafted.pth"),
                        doctest::Contains("tensor storage '0' holds 16 bytes where 1099511627776 of 4 bytes are needed"), CheckpointError);
   // The file as written reads back.
@@ -1233,23 +1245,6 @@ TEST_CASE(
   CHECK(archive_error(whole.substr(0, 10)) ==
         "cannot read 'hostile.pth' as a torch.save archive: not a zip container (shorter than a zip's end record)");
   // A storage of 2^62 elements, asked for by the pickle of a well-formed archive.
-  std::istringstream in(whole);
-  caffe2::serialize::PyTorchStreamReader reader(&in);
-  auto [pickled, pickled_size] = reader.getRecord("data.pkl");
-  std::string pickle(static_cast<const char*>(pickled.get()), pickled_size);
-  const auto count = pickle.find(std::string("K\x04", 2), pickle.find("cpu"));
-  REQUIRE(count != std::string::npos);
-  pickle.replace(count, 2, std::string("\x8a\x08\x00\x00\x00\x00\x00\x00\x00\x40", 10));
-  std::string crafted;
-  caffe2::serialize::PyTorchStreamWriter writer([&](const void* data, std::size_t n) {
-    crafted.append(static_cast<const char*>(data), n);
-    return n;
-  });
-  writer.writeRecord("data.pkl", pickle.data(), pickle.size());
-  for (const char* record : {"data/0", "data/1"}) {
-    auto [storage, storage_size] = reader.getRecord(record);
-    writer.writeRecord(record, storage.get(), storage_size);
-  }
-  writer.writeEndOfFile();
+  const std::string crafted = with_storage_count(whole, std::string("\x8a\x08\x00\x00\x00\x00\x00\x00\x00\x40", 10));
   CHECK(archive_error(crafted).find("holds 16 bytes where 4611686018427387904 of 4 bytes are needed") != std::string::npos);
 }
