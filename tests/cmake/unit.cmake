@@ -60,21 +60,7 @@ set_source_files_properties(unit/source_dir.cpp PROPERTIES COMPILE_DEFINITIONS "
 # reports it through shared_run_case, or runs the case alone when it has none or failed there
 # (unit/shared_run.hpp). The Python of this LibTorch's torch, for cases that compare with what it
 # computes on this machine.
-add_executable(dettrial_shared_run_case unit/shared_run_case.cpp)
-target_compile_features(dettrial_shared_run_case PRIVATE cxx_std_20)
-add_dependencies(dettrial_unit_tests dettrial_shared_run_case)
-set(_shared_run "${CMAKE_CURRENT_BINARY_DIR}/shared-run/dettrial_unit_tests")
-set(_shared_run_test "unit:every case in one process")
-# A path, not $<TARGET_FILE>: CMake puts the emulator before every add_test command naming the
-# target, unevaluated.
-set_target_properties(dettrial_shared_run_case PROPERTIES RUNTIME_OUTPUT_DIRECTORY "${CMAKE_CURRENT_BINARY_DIR}")
-set_target_properties(dettrial_unit_tests PROPERTIES CROSSCOMPILING_EMULATOR "${CMAKE_CURRENT_BINARY_DIR}/dettrial_shared_run_case;${_shared_run}")
-# Through shared_run_case, which passes however the program ends (the cases' own tests report).
-add_test(NAME "${_shared_run_test}" COMMAND dettrial_shared_run_case "${_shared_run}" "$<TARGET_FILE:dettrial_unit_tests>"
-                                            "--dettrial-shared-run=${_shared_run}")
-set_tests_properties("${_shared_run_test}" PROPERTIES ENVIRONMENT "DETTRIAL_TEST_PYTHON=${DETTRIAL_PYTHON}" TIMEOUT 1800)
-doctest_discover_tests(dettrial_unit_tests TEST_PREFIX "unit: " PROPERTIES SKIP_RETURN_CODE 77 DEPENDS "${_shared_run_test}"
-                       ENVIRONMENT "DETTRIAL_TEST_PYTHON=${DETTRIAL_PYTHON}")
+dettrial_shared_run_tests(dettrial_unit_tests "unit:every case in one process" "unit: " ENVIRONMENT "DETTRIAL_TEST_PYTHON=${DETTRIAL_PYTHON}")
 
 # The command line's stage alone, with no LibTorch at all: dettrial's include folder and doctest only.
 add_executable(dettrial_command_line_tests unit/command_line_test.cpp)

@@ -4,6 +4,7 @@
 // sanitizer's report, a leak or an allocation over libFuzzer's -malloc_limit_mb is a finding.
 // docs/testing.md lists the targets, their corpora and how to run them.
 #include <dettrial/dettrial.hpp>
+#include <dettrial/search/experiment.hpp>
 #include <dettrial/vision.hpp>
 
 #include <unistd.h>
@@ -24,7 +25,8 @@ namespace {
 namespace fs = std::filesystem;
 
 /// A folder of this process for the readers that take a path (the IDX and CIFAR files, a
-/// checkpoint's metadata.json): in /dev/shm where there is one, so that a write is a copy in memory.
+/// checkpoint's metadata.json, an experiment's events.jsonl): in /dev/shm where there is one, so
+/// that a write is a copy in memory. Removed when the run ends (a crash leaves it, with the input).
 const fs::path& scratch() {
   static const fs::path dir = [] {
     const fs::path base = fs::exists("/dev/shm") ? fs::path("/dev/shm") : fs::temp_directory_path();
@@ -32,6 +34,11 @@ const fs::path& scratch() {
     fs::create_directories(d);
     return d;
   }();
+  static const bool removed_at_exit = std::atexit([] {
+                                        std::error_code ignored;
+                                        fs::remove_all(dir, ignored);
+                                      }) == 0;
+  (void)removed_at_exit;
   return dir;
 }
 
@@ -131,15 +138,85 @@ void image_window(std::string_view bytes) {
   (void)dettrial::vision::decode_image_window(as_bytes(bytes), dettrial::vision::ImageMode::rgb, "fuzz image", choose);
 }
 
+/// An experiment folder's events.jsonl, replayed into an ASHA search as a runner continuing it
+/// does, and read as the search's report reads it (the search of tests/experiment/asha.yaml, whose
+/// runs wrote the seeds).
+void events(std::string_view bytes) {
+  static const dettrial::ExperimentConfig config = dettrial::ExperimentConfig::parse(R"(name: fuzz-asha
+hyperparameters:
+  global_batch_size: 16
+  lr: {type: log, base: 10, minval: -4, maxval: -1}
+searcher:
+  {name: adaptive_asha, metric: validation_loss, max_trials: 12, max_time: 64, time_metric: batches, divisor: 2, mode: aggressive, max_concurrent_trials: 2}
+min_validation_period: {batches: 4}
+reproducibility: {experiment_seed: 5}
+)",
+                                                                                     "fuzz-asha.yaml");
+  const fs::path dir = scratch() / "experiment";
+  fs::create_directories(dir);
+  write(dir / "events.jsonl", bytes);
+  dettrial::Experiment experiment(config, {.output_dir = dir, .quiet = true});
+  experiment.replay();
+  (void)experiment.trials();
+  (void)dettrial::detail::html::read_search_events(dir / "events.jsonl");
+}
+
+/// An MLflow server's answers: the input as the body of a success to each request whose answer
+/// dettrial reads (ids of experiments and runs), and of a refusal; and as a run folder's
+/// mlflow.json and mlflow-pending.jsonl.
+void mlflow(std::string_view bytes) {
+  namespace m = dettrial::detail::mlflow;
+  const std::string uri = "http://mlflow.invalid", body(bytes);
+  const auto refusable = [](auto&& read) {
+    try {
+      read();
+    } catch (const dettrial::MlflowError&) {
+    }
+  };
+  refusable([&] {
+    const dettrial::detail::Json answer = m::answer_of({200, body}, uri, "runs/create");
+    dettrial::detail::MlflowState state;
+    refusable([&] { m::read_created_run(answer, uri, state); });
+    refusable([&] { (void)m::answer_text(answer, {"experiment", "experiment_id"}, uri, "experiments/get-by-name"); });
+    refusable([&] { (void)m::answer_text(answer, {"experiment_id"}, uri, "experiments/create"); });
+  });
+  // A refusal is an MlflowError with its status, whatever the body.
+  const long status = bytes.empty() ? 500 : 400 + static_cast<unsigned char>(bytes[0]) % 200;
+  try {
+    (void)m::answer_of({status, body}, uri, "runs/log-batch");
+    std::abort();
+  } catch (const dettrial::MlflowError& e) {
+    if (e.status != status) std::abort();
+  }
+  // A run folder's state reads back as it was written.
+  const auto state = dettrial::detail::MlflowState::from_json(bytes);
+  if (dettrial::detail::MlflowState::from_json(state.to_json()).to_json() != state.to_json()) std::abort();
+  write(scratch() / "mlflow-pending.jsonl", bytes);
+  (void)m::read_pending(scratch() / "mlflow-pending.jsonl");
+}
+
 using Target = void (*)(std::string_view);
-const std::map<std::string, Target>& targets() {
-  static const std::map<std::string, Target> all = {
-      {"pickle", pickle}, {"archive", archive}, {"config", config}, {"checkpoint_metadata", checkpoint_metadata},
-      {"idx", idx},       {"cifar", cifar},     {"image", image},   {"image_window", image_window}};
+/// A target, and whether any exception may refuse its input or only dettrial's Error (whose
+/// message names the problem; a library's own exception reaching a user is a finding).
+struct Reader {
+  Target read;
+  bool only_dettrial_errors = false;
+};
+const std::map<std::string, Reader>& targets() {
+  static const std::map<std::string, Reader> all = {{"pickle", {pickle}},
+                                                    {"archive", {archive}},
+                                                    {"config", {config}},
+                                                    {"checkpoint_metadata", {checkpoint_metadata}},
+                                                    {"idx", {idx}},
+                                                    {"cifar", {cifar}},
+                                                    {"image", {image}},
+                                                    {"image_window", {image_window}},
+                                                    {"events", {events, true}},
+                                                    {"mlflow", {mlflow, true}}};
   return all;
 }
 
-Target chosen = nullptr;
+const Reader* chosen = nullptr;
 bool verbose = false;
 }  // namespace
 
@@ -152,7 +229,7 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
     std::fprintf(stderr, "\n");
     std::exit(2);
   }
-  chosen = it->second;
+  chosen = &it->second;
   verbose = std::getenv("DETTRIAL_FUZZ_VERBOSE") != nullptr;
   // LibTorch's refusals without a stack trace each (c10::Error collects one): twice the executions.
   ::setenv("TORCH_SHOW_CPP_STACKTRACES", "0", 0);
@@ -163,10 +240,16 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   try {
-    chosen(std::string_view(reinterpret_cast<const char*>(data), size));
-  } catch (const std::exception& e) {
+    chosen->read(std::string_view(reinterpret_cast<const char*>(data), size));
+  } catch (const dettrial::Error& e) {
     // A refusal with a reason: what a bad file must get (DETTRIAL_FUZZ_VERBOSE prints it, to read
     // what a finding's input was refused with).
+    if (verbose) std::fprintf(stderr, "refused: %s\n", e.what());
+  } catch (const std::exception& e) {
+    if (chosen->only_dettrial_errors) {
+      std::fprintf(stderr, "dettrial_fuzz: refused with another library's exception, not dettrial's Error: %s\n", e.what());
+      std::abort();
+    }
     if (verbose) std::fprintf(stderr, "refused: %s\n", e.what());
   }
   return 0;

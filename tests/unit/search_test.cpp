@@ -2,9 +2,15 @@
 // against Determined's rules and worked examples, and the errors of a bad space.
 #include <doctest/doctest.h>
 
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
 #include <set>
+#include <string>
 
 #include <dettrial/search.hpp>
+#include <dettrial/search/experiment.hpp>
 
 using namespace dettrial;
 
@@ -152,4 +158,47 @@ TEST_CASE("a bad search space names the file, line and column") {
   CHECK_THROWS_WITH_AS(space_of("opt: {type: categorical, vals: []}"), doctest::Contains("needs a non-empty list 'vals'"), ConfigError);
   CHECK_THROWS_WITH_AS(space_of("n: {type: int, minval: a, maxval: 3}"), doctest::Contains("needs a number 'minval'"), ConfigError);
   CHECK_THROWS_WITH_AS(space_of("n: {type: integer, minval: 1, maxval: 3}"), doctest::Contains("unknown type 'integer'"), ConfigError);
+}
+
+TEST_CASE("a search's event log: another experiment's trial, a second end, a damaged line or a mistyped field is refused naming the file") {
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / ("dettrial-events-" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  // The search of tests/experiment/asha.yaml: trial 1 is among its first.
+  const ExperimentConfig config = ExperimentConfig::parse(R"(name: asha
+hyperparameters:
+  global_batch_size: 16
+  lr: {type: log, base: 10, minval: -4, maxval: -1}
+searcher: {name: adaptive_asha, metric: validation_loss, max_trials: 12, max_time: 64, time_metric: batches, divisor: 2, mode: aggressive,
+           max_concurrent_trials: 2}
+reproducibility: {experiment_seed: 5}
+)",
+                                                          "asha.yaml");
+  const std::string events = (dir / "events.jsonl").string();
+  const auto replay = [&](const std::string& log) {
+    std::ofstream(events, std::ios::binary | std::ios::trunc) << log;
+    Experiment experiment(config, {.output_dir = dir, .quiet = true});
+    experiment.replay();
+    return experiment.trials();
+  };
+  const std::string validated = R"({"event":"validation","trial":1,"metric":0.25,"time":4,"batches":4})"
+                                "\n";
+  const std::string ended = R"({"event":"end","trial":1,"state":"COMPLETED","restarts":1})"
+                            "\n";
+  // What a runner wrote reads back, and a torn last line (a runner killed while writing it) is left out.
+  auto trials = replay(validated + ended + R"({"event":"valid)");
+  CHECK(trials.at(1).state == TrialState::completed);
+  CHECK(trials.at(1).best_metric == 0.25);
+  CHECK(trials.at(1).restarts == 1);
+  CHECK_THROWS_WITH_AS(
+      replay(R"({"event":"end","trial":999,"state":"COMPLETED","restarts":0})"
+             "\n"),
+      doctest::Contains(("'" + events + "' has an event of trial 999, which this experiment's searcher did not create").c_str()), Error);
+  CHECK_THROWS_WITH_AS(replay(validated + ended + ended),
+                       ("'" + events + "' ends trial 1 a second time: " + ended.substr(0, ended.size() - 1)).c_str(), Error);
+  CHECK_THROWS_WITH_AS(replay("{\"event\":\n" + ended), doctest::Contains(("'" + events + "' line 1 is not a JSON record").c_str()), Error);
+  CHECK_THROWS_WITH_AS(replay(R"({"event":"validation","trial":1,"metric":"0.25","time":4})"
+                              "\n"),
+                       doctest::Contains("lacks a field or has one of the wrong type ('metric' is a string, not a number)"), Error);
+  std::filesystem::remove_all(dir);
 }

@@ -25,4 +25,20 @@ inline void skip(const std::string& reason) {
   skip_count.current_reason = reason;
 }
 
+/// Why this program's memory is no measure of what the code keeps, when a sanitizer's allocator
+/// serves it (AddressSanitizer's quarantine holds freed blocks, ThreadSanitizer's allocator its
+/// own caches); empty otherwise. Cases that measure memory skip themselves with it.
+inline const char* memory_unmeasurable() {
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  return "a sanitizer's allocator serves this build (AddressSanitizer's quarantine keeps freed memory): its memory figures are not the "
+         "code's";
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+  return "a sanitizer's allocator serves this build (AddressSanitizer's quarantine keeps freed memory): its memory figures are not the "
+         "code's";
+#endif
+#endif
+  return "";
+}
+
 }  // namespace test

@@ -24,13 +24,6 @@
 
 namespace dettrial::detail::html {
 
-/**
- * @brief The JSON objects of a .jsonl file, one per line (blank lines skipped). A last line that is
- * not one (torn by a crash) is skipped and `*torn` set; any other is an Error naming the file and the
- * line number.
- */
-DETTRIAL_INLINE std::vector<Json> read_jsonl(const std::filesystem::path& path, bool* torn = nullptr);
-
 /// The page: its frame around `header` and `content` (HTML), with a footer line of when it was written.
 DETTRIAL_INLINE std::string page(const std::string& title, const std::string& header, const std::string& content);
 /// The charts as a row of figures.
@@ -63,40 +56,6 @@ DETTRIAL_INLINE Json optional_json(const std::optional<std::int64_t>& v);
 #if DETTRIAL_HEADER_DEFINITIONS
 #include "../../detail/json.hpp"
 namespace dettrial::detail::html {
-
-DETTRIAL_INLINE std::vector<Json> read_jsonl(const std::filesystem::path& path, bool* torn) {
-  if (torn) *torn = false;
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error("cannot read '" + path.string() + "'");
-  std::vector<Json> out;
-  // A line that is not a record is fatal only once another line follows it: the last may be torn.
-  std::string bad_reason;
-  std::size_t bad_line = 0, number = 0;
-  for (std::string line; std::getline(in, line);) {
-    ++number;
-    if (!line.empty() && line.back() == '\r') line.pop_back();
-    if (line.find_first_not_of(" \t") == std::string::npos) continue;
-    if (bad_line != 0)
-      throw Error("'" + path.string() + "' line " + std::to_string(bad_line) + " is not a JSON record (" + bad_reason +
-                  "); the file is damaged: fix or delete that line");
-    try {
-      Json record = Json::parse(line);
-      if (record.is_object()) {
-        out.push_back(std::move(record));
-        continue;
-      }
-      bad_reason = "it is " + json_kind(record) + ", not an object";
-    } catch (const Json::parse_error& e) {
-      const std::string what = e.what();
-      const auto colon = what.find(": ");
-      bad_reason = colon == std::string::npos ? what : what.substr(colon + 2);
-    }
-    bad_line = number;
-  }
-  if (in.bad()) throw Error("cannot read '" + path.string() + "'");
-  if (bad_line != 0 && torn) *torn = true;
-  return out;
-}
 
 // ---- the page ---------------------------------------------------------------------------------
 

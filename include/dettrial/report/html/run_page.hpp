@@ -280,7 +280,7 @@ DETTRIAL_INLINE std::filesystem::path write_run_report(const std::filesystem::pa
   if (!std::filesystem::is_regular_file(metrics_path, ec))
     throw Error("'" + run_dir.string() + "' has no metrics.jsonl: nothing to report (a run's output folder has one)");
   bool torn = false;
-  const std::vector<Json> records = html::read_jsonl(metrics_path, &torn);
+  const std::vector<Json> records = detail::read_jsonl(metrics_path, &torn);
   std::size_t metric_charts = 0;
   const std::vector<html::Chart> charts = html::run_charts(records, &metric_charts);
 

@@ -1,0 +1,63 @@
+# The sanitizer builds' tests (DETTRIAL_SANITIZE; docs/testing.md, "Sanitizer builds"): the unit
+# tests of the code that reads outside input or runs threads, compiled with the sanitizers, their
+# cases in one process each program as in the plain build (shared_run.cmake). A report fails the
+# test it appears in: the shared run's, when it comes at the program's exit (a leak), or a case's.
+# Included from tests/CMakeLists.txt in place of the other kinds of test.
+set(DETTRIAL_PYTHON "" CACHE FILEPATH "A Python with the torch that matches this LibTorch, for the parity and
+       checkpoint interop checks")
+set(_suppressions "${CMAKE_CURRENT_SOURCE_DIR}/sanitize")
+if(DETTRIAL_SANITIZE STREQUAL "thread")
+  set(_name tsan)
+  # The code that runs threads: the loader's workers and prefetch (data), the background checkpoint
+  # writer and its pacing (checkpoint), the copy-ahead (step_capture), the MLflow sender and the
+  # system-metrics sampler (observability).
+  set(_files data_test checkpoint_test step_capture_test observability_test)
+  # LibTorch's intra-op pool (OpenMP's, uninstrumented: its hand-offs are invisible to TSan) not
+  # started: LibTorch's operators run on the thread that calls them, dettrial's threads are all
+  # there are, and each of their hand-offs is one TSan sees. second_deadlock_stack: both stacks of
+  # a lock-order report.
+  set(_options "TSAN_OPTIONS=suppressions=${_suppressions}/tsan.supp:second_deadlock_stack=1:halt_on_error=0:print_suppressions=0"
+               "OMP_NUM_THREADS=1")
+  set(_report "WARNING: ThreadSanitizer|ThreadSanitizer: reported")
+else()
+  set(_name asan)
+  # The readers of outside input: checkpoints (python_state: the pickle machine and the zip
+  # container; checkpoint: dettrial's and Determined's folders), IDX and the data pipeline (data),
+  # configs and search spaces (config, config_schema, search), metrics.jsonl, events.jsonl and
+  # TensorBoard's files (observability), and the image decoders (vision, below).
+  set(_files python_state_test checkpoint_test data_test config_test config_schema_test search_test observability_test)
+  set(_options "ASAN_OPTIONS=detect_leaks=1:strict_string_checks=1:detect_stack_use_after_return=1:check_initialization_order=1:halt_on_error=1"
+               "LSAN_OPTIONS=suppressions=${_suppressions}/lsan.supp:print_suppressions=0"
+               "UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1:suppressions=${_suppressions}/ubsan.supp")
+  set(_report "ERROR: AddressSanitizer|ERROR: LeakSanitizer|runtime error:|SUMMARY: UndefinedBehaviorSanitizer")
+endif()
+set(_program dettrial_${_name}_tests)
+list(TRANSFORM _files PREPEND "unit/")
+list(TRANSFORM _files APPEND ".cpp")
+add_executable(${_program} unit/main.cpp unit/source_dir.cpp ${_files})
+target_link_libraries(${_program} PRIVATE dettrial::compiled doctest::doctest)
+target_compile_definitions(${_program} PRIVATE DETTRIAL_MNIST10K_DIR="${DETTRIAL_MNIST10K_DIR}")
+dettrial_use_compiled_pch(${_program})
+set_source_files_properties(unit/main.cpp unit/source_dir.cpp PROPERTIES SKIP_PRECOMPILE_HEADERS ON)
+set_source_files_properties(unit/source_dir.cpp PROPERTIES COMPILE_DEFINITIONS "DETTRIAL_TESTS_SOURCE_DIR=\"${CMAKE_CURRENT_SOURCE_DIR}\"")
+dettrial_shared_run_tests(${_program} "${_name}:every case in one process" "${_name}: "
+                          ENVIRONMENT "DETTRIAL_TEST_PYTHON=${DETTRIAL_PYTHON}" ${_options}
+                          PROPERTIES FAIL_REGULAR_EXPRESSION "${_report}")
+
+# The image decoders (ASan and UBSan): the vision cases over the files PIL wrote and its pixels.
+if(_name STREQUAL "asan")
+  add_executable(dettrial_asan_vision_tests unit/main.cpp unit/vision_test.cpp)
+  target_link_libraries(dettrial_asan_vision_tests PRIVATE dettrial::compiled doctest::doctest)
+  dettrial_use_compiled_pch(dettrial_asan_vision_tests)
+  set(_fixtures "${CMAKE_CURRENT_BINARY_DIR}/vision_fixtures")
+  set(_fixture_test "asan: vision: PIL and torchvision write the image fixtures")
+  if(DETTRIAL_PYTHON)
+    add_test(NAME "${_fixture_test}" COMMAND "${DETTRIAL_PYTHON}" "${CMAKE_CURRENT_SOURCE_DIR}/python/fixture_cache.py" "${DETTRIAL_FIXTURE_CACHE}"
+                                            "${CMAKE_CURRENT_SOURCE_DIR}/python/vision_fixtures.py" "${_fixtures}")
+    set_tests_properties("${_fixture_test}" PROPERTIES FIXTURES_SETUP dettrial_asan_vision_tests SKIP_RETURN_CODE 77
+                                                       PASS_REGULAR_EXPRESSION "(^|\n)ok: ")
+  endif()
+  dettrial_shared_run_tests(dettrial_asan_vision_tests "asan: vision: every case in one process" "asan: "
+                            ENVIRONMENT "DETTRIAL_VISION_FIXTURES=${_fixtures}" ${_options}
+                            PROPERTIES FAIL_REGULAR_EXPRESSION "${_report}" FIXTURES_REQUIRED dettrial_asan_vision_tests)
+endif()
