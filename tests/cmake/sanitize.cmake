@@ -61,3 +61,22 @@ if(_name STREQUAL "asan")
                             ENVIRONMENT "DETTRIAL_VISION_FIXTURES=${_fixtures}" ${_options}
                             PROPERTIES FAIL_REGULAR_EXPRESSION "${_report}" FIXTURES_REQUIRED dettrial_asan_vision_tests)
 endif()
+
+# The canary: each defect this build is there to catch, made on purpose (sanitize/canary.cpp); each
+# test passes only when its sanitizer's report is in the output, so a build that stopped reporting
+# (its flags, runtime or options) fails here instead of passing every case.
+add_executable(dettrial_sanitizer_canary sanitize/canary.cpp)
+target_compile_features(dettrial_sanitizer_canary PRIVATE cxx_std_20)
+target_link_libraries(dettrial_sanitizer_canary PRIVATE Threads::Threads)
+if(_name STREQUAL "tsan")
+  set(_canaries "data-race=WARNING: ThreadSanitizer: data race")
+else()
+  set(_canaries "heap-overflow=ERROR: AddressSanitizer: heap-buffer-overflow" "use-after-free=ERROR: AddressSanitizer: heap-use-after-free"
+                "leak=ERROR: LeakSanitizer: detected memory leaks" "signed-overflow=runtime error: signed integer overflow")
+endif()
+foreach(_canary IN LISTS _canaries)
+  string(REGEX MATCH "^[^=]+" _defect "${_canary}")
+  string(REGEX REPLACE "^[^=]+=" "" _expected "${_canary}")
+  add_test(NAME "${_name}: the build reports a ${_defect} (canary)" COMMAND dettrial_sanitizer_canary ${_defect})
+  set_tests_properties("${_name}: the build reports a ${_defect} (canary)" PROPERTIES ENVIRONMENT "${_options}" PASS_REGULAR_EXPRESSION "${_expected}")
+endforeach()
