@@ -16155,6 +16155,7 @@ DETTRIAL_INLINE void delete_checkpoint(const CheckpointInfo& checkpoint);
 #include <string_view>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 #include <yaml-cpp/yaml.h>
@@ -16199,6 +16200,13 @@ Json read_json_file(const std::filesystem::path& path) {
                  "): " + (colon == std::string::npos ? what : what.substr(colon + 2)));
   }
 }
+
+/**
+ * @brief The JSON objects of a .jsonl file, one per line (blank lines skipped). A last line that is
+ * not one (torn by a crash) is skipped and `*torn` set; any other is an Error naming the file and the
+ * line number.
+ */
+DETTRIAL_INLINE std::vector<Json> read_jsonl(const std::filesystem::path& path, bool* torn = nullptr);
 
 /// A field of a JSON document that is missing or has the wrong type, as `json_field` and `json_as`
 /// report it ("no 'uuid'", "'uuid' is a number, not a string"); readers turn it into their own
@@ -16254,6 +16262,40 @@ T json_as(const Json& value, std::string_view field) {
 // Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
 #if DETTRIAL_HEADER_DEFINITIONS
 namespace dettrial::detail {
+
+DETTRIAL_INLINE std::vector<Json> read_jsonl(const std::filesystem::path& path, bool* torn) {
+  if (torn) *torn = false;
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw Error("cannot read '" + path.string() + "'");
+  std::vector<Json> out;
+  // A line that is not a record is fatal only once another line follows it: the last may be torn.
+  std::string bad_reason;
+  std::size_t bad_line = 0, number = 0;
+  for (std::string line; std::getline(in, line);) {
+    ++number;
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (line.find_first_not_of(" \t") == std::string::npos) continue;
+    if (bad_line != 0)
+      throw Error("'" + path.string() + "' line " + std::to_string(bad_line) + " is not a JSON record (" + bad_reason +
+                  "); the file is damaged: fix or delete that line");
+    try {
+      Json record = Json::parse(line);
+      if (record.is_object()) {
+        out.push_back(std::move(record));
+        continue;
+      }
+      bad_reason = "it is " + json_kind(record) + ", not an object";
+    } catch (const Json::parse_error& e) {
+      const std::string what = e.what();
+      const auto colon = what.find(": ");
+      bad_reason = colon == std::string::npos ? what : what.substr(colon + 2);
+    }
+    bad_line = number;
+  }
+  if (in.bad()) throw Error("cannot read '" + path.string() + "'");
+  if (bad_line != 0 && torn) *torn = true;
+  return out;
+}
 
 DETTRIAL_INLINE Json yaml_to_json(const YAML::Node& node) {
   switch (node.Type()) {
@@ -19212,13 +19254,6 @@ DETTRIAL_INLINE std::string svg_chart(const Chart& chart) {
 
 namespace dettrial::detail::html {
 
-/**
- * @brief The JSON objects of a .jsonl file, one per line (blank lines skipped). A last line that is
- * not one (torn by a crash) is skipped and `*torn` set; any other is an Error naming the file and the
- * line number.
- */
-DETTRIAL_INLINE std::vector<Json> read_jsonl(const std::filesystem::path& path, bool* torn = nullptr);
-
 /// The page: its frame around `header` and `content` (HTML), with a footer line of when it was written.
 DETTRIAL_INLINE std::string page(const std::string& title, const std::string& header, const std::string& content);
 /// The charts as a row of figures.
@@ -19250,40 +19285,6 @@ DETTRIAL_INLINE Json optional_json(const std::optional<std::int64_t>& v);
 // Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
 #if DETTRIAL_HEADER_DEFINITIONS
 namespace dettrial::detail::html {
-
-DETTRIAL_INLINE std::vector<Json> read_jsonl(const std::filesystem::path& path, bool* torn) {
-  if (torn) *torn = false;
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error("cannot read '" + path.string() + "'");
-  std::vector<Json> out;
-  // A line that is not a record is fatal only once another line follows it: the last may be torn.
-  std::string bad_reason;
-  std::size_t bad_line = 0, number = 0;
-  for (std::string line; std::getline(in, line);) {
-    ++number;
-    if (!line.empty() && line.back() == '\r') line.pop_back();
-    if (line.find_first_not_of(" \t") == std::string::npos) continue;
-    if (bad_line != 0)
-      throw Error("'" + path.string() + "' line " + std::to_string(bad_line) + " is not a JSON record (" + bad_reason +
-                  "); the file is damaged: fix or delete that line");
-    try {
-      Json record = Json::parse(line);
-      if (record.is_object()) {
-        out.push_back(std::move(record));
-        continue;
-      }
-      bad_reason = "it is " + json_kind(record) + ", not an object";
-    } catch (const Json::parse_error& e) {
-      const std::string what = e.what();
-      const auto colon = what.find(": ");
-      bad_reason = colon == std::string::npos ? what : what.substr(colon + 2);
-    }
-    bad_line = number;
-  }
-  if (in.bad()) throw Error("cannot read '" + path.string() + "'");
-  if (bad_line != 0 && torn) *torn = true;
-  return out;
-}
 
 // ---- the page ---------------------------------------------------------------------------------
 
@@ -19761,7 +19762,7 @@ DETTRIAL_INLINE std::filesystem::path write_run_report(const std::filesystem::pa
   if (!std::filesystem::is_regular_file(metrics_path, ec))
     throw Error("'" + run_dir.string() + "' has no metrics.jsonl: nothing to report (a run's output folder has one)");
   bool torn = false;
-  const std::vector<Json> records = html::read_jsonl(metrics_path, &torn);
+  const std::vector<Json> records = detail::read_jsonl(metrics_path, &torn);
   std::size_t metric_charts = 0;
   const std::vector<html::Chart> charts = html::run_charts(records, &metric_charts);
 
@@ -21200,6 +21201,8 @@ class MlflowClient {
   /// Uploads `bytes` as artifact `name` of a run whose artifact URI is `artifact_uri` (the server's
   /// artifact proxy, `mlflow-artifacts:/...`). Throws MlflowError for a URI the proxy does not serve.
   void upload_artifact(const std::string& artifact_uri, const std::string& name, std::string_view bytes);
+  /// The tracking server's address, as given.
+  const std::string& uri() const { return uri_; }
 
  private:
   std::string uri_;
@@ -21326,6 +21329,7 @@ class MlflowRun {
 #include <cstdio>
 #include <deque>
 #include <fstream>
+#include <initializer_list>
 #include <iterator>
 #include <map>
 #include <mutex>
@@ -21358,6 +21362,57 @@ inline Json key_values(const std::vector<std::pair<std::string, std::string>>& p
 inline void set_run(Json& body, const std::string& run_id) {
   if (body.is_object() && !body.contains("run_id")) body["run_id"] = run_id;
 }
+/// A string member of `j`, or empty.
+inline std::string text_of(const Json& j, const char* key) {
+  const auto found = j.find(key);
+  return found != j.end() && found->is_string() ? found->get<std::string>() : std::string();
+}
+/// What a server's answer body begins with, for messages (300 bytes).
+inline std::string excerpt(std::string_view body) { return std::string(body.substr(0, 300)); }
+/// MLflow's answer to `api` from the server at `uri`: its JSON (an empty object for a body that is
+/// none), or an MlflowError with the server's message when it is not a success.
+inline Json answer_of(const HttpResponse& answer, const std::string& uri, std::string_view api) {
+  Json parsed = Json::parse(answer.body, nullptr, /*allow_exceptions=*/false);
+  if (!answer.ok()) {
+    std::string reason = parsed.is_object() ? text_of(parsed, "message") : std::string();
+    if (reason.empty()) reason = excerpt(answer.body);
+    throw MlflowError(
+        "the MLflow server at " + uri + " answered " + std::to_string(answer.status) + " to " + std::string(api) + ": " + reason,
+        answer.status);
+  }
+  return parsed.is_discarded() ? Json::object() : parsed;
+}
+/// The string at `path` (member names, outermost first) in `answer`, the server's reply to `api`;
+/// an MlflowError naming what the reply lacks otherwise (a server that is not MLflow, or another version).
+inline std::string answer_text(const Json& answer, std::initializer_list<const char*> path, const std::string& uri, std::string_view api) {
+  const Json* at = &answer;
+  std::string dotted;
+  for (const char* key : path) {
+    dotted += (dotted.empty() ? "" : ".") + std::string(key);
+    at = at ? json_find(*at, key) : nullptr;
+  }
+  if (!at || !at->is_string())
+    throw MlflowError("the MLflow server at " + uri + " answered " + std::string(api) + " without a string " + dotted + ": " +
+                          excerpt(answer.dump(-1, ' ', false, Json::error_handler_t::replace)),
+                      0);
+  return at->get<std::string>();
+}
+/// The requests kept in `path` (mlflow-pending.jsonl), in order: a torn last line was never
+/// acknowledged, and a line without its api is none dettrial wrote (both left out).
+inline std::vector<Json> read_pending(const std::filesystem::path& path) {
+  std::vector<Json> pending;
+  std::ifstream in(path);
+  for (std::string line; std::getline(in, line);) {
+    Json entry = Json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (entry.is_object() && !text_of(entry, "api").empty()) pending.push_back(std::move(entry));
+  }
+  return pending;
+}
+/// The run's id and artifact URI in `answer`, the reply to runs/create of the server at `uri`.
+inline void read_created_run(const Json& answer, const std::string& uri, MlflowState& state) {
+  state.run_id = answer_text(answer, {"run", "info", "run_id"}, uri, "runs/create");
+  state.artifact_uri = text_of(answer.at("run").at("info"), "artifact_uri");
+}
 /// Creates the run the state describes, filling in its ids.
 inline void create_run(MlflowClient& client, MlflowState& state) {
   state.experiment_id = client.experiment_id(state.experiment_name);
@@ -21365,23 +21420,16 @@ inline void create_run(MlflowClient& client, MlflowState& state) {
                        {"run_name", state.run_name},
                        {"start_time", state.start_time_ms},
                        {"tags", key_values(state.tags, 0, state.tags.size())}};
-  const Json run = client.call("POST", "runs/create", create).at("run").at("info");
-  state.run_id = run.at("run_id").get<std::string>();
-  state.artifact_uri = run.value("artifact_uri", "");
+  read_created_run(client.call("POST", "runs/create", create), client.uri(), state);
 }
 /// Sends one kept or queued request whose run exists.
 inline void send(MlflowClient& client, const MlflowState& state, const std::string& api, Json body) {
   if (api == "artifact") {
-    client.upload_artifact(state.artifact_uri, body.at("name").get<std::string>(), body.at("text").get<std::string>());
+    client.upload_artifact(state.artifact_uri, text_of(body, "name"), text_of(body, "text"));
     return;
   }
   set_run(body, state.run_id);
   client.call("POST", api, body);
-}
-/// A string member of `j`, or empty.
-inline std::string text_of(const Json& j, const char* key) {
-  const auto found = j.find(key);
-  return found != j.end() && found->is_string() ? found->get<std::string>() : std::string();
 }
 }  // namespace dettrial::detail::mlflow
 
@@ -21398,7 +21446,8 @@ DETTRIAL_INLINE MlflowState MlflowState::from_json(std::string_view text) {
   if (const auto create = j.find("create"); create != j.end() && create->is_object()) {
     s.experiment_name = text_of(*create, "experiment_name");
     s.run_name = text_of(*create, "run_name");
-    s.start_time_ms = create->value("start_time", std::int64_t{0});
+    if (const auto start = create->find("start_time"); start != create->end() && start->is_number_integer())
+      s.start_time_ms = start->get<std::int64_t>();
     if (const auto tags = create->find("tags"); tags != create->end() && tags->is_array())
       for (const Json& tag : *tags)
         if (tag.is_object()) s.tags.emplace_back(text_of(tag, "key"), text_of(tag, "value"));
@@ -21474,29 +21523,23 @@ DETTRIAL_INLINE Json MlflowClient::call(std::string_view method, std::string_vie
   } else {
     answer = http_.request(method, url, body.dump());
   }
-  Json parsed = Json::parse(answer.body, nullptr, /*allow_exceptions=*/false);
-  if (!answer.ok()) {
-    std::string reason = parsed.is_object() ? parsed.value("message", std::string()) : std::string();
-    if (reason.empty()) reason = answer.body.substr(0, 300);
-    throw MlflowError(
-        "the MLflow server at " + uri_ + " answered " + std::to_string(answer.status) + " to " + std::string(api) + ": " + reason,
-        answer.status);
-  }
-  return parsed.is_discarded() ? Json::object() : parsed;
+  return detail::mlflow::answer_of(answer, uri_, api);
 }
 
 DETTRIAL_INLINE std::string MlflowClient::experiment_id(const std::string& name) {
   try {
-    return call("GET", "experiments/get-by-name", {{"experiment_name", name}}).at("experiment").at("experiment_id").get<std::string>();
+    return detail::mlflow::answer_text(call("GET", "experiments/get-by-name", {{"experiment_name", name}}), {"experiment", "experiment_id"},
+                                       uri_, "experiments/get-by-name");
   } catch (const MlflowError& e) {
     if (e.status != 404) throw;
   }
   try {
-    return call("POST", "experiments/create", {{"name", name}}).at("experiment_id").get<std::string>();
+    return detail::mlflow::answer_text(call("POST", "experiments/create", {{"name", name}}), {"experiment_id"}, uri_, "experiments/create");
   } catch (const MlflowError& e) {
     // Another process (a search's trial) created it meanwhile.
     if (e.status != 400 && e.status != 409) throw;
-    return call("GET", "experiments/get-by-name", {{"experiment_name", name}}).at("experiment").at("experiment_id").get<std::string>();
+    return detail::mlflow::answer_text(call("GET", "experiments/get-by-name", {{"experiment_name", name}}), {"experiment", "experiment_id"},
+                                       uri_, "experiments/get-by-name");
   }
 }
 
@@ -21521,14 +21564,7 @@ DETTRIAL_INLINE std::size_t sync_mlflow_run(const std::filesystem::path& dir) {
   if (state.tracking_uri.empty())
     throw Error("'" + (dir / layout::mlflow_state).string() + "' is missing: the run in '" + dir.string() + "' was not tracked in MLflow");
   const std::filesystem::path pending_path = dir / layout::mlflow_pending;
-  std::vector<Json> pending;
-  {
-    std::ifstream in(pending_path);
-    for (std::string line; std::getline(in, line);) {
-      Json entry = Json::parse(line, nullptr, /*allow_exceptions=*/false);
-      if (entry.is_object() && entry.contains("api")) pending.push_back(std::move(entry));  // a torn last line was never acknowledged
-    }
-  }
+  std::vector<Json> pending = detail::mlflow::read_pending(pending_path);
   if (pending.empty() && !state.run_id.empty()) return 0;
   MlflowClient client(state.tracking_uri);
   if (state.run_id.empty()) {
@@ -21538,7 +21574,7 @@ DETTRIAL_INLINE std::size_t sync_mlflow_run(const std::filesystem::path& dir) {
   std::size_t sent = 0;
   try {
     for (; sent < pending.size(); ++sent)
-      detail::mlflow::send(client, state, pending[sent].at("api").get<std::string>(), pending[sent].value("body", Json::object()));
+      detail::mlflow::send(client, state, detail::mlflow::text_of(pending[sent], "api"), pending[sent].value("body", Json::object()));
   } catch (...) {
     std::string rest;
     for (std::size_t i = sent; i < pending.size(); ++i) rest += json_line(pending[i]);

@@ -585,6 +585,13 @@ class Experiment {
   /// Every trial's summary, by id.
   std::map<std::int64_t, TrialSummary> trials() const;
 
+  /// The searcher's first trials, then the folder's events.jsonl told to the searcher again, in
+  /// order (what run() does first, once): trials() then says where the search stands. An event of
+  /// a trial the searcher did not create, a trial's second end, a missing or mistyped field, or a
+  /// damaged line before the last (the last may be torn by a crash, and is left out) is an Error
+  /// naming the file.
+  void replay();
+
  private:
   struct Running {
     /// The runner's child (the trial's process, or its srun); -1 for a Slurm job adopted from an
@@ -652,7 +659,12 @@ class Experiment {
   static const SearcherSettings& checked_searcher(const ExperimentConfig& c);
   void log_event(const detail::Json& event);
 
-  void replay_or_start();
+  /// A torn last line of events.jsonl (a runner killed while writing it) cut off, so that this
+  /// runner's first event is not appended to it and lost with it.
+  void cut_torn_event();
+  /// One event of the log, replayed; `line` is its text, for messages.
+  void replay_event(const detail::Json& e, const std::string& line);
+  bool replayed_ = false;
 
   static TrialState state_from(const std::string& s);
 
@@ -812,7 +824,8 @@ DETTRIAL_INLINE int Experiment::run() {
   detail::supervisor_signal_count.store(0);
   const detail::SignalHandlers handlers(&detail::dettrial_on_supervisor_signal);
 
-  replay_or_start();
+  cut_torn_event();
+  replay();
   start_mlflow();
   if (slurm_) adopt_slurm_jobs();
   // A trial the searcher stopped whose end the log lacks (the runner died before it): it is
@@ -996,58 +1009,30 @@ DETTRIAL_INLINE void Experiment::log_event(const detail::Json& event) {
   std::ofstream(folder().events_log(), std::ios::app) << detail::json_line(event);
 }
 
-DETTRIAL_INLINE void Experiment::replay_or_start() {
+DETTRIAL_INLINE void Experiment::cut_torn_event() {
   const auto events_path = folder().events_log();
+  std::ifstream whole(events_path, std::ios::binary);
+  if (!whole) return;
+  const std::string text((std::istreambuf_iterator<char>(whole)), std::istreambuf_iterator<char>());
+  if (text.empty() || text.back() == '\n') return;
+  const auto keep = text.rfind('\n');
+  std::filesystem::resize_file(events_path, keep == std::string::npos ? 0 : keep + 1);
+  say("dettrial: the last line of " + events_path.string() + " was torn (a runner killed while writing it); it is dropped");
+}
+
+DETTRIAL_INLINE void Experiment::replay() {
+  if (replayed_) return;
+  replayed_ = true;
   std::vector<TrialRequest> first = std::visit([](auto& s) { return s.initial(); }, searcher_);
   for (auto& r : first) add_trial(std::move(r));
+  const auto events_path = folder().events_log();
   if (!std::filesystem::exists(events_path)) return;
-  // A runner killed while writing an event leaves a torn last line: cut it, or this runner's first
-  // event would be appended to it and lost with it.
-  {
-    std::ifstream whole(events_path, std::ios::binary);
-    const std::string text((std::istreambuf_iterator<char>(whole)), std::istreambuf_iterator<char>());
-    if (!text.empty() && text.back() != '\n') {
-      const auto keep = text.rfind('\n');
-      std::filesystem::resize_file(events_path, keep == std::string::npos ? 0 : keep + 1);
-      say("dettrial: the last line of " + events_path.string() + " was torn (a runner killed while writing it); it is dropped");
-    }
-  }
-  // Replay: the searcher is deterministic given its seed and the same events in the same order.
-  std::ifstream in(events_path);
+  // The searcher is deterministic given its seed and the same events in the same order.
   std::int64_t replayed = 0;
-  for (std::string line; std::getline(in, line);) {
-    if (line.empty()) continue;
-    const detail::Json e = detail::Json::parse(line, nullptr, /*allow_exceptions=*/false);
-    if (e.is_discarded()) break;  // a torn last line from a crash: what came before stands
+  for (const detail::Json& e : detail::read_jsonl(events_path)) {
+    const std::string line = e.dump(-1, ' ', false, detail::Json::error_handler_t::replace);
     try {
-      const auto get = [&e](const char* key) -> const detail::Json& { return detail::json_field(e, key); };
-      const auto id = detail::json_as<std::int64_t>(get("trial"), "trial");
-      const auto kind = detail::json_as<std::string>(get("event"), "event");
-      if (kind == "validation") {
-        const double metric = detail::json_as<double>(get("metric"), "metric");
-        const double time = detail::json_as<double>(get("time"), "time");
-        std::visit([&](auto& s) { s.on_validation(id, metric, time); }, searcher_);
-        TrialRecord& record = records_.at(id);
-        record_metric(record.summary, metric);
-        if (const detail::Json* b = detail::json_find(e, "batches"))
-          record.validated_batches = std::max(record.validated_batches.value_or(0), detail::json_as<std::int64_t>(*b, "batches"));
-        if (const detail::Json* r = detail::json_find(e, "rung")) {
-          const auto rung = detail::json_as<std::int64_t>(*r, "rung");
-          record.rung = std::max(record.rung.value_or(rung), rung);
-        }
-        if (const detail::Json* stopped = detail::json_find(e, "stopped"); stopped && stopped->is_boolean() && stopped->get<bool>())
-          record.stop_logged = true;
-      } else if (kind == "end") {
-        TrialSummary& t = records_.at(id).summary;
-        t.state = state_from(detail::json_as<std::string>(get("state"), "state"));
-        t.restarts = detail::json_as<std::int64_t>(get("restarts"), "restarts");
-        queue_.erase(std::remove(queue_.begin(), queue_.end(), id), queue_.end());
-        for (auto& r : std::visit([&](auto& s) { return s.on_trial_end(id); }, searcher_)) add_trial(std::move(r));
-      } else if (kind == "restart") {
-        records_.at(id).summary.restarts = detail::json_as<std::int64_t>(get("restarts"), "restarts");
-      }
-      if (const detail::Json* job = detail::json_find(e, "slurm_job"))
-        records_.at(id).handled_job = detail::json_as<std::int64_t>(*job, "slurm_job");
+      replay_event(e, line);
     } catch (const detail::JsonFieldError& err) {
       throw Error("'" + events_path.string() + "' has an event that lacks a field or has one of the wrong type (" + err.what() +
                   "): " + line);
@@ -1056,6 +1041,46 @@ DETTRIAL_INLINE void Experiment::replay_or_start() {
   }
   if (replayed > 0)
     say("dettrial: continuing the experiment in " + options_.output_dir.string() + " (" + std::to_string(replayed) + " events)");
+}
+
+DETTRIAL_INLINE void Experiment::replay_event(const detail::Json& e, const std::string& line) {
+  const auto get = [&e](const char* key) -> const detail::Json& { return detail::json_field(e, key); };
+  const auto id = detail::json_as<std::int64_t>(get("trial"), "trial");
+  const auto kind = detail::json_as<std::string>(get("event"), "event");
+  // Only the trials this searcher, from this seed, created: an event of another is from another
+  // experiment's log (or another searcher's, or seed's), and the searcher would be told of a trial
+  // it never made.
+  const auto found = records_.find(id);
+  if (found == records_.end())
+    throw Error("'" + folder().events_log().string() + "' has an event of trial " + std::to_string(id) +
+                ", which this experiment's searcher did not create (the log of another experiment, searcher or seed?): " + line);
+  TrialRecord& record = found->second;
+  if (kind == "validation") {
+    const double metric = detail::json_as<double>(get("metric"), "metric");
+    const double time = detail::json_as<double>(get("time"), "time");
+    std::visit([&](auto& s) { s.on_validation(id, metric, time); }, searcher_);
+    record_metric(record.summary, metric);
+    if (const detail::Json* b = detail::json_find(e, "batches"))
+      record.validated_batches = std::max(record.validated_batches.value_or(0), detail::json_as<std::int64_t>(*b, "batches"));
+    if (const detail::Json* r = detail::json_find(e, "rung")) {
+      const auto rung = detail::json_as<std::int64_t>(*r, "rung");
+      record.rung = std::max(record.rung.value_or(rung), rung);
+    }
+    if (const detail::Json* stopped = detail::json_find(e, "stopped"); stopped && stopped->is_boolean() && stopped->get<bool>())
+      record.stop_logged = true;
+  } else if (kind == "end") {
+    // Told twice that a trial ended, a searcher would create its successors twice.
+    if (std::find(queue_.begin(), queue_.end(), id) == queue_.end())
+      throw Error("'" + folder().events_log().string() + "' ends trial " + std::to_string(id) + " a second time: " + line);
+    TrialSummary& t = record.summary;
+    t.state = state_from(detail::json_as<std::string>(get("state"), "state"));
+    t.restarts = detail::json_as<std::int64_t>(get("restarts"), "restarts");
+    queue_.erase(std::remove(queue_.begin(), queue_.end(), id), queue_.end());
+    for (auto& r : std::visit([&](auto& s) { return s.on_trial_end(id); }, searcher_)) add_trial(std::move(r));
+  } else if (kind == "restart") {
+    record.summary.restarts = detail::json_as<std::int64_t>(get("restarts"), "restarts");
+  }
+  if (const detail::Json* job = detail::json_find(e, "slurm_job")) record.handled_job = detail::json_as<std::int64_t>(*job, "slurm_job");
 }
 
 DETTRIAL_INLINE TrialState Experiment::state_from(const std::string& s) {
