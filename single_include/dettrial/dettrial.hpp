@@ -16179,6 +16179,19 @@ DETTRIAL_INLINE Json yaml_to_json(const YAML::Node& node);
 
 // ---- reading ---------------------------------------------------------------------------------
 
+/// Why nlohmann/json's parser refused a text, without its "[json.exception...]" tag and, for a
+/// syntax error, without the place (callers say where): "syntax error while parsing value ...",
+/// "number overflow parsing '1e99999'" (a number past a double's range is an out_of_range, not a
+/// parse_error: a reader that caught only the latter let it through).
+inline std::string json_parse_reason(const Json::exception& e) {
+  std::string what = e.what();
+  if (const auto tag_end = what.find("] "); what.starts_with("[json.exception.") && tag_end != std::string::npos)
+    what.erase(0, tag_end + 2);
+  if (dynamic_cast<const Json::parse_error*>(&e) != nullptr)
+    if (const auto colon = what.find(": "); colon != std::string::npos) what.erase(0, colon + 2);
+  return what;
+}
+
 /// Reads a JSON file written by dettrial; a missing or unparsable file is an ErrorT naming it:
 /// "cannot read '<path>'", "'<path>' is not valid JSON (line N): <reason>".
 template <class ErrorT = Error>
@@ -16190,14 +16203,15 @@ Json read_json_file(const std::filesystem::path& path) {
   if (in.bad()) throw ErrorT("cannot read '" + path.string() + "'");
   try {
     return Json::parse(text);
-  } catch (const Json::parse_error& e) {
-    // e.byte: 1-based, the byte the parser stopped at. Its message says where too; the reason follows the first ": ".
-    const std::size_t at = std::min<std::size_t>(e.byte > 0 ? e.byte - 1 : 0, text.size());
-    const auto line = 1 + std::count(text.begin(), text.begin() + static_cast<std::ptrdiff_t>(at), '\n');
-    const std::string what = e.what();
-    const auto colon = what.find(": ");
-    throw ErrorT("'" + path.string() + "' is not valid JSON (line " + std::to_string(line) +
-                 "): " + (colon == std::string::npos ? what : what.substr(colon + 2)));
+  } catch (const Json::exception& e) {
+    // A syntax error's byte (1-based, where the parser stopped) gives the line; a number out of
+    // range has none.
+    std::string where;
+    if (const auto* syntax = dynamic_cast<const Json::parse_error*>(&e)) {
+      const std::size_t at = std::min<std::size_t>(syntax->byte > 0 ? syntax->byte - 1 : 0, text.size());
+      where = " (line " + std::to_string(1 + std::count(text.begin(), text.begin() + static_cast<std::ptrdiff_t>(at), '\n')) + ")";
+    }
+    throw ErrorT("'" + path.string() + "' is not valid JSON" + where + ": " + json_parse_reason(e));
   }
 }
 
@@ -16285,10 +16299,8 @@ DETTRIAL_INLINE std::vector<Json> read_jsonl(const std::filesystem::path& path, 
         continue;
       }
       bad_reason = "it is " + json_kind(record) + ", not an object";
-    } catch (const Json::parse_error& e) {
-      const std::string what = e.what();
-      const auto colon = what.find(": ");
-      bad_reason = colon == std::string::npos ? what : what.substr(colon + 2);
+    } catch (const Json::exception& e) {
+      bad_reason = json_parse_reason(e);
     }
     bad_line = number;
   }

@@ -197,6 +197,12 @@ reproducibility: {experiment_seed: 5}
   CHECK_THROWS_WITH_AS(replay(validated + ended + ended),
                        ("'" + events + "' ends trial 1 a second time: " + ended.substr(0, ended.size() - 1)).c_str(), Error);
   CHECK_THROWS_WITH_AS(replay("{\"event\":\n" + ended), doctest::Contains(("'" + events + "' line 1 is not a JSON record").c_str()), Error);
+  // A number past a double's range (nlohmann/json's out_of_range, not a parse_error; the fuzz target's finding).
+  CHECK_THROWS_WITH_AS(replay(R"({"event":"validation","trial":1,"metric":1e99999,"time":4})"
+                              "\n" +
+                              ended),
+                       doctest::Contains(("'" + events + "' line 1 is not a JSON record (number overflow parsing '1e99999')").c_str()),
+                       Error);
   CHECK_THROWS_WITH_AS(replay(R"({"event":"validation","trial":1,"metric":"0.25","time":4})"
                               "\n"),
                        doctest::Contains("lacks a field or has one of the wrong type ('metric' is a string, not a number)"), Error);
