@@ -21342,6 +21342,7 @@ class MlflowRun {
 #include <deque>
 #include <fstream>
 #include <initializer_list>
+#include <istream>
 #include <iterator>
 #include <map>
 #include <mutex>
@@ -21409,16 +21410,19 @@ inline std::string answer_text(const Json& answer, std::initializer_list<const c
                       0);
   return at->get<std::string>();
 }
-/// The requests kept in `path` (mlflow-pending.jsonl), in order: a torn last line was never
+/// The requests kept in mlflow-pending.jsonl (`in`, or the file at `path`), in order: a torn last line was never
 /// acknowledged, and a line without its api is none dettrial wrote (both left out).
-inline std::vector<Json> read_pending(const std::filesystem::path& path) {
+inline std::vector<Json> read_pending(std::istream& in) {
   std::vector<Json> pending;
-  std::ifstream in(path);
   for (std::string line; std::getline(in, line);) {
     Json entry = Json::parse(line, nullptr, /*allow_exceptions=*/false);
     if (entry.is_object() && !text_of(entry, "api").empty()) pending.push_back(std::move(entry));
   }
   return pending;
+}
+inline std::vector<Json> read_pending(const std::filesystem::path& path) {
+  std::ifstream in(path);
+  return read_pending(in);
 }
 /// The run's id and artifact URI in `answer`, the reply to runs/create of the server at `uri`.
 inline void read_created_run(const Json& answer, const std::string& uri, MlflowState& state) {

@@ -18,6 +18,7 @@
 #include <functional>
 #include <map>
 #include <span>
+#include <sstream>
 #include <string>
 #include <string_view>
 
@@ -191,8 +192,8 @@ void mlflow(std::string_view bytes) {
   // A run folder's state reads back as it was written.
   const auto state = dettrial::detail::MlflowState::from_json(bytes);
   if (dettrial::detail::MlflowState::from_json(state.to_json()).to_json() != state.to_json()) std::abort();
-  write(scratch() / "mlflow-pending.jsonl", bytes);
-  (void)m::read_pending(scratch() / "mlflow-pending.jsonl");
+  std::istringstream pending(body);
+  (void)m::read_pending(pending);
 }
 
 using Target = void (*)(std::string_view);
