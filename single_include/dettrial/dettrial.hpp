@@ -21387,7 +21387,7 @@ inline std::string excerpt(std::string_view body) { return std::string(body.subs
 inline Json answer_of(const HttpResponse& answer, const std::string& uri, std::string_view api) {
   Json parsed = Json::parse(answer.body, nullptr, /*allow_exceptions=*/false);
   if (!answer.ok()) {
-    std::string reason = parsed.is_object() ? text_of(parsed, "message") : std::string();
+    std::string reason = text_of(parsed, "message");
     if (reason.empty()) reason = excerpt(answer.body);
     throw MlflowError(
         "the MLflow server at " + uri + " answered " + std::to_string(answer.status) + " to " + std::string(api) + ": " + reason,
@@ -21543,9 +21543,12 @@ DETTRIAL_INLINE Json MlflowClient::call(std::string_view method, std::string_vie
 }
 
 DETTRIAL_INLINE std::string MlflowClient::experiment_id(const std::string& name) {
-  try {
+  const auto by_name = [&] {
     return detail::mlflow::answer_text(call("GET", "experiments/get-by-name", {{"experiment_name", name}}), {"experiment", "experiment_id"},
                                        uri_, "experiments/get-by-name");
+  };
+  try {
+    return by_name();
   } catch (const MlflowError& e) {
     if (e.status != 404) throw;
   }
@@ -21554,8 +21557,7 @@ DETTRIAL_INLINE std::string MlflowClient::experiment_id(const std::string& name)
   } catch (const MlflowError& e) {
     // Another process (a search's trial) created it meanwhile.
     if (e.status != 400 && e.status != 409) throw;
-    return detail::mlflow::answer_text(call("GET", "experiments/get-by-name", {{"experiment_name", name}}), {"experiment", "experiment_id"},
-                                       uri_, "experiments/get-by-name");
+    return by_name();
   }
 }
 

@@ -3,8 +3,6 @@
 # cases in one process each program as in the plain build (shared_run.cmake). A report fails the
 # test it appears in: the shared run's, when it comes at the program's exit (a leak), or a case's.
 # Included from tests/CMakeLists.txt in place of the other kinds of test.
-set(DETTRIAL_PYTHON "" CACHE FILEPATH "A Python with the torch that matches this LibTorch, for the parity and
-       checkpoint interop checks")
 set(_suppressions "${CMAKE_CURRENT_SOURCE_DIR}/sanitize")
 if(DETTRIAL_SANITIZE STREQUAL "thread")
   set(_name tsan)
@@ -38,8 +36,6 @@ add_executable(${_program} unit/main.cpp unit/source_dir.cpp ${_files})
 target_link_libraries(${_program} PRIVATE dettrial::compiled doctest::doctest)
 target_compile_definitions(${_program} PRIVATE DETTRIAL_MNIST10K_DIR="${DETTRIAL_MNIST10K_DIR}")
 dettrial_use_compiled_pch(${_program})
-set_source_files_properties(unit/main.cpp unit/source_dir.cpp PROPERTIES SKIP_PRECOMPILE_HEADERS ON)
-set_source_files_properties(unit/source_dir.cpp PROPERTIES COMPILE_DEFINITIONS "DETTRIAL_TESTS_SOURCE_DIR=\"${CMAKE_CURRENT_SOURCE_DIR}\"")
 dettrial_shared_run_tests(${_program} "${_name}:every case in one process" "${_name}: "
                           ENVIRONMENT "DETTRIAL_TEST_PYTHON=${DETTRIAL_PYTHON}" ${_options}
                           PROPERTIES FAIL_REGULAR_EXPRESSION "${_report}")
@@ -49,14 +45,8 @@ if(_name STREQUAL "asan")
   add_executable(dettrial_asan_vision_tests unit/main.cpp unit/vision_test.cpp)
   target_link_libraries(dettrial_asan_vision_tests PRIVATE dettrial::compiled doctest::doctest)
   dettrial_use_compiled_pch(dettrial_asan_vision_tests)
-  set(_fixtures "${CMAKE_CURRENT_BINARY_DIR}/vision_fixtures")
-  set(_fixture_test "asan: vision: PIL and torchvision write the image fixtures")
-  if(DETTRIAL_PYTHON)
-    add_test(NAME "${_fixture_test}" COMMAND "${DETTRIAL_PYTHON}" "${CMAKE_CURRENT_SOURCE_DIR}/python/fixture_cache.py" "${DETTRIAL_FIXTURE_CACHE}"
-                                            "${CMAKE_CURRENT_SOURCE_DIR}/python/vision_fixtures.py" "${_fixtures}")
-    set_tests_properties("${_fixture_test}" PROPERTIES FIXTURES_SETUP dettrial_asan_vision_tests SKIP_RETURN_CODE 77
-                                                       PASS_REGULAR_EXPRESSION "(^|\n)ok: ")
-  endif()
+  dettrial_python_fixture(dettrial_asan_vision_tests "${DETTRIAL_PYTHON}" vision_fixtures.py
+                          "asan: vision: PIL and torchvision write the image fixtures" _fixtures)
   dettrial_shared_run_tests(dettrial_asan_vision_tests "asan: vision: every case in one process" "asan: "
                             ENVIRONMENT "DETTRIAL_VISION_FIXTURES=${_fixtures}" ${_options}
                             PROPERTIES FAIL_REGULAR_EXPRESSION "${_report}" FIXTURES_REQUIRED dettrial_asan_vision_tests)

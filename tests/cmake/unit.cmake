@@ -9,8 +9,6 @@
 # two thirds of a header-only program's compile time). Header-only programs are built and run too:
 # the MNIST example from single_include/, the trainer benchmark, the link-order programs and the
 # Conan package's test.
-set(DETTRIAL_PYTHON "" CACHE FILEPATH "A Python with the torch that matches this LibTorch, for the parity and
-       checkpoint interop checks")
 add_executable(dettrial_unit_tests unit/main.cpp unit/source_dir.cpp unit/config_test.cpp unit/trainer_test.cpp unit/data_test.cpp
                                    unit/checkpoint_test.cpp unit/distributed_test.cpp unit/data_parallel_test.cpp
                                    unit/search_test.cpp unit/keras_test.cpp
@@ -50,11 +48,6 @@ if(DETTRIAL_UNITY_TESTS)
     set_source_files_properties(${_files} PROPERTIES HEADER_FILE_ONLY ON)
   endforeach()
 endif()
-# The data files some tests read (the schema test's cases, the checkpoint an earlier dettrial wrote,
-# the Python scripts) are read where they are: the checkout's path is compiled into source_dir.cpp
-# alone, which includes no LibTorch, so that the other files hit the compiler cache in any checkout.
-set_source_files_properties(unit/main.cpp unit/source_dir.cpp PROPERTIES SKIP_PRECOMPILE_HEADERS ON)
-set_source_files_properties(unit/source_dir.cpp PROPERTIES COMPILE_DEFINITIONS "DETTRIAL_TESTS_SOURCE_DIR=\"${CMAKE_CURRENT_SOURCE_DIR}\"")
 # The cases run in one process (LibTorch's start-up, most of a second, once and not 220 times):
 # CTest's "unit:every case in one process" writes a record per case, and each case's own test
 # reports it through shared_run_case, or runs the case alone when it has none or failed there
@@ -77,25 +70,13 @@ target_compile_definitions(dettrial_mnist_tests PRIVATE DETTRIAL_MNIST10K_DIR="$
 dettrial_use_compiled_pch(dettrial_mnist_tests)
 doctest_discover_tests(dettrial_mnist_tests TEST_PREFIX "mnist: " PROPERTIES SKIP_RETURN_CODE 77)
 
-# Test programs whose cases compare with what a Python script wrote: the script runs first as a
-# CTest fixture (a line of its output must begin "ok: ", after any notes; exit 77 is skipped, with
-# the reason), writing into the build folder that the cases read through `variable`. Without
-# `python` the cases find nothing there and skip themselves, each with its reason. Through
-# tests/python/fixture_cache.py: with DETTRIAL_FIXTURE_CACHE, a folder the same script, Python and
-# packages wrote before (another build's, an earlier run's) is linked, not written again.
-set(DETTRIAL_FIXTURE_CACHE "" CACHE PATH
-    "A folder where the Python fixture writers' outputs are kept, keyed by all their inputs (empty: written each run)")
+# Test programs whose cases compare with what a Python script wrote (dettrial_python_fixture in
+# test_programs.cmake), the folder's path in `variable`.
 function(dettrial_python_fixture_tests target source python script fixture_name variable)
   add_executable(${target} unit/main.cpp ${source})
   target_link_libraries(${target} PRIVATE dettrial::compiled doctest::doctest)
   dettrial_use_compiled_pch(${target})
-  get_filename_component(_stem "${script}" NAME_WE)
-  set(_out "${CMAKE_CURRENT_BINARY_DIR}/${_stem}")
-  if(python)
-    add_test(NAME "${fixture_name}" COMMAND "${python}" "${CMAKE_CURRENT_SOURCE_DIR}/python/fixture_cache.py" "${DETTRIAL_FIXTURE_CACHE}"
-                                            "${CMAKE_CURRENT_SOURCE_DIR}/python/${script}" "${_out}")
-    set_tests_properties("${fixture_name}" PROPERTIES FIXTURES_SETUP ${target} SKIP_RETURN_CODE 77 PASS_REGULAR_EXPRESSION "(^|\n)ok: ")
-  endif()
+  dettrial_python_fixture(${target} "${python}" ${script} "${fixture_name}" _out)
   doctest_discover_tests(${target} TEST_PREFIX "unit: " PROPERTIES SKIP_RETURN_CODE 77 ENVIRONMENT "${variable}=${_out}"
                          FIXTURES_REQUIRED ${target})
 endfunction()

@@ -30,15 +30,15 @@ inline void skip(const std::string& reason) {
 /// own caches); empty otherwise. Cases that measure memory skip themselves with it.
 inline const char* memory_unmeasurable() {
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-  return "a sanitizer's allocator serves this build (AddressSanitizer's quarantine keeps freed memory): its memory figures are not the "
-         "code's";
+  constexpr bool sanitized = true;  // GCC's macros
 #elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
-  return "a sanitizer's allocator serves this build (AddressSanitizer's quarantine keeps freed memory): its memory figures are not the "
-         "code's";
+  constexpr bool sanitized = __has_feature(address_sanitizer) || __has_feature(thread_sanitizer);  // clang's
+#else
+  constexpr bool sanitized = false;
 #endif
-#endif
-  return "";
+  return sanitized ? "a sanitizer's allocator serves this build (AddressSanitizer's quarantine keeps freed memory): its memory figures are "
+                     "not the code's"
+                   : "";
 }
 
 }  // namespace test
