@@ -23,6 +23,8 @@
 #include "data/to_device.hpp"
 #include "vocabulary/metrics.hpp"
 #include "metrics/reducers.hpp"
+#include "optim/python_layout.hpp"
+#include "optim/libtorch_layouts.hpp"
 #include "optim/adadelta.hpp"
 #include "optim/adam_family.hpp"
 #include "optim/muon.hpp"

@@ -4251,6 +4251,549 @@ DETTRIAL_INLINE ValidationReduction::Slot* ValidationReduction::find(std::string
 
 #endif  // DETTRIAL_HEADER_DEFINITIONS
 // ---- end dettrial/metrics/reducers.hpp
+// ---- begin dettrial/optim/python_layout.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief How an optimizer's state is written in Python's layout (`optimizer.state_dict()`) and read
+/// back: one trait, `dettrial::optim::python_layout<Optimizer>`, specialized beside each optimizer
+/// type, and the readers of Python's values a layout is written with. Checkpoints (`state_dict.pth`,
+/// Determined's and dettrial's) and ZeRO's shards find an optimizer's layout here, by the type of its
+/// groups' options; they keep no list of optimizers.
+
+#include <concepts>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <string_view>
+#include <tuple>
+#include <typeindex>
+#include <vector>
+
+#include <torch/torch.h>
+
+// ---- begin dettrial/vocabulary/checkpoint.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief The checkpoint vocabulary: StateDict (the `state_dict.pth` a checkpoint holds, as LibTorch
+/// reads it) and what a checkpoint policy is.
+
+#include <concepts>
+#include <string_view>
+
+#include <torch/torch.h>
+
+namespace dettrial {
+
+/// A `torch.save`d state dict as LibTorch holds it: string keys to tensors, numbers, lists and dicts.
+using StateDict = c10::impl::GenericDict;
+
+/// A checkpoint policy: a name and whether to checkpoint after a validation, given whether it
+/// improved on the best searcher metric so far.
+template <class P>
+concept CheckpointPolicyType = requires(bool improved) {
+  { P::name } -> std::convertible_to<std::string_view>;
+  { P::after_validation(improved) } -> std::same_as<bool>;
+};
+
+}  // namespace dettrial
+// ---- end dettrial/vocabulary/checkpoint.hpp
+
+namespace dettrial::optim {
+
+/**
+ * @brief Python's layout of optimizer type `Optimizer`: specialize it beside the type, as nlohmann's
+ * `adl_serializer` is specialized beside a type it writes, then register it with
+ * `register_python_layout<Optimizer>()` (an inline variable beside the specialization) so that an
+ * optimizer held as a `torch::optim::Optimizer` finds it too. A specialization has:
+ * - `using options_type` and `using state_type`: the optimizer's group options and parameter state;
+ * - `static constexpr std::string_view name`: Python's class name (`"SGD"`), for errors;
+ * - `static std::set<std::string> options()`: the group options it reads (beyond `params`);
+ * - `static void write_options(const options_type&, StateDict& group)` and
+ *   `static void read_option(options_type&, const std::string& key, const c10::IValue&, const std::string& what)`;
+ * - `static void write_state(const state_type&, StateDict& entries)` and
+ *   `static std::unique_ptr<state_type> read_state(const StateDict& entries, const torch::Tensor& param, const std::string& what)`,
+ *   which throws CheckpointError naming `what` when the entries do not make a state;
+ * and, optionally:
+ * - `static std::map<std::string, bool> fixed_flags()`: flags Python's optimizer carries that change
+ *   the update, with the one value this type computes (another value in a file is refused);
+ * - `static constexpr bool elementwise = true`: each element is updated from its own gradient and
+ *   state alone, so ZeRO may cut the parameters apart (false when absent).
+ *
+ * The helpers in dettrial::optim::python read Python's values with errors that name them.
+ */
+template <class Optimizer>
+struct python_layout;
+
+/// A python_layout specialization with everything the layout needs (see python_layout).
+template <class L>
+concept PythonOptimizerLayout =
+    requires(const typename L::options_type& const_options, typename L::options_type& options, const typename L::state_type& state,
+             StateDict& out, const StateDict& entries, const std::string& key, const c10::IValue& value, const torch::Tensor& param) {
+      requires std::derived_from<typename L::options_type, torch::optim::OptimizerOptions>;
+      requires std::derived_from<typename L::state_type, torch::optim::OptimizerParamState>;
+      { L::name } -> std::convertible_to<std::string_view>;
+      { L::options() } -> std::convertible_to<std::set<std::string>>;
+      L::write_options(const_options, out);
+      L::read_option(options, key, value, key);
+      L::write_state(state, out);
+      { L::read_state(entries, param, key) } -> std::convertible_to<std::unique_ptr<torch::optim::OptimizerParamState>>;
+    };
+
+/// One optimizer type's layout with its types erased: what checkpoints and ZeRO's shards call.
+struct OptimizerLayout {
+  std::string name;
+  std::set<std::string> options;
+  std::map<std::string, bool> fixed_flags;
+  bool elementwise = false;
+  void (*write_options)(const torch::optim::OptimizerOptions&, StateDict&) = nullptr;
+  void (*read_option)(torch::optim::OptimizerOptions&, const std::string&, const c10::IValue&, const std::string&) = nullptr;
+  /// False when the state is not the layout's state type (nothing written).
+  bool (*write_state)(const torch::optim::OptimizerParamState&, StateDict&) = nullptr;
+  std::unique_ptr<torch::optim::OptimizerParamState> (*read_state)(const StateDict&, const torch::Tensor&, const std::string&) = nullptr;
+};
+
+/// `Optimizer`'s layout, erased (made once).
+template <class Optimizer>
+const OptimizerLayout& erased_python_layout() {
+  using L = python_layout<Optimizer>;
+  static_assert(PythonOptimizerLayout<L>,
+                "dettrial::optim::python_layout<Optimizer> must have options_type, state_type, name, options(), write_options, "
+                "read_option, write_state and read_state (see dettrial::optim::python_layout)");
+  using Options = typename L::options_type;
+  using State = typename L::state_type;
+  static const OptimizerLayout layout = [] {
+    OptimizerLayout l;
+    l.name = std::string(L::name);
+    l.options = L::options();
+    if constexpr (requires { L::fixed_flags(); }) l.fixed_flags = L::fixed_flags();
+    if constexpr (requires { L::elementwise; }) l.elementwise = L::elementwise;
+    l.write_options = [](const torch::optim::OptimizerOptions& o, StateDict& out) {
+      L::write_options(static_cast<const Options&>(o), out);
+    };
+    l.read_option = [](torch::optim::OptimizerOptions& o, const std::string& key, const c10::IValue& v, const std::string& what) {
+      L::read_option(static_cast<Options&>(o), key, v, what);
+    };
+    l.write_state = [](const torch::optim::OptimizerParamState& s, StateDict& out) {
+      const auto* state = dynamic_cast<const State*>(&s);
+      if (state) L::write_state(*state, out);
+      return state != nullptr;
+    };
+    l.read_state = [](const StateDict& entries, const torch::Tensor& param, const std::string& what) {
+      return std::unique_ptr<torch::optim::OptimizerParamState>(L::read_state(entries, param, what));
+    };
+    return l;
+  }();
+  return layout;
+}
+
+/// Adds `layout` for the optimizers whose groups' options are of type `options`; a second layout
+/// for the same options type replaces none (the first registered stays).
+DETTRIAL_INLINE void add_python_layout(std::type_index options, const OptimizerLayout& layout);
+
+/// Registers python_layout<Optimizer> (see python_layout); returns true, for an inline variable's initializer.
+template <class Optimizer>
+bool register_python_layout() {
+  add_python_layout(typeid(typename python_layout<Optimizer>::options_type), erased_python_layout<Optimizer>());
+  return true;
+}
+
+/// The layout of the optimizer a group with `options` belongs to, or null for an optimizer without one.
+DETTRIAL_INLINE const OptimizerLayout* python_layout_of(const torch::optim::OptimizerOptions& options);
+
+/// The layout of `optimizer` when every group has the same one, else null.
+DETTRIAL_INLINE const OptimizerLayout* python_layout_of(const torch::optim::Optimizer& optimizer);
+
+}  // namespace dettrial::optim
+
+/// The readers of Python's values a layout (and a scheduler's Python state) is written with: each
+/// throws CheckpointError naming `what`.
+namespace dettrial::optim::python {
+/// A number: Python writes counts as numbers or as 0-dim tensors, flags as bools.
+DETTRIAL_INLINE double number(const c10::IValue& v, const std::string& what);
+/// A count (an int, or a float with no fraction), at least `minimum`.
+DETTRIAL_INLINE std::int64_t count(const c10::IValue& v, const std::string& what, std::int64_t minimum);
+/// A list (or tuple) of numbers.
+DETTRIAL_INLINE std::vector<double> numbers(const c10::IValue& v, const std::string& what);
+/// A Python list of numbers: typed Any, as Python's weights-only loader wants lists.
+DETTRIAL_INLINE c10::impl::GenericList list(const std::vector<double>& values);
+/// A pair of numbers (Adam's `betas`).
+DETTRIAL_INLINE std::tuple<double, double> pair(const c10::IValue& v, const std::string& what);
+/// State entry `key` as a tensor shaped like `param` (on its device and of its dtype), or undefined
+/// when absent or None.
+DETTRIAL_INLINE torch::Tensor tensor(const StateDict& entries, const char* key, const torch::Tensor& param, const std::string& what);
+/// The entry `step` as a count (0 when absent).
+DETTRIAL_INLINE std::int64_t step(const StateDict& entries, const std::string& what);
+/// A step count as Python's SGD-era optimizers (Adam, AdamW, Adagrad) keep it: a float32 scalar
+/// tensor, or float64 past 2**24, where float32 would round it (Python's load_state_dict takes either).
+DETTRIAL_INLINE c10::IValue step_tensor(double steps);
+/// `tensor` detached into `out[key]` when defined.
+DETTRIAL_INLINE void put(StateDict& out, const char* key, const torch::Tensor& tensor);
+
+/// The options every optimizer of Adam's family has, as Python's `param_groups[i]` holds them: lr,
+/// betas (a tuple), eps, weight_decay.
+template <class Options>
+void put_betas_options(const Options& o, StateDict& out) {
+  out.insert("lr", o.lr());
+  out.insert("betas", c10::ivalue::Tuple::create({std::get<0>(o.betas()), std::get<1>(o.betas())}));
+  out.insert("eps", o.eps());
+  out.insert("weight_decay", o.weight_decay());
+}
+}  // namespace dettrial::optim::python
+
+// Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
+#if DETTRIAL_HEADER_DEFINITIONS
+#include <cmath>
+#include <mutex>
+#include <unordered_map>
+
+namespace dettrial::optim::detail {
+/// The registered layouts, by options type. Written while programs start (the registrations'
+/// initializers) and read when checkpoints are written and read: a lock keeps a late registration
+/// from racing a reader.
+struct PythonLayouts {
+  std::mutex mutex;
+  std::unordered_map<std::type_index, const OptimizerLayout*> by_options;
+};
+DETTRIAL_INLINE PythonLayouts& python_layouts() {
+  static PythonLayouts layouts;
+  return layouts;
+}
+}  // namespace dettrial::optim::detail
+
+namespace dettrial::optim {
+
+DETTRIAL_INLINE void add_python_layout(std::type_index options, const OptimizerLayout& layout) {
+  auto& layouts = detail::python_layouts();
+  const std::lock_guard lock(layouts.mutex);
+  layouts.by_options.try_emplace(options, &layout);
+}
+
+DETTRIAL_INLINE const OptimizerLayout* python_layout_of(const torch::optim::OptimizerOptions& options) {
+  auto& layouts = detail::python_layouts();
+  const std::lock_guard lock(layouts.mutex);
+  const auto it = layouts.by_options.find(typeid(options));
+  return it == layouts.by_options.end() ? nullptr : it->second;
+}
+
+DETTRIAL_INLINE const OptimizerLayout* python_layout_of(const torch::optim::Optimizer& optimizer) {
+  const OptimizerLayout* layout = nullptr;
+  for (const auto& group : optimizer.param_groups()) {
+    const OptimizerLayout* own = python_layout_of(group.options());
+    if (!own || (layout && own != layout)) return nullptr;
+    layout = own;
+  }
+  return layout;
+}
+
+}  // namespace dettrial::optim
+
+namespace dettrial::optim::python {
+
+DETTRIAL_INLINE double number(const c10::IValue& v, const std::string& what) {
+  if (v.isDouble()) return v.toDouble();
+  if (v.isInt()) return static_cast<double>(v.toInt());
+  if (v.isBool()) return v.toBool() ? 1.0 : 0.0;
+  if (v.isTensor() && v.toTensor().numel() == 1) return v.toTensor().item<double>();
+  throw CheckpointError(what + " is not a number");
+}
+
+DETTRIAL_INLINE std::int64_t count(const c10::IValue& v, const std::string& what, std::int64_t minimum) {
+  const double value = number(v, what);
+  if (!(value >= static_cast<double>(minimum)) || value != std::floor(value) || value > 9.0e18)
+    throw CheckpointError(what + " is " + dettrial::detail::number_text(value) + ", not a whole number of at least " +
+                          std::to_string(minimum));
+  return static_cast<std::int64_t>(value);
+}
+
+DETTRIAL_INLINE std::vector<double> numbers(const c10::IValue& v, const std::string& what) {
+  if (v.isDoubleList()) return v.toDoubleVector();
+  if (!v.isList() && !v.isTuple()) throw CheckpointError(what + " is not a list");
+  const std::vector<c10::IValue> items = v.isTuple() ? v.toTupleRef().elements().vec() : v.toList().vec();
+  std::vector<double> out;
+  for (const auto& i : items) out.push_back(number(i, what));
+  return out;
+}
+
+DETTRIAL_INLINE c10::impl::GenericList list(const std::vector<double>& values) {
+  c10::impl::GenericList out(c10::AnyType::get());
+  for (const double v : values) out.push_back(v);
+  return out;
+}
+
+DETTRIAL_INLINE std::tuple<double, double> pair(const c10::IValue& v, const std::string& what) {
+  if (!v.isTuple() && !v.isList()) throw CheckpointError(what + " is not a pair");
+  const auto items = v.isTuple() ? v.toTupleRef().elements().vec() : v.toList().vec();
+  if (items.size() != 2) throw CheckpointError(what + " is not a pair");
+  return {number(items[0], what), number(items[1], what)};
+}
+
+DETTRIAL_INLINE torch::Tensor tensor(const StateDict& entries, const char* key, const torch::Tensor& param, const std::string& what) {
+  const auto it = entries.find(key);
+  if (it == entries.end() || it->value().isNone()) return {};
+  if (!it->value().isTensor()) throw CheckpointError(what + ": '" + key + "' is not a tensor");
+  const torch::Tensor t = it->value().toTensor();
+  if (t.sizes() != param.sizes())
+    throw CheckpointError(what + ": '" + key + "' has shape " + c10::str(t.sizes()) + " but the parameter " + c10::str(param.sizes()));
+  return t.to(param.device(), param.scalar_type()).clone();
+}
+
+DETTRIAL_INLINE std::int64_t step(const StateDict& entries, const std::string& what) {
+  const auto it = entries.find("step");
+  return it == entries.end() ? 0 : static_cast<std::int64_t>(number(it->value(), what + ": 'step'"));
+}
+
+DETTRIAL_INLINE c10::IValue step_tensor(double steps) {
+  return torch::tensor(steps, static_cast<double>(static_cast<float>(steps)) == steps ? torch::kFloat32 : torch::kFloat64);
+}
+
+DETTRIAL_INLINE void put(StateDict& out, const char* key, const torch::Tensor& tensor) {
+  if (tensor.defined()) out.insert(key, tensor.detach());
+}
+
+}  // namespace dettrial::optim::python
+
+#endif  // DETTRIAL_HEADER_DEFINITIONS
+// ---- end dettrial/optim/python_layout.hpp
+// ---- begin dettrial/optim/libtorch_layouts.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief Python's layout of LibTorch's own optimizers (SGD, Adam, AdamW, RMSprop, Adagrad): their
+/// python_layout specializations, beside dettrial's optimizers' own (see optim/python_layout.hpp).
+
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <string_view>
+
+#include <torch/torch.h>
+
+
+namespace dettrial::optim {
+
+/// LibTorch's SGD: momentum_buffer; lr, momentum, dampening, weight_decay, nesterov.
+template <>
+struct python_layout<torch::optim::SGD> {
+  using options_type = torch::optim::SGDOptions;
+  using state_type = torch::optim::SGDParamState;
+  static constexpr std::string_view name = "SGD";
+  static constexpr bool elementwise = true;
+  static std::set<std::string> options() { return {"lr", "momentum", "dampening", "weight_decay", "nesterov"}; }
+  static std::map<std::string, bool> fixed_flags() { return {{"maximize", false}}; }
+  DETTRIAL_INLINE static void write_options(const options_type& o, StateDict& out);
+  DETTRIAL_INLINE static void read_option(options_type& o, const std::string& key, const c10::IValue& v, const std::string& what);
+  DETTRIAL_INLINE static void write_state(const state_type& s, StateDict& out);
+  DETTRIAL_INLINE static std::unique_ptr<state_type> read_state(const StateDict& entries, const torch::Tensor& param,
+                                                                const std::string& what);
+};
+
+}  // namespace dettrial::optim
+
+namespace dettrial::optim::detail {
+/// Adam and AdamW: the same state (step, exp_avg, exp_avg_sq, max_exp_avg_sq) and options under
+/// the same names; `decoupled` is the flag Python's Adam carries since 2.6 to say which it is.
+template <class Options, class State, bool Decoupled>
+struct AdamLayout {
+  using options_type = Options;
+  using state_type = State;
+  static constexpr bool elementwise = true;
+  static std::set<std::string> options() { return {"lr", "betas", "eps", "weight_decay", "amsgrad"}; }
+  // Another value of decoupled_weight_decay is the other optimizer: an AdamW checkpoint resumed
+  // into Adam would otherwise step as Adam with L2 weight decay.
+  static std::map<std::string, bool> fixed_flags() { return {{"maximize", false}, {"decoupled_weight_decay", Decoupled}}; }
+  static void write_options(const options_type& o, StateDict& out) {
+    python::put_betas_options(o, out);
+    out.insert("amsgrad", o.amsgrad());
+    out.insert("maximize", false);
+  }
+  static void read_option(options_type& o, const std::string& key, const c10::IValue& v, const std::string& what) {
+    if (key == "lr") o.lr(python::number(v, what));
+    else if (key == "eps") o.eps(python::number(v, what));
+    else if (key == "weight_decay") o.weight_decay(python::number(v, what));
+    else if (key == "amsgrad") o.amsgrad(python::number(v, what) != 0);
+    else if (key == "betas") o.betas(python::pair(v, what));
+  }
+  static void write_state(const state_type& s, StateDict& out) {
+    out.insert("step", python::step_tensor(static_cast<double>(s.step())));
+    python::put(out, "exp_avg", s.exp_avg());
+    python::put(out, "exp_avg_sq", s.exp_avg_sq());
+    python::put(out, "max_exp_avg_sq", s.max_exp_avg_sq());
+  }
+  static std::unique_ptr<state_type> read_state(const StateDict& e, const torch::Tensor& p, const std::string& what) {
+    auto s = std::make_unique<state_type>();
+    s->step(python::step(e, what));
+    s->exp_avg(python::tensor(e, "exp_avg", p, what));
+    s->exp_avg_sq(python::tensor(e, "exp_avg_sq", p, what));
+    s->max_exp_avg_sq(python::tensor(e, "max_exp_avg_sq", p, what));
+    if (!s->exp_avg().defined() || !s->exp_avg_sq().defined()) throw CheckpointError(what + " lacks exp_avg or exp_avg_sq");
+    return s;
+  }
+};
+}  // namespace dettrial::optim::detail
+
+namespace dettrial::optim {
+
+template <>
+struct python_layout<torch::optim::Adam> : detail::AdamLayout<torch::optim::AdamOptions, torch::optim::AdamParamState, false> {
+  static constexpr std::string_view name = "Adam";
+};
+
+template <>
+struct python_layout<torch::optim::AdamW> : detail::AdamLayout<torch::optim::AdamWOptions, torch::optim::AdamWParamState, true> {
+  static constexpr std::string_view name = "AdamW";
+};
+
+/// LibTorch's RMSprop: step, square_avg, momentum_buffer, grad_avg; lr, alpha, eps, weight_decay,
+/// momentum, centered.
+template <>
+struct python_layout<torch::optim::RMSprop> {
+  using options_type = torch::optim::RMSpropOptions;
+  using state_type = torch::optim::RMSpropParamState;
+  static constexpr std::string_view name = "RMSprop";
+  static constexpr bool elementwise = true;
+  static std::set<std::string> options() { return {"lr", "alpha", "eps", "weight_decay", "momentum", "centered"}; }
+  static std::map<std::string, bool> fixed_flags() { return {{"maximize", false}}; }
+  DETTRIAL_INLINE static void write_options(const options_type& o, StateDict& out);
+  DETTRIAL_INLINE static void read_option(options_type& o, const std::string& key, const c10::IValue& v, const std::string& what);
+  DETTRIAL_INLINE static void write_state(const state_type& s, StateDict& out);
+  DETTRIAL_INLINE static std::unique_ptr<state_type> read_state(const StateDict& entries, const torch::Tensor& param,
+                                                                const std::string& what);
+};
+
+/// LibTorch's Adagrad: step, sum; lr, lr_decay, weight_decay, initial_accumulator_value, eps.
+template <>
+struct python_layout<torch::optim::Adagrad> {
+  using options_type = torch::optim::AdagradOptions;
+  using state_type = torch::optim::AdagradParamState;
+  static constexpr std::string_view name = "Adagrad";
+  static constexpr bool elementwise = true;
+  static std::set<std::string> options() { return {"lr", "lr_decay", "weight_decay", "initial_accumulator_value", "eps"}; }
+  static std::map<std::string, bool> fixed_flags() { return {{"maximize", false}}; }
+  DETTRIAL_INLINE static void write_options(const options_type& o, StateDict& out);
+  DETTRIAL_INLINE static void read_option(options_type& o, const std::string& key, const c10::IValue& v, const std::string& what);
+  DETTRIAL_INLINE static void write_state(const state_type& s, StateDict& out);
+  DETTRIAL_INLINE static std::unique_ptr<state_type> read_state(const StateDict& entries, const torch::Tensor& param,
+                                                                const std::string& what);
+};
+
+}  // namespace dettrial::optim
+
+// Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
+#if DETTRIAL_HEADER_DEFINITIONS
+namespace dettrial::optim {
+
+DETTRIAL_INLINE void python_layout<torch::optim::SGD>::write_options(const options_type& o, StateDict& out) {
+  out.insert("lr", o.lr());
+  out.insert("momentum", o.momentum());
+  out.insert("dampening", o.dampening());
+  out.insert("weight_decay", o.weight_decay());
+  out.insert("nesterov", o.nesterov());
+  out.insert("maximize", false);
+}
+
+DETTRIAL_INLINE void python_layout<torch::optim::SGD>::read_option(options_type& o, const std::string& key, const c10::IValue& v,
+                                                                   const std::string& what) {
+  if (key == "lr") o.lr(python::number(v, what));
+  else if (key == "momentum") o.momentum(python::number(v, what));
+  else if (key == "dampening") o.dampening(python::number(v, what));
+  else if (key == "weight_decay") o.weight_decay(python::number(v, what));
+  else if (key == "nesterov") o.nesterov(python::number(v, what) != 0);
+}
+
+DETTRIAL_INLINE void python_layout<torch::optim::SGD>::write_state(const state_type& s, StateDict& out) {
+  python::put(out, "momentum_buffer", s.momentum_buffer());
+}
+
+DETTRIAL_INLINE auto python_layout<torch::optim::SGD>::read_state(const StateDict& e, const torch::Tensor& p, const std::string& what)
+    -> std::unique_ptr<state_type> {
+  auto s = std::make_unique<state_type>();
+  s->momentum_buffer(python::tensor(e, "momentum_buffer", p, what));
+  return s;
+}
+
+DETTRIAL_INLINE void python_layout<torch::optim::RMSprop>::write_options(const options_type& o, StateDict& out) {
+  out.insert("lr", o.lr());
+  out.insert("alpha", o.alpha());
+  out.insert("eps", o.eps());
+  out.insert("weight_decay", o.weight_decay());
+  out.insert("momentum", o.momentum());
+  out.insert("centered", o.centered());
+  out.insert("maximize", false);
+}
+
+DETTRIAL_INLINE void python_layout<torch::optim::RMSprop>::read_option(options_type& o, const std::string& key, const c10::IValue& v,
+                                                                       const std::string& what) {
+  if (key == "lr") o.lr(python::number(v, what));
+  else if (key == "alpha") o.alpha(python::number(v, what));
+  else if (key == "eps") o.eps(python::number(v, what));
+  else if (key == "weight_decay") o.weight_decay(python::number(v, what));
+  else if (key == "momentum") o.momentum(python::number(v, what));
+  else if (key == "centered") o.centered(python::number(v, what) != 0);
+}
+
+DETTRIAL_INLINE void python_layout<torch::optim::RMSprop>::write_state(const state_type& s, StateDict& out) {
+  out.insert("step", static_cast<std::int64_t>(s.step()));
+  python::put(out, "square_avg", s.square_avg());
+  python::put(out, "momentum_buffer", s.momentum_buffer());
+  python::put(out, "grad_avg", s.grad_avg());
+}
+
+DETTRIAL_INLINE auto python_layout<torch::optim::RMSprop>::read_state(const StateDict& e, const torch::Tensor& p, const std::string& what)
+    -> std::unique_ptr<state_type> {
+  auto s = std::make_unique<state_type>();
+  s->step(python::step(e, what));
+  s->square_avg(python::tensor(e, "square_avg", p, what));
+  s->momentum_buffer(python::tensor(e, "momentum_buffer", p, what));
+  s->grad_avg(python::tensor(e, "grad_avg", p, what));
+  return s;
+}
+
+DETTRIAL_INLINE void python_layout<torch::optim::Adagrad>::write_options(const options_type& o, StateDict& out) {
+  out.insert("lr", o.lr());
+  out.insert("lr_decay", o.lr_decay());
+  out.insert("weight_decay", o.weight_decay());
+  out.insert("initial_accumulator_value", o.initial_accumulator_value());
+  out.insert("eps", o.eps());
+  out.insert("maximize", false);
+}
+
+DETTRIAL_INLINE void python_layout<torch::optim::Adagrad>::read_option(options_type& o, const std::string& key, const c10::IValue& v,
+                                                                       const std::string& what) {
+  if (key == "lr") o.lr(python::number(v, what));
+  else if (key == "lr_decay") o.lr_decay(python::number(v, what));
+  else if (key == "weight_decay") o.weight_decay(python::number(v, what));
+  else if (key == "initial_accumulator_value") o.initial_accumulator_value(python::number(v, what));
+  else if (key == "eps") o.eps(python::number(v, what));
+}
+
+DETTRIAL_INLINE void python_layout<torch::optim::Adagrad>::write_state(const state_type& s, StateDict& out) {
+  out.insert("step", python::step_tensor(static_cast<double>(s.step())));
+  python::put(out, "sum", s.sum());
+}
+
+DETTRIAL_INLINE auto python_layout<torch::optim::Adagrad>::read_state(const StateDict& e, const torch::Tensor& p, const std::string& what)
+    -> std::unique_ptr<state_type> {
+  auto s = std::make_unique<state_type>();
+  s->step(python::step(e, what));
+  s->sum(python::tensor(e, "sum", p, what));
+  return s;
+}
+
+}  // namespace dettrial::optim
+
+/// Registered where the layouts are compiled (every unit header-only; dettrial::compiled's once).
+
+namespace dettrial::optim::detail {
+inline const bool libtorch_layouts_registered =
+    register_python_layout<torch::optim::SGD>() && register_python_layout<torch::optim::Adam>() &&
+    register_python_layout<torch::optim::AdamW>() && register_python_layout<torch::optim::RMSprop>() &&
+    register_python_layout<torch::optim::Adagrad>();
+}  // namespace dettrial::optim::detail
+
+#endif  // DETTRIAL_HEADER_DEFINITIONS
+// ---- end dettrial/optim/libtorch_layouts.hpp
 // ---- begin dettrial/optim/adadelta.hpp
 // SPDX-License-Identifier: Apache-2.0
 /// @file
@@ -4258,8 +4801,11 @@ DETTRIAL_INLINE ValidationReduction::Slot* ValidationReduction::find(std::string
 /// `torch.optim.Adadelta` arithmetic, LibTorch's serialization, and Python's state-dict layout.
 
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <set>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <torch/torch.h>
@@ -4565,12 +5111,23 @@ struct AdadeltaUpdate {
  */
 using Adadelta = SingleTensorOptimizer<AdadeltaUpdate>;
 
-/// Writes one parameter's state as Python's `Adadelta.state_dict()["state"][i]` holds it: `step` (a
-/// float32 0-dim tensor), `square_avg`, `acc_delta`.
-DETTRIAL_INLINE void python_param_state(const AdadeltaParamState& state, c10::impl::GenericDict& out);
-/// Writes a group's options as Python's `Adadelta.state_dict()["param_groups"][i]` holds them (less
-/// `params`): lr, rho, eps, weight_decay, maximize, capturable, foreach (None), differentiable.
-DETTRIAL_INLINE void python_group_options(const AdadeltaOptions& options, c10::impl::GenericDict& out);
+/// Python's `Adadelta.state_dict()`: each parameter's `step` (a float32 0-dim tensor), `square_avg`,
+/// `acc_delta`; each group's lr, rho, eps, weight_decay, maximize, capturable, foreach (None),
+/// differentiable.
+template <>
+struct python_layout<Adadelta> {
+  using options_type = AdadeltaOptions;
+  using state_type = AdadeltaParamState;
+  static constexpr std::string_view name = "Adadelta";
+  static constexpr bool elementwise = true;
+  static std::set<std::string> options() { return {"lr", "rho", "eps", "weight_decay"}; }
+  static std::map<std::string, bool> fixed_flags() { return {{"maximize", false}}; }
+  DETTRIAL_INLINE static void write_options(const options_type& o, StateDict& out);
+  DETTRIAL_INLINE static void read_option(options_type& o, const std::string& key, const c10::IValue& v, const std::string& what);
+  DETTRIAL_INLINE static void write_state(const state_type& s, StateDict& out);
+  DETTRIAL_INLINE static std::unique_ptr<state_type> read_state(const StateDict& entries, const torch::Tensor& param,
+                                                                const std::string& what);
+};
 
 }  // namespace dettrial::optim
 
@@ -4653,25 +5210,47 @@ DETTRIAL_INLINE void AdadeltaUpdate::update(torch::Tensor& p, torch::Tensor grad
   p.add_(delta, -lr);
 }
 
-DETTRIAL_INLINE void python_param_state(const AdadeltaParamState& state, c10::impl::GenericDict& out) {
+DETTRIAL_INLINE void python_layout<Adadelta>::write_state(const state_type& s, StateDict& out) {
   // Python keeps the step as a float32 0-dim tensor on the CPU (not capturable).
-  out.insert("step", torch::scalar_tensor(static_cast<double>(state.step()), torch::kFloat));
-  if (state.square_avg().defined()) out.insert("square_avg", state.square_avg().detach());
-  if (state.acc_delta().defined()) out.insert("acc_delta", state.acc_delta().detach());
+  out.insert("step", torch::scalar_tensor(static_cast<double>(s.step()), torch::kFloat));
+  python::put(out, "square_avg", s.square_avg());
+  python::put(out, "acc_delta", s.acc_delta());
 }
 
-DETTRIAL_INLINE void python_group_options(const AdadeltaOptions& options, c10::impl::GenericDict& out) {
-  out.insert("lr", options.lr());
-  out.insert("rho", options.rho());
-  out.insert("eps", options.eps());
-  out.insert("weight_decay", options.weight_decay());
-  out.insert("maximize", options.maximize());
+DETTRIAL_INLINE auto python_layout<Adadelta>::read_state(const StateDict& e, const torch::Tensor& p, const std::string& what)
+    -> std::unique_ptr<state_type> {
+  auto s = std::make_unique<state_type>();
+  s->step(python::step(e, what));
+  s->square_avg(python::tensor(e, "square_avg", p, what));
+  s->acc_delta(python::tensor(e, "acc_delta", p, what));
+  return s;
+}
+
+DETTRIAL_INLINE void python_layout<Adadelta>::write_options(const options_type& o, StateDict& out) {
+  out.insert("lr", o.lr());
+  out.insert("rho", o.rho());
+  out.insert("eps", o.eps());
+  out.insert("weight_decay", o.weight_decay());
+  out.insert("maximize", o.maximize());
   out.insert("capturable", false);
   out.insert("foreach", c10::IValue());  // None: Python's default (it picks the implementation)
   out.insert("differentiable", false);
 }
 
+DETTRIAL_INLINE void python_layout<Adadelta>::read_option(options_type& o, const std::string& key, const c10::IValue& v,
+                                                          const std::string& what) {
+  if (key == "lr") o.lr(python::number(v, what));
+  else if (key == "rho") o.rho(python::number(v, what));
+  else if (key == "eps") o.eps(python::number(v, what));
+  else if (key == "weight_decay") o.weight_decay(python::number(v, what));
+}
+
 }  // namespace dettrial::optim
+
+namespace dettrial::optim::detail {
+inline const bool adadelta_layout_registered = register_python_layout<Adadelta>();
+}  // namespace dettrial::optim::detail
+
 #endif  // DETTRIAL_HEADER_DEFINITIONS
 // ---- end dettrial/optim/adadelta.hpp
 // ---- begin dettrial/optim/adam_family.hpp
@@ -4682,8 +5261,11 @@ DETTRIAL_INLINE void python_group_options(const AdadeltaOptions& options, c10::i
 /// serialization, and Python's state-dict layout.
 
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <set>
 #include <string>
+#include <string_view>
 #include <tuple>
 #include <type_traits>
 #include <utility>
@@ -4807,23 +5389,39 @@ using RAdam = SingleTensorOptimizer<RAdamUpdate>;
 /// Adamax (Kingma and Ba 2014): Adam with the infinity norm.
 using Adamax = SingleTensorOptimizer<AdamaxUpdate>;
 
-/// Writes the options every optimizer of Adam's family has (LibTorch's Adam and AdamW too) as
-/// Python's `state_dict()["param_groups"][i]` holds them: lr, betas (a tuple), eps, weight_decay.
-template <class Options>
-void python_betas_options(const Options& o, c10::impl::GenericDict& out) {
-  out.insert("lr", o.lr());
-  out.insert("betas", c10::ivalue::Tuple::create({std::get<0>(o.betas()), std::get<1>(o.betas())}));
-  out.insert("eps", o.eps());
-  out.insert("weight_decay", o.weight_decay());
-}
+}  // namespace dettrial::optim
 
-/// Writes one parameter's state as Python's `state_dict()["state"][i]` holds it (`step` a float32
-/// 0-dim tensor; `exp_avg`; `exp_avg_sq`, or Adamax's `exp_inf`; NAdam's `mu_product`).
-DETTRIAL_INLINE void python_param_state(const AdamFamilyParamState& state, c10::impl::GenericDict& out);
-/// Writes a group's options as Python's `state_dict()["param_groups"][i]` holds them (less `params`).
-DETTRIAL_INLINE void python_group_options(const NAdamOptions& options, c10::impl::GenericDict& out);
-DETTRIAL_INLINE void python_group_options(const RAdamOptions& options, c10::impl::GenericDict& out);
-DETTRIAL_INLINE void python_group_options(const AdamaxOptions& options, c10::impl::GenericDict& out);
+namespace dettrial::optim::detail {
+/// Python's layout of NAdam, RAdam and Adamax: each parameter's `step` (a float32 0-dim tensor),
+/// `exp_avg`, `exp_avg_sq` (Adamax's `exp_inf`) and NAdam's `mu_product`; each group's lr, betas (a
+/// tuple), eps, weight_decay, maximize and its own options (less `params`).
+template <class Update>
+struct AdamFamilyLayout {
+  using options_type = typename Update::Options;
+  using state_type = AdamFamilyParamState;
+  static constexpr std::string_view name = Update::name;
+  static constexpr bool elementwise = true;
+  static std::set<std::string> options();
+  static void write_options(const options_type& o, StateDict& out);
+  static void read_option(options_type& o, const std::string& key, const c10::IValue& v, const std::string& what);
+  static void write_state(const state_type& s, StateDict& out);
+  static std::unique_ptr<state_type> read_state(const StateDict& entries, const torch::Tensor& param, const std::string& what);
+  /// The state's reader for this member: its second moment's name, and whether it has mu_product.
+  static std::unique_ptr<state_type> read_family_state(const StateDict& e, const torch::Tensor& p, const char* second, bool mu_product,
+                                                       const std::string& what);
+  /// The options every member reads; false when `key` is none of them.
+  static bool read_shared_option(options_type& o, const std::string& key, const c10::IValue& v, const std::string& what);
+};
+}  // namespace dettrial::optim::detail
+
+namespace dettrial::optim {
+
+template <>
+struct python_layout<NAdam> : detail::AdamFamilyLayout<NAdamUpdate> {};
+template <>
+struct python_layout<RAdam> : detail::AdamFamilyLayout<RAdamUpdate> {};
+template <>
+struct python_layout<Adamax> : detail::AdamFamilyLayout<AdamaxUpdate> {};
 
 }  // namespace dettrial::optim
 
@@ -5038,16 +5636,55 @@ DETTRIAL_INLINE void AdamaxUpdate::update(torch::Tensor& param, torch::Tensor gr
 // ------------------------------------------------------------------------------------------------
 // Python's layout
 
-DETTRIAL_INLINE void python_param_state(const AdamFamilyParamState& state, c10::impl::GenericDict& out) {
+}  // namespace dettrial::optim
+
+namespace dettrial::optim::detail {
+
+template <class Update>
+void AdamFamilyLayout<Update>::write_state(const state_type& s, StateDict& out) {
   // Python keeps the step as a float32 0-dim tensor on the CPU (not capturable).
-  out.insert("step", torch::scalar_tensor(static_cast<double>(state.step()), torch::kFloat));
-  if (state.mu_product().defined()) out.insert("mu_product", state.mu_product().detach());
-  if (state.exp_avg().defined()) out.insert("exp_avg", state.exp_avg().detach());
-  if (state.second().defined()) out.insert(state.infinity_norm() ? "exp_inf" : "exp_avg_sq", state.second().detach());
+  out.insert("step", torch::scalar_tensor(static_cast<double>(s.step()), torch::kFloat));
+  python::put(out, "mu_product", s.mu_product());
+  python::put(out, "exp_avg", s.exp_avg());
+  python::put(out, s.infinity_norm() ? "exp_inf" : "exp_avg_sq", s.second());
 }
 
-DETTRIAL_INLINE void python_group_options(const NAdamOptions& o, c10::impl::GenericDict& out) {
-  python_betas_options(o, out);
+template <class Update>
+auto AdamFamilyLayout<Update>::read_family_state(const StateDict& e, const torch::Tensor& p, const char* second, bool mu_product,
+                                                 const std::string& what) -> std::unique_ptr<state_type> {
+  auto s = std::make_unique<state_type>();
+  s->step(python::step(e, what));
+  s->exp_avg(python::tensor(e, "exp_avg", p, what));
+  s->second(python::tensor(e, second, p, what));
+  s->infinity_norm(std::string(second) == "exp_inf");
+  if (!s->exp_avg().defined() || !s->second().defined()) throw CheckpointError(what + " lacks exp_avg or " + second);
+  if (mu_product) {
+    const auto it = e.find("mu_product");
+    if (it == e.end()) throw CheckpointError(what + " lacks mu_product (NAdam's)");
+    s->mu_product(torch::scalar_tensor(python::number(it->value(), what + ": 'mu_product'"), torch::kFloat));
+  }
+  return s;
+}
+
+template <class Update>
+bool AdamFamilyLayout<Update>::read_shared_option(options_type& o, const std::string& key, const c10::IValue& v, const std::string& what) {
+  if (key == "lr") o.lr(python::number(v, what));
+  else if (key == "eps") o.eps(python::number(v, what));
+  else if (key == "weight_decay") o.weight_decay(python::number(v, what));
+  else if (key == "maximize") o.maximize(python::number(v, what) != 0);
+  else if (key == "betas") o.betas(python::pair(v, what));
+  else return false;
+  return true;
+}
+
+// NAdam
+template <>
+inline std::set<std::string> AdamFamilyLayout<NAdamUpdate>::options() {
+  return {"lr", "betas", "eps", "weight_decay", "momentum_decay", "decoupled_weight_decay", "maximize"};
+}
+template <>
+inline void AdamFamilyLayout<NAdamUpdate>::write_options(const options_type& o, StateDict& out) {
+  python::put_betas_options(o, out);
   out.insert("momentum_decay", o.momentum_decay());
   out.insert("decoupled_weight_decay", o.decoupled_weight_decay());
   out.insert("maximize", o.maximize());
@@ -5055,25 +5692,73 @@ DETTRIAL_INLINE void python_group_options(const NAdamOptions& o, c10::impl::Gene
   out.insert("capturable", false);
   out.insert("differentiable", false);
 }
+template <>
+inline void AdamFamilyLayout<NAdamUpdate>::read_option(options_type& o, const std::string& key, const c10::IValue& v,
+                                                       const std::string& what) {
+  if (read_shared_option(o, key, v, what)) return;
+  if (key == "momentum_decay") o.momentum_decay(python::number(v, what));
+  else if (key == "decoupled_weight_decay") o.decoupled_weight_decay(python::number(v, what) != 0);
+}
+template <>
+inline auto AdamFamilyLayout<NAdamUpdate>::read_state(const StateDict& e, const torch::Tensor& p, const std::string& what)
+    -> std::unique_ptr<state_type> {
+  return read_family_state(e, p, "exp_avg_sq", true, what);
+}
 
-DETTRIAL_INLINE void python_group_options(const RAdamOptions& o, c10::impl::GenericDict& out) {
-  python_betas_options(o, out);
+// RAdam
+template <>
+inline std::set<std::string> AdamFamilyLayout<RAdamUpdate>::options() {
+  return {"lr", "betas", "eps", "weight_decay", "decoupled_weight_decay", "maximize"};
+}
+template <>
+inline void AdamFamilyLayout<RAdamUpdate>::write_options(const options_type& o, StateDict& out) {
+  python::put_betas_options(o, out);
   out.insert("maximize", o.maximize());
   out.insert("foreach", c10::IValue());
   out.insert("capturable", false);
   out.insert("decoupled_weight_decay", o.decoupled_weight_decay());
   out.insert("differentiable", false);
 }
+template <>
+inline void AdamFamilyLayout<RAdamUpdate>::read_option(options_type& o, const std::string& key, const c10::IValue& v,
+                                                       const std::string& what) {
+  if (read_shared_option(o, key, v, what)) return;
+  if (key == "decoupled_weight_decay") o.decoupled_weight_decay(python::number(v, what) != 0);
+}
+template <>
+inline auto AdamFamilyLayout<RAdamUpdate>::read_state(const StateDict& e, const torch::Tensor& p, const std::string& what)
+    -> std::unique_ptr<state_type> {
+  return read_family_state(e, p, "exp_avg_sq", false, what);
+}
 
-DETTRIAL_INLINE void python_group_options(const AdamaxOptions& o, c10::impl::GenericDict& out) {
-  python_betas_options(o, out);
+// Adamax
+template <>
+inline std::set<std::string> AdamFamilyLayout<AdamaxUpdate>::options() {
+  return {"lr", "betas", "eps", "weight_decay", "maximize"};
+}
+template <>
+inline void AdamFamilyLayout<AdamaxUpdate>::write_options(const options_type& o, StateDict& out) {
+  python::put_betas_options(o, out);
   out.insert("foreach", c10::IValue());
   out.insert("maximize", o.maximize());
   out.insert("differentiable", false);
   out.insert("capturable", false);
 }
+template <>
+inline void AdamFamilyLayout<AdamaxUpdate>::read_option(options_type& o, const std::string& key, const c10::IValue& v,
+                                                        const std::string& what) {
+  read_shared_option(o, key, v, what);
+}
+template <>
+inline auto AdamFamilyLayout<AdamaxUpdate>::read_state(const StateDict& e, const torch::Tensor& p, const std::string& what)
+    -> std::unique_ptr<state_type> {
+  return read_family_state(e, p, "exp_inf", false, what);
+}
 
-}  // namespace dettrial::optim
+inline const bool adam_family_layouts_registered =
+    register_python_layout<NAdam>() && register_python_layout<RAdam>() && register_python_layout<Adamax>();
+
+}  // namespace dettrial::optim::detail
 
 #endif  // DETTRIAL_HEADER_DEFINITIONS
 // ---- end dettrial/optim/adam_family.hpp
@@ -5087,7 +5772,9 @@ DETTRIAL_INLINE void python_group_options(const AdamaxOptions& o, c10::impl::Gen
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
+#include <string_view>
 #include <tuple>
 
 #include <torch/torch.h>
@@ -5167,10 +5854,24 @@ DETTRIAL_INLINE torch::Tensor muon_orthogonalize(const torch::Tensor& grad, cons
 /// Python's `_adjust_lr`: the learning rate for a matrix of `rows` x `cols`.
 DETTRIAL_INLINE double muon_adjusted_lr(double lr, const std::optional<MuonLrAdjustment>& adjustment, std::int64_t rows, std::int64_t cols);
 
-/// Writes one parameter's state as Python's `Muon.state_dict()["state"][i]` holds it.
-DETTRIAL_INLINE void python_param_state(const MuonParamState& state, c10::impl::GenericDict& out);
-/// Writes a group's options as Python's `Muon.state_dict()["param_groups"][i]` holds them (less `params`).
-DETTRIAL_INLINE void python_group_options(const MuonOptions& options, c10::impl::GenericDict& out);
+/// Python's `Muon.state_dict()`: each parameter's momentum_buffer; each group's lr, weight_decay,
+/// momentum, nesterov, ns_coefficients (a triple), eps, ns_steps and adjust_lr_fn (None or Python's
+/// name). Not elementwise: Muon orthogonalizes each matrix whole, so ZeRO's shards cannot cut it.
+template <>
+struct python_layout<Muon> {
+  using options_type = MuonOptions;
+  using state_type = MuonParamState;
+  static constexpr std::string_view name = "Muon";
+  static std::set<std::string> options() {
+    return {"lr", "weight_decay", "momentum", "nesterov", "ns_coefficients", "eps", "ns_steps", "adjust_lr_fn"};
+  }
+  DETTRIAL_INLINE static void write_options(const options_type& o, StateDict& out);
+  DETTRIAL_INLINE static void read_option(options_type& o, const std::string& key, const c10::IValue& v, const std::string& what);
+  DETTRIAL_INLINE static void write_state(const state_type& s, StateDict& out);
+  DETTRIAL_INLINE static std::unique_ptr<state_type> read_state(const StateDict& entries, const torch::Tensor& param,
+                                                                const std::string& what);
+};
+
 /// Python's name of an `adjust_lr_fn` ("original", ...), and back; nullopt for a name Python refuses.
 DETTRIAL_INLINE const char* muon_adjustment_name(MuonLrAdjustment adjustment);
 DETTRIAL_INLINE std::optional<MuonLrAdjustment> muon_adjustment_named(const std::string& name);
@@ -5294,11 +5995,19 @@ DETTRIAL_INLINE void MuonUpdate::update(torch::Tensor& param, torch::Tensor grad
   param.add_(update, -adjusted_lr);
 }
 
-DETTRIAL_INLINE void python_param_state(const MuonParamState& state, c10::impl::GenericDict& out) {
-  if (state.momentum_buffer().defined()) out.insert("momentum_buffer", state.momentum_buffer().detach());
+DETTRIAL_INLINE void python_layout<Muon>::write_state(const state_type& s, StateDict& out) {
+  python::put(out, "momentum_buffer", s.momentum_buffer());
 }
 
-DETTRIAL_INLINE void python_group_options(const MuonOptions& o, c10::impl::GenericDict& out) {
+DETTRIAL_INLINE auto python_layout<Muon>::read_state(const StateDict& e, const torch::Tensor& p, const std::string& what)
+    -> std::unique_ptr<state_type> {
+  auto s = std::make_unique<state_type>();
+  s->momentum_buffer(python::tensor(e, "momentum_buffer", p, what));
+  if (!s->momentum_buffer().defined()) throw CheckpointError(what + " lacks momentum_buffer (Muon's)");
+  return s;
+}
+
+DETTRIAL_INLINE void python_layout<Muon>::write_options(const options_type& o, StateDict& out) {
   out.insert("lr", o.lr());
   out.insert("weight_decay", o.weight_decay());
   out.insert("momentum", o.momentum());
@@ -5310,7 +6019,34 @@ DETTRIAL_INLINE void python_group_options(const MuonOptions& o, c10::impl::Gener
   out.insert("adjust_lr_fn", o.adjust_lr_fn() ? c10::IValue(std::string(muon_adjustment_name(*o.adjust_lr_fn()))) : c10::IValue());
 }
 
+DETTRIAL_INLINE void python_layout<Muon>::read_option(options_type& o, const std::string& k, const c10::IValue& v,
+                                                      const std::string& what) {
+  if (k == "lr") o.lr(python::number(v, what));
+  else if (k == "weight_decay") o.weight_decay(python::number(v, what));
+  else if (k == "momentum") o.momentum(python::number(v, what));
+  else if (k == "nesterov") o.nesterov(python::number(v, what) != 0);
+  else if (k == "eps") o.eps(python::number(v, what));
+  else if (k == "ns_steps") o.ns_steps(python::count(v, what, 0));
+  else if (k == "ns_coefficients") {
+    const auto c = python::numbers(v, what);
+    if (c.size() != 3) throw CheckpointError(what + " holds " + std::to_string(c.size()) + " numbers, not Muon's 3");
+    o.ns_coefficients({c[0], c[1], c[2]});
+  } else if (k == "adjust_lr_fn") {
+    if (v.isNone()) return o.adjust_lr_fn(std::nullopt), void();
+    const auto adjustment = v.isString() ? muon_adjustment_named(v.toStringRef()) : std::nullopt;
+    if (!adjustment)
+      throw CheckpointError(what + " is " + (v.isString() ? "'" + v.toStringRef() + "'" : std::string("not a name")) +
+                            ", not one of None, 'original', 'match_rms_adamw', 'spectral_unclamped'");
+    o.adjust_lr_fn(adjustment);
+  }
+}
+
 }  // namespace dettrial::optim
+
+namespace dettrial::optim::detail {
+inline const bool muon_layout_registered = register_python_layout<Muon>();
+}  // namespace dettrial::optim::detail
+
 #endif  // DETTRIAL_HEADER_DEFINITIONS
 // ---- end dettrial/optim/muon.hpp
 // ---- begin dettrial/nn/checkpoint.hpp
@@ -6617,6 +7353,13 @@ struct WrappedScheduler {
   std::string metric{};
   /// The scheduler's C++ type, for messages ("dettrial::optim::MultiStepLR").
   std::string type{};
+
+  /// Steps the scheduler as often as its mode says is due after update batch `batch_idx` (none for
+  /// lr_step::on_validation, which steps with a validation's metric).
+  void step_after_update(std::int64_t batch_idx, std::int64_t aggregation_frequency, std::int64_t epoch_len) {
+    const std::int64_t due = steps_after(batch_idx, aggregation_frequency, epoch_len, frequency);
+    for (std::int64_t i = 0; i < due; ++i) step(scheduler);
+  }
 };
 
 /// The scheduler's own Python state dict writer, when it has one.
@@ -6787,7 +7530,7 @@ DETTRIAL_INLINE std::int64_t every_epoch::steps_after(std::int64_t batch_idx, st
 /// @file
 /// @brief What dettrial's LR schedulers share: Python's `LRScheduler` state (EpochLRScheduler), the
 /// table of each scheduler's own arguments that its four state functions are written from (dettrial's
-/// archive and Python's `state_dict()`, each both ways), and the readers of Python's numbers.
+/// archive and Python's `state_dict()`, each both ways).
 
 #include <array>
 #include <cstddef>
@@ -6811,18 +7554,6 @@ class SequentialLR;
 
 }  // namespace dettrial::optim
 
-namespace dettrial::optim::detail::python_state {
-/// A number from a Python state dict: Python writes counts as numbers or as 0-dim tensors, flags as bools.
-DETTRIAL_INLINE double python_number(const c10::IValue& v, const std::string& what);
-/// A count from a Python state dict (an int, or a float with no fraction), at least `minimum`.
-DETTRIAL_INLINE std::int64_t python_count(const c10::IValue& v, const std::string& what, std::int64_t minimum);
-/// A list (or tuple) of numbers from a Python state dict.
-DETTRIAL_INLINE std::vector<double> python_numbers(const c10::IValue& v, const std::string& what);
-/// A Python list of numbers: typed Any, as Python's weights-only loader wants lists.
-DETTRIAL_INLINE c10::impl::GenericList python_list(const std::vector<double>& values);
-using dettrial::detail::number_text;
-}  // namespace dettrial::optim::detail::python_state
-
 namespace dettrial::optim {
 /**
  * @brief One of a scheduler's own arguments or counters as it is saved: its name (the key of Python's
@@ -6843,15 +7574,14 @@ struct SchedulerField {
     if (count) return s.*count;
     if (number) return s.*number;
     if (flag) return s.*flag;
-    return python ? c10::IValue(detail::python_state::python_list(s.*per_group)) : c10::IValue(s.*per_group);
+    return python ? c10::IValue(python::list(s.*per_group)) : c10::IValue(s.*per_group);
   }
   /// `saved` read and checked (`groups`: the optimizer's parameter groups), in the form `assign` takes.
   c10::IValue checked(const c10::IValue& saved, const std::string& what, std::size_t groups) const {
-    namespace pd = detail::python_state;
-    if (count) return pd::python_count(saved, what, minimum);
-    if (number) return pd::python_number(saved, what);
-    if (flag) return pd::python_number(saved, what) != 0;
-    std::vector<double> values = pd::python_numbers(saved, what);
+    if (count) return python::count(saved, what, minimum);
+    if (number) return python::number(saved, what);
+    if (flag) return python::number(saved, what) != 0;
+    std::vector<double> values = python::numbers(saved, what);
     if (!values.empty() && values.size() != groups)  // empty: a per-group value the scheduler does not use
       throw CheckpointError(what + " has " + std::to_string(values.size()) + " value(s), but the optimizer " + std::to_string(groups) +
                             " parameter group(s)");
@@ -7034,40 +7764,6 @@ class EpochLRScheduler {
 #include <cmath>
 #include <set>
 
-namespace dettrial::optim::detail::python_state {
-
-DETTRIAL_INLINE double python_number(const c10::IValue& v, const std::string& what) {
-  if (v.isDouble()) return v.toDouble();
-  if (v.isInt()) return static_cast<double>(v.toInt());
-  if (v.isBool()) return v.toBool() ? 1.0 : 0.0;
-  if (v.isTensor() && v.toTensor().numel() == 1) return v.toTensor().item<double>();
-  throw CheckpointError(what + " is not a number");
-}
-
-DETTRIAL_INLINE std::int64_t python_count(const c10::IValue& v, const std::string& what, std::int64_t minimum) {
-  const double number = python_number(v, what);
-  if (!(number >= static_cast<double>(minimum)) || number != std::floor(number) || number > 9.0e18)
-    throw CheckpointError(what + " is " + number_text(number) + ", not a whole number of at least " + std::to_string(minimum));
-  return static_cast<std::int64_t>(number);
-}
-
-DETTRIAL_INLINE std::vector<double> python_numbers(const c10::IValue& v, const std::string& what) {
-  if (v.isDoubleList()) return v.toDoubleVector();
-  if (!v.isList() && !v.isTuple()) throw CheckpointError(what + " is not a list");
-  const std::vector<c10::IValue> items = v.isTuple() ? v.toTupleRef().elements().vec() : v.toList().vec();
-  std::vector<double> out;
-  for (const auto& i : items) out.push_back(python_number(i, what));
-  return out;
-}
-
-DETTRIAL_INLINE c10::impl::GenericList python_list(const std::vector<double>& values) {
-  c10::impl::GenericList list(c10::AnyType::get());
-  for (const double v : values) list.push_back(v);
-  return list;
-}
-
-}  // namespace dettrial::optim::detail::python_state
-
 namespace dettrial::optim::detail::scheduler_base {
 DETTRIAL_INLINE std::vector<double> group_lrs(const torch::optim::Optimizer& optimizer) {
   std::vector<double> lrs;
@@ -7181,19 +7877,18 @@ DETTRIAL_INLINE void EpochLRScheduler::save_common(torch::serialize::OutputArchi
 }
 
 DETTRIAL_INLINE void EpochLRScheduler::load_common(torch::serialize::InputArchive& archive) {
-  namespace pd = detail::python_state;
   const std::string owner = archive_owner();
   const std::size_t groups = optimizer_->param_groups().size();
   const auto per_group = [&](const char* key) {
-    std::vector<double> values = pd::python_numbers(archived(archive, key), owner + ": '" + key + "'");
+    std::vector<double> values = python::numbers(archived(archive, key), owner + ": '" + key + "'");
     if (values.size() != groups)
       throw CheckpointError(owner + " has " + std::to_string(values.size()) + " value(s) in '" + key + "', but the optimizer has " +
                             std::to_string(groups) + " parameter group(s)");
     return values;
   };
   // Everything read before anything is changed: a mismatch leaves the scheduler as it was.
-  const std::int64_t last_epoch = pd::python_count(archived(archive, "last_epoch"), owner + ": 'last_epoch'", -1);
-  const std::int64_t step_count = pd::python_count(archived(archive, "step_count"), owner + ": 'step_count'", 0);
+  const std::int64_t last_epoch = python::count(archived(archive, "last_epoch"), owner + ": 'last_epoch'", -1);
+  const std::int64_t step_count = python::count(archived(archive, "step_count"), owner + ": 'step_count'", 0);
   std::vector<double> base_lrs = per_group("base_lrs");
   std::vector<double> last_lr = per_group("last_lr");
   last_epoch_ = last_epoch;
@@ -7203,13 +7898,13 @@ DETTRIAL_INLINE void EpochLRScheduler::load_common(torch::serialize::InputArchiv
 }
 
 DETTRIAL_INLINE void EpochLRScheduler::python_common(c10::impl::GenericDict& out) const {
-  out.insert("base_lrs", detail::python_state::python_list(base_lrs_));
+  out.insert("base_lrs", python::list(base_lrs_));
   out.insert("last_epoch", last_epoch_);
   out.insert("verbose", false);  // torch < 2.2 has it
   out.insert("_step_count", step_count_);
   out.insert("_get_lr_called_within_step", false);
   out.insert("_is_initial", false);  // torch >= 2.6 has it
-  out.insert("_last_lr", detail::python_state::python_list(last_lr_));
+  out.insert("_last_lr", python::list(last_lr_));
 }
 
 DETTRIAL_INLINE void EpochLRScheduler::check_python_keys(const c10::impl::GenericDict& in, const std::vector<std::string>& own,
@@ -7229,7 +7924,6 @@ DETTRIAL_INLINE void EpochLRScheduler::check_python_keys(const c10::impl::Generi
 DETTRIAL_INLINE std::map<std::string, c10::IValue> EpochLRScheduler::load_python_common(const c10::impl::GenericDict& in,
                                                                                         const std::vector<std::string>& own,
                                                                                         const std::string& what) {
-  namespace pd = detail::python_state;
   check_python_keys(in, own, what);
   std::map<std::string, c10::IValue> mine;
   for (const std::string& k : own) mine[k] = in.at(k);
@@ -7238,17 +7932,17 @@ DETTRIAL_INLINE std::map<std::string, c10::IValue> EpochLRScheduler::load_python
     if (it == in.end()) throw CheckpointError(what + " has no '" + key + "': it is not a Python LR scheduler's state");
     return it->value();
   };
-  std::vector<double> base = pd::python_numbers(field("base_lrs"), what + ": base_lrs");
+  std::vector<double> base = python::numbers(field("base_lrs"), what + ": base_lrs");
   if (base.size() != optimizer_->param_groups().size())
     throw CheckpointError(what + " has " + std::to_string(base.size()) + " base learning rate(s), but the optimizer " +
                           std::to_string(optimizer_->param_groups().size()) + " group(s)");
-  const std::int64_t last_epoch = pd::python_count(field("last_epoch"), what + ": last_epoch", -1);
+  const std::int64_t last_epoch = python::count(field("last_epoch"), what + ": last_epoch", -1);
   const auto step_count = in.find("_step_count");
   std::vector<double> last_lr = base;
-  if (const auto it = in.find("_last_lr"); it != in.end()) last_lr = pd::python_numbers(it->value(), what + ": _last_lr");
+  if (const auto it = in.find("_last_lr"); it != in.end()) last_lr = python::numbers(it->value(), what + ": _last_lr");
   base_lrs_ = std::move(base);
   last_epoch_ = last_epoch;
-  step_count_ = step_count != in.end() ? pd::python_count(step_count->value(), what + ": _step_count", 0) : last_epoch + 1;
+  step_count_ = step_count != in.end() ? python::count(step_count->value(), what + ": _step_count", 0) : last_epoch + 1;
   last_lr_ = std::move(last_lr);
   return mine;
 }
@@ -7525,9 +8219,9 @@ DETTRIAL_INLINE OneCycleLR::OneCycleLR(torch::optim::Optimizer& optimizer, const
   } else {
     invalid("total_steps", "given (or epochs and steps_per_epoch)", "missing");
   }
-  if (!(o.pct_start >= 0 && o.pct_start <= 1)) invalid("pct_start", "in [0, 1]", detail::python_state::number_text(o.pct_start));
-  if (!(o.div_factor > 0)) invalid("div_factor", "positive", detail::python_state::number_text(o.div_factor));
-  if (!(o.final_div_factor > 0)) invalid("final_div_factor", "positive", detail::python_state::number_text(o.final_div_factor));
+  if (!(o.pct_start >= 0 && o.pct_start <= 1)) invalid("pct_start", "in [0, 1]", dettrial::detail::number_text(o.pct_start));
+  if (!(o.div_factor > 0)) invalid("div_factor", "positive", dettrial::detail::number_text(o.div_factor));
+  if (!(o.final_div_factor > 0)) invalid("final_div_factor", "positive", dettrial::detail::number_text(o.final_div_factor));
   const double total = static_cast<double>(total_steps_);
   using G = GroupValue;
   const Phase up{o.pct_start * total - 1, false, G::initial_lr, G::max_lr, G::max_momentum, G::base_momentum};
@@ -7538,7 +8232,7 @@ DETTRIAL_INLINE OneCycleLR::OneCycleLR(torch::optim::Optimizer& optimizer, const
   else phases_ = {up, {total - 1, true, G::max_lr, G::min_lr, G::base_momentum, G::max_momentum}};
   max_lrs_ = detail::cyclic::per_group("OneCycleLR", "max_lr", o.max_lr, optimizer);
   for (const double m : max_lrs_)
-    if (!(m > 0)) invalid("max_lr", "positive (is it set?)", detail::python_state::number_text(m));
+    if (!(m > 0)) invalid("max_lr", "positive (is it set?)", dettrial::detail::number_text(m));
   for (std::size_t i = 0; i < max_lrs_.size(); ++i) {
     base_lrs_[i] = max_lrs_[i] / o.div_factor;  // Python's group["initial_lr"]
     min_lrs_.push_back(base_lrs_[i] / o.final_div_factor);
@@ -7612,8 +8306,7 @@ DETTRIAL_INLINE void OneCycleLR::load(torch::serialize::InputArchive& archive) {
   const std::string anneal = detail::cyclic::text_of(archived(archive, "anneal_strategy"), archive_owner() + ": 'anneal_strategy'");
   if (anneal != "cos" && anneal != "linear")
     throw CheckpointError(archive_owner() + ": anneal_strategy '" + anneal + "' is not cos or linear");
-  const std::vector<double> ends =
-      detail::python_state::python_numbers(archived(archive, "phase_ends"), archive_owner() + ": 'phase_ends'");
+  const std::vector<double> ends = python::numbers(archived(archive, "phase_ends"), archive_owner() + ": 'phase_ends'");
   if (ends.size() != phases_.size())
     throw CheckpointError(archive_owner() + " has " + std::to_string(ends.size()) + " phases, the trial's OneCycleLR " +
                           std::to_string(phases_.size()) + " (three_phase differs)");
@@ -7664,33 +8357,32 @@ DETTRIAL_INLINE std::vector<OneCycleLR::Phase> OneCycleLR::python_phases(const c
     };
     const auto end = d.find("end_step");
     if (end == d.end()) throw CheckpointError(what + ": a phase of _schedule_phases has no end_step");
-    phases.push_back({detail::python_state::python_number(end->value(), what + ": end_step"), end->value().isInt(), value("start_lr"),
-                      value("end_lr"), value("start_momentum"), value("end_momentum")});
+    phases.push_back({python::number(end->value(), what + ": end_step"), end->value().isInt(), value("start_lr"), value("end_lr"),
+                      value("start_momentum"), value("end_momentum")});
   }
   if (phases.empty()) throw CheckpointError(what + ": _schedule_phases is empty");
   return phases;
 }
 
 DETTRIAL_INLINE void OneCycleLR::load_python_state(const c10::impl::GenericDict& in, const std::string& what) {
-  namespace pd = detail::python_state;
   const auto entry = [&](const char* key) {
     const auto it = in.find(key);
     if (it == in.end()) throw CheckpointError(what + " has no '" + key + "': it is not Python's OneCycleLR state");
     return it->value();
   };
   // Read and checked before anything is changed.
-  const std::int64_t total_steps = pd::python_count(entry("total_steps"), what + ": total_steps", 1);
+  const std::int64_t total_steps = python::count(entry("total_steps"), what + ": total_steps", 1);
   std::vector<Phase> phases = python_phases(entry("_schedule_phases"), what);
   const std::string anneal = detail::cyclic::text_of(entry("_anneal_func_type"), what + ": _anneal_func_type");
   if (anneal != "cos" && anneal != "linear") throw CheckpointError(what + ": _anneal_func_type '" + anneal + "' is not cos or linear");
-  const bool cycle_momentum = pd::python_number(entry("cycle_momentum"), what + ": cycle_momentum") != 0;
+  const bool cycle_momentum = python::number(entry("cycle_momentum"), what + ": cycle_momentum") != 0;
   if (cycle_momentum != cycle_momentum_)
     throw CheckpointError(what + " has cycle_momentum " + (cycle_momentum ? "True" : "False") + ", the trial's OneCycleLR " +
                           (cycle_momentum_ ? "true" : "false"));
   std::vector<std::string> own = {"total_steps", "_schedule_phases", "_anneal_func_type", "cycle_momentum"};
   if (cycle_momentum) {
     own.emplace_back("use_beta1");
-    if ((pd::python_number(entry("use_beta1"), what + ": use_beta1") != 0) != detail::cyclic::uses_beta1(momentum_))
+    if ((python::number(entry("use_beta1"), what + ": use_beta1") != 0) != detail::cyclic::uses_beta1(momentum_))
       throw CheckpointError(what + ": use_beta1 says another optimizer family (Adam's beta1 against a momentum) than the trial's");
   }
   load_python_common(in, own, what);
@@ -7713,7 +8405,7 @@ DETTRIAL_INLINE void OneCycleLR::load_python_param_group(std::size_t group, cons
     const auto it = in.find(key);
     if (it == in.end())
       throw CheckpointError(what + " has no '" + key + "', which Python's OneCycleLR keeps there: was the checkpoint's scheduler another?");
-    return detail::python_state::python_number(it->value(), what + ": " + key);
+    return python::number(it->value(), what + ": " + key);
   };
   const double initial = value("initial_lr"), max_lr = value("max_lr"), min_lr = value("min_lr");
   const double max_m = cycle_momentum_ ? value("max_momentum") : 0.0, base_m = cycle_momentum_ ? value("base_momentum") : 0.0;
@@ -7735,13 +8427,13 @@ DETTRIAL_INLINE CyclicLR::CyclicLR(torch::optim::Optimizer& optimizer, CyclicLRO
       scale_fn_(std::move(o.scale_fn)),
       scale_mode_(o.scale_mode),
       cycle_momentum_(o.cycle_momentum) {
-  if (!(o.step_size_up > 0)) invalid("step_size_up", "positive", detail::python_state::number_text(o.step_size_up));
+  if (!(o.step_size_up > 0)) invalid("step_size_up", "positive", dettrial::detail::number_text(o.step_size_up));
   const double down = o.step_size_down.value_or(o.step_size_up);
-  if (!(down >= 0)) invalid("step_size_down", "at least 0", detail::python_state::number_text(down));
+  if (!(down >= 0)) invalid("step_size_down", "at least 0", dettrial::detail::number_text(down));
   base_lrs_ = detail::cyclic::per_group("CyclicLR", "base_lr", o.base_lr, optimizer);
   max_lrs_ = detail::cyclic::per_group("CyclicLR", "max_lr", o.max_lr, optimizer);
   for (const double m : max_lrs_)
-    if (!(m > 0)) invalid("max_lr", "positive (is it set?)", detail::python_state::number_text(m));
+    if (!(m > 0)) invalid("max_lr", "positive (is it set?)", dettrial::detail::number_text(m));
   total_size_ = o.step_size_up + down;
   step_ratio_ = o.step_size_up / total_size_;
   // Python's _init_scale_fn: a built-in mode chooses its own scale mode.
@@ -7832,7 +8524,7 @@ DETTRIAL_INLINE void CyclicLR::load(torch::serialize::InputArchive& archive) {
 }
 
 DETTRIAL_INLINE void CyclicLR::python_state(c10::impl::GenericDict& out) const {
-  out.insert("max_lrs", detail::python_state::python_list(max_lrs_));
+  out.insert("max_lrs", python::list(max_lrs_));
   out.insert("total_size", total_size_);
   out.insert("step_ratio", step_ratio_);
   out.insert("mode", std::string(detail::cyclic::mode_name(mode_)));
@@ -7841,15 +8533,14 @@ DETTRIAL_INLINE void CyclicLR::python_state(c10::impl::GenericDict& out) const {
   out.insert("cycle_momentum", cycle_momentum_);
   if (cycle_momentum_) {
     out.insert("use_beta1", detail::cyclic::uses_beta1(momentum_));
-    out.insert("base_momentums", detail::python_state::python_list(base_momentums_));
-    out.insert("max_momentums", detail::python_state::python_list(max_momentums_));
+    out.insert("base_momentums", python::list(base_momentums_));
+    out.insert("max_momentums", python::list(max_momentums_));
   }
   python_common(out);
   out.insert("_scale_fn_custom", c10::IValue());
 }
 
 DETTRIAL_INLINE void CyclicLR::load_python_state(const c10::impl::GenericDict& in, const std::string& what) {
-  namespace pd = detail::python_state;
   const auto entry = [&](const char* key) {
     const auto it = in.find(key);
     if (it == in.end()) throw CheckpointError(what + " has no '" + key + "': it is not Python's CyclicLR state");
@@ -7857,7 +8548,7 @@ DETTRIAL_INLINE void CyclicLR::load_python_state(const c10::impl::GenericDict& i
   };
   const std::size_t groups = optimizer_->param_groups().size();
   const auto per_group = [&](const char* key) {
-    std::vector<double> v = pd::python_numbers(entry(key), what + ": " + key);
+    std::vector<double> v = python::numbers(entry(key), what + ": " + key);
     if (v.size() != groups)
       throw CheckpointError(what + " has " + std::to_string(v.size()) + " " + key + ", but the optimizer " + std::to_string(groups) +
                             " group(s)");
@@ -7868,12 +8559,12 @@ DETTRIAL_INLINE void CyclicLR::load_python_state(const c10::impl::GenericDict& i
   if (!custom.isNone() && !(custom.isGenericDict() && custom.toGenericDict().empty()))
     throw CheckpointError(what + ": _scale_fn_custom holds the attributes of a Python callable object, which a C++ function cannot take");
   std::vector<double> max_lrs = per_group("max_lrs");
-  const double total_size = pd::python_number(entry("total_size"), what + ": total_size");
-  const double step_ratio = pd::python_number(entry("step_ratio"), what + ": step_ratio");
+  const double total_size = python::number(entry("total_size"), what + ": total_size");
+  const double step_ratio = python::number(entry("step_ratio"), what + ": step_ratio");
   const CyclicMode mode = detail::cyclic::mode_named(detail::cyclic::text_of(entry("mode"), what + ": mode"), what);
-  const double gamma = pd::python_number(entry("gamma"), what + ": gamma");
+  const double gamma = python::number(entry("gamma"), what + ": gamma");
   ScaleMode scale_mode = detail::cyclic::scale_mode_named(detail::cyclic::text_of(entry("scale_mode"), what + ": scale_mode"), what);
-  const bool cycle_momentum = pd::python_number(entry("cycle_momentum"), what + ": cycle_momentum") != 0;
+  const bool cycle_momentum = python::number(entry("cycle_momentum"), what + ": cycle_momentum") != 0;
   if (cycle_momentum != cycle_momentum_)
     throw CheckpointError(what + " has cycle_momentum " + (cycle_momentum ? "True" : "False") + ", the trial's CyclicLR " +
                           (cycle_momentum_ ? "true" : "false"));
@@ -8064,6 +8755,35 @@ class SWALR : public EpochLRScheduler {
 
 }  // namespace dettrial::optim
 
+namespace dettrial {
+/// When the trainer updates the averaged model a trial wraps (Context::wrap_averaged_model).
+struct AveragingSchedule {
+  /// After every n-th optimizer step, counted from the first step of training: steps n, 2n, ...
+  std::int64_t every_n_steps = 1;
+  /// Up to this optimizer step each update copies the model, so the average begins after it (as
+  /// torchvision's recipe restarts its EMA during the learning-rate warmup).
+  std::int64_t warmup_steps = 0;
+};
+}  // namespace dettrial
+
+namespace dettrial::optim::detail {
+/// A trial's wrapped average (Context::wrap_averaged_model): the weights, the model they average
+/// and when; the loop calls after_optimizer_step at the end of every update batch.
+struct ScheduledAverage {
+  std::shared_ptr<AveragedWeights> weights;
+  std::shared_ptr<torch::nn::Module> source;
+  AveragingSchedule schedule;
+
+  /// After optimizer step `step` (1, 2, ...): the average takes the model when the step is due,
+  /// and during the warmup it restarts from it.
+  void after_optimizer_step(std::int64_t step) {
+    if (step % schedule.every_n_steps != 0) return;
+    weights->update_parameters(*source);
+    if (step <= schedule.warmup_steps) weights->restart();
+  }
+};
+}  // namespace dettrial::optim::detail
+
 namespace dettrial::optim::detail::averaging {
 /// A BatchNorm layer's momentum (c10::optional before LibTorch 2.x, std::optional after).
 using Momentum = std::decay_t<decltype(std::declval<torch::nn::BatchNormOptions&>().momentum())>;
@@ -8251,7 +8971,7 @@ DETTRIAL_INLINE void SWALR::load_python_state(const c10::impl::GenericDict& in, 
     throw CheckpointError(what + " has no '_anneal_strategy' or 'anneal_epochs': it is not Python's SWALR state");
   const std::string anneal = detail::cyclic::text_of(strategy->value(), what + ": _anneal_strategy");
   if (anneal != "cos" && anneal != "linear") throw CheckpointError(what + ": _anneal_strategy '" + anneal + "' is not cos or linear");
-  const std::int64_t anneal_epochs = detail::python_state::python_count(epochs->value(), what + ": anneal_epochs", 0);
+  const std::int64_t anneal_epochs = python::count(epochs->value(), what + ": anneal_epochs", 0);
   load_python_common(in, {"_anneal_strategy", "anneal_epochs"}, what);
   anneal_ = anneal == "cos" ? AnnealStrategy::cos : AnnealStrategy::linear;
   anneal_epochs_ = anneal_epochs;
@@ -8265,7 +8985,7 @@ DETTRIAL_INLINE void SWALR::load_python_param_group(std::size_t group, const c10
   const auto it = in.find("swa_lr");
   if (it == in.end())
     throw CheckpointError(what + " has no 'swa_lr', which Python's SWALR keeps there: was the checkpoint's scheduler another?");
-  swa_lrs_.at(group) = detail::python_state::python_number(it->value(), what + ": swa_lr");
+  swa_lrs_.at(group) = python::number(it->value(), what + ": swa_lr");
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -8446,12 +9166,12 @@ DETTRIAL_INLINE ReduceLROnPlateau::ReduceLROnPlateau(torch::optim::Optimizer& op
   };
   const auto& o = options_;
   if (o.mode != "min" && o.mode != "max") invalid("mode", "\"min\" or \"max\"", '"' + o.mode + '"');
-  if (!(o.factor >= 0 && o.factor < 1)) invalid("factor", "in [0, 1)", detail::python_state::number_text(o.factor));
+  if (!(o.factor >= 0 && o.factor < 1)) invalid("factor", "in [0, 1)", dettrial::detail::number_text(o.factor));
   if (o.patience < 0) invalid("patience", "at least 0", std::to_string(o.patience));
-  if (!(o.threshold >= 0)) invalid("threshold", "at least 0", detail::python_state::number_text(o.threshold));
+  if (!(o.threshold >= 0)) invalid("threshold", "at least 0", dettrial::detail::number_text(o.threshold));
   if (o.threshold_mode != "rel" && o.threshold_mode != "abs") invalid("threshold_mode", "\"rel\" or \"abs\"", '"' + o.threshold_mode + '"');
   if (o.cooldown < 0) invalid("cooldown", "at least 0", std::to_string(o.cooldown));
-  if (!(o.eps >= 0)) invalid("eps", "at least 0", detail::python_state::number_text(o.eps));
+  if (!(o.eps >= 0)) invalid("eps", "at least 0", dettrial::detail::number_text(o.eps));
   const std::size_t groups = optimizer.param_groups().size();
   if (const auto* per_group = std::get_if<std::vector<double>>(&o.min_lr)) {
     if (per_group->size() != groups)
@@ -8461,7 +9181,7 @@ DETTRIAL_INLINE ReduceLROnPlateau::ReduceLROnPlateau(torch::optim::Optimizer& op
     min_lrs_.assign(groups, std::get<double>(o.min_lr));
   }
   for (const double m : min_lrs_)
-    if (!(m >= 0)) invalid("min_lr", "at least 0", detail::python_state::number_text(m));
+    if (!(m >= 0)) invalid("min_lr", "at least 0", dettrial::detail::number_text(m));
   min_mode_ = o.mode == "min";
   rel_threshold_ = o.threshold_mode == "rel";
   last_lr_ = detail::scheduler_base::group_lrs(optimizer);
@@ -8576,13 +9296,13 @@ DETTRIAL_INLINE void ReduceLROnPlateau::python_state(c10::impl::GenericDict& out
   // None when min_lr was given per group (Python's default_min_lr).
   if (const auto* one = std::get_if<double>(&options_.min_lr)) out.insert("default_min_lr", *one);
   else out.insert("default_min_lr", c10::IValue());
-  out.insert("min_lrs", detail::python_state::python_list(min_lrs_));
+  out.insert("min_lrs", python::list(min_lrs_));
   out.insert("patience", options_.patience);
   out.insert("cooldown", options_.cooldown);
   out.insert("eps", options_.eps);
   out.insert("verbose", false);  // torch < 2.2 has it
   out.insert("last_epoch", last_epoch_);
-  out.insert("_last_lr", detail::python_state::python_list(last_lr_));
+  out.insert("_last_lr", python::list(last_lr_));
   out.insert("mode_worse", mode_worse());
   out.insert("mode", options_.mode);
   out.insert("threshold", options_.threshold);
@@ -8593,7 +9313,6 @@ DETTRIAL_INLINE void ReduceLROnPlateau::python_state(c10::impl::GenericDict& out
 }
 
 DETTRIAL_INLINE void ReduceLROnPlateau::load_python_state(const c10::impl::GenericDict& in, const std::string& what) {
-  namespace pd = detail::python_state;
   static const std::set<std::string> known = {
       "factor",   "default_min_lr", "min_lrs", "patience",  "cooldown",       "eps",  "verbose",          "last_epoch",
       "_last_lr", "mode_worse",     "mode",    "threshold", "threshold_mode", "best", "cooldown_counter", "num_bad_epochs"};
@@ -8617,12 +9336,12 @@ DETTRIAL_INLINE void ReduceLROnPlateau::load_python_state(const c10::impl::Gener
   ReduceLROnPlateauOptions o = options_;
   o.mode = text("mode");
   o.threshold_mode = text("threshold_mode");
-  o.factor = pd::python_number(field("factor"), what + ": factor");
-  o.patience = static_cast<std::int64_t>(pd::python_number(field("patience"), what + ": patience"));
-  o.cooldown = static_cast<std::int64_t>(pd::python_number(field("cooldown"), what + ": cooldown"));
-  o.threshold = pd::python_number(field("threshold"), what + ": threshold");
-  o.eps = pd::python_number(field("eps"), what + ": eps");
-  std::vector<double> min_lrs = pd::python_numbers(field("min_lrs"), what + ": min_lrs");
+  o.factor = python::number(field("factor"), what + ": factor");
+  o.patience = static_cast<std::int64_t>(python::number(field("patience"), what + ": patience"));
+  o.cooldown = static_cast<std::int64_t>(python::number(field("cooldown"), what + ": cooldown"));
+  o.threshold = python::number(field("threshold"), what + ": threshold");
+  o.eps = python::number(field("eps"), what + ": eps");
+  std::vector<double> min_lrs = python::numbers(field("min_lrs"), what + ": min_lrs");
   if (min_lrs.size() != optimizer_->param_groups().size())
     throw CheckpointError(what + " has " + std::to_string(min_lrs.size()) + " min_lrs, but the optimizer " +
                           std::to_string(optimizer_->param_groups().size()) + " group(s)");
@@ -8637,11 +9356,11 @@ DETTRIAL_INLINE void ReduceLROnPlateau::load_python_state(const c10::impl::Gener
   min_mode_ = checked->min_mode_;
   rel_threshold_ = checked->rel_threshold_;
   min_lrs_ = std::move(min_lrs);
-  last_epoch_ = static_cast<std::int64_t>(pd::python_number(field("last_epoch"), what + ": last_epoch"));
-  if (const auto it = in.find("_last_lr"); it != in.end()) last_lr_ = pd::python_numbers(it->value(), what + ": _last_lr");
-  best_ = pd::python_number(field("best"), what + ": best");
-  cooldown_counter_ = static_cast<std::int64_t>(pd::python_number(field("cooldown_counter"), what + ": cooldown_counter"));
-  num_bad_epochs_ = static_cast<std::int64_t>(pd::python_number(field("num_bad_epochs"), what + ": num_bad_epochs"));
+  last_epoch_ = static_cast<std::int64_t>(python::number(field("last_epoch"), what + ": last_epoch"));
+  if (const auto it = in.find("_last_lr"); it != in.end()) last_lr_ = python::numbers(it->value(), what + ": _last_lr");
+  best_ = python::number(field("best"), what + ": best");
+  cooldown_counter_ = static_cast<std::int64_t>(python::number(field("cooldown_counter"), what + ": cooldown_counter"));
+  num_bad_epochs_ = static_cast<std::int64_t>(python::number(field("num_bad_epochs"), what + ": num_bad_epochs"));
 }
 
 }  // namespace dettrial::optim
@@ -8929,8 +9648,8 @@ class SequentialLR : public ComposedSchedulers<Schedulers...> {
     if (!milestones.isIntList()) throw CheckpointError(what + ": 'milestones' is not a list of integers");
     copy.milestones_ = milestones.toIntVector();
     check_milestones(copy.milestones_, [&](const std::string& m) { throw CheckpointError(what + ": " + m); });
-    copy.last_epoch_ = detail::python_state::python_count(in.entry("last_epoch"), what, 0);
-    copy.last_lr_ = detail::python_state::python_numbers(in.entry("last_lr"), what);
+    copy.last_epoch_ = python::count(in.entry("last_epoch"), what, 0);
+    copy.last_lr_ = python::numbers(in.entry("last_lr"), what);
     detail::composition::load_children(copy.children_, archive, what);
     *this = std::move(copy);
   }
@@ -8940,24 +9659,23 @@ class SequentialLR : public ComposedSchedulers<Schedulers...> {
     for (const std::int64_t m : milestones_) milestones.push_back(m);
     out.insert("_milestones", milestones);
     out.insert("last_epoch", last_epoch_);
-    out.insert("_last_lr", detail::python_state::python_list(this->last_lr_));
+    out.insert("_last_lr", python::list(this->last_lr_));
     out.insert("_schedulers", detail::composition::python_children(this->children_));
   }
   /// Restores what Python's SequentialLR.state_dict() holds, every child's included.
   void load_python_state(const c10::impl::GenericDict& in, const std::string& what) {
-    namespace pd = detail::python_state;
     SequentialLR copy = *this;
     for (const auto& entry : in) {
       const std::string key = entry.key().isString() ? entry.key().toStringRef() : std::string("(not a name)");
       if (key == "_milestones") {
         copy.milestones_.clear();
-        for (const double m : pd::python_numbers(entry.value(), what + ": _milestones"))
-          copy.milestones_.push_back(pd::python_count(m, what + ": a milestone", 0));
+        for (const double m : python::numbers(entry.value(), what + ": _milestones"))
+          copy.milestones_.push_back(python::count(m, what + ": a milestone", 0));
         check_milestones(copy.milestones_, [&](const std::string& m) { throw CheckpointError(what + ": " + m); });
       } else if (key == "last_epoch") {
-        copy.last_epoch_ = pd::python_count(entry.value(), what + ": last_epoch", 0);
+        copy.last_epoch_ = python::count(entry.value(), what + ": last_epoch", 0);
       } else if (key == "_last_lr") {
-        copy.last_lr_ = pd::python_numbers(entry.value(), what + ": _last_lr");
+        copy.last_lr_ = python::numbers(entry.value(), what + ": _last_lr");
       } else if (key == "_schedulers") {
         detail::composition::load_python_children(copy.children_, entry.value(), what);
       } else if (key != "verbose" && key != "_get_lr_called_within_step" && key != "_is_initial") {
@@ -9024,20 +9742,20 @@ class ChainedScheduler : public ComposedSchedulers<Schedulers...> {
     const std::string what = "dettrial::optim::ChainedScheduler's saved state";
     const detail::scheduler_base::SchedulerArchive in(archive, "ChainedScheduler", what);
     ChainedScheduler copy = *this;
-    copy.last_lr_ = detail::python_state::python_numbers(in.entry("last_lr"), what);
+    copy.last_lr_ = python::numbers(in.entry("last_lr"), what);
     detail::composition::load_children(copy.children_, archive, what);
     *this = std::move(copy);
   }
   /// Python's `state_dict()`: _last_lr and _schedulers (each child's).
   void python_state(c10::impl::GenericDict& out) const {
-    out.insert("_last_lr", detail::python_state::python_list(this->last_lr_));
+    out.insert("_last_lr", python::list(this->last_lr_));
     out.insert("_schedulers", detail::composition::python_children(this->children_));
   }
   void load_python_state(const c10::impl::GenericDict& in, const std::string& what) {
     ChainedScheduler copy = *this;
     for (const auto& entry : in) {
       const std::string key = entry.key().isString() ? entry.key().toStringRef() : std::string("(not a name)");
-      if (key == "_last_lr") copy.last_lr_ = detail::python_state::python_numbers(entry.value(), what + ": _last_lr");
+      if (key == "_last_lr") copy.last_lr_ = python::numbers(entry.value(), what + ": _last_lr");
       else if (key == "_schedulers") detail::composition::load_python_children(copy.children_, entry.value(), what);
       else if (key != "verbose" && key != "_get_lr_called_within_step" && key != "_is_initial")
         throw CheckpointError(what + " has '" + key +
@@ -9325,7 +10043,7 @@ class CosineAnnealingWarmRestarts : public EpochLRScheduler {
 
 
 namespace dettrial::optim::detail::schedulers {
-using detail::python_state::number_text;
+using dettrial::detail::number_text;
 }  // namespace dettrial::optim::detail::schedulers
 
 namespace dettrial::optim {
@@ -9386,7 +10104,7 @@ DETTRIAL_INLINE void MultiStepLR::save(torch::serialize::OutputArchive& archive)
 DETTRIAL_INLINE void MultiStepLR::load(torch::serialize::InputArchive& archive) {
   const c10::IValue milestones = archived(archive, "milestones");
   if (!milestones.isIntList()) throw CheckpointError(archive_owner() + ": 'milestones' is not a list of integers");
-  const double gamma = detail::python_state::python_number(archived(archive, "gamma"), archive_owner() + ": 'gamma'");
+  const double gamma = python::number(archived(archive, "gamma"), archive_owner() + ": 'gamma'");
   load_common(archive);
   milestones_.clear();
   for (const std::int64_t m : milestones.toIntVector()) ++milestones_[m];
@@ -9404,15 +10122,14 @@ DETTRIAL_INLINE void MultiStepLR::python_state(c10::impl::GenericDict& out) cons
 }
 
 DETTRIAL_INLINE void MultiStepLR::load_python_state(const c10::impl::GenericDict& in, const std::string& what) {
-  namespace pd = detail::python_state;
   const auto saved = in.find("milestones");
   if (saved != in.end() && !saved->value().isGenericDict()) throw CheckpointError(what + ": milestones is not a dict (Python's Counter)");
   std::map<std::int64_t, std::int64_t> milestones;  // read before anything is changed
   if (saved != in.end())
     for (const auto& m : saved->value().toGenericDict())
-      milestones[pd::python_count(m.key(), what + ": a milestone", 0)] = pd::python_count(m.value(), what + ": a milestone's count", 1);
+      milestones[python::count(m.key(), what + ": a milestone", 0)] = python::count(m.value(), what + ": a milestone's count", 1);
   const auto gamma = in.find("gamma");
-  const double new_gamma = gamma != in.end() ? pd::python_number(gamma->value(), what + ": gamma") : gamma_;
+  const double new_gamma = gamma != in.end() ? python::number(gamma->value(), what + ": gamma") : gamma_;
   load_python_common(in, {"milestones", "gamma"}, what);
   milestones_ = std::move(milestones);
   gamma_ = new_gamma;
@@ -12749,18 +13466,6 @@ struct RunPosition {
 }  // namespace dettrial::detail
 
 namespace dettrial {
-/// When the trainer updates the averaged model a trial wraps (Context::wrap_averaged_model).
-struct AveragingSchedule {
-  /// After every n-th optimizer step, counted from the first step of training: steps n, 2n, ...
-  std::int64_t every_n_steps = 1;
-  /// Up to this optimizer step each update copies the model, so the average begins after it (as
-  /// torchvision's recipe restarts its EMA during the learning-rate warmup).
-  std::int64_t warmup_steps = 0;
-};
-
-}  // namespace dettrial
-
-namespace dettrial {
 template <class TrialT>
 class Trainer;
 }  // namespace dettrial
@@ -13103,7 +13808,7 @@ class Context {
 
   /**
    * @brief Registers a weight average of `model`, which the trainer then updates after every
-   * `schedule.every_n_steps`-th optimizer step (in finish_batch, after all of a batch's optimizer
+   * `schedule.every_n_steps`-th optimizer step (when the update batch ends, after all of its optimizer
    * steps), puts in checkpoints (state_dict.pth's `model_ema`, torchvision's name and layout) and
    * restores on resume, and whose buffers every rank takes from rank 0 where the models' are
    * (validation, checkpoints), so every rank holds the same average. One per trial. Validating on it
@@ -13135,18 +13840,17 @@ class Context {
   /// Forgets every wrapped object (called when their trainer goes away).
   void release_registrations();
 
-  /// Ends training batch `batch_idx` (the trainer calls it after train_batch): on an update batch
-  /// (every `aggregation_frequency`-th, the one that stepped the optimizers) the gradient scaler's
-  /// scale is updated, once however many optimizers stepped, and the schedulers step per their mode.
-  /// The one place that decides what an update batch finishes.
-  void finish_batch(std::int64_t batch_idx) {
+  /// Ends the training batch (the trainer calls it after train_batch, before it steps what the
+  /// loop owns after an update: the LR schedulers and the average, trainer/after_update.hpp): on an
+  /// update batch (every `aggregation_frequency`-th, the one that stepped the optimizers) the
+  /// gradient scaler's scale is updated, once however many optimizers stepped; on the others, with
+  /// rank_invariant, the micro-batch's gradients are stashed.
+  void finish_batch() {
     if (!is_update_batch()) {  // inline: most batches end here
       if (ordered_) stash_ordered_gradients();
       return;
     }
     if (scaler_) scaler_->update();
-    if (average_) update_average(batch_idx);
-    step_lr_schedulers(batch_idx);
   }
 
   /// Begins training batch `position().current_batch` of `records` records. With rank_invariant,
@@ -13161,17 +13865,8 @@ class Context {
   /// the rank, so that their dropout masks and other draws differ.
   void seed_rank_stream() const;
 
-  /// Steps the schedulers per their mode after update batch `batch_idx`.
-  void step_lr_schedulers(std::int64_t batch_idx);
-  struct WrappedAverage {
-    std::shared_ptr<optim::AveragedWeights> weights;
-    std::shared_ptr<torch::nn::Module> source;
-    AveragingSchedule schedule;
-  };
   void register_average(std::shared_ptr<optim::AveragedWeights> weights, std::shared_ptr<torch::nn::Module> source,
                         AveragingSchedule schedule);
-  /// Updates the average when update batch `batch_idx` ends a due optimizer step.
-  void update_average(std::int64_t batch_idx);
   struct WrappedOptimizer {
     torch::optim::Optimizer* optimizer;
     std::vector<torch::Tensor> params;
@@ -13243,7 +13938,7 @@ class Context {
   std::vector<std::shared_ptr<torch::nn::Module>> models_;
   std::vector<WrappedOptimizer> optimizers_;
   std::vector<detail::WrappedScheduler> schedulers_;
-  std::optional<WrappedAverage> average_;
+  std::optional<optim::detail::ScheduledAverage> average_;
   std::vector<detail::WrappedReducer> reducers_;
   std::vector<std::shared_ptr<void>> owned_reducers_;  // the FunctionReducers wrap_reducer(fn) made
 
@@ -13304,7 +13999,11 @@ struct ContextAccess {
   /// Wrapped LR scheduler `i` (type-erased: how to step, save and restore it), in wrap order.
   static const WrappedScheduler& lr_scheduler(TrainerKey, const Context& c, std::size_t i) { return c.schedulers_.at(i); }
   static void begin_training_batch(TrainerKey, Context& c, std::int64_t records) { c.begin_training_batch(records); }
-  static void finish_batch(TrainerKey, Context& c, std::int64_t batch_idx) { c.finish_batch(batch_idx); }
+  static void finish_batch(TrainerKey, Context& c) { c.finish_batch(); }
+  /// The wrapped LR schedulers, for the loop to step after an update batch.
+  static std::span<WrappedScheduler> lr_schedulers(TrainerKey, Context& c) { return c.schedulers_; }
+  /// The wrapped average, or null.
+  static optim::detail::ScheduledAverage* average(TrainerKey, Context& c) { return c.average_ ? &*c.average_ : nullptr; }
   static void seed_rank_stream(TrainerKey, const Context& c) { c.seed_rank_stream(); }
   static bool has_registrations(TrainerKey, const Context& c) { return c.has_registrations(); }
   static void release_registrations(TrainerKey, Context& c) { c.release_registrations(); }
@@ -13510,21 +14209,7 @@ DETTRIAL_INLINE void Context::register_average(std::shared_ptr<optim::AveragedWe
     throw ConfigError("wrap_averaged_model: every_n_steps must be at least 1, not " + std::to_string(schedule.every_n_steps));
   if (schedule.warmup_steps < 0)
     throw ConfigError("wrap_averaged_model: warmup_steps must be at least 0, not " + std::to_string(schedule.warmup_steps));
-  average_ = WrappedAverage{std::move(weights), std::move(source), schedule};
-}
-
-DETTRIAL_INLINE void Context::update_average(std::int64_t batch_idx) {
-  const std::int64_t step = (batch_idx + 1) / aggregation_frequency_;  // optimizer steps so far, this one included
-  if (step % average_->schedule.every_n_steps != 0) return;
-  average_->weights->update_parameters(*average_->source);
-  if (step <= average_->schedule.warmup_steps) average_->weights->restart();
-}
-
-DETTRIAL_INLINE void Context::step_lr_schedulers(std::int64_t batch_idx) {
-  for (auto& s : schedulers_) {
-    const std::int64_t n = s.steps_after(batch_idx, aggregation_frequency_, position_.epoch_len, s.frequency);
-    for (std::int64_t i = 0; i < n; ++i) s.step(s.scheduler);
-  }
+  average_ = optim::detail::ScheduledAverage{std::move(weights), std::move(source), schedule};
 }
 
 DETTRIAL_INLINE void Context::seed_micro_batch(std::int64_t records) {
@@ -14208,8 +14893,9 @@ using Json = nlohmann::ordered_json;
 // SPDX-License-Identifier: Apache-2.0
 /// @file
 /// @brief An optimizer's state from Python's layout (`optimizer.state_dict()`, as Determined's and
-/// dettrial's `state_dict.pth` hold it) into LibTorch's optimizers and dettrial's fused ones: the
-/// groups' options and every parameter's state, checked before anything is changed.
+/// dettrial's `state_dict.pth` hold it) into any optimizer whose type declares that layout
+/// (optim::python_layout): the groups' options and every parameter's state, checked before anything
+/// is changed.
 
 #include <functional>
 #include <map>
@@ -14219,32 +14905,6 @@ using Json = nlohmann::ordered_json;
 
 #include <torch/torch.h>
 
-// ---- begin dettrial/vocabulary/checkpoint.hpp
-// SPDX-License-Identifier: Apache-2.0
-/// @file
-/// @brief The checkpoint vocabulary: StateDict (the `state_dict.pth` a checkpoint holds, as LibTorch
-/// reads it) and what a checkpoint policy is.
-
-#include <concepts>
-#include <string_view>
-
-#include <torch/torch.h>
-
-namespace dettrial {
-
-/// A `torch.save`d state dict as LibTorch holds it: string keys to tensors, numbers, lists and dicts.
-using StateDict = c10::impl::GenericDict;
-
-/// A checkpoint policy: a name and whether to checkpoint after a validation, given whether it
-/// improved on the best searcher metric so far.
-template <class P>
-concept CheckpointPolicyType = requires(bool improved) {
-  { P::name } -> std::convertible_to<std::string_view>;
-  { P::after_validation(improved) } -> std::same_as<bool>;
-};
-
-}  // namespace dettrial
-// ---- end dettrial/vocabulary/checkpoint.hpp
 
 namespace dettrial {
 
@@ -14263,34 +14923,11 @@ namespace dettrial {
 DETTRIAL_INLINE void load_optimizer_state_dict(torch::optim::Optimizer& optimizer, const StateDict& state, const std::string& what);
 
 /// Whether Python's layout (optimizer_state_dict) holds all of `optimizer`'s state, so that
-/// load_optimizer_state_dict restores it exactly: every group's options and every parameter's state
-/// of a type it reads (SGD, Adam, AdamW, RMSprop, Adagrad, Adadelta, and the fused ones).
+/// load_optimizer_state_dict restores it exactly: its type declares a layout (optim::python_layout)
+/// and every parameter's state is of the layout's state type.
 DETTRIAL_INLINE bool python_layout_holds(torch::optim::Optimizer& optimizer);
 
 }  // namespace dettrial
-
-namespace dettrial::detail::python_optimizer {
-
-/// One optimizer type: the options it has (beyond those every optimizer carries), how to set them
-/// and how to make a parameter's state from the file's entries.
-struct Kind {
-  const char* name;
-  std::set<std::string> options;
-  /// Flags Python's optimizers carry that change the update, with the one value LibTorch's type
-  /// computes: another value in the file is refused, never trained on as something else (an AdamW
-  /// checkpoint resumed into Adam would otherwise step as Adam with L2 weight decay).
-  std::map<std::string, bool> fixed_flags;
-  std::function<void(torch::optim::OptimizerOptions&, const std::string& key, const c10::IValue& value, const std::string& what)> set;
-  std::function<std::unique_ptr<torch::optim::OptimizerParamState>(const StateDict& entries, const torch::Tensor& param,
-                                                                   const std::string& what)>
-      make_state;
-};
-
-/// The kind of `options`' optimizer; `name` is null for one whose state dettrial does not write in
-/// Python's layout.
-DETTRIAL_INLINE Kind kind_of(torch::optim::OptimizerOptions& options);
-
-}  // namespace dettrial::detail::python_optimizer
 
 // Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
 #if DETTRIAL_HEADER_DEFINITIONS
@@ -15252,31 +15889,10 @@ DETTRIAL_INLINE StateDict empty_state_dict();
 /// Python's DistributedDataParallel saves `module.<name>`: the model's own names without it.
 DETTRIAL_INLINE StateDict unwrapped(const StateDict& d);
 
-/// A step count as Python's optimizers keep it: a float32 scalar tensor, or float64 past 2**24,
-/// where float32 would round it (Python's load_state_dict takes either).
-inline c10::IValue scalar_tensor(double v) {
-  return torch::tensor(v, static_cast<double>(static_cast<float>(v)) == v ? torch::kFloat32 : torch::kFloat64);
-}
-
-/// Adam and AdamW keep the same state and options under the same names.
-template <class State>
-void adam_param_state(const State& s, c10::impl::GenericDict& out) {
-  out.insert("step", scalar_tensor(static_cast<double>(s.step())));
-  for (const auto& [key, t] :
-       {std::pair{"exp_avg", s.exp_avg()}, std::pair{"exp_avg_sq", s.exp_avg_sq()}, std::pair{"max_exp_avg_sq", s.max_exp_avg_sq()}})
-    if (t.defined()) out.insert(key, t.detach());
-}
-template <class Options>
-void adam_options(const Options& o, c10::impl::GenericDict& out) {
-  optim::python_betas_options(o, out);
-  out.insert("amsgrad", o.amsgrad());
-  out.insert("maximize", false);
-}
-
-/// One parameter's optimizer state and its group's options, in Python's names, for the built-in optimizers.
-DETTRIAL_INLINE bool python_param_state(const torch::optim::OptimizerParamState& state, c10::impl::GenericDict& out);
-
-DETTRIAL_INLINE void python_group_options(const torch::optim::OptimizerOptions& options, c10::impl::GenericDict& out);
+/// One parameter's optimizer state in Python's names through `optimizer`'s layout (see
+/// optim::python_layout); false when it has none, or the state is not of its type.
+DETTRIAL_INLINE bool python_param_state(const torch::optim::Optimizer& optimizer, const torch::optim::OptimizerParamState& state,
+                                        c10::impl::GenericDict& out);
 
 }  // namespace dettrial::detail
 
@@ -15289,8 +15905,8 @@ DETTRIAL_INLINE StateDict module_state_dict(const torch::nn::Module& module);
 
 /**
  * @brief An optimizer's state dict in Python's layout: `state` keyed by parameter index (counted
- * across groups), `param_groups` with their options and `params` as those indices. The built-in
- * optimizers (SGD, Adam, AdamW, Adagrad, RMSprop, and dettrial::optim::Adadelta) are written in full; for others, groups carry
+ * across groups), `param_groups` with their options and `params` as those indices, as the
+ * optimizer's layout (optim::python_layout) writes them; for an optimizer without one, groups carry
  * their learning rate and the state is left empty.
  */
 DETTRIAL_INLINE StateDict optimizer_state_dict(torch::optim::Optimizer& optimizer);
@@ -15403,76 +16019,10 @@ DETTRIAL_INLINE std::string shape_text(c10::IntArrayRef sizes) {
   return s.str();
 }
 
-DETTRIAL_INLINE bool python_param_state(const torch::optim::OptimizerParamState& state, c10::impl::GenericDict& out) {
-  auto put = [&](const char* key, const torch::Tensor& t) {
-    if (t.defined()) out.insert(key, t.detach());
-  };
-  if (const auto* s = dynamic_cast<const torch::optim::SGDParamState*>(&state)) {
-    put("momentum_buffer", s->momentum_buffer());
-  } else if (const auto* s = dynamic_cast<const torch::optim::AdamParamState*>(&state)) {
-    adam_param_state(*s, out);
-  } else if (const auto* s = dynamic_cast<const torch::optim::AdamWParamState*>(&state)) {
-    adam_param_state(*s, out);
-  } else if (const auto* s = dynamic_cast<const torch::optim::AdagradParamState*>(&state)) {
-    out.insert("step", scalar_tensor(static_cast<double>(s->step())));
-    put("sum", s->sum());
-  } else if (const auto* s = dynamic_cast<const dettrial::optim::AdadeltaParamState*>(&state)) {
-    dettrial::optim::python_param_state(*s, out);
-  } else if (const auto* s = dynamic_cast<const dettrial::optim::AdamFamilyParamState*>(&state)) {
-    dettrial::optim::python_param_state(*s, out);
-  } else if (const auto* s = dynamic_cast<const dettrial::optim::MuonParamState*>(&state)) {
-    dettrial::optim::python_param_state(*s, out);
-  } else if (const auto* s = dynamic_cast<const torch::optim::RMSpropParamState*>(&state)) {
-    out.insert("step", static_cast<std::int64_t>(s->step()));
-    put("square_avg", s->square_avg());
-    put("momentum_buffer", s->momentum_buffer());
-    put("grad_avg", s->grad_avg());
-  } else {
-    return false;
-  }
-  return true;
-}
-
-DETTRIAL_INLINE void python_group_options(const torch::optim::OptimizerOptions& options, c10::impl::GenericDict& out) {
-  if (const auto* o = dynamic_cast<const torch::optim::SGDOptions*>(&options)) {
-    out.insert("lr", o->lr());
-    out.insert("momentum", o->momentum());
-    out.insert("dampening", o->dampening());
-    out.insert("weight_decay", o->weight_decay());
-    out.insert("nesterov", o->nesterov());
-    out.insert("maximize", false);
-  } else if (const auto* o = dynamic_cast<const torch::optim::AdamOptions*>(&options)) {
-    adam_options(*o, out);
-  } else if (const auto* o = dynamic_cast<const torch::optim::AdamWOptions*>(&options)) {
-    adam_options(*o, out);
-  } else if (const auto* o = dynamic_cast<const torch::optim::AdagradOptions*>(&options)) {
-    out.insert("lr", o->lr());
-    out.insert("lr_decay", o->lr_decay());
-    out.insert("weight_decay", o->weight_decay());
-    out.insert("initial_accumulator_value", o->initial_accumulator_value());
-    out.insert("eps", o->eps());
-    out.insert("maximize", false);
-  } else if (const auto* o = dynamic_cast<const dettrial::optim::AdadeltaOptions*>(&options)) {
-    dettrial::optim::python_group_options(*o, out);
-  } else if (const auto* o = dynamic_cast<const dettrial::optim::NAdamOptions*>(&options)) {
-    dettrial::optim::python_group_options(*o, out);
-  } else if (const auto* o = dynamic_cast<const dettrial::optim::RAdamOptions*>(&options)) {
-    dettrial::optim::python_group_options(*o, out);
-  } else if (const auto* o = dynamic_cast<const dettrial::optim::AdamaxOptions*>(&options)) {
-    dettrial::optim::python_group_options(*o, out);
-  } else if (const auto* o = dynamic_cast<const dettrial::optim::MuonOptions*>(&options)) {
-    dettrial::optim::python_group_options(*o, out);
-  } else if (const auto* o = dynamic_cast<const torch::optim::RMSpropOptions*>(&options)) {
-    out.insert("lr", o->lr());
-    out.insert("alpha", o->alpha());
-    out.insert("eps", o->eps());
-    out.insert("weight_decay", o->weight_decay());
-    out.insert("momentum", o->momentum());
-    out.insert("centered", o->centered());
-    out.insert("maximize", false);
-  } else {
-    out.insert("lr", options.get_lr());
-  }
+DETTRIAL_INLINE bool python_param_state(const torch::optim::Optimizer& optimizer, const torch::optim::OptimizerParamState& state,
+                                        c10::impl::GenericDict& out) {
+  const optim::OptimizerLayout* layout = optim::python_layout_of(optimizer);
+  return layout && layout->write_state(state, out);
 }
 
 }  // namespace dettrial::detail
@@ -15496,9 +16046,12 @@ DETTRIAL_INLINE StateDict optimizer_state_dict(torch::optim::Optimizer& optimize
   std::int64_t index = 0;
   auto& states = optimizer.state();
   using StateMap = std::remove_cvref_t<decltype(states)>;
+  // An optimizer without a Python layout: its groups carry their learning rates, its state is empty.
+  const optim::OptimizerLayout* layout = optim::python_layout_of(optimizer);
   for (auto& group : optimizer.param_groups()) {
     StateDict g(c10::StringType::get(), c10::AnyType::get());
-    detail::python_group_options(group.options(), g);
+    if (layout) layout->write_options(group.options(), g);
+    else g.insert("lr", group.options().get_lr());
     // A list typed Any: an int-typed one would be pickled with TorchScript's build_intlist, which
     // Python's weights-only loader refuses.
     c10::impl::GenericList params(c10::AnyType::get());
@@ -15506,7 +16059,7 @@ DETTRIAL_INLINE StateDict optimizer_state_dict(torch::optim::Optimizer& optimize
       params.push_back(index);
       if (const auto it = states.find(detail::optimizer_state_key<StateMap>(p)); it != states.end()) {
         StateDict s(c10::StringType::get(), c10::AnyType::get());
-        if (detail::python_param_state(*it->second, s) && s.size() > 0) state.insert(index, s);
+        if (layout && layout->write_state(*it->second, s) && s.size() > 0) state.insert(index, s);
       }
       ++index;
     }
@@ -15549,8 +16102,6 @@ DETTRIAL_INLINE void load_module_state_dict(torch::nn::Module& module, const Sta
 
 namespace dettrial::detail::python_optimizer {
 
-using optim::detail::python_state::python_number;  // schedulers' reader of Python's numbers
-
 /// Options Python's optimizers carry that change nothing in LibTorch's arithmetic (how the update
 /// is computed, not what it is), and the entries Python's schedulers keep in the groups (initial_lr;
 /// OneCycleLR's max_lr and min_lr; its and CyclicLR's max_momentum and base_momentum; SWALR's
@@ -15569,296 +16120,19 @@ inline std::string fixed_flag_reason(const std::string& key, bool value) {
   return "";
 }
 
-/// A state entry as a tensor shaped like `param` (on its device), or undefined when absent.
-inline torch::Tensor tensor_entry(const StateDict& entries, const char* key, const torch::Tensor& param, const std::string& what) {
-  const auto it = entries.find(key);
-  if (it == entries.end() || it->value().isNone()) return {};
-  if (!it->value().isTensor()) throw CheckpointError(what + ": '" + key + "' is not a tensor");
-  const torch::Tensor t = it->value().toTensor();
-  if (t.sizes() != param.sizes())
-    throw CheckpointError(what + ": '" + key + "' has shape " + detail::shape_text(t.sizes()) + " but the parameter " +
-                          detail::shape_text(param.sizes()));
-  return t.to(param.device(), param.scalar_type()).clone();
-}
-
-inline std::int64_t step_entry(const StateDict& entries, const std::string& what) {
-  const auto it = entries.find("step");
-  return it == entries.end() ? 0 : static_cast<std::int64_t>(python_number(it->value(), what + ": 'step'"));
-}
-
-template <class Options>
-void set_adam(Options& o, const std::string& key, const c10::IValue& v, const std::string& what) {
-  if (key == "lr") o.lr(python_number(v, what));
-  else if (key == "eps") o.eps(python_number(v, what));
-  else if (key == "weight_decay") o.weight_decay(python_number(v, what));
-  else if (key == "amsgrad") o.amsgrad(python_number(v, what) != 0);
-  else if (key == "betas") {
-    if (!v.isTuple() && !v.isList()) throw CheckpointError(what + " is not a pair");
-    const auto b = v.isTuple() ? v.toTupleRef().elements().vec() : v.toList().vec();
-    if (b.size() != 2) throw CheckpointError(what + " is not a pair");
-    o.betas({python_number(b[0], what), python_number(b[1], what)});
-  }
-}
-
-template <class State>
-std::unique_ptr<torch::optim::OptimizerParamState> adam_state(const StateDict& e, const torch::Tensor& p, const std::string& what) {
-  auto s = std::make_unique<State>();
-  s->step(step_entry(e, what));
-  s->exp_avg(tensor_entry(e, "exp_avg", p, what));
-  s->exp_avg_sq(tensor_entry(e, "exp_avg_sq", p, what));
-  s->max_exp_avg_sq(tensor_entry(e, "max_exp_avg_sq", p, what));
-  if (!s->exp_avg().defined() || !s->exp_avg_sq().defined()) throw CheckpointError(what + " lacks exp_avg or exp_avg_sq");
-  return s;
-}
-
-inline Kind sgd_kind() {
-  using namespace torch::optim;
-  return {"SGD",
-          {"lr", "momentum", "dampening", "weight_decay", "nesterov"},
-          {{"maximize", false}},
-          [](OptimizerOptions& base, const std::string& k, const c10::IValue& v, const std::string& what) {
-            auto& o = static_cast<SGDOptions&>(base);
-            if (k == "lr") o.lr(python_number(v, what));
-            else if (k == "momentum") o.momentum(python_number(v, what));
-            else if (k == "dampening") o.dampening(python_number(v, what));
-            else if (k == "weight_decay") o.weight_decay(python_number(v, what));
-            else if (k == "nesterov") o.nesterov(python_number(v, what) != 0);
-          },
-          [](const StateDict& e, const torch::Tensor& p, const std::string& what) -> std::unique_ptr<OptimizerParamState> {
-            auto s = std::make_unique<SGDParamState>();
-            s->momentum_buffer(tensor_entry(e, "momentum_buffer", p, what));
-            return s;
-          }};
-}
-
-inline Kind adam_kind() {
-  using namespace torch::optim;
-  return {"Adam",
-          {"lr", "betas", "eps", "weight_decay", "amsgrad"},
-          {{"maximize", false}, {"decoupled_weight_decay", false}},
-          [](OptimizerOptions& o, const std::string& k, const c10::IValue& v, const std::string& what) {
-            set_adam(static_cast<AdamOptions&>(o), k, v, what);
-          },
-          adam_state<AdamParamState>};
-}
-
-inline Kind adamw_kind() {
-  using namespace torch::optim;
-  return {"AdamW",
-          {"lr", "betas", "eps", "weight_decay", "amsgrad"},
-          {{"maximize", false}, {"decoupled_weight_decay", true}},
-          [](OptimizerOptions& o, const std::string& k, const c10::IValue& v, const std::string& what) {
-            set_adam(static_cast<AdamWOptions&>(o), k, v, what);
-          },
-          adam_state<AdamWParamState>};
-}
-
-inline Kind rmsprop_kind() {
-  using namespace torch::optim;
-  return {"RMSprop",
-          {"lr", "alpha", "eps", "weight_decay", "momentum", "centered"},
-          {{"maximize", false}},
-          [](OptimizerOptions& base, const std::string& k, const c10::IValue& v, const std::string& what) {
-            auto& o = static_cast<RMSpropOptions&>(base);
-            if (k == "lr") o.lr(python_number(v, what));
-            else if (k == "alpha") o.alpha(python_number(v, what));
-            else if (k == "eps") o.eps(python_number(v, what));
-            else if (k == "weight_decay") o.weight_decay(python_number(v, what));
-            else if (k == "momentum") o.momentum(python_number(v, what));
-            else if (k == "centered") o.centered(python_number(v, what) != 0);
-          },
-          [](const StateDict& e, const torch::Tensor& p, const std::string& what) -> std::unique_ptr<OptimizerParamState> {
-            auto s = std::make_unique<RMSpropParamState>();
-            s->step(step_entry(e, what));
-            s->square_avg(tensor_entry(e, "square_avg", p, what));
-            s->momentum_buffer(tensor_entry(e, "momentum_buffer", p, what));
-            s->grad_avg(tensor_entry(e, "grad_avg", p, what));
-            return s;
-          }};
-}
-
-inline Kind adagrad_kind() {
-  using namespace torch::optim;
-  return {"Adagrad",
-          {"lr", "lr_decay", "weight_decay", "initial_accumulator_value", "eps"},
-          {{"maximize", false}},
-          [](OptimizerOptions& base, const std::string& k, const c10::IValue& v, const std::string& what) {
-            auto& o = static_cast<AdagradOptions&>(base);
-            if (k == "lr") o.lr(python_number(v, what));
-            else if (k == "lr_decay") o.lr_decay(python_number(v, what));
-            else if (k == "weight_decay") o.weight_decay(python_number(v, what));
-            else if (k == "initial_accumulator_value") o.initial_accumulator_value(python_number(v, what));
-            else if (k == "eps") o.eps(python_number(v, what));
-          },
-          [](const StateDict& e, const torch::Tensor& p, const std::string& what) -> std::unique_ptr<OptimizerParamState> {
-            auto s = std::make_unique<AdagradParamState>();
-            s->step(step_entry(e, what));
-            s->sum(tensor_entry(e, "sum", p, what));
-            return s;
-          }};
-}
-
-inline Kind adadelta_kind() {
-  using namespace torch::optim;
-  return {"Adadelta",
-          {"lr", "rho", "eps", "weight_decay"},
-          {{"maximize", false}},
-          [](OptimizerOptions& base, const std::string& k, const c10::IValue& v, const std::string& what) {
-            auto& o = static_cast<optim::AdadeltaOptions&>(base);
-            if (k == "lr") o.lr(python_number(v, what));
-            else if (k == "rho") o.rho(python_number(v, what));
-            else if (k == "eps") o.eps(python_number(v, what));
-            else if (k == "weight_decay") o.weight_decay(python_number(v, what));
-          },
-          [](const StateDict& e, const torch::Tensor& p, const std::string& what) -> std::unique_ptr<OptimizerParamState> {
-            auto s = std::make_unique<optim::AdadeltaParamState>();
-            s->step(step_entry(e, what));
-            s->square_avg(tensor_entry(e, "square_avg", p, what));
-            s->acc_delta(tensor_entry(e, "acc_delta", p, what));
-            return s;
-          }};
-}
-
-/// The options every member of Adam's family dettrial adds reads, and its own ones.
-template <class Options>
-bool set_adam_family(Options& o, const std::string& k, const c10::IValue& v, const std::string& what) {
-  if (k == "lr") o.lr(python_number(v, what));
-  else if (k == "eps") o.eps(python_number(v, what));
-  else if (k == "weight_decay") o.weight_decay(python_number(v, what));
-  else if (k == "maximize") o.maximize(python_number(v, what) != 0);
-  else if (k == "betas") {
-    if (!v.isTuple() && !v.isList()) throw CheckpointError(what + " is not a pair");
-    const auto b = v.isTuple() ? v.toTupleRef().elements().vec() : v.toList().vec();
-    if (b.size() != 2) throw CheckpointError(what + " is not a pair");
-    o.betas({python_number(b[0], what), python_number(b[1], what)});
-  } else {
-    return false;
-  }
-  return true;
-}
-
-/// The state of a parameter of NAdam, RAdam or Adamax from Python's entries.
-inline std::unique_ptr<torch::optim::OptimizerParamState> adam_family_state(const StateDict& e, const torch::Tensor& p, const char* second,
-                                                                            bool mu_product, const std::string& what) {
-  auto s = std::make_unique<optim::AdamFamilyParamState>();
-  s->step(step_entry(e, what));
-  s->exp_avg(tensor_entry(e, "exp_avg", p, what));
-  s->second(tensor_entry(e, second, p, what));
-  s->infinity_norm(std::string(second) == "exp_inf");
-  if (!s->exp_avg().defined() || !s->second().defined()) throw CheckpointError(what + " lacks exp_avg or " + second);
-  if (mu_product) {
-    const auto it = e.find("mu_product");
-    if (it == e.end()) throw CheckpointError(what + " lacks mu_product (NAdam's)");
-    s->mu_product(torch::scalar_tensor(python_number(it->value(), what + ": 'mu_product'"), torch::kFloat));
-  }
-  return s;
-}
-
-inline Kind nadam_kind() {
-  return {"NAdam",
-          {"lr", "betas", "eps", "weight_decay", "momentum_decay", "decoupled_weight_decay", "maximize"},
-          {},
-          [](torch::optim::OptimizerOptions& base, const std::string& k, const c10::IValue& v, const std::string& what) {
-            auto& o = static_cast<optim::NAdamOptions&>(base);
-            if (set_adam_family(o, k, v, what)) return;
-            if (k == "momentum_decay") o.momentum_decay(python_number(v, what));
-            else if (k == "decoupled_weight_decay") o.decoupled_weight_decay(python_number(v, what) != 0);
-          },
-          [](const StateDict& e, const torch::Tensor& p, const std::string& what) {
-            return adam_family_state(e, p, "exp_avg_sq", true, what);
-          }};
-}
-
-inline Kind radam_kind() {
-  return {"RAdam",
-          {"lr", "betas", "eps", "weight_decay", "decoupled_weight_decay", "maximize"},
-          {},
-          [](torch::optim::OptimizerOptions& base, const std::string& k, const c10::IValue& v, const std::string& what) {
-            auto& o = static_cast<optim::RAdamOptions&>(base);
-            if (set_adam_family(o, k, v, what)) return;
-            if (k == "decoupled_weight_decay") o.decoupled_weight_decay(python_number(v, what) != 0);
-          },
-          [](const StateDict& e, const torch::Tensor& p, const std::string& what) {
-            return adam_family_state(e, p, "exp_avg_sq", false, what);
-          }};
-}
-
-inline Kind adamax_kind() {
-  return {
-      "Adamax",
-      {"lr", "betas", "eps", "weight_decay", "maximize"},
-      {},
-      [](torch::optim::OptimizerOptions& base, const std::string& k, const c10::IValue& v, const std::string& what) {
-        set_adam_family(static_cast<optim::AdamaxOptions&>(base), k, v, what);
-      },
-      [](const StateDict& e, const torch::Tensor& p, const std::string& what) { return adam_family_state(e, p, "exp_inf", false, what); }};
-}
-
-/// Muon's options: ns_coefficients a triple, adjust_lr_fn None or one of Python's names.
-inline void set_muon(optim::MuonOptions& o, const std::string& k, const c10::IValue& v, const std::string& what) {
-  if (k == "lr") o.lr(python_number(v, what));
-  else if (k == "weight_decay") o.weight_decay(python_number(v, what));
-  else if (k == "momentum") o.momentum(python_number(v, what));
-  else if (k == "nesterov") o.nesterov(python_number(v, what) != 0);
-  else if (k == "eps") o.eps(python_number(v, what));
-  else if (k == "ns_steps") o.ns_steps(optim::detail::python_state::python_count(v, what, 0));
-  else if (k == "ns_coefficients") {
-    const auto c = optim::detail::python_state::python_numbers(v, what);
-    if (c.size() != 3) throw CheckpointError(what + " holds " + std::to_string(c.size()) + " numbers, not Muon's 3");
-    o.ns_coefficients({c[0], c[1], c[2]});
-  } else if (k == "adjust_lr_fn") {
-    if (v.isNone()) return o.adjust_lr_fn(std::nullopt), void();
-    const auto adjustment = v.isString() ? optim::muon_adjustment_named(v.toStringRef()) : std::nullopt;
-    if (!adjustment)
-      throw CheckpointError(what + " is " + (v.isString() ? "'" + v.toStringRef() + "'" : std::string("not a name")) +
-                            ", not one of None, 'original', 'match_rms_adamw', 'spectral_unclamped'");
-    o.adjust_lr_fn(adjustment);
-  }
-}
-
-inline Kind muon_kind() {
-  return {"Muon",
-          {"lr", "weight_decay", "momentum", "nesterov", "ns_coefficients", "eps", "ns_steps", "adjust_lr_fn"},
-          {},
-          [](torch::optim::OptimizerOptions& base, const std::string& k, const c10::IValue& v, const std::string& what) {
-            set_muon(static_cast<optim::MuonOptions&>(base), k, v, what);
-          },
-          [](const StateDict& e, const torch::Tensor& p, const std::string& what) -> std::unique_ptr<torch::optim::OptimizerParamState> {
-            auto s = std::make_unique<optim::MuonParamState>();
-            s->momentum_buffer(tensor_entry(e, "momentum_buffer", p, what));
-            if (!s->momentum_buffer().defined()) throw CheckpointError(what + " lacks momentum_buffer (Muon's)");
-            return s;
-          }};
-}
-
-DETTRIAL_INLINE Kind kind_of(torch::optim::OptimizerOptions& options) {
-  using namespace torch::optim;
-  if (dynamic_cast<SGDOptions*>(&options)) return sgd_kind();
-  if (dynamic_cast<AdamOptions*>(&options)) return adam_kind();
-  if (dynamic_cast<AdamWOptions*>(&options)) return adamw_kind();
-  if (dynamic_cast<RMSpropOptions*>(&options)) return rmsprop_kind();
-  if (dynamic_cast<AdagradOptions*>(&options)) return adagrad_kind();
-  if (dynamic_cast<optim::AdadeltaOptions*>(&options)) return adadelta_kind();
-  if (dynamic_cast<optim::NAdamOptions*>(&options)) return nadam_kind();
-  if (dynamic_cast<optim::RAdamOptions*>(&options)) return radam_kind();
-  if (dynamic_cast<optim::AdamaxOptions*>(&options)) return adamax_kind();
-  if (dynamic_cast<optim::MuonOptions*>(&options)) return muon_kind();
-  return {nullptr, {}, {}, {}, {}};
-}
-
-/// Checks one group's options against the optimizer's kind before any is set.
-inline void check_group_options(const StateDict& group, const Kind& kind, const std::string& what) {
+/// Checks one group's options against the optimizer's layout before any is set.
+inline void check_group_options(const StateDict& group, const optim::OptimizerLayout& layout, const std::string& what) {
   for (const auto& entry : group) {
     const std::string key = entry.key().isString() ? entry.key().toStringRef() : std::string("(not a name)");
-    if (const auto fixed = kind.fixed_flags.find(key); fixed != kind.fixed_flags.end()) {
-      const bool value = detail::python_optimizer::python_number(entry.value(), what + ": '" + key + "'") != 0;
+    if (const auto fixed = layout.fixed_flags.find(key); fixed != layout.fixed_flags.end()) {
+      const bool value = optim::python::number(entry.value(), what + ": '" + key + "'") != 0;
       if (value != fixed->second)
-        throw CheckpointError(what + " has " + key + ": " + (value ? "True" : "False") + ", which LibTorch's " + kind.name +
+        throw CheckpointError(what + " has " + key + ": " + (value ? "True" : "False") + ", which the trial's " + layout.name +
                               " does not do" + fixed_flag_reason(key, value));
       continue;
     }
-    if (!kind.options.count(key) && !ignored_options().count(key))
-      throw CheckpointError(what + " has option '" + key + "', which " + kind.name +
+    if (!layout.options.count(key) && !ignored_options().count(key))
+      throw CheckpointError(what + " has option '" + key + "', which " + layout.name +
                             " does not have: the checkpoint's optimizer is another type than the trial's");
   }
 }
@@ -15881,17 +16155,18 @@ DETTRIAL_INLINE void load_optimizer_state_dict(torch::optim::Optimizer& optimize
   // Check everything, and build every parameter's state, before changing the optimizer.
   using StateMap = std::remove_cvref_t<decltype(optimizer.state())>;
   std::vector<std::pair<typename StateMap::key_type, std::unique_ptr<torch::optim::OptimizerParamState>>> states;
-  std::vector<pd::Kind> kinds;
+  std::vector<const optim::OptimizerLayout*> layouts;
   for (std::size_t g = 0; g < groups.size(); ++g) {
     const std::string group_what = what + ", group " + std::to_string(g);
     if (!groups.get(g).isGenericDict()) throw CheckpointError(group_what + " is not a dict");
     const StateDict group = groups.get(g).toGenericDict();
-    pd::Kind kind = pd::kind_of(param_groups[g].options());
-    if (!kind.name)
-      throw CheckpointError(what +
-                            ": the trial's optimizer is not one whose Python state dettrial reads (SGD, Adam, AdamW, RMSprop, "
-                            "Adagrad, Adadelta, NAdam, RAdam, Adamax, Muon)");
-    pd::check_group_options(group, kind, group_what);
+    const optim::OptimizerLayout* layout = optim::python_layout_of(param_groups[g].options());
+    if (!layout)
+      throw CheckpointError(what + ": the trial's optimizer (" + c10::demangle(typeid(optimizer).name()) +
+                            ") has no Python layout: dettrial reads Python's state of an optimizer whose type declares one "
+                            "(dettrial::optim::python_layout: SGD, Adam, AdamW, RMSprop, Adagrad, Adadelta, NAdam, RAdam, Adamax, "
+                            "Muon, the fused ones and any of a trial's own)");
+    pd::check_group_options(group, *layout, group_what);
     const auto params_it = group.find("params");
     if (params_it == group.end() || !params_it->value().isList()) throw CheckpointError(group_what + " lists no params");
     const auto ids = params_it->value().toList();
@@ -15904,15 +16179,15 @@ DETTRIAL_INLINE void load_optimizer_state_dict(torch::optim::Optimizer& optimize
       if (entry == per_param.end()) continue;  // no step taken for it yet
       if (!entry->value().isGenericDict()) throw CheckpointError(group_what + ", parameter " + std::to_string(i) + ": state is not a dict");
       states.emplace_back(detail::optimizer_state_key<StateMap>(params[i]),
-                          kind.make_state(entry->value().toGenericDict(), params[i], group_what + ", parameter " + std::to_string(i)));
+                          layout->read_state(entry->value().toGenericDict(), params[i], group_what + ", parameter " + std::to_string(i)));
     }
-    kinds.push_back(std::move(kind));
+    layouts.push_back(layout);
   }
   for (std::size_t g = 0; g < groups.size(); ++g) {
     const StateDict group = groups.get(g).toGenericDict();
     for (const auto& entry : group)
-      kinds[g].set(param_groups[g].options(), entry.key().toStringRef(), entry.value(),
-                   what + ", group " + std::to_string(g) + ", option '" + entry.key().toStringRef() + "'");
+      layouts[g]->read_option(param_groups[g].options(), entry.key().toStringRef(), entry.value(),
+                              what + ", group " + std::to_string(g) + ", option '" + entry.key().toStringRef() + "'");
   }
   auto& map = optimizer.state();
   map.clear();
@@ -15924,11 +16199,11 @@ DETTRIAL_INLINE void load_optimizer_state_dict(torch::optim::Optimizer& optimize
 }
 
 DETTRIAL_INLINE bool python_layout_holds(torch::optim::Optimizer& optimizer) {
-  for (auto& group : optimizer.param_groups())
-    if (!detail::python_optimizer::kind_of(group.options()).name) return false;
+  const optim::OptimizerLayout* layout = optim::python_layout_of(optimizer);
+  if (!layout) return false;
   for (const auto& [key, state] : optimizer.state()) {
     c10::impl::GenericDict scratch(c10::StringType::get(), c10::AnyType::get());
-    if (!detail::python_param_state(*state, scratch)) return false;
+    if (!layout->write_state(*state, scratch)) return false;
   }
   return true;
 }
@@ -17629,20 +17904,17 @@ inline bool per_element(const std::string& key, const c10::IValue& value, const 
   return key != "step" && value.isTensor() && value.toTensor().sizes() == like.sizes();
 }
 
-/// Why ZeRO cannot shard optimizer `i`, or empty when it can.
+/// Why ZeRO cannot shard `optimizer`, or empty when it can.
 inline std::string unshardable(torch::optim::Optimizer& optimizer) {
-  for (auto& group : optimizer.param_groups()) {
-    const python_optimizer::Kind kind = python_optimizer::kind_of(group.options());
-    if (!kind.name)
-      return "it is not one whose state dettrial writes in Python's layout (SGD, Adam, AdamW, RMSprop, Adagrad, Adadelta, NAdam, "
-             "RAdam, Adamax and the fused ones), which ZeRO's checkpoints need";
-    if (std::string(kind.name) == "Muon")
-      return "Muon orthogonalizes each weight matrix whole, and ZeRO's shards cut matrices apart (ZeRO shards optimizers that "
-             "update each element from its own gradient and state: SGD, Adam, AdamW, RMSprop, Adagrad, Adadelta, NAdam, RAdam, "
-             "Adamax and the fused ones)";
+  const optim::OptimizerLayout* layout = optim::python_layout_of(optimizer);
+  if (!layout) return "it has no Python layout (dettrial::optim::python_layout), which ZeRO's checkpoints need to write and cut its state";
+  if (!layout->elementwise)
+    return layout->name +
+           " updates each parameter whole, not element by element (its python_layout is not elementwise: Muon "
+           "orthogonalizes each weight matrix whole), and ZeRO's shards cut parameters apart";
+  for (const auto& group : optimizer.param_groups())
     for (const auto& p : group.params())
       if (p.is_sparse() || !p.is_contiguous()) return "a parameter of it is not a dense, contiguous tensor";
-  }
   return {};
 }
 
@@ -17660,7 +17932,7 @@ inline void cut_whole_state(OptimizerShards& shards) {
     const auto it = map.find(optimizer_state_key<StateMap>(p));
     if (it == map.end()) continue;
     c10::impl::GenericDict entries(c10::StringType::get(), c10::AnyType::get());
-    python_param_state(*it->second, entries);
+    python_param_state(optimizer, *it->second, entries);
     c10::impl::GenericDict cut(c10::StringType::get(), c10::AnyType::get());
     for (const auto& entry : entries) {
       const std::string& key = entry.key().toStringRef();
@@ -17668,9 +17940,9 @@ inline void cut_whole_state(OptimizerShards& shards) {
                           ? c10::IValue(entry.value().toTensor().reshape({-1}).narrow(0, piece.start, piece.tensor.numel()).clone())
                           : entry.value());
     }
-    const python_optimizer::Kind kind = python_optimizer::kind_of(optimizer.param_groups()[piece.group].options());
+    const optim::OptimizerLayout& layout = *optim::python_layout_of(optimizer);  // shardable: it has one
     map[optimizer_state_key<StateMap>(piece.tensor)] =
-        kind.make_state(cut, piece.tensor, "ZeRO: the loaded state of parameter " + std::to_string(piece.param));
+        layout.read_state(cut, piece.tensor, "ZeRO: the loaded state of parameter " + std::to_string(piece.param));
   }
   for (const auto& key : whole) map.erase(key);
   // A fused optimizer's device-side state follows its (piece) state.
@@ -17722,7 +17994,7 @@ DETTRIAL_INLINE WholeOptimizerStates::WholeOptimizerStates(TrainerKey key, Conte
     for (std::size_t i = 0; i < pieces.size(); ++i)
       if (const auto it = map.find(optimizer_state_key<sharded_state::StateMap>(pieces[i].tensor)); it != map.end()) {
         piece_entries[i].emplace(c10::StringType::get(), c10::AnyType::get());
-        python_param_state(*it->second, *piece_entries[i]);
+        python_param_state(optimizer, *it->second, *piece_entries[i]);
       }
     // Each rank's per-parameter entries ({parameter: {key: value}}, the per-element ones as names
     // only), gathered: every rank then knows which parameters have state and what it holds.
@@ -17765,11 +18037,11 @@ DETTRIAL_INLINE WholeOptimizerStates::WholeOptimizerStates(TrainerKey key, Conte
           });
     }
     if (!chief) continue;
+    const optim::OptimizerLayout& layout = *optim::python_layout_of(optimizer);  // sharded: it has one
     std::vector<torch::Tensor> made;
     for (const auto& [k, entries] : whole) {
-      const python_optimizer::Kind kind = python_optimizer::kind_of(optimizer.param_groups()[shards->group(k)].options());
       map[optimizer_state_key<sharded_state::StateMap>(params[k])] =
-          kind.make_state(entries, params[k], "ZeRO: the gathered state of parameter " + std::to_string(k));
+          layout.read_state(entries, params[k], "ZeRO: the gathered state of parameter " + std::to_string(k));
       made.push_back(params[k]);
     }
     made_.emplace_back(&optimizer, std::move(made));
@@ -24959,164 +25231,16 @@ DETTRIAL_INLINE void stop_with_supervisor(pid_t supervisor) {
 }  // namespace dettrial::detail
 #endif  // DETTRIAL_HEADER_DEFINITIONS
 // ---- end dettrial/detail/signals.hpp
-// ---- begin dettrial/trainer/fit_loop.hpp
+// ---- begin dettrial/trainer/after_update.hpp
 // SPDX-License-Identifier: Apache-2.0
 /// @file
-/// @brief detail::FitLoop: the half of one fit that does not depend on the trial's type, compiled
-/// once in separate-compilation mode: Determined's loop by boundary (the fit's start, training
-/// workload after workload, validation, checkpoints, an early stop, the end). It calls the trial's
-/// half, detail::Run<TrialT, Set> (trainer/run.hpp: the batch loop, the trial's hooks, its loaders
-/// and the callbacks), through the virtual functions below, each called once per fit, workload,
-/// validation or checkpoint, never per batch.
-
-#include <cstddef>
-#include <cstdint>
-#include <filesystem>
-#include <optional>
-#include <string>
-#include <vector>
-
-// ---- begin dettrial/trainer/fit_steps.hpp
-// SPDX-License-Identifier: Apache-2.0
-/// @file
-/// @brief The steps of Determined's loop that do not call the trial: the run's first lines, a
-/// workload's and a validation's metrics reduced over the ranks and reported, the searcher metric's
-/// best, a checkpoint's record, an early stop. Each takes the pieces of the fit it needs (Schedule,
-/// Position, Outputs' reporter, the Checkpointer); detail::Run calls them between the trial's
-/// hooks. Compiled once in separate-compilation mode, so a trial's translation unit compiles its own
-/// loop and little else.
-
-#include <chrono>
-#include <cstdint>
-#include <filesystem>
-#include <optional>
-#include <string>
-#include <vector>
-
-// ---- begin dettrial/trainer/position.hpp
-// SPDX-License-Identifier: Apache-2.0
-/// @file
-/// @brief detail::Position: where a fit stands (its TrialProgress) and what the checkpoint it
-/// resumed from said. Compiled once in separate-compilation mode.
+/// @brief What the loop steps when an update batch ends (the batch whose train_batch stepped the
+/// optimizers): the weight average, every `every_n_steps`-th optimizer step, and the LR schedulers,
+/// as often as their mode says. The loop owns both, as Determined's controller steps a trial's
+/// schedulers; the trial's context ended the batch before (the gradient scaler's update).
 
 #include <cstdint>
-#include <filesystem>
-#include <optional>
 
-
-namespace dettrial::detail {
-
-/**
- * @brief Where a fit stands: batches and epochs trained, the last validation and checkpoint, the
- * best searcher metric (what a checkpoint saves as `trial_state.json`), and the checkpoint it
- * resumed from. Found before anything is written (find), restored with the checkpoint (restored),
- * then moved by the loop one batch, epoch, validation and checkpoint at a time.
- */
-class Position {
- public:
-  Position() = default;
-  /// FitOptions::latest_checkpoint resolved to one checkpoint, and where it says its trial stood
-  /// (its `trial_state.json`, or what Determined wrote); a fresh position without one. Throws
-  /// CheckpointError for a checkpoint that cannot be read.
-  DETTRIAL_INLINE static Position find(const FitOptions& options);
-
-  const TrialProgress& progress() const { return progress_; }
-  std::int64_t batches_trained() const { return progress_.batches_trained; }
-  std::int64_t epochs_trained() const { return progress_.epochs_trained; }
-
-  // ---- what the resumed checkpoint said --------------------------------------------------------
-  const std::optional<std::filesystem::path>& resume_dir() const { return resume_dir_; }
-  /// Whether the checkpoint resumed from is this trial's own (else only its weights and optimizer
-  /// state are taken, and counting starts afresh: Determined's warm start).
-  bool same_trial() const { return same_trial_; }
-  /// The batch this fit starts from: the one this trial's resumed checkpoint stood at.
-  std::int64_t first_batch() const { return same_trial_ ? resumed_->batches_trained : 0; }
-  /// first_batch() where this fit continues its own trial.
-  std::optional<std::int64_t> continued_at() const { return same_trial_ ? std::optional(resumed_->batches_trained) : std::nullopt; }
-  /// The ranks of the job that wrote this trial's resumed checkpoint, and the rank count whose
-  /// global batches its data followed (0: not recorded, or not this trial's).
-  std::int64_t resumed_ranks() const { return same_trial_ ? resumed_->ranks : 0; }
-  std::int64_t resumed_data_ranks() const { return same_trial_ ? resumed_->data_ranks : 0; }
-  /// What a restore reads into: the resumed trial's position, or a fresh one of `trial_id`.
-  TrialProgress to_restore(std::int64_t trial_id) const { return same_trial_ ? *resumed_ : TrialProgress{.trial_id = trial_id}; }
-  /// The checkpoint was restored: the fit stands where it says, and the Context's training stream
-  /// starts there.
-  DETTRIAL_INLINE void restored(TrialProgress progress);
-  /// The Context's position (what the training stream skips, the current batch) from this one.
-  DETTRIAL_INLINE void start(TrainerKey key, Context& context) const;
-
-  // ---- moved by the loop -----------------------------------------------------------------------
-  void batch_trained() { ++progress_.batches_trained; }
-  void epoch_trained() { ++progress_.epochs_trained; }
-  bool validated_here() const { return progress_.last_validation == progress_.batches_trained; }
-  bool checkpointed_here() const { return progress_.last_checkpoint == progress_.batches_trained; }
-  /// Nothing trained and nothing validated yet (step-zero validation's condition).
-  bool untouched() const { return progress_.batches_trained == 0 && progress_.last_validation < 0; }
-  void validated() { progress_.last_validation = progress_.batches_trained; }
-  void checkpointed() { progress_.last_checkpoint = progress_.batches_trained; }
-  /// `value` of the searcher metric is the best validated so far.
-  void keep_best(double value) { progress_.best_validation = value; }
-  /// What a checkpoint saves as `trial_state.json`: this position, with the trial, the loaders'
-  /// data seeds and the ranks.
-  DETTRIAL_INLINE TrialProgress saved(std::int64_t trial_id, std::optional<std::uint64_t> training_data_seed,
-                                      std::optional<std::uint64_t> validation_data_seed, std::int64_t ranks, std::int64_t data_ranks) const;
-
- private:
-  TrialProgress progress_{};
-  std::optional<std::filesystem::path> resume_dir_{};
-  std::optional<TrialProgress> resumed_{};
-  bool same_trial_ = false;
-};
-
-}  // namespace dettrial::detail
-
-// Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
-#if DETTRIAL_HEADER_DEFINITIONS
-#include <utility>
-
-
-namespace dettrial::detail {
-
-DETTRIAL_INLINE Position Position::find(const FitOptions& options) {
-  Position p;
-  if (!options.latest_checkpoint) return p;
-  p.resume_dir_ = resolve_checkpoint(*options.latest_checkpoint);
-  const CheckpointInfo info = read_checkpoint_info(*p.resume_dir_);
-  if (info.by_determined) {
-    // Determined's trial ids belong to its master, which a moved run leaves behind: a checkpoint
-    // Determined wrote is this trial's own, continued where it stood.
-    p.resumed_ = TrialProgress::from_determined(*p.resume_dir_, info);
-    p.resumed_->trial_id = options.trial_id;
-  } else {
-    p.resumed_ = TrialProgress::from_json(CheckpointFolder{*p.resume_dir_}.trial_state());
-  }
-  p.same_trial_ = p.resumed_->trial_id == options.trial_id;
-  return p;
-}
-
-DETTRIAL_INLINE void Position::restored(TrialProgress progress) { progress_ = std::move(progress); }
-
-DETTRIAL_INLINE void Position::start(TrainerKey key, Context& context) const {
-  RunPosition& position = ContextAccess::position(key, context);
-  position.initial_batch = progress_.batches_trained;  // the training stream skips what was trained
-  position.current_batch = progress_.batches_trained;
-}
-
-DETTRIAL_INLINE TrialProgress Position::saved(std::int64_t trial_id, std::optional<std::uint64_t> training_data_seed,
-                                              std::optional<std::uint64_t> validation_data_seed, std::int64_t ranks,
-                                              std::int64_t data_ranks) const {
-  TrialProgress saved = progress_;
-  saved.trial_id = trial_id;
-  saved.training_data_seed = training_data_seed;
-  saved.validation_data_seed = validation_data_seed;
-  saved.ranks = ranks;
-  saved.data_ranks = data_ranks;
-  return saved;
-}
-
-}  // namespace dettrial::detail
-#endif  // DETTRIAL_HEADER_DEFINITIONS
-// ---- end dettrial/trainer/position.hpp
 // ---- begin dettrial/trainer/schedule.hpp
 // SPDX-License-Identifier: Apache-2.0
 /// @file
@@ -25324,6 +25448,178 @@ DETTRIAL_INLINE void Schedule::check_global_batch_divides(const Context& context
 }  // namespace dettrial::detail
 #endif  // DETTRIAL_HEADER_DEFINITIONS
 // ---- end dettrial/trainer/schedule.hpp
+
+namespace dettrial::detail {
+
+/// After update batch `batch_idx` of `schedule`'s run: the average, then the schedulers.
+inline void step_after_update(TrainerKey key, Context& context, const Schedule& schedule, std::int64_t batch_idx) {
+  const std::int64_t aggregation = context.aggregation_frequency();
+  if (optim::detail::ScheduledAverage* average = ContextAccess::average(key, context))
+    average->after_optimizer_step((batch_idx + 1) / aggregation);  // optimizer steps so far, this one included
+  for (WrappedScheduler& scheduler : ContextAccess::lr_schedulers(key, context))
+    scheduler.step_after_update(batch_idx, aggregation, schedule.epoch_len());
+}
+
+}  // namespace dettrial::detail
+// ---- end dettrial/trainer/after_update.hpp
+// ---- begin dettrial/trainer/fit_loop.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief detail::FitLoop: the half of one fit that does not depend on the trial's type, compiled
+/// once in separate-compilation mode: Determined's loop by boundary (the fit's start, training
+/// workload after workload, validation, checkpoints, an early stop, the end). It calls the trial's
+/// half, detail::Run<TrialT, Set> (trainer/run.hpp: the batch loop, the trial's hooks, its loaders
+/// and the callbacks), through the virtual functions below, each called once per fit, workload,
+/// validation or checkpoint, never per batch.
+
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
+
+// ---- begin dettrial/trainer/fit_steps.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief The steps of Determined's loop that do not call the trial: the run's first lines, a
+/// workload's and a validation's metrics reduced over the ranks and reported, the searcher metric's
+/// best, a checkpoint's record, an early stop. Each takes the pieces of the fit it needs (Schedule,
+/// Position, Outputs' reporter, the Checkpointer); detail::Run calls them between the trial's
+/// hooks. Compiled once in separate-compilation mode, so a trial's translation unit compiles its own
+/// loop and little else.
+
+#include <chrono>
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
+
+// ---- begin dettrial/trainer/position.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief detail::Position: where a fit stands (its TrialProgress) and what the checkpoint it
+/// resumed from said. Compiled once in separate-compilation mode.
+
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+
+
+namespace dettrial::detail {
+
+/**
+ * @brief Where a fit stands: batches and epochs trained, the last validation and checkpoint, the
+ * best searcher metric (what a checkpoint saves as `trial_state.json`), and the checkpoint it
+ * resumed from. Found before anything is written (find), restored with the checkpoint (restored),
+ * then moved by the loop one batch, epoch, validation and checkpoint at a time.
+ */
+class Position {
+ public:
+  Position() = default;
+  /// FitOptions::latest_checkpoint resolved to one checkpoint, and where it says its trial stood
+  /// (its `trial_state.json`, or what Determined wrote); a fresh position without one. Throws
+  /// CheckpointError for a checkpoint that cannot be read.
+  DETTRIAL_INLINE static Position find(const FitOptions& options);
+
+  const TrialProgress& progress() const { return progress_; }
+  std::int64_t batches_trained() const { return progress_.batches_trained; }
+  std::int64_t epochs_trained() const { return progress_.epochs_trained; }
+
+  // ---- what the resumed checkpoint said --------------------------------------------------------
+  const std::optional<std::filesystem::path>& resume_dir() const { return resume_dir_; }
+  /// Whether the checkpoint resumed from is this trial's own (else only its weights and optimizer
+  /// state are taken, and counting starts afresh: Determined's warm start).
+  bool same_trial() const { return same_trial_; }
+  /// The batch this fit starts from: the one this trial's resumed checkpoint stood at.
+  std::int64_t first_batch() const { return same_trial_ ? resumed_->batches_trained : 0; }
+  /// first_batch() where this fit continues its own trial.
+  std::optional<std::int64_t> continued_at() const { return same_trial_ ? std::optional(resumed_->batches_trained) : std::nullopt; }
+  /// The ranks of the job that wrote this trial's resumed checkpoint, and the rank count whose
+  /// global batches its data followed (0: not recorded, or not this trial's).
+  std::int64_t resumed_ranks() const { return same_trial_ ? resumed_->ranks : 0; }
+  std::int64_t resumed_data_ranks() const { return same_trial_ ? resumed_->data_ranks : 0; }
+  /// What a restore reads into: the resumed trial's position, or a fresh one of `trial_id`.
+  TrialProgress to_restore(std::int64_t trial_id) const { return same_trial_ ? *resumed_ : TrialProgress{.trial_id = trial_id}; }
+  /// The checkpoint was restored: the fit stands where it says, and the Context's training stream
+  /// starts there.
+  DETTRIAL_INLINE void restored(TrialProgress progress);
+  /// The Context's position (what the training stream skips, the current batch) from this one.
+  DETTRIAL_INLINE void start(TrainerKey key, Context& context) const;
+
+  // ---- moved by the loop -----------------------------------------------------------------------
+  void batch_trained() { ++progress_.batches_trained; }
+  void epoch_trained() { ++progress_.epochs_trained; }
+  bool validated_here() const { return progress_.last_validation == progress_.batches_trained; }
+  bool checkpointed_here() const { return progress_.last_checkpoint == progress_.batches_trained; }
+  /// Nothing trained and nothing validated yet (step-zero validation's condition).
+  bool untouched() const { return progress_.batches_trained == 0 && progress_.last_validation < 0; }
+  void validated() { progress_.last_validation = progress_.batches_trained; }
+  void checkpointed() { progress_.last_checkpoint = progress_.batches_trained; }
+  /// `value` of the searcher metric is the best validated so far.
+  void keep_best(double value) { progress_.best_validation = value; }
+  /// What a checkpoint saves as `trial_state.json`: this position, with the trial, the loaders'
+  /// data seeds and the ranks.
+  DETTRIAL_INLINE TrialProgress saved(std::int64_t trial_id, std::optional<std::uint64_t> training_data_seed,
+                                      std::optional<std::uint64_t> validation_data_seed, std::int64_t ranks, std::int64_t data_ranks) const;
+
+ private:
+  TrialProgress progress_{};
+  std::optional<std::filesystem::path> resume_dir_{};
+  std::optional<TrialProgress> resumed_{};
+  bool same_trial_ = false;
+};
+
+}  // namespace dettrial::detail
+
+// Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
+#if DETTRIAL_HEADER_DEFINITIONS
+#include <utility>
+
+
+namespace dettrial::detail {
+
+DETTRIAL_INLINE Position Position::find(const FitOptions& options) {
+  Position p;
+  if (!options.latest_checkpoint) return p;
+  p.resume_dir_ = resolve_checkpoint(*options.latest_checkpoint);
+  const CheckpointInfo info = read_checkpoint_info(*p.resume_dir_);
+  if (info.by_determined) {
+    // Determined's trial ids belong to its master, which a moved run leaves behind: a checkpoint
+    // Determined wrote is this trial's own, continued where it stood.
+    p.resumed_ = TrialProgress::from_determined(*p.resume_dir_, info);
+    p.resumed_->trial_id = options.trial_id;
+  } else {
+    p.resumed_ = TrialProgress::from_json(CheckpointFolder{*p.resume_dir_}.trial_state());
+  }
+  p.same_trial_ = p.resumed_->trial_id == options.trial_id;
+  return p;
+}
+
+DETTRIAL_INLINE void Position::restored(TrialProgress progress) { progress_ = std::move(progress); }
+
+DETTRIAL_INLINE void Position::start(TrainerKey key, Context& context) const {
+  RunPosition& position = ContextAccess::position(key, context);
+  position.initial_batch = progress_.batches_trained;  // the training stream skips what was trained
+  position.current_batch = progress_.batches_trained;
+}
+
+DETTRIAL_INLINE TrialProgress Position::saved(std::int64_t trial_id, std::optional<std::uint64_t> training_data_seed,
+                                              std::optional<std::uint64_t> validation_data_seed, std::int64_t ranks,
+                                              std::int64_t data_ranks) const {
+  TrialProgress saved = progress_;
+  saved.trial_id = trial_id;
+  saved.training_data_seed = training_data_seed;
+  saved.validation_data_seed = validation_data_seed;
+  saved.ranks = ranks;
+  saved.data_ranks = data_ranks;
+  return saved;
+}
+
+}  // namespace dettrial::detail
+#endif  // DETTRIAL_HEADER_DEFINITIONS
+// ---- end dettrial/trainer/position.hpp
 
 namespace dettrial::detail {
 
@@ -27115,7 +27411,8 @@ class Run final : public FitLoop {
         metrics = eager_step(batch, workload, batch_idx, epoch_idx, sync_timings);
       }
     }
-    ContextAccess::finish_batch(key_, context_, batch_idx);
+    ContextAccess::finish_batch(key_, context_);
+    if (context_.is_update_batch()) step_after_update(key_, context_, schedule_, batch_idx);
     workload.means.add(metrics, batch_idx);
     if constexpr (Set::wants_batch_metrics) workload.batch_metrics.push_back(detached(metrics));
   }

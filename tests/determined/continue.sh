@@ -63,7 +63,7 @@ case $direction in
       if out=$(dt --resume "$work/checkpoint" --output "$work/into-adam" --set data.optimizer=adam --set searcher.max_length.batches=$((n + 1)) 2>&1); then
         echo "an AdamW checkpoint was resumed into Adam without a word"; exit 1
       fi
-      grep -q "decoupled_weight_decay: True, which LibTorch's Adam does not do" <<<"$out" || { echo "$out"; exit 1; }
+      grep -q "decoupled_weight_decay: True, which the trial's Adam does not do" <<<"$out" || { echo "$out"; exit 1; }
     fi ;;
   to-determined)
     dt --output "$work/first-run" --set searcher.max_length.batches=$n --set data.log="$work/first.jsonl"

@@ -20,6 +20,8 @@
 
 #include "test_trials.hpp"
 #include "applied_context.hpp"
+#include "rprop.hpp"
+#include "skip.hpp"
 
 using namespace dettrial;
 namespace fs = std::filesystem;
@@ -91,7 +93,67 @@ std::size_t count_dirs(const fs::path& dir) {
 
 void write_bytes(const fs::path& p, const std::string& bytes) { std::ofstream(p, std::ios::binary | std::ios::trunc) << bytes; }
 
+/// ResumableTrial with an optimizer of its own, which dettrial does not know (tests/unit/rprop.hpp).
+struct OwnOptimizerTrial : test::DeclarativeRegression {
+  std::int64_t stop_at = -1;
+  explicit OwnOptimizerTrial(Context& c) : DeclarativeRegression(c) {}
+  test::Rprop optimizer(torch::nn::Sequential& model) {
+    return test::Rprop(model->parameters(), test::RpropOptions(context.get_hparam<double>("lr")).etas({0.4, 1.3}).step_sizes({1e-5, 0.5}));
+  }
+  Metrics train_batch(test::Batch& b, torch::nn::Sequential& model, std::int64_t e, std::int64_t i) {
+    if (i + 1 == stop_at) context.set_stop_requested(true);
+    return DeclarativeRegression::train_batch(b, model, e, i);
+  }
+};
+
 }  // namespace
+
+// The proof that an optimizer's layout lives beside its type: Rprop is declared in the test alone,
+// and dettrial's checkpoints write it in Python's layout, resume it exactly and hand it to Python's
+// torch.optim.Rprop.
+TEST_CASE("a trial's own optimizer, its Python layout declared beside it, checkpoints, resumes exactly and loads in Python") {
+  const ContextOptions options{.trial_seed = 5};
+  test::Context straight_context(test::hparams(), options);
+  Trainer<OwnOptimizerTrial> straight(straight_context);
+  const FitResult a = straight.fit(resumable_options(14));
+  REQUIRE(a.batches_trained == 14);
+
+  test::Context first_context(test::hparams(), options);
+  Trainer<OwnOptimizerTrial> first(first_context);
+  first.trial().stop_at = 6;  // a checkpoint boundary (every 3 batches), where the stop is taken
+  const FitResult b1 = first.fit(resumable_options(14));
+  REQUIRE(b1.batches_trained == 6);
+  REQUIRE(!b1.checkpoints.empty());
+  const fs::path checkpoint = b1.checkpoints.back().path;
+  // Python's layout, not LibTorch's archive: state_dict.pth holds the state, nothing native beside it.
+  const StateDict state =
+      dettrial::detail::unpickle_archive(dettrial::detail::read_file_bytes(checkpoint / "state_dict.pth"), "state_dict.pth")
+          .toGenericDict();
+  const auto optimizer = state.at("optimizers_state_dict").toList().get(0).toGenericDict();
+  const auto group = optimizer.at("param_groups").toList().get(0).toGenericDict();
+  CHECK(group.at("etas").toTupleRef().elements()[0].toDouble() == 0.4);
+  const auto parameter = optimizer.at("state").toGenericDict().at(0).toGenericDict();
+  std::set<std::string> keys;
+  for (const auto& entry : parameter) keys.insert(entry.key().toStringRef());
+  CHECK(keys == std::set<std::string>({"prev", "step", "step_size"}));
+  CHECK_FALSE(fs::exists(checkpoint / "dettrial_state.pt"));
+
+  test::Context second_context(test::hparams(), ContextOptions{.trial_seed = 99});
+  Trainer<OwnOptimizerTrial> second(second_context);
+  FitOptions resume = resumable_options(14);
+  resume.latest_checkpoint = b1.output_dir;
+  const FitResult b2 = second.fit(resume);
+  CHECK(b2.resumed_from_batch == 6);
+  CHECK(test::bit_identical(test::parameters_of(straight_context), test::parameters_of(second_context)));
+
+  const char* python = std::getenv("DETTRIAL_TEST_PYTHON");
+  if (!python || !*python) return test::skip("the Python half: no Python with this LibTorch's torch given (DETTRIAL_TEST_PYTHON)");
+  const std::string command = "'" + std::string(python) + "' '" + test::tests_source_dir() + "/python/load_own_optimizer.py' '" +
+                              checkpoint.string() + "' 0.4 1.3 1e-05 0.5";
+  const int status = std::system(command.c_str());
+  if (WIFEXITED(status) && WEXITSTATUS(status) == 77) return test::skip(std::string(python) + " has no torch");
+  CHECK_MESSAGE(status == 0, command);
+}
 
 TEST_CASE("stopping and resuming is bit-identical to training straight through") {
   // 64 records in batches of 8: an epoch is 8 batches. Aggregation frequency 2 and a stop after
@@ -562,7 +624,7 @@ std::size_t state_tensor_bytes(torch::optim::Optimizer& optimizer, const torch::
   for (const auto& p : model.parameters()) n += p.nbytes();
   for (const auto& [key, state] : optimizer.state()) {
     c10::impl::GenericDict entries(c10::StringType::get(), c10::AnyType::get());
-    dettrial::detail::python_param_state(*state, entries);
+    dettrial::detail::python_param_state(optimizer, *state, entries);
     for (const auto& e : entries)
       if (e.value().isTensor()) n += e.value().toTensor().nbytes();
   }

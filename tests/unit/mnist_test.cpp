@@ -6,6 +6,7 @@
 #include "../../examples/mnist/mnist_trial.hpp"
 #include "../../examples/mnist_trainer/mnist_trial.hpp"
 #include "muon_problem.hpp"
+#include "rprop.hpp"
 #include "skip.hpp"
 #include "source_dir.hpp"
 #include "applied_context.hpp"
@@ -311,6 +312,8 @@ TEST_CASE("optimizer states in Python's layout load into torch.optim and step on
   write("RAdam", [](auto p) { return RAdam(p, RAdamOptions(0.01).weight_decay(0.01)); });
   write("Adamax", [](auto p) { return Adamax(p, AdamaxOptions(0.01).betas({0.8, 0.99})); });
   write("Muon", [](auto p) { return Muon(p, MuonOptions(0.02).adjust_lr_fn(MuonLrAdjustment::match_rms_adamw)); }, false);
+  // An optimizer of the test's own, its layout declared beside it (rprop.hpp).
+  write("Rprop", [](auto p) { return test::Rprop(p, test::RpropOptions(0.02).etas({0.4, 1.3})); });
   const std::string command =
       "'" + python + "' '" + std::string(test::tests_source_dir()) + "/python/load_optimizers.py' '" + dir.string() + "'";
   const int status = std::system(command.c_str());

@@ -187,7 +187,7 @@ TEST_CASE("Adadelta: Python's torch.optim.Adadelta, 5 steps with lr=0.5, rho=0.8
   // Python's state-dict layout of the same run (optim_reference.py: step 5.0, a float32 tensor; the
   // group keys less params).
   c10::impl::GenericDict state = new_dict();
-  dettrial::optim::python_param_state(s, state);
+  dettrial::optim::python_layout<dettrial::optim::Adadelta>::write_state(s, state);
   const torch::Tensor step = entry(state, "step").toTensor();
   CHECK(step.dim() == 0);
   CHECK((step.scalar_type() == torch::kFloat));
@@ -195,7 +195,8 @@ TEST_CASE("Adadelta: Python's torch.optim.Adadelta, 5 steps with lr=0.5, rho=0.8
   CHECK(torch::equal(entry(state, "square_avg").toTensor(), s.square_avg()));
   CHECK(torch::equal(entry(state, "acc_delta").toTensor(), s.acc_delta()));
   c10::impl::GenericDict group = new_dict();
-  dettrial::optim::python_group_options(static_cast<const AdadeltaOptions&>(opt.param_groups()[0].options()), group);
+  dettrial::optim::python_layout<dettrial::optim::Adadelta>::write_options(
+      static_cast<const AdadeltaOptions&>(opt.param_groups()[0].options()), group);
   std::set<std::string> keys;
   for (const auto& item : group) keys.insert(item.key().toStringRef());
   CHECK(keys == std::set<std::string>{"capturable", "differentiable", "eps", "foreach", "lr", "maximize", "rho", "weight_decay"});

@@ -296,7 +296,7 @@ TEST_CASE("python state: an optimizer state of another type or network is refuse
   StateDict adamw_state = optimizer_state_dict(adam);  // a fresh dict (copy() shares the groups)
   adamw_state.at("param_groups").toList().get(0).toGenericDict().insert_or_assign("decoupled_weight_decay", true);
   CHECK_THROWS_WITH_AS(load_optimizer_state_dict(adam, adamw_state, "optimizer 0"),
-                       doctest::Contains("optimizer 0, group 0 has decoupled_weight_decay: True, which LibTorch's Adam does not do "
+                       doctest::Contains("optimizer 0, group 0 has decoupled_weight_decay: True, which the trial's Adam does not do "
                                          "(that is AdamW's decoupled weight decay: the trial's optimizer must be torch::optim::AdamW)"),
                        CheckpointError);
   torch::optim::AdamW adamw(model->parameters(), torch::optim::AdamWOptions(0.01));
@@ -305,7 +305,7 @@ TEST_CASE("python state: an optimizer state of another type or network is refuse
   plain_adam.at("param_groups").toList().get(0).toGenericDict().insert_or_assign("decoupled_weight_decay", false);
   load_optimizer_state_dict(adam, plain_adam, "optimizer 0");
   CHECK_THROWS_WITH_AS(load_optimizer_state_dict(adamw, plain_adam, "optimizer 0"),
-                       doctest::Contains("has decoupled_weight_decay: False, which LibTorch's AdamW does not do"), CheckpointError);
+                       doctest::Contains("has decoupled_weight_decay: False, which the trial's AdamW does not do"), CheckpointError);
 }
 
 TEST_CASE("python state: StepLR and ReduceLROnPlateau come back from Python's state dict, and another type's is refused by name") {

@@ -249,7 +249,7 @@ TEST_CASE("ZeRO-1 is refused in one sentence where it cannot apply: one rank, ra
   CHECK(refusal({.rank_invariant = true}, false).find("reproducibility.rank_invariant do not go together") != std::string::npos);
   const std::string muon = refusal({}, true);
   CHECK(muon.find("cannot shard optimizer 0 (") != std::string::npos);
-  CHECK(muon.find("): Muon orthogonalizes each weight matrix whole") != std::string::npos);
+  CHECK(muon.find("): Muon updates each parameter whole, not element by element") != std::string::npos);
   // Off: nothing refused.
   test::Context context(test::hparams(), {});
   CHECK_NOTHROW(dettrial::detail::check_shardable(context, ZeroStage::off));

@@ -64,7 +64,7 @@ class WholeOptimizerStates {
 #include "../error.hpp"
 #include "../optim/fused.hpp"
 #include "../optim/handles.hpp"
-#include "python_optimizer.hpp"
+#include "../optim/python_layout.hpp"
 #include "state_dict.hpp"
 
 namespace dettrial::detail::sharded_state {
@@ -77,20 +77,17 @@ inline bool per_element(const std::string& key, const c10::IValue& value, const 
   return key != "step" && value.isTensor() && value.toTensor().sizes() == like.sizes();
 }
 
-/// Why ZeRO cannot shard optimizer `i`, or empty when it can.
+/// Why ZeRO cannot shard `optimizer`, or empty when it can.
 inline std::string unshardable(torch::optim::Optimizer& optimizer) {
-  for (auto& group : optimizer.param_groups()) {
-    const python_optimizer::Kind kind = python_optimizer::kind_of(group.options());
-    if (!kind.name)
-      return "it is not one whose state dettrial writes in Python's layout (SGD, Adam, AdamW, RMSprop, Adagrad, Adadelta, NAdam, "
-             "RAdam, Adamax and the fused ones), which ZeRO's checkpoints need";
-    if (std::string(kind.name) == "Muon")
-      return "Muon orthogonalizes each weight matrix whole, and ZeRO's shards cut matrices apart (ZeRO shards optimizers that "
-             "update each element from its own gradient and state: SGD, Adam, AdamW, RMSprop, Adagrad, Adadelta, NAdam, RAdam, "
-             "Adamax and the fused ones)";
+  const optim::OptimizerLayout* layout = optim::python_layout_of(optimizer);
+  if (!layout) return "it has no Python layout (dettrial::optim::python_layout), which ZeRO's checkpoints need to write and cut its state";
+  if (!layout->elementwise)
+    return layout->name +
+           " updates each parameter whole, not element by element (its python_layout is not elementwise: Muon "
+           "orthogonalizes each weight matrix whole), and ZeRO's shards cut parameters apart";
+  for (const auto& group : optimizer.param_groups())
     for (const auto& p : group.params())
       if (p.is_sparse() || !p.is_contiguous()) return "a parameter of it is not a dense, contiguous tensor";
-  }
   return {};
 }
 
@@ -108,7 +105,7 @@ inline void cut_whole_state(OptimizerShards& shards) {
     const auto it = map.find(optimizer_state_key<StateMap>(p));
     if (it == map.end()) continue;
     c10::impl::GenericDict entries(c10::StringType::get(), c10::AnyType::get());
-    python_param_state(*it->second, entries);
+    python_param_state(optimizer, *it->second, entries);
     c10::impl::GenericDict cut(c10::StringType::get(), c10::AnyType::get());
     for (const auto& entry : entries) {
       const std::string& key = entry.key().toStringRef();
@@ -116,9 +113,9 @@ inline void cut_whole_state(OptimizerShards& shards) {
                           ? c10::IValue(entry.value().toTensor().reshape({-1}).narrow(0, piece.start, piece.tensor.numel()).clone())
                           : entry.value());
     }
-    const python_optimizer::Kind kind = python_optimizer::kind_of(optimizer.param_groups()[piece.group].options());
+    const optim::OptimizerLayout& layout = *optim::python_layout_of(optimizer);  // shardable: it has one
     map[optimizer_state_key<StateMap>(piece.tensor)] =
-        kind.make_state(cut, piece.tensor, "ZeRO: the loaded state of parameter " + std::to_string(piece.param));
+        layout.read_state(cut, piece.tensor, "ZeRO: the loaded state of parameter " + std::to_string(piece.param));
   }
   for (const auto& key : whole) map.erase(key);
   // A fused optimizer's device-side state follows its (piece) state.
@@ -170,7 +167,7 @@ DETTRIAL_INLINE WholeOptimizerStates::WholeOptimizerStates(TrainerKey key, Conte
     for (std::size_t i = 0; i < pieces.size(); ++i)
       if (const auto it = map.find(optimizer_state_key<sharded_state::StateMap>(pieces[i].tensor)); it != map.end()) {
         piece_entries[i].emplace(c10::StringType::get(), c10::AnyType::get());
-        python_param_state(*it->second, *piece_entries[i]);
+        python_param_state(optimizer, *it->second, *piece_entries[i]);
       }
     // Each rank's per-parameter entries ({parameter: {key: value}}, the per-element ones as names
     // only), gathered: every rank then knows which parameters have state and what it holds.
@@ -213,11 +210,11 @@ DETTRIAL_INLINE WholeOptimizerStates::WholeOptimizerStates(TrainerKey key, Conte
           });
     }
     if (!chief) continue;
+    const optim::OptimizerLayout& layout = *optim::python_layout_of(optimizer);  // sharded: it has one
     std::vector<torch::Tensor> made;
     for (const auto& [k, entries] : whole) {
-      const python_optimizer::Kind kind = python_optimizer::kind_of(optimizer.param_groups()[shards->group(k)].options());
       map[optimizer_state_key<sharded_state::StateMap>(params[k])] =
-          kind.make_state(entries, params[k], "ZeRO: the gathered state of parameter " + std::to_string(k));
+          layout.read_state(entries, params[k], "ZeRO: the gathered state of parameter " + std::to_string(k));
       made.push_back(params[k]);
     }
     made_.emplace_back(&optimizer, std::move(made));

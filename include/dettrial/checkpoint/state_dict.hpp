@@ -20,11 +20,10 @@
 
 #include "../vocabulary/checkpoint.hpp"
 #include "../error.hpp"
-#include "../optim/adadelta.hpp"
-#include "../optim/adam_family.hpp"
 #include "../optim/fused.hpp"
 #include "../optim/handles.hpp"
-#include "../optim/muon.hpp"
+#include "../optim/libtorch_layouts.hpp"
+#include "../optim/python_layout.hpp"
 #include "../detail/text.hpp"
 #include "python_pickle.hpp"
 #include "torch_archive.hpp"
@@ -69,31 +68,10 @@ DETTRIAL_INLINE StateDict empty_state_dict();
 /// Python's DistributedDataParallel saves `module.<name>`: the model's own names without it.
 DETTRIAL_INLINE StateDict unwrapped(const StateDict& d);
 
-/// A step count as Python's optimizers keep it: a float32 scalar tensor, or float64 past 2**24,
-/// where float32 would round it (Python's load_state_dict takes either).
-inline c10::IValue scalar_tensor(double v) {
-  return torch::tensor(v, static_cast<double>(static_cast<float>(v)) == v ? torch::kFloat32 : torch::kFloat64);
-}
-
-/// Adam and AdamW keep the same state and options under the same names.
-template <class State>
-void adam_param_state(const State& s, c10::impl::GenericDict& out) {
-  out.insert("step", scalar_tensor(static_cast<double>(s.step())));
-  for (const auto& [key, t] :
-       {std::pair{"exp_avg", s.exp_avg()}, std::pair{"exp_avg_sq", s.exp_avg_sq()}, std::pair{"max_exp_avg_sq", s.max_exp_avg_sq()}})
-    if (t.defined()) out.insert(key, t.detach());
-}
-template <class Options>
-void adam_options(const Options& o, c10::impl::GenericDict& out) {
-  optim::python_betas_options(o, out);
-  out.insert("amsgrad", o.amsgrad());
-  out.insert("maximize", false);
-}
-
-/// One parameter's optimizer state and its group's options, in Python's names, for the built-in optimizers.
-DETTRIAL_INLINE bool python_param_state(const torch::optim::OptimizerParamState& state, c10::impl::GenericDict& out);
-
-DETTRIAL_INLINE void python_group_options(const torch::optim::OptimizerOptions& options, c10::impl::GenericDict& out);
+/// One parameter's optimizer state in Python's names through `optimizer`'s layout (see
+/// optim::python_layout); false when it has none, or the state is not of its type.
+DETTRIAL_INLINE bool python_param_state(const torch::optim::Optimizer& optimizer, const torch::optim::OptimizerParamState& state,
+                                        c10::impl::GenericDict& out);
 
 }  // namespace dettrial::detail
 
@@ -106,8 +84,8 @@ DETTRIAL_INLINE StateDict module_state_dict(const torch::nn::Module& module);
 
 /**
  * @brief An optimizer's state dict in Python's layout: `state` keyed by parameter index (counted
- * across groups), `param_groups` with their options and `params` as those indices. The built-in
- * optimizers (SGD, Adam, AdamW, Adagrad, RMSprop, and dettrial::optim::Adadelta) are written in full; for others, groups carry
+ * across groups), `param_groups` with their options and `params` as those indices, as the
+ * optimizer's layout (optim::python_layout) writes them; for an optimizer without one, groups carry
  * their learning rate and the state is left empty.
  */
 DETTRIAL_INLINE StateDict optimizer_state_dict(torch::optim::Optimizer& optimizer);
@@ -220,76 +198,10 @@ DETTRIAL_INLINE std::string shape_text(c10::IntArrayRef sizes) {
   return s.str();
 }
 
-DETTRIAL_INLINE bool python_param_state(const torch::optim::OptimizerParamState& state, c10::impl::GenericDict& out) {
-  auto put = [&](const char* key, const torch::Tensor& t) {
-    if (t.defined()) out.insert(key, t.detach());
-  };
-  if (const auto* s = dynamic_cast<const torch::optim::SGDParamState*>(&state)) {
-    put("momentum_buffer", s->momentum_buffer());
-  } else if (const auto* s = dynamic_cast<const torch::optim::AdamParamState*>(&state)) {
-    adam_param_state(*s, out);
-  } else if (const auto* s = dynamic_cast<const torch::optim::AdamWParamState*>(&state)) {
-    adam_param_state(*s, out);
-  } else if (const auto* s = dynamic_cast<const torch::optim::AdagradParamState*>(&state)) {
-    out.insert("step", scalar_tensor(static_cast<double>(s->step())));
-    put("sum", s->sum());
-  } else if (const auto* s = dynamic_cast<const dettrial::optim::AdadeltaParamState*>(&state)) {
-    dettrial::optim::python_param_state(*s, out);
-  } else if (const auto* s = dynamic_cast<const dettrial::optim::AdamFamilyParamState*>(&state)) {
-    dettrial::optim::python_param_state(*s, out);
-  } else if (const auto* s = dynamic_cast<const dettrial::optim::MuonParamState*>(&state)) {
-    dettrial::optim::python_param_state(*s, out);
-  } else if (const auto* s = dynamic_cast<const torch::optim::RMSpropParamState*>(&state)) {
-    out.insert("step", static_cast<std::int64_t>(s->step()));
-    put("square_avg", s->square_avg());
-    put("momentum_buffer", s->momentum_buffer());
-    put("grad_avg", s->grad_avg());
-  } else {
-    return false;
-  }
-  return true;
-}
-
-DETTRIAL_INLINE void python_group_options(const torch::optim::OptimizerOptions& options, c10::impl::GenericDict& out) {
-  if (const auto* o = dynamic_cast<const torch::optim::SGDOptions*>(&options)) {
-    out.insert("lr", o->lr());
-    out.insert("momentum", o->momentum());
-    out.insert("dampening", o->dampening());
-    out.insert("weight_decay", o->weight_decay());
-    out.insert("nesterov", o->nesterov());
-    out.insert("maximize", false);
-  } else if (const auto* o = dynamic_cast<const torch::optim::AdamOptions*>(&options)) {
-    adam_options(*o, out);
-  } else if (const auto* o = dynamic_cast<const torch::optim::AdamWOptions*>(&options)) {
-    adam_options(*o, out);
-  } else if (const auto* o = dynamic_cast<const torch::optim::AdagradOptions*>(&options)) {
-    out.insert("lr", o->lr());
-    out.insert("lr_decay", o->lr_decay());
-    out.insert("weight_decay", o->weight_decay());
-    out.insert("initial_accumulator_value", o->initial_accumulator_value());
-    out.insert("eps", o->eps());
-    out.insert("maximize", false);
-  } else if (const auto* o = dynamic_cast<const dettrial::optim::AdadeltaOptions*>(&options)) {
-    dettrial::optim::python_group_options(*o, out);
-  } else if (const auto* o = dynamic_cast<const dettrial::optim::NAdamOptions*>(&options)) {
-    dettrial::optim::python_group_options(*o, out);
-  } else if (const auto* o = dynamic_cast<const dettrial::optim::RAdamOptions*>(&options)) {
-    dettrial::optim::python_group_options(*o, out);
-  } else if (const auto* o = dynamic_cast<const dettrial::optim::AdamaxOptions*>(&options)) {
-    dettrial::optim::python_group_options(*o, out);
-  } else if (const auto* o = dynamic_cast<const dettrial::optim::MuonOptions*>(&options)) {
-    dettrial::optim::python_group_options(*o, out);
-  } else if (const auto* o = dynamic_cast<const torch::optim::RMSpropOptions*>(&options)) {
-    out.insert("lr", o->lr());
-    out.insert("alpha", o->alpha());
-    out.insert("eps", o->eps());
-    out.insert("weight_decay", o->weight_decay());
-    out.insert("momentum", o->momentum());
-    out.insert("centered", o->centered());
-    out.insert("maximize", false);
-  } else {
-    out.insert("lr", options.get_lr());
-  }
+DETTRIAL_INLINE bool python_param_state(const torch::optim::Optimizer& optimizer, const torch::optim::OptimizerParamState& state,
+                                        c10::impl::GenericDict& out) {
+  const optim::OptimizerLayout* layout = optim::python_layout_of(optimizer);
+  return layout && layout->write_state(state, out);
 }
 
 }  // namespace dettrial::detail
@@ -313,9 +225,12 @@ DETTRIAL_INLINE StateDict optimizer_state_dict(torch::optim::Optimizer& optimize
   std::int64_t index = 0;
   auto& states = optimizer.state();
   using StateMap = std::remove_cvref_t<decltype(states)>;
+  // An optimizer without a Python layout: its groups carry their learning rates, its state is empty.
+  const optim::OptimizerLayout* layout = optim::python_layout_of(optimizer);
   for (auto& group : optimizer.param_groups()) {
     StateDict g(c10::StringType::get(), c10::AnyType::get());
-    detail::python_group_options(group.options(), g);
+    if (layout) layout->write_options(group.options(), g);
+    else g.insert("lr", group.options().get_lr());
     // A list typed Any: an int-typed one would be pickled with TorchScript's build_intlist, which
     // Python's weights-only loader refuses.
     c10::impl::GenericList params(c10::AnyType::get());
@@ -323,7 +238,7 @@ DETTRIAL_INLINE StateDict optimizer_state_dict(torch::optim::Optimizer& optimize
       params.push_back(index);
       if (const auto it = states.find(detail::optimizer_state_key<StateMap>(p)); it != states.end()) {
         StateDict s(c10::StringType::get(), c10::AnyType::get());
-        if (detail::python_param_state(*it->second, s) && s.size() > 0) state.insert(index, s);
+        if (layout && layout->write_state(*it->second, s) && s.size() > 0) state.insert(index, s);
       }
       ++index;
     }

@@ -126,18 +126,6 @@ struct RunPosition {
 }  // namespace dettrial::detail
 
 namespace dettrial {
-/// When the trainer updates the averaged model a trial wraps (Context::wrap_averaged_model).
-struct AveragingSchedule {
-  /// After every n-th optimizer step, counted from the first step of training: steps n, 2n, ...
-  std::int64_t every_n_steps = 1;
-  /// Up to this optimizer step each update copies the model, so the average begins after it (as
-  /// torchvision's recipe restarts its EMA during the learning-rate warmup).
-  std::int64_t warmup_steps = 0;
-};
-
-}  // namespace dettrial
-
-namespace dettrial {
 template <class TrialT>
 class Trainer;
 }  // namespace dettrial
@@ -480,7 +468,7 @@ class Context {
 
   /**
    * @brief Registers a weight average of `model`, which the trainer then updates after every
-   * `schedule.every_n_steps`-th optimizer step (in finish_batch, after all of a batch's optimizer
+   * `schedule.every_n_steps`-th optimizer step (when the update batch ends, after all of its optimizer
    * steps), puts in checkpoints (state_dict.pth's `model_ema`, torchvision's name and layout) and
    * restores on resume, and whose buffers every rank takes from rank 0 where the models' are
    * (validation, checkpoints), so every rank holds the same average. One per trial. Validating on it
@@ -512,18 +500,17 @@ class Context {
   /// Forgets every wrapped object (called when their trainer goes away).
   void release_registrations();
 
-  /// Ends training batch `batch_idx` (the trainer calls it after train_batch): on an update batch
-  /// (every `aggregation_frequency`-th, the one that stepped the optimizers) the gradient scaler's
-  /// scale is updated, once however many optimizers stepped, and the schedulers step per their mode.
-  /// The one place that decides what an update batch finishes.
-  void finish_batch(std::int64_t batch_idx) {
+  /// Ends the training batch (the trainer calls it after train_batch, before it steps what the
+  /// loop owns after an update: the LR schedulers and the average, trainer/after_update.hpp): on an
+  /// update batch (every `aggregation_frequency`-th, the one that stepped the optimizers) the
+  /// gradient scaler's scale is updated, once however many optimizers stepped; on the others, with
+  /// rank_invariant, the micro-batch's gradients are stashed.
+  void finish_batch() {
     if (!is_update_batch()) {  // inline: most batches end here
       if (ordered_) stash_ordered_gradients();
       return;
     }
     if (scaler_) scaler_->update();
-    if (average_) update_average(batch_idx);
-    step_lr_schedulers(batch_idx);
   }
 
   /// Begins training batch `position().current_batch` of `records` records. With rank_invariant,
@@ -538,17 +525,8 @@ class Context {
   /// the rank, so that their dropout masks and other draws differ.
   void seed_rank_stream() const;
 
-  /// Steps the schedulers per their mode after update batch `batch_idx`.
-  void step_lr_schedulers(std::int64_t batch_idx);
-  struct WrappedAverage {
-    std::shared_ptr<optim::AveragedWeights> weights;
-    std::shared_ptr<torch::nn::Module> source;
-    AveragingSchedule schedule;
-  };
   void register_average(std::shared_ptr<optim::AveragedWeights> weights, std::shared_ptr<torch::nn::Module> source,
                         AveragingSchedule schedule);
-  /// Updates the average when update batch `batch_idx` ends a due optimizer step.
-  void update_average(std::int64_t batch_idx);
   struct WrappedOptimizer {
     torch::optim::Optimizer* optimizer;
     std::vector<torch::Tensor> params;
@@ -620,7 +598,7 @@ class Context {
   std::vector<std::shared_ptr<torch::nn::Module>> models_;
   std::vector<WrappedOptimizer> optimizers_;
   std::vector<detail::WrappedScheduler> schedulers_;
-  std::optional<WrappedAverage> average_;
+  std::optional<optim::detail::ScheduledAverage> average_;
   std::vector<detail::WrappedReducer> reducers_;
   std::vector<std::shared_ptr<void>> owned_reducers_;  // the FunctionReducers wrap_reducer(fn) made
 
@@ -681,7 +659,11 @@ struct ContextAccess {
   /// Wrapped LR scheduler `i` (type-erased: how to step, save and restore it), in wrap order.
   static const WrappedScheduler& lr_scheduler(TrainerKey, const Context& c, std::size_t i) { return c.schedulers_.at(i); }
   static void begin_training_batch(TrainerKey, Context& c, std::int64_t records) { c.begin_training_batch(records); }
-  static void finish_batch(TrainerKey, Context& c, std::int64_t batch_idx) { c.finish_batch(batch_idx); }
+  static void finish_batch(TrainerKey, Context& c) { c.finish_batch(); }
+  /// The wrapped LR schedulers, for the loop to step after an update batch.
+  static std::span<WrappedScheduler> lr_schedulers(TrainerKey, Context& c) { return c.schedulers_; }
+  /// The wrapped average, or null.
+  static optim::detail::ScheduledAverage* average(TrainerKey, Context& c) { return c.average_ ? &*c.average_ : nullptr; }
   static void seed_rank_stream(TrainerKey, const Context& c) { c.seed_rank_stream(); }
   static bool has_registrations(TrainerKey, const Context& c) { return c.has_registrations(); }
   static void release_registrations(TrainerKey, Context& c) { c.release_registrations(); }
@@ -887,21 +869,7 @@ DETTRIAL_INLINE void Context::register_average(std::shared_ptr<optim::AveragedWe
     throw ConfigError("wrap_averaged_model: every_n_steps must be at least 1, not " + std::to_string(schedule.every_n_steps));
   if (schedule.warmup_steps < 0)
     throw ConfigError("wrap_averaged_model: warmup_steps must be at least 0, not " + std::to_string(schedule.warmup_steps));
-  average_ = WrappedAverage{std::move(weights), std::move(source), schedule};
-}
-
-DETTRIAL_INLINE void Context::update_average(std::int64_t batch_idx) {
-  const std::int64_t step = (batch_idx + 1) / aggregation_frequency_;  // optimizer steps so far, this one included
-  if (step % average_->schedule.every_n_steps != 0) return;
-  average_->weights->update_parameters(*average_->source);
-  if (step <= average_->schedule.warmup_steps) average_->weights->restart();
-}
-
-DETTRIAL_INLINE void Context::step_lr_schedulers(std::int64_t batch_idx) {
-  for (auto& s : schedulers_) {
-    const std::int64_t n = s.steps_after(batch_idx, aggregation_frequency_, position_.epoch_len, s.frequency);
-    for (std::int64_t i = 0; i < n; ++i) s.step(s.scheduler);
-  }
+  average_ = optim::detail::ScheduledAverage{std::move(weights), std::move(source), schedule};
 }
 
 DETTRIAL_INLINE void Context::seed_micro_batch(std::int64_t records) {

@@ -5,13 +5,17 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <set>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <torch/torch.h>
 
 #include "../error.hpp"
+#include "python_layout.hpp"
 #include "single_tensor_optimizer.hpp"
 #include "../detail/linkage.hpp"
 
@@ -71,12 +75,23 @@ struct AdadeltaUpdate {
  */
 using Adadelta = SingleTensorOptimizer<AdadeltaUpdate>;
 
-/// Writes one parameter's state as Python's `Adadelta.state_dict()["state"][i]` holds it: `step` (a
-/// float32 0-dim tensor), `square_avg`, `acc_delta`.
-DETTRIAL_INLINE void python_param_state(const AdadeltaParamState& state, c10::impl::GenericDict& out);
-/// Writes a group's options as Python's `Adadelta.state_dict()["param_groups"][i]` holds them (less
-/// `params`): lr, rho, eps, weight_decay, maximize, capturable, foreach (None), differentiable.
-DETTRIAL_INLINE void python_group_options(const AdadeltaOptions& options, c10::impl::GenericDict& out);
+/// Python's `Adadelta.state_dict()`: each parameter's `step` (a float32 0-dim tensor), `square_avg`,
+/// `acc_delta`; each group's lr, rho, eps, weight_decay, maximize, capturable, foreach (None),
+/// differentiable.
+template <>
+struct python_layout<Adadelta> {
+  using options_type = AdadeltaOptions;
+  using state_type = AdadeltaParamState;
+  static constexpr std::string_view name = "Adadelta";
+  static constexpr bool elementwise = true;
+  static std::set<std::string> options() { return {"lr", "rho", "eps", "weight_decay"}; }
+  static std::map<std::string, bool> fixed_flags() { return {{"maximize", false}}; }
+  DETTRIAL_INLINE static void write_options(const options_type& o, StateDict& out);
+  DETTRIAL_INLINE static void read_option(options_type& o, const std::string& key, const c10::IValue& v, const std::string& what);
+  DETTRIAL_INLINE static void write_state(const state_type& s, StateDict& out);
+  DETTRIAL_INLINE static std::unique_ptr<state_type> read_state(const StateDict& entries, const torch::Tensor& param,
+                                                                const std::string& what);
+};
 
 }  // namespace dettrial::optim
 
@@ -159,23 +174,45 @@ DETTRIAL_INLINE void AdadeltaUpdate::update(torch::Tensor& p, torch::Tensor grad
   p.add_(delta, -lr);
 }
 
-DETTRIAL_INLINE void python_param_state(const AdadeltaParamState& state, c10::impl::GenericDict& out) {
+DETTRIAL_INLINE void python_layout<Adadelta>::write_state(const state_type& s, StateDict& out) {
   // Python keeps the step as a float32 0-dim tensor on the CPU (not capturable).
-  out.insert("step", torch::scalar_tensor(static_cast<double>(state.step()), torch::kFloat));
-  if (state.square_avg().defined()) out.insert("square_avg", state.square_avg().detach());
-  if (state.acc_delta().defined()) out.insert("acc_delta", state.acc_delta().detach());
+  out.insert("step", torch::scalar_tensor(static_cast<double>(s.step()), torch::kFloat));
+  python::put(out, "square_avg", s.square_avg());
+  python::put(out, "acc_delta", s.acc_delta());
 }
 
-DETTRIAL_INLINE void python_group_options(const AdadeltaOptions& options, c10::impl::GenericDict& out) {
-  out.insert("lr", options.lr());
-  out.insert("rho", options.rho());
-  out.insert("eps", options.eps());
-  out.insert("weight_decay", options.weight_decay());
-  out.insert("maximize", options.maximize());
+DETTRIAL_INLINE auto python_layout<Adadelta>::read_state(const StateDict& e, const torch::Tensor& p, const std::string& what)
+    -> std::unique_ptr<state_type> {
+  auto s = std::make_unique<state_type>();
+  s->step(python::step(e, what));
+  s->square_avg(python::tensor(e, "square_avg", p, what));
+  s->acc_delta(python::tensor(e, "acc_delta", p, what));
+  return s;
+}
+
+DETTRIAL_INLINE void python_layout<Adadelta>::write_options(const options_type& o, StateDict& out) {
+  out.insert("lr", o.lr());
+  out.insert("rho", o.rho());
+  out.insert("eps", o.eps());
+  out.insert("weight_decay", o.weight_decay());
+  out.insert("maximize", o.maximize());
   out.insert("capturable", false);
   out.insert("foreach", c10::IValue());  // None: Python's default (it picks the implementation)
   out.insert("differentiable", false);
 }
 
+DETTRIAL_INLINE void python_layout<Adadelta>::read_option(options_type& o, const std::string& key, const c10::IValue& v,
+                                                          const std::string& what) {
+  if (key == "lr") o.lr(python::number(v, what));
+  else if (key == "rho") o.rho(python::number(v, what));
+  else if (key == "eps") o.eps(python::number(v, what));
+  else if (key == "weight_decay") o.weight_decay(python::number(v, what));
+}
+
 }  // namespace dettrial::optim
+
+namespace dettrial::optim::detail {
+inline const bool adadelta_layout_registered = register_python_layout<Adadelta>();
+}  // namespace dettrial::optim::detail
+
 #endif  // DETTRIAL_HEADER_DEFINITIONS

@@ -6,8 +6,11 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <set>
 #include <string>
+#include <string_view>
 #include <tuple>
 #include <type_traits>
 #include <utility>
@@ -16,6 +19,7 @@
 #include <torch/torch.h>
 
 #include "../error.hpp"
+#include "python_layout.hpp"
 #include "single_tensor_optimizer.hpp"
 #include "../detail/linkage.hpp"
 
@@ -134,23 +138,39 @@ using RAdam = SingleTensorOptimizer<RAdamUpdate>;
 /// Adamax (Kingma and Ba 2014): Adam with the infinity norm.
 using Adamax = SingleTensorOptimizer<AdamaxUpdate>;
 
-/// Writes the options every optimizer of Adam's family has (LibTorch's Adam and AdamW too) as
-/// Python's `state_dict()["param_groups"][i]` holds them: lr, betas (a tuple), eps, weight_decay.
-template <class Options>
-void python_betas_options(const Options& o, c10::impl::GenericDict& out) {
-  out.insert("lr", o.lr());
-  out.insert("betas", c10::ivalue::Tuple::create({std::get<0>(o.betas()), std::get<1>(o.betas())}));
-  out.insert("eps", o.eps());
-  out.insert("weight_decay", o.weight_decay());
-}
+}  // namespace dettrial::optim
 
-/// Writes one parameter's state as Python's `state_dict()["state"][i]` holds it (`step` a float32
-/// 0-dim tensor; `exp_avg`; `exp_avg_sq`, or Adamax's `exp_inf`; NAdam's `mu_product`).
-DETTRIAL_INLINE void python_param_state(const AdamFamilyParamState& state, c10::impl::GenericDict& out);
-/// Writes a group's options as Python's `state_dict()["param_groups"][i]` holds them (less `params`).
-DETTRIAL_INLINE void python_group_options(const NAdamOptions& options, c10::impl::GenericDict& out);
-DETTRIAL_INLINE void python_group_options(const RAdamOptions& options, c10::impl::GenericDict& out);
-DETTRIAL_INLINE void python_group_options(const AdamaxOptions& options, c10::impl::GenericDict& out);
+namespace dettrial::optim::detail {
+/// Python's layout of NAdam, RAdam and Adamax: each parameter's `step` (a float32 0-dim tensor),
+/// `exp_avg`, `exp_avg_sq` (Adamax's `exp_inf`) and NAdam's `mu_product`; each group's lr, betas (a
+/// tuple), eps, weight_decay, maximize and its own options (less `params`).
+template <class Update>
+struct AdamFamilyLayout {
+  using options_type = typename Update::Options;
+  using state_type = AdamFamilyParamState;
+  static constexpr std::string_view name = Update::name;
+  static constexpr bool elementwise = true;
+  static std::set<std::string> options();
+  static void write_options(const options_type& o, StateDict& out);
+  static void read_option(options_type& o, const std::string& key, const c10::IValue& v, const std::string& what);
+  static void write_state(const state_type& s, StateDict& out);
+  static std::unique_ptr<state_type> read_state(const StateDict& entries, const torch::Tensor& param, const std::string& what);
+  /// The state's reader for this member: its second moment's name, and whether it has mu_product.
+  static std::unique_ptr<state_type> read_family_state(const StateDict& e, const torch::Tensor& p, const char* second, bool mu_product,
+                                                       const std::string& what);
+  /// The options every member reads; false when `key` is none of them.
+  static bool read_shared_option(options_type& o, const std::string& key, const c10::IValue& v, const std::string& what);
+};
+}  // namespace dettrial::optim::detail
+
+namespace dettrial::optim {
+
+template <>
+struct python_layout<NAdam> : detail::AdamFamilyLayout<NAdamUpdate> {};
+template <>
+struct python_layout<RAdam> : detail::AdamFamilyLayout<RAdamUpdate> {};
+template <>
+struct python_layout<Adamax> : detail::AdamFamilyLayout<AdamaxUpdate> {};
 
 }  // namespace dettrial::optim
 
@@ -365,16 +385,55 @@ DETTRIAL_INLINE void AdamaxUpdate::update(torch::Tensor& param, torch::Tensor gr
 // ------------------------------------------------------------------------------------------------
 // Python's layout
 
-DETTRIAL_INLINE void python_param_state(const AdamFamilyParamState& state, c10::impl::GenericDict& out) {
+}  // namespace dettrial::optim
+
+namespace dettrial::optim::detail {
+
+template <class Update>
+void AdamFamilyLayout<Update>::write_state(const state_type& s, StateDict& out) {
   // Python keeps the step as a float32 0-dim tensor on the CPU (not capturable).
-  out.insert("step", torch::scalar_tensor(static_cast<double>(state.step()), torch::kFloat));
-  if (state.mu_product().defined()) out.insert("mu_product", state.mu_product().detach());
-  if (state.exp_avg().defined()) out.insert("exp_avg", state.exp_avg().detach());
-  if (state.second().defined()) out.insert(state.infinity_norm() ? "exp_inf" : "exp_avg_sq", state.second().detach());
+  out.insert("step", torch::scalar_tensor(static_cast<double>(s.step()), torch::kFloat));
+  python::put(out, "mu_product", s.mu_product());
+  python::put(out, "exp_avg", s.exp_avg());
+  python::put(out, s.infinity_norm() ? "exp_inf" : "exp_avg_sq", s.second());
 }
 
-DETTRIAL_INLINE void python_group_options(const NAdamOptions& o, c10::impl::GenericDict& out) {
-  python_betas_options(o, out);
+template <class Update>
+auto AdamFamilyLayout<Update>::read_family_state(const StateDict& e, const torch::Tensor& p, const char* second, bool mu_product,
+                                                 const std::string& what) -> std::unique_ptr<state_type> {
+  auto s = std::make_unique<state_type>();
+  s->step(python::step(e, what));
+  s->exp_avg(python::tensor(e, "exp_avg", p, what));
+  s->second(python::tensor(e, second, p, what));
+  s->infinity_norm(std::string(second) == "exp_inf");
+  if (!s->exp_avg().defined() || !s->second().defined()) throw CheckpointError(what + " lacks exp_avg or " + second);
+  if (mu_product) {
+    const auto it = e.find("mu_product");
+    if (it == e.end()) throw CheckpointError(what + " lacks mu_product (NAdam's)");
+    s->mu_product(torch::scalar_tensor(python::number(it->value(), what + ": 'mu_product'"), torch::kFloat));
+  }
+  return s;
+}
+
+template <class Update>
+bool AdamFamilyLayout<Update>::read_shared_option(options_type& o, const std::string& key, const c10::IValue& v, const std::string& what) {
+  if (key == "lr") o.lr(python::number(v, what));
+  else if (key == "eps") o.eps(python::number(v, what));
+  else if (key == "weight_decay") o.weight_decay(python::number(v, what));
+  else if (key == "maximize") o.maximize(python::number(v, what) != 0);
+  else if (key == "betas") o.betas(python::pair(v, what));
+  else return false;
+  return true;
+}
+
+// NAdam
+template <>
+inline std::set<std::string> AdamFamilyLayout<NAdamUpdate>::options() {
+  return {"lr", "betas", "eps", "weight_decay", "momentum_decay", "decoupled_weight_decay", "maximize"};
+}
+template <>
+inline void AdamFamilyLayout<NAdamUpdate>::write_options(const options_type& o, StateDict& out) {
+  python::put_betas_options(o, out);
   out.insert("momentum_decay", o.momentum_decay());
   out.insert("decoupled_weight_decay", o.decoupled_weight_decay());
   out.insert("maximize", o.maximize());
@@ -382,24 +441,72 @@ DETTRIAL_INLINE void python_group_options(const NAdamOptions& o, c10::impl::Gene
   out.insert("capturable", false);
   out.insert("differentiable", false);
 }
+template <>
+inline void AdamFamilyLayout<NAdamUpdate>::read_option(options_type& o, const std::string& key, const c10::IValue& v,
+                                                       const std::string& what) {
+  if (read_shared_option(o, key, v, what)) return;
+  if (key == "momentum_decay") o.momentum_decay(python::number(v, what));
+  else if (key == "decoupled_weight_decay") o.decoupled_weight_decay(python::number(v, what) != 0);
+}
+template <>
+inline auto AdamFamilyLayout<NAdamUpdate>::read_state(const StateDict& e, const torch::Tensor& p, const std::string& what)
+    -> std::unique_ptr<state_type> {
+  return read_family_state(e, p, "exp_avg_sq", true, what);
+}
 
-DETTRIAL_INLINE void python_group_options(const RAdamOptions& o, c10::impl::GenericDict& out) {
-  python_betas_options(o, out);
+// RAdam
+template <>
+inline std::set<std::string> AdamFamilyLayout<RAdamUpdate>::options() {
+  return {"lr", "betas", "eps", "weight_decay", "decoupled_weight_decay", "maximize"};
+}
+template <>
+inline void AdamFamilyLayout<RAdamUpdate>::write_options(const options_type& o, StateDict& out) {
+  python::put_betas_options(o, out);
   out.insert("maximize", o.maximize());
   out.insert("foreach", c10::IValue());
   out.insert("capturable", false);
   out.insert("decoupled_weight_decay", o.decoupled_weight_decay());
   out.insert("differentiable", false);
 }
+template <>
+inline void AdamFamilyLayout<RAdamUpdate>::read_option(options_type& o, const std::string& key, const c10::IValue& v,
+                                                       const std::string& what) {
+  if (read_shared_option(o, key, v, what)) return;
+  if (key == "decoupled_weight_decay") o.decoupled_weight_decay(python::number(v, what) != 0);
+}
+template <>
+inline auto AdamFamilyLayout<RAdamUpdate>::read_state(const StateDict& e, const torch::Tensor& p, const std::string& what)
+    -> std::unique_ptr<state_type> {
+  return read_family_state(e, p, "exp_avg_sq", false, what);
+}
 
-DETTRIAL_INLINE void python_group_options(const AdamaxOptions& o, c10::impl::GenericDict& out) {
-  python_betas_options(o, out);
+// Adamax
+template <>
+inline std::set<std::string> AdamFamilyLayout<AdamaxUpdate>::options() {
+  return {"lr", "betas", "eps", "weight_decay", "maximize"};
+}
+template <>
+inline void AdamFamilyLayout<AdamaxUpdate>::write_options(const options_type& o, StateDict& out) {
+  python::put_betas_options(o, out);
   out.insert("foreach", c10::IValue());
   out.insert("maximize", o.maximize());
   out.insert("differentiable", false);
   out.insert("capturable", false);
 }
+template <>
+inline void AdamFamilyLayout<AdamaxUpdate>::read_option(options_type& o, const std::string& key, const c10::IValue& v,
+                                                        const std::string& what) {
+  read_shared_option(o, key, v, what);
+}
+template <>
+inline auto AdamFamilyLayout<AdamaxUpdate>::read_state(const StateDict& e, const torch::Tensor& p, const std::string& what)
+    -> std::unique_ptr<state_type> {
+  return read_family_state(e, p, "exp_inf", false, what);
+}
 
-}  // namespace dettrial::optim
+inline const bool adam_family_layouts_registered =
+    register_python_layout<NAdam>() && register_python_layout<RAdam>() && register_python_layout<Adamax>();
+
+}  // namespace dettrial::optim::detail
 
 #endif  // DETTRIAL_HEADER_DEFINITIONS

@@ -159,6 +159,35 @@ class SWALR : public EpochLRScheduler {
 
 }  // namespace dettrial::optim
 
+namespace dettrial {
+/// When the trainer updates the averaged model a trial wraps (Context::wrap_averaged_model).
+struct AveragingSchedule {
+  /// After every n-th optimizer step, counted from the first step of training: steps n, 2n, ...
+  std::int64_t every_n_steps = 1;
+  /// Up to this optimizer step each update copies the model, so the average begins after it (as
+  /// torchvision's recipe restarts its EMA during the learning-rate warmup).
+  std::int64_t warmup_steps = 0;
+};
+}  // namespace dettrial
+
+namespace dettrial::optim::detail {
+/// A trial's wrapped average (Context::wrap_averaged_model): the weights, the model they average
+/// and when; the loop calls after_optimizer_step at the end of every update batch.
+struct ScheduledAverage {
+  std::shared_ptr<AveragedWeights> weights;
+  std::shared_ptr<torch::nn::Module> source;
+  AveragingSchedule schedule;
+
+  /// After optimizer step `step` (1, 2, ...): the average takes the model when the step is due,
+  /// and during the warmup it restarts from it.
+  void after_optimizer_step(std::int64_t step) {
+    if (step % schedule.every_n_steps != 0) return;
+    weights->update_parameters(*source);
+    if (step <= schedule.warmup_steps) weights->restart();
+  }
+};
+}  // namespace dettrial::optim::detail
+
 namespace dettrial::optim::detail::averaging {
 /// A BatchNorm layer's momentum (c10::optional before LibTorch 2.x, std::optional after).
 using Momentum = std::decay_t<decltype(std::declval<torch::nn::BatchNormOptions&>().momentum())>;
@@ -346,7 +375,7 @@ DETTRIAL_INLINE void SWALR::load_python_state(const c10::impl::GenericDict& in, 
     throw CheckpointError(what + " has no '_anneal_strategy' or 'anneal_epochs': it is not Python's SWALR state");
   const std::string anneal = detail::cyclic::text_of(strategy->value(), what + ": _anneal_strategy");
   if (anneal != "cos" && anneal != "linear") throw CheckpointError(what + ": _anneal_strategy '" + anneal + "' is not cos or linear");
-  const std::int64_t anneal_epochs = detail::python_state::python_count(epochs->value(), what + ": anneal_epochs", 0);
+  const std::int64_t anneal_epochs = python::count(epochs->value(), what + ": anneal_epochs", 0);
   load_python_common(in, {"_anneal_strategy", "anneal_epochs"}, what);
   anneal_ = anneal == "cos" ? AnnealStrategy::cos : AnnealStrategy::linear;
   anneal_epochs_ = anneal_epochs;
@@ -360,7 +389,7 @@ DETTRIAL_INLINE void SWALR::load_python_param_group(std::size_t group, const c10
   const auto it = in.find("swa_lr");
   if (it == in.end())
     throw CheckpointError(what + " has no 'swa_lr', which Python's SWALR keeps there: was the checkpoint's scheduler another?");
-  swa_lrs_.at(group) = detail::python_state::python_number(it->value(), what + ": swa_lr");
+  swa_lrs_.at(group) = python::number(it->value(), what + ": swa_lr");
 }
 
 // ------------------------------------------------------------------------------------------------

@@ -289,9 +289,9 @@ DETTRIAL_INLINE OneCycleLR::OneCycleLR(torch::optim::Optimizer& optimizer, const
   } else {
     invalid("total_steps", "given (or epochs and steps_per_epoch)", "missing");
   }
-  if (!(o.pct_start >= 0 && o.pct_start <= 1)) invalid("pct_start", "in [0, 1]", detail::python_state::number_text(o.pct_start));
-  if (!(o.div_factor > 0)) invalid("div_factor", "positive", detail::python_state::number_text(o.div_factor));
-  if (!(o.final_div_factor > 0)) invalid("final_div_factor", "positive", detail::python_state::number_text(o.final_div_factor));
+  if (!(o.pct_start >= 0 && o.pct_start <= 1)) invalid("pct_start", "in [0, 1]", dettrial::detail::number_text(o.pct_start));
+  if (!(o.div_factor > 0)) invalid("div_factor", "positive", dettrial::detail::number_text(o.div_factor));
+  if (!(o.final_div_factor > 0)) invalid("final_div_factor", "positive", dettrial::detail::number_text(o.final_div_factor));
   const double total = static_cast<double>(total_steps_);
   using G = GroupValue;
   const Phase up{o.pct_start * total - 1, false, G::initial_lr, G::max_lr, G::max_momentum, G::base_momentum};
@@ -302,7 +302,7 @@ DETTRIAL_INLINE OneCycleLR::OneCycleLR(torch::optim::Optimizer& optimizer, const
   else phases_ = {up, {total - 1, true, G::max_lr, G::min_lr, G::base_momentum, G::max_momentum}};
   max_lrs_ = detail::cyclic::per_group("OneCycleLR", "max_lr", o.max_lr, optimizer);
   for (const double m : max_lrs_)
-    if (!(m > 0)) invalid("max_lr", "positive (is it set?)", detail::python_state::number_text(m));
+    if (!(m > 0)) invalid("max_lr", "positive (is it set?)", dettrial::detail::number_text(m));
   for (std::size_t i = 0; i < max_lrs_.size(); ++i) {
     base_lrs_[i] = max_lrs_[i] / o.div_factor;  // Python's group["initial_lr"]
     min_lrs_.push_back(base_lrs_[i] / o.final_div_factor);
@@ -376,8 +376,7 @@ DETTRIAL_INLINE void OneCycleLR::load(torch::serialize::InputArchive& archive) {
   const std::string anneal = detail::cyclic::text_of(archived(archive, "anneal_strategy"), archive_owner() + ": 'anneal_strategy'");
   if (anneal != "cos" && anneal != "linear")
     throw CheckpointError(archive_owner() + ": anneal_strategy '" + anneal + "' is not cos or linear");
-  const std::vector<double> ends =
-      detail::python_state::python_numbers(archived(archive, "phase_ends"), archive_owner() + ": 'phase_ends'");
+  const std::vector<double> ends = python::numbers(archived(archive, "phase_ends"), archive_owner() + ": 'phase_ends'");
   if (ends.size() != phases_.size())
     throw CheckpointError(archive_owner() + " has " + std::to_string(ends.size()) + " phases, the trial's OneCycleLR " +
                           std::to_string(phases_.size()) + " (three_phase differs)");
@@ -428,33 +427,32 @@ DETTRIAL_INLINE std::vector<OneCycleLR::Phase> OneCycleLR::python_phases(const c
     };
     const auto end = d.find("end_step");
     if (end == d.end()) throw CheckpointError(what + ": a phase of _schedule_phases has no end_step");
-    phases.push_back({detail::python_state::python_number(end->value(), what + ": end_step"), end->value().isInt(), value("start_lr"),
-                      value("end_lr"), value("start_momentum"), value("end_momentum")});
+    phases.push_back({python::number(end->value(), what + ": end_step"), end->value().isInt(), value("start_lr"), value("end_lr"),
+                      value("start_momentum"), value("end_momentum")});
   }
   if (phases.empty()) throw CheckpointError(what + ": _schedule_phases is empty");
   return phases;
 }
 
 DETTRIAL_INLINE void OneCycleLR::load_python_state(const c10::impl::GenericDict& in, const std::string& what) {
-  namespace pd = detail::python_state;
   const auto entry = [&](const char* key) {
     const auto it = in.find(key);
     if (it == in.end()) throw CheckpointError(what + " has no '" + key + "': it is not Python's OneCycleLR state");
     return it->value();
   };
   // Read and checked before anything is changed.
-  const std::int64_t total_steps = pd::python_count(entry("total_steps"), what + ": total_steps", 1);
+  const std::int64_t total_steps = python::count(entry("total_steps"), what + ": total_steps", 1);
   std::vector<Phase> phases = python_phases(entry("_schedule_phases"), what);
   const std::string anneal = detail::cyclic::text_of(entry("_anneal_func_type"), what + ": _anneal_func_type");
   if (anneal != "cos" && anneal != "linear") throw CheckpointError(what + ": _anneal_func_type '" + anneal + "' is not cos or linear");
-  const bool cycle_momentum = pd::python_number(entry("cycle_momentum"), what + ": cycle_momentum") != 0;
+  const bool cycle_momentum = python::number(entry("cycle_momentum"), what + ": cycle_momentum") != 0;
   if (cycle_momentum != cycle_momentum_)
     throw CheckpointError(what + " has cycle_momentum " + (cycle_momentum ? "True" : "False") + ", the trial's OneCycleLR " +
                           (cycle_momentum_ ? "true" : "false"));
   std::vector<std::string> own = {"total_steps", "_schedule_phases", "_anneal_func_type", "cycle_momentum"};
   if (cycle_momentum) {
     own.emplace_back("use_beta1");
-    if ((pd::python_number(entry("use_beta1"), what + ": use_beta1") != 0) != detail::cyclic::uses_beta1(momentum_))
+    if ((python::number(entry("use_beta1"), what + ": use_beta1") != 0) != detail::cyclic::uses_beta1(momentum_))
       throw CheckpointError(what + ": use_beta1 says another optimizer family (Adam's beta1 against a momentum) than the trial's");
   }
   load_python_common(in, own, what);
@@ -477,7 +475,7 @@ DETTRIAL_INLINE void OneCycleLR::load_python_param_group(std::size_t group, cons
     const auto it = in.find(key);
     if (it == in.end())
       throw CheckpointError(what + " has no '" + key + "', which Python's OneCycleLR keeps there: was the checkpoint's scheduler another?");
-    return detail::python_state::python_number(it->value(), what + ": " + key);
+    return python::number(it->value(), what + ": " + key);
   };
   const double initial = value("initial_lr"), max_lr = value("max_lr"), min_lr = value("min_lr");
   const double max_m = cycle_momentum_ ? value("max_momentum") : 0.0, base_m = cycle_momentum_ ? value("base_momentum") : 0.0;
@@ -499,13 +497,13 @@ DETTRIAL_INLINE CyclicLR::CyclicLR(torch::optim::Optimizer& optimizer, CyclicLRO
       scale_fn_(std::move(o.scale_fn)),
       scale_mode_(o.scale_mode),
       cycle_momentum_(o.cycle_momentum) {
-  if (!(o.step_size_up > 0)) invalid("step_size_up", "positive", detail::python_state::number_text(o.step_size_up));
+  if (!(o.step_size_up > 0)) invalid("step_size_up", "positive", dettrial::detail::number_text(o.step_size_up));
   const double down = o.step_size_down.value_or(o.step_size_up);
-  if (!(down >= 0)) invalid("step_size_down", "at least 0", detail::python_state::number_text(down));
+  if (!(down >= 0)) invalid("step_size_down", "at least 0", dettrial::detail::number_text(down));
   base_lrs_ = detail::cyclic::per_group("CyclicLR", "base_lr", o.base_lr, optimizer);
   max_lrs_ = detail::cyclic::per_group("CyclicLR", "max_lr", o.max_lr, optimizer);
   for (const double m : max_lrs_)
-    if (!(m > 0)) invalid("max_lr", "positive (is it set?)", detail::python_state::number_text(m));
+    if (!(m > 0)) invalid("max_lr", "positive (is it set?)", dettrial::detail::number_text(m));
   total_size_ = o.step_size_up + down;
   step_ratio_ = o.step_size_up / total_size_;
   // Python's _init_scale_fn: a built-in mode chooses its own scale mode.
@@ -596,7 +594,7 @@ DETTRIAL_INLINE void CyclicLR::load(torch::serialize::InputArchive& archive) {
 }
 
 DETTRIAL_INLINE void CyclicLR::python_state(c10::impl::GenericDict& out) const {
-  out.insert("max_lrs", detail::python_state::python_list(max_lrs_));
+  out.insert("max_lrs", python::list(max_lrs_));
   out.insert("total_size", total_size_);
   out.insert("step_ratio", step_ratio_);
   out.insert("mode", std::string(detail::cyclic::mode_name(mode_)));
@@ -605,15 +603,14 @@ DETTRIAL_INLINE void CyclicLR::python_state(c10::impl::GenericDict& out) const {
   out.insert("cycle_momentum", cycle_momentum_);
   if (cycle_momentum_) {
     out.insert("use_beta1", detail::cyclic::uses_beta1(momentum_));
-    out.insert("base_momentums", detail::python_state::python_list(base_momentums_));
-    out.insert("max_momentums", detail::python_state::python_list(max_momentums_));
+    out.insert("base_momentums", python::list(base_momentums_));
+    out.insert("max_momentums", python::list(max_momentums_));
   }
   python_common(out);
   out.insert("_scale_fn_custom", c10::IValue());
 }
 
 DETTRIAL_INLINE void CyclicLR::load_python_state(const c10::impl::GenericDict& in, const std::string& what) {
-  namespace pd = detail::python_state;
   const auto entry = [&](const char* key) {
     const auto it = in.find(key);
     if (it == in.end()) throw CheckpointError(what + " has no '" + key + "': it is not Python's CyclicLR state");
@@ -621,7 +618,7 @@ DETTRIAL_INLINE void CyclicLR::load_python_state(const c10::impl::GenericDict& i
   };
   const std::size_t groups = optimizer_->param_groups().size();
   const auto per_group = [&](const char* key) {
-    std::vector<double> v = pd::python_numbers(entry(key), what + ": " + key);
+    std::vector<double> v = python::numbers(entry(key), what + ": " + key);
     if (v.size() != groups)
       throw CheckpointError(what + " has " + std::to_string(v.size()) + " " + key + ", but the optimizer " + std::to_string(groups) +
                             " group(s)");
@@ -632,12 +629,12 @@ DETTRIAL_INLINE void CyclicLR::load_python_state(const c10::impl::GenericDict& i
   if (!custom.isNone() && !(custom.isGenericDict() && custom.toGenericDict().empty()))
     throw CheckpointError(what + ": _scale_fn_custom holds the attributes of a Python callable object, which a C++ function cannot take");
   std::vector<double> max_lrs = per_group("max_lrs");
-  const double total_size = pd::python_number(entry("total_size"), what + ": total_size");
-  const double step_ratio = pd::python_number(entry("step_ratio"), what + ": step_ratio");
+  const double total_size = python::number(entry("total_size"), what + ": total_size");
+  const double step_ratio = python::number(entry("step_ratio"), what + ": step_ratio");
   const CyclicMode mode = detail::cyclic::mode_named(detail::cyclic::text_of(entry("mode"), what + ": mode"), what);
-  const double gamma = pd::python_number(entry("gamma"), what + ": gamma");
+  const double gamma = python::number(entry("gamma"), what + ": gamma");
   ScaleMode scale_mode = detail::cyclic::scale_mode_named(detail::cyclic::text_of(entry("scale_mode"), what + ": scale_mode"), what);
-  const bool cycle_momentum = pd::python_number(entry("cycle_momentum"), what + ": cycle_momentum") != 0;
+  const bool cycle_momentum = python::number(entry("cycle_momentum"), what + ": cycle_momentum") != 0;
   if (cycle_momentum != cycle_momentum_)
     throw CheckpointError(what + " has cycle_momentum " + (cycle_momentum ? "True" : "False") + ", the trial's CyclicLR " +
                           (cycle_momentum_ ? "true" : "false"));

@@ -74,6 +74,13 @@ struct WrappedScheduler {
   std::string metric{};
   /// The scheduler's C++ type, for messages ("dettrial::optim::MultiStepLR").
   std::string type{};
+
+  /// Steps the scheduler as often as its mode says is due after update batch `batch_idx` (none for
+  /// lr_step::on_validation, which steps with a validation's metric).
+  void step_after_update(std::int64_t batch_idx, std::int64_t aggregation_frequency, std::int64_t epoch_len) {
+    const std::int64_t due = steps_after(batch_idx, aggregation_frequency, epoch_len, frequency);
+    for (std::int64_t i = 0; i < due; ++i) step(scheduler);
+  }
 };
 
 /// The scheduler's own Python state dict writer, when it has one.

@@ -8,11 +8,14 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
+#include <string_view>
 #include <tuple>
 
 #include <torch/torch.h>
 
+#include "python_layout.hpp"
 #include "single_tensor_optimizer.hpp"
 #include "../detail/linkage.hpp"
 
@@ -90,10 +93,24 @@ DETTRIAL_INLINE torch::Tensor muon_orthogonalize(const torch::Tensor& grad, cons
 /// Python's `_adjust_lr`: the learning rate for a matrix of `rows` x `cols`.
 DETTRIAL_INLINE double muon_adjusted_lr(double lr, const std::optional<MuonLrAdjustment>& adjustment, std::int64_t rows, std::int64_t cols);
 
-/// Writes one parameter's state as Python's `Muon.state_dict()["state"][i]` holds it.
-DETTRIAL_INLINE void python_param_state(const MuonParamState& state, c10::impl::GenericDict& out);
-/// Writes a group's options as Python's `Muon.state_dict()["param_groups"][i]` holds them (less `params`).
-DETTRIAL_INLINE void python_group_options(const MuonOptions& options, c10::impl::GenericDict& out);
+/// Python's `Muon.state_dict()`: each parameter's momentum_buffer; each group's lr, weight_decay,
+/// momentum, nesterov, ns_coefficients (a triple), eps, ns_steps and adjust_lr_fn (None or Python's
+/// name). Not elementwise: Muon orthogonalizes each matrix whole, so ZeRO's shards cannot cut it.
+template <>
+struct python_layout<Muon> {
+  using options_type = MuonOptions;
+  using state_type = MuonParamState;
+  static constexpr std::string_view name = "Muon";
+  static std::set<std::string> options() {
+    return {"lr", "weight_decay", "momentum", "nesterov", "ns_coefficients", "eps", "ns_steps", "adjust_lr_fn"};
+  }
+  DETTRIAL_INLINE static void write_options(const options_type& o, StateDict& out);
+  DETTRIAL_INLINE static void read_option(options_type& o, const std::string& key, const c10::IValue& v, const std::string& what);
+  DETTRIAL_INLINE static void write_state(const state_type& s, StateDict& out);
+  DETTRIAL_INLINE static std::unique_ptr<state_type> read_state(const StateDict& entries, const torch::Tensor& param,
+                                                                const std::string& what);
+};
+
 /// Python's name of an `adjust_lr_fn` ("original", ...), and back; nullopt for a name Python refuses.
 DETTRIAL_INLINE const char* muon_adjustment_name(MuonLrAdjustment adjustment);
 DETTRIAL_INLINE std::optional<MuonLrAdjustment> muon_adjustment_named(const std::string& name);
@@ -217,11 +234,19 @@ DETTRIAL_INLINE void MuonUpdate::update(torch::Tensor& param, torch::Tensor grad
   param.add_(update, -adjusted_lr);
 }
 
-DETTRIAL_INLINE void python_param_state(const MuonParamState& state, c10::impl::GenericDict& out) {
-  if (state.momentum_buffer().defined()) out.insert("momentum_buffer", state.momentum_buffer().detach());
+DETTRIAL_INLINE void python_layout<Muon>::write_state(const state_type& s, StateDict& out) {
+  python::put(out, "momentum_buffer", s.momentum_buffer());
 }
 
-DETTRIAL_INLINE void python_group_options(const MuonOptions& o, c10::impl::GenericDict& out) {
+DETTRIAL_INLINE auto python_layout<Muon>::read_state(const StateDict& e, const torch::Tensor& p, const std::string& what)
+    -> std::unique_ptr<state_type> {
+  auto s = std::make_unique<state_type>();
+  s->momentum_buffer(python::tensor(e, "momentum_buffer", p, what));
+  if (!s->momentum_buffer().defined()) throw CheckpointError(what + " lacks momentum_buffer (Muon's)");
+  return s;
+}
+
+DETTRIAL_INLINE void python_layout<Muon>::write_options(const options_type& o, StateDict& out) {
   out.insert("lr", o.lr());
   out.insert("weight_decay", o.weight_decay());
   out.insert("momentum", o.momentum());
@@ -233,5 +258,32 @@ DETTRIAL_INLINE void python_group_options(const MuonOptions& o, c10::impl::Gener
   out.insert("adjust_lr_fn", o.adjust_lr_fn() ? c10::IValue(std::string(muon_adjustment_name(*o.adjust_lr_fn()))) : c10::IValue());
 }
 
+DETTRIAL_INLINE void python_layout<Muon>::read_option(options_type& o, const std::string& k, const c10::IValue& v,
+                                                      const std::string& what) {
+  if (k == "lr") o.lr(python::number(v, what));
+  else if (k == "weight_decay") o.weight_decay(python::number(v, what));
+  else if (k == "momentum") o.momentum(python::number(v, what));
+  else if (k == "nesterov") o.nesterov(python::number(v, what) != 0);
+  else if (k == "eps") o.eps(python::number(v, what));
+  else if (k == "ns_steps") o.ns_steps(python::count(v, what, 0));
+  else if (k == "ns_coefficients") {
+    const auto c = python::numbers(v, what);
+    if (c.size() != 3) throw CheckpointError(what + " holds " + std::to_string(c.size()) + " numbers, not Muon's 3");
+    o.ns_coefficients({c[0], c[1], c[2]});
+  } else if (k == "adjust_lr_fn") {
+    if (v.isNone()) return o.adjust_lr_fn(std::nullopt), void();
+    const auto adjustment = v.isString() ? muon_adjustment_named(v.toStringRef()) : std::nullopt;
+    if (!adjustment)
+      throw CheckpointError(what + " is " + (v.isString() ? "'" + v.toStringRef() + "'" : std::string("not a name")) +
+                            ", not one of None, 'original', 'match_rms_adamw', 'spectral_unclamped'");
+    o.adjust_lr_fn(adjustment);
+  }
+}
+
 }  // namespace dettrial::optim
+
+namespace dettrial::optim::detail {
+inline const bool muon_layout_registered = register_python_layout<Muon>();
+}  // namespace dettrial::optim::detail
+
 #endif  // DETTRIAL_HEADER_DEFINITIONS

@@ -111,12 +111,12 @@ DETTRIAL_INLINE ReduceLROnPlateau::ReduceLROnPlateau(torch::optim::Optimizer& op
   };
   const auto& o = options_;
   if (o.mode != "min" && o.mode != "max") invalid("mode", "\"min\" or \"max\"", '"' + o.mode + '"');
-  if (!(o.factor >= 0 && o.factor < 1)) invalid("factor", "in [0, 1)", detail::python_state::number_text(o.factor));
+  if (!(o.factor >= 0 && o.factor < 1)) invalid("factor", "in [0, 1)", dettrial::detail::number_text(o.factor));
   if (o.patience < 0) invalid("patience", "at least 0", std::to_string(o.patience));
-  if (!(o.threshold >= 0)) invalid("threshold", "at least 0", detail::python_state::number_text(o.threshold));
+  if (!(o.threshold >= 0)) invalid("threshold", "at least 0", dettrial::detail::number_text(o.threshold));
   if (o.threshold_mode != "rel" && o.threshold_mode != "abs") invalid("threshold_mode", "\"rel\" or \"abs\"", '"' + o.threshold_mode + '"');
   if (o.cooldown < 0) invalid("cooldown", "at least 0", std::to_string(o.cooldown));
-  if (!(o.eps >= 0)) invalid("eps", "at least 0", detail::python_state::number_text(o.eps));
+  if (!(o.eps >= 0)) invalid("eps", "at least 0", dettrial::detail::number_text(o.eps));
   const std::size_t groups = optimizer.param_groups().size();
   if (const auto* per_group = std::get_if<std::vector<double>>(&o.min_lr)) {
     if (per_group->size() != groups)
@@ -126,7 +126,7 @@ DETTRIAL_INLINE ReduceLROnPlateau::ReduceLROnPlateau(torch::optim::Optimizer& op
     min_lrs_.assign(groups, std::get<double>(o.min_lr));
   }
   for (const double m : min_lrs_)
-    if (!(m >= 0)) invalid("min_lr", "at least 0", detail::python_state::number_text(m));
+    if (!(m >= 0)) invalid("min_lr", "at least 0", dettrial::detail::number_text(m));
   min_mode_ = o.mode == "min";
   rel_threshold_ = o.threshold_mode == "rel";
   last_lr_ = detail::scheduler_base::group_lrs(optimizer);
@@ -241,13 +241,13 @@ DETTRIAL_INLINE void ReduceLROnPlateau::python_state(c10::impl::GenericDict& out
   // None when min_lr was given per group (Python's default_min_lr).
   if (const auto* one = std::get_if<double>(&options_.min_lr)) out.insert("default_min_lr", *one);
   else out.insert("default_min_lr", c10::IValue());
-  out.insert("min_lrs", detail::python_state::python_list(min_lrs_));
+  out.insert("min_lrs", python::list(min_lrs_));
   out.insert("patience", options_.patience);
   out.insert("cooldown", options_.cooldown);
   out.insert("eps", options_.eps);
   out.insert("verbose", false);  // torch < 2.2 has it
   out.insert("last_epoch", last_epoch_);
-  out.insert("_last_lr", detail::python_state::python_list(last_lr_));
+  out.insert("_last_lr", python::list(last_lr_));
   out.insert("mode_worse", mode_worse());
   out.insert("mode", options_.mode);
   out.insert("threshold", options_.threshold);
@@ -258,7 +258,6 @@ DETTRIAL_INLINE void ReduceLROnPlateau::python_state(c10::impl::GenericDict& out
 }
 
 DETTRIAL_INLINE void ReduceLROnPlateau::load_python_state(const c10::impl::GenericDict& in, const std::string& what) {
-  namespace pd = detail::python_state;
   static const std::set<std::string> known = {
       "factor",   "default_min_lr", "min_lrs", "patience",  "cooldown",       "eps",  "verbose",          "last_epoch",
       "_last_lr", "mode_worse",     "mode",    "threshold", "threshold_mode", "best", "cooldown_counter", "num_bad_epochs"};
@@ -282,12 +281,12 @@ DETTRIAL_INLINE void ReduceLROnPlateau::load_python_state(const c10::impl::Gener
   ReduceLROnPlateauOptions o = options_;
   o.mode = text("mode");
   o.threshold_mode = text("threshold_mode");
-  o.factor = pd::python_number(field("factor"), what + ": factor");
-  o.patience = static_cast<std::int64_t>(pd::python_number(field("patience"), what + ": patience"));
-  o.cooldown = static_cast<std::int64_t>(pd::python_number(field("cooldown"), what + ": cooldown"));
-  o.threshold = pd::python_number(field("threshold"), what + ": threshold");
-  o.eps = pd::python_number(field("eps"), what + ": eps");
-  std::vector<double> min_lrs = pd::python_numbers(field("min_lrs"), what + ": min_lrs");
+  o.factor = python::number(field("factor"), what + ": factor");
+  o.patience = static_cast<std::int64_t>(python::number(field("patience"), what + ": patience"));
+  o.cooldown = static_cast<std::int64_t>(python::number(field("cooldown"), what + ": cooldown"));
+  o.threshold = python::number(field("threshold"), what + ": threshold");
+  o.eps = python::number(field("eps"), what + ": eps");
+  std::vector<double> min_lrs = python::numbers(field("min_lrs"), what + ": min_lrs");
   if (min_lrs.size() != optimizer_->param_groups().size())
     throw CheckpointError(what + " has " + std::to_string(min_lrs.size()) + " min_lrs, but the optimizer " +
                           std::to_string(optimizer_->param_groups().size()) + " group(s)");
@@ -302,11 +301,11 @@ DETTRIAL_INLINE void ReduceLROnPlateau::load_python_state(const c10::impl::Gener
   min_mode_ = checked->min_mode_;
   rel_threshold_ = checked->rel_threshold_;
   min_lrs_ = std::move(min_lrs);
-  last_epoch_ = static_cast<std::int64_t>(pd::python_number(field("last_epoch"), what + ": last_epoch"));
-  if (const auto it = in.find("_last_lr"); it != in.end()) last_lr_ = pd::python_numbers(it->value(), what + ": _last_lr");
-  best_ = pd::python_number(field("best"), what + ": best");
-  cooldown_counter_ = static_cast<std::int64_t>(pd::python_number(field("cooldown_counter"), what + ": cooldown_counter"));
-  num_bad_epochs_ = static_cast<std::int64_t>(pd::python_number(field("num_bad_epochs"), what + ": num_bad_epochs"));
+  last_epoch_ = static_cast<std::int64_t>(python::number(field("last_epoch"), what + ": last_epoch"));
+  if (const auto it = in.find("_last_lr"); it != in.end()) last_lr_ = python::numbers(it->value(), what + ": _last_lr");
+  best_ = python::number(field("best"), what + ": best");
+  cooldown_counter_ = static_cast<std::int64_t>(python::number(field("cooldown_counter"), what + ": cooldown_counter"));
+  num_bad_epochs_ = static_cast<std::int64_t>(python::number(field("num_bad_epochs"), what + ": num_bad_epochs"));
 }
 
 }  // namespace dettrial::optim

@@ -2,7 +2,7 @@
 /// @file
 /// @brief What dettrial's LR schedulers share: Python's `LRScheduler` state (EpochLRScheduler), the
 /// table of each scheduler's own arguments that its four state functions are written from (dettrial's
-/// archive and Python's `state_dict()`, each both ways), and the readers of Python's numbers.
+/// archive and Python's `state_dict()`, each both ways).
 #pragma once
 
 #include <array>
@@ -20,6 +20,7 @@
 #include "../error.hpp"
 #include "../detail/linkage.hpp"
 #include "../detail/text.hpp"
+#include "python_layout.hpp"
 
 namespace dettrial::optim {
 
@@ -29,18 +30,6 @@ template <class... Schedulers>
 class SequentialLR;
 
 }  // namespace dettrial::optim
-
-namespace dettrial::optim::detail::python_state {
-/// A number from a Python state dict: Python writes counts as numbers or as 0-dim tensors, flags as bools.
-DETTRIAL_INLINE double python_number(const c10::IValue& v, const std::string& what);
-/// A count from a Python state dict (an int, or a float with no fraction), at least `minimum`.
-DETTRIAL_INLINE std::int64_t python_count(const c10::IValue& v, const std::string& what, std::int64_t minimum);
-/// A list (or tuple) of numbers from a Python state dict.
-DETTRIAL_INLINE std::vector<double> python_numbers(const c10::IValue& v, const std::string& what);
-/// A Python list of numbers: typed Any, as Python's weights-only loader wants lists.
-DETTRIAL_INLINE c10::impl::GenericList python_list(const std::vector<double>& values);
-using dettrial::detail::number_text;
-}  // namespace dettrial::optim::detail::python_state
 
 namespace dettrial::optim {
 /**
@@ -62,15 +51,14 @@ struct SchedulerField {
     if (count) return s.*count;
     if (number) return s.*number;
     if (flag) return s.*flag;
-    return python ? c10::IValue(detail::python_state::python_list(s.*per_group)) : c10::IValue(s.*per_group);
+    return python ? c10::IValue(python::list(s.*per_group)) : c10::IValue(s.*per_group);
   }
   /// `saved` read and checked (`groups`: the optimizer's parameter groups), in the form `assign` takes.
   c10::IValue checked(const c10::IValue& saved, const std::string& what, std::size_t groups) const {
-    namespace pd = detail::python_state;
-    if (count) return pd::python_count(saved, what, minimum);
-    if (number) return pd::python_number(saved, what);
-    if (flag) return pd::python_number(saved, what) != 0;
-    std::vector<double> values = pd::python_numbers(saved, what);
+    if (count) return python::count(saved, what, minimum);
+    if (number) return python::number(saved, what);
+    if (flag) return python::number(saved, what) != 0;
+    std::vector<double> values = python::numbers(saved, what);
     if (!values.empty() && values.size() != groups)  // empty: a per-group value the scheduler does not use
       throw CheckpointError(what + " has " + std::to_string(values.size()) + " value(s), but the optimizer " + std::to_string(groups) +
                             " parameter group(s)");
@@ -253,40 +241,6 @@ class EpochLRScheduler {
 #include <cmath>
 #include <set>
 
-namespace dettrial::optim::detail::python_state {
-
-DETTRIAL_INLINE double python_number(const c10::IValue& v, const std::string& what) {
-  if (v.isDouble()) return v.toDouble();
-  if (v.isInt()) return static_cast<double>(v.toInt());
-  if (v.isBool()) return v.toBool() ? 1.0 : 0.0;
-  if (v.isTensor() && v.toTensor().numel() == 1) return v.toTensor().item<double>();
-  throw CheckpointError(what + " is not a number");
-}
-
-DETTRIAL_INLINE std::int64_t python_count(const c10::IValue& v, const std::string& what, std::int64_t minimum) {
-  const double number = python_number(v, what);
-  if (!(number >= static_cast<double>(minimum)) || number != std::floor(number) || number > 9.0e18)
-    throw CheckpointError(what + " is " + number_text(number) + ", not a whole number of at least " + std::to_string(minimum));
-  return static_cast<std::int64_t>(number);
-}
-
-DETTRIAL_INLINE std::vector<double> python_numbers(const c10::IValue& v, const std::string& what) {
-  if (v.isDoubleList()) return v.toDoubleVector();
-  if (!v.isList() && !v.isTuple()) throw CheckpointError(what + " is not a list");
-  const std::vector<c10::IValue> items = v.isTuple() ? v.toTupleRef().elements().vec() : v.toList().vec();
-  std::vector<double> out;
-  for (const auto& i : items) out.push_back(python_number(i, what));
-  return out;
-}
-
-DETTRIAL_INLINE c10::impl::GenericList python_list(const std::vector<double>& values) {
-  c10::impl::GenericList list(c10::AnyType::get());
-  for (const double v : values) list.push_back(v);
-  return list;
-}
-
-}  // namespace dettrial::optim::detail::python_state
-
 namespace dettrial::optim::detail::scheduler_base {
 DETTRIAL_INLINE std::vector<double> group_lrs(const torch::optim::Optimizer& optimizer) {
   std::vector<double> lrs;
@@ -400,19 +354,18 @@ DETTRIAL_INLINE void EpochLRScheduler::save_common(torch::serialize::OutputArchi
 }
 
 DETTRIAL_INLINE void EpochLRScheduler::load_common(torch::serialize::InputArchive& archive) {
-  namespace pd = detail::python_state;
   const std::string owner = archive_owner();
   const std::size_t groups = optimizer_->param_groups().size();
   const auto per_group = [&](const char* key) {
-    std::vector<double> values = pd::python_numbers(archived(archive, key), owner + ": '" + key + "'");
+    std::vector<double> values = python::numbers(archived(archive, key), owner + ": '" + key + "'");
     if (values.size() != groups)
       throw CheckpointError(owner + " has " + std::to_string(values.size()) + " value(s) in '" + key + "', but the optimizer has " +
                             std::to_string(groups) + " parameter group(s)");
     return values;
   };
   // Everything read before anything is changed: a mismatch leaves the scheduler as it was.
-  const std::int64_t last_epoch = pd::python_count(archived(archive, "last_epoch"), owner + ": 'last_epoch'", -1);
-  const std::int64_t step_count = pd::python_count(archived(archive, "step_count"), owner + ": 'step_count'", 0);
+  const std::int64_t last_epoch = python::count(archived(archive, "last_epoch"), owner + ": 'last_epoch'", -1);
+  const std::int64_t step_count = python::count(archived(archive, "step_count"), owner + ": 'step_count'", 0);
   std::vector<double> base_lrs = per_group("base_lrs");
   std::vector<double> last_lr = per_group("last_lr");
   last_epoch_ = last_epoch;
@@ -422,13 +375,13 @@ DETTRIAL_INLINE void EpochLRScheduler::load_common(torch::serialize::InputArchiv
 }
 
 DETTRIAL_INLINE void EpochLRScheduler::python_common(c10::impl::GenericDict& out) const {
-  out.insert("base_lrs", detail::python_state::python_list(base_lrs_));
+  out.insert("base_lrs", python::list(base_lrs_));
   out.insert("last_epoch", last_epoch_);
   out.insert("verbose", false);  // torch < 2.2 has it
   out.insert("_step_count", step_count_);
   out.insert("_get_lr_called_within_step", false);
   out.insert("_is_initial", false);  // torch >= 2.6 has it
-  out.insert("_last_lr", detail::python_state::python_list(last_lr_));
+  out.insert("_last_lr", python::list(last_lr_));
 }
 
 DETTRIAL_INLINE void EpochLRScheduler::check_python_keys(const c10::impl::GenericDict& in, const std::vector<std::string>& own,
@@ -448,7 +401,6 @@ DETTRIAL_INLINE void EpochLRScheduler::check_python_keys(const c10::impl::Generi
 DETTRIAL_INLINE std::map<std::string, c10::IValue> EpochLRScheduler::load_python_common(const c10::impl::GenericDict& in,
                                                                                         const std::vector<std::string>& own,
                                                                                         const std::string& what) {
-  namespace pd = detail::python_state;
   check_python_keys(in, own, what);
   std::map<std::string, c10::IValue> mine;
   for (const std::string& k : own) mine[k] = in.at(k);
@@ -457,17 +409,17 @@ DETTRIAL_INLINE std::map<std::string, c10::IValue> EpochLRScheduler::load_python
     if (it == in.end()) throw CheckpointError(what + " has no '" + key + "': it is not a Python LR scheduler's state");
     return it->value();
   };
-  std::vector<double> base = pd::python_numbers(field("base_lrs"), what + ": base_lrs");
+  std::vector<double> base = python::numbers(field("base_lrs"), what + ": base_lrs");
   if (base.size() != optimizer_->param_groups().size())
     throw CheckpointError(what + " has " + std::to_string(base.size()) + " base learning rate(s), but the optimizer " +
                           std::to_string(optimizer_->param_groups().size()) + " group(s)");
-  const std::int64_t last_epoch = pd::python_count(field("last_epoch"), what + ": last_epoch", -1);
+  const std::int64_t last_epoch = python::count(field("last_epoch"), what + ": last_epoch", -1);
   const auto step_count = in.find("_step_count");
   std::vector<double> last_lr = base;
-  if (const auto it = in.find("_last_lr"); it != in.end()) last_lr = pd::python_numbers(it->value(), what + ": _last_lr");
+  if (const auto it = in.find("_last_lr"); it != in.end()) last_lr = python::numbers(it->value(), what + ": _last_lr");
   base_lrs_ = std::move(base);
   last_epoch_ = last_epoch;
-  step_count_ = step_count != in.end() ? pd::python_count(step_count->value(), what + ": _step_count", 0) : last_epoch + 1;
+  step_count_ = step_count != in.end() ? python::count(step_count->value(), what + ": _step_count", 0) : last_epoch + 1;
   last_lr_ = std::move(last_lr);
   return mine;
 }

@@ -282,8 +282,8 @@ class SequentialLR : public ComposedSchedulers<Schedulers...> {
     if (!milestones.isIntList()) throw CheckpointError(what + ": 'milestones' is not a list of integers");
     copy.milestones_ = milestones.toIntVector();
     check_milestones(copy.milestones_, [&](const std::string& m) { throw CheckpointError(what + ": " + m); });
-    copy.last_epoch_ = detail::python_state::python_count(in.entry("last_epoch"), what, 0);
-    copy.last_lr_ = detail::python_state::python_numbers(in.entry("last_lr"), what);
+    copy.last_epoch_ = python::count(in.entry("last_epoch"), what, 0);
+    copy.last_lr_ = python::numbers(in.entry("last_lr"), what);
     detail::composition::load_children(copy.children_, archive, what);
     *this = std::move(copy);
   }
@@ -293,24 +293,23 @@ class SequentialLR : public ComposedSchedulers<Schedulers...> {
     for (const std::int64_t m : milestones_) milestones.push_back(m);
     out.insert("_milestones", milestones);
     out.insert("last_epoch", last_epoch_);
-    out.insert("_last_lr", detail::python_state::python_list(this->last_lr_));
+    out.insert("_last_lr", python::list(this->last_lr_));
     out.insert("_schedulers", detail::composition::python_children(this->children_));
   }
   /// Restores what Python's SequentialLR.state_dict() holds, every child's included.
   void load_python_state(const c10::impl::GenericDict& in, const std::string& what) {
-    namespace pd = detail::python_state;
     SequentialLR copy = *this;
     for (const auto& entry : in) {
       const std::string key = entry.key().isString() ? entry.key().toStringRef() : std::string("(not a name)");
       if (key == "_milestones") {
         copy.milestones_.clear();
-        for (const double m : pd::python_numbers(entry.value(), what + ": _milestones"))
-          copy.milestones_.push_back(pd::python_count(m, what + ": a milestone", 0));
+        for (const double m : python::numbers(entry.value(), what + ": _milestones"))
+          copy.milestones_.push_back(python::count(m, what + ": a milestone", 0));
         check_milestones(copy.milestones_, [&](const std::string& m) { throw CheckpointError(what + ": " + m); });
       } else if (key == "last_epoch") {
-        copy.last_epoch_ = pd::python_count(entry.value(), what + ": last_epoch", 0);
+        copy.last_epoch_ = python::count(entry.value(), what + ": last_epoch", 0);
       } else if (key == "_last_lr") {
-        copy.last_lr_ = pd::python_numbers(entry.value(), what + ": _last_lr");
+        copy.last_lr_ = python::numbers(entry.value(), what + ": _last_lr");
       } else if (key == "_schedulers") {
         detail::composition::load_python_children(copy.children_, entry.value(), what);
       } else if (key != "verbose" && key != "_get_lr_called_within_step" && key != "_is_initial") {
@@ -377,20 +376,20 @@ class ChainedScheduler : public ComposedSchedulers<Schedulers...> {
     const std::string what = "dettrial::optim::ChainedScheduler's saved state";
     const detail::scheduler_base::SchedulerArchive in(archive, "ChainedScheduler", what);
     ChainedScheduler copy = *this;
-    copy.last_lr_ = detail::python_state::python_numbers(in.entry("last_lr"), what);
+    copy.last_lr_ = python::numbers(in.entry("last_lr"), what);
     detail::composition::load_children(copy.children_, archive, what);
     *this = std::move(copy);
   }
   /// Python's `state_dict()`: _last_lr and _schedulers (each child's).
   void python_state(c10::impl::GenericDict& out) const {
-    out.insert("_last_lr", detail::python_state::python_list(this->last_lr_));
+    out.insert("_last_lr", python::list(this->last_lr_));
     out.insert("_schedulers", detail::composition::python_children(this->children_));
   }
   void load_python_state(const c10::impl::GenericDict& in, const std::string& what) {
     ChainedScheduler copy = *this;
     for (const auto& entry : in) {
       const std::string key = entry.key().isString() ? entry.key().toStringRef() : std::string("(not a name)");
-      if (key == "_last_lr") copy.last_lr_ = detail::python_state::python_numbers(entry.value(), what + ": _last_lr");
+      if (key == "_last_lr") copy.last_lr_ = python::numbers(entry.value(), what + ": _last_lr");
       else if (key == "_schedulers") detail::composition::load_python_children(copy.children_, entry.value(), what);
       else if (key != "verbose" && key != "_get_lr_called_within_step" && key != "_is_initial")
         throw CheckpointError(what + " has '" + key +

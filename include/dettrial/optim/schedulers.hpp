@@ -308,7 +308,7 @@ class CosineAnnealingWarmRestarts : public EpochLRScheduler {
 #include "../error.hpp"
 
 namespace dettrial::optim::detail::schedulers {
-using detail::python_state::number_text;
+using dettrial::detail::number_text;
 }  // namespace dettrial::optim::detail::schedulers
 
 namespace dettrial::optim {
@@ -369,7 +369,7 @@ DETTRIAL_INLINE void MultiStepLR::save(torch::serialize::OutputArchive& archive)
 DETTRIAL_INLINE void MultiStepLR::load(torch::serialize::InputArchive& archive) {
   const c10::IValue milestones = archived(archive, "milestones");
   if (!milestones.isIntList()) throw CheckpointError(archive_owner() + ": 'milestones' is not a list of integers");
-  const double gamma = detail::python_state::python_number(archived(archive, "gamma"), archive_owner() + ": 'gamma'");
+  const double gamma = python::number(archived(archive, "gamma"), archive_owner() + ": 'gamma'");
   load_common(archive);
   milestones_.clear();
   for (const std::int64_t m : milestones.toIntVector()) ++milestones_[m];
@@ -387,15 +387,14 @@ DETTRIAL_INLINE void MultiStepLR::python_state(c10::impl::GenericDict& out) cons
 }
 
 DETTRIAL_INLINE void MultiStepLR::load_python_state(const c10::impl::GenericDict& in, const std::string& what) {
-  namespace pd = detail::python_state;
   const auto saved = in.find("milestones");
   if (saved != in.end() && !saved->value().isGenericDict()) throw CheckpointError(what + ": milestones is not a dict (Python's Counter)");
   std::map<std::int64_t, std::int64_t> milestones;  // read before anything is changed
   if (saved != in.end())
     for (const auto& m : saved->value().toGenericDict())
-      milestones[pd::python_count(m.key(), what + ": a milestone", 0)] = pd::python_count(m.value(), what + ": a milestone's count", 1);
+      milestones[python::count(m.key(), what + ": a milestone", 0)] = python::count(m.value(), what + ": a milestone's count", 1);
   const auto gamma = in.find("gamma");
-  const double new_gamma = gamma != in.end() ? pd::python_number(gamma->value(), what + ": gamma") : gamma_;
+  const double new_gamma = gamma != in.end() ? python::number(gamma->value(), what + ": gamma") : gamma_;
   load_python_common(in, {"milestones", "gamma"}, what);
   milestones_ = std::move(milestones);
   gamma_ = new_gamma;

@@ -37,6 +37,7 @@
 #include "../metrics/reducers.hpp"
 #include "../report/reporter.hpp"
 #include "../vocabulary/trial.hpp"
+#include "after_update.hpp"
 #include "callbacks.hpp"
 #include "fit_loop.hpp"
 #include "fit_steps.hpp"
@@ -296,7 +297,8 @@ class Run final : public FitLoop {
         metrics = eager_step(batch, workload, batch_idx, epoch_idx, sync_timings);
       }
     }
-    ContextAccess::finish_batch(key_, context_, batch_idx);
+    ContextAccess::finish_batch(key_, context_);
+    if (context_.is_update_batch()) step_after_update(key_, context_, schedule_, batch_idx);
     workload.means.add(metrics, batch_idx);
     if constexpr (Set::wants_batch_metrics) workload.batch_metrics.push_back(detached(metrics));
   }
