@@ -17927,12 +17927,13 @@ inline void cut_whole_state(OptimizerShards& shards) {
   for (const auto& p : shards.params())
     if (map.find(optimizer_state_key<StateMap>(p)) != map.end()) whole.push_back(optimizer_state_key<StateMap>(p));
   if (whole.empty()) return;
+  const optim::OptimizerLayout& layout = *optim::python_layout_of(optimizer);  // shardable: it has one
   for (const auto& piece : shards.pieces()) {
     const torch::Tensor& p = shards.params()[piece.param];
     const auto it = map.find(optimizer_state_key<StateMap>(p));
     if (it == map.end()) continue;
     c10::impl::GenericDict entries(c10::StringType::get(), c10::AnyType::get());
-    python_param_state(optimizer, *it->second, entries);
+    layout.write_state(*it->second, entries);
     c10::impl::GenericDict cut(c10::StringType::get(), c10::AnyType::get());
     for (const auto& entry : entries) {
       const std::string& key = entry.key().toStringRef();
@@ -17940,7 +17941,6 @@ inline void cut_whole_state(OptimizerShards& shards) {
                           ? c10::IValue(entry.value().toTensor().reshape({-1}).narrow(0, piece.start, piece.tensor.numel()).clone())
                           : entry.value());
     }
-    const optim::OptimizerLayout& layout = *optim::python_layout_of(optimizer);  // shardable: it has one
     map[optimizer_state_key<StateMap>(piece.tensor)] =
         layout.read_state(cut, piece.tensor, "ZeRO: the loaded state of parameter " + std::to_string(piece.param));
   }
@@ -17988,13 +17988,14 @@ DETTRIAL_INLINE WholeOptimizerStates::WholeOptimizerStates(TrainerKey key, Conte
     if (auto* capturable = dynamic_cast<optim::CapturableOptimizer*>(&optimizer)) capturable->pull_host_state();
     auto& map = optimizer.state();
     const auto& params = shards->params();
+    const optim::OptimizerLayout& layout = *optim::python_layout_of(optimizer);  // sharded: it has one
     // Each piece's state in Python's entries, read once (none where the piece has no state).
     const auto& pieces = shards->pieces();
     std::vector<std::optional<c10::impl::GenericDict>> piece_entries(pieces.size());
     for (std::size_t i = 0; i < pieces.size(); ++i)
       if (const auto it = map.find(optimizer_state_key<sharded_state::StateMap>(pieces[i].tensor)); it != map.end()) {
         piece_entries[i].emplace(c10::StringType::get(), c10::AnyType::get());
-        python_param_state(optimizer, *it->second, *piece_entries[i]);
+        layout.write_state(*it->second, *piece_entries[i]);
       }
     // Each rank's per-parameter entries ({parameter: {key: value}}, the per-element ones as names
     // only), gathered: every rank then knows which parameters have state and what it holds.
@@ -18037,7 +18038,6 @@ DETTRIAL_INLINE WholeOptimizerStates::WholeOptimizerStates(TrainerKey key, Conte
           });
     }
     if (!chief) continue;
-    const optim::OptimizerLayout& layout = *optim::python_layout_of(optimizer);  // sharded: it has one
     std::vector<torch::Tensor> made;
     for (const auto& [k, entries] : whole) {
       map[optimizer_state_key<sharded_state::StateMap>(params[k])] =
