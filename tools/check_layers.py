@@ -20,6 +20,7 @@ LAYERS = [
     ["config", "data", "metrics", "optim", "tensorboard"],
     ["tracking", "nn"],
     ["distributed"],
+    ["step"],
     ["context", "vision"],
     ["checkpoint", "report"],
     ["keras"],

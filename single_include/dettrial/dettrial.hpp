@@ -217,6 +217,7 @@ struct ExperimentFolder {
 #include <filesystem>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 #include <algorithm>
@@ -598,6 +599,9 @@ class Hyperparameters {
     return get<std::int64_t>(global_batch_size_key);
   }
   static constexpr std::string_view global_batch_size_key = "global_batch_size";
+  /// A slot's share of `global_batch_size` over `slots` slots; a HyperparameterError when it is
+  /// missing or smaller than `slots`.
+  std::int64_t per_slot_batch_size(std::int64_t slots) const;
 
   /// The nested hyperparameters under `path` (which must be a map).
   Hyperparameters nested(std::string_view path) const;
@@ -664,6 +668,16 @@ DETTRIAL_INLINE Hyperparameters& Hyperparameters::operator=(const Hyperparameter
   root_.reset(other.root_);
   source_ = other.source_;
   return *this;
+}
+
+DETTRIAL_INLINE std::int64_t Hyperparameters::per_slot_batch_size(std::int64_t slots) const {
+  const std::optional<std::int64_t> global = global_batch_size();
+  if (!global)
+    throw HyperparameterError("the batch size getters need the hyperparameter 'global_batch_size', which " + source_ + " does not define");
+  if (*global < slots)
+    throw HyperparameterError("global_batch_size (" + std::to_string(*global) + ") is smaller than slots_per_trial (" +
+                              std::to_string(slots) + ")");
+  return *global / slots;
 }
 
 DETTRIAL_INLINE Hyperparameters Hyperparameters::parse(const std::string& yaml_text, std::string source) {
@@ -1139,6 +1153,12 @@ class ExperimentConfig {
    */
   Hyperparameters trial_hyperparameters() const { return Hyperparameters(resolve_constants(hyperparameters, ""), source); }
 
+  /// True when the `data` section has a value at `path` (dotted for nested values).
+  bool has_data(std::string_view path) const;
+  /// The `data` section's node at `path`; a ConfigError naming `data.<path>` and the section's
+  /// names when it is missing.
+  YAML::Node data_node(std::string_view path) const;
+
  private:
   /// `map` with its `const` entries and plain values resolved (nested maps kept); a search space is
   /// an error that names it.
@@ -1233,6 +1253,21 @@ DETTRIAL_INLINE void read_mlflow(const YAML::Node& m, const Reader& r, MlflowSet
 namespace dettrial {
 
 DETTRIAL_INLINE ExperimentConfig::ExperimentConfig() = default;
+
+DETTRIAL_INLINE bool ExperimentConfig::has_data(std::string_view path) const {
+  return data.IsMap() && Hyperparameters(data, source).contains(path);
+}
+
+DETTRIAL_INLINE YAML::Node ExperimentConfig::data_node(std::string_view path) const {
+  if (!has_data(path)) {
+    std::string known;
+    if (data.IsMap())
+      for (const auto& kv : data) known += (known.empty() ? "" : ", ") + kv.first.Scalar();
+    throw ConfigError("data." + std::string(path) + " is missing from " + source + "'s data section" +
+                      (known.empty() ? " (it has none)" : " (it has: " + known + ")"));
+  }
+  return Hyperparameters(data, source).node(path);
+}
 DETTRIAL_INLINE ExperimentConfig::ExperimentConfig(const ExperimentConfig&) = default;
 DETTRIAL_INLINE ExperimentConfig::ExperimentConfig(ExperimentConfig&&) noexcept = default;
 DETTRIAL_INLINE ExperimentConfig& ExperimentConfig::operator=(const ExperimentConfig&) = default;
@@ -13031,8 +13066,6 @@ DETTRIAL_INLINE const AppliedProcess& ProcessSettings::apply() const {
 /// @brief The trial context: hyperparameters, batch sizes, seed, device, counters, and the wrapping of
 /// models, optimizers, schedulers and reducers that the trainer drives.
 
-#include <algorithm>
-#include <chrono>
 #include <cstdint>
 #include <filesystem>
 #include <memory>
@@ -13042,10 +13075,609 @@ DETTRIAL_INLINE const AppliedProcess& ProcessSettings::apply() const {
 #include <string_view>
 #include <type_traits>
 #include <vector>
-#include <typeinfo>
 
 #include <torch/torch.h>
 #include <yaml-cpp/yaml.h>
+
+// ---- begin dettrial/step/training_step.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief The training step: one mode (local, replicated, ordered or sharded) chosen from the
+/// options, the combinations that cannot train refused here and nowhere else, and the precision
+/// step it owns. The Context's step_optimizer and backward, and the trainer's batch boundaries, come
+/// through it.
+
+#include <cstdint>
+#include <span>
+#include <string_view>
+#include <variant>
+
+#include <torch/torch.h>
+
+// ---- begin dettrial/step/local.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief The training step of one process: gradients accumulated over the aggregated batches,
+/// averaged, and the optimizers stepped (Determined's single-slot trial).
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string_view>
+
+// ---- begin dettrial/step/step_mode.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief What every mode of the training step shares: a wrapped optimizer as the step drives it,
+/// the settings a mode is made from, the optimizer state a checkpoint needs whole, and the concept
+/// a mode models (local.hpp, replicated.hpp, ordered.hpp, sharded.hpp; chosen in training_step.hpp).
+
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include <torch/torch.h>
+
+// ---- begin dettrial/step/precision_step.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief The precision part of a training step: the loss scaled for the backward pass, the
+/// gradients unscaled before they are clipped, the step taken or skipped on an inf or NaN, and the
+/// scale updated once per update batch (PyTorch's GradScaler, which mixed_precision fp16 needs);
+/// autocast's dtype for the forward passes.
+
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include <torch/torch.h>
+
+
+namespace dettrial::detail {
+
+/**
+ * @brief What the training step does for its precision. With fp16 it has a GradScaler of its own
+ * (fp16's narrow range needs loss scaling; bf16's does not) unless the trial wraps one; without a
+ * scaler every call is a plain backward pass and step.
+ */
+class PrecisionStep {
+ public:
+  PrecisionStep() = default;
+  /// For `precision` on `device`: a ConfigError where this LibTorch cannot autocast so.
+  PrecisionStep(Precision precision, const torch::Device& device);
+
+  Precision precision() const { return precision_; }
+  /// Autocast's dtype for this precision; none for fp32.
+  std::optional<at::ScalarType> autocast_dtype() const;
+  /// The scaler in use, or nullptr.
+  GradScaler* scaler() const { return scaler_; }
+  /// Takes the trial's scaler in place of its own (at most one: a TrialError the second time).
+  GradScaler& wrap_scaler(GradScaler& scaler);
+
+  /// Back-propagates `output` (with `gradient` when defined, else a loss) outside autocast, scaled
+  /// by the scaler's scale when one is in use.
+  void backward(const torch::Tensor& output, const torch::Tensor& gradient, const torch::Device& device, bool retain_graph,
+                bool create_graph);
+  /// Before clipping: the gradients of `params` divided by the scale (the clip sees the true ones).
+  void unscale(const std::vector<torch::Tensor>& params) {
+    if (scaler_) scaler_->unscale(params);
+  }
+  /// Steps `optimizer`, or skips the step when a gradient of `params` is inf or NaN; returns false
+  /// when it knows it skipped (see GradScaler::step).
+  bool step(torch::optim::Optimizer& optimizer, const std::vector<torch::Tensor>& params) {
+    if (scaler_) return scaler_->step(optimizer, params);
+    optimizer.step();
+    return true;
+  }
+  /// After a step: autocast caches low-precision copies of the weights until its region ends, and a
+  /// forward pass later in the same train_batch must see the stepped weights.
+  void after_step() {
+    if (precision_ != Precision::fp32) at::autocast::clear_cache();
+  }
+  /// When an update batch ends: the scale's update, once however many optimizers stepped.
+  void update() {
+    if (scaler_) scaler_->update();
+  }
+  /// Forgets a trial's scaler (its trainer went away); the own one, if any, is in use again.
+  void release() { scaler_ = own_scaler_.get(); }
+
+ private:
+  Precision precision_ = Precision::fp32;
+  std::unique_ptr<GradScaler> own_scaler_;  // fp16 without a scaler of the trial's
+  GradScaler* scaler_ = nullptr;
+};
+
+}  // namespace dettrial::detail
+
+// Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
+#if DETTRIAL_HEADER_DEFINITIONS
+
+namespace dettrial::detail {
+
+DETTRIAL_INLINE PrecisionStep::PrecisionStep(Precision precision, const torch::Device& device) : precision_(precision) {
+#if TORCH_VERSION_MAJOR < 2
+  if (precision_ == Precision::fp16 && device.is_cpu())
+    throw ConfigError("mixed_precision fp16 autocasts on the CPU from LibTorch 2 on; this LibTorch " TORCH_VERSION
+                      " autocasts the CPU to bf16 only (use bf16)");
+#else
+  (void)device;
+#endif
+  if (precision_ == Precision::fp16) {
+    own_scaler_ = std::make_unique<GradScaler>();
+    own_scaler_->mark_wrapped();
+    scaler_ = own_scaler_.get();
+  }
+}
+
+DETTRIAL_INLINE std::optional<at::ScalarType> PrecisionStep::autocast_dtype() const {
+  switch (precision_) {
+    case Precision::fp32: return std::nullopt;
+    case Precision::bf16: return at::kBFloat16;
+    case Precision::fp16: return at::kHalf;
+  }
+  return std::nullopt;
+}
+
+DETTRIAL_INLINE GradScaler& PrecisionStep::wrap_scaler(GradScaler& scaler) {
+  if (scaler_ && scaler_ != own_scaler_.get()) throw TrialError("wrap_scaler was called twice: a context takes one GradScaler");
+  scaler.mark_wrapped();
+  scaler_ = &scaler;
+  return scaler;
+}
+
+DETTRIAL_INLINE void PrecisionStep::backward(const torch::Tensor& output, const torch::Tensor& gradient, const torch::Device& device,
+                                             bool retain_graph, bool create_graph) {
+  // Outside autocast (PyTorch's advice: backward ops run in the dtypes forward chose).
+  std::optional<AutocastGuard> autocast_off;
+  if (precision_ != Precision::fp32) autocast_off.emplace(device.type(), std::nullopt);
+  const bool scaled = scaler_ && scaler_->enabled();
+  if (!gradient.defined())  // a loss: scaled in float32, as PyTorch's GradScaler does (fp16 times 65536 overflows)
+    (scaled ? scaler_->scaled(output.to(torch::kFloat)) : output).backward({}, retain_graph, create_graph);
+  else output.backward(scaled ? scaler_->scaled(gradient) : gradient, retain_graph, create_graph);
+}
+
+}  // namespace dettrial::detail
+#endif  // DETTRIAL_HEADER_DEFINITIONS
+// ---- end dettrial/step/precision_step.hpp
+
+namespace dettrial::detail {
+
+/// One optimizer wrapped with `context.wrap_optimizer`, as the training step drives it.
+struct WrappedOptimizer {
+  torch::optim::Optimizer* optimizer;
+  /// Its groups' parameters, in group order (rebuilt when the groups grow: see refresh_params).
+  std::vector<torch::Tensor> params;
+  /// Whether an update divides the aggregated gradients by the aggregation frequency.
+  bool average;
+  /// Its place in wrap order: a mode's per-optimizer state is kept by it.
+  std::size_t index;
+};
+
+/// The parameters `w.optimizer`'s groups hold now.
+inline std::size_t group_param_count(const WrappedOptimizer& w) {
+  std::size_t count = 0;
+  for (const auto& group : w.optimizer->param_groups()) count += group.params().size();
+  return count;
+}
+
+/// Rebuilds `w.params` when the groups changed size (unfrozen layers added); true when it did.
+/// No allocation when they did not.
+inline bool refresh_params(WrappedOptimizer& w) {
+  if (group_param_count(w) == w.params.size()) return false;
+  w.params.clear();
+  for (auto& group : w.optimizer->param_groups())
+    for (auto& p : group.params()) w.params.push_back(p);
+  return true;
+}
+
+/// Determined's `average_aggregated_gradients`: an update's gradients, summed over
+/// `aggregation_frequency` micro-batches, divided by it.
+inline void average_over_aggregation(WrappedOptimizer& w, std::int64_t aggregation_frequency) {
+  if (!w.average || aggregation_frequency <= 1) return;
+  const double scale = 1.0 / static_cast<double>(aggregation_frequency);
+  for (auto& p : w.params)
+    if (p.grad().defined()) p.grad().mul_(scale);
+}
+
+/// What the training step is made from (the context's options and the config's).
+struct StepSettings {
+  /// The job's process group; null in one process.
+  Communicator* communicator = nullptr;
+  std::int64_t aggregation_frequency = 1;
+  /// `optimizations.average_aggregated_gradients` (each optimizer may say otherwise).
+  bool average_aggregated_gradients = true;
+  /// `reproducibility.rank_invariant`.
+  bool rank_invariant = false;
+  /// The job's trial seed, and where this process sits (rank_invariant seeds each micro-batch).
+  std::uint64_t trial_seed = 0;
+  int rank = 0;
+  int ranks = 1;
+};
+
+/**
+ * @brief Optimizer state made whole for the checkpoint being taken (ZeRO's shards gathered into
+ * the chief's optimizers, keyed by their parameters as an unsharded run keeps them), dropped again
+ * when this object ends. Empty for a mode that holds the whole state anyway.
+ */
+class WholeStates {
+ public:
+  WholeStates() = default;
+  WholeStates(const WholeStates&) = delete;
+  WholeStates& operator=(const WholeStates&) = delete;
+  WholeStates(WholeStates&& other) noexcept : made_(std::exchange(other.made_, {})) {}
+  WholeStates& operator=(WholeStates&&) = delete;
+  ~WholeStates() {
+    for (auto& [optimizer, params] : made_)
+      for (const auto& p : params) optimizer->state().erase(optimizer_state_key<StateMap>(p));
+  }
+  /// Records the entries made in `optimizer` for `params`, to drop when this object ends.
+  void add(torch::optim::Optimizer& optimizer, std::vector<torch::Tensor> params) { made_.emplace_back(&optimizer, std::move(params)); }
+
+ private:
+  using StateMap = std::remove_cvref_t<decltype(std::declval<torch::optim::Optimizer&>().state())>;
+  std::vector<std::pair<torch::optim::Optimizer*, std::vector<torch::Tensor>>> made_{};
+};
+
+/**
+ * @brief A mode of the training step: how an update's gradients become whole and how the
+ * optimizers step. The step calls, per training batch: `begin_batch` (before train_batch),
+ * `before_backward` (each backward pass), on an update batch `reduce` then (after the trial's clip)
+ * `step` for each optimizer it steps, and `finish_batch`; at the fit's start `start_fit`, before
+ * each checkpoint `whole_states`, and `params_changed` when an optimizer's groups grow.
+ */
+template <class M>
+concept TrainingStepMode = requires(M& mode, std::span<WrappedOptimizer> all, WrappedOptimizer& w, PrecisionStep& precision,
+                                    std::int64_t batch, std::int64_t records, bool update_batch, std::size_t count) {
+  { M::name } -> std::convertible_to<std::string_view>;
+  mode.begin_batch(batch, records);
+  mode.before_backward(all, update_batch);
+  mode.reduce(w, all, batch);
+  mode.step(w, precision);
+  mode.finish_batch(all, update_batch);
+  mode.start_fit(all);
+  { mode.whole_states(all) } -> std::same_as<WholeStates>;
+  mode.params_changed(w, count);
+};
+
+/// What the modes that hold each parameter's whole optimizer state do at the fit's start and for a
+/// checkpoint: nothing.
+struct WholeParameterState {
+  void start_fit(std::span<WrappedOptimizer>) {}
+  WholeStates whole_states(std::span<WrappedOptimizer>) { return {}; }
+};
+
+}  // namespace dettrial::detail
+// ---- end dettrial/step/step_mode.hpp
+
+namespace dettrial::detail {
+
+/// One process, the whole gradients here: aggregation only.
+class LocalStep : public WholeParameterState {
+ public:
+  static constexpr std::string_view name = "local";
+  LocalStep() = default;
+  explicit LocalStep(const StepSettings& settings) : aggregation_frequency_(settings.aggregation_frequency) {}
+
+  void begin_batch(std::int64_t, std::int64_t) {}
+  void before_backward(std::span<WrappedOptimizer>, bool) {}
+  void reduce(WrappedOptimizer& w, std::span<WrappedOptimizer>, std::int64_t) { average_over_aggregation(w, aggregation_frequency_); }
+  void step(WrappedOptimizer& w, PrecisionStep& precision) { precision.step(*w.optimizer, w.params); }
+  void finish_batch(std::span<WrappedOptimizer>, bool) {}
+  void params_changed(WrappedOptimizer&, std::size_t) {}
+
+ private:
+  std::int64_t aggregation_frequency_ = 1;
+};
+static_assert(TrainingStepMode<LocalStep>);
+
+}  // namespace dettrial::detail
+// ---- end dettrial/step/local.hpp
+// ---- begin dettrial/step/ordered.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief The training step of `reproducibility.rank_invariant`: each micro-batch's gradients kept
+/// apart and summed in the data stream's order, so that 1, 2 or 4 ranks train bit for bit alike
+/// (see distributed/ordered_gradients.hpp), with each micro-batch's random draws seeded from its
+/// place in the stream.
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string_view>
+#include <vector>
+
+#include <torch/torch.h>
+
+// ---- begin dettrial/distributed/ordered_gradients.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief Gradients summed in one order whatever the rank count (`reproducibility.rank_invariant`):
+/// the same micro-batches give bit-identical parameters on 1 rank aggregating 4 batches, 2 ranks
+/// aggregating 2 and 4 ranks aggregating none.
+
+#include <cstdint>
+#include <vector>
+
+#include <torch/torch.h>
+
+
+namespace dettrial::detail {
+
+/**
+ * @brief The gradients of an update's micro-batches, kept apart and summed in the data stream's order.
+ *
+ * An all-reduce sums each rank's accumulated gradients in an order that depends on the rank count
+ * (and a rank's accumulation in the order of its own micro-batches), so 1 rank aggregating 4
+ * batches and 4 ranks aggregating none end with parameters a few ulps apart, which grow over a run.
+ * Here each micro-batch's gradient is copied out of `.grad` after its backward pass (`stash`); at the
+ * update every rank's are gathered to every rank and summed micro-batch by micro-batch in the order
+ * of the data stream (`combine`), each weighted by its records over the update's records: the same
+ * floating-point operations on the same values in any layout. Cost: memory for the micro-batches a
+ * rank aggregates and, in a job, an all-gather of every micro-batch's gradient instead of an
+ * all-reduce of one sum (see docs/distributed.md).
+ */
+class OrderedGradients {
+ public:
+  /// `micro_batches` per rank and update (the aggregation frequency); `communicator` null in one process.
+  OrderedGradients(Communicator* communicator, std::int64_t micro_batches);
+
+  /// Keeps the gradients of `params` (one micro-batch of `records` records) and zeroes them.
+  void stash(const std::vector<torch::Tensor>& params, std::int64_t records);
+
+  /// Writes into the gradients of `params` the update's sum: every rank's micro-batches, in stream
+  /// order (micro-batch `j` of rank `r` is the stream's `j * ranks + r`), each weighted by its share
+  /// of the records. Every micro-batch of the update must be stashed.
+  void combine(const std::vector<torch::Tensor>& params);
+
+ private:
+  Communicator* communicator_;
+  std::int64_t micro_batches_;
+  std::int64_t stashed_ = 0;
+  torch::Tensor gradients_;  // [micro_batches, numel], the parameters' dtype and device
+  torch::Tensor records_;    // [micro_batches] int64, CPU
+};
+
+}  // namespace dettrial::detail
+
+// Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
+#if DETTRIAL_HEADER_DEFINITIONS
+#include <string>
+
+namespace dettrial::detail {
+
+DETTRIAL_INLINE OrderedGradients::OrderedGradients(Communicator* communicator, std::int64_t micro_batches)
+    : communicator_(communicator), micro_batches_(micro_batches), records_(torch::zeros({micro_batches}, torch::kLong)) {}
+
+DETTRIAL_INLINE void OrderedGradients::stash(const std::vector<torch::Tensor>& params, std::int64_t records) {
+  std::int64_t numel = 0;
+  for (const auto& p : params) {
+    if (p.scalar_type() != params.front().scalar_type() || p.device() != params.front().device())
+      throw TrialError("reproducibility.rank_invariant needs every trained parameter in one dtype on one device, not " +
+                       std::string(c10::toString(params.front().scalar_type())) + " and " + std::string(c10::toString(p.scalar_type())));
+    numel += p.numel();
+  }
+  if (stashed_ >= micro_batches_)
+    throw TrialError("reproducibility.rank_invariant: more micro-batches than the aggregation frequency before an optimizer step");
+  if (!gradients_.defined() || gradients_.size(1) != numel) gradients_ = torch::zeros({micro_batches_, numel}, params.front().options());
+  torch::Tensor row = gradients_[stashed_];
+  std::int64_t offset = 0;
+  for (const auto& p : params) {
+    torch::Tensor part = row.narrow(0, offset, p.numel());
+    if (p.grad().defined()) {
+      part.copy_(p.grad().reshape(-1));
+      p.grad().zero_();
+    } else {
+      part.zero_();
+    }
+    offset += p.numel();
+  }
+  records_[stashed_] = records;
+  ++stashed_;
+}
+
+DETTRIAL_INLINE void OrderedGradients::combine(const std::vector<torch::Tensor>& params) {
+  if (stashed_ != micro_batches_)
+    throw TrialError("reproducibility.rank_invariant: an optimizer step after " + std::to_string(stashed_) + " micro-batch(es), not " +
+                     std::to_string(micro_batches_));
+  stashed_ = 0;
+  std::vector<torch::Tensor> gradients{gradients_}, records{records_};
+  if (communicator_) {
+    gradients = communicator_->allgather(gradients_);
+    records = communicator_->allgather(records_.to(communicator_->device()));
+    for (auto& r : records) r = r.cpu();
+  }
+  const auto ranks = static_cast<std::int64_t>(gradients.size());
+  std::int64_t total = 0;
+  for (const auto& r : records) total += r.sum().item<std::int64_t>();
+  if (total == 0) throw TrialError("reproducibility.rank_invariant: an update of micro-batches without records");
+  torch::Tensor sum = torch::zeros({gradients_.size(1)}, gradients_.options());
+  for (std::int64_t j = 0; j < micro_batches_; ++j)
+    for (std::int64_t r = 0; r < ranks; ++r) {
+      const std::int64_t n = records[static_cast<std::size_t>(r)][j].item<std::int64_t>();
+      if (n > 0) sum.add_(gradients[static_cast<std::size_t>(r)][j], static_cast<double>(n) / static_cast<double>(total));
+    }
+  std::int64_t offset = 0;
+  for (const auto& p : params) {
+    const torch::Tensor part = sum.narrow(0, offset, p.numel()).view(p.sizes());
+    if (p.grad().defined()) p.grad().copy_(part);
+    else p.mutable_grad() = part.clone();
+    offset += p.numel();
+  }
+}
+
+}  // namespace dettrial::detail
+#endif  // DETTRIAL_HEADER_DEFINITIONS
+// ---- end dettrial/distributed/ordered_gradients.hpp
+
+namespace dettrial::detail {
+
+/// Gradients summed in stream order, in one process or a job.
+class OrderedStep : public WholeParameterState {
+ public:
+  static constexpr std::string_view name = "ordered";
+  /// A ConfigError when `settings` sums aggregated gradients instead of averaging them.
+  explicit OrderedStep(const StepSettings& settings);
+
+  /// Seeds the random draws of this micro-batch from its place in the data stream (the same records
+  /// get the same dropout masks whatever the rank count).
+  void begin_batch(std::int64_t batch, std::int64_t records);
+  void before_backward(std::span<WrappedOptimizer>, bool) {}
+  /// Once per update batch, however many optimizers step: this batch's gradients stashed, and every
+  /// optimizer's gradients replaced by the ordered, records-weighted sum of the update's micro-batches.
+  void reduce(WrappedOptimizer& w, std::span<WrappedOptimizer> all, std::int64_t batch);
+  void step(WrappedOptimizer& w, PrecisionStep& precision) { precision.step(*w.optimizer, w.params); }
+  /// On a batch that only accumulates, its gradients are stashed.
+  void finish_batch(std::span<WrappedOptimizer> all, bool update_batch) {
+    if (!update_batch) gradients_.stash(params_of(all), records_);
+  }
+  void params_changed(WrappedOptimizer&, std::size_t) {}
+
+ private:
+  /// Every wrapped optimizer's parameters, each once, in wrap order (built again when groups grow).
+  const std::vector<torch::Tensor>& params_of(std::span<WrappedOptimizer> all);
+
+  OrderedGradients gradients_;
+  std::uint64_t trial_seed_;
+  int rank_;
+  int ranks_;
+  std::vector<torch::Tensor> params_;
+  std::size_t params_counted_ = 0;  // the optimizers' parameters params_ was built from
+  std::int64_t records_ = 0;
+  std::int64_t combined_at_ = -1;  // the update batch whose gradients were combined
+};
+static_assert(TrainingStepMode<OrderedStep>);
+
+}  // namespace dettrial::detail
+
+// Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
+#if DETTRIAL_HEADER_DEFINITIONS
+#include <algorithm>
+
+
+namespace dettrial::detail {
+
+DETTRIAL_INLINE OrderedStep::OrderedStep(const StepSettings& settings)
+    : gradients_(settings.communicator, settings.aggregation_frequency),
+      trial_seed_(settings.trial_seed),
+      rank_(settings.rank),
+      ranks_(settings.ranks) {
+  if (!settings.average_aggregated_gradients)
+    throw ConfigError(
+        "reproducibility.rank_invariant needs optimizations.average_aggregated_gradients: a sum over the aggregated batches "
+        "grows with the aggregation frequency, so it would differ between rank counts");
+}
+
+DETTRIAL_INLINE void OrderedStep::begin_batch(std::int64_t batch, std::int64_t records) {
+  // Micro-batch k of rank r is the stream's batch k * ranks + r: the same records in any layout.
+  const auto stream_batch = static_cast<std::uint64_t>(batch * ranks_ + rank_);
+  torch::manual_seed(mix64(trial_seed_ ^ mix64(stream_batch + golden_gamma)) >> 1);
+  records_ = records;
+}
+
+DETTRIAL_INLINE void OrderedStep::reduce(WrappedOptimizer&, std::span<WrappedOptimizer> all, std::int64_t batch) {
+  if (combined_at_ == batch) return;
+  combined_at_ = batch;
+  const std::vector<torch::Tensor>& params = params_of(all);
+  gradients_.stash(params, records_);
+  gradients_.combine(params);  // weighted by records: already an average
+}
+
+DETTRIAL_INLINE const std::vector<torch::Tensor>& OrderedStep::params_of(std::span<WrappedOptimizer> all) {
+  std::size_t count = 0;
+  for (auto& w : all) {
+    refresh_params(w);
+    count += w.params.size();
+  }
+  if (count != params_counted_) {
+    params_counted_ = count;
+    params_.clear();
+    for (const auto& w : all)
+      for (const auto& p : w.params)
+        if (std::none_of(params_.begin(), params_.end(), [&](const torch::Tensor& q) { return q.is_same(p); })) params_.push_back(p);
+  }
+  return params_;
+}
+
+}  // namespace dettrial::detail
+#endif  // DETTRIAL_HEADER_DEFINITIONS
+// ---- end dettrial/step/ordered.hpp
+// ---- begin dettrial/step/replicated.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief The training step of a data-parallel job (PyTorch's DistributedDataParallel): every rank
+/// holds the whole model and optimizer state; an update batch's gradients are all-reduced in
+/// buckets, each started as soon as the backward pass has filled it.
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string_view>
+#include <vector>
+
+
+namespace dettrial::detail {
+
+/// Replicated data parallel: the gradients averaged over the ranks, every rank stepping alike.
+class ReplicatedStep : public WholeParameterState {
+ public:
+  static constexpr std::string_view name = "replicated";
+  explicit ReplicatedStep(const StepSettings& settings)
+      : communicator_(settings.communicator), aggregation_frequency_(settings.aggregation_frequency) {}
+
+  void begin_batch(std::int64_t, std::int64_t) {}
+  /// An update batch's backward pass starts each bucket's all-reduce as soon as its gradients are
+  /// ready; the other batches only accumulate.
+  void before_backward(std::span<WrappedOptimizer>, bool update_batch) {
+    for (auto& buckets : buckets_)
+      if (buckets) buckets->arm(update_batch);
+  }
+  void reduce(WrappedOptimizer& w, std::span<WrappedOptimizer>, std::int64_t) {
+    if (buckets_.size() <= w.index) buckets_.resize(w.index + 1);
+    auto& buckets = buckets_[w.index];
+    if (!buckets) buckets = std::make_unique<GradientBuckets>(*communicator_, w.params);  // on the first update
+    buckets->all_reduce();
+    average_over_aggregation(w, aggregation_frequency_);
+  }
+  void step(WrappedOptimizer& w, PrecisionStep& precision) { precision.step(*w.optimizer, w.params); }
+  void finish_batch(std::span<WrappedOptimizer>, bool) {}
+  /// The buckets were cut for the old parameters: made again on the next update.
+  void params_changed(WrappedOptimizer& w, std::size_t) {
+    if (w.index < buckets_.size()) buckets_[w.index].reset();
+  }
+
+ private:
+  Communicator* communicator_;  // never null
+  std::int64_t aggregation_frequency_;
+  std::vector<std::unique_ptr<GradientBuckets>> buckets_;  // per optimizer, by wrap order
+};
+static_assert(TrainingStepMode<ReplicatedStep>);
+
+}  // namespace dettrial::detail
+// ---- end dettrial/step/replicated.hpp
+// ---- begin dettrial/step/sharded.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief The training step of ZeRO stage 1 (`optimizations.zero_stage: 1`): the gradients
+/// all-reduced as data parallel does, each rank stepping the optimizer state of its 1/N of the
+/// parameters (distributed/optimizer_shards.hpp), then every rank's updated range all-gathered. A
+/// checkpoint's whole state is cut into this rank's pieces when the fit starts (on any rank
+/// count), and the pieces are gathered whole for each checkpoint, so that it is written as an
+/// unsharded run writes it.
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <torch/torch.h>
 
 // ---- begin dettrial/distributed/optimizer_shards.hpp
 // SPDX-License-Identifier: Apache-2.0
@@ -13264,53 +13896,311 @@ DETTRIAL_INLINE void OptimizerShards::all_gather(const std::function<void(const 
 }  // namespace dettrial::detail
 #endif  // DETTRIAL_HEADER_DEFINITIONS
 // ---- end dettrial/distributed/optimizer_shards.hpp
-// ---- begin dettrial/distributed/ordered_gradients.hpp
-// SPDX-License-Identifier: Apache-2.0
-/// @file
-/// @brief Gradients summed in one order whatever the rank count (`reproducibility.rank_invariant`):
-/// the same micro-batches give bit-identical parameters on 1 rank aggregating 4 batches, 2 ranks
-/// aggregating 2 and 4 ranks aggregating none.
 
-#include <cstdint>
-#include <vector>
+namespace dettrial::detail {
 
-#include <torch/torch.h>
+/// ZeRO-1: optimizer state sharded over the ranks, gradients and parameters whole on each.
+class ShardedStep {
+ public:
+  static constexpr std::string_view name = "sharded";
+  explicit ShardedStep(const StepSettings& settings)
+      : communicator_(settings.communicator), aggregation_frequency_(settings.aggregation_frequency) {}
 
+  /// Why ZeRO cannot shard `optimizer`, or empty when it can.
+  static std::string refusal(torch::optim::Optimizer& optimizer);
+
+  void begin_batch(std::int64_t, std::int64_t) {}
+  void before_backward(std::span<WrappedOptimizer>, bool update_batch) {
+    for (auto& s : shards_) s.buckets->arm(update_batch);
+  }
+  void reduce(WrappedOptimizer& w, std::span<WrappedOptimizer>, std::int64_t) {
+    shards_[w.index].buckets->all_reduce();
+    average_over_aggregation(w, aggregation_frequency_);
+  }
+  /// The optimizer steps this rank's pieces (the scaler's skip decided on the whole gradients, the
+  /// same on every rank), then every rank gets every rank's parameters.
+  void step(WrappedOptimizer& w, PrecisionStep& precision);
+  void finish_batch(std::span<WrappedOptimizer>, bool) {}
+  /// Every optimizer cut into shards over the ranks, and the whole state it holds (a checkpoint's,
+  /// loaded before) cut into this rank's pieces, the rest dropped.
+  void start_fit(std::span<WrappedOptimizer> all);
+  /// Each optimizer's state gathered whole into the chief's (a collective: every rank calls it, at
+  /// the same place). The chief holds the whole state while the result lives.
+  WholeStates whole_states(std::span<WrappedOptimizer> all);
+  /// A TrialError: the shards are cut once, when the fit starts.
+  [[noreturn]] void params_changed(WrappedOptimizer& w, std::size_t count);
+
+ private:
+  /// One optimizer's shards over its (padded) buckets, which they point into: neither moves.
+  struct Shards {
+    std::unique_ptr<GradientBuckets> buckets;
+    std::unique_ptr<OptimizerShards> shards;
+  };
+  Communicator* communicator_;  // never null
+  std::int64_t aggregation_frequency_;
+  std::vector<Shards> shards_;  // per optimizer, by wrap order
+};
+static_assert(TrainingStepMode<ShardedStep>);
+
+}  // namespace dettrial::detail
+
+// Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
+#if DETTRIAL_HEADER_DEFINITIONS
+#include <algorithm>
+#include <map>
+#include <optional>
+#include <set>
+
+
+namespace dettrial::detail::sharded_step {
+
+using StateMap = std::remove_cvref_t<decltype(std::declval<torch::optim::Optimizer&>().state())>;
+
+/// Whether a state entry holds one value per element of its parameter (`numel` of them), so that
+/// ZeRO cuts it; the rest (`step`, ...) are per parameter and every piece has them whole.
+inline bool per_element(const std::string& key, const c10::IValue& value, const torch::Tensor& like) {
+  return key != "step" && value.isTensor() && value.toTensor().sizes() == like.sizes();
+}
+
+/// The whole state the optimizer holds for its parameters (loaded from a checkpoint) cut into this
+/// rank's pieces: each piece's state made from its parameter's, sliced; the parameters' dropped.
+inline void cut_whole_state(OptimizerShards& shards) {
+  torch::optim::Optimizer& optimizer = shards.optimizer();
+  auto& map = optimizer.state();
+  std::vector<StateMap::key_type> whole;
+  for (const auto& p : shards.params())
+    if (map.find(optimizer_state_key<StateMap>(p)) != map.end()) whole.push_back(optimizer_state_key<StateMap>(p));
+  if (whole.empty()) return;
+  const optim::OptimizerLayout& layout = *optim::python_layout_of(optimizer);  // shardable: it has one
+  for (const auto& piece : shards.pieces()) {
+    const torch::Tensor& p = shards.params()[piece.param];
+    const auto it = map.find(optimizer_state_key<StateMap>(p));
+    if (it == map.end()) continue;
+    c10::impl::GenericDict entries(c10::StringType::get(), c10::AnyType::get());
+    layout.write_state(*it->second, entries);
+    c10::impl::GenericDict cut(c10::StringType::get(), c10::AnyType::get());
+    for (const auto& entry : entries) {
+      const std::string& key = entry.key().toStringRef();
+      cut.insert(key, per_element(key, entry.value(), p)
+                          ? c10::IValue(entry.value().toTensor().reshape({-1}).narrow(0, piece.start, piece.tensor.numel()).clone())
+                          : entry.value());
+    }
+    map[optimizer_state_key<StateMap>(piece.tensor)] =
+        layout.read_state(cut, piece.tensor, "ZeRO: the loaded state of parameter " + std::to_string(piece.param));
+  }
+  for (const auto& key : whole) map.erase(key);
+  // A fused optimizer's device-side state follows its (piece) state.
+  if (auto* capturable = dynamic_cast<optim::CapturableOptimizer*>(&optimizer)) {
+    const auto stepping = shards.stepping();
+    capturable->push_device_state();
+  }
+}
+
+/// Each piece's state in Python's entries, read once (none where the piece has no state).
+inline std::vector<std::optional<c10::impl::GenericDict>> piece_entries(OptimizerShards& shards, const optim::OptimizerLayout& layout) {
+  auto& map = shards.optimizer().state();
+  const auto& pieces = shards.pieces();
+  std::vector<std::optional<c10::impl::GenericDict>> entries(pieces.size());
+  for (std::size_t i = 0; i < pieces.size(); ++i)
+    if (const auto it = map.find(optimizer_state_key<StateMap>(pieces[i].tensor)); it != map.end()) {
+      entries[i].emplace(c10::StringType::get(), c10::AnyType::get());
+      layout.write_state(*it->second, *entries[i]);
+    }
+  return entries;
+}
+
+/// Every rank's per-parameter entries gathered ({parameter: {key: value}}, the per-element ones as
+/// names only): every rank then knows which parameters have state and what it holds. Returns the
+/// entries that are not per element, whole, and (in `per_element_keys`) the names of the others.
+inline std::map<std::size_t, c10::impl::GenericDict> gather_entry_names(OptimizerShards& shards,
+                                                                        const std::vector<std::optional<c10::impl::GenericDict>>& entries,
+                                                                        std::set<std::string>& per_element_keys) {
+  const auto& pieces = shards.pieces();
+  c10::impl::GenericDict mine(c10::IntType::get(), c10::AnyType::get());
+  for (std::size_t i = 0; i < pieces.size(); ++i) {
+    const auto& piece = pieces[i];
+    if (!entries[i] || mine.contains(static_cast<std::int64_t>(piece.param))) continue;
+    c10::impl::GenericDict described(c10::StringType::get(), c10::AnyType::get());
+    for (const auto& entry : *entries[i]) {
+      const std::string& key = entry.key().toStringRef();
+      described.insert(key, per_element(key, entry.value(), piece.tensor) ? c10::IValue("per element") : entry.value());
+    }
+    mine.insert(static_cast<std::int64_t>(piece.param), described);
+  }
+  std::map<std::size_t, c10::impl::GenericDict> whole;  // parameter -> its entries, whole
+  for (const c10::IValue& rank : shards.communicator().allgather_object(mine))
+    for (const auto& entry : rank.toGenericDict()) {
+      const auto k = static_cast<std::size_t>(entry.key().toInt());
+      const auto slot = whole.try_emplace(k, c10::StringType::get(), c10::AnyType::get()).first;
+      for (const auto& e : entry.value().toGenericDict()) {
+        const bool cut = e.value().isString() && e.value().toStringRef() == "per element";
+        if (cut) per_element_keys.insert(e.key().toStringRef());
+        if (!cut) slot->second.insert_or_assign(e.key(), e.value());
+      }
+    }
+  return whole;
+}
+
+}  // namespace dettrial::detail::sharded_step
+
+namespace dettrial::detail {
+
+DETTRIAL_INLINE std::string ShardedStep::refusal(torch::optim::Optimizer& optimizer) {
+  const optim::OptimizerLayout* layout = optim::python_layout_of(optimizer);
+  if (!layout) return "it has no Python layout (dettrial::optim::python_layout), which ZeRO's checkpoints need to write and cut its state";
+  if (!layout->elementwise)
+    return layout->name +
+           " updates each parameter whole, not element by element (its python_layout is not elementwise: Muon "
+           "orthogonalizes each weight matrix whole), and ZeRO's shards cut parameters apart";
+  for (const auto& group : optimizer.param_groups())
+    for (const auto& p : group.params())
+      if (p.is_sparse() || !p.is_contiguous()) return "a parameter of it is not a dense, contiguous tensor";
+  return {};
+}
+
+DETTRIAL_INLINE void ShardedStep::step(WrappedOptimizer& w, PrecisionStep& precision) {
+  OptimizerShards& shards = *shards_[w.index].shards;
+  bool stepped = true;
+  {
+    const auto stepping = shards.stepping();
+    stepped = precision.step(*w.optimizer, w.params);
+  }
+  if (stepped) shards.all_gather_parameters();
+}
+
+DETTRIAL_INLINE void ShardedStep::start_fit(std::span<WrappedOptimizer> all) {
+  shards_.clear();
+  shards_.reserve(all.size());
+  for (WrappedOptimizer& w : all) {
+    refresh_params(w);
+    // Gradients as views of the buckets where a view shares memory with its base (the CPU and CUDA;
+    // not, for one, LibTorch's lazy device, whose views are replayed): a rank then holds them once.
+    using Layout = GradientBuckets::GradientLayout;
+    const bool aliasing = std::all_of(w.params.begin(), w.params.end(), [](const torch::Tensor& p) { return p.is_cpu() || p.is_cuda(); });
+    Shards s;
+    s.buckets = std::make_unique<GradientBuckets>(*communicator_, w.params, communicator_->size(),
+                                                  aliasing ? Layout::bucket_views : Layout::copied);
+    s.shards = std::make_unique<OptimizerShards>(*communicator_, *s.buckets, *w.optimizer);
+    sharded_step::cut_whole_state(*s.shards);
+    shards_.push_back(std::move(s));
+  }
+}
+
+DETTRIAL_INLINE WholeStates ShardedStep::whole_states(std::span<WrappedOptimizer>) {
+  WholeStates made;
+  const bool chief = communicator_->rank() == 0;
+  for (Shards& s : shards_) {
+    OptimizerShards& shards = *s.shards;
+    torch::optim::Optimizer& optimizer = shards.optimizer();
+    if (auto* capturable = dynamic_cast<optim::CapturableOptimizer*>(&optimizer)) capturable->pull_host_state();
+    const auto& params = shards.params();
+    const optim::OptimizerLayout& layout = *optim::python_layout_of(optimizer);  // sharded: it has one
+    const auto entries = sharded_step::piece_entries(shards, layout);
+    std::set<std::string> per_element_keys;
+    std::map<std::size_t, c10::impl::GenericDict> whole = sharded_step::gather_entry_names(shards, entries, per_element_keys);
+    const auto& pieces = shards.pieces();
+    for (const std::string& key : per_element_keys) {
+      shards.all_gather(
+          [&](const OptimizerShards::Piece& piece, torch::Tensor region) {
+            const auto& piece_state = entries[static_cast<std::size_t>(&piece - pieces.data())];
+            if (!piece_state) return;
+            if (const auto e = piece_state->find(key); e != piece_state->end() && e->value().isTensor())
+              region.copy_(e->value().toTensor());
+          },
+          [&](std::size_t b, const torch::Tensor& flat) {
+            if (!chief) return;
+            for (const auto& [k, offset] : shards.buckets()[b].members)
+              if (const auto w = whole.find(k); w != whole.end())
+                w->second.insert_or_assign(key, flat.narrow(0, offset, params[k].numel()).view(params[k].sizes()).clone());
+          });
+    }
+    if (!chief) continue;
+    std::vector<torch::Tensor> with_state;
+    for (const auto& [k, state] : whole) {
+      optimizer.state()[optimizer_state_key<sharded_step::StateMap>(params[k])] =
+          layout.read_state(state, params[k], "ZeRO: the gathered state of parameter " + std::to_string(k));
+      with_state.push_back(params[k]);
+    }
+    made.add(optimizer, std::move(with_state));
+  }
+  return made;
+}
+
+DETTRIAL_INLINE void ShardedStep::params_changed(WrappedOptimizer& w, std::size_t count) {
+  throw TrialError("an optimizer's parameter groups changed from " + std::to_string(w.params.size()) + " to " + std::to_string(count) +
+                   " parameters during training; with ZeRO (optimizations.zero_stage 1) its shards are cut once, when the fit "
+                   "starts: add the parameters before it (frozen ones stay still with requires_grad off)");
+}
+
+}  // namespace dettrial::detail
+#endif  // DETTRIAL_HEADER_DEFINITIONS
+// ---- end dettrial/step/sharded.hpp
 
 namespace dettrial::detail {
 
 /**
- * @brief The gradients of an update's micro-batches, kept apart and summed in the data stream's order.
- *
- * An all-reduce sums each rank's accumulated gradients in an order that depends on the rank count
- * (and a rank's accumulation in the order of its own micro-batches), so 1 rank aggregating 4
- * batches and 4 ranks aggregating none end with parameters a few ulps apart, which grow over a run.
- * Here each micro-batch's gradient is copied out of `.grad` after its backward pass (`stash`); at the
- * update every rank's are gathered to every rank and summed micro-batch by micro-batch in the order
- * of the data stream (`combine`), each weighted by its records over the update's records: the same
- * floating-point operations on the same values in any layout. Cost: memory for the micro-batches a
- * rank aggregates and, in a job, an all-gather of every micro-batch's gradient instead of an
- * all-reduce of one sum (see docs/distributed.md).
+ * @brief The training step of a Context: its mode, chosen once from the settings (rank_invariant:
+ * ordered; a communicator: replicated; else local) and again when a fit starts (ZeRO: sharded), and
+ * its precision step. Each call dispatches on the mode with std::visit: a branch, no virtual call
+ * and no allocation per batch. A new mode is a file modelling TrainingStepMode, an alternative of
+ * `Mode` and its rule in start_fit.
  */
-class OrderedGradients {
+class TrainingStep {
  public:
-  /// `micro_batches` per rank and update (the aggregation frequency); `communicator` null in one process.
-  OrderedGradients(Communicator* communicator, std::int64_t micro_batches);
+  using Mode = std::variant<LocalStep, ReplicatedStep, OrderedStep, ShardedStep>;
 
-  /// Keeps the gradients of `params` (one micro-batch of `records` records) and zeroes them.
-  void stash(const std::vector<torch::Tensor>& params, std::int64_t records);
+  /// Local: one process, fp32 (a Context's own until its constructor has chosen).
+  TrainingStep() = default;
+  /// The mode for `settings` (a ConfigError where they cannot train), with `precision`.
+  TrainingStep(const StepSettings& settings, PrecisionStep precision);
 
-  /// Writes into the gradients of `params` the update's sum: every rank's micro-batches, in stream
-  /// order (micro-batch `j` of rank `r` is the stream's `j * ranks + r`), each weighted by its share
-  /// of the records. Every micro-batch of the update must be stashed.
-  void combine(const std::vector<torch::Tensor>& params);
+  /// The mode's name (local, replicated, ordered, sharded).
+  std::string_view mode_name() const {
+    return std::visit([](const auto& mode) { return std::remove_cvref_t<decltype(mode)>::name; }, mode_);
+  }
+  bool rank_invariant() const { return std::holds_alternative<OrderedStep>(mode_); }
+  PrecisionStep& precision() { return precision_; }
+  const PrecisionStep& precision() const { return precision_; }
+
+  /// When a fit starts, after its checkpoint is restored: ZeRO `stage` refused in one sentence where
+  /// it cannot apply (an optimizer it cannot shard, rank_invariant, one rank), else the sharded mode
+  /// takes over and cuts the loaded state. Every rank calls it (every rank refuses alike).
+  void start_fit(ZeroStage stage, std::span<WrappedOptimizer> optimizers);
+  /// The mode chosen from the settings again (the trial's trainer went away), its state dropped.
+  void release();
+
+  void begin_batch(std::int64_t batch, std::int64_t records) {
+    std::visit([&](auto& mode) { mode.begin_batch(batch, records); }, mode_);
+  }
+  /// Back-propagates `output` (with `gradient`, when defined): the mode prepared (buckets armed on an
+  /// update batch), then the precision step's backward.
+  void backward(std::span<WrappedOptimizer> all, bool update_batch, const torch::Tensor& output, const torch::Tensor& gradient,
+                const torch::Device& device, bool retain_graph, bool create_graph) {
+    std::visit([&](auto& mode) { mode.before_backward(all, update_batch); }, mode_);
+    precision_.backward(output, gradient, device, retain_graph, create_graph);
+  }
+  /// step_optimizer's first half, on an update batch: `w`'s gradients made whole (reduced over the
+  /// ranks, averaged over the aggregated batches) and unscaled, ready for the trial's clip.
+  void reduce(WrappedOptimizer& w, std::span<WrappedOptimizer> all, std::int64_t batch);
+  /// step_optimizer's second half: the step (or its skip), then zero_grad when asked.
+  void step(WrappedOptimizer& w, bool auto_zero_grads);
+  /// When a training batch ends: the mode's end of batch; on an update batch, the scale's update.
+  void finish_batch(std::span<WrappedOptimizer> all, bool update_batch) {
+    std::visit([&](auto& mode) { mode.finish_batch(all, update_batch); }, mode_);
+    if (update_batch) precision_.update();
+  }
+  /// For the checkpoint being taken: every optimizer's whole state where the mode holds only
+  /// pieces of it (a collective in that mode). Dropped when the result ends.
+  [[nodiscard]] WholeStates whole_states(std::span<WrappedOptimizer> all) {
+    return std::visit([&](auto& mode) { return mode.whole_states(all); }, mode_);
+  }
 
  private:
-  Communicator* communicator_;
-  std::int64_t micro_batches_;
-  std::int64_t stashed_ = 0;
-  torch::Tensor gradients_;  // [micro_batches, numel], the parameters' dtype and device
-  torch::Tensor records_;    // [micro_batches] int64, CPU
+  static Mode choose(const StepSettings& settings);
+
+  StepSettings settings_{};
+  Mode mode_{};
+  PrecisionStep precision_{};
 };
 
 }  // namespace dettrial::detail
@@ -13318,72 +14208,75 @@ class OrderedGradients {
 // Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
 #if DETTRIAL_HEADER_DEFINITIONS
 #include <string>
+#include <typeinfo>
+
 
 namespace dettrial::detail {
 
-DETTRIAL_INLINE OrderedGradients::OrderedGradients(Communicator* communicator, std::int64_t micro_batches)
-    : communicator_(communicator), micro_batches_(micro_batches), records_(torch::zeros({micro_batches}, torch::kLong)) {}
+DETTRIAL_INLINE TrainingStep::TrainingStep(const StepSettings& settings, PrecisionStep precision)
+    : settings_(settings), mode_(choose(settings)), precision_(std::move(precision)) {}
 
-DETTRIAL_INLINE void OrderedGradients::stash(const std::vector<torch::Tensor>& params, std::int64_t records) {
-  std::int64_t numel = 0;
-  for (const auto& p : params) {
-    if (p.scalar_type() != params.front().scalar_type() || p.device() != params.front().device())
-      throw TrialError("reproducibility.rank_invariant needs every trained parameter in one dtype on one device, not " +
-                       std::string(c10::toString(params.front().scalar_type())) + " and " + std::string(c10::toString(p.scalar_type())));
-    numel += p.numel();
-  }
-  if (stashed_ >= micro_batches_)
-    throw TrialError("reproducibility.rank_invariant: more micro-batches than the aggregation frequency before an optimizer step");
-  if (!gradients_.defined() || gradients_.size(1) != numel) gradients_ = torch::zeros({micro_batches_, numel}, params.front().options());
-  torch::Tensor row = gradients_[stashed_];
-  std::int64_t offset = 0;
-  for (const auto& p : params) {
-    torch::Tensor part = row.narrow(0, offset, p.numel());
-    if (p.grad().defined()) {
-      part.copy_(p.grad().reshape(-1));
-      p.grad().zero_();
-    } else {
-      part.zero_();
-    }
-    offset += p.numel();
-  }
-  records_[stashed_] = records;
-  ++stashed_;
+DETTRIAL_INLINE TrainingStep::Mode TrainingStep::choose(const StepSettings& settings) {
+  if (settings.rank_invariant) return Mode(std::in_place_type<OrderedStep>, settings);
+  if (settings.communicator) return Mode(std::in_place_type<ReplicatedStep>, settings);
+  return Mode(std::in_place_type<LocalStep>, settings);
 }
 
-DETTRIAL_INLINE void OrderedGradients::combine(const std::vector<torch::Tensor>& params) {
-  if (stashed_ != micro_batches_)
-    throw TrialError("reproducibility.rank_invariant: an optimizer step after " + std::to_string(stashed_) + " micro-batch(es), not " +
-                     std::to_string(micro_batches_));
-  stashed_ = 0;
-  std::vector<torch::Tensor> gradients{gradients_}, records{records_};
-  if (communicator_) {
-    gradients = communicator_->allgather(gradients_);
-    records = communicator_->allgather(records_.to(communicator_->device()));
-    for (auto& r : records) r = r.cpu();
+DETTRIAL_INLINE void TrainingStep::start_fit(ZeroStage stage, std::span<WrappedOptimizer> optimizers) {
+  if (stage == ZeroStage::off) return;
+  for (const WrappedOptimizer& w : optimizers)
+    if (const std::string why = ShardedStep::refusal(*w.optimizer); !why.empty())
+      throw ConfigError("ZeRO (optimizations.zero_stage 1) cannot shard optimizer " + std::to_string(w.index) + " (" +
+                        c10::demangle(typeid(*w.optimizer).name()) + "): " + why);
+  if (settings_.rank_invariant)
+    throw ConfigError(
+        "ZeRO (optimizations.zero_stage 1) and reproducibility.rank_invariant do not go together: rank_invariant sums every "
+        "gradient in the data stream's order on every rank, and steps whole parameters; set one of them off");
+  if (!settings_.communicator)
+    throw ConfigError(
+        "ZeRO (optimizations.zero_stage 1) shards the optimizer state over the ranks of a data-parallel job, and this run has one "
+        "rank: start 2 or more (--nprocs, torchrun), or set zero_stage 0");
+  ShardedStep sharded(settings_);
+  sharded.start_fit(optimizers);
+  mode_ = std::move(sharded);
+}
+
+DETTRIAL_INLINE void TrainingStep::release() {
+  mode_ = choose(settings_);
+  precision_.release();
+}
+
+DETTRIAL_INLINE void TrainingStep::reduce(WrappedOptimizer& w, std::span<WrappedOptimizer> all, std::int64_t batch) {
+  // Parameter groups may have grown since wrapping (unfrozen layers).
+  if (const std::size_t count = group_param_count(w); count != w.params.size()) {
+    std::visit([&](auto& mode) { mode.params_changed(w, count); }, mode_);
+    refresh_params(w);
   }
-  const auto ranks = static_cast<std::int64_t>(gradients.size());
-  std::int64_t total = 0;
-  for (const auto& r : records) total += r.sum().item<std::int64_t>();
-  if (total == 0) throw TrialError("reproducibility.rank_invariant: an update of micro-batches without records");
-  torch::Tensor sum = torch::zeros({gradients_.size(1)}, gradients_.options());
-  for (std::int64_t j = 0; j < micro_batches_; ++j)
-    for (std::int64_t r = 0; r < ranks; ++r) {
-      const std::int64_t n = records[static_cast<std::size_t>(r)][j].item<std::int64_t>();
-      if (n > 0) sum.add_(gradients[static_cast<std::size_t>(r)][j], static_cast<double>(n) / static_cast<double>(total));
-    }
-  std::int64_t offset = 0;
-  for (const auto& p : params) {
-    const torch::Tensor part = sum.narrow(0, offset, p.numel()).view(p.sizes());
-    if (p.grad().defined()) p.grad().copy_(part);
-    else p.mutable_grad() = part.clone();
-    offset += p.numel();
-  }
+  std::visit([&](auto& mode) { mode.reduce(w, all, batch); }, mode_);
+  precision_.unscale(w.params);  // clipping sees the true gradients
+}
+
+DETTRIAL_INLINE void TrainingStep::step(WrappedOptimizer& w, bool auto_zero_grads) {
+  std::visit([&](auto& mode) { mode.step(w, precision_); }, mode_);
+  precision_.after_step();
+  if (auto_zero_grads) w.optimizer->zero_grad();
 }
 
 }  // namespace dettrial::detail
 #endif  // DETTRIAL_HEADER_DEFINITIONS
-// ---- end dettrial/distributed/ordered_gradients.hpp
+// ---- end dettrial/step/training_step.hpp
+// ---- begin dettrial/context/options.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief What a Context is made with: ContextOptions, and DistributedInfo (where a process sits in
+/// a data-parallel job).
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+
+#include <torch/torch.h>
+
 
 namespace dettrial {
 
@@ -13445,11 +14338,386 @@ struct ContextOptions {
 };
 
 }  // namespace dettrial
+// ---- end dettrial/context/options.hpp
+// ---- begin dettrial/context/registrations.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief What a trial registers with its Context (`wrap_model`, `wrap_optimizer`,
+/// `wrap_lr_scheduler`, `wrap_averaged_model`, `wrap_reducer`): kept in wrap order, checked as they
+/// come, and forgotten together when their trainer goes away.
+
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <typeinfo>
+#include <vector>
+
+#include <torch/torch.h>
+
 
 namespace dettrial::detail {
+
+/// A trial's registrations, in wrap order.
+class Registrations {
+ public:
+  /// True while a trainer's trial is registered here.
+  bool any() const { return !models_.empty() || !optimizers_.empty() || !schedulers_.empty() || !reducers_.empty(); }
+  /// Forgets every wrapped object (their trainer went away).
+  void clear();
+
+  void add_model(std::shared_ptr<torch::nn::Module> module) { models_.push_back(std::move(module)); }
+  const std::vector<std::shared_ptr<torch::nn::Module>>& models() const { return models_; }
+
+  /// A TrialError when `optimizer` was wrapped before.
+  void add_optimizer(torch::optim::Optimizer& optimizer, bool average_aggregated_gradients);
+  std::span<WrappedOptimizer> optimizers() { return optimizers_; }
+  std::span<const WrappedOptimizer> optimizers() const { return optimizers_; }
+  /// The wrapped `optimizer`; a TrialError naming the misuse when it was not wrapped.
+  WrappedOptimizer& find(const torch::optim::Optimizer& optimizer);
+
+  /// Context::wrap_lr_scheduler: `scheduler` stepped in `Mode` every `frequency` units.
+  template <class S, class Mode>
+  void add_lr_scheduler(S& scheduler, const Mode& mode, std::int64_t frequency);
+  std::span<WrappedScheduler> lr_schedulers() { return schedulers_; }
+  std::span<const WrappedScheduler> lr_schedulers() const { return schedulers_; }
+  /// Steps the lr_step::on_validation schedulers with this validation's metrics; a ConfigError when
+  /// the metric one steps with is not among them.
+  void step_lr_schedulers_on_validation(const MetricValues& metrics);
+
+  /// Context::wrap_averaged_model (one per trial; the schedule checked).
+  void add_average(std::shared_ptr<optim::AveragedWeights> weights, std::shared_ptr<torch::nn::Module> source, AveragingSchedule schedule);
+  optim::detail::ScheduledAverage* average() { return average_ ? &*average_ : nullptr; }
+  const optim::detail::ScheduledAverage* average() const { return average_ ? &*average_ : nullptr; }
+
+  /// Context::wrap_reducer; `in_job`: the context has a communicator (a LocalReducer is refused).
+  template <class T, class R>
+  decltype(auto) add_reducer(R&& reducer, std::string name, bool for_training, bool for_validation, bool in_job);
+  std::span<WrappedReducer> reducers() { return reducers_; }
+
+ private:
+  template <class Result>
+  static void check_reducer_name(const std::string& name);
+
+  std::vector<std::shared_ptr<torch::nn::Module>> models_;
+  std::vector<WrappedOptimizer> optimizers_;
+  std::vector<WrappedScheduler> schedulers_;
+  std::optional<optim::detail::ScheduledAverage> average_;
+  std::vector<WrappedReducer> reducers_;
+  std::vector<std::shared_ptr<void>> owned_reducers_;  // the FunctionReducers wrap_reducer(fn) made
+};
+
+template <class S, class Mode>
+void Registrations::add_lr_scheduler(S& scheduler, const Mode& mode, std::int64_t frequency) {
+  constexpr bool by_metric = std::same_as<Mode, lr_step::on_validation>;
+  constexpr bool steppable = by_metric ? MetricLRSchedulerLike<S> : LRSchedulerLike<S>;
+  static_assert(by_metric || LRSchedulerLike<S>, "dettrial::Context::wrap_lr_scheduler<S>: S must have step() (a torch::optim scheduler)");
+  static_assert(!by_metric || MetricLRSchedulerLike<S>,
+                "dettrial::Context::wrap_lr_scheduler<S>: lr_step::on_validation steps S with the validation metric, so S "
+                "must have step(double) (like dettrial::optim::ReduceLROnPlateau)");
+  static_assert(LRStepMode<Mode>,
+                "dettrial::Context::wrap_lr_scheduler: the mode must be a dettrial::lr_step policy (every_batch, "
+                "every_epoch, every_optimizer_step, manual, on_validation) or a type with name and steps_after(...)");
+  static_assert(!steppable || CheckpointableLRScheduler<S>,  // one sentence at a time
+                "dettrial::Context::wrap_lr_scheduler<S>: checkpoints must restore S, so S must derive from "
+                "torch::optim::LRScheduler or have save(torch::serialize::OutputArchive&) const and "
+                "load(torch::serialize::InputArchive&)");
+  if (frequency < 1) throw ConfigError("an LR scheduler's step frequency must be at least 1");
+  if constexpr (steppable && LRStepMode<Mode> && CheckpointableLRScheduler<S>) {  // else only the sentences above
+    WrappedScheduler w{&scheduler,
+                       nullptr,
+                       &Mode::steps_after,
+                       frequency,
+                       &save_lr_scheduler<S>,
+                       &load_lr_scheduler<S>,
+                       &lr_scheduler_steps<S>,
+                       python_state_writer<S>(),
+                       python_state_reader<S>()};
+    w.type = c10::demangle(typeid(S).name());
+    wrap_python_param_groups<S>(w);
+    if constexpr (by_metric) {
+      if (mode.metric.empty())
+        throw ConfigError(
+            "lr_step::on_validation needs the validation metric to step with, e.g. lr_step::on_validation{\"validation_loss\"}");
+      w.step_with_metric = [](void* s, double metric) { static_cast<S*>(s)->step(metric); };
+      w.metric = mode.metric;
+    } else {
+      w.step = [](void* s) { static_cast<S*>(s)->step(); };
+    }
+    schedulers_.push_back(std::move(w));
+  }
+}
+
+template <class T, class R>
+decltype(auto) Registrations::add_reducer(R&& reducer, std::string name, bool for_training, bool for_validation, bool in_job) {
+  using Plain = std::remove_cvref_t<R>;
+  if constexpr (MetricReducer<Plain>) {
+    static_assert(std::is_lvalue_reference_v<R>,
+                  "dettrial::Context::wrap_reducer: a reducer object must outlive the trainer, so pass a member of the trial "
+                  "(an lvalue), not a temporary");
+    Plain& r = reducer;
+    for (const auto& w : reducers_)
+      if (w.object == &r) throw TrialError("this reducer was already wrapped with wrap_reducer");
+    if constexpr (!CrossSlotReducer<Plain>)
+      if (in_job)
+        throw TrialError("wrap_reducer" + (name.empty() ? std::string() : " '" + name + "'") +
+                         ": this reducer has only reduce(), which sees one rank's data; in a data-parallel job give it "
+                         "per_slot_reduce() and cross_slot_reduce(parts) (see dettrial::CrossSlotReducer), or wrap a "
+                         "function with wrap_reducer(fn, name)");
+    check_reducer_name<reduced_metrics_t<Plain>>(name);
+    reducers_.push_back(WrappedReducer::wrap(r, std::move(name), for_training, for_validation));
+    return static_cast<Plain&>(r);
+  } else {
+    constexpr bool is_function = std::invocable<Plain&, const std::vector<T>&>;
+    static_assert(is_function && SlotValue<std::vector<T>>,
+                  "dettrial::Context::wrap_reducer: the reducer must have reset() and either reduce() returning a number or "
+                  "dettrial::MetricValues, or per_slot_reduce() returning a number, tensor, string or std::vector/std::tuple of "
+                  "them and cross_slot_reduce(parts) returning a number or dettrial::MetricValues (see dettrial::MetricReducer), "
+                  "or be a function of const std::vector<T>& (T a number or tensor) returning one");
+    if constexpr (is_function) {
+      using Result = std::invoke_result_t<Plain&, const std::vector<T>&>;
+      static_assert(ReducedMetrics<Result>, "dettrial::Context::wrap_reducer(fn, name): fn must return a number or dettrial::MetricValues");
+      if constexpr (ReducedMetrics<Result>) {
+        using Function = FunctionReducer<T, std::decay_t<R>>;  // a function reference becomes a pointer
+        check_reducer_name<Result>(name);
+        auto owned = std::make_shared<Function>(std::forward<R>(reducer));
+        Function& r = *owned;
+        owned_reducers_.push_back(std::move(owned));
+        reducers_.push_back(WrappedReducer::wrap(r, std::move(name), for_training, for_validation));
+        return r;
+      }
+    }
+  }
+}
+
+template <class Result>
+void Registrations::check_reducer_name(const std::string& name) {
+  constexpr bool returns_many = std::same_as<std::remove_cvref_t<Result>, MetricValues>;
+  if (returns_many && !name.empty())
+    throw TrialError("wrap_reducer: reducer '" + name + "' returns MetricValues (merged by their own names), so wrap it without a name");
+  if (!returns_many && name.empty()) throw TrialError("wrap_reducer: a reducer that returns a number needs a name to report it under");
+}
+
+}  // namespace dettrial::detail
+
+// Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
+#if DETTRIAL_HEADER_DEFINITIONS
+namespace dettrial::detail {
+
+DETTRIAL_INLINE void Registrations::clear() {
+  models_.clear();
+  optimizers_.clear();
+  schedulers_.clear();
+  average_.reset();
+  reducers_.clear();
+  owned_reducers_.clear();
+}
+
+DETTRIAL_INLINE void Registrations::add_optimizer(torch::optim::Optimizer& optimizer, bool average_aggregated_gradients) {
+  for (const auto& w : optimizers_)
+    if (w.optimizer == &optimizer) throw TrialError("this optimizer was already wrapped with wrap_optimizer");
+  WrappedOptimizer w{&optimizer, {}, average_aggregated_gradients, optimizers_.size()};
+  refresh_params(w);
+  optimizers_.push_back(std::move(w));
+}
+
+DETTRIAL_INLINE WrappedOptimizer& Registrations::find(const torch::optim::Optimizer& optimizer) {
+  for (auto& w : optimizers_)
+    if (w.optimizer == &optimizer) return w;
+  throw TrialError("step_optimizer was given an optimizer that was not wrapped with context.wrap_optimizer");
+}
+
+DETTRIAL_INLINE void Registrations::step_lr_schedulers_on_validation(const MetricValues& metrics) {
+  for (auto& s : schedulers_) {
+    if (!s.step_with_metric) continue;
+    const std::optional<double> value = metrics.get(s.metric);
+    if (!value) {
+      std::string names;
+      for (const auto& [name, v] : metrics) names += (names.empty() ? "" : ", ") + name;
+      throw ConfigError("the LR scheduler stepped on validation needs the validation metric '" + s.metric +
+                        "', which the validation did not report (it reported: " + names + ")");
+    }
+    s.step_with_metric(s.scheduler, *value);
+  }
+}
+
+DETTRIAL_INLINE void Registrations::add_average(std::shared_ptr<optim::AveragedWeights> weights, std::shared_ptr<torch::nn::Module> source,
+                                                AveragingSchedule schedule) {
+  if (average_) throw ConfigError("wrap_averaged_model: the trial already wrapped an averaged model (one per trial)");
+  if (schedule.every_n_steps < 1)
+    throw ConfigError("wrap_averaged_model: every_n_steps must be at least 1, not " + std::to_string(schedule.every_n_steps));
+  if (schedule.warmup_steps < 0)
+    throw ConfigError("wrap_averaged_model: warmup_steps must be at least 0, not " + std::to_string(schedule.warmup_steps));
+  average_ = optim::detail::ScheduledAverage{std::move(weights), std::move(source), schedule};
+}
+
+}  // namespace dettrial::detail
+#endif  // DETTRIAL_HEADER_DEFINITIONS
+// ---- end dettrial/context/registrations.hpp
+// ---- begin dettrial/context/setup.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief What a Context's constructor decides once, from its options and the experiment config:
+/// where the process sits (ranks, device, the slots), the trial's seed and ids, its threads and
+/// determinism, and the settings of its training step.
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+
+#include <torch/torch.h>
+
+
+namespace dettrial::detail {
+
 /// A non-negative integer id from environment variable `name`; 0 when unset; ConfigError when not a number.
 DETTRIAL_INLINE std::int64_t id_from_environment(const char* name);
 
+/// What a Context is set up with (see setup_context).
+struct ContextSetup {
+  /// The job's ranks: the communicator's size, else `resources.slots_per_trial`.
+  std::int64_t slots_per_trial = 1;
+  std::uint64_t trial_seed = 0;
+  std::int64_t trial_id = 0;
+  std::int64_t experiment_id = 0;
+  torch::Device device{torch::kCPU};
+  DistributedInfo distributed{};
+  /// The job's process group (null in one process).
+  std::shared_ptr<Communicator> communicator{};
+  ThreadChoice threads{};
+  std::optional<bool> deterministic{};
+  Precision precision = Precision::fp32;
+  /// The training step's settings (its communicator is `communicator`).
+  StepSettings step{};
+};
+
+/**
+ * @brief The setup `options` and `config` give (ContextOptions says what each unset option
+ * becomes): the communicator's ranks checked against `resources.slots_per_trial`; the device the
+ * local rank picks, checked against the communicator's backend; the chief's seed broadcast to every
+ * rank; the threads and determinism rank_invariant asks for. A ConfigError names what cannot be.
+ */
+DETTRIAL_INLINE ContextSetup setup_context(const ExperimentConfig& config, ContextOptions options);
+
+/// In a job, after the trial and its data loaders were built from the same seed on every rank:
+/// ranks other than the chief continue on a stream of their own, derived from the trial seed and
+/// the rank, so that their dropout masks and other draws differ.
+DETTRIAL_INLINE void seed_rank_stream(const ContextSetup& setup);
+
+/// A trial's seed: a value in [0, 2^31) drawn from the experiment seed, as Determined's master draws
+/// trial seeds; without an experiment seed, from the clock (Determined's default).
+DETTRIAL_INLINE std::uint64_t derive_trial_seed(std::optional<std::uint64_t> experiment_seed);
+
+}  // namespace dettrial::detail
+
+// Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
+#if DETTRIAL_HEADER_DEFINITIONS
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstdlib>
+#include <string>
+
+
+namespace dettrial::detail {
+
+DETTRIAL_INLINE std::int64_t id_from_environment(const char* name) {
+  const char* text = std::getenv(name);
+  if (!text || !*text) return 0;
+  char* end = nullptr;
+  errno = 0;
+  const long long id = std::strtoll(text, &end, 10);
+  if (errno != 0 || *end != '\0' || id < 0)
+    throw ConfigError(std::string(name) + " is '" + text + "'; it must be a trial or experiment id (a non-negative integer)");
+  return id;
+}
+
+DETTRIAL_INLINE void seed_rank_stream(const ContextSetup& setup) {
+  if (setup.distributed.rank > 0)
+    torch::manual_seed(mix64(setup.trial_seed ^ (static_cast<std::uint64_t>(setup.distributed.rank) * golden_gamma)) >> 1);
+}
+
+DETTRIAL_INLINE std::uint64_t derive_trial_seed(std::optional<std::uint64_t> experiment_seed) {
+  std::uint64_t x =
+      experiment_seed ? *experiment_seed : static_cast<std::uint64_t>(std::chrono::system_clock::now().time_since_epoch().count());
+  return mix64(x + golden_gamma) % (1ULL << 31);
+}
+
+}  // namespace dettrial::detail
+
+namespace dettrial::detail::setup {
+/// The communicator's ranks, checked against the config's slots.
+inline void join(ContextSetup& s, ContextOptions& options) {
+  if (!options.communicator || options.communicator->size() <= 1) return;
+  s.communicator = std::move(options.communicator);
+  const LaunchEnvironment& env = s.communicator->environment();
+  if (s.slots_per_trial > 1 && s.slots_per_trial != env.size)
+    throw ConfigError("resources.slots_per_trial is " + std::to_string(s.slots_per_trial) + ", but " + launcher_name(env.launcher) +
+                      " started " + std::to_string(env.size) + " processes");
+  s.slots_per_trial = env.size;
+  s.distributed = DistributedInfo{.rank = env.rank, .size = env.size, .local_rank = env.local_rank, .local_size = env.local_size};
+}
+
+/// One GPU per process: the local rank picks it. NCCL takes tensors on one GPU only: models,
+/// gradients and every collective must be there (Gloo takes CPU tensors, and CUDA ones too).
+inline void pick_device(ContextSetup& s, const ContextOptions& options) {
+  const auto gpus = std::max<std::int64_t>(static_cast<std::int64_t>(torch::cuda::device_count()), 1);
+  s.device = options.device ? *options.device
+                            : (torch::cuda::is_available()
+                                   ? torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(s.distributed.local_rank % gpus))
+                                   : torch::Device(torch::kCPU));
+  if (s.communicator && !s.communicator->device().is_cpu() && s.communicator->device() != s.device)
+    throw ConfigError(std::string("the ") + s.communicator->backend_name() + " backend of rank " + std::to_string(s.distributed.rank) +
+                      " takes tensors on " + s.communicator->device().str() + ", but this process's device is " + s.device.str() +
+                      "; give every rank the device its local rank picks (or leave ContextOptions::device unset)");
+}
+}  // namespace dettrial::detail::setup
+
+namespace dettrial::detail {
+
+DETTRIAL_INLINE ContextSetup setup_context(const ExperimentConfig& config, ContextOptions options) {
+  ContextSetup s;
+  s.slots_per_trial = options.slots_per_trial.value_or(config.slots_per_trial);
+  s.step.aggregation_frequency = options.aggregation_frequency.value_or(config.aggregation_frequency);
+  s.step.average_aggregated_gradients = options.average_aggregated_gradients.value_or(config.average_aggregated_gradients);
+  if (s.step.aggregation_frequency < 1) throw ConfigError("aggregation_frequency must be at least 1");
+  if (s.slots_per_trial < 1) throw ConfigError("slots_per_trial must be at least 1");
+  setup::join(s, options);
+  setup::pick_device(s, options);
+  s.trial_seed = options.trial_seed ? *options.trial_seed : derive_trial_seed(config.experiment_seed);
+  s.trial_id = options.trial_id ? *options.trial_id : id_from_environment("DET_TRIAL_ID");
+  s.experiment_id = options.experiment_id ? *options.experiment_id : id_from_environment("DET_EXPERIMENT_ID");
+  // One trial seed for the job: the chief's (without an experiment seed each rank's clock differs,
+  // and the ranks would shard different permutations of the data).
+  if (s.communicator)
+    s.trial_seed = static_cast<std::uint64_t>(s.communicator->broadcast_values({static_cast<std::int64_t>(s.trial_seed)})[0]);
+  const bool rank_invariant = options.rank_invariant.value_or(config.rank_invariant);
+  s.threads = choose_threads(
+      s.communicator ? s.communicator->environment() : LaunchEnvironment{}, options.threads, CoreCount::of_this_process(),
+      [](const char* name) { return std::getenv(name); }, rank_invariant ? ThreadDefault::one_per_rank : ThreadDefault::share_of_cores);
+  s.deterministic = options.deterministic ? options.deterministic : config.deterministic;
+  // On a GPU the ordered sums alone do not give the same bits: cuDNN's and atomic kernels may round
+  // differently from run to run (the MNIST example's 1 and 2 ranks ended 3e-8 apart on an H200).
+  // Unless the user chose, rank_invariant asks for the deterministic ones there.
+  if (rank_invariant && s.device.is_cuda() && !s.deterministic) s.deterministic = true;
+  s.precision = options.mixed_precision.value_or(config.mixed_precision);
+  s.step.communicator = s.communicator.get();
+  s.step.rank_invariant = rank_invariant;
+  s.step.trial_seed = s.trial_seed;
+  s.step.rank = s.distributed.rank;
+  s.step.ranks = s.distributed.size;
+  return s;
+}
+
+}  // namespace dettrial::detail
+#endif  // DETTRIAL_HEADER_DEFINITIONS
+// ---- end dettrial/context/setup.hpp
+
+namespace dettrial::detail {
 /// Where the running fit stands: set by the trainer, read through the Context's counters.
 struct RunPosition {
   /// The batch index training started (or resumed) from.
@@ -13465,23 +14733,7 @@ struct RunPosition {
 };
 }  // namespace dettrial::detail
 
-namespace dettrial {
-template <class TrialT>
-class Trainer;
-}  // namespace dettrial
-
 namespace dettrial::detail {
-/**
- * @brief The pass every call of ContextAccess takes: only a dettrial::Trainer can make one (the
- * constructor is private to it), and it hands copies to the pieces that drive its run (the fit loop,
- * the schedule, the validation steps, the checkpoints). A trial, or any other code, holds none, so
- * nothing but the trainer moves a run's position, steps its schedulers or ends its batches.
- */
-class TrainerKey {
-  TrainerKey() = default;
-  template <class TrialT>
-  friend class dettrial::Trainer;
-};
 struct ContextAccess;
 }  // namespace dettrial::detail
 
@@ -13532,7 +14784,7 @@ class Context {
     return has_data(path) ? get_data<T>(path) : std::move(fallback);
   }
   /// True when the `data` section has a value at `path`.
-  bool has_data(std::string_view path) const;
+  bool has_data(std::string_view path) const { return config_.has_data(path); }
   /// The running fit's output folder (metrics.jsonl, checkpoints/; in a search, the trial's own
   /// `trials/<id>/`): where a trial's or callback's own files belong. Empty until `fit` starts (the
   /// trial's constructor runs before), so read it in hooks and batches.
@@ -13540,30 +14792,30 @@ class Context {
   const ExperimentConfig& get_experiment_config() const { return config_; }
 
   /// `global_batch_size / slots_per_trial`; needs the `global_batch_size` hyperparameter.
-  std::int64_t get_per_slot_batch_size() const;
+  std::int64_t get_per_slot_batch_size() const { return hparams_.per_slot_batch_size(setup_.slots_per_trial); }
   /// The effective global batch size, `per_slot * slots`.
-  std::int64_t get_global_batch_size() const { return get_per_slot_batch_size() * slots_per_trial_; }
+  std::int64_t get_global_batch_size() const { return get_per_slot_batch_size() * setup_.slots_per_trial; }
   /// The job's ranks: the communicator's size, else `resources.slots_per_trial` (which a fit then
   /// refuses above 1: one process would train alone on a slot's share of each global batch).
-  std::int64_t slots_per_trial() const { return slots_per_trial_; }
+  std::int64_t slots_per_trial() const { return setup_.slots_per_trial; }
   /// True when the `global_batch_size` hyperparameter exists.
   bool has_global_batch_size() const { return hparams_.global_batch_size().has_value(); }
 
   // ---- seed, device, distribution -------------------------------------------------------------
 
   /// The seed every RNG was seeded with: the same seed gives the same run.
-  std::uint64_t get_trial_seed() const { return trial_seed_; }
+  std::uint64_t get_trial_seed() const { return setup_.trial_seed; }
   /// The trial's id in its experiment: 1, 2, ... in a search run by dettrial; 0 for a trial run on its
   /// own (see ContextOptions::trial_id).
-  std::int64_t get_trial_id() const { return trial_id_; }
+  std::int64_t get_trial_id() const { return setup_.trial_id; }
   /// The experiment's id: a search's own number, kept when it is continued; 0 for a trial run on its own.
-  std::int64_t get_experiment_id() const { return experiment_id_; }
-  const torch::Device& device() const { return device_; }
-  const DistributedInfo& distributed() const { return distributed_; }
+  std::int64_t get_experiment_id() const { return setup_.experiment_id; }
+  const torch::Device& device() const { return setup_.device; }
+  const DistributedInfo& distributed() const { return setup_.distributed; }
   /// The job's process group, or null for one process.
-  Communicator* communicator() const { return communicator_.get(); }
+  Communicator* communicator() const { return setup_.communicator.get(); }
   /// The thread count this process is to compute with and why (see ContextOptions::threads).
-  const ThreadChoice& threads() const { return threads_; }
+  const ThreadChoice& threads() const { return setup_.threads; }
   /**
    * @brief What the process this context trains in should set for itself: the thread count, the
    * config's determinism, glibc's retention of freed memory, and the trial's seed (the chief's, in a
@@ -13571,14 +14823,14 @@ class Context {
    * `context.process_settings().apply()` once, before building the trial.
    */
   ProcessSettings process_settings() const {
-    return {.threads = threads_, .deterministic = deterministic_, .keep_freed_memory = true, .seed = trial_seed_};
+    return {.threads = setup_.threads, .deterministic = setup_.deterministic, .keep_freed_memory = true, .seed = setup_.trial_seed};
   }
-  std::int64_t aggregation_frequency() const { return aggregation_frequency_; }
+  std::int64_t aggregation_frequency() const { return setup_.step.aggregation_frequency; }
 
   /// Moves a nested batch to this context's device (see dettrial::to_device).
   template <class B>
   std::remove_cvref_t<B> to_device(B&& batch) const {
-    return dettrial::to_device(std::forward<B>(batch), device_, device_.is_cuda());
+    return dettrial::to_device(std::forward<B>(batch), setup_.device, setup_.device.is_cuda());
   }
 
   // ---- counters -------------------------------------------------------------------------------
@@ -13592,7 +14844,7 @@ class Context {
   bool is_epoch_start() const { return position_.current_batch % require_epoch_len() == 0; }
   bool is_epoch_end() const { return position_.current_batch % require_epoch_len() == require_epoch_len() - 1; }
   /// True on batches that step the optimizers (every `aggregation_frequency`-th batch).
-  bool is_update_batch() const { return (position_.current_batch + 1) % aggregation_frequency_ == 0; }
+  bool is_update_batch() const { return (position_.current_batch + 1) % setup_.step.aggregation_frequency == 0; }
 
   /// Ask the trainer to checkpoint and stop at the next boundary.
   void set_stop_requested(bool stop) { stop_requested_ = stop; }
@@ -13605,9 +14857,7 @@ class Context {
   /// `fit` on the chief; before that, and on the other ranks, it writes nothing.
   TensorBoardWriter& get_tensorboard_writer() { return tensorboard_; }
   /// `<output_dir>/tensorboard`, where the run's event files go (empty until `fit` starts).
-  std::filesystem::path get_tensorboard_path() const {
-    return position_.output_dir.empty() ? std::filesystem::path() : RunFolder{position_.output_dir}.tensorboard();
-  }
+  std::filesystem::path get_tensorboard_path() const;
   /// Whether the trainer writes its metrics, learning rates and timings to TensorBoard (default on).
   /// Off, the writer still takes the trial's own scalars.
   void set_enable_tensorboard_logging(bool on) { tensorboard_logging_ = on; }
@@ -13642,8 +14892,8 @@ class Context {
                   "torch::nn::Sequential, ...) or a std::shared_ptr to a torch::nn::Module");
     if constexpr (ModelHandle<M>) {  // only the sentence above when it is not
       auto module = module_of(model);
-      module->to(device_);
-      models_.push_back(std::move(module));
+      module->to(setup_.device);
+      registrations_.add_model(std::move(module));
     }
     return model;
   }
@@ -13656,9 +14906,8 @@ class Context {
   template <class O>
   O& wrap_optimizer(O& optimizer, std::optional<bool> average_aggregated_gradients = std::nullopt) {
     static_assert(TorchOptimizer<O>, "dettrial::Context::wrap_optimizer<O>: O must derive from torch::optim::Optimizer");
-    if constexpr (TorchOptimizer<O>) {  // only the sentence above when it is not
-      add_optimizer(optimizer, average_aggregated_gradients);
-    }
+    if constexpr (TorchOptimizer<O>)  // only the sentence above when it is not
+      registrations_.add_optimizer(optimizer, average_aggregated_gradients.value_or(setup_.step.average_aggregated_gradients));
     return optimizer;
   }
 
@@ -13668,49 +14917,12 @@ class Context {
    */
   template <class S, class Mode = lr_step::every_batch>
   S& wrap_lr_scheduler(S& scheduler, Mode mode = {}, std::int64_t frequency = 1) {
-    constexpr bool by_metric = std::same_as<Mode, lr_step::on_validation>;
-    constexpr bool steppable = by_metric ? MetricLRSchedulerLike<S> : LRSchedulerLike<S>;
-    static_assert(by_metric || LRSchedulerLike<S>,
-                  "dettrial::Context::wrap_lr_scheduler<S>: S must have step() (a torch::optim scheduler)");
-    static_assert(!by_metric || MetricLRSchedulerLike<S>,
-                  "dettrial::Context::wrap_lr_scheduler<S>: lr_step::on_validation steps S with the validation metric, so S "
-                  "must have step(double) (like dettrial::optim::ReduceLROnPlateau)");
-    static_assert(LRStepMode<Mode>,
-                  "dettrial::Context::wrap_lr_scheduler: the mode must be a dettrial::lr_step policy (every_batch, "
-                  "every_epoch, every_optimizer_step, manual, on_validation) or a type with name and steps_after(...)");
-    static_assert(!steppable || CheckpointableLRScheduler<S>,  // one sentence at a time
-                  "dettrial::Context::wrap_lr_scheduler<S>: checkpoints must restore S, so S must derive from "
-                  "torch::optim::LRScheduler or have save(torch::serialize::OutputArchive&) const and "
-                  "load(torch::serialize::InputArchive&)");
-    if (frequency < 1) throw ConfigError("an LR scheduler's step frequency must be at least 1");
-    if constexpr (steppable && LRStepMode<Mode> && CheckpointableLRScheduler<S>) {  // else only the sentences above
-      detail::WrappedScheduler w{&scheduler,
-                                 nullptr,
-                                 &Mode::steps_after,
-                                 frequency,
-                                 &detail::save_lr_scheduler<S>,
-                                 &detail::load_lr_scheduler<S>,
-                                 &detail::lr_scheduler_steps<S>,
-                                 detail::python_state_writer<S>(),
-                                 detail::python_state_reader<S>()};
-      w.type = c10::demangle(typeid(S).name());
-      detail::wrap_python_param_groups<S>(w);
-      if constexpr (by_metric) {
-        if (mode.metric.empty())
-          throw ConfigError(
-              "lr_step::on_validation needs the validation metric to step with, e.g. lr_step::on_validation{\"validation_loss\"}");
-        w.step_with_metric = [](void* s, double metric) { static_cast<S*>(s)->step(metric); };
-        w.metric = mode.metric;
-      } else {
-        w.step = [](void* s) { static_cast<S*>(s)->step(); };
-      }
-      add_lr_scheduler(std::move(w));
-    }
+    registrations_.add_lr_scheduler(scheduler, mode, frequency);
     return scheduler;
   }
 
   /// Steps the lr_step::on_validation schedulers with this validation's metrics (the trainer calls it).
-  void step_lr_schedulers_on_validation(const MetricValues& metrics);
+  void step_lr_schedulers_on_validation(const MetricValues& metrics) { registrations_.step_lr_schedulers_on_validation(metrics); }
 
   /**
    * @brief Registers a user reducer (Determined's `wrap_reducer`): reset before each training workload
@@ -13725,85 +14937,8 @@ class Context {
    */
   template <class T = double, class R>
   decltype(auto) wrap_reducer(R&& reducer, std::string name = {}, bool for_training = true, bool for_validation = true) {
-    using Plain = std::remove_cvref_t<R>;
-    if constexpr (MetricReducer<Plain>) {
-      static_assert(std::is_lvalue_reference_v<R>,
-                    "dettrial::Context::wrap_reducer: a reducer object must outlive the trainer, so pass a member of the trial "
-                    "(an lvalue), not a temporary");
-      Plain& r = reducer;
-      for (const auto& w : reducers_)
-        if (w.object == &r) throw TrialError("this reducer was already wrapped with wrap_reducer");
-      if constexpr (!CrossSlotReducer<Plain>)
-        if (communicator_)
-          throw TrialError("wrap_reducer" + (name.empty() ? std::string() : " '" + name + "'") +
-                           ": this reducer has only reduce(), which sees one rank's data; in a data-parallel job give it "
-                           "per_slot_reduce() and cross_slot_reduce(parts) (see dettrial::CrossSlotReducer), or wrap a "
-                           "function with wrap_reducer(fn, name)");
-      check_reducer_name<reduced_metrics_t<Plain>>(name);
-      reducers_.push_back(detail::WrappedReducer::wrap(r, std::move(name), for_training, for_validation));
-      return static_cast<Plain&>(r);
-    } else {
-      constexpr bool is_function = std::invocable<Plain&, const std::vector<T>&>;
-      static_assert(is_function && SlotValue<std::vector<T>>,
-                    "dettrial::Context::wrap_reducer: the reducer must have reset() and either reduce() returning a number or "
-                    "dettrial::MetricValues, or per_slot_reduce() returning a number, tensor, string or std::vector/std::tuple of "
-                    "them and cross_slot_reduce(parts) returning a number or dettrial::MetricValues (see dettrial::MetricReducer), "
-                    "or be a function of const std::vector<T>& (T a number or tensor) returning one");
-      if constexpr (is_function) {
-        using Result = std::invoke_result_t<Plain&, const std::vector<T>&>;
-        static_assert(ReducedMetrics<Result>,
-                      "dettrial::Context::wrap_reducer(fn, name): fn must return a number or dettrial::MetricValues");
-        if constexpr (ReducedMetrics<Result>) {
-          using Function = FunctionReducer<T, std::decay_t<R>>;  // a function reference becomes a pointer
-          check_reducer_name<Result>(name);
-          auto owned = std::make_shared<Function>(std::forward<R>(reducer));
-          Function& r = *owned;
-          owned_reducers_.push_back(std::move(owned));
-          reducers_.push_back(detail::WrappedReducer::wrap(r, std::move(name), for_training, for_validation));
-          return r;
-        }
-      }
-    }
-  }
-
-  // ---- the training step ----------------------------------------------------------------------
-
-  /// Back-propagates `loss` (Determined's `context.backward`): outside autocast, and multiplied by the
-  /// gradient scaler's scale when one is in use.
-  void backward(const torch::Tensor& loss, bool retain_graph = false, bool create_graph = false);
-  /// Back-propagates a non-scalar `output` with `gradient` (PyTorch's `backward(gradient)`).
-  void backward(const torch::Tensor& output, const torch::Tensor& gradient, bool retain_graph = false, bool create_graph = false);
-
-  // ---- mixed precision ------------------------------------------------------------------------
-
-  /**
-   * @brief Registers a gradient scaler (Determined's `wrap_scaler`): from then on `backward` scales
-   * the loss, `step_optimizer` unscales the gradients before clipping and skips a step with an inf
-   * or NaN gradient, and the trainer updates the scale after each update batch; checkpoints keep its
-   * state. At most one; with `mixed_precision: fp16` the context has one of its own unless a trial wraps one.
-   */
-  GradScaler& wrap_scaler(GradScaler& scaler);
-  /// The scaler in use, or nullptr.
-  GradScaler* scaler() const { return scaler_; }
-  /// The precision forward passes run in (the trainer enters autocast around the trial's hooks).
-  Precision precision() const { return precision_; }
-  /// Autocast's dtype for this precision on this context's device; none for fp32.
-  std::optional<at::ScalarType> autocast_dtype() const;
-
-  /**
-   * @brief Steps a wrapped optimizer with Determined's semantics: on batches that are not update
-   * batches it returns (gradients accumulate); on update batches it divides the gradients by the
-   * aggregation frequency (if averaging), clips them, steps, and zeroes them.
-   */
-  template <class Clip = clip::none>
-  void step_optimizer(torch::optim::Optimizer& optimizer, Clip clip_gradients = {}, bool auto_zero_grads = true) {
-    static_assert(GradientClipper<Clip>,
-                  "dettrial::Context::step_optimizer: the clip argument must be callable with std::vector<torch::Tensor>& "
-                  "(dettrial::clip::by_norm{...}, clip::by_value{...})");
-    WrappedOptimizer* w = gradients_for_step(optimizer, auto_zero_grads);
-    if (!w) return;                                                  // not an update batch
-    if constexpr (GradientClipper<Clip>) clip_gradients(w->params);  // else only the sentence above
-    step_wrapped(*w, optimizer, auto_zero_grads);
+    return registrations_.add_reducer<T>(std::forward<R>(reducer), std::move(name), for_training, for_validation,
+                                         setup_.communicator != nullptr);
   }
 
   /**
@@ -13816,151 +14951,94 @@ class Context {
    */
   template <class M>
   optim::AveragedModel<M>& wrap_averaged_model(optim::AveragedModel<M>& averaged, const M& model, AveragingSchedule schedule = {}) {
-    register_average(averaged.weights(), model.ptr(), schedule);
+    registrations_.add_average(averaged.weights(), model.ptr(), schedule);
     return averaged;
   }
   /// The wrapped average (its state dict is Python's AveragedModel's), or null.
-  std::shared_ptr<optim::AveragedWeights> averaged_weights() const { return average_ ? average_->weights : nullptr; }
+  std::shared_ptr<optim::AveragedWeights> averaged_weights() const {
+    const auto* average = registrations_.average();
+    return average ? average->weights : nullptr;
+  }
 
   /// Every wrapped model, in wrap order.
-  const std::vector<std::shared_ptr<torch::nn::Module>>& models() const { return models_; }
-  std::size_t num_optimizers() const { return optimizers_.size(); }
+  const std::vector<std::shared_ptr<torch::nn::Module>>& models() const { return registrations_.models(); }
+  std::size_t num_optimizers() const { return registrations_.optimizers().size(); }
   /// Wrapped optimizer `i`, in wrap order.
-  torch::optim::Optimizer& optimizer(std::size_t i) const { return *optimizers_.at(i).optimizer; }
-  std::size_t num_lr_schedulers() const { return schedulers_.size(); }
+  torch::optim::Optimizer& optimizer(std::size_t i) const { return *registrations_.optimizers()[i].optimizer; }
+  std::size_t num_lr_schedulers() const { return registrations_.lr_schedulers().size(); }
+
+  // ---- the training step ----------------------------------------------------------------------
+
+  /// Back-propagates `loss` (Determined's `context.backward`): outside autocast, and multiplied by the
+  /// gradient scaler's scale when one is in use.
+  void backward(const torch::Tensor& loss, bool retain_graph = false, bool create_graph = false);
+  /// Back-propagates a non-scalar `output` with `gradient` (PyTorch's `backward(gradient)`).
+  void backward(const torch::Tensor& output, const torch::Tensor& gradient, bool retain_graph = false, bool create_graph = false);
+
+  /**
+   * @brief Steps a wrapped optimizer with Determined's semantics: on batches that are not update
+   * batches it returns (gradients accumulate); on update batches it divides the gradients by the
+   * aggregation frequency (if averaging), clips them, steps, and zeroes them.
+   */
+  template <class Clip = clip::none>
+  void step_optimizer(torch::optim::Optimizer& optimizer, Clip clip_gradients = {}, bool auto_zero_grads = true) {
+    static_assert(GradientClipper<Clip>,
+                  "dettrial::Context::step_optimizer: the clip argument must be callable with std::vector<torch::Tensor>& "
+                  "(dettrial::clip::by_norm{...}, clip::by_value{...})");
+    detail::WrappedOptimizer* w = gradients_for_step(optimizer, auto_zero_grads);
+    if (!w) return;                                                  // not an update batch
+    if constexpr (GradientClipper<Clip>) clip_gradients(w->params);  // else only the sentence above
+    step_.step(*w, auto_zero_grads);
+  }
+
   /// Whether gradients are summed in the data stream's order (reproducibility.rank_invariant).
-  bool rank_invariant() const { return ordered_ != nullptr; }
+  bool rank_invariant() const { return step_.rank_invariant(); }
+
+  // ---- mixed precision ------------------------------------------------------------------------
+
+  /**
+   * @brief Registers a gradient scaler (Determined's `wrap_scaler`): from then on `backward` scales
+   * the loss, `step_optimizer` unscales the gradients before clipping and skips a step with an inf
+   * or NaN gradient, and the trainer updates the scale after each update batch; checkpoints keep its
+   * state. At most one; with `mixed_precision: fp16` the context has one of its own unless a trial wraps one.
+   */
+  GradScaler& wrap_scaler(GradScaler& scaler) { return step_.precision().wrap_scaler(scaler); }
+  /// The scaler in use, or nullptr.
+  GradScaler* scaler() const { return step_.precision().scaler(); }
+  /// The precision forward passes run in (the trainer enters autocast around the trial's hooks).
+  Precision precision() const { return step_.precision().precision(); }
+  /// Autocast's dtype for this precision on this context's device; none for fp32.
+  std::optional<at::ScalarType> autocast_dtype() const { return step_.precision().autocast_dtype(); }
 
  private:
   // ---- driven by the trainer alone, through detail::ContextAccess ------------------------------
   friend struct detail::ContextAccess;
 
-  /// True while a trainer's trial is registered here.
-  bool has_registrations() const { return !models_.empty() || !optimizers_.empty() || !schedulers_.empty() || !reducers_.empty(); }
   /// Forgets every wrapped object (called when their trainer goes away).
   void release_registrations();
-
-  /// Ends the training batch (the trainer calls it after train_batch, before it steps what the
-  /// loop owns after an update: the LR schedulers and the average, trainer/after_update.hpp): on an
-  /// update batch (every `aggregation_frequency`-th, the one that stepped the optimizers) the
-  /// gradient scaler's scale is updated, once however many optimizers stepped; on the others, with
-  /// rank_invariant, the micro-batch's gradients are stashed.
-  void finish_batch() {
-    if (!is_update_batch()) {  // inline: most batches end here
-      if (ordered_) stash_ordered_gradients();
-      return;
-    }
-    if (scaler_) scaler_->update();
-  }
-
-  /// Begins training batch `position().current_batch` of `records` records. With rank_invariant,
-  /// seeds the random draws of this micro-batch from its place in the data stream (the same
-  /// records get the same dropout masks whatever the rank count); otherwise nothing.
-  void begin_training_batch(std::int64_t records) {
-    if (ordered_) seed_micro_batch(records);
-  }
-
-  /// In a job, after the trial and its data loaders were built from the same seed on every rank:
-  /// ranks other than the chief continue on a stream of their own, derived from the trial seed and
-  /// the rank, so that their dropout masks and other draws differ.
-  void seed_rank_stream() const;
-
-  void register_average(std::shared_ptr<optim::AveragedWeights> weights, std::shared_ptr<torch::nn::Module> source,
-                        AveragingSchedule schedule);
-  struct WrappedOptimizer {
-    torch::optim::Optimizer* optimizer;
-    std::vector<torch::Tensor> params;
-    bool average;
-    /// Data parallel only: made on the first step, dropped when the parameters change.
-    std::unique_ptr<detail::GradientBuckets> buckets;
-    /// ZeRO stage 1 only (made when the fit starts, over `buckets`): this rank's pieces of the parameters.
-    std::unique_ptr<detail::OptimizerShards> shards{};
-  };
-  /// ZeRO: optimizer `i`'s shards, made (with padded buckets) when it has none.
-  detail::OptimizerShards& shard_optimizer(std::size_t i);
-  // step_optimizer's halves around the clip, compiled once (in separate compilation) for every clip
-  // type and trial. The first: the gradients of an update batch all-reduced (or combined in order),
-  // averaged over aggregated batches and unscaled; null on a batch that only accumulates.
-  WrappedOptimizer* gradients_for_step(torch::optim::Optimizer& optimizer, bool auto_zero_grads);
-  // The second: the step (this rank's shard, or the scaler's, or the optimizer's), then zero_grad.
-  void step_wrapped(WrappedOptimizer& w, torch::optim::Optimizer& optimizer, bool auto_zero_grads);
-  /// ZeRO's step: the optimizer steps this rank's pieces (the scaler's skip decided on the whole
-  /// gradients, the same on every rank), then every rank gets every rank's parameters.
-  void step_shards(WrappedOptimizer& w);
-
-  template <class Result>
-  static void check_reducer_name(const std::string& name) {
-    constexpr bool returns_many = std::same_as<std::remove_cvref_t<Result>, MetricValues>;
-    if (returns_many && !name.empty())
-      throw TrialError("wrap_reducer: reducer '" + name + "' returns MetricValues (merged by their own names), so wrap it without a name");
-    if (!returns_many && name.empty()) throw TrialError("wrap_reducer: a reducer that returns a number needs a name to report it under");
-  }
-
-  static std::uint64_t derive_trial_seed(std::optional<std::uint64_t> experiment_seed);
-
-  std::int64_t global_batch_size_hparam() const;
+  // step_optimizer's first half, compiled once (in separate compilation) for every clip type and
+  // trial: the gradients of an update batch made whole and unscaled; null on a batch that only
+  // accumulates.
+  detail::WrappedOptimizer* gradients_for_step(torch::optim::Optimizer& optimizer, bool auto_zero_grads);
 
   std::int64_t require_epoch_len() const;
 
-  /// Rebuilds the cached parameter list when the optimizer's groups changed size (no allocation otherwise).
-  void refresh_params(WrappedOptimizer& w);
-  // What wrap_optimizer and wrap_lr_scheduler do that does not depend on the type: compiled once.
-  void add_optimizer(torch::optim::Optimizer& optimizer, std::optional<bool> average_aggregated_gradients);
-  void add_lr_scheduler(detail::WrappedScheduler scheduler);
-  /// The `data` section's node at `path`; throws ConfigError naming it when it is missing.
-  YAML::Node data_node(std::string_view path) const;
-
-  // rank_invariant: see detail::OrderedGradients.
-  void seed_micro_batch(std::int64_t records);
-  /// Every wrapped optimizer's parameters, each once, in wrap order.
-  const std::vector<torch::Tensor>& ordered_params();
-  void stash_ordered_gradients();
-  /// Once per update batch, however many optimizers step: this batch's gradients stashed, and
-  /// every optimizer's gradients replaced by the ordered sum of the update's micro-batches.
-  void combine_ordered_gradients();
-
-  WrappedOptimizer& find_optimizer(const torch::optim::Optimizer& optimizer);
-
   Hyperparameters hparams_;
   ExperimentConfig config_;
-  std::int64_t aggregation_frequency_ = 1;
-  bool average_aggregated_gradients_ = true;
-  std::int64_t slots_per_trial_ = 1;
-  std::uint64_t trial_seed_ = 0;
-  std::int64_t trial_id_ = 0;
-  std::int64_t experiment_id_ = 0;
-  torch::Device device_{torch::kCPU};
-  DistributedInfo distributed_;
-  std::shared_ptr<Communicator> communicator_;
-  ThreadChoice threads_;
-  std::optional<bool> deterministic_;
-
-  std::vector<std::shared_ptr<torch::nn::Module>> models_;
-  std::vector<WrappedOptimizer> optimizers_;
-  std::vector<detail::WrappedScheduler> schedulers_;
-  std::optional<optim::detail::ScheduledAverage> average_;
-  std::vector<detail::WrappedReducer> reducers_;
-  std::vector<std::shared_ptr<void>> owned_reducers_;  // the FunctionReducers wrap_reducer(fn) made
-
+  detail::ContextSetup setup_;
+  detail::Registrations registrations_;
+  detail::TrainingStep step_;
   detail::RunPosition position_{};
   TensorBoardWriter tensorboard_{};
   bool tensorboard_logging_ = true;
   std::optional<ProfilerOptions> profiler_;
   bool stop_requested_ = false;
-  Precision precision_ = Precision::fp32;
-  std::unique_ptr<GradScaler> own_scaler_;             // fp16 without a scaler of the trial's
-  std::unique_ptr<detail::OrderedGradients> ordered_;  // reproducibility.rank_invariant
-  std::vector<torch::Tensor> ordered_params_;
-  std::size_t ordered_params_counted_ = 0;  // the optimizers' parameters ordered_params_ was built from
-  std::int64_t ordered_records_ = 0;
-  std::int64_t ordered_combined_at_ = -1;  // the update batch whose gradients were combined
-  GradScaler* scaler_ = nullptr;
 };
 
 // Not inline, so that the explicit instantiations below keep a trial's translation unit from compiling it.
 template <class T>
 T Context::get_data(std::string_view path) const {
-  const YAML::Node node = data_node(path);
+  const YAML::Node node = config_.data_node(path);
   T value{};
   if (!detail::try_read(node, value))
     throw ConfigError(detail::where(node, config_.source) + ": data." + std::string(path) + " is " + detail::describe(node) +
@@ -13985,51 +15063,8 @@ DETTRIAL_DATA_TYPE(std::string)
 
 }  // namespace dettrial
 
-namespace dettrial::detail {
-/**
- * @brief The one way into what only dettrial's trainer and checkpoints do with a Context: the run's
- * position, the reducers and schedulers as they drive them, a training batch's beginning and end,
- * and the registrations' lifetime. Context keeps these private, so a trial's view of its context
- * (its public members) holds only what Determined's context offers a trial; and each call takes a
- * TrainerKey, which only a Trainer makes.
- */
-struct ContextAccess {
-  static RunPosition& position(TrainerKey, Context& c) { return c.position_; }
-  static std::span<WrappedReducer> reducers(TrainerKey, Context& c) { return c.reducers_; }
-  /// Wrapped LR scheduler `i` (type-erased: how to step, save and restore it), in wrap order.
-  static const WrappedScheduler& lr_scheduler(TrainerKey, const Context& c, std::size_t i) { return c.schedulers_.at(i); }
-  static void begin_training_batch(TrainerKey, Context& c, std::int64_t records) { c.begin_training_batch(records); }
-  static void finish_batch(TrainerKey, Context& c) { c.finish_batch(); }
-  /// The wrapped LR schedulers, for the loop to step after an update batch.
-  static std::span<WrappedScheduler> lr_schedulers(TrainerKey, Context& c) { return c.schedulers_; }
-  /// The wrapped average, or null.
-  static optim::detail::ScheduledAverage* average(TrainerKey, Context& c) { return c.average_ ? &*c.average_ : nullptr; }
-  static void seed_rank_stream(TrainerKey, const Context& c) { c.seed_rank_stream(); }
-  static bool has_registrations(TrainerKey, const Context& c) { return c.has_registrations(); }
-  static void release_registrations(TrainerKey, Context& c) { c.release_registrations(); }
-  /// ZeRO: optimizer `i`'s shards, made when it has none; or the shards it has (null without).
-  static OptimizerShards& shard_optimizer(TrainerKey, Context& c, std::size_t i) { return c.shard_optimizer(i); }
-  static OptimizerShards* optimizer_shards(TrainerKey, Context& c, std::size_t i) { return c.optimizers_.at(i).shards.get(); }
-};
-}  // namespace dettrial::detail
-
 // Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
 #if DETTRIAL_HEADER_DEFINITIONS
-#include <cerrno>
-#include <cstdlib>
-
-namespace dettrial::detail {
-DETTRIAL_INLINE std::int64_t id_from_environment(const char* name) {
-  const char* text = std::getenv(name);
-  if (!text || !*text) return 0;
-  char* end = nullptr;
-  errno = 0;
-  const long long id = std::strtoll(text, &end, 10);
-  if (errno != 0 || *end != '\0' || id < 0)
-    throw ConfigError(std::string(name) + " is '" + text + "'; it must be a trial or experiment id (a non-negative integer)");
-  return id;
-}
-}  // namespace dettrial::detail
 
 namespace dettrial {
 DETTRIAL_INLINE Context::Context(const ExperimentConfig& config, ContextOptions options)
@@ -14038,103 +15073,13 @@ DETTRIAL_INLINE Context::Context(const ExperimentConfig& config, ContextOptions 
 DETTRIAL_INLINE Context::Context(Hyperparameters hparams, ContextOptions options)
     : Context(std::move(hparams), ExperimentConfig{}, std::move(options)) {}
 
-DETTRIAL_INLINE Context::~Context() = default;
-
-DETTRIAL_INLINE void Context::add_optimizer(torch::optim::Optimizer& optimizer, std::optional<bool> average_aggregated_gradients) {
-  for (const auto& w : optimizers_)
-    if (w.optimizer == &optimizer) throw TrialError("this optimizer was already wrapped with wrap_optimizer");
-  WrappedOptimizer w{&optimizer, {}, average_aggregated_gradients.value_or(average_aggregated_gradients_), nullptr};
-  refresh_params(w);
-  optimizers_.push_back(std::move(w));
-}
-
-DETTRIAL_INLINE void Context::add_lr_scheduler(detail::WrappedScheduler scheduler) { schedulers_.push_back(std::move(scheduler)); }
-
-DETTRIAL_INLINE bool Context::has_data(std::string_view path) const {
-  return config_.data.IsMap() && Hyperparameters(config_.data, config_.source).contains(path);
-}
-
-DETTRIAL_INLINE YAML::Node Context::data_node(std::string_view path) const {
-  if (!has_data(path)) {
-    std::string known;
-    if (config_.data.IsMap())
-      for (const auto& kv : config_.data) known += (known.empty() ? "" : ", ") + kv.first.Scalar();
-    throw ConfigError("data." + std::string(path) + " is missing from " + config_.source + "'s data section" +
-                      (known.empty() ? " (it has none)" : " (it has: " + known + ")"));
-  }
-  return Hyperparameters(config_.data, config_.source).node(path);
-}
-
 DETTRIAL_INLINE Context::Context(Hyperparameters hparams, ExperimentConfig config, ContextOptions options)
     : hparams_(std::move(hparams)),
       config_(std::move(config)),
-      aggregation_frequency_(options.aggregation_frequency.value_or(config_.aggregation_frequency)),
-      average_aggregated_gradients_(options.average_aggregated_gradients.value_or(config_.average_aggregated_gradients)),
-      slots_per_trial_(options.slots_per_trial.value_or(config_.slots_per_trial)) {
-  if (aggregation_frequency_ < 1) throw ConfigError("aggregation_frequency must be at least 1");
-  if (slots_per_trial_ < 1) throw ConfigError("slots_per_trial must be at least 1");
-  if (options.communicator && options.communicator->size() > 1) {
-    communicator_ = std::move(options.communicator);
-    const LaunchEnvironment& env = communicator_->environment();
-    if (slots_per_trial_ > 1 && slots_per_trial_ != env.size)
-      throw ConfigError("resources.slots_per_trial is " + std::to_string(slots_per_trial_) + ", but " + launcher_name(env.launcher) +
-                        " started " + std::to_string(env.size) + " processes");
-    slots_per_trial_ = env.size;
-    distributed_ = DistributedInfo{.rank = env.rank, .size = env.size, .local_rank = env.local_rank, .local_size = env.local_size};
-  }
-  // One GPU per process: the local rank picks it.
-  device_ = options.device
-                ? *options.device
-                : (torch::cuda::is_available()
-                       ? torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(
-                                                         distributed_.local_rank %
-                                                         std::max<std::int64_t>(static_cast<std::int64_t>(torch::cuda::device_count()), 1)))
-                       : torch::Device(torch::kCPU));
-  // NCCL takes tensors on one GPU only: models, gradients and every collective must be there. (Gloo
-  // takes CPU tensors, and CUDA ones too.)
-  if (communicator_ && !communicator_->device().is_cpu() && communicator_->device() != device_)
-    throw ConfigError(std::string("the ") + communicator_->backend_name() + " backend of rank " + std::to_string(distributed_.rank) +
-                      " takes tensors on " + communicator_->device().str() + ", but this process's device is " + device_.str() +
-                      "; give every rank the device its local rank picks (or leave ContextOptions::device unset)");
-  trial_seed_ = options.trial_seed ? *options.trial_seed : derive_trial_seed(config_.experiment_seed);
-  trial_id_ = options.trial_id ? *options.trial_id : detail::id_from_environment("DET_TRIAL_ID");
-  experiment_id_ = options.experiment_id ? *options.experiment_id : detail::id_from_environment("DET_EXPERIMENT_ID");
-  // One trial seed for the job: the chief's (without an experiment seed each rank's clock differs,
-  // and the ranks would shard different permutations of the data).
-  if (communicator_) trial_seed_ = static_cast<std::uint64_t>(communicator_->broadcast_values({static_cast<std::int64_t>(trial_seed_)})[0]);
-  const bool rank_invariant = options.rank_invariant.value_or(config_.rank_invariant);
-  threads_ = choose_threads(
-      communicator_ ? communicator_->environment() : LaunchEnvironment{}, options.threads, CoreCount::of_this_process(),
-      [](const char* name) { return std::getenv(name); }, rank_invariant ? ThreadDefault::one_per_rank : ThreadDefault::share_of_cores);
-  deterministic_ = options.deterministic ? options.deterministic : config_.deterministic;
-  // On a GPU the ordered sums alone do not give the same bits: cuDNN's and atomic kernels may round
-  // differently from run to run (the MNIST example's 1 and 2 ranks ended 3e-8 apart on an H200).
-  // Unless the user chose, rank_invariant asks for the deterministic ones there.
-  if (rank_invariant && device_.is_cuda() && !deterministic_) deterministic_ = true;
-  if (rank_invariant) {
-    if (!average_aggregated_gradients_)
-      throw ConfigError(
-          "reproducibility.rank_invariant needs optimizations.average_aggregated_gradients: a sum over the aggregated batches "
-          "grows with the aggregation frequency, so it would differ between rank counts");
-    ordered_ = std::make_unique<detail::OrderedGradients>(communicator_.get(), aggregation_frequency_);
-  }
-  precision_ = options.mixed_precision.value_or(config_.mixed_precision);
-#if TORCH_VERSION_MAJOR < 2
-  if (precision_ == Precision::fp16 && device_.is_cpu())
-    throw ConfigError("mixed_precision fp16 autocasts on the CPU from LibTorch 2 on; this LibTorch " TORCH_VERSION
-                      " autocasts the CPU to bf16 only (use bf16)");
-#endif
-  if (precision_ == Precision::fp16) {  // fp16's narrow range needs loss scaling; bf16's does not
-    own_scaler_ = std::make_unique<GradScaler>();
-    own_scaler_->mark_wrapped();
-    scaler_ = own_scaler_.get();
-  }
-}
+      setup_(detail::setup_context(config_, std::move(options))),
+      step_(setup_.step, detail::PrecisionStep(setup_.precision, setup_.device)) {}
 
-DETTRIAL_INLINE std::int64_t Context::get_per_slot_batch_size() const {
-  const std::int64_t global = global_batch_size_hparam();
-  return global / slots_per_trial_;
-}
+DETTRIAL_INLINE Context::~Context() = default;
 
 DETTRIAL_INLINE void Context::backward(const torch::Tensor& loss, bool retain_graph, bool create_graph) {
   backward(loss, torch::Tensor(), retain_graph, create_graph);
@@ -14144,131 +15089,18 @@ DETTRIAL_INLINE void Context::backward(const torch::Tensor& output, const torch:
   if (gradient.defined() && gradient.sizes() != output.sizes())
     throw TrialError("context.backward: the gradient's shape " + c10::str(gradient.sizes()) + " differs from the output's " +
                      c10::str(output.sizes()));
-  // In a job, an update batch's backward pass starts each gradient bucket's all-reduce as soon as
-  // the bucket's gradients are ready (see all_reduce_gradients).
-  for (auto& w : optimizers_)
-    if (w.buckets) w.buckets->arm(is_update_batch());
-  // Outside autocast (PyTorch's advice: backward ops run in the dtypes forward chose).
-  std::optional<AutocastGuard> autocast_off;
-  if (precision_ != Precision::fp32) autocast_off.emplace(device_.type(), std::nullopt);
-  const bool scaled = scaler_ && scaler_->enabled();
-  if (!gradient.defined())  // a loss: scaled in float32, as PyTorch's GradScaler does (fp16 times 65536 overflows)
-    (scaled ? scaler_->scaled(output.to(torch::kFloat)) : output).backward({}, retain_graph, create_graph);
-  else output.backward(scaled ? scaler_->scaled(gradient) : gradient, retain_graph, create_graph);
-}
-
-DETTRIAL_INLINE GradScaler& Context::wrap_scaler(GradScaler& scaler) {
-  if (scaler_ && scaler_ != own_scaler_.get()) throw TrialError("wrap_scaler was called twice: a context takes one GradScaler");
-  scaler.mark_wrapped();
-  scaler_ = &scaler;
-  return scaler;
-}
-
-DETTRIAL_INLINE std::optional<at::ScalarType> Context::autocast_dtype() const {
-  switch (precision_) {
-    case Precision::fp32: return std::nullopt;
-    case Precision::bf16: return at::kBFloat16;
-    case Precision::fp16: return at::kHalf;
-  }
-  return std::nullopt;
+  step_.backward(registrations_.optimizers(), is_update_batch(), output, gradient, setup_.device, retain_graph, create_graph);
 }
 
 DETTRIAL_INLINE void Context::release_registrations() {
-  models_.clear();
-  optimizers_.clear();
-  schedulers_.clear();
-  average_.reset();
-  reducers_.clear();
-  owned_reducers_.clear();
-  ordered_params_.clear();
-  ordered_params_counted_ = 0;
-  ordered_combined_at_ = -1;
+  registrations_.clear();
+  step_.release();
   stop_requested_ = false;
   position_ = {};
-  scaler_ = own_scaler_.get();
 }
 
-DETTRIAL_INLINE void Context::step_lr_schedulers_on_validation(const MetricValues& metrics) {
-  for (auto& s : schedulers_) {
-    if (!s.step_with_metric) continue;
-    const std::optional<double> value = metrics.get(s.metric);
-    if (!value) {
-      std::string names;
-      for (const auto& [name, v] : metrics) names += (names.empty() ? "" : ", ") + name;
-      throw ConfigError("the LR scheduler stepped on validation needs the validation metric '" + s.metric +
-                        "', which the validation did not report (it reported: " + names + ")");
-    }
-    s.step_with_metric(s.scheduler, *value);
-  }
-}
-
-DETTRIAL_INLINE void Context::register_average(std::shared_ptr<optim::AveragedWeights> weights, std::shared_ptr<torch::nn::Module> source,
-                                               AveragingSchedule schedule) {
-  if (average_) throw ConfigError("wrap_averaged_model: the trial already wrapped an averaged model (one per trial)");
-  if (schedule.every_n_steps < 1)
-    throw ConfigError("wrap_averaged_model: every_n_steps must be at least 1, not " + std::to_string(schedule.every_n_steps));
-  if (schedule.warmup_steps < 0)
-    throw ConfigError("wrap_averaged_model: warmup_steps must be at least 0, not " + std::to_string(schedule.warmup_steps));
-  average_ = optim::detail::ScheduledAverage{std::move(weights), std::move(source), schedule};
-}
-
-DETTRIAL_INLINE void Context::seed_micro_batch(std::int64_t records) {
-  // Micro-batch k of rank r is the stream's batch k * ranks + r: the same records in any layout.
-  const auto stream_batch = static_cast<std::uint64_t>(position_.current_batch * distributed_.size + distributed_.rank);
-  torch::manual_seed(detail::mix64(trial_seed_ ^ detail::mix64(stream_batch + detail::golden_gamma)) >> 1);
-  ordered_records_ = records;
-}
-
-DETTRIAL_INLINE const std::vector<torch::Tensor>& Context::ordered_params() {
-  std::size_t count = 0;
-  for (auto& w : optimizers_) {
-    refresh_params(w);
-    count += w.params.size();
-  }
-  if (count != ordered_params_counted_) {  // built once (again when groups grow)
-    ordered_params_counted_ = count;
-    ordered_params_.clear();
-    for (const auto& w : optimizers_)
-      for (const auto& p : w.params)
-        if (std::none_of(ordered_params_.begin(), ordered_params_.end(), [&](const torch::Tensor& q) { return q.is_same(p); }))
-          ordered_params_.push_back(p);
-  }
-  return ordered_params_;
-}
-
-DETTRIAL_INLINE void Context::stash_ordered_gradients() { ordered_->stash(ordered_params(), ordered_records_); }
-
-DETTRIAL_INLINE void Context::combine_ordered_gradients() {
-  if (ordered_combined_at_ == position_.current_batch) return;
-  ordered_combined_at_ = position_.current_batch;
-  const std::vector<torch::Tensor>& params = ordered_params();
-  ordered_->stash(params, ordered_records_);
-  ordered_->combine(params);
-}
-
-DETTRIAL_INLINE void Context::seed_rank_stream() const {
-  if (distributed_.rank > 0)
-    torch::manual_seed(detail::mix64(trial_seed_ ^ (static_cast<std::uint64_t>(distributed_.rank) * detail::golden_gamma)) >> 1);
-}
-
-DETTRIAL_INLINE std::uint64_t Context::derive_trial_seed(std::optional<std::uint64_t> experiment_seed) {
-  // One trial of an experiment: a value in [0, 2^31) drawn from the experiment seed, as Determined's
-  // master draws trial seeds; without an experiment seed, the clock (Determined's default).
-  std::uint64_t x =
-      experiment_seed ? *experiment_seed : static_cast<std::uint64_t>(std::chrono::system_clock::now().time_since_epoch().count());
-  return detail::mix64(x + detail::golden_gamma) % (1ULL << 31);
-}
-
-DETTRIAL_INLINE std::int64_t Context::global_batch_size_hparam() const {
-  const std::optional<std::int64_t> given = hparams_.global_batch_size();
-  if (!given)
-    throw HyperparameterError("the batch size getters need the hyperparameter 'global_batch_size', which " + hparams_.source() +
-                              " does not define");
-  const std::int64_t global = *given;
-  if (global < slots_per_trial_)
-    throw HyperparameterError("global_batch_size (" + std::to_string(global) + ") is smaller than slots_per_trial (" +
-                              std::to_string(slots_per_trial_) + ")");
-  return global;
+DETTRIAL_INLINE std::filesystem::path Context::get_tensorboard_path() const {
+  return position_.output_dir.empty() ? std::filesystem::path() : RunFolder{position_.output_dir}.tensorboard();
 }
 
 DETTRIAL_INLINE std::int64_t Context::require_epoch_len() const {
@@ -14276,80 +15108,13 @@ DETTRIAL_INLINE std::int64_t Context::require_epoch_len() const {
   return position_.epoch_len;
 }
 
-DETTRIAL_INLINE Context::WrappedOptimizer* Context::gradients_for_step(torch::optim::Optimizer& optimizer, bool auto_zero_grads) {
-  if (aggregation_frequency_ > 1 && !auto_zero_grads)
+DETTRIAL_INLINE detail::WrappedOptimizer* Context::gradients_for_step(torch::optim::Optimizer& optimizer, bool auto_zero_grads) {
+  if (setup_.step.aggregation_frequency > 1 && !auto_zero_grads)
     throw TrialError("step_optimizer(auto_zero_grads=false) cannot be used with aggregation_frequency > 1");
   if (!is_update_batch()) return nullptr;
-  WrappedOptimizer& w = find_optimizer(optimizer);
-  refresh_params(w);  // param groups may have grown since wrapping (unfrozen layers)
-  if (ordered_) {
-    combine_ordered_gradients();  // weighted by records: already an average
-  } else if (communicator_) {
-    if (!w.buckets) w.buckets = std::make_unique<detail::GradientBuckets>(*communicator_, w.params);
-    w.buckets->all_reduce();
-  }
-  if (w.average && aggregation_frequency_ > 1 && !ordered_) {
-    const double scale = 1.0 / static_cast<double>(aggregation_frequency_);
-    for (auto& p : w.params)
-      if (p.grad().defined()) p.grad().mul_(scale);
-  }
-  if (scaler_) scaler_->unscale(w.params);  // clipping sees the true gradients
+  detail::WrappedOptimizer& w = registrations_.find(optimizer);
+  step_.reduce(w, registrations_.optimizers(), position_.current_batch);
   return &w;
-}
-
-DETTRIAL_INLINE void Context::step_wrapped(WrappedOptimizer& w, torch::optim::Optimizer& optimizer, bool auto_zero_grads) {
-  if (w.shards) step_shards(w);                          // ZeRO: this rank's 1/N, then all-gathered
-  else if (scaler_) scaler_->step(optimizer, w.params);  // skipped when a gradient is inf or NaN
-  else optimizer.step();
-  // Autocast caches low-precision copies of the weights until its region ends; a forward pass
-  // later in the same train_batch must see the stepped weights.
-  if (precision_ != Precision::fp32) at::autocast::clear_cache();
-  if (auto_zero_grads) optimizer.zero_grad();
-}
-
-DETTRIAL_INLINE void Context::refresh_params(WrappedOptimizer& w) {
-  std::size_t count = 0;
-  for (const auto& group : w.optimizer->param_groups()) count += group.params().size();
-  if (count == w.params.size()) return;
-  if (w.shards)
-    throw TrialError("an optimizer's parameter groups changed from " + std::to_string(w.params.size()) + " to " + std::to_string(count) +
-                     " parameters during training; with ZeRO (optimizations.zero_stage 1) its shards are cut once, when the fit "
-                     "starts: add the parameters before it (frozen ones stay still with requires_grad off)");
-  w.buckets.reset();
-  w.params.clear();
-  for (auto& group : w.optimizer->param_groups())
-    for (auto& p : group.params()) w.params.push_back(p);
-}
-
-DETTRIAL_INLINE detail::OptimizerShards& Context::shard_optimizer(std::size_t i) {
-  WrappedOptimizer& w = optimizers_.at(i);
-  if (w.shards) return *w.shards;
-  if (!communicator_) throw TrialError("ZeRO shards an optimizer over the ranks of a data-parallel job; this context has one rank");
-  refresh_params(w);
-  // Gradients as views of the buckets where a view shares memory with its base (the CPU and CUDA;
-  // not, for one, LibTorch's lazy device, whose views are replayed): a rank then holds them once.
-  using Layout = detail::GradientBuckets::GradientLayout;
-  const bool aliasing = std::all_of(w.params.begin(), w.params.end(), [](const torch::Tensor& p) { return p.is_cpu() || p.is_cuda(); });
-  w.buckets = std::make_unique<detail::GradientBuckets>(*communicator_, w.params, communicator_->size(),
-                                                        aliasing ? Layout::bucket_views : Layout::copied);
-  w.shards = std::make_unique<detail::OptimizerShards>(*communicator_, *w.buckets, *w.optimizer);
-  return *w.shards;
-}
-
-DETTRIAL_INLINE void Context::step_shards(WrappedOptimizer& w) {
-  bool stepped = true;
-  {
-    const auto stepping = w.shards->stepping();
-    if (scaler_) stepped = scaler_->step(*w.optimizer, w.params);
-    else w.optimizer->step();
-  }
-  if (stepped) w.shards->all_gather_parameters();
-}
-
-DETTRIAL_INLINE Context::WrappedOptimizer& Context::find_optimizer(const torch::optim::Optimizer& optimizer) {
-  for (auto& w : optimizers_)
-    if (w.optimizer == &optimizer) return w;
-  throw TrialError("step_optimizer was given an optimizer that was not wrapped with context.wrap_optimizer");
 }
 
 }  // namespace dettrial
@@ -14873,6 +15638,78 @@ concept ImperativeTrial = Trial<T> && !DeclaresModel<T>;
 
 #include <torch/torch.h>
 
+// ---- begin dettrial/context/access.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief What only dettrial's trainer and checkpoints do with a Context (its run's position, the
+/// registrations and the training step as they drive them), behind a key only a Trainer makes.
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+
+
+namespace dettrial {
+template <class TrialT>
+class Trainer;
+}  // namespace dettrial
+
+namespace dettrial::detail {
+/**
+ * @brief The pass every call of ContextAccess takes: only a dettrial::Trainer can make one (the
+ * constructor is private to it), and it hands copies to the pieces that drive its run (the fit loop,
+ * the schedule, the validation steps, the checkpoints). A trial, or any other code, holds none, so
+ * nothing but the trainer moves a run's position, steps its schedulers or ends its batches.
+ */
+class TrainerKey {
+  TrainerKey() = default;
+  template <class TrialT>
+  friend class dettrial::Trainer;
+};
+}  // namespace dettrial::detail
+
+namespace dettrial::detail {
+/**
+ * @brief The one way into what only dettrial's trainer and checkpoints do with a Context: the run's
+ * position, the registrations and the training step as they drive them, and the registrations'
+ * lifetime. Context keeps these private, so a trial's view of its context (its public members)
+ * holds only what Determined's context offers a trial; and each call takes a TrainerKey, which only
+ * a Trainer makes.
+ */
+struct ContextAccess {
+  static RunPosition& position(TrainerKey, Context& c) { return c.position_; }
+  static std::span<WrappedReducer> reducers(TrainerKey, Context& c) { return c.registrations_.reducers(); }
+  /// Wrapped LR scheduler `i` (type-erased: how to step, save and restore it), in wrap order.
+  static const WrappedScheduler& lr_scheduler(TrainerKey, const Context& c, std::size_t i) { return c.registrations_.lr_schedulers()[i]; }
+  /// The wrapped LR schedulers, for the loop to step after an update batch.
+  static std::span<WrappedScheduler> lr_schedulers(TrainerKey, Context& c) { return c.registrations_.lr_schedulers(); }
+  /// The wrapped average, or null.
+  static optim::detail::ScheduledAverage* average(TrainerKey, Context& c) { return c.registrations_.average(); }
+  static bool has_registrations(TrainerKey, const Context& c) { return c.registrations_.any(); }
+  static void release_registrations(TrainerKey, Context& c) { c.release_registrations(); }
+  static void seed_rank_stream(TrainerKey, const Context& c) { detail::seed_rank_stream(c.setup_); }
+
+  /// When a fit starts, after its checkpoint is restored: ZeRO `stage` checked and started (see
+  /// TrainingStep::start_fit).
+  static void start_training_step(TrainerKey, Context& c, ZeroStage stage) { c.step_.start_fit(stage, c.registrations_.optimizers()); }
+  /// Begins training batch `position().current_batch` of `records` records (with rank_invariant,
+  /// its random draws seeded from its place in the data stream).
+  static void begin_training_batch(TrainerKey, Context& c, std::int64_t records) {
+    c.step_.begin_batch(c.position_.current_batch, records);
+  }
+  /// Ends the training batch, after train_batch and before the loop steps what it owns after an
+  /// update (the LR schedulers and the average, trainer/after_update.hpp): on an update batch the
+  /// scaler's update, once however many optimizers stepped; on the others, with rank_invariant,
+  /// the micro-batch's gradients stashed.
+  static void finish_batch(TrainerKey, Context& c) { c.step_.finish_batch(c.registrations_.optimizers(), c.is_update_batch()); }
+  /// For the checkpoint being taken: the optimizers' whole state (ZeRO's pieces gathered on the
+  /// chief; a collective there), dropped when the result ends.
+  [[nodiscard]] static WholeStates whole_optimizer_states(TrainerKey, Context& c) {
+    return c.step_.whole_states(c.registrations_.optimizers());
+  }
+};
+}  // namespace dettrial::detail
+// ---- end dettrial/context/access.hpp
 // ---- begin dettrial/detail/json_fwd.hpp
 // SPDX-License-Identifier: Apache-2.0
 /// @file
@@ -17835,227 +18672,6 @@ concept Callback = detail::has_any_hook<C>(static_cast<hook::all*>(nullptr));
 
 }  // namespace dettrial
 // ---- end dettrial/vocabulary/callbacks.hpp
-// ---- begin dettrial/checkpoint/sharded_state.hpp
-// SPDX-License-Identifier: Apache-2.0
-/// @file
-/// @brief ZeRO's optimizer state and the checkpoints: the state a checkpoint loaded (whole, in
-/// Python's layout) cut into this rank's pieces when the fit starts, on any rank count; and the
-/// pieces gathered whole for a checkpoint, so that it is written as an unsharded run writes it.
-
-#include <cstddef>
-#include <string>
-#include <utility>
-#include <vector>
-
-#include <torch/torch.h>
-
-
-namespace dettrial::detail {
-
-/**
- * @brief Whether ZeRO `stage` applies to this context's trial (always for ZeroStage::off): a
- * ConfigError naming why not: an optimizer ZeRO cannot shard, rank_invariant, a single rank.
- */
-DETTRIAL_INLINE void check_shardable(const Context& context, ZeroStage stage);
-
-/**
- * @brief Starts ZeRO `stage` for a fit (nothing for ZeroStage::off): checked (check_shardable),
- * every wrapped optimizer is cut into shards over the ranks, and the whole state it holds (a
- * checkpoint's, loaded before) is cut into this rank's pieces, the rest dropped; a parameter that is
- * not dense and contiguous is refused. Every rank calls it (a collective only in what it refuses:
- * every rank refuses alike).
- */
-DETTRIAL_INLINE void shard_optimizer_states(TrainerKey key, Context& context, ZeroStage stage);
-
-/**
- * @brief For the checkpoint being taken: each sharded optimizer's state gathered whole into the
- * chief's optimizer, keyed by its parameters as an unsharded run keeps it, so the checkpoint's
- * writers (Python's layout) read it unchanged; dropped again when this object ends. A collective:
- * every rank makes one, at the same place. The chief holds the whole state for that time.
- */
-class WholeOptimizerStates {
- public:
-  explicit WholeOptimizerStates(TrainerKey key, Context& context);
-  WholeOptimizerStates(const WholeOptimizerStates&) = delete;
-  WholeOptimizerStates& operator=(const WholeOptimizerStates&) = delete;
-  ~WholeOptimizerStates();
-
- private:
-  /// The chief's entries made for the checkpoint, per optimizer: (optimizer, its parameters with state).
-  std::vector<std::pair<torch::optim::Optimizer*, std::vector<torch::Tensor>>> made_{};
-};
-
-}  // namespace dettrial::detail
-
-// Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
-#if DETTRIAL_HEADER_DEFINITIONS
-#include <map>
-#include <optional>
-#include <set>
-
-
-namespace dettrial::detail::sharded_state {
-
-using StateMap = std::remove_cvref_t<decltype(std::declval<torch::optim::Optimizer&>().state())>;
-
-/// Whether a state entry holds one value per element of its parameter (`numel` of them), so that
-/// ZeRO cuts it; the rest (`step`, ...) are per parameter and every piece has them whole.
-inline bool per_element(const std::string& key, const c10::IValue& value, const torch::Tensor& like) {
-  return key != "step" && value.isTensor() && value.toTensor().sizes() == like.sizes();
-}
-
-/// Why ZeRO cannot shard `optimizer`, or empty when it can.
-inline std::string unshardable(torch::optim::Optimizer& optimizer) {
-  const optim::OptimizerLayout* layout = optim::python_layout_of(optimizer);
-  if (!layout) return "it has no Python layout (dettrial::optim::python_layout), which ZeRO's checkpoints need to write and cut its state";
-  if (!layout->elementwise)
-    return layout->name +
-           " updates each parameter whole, not element by element (its python_layout is not elementwise: Muon "
-           "orthogonalizes each weight matrix whole), and ZeRO's shards cut parameters apart";
-  for (const auto& group : optimizer.param_groups())
-    for (const auto& p : group.params())
-      if (p.is_sparse() || !p.is_contiguous()) return "a parameter of it is not a dense, contiguous tensor";
-  return {};
-}
-
-/// The whole state the optimizer holds for its parameters (loaded from a checkpoint) cut into this
-/// rank's pieces: each piece's state made from its parameter's, sliced; the parameters' dropped.
-inline void cut_whole_state(OptimizerShards& shards) {
-  torch::optim::Optimizer& optimizer = shards.optimizer();
-  auto& map = optimizer.state();
-  std::vector<StateMap::key_type> whole;
-  for (const auto& p : shards.params())
-    if (map.find(optimizer_state_key<StateMap>(p)) != map.end()) whole.push_back(optimizer_state_key<StateMap>(p));
-  if (whole.empty()) return;
-  const optim::OptimizerLayout& layout = *optim::python_layout_of(optimizer);  // shardable: it has one
-  for (const auto& piece : shards.pieces()) {
-    const torch::Tensor& p = shards.params()[piece.param];
-    const auto it = map.find(optimizer_state_key<StateMap>(p));
-    if (it == map.end()) continue;
-    c10::impl::GenericDict entries(c10::StringType::get(), c10::AnyType::get());
-    layout.write_state(*it->second, entries);
-    c10::impl::GenericDict cut(c10::StringType::get(), c10::AnyType::get());
-    for (const auto& entry : entries) {
-      const std::string& key = entry.key().toStringRef();
-      cut.insert(key, per_element(key, entry.value(), p)
-                          ? c10::IValue(entry.value().toTensor().reshape({-1}).narrow(0, piece.start, piece.tensor.numel()).clone())
-                          : entry.value());
-    }
-    map[optimizer_state_key<StateMap>(piece.tensor)] =
-        layout.read_state(cut, piece.tensor, "ZeRO: the loaded state of parameter " + std::to_string(piece.param));
-  }
-  for (const auto& key : whole) map.erase(key);
-  // A fused optimizer's device-side state follows its (piece) state.
-  if (auto* capturable = dynamic_cast<optim::CapturableOptimizer*>(&optimizer)) {
-    const auto stepping = shards.stepping();
-    capturable->push_device_state();
-  }
-}
-
-}  // namespace dettrial::detail::sharded_state
-
-namespace dettrial::detail {
-
-DETTRIAL_INLINE void check_shardable(const Context& context, ZeroStage stage) {
-  if (stage == ZeroStage::off) return;
-  for (std::size_t i = 0; i < context.num_optimizers(); ++i)
-    if (const std::string why = sharded_state::unshardable(context.optimizer(i)); !why.empty())
-      throw ConfigError("ZeRO (optimizations.zero_stage 1) cannot shard optimizer " + std::to_string(i) + " (" +
-                        c10::demangle(typeid(context.optimizer(i)).name()) + "): " + why);
-  if (context.rank_invariant())
-    throw ConfigError(
-        "ZeRO (optimizations.zero_stage 1) and reproducibility.rank_invariant do not go together: rank_invariant sums every "
-        "gradient in the data stream's order on every rank, and steps whole parameters; set one of them off");
-  if (!context.communicator())
-    throw ConfigError(
-        "ZeRO (optimizations.zero_stage 1) shards the optimizer state over the ranks of a data-parallel job, and this run has one "
-        "rank: start 2 or more (--nprocs, torchrun), or set zero_stage 0");
-}
-
-DETTRIAL_INLINE void shard_optimizer_states(TrainerKey key, Context& context, ZeroStage stage) {
-  check_shardable(context, stage);
-  if (stage == ZeroStage::off) return;
-  for (std::size_t i = 0; i < context.num_optimizers(); ++i)
-    sharded_state::cut_whole_state(ContextAccess::shard_optimizer(key, context, i));
-}
-
-DETTRIAL_INLINE WholeOptimizerStates::WholeOptimizerStates(TrainerKey key, Context& context) {
-  const bool chief = context.distributed().is_chief();
-  for (std::size_t i = 0; i < context.num_optimizers(); ++i) {
-    OptimizerShards* shards = ContextAccess::optimizer_shards(key, context, i);
-    if (!shards) continue;
-    torch::optim::Optimizer& optimizer = shards->optimizer();
-    if (auto* capturable = dynamic_cast<optim::CapturableOptimizer*>(&optimizer)) capturable->pull_host_state();
-    auto& map = optimizer.state();
-    const auto& params = shards->params();
-    const optim::OptimizerLayout& layout = *optim::python_layout_of(optimizer);  // sharded: it has one
-    // Each piece's state in Python's entries, read once (none where the piece has no state).
-    const auto& pieces = shards->pieces();
-    std::vector<std::optional<c10::impl::GenericDict>> piece_entries(pieces.size());
-    for (std::size_t i = 0; i < pieces.size(); ++i)
-      if (const auto it = map.find(optimizer_state_key<sharded_state::StateMap>(pieces[i].tensor)); it != map.end()) {
-        piece_entries[i].emplace(c10::StringType::get(), c10::AnyType::get());
-        layout.write_state(*it->second, *piece_entries[i]);
-      }
-    // Each rank's per-parameter entries ({parameter: {key: value}}, the per-element ones as names
-    // only), gathered: every rank then knows which parameters have state and what it holds.
-    c10::impl::GenericDict mine(c10::IntType::get(), c10::AnyType::get());
-    for (std::size_t i = 0; i < pieces.size(); ++i) {
-      const auto& piece = pieces[i];
-      if (!piece_entries[i] || mine.contains(static_cast<std::int64_t>(piece.param))) continue;
-      const c10::impl::GenericDict& entries = *piece_entries[i];
-      c10::impl::GenericDict described(c10::StringType::get(), c10::AnyType::get());
-      for (const auto& entry : entries) {
-        const std::string& key = entry.key().toStringRef();
-        described.insert(key, sharded_state::per_element(key, entry.value(), piece.tensor) ? c10::IValue("per element") : entry.value());
-      }
-      mine.insert(static_cast<std::int64_t>(piece.param), described);
-    }
-    std::map<std::size_t, c10::impl::GenericDict> whole;  // parameter -> its entries, whole
-    std::set<std::string> per_element_keys;
-    for (const c10::IValue& rank : shards->communicator().allgather_object(mine))
-      for (const auto& entry : rank.toGenericDict()) {
-        const auto k = static_cast<std::size_t>(entry.key().toInt());
-        const auto slot = whole.try_emplace(k, c10::StringType::get(), c10::AnyType::get()).first;
-        for (const auto& e : entry.value().toGenericDict()) {
-          const bool cut = e.value().isString() && e.value().toStringRef() == "per element";
-          if (cut) per_element_keys.insert(e.key().toStringRef());
-          if (!cut) slot->second.insert_or_assign(e.key(), e.value());
-        }
-      }
-    for (const std::string& key : per_element_keys) {
-      shards->all_gather(
-          [&](const OptimizerShards::Piece& piece, torch::Tensor region) {
-            const auto& entries = piece_entries[static_cast<std::size_t>(&piece - pieces.data())];
-            if (!entries) return;
-            if (const auto e = entries->find(key); e != entries->end() && e->value().isTensor()) region.copy_(e->value().toTensor());
-          },
-          [&](std::size_t b, const torch::Tensor& flat) {
-            if (!chief) return;
-            for (const auto& [k, offset] : shards->buckets()[b].members)
-              if (const auto w = whole.find(k); w != whole.end())
-                w->second.insert_or_assign(key, flat.narrow(0, offset, params[k].numel()).view(params[k].sizes()).clone());
-          });
-    }
-    if (!chief) continue;
-    std::vector<torch::Tensor> made;
-    for (const auto& [k, entries] : whole) {
-      map[optimizer_state_key<sharded_state::StateMap>(params[k])] =
-          layout.read_state(entries, params[k], "ZeRO: the gathered state of parameter " + std::to_string(k));
-      made.push_back(params[k]);
-    }
-    made_.emplace_back(&optimizer, std::move(made));
-  }
-}
-
-DETTRIAL_INLINE WholeOptimizerStates::~WholeOptimizerStates() {
-  for (auto& [optimizer, params] : made_)
-    for (const auto& p : params) optimizer->state().erase(optimizer_state_key<sharded_state::StateMap>(p));
-}
-
-}  // namespace dettrial::detail
-#endif  // DETTRIAL_HEADER_DEFINITIONS
-// ---- end dettrial/checkpoint/sharded_state.hpp
 // ---- begin dettrial/checkpoint/policy.hpp
 // SPDX-License-Identifier: Apache-2.0
 /// @file
@@ -18805,7 +19421,8 @@ DETTRIAL_INLINE Checkpointer::~Checkpointer() = default;
 DETTRIAL_INLINE void Checkpointer::begin(const CallbackHooks& callbacks, TrialCheckpointRecord record) {
   const auto started = std::chrono::steady_clock::now();
   const RankRngStates rng = gather_rng_states(*context_);
-  const detail::WholeOptimizerStates whole_optimizer_states(*key_, *context_);  // ZeRO's shards, whole on the chief while it is taken
+  const detail::WholeStates whole_optimizer_states =
+      detail::ContextAccess::whole_optimizer_states(*key_, *context_);  // ZeRO's, on the chief
   in_flight_ = true;
   if (!context_->distributed().is_chief()) return;
   StateDict top = trial_state_dict(*key_, *context_, rng, callbacks.states(callbacks.set));
@@ -26980,7 +27597,7 @@ DETTRIAL_INLINE void FitLoop::prepare_training() {
   position_.start(key_, context_);
   result_.resumed_from_batch = position_.batches_trained();
   if (Communicator* comm = context_.communicator()) broadcast_modules(*comm, context_.models());  // every rank starts from rank 0's weights
-  shard_optimizer_states(key_, context_, options_.zero_stage);  // after the restore: the loaded state is cut
+  ContextAccess::start_training_step(key_, context_, options_.zero_stage);  // after the restore: ZeRO cuts the loaded state
 }
 
 // ---- the loop: train until a boundary, then handle each boundary reached ----------------------

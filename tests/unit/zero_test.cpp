@@ -230,29 +230,60 @@ TEST_CASE("ZeRO-1: a checkpoint resumed on the same rank count, and on another (
   check_same_training(root / "plain_2", root / "zero_2");
 }
 
-TEST_CASE("ZeRO-1 is refused in one sentence where it cannot apply: one rank, rank_invariant, Muon") {
-  const auto refusal = [](ContextOptions options, bool muon) {
-    test::Context context(test::hparams(), std::move(options));
-    torch::nn::Linear layer(4, 3);
+namespace {
+/// One layer stepped by Muon or SGD: what a fit refuses ZeRO for.
+struct RefusedTrial {
+  Context& context;
+  torch::nn::Linear layer{4, 1};
+  optim::Muon muon{{layer->weight}, optim::MuonOptions(0.02)};
+  torch::optim::SGD sgd{layer->parameters(), torch::optim::SGDOptions(0.1)};
+  bool with_muon;
+  explicit RefusedTrial(Context& ctx) : context(ctx), with_muon(ctx.get_hparam<bool>("muon")) {
     context.wrap_model(layer);
-    optim::Muon muon_optimizer({layer->weight}, optim::MuonOptions(0.02));
-    torch::optim::SGD sgd(layer->parameters(), torch::optim::SGDOptions(0.1));
-    context.wrap_optimizer(muon ? static_cast<torch::optim::Optimizer&>(muon_optimizer) : sgd);
+    if (with_muon) context.wrap_optimizer(muon);
+    else context.wrap_optimizer(sgd);
+  }
+  auto build_training_data_loader() {
+    auto [x, y] = test::regression_data(12);
+    return DataLoader(TensorDataset(x, y), {.batch_size = context.get_per_slot_batch_size()});
+  }
+  auto build_validation_data_loader() { return build_training_data_loader(); }
+  Metrics train_batch(test::Batch& batch, std::int64_t, std::int64_t) {
+    auto& [x, y] = batch;
+    torch::Tensor loss = torch::mse_loss(layer->forward(x), y);
+    context.backward(loss);
+    context.step_optimizer(with_muon ? static_cast<torch::optim::Optimizer&>(muon) : sgd);
+    return {{"loss", loss}};
+  }
+  Metrics evaluate_batch(test::Batch& batch) {
+    auto& [x, y] = batch;
+    return {{"validation_loss", torch::mse_loss(layer->forward(x), y)}};
+  }
+};
+}  // namespace
+
+TEST_CASE("ZeRO-1 is refused in one sentence where it cannot apply: one rank, rank_invariant, Muon") {
+  // What a fit with zero_stage `stage` says, when it refuses: the refusal comes when the fit starts,
+  // before a batch is trained.
+  const auto refusal = [&](ContextOptions options, bool muon, ZeroStage stage = ZeroStage::optimizer_state) {
+    test::Context context(test::hparams(muon ? "muon: true\n" : "muon: false\n"), std::move(options));
+    Trainer<RefusedTrial> trainer(context);
+    FitOptions o = test::quiet({.max_length = Batch(2)});
+    o.zero_stage = stage;
     try {
-      dettrial::detail::check_shardable(context, ZeroStage::optimizer_state);
+      const FitResult r = trainer.fit(o);
+      return std::string("(not refused: ") + std::to_string(r.batches_trained) + " batches)";
     } catch (const ConfigError& e) {
       return std::string(e.what());
     }
-    return std::string("(not refused)");
   };
   CHECK(refusal({}, false).find("this run has one rank: start 2 or more") != std::string::npos);
   CHECK(refusal({.rank_invariant = true}, false).find("reproducibility.rank_invariant do not go together") != std::string::npos);
   const std::string muon = refusal({}, true);
   CHECK(muon.find("cannot shard optimizer 0 (") != std::string::npos);
   CHECK(muon.find("): Muon updates each parameter whole, not element by element") != std::string::npos);
-  // Off: nothing refused.
-  test::Context context(test::hparams(), {});
-  CHECK_NOTHROW(dettrial::detail::check_shardable(context, ZeroStage::off));
+  // Off: nothing refused, the fit trains.
+  CHECK(refusal({}, false, ZeroStage::off) == "(not refused: 2 batches)");
 }
 
 TEST_CASE("ZeRO-1 in the experiment config: optimizations.zero_stage 1, and 2, 3 or another value refused naming it") {

@@ -22,11 +22,11 @@
 #include <torch/torch.h>
 
 #include "../config/experiment_config.hpp"
+#include "../context/access.hpp"
 #include "../context/context.hpp"
 #include "../vocabulary/callbacks.hpp"
 #include "../vocabulary/checkpoint.hpp"
 #include "checkpoint.hpp"
-#include "sharded_state.hpp"
 #include "state_dict.hpp"
 #include "../detail/text.hpp"
 #include "../distributed/communicator.hpp"
@@ -255,7 +255,8 @@ DETTRIAL_INLINE Checkpointer::~Checkpointer() = default;
 DETTRIAL_INLINE void Checkpointer::begin(const CallbackHooks& callbacks, TrialCheckpointRecord record) {
   const auto started = std::chrono::steady_clock::now();
   const RankRngStates rng = gather_rng_states(*context_);
-  const detail::WholeOptimizerStates whole_optimizer_states(*key_, *context_);  // ZeRO's shards, whole on the chief while it is taken
+  const detail::WholeStates whole_optimizer_states =
+      detail::ContextAccess::whole_optimizer_states(*key_, *context_);  // ZeRO's, on the chief
   in_flight_ = true;
   if (!context_->distributed().is_chief()) return;
   StateDict top = trial_state_dict(*key_, *context_, rng, callbacks.states(callbacks.set));

@@ -19,6 +19,7 @@
 #include <torch/torch.h>
 
 #include "../layout.hpp"
+#include "../context/access.hpp"
 #include "../context/context.hpp"
 #include "../detail/json_fwd.hpp"
 #include "../version.hpp"

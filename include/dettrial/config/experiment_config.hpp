@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 #include <algorithm>
@@ -161,6 +162,12 @@ class ExperimentConfig {
    */
   Hyperparameters trial_hyperparameters() const { return Hyperparameters(resolve_constants(hyperparameters, ""), source); }
 
+  /// True when the `data` section has a value at `path` (dotted for nested values).
+  bool has_data(std::string_view path) const;
+  /// The `data` section's node at `path`; a ConfigError naming `data.<path>` and the section's
+  /// names when it is missing.
+  YAML::Node data_node(std::string_view path) const;
+
  private:
   /// `map` with its `const` entries and plain values resolved (nested maps kept); a search space is
   /// an error that names it.
@@ -221,6 +228,21 @@ DETTRIAL_INLINE void read_mlflow(const YAML::Node& m, const Reader& r, MlflowSet
 namespace dettrial {
 
 DETTRIAL_INLINE ExperimentConfig::ExperimentConfig() = default;
+
+DETTRIAL_INLINE bool ExperimentConfig::has_data(std::string_view path) const {
+  return data.IsMap() && Hyperparameters(data, source).contains(path);
+}
+
+DETTRIAL_INLINE YAML::Node ExperimentConfig::data_node(std::string_view path) const {
+  if (!has_data(path)) {
+    std::string known;
+    if (data.IsMap())
+      for (const auto& kv : data) known += (known.empty() ? "" : ", ") + kv.first.Scalar();
+    throw ConfigError("data." + std::string(path) + " is missing from " + source + "'s data section" +
+                      (known.empty() ? " (it has none)" : " (it has: " + known + ")"));
+  }
+  return Hyperparameters(data, source).node(path);
+}
 DETTRIAL_INLINE ExperimentConfig::ExperimentConfig(const ExperimentConfig&) = default;
 DETTRIAL_INLINE ExperimentConfig::ExperimentConfig(ExperimentConfig&&) noexcept = default;
 DETTRIAL_INLINE ExperimentConfig& ExperimentConfig::operator=(const ExperimentConfig&) = default;

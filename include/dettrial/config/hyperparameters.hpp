@@ -63,6 +63,9 @@ class Hyperparameters {
     return get<std::int64_t>(global_batch_size_key);
   }
   static constexpr std::string_view global_batch_size_key = "global_batch_size";
+  /// A slot's share of `global_batch_size` over `slots` slots; a HyperparameterError when it is
+  /// missing or smaller than `slots`.
+  std::int64_t per_slot_batch_size(std::int64_t slots) const;
 
   /// The nested hyperparameters under `path` (which must be a map).
   Hyperparameters nested(std::string_view path) const;
@@ -129,6 +132,16 @@ DETTRIAL_INLINE Hyperparameters& Hyperparameters::operator=(const Hyperparameter
   root_.reset(other.root_);
   source_ = other.source_;
   return *this;
+}
+
+DETTRIAL_INLINE std::int64_t Hyperparameters::per_slot_batch_size(std::int64_t slots) const {
+  const std::optional<std::int64_t> global = global_batch_size();
+  if (!global)
+    throw HyperparameterError("the batch size getters need the hyperparameter 'global_batch_size', which " + source_ + " does not define");
+  if (*global < slots)
+    throw HyperparameterError("global_batch_size (" + std::to_string(*global) + ") is smaller than slots_per_trial (" +
+                              std::to_string(slots) + ")");
+  return *global / slots;
 }
 
 DETTRIAL_INLINE Hyperparameters Hyperparameters::parse(const std::string& yaml_text, std::string source) {

@@ -9,6 +9,7 @@
 
 #include <cstdint>
 
+#include "../context/access.hpp"
 #include "../context/context.hpp"
 #include "schedule.hpp"
 

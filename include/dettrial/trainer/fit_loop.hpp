@@ -18,6 +18,7 @@
 
 #include "../checkpoint/checkpointer.hpp"
 #include "../checkpoint/trial_checkpoint.hpp"
+#include "../context/access.hpp"
 #include "../context/context.hpp"
 #include "../detail/linkage.hpp"
 #include "../distributed/metrics.hpp"
@@ -164,7 +165,6 @@ class FitLoop {
 #include <ATen/record_function.h>
 #include <torch/torch.h>
 
-#include "../checkpoint/sharded_state.hpp"
 #include "../detail/generators.hpp"
 #include "../detail/scope_exit.hpp"
 #include "../detail/signals.hpp"
@@ -256,7 +256,7 @@ DETTRIAL_INLINE void FitLoop::prepare_training() {
   position_.start(key_, context_);
   result_.resumed_from_batch = position_.batches_trained();
   if (Communicator* comm = context_.communicator()) broadcast_modules(*comm, context_.models());  // every rank starts from rank 0's weights
-  shard_optimizer_states(key_, context_, options_.zero_stage);  // after the restore: the loaded state is cut
+  ContextAccess::start_training_step(key_, context_, options_.zero_stage);  // after the restore: ZeRO cuts the loaded state
 }
 
 // ---- the loop: train until a boundary, then handle each boundary reached ----------------------

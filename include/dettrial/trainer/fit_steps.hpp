@@ -18,6 +18,7 @@
 
 #include "../checkpoint/checkpointer.hpp"
 #include "../checkpoint/trial_checkpoint.hpp"
+#include "../context/access.hpp"
 #include "../context/context.hpp"
 #include "../detail/linkage.hpp"
 #include "../distributed/metrics.hpp"

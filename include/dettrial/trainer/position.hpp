@@ -10,6 +10,7 @@
 #include <optional>
 
 #include "../checkpoint/checkpoint.hpp"
+#include "../context/access.hpp"
 #include "../context/context.hpp"
 #include "../detail/linkage.hpp"
 #include "fit_options.hpp"

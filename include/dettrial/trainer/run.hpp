@@ -27,6 +27,7 @@
 
 #include "../checkpoint/checkpointer.hpp"
 #include "../checkpoint/trial_checkpoint.hpp"
+#include "../context/access.hpp"
 #include "../context/context.hpp"
 #include "../data/copy_ahead.hpp"
 #include "../distributed/metrics.hpp"

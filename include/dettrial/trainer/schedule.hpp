@@ -9,6 +9,7 @@
 
 #include "../checkpoint/checkpoint.hpp"
 #include "../config/units.hpp"
+#include "../context/access.hpp"
 #include "../context/context.hpp"
 #include "../distributed/communicator.hpp"
 #include "../detail/linkage.hpp"

@@ -22,6 +22,7 @@
 #include <torch/torch.h>
 
 #include "../config/step_capture.hpp"
+#include "../context/access.hpp"
 #include "../context/context.hpp"
 #include "../data/to_device.hpp"
 #include "../error.hpp"

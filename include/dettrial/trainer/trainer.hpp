@@ -14,6 +14,7 @@
 
 #include <torch/torch.h>
 
+#include "../context/access.hpp"
 #include "../context/context.hpp"
 #include "../error.hpp"
 #include "../detail/scope_exit.hpp"
