@@ -3910,6 +3910,7 @@ DETTRIAL_INLINE double MetricValues::at(std::string_view name) const {
 #include <concepts>
 #include <limits>
 #include <map>
+#include <memory>
 #include <optional>
 #include <type_traits>
 #include <string>
@@ -4101,6 +4102,65 @@ struct WrappedReducer {
                             false};
     }
   }
+};
+
+/// The workload a reducer reduces (Context::wrap_reducer's `for_training` and `for_validation`).
+enum class ReducerRole { training, validation };
+
+/**
+ * @brief A trial's wrapped reducers as a fit drives them, by role: reset before a workload, this
+ * rank's parts at its end, and every rank's parts merged into the workload's metrics, each in wrap
+ * order. The one loop over them.
+ */
+class ReducerSet {
+ public:
+  /// Adds `reducer`; `owner` keeps alive what it points to when the set made it (wrap_reducer(fn)).
+  void add(WrappedReducer reducer, std::shared_ptr<void> owner = {}) {
+    reducers_.push_back(std::move(reducer));
+    if (owner) owned_.push_back(std::move(owner));
+  }
+  bool empty() const { return reducers_.empty(); }
+  void clear() {
+    reducers_.clear();
+    owned_.clear();
+  }
+  /// Whether `object` was wrapped.
+  bool contains(const void* object) const {
+    return std::any_of(reducers_.begin(), reducers_.end(), [&](const WrappedReducer& r) { return r.object == object; });
+  }
+  /// The first reducer of `role`, or null.
+  const WrappedReducer* first(ReducerRole role) const {
+    for (const auto& r : reducers_)
+      if (serves(r, role)) return &r;
+    return nullptr;
+  }
+  /// Before a workload of `role`: its reducers reset.
+  void reset(ReducerRole role) {
+    for (auto& r : reducers_)
+      if (serves(r, role)) r.reset(r.object);
+  }
+  /// At its end: this rank's part of each reducer of `role` (none for a LocalReducer's), in wrap order.
+  std::vector<c10::IValue> parts(ReducerRole role) {
+    std::vector<c10::IValue> mine;
+    for (auto& r : reducers_)
+      if (serves(r, role)) mine.push_back(r.per_slot(r.object));
+    return mine;
+  }
+  /// Every reducer of `role` reduced into `out`: `parts_of(i)` gives the i-th reducer's parts of
+  /// every rank, in rank order.
+  template <class PartsOf>
+  void merge(ReducerRole role, PartsOf&& parts_of, MetricValues& out) {
+    std::size_t index = 0;
+    for (auto& r : reducers_)
+      if (serves(r, role)) r.cross_slot_into(r.object, r.name, parts_of(index++), out);
+  }
+
+ private:
+  static bool serves(const WrappedReducer& r, ReducerRole role) {
+    return role == ReducerRole::training ? r.for_training : r.for_validation;
+  }
+  std::vector<WrappedReducer> reducers_;
+  std::vector<std::shared_ptr<void>> owned_;  // the FunctionReducers wrap_reducer(fn) made
 };
 
 }  // namespace dettrial::detail
@@ -14397,7 +14457,8 @@ class Registrations {
   /// Context::wrap_reducer; `in_job`: the context has a communicator (a LocalReducer is refused).
   template <class T, class R>
   decltype(auto) add_reducer(R&& reducer, std::string name, bool for_training, bool for_validation, bool in_job);
-  std::span<WrappedReducer> reducers() { return reducers_; }
+  ReducerSet& reducers() { return reducers_; }
+  const ReducerSet& reducers() const { return reducers_; }
 
  private:
   template <class Result>
@@ -14407,8 +14468,7 @@ class Registrations {
   std::vector<WrappedOptimizer> optimizers_;
   std::vector<WrappedScheduler> schedulers_;
   std::optional<optim::detail::ScheduledAverage> average_;
-  std::vector<WrappedReducer> reducers_;
-  std::vector<std::shared_ptr<void>> owned_reducers_;  // the FunctionReducers wrap_reducer(fn) made
+  ReducerSet reducers_;
 };
 
 template <class S, class Mode>
@@ -14460,8 +14520,7 @@ decltype(auto) Registrations::add_reducer(R&& reducer, std::string name, bool fo
                   "dettrial::Context::wrap_reducer: a reducer object must outlive the trainer, so pass a member of the trial "
                   "(an lvalue), not a temporary");
     Plain& r = reducer;
-    for (const auto& w : reducers_)
-      if (w.object == &r) throw TrialError("this reducer was already wrapped with wrap_reducer");
+    if (reducers_.contains(&r)) throw TrialError("this reducer was already wrapped with wrap_reducer");
     if constexpr (!CrossSlotReducer<Plain>)
       if (in_job)
         throw TrialError("wrap_reducer" + (name.empty() ? std::string() : " '" + name + "'") +
@@ -14469,7 +14528,7 @@ decltype(auto) Registrations::add_reducer(R&& reducer, std::string name, bool fo
                          "per_slot_reduce() and cross_slot_reduce(parts) (see dettrial::CrossSlotReducer), or wrap a "
                          "function with wrap_reducer(fn, name)");
     check_reducer_name<reduced_metrics_t<Plain>>(name);
-    reducers_.push_back(WrappedReducer::wrap(r, std::move(name), for_training, for_validation));
+    reducers_.add(WrappedReducer::wrap(r, std::move(name), for_training, for_validation));
     return static_cast<Plain&>(r);
   } else {
     constexpr bool is_function = std::invocable<Plain&, const std::vector<T>&>;
@@ -14486,8 +14545,7 @@ decltype(auto) Registrations::add_reducer(R&& reducer, std::string name, bool fo
         check_reducer_name<Result>(name);
         auto owned = std::make_shared<Function>(std::forward<R>(reducer));
         Function& r = *owned;
-        owned_reducers_.push_back(std::move(owned));
-        reducers_.push_back(WrappedReducer::wrap(r, std::move(name), for_training, for_validation));
+        reducers_.add(WrappedReducer::wrap(r, std::move(name), for_training, for_validation), std::move(owned));
         return r;
       }
     }
@@ -14514,7 +14572,6 @@ DETTRIAL_INLINE void Registrations::clear() {
   schedulers_.clear();
   average_.reset();
   reducers_.clear();
-  owned_reducers_.clear();
 }
 
 DETTRIAL_INLINE void Registrations::add_optimizer(torch::optim::Optimizer& optimizer, bool average_aggregated_gradients) {
@@ -15678,7 +15735,7 @@ namespace dettrial::detail {
  */
 struct ContextAccess {
   static RunPosition& position(TrainerKey, Context& c) { return c.position_; }
-  static std::span<WrappedReducer> reducers(TrainerKey, Context& c) { return c.registrations_.reducers(); }
+  static ReducerSet& reducers(TrainerKey, Context& c) { return c.registrations_.reducers(); }
   /// Wrapped LR scheduler `i` (type-erased: how to step, save and restore it), in wrap order.
   static const WrappedScheduler& lr_scheduler(TrainerKey, const Context& c, std::size_t i) { return c.registrations_.lr_schedulers()[i]; }
   /// The wrapped LR schedulers, for the loop to step after an update batch.
@@ -26307,10 +26364,10 @@ DETTRIAL_INLINE ConfigError missing_searcher_metric(const std::string& metric, c
 /// options cannot tell theirs (a custom type without get_lr) is left out.
 DETTRIAL_INLINE LearningRates learning_rates(const Context& context);
 
-/// Merges the user reducers taking part (`role`: for_training or for_validation) into `out`, each
-/// reducing the parts of every rank.
-DETTRIAL_INLINE void reduce_user_reducers(TrainerKey key, Context& context, bool WrappedReducer::* role,
-                                          const std::vector<RankShare>& shares, MetricValues& out);
+/// Merges the user reducers of `role` into `out`, each reducing the parts of every rank (a
+/// DistributedError when the ranks wrapped different numbers of them).
+DETTRIAL_INLINE void reduce_user_reducers(TrainerKey key, Context& context, ReducerRole role, const std::vector<RankShare>& shares,
+                                          MetricValues& out);
 
 /// At the boundaries that read the models (validation, checkpoints): every rank takes rank 0's
 /// buffers (see broadcast_buffers: DDP's broadcast_buffers), and, with `compare_parameters`, the
@@ -26333,8 +26390,7 @@ namespace dettrial::detail {
 
 DETTRIAL_INLINE void Workload::begin(TrainerKey key, Context& context, double checkpoint_wait) {
   for (const auto& m : context.models()) m->train();
-  for (auto& r : ContextAccess::reducers(key, context))
-    if (r.for_training) r.reset(r.object);
+  ContextAccess::reducers(key, context).reset(ReducerRole::training);
   means.reset();
   batch_metrics.clear();
   records = 0;
@@ -26446,14 +26502,13 @@ DETTRIAL_INLINE MetricValues report_training(TrainerKey key, Context& context, c
   const double seconds = reporter.elapsed();
   RankShare mine{.batches = workload.means.batches(), .records = workload.records};
   for (const auto& [name, value] : workload.means.means()) mine.totals.push_back({name, Reducer::avg, value});
-  for (auto& r : ContextAccess::reducers(key, context))
-    if (r.for_training) mine.reducer_parts.push_back(r.per_slot(r.object));
+  mine.reducer_parts = ContextAccess::reducers(key, context).parts(ReducerRole::training);
   const auto shares = gather_shares(std::move(mine), context.communicator());
   MetricValues avg;
   avg.set("batches", static_cast<double>(progress.batches_trained));
   avg.set("epochs", static_cast<double>(progress.epochs_trained));
   for (const auto& [name, value] : combine_training(shares)) avg.set(name, value);
-  reduce_user_reducers(key, context, &WrappedReducer::for_training, shares, avg);
+  reduce_user_reducers(key, context, ReducerRole::training, shares, avg);
   // The whole job's records (every rank's), over the chief's clock.
   const double rate = seconds > 0 ? static_cast<double>(total_records(shares)) / seconds : 0.0;
   reporter.training(progress.batches_trained, progress.epochs_trained, avg, rate, seconds, workload.phases, learning_rates(context));
@@ -26464,18 +26519,16 @@ DETTRIAL_INLINE void begin_validation(TrainerKey key, Context& context, std::int
   agree_on_replicas(context, batches_trained);
   for (const auto& m : context.models()) m->eval();
   if (const auto average = context.averaged_weights()) average->eval();
-  for (auto& r : ContextAccess::reducers(key, context))
-    if (r.for_validation) r.reset(r.object);
+  ContextAccess::reducers(key, context).reset(ReducerRole::validation);
 }
 
 DETTRIAL_INLINE MetricValues reduce_validation(TrainerKey key, Context& context, RankShare mine, std::int64_t& records) {
-  for (auto& r : ContextAccess::reducers(key, context))
-    if (r.for_validation) mine.reducer_parts.push_back(r.per_slot(r.object));
+  mine.reducer_parts = ContextAccess::reducers(key, context).parts(ReducerRole::validation);
   const auto shares = gather_shares(std::move(mine), context.communicator());
   // Decided from the gathered shares, so every rank throws (or goes on) together.
   if (total_batches(shares) == 0) throw DataError("the validation data loader yielded no batches");
   MetricValues metrics = combine_validation(shares);
-  reduce_user_reducers(key, context, &WrappedReducer::for_validation, shares, metrics);
+  reduce_user_reducers(key, context, ReducerRole::validation, shares, metrics);
   records = total_records(shares);
   return metrics;
 }
@@ -26571,15 +26624,13 @@ DETTRIAL_INLINE LearningRates learning_rates(const Context& context) {
   return out;
 }
 
-DETTRIAL_INLINE void reduce_user_reducers(TrainerKey key, Context& context, bool WrappedReducer::* role,
-                                          const std::vector<RankShare>& shares, MetricValues& out) {
+DETTRIAL_INLINE void reduce_user_reducers(TrainerKey key, Context& context, ReducerRole role, const std::vector<RankShare>& shares,
+                                          MetricValues& out) {
   // Every rank sees every share, so a mismatch stops all ranks here together.
   for (const auto& s : shares)
     if (s.reducer_parts.size() != shares.front().reducer_parts.size())
       throw DistributedError("the ranks wrapped different numbers of reducers; every rank must build the same trial");
-  std::size_t index = 0;
-  for (auto& r : ContextAccess::reducers(key, context))
-    if (r.*role) r.cross_slot_into(r.object, r.name, reducer_parts(shares, index++), out);
+  ContextAccess::reducers(key, context).merge(role, [&](std::size_t index) { return reducer_parts(shares, index); }, out);
 }
 
 DETTRIAL_INLINE void agree_on_replicas(Context& context, std::int64_t batches_trained, bool compare_parameters) {
@@ -27218,11 +27269,10 @@ DETTRIAL_INLINE void check_step_capture(TrainerKey key, const StepCapture& captu
   if (context.aggregation_frequency() > 1)
     throw ConfigError(what + "needs aggregation_frequency 1: with " + std::to_string(context.aggregation_frequency()) +
                       " the optimizer steps on some batches only, which one graph cannot replay");
-  for (const auto& reducer : detail::ContextAccess::reducers(key, context))
-    if (reducer.for_training)
-      throw TrialError(what + "replays train_batch without running its host code, so a reducer fed in train_batch (" +
-                       (reducer.name.empty() ? std::string("one returning MetricValues") : "'" + reducer.name + "'") +
-                       ") would see only the captured batch; wrap it with for_training = false, or set step_capture: none");
+  if (const WrappedReducer* reducer = detail::ContextAccess::reducers(key, context).first(ReducerRole::training))
+    throw TrialError(what + "replays train_batch without running its host code, so a reducer fed in train_batch (" +
+                     (reducer->name.empty() ? std::string("one returning MetricValues") : "'" + reducer->name + "'") +
+                     ") would see only the captured batch; wrap it with for_training = false, or set step_capture: none");
 #if !DETTRIAL_FUSED_KERNELS
   if (context.scaler())
     throw ConfigError(what +

@@ -41,7 +41,7 @@ namespace dettrial::detail {
  */
 struct ContextAccess {
   static RunPosition& position(TrainerKey, Context& c) { return c.position_; }
-  static std::span<WrappedReducer> reducers(TrainerKey, Context& c) { return c.registrations_.reducers(); }
+  static ReducerSet& reducers(TrainerKey, Context& c) { return c.registrations_.reducers(); }
   /// Wrapped LR scheduler `i` (type-erased: how to step, save and restore it), in wrap order.
   static const WrappedScheduler& lr_scheduler(TrainerKey, const Context& c, std::size_t i) { return c.registrations_.lr_schedulers()[i]; }
   /// The wrapped LR schedulers, for the loop to step after an update batch.

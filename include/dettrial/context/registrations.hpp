@@ -64,7 +64,8 @@ class Registrations {
   /// Context::wrap_reducer; `in_job`: the context has a communicator (a LocalReducer is refused).
   template <class T, class R>
   decltype(auto) add_reducer(R&& reducer, std::string name, bool for_training, bool for_validation, bool in_job);
-  std::span<WrappedReducer> reducers() { return reducers_; }
+  ReducerSet& reducers() { return reducers_; }
+  const ReducerSet& reducers() const { return reducers_; }
 
  private:
   template <class Result>
@@ -74,8 +75,7 @@ class Registrations {
   std::vector<WrappedOptimizer> optimizers_;
   std::vector<WrappedScheduler> schedulers_;
   std::optional<optim::detail::ScheduledAverage> average_;
-  std::vector<WrappedReducer> reducers_;
-  std::vector<std::shared_ptr<void>> owned_reducers_;  // the FunctionReducers wrap_reducer(fn) made
+  ReducerSet reducers_;
 };
 
 template <class S, class Mode>
@@ -127,8 +127,7 @@ decltype(auto) Registrations::add_reducer(R&& reducer, std::string name, bool fo
                   "dettrial::Context::wrap_reducer: a reducer object must outlive the trainer, so pass a member of the trial "
                   "(an lvalue), not a temporary");
     Plain& r = reducer;
-    for (const auto& w : reducers_)
-      if (w.object == &r) throw TrialError("this reducer was already wrapped with wrap_reducer");
+    if (reducers_.contains(&r)) throw TrialError("this reducer was already wrapped with wrap_reducer");
     if constexpr (!CrossSlotReducer<Plain>)
       if (in_job)
         throw TrialError("wrap_reducer" + (name.empty() ? std::string() : " '" + name + "'") +
@@ -136,7 +135,7 @@ decltype(auto) Registrations::add_reducer(R&& reducer, std::string name, bool fo
                          "per_slot_reduce() and cross_slot_reduce(parts) (see dettrial::CrossSlotReducer), or wrap a "
                          "function with wrap_reducer(fn, name)");
     check_reducer_name<reduced_metrics_t<Plain>>(name);
-    reducers_.push_back(WrappedReducer::wrap(r, std::move(name), for_training, for_validation));
+    reducers_.add(WrappedReducer::wrap(r, std::move(name), for_training, for_validation));
     return static_cast<Plain&>(r);
   } else {
     constexpr bool is_function = std::invocable<Plain&, const std::vector<T>&>;
@@ -153,8 +152,7 @@ decltype(auto) Registrations::add_reducer(R&& reducer, std::string name, bool fo
         check_reducer_name<Result>(name);
         auto owned = std::make_shared<Function>(std::forward<R>(reducer));
         Function& r = *owned;
-        owned_reducers_.push_back(std::move(owned));
-        reducers_.push_back(WrappedReducer::wrap(r, std::move(name), for_training, for_validation));
+        reducers_.add(WrappedReducer::wrap(r, std::move(name), for_training, for_validation), std::move(owned));
         return r;
       }
     }
@@ -181,7 +179,6 @@ DETTRIAL_INLINE void Registrations::clear() {
   schedulers_.clear();
   average_.reset();
   reducers_.clear();
-  owned_reducers_.clear();
 }
 
 DETTRIAL_INLINE void Registrations::add_optimizer(torch::optim::Optimizer& optimizer, bool average_aggregated_gradients) {

@@ -8,6 +8,7 @@
 #include <concepts>
 #include <limits>
 #include <map>
+#include <memory>
 #include <optional>
 #include <type_traits>
 #include <string>
@@ -202,6 +203,65 @@ struct WrappedReducer {
                             false};
     }
   }
+};
+
+/// The workload a reducer reduces (Context::wrap_reducer's `for_training` and `for_validation`).
+enum class ReducerRole { training, validation };
+
+/**
+ * @brief A trial's wrapped reducers as a fit drives them, by role: reset before a workload, this
+ * rank's parts at its end, and every rank's parts merged into the workload's metrics, each in wrap
+ * order. The one loop over them.
+ */
+class ReducerSet {
+ public:
+  /// Adds `reducer`; `owner` keeps alive what it points to when the set made it (wrap_reducer(fn)).
+  void add(WrappedReducer reducer, std::shared_ptr<void> owner = {}) {
+    reducers_.push_back(std::move(reducer));
+    if (owner) owned_.push_back(std::move(owner));
+  }
+  bool empty() const { return reducers_.empty(); }
+  void clear() {
+    reducers_.clear();
+    owned_.clear();
+  }
+  /// Whether `object` was wrapped.
+  bool contains(const void* object) const {
+    return std::any_of(reducers_.begin(), reducers_.end(), [&](const WrappedReducer& r) { return r.object == object; });
+  }
+  /// The first reducer of `role`, or null.
+  const WrappedReducer* first(ReducerRole role) const {
+    for (const auto& r : reducers_)
+      if (serves(r, role)) return &r;
+    return nullptr;
+  }
+  /// Before a workload of `role`: its reducers reset.
+  void reset(ReducerRole role) {
+    for (auto& r : reducers_)
+      if (serves(r, role)) r.reset(r.object);
+  }
+  /// At its end: this rank's part of each reducer of `role` (none for a LocalReducer's), in wrap order.
+  std::vector<c10::IValue> parts(ReducerRole role) {
+    std::vector<c10::IValue> mine;
+    for (auto& r : reducers_)
+      if (serves(r, role)) mine.push_back(r.per_slot(r.object));
+    return mine;
+  }
+  /// Every reducer of `role` reduced into `out`: `parts_of(i)` gives the i-th reducer's parts of
+  /// every rank, in rank order.
+  template <class PartsOf>
+  void merge(ReducerRole role, PartsOf&& parts_of, MetricValues& out) {
+    std::size_t index = 0;
+    for (auto& r : reducers_)
+      if (serves(r, role)) r.cross_slot_into(r.object, r.name, parts_of(index++), out);
+  }
+
+ private:
+  static bool serves(const WrappedReducer& r, ReducerRole role) {
+    return role == ReducerRole::training ? r.for_training : r.for_validation;
+  }
+  std::vector<WrappedReducer> reducers_;
+  std::vector<std::shared_ptr<void>> owned_;  // the FunctionReducers wrap_reducer(fn) made
 };
 
 }  // namespace dettrial::detail

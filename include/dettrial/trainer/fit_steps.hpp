@@ -100,10 +100,10 @@ DETTRIAL_INLINE ConfigError missing_searcher_metric(const std::string& metric, c
 /// options cannot tell theirs (a custom type without get_lr) is left out.
 DETTRIAL_INLINE LearningRates learning_rates(const Context& context);
 
-/// Merges the user reducers taking part (`role`: for_training or for_validation) into `out`, each
-/// reducing the parts of every rank.
-DETTRIAL_INLINE void reduce_user_reducers(TrainerKey key, Context& context, bool WrappedReducer::* role,
-                                          const std::vector<RankShare>& shares, MetricValues& out);
+/// Merges the user reducers of `role` into `out`, each reducing the parts of every rank (a
+/// DistributedError when the ranks wrapped different numbers of them).
+DETTRIAL_INLINE void reduce_user_reducers(TrainerKey key, Context& context, ReducerRole role, const std::vector<RankShare>& shares,
+                                          MetricValues& out);
 
 /// At the boundaries that read the models (validation, checkpoints): every rank takes rank 0's
 /// buffers (see broadcast_buffers: DDP's broadcast_buffers), and, with `compare_parameters`, the
@@ -131,8 +131,7 @@ namespace dettrial::detail {
 
 DETTRIAL_INLINE void Workload::begin(TrainerKey key, Context& context, double checkpoint_wait) {
   for (const auto& m : context.models()) m->train();
-  for (auto& r : ContextAccess::reducers(key, context))
-    if (r.for_training) r.reset(r.object);
+  ContextAccess::reducers(key, context).reset(ReducerRole::training);
   means.reset();
   batch_metrics.clear();
   records = 0;
@@ -244,14 +243,13 @@ DETTRIAL_INLINE MetricValues report_training(TrainerKey key, Context& context, c
   const double seconds = reporter.elapsed();
   RankShare mine{.batches = workload.means.batches(), .records = workload.records};
   for (const auto& [name, value] : workload.means.means()) mine.totals.push_back({name, Reducer::avg, value});
-  for (auto& r : ContextAccess::reducers(key, context))
-    if (r.for_training) mine.reducer_parts.push_back(r.per_slot(r.object));
+  mine.reducer_parts = ContextAccess::reducers(key, context).parts(ReducerRole::training);
   const auto shares = gather_shares(std::move(mine), context.communicator());
   MetricValues avg;
   avg.set("batches", static_cast<double>(progress.batches_trained));
   avg.set("epochs", static_cast<double>(progress.epochs_trained));
   for (const auto& [name, value] : combine_training(shares)) avg.set(name, value);
-  reduce_user_reducers(key, context, &WrappedReducer::for_training, shares, avg);
+  reduce_user_reducers(key, context, ReducerRole::training, shares, avg);
   // The whole job's records (every rank's), over the chief's clock.
   const double rate = seconds > 0 ? static_cast<double>(total_records(shares)) / seconds : 0.0;
   reporter.training(progress.batches_trained, progress.epochs_trained, avg, rate, seconds, workload.phases, learning_rates(context));
@@ -262,18 +260,16 @@ DETTRIAL_INLINE void begin_validation(TrainerKey key, Context& context, std::int
   agree_on_replicas(context, batches_trained);
   for (const auto& m : context.models()) m->eval();
   if (const auto average = context.averaged_weights()) average->eval();
-  for (auto& r : ContextAccess::reducers(key, context))
-    if (r.for_validation) r.reset(r.object);
+  ContextAccess::reducers(key, context).reset(ReducerRole::validation);
 }
 
 DETTRIAL_INLINE MetricValues reduce_validation(TrainerKey key, Context& context, RankShare mine, std::int64_t& records) {
-  for (auto& r : ContextAccess::reducers(key, context))
-    if (r.for_validation) mine.reducer_parts.push_back(r.per_slot(r.object));
+  mine.reducer_parts = ContextAccess::reducers(key, context).parts(ReducerRole::validation);
   const auto shares = gather_shares(std::move(mine), context.communicator());
   // Decided from the gathered shares, so every rank throws (or goes on) together.
   if (total_batches(shares) == 0) throw DataError("the validation data loader yielded no batches");
   MetricValues metrics = combine_validation(shares);
-  reduce_user_reducers(key, context, &WrappedReducer::for_validation, shares, metrics);
+  reduce_user_reducers(key, context, ReducerRole::validation, shares, metrics);
   records = total_records(shares);
   return metrics;
 }
@@ -369,15 +365,13 @@ DETTRIAL_INLINE LearningRates learning_rates(const Context& context) {
   return out;
 }
 
-DETTRIAL_INLINE void reduce_user_reducers(TrainerKey key, Context& context, bool WrappedReducer::* role,
-                                          const std::vector<RankShare>& shares, MetricValues& out) {
+DETTRIAL_INLINE void reduce_user_reducers(TrainerKey key, Context& context, ReducerRole role, const std::vector<RankShare>& shares,
+                                          MetricValues& out) {
   // Every rank sees every share, so a mismatch stops all ranks here together.
   for (const auto& s : shares)
     if (s.reducer_parts.size() != shares.front().reducer_parts.size())
       throw DistributedError("the ranks wrapped different numbers of reducers; every rank must build the same trial");
-  std::size_t index = 0;
-  for (auto& r : ContextAccess::reducers(key, context))
-    if (r.*role) r.cross_slot_into(r.object, r.name, reducer_parts(shares, index++), out);
+  ContextAccess::reducers(key, context).merge(role, [&](std::size_t index) { return reducer_parts(shares, index); }, out);
 }
 
 DETTRIAL_INLINE void agree_on_replicas(Context& context, std::int64_t batches_trained, bool compare_parameters) {

@@ -332,11 +332,10 @@ DETTRIAL_INLINE void check_step_capture(TrainerKey key, const StepCapture& captu
   if (context.aggregation_frequency() > 1)
     throw ConfigError(what + "needs aggregation_frequency 1: with " + std::to_string(context.aggregation_frequency()) +
                       " the optimizer steps on some batches only, which one graph cannot replay");
-  for (const auto& reducer : detail::ContextAccess::reducers(key, context))
-    if (reducer.for_training)
-      throw TrialError(what + "replays train_batch without running its host code, so a reducer fed in train_batch (" +
-                       (reducer.name.empty() ? std::string("one returning MetricValues") : "'" + reducer.name + "'") +
-                       ") would see only the captured batch; wrap it with for_training = false, or set step_capture: none");
+  if (const WrappedReducer* reducer = detail::ContextAccess::reducers(key, context).first(ReducerRole::training))
+    throw TrialError(what + "replays train_batch without running its host code, so a reducer fed in train_batch (" +
+                     (reducer->name.empty() ? std::string("one returning MetricValues") : "'" + reducer->name + "'") +
+                     ") would see only the captured batch; wrap it with for_training = false, or set step_capture: none");
 #if !DETTRIAL_FUSED_KERNELS
   if (context.scaler())
     throw ConfigError(what +
