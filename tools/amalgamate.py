@@ -2,8 +2,8 @@
 """Generates single_include/dettrial/dettrial.hpp (the trial API), single_include/dettrial/search.hpp
 (search spaces and searchers), single_include/dettrial/main.hpp
 (the opt-in command line, which includes the first and inlines only what it adds), the same for
-single_include/dettrial/vision.hpp (image data) and single_include/dettrial/samplers.hpp (the samplers'
-range-v3 views), and
+single_include/dettrial/vision.hpp (image data), single_include/dettrial/keras.hpp (Keras-style trials)
+and single_include/dettrial/samplers.hpp (the samplers' range-v3 views), and
 single_include/dettrial/src.hpp (separate-compilation mode's source, which includes main.hpp) from include/
 (dettrial's headers inlined once each, system and third-party includes kept). `--check` fails when a
 committed file is stale."""
@@ -22,6 +22,8 @@ SEARCH_ENTRY = INCLUDE / "dettrial" / "search.hpp"
 SEARCH_OUTPUT = ROOT / "single_include" / "dettrial" / "search.hpp"
 VISION_ENTRY = INCLUDE / "dettrial" / "vision.hpp"
 VISION_OUTPUT = ROOT / "single_include" / "dettrial" / "vision.hpp"
+KERAS_ENTRY = INCLUDE / "dettrial" / "keras.hpp"
+KERAS_OUTPUT = ROOT / "single_include" / "dettrial" / "keras.hpp"
 SAMPLERS_ENTRY = INCLUDE / "dettrial" / "samplers.hpp"
 SAMPLERS_OUTPUT = ROOT / "single_include" / "dettrial" / "samplers.hpp"
 SRC_ENTRY = INCLUDE / "dettrial" / "src.hpp"
@@ -68,7 +70,7 @@ def generate() -> dict:
     out = [BANNER, "#pragma once\n"]
     inline(ENTRY.resolve(), seen, out)
     trial_api = set(seen)
-    # search.hpp, main.hpp, vision.hpp and samplers.hpp include dettrial.hpp: their single-header editions include
+    # search.hpp, main.hpp, vision.hpp, keras.hpp and samplers.hpp include dettrial.hpp: their single-header editions include
     # the file above instead, and inline only what they add to it (main.hpp: to search.hpp too, which
     # it includes, so that both can be included).
     search_out = [BANNER, "#pragma once\n", '#include "dettrial.hpp"\n']
@@ -77,13 +79,16 @@ def generate() -> dict:
     inline(MAIN_ENTRY.resolve(), seen, main_out)
     vision_out = [BANNER, "#pragma once\n", '#include "dettrial.hpp"\n']
     inline(VISION_ENTRY.resolve(), set(trial_api), vision_out)
+    keras_out = [BANNER, "#pragma once\n", '#include "dettrial.hpp"\n']
+    inline(KERAS_ENTRY.resolve(), set(trial_api), keras_out)
     samplers_out = [BANNER, "#pragma once\n", '#include "dettrial.hpp"\n']
     inline(SAMPLERS_ENTRY.resolve(), set(trial_api), samplers_out)
-    # src.hpp only includes main.hpp and vision.hpp: copied as it is, it includes their single-header
-    # editions beside it.
+    # src.hpp only includes main.hpp, vision.hpp and keras.hpp: copied as it is, it includes their
+    # single-header editions beside it.
     src = SRC_ENTRY.read_text()
-    assert re.findall(r'#\s*include\s*"([^"]+)"', src) == ["main.hpp", "vision.hpp"], "src.hpp must include main.hpp and vision.hpp only"
-    return {OUTPUT: "".join(out), SEARCH_OUTPUT: "".join(search_out), MAIN_OUTPUT: "".join(main_out), VISION_OUTPUT: "".join(vision_out),
+    assert re.findall(r'#\s*include\s*"([^"]+)"', src) == ["main.hpp", "vision.hpp", "keras.hpp"], \
+        "src.hpp must include main.hpp, vision.hpp and keras.hpp only"
+    return {OUTPUT: "".join(out), SEARCH_OUTPUT: "".join(search_out), MAIN_OUTPUT: "".join(main_out), VISION_OUTPUT: "".join(vision_out), KERAS_OUTPUT: "".join(keras_out),
             SAMPLERS_OUTPUT: "".join(samplers_out), SRC_OUTPUT: BANNER + src}
 
 

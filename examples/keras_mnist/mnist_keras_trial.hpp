@@ -7,7 +7,7 @@
 #include <filesystem>
 #include <string>
 
-#include <dettrial/dettrial.hpp>
+#include <dettrial/keras.hpp>
 
 namespace keras_mnist {
 

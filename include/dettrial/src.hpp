@@ -18,3 +18,4 @@
 #define DETTRIAL_COMPILING_DEFINITIONS 1
 #include "main.hpp"
 #include "vision.hpp"
+#include "keras.hpp"

@@ -22,3 +22,4 @@
 #define DETTRIAL_COMPILING_DEFINITIONS 1
 #include "main.hpp"
 #include "vision.hpp"
+#include "keras.hpp"

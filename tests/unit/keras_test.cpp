@@ -12,6 +12,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include <dettrial/keras.hpp>
+
 #include "ranks.hpp"  // test_trials.hpp, and running ranks
 #include "applied_context.hpp"
 

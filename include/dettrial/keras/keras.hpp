@@ -31,6 +31,7 @@
 #include "../optim/handles.hpp"
 #include "../detail/yaml.hpp"
 #include "../detail/linkage.hpp"
+#include "../trainer/trainer.hpp"
 #include "callbacks.hpp"
 
 namespace dettrial::keras {
@@ -649,3 +650,22 @@ DETTRIAL_INLINE void initialize_like_keras(torch::nn::Module& model) {
 }  // namespace dettrial::keras
 
 #endif  // DETTRIAL_HEADER_DEFINITIONS
+
+namespace dettrial {
+
+/**
+ * @brief A Keras-style trial (keras::KerasTrial: `build_model()` returns `keras::compile(...)`) runs
+ * as the trial keras::TrialAdapter writes for it: the same loop, checkpoints, searchers and data
+ * parallel; `trial()` is the user's trial.
+ */
+template <class K>
+  requires keras::KerasTrial<K>
+class Trainer<K> : public Trainer<keras::TrialAdapter<K>> {
+  using Adapted = Trainer<keras::TrialAdapter<K>>;
+
+ public:
+  using Adapted::Adapted;
+  K& trial() { return Adapted::trial().trial(); }
+};
+
+}  // namespace dettrial

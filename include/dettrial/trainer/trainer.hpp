@@ -19,7 +19,6 @@
 #include "../error.hpp"
 #include "../detail/scope_exit.hpp"
 #include "../vocabulary/trial.hpp"
-#include "../keras/keras.hpp"
 #include "callbacks.hpp"
 #include "fit_options.hpp"
 #include "run.hpp"
@@ -169,21 +168,6 @@ class Trainer {
   std::unique_ptr<SchedulerResult> scheduler_;
   std::unique_ptr<TrialCallbacks> callbacks_;
   detail::missing missing_;
-};
-
-/**
- * @brief A Keras-style trial (keras::KerasTrial: `build_model()` returns `keras::compile(...)`) runs
- * as the trial keras::TrialAdapter writes for it: the same loop, checkpoints, searchers and data
- * parallel; `trial()` is the user's trial.
- */
-template <class K>
-  requires keras::KerasTrial<K>
-class Trainer<K> : public Trainer<keras::TrialAdapter<K>> {
-  using Adapted = Trainer<keras::TrialAdapter<K>>;
-
- public:
-  using Adapted::Adapted;
-  K& trial() { return Adapted::trial().trial(); }
 };
 
 }  // namespace dettrial
