@@ -11348,6 +11348,10 @@ using C10dBackend = c10d::ProcessGroup;
 /// GPU's UUID, or "" where a rank has no GPU of its own): "rank 3 has no GPU of its own", "ranks 0
 /// and 1 would both use GPU <uuid>"; empty when every rank has a GPU no other rank uses.
 std::string why_not_one_gpu_per_rank(const std::vector<std::string>& gpu_of_rank);
+
+/// The one device rule: the GPU a process's local rank picks (one per process), for the Context's
+/// device and NCCL's alike.
+DETTRIAL_INLINE c10::DeviceIndex local_gpu_index(const LaunchEnvironment& env);
 }  // namespace dettrial::detail
 
 namespace dettrial {
@@ -11475,7 +11479,6 @@ DETTRIAL_INLINE std::string why_not_one_gpu_per_rank(const std::vector<std::stri
   return {};
 }
 
-/// The GPU a process's local rank picks: one per process, as the Context picks its device.
 DETTRIAL_INLINE c10::DeviceIndex local_gpu_index(const LaunchEnvironment& env) {
   return static_cast<c10::DeviceIndex>(env.local_rank % std::max<std::int64_t>(static_cast<std::int64_t>(torch::cuda::device_count()), 1));
 }
@@ -14214,10 +14217,6 @@ class TrainingStep {
   /// The mode for `settings` (a ConfigError where they cannot train), with `precision`.
   TrainingStep(const StepSettings& settings, PrecisionStep precision);
 
-  /// The mode's name (local, replicated, ordered, sharded).
-  std::string_view mode_name() const {
-    return std::visit([](const auto& mode) { return std::remove_cvref_t<decltype(mode)>::name; }, mode_);
-  }
   bool rank_invariant() const { return std::holds_alternative<OrderedStep>(mode_); }
   PrecisionStep& precision() { return precision_; }
   const PrecisionStep& precision() const { return precision_; }
@@ -14722,10 +14721,10 @@ inline void join(ContextSetup& s, ContextOptions& options) {
 /// One GPU per process: the local rank picks it. NCCL takes tensors on one GPU only: models,
 /// gradients and every collective must be there (Gloo takes CPU tensors, and CUDA ones too).
 inline void pick_device(ContextSetup& s, const ContextOptions& options) {
-  const auto gpus = std::max<std::int64_t>(static_cast<std::int64_t>(torch::cuda::device_count()), 1);
+  const LaunchEnvironment alone{};  // one process: local rank 0
   s.device = options.device ? *options.device
                             : (torch::cuda::is_available()
-                                   ? torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(s.distributed.local_rank % gpus))
+                                   ? torch::Device(torch::kCUDA, local_gpu_index(s.communicator ? s.communicator->environment() : alone))
                                    : torch::Device(torch::kCPU));
   if (s.communicator && !s.communicator->device().is_cpu() && s.communicator->device() != s.device)
     throw ConfigError(std::string("the ") + s.communicator->backend_name() + " backend of rank " + std::to_string(s.distributed.rank) +

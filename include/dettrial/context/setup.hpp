@@ -117,10 +117,10 @@ inline void join(ContextSetup& s, ContextOptions& options) {
 /// One GPU per process: the local rank picks it. NCCL takes tensors on one GPU only: models,
 /// gradients and every collective must be there (Gloo takes CPU tensors, and CUDA ones too).
 inline void pick_device(ContextSetup& s, const ContextOptions& options) {
-  const auto gpus = std::max<std::int64_t>(static_cast<std::int64_t>(torch::cuda::device_count()), 1);
+  const LaunchEnvironment alone{};  // one process: local rank 0
   s.device = options.device ? *options.device
                             : (torch::cuda::is_available()
-                                   ? torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(s.distributed.local_rank % gpus))
+                                   ? torch::Device(torch::kCUDA, local_gpu_index(s.communicator ? s.communicator->environment() : alone))
                                    : torch::Device(torch::kCPU));
   if (s.communicator && !s.communicator->device().is_cpu() && s.communicator->device() != s.device)
     throw ConfigError(std::string("the ") + s.communicator->backend_name() + " backend of rank " + std::to_string(s.distributed.rank) +

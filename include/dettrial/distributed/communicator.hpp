@@ -85,6 +85,10 @@ using C10dBackend = c10d::ProcessGroup;
 /// GPU's UUID, or "" where a rank has no GPU of its own): "rank 3 has no GPU of its own", "ranks 0
 /// and 1 would both use GPU <uuid>"; empty when every rank has a GPU no other rank uses.
 std::string why_not_one_gpu_per_rank(const std::vector<std::string>& gpu_of_rank);
+
+/// The one device rule: the GPU a process's local rank picks (one per process), for the Context's
+/// device and NCCL's alike.
+DETTRIAL_INLINE c10::DeviceIndex local_gpu_index(const LaunchEnvironment& env);
 }  // namespace dettrial::detail
 
 namespace dettrial {
@@ -212,7 +216,6 @@ DETTRIAL_INLINE std::string why_not_one_gpu_per_rank(const std::vector<std::stri
   return {};
 }
 
-/// The GPU a process's local rank picks: one per process, as the Context picks its device.
 DETTRIAL_INLINE c10::DeviceIndex local_gpu_index(const LaunchEnvironment& env) {
   return static_cast<c10::DeviceIndex>(env.local_rank % std::max<std::int64_t>(static_cast<std::int64_t>(torch::cuda::device_count()), 1));
 }

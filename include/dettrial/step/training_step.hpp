@@ -41,10 +41,6 @@ class TrainingStep {
   /// The mode for `settings` (a ConfigError where they cannot train), with `precision`.
   TrainingStep(const StepSettings& settings, PrecisionStep precision);
 
-  /// The mode's name (local, replicated, ordered, sharded).
-  std::string_view mode_name() const {
-    return std::visit([](const auto& mode) { return std::remove_cvref_t<decltype(mode)>::name; }, mode_);
-  }
   bool rank_invariant() const { return std::holds_alternative<OrderedStep>(mode_); }
   PrecisionStep& precision() { return precision_; }
   const PrecisionStep& precision() const { return precision_; }
