@@ -2195,7 +2195,7 @@ ExampleBatches<D, Collate> with_collate(D dataset, Collate collate) {
 
 }  // namespace dettrial
 // ---- end dettrial/data/collate.hpp
-// ---- begin dettrial/data/prefetch.hpp
+// ---- begin dettrial/data/detail/prefetch.hpp
 // SPDX-License-Identifier: Apache-2.0
 /// @file
 /// @brief Background batch reading: worker threads fill a bounded ring of batches that the consumer
@@ -2328,7 +2328,7 @@ class Prefetcher {
 };
 
 }  // namespace dettrial::detail
-// ---- end dettrial/data/prefetch.hpp
+// ---- end dettrial/data/detail/prefetch.hpp
 // ---- begin dettrial/data/sampler.hpp
 // SPDX-License-Identifier: Apache-2.0
 /// @file
@@ -2446,12 +2446,12 @@ constexpr std::int64_t distributed_length(std::int64_t length, std::int64_t num_
 
 }  // namespace dettrial::samplers
 
-namespace dettrial::samplers::detail {
+namespace dettrial::detail {
 // The chain's checks, with the sentences samplers::repeat, distribute and skip (and the loader) give.
 DETTRIAL_INLINE void check_batches_per_epoch(std::int64_t batches_per_epoch, const char* who);
 DETTRIAL_INLINE void check_replicas(std::int64_t num_replicas, std::int64_t rank);
 DETTRIAL_INLINE void check_skip(std::int64_t skip);
-}  // namespace dettrial::samplers::detail
+}  // namespace dettrial::detail
 
 // Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
 #if DETTRIAL_HEADER_DEFINITIONS
@@ -2481,14 +2481,14 @@ DETTRIAL_INLINE torch::Tensor ReproducibleShuffleSampler::operator()(std::int64_
 }
 
 DETTRIAL_INLINE torch::Tensor ReproducibleShuffleSampler::permutation(std::int64_t n, std::uint64_t seed, std::int64_t epoch) {
-  const std::uint64_t mixed = dettrial::detail::mix64(seed ^ (static_cast<std::uint64_t>(epoch) * dettrial::detail::golden_gamma));
+  const std::uint64_t mixed = detail::mix64(seed ^ (static_cast<std::uint64_t>(epoch) * detail::golden_gamma));
   auto generator = at::detail::createCPUGenerator(mixed);
   return torch::randperm(n, generator, torch::TensorOptions().dtype(torch::kLong));
 }
 
 }  // namespace dettrial::samplers
 
-namespace dettrial::samplers::detail {
+namespace dettrial::detail {
 DETTRIAL_INLINE void check_batches_per_epoch(std::int64_t batches_per_epoch, const char* who) {
   if (batches_per_epoch < 1)
     throw DataError(std::string("samplers::") + who + ": an epoch needs at least one batch, not " + std::to_string(batches_per_epoch));
@@ -2500,7 +2500,7 @@ DETTRIAL_INLINE void check_replicas(std::int64_t num_replicas, std::int64_t rank
 DETTRIAL_INLINE void check_skip(std::int64_t skip) {
   if (skip < 0) throw DataError("samplers::skip: cannot skip a negative number of batches (" + std::to_string(skip) + ")");
 }
-}  // namespace dettrial::samplers::detail
+}  // namespace dettrial::detail
 
 #endif  // DETTRIAL_HEADER_DEFINITIONS
 // ---- end dettrial/data/epoch_order.hpp
@@ -2802,9 +2802,9 @@ DETTRIAL_INLINE BatchSlice BatchSampler::global_batch(std::int64_t global) const
 }
 
 DETTRIAL_INLINE void BatchSampler::check_chain(const LoaderChain& chain) const {
-  samplers::detail::check_batches_per_epoch(batches_per_epoch_, chain.repeat ? "repeat" : "one_epoch");
-  samplers::detail::check_replicas(chain.num_replicas, chain.rank);
-  samplers::detail::check_skip(chain.skip);
+  detail::check_batches_per_epoch(batches_per_epoch_, chain.repeat ? "repeat" : "one_epoch");
+  detail::check_replicas(chain.num_replicas, chain.rank);
+  detail::check_skip(chain.skip);
 }
 
 DETTRIAL_INLINE BatchSampler BatchSampler::with_batch_size(std::int64_t batch_size) const {
@@ -4543,19 +4543,19 @@ void put_betas_options(const Options& o, StateDict& out) {
 #include <mutex>
 #include <unordered_map>
 
-namespace dettrial::optim::detail {
+namespace dettrial::detail {
 /// The registered layouts, by options type. Written while programs start (the registrations'
 /// initializers) and read when checkpoints are written and read: a lock keeps a late registration
 /// from racing a reader.
 struct PythonLayouts {
   std::mutex mutex;
-  std::unordered_map<std::type_index, const OptimizerLayout*> by_options;
+  std::unordered_map<std::type_index, const optim::OptimizerLayout*> by_options;
 };
 DETTRIAL_INLINE PythonLayouts& python_layouts() {
   static PythonLayouts layouts;
   return layouts;
 }
-}  // namespace dettrial::optim::detail
+}  // namespace dettrial::detail
 
 namespace dettrial::optim {
 
@@ -4597,8 +4597,7 @@ DETTRIAL_INLINE double number(const c10::IValue& v, const std::string& what) {
 DETTRIAL_INLINE std::int64_t count(const c10::IValue& v, const std::string& what, std::int64_t minimum) {
   const double value = number(v, what);
   if (!(value >= static_cast<double>(minimum)) || value != std::floor(value) || value > 9.0e18)
-    throw CheckpointError(what + " is " + dettrial::detail::number_text(value) + ", not a whole number of at least " +
-                          std::to_string(minimum));
+    throw CheckpointError(what + " is " + detail::number_text(value) + ", not a whole number of at least " + std::to_string(minimum));
   return static_cast<std::int64_t>(value);
 }
 
@@ -4686,7 +4685,7 @@ struct python_layout<torch::optim::SGD> {
 
 }  // namespace dettrial::optim
 
-namespace dettrial::optim::detail {
+namespace dettrial::detail {
 /// Adam and AdamW: the same state (step, exp_avg, exp_avg_sq, max_exp_avg_sq) and options under
 /// the same names; `decoupled` is the flag Python's Adam carries since 2.6 to say which it is.
 template <class Options, class State, bool Decoupled>
@@ -4699,34 +4698,34 @@ struct AdamLayout {
   // into Adam would otherwise step as Adam with L2 weight decay.
   static std::map<std::string, bool> fixed_flags() { return {{"maximize", false}, {"decoupled_weight_decay", Decoupled}}; }
   static void write_options(const options_type& o, StateDict& out) {
-    python::put_betas_options(o, out);
+    optim::python::put_betas_options(o, out);
     out.insert("amsgrad", o.amsgrad());
     out.insert("maximize", false);
   }
   static void read_option(options_type& o, const std::string& key, const c10::IValue& v, const std::string& what) {
-    if (key == "lr") o.lr(python::number(v, what));
-    else if (key == "eps") o.eps(python::number(v, what));
-    else if (key == "weight_decay") o.weight_decay(python::number(v, what));
-    else if (key == "amsgrad") o.amsgrad(python::number(v, what) != 0);
-    else if (key == "betas") o.betas(python::pair(v, what));
+    if (key == "lr") o.lr(optim::python::number(v, what));
+    else if (key == "eps") o.eps(optim::python::number(v, what));
+    else if (key == "weight_decay") o.weight_decay(optim::python::number(v, what));
+    else if (key == "amsgrad") o.amsgrad(optim::python::number(v, what) != 0);
+    else if (key == "betas") o.betas(optim::python::pair(v, what));
   }
   static void write_state(const state_type& s, StateDict& out) {
-    out.insert("step", python::step_tensor(static_cast<double>(s.step())));
-    python::put(out, "exp_avg", s.exp_avg());
-    python::put(out, "exp_avg_sq", s.exp_avg_sq());
-    python::put(out, "max_exp_avg_sq", s.max_exp_avg_sq());
+    out.insert("step", optim::python::step_tensor(static_cast<double>(s.step())));
+    optim::python::put(out, "exp_avg", s.exp_avg());
+    optim::python::put(out, "exp_avg_sq", s.exp_avg_sq());
+    optim::python::put(out, "max_exp_avg_sq", s.max_exp_avg_sq());
   }
   static std::unique_ptr<state_type> read_state(const StateDict& e, const torch::Tensor& p, const std::string& what) {
     auto s = std::make_unique<state_type>();
-    s->step(python::step(e, what));
-    s->exp_avg(python::tensor(e, "exp_avg", p, what));
-    s->exp_avg_sq(python::tensor(e, "exp_avg_sq", p, what));
-    s->max_exp_avg_sq(python::tensor(e, "max_exp_avg_sq", p, what));
+    s->step(optim::python::step(e, what));
+    s->exp_avg(optim::python::tensor(e, "exp_avg", p, what));
+    s->exp_avg_sq(optim::python::tensor(e, "exp_avg_sq", p, what));
+    s->max_exp_avg_sq(optim::python::tensor(e, "max_exp_avg_sq", p, what));
     if (!s->exp_avg().defined() || !s->exp_avg_sq().defined()) throw CheckpointError(what + " lacks exp_avg or exp_avg_sq");
     return s;
   }
 };
-}  // namespace dettrial::optim::detail
+}  // namespace dettrial::detail
 
 namespace dettrial::optim {
 
@@ -4880,12 +4879,12 @@ DETTRIAL_INLINE auto python_layout<torch::optim::Adagrad>::read_state(const Stat
 
 /// Registered where the layouts are compiled (every unit header-only; dettrial::compiled's once).
 
-namespace dettrial::optim::detail {
+namespace dettrial::detail {
 inline const bool libtorch_layouts_registered =
-    register_python_layout<torch::optim::SGD>() && register_python_layout<torch::optim::Adam>() &&
-    register_python_layout<torch::optim::AdamW>() && register_python_layout<torch::optim::RMSprop>() &&
-    register_python_layout<torch::optim::Adagrad>();
-}  // namespace dettrial::optim::detail
+    optim::register_python_layout<torch::optim::SGD>() && optim::register_python_layout<torch::optim::Adam>() &&
+    optim::register_python_layout<torch::optim::AdamW>() && optim::register_python_layout<torch::optim::RMSprop>() &&
+    optim::register_python_layout<torch::optim::Adagrad>();
+}  // namespace dettrial::detail
 
 #endif  // DETTRIAL_HEADER_DEFINITIONS
 // ---- end dettrial/optim/libtorch_layouts.hpp
@@ -5070,8 +5069,7 @@ concept SingleTensorUpdate = requires(const typename U::Options& o, const torch:
 /// Throws Python's refusal of an option as one sentence: "dettrial::optim::NAdam: lr must be at least
 /// 0, not -1" (`where` names the parameter group, or is empty for the defaults).
 [[noreturn]] inline void invalid_option(const char* optimizer, const std::string& where, const char* name, double value, const char* rule) {
-  dettrial::detail::throw_invalid_argument(std::string("dettrial::optim::") + optimizer, where + name, rule,
-                                           dettrial::detail::number_text(value));
+  detail::throw_invalid_argument(std::string("dettrial::optim::") + optimizer, where + name, rule, detail::number_text(value));
 }
 
 /**
@@ -5121,7 +5119,7 @@ class SingleTensorOptimizer : public torch::optim::Optimizer {
       for (auto& p : group.params()) {
         if (!p.grad().defined()) continue;
         if (p.grad().is_sparse()) throw TrialError(std::string("dettrial::optim::") + Update::name + " does not support sparse gradients");
-        auto& slot = state_[dettrial::detail::optimizer_state_key<StateMap>(p)];
+        auto& slot = state_[detail::optimizer_state_key<StateMap>(p)];
         if (!slot) slot = Update::fresh(p);
         auto& state = static_cast<State&>(*slot);
         if constexpr (requires { state.step(state.step() + 1); }) state.step(state.step() + 1);
@@ -5342,9 +5340,9 @@ DETTRIAL_INLINE void python_layout<Adadelta>::read_option(options_type& o, const
 
 }  // namespace dettrial::optim
 
-namespace dettrial::optim::detail {
-inline const bool adadelta_layout_registered = register_python_layout<Adadelta>();
-}  // namespace dettrial::optim::detail
+namespace dettrial::detail {
+inline const bool adadelta_layout_registered = optim::register_python_layout<optim::Adadelta>();
+}  // namespace dettrial::detail
 
 #endif  // DETTRIAL_HEADER_DEFINITIONS
 // ---- end dettrial/optim/adadelta.hpp
@@ -5486,14 +5484,14 @@ using Adamax = SingleTensorOptimizer<AdamaxUpdate>;
 
 }  // namespace dettrial::optim
 
-namespace dettrial::optim::detail {
+namespace dettrial::detail {
 /// Python's layout of NAdam, RAdam and Adamax: each parameter's `step` (a float32 0-dim tensor),
 /// `exp_avg`, `exp_avg_sq` (Adamax's `exp_inf`) and NAdam's `mu_product`; each group's lr, betas (a
 /// tuple), eps, weight_decay, maximize and its own options (less `params`).
 template <class Update>
 struct AdamFamilyLayout {
   using options_type = typename Update::Options;
-  using state_type = AdamFamilyParamState;
+  using state_type = optim::AdamFamilyParamState;
   static constexpr std::string_view name = Update::name;
   static constexpr bool elementwise = true;
   static std::set<std::string> options();
@@ -5507,7 +5505,7 @@ struct AdamFamilyLayout {
   /// The options every member reads; false when `key` is none of them.
   static bool read_shared_option(options_type& o, const std::string& key, const c10::IValue& v, const std::string& what);
 };
-}  // namespace dettrial::optim::detail
+}  // namespace dettrial::detail
 
 namespace dettrial::optim {
 
@@ -5524,12 +5522,14 @@ struct python_layout<Adamax> : detail::AdamFamilyLayout<AdamaxUpdate> {};
 #if DETTRIAL_HEADER_DEFINITIONS
 #include <cmath>
 
-namespace dettrial::optim::detail::adam_family {
+namespace dettrial::detail::adam_family {
 
 /// Python's checks shared by the three (their __init__s), one sentence naming the option and value.
 template <class Options>
 void check_common(const char* optimizer, const Options& o, const std::string& where) {
-  const auto invalid = [&](const char* name, double value, const char* rule) { invalid_option(optimizer, where, name, value, rule); };
+  const auto invalid = [&](const char* name, double value, const char* rule) {
+    optim::invalid_option(optimizer, where, name, value, rule);
+  };
   if (!(o.lr() >= 0)) invalid("lr", o.lr(), "at least 0");
   if (!(o.eps() >= 0)) invalid("eps", o.eps(), "at least 0");
   if (!(std::get<0>(o.betas()) >= 0 && std::get<0>(o.betas()) < 1)) invalid("betas[0]", std::get<0>(o.betas()), "in [0, 1)");
@@ -5538,8 +5538,9 @@ void check_common(const char* optimizer, const Options& o, const std::string& wh
 }
 
 /// A first and second moment shaped like `p` (and NAdam's mu_product, a float32 one).
-DETTRIAL_INLINE std::unique_ptr<AdamFamilyParamState> fresh_state(const torch::Tensor& p, bool mu_product, bool infinity_norm = false) {
-  auto s = std::make_unique<AdamFamilyParamState>();
+DETTRIAL_INLINE std::unique_ptr<optim::AdamFamilyParamState> fresh_state(const torch::Tensor& p, bool mu_product,
+                                                                         bool infinity_norm = false) {
+  auto s = std::make_unique<optim::AdamFamilyParamState>();
   s->infinity_norm(infinity_norm);
   s->exp_avg(torch::zeros_like(p, torch::MemoryFormat::Preserve));
   s->second(torch::zeros_like(p, torch::MemoryFormat::Preserve));
@@ -5547,7 +5548,7 @@ DETTRIAL_INLINE std::unique_ptr<AdamFamilyParamState> fresh_state(const torch::T
   return s;
 }
 
-}  // namespace dettrial::optim::detail::adam_family
+}  // namespace dettrial::detail::adam_family
 
 namespace dettrial::optim {
 // Options' and state's LibTorch serialization (dettrial's native checkpoints, torch::save).
@@ -5733,53 +5734,53 @@ DETTRIAL_INLINE void AdamaxUpdate::update(torch::Tensor& param, torch::Tensor gr
 
 }  // namespace dettrial::optim
 
-namespace dettrial::optim::detail {
+namespace dettrial::detail {
 
 template <class Update>
 void AdamFamilyLayout<Update>::write_state(const state_type& s, StateDict& out) {
   // Python keeps the step as a float32 0-dim tensor on the CPU (not capturable).
   out.insert("step", torch::scalar_tensor(static_cast<double>(s.step()), torch::kFloat));
-  python::put(out, "mu_product", s.mu_product());
-  python::put(out, "exp_avg", s.exp_avg());
-  python::put(out, s.infinity_norm() ? "exp_inf" : "exp_avg_sq", s.second());
+  optim::python::put(out, "mu_product", s.mu_product());
+  optim::python::put(out, "exp_avg", s.exp_avg());
+  optim::python::put(out, s.infinity_norm() ? "exp_inf" : "exp_avg_sq", s.second());
 }
 
 template <class Update>
 auto AdamFamilyLayout<Update>::read_family_state(const StateDict& e, const torch::Tensor& p, const char* second, bool mu_product,
                                                  const std::string& what) -> std::unique_ptr<state_type> {
   auto s = std::make_unique<state_type>();
-  s->step(python::step(e, what));
-  s->exp_avg(python::tensor(e, "exp_avg", p, what));
-  s->second(python::tensor(e, second, p, what));
+  s->step(optim::python::step(e, what));
+  s->exp_avg(optim::python::tensor(e, "exp_avg", p, what));
+  s->second(optim::python::tensor(e, second, p, what));
   s->infinity_norm(std::string(second) == "exp_inf");
   if (!s->exp_avg().defined() || !s->second().defined()) throw CheckpointError(what + " lacks exp_avg or " + second);
   if (mu_product) {
     const auto it = e.find("mu_product");
     if (it == e.end()) throw CheckpointError(what + " lacks mu_product (NAdam's)");
-    s->mu_product(torch::scalar_tensor(python::number(it->value(), what + ": 'mu_product'"), torch::kFloat));
+    s->mu_product(torch::scalar_tensor(optim::python::number(it->value(), what + ": 'mu_product'"), torch::kFloat));
   }
   return s;
 }
 
 template <class Update>
 bool AdamFamilyLayout<Update>::read_shared_option(options_type& o, const std::string& key, const c10::IValue& v, const std::string& what) {
-  if (key == "lr") o.lr(python::number(v, what));
-  else if (key == "eps") o.eps(python::number(v, what));
-  else if (key == "weight_decay") o.weight_decay(python::number(v, what));
-  else if (key == "maximize") o.maximize(python::number(v, what) != 0);
-  else if (key == "betas") o.betas(python::pair(v, what));
+  if (key == "lr") o.lr(optim::python::number(v, what));
+  else if (key == "eps") o.eps(optim::python::number(v, what));
+  else if (key == "weight_decay") o.weight_decay(optim::python::number(v, what));
+  else if (key == "maximize") o.maximize(optim::python::number(v, what) != 0);
+  else if (key == "betas") o.betas(optim::python::pair(v, what));
   else return false;
   return true;
 }
 
 // NAdam
 template <>
-inline std::set<std::string> AdamFamilyLayout<NAdamUpdate>::options() {
+inline std::set<std::string> AdamFamilyLayout<optim::NAdamUpdate>::options() {
   return {"lr", "betas", "eps", "weight_decay", "momentum_decay", "decoupled_weight_decay", "maximize"};
 }
 template <>
-inline void AdamFamilyLayout<NAdamUpdate>::write_options(const options_type& o, StateDict& out) {
-  python::put_betas_options(o, out);
+inline void AdamFamilyLayout<optim::NAdamUpdate>::write_options(const options_type& o, StateDict& out) {
+  optim::python::put_betas_options(o, out);
   out.insert("momentum_decay", o.momentum_decay());
   out.insert("decoupled_weight_decay", o.decoupled_weight_decay());
   out.insert("maximize", o.maximize());
@@ -5788,26 +5789,26 @@ inline void AdamFamilyLayout<NAdamUpdate>::write_options(const options_type& o, 
   out.insert("differentiable", false);
 }
 template <>
-inline void AdamFamilyLayout<NAdamUpdate>::read_option(options_type& o, const std::string& key, const c10::IValue& v,
-                                                       const std::string& what) {
+inline void AdamFamilyLayout<optim::NAdamUpdate>::read_option(options_type& o, const std::string& key, const c10::IValue& v,
+                                                              const std::string& what) {
   if (read_shared_option(o, key, v, what)) return;
-  if (key == "momentum_decay") o.momentum_decay(python::number(v, what));
-  else if (key == "decoupled_weight_decay") o.decoupled_weight_decay(python::number(v, what) != 0);
+  if (key == "momentum_decay") o.momentum_decay(optim::python::number(v, what));
+  else if (key == "decoupled_weight_decay") o.decoupled_weight_decay(optim::python::number(v, what) != 0);
 }
 template <>
-inline auto AdamFamilyLayout<NAdamUpdate>::read_state(const StateDict& e, const torch::Tensor& p, const std::string& what)
+inline auto AdamFamilyLayout<optim::NAdamUpdate>::read_state(const StateDict& e, const torch::Tensor& p, const std::string& what)
     -> std::unique_ptr<state_type> {
   return read_family_state(e, p, "exp_avg_sq", true, what);
 }
 
 // RAdam
 template <>
-inline std::set<std::string> AdamFamilyLayout<RAdamUpdate>::options() {
+inline std::set<std::string> AdamFamilyLayout<optim::RAdamUpdate>::options() {
   return {"lr", "betas", "eps", "weight_decay", "decoupled_weight_decay", "maximize"};
 }
 template <>
-inline void AdamFamilyLayout<RAdamUpdate>::write_options(const options_type& o, StateDict& out) {
-  python::put_betas_options(o, out);
+inline void AdamFamilyLayout<optim::RAdamUpdate>::write_options(const options_type& o, StateDict& out) {
+  optim::python::put_betas_options(o, out);
   out.insert("maximize", o.maximize());
   out.insert("foreach", c10::IValue());
   out.insert("capturable", false);
@@ -5815,45 +5816,46 @@ inline void AdamFamilyLayout<RAdamUpdate>::write_options(const options_type& o, 
   out.insert("differentiable", false);
 }
 template <>
-inline void AdamFamilyLayout<RAdamUpdate>::read_option(options_type& o, const std::string& key, const c10::IValue& v,
-                                                       const std::string& what) {
+inline void AdamFamilyLayout<optim::RAdamUpdate>::read_option(options_type& o, const std::string& key, const c10::IValue& v,
+                                                              const std::string& what) {
   if (read_shared_option(o, key, v, what)) return;
-  if (key == "decoupled_weight_decay") o.decoupled_weight_decay(python::number(v, what) != 0);
+  if (key == "decoupled_weight_decay") o.decoupled_weight_decay(optim::python::number(v, what) != 0);
 }
 template <>
-inline auto AdamFamilyLayout<RAdamUpdate>::read_state(const StateDict& e, const torch::Tensor& p, const std::string& what)
+inline auto AdamFamilyLayout<optim::RAdamUpdate>::read_state(const StateDict& e, const torch::Tensor& p, const std::string& what)
     -> std::unique_ptr<state_type> {
   return read_family_state(e, p, "exp_avg_sq", false, what);
 }
 
 // Adamax
 template <>
-inline std::set<std::string> AdamFamilyLayout<AdamaxUpdate>::options() {
+inline std::set<std::string> AdamFamilyLayout<optim::AdamaxUpdate>::options() {
   return {"lr", "betas", "eps", "weight_decay", "maximize"};
 }
 template <>
-inline void AdamFamilyLayout<AdamaxUpdate>::write_options(const options_type& o, StateDict& out) {
-  python::put_betas_options(o, out);
+inline void AdamFamilyLayout<optim::AdamaxUpdate>::write_options(const options_type& o, StateDict& out) {
+  optim::python::put_betas_options(o, out);
   out.insert("foreach", c10::IValue());
   out.insert("maximize", o.maximize());
   out.insert("differentiable", false);
   out.insert("capturable", false);
 }
 template <>
-inline void AdamFamilyLayout<AdamaxUpdate>::read_option(options_type& o, const std::string& key, const c10::IValue& v,
-                                                        const std::string& what) {
+inline void AdamFamilyLayout<optim::AdamaxUpdate>::read_option(options_type& o, const std::string& key, const c10::IValue& v,
+                                                               const std::string& what) {
   read_shared_option(o, key, v, what);
 }
 template <>
-inline auto AdamFamilyLayout<AdamaxUpdate>::read_state(const StateDict& e, const torch::Tensor& p, const std::string& what)
+inline auto AdamFamilyLayout<optim::AdamaxUpdate>::read_state(const StateDict& e, const torch::Tensor& p, const std::string& what)
     -> std::unique_ptr<state_type> {
   return read_family_state(e, p, "exp_inf", false, what);
 }
 
-inline const bool adam_family_layouts_registered =
-    register_python_layout<NAdam>() && register_python_layout<RAdam>() && register_python_layout<Adamax>();
+inline const bool adam_family_layouts_registered = optim::register_python_layout<optim::NAdam>() &&
+                                                   optim::register_python_layout<optim::RAdam>() &&
+                                                   optim::register_python_layout<optim::Adamax>();
 
-}  // namespace dettrial::optim::detail
+}  // namespace dettrial::detail
 
 #endif  // DETTRIAL_HEADER_DEFINITIONS
 // ---- end dettrial/optim/adam_family.hpp
@@ -6138,9 +6140,9 @@ DETTRIAL_INLINE void python_layout<Muon>::read_option(options_type& o, const std
 
 }  // namespace dettrial::optim
 
-namespace dettrial::optim::detail {
-inline const bool muon_layout_registered = register_python_layout<Muon>();
-}  // namespace dettrial::optim::detail
+namespace dettrial::detail {
+inline const bool muon_layout_registered = optim::register_python_layout<optim::Muon>();
+}  // namespace dettrial::detail
 
 #endif  // DETTRIAL_HEADER_DEFINITIONS
 // ---- end dettrial/optim/muon.hpp
@@ -6551,9 +6553,7 @@ class FusedAdamBase : public Base, public optim::CapturableOptimizer {
   }
 
   using Key = typename std::decay_t<decltype(std::declval<Base&>().state())>::key_type;
-  static Key key(const torch::Tensor& p) {
-    return dettrial::detail::optimizer_state_key<std::decay_t<decltype(std::declval<Base&>().state())>>(p);
-  }
+  static Key key(const torch::Tensor& p) { return detail::optimizer_state_key<std::decay_t<decltype(std::declval<Base&>().state())>>(p); }
 
   State& state_of(const torch::Tensor& p, const Options& o) {
     const Key k = key(p);
@@ -6620,9 +6620,9 @@ class FusedAdamBase : public Base, public optim::CapturableOptimizer {
 namespace dettrial::optim {
 
 /// Adam (LibTorch's options and state) stepped with a device-resident learning rate and step count.
-using FusedAdam = dettrial::detail::FusedAdamBase<torch::optim::Adam, torch::optim::AdamOptions, torch::optim::AdamParamState, false>;
+using FusedAdam = detail::FusedAdamBase<torch::optim::Adam, torch::optim::AdamOptions, torch::optim::AdamParamState, false>;
 /// AdamW (decoupled weight decay) stepped with a device-resident learning rate and step count.
-using FusedAdamW = dettrial::detail::FusedAdamBase<torch::optim::AdamW, torch::optim::AdamWOptions, torch::optim::AdamWParamState, true>;
+using FusedAdamW = detail::FusedAdamBase<torch::optim::AdamW, torch::optim::AdamWOptions, torch::optim::AdamWParamState, true>;
 
 }  // namespace dettrial::optim
 
@@ -6687,7 +6687,7 @@ DETTRIAL_INLINE torch::Tensor FusedSGD::step_with(LossClosure closure, const std
 DETTRIAL_INLINE void FusedSGD::run_buckets(const std::vector<torch::Tensor>& params, const std::vector<torch::Tensor>& bufs,
                                            const torch::optim::SGDOptions& o, const torch::Tensor& lr, bool first,
                                            const std::optional<torch::Tensor>& found_inf) {
-  dettrial::detail::for_each_bucket(params, [&](const std::vector<std::size_t>& idx) {
+  detail::for_each_bucket(params, [&](const std::vector<std::size_t>& idx) {
     std::vector<torch::Tensor> ps, grads, bs;
     ps.reserve(idx.size());
     grads.reserve(idx.size());
@@ -6701,12 +6701,12 @@ DETTRIAL_INLINE void FusedSGD::run_buckets(const std::vector<torch::Tensor>& par
 }
 
 DETTRIAL_INLINE bool FusedSGD::has_buffer(const torch::Tensor& p) {
-  const auto it = state().find(dettrial::detail::optimizer_state_key<std::decay_t<decltype(state())>>(p));
+  const auto it = state().find(detail::optimizer_state_key<std::decay_t<decltype(state())>>(p));
   return it != state().end() && static_cast<torch::optim::SGDParamState&>(*it->second).momentum_buffer().defined();
 }
 
 DETTRIAL_INLINE torch::Tensor FusedSGD::buffer(const torch::Tensor& p, bool fresh) {
-  const auto key = dettrial::detail::optimizer_state_key<std::decay_t<decltype(state())>>(p);
+  const auto key = detail::optimizer_state_key<std::decay_t<decltype(state())>>(p);
   if (fresh) {
     if (capturing()) throw_new_state("a momentum buffer");
     auto s = std::make_unique<torch::optim::SGDParamState>();
@@ -6890,28 +6890,28 @@ DETTRIAL_INLINE void set_autocast_dtype(torch::DeviceType d, at::ScalarType t) {
 namespace dettrial {
 DETTRIAL_INLINE AutocastGuard::AutocastGuard(torch::DeviceType device, std::optional<at::ScalarType> dtype)
     : device_(device),
-      previous_enabled_(dettrial::detail::autocast_enabled(device)),
-      previous_dtype_(dettrial::detail::autocast_dtype(device)),
+      previous_enabled_(detail::autocast_enabled(device)),
+      previous_dtype_(detail::autocast_dtype(device)),
       nested_(dtype.has_value()) {
   if (!dtype) {
-    dettrial::detail::set_autocast_enabled(device, false);
+    detail::set_autocast_enabled(device, false);
     return;
   }
-  dettrial::detail::set_autocast_dtype(device, *dtype);
-  dettrial::detail::set_autocast_enabled(device, true);
+  detail::set_autocast_dtype(device, *dtype);
+  detail::set_autocast_enabled(device, true);
   at::autocast::increment_nesting();
 }
 
 DETTRIAL_INLINE std::optional<at::ScalarType> AutocastGuard::current(torch::DeviceType device) {
-  if (!dettrial::detail::autocast_enabled(device)) return std::nullopt;
-  return dettrial::detail::autocast_dtype(device);
+  if (!detail::autocast_enabled(device)) return std::nullopt;
+  return detail::autocast_dtype(device);
 }
 
 DETTRIAL_INLINE AutocastGuard::~AutocastGuard() {
   // Casts cached for the outermost region are dropped when it ends (torch.autocast's __exit__).
   if (nested_ && at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
-  dettrial::detail::set_autocast_enabled(device_, previous_enabled_);
-  dettrial::detail::set_autocast_dtype(device_, previous_dtype_);
+  detail::set_autocast_enabled(device_, previous_enabled_);
+  detail::set_autocast_dtype(device_, previous_dtype_);
 }
 
 }  // namespace dettrial
@@ -6979,7 +6979,7 @@ DETTRIAL_INLINE void GradScaler::unscale(const std::vector<torch::Tensor>& param
   place(grads.front().device());
   // The reciprocal in double, then float32, as PyTorch computes inv_scale.
   const torch::Tensor inverse = scale_.to(torch::kDouble).reciprocal().to(torch::kFloat);
-  if (dettrial::detail::amp_kernels_on(found_inf_)) {
+  if (detail::amp_kernels_on(found_inf_)) {
     // The kernel takes the gradients of one device (and is fastest per dtype, as PyTorch groups them).
     std::vector<std::pair<torch::ScalarType, std::vector<torch::Tensor>>> by_dtype;
     std::vector<torch::Tensor> elsewhere;
@@ -7026,7 +7026,7 @@ DETTRIAL_INLINE bool GradScaler::step(torch::optim::Optimizer& optimizer, const 
 DETTRIAL_INLINE void GradScaler::update() {
   if (!options_.enabled || !stepped_) return;
   stepped_ = false;
-  if (dettrial::detail::amp_kernels_on(scale_)) {
+  if (detail::amp_kernels_on(scale_)) {
     // PyTorch's update: the scale stays float32, and one that would leave its range stays as it is.
     at::_amp_update_scale_(scale_, growth_tracker_, found_since_update_, options_.growth_factor, options_.backoff_factor,
                            options_.growth_interval);
@@ -7154,15 +7154,15 @@ TORCH_MODULE(CheckpointEach);
 #include <utility>
 
 
-namespace dettrial::nn::detail::checkpoint {
+namespace dettrial::detail::checkpoint {
 
 /// What the checkpoint keeps between the forward and the backward.
 struct Saved : torch::CustomClassHolder {
-  CheckpointedFunction function;
+  nn::CheckpointedFunction function;
   std::size_t inputs = 0;
   bool with_parameters = false;
   /// The generators (the CPU's and the inputs' CUDA devices') as they were for the first run.
-  ::dettrial::detail::GeneratorStates generators;
+  detail::GeneratorStates generators;
   /// Autocast's state in the first run (none: off), for the run in backward.
   std::optional<at::ScalarType> cpu_autocast, cuda_autocast;
 };
@@ -7175,7 +7175,7 @@ struct Function : torch::autograd::Function<Function> {
     c10::List<torch::Tensor> parameters;
     for (std::size_t i = saved->inputs; i < tensors.size(); ++i) parameters.push_back(tensors[i]);
     ctx->saved_data["parameters"] = parameters;
-    saved->generators = ::dettrial::detail::GeneratorStates::record(inputs);
+    saved->generators = detail::GeneratorStates::record(inputs);
     saved->cpu_autocast = AutocastGuard::current(torch::kCPU);
     saved->cuda_autocast = AutocastGuard::current(torch::kCUDA);
     std::vector<torch::Tensor> outputs;
@@ -7194,7 +7194,7 @@ struct Function : torch::autograd::Function<Function> {
     std::vector<torch::Tensor> inputs;
     for (const auto& x : originals) inputs.push_back(x.defined() ? x.detach().requires_grad_(x.requires_grad()) : x);
     // The generators as they were for the first run, and back as they are after this one.
-    const auto now = ::dettrial::detail::GeneratorStates::record(inputs);
+    const auto now = detail::GeneratorStates::record(inputs);
     saved->generators.restore();
     std::vector<torch::Tensor> outputs;
     {
@@ -7211,7 +7211,7 @@ struct Function : torch::autograd::Function<Function> {
         grads.push_back(grad_outputs[i]);
       }
     torch::autograd::variable_list result{torch::Tensor()};  // for `saved`, which is no tensor
-    if (!saved->with_parameters) {                           // Python's reentrant checkpoint: a backward inside the backward
+    if (!saved->with_parameters) {                           // Python's reentrant nn::checkpoint: a backward inside the backward
       if (!with_grad.empty()) torch::autograd::backward(with_grad, grads);
       for (const auto& x : inputs) result.push_back(x.defined() && x.requires_grad() ? x.grad() : torch::Tensor());
       return result;
@@ -7242,7 +7242,7 @@ struct Function : torch::autograd::Function<Function> {
   }
 };
 
-}  // namespace dettrial::nn::detail::checkpoint
+}  // namespace dettrial::detail::checkpoint
 
 namespace dettrial::nn {
 DETTRIAL_INLINE std::vector<torch::Tensor> checkpoint(const CheckpointedFunction& function, const std::vector<torch::Tensor>& inputs,
@@ -7289,7 +7289,7 @@ DETTRIAL_INLINE std::shared_ptr<torch::nn::Module> CheckpointEachImpl::clone(con
   // LibTorch's clone of a block draws its reset()'s initialisation from the random generators;
   // a copy draws nothing (Python's deepcopy), so they are put back after it.
   auto blocks = std::dynamic_pointer_cast<torch::nn::SequentialImpl>(
-      ::dettrial::detail::GeneratorStates::drawing_nothing([&] { return blocks_->clone(device); }));
+      detail::GeneratorStates::drawing_nothing([&] { return blocks_->clone(device); }));
   auto copy = std::make_shared<CheckpointEachImpl>(torch::nn::Sequential(std::move(blocks)));
   // A Sequential's clone starts in training mode: the wrapper's mode (whether it recomputes) and
   // each block's are the original's.
@@ -7373,7 +7373,7 @@ struct by_value {
 
 }  // namespace dettrial::clip
 // ---- end dettrial/optim/clip.hpp
-// ---- begin dettrial/optim/lr_state.hpp
+// ---- begin dettrial/optim/detail/lr_state.hpp
 // SPDX-License-Identifier: Apache-2.0
 /// @file
 /// @brief Saving and restoring LR schedulers in checkpoints. LibTorch's schedulers have no
@@ -7492,7 +7492,7 @@ void wrap_python_param_groups(WrappedScheduler& w) {
 }
 
 }  // namespace dettrial::detail
-// ---- end dettrial/optim/lr_state.hpp
+// ---- end dettrial/optim/detail/lr_state.hpp
 // ---- begin dettrial/optim/lr_step.hpp
 // SPDX-License-Identifier: Apache-2.0
 /// @file
@@ -7600,26 +7600,29 @@ DETTRIAL_INLINE std::int64_t every_epoch::steps_after(std::int64_t batch_idx, st
 
 #include <torch/torch.h>
 
-// ---- begin dettrial/optim/cyclic_schedulers.hpp
+// ---- begin dettrial/optim/running_statistics.hpp
 // SPDX-License-Identifier: Apache-2.0
 /// @file
-/// @brief Python's `OneCycleLR` and `CyclicLR`: the learning rate (and the momentum, or Adam's beta1)
-/// cycled between bounds, with Python's arithmetic, its `state_dict()`, and the entries Python keeps
-/// in the optimizer's parameter groups (`max_lr`, `min_lr`, `initial_lr`, `max_momentum`,
-/// `base_momentum`), which a checkpoint writes into the optimizer's groups and reads from them.
-
-#include <array>
-#include <cstddef>
-#include <cstdint>
-#include <functional>
-#include <map>
-#include <optional>
-#include <string>
-#include <variant>
-#include <vector>
+/// @brief optim::RunningStatistics: what update_bn needs of a normalization layer that is not one of
+/// LibTorch's BatchNorm classes but keeps their running statistics (nn::SyncBatchNorm, and with it
+/// dettrial's ResNets), so that update_bn recomputes its statistics as it does a BatchNorm's.
 
 #include <torch/torch.h>
 
+namespace dettrial::optim {
+
+/// A module with BatchNorm's options and running statistics (Python's `_BatchNorm` family).
+class RunningStatistics {
+ public:
+  virtual ~RunningStatistics() = default;
+  /// The options whose momentum update_bn sets to none (a cumulative average) and back.
+  virtual torch::nn::BatchNormOptions& batch_norm_options() = 0;
+  /// Running mean 0, variance 1, no batches tracked (BatchNorm's reset_running_stats).
+  virtual void reset_running_stats() = 0;
+};
+
+}  // namespace dettrial::optim
+// ---- end dettrial/optim/running_statistics.hpp
 // ---- begin dettrial/optim/scheduler_base.hpp
 // SPDX-License-Identifier: Apache-2.0
 /// @file
@@ -7635,12 +7638,19 @@ DETTRIAL_INLINE std::int64_t every_epoch::steps_after(std::int64_t batch_idx, st
 #include <map>
 #include <string>
 #include <utility>
+#include <variant>
 #include <vector>
 
 #include <torch/torch.h>
 
 
 namespace dettrial::optim {
+
+/// One value for every parameter group, or one per group (Python's float-or-list arguments).
+using PerGroup = std::variant<double, std::vector<double>>;
+
+/// How OneCycleLR and SWALR move between two values (Python's `anneal_strategy`).
+enum class AnnealStrategy { cos, linear };
 
 template <class... Schedulers>
 class ComposedSchedulers;
@@ -7709,9 +7719,15 @@ constexpr SchedulerField<S> field(const char* name, std::vector<double> S::* per
 
 }  // namespace dettrial::optim
 
-namespace dettrial::optim::detail::scheduler_base {
+namespace dettrial::detail::scheduler_base {
 /// The groups' learning rates, in order.
 DETTRIAL_INLINE std::vector<double> group_lrs(const torch::optim::Optimizer& optimizer);
+
+/// Python's _format_param: one value per group, from one for all or a list of exactly one per group.
+DETTRIAL_INLINE std::vector<double> per_group(const char* scheduler, const char* name, const optim::PerGroup& value,
+                                              const torch::optim::Optimizer& optimizer);
+/// The entry `key` of dettrial's archive or Python's dict, as text.
+DETTRIAL_INLINE std::string text_of(const c10::IValue& v, const std::string& what);
 
 /// One scheduler's entries in dettrial's archive, read checked: made only if the archive says the
 /// scheduler type `type` wrote it; an absent or mistyped entry is a CheckpointError naming it.
@@ -7730,7 +7746,7 @@ struct SchedulerArchive {
  private:
   [[noreturn]] void mistyped(const char* key, const char* type) const;
 };
-}  // namespace dettrial::optim::detail::scheduler_base
+}  // namespace dettrial::detail::scheduler_base
 
 namespace dettrial::optim {
 /**
@@ -7859,7 +7875,23 @@ class EpochLRScheduler {
 #include <cmath>
 #include <set>
 
-namespace dettrial::optim::detail::scheduler_base {
+namespace dettrial::detail::scheduler_base {
+
+DETTRIAL_INLINE std::vector<double> per_group(const char* scheduler, const char* name, const optim::PerGroup& value,
+                                              const torch::optim::Optimizer& optimizer) {
+  const std::size_t groups = optimizer.param_groups().size();
+  if (const auto* one = std::get_if<double>(&value)) return std::vector<double>(groups, *one);
+  const auto& each = std::get<std::vector<double>>(value);
+  if (each.size() != groups)
+    throw ConfigError(std::string("dettrial::optim::") + scheduler + ": " + name + " must have one value per parameter group (" +
+                      std::to_string(groups) + "), not " + std::to_string(each.size()));
+  return each;
+}
+
+DETTRIAL_INLINE std::string text_of(const c10::IValue& v, const std::string& what) {
+  if (!v.isString()) throw CheckpointError(what + " is not a string");
+  return v.toStringRef();
+}
 DETTRIAL_INLINE std::vector<double> group_lrs(const torch::optim::Optimizer& optimizer) {
   std::vector<double> lrs;
   for (const auto& group : optimizer.param_groups()) lrs.push_back(group.options().get_lr());
@@ -7912,7 +7944,7 @@ DETTRIAL_INLINE std::vector<double> SchedulerArchive::per_group(const char* key,
                           std::to_string(optimizer.param_groups().size()) + " parameter group(s)");
   return values;
 }
-}  // namespace dettrial::optim::detail::scheduler_base
+}  // namespace dettrial::detail::scheduler_base
 
 namespace dettrial::optim {
 DETTRIAL_INLINE EpochLRScheduler::EpochLRScheduler(torch::optim::Optimizer& optimizer, const char* name)
@@ -7954,7 +7986,7 @@ DETTRIAL_INLINE void EpochLRScheduler::set_rates(const std::function<double(std:
 }
 
 DETTRIAL_INLINE void EpochLRScheduler::invalid(const char* argument, const std::string& rule, const std::string& value) const {
-  dettrial::detail::throw_invalid_argument(std::string("dettrial::optim::") + name_, argument, rule, value);
+  detail::throw_invalid_argument(std::string("dettrial::optim::") + name_, argument, rule, value);
 }
 
 DETTRIAL_INLINE std::string EpochLRScheduler::archive_owner() const { return std::string("dettrial::optim::") + name_ + "'s saved state"; }
@@ -8049,15 +8081,463 @@ DETTRIAL_INLINE std::map<std::string, c10::IValue> EpochLRScheduler::load_python
 
 namespace dettrial::optim {
 
-/// One value for every parameter group, or one per group (Python's float-or-list arguments).
-using PerGroup = std::variant<double, std::vector<double>>;
+/// How an AveragedModel averages: Python's default equal weights (SWA) or an exponential moving
+/// average with `decay` (Python's `get_ema_multi_avg_fn(decay)`); `use_buffers` averages the buffers
+/// too (BatchNorm's running statistics), else they are copied from the model at each update.
+struct Averaging {
+  enum class Kind { equal, exponential };
+  Kind kind = Kind::equal;
+  double decay = 0.999;
+  bool use_buffers = false;
+};
+/// Python's `AveragedModel(model, use_buffers=...)`: the mean of every update so far.
+inline Averaging swa(bool use_buffers = false) { return {Averaging::Kind::equal, 0.0, use_buffers}; }
+/// Python's `AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(decay), use_buffers=...)`.
+inline Averaging ema(double decay = 0.999, bool use_buffers = false) { return {Averaging::Kind::exponential, decay, use_buffers}; }
+
+/**
+ * @brief The averaged copy of a model and its count, as a module whose state dict is Python's
+ * AveragedModel's: `n_averaged` (a CPU long tensor, as Python's default device leaves it) and the
+ * copy's entries under `module.`. AveragedModel<M> is its typed face.
+ */
+class AveragedWeights : public torch::nn::Module {
+ public:
+  AveragedWeights(std::shared_ptr<torch::nn::Module> copy, Averaging how);
+  /// Python's `update_parameters(model)`: the first update copies the model, each later one averages
+  /// it in (on the copy's device); the buffers are averaged (use_buffers) or copied.
+  void update_parameters(const torch::nn::Module& model);
+  /// Updates averaged so far (Python's `n_averaged`).
+  std::int64_t n_averaged() const { return n_averaged_.item<std::int64_t>(); }
+  /// Starts the average over: the next update copies the model (torchvision's recipe does it during
+  /// its warmup: `n_averaged.fill_(0)`).
+  void restart() { n_averaged_.fill_(0); }
+  const Averaging& averaging() const { return how_; }
+  /// The averaged copy.
+  torch::nn::Module& averaged() { return *copy_; }
+  const std::shared_ptr<torch::nn::Module>& averaged_ptr() const { return copy_; }
+
+ private:
+  /// One group of same-device, same-dtype tensors, averaged as Python's multi_avg_fn or avg_fn does.
+  void average_group(std::vector<torch::Tensor>& averaged, const std::vector<torch::Tensor>& current) const;
+  std::shared_ptr<torch::nn::Module> copy_;
+  torch::Tensor n_averaged_;
+  Averaging how_;
+};
+
+/**
+ * @brief Python's `torch.optim.swa_utils.AveragedModel` for a LibTorch module holder `M`
+ * (torch::nn::Sequential, a TORCH_MODULE type): `module()` is the averaged copy, as `M`, for
+ * validating on it.
+ * @code{.cpp}
+ * dettrial::optim::AveragedModel<torch::nn::Sequential> ema(model, dettrial::optim::ema(0.9998));
+ * ema.update_parameters(model);   // or context.wrap_averaged_model(ema, model, {.every_n_steps = 32})
+ * auto logits = ema.module()->forward(x);
+ * @endcode
+ */
+template <class M>
+class AveragedModel {
+ public:
+  /// The copy is `model->clone()` (LibTorch's deep copy, for modules derived from torch::nn::Cloneable),
+  /// with the random generators put back after it: Cloneable rebuilds a copy's layers with reset(),
+  /// whose initialisation draws from them, and Python's deepcopy draws nothing, so the training's
+  /// random stream (dropout, shuffles on the global generator) is the one Python's recipe has.
+  AveragedModel(const M& model, Averaging how) : AveragedModel(drawing_nothing_clone(model), model, how) {}
+  /// The copy is `fresh` (another instance of the same architecture, for a module that is not
+  /// Cloneable), given the model's values now.
+  AveragedModel(M fresh, const M& model, Averaging how) : module_(std::move(fresh)) {
+    if (!module_.ptr()) throw ConfigError("dettrial::optim::AveragedModel: the model's copy is empty (is its type Cloneable?)");
+    {
+      torch::NoGradGuard no_grad;
+      auto to = module_->named_parameters();
+      for (const auto& p : model->named_parameters()) {
+        if (!to.contains(p.key())) throw ConfigError("dettrial::optim::AveragedModel: the copy has no parameter '" + p.key() + "'");
+        to[p.key()].copy_(p.value());
+      }
+    }
+    weights_ = std::make_shared<AveragedWeights>(module_.ptr(), how);
+  }
+  /// Python's `update_parameters(model)`.
+  void update_parameters(const M& model) { weights_->update_parameters(*model); }
+  /// The averaged copy.
+  M& module() { return module_; }
+  std::int64_t n_averaged() const { return weights_->n_averaged(); }
+  /// The module whose state dict is Python's AveragedModel's (n_averaged and `module.` entries).
+  const std::shared_ptr<AveragedWeights>& weights() const { return weights_; }
+
+ private:
+  static M drawing_nothing_clone(const M& model) {
+    return M(
+        std::dynamic_pointer_cast<typename M::ContainedType>(detail::GeneratorStates::drawing_nothing([&] { return model->clone(); })));
+  }
+
+  M module_;
+  std::shared_ptr<AveragedWeights> weights_;
+};
+
+/**
+ * @brief Python's `swa_utils.SWALR(optimizer, swa_lr, anneal_epochs=10, anneal_strategy="cos")`: the
+ * rates annealed from their values towards `swa_lr` over `anneal_epochs` steps, then held there.
+ * Python keeps `swa_lr` in the optimizer's parameter groups: a checkpoint writes it there and reads
+ * it back from there.
+ */
+class SWALR : public EpochLRScheduler {
+ public:
+  SWALR(torch::optim::Optimizer& optimizer, const PerGroup& swa_lr, std::int64_t anneal_epochs = 10,
+        AnnealStrategy anneal_strategy = AnnealStrategy::cos);
+  void step();
+  void restart_at_milestone();
+  const std::vector<double>& swa_lrs() const { return swa_lrs_; }
+  std::int64_t anneal_epochs() const { return anneal_epochs_; }
+  void save(torch::serialize::OutputArchive& archive) const;
+  void load(torch::serialize::InputArchive& archive);
+  /// Python's `state_dict()`: _anneal_strategy, anneal_epochs and the LRScheduler entries.
+  void python_state(c10::impl::GenericDict& out) const;
+  void load_python_state(const c10::impl::GenericDict& in, const std::string& what);
+  /// Python's group["swa_lr"], written into and read from parameter group `group`.
+  void python_param_group(std::size_t group, c10::impl::GenericDict& out) const;
+  void load_python_param_group(std::size_t group, const c10::impl::GenericDict& in, const std::string& what);
+
+ private:
+  static constexpr std::array<SchedulerField<SWALR>, 2> fields() {
+    return std::array{field("anneal_epochs", &SWALR::anneal_epochs_, 0), field("swa_lrs", &SWALR::swa_lrs_)};
+  }
+  /// Python's get_lr, from the step count.
+  /// The rates of this step (in next_rates_).
+  const std::vector<double>& rates();
+  std::vector<double> swa_lrs_;
+  std::int64_t anneal_epochs_;
+  AnnealStrategy anneal_;
+};
+
+}  // namespace dettrial::optim
+
+namespace dettrial {
+/// When the trainer updates the averaged model a trial wraps (Context::wrap_averaged_model).
+struct AveragingSchedule {
+  /// After every n-th optimizer step, counted from the first step of training: steps n, 2n, ...
+  std::int64_t every_n_steps = 1;
+  /// Up to this optimizer step each update copies the model, so the average begins after it (as
+  /// torchvision's recipe restarts its EMA during the learning-rate warmup).
+  std::int64_t warmup_steps = 0;
+};
+}  // namespace dettrial
+
+namespace dettrial::detail {
+/// A trial's wrapped average (Context::wrap_averaged_model): the weights, the model they average
+/// and when; the loop calls after_optimizer_step at the end of every update batch.
+struct ScheduledAverage {
+  std::shared_ptr<optim::AveragedWeights> weights;
+  std::shared_ptr<torch::nn::Module> source;
+  AveragingSchedule schedule;
+
+  /// After optimizer step `step` (1, 2, ...): the average takes the model when the step is due,
+  /// and during the warmup it restarts from it.
+  void after_optimizer_step(std::int64_t step) {
+    if (step % schedule.every_n_steps != 0) return;
+    weights->update_parameters(*source);
+    if (step <= schedule.warmup_steps) weights->restart();
+  }
+};
+}  // namespace dettrial::detail
+
+namespace dettrial::detail::averaging {
+/// A BatchNorm layer's momentum (c10::optional before LibTorch 2.x, std::optional after).
+using Momentum = std::decay_t<decltype(std::declval<torch::nn::BatchNormOptions&>().momentum())>;
+/// Every BatchNorm layer of `model`: with no `momenta`, running statistics reset and momentum none
+/// (a cumulative average); else the momenta given back. Returns their momenta before.
+DETTRIAL_INLINE std::vector<Momentum> set_batch_norm_momenta(torch::nn::Module& model, const std::vector<Momentum>* momenta);
+}  // namespace dettrial::detail::averaging
+
+namespace dettrial::optim {
+/**
+ * @brief Python's `swa_utils.update_bn(loader, model, device)`: every BatchNorm layer's running
+ * statistics recomputed over one pass of `loader` (each batch's first element when it is a tuple,
+ * moved to `device` when given) in training mode, as a cumulative average; the layers' momenta and
+ * the model's mode are restored after. Call it on `averaged.module()` before validating an SWA
+ * average whose buffers were not averaged.
+ */
+template <class Loader, class M>
+void update_bn(Loader&& loader, M& model, std::optional<torch::Device> device = std::nullopt) {
+  torch::NoGradGuard no_grad;
+  const auto momenta = detail::averaging::set_batch_norm_momenta(*model, nullptr);
+  if (momenta.empty()) return;
+  const bool was_training = model->is_training();
+  model->train();
+  for (auto&& batch : loader) {
+    torch::Tensor input;
+    if constexpr (requires { std::get<0>(batch); }) input = std::get<0>(batch);
+    else input = batch;
+    if (device) input = input.to(*device);
+    model->forward(input);
+  }
+  detail::averaging::set_batch_norm_momenta(*model, &momenta);
+  model->train(was_training);
+}
+
+}  // namespace dettrial::optim
+
+// Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
+#if DETTRIAL_HEADER_DEFINITIONS
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <numbers>
+
+namespace dettrial::optim {
+
+DETTRIAL_INLINE AveragedWeights::AveragedWeights(std::shared_ptr<torch::nn::Module> copy, Averaging how)
+    : copy_(std::move(copy)), how_(how) {
+  if (!copy_) throw ConfigError("dettrial::optim::AveragedModel: no module to average into");
+  if (how_.kind == Averaging::Kind::exponential && !(how_.decay >= 0 && how_.decay <= 1))
+    throw ConfigError("dettrial::optim::AveragedModel: decay must be in [0, 1], not " + std::to_string(how_.decay));
+  // Python's registration order: the count (a buffer of its own), then the copy.
+  n_averaged_ = register_buffer("n_averaged", torch::zeros({}, torch::kLong));
+  register_module("module", copy_);
+}
+
+DETTRIAL_INLINE void AveragedWeights::average_group(std::vector<torch::Tensor>& averaged, const std::vector<torch::Tensor>& current) const {
+  const bool floating = averaged.front().is_floating_point() || averaged.front().is_complex();
+  if (how_.kind == Averaging::Kind::exponential) {  // Python's get_ema_multi_avg_fn
+    if (floating) {
+      for (std::size_t i = 0; i < averaged.size(); ++i) averaged[i].lerp_(current[i], 1 - how_.decay);  // _foreach_lerp_'s arithmetic
+    } else {
+      for (std::size_t i = 0; i < averaged.size(); ++i) averaged[i].copy_(averaged[i] * how_.decay + current[i] * (1 - how_.decay));
+    }
+    return;
+  }
+  const torch::Device device = averaged.front().device();
+  const torch::Tensor n = n_averaged_.to(device);
+  // Python's default: get_swa_multi_avg_fn on devices with foreach kernels (CUDA), whose weight is
+  // 1 / (n_averaged + 1) computed as a float32 tensor; get_swa_avg_fn elsewhere (the CPU).
+  if (device.is_cuda() && floating) {
+    const double weight = (n + 1).reciprocal().item<double>();  // Python's 1 / (n + 1): the reciprocal, a float32 tensor
+    for (std::size_t i = 0; i < averaged.size(); ++i) averaged[i].lerp_(current[i], weight);
+  } else {
+    for (std::size_t i = 0; i < averaged.size(); ++i) averaged[i].copy_(averaged[i] + (current[i] - averaged[i]) / (n + 1));
+  }
+}
+
+DETTRIAL_INLINE void AveragedWeights::update_parameters(const torch::nn::Module& model) {
+  torch::NoGradGuard no_grad;
+  std::vector<torch::Tensor> mine = copy_->parameters(), theirs = model.parameters();
+  if (how_.use_buffers) {
+    for (const auto& b : copy_->buffers()) mine.push_back(b);
+    for (const auto& b : model.buffers()) theirs.push_back(b);
+  }
+  if (mine.size() != theirs.size())
+    throw TrialError("dettrial::optim::AveragedModel: the model has " + std::to_string(theirs.size()) +
+                     " parameters (and buffers, with use_buffers) but the average " + std::to_string(mine.size()) +
+                     ": is it another architecture?");
+  std::vector<torch::Tensor> current;
+  for (std::size_t i = 0; i < mine.size(); ++i) current.push_back(theirs[i].detach().to(mine[i].device()));
+  if (n_averaged() == 0) {
+    for (std::size_t i = 0; i < mine.size(); ++i) mine[i].detach().copy_(current[i]);
+  } else {
+    // Grouped by device and dtype, as Python's _group_tensors_by_device_and_dtype groups them.
+    std::map<std::tuple<std::string, int>, std::pair<std::vector<torch::Tensor>, std::vector<torch::Tensor>>> groups;
+    std::vector<std::tuple<std::string, int>> order;
+    for (std::size_t i = 0; i < mine.size(); ++i) {
+      const auto key = std::make_tuple(mine[i].device().str(), static_cast<int>(mine[i].scalar_type()));
+      if (!groups.count(key)) order.push_back(key);
+      groups[key].first.push_back(mine[i].detach());
+      groups[key].second.push_back(current[i]);
+    }
+    for (const auto& key : order) average_group(groups[key].first, groups[key].second);
+  }
+  if (!how_.use_buffers) {  // Python keeps the copy's buffers in sync with the model's
+    const auto mine_buffers = copy_->buffers(), their_buffers = model.buffers();
+    if (mine_buffers.size() != their_buffers.size())
+      throw TrialError("dettrial::optim::AveragedModel: the model has " + std::to_string(their_buffers.size()) +
+                       " buffers but the average " + std::to_string(mine_buffers.size()));
+    for (std::size_t i = 0; i < mine_buffers.size(); ++i)
+      mine_buffers[i].detach().copy_(their_buffers[i].detach().to(mine_buffers[i].device()));
+  }
+  n_averaged_.add_(1);
+}
+
+// ------------------------------------------------------------------------------------------------
+// SWALR
+
+DETTRIAL_INLINE SWALR::SWALR(torch::optim::Optimizer& optimizer, const PerGroup& swa_lr, std::int64_t anneal_epochs,
+                             AnnealStrategy anneal_strategy)
+    : EpochLRScheduler(optimizer, "SWALR"), anneal_epochs_(anneal_epochs), anneal_(anneal_strategy) {
+  if (anneal_epochs < 0) invalid("anneal_epochs", "at least 0", std::to_string(anneal_epochs));
+  swa_lrs_ = detail::scheduler_base::per_group("SWALR", "swa_lr", swa_lr, optimizer);
+  step();  // Python's constructor steps once
+}
+
+DETTRIAL_INLINE const std::vector<double>& SWALR::rates() {
+  // Python's get_lr, term for term: the rates undo the last step's annealing, then take this one's.
+  std::int64_t step = step_count_ - 1;
+  if (anneal_epochs_ == 0) step = std::max<std::int64_t>(1, step);
+  const double span = static_cast<double>(std::max<std::int64_t>(1, anneal_epochs_));
+  const auto alpha_at = [&](double t) {
+    t = std::max(0.0, std::min(1.0, t));
+    return anneal_ == AnnealStrategy::linear ? t : (1 - std::cos(std::numbers::pi * t)) / 2;
+  };
+  const double prev_alpha = alpha_at(static_cast<double>(step - 1) / span);
+  const double alpha = alpha_at(static_cast<double>(step) / span);
+  std::vector<double>& out = next_rates_;
+  out.clear();
+  const auto& groups = optimizer_->param_groups();
+  for (std::size_t i = 0; i < groups.size(); ++i) {
+    const double lr = groups[i].options().get_lr();
+    const double prev = prev_alpha == 1 ? swa_lrs_[i] : (lr - prev_alpha * swa_lrs_[i]) / (1 - prev_alpha);
+    out.push_back(swa_lrs_[i] * alpha + prev * (1 - alpha));
+  }
+  return out;
+}
+
+DETTRIAL_INLINE void SWALR::step() {
+  ++step_count_;
+  ++last_epoch_;
+  const std::vector<double>& r = rates();
+  set_rates([&r](std::size_t i, double) { return r[i]; });
+}
+
+DETTRIAL_INLINE void SWALR::restart_at_milestone() {
+  last_epoch_ = 0;
+  const std::vector<double>& r = rates();
+  set_rates([&r](std::size_t i, double) { return r[i]; });
+}
+
+DETTRIAL_INLINE void SWALR::save(torch::serialize::OutputArchive& archive) const {
+  save_fields(*this, archive, fields());
+  archive.write("anneal_strategy", c10::IValue(std::string(anneal_ == AnnealStrategy::cos ? "cos" : "linear")));
+}
+
+DETTRIAL_INLINE void SWALR::load(torch::serialize::InputArchive& archive) {
+  const std::string anneal = detail::scheduler_base::text_of(archived(archive, "anneal_strategy"), archive_owner() + ": 'anneal_strategy'");
+  if (anneal != "cos" && anneal != "linear")
+    throw CheckpointError(archive_owner() + ": anneal_strategy '" + anneal + "' is not cos or linear");
+  load_fields(*this, archive, fields());
+  anneal_ = anneal == "cos" ? AnnealStrategy::cos : AnnealStrategy::linear;
+}
+
+DETTRIAL_INLINE void SWALR::python_state(c10::impl::GenericDict& out) const {
+  out.insert("_anneal_strategy", std::string(anneal_ == AnnealStrategy::cos ? "cos" : "linear"));
+  out.insert("anneal_epochs", anneal_epochs_);
+  python_common(out);
+}
+
+DETTRIAL_INLINE void SWALR::load_python_state(const c10::impl::GenericDict& in, const std::string& what) {
+  const auto strategy = in.find("_anneal_strategy");
+  const auto epochs = in.find("anneal_epochs");
+  if (strategy == in.end() || epochs == in.end())
+    throw CheckpointError(what + " has no '_anneal_strategy' or 'anneal_epochs': it is not Python's SWALR state");
+  const std::string anneal = detail::scheduler_base::text_of(strategy->value(), what + ": _anneal_strategy");
+  if (anneal != "cos" && anneal != "linear") throw CheckpointError(what + ": _anneal_strategy '" + anneal + "' is not cos or linear");
+  const std::int64_t anneal_epochs = python::count(epochs->value(), what + ": anneal_epochs", 0);
+  load_python_common(in, {"_anneal_strategy", "anneal_epochs"}, what);
+  anneal_ = anneal == "cos" ? AnnealStrategy::cos : AnnealStrategy::linear;
+  anneal_epochs_ = anneal_epochs;
+}
+
+DETTRIAL_INLINE void SWALR::python_param_group(std::size_t group, c10::impl::GenericDict& out) const {
+  out.insert_or_assign("swa_lr", swa_lrs_.at(group));
+}
+
+DETTRIAL_INLINE void SWALR::load_python_param_group(std::size_t group, const c10::impl::GenericDict& in, const std::string& what) {
+  const auto it = in.find("swa_lr");
+  if (it == in.end())
+    throw CheckpointError(what + " has no 'swa_lr', which Python's SWALR keeps there: was the checkpoint's scheduler another?");
+  swa_lrs_.at(group) = python::number(it->value(), what + ": swa_lr");
+}
+
+// ------------------------------------------------------------------------------------------------
+// update_bn
+
+}  // namespace dettrial::optim
+
+namespace dettrial::detail::averaging {
+
+/// Calls f with every BatchNorm layer's options and its reset, whatever its dimension (and those of
+/// dettrial's layers with BatchNorm's statistics: RunningStatistics).
+template <class F>
+void for_each_batch_norm(torch::nn::Module& model, F&& f) {
+  for (const auto& m : model.modules(/*include_self=*/true)) {
+    if (auto* bn = dynamic_cast<torch::nn::BatchNorm1dImpl*>(m.get())) f(bn->options, [bn] { bn->reset_running_stats(); });
+    else if (auto* bn2 = dynamic_cast<torch::nn::BatchNorm2dImpl*>(m.get())) f(bn2->options, [bn2] { bn2->reset_running_stats(); });
+    else if (auto* bn3 = dynamic_cast<torch::nn::BatchNorm3dImpl*>(m.get())) f(bn3->options, [bn3] { bn3->reset_running_stats(); });
+    else if (auto* other = dynamic_cast<optim::RunningStatistics*>(m.get()))
+      f(other->batch_norm_options(), [other] { other->reset_running_stats(); });
+  }
+}
+
+DETTRIAL_INLINE std::vector<Momentum> set_batch_norm_momenta(torch::nn::Module& model, const std::vector<Momentum>* momenta) {
+  std::vector<Momentum> before;
+  std::size_t i = 0;
+  for_each_batch_norm(model, [&](torch::nn::BatchNormOptions& options, auto reset) {
+    before.push_back(options.momentum());
+    if (momenta) {
+      options.momentum() = momenta->at(i++);
+    } else {
+      reset();
+      options.momentum() = Momentum{};  // none: a cumulative average over the pass
+    }
+  });
+  return before;
+}
+
+}  // namespace dettrial::detail::averaging
+
+#endif  // DETTRIAL_HEADER_DEFINITIONS
+// ---- end dettrial/optim/averaged_model.hpp
+// ---- begin dettrial/optim/schedulers.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief Learning-rate schedulers with PyTorch's (Python's) semantics, exact resume, and Python's
+/// `scheduler.state_dict()` layout: StepLR, MultiStepLR, ExponentialLR, LinearLR, ConstantLR,
+/// CosineAnnealingLR, LambdaLR, MultiplicativeLR, PolynomialLR and CosineAnnealingWarmRestarts here;
+/// OneCycleLR and CyclicLR (cyclic_schedulers.hpp), SequentialLR and ChainedScheduler
+/// (scheduler_composition.hpp) and ReduceLROnPlateau (reduce_lr_on_plateau.hpp) come with it.
+///
+/// LibTorch's own `torch::optim::StepLR` decays one step later than Python's (it does not count the
+/// step Python's constructor takes), so a schedule ported from Python drifts by one step. These follow
+/// Python's `torch.optim.lr_scheduler` to the bit: after k `step()` calls the learning rates are
+/// Python's after k calls, computed as Python's `step()` computes them (its chainable, step-to-step
+/// `get_lr`, not the closed form that `step(epoch)` uses), in Python's order of float operations.
+///
+/// Each scheduler also has `restart_at_milestone()`: Python's `_update_lr(0)`, which SequentialLR
+/// calls when a milestone hands the rates to it (the closed form at step 0 where Python's class has
+/// one, else its `get_lr` at step 0).
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <torch/torch.h>
+
+// ---- begin dettrial/optim/cyclic_schedulers.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief Python's `OneCycleLR` and `CyclicLR`: the learning rate (and the momentum, or Adam's beta1)
+/// cycled between bounds, with Python's arithmetic, its `state_dict()`, and the entries Python keeps
+/// in the optimizer's parameter groups (`max_lr`, `min_lr`, `initial_lr`, `max_momentum`,
+/// `base_momentum`), which a checkpoint writes into the optimizer's groups and reads from them.
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <optional>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include <torch/torch.h>
+
+
+namespace dettrial::optim {
 
 /// What the cycling schedulers set besides the learning rate: Python's `group["momentum"]` (SGD,
 /// RMSprop) or `group["betas"][0]` (Adam, AdamW), by the optimizer's type, chosen once.
 enum class CycledMomentum { none, sgd, rmsprop, adam, adamw };
-
-/// How OneCycleLR moves between two values (Python's `anneal_strategy`).
-enum class AnnealStrategy { cos, linear };
 
 /// Python's `OneCycleLR` keyword arguments, with Python's defaults.
 struct OneCycleLROptions {
@@ -8219,17 +8699,6 @@ class CyclicLR : public EpochLRScheduler {
 
 }  // namespace dettrial::optim
 
-// Shared with SWALR (averaged_model.hpp).
-namespace dettrial::optim::detail::cyclic {
-
-/// Python's _format_param: one value per group, from one for all or a list of exactly one per group.
-DETTRIAL_INLINE std::vector<double> per_group(const char* scheduler, const char* name, const PerGroup& value,
-                                              const torch::optim::Optimizer& optimizer);
-/// The entry `key` of dettrial's archive or Python's dict, as text.
-DETTRIAL_INLINE std::string text_of(const c10::IValue& v, const std::string& what);
-
-}  // namespace dettrial::optim::detail::cyclic
-
 // Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
 #if DETTRIAL_HEADER_DEFINITIONS
 #include <cmath>
@@ -8237,66 +8706,50 @@ DETTRIAL_INLINE std::string text_of(const c10::IValue& v, const std::string& wha
 #include <utility>
 
 
-namespace dettrial::optim::detail::cyclic {
-
-DETTRIAL_INLINE std::vector<double> per_group(const char* scheduler, const char* name, const PerGroup& value,
-                                              const torch::optim::Optimizer& optimizer) {
-  const std::size_t groups = optimizer.param_groups().size();
-  if (const auto* one = std::get_if<double>(&value)) return std::vector<double>(groups, *one);
-  const auto& each = std::get<std::vector<double>>(value);
-  if (each.size() != groups)
-    throw ConfigError(std::string("dettrial::optim::") + scheduler + ": " + name + " must have one value per parameter group (" +
-                      std::to_string(groups) + "), not " + std::to_string(each.size()));
-  return each;
-}
+namespace dettrial::detail::cyclic {
 
 /// Which momentum the optimizer has (Python: "momentum" or "betas" in its defaults); cycling a
 /// momentum on an optimizer with neither is a ConfigError, as in Python.
-DETTRIAL_INLINE CycledMomentum cycled_momentum(const char* scheduler, torch::optim::Optimizer& optimizer) {
+DETTRIAL_INLINE optim::CycledMomentum cycled_momentum(const char* scheduler, torch::optim::Optimizer& optimizer) {
   auto& defaults = optimizer.defaults();
-  if (dynamic_cast<torch::optim::SGDOptions*>(&defaults)) return CycledMomentum::sgd;
-  if (dynamic_cast<torch::optim::RMSpropOptions*>(&defaults)) return CycledMomentum::rmsprop;
-  if (dynamic_cast<torch::optim::AdamWOptions*>(&defaults)) return CycledMomentum::adamw;
-  if (dynamic_cast<torch::optim::AdamOptions*>(&defaults)) return CycledMomentum::adam;
+  if (dynamic_cast<torch::optim::SGDOptions*>(&defaults)) return optim::CycledMomentum::sgd;
+  if (dynamic_cast<torch::optim::RMSpropOptions*>(&defaults)) return optim::CycledMomentum::rmsprop;
+  if (dynamic_cast<torch::optim::AdamWOptions*>(&defaults)) return optim::CycledMomentum::adamw;
+  if (dynamic_cast<torch::optim::AdamOptions*>(&defaults)) return optim::CycledMomentum::adam;
   throw ConfigError(std::string("dettrial::optim::") + scheduler +
                     ": cycle_momentum needs an optimizer with a momentum (SGD, RMSprop) or beta1 (Adam, AdamW); pass "
                     "cycle_momentum = false for this one");
 }
 
-DETTRIAL_INLINE bool uses_beta1(CycledMomentum m) { return m == CycledMomentum::adam || m == CycledMomentum::adamw; }
+DETTRIAL_INLINE bool uses_beta1(optim::CycledMomentum m) { return m == optim::CycledMomentum::adam || m == optim::CycledMomentum::adamw; }
 
 /// Sets Python's group["momentum"] or group["betas"][0].
-DETTRIAL_INLINE void set_momentum(CycledMomentum kind, torch::optim::OptimizerOptions& options, double momentum) {
+DETTRIAL_INLINE void set_momentum(optim::CycledMomentum kind, torch::optim::OptimizerOptions& options, double momentum) {
   switch (kind) {
-    case CycledMomentum::sgd: static_cast<torch::optim::SGDOptions&>(options).momentum(momentum); break;
-    case CycledMomentum::rmsprop: static_cast<torch::optim::RMSpropOptions&>(options).momentum(momentum); break;
-    case CycledMomentum::adam: {
+    case optim::CycledMomentum::sgd: static_cast<torch::optim::SGDOptions&>(options).momentum(momentum); break;
+    case optim::CycledMomentum::rmsprop: static_cast<torch::optim::RMSpropOptions&>(options).momentum(momentum); break;
+    case optim::CycledMomentum::adam: {
       auto& adam = static_cast<torch::optim::AdamOptions&>(options);
       adam.betas({momentum, std::get<1>(adam.betas())});
       break;
     }
-    case CycledMomentum::adamw: {
+    case optim::CycledMomentum::adamw: {
       auto& adamw = static_cast<torch::optim::AdamWOptions&>(options);
       adamw.betas({momentum, std::get<1>(adamw.betas())});
       break;
     }
-    case CycledMomentum::none: break;
+    case optim::CycledMomentum::none: break;
   }
 }
 
 /// Python's annealing functions, term for term.
-DETTRIAL_INLINE double anneal(AnnealStrategy strategy, double start, double end, double pct) {
-  if (strategy == AnnealStrategy::linear) return (end - start) * pct + start;
+DETTRIAL_INLINE double anneal(optim::AnnealStrategy strategy, double start, double end, double pct) {
+  if (strategy == optim::AnnealStrategy::linear) return (end - start) * pct + start;
   const double cos_out = std::cos(std::numbers::pi * pct) + 1;
   return end + (start - end) / 2.0 * cos_out;
 }
 
-DETTRIAL_INLINE std::string text_of(const c10::IValue& v, const std::string& what) {
-  if (!v.isString()) throw CheckpointError(what + " is not a string");
-  return v.toStringRef();
-}
-
-}  // namespace dettrial::optim::detail::cyclic
+}  // namespace dettrial::detail::cyclic
 
 namespace dettrial::optim {
 // ------------------------------------------------------------------------------------------------
@@ -8314,9 +8767,9 @@ DETTRIAL_INLINE OneCycleLR::OneCycleLR(torch::optim::Optimizer& optimizer, const
   } else {
     invalid("total_steps", "given (or epochs and steps_per_epoch)", "missing");
   }
-  if (!(o.pct_start >= 0 && o.pct_start <= 1)) invalid("pct_start", "in [0, 1]", dettrial::detail::number_text(o.pct_start));
-  if (!(o.div_factor > 0)) invalid("div_factor", "positive", dettrial::detail::number_text(o.div_factor));
-  if (!(o.final_div_factor > 0)) invalid("final_div_factor", "positive", dettrial::detail::number_text(o.final_div_factor));
+  if (!(o.pct_start >= 0 && o.pct_start <= 1)) invalid("pct_start", "in [0, 1]", detail::number_text(o.pct_start));
+  if (!(o.div_factor > 0)) invalid("div_factor", "positive", detail::number_text(o.div_factor));
+  if (!(o.final_div_factor > 0)) invalid("final_div_factor", "positive", detail::number_text(o.final_div_factor));
   const double total = static_cast<double>(total_steps_);
   using G = GroupValue;
   const Phase up{o.pct_start * total - 1, false, G::initial_lr, G::max_lr, G::max_momentum, G::base_momentum};
@@ -8325,17 +8778,17 @@ DETTRIAL_INLINE OneCycleLR::OneCycleLR(torch::optim::Optimizer& optimizer, const
                {2 * o.pct_start * total - 2, false, G::max_lr, G::initial_lr, G::base_momentum, G::max_momentum},
                {total - 1, true, G::initial_lr, G::min_lr, G::max_momentum, G::max_momentum}};
   else phases_ = {up, {total - 1, true, G::max_lr, G::min_lr, G::base_momentum, G::max_momentum}};
-  max_lrs_ = detail::cyclic::per_group("OneCycleLR", "max_lr", o.max_lr, optimizer);
+  max_lrs_ = detail::scheduler_base::per_group("OneCycleLR", "max_lr", o.max_lr, optimizer);
   for (const double m : max_lrs_)
-    if (!(m > 0)) invalid("max_lr", "positive (is it set?)", dettrial::detail::number_text(m));
+    if (!(m > 0)) invalid("max_lr", "positive (is it set?)", detail::number_text(m));
   for (std::size_t i = 0; i < max_lrs_.size(); ++i) {
     base_lrs_[i] = max_lrs_[i] / o.div_factor;  // Python's group["initial_lr"]
     min_lrs_.push_back(base_lrs_[i] / o.final_div_factor);
   }
   if (cycle_momentum_) {
     momentum_ = detail::cyclic::cycled_momentum("OneCycleLR", optimizer);
-    max_momentums_ = detail::cyclic::per_group("OneCycleLR", "max_momentum", o.max_momentum, optimizer);
-    base_momentums_ = detail::cyclic::per_group("OneCycleLR", "base_momentum", o.base_momentum, optimizer);
+    max_momentums_ = detail::scheduler_base::per_group("OneCycleLR", "max_momentum", o.max_momentum, optimizer);
+    base_momentums_ = detail::scheduler_base::per_group("OneCycleLR", "base_momentum", o.base_momentum, optimizer);
   }
   step();  // Python's constructor steps once: step 0 of the cycle
 }
@@ -8398,7 +8851,7 @@ DETTRIAL_INLINE void OneCycleLR::save(torch::serialize::OutputArchive& archive) 
 }
 
 DETTRIAL_INLINE void OneCycleLR::load(torch::serialize::InputArchive& archive) {
-  const std::string anneal = detail::cyclic::text_of(archived(archive, "anneal_strategy"), archive_owner() + ": 'anneal_strategy'");
+  const std::string anneal = detail::scheduler_base::text_of(archived(archive, "anneal_strategy"), archive_owner() + ": 'anneal_strategy'");
   if (anneal != "cos" && anneal != "linear")
     throw CheckpointError(archive_owner() + ": anneal_strategy '" + anneal + "' is not cos or linear");
   const std::vector<double> ends = python::numbers(archived(archive, "phase_ends"), archive_owner() + ": 'phase_ends'");
@@ -8444,7 +8897,8 @@ DETTRIAL_INLINE std::vector<OneCycleLR::Phase> OneCycleLR::python_phases(const c
     const auto d = entry.toGenericDict();
     const auto value = [&](const char* key) {
       const auto it = d.find(key);
-      const std::string name = it == d.end() ? std::string("(none)") : detail::cyclic::text_of(it->value(), what + ": a phase's " + key);
+      const std::string name =
+          it == d.end() ? std::string("(none)") : detail::scheduler_base::text_of(it->value(), what + ": a phase's " + key);
       const auto known = values.find(name);
       if (known == values.end())
         throw CheckpointError(what + ": a phase's " + key + " is '" + name + "', not a group value OneCycleLR has");
@@ -8468,7 +8922,7 @@ DETTRIAL_INLINE void OneCycleLR::load_python_state(const c10::impl::GenericDict&
   // Read and checked before anything is changed.
   const std::int64_t total_steps = python::count(entry("total_steps"), what + ": total_steps", 1);
   std::vector<Phase> phases = python_phases(entry("_schedule_phases"), what);
-  const std::string anneal = detail::cyclic::text_of(entry("_anneal_func_type"), what + ": _anneal_func_type");
+  const std::string anneal = detail::scheduler_base::text_of(entry("_anneal_func_type"), what + ": _anneal_func_type");
   if (anneal != "cos" && anneal != "linear") throw CheckpointError(what + ": _anneal_func_type '" + anneal + "' is not cos or linear");
   const bool cycle_momentum = python::number(entry("cycle_momentum"), what + ": cycle_momentum") != 0;
   if (cycle_momentum != cycle_momentum_)
@@ -8522,21 +8976,21 @@ DETTRIAL_INLINE CyclicLR::CyclicLR(torch::optim::Optimizer& optimizer, CyclicLRO
       scale_fn_(std::move(o.scale_fn)),
       scale_mode_(o.scale_mode),
       cycle_momentum_(o.cycle_momentum) {
-  if (!(o.step_size_up > 0)) invalid("step_size_up", "positive", dettrial::detail::number_text(o.step_size_up));
+  if (!(o.step_size_up > 0)) invalid("step_size_up", "positive", detail::number_text(o.step_size_up));
   const double down = o.step_size_down.value_or(o.step_size_up);
-  if (!(down >= 0)) invalid("step_size_down", "at least 0", dettrial::detail::number_text(down));
-  base_lrs_ = detail::cyclic::per_group("CyclicLR", "base_lr", o.base_lr, optimizer);
-  max_lrs_ = detail::cyclic::per_group("CyclicLR", "max_lr", o.max_lr, optimizer);
+  if (!(down >= 0)) invalid("step_size_down", "at least 0", detail::number_text(down));
+  base_lrs_ = detail::scheduler_base::per_group("CyclicLR", "base_lr", o.base_lr, optimizer);
+  max_lrs_ = detail::scheduler_base::per_group("CyclicLR", "max_lr", o.max_lr, optimizer);
   for (const double m : max_lrs_)
-    if (!(m > 0)) invalid("max_lr", "positive (is it set?)", dettrial::detail::number_text(m));
+    if (!(m > 0)) invalid("max_lr", "positive (is it set?)", detail::number_text(m));
   total_size_ = o.step_size_up + down;
   step_ratio_ = o.step_size_up / total_size_;
   // Python's _init_scale_fn: a built-in mode chooses its own scale mode.
   if (!scale_fn_) scale_mode_ = mode_ == CyclicMode::exp_range ? ScaleMode::iterations : ScaleMode::cycle;
   if (cycle_momentum_) {
     momentum_ = detail::cyclic::cycled_momentum("CyclicLR", optimizer);
-    base_momentums_ = detail::cyclic::per_group("CyclicLR", "base_momentum", o.base_momentum, optimizer);
-    max_momentums_ = detail::cyclic::per_group("CyclicLR", "max_momentum", o.max_momentum, optimizer);
+    base_momentums_ = detail::scheduler_base::per_group("CyclicLR", "base_momentum", o.base_momentum, optimizer);
+    max_momentums_ = detail::scheduler_base::per_group("CyclicLR", "max_momentum", o.max_momentum, optimizer);
   }
   step();  // Python's constructor steps once: the rates at base_lr, the momentum at max_momentum
 }
@@ -8584,22 +9038,22 @@ DETTRIAL_INLINE void CyclicLR::restart_at_milestone() {
 
 }  // namespace dettrial::optim
 
-namespace dettrial::optim::detail::cyclic {
-DETTRIAL_INLINE const char* mode_name(CyclicMode m) {
-  return m == CyclicMode::triangular ? "triangular" : m == CyclicMode::triangular2 ? "triangular2" : "exp_range";
+namespace dettrial::detail::cyclic {
+DETTRIAL_INLINE const char* mode_name(optim::CyclicMode m) {
+  return m == optim::CyclicMode::triangular ? "triangular" : m == optim::CyclicMode::triangular2 ? "triangular2" : "exp_range";
 }
-DETTRIAL_INLINE CyclicMode mode_named(const std::string& name, const std::string& what) {
-  if (name == "triangular") return CyclicMode::triangular;
-  if (name == "triangular2") return CyclicMode::triangular2;
-  if (name == "exp_range") return CyclicMode::exp_range;
+DETTRIAL_INLINE optim::CyclicMode mode_named(const std::string& name, const std::string& what) {
+  if (name == "triangular") return optim::CyclicMode::triangular;
+  if (name == "triangular2") return optim::CyclicMode::triangular2;
+  if (name == "exp_range") return optim::CyclicMode::exp_range;
   throw CheckpointError(what + ": mode '" + name + "' is not triangular, triangular2 or exp_range");
 }
-DETTRIAL_INLINE ScaleMode scale_mode_named(const std::string& name, const std::string& what) {
-  if (name == "cycle") return ScaleMode::cycle;
-  if (name == "iterations") return ScaleMode::iterations;
+DETTRIAL_INLINE optim::ScaleMode scale_mode_named(const std::string& name, const std::string& what) {
+  if (name == "cycle") return optim::ScaleMode::cycle;
+  if (name == "iterations") return optim::ScaleMode::iterations;
   throw CheckpointError(what + ": scale_mode '" + name + "' is not cycle or iterations");
 }
-}  // namespace dettrial::optim::detail::cyclic
+}  // namespace dettrial::detail::cyclic
 
 namespace dettrial::optim {
 DETTRIAL_INLINE void CyclicLR::save(torch::serialize::OutputArchive& archive) const {
@@ -8610,9 +9064,9 @@ DETTRIAL_INLINE void CyclicLR::save(torch::serialize::OutputArchive& archive) co
 
 DETTRIAL_INLINE void CyclicLR::load(torch::serialize::InputArchive& archive) {
   const std::string owner = archive_owner();
-  const CyclicMode mode = detail::cyclic::mode_named(detail::cyclic::text_of(archived(archive, "mode"), owner + ": 'mode'"), owner);
+  const CyclicMode mode = detail::cyclic::mode_named(detail::scheduler_base::text_of(archived(archive, "mode"), owner + ": 'mode'"), owner);
   const ScaleMode scale_mode =
-      detail::cyclic::scale_mode_named(detail::cyclic::text_of(archived(archive, "scale_mode"), owner + ": 'scale_mode'"), owner);
+      detail::cyclic::scale_mode_named(detail::scheduler_base::text_of(archived(archive, "scale_mode"), owner + ": 'scale_mode'"), owner);
   load_fields(*this, archive, fields());
   mode_ = mode;
   scale_mode_ = scale_mode;
@@ -8656,9 +9110,10 @@ DETTRIAL_INLINE void CyclicLR::load_python_state(const c10::impl::GenericDict& i
   std::vector<double> max_lrs = per_group("max_lrs");
   const double total_size = python::number(entry("total_size"), what + ": total_size");
   const double step_ratio = python::number(entry("step_ratio"), what + ": step_ratio");
-  const CyclicMode mode = detail::cyclic::mode_named(detail::cyclic::text_of(entry("mode"), what + ": mode"), what);
+  const CyclicMode mode = detail::cyclic::mode_named(detail::scheduler_base::text_of(entry("mode"), what + ": mode"), what);
   const double gamma = python::number(entry("gamma"), what + ": gamma");
-  ScaleMode scale_mode = detail::cyclic::scale_mode_named(detail::cyclic::text_of(entry("scale_mode"), what + ": scale_mode"), what);
+  ScaleMode scale_mode =
+      detail::cyclic::scale_mode_named(detail::scheduler_base::text_of(entry("scale_mode"), what + ": scale_mode"), what);
   const bool cycle_momentum = python::number(entry("cycle_momentum"), what + ": cycle_momentum") != 0;
   if (cycle_momentum != cycle_momentum_)
     throw CheckpointError(what + " has cycle_momentum " + (cycle_momentum ? "True" : "False") + ", the trial's CyclicLR " +
@@ -8694,463 +9149,6 @@ DETTRIAL_INLINE void CyclicLR::python_param_group(std::size_t group, c10::impl::
 
 #endif  // DETTRIAL_HEADER_DEFINITIONS
 // ---- end dettrial/optim/cyclic_schedulers.hpp
-// ---- begin dettrial/optim/running_statistics.hpp
-// SPDX-License-Identifier: Apache-2.0
-/// @file
-/// @brief optim::RunningStatistics: what update_bn needs of a normalization layer that is not one of
-/// LibTorch's BatchNorm classes but keeps their running statistics (nn::SyncBatchNorm, and with it
-/// dettrial's ResNets), so that update_bn recomputes its statistics as it does a BatchNorm's.
-
-#include <torch/torch.h>
-
-namespace dettrial::optim {
-
-/// A module with BatchNorm's options and running statistics (Python's `_BatchNorm` family).
-class RunningStatistics {
- public:
-  virtual ~RunningStatistics() = default;
-  /// The options whose momentum update_bn sets to none (a cumulative average) and back.
-  virtual torch::nn::BatchNormOptions& batch_norm_options() = 0;
-  /// Running mean 0, variance 1, no batches tracked (BatchNorm's reset_running_stats).
-  virtual void reset_running_stats() = 0;
-};
-
-}  // namespace dettrial::optim
-// ---- end dettrial/optim/running_statistics.hpp
-
-namespace dettrial::optim {
-
-/// How an AveragedModel averages: Python's default equal weights (SWA) or an exponential moving
-/// average with `decay` (Python's `get_ema_multi_avg_fn(decay)`); `use_buffers` averages the buffers
-/// too (BatchNorm's running statistics), else they are copied from the model at each update.
-struct Averaging {
-  enum class Kind { equal, exponential };
-  Kind kind = Kind::equal;
-  double decay = 0.999;
-  bool use_buffers = false;
-};
-/// Python's `AveragedModel(model, use_buffers=...)`: the mean of every update so far.
-inline Averaging swa(bool use_buffers = false) { return {Averaging::Kind::equal, 0.0, use_buffers}; }
-/// Python's `AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(decay), use_buffers=...)`.
-inline Averaging ema(double decay = 0.999, bool use_buffers = false) { return {Averaging::Kind::exponential, decay, use_buffers}; }
-
-/**
- * @brief The averaged copy of a model and its count, as a module whose state dict is Python's
- * AveragedModel's: `n_averaged` (a CPU long tensor, as Python's default device leaves it) and the
- * copy's entries under `module.`. AveragedModel<M> is its typed face.
- */
-class AveragedWeights : public torch::nn::Module {
- public:
-  AveragedWeights(std::shared_ptr<torch::nn::Module> copy, Averaging how);
-  /// Python's `update_parameters(model)`: the first update copies the model, each later one averages
-  /// it in (on the copy's device); the buffers are averaged (use_buffers) or copied.
-  void update_parameters(const torch::nn::Module& model);
-  /// Updates averaged so far (Python's `n_averaged`).
-  std::int64_t n_averaged() const { return n_averaged_.item<std::int64_t>(); }
-  /// Starts the average over: the next update copies the model (torchvision's recipe does it during
-  /// its warmup: `n_averaged.fill_(0)`).
-  void restart() { n_averaged_.fill_(0); }
-  const Averaging& averaging() const { return how_; }
-  /// The averaged copy.
-  torch::nn::Module& averaged() { return *copy_; }
-  const std::shared_ptr<torch::nn::Module>& averaged_ptr() const { return copy_; }
-
- private:
-  /// One group of same-device, same-dtype tensors, averaged as Python's multi_avg_fn or avg_fn does.
-  void average_group(std::vector<torch::Tensor>& averaged, const std::vector<torch::Tensor>& current) const;
-  std::shared_ptr<torch::nn::Module> copy_;
-  torch::Tensor n_averaged_;
-  Averaging how_;
-};
-
-/**
- * @brief Python's `torch.optim.swa_utils.AveragedModel` for a LibTorch module holder `M`
- * (torch::nn::Sequential, a TORCH_MODULE type): `module()` is the averaged copy, as `M`, for
- * validating on it.
- * @code{.cpp}
- * dettrial::optim::AveragedModel<torch::nn::Sequential> ema(model, dettrial::optim::ema(0.9998));
- * ema.update_parameters(model);   // or context.wrap_averaged_model(ema, model, {.every_n_steps = 32})
- * auto logits = ema.module()->forward(x);
- * @endcode
- */
-template <class M>
-class AveragedModel {
- public:
-  /// The copy is `model->clone()` (LibTorch's deep copy, for modules derived from torch::nn::Cloneable),
-  /// with the random generators put back after it: Cloneable rebuilds a copy's layers with reset(),
-  /// whose initialisation draws from them, and Python's deepcopy draws nothing, so the training's
-  /// random stream (dropout, shuffles on the global generator) is the one Python's recipe has.
-  AveragedModel(const M& model, Averaging how) : AveragedModel(drawing_nothing_clone(model), model, how) {}
-  /// The copy is `fresh` (another instance of the same architecture, for a module that is not
-  /// Cloneable), given the model's values now.
-  AveragedModel(M fresh, const M& model, Averaging how) : module_(std::move(fresh)) {
-    if (!module_.ptr()) throw ConfigError("dettrial::optim::AveragedModel: the model's copy is empty (is its type Cloneable?)");
-    {
-      torch::NoGradGuard no_grad;
-      auto to = module_->named_parameters();
-      for (const auto& p : model->named_parameters()) {
-        if (!to.contains(p.key())) throw ConfigError("dettrial::optim::AveragedModel: the copy has no parameter '" + p.key() + "'");
-        to[p.key()].copy_(p.value());
-      }
-    }
-    weights_ = std::make_shared<AveragedWeights>(module_.ptr(), how);
-  }
-  /// Python's `update_parameters(model)`.
-  void update_parameters(const M& model) { weights_->update_parameters(*model); }
-  /// The averaged copy.
-  M& module() { return module_; }
-  std::int64_t n_averaged() const { return weights_->n_averaged(); }
-  /// The module whose state dict is Python's AveragedModel's (n_averaged and `module.` entries).
-  const std::shared_ptr<AveragedWeights>& weights() const { return weights_; }
-
- private:
-  static M drawing_nothing_clone(const M& model) {
-    return M(std::dynamic_pointer_cast<typename M::ContainedType>(
-        dettrial::detail::GeneratorStates::drawing_nothing([&] { return model->clone(); })));
-  }
-
-  M module_;
-  std::shared_ptr<AveragedWeights> weights_;
-};
-
-/**
- * @brief Python's `swa_utils.SWALR(optimizer, swa_lr, anneal_epochs=10, anneal_strategy="cos")`: the
- * rates annealed from their values towards `swa_lr` over `anneal_epochs` steps, then held there.
- * Python keeps `swa_lr` in the optimizer's parameter groups: a checkpoint writes it there and reads
- * it back from there.
- */
-class SWALR : public EpochLRScheduler {
- public:
-  SWALR(torch::optim::Optimizer& optimizer, const PerGroup& swa_lr, std::int64_t anneal_epochs = 10,
-        AnnealStrategy anneal_strategy = AnnealStrategy::cos);
-  void step();
-  void restart_at_milestone();
-  const std::vector<double>& swa_lrs() const { return swa_lrs_; }
-  std::int64_t anneal_epochs() const { return anneal_epochs_; }
-  void save(torch::serialize::OutputArchive& archive) const;
-  void load(torch::serialize::InputArchive& archive);
-  /// Python's `state_dict()`: _anneal_strategy, anneal_epochs and the LRScheduler entries.
-  void python_state(c10::impl::GenericDict& out) const;
-  void load_python_state(const c10::impl::GenericDict& in, const std::string& what);
-  /// Python's group["swa_lr"], written into and read from parameter group `group`.
-  void python_param_group(std::size_t group, c10::impl::GenericDict& out) const;
-  void load_python_param_group(std::size_t group, const c10::impl::GenericDict& in, const std::string& what);
-
- private:
-  static constexpr std::array<SchedulerField<SWALR>, 2> fields() {
-    return std::array{field("anneal_epochs", &SWALR::anneal_epochs_, 0), field("swa_lrs", &SWALR::swa_lrs_)};
-  }
-  /// Python's get_lr, from the step count.
-  /// The rates of this step (in next_rates_).
-  const std::vector<double>& rates();
-  std::vector<double> swa_lrs_;
-  std::int64_t anneal_epochs_;
-  AnnealStrategy anneal_;
-};
-
-}  // namespace dettrial::optim
-
-namespace dettrial {
-/// When the trainer updates the averaged model a trial wraps (Context::wrap_averaged_model).
-struct AveragingSchedule {
-  /// After every n-th optimizer step, counted from the first step of training: steps n, 2n, ...
-  std::int64_t every_n_steps = 1;
-  /// Up to this optimizer step each update copies the model, so the average begins after it (as
-  /// torchvision's recipe restarts its EMA during the learning-rate warmup).
-  std::int64_t warmup_steps = 0;
-};
-}  // namespace dettrial
-
-namespace dettrial::optim::detail {
-/// A trial's wrapped average (Context::wrap_averaged_model): the weights, the model they average
-/// and when; the loop calls after_optimizer_step at the end of every update batch.
-struct ScheduledAverage {
-  std::shared_ptr<AveragedWeights> weights;
-  std::shared_ptr<torch::nn::Module> source;
-  AveragingSchedule schedule;
-
-  /// After optimizer step `step` (1, 2, ...): the average takes the model when the step is due,
-  /// and during the warmup it restarts from it.
-  void after_optimizer_step(std::int64_t step) {
-    if (step % schedule.every_n_steps != 0) return;
-    weights->update_parameters(*source);
-    if (step <= schedule.warmup_steps) weights->restart();
-  }
-};
-}  // namespace dettrial::optim::detail
-
-namespace dettrial::optim::detail::averaging {
-/// A BatchNorm layer's momentum (c10::optional before LibTorch 2.x, std::optional after).
-using Momentum = std::decay_t<decltype(std::declval<torch::nn::BatchNormOptions&>().momentum())>;
-/// Every BatchNorm layer of `model`: with no `momenta`, running statistics reset and momentum none
-/// (a cumulative average); else the momenta given back. Returns their momenta before.
-DETTRIAL_INLINE std::vector<Momentum> set_batch_norm_momenta(torch::nn::Module& model, const std::vector<Momentum>* momenta);
-}  // namespace dettrial::optim::detail::averaging
-
-namespace dettrial::optim {
-/**
- * @brief Python's `swa_utils.update_bn(loader, model, device)`: every BatchNorm layer's running
- * statistics recomputed over one pass of `loader` (each batch's first element when it is a tuple,
- * moved to `device` when given) in training mode, as a cumulative average; the layers' momenta and
- * the model's mode are restored after. Call it on `averaged.module()` before validating an SWA
- * average whose buffers were not averaged.
- */
-template <class Loader, class M>
-void update_bn(Loader&& loader, M& model, std::optional<torch::Device> device = std::nullopt) {
-  torch::NoGradGuard no_grad;
-  const auto momenta = detail::averaging::set_batch_norm_momenta(*model, nullptr);
-  if (momenta.empty()) return;
-  const bool was_training = model->is_training();
-  model->train();
-  for (auto&& batch : loader) {
-    torch::Tensor input;
-    if constexpr (requires { std::get<0>(batch); }) input = std::get<0>(batch);
-    else input = batch;
-    if (device) input = input.to(*device);
-    model->forward(input);
-  }
-  detail::averaging::set_batch_norm_momenta(*model, &momenta);
-  model->train(was_training);
-}
-
-}  // namespace dettrial::optim
-
-// Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
-#if DETTRIAL_HEADER_DEFINITIONS
-#include <algorithm>
-#include <cmath>
-#include <map>
-#include <numbers>
-
-namespace dettrial::optim {
-
-DETTRIAL_INLINE AveragedWeights::AveragedWeights(std::shared_ptr<torch::nn::Module> copy, Averaging how)
-    : copy_(std::move(copy)), how_(how) {
-  if (!copy_) throw ConfigError("dettrial::optim::AveragedModel: no module to average into");
-  if (how_.kind == Averaging::Kind::exponential && !(how_.decay >= 0 && how_.decay <= 1))
-    throw ConfigError("dettrial::optim::AveragedModel: decay must be in [0, 1], not " + std::to_string(how_.decay));
-  // Python's registration order: the count (a buffer of its own), then the copy.
-  n_averaged_ = register_buffer("n_averaged", torch::zeros({}, torch::kLong));
-  register_module("module", copy_);
-}
-
-DETTRIAL_INLINE void AveragedWeights::average_group(std::vector<torch::Tensor>& averaged, const std::vector<torch::Tensor>& current) const {
-  const bool floating = averaged.front().is_floating_point() || averaged.front().is_complex();
-  if (how_.kind == Averaging::Kind::exponential) {  // Python's get_ema_multi_avg_fn
-    if (floating) {
-      for (std::size_t i = 0; i < averaged.size(); ++i) averaged[i].lerp_(current[i], 1 - how_.decay);  // _foreach_lerp_'s arithmetic
-    } else {
-      for (std::size_t i = 0; i < averaged.size(); ++i) averaged[i].copy_(averaged[i] * how_.decay + current[i] * (1 - how_.decay));
-    }
-    return;
-  }
-  const torch::Device device = averaged.front().device();
-  const torch::Tensor n = n_averaged_.to(device);
-  // Python's default: get_swa_multi_avg_fn on devices with foreach kernels (CUDA), whose weight is
-  // 1 / (n_averaged + 1) computed as a float32 tensor; get_swa_avg_fn elsewhere (the CPU).
-  if (device.is_cuda() && floating) {
-    const double weight = (n + 1).reciprocal().item<double>();  // Python's 1 / (n + 1): the reciprocal, a float32 tensor
-    for (std::size_t i = 0; i < averaged.size(); ++i) averaged[i].lerp_(current[i], weight);
-  } else {
-    for (std::size_t i = 0; i < averaged.size(); ++i) averaged[i].copy_(averaged[i] + (current[i] - averaged[i]) / (n + 1));
-  }
-}
-
-DETTRIAL_INLINE void AveragedWeights::update_parameters(const torch::nn::Module& model) {
-  torch::NoGradGuard no_grad;
-  std::vector<torch::Tensor> mine = copy_->parameters(), theirs = model.parameters();
-  if (how_.use_buffers) {
-    for (const auto& b : copy_->buffers()) mine.push_back(b);
-    for (const auto& b : model.buffers()) theirs.push_back(b);
-  }
-  if (mine.size() != theirs.size())
-    throw TrialError("dettrial::optim::AveragedModel: the model has " + std::to_string(theirs.size()) +
-                     " parameters (and buffers, with use_buffers) but the average " + std::to_string(mine.size()) +
-                     ": is it another architecture?");
-  std::vector<torch::Tensor> current;
-  for (std::size_t i = 0; i < mine.size(); ++i) current.push_back(theirs[i].detach().to(mine[i].device()));
-  if (n_averaged() == 0) {
-    for (std::size_t i = 0; i < mine.size(); ++i) mine[i].detach().copy_(current[i]);
-  } else {
-    // Grouped by device and dtype, as Python's _group_tensors_by_device_and_dtype groups them.
-    std::map<std::tuple<std::string, int>, std::pair<std::vector<torch::Tensor>, std::vector<torch::Tensor>>> groups;
-    std::vector<std::tuple<std::string, int>> order;
-    for (std::size_t i = 0; i < mine.size(); ++i) {
-      const auto key = std::make_tuple(mine[i].device().str(), static_cast<int>(mine[i].scalar_type()));
-      if (!groups.count(key)) order.push_back(key);
-      groups[key].first.push_back(mine[i].detach());
-      groups[key].second.push_back(current[i]);
-    }
-    for (const auto& key : order) average_group(groups[key].first, groups[key].second);
-  }
-  if (!how_.use_buffers) {  // Python keeps the copy's buffers in sync with the model's
-    const auto mine_buffers = copy_->buffers(), their_buffers = model.buffers();
-    if (mine_buffers.size() != their_buffers.size())
-      throw TrialError("dettrial::optim::AveragedModel: the model has " + std::to_string(their_buffers.size()) +
-                       " buffers but the average " + std::to_string(mine_buffers.size()));
-    for (std::size_t i = 0; i < mine_buffers.size(); ++i)
-      mine_buffers[i].detach().copy_(their_buffers[i].detach().to(mine_buffers[i].device()));
-  }
-  n_averaged_.add_(1);
-}
-
-// ------------------------------------------------------------------------------------------------
-// SWALR
-
-DETTRIAL_INLINE SWALR::SWALR(torch::optim::Optimizer& optimizer, const PerGroup& swa_lr, std::int64_t anneal_epochs,
-                             AnnealStrategy anneal_strategy)
-    : EpochLRScheduler(optimizer, "SWALR"), anneal_epochs_(anneal_epochs), anneal_(anneal_strategy) {
-  if (anneal_epochs < 0) invalid("anneal_epochs", "at least 0", std::to_string(anneal_epochs));
-  swa_lrs_ = detail::cyclic::per_group("SWALR", "swa_lr", swa_lr, optimizer);
-  step();  // Python's constructor steps once
-}
-
-DETTRIAL_INLINE const std::vector<double>& SWALR::rates() {
-  // Python's get_lr, term for term: the rates undo the last step's annealing, then take this one's.
-  std::int64_t step = step_count_ - 1;
-  if (anneal_epochs_ == 0) step = std::max<std::int64_t>(1, step);
-  const double span = static_cast<double>(std::max<std::int64_t>(1, anneal_epochs_));
-  const auto alpha_at = [&](double t) {
-    t = std::max(0.0, std::min(1.0, t));
-    return anneal_ == AnnealStrategy::linear ? t : (1 - std::cos(std::numbers::pi * t)) / 2;
-  };
-  const double prev_alpha = alpha_at(static_cast<double>(step - 1) / span);
-  const double alpha = alpha_at(static_cast<double>(step) / span);
-  std::vector<double>& out = next_rates_;
-  out.clear();
-  const auto& groups = optimizer_->param_groups();
-  for (std::size_t i = 0; i < groups.size(); ++i) {
-    const double lr = groups[i].options().get_lr();
-    const double prev = prev_alpha == 1 ? swa_lrs_[i] : (lr - prev_alpha * swa_lrs_[i]) / (1 - prev_alpha);
-    out.push_back(swa_lrs_[i] * alpha + prev * (1 - alpha));
-  }
-  return out;
-}
-
-DETTRIAL_INLINE void SWALR::step() {
-  ++step_count_;
-  ++last_epoch_;
-  const std::vector<double>& r = rates();
-  set_rates([&r](std::size_t i, double) { return r[i]; });
-}
-
-DETTRIAL_INLINE void SWALR::restart_at_milestone() {
-  last_epoch_ = 0;
-  const std::vector<double>& r = rates();
-  set_rates([&r](std::size_t i, double) { return r[i]; });
-}
-
-DETTRIAL_INLINE void SWALR::save(torch::serialize::OutputArchive& archive) const {
-  save_fields(*this, archive, fields());
-  archive.write("anneal_strategy", c10::IValue(std::string(anneal_ == AnnealStrategy::cos ? "cos" : "linear")));
-}
-
-DETTRIAL_INLINE void SWALR::load(torch::serialize::InputArchive& archive) {
-  const std::string anneal = detail::cyclic::text_of(archived(archive, "anneal_strategy"), archive_owner() + ": 'anneal_strategy'");
-  if (anneal != "cos" && anneal != "linear")
-    throw CheckpointError(archive_owner() + ": anneal_strategy '" + anneal + "' is not cos or linear");
-  load_fields(*this, archive, fields());
-  anneal_ = anneal == "cos" ? AnnealStrategy::cos : AnnealStrategy::linear;
-}
-
-DETTRIAL_INLINE void SWALR::python_state(c10::impl::GenericDict& out) const {
-  out.insert("_anneal_strategy", std::string(anneal_ == AnnealStrategy::cos ? "cos" : "linear"));
-  out.insert("anneal_epochs", anneal_epochs_);
-  python_common(out);
-}
-
-DETTRIAL_INLINE void SWALR::load_python_state(const c10::impl::GenericDict& in, const std::string& what) {
-  const auto strategy = in.find("_anneal_strategy");
-  const auto epochs = in.find("anneal_epochs");
-  if (strategy == in.end() || epochs == in.end())
-    throw CheckpointError(what + " has no '_anneal_strategy' or 'anneal_epochs': it is not Python's SWALR state");
-  const std::string anneal = detail::cyclic::text_of(strategy->value(), what + ": _anneal_strategy");
-  if (anneal != "cos" && anneal != "linear") throw CheckpointError(what + ": _anneal_strategy '" + anneal + "' is not cos or linear");
-  const std::int64_t anneal_epochs = python::count(epochs->value(), what + ": anneal_epochs", 0);
-  load_python_common(in, {"_anneal_strategy", "anneal_epochs"}, what);
-  anneal_ = anneal == "cos" ? AnnealStrategy::cos : AnnealStrategy::linear;
-  anneal_epochs_ = anneal_epochs;
-}
-
-DETTRIAL_INLINE void SWALR::python_param_group(std::size_t group, c10::impl::GenericDict& out) const {
-  out.insert_or_assign("swa_lr", swa_lrs_.at(group));
-}
-
-DETTRIAL_INLINE void SWALR::load_python_param_group(std::size_t group, const c10::impl::GenericDict& in, const std::string& what) {
-  const auto it = in.find("swa_lr");
-  if (it == in.end())
-    throw CheckpointError(what + " has no 'swa_lr', which Python's SWALR keeps there: was the checkpoint's scheduler another?");
-  swa_lrs_.at(group) = python::number(it->value(), what + ": swa_lr");
-}
-
-// ------------------------------------------------------------------------------------------------
-// update_bn
-
-}  // namespace dettrial::optim
-
-namespace dettrial::optim::detail::averaging {
-
-/// Calls f with every BatchNorm layer's options and its reset, whatever its dimension (and those of
-/// dettrial's layers with BatchNorm's statistics: RunningStatistics).
-template <class F>
-void for_each_batch_norm(torch::nn::Module& model, F&& f) {
-  for (const auto& m : model.modules(/*include_self=*/true)) {
-    if (auto* bn = dynamic_cast<torch::nn::BatchNorm1dImpl*>(m.get())) f(bn->options, [bn] { bn->reset_running_stats(); });
-    else if (auto* bn2 = dynamic_cast<torch::nn::BatchNorm2dImpl*>(m.get())) f(bn2->options, [bn2] { bn2->reset_running_stats(); });
-    else if (auto* bn3 = dynamic_cast<torch::nn::BatchNorm3dImpl*>(m.get())) f(bn3->options, [bn3] { bn3->reset_running_stats(); });
-    else if (auto* other = dynamic_cast<RunningStatistics*>(m.get()))
-      f(other->batch_norm_options(), [other] { other->reset_running_stats(); });
-  }
-}
-
-DETTRIAL_INLINE std::vector<Momentum> set_batch_norm_momenta(torch::nn::Module& model, const std::vector<Momentum>* momenta) {
-  std::vector<Momentum> before;
-  std::size_t i = 0;
-  for_each_batch_norm(model, [&](torch::nn::BatchNormOptions& options, auto reset) {
-    before.push_back(options.momentum());
-    if (momenta) {
-      options.momentum() = momenta->at(i++);
-    } else {
-      reset();
-      options.momentum() = Momentum{};  // none: a cumulative average over the pass
-    }
-  });
-  return before;
-}
-
-}  // namespace dettrial::optim::detail::averaging
-
-#endif  // DETTRIAL_HEADER_DEFINITIONS
-// ---- end dettrial/optim/averaged_model.hpp
-// ---- begin dettrial/optim/schedulers.hpp
-// SPDX-License-Identifier: Apache-2.0
-/// @file
-/// @brief Learning-rate schedulers with PyTorch's (Python's) semantics, exact resume, and Python's
-/// `scheduler.state_dict()` layout: StepLR, MultiStepLR, ExponentialLR, LinearLR, ConstantLR,
-/// CosineAnnealingLR, LambdaLR, MultiplicativeLR, PolynomialLR and CosineAnnealingWarmRestarts here;
-/// OneCycleLR and CyclicLR (cyclic_schedulers.hpp), SequentialLR and ChainedScheduler
-/// (scheduler_composition.hpp) and ReduceLROnPlateau (reduce_lr_on_plateau.hpp) come with it.
-///
-/// LibTorch's own `torch::optim::StepLR` decays one step later than Python's (it does not count the
-/// step Python's constructor takes), so a schedule ported from Python drifts by one step. These follow
-/// Python's `torch.optim.lr_scheduler` to the bit: after k `step()` calls the learning rates are
-/// Python's after k calls, computed as Python's `step()` computes them (its chainable, step-to-step
-/// `get_lr`, not the closed form that `step(epoch)` uses), in Python's order of float operations.
-///
-/// Each scheduler also has `restart_at_milestone()`: Python's `_update_lr(0)`, which SequentialLR
-/// calls when a milestone hands the rates to it (the closed form at step 0 where Python's class has
-/// one, else its `get_lr` at step 0).
-
-#include <array>
-#include <cstddef>
-#include <cstdint>
-#include <functional>
-#include <map>
-#include <string>
-#include <vector>
-
-#include <torch/torch.h>
-
 // ---- begin dettrial/optim/reduce_lr_on_plateau.hpp
 // SPDX-License-Identifier: Apache-2.0
 /// @file
@@ -9257,16 +9255,16 @@ namespace dettrial::optim {
 DETTRIAL_INLINE ReduceLROnPlateau::ReduceLROnPlateau(torch::optim::Optimizer& optimizer, ReduceLROnPlateauOptions options)
     : optimizer_(&optimizer), options_(std::move(options)) {
   const auto invalid = [](const char* argument, const std::string& rule, const std::string& value) {
-    dettrial::detail::throw_invalid_argument("dettrial::optim::ReduceLROnPlateau", argument, rule, value);
+    detail::throw_invalid_argument("dettrial::optim::ReduceLROnPlateau", argument, rule, value);
   };
   const auto& o = options_;
   if (o.mode != "min" && o.mode != "max") invalid("mode", "\"min\" or \"max\"", '"' + o.mode + '"');
-  if (!(o.factor >= 0 && o.factor < 1)) invalid("factor", "in [0, 1)", dettrial::detail::number_text(o.factor));
+  if (!(o.factor >= 0 && o.factor < 1)) invalid("factor", "in [0, 1)", detail::number_text(o.factor));
   if (o.patience < 0) invalid("patience", "at least 0", std::to_string(o.patience));
-  if (!(o.threshold >= 0)) invalid("threshold", "at least 0", dettrial::detail::number_text(o.threshold));
+  if (!(o.threshold >= 0)) invalid("threshold", "at least 0", detail::number_text(o.threshold));
   if (o.threshold_mode != "rel" && o.threshold_mode != "abs") invalid("threshold_mode", "\"rel\" or \"abs\"", '"' + o.threshold_mode + '"');
   if (o.cooldown < 0) invalid("cooldown", "at least 0", std::to_string(o.cooldown));
-  if (!(o.eps >= 0)) invalid("eps", "at least 0", dettrial::detail::number_text(o.eps));
+  if (!(o.eps >= 0)) invalid("eps", "at least 0", detail::number_text(o.eps));
   const std::size_t groups = optimizer.param_groups().size();
   if (const auto* per_group = std::get_if<std::vector<double>>(&o.min_lr)) {
     if (per_group->size() != groups)
@@ -9276,7 +9274,7 @@ DETTRIAL_INLINE ReduceLROnPlateau::ReduceLROnPlateau(torch::optim::Optimizer& op
     min_lrs_.assign(groups, std::get<double>(o.min_lr));
   }
   for (const double m : min_lrs_)
-    if (!(m >= 0)) invalid("min_lr", "at least 0", dettrial::detail::number_text(m));
+    if (!(m >= 0)) invalid("min_lr", "at least 0", detail::number_text(m));
   min_mode_ = o.mode == "min";
   rel_threshold_ = o.threshold_mode == "rel";
   last_lr_ = detail::scheduler_base::group_lrs(optimizer);
@@ -9496,7 +9494,7 @@ concept ComposableLRScheduler = std::derived_from<S, EpochLRScheduler> && requir
 
 }  // namespace dettrial::optim
 
-namespace dettrial::optim::detail::composition {
+namespace dettrial::detail::composition {
 
 /// Calls `f` with the tuple's element number `index`.
 template <class Tuple, class F>
@@ -9515,7 +9513,8 @@ template <class S>
 concept ReadsParamGroups =
     requires(S& s, std::size_t g, const c10::impl::GenericDict& d, const std::string& what) { s.load_python_param_group(g, d, what); };
 
-inline void check_optimizer(const char* composite, std::size_t index, const EpochLRScheduler& s, const torch::optim::Optimizer& optimizer) {
+inline void check_optimizer(const char* composite, std::size_t index, const optim::EpochLRScheduler& s,
+                            const torch::optim::Optimizer& optimizer) {
   if (&s.optimizer() != &optimizer)
     throw ConfigError(std::string("dettrial::optim::") + composite + ": scheduler " + std::to_string(index) +
                       " drives another optimizer than the composite's (Python refuses it too)");
@@ -9619,7 +9618,7 @@ void load_python_param_group(Tuple& children, std::size_t group, const c10::impl
       children);
 }
 
-}  // namespace dettrial::optim::detail::composition
+}  // namespace dettrial::detail::composition
 
 namespace dettrial::optim {
 /**
@@ -10137,9 +10136,9 @@ class CosineAnnealingWarmRestarts : public EpochLRScheduler {
 #include <utility>
 
 
-namespace dettrial::optim::detail::schedulers {
-using dettrial::detail::number_text;
-}  // namespace dettrial::optim::detail::schedulers
+namespace dettrial::detail::schedulers {
+using detail::number_text;
+}  // namespace dettrial::detail::schedulers
 
 namespace dettrial::optim {
 // ------------------------------------------------------------------------------------------------
@@ -11053,7 +11052,7 @@ DETTRIAL_INLINE void TensorBoardWriter::flush() {
 
 #endif  // DETTRIAL_HEADER_DEFINITIONS
 // ---- end dettrial/tensorboard/event_file.hpp
-// ---- begin dettrial/distributed/agreement.hpp
+// ---- begin dettrial/distributed/detail/agreement.hpp
 // SPDX-License-Identifier: Apache-2.0
 /// @file
 /// @brief What the ranks of a job must agree on, and how they come to agree: the chief's weights, the
@@ -11910,8 +11909,8 @@ DETTRIAL_INLINE void require_same_settings(Communicator& comm, std::span<const R
 
 }  // namespace dettrial::detail
 #endif  // DETTRIAL_HEADER_DEFINITIONS
-// ---- end dettrial/distributed/agreement.hpp
-// ---- begin dettrial/distributed/gradient_buckets.hpp
+// ---- end dettrial/distributed/detail/agreement.hpp
+// ---- begin dettrial/distributed/detail/gradient_buckets.hpp
 // SPDX-License-Identifier: Apache-2.0
 /// @file
 /// @brief Gradient averaging across the ranks of a job, as PyTorch's DDP does it: flat buckets whose
@@ -12212,8 +12211,8 @@ DETTRIAL_INLINE void GradientBuckets::start_ready_buckets() {
 
 }  // namespace dettrial::detail
 #endif  // DETTRIAL_HEADER_DEFINITIONS
-// ---- end dettrial/distributed/gradient_buckets.hpp
-// ---- begin dettrial/distributed/metrics.hpp
+// ---- end dettrial/distributed/detail/gradient_buckets.hpp
+// ---- begin dettrial/distributed/detail/metrics.hpp
 // SPDX-License-Identifier: Apache-2.0
 /// @file
 /// @brief Metrics across ranks, as Determined reduces them: training means averaged over ranks;
@@ -12380,7 +12379,7 @@ DETTRIAL_INLINE std::vector<c10::IValue> reducer_parts(const std::vector<RankSha
 
 }  // namespace dettrial::detail
 #endif  // DETTRIAL_HEADER_DEFINITIONS
-// ---- end dettrial/distributed/metrics.hpp
+// ---- end dettrial/distributed/detail/metrics.hpp
 // ---- begin dettrial/distributed/sync_batch_norm.hpp
 // SPDX-License-Identifier: Apache-2.0
 /// @file
@@ -12431,12 +12430,12 @@ TORCH_MODULE(SyncBatchNorm);
 
 }  // namespace dettrial::nn
 
-namespace dettrial::nn::detail {
+namespace dettrial::detail {
 /// Converts the tree below `module` in place (`path`: its name, for errors): see convert_sync_batchnorm.
 DETTRIAL_INLINE void convert_sync_batchnorm_below(torch::nn::Module& module, const std::string& path, Communicator* communicator);
 /// Whether `module` is a BatchNorm1d, 2d or 3d.
 DETTRIAL_INLINE bool is_batch_norm(const torch::nn::Module& module);
-}  // namespace dettrial::nn::detail
+}  // namespace dettrial::detail
 
 namespace dettrial::nn {
 
@@ -12475,7 +12474,7 @@ M convert_sync_batchnorm(M model, Communicator* communicator) {
 // Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
 #if DETTRIAL_HEADER_DEFINITIONS
 
-namespace dettrial::nn::detail {
+namespace dettrial::detail {
 
 /// Every dimension but the channels' (1): the ones a channel's statistics are taken over.
 inline std::vector<std::int64_t> non_channel_dims(const torch::Tensor& input) {
@@ -12550,7 +12549,7 @@ struct SyncBatchNormFunction : torch::autograd::Function<SyncBatchNormFunction> 
   }
 };
 
-}  // namespace dettrial::nn::detail
+}  // namespace dettrial::detail
 
 namespace dettrial::nn {
 DETTRIAL_INLINE SyncBatchNormImpl::SyncBatchNormImpl(torch::nn::BatchNormOptions options_, Communicator* communicator_)
@@ -12615,14 +12614,14 @@ DETTRIAL_INLINE void SyncBatchNormImpl::pretty_print(std::ostream& stream) const
 
 }  // namespace dettrial::nn
 
-namespace dettrial::nn::detail {
+namespace dettrial::detail {
 /// A SyncBatchNorm over `communicator` with the options, parameters, running statistics, mode,
 /// device and dtype of `module`, when it is a `BatchNormImpl`; else null.
 template <class BatchNormImpl>
-SyncBatchNorm sync_copy(const std::shared_ptr<torch::nn::Module>& module, Communicator* communicator) {
+nn::SyncBatchNorm sync_copy(const std::shared_ptr<torch::nn::Module>& module, Communicator* communicator) {
   const auto bn = std::dynamic_pointer_cast<BatchNormImpl>(module);
-  if (!bn) return SyncBatchNorm(nullptr);
-  SyncBatchNorm sync(bn->options, communicator);
+  if (!bn) return nn::SyncBatchNorm(nullptr);
+  nn::SyncBatchNorm sync(bn->options, communicator);
   torch::NoGradGuard no_grad;
   if (bn->options.affine()) {
     sync->weight.copy_(bn->weight);
@@ -12641,9 +12640,9 @@ SyncBatchNorm sync_copy(const std::shared_ptr<torch::nn::Module>& module, Commun
 }
 
 /// sync_copy for a BatchNorm of any dimension.
-inline SyncBatchNorm sync_copy_of_any(const std::shared_ptr<torch::nn::Module>& module, Communicator* communicator) {
-  if (SyncBatchNorm s = sync_copy<torch::nn::BatchNorm1dImpl>(module, communicator)) return s;
-  if (SyncBatchNorm s = sync_copy<torch::nn::BatchNorm2dImpl>(module, communicator)) return s;
+inline nn::SyncBatchNorm sync_copy_of_any(const std::shared_ptr<torch::nn::Module>& module, Communicator* communicator) {
+  if (nn::SyncBatchNorm s = sync_copy<torch::nn::BatchNorm1dImpl>(module, communicator)) return s;
+  if (nn::SyncBatchNorm s = sync_copy<torch::nn::BatchNorm2dImpl>(module, communicator)) return s;
   return sync_copy<torch::nn::BatchNorm3dImpl>(module, communicator);
 }
 
@@ -12660,7 +12659,7 @@ DETTRIAL_INLINE void convert_sync_batchnorm_below(torch::nn::Module& module, con
     std::size_t i = 0;
     for (torch::nn::AnyModule& element : *sequential) {
       const std::string& name = names.at(i++);
-      if (SyncBatchNorm sync = sync_copy_of_any(element.ptr(), communicator)) {
+      if (nn::SyncBatchNorm sync = sync_copy_of_any(element.ptr(), communicator)) {
         element = torch::nn::AnyModule(sync);
         sequential->replace_module(name, sync.ptr());
       }
@@ -12668,7 +12667,7 @@ DETTRIAL_INLINE void convert_sync_batchnorm_below(torch::nn::Module& module, con
   }
   for (const auto& child : module.named_children()) {
     const std::string child_path = path.empty() ? child.key() : path + "." + child.key();
-    if (auto* sync = dynamic_cast<SyncBatchNormImpl*>(child.value().get())) {
+    if (auto* sync = dynamic_cast<nn::SyncBatchNormImpl*>(child.value().get())) {
       sync->communicator = communicator;
       continue;
     }
@@ -12679,7 +12678,7 @@ DETTRIAL_INLINE void convert_sync_batchnorm_below(torch::nn::Module& module, con
     convert_sync_batchnorm_below(*child.value(), child_path, communicator);
   }
 }
-}  // namespace dettrial::nn::detail
+}  // namespace dettrial::detail
 
 namespace dettrial::nn {
 DETTRIAL_INLINE torch::nn::Sequential convert_sync_batchnorm(const torch::nn::Sequential& model, Communicator* communicator) {
@@ -13142,7 +13141,7 @@ DETTRIAL_INLINE const AppliedProcess& ProcessSettings::apply() const {
 #include <torch/torch.h>
 #include <yaml-cpp/yaml.h>
 
-// ---- begin dettrial/step/training_step.hpp
+// ---- begin dettrial/step/detail/training_step.hpp
 // SPDX-License-Identifier: Apache-2.0
 /// @file
 /// @brief The training step: one mode (local, replicated, ordered or sharded) chosen from the
@@ -13157,7 +13156,7 @@ DETTRIAL_INLINE const AppliedProcess& ProcessSettings::apply() const {
 
 #include <torch/torch.h>
 
-// ---- begin dettrial/step/local.hpp
+// ---- begin dettrial/step/detail/local.hpp
 // SPDX-License-Identifier: Apache-2.0
 /// @file
 /// @brief The training step of one process: gradients accumulated over the aggregated batches,
@@ -13168,7 +13167,7 @@ DETTRIAL_INLINE const AppliedProcess& ProcessSettings::apply() const {
 #include <span>
 #include <string_view>
 
-// ---- begin dettrial/step/step_mode.hpp
+// ---- begin dettrial/step/detail/step_mode.hpp
 // SPDX-License-Identifier: Apache-2.0
 /// @file
 /// @brief What every mode of the training step shares: a wrapped optimizer as the step drives it,
@@ -13185,7 +13184,7 @@ DETTRIAL_INLINE const AppliedProcess& ProcessSettings::apply() const {
 
 #include <torch/torch.h>
 
-// ---- begin dettrial/step/precision_step.hpp
+// ---- begin dettrial/step/detail/precision_step.hpp
 // SPDX-License-Identifier: Apache-2.0
 /// @file
 /// @brief The precision part of a training step: the loss scaled for the backward pass, the
@@ -13305,7 +13304,7 @@ DETTRIAL_INLINE void PrecisionStep::backward(const torch::Tensor& output, const 
 
 }  // namespace dettrial::detail
 #endif  // DETTRIAL_HEADER_DEFINITIONS
-// ---- end dettrial/step/precision_step.hpp
+// ---- end dettrial/step/detail/precision_step.hpp
 
 namespace dettrial::detail {
 
@@ -13414,7 +13413,7 @@ struct WholeParameterState {
 };
 
 }  // namespace dettrial::detail
-// ---- end dettrial/step/step_mode.hpp
+// ---- end dettrial/step/detail/step_mode.hpp
 
 namespace dettrial::detail {
 
@@ -13438,8 +13437,8 @@ class LocalStep : public WholeParameterState {
 static_assert(TrainingStepMode<LocalStep>);
 
 }  // namespace dettrial::detail
-// ---- end dettrial/step/local.hpp
-// ---- begin dettrial/step/ordered.hpp
+// ---- end dettrial/step/detail/local.hpp
+// ---- begin dettrial/step/detail/ordered.hpp
 // SPDX-License-Identifier: Apache-2.0
 /// @file
 /// @brief The training step of `reproducibility.rank_invariant`: each micro-batch's gradients kept
@@ -13455,7 +13454,7 @@ static_assert(TrainingStepMode<LocalStep>);
 
 #include <torch/torch.h>
 
-// ---- begin dettrial/distributed/ordered_gradients.hpp
+// ---- begin dettrial/distributed/detail/ordered_gradients.hpp
 // SPDX-License-Identifier: Apache-2.0
 /// @file
 /// @brief Gradients summed in one order whatever the rank count (`reproducibility.rank_invariant`):
@@ -13574,7 +13573,7 @@ DETTRIAL_INLINE void OrderedGradients::combine(const std::vector<torch::Tensor>&
 
 }  // namespace dettrial::detail
 #endif  // DETTRIAL_HEADER_DEFINITIONS
-// ---- end dettrial/distributed/ordered_gradients.hpp
+// ---- end dettrial/distributed/detail/ordered_gradients.hpp
 
 namespace dettrial::detail {
 
@@ -13667,8 +13666,8 @@ DETTRIAL_INLINE const std::vector<torch::Tensor>& OrderedStep::params_of(std::sp
 
 }  // namespace dettrial::detail
 #endif  // DETTRIAL_HEADER_DEFINITIONS
-// ---- end dettrial/step/ordered.hpp
-// ---- begin dettrial/step/replicated.hpp
+// ---- end dettrial/step/detail/ordered.hpp
+// ---- begin dettrial/step/detail/replicated.hpp
 // SPDX-License-Identifier: Apache-2.0
 /// @file
 /// @brief The training step of a data-parallel job (PyTorch's DistributedDataParallel): every rank
@@ -13721,8 +13720,8 @@ class ReplicatedStep : public WholeParameterState {
 static_assert(TrainingStepMode<ReplicatedStep>);
 
 }  // namespace dettrial::detail
-// ---- end dettrial/step/replicated.hpp
-// ---- begin dettrial/step/sharded.hpp
+// ---- end dettrial/step/detail/replicated.hpp
+// ---- begin dettrial/step/detail/sharded.hpp
 // SPDX-License-Identifier: Apache-2.0
 /// @file
 /// @brief The training step of ZeRO stage 1 (`optimizations.zero_stage: 1`): the gradients
@@ -13742,7 +13741,7 @@ static_assert(TrainingStepMode<ReplicatedStep>);
 
 #include <torch/torch.h>
 
-// ---- begin dettrial/distributed/optimizer_shards.hpp
+// ---- begin dettrial/distributed/detail/optimizer_shards.hpp
 // SPDX-License-Identifier: Apache-2.0
 /// @file
 /// @brief ZeRO stage 1 in a data-parallel job: each rank keeps, and steps, the optimizer state of
@@ -13958,7 +13957,7 @@ DETTRIAL_INLINE void OptimizerShards::all_gather(const std::function<void(const 
 
 }  // namespace dettrial::detail
 #endif  // DETTRIAL_HEADER_DEFINITIONS
-// ---- end dettrial/distributed/optimizer_shards.hpp
+// ---- end dettrial/distributed/detail/optimizer_shards.hpp
 
 namespace dettrial::detail {
 
@@ -14197,7 +14196,7 @@ DETTRIAL_INLINE void ShardedStep::params_changed(WrappedOptimizer& w, std::size_
 
 }  // namespace dettrial::detail
 #endif  // DETTRIAL_HEADER_DEFINITIONS
-// ---- end dettrial/step/sharded.hpp
+// ---- end dettrial/step/detail/sharded.hpp
 
 namespace dettrial::detail {
 
@@ -14323,7 +14322,7 @@ DETTRIAL_INLINE void TrainingStep::step(WrappedOptimizer& w, bool auto_zero_grad
 
 }  // namespace dettrial::detail
 #endif  // DETTRIAL_HEADER_DEFINITIONS
-// ---- end dettrial/step/training_step.hpp
+// ---- end dettrial/step/detail/training_step.hpp
 // ---- begin dettrial/context/options.hpp
 // SPDX-License-Identifier: Apache-2.0
 /// @file
@@ -14398,7 +14397,7 @@ struct ContextOptions {
 
 }  // namespace dettrial
 // ---- end dettrial/context/options.hpp
-// ---- begin dettrial/context/registrations.hpp
+// ---- begin dettrial/context/detail/registrations.hpp
 // SPDX-License-Identifier: Apache-2.0
 /// @file
 /// @brief What a trial registers with its Context (`wrap_model`, `wrap_optimizer`,
@@ -14450,8 +14449,8 @@ class Registrations {
 
   /// Context::wrap_averaged_model (one per trial; the schedule checked).
   void add_average(std::shared_ptr<optim::AveragedWeights> weights, std::shared_ptr<torch::nn::Module> source, AveragingSchedule schedule);
-  optim::detail::ScheduledAverage* average() { return average_ ? &*average_ : nullptr; }
-  const optim::detail::ScheduledAverage* average() const { return average_ ? &*average_ : nullptr; }
+  detail::ScheduledAverage* average() { return average_ ? &*average_ : nullptr; }
+  const detail::ScheduledAverage* average() const { return average_ ? &*average_ : nullptr; }
 
   /// Context::wrap_reducer; `in_job`: the context has a communicator (a LocalReducer is refused).
   template <class T, class R>
@@ -14466,7 +14465,7 @@ class Registrations {
   std::vector<std::shared_ptr<torch::nn::Module>> models_;
   std::vector<WrappedOptimizer> optimizers_;
   std::vector<WrappedScheduler> schedulers_;
-  std::optional<optim::detail::ScheduledAverage> average_;
+  std::optional<detail::ScheduledAverage> average_;
   ReducerSet reducers_;
 };
 
@@ -14608,13 +14607,13 @@ DETTRIAL_INLINE void Registrations::add_average(std::shared_ptr<optim::AveragedW
     throw ConfigError("wrap_averaged_model: every_n_steps must be at least 1, not " + std::to_string(schedule.every_n_steps));
   if (schedule.warmup_steps < 0)
     throw ConfigError("wrap_averaged_model: warmup_steps must be at least 0, not " + std::to_string(schedule.warmup_steps));
-  average_ = optim::detail::ScheduledAverage{std::move(weights), std::move(source), schedule};
+  average_ = detail::ScheduledAverage{std::move(weights), std::move(source), schedule};
 }
 
 }  // namespace dettrial::detail
 #endif  // DETTRIAL_HEADER_DEFINITIONS
-// ---- end dettrial/context/registrations.hpp
-// ---- begin dettrial/context/setup.hpp
+// ---- end dettrial/context/detail/registrations.hpp
+// ---- begin dettrial/context/detail/setup.hpp
 // SPDX-License-Identifier: Apache-2.0
 /// @file
 /// @brief What a Context's constructor decides once, from its options and the experiment config:
@@ -14771,7 +14770,7 @@ DETTRIAL_INLINE ContextSetup setup_context(const ExperimentConfig& config, Conte
 
 }  // namespace dettrial::detail
 #endif  // DETTRIAL_HEADER_DEFINITIONS
-// ---- end dettrial/context/setup.hpp
+// ---- end dettrial/context/detail/setup.hpp
 
 namespace dettrial::detail {
 /// Where the running fit stands: set by the trainer, read through the Context's counters.
@@ -15694,7 +15693,7 @@ concept ImperativeTrial = Trial<T> && !DeclaresModel<T>;
 
 #include <torch/torch.h>
 
-// ---- begin dettrial/context/access.hpp
+// ---- begin dettrial/context/detail/access.hpp
 // SPDX-License-Identifier: Apache-2.0
 /// @file
 /// @brief What only dettrial's trainer and checkpoints do with a Context (its run's position, the
@@ -15740,7 +15739,7 @@ struct ContextAccess {
   /// The wrapped LR schedulers, for the loop to step after an update batch.
   static std::span<WrappedScheduler> lr_schedulers(TrainerKey, Context& c) { return c.registrations_.lr_schedulers(); }
   /// The wrapped average, or null.
-  static optim::detail::ScheduledAverage* average(TrainerKey, Context& c) { return c.registrations_.average(); }
+  static detail::ScheduledAverage* average(TrainerKey, Context& c) { return c.registrations_.average(); }
   static bool has_registrations(TrainerKey, const Context& c) { return c.registrations_.any(); }
   static void release_registrations(TrainerKey, Context& c) { c.release_registrations(); }
   static void seed_rank_stream(TrainerKey, const Context& c) { detail::seed_rank_stream(c.setup_); }
@@ -15765,7 +15764,7 @@ struct ContextAccess {
   }
 };
 }  // namespace dettrial::detail
-// ---- end dettrial/context/access.hpp
+// ---- end dettrial/context/detail/access.hpp
 // ---- begin dettrial/detail/json_fwd.hpp
 // SPDX-License-Identifier: Apache-2.0
 /// @file
@@ -15848,7 +15847,7 @@ DETTRIAL_INLINE bool python_layout_holds(torch::optim::Optimizer& optimizer);
 
 #include <torch/torch.h>
 
-// ---- begin dettrial/checkpoint/python_pickle.hpp
+// ---- begin dettrial/checkpoint/detail/python_pickle.hpp
 // SPDX-License-Identifier: Apache-2.0
 /// @file
 /// @brief Reading what Python pickled: `torch.save` archives and plain pickles (Determined's
@@ -16549,8 +16548,8 @@ DETTRIAL_INLINE std::optional<std::string> python_object_type(const c10::IValue&
 }  // namespace dettrial::detail
 
 #endif  // DETTRIAL_HEADER_DEFINITIONS
-// ---- end dettrial/checkpoint/python_pickle.hpp
-// ---- begin dettrial/checkpoint/torch_archive.hpp
+// ---- end dettrial/checkpoint/detail/python_pickle.hpp
+// ---- begin dettrial/checkpoint/detail/torch_archive.hpp
 // SPDX-License-Identifier: Apache-2.0
 /// @file
 /// @brief The zip container of a torch.save archive, checked before LibTorch's reader opens it:
@@ -16741,7 +16740,7 @@ DETTRIAL_INLINE std::vector<ArchiveRecord> torch_archive_records(std::string_vie
 }  // namespace dettrial::detail
 
 #endif  // DETTRIAL_HEADER_DEFINITIONS
-// ---- end dettrial/checkpoint/torch_archive.hpp
+// ---- end dettrial/checkpoint/detail/torch_archive.hpp
 
 namespace dettrial::detail {
 
@@ -18551,7 +18550,7 @@ DETTRIAL_INLINE void load_model(const std::filesystem::path& path, torch::nn::Mo
 
 #endif  // DETTRIAL_HEADER_DEFINITIONS
 // ---- end dettrial/checkpoint/checkpoint.hpp
-// ---- begin dettrial/checkpoint/checkpointer.hpp
+// ---- begin dettrial/checkpoint/detail/checkpointer.hpp
 // SPDX-License-Identifier: Apache-2.0
 /// @file
 /// @brief A fit's checkpoints as the trainer uses them: where they go, when a validation is followed
@@ -18774,7 +18773,7 @@ static_assert(CheckpointPolicyType<checkpoint_policy::all> && CheckpointPolicyTy
 
 }  // namespace dettrial
 // ---- end dettrial/checkpoint/policy.hpp
-// ---- begin dettrial/checkpoint/snapshot.hpp
+// ---- begin dettrial/checkpoint/detail/snapshot.hpp
 // SPDX-License-Identifier: Apache-2.0
 /// @file
 /// @brief What lets a checkpoint be written while training goes on: a snapshot of the state in host
@@ -19038,8 +19037,8 @@ DETTRIAL_INLINE CheckpointInfo BackgroundWrite::collect() {
 
 }  // namespace dettrial::detail
 #endif  // DETTRIAL_HEADER_DEFINITIONS
-// ---- end dettrial/checkpoint/snapshot.hpp
-// ---- begin dettrial/checkpoint/trial_checkpoint.hpp
+// ---- end dettrial/checkpoint/detail/snapshot.hpp
+// ---- begin dettrial/checkpoint/detail/trial_checkpoint.hpp
 // SPDX-License-Identifier: Apache-2.0
 /// @file
 /// @brief A trial's checkpoint as the trainer writes and restores it: the Context's state, the
@@ -19256,7 +19255,7 @@ DETTRIAL_INLINE void restore_context(TrainerKey key, Context& c, const std::file
 
 }  // namespace dettrial::detail
 #endif  // DETTRIAL_HEADER_DEFINITIONS
-// ---- end dettrial/checkpoint/trial_checkpoint.hpp
+// ---- end dettrial/checkpoint/detail/trial_checkpoint.hpp
 
 namespace dettrial::detail {
 
@@ -19542,7 +19541,7 @@ DETTRIAL_INLINE std::vector<std::string> Checkpointer::restore(const std::filesy
 
 }  // namespace dettrial::detail
 #endif  // DETTRIAL_HEADER_DEFINITIONS
-// ---- end dettrial/checkpoint/checkpointer.hpp
+// ---- end dettrial/checkpoint/detail/checkpointer.hpp
 // ---- begin dettrial/checkpoint/load_weights.hpp
 // SPDX-License-Identifier: Apache-2.0
 /// @file
@@ -19727,7 +19726,7 @@ DETTRIAL_INLINE IncompatibleKeys load_state_dict(torch::nn::Module& module, cons
 #include <filesystem>
 #include <system_error>
 
-// ---- begin dettrial/report/html/chart.hpp
+// ---- begin dettrial/report/html/detail/chart.hpp
 // SPDX-License-Identifier: Apache-2.0
 /// @file
 /// @brief report.html's charts: inline SVG line charts and scatters, with their axes, ticks and legend, and the
@@ -20189,8 +20188,8 @@ DETTRIAL_INLINE std::string svg_chart(const Chart& chart) {
 
 }  // namespace dettrial::detail::html
 #endif  // DETTRIAL_HEADER_DEFINITIONS
-// ---- end dettrial/report/html/chart.hpp
-// ---- begin dettrial/report/html/page.hpp
+// ---- end dettrial/report/html/detail/chart.hpp
+// ---- begin dettrial/report/html/detail/page.hpp
 // SPDX-License-Identifier: Apache-2.0
 /// @file
 /// @brief report.html's page: its frame (style, script, footer), the JSON records it reads and the table
@@ -20445,7 +20444,7 @@ DETTRIAL_INLINE Json optional_json(const std::optional<std::int64_t>& v) { retur
 
 }  // namespace dettrial::detail::html
 #endif  // DETTRIAL_HEADER_DEFINITIONS
-// ---- end dettrial/report/html/page.hpp
+// ---- end dettrial/report/html/detail/page.hpp
 // ---- begin dettrial/report/html/run_page.hpp
 // SPDX-License-Identifier: Apache-2.0
 /// @file
@@ -21364,7 +21363,7 @@ DETTRIAL_INLINE std::size_t MetricsLog::drop_records_after(std::int64_t batches)
 }  // namespace dettrial
 #endif  // DETTRIAL_HEADER_DEFINITIONS
 // ---- end dettrial/report/metrics_log.hpp
-// ---- begin dettrial/report/profiler.hpp
+// ---- begin dettrial/report/detail/profiler.hpp
 // SPDX-License-Identifier: Apache-2.0
 /// @file
 /// @brief LibTorch's profiler over training batches on a `torch.profiler.schedule`: set by
@@ -21659,7 +21658,7 @@ DETTRIAL_INLINE void write_chrome_trace(const torch::autograd::profiler::Profile
 }  // namespace dettrial::detail
 
 #endif  // DETTRIAL_HEADER_DEFINITIONS
-// ---- end dettrial/report/profiler.hpp
+// ---- end dettrial/report/detail/profiler.hpp
 // ---- begin dettrial/report/progress.hpp
 // SPDX-License-Identifier: Apache-2.0
 /// @file
@@ -21795,7 +21794,7 @@ DETTRIAL_INLINE void Progress::line(const std::string& text) {
 
 #endif  // DETTRIAL_HEADER_DEFINITIONS
 // ---- end dettrial/report/progress.hpp
-// ---- begin dettrial/report/reporter.hpp
+// ---- begin dettrial/report/detail/reporter.hpp
 // SPDX-License-Identifier: Apache-2.0
 /// @file
 /// @brief The one place a fit reports through: the terminal (progress and result lines), the run's
@@ -21965,7 +21964,7 @@ DETTRIAL_INLINE FolderLock FolderLock::acquire(const std::filesystem::path& lock
 
 #endif  // DETTRIAL_HEADER_DEFINITIONS
 // ---- end dettrial/detail/folder_lock.hpp
-// ---- begin dettrial/tracking/http.hpp
+// ---- begin dettrial/tracking/detail/http.hpp
 // SPDX-License-Identifier: Apache-2.0
 /// @file
 /// @brief HTTP requests for tracking servers, through libcurl (TLS, proxies and redirects as curl
@@ -22125,7 +22124,7 @@ DETTRIAL_INLINE std::string HttpClient::escape(std::string_view text) {
 }  // namespace dettrial::detail
 
 #endif  // DETTRIAL_HEADER_DEFINITIONS
-// ---- end dettrial/tracking/http.hpp
+// ---- end dettrial/tracking/detail/http.hpp
 
 namespace dettrial {
 
@@ -22934,7 +22933,7 @@ DETTRIAL_INLINE void CsvLog::rewrite() const {
 }  // namespace dettrial
 #endif  // DETTRIAL_HEADER_DEFINITIONS
 // ---- end dettrial/report/csv_log.hpp
-// ---- begin dettrial/report/system_metrics.hpp
+// ---- begin dettrial/report/detail/system_metrics.hpp
 // SPDX-License-Identifier: Apache-2.0
 /// @file
 /// @brief Determined's system metrics (`profiling.enabled`, its `core.profiler.on()`): what the
@@ -23551,7 +23550,7 @@ DETTRIAL_INLINE void SystemMetricsSampler::stop() noexcept {
 }  // namespace dettrial::detail
 
 #endif  // DETTRIAL_HEADER_DEFINITIONS
-// ---- end dettrial/report/system_metrics.hpp
+// ---- end dettrial/report/detail/system_metrics.hpp
 
 namespace dettrial::detail {
 
@@ -23861,8 +23860,8 @@ DETTRIAL_INLINE void Reporter::add_scalars(std::string_view prefix, const Metric
 
 }  // namespace dettrial::detail
 #endif  // DETTRIAL_HEADER_DEFINITIONS
-// ---- end dettrial/report/reporter.hpp
-// ---- begin dettrial/report/runtime.hpp
+// ---- end dettrial/report/detail/reporter.hpp
+// ---- begin dettrial/report/detail/runtime.hpp
 // SPDX-License-Identifier: Apache-2.0
 /// @file
 /// @brief What a run computes with, for its first line: the LibTorch version and build, the BLAS
@@ -23948,8 +23947,8 @@ DETTRIAL_INLINE std::string runtime_summary() {
 
 }  // namespace dettrial::detail
 #endif  // DETTRIAL_HEADER_DEFINITIONS
-// ---- end dettrial/report/runtime.hpp
-// ---- begin dettrial/trainer/callbacks.hpp
+// ---- end dettrial/report/detail/runtime.hpp
+// ---- begin dettrial/trainer/detail/callbacks.hpp
 // SPDX-License-Identifier: Apache-2.0
 /// @file
 /// @brief Callbacks as the trainer holds them: each type checked once against the hook table
@@ -24013,7 +24012,7 @@ class CallbackSet {
 };
 
 }  // namespace dettrial::detail
-// ---- end dettrial/trainer/callbacks.hpp
+// ---- end dettrial/trainer/detail/callbacks.hpp
 // ---- begin dettrial/trainer/fit_options.hpp
 // SPDX-License-Identifier: Apache-2.0
 /// @file
@@ -24221,7 +24220,7 @@ ScopeExit<F> on_scope_exit(F f) {
 
 }  // namespace dettrial::detail
 // ---- end dettrial/detail/scope_exit.hpp
-// ---- begin dettrial/trainer/run.hpp
+// ---- begin dettrial/trainer/detail/run.hpp
 // SPDX-License-Identifier: Apache-2.0
 /// @file
 /// @brief detail::Run<TrialT, Set>: the trial's half of one fit, generated for it: the batch loop
@@ -24247,7 +24246,7 @@ ScopeExit<F> on_scope_exit(F f) {
 #include <ATen/record_function.h>
 #include <torch/torch.h>
 
-// ---- begin dettrial/data/copy_ahead.hpp
+// ---- begin dettrial/data/detail/copy_ahead.hpp
 // SPDX-License-Identifier: Apache-2.0
 /// @file
 /// @brief Batches moved to the device one ahead: while the GPU computes batch k, batch k+1 copies on
@@ -24422,7 +24421,7 @@ DETTRIAL_INLINE SideCopyStream::~SideCopyStream() = default;
 
 }  // namespace dettrial::detail
 #endif  // DETTRIAL_HEADER_DEFINITIONS
-// ---- end dettrial/data/copy_ahead.hpp
+// ---- end dettrial/data/detail/copy_ahead.hpp
 // ---- begin dettrial/detail/signals.hpp
 // SPDX-License-Identifier: Apache-2.0
 /// @file
@@ -24558,7 +24557,7 @@ DETTRIAL_INLINE void stop_with_supervisor(pid_t supervisor) {
 }  // namespace dettrial::detail
 #endif  // DETTRIAL_HEADER_DEFINITIONS
 // ---- end dettrial/detail/signals.hpp
-// ---- begin dettrial/trainer/after_update.hpp
+// ---- begin dettrial/trainer/detail/after_update.hpp
 // SPDX-License-Identifier: Apache-2.0
 /// @file
 /// @brief What the loop steps when an update batch ends (the batch whose train_batch stepped the
@@ -24568,7 +24567,7 @@ DETTRIAL_INLINE void stop_with_supervisor(pid_t supervisor) {
 
 #include <cstdint>
 
-// ---- begin dettrial/trainer/schedule.hpp
+// ---- begin dettrial/trainer/detail/schedule.hpp
 // SPDX-License-Identifier: Apache-2.0
 /// @file
 /// @brief detail::Schedule: a fit's length and periods in batches, its epoch, and which boundaries
@@ -24774,22 +24773,22 @@ DETTRIAL_INLINE void Schedule::check_global_batch_divides(const Context& context
 
 }  // namespace dettrial::detail
 #endif  // DETTRIAL_HEADER_DEFINITIONS
-// ---- end dettrial/trainer/schedule.hpp
+// ---- end dettrial/trainer/detail/schedule.hpp
 
 namespace dettrial::detail {
 
 /// After update batch `batch_idx` of `schedule`'s run: the average, then the schedulers.
 inline void step_after_update(TrainerKey key, Context& context, const Schedule& schedule, std::int64_t batch_idx) {
   const std::int64_t aggregation = context.aggregation_frequency();
-  if (optim::detail::ScheduledAverage* average = ContextAccess::average(key, context))
+  if (detail::ScheduledAverage* average = ContextAccess::average(key, context))
     average->after_optimizer_step((batch_idx + 1) / aggregation);  // optimizer steps so far, this one included
   for (WrappedScheduler& scheduler : ContextAccess::lr_schedulers(key, context))
     scheduler.step_after_update(batch_idx, aggregation, schedule.epoch_len());
 }
 
 }  // namespace dettrial::detail
-// ---- end dettrial/trainer/after_update.hpp
-// ---- begin dettrial/trainer/fit_loop.hpp
+// ---- end dettrial/trainer/detail/after_update.hpp
+// ---- begin dettrial/trainer/detail/fit_loop.hpp
 // SPDX-License-Identifier: Apache-2.0
 /// @file
 /// @brief detail::FitLoop: the half of one fit that does not depend on the trial's type, compiled
@@ -24806,7 +24805,7 @@ inline void step_after_update(TrainerKey key, Context& context, const Schedule& 
 #include <string>
 #include <vector>
 
-// ---- begin dettrial/trainer/fit_steps.hpp
+// ---- begin dettrial/trainer/detail/fit_steps.hpp
 // SPDX-License-Identifier: Apache-2.0
 /// @file
 /// @brief The steps of Determined's loop that do not call the trial: the run's first lines, a
@@ -24823,7 +24822,7 @@ inline void step_after_update(TrainerKey key, Context& context, const Schedule& 
 #include <string>
 #include <vector>
 
-// ---- begin dettrial/trainer/position.hpp
+// ---- begin dettrial/trainer/detail/position.hpp
 // SPDX-License-Identifier: Apache-2.0
 /// @file
 /// @brief detail::Position: where a fit stands (its TrialProgress) and what the checkpoint it
@@ -24946,7 +24945,7 @@ DETTRIAL_INLINE TrialProgress Position::saved(std::int64_t trial_id, std::option
 
 }  // namespace dettrial::detail
 #endif  // DETTRIAL_HEADER_DEFINITIONS
-// ---- end dettrial/trainer/position.hpp
+// ---- end dettrial/trainer/detail/position.hpp
 
 namespace dettrial::detail {
 
@@ -25303,8 +25302,8 @@ DETTRIAL_INLINE void agree_on_replicas(Context& context, std::int64_t batches_tr
 }  // namespace dettrial::detail
 
 #endif  // DETTRIAL_HEADER_DEFINITIONS
-// ---- end dettrial/trainer/fit_steps.hpp
-// ---- begin dettrial/trainer/outputs.hpp
+// ---- end dettrial/trainer/detail/fit_steps.hpp
+// ---- begin dettrial/trainer/detail/outputs.hpp
 // SPDX-License-Identifier: Apache-2.0
 /// @file
 /// @brief detail::Outputs: what a fit writes besides checkpoints (the run folder's lock, the
@@ -25598,8 +25597,8 @@ DETTRIAL_INLINE void Outputs::close() noexcept {
 }  // namespace dettrial::detail
 
 #endif  // DETTRIAL_HEADER_DEFINITIONS
-// ---- end dettrial/trainer/outputs.hpp
-// ---- begin dettrial/trainer/step_graph.hpp
+// ---- end dettrial/trainer/detail/outputs.hpp
+// ---- begin dettrial/trainer/detail/step_graph.hpp
 // SPDX-License-Identifier: Apache-2.0
 /// @file
 /// @brief The training step captured once in a CUDA graph and replayed (capture::cuda_graph): the
@@ -26078,7 +26077,7 @@ DETTRIAL_INLINE void StepGraphCore::capture_failed(const std::exception& e) {
 
 }  // namespace dettrial::detail
 #endif  // DETTRIAL_HEADER_DEFINITIONS
-// ---- end dettrial/trainer/step_graph.hpp
+// ---- end dettrial/trainer/detail/step_graph.hpp
 
 namespace dettrial::detail {
 
@@ -26476,7 +26475,7 @@ DETTRIAL_INLINE LoaderChain FitLoop::validation_chain() const {
 
 }  // namespace dettrial::detail
 #endif  // DETTRIAL_HEADER_DEFINITIONS
-// ---- end dettrial/trainer/fit_loop.hpp
+// ---- end dettrial/trainer/detail/fit_loop.hpp
 
 namespace dettrial::detail {
 
@@ -26820,7 +26819,7 @@ class Run final : public FitLoop {
 };
 
 }  // namespace dettrial::detail
-// ---- end dettrial/trainer/run.hpp
+// ---- end dettrial/trainer/detail/run.hpp
 
 namespace dettrial {
 

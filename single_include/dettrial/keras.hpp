@@ -36,7 +36,7 @@
 #include <torch/torch.h>
 
 
-namespace dettrial::keras::detail {
+namespace dettrial::detail {
 
 /**
  * @brief Keras 3's MonitorCallback: which way `monitor` improves (`mode` "min", "max", or "auto":
@@ -84,7 +84,7 @@ DETTRIAL_INLINE std::string python_float(double value);
 /// not in `logs` or a spec outside that is a ConfigError naming the pattern, as Keras's KeyError does.
 DETTRIAL_INLINE std::string python_format(const std::string& pattern, std::int64_t epoch, const MetricValues& logs, const char* who);
 
-}  // namespace dettrial::keras::detail
+}  // namespace dettrial::detail
 
 namespace dettrial::keras {
 /**
@@ -268,7 +268,7 @@ class TerminateOnNaN {
 #include <iterator>
 
 
-namespace dettrial::keras::detail {
+namespace dettrial::detail {
 
 DETTRIAL_INLINE Monitor Monitor::make(const char* who, std::string monitor, const std::string& mode, double min_delta) {
   Monitor m{std::move(monitor), MetricOrder{true}, std::abs(min_delta)};
@@ -447,7 +447,7 @@ DETTRIAL_INLINE std::string python_format(const std::string& pattern, std::int64
   return out;
 }
 
-}  // namespace dettrial::keras::detail
+}  // namespace dettrial::detail
 
 namespace dettrial::keras {
 // ---- EarlyStopping -------------------------------------------------------------------------------
@@ -574,7 +574,7 @@ DETTRIAL_INLINE void ModelCheckpoint::on_validation_end(const MetricValues& metr
   if (context_->models().empty()) throw TrialError("keras::ModelCheckpoint: the trial wraps no model to save");
   if (path.has_parent_path()) std::filesystem::create_directories(path.parent_path());
   if (std::filesystem::is_directory(path)) throw TrialError("keras::ModelCheckpoint: give a file path, not a directory: " + path.string());
-  dettrial::detail::write_atomically(path, dettrial::detail::pickle_archive(module_state_dict(*context_->models().front())));
+  detail::write_atomically(path, detail::pickle_archive(module_state_dict(*context_->models().front())));
   saved_.push_back(path);
   if (options_.verbose > 0)
     std::fprintf(stderr, "\nEpoch %lld: finished saving model to %s\n", static_cast<long long>(epoch + 1), path.c_str());
@@ -866,25 +866,25 @@ struct CompiledModel {
 
 }  // namespace dettrial::keras
 
-namespace dettrial::keras::detail {
+namespace dettrial::detail {
 /// Keras's optimizer of that name over `parameters`, with Keras's defaults (Adam: lr 0.001, eps 1e-7; SGD:
 /// lr 0.01; RMSprop: lr 0.001, rho 0.9, eps 1e-7; AdamW: lr 0.001, weight decay 0.004, eps 1e-7;
 /// Adagrad: lr 0.001, initial accumulator 0.1, eps 1e-7). An unknown name is a ConfigError with a suggestion.
 DETTRIAL_INLINE std::shared_ptr<torch::optim::Optimizer> optimizer_named(const std::string& name,
                                                                          const std::vector<torch::Tensor>& parameters);
 /// The metrics of `names`, `accuracy` resolved by `loss` as Keras resolves it.
-DETTRIAL_INLINE std::vector<CompiledMetric> metrics_named(const std::vector<std::string>& names, const Loss& loss);
+DETTRIAL_INLINE std::vector<keras::CompiledMetric> metrics_named(const std::vector<std::string>& names, const keras::Loss& loss);
 /// The loss of a batch (the mean over its rows).
-DETTRIAL_INLINE torch::Tensor loss_value(const Loss& loss, const torch::Tensor& y_pred, const torch::Tensor& y_true);
+DETTRIAL_INLINE torch::Tensor loss_value(const keras::Loss& loss, const torch::Tensor& y_pred, const torch::Tensor& y_true);
 /// One metric of a batch, as a tensor on the batch's device (no synchronisation).
-DETTRIAL_INLINE torch::Tensor metric_value(CompiledMetric::Kind kind, const torch::Tensor& y_pred, const torch::Tensor& y_true);
+DETTRIAL_INLINE torch::Tensor metric_value(keras::CompiledMetric::Kind kind, const torch::Tensor& y_pred, const torch::Tensor& y_true);
 /// Keras's loss of each sample (its values averaged over the last axis where Keras averages), for weighting.
-DETTRIAL_INLINE torch::Tensor per_sample_loss(const Loss& loss, const torch::Tensor& y_pred, const torch::Tensor& y_true);
+DETTRIAL_INLINE torch::Tensor per_sample_loss(const keras::Loss& loss, const torch::Tensor& y_pred, const torch::Tensor& y_true);
 /// Keras's weighted loss: sum(weight x per-sample loss) / the number of per-sample values.
-DETTRIAL_INLINE torch::Tensor weighted_loss_value(const Loss& loss, const torch::Tensor& y_pred, const torch::Tensor& y_true,
+DETTRIAL_INLINE torch::Tensor weighted_loss_value(const keras::Loss& loss, const torch::Tensor& y_pred, const torch::Tensor& y_true,
                                                   const torch::Tensor& sample_weights);
 /// The weights of a WeightedSequence: sample weights times class weights, one per sample, as float.
-DETTRIAL_INLINE torch::Tensor combined_weights(const WeightedSequence& s);
+DETTRIAL_INLINE torch::Tensor combined_weights(const keras::WeightedSequence& s);
 
 /// The records of several inputs (a vector or a string-keyed map of tensors) and their labels,
 /// gathered together: a batch is `(inputs, labels)`.
@@ -925,7 +925,7 @@ class InputsDataset {
   Inputs inputs_;
   torch::Tensor labels_;
 };
-}  // namespace dettrial::keras::detail
+}  // namespace dettrial::detail
 
 namespace dettrial::keras {
 /**
@@ -969,7 +969,7 @@ concept KerasTrial = requires(K& k) {
 
 }  // namespace dettrial::keras
 
-namespace dettrial::keras::detail {
+namespace dettrial::detail {
 /**
  * @brief Validation means as Keras's `evaluate` takes them: each batch's loss and metrics weighted
  * by its records, so a partial last batch counts by its size (Determined's own averaging counts
@@ -1008,7 +1008,7 @@ struct RecordWeightedMeans {
     return out;
   }
 };
-}  // namespace dettrial::keras::detail
+}  // namespace dettrial::detail
 
 namespace dettrial::keras {
 /**
@@ -1169,7 +1169,7 @@ class TrialAdapter {
 #include <cmath>
 #include <limits>
 
-namespace dettrial::keras::detail {
+namespace dettrial::detail {
 
 DETTRIAL_INLINE std::shared_ptr<torch::optim::Optimizer> optimizer_named(const std::string& name,
                                                                          const std::vector<torch::Tensor>& parameters) {
@@ -1181,20 +1181,20 @@ DETTRIAL_INLINE std::shared_ptr<torch::optim::Optimizer> optimizer_named(const s
   if (name == "adagrad")
     return std::make_shared<optim::Adagrad>(parameters, optim::AdagradOptions(1e-3).initial_accumulator_value(0.1).eps(1e-7));
   throw ConfigError("keras::compile: unknown optimizer '" + name + "'" +
-                    dettrial::detail::suggestion(name, {"adam", "sgd", "rmsprop", "adamw", "adagrad"}) +
+                    detail::suggestion(name, {"adam", "sgd", "rmsprop", "adamw", "adagrad"}) +
                     " (by name: adam, sgd, rmsprop, adamw, adagrad; or pass an optimizer)");
 }
 
-DETTRIAL_INLINE std::vector<CompiledMetric> metrics_named(const std::vector<std::string>& names, const Loss& loss) {
-  using Kind = CompiledMetric::Kind;
-  std::vector<CompiledMetric> out;
+DETTRIAL_INLINE std::vector<keras::CompiledMetric> metrics_named(const std::vector<std::string>& names, const keras::Loss& loss) {
+  using Kind = keras::CompiledMetric::Kind;
+  std::vector<keras::CompiledMetric> out;
   for (const std::string& name : names) {
     if (name == "loss") throw ConfigError("keras::compile: 'loss' is always reported; it is not a metric to ask for");
     Kind kind;
     if (name == "accuracy" || name == "acc") {
       // Keras picks the accuracy that fits the loss.
-      if (std::holds_alternative<losses::CategoricalCrossentropy>(loss)) kind = Kind::categorical_accuracy;
-      else if (std::holds_alternative<losses::BinaryCrossentropy>(loss)) kind = Kind::binary_accuracy;
+      if (std::holds_alternative<keras::losses::CategoricalCrossentropy>(loss)) kind = Kind::categorical_accuracy;
+      else if (std::holds_alternative<keras::losses::BinaryCrossentropy>(loss)) kind = Kind::binary_accuracy;
       else kind = Kind::sparse_categorical_accuracy;
     } else if (name == "sparse_categorical_accuracy") kind = Kind::sparse_categorical_accuracy;
     else if (name == "categorical_accuracy") kind = Kind::categorical_accuracy;
@@ -1202,9 +1202,9 @@ DETTRIAL_INLINE std::vector<CompiledMetric> metrics_named(const std::vector<std:
     else if (name == "mse" || name == "mean_squared_error") kind = Kind::mean_squared_error;
     else if (name == "mae" || name == "mean_absolute_error") kind = Kind::mean_absolute_error;
     else
-      throw ConfigError("keras::compile: unknown metric '" + name + "'" +
-                        dettrial::detail::suggestion(
-                            name, {"accuracy", "sparse_categorical_accuracy", "categorical_accuracy", "binary_accuracy", "mse", "mae"}));
+      throw ConfigError(
+          "keras::compile: unknown metric '" + name + "'" +
+          detail::suggestion(name, {"accuracy", "sparse_categorical_accuracy", "categorical_accuracy", "binary_accuracy", "mse", "mae"}));
     out.push_back({kind, MetricKey(name), MetricKey("val_" + name)});
   }
   return out;
@@ -1223,26 +1223,26 @@ inline torch::Tensor log_probabilities(bool from_logits, const torch::Tensor& y_
   return from_logits ? torch::log_softmax(y_pred, -1) : y_pred.clamp(keras_epsilon, 1 - keras_epsilon).log();
 }
 
-DETTRIAL_INLINE torch::Tensor loss_value(const Loss& loss, const torch::Tensor& output, const torch::Tensor& y_true) {
+DETTRIAL_INLINE torch::Tensor loss_value(const keras::Loss& loss, const torch::Tensor& output, const torch::Tensor& y_true) {
   constexpr double eps = keras_epsilon;
   const torch::Tensor y_pred = loss_input(output);
   return std::visit(
       [&](const auto& l) -> torch::Tensor {
         using L = std::decay_t<decltype(l)>;
-        if constexpr (std::is_same_v<L, losses::SparseCategoricalCrossentropy>) {
+        if constexpr (std::is_same_v<L, keras::losses::SparseCategoricalCrossentropy>) {
           // Classes on the last axis; labels of shape (N) or (N, 1) (Keras squeezes the last axis).
           const torch::Tensor log_p = log_probabilities(l.from_logits, y_pred);
           return torch::nll_loss(log_p.reshape({-1, log_p.size(-1)}), y_true.to(torch::kLong).reshape({-1}));
-        } else if constexpr (std::is_same_v<L, losses::CategoricalCrossentropy>) {
+        } else if constexpr (std::is_same_v<L, keras::losses::CategoricalCrossentropy>) {
           const torch::Tensor log_p = log_probabilities(l.from_logits, y_pred);
           return -(y_true.to(log_p.dtype()) * log_p).sum(-1).mean();
-        } else if constexpr (std::is_same_v<L, losses::BinaryCrossentropy>) {
+        } else if constexpr (std::is_same_v<L, keras::losses::BinaryCrossentropy>) {
           const torch::Tensor target = y_true.to(y_pred.dtype()).reshape(y_pred.sizes());
           if (l.from_logits) return torch::binary_cross_entropy_with_logits(y_pred, target);
           return torch::binary_cross_entropy(y_pred.clamp(eps, 1 - eps), target);
-        } else if constexpr (std::is_same_v<L, losses::MeanSquaredError>) {
+        } else if constexpr (std::is_same_v<L, keras::losses::MeanSquaredError>) {
           return torch::mse_loss(y_pred, y_true.to(y_pred.dtype()).reshape(y_pred.sizes()));
-        } else if constexpr (std::is_same_v<L, losses::MeanAbsoluteError>) {
+        } else if constexpr (std::is_same_v<L, keras::losses::MeanAbsoluteError>) {
           return torch::l1_loss(y_pred, y_true.to(y_pred.dtype()).reshape(y_pred.sizes()));
         } else {
           if (!l) throw TrialError("keras::compile was given an empty custom loss");
@@ -1252,21 +1252,21 @@ DETTRIAL_INLINE torch::Tensor loss_value(const Loss& loss, const torch::Tensor& 
       loss);
 }
 
-DETTRIAL_INLINE torch::Tensor per_sample_loss(const Loss& loss, const torch::Tensor& output, const torch::Tensor& y_true) {
+DETTRIAL_INLINE torch::Tensor per_sample_loss(const keras::Loss& loss, const torch::Tensor& output, const torch::Tensor& y_true) {
   constexpr double eps = keras_epsilon;
   const torch::Tensor y_pred = loss_input(output);
   return std::visit(
       [&](const auto& l) -> torch::Tensor {
         using L = std::decay_t<decltype(l)>;
         namespace F = torch::nn::functional;
-        if constexpr (std::is_same_v<L, losses::SparseCategoricalCrossentropy>) {
+        if constexpr (std::is_same_v<L, keras::losses::SparseCategoricalCrossentropy>) {
           const torch::Tensor log_p = log_probabilities(l.from_logits, y_pred);
           return F::nll_loss(log_p.reshape({-1, log_p.size(-1)}), y_true.to(torch::kLong).reshape({-1}),
                              F::NLLLossFuncOptions().reduction(torch::kNone));
-        } else if constexpr (std::is_same_v<L, losses::CategoricalCrossentropy>) {
+        } else if constexpr (std::is_same_v<L, keras::losses::CategoricalCrossentropy>) {
           const torch::Tensor log_p = log_probabilities(l.from_logits, y_pred);
           return -(y_true.to(log_p.dtype()) * log_p).sum(-1);
-        } else if constexpr (std::is_same_v<L, losses::BinaryCrossentropy>) {
+        } else if constexpr (std::is_same_v<L, keras::losses::BinaryCrossentropy>) {
           const torch::Tensor target = y_true.to(y_pred.dtype()).reshape(y_pred.sizes());
           const torch::Tensor each =
               l.from_logits
@@ -1274,9 +1274,9 @@ DETTRIAL_INLINE torch::Tensor per_sample_loss(const Loss& loss, const torch::Ten
                                                         F::BinaryCrossEntropyWithLogitsFuncOptions().reduction(torch::kNone))
                   : F::binary_cross_entropy(y_pred.clamp(eps, 1 - eps), target, F::BinaryCrossEntropyFuncOptions().reduction(torch::kNone));
           return each.mean(-1);
-        } else if constexpr (std::is_same_v<L, losses::MeanSquaredError>) {
+        } else if constexpr (std::is_same_v<L, keras::losses::MeanSquaredError>) {
           return (y_pred - y_true.to(y_pred.dtype()).reshape(y_pred.sizes())).square().mean(-1);
-        } else if constexpr (std::is_same_v<L, losses::MeanAbsoluteError>) {
+        } else if constexpr (std::is_same_v<L, keras::losses::MeanAbsoluteError>) {
           return (y_pred - y_true.to(y_pred.dtype()).reshape(y_pred.sizes())).abs().mean(-1);
         } else {
           throw TrialError(
@@ -1287,7 +1287,7 @@ DETTRIAL_INLINE torch::Tensor per_sample_loss(const Loss& loss, const torch::Ten
       loss);
 }
 
-DETTRIAL_INLINE torch::Tensor weighted_loss_value(const Loss& loss, const torch::Tensor& y_pred, const torch::Tensor& y_true,
+DETTRIAL_INLINE torch::Tensor weighted_loss_value(const keras::Loss& loss, const torch::Tensor& y_pred, const torch::Tensor& y_true,
                                                   const torch::Tensor& sample_weights) {
   const torch::Tensor each = per_sample_loss(loss, y_pred, y_true);
   // One weight per sample, broadcast over any further axes of the per-sample losses.
@@ -1297,7 +1297,7 @@ DETTRIAL_INLINE torch::Tensor weighted_loss_value(const Loss& loss, const torch:
   return (each * weights).sum() / static_cast<double>(each.numel());
 }
 
-DETTRIAL_INLINE torch::Tensor combined_weights(const WeightedSequence& s) {
+DETTRIAL_INLINE torch::Tensor combined_weights(const keras::WeightedSequence& s) {
   const std::int64_t n = s.data.size(0);
   if (s.labels.size(0) != n)
     throw TrialError("keras::WeightedSequence has " + std::to_string(n) + " inputs but " + std::to_string(s.labels.size(0)) + " labels");
@@ -1321,8 +1321,8 @@ DETTRIAL_INLINE torch::Tensor combined_weights(const WeightedSequence& s) {
   return weights.to(s.data.device());
 }
 
-DETTRIAL_INLINE torch::Tensor metric_value(CompiledMetric::Kind kind, const torch::Tensor& y_pred, const torch::Tensor& y_true) {
-  using Kind = CompiledMetric::Kind;
+DETTRIAL_INLINE torch::Tensor metric_value(keras::CompiledMetric::Kind kind, const torch::Tensor& y_pred, const torch::Tensor& y_true) {
+  using Kind = keras::CompiledMetric::Kind;
   switch (kind) {
     case Kind::sparse_categorical_accuracy:
       return y_pred.argmax(-1).reshape({-1}).eq(y_true.to(torch::kLong).reshape({-1})).to(torch::kFloat).mean();
@@ -1336,7 +1336,7 @@ DETTRIAL_INLINE torch::Tensor metric_value(CompiledMetric::Kind kind, const torc
   throw TrialError("keras: unknown metric kind");
 }
 
-}  // namespace dettrial::keras::detail
+}  // namespace dettrial::detail
 
 namespace dettrial::keras {
 DETTRIAL_INLINE void initialize_like_keras(torch::nn::Module& model) {

@@ -1694,7 +1694,7 @@ DETTRIAL_INLINE const char* main_usage() {
 
 #endif  // DETTRIAL_HEADER_DEFINITIONS
 // ---- end dettrial/cli/command_line.hpp
-// ---- begin dettrial/cli/launcher.hpp
+// ---- begin dettrial/cli/detail/launcher.hpp
 // SPDX-License-Identifier: Apache-2.0
 /// @file
 /// @brief The built-in launcher (`--nproc N`): the ranks of a data-parallel job on this machine, each
@@ -1844,7 +1844,7 @@ DETTRIAL_INLINE LaunchOutcome run_local_ranks(const std::vector<std::string>& ar
 
 }  // namespace dettrial::detail
 #endif  // DETTRIAL_HEADER_DEFINITIONS
-// ---- end dettrial/cli/launcher.hpp
+// ---- end dettrial/cli/detail/launcher.hpp
 // ---- begin dettrial/cli/run_plan.hpp
 // SPDX-License-Identifier: Apache-2.0
 /// @file

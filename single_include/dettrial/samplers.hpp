@@ -41,7 +41,7 @@
 #include <range/v3/view/transform.hpp>
 
 
-namespace dettrial::samplers::detail {
+namespace dettrial::detail {
 /// Item `k` of a stream of epochs: `batch_of(k / batches_per_epoch, k % batches_per_epoch)`.
 template <class BatchOf>
 struct EpochBatch {
@@ -78,7 +78,7 @@ struct HeldBatch {
     else return Value(ranges::begin(held)[index]);
   }
 };
-}  // namespace dettrial::samplers::detail
+}  // namespace dettrial::detail
 
 namespace dettrial::samplers {
 /**

@@ -115,15 +115,15 @@ class WindowChooser {
 
 }  // namespace dettrial::vision
 
-namespace dettrial::vision::detail {
+namespace dettrial::detail {
 /// The `height` x `width` pixels of `image` at (`top`, `left`), which lie inside it: one copy a row.
-inline Image crop(const Image& image, std::int64_t top, std::int64_t left, std::int64_t height, std::int64_t width) {
-  Image out(height, width, image.channels);
+inline vision::Image crop(const vision::Image& image, std::int64_t top, std::int64_t left, std::int64_t height, std::int64_t width) {
+  vision::Image out(height, width, image.channels);
   const auto row_bytes = static_cast<std::size_t>(width * image.channels);
   for (std::int64_t y = 0; y < height; ++y) std::memcpy(out.row(y), image.row(top + y) + left * image.channels, row_bytes);
   return out;
 }
-}  // namespace dettrial::vision::detail
+}  // namespace dettrial::detail
 
 namespace dettrial::vision {
 
@@ -144,8 +144,8 @@ class RecordRandom {
 
   /// The next 64 random bits.
   std::uint64_t bits() {
-    state_ += dettrial::detail::golden_gamma;
-    return dettrial::detail::mix64(state_);
+    state_ += detail::golden_gamma;
+    return detail::mix64(state_);
   }
   /// Uniform in [lo, hi).
   double uniform(double lo, double hi) { return lo + (hi - lo) * static_cast<double>(bits() >> 11) * 0x1.0p-53; }
@@ -164,8 +164,8 @@ class RecordRandom {
 
  private:
   RecordRandom(std::uint64_t domain, std::uint64_t seed, std::int64_t epoch, std::int64_t key)
-      : state_(dettrial::detail::mix64(dettrial::detail::mix64(dettrial::detail::mix64(seed ^ domain) + static_cast<std::uint64_t>(epoch)) +
-                                       static_cast<std::uint64_t>(key))) {}
+      : state_(detail::mix64(detail::mix64(detail::mix64(seed ^ domain) + static_cast<std::uint64_t>(epoch)) +
+                             static_cast<std::uint64_t>(key))) {}
 
   __extension__ typedef unsigned __int128 wide;  // GCC's and Clang's; __extension__: no -Wpedantic warning
   // Keeps augmentation streams apart from the shuffles drawn from the same loader seed.
@@ -251,17 +251,17 @@ DETTRIAL_INLINE Image rotate(const Image& image, double angle, Interpolation int
 
 }  // namespace dettrial::vision::functional
 
-namespace dettrial::vision::detail {
+namespace dettrial::detail {
 /// The image as torchvision holds it: a contiguous C x H x W uint8 tensor (a copy).
-DETTRIAL_INLINE torch::Tensor to_chw(const Image& image);
+DETTRIAL_INLINE torch::Tensor to_chw(const vision::Image& image);
 /// A C x H x W uint8 tensor back into an Image.
-DETTRIAL_INLINE Image from_chw(const torch::Tensor& chw);
+DETTRIAL_INLINE vision::Image from_chw(const torch::Tensor& chw);
 /// torchvision's `_get_inverse_affine_matrix` (inverted): the 2 x 3 map from output to source pixels.
 DETTRIAL_INLINE std::array<double, 6> inverse_affine_matrix(std::array<double, 2> center, double angle, std::array<double, 2> translate,
                                                             double scale, std::array<double, 2> shear);
 /// Python's `x % 360` for a float: in [0, 360), -0.0 becoming 0.0.
 DETTRIAL_INLINE double degrees_mod_360(double x);
-}  // namespace dettrial::vision::detail
+}  // namespace dettrial::detail
 
 // Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
 #if DETTRIAL_HEADER_DEFINITIONS
@@ -272,23 +272,23 @@ DETTRIAL_INLINE double degrees_mod_360(double x);
 #include <string>
 
 
-namespace dettrial::vision::detail {
+namespace dettrial::detail {
 
-DETTRIAL_INLINE torch::Tensor to_chw(const Image& image) {
+DETTRIAL_INLINE torch::Tensor to_chw(const vision::Image& image) {
   return torch::from_blob(const_cast<std::uint8_t*>(image.pixels.data()), {image.height, image.width, image.channels}, torch::kUInt8)
       .permute({2, 0, 1})
       .contiguous();
 }
 
-DETTRIAL_INLINE Image from_chw(const torch::Tensor& chw) {
-  Image out(chw.size(1), chw.size(2), chw.size(0));
+DETTRIAL_INLINE vision::Image from_chw(const torch::Tensor& chw) {
+  vision::Image out(chw.size(1), chw.size(2), chw.size(0));
   const torch::Tensor hwc = chw.permute({1, 2, 0}).contiguous();
   std::memcpy(out.pixels.data(), hwc.data_ptr<std::uint8_t>(), out.pixels.size());
   return out;
 }
 
 /// Checks an operation's image: 1 or 3 channels, as torchvision's kernels require.
-inline void check_channels(const Image& image, const char* op) {
+inline void check_channels(const vision::Image& image, const char* op) {
   if (image.channels != 1 && image.channels != 3)
     throw DataError(std::string(op) + ": images of 1 or 3 channels, not " + std::to_string(image.channels));
 }
@@ -346,11 +346,12 @@ inline torch::Tensor affine_grid(const std::array<double, 6>& matrix, std::int64
 
 /// torchvision's `_apply_grid_transform` on an 8-bit image: sampled in float32 with zeros outside,
 /// `fill` through a mask channel as torchvision adds it, rounded back to 8 bits.
-inline Image grid_transform(const Image& image, const torch::Tensor& grid, Interpolation interpolation, const Fill& fill) {
+inline vision::Image grid_transform(const vision::Image& image, const torch::Tensor& grid, vision::Interpolation interpolation,
+                                    const vision::Fill& fill) {
   const std::int64_t c = image.channels;
   torch::Tensor input = to_chw(image).unsqueeze(0).to(torch::kFloat);
   if (!fill.empty()) input = torch::cat({input, torch::ones({1, 1, image.height, image.width}, torch::kFloat)}, 1);
-  const std::int64_t mode = interpolation == Interpolation::nearest ? 1 : 0;  // grid_sample's enum: 0 bilinear, 1 nearest
+  const std::int64_t mode = interpolation == vision::Interpolation::nearest ? 1 : 0;  // grid_sample's enum: 0 bilinear, 1 nearest
   torch::Tensor sampled = at::grid_sampler(input, grid, mode, /*padding_mode=zeros*/ 0, /*align_corners=*/false);
   if (!fill.empty()) {
     torch::Tensor mask = sampled.narrow(1, c, 1);  // torchvision's tensor_split at the last channel
@@ -358,13 +359,13 @@ inline Image grid_transform(const Image& image, const torch::Tensor& grid, Inter
     mask = mask.expand_as(sampled);
     const std::vector<float> values(fill.begin(), fill.end());
     const torch::Tensor fill_image = torch::tensor(values, torch::kFloat).view({1, -1, 1, 1});
-    if (interpolation == Interpolation::nearest) sampled = torch::where(mask < 0.5, fill_image.expand_as(sampled), sampled);
+    if (interpolation == vision::Interpolation::nearest) sampled = torch::where(mask < 0.5, fill_image.expand_as(sampled), sampled);
     else sampled = sampled.sub_(fill_image).mul_(mask).add_(fill_image);
   }
   return from_chw(sampled.round_().to(torch::kUInt8).squeeze(0));
 }
 
-inline void check_fill(const Image& image, const Fill& fill, const char* op) {
+inline void check_fill(const vision::Image& image, const vision::Fill& fill, const char* op) {
   if (!fill.empty() && fill.size() != 1 && static_cast<std::int64_t>(fill.size()) != image.channels)
     throw DataError(std::string(op) + ": fill takes one value or one per channel (" + std::to_string(image.channels) + "), not " +
                     std::to_string(fill.size()));
@@ -372,7 +373,7 @@ inline void check_fill(const Image& image, const Fill& fill, const char* op) {
     if (!(v >= 0.0 && v <= 255.0)) throw DataError(std::string(op) + ": fill values lie in [0, 255], not " + std::to_string(v));
 }
 
-}  // namespace dettrial::vision::detail
+}  // namespace dettrial::detail
 
 namespace dettrial::vision::functional {
 
@@ -660,18 +661,18 @@ class AnyAutoAugment {
 
 }  // namespace dettrial::vision
 
-namespace dettrial::vision::detail::augment {
+namespace dettrial::detail::augment {
 
 /// One step of an AutoAugment policy: the operation, its probability, its magnitude bin (-1: none).
 struct PolicyStep {
-  AugmentOp op;
+  vision::AugmentOp op;
   double probability;
   int bin;
 };
 using PolicyPair = std::array<PolicyStep, 2>;
 using Policy = std::array<PolicyPair, 25>;
 
-using O = AugmentOp;
+using O = vision::AugmentOp;
 // The policies of the AutoAugment paper (Cubuk et al., 2018), in torchvision's order: the order is
 // part of the draw (the pair is drawn by index).
 inline constexpr Policy imagenet{{
@@ -722,11 +723,11 @@ inline constexpr Policy svhn{{
 
 /// RandAugment's and TrivialAugmentWide's 14 operations, in torchvision's dictionary order (the
 /// draw picks by index).
-inline constexpr std::array<AugmentOp, 14> random_ops{O::identity,  O::shear_x,    O::shear_y,       O::translate_x, O::translate_y,
-                                                      O::rotate,    O::brightness, O::color,         O::contrast,    O::sharpness,
-                                                      O::posterize, O::solarize,   O::auto_contrast, O::equalize};
+inline constexpr std::array<vision::AugmentOp, 14> random_ops{O::identity,  O::shear_x,    O::shear_y,       O::translate_x, O::translate_y,
+                                                              O::rotate,    O::brightness, O::color,         O::contrast,    O::sharpness,
+                                                              O::posterize, O::solarize,   O::auto_contrast, O::equalize};
 
-}  // namespace dettrial::vision::detail::augment
+}  // namespace dettrial::detail::augment
 
 // Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
 #if DETTRIAL_HEADER_DEFINITIONS
@@ -736,7 +737,7 @@ inline constexpr std::array<AugmentOp, 14> random_ops{O::identity,  O::shear_x, 
 #include <torch/torch.h>
 
 
-namespace dettrial::vision::detail::augment {
+namespace dettrial::detail::augment {
 
 /// Bin `bin` of torch.linspace(0, high, num_bins): float32, as torchvision's table holds it.
 inline double linspace_at(double low, double high, std::int64_t num_bins, std::int64_t bin) {
@@ -750,13 +751,14 @@ inline double posterize_bits(std::int64_t top, double divisor, std::int64_t num_
 }
 
 /// Whether `op` takes a magnitude (all but Identity, AutoContrast, Equalize and Invert).
-inline bool has_magnitude(AugmentOp op) {
-  return op != AugmentOp::identity && op != AugmentOp::auto_contrast && op != AugmentOp::equalize && op != AugmentOp::invert;
+inline bool has_magnitude(vision::AugmentOp op) {
+  return op != vision::AugmentOp::identity && op != vision::AugmentOp::auto_contrast && op != vision::AugmentOp::equalize &&
+         op != vision::AugmentOp::invert;
 }
 
 /// The magnitude's sign: torchvision negates it when `torch.rand(()) <= 0.5`.
-inline double signed_draw(AugmentOp op, double magnitude, RecordRandom& random) {
-  return signed_magnitude(op) && random.uniform(0.0, 1.0) <= 0.5 ? -magnitude : magnitude;
+inline double signed_draw(vision::AugmentOp op, double magnitude, vision::RecordRandom& random) {
+  return vision::signed_magnitude(op) && random.uniform(0.0, 1.0) <= 0.5 ? -magnitude : magnitude;
 }
 
 inline void check_bins(int num_magnitude_bins, const char* policy) {
@@ -764,7 +766,7 @@ inline void check_bins(int num_magnitude_bins, const char* policy) {
     throw DataError(std::string(policy) + ": num_magnitude_bins must be at least 2, not " + std::to_string(num_magnitude_bins));
 }
 
-}  // namespace dettrial::vision::detail::augment
+}  // namespace dettrial::detail::augment
 
 namespace dettrial::vision {
 
@@ -967,7 +969,7 @@ class Cifar {
 #include <fstream>
 #include <iterator>
 
-namespace dettrial::vision::detail {
+namespace dettrial::detail {
 /// `root/name`, or `root/folder/name` when the archive's folder is still there.
 inline std::filesystem::path cifar_file(const std::filesystem::path& root, const char* folder, const std::string& name) {
   std::error_code ec;
@@ -976,7 +978,7 @@ inline std::filesystem::path cifar_file(const std::filesystem::path& root, const
   throw DataError("CIFAR: found no '" + name + "' in '" + root.string() + "' or '" + (root / folder).string() +
                   "' (the binary version of the data set, as published)");
 }
-}  // namespace dettrial::vision::detail
+}  // namespace dettrial::detail
 
 namespace dettrial::vision {
 DETTRIAL_INLINE void Cifar::read(const std::filesystem::path& file, bool two_labels, CifarLabel which) {
@@ -1144,7 +1146,7 @@ DETTRIAL_INLINE void read_file(const std::filesystem::path& path, std::vector<st
 #include <webp/decode.h>
 #endif
 
-namespace dettrial::vision::detail {
+namespace dettrial::detail {
 
 /// The largest image accepted, a guard against decompression bombs (a damaged header can claim any
 /// size): 32768 a side, and PIL's own limit in all (twice its MAX_IMAGE_PIXELS, where it refuses).
@@ -1159,11 +1161,11 @@ inline void check_size(std::int64_t width, std::int64_t height, const std::strin
 }
 
 /// PIL's RGB to L conversion, in place: the first third of `pixels` becomes the gray image.
-inline void rgb_to_gray(Image& image) {
+inline void rgb_to_gray(vision::Image& image) {
   const std::int64_t n = image.height * image.width;
   std::uint8_t* p = image.pixels.data();
   for (std::int64_t i = 0; i < n; ++i) {
-    p[i] = pil_luma(p[3 * i], p[3 * i + 1], p[3 * i + 2]);
+    p[i] = vision::pil_luma(p[3 * i], p[3 * i + 1], p[3 * i + 2]);
   }
   image.pixels.resize(static_cast<std::size_t>(n));
   image.channels = 1;
@@ -1172,8 +1174,8 @@ inline void rgb_to_gray(Image& image) {
 /// A CMYK JPEG's samples as PIL reads and converts them to RGB: PIL takes every CMYK JPEG's samples
 /// as Adobe writes them, inverted (its raw mode "CMYK;I"), then `convert("RGB")` computes each
 /// channel as (255 - K) - C (255 - K) / 255, rounded as its MULDIV255. `cmyk` holds the file's samples.
-inline Image pil_cmyk_to_rgb(const std::vector<std::uint8_t>& cmyk, std::int64_t height, std::int64_t width) {
-  Image rgb(height, width, 3);
+inline vision::Image pil_cmyk_to_rgb(const std::vector<std::uint8_t>& cmyk, std::int64_t height, std::int64_t width) {
+  vision::Image rgb(height, width, 3);
   const std::int64_t n = height * width;
   const std::uint8_t* in = cmyk.data();
   std::uint8_t* out = rgb.pixels.data();
@@ -1188,8 +1190,8 @@ inline Image pil_cmyk_to_rgb(const std::vector<std::uint8_t>& cmyk, std::int64_t
 }
 
 /// PIL's L to RGB conversion: each gray sample three times.
-inline Image gray_to_rgb(const Image& gray) {
-  Image rgb(gray.height, gray.width, 3);
+inline vision::Image gray_to_rgb(const vision::Image& gray) {
+  vision::Image rgb(gray.height, gray.width, 3);
   const std::int64_t n = gray.height * gray.width;
   for (std::int64_t i = 0; i < n; ++i) rgb.pixels[3 * i] = rgb.pixels[3 * i + 1] = rgb.pixels[3 * i + 2] = gray.pixels[i];
   return rgb;
@@ -1220,7 +1222,7 @@ inline JpegDecompressor& jpeg_decompressor() {
   return d;
 }
 
-inline Image decode_jpeg(std::span<const std::uint8_t> bytes, ImageMode mode, const std::string& name) {
+inline vision::Image decode_jpeg(std::span<const std::uint8_t> bytes, vision::ImageMode mode, const std::string& name) {
   JpegDecompressor& decompressor = jpeg_decompressor();
   tjhandle tj = decompressor.handle;
   const auto fail = [&] {
@@ -1238,25 +1240,25 @@ inline Image decode_jpeg(std::span<const std::uint8_t> bytes, ImageMode mode, co
     if (tjDecompress2(tj, bytes.data(), static_cast<unsigned long>(bytes.size()), cmyk.data(), width, 0, height, TJPF_CMYK,
                       TJFLAG_STOPONWARNING) != 0)
       throw fail();
-    Image image = pil_cmyk_to_rgb(cmyk, height, width);
-    if (mode == ImageMode::gray) rgb_to_gray(image);  // PIL's CMYK to L is its CMYK to RGB, then RGB to L
+    vision::Image image = pil_cmyk_to_rgb(cmyk, height, width);
+    if (mode == vision::ImageMode::gray) rgb_to_gray(image);  // PIL's CMYK to L is its CMYK to RGB, then RGB to L
     return image;
   }
   // A gray JPEG decodes to gray; a colour one to RGB (to gray after that, as PIL converts).
   const bool gray_source = colorspace == TJCS_GRAY;
-  Image image(height, width, gray_source ? 1 : 3);
+  vision::Image image(height, width, gray_source ? 1 : 3);
   // Stop on warnings: libjpeg fills a truncated file's missing rows with grey and only warns.
   if (tjDecompress2(tj, bytes.data(), static_cast<unsigned long>(bytes.size()), image.pixels.data(), width, 0, height,
                     gray_source ? TJPF_GRAY : TJPF_RGB, TJFLAG_STOPONWARNING) != 0)
     throw fail();
-  if (mode == ImageMode::rgb && gray_source) return gray_to_rgb(image);
-  if (mode == ImageMode::gray && !gray_source) rgb_to_gray(image);
+  if (mode == vision::ImageMode::rgb && gray_source) return gray_to_rgb(image);
+  if (mode == vision::ImageMode::gray && !gray_source) rgb_to_gray(image);
   return image;
 }
 #endif
 
 #if defined(DETTRIAL_HAS_SPNG)
-inline Image decode_png(std::span<const std::uint8_t> bytes, ImageMode mode, const std::string& name) {
+inline vision::Image decode_png(std::span<const std::uint8_t> bytes, vision::ImageMode mode, const std::string& name) {
   std::unique_ptr<spng_ctx, void (*)(spng_ctx*)> ctx(spng_ctx_new(0), spng_ctx_free);
   if (!ctx) throw ImageError("cannot decode '" + name + "': libspng could not start");
   const auto fail = [&](const char* what, int status) {
@@ -1276,13 +1278,13 @@ inline Image decode_png(std::span<const std::uint8_t> bytes, ImageMode mode, con
   const int format = direct_gray ? SPNG_FMT_G8 : SPNG_FMT_RGB8;
   std::size_t size = 0;
   if ((status = spng_decoded_image_size(ctx.get(), format, &size)) != 0) throw fail("size", status);
-  Image image(header.height, header.width, direct_gray ? 1 : 3);
+  vision::Image image(header.height, header.width, direct_gray ? 1 : 3);
   if (size != image.pixels.size()) throw ImageError("cannot decode '" + name + "' as PNG: unexpected decoded size");
   if ((status = spng_decode_image(ctx.get(), image.pixels.data(), size, format, 0)) != 0) throw fail("pixels", status);
   // The chunks after the pixels, to IEND: a file cut short there is damaged too.
   if ((status = spng_decode_chunks(ctx.get())) != 0) throw fail("after the pixels", status);
-  if (mode == ImageMode::rgb && direct_gray) return gray_to_rgb(image);
-  if (mode == ImageMode::gray && !direct_gray) {
+  if (mode == vision::ImageMode::rgb && direct_gray) return gray_to_rgb(image);
+  if (mode == vision::ImageMode::gray && !direct_gray) {
     if (gray_source) {  // gray with alpha or 16-bit gray: the gray sample, which RGB8 replicated
       const std::int64_t n = image.height * image.width;
       for (std::int64_t i = 0; i < n; ++i) image.pixels[i] = image.pixels[3 * i];
@@ -1311,7 +1313,7 @@ inline const char* webp_status(VP8StatusCode status) {
   }
 }
 
-inline Image decode_webp(std::span<const std::uint8_t> bytes, ImageMode mode, const std::string& name) {
+inline vision::Image decode_webp(std::span<const std::uint8_t> bytes, vision::ImageMode mode, const std::string& name) {
   WebPBitstreamFeatures features{};
   const VP8StatusCode status = WebPGetFeatures(bytes.data(), bytes.size(), &features);
   if (status != VP8_STATUS_OK) throw ImageError("cannot decode '" + name + "' as WebP: " + webp_status(status));
@@ -1319,10 +1321,10 @@ inline Image decode_webp(std::span<const std::uint8_t> bytes, ImageMode mode, co
     throw ImageError("cannot decode '" + name + "': it is an animated WebP, and dettrial decodes still images only");
   check_size(features.width, features.height, name);
   // RGB straight from the decoder: alpha dropped, not composited, as PIL's convert("RGB").
-  Image image(features.height, features.width, 3);
+  vision::Image image(features.height, features.width, 3);
   if (WebPDecodeRGBInto(bytes.data(), bytes.size(), image.pixels.data(), image.pixels.size(), static_cast<int>(image.width * 3)) == nullptr)
     throw ImageError("cannot decode '" + name + "' as WebP: its data is damaged or ends early");
-  if (mode == ImageMode::gray) rgb_to_gray(image);
+  if (mode == vision::ImageMode::gray) rgb_to_gray(image);
   return image;
 }
 #endif
@@ -1339,7 +1341,7 @@ inline std::string leading_bytes(std::span<const std::uint8_t> bytes) {
 }
 
 /// `window`, which must lie inside the `height` x `width` image `name`: a DataError says where it does not.
-inline PixelWindow checked_window(const PixelWindow& w, std::int64_t height, std::int64_t width, const std::string& name) {
+inline vision::PixelWindow checked_window(const vision::PixelWindow& w, std::int64_t height, std::int64_t width, const std::string& name) {
   if (w.top < 0 || w.left < 0 || w.height < 1 || w.width < 1 || w.top + w.height > height || w.left + w.width > width)
     throw DataError("a window of " + std::to_string(w.height) + "x" + std::to_string(w.width) + " at (" + std::to_string(w.top) + ", " +
                     std::to_string(w.left) + ") does not lie inside '" + name + "' (" + std::to_string(height) + "x" +
@@ -1369,7 +1371,7 @@ struct JpegErrors {
 /// Where `w` allows it, the largest DCT reduction (1/8, 1/4, 1/2) that keeps the window at least its
 /// asked size: sets the decoder's scale and returns the window in the reduced image's pixels (its
 /// edges rounded outwards, within the image).
-inline PixelWindow reduced_window(jpeg_decompress_struct& info, const PixelWindow& w) {
+inline vision::PixelWindow reduced_window(jpeg_decompress_struct& info, const vision::PixelWindow& w) {
   for (const unsigned denominator : {8u, 4u, 2u}) {
     const auto d = static_cast<std::int64_t>(denominator);
     if (w.height / d < w.at_least_height || w.width / d < w.at_least_width) continue;
@@ -1379,7 +1381,7 @@ inline PixelWindow reduced_window(jpeg_decompress_struct& info, const PixelWindo
     const std::int64_t top = w.top / d, left = w.left / d;
     const std::int64_t bottom = std::min<std::int64_t>(info.output_height, (w.top + w.height + d - 1) / d);
     const std::int64_t right = std::min<std::int64_t>(info.output_width, (w.left + w.width + d - 1) / d);
-    return PixelWindow{.top = top, .left = left, .height = bottom - top, .width = right - left};
+    return vision::PixelWindow{.top = top, .left = left, .height = bottom - top, .width = right - left};
   }
   return w;
 }
@@ -1387,7 +1389,8 @@ inline PixelWindow reduced_window(jpeg_decompress_struct& info, const PixelWindo
 /// The window of a JPEG through libjpeg's API: the rows above it skipped (entropy-decoded only), the
 /// block columns around it decoded (and one more each side), the rows below never read. The decoder's settings are TurboJPEG's defaults
 /// (islow DCT, fancy upsampling), so the pixels are decode_jpeg's.
-inline Image decode_jpeg_window(std::span<const std::uint8_t> bytes, ImageMode mode, const std::string& name, WindowChooser choose) {
+inline vision::Image decode_jpeg_window(std::span<const std::uint8_t> bytes, vision::ImageMode mode, const std::string& name,
+                                        vision::WindowChooser choose) {
   JpegErrors errors;
   jpeg_decompress_struct info{};
   info.err = jpeg_std_error(&errors.manager);
@@ -1403,7 +1406,7 @@ inline Image decode_jpeg_window(std::span<const std::uint8_t> bytes, ImageMode m
   const std::unique_ptr<jpeg_decompress_struct, void (*)(jpeg_decompress_struct*)> destroy(&info, jpeg_destroy_decompress);
   // Made before the jump target: nothing between setjmp and a longjmp may need destroying.
   std::vector<std::uint8_t> rows;
-  Image window;
+  vision::Image window;
   if (setjmp(errors.jump) != 0) throw ImageError("cannot decode '" + name + "' as JPEG: " + errors.message);
   jpeg_mem_src(&info, bytes.data(), static_cast<unsigned long>(bytes.size()));
   jpeg_read_header(&info, TRUE);
@@ -1412,7 +1415,7 @@ inline Image decode_jpeg_window(std::span<const std::uint8_t> bytes, ImageMode m
   const bool cmyk = info.jpeg_color_space == JCS_CMYK || info.jpeg_color_space == JCS_YCCK;
   const bool gray_source = info.jpeg_color_space == JCS_GRAYSCALE;
   info.out_color_space = cmyk ? JCS_CMYK : gray_source ? JCS_GRAYSCALE : JCS_RGB;
-  PixelWindow w = checked_window(choose(height, width), height, width, name);
+  vision::PixelWindow w = checked_window(choose(height, width), height, width, name);
   if (w.at_least_height > 0 && w.at_least_width > 0) w = reduced_window(info, w);
   jpeg_start_decompress(&info);
   // One block column more on each side than the window: fancy upsampling of subsampled chroma reads
@@ -1428,7 +1431,7 @@ inline Image decode_jpeg_window(std::span<const std::uint8_t> bytes, ImageMode m
   const std::int64_t channels = info.output_components, stride = static_cast<std::int64_t>(columns) * channels;
   const std::int64_t offset = (w.left - static_cast<std::int64_t>(first_column)) * channels;
   rows.resize(static_cast<std::size_t>(stride));
-  window = Image(w.height, w.width, channels);
+  window = vision::Image(w.height, w.width, channels);
   for (std::int64_t y = 0; y < w.height; ++y) {
     JSAMPROW row = rows.data();
     jpeg_read_scanlines(&info, &row, 1);
@@ -1436,12 +1439,12 @@ inline Image decode_jpeg_window(std::span<const std::uint8_t> bytes, ImageMode m
   }
   jpeg_abort_decompress(&info);  // the rows below the window are not needed
   if (cmyk) {
-    Image rgb = pil_cmyk_to_rgb(window.pixels, window.height, window.width);
-    if (mode == ImageMode::gray) rgb_to_gray(rgb);
+    vision::Image rgb = pil_cmyk_to_rgb(window.pixels, window.height, window.width);
+    if (mode == vision::ImageMode::gray) rgb_to_gray(rgb);
     return rgb;
   }
-  if (mode == ImageMode::rgb && gray_source) return gray_to_rgb(window);
-  if (mode == ImageMode::gray && !gray_source) rgb_to_gray(window);
+  if (mode == vision::ImageMode::rgb && gray_source) return gray_to_rgb(window);
+  if (mode == vision::ImageMode::gray && !gray_source) rgb_to_gray(window);
   return window;
 }
 #endif
@@ -1457,7 +1460,7 @@ inline ImageFormat format_of(std::span<const std::uint8_t> bytes) {
   return ImageFormat::other;
 }
 
-}  // namespace dettrial::vision::detail
+}  // namespace dettrial::detail
 
 namespace dettrial::vision {
 DETTRIAL_INLINE Image decode_image(std::span<const std::uint8_t> bytes, [[maybe_unused]] ImageMode mode, const std::string& name) {
@@ -1687,10 +1690,10 @@ struct NoMixing {};
 #include <string>
 
 
-namespace dettrial::vision::detail::mixing {
+namespace dettrial::detail::mixing {
 
 /// Gamma(shape, 1) by Marsaglia and Tsang's method (shape below 1 boosted by U^(1/shape)).
-inline double gamma(double shape, RecordRandom& random) {
+inline double gamma(double shape, vision::RecordRandom& random) {
   if (shape < 1.0) return gamma(shape + 1.0, random) * std::pow(1.0 - random.uniform(0.0, 1.0), 1.0 / shape);
   const double d = shape - 1.0 / 3.0, c = 1.0 / std::sqrt(9.0 * d);
   for (;;) {
@@ -1704,7 +1707,7 @@ inline double gamma(double shape, RecordRandom& random) {
 }
 
 /// Beta(alpha, alpha) as X / (X + Y) of two Gamma(alpha) draws.
-inline double symmetric_beta(double alpha, RecordRandom& random) {
+inline double symmetric_beta(double alpha, vision::RecordRandom& random) {
   const double x = gamma(alpha, random), y = gamma(alpha, random);
   return x / (x + y);
 }
@@ -1740,7 +1743,7 @@ inline void check_batch(const torch::Tensor& images, const torch::Tensor& labels
     throw DataError(std::string(name) + ": a batch of N images (N x C x H x W) and N labels");
 }
 
-}  // namespace dettrial::vision::detail::mixing
+}  // namespace dettrial::detail::mixing
 
 namespace dettrial::vision {
 
@@ -1869,27 +1872,27 @@ concept ImageTransform = requires(const T& t, Image image, RecordRandom& random)
 
 }  // namespace dettrial::vision
 
-namespace dettrial::vision::detail {
+namespace dettrial::detail {
 /// The source index of position `i` (which may lie outside [0, n)) under `mode`; -1 for constant fill.
-DETTRIAL_INLINE std::int64_t padded_source(std::int64_t i, std::int64_t n, PaddingMode mode);
+DETTRIAL_INLINE std::int64_t padded_source(std::int64_t i, std::int64_t n, vision::PaddingMode mode);
 /**
  * @brief The `height` x `width` window of `image` at (`top`, `left`), which may reach outside the
  * image: what lies outside is filled as `mode` says (`fill` for constant). Crops and pads in one pass.
  */
-DETTRIAL_INLINE Image window(const Image& image, std::int64_t top, std::int64_t left, std::int64_t height, std::int64_t width,
-                             PaddingMode mode = PaddingMode::constant, std::uint8_t fill = 0);
+DETTRIAL_INLINE vision::Image window(const vision::Image& image, std::int64_t top, std::int64_t left, std::int64_t height,
+                                     std::int64_t width, vision::PaddingMode mode = vision::PaddingMode::constant, std::uint8_t fill = 0);
 /// Bilinear resize with antialiasing through LibTorch's own kernel, as torchvision's v2 resize calls
 /// it: on 8-bit samples where torchvision does (LibTorch 2.1 and later on an AVX2 CPU), on floats
 /// rounded back to 8 bits otherwise.
-DETTRIAL_INLINE Image resize_bilinear(const Image& image, std::int64_t height, std::int64_t width);
+DETTRIAL_INLINE vision::Image resize_bilinear(const vision::Image& image, std::int64_t height, std::int64_t width);
 /// torchvision's `_compute_resized_output_size` for one number: the shorter side becomes `size`.
-DETTRIAL_INLINE Size resized_size(std::int64_t height, std::int64_t width, std::int64_t size);
+DETTRIAL_INLINE vision::Size resized_size(std::int64_t height, std::int64_t width, std::int64_t size);
 /// The draw RandomResizedCrop and RandomErasing share: an area of `area` times a fraction uniform in
 /// `scale`, an aspect log-uniform in `ratio`; the sides (sqrt(area * aspect), sqrt(area / aspect)),
 /// rounded as Python rounds (RandomResizedCrop takes them as width and height, RandomErasing as
 /// height and width).
 inline std::array<std::int64_t, 2> random_rectangle(double area, const std::array<double, 2>& scale, const std::array<double, 2>& ratio,
-                                                    RecordRandom& random) {
+                                                    vision::RecordRandom& random) {
   const double target = area * random.uniform(scale[0], scale[1]);
   const double aspect = std::exp(random.uniform(std::log(ratio[0]), std::log(ratio[1])));
   return {static_cast<std::int64_t>(std::nearbyint(std::sqrt(target * aspect))),
@@ -1903,7 +1906,7 @@ constexpr std::int64_t round_half(std::int64_t x) {
   const std::int64_t other = x > 0 ? q + 1 : q - 1;
   return q % 2 == 0 ? q : other;
 }
-}  // namespace dettrial::vision::detail
+}  // namespace dettrial::detail
 
 namespace dettrial::vision {
 /// torchvision's `Resize(size)`: one number resizes the shorter side to it (keeping the aspect), two
@@ -2172,28 +2175,30 @@ concept OutputStep = requires {
 
 }  // namespace dettrial::vision
 
-namespace dettrial::vision::detail {
+namespace dettrial::detail {
 template <class... Steps>
 constexpr bool output_steps_last() {
   bool seen_output = false, ok = true;
-  ((seen_output = seen_output || OutputStep<Steps>, ok = ok && (OutputStep<Steps> || !seen_output)), ...);
+  ((seen_output = seen_output || vision::OutputStep<Steps>, ok = ok && (vision::OutputStep<Steps> || !seen_output)), ...);
   return ok;
 }
 template <class... Steps>
 constexpr bool erasing_last() {
   bool seen_erasing = false, ok = true;
-  ((ok = ok && (std::is_same_v<Steps, RandomErasing> || !seen_erasing),
-    seen_erasing = seen_erasing || std::is_same_v<Steps, RandomErasing>),
+  ((ok = ok && (std::is_same_v<Steps, vision::RandomErasing> || !seen_erasing),
+    seen_erasing = seen_erasing || std::is_same_v<Steps, vision::RandomErasing>),
    ...);
   return ok;
 }
 template <class... Steps>
 constexpr bool normalize_after_to_float() {
   bool seen_float = false, ok = true;
-  ((ok = ok && (!std::is_same_v<Steps, Normalize> || seen_float), seen_float = seen_float || std::is_same_v<Steps, ToFloat>), ...);
+  ((ok = ok && (!std::is_same_v<Steps, vision::Normalize> || seen_float),
+    seen_float = seen_float || std::is_same_v<Steps, vision::ToFloat>),
+   ...);
   return ok;
 }
-}  // namespace dettrial::vision::detail
+}  // namespace dettrial::detail
 
 namespace dettrial::vision {
 /**
@@ -2421,20 +2426,20 @@ class Compose {
 
 #include <ATen/Version.h>
 
-namespace dettrial::vision::detail {
+namespace dettrial::detail {
 
-DETTRIAL_INLINE std::int64_t padded_source(std::int64_t i, std::int64_t n, PaddingMode mode) {
+DETTRIAL_INLINE std::int64_t padded_source(std::int64_t i, std::int64_t n, vision::PaddingMode mode) {
   if (i >= 0 && i < n) return i;
   switch (mode) {
-    case PaddingMode::constant: return -1;
-    case PaddingMode::edge: return i < 0 ? 0 : n - 1;
-    case PaddingMode::reflect: {
+    case vision::PaddingMode::constant: return -1;
+    case vision::PaddingMode::edge: return i < 0 ? 0 : n - 1;
+    case vision::PaddingMode::reflect: {
       if (n == 1) return 0;
       const std::int64_t period = 2 * (n - 1);
       std::int64_t m = ((i % period) + period) % period;
       return m < n ? m : period - m;
     }
-    case PaddingMode::symmetric: {
+    case vision::PaddingMode::symmetric: {
       const std::int64_t period = 2 * n;
       std::int64_t m = ((i % period) + period) % period;
       return m < n ? m : period - 1 - m;
@@ -2443,12 +2448,12 @@ DETTRIAL_INLINE std::int64_t padded_source(std::int64_t i, std::int64_t n, Paddi
   return -1;
 }
 
-DETTRIAL_INLINE Image window(const Image& image, std::int64_t top, std::int64_t left, std::int64_t height, std::int64_t width,
-                             PaddingMode mode, std::uint8_t fill) {
+DETTRIAL_INLINE vision::Image window(const vision::Image& image, std::int64_t top, std::int64_t left, std::int64_t height,
+                                     std::int64_t width, vision::PaddingMode mode, std::uint8_t fill) {
   const std::int64_t c = image.channels;
   const bool inside = top >= 0 && left >= 0 && top + height <= image.height && left + width <= image.width;
   if (inside) return crop(image, top, left, height, width);
-  Image out(height, width, c);
+  vision::Image out(height, width, c);
   std::vector<std::int64_t> columns(static_cast<std::size_t>(width));
   for (std::int64_t x = 0; x < width; ++x) columns[static_cast<std::size_t>(x)] = padded_source(left + x, image.width, mode);
   for (std::int64_t y = 0; y < height; ++y) {
@@ -2467,10 +2472,10 @@ DETTRIAL_INLINE Image window(const Image& image, std::int64_t top, std::int64_t 
   return out;
 }
 
-DETTRIAL_INLINE Size resized_size(std::int64_t height, std::int64_t width, std::int64_t size) {
+DETTRIAL_INLINE vision::Size resized_size(std::int64_t height, std::int64_t width, std::int64_t size) {
   const std::int64_t shorter = std::min(height, width), longer = std::max(height, width);
   const auto new_longer = static_cast<std::int64_t>(static_cast<double>(size * longer) / static_cast<double>(shorter));
-  return width <= height ? Size(new_longer, size) : Size(size, new_longer);
+  return width <= height ? vision::Size(new_longer, size) : vision::Size(size, new_longer);
 }
 
 /// Whether torchvision resizes 8-bit images without converting to float: its rule
@@ -2492,7 +2497,7 @@ inline bool resizes_uint8() {
 #endif
 }
 
-DETTRIAL_INLINE Image resize_bilinear(const Image& image, std::int64_t height, std::int64_t width) {
+DETTRIAL_INLINE vision::Image resize_bilinear(const vision::Image& image, std::int64_t height, std::int64_t width) {
   if (height < 1 || width < 1)
     throw DataError("Resize: the size must be positive, not " + std::to_string(height) + "x" + std::to_string(width));
   if (height == image.height && width == image.width) return image;
@@ -2507,7 +2512,7 @@ DETTRIAL_INLINE Image resize_bilinear(const Image& image, std::int64_t height, s
   const torch::Tensor nchw =
       torch::from_blob(const_cast<std::uint8_t*>(image.pixels.data()), {1, image.height, image.width, image.channels}, torch::kUInt8)
           .permute({0, 3, 1, 2});
-  Image out(height, width, image.channels);
+  vision::Image out(height, width, image.channels);
   torch::Tensor resized;
   if (resizes_uint8()) {
     // The 8-bit kernel works in channels-last order whatever the input's layout (the same
@@ -2522,7 +2527,7 @@ DETTRIAL_INLINE Image resize_bilinear(const Image& image, std::int64_t height, s
   return out;
 }
 
-}  // namespace dettrial::vision::detail
+}  // namespace dettrial::detail
 
 namespace dettrial::vision {
 DETTRIAL_INLINE Image ColorJitter::operator()(Image image, RecordRandom& random) const {
@@ -2605,7 +2610,7 @@ concept ImageSource = requires(const S& s, std::int64_t i, ImageMode mode) {
 
 }  // namespace dettrial::vision
 
-namespace dettrial::vision::detail {
+namespace dettrial::detail {
 /**
  * @brief Batch tensors handed out again once nothing refers to them any more. A float batch of 64
  * images of 224 pixels is 38 MB, above glibc's largest mmap threshold (32 MiB): a fresh one every
@@ -2634,7 +2639,7 @@ class BatchBuffers {
   std::mutex mutex_;
   std::vector<torch::Tensor> buffers_;
 };
-}  // namespace dettrial::vision::detail
+}  // namespace dettrial::detail
 
 namespace dettrial::vision {
 
@@ -2914,7 +2919,7 @@ class ImageFolder {
 #include <set>
 #include <system_error>
 
-namespace dettrial::vision::detail {
+namespace dettrial::detail {
 
 /// `text` in lower case (ASCII: file name endings).
 inline std::string lowercase(std::string text) {
@@ -2979,16 +2984,16 @@ inline bool is_integer(const std::string& text) {
 /// TIFF, PPM/PGM and GIF, and JPEG, PNG or WebP where their library was not found; else empty.
 inline std::string undecodable_ending(const std::string& file) {
   const std::string lower = lowercase(std::filesystem::path(file).extension().string());
-  const bool readable =
-      ((lower == ".jpg" || lower == ".jpeg") && decodes_jpeg) || (lower == ".png" && decodes_png) || (lower == ".webp" && decodes_webp);
-  const auto& listed = default_image_extensions();
+  const bool readable = ((lower == ".jpg" || lower == ".jpeg") && vision::decodes_jpeg) || (lower == ".png" && vision::decodes_png) ||
+                        (lower == ".webp" && vision::decodes_webp);
+  const auto& listed = vision::default_image_extensions();
   const bool image = lower == ".gif" || std::find(listed.begin(), listed.end(), lower) != listed.end();  // and GIF, which a user may list
   return !readable && image ? lower : std::string();
 }
 
 /// Refuses a listing that holds files this build cannot decode, before any training: one sentence
 /// with how many of each ending (the file's content decides the decoder, so a PNG named .JPEG is read).
-inline void check_decodable(const std::vector<ImageFolder::Sample>& samples, const std::string& where) {
+inline void check_decodable(const std::vector<vision::ImageFolder::Sample>& samples, const std::string& where) {
   std::map<std::string, std::int64_t> counts;
   std::string first;
   for (const auto& sample : samples) {
@@ -3004,13 +3009,14 @@ inline void check_decodable(const std::vector<ImageFolder::Sample>& samples, con
     total += n;
     kinds += (kinds.empty() ? "" : ", ") + std::to_string(n) + " " + ending;
   }
-  std::string decoded = std::string(decodes_jpeg ? " JPEG" : "") + (decodes_png ? " PNG" : "") + (decodes_webp ? " WebP" : "");
+  std::string decoded =
+      std::string(vision::decodes_jpeg ? " JPEG" : "") + (vision::decodes_png ? " PNG" : "") + (vision::decodes_webp ? " WebP" : "");
   throw DataError("ImageFolder: " + std::to_string(total) + " file(s) listed in " + where + " are of kinds this build cannot decode (" +
                   kinds + "; the first: '" + first + "'); it decodes" + (decoded.empty() ? std::string(" none") : decoded) +
                   ": convert them, or list without their endings (ImageFolderOptions::extensions)");
 }
 
-}  // namespace dettrial::vision::detail
+}  // namespace dettrial::detail
 
 namespace dettrial::vision {
 DETTRIAL_INLINE ImageFolder::ImageFolder(const std::filesystem::path& root, const ImageFolderOptions& options) {
@@ -3138,7 +3144,7 @@ DETTRIAL_INLINE ImageFolder ImageFolder::from_csv(const std::filesystem::path& c
 #include <torch/torch.h>
 
 
-namespace dettrial::nn::detail::rebuilt_clone {
+namespace dettrial::detail::rebuilt_clone {
 
 /// `to`'s tensor named `name` takes `from`'s values (on `device` when given) and gradient flag.
 inline void copy_tensor(torch::Tensor& to, const torch::Tensor& from, const std::string& name, const std::string& what,
@@ -3150,7 +3156,7 @@ inline void copy_tensor(torch::Tensor& to, const torch::Tensor& from, const std:
   if (to.is_leaf()) to.set_requires_grad(from.requires_grad());
 }
 
-}  // namespace dettrial::nn::detail::rebuilt_clone
+}  // namespace dettrial::detail::rebuilt_clone
 
 namespace dettrial::nn {
 
@@ -3165,7 +3171,7 @@ std::shared_ptr<torch::nn::Module> rebuilt_clone(const torch::nn::Module& origin
                                                  const c10::optional<torch::Device>& device = c10::nullopt) {
   torch::NoGradGuard no_grad;
   const std::string what = original.name();
-  const std::shared_ptr<torch::nn::Module> copy = ::dettrial::detail::GeneratorStates::drawing_nothing(std::forward<Build>(build));
+  const std::shared_ptr<torch::nn::Module> copy = detail::GeneratorStates::drawing_nothing(std::forward<Build>(build));
   auto parameters = copy->named_parameters();
   for (const auto& p : original.named_parameters()) {
     torch::Tensor* to = parameters.find(p.key());
@@ -3324,7 +3330,7 @@ DETTRIAL_INLINE ResNet resnet(const std::string& name, ResNetOptions options = {
 // Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
 #if DETTRIAL_HEADER_DEFINITIONS
 
-namespace dettrial::vision::models::detail {
+namespace dettrial::detail {
 
 /// torchvision's `conv3x3`: padding as the dilation, no bias.
 inline torch::nn::Conv2d conv3x3(std::int64_t in, std::int64_t out, std::int64_t stride, std::int64_t groups, std::int64_t dilation) {
@@ -3347,7 +3353,7 @@ inline torch::nn::Sequential cloned_downsample(const torch::nn::Sequential& down
   return torch::nn::Sequential(std::dynamic_pointer_cast<torch::nn::SequentialImpl>(downsample->clone()));
 }
 
-}  // namespace dettrial::vision::models::detail
+}  // namespace dettrial::detail
 
 namespace dettrial::vision::models {
 

@@ -178,9 +178,9 @@ TEST_CASE("augment: the magnitude tables, the AutoAugment policies and the opera
     }
   }
   CHECK(values > 400);
-  const std::map<std::string, const vision::detail::augment::Policy*> policies{{"imagenet", &vision::detail::augment::imagenet},
-                                                                               {"cifar10", &vision::detail::augment::cifar10},
-                                                                               {"svhn", &vision::detail::augment::svhn}};
+  const std::map<std::string, const dettrial::detail::augment::Policy*> policies{{"imagenet", &dettrial::detail::augment::imagenet},
+                                                                                 {"cifar10", &dettrial::detail::augment::cifar10},
+                                                                                 {"svhn", &dettrial::detail::augment::svhn}};
   for (const auto& [name, policy] : policies) {
     const auto& theirs = (*manifest)["policies"][name];
     REQUIRE(theirs.size() == policy->size());
@@ -195,9 +195,9 @@ TEST_CASE("augment: the magnitude tables, the AutoAugment policies and the opera
   }
   for (const char* recipe : {"ra", "ta_wide"}) {
     const auto& theirs = (*manifest)["op_orders"][recipe];
-    REQUIRE(theirs.size() == vision::detail::augment::random_ops.size());
+    REQUIRE(theirs.size() == dettrial::detail::augment::random_ops.size());
     for (std::size_t i = 0; i < theirs.size(); ++i)
-      CHECK(vision::name_of(vision::detail::augment::random_ops[i]) == theirs[i].get<std::string>());
+      CHECK(vision::name_of(dettrial::detail::augment::random_ops[i]) == theirs[i].get<std::string>());
   }
 }
 

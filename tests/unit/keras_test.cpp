@@ -102,15 +102,15 @@ TEST_CASE("Keras's losses and metrics: the batch means Keras computes") {
   const torch::Tensor labels = torch::tensor({0, 2, 1}, torch::kLong);
   const torch::Tensor probabilities = torch::softmax(logits, 1);
   const double expected = torch::cross_entropy_loss(logits, labels).item<double>();
-  using keras::detail::loss_value;
+  using dettrial::detail::loss_value;
   CHECK(loss_value(keras::losses::sparse_categorical_crossentropy(true), logits, labels).item<double>() == doctest::Approx(expected));
   CHECK(loss_value(keras::losses::sparse_categorical_crossentropy(false), probabilities, labels).item<double>() ==
         doctest::Approx(expected).epsilon(1e-5));
   // Labels of shape (N, 1), as keras.datasets gives some: squeezed as Keras does.
   CHECK(loss_value(keras::losses::sparse_categorical_crossentropy(true), logits, labels.unsqueeze(1)).item<double>() ==
         doctest::Approx(expected));
-  CHECK(keras::detail::metric_value(keras::CompiledMetric::Kind::sparse_categorical_accuracy, logits, labels.unsqueeze(1)).item<double>() ==
-        doctest::Approx(2.0 / 3.0));
+  CHECK(dettrial::detail::metric_value(keras::CompiledMetric::Kind::sparse_categorical_accuracy, logits, labels.unsqueeze(1))
+            .item<double>() == doctest::Approx(2.0 / 3.0));
   // Outputs under autocast (bf16) give the loss in float32.
   CHECK((loss_value(keras::losses::sparse_categorical_crossentropy(true), logits.to(torch::kBFloat16), labels).scalar_type() ==
          torch::kFloat));
@@ -120,9 +120,9 @@ TEST_CASE("Keras's losses and metrics: the batch means Keras computes") {
   CHECK(loss_value(keras::losses::sparse_categorical_crossentropy(false), torch::tensor({{0.0f, 1.0f}}), torch::tensor({0}, torch::kLong))
             .item<double>() == doctest::Approx(-std::log(1e-7)).epsilon(1e-4));
   using Kind = keras::CompiledMetric::Kind;
-  CHECK(keras::detail::metric_value(Kind::sparse_categorical_accuracy, logits, labels).item<double>() == doctest::Approx(2.0 / 3.0));
-  CHECK(keras::detail::metric_value(Kind::categorical_accuracy, logits, one_hot).item<double>() == doctest::Approx(2.0 / 3.0));
-  CHECK(keras::detail::metric_value(Kind::binary_accuracy, torch::tensor({0.9f, 0.2f, 0.6f}), torch::tensor({1.0f, 0.0f, 0.0f}))
+  CHECK(dettrial::detail::metric_value(Kind::sparse_categorical_accuracy, logits, labels).item<double>() == doctest::Approx(2.0 / 3.0));
+  CHECK(dettrial::detail::metric_value(Kind::categorical_accuracy, logits, one_hot).item<double>() == doctest::Approx(2.0 / 3.0));
+  CHECK(dettrial::detail::metric_value(Kind::binary_accuracy, torch::tensor({0.9f, 0.2f, 0.6f}), torch::tensor({1.0f, 0.0f, 0.0f}))
             .item<double>() == doctest::Approx(2.0 / 3.0));
 }
 
@@ -276,7 +276,7 @@ struct WeightedTrial {
 }  // namespace
 
 TEST_CASE("keras::WeightedSequence: sample and class weights weigh each sample's loss as Keras does") {
-  using keras::detail::weighted_loss_value;
+  using dettrial::detail::weighted_loss_value;
   auto gen = at::detail::createCPUGenerator(5);
   const torch::Tensor logits = torch::randn({6, 3}, gen), weights = torch::tensor({1.0f, 2.0f, 0.0f, 0.5f, 1.5f, 3.0f});
   const torch::Tensor labels = torch::tensor({0, 2, 1, 1, 0, 2}, torch::kLong);
@@ -304,7 +304,7 @@ TEST_CASE("keras::WeightedSequence: sample and class weights weigh each sample's
     CAPTURE(c.name);
     // Weights of 1 are the unweighted loss; the weighted one is sum(w x loss) / batch size.
     CHECK(weighted_loss_value(c.loss, c.y_pred, c.y_true, torch::ones({6})).item<double>() ==
-          doctest::Approx(keras::detail::loss_value(c.loss, c.y_pred, c.y_true).item<double>()).epsilon(1e-6));
+          doctest::Approx(dettrial::detail::loss_value(c.loss, c.y_pred, c.y_true).item<double>()).epsilon(1e-6));
     const double value = weighted_loss_value(c.loss, c.y_pred, c.y_true, weights).item<double>();
     out.push_back({{"loss", c.name},
                    {"from_logits", c.from_logits},
@@ -322,9 +322,9 @@ TEST_CASE("keras::WeightedSequence: sample and class weights weigh each sample's
                                      .labels = torch::tensor({0, 1, 2, 1}),
                                      .sample_weights = torch::tensor({1.0, 2.0, 3.0, 4.0}),
                                      .class_weight = {{1, 0.5}, {2, 2.0}}};
-  CHECK(torch::equal(keras::detail::combined_weights(both), torch::tensor({1.0f, 1.0f, 6.0f, 2.0f})));
+  CHECK(torch::equal(dettrial::detail::combined_weights(both), torch::tensor({1.0f, 1.0f, 6.0f, 2.0f})));
   CHECK_THROWS_WITH_AS(
-      keras::detail::combined_weights({.data = torch::zeros({4, 2}), .labels = torch::zeros({4}), .sample_weights = torch::ones({3})}),
+      dettrial::detail::combined_weights({.data = torch::zeros({4, 2}), .labels = torch::zeros({4}), .sample_weights = torch::ones({3})}),
       "keras::WeightedSequence has 4 inputs but 3 sample weights", TrialError);
   CHECK_THROWS_WITH_AS(
       weighted_loss_value(L::Custom([](const torch::Tensor& p, const torch::Tensor&) { return p.sum(); }), logits, labels, weights),
@@ -434,21 +434,21 @@ TEST_CASE("Keras's callbacks over eight epochs: ReduceLROnPlateau, EarlyStopping
   CHECK(text.find("3,0.6,0.84,0.61,0.79995\r\n") != std::string::npos);
 
   // Python's float text and str.format, which the file names and rows follow.
-  CHECK(keras::detail::python_float(0.0001) == "0.0001");
-  CHECK(keras::detail::python_float(1e-5) == "1e-05");
-  CHECK(keras::detail::python_float(123456789.0) == "123456789.0");
-  CHECK(keras::detail::python_float(1e16) == "1e+16");
-  CHECK(keras::detail::python_float(-2.5e-7) == "-2.5e-07");
-  CHECK(keras::detail::python_float(0.1 + 0.2) == "0.30000000000000004");
-  CHECK(keras::detail::python_float(std::nan("")) == "nan");
+  CHECK(dettrial::detail::python_float(0.0001) == "0.0001");
+  CHECK(dettrial::detail::python_float(1e-5) == "1e-05");
+  CHECK(dettrial::detail::python_float(123456789.0) == "123456789.0");
+  CHECK(dettrial::detail::python_float(1e16) == "1e+16");
+  CHECK(dettrial::detail::python_float(-2.5e-7) == "-2.5e-07");
+  CHECK(dettrial::detail::python_float(0.1 + 0.2) == "0.30000000000000004");
+  CHECK(dettrial::detail::python_float(std::nan("")) == "nan");
   MetricValues logs;
   logs.set("val_loss", 0.123456);
-  CHECK(keras::detail::python_format("m-{epoch:03d}-{val_loss:.2f}-{val_loss}-{{x}}", 7, logs, "t") == "m-007-0.12-0.123456-{x}");
+  CHECK(dettrial::detail::python_format("m-{epoch:03d}-{val_loss:.2f}-{val_loss}-{{x}}", 7, logs, "t") == "m-007-0.12-0.123456-{x}");
   CHECK_THROWS_WITH_AS(
-      keras::detail::python_format("m-{val_acc:.2f}", 1, logs, "keras::ModelCheckpoint"),
+      dettrial::detail::python_format("m-{val_acc:.2f}", 1, logs, "keras::ModelCheckpoint"),
       doctest::Contains("keras::ModelCheckpoint: cannot format 'm-{val_acc:.2f}': no value named 'val_acc' (there are epoch, val_loss)"),
       ConfigError);
-  CHECK_THROWS_WITH_AS(keras::detail::python_format("{val_loss:d}", 1, logs, "t"), doctest::Contains("Unknown format code 'd'"),
+  CHECK_THROWS_WITH_AS(dettrial::detail::python_format("{val_loss:d}", 1, logs, "t"), doctest::Contains("Unknown format code 'd'"),
                        ConfigError);
 
   // Refusals in Keras's words, or one sentence where Keras would guess.
@@ -702,7 +702,7 @@ TEST_CASE("Keras-style models of several inputs: a list (MultiInputSequence) or 
   check_two_inputs<false>("multi_input_list.json");
   check_two_inputs<true>("multi_input_dict.json");
   // Inputs that disagree with the labels are refused, naming the input.
-  using NamedInputs = keras::detail::InputsDataset<std::map<std::string, torch::Tensor>>;
+  using NamedInputs = dettrial::detail::InputsDataset<std::map<std::string, torch::Tensor>>;
   const std::map<std::string, torch::Tensor> uneven{{"a", torch::zeros({4, 2})}, {"b", torch::zeros({3, 2})}};
   CHECK_THROWS_WITH_AS(NamedInputs(uneven, torch::zeros({4}), "keras::DictInputSequence"),
                        doctest::Contains("keras::DictInputSequence: input 'b' has 3 records but there are 4 labels"), TrialError);

@@ -22,7 +22,7 @@
 // LibTorch before doctest (as the precompiled header has it): Debian's LibTorch brings glog, whose
 // CHECK macro must not be the one the test cases use.
 #include <dettrial/dettrial.hpp>
-#include <dettrial/cli/launcher.hpp>  // free_local_port
+#include <dettrial/cli/detail/launcher.hpp>  // free_local_port
 
 #include <doctest/doctest.h>
 

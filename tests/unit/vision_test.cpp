@@ -219,7 +219,7 @@ TEST_CASE("vision: a JPEG's window decodes to the whole decode's pixels, bit for
           return pick;
         });
         CHECK((asked_height == h && asked_width == w));
-        const Image expected = vision::detail::crop(whole, pick.top, pick.left, pick.height, pick.width);
+        const Image expected = dettrial::detail::crop(whole, pick.top, pick.left, pick.height, pick.width);
         REQUIRE(window.pixels.size() == expected.pixels.size());
         CHECK(window.pixels == expected.pixels);
         ++windows;
@@ -298,7 +298,7 @@ TEST_CASE("vision: reduced_decode decodes a JPEG's window at the DCT scale that 
   // 300 x 400 to keep at least 64 x 64: a quarter (75 x 100) is the smallest scale that does.
   const Image reduced = window_of({.top = 40, .left = 60, .height = 300, .width = 400, .at_least_height = 64, .at_least_width = 64});
   CHECK((reduced.height == 75 && reduced.width == 100));
-  const Image resized = vision::detail::resize_bilinear(vision::detail::crop(whole, 40, 60, 300, 400), 75, 100);
+  const Image resized = dettrial::detail::resize_bilinear(dettrial::detail::crop(whole, 40, 60, 300, 400), 75, 100);
   const auto mean_difference = [](const Image& a, const Image& b) {  // in levels, over every sample
     REQUIRE(a.pixels.size() == b.pixels.size());
     double total = 0;
@@ -327,13 +327,13 @@ TEST_CASE("vision: reduced_decode decodes a JPEG's window at the DCT scale that 
     CHECK(scaled.height == (top + height + d - 1) / d - top / d);
     CHECK(scaled.width == (left + width + d - 1) / d - left / d);
     const Image expected =
-        vision::detail::resize_bilinear(vision::detail::crop(full, top, left, height, width), scaled.height, scaled.width);
+        dettrial::detail::resize_bilinear(dettrial::detail::crop(full, top, left, height, width), scaled.height, scaled.width);
     CHECK(mean_difference(scaled, expected) < 8.0);
   }
   // A window that cannot shrink and keep its size, or asks nothing, is the full decode's, exactly.
   CHECK(window_of({.top = 40, .left = 60, .height = 100, .width = 120, .at_least_height = 64, .at_least_width = 64}).pixels ==
-        vision::detail::crop(whole, 40, 60, 100, 120).pixels);
-  CHECK(window_of({.top = 40, .left = 60, .height = 300, .width = 400}).pixels == vision::detail::crop(whole, 40, 60, 300, 400).pixels);
+        dettrial::detail::crop(whole, 40, 60, 100, 120).pixels);
+  CHECK(window_of({.top = 40, .left = 60, .height = 300, .width = 400}).pixels == dettrial::detail::crop(whole, 40, 60, 300, 400).pixels);
   // In a pipeline: RandomResizedCrop's output is its size either way, and the same for the same record.
   const auto pipeline = vision::Compose(vision::RandomResizedCrop(64, {.reduced_decode = true}), vision::ToFloat{});
   vision::RecordRandom a(3, 0, 1), b(3, 0, 1);
@@ -460,7 +460,7 @@ TEST_CASE("vision: the crops, pads and flips follow torchvision's geometry") {
   auto random = any_random();
   const Image three = image_of(3, 3, 1);  // 0 1 2 / 3 4 5 / 6 7 8
   using M = vision::PaddingMode;
-  const auto padded = [&](M mode) { return rows_of(vision::detail::window(three, -2, -2, 7, 7, mode, 9)); };
+  const auto padded = [&](M mode) { return rows_of(dettrial::detail::window(three, -2, -2, 7, 7, mode, 9)); };
   // torchvision's documented examples, padding [1, 2, 3, 4] by 2 on each side.
   CHECK(padded(M::reflect)[2] == std::vector<int>{2, 1, 0, 1, 2, 1, 0});
   CHECK(padded(M::symmetric)[2] == std::vector<int>{1, 0, 0, 1, 2, 2, 1});
@@ -468,19 +468,19 @@ TEST_CASE("vision: the crops, pads and flips follow torchvision's geometry") {
   CHECK(padded(M::constant)[0] == std::vector<int>(7, 9));
   CHECK(padded(M::constant)[3] == std::vector<int>{9, 9, 3, 4, 5, 9, 9});
   // CenterCrop rounds the offset as Python's round does, half to even: 3 / 2 -> 2, 5 / 2 -> 2, 1 / 2 -> 0.
-  CHECK(vision::detail::round_half(3) == 2);
-  CHECK(vision::detail::round_half(5) == 2);
-  CHECK(vision::detail::round_half(1) == 0);
-  CHECK(vision::detail::round_half(4) == 2);
+  CHECK(dettrial::detail::round_half(3) == 2);
+  CHECK(dettrial::detail::round_half(5) == 2);
+  CHECK(dettrial::detail::round_half(1) == 0);
+  CHECK(dettrial::detail::round_half(4) == 2);
   const Image five = image_of(5, 7, 1);
   CHECK(rows_of(vision::CenterCrop(2)(five, random)) == std::vector<std::vector<int>>{{16, 17}, {23, 24}});
   // Larger than the image: padded with zeros, (4 - 3) // 2 = 0 above and left, the rest below and right.
   CHECK(rows_of(vision::CenterCrop(4)(three, random)) ==
         std::vector<std::vector<int>>{{0, 1, 2, 0}, {3, 4, 5, 0}, {6, 7, 8, 0}, {0, 0, 0, 0}});
   // The shorter side to 20, the longer truncated as torchvision computes it.
-  CHECK(vision::detail::resized_size(29, 37, 20).height == 20);
-  CHECK(vision::detail::resized_size(29, 37, 20).width == 25);
-  CHECK(vision::detail::resized_size(37, 29, 20).height == 25);
+  CHECK(dettrial::detail::resized_size(29, 37, 20).height == 20);
+  CHECK(dettrial::detail::resized_size(29, 37, 20).width == 25);
+  CHECK(dettrial::detail::resized_size(37, 29, 20).height == 25);
   // Every RandomCrop window lies in the padded image, and every position is drawn.
   std::set<std::vector<std::vector<int>>> windows;
   const vision::RandomCrop crop(3, {.padding = {1}, .fill = 9});

@@ -28,7 +28,7 @@
 #include <torch/torch.h>
 
 #include "../layout.hpp"
-#include "../context/access.hpp"
+#include "../context/detail/access.hpp"
 #include "../context/context.hpp"
 #include "../error.hpp"
 #include "../optim/fused.hpp"

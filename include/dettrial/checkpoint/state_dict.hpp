@@ -25,8 +25,8 @@
 #include "../optim/libtorch_layouts.hpp"
 #include "../optim/python_layout.hpp"
 #include "../detail/text.hpp"
-#include "python_pickle.hpp"
-#include "torch_archive.hpp"
+#include "detail/python_pickle.hpp"
+#include "detail/torch_archive.hpp"
 #include "../detail/linkage.hpp"
 
 namespace dettrial::detail {

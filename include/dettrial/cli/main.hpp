@@ -42,7 +42,7 @@
 #include "../trainer/fit_options.hpp"
 #include "../trainer/trainer.hpp"
 #include "command_line.hpp"
-#include "launcher.hpp"
+#include "detail/launcher.hpp"
 #include "run_plan.hpp"
 #include "../detail/linkage.hpp"
 

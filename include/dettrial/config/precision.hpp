@@ -2,7 +2,6 @@
 /// @file
 /// @brief The precision of a trial's forward passes (`optimizations.mixed_precision`).
 #pragma once
-// IWYU pragma: private, include <dettrial/dettrial.hpp>
 
 #include <string>
 

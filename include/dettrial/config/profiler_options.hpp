@@ -3,7 +3,6 @@
 /// @brief What `Context::set_profiler` takes: `torch.profiler.profile`'s activities, schedule and
 /// recording options, and the schedule's action at each step, as `torch.profiler.schedule` decides it.
 #pragma once
-// IWYU pragma: private, include <dettrial/dettrial.hpp>
 
 #include <cstdint>
 #include <string>

@@ -3,7 +3,6 @@
 /// @brief How the training step runs: eagerly, or captured once as a CUDA graph and replayed
 /// (`optimizations.step_capture`, FitOptions::step_capture).
 #pragma once
-// IWYU pragma: private, include <dettrial/dettrial.hpp>
 
 #include <cstdint>
 #include <string>

@@ -24,11 +24,11 @@
 #include "../detail/linkage.hpp"
 #include "../detail/yaml.hpp"
 #include "../optim/clip.hpp"
-#include "../step/training_step.hpp"
+#include "../step/detail/training_step.hpp"
 #include "../tensorboard/event_file.hpp"
 #include "options.hpp"
-#include "registrations.hpp"
-#include "setup.hpp"
+#include "detail/registrations.hpp"
+#include "detail/setup.hpp"
 
 namespace dettrial::detail {
 /// Where the running fit stands: set by the trainer, read through the Context's counters.

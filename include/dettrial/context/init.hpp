@@ -3,7 +3,6 @@
 /// @brief dettrial::init: Determined's `det.pytorch.init()` for a main of one's own (the PyTorch
 /// Trainer API's style): a Context made as a training process's main makes it, in one call.
 #pragma once
-// IWYU pragma: private, include <dettrial/dettrial.hpp>
 
 #include <chrono>
 #include <memory>

@@ -22,7 +22,7 @@
 #include "to_device.hpp"
 #include "../error.hpp"
 #include "collate.hpp"
-#include "prefetch.hpp"
+#include "detail/prefetch.hpp"
 #include "sampler.hpp"
 #include "epoch_order.hpp"
 #include "../detail/linkage.hpp"

@@ -4,7 +4,6 @@
 /// Determined's reproducible shuffle, and a rank's share of an epoch. The chain steps over them
 /// (repeat, distribute, skip as range-v3 views) are in <dettrial/samplers.hpp>.
 #pragma once
-// IWYU pragma: private, include <dettrial/dettrial.hpp>
 
 #include <cstdint>
 #include <functional>
@@ -78,12 +77,12 @@ constexpr std::int64_t distributed_length(std::int64_t length, std::int64_t num_
 
 }  // namespace dettrial::samplers
 
-namespace dettrial::samplers::detail {
+namespace dettrial::detail {
 // The chain's checks, with the sentences samplers::repeat, distribute and skip (and the loader) give.
 DETTRIAL_INLINE void check_batches_per_epoch(std::int64_t batches_per_epoch, const char* who);
 DETTRIAL_INLINE void check_replicas(std::int64_t num_replicas, std::int64_t rank);
 DETTRIAL_INLINE void check_skip(std::int64_t skip);
-}  // namespace dettrial::samplers::detail
+}  // namespace dettrial::detail
 
 // Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
 #if DETTRIAL_HEADER_DEFINITIONS
@@ -113,14 +112,14 @@ DETTRIAL_INLINE torch::Tensor ReproducibleShuffleSampler::operator()(std::int64_
 }
 
 DETTRIAL_INLINE torch::Tensor ReproducibleShuffleSampler::permutation(std::int64_t n, std::uint64_t seed, std::int64_t epoch) {
-  const std::uint64_t mixed = dettrial::detail::mix64(seed ^ (static_cast<std::uint64_t>(epoch) * dettrial::detail::golden_gamma));
+  const std::uint64_t mixed = detail::mix64(seed ^ (static_cast<std::uint64_t>(epoch) * detail::golden_gamma));
   auto generator = at::detail::createCPUGenerator(mixed);
   return torch::randperm(n, generator, torch::TensorOptions().dtype(torch::kLong));
 }
 
 }  // namespace dettrial::samplers
 
-namespace dettrial::samplers::detail {
+namespace dettrial::detail {
 DETTRIAL_INLINE void check_batches_per_epoch(std::int64_t batches_per_epoch, const char* who) {
   if (batches_per_epoch < 1)
     throw DataError(std::string("samplers::") + who + ": an epoch needs at least one batch, not " + std::to_string(batches_per_epoch));
@@ -132,6 +131,6 @@ DETTRIAL_INLINE void check_replicas(std::int64_t num_replicas, std::int64_t rank
 DETTRIAL_INLINE void check_skip(std::int64_t skip) {
   if (skip < 0) throw DataError("samplers::skip: cannot skip a negative number of batches (" + std::to_string(skip) + ")");
 }
-}  // namespace dettrial::samplers::detail
+}  // namespace dettrial::detail
 
 #endif  // DETTRIAL_HEADER_DEFINITIONS

@@ -320,9 +320,9 @@ DETTRIAL_INLINE BatchSlice BatchSampler::global_batch(std::int64_t global) const
 }
 
 DETTRIAL_INLINE void BatchSampler::check_chain(const LoaderChain& chain) const {
-  samplers::detail::check_batches_per_epoch(batches_per_epoch_, chain.repeat ? "repeat" : "one_epoch");
-  samplers::detail::check_replicas(chain.num_replicas, chain.rank);
-  samplers::detail::check_skip(chain.skip);
+  detail::check_batches_per_epoch(batches_per_epoch_, chain.repeat ? "repeat" : "one_epoch");
+  detail::check_replicas(chain.num_replicas, chain.rank);
+  detail::check_skip(chain.skip);
 }
 
 DETTRIAL_INLINE BatchSampler BatchSampler::with_batch_size(std::int64_t batch_size) const {

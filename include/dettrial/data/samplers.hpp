@@ -6,7 +6,6 @@
 /// <dettrial/samplers.hpp>, not by <dettrial/dettrial.hpp>: a trial that does not read them does not
 /// compile range-v3 (the loader reads its chain directly, BatchSampler::chain_batch).
 #pragma once
-// IWYU pragma: private, include <dettrial/samplers.hpp>
 
 #include <concepts>
 #include <cstdint>
@@ -28,7 +27,7 @@
 #include "epoch_order.hpp"
 #include "sampler.hpp"
 
-namespace dettrial::samplers::detail {
+namespace dettrial::detail {
 /// Item `k` of a stream of epochs: `batch_of(k / batches_per_epoch, k % batches_per_epoch)`.
 template <class BatchOf>
 struct EpochBatch {
@@ -65,7 +64,7 @@ struct HeldBatch {
     else return Value(ranges::begin(held)[index]);
   }
 };
-}  // namespace dettrial::samplers::detail
+}  // namespace dettrial::detail
 
 namespace dettrial::samplers {
 /**

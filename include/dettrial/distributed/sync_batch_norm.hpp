@@ -4,7 +4,6 @@
 /// of each channel over the global batch (every rank's share), as PyTorch's SyncBatchNorm computes
 /// them, with the backward pass reducing its two sums across the ranks too.
 #pragma once
-// IWYU pragma: private, include <dettrial/dettrial.hpp>
 
 #include <concepts>
 #include <cstdint>
@@ -53,12 +52,12 @@ TORCH_MODULE(SyncBatchNorm);
 
 }  // namespace dettrial::nn
 
-namespace dettrial::nn::detail {
+namespace dettrial::detail {
 /// Converts the tree below `module` in place (`path`: its name, for errors): see convert_sync_batchnorm.
 DETTRIAL_INLINE void convert_sync_batchnorm_below(torch::nn::Module& module, const std::string& path, Communicator* communicator);
 /// Whether `module` is a BatchNorm1d, 2d or 3d.
 DETTRIAL_INLINE bool is_batch_norm(const torch::nn::Module& module);
-}  // namespace dettrial::nn::detail
+}  // namespace dettrial::detail
 
 namespace dettrial::nn {
 
@@ -97,7 +96,7 @@ M convert_sync_batchnorm(M model, Communicator* communicator) {
 // Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
 #if DETTRIAL_HEADER_DEFINITIONS
 
-namespace dettrial::nn::detail {
+namespace dettrial::detail {
 
 /// Every dimension but the channels' (1): the ones a channel's statistics are taken over.
 inline std::vector<std::int64_t> non_channel_dims(const torch::Tensor& input) {
@@ -172,7 +171,7 @@ struct SyncBatchNormFunction : torch::autograd::Function<SyncBatchNormFunction> 
   }
 };
 
-}  // namespace dettrial::nn::detail
+}  // namespace dettrial::detail
 
 namespace dettrial::nn {
 DETTRIAL_INLINE SyncBatchNormImpl::SyncBatchNormImpl(torch::nn::BatchNormOptions options_, Communicator* communicator_)
@@ -237,14 +236,14 @@ DETTRIAL_INLINE void SyncBatchNormImpl::pretty_print(std::ostream& stream) const
 
 }  // namespace dettrial::nn
 
-namespace dettrial::nn::detail {
+namespace dettrial::detail {
 /// A SyncBatchNorm over `communicator` with the options, parameters, running statistics, mode,
 /// device and dtype of `module`, when it is a `BatchNormImpl`; else null.
 template <class BatchNormImpl>
-SyncBatchNorm sync_copy(const std::shared_ptr<torch::nn::Module>& module, Communicator* communicator) {
+nn::SyncBatchNorm sync_copy(const std::shared_ptr<torch::nn::Module>& module, Communicator* communicator) {
   const auto bn = std::dynamic_pointer_cast<BatchNormImpl>(module);
-  if (!bn) return SyncBatchNorm(nullptr);
-  SyncBatchNorm sync(bn->options, communicator);
+  if (!bn) return nn::SyncBatchNorm(nullptr);
+  nn::SyncBatchNorm sync(bn->options, communicator);
   torch::NoGradGuard no_grad;
   if (bn->options.affine()) {
     sync->weight.copy_(bn->weight);
@@ -263,9 +262,9 @@ SyncBatchNorm sync_copy(const std::shared_ptr<torch::nn::Module>& module, Commun
 }
 
 /// sync_copy for a BatchNorm of any dimension.
-inline SyncBatchNorm sync_copy_of_any(const std::shared_ptr<torch::nn::Module>& module, Communicator* communicator) {
-  if (SyncBatchNorm s = sync_copy<torch::nn::BatchNorm1dImpl>(module, communicator)) return s;
-  if (SyncBatchNorm s = sync_copy<torch::nn::BatchNorm2dImpl>(module, communicator)) return s;
+inline nn::SyncBatchNorm sync_copy_of_any(const std::shared_ptr<torch::nn::Module>& module, Communicator* communicator) {
+  if (nn::SyncBatchNorm s = sync_copy<torch::nn::BatchNorm1dImpl>(module, communicator)) return s;
+  if (nn::SyncBatchNorm s = sync_copy<torch::nn::BatchNorm2dImpl>(module, communicator)) return s;
   return sync_copy<torch::nn::BatchNorm3dImpl>(module, communicator);
 }
 
@@ -282,7 +281,7 @@ DETTRIAL_INLINE void convert_sync_batchnorm_below(torch::nn::Module& module, con
     std::size_t i = 0;
     for (torch::nn::AnyModule& element : *sequential) {
       const std::string& name = names.at(i++);
-      if (SyncBatchNorm sync = sync_copy_of_any(element.ptr(), communicator)) {
+      if (nn::SyncBatchNorm sync = sync_copy_of_any(element.ptr(), communicator)) {
         element = torch::nn::AnyModule(sync);
         sequential->replace_module(name, sync.ptr());
       }
@@ -290,7 +289,7 @@ DETTRIAL_INLINE void convert_sync_batchnorm_below(torch::nn::Module& module, con
   }
   for (const auto& child : module.named_children()) {
     const std::string child_path = path.empty() ? child.key() : path + "." + child.key();
-    if (auto* sync = dynamic_cast<SyncBatchNormImpl*>(child.value().get())) {
+    if (auto* sync = dynamic_cast<nn::SyncBatchNormImpl*>(child.value().get())) {
       sync->communicator = communicator;
       continue;
     }
@@ -301,7 +300,7 @@ DETTRIAL_INLINE void convert_sync_batchnorm_below(torch::nn::Module& module, con
     convert_sync_batchnorm_below(*child.value(), child_path, communicator);
   }
 }
-}  // namespace dettrial::nn::detail
+}  // namespace dettrial::detail
 
 namespace dettrial::nn {
 DETTRIAL_INLINE torch::nn::Sequential convert_sync_batchnorm(const torch::nn::Sequential& model, Communicator* communicator) {

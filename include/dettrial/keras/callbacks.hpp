@@ -26,7 +26,7 @@
 #include "../vocabulary/metrics.hpp"
 #include "../detail/linkage.hpp"
 
-namespace dettrial::keras::detail {
+namespace dettrial::detail {
 
 /**
  * @brief Keras 3's MonitorCallback: which way `monitor` improves (`mode` "min", "max", or "auto":
@@ -74,7 +74,7 @@ DETTRIAL_INLINE std::string python_float(double value);
 /// not in `logs` or a spec outside that is a ConfigError naming the pattern, as Keras's KeyError does.
 DETTRIAL_INLINE std::string python_format(const std::string& pattern, std::int64_t epoch, const MetricValues& logs, const char* who);
 
-}  // namespace dettrial::keras::detail
+}  // namespace dettrial::detail
 
 namespace dettrial::keras {
 /**
@@ -260,7 +260,7 @@ class TerminateOnNaN {
 #include "../checkpoint/state_dict.hpp"
 #include "../detail/atomic_file.hpp"
 
-namespace dettrial::keras::detail {
+namespace dettrial::detail {
 
 DETTRIAL_INLINE Monitor Monitor::make(const char* who, std::string monitor, const std::string& mode, double min_delta) {
   Monitor m{std::move(monitor), MetricOrder{true}, std::abs(min_delta)};
@@ -439,7 +439,7 @@ DETTRIAL_INLINE std::string python_format(const std::string& pattern, std::int64
   return out;
 }
 
-}  // namespace dettrial::keras::detail
+}  // namespace dettrial::detail
 
 namespace dettrial::keras {
 // ---- EarlyStopping -------------------------------------------------------------------------------
@@ -566,7 +566,7 @@ DETTRIAL_INLINE void ModelCheckpoint::on_validation_end(const MetricValues& metr
   if (context_->models().empty()) throw TrialError("keras::ModelCheckpoint: the trial wraps no model to save");
   if (path.has_parent_path()) std::filesystem::create_directories(path.parent_path());
   if (std::filesystem::is_directory(path)) throw TrialError("keras::ModelCheckpoint: give a file path, not a directory: " + path.string());
-  dettrial::detail::write_atomically(path, dettrial::detail::pickle_archive(module_state_dict(*context_->models().front())));
+  detail::write_atomically(path, detail::pickle_archive(module_state_dict(*context_->models().front())));
   saved_.push_back(path);
   if (options_.verbose > 0)
     std::fprintf(stderr, "\nEpoch %lld: finished saving model to %s\n", static_cast<long long>(epoch + 1), path.c_str());

@@ -89,15 +89,15 @@ TORCH_MODULE(CheckpointEach);
 
 #include "../error.hpp"
 
-namespace dettrial::nn::detail::checkpoint {
+namespace dettrial::detail::checkpoint {
 
 /// What the checkpoint keeps between the forward and the backward.
 struct Saved : torch::CustomClassHolder {
-  CheckpointedFunction function;
+  nn::CheckpointedFunction function;
   std::size_t inputs = 0;
   bool with_parameters = false;
   /// The generators (the CPU's and the inputs' CUDA devices') as they were for the first run.
-  ::dettrial::detail::GeneratorStates generators;
+  detail::GeneratorStates generators;
   /// Autocast's state in the first run (none: off), for the run in backward.
   std::optional<at::ScalarType> cpu_autocast, cuda_autocast;
 };
@@ -110,7 +110,7 @@ struct Function : torch::autograd::Function<Function> {
     c10::List<torch::Tensor> parameters;
     for (std::size_t i = saved->inputs; i < tensors.size(); ++i) parameters.push_back(tensors[i]);
     ctx->saved_data["parameters"] = parameters;
-    saved->generators = ::dettrial::detail::GeneratorStates::record(inputs);
+    saved->generators = detail::GeneratorStates::record(inputs);
     saved->cpu_autocast = AutocastGuard::current(torch::kCPU);
     saved->cuda_autocast = AutocastGuard::current(torch::kCUDA);
     std::vector<torch::Tensor> outputs;
@@ -129,7 +129,7 @@ struct Function : torch::autograd::Function<Function> {
     std::vector<torch::Tensor> inputs;
     for (const auto& x : originals) inputs.push_back(x.defined() ? x.detach().requires_grad_(x.requires_grad()) : x);
     // The generators as they were for the first run, and back as they are after this one.
-    const auto now = ::dettrial::detail::GeneratorStates::record(inputs);
+    const auto now = detail::GeneratorStates::record(inputs);
     saved->generators.restore();
     std::vector<torch::Tensor> outputs;
     {
@@ -146,7 +146,7 @@ struct Function : torch::autograd::Function<Function> {
         grads.push_back(grad_outputs[i]);
       }
     torch::autograd::variable_list result{torch::Tensor()};  // for `saved`, which is no tensor
-    if (!saved->with_parameters) {                           // Python's reentrant checkpoint: a backward inside the backward
+    if (!saved->with_parameters) {                           // Python's reentrant nn::checkpoint: a backward inside the backward
       if (!with_grad.empty()) torch::autograd::backward(with_grad, grads);
       for (const auto& x : inputs) result.push_back(x.defined() && x.requires_grad() ? x.grad() : torch::Tensor());
       return result;
@@ -177,7 +177,7 @@ struct Function : torch::autograd::Function<Function> {
   }
 };
 
-}  // namespace dettrial::nn::detail::checkpoint
+}  // namespace dettrial::detail::checkpoint
 
 namespace dettrial::nn {
 DETTRIAL_INLINE std::vector<torch::Tensor> checkpoint(const CheckpointedFunction& function, const std::vector<torch::Tensor>& inputs,
@@ -224,7 +224,7 @@ DETTRIAL_INLINE std::shared_ptr<torch::nn::Module> CheckpointEachImpl::clone(con
   // LibTorch's clone of a block draws its reset()'s initialisation from the random generators;
   // a copy draws nothing (Python's deepcopy), so they are put back after it.
   auto blocks = std::dynamic_pointer_cast<torch::nn::SequentialImpl>(
-      ::dettrial::detail::GeneratorStates::drawing_nothing([&] { return blocks_->clone(device); }));
+      detail::GeneratorStates::drawing_nothing([&] { return blocks_->clone(device); }));
   auto copy = std::make_shared<CheckpointEachImpl>(torch::nn::Sequential(std::move(blocks)));
   // A Sequential's clone starts in training mode: the wrapper's mode (whether it recomputes) and
   // each block's are the original's.

@@ -16,7 +16,7 @@
 #include "../detail/generators.hpp"
 #include "../error.hpp"
 
-namespace dettrial::nn::detail::rebuilt_clone {
+namespace dettrial::detail::rebuilt_clone {
 
 /// `to`'s tensor named `name` takes `from`'s values (on `device` when given) and gradient flag.
 inline void copy_tensor(torch::Tensor& to, const torch::Tensor& from, const std::string& name, const std::string& what,
@@ -28,7 +28,7 @@ inline void copy_tensor(torch::Tensor& to, const torch::Tensor& from, const std:
   if (to.is_leaf()) to.set_requires_grad(from.requires_grad());
 }
 
-}  // namespace dettrial::nn::detail::rebuilt_clone
+}  // namespace dettrial::detail::rebuilt_clone
 
 namespace dettrial::nn {
 
@@ -43,7 +43,7 @@ std::shared_ptr<torch::nn::Module> rebuilt_clone(const torch::nn::Module& origin
                                                  const c10::optional<torch::Device>& device = c10::nullopt) {
   torch::NoGradGuard no_grad;
   const std::string what = original.name();
-  const std::shared_ptr<torch::nn::Module> copy = ::dettrial::detail::GeneratorStates::drawing_nothing(std::forward<Build>(build));
+  const std::shared_ptr<torch::nn::Module> copy = detail::GeneratorStates::drawing_nothing(std::forward<Build>(build));
   auto parameters = copy->named_parameters();
   for (const auto& p : original.named_parameters()) {
     torch::Tensor* to = parameters.find(p.key());

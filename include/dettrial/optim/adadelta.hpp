@@ -211,8 +211,8 @@ DETTRIAL_INLINE void python_layout<Adadelta>::read_option(options_type& o, const
 
 }  // namespace dettrial::optim
 
-namespace dettrial::optim::detail {
-inline const bool adadelta_layout_registered = register_python_layout<Adadelta>();
-}  // namespace dettrial::optim::detail
+namespace dettrial::detail {
+inline const bool adadelta_layout_registered = optim::register_python_layout<optim::Adadelta>();
+}  // namespace dettrial::detail
 
 #endif  // DETTRIAL_HEADER_DEFINITIONS

@@ -140,14 +140,14 @@ using Adamax = SingleTensorOptimizer<AdamaxUpdate>;
 
 }  // namespace dettrial::optim
 
-namespace dettrial::optim::detail {
+namespace dettrial::detail {
 /// Python's layout of NAdam, RAdam and Adamax: each parameter's `step` (a float32 0-dim tensor),
 /// `exp_avg`, `exp_avg_sq` (Adamax's `exp_inf`) and NAdam's `mu_product`; each group's lr, betas (a
 /// tuple), eps, weight_decay, maximize and its own options (less `params`).
 template <class Update>
 struct AdamFamilyLayout {
   using options_type = typename Update::Options;
-  using state_type = AdamFamilyParamState;
+  using state_type = optim::AdamFamilyParamState;
   static constexpr std::string_view name = Update::name;
   static constexpr bool elementwise = true;
   static std::set<std::string> options();
@@ -161,7 +161,7 @@ struct AdamFamilyLayout {
   /// The options every member reads; false when `key` is none of them.
   static bool read_shared_option(options_type& o, const std::string& key, const c10::IValue& v, const std::string& what);
 };
-}  // namespace dettrial::optim::detail
+}  // namespace dettrial::detail
 
 namespace dettrial::optim {
 
@@ -178,12 +178,14 @@ struct python_layout<Adamax> : detail::AdamFamilyLayout<AdamaxUpdate> {};
 #if DETTRIAL_HEADER_DEFINITIONS
 #include <cmath>
 
-namespace dettrial::optim::detail::adam_family {
+namespace dettrial::detail::adam_family {
 
 /// Python's checks shared by the three (their __init__s), one sentence naming the option and value.
 template <class Options>
 void check_common(const char* optimizer, const Options& o, const std::string& where) {
-  const auto invalid = [&](const char* name, double value, const char* rule) { invalid_option(optimizer, where, name, value, rule); };
+  const auto invalid = [&](const char* name, double value, const char* rule) {
+    optim::invalid_option(optimizer, where, name, value, rule);
+  };
   if (!(o.lr() >= 0)) invalid("lr", o.lr(), "at least 0");
   if (!(o.eps() >= 0)) invalid("eps", o.eps(), "at least 0");
   if (!(std::get<0>(o.betas()) >= 0 && std::get<0>(o.betas()) < 1)) invalid("betas[0]", std::get<0>(o.betas()), "in [0, 1)");
@@ -192,8 +194,9 @@ void check_common(const char* optimizer, const Options& o, const std::string& wh
 }
 
 /// A first and second moment shaped like `p` (and NAdam's mu_product, a float32 one).
-DETTRIAL_INLINE std::unique_ptr<AdamFamilyParamState> fresh_state(const torch::Tensor& p, bool mu_product, bool infinity_norm = false) {
-  auto s = std::make_unique<AdamFamilyParamState>();
+DETTRIAL_INLINE std::unique_ptr<optim::AdamFamilyParamState> fresh_state(const torch::Tensor& p, bool mu_product,
+                                                                         bool infinity_norm = false) {
+  auto s = std::make_unique<optim::AdamFamilyParamState>();
   s->infinity_norm(infinity_norm);
   s->exp_avg(torch::zeros_like(p, torch::MemoryFormat::Preserve));
   s->second(torch::zeros_like(p, torch::MemoryFormat::Preserve));
@@ -201,7 +204,7 @@ DETTRIAL_INLINE std::unique_ptr<AdamFamilyParamState> fresh_state(const torch::T
   return s;
 }
 
-}  // namespace dettrial::optim::detail::adam_family
+}  // namespace dettrial::detail::adam_family
 
 namespace dettrial::optim {
 // Options' and state's LibTorch serialization (dettrial's native checkpoints, torch::save).
@@ -387,53 +390,53 @@ DETTRIAL_INLINE void AdamaxUpdate::update(torch::Tensor& param, torch::Tensor gr
 
 }  // namespace dettrial::optim
 
-namespace dettrial::optim::detail {
+namespace dettrial::detail {
 
 template <class Update>
 void AdamFamilyLayout<Update>::write_state(const state_type& s, StateDict& out) {
   // Python keeps the step as a float32 0-dim tensor on the CPU (not capturable).
   out.insert("step", torch::scalar_tensor(static_cast<double>(s.step()), torch::kFloat));
-  python::put(out, "mu_product", s.mu_product());
-  python::put(out, "exp_avg", s.exp_avg());
-  python::put(out, s.infinity_norm() ? "exp_inf" : "exp_avg_sq", s.second());
+  optim::python::put(out, "mu_product", s.mu_product());
+  optim::python::put(out, "exp_avg", s.exp_avg());
+  optim::python::put(out, s.infinity_norm() ? "exp_inf" : "exp_avg_sq", s.second());
 }
 
 template <class Update>
 auto AdamFamilyLayout<Update>::read_family_state(const StateDict& e, const torch::Tensor& p, const char* second, bool mu_product,
                                                  const std::string& what) -> std::unique_ptr<state_type> {
   auto s = std::make_unique<state_type>();
-  s->step(python::step(e, what));
-  s->exp_avg(python::tensor(e, "exp_avg", p, what));
-  s->second(python::tensor(e, second, p, what));
+  s->step(optim::python::step(e, what));
+  s->exp_avg(optim::python::tensor(e, "exp_avg", p, what));
+  s->second(optim::python::tensor(e, second, p, what));
   s->infinity_norm(std::string(second) == "exp_inf");
   if (!s->exp_avg().defined() || !s->second().defined()) throw CheckpointError(what + " lacks exp_avg or " + second);
   if (mu_product) {
     const auto it = e.find("mu_product");
     if (it == e.end()) throw CheckpointError(what + " lacks mu_product (NAdam's)");
-    s->mu_product(torch::scalar_tensor(python::number(it->value(), what + ": 'mu_product'"), torch::kFloat));
+    s->mu_product(torch::scalar_tensor(optim::python::number(it->value(), what + ": 'mu_product'"), torch::kFloat));
   }
   return s;
 }
 
 template <class Update>
 bool AdamFamilyLayout<Update>::read_shared_option(options_type& o, const std::string& key, const c10::IValue& v, const std::string& what) {
-  if (key == "lr") o.lr(python::number(v, what));
-  else if (key == "eps") o.eps(python::number(v, what));
-  else if (key == "weight_decay") o.weight_decay(python::number(v, what));
-  else if (key == "maximize") o.maximize(python::number(v, what) != 0);
-  else if (key == "betas") o.betas(python::pair(v, what));
+  if (key == "lr") o.lr(optim::python::number(v, what));
+  else if (key == "eps") o.eps(optim::python::number(v, what));
+  else if (key == "weight_decay") o.weight_decay(optim::python::number(v, what));
+  else if (key == "maximize") o.maximize(optim::python::number(v, what) != 0);
+  else if (key == "betas") o.betas(optim::python::pair(v, what));
   else return false;
   return true;
 }
 
 // NAdam
 template <>
-inline std::set<std::string> AdamFamilyLayout<NAdamUpdate>::options() {
+inline std::set<std::string> AdamFamilyLayout<optim::NAdamUpdate>::options() {
   return {"lr", "betas", "eps", "weight_decay", "momentum_decay", "decoupled_weight_decay", "maximize"};
 }
 template <>
-inline void AdamFamilyLayout<NAdamUpdate>::write_options(const options_type& o, StateDict& out) {
-  python::put_betas_options(o, out);
+inline void AdamFamilyLayout<optim::NAdamUpdate>::write_options(const options_type& o, StateDict& out) {
+  optim::python::put_betas_options(o, out);
   out.insert("momentum_decay", o.momentum_decay());
   out.insert("decoupled_weight_decay", o.decoupled_weight_decay());
   out.insert("maximize", o.maximize());
@@ -442,26 +445,26 @@ inline void AdamFamilyLayout<NAdamUpdate>::write_options(const options_type& o, 
   out.insert("differentiable", false);
 }
 template <>
-inline void AdamFamilyLayout<NAdamUpdate>::read_option(options_type& o, const std::string& key, const c10::IValue& v,
-                                                       const std::string& what) {
+inline void AdamFamilyLayout<optim::NAdamUpdate>::read_option(options_type& o, const std::string& key, const c10::IValue& v,
+                                                              const std::string& what) {
   if (read_shared_option(o, key, v, what)) return;
-  if (key == "momentum_decay") o.momentum_decay(python::number(v, what));
-  else if (key == "decoupled_weight_decay") o.decoupled_weight_decay(python::number(v, what) != 0);
+  if (key == "momentum_decay") o.momentum_decay(optim::python::number(v, what));
+  else if (key == "decoupled_weight_decay") o.decoupled_weight_decay(optim::python::number(v, what) != 0);
 }
 template <>
-inline auto AdamFamilyLayout<NAdamUpdate>::read_state(const StateDict& e, const torch::Tensor& p, const std::string& what)
+inline auto AdamFamilyLayout<optim::NAdamUpdate>::read_state(const StateDict& e, const torch::Tensor& p, const std::string& what)
     -> std::unique_ptr<state_type> {
   return read_family_state(e, p, "exp_avg_sq", true, what);
 }
 
 // RAdam
 template <>
-inline std::set<std::string> AdamFamilyLayout<RAdamUpdate>::options() {
+inline std::set<std::string> AdamFamilyLayout<optim::RAdamUpdate>::options() {
   return {"lr", "betas", "eps", "weight_decay", "decoupled_weight_decay", "maximize"};
 }
 template <>
-inline void AdamFamilyLayout<RAdamUpdate>::write_options(const options_type& o, StateDict& out) {
-  python::put_betas_options(o, out);
+inline void AdamFamilyLayout<optim::RAdamUpdate>::write_options(const options_type& o, StateDict& out) {
+  optim::python::put_betas_options(o, out);
   out.insert("maximize", o.maximize());
   out.insert("foreach", c10::IValue());
   out.insert("capturable", false);
@@ -469,44 +472,45 @@ inline void AdamFamilyLayout<RAdamUpdate>::write_options(const options_type& o, 
   out.insert("differentiable", false);
 }
 template <>
-inline void AdamFamilyLayout<RAdamUpdate>::read_option(options_type& o, const std::string& key, const c10::IValue& v,
-                                                       const std::string& what) {
+inline void AdamFamilyLayout<optim::RAdamUpdate>::read_option(options_type& o, const std::string& key, const c10::IValue& v,
+                                                              const std::string& what) {
   if (read_shared_option(o, key, v, what)) return;
-  if (key == "decoupled_weight_decay") o.decoupled_weight_decay(python::number(v, what) != 0);
+  if (key == "decoupled_weight_decay") o.decoupled_weight_decay(optim::python::number(v, what) != 0);
 }
 template <>
-inline auto AdamFamilyLayout<RAdamUpdate>::read_state(const StateDict& e, const torch::Tensor& p, const std::string& what)
+inline auto AdamFamilyLayout<optim::RAdamUpdate>::read_state(const StateDict& e, const torch::Tensor& p, const std::string& what)
     -> std::unique_ptr<state_type> {
   return read_family_state(e, p, "exp_avg_sq", false, what);
 }
 
 // Adamax
 template <>
-inline std::set<std::string> AdamFamilyLayout<AdamaxUpdate>::options() {
+inline std::set<std::string> AdamFamilyLayout<optim::AdamaxUpdate>::options() {
   return {"lr", "betas", "eps", "weight_decay", "maximize"};
 }
 template <>
-inline void AdamFamilyLayout<AdamaxUpdate>::write_options(const options_type& o, StateDict& out) {
-  python::put_betas_options(o, out);
+inline void AdamFamilyLayout<optim::AdamaxUpdate>::write_options(const options_type& o, StateDict& out) {
+  optim::python::put_betas_options(o, out);
   out.insert("foreach", c10::IValue());
   out.insert("maximize", o.maximize());
   out.insert("differentiable", false);
   out.insert("capturable", false);
 }
 template <>
-inline void AdamFamilyLayout<AdamaxUpdate>::read_option(options_type& o, const std::string& key, const c10::IValue& v,
-                                                        const std::string& what) {
+inline void AdamFamilyLayout<optim::AdamaxUpdate>::read_option(options_type& o, const std::string& key, const c10::IValue& v,
+                                                               const std::string& what) {
   read_shared_option(o, key, v, what);
 }
 template <>
-inline auto AdamFamilyLayout<AdamaxUpdate>::read_state(const StateDict& e, const torch::Tensor& p, const std::string& what)
+inline auto AdamFamilyLayout<optim::AdamaxUpdate>::read_state(const StateDict& e, const torch::Tensor& p, const std::string& what)
     -> std::unique_ptr<state_type> {
   return read_family_state(e, p, "exp_inf", false, what);
 }
 
-inline const bool adam_family_layouts_registered =
-    register_python_layout<NAdam>() && register_python_layout<RAdam>() && register_python_layout<Adamax>();
+inline const bool adam_family_layouts_registered = optim::register_python_layout<optim::NAdam>() &&
+                                                   optim::register_python_layout<optim::RAdam>() &&
+                                                   optim::register_python_layout<optim::Adamax>();
 
-}  // namespace dettrial::optim::detail
+}  // namespace dettrial::detail
 
 #endif  // DETTRIAL_HEADER_DEFINITIONS

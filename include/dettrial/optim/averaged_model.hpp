@@ -23,7 +23,6 @@
 #include "../detail/generators.hpp"
 #include "../detail/linkage.hpp"
 #include "../error.hpp"
-#include "cyclic_schedulers.hpp"
 #include "running_statistics.hpp"
 #include "scheduler_base.hpp"
 
@@ -114,8 +113,8 @@ class AveragedModel {
 
  private:
   static M drawing_nothing_clone(const M& model) {
-    return M(std::dynamic_pointer_cast<typename M::ContainedType>(
-        dettrial::detail::GeneratorStates::drawing_nothing([&] { return model->clone(); })));
+    return M(
+        std::dynamic_pointer_cast<typename M::ContainedType>(detail::GeneratorStates::drawing_nothing([&] { return model->clone(); })));
   }
 
   M module_;
@@ -170,11 +169,11 @@ struct AveragingSchedule {
 };
 }  // namespace dettrial
 
-namespace dettrial::optim::detail {
+namespace dettrial::detail {
 /// A trial's wrapped average (Context::wrap_averaged_model): the weights, the model they average
 /// and when; the loop calls after_optimizer_step at the end of every update batch.
 struct ScheduledAverage {
-  std::shared_ptr<AveragedWeights> weights;
+  std::shared_ptr<optim::AveragedWeights> weights;
   std::shared_ptr<torch::nn::Module> source;
   AveragingSchedule schedule;
 
@@ -186,15 +185,15 @@ struct ScheduledAverage {
     if (step <= schedule.warmup_steps) weights->restart();
   }
 };
-}  // namespace dettrial::optim::detail
+}  // namespace dettrial::detail
 
-namespace dettrial::optim::detail::averaging {
+namespace dettrial::detail::averaging {
 /// A BatchNorm layer's momentum (c10::optional before LibTorch 2.x, std::optional after).
 using Momentum = std::decay_t<decltype(std::declval<torch::nn::BatchNormOptions&>().momentum())>;
 /// Every BatchNorm layer of `model`: with no `momenta`, running statistics reset and momentum none
 /// (a cumulative average); else the momenta given back. Returns their momenta before.
 DETTRIAL_INLINE std::vector<Momentum> set_batch_norm_momenta(torch::nn::Module& model, const std::vector<Momentum>* momenta);
-}  // namespace dettrial::optim::detail::averaging
+}  // namespace dettrial::detail::averaging
 
 namespace dettrial::optim {
 /**
@@ -310,7 +309,7 @@ DETTRIAL_INLINE SWALR::SWALR(torch::optim::Optimizer& optimizer, const PerGroup&
                              AnnealStrategy anneal_strategy)
     : EpochLRScheduler(optimizer, "SWALR"), anneal_epochs_(anneal_epochs), anneal_(anneal_strategy) {
   if (anneal_epochs < 0) invalid("anneal_epochs", "at least 0", std::to_string(anneal_epochs));
-  swa_lrs_ = detail::cyclic::per_group("SWALR", "swa_lr", swa_lr, optimizer);
+  swa_lrs_ = detail::scheduler_base::per_group("SWALR", "swa_lr", swa_lr, optimizer);
   step();  // Python's constructor steps once
 }
 
@@ -355,7 +354,7 @@ DETTRIAL_INLINE void SWALR::save(torch::serialize::OutputArchive& archive) const
 }
 
 DETTRIAL_INLINE void SWALR::load(torch::serialize::InputArchive& archive) {
-  const std::string anneal = detail::cyclic::text_of(archived(archive, "anneal_strategy"), archive_owner() + ": 'anneal_strategy'");
+  const std::string anneal = detail::scheduler_base::text_of(archived(archive, "anneal_strategy"), archive_owner() + ": 'anneal_strategy'");
   if (anneal != "cos" && anneal != "linear")
     throw CheckpointError(archive_owner() + ": anneal_strategy '" + anneal + "' is not cos or linear");
   load_fields(*this, archive, fields());
@@ -373,7 +372,7 @@ DETTRIAL_INLINE void SWALR::load_python_state(const c10::impl::GenericDict& in, 
   const auto epochs = in.find("anneal_epochs");
   if (strategy == in.end() || epochs == in.end())
     throw CheckpointError(what + " has no '_anneal_strategy' or 'anneal_epochs': it is not Python's SWALR state");
-  const std::string anneal = detail::cyclic::text_of(strategy->value(), what + ": _anneal_strategy");
+  const std::string anneal = detail::scheduler_base::text_of(strategy->value(), what + ": _anneal_strategy");
   if (anneal != "cos" && anneal != "linear") throw CheckpointError(what + ": _anneal_strategy '" + anneal + "' is not cos or linear");
   const std::int64_t anneal_epochs = python::count(epochs->value(), what + ": anneal_epochs", 0);
   load_python_common(in, {"_anneal_strategy", "anneal_epochs"}, what);
@@ -397,7 +396,7 @@ DETTRIAL_INLINE void SWALR::load_python_param_group(std::size_t group, const c10
 
 }  // namespace dettrial::optim
 
-namespace dettrial::optim::detail::averaging {
+namespace dettrial::detail::averaging {
 
 /// Calls f with every BatchNorm layer's options and its reset, whatever its dimension (and those of
 /// dettrial's layers with BatchNorm's statistics: RunningStatistics).
@@ -407,7 +406,7 @@ void for_each_batch_norm(torch::nn::Module& model, F&& f) {
     if (auto* bn = dynamic_cast<torch::nn::BatchNorm1dImpl*>(m.get())) f(bn->options, [bn] { bn->reset_running_stats(); });
     else if (auto* bn2 = dynamic_cast<torch::nn::BatchNorm2dImpl*>(m.get())) f(bn2->options, [bn2] { bn2->reset_running_stats(); });
     else if (auto* bn3 = dynamic_cast<torch::nn::BatchNorm3dImpl*>(m.get())) f(bn3->options, [bn3] { bn3->reset_running_stats(); });
-    else if (auto* other = dynamic_cast<RunningStatistics*>(m.get()))
+    else if (auto* other = dynamic_cast<optim::RunningStatistics*>(m.get()))
       f(other->batch_norm_options(), [other] { other->reset_running_stats(); });
   }
 }
@@ -427,6 +426,6 @@ DETTRIAL_INLINE std::vector<Momentum> set_batch_norm_momenta(torch::nn::Module& 
   return before;
 }
 
-}  // namespace dettrial::optim::detail::averaging
+}  // namespace dettrial::detail::averaging
 
 #endif  // DETTRIAL_HEADER_DEFINITIONS

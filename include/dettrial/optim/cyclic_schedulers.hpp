@@ -23,15 +23,9 @@
 
 namespace dettrial::optim {
 
-/// One value for every parameter group, or one per group (Python's float-or-list arguments).
-using PerGroup = std::variant<double, std::vector<double>>;
-
 /// What the cycling schedulers set besides the learning rate: Python's `group["momentum"]` (SGD,
 /// RMSprop) or `group["betas"][0]` (Adam, AdamW), by the optimizer's type, chosen once.
 enum class CycledMomentum { none, sgd, rmsprop, adam, adamw };
-
-/// How OneCycleLR moves between two values (Python's `anneal_strategy`).
-enum class AnnealStrategy { cos, linear };
 
 /// Python's `OneCycleLR` keyword arguments, with Python's defaults.
 struct OneCycleLROptions {
@@ -193,17 +187,6 @@ class CyclicLR : public EpochLRScheduler {
 
 }  // namespace dettrial::optim
 
-// Shared with SWALR (averaged_model.hpp).
-namespace dettrial::optim::detail::cyclic {
-
-/// Python's _format_param: one value per group, from one for all or a list of exactly one per group.
-DETTRIAL_INLINE std::vector<double> per_group(const char* scheduler, const char* name, const PerGroup& value,
-                                              const torch::optim::Optimizer& optimizer);
-/// The entry `key` of dettrial's archive or Python's dict, as text.
-DETTRIAL_INLINE std::string text_of(const c10::IValue& v, const std::string& what);
-
-}  // namespace dettrial::optim::detail::cyclic
-
 // Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
 #if DETTRIAL_HEADER_DEFINITIONS
 #include <cmath>
@@ -212,66 +195,50 @@ DETTRIAL_INLINE std::string text_of(const c10::IValue& v, const std::string& wha
 
 #include "../error.hpp"
 
-namespace dettrial::optim::detail::cyclic {
-
-DETTRIAL_INLINE std::vector<double> per_group(const char* scheduler, const char* name, const PerGroup& value,
-                                              const torch::optim::Optimizer& optimizer) {
-  const std::size_t groups = optimizer.param_groups().size();
-  if (const auto* one = std::get_if<double>(&value)) return std::vector<double>(groups, *one);
-  const auto& each = std::get<std::vector<double>>(value);
-  if (each.size() != groups)
-    throw ConfigError(std::string("dettrial::optim::") + scheduler + ": " + name + " must have one value per parameter group (" +
-                      std::to_string(groups) + "), not " + std::to_string(each.size()));
-  return each;
-}
+namespace dettrial::detail::cyclic {
 
 /// Which momentum the optimizer has (Python: "momentum" or "betas" in its defaults); cycling a
 /// momentum on an optimizer with neither is a ConfigError, as in Python.
-DETTRIAL_INLINE CycledMomentum cycled_momentum(const char* scheduler, torch::optim::Optimizer& optimizer) {
+DETTRIAL_INLINE optim::CycledMomentum cycled_momentum(const char* scheduler, torch::optim::Optimizer& optimizer) {
   auto& defaults = optimizer.defaults();
-  if (dynamic_cast<torch::optim::SGDOptions*>(&defaults)) return CycledMomentum::sgd;
-  if (dynamic_cast<torch::optim::RMSpropOptions*>(&defaults)) return CycledMomentum::rmsprop;
-  if (dynamic_cast<torch::optim::AdamWOptions*>(&defaults)) return CycledMomentum::adamw;
-  if (dynamic_cast<torch::optim::AdamOptions*>(&defaults)) return CycledMomentum::adam;
+  if (dynamic_cast<torch::optim::SGDOptions*>(&defaults)) return optim::CycledMomentum::sgd;
+  if (dynamic_cast<torch::optim::RMSpropOptions*>(&defaults)) return optim::CycledMomentum::rmsprop;
+  if (dynamic_cast<torch::optim::AdamWOptions*>(&defaults)) return optim::CycledMomentum::adamw;
+  if (dynamic_cast<torch::optim::AdamOptions*>(&defaults)) return optim::CycledMomentum::adam;
   throw ConfigError(std::string("dettrial::optim::") + scheduler +
                     ": cycle_momentum needs an optimizer with a momentum (SGD, RMSprop) or beta1 (Adam, AdamW); pass "
                     "cycle_momentum = false for this one");
 }
 
-DETTRIAL_INLINE bool uses_beta1(CycledMomentum m) { return m == CycledMomentum::adam || m == CycledMomentum::adamw; }
+DETTRIAL_INLINE bool uses_beta1(optim::CycledMomentum m) { return m == optim::CycledMomentum::adam || m == optim::CycledMomentum::adamw; }
 
 /// Sets Python's group["momentum"] or group["betas"][0].
-DETTRIAL_INLINE void set_momentum(CycledMomentum kind, torch::optim::OptimizerOptions& options, double momentum) {
+DETTRIAL_INLINE void set_momentum(optim::CycledMomentum kind, torch::optim::OptimizerOptions& options, double momentum) {
   switch (kind) {
-    case CycledMomentum::sgd: static_cast<torch::optim::SGDOptions&>(options).momentum(momentum); break;
-    case CycledMomentum::rmsprop: static_cast<torch::optim::RMSpropOptions&>(options).momentum(momentum); break;
-    case CycledMomentum::adam: {
+    case optim::CycledMomentum::sgd: static_cast<torch::optim::SGDOptions&>(options).momentum(momentum); break;
+    case optim::CycledMomentum::rmsprop: static_cast<torch::optim::RMSpropOptions&>(options).momentum(momentum); break;
+    case optim::CycledMomentum::adam: {
       auto& adam = static_cast<torch::optim::AdamOptions&>(options);
       adam.betas({momentum, std::get<1>(adam.betas())});
       break;
     }
-    case CycledMomentum::adamw: {
+    case optim::CycledMomentum::adamw: {
       auto& adamw = static_cast<torch::optim::AdamWOptions&>(options);
       adamw.betas({momentum, std::get<1>(adamw.betas())});
       break;
     }
-    case CycledMomentum::none: break;
+    case optim::CycledMomentum::none: break;
   }
 }
 
 /// Python's annealing functions, term for term.
-DETTRIAL_INLINE double anneal(AnnealStrategy strategy, double start, double end, double pct) {
-  if (strategy == AnnealStrategy::linear) return (end - start) * pct + start;
+DETTRIAL_INLINE double anneal(optim::AnnealStrategy strategy, double start, double end, double pct) {
+  if (strategy == optim::AnnealStrategy::linear) return (end - start) * pct + start;
   const double cos_out = std::cos(std::numbers::pi * pct) + 1;
   return end + (start - end) / 2.0 * cos_out;
 }
 
-DETTRIAL_INLINE std::string text_of(const c10::IValue& v, const std::string& what) {
-  if (!v.isString()) throw CheckpointError(what + " is not a string");
-  return v.toStringRef();
-}
-
-}  // namespace dettrial::optim::detail::cyclic
+}  // namespace dettrial::detail::cyclic
 
 namespace dettrial::optim {
 // ------------------------------------------------------------------------------------------------
@@ -289,9 +256,9 @@ DETTRIAL_INLINE OneCycleLR::OneCycleLR(torch::optim::Optimizer& optimizer, const
   } else {
     invalid("total_steps", "given (or epochs and steps_per_epoch)", "missing");
   }
-  if (!(o.pct_start >= 0 && o.pct_start <= 1)) invalid("pct_start", "in [0, 1]", dettrial::detail::number_text(o.pct_start));
-  if (!(o.div_factor > 0)) invalid("div_factor", "positive", dettrial::detail::number_text(o.div_factor));
-  if (!(o.final_div_factor > 0)) invalid("final_div_factor", "positive", dettrial::detail::number_text(o.final_div_factor));
+  if (!(o.pct_start >= 0 && o.pct_start <= 1)) invalid("pct_start", "in [0, 1]", detail::number_text(o.pct_start));
+  if (!(o.div_factor > 0)) invalid("div_factor", "positive", detail::number_text(o.div_factor));
+  if (!(o.final_div_factor > 0)) invalid("final_div_factor", "positive", detail::number_text(o.final_div_factor));
   const double total = static_cast<double>(total_steps_);
   using G = GroupValue;
   const Phase up{o.pct_start * total - 1, false, G::initial_lr, G::max_lr, G::max_momentum, G::base_momentum};
@@ -300,17 +267,17 @@ DETTRIAL_INLINE OneCycleLR::OneCycleLR(torch::optim::Optimizer& optimizer, const
                {2 * o.pct_start * total - 2, false, G::max_lr, G::initial_lr, G::base_momentum, G::max_momentum},
                {total - 1, true, G::initial_lr, G::min_lr, G::max_momentum, G::max_momentum}};
   else phases_ = {up, {total - 1, true, G::max_lr, G::min_lr, G::base_momentum, G::max_momentum}};
-  max_lrs_ = detail::cyclic::per_group("OneCycleLR", "max_lr", o.max_lr, optimizer);
+  max_lrs_ = detail::scheduler_base::per_group("OneCycleLR", "max_lr", o.max_lr, optimizer);
   for (const double m : max_lrs_)
-    if (!(m > 0)) invalid("max_lr", "positive (is it set?)", dettrial::detail::number_text(m));
+    if (!(m > 0)) invalid("max_lr", "positive (is it set?)", detail::number_text(m));
   for (std::size_t i = 0; i < max_lrs_.size(); ++i) {
     base_lrs_[i] = max_lrs_[i] / o.div_factor;  // Python's group["initial_lr"]
     min_lrs_.push_back(base_lrs_[i] / o.final_div_factor);
   }
   if (cycle_momentum_) {
     momentum_ = detail::cyclic::cycled_momentum("OneCycleLR", optimizer);
-    max_momentums_ = detail::cyclic::per_group("OneCycleLR", "max_momentum", o.max_momentum, optimizer);
-    base_momentums_ = detail::cyclic::per_group("OneCycleLR", "base_momentum", o.base_momentum, optimizer);
+    max_momentums_ = detail::scheduler_base::per_group("OneCycleLR", "max_momentum", o.max_momentum, optimizer);
+    base_momentums_ = detail::scheduler_base::per_group("OneCycleLR", "base_momentum", o.base_momentum, optimizer);
   }
   step();  // Python's constructor steps once: step 0 of the cycle
 }
@@ -373,7 +340,7 @@ DETTRIAL_INLINE void OneCycleLR::save(torch::serialize::OutputArchive& archive) 
 }
 
 DETTRIAL_INLINE void OneCycleLR::load(torch::serialize::InputArchive& archive) {
-  const std::string anneal = detail::cyclic::text_of(archived(archive, "anneal_strategy"), archive_owner() + ": 'anneal_strategy'");
+  const std::string anneal = detail::scheduler_base::text_of(archived(archive, "anneal_strategy"), archive_owner() + ": 'anneal_strategy'");
   if (anneal != "cos" && anneal != "linear")
     throw CheckpointError(archive_owner() + ": anneal_strategy '" + anneal + "' is not cos or linear");
   const std::vector<double> ends = python::numbers(archived(archive, "phase_ends"), archive_owner() + ": 'phase_ends'");
@@ -419,7 +386,8 @@ DETTRIAL_INLINE std::vector<OneCycleLR::Phase> OneCycleLR::python_phases(const c
     const auto d = entry.toGenericDict();
     const auto value = [&](const char* key) {
       const auto it = d.find(key);
-      const std::string name = it == d.end() ? std::string("(none)") : detail::cyclic::text_of(it->value(), what + ": a phase's " + key);
+      const std::string name =
+          it == d.end() ? std::string("(none)") : detail::scheduler_base::text_of(it->value(), what + ": a phase's " + key);
       const auto known = values.find(name);
       if (known == values.end())
         throw CheckpointError(what + ": a phase's " + key + " is '" + name + "', not a group value OneCycleLR has");
@@ -443,7 +411,7 @@ DETTRIAL_INLINE void OneCycleLR::load_python_state(const c10::impl::GenericDict&
   // Read and checked before anything is changed.
   const std::int64_t total_steps = python::count(entry("total_steps"), what + ": total_steps", 1);
   std::vector<Phase> phases = python_phases(entry("_schedule_phases"), what);
-  const std::string anneal = detail::cyclic::text_of(entry("_anneal_func_type"), what + ": _anneal_func_type");
+  const std::string anneal = detail::scheduler_base::text_of(entry("_anneal_func_type"), what + ": _anneal_func_type");
   if (anneal != "cos" && anneal != "linear") throw CheckpointError(what + ": _anneal_func_type '" + anneal + "' is not cos or linear");
   const bool cycle_momentum = python::number(entry("cycle_momentum"), what + ": cycle_momentum") != 0;
   if (cycle_momentum != cycle_momentum_)
@@ -497,21 +465,21 @@ DETTRIAL_INLINE CyclicLR::CyclicLR(torch::optim::Optimizer& optimizer, CyclicLRO
       scale_fn_(std::move(o.scale_fn)),
       scale_mode_(o.scale_mode),
       cycle_momentum_(o.cycle_momentum) {
-  if (!(o.step_size_up > 0)) invalid("step_size_up", "positive", dettrial::detail::number_text(o.step_size_up));
+  if (!(o.step_size_up > 0)) invalid("step_size_up", "positive", detail::number_text(o.step_size_up));
   const double down = o.step_size_down.value_or(o.step_size_up);
-  if (!(down >= 0)) invalid("step_size_down", "at least 0", dettrial::detail::number_text(down));
-  base_lrs_ = detail::cyclic::per_group("CyclicLR", "base_lr", o.base_lr, optimizer);
-  max_lrs_ = detail::cyclic::per_group("CyclicLR", "max_lr", o.max_lr, optimizer);
+  if (!(down >= 0)) invalid("step_size_down", "at least 0", detail::number_text(down));
+  base_lrs_ = detail::scheduler_base::per_group("CyclicLR", "base_lr", o.base_lr, optimizer);
+  max_lrs_ = detail::scheduler_base::per_group("CyclicLR", "max_lr", o.max_lr, optimizer);
   for (const double m : max_lrs_)
-    if (!(m > 0)) invalid("max_lr", "positive (is it set?)", dettrial::detail::number_text(m));
+    if (!(m > 0)) invalid("max_lr", "positive (is it set?)", detail::number_text(m));
   total_size_ = o.step_size_up + down;
   step_ratio_ = o.step_size_up / total_size_;
   // Python's _init_scale_fn: a built-in mode chooses its own scale mode.
   if (!scale_fn_) scale_mode_ = mode_ == CyclicMode::exp_range ? ScaleMode::iterations : ScaleMode::cycle;
   if (cycle_momentum_) {
     momentum_ = detail::cyclic::cycled_momentum("CyclicLR", optimizer);
-    base_momentums_ = detail::cyclic::per_group("CyclicLR", "base_momentum", o.base_momentum, optimizer);
-    max_momentums_ = detail::cyclic::per_group("CyclicLR", "max_momentum", o.max_momentum, optimizer);
+    base_momentums_ = detail::scheduler_base::per_group("CyclicLR", "base_momentum", o.base_momentum, optimizer);
+    max_momentums_ = detail::scheduler_base::per_group("CyclicLR", "max_momentum", o.max_momentum, optimizer);
   }
   step();  // Python's constructor steps once: the rates at base_lr, the momentum at max_momentum
 }
@@ -559,22 +527,22 @@ DETTRIAL_INLINE void CyclicLR::restart_at_milestone() {
 
 }  // namespace dettrial::optim
 
-namespace dettrial::optim::detail::cyclic {
-DETTRIAL_INLINE const char* mode_name(CyclicMode m) {
-  return m == CyclicMode::triangular ? "triangular" : m == CyclicMode::triangular2 ? "triangular2" : "exp_range";
+namespace dettrial::detail::cyclic {
+DETTRIAL_INLINE const char* mode_name(optim::CyclicMode m) {
+  return m == optim::CyclicMode::triangular ? "triangular" : m == optim::CyclicMode::triangular2 ? "triangular2" : "exp_range";
 }
-DETTRIAL_INLINE CyclicMode mode_named(const std::string& name, const std::string& what) {
-  if (name == "triangular") return CyclicMode::triangular;
-  if (name == "triangular2") return CyclicMode::triangular2;
-  if (name == "exp_range") return CyclicMode::exp_range;
+DETTRIAL_INLINE optim::CyclicMode mode_named(const std::string& name, const std::string& what) {
+  if (name == "triangular") return optim::CyclicMode::triangular;
+  if (name == "triangular2") return optim::CyclicMode::triangular2;
+  if (name == "exp_range") return optim::CyclicMode::exp_range;
   throw CheckpointError(what + ": mode '" + name + "' is not triangular, triangular2 or exp_range");
 }
-DETTRIAL_INLINE ScaleMode scale_mode_named(const std::string& name, const std::string& what) {
-  if (name == "cycle") return ScaleMode::cycle;
-  if (name == "iterations") return ScaleMode::iterations;
+DETTRIAL_INLINE optim::ScaleMode scale_mode_named(const std::string& name, const std::string& what) {
+  if (name == "cycle") return optim::ScaleMode::cycle;
+  if (name == "iterations") return optim::ScaleMode::iterations;
   throw CheckpointError(what + ": scale_mode '" + name + "' is not cycle or iterations");
 }
-}  // namespace dettrial::optim::detail::cyclic
+}  // namespace dettrial::detail::cyclic
 
 namespace dettrial::optim {
 DETTRIAL_INLINE void CyclicLR::save(torch::serialize::OutputArchive& archive) const {
@@ -585,9 +553,9 @@ DETTRIAL_INLINE void CyclicLR::save(torch::serialize::OutputArchive& archive) co
 
 DETTRIAL_INLINE void CyclicLR::load(torch::serialize::InputArchive& archive) {
   const std::string owner = archive_owner();
-  const CyclicMode mode = detail::cyclic::mode_named(detail::cyclic::text_of(archived(archive, "mode"), owner + ": 'mode'"), owner);
+  const CyclicMode mode = detail::cyclic::mode_named(detail::scheduler_base::text_of(archived(archive, "mode"), owner + ": 'mode'"), owner);
   const ScaleMode scale_mode =
-      detail::cyclic::scale_mode_named(detail::cyclic::text_of(archived(archive, "scale_mode"), owner + ": 'scale_mode'"), owner);
+      detail::cyclic::scale_mode_named(detail::scheduler_base::text_of(archived(archive, "scale_mode"), owner + ": 'scale_mode'"), owner);
   load_fields(*this, archive, fields());
   mode_ = mode;
   scale_mode_ = scale_mode;
@@ -631,9 +599,10 @@ DETTRIAL_INLINE void CyclicLR::load_python_state(const c10::impl::GenericDict& i
   std::vector<double> max_lrs = per_group("max_lrs");
   const double total_size = python::number(entry("total_size"), what + ": total_size");
   const double step_ratio = python::number(entry("step_ratio"), what + ": step_ratio");
-  const CyclicMode mode = detail::cyclic::mode_named(detail::cyclic::text_of(entry("mode"), what + ": mode"), what);
+  const CyclicMode mode = detail::cyclic::mode_named(detail::scheduler_base::text_of(entry("mode"), what + ": mode"), what);
   const double gamma = python::number(entry("gamma"), what + ": gamma");
-  ScaleMode scale_mode = detail::cyclic::scale_mode_named(detail::cyclic::text_of(entry("scale_mode"), what + ": scale_mode"), what);
+  ScaleMode scale_mode =
+      detail::cyclic::scale_mode_named(detail::scheduler_base::text_of(entry("scale_mode"), what + ": scale_mode"), what);
   const bool cycle_momentum = python::number(entry("cycle_momentum"), what + ": cycle_momentum") != 0;
   if (cycle_momentum != cycle_momentum_)
     throw CheckpointError(what + " has cycle_momentum " + (cycle_momentum ? "True" : "False") + ", the trial's CyclicLR " +

@@ -301,9 +301,7 @@ class FusedAdamBase : public Base, public optim::CapturableOptimizer {
   }
 
   using Key = typename std::decay_t<decltype(std::declval<Base&>().state())>::key_type;
-  static Key key(const torch::Tensor& p) {
-    return dettrial::detail::optimizer_state_key<std::decay_t<decltype(std::declval<Base&>().state())>>(p);
-  }
+  static Key key(const torch::Tensor& p) { return detail::optimizer_state_key<std::decay_t<decltype(std::declval<Base&>().state())>>(p); }
 
   State& state_of(const torch::Tensor& p, const Options& o) {
     const Key k = key(p);
@@ -370,9 +368,9 @@ class FusedAdamBase : public Base, public optim::CapturableOptimizer {
 namespace dettrial::optim {
 
 /// Adam (LibTorch's options and state) stepped with a device-resident learning rate and step count.
-using FusedAdam = dettrial::detail::FusedAdamBase<torch::optim::Adam, torch::optim::AdamOptions, torch::optim::AdamParamState, false>;
+using FusedAdam = detail::FusedAdamBase<torch::optim::Adam, torch::optim::AdamOptions, torch::optim::AdamParamState, false>;
 /// AdamW (decoupled weight decay) stepped with a device-resident learning rate and step count.
-using FusedAdamW = dettrial::detail::FusedAdamBase<torch::optim::AdamW, torch::optim::AdamWOptions, torch::optim::AdamWParamState, true>;
+using FusedAdamW = detail::FusedAdamBase<torch::optim::AdamW, torch::optim::AdamWOptions, torch::optim::AdamWParamState, true>;
 
 }  // namespace dettrial::optim
 
@@ -437,7 +435,7 @@ DETTRIAL_INLINE torch::Tensor FusedSGD::step_with(LossClosure closure, const std
 DETTRIAL_INLINE void FusedSGD::run_buckets(const std::vector<torch::Tensor>& params, const std::vector<torch::Tensor>& bufs,
                                            const torch::optim::SGDOptions& o, const torch::Tensor& lr, bool first,
                                            const std::optional<torch::Tensor>& found_inf) {
-  dettrial::detail::for_each_bucket(params, [&](const std::vector<std::size_t>& idx) {
+  detail::for_each_bucket(params, [&](const std::vector<std::size_t>& idx) {
     std::vector<torch::Tensor> ps, grads, bs;
     ps.reserve(idx.size());
     grads.reserve(idx.size());
@@ -451,12 +449,12 @@ DETTRIAL_INLINE void FusedSGD::run_buckets(const std::vector<torch::Tensor>& par
 }
 
 DETTRIAL_INLINE bool FusedSGD::has_buffer(const torch::Tensor& p) {
-  const auto it = state().find(dettrial::detail::optimizer_state_key<std::decay_t<decltype(state())>>(p));
+  const auto it = state().find(detail::optimizer_state_key<std::decay_t<decltype(state())>>(p));
   return it != state().end() && static_cast<torch::optim::SGDParamState&>(*it->second).momentum_buffer().defined();
 }
 
 DETTRIAL_INLINE torch::Tensor FusedSGD::buffer(const torch::Tensor& p, bool fresh) {
-  const auto key = dettrial::detail::optimizer_state_key<std::decay_t<decltype(state())>>(p);
+  const auto key = detail::optimizer_state_key<std::decay_t<decltype(state())>>(p);
   if (fresh) {
     if (capturing()) throw_new_state("a momentum buffer");
     auto s = std::make_unique<torch::optim::SGDParamState>();

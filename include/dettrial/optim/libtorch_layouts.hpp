@@ -35,7 +35,7 @@ struct python_layout<torch::optim::SGD> {
 
 }  // namespace dettrial::optim
 
-namespace dettrial::optim::detail {
+namespace dettrial::detail {
 /// Adam and AdamW: the same state (step, exp_avg, exp_avg_sq, max_exp_avg_sq) and options under
 /// the same names; `decoupled` is the flag Python's Adam carries since 2.6 to say which it is.
 template <class Options, class State, bool Decoupled>
@@ -48,34 +48,34 @@ struct AdamLayout {
   // into Adam would otherwise step as Adam with L2 weight decay.
   static std::map<std::string, bool> fixed_flags() { return {{"maximize", false}, {"decoupled_weight_decay", Decoupled}}; }
   static void write_options(const options_type& o, StateDict& out) {
-    python::put_betas_options(o, out);
+    optim::python::put_betas_options(o, out);
     out.insert("amsgrad", o.amsgrad());
     out.insert("maximize", false);
   }
   static void read_option(options_type& o, const std::string& key, const c10::IValue& v, const std::string& what) {
-    if (key == "lr") o.lr(python::number(v, what));
-    else if (key == "eps") o.eps(python::number(v, what));
-    else if (key == "weight_decay") o.weight_decay(python::number(v, what));
-    else if (key == "amsgrad") o.amsgrad(python::number(v, what) != 0);
-    else if (key == "betas") o.betas(python::pair(v, what));
+    if (key == "lr") o.lr(optim::python::number(v, what));
+    else if (key == "eps") o.eps(optim::python::number(v, what));
+    else if (key == "weight_decay") o.weight_decay(optim::python::number(v, what));
+    else if (key == "amsgrad") o.amsgrad(optim::python::number(v, what) != 0);
+    else if (key == "betas") o.betas(optim::python::pair(v, what));
   }
   static void write_state(const state_type& s, StateDict& out) {
-    out.insert("step", python::step_tensor(static_cast<double>(s.step())));
-    python::put(out, "exp_avg", s.exp_avg());
-    python::put(out, "exp_avg_sq", s.exp_avg_sq());
-    python::put(out, "max_exp_avg_sq", s.max_exp_avg_sq());
+    out.insert("step", optim::python::step_tensor(static_cast<double>(s.step())));
+    optim::python::put(out, "exp_avg", s.exp_avg());
+    optim::python::put(out, "exp_avg_sq", s.exp_avg_sq());
+    optim::python::put(out, "max_exp_avg_sq", s.max_exp_avg_sq());
   }
   static std::unique_ptr<state_type> read_state(const StateDict& e, const torch::Tensor& p, const std::string& what) {
     auto s = std::make_unique<state_type>();
-    s->step(python::step(e, what));
-    s->exp_avg(python::tensor(e, "exp_avg", p, what));
-    s->exp_avg_sq(python::tensor(e, "exp_avg_sq", p, what));
-    s->max_exp_avg_sq(python::tensor(e, "max_exp_avg_sq", p, what));
+    s->step(optim::python::step(e, what));
+    s->exp_avg(optim::python::tensor(e, "exp_avg", p, what));
+    s->exp_avg_sq(optim::python::tensor(e, "exp_avg_sq", p, what));
+    s->max_exp_avg_sq(optim::python::tensor(e, "max_exp_avg_sq", p, what));
     if (!s->exp_avg().defined() || !s->exp_avg_sq().defined()) throw CheckpointError(what + " lacks exp_avg or exp_avg_sq");
     return s;
   }
 };
-}  // namespace dettrial::optim::detail
+}  // namespace dettrial::detail
 
 namespace dettrial::optim {
 
@@ -229,11 +229,11 @@ DETTRIAL_INLINE auto python_layout<torch::optim::Adagrad>::read_state(const Stat
 
 /// Registered where the layouts are compiled (every unit header-only; dettrial::compiled's once).
 
-namespace dettrial::optim::detail {
+namespace dettrial::detail {
 inline const bool libtorch_layouts_registered =
-    register_python_layout<torch::optim::SGD>() && register_python_layout<torch::optim::Adam>() &&
-    register_python_layout<torch::optim::AdamW>() && register_python_layout<torch::optim::RMSprop>() &&
-    register_python_layout<torch::optim::Adagrad>();
-}  // namespace dettrial::optim::detail
+    optim::register_python_layout<torch::optim::SGD>() && optim::register_python_layout<torch::optim::Adam>() &&
+    optim::register_python_layout<torch::optim::AdamW>() && optim::register_python_layout<torch::optim::RMSprop>() &&
+    optim::register_python_layout<torch::optim::Adagrad>();
+}  // namespace dettrial::detail
 
 #endif  // DETTRIAL_HEADER_DEFINITIONS

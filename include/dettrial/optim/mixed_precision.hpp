@@ -163,28 +163,28 @@ DETTRIAL_INLINE void set_autocast_dtype(torch::DeviceType d, at::ScalarType t) {
 namespace dettrial {
 DETTRIAL_INLINE AutocastGuard::AutocastGuard(torch::DeviceType device, std::optional<at::ScalarType> dtype)
     : device_(device),
-      previous_enabled_(dettrial::detail::autocast_enabled(device)),
-      previous_dtype_(dettrial::detail::autocast_dtype(device)),
+      previous_enabled_(detail::autocast_enabled(device)),
+      previous_dtype_(detail::autocast_dtype(device)),
       nested_(dtype.has_value()) {
   if (!dtype) {
-    dettrial::detail::set_autocast_enabled(device, false);
+    detail::set_autocast_enabled(device, false);
     return;
   }
-  dettrial::detail::set_autocast_dtype(device, *dtype);
-  dettrial::detail::set_autocast_enabled(device, true);
+  detail::set_autocast_dtype(device, *dtype);
+  detail::set_autocast_enabled(device, true);
   at::autocast::increment_nesting();
 }
 
 DETTRIAL_INLINE std::optional<at::ScalarType> AutocastGuard::current(torch::DeviceType device) {
-  if (!dettrial::detail::autocast_enabled(device)) return std::nullopt;
-  return dettrial::detail::autocast_dtype(device);
+  if (!detail::autocast_enabled(device)) return std::nullopt;
+  return detail::autocast_dtype(device);
 }
 
 DETTRIAL_INLINE AutocastGuard::~AutocastGuard() {
   // Casts cached for the outermost region are dropped when it ends (torch.autocast's __exit__).
   if (nested_ && at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
-  dettrial::detail::set_autocast_enabled(device_, previous_enabled_);
-  dettrial::detail::set_autocast_dtype(device_, previous_dtype_);
+  detail::set_autocast_enabled(device_, previous_enabled_);
+  detail::set_autocast_dtype(device_, previous_dtype_);
 }
 
 }  // namespace dettrial
@@ -252,7 +252,7 @@ DETTRIAL_INLINE void GradScaler::unscale(const std::vector<torch::Tensor>& param
   place(grads.front().device());
   // The reciprocal in double, then float32, as PyTorch computes inv_scale.
   const torch::Tensor inverse = scale_.to(torch::kDouble).reciprocal().to(torch::kFloat);
-  if (dettrial::detail::amp_kernels_on(found_inf_)) {
+  if (detail::amp_kernels_on(found_inf_)) {
     // The kernel takes the gradients of one device (and is fastest per dtype, as PyTorch groups them).
     std::vector<std::pair<torch::ScalarType, std::vector<torch::Tensor>>> by_dtype;
     std::vector<torch::Tensor> elsewhere;
@@ -299,7 +299,7 @@ DETTRIAL_INLINE bool GradScaler::step(torch::optim::Optimizer& optimizer, const 
 DETTRIAL_INLINE void GradScaler::update() {
   if (!options_.enabled || !stepped_) return;
   stepped_ = false;
-  if (dettrial::detail::amp_kernels_on(scale_)) {
+  if (detail::amp_kernels_on(scale_)) {
     // PyTorch's update: the scale stays float32, and one that would leave its range stays as it is.
     at::_amp_update_scale_(scale_, growth_tracker_, found_since_update_, options_.growth_factor, options_.backoff_factor,
                            options_.growth_interval);

@@ -282,8 +282,8 @@ DETTRIAL_INLINE void python_layout<Muon>::read_option(options_type& o, const std
 
 }  // namespace dettrial::optim
 
-namespace dettrial::optim::detail {
-inline const bool muon_layout_registered = register_python_layout<Muon>();
-}  // namespace dettrial::optim::detail
+namespace dettrial::detail {
+inline const bool muon_layout_registered = optim::register_python_layout<optim::Muon>();
+}  // namespace dettrial::detail
 
 #endif  // DETTRIAL_HEADER_DEFINITIONS

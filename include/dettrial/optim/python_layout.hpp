@@ -173,19 +173,19 @@ void put_betas_options(const Options& o, StateDict& out) {
 #include <mutex>
 #include <unordered_map>
 
-namespace dettrial::optim::detail {
+namespace dettrial::detail {
 /// The registered layouts, by options type. Written while programs start (the registrations'
 /// initializers) and read when checkpoints are written and read: a lock keeps a late registration
 /// from racing a reader.
 struct PythonLayouts {
   std::mutex mutex;
-  std::unordered_map<std::type_index, const OptimizerLayout*> by_options;
+  std::unordered_map<std::type_index, const optim::OptimizerLayout*> by_options;
 };
 DETTRIAL_INLINE PythonLayouts& python_layouts() {
   static PythonLayouts layouts;
   return layouts;
 }
-}  // namespace dettrial::optim::detail
+}  // namespace dettrial::detail
 
 namespace dettrial::optim {
 
@@ -227,8 +227,7 @@ DETTRIAL_INLINE double number(const c10::IValue& v, const std::string& what) {
 DETTRIAL_INLINE std::int64_t count(const c10::IValue& v, const std::string& what, std::int64_t minimum) {
   const double value = number(v, what);
   if (!(value >= static_cast<double>(minimum)) || value != std::floor(value) || value > 9.0e18)
-    throw CheckpointError(what + " is " + dettrial::detail::number_text(value) + ", not a whole number of at least " +
-                          std::to_string(minimum));
+    throw CheckpointError(what + " is " + detail::number_text(value) + ", not a whole number of at least " + std::to_string(minimum));
   return static_cast<std::int64_t>(value);
 }
 

@@ -107,16 +107,16 @@ namespace dettrial::optim {
 DETTRIAL_INLINE ReduceLROnPlateau::ReduceLROnPlateau(torch::optim::Optimizer& optimizer, ReduceLROnPlateauOptions options)
     : optimizer_(&optimizer), options_(std::move(options)) {
   const auto invalid = [](const char* argument, const std::string& rule, const std::string& value) {
-    dettrial::detail::throw_invalid_argument("dettrial::optim::ReduceLROnPlateau", argument, rule, value);
+    detail::throw_invalid_argument("dettrial::optim::ReduceLROnPlateau", argument, rule, value);
   };
   const auto& o = options_;
   if (o.mode != "min" && o.mode != "max") invalid("mode", "\"min\" or \"max\"", '"' + o.mode + '"');
-  if (!(o.factor >= 0 && o.factor < 1)) invalid("factor", "in [0, 1)", dettrial::detail::number_text(o.factor));
+  if (!(o.factor >= 0 && o.factor < 1)) invalid("factor", "in [0, 1)", detail::number_text(o.factor));
   if (o.patience < 0) invalid("patience", "at least 0", std::to_string(o.patience));
-  if (!(o.threshold >= 0)) invalid("threshold", "at least 0", dettrial::detail::number_text(o.threshold));
+  if (!(o.threshold >= 0)) invalid("threshold", "at least 0", detail::number_text(o.threshold));
   if (o.threshold_mode != "rel" && o.threshold_mode != "abs") invalid("threshold_mode", "\"rel\" or \"abs\"", '"' + o.threshold_mode + '"');
   if (o.cooldown < 0) invalid("cooldown", "at least 0", std::to_string(o.cooldown));
-  if (!(o.eps >= 0)) invalid("eps", "at least 0", dettrial::detail::number_text(o.eps));
+  if (!(o.eps >= 0)) invalid("eps", "at least 0", detail::number_text(o.eps));
   const std::size_t groups = optimizer.param_groups().size();
   if (const auto* per_group = std::get_if<std::vector<double>>(&o.min_lr)) {
     if (per_group->size() != groups)
@@ -126,7 +126,7 @@ DETTRIAL_INLINE ReduceLROnPlateau::ReduceLROnPlateau(torch::optim::Optimizer& op
     min_lrs_.assign(groups, std::get<double>(o.min_lr));
   }
   for (const double m : min_lrs_)
-    if (!(m >= 0)) invalid("min_lr", "at least 0", dettrial::detail::number_text(m));
+    if (!(m >= 0)) invalid("min_lr", "at least 0", detail::number_text(m));
   min_mode_ = o.mode == "min";
   rel_threshold_ = o.threshold_mode == "rel";
   last_lr_ = detail::scheduler_base::group_lrs(optimizer);

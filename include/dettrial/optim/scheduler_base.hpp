@@ -13,6 +13,7 @@
 #include <map>
 #include <string>
 #include <utility>
+#include <variant>
 #include <vector>
 
 #include <torch/torch.h>
@@ -23,6 +24,12 @@
 #include "python_layout.hpp"
 
 namespace dettrial::optim {
+
+/// One value for every parameter group, or one per group (Python's float-or-list arguments).
+using PerGroup = std::variant<double, std::vector<double>>;
+
+/// How OneCycleLR and SWALR move between two values (Python's `anneal_strategy`).
+enum class AnnealStrategy { cos, linear };
 
 template <class... Schedulers>
 class ComposedSchedulers;
@@ -91,9 +98,15 @@ constexpr SchedulerField<S> field(const char* name, std::vector<double> S::* per
 
 }  // namespace dettrial::optim
 
-namespace dettrial::optim::detail::scheduler_base {
+namespace dettrial::detail::scheduler_base {
 /// The groups' learning rates, in order.
 DETTRIAL_INLINE std::vector<double> group_lrs(const torch::optim::Optimizer& optimizer);
+
+/// Python's _format_param: one value per group, from one for all or a list of exactly one per group.
+DETTRIAL_INLINE std::vector<double> per_group(const char* scheduler, const char* name, const optim::PerGroup& value,
+                                              const torch::optim::Optimizer& optimizer);
+/// The entry `key` of dettrial's archive or Python's dict, as text.
+DETTRIAL_INLINE std::string text_of(const c10::IValue& v, const std::string& what);
 
 /// One scheduler's entries in dettrial's archive, read checked: made only if the archive says the
 /// scheduler type `type` wrote it; an absent or mistyped entry is a CheckpointError naming it.
@@ -112,7 +125,7 @@ struct SchedulerArchive {
  private:
   [[noreturn]] void mistyped(const char* key, const char* type) const;
 };
-}  // namespace dettrial::optim::detail::scheduler_base
+}  // namespace dettrial::detail::scheduler_base
 
 namespace dettrial::optim {
 /**
@@ -241,7 +254,23 @@ class EpochLRScheduler {
 #include <cmath>
 #include <set>
 
-namespace dettrial::optim::detail::scheduler_base {
+namespace dettrial::detail::scheduler_base {
+
+DETTRIAL_INLINE std::vector<double> per_group(const char* scheduler, const char* name, const optim::PerGroup& value,
+                                              const torch::optim::Optimizer& optimizer) {
+  const std::size_t groups = optimizer.param_groups().size();
+  if (const auto* one = std::get_if<double>(&value)) return std::vector<double>(groups, *one);
+  const auto& each = std::get<std::vector<double>>(value);
+  if (each.size() != groups)
+    throw ConfigError(std::string("dettrial::optim::") + scheduler + ": " + name + " must have one value per parameter group (" +
+                      std::to_string(groups) + "), not " + std::to_string(each.size()));
+  return each;
+}
+
+DETTRIAL_INLINE std::string text_of(const c10::IValue& v, const std::string& what) {
+  if (!v.isString()) throw CheckpointError(what + " is not a string");
+  return v.toStringRef();
+}
 DETTRIAL_INLINE std::vector<double> group_lrs(const torch::optim::Optimizer& optimizer) {
   std::vector<double> lrs;
   for (const auto& group : optimizer.param_groups()) lrs.push_back(group.options().get_lr());
@@ -294,7 +323,7 @@ DETTRIAL_INLINE std::vector<double> SchedulerArchive::per_group(const char* key,
                           std::to_string(optimizer.param_groups().size()) + " parameter group(s)");
   return values;
 }
-}  // namespace dettrial::optim::detail::scheduler_base
+}  // namespace dettrial::detail::scheduler_base
 
 namespace dettrial::optim {
 DETTRIAL_INLINE EpochLRScheduler::EpochLRScheduler(torch::optim::Optimizer& optimizer, const char* name)
@@ -336,7 +365,7 @@ DETTRIAL_INLINE void EpochLRScheduler::set_rates(const std::function<double(std:
 }
 
 DETTRIAL_INLINE void EpochLRScheduler::invalid(const char* argument, const std::string& rule, const std::string& value) const {
-  dettrial::detail::throw_invalid_argument(std::string("dettrial::optim::") + name_, argument, rule, value);
+  detail::throw_invalid_argument(std::string("dettrial::optim::") + name_, argument, rule, value);
 }
 
 DETTRIAL_INLINE std::string EpochLRScheduler::archive_owner() const { return std::string("dettrial::optim::") + name_ + "'s saved state"; }

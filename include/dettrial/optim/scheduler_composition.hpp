@@ -35,7 +35,7 @@ concept ComposableLRScheduler = std::derived_from<S, EpochLRScheduler> && requir
 
 }  // namespace dettrial::optim
 
-namespace dettrial::optim::detail::composition {
+namespace dettrial::detail::composition {
 
 /// Calls `f` with the tuple's element number `index`.
 template <class Tuple, class F>
@@ -54,7 +54,8 @@ template <class S>
 concept ReadsParamGroups =
     requires(S& s, std::size_t g, const c10::impl::GenericDict& d, const std::string& what) { s.load_python_param_group(g, d, what); };
 
-inline void check_optimizer(const char* composite, std::size_t index, const EpochLRScheduler& s, const torch::optim::Optimizer& optimizer) {
+inline void check_optimizer(const char* composite, std::size_t index, const optim::EpochLRScheduler& s,
+                            const torch::optim::Optimizer& optimizer) {
   if (&s.optimizer() != &optimizer)
     throw ConfigError(std::string("dettrial::optim::") + composite + ": scheduler " + std::to_string(index) +
                       " drives another optimizer than the composite's (Python refuses it too)");
@@ -158,7 +159,7 @@ void load_python_param_group(Tuple& children, std::size_t group, const c10::impl
       children);
 }
 
-}  // namespace dettrial::optim::detail::composition
+}  // namespace dettrial::detail::composition
 
 namespace dettrial::optim {
 /**

@@ -307,9 +307,9 @@ class CosineAnnealingWarmRestarts : public EpochLRScheduler {
 
 #include "../error.hpp"
 
-namespace dettrial::optim::detail::schedulers {
-using dettrial::detail::number_text;
-}  // namespace dettrial::optim::detail::schedulers
+namespace dettrial::detail::schedulers {
+using detail::number_text;
+}  // namespace dettrial::detail::schedulers
 
 namespace dettrial::optim {
 // ------------------------------------------------------------------------------------------------

@@ -37,8 +37,7 @@ concept SingleTensorUpdate = requires(const typename U::Options& o, const torch:
 /// Throws Python's refusal of an option as one sentence: "dettrial::optim::NAdam: lr must be at least
 /// 0, not -1" (`where` names the parameter group, or is empty for the defaults).
 [[noreturn]] inline void invalid_option(const char* optimizer, const std::string& where, const char* name, double value, const char* rule) {
-  dettrial::detail::throw_invalid_argument(std::string("dettrial::optim::") + optimizer, where + name, rule,
-                                           dettrial::detail::number_text(value));
+  detail::throw_invalid_argument(std::string("dettrial::optim::") + optimizer, where + name, rule, detail::number_text(value));
 }
 
 /**
@@ -88,7 +87,7 @@ class SingleTensorOptimizer : public torch::optim::Optimizer {
       for (auto& p : group.params()) {
         if (!p.grad().defined()) continue;
         if (p.grad().is_sparse()) throw TrialError(std::string("dettrial::optim::") + Update::name + " does not support sparse gradients");
-        auto& slot = state_[dettrial::detail::optimizer_state_key<StateMap>(p)];
+        auto& slot = state_[detail::optimizer_state_key<StateMap>(p)];
         if (!slot) slot = Update::fresh(p);
         auto& state = static_cast<State&>(*slot);
         if constexpr (requires { state.step(state.step() + 1); }) state.step(state.step() + 1);

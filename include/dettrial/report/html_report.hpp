@@ -4,15 +4,14 @@
 /// (inline SVG charts, a sortable table, a few lines of inline script; nothing fetched from a
 /// network, no fonts or libraries from elsewhere), written next to the data it shows.
 #pragma once
-// IWYU pragma: private, include <dettrial/dettrial.hpp>
 
 #include <filesystem>
 #include <system_error>
 
 #include "../layout.hpp"
 #include "../error.hpp"
-#include "html/chart.hpp"
-#include "html/page.hpp"
+#include "html/detail/chart.hpp"
+#include "html/detail/page.hpp"
 #include "html/run_page.hpp"
 #include "html/experiment_page.hpp"
 #include "../detail/linkage.hpp"

@@ -3,7 +3,6 @@
 /// @brief TensorBoard event files: scalars, histograms and hyperparameters, written as TensorBoard
 /// reads them (TFRecord framing of `Event` protocol buffers) while training runs.
 #pragma once
-// IWYU pragma: private, include <dettrial/dettrial.hpp>
 
 #include <torch/torch.h>
 

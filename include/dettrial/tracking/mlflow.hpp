@@ -21,7 +21,7 @@
 #include "../detail/folder_lock.hpp"
 #include "../detail/json_fwd.hpp"
 #include "../layout.hpp"
-#include "http.hpp"
+#include "detail/http.hpp"
 #include "../config/tracking.hpp"
 #include "../detail/linkage.hpp"
 

@@ -14,15 +14,15 @@
 
 #include <torch/torch.h>
 
-#include "../context/access.hpp"
+#include "../context/detail/access.hpp"
 #include "../context/context.hpp"
 #include "../error.hpp"
 #include "../detail/scope_exit.hpp"
 #include "../vocabulary/trial.hpp"
-#include "callbacks.hpp"
+#include "detail/callbacks.hpp"
 #include "fit_options.hpp"
-#include "run.hpp"
-#include "fit_steps.hpp"
+#include "detail/run.hpp"
+#include "detail/fit_steps.hpp"
 
 namespace dettrial {
 

@@ -164,18 +164,18 @@ class AnyAutoAugment {
 
 }  // namespace dettrial::vision
 
-namespace dettrial::vision::detail::augment {
+namespace dettrial::detail::augment {
 
 /// One step of an AutoAugment policy: the operation, its probability, its magnitude bin (-1: none).
 struct PolicyStep {
-  AugmentOp op;
+  vision::AugmentOp op;
   double probability;
   int bin;
 };
 using PolicyPair = std::array<PolicyStep, 2>;
 using Policy = std::array<PolicyPair, 25>;
 
-using O = AugmentOp;
+using O = vision::AugmentOp;
 // The policies of the AutoAugment paper (Cubuk et al., 2018), in torchvision's order: the order is
 // part of the draw (the pair is drawn by index).
 inline constexpr Policy imagenet{{
@@ -226,11 +226,11 @@ inline constexpr Policy svhn{{
 
 /// RandAugment's and TrivialAugmentWide's 14 operations, in torchvision's dictionary order (the
 /// draw picks by index).
-inline constexpr std::array<AugmentOp, 14> random_ops{O::identity,  O::shear_x,    O::shear_y,       O::translate_x, O::translate_y,
-                                                      O::rotate,    O::brightness, O::color,         O::contrast,    O::sharpness,
-                                                      O::posterize, O::solarize,   O::auto_contrast, O::equalize};
+inline constexpr std::array<vision::AugmentOp, 14> random_ops{O::identity,  O::shear_x,    O::shear_y,       O::translate_x, O::translate_y,
+                                                              O::rotate,    O::brightness, O::color,         O::contrast,    O::sharpness,
+                                                              O::posterize, O::solarize,   O::auto_contrast, O::equalize};
 
-}  // namespace dettrial::vision::detail::augment
+}  // namespace dettrial::detail::augment
 
 // Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
 #if DETTRIAL_HEADER_DEFINITIONS
@@ -241,7 +241,7 @@ inline constexpr std::array<AugmentOp, 14> random_ops{O::identity,  O::shear_x, 
 
 #include "../error.hpp"
 
-namespace dettrial::vision::detail::augment {
+namespace dettrial::detail::augment {
 
 /// Bin `bin` of torch.linspace(0, high, num_bins): float32, as torchvision's table holds it.
 inline double linspace_at(double low, double high, std::int64_t num_bins, std::int64_t bin) {
@@ -255,13 +255,14 @@ inline double posterize_bits(std::int64_t top, double divisor, std::int64_t num_
 }
 
 /// Whether `op` takes a magnitude (all but Identity, AutoContrast, Equalize and Invert).
-inline bool has_magnitude(AugmentOp op) {
-  return op != AugmentOp::identity && op != AugmentOp::auto_contrast && op != AugmentOp::equalize && op != AugmentOp::invert;
+inline bool has_magnitude(vision::AugmentOp op) {
+  return op != vision::AugmentOp::identity && op != vision::AugmentOp::auto_contrast && op != vision::AugmentOp::equalize &&
+         op != vision::AugmentOp::invert;
 }
 
 /// The magnitude's sign: torchvision negates it when `torch.rand(()) <= 0.5`.
-inline double signed_draw(AugmentOp op, double magnitude, RecordRandom& random) {
-  return signed_magnitude(op) && random.uniform(0.0, 1.0) <= 0.5 ? -magnitude : magnitude;
+inline double signed_draw(vision::AugmentOp op, double magnitude, vision::RecordRandom& random) {
+  return vision::signed_magnitude(op) && random.uniform(0.0, 1.0) <= 0.5 ? -magnitude : magnitude;
 }
 
 inline void check_bins(int num_magnitude_bins, const char* policy) {
@@ -269,7 +270,7 @@ inline void check_bins(int num_magnitude_bins, const char* policy) {
     throw DataError(std::string(policy) + ": num_magnitude_bins must be at least 2, not " + std::to_string(num_magnitude_bins));
 }
 
-}  // namespace dettrial::vision::detail::augment
+}  // namespace dettrial::detail::augment
 
 namespace dettrial::vision {
 

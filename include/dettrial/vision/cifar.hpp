@@ -59,7 +59,7 @@ class Cifar {
 #include <fstream>
 #include <iterator>
 
-namespace dettrial::vision::detail {
+namespace dettrial::detail {
 /// `root/name`, or `root/folder/name` when the archive's folder is still there.
 inline std::filesystem::path cifar_file(const std::filesystem::path& root, const char* folder, const std::string& name) {
   std::error_code ec;
@@ -68,7 +68,7 @@ inline std::filesystem::path cifar_file(const std::filesystem::path& root, const
   throw DataError("CIFAR: found no '" + name + "' in '" + root.string() + "' or '" + (root / folder).string() +
                   "' (the binary version of the data set, as published)");
 }
-}  // namespace dettrial::vision::detail
+}  // namespace dettrial::detail
 
 namespace dettrial::vision {
 DETTRIAL_INLINE void Cifar::read(const std::filesystem::path& file, bool two_labels, CifarLabel which) {

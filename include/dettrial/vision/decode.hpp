@@ -107,7 +107,7 @@ DETTRIAL_INLINE void read_file(const std::filesystem::path& path, std::vector<st
 #include <webp/decode.h>
 #endif
 
-namespace dettrial::vision::detail {
+namespace dettrial::detail {
 
 /// The largest image accepted, a guard against decompression bombs (a damaged header can claim any
 /// size): 32768 a side, and PIL's own limit in all (twice its MAX_IMAGE_PIXELS, where it refuses).
@@ -122,11 +122,11 @@ inline void check_size(std::int64_t width, std::int64_t height, const std::strin
 }
 
 /// PIL's RGB to L conversion, in place: the first third of `pixels` becomes the gray image.
-inline void rgb_to_gray(Image& image) {
+inline void rgb_to_gray(vision::Image& image) {
   const std::int64_t n = image.height * image.width;
   std::uint8_t* p = image.pixels.data();
   for (std::int64_t i = 0; i < n; ++i) {
-    p[i] = pil_luma(p[3 * i], p[3 * i + 1], p[3 * i + 2]);
+    p[i] = vision::pil_luma(p[3 * i], p[3 * i + 1], p[3 * i + 2]);
   }
   image.pixels.resize(static_cast<std::size_t>(n));
   image.channels = 1;
@@ -135,8 +135,8 @@ inline void rgb_to_gray(Image& image) {
 /// A CMYK JPEG's samples as PIL reads and converts them to RGB: PIL takes every CMYK JPEG's samples
 /// as Adobe writes them, inverted (its raw mode "CMYK;I"), then `convert("RGB")` computes each
 /// channel as (255 - K) - C (255 - K) / 255, rounded as its MULDIV255. `cmyk` holds the file's samples.
-inline Image pil_cmyk_to_rgb(const std::vector<std::uint8_t>& cmyk, std::int64_t height, std::int64_t width) {
-  Image rgb(height, width, 3);
+inline vision::Image pil_cmyk_to_rgb(const std::vector<std::uint8_t>& cmyk, std::int64_t height, std::int64_t width) {
+  vision::Image rgb(height, width, 3);
   const std::int64_t n = height * width;
   const std::uint8_t* in = cmyk.data();
   std::uint8_t* out = rgb.pixels.data();
@@ -151,8 +151,8 @@ inline Image pil_cmyk_to_rgb(const std::vector<std::uint8_t>& cmyk, std::int64_t
 }
 
 /// PIL's L to RGB conversion: each gray sample three times.
-inline Image gray_to_rgb(const Image& gray) {
-  Image rgb(gray.height, gray.width, 3);
+inline vision::Image gray_to_rgb(const vision::Image& gray) {
+  vision::Image rgb(gray.height, gray.width, 3);
   const std::int64_t n = gray.height * gray.width;
   for (std::int64_t i = 0; i < n; ++i) rgb.pixels[3 * i] = rgb.pixels[3 * i + 1] = rgb.pixels[3 * i + 2] = gray.pixels[i];
   return rgb;
@@ -183,7 +183,7 @@ inline JpegDecompressor& jpeg_decompressor() {
   return d;
 }
 
-inline Image decode_jpeg(std::span<const std::uint8_t> bytes, ImageMode mode, const std::string& name) {
+inline vision::Image decode_jpeg(std::span<const std::uint8_t> bytes, vision::ImageMode mode, const std::string& name) {
   JpegDecompressor& decompressor = jpeg_decompressor();
   tjhandle tj = decompressor.handle;
   const auto fail = [&] {
@@ -201,25 +201,25 @@ inline Image decode_jpeg(std::span<const std::uint8_t> bytes, ImageMode mode, co
     if (tjDecompress2(tj, bytes.data(), static_cast<unsigned long>(bytes.size()), cmyk.data(), width, 0, height, TJPF_CMYK,
                       TJFLAG_STOPONWARNING) != 0)
       throw fail();
-    Image image = pil_cmyk_to_rgb(cmyk, height, width);
-    if (mode == ImageMode::gray) rgb_to_gray(image);  // PIL's CMYK to L is its CMYK to RGB, then RGB to L
+    vision::Image image = pil_cmyk_to_rgb(cmyk, height, width);
+    if (mode == vision::ImageMode::gray) rgb_to_gray(image);  // PIL's CMYK to L is its CMYK to RGB, then RGB to L
     return image;
   }
   // A gray JPEG decodes to gray; a colour one to RGB (to gray after that, as PIL converts).
   const bool gray_source = colorspace == TJCS_GRAY;
-  Image image(height, width, gray_source ? 1 : 3);
+  vision::Image image(height, width, gray_source ? 1 : 3);
   // Stop on warnings: libjpeg fills a truncated file's missing rows with grey and only warns.
   if (tjDecompress2(tj, bytes.data(), static_cast<unsigned long>(bytes.size()), image.pixels.data(), width, 0, height,
                     gray_source ? TJPF_GRAY : TJPF_RGB, TJFLAG_STOPONWARNING) != 0)
     throw fail();
-  if (mode == ImageMode::rgb && gray_source) return gray_to_rgb(image);
-  if (mode == ImageMode::gray && !gray_source) rgb_to_gray(image);
+  if (mode == vision::ImageMode::rgb && gray_source) return gray_to_rgb(image);
+  if (mode == vision::ImageMode::gray && !gray_source) rgb_to_gray(image);
   return image;
 }
 #endif
 
 #if defined(DETTRIAL_HAS_SPNG)
-inline Image decode_png(std::span<const std::uint8_t> bytes, ImageMode mode, const std::string& name) {
+inline vision::Image decode_png(std::span<const std::uint8_t> bytes, vision::ImageMode mode, const std::string& name) {
   std::unique_ptr<spng_ctx, void (*)(spng_ctx*)> ctx(spng_ctx_new(0), spng_ctx_free);
   if (!ctx) throw ImageError("cannot decode '" + name + "': libspng could not start");
   const auto fail = [&](const char* what, int status) {
@@ -239,13 +239,13 @@ inline Image decode_png(std::span<const std::uint8_t> bytes, ImageMode mode, con
   const int format = direct_gray ? SPNG_FMT_G8 : SPNG_FMT_RGB8;
   std::size_t size = 0;
   if ((status = spng_decoded_image_size(ctx.get(), format, &size)) != 0) throw fail("size", status);
-  Image image(header.height, header.width, direct_gray ? 1 : 3);
+  vision::Image image(header.height, header.width, direct_gray ? 1 : 3);
   if (size != image.pixels.size()) throw ImageError("cannot decode '" + name + "' as PNG: unexpected decoded size");
   if ((status = spng_decode_image(ctx.get(), image.pixels.data(), size, format, 0)) != 0) throw fail("pixels", status);
   // The chunks after the pixels, to IEND: a file cut short there is damaged too.
   if ((status = spng_decode_chunks(ctx.get())) != 0) throw fail("after the pixels", status);
-  if (mode == ImageMode::rgb && direct_gray) return gray_to_rgb(image);
-  if (mode == ImageMode::gray && !direct_gray) {
+  if (mode == vision::ImageMode::rgb && direct_gray) return gray_to_rgb(image);
+  if (mode == vision::ImageMode::gray && !direct_gray) {
     if (gray_source) {  // gray with alpha or 16-bit gray: the gray sample, which RGB8 replicated
       const std::int64_t n = image.height * image.width;
       for (std::int64_t i = 0; i < n; ++i) image.pixels[i] = image.pixels[3 * i];
@@ -274,7 +274,7 @@ inline const char* webp_status(VP8StatusCode status) {
   }
 }
 
-inline Image decode_webp(std::span<const std::uint8_t> bytes, ImageMode mode, const std::string& name) {
+inline vision::Image decode_webp(std::span<const std::uint8_t> bytes, vision::ImageMode mode, const std::string& name) {
   WebPBitstreamFeatures features{};
   const VP8StatusCode status = WebPGetFeatures(bytes.data(), bytes.size(), &features);
   if (status != VP8_STATUS_OK) throw ImageError("cannot decode '" + name + "' as WebP: " + webp_status(status));
@@ -282,10 +282,10 @@ inline Image decode_webp(std::span<const std::uint8_t> bytes, ImageMode mode, co
     throw ImageError("cannot decode '" + name + "': it is an animated WebP, and dettrial decodes still images only");
   check_size(features.width, features.height, name);
   // RGB straight from the decoder: alpha dropped, not composited, as PIL's convert("RGB").
-  Image image(features.height, features.width, 3);
+  vision::Image image(features.height, features.width, 3);
   if (WebPDecodeRGBInto(bytes.data(), bytes.size(), image.pixels.data(), image.pixels.size(), static_cast<int>(image.width * 3)) == nullptr)
     throw ImageError("cannot decode '" + name + "' as WebP: its data is damaged or ends early");
-  if (mode == ImageMode::gray) rgb_to_gray(image);
+  if (mode == vision::ImageMode::gray) rgb_to_gray(image);
   return image;
 }
 #endif
@@ -302,7 +302,7 @@ inline std::string leading_bytes(std::span<const std::uint8_t> bytes) {
 }
 
 /// `window`, which must lie inside the `height` x `width` image `name`: a DataError says where it does not.
-inline PixelWindow checked_window(const PixelWindow& w, std::int64_t height, std::int64_t width, const std::string& name) {
+inline vision::PixelWindow checked_window(const vision::PixelWindow& w, std::int64_t height, std::int64_t width, const std::string& name) {
   if (w.top < 0 || w.left < 0 || w.height < 1 || w.width < 1 || w.top + w.height > height || w.left + w.width > width)
     throw DataError("a window of " + std::to_string(w.height) + "x" + std::to_string(w.width) + " at (" + std::to_string(w.top) + ", " +
                     std::to_string(w.left) + ") does not lie inside '" + name + "' (" + std::to_string(height) + "x" +
@@ -332,7 +332,7 @@ struct JpegErrors {
 /// Where `w` allows it, the largest DCT reduction (1/8, 1/4, 1/2) that keeps the window at least its
 /// asked size: sets the decoder's scale and returns the window in the reduced image's pixels (its
 /// edges rounded outwards, within the image).
-inline PixelWindow reduced_window(jpeg_decompress_struct& info, const PixelWindow& w) {
+inline vision::PixelWindow reduced_window(jpeg_decompress_struct& info, const vision::PixelWindow& w) {
   for (const unsigned denominator : {8u, 4u, 2u}) {
     const auto d = static_cast<std::int64_t>(denominator);
     if (w.height / d < w.at_least_height || w.width / d < w.at_least_width) continue;
@@ -342,7 +342,7 @@ inline PixelWindow reduced_window(jpeg_decompress_struct& info, const PixelWindo
     const std::int64_t top = w.top / d, left = w.left / d;
     const std::int64_t bottom = std::min<std::int64_t>(info.output_height, (w.top + w.height + d - 1) / d);
     const std::int64_t right = std::min<std::int64_t>(info.output_width, (w.left + w.width + d - 1) / d);
-    return PixelWindow{.top = top, .left = left, .height = bottom - top, .width = right - left};
+    return vision::PixelWindow{.top = top, .left = left, .height = bottom - top, .width = right - left};
   }
   return w;
 }
@@ -350,7 +350,8 @@ inline PixelWindow reduced_window(jpeg_decompress_struct& info, const PixelWindo
 /// The window of a JPEG through libjpeg's API: the rows above it skipped (entropy-decoded only), the
 /// block columns around it decoded (and one more each side), the rows below never read. The decoder's settings are TurboJPEG's defaults
 /// (islow DCT, fancy upsampling), so the pixels are decode_jpeg's.
-inline Image decode_jpeg_window(std::span<const std::uint8_t> bytes, ImageMode mode, const std::string& name, WindowChooser choose) {
+inline vision::Image decode_jpeg_window(std::span<const std::uint8_t> bytes, vision::ImageMode mode, const std::string& name,
+                                        vision::WindowChooser choose) {
   JpegErrors errors;
   jpeg_decompress_struct info{};
   info.err = jpeg_std_error(&errors.manager);
@@ -366,7 +367,7 @@ inline Image decode_jpeg_window(std::span<const std::uint8_t> bytes, ImageMode m
   const std::unique_ptr<jpeg_decompress_struct, void (*)(jpeg_decompress_struct*)> destroy(&info, jpeg_destroy_decompress);
   // Made before the jump target: nothing between setjmp and a longjmp may need destroying.
   std::vector<std::uint8_t> rows;
-  Image window;
+  vision::Image window;
   if (setjmp(errors.jump) != 0) throw ImageError("cannot decode '" + name + "' as JPEG: " + errors.message);
   jpeg_mem_src(&info, bytes.data(), static_cast<unsigned long>(bytes.size()));
   jpeg_read_header(&info, TRUE);
@@ -375,7 +376,7 @@ inline Image decode_jpeg_window(std::span<const std::uint8_t> bytes, ImageMode m
   const bool cmyk = info.jpeg_color_space == JCS_CMYK || info.jpeg_color_space == JCS_YCCK;
   const bool gray_source = info.jpeg_color_space == JCS_GRAYSCALE;
   info.out_color_space = cmyk ? JCS_CMYK : gray_source ? JCS_GRAYSCALE : JCS_RGB;
-  PixelWindow w = checked_window(choose(height, width), height, width, name);
+  vision::PixelWindow w = checked_window(choose(height, width), height, width, name);
   if (w.at_least_height > 0 && w.at_least_width > 0) w = reduced_window(info, w);
   jpeg_start_decompress(&info);
   // One block column more on each side than the window: fancy upsampling of subsampled chroma reads
@@ -391,7 +392,7 @@ inline Image decode_jpeg_window(std::span<const std::uint8_t> bytes, ImageMode m
   const std::int64_t channels = info.output_components, stride = static_cast<std::int64_t>(columns) * channels;
   const std::int64_t offset = (w.left - static_cast<std::int64_t>(first_column)) * channels;
   rows.resize(static_cast<std::size_t>(stride));
-  window = Image(w.height, w.width, channels);
+  window = vision::Image(w.height, w.width, channels);
   for (std::int64_t y = 0; y < w.height; ++y) {
     JSAMPROW row = rows.data();
     jpeg_read_scanlines(&info, &row, 1);
@@ -399,12 +400,12 @@ inline Image decode_jpeg_window(std::span<const std::uint8_t> bytes, ImageMode m
   }
   jpeg_abort_decompress(&info);  // the rows below the window are not needed
   if (cmyk) {
-    Image rgb = pil_cmyk_to_rgb(window.pixels, window.height, window.width);
-    if (mode == ImageMode::gray) rgb_to_gray(rgb);
+    vision::Image rgb = pil_cmyk_to_rgb(window.pixels, window.height, window.width);
+    if (mode == vision::ImageMode::gray) rgb_to_gray(rgb);
     return rgb;
   }
-  if (mode == ImageMode::rgb && gray_source) return gray_to_rgb(window);
-  if (mode == ImageMode::gray && !gray_source) rgb_to_gray(window);
+  if (mode == vision::ImageMode::rgb && gray_source) return gray_to_rgb(window);
+  if (mode == vision::ImageMode::gray && !gray_source) rgb_to_gray(window);
   return window;
 }
 #endif
@@ -420,7 +421,7 @@ inline ImageFormat format_of(std::span<const std::uint8_t> bytes) {
   return ImageFormat::other;
 }
 
-}  // namespace dettrial::vision::detail
+}  // namespace dettrial::detail
 
 namespace dettrial::vision {
 DETTRIAL_INLINE Image decode_image(std::span<const std::uint8_t> bytes, [[maybe_unused]] ImageMode mode, const std::string& name) {

@@ -86,15 +86,15 @@ class WindowChooser {
 
 }  // namespace dettrial::vision
 
-namespace dettrial::vision::detail {
+namespace dettrial::detail {
 /// The `height` x `width` pixels of `image` at (`top`, `left`), which lie inside it: one copy a row.
-inline Image crop(const Image& image, std::int64_t top, std::int64_t left, std::int64_t height, std::int64_t width) {
-  Image out(height, width, image.channels);
+inline vision::Image crop(const vision::Image& image, std::int64_t top, std::int64_t left, std::int64_t height, std::int64_t width) {
+  vision::Image out(height, width, image.channels);
   const auto row_bytes = static_cast<std::size_t>(width * image.channels);
   for (std::int64_t y = 0; y < height; ++y) std::memcpy(out.row(y), image.row(top + y) + left * image.channels, row_bytes);
   return out;
 }
-}  // namespace dettrial::vision::detail
+}  // namespace dettrial::detail
 
 namespace dettrial::vision {
 
@@ -115,8 +115,8 @@ class RecordRandom {
 
   /// The next 64 random bits.
   std::uint64_t bits() {
-    state_ += dettrial::detail::golden_gamma;
-    return dettrial::detail::mix64(state_);
+    state_ += detail::golden_gamma;
+    return detail::mix64(state_);
   }
   /// Uniform in [lo, hi).
   double uniform(double lo, double hi) { return lo + (hi - lo) * static_cast<double>(bits() >> 11) * 0x1.0p-53; }
@@ -135,8 +135,8 @@ class RecordRandom {
 
  private:
   RecordRandom(std::uint64_t domain, std::uint64_t seed, std::int64_t epoch, std::int64_t key)
-      : state_(dettrial::detail::mix64(dettrial::detail::mix64(dettrial::detail::mix64(seed ^ domain) + static_cast<std::uint64_t>(epoch)) +
-                                       static_cast<std::uint64_t>(key))) {}
+      : state_(detail::mix64(detail::mix64(detail::mix64(seed ^ domain) + static_cast<std::uint64_t>(epoch)) +
+                             static_cast<std::uint64_t>(key))) {}
 
   __extension__ typedef unsigned __int128 wide;  // GCC's and Clang's; __extension__: no -Wpedantic warning
   // Keeps augmentation streams apart from the shuffles drawn from the same loader seed.

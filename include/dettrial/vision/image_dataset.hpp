@@ -37,7 +37,7 @@ concept ImageSource = requires(const S& s, std::int64_t i, ImageMode mode) {
 
 }  // namespace dettrial::vision
 
-namespace dettrial::vision::detail {
+namespace dettrial::detail {
 /**
  * @brief Batch tensors handed out again once nothing refers to them any more. A float batch of 64
  * images of 224 pixels is 38 MB, above glibc's largest mmap threshold (32 MiB): a fresh one every
@@ -66,7 +66,7 @@ class BatchBuffers {
   std::mutex mutex_;
   std::vector<torch::Tensor> buffers_;
 };
-}  // namespace dettrial::vision::detail
+}  // namespace dettrial::detail
 
 namespace dettrial::vision {
 

@@ -90,7 +90,7 @@ class ImageFolder {
 #include <set>
 #include <system_error>
 
-namespace dettrial::vision::detail {
+namespace dettrial::detail {
 
 /// `text` in lower case (ASCII: file name endings).
 inline std::string lowercase(std::string text) {
@@ -155,16 +155,16 @@ inline bool is_integer(const std::string& text) {
 /// TIFF, PPM/PGM and GIF, and JPEG, PNG or WebP where their library was not found; else empty.
 inline std::string undecodable_ending(const std::string& file) {
   const std::string lower = lowercase(std::filesystem::path(file).extension().string());
-  const bool readable =
-      ((lower == ".jpg" || lower == ".jpeg") && decodes_jpeg) || (lower == ".png" && decodes_png) || (lower == ".webp" && decodes_webp);
-  const auto& listed = default_image_extensions();
+  const bool readable = ((lower == ".jpg" || lower == ".jpeg") && vision::decodes_jpeg) || (lower == ".png" && vision::decodes_png) ||
+                        (lower == ".webp" && vision::decodes_webp);
+  const auto& listed = vision::default_image_extensions();
   const bool image = lower == ".gif" || std::find(listed.begin(), listed.end(), lower) != listed.end();  // and GIF, which a user may list
   return !readable && image ? lower : std::string();
 }
 
 /// Refuses a listing that holds files this build cannot decode, before any training: one sentence
 /// with how many of each ending (the file's content decides the decoder, so a PNG named .JPEG is read).
-inline void check_decodable(const std::vector<ImageFolder::Sample>& samples, const std::string& where) {
+inline void check_decodable(const std::vector<vision::ImageFolder::Sample>& samples, const std::string& where) {
   std::map<std::string, std::int64_t> counts;
   std::string first;
   for (const auto& sample : samples) {
@@ -180,13 +180,14 @@ inline void check_decodable(const std::vector<ImageFolder::Sample>& samples, con
     total += n;
     kinds += (kinds.empty() ? "" : ", ") + std::to_string(n) + " " + ending;
   }
-  std::string decoded = std::string(decodes_jpeg ? " JPEG" : "") + (decodes_png ? " PNG" : "") + (decodes_webp ? " WebP" : "");
+  std::string decoded =
+      std::string(vision::decodes_jpeg ? " JPEG" : "") + (vision::decodes_png ? " PNG" : "") + (vision::decodes_webp ? " WebP" : "");
   throw DataError("ImageFolder: " + std::to_string(total) + " file(s) listed in " + where + " are of kinds this build cannot decode (" +
                   kinds + "; the first: '" + first + "'); it decodes" + (decoded.empty() ? std::string(" none") : decoded) +
                   ": convert them, or list without their endings (ImageFolderOptions::extensions)");
 }
 
-}  // namespace dettrial::vision::detail
+}  // namespace dettrial::detail
 
 namespace dettrial::vision {
 DETTRIAL_INLINE ImageFolder::ImageFolder(const std::filesystem::path& root, const ImageFolderOptions& options) {

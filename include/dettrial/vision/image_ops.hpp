@@ -75,17 +75,17 @@ DETTRIAL_INLINE Image rotate(const Image& image, double angle, Interpolation int
 
 }  // namespace dettrial::vision::functional
 
-namespace dettrial::vision::detail {
+namespace dettrial::detail {
 /// The image as torchvision holds it: a contiguous C x H x W uint8 tensor (a copy).
-DETTRIAL_INLINE torch::Tensor to_chw(const Image& image);
+DETTRIAL_INLINE torch::Tensor to_chw(const vision::Image& image);
 /// A C x H x W uint8 tensor back into an Image.
-DETTRIAL_INLINE Image from_chw(const torch::Tensor& chw);
+DETTRIAL_INLINE vision::Image from_chw(const torch::Tensor& chw);
 /// torchvision's `_get_inverse_affine_matrix` (inverted): the 2 x 3 map from output to source pixels.
 DETTRIAL_INLINE std::array<double, 6> inverse_affine_matrix(std::array<double, 2> center, double angle, std::array<double, 2> translate,
                                                             double scale, std::array<double, 2> shear);
 /// Python's `x % 360` for a float: in [0, 360), -0.0 becoming 0.0.
 DETTRIAL_INLINE double degrees_mod_360(double x);
-}  // namespace dettrial::vision::detail
+}  // namespace dettrial::detail
 
 // Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
 #if DETTRIAL_HEADER_DEFINITIONS
@@ -97,23 +97,23 @@ DETTRIAL_INLINE double degrees_mod_360(double x);
 
 #include "../error.hpp"
 
-namespace dettrial::vision::detail {
+namespace dettrial::detail {
 
-DETTRIAL_INLINE torch::Tensor to_chw(const Image& image) {
+DETTRIAL_INLINE torch::Tensor to_chw(const vision::Image& image) {
   return torch::from_blob(const_cast<std::uint8_t*>(image.pixels.data()), {image.height, image.width, image.channels}, torch::kUInt8)
       .permute({2, 0, 1})
       .contiguous();
 }
 
-DETTRIAL_INLINE Image from_chw(const torch::Tensor& chw) {
-  Image out(chw.size(1), chw.size(2), chw.size(0));
+DETTRIAL_INLINE vision::Image from_chw(const torch::Tensor& chw) {
+  vision::Image out(chw.size(1), chw.size(2), chw.size(0));
   const torch::Tensor hwc = chw.permute({1, 2, 0}).contiguous();
   std::memcpy(out.pixels.data(), hwc.data_ptr<std::uint8_t>(), out.pixels.size());
   return out;
 }
 
 /// Checks an operation's image: 1 or 3 channels, as torchvision's kernels require.
-inline void check_channels(const Image& image, const char* op) {
+inline void check_channels(const vision::Image& image, const char* op) {
   if (image.channels != 1 && image.channels != 3)
     throw DataError(std::string(op) + ": images of 1 or 3 channels, not " + std::to_string(image.channels));
 }
@@ -171,11 +171,12 @@ inline torch::Tensor affine_grid(const std::array<double, 6>& matrix, std::int64
 
 /// torchvision's `_apply_grid_transform` on an 8-bit image: sampled in float32 with zeros outside,
 /// `fill` through a mask channel as torchvision adds it, rounded back to 8 bits.
-inline Image grid_transform(const Image& image, const torch::Tensor& grid, Interpolation interpolation, const Fill& fill) {
+inline vision::Image grid_transform(const vision::Image& image, const torch::Tensor& grid, vision::Interpolation interpolation,
+                                    const vision::Fill& fill) {
   const std::int64_t c = image.channels;
   torch::Tensor input = to_chw(image).unsqueeze(0).to(torch::kFloat);
   if (!fill.empty()) input = torch::cat({input, torch::ones({1, 1, image.height, image.width}, torch::kFloat)}, 1);
-  const std::int64_t mode = interpolation == Interpolation::nearest ? 1 : 0;  // grid_sample's enum: 0 bilinear, 1 nearest
+  const std::int64_t mode = interpolation == vision::Interpolation::nearest ? 1 : 0;  // grid_sample's enum: 0 bilinear, 1 nearest
   torch::Tensor sampled = at::grid_sampler(input, grid, mode, /*padding_mode=zeros*/ 0, /*align_corners=*/false);
   if (!fill.empty()) {
     torch::Tensor mask = sampled.narrow(1, c, 1);  // torchvision's tensor_split at the last channel
@@ -183,13 +184,13 @@ inline Image grid_transform(const Image& image, const torch::Tensor& grid, Inter
     mask = mask.expand_as(sampled);
     const std::vector<float> values(fill.begin(), fill.end());
     const torch::Tensor fill_image = torch::tensor(values, torch::kFloat).view({1, -1, 1, 1});
-    if (interpolation == Interpolation::nearest) sampled = torch::where(mask < 0.5, fill_image.expand_as(sampled), sampled);
+    if (interpolation == vision::Interpolation::nearest) sampled = torch::where(mask < 0.5, fill_image.expand_as(sampled), sampled);
     else sampled = sampled.sub_(fill_image).mul_(mask).add_(fill_image);
   }
   return from_chw(sampled.round_().to(torch::kUInt8).squeeze(0));
 }
 
-inline void check_fill(const Image& image, const Fill& fill, const char* op) {
+inline void check_fill(const vision::Image& image, const vision::Fill& fill, const char* op) {
   if (!fill.empty() && fill.size() != 1 && static_cast<std::int64_t>(fill.size()) != image.channels)
     throw DataError(std::string(op) + ": fill takes one value or one per channel (" + std::to_string(image.channels) + "), not " +
                     std::to_string(fill.size()));
@@ -197,7 +198,7 @@ inline void check_fill(const Image& image, const Fill& fill, const char* op) {
     if (!(v >= 0.0 && v <= 255.0)) throw DataError(std::string(op) + ": fill values lie in [0, 255], not " + std::to_string(v));
 }
 
-}  // namespace dettrial::vision::detail
+}  // namespace dettrial::detail
 
 namespace dettrial::vision::functional {
 

@@ -131,10 +131,10 @@ struct NoMixing {};
 
 #include "../error.hpp"
 
-namespace dettrial::vision::detail::mixing {
+namespace dettrial::detail::mixing {
 
 /// Gamma(shape, 1) by Marsaglia and Tsang's method (shape below 1 boosted by U^(1/shape)).
-inline double gamma(double shape, RecordRandom& random) {
+inline double gamma(double shape, vision::RecordRandom& random) {
   if (shape < 1.0) return gamma(shape + 1.0, random) * std::pow(1.0 - random.uniform(0.0, 1.0), 1.0 / shape);
   const double d = shape - 1.0 / 3.0, c = 1.0 / std::sqrt(9.0 * d);
   for (;;) {
@@ -148,7 +148,7 @@ inline double gamma(double shape, RecordRandom& random) {
 }
 
 /// Beta(alpha, alpha) as X / (X + Y) of two Gamma(alpha) draws.
-inline double symmetric_beta(double alpha, RecordRandom& random) {
+inline double symmetric_beta(double alpha, vision::RecordRandom& random) {
   const double x = gamma(alpha, random), y = gamma(alpha, random);
   return x / (x + y);
 }
@@ -184,7 +184,7 @@ inline void check_batch(const torch::Tensor& images, const torch::Tensor& labels
     throw DataError(std::string(name) + ": a batch of N images (N x C x H x W) and N labels");
 }
 
-}  // namespace dettrial::vision::detail::mixing
+}  // namespace dettrial::detail::mixing
 
 namespace dettrial::vision {
 

@@ -151,7 +151,7 @@ DETTRIAL_INLINE ResNet resnet(const std::string& name, ResNetOptions options = {
 // Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
 #if DETTRIAL_HEADER_DEFINITIONS
 
-namespace dettrial::vision::models::detail {
+namespace dettrial::detail {
 
 /// torchvision's `conv3x3`: padding as the dilation, no bias.
 inline torch::nn::Conv2d conv3x3(std::int64_t in, std::int64_t out, std::int64_t stride, std::int64_t groups, std::int64_t dilation) {
@@ -174,7 +174,7 @@ inline torch::nn::Sequential cloned_downsample(const torch::nn::Sequential& down
   return torch::nn::Sequential(std::dynamic_pointer_cast<torch::nn::SequentialImpl>(downsample->clone()));
 }
 
-}  // namespace dettrial::vision::models::detail
+}  // namespace dettrial::detail
 
 namespace dettrial::vision::models {
 

@@ -57,27 +57,27 @@ concept ImageTransform = requires(const T& t, Image image, RecordRandom& random)
 
 }  // namespace dettrial::vision
 
-namespace dettrial::vision::detail {
+namespace dettrial::detail {
 /// The source index of position `i` (which may lie outside [0, n)) under `mode`; -1 for constant fill.
-DETTRIAL_INLINE std::int64_t padded_source(std::int64_t i, std::int64_t n, PaddingMode mode);
+DETTRIAL_INLINE std::int64_t padded_source(std::int64_t i, std::int64_t n, vision::PaddingMode mode);
 /**
  * @brief The `height` x `width` window of `image` at (`top`, `left`), which may reach outside the
  * image: what lies outside is filled as `mode` says (`fill` for constant). Crops and pads in one pass.
  */
-DETTRIAL_INLINE Image window(const Image& image, std::int64_t top, std::int64_t left, std::int64_t height, std::int64_t width,
-                             PaddingMode mode = PaddingMode::constant, std::uint8_t fill = 0);
+DETTRIAL_INLINE vision::Image window(const vision::Image& image, std::int64_t top, std::int64_t left, std::int64_t height,
+                                     std::int64_t width, vision::PaddingMode mode = vision::PaddingMode::constant, std::uint8_t fill = 0);
 /// Bilinear resize with antialiasing through LibTorch's own kernel, as torchvision's v2 resize calls
 /// it: on 8-bit samples where torchvision does (LibTorch 2.1 and later on an AVX2 CPU), on floats
 /// rounded back to 8 bits otherwise.
-DETTRIAL_INLINE Image resize_bilinear(const Image& image, std::int64_t height, std::int64_t width);
+DETTRIAL_INLINE vision::Image resize_bilinear(const vision::Image& image, std::int64_t height, std::int64_t width);
 /// torchvision's `_compute_resized_output_size` for one number: the shorter side becomes `size`.
-DETTRIAL_INLINE Size resized_size(std::int64_t height, std::int64_t width, std::int64_t size);
+DETTRIAL_INLINE vision::Size resized_size(std::int64_t height, std::int64_t width, std::int64_t size);
 /// The draw RandomResizedCrop and RandomErasing share: an area of `area` times a fraction uniform in
 /// `scale`, an aspect log-uniform in `ratio`; the sides (sqrt(area * aspect), sqrt(area / aspect)),
 /// rounded as Python rounds (RandomResizedCrop takes them as width and height, RandomErasing as
 /// height and width).
 inline std::array<std::int64_t, 2> random_rectangle(double area, const std::array<double, 2>& scale, const std::array<double, 2>& ratio,
-                                                    RecordRandom& random) {
+                                                    vision::RecordRandom& random) {
   const double target = area * random.uniform(scale[0], scale[1]);
   const double aspect = std::exp(random.uniform(std::log(ratio[0]), std::log(ratio[1])));
   return {static_cast<std::int64_t>(std::nearbyint(std::sqrt(target * aspect))),
@@ -91,7 +91,7 @@ constexpr std::int64_t round_half(std::int64_t x) {
   const std::int64_t other = x > 0 ? q + 1 : q - 1;
   return q % 2 == 0 ? q : other;
 }
-}  // namespace dettrial::vision::detail
+}  // namespace dettrial::detail
 
 namespace dettrial::vision {
 /// torchvision's `Resize(size)`: one number resizes the shorter side to it (keeping the aspect), two
@@ -360,28 +360,30 @@ concept OutputStep = requires {
 
 }  // namespace dettrial::vision
 
-namespace dettrial::vision::detail {
+namespace dettrial::detail {
 template <class... Steps>
 constexpr bool output_steps_last() {
   bool seen_output = false, ok = true;
-  ((seen_output = seen_output || OutputStep<Steps>, ok = ok && (OutputStep<Steps> || !seen_output)), ...);
+  ((seen_output = seen_output || vision::OutputStep<Steps>, ok = ok && (vision::OutputStep<Steps> || !seen_output)), ...);
   return ok;
 }
 template <class... Steps>
 constexpr bool erasing_last() {
   bool seen_erasing = false, ok = true;
-  ((ok = ok && (std::is_same_v<Steps, RandomErasing> || !seen_erasing),
-    seen_erasing = seen_erasing || std::is_same_v<Steps, RandomErasing>),
+  ((ok = ok && (std::is_same_v<Steps, vision::RandomErasing> || !seen_erasing),
+    seen_erasing = seen_erasing || std::is_same_v<Steps, vision::RandomErasing>),
    ...);
   return ok;
 }
 template <class... Steps>
 constexpr bool normalize_after_to_float() {
   bool seen_float = false, ok = true;
-  ((ok = ok && (!std::is_same_v<Steps, Normalize> || seen_float), seen_float = seen_float || std::is_same_v<Steps, ToFloat>), ...);
+  ((ok = ok && (!std::is_same_v<Steps, vision::Normalize> || seen_float),
+    seen_float = seen_float || std::is_same_v<Steps, vision::ToFloat>),
+   ...);
   return ok;
 }
-}  // namespace dettrial::vision::detail
+}  // namespace dettrial::detail
 
 namespace dettrial::vision {
 /**
@@ -609,20 +611,20 @@ class Compose {
 
 #include <ATen/Version.h>
 
-namespace dettrial::vision::detail {
+namespace dettrial::detail {
 
-DETTRIAL_INLINE std::int64_t padded_source(std::int64_t i, std::int64_t n, PaddingMode mode) {
+DETTRIAL_INLINE std::int64_t padded_source(std::int64_t i, std::int64_t n, vision::PaddingMode mode) {
   if (i >= 0 && i < n) return i;
   switch (mode) {
-    case PaddingMode::constant: return -1;
-    case PaddingMode::edge: return i < 0 ? 0 : n - 1;
-    case PaddingMode::reflect: {
+    case vision::PaddingMode::constant: return -1;
+    case vision::PaddingMode::edge: return i < 0 ? 0 : n - 1;
+    case vision::PaddingMode::reflect: {
       if (n == 1) return 0;
       const std::int64_t period = 2 * (n - 1);
       std::int64_t m = ((i % period) + period) % period;
       return m < n ? m : period - m;
     }
-    case PaddingMode::symmetric: {
+    case vision::PaddingMode::symmetric: {
       const std::int64_t period = 2 * n;
       std::int64_t m = ((i % period) + period) % period;
       return m < n ? m : period - 1 - m;
@@ -631,12 +633,12 @@ DETTRIAL_INLINE std::int64_t padded_source(std::int64_t i, std::int64_t n, Paddi
   return -1;
 }
 
-DETTRIAL_INLINE Image window(const Image& image, std::int64_t top, std::int64_t left, std::int64_t height, std::int64_t width,
-                             PaddingMode mode, std::uint8_t fill) {
+DETTRIAL_INLINE vision::Image window(const vision::Image& image, std::int64_t top, std::int64_t left, std::int64_t height,
+                                     std::int64_t width, vision::PaddingMode mode, std::uint8_t fill) {
   const std::int64_t c = image.channels;
   const bool inside = top >= 0 && left >= 0 && top + height <= image.height && left + width <= image.width;
   if (inside) return crop(image, top, left, height, width);
-  Image out(height, width, c);
+  vision::Image out(height, width, c);
   std::vector<std::int64_t> columns(static_cast<std::size_t>(width));
   for (std::int64_t x = 0; x < width; ++x) columns[static_cast<std::size_t>(x)] = padded_source(left + x, image.width, mode);
   for (std::int64_t y = 0; y < height; ++y) {
@@ -655,10 +657,10 @@ DETTRIAL_INLINE Image window(const Image& image, std::int64_t top, std::int64_t 
   return out;
 }
 
-DETTRIAL_INLINE Size resized_size(std::int64_t height, std::int64_t width, std::int64_t size) {
+DETTRIAL_INLINE vision::Size resized_size(std::int64_t height, std::int64_t width, std::int64_t size) {
   const std::int64_t shorter = std::min(height, width), longer = std::max(height, width);
   const auto new_longer = static_cast<std::int64_t>(static_cast<double>(size * longer) / static_cast<double>(shorter));
-  return width <= height ? Size(new_longer, size) : Size(size, new_longer);
+  return width <= height ? vision::Size(new_longer, size) : vision::Size(size, new_longer);
 }
 
 /// Whether torchvision resizes 8-bit images without converting to float: its rule
@@ -680,7 +682,7 @@ inline bool resizes_uint8() {
 #endif
 }
 
-DETTRIAL_INLINE Image resize_bilinear(const Image& image, std::int64_t height, std::int64_t width) {
+DETTRIAL_INLINE vision::Image resize_bilinear(const vision::Image& image, std::int64_t height, std::int64_t width) {
   if (height < 1 || width < 1)
     throw DataError("Resize: the size must be positive, not " + std::to_string(height) + "x" + std::to_string(width));
   if (height == image.height && width == image.width) return image;
@@ -695,7 +697,7 @@ DETTRIAL_INLINE Image resize_bilinear(const Image& image, std::int64_t height, s
   const torch::Tensor nchw =
       torch::from_blob(const_cast<std::uint8_t*>(image.pixels.data()), {1, image.height, image.width, image.channels}, torch::kUInt8)
           .permute({0, 3, 1, 2});
-  Image out(height, width, image.channels);
+  vision::Image out(height, width, image.channels);
   torch::Tensor resized;
   if (resizes_uint8()) {
     // The 8-bit kernel works in channels-last order whatever the input's layout (the same
@@ -710,7 +712,7 @@ DETTRIAL_INLINE Image resize_bilinear(const Image& image, std::int64_t height, s
   return out;
 }
 
-}  // namespace dettrial::vision::detail
+}  // namespace dettrial::detail
 
 namespace dettrial::vision {
 DETTRIAL_INLINE Image ColorJitter::operator()(Image image, RecordRandom& random) const {

@@ -3,7 +3,6 @@
 /// @brief A search's report.html: every trial's searcher metric on one chart with ASHA's rungs, the trials'
 /// sortable table, the best metric against each hyperparameter; each trial's own page kept current.
 #pragma once
-// IWYU pragma: private, include <dettrial/dettrial.hpp>
 
 #include <algorithm>
 #include <cstdint>
@@ -24,8 +23,8 @@
 #include "../../detail/atomic_file.hpp"
 #include "../../detail/json_fwd.hpp"
 #include "../../vocabulary/metric_order.hpp"
-#include "chart.hpp"
-#include "page.hpp"
+#include "detail/chart.hpp"
+#include "detail/page.hpp"
 #include "run_page.hpp"
 #include "../../detail/linkage.hpp"
 

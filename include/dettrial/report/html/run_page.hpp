@@ -3,7 +3,6 @@
 /// @brief A run's report.html: a chart per metric and per numeric field of its metrics.jsonl, the last
 /// values, its hyperparameters and config.
 #pragma once
-// IWYU pragma: private, include <dettrial/dettrial.hpp>
 
 #include <algorithm>
 #include <cstddef>
@@ -19,8 +18,8 @@
 #include "../../error.hpp"
 #include "../../detail/atomic_file.hpp"
 #include "../../detail/json_fwd.hpp"
-#include "chart.hpp"
-#include "page.hpp"
+#include "detail/chart.hpp"
+#include "detail/page.hpp"
 #include "../../detail/linkage.hpp"
 
 namespace dettrial {
