@@ -324,7 +324,7 @@ DETTRIAL_INLINE pid_t spawn_process(const std::string& program, std::vector<std:
 }  // namespace dettrial::detail
 #endif  // DETTRIAL_HEADER_DEFINITIONS
 // ---- end dettrial/detail/process.hpp
-// ---- begin dettrial/search/slurm.hpp
+// ---- begin dettrial/search/detail/slurm.hpp
 // SPDX-License-Identifier: Apache-2.0
 /// @file
 /// @brief A search's trials as Slurm jobs (`--launcher slurm`): Slurm's client commands, the job
@@ -522,7 +522,7 @@ DETTRIAL_INLINE std::map<std::int64_t, SlurmJob> SlurmCluster::newest_job_per_tr
 }  // namespace dettrial::detail
 
 #endif  // DETTRIAL_HEADER_DEFINITIONS
-// ---- end dettrial/search/slurm.hpp
+// ---- end dettrial/search/detail/slurm.hpp
 
 namespace dettrial {
 

@@ -53,7 +53,7 @@
 #include "../detail/signals.hpp"
 #include "../detail/text.hpp"
 #include "searchers.hpp"
-#include "slurm.hpp"
+#include "detail/slurm.hpp"
 #include "../detail/linkage.hpp"
 
 namespace dettrial {

@@ -4,6 +4,7 @@
 /// names, the srun command around a trial's, stopping a trial's job, and reading the jobs the
 /// controller knows. The Experiment decides when; this knows how to say it to Slurm.
 #pragma once
+// IWYU pragma: private, include <dettrial/dettrial.hpp>
 // IWYU pragma: private, include <dettrial/main.hpp>
 
 #include <cstdint>
@@ -14,7 +15,7 @@
 #include <string_view>
 #include <vector>
 
-#include "../detail/linkage.hpp"
+#include "../../detail/linkage.hpp"
 
 namespace dettrial::detail {
 
@@ -88,9 +89,9 @@ class SlurmCluster {
 #include <cstdlib>
 #include <fstream>
 
-#include "../detail/exit_status.hpp"
-#include "../detail/process.hpp"
-#include "../error.hpp"
+#include "../../detail/exit_status.hpp"
+#include "../../detail/process.hpp"
+#include "../../error.hpp"
 
 namespace dettrial::detail {
 
