@@ -501,13 +501,29 @@ struct FillTrial {
   Metrics evaluate_batch(std::tuple<torch::Tensor>&) { return {{"validation_loss", 0.0}}; }
 };
 
+/// The file a child writes when its first batch starts: the parent's clock for the kill starts
+/// there, not at the child's start, which a sanitizer's build or a loaded machine can make last
+/// seconds.
+fs::path training_marker(const fs::path& dir, pid_t child) { return dir / ("training." + std::to_string(child)); }
+
 }  // namespace
 
 TEST_CASE("child process: writes checkpoints until killed" * doctest::skip()) {
   const char* dir = std::getenv("DETTRIAL_CHILD_DIR");
   REQUIRE(dir != nullptr);
+  struct AnnouncedTrial : FillTrial {
+    using FillTrial::FillTrial;
+    bool announced = false;
+    Metrics train_batch(std::tuple<torch::Tensor>& b, std::int64_t e, std::int64_t i) {
+      if (!announced) {
+        std::ofstream(training_marker(std::getenv("DETTRIAL_CHILD_DIR"), ::getpid())) << i << '\n';
+        announced = true;
+      }
+      return FillTrial::train_batch(b, e, i);
+    }
+  };
   test::Context context(Hyperparameters{}, ContextOptions{.trial_seed = 1});
-  Trainer<FillTrial> trainer(context);
+  Trainer<AnnouncedTrial> trainer(context);
   FitOptions o{.max_length = Batch(1'000'000), .checkpoint_period = Batch(1), .reporting_period = Batch(1'000'000)};
   o.output_dir = dir;
   o.report.quiet = true;
@@ -539,18 +555,30 @@ TEST_CASE("a process killed (SIGKILL) at any moment while checkpointing leaves l
   const fs::path dir = test::quiet({}).output_dir;
   fs::create_directories(dir);
   std::mt19937 rng(2024);
-  std::uniform_int_distribution<int> delay_ms(150, 1200);
+  // After the child's first batch: a checkpoint follows every batch, so the kill lands in a write,
+  // between two, or before the first has finished.
+  std::uniform_int_distribution<int> delay_ms(0, 600);
   std::int64_t last_seen = 0;
   int kills_with_checkpoints = 0;
   // 16 kills at least, and more (up to 64) until 8 of them came with checkpoints on disk: on a
-  // loaded machine the first rounds may end before the child has written one.
+  // loaded machine the first rounds may end before the child has finished writing one.
   for (int round = 0; round < 16 || (kills_with_checkpoints < 8 && round < 64); ++round) {
+    CAPTURE(round);
     const pid_t child = test::spawn_self("child process: writes checkpoints until killed", {"DETTRIAL_CHILD_DIR=" + dir.string()});
+    // Waits for the child's first batch (a child that ends before it fails the test, with its status).
+    const auto give_up = std::chrono::steady_clock::now() + std::chrono::minutes(5);
+    int status = 0;
+    while (!fs::exists(training_marker(dir, child))) {
+      const pid_t ended = ::waitpid(child, &status, WNOHANG);
+      REQUIRE_MESSAGE(ended == 0, "the child ended before its first batch, status ", status);
+      REQUIRE_MESSAGE(std::chrono::steady_clock::now() < give_up, "the child did not start training within 5 minutes");
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
     std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms(rng)));
     ::kill(child, SIGKILL);
-    int status = 0;
     ::waitpid(child, &status, 0);
     REQUIRE(WIFSIGNALED(status));
+    fs::remove(training_marker(dir, child));
 
     const auto all = list_checkpoints(dir / "checkpoints");
     CHECK(all.size() <= 3);  // two kept, plus at most one written before the older could go

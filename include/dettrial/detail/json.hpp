@@ -79,13 +79,6 @@ Json read_json_file(const std::filesystem::path& path) {
   }
 }
 
-/**
- * @brief The JSON objects of a .jsonl file, one per line (blank lines skipped). A last line that is
- * not one (torn by a crash) is skipped and `*torn` set; any other is an Error naming the file and the
- * line number.
- */
-DETTRIAL_INLINE std::vector<Json> read_jsonl(const std::filesystem::path& path, bool* torn = nullptr);
-
 /// A field of a JSON document that is missing or has the wrong type, as `json_field` and `json_as`
 /// report it ("no 'uuid'", "'uuid' is a number, not a string"); readers turn it into their own
 /// error naming the file.
@@ -140,38 +133,6 @@ T json_as(const Json& value, std::string_view field) {
 // Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
 #if DETTRIAL_HEADER_DEFINITIONS
 namespace dettrial::detail {
-
-DETTRIAL_INLINE std::vector<Json> read_jsonl(const std::filesystem::path& path, bool* torn) {
-  if (torn) *torn = false;
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error("cannot read '" + path.string() + "'");
-  std::vector<Json> out;
-  // A line that is not a record is fatal only once another line follows it: the last may be torn.
-  std::string bad_reason;
-  std::size_t bad_line = 0, number = 0;
-  for (std::string line; std::getline(in, line);) {
-    ++number;
-    if (!line.empty() && line.back() == '\r') line.pop_back();
-    if (line.find_first_not_of(" \t") == std::string::npos) continue;
-    if (bad_line != 0)
-      throw Error("'" + path.string() + "' line " + std::to_string(bad_line) + " is not a JSON record (" + bad_reason +
-                  "); the file is damaged: fix or delete that line");
-    try {
-      Json record = Json::parse(line);
-      if (record.is_object()) {
-        out.push_back(std::move(record));
-        continue;
-      }
-      bad_reason = "it is " + json_kind(record) + ", not an object";
-    } catch (const Json::exception& e) {
-      bad_reason = json_parse_reason(e);
-    }
-    bad_line = number;
-  }
-  if (in.bad()) throw Error("cannot read '" + path.string() + "'");
-  if (bad_line != 0 && torn) *torn = true;
-  return out;
-}
 
 DETTRIAL_INLINE Json yaml_to_json(const YAML::Node& node) {
   switch (node.Type()) {

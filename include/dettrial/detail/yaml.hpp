@@ -104,6 +104,9 @@ DETTRIAL_INLINE std::size_t edit_distance(const std::string& a, const std::strin
 /// "; did you mean 'x'?" for the nearest of `names` (at most a third of the name's letters apart), else "".
 DETTRIAL_INLINE std::string suggestion(const std::string& name, const std::vector<std::string>& names);
 
+/// `node` as one line of flow YAML, `{lr: 0.01, layers: 2}`: a trial's hyperparameters in messages.
+DETTRIAL_INLINE std::string one_line(const YAML::Node& node);
+
 }  // namespace dettrial::detail
 
 // Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
@@ -147,6 +150,12 @@ DETTRIAL_INLINE std::string suggestion(const std::string& name, const std::vecto
   for (const auto& n : names)
     if (const std::size_t d = edit_distance(name, n); d <= best_distance && (best.empty() || d < edit_distance(name, best))) best = n;
   return best.empty() ? std::string() : "; did you mean '" + best + "'?";
+}
+
+DETTRIAL_INLINE std::string one_line(const YAML::Node& node) {
+  YAML::Emitter out;
+  out << YAML::Flow << node;
+  return out.c_str();
 }
 
 }  // namespace dettrial::detail

@@ -84,6 +84,10 @@ class HyperparameterSpace {
   static void set(YAML::Node& root, const std::vector<std::string>& path, const YAML::Node& value);
 
   void parse(const YAML::Node& map, std::vector<std::string> prefix, const std::string& source);
+  /// The axis the map `v` (which has a `type`) describes.
+  static HyperparameterAxis parse_axis(HyperparameterAxis a, const YAML::Node& v, const std::string& source);
+  /// An int, double or log axis's bounds, base and count.
+  static void parse_range(HyperparameterAxis& a, const YAML::Node& v, const std::string& type, const std::string& source);
 
   std::vector<HyperparameterAxis> axes_;
 };
@@ -194,60 +198,68 @@ DETTRIAL_INLINE void HyperparameterSpace::parse(const YAML::Node& map, std::vect
     const YAML::Node& v = kv.second;
     HyperparameterAxis a;
     a.path = path;
-    const std::string name = a.name();
-    if (!v.IsMap() || !v["type"]) {
-      if (v.IsMap()) {
-        parse(v, path, source);  // nested
-        continue;
-      }
+    if (v.IsMap() && v["type"]) {
+      axes_.push_back(parse_axis(std::move(a), v, source));
+    } else if (v.IsMap()) {
+      parse(v, path, source);  // nested
+    } else {
       a.values.push_back(v);  // a plain value is a constant
       axes_.push_back(std::move(a));
-      continue;
     }
-    const std::string type = v["type"].Scalar();
-    auto number = [&](const char* key) {
-      const YAML::Node n = v[key];
-      double x = 0;
-      if (!n || !detail::try_read(n, x))
-        throw ConfigError(detail::where(n ? n : v, source) + ": hyperparameter '" + name + "' (type " + type + ") needs a number '" + key +
-                          "'" + (n ? ", found " + detail::describe(n) : std::string()));
-      return x;
-    };
-    if (type == "const") {
-      if (!v["val"]) throw ConfigError(detail::where(v, source) + ": hyperparameter '" + name + "' of type const has no 'val'");
-      a.values.push_back(v["val"]);
-    } else if (type == "int" || type == "double" || type == "log") {
-      a.type = type == "int"      ? HyperparameterAxis::Type::integer
-               : type == "double" ? HyperparameterAxis::Type::real
-                                  : HyperparameterAxis::Type::log;
-      a.minval = number("minval");
-      a.maxval = number("maxval");
-      if (!(a.minval < a.maxval))
-        throw ConfigError(detail::where(v["maxval"], source) + ": hyperparameter '" + name + "' needs minval < maxval");
-      if (type == "int" && (a.minval != std::floor(a.minval) || a.maxval != std::floor(a.maxval)))
-        throw ConfigError(detail::where(v, source) + ": hyperparameter '" + name + "' of type int needs integer bounds");
-      if (type == "log") {
-        a.base = v["base"] ? number("base") : 10.0;
-        if (!(a.base > 0)) throw ConfigError(detail::where(v["base"], source) + ": hyperparameter '" + name + "' needs base > 0");
-      }
-      if (v["count"]) {
-        const double count = number("count");
-        if (count < 1 || count != std::floor(count))
-          throw ConfigError(detail::where(v["count"], source) + ": hyperparameter '" + name + "' needs a positive integer count");
-        a.count = static_cast<std::int64_t>(count);
-      }
-    } else if (type == "categorical") {
-      a.type = HyperparameterAxis::Type::categorical;
-      const YAML::Node vals = v["vals"];
-      if (!vals || !vals.IsSequence() || vals.size() == 0)
-        throw ConfigError(detail::where(vals ? vals : v, source) + ": hyperparameter '" + name +
-                          "' of type categorical needs a non-empty list 'vals'");
-      for (const auto& x : vals) a.values.push_back(x);
-    } else {
-      throw ConfigError(detail::where(v["type"], source) + ": hyperparameter '" + name + "' has unknown type '" + type +
-                        "' (expected const, int, double, log or categorical)");
-    }
-    axes_.push_back(std::move(a));
+  }
+}
+
+DETTRIAL_INLINE HyperparameterAxis HyperparameterSpace::parse_axis(HyperparameterAxis a, const YAML::Node& v, const std::string& source) {
+  const std::string name = a.name();
+  const std::string type = v["type"].Scalar();
+  if (type == "const") {
+    if (!v["val"]) throw ConfigError(detail::where(v, source) + ": hyperparameter '" + name + "' of type const has no 'val'");
+    a.values.push_back(v["val"]);
+  } else if (type == "int" || type == "double" || type == "log") {
+    parse_range(a, v, type, source);
+  } else if (type == "categorical") {
+    a.type = HyperparameterAxis::Type::categorical;
+    const YAML::Node vals = v["vals"];
+    if (!vals || !vals.IsSequence() || vals.size() == 0)
+      throw ConfigError(detail::where(vals ? vals : v, source) + ": hyperparameter '" + name +
+                        "' of type categorical needs a non-empty list 'vals'");
+    for (const auto& x : vals) a.values.push_back(x);
+  } else {
+    throw ConfigError(detail::where(v["type"], source) + ": hyperparameter '" + name + "' has unknown type '" + type +
+                      "' (expected const, int, double, log or categorical)");
+  }
+  return a;
+}
+
+DETTRIAL_INLINE void HyperparameterSpace::parse_range(HyperparameterAxis& a, const YAML::Node& v, const std::string& type,
+                                                      const std::string& source) {
+  const std::string name = a.name();
+  auto number = [&](const char* key) {
+    const YAML::Node n = v[key];
+    double x = 0;
+    if (!n || !detail::try_read(n, x))
+      throw ConfigError(detail::where(n ? n : v, source) + ": hyperparameter '" + name + "' (type " + type + ") needs a number '" + key +
+                        "'" + (n ? ", found " + detail::describe(n) : std::string()));
+    return x;
+  };
+  a.type = type == "int"      ? HyperparameterAxis::Type::integer
+           : type == "double" ? HyperparameterAxis::Type::real
+                              : HyperparameterAxis::Type::log;
+  a.minval = number("minval");
+  a.maxval = number("maxval");
+  if (!(a.minval < a.maxval))
+    throw ConfigError(detail::where(v["maxval"], source) + ": hyperparameter '" + name + "' needs minval < maxval");
+  if (type == "int" && (a.minval != std::floor(a.minval) || a.maxval != std::floor(a.maxval)))
+    throw ConfigError(detail::where(v, source) + ": hyperparameter '" + name + "' of type int needs integer bounds");
+  if (type == "log") {
+    a.base = v["base"] ? number("base") : 10.0;
+    if (!(a.base > 0)) throw ConfigError(detail::where(v["base"], source) + ": hyperparameter '" + name + "' needs base > 0");
+  }
+  if (v["count"]) {
+    const double count = number("count");
+    if (count < 1 || count != std::floor(count))
+      throw ConfigError(detail::where(v["count"], source) + ": hyperparameter '" + name + "' needs a positive integer count");
+    a.count = static_cast<std::int64_t>(count);
   }
 }
 

@@ -146,6 +146,13 @@ class AdaptiveAsha {
 
 }  // namespace dettrial::searcher
 
+namespace dettrial::detail {
+/// The rung count of each ASHA bracket, most first: `bracket_rungs`, or those the mode picks.
+DETTRIAL_INLINE std::vector<std::int64_t> asha_bracket_rungs(const SearcherSettings& c);
+/// Shares `max_concurrent_trials` out over the ASHA brackets (Determined's rule when it is 0).
+DETTRIAL_INLINE void share_asha_concurrency(const SearcherSettings& c, std::vector<searcher::AshaBracket>& brackets);
+}  // namespace dettrial::detail
+
 namespace dettrial {
 /// The searcher an experiment config names.
 using Searcher = std::variant<searcher::Random, searcher::Grid, searcher::AdaptiveAsha>;
@@ -157,6 +164,37 @@ DETTRIAL_INLINE Searcher make_searcher(const SearcherSettings& config, const Hyp
 
 // Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
 #if DETTRIAL_HEADER_DEFINITIONS
+
+namespace dettrial::detail {
+
+DETTRIAL_INLINE std::vector<std::int64_t> asha_bracket_rungs(const SearcherSettings& c) {
+  const auto max_rungs =
+      std::min({c.max_rungs, static_cast<std::int64_t>(std::log(static_cast<double>(c.max_time)) / std::log(c.divisor)) + 1,
+                static_cast<std::int64_t>(std::log(static_cast<double>(c.max_trials)) / std::log(c.divisor)) + 1});
+  std::vector<std::int64_t> rungs = c.bracket_rungs;
+  if (rungs.empty()) {
+    std::int64_t low = 1;
+    if (c.mode == "standard") low = (max_rungs - 1) / 2 + 1;
+    else if (c.mode == "aggressive") low = max_rungs;
+    else if (c.mode != "conservative")
+      throw ConfigError("adaptive_asha mode must be aggressive, standard or conservative, not '" + c.mode + "'");
+    for (std::int64_t r = low; r <= max_rungs; ++r) rungs.push_back(r);
+  }
+  std::sort(rungs.rbegin(), rungs.rend());
+  return rungs;
+}
+
+DETTRIAL_INLINE void share_asha_concurrency(const SearcherSettings& c, std::vector<searcher::AshaBracket>& brackets) {
+  const auto n = static_cast<std::int64_t>(brackets.size());
+  for (std::int64_t i = 0; i < n; ++i) {
+    if (c.max_concurrent_trials > 0)
+      brackets[static_cast<std::size_t>(i)].max_concurrent =
+          std::max<std::int64_t>(c.max_concurrent_trials / n + (i < c.max_concurrent_trials % n ? 1 : 0), 1);
+    else brackets[static_cast<std::size_t>(i)].max_concurrent = std::max(brackets.back().max_trials, static_cast<std::int64_t>(c.divisor));
+  }
+}
+
+}  // namespace dettrial::detail
 
 namespace dettrial::searcher {
 
@@ -214,19 +252,7 @@ DETTRIAL_INLINE std::vector<AshaBracket> asha_brackets(const SearcherSettings& c
   if (c.max_trials < 1) throw ConfigError("adaptive_asha needs max_trials of at least 1");
   if (c.max_time < 1) throw ConfigError("adaptive_asha needs max_time of at least 1");
   if (!(c.divisor > 1)) throw ConfigError("adaptive_asha needs a divisor greater than 1");
-  const auto max_rungs =
-      std::min({c.max_rungs, static_cast<std::int64_t>(std::log(static_cast<double>(c.max_time)) / std::log(c.divisor)) + 1,
-                static_cast<std::int64_t>(std::log(static_cast<double>(c.max_trials)) / std::log(c.divisor)) + 1});
-  std::vector<std::int64_t> rungs = c.bracket_rungs;
-  if (rungs.empty()) {
-    std::int64_t low = 1;
-    if (c.mode == "standard") low = (max_rungs - 1) / 2 + 1;
-    else if (c.mode == "aggressive") low = max_rungs;
-    else if (c.mode != "conservative")
-      throw ConfigError("adaptive_asha mode must be aggressive, standard or conservative, not '" + c.mode + "'");
-    for (std::int64_t r = low; r <= max_rungs; ++r) rungs.push_back(r);
-  }
-  std::sort(rungs.rbegin(), rungs.rend());
+  const std::vector<std::int64_t> rungs = detail::asha_bracket_rungs(c);
   std::vector<double> weights;
   double total = 0;
   for (const auto r : rungs) {
@@ -246,13 +272,7 @@ DETTRIAL_INLINE std::vector<AshaBracket> asha_brackets(const SearcherSettings& c
     out.push_back(std::move(b));
   }
   out.front().max_trials += std::max<std::int64_t>(c.max_trials - assigned, 0);
-  const auto n = static_cast<std::int64_t>(out.size());
-  for (std::int64_t i = 0; i < n; ++i) {
-    if (c.max_concurrent_trials > 0)
-      out[static_cast<std::size_t>(i)].max_concurrent =
-          std::max<std::int64_t>(c.max_concurrent_trials / n + (i < c.max_concurrent_trials % n ? 1 : 0), 1);
-    else out[static_cast<std::size_t>(i)].max_concurrent = std::max(out.back().max_trials, static_cast<std::int64_t>(c.divisor));
-  }
+  detail::share_asha_concurrency(c, out);
   return out;
 }
 

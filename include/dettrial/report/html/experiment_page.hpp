@@ -22,6 +22,8 @@
 #include "../../error.hpp"
 #include "../../detail/atomic_file.hpp"
 #include "../../detail/json_fwd.hpp"
+#include "../../detail/jsonl.hpp"
+#include "../../vocabulary/search_event.hpp"
 #include "../../vocabulary/metric_order.hpp"
 #include "detail/chart.hpp"
 #include "detail/page.hpp"
@@ -144,26 +146,28 @@ DETTRIAL_INLINE SearchEvents read_search_events(const std::filesystem::path& eve
   SearchEvents events;
   std::error_code ec;
   if (!std::filesystem::is_regular_file(events_path, ec)) return events;
-  for (const Json& e : read_jsonl(events_path, &events.torn)) {
-    const auto id = integer_of(e, "trial");
-    if (!id) continue;
-    const std::string kind = string_of(e, "event");
-    if (kind == "validation") {
-      const auto value = number_of(e, "metric");
-      auto time = number_of(e, "time");
-      const auto batches = integer_of(e, "batches");
-      if (!time && batches) time = static_cast<double>(*batches);
-      if (value && time) events.curves[*id].emplace_back(*time, *value);
-      if (batches) events.batches[*id] = std::max(events.batches[*id], *batches);
-      if (const auto rung = integer_of(e, "rung")) {
-        const auto [slot, added] = events.rungs.try_emplace(*id, *rung);
-        if (!added) slot->second = std::max(slot->second, *rung);
+  for (const Json& line : JsonlFile(events_path).read(&events.torn)) {
+    // Read as the runner writes them; an event it would refuse is left off the page.
+    std::optional<SearchEvent> event;
+    try {
+      event = SearchEvent::from_json(line);
+    } catch (const JsonFieldError&) {
+      continue;
+    }
+    const std::int64_t id = event->trial;
+    if (const auto* v = std::get_if<SearchEvent::Validation>(&event->what)) {
+      events.curves[id].emplace_back(v->time, v->metric);
+      if (v->batches) events.batches[id] = std::max(events.batches[id], *v->batches);
+      if (v->rung) {
+        const auto [slot, added] = events.rungs.try_emplace(id, *v->rung);
+        if (!added) slot->second = std::max(slot->second, *v->rung);
       }
-    } else if (kind == "end") {
-      events.ended[*id] = string_of(e, "state");
-      if (const auto r = integer_of(e, "restarts")) events.restarts[*id] = *r;
-    } else if (kind == "restart") {
-      if (const auto r = integer_of(e, "restarts")) events.restarts[*id] = *r;
+    } else if (const auto* r = std::get_if<SearchEvent::Restart>(&event->what)) {
+      events.restarts[id] = r->restarts;
+    } else {
+      const auto& end = std::get<SearchEvent::End>(event->what);
+      events.ended[id] = to_string(end.state);
+      events.restarts[id] = end.restarts;
     }
   }
   return events;
@@ -187,7 +191,7 @@ DETTRIAL_INLINE void rows_from_trial_folders(const std::filesystem::path& trials
 DETTRIAL_INLINE void curve_from_metrics(TrialRow& row, const std::filesystem::path& metrics_log, const SearchPage& search,
                                         std::map<std::int64_t, std::int64_t>& batches) {
   try {
-    for (const Json& r : read_jsonl(metrics_log)) {
+    for (const Json& r : JsonlFile(metrics_log).read()) {
       if (string_of(r, "type") != "validation") continue;
       if (const auto b = integer_of(r, "batches")) batches[row.id] = std::max(batches[row.id], *b);
       const Json* metrics = detail::json_find(r, "metrics");

@@ -18,6 +18,7 @@
 #include "../../error.hpp"
 #include "../../detail/atomic_file.hpp"
 #include "../../detail/json_fwd.hpp"
+#include "../../detail/jsonl.hpp"
 #include "detail/chart.hpp"
 #include "detail/page.hpp"
 #include "../../detail/linkage.hpp"
@@ -279,7 +280,7 @@ DETTRIAL_INLINE std::filesystem::path write_run_report(const std::filesystem::pa
   if (!std::filesystem::is_regular_file(metrics_path, ec))
     throw Error("'" + run_dir.string() + "' has no metrics.jsonl: nothing to report (a run's output folder has one)");
   bool torn = false;
-  const std::vector<Json> records = detail::read_jsonl(metrics_path, &torn);
+  const std::vector<Json> records = detail::JsonlFile(metrics_path).read(&torn);
   std::size_t metric_charts = 0;
   const std::vector<html::Chart> charts = html::run_charts(records, &metric_charts);
 
