@@ -29,7 +29,7 @@ class EventLog {
   explicit EventLog(std::filesystem::path path) : file_(std::move(path)) {}
   const std::filesystem::path& path() const { return file_.path(); }
 
-  void append(const SearchEvent& event) const { file_.append(event.to_json()); }
+  void append(const SearchEvent& event) const;
 
   /// Cuts a torn last line (a runner killed while writing it) off, so that this runner's first
   /// event is not appended to it and lost with it; true when it cut one.
@@ -52,6 +52,8 @@ class EventLog {
 #include "../../detail/json.hpp"
 
 namespace dettrial::detail {
+
+DETTRIAL_INLINE void EventLog::append(const SearchEvent& event) const { file_.append(event.to_json()); }
 
 DETTRIAL_INLINE std::vector<LoggedEvent> EventLog::read() const {
   std::vector<LoggedEvent> events;
