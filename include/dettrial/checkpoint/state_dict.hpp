@@ -62,9 +62,6 @@ void for_each_state_entry(const torch::nn::Module& module, F&& f) {
 
 DETTRIAL_INLINE std::string shape_text(c10::IntArrayRef sizes);
 
-/// An empty dict of names to any values (a state dict's `{}`), made where dettrial is compiled.
-DETTRIAL_INLINE StateDict empty_state_dict();
-
 /// Python's DistributedDataParallel saves `module.<name>`: the model's own names without it.
 DETTRIAL_INLINE StateDict unwrapped(const StateDict& d);
 
@@ -180,8 +177,6 @@ DETTRIAL_INLINE c10::IValue unpickle_archive(const std::string& bytes, const std
     throw CheckpointError("cannot read '" + file.string() + "' as a torch.save archive: " + first_line(e.what()));
   }
 }
-
-DETTRIAL_INLINE StateDict empty_state_dict() { return StateDict(c10::StringType::get(), c10::AnyType::get()); }
 
 DETTRIAL_INLINE StateDict unwrapped(const StateDict& d) {
   const std::string prefix = "module.";

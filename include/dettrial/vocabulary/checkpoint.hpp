@@ -9,10 +9,15 @@
 
 #include <torch/torch.h>
 
+#include "../detail/linkage.hpp"
+
 namespace dettrial {
 
 /// A `torch.save`d state dict as LibTorch holds it: string keys to tensors, numbers, lists and dicts.
 using StateDict = c10::impl::GenericDict;
+
+/// An empty dict of names to any values (a state dict's `{}`), made where dettrial is compiled.
+DETTRIAL_INLINE StateDict empty_state_dict();
 
 /// A checkpoint policy: a name and whether to checkpoint after a validation, given whether it
 /// improved on the best searcher metric so far.
@@ -23,3 +28,12 @@ concept CheckpointPolicyType = requires(bool improved) {
 };
 
 }  // namespace dettrial
+
+// Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
+#if DETTRIAL_HEADER_DEFINITIONS
+namespace dettrial {
+
+DETTRIAL_INLINE StateDict empty_state_dict() { return StateDict(c10::StringType::get(), c10::AnyType::get()); }
+
+}  // namespace dettrial
+#endif  // DETTRIAL_HEADER_DEFINITIONS

@@ -24,7 +24,7 @@
 #include "../../config/experiment_config.hpp"
 #include "../../context/detail/access.hpp"
 #include "../../context/context.hpp"
-#include "../../vocabulary/callbacks.hpp"
+#include "../../vocabulary/detail/erased_callbacks.hpp"
 #include "../../vocabulary/checkpoint.hpp"
 #include "../checkpoint.hpp"
 #include "../state_dict.hpp"
@@ -38,14 +38,6 @@
 
 namespace dettrial::detail {
 
-/// A callback's name in checkpoints (`callbacks/<name>` in state_dict.pth): its `name()` if it has
-/// one, else `callback_<position>`.
-template <class C>
-std::string callback_name(const C& cb, std::size_t index) {
-  if constexpr (requires { std::string(cb.name()); }) return std::string(cb.name());
-  else return "callback_" + std::to_string(index);
-}
-
 /// A checkpoint the chief wrote: how long training stood still for it (taking the snapshot, or the
 /// whole write when synchronous), and how long the write took from there.
 struct WrittenCheckpoint {
@@ -53,58 +45,6 @@ struct WrittenCheckpoint {
   double seconds = 0;
   double write_seconds = 0;
 };
-
-/**
- * @brief What a fit's callbacks add to its checkpoints, as function pointers over the callback set:
- * their states for a checkpoint and their hooks around writing and loading one. The Checkpointer
- * reads them through this, so that its code is compiled once (in separate compilation) and not in
- * every trial's translation unit; each pointer is called once per checkpoint, never per batch.
- */
-struct CallbackHooks {
-  void* set = nullptr;
-  StateDict (*states)(void* set) = nullptr;                                               ///< the callbacks' state_dict()s, by name
-  void (*save_start)(void* set, StateDict& top) = nullptr;                                ///< on_checkpoint_save_start
-  void (*write_end)(void* set, const std::filesystem::path& dir) = nullptr;               ///< on_checkpoint_write_end
-  void (*upload_end)(void* set, const std::string& uuid) = nullptr;                       ///< on_checkpoint_upload_end
-  void (*load_start)(void* set, const StateDict& top) = nullptr;                          ///< on_checkpoint_load_start
-  std::vector<std::string> (*load_states)(void* set, const StateDict& states) = nullptr;  ///< load_state_dict; names without state
-};
-
-/// The hooks of callback set `set` (a CallbackSet), which must outlive them.
-template <class Set>
-CallbackHooks callback_hooks(Set& set) {
-  return {.set = &set,
-          .states =
-              [](void* p) {
-                StateDict states = empty_state_dict();
-                std::size_t index = 0;
-                static_cast<Set*>(p)->each([&](auto& cb) {
-                  if constexpr (hook::state_dict::callable<std::remove_reference_t<decltype(cb)>>)
-                    states.insert(callback_name(cb, index), hook::state_dict::call(cb));
-                  ++index;
-                });
-                return states;
-              },
-          .save_start = [](void* p, StateDict& top) { static_cast<Set*>(p)->template call<hook::on_checkpoint_save_start>(top); },
-          .write_end = [](void* p,
-                          const std::filesystem::path& dir) { static_cast<Set*>(p)->template call<hook::on_checkpoint_write_end>(dir); },
-          .upload_end = [](void* p, const std::string& uuid) { static_cast<Set*>(p)->template call<hook::on_checkpoint_upload_end>(uuid); },
-          .load_start = [](void* p, const StateDict& top) { static_cast<Set*>(p)->template call<hook::on_checkpoint_load_start>(top); },
-          .load_states =
-              [](void* p, const StateDict& states) {
-                std::vector<std::string> without_state;
-                std::size_t index = 0;
-                static_cast<Set*>(p)->each([&](auto& cb) {
-                  if constexpr (hook::load_state_dict::callable<std::remove_reference_t<decltype(cb)>>) {
-                    const std::string name = callback_name(cb, index);
-                    if (const auto found = states.find(name); found != states.end()) hook::load_state_dict::call(cb, found->value());
-                    else without_state.push_back(name);
-                  }
-                  ++index;
-                });
-                return without_state;
-              }};
-}
 
 /**
  * @brief The checkpoints of one fit (Determined's layout, crash-safe; checkpoint/ writes the files).
@@ -141,7 +81,7 @@ class Checkpointer {
    * rank's RNG states go to the chief, which writes. The checkpoint in flight must have been
    * finished first (finish with `wait`).
    */
-  DETTRIAL_INLINE void begin(const CallbackHooks& callbacks, TrialCheckpointRecord record);
+  DETTRIAL_INLINE void begin(const ErasedCallbacks& callbacks, TrialCheckpointRecord record);
 
   /**
    * @brief The checkpoint in flight, once it is durable (with `wait`, waiting for it), after its
@@ -150,7 +90,7 @@ class Checkpointer {
    * nullopt while it is still being written, and on the ranks other than the chief. A write that
    * failed is a CheckpointError on every rank, naming the file on the chief.
    */
-  DETTRIAL_INLINE std::optional<WrittenCheckpoint> finish(const CallbackHooks& callbacks, bool wait);
+  DETTRIAL_INLINE std::optional<WrittenCheckpoint> finish(const ErasedCallbacks& callbacks, bool wait);
 
   /// Waits for a write in flight without its hooks (the fit is ending, perhaps failing): the
   /// checkpoint is completed, or its failure said in a warning. Not a collective.
@@ -173,7 +113,7 @@ class Checkpointer {
    * optimizers, schedulers, pending gradients, RNGs) and the callbacks that keep state. Returns the
    * names of the callbacks with state that the checkpoint has none for.
    */
-  DETTRIAL_INLINE std::vector<std::string> restore(const std::filesystem::path& dir, const CallbackHooks& callbacks,
+  DETTRIAL_INLINE std::vector<std::string> restore(const std::filesystem::path& dir, const ErasedCallbacks& callbacks,
                                                    bool fresh_parts = false);
 
   /// Deletes the checkpoints retention lets go; `keep_uuid` (the newest, mid-trial) is spared.
@@ -252,15 +192,15 @@ DETTRIAL_INLINE Checkpointer::Checkpointer(Checkpointer&&) noexcept = default;
 DETTRIAL_INLINE Checkpointer& Checkpointer::operator=(Checkpointer&&) noexcept = default;
 DETTRIAL_INLINE Checkpointer::~Checkpointer() = default;
 
-DETTRIAL_INLINE void Checkpointer::begin(const CallbackHooks& callbacks, TrialCheckpointRecord record) {
+DETTRIAL_INLINE void Checkpointer::begin(const ErasedCallbacks& callbacks, TrialCheckpointRecord record) {
   const auto started = std::chrono::steady_clock::now();
   const RankRngStates rng = gather_rng_states(*context_);
   const detail::WholeStates whole_optimizer_states =
       detail::ContextAccess::whole_optimizer_states(*key_, *context_);  // ZeRO's, on the chief
   in_flight_ = true;
   if (!context_->distributed().is_chief()) return;
-  StateDict top = trial_state_dict(*key_, *context_, rng, callbacks.states(callbacks.set));
-  callbacks.save_start(callbacks.set, top);
+  StateDict top = trial_state_dict(*key_, *context_, rng, callbacks.states());
+  callbacks.on_checkpoint_save_start(top);
   record.sequence = ++sequence_;
   const bool background = asynchronous_ && snapshot_fits(top);
   if (!background) {
@@ -278,7 +218,7 @@ DETTRIAL_INLINE void Checkpointer::begin(const CallbackHooks& callbacks, TrialCh
   stood_still_ = std::chrono::duration<double>(taken_at_ - started).count();
 }
 
-DETTRIAL_INLINE std::optional<WrittenCheckpoint> Checkpointer::finish(const CallbackHooks& callbacks, bool wait) {
+DETTRIAL_INLINE std::optional<WrittenCheckpoint> Checkpointer::finish(const ErasedCallbacks& callbacks, bool wait) {
   if (!in_flight_) return std::nullopt;
   const bool chief = context_->distributed().is_chief();
   const auto asked = std::chrono::steady_clock::now();
@@ -304,18 +244,18 @@ DETTRIAL_INLINE std::optional<WrittenCheckpoint> Checkpointer::finish(const Call
     throw CheckpointError(chief ? "the checkpoint could not be written: " + error
                                 : std::string("the chief rank could not write the checkpoint (its log says why)"));
   const std::string uuid = share_uuid(context_->communicator(), chief ? info->uuid : std::string());
-  if (chief) callbacks.write_end(callbacks.set, info->path);
-  callbacks.upload_end(callbacks.set, uuid);
+  if (chief) callbacks.on_checkpoint_write_end(info->path);
+  callbacks.on_checkpoint_upload_end(uuid);
   if (!chief) return std::nullopt;
   return WrittenCheckpoint{*info, stood_still_, std::chrono::duration<double>(ended - taken_at_).count()};
 }
 
-DETTRIAL_INLINE std::vector<std::string> Checkpointer::restore(const std::filesystem::path& dir, const CallbackHooks& callbacks,
+DETTRIAL_INLINE std::vector<std::string> Checkpointer::restore(const std::filesystem::path& dir, const ErasedCallbacks& callbacks,
                                                                bool fresh_parts) {
   const StateDict top = read_state_dict_file(dir);
-  callbacks.load_start(callbacks.set, top);
+  callbacks.on_checkpoint_load_start(top);
   restore_context(*key_, *context_, dir, top, fresh_parts);
-  return callbacks.load_states(callbacks.set, callback_states_of(top));
+  return callbacks.load_states(callback_states_of(top));
 }
 
 }  // namespace dettrial::detail

@@ -4,8 +4,9 @@
 /// once in separate-compilation mode: Determined's loop by boundary (the fit's start, training
 /// workload after workload, validation, checkpoints, an early stop, the end). It calls the trial's
 /// half, detail::Run<TrialT, Set> (trainer/run.hpp: the batch loop, the trial's hooks, its loaders
-/// and the callbacks), through the virtual functions below, each called once per fit, workload,
-/// validation or checkpoint, never per batch.
+/// and the per-epoch callback hooks), through the virtual functions below, each called once per fit,
+/// workload, validation or checkpoint, never per batch; the callbacks' other hooks through their
+/// one erased form, detail::ErasedCallbacks.
 #pragma once
 // IWYU pragma: private, include <dettrial/dettrial.hpp>
 
@@ -24,6 +25,7 @@
 #include "../../distributed/detail/metrics.hpp"
 #include "../../error.hpp"
 #include "../../vocabulary/data.hpp"
+#include "../../vocabulary/detail/erased_callbacks.hpp"
 #include "../../vocabulary/metrics.hpp"
 #include "../fit_options.hpp"
 #include "fit_steps.hpp"
@@ -51,9 +53,6 @@ struct TrialFacts {
   bool epochs_follow_records_per_epoch = false;
 };
 
-/// The callback hooks without arguments that the loop calls.
-enum class LoopHook { training_start, validation_start };
-
 /**
  * @brief The trial-independent half of one fit (see the file's comment). Holds the fit's pieces
  * (its Schedule, Position, Outputs, Checkpointer and result), which Run's batch loop reads and
@@ -69,22 +68,12 @@ class FitLoop {
   DETTRIAL_INLINE FitResult fit(FitOptions options);
 
  protected:
-  /// `callbacks`: the Run's callbacks' states and hooks, which the checkpoints read and call.
-  DETTRIAL_INLINE FitLoop(TrainerKey key, Context& context, TrialFacts facts, CallbackHooks callbacks);
+  /// `callbacks`: the Run's callbacks, erased: the hooks the loop and the checkpoints call.
+  DETTRIAL_INLINE FitLoop(TrainerKey key, Context& context, TrialFacts facts, ErasedCallbacks callbacks);
   // Not virtual: a Run is never destroyed through a FitLoop.
   DETTRIAL_INLINE ~FitLoop();
 
   // ---- the trial's half (Run<TrialT, Set>) ------------------------------------------------------
-
-  /// on_trial_startup for each callback in order, counting in `started` those that started.
-  virtual void start_callbacks(std::int64_t first_batch, const std::string& resume_uuid, std::size_t& started) = 0;
-  /// on_trial_shutdown for the callbacks that started, last first; a failing hook is reported, not thrown.
-  virtual void shut_down_callbacks(std::size_t started) = 0;
-  virtual void call_callbacks(LoopHook hook) = 0;
-  /// on_training_workload_end, with the batches' metrics when a callback keeps them.
-  virtual void workload_ended(const MetricValues& metrics, const Workload& workload) = 0;
-  /// on_validation_end.
-  virtual void validation_ended(const MetricValues& metrics) = 0;
 
   /// Builds the training and validation loaders.
   virtual void build_loaders() = 0;
@@ -152,7 +141,7 @@ class FitLoop {
   DETTRIAL_INLINE int agreed_max(int value);
 
   TrialFacts facts_;
-  CallbackHooks callback_hooks_;
+  ErasedCallbacks callbacks_;
 };
 
 }  // namespace dettrial::detail
@@ -172,8 +161,8 @@ class FitLoop {
 
 namespace dettrial::detail {
 
-DETTRIAL_INLINE FitLoop::FitLoop(TrainerKey key, Context& context, TrialFacts facts, CallbackHooks callbacks)
-    : key_(key), context_(context), facts_(std::move(facts)), callback_hooks_(callbacks) {}
+DETTRIAL_INLINE FitLoop::FitLoop(TrainerKey key, Context& context, TrialFacts facts, ErasedCallbacks callbacks)
+    : key_(key), context_(context), facts_(std::move(facts)), callbacks_(callbacks) {}
 DETTRIAL_INLINE FitLoop::~FitLoop() = default;
 
 DETTRIAL_INLINE FitResult FitLoop::fit(FitOptions options) {
@@ -187,9 +176,9 @@ DETTRIAL_INLINE FitResult FitLoop::fit(FitOptions options) {
   });
   // Each callback that started gets on_trial_shutdown, in reverse order, whatever happens next.
   std::size_t started = 0;
-  const auto shutdown = on_scope_exit([&] { shut_down_callbacks(started); });
+  const auto shutdown = on_scope_exit([&] { callbacks_.on_trial_shutdown(started); });
   const std::string resume_uuid = position_.resume_dir() ? position_.resume_dir()->filename().string() : std::string();
-  start_callbacks(position_.first_batch(), resume_uuid, started);
+  callbacks_.on_trial_startup(position_.first_batch(), resume_uuid, started);
   prepare_training();
   // The graph is made anew in each fit (a resumed run warms up and captures again) and freed after it.
   if (const auto* graph = std::get_if<capture::cuda_graph>(&options_.step_capture)) start_step_graph(*graph);
@@ -199,7 +188,7 @@ DETTRIAL_INLINE FitResult FitLoop::fit(FitOptions options) {
   if (const std::optional<std::string> data = describe_training_data()) outputs_.reporter().line("dettrial: training data: " + *data);
   outputs_.start_tensorboard_session(context_);
   const StopSignals signals(options_.handle_signals);
-  call_callbacks(LoopHook::training_start);
+  callbacks_.on_training_start();
   if (options_.step_zero_validation && position_.untouched()) validate();
   // A checkpoint taken where a validation was due but had not run (an earlier dettrial stopped on
   // a signal before validating): it runs first, where the uninterrupted run ran it.
@@ -269,7 +258,7 @@ DETTRIAL_INLINE void FitLoop::train() {
   while (schedule_.remaining(position_.progress()) > 0) {
     const Reached reached = train_workload(workload);
     result_.last_training_metrics = report_training(key_, context_, workload, position_.progress(), outputs_.reporter());
-    workload_ended(result_.last_training_metrics, workload);
+    callbacks_.on_training_workload_end(result_.last_training_metrics, workload.batch_metrics);
     finish_checkpoint(/*wait=*/false);  // the one written in the background, if it is durable now
     if (handle_boundaries(reached)) return;
   }
@@ -332,11 +321,11 @@ DETTRIAL_INLINE void FitLoop::validate() {
     // period.
     const auto generators = on_scope_exit([states = GeneratorStates::record(context_.device())] { states.restore(); });
     begin_validation(key_, context_, position_.batches_trained());
-    call_callbacks(LoopHook::validation_start);
+    callbacks_.on_validation_start();
     outputs_.reporter().begin("validate", 0, validation_epoch_length(validation_chain()), "batches");
     std::int64_t records = 0;
     const MetricValues metrics = reduce_validation(key_, context_, evaluate(), records);
-    validation_ended(metrics);
+    callbacks_.on_validation_end(metrics);
     result_.last_validation_metrics = finish_validation(context_, metrics, records, position_, outputs_.reporter());
     ++result_.validations;
     improved = improves_searcher_metric(context_, options_, position_, result_.last_validation_metrics);
@@ -353,15 +342,15 @@ DETTRIAL_INLINE void FitLoop::checkpoint() {
   // Compared already when a validation ran at this batch: nothing has trained since.
   agree_on_replicas(context_, position_.batches_trained(), /*compare_parameters=*/!position_.validated_here());
   const LoaderSeeds seeds = data_seeds();
-  checkpointer_.begin(callback_hooks_, checkpoint_record(context_, options_, schedule_, position_, result_.last_validation_metrics,
-                                                         seeds.training, seeds.validation, facts_.trial_type));
+  checkpointer_.begin(callbacks_, checkpoint_record(context_, options_, schedule_, position_, result_.last_validation_metrics,
+                                                    seeds.training, seeds.validation, facts_.trial_type));
   finish_checkpoint(/*wait=*/false);  // a synchronous write has ended already
 }
 
 /// Once the checkpoint in flight is durable (`wait`: waiting for it): its hooks, its record and
 /// report line, and retention sparing it. A collective while one is in flight.
 DETTRIAL_INLINE void FitLoop::finish_checkpoint(bool wait) {
-  if (const std::optional<WrittenCheckpoint> written = checkpointer_.finish(callback_hooks_, wait)) {  // on the chief
+  if (const std::optional<WrittenCheckpoint> written = checkpointer_.finish(callbacks_, wait)) {  // on the chief
     result_.checkpoints.push_back(written->info);
     report_checkpoint(*written, checkpointer_, outputs_.reporter());
   }
@@ -394,7 +383,7 @@ DETTRIAL_INLINE std::int64_t FitLoop::agree_across_ranks(std::int64_t loader_bat
 /// Restores a checkpoint: models (names and shapes checked), optimizers, schedulers, pending
 /// gradients, RNGs, callbacks, and where the trial stands (`progress`).
 DETTRIAL_INLINE void FitLoop::restore(const std::filesystem::path& dir, const TrialProgress& progress) {
-  outputs_.warn_missing_callback_states(checkpointer_.restore(dir, callback_hooks_, options_.resume_fresh_parts));
+  outputs_.warn_missing_callback_states(checkpointer_.restore(dir, callbacks_, options_.resume_fresh_parts));
   restore_data_seeds({progress.training_data_seed, progress.validation_data_seed});
   position_.restored(progress);
 }

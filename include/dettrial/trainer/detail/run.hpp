@@ -57,9 +57,10 @@ decltype(auto) deref(O& o) {
 /**
  * @brief The trial's half of one fit (only Trainer<TrialT> makes one, and only for a trial that
  * meets the concepts): the batch loop that calls train_batch (eagerly or as the captured step),
- * evaluate_batch, the trial's loaders and the callbacks in `Set`. The loop by boundary, and every
- * step that does not depend on the trial's type, is its base, FitLoop (compiled once), which calls
- * the overrides below once per fit, workload, validation or checkpoint.
+ * evaluate_batch, the trial's loaders and the per-epoch hooks of the callbacks in `Set`. The loop
+ * by boundary, and every step that does not depend on the trial's type, is its base, FitLoop
+ * (compiled once), which calls the overrides below once per fit, workload, validation or
+ * checkpoint, and the callbacks' other hooks through erase_callbacks(set).
  */
 template <class TrialT, class Set>
 class Run final : public FitLoop {
@@ -76,53 +77,17 @@ class Run final : public FitLoop {
                            .training_batch_type = c10::demangle(typeid(training_batch_t<TrialT>).name()),
                            .training_batch_tensors_only = tensors_only_batch<training_batch_t<TrialT>>(),
                            .epochs_follow_records_per_epoch = epochs_follow_records_per_epoch()},
-                callback_hooks(callbacks)),
+                erase_callbacks(callbacks)),
         trial_(trial),
         model_(model),
         optimizer_(optimizer),
-        callbacks_(callbacks) {}
+        callback_set_(callbacks) {}
 
  private:
   static constexpr bool epochs_follow_records_per_epoch() {
     if constexpr (requires { TrialT::epochs_follow_records_per_epoch; }) return TrialT::epochs_follow_records_per_epoch;
     else return false;
   }
-
-  // ---- callbacks -----------------------------------------------------------------------------
-
-  void start_callbacks(std::int64_t first_batch, const std::string& resume_uuid, std::size_t& started) override {
-    callbacks_.each([&](auto& cb) {
-      using C = std::remove_reference_t<decltype(cb)>;
-      if constexpr (hook::on_trial_startup::callable<C>) hook::on_trial_startup::call(cb, first_batch, resume_uuid);
-      ++started;
-    });
-  }
-
-  void shut_down_callbacks(std::size_t started) override {
-    std::size_t index = Set::size;
-    callbacks_.each_reversed([&](auto& cb) {
-      using C = std::remove_reference_t<decltype(cb)>;
-      if (index-- > started) return;
-      if constexpr (hook::on_trial_shutdown::callable<C>) {
-        try {
-          hook::on_trial_shutdown::call(cb);
-        } catch (const std::exception& e) {
-          std::fprintf(stderr, "dettrial: on_trial_shutdown failed: %s\n", e.what());
-        }
-      }
-    });
-  }
-
-  void call_callbacks(LoopHook hook) override {
-    if (hook == LoopHook::training_start) callbacks_.template call<hook::on_training_start>();
-    else callbacks_.template call<hook::on_validation_start>();
-  }
-
-  void workload_ended(const MetricValues& metrics, const Workload& workload) override {
-    callbacks_.template call<hook::on_training_workload_end>(metrics, std::span<const Metrics>(workload.batch_metrics));
-  }
-
-  void validation_ended(const MetricValues& metrics) override { callbacks_.template call<hook::on_validation_end>(metrics); }
 
   // ---- the loaders ---------------------------------------------------------------------------
 
@@ -201,7 +166,7 @@ class Run final : public FitLoop {
       const std::int64_t batch_idx = position_.batches_trained(), epoch_idx = schedule_.epoch_of(batch_idx);
       const bool epoch_start = schedule_.starts_epoch(batch_idx), epoch_end = schedule_.ends_epoch(batch_idx);
       ContextAccess::position(key_, context_).current_batch = batch_idx;
-      if (epoch_start) callbacks_.template call<hook::on_training_epoch_start>(epoch_idx);
+      if (epoch_start) callback_set_.template call<hook::on_training_epoch_start>(epoch_idx);
       if (!batches.has_next()) training_stream_ended(batch_idx);
       profiler.before_batch(batch_idx);
       // Synchronized timings only inside the profiled range: a sync a batch elsewhere would cost the GPU its queue.
@@ -210,7 +175,7 @@ class Run final : public FitLoop {
       if (profiler.after_batch(batch_idx)) outputs_.report_profile();
       if (outputs_.system_metrics_ready()) outputs_.report_system_metrics(position_.batches_trained(), position_.epochs_trained());
       if (epoch_end) {
-        callbacks_.template call<hook::on_training_epoch_end>(epoch_idx);
+        callback_set_.template call<hook::on_training_epoch_end>(epoch_idx);
         position_.epoch_trained();
       }
       reporter.update(position_.batches_trained());
@@ -311,7 +276,7 @@ class Run final : public FitLoop {
   RankShare evaluate() override {
     RankShare mine;
     if constexpr (DeclaresEvaluateBatch<TrialT>) {
-      callbacks_.template call<hook::on_validation_epoch_start>();
+      callback_set_.template call<hook::on_validation_epoch_start>();
       ValidationReduction reduction(evaluation_reducer());
       std::vector<Metrics> outputs;
       std::int64_t batch_idx = 0;
@@ -326,7 +291,7 @@ class Run final : public FitLoop {
         if (options_.test_mode) break;
         batches.stage();  // the next batch copies while the device evaluates this one
       }
-      callbacks_.template call<hook::on_validation_epoch_end>(std::span<const Metrics>(outputs));
+      callback_set_.template call<hook::on_validation_epoch_end>(std::span<const Metrics>(outputs));
       mine.totals = reduction.totals();
       mine.batches = reduction.batches();
     } else if (context_.distributed().is_chief()) {  // the whole dataset on the chief only (Determined's rule)
@@ -376,7 +341,7 @@ class Run final : public FitLoop {
   TrialT& trial_;
   Model& model_;
   OptimizerHolder& optimizer_;
-  Set& callbacks_;
+  Set& callback_set_;
   std::optional<training_loader_t<TrialT>> train_loader_;
   std::optional<validation_loader_t<TrialT>> validation_loader_;
   /// The training loader's endless stream, its next batch copied ahead (open during train()).
