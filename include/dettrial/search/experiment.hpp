@@ -764,7 +764,7 @@ DETTRIAL_INLINE void Experiment::tell_searcher(std::int64_t id, TrialRecord& tri
   const SearcherDecision d = std::visit([&](auto& s) { return s.on_validation(id, metric, time); }, searcher_);
   // A trial at its full length ends by itself; a stop is for the ones with time left.
   const bool stop = d == SearcherDecision::stop && time < static_cast<double>(trial.request.max_length);
-  SearchEvent::Validation event{.metric = metric, .time = time, .batches = v.batches, .stopped = stop};
+  SearchEvent::Validation event{.metric = metric, .time = time, .batches = v.batches, .rung = std::nullopt, .stopped = stop};
   // For the report: the ASHA rung this validation reached (the rungs its time has passed).
   std::string where;
   if (const searcher::AshaBracket* bracket = bracket_of(id)) {
@@ -776,7 +776,7 @@ DETTRIAL_INLINE void Experiment::tell_searcher(std::int64_t id, TrialRecord& tri
       where = "; rung " + std::to_string(passed) + " of " + std::to_string(bracket->units_needed.size());
     }
   }
-  log_event({.trial = id, .what = event});
+  log_event({.trial = id, .what = event, .slurm_job = std::nullopt});
   char values[96];
   std::snprintf(values, sizeof values, "%.6g (best %.6g", metric, trial.summary.best_metric.value_or(metric));
   const std::string at = " at " + config_.searcher.time_metric + " " + std::to_string(static_cast<std::int64_t>(time));

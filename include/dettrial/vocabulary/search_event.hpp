@@ -102,7 +102,8 @@ DETTRIAL_INLINE SearchEvent SearchEvent::from_json(const detail::Json& j) {
     Validation v{.metric = json_as<double>(json_field(j, "metric"), "metric"),
                  .time = json_as<double>(json_field(j, "time"), "time"),
                  .batches = optional_integer("batches"),
-                 .rung = optional_integer("rung")};
+                 .rung = optional_integer("rung"),
+                 .stopped = false};
     if (const detail::Json* stopped = json_find(j, "stopped")) v.stopped = json_as<bool>(*stopped, "stopped");
     return {.trial = trial, .what = v, .slurm_job = slurm_job};
   }
