@@ -8,5 +8,5 @@
 
 #include "dettrial.hpp"
 
-#include "keras/callbacks.hpp"
+#include "keras/keras_callbacks.hpp"
 #include "keras/keras.hpp"

@@ -9,4 +9,4 @@
 
 #include "dettrial.hpp"
 
-#include "data/samplers.hpp"
+#include "data/sampler_views.hpp"

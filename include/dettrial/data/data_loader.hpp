@@ -23,7 +23,7 @@
 #include "../error.hpp"
 #include "collate.hpp"
 #include "detail/prefetch.hpp"
-#include "sampler.hpp"
+#include "sampler_chain.hpp"
 #include "epoch_order.hpp"
 #include "../detail/linkage.hpp"
 

@@ -3,7 +3,7 @@
 /// @brief The sampler chain: which records make up each batch a rank reads, with Determined's order of
 /// operations (an epoch's order, batch, repeat, shard by rank, skip) and O(1) random access. The
 /// epoch's order is the built-in one (in order, or shuffled per epoch), a user's sampler's, or a
-/// user's batch sampler's batches; the chain steps are those of samplers.hpp, computed directly.
+/// user's batch sampler's batches; the chain steps are those of sampler_views.hpp, computed directly.
 #pragma once
 
 #include <concepts>

@@ -25,7 +25,7 @@
 #include <range/v3/view/transform.hpp>
 
 #include "epoch_order.hpp"
-#include "sampler.hpp"
+#include "sampler_chain.hpp"
 
 namespace dettrial::detail {
 /// Item `k` of a stream of epochs: `batch_of(k / batches_per_epoch, k % batches_per_epoch)`.

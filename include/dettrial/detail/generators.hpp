@@ -2,7 +2,7 @@
 /// @file
 /// @brief detail::GeneratorStates: the default random generators' states (the CPU's and chosen CUDA
 /// devices'), kept and put back. One mechanism for every place that must leave the random stream as
-/// it found it: activation checkpointing's recompute (nn/checkpoint.hpp) and validation, which must
+/// it found it: activation checkpointing's recompute (nn/activation_checkpoint.hpp) and validation, which must
 /// change nothing the training reads (trainer/fit_loop.hpp).
 #pragma once
 // IWYU pragma: private, include <dettrial/dettrial.hpp>

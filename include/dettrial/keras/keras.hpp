@@ -9,7 +9,7 @@
 /// `(inputs, labels)` batches); `Trainer<MyKerasTrial>` runs it through
 /// `keras::TrialAdapter`, under the same loop, checkpoints, searchers and data parallel as any trial.
 /// Training metrics are `loss` and the compiled metrics; validation metrics carry Keras's `val_`
-/// prefix (`val_loss`, `val_accuracy`). Keras's callbacks are in callbacks.hpp.
+/// prefix (`val_loss`, `val_accuracy`). Keras's callbacks are in keras_callbacks.hpp.
 #pragma once
 
 #include <cstdint>
@@ -32,7 +32,7 @@
 #include "../detail/yaml.hpp"
 #include "../detail/linkage.hpp"
 #include "../trainer/trainer.hpp"
-#include "callbacks.hpp"
+#include "keras_callbacks.hpp"
 
 namespace dettrial::keras {
 

@@ -19,9 +19,9 @@
 #include "../error.hpp"
 #include "../detail/scope_exit.hpp"
 #include "../vocabulary/trial.hpp"
-#include "detail/callbacks.hpp"
+#include "detail/callback_set.hpp"
 #include "fit_options.hpp"
-#include "detail/run.hpp"
+#include "detail/batch_loop.hpp"
 #include "detail/fit_steps.hpp"
 
 namespace dettrial {
@@ -125,7 +125,7 @@ class Trainer {
             return detail::CallbackSet<std::remove_reference_t<decltype(own)>..., Callbacks...>(std::tie(own..., callbacks...));
           },
           *callbacks_);
-      detail::Run<TrialT, decltype(set)> run(key_, context_, *trial_, model_or_missing(), optimizer_or_missing(), set);
+      detail::BatchLoop<TrialT, decltype(set)> run(key_, context_, *trial_, model_or_missing(), optimizer_or_missing(), set);
       return run.fit(std::move(options));
     }
   }

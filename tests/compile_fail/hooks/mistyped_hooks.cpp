@@ -1,4 +1,4 @@
-// Every hook of the callback table (trainer/detail/callbacks.hpp) declared with a parameter the trainer
+// Every hook of the callback table (vocabulary/callbacks.hpp) declared with a parameter the trainer
 // never passes, one callback type per hook, all in one translation unit: each must give its own
 // sentence naming the hook (one compile checks all fourteen; see tests/CMakeLists.txt).
 #include "../../unit/test_trials.hpp"

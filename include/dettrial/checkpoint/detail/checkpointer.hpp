@@ -60,7 +60,7 @@ struct WrittenCheckpoint {
  */
 class Checkpointer {
  public:
-  // Out of line (compiled once in separate compilation), as a Run<T> of every trial makes, moves
+  // Out of line (compiled once in separate compilation), as a BatchLoop<T> of every trial makes, moves
   // and ends one.
   DETTRIAL_INLINE Checkpointer();
   /// On the chief, removes what an interrupted writer left in `storage` and continues its sequence.

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 /// @file
-/// @brief detail::Run<TrialT, Set>: the trial's half of one fit, generated for it: the batch loop
+/// @brief detail::BatchLoop<TrialT, Set>: the trial's half of one fit, generated for it: the batch loop
 /// (train_batch eagerly or as the captured step, backward, the optimizer step), validation's
 /// evaluate_batch, the trial's loaders and the callbacks. Trainer<TrialT> builds the trial and
 /// makes a Run for each fit. The loop by boundary (trainer/fit_loop.hpp) and everything else that
@@ -39,7 +39,7 @@
 #include "../../report/detail/reporter.hpp"
 #include "../../vocabulary/trial.hpp"
 #include "after_update.hpp"
-#include "callbacks.hpp"
+#include "callback_set.hpp"
 #include "fit_loop.hpp"
 #include "fit_steps.hpp"
 #include "schedule.hpp"
@@ -63,7 +63,7 @@ decltype(auto) deref(O& o) {
  * checkpoint, and the callbacks' other hooks through erase_callbacks(set).
  */
 template <class TrialT, class Set>
-class Run final : public FitLoop {
+class BatchLoop final : public FitLoop {
   static constexpr bool declarative = DeclaresModel<TrialT>;
 
  public:
@@ -71,12 +71,12 @@ class Run final : public FitLoop {
   using OptimizerHolder = std::conditional_t<declarative, optimizer_result_t<TrialT>, missing>;
 
   /// A declarative trial's model and optimizer holder; `missing` objects for the others.
-  Run(TrainerKey key, Context& context, TrialT& trial, Model& model, OptimizerHolder& optimizer, Set& callbacks)
+  BatchLoop(TrainerKey key, Context& context, TrialT& trial, Model& model, OptimizerHolder& optimizer, Set& callbacks)
       : FitLoop(key, context,
-                TrialFacts{.trial_type = c10::demangle(typeid(TrialT).name()),
-                           .training_batch_type = c10::demangle(typeid(training_batch_t<TrialT>).name()),
-                           .training_batch_tensors_only = tensors_only_batch<training_batch_t<TrialT>>(),
-                           .epochs_follow_records_per_epoch = epochs_follow_records_per_epoch()},
+                TrialTypeInfo{.trial_type = c10::demangle(typeid(TrialT).name()),
+                              .training_batch_type = c10::demangle(typeid(training_batch_t<TrialT>).name()),
+                              .training_batch_tensors_only = tensors_only_batch<training_batch_t<TrialT>>(),
+                              .epochs_follow_records_per_epoch = epochs_follow_records_per_epoch()},
                 erase_callbacks(callbacks)),
         trial_(trial),
         model_(model),
@@ -152,11 +152,11 @@ class Run final : public FitLoop {
   void open_training_stream() override { training_batches_.emplace(train_loader_->batches(training_chain()), context_.device()); }
   void close_training_stream() noexcept override { training_batches_.reset(); }
 
-  Reached train_workload(Workload& workload) override { return train_until_boundary(*training_batches_, workload); }
+  BoundariesReached train_workload(Workload& workload) override { return train_until_boundary(*training_batches_, workload); }
 
   /// Trains batch after batch until one reaches a boundary (or, in one process, a stop signal arrives).
   template <class Batches>
-  Reached train_until_boundary(Batches& batches, Workload& workload) {
+  BoundariesReached train_until_boundary(Batches& batches, Workload& workload) {
     step_graph_.check_unchanged();
     workload.begin(key_, context_, checkpointer_.take_waited_seconds());
     Reporter& reporter = outputs_.reporter();
@@ -179,7 +179,7 @@ class Run final : public FitLoop {
         position_.epoch_trained();
       }
       reporter.update(position_.batches_trained());
-      const Reached reached = schedule_.boundaries_after(batch_idx, epoch_idx, epoch_end);
+      const BoundariesReached reached = schedule_.boundaries_after(batch_idx, epoch_idx, epoch_end);
       if (reached.any()) return reached;
       // One process stops at any batch (with rank_invariant, at an update's last); a job only at
       // boundaries, where its ranks agree.

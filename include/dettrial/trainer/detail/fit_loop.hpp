@@ -3,7 +3,7 @@
 /// @brief detail::FitLoop: the half of one fit that does not depend on the trial's type, compiled
 /// once in separate-compilation mode: Determined's loop by boundary (the fit's start, training
 /// workload after workload, validation, checkpoints, an early stop, the end). It calls the trial's
-/// half, detail::Run<TrialT, Set> (trainer/run.hpp: the batch loop, the trial's hooks, its loaders
+/// half, detail::BatchLoop<TrialT, Set> (trainer/detail/batch_loop.hpp: the batch loop, the trial's hooks, its loaders
 /// and the per-epoch callback hooks), through the virtual functions below, each called once per fit,
 /// workload, validation or checkpoint, never per batch; the callbacks' other hooks through their
 /// one erased form, detail::ErasedCallbacks.
@@ -44,7 +44,7 @@ struct LoaderSeeds {
 
 /// What the loop needs of the trial's types, as values: the trial's name (a checkpoint records it)
 /// and whether a step capture can take its training batch (named when it cannot).
-struct TrialFacts {
+struct TrialTypeInfo {
   std::string trial_type;
   std::string training_batch_type;
   bool training_batch_tensors_only = false;
@@ -69,11 +69,11 @@ class FitLoop {
 
  protected:
   /// `callbacks`: the Run's callbacks, erased: the hooks the loop and the checkpoints call.
-  DETTRIAL_INLINE FitLoop(TrainerKey key, Context& context, TrialFacts facts, ErasedCallbacks callbacks);
+  DETTRIAL_INLINE FitLoop(TrainerKey key, Context& context, TrialTypeInfo facts, ErasedCallbacks callbacks);
   // Not virtual: a Run is never destroyed through a FitLoop.
   DETTRIAL_INLINE ~FitLoop();
 
-  // ---- the trial's half (Run<TrialT, Set>) ------------------------------------------------------
+  // ---- the trial's half (BatchLoop<TrialT, Set>) ------------------------------------------------------
 
   /// Builds the training and validation loaders.
   virtual void build_loaders() = 0;
@@ -94,7 +94,7 @@ class FitLoop {
   virtual void close_training_stream() noexcept = 0;
   /// Trains batch after batch from that stream until one reaches a boundary (or, in one process,
   /// a stop signal arrives).
-  virtual Reached train_workload(Workload& workload) = 0;
+  virtual BoundariesReached train_workload(Workload& workload) = 0;
   /// This rank's share of a validation (the trial's evaluate_batch or evaluate_full_dataset).
   virtual RankShare evaluate() = 0;
 
@@ -126,21 +126,21 @@ class FitLoop {
   DETTRIAL_INLINE void begin(FitOptions options);
   DETTRIAL_INLINE void prepare_training();
   DETTRIAL_INLINE void train();
-  DETTRIAL_INLINE bool handle_boundaries(const Reached& reached);
+  DETTRIAL_INLINE bool handle_boundaries(const BoundariesReached& reached);
   /// Stops (and returns true) when any rank received a stop signal or asked to stop.
   DETTRIAL_INLINE bool stop_if_asked();
-  DETTRIAL_INLINE void stop(int signal);
+  DETTRIAL_INLINE void stop_early(int signal);
   DETTRIAL_INLINE void checkpoint_unless_current();
   DETTRIAL_INLINE void validate();
   DETTRIAL_INLINE void checkpoint();
   DETTRIAL_INLINE void finish_checkpoint(bool wait);
   DETTRIAL_INLINE std::int64_t agree_across_ranks(std::int64_t loader_batches);
   DETTRIAL_INLINE void restore(const std::filesystem::path& dir, const TrialProgress& progress);
-  DETTRIAL_INLINE std::int64_t data_layout();
+  DETTRIAL_INLINE std::int64_t data_ranks();
   /// The largest of `value` over the ranks: what every rank acts on.
   DETTRIAL_INLINE int agreed_max(int value);
 
-  TrialFacts facts_;
+  TrialTypeInfo facts_;
   ErasedCallbacks callbacks_;
 };
 
@@ -161,7 +161,7 @@ class FitLoop {
 
 namespace dettrial::detail {
 
-DETTRIAL_INLINE FitLoop::FitLoop(TrainerKey key, Context& context, TrialFacts facts, ErasedCallbacks callbacks)
+DETTRIAL_INLINE FitLoop::FitLoop(TrainerKey key, Context& context, TrialTypeInfo facts, ErasedCallbacks callbacks)
     : key_(key), context_(context), facts_(std::move(facts)), callbacks_(callbacks) {}
 DETTRIAL_INLINE FitLoop::~FitLoop() = default;
 
@@ -237,7 +237,7 @@ DETTRIAL_INLINE void FitLoop::begin(FitOptions options) {
 /// Builds the data loaders, makes the ranks agree, restores the checkpoint and sets the counters.
 DETTRIAL_INLINE void FitLoop::prepare_training() {
   build_loaders();
-  schedule_.keep_data_ranks(data_layout());
+  schedule_.keep_data_ranks(data_ranks());
   schedule_.settle_epoch_length(key_, context_, agree_across_ranks(training_epoch_length(training_chain())),
                                 facts_.epochs_follow_records_per_epoch);
   if (const auto& dir = position_.resume_dir()) restore(*dir, position_.to_restore(options_.trial_id));
@@ -256,7 +256,7 @@ DETTRIAL_INLINE void FitLoop::train() {
   const auto close = on_scope_exit([&] { close_training_stream(); });
   Workload workload;
   while (schedule_.remaining(position_.progress()) > 0) {
-    const Reached reached = train_workload(workload);
+    const BoundariesReached reached = train_workload(workload);
     result_.last_training_metrics = report_training(key_, context_, workload, position_.progress(), outputs_.reporter());
     callbacks_.on_training_workload_end(result_.last_training_metrics, workload.batch_metrics);
     finish_checkpoint(/*wait=*/false);  // the one written in the background, if it is durable now
@@ -269,7 +269,7 @@ DETTRIAL_INLINE void FitLoop::train() {
 /// for a preemption after each boundary: a validation due at this batch runs before a signal
 /// stops the run. A workload that a signal ended between boundaries (one process) stops at once.
 /// Returns true when training stops.
-DETTRIAL_INLINE bool FitLoop::handle_boundaries(const Reached& reached) {
+DETTRIAL_INLINE bool FitLoop::handle_boundaries(const BoundariesReached& reached) {
   enum class Kind { length, validation, checkpoint, report };
   const std::pair<bool, Kind> in_order[] = {{reached.length, Kind::length},
                                             {reached.validation, Kind::validation},
@@ -289,13 +289,13 @@ DETTRIAL_INLINE bool FitLoop::stop_if_asked() {
   // asked to stop; every rank acts on the same answer.
   const int agreed = agreed_max(StopSignals::received() * 2 + (context_.get_stop_requested() ? 1 : 0));
   if (agreed == 0) return false;
-  stop(agreed / 2);
+  stop_early(agreed / 2);
   return true;
 }
 
 /// The one way training stops early: checkpoint (unless current), record why (`signal`, or 0
 /// for a stop request), say so.
-DETTRIAL_INLINE void FitLoop::stop(int signal) {
+DETTRIAL_INLINE void FitLoop::stop_early(int signal) {
   checkpoint_unless_current();
   finish_checkpoint(/*wait=*/true);  // durable before the process exits (with 75 after a signal)
   result_.signal = signal;
@@ -393,7 +393,7 @@ DETTRIAL_INLINE void FitLoop::restore(const std::filesystem::path& dir, const Tr
  * began on, when this job has another and its training loader can keep them (a dettrial
  * DataLoader), else this job's. Checks first that the global batch divides among this job's ranks.
  */
-DETTRIAL_INLINE std::int64_t FitLoop::data_layout() {
+DETTRIAL_INLINE std::int64_t FitLoop::data_ranks() {
   const std::int64_t ranks = context_.distributed().size;
   const std::int64_t began = position_.resumed_data_ranks() > 0 ? position_.resumed_data_ranks() : ranks;
   if (began == ranks) return ranks;

@@ -3,7 +3,7 @@
 /// @brief The steps of Determined's loop that do not call the trial: the run's first lines, a
 /// workload's and a validation's metrics reduced over the ranks and reported, the searcher metric's
 /// best, a checkpoint's record, an early stop. Each takes the pieces of the fit it needs (Schedule,
-/// Position, Outputs' reporter, the Checkpointer); detail::Run calls them between the trial's
+/// Position, Outputs' reporter, the Checkpointer); detail::BatchLoop calls them between the trial's
 /// hooks. Compiled once in separate-compilation mode, so a trial's translation unit compiles its own
 /// loop and little else.
 #pragma once

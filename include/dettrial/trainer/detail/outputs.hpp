@@ -35,7 +35,7 @@ namespace dettrial::detail {
  */
 class Outputs {
  public:
-  // Out of line (compiled once in separate compilation), as a Run<T> of every trial makes, moves
+  // Out of line (compiled once in separate compilation), as a BatchLoop<T> of every trial makes, moves
   // and ends one.
   DETTRIAL_INLINE Outputs();
   DETTRIAL_INLINE Outputs(Outputs&& other) noexcept;

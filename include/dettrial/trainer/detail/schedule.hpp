@@ -18,7 +18,7 @@
 namespace dettrial::detail {
 
 /// Which boundaries the last batch of a workload reached (Determined handles them in this order).
-struct Reached {
+struct BoundariesReached {
   bool length = false;
   bool validation = false;
   bool checkpoint = false;
@@ -66,7 +66,7 @@ class Schedule {
   std::int64_t total_batches() const { return length_.unit() == Unit::epochs ? length_.value() * epoch_len_ : length_.value(); }
   /// Determined's boundary rule: batch periods on batches completed; epoch periods on the last
   /// batch of an epoch, on epochs completed.
-  DETTRIAL_INLINE Reached boundaries_after(std::int64_t batch_idx, std::int64_t epoch_idx, bool epoch_end) const;
+  DETTRIAL_INLINE BoundariesReached boundaries_after(std::int64_t batch_idx, std::int64_t epoch_idx, bool epoch_end) const;
   /// Whether a validation is due once `batches_trained` batches are trained (none before the first).
   bool validates_after(std::int64_t batches_trained) const {
     const std::int64_t last = batches_trained - 1;
@@ -152,14 +152,14 @@ DETTRIAL_INLINE void Schedule::settle_epoch_length(TrainerKey key, Context& cont
   ContextAccess::position(key, context).epoch_len = epoch_len_;
 }
 
-DETTRIAL_INLINE Reached Schedule::boundaries_after(std::int64_t batch_idx, std::int64_t epoch_idx, bool epoch_end) const {
+DETTRIAL_INLINE BoundariesReached Schedule::boundaries_after(std::int64_t batch_idx, std::int64_t epoch_idx, bool epoch_end) const {
   auto hit = [&](const TrainUnit& u) {
     return u.unit() == Unit::epochs ? epoch_end && u.reached(epoch_idx + 1) : u.reached(batch_idx + 1);
   };
-  return Reached{.length = test_mode_ || hit(length_),
-                 .validation = hit(validation_period_),
-                 .checkpoint = hit(checkpoint_period_),
-                 .report = hit(reporting_period_)};
+  return BoundariesReached{.length = test_mode_ || hit(length_),
+                           .validation = hit(validation_period_),
+                           .checkpoint = hit(checkpoint_period_),
+                           .report = hit(reporting_period_)};
 }
 
 DETTRIAL_INLINE void Schedule::check_rank_invariant_boundaries(const Context& context, std::int64_t resumed_at) const {
